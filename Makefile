@@ -1,0 +1,90 @@
+# AutoCompress build. `make` builds the library, the daemon and the CLI into
+# build/. CUDA objects are added when nvcc is found (see `make cuda-check`).
+CC      ?= gcc
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Isrc -Idaemon -fPIC
+PKGS     = jansson sqlite3 libuv libmicrohttpd libpcre2-8
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+CFLAGS  += $(PKG_CFLAGS) -I/usr/include/x86_64-linux-gnu/openblas-pthread
+LDLIBS  += $(PKG_LIBS) -lopenblas -lm -lpthread
+PYTHON  ?= /usr/bin/python3
+
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_HOME ?= /usr/local/cuda
+
+B = build
+LIB_SRC  = $(wildcard src/*.c)
+LIB_OBJ  = $(LIB_SRC:src/%.c=$(B)/src/%.o)
+D_SRC    = $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+D_OBJ    = $(D_SRC:daemon/%.c=$(B)/daemon/%.o)
+TEST_SRC = $(wildcard tests/test_*.c)
+TEST_BIN = $(TEST_SRC:tests/%.c=$(B)/tests/%)
+
+.PHONY: all clean test demo bench cuda-check fixtures tiny-model deps asan
+
+all: $(B)/autocompressd $(B)/autocompress $(TEST_BIN) $(B)/tests/fuzz_parsers
+
+$(B)/src/%.o: src/%.c $(wildcard src/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(B)/daemon/%.o: daemon/%.c $(wildcard daemon/*.h) $(wildcard src/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(B)/libautocompress.a: $(LIB_OBJ)
+	ar rcs $@ $^
+
+$(B)/autocompressd: $(B)/daemon/main.o $(D_OBJ) $(B)/libautocompress.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/daemon/main.o: daemon/main.c $(wildcard daemon/*.h) $(wildcard src/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(B)/autocompress: tools/autocompress.c $(B)/libautocompress.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/tests/%: tests/%.c tests/check.h $(B)/libautocompress.a $(D_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(D_OBJ) $(B)/libautocompress.a $(LDLIBS)
+
+$(B)/tests/fuzz_parsers: tests/fuzz_parsers.c $(B)/libautocompress.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# Debian packages the build, the tests and the demo need.
+deps:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    build-essential pkg-config libjansson-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev libpcre2-dev \
+	    libopenblas-dev python3 python3-torch python3-numpy fortunes curl ca-certificates >/dev/null; \
+	else echo "deps: not root or no apt-get; assuming packages are installed"; fi
+
+# The tiny model trained on fortunes (reproducible; cached in build/).
+tiny-model: $(B)/models/tiny/config.json
+$(B)/models/tiny/config.json: tools/make_tiny_model.py tests/ref_llama.py
+	@mkdir -p $(B)/models
+	PYTHONPATH=tests $(PYTHON) tools/make_tiny_model.py --out $(B)/models/tiny --data $(B)/data
+
+fixtures: tiny-model
+	PYTHONPATH=tests $(PYTHON) tests/gen_fixtures.py --out $(B)/fixtures
+
+test: all fixtures
+	bash tests/run_all.sh
+
+demo: deps all tiny-model
+	bash tools/demo.sh
+
+bench: all tiny-model
+	bash bench/run_all.sh
+
+asan:
+	$(MAKE) B=build-asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" LDFLAGS="-fsanitize=address,undefined" all
+
+cuda-check:
+	$(MAKE) -C src/cuda NVCC=$(NVCC) CUDA_HOME=$(CUDA_HOME) check
+
+clean:
+	rm -rf $(B) build-asan

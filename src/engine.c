@@ -1,0 +1,225 @@
+/*
+ * engine.c - see engine.h. Layout follows llm.c: one forward over flat
+ * buffers, shapes in comments. N = B*n rows; H hidden; hd head_dim;
+ * Q = n_heads*hd, KV = n_kv_heads*hd, F ffn width, for the current layer.
+ */
+#include "engine.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels_cpu.h"
+
+int ac_stats_init(ac_stats *s, const ac_arch *a, ac_err *e) {
+    memset(s, 0, sizeof *s);
+    s->n_layers = a->n_layers;
+    s->hidden = a->hidden;
+    s->head = calloc(a->n_layers, sizeof *s->head);
+    s->ffn = calloc(a->n_layers, sizeof *s->ffn);
+    s->hidden_a = calloc(a->hidden, sizeof *s->hidden_a);
+    s->layer = calloc(a->n_layers, sizeof *s->layer);
+    int ok = s->head && s->ffn && s->hidden_a && s->layer;
+    for (int l = 0; ok && l < a->n_layers; l++) {
+        s->head[l] = calloc(a->layers[l].n_heads + 1, sizeof **s->head);
+        s->ffn[l] = calloc(a->layers[l].ffn + 1, sizeof **s->ffn);
+        ok = s->head[l] && s->ffn[l];
+    }
+    if (!ok) {
+        ac_stats_free(s);
+        return ac_errf(e, "out of memory for activation statistics");
+    }
+    return 0;
+}
+
+void ac_stats_free(ac_stats *s) {
+    for (int l = 0; l < s->n_layers; l++) {
+        if (s->head) free(s->head[l]);
+        if (s->ffn) free(s->ffn[l]);
+    }
+    free(s->head);
+    free(s->ffn);
+    free(s->hidden_a);
+    free(s->layer);
+    memset(s, 0, sizeof *s);
+}
+
+void ac_engine_free(ac_engine *en) {
+    float *bufs[] = {en->x, en->x0, en->xn, en->q, en->att, en->g, en->u, en->scores, en->logits, en->cos_t, en->sin_t};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+    if (en->kc)
+        for (int l = 0; l < en->m->a.n_layers; l++) { free(en->kc[l]); free(en->vc[l]); }
+    free(en->kc);
+    free(en->vc);
+    free(en->pos);
+    memset(en, 0, sizeof *en);
+}
+
+int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx, ac_err *e) {
+    memset(en, 0, sizeof *en);
+    const ac_arch *a = &m->a;
+    if (max_batch <= 0 || max_ctx <= 0) return ac_errf(e, "engine: batch and context must be positive");
+    en->m = m;
+    en->max_batch = max_batch;
+    en->max_ctx = max_ctx;
+    size_t N = (size_t)max_batch * max_ctx, H = a->hidden, hd = a->head_dim;
+    size_t maxq = 0, maxf = 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        if ((size_t)a->layers[l].n_heads * hd > maxq) maxq = a->layers[l].n_heads * hd;
+        if ((size_t)a->layers[l].ffn > maxf) maxf = a->layers[l].ffn;
+    }
+    en->x = malloc(N * H * 4);
+    en->x0 = malloc(N * H * 4);
+    en->xn = malloc(N * H * 4);
+    en->q = malloc(N * (maxq + 1) * 4);
+    en->att = malloc(N * (maxq + 1) * 4);
+    en->g = malloc(N * (maxf + 1) * 4);
+    en->u = malloc(N * (maxf + 1) * 4);
+    en->scores = malloc((size_t)max_ctx * max_ctx * 4);
+    en->logits = malloc(N * a->vocab * 4);
+    en->cos_t = malloc((size_t)max_ctx * hd / 2 * 4);
+    en->sin_t = malloc((size_t)max_ctx * hd / 2 * 4);
+    en->pos = malloc(N * sizeof(int));
+    en->kc = calloc(a->n_layers, sizeof *en->kc);
+    en->vc = calloc(a->n_layers, sizeof *en->vc);
+    int ok = en->x && en->x0 && en->xn && en->q && en->att && en->g && en->u && en->scores && en->logits && en->cos_t &&
+             en->sin_t && en->pos && en->kc && en->vc;
+    for (int l = 0; ok && l < a->n_layers; l++) {
+        size_t kv = (size_t)a->layers[l].n_kv_heads * hd;
+        if (!kv) continue;
+        en->kc[l] = malloc(N * kv * 4);
+        en->vc[l] = malloc(N * kv * 4);
+        ok = en->kc[l] && en->vc[l];
+    }
+    if (!ok) {
+        ac_engine_free(en);
+        return ac_errf(e, "engine: out of memory for batch %d x context %d", max_batch, max_ctx);
+    }
+    float *inv = malloc(hd / 2 * 4);
+    if (!inv) { ac_engine_free(en); return ac_errf(e, "out of memory"); }
+    ac_rope_inv_freq(inv, (int)hd, a->rope_theta, a->rope_llama3, a->rs_factor, a->rs_low, a->rs_high, a->rs_orig);
+    for (int p = 0; p < max_ctx; p++)
+        for (size_t i = 0; i < hd / 2; i++) {
+            float ang = (float)p * inv[i];
+            en->cos_t[p * hd / 2 + i] = cosf(ang);
+            en->sin_t[p * hd / 2 + i] = sinf(ang);
+        }
+    free(inv);
+    return 0;
+}
+
+/* Causal attention for layer l over the cache. q,att: [N, Q]; cache
+ * [B][max_ctx][KV]; keys 0..pos0+t visible to query row t. */
+static void attention(ac_engine *en, int l, int B, int n, int pos0) {
+    const ac_arch *a = &en->m->a;
+    const ac_layer_arch *L = &a->layers[l];
+    int hd = a->head_dim, Q = L->n_heads * hd, KV = L->n_kv_heads * hd, grp = L->n_heads / L->n_kv_heads, S = pos0 + n;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int b = 0; b < B; b++) {
+        const float *kb = en->kc[l] + (size_t)b * en->max_ctx * KV, *vb = en->vc[l] + (size_t)b * en->max_ctx * KV;
+        for (int h = 0; h < L->n_heads; h++) {
+            int kh = h / grp;
+            const float *qh = en->q + (size_t)b * n * Q + h * hd;
+            float *sc = en->scores;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, S, hd, scale, qh, Q, kb + kh * hd, KV, 0.0f, sc, S);
+            for (int t = 0; t < n; t++) {
+                float *row = sc + (size_t)t * S;
+                int vis = pos0 + t + 1;
+                ac_softmax(row, vis);
+                for (int j = vis; j < S; j++) row[j] = 0;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, S, 1.0f, sc, S, vb + kh * hd, KV, 0.0f,
+                        en->att + (size_t)b * n * Q + h * hd, Q);
+        }
+    }
+}
+
+int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, int last_only, ac_err *e) {
+    const ac_model *m = en->m;
+    const ac_arch *a = &m->a;
+    if (B <= 0 || n <= 0 || B > en->max_batch || pos0 < 0 || pos0 + n > en->max_ctx)
+        return ac_errf(e, "engine: batch %d, tokens %d at position %d exceed the engine's %d x %d", B, n, pos0, en->max_batch, en->max_ctx);
+    int H = a->hidden, hd = a->head_dim, N = B * n;
+    for (int r = 0; r < N; r++) {
+        int tok = tokens[r];
+        if (tok < 0 || tok >= a->vocab) return ac_errf(e, "engine: token id %d outside vocabulary of %d", tok, a->vocab);
+        memcpy(en->x + (size_t)r * H, m->embed + (size_t)tok * H, H * 4);
+        en->pos[r] = pos0 + r % n;
+    }
+    ac_stats *st = en->stats;
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        const ac_layer_w *w = &m->L[l];
+        if (st) memcpy(en->x0, en->x, (size_t)N * H * 4);
+        if (L->n_heads) {
+            int Q = L->n_heads * hd, KV = L->n_kv_heads * hd;
+            ac_rmsnorm(en->xn, en->x, w->in_norm, N, H, a->eps);
+            if (st) for (long i = 0; i < (long)N * H; i++) st->hidden_a[i % H] += fabsf(en->xn[i]);
+            ac_linear(en->q, en->xn, w->wq, w->bq, N, H, Q);
+            ac_rope(en->q, N, L->n_heads, hd, en->pos, en->cos_t, en->sin_t);
+            /* k and v go straight into the cache rows of their positions. */
+            for (int b = 0; b < B; b++) {
+                float *kdst = en->kc[l] + ((size_t)b * en->max_ctx + pos0) * KV;
+                float *vdst = en->vc[l] + ((size_t)b * en->max_ctx + pos0) * KV;
+                const float *xb = en->xn + (size_t)b * n * H;
+                ac_linear(kdst, xb, w->wk, w->bk, n, H, KV);
+                ac_linear(vdst, xb, w->wv, w->bv, n, H, KV);
+                ac_rope(kdst, n, L->n_kv_heads, hd, en->pos + b * n, en->cos_t, en->sin_t);
+            }
+            attention(en, l, B, n, pos0);
+            if (st)
+                for (int r = 0; r < N; r++)
+                    for (int h = 0; h < L->n_heads; h++) {
+                        const float *v = en->att + (size_t)r * Q + h * hd;
+                        double s = 0;
+                        for (int i = 0; i < hd; i++) s += (double)v[i] * v[i];
+                        st->head[l][h] += s;
+                    }
+            ac_linear_acc(en->x, en->att, w->wo, N, Q, H);
+        }
+        if (L->ffn) {
+            int F = L->ffn;
+            ac_rmsnorm(en->xn, en->x, w->post_norm, N, H, a->eps);
+            if (st) for (long i = 0; i < (long)N * H; i++) st->hidden_a[i % H] += fabsf(en->xn[i]);
+            ac_linear(en->g, en->xn, w->wg, NULL, N, H, F);
+            ac_linear(en->u, en->xn, w->wu, NULL, N, H, F);
+            ac_silu_mul(en->g, en->u, (long)N * F);
+            if (st) for (long i = 0; i < (long)N * F; i++) st->ffn[l][i % F] += fabsf(en->g[i]);
+            ac_linear_acc(en->x, en->g, w->wd, N, F, H);
+        }
+        if (st)
+            for (int r = 0; r < N; r++) {
+                const float *p = en->x0 + (size_t)r * H, *q = en->x + (size_t)r * H;
+                double d = 0, np = 0, nq = 0;
+                for (int i = 0; i < H; i++) { d += (double)p[i] * q[i]; np += (double)p[i] * p[i]; nq += (double)q[i] * q[i]; }
+                st->layer[l] += 1.0 - d / (sqrt(np * nq) + 1e-12);
+            }
+    }
+    if (st) st->tokens += N;
+    /* Final norm and LM head, on every row or the last row of each sequence. */
+    int rows = last_only ? B : N;
+    if (last_only)
+        for (int b = 0; b < B; b++) memmove(en->x + (size_t)b * H, en->x + ((size_t)b * n + n - 1) * H, H * 4);
+    ac_rmsnorm(en->xn, en->x, m->final_norm, rows, H, a->eps);
+    ac_linear(en->logits, en->xn, m->lm_head, NULL, rows, H, a->vocab);
+    return 0;
+}
+
+double ac_engine_nll(const ac_engine *en, const int *tokens, int B, int n, int from, long *count) {
+    int V = en->m->a.vocab;
+    double nll = 0;
+    long c = 0;
+    for (int b = 0; b < B; b++)
+        for (int t = from; t < n - 1; t++) {
+            const float *lg = en->logits + ((size_t)b * n + t) * V;
+            float mx = lg[0];
+            for (int i = 1; i < V; i++) if (lg[i] > mx) mx = lg[i];
+            double s = 0;
+            for (int i = 0; i < V; i++) s += exp((double)lg[i] - mx);
+            nll += log(s) + mx - lg[tokens[(size_t)b * n + t + 1]];
+            c++;
+        }
+    if (count) *count = c;
+    return c ? nll / c : 0;
+}

@@ -1,0 +1,104 @@
+/* err.c - error formatting and small checked helpers (see err.h). */
+#include "err.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int ac_errf(ac_err *e, const char *fmt, ...) {
+    if (e) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+int ac_errctx(ac_err *e, const char *fmt, ...) {
+    if (e) {
+        char prefix[256], old[sizeof e->msg];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(prefix, sizeof prefix, fmt, ap);
+        va_end(ap);
+        memcpy(old, e->msg, sizeof old);
+        size_t pl = strlen(prefix);
+        if (pl > sizeof e->msg - 3) pl = sizeof e->msg - 3;
+        memcpy(e->msg, prefix, pl);
+        memcpy(e->msg + pl, ": ", 2);
+        size_t room = sizeof e->msg - pl - 3, ol = strnlen(old, sizeof old);
+        if (ol > room) ol = room;
+        memcpy(e->msg + pl + 2, old, ol);
+        e->msg[pl + 2 + ol] = 0;
+    }
+    return -1;
+}
+
+void *ac_malloc(size_t n, ac_err *e) {
+    void *p = malloc(n ? n : 1);
+    if (!p) ac_errf(e, "out of memory allocating %zu bytes", n);
+    return p;
+}
+
+void *ac_calloc(size_t n, size_t size, ac_err *e) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) ac_errf(e, "out of memory allocating %zu x %zu bytes", n, size);
+    return p;
+}
+
+char *ac_read_file(const char *path, size_t max_len, size_t *len, ac_err *e) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        ac_errf(e, "cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) {
+        fclose(f);
+        ac_errf(e, "out of memory reading %s", path);
+        return NULL;
+    }
+    for (;;) {
+        if (n == cap) {
+            if (cap >= max_len) {
+                free(buf);
+                fclose(f);
+                ac_errf(e, "%s is larger than %zu bytes", path, max_len);
+                return NULL;
+            }
+            cap *= 2;
+            char *nb = realloc(buf, cap + 1);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                ac_errf(e, "out of memory reading %s", path);
+                return NULL;
+            }
+            buf = nb;
+        }
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (r == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad || n > max_len) {
+        free(buf);
+        ac_errf(e, bad ? "read error on %s" : "%s is larger than %zu bytes", path, max_len);
+        return NULL;
+    }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+double ac_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}

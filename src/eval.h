@@ -1,0 +1,38 @@
+/*
+ * eval.h - perplexity of a model on token ids, with the protocol spelled out
+ * in the result: non-overlapping windows of ctx tokens (every target inside
+ * a window scored), or a sliding window with stride (each target scored once,
+ * with up to ctx-1 tokens of left context, as Hugging Face's recipe).
+ */
+#ifndef AC_EVAL_H
+#define AC_EVAL_H
+
+#include <stddef.h>
+
+#include "engine.h"
+
+typedef struct {
+    int ctx;          /* window length in tokens */
+    int stride;       /* 0 = non-overlapping windows; else sliding stride */
+    int max_windows;  /* 0 = all */
+    int batch;        /* windows per forward call (non-overlapping mode) */
+} ac_ppl_opts;
+
+typedef struct {
+    double ppl, nll;      /* exp(mean nll), mean nll in nats */
+    long scored;          /* targets scored */
+    long processed;       /* tokens run through the model */
+    int windows;
+    double seconds, tok_per_s;
+} ac_ppl_result;
+
+/* stats may be NULL; when set, activation statistics accumulate into it.
+ * progress (may be NULL) is called after each forward with the fraction done. */
+int ac_perplexity(const ac_model *m, const int *ids, size_t n, const ac_ppl_opts *o, ac_stats *stats,
+                  void (*progress)(void *ud, double frac), void *ud, ac_ppl_result *r, ac_err *e);
+
+/* Tokenize a UTF-8 text file with MODEL_DIR/tokenizer.json. The ids are
+ * checked against vocab (when > 0). *ids is malloc'd. */
+int ac_load_text_ids(const char *model_dir, const char *text_path, int **ids, size_t *n, int vocab, ac_err *e);
+
+#endif

@@ -1,0 +1,450 @@
+/*
+ * model.c - config.json parsing (HF llama / mistral / qwen2 and the
+ * nemotron-nas heterogeneous form), architecture helpers, weight loading and
+ * saving. See model.h for the contract.
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "safetensors.h"
+#include "tensor.h"
+
+static int get_int(const json_t *o, const char *k, int def, int *out, ac_err *e) {
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) { *out = def; return 0; }
+    if (!json_is_integer(v)) return ac_errf(e, "config.json: %s must be an integer", k);
+    json_int_t x = json_integer_value(v);
+    if (x < 0 || x > 1 << 30) return ac_errf(e, "config.json: %s=%lld out of range", k, (long long)x);
+    *out = (int)x;
+    return 0;
+}
+
+static int get_num(const json_t *o, const char *k, double def, double *out, ac_err *e) {
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) { *out = def; return 0; }
+    if (!json_is_number(v)) return ac_errf(e, "config.json: %s must be a number", k);
+    *out = json_number_value(v);
+    return 0;
+}
+
+static int first_id(const json_t *v) {
+    if (json_is_integer(v)) return (int)json_integer_value(v);
+    if (json_is_array(v) && json_array_size(v) > 0 && json_is_integer(json_array_get(v, 0)))
+        return (int)json_integer_value(json_array_get(v, 0));
+    return -1;
+}
+
+static int parse_rope_scaling(const json_t *rs, ac_arch *a, ac_err *e) {
+    if (!rs || json_is_null(rs)) return 0;
+    if (!json_is_object(rs)) return ac_errf(e, "config.json: rope_scaling must be an object");
+    json_t *t = json_object_get(rs, "rope_type");
+    if (!t) t = json_object_get(rs, "type");
+    const char *ty = json_string_value(t);
+    if (!ty || strcmp(ty, "default") == 0) return 0;
+    if (strcmp(ty, "llama3") != 0) return ac_errf(e, "config.json: rope_scaling type %s is not supported (llama3 or default)", ty);
+    double f = 0, lo = 0, hi = 0;
+    int orig = 0;
+    if (get_num(rs, "factor", 8, &f, e) || get_num(rs, "low_freq_factor", 1, &lo, e) ||
+        get_num(rs, "high_freq_factor", 4, &hi, e) || get_int(rs, "original_max_position_embeddings", 8192, &orig, e))
+        return -1;
+    if (f <= 0 || hi <= lo) return ac_errf(e, "config.json: bad llama3 rope_scaling values");
+    a->rope_llama3 = 1;
+    a->rs_factor = (float)f;
+    a->rs_low = (float)lo;
+    a->rs_high = (float)hi;
+    a->rs_orig = orig;
+    return 0;
+}
+
+int ac_arch_from_config(const json_t *cfg, ac_arch *a, ac_err *e) {
+    memset(a, 0, sizeof *a);
+    if (!json_is_object(cfg)) return ac_errf(e, "config.json is not a JSON object");
+    const char *mt = json_string_value(json_object_get(cfg, "model_type"));
+    if (!mt) return ac_errf(e, "config.json: missing model_type");
+    int deci = strcmp(mt, "nemotron-nas") == 0 || strcmp(mt, "deci") == 0;
+    if (!deci && strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2"))
+        return ac_errf(e, "config.json: model_type %s is not supported (llama, mistral, qwen2, nemotron-nas)", mt);
+    snprintf(a->model_type, sizeof a->model_type, "%s", mt);
+    int nh = 0, nkv = 0, ffn = 0;
+    double eps = 0, theta = 0;
+    if (get_int(cfg, "vocab_size", 0, &a->vocab, e) || get_int(cfg, "hidden_size", 0, &a->hidden, e) ||
+        get_int(cfg, "num_hidden_layers", 0, &a->n_layers, e) || get_int(cfg, "num_attention_heads", 0, &nh, e) ||
+        get_int(cfg, "num_key_value_heads", nh, &nkv, e) || get_int(cfg, "intermediate_size", 0, &ffn, e) ||
+        get_int(cfg, "max_position_embeddings", 2048, &a->max_pos, e) || get_num(cfg, "rms_norm_eps", 1e-6, &eps, e))
+        return -1;
+    if (!a->vocab || !a->hidden || !a->n_layers || !nh) return ac_errf(e, "config.json: vocab_size, hidden_size, num_hidden_layers and num_attention_heads are required and > 0");
+    if (get_int(cfg, "head_dim", a->hidden / nh, &a->head_dim, e)) return -1;
+    if (a->head_dim <= 0 || a->head_dim % 2) return ac_errf(e, "config.json: head_dim %d must be even and > 0", a->head_dim);
+    json_t *rp = json_object_get(cfg, "rope_parameters");
+    const json_t *rope_src = json_is_object(rp) ? rp : cfg;
+    if (get_num(rope_src, "rope_theta", json_is_object(rp) ? 10000 : 10000, &theta, e)) return -1;
+    if (json_is_object(rp) && !json_object_get(rp, "rope_theta") && get_num(cfg, "rope_theta", 10000, &theta, e)) return -1;
+    a->eps = (float)eps;
+    a->rope_theta = (float)theta;
+    if (parse_rope_scaling(json_is_object(rp) ? rp : json_object_get(cfg, "rope_scaling"), a, e)) return -1;
+    a->tie_embeddings = json_is_true(json_object_get(cfg, "tie_word_embeddings"));
+    a->qkv_bias = strcmp(mt, "qwen2") == 0 || json_is_true(json_object_get(cfg, "attention_bias"));
+    if (json_is_true(json_object_get(cfg, "mlp_bias"))) return ac_errf(e, "config.json: mlp_bias is not supported");
+    a->bos_id = first_id(json_object_get(cfg, "bos_token_id"));
+    a->eos_id = first_id(json_object_get(cfg, "eos_token_id"));
+    a->layers = calloc(a->n_layers, sizeof *a->layers);
+    if (!a->layers) return ac_errf(e, "out of memory");
+    json_t *bc = json_object_get(cfg, "block_configs");
+    if (deci && (!json_is_array(bc) || (int)json_array_size(bc) != a->n_layers)) {
+        ac_arch_free(a);
+        return ac_errf(e, "config.json: %s needs block_configs with one entry per layer", mt);
+    }
+    for (int l = 0; l < a->n_layers; l++) {
+        ac_layer_arch *L = &a->layers[l];
+        L->n_heads = nh;
+        L->n_kv_heads = nkv;
+        L->ffn = ffn;
+        if (!deci) continue;
+        json_t *b = json_array_get(bc, l), *at = json_object_get(b, "attention"), *ff = json_object_get(b, "ffn");
+        if (!json_is_object(at) || !json_is_object(ff)) {
+            ac_arch_free(a);
+            return ac_errf(e, "config.json: block_configs[%d] needs attention and ffn objects", l);
+        }
+        if (json_is_true(json_object_get(at, "replace_with_linear")) || json_is_true(json_object_get(ff, "replace_with_linear"))) {
+            ac_arch_free(a);
+            return ac_errf(e, "config.json: block_configs[%d]: replace_with_linear is not supported", l);
+        }
+        if (json_is_true(json_object_get(at, "no_op"))) L->n_heads = L->n_kv_heads = 0;
+        else {
+            int g = 0, h = 0;
+            if (get_int(at, "n_heads_in_group", 1, &g, e) || get_int(at, "num_attention_heads", nh, &h, e)) { ac_arch_free(a); return -1; }
+            if (g <= 0 || h % g) { ac_arch_free(a); return ac_errf(e, "config.json: block_configs[%d]: heads %d not divisible by n_heads_in_group %d", l, h, g); }
+            L->n_heads = h;
+            L->n_kv_heads = h / g;
+        }
+        if (json_is_true(json_object_get(ff, "no_op"))) L->ffn = 0;
+        else {
+            json_t *is = json_object_get(ff, "intermediate_size");
+            if (json_is_integer(is)) L->ffn = (int)json_integer_value(is);
+            else {
+                double m = 0;
+                if (get_num(ff, "ffn_mult", 0, &m, e)) { ac_arch_free(a); return -1; }
+                int w = (int)(2 * m * a->hidden / 3);
+                L->ffn = (w + 255) / 256 * 256;
+            }
+        }
+    }
+    for (int l = 0; l < a->n_layers; l++) {
+        ac_layer_arch *L = &a->layers[l];
+        if (L->n_heads && (L->n_kv_heads <= 0 || L->n_heads % L->n_kv_heads)) {
+            ac_arch_free(a);
+            return ac_errf(e, "config.json: layer %d: %d heads not divisible by %d KV heads", l, L->n_heads, L->n_kv_heads);
+        }
+        if (!deci && L->ffn <= 0) { ac_arch_free(a); return ac_errf(e, "config.json: intermediate_size is required"); }
+    }
+    return 0;
+}
+
+int ac_arch_load(const char *model_dir, ac_arch *a, ac_err *e) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    json_error_t je;
+    json_t *cfg = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!cfg) return ac_errf(e, "%s: %s", path, je.text);
+    int rc = ac_arch_from_config(cfg, a, e);
+    json_decref(cfg);
+    return rc;
+}
+
+int ac_arch_copy(ac_arch *dst, const ac_arch *src, ac_err *e) {
+    *dst = *src;
+    dst->layers = malloc(sizeof *dst->layers * src->n_layers);
+    if (!dst->layers) return ac_errf(e, "out of memory");
+    memcpy(dst->layers, src->layers, sizeof *dst->layers * src->n_layers);
+    return 0;
+}
+
+void ac_arch_free(ac_arch *a) {
+    free(a->layers);
+    a->layers = NULL;
+}
+
+int ac_arch_is_uniform(const ac_arch *a) {
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l], *F = &a->layers[0];
+        if (!L->n_heads || !L->ffn || L->n_heads != F->n_heads || L->n_kv_heads != F->n_kv_heads || L->ffn != F->ffn) return 0;
+    }
+    return 1;
+}
+
+double ac_arch_params(const ac_arch *a) {
+    double H = a->hidden, hd = a->head_dim, p = (double)a->vocab * H * (a->tie_embeddings ? 1 : 2) + H;
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        if (L->n_heads) p += H + 2 * H * L->n_heads * hd + 2 * H * L->n_kv_heads * hd + (a->qkv_bias ? (L->n_heads + 2 * L->n_kv_heads) * hd : 0);
+        if (L->ffn) p += H + 3 * H * L->ffn;
+    }
+    return p;
+}
+
+json_t *ac_arch_to_json(const ac_arch *a) {
+    json_t *layers = json_array();
+    for (int l = 0; l < a->n_layers; l++)
+        json_array_append_new(layers, json_pack("{s:i,s:i,s:i}", "heads", a->layers[l].n_heads, "kv_heads",
+                                                a->layers[l].n_kv_heads, "ffn", a->layers[l].ffn));
+    return json_pack("{s:i,s:i,s:i,s:o,s:f}", "hidden", a->hidden, "head_dim", a->head_dim, "vocab", a->vocab, "layers", layers,
+                     "params", ac_arch_params(a));
+}
+
+int ac_arch_from_json(const json_t *j, const ac_arch *base, ac_arch *out, ac_err *e) {
+    if (!json_is_object(j)) return ac_errf(e, "architecture must be an object");
+    json_t *layers = json_object_get(j, "layers");
+    if (!json_is_array(layers) || json_array_size(layers) == 0 || json_array_size(layers) > 4096)
+        return ac_errf(e, "architecture.layers must be a non-empty array");
+    *out = *base;
+    out->n_layers = (int)json_array_size(layers);
+    out->layers = calloc(out->n_layers, sizeof *out->layers);
+    if (!out->layers) return ac_errf(e, "out of memory");
+    json_t *h = json_object_get(j, "hidden"), *hd = json_object_get(j, "head_dim"), *v = json_object_get(j, "vocab");
+    if (h) { if (!json_is_integer(h) || json_integer_value(h) <= 0 || json_integer_value(h) > 1 << 20) goto bad; out->hidden = (int)json_integer_value(h); }
+    if (hd) { if (!json_is_integer(hd) || json_integer_value(hd) <= 0 || json_integer_value(hd) > 4096) goto bad; out->head_dim = (int)json_integer_value(hd); }
+    if (v) { if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > 1 << 22) goto bad; out->vocab = (int)json_integer_value(v); }
+    for (int l = 0; l < out->n_layers; l++) {
+        json_t *L = json_array_get(layers, l);
+        json_t *a = json_object_get(L, "heads"), *k = json_object_get(L, "kv_heads"), *f = json_object_get(L, "ffn");
+        if (!json_is_integer(a) || !json_is_integer(k) || !json_is_integer(f)) goto bad;
+        json_int_t ai = json_integer_value(a), ki = json_integer_value(k), fi = json_integer_value(f);
+        if (ai < 0 || ki < 0 || fi < 0 || ai > 4096 || fi > 1 << 20 || (ai && (ki == 0 || ai % ki))) goto bad;
+        out->layers[l] = (ac_layer_arch){(int)ai, ai ? (int)ki : 0, (int)fi};
+    }
+    return 0;
+bad:
+    free(out->layers);
+    out->layers = NULL;
+    return ac_errf(e, "architecture: each layer needs integer heads, kv_heads, ffn >= 0 with heads divisible by kv_heads; hidden/head_dim/vocab positive");
+}
+
+json_t *ac_arch_to_config(const ac_arch *a) {
+    int nh = 0, nkv = 0, ffn = 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        if (a->layers[l].n_heads > nh) { nh = a->layers[l].n_heads; nkv = a->layers[l].n_kv_heads; }
+        if (a->layers[l].ffn > ffn) ffn = a->layers[l].ffn;
+    }
+    int uni = ac_arch_is_uniform(a);
+    json_t *c = json_object();
+    json_object_set_new(c, "architectures", json_pack("[s]", uni ? "LlamaForCausalLM" : "DeciLMForCausalLM"));
+    json_object_set_new(c, "model_type", json_string(uni ? "llama" : "nemotron-nas"));
+    json_object_set_new(c, "vocab_size", json_integer(a->vocab));
+    json_object_set_new(c, "hidden_size", json_integer(a->hidden));
+    json_object_set_new(c, "num_hidden_layers", json_integer(a->n_layers));
+    json_object_set_new(c, "num_attention_heads", json_integer(nh ? nh : 1));
+    json_object_set_new(c, "num_key_value_heads", json_integer(nkv ? nkv : 1));
+    json_object_set_new(c, "head_dim", json_integer(a->head_dim));
+    json_object_set_new(c, "intermediate_size", json_integer(ffn));
+    json_object_set_new(c, "max_position_embeddings", json_integer(a->max_pos));
+    json_object_set_new(c, "rms_norm_eps", json_real(a->eps));
+    json_object_set_new(c, "rope_theta", json_real(a->rope_theta));
+    if (a->rope_llama3)
+        json_object_set_new(c, "rope_scaling", json_pack("{s:s,s:f,s:f,s:f,s:i}", "rope_type", "llama3", "factor", (double)a->rs_factor,
+                                                         "low_freq_factor", (double)a->rs_low, "high_freq_factor", (double)a->rs_high,
+                                                         "original_max_position_embeddings", a->rs_orig));
+    else json_object_set_new(c, "rope_scaling", json_null());
+    json_object_set_new(c, "tie_word_embeddings", json_boolean(a->tie_embeddings));
+    json_object_set_new(c, "attention_bias", json_boolean(a->qkv_bias));
+    json_object_set_new(c, "mlp_bias", json_false());
+    json_object_set_new(c, "hidden_act", json_string("silu"));
+    json_object_set_new(c, "torch_dtype", json_string("bfloat16"));
+    if (a->bos_id >= 0) json_object_set_new(c, "bos_token_id", json_integer(a->bos_id));
+    if (a->eos_id >= 0) json_object_set_new(c, "eos_token_id", json_integer(a->eos_id));
+    if (!uni) {
+        json_t *bc = json_array();
+        for (int l = 0; l < a->n_layers; l++) {
+            const ac_layer_arch *L = &a->layers[l];
+            json_t *at = L->n_heads ? json_pack("{s:i,s:b,s:b,s:i}", "n_heads_in_group", L->n_heads / L->n_kv_heads, "no_op", 0,
+                                                "replace_with_linear", 0, "num_attention_heads", L->n_heads)
+                                    : json_pack("{s:n,s:b,s:b}", "n_heads_in_group", "no_op", 1, "replace_with_linear", 0);
+            json_t *ff = L->ffn ? json_pack("{s:f,s:b,s:b,s:i}", "ffn_mult", 1.5 * L->ffn / a->hidden, "no_op", 0,
+                                            "replace_with_linear", 0, "intermediate_size", L->ffn)
+                                : json_pack("{s:n,s:b,s:b}", "ffn_mult", "no_op", 1, "replace_with_linear", 0);
+            json_array_append_new(bc, json_pack("{s:o,s:o}", "attention", at, "ffn", ff));
+        }
+        json_object_set_new(c, "block_configs", bc);
+    }
+    return c;
+}
+
+/* ---- weights ---- */
+
+static float *load_tensor(const st_set *s, const char *name, int64_t d0, int64_t d1, ac_err *e) {
+    const st_tensor *t = st_set_find(s, name);
+    if (!t) { ac_errf(e, "missing tensor %s", name); return NULL; }
+    int64_t want = d1 ? d0 * d1 : d0;
+    int ok = d1 ? (t->ndim == 2 && t->shape[0] == d0 && t->shape[1] == d1) : (t->ndim == 1 && t->shape[0] == d0);
+    if (!ok) {
+        ac_errf(e, "tensor %s has shape [%lld%s%lld], expected [%lld,%lld]", name, t->ndim ? (long long)t->shape[0] : 0LL,
+                t->ndim > 1 ? "," : "", t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)d0, (long long)d1);
+        return NULL;
+    }
+    float *p = malloc(sizeof(float) * (size_t)want);
+    if (!p) { ac_errf(e, "out of memory loading %s", name); return NULL; }
+    if (ac_to_f32(p, t->data, t->dtype, (size_t)want, e)) { free(p); ac_errctx(e, "%s", name); return NULL; }
+    return p;
+}
+
+void ac_model_free(ac_model *m) {
+    if (m->L) {
+        for (int l = 0; l < m->a.n_layers; l++) {
+            ac_layer_w *w = &m->L[l];
+            float *ps[] = {w->in_norm, w->wq, w->wk, w->wv, w->wo, w->bq, w->bk, w->bv, w->post_norm, w->wg, w->wu, w->wd};
+            for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) free(ps[i]);
+        }
+    }
+    free(m->L);
+    if (m->lm_head != m->embed) free(m->lm_head);
+    free(m->embed);
+    free(m->final_norm);
+    ac_arch_free(&m->a);
+    memset(m, 0, sizeof *m);
+}
+
+int ac_model_load(const char *model_dir, ac_model *m, ac_err *e) {
+    memset(m, 0, sizeof *m);
+    if (ac_arch_load(model_dir, &m->a, e)) return -1;
+    st_set s;
+    if (st_set_open(model_dir, &s, e)) { ac_arch_free(&m->a); return -1; }
+    const ac_arch *a = &m->a;
+    int64_t H = a->hidden, hd = a->head_dim, V = a->vocab;
+    char n[256];
+    m->L = calloc(a->n_layers, sizeof *m->L);
+    if (!m->L) { ac_errf(e, "out of memory"); goto fail; }
+    if (!(m->embed = load_tensor(&s, "model.embed_tokens.weight", V, H, e))) goto fail;
+    if (!(m->final_norm = load_tensor(&s, "model.norm.weight", H, 0, e))) goto fail;
+    if (a->tie_embeddings && !st_set_find(&s, "lm_head.weight")) m->lm_head = m->embed;
+    else if (!(m->lm_head = load_tensor(&s, "lm_head.weight", V, H, e))) goto fail;
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        ac_layer_w *w = &m->L[l];
+        int64_t q = L->n_heads * hd, kv = L->n_kv_heads * hd, F = L->ffn;
+#define LD(field, suffix, d0, d1) \
+    snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix); \
+    if (!(w->field = load_tensor(&s, n, d0, d1, e))) goto fail;
+        if (L->n_heads) {
+            LD(in_norm, "input_layernorm.weight", H, 0);
+            LD(wq, "self_attn.q_proj.weight", q, H);
+            LD(wk, "self_attn.k_proj.weight", kv, H);
+            LD(wv, "self_attn.v_proj.weight", kv, H);
+            LD(wo, "self_attn.o_proj.weight", H, q);
+            if (a->qkv_bias) {
+                LD(bq, "self_attn.q_proj.bias", q, 0);
+                LD(bk, "self_attn.k_proj.bias", kv, 0);
+                LD(bv, "self_attn.v_proj.bias", kv, 0);
+            }
+        }
+        if (F) {
+            LD(post_norm, "post_attention_layernorm.weight", H, 0);
+            LD(wg, "mlp.gate_proj.weight", F, H);
+            LD(wu, "mlp.up_proj.weight", F, H);
+            LD(wd, "mlp.down_proj.weight", H, F);
+        }
+#undef LD
+    }
+    st_set_close(&s);
+    return 0;
+fail:
+    st_set_close(&s);
+    ac_errctx(e, "%s", model_dir);
+    ac_model_free(m);
+    return -1;
+}
+
+int ac_model_alloc(ac_model *m, const ac_arch *a, ac_err *e) {
+    memset(m, 0, sizeof *m);
+    if (ac_arch_copy(&m->a, a, e)) return -1;
+    size_t H = a->hidden, hd = a->head_dim, V = a->vocab;
+    m->L = calloc(a->n_layers, sizeof *m->L);
+    m->embed = calloc(V * H, 4);
+    m->final_norm = calloc(H, 4);
+    m->lm_head = a->tie_embeddings ? m->embed : calloc(V * H, 4);
+    int ok = m->L && m->embed && m->final_norm && m->lm_head;
+    for (int l = 0; ok && l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        ac_layer_w *w = &m->L[l];
+        size_t q = L->n_heads * hd, kv = L->n_kv_heads * hd, F = L->ffn;
+        if (L->n_heads) {
+            ok = (w->in_norm = calloc(H, 4)) && (w->wq = calloc(q * H, 4)) && (w->wk = calloc(kv * H, 4)) &&
+                 (w->wv = calloc(kv * H, 4)) && (w->wo = calloc(H * q, 4));
+            if (ok && a->qkv_bias) ok = (w->bq = calloc(q, 4)) && (w->bk = calloc(kv, 4)) && (w->bv = calloc(kv, 4));
+        }
+        if (ok && F) ok = (w->post_norm = calloc(H, 4)) && (w->wg = calloc(F * H, 4)) && (w->wu = calloc(F * H, 4)) && (w->wd = calloc(H * F, 4));
+    }
+    if (!ok) {
+        ac_model_free(m);
+        return ac_errf(e, "out of memory allocating model weights");
+    }
+    return 0;
+}
+
+int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
+    const ac_arch *a = &m->a;
+    mkdir(dir, 0755);
+    int cap = 3 + a->n_layers * 12, n = 0;
+    st_wtensor *t = calloc(cap, sizeof *t);
+    char **names = calloc(cap, sizeof *names);
+    void **bufs = calloc(cap, sizeof *bufs);
+    int rc = 0;
+    if (!t || !names || !bufs) { rc = ac_errf(e, "out of memory"); goto out; }
+    int64_t H = a->hidden, hd = a->head_dim;
+#define ADD(nm, ptr, d0, d1) do { \
+        names[n] = strdup(nm); \
+        size_t cnt = (size_t)(d0) * (size_t)((d1) ? (d1) : 1); \
+        bufs[n] = malloc(cnt * st_dtype_size((st_dtype)dtype)); \
+        if (!names[n] || !bufs[n]) { n++; rc = ac_errf(e, "out of memory"); goto out; } \
+        if (ac_from_f32(bufs[n], ptr, (st_dtype)dtype, cnt, e)) { n++; rc = -1; goto out; } \
+        t[n] = (st_wtensor){names[n], (st_dtype)dtype, (d1) ? 2 : 1, {(d0), (d1)}, bufs[n]}; \
+        n++; } while (0)
+    ADD("model.embed_tokens.weight", m->embed, a->vocab, H);
+    char nm[256];
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        const ac_layer_w *w = &m->L[l];
+        int64_t q = L->n_heads * hd, kv = L->n_kv_heads * hd, F = L->ffn;
+#define ADDL(suffix, ptr, d0, d1) snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix); ADD(nm, ptr, d0, d1)
+        if (L->n_heads) {
+            ADDL("input_layernorm.weight", w->in_norm, H, 0);
+            ADDL("self_attn.q_proj.weight", w->wq, q, H);
+            ADDL("self_attn.k_proj.weight", w->wk, kv, H);
+            ADDL("self_attn.v_proj.weight", w->wv, kv, H);
+            ADDL("self_attn.o_proj.weight", w->wo, H, q);
+            if (a->qkv_bias) {
+                ADDL("self_attn.q_proj.bias", w->bq, q, 0);
+                ADDL("self_attn.k_proj.bias", w->bk, kv, 0);
+                ADDL("self_attn.v_proj.bias", w->bv, kv, 0);
+            }
+        }
+        if (F) {
+            ADDL("post_attention_layernorm.weight", w->post_norm, H, 0);
+            ADDL("mlp.gate_proj.weight", w->wg, F, H);
+            ADDL("mlp.up_proj.weight", w->wu, F, H);
+            ADDL("mlp.down_proj.weight", w->wd, H, F);
+        }
+#undef ADDL
+    }
+    ADD("model.norm.weight", m->final_norm, H, 0);
+    if (!a->tie_embeddings) ADD("lm_head.weight", m->lm_head, a->vocab, H);
+#undef ADD
+    rc = st_write_sharded(dir, t, n, 2ULL << 30, e);
+    if (!rc) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        json_t *c = ac_arch_to_config(a);
+        json_object_set_new(c, "torch_dtype", json_string(dtype == ST_F32 ? "float32" : dtype == ST_F16 ? "float16" : "bfloat16"));
+        if (json_dump_file(c, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER)) rc = ac_errf(e, "cannot write %s", path);
+        json_decref(c);
+    }
+out:
+    for (int i = 0; i < n && names; i++) { free(names[i]); free(bufs[i]); }
+    free(t);
+    free(names);
+    free(bufs);
+    return rc;
+}

@@ -1,0 +1,79 @@
+/*
+ * model.h - the architecture description (uniform or heterogeneous per
+ * layer), Hugging Face config.json parsing, and the fp32 weights of a model.
+ *
+ * Supported configs: llama, mistral, qwen2 (q/k/v biases), and the
+ * DeciLM / nemotron-nas form AutoCompress exports for heterogeneous results
+ * (block_configs, plus explicit per-block head and width fields it writes).
+ *
+ * Ownership: ac_arch owns its layers array (ac_arch_free). ac_model owns its
+ * arch and every weight buffer (ac_model_free). A layer with n_heads == 0 has
+ * no attention sub-block; ffn == 0 means no FFN sub-block.
+ */
+#ifndef AC_MODEL_H
+#define AC_MODEL_H
+
+#include <jansson.h>
+
+#include "err.h"
+
+typedef struct {
+    int n_heads;     /* query heads; 0 = attention removed */
+    int n_kv_heads;  /* KV heads; n_heads % n_kv_heads == 0 */
+    int ffn;         /* FFN (intermediate) width; 0 = FFN removed */
+} ac_layer_arch;
+
+typedef struct {
+    char model_type[32];   /* "llama", "mistral", "qwen2", "nemotron-nas" */
+    int vocab, hidden, head_dim, n_layers, max_pos;
+    float eps, rope_theta;
+    int rope_llama3;       /* llama3 frequency scaling */
+    float rs_factor, rs_low, rs_high;
+    int rs_orig;
+    int tie_embeddings;
+    int qkv_bias;
+    int bos_id, eos_id;    /* -1 when absent */
+    ac_layer_arch *layers; /* n_layers entries, owned */
+} ac_arch;
+
+int ac_arch_from_config(const json_t *cfg, ac_arch *a, ac_err *e);
+int ac_arch_load(const char *model_dir, ac_arch *a, ac_err *e);
+int ac_arch_copy(ac_arch *dst, const ac_arch *src, ac_err *e);
+void ac_arch_free(ac_arch *a);
+/* True when every layer has the same shape and nothing is removed. */
+int ac_arch_is_uniform(const ac_arch *a);
+/* Parameter count (embeddings and head included). */
+double ac_arch_params(const ac_arch *a);
+/* {"hidden":..,"layers":[{"heads":..,"kv_heads":..,"ffn":..},..]} */
+json_t *ac_arch_to_json(const ac_arch *a);
+/* Apply a JSON of that shape (as produced above) on top of a base arch. */
+int ac_arch_from_json(const json_t *j, const ac_arch *base, ac_arch *out, ac_err *e);
+/* HF config.json for this arch: plain LlamaForCausalLM when uniform, a
+ * DeciLM / nemotron-nas config with block_configs otherwise. */
+json_t *ac_arch_to_config(const ac_arch *a);
+
+typedef struct {
+    float *in_norm;                 /* [H] */
+    float *wq, *wk, *wv, *wo;       /* [nH*hd,H] [nKV*hd,H] [nKV*hd,H] [H,nH*hd] */
+    float *bq, *bk, *bv;            /* biases (qwen2) or NULL */
+    float *post_norm;               /* [H] */
+    float *wg, *wu, *wd;            /* [F,H] [F,H] [H,F] */
+} ac_layer_w;
+
+typedef struct {
+    ac_arch a;
+    float *embed;       /* [V,H] */
+    float *final_norm;  /* [H] */
+    float *lm_head;     /* [V,H]; == embed when tied (not separately owned) */
+    ac_layer_w *L;      /* n_layers */
+} ac_model;
+
+/* Load config.json and safetensors weights (any of F32/F16/BF16) as fp32. */
+int ac_model_load(const char *model_dir, ac_model *m, ac_err *e);
+/* Allocate zeroed weights for an arch (for random init and pruning). */
+int ac_model_alloc(ac_model *m, const ac_arch *a, ac_err *e);
+void ac_model_free(ac_model *m);
+/* Write config.json + safetensors (dtype F32/F16/BF16) into dir. */
+int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e);
+
+#endif

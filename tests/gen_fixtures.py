@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Generate the reference fixtures the C tests compare against.
+
+Everything comes from tests/ref_llama.py (PyTorch, float64), written
+independently of the C engine:
+  models/<name>/            config.json + safetensors (various dtypes, sharded,
+                            heterogeneous), tokens.json, logits.bin (float32)
+  tok/<name>/tokenizer.json + cases.json  (text -> ids by the Python BPE)
+  ppl.json                  perplexity of the tiny model on held-out text
+"""
+import argparse
+import json
+import math
+import os
+
+import torch
+
+import ref_llama as R
+
+
+def model_case(out, name, cfg, dtype, seed, B=2, T=11, shard=False):
+    d = os.path.join(out, "models", name)
+    os.makedirs(d, exist_ok=True)
+    arch = R.arch_from_config(cfg)
+    W = R.random_weights(arch, seed)
+    W = {k: v.to(dtype) for k, v in W.items()}  # what is stored
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    if shard:
+        names = list(W)
+        half = len(names) // 2
+        parts = [names[:half], names[half:]]
+        wm = {}
+        total = 0
+        for i, part in enumerate(parts):
+            fn = f"model-{i + 1:05d}-of-00002.safetensors"
+            R.save_safetensors(os.path.join(d, fn), {k: W[k] for k in part})
+            for k in part:
+                wm[k] = fn
+                total += W[k].numel() * W[k].element_size()
+        with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": wm}, f)
+    else:
+        R.save_safetensors(os.path.join(d, "model.safetensors"), W, {"format": "pt"})
+    g = torch.Generator().manual_seed(seed + 1000)
+    toks = torch.randint(0, cfg["vocab_size"], (B, T), generator=g)
+    Wd = {k: v.double() for k, v in W.items()}
+    with torch.no_grad():
+        logits = R.forward(arch, Wd, toks).float()
+    with open(os.path.join(d, "tokens.json"), "w") as f:
+        json.dump({"B": B, "T": T, "ids": toks.flatten().tolist()}, f)
+    logits.numpy().astype("<f4").tofile(os.path.join(d, "logits.bin"))
+
+
+BASE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 300, "hidden_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 160,
+        "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False}
+
+
+def models(out):
+    model_case(out, "llama_gqa_bf16", dict(BASE), torch.bfloat16, 1)
+    model_case(out, "qwen2_tied_f16", dict(BASE, model_type="qwen2", tie_word_embeddings=True, rope_theta=1000000.0,
+                                           num_key_value_heads=1, rms_norm_eps=1e-6), torch.float16, 2)
+    model_case(out, "llama3_rope_f32", dict(BASE, head_dim=32, num_attention_heads=4, num_key_value_heads=4,
+                                            rope_theta=500000.0,
+                                            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+               torch.float32, 3, T=40)
+    model_case(out, "mistral_sharded", dict(BASE, model_type="mistral", head_dim=24, num_hidden_layers=3), torch.bfloat16, 4,
+               shard=True)
+    deci = dict(BASE, architectures=["DeciLMForCausalLM"], model_type="nemotron-nas", num_hidden_layers=4,
+                block_configs=[
+                    {"attention": {"n_heads_in_group": 2, "no_op": False, "replace_with_linear": False},
+                     "ffn": {"ffn_mult": 3.75, "no_op": False, "replace_with_linear": False, "intermediate_size": 160}},
+                    {"attention": {"n_heads_in_group": None, "no_op": True, "replace_with_linear": False},
+                     "ffn": {"no_op": False, "replace_with_linear": False, "intermediate_size": 96}},
+                    {"attention": {"n_heads_in_group": 1, "num_attention_heads": 2, "no_op": False, "replace_with_linear": False},
+                     "ffn": {"no_op": False, "replace_with_linear": False, "intermediate_size": 64}},
+                    {"attention": {"n_heads_in_group": 4, "no_op": False, "replace_with_linear": False},
+                     "ffn": {"no_op": True, "replace_with_linear": False}}])
+    model_case(out, "deci_hetero", deci, torch.float32, 5)
+
+
+SAMPLES = [
+    "Hello world! It's a test, isn't it?",
+    "  leading spaces and trailing   ",
+    "Numbers: 1234567 and 3.14159; dates 2026-12-02.",
+    "Unicode: caf\u00e9 na\u00efve \u00fcber \u4e2d\u6587 \U0001F600 \u00bfqu\u00e9?",
+    "line one\nline two\r\n\n\ttabbed\n",
+    "<|endoftext|>special<|endoftext|> tokens<|endoftext|>",
+    "We'll see what they've done; I'M SURE you'd LIKE it.",
+    "",
+]
+
+
+def tokenizers(out, tiny_dir, data_dir):
+    text = open(os.path.join(data_dir, "calib.txt")).read() if data_dir and os.path.exists(os.path.join(data_dir, "calib.txt")) else " ".join(SAMPLES * 50)
+    cases_extra = [text[:3000], text[3000:6000]]
+    # 1. the tiny model's tokenizer (Llama-3 split + ByteLevel, "a b" merges)
+    # 2. a GPT-2 style tokenizer (ByteLevel use_regex=true, pair-form merges)
+    specs = []
+    if tiny_dir and os.path.exists(os.path.join(tiny_dir, "tokenizer.json")):
+        specs.append(("tiny", json.load(open(os.path.join(tiny_dir, "tokenizer.json")))))
+    merges = R.train_bpe(text[:60000], 200, pattern=R.GPT2_SPLIT)
+    tj, _ = R.tokenizer_json(merges, ["<|endoftext|>"], pair_form=True)
+    tj["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    specs.append(("gpt2style", tj))
+    for name, tj in specs:
+        d = os.path.join(out, "tok", name)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "tokenizer.json"), "w") as f:
+            json.dump(tj, f, ensure_ascii=False)
+        model = tj["model"]
+        mer = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+        pre = tj["pre_tokenizer"]
+        pattern = R.GPT2_SPLIT if pre["type"] == "ByteLevel" else pre["pretokenizers"][0]["pattern"]["Regex"]
+        vocab = dict(model["vocab"])
+        for a in tj["added_tokens"]:
+            vocab[a["content"]] = a["id"]
+        cases = [{"text": s, "ids": R.bpe_encode(s, vocab, mer, pattern=pattern, specials=[a["content"] for a in tj["added_tokens"]])}
+                 for s in SAMPLES + cases_extra]
+        with open(os.path.join(d, "cases.json"), "w") as f:
+            json.dump(cases, f, ensure_ascii=False)
+
+
+def ppl(out, tiny_dir, data_dir):
+    if not (tiny_dir and os.path.exists(os.path.join(tiny_dir, "config.json"))):
+        return
+    tj = json.load(open(os.path.join(tiny_dir, "tokenizer.json")))
+    vocab = dict(tj["model"]["vocab"])
+    for a in tj["added_tokens"]:
+        vocab[a["content"]] = a["id"]
+    mer = [tuple(m.split(" ", 1)) for m in tj["model"]["merges"]]
+    text = open(os.path.join(data_dir, "heldout.txt")).read()[:20000]
+    with open(os.path.join(out, "heldout_small.txt"), "w") as f:
+        f.write(text)
+    ids = R.bpe_encode(text, vocab, mer, specials=["<|endoftext|>"])
+    cfg = json.load(open(os.path.join(tiny_dir, "config.json")))
+    arch = R.arch_from_config(cfg)
+    W = {k: v.double() for k, v in R.load_safetensors(os.path.join(tiny_dir, "model.safetensors")).items()}
+    res = {}
+    for ctx, stride, nwin in ((64, 0, 6), (64, 32, 8)):
+        nll, cnt, prev_end = 0.0, 0, 1
+        if stride == 0:
+            wins = [(w * ctx, 0) for w in range(min(nwin, len(ids) // ctx))]
+        else:
+            wins = []
+            for w in range(min(nwin, (len(ids) - ctx) // stride + 1)):
+                st = w * stride
+                wins.append((st, max(0, prev_end - 1 - st)))
+                prev_end = st + ctx
+        for st, frm in wins:
+            x = torch.tensor([ids[st: st + ctx]])
+            with torch.no_grad():
+                lp = torch.log_softmax(R.forward(arch, W, x)[0], -1)
+            for t in range(frm, ctx - 1):
+                nll -= lp[t, ids[st + t + 1]].item()
+                cnt += 1
+        res[f"ctx{ctx}_stride{stride}_win{nwin}"] = {"ctx": ctx, "stride": stride, "windows": nwin, "scored": cnt,
+                                                    "ppl": math.exp(nll / cnt)}
+    with open(os.path.join(out, "ppl.json"), "w") as f:
+        json.dump(res, f, indent=1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tiny", default="build/models/tiny")
+    ap.add_argument("--data", default="build/data")
+    a = ap.parse_args()
+    torch.set_num_threads(2)
+    models(a.out)
+    tokenizers(a.out, a.tiny, a.data)
+    ppl(a.out, a.tiny, a.data)
+    print("fixtures written to", a.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs every test program and script; prints one line per test and ends with
+# "N passed, N failed, N skipped". Exit status 1 when anything failed.
+set -u
+cd "$(dirname "$0")/.."
+export AC_TEST_ROOT="$PWD" AC_BUILD="${AC_BUILD:-$PWD/build}"
+pass=0; fail=0; skip=0
+run() {
+  local name="$1"; shift
+  echo "== $name"
+  local out; out=$("$@" 2>&1); local rc=$?
+  echo "$out" | grep -v '^RESULT ' | sed 's/^/   /'
+  local res; res=$(echo "$out" | grep '^RESULT ' | tail -1)
+  if [ -z "$res" ]; then echo "   (no RESULT line, exit $rc: counted as 1 failure)"; fail=$((fail+1)); return; fi
+  set -- $res
+  pass=$((pass+$2)); fail=$((fail+$3)); skip=$((skip+$4))
+  if [ "$rc" != 0 ] && [ "$3" = 0 ]; then echo "   (exit $rc)"; fail=$((fail+1)); fi
+}
+for t in "$AC_BUILD"/tests/test_*; do
+  [ -x "$t" ] || continue
+  run "$(basename "$t")" "$t"
+done
+for t in tests/test_*.py; do
+  [ -f "$t" ] || continue
+  run "$(basename "$t")" /usr/bin/python3 "$t"
+done
+if [ -f tests/web/dashboard.test.mjs ] && [ -d tests/web/node_modules/playwright-core ] && command -v chromium >/dev/null; then
+  run dashboard node tests/web/dashboard.test.mjs
+else
+  echo "== dashboard (skipped: needs chromium and tests/web/node_modules; 'make web-test-deps')"; skip=$((skip+1))
+fi
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" = 0 ]

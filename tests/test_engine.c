@@ -1,0 +1,191 @@
+/* test_engine.c - the CPU engine against PyTorch reference logits
+ * (tests/gen_fixtures.py), KV-cache decode against full forward, perplexity
+ * against the reference protocol, config parsing errors. */
+#include <jansson.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "check.h"
+#include "engine.h"
+#include "eval.h"
+#include "kernels_cpu.h"
+#include "model.h"
+
+static char fx[1024];
+
+static int fixtures_present(void) {
+    const char *b = getenv("AC_BUILD");
+    snprintf(fx, sizeof fx, "%s/fixtures", b ? b : "build");
+    char p[1200];
+    snprintf(p, sizeof p, "%s/models/llama_gqa_bf16/config.json", fx);
+    FILE *f = fopen(p, "r");
+    if (f) fclose(f);
+    return f != NULL;
+}
+
+/* Compare engine logits with the reference of one fixture model.
+ * Tolerance: max |diff| <= 1e-4 * max |ref| (relative to the logit scale). */
+static void check_model(const char *name) {
+    char dir[1200], p[1300];
+    snprintf(dir, sizeof dir, "%s/models/%s", fx, name);
+    ac_model m;
+    ac_err e = {{0}};
+    if (ac_model_load(dir, &m, &e)) { CHECK(0, "%s: %s", name, e.msg); return; }
+    snprintf(p, sizeof p, "%s/tokens.json", dir);
+    json_t *tj = json_load_file(p, 0, NULL);
+    CHECK(tj != NULL, "tokens.json");
+    if (!tj) { ac_model_free(&m); return; }
+    int B = (int)json_integer_value(json_object_get(tj, "B")), T = (int)json_integer_value(json_object_get(tj, "T"));
+    int *tok = malloc(sizeof(int) * B * T);
+    for (int i = 0; i < B * T; i++) tok[i] = (int)json_integer_value(json_array_get(json_object_get(tj, "ids"), i));
+    json_decref(tj);
+    size_t V = m.a.vocab, nlog = (size_t)B * T * V;
+    float *ref = malloc(nlog * 4);
+    snprintf(p, sizeof p, "%s/logits.bin", dir);
+    FILE *f = fopen(p, "rb");
+    CHECK(f && fread(ref, 4, nlog, f) == nlog, "logits.bin");
+    if (f) fclose(f);
+    ac_engine en;
+    CHECK(ac_engine_init(&en, &m, B, T, &e) == 0, "%s", e.msg);
+    CHECK(ac_engine_forward(&en, tok, B, T, 0, 0, &e) == 0, "%s", e.msg);
+    double maxref = 0, maxdiff = 0;
+    for (size_t i = 0; i < nlog; i++) {
+        if (fabs(ref[i]) > maxref) maxref = fabs(ref[i]);
+        if (fabs(ref[i] - en.logits[i]) > maxdiff) maxdiff = fabs(ref[i] - en.logits[i]);
+    }
+    CHECK(maxdiff <= 1e-4 * maxref, "%s: max diff %.3g vs max |logit| %.3g", name, maxdiff, maxref);
+    printf("   %s: max |diff| / max |logit| = %.2e\n", name, maxdiff / maxref);
+    /* KV cache: prefill T-1 tokens, decode the last one; logits of the last
+     * position must equal the full forward's. */
+    int *last = malloc(sizeof(int) * B), *pre = malloc(sizeof(int) * B * (T - 1));
+    for (int b = 0; b < B; b++) {
+        memcpy(pre + b * (T - 1), tok + b * T, sizeof(int) * (T - 1));
+        last[b] = tok[b * T + T - 1];
+    }
+    CHECK(ac_engine_forward(&en, pre, B, T - 1, 0, 1, &e) == 0, "%s", e.msg);
+    CHECK(ac_engine_forward(&en, last, B, 1, T - 1, 1, &e) == 0, "%s", e.msg);
+    double dd = 0;
+    for (int b = 0; b < B; b++)
+        for (size_t v = 0; v < V; v++) {
+            double d = fabs(en.logits[b * V + v] - ref[((size_t)b * T + T - 1) * V + v]);
+            if (d > dd) dd = d;
+        }
+    CHECK(dd <= 1e-4 * maxref, "%s: decode step differs by %.3g", name, dd);
+    free(last);
+    free(pre);
+    ac_engine_free(&en);
+    free(ref);
+    free(tok);
+    ac_model_free(&m);
+}
+
+static void test_llama_gqa_bf16(void) { if (!fixtures_present()) SKIP("no fixtures (make fixtures)"); check_model("llama_gqa_bf16"); }
+static void test_qwen2_tied_f16(void) { if (!fixtures_present()) SKIP("no fixtures"); check_model("qwen2_tied_f16"); }
+static void test_llama3_rope_f32(void) { if (!fixtures_present()) SKIP("no fixtures"); check_model("llama3_rope_f32"); }
+static void test_mistral_sharded(void) { if (!fixtures_present()) SKIP("no fixtures"); check_model("mistral_sharded"); }
+static void test_deci_heterogeneous(void) {
+    if (!fixtures_present()) SKIP("no fixtures");
+    check_model("deci_hetero");
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/models/deci_hetero", fx);
+    ac_arch a;
+    ac_err e;
+    CHECK(ac_arch_load(dir, &a, &e) == 0, "%s", e.msg);
+    if (a.layers) {
+        CHECK(a.layers[1].n_heads == 0 && a.layers[2].n_heads == 2 && a.layers[2].n_kv_heads == 2 && a.layers[3].ffn == 0 &&
+              a.layers[0].n_kv_heads == 2 && a.layers[1].ffn == 96, "per-layer shapes");
+        CHECK(!ac_arch_is_uniform(&a), "uniform?");
+        ac_arch_free(&a);
+    }
+}
+
+static void test_save_reload_roundtrip(void) {
+    if (!fixtures_present()) SKIP("no fixtures");
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/models/deci_hetero", fx);
+    ac_model m, m2;
+    ac_err e;
+    CHECK(ac_model_load(dir, &m, &e) == 0, "%s", e.msg);
+    CHECK(ac_model_save(&m, "/tmp/ac_test_roundtrip", 11 /* ST_F32 */, &e) == 0, "%s", e.msg);
+    CHECK(ac_model_load("/tmp/ac_test_roundtrip", &m2, &e) == 0, "%s", e.msg);
+    if (m2.L) {
+        CHECK(m2.a.n_layers == 4 && m2.a.layers[1].n_heads == 0 && m2.a.layers[3].ffn == 0, "arch");
+        CHECK(memcmp(m.L[2].wq, m2.L[2].wq, sizeof(float) * 2 * 16 * 64) == 0, "weights");
+        ac_model_free(&m2);
+    }
+    ac_model_free(&m);
+    CHECK(system("rm -rf /tmp/ac_test_roundtrip") == 0, "cleanup");
+}
+
+static void test_config_errors(void) {
+    const char *bad[] = {
+        "{\"model_type\":\"gpt2\",\"vocab_size\":10}",
+        "{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":3,\"num_key_value_heads\":2,\"intermediate_size\":4}",
+        "{\"model_type\":\"llama\",\"vocab_size\":\"x\"}",
+        "{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":2,\"intermediate_size\":4,\"rope_scaling\":{\"type\":\"yarn\"}}",
+        "{\"model_type\":\"nemotron-nas\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":2,\"num_attention_heads\":2,\"intermediate_size\":4}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        json_t *j = json_loads(bad[i], 0, NULL);
+        ac_arch a;
+        ac_err e = {{0}};
+        CHECK(j && ac_arch_from_config(j, &a, &e) != 0 && e.msg[0], "config %zu accepted", i);
+        json_decref(j);
+    }
+    /* defaults: kv heads = heads, head_dim = hidden/heads, rope_parameters form */
+    json_t *j = json_loads("{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":2,"
+                           "\"intermediate_size\":4,\"rope_parameters\":{\"rope_theta\":500000.0,\"rope_type\":\"default\"}}", 0, NULL);
+    ac_arch a;
+    ac_err e;
+    CHECK(ac_arch_from_config(j, &a, &e) == 0, "%s", e.msg);
+    CHECK(a.layers[0].n_kv_heads == 2 && a.head_dim == 4 && a.rope_theta == 500000.0f && fabsf(a.eps - 1e-6f) < 1e-12f, "defaults");
+    ac_arch_free(&a);
+    json_decref(j);
+}
+
+static void test_perplexity_matches_reference(void) {
+    if (!fixtures_present()) SKIP("no fixtures");
+    char p[1200];
+    snprintf(p, sizeof p, "%s/ppl.json", fx);
+    json_t *ref = json_load_file(p, 0, NULL);
+    if (!ref) SKIP("no ppl.json (tiny model not built)");
+    const char *b = getenv("AC_BUILD");
+    char tiny[1100], text[1200];
+    snprintf(tiny, sizeof tiny, "%s/models/tiny", b ? b : "build");
+    snprintf(text, sizeof text, "%s/heldout_small.txt", fx);
+    ac_model m;
+    ac_err e = {{0}};
+    int *ids = NULL;
+    size_t n;
+    CHECK(ac_model_load(tiny, &m, &e) == 0, "%s", e.msg);
+    CHECK(ac_load_text_ids(tiny, text, &ids, &n, m.a.vocab, &e) == 0, "%s", e.msg);
+    const char *k;
+    json_t *v;
+    json_object_foreach(ref, k, v) {
+        ac_ppl_opts o = {.ctx = (int)json_integer_value(json_object_get(v, "ctx")),
+                         .stride = (int)json_integer_value(json_object_get(v, "stride")),
+                         .max_windows = (int)json_integer_value(json_object_get(v, "windows")), .batch = 3};
+        ac_ppl_result r;
+        CHECK(ac_perplexity(&m, ids, n, &o, NULL, NULL, NULL, &r, &e) == 0, "%s", e.msg);
+        double want = json_real_value(json_object_get(v, "ppl"));
+        CHECK(r.scored == json_integer_value(json_object_get(v, "scored")), "%s: scored %ld", k, r.scored);
+        CHECK(fabs(r.ppl - want) / want < 1e-4, "%s: ppl %.6f vs reference %.6f", k, r.ppl, want);
+        printf("   %s: ppl %.4f (reference %.4f)\n", k, r.ppl, want);
+    }
+    free(ids);
+    ac_model_free(&m);
+    json_decref(ref);
+}
+
+int main(void) {
+    ac_set_threads(2);
+    RUN(test_llama_gqa_bf16);
+    RUN(test_qwen2_tied_f16);
+    RUN(test_llama3_rope_f32);
+    RUN(test_mistral_sharded);
+    RUN(test_deci_heterogeneous);
+    RUN(test_save_reload_roundtrip);
+    RUN(test_config_errors);
+    RUN(test_perplexity_matches_reference);
+    return DONE();
+}

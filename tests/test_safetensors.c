@@ -1,0 +1,152 @@
+/* test_safetensors.c - reader validation on corrupt input, writer round trip,
+ * sharded sets, dtype conversions. */
+#include <math.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "safetensors.h"
+#include "tensor.h"
+
+/* Build an image from a header string and n data bytes. */
+static size_t mk(unsigned char *buf, const char *hdr, size_t ndata) {
+    size_t hl = strlen(hdr);
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)hl >> (8 * i));
+    memcpy(buf + 8, hdr, hl);
+    memset(buf + 8 + hl, 0x3c, ndata);
+    return 8 + hl + ndata;
+}
+
+static int parse_fails(const char *hdr, size_t ndata, const char *want) {
+    unsigned char buf[4096];
+    size_t n = mk(buf, hdr, ndata);
+    st_file f;
+    ac_err e = {{0}};
+    int rc = st_parse(buf, n, &f, &e);
+    if (rc == 0) { st_close(&f); return 0; }
+    if (want && !strstr(e.msg, want)) { fprintf(stderr, "  message '%s' lacks '%s'\n", e.msg, want); return 0; }
+    return 1;
+}
+
+static void test_valid_header(void) {
+    unsigned char buf[4096];
+    size_t n = mk(buf, "{\"__metadata__\":{\"format\":\"pt\"},\"a\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
+                       "\"b\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[16,22]},\"s\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[22,26]},"
+                       "\"z\":{\"dtype\":\"F16\",\"shape\":[0,4],\"data_offsets\":[26,26]}}", 26);
+    st_file f;
+    ac_err e = {{0}};
+    CHECK(st_parse(buf, n, &f, &e) == 0, "%s", e.msg);
+    CHECK(f.n == 4, "n=%d", f.n);
+    const st_tensor *b = st_find(&f, "b");
+    CHECK(b && b->dtype == ST_BF16 && b->shape[0] == 3 && st_numel(b) == 3, "b");
+    const st_tensor *s = st_find(&f, "s");
+    CHECK(s && s->ndim == 0 && st_numel(s) == 1, "scalar");
+    st_close(&f);
+}
+
+static void test_corrupt_headers(void) {
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4, "beyond data"), "truncated data");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, "shape needs"), "shape mismatch");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, "overlap"), "overlap");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "gap"), "gap at start");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 8, "cover"), "trailing bytes");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"Q4\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "unknown dtype"), "dtype");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, "non-negative"), "neg shape");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "duplicate"), "dup keys");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]", 4, "JSON"), "bad json");
+    CHECK(parse_fails("[1,2]", 0, "object"), "not object");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4],\"data_offsets\":[0,4]}}", 4, "too large"), "overflow");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 8, "data_offsets"), "reversed offsets");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"x\":1}}", 4, "unexpected"), "extra field");
+    /* header length beyond the file, and above the hard limit */
+    unsigned char buf[16] = {0xff, 0xff, 0, 0, 0, 0, 0, 0, '{', '}'};
+    st_file f;
+    ac_err e = {{0}};
+    CHECK(st_parse(buf, 10, &f, &e) != 0 && strstr(e.msg, "past end"), "%s", e.msg);
+    unsigned char big[16] = {0, 0, 0, 0, 0, 1, 0, 0, '{', '}'};
+    CHECK(st_parse(big, 10, &f, &e) != 0 && strstr(e.msg, "exceeds limit"), "%s", e.msg);
+    CHECK(st_parse(buf, 5, &f, &e) != 0, "too short");
+}
+
+static void test_every_truncation(void) {
+    /* Cutting a valid file at every length must fail cleanly, never crash. */
+    unsigned char buf[4096];
+    size_t n = mk(buf, "{\"a\":{\"dtype\":\"F16\",\"shape\":[2,3],\"data_offsets\":[0,12]},\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[12,16]}}", 16);
+    int ok = 1;
+    for (size_t cut = 0; cut < n; cut++) {
+        st_file f;
+        ac_err e;
+        if (st_parse(buf, cut, &f, &e) == 0) { ok = 0; st_close(&f); }
+    }
+    CHECK(ok, "a truncated image parsed");
+}
+
+static void test_write_roundtrip_and_shards(void) {
+    char dir[] = "/tmp/ac_st_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    float a[6] = {1, -2, 3.5f, 0, 1e-3f, 65504};
+    uint16_t b[6];
+    ac_err e = {{0}};
+    CHECK(ac_from_f32(b, a, ST_BF16, 6, &e) == 0, "conv");
+    st_wtensor t[3] = {{"x.weight", ST_F32, 2, {2, 3}, a}, {"y", ST_BF16, 1, {6}, b}, {"z", ST_F32, 1, {6}, a}};
+    CHECK(st_write_sharded(dir, t, 3, 40, &e) == 0, "%s", e.msg);
+    st_set s;
+    CHECK(st_set_open(dir, &s, &e) == 0, "%s", e.msg);
+    CHECK(s.n == 2, "expected 2 shards, got %d", s.n);
+    const st_tensor *x = st_set_find(&s, "x.weight"), *y = st_set_find(&s, "y"), *z = st_set_find(&s, "z");
+    CHECK(x && y && z, "find");
+    if (x && y) {
+        CHECK(memcmp(x->data, a, 24) == 0, "x data");
+        float back[6];
+        ac_to_f32(back, y->data, y->dtype, 6, &e);
+        for (int i = 0; i < 6; i++) CHECK(fabsf(back[i] - a[i]) <= fabsf(a[i]) / 128 + 1e-6f, "bf16 %d %g %g", i, back[i], a[i]);
+    }
+    st_set_close(&s);
+    /* header padded to a multiple of 8 */
+    char p[512];
+    snprintf(p, sizeof p, "%s/model-00001-of-00002.safetensors", dir);
+    FILE *fp = fopen(p, "rb");
+    uint64_t hl = 0;
+    if (fp) { CHECK(fread(&hl, 8, 1, fp) == 1, "read"); fclose(fp); }
+    CHECK(hl % 8 == 0 && hl > 0, "header length %llu", (unsigned long long)hl);
+    /* index naming a missing tensor */
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    fp = fopen(p, "w");
+    fprintf(fp, "{\"weight_map\":{\"nope\":\"model-00001-of-00002.safetensors\"}}");
+    fclose(fp);
+    CHECK(st_set_open(dir, &s, &e) != 0 && strstr(e.msg, "nope"), "%s", e.msg);
+    fp = fopen(p, "w");
+    fprintf(fp, "{\"weight_map\":{\"x.weight\":\"../etc/passwd\"}}");
+    fclose(fp);
+    CHECK(st_set_open(dir, &s, &e) != 0 && strstr(e.msg, "model directory"), "%s", e.msg);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0, "cleanup");
+}
+
+static void test_half_conversions(void) {
+    /* fp16: exact for representable values, RNE for others, inf/nan/subnormal. */
+    CHECK(ac_f16_to_f32(0x3c00) == 1.0f, "one");
+    CHECK(ac_f16_to_f32(0x0001) == ldexpf(1, -24), "subnormal");
+    CHECK(ac_f32_to_f16(65504.0f) == 0x7bff, "max");
+    CHECK(ac_f32_to_f16(70000.0f) == 0x7c00, "overflow");
+    CHECK(ac_f32_to_f16(ldexpf(1, -24)) == 0x0001, "to subnormal");
+    CHECK(ac_f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3c00, "tie to even");
+    CHECK(ac_f32_to_f16(1.0f + 3 * ldexpf(1, -11)) == 0x3c02, "tie to even up");
+    int bad = 0;
+    for (uint32_t h = 0; h < 0x7c00; h++) if (ac_f32_to_f16(ac_f16_to_f32((uint16_t)h)) != h) bad++;
+    CHECK(bad == 0, "%d fp16 values do not round trip", bad);
+    CHECK(ac_f32_to_bf16(1.00390625f) == 0x3f80, "bf16 tie to even");
+    CHECK(ac_f32_to_bf16(1.01171875f) == 0x3f82, "bf16 tie up");
+    CHECK(isnan(ac_bf16_to_f32(ac_f32_to_bf16(NAN))), "nan");
+}
+
+int main(void) {
+    RUN(test_valid_header);
+    RUN(test_corrupt_headers);
+    RUN(test_every_truncation);
+    RUN(test_write_roundtrip_and_shards);
+    RUN(test_half_conversions);
+    return DONE();
+}

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Build the tiny trained model used by the demo, the tests and the benchmarks.
+
+Reproducible: fixed seeds, fixed thread count, inputs from Debian's
+`fortunes` package. Steps:
+  1. split the fortunes into train / calibration / held-out text files;
+  2. train a byte-level BPE tokenizer (Llama-3 style split regex) and write
+     tokenizer.json;
+  3. train a small Llama-architecture model (GQA, SwiGLU, RoPE) with PyTorch
+     and write config.json + model.safetensors (BF16).
+The model code is tests/ref_llama.py, the same reference the C engine is
+checked against.
+"""
+import argparse
+import glob
+import json
+import os
+import random
+import time
+
+import torch
+
+import ref_llama as R
+
+
+def load_fortunes(src):
+    items = []
+    for path in sorted(glob.glob(os.path.join(src, "*"))):
+        if "." in os.path.basename(path) or os.path.isdir(path) or os.path.islink(path):
+            continue
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8", errors="ignore")
+        for chunk in text.split("\n%\n"):
+            chunk = chunk.strip("\n%")
+            if 20 < len(chunk) < 2000:
+                items.append(chunk)
+    return items
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--src", default="/usr/share/games/fortunes")
+    ap.add_argument("--steps", type=int, default=int(os.environ.get("AC_TINY_STEPS", "400")))
+    ap.add_argument("--merges", type=int, default=511)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--ffn", type=int, default=384)
+    ap.add_argument("--ctx", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16)
+    a = ap.parse_args()
+    torch.manual_seed(1234)
+    torch.set_num_threads(2)
+    random.seed(1234)
+    t0 = time.time()
+
+    items = load_fortunes(a.src)
+    if len(items) < 1000:
+        raise SystemExit(f"only {len(items)} fortunes under {a.src}: install Debian package 'fortunes'")
+    random.shuffle(items)
+    n = len(items)
+    splits = {"train": items[: int(n * 0.9)], "calib": items[int(n * 0.9): int(n * 0.95)], "heldout": items[int(n * 0.95):]}
+    os.makedirs(a.data, exist_ok=True)
+    for k, v in splits.items():
+        with open(os.path.join(a.data, k + ".txt"), "w") as f:
+            f.write("\n\n".join(v) + "\n")
+    train_text = "\n\n".join(splits["train"])
+
+    merges = R.train_bpe(train_text[:400_000], a.merges)
+    special = "<|endoftext|>"
+    tj, vocab = R.tokenizer_json(merges, [special])
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "tokenizer.json"), "w") as f:
+        json.dump(tj, f, ensure_ascii=False)
+    print(f"tokenizer: {len(vocab)} tokens, {len(merges)} merges ({time.time() - t0:.1f}s)", flush=True)
+
+    ids = R.bpe_encode(special.join(splits["train"]), vocab, merges, specials=[special])
+    data = torch.tensor(ids, dtype=torch.long)
+    print(f"train tokens: {len(ids)}", flush=True)
+
+    cfg = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": len(vocab),
+        "hidden_size": a.hidden, "num_hidden_layers": a.layers, "num_attention_heads": a.heads,
+        "num_key_value_heads": a.kv_heads, "head_dim": a.hidden // a.heads, "intermediate_size": a.ffn,
+        "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": None,
+        "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False, "hidden_act": "silu",
+        "bos_token_id": vocab[special], "eos_token_id": vocab[special], "torch_dtype": "bfloat16",
+    }
+    arch = R.arch_from_config(cfg)
+    W = R.random_weights(arch, seed=1, scale=0.02)
+    for k in W:
+        if "norm" in k:
+            W[k] = torch.ones_like(W[k])
+        W[k].requires_grad_(True)
+    params = list(W.values())
+    opt = torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.05)
+    g = torch.Generator().manual_seed(99)
+    for step in range(a.steps):
+        lr = 3e-3 * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(step / a.steps * 3.14159)).item()))
+        for pg in opt.param_groups:
+            pg["lr"] = lr
+        starts = torch.randint(0, len(data) - a.ctx - 1, (a.batch,), generator=g)
+        x = torch.stack([data[s: s + a.ctx] for s in starts])
+        y = torch.stack([data[s + 1: s + a.ctx + 1] for s in starts])
+        logits = R.forward(arch, W, x)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if step % 50 == 0 or step == a.steps - 1:
+            print(f"step {step} loss {loss.item():.3f} ({time.time() - t0:.0f}s)", flush=True)
+    R.write_model(a.out, cfg, {k: v.detach() for k, v in W.items()}, dtype=torch.bfloat16)
+    print(f"wrote {a.out} in {time.time() - t0:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
