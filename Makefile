@@ -17,7 +17,7 @@ B = build
 LIB_SRC  = $(wildcard src/*.c)
 LIB_OBJ  = $(LIB_SRC:src/%.c=$(B)/src/%.o)
 D_SRC    = $(filter-out daemon/main.c,$(wildcard daemon/*.c))
-D_OBJ    = $(D_SRC:daemon/%.c=$(B)/daemon/%.o)
+D_OBJ    = $(D_SRC:daemon/%.c=$(B)/daemon/%.o) $(B)/daemon/migrations.o
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(B)/tests/%)
 
@@ -31,6 +31,13 @@ $(B)/src/%.o: src/%.c $(wildcard src/*.h)
 
 $(B)/daemon/%.o: daemon/%.c $(wildcard daemon/*.h) $(wildcard src/*.h)
 	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(B)/daemon/migrations.c: $(wildcard migrations/*.sql) tools/embed_sql.sh
+	@mkdir -p $(dir $@)
+	sh tools/embed_sql.sh $@ $(sort $(wildcard migrations/*.sql))
+
+$(B)/daemon/migrations.o: $(B)/daemon/migrations.c daemon/db.h
 	$(CC) $(CFLAGS) -c $< -o $@
 
 $(B)/libautocompress.a: $(LIB_OBJ)

@@ -1,1 +1,106 @@
-int main(void){return 0;}
+/*
+ * autocompressd - the AutoCompress daemon.
+ *   autocompressd [--config FILE] [--listen HOST:PORT] [--db PATH] [--data-dir DIR] [--web-dir DIR]
+ *   autocompressd run-job ID --db PATH ...      (the worker; see worker.c)
+ * Runs in the foreground, logs to stderr; SIGTERM/SIGINT stop it: running
+ * jobs are stopped and re-queued, so a restart picks them up again.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "daemon.h"
+
+void sched_stop(ac_daemon *d);
+int sched_busy(ac_daemon *d);
+void sched_close(ac_daemon *d);
+void sched_free(ac_daemon *d);
+
+static ac_daemon D;
+static uv_signal_t sig_term, sig_int;
+static uv_timer_t drain_timer;
+
+static void on_drain(uv_timer_t *t) {
+    if (sched_busy(&D)) return;
+    uv_timer_stop(t);
+    uv_close((uv_handle_t *)t, NULL);
+    uv_close((uv_handle_t *)&sig_term, NULL);
+    uv_close((uv_handle_t *)&sig_int, NULL);
+    sched_close(&D);
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+    (void)s;
+    static int once;
+    if (once++) return;
+    fprintf(stderr, "autocompressd: signal %d: stopping (running jobs are re-queued)\n", signum);
+    http_stop(&D);
+    sched_stop(&D);
+    uv_timer_init(D.loop, &drain_timer);
+    uv_timer_start(&drain_timer, on_drain, 0, 50);
+}
+
+static int usage(void) {
+    fprintf(stderr, "usage: autocompressd [--config FILE] [--listen HOST:PORT] [--db PATH] [--data-dir DIR] [--web-dir DIR]\n"
+                    "       autocompressd run-job ID --db PATH [--device D] [--threads N] [--output DIR]\n");
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "run-job")) return worker_main(argc, argv);
+    ac_err e = {{0}};
+    config_defaults(&D.cfg);
+    const char *cfgfile = NULL;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--config") && i + 1 < argc) cfgfile = argv[++i];
+    if (cfgfile && config_load(&D.cfg, cfgfile, &e)) { fprintf(stderr, "autocompressd: %s\n", e.msg); return 1; }
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--config") && i + 1 < argc) i++;
+        else if (!strcmp(argv[i], "--listen") && i + 1 < argc) { if (config_listen(&D.cfg, argv[++i], &e)) { fprintf(stderr, "autocompressd: %s\n", e.msg); return 1; } }
+        else if (!strcmp(argv[i], "--db") && i + 1 < argc) snprintf(D.cfg.db_path, sizeof D.cfg.db_path, "%s", argv[++i]);
+        else if (!strcmp(argv[i], "--data-dir") && i + 1 < argc) snprintf(D.cfg.data_dir, sizeof D.cfg.data_dir, "%s", argv[++i]);
+        else if (!strcmp(argv[i], "--web-dir") && i + 1 < argc) snprintf(D.cfg.web_dir, sizeof D.cfg.web_dir, "%s", argv[++i]);
+        else return usage();
+    }
+    ssize_t n = readlink("/proc/self/exe", D.exe, sizeof D.exe - 1);
+    if (n <= 0) { fprintf(stderr, "autocompressd: cannot find own executable\n"); return 1; }
+    D.exe[n] = 0;
+    if (!D.cfg.web_dir[0]) {
+        char dir[900];
+        snprintf(dir, sizeof dir, "%.899s", D.exe);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0;
+        snprintf(D.cfg.web_dir, sizeof D.cfg.web_dir, "%s/../web", dir);
+        if (access(D.cfg.web_dir, R_OK) != 0) snprintf(D.cfg.web_dir, sizeof D.cfg.web_dir, "/usr/share/autocompress/web");
+    }
+    signal(SIGPIPE, SIG_IGN);
+    mkdir(D.cfg.data_dir, 0755);
+    D.started_at = ac_now();
+    if (db_open(D.cfg.db_path, &D.db, &e)) { fprintf(stderr, "autocompressd: %s\n", e.msg); return 1; }
+    int rec = db_recover(D.db, D.cfg.interrupted_policy, D.cfg.max_attempts, &e);
+    if (rec < 0) { fprintf(stderr, "autocompressd: recovery: %s\n", e.msg); return 1; }
+    if (rec > 0) fprintf(stderr, "autocompressd: recovered %d interrupted job(s) (policy %s)\n", rec, D.cfg.interrupted_policy);
+    D.ndevices = ac_devices_local(D.devices, AC_MAX_DEVICES);
+    D.hub = sse_hub_new(D.cfg.sse_buffer_bytes);
+    D.loop = uv_default_loop();
+    if (sched_start(&D, &e) || http_start(&D, &e)) { fprintf(stderr, "autocompressd: %s\n", e.msg); return 1; }
+    for (int i = 0; i < D.ndevices; i++) fprintf(stderr, "autocompressd: device %s\n", D.devices[i].name);
+    fprintf(stderr, "autocompressd %s listening on http://%s:%d (db %s, schema v%d, data %s)\n", AC_VERSION, D.cfg.listen_host,
+            D.cfg.listen_port, D.cfg.db_path, db_schema_version(D.db), D.cfg.data_dir);
+    uv_signal_init(D.loop, &sig_term);
+    uv_signal_start(&sig_term, on_signal, SIGTERM);
+    uv_signal_init(D.loop, &sig_int);
+    uv_signal_start(&sig_int, on_signal, SIGINT);
+    uv_run(D.loop, UV_RUN_DEFAULT);
+    http_stop(&D);
+    sched_free(&D);
+    uv_loop_close(D.loop);
+    db_close(D.db);
+    sse_hub_free(D.hub);
+    config_free(&D.cfg);
+    fprintf(stderr, "autocompressd: stopped\n");
+    return 0;
+}

@@ -46,7 +46,7 @@ void ac_stats_free(ac_stats *s) {
 }
 
 void ac_engine_free(ac_engine *en) {
-    float *bufs[] = {en->x, en->x0, en->xn, en->q, en->att, en->g, en->u, en->scores, en->logits, en->cos_t, en->sin_t};
+    float *bufs[] = {en->x, en->x0, en->xn, en->q, en->att, en->g, en->u, en->kt, en->vt, en->scores, en->logits, en->cos_t, en->sin_t};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     if (en->kc)
         for (int l = 0; l < en->m->a.n_layers; l++) { free(en->kc[l]); free(en->vc[l]); }
@@ -64,8 +64,9 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
     en->max_batch = max_batch;
     en->max_ctx = max_ctx;
     size_t N = (size_t)max_batch * max_ctx, H = a->hidden, hd = a->head_dim;
-    size_t maxq = 0, maxf = 0;
+    size_t maxq = 0, maxf = 0, maxkv = 0;
     for (int l = 0; l < a->n_layers; l++) {
+        if ((size_t)a->layers[l].n_kv_heads * hd > maxkv) maxkv = a->layers[l].n_kv_heads * hd;
         if ((size_t)a->layers[l].n_heads * hd > maxq) maxq = a->layers[l].n_heads * hd;
         if ((size_t)a->layers[l].ffn > maxf) maxf = a->layers[l].ffn;
     }
@@ -76,6 +77,8 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
     en->att = malloc(N * (maxq + 1) * 4);
     en->g = malloc(N * (maxf + 1) * 4);
     en->u = malloc(N * (maxf + 1) * 4);
+    en->kt = malloc(N * (maxkv + 1) * 4);
+    en->vt = malloc(N * (maxkv + 1) * 4);
     en->scores = malloc((size_t)max_ctx * max_ctx * 4);
     en->logits = malloc(N * a->vocab * 4);
     en->cos_t = malloc((size_t)max_ctx * hd / 2 * 4);
@@ -83,7 +86,7 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
     en->pos = malloc(N * sizeof(int));
     en->kc = calloc(a->n_layers, sizeof *en->kc);
     en->vc = calloc(a->n_layers, sizeof *en->vc);
-    int ok = en->x && en->x0 && en->xn && en->q && en->att && en->g && en->u && en->scores && en->logits && en->cos_t &&
+    int ok = en->x && en->x0 && en->xn && en->q && en->att && en->g && en->u && en->kt && en->vt && en->scores && en->logits && en->cos_t &&
              en->sin_t && en->pos && en->kc && en->vc;
     for (int l = 0; ok && l < a->n_layers; l++) {
         size_t kv = (size_t)a->layers[l].n_kv_heads * hd;
@@ -110,28 +113,16 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
 }
 
 /* Causal attention for layer l over the cache. q,att: [N, Q]; cache
- * [B][max_ctx][KV]; keys 0..pos0+t visible to query row t. */
+ * [B][max_ctx][KV]; GQA: query head h reads KV head h / group. */
 static void attention(ac_engine *en, int l, int B, int n, int pos0) {
     const ac_arch *a = &en->m->a;
     const ac_layer_arch *L = &a->layers[l];
-    int hd = a->head_dim, Q = L->n_heads * hd, KV = L->n_kv_heads * hd, grp = L->n_heads / L->n_kv_heads, S = pos0 + n;
-    float scale = 1.0f / sqrtf((float)hd);
+    int hd = a->head_dim, Q = L->n_heads * hd, KV = L->n_kv_heads * hd, grp = L->n_heads / L->n_kv_heads;
     for (int b = 0; b < B; b++) {
         const float *kb = en->kc[l] + (size_t)b * en->max_ctx * KV, *vb = en->vc[l] + (size_t)b * en->max_ctx * KV;
-        for (int h = 0; h < L->n_heads; h++) {
-            int kh = h / grp;
-            const float *qh = en->q + (size_t)b * n * Q + h * hd;
-            float *sc = en->scores;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, S, hd, scale, qh, Q, kb + kh * hd, KV, 0.0f, sc, S);
-            for (int t = 0; t < n; t++) {
-                float *row = sc + (size_t)t * S;
-                int vis = pos0 + t + 1;
-                ac_softmax(row, vis);
-                for (int j = vis; j < S; j++) row[j] = 0;
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, S, 1.0f, sc, S, vb + kh * hd, KV, 0.0f,
-                        en->att + (size_t)b * n * Q + h * hd, Q);
-        }
+        for (int h = 0; h < L->n_heads; h++)
+            ac_attention_head(en->att + (size_t)b * n * Q + h * hd, en->q + (size_t)b * n * Q + h * hd, kb + (h / grp) * hd,
+                              vb + (h / grp) * hd, n, pos0, hd, Q, KV, en->scores);
     }
 }
 
@@ -158,14 +149,14 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
             if (st) for (long i = 0; i < (long)N * H; i++) st->hidden_a[i % H] += fabsf(en->xn[i]);
             ac_linear(en->q, en->xn, w->wq, w->bq, N, H, Q);
             ac_rope(en->q, N, L->n_heads, hd, en->pos, en->cos_t, en->sin_t);
-            /* k and v go straight into the cache rows of their positions. */
+            /* k and v for all rows in one GEMM each, then into the cache
+             * rows of their positions. */
+            ac_linear(en->kt, en->xn, w->wk, w->bk, N, H, KV);
+            ac_linear(en->vt, en->xn, w->wv, w->bv, N, H, KV);
+            ac_rope(en->kt, N, L->n_kv_heads, hd, en->pos, en->cos_t, en->sin_t);
             for (int b = 0; b < B; b++) {
-                float *kdst = en->kc[l] + ((size_t)b * en->max_ctx + pos0) * KV;
-                float *vdst = en->vc[l] + ((size_t)b * en->max_ctx + pos0) * KV;
-                const float *xb = en->xn + (size_t)b * n * H;
-                ac_linear(kdst, xb, w->wk, w->bk, n, H, KV);
-                ac_linear(vdst, xb, w->wv, w->bv, n, H, KV);
-                ac_rope(kdst, n, L->n_kv_heads, hd, en->pos + b * n, en->cos_t, en->sin_t);
+                memcpy(en->kc[l] + ((size_t)b * en->max_ctx + pos0) * KV, en->kt + (size_t)b * n * KV, (size_t)n * KV * 4);
+                memcpy(en->vc[l] + ((size_t)b * en->max_ctx + pos0) * KV, en->vt + (size_t)b * n * KV, (size_t)n * KV * 4);
             }
             attention(en, l, B, n, pos0);
             if (st)

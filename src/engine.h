@@ -29,7 +29,7 @@ void ac_stats_free(ac_stats *s);
 typedef struct {
     const ac_model *m;
     int max_batch, max_ctx;
-    float *x, *x0, *xn, *q, *att, *g, *u, *scores, *logits;
+    float *x, *x0, *xn, *q, *att, *g, *u, *kt, *vt, *scores, *logits;
     float **kc, **vc;     /* per layer [max_batch][max_ctx][kv_heads*head_dim] */
     float *cos_t, *sin_t; /* [max_ctx][head_dim/2] */
     int *pos;

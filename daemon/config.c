@@ -1,0 +1,115 @@
+/* config.c - see config.h. */
+#include "config.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void config_defaults(ac_config *c) {
+    memset(c, 0, sizeof *c);
+    snprintf(c->listen_host, sizeof c->listen_host, "127.0.0.1");
+    c->listen_port = 8321;
+    snprintf(c->db_path, sizeof c->db_path, "autocompress.db");
+    snprintf(c->data_dir, sizeof c->data_dir, "autocompress-data");
+    c->cpu_slots = 1;
+    c->jobs_per_gpu = 1;
+    c->use_gpus = 1;
+    c->max_body_bytes = 1 << 20;
+    c->max_connections = 256;
+    c->sse_keepalive_s = 15;
+    c->sse_buffer_bytes = 1 << 20;
+    snprintf(c->interrupted_policy, sizeof c->interrupted_policy, "requeue");
+    c->max_attempts = 3;
+    c->cancel_grace_s = 1.0;
+    c->worker_threads = 2;
+}
+
+int config_listen(ac_config *c, const char *hp, ac_err *e) {
+    const char *colon = strrchr(hp, ':');
+    if (!colon || colon == hp) return ac_errf(e, "listen address %s must be HOST:PORT", hp);
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end || port < 0 || port > 65535) return ac_errf(e, "bad port in %s", hp);
+    size_t hl = (size_t)(colon - hp);
+    if (hl >= sizeof c->listen_host) return ac_errf(e, "host too long in %s", hp);
+    memcpy(c->listen_host, hp, hl);
+    c->listen_host[hl] = 0;
+    c->listen_port = (int)port;
+    return 0;
+}
+
+static int str_field(json_t *j, const char *k, char *dst, size_t n, ac_err *e) {
+    json_t *v = json_object_get(j, k);
+    if (!v) return 0;
+    if (!json_is_string(v) || json_string_length(v) >= n) return ac_errf(e, "config: %s must be a string shorter than %zu", k, n);
+    snprintf(dst, n, "%s", json_string_value(v));
+    return 0;
+}
+
+static int int_field(json_t *j, const char *k, long lo, long hi, long *dst, ac_err *e) {
+    json_t *v = json_object_get(j, k);
+    if (!v) return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return ac_errf(e, "config: %s must be an integer in [%ld, %ld]", k, lo, hi);
+    *dst = (long)json_integer_value(v);
+    return 0;
+}
+
+int config_load(ac_config *c, const char *path, ac_err *e) {
+    json_error_t je;
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!j) return ac_errf(e, "config %s: %s (line %d)", path, je.text, je.line);
+    static const char *known[] = {"listen", "db", "data_dir", "web_dir", "tokens", "model_roots", "cpu_slots", "jobs_per_gpu",
+                                  "use_gpus", "max_body_bytes", "max_connections", "sse_keepalive_s", "sse_buffer_bytes",
+                                  "interrupted_policy", "max_attempts", "cancel_grace_s", "worker_threads", NULL};
+    const char *k;
+    json_t *v;
+    int rc = 0;
+    json_object_foreach(j, k, v) {
+        int ok = 0;
+        for (int i = 0; known[i]; i++) ok |= !strcmp(known[i], k);
+        if (!ok) { rc = ac_errf(e, "config %s: unknown key %s", path, k); goto out; }
+    }
+    char listen[200] = "";
+    long cpu = c->cpu_slots, gpu = c->jobs_per_gpu, body = c->max_body_bytes, conns = c->max_connections, ka = c->sse_keepalive_s,
+         sb = (long)c->sse_buffer_bytes, att = c->max_attempts, wt = c->worker_threads;
+    if (str_field(j, "listen", listen, sizeof listen, e) || (listen[0] && config_listen(c, listen, e)) ||
+        str_field(j, "db", c->db_path, sizeof c->db_path, e) || str_field(j, "data_dir", c->data_dir, sizeof c->data_dir, e) ||
+        str_field(j, "web_dir", c->web_dir, sizeof c->web_dir, e) ||
+        str_field(j, "interrupted_policy", c->interrupted_policy, sizeof c->interrupted_policy, e) ||
+        int_field(j, "cpu_slots", 0, 256, &cpu, e) || int_field(j, "jobs_per_gpu", 1, 64, &gpu, e) ||
+        int_field(j, "max_body_bytes", 1024, 1L << 30, &body, e) || int_field(j, "max_connections", 1, 100000, &conns, e) ||
+        int_field(j, "sse_keepalive_s", 1, 3600, &ka, e) || int_field(j, "sse_buffer_bytes", 4096, 1L << 30, &sb, e) ||
+        int_field(j, "max_attempts", 1, 100, &att, e) || int_field(j, "worker_threads", 1, 256, &wt, e)) {
+        rc = -1;
+        goto out;
+    }
+    c->cpu_slots = (int)cpu; c->jobs_per_gpu = (int)gpu; c->max_body_bytes = body; c->max_connections = (int)conns;
+    c->sse_keepalive_s = (int)ka; c->sse_buffer_bytes = (size_t)sb; c->max_attempts = (int)att; c->worker_threads = (int)wt;
+    if (strcmp(c->interrupted_policy, "requeue") && strcmp(c->interrupted_policy, "fail")) { rc = ac_errf(e, "config: interrupted_policy must be requeue or fail"); goto out; }
+    json_t *g = json_object_get(j, "use_gpus");
+    if (g) { if (!json_is_boolean(g)) { rc = ac_errf(e, "config: use_gpus must be a boolean"); goto out; } c->use_gpus = json_is_true(g); }
+    json_t *cg = json_object_get(j, "cancel_grace_s");
+    if (cg) { if (!json_is_number(cg) || json_number_value(cg) < 0) { rc = ac_errf(e, "config: cancel_grace_s must be a number >= 0"); goto out; } c->cancel_grace_s = json_number_value(cg); }
+    json_t *arrs[2] = {json_object_get(j, "tokens"), json_object_get(j, "model_roots")};
+    for (int a = 0; a < 2; a++) {
+        if (!arrs[a]) continue;
+        if (!json_is_array(arrs[a]) || json_array_size(arrs[a]) > (a ? AC_MAX_ROOTS : AC_MAX_TOKENS)) { rc = ac_errf(e, "config: %s must be an array of strings", a ? "model_roots" : "tokens"); goto out; }
+        size_t i;
+        json_array_foreach(arrs[a], i, v) {
+            if (!json_is_string(v) || json_string_length(v) < (a ? 1 : 16)) { rc = ac_errf(e, a ? "config: model_roots entries must be paths" : "config: tokens must be strings of at least 16 characters"); goto out; }
+            if (a) c->model_roots[c->nroots++] = strdup(json_string_value(v));
+            else c->tokens[c->ntokens++] = strdup(json_string_value(v));
+        }
+    }
+out:
+    json_decref(j);
+    return rc;
+}
+
+void config_free(ac_config *c) {
+    for (int i = 0; i < c->ntokens; i++) free(c->tokens[i]);
+    for (int i = 0; i < c->nroots; i++) free(c->model_roots[i]);
+    c->ntokens = c->nroots = 0;
+}

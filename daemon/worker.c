@@ -1,0 +1,78 @@
+/*
+ * worker.c - `autocompressd run-job ID --db PATH [--device D] [--threads N]
+ * [--output DIR]`: runs one job in its own process. Reads the spec from the
+ * database (read-only), writes one JSON event per line on stdout for the
+ * daemon to store, logs on stderr. Dies with its parent (PR_SET_PDEATHSIG),
+ * so a killed daemon leaves no orphan worker behind.
+ */
+#include <signal.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include "daemon.h"
+#include "job.h"
+
+static void emit_line(void *ud, const char *kind, json_t *data) {
+    (void)ud;
+    json_t *ev = json_pack("{s:s,s:O}", "kind", kind, "data", data);
+    char *s = json_dumps(ev, JSON_COMPACT);
+    json_decref(ev);
+    if (s) {
+        fputs(s, stdout);
+        fputc('\n', stdout);
+        fflush(stdout);
+        free(s);
+    }
+    if (!strcmp(kind, "stage") || !strcmp(kind, "log"))
+        fprintf(stderr, "[%s] %s\n", kind, json_string_value(json_object_get(data, "stage")) ? json_string_value(json_object_get(data, "stage")) : json_string_value(json_object_get(data, "message")) ? json_string_value(json_object_get(data, "message")) : "");
+}
+
+static void fail(const char *msg) {
+    json_t *d = json_pack("{s:s}", "message", msg);
+    emit_line(NULL, "error", d);
+    json_decref(d);
+    fprintf(stderr, "job failed: %s\n", msg);
+}
+
+int worker_main(int argc, char **argv) {
+    if (argc < 3) { fprintf(stderr, "usage: autocompressd run-job ID --db PATH [--device D] [--threads N] [--output DIR]\n"); return 2; }
+    long id = atol(argv[2]);
+    const char *dbp = NULL, *device = "cpu", *output = NULL;
+    int threads = 2;
+    for (int i = 3; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--db")) dbp = argv[i + 1];
+        else if (!strcmp(argv[i], "--device")) device = argv[i + 1];
+        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--output")) output = argv[i + 1];
+    }
+    if (!dbp || id <= 0) { fprintf(stderr, "run-job: need a job id and --db\n"); return 2; }
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1) return 3; /* parent already gone */
+    sqlite3 *c;
+    if (sqlite3_open_v2(dbp, &c, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) { fail("cannot open the job database"); return 1; }
+    sqlite3_busy_timeout(c, 5000);
+    sqlite3_stmt *st;
+    json_t *spec = NULL;
+    if (sqlite3_prepare_v2(c, "SELECT spec FROM jobs WHERE id = ?", -1, &st, NULL) == SQLITE_OK) {
+        sqlite3_bind_int64(st, 1, id);
+        if (sqlite3_step(st) == SQLITE_ROW) spec = json_loads((const char *)sqlite3_column_text(st, 0), 0, NULL);
+        sqlite3_finalize(st);
+    }
+    sqlite3_close(c);
+    if (!spec) { fail("job not found in the database"); return 1; }
+    if (!json_object_get(spec, "output") && output) json_object_set_new(spec, "output", json_string(output));
+    fprintf(stderr, "worker for job %ld on %s (pid %d)\n", id, device, (int)getpid());
+    ac_job_ctx ctx = {.emit = emit_line, .ud = NULL, .cancelled = NULL, .cost_db = dbp, .threads = threads};
+    json_t *result = NULL;
+    ac_err e = {{0}};
+    int rc = ac_job_run(spec, &ctx, &result, &e);
+    json_decref(spec);
+    if (rc) { fail(e.msg); return 1; }
+    emit_line(NULL, "result", result);
+    json_decref(result);
+    return 0;
+}

@@ -1,0 +1,129 @@
+/*
+ * costmodel.h - hardware cost tables and the serving-workload model.
+ *
+ * A cost table holds what one device costs per operator, measured
+ * (micro-benchmarks of the kernels a layer is made of: GEMM over an
+ * (M, N, K) grid, one attention head over a (queries, keys) grid, an
+ * elementwise cost) or derived from a datasheet spec (roofline). Prediction
+ * walks an architecture layer by layer, looks operators up (log-log
+ * interpolation between grid points, extrapolation by FLOPs beyond it) and
+ * adds the engine profile's overheads, giving TTFT, TPOT, output
+ * throughput, peak memory and the largest batch that fits.
+ *
+ * Widths are continuous (ac_carch) so the search can take gradients:
+ * ac_cost_grad differentiates the prediction with respect to every
+ * per-layer width (central differences of the piecewise log-linear
+ * interpolant, exact between grid points).
+ *
+ * Ownership: ac_cost_table owns its arrays (ac_cost_table_free).
+ */
+#ifndef AC_COSTMODEL_H
+#define AC_COSTMODEL_H
+
+#include <jansson.h>
+
+#include "device.h"
+#include "err.h"
+#include "model.h"
+
+#define AC_CT_VERSION 1
+#define AC_CT_MAXG 16
+
+typedef struct {
+    char key[384], device[160], dtype[16], engine[48], source[16];
+    int version;
+    int roofline;                 /* 1: computed from spec, no grids */
+    double peak_tflops, bw_gbs, eta_c, eta_m, launch_us, mem_gib;
+    int nm, nn, nk;
+    double gm[AC_CT_MAXG], gn[AC_CT_MAXG], gk[AC_CT_MAXG];
+    double *gemm_us;              /* [nm][nn][nk] */
+    int head_dim, naq, nas;
+    double aq[AC_CT_MAXG], as[AC_CT_MAXG];
+    double *attn_us;              /* [naq][nas], one head, one sequence */
+    double elem_ns;               /* per element of elementwise passes */
+    double measure_s;             /* seconds the measurement took */
+} ac_cost_table;
+
+void ac_cost_table_free(ac_cost_table *t);
+json_t *ac_cost_table_to_json(const ac_cost_table *t);
+int ac_cost_table_from_json(const json_t *j, ac_cost_table *t, ac_err *e);
+/* Validate an imported table; *field names the offending field. */
+int ac_cost_table_validate(const json_t *j, const char **field, ac_err *e);
+
+/* The table key of the local CPU for the fp32 autocompress engine. */
+void ac_cost_cpu_key(int threads, char *key, size_t n, char *device, size_t dn);
+/* Measure the local CPU (the engine's own kernels). progress may be NULL. */
+int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud, ac_cost_table *t, ac_err *e);
+/* Roofline table for a named spec profile and weight dtype. */
+int ac_cost_roofline(const ac_device_spec *s, const char *dtype, ac_cost_table *t, ac_err *e);
+
+/* {"device":"cpu","threads":2} -> validate / key / measure (HTTP API). */
+int ac_cost_measure_validate(const json_t *req, const char **field, ac_err *e);
+void ac_cost_measure_key(const json_t *req, char *key, size_t n);
+int ac_cost_measure_json(const json_t *req, json_t **table, ac_err *e);
+
+/* Read a cached table from a SQLite file (read-only); *found = 0 if absent. */
+int ac_cost_cache_get(const char *db_path, const char *key, ac_cost_table *t, int *found, ac_err *e);
+/* Store (CLI use; the daemon stores through its own writer). */
+int ac_cost_cache_put(const char *db_path, const ac_cost_table *t, ac_err *e);
+
+/* Operator costs (microseconds). */
+double ac_cost_gemm_us(const ac_cost_table *t, double m, double n, double k);
+double ac_cost_attn_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s, int head_dim);
+
+/* Continuous architecture: per-layer widths as reals (0 = removed). */
+typedef struct {
+    int n_layers, head_dim, vocab, tie;
+    double hidden;
+    double *heads, *kv, *ffn;     /* n_layers each, owned */
+} ac_carch;
+
+int ac_carch_from_arch(const ac_arch *a, ac_carch *c, ac_err *e);
+void ac_carch_free(ac_carch *c);
+double ac_carch_params(const ac_carch *c);
+
+typedef struct {
+    int batch, prompt_len, gen_len;
+} ac_workload;
+
+typedef struct {
+    char name[32];
+    int w_bytes, kv_bytes, act_bytes;
+    int block_size;
+    double mem_util;            /* fraction of device memory the engine may use */
+    double overhead_ms;         /* per forward call (scheduler, sampling, launch not in tables) */
+    double overhead_gib;        /* runtime memory outside weights/KV/activations */
+} ac_engine_profile;
+
+/* Defaults for a device class, then overridden by a spec's target.engine. */
+void ac_engine_profile_default(ac_engine_profile *p, int is_cpu);
+int ac_engine_profile_from_json(const json_t *j, ac_engine_profile *p, ac_err *e);
+int ac_workload_from_json(const json_t *j, ac_workload *w, ac_err *e);
+
+typedef struct {
+    double ttft_ms, tpot_ms, tok_per_s, e2e_ms;
+    double mem_gib, weights_gib, kv_gib, act_gib;
+    double params;
+    int max_batch;              /* largest batch that fits (memory) */
+    double device_mem_gib;
+} ac_cost;
+
+/* smooth = 1 drops tile quantisation (for gradients). */
+void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p, int smooth,
+                     ac_cost *out);
+/* Metric selector for gradients. */
+typedef enum { AC_M_TTFT, AC_M_TPOT, AC_M_TPS, AC_M_MEM, AC_M_PARAMS, AC_M_COUNT } ac_metric;
+double ac_cost_metric(const ac_cost *c, ac_metric m);
+/* d metric / d heads[l], kv[l], ffn[l] and d hidden (as grad_hidden). */
+void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p, ac_metric m,
+                  double *g_heads, double *g_kv, double *g_ffn, double *g_hidden);
+json_t *ac_cost_to_json(const ac_cost *c);
+
+/* POST /v1/estimate: {"model": dir | "architecture": {...}, "target": {...}}. */
+int ac_estimate_json(const json_t *req, const char *cost_db, json_t **out, const char **field, ac_err *e);
+/* Resolve the cost table for a target device: CPU (cache or measure),
+ * named profile (roofline). */
+int ac_cost_table_for(const char *device, const char *dtype, const char *cost_db, int threads, int allow_measure,
+                      void (*progress)(void *, double), void *ud, ac_cost_table *t, int *cache_hit, ac_err *e);
+
+#endif

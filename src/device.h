@@ -1,0 +1,41 @@
+/*
+ * device.h - what hardware a job can run on or target.
+ *
+ * Local discovery: the CPU (model, cores, memory) and CUDA GPUs through the
+ * CUDA driver API, loaded with dlopen so the library has no link-time CUDA
+ * dependency and runs unchanged where there is no driver.
+ * Named spec profiles: datasheet figures of GPUs that need not be present,
+ * for roofline cost tables.
+ */
+#ifndef AC_DEVICE_H
+#define AC_DEVICE_H
+
+#include <jansson.h>
+
+typedef struct {
+    char name[128];
+    int index;              /* CUDA ordinal, -1 for the CPU */
+    double mem_gib, free_gib;
+    int sms, cc_major, cc_minor, driver;
+    int cores;              /* CPU */
+} ac_local_device;
+
+/* Fills up to max entries (CPU first) and returns the count. */
+int ac_devices_local(ac_local_device *out, int max);
+json_t *ac_local_device_json(const ac_local_device *d);
+
+typedef struct {
+    const char *name;       /* short name used in job specs, e.g. "H100" */
+    const char *full_name;
+    double bf16_tflops;     /* dense BF16, FP32 accumulate */
+    double mem_gib;
+    double bw_gbs;          /* memory bandwidth, GB/s */
+    double launch_us;       /* kernel launch + scheduling per op */
+    const char *source;
+} ac_device_spec;
+
+extern const ac_device_spec ac_device_specs[];
+const ac_device_spec *ac_device_spec_find(const char *name);
+json_t *ac_device_spec_json(const ac_device_spec *s);
+
+#endif
