@@ -33,11 +33,23 @@ int ac_stats_init(ac_stats *s, const ac_arch *a, ac_err *e) {
     return 0;
 }
 
+int ac_stats_want_gram(ac_stats *s, const ac_arch *a, ac_err *e) {
+    s->ffn_gram = calloc(a->n_layers, sizeof *s->ffn_gram);
+    if (!s->ffn_gram) return ac_errf(e, "out of memory");
+    for (int l = 0; l < a->n_layers; l++) {
+        size_t F = a->layers[l].ffn;
+        if (F && !(s->ffn_gram[l] = calloc(F * F, sizeof(float)))) return ac_errf(e, "out of memory for FFN Gram matrices");
+    }
+    return 0;
+}
+
 void ac_stats_free(ac_stats *s) {
     for (int l = 0; l < s->n_layers; l++) {
         if (s->head) free(s->head[l]);
         if (s->ffn) free(s->ffn[l]);
+        if (s->ffn_gram) free(s->ffn_gram[l]);
     }
+    free(s->ffn_gram);
     free(s->head);
     free(s->ffn);
     free(s->hidden_a);
@@ -177,6 +189,8 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
             ac_linear(en->u, en->xn, w->wu, NULL, N, H, F);
             ac_silu_mul(en->g, en->u, (long)N * F);
             if (st) for (long i = 0; i < (long)N * F; i++) st->ffn[l][i % F] += fabsf(en->g[i]);
+            if (st && st->ffn_gram && st->ffn_gram[l])
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, F, N, 1.0f, en->g, F, en->g, F, 1.0f, st->ffn_gram[l], F);
             ac_linear_acc(en->x, en->g, w->wd, N, F, H);
         }
         if (st)

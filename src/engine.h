@@ -20,10 +20,14 @@ typedef struct {
     double **ffn;     /* [l][ffn]: sum over tokens of |silu(g)*u| */
     double *hidden_a; /* [H]: sum over tokens and norms of |normed x| */
     double *layer;    /* [l]: sum over tokens of 1 - cos(x_in, x_out) */
+    float **ffn_gram; /* [l][ffn*ffn]: A^T A of FFN activations, or NULL (opt-in) */
     long tokens;
 } ac_stats;
 
 int ac_stats_init(ac_stats *s, const ac_arch *a, ac_err *e);
+/* Also accumulate the Gram matrix of each layer's FFN activations (for
+ * least-squares repair); memory ffn^2 floats per layer. */
+int ac_stats_want_gram(ac_stats *s, const ac_arch *a, ac_err *e);
 void ac_stats_free(ac_stats *s);
 
 typedef struct {

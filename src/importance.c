@@ -1,0 +1,227 @@
+/* importance.c - see importance.h. */
+#include "importance.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "eval.h"
+#include "prune.h"
+
+static const double SENS_R[AC_SENS_POINTS] = {0, 0.25, 0.5, 0.75, 1.0};
+
+void ac_importance_free(ac_importance *imp) {
+    for (int l = 0; l < imp->n_layers; l++) {
+        if (imp->kv_order) { free(imp->kv_order[l]); free(imp->kv_score[l]); }
+        if (imp->ffn_order) { free(imp->ffn_order[l]); free(imp->ffn_score[l]); }
+    }
+    free(imp->kv_order); free(imp->kv_score); free(imp->ffn_order); free(imp->ffn_score);
+    free(imp->hid_order); free(imp->hid_score); free(imp->layer_bi);
+    free(imp->attn_sens); free(imp->ffn_sens);
+    memset(imp, 0, sizeof *imp);
+}
+
+static const double *sort_key;
+static int by_score_desc(const void *a, const void *b) {
+    double x = sort_key[*(const int *)a], y = sort_key[*(const int *)b];
+    if (x != y) return x > y ? -1 : 1;
+    return *(const int *)a - *(const int *)b;
+}
+
+/* order[] = indices of s sorted by score, best first; sorted scores out. */
+static int rank(const double *s, int n, int **order, double **sorted) {
+    *order = malloc(sizeof(int) * (n + 1));
+    *sorted = malloc(sizeof(double) * (n + 1));
+    if (!*order || !*sorted) return -1;
+    for (int i = 0; i < n; i++) (*order)[i] = i;
+    sort_key = s;
+    qsort(*order, n, sizeof(int), by_score_desc);
+    for (int i = 0; i < n; i++) (*sorted)[i] = s[(*order)[i]];
+    return 0;
+}
+
+static double curve(const double *pts, double r) {
+    if (r <= 0) return 0;
+    if (r >= 1) return pts[AC_SENS_POINTS - 1];
+    int i = (int)(r * (AC_SENS_POINTS - 1));
+    double u = r * (AC_SENS_POINTS - 1) - i;
+    return pts[i] + (pts[i + 1] - pts[i]) * u;
+}
+
+double ac_sens_attn(const ac_importance *imp, int l, double r) { return curve(imp->attn_sens[l], r); }
+double ac_sens_ffn(const ac_importance *imp, int l, double r) { return curve(imp->ffn_sens[l], r); }
+
+double ac_sens_hidden(const ac_importance *imp, double r) {
+    if (r <= 0) return 0;
+    double px = 0, py = 0;
+    for (int i = 0; i < 4; i++) {
+        if (r <= imp->hid_frac[i]) return py + (imp->hid_sens[i] - py) * (r - px) / (imp->hid_frac[i] - px);
+        px = imp->hid_frac[i];
+        py = imp->hid_sens[i];
+    }
+    return py * r / px; /* beyond the last point: linear */
+}
+
+static int calib_loss(const ac_model *m, const int *ids, size_t n, int ctx, int windows, double *loss, ac_err *e) {
+    ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = windows, .batch = 4};
+    ac_ppl_result r;
+    if (ac_perplexity(m, ids, n, &o, NULL, NULL, NULL, &r, e)) return -1;
+    *loss = r.nll;
+    return 0;
+}
+
+/* Make the curve monotone non-decreasing from 0 (removal never helps in the
+ * model, even when noise says it does). */
+static void monotone(double *p) {
+    p[0] = 0;
+    for (int i = 1; i < AC_SENS_POINTS; i++) if (p[i] < p[i - 1]) p[i] = p[i - 1];
+}
+
+int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int windows, ac_progress_fn progress, void *ud,
+                          ac_importance *imp, ac_err *e) {
+    memset(imp, 0, sizeof *imp);
+    const ac_arch *a = &m->a;
+    int L = a->n_layers, H = a->hidden, hd = a->head_dim;
+    imp->n_layers = L;
+    imp->hidden = H;
+    ac_stats st;
+    if (ac_stats_init(&st, a, e)) return -1;
+    ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = windows, .batch = 4};
+    ac_ppl_result pr;
+    if (progress) progress(ud, "activation statistics", 0);
+    if (ac_perplexity(m, ids, n, &o, &st, NULL, NULL, &pr, e)) { ac_stats_free(&st); return -1; }
+    imp->base_loss = pr.nll;
+    imp->tokens = st.tokens;
+    imp->kv_order = calloc(L, sizeof(int *));
+    imp->kv_score = calloc(L, sizeof(double *));
+    imp->ffn_order = calloc(L, sizeof(int *));
+    imp->ffn_score = calloc(L, sizeof(double *));
+    imp->layer_bi = calloc(L, sizeof(double));
+    imp->attn_sens = calloc(L, sizeof *imp->attn_sens);
+    imp->ffn_sens = calloc(L, sizeof *imp->ffn_sens);
+    double *hs = calloc(H, sizeof(double));
+    int rc = 0;
+    if (!imp->kv_order || !imp->kv_score || !imp->ffn_order || !imp->ffn_score || !imp->layer_bi || !imp->attn_sens || !imp->ffn_sens || !hs) {
+        rc = ac_errf(e, "out of memory");
+        goto out;
+    }
+    for (int l = 0; l < L && !rc; l++) {
+        const ac_layer_arch *la = &a->layers[l];
+        imp->layer_bi[l] = st.layer[l] / (double)st.tokens;
+        int G = la->n_kv_heads, grp = la->n_heads ? la->n_heads / la->n_kv_heads : 1;
+        double *gs = calloc(G + 1, sizeof(double));
+        for (int h = 0; h < la->n_heads; h++) gs[h / grp] += sqrt(st.head[l][h] / (double)st.tokens);
+        if (rank(gs, G, &imp->kv_order[l], &imp->kv_score[l])) rc = ac_errf(e, "out of memory");
+        free(gs);
+        int F = la->ffn;
+        double *fs = calloc(F + 1, sizeof(double));
+        for (int c = 0; c < F; c++) {
+            double wn = 0;
+            for (int r = 0; r < H; r++) wn += (double)m->L[l].wd[(size_t)r * F + c] * m->L[l].wd[(size_t)r * F + c];
+            fs[c] = st.ffn[l][c] / (double)st.tokens * sqrt(wn);
+        }
+        if (!rc && rank(fs, F, &imp->ffn_order[l], &imp->ffn_score[l])) rc = ac_errf(e, "out of memory");
+        free(fs);
+    }
+    for (int i = 0; i < H; i++) hs[i] = st.hidden_a[i];
+    if (!rc && rank(hs, H, &imp->hid_order, &imp->hid_score)) rc = ac_errf(e, "out of memory");
+    ac_stats_free(&st);
+    if (rc) goto out;
+
+    /* Sensitivity: zero the o_proj columns of removed heads (exactly
+     * equivalent to removing them) or the down_proj columns of removed FFN
+     * channels, measure, restore. */
+    int sw = windows < 8 ? windows : 8;
+    double base;
+    if ((rc = calib_loss(m, ids, n, ctx, sw, &base, e))) goto out;
+    int total = 2 * L + 1, done = 0;
+    for (int l = 0; l < L && !rc; l++) {
+        const ac_layer_arch *la = &a->layers[l];
+        ac_layer_w *w = &m->L[l];
+        if (la->n_heads) {
+            int Q = la->n_heads * hd, G = la->n_kv_heads, grp = la->n_heads / G;
+            size_t nb = (size_t)H * Q;
+            float *bk = malloc(nb * 4);
+            if (!bk) { rc = ac_errf(e, "out of memory"); break; }
+            memcpy(bk, w->wo, nb * 4);
+            for (int p = 1; p < AC_SENS_POINTS && !rc; p++) {
+                int drop = (int)lround(SENS_R[p] * G);
+                memcpy(w->wo, bk, nb * 4);
+                for (int k = G - drop; k < G; k++) {
+                    int g = imp->kv_order[l][k];
+                    for (int h = g * grp; h < (g + 1) * grp; h++)
+                        for (int r = 0; r < H; r++) memset(w->wo + (size_t)r * Q + h * hd, 0, hd * 4);
+                }
+                double lo = 0;
+                rc = calib_loss(m, ids, n, ctx, sw, &lo, e);
+                imp->attn_sens[l][p] = lo - base;
+            }
+            memcpy(w->wo, bk, nb * 4);
+            free(bk);
+            monotone(imp->attn_sens[l]);
+        }
+        if (progress) progress(ud, "sensitivity", (double)++done / total);
+        if (la->ffn && !rc) {
+            int F = la->ffn;
+            size_t nb = (size_t)H * F;
+            float *bk = malloc(nb * 4);
+            if (!bk) { rc = ac_errf(e, "out of memory"); break; }
+            memcpy(bk, w->wd, nb * 4);
+            for (int p = 1; p < AC_SENS_POINTS && !rc; p++) {
+                int drop = (int)lround(SENS_R[p] * F);
+                memcpy(w->wd, bk, nb * 4);
+                for (int k = F - drop; k < F; k++) {
+                    int c = imp->ffn_order[l][k];
+                    for (int r = 0; r < H; r++) w->wd[(size_t)r * F + c] = 0;
+                }
+                double lo = 0;
+                rc = calib_loss(m, ids, n, ctx, sw, &lo, e);
+                imp->ffn_sens[l][p] = lo - base;
+            }
+            memcpy(w->wd, bk, nb * 4);
+            free(bk);
+            monotone(imp->ffn_sens[l]);
+        }
+        if (progress) progress(ud, "sensitivity", (double)++done / total);
+    }
+    /* Hidden width: real pruning (RMSNorm statistics change, so masking is
+     * not equivalent). */
+    static const double HF[4] = {0.125, 0.25, 0.5, 0.75};
+    for (int i = 0; i < 4 && !rc; i++) {
+        ac_arch t;
+        if ((rc = ac_arch_copy(&t, a, e))) break;
+        t.hidden = H - (int)lround(HF[i] * H);
+        ac_model pm;
+        rc = ac_prune(m, &t, imp, &pm, e);
+        ac_arch_free(&t);
+        if (rc) break;
+        double lo = 0;
+        rc = calib_loss(&pm, ids, n, ctx, sw, &lo, e);
+        ac_model_free(&pm);
+        imp->hid_frac[i] = HF[i];
+        imp->hid_sens[i] = fmax(lo - base, i ? imp->hid_sens[i - 1] : 0);
+    }
+    if (progress) progress(ud, "sensitivity", 1.0);
+out:
+    free(hs);
+    if (rc) ac_importance_free(imp);
+    return rc;
+}
+
+json_t *ac_importance_to_json(const ac_importance *imp) {
+    json_t *layers = json_array();
+    for (int l = 0; l < imp->n_layers; l++) {
+        json_t *as = json_array(), *fs = json_array();
+        for (int p = 0; p < AC_SENS_POINTS; p++) {
+            json_array_append_new(as, json_real(imp->attn_sens[l][p]));
+            json_array_append_new(fs, json_real(imp->ffn_sens[l][p]));
+        }
+        json_array_append_new(layers, json_pack("{s:f,s:o,s:o}", "block_influence", imp->layer_bi[l], "attention_loss_curve", as,
+                                                "ffn_loss_curve", fs));
+    }
+    json_t *hs = json_array();
+    for (int i = 0; i < 4; i++) json_array_append_new(hs, json_pack("[f,f]", imp->hid_frac[i], imp->hid_sens[i]));
+    return json_pack("{s:f,s:I,s:o,s:o,s:[f,f,f,f,f]}", "base_loss", imp->base_loss, "tokens", (json_int_t)imp->tokens, "layers", layers,
+                     "hidden_loss_curve", hs, "removed_fractions", 0.0, 0.25, 0.5, 0.75, 1.0);
+}

@@ -1,0 +1,54 @@
+/*
+ * importance.h - activation-based importance (Minitron style) and measured
+ * sensitivity curves, from calibration forward passes.
+ *
+ * Scores: KV groups (sum of the L2 norms of their query heads' outputs),
+ * FFN channels (mean |silu(g)*u| times the L2 norm of the channel's
+ * down_proj column), hidden channels (mean |normed activation|), layers
+ * (1 - cos(input, output), "block influence").
+ * Sensitivity: the calibration-loss increase when the lowest-scored 25, 50,
+ * 75 and 100 % of a layer's attention (KV groups) or FFN channels are
+ * removed, one layer at a time, and when 12.5 / 25 / 50 % of the hidden
+ * channels are. The search's quality term interpolates these curves.
+ *
+ * Ownership: ac_importance owns all its arrays (ac_importance_free).
+ */
+#ifndef AC_IMPORTANCE_H
+#define AC_IMPORTANCE_H
+
+#include <jansson.h>
+
+#include "model.h"
+
+#define AC_SENS_POINTS 5 /* removed fractions 0, .25, .5, .75, 1 */
+
+typedef struct {
+    int n_layers, hidden;
+    int **kv_order;      /* [l][n_kv]: KV groups, most important first */
+    double **kv_score;
+    int **ffn_order;     /* [l][ffn] */
+    double **ffn_score;
+    int *hid_order;      /* [hidden] */
+    double *hid_score;
+    double *layer_bi;    /* [l] */
+    double base_loss;    /* calibration loss of the unpruned model (nats) */
+    double (*attn_sens)[AC_SENS_POINTS]; /* [l][point] loss increase */
+    double (*ffn_sens)[AC_SENS_POINTS];
+    double hid_frac[4], hid_sens[4];     /* removed hidden fraction -> increase */
+    long tokens;
+} ac_importance;
+
+typedef void (*ac_progress_fn)(void *ud, const char *what, double frac);
+
+/* ids: calibration tokens; ctx/windows: the forward-pass protocol. */
+/* m is modified during the sensitivity passes and restored before return. */
+int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int windows, ac_progress_fn progress, void *ud,
+                          ac_importance *imp, ac_err *e);
+void ac_importance_free(ac_importance *imp);
+/* Interpolated loss increase for removing fraction r of a component. */
+double ac_sens_attn(const ac_importance *imp, int l, double r);
+double ac_sens_ffn(const ac_importance *imp, int l, double r);
+double ac_sens_hidden(const ac_importance *imp, double r);
+json_t *ac_importance_to_json(const ac_importance *imp);
+
+#endif

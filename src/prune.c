@@ -1,0 +1,174 @@
+/* prune.c - see prune.h. */
+#include "prune.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "eval.h"
+
+static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+/* First k of order, ascending (keeps the original channel order). */
+static int *kept(const int *order, int k) {
+    int *v = malloc(sizeof(int) * (k + 1));
+    if (!v) return NULL;
+    memcpy(v, order, sizeof(int) * k);
+    qsort(v, k, sizeof(int), cmp_int);
+    return v;
+}
+
+/* dst[r][c] = src[rows[r]][cols[c]]; rows/cols NULL = identity. */
+static void gather(float *dst, const float *src, int src_cols, const int *rows, int nr, const int *cols, int nc) {
+    for (int r = 0; r < nr; r++) {
+        const float *s = src + (size_t)(rows ? rows[r] : r) * src_cols;
+        float *d = dst + (size_t)r * nc;
+        for (int c = 0; c < nc; c++) d[c] = s[cols ? cols[c] : c];
+    }
+}
+
+int ac_prune(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, ac_err *e) {
+    const ac_arch *a = &src->a;
+    if (t->n_layers != a->n_layers || t->head_dim != a->head_dim || t->vocab != a->vocab || t->hidden > a->hidden || t->hidden < 1)
+        return ac_errf(e, "prune: target architecture does not fit the source model");
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
+        int grp = s->n_heads ? s->n_heads / s->n_kv_heads : 0;
+        if (d->ffn > s->ffn || d->n_kv_heads > s->n_kv_heads || (d->n_heads && d->n_heads != d->n_kv_heads * grp))
+            return ac_errf(e, "prune: layer %d target (%d heads, %d KV, ffn %d) does not fit source (%d, %d, %d) keeping query heads of a KV group together",
+                           l, d->n_heads, d->n_kv_heads, d->ffn, s->n_heads, s->n_kv_heads, s->ffn);
+    }
+    if (ac_model_alloc(dst, t, e)) return -1;
+    int H = a->hidden, Ht = t->hidden, hd = a->head_dim, V = a->vocab;
+    int *hk = kept(imp->hid_order, Ht);
+    if (!hk) { ac_model_free(dst); return ac_errf(e, "out of memory"); }
+    gather(dst->embed, src->embed, H, NULL, V, hk, Ht);
+    gather(dst->final_norm, src->final_norm, H, NULL, 1, hk, Ht);
+    if (!t->tie_embeddings) gather(dst->lm_head, src->lm_head, H, NULL, V, hk, Ht);
+    int rc = 0;
+    for (int l = 0; l < a->n_layers && !rc; l++) {
+        const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
+        const ac_layer_w *sw = &src->L[l];
+        ac_layer_w *dw = &dst->L[l];
+        if (d->n_heads) {
+            int grp = s->n_heads / s->n_kv_heads, G = d->n_kv_heads, Qs = s->n_heads * hd;
+            int *gk = kept(imp->kv_order[l], G);
+            int *qrows = malloc(sizeof(int) * G * grp * hd), *kvrows = malloc(sizeof(int) * G * hd);
+            if (!gk || !qrows || !kvrows) rc = ac_errf(e, "out of memory");
+            for (int g = 0; !rc && g < G; g++) {
+                for (int i = 0; i < hd; i++) kvrows[g * hd + i] = gk[g] * hd + i;
+                for (int j = 0; j < grp; j++)
+                    for (int i = 0; i < hd; i++) qrows[(g * grp + j) * hd + i] = (gk[g] * grp + j) * hd + i;
+            }
+            if (!rc) {
+                int nq = G * grp * hd, nkv = G * hd;
+                gather(dw->in_norm, sw->in_norm, H, NULL, 1, hk, Ht);
+                gather(dw->wq, sw->wq, H, qrows, nq, hk, Ht);
+                gather(dw->wk, sw->wk, H, kvrows, nkv, hk, Ht);
+                gather(dw->wv, sw->wv, H, kvrows, nkv, hk, Ht);
+                gather(dw->wo, sw->wo, Qs, hk, Ht, qrows, nq);
+                if (a->qkv_bias) {
+                    gather(dw->bq, sw->bq, Qs, NULL, 1, qrows, nq);
+                    gather(dw->bk, sw->bk, s->n_kv_heads * hd, NULL, 1, kvrows, nkv);
+                    gather(dw->bv, sw->bv, s->n_kv_heads * hd, NULL, 1, kvrows, nkv);
+                }
+            }
+            free(gk); free(qrows); free(kvrows);
+        }
+        if (d->ffn && !rc) {
+            int *fk = kept(imp->ffn_order[l], d->ffn);
+            if (!fk) { rc = ac_errf(e, "out of memory"); break; }
+            gather(dw->post_norm, sw->post_norm, H, NULL, 1, hk, Ht);
+            gather(dw->wg, sw->wg, H, fk, d->ffn, hk, Ht);
+            gather(dw->wu, sw->wu, H, fk, d->ffn, hk, Ht);
+            gather(dw->wd, sw->wd, s->ffn, hk, Ht, fk, d->ffn);
+            free(fk);
+        }
+    }
+    free(hk);
+    if (rc) ac_model_free(dst);
+    return rc;
+}
+
+/* Solve (A + lambda I) X = B for X in place of B; A n x n SPD (row-major,
+ * destroyed), B n x m. Cholesky. Returns -1 if not positive definite. */
+static int chol_solve(double *A, double *B, int n, int m) {
+    for (int j = 0; j < n; j++) {
+        double s = A[(size_t)j * n + j];
+        for (int k = 0; k < j; k++) s -= A[(size_t)j * n + k] * A[(size_t)j * n + k];
+        if (s <= 0) return -1;
+        double d = sqrt(s);
+        A[(size_t)j * n + j] = d;
+        for (int i = j + 1; i < n; i++) {
+            double t = A[(size_t)i * n + j];
+            for (int k = 0; k < j; k++) t -= A[(size_t)i * n + k] * A[(size_t)j * n + k];
+            A[(size_t)i * n + j] = t / d;
+        }
+    }
+    for (int c = 0; c < m; c++) {
+        for (int i = 0; i < n; i++) { /* forward: L y = b */
+            double t = B[(size_t)i * m + c];
+            for (int k = 0; k < i; k++) t -= A[(size_t)i * n + k] * B[(size_t)k * m + c];
+            B[(size_t)i * m + c] = t / A[(size_t)i * n + i];
+        }
+        for (int i = n - 1; i >= 0; i--) { /* back: L^T x = y */
+            double t = B[(size_t)i * m + c];
+            for (int k = i + 1; k < n; k++) t -= A[(size_t)k * n + i] * B[(size_t)k * m + c];
+            B[(size_t)i * m + c] = t / A[(size_t)i * n + i];
+        }
+    }
+    return 0;
+}
+
+int ac_repair_ffn(const ac_model *src, ac_model *dst, const ac_importance *imp, const int *ids, size_t n, int ctx, int windows,
+                  ac_err *e) {
+    const ac_arch *a = &src->a;
+    int need = 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        int f = dst->a.layers[l].ffn;
+        if (f > 0 && f < a->layers[l].ffn) need = 1;
+        if (a->layers[l].ffn > 8192) return 0; /* Gram too large; skip repair */
+    }
+    if (!need) return 0;
+    ac_stats st;
+    if (ac_stats_init(&st, a, e)) return -1;
+    if (ac_stats_want_gram(&st, a, e)) { ac_stats_free(&st); return -1; }
+    ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = windows, .batch = 4};
+    ac_ppl_result pr;
+    if (ac_perplexity(src, ids, n, &o, &st, NULL, NULL, &pr, e)) { ac_stats_free(&st); return -1; }
+    int Ht = dst->a.hidden, repaired = 0, rc = 0;
+    int *hk = kept(imp->hid_order, Ht);
+    for (int l = 0; l < a->n_layers && !rc; l++) {
+        int F = a->layers[l].ffn, Fk = dst->a.layers[l].ffn;
+        if (Fk <= 0 || Fk >= F) continue;
+        int *fk = kept(imp->ffn_order[l], Fk);
+        const float *Gf = st.ffn_gram[l];
+        double *A = malloc(sizeof(double) * Fk * Fk), *B = malloc(sizeof(double) * Fk * Ht);
+        if (!fk || !A || !B) { free(fk); free(A); free(B); rc = ac_errf(e, "out of memory"); break; }
+        double tr = 0;
+        for (int i = 0; i < Fk; i++) tr += Gf[(size_t)fk[i] * F + fk[i]];
+        double lambda = 1e-2 * tr / Fk + 1e-8;
+        for (int i = 0; i < Fk; i++)
+            for (int j = 0; j < Fk; j++) A[(size_t)i * Fk + j] = Gf[(size_t)fk[i] * F + fk[j]] + (i == j ? lambda : 0);
+        /* B = G[kept, :] Wd^T restricted to kept hidden rows: (Fk x F)(F x Ht) */
+        const float *Wd = src->L[l].wd;
+        for (int i = 0; i < Fk; i++)
+            for (int r = 0; r < Ht; r++) {
+                double t = 0;
+                const float *gr = Gf + (size_t)fk[i] * F, *wr = Wd + (size_t)hk[r] * F;
+                for (int c = 0; c < F; c++) t += (double)gr[c] * wr[c];
+                B[(size_t)i * Ht + r] = t;
+            }
+        if (chol_solve(A, B, Fk, Ht) == 0) {
+            float *Wn = dst->L[l].wd; /* [Ht, Fk] = B^T */
+            for (int r = 0; r < Ht; r++)
+                for (int i = 0; i < Fk; i++) Wn[(size_t)r * Fk + i] = (float)B[(size_t)i * Ht + r];
+            repaired++;
+        }
+        free(fk); free(A); free(B);
+    }
+    free(hk);
+    ac_stats_free(&st);
+    return rc ? -1 : repaired;
+}

@@ -1,0 +1,365 @@
+/* search.c - see search.h. */
+#include "search.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct { ac_metric m; double limit; int ge; const char *name; } cons;
+
+static int constraint_list(const ac_constraints *l, cons *c) {
+    int n = 0;
+    if (l->max_ttft_ms > 0) c[n++] = (cons){AC_M_TTFT, l->max_ttft_ms, 0, "ttft_ms"};
+    if (l->max_tpot_ms > 0) c[n++] = (cons){AC_M_TPOT, l->max_tpot_ms, 0, "tpot_ms"};
+    if (l->min_tok_s > 0) c[n++] = (cons){AC_M_TPS, l->min_tok_s, 1, "tokens_per_s"};
+    if (l->max_mem_gib > 0) c[n++] = (cons){AC_M_MEM, l->max_mem_gib, 0, "memory_gib"};
+    if (l->max_params > 0) c[n++] = (cons){AC_M_PARAMS, l->max_params, 0, "params"};
+    return n;
+}
+
+static double g_of(const cons *c, const ac_cost *k) {
+    double v = ac_cost_metric(k, c->m);
+    return c->ge ? 1 - v / c->limit : v / c->limit - 1;
+}
+
+double ac_constraints_violation(const ac_constraints *l, const ac_cost *k) {
+    cons c[5];
+    int n = constraint_list(l, c);
+    double worst = -1e30;
+    for (int i = 0; i < n; i++) worst = fmax(worst, g_of(&c[i], k));
+    return n ? worst : -1;
+}
+
+static double total_violation(const cons *c, int n, const ac_cost *k) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += fmax(0, g_of(&c[i], k));
+    return s;
+}
+
+json_t *ac_constraints_report(const ac_constraints *l, const ac_cost *k) {
+    cons c[5];
+    int n = constraint_list(l, c);
+    json_t *o = json_object();
+    for (int i = 0; i < n; i++)
+        json_object_set_new(o, c[i].name, json_pack("{s:f,s:f,s:s,s:b}", "value", ac_cost_metric(k, c[i].m), "limit", c[i].limit, "kind",
+                                                   c[i].ge ? "min" : "max", "met", g_of(&c[i], k) <= 1e-9));
+    return o;
+}
+
+void ac_search_result_free(ac_search_result *r) { ac_arch_free(&r->arch); }
+
+/* ---- the continuous problem ---- */
+
+typedef struct {
+    const ac_search_problem *p;
+    int L, nv;
+    cons c[5];
+    int nc;
+    ac_carch ca;
+} ctx_t;
+
+static void apply_x(ctx_t *x, const double *v) {
+    const ac_arch *a = x->p->base;
+    for (int l = 0; l < x->L; l++) {
+        const ac_layer_arch *b = &a->layers[l];
+        int grp = b->n_heads ? b->n_heads / b->n_kv_heads : 1;
+        x->ca.kv[l] = v[l] * b->n_kv_heads;
+        x->ca.heads[l] = x->ca.kv[l] * grp;
+        x->ca.ffn[l] = v[x->L + l] * b->ffn;
+    }
+    x->ca.hidden = v[2 * x->L] * a->hidden;
+}
+
+static double quality(const ac_search_problem *p, const double *v, int L) {
+    double q = 0;
+    for (int l = 0; l < L; l++) q += ac_sens_attn(p->imp, l, 1 - v[l]) + ac_sens_ffn(p->imp, l, 1 - v[L + l]);
+    return q + ac_sens_hidden(p->imp, 1 - v[2 * L]);
+}
+
+double ac_search_pred_loss(const ac_search_problem *p, const ac_arch *a) {
+    const ac_arch *b = p->base;
+    double q = 0;
+    for (int l = 0; l < b->n_layers; l++) {
+        if (b->layers[l].n_kv_heads) q += ac_sens_attn(p->imp, l, 1 - (double)a->layers[l].n_kv_heads / b->layers[l].n_kv_heads);
+        if (b->layers[l].ffn) q += ac_sens_ffn(p->imp, l, 1 - (double)a->layers[l].ffn / b->layers[l].ffn);
+    }
+    return q + ac_sens_hidden(p->imp, 1 - (double)a->hidden / b->hidden);
+}
+
+static unsigned lcg(unsigned *s) { return *s = *s * 1664525u + 1013904223u; }
+
+/* ---- discrete architecture helpers ---- */
+
+static void predict_arch(const ac_search_problem *p, const ac_arch *a, ac_cost *out) {
+    ac_carch c;
+    if (ac_carch_from_arch(a, &c, NULL)) { memset(out, 0, sizeof *out); return; }
+    ac_cost_predict(p->table, &c, p->workload, p->profile, 0, out);
+    ac_carch_free(&c);
+}
+
+static int round_mult(double v, int mult, int max) {
+    if (max <= mult) return v >= 0.5 * max ? max : 0;
+    int r = (int)lround(v / mult) * mult;
+    return r < 0 ? 0 : r > max ? max : r;
+}
+
+typedef enum { MV_ATTN, MV_FFN, MV_HID } mv_kind;
+
+/* Apply a move of sign dir (-1 shrink, +1 grow) to a; returns 0 if not possible. */
+static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int dir) {
+    const ac_arch *b = p->base;
+    int mult = p->opts.ffn_multiple, hm = p->opts.hidden_multiple;
+    int uniform = p->opts.target == AC_EXPORT_LLAMA;
+    int l0 = uniform && k != MV_HID ? 0 : l, l1 = uniform && k != MV_HID ? b->n_layers : l + 1;
+    if (k == MV_HID) {
+        if (!p->opts.prune_hidden) return 0;
+        int h = a->hidden + dir * hm;
+        if (h < hm || h > b->hidden) return 0;
+        a->hidden = h;
+        return 1;
+    }
+    /* check all first, then apply (uniform moves are all-or-nothing) */
+    for (int i = l0; i < l1; i++) {
+        const ac_layer_arch *bl = &b->layers[i];
+        ac_layer_arch *al = &a->layers[i];
+        if (k == MV_ATTN) {
+            int step = p->opts.target == AC_EXPORT_DECI ? bl->n_kv_heads : 1;
+            int kv = al->n_kv_heads + dir * step;
+            if (kv < 0 || kv > bl->n_kv_heads || (uniform && kv == 0)) return 0;
+        } else {
+            int step = bl->ffn <= mult ? bl->ffn : mult;
+            int f = al->ffn + dir * step;
+            if (dir > 0 && al->ffn + step > bl->ffn) f = bl->ffn == al->ffn ? -1 : bl->ffn;
+            if (f < 0 || f > bl->ffn || (uniform && f == 0)) return 0;
+        }
+    }
+    for (int i = l0; i < l1; i++) {
+        const ac_layer_arch *bl = &b->layers[i];
+        ac_layer_arch *al = &a->layers[i];
+        int grp = bl->n_heads ? bl->n_heads / bl->n_kv_heads : 1;
+        if (k == MV_ATTN) {
+            int step = p->opts.target == AC_EXPORT_DECI ? bl->n_kv_heads : 1;
+            al->n_kv_heads += dir * step;
+            al->n_heads = al->n_kv_heads * grp;
+        } else {
+            int step = bl->ffn <= mult ? bl->ffn : mult;
+            if (dir > 0 && al->ffn + step > bl->ffn) al->ffn = bl->ffn;
+            else al->ffn += dir * step;
+            if (al->ffn < 0) al->ffn = 0;
+        }
+    }
+    /* keep at least one attention layer: a model without attention is not a language model */
+    int any = 0;
+    for (int i = 0; i < a->n_layers; i++) any |= a->layers[i].n_heads > 0;
+    return any;
+}
+
+/* Shrink until feasible (cheapest loss per violation removed), then grow
+ * while feasible (largest loss recovered first). */
+static void repair(const ac_search_problem *p, const cons *c, int nc, ac_arch *a, ac_cost *cost) {
+    int L = a->n_layers;
+    ac_arch t;
+    predict_arch(p, a, cost);
+    for (int it = 0; it < 100000; it++) {
+        double viol = total_violation(c, nc, cost);
+        if (viol <= 1e-12) break;
+        double q0 = ac_search_pred_loss(p, a), best = 1e300;
+        int bk = -1, bl = -1;
+        for (int k = 0; k < 3; k++)
+            for (int l = 0; l < (k == MV_HID ? 1 : L); l++) {
+                if (ac_arch_copy(&t, a, NULL)) return;
+                if (move(p, &t, (mv_kind)k, l, -1)) {
+                    ac_cost ck;
+                    predict_arch(p, &t, &ck);
+                    double dv = viol - total_violation(c, nc, &ck), dq = ac_search_pred_loss(p, &t) - q0;
+                    if (dv > 1e-12) {
+                        double score = (dq + 1e-9) / dv;
+                        if (score < best) { best = score; bk = k; bl = l; }
+                    }
+                }
+                ac_arch_free(&t);
+            }
+        if (bk < 0) break; /* infeasible: nothing reduces the violation */
+        move(p, a, (mv_kind)bk, bl, -1);
+        predict_arch(p, a, cost);
+    }
+    if (total_violation(c, nc, cost) > 1e-12) return;
+    for (int it = 0; it < 100000; it++) {
+        double q0 = ac_search_pred_loss(p, a), best = 0;
+        int bk = -1, bl = -1;
+        for (int k = 0; k < 3; k++)
+            for (int l = 0; l < (k == MV_HID ? 1 : L); l++) {
+                if (ac_arch_copy(&t, a, NULL)) return;
+                if (move(p, &t, (mv_kind)k, l, +1)) {
+                    ac_cost ck;
+                    predict_arch(p, &t, &ck);
+                    double gain = q0 - ac_search_pred_loss(p, &t);
+                    if (total_violation(c, nc, &ck) <= 1e-12 && gain > best) { best = gain; bk = k; bl = l; }
+                }
+                ac_arch_free(&t);
+            }
+        if (bk < 0) break;
+        move(p, a, (mv_kind)bk, bl, +1);
+    }
+    predict_arch(p, a, cost);
+}
+
+int ac_search_autocompress(const ac_search_problem *p, ac_search_result *r, ac_err *e) {
+    memset(r, 0, sizeof *r);
+    ctx_t x = {.p = p, .L = p->base->n_layers};
+    x.nc = constraint_list(&p->limits, x.c);
+    if (x.nc == 0) return ac_errf(e, "search: no constraints given");
+    int L = x.L, nv = 2 * L + 1;
+    if (ac_carch_from_arch(p->base, &x.ca, e)) return -1;
+    double *v = calloc(nv, sizeof(double)), *g = calloc(nv, sizeof(double)), *m1 = calloc(nv, sizeof(double)),
+           *m2 = calloc(nv, sizeof(double)), *gh = calloc(L, sizeof(double)), *gk = calloc(L, sizeof(double)), *gf = calloc(L, sizeof(double));
+    double lambda[5] = {0};
+    unsigned seed = p->opts.seed * 2654435761u + 12345;
+    for (int i = 0; i < nv; i++) v[i] = 1.0 - 0.02 * (lcg(&seed) >> 8) / 16777216.0;
+    if (!p->opts.prune_hidden) v[2 * L] = 1.0;
+    int steps = p->opts.steps, every = steps / 30 > 0 ? steps / 30 : 1;
+    double lr = p->opts.lr, mu = 10.0, rho = 0.5, t0 = ac_now(), last_emit = 0;
+    for (int s = 1; s <= steps; s++) {
+        apply_x(&x, v);
+        ac_cost cost;
+        ac_cost_predict(p->table, &x.ca, p->workload, p->profile, 1, &cost);
+        /* quality gradient by central differences of the piecewise-linear curves */
+        double q = quality(p, v, L);
+        for (int i = 0; i < nv; i++) {
+            double o = v[i], h = 1e-3;
+            v[i] = fmin(1, o + h);
+            double qa = quality(p, v, L);
+            v[i] = fmax(0, o - h);
+            double qb = quality(p, v, L);
+            v[i] = o;
+            g[i] = (qa - qb) / (fmin(1, o + h) - fmax(0, o - h));
+        }
+        double lag = q;
+        for (int j = 0; j < x.nc; j++) {
+            double gj = g_of(&x.c[j], &cost);
+            double w = lambda[j] + mu * fmax(0, gj); /* d/dgj of lambda g + mu/2 max(0,g)^2 */
+            lag += lambda[j] * gj + 0.5 * mu * fmax(0, gj) * fmax(0, gj);
+            if (w != 0) {
+                double ghid;
+                ac_cost_grad(p->table, &x.ca, p->workload, p->profile, x.c[j].m, gh, gk, gf, &ghid);
+                double sgn = (x.c[j].ge ? -1.0 : 1.0) / x.c[j].limit;
+                for (int l = 0; l < L; l++) {
+                    const ac_layer_arch *b = &p->base->layers[l];
+                    int grp = b->n_heads ? b->n_heads / b->n_kv_heads : 1;
+                    g[l] += w * sgn * (gk[l] * b->n_kv_heads + gh[l] * b->n_kv_heads * grp);
+                    g[L + l] += w * sgn * gf[l] * b->ffn;
+                }
+                g[2 * L] += w * sgn * ghid * p->base->hidden;
+            }
+            lambda[j] = fmax(0, lambda[j] + rho * gj);
+        }
+        if (p->opts.target == AC_EXPORT_LLAMA) { /* uniform: one shared value per component */
+            for (int blk = 0; blk < 2; blk++) {
+                double avg = 0;
+                for (int l = 0; l < L; l++) avg += g[blk * L + l];
+                for (int l = 0; l < L; l++) g[blk * L + l] = avg / L;
+            }
+        }
+        if (!p->opts.prune_hidden) g[2 * L] = 0;
+        for (int i = 0; i < nv; i++) { /* projected Adam */
+            m1[i] = 0.9 * m1[i] + 0.1 * g[i];
+            m2[i] = 0.999 * m2[i] + 0.001 * g[i] * g[i];
+            double mh = m1[i] / (1 - pow(0.9, s)), vh = m2[i] / (1 - pow(0.999, s));
+            v[i] -= lr * mh / (sqrt(vh) + 1e-8);
+            v[i] = fmin(1, fmax(i == 2 * L ? 0.125 : 0, v[i]));
+        }
+        r->steps_run = s;
+        double now = ac_now() - t0;
+        if (p->emit && (s % every == 0 || s == steps || now - last_emit > 2.0)) {
+            last_emit = now;
+            json_t *arch = json_array();
+            for (int l = 0; l < L; l++)
+                json_array_append_new(arch, json_pack("{s:f,s:f,s:f}", "kv_heads", x.ca.kv[l], "heads", x.ca.heads[l], "ffn", x.ca.ffn[l]));
+            json_t *ev = json_pack("{s:s,s:i,s:i,s:f,s:f,s:f,s:o,s:o,s:{s:f,s:o}}", "phase", "autocompress", "step", s, "steps", steps,
+                                   "loss", lag, "quality_loss", q, "seconds", now, "metrics", ac_constraints_report(&p->limits, &cost),
+                                   "predicted", ac_cost_to_json(&cost), "architecture", "hidden", x.ca.hidden, "layers", arch);
+            p->emit(p->ud, ev);
+            json_decref(ev);
+        }
+    }
+    /* discretise */
+    ac_arch a;
+    int rc = ac_arch_copy(&a, p->base, e);
+    if (!rc) {
+        for (int l = 0; l < L; l++) {
+            const ac_layer_arch *b = &p->base->layers[l];
+            int grp = b->n_heads ? b->n_heads / b->n_kv_heads : 1;
+            int kv = p->opts.target == AC_EXPORT_DECI ? (v[l] >= 0.5 ? b->n_kv_heads : 0) : (int)lround(v[l] * b->n_kv_heads);
+            if (p->opts.target == AC_EXPORT_LLAMA && kv < 1) kv = 1;
+            a.layers[l].n_kv_heads = kv;
+            a.layers[l].n_heads = kv * grp;
+            int f = round_mult(v[L + l] * b->ffn, p->opts.ffn_multiple, b->ffn);
+            if (p->opts.target == AC_EXPORT_LLAMA && f < 1) f = b->ffn < p->opts.ffn_multiple ? b->ffn : p->opts.ffn_multiple;
+            a.layers[l].ffn = f;
+        }
+        if (p->opts.target == AC_EXPORT_LLAMA) /* enforce exact uniformity */
+            for (int l = 1; l < L; l++) a.layers[l] = a.layers[0];
+        if (p->opts.prune_hidden) {
+            int h = (int)lround(v[2 * L] * p->base->hidden / p->opts.hidden_multiple) * p->opts.hidden_multiple;
+            a.hidden = h < p->opts.hidden_multiple ? p->opts.hidden_multiple : h > p->base->hidden ? p->base->hidden : h;
+        }
+        int any = 0;
+        for (int l = 0; l < L; l++) any |= a.layers[l].n_heads > 0;
+        if (!any) { /* keep the most influential layer's attention */
+            int best = 0;
+            for (int l = 1; l < L; l++) if (p->imp->layer_bi[l] > p->imp->layer_bi[best]) best = l;
+            a.layers[best] = p->base->layers[best];
+        }
+        repair(p, x.c, x.nc, &a, &r->cost);
+        r->arch = a;
+        r->pred_loss = ac_search_pred_loss(p, &a);
+        r->feasible = total_violation(x.c, x.nc, &r->cost) <= 1e-12;
+    }
+    free(v); free(g); free(m1); free(m2); free(gh); free(gk); free(gf);
+    ac_carch_free(&x.ca);
+    return rc;
+}
+
+int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *e) {
+    memset(r, 0, sizeof *r);
+    cons c[5];
+    int nc = constraint_list(&p->limits, c);
+    const ac_arch *b = p->base;
+    ac_arch a;
+    for (int i = 0; i <= 128; i++) {
+        double s = 1.0 - i / 128.0;
+        if (s < 1.0 / 128) s = 1.0 / 128;
+        if (ac_arch_copy(&a, b, e)) return -1;
+        for (int l = 0; l < b->n_layers; l++) {
+            const ac_layer_arch *bl = &b->layers[l];
+            int grp = bl->n_heads ? bl->n_heads / bl->n_kv_heads : 1;
+            int kv = (int)lround(s * bl->n_kv_heads);
+            if (kv < 1) kv = 1;
+            int f = round_mult(s * bl->ffn, p->opts.ffn_multiple, bl->ffn);
+            if (f < 1) f = bl->ffn < p->opts.ffn_multiple ? bl->ffn : p->opts.ffn_multiple;
+            a.layers[l] = (ac_layer_arch){kv * grp, kv, f};
+        }
+        if (p->opts.prune_hidden) {
+            int h = (int)lround(s * b->hidden / p->opts.hidden_multiple) * p->opts.hidden_multiple;
+            a.hidden = h < p->opts.hidden_multiple ? p->opts.hidden_multiple : h;
+        }
+        predict_arch(p, &a, &r->cost);
+        int ok = total_violation(c, nc, &r->cost) <= 1e-12;
+        if (ok || i == 128) {
+            r->arch = a;
+            r->feasible = ok;
+            r->pred_loss = ac_search_pred_loss(p, &a);
+            r->steps_run = i + 1;
+            if (p->emit) {
+                json_t *ev = json_pack("{s:s,s:f,s:b,s:o,s:o}", "phase", "minitron", "width_fraction", s, "feasible", ok, "metrics",
+                                       ac_constraints_report(&p->limits, &r->cost), "predicted", ac_cost_to_json(&r->cost));
+                p->emit(p->ud, ev);
+                json_decref(ev);
+            }
+            return 0;
+        }
+        ac_arch_free(&a);
+    }
+    return 0;
+}
