@@ -1,0 +1,202 @@
+"""Shared helpers for the Python tests: a test runner that prints one line
+per test and the RESULT line tests/run_all.sh adds up, and a Daemon that runs
+build/autocompressd on a free loopback port with its own SQLite file."""
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+ROOT = os.environ.get("AC_TEST_ROOT", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("AC_BUILD", os.path.join(ROOT, "build"))
+TINY = os.path.join(BUILD, "models", "tiny")
+DATA = os.path.join(BUILD, "data")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class Daemon:
+    def __init__(self, config=None, workdir=None):
+        self.dir = workdir or tempfile.mkdtemp(prefix="acd_")
+        self.port = free_port()
+        self.db = os.path.join(self.dir, "jobs.db")
+        self.data = os.path.join(self.dir, "data")
+        self.config = config
+        self.proc = None
+        self.token = None
+
+    def start(self):
+        args = [os.path.join(BUILD, "autocompressd"), "--listen", f"127.0.0.1:{self.port}", "--db", self.db, "--data-dir", self.data,
+                "--web-dir", os.path.join(ROOT, "web")]
+        if self.config is not None:
+            cp = os.path.join(self.dir, "config.json")
+            with open(cp, "w") as f:
+                json.dump(self.config, f)
+            args[1:1] = ["--config", cp]
+        self.log = open(os.path.join(self.dir, "daemon.log"), "ab")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log)
+        for _ in range(200):
+            try:
+                st, _ = self.req("GET", "/healthz")
+                if st == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("daemon did not start: " + open(os.path.join(self.dir, "daemon.log")).read())
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=20)
+        self.proc = None
+
+    def stop(self):
+        self.kill(signal.SIGTERM)
+
+    def cleanup(self):
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def req(self, method, path, body=None, headers=None, raw=None, timeout=30):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        h = dict(headers or {})
+        if self.token and "Authorization" not in h:
+            h["Authorization"] = "Bearer " + self.token
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        if data is not None:
+            h.setdefault("Content-Type", "application/json")
+        c.request(method, path, body=data, headers=h)
+        r = c.getresponse()
+        payload = r.read()
+        c.close()
+        ctype = r.getheader("Content-Type") or ""
+        if "json" in ctype:
+            return r.status, json.loads(payload)
+        return r.status, payload.decode(errors="replace")
+
+    def wait_state(self, job, states, timeout=120):
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            st, j = self.req("GET", f"/v1/jobs/{job}")
+            if j["state"] in states:
+                return j
+            time.sleep(0.1)
+        raise AssertionError(f"job {job} not in {states} after {timeout}s: {j['state']} ({j.get('reason')})")
+
+
+def spec(**kw):
+    s = {"model": TINY, "calibration": os.path.join(DATA, "calib.txt"), "heldout": os.path.join(DATA, "heldout.txt"),
+         "target": {"device": "H100", "workload": {"batch": 1, "prompt_len": 256, "gen_len": 64}},
+         "constraints": {"max_params": 1.0e6}, "search": {"steps": 50, "seed": 3},
+         "calibration_tokens": 2048, "eval": {"ctx": 64, "windows": 4}}
+    s.update(kw)
+    return s
+
+
+class Runner:
+    def __init__(self):
+        self.passed = self.failed = self.skipped = 0
+
+    def run(self, fn):
+        try:
+            r = fn()
+            if r == "skip":
+                self.skipped += 1
+                print(f"SKIP {fn.__name__}", flush=True)
+            else:
+                self.passed += 1
+                print(f"ok   {fn.__name__}", flush=True)
+        except Exception:
+            self.failed += 1
+            print(f"FAIL {fn.__name__}", flush=True)
+            traceback.print_exc(file=sys.stdout)
+
+    def done(self):
+        print(f"RESULT {self.passed} {self.failed} {self.skipped}")
+        sys.exit(1 if self.failed else 0)
+
+
+def sse_read(port, path, headers=None, until=None, max_s=20):
+    """Read an SSE stream; returns (events, comments). until(events) -> stop."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=max_s)
+    hdr = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n{hdr}\r\n".encode())
+    buf = b""
+    t0 = time.time()
+    events, comments = [], []
+    head_done = False
+    body = b""
+    while time.time() - t0 < max_s:
+        try:
+            chunk = s.recv(65536)
+        except socket.timeout:
+            break
+        if not chunk:
+            break
+        buf += chunk
+        if not head_done:
+            if b"\r\n\r\n" not in buf:
+                continue
+            head, buf = buf.split(b"\r\n\r\n", 1)
+            head_done = True
+            status = int(head.split(b" ")[1])
+            if status != 200:
+                s.close()
+                return status, [], []
+        body += buf
+        buf = b""
+        # de-chunk lazily: strip chunk-size lines
+        text = _dechunk(body)
+        events, comments = _parse_sse(text)
+        if until and until(events, comments):
+            break
+    s.close()
+    return 200, events, comments
+
+
+def _dechunk(b):
+    out, i = b"", 0
+    while True:
+        j = b.find(b"\r\n", i)
+        if j < 0:
+            break
+        try:
+            n = int(b[i:j], 16)
+        except ValueError:
+            break
+        if n == 0 or j + 2 + n > len(b):
+            break
+        out += b[j + 2: j + 2 + n]
+        i = j + 2 + n + 2
+    return out.decode(errors="replace")
+
+
+def _parse_sse(text):
+    events, comments = [], []
+    for block in text.split("\n\n")[:-1]:  # the last piece may be incomplete
+        ev = {}
+        for line in block.split("\n"):
+            if line.startswith(":"):
+                comments.append(line)
+            elif line.startswith("id: "):
+                ev["id"] = int(line[4:])
+            elif line.startswith("event: "):
+                ev["event"] = line[7:]
+            elif line.startswith("data: "):
+                ev["data"] = json.loads(line[6:])
+        if "id" in ev and "data" in ev:
+            events.append(ev)
+    return events, comments

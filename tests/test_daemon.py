@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""The daemon over real HTTP on loopback with a real SQLite file: job life
+cycle, bad input, cancellation, SIGKILL recovery, SSE resume and keep-alive,
+auth, worker crash isolation, priorities, pagination."""
+import json
+import os
+import signal
+import sqlite3
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import DATA, TINY, Daemon, Runner, spec, sse_read  # noqa: E402
+
+R = Runner()
+D = None
+
+
+def setup():
+    global D
+    D = Daemon(config={"sse_keepalive_s": 1, "cpu_slots": 1, "max_body_bytes": 65536}).start()
+
+
+def test_health_devices_metrics():
+    st, h = D.req("GET", "/healthz")
+    assert st == 200 and h["status"] == "ok" and h["schema_version"] >= 1
+    st, d = D.req("GET", "/v1/devices")
+    assert st == 200 and d["local"][0]["id"] == "cpu" and d["local"][0]["cores"] >= 1
+    names = {p["name"] for p in d["profiles"]}
+    assert {"H100", "H200", "B200", "A100", "L4", "RTX4090", "RTX5070", "RTX5080"} <= names, names
+    st, m = D.req("GET", "/metrics")
+    assert st == 200 and 'autocompress_jobs{state="queued"}' in m and "autocompress_http_requests_total" in m
+
+
+def test_bad_inputs():
+    cases = [
+        (dict(raw=b"{not json"), 400, "malformed_json", None),
+        (dict(body=[1, 2]), 400, "bad_request", None),
+        (dict(body=spec(model=5)), 400, "invalid_spec", "model"),
+        (dict(body=spec(constraints={"max_tpot_ms": "fast"})), 400, "invalid_spec", "constraints.max_tpot_ms"),
+        (dict(body=spec(constraints={})), 400, "invalid_spec", "constraints"),
+        (dict(body=dict(spec(), surprise=1)), 400, "invalid_spec", "surprise"),
+        (dict(body=spec(target={"device": "H100", "workload": {"batch": 0}})), 400, "invalid_spec", "target.workload.batch"),
+        (dict(body=spec(method="magic")), 400, "invalid_spec", "method"),
+        (dict(body=spec(model=TINY + "/../../../etc")), 400, "invalid_path", "model"),
+        (dict(body=spec(model="relative/dir")), 400, "invalid_path", "model"),
+        (dict(body=spec(model="/nonexistent/model")), 400, "invalid_path", "model"),
+        (dict(body=spec(calibration=DATA)), 400, "invalid_path", "calibration"),
+        (dict(body=spec(model=DATA)), 400, "invalid_path", "model"),
+        (dict(body=spec(target={"device": "TPUv9"})), 400, "invalid_spec", "target.device"),
+        (dict(body=spec(target={"device": "cuda:0"})), 400, "no_device", "target.device"),
+    ]
+    for kw, status, code, field in cases:
+        st, r = D.req("POST", "/v1/jobs", **kw)
+        assert st == status, (kw, st, r)
+        assert r["error"]["code"] == code and r["error"]["field"] == field and r["error"]["message"], (kw, r)
+    st, r = D.req("POST", "/v1/jobs", raw=b"{" + b" " * 200000 + b"}")
+    assert st == 413 and r["error"]["code"] == "payload_too_large", (st, r)
+    assert D.req("GET", "/v1/jobs/999999")[0] == 404
+    assert D.req("GET", "/v1/jobs/abc")[0] == 404
+    assert D.req("GET", "/v1/nope")[0] == 404
+    assert D.req("PUT", "/v1/jobs/1", body={})[0] in (404, 405)
+    assert D.req("GET", "/v1/jobs?limit=0")[0] == 400
+    assert D.req("GET", "/v1/jobs?state=weird")[0] == 400
+    assert D.req("GET", "/../../etc/passwd")[0] == 404
+
+
+def test_job_lifecycle_and_cost_cache():
+    out = os.path.join(D.dir, "out1")
+    s = spec(output=out, target={"device": "cpu", "workload": {"batch": 1, "prompt_len": 64, "gen_len": 16}},
+             constraints={"max_tpot_ms": 1000.0, "max_params": 1.2e6})
+    st, j = D.req("POST", "/v1/jobs", body=s)
+    assert st == 201 and j["state"] == "queued" and j["id"] > 0, j
+    j = D.wait_state(j["id"], {"succeeded", "failed"}, timeout=180)
+    assert j["state"] == "succeeded", j
+    states = [t["to"] for t in j["transitions"]]
+    assert states == ["queued", "running", "succeeded"], states
+    st, res = D.req("GET", f"/v1/jobs/{j['id']}/result")
+    assert st == 200 and res["chosen"] == "autocompress" and res["autocompress"]["feasible"]
+    assert res["autocompress"]["predicted"]["params"] <= 1.2e6
+    assert os.path.exists(os.path.join(out, "model.safetensors")) and os.path.exists(os.path.join(out, "report.json"))
+    st, evs = D.req("GET", f"/v1/jobs/{j['id']}/events?format=json")
+    stages = [e["data"]["stage"] for e in evs["events"] if e["kind"] == "stage"]
+    assert stages == ["load", "calibrate", "profile", "search", "prune", "evaluate", "export"], stages
+    ct = [e["data"] for e in evs["events"] if e["kind"] == "cost_table"]
+    assert len(ct) == 1 and ct[0]["cache_hit"] is False and "table" not in ct[0]
+    st, tables = D.req("GET", "/v1/cost-tables")
+    keys = [t["key"] for t in tables["tables"]]
+    assert ct[0]["key"] in keys
+    # export / import round trip of the measured table
+    st, tj = D.req("GET", "/v1/cost-tables/" + ct[0]["key"].replace(" ", "%20").replace("|", "%7C"))
+    assert st == 200 and tj["gemm"]["us"], st
+    tj2 = dict(tj, key="imported-test|fp32|autocompress-cpu|v1")
+    assert D.req("POST", "/v1/cost-tables", body={"table": tj2})[0] == 201
+    bad = dict(tj2, gemm=dict(tj2["gemm"], us=[1.0]))
+    st, r = D.req("POST", "/v1/cost-tables", body={"table": bad})
+    assert st == 400 and r["error"]["field"] == "gemm.us", r
+    # a second CPU job reuses the table (cache hit, counted)
+    st, j2 = D.req("POST", "/v1/jobs", body=dict(s, output=os.path.join(D.dir, "out2")))
+    j2 = D.wait_state(j2["id"], {"succeeded", "failed"}, timeout=180)
+    assert j2["state"] == "succeeded", j2
+    st, evs = D.req("GET", f"/v1/jobs/{j2['id']}/events?format=json")
+    ct2 = [e["data"] for e in evs["events"] if e["kind"] == "cost_table"]
+    assert ct2[0]["cache_hit"] is True and ct2[0]["key"] == ct[0]["key"]
+    st, tables = D.req("GET", "/v1/cost-tables")
+    assert [t["hits"] for t in tables["tables"] if t["key"] == ct[0]["key"]] == [1]
+    # estimate API with the cached CPU table and with a profile
+    st, est = D.req("POST", "/v1/estimate", body={"model": TINY, "target": {"device": "cpu", "workload": {"batch": 2, "prompt_len": 32, "gen_len": 8}}})
+    assert st == 200 and est["figures"]["ttft_ms"] > 0 and est["source"] == "measured", est
+    st, est = D.req("POST", "/v1/estimate", body={"architecture": {"hidden": 4096, "head_dim": 128, "vocab": 128256,
+                                                                  "layers": [{"heads": 32, "kv_heads": 8, "ffn": 14336}] * 32},
+                                                 "target": {"device": "H100", "workload": {"batch": 1, "prompt_len": 1024, "gen_len": 128}}})
+    assert st == 200 and 6e9 < est["figures"]["params"] < 9e9 and est["figures"]["tpot_ms"] > 3, est
+    st, r = D.req("POST", "/v1/estimate", body={"model": TINY, "target": {"device": "Z80"}})
+    assert st == 400 and r["error"]["field"] == "target.device"
+
+
+def test_log_endpoint():
+    st, jobs = D.req("GET", "/v1/jobs?state=succeeded&limit=1")
+    if not jobs["jobs"]:
+        return "skip"
+    st, log = D.req("GET", f"/v1/jobs/{jobs['jobs'][0]['id']}/log")
+    assert st == 200 and "worker for job" in log
+
+
+def long_spec(**kw):
+    return spec(search={"steps": 100000, "seed": 1}, **kw)
+
+
+def test_cancel_running_job():
+    st, j = D.req("POST", "/v1/jobs", body=long_spec())
+    D.wait_state(j["id"], {"running"})
+    time.sleep(0.5)
+    pid = D.req("GET", f"/v1/jobs/{j['id']}")[1]
+    t0 = time.time()
+    st, r = D.req("DELETE", f"/v1/jobs/{j['id']}")
+    assert st == 202 and r["cancel_requested"] is True
+    j = D.wait_state(j["id"], {"cancelled", "failed", "succeeded"}, timeout=10)
+    assert j["state"] == "cancelled" and time.time() - t0 < 2.0, (j, time.time() - t0)
+    assert D.req("DELETE", f"/v1/jobs/{j['id']}")[0] == 409
+    del pid
+
+
+def test_cancel_queued_job_and_priority():
+    st, a = D.req("POST", "/v1/jobs", body=long_spec(name="blocker"))
+    D.wait_state(a["id"], {"running"})
+    st, b = D.req("POST", "/v1/jobs", body=long_spec(name="low"))
+    st, c = D.req("POST", "/v1/jobs", body=long_spec(name="high", priority=5))
+    time.sleep(1.2)
+    st, bj = D.req("GET", f"/v1/jobs/{b['id']}")
+    assert bj["state"] == "queued" and "waiting for a free cpu slot" in bj["reason"], bj
+    D.req("DELETE", f"/v1/jobs/{a['id']}")
+    cj = D.wait_state(c["id"], {"running"})
+    assert D.req("GET", f"/v1/jobs/{b['id']}")[1]["state"] == "queued"  # high priority went first
+    st, r = D.req("DELETE", f"/v1/jobs/{b['id']}")
+    assert D.req("GET", f"/v1/jobs/{b['id']}")[1]["state"] == "cancelled"
+    D.req("DELETE", f"/v1/jobs/{cj['id']}")
+    D.wait_state(c["id"], {"cancelled"})
+
+
+def test_sse_resume_and_keepalive():
+    st, j = D.req("POST", "/v1/jobs", body=spec())
+    jid = j["id"]
+    st, evs, comments = sse_read(D.port, f"/v1/jobs/{jid}/events", until=lambda e, c: any(x["data"].get("state") in ("succeeded", "failed") for x in e if x["event"] == "state"), max_s=120)
+    assert st == 200
+    ids = [e["id"] for e in evs]
+    assert ids == sorted(ids) and len(ids) == len(set(ids)) and len(ids) > 5, ids
+    assert evs[-1]["event"] == "state" and evs[-1]["data"]["state"] == "succeeded", evs[-1]
+    kinds = {e["event"] for e in evs}
+    assert {"stage", "search", "progress", "state", "result"} <= kinds, kinds
+    # resume from the middle: exactly the events after Last-Event-ID
+    mid = ids[len(ids) // 2]
+    st, evs2, _ = sse_read(D.port, f"/v1/jobs/{jid}/events", headers={"Last-Event-ID": str(mid)}, max_s=10)
+    assert [e["id"] for e in evs2] == [i for i in ids if i > mid]
+    # keep-alive comments on a live stream (keepalive 1 s in this config)
+    st, q = D.req("POST", "/v1/jobs", body=long_spec())
+    st, _, comments = sse_read(D.port, f"/v1/jobs/{q['id']}/events", until=lambda e, c: len(c) >= 2, max_s=15)
+    assert any("keep-alive" in c for c in comments), comments
+    D.req("DELETE", f"/v1/jobs/{q['id']}")
+    D.wait_state(q["id"], {"cancelled"})
+    assert D.req("GET", f"/v1/jobs/{jid}/events?after=x")[0] == 400
+
+
+def test_worker_crash_fails_only_its_job():
+    st, j = D.req("POST", "/v1/jobs", body=long_spec())
+    D.wait_state(j["id"], {"running"})
+    time.sleep(0.3)
+    con = sqlite3.connect(D.db)
+    pid = con.execute("SELECT worker_pid FROM jobs WHERE id=?", (j["id"],)).fetchone()[0]
+    con.close()
+    os.kill(pid, signal.SIGSEGV)
+    j = D.wait_state(j["id"], {"failed", "succeeded", "cancelled"}, timeout=10)
+    assert j["state"] == "failed" and "signal 11" in j["reason"], j
+    assert D.req("GET", "/healthz")[0] == 200
+    st, k = D.req("POST", "/v1/jobs", body=spec())
+    assert D.wait_state(k["id"], {"succeeded", "failed"}, timeout=120)["state"] == "succeeded"
+
+
+def test_bad_model_fails_cleanly():
+    bad = os.path.join(D.dir, "badmodel")
+    os.makedirs(bad, exist_ok=True)
+    with open(os.path.join(TINY, "config.json")) as f:
+        cfg = f.read()
+    with open(os.path.join(bad, "config.json"), "w") as f:
+        f.write(cfg)
+    with open(os.path.join(TINY, "model.safetensors"), "rb") as f:
+        data = f.read()
+    with open(os.path.join(bad, "model.safetensors"), "wb") as f:
+        f.write(data[: len(data) // 2])  # truncated
+    st, j = D.req("POST", "/v1/jobs", body=spec(model=bad))
+    j = D.wait_state(j["id"], {"failed", "succeeded"}, timeout=60)
+    assert j["state"] == "failed" and "stage load" in j["reason"] and "truncated" in j["reason"], j["reason"]
+
+
+def test_infeasible_constraint_reported():
+    st, j = D.req("POST", "/v1/jobs", body=spec(constraints={"max_tpot_ms": 1e-6}))
+    j = D.wait_state(j["id"], {"failed", "succeeded"}, timeout=60)
+    assert j["state"] == "failed" and "infeasible" in j["reason"] and "closest reachable" in j["reason"], j["reason"]
+    st, evs = D.req("GET", f"/v1/jobs/{j['id']}/events?format=json")
+    inf = [e for e in evs["events"] if e["kind"] == "infeasible"]
+    assert inf and inf[0]["data"]["closest"]["tpot_ms"]["value"] > 0
+
+
+def test_pagination():
+    st, all_ = D.req("GET", "/v1/jobs?limit=1000")
+    n = len(all_["jobs"])
+    assert n >= 4
+    seen, after = [], 0
+    while True:
+        st, page = D.req("GET", f"/v1/jobs?limit=2&after={after}")
+        seen += [j["id"] for j in page["jobs"]]
+        if page["next_after"] is None:
+            break
+        after = page["next_after"]
+    assert seen == [j["id"] for j in all_["jobs"]]
+
+
+def test_restart_after_sigkill_requeues():
+    st, j = D.req("POST", "/v1/jobs", body=long_spec(name="survivor"))
+    D.wait_state(j["id"], {"running"})
+    time.sleep(1.0)
+    st, before = D.req("GET", f"/v1/jobs/{j['id']}/events?format=json")
+    n_before = len(before["events"])
+    con = sqlite3.connect(D.db)
+    wpid = con.execute("SELECT worker_pid FROM jobs WHERE id=?", (j["id"],)).fetchone()[0]
+    con.close()
+    D.kill(signal.SIGKILL)
+    time.sleep(0.3)
+    # the worker dies with its parent (PR_SET_PDEATHSIG): gone, or a zombie
+    # waiting for init to reap it
+    try:
+        with open(f"/proc/{wpid}/stat") as f:
+            alive = f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        alive = False
+    assert not alive, "orphan worker survived the daemon"
+    D.start()
+    jj = D.wait_state(j["id"], {"running"}, timeout=15)
+    reasons = [t["reason"] for t in jj["transitions"]]
+    assert any("interrupted" in (r or "") for r in reasons) and jj["attempts"] == 2, jj
+    st, after = D.req("GET", f"/v1/jobs/{j['id']}/events?format=json")
+    assert after["events"][:n_before] == before["events"], "events before the crash were lost"
+    D.req("DELETE", f"/v1/jobs/{j['id']}")
+    D.wait_state(j["id"], {"cancelled"})
+    # every job survived: none lost, none duplicated
+    con = sqlite3.connect(D.db)
+    ids = [r[0] for r in con.execute("SELECT id FROM jobs ORDER BY id")]
+    con.close()
+    assert ids == list(range(1, len(ids) + 1))
+
+
+def test_fail_policy_and_sigterm():
+    d2 = Daemon(config={"interrupted_policy": "fail"}).start()
+    try:
+        st, j = d2.req("POST", "/v1/jobs", body=long_spec())
+        d2.wait_state(j["id"], {"running"})
+        d2.kill(signal.SIGKILL)
+        d2.start()
+        jj = d2.wait_state(j["id"], {"failed"}, timeout=10)
+        assert "interrupted" in jj["reason"]
+        # SIGTERM drains: the running job is stopped and re-queued
+        st, k = d2.req("POST", "/v1/jobs", body=long_spec())
+        d2.wait_state(k["id"], {"running"})
+        d2.stop()
+        con = sqlite3.connect(d2.db)
+        state = con.execute("SELECT state FROM jobs WHERE id=?", (k["id"],)).fetchone()[0]
+        con.close()
+        assert state == "queued", state
+    finally:
+        d2.cleanup()
+
+
+def test_auth():
+    tok = "s3cret-token-0123456789"
+    d3 = Daemon(config={"tokens": [tok]}).start()
+    try:
+        assert d3.req("GET", "/healthz")[0] == 200
+        st, r = d3.req("GET", "/v1/jobs")
+        assert st == 401 and r["error"]["code"] == "unauthorized"
+        assert d3.req("GET", "/v1/jobs", headers={"Authorization": "Bearer wrong-token-0123456789"})[0] == 401
+        assert d3.req("GET", "/v1/jobs", headers={"Authorization": "Bearer " + tok})[0] == 200
+        assert d3.req("POST", "/v1/jobs", body=spec())[0] == 401
+        d3.token = tok
+        st, j = d3.req("POST", "/v1/jobs", body=spec(search={"steps": 5}))
+        assert st == 201
+        st, _, _ = sse_read(d3.port, f"/v1/jobs/{j['id']}/events?access_token={tok}", until=lambda e, c: len(e) > 0, max_s=10)
+        assert st == 200
+        st, _, _ = sse_read(d3.port, f"/v1/jobs/{j['id']}/events", max_s=5)
+        assert st == 401
+        d3.wait_state(j["id"], {"succeeded", "failed"}, timeout=60)
+    finally:
+        d3.cleanup()
+
+
+def test_config_errors():
+    import subprocess
+    d4 = Daemon(config={"listen": "127.0.0.1:1", "bogus": 1})
+    cp = os.path.join(d4.dir, "config.json")
+    with open(cp, "w") as f:
+        json.dump({"bogus": 1}, f)
+    from harness import BUILD
+    r = subprocess.run([os.path.join(BUILD, "autocompressd"), "--config", cp], capture_output=True, text=True, timeout=10)
+    assert r.returncode != 0 and "unknown key bogus" in r.stderr, r.stderr
+    d4.cleanup()
+
+
+if __name__ == "__main__":
+    if not os.path.exists(os.path.join(TINY, "config.json")):
+        print("SKIP all: tiny model not built (make tiny-model)")
+        print("RESULT 0 0 1")
+        sys.exit(0)
+    setup()
+    try:
+        for t in [test_health_devices_metrics, test_bad_inputs, test_job_lifecycle_and_cost_cache, test_log_endpoint, test_cancel_running_job,
+                  test_cancel_queued_job_and_priority, test_sse_resume_and_keepalive, test_worker_crash_fails_only_its_job,
+                  test_bad_model_fails_cleanly, test_infeasible_constraint_reported, test_pagination, test_restart_after_sigkill_requeues,
+                  test_fail_policy_and_sigterm, test_auth, test_config_errors]:
+            R.run(t)
+    finally:
+        D.cleanup()
+    R.done()
