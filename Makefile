@@ -21,7 +21,7 @@ D_OBJ    = $(D_SRC:daemon/%.c=$(B)/daemon/%.o) $(B)/daemon/migrations.o
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(B)/tests/%)
 
-.PHONY: all clean test demo bench cuda-check fixtures tiny-model deps asan
+.PHONY: all clean test demo bench cuda-check fixtures tiny-model deps asan web-test-deps
 
 all: $(B)/autocompressd $(B)/autocompress $(TEST_BIN) $(B)/tests/fuzz_parsers
 
@@ -66,7 +66,7 @@ deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    build-essential pkg-config libjansson-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev libpcre2-dev \
-	    libopenblas-dev python3 python3-torch python3-numpy fortunes curl ca-certificates >/dev/null; \
+	    libopenblas-dev python3 python3-torch python3-numpy python3-regex fortunes curl ca-certificates >/dev/null; \
 	else echo "deps: not root or no apt-get; assuming packages are installed"; fi
 
 # The tiny model trained on fortunes (reproducible; cached in build/).
@@ -78,8 +78,13 @@ $(B)/models/tiny/config.json: tools/make_tiny_model.py tests/ref_llama.py
 fixtures: tiny-model
 	PYTHONPATH=tests $(PYTHON) tests/gen_fixtures.py --out $(B)/fixtures
 
-test: all fixtures
+test: all fixtures web-test-deps
 	bash tests/run_all.sh
+
+# playwright-core for the dashboard test (skipped when npm or chromium is absent)
+web-test-deps:
+	@if command -v npm >/dev/null && [ ! -d tests/web/node_modules/playwright-core ]; then \
+	  (cd tests/web && npm ci --no-audit --no-fund >/dev/null 2>&1) || echo "web-test-deps: npm ci failed; dashboard test will be skipped"; fi
 
 demo: deps all tiny-model
 	bash tools/demo.sh

@@ -1,0 +1,81 @@
+// Dashboard end to end in Debian's headless Chromium (playwright-core):
+// the page lists jobs, a job submitted through the form appears, and its
+// live SSE events render (stages, search chart, per-layer bars, result).
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import net from "node:net";
+import os from "node:os";
+import path from "node:path";
+import { chromium } from "playwright-core";
+
+const root = process.env.AC_TEST_ROOT || path.resolve(path.dirname(new URL(import.meta.url).pathname), "../..");
+const build = process.env.AC_BUILD || path.join(root, "build");
+let passed = 0, failed = 0;
+
+function freePort() {
+  return new Promise((res) => { const s = net.createServer(); s.listen(0, "127.0.0.1", () => { const p = s.address().port; s.close(() => res(p)); }); });
+}
+
+async function main() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "acweb_"));
+  const port = await freePort();
+  const d = spawn(path.join(build, "autocompressd"), ["--listen", `127.0.0.1:${port}`, "--db", path.join(dir, "db.sqlite"), "--data-dir", path.join(dir, "data"), "--web-dir", path.join(root, "web")], { stdio: ["ignore", "ignore", "pipe"] });
+  let log = "";
+  d.stderr.on("data", (b) => { log += b; });
+  for (let i = 0; i < 100; i++) {
+    try { const r = await fetch(`http://127.0.0.1:${port}/healthz`); if (r.ok) break; } catch (e) { /* not yet */ }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  const browser = await chromium.launch({ executablePath: "/usr/bin/chromium", args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"] });
+  const page = await browser.newPage({ viewport: { width: 1200, height: 1400 } });
+  const errors = [];
+  page.on("pageerror", (e) => errors.push(String(e)));
+  const check = async (name, fn) => {
+    try { await fn(); passed++; console.log("ok   " + name); } catch (e) { failed++; console.log("FAIL " + name + ": " + (e && e.stack || e)); }
+  };
+  try {
+    await page.goto(`http://127.0.0.1:${port}/`);
+    await check("dashboard_loads", async () => {
+      await page.waitForSelector("#jobs");
+      const h = await page.textContent("#health");
+      if (!/^v\d/.test(h.trim()) && h !== "…") throw new Error("health: " + h);
+    });
+    await check("bad_spec_shows_error", async () => {
+      await page.fill("#spec", '{"model": 5}');
+      await page.click("#submit-btn");
+      await page.waitForFunction(() => document.querySelector("#submit-msg").textContent.includes("400"));
+    });
+    const spec = {
+      name: "from-the-dashboard", model: path.join(build, "models/tiny"), calibration: path.join(build, "data/calib.txt"),
+      heldout: path.join(build, "data/heldout.txt"), target: { device: "H100", workload: { batch: 1, prompt_len: 512, gen_len: 64 } },
+      constraints: { max_params: 1.0e6 }, search: { steps: 120, seed: 2 }, calibration_tokens: 2048, eval: { ctx: 64, windows: 4 },
+    };
+    await check("submitted_job_appears_and_streams", async () => {
+      await page.fill("#spec", JSON.stringify(spec));
+      await page.click("#submit-btn");
+      await page.waitForFunction(() => /^#job\/\d+$/.test(location.hash));
+      await page.waitForFunction(() => document.querySelector("#events").textContent.includes("search:"), null, { timeout: 120000 });
+      await page.waitForFunction(() => document.querySelector("#job-state").textContent === "succeeded", null, { timeout: 120000 });
+      await page.waitForFunction(() => document.querySelectorAll("#summary tr").length >= 6, null, { timeout: 10000 });
+      const bars = await page.$$eval("#arch .layer", (ls) => ls.length);
+      if (bars !== 6) throw new Error("expected 6 layer bars, got " + bars);
+      const stagesDone = await page.$$eval("#stages span.done", (s) => s.length);
+      if (stagesDone !== 7) throw new Error("stages done: " + stagesDone);
+      const inked = await page.$eval("#loss-chart", (c) => { const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data; let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n; });
+      if (inked < 500) throw new Error("loss chart is empty");
+      await page.screenshot({ path: path.join(build, "dashboard.png"), fullPage: true });
+    });
+    await check("job_listed_with_state", async () => {
+      await page.click("#back");
+      await page.waitForFunction(() => [...document.querySelectorAll("#jobs tbody tr")].some((r) => r.textContent.includes("from-the-dashboard") && r.textContent.includes("succeeded")));
+    });
+    await check("no_page_errors", async () => { if (errors.length) throw new Error(errors.join("\n")); });
+  } finally {
+    await browser.close();
+    d.kill("SIGTERM");
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+  console.log(`RESULT ${passed} ${failed} 0`);
+  process.exit(failed ? 1 : 0);
+}
+main().catch((e) => { console.log("FAIL dashboard: " + e.stack); console.log(`RESULT ${passed} ${failed + 1} 0`); process.exit(1); });

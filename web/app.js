@@ -1,0 +1,188 @@
+// AutoCompress dashboard: plain JavaScript, no build step. Talks to the
+// daemon's /v1 API; live progress comes from the job's SSE stream.
+"use strict";
+const $ = (s) => document.querySelector(s);
+const STAGES = ["load", "calibrate", "profile", "search", "prune", "evaluate", "export"];
+let source = null;
+
+function token() { return localStorage.getItem("ac_token") || ""; }
+function headers(extra) {
+  const h = Object.assign({}, extra || {});
+  if (token()) h["Authorization"] = "Bearer " + token();
+  return h;
+}
+async function api(method, path, body) {
+  const r = await fetch(path, { method, headers: headers(body ? { "Content-Type": "application/json" } : {}), body: body ? JSON.stringify(body) : undefined });
+  const text = await r.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch (e) { data = text; }
+  return { status: r.status, data };
+}
+function esc(s) { return String(s == null ? "" : s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c])); }
+function fmtTime(t) { return t ? new Date(t * 1000).toLocaleString() : ""; }
+
+async function loadJobs() {
+  const r = await api("GET", "/v1/jobs?limit=1000");
+  const tb = $("#jobs tbody");
+  if (r.status !== 200) { tb.innerHTML = `<tr><td colspan="7">${esc(r.data && r.data.error ? r.data.error.message : r.status)}</td></tr>`; return; }
+  tb.innerHTML = r.data.jobs.slice().reverse().map((j) =>
+    `<tr class="job" data-id="${j.id}"><td>${j.id}</td><td>${esc(j.name)}</td><td><span class="state ${j.state}">${j.state}</span></td>` +
+    `<td>${esc(j.device)}</td><td>${esc(j.reason)}</td><td>${fmtTime(j.created_at)}</td><td><a href="#job/${j.id}">open</a></td></tr>`).join("");
+  tb.querySelectorAll("tr.job").forEach((tr) => tr.addEventListener("click", () => { location.hash = "job/" + tr.dataset.id; }));
+}
+
+async function health() {
+  try {
+    const r = await api("GET", "/healthz");
+    $("#health").textContent = r.status === 200 ? `v${r.data.version} · up ${Math.round(r.data.uptime_s)} s` : "unhealthy";
+  } catch (e) { $("#health").textContent = "unreachable"; }
+}
+
+function exampleSpec() {
+  return JSON.stringify({
+    name: "tiny-h100-tpot",
+    model: "/path/to/model",
+    calibration: "/path/to/calib.txt",
+    heldout: "/path/to/heldout.txt",
+    target: { device: "H100", engine: { weights_dtype: "bf16" }, workload: { batch: 1, prompt_len: 2048, gen_len: 256 } },
+    constraints: { max_tpot_ms: 5 },
+    method: "autocompress",
+    search: { steps: 300, seed: 0 },
+  }, null, 2);
+}
+
+async function submit(ev) {
+  ev.preventDefault();
+  const msg = $("#submit-msg");
+  let spec;
+  try { spec = JSON.parse($("#spec").value); } catch (e) { msg.className = "err"; msg.textContent = "not valid JSON: " + e.message; return; }
+  const r = await api("POST", "/v1/jobs", spec);
+  if (r.status === 201) {
+    msg.className = ""; msg.textContent = `job ${r.data.id} queued`;
+    await loadJobs();
+    location.hash = "job/" + r.data.id;
+  } else {
+    msg.className = "err";
+    msg.textContent = r.data && r.data.error ? `${r.status} ${r.data.error.code}: ${r.data.error.message}` : "HTTP " + r.status;
+  }
+}
+
+// ---- job page ----
+const series = { loss: [], metric: [], limit: null, metricName: "" };
+
+function drawLine(canvas, pts, color, limit, label) {
+  const c = canvas.getContext("2d"), W = canvas.width, H = canvas.height, pad = 34;
+  c.clearRect(0, 0, W, H);
+  c.strokeStyle = "#9ca3af"; c.strokeRect(pad, 8, W - pad - 8, H - pad - 8);
+  if (!pts.length) return;
+  const xs = pts.map((p) => p[0]), ys = pts.map((p) => p[1]).concat(limit != null ? [limit] : []);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs) || 1, y0 = Math.min(0, ...ys), y1 = Math.max(...ys) * 1.1 || 1;
+  const X = (x) => pad + (x - x0) / ((x1 - x0) || 1) * (W - pad - 8), Y = (y) => H - pad - (y - y0) / ((y1 - y0) || 1) * (H - pad - 16);
+  c.strokeStyle = color; c.lineWidth = 2; c.beginPath();
+  pts.forEach((p, i) => (i ? c.lineTo(X(p[0]), Y(p[1])) : c.moveTo(X(p[0]), Y(p[1]))));
+  c.stroke();
+  if (limit != null) { c.strokeStyle = "#dc2626"; c.setLineDash([5, 4]); c.beginPath(); c.moveTo(pad, Y(limit)); c.lineTo(W - 8, Y(limit)); c.stroke(); c.setLineDash([]); }
+  c.fillStyle = "#374151"; c.font = "11px sans-serif";
+  c.fillText(y1.toPrecision(3), 2, 16); c.fillText(y0.toPrecision(3), 2, H - pad);
+  c.fillText(`step ${x1}`, W - 60, H - 12);
+  if (label) c.fillText(label, pad + 4, H - 12);
+}
+
+function drawArch(layers, base) {
+  const el = $("#arch");
+  el.innerHTML = layers.map((l, i) => {
+    const b = base && base[i] ? base[i] : null;
+    const kv = b ? l.kv_heads / b.kv_heads : l.kv_frac, ff = b ? l.ffn / b.ffn : l.ffn_frac;
+    return `<div class="layer" data-layer="${i}"><div class="bars"><div class="bar kv" style="height:${Math.round(100 * (kv || 0))}px" title="KV heads ${(+l.kv_heads).toFixed(1)}"></div>` +
+      `<div class="bar ffn" style="height:${Math.round(100 * (ff || 0))}px" title="FFN ${(+l.ffn).toFixed(0)}"></div></div>L${i}</div>`;
+  }).join("");
+}
+
+let baseLayers = null;
+
+function onEvent(kind, data) {
+  const pre = $("#events");
+  pre.textContent += `${kind}: ${JSON.stringify(data).slice(0, 300)}\n`;
+  pre.scrollTop = pre.scrollHeight;
+  if (kind === "stage") {
+    const idx = STAGES.indexOf(data.stage);
+    document.querySelectorAll("#stages span").forEach((s, i) => { s.className = i < idx ? "done" : i === idx ? "now" : ""; });
+  } else if (kind === "log" && data.architecture) {
+    baseLayers = data.architecture.layers;
+  } else if (kind === "search" && data.phase === "autocompress") {
+    series.loss.push([data.step, data.loss]);
+    const names = Object.keys(data.metrics || {});
+    const pick = names.find((n) => n.endsWith("_ms")) || names[0];
+    if (pick) {
+      series.metricName = pick;
+      series.metric.push([data.step, data.metrics[pick].value]);
+      series.limit = data.metrics[pick].limit;
+    }
+    drawLine($("#loss-chart"), series.loss, "#2563eb", null, "lagrangian");
+    drawLine($("#metric-chart"), series.metric, "#059669", series.limit, pick);
+    $("#metric-caption").textContent = `Predicted ${pick} vs limit (dashed)`;
+    if (data.architecture && baseLayers) drawArch(data.architecture.layers, baseLayers);
+  } else if (kind === "result") {
+    showResult(data);
+  } else if (kind === "state") {
+    $("#job-state").textContent = data.state; $("#job-state").className = "state " + data.state;
+    $("#cancel").hidden = ["succeeded", "failed", "cancelled"].includes(data.state);
+    if (data.reason) $("#job-reason").textContent = data.reason;
+    if (["succeeded", "failed", "cancelled"].includes(data.state)) {
+      document.querySelectorAll("#stages span").forEach((s) => { if (data.state === "succeeded") s.className = "done"; });
+    }
+  }
+}
+
+function showResult(r) {
+  const pick = r[r.chosen];
+  if (pick && pick.architecture) {
+    drawArch(pick.architecture.layers, r.model.architecture.layers);
+    $("#arch-caption").textContent = `Result (${r.chosen}): kept fraction of KV heads (blue) and FFN width (orange) per layer; hidden ${pick.architecture.hidden}/${r.model.architecture.hidden}.`;
+  }
+  const rows = [["", "baseline", "minitron", "autocompress"]];
+  const f = (x, d = 2) => (x == null ? "—" : (+x).toFixed(d));
+  const get = (k) => r[k] || {};
+  rows.push(["perplexity", f(r.baseline.perplexity), f(get("minitron").perplexity), f(get("autocompress").perplexity)]);
+  for (const m of ["ttft_ms", "tpot_ms", "tokens_per_s", "memory_gib"])
+    rows.push([m + " (pred.)", f(r.baseline.predicted[m], 3), f((get("minitron").predicted || {})[m], 3), f((get("autocompress").predicted || {})[m], 3)]);
+  rows.push(["params", f(r.baseline.predicted.params, 0), f((get("minitron").predicted || {}).params, 0), f((get("autocompress").predicted || {}).params, 0)]);
+  $("#summary tbody").innerHTML = rows.map((row, i) => `<tr>${row.map((c) => (i ? `<td>${esc(c)}</td>` : `<th>${esc(c)}</th>`)).join("")}</tr>`).join("");
+}
+
+async function openJob(id) {
+  if (source) { source.close(); source = null; }
+  $("#list-view").hidden = true; $("#job-view").hidden = false;
+  $("#job-title").textContent = "Job " + id;
+  $("#events").textContent = ""; $("#arch").innerHTML = ""; $("#summary tbody").innerHTML = "";
+  series.loss = []; series.metric = []; series.limit = null; baseLayers = null;
+  $("#stages").innerHTML = STAGES.map((s) => `<span>${s}</span>`).join("");
+  const r = await api("GET", "/v1/jobs/" + id);
+  if (r.status !== 200) { $("#job-reason").textContent = r.data && r.data.error ? r.data.error.message : "HTTP " + r.status; return; }
+  $("#job-state").textContent = r.data.state; $("#job-state").className = "state " + r.data.state;
+  $("#job-reason").textContent = r.data.reason || "";
+  $("#cancel").hidden = ["succeeded", "failed", "cancelled"].includes(r.data.state);
+  $("#cancel").onclick = async () => { const c = await api("DELETE", "/v1/jobs/" + id); $("#job-reason").textContent = c.status === 202 ? "cancelling…" : (c.data.error || {}).message; };
+  const q = token() ? "?access_token=" + encodeURIComponent(token()) : "";
+  source = new EventSource(`/v1/jobs/${id}/events${q}`);
+  for (const k of ["state", "stage", "progress", "search", "log", "cost_table", "result", "error", "infeasible"])
+    source.addEventListener(k, (e) => { if (e.data !== undefined) onEvent(k, JSON.parse(e.data)); });
+  source.onerror = () => { /* the browser reconnects with Last-Event-ID */ };
+}
+
+function route() {
+  const m = location.hash.match(/^#job\/(\d+)$/);
+  if (m) openJob(m[1]);
+  else { if (source) { source.close(); source = null; } $("#job-view").hidden = true; $("#list-view").hidden = false; loadJobs(); }
+}
+
+$("#token").value = token();
+$("#token").addEventListener("change", (e) => { localStorage.setItem("ac_token", e.target.value); loadJobs(); });
+$("#refresh").addEventListener("click", loadJobs);
+$("#submit").addEventListener("submit", submit);
+$("#back").addEventListener("click", (e) => { e.preventDefault(); location.hash = ""; });
+$("#spec").value = exampleSpec();
+window.addEventListener("hashchange", route);
+health(); setInterval(health, 10000);
+setInterval(() => { if (!$("#list-view").hidden) loadJobs(); }, 3000);
+route();
