@@ -23,7 +23,9 @@ TEST_BIN = $(TEST_SRC:tests/%.c=$(B)/tests/%)
 
 .PHONY: all clean test demo bench cuda-check fixtures tiny-model deps asan web-test-deps
 
-all: $(B)/autocompressd $(B)/autocompress $(TEST_BIN) $(B)/tests/fuzz_parsers
+BENCH_BIN = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/*.c))
+
+all: $(B)/autocompressd $(B)/autocompress $(TEST_BIN) $(B)/tests/fuzz_parsers $(BENCH_BIN)
 
 $(B)/src/%.o: src/%.c $(wildcard src/*.h)
 	@mkdir -p $(dir $@)
@@ -60,6 +62,10 @@ $(B)/tests/%: tests/%.c tests/check.h $(B)/libautocompress.a $(D_OBJ)
 $(B)/tests/fuzz_parsers: tests/fuzz_parsers.c $(B)/libautocompress.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/bench/%: bench/%.c $(B)/libautocompress.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(B)/libautocompress.a $(LDLIBS)
 
 # Debian packages the build, the tests and the demo need.
 deps:

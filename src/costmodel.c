@@ -66,17 +66,30 @@ double ac_cost_attn_us(const ac_cost_table *t, double heads, double kv_heads, do
         double tc = flops / (t->eta_c * t->peak_tflops * 1e12), tm = bytes / (t->eta_m * t->bw_gbs * 1e9);
         return (tc > tm ? tc : tm) * 1e6 + t->launch_us;
     }
-    int iq, is;
-    double uq, us, sq, ss;
+    int iq, is, ih;
+    double uq, us, sq, ss, uh, sh;
     locate(t->aq, t->naq, nq, &iq, &uq, &sq);
-    locate(t->as, t->nas, s, &is, &us, &ss);
-#define A(a, b) log(t->attn_us[(size_t)(a) * t->nas + (b)])
-    double v = exp(lerp(lerp(A(iq, is), A(iq, is + 1), us), lerp(A(iq + 1, is), A(iq + 1, is + 1), us), uq));
+    locate(t->as, t->nas, s - nq + 1, &is, &us, &ss);
+    /* head_dim: linear (not log) between measured head dims; softmax work
+     * does not shrink with head_dim, so scaling by hd alone is wrong */
+    if (t->nhd == 1) { ih = 0; uh = 0; sh = (double)head_dim / t->ahd[0]; }
+    else {
+        ih = 0;
+        while (ih < t->nhd - 2 && head_dim > t->ahd[ih + 1]) ih++;
+        uh = (head_dim - t->ahd[ih]) / (t->ahd[ih + 1] - t->ahd[ih]);
+        sh = 1;
+        if (uh < 0) { sh = (double)head_dim / t->ahd[0]; uh = 0; }
+    }
+#define A(h, a, b) log(t->attn_us[((size_t)(h) * t->naq + (a)) * t->nas + (b)])
+#define AT(h) exp(lerp(lerp(A(h, iq, is), A(h, iq, is + 1), us), lerp(A(h, iq + 1, is), A(h, iq + 1, is + 1), us), uq))
+    double v = t->nhd == 1 ? AT(0) : AT(ih) + (AT(ih + 1) - AT(ih)) * uh;
+#undef AT
 #undef A
+    v *= sh;
     if (sq > 1) v *= sq; /* more queries than the grid: linear */
     if (ss > 1) v *= ss;
     if (sq < 1) v *= sq;
-    return v * heads * batch * ((double)head_dim / t->head_dim);
+    return v * heads * batch;
 }
 
 static double elem_us(const ac_cost_table *t, double elements, int act_bytes) {
@@ -172,9 +185,8 @@ int ac_workload_from_json(const json_t *j, ac_workload *w, ac_err *e) {
 
 /* One forward call of B sequences, nq new tokens each at position pos0. */
 static double forward_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, double B, double nq, double pos0,
-                         int last_only, int smooth) {
+                         int last_only) {
     double M = B * nq, S = pos0 + nq, H = c->hidden, hd = c->head_dim, us = 0;
-    (void)smooth;
     int launches = 2;
     for (int l = 0; l < c->n_layers; l++) {
         double h = c->heads[l], kv = c->kv[l], F = c->ffn[l];
@@ -199,11 +211,12 @@ void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workloa
                      ac_cost *o) {
     memset(o, 0, sizeof *o);
     double B = w->batch, P = w->prompt_len, G = w->gen_len;
-    o->ttft_ms = forward_us(t, c, p, B, P, 0, 1, smooth) / 1e3;
+    (void)smooth;
+    o->ttft_ms = forward_us(t, c, p, B, P, 0, 1) / 1e3;
     /* Decode steps at context P..P+G-1: the cost is close to linear in the
      * context, so Simpson's rule over three points is near exact. */
-    double d0 = forward_us(t, c, p, B, 1, P, 1, smooth), d1 = forward_us(t, c, p, B, 1, P + (G - 1) / 2, 1, smooth),
-           d2 = forward_us(t, c, p, B, 1, P + G - 1, 1, smooth);
+    double d0 = forward_us(t, c, p, B, 1, P, 1), d1 = forward_us(t, c, p, B, 1, P + (G - 1) / 2, 1),
+           d2 = forward_us(t, c, p, B, 1, P + G - 1, 1);
     o->tpot_ms = G > 1 ? (d0 + 4 * d1 + d2) / 6 / 1e3 : 0;
     o->e2e_ms = o->ttft_ms + (G - 1) * o->tpot_ms;
     o->tok_per_s = B * G / (o->e2e_ms / 1e3);
@@ -275,10 +288,17 @@ json_t *ac_cost_to_json(const ac_cost *c) {
 
 /* ---------------------------------------------------------------- measurement */
 
-typedef struct { float *a, *w, *c; int m, n, k; } gemm_arg;
+/* Weights rotate through a pool larger than the last-level cache, so each
+ * call reads them from memory as a forward pass over many layers does
+ * (COSTMODEL.md: measure cold weights). */
+#define POOL_FLOATS (24u << 20) /* 96 MiB */
+typedef struct { float *a, *pool, *c; int m, n, k; size_t off; } gemm_arg;
 static void run_gemm(void *p) {
     gemm_arg *g = p;
-    ac_linear(g->c, g->a, g->w, NULL, g->m, g->k, g->n);
+    size_t nw = (size_t)g->n * g->k;
+    if (g->off + nw > POOL_FLOATS) g->off = 0;
+    ac_linear(g->c, g->a, g->pool + g->off, NULL, g->m, g->k, g->n);
+    g->off += (nw + 1023) & ~(size_t)1023;
 }
 typedef struct { float *out, *q, *k, *v, *sc; int n, s, hd; } attn_arg;
 static void run_attn(void *p) {
@@ -322,11 +342,10 @@ int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud,
     ac_set_threads(threads);
     double t_start = ac_now();
     static const double GM[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}, GNK[] = {16, 32, 64, 128, 256, 512, 1024, 2048};
-    static const double AQ[] = {1, 4, 16, 64, 256, 1024}, AS[] = {16, 64, 256, 1024, 2048};
-    t->nm = 11; t->nn = t->nk = 8; t->naq = 6; t->nas = 5;
+    static const double AQ[] = {1, 4, 16, 64, 256, 1024}, AS[] = {1, 16, 64, 256, 1024, 2048}, AHD[] = {16, 64, 128};
+    t->nm = 11; t->nn = t->nk = 8; t->naq = 6; t->nas = 6; t->nhd = 3;
     memcpy(t->gm, GM, sizeof GM); memcpy(t->gn, GNK, sizeof GNK); memcpy(t->gk, GNK, sizeof GNK);
-    memcpy(t->aq, AQ, sizeof AQ); memcpy(t->as, AS, sizeof AS);
-    t->head_dim = 64;
+    memcpy(t->aq, AQ, sizeof AQ); memcpy(t->as, AS, sizeof AS); memcpy(t->ahd, AHD, sizeof AHD);
     ac_cost_cpu_key(threads, t->key, sizeof t->key, t->device, sizeof t->device);
     snprintf(t->dtype, sizeof t->dtype, "fp32");
     snprintf(t->engine, sizeof t->engine, "autocompress-cpu");
@@ -336,34 +355,35 @@ int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud,
     ac_devices_local(d, 1);
     t->mem_gib = d[0].mem_gib;
     t->gemm_us = malloc(sizeof(double) * t->nm * t->nn * t->nk);
-    t->attn_us = malloc(sizeof(double) * t->naq * t->nas);
+
+    t->attn_us = malloc(sizeof(double) * t->nhd * t->naq * t->nas);
     size_t maxe = 1024 * 2048;
-    float *a = malloc(maxe * 4), *w = malloc(2048 * 2048 * 4), *c = malloc(maxe * 4), *sc = malloc(1024 * 2048 * 4);
+    float *a = malloc(maxe * 4), *w = malloc((size_t)POOL_FLOATS * 4), *c = malloc(maxe * 4), *sc = malloc((size_t)1024 * 3072 * 4);
     if (!t->gemm_us || !t->attn_us || !a || !w || !c || !sc) {
         free(a); free(w); free(c); free(sc);
         ac_cost_table_free(t);
         return ac_errf(e, "out of memory for cost measurement");
     }
     for (size_t i = 0; i < maxe; i++) a[i] = c[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
-    for (size_t i = 0; i < 2048 * 2048; i++) w[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
-    int total = t->nm * t->nn * t->nk + t->naq * t->nas + 1, done = 0;
+    for (size_t i = 0; i < POOL_FLOATS; i++) w[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
+    int total = t->nm * t->nn * t->nk + t->nhd * t->naq * t->nas + 1, done = 0;
     for (int im = 0; im < t->nm; im++)
         for (int in = 0; in < t->nn; in++) {
             for (int ik = 0; ik < t->nk; ik++) {
-                gemm_arg g = {a, w, c, (int)GM[im], (int)GNK[in], (int)GNK[ik]};
+                gemm_arg g = {a, w, c, (int)GM[im], (int)GNK[in], (int)GNK[ik], 0};
                 t->gemm_us[((size_t)im * t->nn + in) * t->nk + ik] = time_us(run_gemm, &g);
                 done++;
             }
             if (progress) progress(ud, (double)done / total);
         }
-    for (int iq = 0; iq < t->naq; iq++)
-        for (int is = 0; is < t->nas; is++) {
-            int s = (int)AS[is], n = (int)AQ[iq];
-            if (n > s) s = n;
-            attn_arg at = {c, a, w, w + 1024 * 64, sc, n, s, 64};
-            t->attn_us[iq * t->nas + is] = time_us(run_attn, &at);
-            done++;
-        }
+    for (int ih = 0; ih < t->nhd; ih++)
+        for (int iq = 0; iq < t->naq; iq++)
+            for (int is = 0; is < t->nas; is++) {
+                int n = (int)AQ[iq], s = n + (int)AS[is] - 1;
+                attn_arg at = {c, a, w, w + (size_t)2048 * 128, sc, n, s, (int)AHD[ih]};
+                t->attn_us[((size_t)ih * t->naq + iq) * t->nas + is] = time_us(run_attn, &at);
+                done++;
+            }
     /* elementwise: norm + rope + silu over a 256 x 1024 block */
     {
         float *nw = w;
@@ -420,8 +440,9 @@ json_t *ac_cost_table_to_json(const ac_cost_table *t) {
     }
     json_object_set_new(j, "gemm", json_pack("{s:o,s:o,s:o,s:o}", "m", darr(t->gm, t->nm), "n", darr(t->gn, t->nn), "k", darr(t->gk, t->nk),
                                              "us", darr(t->gemm_us, t->nm * t->nn * t->nk)));
-    json_object_set_new(j, "attention", json_pack("{s:i,s:o,s:o,s:o}", "head_dim", t->head_dim, "queries", darr(t->aq, t->naq), "keys",
-                                                  darr(t->as, t->nas), "us", darr(t->attn_us, t->naq * t->nas)));
+
+    json_object_set_new(j, "attention", json_pack("{s:o,s:o,s:o,s:o}", "head_dims", darr(t->ahd, t->nhd), "queries", darr(t->aq, t->naq),
+                                                  "extra_keys", darr(t->as, t->nas), "us", darr(t->attn_us, t->nhd * t->naq * t->nas)));
     json_object_set_new(j, "elementwise_ns", json_real(t->elem_ns));
     json_object_set_new(j, "launch_us", json_real(t->launch_us));
     return j;
@@ -493,19 +514,18 @@ static int table_parse(const json_t *j, ac_cost_table *t, const char **field, ac
         get_grid(json_object_get(g, "k"), t->gk, &t->nk, field, "gemm.k", e) ||
         get_vals(json_object_get(g, "us"), &t->gemm_us, t->nm * t->nn * t->nk, field, "gemm.us", e) ||
         get_grid(json_object_get(a, "queries"), t->aq, &t->naq, field, "attention.queries", e) ||
-        get_grid(json_object_get(a, "keys"), t->as, &t->nas, field, "attention.keys", e) ||
-        get_vals(json_object_get(a, "us"), &t->attn_us, t->naq * t->nas, field, "attention.us", e)) {
+        get_grid(json_object_get(a, "extra_keys"), t->as, &t->nas, field, "attention.extra_keys", e) ||
+        get_grid(json_object_get(a, "head_dims"), t->ahd, &t->nhd, field, "attention.head_dims", e) ||
+        get_vals(json_object_get(a, "us"), &t->attn_us, t->nhd * t->naq * t->nas, field, "attention.us", e)) {
         ac_cost_table_free(t);
         return -1;
     }
-    json_t *hd = json_object_get(a, "head_dim"), *el = json_object_get(j, "elementwise_ns"), *lu = json_object_get(j, "launch_us");
-    *field = "attention.head_dim";
-    if (!json_is_integer(hd) || json_integer_value(hd) <= 0) { ac_cost_table_free(t); return ac_errf(e, "attention.head_dim must be a positive integer"); }
-    t->head_dim = (int)json_integer_value(hd);
+    json_t *el = json_object_get(j, "elementwise_ns"), *lu = json_object_get(j, "launch_us");
     *field = "elementwise_ns";
     if (!json_is_number(el) || json_number_value(el) < 0) { ac_cost_table_free(t); return ac_errf(e, "elementwise_ns must be a number >= 0"); }
     t->elem_ns = json_number_value(el);
     t->launch_us = json_is_number(lu) ? json_number_value(lu) : 0;
+
     t->measure_s = json_number_value(json_object_get(j, "measure_seconds"));
     return 0;
 }

@@ -26,7 +26,7 @@
 #include "err.h"
 #include "model.h"
 
-#define AC_CT_VERSION 1
+#define AC_CT_VERSION 3
 #define AC_CT_MAXG 16
 
 typedef struct {
@@ -36,10 +36,11 @@ typedef struct {
     double peak_tflops, bw_gbs, eta_c, eta_m, launch_us, mem_gib;
     int nm, nn, nk;
     double gm[AC_CT_MAXG], gn[AC_CT_MAXG], gk[AC_CT_MAXG];
-    double *gemm_us;              /* [nm][nn][nk] */
-    int head_dim, naq, nas;
-    double aq[AC_CT_MAXG], as[AC_CT_MAXG];
-    double *attn_us;              /* [naq][nas], one head, one sequence */
+    double *gemm_us;              /* [nm][nn][nk], weights cold (read from memory) */
+    int nhd, naq, nas;
+    double ahd[AC_CT_MAXG], aq[AC_CT_MAXG], as[AC_CT_MAXG];
+    double *attn_us;              /* [nhd][naq][nas], one head, one sequence;
+                                   * as[] is the grid of "extra keys" e = keys - queries + 1 */
     double elem_ns;               /* per element of elementwise passes */
     double measure_s;             /* seconds the measurement took */
 } ac_cost_table;

@@ -1,0 +1,134 @@
+/*
+ * bench_costmodel - validation of the cost model on this machine: predicted
+ * (from the measured CPU cost table) versus measured end-to-end latency of
+ * the project's own engine, for uniform and heterogeneous architectures and
+ * several workloads, in one run. Prints each case and the median and worst
+ * absolute relative error of TTFT and TPOT.
+ *   bench_costmodel [COST_DB]   (table cached there; measured when absent)
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "costmodel.h"
+#include "engine.h"
+#include "kernels_cpu.h"
+
+static void fill(float *p, size_t n, unsigned *s) {
+    for (size_t i = 0; i < n; i++) { *s = *s * 1664525u + 1013904223u; p[i] = ((*s >> 9) / 8388608.0f - 1.0f) * 0.05f; }
+}
+
+static void random_model(ac_model *m, const ac_arch *a) {
+    ac_err e;
+    if (ac_model_alloc(m, a, &e)) { fprintf(stderr, "%s\n", e.msg); exit(1); }
+    unsigned s = 7;
+    size_t H = a->hidden, hd = a->head_dim;
+    fill(m->embed, a->vocab * H, &s);
+    fill(m->lm_head, a->vocab * H, &s);
+    for (size_t i = 0; i < H; i++) m->final_norm[i] = 1;
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        ac_layer_w *w = &m->L[l];
+        if (L->n_heads) {
+            for (size_t i = 0; i < H; i++) w->in_norm[i] = 1;
+            fill(w->wq, L->n_heads * hd * H, &s); fill(w->wk, L->n_kv_heads * hd * H, &s);
+            fill(w->wv, L->n_kv_heads * hd * H, &s); fill(w->wo, L->n_heads * hd * H, &s);
+        }
+        if (L->ffn) {
+            for (size_t i = 0; i < H; i++) w->post_norm[i] = 1;
+            fill(w->wg, L->ffn * H, &s); fill(w->wu, L->ffn * H, &s); fill(w->wd, L->ffn * H, &s);
+        }
+    }
+}
+
+static int cmpd(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return x < y ? -1 : x > y; }
+
+static void measure(const ac_model *m, int B, int P, int G, double *ttft, double *tpot) {
+    ac_engine en;
+    ac_err e;
+    if (ac_engine_init(&en, m, B, P + G, &e)) { fprintf(stderr, "%s\n", e.msg); exit(1); }
+    int *tok = malloc(sizeof(int) * B * P), nxt[64];
+    for (int i = 0; i < B * P; i++) tok[i] = (i * 31) % m->a.vocab;
+    double tt[5], tp[5];
+    for (int r = 0; r < 5; r++) {
+        double t0 = ac_now();
+        ac_engine_forward(&en, tok, B, P, 0, 1, &e);
+        tt[r] = (ac_now() - t0) * 1e3;
+        t0 = ac_now();
+        for (int g = 1; g < G; g++) {
+            for (int b = 0; b < B; b++) nxt[b] = (g * 7 + b) % m->a.vocab;
+            ac_engine_forward(&en, nxt, B, 1, P + g - 1, 1, &e);
+        }
+        tp[r] = (ac_now() - t0) * 1e3 / (G - 1);
+    }
+    qsort(tt, 5, sizeof *tt, cmpd);
+    qsort(tp, 5, sizeof *tp, cmpd);
+    *ttft = tt[2];
+    *tpot = tp[2];
+    free(tok);
+    ac_engine_free(&en);
+}
+
+typedef struct { const char *name; int hidden, hd, vocab, L; int heads[8], kv[8], ffn[8]; } arch_case;
+
+int main(int argc, char **argv) {
+    const char *db = argc > 1 ? argv[1] : "build/bench_cost.db";
+    ac_set_threads(2);
+    ac_err e;
+    ac_cost_table t;
+    int hit;
+    if (ac_cost_table_for("cpu", "fp32", db, 2, 1, NULL, NULL, &t, &hit, &e)) { fprintf(stderr, "%s\n", e.msg); return 1; }
+    if (!hit) ac_cost_cache_put(db, &t, &e);
+    printf("cost table: %s (%s, %s)\n", t.key, hit ? "cached" : "measured now", t.source);
+    arch_case cases[] = {
+        {"uniform-256", 256, 32, 1024, 4, {8, 8, 8, 8}, {4, 4, 4, 4}, {768, 768, 768, 768}},
+        {"uniform-512", 512, 64, 2048, 4, {8, 8, 8, 8}, {2, 2, 2, 2}, {1536, 1536, 1536, 1536}},
+        {"hetero-512", 512, 64, 2048, 6, {8, 0, 4, 8, 2, 8}, {2, 0, 1, 2, 1, 2}, {1536, 512, 0, 1024, 1536, 256}},
+        {"hetero-384", 384, 48, 1536, 5, {8, 4, 0, 6, 8}, {8, 4, 0, 6, 2}, {1024, 0, 768, 1152, 256}},
+        {"tiny-like", 128, 16, 768, 6, {8, 8, 8, 8, 8, 8}, {4, 4, 4, 4, 4, 4}, {384, 384, 384, 384, 384, 384}},
+    };
+    int work[][3] = {{1, 128, 16}, {4, 64, 16}, {1, 512, 8}};
+    double ett[64], etp[64];
+    int n = 0;
+    printf("%-12s %-14s %10s %10s %7s %10s %10s %7s\n", "arch", "workload", "ttft_meas", "ttft_pred", "err", "tpot_meas", "tpot_pred", "err");
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        arch_case *ac = &cases[c];
+        ac_arch a = {0};
+        snprintf(a.model_type, sizeof a.model_type, "llama");
+        a.vocab = ac->vocab; a.hidden = ac->hidden; a.head_dim = ac->hd; a.n_layers = ac->L; a.max_pos = 4096;
+        a.eps = 1e-5f; a.rope_theta = 10000; a.bos_id = a.eos_id = -1;
+        a.layers = calloc(ac->L, sizeof *a.layers);
+        for (int l = 0; l < ac->L; l++) a.layers[l] = (ac_layer_arch){ac->heads[l], ac->kv[l], ac->ffn[l]};
+        ac_model m;
+        random_model(&m, &a);
+        ac_carch ca;
+        ac_carch_from_arch(&a, &ca, &e);
+        ac_engine_profile p;
+        ac_engine_profile_default(&p, 1);
+        for (size_t w = 0; w < sizeof work / sizeof *work; w++) {
+            ac_workload wl = {work[w][0], work[w][1], work[w][2]};
+            double mt, mp;
+            measure(&m, wl.batch, wl.prompt_len, wl.gen_len, &mt, &mp);
+            ac_cost k;
+            ac_cost_predict(&t, &ca, &wl, &p, 0, &k);
+            ett[n] = k.ttft_ms / mt - 1;
+            etp[n] = k.tpot_ms / mp - 1;
+            char wn[32];
+            snprintf(wn, sizeof wn, "b%d p%d g%d", wl.batch, wl.prompt_len, wl.gen_len);
+            printf("%-12s %-14s %10.3f %10.3f %+6.1f%% %10.4f %10.4f %+6.1f%%\n", ac->name, wn, mt, k.ttft_ms, 100 * ett[n], mp, k.tpot_ms, 100 * etp[n]);
+            n++;
+        }
+        ac_carch_free(&ca);
+        ac_model_free(&m);
+        ac_arch_free(&a);
+    }
+    double at[64], ap[64], all[128];
+    for (int i = 0; i < n; i++) { at[i] = fabs(ett[i]); ap[i] = fabs(etp[i]); all[i] = at[i]; all[n + i] = ap[i]; }
+    qsort(at, n, sizeof *at, cmpd); qsort(ap, n, sizeof *ap, cmpd); qsort(all, 2 * n, sizeof *all, cmpd);
+    printf("TTFT |error|: median %.1f%%, worst %.1f%%\n", 100 * at[n / 2], 100 * at[n - 1]);
+    printf("TPOT |error|: median %.1f%%, worst %.1f%%\n", 100 * ap[n / 2], 100 * ap[n - 1]);
+    printf("all  |error|: median %.1f%%, worst %.1f%% over %d predictions (target: median < 10%%, worst < 25%%)\n", 100 * all[n], 100 * all[2 * n - 1], 2 * n);
+    ac_cost_table_free(&t);
+    return 0;
+}
