@@ -182,7 +182,11 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
         json_t *ev = json_pack("{s:s,s:s,s:s,s:b,s:f}", "key", table.key, "device", table.device, "source", table.source, "cache_hit", hit,
                                "measure_seconds", table.measure_s);
         if (!hit && !table.roofline) json_object_set_new(ev, "table", ac_cost_table_to_json(&table));
-        if (!hit && !table.roofline && ctx->cost_db && !ctx->emit) ac_cost_cache_put(ctx->cost_db, &table, e);
+        if (!hit && !table.roofline && ctx->cost_db && ctx->store_cost_tables && ac_cost_cache_put(ctx->cost_db, &table, e)) {
+            json_decref(ev);
+            ac_errctx(e, "stage profile");
+            goto out;
+        }
         emit(&R, "cost_table", ev);
     }
     json_object_set_new(timings, "profile", json_real(ac_now() - t0));

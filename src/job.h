@@ -22,6 +22,8 @@ typedef struct {
     volatile int *cancelled;  /* may be NULL */
     const char *cost_db;      /* SQLite file with cached cost tables (read), or NULL */
     int threads;              /* CPU threads; 0 = 2 */
+    int store_cost_tables;    /* write measured tables into cost_db itself (CLI); the
+                                 daemon stores them from the cost_table event instead */
 } ac_job_ctx;
 
 /* Validate a job spec against proto/job.schema.json's rules (types, ranges,

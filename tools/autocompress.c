@@ -3,12 +3,14 @@
  *   autocompress eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N]
  *                     [--batch N] [--threads N] [--json]
  *   autocompress compress SPEC.json     (same code path as the daemon's worker)
+ *   autocompress estimate REQUEST.json  (as POST /v1/estimate)
  *   autocompress tokenize TOKENIZER_JSON TEXT_FILE   (ids, one line)
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "costmodel.h"
 #include "eval.h"
 #include "job.h"
 #include "kernels_cpu.h"
@@ -19,7 +21,8 @@ static int usage(void) {
     fprintf(stderr,
             "usage:\n"
             "  autocompress eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N] [--batch N] [--threads N] [--json]\n"
-            "  autocompress compress SPEC.json\n"
+            "  autocompress compress SPEC.json        (AC_COST_DB=FILE caches measured cost tables)\n"
+            "  autocompress estimate REQUEST.json     ({\"model\"|\"architecture\", \"target\"}, as POST /v1/estimate)\n"
             "  autocompress tokenize TOKENIZER_JSON TEXT_FILE\n");
     return 2;
 }
@@ -96,7 +99,7 @@ static int cmd_compress(int argc, char **argv) {
     json_error_t je;
     json_t *spec = json_load_file(argv[2], JSON_REJECT_DUPLICATES, &je);
     if (!spec) { fprintf(stderr, "autocompress: %s: %s (line %d)\n", argv[2], je.text, je.line); return 1; }
-    ac_job_ctx ctx = {.emit = print_event, .ud = NULL, .cancelled = NULL, .cost_db = getenv("AC_COST_DB")};
+    ac_job_ctx ctx = {.emit = print_event, .ud = NULL, .cancelled = NULL, .cost_db = getenv("AC_COST_DB"), .store_cost_tables = 1};
     json_t *result = NULL;
     int rc = ac_job_validate(spec, &e) || ac_job_run(spec, &ctx, &result, &e);
     if (rc) fprintf(stderr, "autocompress: %s\n", e.msg);
@@ -106,10 +109,31 @@ static int cmd_compress(int argc, char **argv) {
     return rc ? 1 : 0;
 }
 
+static int cmd_estimate(int argc, char **argv) {
+    if (argc != 3) return usage();
+    json_error_t je;
+    json_t *req = json_load_file(argv[2], JSON_REJECT_DUPLICATES, &je);
+    if (!req) { fprintf(stderr, "autocompress: %s: %s\n", argv[2], je.text); return 1; }
+    ac_err e = {{0}};
+    json_t *out = NULL;
+    const char *field = NULL;
+    int rc = ac_estimate_json(req, getenv("AC_COST_DB"), &out, &field, &e);
+    if (rc) fprintf(stderr, "autocompress: %s%s%s\n", field ? field : "", field ? ": " : "", e.msg);
+    else {
+        char *s = json_dumps(out, JSON_INDENT(2));
+        printf("%s\n", s);
+        free(s);
+    }
+    json_decref(out);
+    json_decref(req);
+    return rc ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return usage();
     if (!strcmp(argv[1], "eval")) return cmd_eval(argc, argv);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc, argv);
     if (!strcmp(argv[1], "compress")) return cmd_compress(argc, argv);
+    if (!strcmp(argv[1], "estimate")) return cmd_estimate(argc, argv);
     return usage();
 }
