@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# All benchmarks, each measuring its comparison side by side in one run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${AC_BUILD:-build}
+echo "== engine vs PyTorch (forward tokens/s, 2 threads)"
+/usr/bin/python3 bench/bench_engine.py
+echo; echo "== cost model: predicted vs measured latency of the CPU engine"
+"$B"/bench/bench_costmodel "$B"/bench_cost.db
+echo; echo "== AutoCompress vs Minitron under the same constraint"
+/usr/bin/python3 bench/bench_compress.py
+echo; echo "== daemon load (loopback)"
+/usr/bin/python3 bench/bench_daemon.py
