@@ -72,7 +72,8 @@ deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    build-essential pkg-config libjansson-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev libpcre2-dev \
-	    libopenblas-dev python3 python3-torch python3-numpy python3-regex fortunes curl ca-certificates >/dev/null; \
+	    libopenblas-dev python3 python3-torch python3-numpy python3-regex fortunes curl ca-certificates \
+	    chromium nodejs npm >/dev/null; \
 	else echo "deps: not root or no apt-get; assuming packages are installed"; fi
 
 # The tiny model trained on fortunes (reproducible; cached in build/).
