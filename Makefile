@@ -24,8 +24,13 @@ TEST_BIN = $(TEST_SRC:tests/%.c=$(B)/tests/%)
 .PHONY: all clean test demo bench cuda-check fixtures tiny-model deps asan web-test-deps
 
 BENCH_BIN = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/*.c))
+# The CUDA plugin is built when nvcc is found; without it the CPU path alone.
+CUDA_PLUGIN = $(if $(NVCC),$(B)/libac_cuda.so,)
 
-all: $(B)/autocompressd $(B)/autocompress $(TEST_BIN) $(B)/tests/fuzz_parsers $(BENCH_BIN)
+all: $(B)/autocompressd $(B)/autocompress $(TEST_BIN) $(B)/tests/fuzz_parsers $(BENCH_BIN) $(CUDA_PLUGIN)
+
+$(B)/libac_cuda.so: $(wildcard src/cuda/*.cu src/cuda/*.h) src/costmodel.h src/model.h
+	$(MAKE) -C src/cuda NVCC=$(NVCC) CUDA_HOME=$(CUDA_HOME) B=$(abspath $(B)) all
 
 $(B)/src/%.o: src/%.c $(wildcard src/*.h)
 	@mkdir -p $(dir $@)
@@ -67,13 +72,19 @@ $(B)/bench/%: bench/%.c $(B)/libautocompress.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(B)/libautocompress.a $(LDLIBS)
 
-# Debian packages the build, the tests and the demo need.
+# Debian packages the build, the tests and the demo need; Node.js, npm and
+# Chromium (dashboard test) only when missing, and failure there only skips
+# that test (a nodesource nodejs conflicts with Debian's npm, for example).
 deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends \
 	    build-essential pkg-config libjansson-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev libpcre2-dev \
-	    libopenblas-dev python3 python3-torch python3-numpy python3-regex fortunes curl ca-certificates \
-	    chromium nodejs npm >/dev/null; \
+	    libopenblas-dev python3 python3-torch python3-numpy python3-regex fortunes curl ca-certificates >/dev/null; \
+	  opt=""; command -v node >/dev/null || opt="$$opt nodejs"; command -v npm >/dev/null || opt="$$opt npm"; \
+	  command -v chromium >/dev/null || opt="$$opt chromium"; \
+	  if [ -n "$$opt" ]; then apt-get install -y -qq --no-install-recommends $$opt >/dev/null || \
+	    echo "deps: could not install$$opt; the dashboard test will be skipped"; fi; \
 	else echo "deps: not root or no apt-get; assuming packages are installed"; fi
 
 # The tiny model trained on fortunes (reproducible; cached in build/).
@@ -103,7 +114,8 @@ asan:
 	$(MAKE) B=build-asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" LDFLAGS="-fsanitize=address,undefined" all
 
 cuda-check:
-	$(MAKE) -C src/cuda NVCC=$(NVCC) CUDA_HOME=$(CUDA_HOME) check
+	@test -n "$(NVCC)" || { echo "cuda-check: nvcc not found (PATH or /usr/local/cuda/bin)"; exit 1; }
+	$(MAKE) -C src/cuda NVCC=$(NVCC) CUDA_HOME=$(CUDA_HOME) B=$(abspath $(B)) check
 
 clean:
 	rm -rf $(B) build-asan

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cuda_plugin.h"
 #include "kernels_cpu.h"
 
 void ac_cost_table_free(ac_cost_table *t) {
@@ -203,7 +204,7 @@ static double forward_us(const ac_cost_table *t, const ac_carch *c, const ac_eng
         }
     }
     us += ac_cost_gemm_us(t, last_only ? B : M, c->vocab, H) + elem_us(t, M * H, p->act_bytes);
-    if (t->roofline) us += launches * t->launch_us;
+    us += launches * t->launch_us; /* 0 for CPU tables */
     return us + p->overhead_ms * 1e3;
 }
 
@@ -603,8 +604,28 @@ int ac_cost_table_for(const char *device, const char *dtype, const char *cost_db
         if (!allow_measure) return ac_errf(e, "no measured cost table for this CPU yet (key %s); measure one with POST /v1/cost-tables {\"measure\":{\"device\":\"cpu\"}} or run a job on it", key);
         return ac_cost_measure_cpu(threads, progress, ud, t, e);
     }
-    if (!strncmp(device, "cuda", 4))
-        return ac_errf(e, "target %s: measuring CUDA cost tables needs the CUDA backend (src/cuda), which this build does not include; target a spec profile such as H100 instead", device);
+    if (!strncmp(device, "cuda", 4)) {
+        const char *why;
+        const ac_cuda_api *cu = ac_cuda(&why);
+        int dev = device[4] == ':' ? atoi(device + 5) : 0;
+        if (!cu) return ac_errf(e, "target %s: %s; target a spec profile such as H100 instead", device, why);
+        char name[128], key[384];
+        double mem;
+        int sms, cc;
+        if (cu->device_info(dev, name, sizeof name, &mem, &sms, &cc)) return ac_errf(e, "target %s: no such CUDA device", device);
+        snprintf(key, sizeof key, "cuda:%s|bf16|cublas|v%d", name, AC_CT_VERSION);
+        int found;
+        if (ac_cost_cache_get(cost_db, key, t, &found, e)) return -1;
+        if (found) { *cache_hit = 1; return 0; }
+        if (!allow_measure) return ac_errf(e, "no measured cost table for %s yet (key %s)", device, key);
+        char err[512] = "";
+        double t0 = ac_now();
+        if (progress) progress(ud, 0);
+        if (cu->measure_table(dev, t, err, sizeof err)) return ac_errf(e, "measuring %s: %s", device, err);
+        t->measure_s = ac_now() - t0;
+        if (progress) progress(ud, 1);
+        return 0;
+    }
     const ac_device_spec *s = ac_device_spec_find(device);
     if (!s) return ac_errf(e, "unknown device %s (cpu, cuda:N, or a profile: H100, H200, B200, A100, L4, RTX4090, RTX5080, RTX5070)", device);
     return ac_cost_roofline(s, dtype, t, e);

@@ -1,0 +1,43 @@
+/*
+ * ac_cuda.h - the CUDA backend's C interface (built as the plugin
+ * build/libac_cuda.so when nvcc is found; loaded at run time by
+ * src/cuda_plugin.c, so the CPU binaries never need CUDA libraries).
+ *
+ * Engine: the same forward as src/engine.c (RMSNorm, RoPE, GQA attention
+ * with a KV cache, SwiGLU) with BF16 weights and KV cache, cuBLAS GEMMs with
+ * FP32 accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F), FP32 residual
+ * stream and logits. All device memory is allocated once at create.
+ * Micro-benchmarks: GEMM and attention timed with CUDA events (cold weights
+ * rotated through a pool larger than L2), filling an ac_cost_table.
+ * Every function returns 0 or -1 with a message in err.
+ */
+#ifndef AC_CUDA_H
+#define AC_CUDA_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "costmodel.h"
+#include "model.h"
+
+typedef struct acc_engine acc_engine;
+
+int acc_device_count(void);
+int acc_device_info(int dev, char *name, size_t n, double *mem_gib, int *sms, int *cc);
+int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_ctx, acc_engine **out, char *err, size_t errn);
+/* Same contract as ac_engine_forward; logits copied to host (B*n or B rows of V). */
+int acc_engine_forward(acc_engine *en, const int *tokens, int B, int n, int pos0, int last_only, float *logits, char *err, size_t errn);
+void acc_engine_free(acc_engine *en);
+/* Time one BF16 GEMM (FP32 accumulate): y[m,n] = x[m,k] w[n,k]^T, median microseconds. */
+int acc_time_gemm(int dev, int m, int n, int k, double *us, char *err, size_t errn);
+/* Measure a full cost table for device dev. */
+int acc_measure_table(int dev, ac_cost_table *t, char *err, size_t errn);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

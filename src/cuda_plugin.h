@@ -1,0 +1,30 @@
+/*
+ * cuda_plugin.h - finds and loads the CUDA backend plugin (libac_cuda.so,
+ * built from src/cuda when nvcc is present) with dlopen, so the library and
+ * its binaries run unchanged on machines without CUDA. ac_cuda() returns
+ * NULL when the plugin, the driver or a device is missing; *why says which.
+ * Search order: $AC_CUDA_PLUGIN, the executable's directory, the loader path.
+ */
+#ifndef AC_CUDA_PLUGIN_H
+#define AC_CUDA_PLUGIN_H
+
+#include <stddef.h>
+
+#include "costmodel.h"
+#include "model.h"
+
+typedef struct acc_engine acc_engine;
+
+typedef struct {
+    int (*device_count)(void);
+    int (*device_info)(int dev, char *name, size_t n, double *mem_gib, int *sms, int *cc);
+    int (*engine_create)(int dev, const ac_model *m, int max_batch, int max_ctx, acc_engine **out, char *err, size_t errn);
+    int (*engine_forward)(acc_engine *en, const int *tokens, int B, int n, int pos0, int last_only, float *logits, char *err, size_t errn);
+    void (*engine_free)(acc_engine *en);
+    int (*time_gemm)(int dev, int m, int n, int k, double *us, char *err, size_t errn);
+    int (*measure_table)(int dev, ac_cost_table *t, char *err, size_t errn);
+} ac_cuda_api;
+
+const ac_cuda_api *ac_cuda(const char **why);
+
+#endif
