@@ -14,7 +14,7 @@ static char why_buf[512] = "not probed";
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void load(void) {
-    char paths[3][1100];
+    char paths[4][1100];
     int np = 0;
     const char *env = getenv("AC_CUDA_PLUGIN");
     if (env && *env) snprintf(paths[np++], sizeof paths[0], "%s", env);
@@ -23,7 +23,11 @@ static void load(void) {
     if (n > 0) {
         exe[n] = 0;
         char *slash = strrchr(exe, '/');
-        if (slash) { *slash = 0; snprintf(paths[np++], sizeof paths[0], "%s/libac_cuda.so", exe); }
+        if (slash) {
+            *slash = 0;
+            snprintf(paths[np++], sizeof paths[0], "%s/libac_cuda.so", exe);    /* build/ binaries */
+            snprintf(paths[np++], sizeof paths[0], "%s/../libac_cuda.so", exe); /* build/tests, build/bench */
+        }
     }
     snprintf(paths[np++], sizeof paths[0], "libac_cuda.so");
     void *h = NULL;

@@ -3,7 +3,8 @@
  * built from src/cuda when nvcc is present) with dlopen, so the library and
  * its binaries run unchanged on machines without CUDA. ac_cuda() returns
  * NULL when the plugin, the driver or a device is missing; *why says which.
- * Search order: $AC_CUDA_PLUGIN, the executable's directory, the loader path.
+ * Search order: $AC_CUDA_PLUGIN, the executable's directory and its parent,
+ * the loader path.
  */
 #ifndef AC_CUDA_PLUGIN_H
 #define AC_CUDA_PLUGIN_H

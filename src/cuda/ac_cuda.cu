@@ -248,6 +248,7 @@ extern "C" int acc_engine_create(int dev, const ac_model *m, int max_batch, int 
     }
     en->L.resize(a->n_layers);
     CK(cudaSetDevice(dev));
+    CK(cudaFuncSetAttribute(k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024));
     CK(cudaStreamCreate(&en->st));
     CB(cublasCreate(&en->blas));
     CB(cublasSetStream(en->blas, en->st));
@@ -417,6 +418,7 @@ static int time_attention(int nq, int extra, int hd, double *us, char *err, size
     float *q = nullptr, ms = 0;
     bf16 *kc = nullptr, *vc = nullptr, *out = nullptr;
     cudaEvent_t e0 = nullptr, e1 = nullptr;
+    CK(cudaFuncSetAttribute(k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024));
     CK(cudaMalloc(&q, (size_t)nq * nh * hd * 4));
     CK(cudaMalloc(&kc, (size_t)S * KV * 2));
     CK(cudaMalloc(&vc, (size_t)S * KV * 2));

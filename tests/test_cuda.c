@@ -1,0 +1,87 @@
+/* test_cuda.c - the CUDA backend against the CPU engine (BF16 tolerance),
+ * KV-cache decode on the GPU, GEMM timings against the device's roofline.
+ * Skips with the reason when the plugin or a device is missing. */
+#include <math.h>
+
+#include "check.h"
+#include "cuda_plugin.h"
+#include "device.h"
+#include "engine.h"
+#include "kernels_cpu.h"
+
+static const ac_cuda_api *cu;
+static const char *why;
+
+static void compare(const char *name) {
+    if (!cu) SKIP("%s", why);
+    const char *b = getenv("AC_BUILD");
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/fixtures/models/%s", b ? b : "build", name);
+    ac_model m;
+    ac_err e;
+    if (ac_model_load(dir, &m, &e)) SKIP("no fixture %s (make fixtures)", name);
+    int B = 2, T = 12, toks[24];
+    for (int i = 0; i < B * T; i++) toks[i] = (i * 37 + 5) % m.a.vocab;
+    ac_engine en;
+    CHECK(ac_engine_init(&en, &m, B, T, &e) == 0, "%s", e.msg);
+    ac_engine_forward(&en, toks, B, T, 0, 0, &e);
+    acc_engine *g = NULL;
+    char err[512] = "";
+    CHECK(cu->engine_create(0, &m, B, T, &g, err, sizeof err) == 0, "%s", err);
+    size_t V = m.a.vocab;
+    float *lg = malloc(sizeof(float) * B * T * V);
+    CHECK(g && cu->engine_forward(g, toks, B, T, 0, 0, lg, err, sizeof err) == 0, "%s", err);
+    double mx = 0, d = 0;
+    for (size_t i = 0; i < B * T * V; i++) { mx = fmax(mx, fabs(en.logits[i])); d = fmax(d, fabs(en.logits[i] - lg[i])); }
+    printf("   %s: GPU vs CPU max |diff| / max |logit| = %.2e\n", name, d / mx);
+    CHECK(d <= 3e-2 * mx, "%s: GPU logits differ by %g (max %g)", name, d, mx);
+    /* decode: prefill T-1, then one token; last row must match */
+    int pre[22], last[2] = {toks[T - 1], toks[2 * T - 1]};
+    for (int bb = 0; bb < B; bb++) memcpy(pre + bb * (T - 1), toks + bb * T, sizeof(int) * (T - 1));
+    float *l2 = malloc(sizeof(float) * B * V);
+    CHECK(cu->engine_forward(g, pre, B, T - 1, 0, 1, l2, err, sizeof err) == 0 && cu->engine_forward(g, last, B, 1, T - 1, 1, l2, err, sizeof err) == 0, "%s", err);
+    double dd = 0;
+    for (int bb = 0; bb < B; bb++)
+        for (size_t v = 0; v < V; v++) dd = fmax(dd, fabs(l2[bb * V + v] - lg[((size_t)bb * T + T - 1) * V + v]));
+    CHECK(dd <= 1e-2 * mx, "%s: decode differs by %g", name, dd);
+    free(l2);
+    free(lg);
+    if (g) cu->engine_free(g);
+    ac_engine_free(&en);
+    ac_model_free(&m);
+}
+
+static void test_gpu_llama_gqa(void) { compare("llama_gqa_bf16"); }
+static void test_gpu_qwen2_bias(void) { compare("qwen2_tied_f16"); }
+static void test_gpu_llama3_rope(void) { compare("llama3_rope_f32"); }
+static void test_gpu_heterogeneous(void) { compare("deci_hetero"); }
+
+static void test_gemm_timings_within_roofline(void) {
+    if (!cu) SKIP("%s", why);
+    char name[128], err[512];
+    double mem;
+    int sms, cc;
+    cu->device_info(0, name, sizeof name, &mem, &sms, &cc);
+    const ac_device_spec *s = ac_device_spec_find(strstr(name, "H200") ? "H200" : strstr(name, "H100") ? "H100" : strstr(name, "A100") ? "A100"
+                                                  : strstr(name, "B200") ? "B200" : strstr(name, "L4") ? "L4" : "RTX4090");
+    double us;
+    CHECK(cu->time_gemm(0, 8192, 8192, 8192, &us, err, sizeof err) == 0, "%s", err);
+    double tflops = 2.0 * 8192 * 8192 * 8192 / (us * 1e-6) / 1e12;
+    CHECK(cu->time_gemm(0, 1, 8192, 8192, &us, err, sizeof err) == 0, "%s", err);
+    double gbs = 2.0 * 8192 * 8192 / (us * 1e-6) / 1e9;
+    printf("   %s: prefill-shape GEMM %.0f TFLOP/s (peak %.0f), decode-shape GEMM %.0f GB/s (peak %.0f)\n", name, tflops, s->bf16_tflops, gbs, s->bw_gbs);
+    CHECK(tflops < 1.1 * s->bf16_tflops && tflops > 0.2 * s->bf16_tflops, "GEMM %.0f TFLOP/s vs peak %.0f", tflops, s->bf16_tflops);
+    CHECK(gbs < 1.1 * s->bw_gbs && gbs > 0.2 * s->bw_gbs, "decode GEMM %.0f GB/s vs peak %.0f", gbs, s->bw_gbs);
+}
+
+int main(void) {
+    ac_set_threads(2);
+    cu = ac_cuda(&why);
+    if (!cu) printf("   CUDA tests skip: %s\n", why);
+    RUN(test_gpu_llama_gqa);
+    RUN(test_gpu_qwen2_bias);
+    RUN(test_gpu_llama3_rope);
+    RUN(test_gpu_heterogeneous);
+    RUN(test_gemm_timings_within_roofline);
+    return DONE();
+}
