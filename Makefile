@@ -21,7 +21,7 @@ D_OBJ    = $(D_SRC:daemon/%.c=$(B)/daemon/%.o) $(B)/daemon/migrations.o
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(B)/tests/%)
 
-.PHONY: all clean test demo bench cuda-check fixtures tiny-model deps asan web-test-deps
+.PHONY: all clean test demo bench cuda-check fixtures tiny-model deps asan test-asan web-test-deps
 
 BENCH_BIN = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/*.c))
 # The CUDA plugin is built when nvcc is found; without it the CPU path alone.
@@ -110,8 +110,16 @@ demo: deps all tiny-model
 bench: all tiny-model
 	bash bench/run_all.sh
 
+# The C tests and the parser fuzzer under AddressSanitizer + UBSan.
 asan:
-	$(MAKE) B=build-asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" LDFLAGS="-fsanitize=address,undefined" all
+	$(MAKE) B=build-asan NVCC= CFLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" all
+
+test-asan: asan fixtures
+	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_safetensors
+	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_tokenizer
+	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_engine
+	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_costsearch
+	ASAN_OPTIONS=detect_leaks=0 build-asan/tests/fuzz_parsers 100000 3
 
 cuda-check:
 	@test -n "$(NVCC)" || { echo "cuda-check: nvcc not found (PATH or /usr/local/cuda/bin)"; exit 1; }

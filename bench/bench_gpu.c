@@ -53,8 +53,8 @@ int main(int argc, char **argv) {
     double mem;
     int sms, cc;
     cu->device_info(0, name, sizeof name, &mem, &sms, &cc);
-    const ac_device_spec *spec = ac_device_spec_find(strstr(name, "H200") ? "H200" : strstr(name, "H100") ? "H100" : strstr(name, "B200") ? "B200"
-                                                     : strstr(name, "A100") ? "A100" : strstr(name, "L4") ? "L4" : "RTX4090");
+    const ac_device_spec *spec = ac_device_spec_for_gpu(name);
+    if (!spec) spec = ac_device_spec_find("H100"); /* unknown GPU: compare against an H100 */
     printf("device: %s, sm_%d, %d SMs, %.0f GiB; datasheet %s: %.0f TFLOP/s BF16, %.0f GB/s\n", name, cc, sms, mem, spec->name, spec->bf16_tflops, spec->bw_gbs);
     printf("%6s %6s %6s %10s %9s %8s %9s %8s\n", "M", "N", "K", "us", "TFLOP/s", "% peak", "GB/s", "% peak");
     int shapes[][3] = {{1, 8192, 8192}, {16, 8192, 8192}, {128, 8192, 8192}, {1024, 8192, 8192}, {4096, 8192, 8192}, {8192, 8192, 8192}, {1, 28672, 8192}, {4096, 28672, 8192}};

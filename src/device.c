@@ -46,6 +46,16 @@ const ac_device_spec *ac_device_spec_find(const char *name) {
     return NULL;
 }
 
+const ac_device_spec *ac_device_spec_for_gpu(const char *gpu_name) {
+    char compact[160];
+    size_t j = 0;
+    for (const char *p = gpu_name; *p && j < sizeof compact - 1; p++) if (*p != ' ') compact[j++] = *p;
+    compact[j] = 0;
+    for (const ac_device_spec *s = ac_device_specs; s->name; s++)
+        if (strcasestr(compact, s->name)) return s;
+    return NULL;
+}
+
 json_t *ac_device_spec_json(const ac_device_spec *s) {
     return json_pack("{s:s,s:s,s:f,s:f,s:f,s:f,s:s}", "name", s->name, "full_name", s->full_name, "bf16_tflops", s->bf16_tflops,
                      "memory_gib", s->mem_gib, "bandwidth_gbs", s->bw_gbs, "launch_us", s->launch_us, "source", s->source);

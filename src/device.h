@@ -36,6 +36,9 @@ typedef struct {
 
 extern const ac_device_spec ac_device_specs[];
 const ac_device_spec *ac_device_spec_find(const char *name);
+/* The profile whose short name appears in a CUDA device name
+ * ("NVIDIA H200" -> H200), or NULL. */
+const ac_device_spec *ac_device_spec_for_gpu(const char *gpu_name);
 json_t *ac_device_spec_json(const ac_device_spec *s);
 
 #endif

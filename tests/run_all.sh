@@ -20,6 +20,7 @@ for t in "$AC_BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
   run "$(basename "$t")" "$t"
 done
+run fuzz_parsers bash -c '"$AC_BUILD"/tests/fuzz_parsers 30000 7 && echo "RESULT 1 0 0" || echo "RESULT 0 1 0"'
 for t in tests/test_*.py; do
   [ -f "$t" ] || continue
   run "$(basename "$t")" /usr/bin/python3 "$t"

@@ -115,6 +115,22 @@ def test_job_lifecycle_and_cost_cache():
     assert st == 400 and r["error"]["field"] == "target.device"
 
 
+def test_measure_cost_table_in_background():
+    st, r = D.req("POST", "/v1/cost-tables", body={"measure": {"device": "cpu", "threads": 1}})
+    assert st == 202 and r["status"] == "measuring" and "(1 threads)" in r["key"], r
+    st, bad = D.req("POST", "/v1/cost-tables", body={"measure": {"device": "tpu"}})
+    assert st == 400 and bad["error"]["field"] == "measure.device"
+    t0 = time.time()
+    while time.time() - t0 < 90:
+        st, tables = D.req("GET", "/v1/cost-tables")
+        if any(t["key"] == r["key"] for t in tables["tables"]):
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError("measured table never appeared")
+    assert D.req("GET", "/healthz")[0] == 200  # the API stayed responsive meanwhile
+
+
 def test_log_endpoint():
     st, jobs = D.req("GET", "/v1/jobs?state=succeeded&limit=1")
     if not jobs["jobs"]:
@@ -331,7 +347,7 @@ if __name__ == "__main__":
         sys.exit(0)
     setup()
     try:
-        for t in [test_health_devices_metrics, test_bad_inputs, test_job_lifecycle_and_cost_cache, test_log_endpoint, test_cancel_running_job,
+        for t in [test_health_devices_metrics, test_bad_inputs, test_job_lifecycle_and_cost_cache, test_measure_cost_table_in_background, test_log_endpoint, test_cancel_running_job,
                   test_cancel_queued_job_and_priority, test_sse_resume_and_keepalive, test_worker_crash_fails_only_its_job,
                   test_bad_model_fails_cleanly, test_infeasible_constraint_reported, test_pagination, test_restart_after_sigkill_requeues,
                   test_fail_policy_and_sigterm, test_auth, test_config_errors]:
