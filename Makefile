@@ -2,11 +2,11 @@
 # build/. CUDA objects are added when nvcc is found (see `make cuda-check`).
 CC      ?= gcc
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Isrc -Idaemon -fPIC
+override CFLAGS += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Isrc -Idaemon -fPIC
 PKGS     = jansson sqlite3 libuv libmicrohttpd libpcre2-8
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
-CFLAGS  += $(PKG_CFLAGS) -I/usr/include/x86_64-linux-gnu/openblas-pthread
+override CFLAGS += $(PKG_CFLAGS) -I/usr/include/x86_64-linux-gnu/openblas-pthread
 LDLIBS  += $(PKG_LIBS) -lopenblas -lm -lpthread
 PYTHON  ?= /usr/bin/python3
 

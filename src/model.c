@@ -137,8 +137,9 @@ int ac_arch_from_config(const json_t *cfg, ac_arch *a, ac_err *e) {
     for (int l = 0; l < a->n_layers; l++) {
         ac_layer_arch *L = &a->layers[l];
         if (L->n_heads && (L->n_kv_heads <= 0 || L->n_heads % L->n_kv_heads)) {
-            ac_arch_free(a);
-            return ac_errf(e, "config.json: layer %d: %d heads not divisible by %d KV heads", l, L->n_heads, L->n_kv_heads);
+            ac_errf(e, "config.json: layer %d: %d heads not divisible by %d KV heads", l, L->n_heads, L->n_kv_heads);
+            ac_arch_free(a); /* after formatting: L points into the freed array */
+            return -1;
         }
         if (!deci && L->ffn <= 0) { ac_arch_free(a); return ac_errf(e, "config.json: intermediate_size is required"); }
     }
