@@ -26,7 +26,7 @@
 #include "err.h"
 #include "model.h"
 
-#define AC_CT_VERSION 3
+#define AC_CT_VERSION 4
 #define AC_CT_MAXG 16
 
 typedef struct {
@@ -37,6 +37,8 @@ typedef struct {
     int nm, nn, nk;
     double gm[AC_CT_MAXG], gn[AC_CT_MAXG], gk[AC_CT_MAXG];
     double *gemm_us;              /* [nm][nn][nk], weights cold (read from memory) */
+    double *gemm_warm_us;         /* same grid, weights in cache; NULL = use gemm_us */
+    double cache_bytes;           /* effective cache: models whose weights fit run warm */
     int nhd, naq, nas;
     double ahd[AC_CT_MAXG], aq[AC_CT_MAXG], as[AC_CT_MAXG];
     double *attn_us;              /* [nhd][naq][nas], one head, one sequence;
