@@ -378,39 +378,64 @@ fail:
 
 static const size_t POOL_BYTES = (size_t)512 << 20; // larger than any L2: weights read cold
 
-extern "C" int acc_time_gemm(int dev, int m, int n, int k, double *us, char *err, size_t errn) {
+// Buffers and handles for a run of GEMM timings, allocated once for the
+// largest shape (cublasCreate and half-gigabyte allocations per point would
+// dominate a table's measurement time).
+struct gemm_bench {
+    cublasHandle_t h = nullptr;
     bf16 *pool = nullptr, *x = nullptr;
     float *y = nullptr;
-    cublasHandle_t h = nullptr;
     cudaEvent_t e0 = nullptr, e1 = nullptr;
-    size_t wsz = (size_t)n * k, slots;
-    const int reps = 20;
-    float ms = 0;
+};
+
+static void gemm_bench_free(gemm_bench &b) {
+    if (b.e0) cudaEventDestroy(b.e0);
+    if (b.e1) cudaEventDestroy(b.e1);
+    cudaFree(b.pool); cudaFree(b.x); cudaFree(b.y);
+    if (b.h) cublasDestroy(b.h);
+    b = gemm_bench();
+}
+
+static int gemm_bench_init(gemm_bench &b, int dev, size_t max_mk, size_t max_mn, char *err, size_t errn) {
     CK(cudaSetDevice(dev));
-    CB(cublasCreate(&h));
-    slots = std::max<size_t>(1, POOL_BYTES / (wsz * 2));
-    CK(cudaMalloc(&pool, std::min(POOL_BYTES, slots * wsz * 2) + wsz * 2));
-    CK(cudaMalloc(&x, (size_t)m * k * 2));
-    CK(cudaMalloc(&y, (size_t)m * n * 4));
-    CK(cudaMemset(pool, 0, std::min(POOL_BYTES, slots * wsz * 2)));
-    CK(cudaMemset(x, 0, (size_t)m * k * 2));
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CB(gemm(h, y, x, pool, m, k, n, 0)); // warm-up (library heuristics, clocks)
-    CK(cudaEventRecord(e0));
-    for (int r = 0; r < reps; r++) CB(gemm(h, y, x, pool + (r % slots) * wsz, m, k, n, 0));
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    *us = ms * 1e3 / reps;
-    cudaEventDestroy(e0); cudaEventDestroy(e1); cudaFree(pool); cudaFree(x); cudaFree(y); cublasDestroy(h);
+    CB(cublasCreate(&b.h));
+    CK(cudaMalloc(&b.pool, POOL_BYTES));
+    CK(cudaMalloc(&b.x, max_mk * 2));
+    CK(cudaMalloc(&b.y, max_mn * 4));
+    CK(cudaMemset(b.pool, 0, POOL_BYTES));
+    CK(cudaMemset(b.x, 0, max_mk * 2));
+    CK(cudaEventCreate(&b.e0));
+    CK(cudaEventCreate(&b.e1));
     return 0;
 fail:
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    cudaFree(pool); cudaFree(x); cudaFree(y);
-    if (h) cublasDestroy(h);
+    gemm_bench_free(b);
     return -1;
+}
+
+// Mean of 20 calls, weights rotating through the pool (cold), after a warm-up.
+static int gemm_bench_time(gemm_bench &b, int m, int n, int k, double *us, char *err, size_t errn) {
+    size_t wsz = (size_t)n * k, slots = std::max<size_t>(1, POOL_BYTES / (wsz * 2));
+    const int reps = 20;
+    float ms = 0;
+    if (wsz * 2 > POOL_BYTES) { snprintf(err, errn, "GEMM %dx%d weights exceed the benchmark pool", n, k); return -1; }
+    CB(gemm(b.h, b.y, b.x, b.pool, m, k, n, 0)); // warm-up (library heuristics, clocks)
+    CK(cudaEventRecord(b.e0));
+    for (int r = 0; r < reps; r++) CB(gemm(b.h, b.y, b.x, b.pool + (r % slots) * wsz, m, k, n, 0));
+    CK(cudaEventRecord(b.e1));
+    CK(cudaEventSynchronize(b.e1));
+    CK(cudaEventElapsedTime(&ms, b.e0, b.e1));
+    *us = ms * 1e3 / reps;
+    return 0;
+fail:
+    return -1;
+}
+
+extern "C" int acc_time_gemm(int dev, int m, int n, int k, double *us, char *err, size_t errn) {
+    gemm_bench b;
+    if (gemm_bench_init(b, dev, (size_t)m * k, (size_t)m * n, err, errn)) return -1;
+    int rc = gemm_bench_time(b, m, n, k, us, err, errn);
+    gemm_bench_free(b);
+    return rc;
 }
 
 static int time_attention(int nq, int extra, int hd, double *us, char *err, size_t errn) {
@@ -468,10 +493,19 @@ extern "C" int acc_measure_table(int dev, ac_cost_table *t, char *err, size_t er
     memcpy(t->aq, AQ, sizeof AQ); memcpy(t->as, AS, sizeof AS); memcpy(t->ahd, AHD, sizeof AHD);
     t->gemm_us = (double *)malloc(sizeof(double) * t->nm * t->nn * t->nk);
     t->attn_us = (double *)malloc(sizeof(double) * t->nhd * t->naq * t->nas);
-    for (int a = 0; a < t->nm; a++)
-        for (int b = 0; b < t->nn; b++)
-            for (int c = 0; c < t->nk; c++)
-                if (acc_time_gemm(dev, (int)GM[a], (int)GNK[b], (int)GNK[c], &t->gemm_us[(a * t->nn + b) * t->nk + c], err, errn)) goto fail;
+    {
+        gemm_bench gb;
+        size_t mmax = (size_t)GM[t->nm - 1], nmax = (size_t)GNK[t->nn - 1];
+        if (gemm_bench_init(gb, dev, mmax * nmax, mmax * nmax, err, errn)) goto fail;
+        for (int a = 0; a < t->nm; a++)
+            for (int b = 0; b < t->nn; b++)
+                for (int c = 0; c < t->nk; c++)
+                    if (gemm_bench_time(gb, (int)GM[a], (int)GNK[b], (int)GNK[c], &t->gemm_us[(a * t->nn + b) * t->nk + c], err, errn)) {
+                        gemm_bench_free(gb);
+                        goto fail;
+                    }
+        gemm_bench_free(gb);
+    }
     for (int h = 0; h < t->nhd; h++)
         for (int a = 0; a < t->naq; a++)
             for (int b = 0; b < t->nas; b++)
