@@ -78,6 +78,32 @@ static void monotone(double *p) {
     for (int i = 1; i < AC_SENS_POINTS; i++) if (p[i] < p[i - 1]) p[i] = p[i - 1];
 }
 
+/* Loss increase when the lowest-ranked SENS_R[p] of a matrix's units are
+ * removed: zeroing the W[rows, cols] columns of a unit (width uw columns,
+ * units ordered by `order`, best first) is exactly removing it from the
+ * layer's output projection. W is restored before return. */
+static int sens_curve(const ac_model *m, const int *ids, size_t n, int ctx, int sw, double base, float *W, int rows, int cols,
+                      const int *order, int units, int uw, double *curve, ac_err *e) {
+    size_t nb = (size_t)rows * cols;
+    float *bk = malloc(nb * 4);
+    if (!bk) return ac_errf(e, "out of memory");
+    memcpy(bk, W, nb * 4);
+    int rc = 0;
+    for (int p = 1; p < AC_SENS_POINTS && !rc; p++) {
+        int drop = (int)lround(SENS_R[p] * units);
+        memcpy(W, bk, nb * 4);
+        for (int k = units - drop; k < units; k++)
+            for (int r = 0; r < rows; r++) memset(W + (size_t)r * cols + (size_t)order[k] * uw, 0, (size_t)uw * 4);
+        double lo = 0;
+        rc = calib_loss(m, ids, n, ctx, sw, &lo, e);
+        curve[p] = lo - base;
+    }
+    memcpy(W, bk, nb * 4);
+    free(bk);
+    monotone(curve);
+    return rc;
+}
+
 int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int windows, ac_progress_fn progress, void *ud,
                           ac_importance *imp, ac_err *e) {
     memset(imp, 0, sizeof *imp);
@@ -140,49 +166,13 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
         const ac_layer_arch *la = &a->layers[l];
         ac_layer_w *w = &m->L[l];
         if (la->n_heads) {
-            int Q = la->n_heads * hd, G = la->n_kv_heads, grp = la->n_heads / G;
-            size_t nb = (size_t)H * Q;
-            float *bk = malloc(nb * 4);
-            if (!bk) { rc = ac_errf(e, "out of memory"); break; }
-            memcpy(bk, w->wo, nb * 4);
-            for (int p = 1; p < AC_SENS_POINTS && !rc; p++) {
-                int drop = (int)lround(SENS_R[p] * G);
-                memcpy(w->wo, bk, nb * 4);
-                for (int k = G - drop; k < G; k++) {
-                    int g = imp->kv_order[l][k];
-                    for (int h = g * grp; h < (g + 1) * grp; h++)
-                        for (int r = 0; r < H; r++) memset(w->wo + (size_t)r * Q + h * hd, 0, hd * 4);
-                }
-                double lo = 0;
-                rc = calib_loss(m, ids, n, ctx, sw, &lo, e);
-                imp->attn_sens[l][p] = lo - base;
-            }
-            memcpy(w->wo, bk, nb * 4);
-            free(bk);
-            monotone(imp->attn_sens[l]);
+            /* a KV group's query heads are adjacent: grp*hd o_proj columns */
+            int grp = la->n_heads / la->n_kv_heads;
+            rc = sens_curve(m, ids, n, ctx, sw, base, w->wo, H, la->n_heads * hd, imp->kv_order[l], la->n_kv_heads, grp * hd,
+                            imp->attn_sens[l], e);
         }
         if (progress) progress(ud, "sensitivity", (double)++done / total);
-        if (la->ffn && !rc) {
-            int F = la->ffn;
-            size_t nb = (size_t)H * F;
-            float *bk = malloc(nb * 4);
-            if (!bk) { rc = ac_errf(e, "out of memory"); break; }
-            memcpy(bk, w->wd, nb * 4);
-            for (int p = 1; p < AC_SENS_POINTS && !rc; p++) {
-                int drop = (int)lround(SENS_R[p] * F);
-                memcpy(w->wd, bk, nb * 4);
-                for (int k = F - drop; k < F; k++) {
-                    int c = imp->ffn_order[l][k];
-                    for (int r = 0; r < H; r++) w->wd[(size_t)r * F + c] = 0;
-                }
-                double lo = 0;
-                rc = calib_loss(m, ids, n, ctx, sw, &lo, e);
-                imp->ffn_sens[l][p] = lo - base;
-            }
-            memcpy(w->wd, bk, nb * 4);
-            free(bk);
-            monotone(imp->ffn_sens[l]);
-        }
+        if (la->ffn && !rc) rc = sens_curve(m, ids, n, ctx, sw, base, w->wd, H, la->ffn, imp->ffn_order[l], la->ffn, 1, imp->ffn_sens[l], e);
         if (progress) progress(ud, "sensitivity", (double)++done / total);
     }
     /* Hidden width: real pruning (RMSNorm statistics change, so masking is
