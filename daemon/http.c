@@ -145,9 +145,14 @@ static enum MHD_Result post_job(ac_daemon *d, struct MHD_Connection *c, json_t *
     if (access(cfgp, R_OK) != 0) return send_error(d, c, 400, "invalid_path", "model: directory has no readable config.json", "model");
     const char *dev = json_string_value(json_object_get(json_object_get(spec, "target"), "device"));
     if (!strncmp(dev, "cuda", 4)) {
-        int gpus = 0;
+        int gpus = 0, want = -1;
         for (int i = 0; i < d->ndevices; i++) gpus += d->devices[i].index >= 0;
         if (!gpus || !d->cfg.use_gpus) return send_error(d, c, 400, "no_device", "target.device asks for a local CUDA GPU but this server has none; name a spec profile (e.g. H100) to target a GPU that is not here", "target.device");
+        if (dev[4] == ':') {
+            char *end;
+            want = (int)strtol(dev + 5, &end, 10);
+            if (*end || want < 0 || want >= gpus) return send_error(d, c, 400, "no_device", "target.device names a CUDA device this server does not have (see GET /v1/devices)", "target.device");
+        } else if (dev[4]) return send_error(d, c, 400, "invalid_spec", "target.device must be cuda or cuda:N", "target.device");
     } else if (strcmp(dev, "cpu") && !ac_device_spec_find(dev)) {
         return send_error(d, c, 400, "invalid_spec", "target.device must be cpu, cuda, cuda:N or a known GPU profile (see GET /v1/devices)", "target.device");
     }
@@ -297,8 +302,8 @@ static enum MHD_Result cost_route(ac_daemon *d, struct MHD_Connection *c, const 
     }
     if (*rest == '/' && !strcmp(method, "GET")) {
         char key[512];
-        if (MHD_http_unescape(strncpy(key, rest + 1, sizeof key - 1)) == 0) key[0] = 0;
-        key[sizeof key - 1] = 0;
+        snprintf(key, sizeof key, "%s", rest + 1);
+        MHD_http_unescape(key); /* a no-op when MHD already decoded the path */
         char *data;
         if (db_cost_get(d->db, key, &data, &e)) return send_error(d, c, 500, "internal", e.msg, NULL);
         if (!data) return send_error(d, c, 404, "not_found", "no cost table with that key", NULL);

@@ -318,7 +318,7 @@ static void run_gemm(void *p) {
 typedef struct { float *out, *q, *k, *v, *sc; int n, s, hd; } attn_arg;
 static void run_attn(void *p) {
     attn_arg *a = p;
-    ac_attention_head(a->out, a->q, a->k, a->v, a->n, a->s - a->n, a->hd, a->hd, a->hd, a->sc);
+    ac_attention_head(a->out, a->q, a->k, a->v, a->n, a->s - a->n, a->hd, a->hd, a->hd, 0, a->sc);
 }
 
 static int cmp_d(const void *a, const void *b) {

@@ -134,7 +134,7 @@ static void attention(ac_engine *en, int l, int B, int n, int pos0) {
         const float *kb = en->kc[l] + (size_t)b * en->max_ctx * KV, *vb = en->vc[l] + (size_t)b * en->max_ctx * KV;
         for (int h = 0; h < L->n_heads; h++)
             ac_attention_head(en->att + (size_t)b * n * Q + h * hd, en->q + (size_t)b * n * Q + h * hd, kb + (h / grp) * hd,
-                              vb + (h / grp) * hd, n, pos0, hd, Q, KV, en->scores);
+                              vb + (h / grp) * hd, n, pos0, hd, Q, KV, a->sliding_window, en->scores);
     }
 }
 

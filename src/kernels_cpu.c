@@ -75,14 +75,15 @@ void ac_rope_inv_freq(float *inv, int hd, float theta, int llama3, float factor,
 }
 
 void ac_attention_head(float *out, const float *q, const float *k, const float *v, int n, int pos0, int hd, int q_stride,
-                       int kv_stride, float *scores) {
+                       int kv_stride, int window, float *scores) {
     int S = pos0 + n;
     float scale = 1.0f / sqrtf((float)hd);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, S, hd, scale, q, q_stride, k, kv_stride, 0.0f, scores, S);
     for (int t = 0; t < n; t++) {
         float *row = scores + (size_t)t * S;
-        int vis = pos0 + t + 1;
-        ac_softmax(row, vis);
+        int vis = pos0 + t + 1, first = window > 0 && vis > window ? vis - window : 0;
+        for (int j = 0; j < first; j++) row[j] = 0;
+        ac_softmax(row + first, vis - first);
         for (int j = vis; j < S; j++) row[j] = 0;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, S, 1.0f, scores, S, v, kv_stride, 0.0f, out, q_stride);

@@ -21,10 +21,11 @@ void ac_silu_mul(float *g, const float *u, long n);
 void ac_softmax(float *x, int n);
 /* Causal attention of one query head over one sequence's cache.
  * q: n rows (stride q_stride), k/v: S = pos0+n rows (stride kv_stride) of hd
- * values; query row t sees keys 0..pos0+t. out: n rows (stride q_stride).
- * scores: scratch of n*S floats. */
+ * values; query row t sees keys 0..pos0+t, or only the last `window` of
+ * them when window > 0 (sliding-window attention). out: n rows (stride
+ * q_stride). scores: scratch of n*S floats. */
 void ac_attention_head(float *out, const float *q, const float *k, const float *v, int n, int pos0, int hd, int q_stride,
-                       int kv_stride, float *scores);
+                       int kv_stride, int window, float *scores);
 /* Inverse frequencies for head_dim hd with optional llama3 scaling. */
 void ac_rope_inv_freq(float *inv, int hd, float theta, int llama3, float factor, float lo, float hi, int orig);
 /* Set the number of threads the CPU kernels (OpenBLAS) use. */

@@ -90,6 +90,14 @@ int ac_arch_from_config(const json_t *cfg, ac_arch *a, ac_err *e) {
     a->tie_embeddings = json_is_true(json_object_get(cfg, "tie_word_embeddings"));
     a->qkv_bias = strcmp(mt, "qwen2") == 0 || json_is_true(json_object_get(cfg, "attention_bias"));
     if (json_is_true(json_object_get(cfg, "mlp_bias"))) return ac_errf(e, "config.json: mlp_bias is not supported");
+    json_t *sw = json_object_get(cfg, "sliding_window");
+    int use_sw = strcmp(mt, "qwen2") ? 1 : json_is_true(json_object_get(cfg, "use_sliding_window"));
+    if (sw && !json_is_null(sw) && use_sw) {
+        if (!json_is_integer(sw) || json_integer_value(sw) <= 0) return ac_errf(e, "config.json: sliding_window must be a positive integer or null");
+        a->sliding_window = json_integer_value(sw) > 1 << 30 ? 1 << 30 : (int)json_integer_value(sw);
+        if (!strcmp(mt, "qwen2") && json_is_integer(json_object_get(cfg, "max_window_layers")))
+            return ac_errf(e, "config.json: qwen2 sliding window with max_window_layers is not supported");
+    }
     a->bos_id = first_id(json_object_get(cfg, "bos_token_id"));
     a->eos_id = first_id(json_object_get(cfg, "eos_token_id"));
     a->layers = calloc(a->n_layers, sizeof *a->layers);
@@ -233,8 +241,11 @@ json_t *ac_arch_to_config(const ac_arch *a) {
     }
     int uni = ac_arch_is_uniform(a);
     json_t *c = json_object();
-    json_object_set_new(c, "architectures", json_pack("[s]", uni ? "LlamaForCausalLM" : "DeciLMForCausalLM"));
-    json_object_set_new(c, "model_type", json_string(uni ? "llama" : "nemotron-nas"));
+    /* a uniform model with a sliding window stays a Mistral: Llama has none */
+    const char *arch_name = !uni ? "DeciLMForCausalLM" : a->sliding_window ? "MistralForCausalLM" : "LlamaForCausalLM";
+    const char *type = !uni ? "nemotron-nas" : a->sliding_window ? "mistral" : "llama";
+    json_object_set_new(c, "architectures", json_pack("[s]", arch_name));
+    json_object_set_new(c, "model_type", json_string(type));
     json_object_set_new(c, "vocab_size", json_integer(a->vocab));
     json_object_set_new(c, "hidden_size", json_integer(a->hidden));
     json_object_set_new(c, "num_hidden_layers", json_integer(a->n_layers));
@@ -255,6 +266,7 @@ json_t *ac_arch_to_config(const ac_arch *a) {
     json_object_set_new(c, "mlp_bias", json_false());
     json_object_set_new(c, "hidden_act", json_string("silu"));
     json_object_set_new(c, "torch_dtype", json_string("bfloat16"));
+    if (a->sliding_window) json_object_set_new(c, "sliding_window", json_integer(a->sliding_window));
     if (a->bos_id >= 0) json_object_set_new(c, "bos_token_id", json_integer(a->bos_id));
     if (a->eos_id >= 0) json_object_set_new(c, "eos_token_id", json_integer(a->eos_id));
     if (!uni) {

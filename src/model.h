@@ -32,6 +32,7 @@ typedef struct {
     int rs_orig;
     int tie_embeddings;
     int qkv_bias;
+    int sliding_window;    /* mistral / qwen2: a query sees this many keys (itself included); 0 = all */
     int bos_id, eos_id;    /* -1 when absent */
     ac_layer_arch *layers; /* n_layers entries, owned */
 } ac_arch;

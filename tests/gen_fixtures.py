@@ -66,7 +66,7 @@ def models(out):
                                             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
                torch.float32, 3, T=40)
-    model_case(out, "mistral_sharded", dict(BASE, model_type="mistral", head_dim=24, num_hidden_layers=3), torch.bfloat16, 4,
+    model_case(out, "mistral_sharded", dict(BASE, model_type="mistral", head_dim=24, num_hidden_layers=3, sliding_window=4), torch.bfloat16, 4,
                shard=True)
     deci = dict(BASE, architectures=["DeciLMForCausalLM"], model_type="nemotron-nas", num_hidden_layers=4,
                 block_configs=[

@@ -78,6 +78,7 @@ def arch_from_config(cfg):
         "eps": cfg.get("rms_norm_eps", 1e-6), "theta": cfg.get("rope_theta", 10000.0),
         "rope_scaling": cfg.get("rope_scaling"), "tie": cfg.get("tie_word_embeddings", False),
         "bias": cfg["model_type"] == "qwen2" or cfg.get("attention_bias", False),
+        "window": (cfg.get("sliding_window") or 0) if (cfg["model_type"] != "qwen2" or cfg.get("use_sliding_window")) else 0,
     }
 
 
@@ -118,6 +119,8 @@ def forward(arch, W, tokens):
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()
     mask = torch.full((T, T), float("-inf")).triu(1)
+    if arch.get("window"):  # sliding window: query i sees keys i-window+1 .. i
+        mask = mask + torch.full((T, T), float("-inf")).tril(-arch["window"])
     for l, L in enumerate(arch["layers"]):
         p = f"model.layers.{l}."
         if L["heads"]:

@@ -91,9 +91,13 @@ __global__ void k_store_kv(bf16 *kc, bf16 *vc, const float *k, const float *v, i
 // One block per (query row, head): scores over visible keys in shared
 // memory, softmax, weighted sum of values. out: bf16 [N, nh*hd].
 __global__ void k_attention(bf16 *out, const float *q, const bf16 *kc, const bf16 *vc, int nh, int nkv, int hd, int n, int pos0,
-                            int max_ctx, float scale) {
+                            int max_ctx, float scale, int window) {
     extern __shared__ float sm[];
     int r = blockIdx.x, h = blockIdx.y, b = r / n, t = r % n, S = pos0 + t + 1, kh = h / (nh / nkv), KV = nkv * hd;
+    int first = window > 0 && S > window ? S - window : 0; // sliding window: keys [first, S)
+    kc += (size_t)first * KV;
+    vc += (size_t)first * KV;
+    S -= first;
     float *qs = sm, *sc = sm + hd;
     __shared__ float red[32];
     for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(size_t)r * nh * hd + (size_t)h * hd + i];
@@ -346,7 +350,7 @@ extern "C" int acc_engine_forward(acc_engine *en, const int *tokens, int B, int 
             k_store_kv<<<N, 128, 0, s>>>(d.kc, d.vc, en->k, en->v, KV, n, pos0, en->max_ctx);
             size_t shm = (size_t)(pos0 + n + hd) * sizeof(float);
             k_attention<<<dim3(N, la->n_heads), 128, shm, s>>>(en->att, en->q, d.kc, d.vc, la->n_heads, la->n_kv_heads, hd, n, pos0,
-                                                                en->max_ctx, 1.0f / sqrtf((float)hd));
+                                                                en->max_ctx, 1.0f / sqrtf((float)hd), a->sliding_window);
             CB(gemm(en->blas, en->x, en->att, d.wo, N, Q, H, 1));
         }
         if (la->ffn) {
@@ -453,9 +457,9 @@ static int time_attention(int nq, int extra, int hd, double *us, char *err, size
     CK(cudaMemset(vc, 0, (size_t)S * KV * 2));
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    k_attention<<<dim3(nq, nh), 128, (size_t)(S + hd) * 4>>>(out, q, kc, vc, nh, nkv, hd, nq, extra - 1, S, 0.1f);
+    k_attention<<<dim3(nq, nh), 128, (size_t)(S + hd) * 4>>>(out, q, kc, vc, nh, nkv, hd, nq, extra - 1, S, 0.1f, 0);
     CK(cudaEventRecord(e0));
-    for (int r = 0; r < 10; r++) k_attention<<<dim3(nq, nh), 128, (size_t)(S + hd) * 4>>>(out, q, kc, vc, nh, nkv, hd, nq, extra - 1, S, 0.1f);
+    for (int r = 0; r < 10; r++) k_attention<<<dim3(nq, nh), 128, (size_t)(S + hd) * 4>>>(out, q, kc, vc, nh, nkv, hd, nq, extra - 1, S, 0.1f, 0);
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     CK(cudaGetLastError());
