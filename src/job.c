@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "costmodel.h"
+#include "device.h"
 #include "engine.h"
 #include "eval.h"
 #include "importance.h"
@@ -146,6 +147,22 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     /* 1 load */
     t0 = ac_now();
     if (stage(&R, 0, e)) goto out;
+    {
+        /* Pre-flight: the CPU engine holds the model in fp32 plus the pruned
+         * copies (Minitron and AutoCompress results); fail with a clear
+         * reason instead of being killed by the kernel's OOM killer. */
+        ac_arch a0;
+        if (ac_arch_load(model_dir, &a0, e)) { ac_errctx(e, "stage load"); goto out; }
+        double need = ac_arch_params(&a0) * 4 * 3 / 1073741824.0;
+        ac_arch_free(&a0);
+        ac_local_device host[1];
+        ac_devices_local(host, 1);
+        if (host[0].mem_gib > 0 && need > 0.9 * host[0].mem_gib) {
+            ac_errf(e, "stage load: the model needs about %.1f GiB of host memory (fp32 weights and two pruned copies) but this host has %.1f GiB",
+                    need, host[0].mem_gib);
+            goto out;
+        }
+    }
     if (ac_model_load(model_dir, &m, e)) { ac_errctx(e, "stage load"); goto out; }
     if (ac_load_text_ids(model_dir, calib, &cids, &nc, m.a.vocab, e) || ac_load_text_ids(model_dir, held, &hids, &nh, m.a.vocab, e)) {
         ac_errctx(e, "stage load");

@@ -228,6 +228,18 @@ def test_bad_model_fails_cleanly():
     assert j["state"] == "failed" and "stage load" in j["reason"] and "truncated" in j["reason"], j["reason"]
 
 
+def test_model_too_large_for_host_fails_cleanly():
+    big = os.path.join(D.dir, "huge")
+    os.makedirs(big, exist_ok=True)
+    with open(os.path.join(big, "config.json"), "w") as f:  # a 405B-shaped config, no weights needed
+        json.dump({"model_type": "llama", "vocab_size": 128256, "hidden_size": 16384, "num_hidden_layers": 126, "num_attention_heads": 128,
+                   "num_key_value_heads": 8, "intermediate_size": 53248}, f)
+    st, j = D.req("POST", "/v1/jobs", body=spec(model=big))
+    assert st == 201, j
+    j = D.wait_state(j["id"], {"failed", "succeeded"}, timeout=30)
+    assert j["state"] == "failed" and "host memory" in j["reason"], j["reason"]
+
+
 def test_infeasible_constraint_reported():
     st, j = D.req("POST", "/v1/jobs", body=spec(constraints={"max_tpot_ms": 1e-6}))
     j = D.wait_state(j["id"], {"failed", "succeeded"}, timeout=60)
@@ -349,7 +361,7 @@ if __name__ == "__main__":
     try:
         for t in [test_health_devices_metrics, test_bad_inputs, test_job_lifecycle_and_cost_cache, test_measure_cost_table_in_background, test_log_endpoint, test_cancel_running_job,
                   test_cancel_queued_job_and_priority, test_sse_resume_and_keepalive, test_worker_crash_fails_only_its_job,
-                  test_bad_model_fails_cleanly, test_infeasible_constraint_reported, test_pagination, test_restart_after_sigkill_requeues,
+                  test_bad_model_fails_cleanly, test_model_too_large_for_host_fails_cleanly, test_infeasible_constraint_reported, test_pagination, test_restart_after_sigkill_requeues,
                   test_fail_policy_and_sigterm, test_auth, test_config_errors]:
             R.run(t)
     finally:
