@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "costmodel.h"
+#include "cuda_plugin.h"
 #include "device.h"
 #include "engine.h"
 #include "eval.h"
@@ -64,24 +65,55 @@ static double num(const json_t *o, const char *k, double def) {
     return json_is_number(v) ? json_number_value(v) : def;
 }
 
-/* Best-of-3 TTFT / TPOT of a model on the local CPU for a small workload
- * (the minimum, like the cost table's micro-benchmarks: neighbours on a
- * shared machine only add time). */
-static int measure_local(const ac_model *m, const int *ids, size_t n, int B, int P, int G, double *ttft, double *tpot, ac_err *e) {
-    ac_engine en;
-    if (ac_engine_init(&en, m, B, P + G, e)) return -1;
+/* One engine, CPU or CUDA, behind the forward the timing loop needs. */
+typedef struct {
+    ac_engine cpu;
+    const ac_cuda_api *cu;
+    acc_engine *gpu;
+    float *logits;
+} timed_engine;
+
+static int te_init(timed_engine *te, const ac_cuda_api *cu, const ac_model *m, int B, int ctx, ac_err *e) {
+    memset(te, 0, sizeof *te);
+    te->cu = cu;
+    if (!cu) return ac_engine_init(&te->cpu, m, B, ctx, e);
+    char err[512] = "";
+    te->logits = malloc(sizeof(float) * B * m->a.vocab);
+    if (!te->logits) return ac_errf(e, "out of memory");
+    if (cu->engine_create(0, m, B, ctx, &te->gpu, err, sizeof err)) { free(te->logits); return ac_errf(e, "CUDA engine: %s", err); }
+    return 0;
+}
+
+static int te_forward(timed_engine *te, const int *tok, int B, int n, int pos0, ac_err *e) {
+    if (!te->cu) return ac_engine_forward(&te->cpu, tok, B, n, pos0, 1, e);
+    char err[512] = "";
+    return te->cu->engine_forward(te->gpu, tok, B, n, pos0, 1, te->logits, err, sizeof err) ? ac_errf(e, "CUDA engine: %s", err) : 0;
+}
+
+static void te_free(timed_engine *te) {
+    if (te->cu) { te->cu->engine_free(te->gpu); free(te->logits); }
+    else ac_engine_free(&te->cpu);
+}
+
+/* Best-of-3 TTFT / TPOT of a model for a workload, on the CPU engine (cu ==
+ * NULL) or the CUDA one (device 0 of the plugin). The minimum, like the cost
+ * table's micro-benchmarks: neighbours on a shared machine only add time. */
+static int measure_latency(const ac_cuda_api *cu, const ac_model *m, const int *ids, size_t n, int B, int P, int G, double *ttft,
+                           double *tpot, ac_err *e) {
+    timed_engine te;
+    if (te_init(&te, cu, m, B, P + G, e)) return -1;
     int *tok = malloc(sizeof(int) * B * P), *nxt = malloc(sizeof(int) * B);
     for (int i = 0; i < B * P; i++) tok[i] = ids[i % n];
     double tt[3], tp[3];
     int rc = 0;
     for (int rep = 0; rep < 3 && !rc; rep++) {
         double t0 = ac_now();
-        rc = ac_engine_forward(&en, tok, B, P, 0, 1, e);
+        rc = te_forward(&te, tok, B, P, 0, e);
         tt[rep] = (ac_now() - t0) * 1e3;
         t0 = ac_now();
         for (int g = 1; g < G && !rc; g++) {
             for (int b = 0; b < B; b++) nxt[b] = ids[(b + g) % n];
-            rc = ac_engine_forward(&en, nxt, B, 1, P + g - 1, 1, e);
+            rc = te_forward(&te, nxt, B, 1, P + g - 1, e);
         }
         tp[rep] = G > 1 ? (ac_now() - t0) * 1e3 / (G - 1) : 0;
     }
@@ -93,7 +125,7 @@ static int measure_local(const ac_model *m, const int *ids, size_t n, int B, int
     *tpot = tp[0];
     free(tok);
     free(nxt);
-    ac_engine_free(&en);
+    te_free(&te);
     return rc;
 }
 
@@ -140,7 +172,7 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     ac_cost_table table = {0};
     ac_search_result ra = {0}, rm = {0};
     ac_model pa = {0}, pm = {0};
-    json_t *report = NULL;
+    json_t *report = NULL, *on_target = NULL;
     int rc = -1;
     double t0;
 
@@ -274,8 +306,8 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     ac_workload lw = {wl.batch < 4 ? wl.batch : 4, wl.prompt_len < 128 ? wl.prompt_len : 128, wl.gen_len < 32 ? wl.gen_len : 32};
     const ac_model *res_model = chosen == &ra ? &pa : &pm;
     double bt, bp, rt, rp;
-    if (measure_local(&m, hids, nh, lw.batch, lw.prompt_len, lw.gen_len, &bt, &bp, e) ||
-        measure_local(res_model, hids, nh, lw.batch, lw.prompt_len, lw.gen_len, &rt, &rp, e)) {
+    if (measure_latency(NULL, &m, hids, nh, lw.batch, lw.prompt_len, lw.gen_len, &bt, &bp, e) ||
+        measure_latency(NULL, res_model, hids, nh, lw.batch, lw.prompt_len, lw.gen_len, &rt, &rp, e)) {
         ac_errctx(e, "stage evaluate");
         goto out;
     }
@@ -308,6 +340,30 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
                                                               "result", "ttft_ms", k1.ttft_ms, "tpot_ms", k1.tpot_ms));
             json_object_set_new(local, "prediction_error", json_pack("{s:f,s:f}", "ttft", k1.ttft_ms / rt - 1, "tpot", rp > 0 ? k1.tpot_ms / rp - 1 : 0));
             if (!is_cpu) ac_cost_table_free(&ct);
+        }
+    }
+    /* On a local CUDA target: measured on that GPU against the GPU table's
+     * prediction (the workload capped to keep the measurement short). */
+    if (!strncmp(device, "cuda", 4)) {
+        const ac_cuda_api *cu = ac_cuda(NULL);
+        ac_workload gw = {wl.batch < 32 ? wl.batch : 32, wl.prompt_len < 2048 ? wl.prompt_len : 2048, wl.gen_len < 64 ? wl.gen_len : 64};
+        double gbt, gbp, grt, grp;
+        if (cu && measure_latency(cu, &m, hids, nh, gw.batch, gw.prompt_len, gw.gen_len, &gbt, &gbp, e) == 0 &&
+            measure_latency(cu, res_model, hids, nh, gw.batch, gw.prompt_len, gw.gen_len, &grt, &grp, e) == 0) {
+            ac_engine_profile gp = prof;
+            gp.overhead_ms = 0; /* our engine, not a serving framework */
+            ac_carch c1;
+            ac_cost k1;
+            if (ac_carch_from_arch(&res_model->a, &c1, e) == 0) {
+                ac_cost_predict(&table, &c1, &gw, &gp, 0, &k1);
+                ac_carch_free(&c1);
+                on_target = json_pack("{s:s,s:{s:i,s:i,s:i},s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f}}", "device", table.device, "workload",
+                                      "batch", gw.batch, "prompt_len", gw.prompt_len, "gen_len", gw.gen_len, "base", "ttft_ms", gbt, "tpot_ms", gbp,
+                                      "result", "ttft_ms", grt, "tpot_ms", grp, "predicted_result", "ttft_ms", k1.ttft_ms, "tpot_ms", k1.tpot_ms,
+                                      "prediction_error", "ttft", k1.ttft_ms / grt - 1, "tpot", grp > 0 ? k1.tpot_ms / grp - 1 : 0);
+            }
+        } else if (cu) {
+            emit(&R, "log", json_pack("{s:s,s:s}", "message", "measuring on the target GPU failed", "error", e->msg));
         }
     }
     json_object_set_new(timings, "evaluate", json_real(ac_now() - t0));
@@ -344,6 +400,8 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     }
     json_object_set_new(report, "chosen", json_string(chosen == &ra ? "autocompress" : "minitron"));
     json_object_set_new(report, "measured_local", local);
+    if (on_target) json_object_set_new(report, "measured_on_target", on_target);
+    on_target = NULL;
     json_object_set_new(report, "eval_protocol", json_pack("{s:s,s:i,s:i,s:I,s:s}", "text", held, "ctx", ctxlen, "windows", pb.windows, "scored_tokens",
                                                            (json_int_t)pb.scored, "mode", "non-overlapping windows, every target in a window scored"));
     json_object_set_new(report, "importance", ac_importance_to_json(&imp));
@@ -358,6 +416,7 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     report = NULL;
     rc = 0;
 out:
+    json_decref(on_target);
     json_decref(report);
     json_decref(timings);
     ac_model_free(&pa);
