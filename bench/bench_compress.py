@@ -43,7 +43,7 @@ def main():
         limit = base[metric] * factor
         spec = {"model": TINY, "calibration": os.path.join(DATA, "calib.txt"), "heldout": os.path.join(DATA, "heldout.txt"),
                 "output": os.path.join(tmp, dev), "target": {"device": dev, "workload": wl}, "constraints": {limit_key: limit},
-                "search": {"steps": 300, "seed": 0, "export_target": "gguf-deci"}, "calibration_tokens": 8192, "eval": {"ctx": 128, "windows": 48}}
+                "search": {"steps": 300, "seed": 0, "export_target": os.environ.get("AC_EXPORT_TARGET", "deci")}, "calibration_tokens": 8192, "eval": {"ctx": 128, "windows": 48}}
         sp = os.path.join(tmp, dev + ".json")
         json.dump(spec, open(sp, "w"))
         out = run([os.path.join(BUILD, "autocompress"), "compress", sp])

@@ -19,6 +19,7 @@ void ac_importance_free(ac_importance *imp) {
     free(imp->kv_order); free(imp->kv_score); free(imp->ffn_order); free(imp->ffn_score);
     free(imp->hid_order); free(imp->hid_score); free(imp->layer_bi);
     free(imp->attn_sens); free(imp->ffn_sens);
+    free(imp->merge_n); free(imp->merge_r); free(imp->merge_sens);
     memset(imp, 0, sizeof *imp);
 }
 
@@ -61,6 +62,17 @@ double ac_sens_hidden(const ac_importance *imp, double r) {
         py = imp->hid_sens[i];
     }
     return py * r / px; /* beyond the last point: linear */
+}
+
+double ac_sens_merge(const ac_importance *imp, int l, double r) {
+    if (r <= 0 || !imp->merge_n) return 0;
+    double px = 0, py = 0;
+    for (int i = 0; i < imp->merge_n[l]; i++) {
+        if (r <= imp->merge_r[l][i]) return py + (imp->merge_sens[l][i] - py) * (r - px) / (imp->merge_r[l][i] - px);
+        px = imp->merge_r[l][i];
+        py = imp->merge_sens[l][i];
+    }
+    return py; /* merging can never go below one KV head */
 }
 
 static int calib_loss(const ac_model *m, const int *ids, size_t n, int ctx, int windows, double *loss, ac_err *e) {
@@ -192,6 +204,30 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
         imp->hid_frac[i] = HF[i];
         imp->hid_sens[i] = fmax(lo - base, i ? imp->hid_sens[i - 1] : 0);
     }
+    /* KV merging: each divisor of the layer's KV count, largest first. */
+    imp->merge_n = calloc(L, sizeof(int));
+    imp->merge_r = calloc(L, sizeof *imp->merge_r);
+    imp->merge_sens = calloc(L, sizeof *imp->merge_sens);
+    if (!rc && (!imp->merge_n || !imp->merge_r || !imp->merge_sens)) rc = ac_errf(e, "out of memory");
+    for (int l = 0; l < L && !rc; l++) {
+        int kv = a->layers[l].n_kv_heads;
+        for (int d = kv - 1; d >= 1 && !rc && imp->merge_n[l] < 8; d--) {
+            if (kv % d) continue;
+            ac_arch t;
+            if ((rc = ac_arch_copy(&t, a, e))) break;
+            t.layers[l].n_kv_heads = d;
+            ac_model pm;
+            rc = ac_prune(m, &t, imp, &pm, e);
+            ac_arch_free(&t);
+            if (rc) break;
+            double lo = 0;
+            rc = calib_loss(&pm, ids, n, ctx, sw, &lo, e);
+            ac_model_free(&pm);
+            int k = imp->merge_n[l]++;
+            imp->merge_r[l][k] = 1.0 - (double)d / kv;
+            imp->merge_sens[l][k] = fmax(lo - base, k ? imp->merge_sens[l][k - 1] : 0);
+        }
+    }
     if (progress) progress(ud, "sensitivity", 1.0);
 out:
     free(hs);
@@ -207,8 +243,10 @@ json_t *ac_importance_to_json(const ac_importance *imp) {
             json_array_append_new(as, json_real(imp->attn_sens[l][p]));
             json_array_append_new(fs, json_real(imp->ffn_sens[l][p]));
         }
-        json_array_append_new(layers, json_pack("{s:f,s:o,s:o}", "block_influence", imp->layer_bi[l], "attention_loss_curve", as,
-                                                "ffn_loss_curve", fs));
+        json_t *ms = json_array();
+        for (int k = 0; imp->merge_n && k < imp->merge_n[l]; k++) json_array_append_new(ms, json_pack("[f,f]", imp->merge_r[l][k], imp->merge_sens[l][k]));
+        json_array_append_new(layers, json_pack("{s:f,s:o,s:o,s:o}", "block_influence", imp->layer_bi[l], "attention_loss_curve", as,
+                                                "ffn_loss_curve", fs, "kv_merge_loss_curve", ms));
     }
     json_t *hs = json_array();
     for (int i = 0; i < 4; i++) json_array_append_new(hs, json_pack("[f,f]", imp->hid_frac[i], imp->hid_sens[i]));

@@ -8,8 +8,9 @@
  * (1 - cos(input, output), "block influence").
  * Sensitivity: the calibration-loss increase when the lowest-scored 25, 50,
  * 75 and 100 % of a layer's attention (KV groups) or FFN channels are
- * removed, one layer at a time, and when 12.5 / 25 / 50 % of the hidden
- * channels are. The search's quality term interpolates these curves.
+ * removed, one layer at a time, when 12.5 / 25 / 50 / 75 % of the hidden
+ * channels are, and when a layer's KV heads are merged (mean-pooled) down to
+ * each divisor of their count with every query head kept. The search's quality term interpolates these curves.
  *
  * Ownership: ac_importance owns all its arrays (ac_importance_free).
  */
@@ -35,6 +36,10 @@ typedef struct {
     double (*attn_sens)[AC_SENS_POINTS]; /* [l][point] loss increase */
     double (*ffn_sens)[AC_SENS_POINTS];
     double hid_frac[4], hid_sens[4];     /* removed hidden fraction -> increase */
+    /* KV merging (query heads kept, KV heads mean-pooled to a divisor):
+     * per layer up to 8 points (removed KV fraction, loss increase). */
+    int *merge_n;
+    double (*merge_r)[8], (*merge_sens)[8];
     long tokens;
 } ac_importance;
 
@@ -49,6 +54,7 @@ void ac_importance_free(ac_importance *imp);
 double ac_sens_attn(const ac_importance *imp, int l, double r);
 double ac_sens_ffn(const ac_importance *imp, int l, double r);
 double ac_sens_hidden(const ac_importance *imp, double r);
+double ac_sens_merge(const ac_importance *imp, int l, double r);
 json_t *ac_importance_to_json(const ac_importance *imp);
 
 #endif

@@ -35,8 +35,9 @@ int ac_prune(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
         int grp = s->n_heads ? s->n_heads / s->n_kv_heads : 0;
-        if (d->ffn > s->ffn || d->n_kv_heads > s->n_kv_heads || (d->n_heads && d->n_heads != d->n_kv_heads * grp))
-            return ac_errf(e, "prune: layer %d target (%d heads, %d KV, ffn %d) does not fit source (%d, %d, %d) keeping query heads of a KV group together",
+        int merge = d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads && d->n_kv_heads > 0 && s->n_kv_heads % d->n_kv_heads == 0;
+        if (d->ffn > s->ffn || d->n_kv_heads > s->n_kv_heads || (d->n_heads && d->n_heads != d->n_kv_heads * grp && !merge))
+            return ac_errf(e, "prune: layer %d target (%d heads, %d KV, ffn %d) does not fit source (%d, %d, %d): keep the query heads of a KV group together, or keep every query head and merge KV heads by a divisor",
                            l, d->n_heads, d->n_kv_heads, d->ffn, s->n_heads, s->n_kv_heads, s->ffn);
     }
     if (ac_model_alloc(dst, t, e)) return -1;
@@ -51,7 +52,37 @@ int ac_prune(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac
         const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
         const ac_layer_w *sw = &src->L[l];
         ac_layer_w *dw = &dst->L[l];
-        if (d->n_heads) {
+        if (d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads) {
+            /* KV merging (what DeciLM's per-layer n_heads_in_group expresses):
+             * every query head stays; merged KV head j is the mean of the f
+             * adjacent source heads j*f..j*f+f-1, so query head h still reads
+             * the merge of the head it read. */
+            int G = d->n_kv_heads, f = s->n_kv_heads / G, Q = s->n_heads * hd;
+            gather(dw->in_norm, sw->in_norm, H, NULL, 1, hk, Ht);
+            gather(dw->wq, sw->wq, H, NULL, Q, hk, Ht);
+            gather(dw->wo, sw->wo, Q, hk, Ht, NULL, Q);
+            if (a->qkv_bias) memcpy(dw->bq, sw->bq, sizeof(float) * Q);
+            for (int j = 0; j < G; j++)
+                for (int i = 0; i < hd; i++) {
+                    float *dk = dw->wk + ((size_t)j * hd + i) * Ht, *dv = dw->wv + ((size_t)j * hd + i) * Ht;
+                    for (int c = 0; c < Ht; c++) {
+                        double sk = 0, sv = 0;
+                        for (int m = 0; m < f; m++) {
+                            size_t row = (size_t)((j * f + m) * hd + i) * H + hk[c];
+                            sk += sw->wk[row];
+                            sv += sw->wv[row];
+                        }
+                        dk[c] = (float)(sk / f);
+                        dv[c] = (float)(sv / f);
+                    }
+                    if (a->qkv_bias) {
+                        double bk = 0, bv = 0;
+                        for (int m = 0; m < f; m++) { bk += sw->bk[(j * f + m) * hd + i]; bv += sw->bv[(j * f + m) * hd + i]; }
+                        dw->bk[j * hd + i] = (float)(bk / f);
+                        dw->bv[j * hd + i] = (float)(bv / f);
+                    }
+                }
+        } else if (d->n_heads) {
             int grp = s->n_heads / s->n_kv_heads, G = d->n_kv_heads, Qs = s->n_heads * hd;
             int *gk = kept(imp->kv_order[l], G);
             int *qrows = malloc(sizeof(int) * G * grp * hd), *kvrows = malloc(sizeof(int) * G * hd);

@@ -81,8 +81,11 @@ double ac_search_pred_loss(const ac_search_problem *p, const ac_arch *a) {
     const ac_arch *b = p->base;
     double q = 0;
     for (int l = 0; l < b->n_layers; l++) {
-        if (b->layers[l].n_kv_heads) q += ac_sens_attn(p->imp, l, 1 - (double)a->layers[l].n_kv_heads / b->layers[l].n_kv_heads);
-        if (b->layers[l].ffn) q += ac_sens_ffn(p->imp, l, 1 - (double)a->layers[l].ffn / b->layers[l].ffn);
+        const ac_layer_arch *bl = &b->layers[l], *al = &a->layers[l];
+        double r = bl->n_kv_heads ? 1 - (double)al->n_kv_heads / bl->n_kv_heads : 0;
+        if (al->n_heads && al->n_heads == bl->n_heads && al->n_kv_heads < bl->n_kv_heads) q += ac_sens_merge(p->imp, l, r); /* KV merged */
+        else if (bl->n_kv_heads) q += ac_sens_attn(p->imp, l, r);
+        if (bl->ffn) q += ac_sens_ffn(p->imp, l, 1 - (double)al->ffn / bl->ffn);
     }
     return q + ac_sens_hidden(p->imp, 1 - (double)a->hidden / b->hidden);
 }
@@ -106,6 +109,20 @@ static int round_mult(double v, int mult, int max) {
 
 typedef enum { MV_ATTN, MV_FFN, MV_HID } mv_kind;
 
+/* DeciLM attention steps: KV heads move between the divisors of the base
+ * count (merging, query heads kept), and below one KV head the attention is
+ * removed. Returns the next KV count in direction dir, or -1. */
+static int deci_kv_step(int base_kv, int kv, int dir) {
+    if (dir < 0) {
+        if (kv <= 0) return -1;
+        for (int d = kv - 1; d >= 1; d--) if (base_kv % d == 0) return d;
+        return 0;
+    }
+    if (kv >= base_kv) return -1;
+    for (int d = kv + 1; d <= base_kv; d++) if (base_kv % d == 0) return d;
+    return -1;
+}
+
 /* Apply a move of sign dir (-1 shrink, +1 grow) to a; returns 0 if not possible. */
 static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int dir) {
     const ac_arch *b = p->base;
@@ -124,8 +141,7 @@ static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int di
         const ac_layer_arch *bl = &b->layers[i];
         ac_layer_arch *al = &a->layers[i];
         if (k == MV_ATTN) {
-            int step = p->opts.target == AC_EXPORT_DECI ? bl->n_kv_heads : 1;
-            int kv = al->n_kv_heads + dir * step;
+            int kv = p->opts.target == AC_EXPORT_DECI ? deci_kv_step(bl->n_kv_heads, al->n_kv_heads, dir) : al->n_kv_heads + dir;
             if (kv < 0 || kv > bl->n_kv_heads || (uniform && kv == 0)) return 0;
         } else {
             int step = bl->ffn <= mult ? bl->ffn : mult;
@@ -139,9 +155,13 @@ static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int di
         ac_layer_arch *al = &a->layers[i];
         int grp = bl->n_heads ? bl->n_heads / bl->n_kv_heads : 1;
         if (k == MV_ATTN) {
-            int step = p->opts.target == AC_EXPORT_DECI ? bl->n_kv_heads : 1;
-            al->n_kv_heads += dir * step;
-            al->n_heads = al->n_kv_heads * grp;
+            if (p->opts.target == AC_EXPORT_DECI) { /* every query head stays while KV heads merge */
+                al->n_kv_heads = deci_kv_step(bl->n_kv_heads, al->n_kv_heads, dir);
+                al->n_heads = al->n_kv_heads ? bl->n_heads : 0;
+            } else {
+                al->n_kv_heads += dir;
+                al->n_heads = al->n_kv_heads * grp;
+            }
         } else {
             int step = bl->ffn <= mult ? bl->ffn : mult;
             if (dir > 0 && al->ffn + step > bl->ffn) al->ffn = bl->ffn;

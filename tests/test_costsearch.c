@@ -182,6 +182,19 @@ static void fake_importance(ac_importance *imp, const ac_arch *a) {
     for (int i = 0; i < a->hidden; i++) imp->hid_order[i] = i;
     double hf[4] = {0.125, 0.25, 0.5, 0.75};
     for (int i = 0; i < 4; i++) { imp->hid_frac[i] = hf[i]; imp->hid_sens[i] = 5 * hf[i]; }
+    /* KV merging costs half of removing the same share of KV groups */
+    imp->merge_n = calloc(L, sizeof(int));
+    imp->merge_r = calloc(L, sizeof *imp->merge_r);
+    imp->merge_sens = calloc(L, sizeof *imp->merge_sens);
+    for (int l = 0; l < L; l++) {
+        int kv = a->layers[l].n_kv_heads;
+        for (int d = kv - 1; d >= 1; d--)
+            if (kv % d == 0) {
+                int k = imp->merge_n[l]++;
+                imp->merge_r[l][k] = 1.0 - (double)d / kv;
+                imp->merge_sens[l][k] = 0.05 * (l + 1) * imp->merge_r[l][k] * imp->merge_r[l][k];
+            }
+    }
 }
 
 static void test_search_feasible_deterministic_heterogeneous(void) {
@@ -217,8 +230,10 @@ static void test_search_feasible_deterministic_heterogeneous(void) {
         for (int l = 0; l < 8; l++) {
             const ac_layer_arch *L = &r1.arch.layers[l];
             CHECK(L->ffn % 64 == 0 || L->ffn == 4096, "ffn multiple");
-            if (target == AC_EXPORT_DECI) CHECK(L->n_kv_heads == 0 || L->n_kv_heads == 8, "deci: attention whole or removed");
-            if (L->n_heads) CHECK(L->n_heads == 2 * L->n_kv_heads, "query heads stay with their group");
+            if (target == AC_EXPORT_DECI) /* DeciLM: all query heads or none; KV heads merged to a divisor */
+                CHECK((L->n_heads == 0 && L->n_kv_heads == 0) || (L->n_heads == 16 && L->n_kv_heads > 0 && 8 % L->n_kv_heads == 0),
+                      "deci layer %d: %d heads, %d KV", l, L->n_heads, L->n_kv_heads);
+            else if (L->n_heads) CHECK(L->n_heads == 2 * L->n_kv_heads, "query heads stay with their group");
         }
         if (target == AC_EXPORT_LLAMA) CHECK(ac_arch_is_uniform(&r1.arch), "llama export target is uniform");
         if (target == AC_EXPORT_GGUF_DECI) {
@@ -291,6 +306,43 @@ static void test_prune_equals_masking(void) {
     ac_model_free(&m);
 }
 
+static void test_kv_merge_of_duplicate_heads_is_exact(void) {
+    if (!have_fixture()) SKIP("no fixtures (make fixtures)");
+    ac_model m, pm;
+    ac_err e;
+    CHECK(ac_model_load(fx, &m, &e) == 0, "%s", e.msg);
+    /* make KV head 1 of layer 0 a copy of head 0: merging them is exact */
+    int H = m.a.hidden, hd = m.a.head_dim;
+    memcpy(m.L[0].wk + (size_t)hd * H, m.L[0].wk, sizeof(float) * hd * H);
+    memcpy(m.L[0].wv + (size_t)hd * H, m.L[0].wv, sizeof(float) * hd * H);
+    ac_importance imp;
+    fake_importance(&imp, &m.a);
+    ac_arch t;
+    ac_arch_copy(&t, &m.a, &e);
+    t.layers[0].n_kv_heads = 1; /* 4 query heads kept, 2 KV heads -> 1 */
+    CHECK(ac_prune(&m, &t, &imp, &pm, &e) == 0, "%s", e.msg);
+    int toks[10] = {4, 8, 15, 16, 23, 42, 99, 100, 7, 1};
+    ac_engine e1, e2;
+    ac_engine_init(&e1, &m, 1, 10, &e);
+    ac_engine_init(&e2, &pm, 1, 10, &e);
+    ac_engine_forward(&e1, toks, 1, 10, 0, 0, &e);
+    ac_engine_forward(&e2, toks, 1, 10, 0, 0, &e);
+    double d = 0, mx = 0;
+    for (int i = 0; i < 10 * m.a.vocab; i++) { d = fmax(d, fabs(e1.logits[i] - e2.logits[i])); mx = fmax(mx, fabs(e1.logits[i])); }
+    CHECK(d <= 1e-5 * mx, "merged logits differ by %g (max %g)", d, mx);
+    CHECK(pm.a.layers[0].n_heads == 4 && pm.a.layers[0].n_kv_heads == 1, "arch");
+    /* DeciLM config: n_heads_in_group 4 for the merged layer */
+    json_t *c = ac_arch_to_config(&pm.a);
+    json_t *bc = json_object_get(c, "block_configs");
+    CHECK(bc && json_integer_value(json_object_get(json_object_get(json_array_get(bc, 0), "attention"), "n_heads_in_group")) == 4, "block config");
+    json_decref(c);
+    ac_engine_free(&e1); ac_engine_free(&e2);
+    ac_model_free(&pm);
+    ac_arch_free(&t);
+    ac_importance_free(&imp);
+    ac_model_free(&m);
+}
+
 static void test_repair_reduces_loss(void) {
     const char *b = getenv("AC_BUILD");
     char tiny[1100], text[1200];
@@ -334,6 +386,7 @@ int main(void) {
     RUN(test_memory_accounting);
     RUN(test_search_feasible_deterministic_heterogeneous);
     RUN(test_prune_equals_masking);
+    RUN(test_kv_merge_of_duplicate_heads_is_exact);
     RUN(test_repair_reduces_loss);
     return DONE();
 }
