@@ -267,7 +267,8 @@ static int start_worker(scheduler *s, slot *sl, long job) {
         db_job_transition(d->db, job, "running", "failed", why, NULL, NULL, &e);
         daemon_event(d, job, "state", json_pack("{s:s,s:s}", "state", "failed", "reason", why));
         sse_finish(d->hub, job);
-        w->closing_handles = 2;
+        w->closing_handles = 3; /* a failed uv_spawn still initialised the process handle */
+        uv_close((uv_handle_t *)&w->proc, on_handle_closed);
         uv_close((uv_handle_t *)&w->out, on_handle_closed);
         uv_close((uv_handle_t *)&w->kill_timer, on_handle_closed);
         return -1;
