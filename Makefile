@@ -104,7 +104,10 @@ web-test-deps:
 	@if command -v npm >/dev/null && [ ! -d tests/web/node_modules/playwright-core ]; then \
 	  (cd tests/web && npm ci --no-audit --no-fund >/dev/null 2>&1) || echo "web-test-deps: npm ci failed; dashboard test will be skipped"; fi
 
-demo: deps all tiny-model
+# deps first, then a fresh make: the pkg-config flags above are read when
+# make starts, before deps has installed the libraries they name.
+demo: deps
+	$(MAKE) all tiny-model
 	bash tools/demo.sh
 
 bench: all tiny-model
