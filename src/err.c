@@ -38,18 +38,6 @@ int ac_errctx(ac_err *e, const char *fmt, ...) {
     return -1;
 }
 
-void *ac_malloc(size_t n, ac_err *e) {
-    void *p = malloc(n ? n : 1);
-    if (!p) ac_errf(e, "out of memory allocating %zu bytes", n);
-    return p;
-}
-
-void *ac_calloc(size_t n, size_t size, ac_err *e) {
-    void *p = calloc(n ? n : 1, size ? size : 1);
-    if (!p) ac_errf(e, "out of memory allocating %zu x %zu bytes", n, size);
-    return p;
-}
-
 char *ac_read_file(const char *path, size_t max_len, size_t *len, ac_err *e) {
     FILE *f = fopen(path, "rb");
     if (!f) {

@@ -22,10 +22,6 @@ int ac_errf(ac_err *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 /* Prefix an existing message: "ctx: old message". Returns -1. */
 int ac_errctx(ac_err *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Allocation helpers that report failure through ac_err instead of aborting. */
-void *ac_malloc(size_t n, ac_err *e);
-void *ac_calloc(size_t n, size_t size, ac_err *e);
-
 /* Read a whole file into a NUL-terminated heap buffer; *len gets its size. */
 char *ac_read_file(const char *path, size_t max_len, size_t *len, ac_err *e);
 

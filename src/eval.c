@@ -58,6 +58,11 @@ int ac_load_text_ids(const char *model_dir, const char *text_path, int **ids, si
     snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
     ac_tokenizer *t;
     if (ac_tok_load(path, &t, e)) return -1;
+    if (vocab > 0 && ac_tok_vocab_size(t) > vocab) {
+        int tv = ac_tok_vocab_size(t);
+        ac_tok_free(t);
+        return ac_errf(e, "%s has %d tokens but the model's vocabulary has %d", path, tv, vocab);
+    }
     size_t len;
     char *text = ac_read_file(text_path, 1u << 30, &len, e);
     int rc = !text || ac_tok_encode(t, text, len, ids, n, e);

@@ -282,6 +282,7 @@ out:
 }
 
 int ac_tok_load(const char *path, ac_tokenizer **out, ac_err *e) {
+    *out = NULL;
     size_t len;
     char *s = ac_read_file(path, 512u << 20, &len, e);
     if (!s) return -1;

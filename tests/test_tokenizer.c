@@ -20,6 +20,8 @@ static void check_tok(const char *name) {
     fclose(f);
     CHECK(ac_tok_load(p, &t, &e) == 0, "%s", e.msg);
     if (!t) return;
+    /* the fixtures append <|endoftext|> as the last id */
+    CHECK(ac_tok_id(t, "<|endoftext|>") == ac_tok_vocab_size(t) - 1 && ac_tok_id(t, "no such token") == -1, "special token id");
     snprintf(p, sizeof p, "%s/cases.json", fx);
     json_t *cases = json_load_file(p, 0, NULL);
     CHECK(json_array_size(cases) > 5, "cases");
