@@ -195,24 +195,22 @@ int ac_workload_from_json(const json_t *j, ac_workload *w, ac_err *e) {
 static double forward_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, double B, double nq, double pos0,
                          int last_only, int warm) {
     double M = B * nq, S = pos0 + nq, H = c->hidden, hd = c->head_dim, us = 0;
-#define ac_cost_gemm_us(t, m, n, k) gemm_lookup(t, m, n, k, warm)
     int launches = 2;
     for (int l = 0; l < c->n_layers; l++) {
         double h = c->heads[l], kv = c->kv[l], F = c->ffn[l];
         if (h > 0) {
-            us += ac_cost_gemm_us(t, M, h * hd, H) + 2 * ac_cost_gemm_us(t, M, kv * hd, H) + ac_cost_gemm_us(t, M, H, h * hd);
+            us += gemm_lookup(t, M, h * hd, H, warm) + 2 * gemm_lookup(t, M, kv * hd, H, warm) + gemm_lookup(t, M, H, h * hd, warm);
             us += ac_cost_attn_us(t, h, kv, B, nq, S, c->head_dim);
             us += elem_us(t, M * (H + (h + kv) * hd), p->act_bytes);
             launches += 3;
         }
         if (F > 0) {
-            us += 2 * ac_cost_gemm_us(t, M, F, H) + ac_cost_gemm_us(t, M, H, F);
+            us += 2 * gemm_lookup(t, M, F, H, warm) + gemm_lookup(t, M, H, F, warm);
             us += elem_us(t, M * (H + 2 * F), p->act_bytes);
             launches += 2;
         }
     }
-    us += ac_cost_gemm_us(t, last_only ? B : M, c->vocab, H) + elem_us(t, M * H, p->act_bytes);
-#undef ac_cost_gemm_us
+    us += gemm_lookup(t, last_only ? B : M, c->vocab, H, warm) + elem_us(t, M * H, p->act_bytes);
     us += launches * t->launch_us; /* 0 for CPU tables */
     return us + p->overhead_ms * 1e3;
 }
@@ -221,7 +219,6 @@ void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workloa
                      ac_cost *o) {
     memset(o, 0, sizeof *o);
     double B = w->batch, P = w->prompt_len, G = w->gen_len;
-    (void)smooth;
     /* The share of the weights that fits in the table's effective cache is
      * read warm: blend the warm and cold GEMM tables by it. */
     double wbytes = ac_carch_params(c) * p->w_bytes, fw = t->cache_bytes > 0 && wbytes > 0 ? fmin(1, t->cache_bytes / wbytes) : 0;

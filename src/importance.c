@@ -83,6 +83,16 @@ static int calib_loss(const ac_model *m, const int *ids, size_t n, int ctx, int 
     return 0;
 }
 
+/* Calibration loss of the source model pruned (or KV-merged) to arch t. */
+static int pruned_loss(const ac_model *m, const ac_arch *t, const ac_importance *imp, const int *ids, size_t n, int ctx, int sw,
+                       double *loss, ac_err *e) {
+    ac_model pm;
+    if (ac_prune(m, t, imp, &pm, e)) return -1;
+    int rc = calib_loss(&pm, ids, n, ctx, sw, loss, e);
+    ac_model_free(&pm);
+    return rc;
+}
+
 /* Make the curve monotone non-decreasing from 0 (removal never helps in the
  * model, even when noise says it does). */
 static void monotone(double *p) {
@@ -194,13 +204,10 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
         ac_arch t;
         if ((rc = ac_arch_copy(&t, a, e))) break;
         t.hidden = H - (int)lround(HF[i] * H);
-        ac_model pm;
-        rc = ac_prune(m, &t, imp, &pm, e);
+        double lo = 0;
+        rc = pruned_loss(m, &t, imp, ids, n, ctx, sw, &lo, e);
         ac_arch_free(&t);
         if (rc) break;
-        double lo = 0;
-        rc = calib_loss(&pm, ids, n, ctx, sw, &lo, e);
-        ac_model_free(&pm);
         imp->hid_frac[i] = HF[i];
         imp->hid_sens[i] = fmax(lo - base, i ? imp->hid_sens[i - 1] : 0);
     }
@@ -216,13 +223,10 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
             ac_arch t;
             if ((rc = ac_arch_copy(&t, a, e))) break;
             t.layers[l].n_kv_heads = d;
-            ac_model pm;
-            rc = ac_prune(m, &t, imp, &pm, e);
+            double lo = 0;
+            rc = pruned_loss(m, &t, imp, ids, n, ctx, sw, &lo, e);
             ac_arch_free(&t);
             if (rc) break;
-            double lo = 0;
-            rc = calib_loss(&pm, ids, n, ctx, sw, &lo, e);
-            ac_model_free(&pm);
             int k = imp->merge_n[l]++;
             imp->merge_r[l][k] = 1.0 - (double)d / kv;
             imp->merge_sens[l][k] = fmax(lo - base, k ? imp->merge_sens[l][k - 1] : 0);
