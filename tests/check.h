@@ -41,6 +41,18 @@ static int ck_failed_now, ck_pass, ck_fail, ck_skip, ck_skipped_now;
         fflush(stdout);                                          \
     } while (0)
 
+/* buf = $AC_BUILD/rel (build/rel when unset): where fixtures and models are. */
+static inline void ck_build_path(char *buf, size_t n, const char *rel) {
+    const char *b = getenv("AC_BUILD");
+    snprintf(buf, n, "%s/%s", b ? b : "build", rel);
+}
+
+static inline int ck_exists(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (f) fclose(f);
+    return f != NULL;
+}
+
 #define DONE() (printf("RESULT %d %d %d\n", ck_pass, ck_fail, ck_skip), ck_fail ? 1 : 0)
 
 #endif

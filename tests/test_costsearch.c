@@ -257,13 +257,10 @@ static void test_search_feasible_deterministic_heterogeneous(void) {
 
 static char fx[1100];
 static int have_fixture(void) {
-    const char *b = getenv("AC_BUILD");
-    snprintf(fx, sizeof fx, "%s/fixtures/models/llama_gqa_bf16", b ? b : "build");
+    ck_build_path(fx, sizeof fx, "fixtures/models/llama_gqa_bf16");
     char p[1200];
     snprintf(p, sizeof p, "%s/config.json", fx);
-    FILE *f = fopen(p, "r");
-    if (f) fclose(f);
-    return f != NULL;
+    return ck_exists(p);
 }
 
 static void test_prune_equals_masking(void) {
@@ -344,10 +341,9 @@ static void test_kv_merge_of_duplicate_heads_is_exact(void) {
 }
 
 static void test_repair_reduces_loss(void) {
-    const char *b = getenv("AC_BUILD");
     char tiny[1100], text[1200];
-    snprintf(tiny, sizeof tiny, "%s/models/tiny", b ? b : "build");
-    snprintf(text, sizeof text, "%s/data/calib.txt", b ? b : "build");
+    ck_build_path(tiny, sizeof tiny, "models/tiny");
+    ck_build_path(text, sizeof text, "data/calib.txt");
     ac_model m;
     ac_err e;
     if (ac_model_load(tiny, &m, &e)) SKIP("no tiny model (make tiny-model)");

@@ -14,9 +14,9 @@ static const char *why;
 
 static void compare(const char *name) {
     if (!cu) SKIP("%s", why);
-    const char *b = getenv("AC_BUILD");
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/fixtures/models/%s", b ? b : "build", name);
+    char dir[1024], rel[256];
+    snprintf(rel, sizeof rel, "fixtures/models/%s", name);
+    ck_build_path(dir, sizeof dir, rel);
     ac_model m;
     ac_err e;
     if (ac_model_load(dir, &m, &e)) SKIP("no fixture %s (make fixtures)", name);

@@ -14,13 +14,10 @@
 static char fx[1024];
 
 static int fixtures_present(void) {
-    const char *b = getenv("AC_BUILD");
-    snprintf(fx, sizeof fx, "%s/fixtures", b ? b : "build");
+    ck_build_path(fx, sizeof fx, "fixtures");
     char p[1200];
     snprintf(p, sizeof p, "%s/models/llama_gqa_bf16/config.json", fx);
-    FILE *f = fopen(p, "r");
-    if (f) fclose(f);
-    return f != NULL;
+    return ck_exists(p);
 }
 
 /* Compare engine logits with the reference of one fixture model.
@@ -149,9 +146,8 @@ static void test_perplexity_matches_reference(void) {
     snprintf(p, sizeof p, "%s/ppl.json", fx);
     json_t *ref = json_load_file(p, 0, NULL);
     if (!ref) SKIP("no ppl.json (tiny model not built)");
-    const char *b = getenv("AC_BUILD");
     char tiny[1100], text[1200];
-    snprintf(tiny, sizeof tiny, "%s/models/tiny", b ? b : "build");
+    ck_build_path(tiny, sizeof tiny, "models/tiny");
     snprintf(text, sizeof text, "%s/heldout_small.txt", fx);
     ac_model m;
     ac_err e = {{0}};

@@ -9,15 +9,13 @@
 static char fx[1024];
 
 static void check_tok(const char *name) {
-    const char *b = getenv("AC_BUILD");
-    char p[1200];
-    snprintf(fx, sizeof fx, "%s/fixtures/tok/%s", b ? b : "build", name);
+    char p[1200], rel[256];
+    snprintf(rel, sizeof rel, "fixtures/tok/%s", name);
+    ck_build_path(fx, sizeof fx, rel);
     snprintf(p, sizeof p, "%s/tokenizer.json", fx);
     ac_tokenizer *t;
     ac_err e = {{0}};
-    FILE *f = fopen(p, "r");
-    if (!f) SKIP("no fixture %s (make fixtures)", p);
-    fclose(f);
+    if (!ck_exists(p)) SKIP("no fixture %s (make fixtures)", p);
     CHECK(ac_tok_load(p, &t, &e) == 0, "%s", e.msg);
     if (!t) return;
     /* the fixtures append <|endoftext|> as the last id */
