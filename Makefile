@@ -27,10 +27,17 @@ BENCH_BIN = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/*.c))
 # The CUDA plugin is built when nvcc is found; without it the CPU path alone.
 CUDA_PLUGIN = $(if $(NVCC),$(B)/libac_cuda.so,)
 
-all: $(B)/autocompressd $(B)/autocompress $(TEST_BIN) $(B)/tests/fuzz_parsers $(BENCH_BIN) $(CUDA_PLUGIN)
+all: $(B)/autocompressd $(B)/autocompress $(TEST_BIN) $(B)/tests/fuzz_parsers $(BENCH_BIN) $(CUDA_PLUGIN) $(B)/tests/libac_cuda_emu.so
 
 $(B)/libac_cuda.so: $(wildcard src/cuda/*.cu src/cuda/*.h) src/costmodel.h src/model.h
 	$(MAKE) -C src/cuda NVCC=$(NVCC) CUDA_HOME=$(CUDA_HOME) B=$(abspath $(B)) all
+
+# The CUDA backend compiled for the CPU against tests/cuda_emu (no nvcc
+# needed): tests/run_all.sh runs test_cuda through it.
+EMU_CXXFLAGS = $(filter-out -std=c11,$(CFLAGS)) -std=c++17 -DAC_CUDA_EMU -Itests/cuda_emu
+$(B)/tests/libac_cuda_emu.so: src/cuda/ac_cuda.cu src/cuda/ac_cuda.h tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h src/costmodel.h src/model.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -shared -o $@ -x c++ src/cuda/ac_cuda.cu -x none tests/cuda_emu/cuda_emu.cc
 
 $(B)/src/%.o: src/%.c $(wildcard src/*.h)
 	@mkdir -p $(dir $@)
@@ -122,6 +129,7 @@ test-asan: asan fixtures
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_tokenizer
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_engine
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_costsearch
+	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 AC_CUDA_PLUGIN=$(abspath build-asan/tests/libac_cuda_emu.so) build-asan/tests/test_cuda
 	ASAN_OPTIONS=detect_leaks=0 build-asan/tests/fuzz_parsers 100000 3
 
 cuda-check:

@@ -55,6 +55,7 @@ static void test_gpu_llama_gqa(void) { compare("llama_gqa_bf16"); }
 static void test_gpu_qwen2_bias(void) { compare("qwen2_tied_f16"); }
 static void test_gpu_llama3_rope(void) { compare("llama3_rope_f32"); }
 static void test_gpu_heterogeneous(void) { compare("deci_hetero"); }
+static void test_gpu_mistral_sliding_window(void) { compare("mistral_sharded"); }
 
 static void test_gemm_timings_within_roofline(void) {
     if (!cu) SKIP("%s", why);
@@ -82,6 +83,7 @@ int main(void) {
     RUN(test_gpu_qwen2_bias);
     RUN(test_gpu_llama3_rope);
     RUN(test_gpu_heterogeneous);
+    RUN(test_gpu_mistral_sliding_window);
     RUN(test_gemm_timings_within_roofline);
     return DONE();
 }

@@ -3,9 +3,17 @@
 // which dominate the cost.
 #include "ac_cuda.h"
 
+#ifdef AC_CUDA_EMU
+#include "cuda_emu.h" // tests: the CPU emulation in tests/cuda_emu
+#else
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+// Launches and dynamic shared memory go through these two macros so that
+// tests/cuda_emu can compile this file for the CPU and run its kernels.
+#define AC_LAUNCH(k, grid, block, shm, stream, ...) k<<<(grid), (block), (shm), (stream)>>>(__VA_ARGS__)
+#define AC_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -92,7 +100,7 @@ __global__ void k_store_kv(bf16 *kc, bf16 *vc, const float *k, const float *v, i
 // memory, softmax, weighted sum of values. out: bf16 [N, nh*hd].
 __global__ void k_attention(bf16 *out, const float *q, const bf16 *kc, const bf16 *vc, int nh, int nkv, int hd, int n, int pos0,
                             int max_ctx, float scale, int window) {
-    extern __shared__ float sm[];
+    AC_DYNAMIC_SHARED(float, sm);
     int r = blockIdx.x, h = blockIdx.y, b = r / n, t = r % n, S = pos0 + t + 1, kh = h / (nh / nkv), KV = nkv * hd;
     int first = window > 0 && S > window ? S - window : 0; // sliding window: keys [first, S)
     kc += (size_t)first * KV;
@@ -330,45 +338,45 @@ extern "C" int acc_engine_forward(acc_engine *en, const int *tokens, int B, int 
     }
     CK(cudaSetDevice(en->dev));
     CK(cudaMemcpyAsync(en->tok, tokens, N * sizeof(int), cudaMemcpyHostToDevice, s));
-    k_embed<<<N, 128, 0, s>>>(en->x, en->embed, en->tok, H);
+    AC_LAUNCH(k_embed, N, 128, 0, s, en->x, en->embed, en->tok, H);
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *la = &a->layers[l];
         layer_d &d = en->L[l];
         if (la->n_heads) {
             int Q = la->n_heads * hd, KV = la->n_kv_heads * hd;
-            k_rmsnorm<<<N, 256, 0, s>>>(en->xn, en->x, d.in_norm, H, a->eps);
+            AC_LAUNCH(k_rmsnorm, N, 256, 0, s, en->xn, en->x, d.in_norm, H, a->eps);
             CB(gemm(en->blas, en->q, en->xn, d.wq, N, H, Q, 0));
             CB(gemm(en->blas, en->k, en->xn, d.wk, N, H, KV, 0));
             CB(gemm(en->blas, en->v, en->xn, d.wv, N, H, KV, 0));
             if (d.bq) {
-                k_bias<<<(N * Q + 255) / 256, 256, 0, s>>>(en->q, d.bq, Q, N);
-                k_bias<<<(N * KV + 255) / 256, 256, 0, s>>>(en->k, d.bk, KV, N);
-                k_bias<<<(N * KV + 255) / 256, 256, 0, s>>>(en->v, d.bv, KV, N);
+                AC_LAUNCH(k_bias, (N * Q + 255) / 256, 256, 0, s, en->q, d.bq, Q, N);
+                AC_LAUNCH(k_bias, (N * KV + 255) / 256, 256, 0, s, en->k, d.bk, KV, N);
+                AC_LAUNCH(k_bias, (N * KV + 255) / 256, 256, 0, s, en->v, d.bv, KV, N);
             }
-            k_rope<<<N, 128, 0, s>>>(en->q, la->n_heads, hd, n, pos0, en->cs, en->sn);
-            k_rope<<<N, 128, 0, s>>>(en->k, la->n_kv_heads, hd, n, pos0, en->cs, en->sn);
-            k_store_kv<<<N, 128, 0, s>>>(d.kc, d.vc, en->k, en->v, KV, n, pos0, en->max_ctx);
+            AC_LAUNCH(k_rope, N, 128, 0, s, en->q, la->n_heads, hd, n, pos0, en->cs, en->sn);
+            AC_LAUNCH(k_rope, N, 128, 0, s, en->k, la->n_kv_heads, hd, n, pos0, en->cs, en->sn);
+            AC_LAUNCH(k_store_kv, N, 128, 0, s, d.kc, d.vc, en->k, en->v, KV, n, pos0, en->max_ctx);
             size_t shm = (size_t)(pos0 + n + hd) * sizeof(float);
-            k_attention<<<dim3(N, la->n_heads), 128, shm, s>>>(en->att, en->q, d.kc, d.vc, la->n_heads, la->n_kv_heads, hd, n, pos0,
+            AC_LAUNCH(k_attention, dim3(N, la->n_heads), 128, shm, s, en->att, en->q, d.kc, d.vc, la->n_heads, la->n_kv_heads, hd, n, pos0,
                                                                 en->max_ctx, 1.0f / sqrtf((float)hd), a->sliding_window);
             CB(gemm(en->blas, en->x, en->att, d.wo, N, Q, H, 1));
         }
         if (la->ffn) {
             int F = la->ffn;
-            k_rmsnorm<<<N, 256, 0, s>>>(en->xn, en->x, d.post_norm, H, a->eps);
+            AC_LAUNCH(k_rmsnorm, N, 256, 0, s, en->xn, en->x, d.post_norm, H, a->eps);
             CB(gemm(en->blas, en->g, en->xn, d.wg, N, H, F, 0));
             CB(gemm(en->blas, en->u, en->xn, d.wu, N, H, F, 0));
-            k_silu_mul<<<(unsigned)(((size_t)N * F + 255) / 256), 256, 0, s>>>(en->h, en->g, en->u, (size_t)N * F);
+            AC_LAUNCH(k_silu_mul, (unsigned)(((size_t)N * F + 255) / 256), 256, 0, s, en->h, en->g, en->u, (size_t)N * F);
             CB(gemm(en->blas, en->x, en->h, d.wd, N, F, H, 1));
         }
     }
     rows = last_only ? B : N;
     xf = en->x;
     if (last_only) {
-        k_gather_last<<<B, 128, 0, s>>>(en->x2, en->x, H, n);
+        AC_LAUNCH(k_gather_last, B, 128, 0, s, en->x2, en->x, H, n);
         xf = en->x2;
     }
-    k_rmsnorm<<<rows, 256, 0, s>>>(en->xn, xf, en->final_norm, H, a->eps);
+    AC_LAUNCH(k_rmsnorm, rows, 256, 0, s, en->xn, xf, en->final_norm, H, a->eps);
     CB(gemm(en->blas, en->logits, en->xn, en->lm_head, rows, H, V, 0));
     CK(cudaGetLastError());
     CK(cudaMemcpyAsync(logits, en->logits, (size_t)rows * V * 4, cudaMemcpyDeviceToHost, s));
@@ -457,9 +465,9 @@ static int time_attention(int nq, int extra, int hd, double *us, char *err, size
     CK(cudaMemset(vc, 0, (size_t)S * KV * 2));
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    k_attention<<<dim3(nq, nh), 128, (size_t)(S + hd) * 4>>>(out, q, kc, vc, nh, nkv, hd, nq, extra - 1, S, 0.1f, 0);
+    AC_LAUNCH(k_attention, dim3(nq, nh), 128, (size_t)(S + hd) * 4, 0, out, q, kc, vc, nh, nkv, hd, nq, extra - 1, S, 0.1f, 0);
     CK(cudaEventRecord(e0));
-    for (int r = 0; r < 10; r++) k_attention<<<dim3(nq, nh), 128, (size_t)(S + hd) * 4>>>(out, q, kc, vc, nh, nkv, hd, nq, extra - 1, S, 0.1f, 0);
+    for (int r = 0; r < 10; r++) AC_LAUNCH(k_attention, dim3(nq, nh), 128, (size_t)(S + hd) * 4, 0, out, q, kc, vc, nh, nkv, hd, nq, extra - 1, S, 0.1f, 0);
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     CK(cudaGetLastError());
@@ -517,9 +525,9 @@ extern "C" int acc_measure_table(int dev, ac_cost_table *t, char *err, size_t er
     // launch overhead and elementwise throughput
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    k_empty<<<1, 1>>>();
+    AC_LAUNCH(k_empty, 1, 1, 0, 0);
     CK(cudaEventRecord(e0));
-    for (int r = 0; r < 1000; r++) k_empty<<<1, 1>>>();
+    for (int r = 0; r < 1000; r++) AC_LAUNCH(k_empty, 1, 1, 0, 0);
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     CK(cudaEventElapsedTime(&ms, e0, e1));
@@ -533,9 +541,9 @@ extern "C" int acc_measure_table(int dev, ac_cost_table *t, char *err, size_t er
         CK(cudaMalloc(&o, (size_t)R * H * 2));
         CK(cudaMemset(x, 0, (size_t)R * H * 4));
         CK(cudaMemset(w, 0, (size_t)H * 4));
-        k_rmsnorm<<<R, 256>>>(o, x, w, H, 1e-5f);
+        AC_LAUNCH(k_rmsnorm, R, 256, 0, 0, o, x, w, H, 1e-5f);
         CK(cudaEventRecord(e0));
-        for (int r = 0; r < 10; r++) k_rmsnorm<<<R, 256>>>(o, x, w, H, 1e-5f);
+        for (int r = 0; r < 10; r++) AC_LAUNCH(k_rmsnorm, R, 256, 0, 0, o, x, w, H, 1e-5f);
         CK(cudaEventRecord(e1));
         CK(cudaEventSynchronize(e1));
         CK(cudaEventElapsedTime(&ms, e0, e1));

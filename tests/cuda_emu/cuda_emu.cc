@@ -1,0 +1,381 @@
+// cuda_emu.cc - see cuda_emu.h. Test infrastructure only: linked into
+// build/tests/libac_cuda_emu.so together with src/cuda/ac_cuda.cu.
+#include "cuda_emu.h"
+
+#include <setjmp.h>
+#include <ucontext.h>
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <set>
+
+dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+namespace {
+
+const size_t STACK_BYTES = 256 * 1024;
+const int MAX_THREADS = 1024;
+
+struct fiber {
+    jmp_buf jb;
+    char *stack = nullptr;
+    void *fake = nullptr; // AddressSanitizer's fake-stack handle
+    dim3 tid;
+    bool done = false;
+};
+
+// The block being run: its fibers and barrier state. Barriers count the
+// fibers still alive, so threads that returned early do not block others.
+struct block_run {
+    fiber f[MAX_THREADS]; // fixed: a parked fiber holds a reference to its own entry
+    int nfibers = 0;
+    jmp_buf sched;
+    void *sched_fake = nullptr;
+    const void *sched_bottom = nullptr;
+    size_t sched_size = 0;
+    const std::function<void()> *body = nullptr;
+    int cur = 0, live = 0, nthreads = 0;
+    int bar_arrived = 0;
+    unsigned long bar_gen = 0;
+    int warp_arrived[MAX_THREADS / 32], warp_live[MAX_THREADS / 32], warp_size[MAX_THREADS / 32];
+    unsigned long warp_gen[MAX_THREADS / 32];
+    float slot[MAX_THREADS];
+    unsigned long events = 0; // arrivals, releases, exits: progress
+    bool failed = false;
+} R;
+
+cudaError_t last_error = cudaSuccess; // launch errors, cleared by cudaGetLastError
+cudaError_t sticky = cudaSuccess;     // kernel faults: every later call fails, as on a device
+std::map<const void *, int> max_dynamic;
+std::set<void *> allocations;
+void *dynamic_shared = nullptr;
+
+void kernel_fault(const char *why) {
+    fprintf(stderr, "cuda_emu: kernel fault in block (%u,%u,%u) thread (%u,%u,%u): %s\n", blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x,
+            threadIdx.y, threadIdx.z, why);
+    R.failed = true;
+    sticky = last_error = cudaErrorLaunchFailure;
+}
+
+// Context switches. A fiber's stack is entered once through makecontext;
+// after that fibers and the scheduler switch with _setjmp/_longjmp, which
+// (unlike swapcontext) make no system call: a launch switches ~10^5 times.
+#ifdef __SANITIZE_ADDRESS__
+#define SW_START(fake, bottom, size) __sanitizer_start_switch_fiber(fake, bottom, size)
+#define SW_FINISH(fake, bottom, size) __sanitizer_finish_switch_fiber(fake, bottom, size)
+#else
+#define SW_START(fake, bottom, size) ((void)0)
+#define SW_FINISH(fake, bottom, size) ((void)0)
+#endif
+
+void to_scheduler() {
+    fiber &f = R.f[R.cur];
+    SW_START(&f.fake, R.sched_bottom, R.sched_size);
+    if (!_setjmp(f.jb)) _longjmp(R.sched, 1);
+    SW_FINISH(f.fake, &R.sched_bottom, &R.sched_size);
+}
+
+void to_fiber(int i) {
+    SW_START(&R.sched_fake, R.f[i].stack, STACK_BYTES);
+    if (!_setjmp(R.sched)) _longjmp(R.f[i].jb, 1);
+    SW_FINISH(R.sched_fake, nullptr, nullptr);
+}
+
+void yield() { to_scheduler(); }
+
+int linear_tid() { return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); }
+
+void release_if_complete() {
+    if (R.bar_arrived > 0 && R.bar_arrived == R.live) { R.bar_arrived = 0; R.bar_gen++; R.events++; }
+    for (int w = 0; w * 32 < R.nthreads; w++)
+        if (R.warp_arrived[w] > 0 && R.warp_arrived[w] == R.warp_live[w]) { R.warp_arrived[w] = 0; R.warp_gen[w]++; R.events++; }
+}
+
+ucontext_t creator, entry_ctx;
+
+// A fiber's whole life: park, then run the body once per block it is given.
+void fiber_main() {
+    int me = R.cur;
+    if (!_setjmp(R.f[me].jb)) setcontext(&creator); // parked; resumed by to_fiber
+    SW_FINISH(nullptr, &R.sched_bottom, &R.sched_size);
+    for (;;) {
+        me = R.cur;
+        (*R.body)();
+        R.f[me].done = true;
+        R.live--;
+        R.warp_live[me / 32]--;
+        R.events++;
+        release_if_complete();
+        to_scheduler();
+    }
+}
+
+void new_fiber(int i) {
+    R.f[i].stack = (char *)malloc(STACK_BYTES);
+    getcontext(&entry_ctx);
+    entry_ctx.uc_stack.ss_sp = R.f[i].stack;
+    entry_ctx.uc_stack.ss_size = STACK_BYTES;
+    entry_ctx.uc_link = nullptr;
+    makecontext(&entry_ctx, fiber_main, 0);
+    R.cur = i;
+    swapcontext(&creator, &entry_ctx);
+}
+
+void warp_barrier(int w) {
+    unsigned long g = R.warp_gen[w];
+    R.events++;
+    if (++R.warp_arrived[w] == R.warp_live[w]) { R.warp_arrived[w] = 0; R.warp_gen[w]++; return; }
+    while (R.warp_gen[w] == g && !R.failed) yield();
+}
+
+// Runs one block to completion; false on a fault. The fibers of a faulted
+// block stay suspended mid-kernel, and none is resumed again: after a fault
+// every later launch is refused (the sticky error).
+bool run_block() {
+    R.live = R.nthreads;
+    R.bar_arrived = 0;
+    for (int w = 0; w * 32 < R.nthreads; w++) {
+        R.warp_arrived[w] = 0;
+        R.warp_size[w] = R.warp_live[w] = std::min(32, R.nthreads - w * 32);
+    }
+    for (int i = 0; i < R.nthreads; i++) {
+        R.f[i].done = false;
+        R.f[i].tid = dim3(i % blockDim.x, (i / blockDim.x) % blockDim.y, i / (blockDim.x * blockDim.y));
+    }
+    while (R.live > 0 && !R.failed) {
+        unsigned long before = R.events;
+        for (int i = 0; i < R.nthreads && !R.failed; i++) {
+            if (R.f[i].done) continue;
+            R.cur = i;
+            threadIdx = R.f[i].tid;
+            to_fiber(i);
+        }
+        if (R.events == before && R.live > 0) kernel_fault("barrier deadlock: every live thread waits on a barrier the others never reach");
+    }
+    return !R.failed;
+}
+
+} // namespace
+
+void *emu_dynamic_shared(void) { return dynamic_shared; }
+
+void emu_launch(const void *fn, dim3 grid, dim3 block, size_t shm, const std::function<void()> &body) {
+    if (sticky != cudaSuccess) return;
+    size_t nt = (size_t)block.x * block.y * block.z;
+    if (nt == 0 || nt > (size_t)MAX_THREADS || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u ||
+        grid.y > 65535 || grid.z > 65535) {
+        fprintf(stderr, "cuda_emu: invalid launch configuration grid (%u,%u,%u) block (%u,%u,%u)\n", grid.x, grid.y, grid.z, block.x, block.y,
+                block.z);
+        last_error = cudaErrorInvalidConfiguration;
+        return;
+    }
+    auto lim = max_dynamic.find(fn);
+    size_t limit = lim == max_dynamic.end() ? 48 * 1024 : (size_t)lim->second;
+    if (shm > limit) {
+        fprintf(stderr, "cuda_emu: %zu bytes of dynamic shared memory over the kernel's limit %zu\n", shm, limit);
+        last_error = cudaErrorInvalidValue;
+        return;
+    }
+    // Shared memory starts as NaN bytes: a kernel reading what it never wrote shows.
+    dynamic_shared = malloc(shm ? shm : 1);
+    memset(dynamic_shared, 0xff, shm ? shm : 1);
+    while (R.nfibers < (int)nt) new_fiber(R.nfibers++);
+    R.nthreads = (int)nt;
+    R.body = &body;
+    R.failed = false;
+    gridDim = grid;
+    blockDim = block;
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                blockIdx = dim3(x, y, z);
+                if (!run_block()) goto done;
+            }
+done:
+    free(dynamic_shared);
+    dynamic_shared = nullptr;
+}
+
+void __syncthreads(void) {
+    unsigned long g = R.bar_gen;
+    R.events++;
+    if (++R.bar_arrived == R.live) { R.bar_arrived = 0; R.bar_gen++; return; }
+    while (R.bar_gen == g && !R.failed) yield();
+}
+
+float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
+    int t = linear_tid(), w = t / 32, lane = t % 32;
+    if (mask != 0xffffffffu || R.warp_size[w] != 32 || R.warp_live[w] != 32 || lane_mask < 0 || lane_mask > 31) {
+        kernel_fault("__shfl_xor_sync with a full mask on a partial warp (block size not a multiple of 32, or lanes exited)");
+        return v;
+    }
+    R.slot[t] = v;
+    warp_barrier(w);
+    float r = R.slot[w * 32 + (lane ^ lane_mask)];
+    warp_barrier(w);
+    return r;
+}
+
+// ---------------------------------------------------------------- runtime
+
+const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    }
+    return "unknown error";
+}
+
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = last_error;
+    last_error = sticky;
+    return e;
+}
+
+cudaError_t cudaGetDeviceCount(int *n) {
+    *n = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev) {
+    if (dev != 0) return cudaErrorInvalidDevice;
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "CUDA emulator (CPU)");
+    p->totalGlobalMem = (size_t)8 << 30;
+    p->multiProcessorCount = 1;
+    p->major = 8;
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int dev) { return dev == 0 ? sticky : cudaErrorInvalidDevice; }
+
+cudaError_t emu_malloc(void **p, size_t n) {
+    *p = malloc(n ? n : 1);
+    if (!*p) return cudaErrorMemoryAllocation;
+    memset(*p, 0xff, n); // uninitialised device memory reads as NaN
+    allocations.insert(*p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p) {
+    if (!p) return cudaSuccess;
+    if (!allocations.erase(p)) return cudaErrorInvalidValue;
+    free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind) {
+    if (sticky != cudaSuccess) return sticky;
+    if (n && (!dst || !src)) return cudaErrorInvalidValue;
+    memcpy(dst, src, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind k, cudaStream_t) { return cudaMemcpy(dst, src, n, k); }
+
+cudaError_t cudaMemset(void *p, int v, size_t n) {
+    if (n && !p) return cudaErrorInvalidValue;
+    memset(p, v, n);
+    return sticky;
+}
+
+cudaError_t emu_func_set_attribute(const void *fn, cudaFuncAttribute a, int v) {
+    if (a != cudaFuncAttributeMaxDynamicSharedMemorySize || v < 0 || v > 227 * 1024) return cudaErrorInvalidValue;
+    max_dynamic[fn] = v;
+    return cudaSuccess;
+}
+
+struct emu_stream {
+    int unused;
+};
+struct emu_event {
+    double ms;
+};
+
+static double now_ms() { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    *s = new emu_stream();
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    delete s;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return sticky; }
+cudaError_t cudaEventCreate(cudaEvent_t *e) {
+    *e = new emu_event();
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    delete e;
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+    e->ms = now_ms();
+    return sticky;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return sticky; }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    *ms = (float)(b->ms - a->ms);
+    return sticky;
+}
+
+// ---------------------------------------------------------------- cuBLAS
+
+struct emu_blas {
+    cudaStream_t stream;
+};
+
+cublasStatus_t cublasCreate(cublasHandle_t *h) {
+    *h = new emu_blas();
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy(cublasHandle_t h) {
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    h->stream = s;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static float element(const void *p, cudaDataType_t t, size_t i) {
+    return t == CUDA_R_32F ? ((const float *)p)[i] : __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *alpha, const void *A,
+                            cudaDataType_t at, int lda, const void *B, cudaDataType_t bt, int ldb, const void *beta, void *C, cudaDataType_t ct,
+                            int ldc, cublasComputeType_t compute, cublasGemmAlgo_t) {
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (ct != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F || (at != CUDA_R_32F && at != CUDA_R_16BF) || (bt != CUDA_R_32F && bt != CUDA_R_16BF))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    int arows = ta == CUBLAS_OP_N ? m : k, brows = tb == CUBLAS_OP_N ? k : n;
+    if (m < 0 || n < 0 || k < 0 || lda < std::max(1, arows) || ldb < std::max(1, brows) || ldc < std::max(1, m))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (sticky != cudaSuccess) return CUBLAS_STATUS_NOT_SUPPORTED;
+    float al = *(const float *)alpha, be = *(const float *)beta;
+    float *c = (float *)C;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            float acc = 0;
+            for (int l = 0; l < k; l++) {
+                float a = ta == CUBLAS_OP_N ? element(A, at, i + (size_t)l * lda) : element(A, at, l + (size_t)i * lda);
+                float b = tb == CUBLAS_OP_N ? element(B, bt, l + (size_t)j * ldb) : element(B, bt, j + (size_t)l * ldb);
+                acc += a * b;
+            }
+            float *y = c + i + (size_t)j * ldc;
+            *y = be == 0 ? al * acc : al * acc + be * *y; // beta 0: C is not read
+        }
+    return CUBLAS_STATUS_SUCCESS;
+}
