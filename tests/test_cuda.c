@@ -45,6 +45,31 @@ static void compare(const char *name) {
         for (size_t v = 0; v < V; v++) dd = fmax(dd, fabs(l2[bb * V + v] - lg[((size_t)bb * T + T - 1) * V + v]));
     CHECK(dd <= 1e-2 * mx, "%s: decode differs by %g", name, dd);
     free(l2);
+    /* cross-entropy on the device vs the CPU engine's, same windows */
+    int tg[24];
+    float nl[24];
+    for (int bb = 0; bb < B; bb++)
+        for (int t = 0; t < T; t++) tg[bb * T + t] = t + 1 < T ? toks[bb * T + t + 1] : -1;
+    long cnt;
+    double cpu_nll = ac_engine_nll(&en, toks, B, T, 0, &cnt), gpu_nll = 0;
+    CHECK(cu->engine_nll(g, toks, tg, B, T, 0, nl, err, sizeof err) == 0, "%s", err);
+    double worst = 0;
+    for (int i = 0; i < B * T; i++) {
+        gpu_nll += nl[i];
+        if (tg[i] < 0) { CHECK(nl[i] == 0, "%s: row %d has no target but NLL %g", name, i, nl[i]); continue; }
+        const float *row = en.logits + (size_t)i * V; /* per-row reference from the CPU logits */
+        double mxr = row[0], se = 0;
+        for (size_t v = 1; v < V; v++) mxr = fmax(mxr, row[v]);
+        for (size_t v = 0; v < V; v++) se += exp(row[v] - mxr);
+        worst = fmax(worst, fabs(nl[i] - (mxr + log(se) - row[tg[i]])));
+    }
+    gpu_nll /= cnt;
+    printf("   %s: mean NLL GPU %.5f vs CPU %.5f, worst row %.2e\n", name, gpu_nll, cpu_nll, worst);
+    CHECK(fabs(gpu_nll - cpu_nll) <= 3e-3 * cpu_nll, "%s: mean NLL %g vs %g", name, gpu_nll, cpu_nll);
+    CHECK(worst <= 2 * d + 1e-3, "%s: a row's NLL differs by %g (logits by %g)", name, worst, d);
+    /* out of range: a clear error, nothing run */
+    err[0] = 0;
+    CHECK(cu->engine_forward(g, toks, B, T, 1, 1, lg, err, sizeof err) != 0 && strstr(err, "exceeds"), "%s: beyond max_ctx: '%s'", name, err);
     free(lg);
     if (g) cu->engine_free(g);
     ac_engine_free(&en);

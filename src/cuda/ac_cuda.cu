@@ -49,26 +49,6 @@ __global__ void k_embed(float *x, const bf16 *emb, const int *tok, int H) {
     for (int i = threadIdx.x; i < H; i += blockDim.x) x[(size_t)r * H + i] = __bfloat162float(e[i]);
 }
 
-// out[r] = x[r] * rsqrt(mean(x^2) + eps) * w, as bf16 (GEMM input)
-__global__ void k_rmsnorm(bf16 *out, const float *x, const float *w, int H, float eps) {
-    int r = blockIdx.x;
-    const float *xr = x + (size_t)r * H;
-    __shared__ float red[32];
-    float s = 0;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) s += xr[i] * xr[i];
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        s = threadIdx.x < (blockDim.x + 31) / 32 ? red[threadIdx.x] : 0;
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffff, s, o);
-        if (threadIdx.x == 0) red[0] = rsqrtf(s / H + eps);
-    }
-    __syncthreads();
-    float sc = red[0];
-    for (int i = threadIdx.x; i < H; i += blockDim.x) out[(size_t)r * H + i] = __float2bfloat16(xr[i] * sc * w[i]);
-}
-
 __global__ void k_bias(float *y, const float *b, int cols, int rows) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < (size_t)rows * cols) y[i] += b[i % cols];
@@ -96,57 +76,84 @@ __global__ void k_store_kv(bf16 *kc, bf16 *vc, const float *k, const float *v, i
     }
 }
 
-// One block per (query row, head): scores over visible keys in shared
-// memory, softmax, weighted sum of values. out: bf16 [N, nh*hd].
+// Sum (op 0) or max (op 1) of v over the block; every thread gets the result.
+// blockDim.x must be a multiple of 32 (full-warp shuffles).
+__device__ float block_reduce(float v, int op) {
+    __shared__ float red[32];
+    for (int o = 16; o > 0; o >>= 1) {
+        float w = __shfl_xor_sync(0xffffffff, v, o);
+        v = op ? fmaxf(v, w) : v + w;
+    }
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int i = 1; i < (int)(blockDim.x >> 5); i++) r = op ? fmaxf(r, red[i]) : r + red[i];
+    __syncthreads(); // all have read red before the next reduction writes it
+    return r;
+}
+
+// Keys per tile of the attention kernel's online softmax (the tests build the
+// CPU emulation with a tiny tile so that several tiles are exercised).
+#ifndef AC_ATTN_TILE
+#define AC_ATTN_TILE 1024
+#endif
+#define ATTN_THREADS 128
+#define ATTN_MAX_HD (4 * ATTN_THREADS)
+
+static size_t attn_shared_bytes(int hd) { return (size_t)(AC_ATTN_TILE + hd) * sizeof(float); }
+
+// One block per (query row, head); keys in tiles of AC_ATTN_TILE with an
+// online softmax (running max and sum, accumulator rescaled per tile), so the
+// context length is not bounded by shared memory. Thread i owns output dims
+// i, i + 128, ... (hd <= 512). out: bf16 [N, nh*hd].
 __global__ void k_attention(bf16 *out, const float *q, const bf16 *kc, const bf16 *vc, int nh, int nkv, int hd, int n, int pos0,
                             int max_ctx, float scale, int window) {
     AC_DYNAMIC_SHARED(float, sm);
     int r = blockIdx.x, h = blockIdx.y, b = r / n, t = r % n, S = pos0 + t + 1, kh = h / (nh / nkv), KV = nkv * hd;
     int first = window > 0 && S > window ? S - window : 0; // sliding window: keys [first, S)
-    kc += (size_t)first * KV;
-    vc += (size_t)first * KV;
-    S -= first;
     float *qs = sm, *sc = sm + hd;
-    __shared__ float red[32];
     for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(size_t)r * nh * hd + (size_t)h * hd + i];
     __syncthreads();
     const bf16 *kb = kc + (size_t)b * max_ctx * KV + (size_t)kh * hd, *vb = vc + (size_t)b * max_ctx * KV + (size_t)kh * hd;
-    float mx = -INFINITY;
-    for (int j = threadIdx.x; j < S; j += blockDim.x) {
-        float d = 0;
-        for (int i = 0; i < hd; i++) d += qs[i] * __bfloat162float(kb[(size_t)j * KV + i]);
-        d *= scale;
-        sc[j] = d;
-        mx = fmaxf(mx, d);
+    float m = -INFINITY, l = 0, acc[4] = {0, 0, 0, 0};
+    for (int t0 = first; t0 < S; t0 += AC_ATTN_TILE) {
+        int len = S - t0 < AC_ATTN_TILE ? S - t0 : AC_ATTN_TILE;
+        float mx = -INFINITY;
+        for (int j = threadIdx.x; j < len; j += blockDim.x) {
+            const bf16 *kr = kb + (size_t)(t0 + j) * KV;
+            float d = 0;
+            for (int i = 0; i < hd; i++) d += qs[i] * __bfloat162float(kr[i]);
+            sc[j] = d * scale;
+            mx = fmaxf(mx, sc[j]);
+        }
+        float mn = fmaxf(m, block_reduce(mx, 1)), sum = 0;
+        for (int j = threadIdx.x; j < len; j += blockDim.x) { sc[j] = __expf(sc[j] - mn); sum += sc[j]; }
+        sum = block_reduce(sum, 0); // its barriers also publish sc
+        float c = __expf(m - mn);   // 0 on the first tile (m = -inf)
+        l = l * c + sum;
+        for (int u = 0, i = threadIdx.x; u < 4 && i < hd; u++, i += blockDim.x) {
+            float a = acc[u] * c;
+            for (int j = 0; j < len; j++) a += sc[j] * __bfloat162float(vb[(size_t)(t0 + j) * KV + i]);
+            acc[u] = a;
+        }
+        m = mn;
+        __syncthreads(); // sc is rewritten by the next tile
     }
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float m = red[0];
-        for (int w = 1; w < (int)(blockDim.x + 31) / 32; w++) m = fmaxf(m, red[w]);
-        red[0] = m;
-    }
-    __syncthreads();
-    mx = red[0];
-    __syncthreads();
-    float sum = 0;
-    for (int j = threadIdx.x; j < S; j += blockDim.x) { float e = __expf(sc[j] - mx); sc[j] = e; sum += e; }
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = sum;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float s = 0;
-        for (int w = 0; w < (int)(blockDim.x + 31) / 32; w++) s += red[w];
-        red[0] = s;
-    }
-    __syncthreads();
-    float inv = 1.0f / red[0];
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float acc = 0;
-        for (int j = 0; j < S; j++) acc += sc[j] * __bfloat162float(vb[(size_t)j * KV + i]);
-        out[(size_t)r * nh * hd + (size_t)h * hd + i] = __float2bfloat16(acc * inv);
-    }
+    for (int u = 0, i = threadIdx.x; u < 4 && i < hd; u++, i += blockDim.x)
+        out[(size_t)r * nh * hd + (size_t)h * hd + i] = __float2bfloat16(acc[u] / l);
+}
+
+// Cross-entropy per row: nll[r] = logsumexp(logits[r]) - logits[r][target[r]],
+// 0 where target[r] < 0. One block per row of V logits.
+__global__ void k_nll(float *nll, const float *logits, const int *target, int V) {
+    int r = blockIdx.x;
+    const float *x = logits + (size_t)r * V;
+    float mx = -INFINITY, s = 0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, x[j]);
+    mx = block_reduce(mx, 1);
+    for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(x[j] - mx);
+    s = block_reduce(s, 0);
+    if (threadIdx.x == 0) nll[r] = target[r] < 0 ? 0.0f : mx + logf(s) - x[target[r]];
 }
 
 __global__ void k_silu_mul(bf16 *h, const float *g, const float *u, size_t total) {
@@ -160,6 +167,16 @@ __global__ void k_gather_last(float *dst, const float *x, int H, int n) {
 }
 
 __global__ void k_empty() {}
+
+// out[r] = x[r] * rsqrt(mean(x^2) + eps) * w, as bf16 (GEMM input)
+__global__ void k_rmsnorm(bf16 *out, const float *x, const float *w, int H, float eps) {
+    int r = blockIdx.x;
+    const float *xr = x + (size_t)r * H;
+    float s = 0;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) s += xr[i] * xr[i];
+    float sc = rsqrtf(block_reduce(s, 0) / H + eps);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) out[(size_t)r * H + i] = __float2bfloat16(xr[i] * sc * w[i]);
+}
 
 // ---------------------------------------------------------------- engine
 
@@ -175,8 +192,8 @@ struct acc_engine {
     cublasHandle_t blas;
     cudaStream_t st;
     bf16 *embed, *lm_head, *xn, *att, *h;
-    float *final_norm, *x, *x2, *q, *k, *v, *g, *u, *logits, *cs, *sn;
-    int *tok;
+    float *final_norm, *x, *x2, *q, *k, *v, *g, *u, *logits, *cs, *sn, *nll;
+    int *tok, *target;
     std::vector<layer_d> L;
 };
 
@@ -229,7 +246,7 @@ extern "C" void acc_engine_free(acc_engine *en) {
         for (void *p : ps) cudaFree(p);
     }
     void *ps[] = {en->embed, en->lm_head, en->xn, en->att, en->h, en->final_norm, en->x, en->x2, en->q, en->k, en->v,
-                  en->g, en->u, en->logits, en->cs, en->sn, en->tok};
+                  en->g, en->u, en->logits, en->cs, en->sn, en->tok, en->target, en->nll};
     for (void *p : ps) cudaFree(p);
     if (en->blas) cublasDestroy(en->blas);
     if (en->st) cudaStreamDestroy(en->st);
@@ -253,14 +270,14 @@ extern "C" int acc_engine_create(int dev, const ac_model *m, int max_batch, int 
         maxkv = std::max(maxkv, (size_t)a->layers[l].n_kv_heads * hd);
         maxf = std::max(maxf, (size_t)a->layers[l].ffn);
     }
-    if ((size_t)max_ctx * 4 + hd * 4 > 96 * 1024) {
-        snprintf(err, errn, "context %d exceeds the attention kernel's shared-memory limit", max_ctx);
+    if (hd > ATTN_MAX_HD || hd % 2) {
+        snprintf(err, errn, "head_dim %zu: the attention kernel takes even head dims up to %d", hd, ATTN_MAX_HD);
+        free(en->a.layers);
         delete en;
         return -1;
     }
     en->L.resize(a->n_layers);
     CK(cudaSetDevice(dev));
-    CK(cudaFuncSetAttribute(k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024));
     CK(cudaStreamCreate(&en->st));
     CB(cublasCreate(&en->blas));
     CB(cublasSetStream(en->blas, en->st));
@@ -298,6 +315,8 @@ extern "C" int acc_engine_create(int dev, const ac_model *m, int max_batch, int 
     CK(cudaMalloc(&en->h, N * maxf * 2));
     CK(cudaMalloc(&en->logits, N * V * 4));
     CK(cudaMalloc(&en->tok, N * sizeof(int)));
+    CK(cudaMalloc(&en->target, N * sizeof(int)));
+    CK(cudaMalloc(&en->nll, N * sizeof(float)));
     {
         std::vector<float> cs((size_t)max_ctx * hd / 2), sn(cs.size()), inv(hd / 2);
         for (size_t i = 0; i < hd / 2; i++) {
@@ -326,14 +345,15 @@ fail:
     return -1;
 }
 
-extern "C" int acc_engine_forward(acc_engine *en, const int *tokens, int B, int n, int pos0, int last_only, float *logits, char *err,
-                                  size_t errn) {
+// The forward up to the logits, left on the device in en->logits (B rows
+// when last_only, else B*n). Returns the number of rows, or -1.
+static int forward_device(acc_engine *en, const int *tokens, int B, int n, int pos0, int last_only, char *err, size_t errn) {
     const ac_arch *a = &en->a;
     int H = a->hidden, hd = a->head_dim, V = a->vocab, N = B * n, rows;
     cudaStream_t s = en->st;
     float *xf;
-    if (B > en->max_batch || pos0 + n > en->max_ctx || n <= 0) {
-        snprintf(err, errn, "batch %d x %d at %d exceeds the engine", B, n, pos0);
+    if (B <= 0 || B > en->max_batch || n <= 0 || pos0 < 0 || pos0 + n > en->max_ctx) {
+        snprintf(err, errn, "batch %d x %d tokens at position %d exceeds the engine (%d x %d)", B, n, pos0, en->max_batch, en->max_ctx);
         return -1;
     }
     CK(cudaSetDevice(en->dev));
@@ -356,8 +376,7 @@ extern "C" int acc_engine_forward(acc_engine *en, const int *tokens, int B, int 
             AC_LAUNCH(k_rope, N, 128, 0, s, en->q, la->n_heads, hd, n, pos0, en->cs, en->sn);
             AC_LAUNCH(k_rope, N, 128, 0, s, en->k, la->n_kv_heads, hd, n, pos0, en->cs, en->sn);
             AC_LAUNCH(k_store_kv, N, 128, 0, s, d.kc, d.vc, en->k, en->v, KV, n, pos0, en->max_ctx);
-            size_t shm = (size_t)(pos0 + n + hd) * sizeof(float);
-            AC_LAUNCH(k_attention, dim3(N, la->n_heads), 128, shm, s, en->att, en->q, d.kc, d.vc, la->n_heads, la->n_kv_heads, hd, n, pos0,
+            AC_LAUNCH(k_attention, dim3(N, la->n_heads), ATTN_THREADS, attn_shared_bytes(hd), s, en->att, en->q, d.kc, d.vc, la->n_heads, la->n_kv_heads, hd, n, pos0,
                                                                 en->max_ctx, 1.0f / sqrtf((float)hd), a->sliding_window);
             CB(gemm(en->blas, en->x, en->att, d.wo, N, Q, H, 1));
         }
@@ -379,8 +398,36 @@ extern "C" int acc_engine_forward(acc_engine *en, const int *tokens, int B, int 
     AC_LAUNCH(k_rmsnorm, rows, 256, 0, s, en->xn, xf, en->final_norm, H, a->eps);
     CB(gemm(en->blas, en->logits, en->xn, en->lm_head, rows, H, V, 0));
     CK(cudaGetLastError());
-    CK(cudaMemcpyAsync(logits, en->logits, (size_t)rows * V * 4, cudaMemcpyDeviceToHost, s));
-    CK(cudaStreamSynchronize(s));
+    return rows;
+fail:
+    return -1;
+}
+
+extern "C" int acc_engine_forward(acc_engine *en, const int *tokens, int B, int n, int pos0, int last_only, float *logits, char *err,
+                                  size_t errn) {
+    int rows = forward_device(en, tokens, B, n, pos0, last_only, err, errn);
+    if (rows < 0) return -1;
+    CK(cudaMemcpyAsync(logits, en->logits, (size_t)rows * en->a.vocab * sizeof(float), cudaMemcpyDeviceToHost, en->st));
+    CK(cudaStreamSynchronize(en->st));
+    return 0;
+fail:
+    return -1;
+}
+
+extern "C" int acc_engine_nll(acc_engine *en, const int *tokens, const int *targets, int B, int n, int pos0, float *nll, char *err,
+                              size_t errn) {
+    int rows = forward_device(en, tokens, B, n, pos0, 0, err, errn);
+    if (rows < 0) return -1;
+    for (int i = 0; i < rows; i++)
+        if (targets[i] >= en->a.vocab) {
+            snprintf(err, errn, "target %d at row %d is outside the vocabulary (%d)", targets[i], i, en->a.vocab);
+            return -1;
+        }
+    CK(cudaMemcpyAsync(en->target, targets, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice, en->st));
+    AC_LAUNCH(k_nll, rows, 256, 0, en->st, en->nll, en->logits, en->target, en->a.vocab);
+    CK(cudaGetLastError());
+    CK(cudaMemcpyAsync(nll, en->nll, (size_t)rows * sizeof(float), cudaMemcpyDeviceToHost, en->st));
+    CK(cudaStreamSynchronize(en->st));
     return 0;
 fail:
     return -1;
@@ -455,7 +502,6 @@ static int time_attention(int nq, int extra, int hd, double *us, char *err, size
     float *q = nullptr, ms = 0;
     bf16 *kc = nullptr, *vc = nullptr, *out = nullptr;
     cudaEvent_t e0 = nullptr, e1 = nullptr;
-    CK(cudaFuncSetAttribute(k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024));
     CK(cudaMalloc(&q, (size_t)nq * nh * hd * 4));
     CK(cudaMalloc(&kc, (size_t)S * KV * 2));
     CK(cudaMalloc(&vc, (size_t)S * KV * 2));
@@ -465,9 +511,9 @@ static int time_attention(int nq, int extra, int hd, double *us, char *err, size
     CK(cudaMemset(vc, 0, (size_t)S * KV * 2));
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    AC_LAUNCH(k_attention, dim3(nq, nh), 128, (size_t)(S + hd) * 4, 0, out, q, kc, vc, nh, nkv, hd, nq, extra - 1, S, 0.1f, 0);
+    AC_LAUNCH(k_attention, dim3(nq, nh), ATTN_THREADS, attn_shared_bytes(hd), 0, out, q, kc, vc, nh, nkv, hd, nq, extra - 1, S, 0.1f, 0);
     CK(cudaEventRecord(e0));
-    for (int r = 0; r < 10; r++) AC_LAUNCH(k_attention, dim3(nq, nh), 128, (size_t)(S + hd) * 4, 0, out, q, kc, vc, nh, nkv, hd, nq, extra - 1, S, 0.1f, 0);
+    for (int r = 0; r < 10; r++) AC_LAUNCH(k_attention, dim3(nq, nh), ATTN_THREADS, attn_shared_bytes(hd), 0, out, q, kc, vc, nh, nkv, hd, nq, extra - 1, S, 0.1f, 0);
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     CK(cudaGetLastError());

@@ -30,6 +30,10 @@ int acc_device_info(int dev, char *name, size_t n, double *mem_gib, int *sms, in
 int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_ctx, acc_engine **out, char *err, size_t errn);
 /* Same contract as ac_engine_forward; logits copied to host (B*n or B rows of V). */
 int acc_engine_forward(acc_engine *en, const int *tokens, int B, int n, int pos0, int last_only, float *logits, char *err, size_t errn);
+/* Forward over all B*n positions, then cross-entropy on the device: nll[i]
+ * = -log softmax(logits[i])[targets[i]] for row i = b*n + t, 0 where
+ * targets[i] < 0. Only B*n floats come back to the host, not the logits. */
+int acc_engine_nll(acc_engine *en, const int *tokens, const int *targets, int B, int n, int pos0, float *nll, char *err, size_t errn);
 void acc_engine_free(acc_engine *en);
 /* Time one BF16 GEMM (FP32 accumulate): y[m,n] = x[m,k] w[n,k]^T, median microseconds. */
 int acc_time_gemm(int dev, int m, int n, int k, double *us, char *err, size_t errn);
