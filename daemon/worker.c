@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
+#include "device.h"
 #include "job.h"
 
 static void emit_line(void *ud, const char *kind, json_t *data) {
@@ -66,6 +67,18 @@ int worker_main(int argc, char **argv) {
     if (!spec) { fail("job not found in the database"); return 1; }
     if (!json_object_get(spec, "output") && output) json_object_set_new(spec, "output", json_string(output));
     fprintf(stderr, "worker for job %ld on %s (pid %d)\n", id, device, (int)getpid());
+    if (!strncmp(device, "cuda:", 5)) {
+        /* The slot's GPU becomes this process's CUDA device 0, which is the
+         * one the engine, the table measurement and the evaluation use. */
+        char vis[256];
+        if (ac_cuda_pin(getenv("CUDA_VISIBLE_DEVICES"), atoi(device + 5), vis, sizeof vis)) {
+            json_decref(spec);
+            fail("cannot pin the job to its GPU slot (CUDA_VISIBLE_DEVICES)");
+            return 1;
+        }
+        setenv("CUDA_VISIBLE_DEVICES", vis, 1);
+        fprintf(stderr, "worker: CUDA_VISIBLE_DEVICES=%s\n", vis);
+    }
     ac_job_ctx ctx = {.emit = emit_line, .ud = NULL, .cancelled = NULL, .cost_db = dbp, .threads = threads};
     json_t *result = NULL;
     ac_err e = {{0}};

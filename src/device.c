@@ -73,6 +73,7 @@ typedef int (*cu_meminfo)(size_t *, size_t *);
 typedef int (*cu_ctx_release)(int);
 
 static int cuda_devices(ac_local_device *out, int max) {
+    setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 0); /* before cuInit; workers inherit it */
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h) return 0;
     cu_i init = (cu_i)dlsym(h, "cuInit");
@@ -152,4 +153,22 @@ json_t *ac_local_device_json(const ac_local_device *d) {
     snprintf(cc, sizeof cc, "%d.%d", d->cc_major, d->cc_minor);
     return json_pack("{s:s,s:s,s:s,s:i,s:f,s:f,s:i,s:s,s:i}", "id", id, "kind", "cuda", "name", d->name, "index", d->index,
                      "memory_gib", d->mem_gib, "free_gib", d->free_gib, "sms", d->sms, "compute_capability", cc, "driver", d->driver);
+}
+
+int ac_cuda_pin(const char *current, int ordinal, char *out, size_t n) {
+    if (ordinal < 0 || n == 0) return -1;
+    if (!current || !*current) return snprintf(out, n, "%d", ordinal) < (int)n ? 0 : -1;
+    const char *p = current;
+    for (int i = 0; i < ordinal; i++) {
+        p = strchr(p, ',');
+        if (!p) return -1;
+        p++;
+    }
+    size_t len = strcspn(p, ",");
+    while (len && (*p == ' ')) { p++; len--; }
+    while (len && p[len - 1] == ' ') len--;
+    if (len == 0 || len >= n) return -1;
+    memcpy(out, p, len);
+    out[len] = 0;
+    return 0;
 }

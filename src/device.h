@@ -11,6 +11,7 @@
 #define AC_DEVICE_H
 
 #include <jansson.h>
+#include <stddef.h>
 
 typedef struct {
     char name[128];
@@ -20,8 +21,17 @@ typedef struct {
     int cores;              /* CPU */
 } ac_local_device;
 
-/* Fills up to max entries (CPU first) and returns the count. */
+/* Fills up to max entries (CPU first) and returns the count. Ordinals are in
+ * PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID unless the environment sets
+ * it), as nvidia-smi numbers them. */
 int ac_devices_local(ac_local_device *out, int max);
+
+/* The CUDA_VISIBLE_DEVICES value that makes device 0 of a child process the
+ * GPU this process calls `ordinal`: the ordinal itself, or, when this process
+ * runs under a CUDA_VISIBLE_DEVICES list (`current`, NULL when unset), the
+ * list's entry at that position. Returns 0, or -1 when the ordinal is not in
+ * the list or out is too small. */
+int ac_cuda_pin(const char *current, int ordinal, char *out, size_t n);
 json_t *ac_local_device_json(const ac_local_device *d);
 
 typedef struct {

@@ -6,7 +6,69 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_plugin.h"
 #include "tokenizer.h"
+
+/* The engine that scores windows: the CPU one, or the CUDA plugin's, which
+ * computes the cross-entropy on the device (only B*ctx floats come back). */
+typedef struct {
+    ac_engine cpu;
+    const ac_cuda_api *cu;
+    acc_engine *gpu;
+    int *targets;
+    float *nll;
+} scorer;
+
+static int scorer_init(scorer *sc, const ac_model *m, int B, int ctx, int cuda, ac_stats *stats, ac_err *e) {
+    memset(sc, 0, sizeof *sc);
+    if (!cuda) {
+        if (ac_engine_init(&sc->cpu, m, B, ctx, e)) return -1;
+        sc->cpu.stats = stats;
+        return 0;
+    }
+    const char *why;
+    char err[512] = "";
+    if (stats) return ac_errf(e, "perplexity: activation statistics are gathered on the CPU engine only");
+    if (!(sc->cu = ac_cuda(&why))) return ac_errf(e, "perplexity on CUDA: %s", why);
+    sc->targets = malloc(sizeof(int) * B * ctx);
+    sc->nll = malloc(sizeof(float) * B * ctx);
+    if (!sc->targets || !sc->nll) { free(sc->targets); free(sc->nll); return ac_errf(e, "out of memory"); }
+    if (sc->cu->engine_create(0, m, B, ctx, &sc->gpu, err, sizeof err)) {
+        free(sc->targets);
+        free(sc->nll);
+        return ac_errf(e, "perplexity on CUDA: %s", err);
+    }
+    return 0;
+}
+
+/* Sum of the NLL of targets tok[b][t + 1] for t in [from, ctx-1), nb windows. */
+static int scorer_run(scorer *sc, const int *tok, int nb, int ctx, int from, double *sum, long *cnt, ac_err *e) {
+    if (!sc->cu) {
+        if (ac_engine_forward(&sc->cpu, tok, nb, ctx, 0, 0, e)) return -1;
+        double mean = ac_engine_nll(&sc->cpu, tok, nb, ctx, from, cnt);
+        *sum = mean * *cnt;
+        return 0;
+    }
+    char err[512] = "";
+    for (int b = 0; b < nb; b++)
+        for (int t = 0; t < ctx; t++) sc->targets[b * ctx + t] = t >= from && t + 1 < ctx ? tok[b * ctx + t + 1] : -1;
+    if (sc->cu->engine_nll(sc->gpu, tok, sc->targets, nb, ctx, 0, sc->nll, err, sizeof err)) return ac_errf(e, "perplexity on CUDA: %s", err);
+    *sum = 0;
+    *cnt = 0;
+    for (int i = 0; i < nb * ctx; i++)
+        if (sc->targets[i] >= 0) { *sum += sc->nll[i]; ++*cnt; }
+    return 0;
+}
+
+static void scorer_free(scorer *sc) {
+    if (sc->cu) {
+        sc->cu->engine_free(sc->gpu);
+        free(sc->targets);
+        free(sc->nll);
+    } else {
+        ac_engine_free(&sc->cpu);
+    }
+}
 
 int ac_perplexity(const ac_model *m, const int *ids, size_t n, const ac_ppl_opts *o, ac_stats *stats,
                   void (*progress)(void *ud, double frac), void *ud, ac_ppl_result *r, ac_err *e) {
@@ -18,9 +80,9 @@ int ac_perplexity(const ac_model *m, const int *ids, size_t n, const ac_ppl_opts
     long nwin = o->stride ? (long)((n - ctx) / o->stride + 1) : (long)(n / ctx);
     if (o->max_windows > 0 && nwin > o->max_windows) nwin = o->max_windows;
     if (B > nwin) B = (int)nwin;
-    ac_engine en;
-    if (ac_engine_init(&en, m, B, ctx, e)) return -1;
-    en.stats = stats;
+    scorer sc;
+    if (scorer_init(&sc, m, B, ctx, o->cuda, stats, e)) return -1;
+    r->engine = o->cuda ? "cuda" : "cpu";
     double t0 = ac_now(), total = 0;
     long prev_end = 1; /* targets at positions < prev_end are already scored */
     for (long w = 0; w < nwin; w += B) {
@@ -32,20 +94,20 @@ int ac_perplexity(const ac_model *m, const int *ids, size_t n, const ac_ppl_opts
             from = (int)(prev_end - 1 - start);
             if (from < 0) from = 0;
         }
-        if (ac_engine_forward(&en, tok, nb, ctx, 0, 0, e)) {
-            ac_engine_free(&en);
+        double sum = 0;
+        long cnt = 0;
+        if (scorer_run(&sc, tok, nb, ctx, from, &sum, &cnt, e)) {
+            scorer_free(&sc);
             return -1;
         }
-        long cnt;
-        double mean = ac_engine_nll(&en, tok, nb, ctx, from, &cnt);
-        total += mean * cnt;
+        total += sum;
         r->scored += cnt;
         r->processed += (long)nb * ctx;
         r->windows += nb;
         prev_end = start + ctx;
         if (progress) progress(ud, (double)(w + nb) / nwin);
     }
-    ac_engine_free(&en);
+    scorer_free(&sc);
     r->seconds = ac_now() - t0;
     r->nll = r->scored ? total / r->scored : 0;
     r->ppl = exp(r->nll);

@@ -16,6 +16,9 @@ typedef struct {
     int stride;       /* 0 = non-overlapping windows; else sliding stride */
     int max_windows;  /* 0 = all */
     int batch;        /* windows per forward call (non-overlapping mode) */
+    int cuda;         /* 1: forward and cross-entropy on CUDA device 0 through
+                         the plugin (an error when it is absent); stats must
+                         then be NULL: they are gathered on the CPU engine */
 } ac_ppl_opts;
 
 typedef struct {
@@ -24,6 +27,7 @@ typedef struct {
     long processed;       /* tokens run through the model */
     int windows;
     double seconds, tok_per_s;
+    const char *engine;   /* "cpu" or "cuda" (static string) */
 } ac_ppl_result;
 
 /* stats may be NULL; when set, activation statistics accumulate into it.

@@ -293,7 +293,9 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     /* 6 evaluate */
     t0 = ac_now();
     if (stage(&R, 5, e)) goto out;
-    ac_ppl_opts po = {.ctx = ctxlen, .stride = 0, .max_windows = windows, .batch = 4};
+    /* On a local CUDA target the held-out perplexities run on the GPU
+     * (forward and cross-entropy); calibration above stays on the CPU. */
+    ac_ppl_opts po = {.ctx = ctxlen, .stride = 0, .max_windows = windows, .batch = 4, .cuda = !strncmp(device, "cuda", 4) && ac_cuda(NULL)};
     ac_ppl_result pb, pmr, par = {0};
     if (ac_perplexity(&m, hids, nh, &po, NULL, NULL, NULL, &pb, e) || ac_perplexity(&pm, hids, nh, &po, NULL, NULL, NULL, &pmr, e) ||
         (chosen == &ra && ac_perplexity(&pa, hids, nh, &po, NULL, NULL, NULL, &par, e))) {
@@ -402,8 +404,9 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     json_object_set_new(report, "measured_local", local);
     if (on_target) json_object_set_new(report, "measured_on_target", on_target);
     on_target = NULL;
-    json_object_set_new(report, "eval_protocol", json_pack("{s:s,s:i,s:i,s:I,s:s}", "text", held, "ctx", ctxlen, "windows", pb.windows, "scored_tokens",
-                                                           (json_int_t)pb.scored, "mode", "non-overlapping windows, every target in a window scored"));
+    json_object_set_new(report, "eval_protocol", json_pack("{s:s,s:i,s:i,s:I,s:s,s:s}", "text", held, "ctx", ctxlen, "windows", pb.windows, "scored_tokens",
+                                                           (json_int_t)pb.scored, "mode", "non-overlapping windows, every target in a window scored",
+                                                           "engine", pb.engine));
     json_object_set_new(report, "importance", ac_importance_to_json(&imp));
     json_object_set_new(report, "export", json_pack("{s:s,s:s,s:s}", "dir", out_dir, "format",
                                                     ac_arch_is_uniform(&res_model->a) ? "LlamaForCausalLM" : "DeciLMForCausalLM (nemotron-nas block_configs)",

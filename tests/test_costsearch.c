@@ -6,6 +6,7 @@
 
 #include "check.h"
 #include "costmodel.h"
+#include "device.h"
 #include "engine.h"
 #include "eval.h"
 #include "importance.h"
@@ -47,6 +48,18 @@ static void synth_table(ac_cost_table *t) {
     for (int h = 0; h < 2; h++) for (int a = 0; a < 3; a++) for (int b = 0; b < 3; b++)
         t->attn_us[(h * 3 + a) * 3 + b] = 0.5 + q[a] * (q[a] + s[b] - 1) * hd[h] * 1e-6;
     t->elem_ns = 0.5;
+}
+
+/* A worker on GPU slot cuda:N sees that GPU as its device 0. */
+static void test_cuda_pin(void) {
+    char v[64];
+    CHECK(ac_cuda_pin(NULL, 1, v, sizeof v) == 0 && !strcmp(v, "1"), "unset: '%s'", v);
+    CHECK(ac_cuda_pin("", 0, v, sizeof v) == 0 && !strcmp(v, "0"), "empty: '%s'", v);
+    CHECK(ac_cuda_pin("2,3", 1, v, sizeof v) == 0 && !strcmp(v, "3"), "list: '%s'", v);
+    CHECK(ac_cuda_pin("GPU-aa11, GPU-bb22", 1, v, sizeof v) == 0 && !strcmp(v, "GPU-bb22"), "uuids: '%s'", v);
+    CHECK(ac_cuda_pin("2", 1, v, sizeof v) == -1, "ordinal beyond the list accepted");
+    CHECK(ac_cuda_pin("2,3", -1, v, sizeof v) == -1, "negative ordinal accepted");
+    CHECK(ac_cuda_pin("GPU-aa11", 0, v, 4) == -1, "truncated value accepted");
 }
 
 static void test_interpolation_hits_grid_points(void) {
@@ -377,6 +390,7 @@ static void test_repair_reduces_loss(void) {
 
 int main(void) {
     ac_set_threads(2);
+    RUN(test_cuda_pin);
     RUN(test_interpolation_hits_grid_points);
     RUN(test_gradients_match_finite_differences);
     RUN(test_memory_accounting);

@@ -7,6 +7,7 @@
 #include "cuda_plugin.h"
 #include "device.h"
 #include "engine.h"
+#include "eval.h"
 #include "kernels_cpu.h"
 
 static const ac_cuda_api *cu;
@@ -82,6 +83,38 @@ static void test_gpu_llama3_rope(void) { compare("llama3_rope_f32"); }
 static void test_gpu_heterogeneous(void) { compare("deci_hetero"); }
 static void test_gpu_mistral_sliding_window(void) { compare("mistral_sharded"); }
 
+/* ac_perplexity with the forward and the cross-entropy on the device equals
+ * the CPU engine's, in both protocols (non-overlapping batches, sliding stride). */
+static void test_gpu_perplexity(void) {
+    if (!cu) SKIP("%s", why);
+    char dir[1024];
+    ck_build_path(dir, sizeof dir, "fixtures/models/llama_gqa_bf16");
+    ac_model m;
+    ac_err e;
+    if (ac_model_load(dir, &m, &e)) SKIP("no fixture (make fixtures)");
+    int ids[60];
+    for (int i = 0; i < 60; i++) ids[i] = (i * 29 + 3) % m.a.vocab;
+    ac_ppl_opts modes[2] = {{.ctx = 12, .batch = 2}, {.ctx = 16, .stride = 6}};
+    for (int k = 0; k < 2; k++) {
+        ac_ppl_opts oc = modes[k], og = modes[k];
+        og.cuda = 1;
+        ac_ppl_result rc, rg;
+        CHECK(ac_perplexity(&m, ids, 60, &oc, NULL, NULL, NULL, &rc, &e) == 0, "%s", e.msg);
+        CHECK(ac_perplexity(&m, ids, 60, &og, NULL, NULL, NULL, &rg, &e) == 0, "%s", e.msg);
+        printf("   %s: ppl GPU %.4f vs CPU %.4f (%ld and %ld targets, engine %s)\n", k ? "sliding" : "windows", rg.ppl, rc.ppl, rg.scored, rc.scored,
+               rg.engine);
+        CHECK(rg.scored == rc.scored && rg.windows == rc.windows && rc.scored > 0, "scored %ld vs %ld", rg.scored, rc.scored);
+        CHECK(fabs(rg.nll - rc.nll) <= 3e-3 * rc.nll && !strcmp(rg.engine, "cuda"), "nll %g vs %g", rg.nll, rc.nll);
+    }
+    ac_stats st;
+    memset(&st, 0, sizeof st);
+    ac_ppl_opts og = modes[0];
+    og.cuda = 1;
+    ac_ppl_result r;
+    CHECK(ac_perplexity(&m, ids, 60, &og, &st, NULL, NULL, &r, &e) != 0 && strstr(e.msg, "CPU engine"), "stats on CUDA: %s", e.msg);
+    ac_model_free(&m);
+}
+
 static void test_gemm_timings_within_roofline(void) {
     if (!cu) SKIP("%s", why);
     char name[128], err[512];
@@ -109,6 +142,7 @@ int main(void) {
     RUN(test_gpu_llama3_rope);
     RUN(test_gpu_heterogeneous);
     RUN(test_gpu_mistral_sliding_window);
+    RUN(test_gpu_perplexity);
     RUN(test_gemm_timings_within_roofline);
     return DONE();
 }

@@ -1,7 +1,7 @@
 /*
  * autocompress - the command-line front of the library (no daemon):
  *   autocompress eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N]
- *                     [--batch N] [--threads N] [--json]
+ *                     [--batch N] [--threads N] [--device cpu|cuda] [--json]
  *   autocompress compress SPEC.json     (same code path as the daemon's worker)
  *   autocompress estimate REQUEST.json  (as POST /v1/estimate)
  *   autocompress tokenize TOKENIZER_JSON TEXT_FILE   (ids, one line)
@@ -20,7 +20,7 @@
 static int usage(void) {
     fprintf(stderr,
             "usage:\n"
-            "  autocompress eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N] [--batch N] [--threads N] [--json]\n"
+            "  autocompress eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N] [--batch N] [--threads N] [--device cpu|cuda] [--json]\n"
             "  autocompress compress SPEC.json        (AC_COST_DB=FILE caches measured cost tables)\n"
             "  autocompress estimate REQUEST.json     ({\"model\"|\"architecture\", \"target\"}, as POST /v1/estimate)\n"
             "  autocompress tokenize TOKENIZER_JSON TEXT_FILE\n");
@@ -38,6 +38,8 @@ static int cmd_eval(int argc, char **argv) {
         else if (i + 1 < argc && !strcmp(argv[i], "--stride")) o.stride = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--batch")) o.batch = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--threads")) threads = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--device") && (!strcmp(argv[i + 1], "cpu") || !strcmp(argv[i + 1], "cuda")))
+            o.cuda = !strcmp(argv[++i], "cuda");
         else return usage();
     }
     ac_set_threads(threads);
@@ -51,11 +53,11 @@ static int cmd_eval(int argc, char **argv) {
     int rc = ac_perplexity(&m, ids, n, &o, NULL, NULL, NULL, &r, &e);
     if (rc) fprintf(stderr, "autocompress: %s\n", e.msg);
     else if (json)
-        printf("{\"ppl\":%.6f,\"nll\":%.6f,\"tokens\":%ld,\"scored\":%ld,\"windows\":%d,\"ctx\":%d,\"stride\":%d,\"tok_per_s\":%.1f,\"seconds\":%.3f}\n",
-               r.ppl, r.nll, r.processed, r.scored, r.windows, o.ctx, o.stride, r.tok_per_s, r.seconds);
+        printf("{\"ppl\":%.6f,\"nll\":%.6f,\"tokens\":%ld,\"scored\":%ld,\"windows\":%d,\"ctx\":%d,\"stride\":%d,\"tok_per_s\":%.1f,\"seconds\":%.3f,\"engine\":\"%s\"}\n",
+               r.ppl, r.nll, r.processed, r.scored, r.windows, o.ctx, o.stride, r.tok_per_s, r.seconds, r.engine);
     else
-        printf("perplexity %.4f over %ld scored tokens (%d windows of %d, %s); %.0f tokens/s (%ld tokens, %.2f s, %d threads)\n",
-               r.ppl, r.scored, r.windows, o.ctx, o.stride ? "sliding" : "non-overlapping", r.tok_per_s, r.processed, r.seconds, threads);
+        printf("perplexity %.4f over %ld scored tokens (%d windows of %d, %s); %.0f tokens/s (%ld tokens, %.2f s, %s)\n", r.ppl, r.scored,
+               r.windows, o.ctx, o.stride ? "sliding" : "non-overlapping", r.tok_per_s, r.processed, r.seconds, r.engine);
     free(ids);
     ac_model_free(&m);
     return rc ? 1 : 0;
