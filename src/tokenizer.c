@@ -4,9 +4,16 @@
  * Data: a string->id hash table over the vocabulary, id->string array, and a
  * (left id, right id) -> (rank, merged id) hash table for merges. A word is
  * BPE-encoded by repeatedly merging its adjacent pair of lowest rank
- * (leftmost on ties); words are short, so the quadratic scan is simpler than
- * a heap and fast enough. The regex pre-tokenizer is PCRE2 with UTF and UCP
- * (\p{L}, \s follow Unicode), JIT-compiled when available.
+ * (leftmost on ties) with a min-heap of candidate pairs over a linked list of
+ * symbols, stale entries skipped: SentencePiece-style text is one "word" per
+ * segment, thousands of characters long. The regex pre-tokenizer is PCRE2
+ * with UTF and UCP (\p{L}, \s follow Unicode), JIT-compiled when available.
+ *
+ * Two families: byte-level (bytes mapped to printable characters, every
+ * byte in the vocabulary) and SentencePiece-style (characters are symbols,
+ * spaces become U+2581 through Replace/Prepend normalizers or a Metaspace
+ * pre-tokenizer, characters outside the vocabulary fall back to <0xNN> byte
+ * tokens or to the unknown token).
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer.h"
@@ -28,6 +35,8 @@ typedef struct {
     int prefix_space;
 } pretok_step;
 
+typedef struct { char *from, *to; int prepend; } norm_op; /* Replace (from -> to) or Prepend (to) */
+
 struct ac_tokenizer {
     sent *vmap; size_t vcap;        /* token string -> id */
     char **id2s; int nvocab;        /* id -> token string (NULL for holes) */
@@ -37,6 +46,14 @@ struct ac_tokenizer {
     int ignore_merges;
     int byte_dec[0x200];            /* unicode code point -> byte, -1 */
     char b2u[256][4];               /* byte -> UTF-8 of its unicode char */
+    /* SentencePiece-style */
+    int sp;                         /* 1: characters are symbols, no byte-level map */
+    int byte_fallback, fuse_unk, unk_id;
+    int byte_tok[256];              /* id of "<0xNN>", -1 */
+    norm_op norm[8]; int nnorm;     /* normalizers, in order */
+    char meta[8];                   /* Metaspace replacement ("" = no Metaspace) */
+    int meta_prepend, meta_split;   /* prepend: 0 never, 1 first segment, 2 always */
+    int strip_lead;                 /* decode drops one leading space */
 };
 
 static uint64_t fnv(const char *s, size_t n) {
@@ -121,6 +138,7 @@ void ac_tok_free(ac_tokenizer *t) {
     free(t->added_id);
     free(t->added_special);
     for (int i = 0; i < t->nsteps; i++) pcre2_code_free(t->steps[i].re);
+    for (int i = 0; i < t->nnorm; i++) { free(t->norm[i].from); free(t->norm[i].to); }
     free(t);
 }
 
@@ -163,8 +181,50 @@ static int add_pretok(ac_tokenizer *t, const json_t *p, ac_err *e) {
         if (beh && strcmp(beh, "Isolated") != 0) return ac_errf(e, "tokenizer.json: Split behavior %s is not supported (Isolated)", beh);
         if (json_is_true(json_object_get(p, "invert"))) return ac_errf(e, "tokenizer.json: inverted Split is not supported");
         if (compile_re(re, &s->re, e)) return -1;
-    } else return ac_errf(e, "tokenizer.json: pre_tokenizer %s is not supported (Sequence, Split, ByteLevel)", ty);
+    } else if (strcmp(ty, "Metaspace") == 0) {
+        const char *rep = json_string_value(json_object_get(p, "replacement"));
+        const char *scheme = json_string_value(json_object_get(p, "prepend_scheme"));
+        json_t *aps = json_object_get(p, "add_prefix_space"), *split = json_object_get(p, "split");
+        if (!rep || !*rep || strlen(rep) >= sizeof t->meta) return ac_errf(e, "tokenizer.json: Metaspace needs a one-character replacement");
+        snprintf(t->meta, sizeof t->meta, "%s", rep);
+        if (scheme) {
+            if (!strcmp(scheme, "always")) t->meta_prepend = 2;
+            else if (!strcmp(scheme, "first")) t->meta_prepend = 1;
+            else if (!strcmp(scheme, "never")) t->meta_prepend = 0;
+            else return ac_errf(e, "tokenizer.json: Metaspace prepend_scheme %s is not supported", scheme);
+        } else t->meta_prepend = !aps || json_is_true(aps) ? 2 : 0; /* older files: add_prefix_space */
+        t->meta_split = !split || json_is_true(split);
+        return 0; /* not a regex step */
+    } else return ac_errf(e, "tokenizer.json: pre_tokenizer %s is not supported (Sequence, Split, ByteLevel, Metaspace)", ty);
     t->nsteps++;
+    return 0;
+}
+
+static int add_normalizer(ac_tokenizer *t, const json_t *n, ac_err *e) {
+    const char *ty = json_string_value(json_object_get(n, "type"));
+    if (!ty) return ac_errf(e, "tokenizer.json: normalizer without type");
+    if (!strcmp(ty, "Sequence")) {
+        json_t *arr = json_object_get(n, "normalizers");
+        if (!json_is_array(arr)) return ac_errf(e, "tokenizer.json: Sequence without normalizers");
+        for (size_t i = 0; i < json_array_size(arr); i++)
+            if (add_normalizer(t, json_array_get(arr, i), e)) return -1;
+        return 0;
+    }
+    if (t->nnorm >= 8) return ac_errf(e, "tokenizer.json: too many normalizers");
+    norm_op *o = &t->norm[t->nnorm];
+    if (!strcmp(ty, "Prepend")) {
+        const char *p = json_string_value(json_object_get(n, "prepend"));
+        if (!p) return ac_errf(e, "tokenizer.json: Prepend needs a string");
+        o->prepend = 1;
+        o->to = strdup(p);
+    } else if (!strcmp(ty, "Replace")) {
+        const char *from = json_string_value(json_object_get(json_object_get(n, "pattern"), "String"));
+        const char *to = json_string_value(json_object_get(n, "content"));
+        if (!from || !*from || !to) return ac_errf(e, "tokenizer.json: Replace normalizer needs a String pattern and content (regex patterns are not supported)");
+        o->from = strdup(from);
+        o->to = strdup(to);
+    } else return ac_errf(e, "tokenizer.json: normalizer %s is not supported (Sequence, Prepend, Replace)", ty);
+    t->nnorm++;
     return 0;
 }
 
@@ -185,7 +245,12 @@ int ac_tok_parse(const char *js, size_t len, ac_tokenizer **out, ac_err *e) {
         rc = ac_errf(e, "tokenizer.json: model must be BPE with vocab object and merges array");
         goto out;
     }
-    if (json_is_true(json_object_get(model, "byte_fallback"))) { rc = ac_errf(e, "tokenizer.json: byte_fallback (SentencePiece-style BPE) is not supported"); goto out; }
+    t->byte_fallback = json_is_true(json_object_get(model, "byte_fallback"));
+    t->fuse_unk = json_is_true(json_object_get(model, "fuse_unk"));
+    if (json_object_get(model, "continuing_subword_prefix") && !json_is_null(json_object_get(model, "continuing_subword_prefix"))) {
+        rc = ac_errf(e, "tokenizer.json: continuing_subword_prefix is not supported");
+        goto out;
+    }
     t->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
     size_t nv = json_object_size(vocab) + (json_is_array(added) ? json_array_size(added) : 0);
     t->vcap = pow2_at_least(nv);
@@ -233,9 +298,6 @@ int ac_tok_parse(const char *js, size_t len, ac_tokenizer **out, ac_err *e) {
             }
         }
     }
-    /* every byte must have a base token for byte-level BPE */
-    for (int b = 0; b < 256; b++)
-        if (vget(t, t->b2u[b], strlen(t->b2u[b])) < 0) { rc = ac_errf(e, "tokenizer.json: vocab lacks the byte-level token for byte 0x%02x", b); goto out; }
     size_t nm = json_array_size(merges);
     t->mcap = pow2_at_least(nm);
     t->mmap = malloc(t->mcap * sizeof *t->mmap);
@@ -269,11 +331,31 @@ int ac_tok_parse(const char *js, size_t len, ac_tokenizer **out, ac_err *e) {
     }
     json_t *pt = json_object_get(root, "pre_tokenizer");
     if (json_is_object(pt) && add_pretok(t, pt, e)) { rc = -1; goto out; }
-    int has_bl = 0;
-    for (int i = 0; i < t->nsteps; i++) has_bl |= t->steps[i].byte_level;
-    if (!has_bl) { rc = ac_errf(e, "tokenizer.json: only byte-level BPE is supported (no ByteLevel pre-tokenizer found)"); goto out; }
     json_t *norm = json_object_get(root, "normalizer");
-    if (norm && !json_is_null(norm)) { rc = ac_errf(e, "tokenizer.json: normalizers are not supported"); goto out; }
+    if (json_is_object(norm) && add_normalizer(t, norm, e)) { rc = -1; goto out; }
+    int has_bl = 0, has_prepend = 0;
+    for (int i = 0; i < t->nsteps; i++) has_bl |= t->steps[i].byte_level;
+    for (int i = 0; i < t->nnorm; i++) has_prepend |= t->norm[i].prepend;
+    t->sp = !has_bl;
+    if (has_bl) {
+        if (t->nnorm || t->meta[0]) { rc = ac_errf(e, "tokenizer.json: normalizers or Metaspace with a ByteLevel pre-tokenizer are not supported"); goto out; }
+        /* every byte must have a base token for byte-level BPE */
+        for (int b = 0; b < 256; b++)
+            if (vget(t, t->b2u[b], strlen(t->b2u[b])) < 0) { rc = ac_errf(e, "tokenizer.json: vocab lacks the byte-level token for byte 0x%02x", b); goto out; }
+    } else {
+        if (!t->byte_fallback && !t->nnorm && !t->meta[0]) {
+            rc = ac_errf(e, "tokenizer.json: neither byte-level (ByteLevel pre-tokenizer) nor SentencePiece-style (byte_fallback, Metaspace, Replace/Prepend normalizers) BPE");
+            goto out;
+        }
+        for (int b = 0; b < 256; b++) {
+            char bt[8];
+            snprintf(bt, sizeof bt, "<0x%02X>", b);
+            t->byte_tok[b] = vget(t, bt, strlen(bt));
+        }
+        const char *unk = json_string_value(json_object_get(model, "unk_token"));
+        t->unk_id = unk ? vget(t, unk, strlen(unk)) : -1;
+        t->strip_lead = has_prepend || (t->meta[0] && t->meta_prepend);
+    }
 out:
     json_decref(root);
     if (rc) { ac_tok_free(t); return rc; }
@@ -307,6 +389,74 @@ static int ipush(ivec *a, int x) {
     return 0;
 }
 
+/* Min-heap entry: the pair starting at symbol `pos`, valid while both its
+ * symbols still have the ids it was made from. */
+typedef struct { int rank, pos, left, right, id; } cand;
+
+static int cand_less(const cand *a, const cand *b) { return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos); }
+
+static void heap_push(cand *h, size_t *n, cand c) {
+    size_t i = (*n)++;
+    while (i > 0 && cand_less(&c, &h[(i - 1) / 2])) { h[i] = h[(i - 1) / 2]; i = (i - 1) / 2; }
+    h[i] = c;
+}
+
+static cand heap_pop(cand *h, size_t *n) {
+    cand top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && cand_less(&h[c + 1], &h[c])) c++;
+        if (!cand_less(&h[c], &last)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n) h[i] = last;
+    return top;
+}
+
+/* Merge the symbol ids sym[0..ns) by rank (leftmost first on ties) and
+ * append the result to out. Returns 0 or -1 (out of memory). */
+static int bpe_merge(const ac_tokenizer *t, int *sym, size_t ns, ivec *out) {
+    if (ns == 0) return 0;
+    int *next = malloc(ns * sizeof *next), *prev = malloc(ns * sizeof *prev);
+    size_t cap = ns * 2 + 1, nh = 0;
+    cand *h = malloc(cap * sizeof *h);
+    int rc = 0;
+    if (!next || !prev || !h) { rc = -1; goto out; }
+    for (size_t i = 0; i < ns; i++) { next[i] = i + 1 < ns ? (int)i + 1 : -1; prev[i] = (int)i - 1; }
+    for (size_t i = 0; i + 1 < ns; i++) {
+        const ment *m = mget(t, sym[i], sym[i + 1]);
+        if (m) heap_push(h, &nh, (cand){m->rank, (int)i, sym[i], sym[i + 1], m->id});
+    }
+    while (nh) {
+        cand c = heap_pop(h, &nh);
+        int r = next[c.pos];
+        if (sym[c.pos] != c.left || r < 0 || sym[r] != c.right) continue; /* stale */
+        sym[c.pos] = c.id;
+        sym[r] = -1;
+        next[c.pos] = next[r];
+        if (next[r] >= 0) prev[next[r]] = c.pos;
+        if (nh + 2 > cap) {
+            cand *nh2 = realloc(h, (cap *= 2) * sizeof *h);
+            if (!nh2) { rc = -1; goto out; }
+            h = nh2;
+        }
+        const ment *m;
+        if (prev[c.pos] >= 0 && (m = mget(t, sym[prev[c.pos]], c.id)))
+            heap_push(h, &nh, (cand){m->rank, prev[c.pos], sym[prev[c.pos]], c.id, m->id});
+        if (next[c.pos] >= 0 && (m = mget(t, c.id, sym[next[c.pos]])))
+            heap_push(h, &nh, (cand){m->rank, c.pos, c.id, sym[next[c.pos]], m->id});
+    }
+    for (int i = 0; i >= 0 && !rc; i = next[i]) rc = ipush(out, sym[i]);
+out:
+    free(next);
+    free(prev);
+    free(h);
+    return rc;
+}
+
 /* BPE-encode one pre-token given as raw bytes. */
 static int bpe_word(const ac_tokenizer *t, const char *w, size_t n, ivec *out) {
     char stack_buf[1024];
@@ -324,24 +474,12 @@ static int bpe_word(const ac_tokenizer *t, const char *w, size_t n, ivec *out) {
     if (direct >= 0) rc = ipush(out, direct);
     else {
         int *sym = malloc(n * sizeof *sym);
-        if (!sym) rc = -1;
         size_t ns = 0;
         for (size_t i = 0; sym && i < n; i++) {
             const char *u = t->b2u[(unsigned char)w[i]];
             sym[ns++] = vget(t, u, strlen(u));
         }
-        while (sym && ns > 1) {
-            int best = -1, bi = -1, bid = -1;
-            for (size_t i = 0; i + 1 < ns; i++) {
-                const ment *m = mget(t, sym[i], sym[i + 1]);
-                if (m && (best < 0 || m->rank < best)) { best = m->rank; bi = (int)i; bid = m->id; }
-            }
-            if (best < 0) break;
-            sym[bi] = bid;
-            memmove(sym + bi + 1, sym + bi + 2, (ns - bi - 2) * sizeof *sym);
-            ns--;
-        }
-        for (size_t i = 0; sym && i < ns && !rc; i++) rc = ipush(out, sym[i]);
+        rc = !sym || bpe_merge(t, sym, ns, out);
         free(sym);
     }
     if (mapped != stack_buf) free(mapped);
@@ -360,7 +498,10 @@ static int run_steps(const ac_tokenizer *t, int k, const char *s, size_t n, ivec
     size_t pos = 0;
     int rc = 0;
     while (pos < n && !rc) {
-        int r = pcre2_match(st->re, (PCRE2_SPTR)s, n, pos, 0, md, NULL);
+        /* the text was validated once in ac_tok_encode: without
+         * NO_UTF_CHECK PCRE2 re-validates the whole subject on every call,
+         * which makes encoding quadratic in the text length */
+        int r = pcre2_match(st->re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, NULL);
         if (r == PCRE2_ERROR_NOMATCH) break;
         if (r < 0) {
             PCRE2_UCHAR msg[256];
@@ -384,7 +525,124 @@ static int run_steps(const ac_tokenizer *t, int k, const char *s, size_t n, ivec
     return rc;
 }
 
+/* SentencePiece-style BPE of one pre-token: a symbol per UTF-8 character;
+ * a character outside the vocabulary becomes its <0xNN> byte tokens
+ * (byte_fallback) or the unknown token (consecutive ones fused). */
+static int sp_word(const ac_tokenizer *t, const char *w, size_t n, ivec *out, ac_err *e) {
+    int *sym = malloc((n + 1) * sizeof *sym);
+    if (!sym) return ac_errf(e, "out of memory");
+    size_t ns = 0;
+    int prev_unk = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned cp;
+        size_t cl = (size_t)utf8_get((const unsigned char *)w + i, n - i, &cp);
+        int id = vget(t, w + i, cl), fb = t->byte_fallback;
+        for (size_t k = 0; id < 0 && fb && k < cl; k++) fb = t->byte_tok[(unsigned char)w[i + k]] >= 0;
+        if (id >= 0) { sym[ns++] = id; prev_unk = 0; }
+        else if (fb) {
+            /* a symbol per byte: more symbols than characters, so grow */
+            int *g = realloc(sym, (ns + cl + (n - i)) * sizeof *sym);
+            if (!g) { free(sym); return ac_errf(e, "out of memory"); }
+            sym = g;
+            for (size_t k = 0; k < cl; k++) sym[ns++] = t->byte_tok[(unsigned char)w[i + k]];
+            prev_unk = 0;
+        } else {
+            if (t->unk_id < 0) { free(sym); return ac_errf(e, "tokenizer: character at byte %zu is not in the vocabulary and there is no unk_token", i); }
+            if (!(t->fuse_unk && prev_unk)) sym[ns++] = t->unk_id;
+            prev_unk = 1;
+        }
+        i += cl;
+    }
+    int rc = bpe_merge(t, sym, ns, out);
+    free(sym);
+    return rc ? ac_errf(e, "out of memory") : 0;
+}
+
+/* Replace every occurrence of `from` in s[0..*n) by `to`; returns a new
+ * string (the old one freed) or NULL. */
+static char *replace_all(char *s, size_t *n, const char *from, const char *to) {
+    size_t fl = strlen(from), tl = strlen(to), cnt = 0;
+    for (size_t i = 0; i + fl <= *n; i++)
+        if (!memcmp(s + i, from, fl)) { cnt++; i += fl - 1; }
+    char *o = malloc(*n + cnt * (tl > fl ? tl - fl : 0) + 1);
+    if (!o) { free(s); return NULL; }
+    size_t k = 0;
+    for (size_t i = 0; i < *n;) {
+        if (i + fl <= *n && !memcmp(s + i, from, fl)) { memcpy(o + k, to, tl); k += tl; i += fl; }
+        else o[k++] = s[i++];
+    }
+    o[k] = 0;
+    free(s);
+    *n = k;
+    return o;
+}
+
+static char *prepend(char *s, size_t *n, const char *p) {
+    size_t pl = strlen(p);
+    char *o = malloc(*n + pl + 1);
+    if (o) { memcpy(o, p, pl); memcpy(o + pl, s, *n + 1); *n += pl; }
+    free(s);
+    return o;
+}
+
+/* A segment of text between added tokens, SentencePiece-style: normalizers,
+ * Metaspace (spaces -> replacement, prefix, split before each replacement),
+ * then BPE. first: the segment starts the text (prepend_scheme "first"). */
+static int sp_segment(const ac_tokenizer *t, const char *text, size_t len, int first, ivec *out, ac_err *e) {
+    size_t n = len;
+    char *s = malloc(len + 1);
+    if (!s) return ac_errf(e, "out of memory");
+    memcpy(s, text, len);
+    s[len] = 0;
+    for (int i = 0; i < t->nnorm && s; i++) {
+        const norm_op *o = &t->norm[i];
+        if (o->prepend) { if (n) s = prepend(s, &n, o->to); }
+        else s = replace_all(s, &n, o->from, o->to);
+    }
+    if (s && t->meta[0] && n) {
+        s = replace_all(s, &n, " ", t->meta);
+        size_t ml = strlen(t->meta);
+        if (s && (t->meta_prepend == 2 || (t->meta_prepend == 1 && first)) && (n < ml || memcmp(s, t->meta, ml))) s = prepend(s, &n, t->meta);
+    }
+    if (!s) return ac_errf(e, "out of memory");
+    int rc = 0;
+    if (t->meta[0] && t->meta_split) {
+        size_t ml = strlen(t->meta), st = 0;
+        for (size_t i = ml; i <= n && !rc; i++)
+            if (i == n || (i + ml <= n && !memcmp(s + i, t->meta, ml))) {
+                rc = sp_word(t, s + st, i - st, out, e);
+                st = i;
+            }
+    } else {
+        rc = sp_word(t, s, n, out, e);
+    }
+    free(s);
+    return rc;
+}
+
+/* Offset of the first byte that is not well-formed UTF-8 (overlong forms,
+ * surrogates and code points above U+10FFFF included), or n. */
+static size_t utf8_invalid_at(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        size_t len = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+        if (!len || i + len > n) return i;
+        for (size_t k = 1; k < len; k++)
+            if ((s[i + k] & 0xC0) != 0x80) return i;
+        if ((c == 0xE0 && s[i + 1] < 0xA0) || (c == 0xED && s[i + 1] > 0x9F) || (c == 0xF0 && s[i + 1] < 0x90) || (c == 0xF4 && s[i + 1] > 0x8F))
+            return i;
+        i += len;
+    }
+    return n;
+}
+
+static int encode_segment(const ac_tokenizer *t, const char *s, size_t n, int first, ivec *out, ac_err *e) {
+    return t->sp ? (n ? sp_segment(t, s, n, first, out, e) : 0) : run_steps(t, 0, s, n, out, e);
+}
+
 int ac_tok_encode(const ac_tokenizer *t, const char *text, size_t len, int **ids, size_t *n, ac_err *e) {
+    size_t bad = t->sp ? len : utf8_invalid_at((const unsigned char *)text, len);
+    if (bad < len) return ac_errf(e, "tokenizer: text is not valid UTF-8 at byte %zu", bad);
     ivec out = {0};
     size_t seg = 0, i = 0;
     int rc = 0;
@@ -397,12 +655,12 @@ int ac_tok_encode(const ac_tokenizer *t, const char *text, size_t len, int **ids
             if (al > blen && al <= len - i && memcmp(text + i, t->added[a], al) == 0) { best = a; blen = al; }
         }
         if (best < 0) { i++; continue; }
-        rc = run_steps(t, 0, text + seg, i - seg, &out, e);
+        rc = encode_segment(t, text + seg, i - seg, seg == 0, &out, e);
         if (!rc && ipush(&out, t->added_id[best])) rc = ac_errf(e, "out of memory");
         i += blen;
         seg = i;
     }
-    if (!rc) rc = run_steps(t, 0, text + seg, len - seg, &out, e);
+    if (!rc) rc = encode_segment(t, text + seg, len - seg, seg == 0, &out, e);
     if (rc) { free(out.v); return -1; }
     *ids = out.v ? out.v : malloc(sizeof(int));
     *n = out.n;
@@ -426,6 +684,21 @@ int ac_tok_decode(const ac_tokenizer *t, const int *ids, size_t n, char **text, 
             buf = nb;
         }
         if (is_added) { memcpy(buf + o, s, sl); o += sl; continue; }
+        if (t->sp) {
+            int b = -1;
+            if (sl == 6 && !strncmp(s, "<0x", 3) && s[5] == '>')
+                for (int k = 0; k < 256 && b < 0; k++) if (t->byte_tok[k] == ids[i]) b = k;
+            if (b >= 0) { buf[o++] = (char)b; continue; }
+            const char *sep = t->meta[0] ? t->meta : "\xe2\x96\x81"; /* U+2581 unless a normalizer says */
+            for (int k = 0; k < t->nnorm && !t->meta[0]; k++)
+                if (t->norm[k].from && !strcmp(t->norm[k].from, " ") && *t->norm[k].to) sep = t->norm[k].to;
+            size_t ml = strlen(sep);
+            for (size_t j = 0; j < sl;) {
+                if (j + ml <= sl && !memcmp(s + j, sep, ml)) { buf[o++] = ' '; j += ml; }
+                else buf[o++] = s[j++];
+            }
+            continue;
+        }
         for (size_t j = 0; j < sl;) {
             unsigned cp;
             j += utf8_get((const unsigned char *)s + j, sl - j, &cp);
@@ -434,6 +707,7 @@ int ac_tok_decode(const ac_tokenizer *t, const int *ids, size_t n, char **text, 
         }
     }
     buf[o] = 0;
+    if (t->sp && t->strip_lead && o && buf[0] == ' ') memmove(buf, buf + 1, o--); /* the prefix space added at encode */
     *text = buf;
     if (len) *len = o;
     return 0;

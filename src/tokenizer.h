@@ -1,8 +1,14 @@
 /*
- * tokenizer.h - Hugging Face tokenizer.json, byte-level BPE (GPT-2, Llama-3
- * and Qwen2 style): added/special tokens matched first, a Split (PCRE2 regex)
- * and/or ByteLevel pre-tokenizer, BPE merges in the "a b" or ["a","b"] form,
- * ignore_merges. Encode and decode.
+ * tokenizer.h - Hugging Face tokenizer.json BPE, two families:
+ *  - byte-level (GPT-2, Llama-3, Qwen2): a Split (PCRE2 regex) and/or
+ *    ByteLevel pre-tokenizer, ignore_merges;
+ *  - SentencePiece-style (Llama-2, Mistral, TinyLlama): Prepend/Replace
+ *    normalizers or a Metaspace pre-tokenizer (prepend_scheme, split),
+ *    byte_fallback to <0xNN> tokens, unk_token with fuse_unk.
+ * Added/special tokens are matched in the raw text first; merges in the
+ * "a b" or ["a","b"] form. Encode and decode. Not supported (an error at
+ * load): other normalizers (NFC, NFKC, Lowercase...), regex Replace, other
+ * Split behaviours, WordPiece/Unigram models.
  *
  * Ownership: ac_tok_load returns a tokenizer the caller frees with
  * ac_tok_free; encode/decode return heap arrays the caller frees.

@@ -60,6 +60,11 @@ static const char *seeds[] = {
     "\1{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":2,\"num_attention_heads\":2,\"intermediate_size\":16,"
     "\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4,\"original_max_position_embeddings\":64}}",
     "\2{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]},\"pre_tokenizer\":{\"type\":\"ByteLevel\"}}",
+    "\2{\"model\":{\"type\":\"BPE\",\"byte_fallback\":true,\"fuse_unk\":true,\"unk_token\":\"<unk>\",\"vocab\":{\"<unk>\":0,\"<0x68>\":1,"
+    "\"\\u2581\":2,\"o\":3,\"\\u2581o\":4},\"merges\":[\"\\u2581 o\"]},\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":"
+    "\"Prepend\",\"prepend\":\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\\u2581\"}]}}",
+    "\2{\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"vocab\":{\"<unk>\":0,\"\\u2581\":1,\"o\":2,\"\\u2581o\":3},\"merges\":[[\"\\u2581\",\"o\"]]},"
+    "\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"prepend_scheme\":\"first\",\"split\":true}}",
     "\3{\"model\":\"/m\",\"calibration\":\"/c.txt\",\"output\":\"/o\",\"target\":{\"device\":\"H100\"},\"constraints\":{\"max_tpot_ms\":5}}",
 };
 

@@ -5,7 +5,8 @@ Everything comes from tests/ref_llama.py (PyTorch, float64), written
 independently of the C engine:
   models/<name>/            config.json + safetensors (various dtypes, sharded,
                             heterogeneous), tokens.json, logits.bin (float32)
-  tok/<name>/tokenizer.json + cases.json  (text -> ids by the Python BPE)
+  tok/<name>/tokenizer.json + cases.json  (text -> ids by the Python BPE,
+                            or by the sentencepiece library for sp_*)
   ppl.json                  perplexity of the tiny model on held-out text
 """
 import argparse
@@ -123,6 +124,70 @@ def tokenizers(out, tiny_dir, data_dir):
             json.dump(cases, f, ensure_ascii=False)
 
 
+def sp_tokenizers(out, data_dir):
+    """SentencePiece-style tokenizer.json files (the Llama-2 / Mistral family):
+    a SentencePiece BPE model with byte fallback is trained here, converted to
+    tokenizer.json the way Hugging Face's converter does (merges from every
+    split of a piece into two pieces, ordered by the piece's score), in the
+    legacy form (Prepend + Replace normalizers) and the Metaspace form. The
+    expected ids and decoded text come from the sentencepiece library."""
+    try:
+        import sentencepiece as spm
+    except ImportError:
+        print("python3-sentencepiece missing: SentencePiece tokenizer fixtures not written")
+        return
+    path = os.path.join(data_dir or "", "calib.txt")
+    text = open(path).read() if os.path.exists(path) else "\n".join(SAMPLES * 50)
+    work = os.path.join(out, "tok", "sp_train")
+    os.makedirs(work, exist_ok=True)
+    with open(os.path.join(work, "train.txt"), "w") as f:
+        f.write(text[:200000])
+    spm.SentencePieceTrainer.train(input=os.path.join(work, "train.txt"), model_prefix=os.path.join(work, "sp"), vocab_size=1000,
+                                   model_type="bpe", byte_fallback=True, normalization_rule_name="identity",
+                                   remove_extra_whitespaces=False, add_dummy_prefix=True, num_threads=1, minloglevel=2,
+                                   unk_id=0, bos_id=1, eos_id=2, pad_id=-1)
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(work, "sp.model"))
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    merges = []
+    for piece, pid in vocab.items():
+        if sp.is_unknown(pid) or sp.is_control(pid) or sp.is_byte(pid):
+            continue
+        for i in range(1, len(piece)):
+            left, right = piece[:i], piece[i:]
+            if left in vocab and right in vocab:
+                merges.append((left, right, sp.get_score(pid)))
+    merges.sort(key=lambda m: (-m[2], vocab[m[0]], vocab[m[1]]))
+    added = [{"id": i, "content": sp.id_to_piece(i), "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": True} for i in (0, 1, 2)]
+    model = {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None, "end_of_word_suffix": None,
+             "fuse_unk": True, "byte_fallback": True, "vocab": vocab}
+    legacy = {"version": "1.0", "added_tokens": added,
+              "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"},
+                                                                 {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+              "pre_tokenizer": None,
+              "decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                                                           {"type": "ByteFallback"}, {"type": "Fuse"},
+                                                           {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+              "model": dict(model, merges=[f"{a} {b}" for a, b, _ in merges])}
+    meta = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}
+    metaspace = {"version": "1.0", "added_tokens": added, "normalizer": None, "pre_tokenizer": meta, "decoder": meta,
+                 "model": dict(model, merges=[[a, b] for a, b, _ in merges])}
+    texts = [t for t in SAMPLES if "<|endoftext|>" not in t] + [text[:3000], text[3000:6000]]
+    for name, tj, first_only in (("sp_legacy", legacy, False), ("sp_metaspace", metaspace, True)):
+        d = os.path.join(out, "tok", name)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "tokenizer.json"), "w") as f:
+            json.dump(tj, f, ensure_ascii=False)
+        cases = []
+        for t in texts:
+            # Metaspace does not add the prefix to text that already starts
+            # with a space; SentencePiece always does, so drop one space.
+            ids = sp.encode(t[1:] if first_only and t.startswith(" ") else t)
+            cases.append({"text": t, "ids": ids, "decoded": sp.decode(ids)})
+        with open(os.path.join(d, "cases.json"), "w") as f:
+            json.dump(cases, f, ensure_ascii=False)
+
+
 def ppl(out, tiny_dir, data_dir):
     if not (tiny_dir and os.path.exists(os.path.join(tiny_dir, "config.json"))):
         return
@@ -171,6 +236,7 @@ def main():
     torch.set_num_threads(2)
     models(a.out)
     tokenizers(a.out, a.tiny, a.data)
+    sp_tokenizers(a.out, a.data)
     ppl(a.out, a.tiny, a.data)
     print("fixtures written to", a.out)
 
