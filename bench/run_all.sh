@@ -5,6 +5,8 @@ cd "$(dirname "$0")/.."
 B=${AC_BUILD:-build}
 echo "== engine vs PyTorch (forward tokens/s, 2 threads)"
 /usr/bin/python3 bench/bench_engine.py
+echo; echo "== tokenizer: C vs Python reference BPE and vs sentencepiece"
+/usr/bin/python3 bench/bench_tokenizer.py
 echo; echo "== cost model: predicted vs measured latency of the CPU engine"
 "$B"/bench/bench_costmodel "$B"/bench_cost.db
 echo; echo "== AutoCompress vs Minitron under the same constraint"
