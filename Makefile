@@ -3,7 +3,7 @@
 CC      ?= gcc
 CFLAGS  ?= -O2 -g
 override CFLAGS += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Isrc -Idaemon -fPIC
-PKGS     = jansson sqlite3 libuv libmicrohttpd libpcre2-8
+PKGS     = jansson sqlite3 libuv libmicrohttpd libpcre2-8 libutf8proc
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 override CFLAGS += $(PKG_CFLAGS) -I/usr/include/x86_64-linux-gnu/openblas-pthread
@@ -87,7 +87,7 @@ deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends \
-	    build-essential pkg-config libjansson-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev libpcre2-dev \
+	    build-essential pkg-config libjansson-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev \
 	    libopenblas-dev python3 python3-torch python3-numpy python3-regex python3-sentencepiece fortunes curl ca-certificates >/dev/null; \
 	  opt=""; command -v node >/dev/null || opt="$$opt nodejs"; command -v npm >/dev/null || opt="$$opt npm"; \
 	  command -v chromium >/dev/null || opt="$$opt chromium"; \

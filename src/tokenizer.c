@@ -20,6 +20,7 @@
 
 #include <jansson.h>
 #include <pcre2.h>
+#include <utf8proc.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,7 +36,9 @@ typedef struct {
     int prefix_space;
 } pretok_step;
 
-typedef struct { char *from, *to; int prepend; } norm_op; /* Replace (from -> to) or Prepend (to) */
+/* A normalizer: Replace (from -> to), Prepend (to), or a Unicode normal
+ * form (uni: utf8proc options for NFC, NFD, NFKC, NFKD). */
+typedef struct { char *from, *to; int prepend, uni; } norm_op;
 
 struct ac_tokenizer {
     sent *vmap; size_t vcap;        /* token string -> id */
@@ -223,7 +226,11 @@ static int add_normalizer(ac_tokenizer *t, const json_t *n, ac_err *e) {
         if (!from || !*from || !to) return ac_errf(e, "tokenizer.json: Replace normalizer needs a String pattern and content (regex patterns are not supported)");
         o->from = strdup(from);
         o->to = strdup(to);
-    } else return ac_errf(e, "tokenizer.json: normalizer %s is not supported (Sequence, Prepend, Replace)", ty);
+    } else if (!strcmp(ty, "NFC")) o->uni = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
+    else if (!strcmp(ty, "NFD")) o->uni = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE;
+    else if (!strcmp(ty, "NFKC")) o->uni = UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+    else if (!strcmp(ty, "NFKD")) o->uni = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+    else return ac_errf(e, "tokenizer.json: normalizer %s is not supported (Sequence, Prepend, Replace, NFC, NFD, NFKC, NFKD)", ty);
     t->nnorm++;
     return 0;
 }
@@ -333,17 +340,17 @@ int ac_tok_parse(const char *js, size_t len, ac_tokenizer **out, ac_err *e) {
     if (json_is_object(pt) && add_pretok(t, pt, e)) { rc = -1; goto out; }
     json_t *norm = json_object_get(root, "normalizer");
     if (json_is_object(norm) && add_normalizer(t, norm, e)) { rc = -1; goto out; }
-    int has_bl = 0, has_prepend = 0;
+    int has_bl = 0, has_prepend = 0; /* has_prepend: Prepend, or Replace of spaces (SentencePiece markers) */
     for (int i = 0; i < t->nsteps; i++) has_bl |= t->steps[i].byte_level;
-    for (int i = 0; i < t->nnorm; i++) has_prepend |= t->norm[i].prepend;
+    for (int i = 0; i < t->nnorm; i++) has_prepend |= t->norm[i].prepend || (t->norm[i].from && !strcmp(t->norm[i].from, " "));
     t->sp = !has_bl;
     if (has_bl) {
-        if (t->nnorm || t->meta[0]) { rc = ac_errf(e, "tokenizer.json: normalizers or Metaspace with a ByteLevel pre-tokenizer are not supported"); goto out; }
+        if (t->meta[0]) { rc = ac_errf(e, "tokenizer.json: Metaspace with a ByteLevel pre-tokenizer is not supported"); goto out; }
         /* every byte must have a base token for byte-level BPE */
         for (int b = 0; b < 256; b++)
             if (vget(t, t->b2u[b], strlen(t->b2u[b])) < 0) { rc = ac_errf(e, "tokenizer.json: vocab lacks the byte-level token for byte 0x%02x", b); goto out; }
     } else {
-        if (!t->byte_fallback && !t->nnorm && !t->meta[0]) {
+        if (!t->byte_fallback && !has_prepend && !t->meta[0]) {
             rc = ac_errf(e, "tokenizer.json: neither byte-level (ByteLevel pre-tokenizer) nor SentencePiece-style (byte_fallback, Metaspace, Replace/Prepend normalizers) BPE");
             goto out;
         }
@@ -354,7 +361,8 @@ int ac_tok_parse(const char *js, size_t len, ac_tokenizer **out, ac_err *e) {
         }
         const char *unk = json_string_value(json_object_get(model, "unk_token"));
         t->unk_id = unk ? vget(t, unk, strlen(unk)) : -1;
-        t->strip_lead = has_prepend || (t->meta[0] && t->meta_prepend);
+        for (int i = 0; i < t->nnorm; i++) t->strip_lead |= t->norm[i].prepend;
+        t->strip_lead |= t->meta[0] && t->meta_prepend;
     }
 out:
     json_decref(root);
@@ -585,21 +593,39 @@ static char *prepend(char *s, size_t *n, const char *p) {
     return o;
 }
 
+/* The normalizers in order over text[0..len): a new string (*n bytes), or
+ * NULL with e set. Prepend leaves empty text empty, as Hugging Face does. */
+static char *normalize(const ac_tokenizer *t, const char *text, size_t len, size_t *n, ac_err *e) {
+    char *s = malloc(len + 1);
+    if (!s) { ac_errf(e, "out of memory"); return NULL; }
+    memcpy(s, text, len);
+    s[len] = 0;
+    *n = len;
+    for (int i = 0; i < t->nnorm && s; i++) {
+        const norm_op *o = &t->norm[i];
+        if (o->uni) {
+            utf8proc_uint8_t *u = NULL;
+            utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)*n, &u, (utf8proc_option_t)o->uni);
+            free(s);
+            if (r < 0) { ac_errf(e, "tokenizer: Unicode normalization: %s", utf8proc_errmsg(r)); return NULL; }
+            s = (char *)u;
+            *n = (size_t)r;
+        } else if (o->prepend) {
+            if (*n) s = prepend(s, n, o->to);
+        } else s = replace_all(s, n, o->from, o->to);
+        if (!s) { ac_errf(e, "out of memory"); return NULL; }
+    }
+    return s;
+}
+
 /* A segment of text between added tokens, SentencePiece-style: normalizers,
  * Metaspace (spaces -> replacement, prefix, split before each replacement),
  * then BPE. first: the segment starts the text (prepend_scheme "first"). */
 static int sp_segment(const ac_tokenizer *t, const char *text, size_t len, int first, ivec *out, ac_err *e) {
-    size_t n = len;
-    char *s = malloc(len + 1);
-    if (!s) return ac_errf(e, "out of memory");
-    memcpy(s, text, len);
-    s[len] = 0;
-    for (int i = 0; i < t->nnorm && s; i++) {
-        const norm_op *o = &t->norm[i];
-        if (o->prepend) { if (n) s = prepend(s, &n, o->to); }
-        else s = replace_all(s, &n, o->from, o->to);
-    }
-    if (s && t->meta[0] && n) {
+    size_t n;
+    char *s = normalize(t, text, len, &n, e);
+    if (!s) return -1;
+    if (t->meta[0] && n) {
         s = replace_all(s, &n, " ", t->meta);
         size_t ml = strlen(t->meta);
         if (s && (t->meta_prepend == 2 || (t->meta_prepend == 1 && first)) && (n < ml || memcmp(s, t->meta, ml))) s = prepend(s, &n, t->meta);
@@ -637,7 +663,14 @@ static size_t utf8_invalid_at(const unsigned char *s, size_t n) {
 }
 
 static int encode_segment(const ac_tokenizer *t, const char *s, size_t n, int first, ivec *out, ac_err *e) {
-    return t->sp ? (n ? sp_segment(t, s, n, first, out, e) : 0) : run_steps(t, 0, s, n, out, e);
+    if (t->sp) return n ? sp_segment(t, s, n, first, out, e) : 0;
+    if (!t->nnorm) return run_steps(t, 0, s, n, out, e);
+    size_t nn;
+    char *ns = normalize(t, s, n, &nn, e);
+    if (!ns) return -1;
+    int rc = run_steps(t, 0, ns, nn, out, e);
+    free(ns);
+    return rc;
 }
 
 int ac_tok_encode(const ac_tokenizer *t, const char *text, size_t len, int **ids, size_t *n, ac_err *e) {

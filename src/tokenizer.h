@@ -5,9 +5,11 @@
  *  - SentencePiece-style (Llama-2, Mistral, TinyLlama): Prepend/Replace
  *    normalizers or a Metaspace pre-tokenizer (prepend_scheme, split),
  *    byte_fallback to <0xNN> tokens, unk_token with fuse_unk.
- * Added/special tokens are matched in the raw text first; merges in the
- * "a b" or ["a","b"] form. Encode and decode. Not supported (an error at
- * load): other normalizers (NFC, NFKC, Lowercase...), regex Replace, other
+ * Added/special tokens are matched in the raw text first; then, per
+ * segment, the normalizers (NFC/NFD/NFKC/NFKD through utf8proc, as Qwen2
+ * declares NFC; Prepend; Replace of a string); merges in the "a b" or
+ * ["a","b"] form. Encode and decode. Not supported (an error at load):
+ * other normalizers (Lowercase, BertNormalizer...), regex Replace, other
  * Split behaviours, WordPiece/Unigram models.
  *
  * Ownership: ac_tok_load returns a tokenizer the caller frees with

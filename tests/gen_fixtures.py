@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import os
+import unicodedata
 
 import torch
 
@@ -90,6 +91,7 @@ SAMPLES = [
     "line one\nline two\r\n\n\ttabbed\n",
     "<|endoftext|>special<|endoftext|> tokens<|endoftext|>",
     "We'll see what they've done; I'M SURE you'd LIKE it.",
+    "Decomposed: cafe\u0301 nai\u0308ve A\u030a \ufb01ne \u2460",
     "",
 ]
 
@@ -106,6 +108,8 @@ def tokenizers(out, tiny_dir, data_dir):
     tj, _ = R.tokenizer_json(merges, ["<|endoftext|>"], pair_form=True)
     tj["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
     specs.append(("gpt2style", tj))
+    # 3. the same with an NFC normalizer, as Qwen2's tokenizer.json has
+    specs.append(("nfc", dict(tj, normalizer={"type": "NFC"})))
     for name, tj in specs:
         d = os.path.join(out, "tok", name)
         os.makedirs(d, exist_ok=True)
@@ -118,8 +122,9 @@ def tokenizers(out, tiny_dir, data_dir):
         vocab = dict(model["vocab"])
         for a in tj["added_tokens"]:
             vocab[a["content"]] = a["id"]
-        cases = [{"text": s, "ids": R.bpe_encode(s, vocab, mer, pattern=pattern, specials=[a["content"] for a in tj["added_tokens"]])}
-                 for s in SAMPLES + cases_extra]
+        norm = (lambda x: unicodedata.normalize("NFC", x)) if tj.get("normalizer") else (lambda x: x)
+        cases = [{"text": s, "ids": R.bpe_encode(norm(s), vocab, mer, pattern=pattern, specials=[a["content"] for a in tj["added_tokens"]]),
+                  "decoded": norm(s)} for s in SAMPLES + cases_extra]
         with open(os.path.join(d, "cases.json"), "w") as f:
             json.dump(cases, f, ensure_ascii=False)
 

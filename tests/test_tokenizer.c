@@ -52,6 +52,8 @@ static void check_tok(const char *name, const char *special) {
 
 static void test_llama3_style(void) { check_tok("tiny", "<|endoftext|>"); }
 static void test_gpt2_style_pair_merges(void) { check_tok("gpt2style", "<|endoftext|>"); }
+/* Qwen2-style NFC normalizer before the byte-level split (reference: Python's unicodedata) */
+static void test_nfc_normalizer(void) { check_tok("nfc", "<|endoftext|>"); }
 /* Llama-2 / Mistral style against the sentencepiece library */
 static void test_sentencepiece_legacy_normalizers(void) { check_tok("sp_legacy", NULL); }
 static void test_sentencepiece_metaspace(void) { check_tok("sp_metaspace", NULL); }
@@ -112,7 +114,7 @@ static void test_malformed(void) {
         "{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[\"x\"]},\"pre_tokenizer\":{\"type\":\"ByteLevel\"}}",
         "{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"}}}",
         /* SentencePiece-style: an unsupported normalizer; neither family recognisable */
-        "{\"model\":{\"type\":\"BPE\",\"byte_fallback\":true,\"vocab\":{\"a\":0},\"merges\":[]},\"normalizer\":{\"type\":\"NFKC\"}}",
+        "{\"model\":{\"type\":\"BPE\",\"byte_fallback\":true,\"vocab\":{\"a\":0},\"merges\":[]},\"normalizer\":{\"type\":\"BertNormalizer\"}}",
         "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -125,6 +127,7 @@ static void test_malformed(void) {
 int main(void) {
     RUN(test_llama3_style);
     RUN(test_gpt2_style_pair_merges);
+    RUN(test_nfc_normalizer);
     RUN(test_sentencepiece_legacy_normalizers);
     RUN(test_sentencepiece_metaspace);
     RUN(test_metaspace_split_fuse_unk);
