@@ -38,7 +38,7 @@ $(B)/libac_cuda.so: $(wildcard src/cuda/*.cu src/cuda/*.h) src/costmodel.h src/m
 EMU_CXXFLAGS = $(filter-out -std=c11,$(CFLAGS)) -std=c++17 -DAC_CUDA_EMU -DAC_ATTN_TILE=5 -Itests/cuda_emu
 $(B)/tests/libac_cuda_emu.so: src/cuda/ac_cuda.cu src/cuda/ac_cuda.h tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h src/costmodel.h src/model.h
 	@mkdir -p $(dir $@)
-	$(CXX) $(EMU_CXXFLAGS) -shared -o $@ -x c++ src/cuda/ac_cuda.cu -x none tests/cuda_emu/cuda_emu.cc
+	$(CXX) $(EMU_CXXFLAGS) -shared -o $@ -x c++ src/cuda/ac_cuda.cu -x none tests/cuda_emu/cuda_emu.cc -lopenblas
 
 $(B)/src/%.o: src/%.c $(wildcard src/*.h)
 	@mkdir -p $(dir $@)

@@ -46,11 +46,12 @@ static void load(void) {
     SYM(engine_create, "acc_engine_create");
     SYM(engine_forward, "acc_engine_forward");
     SYM(engine_nll, "acc_engine_nll");
+    SYM(engine_update, "acc_engine_update");
     SYM(engine_free, "acc_engine_free");
     SYM(time_gemm, "acc_time_gemm");
     SYM(measure_table, "acc_measure_table");
 #undef SYM
-    if (!api.device_count || !api.device_info || !api.engine_create || !api.engine_forward || !api.engine_nll || !api.engine_free || !api.time_gemm || !api.measure_table) {
+    if (!api.device_count || !api.device_info || !api.engine_create || !api.engine_forward || !api.engine_nll || !api.engine_update || !api.engine_free || !api.time_gemm || !api.measure_table) {
         snprintf(why_buf, sizeof why_buf, "CUDA plugin is missing symbols");
         return;
     }

@@ -11,38 +11,80 @@
 
 /* The engine that scores windows: the CPU one, or the CUDA plugin's, which
  * computes the cross-entropy on the device (only B*ctx floats come back). */
-typedef struct {
+struct ac_scorer {
+    const ac_model *m;
+    int B, ctx;
     ac_engine cpu;
     const ac_cuda_api *cu;
     acc_engine *gpu;
     int *targets;
     float *nll;
-} scorer;
+};
 
-static int scorer_init(scorer *sc, const ac_model *m, int B, int ctx, int cuda, ac_stats *stats, ac_err *e) {
-    memset(sc, 0, sizeof *sc);
+int ac_scorer_open(const ac_model *m, int batch, int ctx, int cuda, ac_stats *stats, ac_scorer **out, ac_err *e) {
+    *out = NULL;
+    if (batch < 1 || ctx < 2) return ac_errf(e, "scorer: batch must be >= 1 and ctx >= 2");
+    ac_scorer *sc = calloc(1, sizeof *sc);
+    if (!sc) return ac_errf(e, "out of memory");
+    sc->m = m;
+    sc->B = batch;
+    sc->ctx = ctx;
     if (!cuda) {
-        if (ac_engine_init(&sc->cpu, m, B, ctx, e)) return -1;
+        if (ac_engine_init(&sc->cpu, m, batch, ctx, e)) { free(sc); return -1; }
         sc->cpu.stats = stats;
+        *out = sc;
         return 0;
     }
     const char *why;
     char err[512] = "";
-    if (stats) return ac_errf(e, "perplexity: activation statistics are gathered on the CPU engine only");
-    if (!(sc->cu = ac_cuda(&why))) return ac_errf(e, "perplexity on CUDA: %s", why);
-    sc->targets = malloc(sizeof(int) * B * ctx);
-    sc->nll = malloc(sizeof(float) * B * ctx);
-    if (!sc->targets || !sc->nll) { free(sc->targets); free(sc->nll); return ac_errf(e, "out of memory"); }
-    if (sc->cu->engine_create(0, m, B, ctx, &sc->gpu, err, sizeof err)) {
-        free(sc->targets);
-        free(sc->nll);
+    if (stats) { free(sc); return ac_errf(e, "perplexity: activation statistics are gathered on the CPU engine only"); }
+    if (!(sc->cu = ac_cuda(&why))) { free(sc); return ac_errf(e, "perplexity on CUDA: %s", why); }
+    sc->targets = malloc(sizeof(int) * batch * ctx);
+    sc->nll = malloc(sizeof(float) * batch * ctx);
+    if (!sc->targets || !sc->nll) { ac_scorer_close(sc); return ac_errf(e, "out of memory"); }
+    if (sc->cu->engine_create(0, m, batch, ctx, &sc->gpu, err, sizeof err)) {
+        ac_scorer_close(sc);
         return ac_errf(e, "perplexity on CUDA: %s", err);
     }
+    *out = sc;
+    return 0;
+}
+
+void ac_scorer_close(ac_scorer *sc) {
+    if (!sc) return;
+    if (sc->cu) {
+        if (sc->gpu) sc->cu->engine_free(sc->gpu);
+        free(sc->targets);
+        free(sc->nll);
+    } else {
+        ac_engine_free(&sc->cpu);
+    }
+    free(sc);
+}
+
+int ac_scorer_weights_changed(ac_scorer *sc, int layer, ac_wmat which, ac_err *e) {
+    if (!sc->cu) return 0; /* the CPU engine reads the model's weights directly */
+    const ac_layer_w *w = &sc->m->L[layer];
+    const ac_layer_arch *la = &sc->m->a.layers[layer];
+    size_t H = sc->m->a.hidden, Q = (size_t)la->n_heads * sc->m->a.head_dim, KV = (size_t)la->n_kv_heads * sc->m->a.head_dim, F = la->ffn;
+    const float *p = NULL;
+    size_t n = 0;
+    switch (which) {
+    case AC_W_Q: p = w->wq; n = Q * H; break;
+    case AC_W_K: p = w->wk; n = KV * H; break;
+    case AC_W_V: p = w->wv; n = KV * H; break;
+    case AC_W_O: p = w->wo; n = H * Q; break;
+    case AC_W_G: p = w->wg; n = F * H; break;
+    case AC_W_U: p = w->wu; n = F * H; break;
+    case AC_W_D: p = w->wd; n = H * F; break;
+    }
+    char err[512] = "";
+    if (!p || sc->cu->engine_update(sc->gpu, layer, which, p, n, err, sizeof err)) return ac_errf(e, "CUDA weight update: %s", p ? err : "no such matrix");
     return 0;
 }
 
 /* Sum of the NLL of targets tok[b][t + 1] for t in [from, ctx-1), nb windows. */
-static int scorer_run(scorer *sc, const int *tok, int nb, int ctx, int from, double *sum, long *cnt, ac_err *e) {
+static int scorer_run(ac_scorer *sc, const int *tok, int nb, int ctx, int from, double *sum, long *cnt, ac_err *e) {
     if (!sc->cu) {
         if (ac_engine_forward(&sc->cpu, tok, nb, ctx, 0, 0, e)) return -1;
         double mean = ac_engine_nll(&sc->cpu, tok, nb, ctx, from, cnt);
@@ -60,29 +102,28 @@ static int scorer_run(scorer *sc, const int *tok, int nb, int ctx, int from, dou
     return 0;
 }
 
-static void scorer_free(scorer *sc) {
-    if (sc->cu) {
-        sc->cu->engine_free(sc->gpu);
-        free(sc->targets);
-        free(sc->nll);
-    } else {
-        ac_engine_free(&sc->cpu);
-    }
-}
-
-int ac_perplexity(const ac_model *m, const int *ids, size_t n, const ac_ppl_opts *o, ac_stats *stats,
-                  void (*progress)(void *ud, double frac), void *ud, ac_ppl_result *r, ac_err *e) {
-    memset(r, 0, sizeof *r);
-    int ctx = o->ctx, B = o->stride ? 1 : (o->batch > 0 ? o->batch : 1);
+/* Checks the protocol; *nwin and *B: windows to score, windows per forward. */
+static int ppl_plan(const ac_ppl_opts *o, size_t n, long *nwin, int *B, ac_err *e) {
+    int ctx = o->ctx;
     if (ctx < 2) return ac_errf(e, "perplexity: context must be at least 2 tokens");
     if (o->stride < 0 || o->stride > ctx) return ac_errf(e, "perplexity: stride must be in [1, ctx]");
     if (n < (size_t)ctx) return ac_errf(e, "perplexity: text has %zu tokens, fewer than one window of %d", n, ctx);
-    long nwin = o->stride ? (long)((n - ctx) / o->stride + 1) : (long)(n / ctx);
-    if (o->max_windows > 0 && nwin > o->max_windows) nwin = o->max_windows;
-    if (B > nwin) B = (int)nwin;
-    scorer sc;
-    if (scorer_init(&sc, m, B, ctx, o->cuda, stats, e)) return -1;
-    r->engine = o->cuda ? "cuda" : "cpu";
+    *nwin = o->stride ? (long)((n - ctx) / o->stride + 1) : (long)(n / ctx);
+    if (o->max_windows > 0 && *nwin > o->max_windows) *nwin = o->max_windows;
+    *B = o->stride ? 1 : (o->batch > 0 ? o->batch : 1);
+    if (*B > *nwin) *B = (int)*nwin;
+    return 0;
+}
+
+int ac_scorer_perplexity(ac_scorer *sc, const int *ids, size_t n, const ac_ppl_opts *o, void (*progress)(void *ud, double frac), void *ud,
+                         ac_ppl_result *r, ac_err *e) {
+    memset(r, 0, sizeof *r);
+    long nwin;
+    int B, ctx = o->ctx;
+    if (ppl_plan(o, n, &nwin, &B, e)) return -1;
+    if (ctx != sc->ctx) return ac_errf(e, "perplexity: context %d but the scorer was opened for %d", ctx, sc->ctx);
+    if (B > sc->B) B = sc->B;
+    r->engine = sc->cu ? "cuda" : "cpu";
     double t0 = ac_now(), total = 0;
     long prev_end = 1; /* targets at positions < prev_end are already scored */
     for (long w = 0; w < nwin; w += B) {
@@ -96,10 +137,7 @@ int ac_perplexity(const ac_model *m, const int *ids, size_t n, const ac_ppl_opts
         }
         double sum = 0;
         long cnt = 0;
-        if (scorer_run(&sc, tok, nb, ctx, from, &sum, &cnt, e)) {
-            scorer_free(&sc);
-            return -1;
-        }
+        if (scorer_run(sc, tok, nb, ctx, from, &sum, &cnt, e)) return -1;
         total += sum;
         r->scored += cnt;
         r->processed += (long)nb * ctx;
@@ -107,12 +145,24 @@ int ac_perplexity(const ac_model *m, const int *ids, size_t n, const ac_ppl_opts
         prev_end = start + ctx;
         if (progress) progress(ud, (double)(w + nb) / nwin);
     }
-    scorer_free(&sc);
     r->seconds = ac_now() - t0;
     r->nll = r->scored ? total / r->scored : 0;
     r->ppl = exp(r->nll);
     r->tok_per_s = r->seconds > 0 ? r->processed / r->seconds : 0;
     return 0;
+}
+
+int ac_perplexity(const ac_model *m, const int *ids, size_t n, const ac_ppl_opts *o, ac_stats *stats,
+                  void (*progress)(void *ud, double frac), void *ud, ac_ppl_result *r, ac_err *e) {
+    memset(r, 0, sizeof *r);
+    long nwin;
+    int B;
+    if (ppl_plan(o, n, &nwin, &B, e)) return -1;
+    ac_scorer *sc;
+    if (ac_scorer_open(m, B, o->ctx, o->cuda, stats, &sc, e)) return -1;
+    int rc = ac_scorer_perplexity(sc, ids, n, o, progress, ud, r, e);
+    ac_scorer_close(sc);
+    return rc;
 }
 
 int ac_load_text_ids(const char *model_dir, const char *text_path, int **ids, size_t *n, int vocab, ac_err *e) {

@@ -35,6 +35,21 @@ typedef struct {
 int ac_perplexity(const ac_model *m, const int *ids, size_t n, const ac_ppl_opts *o, ac_stats *stats,
                   void (*progress)(void *ud, double frac), void *ud, ac_ppl_result *r, ac_err *e);
 
+/* A scorer keeps one engine for one model across perplexity runs: the CPU
+ * engine, or with cuda the CUDA plugin's on device 0 (weights copied there
+ * once). batch: most windows per forward; ctx: the window length. stats
+ * (CPU only) may be NULL. The model must outlive the scorer. */
+typedef struct ac_scorer ac_scorer;
+int ac_scorer_open(const ac_model *m, int batch, int ctx, int cuda, ac_stats *stats, ac_scorer **out, ac_err *e);
+/* ac_perplexity on the scorer's engine (o->ctx must be its ctx; o->cuda is
+ * ignored: the engine was chosen at open). */
+int ac_scorer_perplexity(ac_scorer *sc, const int *ids, size_t n, const ac_ppl_opts *o, void (*progress)(void *ud, double frac), void *ud,
+                         ac_ppl_result *r, ac_err *e);
+/* The model's matrix `which` of `layer` was changed in place: the CUDA engine
+ * copies it again (the CPU engine reads the model directly: nothing to do). */
+int ac_scorer_weights_changed(ac_scorer *sc, int layer, ac_wmat which, ac_err *e);
+void ac_scorer_close(ac_scorer *sc);
+
 /* Tokenize a UTF-8 text file with MODEL_DIR/tokenizer.json. The ids are
  * checked against vocab (when > 0). *ids is malloc'd. */
 int ac_load_text_ids(const char *model_dir, const char *text_path, int **ids, size_t *n, int vocab, ac_err *e);

@@ -75,20 +75,22 @@ double ac_sens_merge(const ac_importance *imp, int l, double r) {
     return py; /* merging can never go below one KV head */
 }
 
-static int calib_loss(const ac_model *m, const int *ids, size_t n, int ctx, int windows, double *loss, ac_err *e) {
-    ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = windows, .batch = 4};
+/* Calibration loss on a scorer (an engine kept for the source model) or,
+ * sc NULL, on a fresh engine for m (CUDA when cuda). */
+static int calib_loss(ac_scorer *sc, const ac_model *m, int cuda, const int *ids, size_t n, int ctx, int windows, double *loss, ac_err *e) {
+    ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = windows, .batch = 4, .cuda = cuda};
     ac_ppl_result r;
-    if (ac_perplexity(m, ids, n, &o, NULL, NULL, NULL, &r, e)) return -1;
+    if (sc ? ac_scorer_perplexity(sc, ids, n, &o, NULL, NULL, &r, e) : ac_perplexity(m, ids, n, &o, NULL, NULL, NULL, &r, e)) return -1;
     *loss = r.nll;
     return 0;
 }
 
 /* Calibration loss of the source model pruned (or KV-merged) to arch t. */
-static int pruned_loss(const ac_model *m, const ac_arch *t, const ac_importance *imp, const int *ids, size_t n, int ctx, int sw,
+static int pruned_loss(const ac_model *m, int cuda, const ac_arch *t, const ac_importance *imp, const int *ids, size_t n, int ctx, int sw,
                        double *loss, ac_err *e) {
     ac_model pm;
     if (ac_prune(m, t, imp, &pm, e)) return -1;
-    int rc = calib_loss(&pm, ids, n, ctx, sw, loss, e);
+    int rc = calib_loss(NULL, &pm, cuda, ids, n, ctx, sw, loss, e);
     ac_model_free(&pm);
     return rc;
 }
@@ -103,9 +105,10 @@ static void monotone(double *p) {
 /* Loss increase when the lowest-ranked SENS_R[p] of a matrix's units are
  * removed: zeroing the W[rows, cols] columns of a unit (width uw columns,
  * units ordered by `order`, best first) is exactly removing it from the
- * layer's output projection. W is restored before return. */
-static int sens_curve(const ac_model *m, const int *ids, size_t n, int ctx, int sw, double base, float *W, int rows, int cols,
-                      const int *order, int units, int uw, double *curve, ac_err *e) {
+ * layer's output projection. W (matrix `which` of `layer`, scored by sc) is
+ * restored before return. */
+static int sens_curve(ac_scorer *sc, int layer, ac_wmat which, const int *ids, size_t n, int ctx, int sw, double base, float *W, int rows,
+                      int cols, const int *order, int units, int uw, double *curve, ac_err *e) {
     size_t nb = (size_t)rows * cols;
     float *bk = malloc(nb * 4);
     if (!bk) return ac_errf(e, "out of memory");
@@ -117,16 +120,17 @@ static int sens_curve(const ac_model *m, const int *ids, size_t n, int ctx, int 
         for (int k = units - drop; k < units; k++)
             for (int r = 0; r < rows; r++) memset(W + (size_t)r * cols + (size_t)order[k] * uw, 0, (size_t)uw * 4);
         double lo = 0;
-        rc = calib_loss(m, ids, n, ctx, sw, &lo, e);
+        rc = ac_scorer_weights_changed(sc, layer, which, e) || calib_loss(sc, NULL, 0, ids, n, ctx, sw, &lo, e);
         curve[p] = lo - base;
     }
     memcpy(W, bk, nb * 4);
     free(bk);
+    if (!rc) rc = ac_scorer_weights_changed(sc, layer, which, e);
     monotone(curve);
     return rc;
 }
 
-int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int windows, ac_progress_fn progress, void *ud,
+int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda, ac_progress_fn progress, void *ud,
                           ac_importance *imp, ac_err *e) {
     memset(imp, 0, sizeof *imp);
     const ac_arch *a = &m->a;
@@ -149,6 +153,7 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
     imp->attn_sens = calloc(L, sizeof *imp->attn_sens);
     imp->ffn_sens = calloc(L, sizeof *imp->ffn_sens);
     double *hs = calloc(H, sizeof(double));
+    ac_scorer *sc = NULL; /* the source model's engine for the masking passes */
     int rc = 0;
     if (!imp->kv_order || !imp->kv_score || !imp->ffn_order || !imp->ffn_score || !imp->layer_bi || !imp->attn_sens || !imp->ffn_sens || !hs) {
         rc = ac_errf(e, "out of memory");
@@ -182,7 +187,7 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
      * channels, measure, restore. */
     int sw = windows < 8 ? windows : 8;
     double base;
-    if ((rc = calib_loss(m, ids, n, ctx, sw, &base, e))) goto out;
+    if ((rc = ac_scorer_open(m, 4, ctx, cuda, NULL, &sc, e)) || (rc = calib_loss(sc, NULL, 0, ids, n, ctx, sw, &base, e))) goto out;
     int total = 2 * L + 1, done = 0;
     for (int l = 0; l < L && !rc; l++) {
         const ac_layer_arch *la = &a->layers[l];
@@ -190,22 +195,25 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
         if (la->n_heads) {
             /* a KV group's query heads are adjacent: grp*hd o_proj columns */
             int grp = la->n_heads / la->n_kv_heads;
-            rc = sens_curve(m, ids, n, ctx, sw, base, w->wo, H, la->n_heads * hd, imp->kv_order[l], la->n_kv_heads, grp * hd,
+            rc = sens_curve(sc, l, AC_W_O, ids, n, ctx, sw, base, w->wo, H, la->n_heads * hd, imp->kv_order[l], la->n_kv_heads, grp * hd,
                             imp->attn_sens[l], e);
         }
         if (progress) progress(ud, "sensitivity", (double)++done / total);
-        if (la->ffn && !rc) rc = sens_curve(m, ids, n, ctx, sw, base, w->wd, H, la->ffn, imp->ffn_order[l], la->ffn, 1, imp->ffn_sens[l], e);
+        if (la->ffn && !rc)
+            rc = sens_curve(sc, l, AC_W_D, ids, n, ctx, sw, base, w->wd, H, la->ffn, imp->ffn_order[l], la->ffn, 1, imp->ffn_sens[l], e);
         if (progress) progress(ud, "sensitivity", (double)++done / total);
     }
     /* Hidden width: real pruning (RMSNorm statistics change, so masking is
      * not equivalent). */
     static const double HF[4] = {0.125, 0.25, 0.5, 0.75};
+    ac_scorer_close(sc); /* pruned models get engines of their own */
+    sc = NULL;
     for (int i = 0; i < 4 && !rc; i++) {
         ac_arch t;
         if ((rc = ac_arch_copy(&t, a, e))) break;
         t.hidden = H - (int)lround(HF[i] * H);
         double lo = 0;
-        rc = pruned_loss(m, &t, imp, ids, n, ctx, sw, &lo, e);
+        rc = pruned_loss(m, cuda, &t, imp, ids, n, ctx, sw, &lo, e);
         ac_arch_free(&t);
         if (rc) break;
         imp->hid_frac[i] = HF[i];
@@ -224,7 +232,7 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
             if ((rc = ac_arch_copy(&t, a, e))) break;
             t.layers[l].n_kv_heads = d;
             double lo = 0;
-            rc = pruned_loss(m, &t, imp, ids, n, ctx, sw, &lo, e);
+            rc = pruned_loss(m, cuda, &t, imp, ids, n, ctx, sw, &lo, e);
             ac_arch_free(&t);
             if (rc) break;
             int k = imp->merge_n[l]++;
@@ -234,6 +242,7 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
     }
     if (progress) progress(ud, "sensitivity", 1.0);
 out:
+    ac_scorer_close(sc);
     free(hs);
     if (rc) ac_importance_free(imp);
     return rc;

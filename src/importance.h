@@ -45,9 +45,13 @@ typedef struct {
 
 typedef void (*ac_progress_fn)(void *ud, const char *what, double frac);
 
-/* ids: calibration tokens; ctx/windows: the forward-pass protocol. */
-/* m is modified during the sensitivity passes and restored before return. */
-int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int windows, ac_progress_fn progress, void *ud,
+/* ids: calibration tokens; ctx/windows: the forward-pass protocol.
+ * m is modified during the sensitivity passes and restored before return.
+ * The activation statistics run on the CPU engine; with cuda, the loss
+ * passes of the sensitivity curves (most of the work) run on CUDA device 0:
+ * one engine for m, its masked matrix re-uploaded per point, and one per
+ * pruned or KV-merged model. */
+int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda, ac_progress_fn progress, void *ud,
                           ac_importance *imp, ac_err *e);
 void ac_importance_free(ac_importance *imp);
 /* Interpolated loss increase for removing fraction r of a component. */

@@ -211,7 +211,11 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     t0 = ac_now();
     if (stage(&R, 1, e)) goto out;
     int cwin = (int)(nc / ctxlen);
-    if (ac_importance_compute(&m, cids, nc, ctxlen, cwin, progress_cb, &R, &imp, e)) { ac_errctx(e, "stage calibrate"); goto out; }
+    /* On a local CUDA target the loss passes (calibration sensitivity and
+     * held-out perplexity) run on the GPU; activation statistics on the CPU. */
+    const char *tdev = json_string_value(json_object_get(target, "device"));
+    int on_gpu = tdev && !strncmp(tdev, "cuda", 4) && ac_cuda(NULL);
+    if (ac_importance_compute(&m, cids, nc, ctxlen, cwin, on_gpu, progress_cb, &R, &imp, e)) { ac_errctx(e, "stage calibrate"); goto out; }
     json_object_set_new(timings, "calibrate", json_real(ac_now() - t0));
 
     /* 3 profile */
@@ -293,9 +297,7 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     /* 6 evaluate */
     t0 = ac_now();
     if (stage(&R, 5, e)) goto out;
-    /* On a local CUDA target the held-out perplexities run on the GPU
-     * (forward and cross-entropy); calibration above stays on the CPU. */
-    ac_ppl_opts po = {.ctx = ctxlen, .stride = 0, .max_windows = windows, .batch = 4, .cuda = !strncmp(device, "cuda", 4) && ac_cuda(NULL)};
+    ac_ppl_opts po = {.ctx = ctxlen, .stride = 0, .max_windows = windows, .batch = 4, .cuda = on_gpu};
     ac_ppl_result pb, pmr, par = {0};
     if (ac_perplexity(&m, hids, nh, &po, NULL, NULL, NULL, &pb, e) || ac_perplexity(&pm, hids, nh, &po, NULL, NULL, NULL, &pmr, e) ||
         (chosen == &ra && ac_perplexity(&pa, hids, nh, &po, NULL, NULL, NULL, &par, e))) {

@@ -43,6 +43,9 @@ int ac_arch_copy(ac_arch *dst, const ac_arch *src, ac_err *e);
 void ac_arch_free(ac_arch *a);
 /* True when every layer has the same shape and nothing is removed. */
 int ac_arch_is_uniform(const ac_arch *a);
+/* A layer's weight matrices, for code that changes one in place. */
+typedef enum { AC_W_Q, AC_W_K, AC_W_V, AC_W_O, AC_W_G, AC_W_U, AC_W_D } ac_wmat;
+
 /* Parameter count (embeddings and head included). */
 double ac_arch_params(const ac_arch *a);
 /* {"hidden":..,"layers":[{"heads":..,"kv_heads":..,"ffn":..},..]} */

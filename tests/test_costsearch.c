@@ -365,7 +365,7 @@ static void test_repair_reduces_loss(void) {
     CHECK(ac_load_text_ids(tiny, text, &ids, &n, m.a.vocab, &e) == 0, "%s", e.msg);
     if (n > 8192) n = 8192;
     ac_importance imp;
-    CHECK(ac_importance_compute(&m, ids, n, 64, 32, NULL, NULL, &imp, &e) == 0, "%s", e.msg);
+    CHECK(ac_importance_compute(&m, ids, n, 64, 32, 0, NULL, NULL, &imp, &e) == 0, "%s", e.msg);
     for (int l = 0; l < m.a.n_layers; l++)
         for (int p = 1; p < AC_SENS_POINTS; p++) CHECK(imp.ffn_sens[l][p] >= imp.ffn_sens[l][p - 1], "monotone curve");
     ac_arch t;

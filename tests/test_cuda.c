@@ -8,6 +8,7 @@
 #include "device.h"
 #include "engine.h"
 #include "eval.h"
+#include "importance.h"
 #include "kernels_cpu.h"
 
 static const ac_cuda_api *cu;
@@ -115,6 +116,52 @@ static void test_gpu_perplexity(void) {
     ac_model_free(&m);
 }
 
+/* The calibration stage with its loss passes on the device (one engine for
+ * the source model with the masked matrix re-uploaded per point, one per
+ * pruned model) gives the CPU's unit orders and loss curves within BF16
+ * noise, and leaves the model's weights as they were. */
+static void test_gpu_calibration(void) {
+    if (!cu) SKIP("%s", why);
+    char dir[1024];
+    ck_build_path(dir, sizeof dir, "fixtures/models/deci_hetero");
+    ac_model m;
+    ac_err e;
+    if (ac_model_load(dir, &m, &e)) SKIP("no fixture (make fixtures)");
+    int ids[128];
+    for (int i = 0; i < 128; i++) ids[i] = (i * 31 + 7 + i / 5) % m.a.vocab;
+    size_t nwo = (size_t)m.a.hidden * m.a.layers[0].n_heads * m.a.head_dim;
+    float *wo = malloc(nwo * sizeof(float));
+    memcpy(wo, m.L[0].wo, nwo * sizeof(float));
+    ac_importance ic, ig;
+    CHECK(ac_importance_compute(&m, ids, 128, 8, 16, 0, NULL, NULL, &ic, &e) == 0, "%s", e.msg);
+    CHECK(ac_importance_compute(&m, ids, 128, 8, 16, 1, NULL, NULL, &ig, &e) == 0, "%s", e.msg);
+    CHECK(memcmp(wo, m.L[0].wo, nwo * sizeof(float)) == 0, "layer 0 o_proj not restored");
+    double worst = 0, largest = 0;
+    for (int l = 0; l < m.a.n_layers; l++) {
+        const ac_layer_arch *la = &m.a.layers[l];
+        CHECK(!la->n_heads || !memcmp(ic.kv_order[l], ig.kv_order[l], sizeof(int) * la->n_kv_heads), "layer %d KV order", l);
+        CHECK(!la->ffn || !memcmp(ic.ffn_order[l], ig.ffn_order[l], sizeof(int) * la->ffn), "layer %d FFN order", l);
+        for (int p = 0; p < AC_SENS_POINTS; p++) {
+            worst = fmax(worst, fabs(ic.attn_sens[l][p] - ig.attn_sens[l][p]) - 0.1 * fabs(ic.attn_sens[l][p]));
+            worst = fmax(worst, fabs(ic.ffn_sens[l][p] - ig.ffn_sens[l][p]) - 0.1 * fabs(ic.ffn_sens[l][p]));
+            largest = fmax(largest, fmax(ic.attn_sens[l][p], ic.ffn_sens[l][p]));
+        }
+        CHECK(ic.merge_n[l] == ig.merge_n[l], "layer %d merge points", l);
+        for (int k = 0; k < ic.merge_n[l]; k++) worst = fmax(worst, fabs(ic.merge_sens[l][k] - ig.merge_sens[l][k]) - 0.1 * fabs(ic.merge_sens[l][k]));
+    }
+    for (int i = 0; i < 4; i++) {
+        worst = fmax(worst, fabs(ic.hid_sens[i] - ig.hid_sens[i]) - 0.1 * fabs(ic.hid_sens[i]));
+        largest = fmax(largest, ic.hid_sens[i]);
+    }
+    printf("   loss curves GPU vs CPU: worst excess over 10%% %.4f nats (largest increase %.3f)\n", worst, largest);
+    CHECK(largest > 0.05, "curves too flat to compare (%g)", largest);
+    CHECK(worst <= 0.01, "curves differ by %g nats beyond 10%%", worst);
+    ac_importance_free(&ic);
+    ac_importance_free(&ig);
+    free(wo);
+    ac_model_free(&m);
+}
+
 static void test_gemm_timings_within_roofline(void) {
     if (!cu) SKIP("%s", why);
     char name[128], err[512];
@@ -143,6 +190,7 @@ int main(void) {
     RUN(test_gpu_heterogeneous);
     RUN(test_gpu_mistral_sliding_window);
     RUN(test_gpu_perplexity);
+    RUN(test_gpu_calibration);
     RUN(test_gemm_timings_within_roofline);
     return DONE();
 }

@@ -414,6 +414,32 @@ fail:
     return -1;
 }
 
+extern "C" int acc_engine_update(acc_engine *en, int layer, int which, const float *w, size_t n, char *err, size_t errn) {
+    if (layer < 0 || layer >= en->a.n_layers) { snprintf(err, errn, "no layer %d", layer); return -1; }
+    const ac_layer_arch *la = &en->a.layers[layer];
+    layer_d &d = en->L[layer];
+    size_t H = en->a.hidden, Q = (size_t)la->n_heads * en->a.head_dim, KV = (size_t)la->n_kv_heads * en->a.head_dim, F = la->ffn, want = 0;
+    bf16 *dst = nullptr;
+    std::vector<bf16> tmp;
+    switch (which) {
+    case AC_W_Q: dst = d.wq; want = Q * H; break;
+    case AC_W_K: dst = d.wk; want = KV * H; break;
+    case AC_W_V: dst = d.wv; want = KV * H; break;
+    case AC_W_O: dst = d.wo; want = H * Q; break;
+    case AC_W_G: dst = d.wg; want = F * H; break;
+    case AC_W_U: dst = d.wu; want = F * H; break;
+    case AC_W_D: dst = d.wd; want = H * F; break;
+    }
+    if (!dst || n != want) { snprintf(err, errn, "layer %d has no matrix %d of %zu elements", layer, which, n); return -1; }
+    tmp.resize(n);
+    for (size_t i = 0; i < n; i++) tmp[i] = __float2bfloat16(w[i]);
+    CK(cudaSetDevice(en->dev));
+    CK(cudaMemcpy(dst, tmp.data(), n * sizeof(bf16), cudaMemcpyHostToDevice));
+    return 0;
+fail:
+    return -1;
+}
+
 extern "C" int acc_engine_nll(acc_engine *en, const int *tokens, const int *targets, int B, int n, int pos0, float *nll, char *err,
                               size_t errn) {
     int rows = forward_device(en, tokens, B, n, pos0, 0, err, errn);

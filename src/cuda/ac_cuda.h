@@ -34,6 +34,9 @@ int acc_engine_forward(acc_engine *en, const int *tokens, int B, int n, int pos0
  * = -log softmax(logits[i])[targets[i]] for row i = b*n + t, 0 where
  * targets[i] < 0. Only B*n floats come back to the host, not the logits. */
 int acc_engine_nll(acc_engine *en, const int *tokens, const int *targets, int B, int n, int pos0, float *nll, char *err, size_t errn);
+/* Re-upload one weight matrix of a layer (which: ac_wmat) from host FP32
+ * after the caller changed it; n must be the matrix's element count. */
+int acc_engine_update(acc_engine *en, int layer, int which, const float *w, size_t n, char *err, size_t errn);
 void acc_engine_free(acc_engine *en);
 /* Time one BF16 GEMM (FP32 accumulate): y[m,n] = x[m,k] w[n,k]^T, median microseconds. */
 int acc_time_gemm(int dev, int m, int n, int k, double *us, char *err, size_t errn);

@@ -2,6 +2,7 @@
 // build/tests/libac_cuda_emu.so together with src/cuda/ac_cuda.cu.
 #include "cuda_emu.h"
 
+#include <cblas.h>
 #include <setjmp.h>
 #include <ucontext.h>
 #ifdef __SANITIZE_ADDRESS__
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <set>
 
 dim3 threadIdx, blockIdx, blockDim, gridDim;
@@ -44,7 +46,8 @@ struct block_run {
     unsigned long bar_gen = 0;
     int warp_arrived[MAX_THREADS / 32], warp_live[MAX_THREADS / 32], warp_size[MAX_THREADS / 32];
     unsigned long warp_gen[MAX_THREADS / 32];
-    float slot[MAX_THREADS];
+    float slot[2][MAX_THREADS]; // double-buffered by warp barrier generation
+
     unsigned long events = 0; // arrivals, releases, exits: progress
     bool failed = false;
 } R;
@@ -214,11 +217,13 @@ float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
         kernel_fault("__shfl_xor_sync with a full mask on a partial warp (block size not a multiple of 32, or lanes exited)");
         return v;
     }
-    R.slot[t] = v;
+    // One barrier per shuffle: consecutive shuffles use alternate buffers,
+    // and a lane can only write a buffer again after the next barrier, which
+    // every lane reaches after reading this one.
+    float *slot = R.slot[R.warp_gen[w] & 1];
+    slot[t] = v;
     warp_barrier(w);
-    float r = R.slot[w * 32 + (lane ^ lane_mask)];
-    warp_barrier(w);
-    return r;
+    return slot[w * 32 + (lane ^ lane_mask)];
 }
 
 // ---------------------------------------------------------------- runtime
@@ -350,10 +355,19 @@ cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
     return CUBLAS_STATUS_SUCCESS;
 }
 
-static float element(const void *p, cudaDataType_t t, size_t i) {
-    return t == CUDA_R_32F ? ((const float *)p)[i] : __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+// Operands as FP32 (a copy when BF16): the used part of a column-major
+// matrix with `cols` columns of `rows` rows, leading dimension ld.
+static const float *as_f32(const void *p, cudaDataType_t t, int rows, int cols, int ld, std::unique_ptr<float[]> &keep) {
+    if (t == CUDA_R_32F || rows == 0 || cols == 0) return (const float *)p;
+    size_t n = (size_t)(cols - 1) * ld + rows;
+    keep.reset(new float[n]);
+    for (size_t i = 0; i < n; i++) keep[i] = __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    return keep.get();
 }
 
+// The column-major contract of cublasGemmEx carried out by OpenBLAS's
+// cblas_sgemm, which has the same contract: an independent implementation
+// to hold ac_cuda.cu's transposes and leading dimensions against.
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *alpha, const void *A,
                             cudaDataType_t at, int lda, const void *B, cudaDataType_t bt, int ldb, const void *beta, void *C, cudaDataType_t ct,
                             int ldc, cublasComputeType_t compute, cublasGemmAlgo_t) {
@@ -364,18 +378,14 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     if (m < 0 || n < 0 || k < 0 || lda < std::max(1, arows) || ldb < std::max(1, brows) || ldc < std::max(1, m))
         return CUBLAS_STATUS_INVALID_VALUE;
     if (sticky != cudaSuccess) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
     float al = *(const float *)alpha, be = *(const float *)beta;
+    std::unique_ptr<float[]> ka, kb;
+    const float *af = as_f32(A, at, arows, ta == CUBLAS_OP_N ? k : m, lda, ka), *bf = as_f32(B, bt, brows, tb == CUBLAS_OP_N ? n : k, ldb, kb);
     float *c = (float *)C;
-    for (int j = 0; j < n; j++)
-        for (int i = 0; i < m; i++) {
-            float acc = 0;
-            for (int l = 0; l < k; l++) {
-                float a = ta == CUBLAS_OP_N ? element(A, at, i + (size_t)l * lda) : element(A, at, l + (size_t)i * lda);
-                float b = tb == CUBLAS_OP_N ? element(B, bt, l + (size_t)j * ldb) : element(B, bt, j + (size_t)l * ldb);
-                acc += a * b;
-            }
-            float *y = c + i + (size_t)j * ldc;
-            *y = be == 0 ? al * acc : al * acc + be * *y; // beta 0: C is not read
-        }
+    if (be == 0) // C is not read when beta is 0 (it may hold NaN)
+        for (int j = 0; j < n; j++) memset(c + (size_t)j * ldc, 0, (size_t)m * sizeof(float));
+    cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, m, n, k, al, af, lda, bf,
+                ldb, be, c, ldc);
     return CUBLAS_STATUS_SUCCESS;
 }
