@@ -64,20 +64,9 @@ void ac_scorer_close(ac_scorer *sc) {
 
 int ac_scorer_weights_changed(ac_scorer *sc, int layer, ac_wmat which, ac_err *e) {
     if (!sc->cu) return 0; /* the CPU engine reads the model's weights directly */
-    const ac_layer_w *w = &sc->m->L[layer];
-    const ac_layer_arch *la = &sc->m->a.layers[layer];
-    size_t H = sc->m->a.hidden, Q = (size_t)la->n_heads * sc->m->a.head_dim, KV = (size_t)la->n_kv_heads * sc->m->a.head_dim, F = la->ffn;
-    const float *p = NULL;
-    size_t n = 0;
-    switch (which) {
-    case AC_W_Q: p = w->wq; n = Q * H; break;
-    case AC_W_K: p = w->wk; n = KV * H; break;
-    case AC_W_V: p = w->wv; n = KV * H; break;
-    case AC_W_O: p = w->wo; n = H * Q; break;
-    case AC_W_G: p = w->wg; n = F * H; break;
-    case AC_W_U: p = w->wu; n = F * H; break;
-    case AC_W_D: p = w->wd; n = H * F; break;
-    }
+    if (layer < 0 || layer >= sc->m->a.n_layers) return ac_errf(e, "CUDA weight update: no layer %d", layer);
+    size_t n;
+    const float *p = ac_layer_matrix(sc->m, layer, which, &n);
     char err[512] = "";
     if (!p || sc->cu->engine_update(sc->gpu, layer, which, p, n, err, sizeof err)) return ac_errf(e, "CUDA weight update: %s", p ? err : "no such matrix");
     return 0;

@@ -461,3 +461,21 @@ out:
     free(bufs);
     return rc;
 }
+
+float *ac_layer_matrix(const ac_model *m, int l, ac_wmat which, size_t *n) {
+    const ac_layer_arch *la = &m->a.layers[l];
+    const ac_layer_w *w = &m->L[l];
+    size_t H = m->a.hidden, Q = (size_t)la->n_heads * m->a.head_dim, KV = (size_t)la->n_kv_heads * m->a.head_dim, F = la->ffn;
+    float *p = NULL;
+    *n = 0;
+    switch (which) {
+    case AC_W_Q: p = w->wq; *n = Q * H; break;
+    case AC_W_K: p = w->wk; *n = KV * H; break;
+    case AC_W_V: p = w->wv; *n = KV * H; break;
+    case AC_W_O: p = w->wo; *n = H * Q; break;
+    case AC_W_G: p = w->wg; *n = F * H; break;
+    case AC_W_U: p = w->wu; *n = F * H; break;
+    case AC_W_D: p = w->wd; *n = H * F; break;
+    }
+    return *n ? p : NULL;
+}

@@ -79,5 +79,8 @@ int ac_model_alloc(ac_model *m, const ac_arch *a, ac_err *e);
 void ac_model_free(ac_model *m);
 /* Write config.json + safetensors (dtype F32/F16/BF16) into dir. */
 int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e);
+/* Matrix `which` of layer l and its element count (*n), or NULL when the
+ * layer has none (attention or FFN removed). */
+float *ac_layer_matrix(const ac_model *m, int l, ac_wmat which, size_t *n);
 
 #endif

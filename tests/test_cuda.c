@@ -14,14 +14,20 @@
 static const ac_cuda_api *cu;
 static const char *why;
 
-static void compare(const char *name) {
-    if (!cu) SKIP("%s", why);
+/* Loads fixture model `name` (build/fixtures/models); 0 on success. */
+static int load_fixture(const char *name, ac_model *m) {
     char dir[1024], rel[256];
+    ac_err e;
     snprintf(rel, sizeof rel, "fixtures/models/%s", name);
     ck_build_path(dir, sizeof dir, rel);
+    return ac_model_load(dir, m, &e);
+}
+
+static void compare(const char *name) {
+    if (!cu) SKIP("%s", why);
     ac_model m;
     ac_err e;
-    if (ac_model_load(dir, &m, &e)) SKIP("no fixture %s (make fixtures)", name);
+    if (load_fixture(name, &m)) SKIP("no fixture %s (make fixtures)", name);
     int B = 2, T = 12, toks[24];
     for (int i = 0; i < B * T; i++) toks[i] = (i * 37 + 5) % m.a.vocab;
     ac_engine en;
@@ -88,11 +94,9 @@ static void test_gpu_mistral_sliding_window(void) { compare("mistral_sharded"); 
  * the CPU engine's, in both protocols (non-overlapping batches, sliding stride). */
 static void test_gpu_perplexity(void) {
     if (!cu) SKIP("%s", why);
-    char dir[1024];
-    ck_build_path(dir, sizeof dir, "fixtures/models/llama_gqa_bf16");
     ac_model m;
     ac_err e;
-    if (ac_model_load(dir, &m, &e)) SKIP("no fixture (make fixtures)");
+    if (load_fixture("llama_gqa_bf16", &m)) SKIP("no fixture llama_gqa_bf16 (make fixtures)");
     int ids[60];
     for (int i = 0; i < 60; i++) ids[i] = (i * 29 + 3) % m.a.vocab;
     ac_ppl_opts modes[2] = {{.ctx = 12, .batch = 2}, {.ctx = 16, .stride = 6}};
@@ -122,11 +126,9 @@ static void test_gpu_perplexity(void) {
  * noise, and leaves the model's weights as they were. */
 static void test_gpu_calibration(void) {
     if (!cu) SKIP("%s", why);
-    char dir[1024];
-    ck_build_path(dir, sizeof dir, "fixtures/models/deci_hetero");
     ac_model m;
     ac_err e;
-    if (ac_model_load(dir, &m, &e)) SKIP("no fixture (make fixtures)");
+    if (load_fixture("deci_hetero", &m)) SKIP("no fixture deci_hetero (make fixtures)");
     int ids[128];
     for (int i = 0; i < 128; i++) ids[i] = (i * 31 + 7 + i / 5) % m.a.vocab;
     size_t nwo = (size_t)m.a.hidden * m.a.layers[0].n_heads * m.a.head_dim;
