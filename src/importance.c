@@ -120,7 +120,7 @@ static int sens_curve(ac_scorer *sc, int layer, ac_wmat which, const int *ids, s
         for (int k = units - drop; k < units; k++)
             for (int r = 0; r < rows; r++) memset(W + (size_t)r * cols + (size_t)order[k] * uw, 0, (size_t)uw * 4);
         double lo = 0;
-        rc = ac_scorer_weights_changed(sc, layer, which, e) || calib_loss(sc, NULL, 0, ids, n, ctx, sw, &lo, e);
+        rc = ac_scorer_weights_changed(sc, layer, which, e) || calib_loss(sc, NULL, 0, ids, n, ctx, sw, &lo, e) ? -1 : 0;
         curve[p] = lo - base;
     }
     memcpy(W, bk, nb * 4);
