@@ -34,8 +34,9 @@ $(B)/libac_cuda.so: $(wildcard src/cuda/*.cu src/cuda/*.h) src/costmodel.h src/m
 
 # The CUDA backend compiled for the CPU against tests/cuda_emu (no nvcc
 # needed): tests/run_all.sh runs test_cuda through it.
-# A 5-key attention tile so the tests cover the online softmax across tiles.
-EMU_CXXFLAGS = $(filter-out -std=c11,$(CFLAGS)) -std=c++17 -DAC_CUDA_EMU -DAC_ATTN_TILE=5 -Itests/cuda_emu
+# A 5-key attention tile and 7-row logit chunks so the tests cover the online
+# softmax across tiles and the head in several chunks.
+EMU_CXXFLAGS = $(filter-out -std=c11,$(CFLAGS)) -std=c++17 -DAC_CUDA_EMU -DAC_ATTN_TILE=5 -DAC_LOGIT_ROWS=7 -Itests/cuda_emu
 $(B)/tests/libac_cuda_emu.so: src/cuda/ac_cuda.cu src/cuda/ac_cuda.h tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h src/costmodel.h src/model.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -shared -o $@ -x c++ src/cuda/ac_cuda.cu -x none tests/cuda_emu/cuda_emu.cc -lopenblas

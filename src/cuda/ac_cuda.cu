@@ -97,6 +97,13 @@ __device__ float block_reduce(float v, int op) {
 #ifndef AC_ATTN_TILE
 #define AC_ATTN_TILE 1024
 #endif
+// Rows of logits computed at a time: the head's output buffer is
+// AC_LOGIT_ROWS x vocab, not (batch x context) x vocab (a 32 x 2048 prefill
+// of a 128k-vocabulary model would need 34 GB for it).
+#ifndef AC_LOGIT_ROWS
+#define AC_LOGIT_ROWS 1024
+#endif
+
 #define ATTN_THREADS 128
 #define ATTN_MAX_HD (4 * ATTN_THREADS)
 
@@ -313,7 +320,7 @@ extern "C" int acc_engine_create(int dev, const ac_model *m, int max_batch, int 
     CK(cudaMalloc(&en->g, N * maxf * 4));
     CK(cudaMalloc(&en->u, N * maxf * 4));
     CK(cudaMalloc(&en->h, N * maxf * 2));
-    CK(cudaMalloc(&en->logits, N * V * 4));
+    CK(cudaMalloc(&en->logits, std::min(N, (size_t)AC_LOGIT_ROWS) * V * 4));
     CK(cudaMalloc(&en->tok, N * sizeof(int)));
     CK(cudaMalloc(&en->target, N * sizeof(int)));
     CK(cudaMalloc(&en->nll, N * sizeof(float)));
@@ -345,11 +352,12 @@ fail:
     return -1;
 }
 
-// The forward up to the logits, left on the device in en->logits (B rows
-// when last_only, else B*n). Returns the number of rows, or -1.
+// The forward up to the final norm, left on the device in en->xn (B rows
+// when last_only, else B*n); the head runs in chunks (head_chunk). Returns
+// the number of rows, or -1.
 static int forward_device(acc_engine *en, const int *tokens, int B, int n, int pos0, int last_only, char *err, size_t errn) {
     const ac_arch *a = &en->a;
-    int H = a->hidden, hd = a->head_dim, V = a->vocab, N = B * n, rows;
+    int H = a->hidden, hd = a->head_dim, N = B * n, rows;
     cudaStream_t s = en->st;
     float *xf;
     if (B <= 0 || B > en->max_batch || n <= 0 || pos0 < 0 || pos0 + n > en->max_ctx) {
@@ -396,18 +404,26 @@ static int forward_device(acc_engine *en, const int *tokens, int B, int n, int p
         xf = en->x2;
     }
     AC_LAUNCH(k_rmsnorm, rows, 256, 0, s, en->xn, xf, en->final_norm, H, a->eps);
-    CB(gemm(en->blas, en->logits, en->xn, en->lm_head, rows, H, V, 0));
     CK(cudaGetLastError());
     return rows;
 fail:
     return -1;
 }
 
+// Logits of normed rows [r0, r0 + c) into en->logits (c <= AC_LOGIT_ROWS).
+static cublasStatus_t head_chunk(acc_engine *en, int r0, int c) {
+    return gemm(en->blas, en->logits, en->xn + (size_t)r0 * en->a.hidden, en->lm_head, c, en->a.hidden, en->a.vocab, 0);
+}
+
 extern "C" int acc_engine_forward(acc_engine *en, const int *tokens, int B, int n, int pos0, int last_only, float *logits, char *err,
                                   size_t errn) {
     int rows = forward_device(en, tokens, B, n, pos0, last_only, err, errn);
     if (rows < 0) return -1;
-    CK(cudaMemcpyAsync(logits, en->logits, (size_t)rows * en->a.vocab * sizeof(float), cudaMemcpyDeviceToHost, en->st));
+    for (int r0 = 0; r0 < rows; r0 += AC_LOGIT_ROWS) {
+        int c = std::min(AC_LOGIT_ROWS, rows - r0);
+        CB(head_chunk(en, r0, c));
+        CK(cudaMemcpyAsync(logits + (size_t)r0 * en->a.vocab, en->logits, (size_t)c * en->a.vocab * sizeof(float), cudaMemcpyDeviceToHost, en->st));
+    }
     CK(cudaStreamSynchronize(en->st));
     return 0;
 fail:
@@ -450,7 +466,11 @@ extern "C" int acc_engine_nll(acc_engine *en, const int *tokens, const int *targ
             return -1;
         }
     CK(cudaMemcpyAsync(en->target, targets, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice, en->st));
-    AC_LAUNCH(k_nll, rows, 256, 0, en->st, en->nll, en->logits, en->target, en->a.vocab);
+    for (int r0 = 0; r0 < rows; r0 += AC_LOGIT_ROWS) {
+        int c = std::min(AC_LOGIT_ROWS, rows - r0);
+        CB(head_chunk(en, r0, c));
+        AC_LAUNCH(k_nll, c, 256, 0, en->st, en->nll + r0, en->logits, en->target + r0, en->a.vocab);
+    }
     CK(cudaGetLastError());
     CK(cudaMemcpyAsync(nll, en->nll, (size_t)rows * sizeof(float), cudaMemcpyDeviceToHost, en->st));
     CK(cudaStreamSynchronize(en->st));
