@@ -47,7 +47,6 @@ struct block_run {
     int warp_arrived[MAX_THREADS / 32], warp_live[MAX_THREADS / 32], warp_size[MAX_THREADS / 32];
     unsigned long warp_gen[MAX_THREADS / 32];
     float slot[2][MAX_THREADS]; // double-buffered by warp barrier generation
-
     unsigned long events = 0; // arrivals, releases, exits: progress
     bool failed = false;
 } R;

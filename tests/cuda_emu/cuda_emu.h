@@ -5,8 +5,9 @@
  *
  * What it checks: the kernels' indexing, reductions, barriers and shared
  * memory use, the engine's memory plan and call order, and the cuBLAS
- * argument conventions (cublasGemmEx is implemented from its documented
- * column-major contract, not from how ac_cuda.cu calls it). Device memory is
+ * argument conventions (cublasGemmEx is carried out by OpenBLAS's
+ * cblas_sgemm, which has the same column-major contract, so ac_cuda.cu's
+ * transposes and leading dimensions meet independent code). Device memory is
  * host memory, so AddressSanitizer sees out-of-bounds kernel accesses.
  *
  * How: a launch runs its blocks one after another; the threads of a block
