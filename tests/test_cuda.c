@@ -9,6 +9,8 @@
 #include "engine.h"
 #include "eval.h"
 #include "importance.h"
+#include "job.h"
+#include "safetensors.h"
 #include "kernels_cpu.h"
 
 static const ac_cuda_api *cu;
@@ -164,6 +166,107 @@ static void test_gpu_calibration(void) {
     ac_model_free(&m);
 }
 
+static void no_emit(void *ud, const char *kind, json_t *data) { (void)ud, (void)kind, (void)data; }
+
+static void fill(float *p, size_t n, unsigned *s, float scale) {
+    for (size_t i = 0; i < n; i++) { *s = *s * 1664525u + 1013904223u; p[i] = ((*s >> 9) / 8388608.0f - 1.0f) * scale; }
+}
+
+/* A whole compression job on a local "cuda" target: calibration loss passes,
+ * held-out evaluation and the on-target latency run through the CUDA
+ * engine. A small random model with the tiny model's tokenizer keeps it
+ * short under the emulator, which also gets a datasheet table under its
+ * cache key (measuring the GPU grid there would take hours); on a real GPU
+ * the job measures its table. The baseline perplexity must equal the CPU
+ * engine's on the same windows. */
+static void test_gpu_job(void) {
+    if (!cu) SKIP("%s", why);
+    char tiny[1024], tok[1100], calib[1024], held[1024], dir[] = "/tmp/ac_gpu_job_XXXXXX", path[1200];
+    ck_build_path(tiny, sizeof tiny, "models/tiny");
+    ck_build_path(calib, sizeof calib, "data/calib.txt");
+    ck_build_path(held, sizeof held, "data/heldout.txt");
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", tiny);
+    if (!ck_exists(tok) || !ck_exists(held)) SKIP("no tiny model (make tiny-model)");
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    ac_err e = {{0}};
+    ac_arch a = {0};
+    snprintf(a.model_type, sizeof a.model_type, "llama");
+    a.vocab = 768; a.hidden = 64; a.head_dim = 16; a.n_layers = 2; a.max_pos = 256; a.eps = 1e-5f; a.rope_theta = 10000; a.bos_id = a.eos_id = -1;
+    ac_layer_arch la[2] = {{4, 2, 128}, {4, 2, 128}};
+    a.layers = la;
+    ac_model m;
+    CHECK(ac_model_alloc(&m, &a, &e) == 0, "%s", e.msg);
+    unsigned sd = 5;
+    fill(m.embed, 768 * 64, &sd, 1.0f);
+    fill(m.lm_head, 768 * 64, &sd, 0.2f);
+    for (int i = 0; i < 64; i++) m.final_norm[i] = 1;
+    for (int l = 0; l < 2; l++) {
+        ac_layer_w *w = &m.L[l];
+        for (int i = 0; i < 64; i++) w->in_norm[i] = w->post_norm[i] = 1;
+        fill(w->wq, 64 * 64, &sd, 0.2f); fill(w->wk, 32 * 64, &sd, 0.2f); fill(w->wv, 32 * 64, &sd, 0.2f); fill(w->wo, 64 * 64, &sd, 0.2f);
+        fill(w->wg, 128 * 64, &sd, 0.2f); fill(w->wu, 128 * 64, &sd, 0.2f); fill(w->wd, 128 * 64, &sd, 0.2f);
+    }
+    snprintf(path, sizeof path, "%s/model", dir);
+    CHECK(ac_model_save(&m, path, ST_BF16, &e) == 0, "%s", e.msg);
+    ac_model_free(&m);
+    size_t tl;
+    char *tj = ac_read_file(tok, 1u << 26, &tl, &e), tokdst[1300];
+    snprintf(tokdst, sizeof tokdst, "%s/tokenizer.json", path);
+    FILE *f = fopen(tokdst, "wb");
+    CHECK(tj && f && fwrite(tj, 1, tl, f) == tl, "copy tokenizer");
+    if (f) fclose(f);
+    free(tj);
+
+    char db[1300], name[128];
+    snprintf(db, sizeof db, "%s/cost.db", dir);
+    double mem;
+    int sms, cc;
+    cu->device_info(0, name, sizeof name, &mem, &sms, &cc);
+    if (!strcmp(name, "CUDA emulator (CPU)")) {
+        ac_cost_table t;
+        CHECK(ac_cost_roofline(ac_device_spec_find("L4"), "bf16", &t, &e) == 0, "%s", e.msg);
+        snprintf(t.key, sizeof t.key, "cuda:%s|bf16|cublas|v%d", name, AC_CT_VERSION);
+        snprintf(t.device, sizeof t.device, "%s (L4 datasheet table)", name);
+        CHECK(ac_cost_cache_put(db, &t, &e) == 0, "%s", e.msg);
+        ac_cost_table_free(&t);
+    }
+    json_t *spec = json_pack("{s:s,s:s,s:s,s:s+,s:{s:s,s:{s:i,s:i,s:i}},s:{s:f},s:{s:i,s:i},s:i,s:{s:i,s:i}}", "model", path, "calibration", calib,
+                             "heldout", held, "output", dir, "/out", "target", "device", "cuda", "workload", "batch", 1, "prompt_len", 16, "gen_len",
+                             4, "constraints", "max_params", 90000.0, "search", "steps", 30, "seed", 1, "calibration_tokens", 256, "eval", "ctx", 16,
+                             "windows", 2);
+    ac_job_ctx ctx = {.emit = no_emit, .cost_db = db, .threads = 2};
+    json_t *rep = NULL;
+    int rc = ac_job_run(spec, &ctx, &rep, &e);
+    CHECK(rc == 0, "job: %s", e.msg);
+    if (rc == 0) {
+        const char *engine = json_string_value(json_object_get(json_object_get(rep, "eval_protocol"), "engine"));
+        json_t *ot = json_object_get(rep, "measured_on_target");
+        double gpu_ppl = json_number_value(json_object_get(json_object_get(rep, "baseline"), "perplexity"));
+        double ttft = json_number_value(json_object_get(json_object_get(ot, "result"), "ttft_ms"));
+        CHECK(engine && !strcmp(engine, "cuda"), "evaluated on %s", engine ? engine : "?");
+        CHECK(ot && ttft > 0, "no measured_on_target latency");
+        /* the CPU engine on the same held-out windows */
+        ac_model mb;
+        int *ids = NULL;
+        size_t n = 0;
+        ac_ppl_result r;
+        ac_ppl_opts o = {.ctx = 16, .max_windows = 2, .batch = 4};
+        CHECK(ac_model_load(path, &mb, &e) == 0 && ac_load_text_ids(path, held, &ids, &n, mb.a.vocab, &e) == 0 &&
+                  ac_perplexity(&mb, ids, n, &o, NULL, NULL, NULL, &r, &e) == 0,
+              "%s", e.msg);
+        printf("   job on cuda: baseline ppl %.3f (GPU) vs %.3f (CPU), result ttft %.3f ms on %s\n", gpu_ppl, r.ppl, ttft,
+               json_string_value(json_object_get(ot, "device")));
+        CHECK(fabs(gpu_ppl - r.ppl) <= 0.01 * r.ppl, "baseline ppl %g on the GPU vs %g on the CPU", gpu_ppl, r.ppl);
+        free(ids);
+        ac_model_free(&mb);
+    }
+    json_decref(rep);
+    json_decref(spec);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0, "cleanup");
+}
+
 static void test_gemm_timings_within_roofline(void) {
     if (!cu) SKIP("%s", why);
     char name[128], err[512];
@@ -193,6 +296,7 @@ int main(void) {
     RUN(test_gpu_mistral_sliding_window);
     RUN(test_gpu_perplexity);
     RUN(test_gpu_calibration);
+    RUN(test_gpu_job);
     RUN(test_gemm_timings_within_roofline);
     return DONE();
 }
