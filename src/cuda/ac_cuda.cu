@@ -204,12 +204,19 @@ struct acc_engine {
     std::vector<layer_d> L;
 };
 
-static int upload_bf16(bf16 **d, const float *h, size_t n, char *err, size_t errn) {
+// Host FP32 -> existing device BF16 buffer of n elements.
+static int copy_bf16(bf16 *d, const float *h, size_t n, char *err, size_t errn) {
     std::vector<bf16> tmp(n);
     for (size_t i = 0; i < n; i++) tmp[i] = __float2bfloat16(h[i]);
-    CK(cudaMalloc(d, n * sizeof(bf16)));
-    CK(cudaMemcpy(*d, tmp.data(), n * sizeof(bf16), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d, tmp.data(), n * sizeof(bf16), cudaMemcpyHostToDevice));
     return 0;
+fail:
+    return -1;
+}
+
+static int upload_bf16(bf16 **d, const float *h, size_t n, char *err, size_t errn) {
+    CK(cudaMalloc(d, n * sizeof(bf16)));
+    return copy_bf16(*d, h, n, err, errn);
 fail:
     return -1;
 }
@@ -384,8 +391,8 @@ static int forward_device(acc_engine *en, const int *tokens, int B, int n, int p
             AC_LAUNCH(k_rope, N, 128, 0, s, en->q, la->n_heads, hd, n, pos0, en->cs, en->sn);
             AC_LAUNCH(k_rope, N, 128, 0, s, en->k, la->n_kv_heads, hd, n, pos0, en->cs, en->sn);
             AC_LAUNCH(k_store_kv, N, 128, 0, s, d.kc, d.vc, en->k, en->v, KV, n, pos0, en->max_ctx);
-            AC_LAUNCH(k_attention, dim3(N, la->n_heads), ATTN_THREADS, attn_shared_bytes(hd), s, en->att, en->q, d.kc, d.vc, la->n_heads, la->n_kv_heads, hd, n, pos0,
-                                                                en->max_ctx, 1.0f / sqrtf((float)hd), a->sliding_window);
+            AC_LAUNCH(k_attention, dim3(N, la->n_heads), ATTN_THREADS, attn_shared_bytes(hd), s, en->att, en->q, d.kc, d.vc, la->n_heads,
+                      la->n_kv_heads, hd, n, pos0, en->max_ctx, 1.0f / sqrtf((float)hd), a->sliding_window);
             CB(gemm(en->blas, en->x, en->att, d.wo, N, Q, H, 1));
         }
         if (la->ffn) {
@@ -436,7 +443,6 @@ extern "C" int acc_engine_update(acc_engine *en, int layer, int which, const flo
     layer_d &d = en->L[layer];
     size_t H = en->a.hidden, Q = (size_t)la->n_heads * en->a.head_dim, KV = (size_t)la->n_kv_heads * en->a.head_dim, F = la->ffn, want = 0;
     bf16 *dst = nullptr;
-    std::vector<bf16> tmp;
     switch (which) {
     case AC_W_Q: dst = d.wq; want = Q * H; break;
     case AC_W_K: dst = d.wk; want = KV * H; break;
@@ -447,24 +453,21 @@ extern "C" int acc_engine_update(acc_engine *en, int layer, int which, const flo
     case AC_W_D: dst = d.wd; want = H * F; break;
     }
     if (!dst || n != want) { snprintf(err, errn, "layer %d has no matrix %d of %zu elements", layer, which, n); return -1; }
-    tmp.resize(n);
-    for (size_t i = 0; i < n; i++) tmp[i] = __float2bfloat16(w[i]);
     CK(cudaSetDevice(en->dev));
-    CK(cudaMemcpy(dst, tmp.data(), n * sizeof(bf16), cudaMemcpyHostToDevice));
-    return 0;
+    return copy_bf16(dst, w, n, err, errn);
 fail:
     return -1;
 }
 
 extern "C" int acc_engine_nll(acc_engine *en, const int *tokens, const int *targets, int B, int n, int pos0, float *nll, char *err,
                               size_t errn) {
-    int rows = forward_device(en, tokens, B, n, pos0, 0, err, errn);
-    if (rows < 0) return -1;
-    for (int i = 0; i < rows; i++)
+    for (int i = 0; B > 0 && n > 0 && i < B * n; i++) // checked before any work is done
         if (targets[i] >= en->a.vocab) {
             snprintf(err, errn, "target %d at row %d is outside the vocabulary (%d)", targets[i], i, en->a.vocab);
             return -1;
         }
+    int rows = forward_device(en, tokens, B, n, pos0, 0, err, errn);
+    if (rows < 0) return -1;
     CK(cudaMemcpyAsync(en->target, targets, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice, en->st));
     for (int r0 = 0; r0 < rows; r0 += AC_LOGIT_ROWS) {
         int c = std::min(AC_LOGIT_ROWS, rows - r0);
