@@ -18,7 +18,7 @@ struct ac_scorer {
     const ac_cuda_api *cu;
     acc_engine *gpu;
     int *targets;
-    float *nll;
+    float *nll, *logits; /* CUDA: per-row NLL, last-position logits (host) */
 };
 
 int ac_scorer_open(const ac_model *m, int batch, int ctx, int cuda, ac_stats *stats, ac_scorer **out, ac_err *e) {
@@ -41,7 +41,8 @@ int ac_scorer_open(const ac_model *m, int batch, int ctx, int cuda, ac_stats *st
     if (!(sc->cu = ac_cuda(&why))) { free(sc); return ac_errf(e, "perplexity on CUDA: %s", why); }
     sc->targets = malloc(sizeof(int) * batch * ctx);
     sc->nll = malloc(sizeof(float) * batch * ctx);
-    if (!sc->targets || !sc->nll) { ac_scorer_close(sc); return ac_errf(e, "out of memory"); }
+    sc->logits = malloc(sizeof(float) * batch * m->a.vocab);
+    if (!sc->targets || !sc->nll || !sc->logits) { ac_scorer_close(sc); return ac_errf(e, "out of memory"); }
     if (sc->cu->engine_create(0, m, batch, ctx, &sc->gpu, err, sizeof err)) {
         ac_scorer_close(sc);
         return ac_errf(e, "perplexity on CUDA: %s", err);
@@ -56,6 +57,7 @@ void ac_scorer_close(ac_scorer *sc) {
         if (sc->gpu) sc->cu->engine_free(sc->gpu);
         free(sc->targets);
         free(sc->nll);
+        free(sc->logits);
     } else {
         ac_engine_free(&sc->cpu);
     }
@@ -70,6 +72,12 @@ int ac_scorer_weights_changed(ac_scorer *sc, int layer, ac_wmat which, ac_err *e
     char err[512] = "";
     if (!p || sc->cu->engine_update(sc->gpu, layer, which, p, n, err, sizeof err)) return ac_errf(e, "CUDA weight update: %s", p ? err : "no such matrix");
     return 0;
+}
+
+int ac_scorer_step(ac_scorer *sc, const int *tok, int B, int n, int pos0, ac_err *e) {
+    if (!sc->cu) return ac_engine_forward(&sc->cpu, tok, B, n, pos0, 1, e);
+    char err[512] = "";
+    return sc->cu->engine_forward(sc->gpu, tok, B, n, pos0, 1, sc->logits, err, sizeof err) ? ac_errf(e, "CUDA engine: %s", err) : 0;
 }
 
 /* Sum of the NLL of targets tok[b][t + 1] for t in [from, ctx-1), nb windows. */

@@ -35,9 +35,9 @@ typedef struct {
 int ac_perplexity(const ac_model *m, const int *ids, size_t n, const ac_ppl_opts *o, ac_stats *stats,
                   void (*progress)(void *ud, double frac), void *ud, ac_ppl_result *r, ac_err *e);
 
-/* A scorer keeps one engine for one model across perplexity runs: the CPU
- * engine, or with cuda the CUDA plugin's on device 0 (weights copied there
- * once). batch: most windows per forward; ctx: the window length. stats
+/* A scorer keeps one engine for one model across perplexity runs and
+ * timed steps: the CPU engine, or with cuda the CUDA plugin's on device 0
+ * (weights copied there once). batch: most windows per forward; ctx: the window length. stats
  * (CPU only) may be NULL. The model must outlive the scorer. */
 typedef struct ac_scorer ac_scorer;
 int ac_scorer_open(const ac_model *m, int batch, int ctx, int cuda, ac_stats *stats, ac_scorer **out, ac_err *e);
@@ -48,6 +48,10 @@ int ac_scorer_perplexity(ac_scorer *sc, const int *ids, size_t n, const ac_ppl_o
 /* The model's matrix `which` of `layer` was changed in place: the CUDA engine
  * copies it again (the CPU engine reads the model directly: nothing to do). */
 int ac_scorer_weights_changed(ac_scorer *sc, int layer, ac_wmat which, ac_err *e);
+/* One forward of B x n tokens at position pos0 through the KV cache, only
+ * the last position's logits kept: the prefill and decode steps that
+ * latency measurements time. */
+int ac_scorer_step(ac_scorer *sc, const int *tok, int B, int n, int pos0, ac_err *e);
 void ac_scorer_close(ac_scorer *sc);
 
 /* Tokenize a UTF-8 text file with MODEL_DIR/tokenizer.json. The ids are

@@ -65,55 +65,25 @@ static double num(const json_t *o, const char *k, double def) {
     return json_is_number(v) ? json_number_value(v) : def;
 }
 
-/* One engine, CPU or CUDA, behind the forward the timing loop needs. */
-typedef struct {
-    ac_engine cpu;
-    const ac_cuda_api *cu;
-    acc_engine *gpu;
-    float *logits;
-} timed_engine;
-
-static int te_init(timed_engine *te, const ac_cuda_api *cu, const ac_model *m, int B, int ctx, ac_err *e) {
-    memset(te, 0, sizeof *te);
-    te->cu = cu;
-    if (!cu) return ac_engine_init(&te->cpu, m, B, ctx, e);
-    char err[512] = "";
-    te->logits = malloc(sizeof(float) * B * m->a.vocab);
-    if (!te->logits) return ac_errf(e, "out of memory");
-    if (cu->engine_create(0, m, B, ctx, &te->gpu, err, sizeof err)) { free(te->logits); return ac_errf(e, "CUDA engine: %s", err); }
-    return 0;
-}
-
-static int te_forward(timed_engine *te, const int *tok, int B, int n, int pos0, ac_err *e) {
-    if (!te->cu) return ac_engine_forward(&te->cpu, tok, B, n, pos0, 1, e);
-    char err[512] = "";
-    return te->cu->engine_forward(te->gpu, tok, B, n, pos0, 1, te->logits, err, sizeof err) ? ac_errf(e, "CUDA engine: %s", err) : 0;
-}
-
-static void te_free(timed_engine *te) {
-    if (te->cu) { te->cu->engine_free(te->gpu); free(te->logits); }
-    else ac_engine_free(&te->cpu);
-}
-
-/* Best-of-3 TTFT / TPOT of a model for a workload, on the CPU engine (cu ==
- * NULL) or the CUDA one (device 0 of the plugin). The minimum, like the cost
- * table's micro-benchmarks: neighbours on a shared machine only add time. */
-static int measure_latency(const ac_cuda_api *cu, const ac_model *m, const int *ids, size_t n, int B, int P, int G, double *ttft,
-                           double *tpot, ac_err *e) {
-    timed_engine te;
-    if (te_init(&te, cu, m, B, P + G, e)) return -1;
+/* Best-of-3 TTFT / TPOT of a model for a workload, on the CPU engine or,
+ * with cuda, the CUDA one (device 0 of the plugin). The minimum, like the
+ * cost table's micro-benchmarks: neighbours on a shared machine only add time. */
+static int measure_latency(int cuda, const ac_model *m, const int *ids, size_t n, int B, int P, int G, double *ttft, double *tpot,
+                           ac_err *e) {
+    ac_scorer *sc;
+    if (ac_scorer_open(m, B, P + G, cuda, NULL, &sc, e)) return -1;
     int *tok = malloc(sizeof(int) * B * P), *nxt = malloc(sizeof(int) * B);
     for (int i = 0; i < B * P; i++) tok[i] = ids[i % n];
     double tt[3], tp[3];
     int rc = 0;
     for (int rep = 0; rep < 3 && !rc; rep++) {
         double t0 = ac_now();
-        rc = te_forward(&te, tok, B, P, 0, e);
+        rc = ac_scorer_step(sc, tok, B, P, 0, e);
         tt[rep] = (ac_now() - t0) * 1e3;
         t0 = ac_now();
         for (int g = 1; g < G && !rc; g++) {
             for (int b = 0; b < B; b++) nxt[b] = ids[(b + g) % n];
-            rc = te_forward(&te, nxt, B, 1, P + g - 1, e);
+            rc = ac_scorer_step(sc, nxt, B, 1, P + g - 1, e);
         }
         tp[rep] = G > 1 ? (ac_now() - t0) * 1e3 / (G - 1) : 0;
     }
@@ -125,7 +95,7 @@ static int measure_latency(const ac_cuda_api *cu, const ac_model *m, const int *
     *tpot = tp[0];
     free(tok);
     free(nxt);
-    te_free(&te);
+    ac_scorer_close(sc);
     return rc;
 }
 
@@ -310,8 +280,8 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     ac_workload lw = {wl.batch < 4 ? wl.batch : 4, wl.prompt_len < 128 ? wl.prompt_len : 128, wl.gen_len < 32 ? wl.gen_len : 32};
     const ac_model *res_model = chosen == &ra ? &pa : &pm;
     double bt, bp, rt, rp;
-    if (measure_latency(NULL, &m, hids, nh, lw.batch, lw.prompt_len, lw.gen_len, &bt, &bp, e) ||
-        measure_latency(NULL, res_model, hids, nh, lw.batch, lw.prompt_len, lw.gen_len, &rt, &rp, e)) {
+    if (measure_latency(0, &m, hids, nh, lw.batch, lw.prompt_len, lw.gen_len, &bt, &bp, e) ||
+        measure_latency(0, res_model, hids, nh, lw.batch, lw.prompt_len, lw.gen_len, &rt, &rp, e)) {
         ac_errctx(e, "stage evaluate");
         goto out;
     }
@@ -352,8 +322,8 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
         const ac_cuda_api *cu = ac_cuda(NULL);
         ac_workload gw = {wl.batch < 32 ? wl.batch : 32, wl.prompt_len < 2048 ? wl.prompt_len : 2048, wl.gen_len < 64 ? wl.gen_len : 64};
         double gbt, gbp, grt, grp;
-        if (cu && measure_latency(cu, &m, hids, nh, gw.batch, gw.prompt_len, gw.gen_len, &gbt, &gbp, e) == 0 &&
-            measure_latency(cu, res_model, hids, nh, gw.batch, gw.prompt_len, gw.gen_len, &grt, &grp, e) == 0) {
+        if (cu && measure_latency(1, &m, hids, nh, gw.batch, gw.prompt_len, gw.gen_len, &gbt, &gbp, e) == 0 &&
+            measure_latency(1, res_model, hids, nh, gw.batch, gw.prompt_len, gw.gen_len, &grt, &grp, e) == 0) {
             ac_engine_profile gp = prof;
             gp.overhead_ms = 0; /* our engine, not a serving framework */
             ac_carch c1;
