@@ -57,6 +57,7 @@ struct ac_tokenizer {
     char meta[8];                   /* Metaspace replacement ("" = no Metaspace) */
     int meta_prepend, meta_split;   /* prepend: 0 never, 1 first segment, 2 always */
     int strip_lead;                 /* decode drops one leading space */
+    char space_mark[8];             /* what spaces became (decode turns it back) */
 };
 
 static uint64_t fnv(const char *s, size_t n) {
@@ -363,6 +364,11 @@ int ac_tok_parse(const char *js, size_t len, ac_tokenizer **out, ac_err *e) {
         t->unk_id = unk ? vget(t, unk, strlen(unk)) : -1;
         for (int i = 0; i < t->nnorm; i++) t->strip_lead |= t->norm[i].prepend;
         t->strip_lead |= t->meta[0] && t->meta_prepend;
+        /* the Metaspace replacement, else a Replace of spaces, else U+2581 */
+        snprintf(t->space_mark, sizeof t->space_mark, "%s", t->meta[0] ? t->meta : "\xe2\x96\x81");
+        for (int i = 0; i < t->nnorm && !t->meta[0]; i++)
+            if (t->norm[i].from && !strcmp(t->norm[i].from, " ") && *t->norm[i].to && strlen(t->norm[i].to) < sizeof t->space_mark)
+                snprintf(t->space_mark, sizeof t->space_mark, "%s", t->norm[i].to);
     }
 out:
     json_decref(root);
@@ -718,13 +724,11 @@ int ac_tok_decode(const ac_tokenizer *t, const int *ids, size_t n, char **text, 
         }
         if (is_added) { memcpy(buf + o, s, sl); o += sl; continue; }
         if (t->sp) {
-            int b = -1;
-            if (sl == 6 && !strncmp(s, "<0x", 3) && s[5] == '>')
-                for (int k = 0; k < 256 && b < 0; k++) if (t->byte_tok[k] == ids[i]) b = k;
-            if (b >= 0) { buf[o++] = (char)b; continue; }
-            const char *sep = t->meta[0] ? t->meta : "\xe2\x96\x81"; /* U+2581 unless a normalizer says */
-            for (int k = 0; k < t->nnorm && !t->meta[0]; k++)
-                if (t->norm[k].from && !strcmp(t->norm[k].from, " ") && *t->norm[k].to) sep = t->norm[k].to;
+            if (sl == 6 && !strncmp(s, "<0x", 3) && s[5] == '>') {
+                long b = strtol(s + 3, NULL, 16);
+                if (b >= 0 && b < 256 && t->byte_tok[b] == ids[i]) { buf[o++] = (char)b; continue; }
+            }
+            const char *sep = t->space_mark;
             size_t ml = strlen(sep);
             for (size_t j = 0; j < sl;) {
                 if (j + ml <= sl && !memcmp(s + j, sep, ml)) { buf[o++] = ' '; j += ml; }
