@@ -23,6 +23,13 @@ namespace {
 const size_t STACK_BYTES = 256 * 1024;
 const int MAX_THREADS = 1024;
 
+// A barrier of a group of fibers (the block, or one warp): complete when
+// every live member has arrived; gen counts completions.
+struct barrier {
+    int arrived = 0;
+    unsigned long gen = 0;
+};
+
 struct fiber {
     jmp_buf jb;
     char *stack = nullptr;
@@ -42,10 +49,8 @@ struct block_run {
     size_t sched_size = 0;
     const std::function<void()> *body = nullptr;
     int cur = 0, live = 0, nthreads = 0;
-    int bar_arrived = 0;
-    unsigned long bar_gen = 0;
-    int warp_arrived[MAX_THREADS / 32], warp_live[MAX_THREADS / 32], warp_size[MAX_THREADS / 32];
-    unsigned long warp_gen[MAX_THREADS / 32];
+    barrier block, warp[MAX_THREADS / 32];
+    int warp_live[MAX_THREADS / 32], warp_size[MAX_THREADS / 32];
     float slot[2][MAX_THREADS]; // double-buffered by warp barrier generation
     unsigned long events = 0; // arrivals, releases, exits: progress
     bool failed = false;
@@ -92,10 +97,28 @@ void yield() { to_scheduler(); }
 
 int linear_tid() { return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); }
 
+// Completes b when all of its `members` live fibers have arrived.
+bool complete_if_all(barrier &b, int members) {
+    if (b.arrived == 0 || b.arrived != members) return false;
+    b.arrived = 0;
+    b.gen++;
+    R.events++;
+    return true;
+}
+
+// Arrive at b and wait (yielding) until it completes.
+void arrive_and_wait(barrier &b, int members) {
+    unsigned long g = b.gen;
+    R.events++;
+    b.arrived++;
+    if (complete_if_all(b, members)) return;
+    while (b.gen == g && !R.failed) yield();
+}
+
+// A fiber exited: barriers its group waits on may now be complete.
 void release_if_complete() {
-    if (R.bar_arrived > 0 && R.bar_arrived == R.live) { R.bar_arrived = 0; R.bar_gen++; R.events++; }
-    for (int w = 0; w * 32 < R.nthreads; w++)
-        if (R.warp_arrived[w] > 0 && R.warp_arrived[w] == R.warp_live[w]) { R.warp_arrived[w] = 0; R.warp_gen[w]++; R.events++; }
+    complete_if_all(R.block, R.live);
+    for (int w = 0; w * 32 < R.nthreads; w++) complete_if_all(R.warp[w], R.warp_live[w]);
 }
 
 ucontext_t creator, entry_ctx;
@@ -128,21 +151,14 @@ void new_fiber(int i) {
     swapcontext(&creator, &entry_ctx);
 }
 
-void warp_barrier(int w) {
-    unsigned long g = R.warp_gen[w];
-    R.events++;
-    if (++R.warp_arrived[w] == R.warp_live[w]) { R.warp_arrived[w] = 0; R.warp_gen[w]++; return; }
-    while (R.warp_gen[w] == g && !R.failed) yield();
-}
-
 // Runs one block to completion; false on a fault. The fibers of a faulted
 // block stay suspended mid-kernel, and none is resumed again: after a fault
 // every later launch is refused (the sticky error).
 bool run_block() {
     R.live = R.nthreads;
-    R.bar_arrived = 0;
+    R.block.arrived = 0;
     for (int w = 0; w * 32 < R.nthreads; w++) {
-        R.warp_arrived[w] = 0;
+        R.warp[w].arrived = 0;
         R.warp_size[w] = R.warp_live[w] = std::min(32, R.nthreads - w * 32);
     }
     for (int i = 0; i < R.nthreads; i++) {
@@ -204,10 +220,7 @@ done:
 }
 
 void __syncthreads(void) {
-    unsigned long g = R.bar_gen;
-    R.events++;
-    if (++R.bar_arrived == R.live) { R.bar_arrived = 0; R.bar_gen++; return; }
-    while (R.bar_gen == g && !R.failed) yield();
+    arrive_and_wait(R.block, R.live);
 }
 
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
@@ -219,9 +232,9 @@ float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
     // One barrier per shuffle: consecutive shuffles use alternate buffers,
     // and a lane can only write a buffer again after the next barrier, which
     // every lane reaches after reading this one.
-    float *slot = R.slot[R.warp_gen[w] & 1];
+    float *slot = R.slot[R.warp[w].gen & 1];
     slot[t] = v;
-    warp_barrier(w);
+    arrive_and_wait(R.warp[w], R.warp_live[w]);
     return slot[w * 32 + (lane ^ lane_mask)];
 }
 
