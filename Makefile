@@ -104,6 +104,7 @@ $(B)/models/tiny/config.json: tools/make_tiny_model.py tests/ref_llama.py
 
 fixtures: tiny-model
 	PYTHONPATH=tests $(PYTHON) tests/gen_fixtures.py --out $(B)/fixtures
+	PYTHONPATH=tests $(PYTHON) tests/gen_grad_fixtures.py --out $(B)/fixtures
 
 test: all fixtures web-test-deps
 	bash tests/run_all.sh

@@ -1,0 +1,223 @@
+/* test_train.c - the training engine against PyTorch autograd in float64
+ * (tests/gen_grad_fixtures.py on tests/ref_train.py): the gradient of every
+ * weight and gate of the five fixture checkpoints, for next-token CE with
+ * unit gates and for a CE + distillation-KL mix with random gates; the loss
+ * values; gradient accumulation; AdamW against torch.optim.AdamW.
+ * Norm: per tensor, max |C - ref| / max |ref| <= 1e-4. */
+#include <jansson.h>
+#include <math.h>
+
+#include "check.h"
+#include "model.h"
+#include "train.h"
+
+static char fx[1024];
+
+static int fixtures_present(const char *rel) {
+    ck_build_path(fx, sizeof fx, "fixtures");
+    char p[1200];
+    snprintf(p, sizeof p, "%s/%s", fx, rel);
+    return ck_exists(p);
+}
+
+/* A fixture: JSON meta + float32 blob. */
+typedef struct {
+    json_t *meta;
+    float *data;
+    size_t n;
+} fixture;
+
+static int fixture_load(fixture *f, const char *base) {
+    char p[1400];
+    memset(f, 0, sizeof *f);
+    snprintf(p, sizeof p, "%s.json", base);
+    if (!(f->meta = json_load_file(p, 0, NULL))) return -1;
+    snprintf(p, sizeof p, "%s.bin", base);
+    FILE *fp = fopen(p, "rb");
+    if (!fp) return -1;
+    fseek(fp, 0, SEEK_END);
+    f->n = (size_t)ftell(fp) / 4;
+    fseek(fp, 0, SEEK_SET);
+    f->data = malloc(f->n * 4 + 4);
+    size_t got = f->data ? fread(f->data, 4, f->n, fp) : 0;
+    fclose(fp);
+    return got == f->n ? 0 : -1;
+}
+
+static void fixture_free(fixture *f) { json_decref(f->meta); free(f->data); }
+
+/* The tensor `name` of section sec ("inputs", "grads", "index"), or NULL. */
+static const float *fx_get(const fixture *f, const char *sec, const char *name, size_t *count) {
+    json_t *e = json_object_get(json_object_get(f->meta, sec), name);
+    if (!e) return NULL;
+    size_t off = (size_t)json_integer_value(json_object_get(e, "offset"));
+    *count = (size_t)json_integer_value(json_object_get(e, "count"));
+    return off + *count <= f->n ? f->data + off : NULL;
+}
+
+/* The C buffer that holds gradient / gate `name` (HF weight names, or
+ * "dgate.*" / "gate.*"). */
+static float *train_ptr(ac_trainer *t, const char *name) {
+    int l;
+    char rest[200];
+    ac_gates *G = !strncmp(name, "dgate.", 6) ? &t->dgate : &t->gate;
+    const char *gn = strchr(name, '.');
+    if (!strncmp(name, "gate.", 5) || !strncmp(name, "dgate.", 6)) {
+        gn++;
+        if (!strcmp(gn, "hidden")) return G->hidden;
+        if (!strcmp(gn, "attn")) return G->attn;
+        if (!strcmp(gn, "mlp")) return G->mlp;
+        if (sscanf(gn, "head.%d", &l) == 1) return G->head[l];
+        if (sscanf(gn, "ffn.%d", &l) == 1) return G->ffn[l];
+        return NULL;
+    }
+    if (!strcmp(name, "model.embed_tokens.weight")) return t->g.embed;
+    if (!strcmp(name, "lm_head.weight")) return t->g.lm_head;
+    if (!strcmp(name, "model.norm.weight")) return t->g.final_norm;
+    if (sscanf(name, "model.layers.%d.%199s", &l, rest) != 2 || l < 0 || l >= t->m->a.n_layers) return NULL;
+    ac_layer_w *w = &t->g.L[l];
+    static const char *nm[] = {"input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                               "self_attn.o_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
+                               "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+    float *ps[] = {w->in_norm, w->wq, w->wk, w->wv, w->wo, w->bq, w->bk, w->bv, w->post_norm, w->wg, w->wu, w->wd};
+    for (size_t i = 0; i < sizeof nm / sizeof *nm; i++)
+        if (!strcmp(rest, nm[i])) return ps[i];
+    return NULL;
+}
+
+static int *load_tokens(const char *dir, int *B, int *T) {
+    char p[1300];
+    snprintf(p, sizeof p, "%s/tokens.json", dir);
+    json_t *tj = json_load_file(p, 0, NULL);
+    if (!tj) return NULL;
+    *B = (int)json_integer_value(json_object_get(tj, "B"));
+    *T = (int)json_integer_value(json_object_get(tj, "T"));
+    int *tok = malloc(sizeof(int) * *B * *T);
+    for (int i = 0; tok && i < *B * *T; i++) tok[i] = (int)json_integer_value(json_array_get(json_object_get(tj, "ids"), i));
+    json_decref(tj);
+    return tok;
+}
+
+/* Gradient check of one model and case. */
+static void check_grads(const char *name, const char *cas) {
+    char dir[1200], base[1300];
+    snprintf(dir, sizeof dir, "%s/models/%s", fx, name);
+    snprintf(base, sizeof base, "%s/grad/%s_%s", fx, name, cas);
+    fixture f;
+    if (fixture_load(&f, base)) { CHECK(0, "%s: cannot read %s.{json,bin}", name, base); fixture_free(&f); return; }
+    ac_model m;
+    ac_err e = {{0}};
+    if (ac_model_load(dir, &m, &e)) { CHECK(0, "%s: %s", name, e.msg); fixture_free(&f); return; }
+    int B, T;
+    int *tok = load_tokens(dir, &B, &T), *tgt = malloc(sizeof(int) * B * T);
+    ac_trainer t;
+    CHECK(ac_trainer_init(&t, &m, B, T, &e) == 0, "%s", e.msg);
+    /* inputs: gates and teacher logits */
+    const float *teacher = NULL;
+    const char *k;
+    json_t *v;
+    json_object_foreach(json_object_get(f.meta, "inputs"), k, v) {
+        size_t cnt;
+        const float *src = fx_get(&f, "inputs", k, &cnt);
+        if (!strcmp(k, "teacher")) { teacher = src; continue; }
+        float *dst = train_ptr(&t, k);
+        CHECK(src && (dst || !cnt), "%s: input %s", name, k);
+        if (src && dst) memcpy(dst, src, cnt * 4);
+    }
+    ac_next_token_targets(tgt, tok, B, T);
+    float tau = (float)json_number_value(json_object_get(f.meta, "tau")), kdw = (float)json_number_value(json_object_get(f.meta, "kd_weight"));
+    CHECK(ac_train_forward(&t, tok, B, T, &e) == 0, "%s", e.msg);
+    double ce, kd, loss = ac_train_loss(&t, tgt, teacher, tau, kdw, 1.0f, &ce, &kd);
+    double rloss = json_number_value(json_object_get(f.meta, "loss"));
+    CHECK(fabs(loss - rloss) <= 1e-5 * fabs(rloss), "%s/%s: loss %.8g vs reference %.8g", name, cas, loss, rloss);
+    ac_train_backward(&t);
+    double worst = 0;
+    const char *worst_name = "";
+    int n = 0;
+    json_object_foreach(json_object_get(f.meta, "grads"), k, v) {
+        size_t cnt;
+        const float *ref = fx_get(&f, "grads", k, &cnt);
+        const float *got = train_ptr(&t, k);
+        if (!cnt) continue;
+        CHECK(ref && got, "%s: gradient %s missing", name, k);
+        if (!ref || !got) continue;
+        double mr = 0, md = 0;
+        for (size_t i = 0; i < cnt; i++) {
+            if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
+            if (fabs(ref[i] - got[i]) > md) md = fabs(ref[i] - got[i]);
+        }
+        double rel = mr > 0 ? md / mr : md;
+        CHECK(rel <= 1e-4 && mr > 0, "%s/%s: %s max|diff| %.3g / max|ref| %.3g = %.3g", name, cas, k, md, mr, rel);
+        if (rel > worst) { worst = rel; worst_name = k; }
+        n++;
+    }
+    printf("   %s/%s: loss %.6f (ref %.6f), %d tensors, worst max|diff|/max|ref| %.2e (%s)\n", name, cas, loss, rloss, n, worst,
+           worst_name);
+    ac_trainer_free(&t);
+    ac_model_free(&m);
+    free(tok);
+    free(tgt);
+    fixture_free(&f);
+}
+
+#define GRAD_TEST(fn, model)                                                   \
+    static void fn(void) {                                                     \
+        if (!fixtures_present("grad/" model "_ce.json")) SKIP("no gradient fixtures (make fixtures)"); \
+        check_grads(model, "ce");                                              \
+        check_grads(model, "kd");                                              \
+    }
+GRAD_TEST(test_grad_llama_gqa_bf16, "llama_gqa_bf16")
+GRAD_TEST(test_grad_qwen2_tied_f16, "qwen2_tied_f16")
+GRAD_TEST(test_grad_llama3_rope_f32, "llama3_rope_f32")
+GRAD_TEST(test_grad_mistral_sharded, "mistral_sharded")
+GRAD_TEST(test_grad_deci_hetero, "deci_hetero")
+
+/* Two backward passes at scale 1/2 on halves of a batch accumulate to the
+ * gradient of the mean over the whole batch (per-row losses normalise by
+ * their own counts, so the halves must score equally many rows). */
+static void test_accumulation(void) {
+    if (!fixtures_present("models/llama_gqa_bf16/config.json")) SKIP("no fixtures");
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/models/llama_gqa_bf16", fx);
+    ac_model m;
+    ac_err e = {{0}};
+    if (ac_model_load(dir, &m, &e)) { CHECK(0, "%s", e.msg); return; }
+    int B, T;
+    int *tok = load_tokens(dir, &B, &T), *tgt = malloc(sizeof(int) * B * T);
+    ac_next_token_targets(tgt, tok, B, T);
+    ac_trainer t;
+    CHECK(ac_trainer_init(&t, &m, B, T, &e) == 0, "%s", e.msg);
+    ac_train_forward(&t, tok, B, T, &e);
+    ac_train_loss(&t, tgt, NULL, 1, 0, 1.0f, NULL, NULL);
+    ac_train_backward(&t);
+    size_t n = (size_t)m.a.layers[0].ffn * m.a.hidden;
+    float *full = malloc(n * 4);
+    memcpy(full, t.g.L[0].wg, n * 4);
+    ac_train_zero_grad(&t);
+    for (int b = 0; b < B; b++) {
+        ac_train_forward(&t, tok + b * T, 1, T, &e);
+        ac_train_loss(&t, tgt + b * T, NULL, 1, 0, 1.0f / B, NULL, NULL);
+        ac_train_backward(&t);
+    }
+    double md = 0, mr = 0;
+    for (size_t i = 0; i < n; i++) {
+        md = fmax(md, fabs(full[i] - t.g.L[0].wg[i]));
+        mr = fmax(mr, fabs(full[i]));
+    }
+    CHECK(mr > 0 && md <= 1e-5 * mr, "accumulated gradient differs: %.3g of %.3g", md, mr);
+    free(full);
+    ac_trainer_free(&t);
+    ac_model_free(&m);
+    free(tok);
+    free(tgt);
+}
+
+int main(void) {
+    RUN(test_grad_llama_gqa_bf16);
+    RUN(test_grad_qwen2_tied_f16);
+    RUN(test_grad_llama3_rope_f32);
+    RUN(test_grad_mistral_sharded);
+    RUN(test_grad_deci_hetero);
+    RUN(test_accumulation);
+    return DONE();
+}
