@@ -36,7 +36,7 @@ class Blob:
     def add(self, name, t, like=None):
         if t is None:  # a gate of a removed sub-block: no gradient
             t = torch.zeros(like.shape)
-        a = t.detach().to(torch.float32).contiguous().numpy().reshape(-1)
+        a = t.detach().to(torch.float32).contiguous().numpy().reshape(-1).copy()  # not a view of a live tensor
         self.index[name] = {"offset": self.off, "count": int(a.size), "shape": list(t.shape)}
         self.parts.append(a)
         self.off += a.size

@@ -9,6 +9,7 @@
 
 #include "check.h"
 #include "model.h"
+#include "optim.h"
 #include "train.h"
 
 static char fx[1024];
@@ -212,6 +213,93 @@ static void test_accumulation(void) {
     free(tgt);
 }
 
+/* AdamW with warmup + cosine schedule, clipping and 2 accumulated
+ * micro-batches per step, against torch.optim.AdamW + LambdaLR +
+ * clip_grad_norm_ (tests/gen_grad_fixtures.py); then the same run again
+ * must give bit-identical parameters (determinism). */
+static int adamw_run(const fixture *f, float **P, int np, double *norms) {
+    json_t *jo = json_object_get(f->meta, "opts");
+    ac_adamw_opts o = {.lr = (float)json_number_value(json_object_get(jo, "lr")), .min_lr = (float)json_number_value(json_object_get(jo, "min_lr")),
+                       .beta1 = (float)json_number_value(json_object_get(jo, "beta1")), .beta2 = (float)json_number_value(json_object_get(jo, "beta2")),
+                       .eps = (float)json_number_value(json_object_get(jo, "eps")),
+                       .weight_decay = (float)json_number_value(json_object_get(jo, "weight_decay")),
+                       .clip = (float)json_number_value(json_object_get(jo, "clip")), .warmup = (int)json_integer_value(json_object_get(jo, "warmup")),
+                       .total_steps = (int)json_integer_value(json_object_get(jo, "total"))};
+    int accum = (int)json_integer_value(json_object_get(jo, "accum"));
+    ac_adamw a;
+    ac_adamw_init(&a, &o);
+    float *G[8];
+    ac_err e = {{0}};
+    for (int i = 0; i < np; i++) {
+        char nm[64];
+        size_t n;
+        snprintf(nm, sizeof nm, "p0.%d", i);
+        const float *p0 = fx_get(f, "index", nm, &n);
+        P[i] = malloc(n * 4);
+        G[i] = calloc(n, 4);
+        memcpy(P[i], p0, n * 4);
+        ac_adamw_add(&a, P[i], G[i], n, json_is_true(json_array_get(json_object_get(f->meta, "decay"), i)), &e);
+    }
+    for (int s = 0; s < o.total_steps; s++) {
+        for (int i = 0; i < np; i++) {
+            char nm[64];
+            size_t n;
+            snprintf(nm, sizeof nm, "p0.%d", i);
+            fx_get(f, "index", nm, &n);
+            memset(G[i], 0, n * 4);
+            for (int k = 0; k < accum; k++) {
+                snprintf(nm, sizeof nm, "g.%d.%d.%d", s, k, i);
+                const float *g = fx_get(f, "index", nm, &n);
+                for (size_t j = 0; j < n; j++) G[i][j] += g[j];
+            }
+        }
+        if (ac_adamw_step(&a, &norms[s], &e)) return -1;
+    }
+    for (int i = 0; i < np; i++) free(G[i]);
+    ac_adamw_free(&a);
+    return 0;
+}
+
+static void test_adamw(void) {
+    if (!fixtures_present("optim/adamw.json")) SKIP("no optimizer fixtures (make fixtures)");
+    char base[1200];
+    snprintf(base, sizeof base, "%s/optim/adamw", fx);
+    fixture f;
+    if (fixture_load(&f, base)) { CHECK(0, "cannot read %s", base); fixture_free(&f); return; }
+    int np = (int)json_array_size(json_object_get(f.meta, "shapes")), steps = (int)json_array_size(json_object_get(f.meta, "norms"));
+    float *P[8], *P2[8];
+    double norms[64], norms2[64];
+    CHECK(np <= 8 && steps <= 64, "fixture shape");
+    CHECK(adamw_run(&f, P, np, norms) == 0, "step failed");
+    CHECK(adamw_run(&f, P2, np, norms2) == 0, "step failed");
+    double worst = 0;
+    for (int s = 0; s < steps; s++) {
+        double rn = json_number_value(json_array_get(json_object_get(f.meta, "norms"), s));
+        CHECK(fabs(norms[s] - rn) <= 1e-5 * rn, "step %d: gradient norm %.7g vs torch %.7g", s, norms[s], rn);
+    }
+    for (int i = 0; i < np; i++) {
+        char nm[64];
+        size_t n;
+        snprintf(nm, sizeof nm, "p.%d", i);
+        const float *ref = fx_get(&f, "index", nm, &n);
+        double md = 0, mr = 0;
+        for (size_t j = 0; j < n; j++) { md = fmax(md, fabs(ref[j] - P[i][j])); mr = fmax(mr, fabs(ref[j])); }
+        CHECK(md <= 1e-5 * mr, "tensor %d: max|diff| %.3g of max %.3g", i, md, mr);
+        CHECK(!memcmp(P[i], P2[i], n * 4), "tensor %d: a second run differs", i);
+        worst = fmax(worst, md / mr);
+        free(P[i]);
+        free(P2[i]);
+    }
+    printf("   %d steps: worst max|diff|/max|param| vs torch.optim.AdamW %.2e\n", steps, worst);
+    /* the schedule at its corners */
+    ac_adamw_opts o;
+    ac_adamw_defaults(&o);
+    o.lr = 1; o.min_lr = 0.1f; o.warmup = 4; o.total_steps = 14;
+    CHECK(fabsf(ac_lr_at(&o, 0) - 0.25f) < 1e-6 && fabsf(ac_lr_at(&o, 3) - 1) < 1e-6, "warmup");
+    CHECK(fabsf(ac_lr_at(&o, 9) - 0.55f) < 1e-6 && fabsf(ac_lr_at(&o, 14) - 0.1f) < 1e-6 && fabsf(ac_lr_at(&o, 99) - 0.1f) < 1e-6, "cosine");
+    fixture_free(&f);
+}
+
 int main(void) {
     RUN(test_grad_llama_gqa_bf16);
     RUN(test_grad_qwen2_tied_f16);
@@ -219,5 +307,6 @@ int main(void) {
     RUN(test_grad_mistral_sharded);
     RUN(test_grad_deci_hetero);
     RUN(test_accumulation);
+    RUN(test_adamw);
     return DONE();
 }
