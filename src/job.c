@@ -15,6 +15,7 @@
 #include "costmodel.h"
 #include "cuda_plugin.h"
 #include "device.h"
+#include "distill.h"
 #include "engine.h"
 #include "eval.h"
 #include "importance.h"
@@ -142,7 +143,7 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     ac_cost_table table = {0};
     ac_search_result ra = {0}, rm = {0};
     ac_model pa = {0}, pm = {0};
-    json_t *report = NULL, *on_target = NULL;
+    json_t *report = NULL, *on_target = NULL, *dist = NULL;
     int rc = -1;
     double t0;
 
@@ -264,6 +265,17 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     progress_cb(&R, "pruned", 1.0);
     json_object_set_new(timings, "prune", json_real(ac_now() - t0));
 
+    /* 5b distill (src/distill.c): every reported arm, the same budget; off without spec "distill" */
+    t0 = ac_now();
+    {
+        ac_model *arms[2] = {&pm, &pa};
+        const char *arm_names[2] = {"minitron", "autocompress"};
+        ac_ppl_opts dpo = {.ctx = ctxlen, .stride = 0, .max_windows = windows, .batch = 4, .cuda = on_gpu};
+        if (ac_distill_job(spec, model_dir, &m, cids, nc, arms, arm_names, chosen == &ra ? 2 : 1, hids, nh, &dpo, ctx->emit, ctx->ud,
+                           ctx->cancelled, &dist, e)) { ac_errctx(e, "stage distill"); goto out; }
+        if (dist) json_object_set_new(timings, "distill", json_real(ac_now() - t0));
+    }
+
     /* 6 evaluate */
     t0 = ac_now();
     if (stage(&R, 5, e)) goto out;
@@ -372,6 +384,7 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
         json_object_set_new(report, "autocompress", RES(&ra, par, rep_a));
         json_object_set_new(report, "search", json_pack("{s:i,s:i,s:f}", "steps", ra.steps_run, "seed", (int)P.opts.seed, "lr", P.opts.lr));
     }
+    if (dist) ac_distill_report(report, dist);
     json_object_set_new(report, "chosen", json_string(chosen == &ra ? "autocompress" : "minitron"));
     json_object_set_new(report, "measured_local", local);
     if (on_target) json_object_set_new(report, "measured_on_target", on_target);
@@ -391,6 +404,7 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     report = NULL;
     rc = 0;
 out:
+    json_decref(dist);
     json_decref(on_target);
     json_decref(report);
     json_decref(timings);

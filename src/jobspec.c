@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "distill.h"
 #include "job.h"
 
 typedef enum { T_STR, T_INT, T_NUM, T_BOOL, T_OBJ } ftype;
@@ -62,6 +63,16 @@ static const field EVAL[] = {
     {"ctx", T_INT, 0, 8, 1 << 16, NULL, NULL},
     {"windows", T_INT, 0, 0, 1 << 20, NULL, NULL},
     {NULL, 0, 0, 0, 0, NULL, NULL}};
+static const field DISTILL[] = {
+    {"tokens", T_INT, 0, 0, AC_DISTILL_MAX_TOKENS, NULL, NULL},
+    {"text", T_STR, 0, 0, 0, NULL, NULL},
+    {"lr", T_NUM, 0, 1e-8, 1, NULL, NULL},
+    {"seq_len", T_INT, 0, 2, 1 << 16, NULL, NULL},
+    {"batch", T_INT, 0, 1, 4096, NULL, NULL},
+    {"temperature", T_NUM, 0, 0.05, 100, NULL, NULL},
+    {"ce_weight", T_NUM, 0, 0, 1, NULL, NULL},
+    {"seed", T_INT, 0, 0, 2147483647, NULL, NULL},
+    {NULL, 0, 0, 0, 0, NULL, NULL}};
 static const field SPEC[] = {
     {"name", T_STR, 0, 0, 0, NULL, NULL},
     {"model", T_STR, 1, 0, 0, NULL, NULL},
@@ -73,6 +84,7 @@ static const field SPEC[] = {
     {"method", T_STR, 0, 0, 0, METHODS, NULL},
     {"search", T_OBJ, 0, 0, 0, NULL, SEARCH},
     {"eval", T_OBJ, 0, 0, 0, NULL, EVAL},
+    {"distill", T_OBJ, 0, 0, 0, NULL, DISTILL},
     {"repair", T_BOOL, 0, 0, 0, NULL, NULL},
     {"calibration_tokens", T_INT, 0, 256, 1 << 24, NULL, NULL},
     {"priority", T_INT, 0, -1000, 1000, NULL, NULL},
