@@ -65,8 +65,8 @@ static int check_opts(const ac_model *teacher, const ac_model *student, size_t n
         return ac_errf(e, "distill.text: %zu tokens is shorter than one batch (distill.batch %d x distill.seq_len %d + 1)", n, o->batch, o->seq_len);
     double need = ac_distill_mem_bytes(&teacher->a, &student->a, o->batch, o->seq_len), have = o->mem_limit > 0 ? o->mem_limit : host_available();
     if (have > 0 && need > 0.9 * have)
-        return ac_errf(e, "distill.batch: distillation needs about %.2f GiB (student weights, gradients and Adam state, activations of %d x %d "
-                          "tokens, teacher) but %.2f GiB is available; lower distill.batch or distill.seq_len",
+        return ac_errf(e, "distill.batch: distillation needs about %.3g GiB (student weights, gradients and Adam state, activations of %d x %d "
+                          "tokens, teacher) but %.3g GiB is available; lower distill.batch or distill.seq_len",
                        need / 1073741824.0, o->batch, o->seq_len, have / 1073741824.0);
     return 0;
 }

@@ -8,6 +8,8 @@
 #include <math.h>
 
 #include "check.h"
+#include "distill.h"
+#include "engine.h"
 #include "model.h"
 #include "optim.h"
 #include "train.h"
@@ -300,6 +302,127 @@ static void test_adamw(void) {
     fixture_free(&f);
 }
 
+/* Mean tau=1 KL(teacher || student) over B x T random tokens (seeded). */
+static double heldout_kl(const ac_model *teacher, ac_model *student, unsigned seed) {
+    int B = 4, T = 16, V = teacher->a.vocab, *tok = malloc(sizeof(int) * B * T);
+    for (int i = 0; i < B * T; i++) tok[i] = (int)((seed = seed * 1103515245u + 12345u) >> 8) % V;
+    ac_engine te;
+    ac_trainer tr;
+    ac_err e = {{0}};
+    double kd = -1;
+    if (!ac_engine_init(&te, teacher, B, T, &e) && !ac_trainer_init(&tr, student, B, T, &e)) {
+        if (!ac_engine_forward(&te, tok, B, T, 0, 0, &e) && !ac_train_forward(&tr, tok, B, T, &e))
+            ac_train_loss(&tr, NULL, te.logits, 1.0f, 1.0f, 1.0f, NULL, &kd);
+        ac_trainer_free(&tr);
+        ac_engine_free(&te);
+    }
+    free(tok);
+    return kd;
+}
+
+/* Damage a copy of a model (FFN down projections halved, noise on q) and
+ * distil it back: the training loss falls and the KL on unseen tokens too;
+ * a second run is bit-identical; an undamaged student starts at KL 0. */
+static void test_distill(void) {
+    if (!fixtures_present("models/llama_gqa_bf16/config.json")) SKIP("no fixtures");
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/models/llama_gqa_bf16", fx);
+    ac_model t, s, s2;
+    ac_err e = {{0}};
+    if (ac_model_load(dir, &t, &e) || ac_model_load(dir, &s, &e) || ac_model_load(dir, &s2, &e)) { CHECK(0, "%s", e.msg); return; }
+    size_t n = 4000;
+    int *ids = malloc(sizeof(int) * n);
+    unsigned r = 7;
+    for (size_t i = 0; i < n; i++) ids[i] = (int)((r = r * 1103515245u + 12345u) >> 8) % t.a.vocab;
+    ac_distill_opts o;
+    ac_distill_defaults(&o);
+    o.tokens = 4 * 32 * 60;
+    o.batch = 4;
+    o.seq_len = 32;
+    o.lr = 1e-3f;
+    o.min_lr = o.lr / 10;
+    o.temperature = 1.0f;
+    o.tokens = 4 * 32 * 2;
+    ac_distill_result res;
+    CHECK(ac_distill(&t, &s, ids, n, &o, NULL, NULL, &res, &e) == 0, "%s", e.msg);
+    CHECK(res.loss_first < 1e-6, "an undamaged student starts at KL %.3g", res.loss_first);
+    ac_model_free(&s);
+    if (ac_model_load(dir, &s, &e)) { CHECK(0, "%s", e.msg); return; }
+    for (int l = 0; l < t.a.n_layers; l++) {
+        ac_model *ms[2] = {&s, &s2};
+        for (int k = 0; k < 2; k++) {
+            size_t nd, nq;
+            float *wd = ac_layer_matrix(ms[k], l, AC_W_D, &nd), *wq = ac_layer_matrix(ms[k], l, AC_W_Q, &nq),
+                  *td = ac_layer_matrix(&t, l, AC_W_D, &nd), *tq = ac_layer_matrix(&t, l, AC_W_Q, &nq);
+            unsigned q = 99;
+            for (size_t i = 0; i < nd; i++) wd[i] = 0.5f * td[i];
+            for (size_t i = 0; i < nq; i++) wq[i] = tq[i] + 0.05f * ((float)((q = q * 1103515245u + 12345u) >> 16 & 1023) / 512.0f - 1.0f);
+        }
+    }
+    double kl0 = heldout_kl(&t, &s, 12345);
+    o.tokens = 4 * 32 * 60;
+    int steps = 0;
+    CHECK(ac_distill(&t, &s, ids, n, &o, NULL, NULL, &res, &e) == 0, "%s", e.msg);
+    steps = res.steps;
+    double kl1 = heldout_kl(&t, &s, 12345);
+    printf("   distill %d steps, %ld tokens, %.2f s: loss %.4f -> %.4f; KL on unseen tokens %.4f -> %.4f\n", steps, res.tokens, res.seconds,
+           res.loss_first, res.loss_last, kl0, kl1);
+    CHECK(steps == 60 && res.tokens == 4 * 32 * 60, "steps %d tokens %ld", steps, res.tokens);
+    CHECK(res.loss_last < 0.5 * res.loss_first, "training loss %.4g -> %.4g", res.loss_first, res.loss_last);
+    CHECK(kl1 < 0.5 * kl0, "held-out KL %.4g -> %.4g", kl0, kl1);
+    ac_distill_result res2;
+    CHECK(ac_distill(&t, &s2, ids, n, &o, NULL, NULL, &res2, &e) == 0, "%s", e.msg);
+    int same = 1;
+    for (int l = 0; l < t.a.n_layers; l++) {
+        size_t nq;
+        const float *a = ac_layer_matrix(&s, l, AC_W_Q, &nq), *b = ac_layer_matrix(&s2, l, AC_W_Q, &nq);
+        same = same && !memcmp(a, b, nq * 4);
+    }
+    CHECK(same && res2.loss_last == res.loss_last, "a second run with the same seed differs");
+    free(ids);
+    ac_model_free(&t);
+    ac_model_free(&s);
+    ac_model_free(&s2);
+}
+
+/* Bad input fails with a message naming the field. */
+static void test_distill_errors(void) {
+    if (!fixtures_present("models/qwen2_tied_f16/config.json")) SKIP("no fixtures");
+    char d1[1200], d2[1200];
+    snprintf(d1, sizeof d1, "%s/models/llama_gqa_bf16", fx);
+    snprintf(d2, sizeof d2, "%s/models/llama3_rope_f32", fx);
+    ac_model t, s;
+    ac_err e = {{0}};
+    if (ac_model_load(d1, &t, &e) || ac_model_load(d1, &s, &e)) { CHECK(0, "%s", e.msg); return; }
+    int ids[600];
+    for (int i = 0; i < 600; i++) ids[i] = i % 300;
+    ac_distill_opts o;
+    ac_distill_defaults(&o);
+    o.tokens = 1000;
+    o.batch = 4;
+    o.seq_len = 150;
+    ac_distill_result r;
+    CHECK(ac_distill(&t, &s, ids, 600, &o, NULL, NULL, &r, &e) == -1 && strstr(e.msg, "distill.text"), "short text: %s", e.msg);
+    o.seq_len = 16;
+    o.mem_limit = 1e5;
+    CHECK(ac_distill(&t, &s, ids, 600, &o, NULL, NULL, &r, &e) == -1 && strstr(e.msg, "distill.batch") && strstr(e.msg, "GiB"), "memory: %s", e.msg);
+    printf("   %s\n", e.msg);
+    o.mem_limit = 0;
+    o.tokens = AC_DISTILL_MAX_TOKENS + 1;
+    CHECK(ac_distill(&t, &s, ids, 600, &o, NULL, NULL, &r, &e) == -1 && strstr(e.msg, "distill.tokens"), "cap: %s", e.msg);
+    double need = ac_distill_mem_bytes(&t.a, &s.a, 8, 128), p = ac_arch_params(&t.a);
+    CHECK(need > 5 * 4 * p, "memory estimate %.0f below weights, gradients, moments and teacher", need);
+    ac_model_free(&s);
+    o.tokens = 100;
+    snprintf(d2, sizeof d2, "%s/models/deci_hetero", fx);
+    if (ac_model_load(d2, &s, &e)) { CHECK(0, "%s", e.msg); ac_model_free(&t); return; }
+    s.a.vocab = 299; /* as if another tokenizer */
+    CHECK(ac_distill(&t, &s, ids, 600, &o, NULL, NULL, &r, &e) == -1 && strstr(e.msg, "vocabulary"), "vocab: %s", e.msg);
+    s.a.vocab = 300;
+    ac_model_free(&s);
+    ac_model_free(&t);
+}
+
 int main(void) {
     RUN(test_grad_llama_gqa_bf16);
     RUN(test_grad_qwen2_tied_f16);
@@ -308,5 +431,7 @@ int main(void) {
     RUN(test_grad_deci_hetero);
     RUN(test_accumulation);
     RUN(test_adamw);
+    RUN(test_distill);
+    RUN(test_distill_errors);
     return DONE();
 }
