@@ -10,6 +10,7 @@
 #include "check.h"
 #include "distill.h"
 #include "engine.h"
+#include "job.h"
 #include "model.h"
 #include "optim.h"
 #include "train.h"
@@ -423,6 +424,81 @@ static void test_distill_errors(void) {
     ac_model_free(&t);
 }
 
+/* The spec field: validation names the field (the daemon answers 400 with it). */
+static void test_distill_spec(void) {
+    const char *base = "{\"model\":\"m\",\"calibration\":\"c\",\"target\":{\"device\":\"cpu\"},\"constraints\":{\"max_params\":1e6},";
+    struct { const char *distill, *field; } cases[] = {
+        {"\"distill\":{\"tokens\":2000000000}}", "distill.tokens"},
+        {"\"distill\":{\"tokens\":1000,\"batch\":0}}", "distill.batch"},
+        {"\"distill\":{\"tokens\":1000,\"temperature\":\"hot\"}}", "distill.temperature"},
+        {"\"distill\":{\"tokens\":1000,\"steps\":3}}", "distill.steps"},
+        {"\"distill\":{\"tokens\":1000,\"text\":\"t\",\"lr\":0.001,\"seq_len\":64,\"batch\":4,\"temperature\":2,\"ce_weight\":0.5}}", NULL}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s%s", base, cases[i].distill);
+        json_t *spec = json_loads(buf, 0, NULL);
+        const char *field = NULL;
+        ac_err e = {{0}};
+        int rc = ac_job_validate_field(spec, &field, &e);
+        if (cases[i].field) CHECK(rc == -1 && field && !strcmp(field, cases[i].field), "%s: field %s (%s)", cases[i].distill, field ? field : "-", e.msg);
+        else CHECK(rc == 0, "%s: %s", cases[i].distill, e.msg);
+        json_decref(spec);
+    }
+}
+
+static void job_emit(void *ud, const char *kind, json_t *data) {
+    (void)data;
+    if (!strcmp(kind, "distill")) (*(int *)ud)++;
+}
+
+/* A whole job on the tiny model with a small distillation budget: every arm
+ * reports perplexity_pruned and distill figures, distill events stream; a
+ * distillation text shorter than one batch fails the job naming the field. */
+static void test_distill_job(void) {
+    char tiny[1200], data[1200], tmp[] = "/tmp/ac_distill_XXXXXX";
+    ck_build_path(tiny, sizeof tiny, "models/tiny");
+    ck_build_path(data, sizeof data, "data");
+    char p[1300];
+    snprintf(p, sizeof p, "%s/config.json", tiny);
+    if (!ck_exists(p)) SKIP("no tiny model (make tiny-model)");
+    if (!mkdtemp(tmp)) { CHECK(0, "mkdtemp"); return; }
+    char spec_s[8192], shortf[1300];
+    snprintf(shortf, sizeof shortf, "%s/short.txt", tmp);
+    FILE *f = fopen(shortf, "w");
+    if (f) { fputs("A short text.\n", f); fclose(f); }
+    for (int bad = 0; bad < 2; bad++) {
+        snprintf(spec_s, sizeof spec_s,
+                 "{\"model\":\"%s\",\"calibration\":\"%s/calib.txt\",\"heldout\":\"%s/heldout.txt\",\"output\":\"%s/out\","
+                 "\"target\":{\"device\":\"H100\"},\"constraints\":{\"max_params\":800000},\"search\":{\"steps\":30},"
+                 "\"calibration_tokens\":2048,\"eval\":{\"ctx\":64,\"windows\":4},"
+                 "\"distill\":{\"tokens\":1024,\"seq_len\":32,\"batch\":4,\"lr\":0.001%s%s%s}}",
+                 tiny, data, data, tmp, bad ? ",\"text\":\"" : "", bad ? shortf : "", bad ? "\"" : "");
+        json_t *spec = json_loads(spec_s, 0, NULL), *res = NULL;
+        int events = 0;
+        ac_job_ctx ctx = {.emit = job_emit, .ud = &events};
+        ac_err e = {{0}};
+        int rc = ac_job_run(spec, &ctx, &res, &e);
+        if (bad) {
+            CHECK(rc == -1 && strstr(e.msg, "stage distill") && strstr(e.msg, "distill.text"), "short text: %s", e.msg);
+            printf("   short text: %s\n", e.msg);
+        } else {
+            CHECK(rc == 0, "%s", e.msg);
+            for (int a = 0; rc == 0 && a < 2; a++) {
+                json_t *arm = json_object_get(res, a ? "autocompress" : "minitron"), *d = json_object_get(arm, "distill");
+                CHECK(json_is_number(json_object_get(arm, "perplexity_pruned")) && json_integer_value(json_object_get(d, "tokens")) == 1024 &&
+                          json_number_value(json_object_get(d, "loss_first")) > 0 && json_is_number(json_object_get(d, "seconds")),
+                      "arm %d report lacks distill figures", a);
+                printf("   %s: perplexity %.2f before distillation, %.2f after; loss %.4f -> %.4f\n", a ? "autocompress" : "minitron",
+                       json_number_value(json_object_get(arm, "perplexity_pruned")), json_number_value(json_object_get(arm, "perplexity")),
+                       json_number_value(json_object_get(d, "loss_first")), json_number_value(json_object_get(d, "loss_last")));
+            }
+            CHECK(events >= 4, "%d distill events", events);
+        }
+        json_decref(res);
+        json_decref(spec);
+    }
+}
+
 int main(void) {
     RUN(test_grad_llama_gqa_bf16);
     RUN(test_grad_qwen2_tied_f16);
@@ -433,5 +509,7 @@ int main(void) {
     RUN(test_adamw);
     RUN(test_distill);
     RUN(test_distill_errors);
+    RUN(test_distill_spec);
+    RUN(test_distill_job);
     return DONE();
 }
