@@ -140,6 +140,13 @@ static enum MHD_Result post_job(ac_daemon *d, struct MHD_Connection *c, json_t *
             return send_error(d, c, 400, "invalid_path", msg, paths[i].k);
         }
     }
+    const char *dtext = json_string_value(json_object_get(json_object_get(spec, "distill"), "text"));
+    char dwhy[300];
+    if (dtext && check_path(d, dtext, 0, 1, dwhy, sizeof dwhy)) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "distill.text: %s", dwhy);
+        return send_error(d, c, 400, "invalid_path", msg, "distill.text");
+    }
     char cfgp[PATH_MAX + 16];
     snprintf(cfgp, sizeof cfgp, "%s/config.json", ac_job_path(spec, "model"));
     if (access(cfgp, R_OK) != 0) return send_error(d, c, 400, "invalid_path", "model: directory has no readable config.json", "model");
