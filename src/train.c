@@ -310,3 +310,11 @@ void ac_train_backward(ac_trainer *t) {
         for (int c = 0; c < H; c++) ge[c] += d[c];
     }
 }
+
+void ac_train_kv_group_grad(const ac_trainer *t, int l, float *out) {
+    const ac_layer_arch *L = &t->m->a.layers[l];
+    if (!L->n_heads) return;
+    int grp = L->n_heads / L->n_kv_heads;
+    for (int g = 0; g < L->n_kv_heads; g++) out[g] = 0;
+    for (int h = 0; h < L->n_heads; h++) out[h / grp] += t->dgate.head[l][h];
+}

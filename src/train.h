@@ -83,4 +83,9 @@ void ac_next_token_targets(int *target, const int *tokens, int B, int T);
  * and t->dgate. */
 void ac_train_backward(ac_trainer *t);
 
+/* Gradient of one gate per KV group of layer l (shared by the group's
+ * query heads, as the search prunes them together): out[g] = sum of
+ * dgate.head[l][h] over h / (n_heads / n_kv_heads) == g. */
+void ac_train_kv_group_grad(const ac_trainer *t, int l, float *out);
+
 #endif

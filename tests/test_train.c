@@ -499,6 +499,45 @@ static void test_distill_job(void) {
     }
 }
 
+/* A gate shared by a KV group's query heads: its gradient (sum over the
+ * heads) against a central finite difference of the loss. */
+static void test_kv_group_gate(void) {
+    if (!fixtures_present("models/llama_gqa_bf16/config.json")) SKIP("no fixtures");
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/models/llama_gqa_bf16", fx);
+    ac_model m;
+    ac_err e = {{0}};
+    if (ac_model_load(dir, &m, &e)) { CHECK(0, "%s", e.msg); return; }
+    int B, T;
+    int *tok = load_tokens(dir, &B, &T), *tgt = malloc(sizeof(int) * B * T);
+    ac_next_token_targets(tgt, tok, B, T);
+    ac_trainer t;
+    CHECK(ac_trainer_init(&t, &m, B, T, &e) == 0, "%s", e.msg);
+    ac_train_forward(&t, tok, B, T, &e);
+    ac_train_loss(&t, tgt, NULL, 1, 0, 1, NULL, NULL);
+    ac_train_backward(&t);
+    const ac_layer_arch *L = &m.a.layers[1];
+    float gg[64];
+    ac_train_kv_group_grad(&t, 1, gg);
+    int grp = L->n_heads / L->n_kv_heads;
+    for (int g = 0; g < L->n_kv_heads; g++) {
+        double lp[2], eps = 1e-2;
+        for (int sgn = 0; sgn < 2; sgn++) {
+            for (int h = g * grp; h < (g + 1) * grp; h++) t.gate.head[1][h] = (float)(1 + (sgn ? -eps : eps));
+            ac_train_forward(&t, tok, B, T, &e);
+            lp[sgn] = ac_train_loss(&t, tgt, NULL, 1, 0, 1, NULL, NULL);
+            for (int h = g * grp; h < (g + 1) * grp; h++) t.gate.head[1][h] = 1;
+        }
+        double fd = (lp[0] - lp[1]) / (2 * eps);
+        CHECK(fabs(fd - gg[g]) <= 2e-3 * fmax(fabs(fd), 1e-2), "group %d: gradient %.6g, finite difference %.6g", g, gg[g], fd);
+        printf("   layer 1 KV group %d: gate gradient %.6f, finite difference %.6f\n", g, gg[g], fd);
+    }
+    ac_trainer_free(&t);
+    ac_model_free(&m);
+    free(tok);
+    free(tgt);
+}
+
 int main(void) {
     RUN(test_grad_llama_gqa_bf16);
     RUN(test_grad_qwen2_tied_f16);
@@ -506,6 +545,7 @@ int main(void) {
     RUN(test_grad_mistral_sharded);
     RUN(test_grad_deci_hetero);
     RUN(test_accumulation);
+    RUN(test_kv_group_gate);
     RUN(test_adamw);
     RUN(test_distill);
     RUN(test_distill_errors);
