@@ -62,6 +62,9 @@ void ac_search_result_free(ac_search_result *r);
 /* Worst relative violation of the limits by c (<= 0 when feasible). */
 double ac_constraints_violation(const ac_constraints *l, const ac_cost *c);
 json_t *ac_constraints_report(const ac_constraints *l, const ac_cost *c);
+/* The exact feasibility repair and refill on a discrete architecture a
+ * (in place); cost gets its prediction. Returns 1 when a meets every limit. */
+int ac_search_repair(const ac_search_problem *p, ac_arch *a, ac_cost *cost);
 /* Predicted loss increase of a discrete architecture. */
 double ac_search_pred_loss(const ac_search_problem *p, const ac_arch *a);
 
