@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""AutoCompress versus the Minitron baseline on the tiny trained model,
+"""AutoCompress (search.method from AC_SEARCH_METHOD, default dnas) versus the Minitron baseline on the tiny trained model,
 under the same constraint on the same target, for four targets/workloads,
 in one run. Each limit is set relative to the unpruned model's predicted
 figure on that target (from `autocompress estimate`). Prints held-out
@@ -31,7 +31,10 @@ def run(args, **kw):
 def main():
     tmp = tempfile.mkdtemp(prefix="acbench_")
     rows = []
+    only = os.environ.get("AC_BENCH_TARGETS")  # e.g. "H200,H100": a subset of the devices below
     for name, dev, wl, limit_key, metric, factor in TARGETS:
+        if only and dev not in only.split(","):
+            continue
         req = os.path.join(tmp, "est.json")
         json.dump({"model": TINY, "target": {"device": dev, "workload": wl}}, open(req, "w"))
         if dev == "cpu":  # make sure the CPU table exists (measured once, cached)
@@ -43,13 +46,16 @@ def main():
         limit = base[metric] * factor
         spec = {"model": TINY, "calibration": os.path.join(DATA, "calib.txt"), "heldout": os.path.join(DATA, "heldout.txt"),
                 "output": os.path.join(tmp, dev), "target": {"device": dev, "workload": wl}, "constraints": {limit_key: limit},
-                "search": {"steps": 300, "seed": 0, "export_target": os.environ.get("AC_EXPORT_TARGET", "deci")}, "calibration_tokens": 8192, "eval": {"ctx": 128, "windows": 48}}
+                "search": {"steps": 300, "seed": 0, "export_target": os.environ.get("AC_EXPORT_TARGET", "deci"),
+                           "method": os.environ.get("AC_SEARCH_METHOD", "dnas"), "dnas_steps": int(os.environ.get("AC_DNAS_STEPS", "120")),
+                           "cotrain": os.environ.get("AC_COTRAIN", "0") == "1"}, "calibration_tokens": 8192, "eval": {"ctx": 128, "windows": 48}}
         sp = os.path.join(tmp, dev + ".json")
         json.dump(spec, open(sp, "w"))
         out = run([os.path.join(BUILD, "autocompress"), "compress", sp])
         res = [json.loads(l) for l in out.splitlines() if l.startswith("{")][-1]["data"]
         a, m = res["autocompress"], res["minitron"]
         rows.append((name, limit_key, limit, res["baseline"]["perplexity"], m, a, metric))
+        print(f"  {dev}: search {res['timings_s']['search']:.1f} s, architecture {json.dumps(a.get('architecture'))}", file=sys.stderr)
     print(f"{'target':28} {'constraint':26} {'base ppl':>8} {'minitron ppl':>13} {'autocompress ppl':>17} {'minitron metric':>16} {'autocompress metric':>20}")
     wins = 0
     for name, key, limit, bppl, m, a, metric in rows:

@@ -611,3 +611,23 @@ int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size
     ac_dnas_gates_free(&g);
     return rc;
 }
+
+const char *ac_dnas_method(const json_t *search) {
+    const char *s = json_string_value(json_object_get(search, "method"));
+    return s ? s : AC_SEARCH_METHOD_DEFAULT;
+}
+
+int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const json_t *search, const int *ids, size_t n, ac_search_result *r,
+                       ac_importance *orders, ac_err *e) {
+    memset(orders, 0, sizeof *orders);
+    if (strcmp(ac_dnas_method(search), "dnas")) return ac_search_autocompress(p, r, e);
+    ac_dnas_opts o;
+    ac_dnas_defaults(&o);
+    json_t *v;
+    if ((v = json_object_get(search, "dnas_steps"))) o.steps = (int)json_integer_value(v);
+    if ((v = json_object_get(search, "dnas_lr"))) o.lr = json_number_value(v);
+    if ((v = json_object_get(search, "cotrain"))) o.cotrain = json_is_true(v);
+    if ((v = json_object_get(search, "dnas_seq_len"))) o.seq_len = (int)json_integer_value(v);
+    if ((v = json_object_get(search, "dnas_batch"))) o.batch = (int)json_integer_value(v);
+    return ac_search_dnas(p, m, ids, n, &o, r, orders, e);
+}

@@ -16,6 +16,7 @@
 #include "cuda_plugin.h"
 #include "device.h"
 #include "distill.h"
+#include "dnas.h"
 #include "engine.h"
 #include "eval.h"
 #include "importance.h"
@@ -139,7 +140,7 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     ac_model m = {0};
     int *cids = NULL, *hids = NULL;
     size_t nc = 0, nh = 0;
-    ac_importance imp = {0};
+    ac_importance imp = {0}, imp_d = {0}; /* imp_d: unit orders by DNAS gate score */
     ac_cost_table table = {0};
     ac_search_result ra = {0}, rm = {0};
     ac_model pa = {0}, pm = {0};
@@ -236,7 +237,7 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     emit(&R, "log", json_pack("{s:s,s:o,s:o}", "message", "baseline prediction", "predicted", ac_cost_to_json(&base_cost), "constraints",
                               ac_constraints_report(&P.limits, &base_cost)));
     if (ac_search_minitron(&P, &rm, e)) { ac_errctx(e, "stage search"); goto out; }
-    if (!strcmp(method, "autocompress") && ac_search_autocompress(&P, &ra, e)) { ac_errctx(e, "stage search"); goto out; }
+    if (!strcmp(method, "autocompress") && ac_dnas_job_search(&P, &m, sj, cids, nc, &ra, &imp_d, e)) { ac_errctx(e, "stage search"); goto out; }
     ac_search_result *chosen = !strcmp(method, "autocompress") ? &ra : &rm;
     json_object_set_new(timings, "search", json_real(ac_now() - t0));
     if (!chosen->feasible) {
@@ -259,8 +260,9 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     if (repair && (rep_m = ac_repair_ffn(&m, &pm, &imp, cids, nc, ctxlen, cwin < 16 ? cwin : 16, e)) < 0) { ac_errctx(e, "stage prune"); goto out; }
     progress_cb(&R, "minitron pruned", 0.5);
     if (chosen == &ra) {
-        if (ac_prune(&m, &ra.arch, &imp, &pa, e)) { ac_errctx(e, "stage prune"); goto out; }
-        if (repair && (rep_a = ac_repair_ffn(&m, &pa, &imp, cids, nc, ctxlen, cwin < 16 ? cwin : 16, e)) < 0) { ac_errctx(e, "stage prune"); goto out; }
+        const ac_importance *ia = imp_d.n_layers ? &imp_d : &imp;
+        if (ac_prune(&m, &ra.arch, ia, &pa, e)) { ac_errctx(e, "stage prune"); goto out; }
+        if (repair && (rep_a = ac_repair_ffn(&m, &pa, ia, cids, nc, ctxlen, cwin < 16 ? cwin : 16, e)) < 0) { ac_errctx(e, "stage prune"); goto out; }
     }
     progress_cb(&R, "pruned", 1.0);
     json_object_set_new(timings, "prune", json_real(ac_now() - t0));
@@ -382,7 +384,8 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     json_object_set_new(report, "minitron", RES(&rm, pmr, rep_m));
     if (chosen == &ra) {
         json_object_set_new(report, "autocompress", RES(&ra, par, rep_a));
-        json_object_set_new(report, "search", json_pack("{s:i,s:i,s:f}", "steps", ra.steps_run, "seed", (int)P.opts.seed, "lr", P.opts.lr));
+        json_object_set_new(report, "search", json_pack("{s:i,s:i,s:f,s:s}", "steps", ra.steps_run, "seed", (int)P.opts.seed, "lr", P.opts.lr,
+                                                         "method", ac_dnas_method(sj)));
     }
     if (dist) ac_distill_report(report, dist);
     json_object_set_new(report, "chosen", json_string(chosen == &ra ? "autocompress" : "minitron"));
@@ -414,6 +417,7 @@ out:
     ac_search_result_free(&rm);
     ac_cost_table_free(&table);
     ac_importance_free(&imp);
+    ac_importance_free(&imp_d);
     free(cids);
     free(hids);
     ac_model_free(&m);

@@ -22,6 +22,7 @@ typedef struct field {
 
 static const char *const METHODS[] = {"autocompress", "minitron", NULL};
 static const char *const DTYPES[] = {"bf16", "fp16", "fp32", "fp8", NULL};
+static const char *const SMETHODS[] = {"dnas", "surrogate", NULL};
 static const char *const EXPORTS[] = {"deci", "llama", "gguf-deci", NULL};
 
 static const field ENGINE[] = {
@@ -58,6 +59,12 @@ static const field SEARCH[] = {
     {"ffn_multiple", T_INT, 0, 1, 4096, NULL, NULL},
     {"hidden_multiple", T_INT, 0, 1, 4096, NULL, NULL},
     {"prune_hidden", T_BOOL, 0, 0, 0, NULL, NULL},
+    {"method", T_STR, 0, 0, 0, SMETHODS, NULL},
+    {"dnas_steps", T_INT, 0, 1, 100000, NULL, NULL},
+    {"dnas_lr", T_NUM, 0, 1e-6, 10, NULL, NULL},
+    {"dnas_batch", T_INT, 0, 1, 4096, NULL, NULL},
+    {"dnas_seq_len", T_INT, 0, 2, 1 << 16, NULL, NULL},
+    {"cotrain", T_BOOL, 0, 0, 0, NULL, NULL},
     {NULL, 0, 0, 0, 0, NULL, NULL}};
 static const field EVAL[] = {
     {"ctx", T_INT, 0, 8, 1 << 16, NULL, NULL},
