@@ -47,7 +47,7 @@ def main():
         spec = {"model": TINY, "calibration": os.path.join(DATA, "calib.txt"), "heldout": os.path.join(DATA, "heldout.txt"),
                 "output": os.path.join(tmp, dev), "target": {"device": dev, "workload": wl}, "constraints": {limit_key: limit},
                 "search": {"steps": 300, "seed": 0, "export_target": os.environ.get("AC_EXPORT_TARGET", "deci"),
-                           "method": os.environ.get("AC_SEARCH_METHOD", "dnas"), "dnas_steps": int(os.environ.get("AC_DNAS_STEPS", "120")),
+                           "method": os.environ.get("AC_SEARCH_METHOD", "dnas"), "dnas_steps": int(os.environ.get("AC_DNAS_STEPS", "300")),
                            "cotrain": os.environ.get("AC_COTRAIN", "0") == "1"}, "calibration_tokens": 8192, "eval": {"ctx": 128, "windows": 48}}
         sp = os.path.join(tmp, dev + ".json")
         json.dump(spec, open(sp, "w"))

@@ -13,7 +13,7 @@
 #define HC_ZETA 1.1
 
 void ac_dnas_defaults(ac_dnas_opts *o) {
-    *o = (ac_dnas_opts){.steps = 120, .batch = 4, .seq_len = 64, .lr = 0.1, .mu = 10.0, .rho = 0.5, .cotrain = 0, .w_lr = 1e-4,
+    *o = (ac_dnas_opts){.steps = 300, .batch = 4, .seq_len = 64, .lr = 0.1, .mu = 10.0, .rho = 0.5, .cotrain = 0, .w_lr = 1e-4,
                         .init_surrogate = 1};
 }
 
