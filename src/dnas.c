@@ -13,7 +13,14 @@
 #define HC_ZETA 1.1
 
 void ac_dnas_defaults(ac_dnas_opts *o) {
-    *o = (ac_dnas_opts){.steps = 300, .batch = 4, .seq_len = 64, .lr = 0.1, .mu = 10.0, .rho = 0.5, .cotrain = 0, .w_lr = 1e-4,
+    *o = (ac_dnas_opts){.steps = 300,
+                        .batch = 4,
+                        .seq_len = 64,
+                        .lr = 0.1,
+                        .mu = 10.0,
+                        .rho = 0.5,
+                        .cotrain = 0,
+                        .w_lr = 1e-4,
                         .init_surrogate = 1};
 }
 
@@ -52,7 +59,10 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
     g->kv_off = calloc(L, sizeof(int));
     g->ffn_off = calloc(L, sizeof(int));
     g->kv_on = calloc(L, sizeof(double));
-    if (!g->nkv || !g->nfg || !g->kv_off || !g->ffn_off || !g->kv_on) { ac_dnas_gates_free(g); return ac_errf(e, "out of memory"); }
+    if (!g->nkv || !g->nfg || !g->kv_off || !g->ffn_off || !g->kv_on) {
+        ac_dnas_gates_free(g);
+        return ac_errf(e, "out of memory");
+    }
     int n = 0;
     for (int l = 0; l < L; l++) {
         const ac_layer_arch *bl = &b->layers[l];
@@ -73,27 +83,38 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
     n += g->nhg;
     g->np = n;
     g->la = calloc(n + 1, sizeof(double));
-    if (!g->la) { ac_dnas_gates_free(g); return ac_errf(e, "out of memory"); }
+    if (!g->la) {
+        ac_dnas_gates_free(g);
+        return ac_errf(e, "out of memory");
+    }
     for (int i = 0; i < n; i++) g->la[i] = 3.0;
     return 0;
 }
 
 void ac_dnas_gates_free(ac_dnas_gates *g) {
-    free(g->nkv); free(g->nfg); free(g->kv_off); free(g->ffn_off); free(g->kv_on); free(g->la);
+    free(g->nkv);
+    free(g->nfg);
+    free(g->kv_off);
+    free(g->ffn_off);
+    free(g->kv_on);
+    free(g->la);
     memset(g, 0, sizeof *g);
 }
 
-void ac_dnas_set_gates(const ac_dnas_gates *g, const double *z, ac_gates *tg, const ac_arch *b, const ac_importance *imp) {
+void ac_dnas_set_gates(const ac_dnas_gates *g, const double *z, ac_gates *tg, const ac_arch *b,
+                       const ac_importance *imp) {
     for (int l = 0; l < g->L; l++) {
         const ac_layer_arch *bl = &b->layers[l];
         if (tg->head[l])
-            for (int h = 0; h < bl->n_heads; h++) tg->head[l][h] = g->nkv[l] ? (float)z[g->kv_off[l] + h / grp_of(bl)] : 1.0f;
+            for (int h = 0; h < bl->n_heads; h++)
+                tg->head[l][h] = g->nkv[l] ? (float)z[g->kv_off[l] + h / grp_of(bl)] : 1.0f;
         if (tg->ffn[l])
             for (int r = 0; r < bl->ffn; r++) tg->ffn[l][imp->ffn_order[l][r]] = (float)z[g->ffn_off[l] + r / g->fm];
         tg->attn[l] = g->gate_depth && bl->n_heads ? (float)z[g->attn_off + l] : 1.0f;
         tg->mlp[l] = g->gate_depth && bl->ffn ? (float)z[g->mlp_off + l] : 1.0f;
     }
-    for (int r = 0; r < g->H; r++) tg->hidden[imp->hid_order[r]] = g->gate_hid ? (float)z[g->hid_off + r / g->hm] : 1.0f;
+    for (int r = 0; r < g->H; r++)
+        tg->hidden[imp->hid_order[r]] = g->gate_hid ? (float)z[g->hid_off + r / g->hm] : 1.0f;
 }
 
 void ac_dnas_gate_grads(const ac_dnas_gates *g, const ac_trainer *t, const ac_importance *imp, double *dz) {
@@ -123,7 +144,10 @@ typedef struct {
 
 static void expect(const ac_dnas_gates *g, const ac_arch *b, double *buf, expect_t *x) {
     int L = g->L;
-    x->kv = buf; x->ffn = buf + L; x->pa = buf + 2 * L; x->pm = buf + 3 * L;
+    x->kv = buf;
+    x->ffn = buf + L;
+    x->pa = buf + 2 * L;
+    x->pm = buf + 3 * L;
     for (int l = 0; l < L; l++) {
         const ac_layer_arch *bl = &b->layers[l];
         double kv = g->kv_on[l];
@@ -171,86 +195,115 @@ static double hid_slope(const ac_search_problem *p, ac_carch *c, ac_metric m) {
     return v;
 }
 
-/* E[m] (see dnas.h) and, when grad, its gradient with respect to every
- * log_alpha: widths through p * dm/dwidth (the cost model's gradient at
- * cbar), sub-blocks through D, hidden through dm/dhidden of cbar and of
- * every cbar-minus-one-sub-block. */
+/* Remove sub-block s (0 attention, 1 FFN) of layer k from c, saving what
+ * restore() puts back. */
+static void block_off(ac_carch *c, int k, int s, double *save) {
+    save[0] = s ? c->ffn[k] : c->kv[k];
+    save[1] = c->heads[k];
+    if (s) c->ffn[k] = 0;
+    else c->kv[k] = c->heads[k] = 0;
+}
+
+static void block_on(ac_carch *c, int k, int s, const double *save) {
+    if (s) c->ffn[k] = save[0];
+    else c->kv[k] = save[0];
+    c->heads[k] = save[1];
+}
+
+/* E[m] = m(cbar) - sum (1 - p)(m(cbar) - m(cbar - block)); D[s*L + l] gets
+ * m(cbar) - m(cbar - block). */
+static double expected_value(const ac_search_problem *p, ac_metric m, ac_carch *c, const expect_t *x, double *D) {
+    int L = c->n_layers;
+    double m0 = metric_at(p, c, m), v = m0, save[2];
+    for (int l = 0; l < L; l++)
+        for (int s = 0; s < 2; s++) {
+            D[s * L + l] = 0;
+            if (s ? c->ffn[l] == 0 : c->kv[l] == 0 && c->heads[l] == 0) continue;
+            block_off(c, l, s, save);
+            D[s * L + l] = m0 - metric_at(p, c, m);
+            block_on(c, l, s, save);
+            v -= (1 - (s ? x->pm[l] : x->pa[l])) * D[s * L + l];
+        }
+    return v;
+}
+
+/* dE[m]/d width (gh, gk, gf per layer) and d hidden (*ghid): the cost
+ * model's gradient at cbar, corrected through every removed-block term
+ * (the widest layer sets the activation memory, the cache share of the
+ * weights is shared, throughput is a ratio). Returns -1 out of memory. */
+static int width_grads(const ac_dnas_gates *g, const ac_search_problem *p, ac_metric m, ac_carch *c, const expect_t *x,
+                       const double *D, double *gh, double *gk, double *gf, double *ghid) {
+    int L = g->L;
+    ac_cost_grad(p->table, c, p->workload, p->profile, m, gh, gk, gf, NULL);
+    double *xh = calloc(6 * L + 1, sizeof(double)), *xk = xh + L, *xf = xh + 2 * L, *g0 = xh + 3 * L, save[2];
+    if (!xh) return -1;
+    memcpy(g0, gh, sizeof(double) * L);
+    memcpy(g0 + L, gk, sizeof(double) * L);
+    memcpy(g0 + 2 * L, gf, sizeof(double) * L);
+    double d0 = g->gate_hid ? hid_slope(p, c, m) : 0;
+    *ghid = d0;
+    for (int k = 0; k < L; k++)
+        for (int s = 0; s < 2; s++) {
+            double pk = s ? x->pm[k] : x->pa[k];
+            if (D[s * L + k] == 0 || pk >= 1) continue;
+            block_off(c, k, s, save);
+            ac_cost_grad(p->table, c, p->workload, p->profile, m, xh, xk, xf, NULL);
+            if (s) xf[k] = 0; /* a removed block's own width no longer counts */
+            else xh[k] = xk[k] = 0;
+            for (int l = 0; l < L; l++) {
+                gh[l] -= (1 - pk) * (g0[l] - xh[l]);
+                gk[l] -= (1 - pk) * (g0[L + l] - xk[l]);
+                gf[l] -= (1 - pk) * (g0[2 * L + l] - xf[l]);
+            }
+            if (g->gate_hid) *ghid -= (1 - pk) * (d0 - hid_slope(p, c, m));
+            block_on(c, k, s, save);
+        }
+    free(xh);
+    return 0;
+}
+
+/* Chain rule to log_alpha: dP/dla = P (1 - P). */
+static void chain(const ac_dnas_gates *g, const ac_arch *b, const expect_t *x, const double *D, const double *gh,
+                  const double *gk, const double *gf, double ghid, double *grad) {
+    int L = g->L;
+    memset(grad, 0, sizeof(double) * g->np);
+    for (int j = 0; j < g->nhg; j++) {
+        double q = ac_dnas_keep_prob(g->la[g->hid_off + j]);
+        grad[g->hid_off + j] = ghid * gsize(g->H, g->hm, j) * q * (1 - q);
+    }
+    for (int l = 0; l < L; l++) {
+        const ac_layer_arch *bl = &b->layers[l];
+        double dkv = gk[l] + gh[l] * grp_of(bl);
+        for (int k = 0; k < g->nkv[l]; k++) {
+            double q = ac_dnas_keep_prob(g->la[g->kv_off[l] + k]);
+            grad[g->kv_off[l] + k] = dkv * q * (1 - q);
+        }
+        for (int j = 0; j < g->nfg[l]; j++) {
+            double q = ac_dnas_keep_prob(g->la[g->ffn_off[l] + j]);
+            grad[g->ffn_off[l] + j] = gf[l] * gsize(bl->ffn, g->fm, j) * q * (1 - q);
+        }
+        if (g->gate_depth && bl->n_heads) grad[g->attn_off + l] = D[l] * x->pa[l] * (1 - x->pa[l]);
+        if (g->gate_depth && bl->ffn) grad[g->mlp_off + l] = D[L + l] * x->pm[l] * (1 - x->pm[l]);
+    }
+}
+
 double ac_dnas_expected_metric(const ac_dnas_gates *g, const ac_search_problem *p, ac_metric m, double *grad) {
     const ac_arch *b = p->base;
     int L = g->L;
     ac_carch c;
     if (ac_carch_from_arch(b, &c, NULL)) return NAN;
     double *buf = calloc(9 * L + 4, sizeof(double));
-    if (!buf) { ac_carch_free(&c); return NAN; }
+    if (!buf) {
+        ac_carch_free(&c);
+        return NAN;
+    }
     expect_t x;
     expect(g, b, buf, &x);
-    double *Da = buf + 4 * L, *Dm = buf + 5 * L, *gh = buf + 6 * L, *gk = buf + 7 * L, *gf = buf + 8 * L;
+    double *D = buf + 4 * L, *gh = buf + 6 * L, *gk = buf + 7 * L, *gf = buf + 8 * L, ghid = 0;
     fill_carch(g, b, &x, &c);
-    double m0 = metric_at(p, &c, m), v = m0, ghid;
-    for (int l = 0; l < L; l++)
-        for (int s = 0; s < 2; s++) {
-            double *w0 = s ? &c.ffn[l] : &c.kv[l], sv = *w0, sh = c.heads[l];
-            if (sv == 0 && (s || sh == 0)) { (s ? Dm : Da)[l] = 0; continue; }
-            *w0 = 0;
-            if (!s) c.heads[l] = 0;
-            double mr = metric_at(p, &c, m), pk = s ? x.pm[l] : x.pa[l];
-            (s ? Dm : Da)[l] = m0 - mr;
-            v -= (1 - pk) * (m0 - mr);
-            *w0 = sv;
-            c.heads[l] = sh;
-        }
-    if (grad) {
-        memset(grad, 0, sizeof(double) * g->np);
-        ac_cost_grad(p->table, &c, p->workload, p->profile, m, gh, gk, gf, NULL);
-        double *xh = calloc(6 * L + 1, sizeof(double)), *xk = xh + L, *xf = xh + 2 * L, *g0 = xh + 3 * L;
-        if (!xh) { free(buf); ac_carch_free(&c); return NAN; }
-        memcpy(g0, gh, sizeof(double) * L);
-        memcpy(g0 + L, gk, sizeof(double) * L);
-        memcpy(g0 + 2 * L, gf, sizeof(double) * L);
-        double d0 = g->gate_hid ? hid_slope(p, &c, m) : 0;
-        ghid = d0;
-        /* d/dw of -(1 - p_k)(m(cbar) - m(cbar - block k)): the widths also
-         * act through the removed-block terms (the widest layer sets the
-         * activation memory, the cache share of the weights is shared) */
-        for (int k = 0; k < L; k++)
-            for (int s = 0; s < 2; s++) {
-                double pk = s ? x.pm[k] : x.pa[k];
-                if ((s ? Dm : Da)[k] == 0 || pk >= 1) continue;
-                double *w0 = s ? &c.ffn[k] : &c.kv[k], sv = *w0, sh = c.heads[k];
-                *w0 = 0;
-                if (!s) c.heads[k] = 0;
-                ac_cost_grad(p->table, &c, p->workload, p->profile, m, xh, xk, xf, NULL);
-                if (s) xf[k] = 0;
-                else xh[k] = xk[k] = 0;
-                for (int l = 0; l < L; l++) {
-                    gh[l] -= (1 - pk) * (g0[l] - xh[l]);
-                    gk[l] -= (1 - pk) * (g0[L + l] - xk[l]);
-                    gf[l] -= (1 - pk) * (g0[2 * L + l] - xf[l]);
-                }
-                if (g->gate_hid) ghid -= (1 - pk) * (d0 - hid_slope(p, &c, m));
-                *w0 = sv;
-                c.heads[k] = sh;
-            }
-        free(xh);
-        for (int j = 0; j < g->nhg; j++) {
-            double q = ac_dnas_keep_prob(g->la[g->hid_off + j]);
-            grad[g->hid_off + j] = ghid * gsize(g->H, g->hm, j) * q * (1 - q);
-        }
-        for (int l = 0; l < L; l++) {
-            const ac_layer_arch *bl = &b->layers[l];
-            double dkv = gk[l] + gh[l] * grp_of(bl);
-            for (int k = 0; k < g->nkv[l]; k++) {
-                double q = ac_dnas_keep_prob(g->la[g->kv_off[l] + k]);
-                grad[g->kv_off[l] + k] = dkv * q * (1 - q);
-            }
-            for (int j = 0; j < g->nfg[l]; j++) {
-                double q = ac_dnas_keep_prob(g->la[g->ffn_off[l] + j]);
-                grad[g->ffn_off[l] + j] = gf[l] * gsize(bl->ffn, g->fm, j) * q * (1 - q);
-            }
-            if (g->gate_depth && bl->n_heads) grad[g->attn_off + l] = Da[l] * x.pa[l] * (1 - x.pa[l]);
-            if (g->gate_depth && bl->ffn) grad[g->mlp_off + l] = Dm[l] * x.pm[l] * (1 - x.pm[l]);
-        }
-    }
+    double v = expected_value(p, m, &c, &x, D);
+    if (grad && width_grads(g, p, m, &c, &x, D, gh, gk, gf, &ghid)) v = NAN;
+    else if (grad) chain(g, b, &x, D, gh, gk, gf, ghid, grad);
     free(buf);
     ac_carch_free(&c);
     return v;
@@ -265,8 +318,9 @@ json_t *ac_dnas_expected_arch_json(const ac_dnas_gates *g, const ac_arch *b) {
     for (int l = 0; l < g->L; l++) {
         const ac_layer_arch *bl = &b->layers[l];
         double heads = g->gate_kv ? x.kv[l] * grp_of(bl) : bl->n_heads;
-        json_array_append_new(layers, json_pack("{s:f,s:f,s:f,s:f,s:f}", "kv_heads", x.pa[l] * x.kv[l], "heads", x.pa[l] * heads, "ffn",
-                                                x.pm[l] * x.ffn[l], "attn_keep", x.pa[l], "ffn_keep", x.pm[l]));
+        json_array_append_new(layers, json_pack("{s:f,s:f,s:f,s:f,s:f}", "kv_heads", x.pa[l] * x.kv[l], "heads",
+                                                x.pa[l] * heads, "ffn", x.pm[l] * x.ffn[l], "attn_keep", x.pa[l],
+                                                "ffn_keep", x.pm[l]));
     }
     json_t *o = json_pack("{s:f,s:o}", "hidden", x.hidden, "layers", layers);
     free(buf);
@@ -308,10 +362,18 @@ static int copy_dbls(double **dst, const double *src, int n) {
 static int imp_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) {
     int L = s->n_layers;
     *d = *s;
-    d->kv_order = calloc(L, sizeof(int *)); d->kv_score = calloc(L, sizeof(double *));
-    d->ffn_order = calloc(L, sizeof(int *)); d->ffn_score = calloc(L, sizeof(double *));
-    d->hid_order = NULL; d->hid_score = NULL; d->layer_bi = NULL; d->attn_sens = NULL; d->ffn_sens = NULL;
-    d->merge_n = NULL; d->merge_r = NULL; d->merge_sens = NULL;
+    d->kv_order = calloc(L, sizeof(int *));
+    d->kv_score = calloc(L, sizeof(double *));
+    d->ffn_order = calloc(L, sizeof(int *));
+    d->ffn_score = calloc(L, sizeof(double *));
+    d->hid_order = NULL;
+    d->hid_score = NULL;
+    d->layer_bi = NULL;
+    d->attn_sens = NULL;
+    d->ffn_sens = NULL;
+    d->merge_n = NULL;
+    d->merge_r = NULL;
+    d->merge_sens = NULL;
     int bad = !d->kv_order || !d->kv_score || !d->ffn_order || !d->ffn_score;
     for (int l = 0; l < L && !bad; l++) {
         int nkv = b->layers[l].n_kv_heads, F = b->layers[l].ffn;
@@ -321,12 +383,17 @@ static int imp_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) 
     if (!bad) {
         bad |= copy_ints(&d->hid_order, s->hid_order, s->hidden) || copy_dbls(&d->hid_score, s->hid_score, s->hidden);
         bad |= copy_dbls(&d->layer_bi, s->layer_bi, L);
-        d->attn_sens = malloc(sizeof *d->attn_sens * L); d->ffn_sens = malloc(sizeof *d->ffn_sens * L);
-        d->merge_n = malloc(sizeof(int) * L); d->merge_r = malloc(sizeof *d->merge_r * L);
+        d->attn_sens = malloc(sizeof *d->attn_sens * L);
+        d->ffn_sens = malloc(sizeof *d->ffn_sens * L);
+        d->merge_n = malloc(sizeof(int) * L);
+        d->merge_r = malloc(sizeof *d->merge_r * L);
         d->merge_sens = malloc(sizeof *d->merge_sens * L);
         bad |= !d->attn_sens || !d->ffn_sens || !d->merge_n || !d->merge_r || !d->merge_sens;
     }
-    if (bad) { ac_importance_free(d); return -1; }
+    if (bad) {
+        ac_importance_free(d);
+        return -1;
+    }
     memcpy(d->attn_sens, s->attn_sens, sizeof *d->attn_sens * L);
     memcpy(d->ffn_sens, s->ffn_sens, sizeof *d->ffn_sens * L);
     memcpy(d->merge_n, s->merge_n, sizeof(int) * L);
@@ -359,7 +426,11 @@ static void discrete_arch(const ac_dnas_gates *g, const ac_search_problem *p, co
     const ac_arch *b = p->base;
     int L = g->L, uni = p->opts.target == AC_EXPORT_LLAMA;
     double mkv = 0, mf = 0;
-    for (int l = 0; l < L; l++) { mkv += x->kv[l] / b->layers[l].n_kv_heads; mf += x->ffn[l] / (b->layers[l].ffn ? b->layers[l].ffn : 1); }
+    for (int l = 0; l < L; l++) {
+        const ac_layer_arch *bl = &b->layers[l];
+        mkv += bl->n_kv_heads ? x->kv[l] / bl->n_kv_heads : 0;
+        mf += bl->ffn ? x->ffn[l] / bl->ffn : 0;
+    }
     for (int l = 0; l < L; l++) {
         const ac_layer_arch *bl = &b->layers[l];
         ac_layer_arch *al = &a->layers[l];
@@ -390,19 +461,25 @@ static void discrete_arch(const ac_dnas_gates *g, const ac_search_problem *p, co
     }
 }
 
-int ac_dnas_orders(const ac_dnas_gates *g, const ac_importance *imp, const ac_arch *b, ac_importance *orders, ac_err *e) {
+int ac_dnas_orders(const ac_dnas_gates *g, const ac_importance *imp, const ac_arch *b, ac_importance *orders,
+                   ac_err *e) {
     if (imp_copy(orders, imp, b)) return ac_errf(e, "out of memory");
     int rc = 0;
     for (int l = 0; l < g->L && !rc; l++) {
         if (g->nkv[l]) rank_by(g->la + g->kv_off[l], g->nkv[l], orders->kv_order[l]);
-        if (b->layers[l].ffn) rc = order_blocks(imp->ffn_order[l], b->layers[l].ffn, g->fm, g->la + g->ffn_off[l], orders->ffn_order[l]);
+        if (b->layers[l].ffn)
+            rc = order_blocks(imp->ffn_order[l], b->layers[l].ffn, g->fm, g->la + g->ffn_off[l], orders->ffn_order[l]);
     }
     if (!rc && g->gate_hid) rc = order_blocks(imp->hid_order, g->H, g->hm, g->la + g->hid_off, orders->hid_order);
-    if (rc) { ac_importance_free(orders); return ac_errf(e, "out of memory"); }
+    if (rc) {
+        ac_importance_free(orders);
+        return ac_errf(e, "out of memory");
+    }
     return 0;
 }
 
-int ac_dnas_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_search_result *r, ac_importance *orders, ac_err *e) {
+int ac_dnas_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_search_result *r, ac_importance *orders,
+                       ac_err *e) {
     const ac_arch *b = p->base;
     int L = g->L;
     memset(r, 0, sizeof *r);
@@ -411,10 +488,16 @@ int ac_dnas_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_se
     if (!buf) return ac_errf(e, "out of memory");
     expect_t x;
     expect(g, b, buf, &x);
-    if (ac_arch_copy(&r->arch, b, e)) { free(buf); return -1; }
+    if (ac_arch_copy(&r->arch, b, e)) {
+        free(buf);
+        return -1;
+    }
     discrete_arch(g, p, &x, &r->arch);
     free(buf);
-    if (ac_dnas_orders(g, p->imp, b, orders, e)) { ac_search_result_free(r); return -1; }
+    if (ac_dnas_orders(g, p->imp, b, orders, e)) {
+        ac_search_result_free(r);
+        return -1;
+    }
     /* repair scores moves with the surrogate curves; which units a move
      * removes is the gate order above */
     r->feasible = ac_search_repair(p, &r->arch, &r->cost);
@@ -424,7 +507,12 @@ int ac_dnas_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_se
 
 /* ---- the search ---- */
 
-typedef struct { ac_metric m; double limit; int ge; const char *name; } dcons;
+typedef struct {
+    ac_metric m;
+    double limit;
+    int ge;
+    const char *name;
+} dcons;
 
 static int dcons_list(const ac_constraints *l, dcons *c) {
     int n = 0;
@@ -462,16 +550,24 @@ static void init_from_arch(ac_dnas_gates *g, const ac_arch *b, const ac_arch *a,
 
 typedef struct {
     ac_trainer t;
-    float *teacher;  /* [nb][B*T*V] */
+    float *teacher; /* [nb][B*T*V] */
     int *tok, nb, nwin;
     double *z, *dzla, *dz, *gl, *cg, *m1, *m2;
-    ac_model copy;   /* cotrain: the trained copy */
+    ac_model copy; /* cotrain: the trained copy */
     ac_adamw opt;
 } run_t;
 
 static void run_free(run_t *R) {
     ac_trainer_free(&R->t);
-    free(R->teacher); free(R->tok); free(R->z); free(R->dzla); free(R->dz); free(R->gl); free(R->cg); free(R->m1); free(R->m2);
+    free(R->teacher);
+    free(R->tok);
+    free(R->z);
+    free(R->dzla);
+    free(R->dz);
+    free(R->gl);
+    free(R->cg);
+    free(R->m1);
+    free(R->m2);
     if (R->copy.L) ac_model_free(&R->copy);
     ac_adamw_free(&R->opt);
 }
@@ -498,24 +594,26 @@ static int teacher_pass(run_t *R, ac_model *m, const int *ids, size_t n, const a
     return 0;
 }
 
-static void emit_step(const ac_search_problem *p, const ac_dnas_gates *g, int s, int steps, double task, double lag, const dcons *c,
-                      int nc, const double *val, const double *lambda, double secs) {
+static void emit_step(const ac_search_problem *p, const ac_dnas_gates *g, int s, int steps, double task, double lag,
+                      const dcons *c, int nc, const double *val, const double *lambda, double secs) {
     json_t *met = json_object(), *mul = json_object();
     for (int j = 0; j < nc; j++) {
         double gj = c[j].ge ? 1 - val[j] / c[j].limit : val[j] / c[j].limit - 1;
-        json_object_set_new(met, c[j].name, json_pack("{s:f,s:f,s:s,s:b}", "value", val[j], "limit", c[j].limit, "kind", c[j].ge ? "min" : "max",
-                                                      "met", gj <= 1e-9));
+        json_object_set_new(met, c[j].name,
+                            json_pack("{s:f,s:f,s:s,s:b}", "value", val[j], "limit", c[j].limit, "kind",
+                                      c[j].ge ? "min" : "max", "met", gj <= 1e-9));
         json_object_set_new(mul, c[j].name, json_real(lambda[j]));
     }
-    json_t *ev = json_pack("{s:s,s:i,s:i,s:f,s:f,s:f,s:o,s:o,s:o}", "phase", "dnas", "step", s, "steps", steps, "task_loss", task, "loss", lag,
-                           "seconds", secs, "metrics", met, "multipliers", mul, "architecture", ac_dnas_expected_arch_json(g, p->base));
+    json_t *ev = json_pack("{s:s,s:i,s:i,s:f,s:f,s:f,s:o,s:o,s:o}", "phase", "dnas", "step", s, "steps", steps,
+                           "task_loss", task, "loss", lag, "seconds", secs, "metrics", met, "multipliers", mul,
+                           "architecture", ac_dnas_expected_arch_json(g, p->base));
     p->emit(p->ud, ev);
     json_decref(ev);
 }
 
 /* One gate step: sample, forward, KD loss, backward; d loss/d log_alpha into R->gl. */
-static int task_step(run_t *R, const ac_dnas_gates *g, const ac_search_problem *p, const ac_dnas_opts *o, int s, unsigned long long *rng,
-                     double *task, ac_err *e) {
+static int task_step(run_t *R, const ac_dnas_gates *g, const ac_search_problem *p, const ac_dnas_opts *o, int s,
+                     unsigned long long *rng, double *task, ac_err *e) {
     int B = o->batch, T = o->seq_len, bi = (s - 1) % R->nb;
     size_t per = (size_t)B * T * R->t.m->a.vocab;
     ac_train_zero_grad(&R->t);
@@ -530,8 +628,8 @@ static int task_step(run_t *R, const ac_dnas_gates *g, const ac_search_problem *
     return 0;
 }
 
-static int setup(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, ac_model *m, const int *ids, size_t n, const ac_dnas_opts *o,
-                 ac_err *e) {
+static int setup(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, ac_model *m, const int *ids, size_t n,
+                 const ac_dnas_opts *o, ac_err *e) {
     if (ac_dnas_gates_init(g, p->base, &p->opts, e)) return -1;
     if (o->init_surrogate) {
         ac_search_problem q = *p;
@@ -542,8 +640,12 @@ static int setup(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, ac_mode
         ac_search_result_free(&sr);
     }
     int np = g->np + 1;
-    R->z = calloc(np, sizeof(double)); R->dzla = calloc(np, sizeof(double)); R->dz = calloc(np, sizeof(double));
-    R->gl = calloc(np, sizeof(double)); R->cg = calloc(np, sizeof(double)); R->m1 = calloc(np, sizeof(double));
+    R->z = calloc(np, sizeof(double));
+    R->dzla = calloc(np, sizeof(double));
+    R->dz = calloc(np, sizeof(double));
+    R->gl = calloc(np, sizeof(double));
+    R->cg = calloc(np, sizeof(double));
+    R->m1 = calloc(np, sizeof(double));
     R->m2 = calloc(np, sizeof(double));
     if (!R->z || !R->dzla || !R->dz || !R->gl || !R->cg || !R->m1 || !R->m2) return ac_errf(e, "out of memory");
     ac_model *tm = m;
@@ -566,14 +668,15 @@ static int setup(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, ac_mode
     return 0;
 }
 
-int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size_t n, const ac_dnas_opts *o, ac_search_result *r,
-                   ac_importance *orders, ac_err *e) {
+int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size_t n, const ac_dnas_opts *o,
+                   ac_search_result *r, ac_importance *orders, ac_err *e) {
     memset(r, 0, sizeof *r);
     memset(orders, 0, sizeof *orders);
     dcons c[5];
     int nc = dcons_list(&p->limits, c);
     if (nc == 0) return ac_errf(e, "search: no constraints given");
-    if (o->steps < 1 || o->batch < 1 || o->seq_len < 2) return ac_errf(e, "dnas: steps, batch and seq_len must be positive");
+    if (o->steps < 1 || o->batch < 1 || o->seq_len < 2)
+        return ac_errf(e, "dnas: steps, batch and seq_len must be positive");
     run_t R = {0};
     ac_dnas_gates g;
     double lambda[5] = {0}, val[5] = {0}, t0 = ac_now(), last = -1e9;
@@ -585,7 +688,8 @@ int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size
         double lag = task;
         for (int j = 0; j < nc; j++) { /* augmented Lagrangian on the expected cost, dual ascent */
             val[j] = ac_dnas_expected_metric(&g, p, c[j].m, R.cg);
-            double gj = c[j].ge ? 1 - val[j] / c[j].limit : val[j] / c[j].limit - 1, sgn = (c[j].ge ? -1.0 : 1.0) / c[j].limit;
+            double gj = c[j].ge ? 1 - val[j] / c[j].limit : val[j] / c[j].limit - 1,
+                   sgn = (c[j].ge ? -1.0 : 1.0) / c[j].limit;
             double w = lambda[j] + o->mu * fmax(0, gj);
             lag += lambda[j] * gj + 0.5 * o->mu * fmax(0, gj) * fmax(0, gj);
             for (int i = 0; i < g.np; i++) R.gl[i] += w * sgn * R.cg[i];
@@ -617,8 +721,8 @@ const char *ac_dnas_method(const json_t *search) {
     return s ? s : AC_SEARCH_METHOD_DEFAULT;
 }
 
-int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const json_t *search, const int *ids, size_t n, ac_search_result *r,
-                       ac_importance *orders, ac_err *e) {
+int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const json_t *search, const int *ids, size_t n,
+                       ac_search_result *r, ac_importance *orders, ac_err *e) {
     memset(orders, 0, sizeof *orders);
     if (strcmp(ac_dnas_method(search), "dnas")) return ac_search_autocompress(p, r, e);
     ac_dnas_opts o;

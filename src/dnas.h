@@ -55,16 +55,16 @@ void ac_dnas_defaults(ac_dnas_opts *o);
 
 /* Gate parameters over a base architecture. */
 typedef struct {
-    int L, H, hm, fm;  /* layers, hidden, hidden/ffn group sizes */
-    int gate_kv;       /* KV groups gated (not on deci) */
-    int gate_depth;    /* attn/mlp gated (not on llama) */
+    int L, H, hm, fm; /* layers, hidden, hidden/ffn group sizes */
+    int gate_kv;      /* KV groups gated (not on deci) */
+    int gate_depth;   /* attn/mlp gated (not on llama) */
     int gate_hid;
-    int *nkv, *nfg;    /* [L] gates per layer */
+    int *nkv, *nfg; /* [L] gates per layer */
     int nhg;
-    int np;            /* number of log_alphas */
-    double *la;        /* all log_alphas, laid out by the index helpers below */
+    int np;     /* number of log_alphas */
+    double *la; /* all log_alphas, laid out by the index helpers below */
     int *kv_off, *ffn_off, attn_off, mlp_off, hid_off;
-    double *kv_on;     /* [L] deci: the fixed KV count of a kept attention */
+    double *kv_on; /* [L] deci: the fixed KV count of a kept attention */
 } ac_dnas_gates;
 
 int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *base, const ac_search_opts *so, ac_err *e);
@@ -79,7 +79,8 @@ double ac_dnas_sample(double la, double u, double *dz);
  * channels imp->ffn_order[l][j*fm ..] of the importance ranking, hidden
  * group j the channels imp->hid_order[j*hm ..]: the gates choose how many
  * blocks of the ranking, and which, to keep. */
-void ac_dnas_set_gates(const ac_dnas_gates *g, const double *z, ac_gates *tg, const ac_arch *base, const ac_importance *imp);
+void ac_dnas_set_gates(const ac_dnas_gates *g, const double *z, ac_gates *tg, const ac_arch *base,
+                       const ac_importance *imp);
 /* d loss / d z for every log_alpha from a trainer's gate gradients. */
 void ac_dnas_gate_grads(const ac_dnas_gates *g, const ac_trainer *t, const ac_importance *imp, double *dz);
 
@@ -93,18 +94,20 @@ json_t *ac_dnas_expected_arch_json(const ac_dnas_gates *g, const ac_arch *base);
 /* orders = a deep copy of imp whose KV-group order is by log_alpha and
  * whose FFN / hidden orders are the gate groups by log_alpha, each group's
  * units in importance order (what ac_prune keeps first). */
-int ac_dnas_orders(const ac_dnas_gates *g, const ac_importance *imp, const ac_arch *base, ac_importance *orders, ac_err *e);
+int ac_dnas_orders(const ac_dnas_gates *g, const ac_importance *imp, const ac_arch *base, ac_importance *orders,
+                   ac_err *e);
 /* Discretise: round expected counts to the export grid, keep the units
  * with the highest log_alpha, repair to feasibility (search.c). orders
  * gets imp's arrays with kv/ffn/hidden orders by gate score (for ac_prune). */
-int ac_dnas_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_search_result *r, ac_importance *orders, ac_err *e);
+int ac_dnas_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_search_result *r, ac_importance *orders,
+                       ac_err *e);
 
 /* The whole search: surrogate initialisation, gate training on ids[n]
  * (calibration tokens) through model m (left unchanged), discretisation.
  * orders: a copy of p->imp whose unit orders follow the gate scores
  * (free with ac_importance_free). */
-int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size_t n, const ac_dnas_opts *o, ac_search_result *r,
-                   ac_importance *orders, ac_err *e);
+int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size_t n, const ac_dnas_opts *o,
+                   ac_search_result *r, ac_importance *orders, ac_err *e);
 
 /* search.method when the spec names none (README "Differentiable search"
  * gives the comparison it was chosen by). */
@@ -114,7 +117,7 @@ int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size
  * cotrain) or "surrogate" (ac_search_autocompress; orders stays empty,
  * n_layers 0: prune with the importance orders). */
 const char *ac_dnas_method(const json_t *search);
-int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const json_t *search, const int *ids, size_t n, ac_search_result *r,
-                       ac_importance *orders, ac_err *e);
+int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const json_t *search, const int *ids, size_t n,
+                       ac_search_result *r, ac_importance *orders, ac_err *e);
 
 #endif

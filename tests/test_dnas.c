@@ -38,7 +38,13 @@ static int setup(void) {
 }
 
 static ac_search_opts opts(ac_export_target t, int hid) {
-    return (ac_search_opts){.steps = 200, .seed = 1, .lr = 0.03, .ffn_multiple = 32, .hidden_multiple = 16, .prune_hidden = hid, .target = t};
+    return (ac_search_opts){.steps = 200,
+                            .seed = 1,
+                            .lr = 0.03,
+                            .ffn_multiple = 32,
+                            .hidden_multiple = 16,
+                            .prune_hidden = hid,
+                            .target = t};
 }
 
 /* Logits of a forward of B x T calibration tokens through model m with
@@ -73,7 +79,9 @@ static void test_gates_at_one_are_the_unpruned_model(void) {
     float *a = logits(&M, NULL, NULL, B, T), *b = logits(&M, &g, z, B, T);
     CHECK(a && b && !memcmp(a, b, sizeof(float) * n), "logits with every gate at 1 differ from the plain model");
     CHECK(g.np == 6 * (4 + 12 + 2) + 8, "gate count %d", g.np);
-    free(a); free(b); free(z);
+    free(a);
+    free(b);
+    free(z);
     ac_dnas_gates_free(&g);
 }
 
@@ -85,11 +93,11 @@ static void test_hard_zero_gates_equal_pruning(void) {
     CHECK(ac_dnas_gates_init(&g, &M.a, &so, &e) == 0, "%s", e.msg);
     double *z = malloc(sizeof(double) * g.np);
     for (int i = 0; i < g.np; i++) z[i] = 1;
-    z[g.kv_off[0] + 1] = 0;                               /* layer 0: KV group 1 (2 query heads) */
-    z[g.kv_off[1] + 0] = z[g.kv_off[1] + 2] = 0;          /* layer 1: KV groups 0, 2 */
-    z[g.ffn_off[1] + 0] = z[g.ffn_off[1] + 5] = 0;        /* layer 1: the most important 32 FFN channels, and rank 160..191 */
-    z[g.attn_off + 2] = 0;                                /* layer 2: attention sub-block */
-    z[g.mlp_off + 3] = 0;                                 /* layer 3: FFN sub-block */
+    z[g.kv_off[0] + 1] = 0;                        /* layer 0: KV group 1 (2 query heads) */
+    z[g.kv_off[1] + 0] = z[g.kv_off[1] + 2] = 0;   /* layer 1: KV groups 0, 2 */
+    z[g.ffn_off[1] + 0] = z[g.ffn_off[1] + 5] = 0; /* layer 1: the most important 32 FFN channels, and rank 160..191 */
+    z[g.attn_off + 2] = 0;                         /* layer 2: attention sub-block */
+    z[g.mlp_off + 3] = 0;                          /* layer 3: FFN sub-block */
     for (int j = 3; j < 12; j++) z[g.ffn_off[4] + j] = 0; /* layer 4: keep 96 channels */
     for (int i = 0; i < g.np; i++) g.la[i] = z[i] ? 8 : -8;
     int B = 2, T = 48, V = M.a.vocab;
@@ -107,10 +115,15 @@ static void test_hard_zero_gates_equal_pruning(void) {
     CHECK(ac_prune(&M, &t, &ord, &pm, &e) == 0, "%s", e.msg);
     float *b = logits(&pm, NULL, NULL, B, T);
     double d = 0, mx = 0;
-    for (int i = 0; a && b && i < B * T * V; i++) { d = fmax(d, fabs(a[i] - b[i])); mx = fmax(mx, fabs(a[i])); }
+    for (int i = 0; a && b && i < B * T * V; i++) {
+        d = fmax(d, fabs(a[i] - b[i]));
+        mx = fmax(mx, fabs(a[i]));
+    }
     printf("   gated vs pruned logits: max diff %.3g (max |logit| %.3g)\n", d, mx);
     CHECK(a && b && d <= 1e-5 * mx, "hard-zero gates differ from pruning by %g", d);
-    free(a); free(b); free(z);
+    free(a);
+    free(b);
+    free(z);
     ac_model_free(&pm);
     ac_arch_free(&t);
     ac_importance_free(&ord);
@@ -159,7 +172,8 @@ static void test_constraint_gradient_matches_finite_differences(void) {
         printf("   %-7s E=%.5g |grad|=%.4g relative error vs finite differences %.2e\n", names[m], v, sqrt(den), rel);
         CHECK(isfinite(v) && den > 0 && rel < 0.03, "%s gradient relative error %g", names[m], rel);
     }
-    free(an); free(fd);
+    free(an);
+    free(fd);
     ac_dnas_gates_free(&g);
     ac_cost_table_free(&t);
 }
@@ -191,7 +205,8 @@ static void test_depth_only_limit_is_met_by_removing_sub_blocks(void) {
     one.layers[5].ffn = 0;
     double full = tpot_of(&p, &M.a), nar = tpot_of(&p, &narrow), sub = full - tpot_of(&p, &one);
     p.limits.max_tpot_ms = nar - 0.5 * sub;
-    printf("   tpot full %.4f ms, narrowest %.4f ms, one FFN sub-block %.4f ms; limit %.4f ms\n", full, nar, sub, p.limits.max_tpot_ms);
+    printf("   tpot full %.4f ms, narrowest %.4f ms, one FFN sub-block %.4f ms; limit %.4f ms\n", full, nar, sub,
+           p.limits.max_tpot_ms);
     CHECK(nar > p.limits.max_tpot_ms && sub > 0, "the limit is not depth-only");
     ac_dnas_opts o;
     ac_dnas_defaults(&o);
@@ -205,19 +220,26 @@ static void test_depth_only_limit_is_met_by_removing_sub_blocks(void) {
     for (int l = 0; l < M.a.n_layers; l++) removed += (r.arch.layers[l].n_heads == 0) + (r.arch.layers[l].ffn == 0);
     json_t *aj = ac_arch_to_json(&r.arch);
     char *s = json_dumps(aj, JSON_COMPACT);
-    printf("   dnas (%d steps, %.1f s): tpot %.4f ms, %d sub-blocks removed: %s\n", r.steps_run, secs, r.cost.tpot_ms, removed, s);
+    printf("   dnas (%d steps, %.1f s): tpot %.4f ms, %d sub-blocks removed: %s\n", r.steps_run, secs, r.cost.tpot_ms,
+           removed, s);
     free(s);
     json_decref(aj);
-    CHECK(r.feasible && r.cost.tpot_ms <= p.limits.max_tpot_ms * (1 + 1e-9), "infeasible: %g > %g", r.cost.tpot_ms, p.limits.max_tpot_ms);
+    CHECK(r.feasible && r.cost.tpot_ms <= p.limits.max_tpot_ms * (1 + 1e-9), "infeasible: %g > %g", r.cost.tpot_ms,
+          p.limits.max_tpot_ms);
     CHECK(removed >= 1, "no sub-block removed");
     CHECK(ac_search_dnas(&p, &M, IDS, NIDS, &o, &r2, &ord2, &e) == 0, "%s", e.msg);
     int same = 1;
-    for (int l = 0; l < M.a.n_layers; l++) same &= !memcmp(&r.arch.layers[l], &r2.arch.layers[l], sizeof(ac_layer_arch));
-    for (int l = 0; l < M.a.n_layers; l++) same &= !memcmp(ord.ffn_order[l], ord2.ffn_order[l], sizeof(int) * M.a.layers[l].ffn);
+    for (int l = 0; l < M.a.n_layers; l++)
+        same &= !memcmp(&r.arch.layers[l], &r2.arch.layers[l], sizeof(ac_layer_arch));
+    for (int l = 0; l < M.a.n_layers; l++)
+        same &= !memcmp(ord.ffn_order[l], ord2.ffn_order[l], sizeof(int) * M.a.layers[l].ffn);
     CHECK(same, "not deterministic for a seed");
-    ac_search_result_free(&r); ac_search_result_free(&r2);
-    ac_importance_free(&ord); ac_importance_free(&ord2);
-    ac_arch_free(&narrow); ac_arch_free(&one);
+    ac_search_result_free(&r);
+    ac_search_result_free(&r2);
+    ac_importance_free(&ord);
+    ac_importance_free(&ord2);
+    ac_arch_free(&narrow);
+    ac_arch_free(&one);
     ac_cost_table_free(&t);
 }
 
@@ -227,6 +249,10 @@ int main(void) {
     RUN(test_hard_zero_gates_equal_pruning);
     RUN(test_constraint_gradient_matches_finite_differences);
     RUN(test_depth_only_limit_is_met_by_removing_sub_blocks);
-    if (HAVE > 0) { ac_importance_free(&IMP); free(IDS); ac_model_free(&M); }
+    if (HAVE > 0) {
+        ac_importance_free(&IMP);
+        free(IDS);
+        ac_model_free(&M);
+    }
     return DONE();
 }
