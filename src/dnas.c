@@ -454,11 +454,16 @@ static void discrete_arch(const ac_dnas_gates *g, const ac_search_problem *p, co
         any |= a->layers[l].n_heads > 0;
         if (x->pa[l] > x->pa[best]) best = l;
     }
-    if (!any) {
+    int gguf = p->opts.target == AC_EXPORT_GGUF_DECI;
+    if (gguf) best = 0; /* llama.cpp's deci runtime needs attention in layer 0 */
+    if ((!any || gguf) && !a->layers[best].n_heads && b->layers[best].n_heads) {
         const ac_layer_arch *bl = &b->layers[best];
         a->layers[best].n_kv_heads = g->gate_kv ? 1 : (int)g->kv_on[best];
         a->layers[best].n_heads = g->gate_kv ? grp_of(bl) : bl->n_heads;
     }
+    for (int l = 0; gguf && l < L; l++) /* and mis-runs a layer that keeps attention without its FFN */
+        if (a->layers[l].n_heads && !a->layers[l].ffn && b->layers[l].ffn)
+            a->layers[l].ffn = b->layers[l].ffn < g->fm ? b->layers[l].ffn : g->fm;
 }
 
 int ac_dnas_orders(const ac_dnas_gates *g, const ac_importance *imp, const ac_arch *b, ac_importance *orders,
@@ -681,7 +686,7 @@ int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size
     ac_dnas_gates g;
     double lambda[5] = {0}, val[5] = {0}, t0 = ac_now(), last = -1e9;
     unsigned long long rng = 0x9E3779B97F4A7C15ULL ^ ((unsigned long long)p->opts.seed * 0x100000001B3ULL);
-    int rc = setup(&R, &g, p, m, ids, n, o, e), every = o->steps > 200 ? o->steps / 200 : 1;
+    int rc = setup(&R, &g, p, m, ids, n, o, e), every = (o->steps + 199) / 200; /* at most 200 events */
     for (int s = 1; s <= o->steps && !rc; s++) {
         double task = 0;
         if ((rc = task_step(&R, &g, p, o, s, &rng, &task, e))) break;
