@@ -2,6 +2,7 @@
 #include "dnas.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,7 +22,8 @@ void ac_dnas_defaults(ac_dnas_opts *o) {
                         .rho = 0.5,
                         .cotrain = 0,
                         .w_lr = 1e-4,
-                        .init_surrogate = 1};
+                        .init_surrogate = 1,
+                        .teacher_cache_mib = 256};
 }
 
 double ac_dnas_keep_prob(double la) { return 1.0 / (1.0 + exp(-(la - HC_BETA * log(-HC_GAMMA / HC_ZETA)))); }
@@ -200,13 +202,17 @@ static double hid_slope(const ac_search_problem *p, ac_carch *c, ac_metric m) {
 static void block_off(ac_carch *c, int k, int s, double *save) {
     save[0] = s ? c->ffn[k] : c->kv[k];
     save[1] = c->heads[k];
-    if (s) c->ffn[k] = 0;
-    else c->kv[k] = c->heads[k] = 0;
+    if (s)
+        c->ffn[k] = 0;
+    else
+        c->kv[k] = c->heads[k] = 0;
 }
 
 static void block_on(ac_carch *c, int k, int s, const double *save) {
-    if (s) c->ffn[k] = save[0];
-    else c->kv[k] = save[0];
+    if (s)
+        c->ffn[k] = save[0];
+    else
+        c->kv[k] = save[0];
     c->heads[k] = save[1];
 }
 
@@ -248,8 +254,10 @@ static int width_grads(const ac_dnas_gates *g, const ac_search_problem *p, ac_me
             if (D[s * L + k] == 0 || pk >= 1) continue;
             block_off(c, k, s, save);
             ac_cost_grad(p->table, c, p->workload, p->profile, m, xh, xk, xf, NULL);
-            if (s) xf[k] = 0; /* a removed block's own width no longer counts */
-            else xh[k] = xk[k] = 0;
+            if (s)
+                xf[k] = 0; /* a removed block's own width no longer counts */
+            else
+                xh[k] = xk[k] = 0;
             for (int l = 0; l < L; l++) {
                 gh[l] -= (1 - pk) * (g0[l] - xh[l]);
                 gk[l] -= (1 - pk) * (g0[L + l] - xk[l]);
@@ -302,8 +310,10 @@ double ac_dnas_expected_metric(const ac_dnas_gates *g, const ac_search_problem *
     double *D = buf + 4 * L, *gh = buf + 6 * L, *gk = buf + 7 * L, *gf = buf + 8 * L, ghid = 0;
     fill_carch(g, b, &x, &c);
     double v = expected_value(p, m, &c, &x, D);
-    if (grad && width_grads(g, p, m, &c, &x, D, gh, gk, gf, &ghid)) v = NAN;
-    else if (grad) chain(g, b, &x, D, gh, gk, gf, ghid, grad);
+    if (grad && width_grads(g, p, m, &c, &x, D, gh, gk, gf, &ghid))
+        v = NAN;
+    else if (grad)
+        chain(g, b, &x, D, gh, gk, gf, ghid, grad);
     free(buf);
     ac_carch_free(&c);
     return v;
@@ -554,9 +564,9 @@ static void init_from_arch(ac_dnas_gates *g, const ac_arch *b, const ac_arch *a,
 }
 
 typedef struct {
-    ac_trainer t;
-    float *teacher; /* [nb][B*T*V] */
-    int *tok, nb, nwin;
+    ac_trainer t, tt; /* gated model; teacher (only online with cotrain) */
+    float *teacher;   /* [nb][B*T*V] cached teacher logits, or one batch when online */
+    int *tok, nb, nwin, nbatches, online;
     double *z, *dzla, *dz, *gl, *cg, *m1, *m2;
     ac_model copy; /* cotrain: the trained copy */
     ac_adamw opt;
@@ -564,6 +574,7 @@ typedef struct {
 
 static void run_free(run_t *R) {
     ac_trainer_free(&R->t);
+    if (R->tt.m) ac_trainer_free(&R->tt);
     free(R->teacher);
     free(R->tok);
     free(R->z);
@@ -577,25 +588,68 @@ static void run_free(run_t *R) {
     ac_adamw_free(&R->opt);
 }
 
-/* Teacher logits of the unpruned model for nb batches of windows. */
+/* MemAvailable of /proc/meminfo in bytes, else 0 (unknown). */
+static double host_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+/* Windows of batch i (cycling through the calibration windows) into tk. */
+static void batch_tokens(const run_t *R, const int *ids, int i, int B, int T, int *tk) {
+    for (int j = 0; j < B; j++) memcpy(tk + j * T, ids + (size_t)((i * B + j) % R->nwin) * T, sizeof(int) * T);
+}
+
+/* Teacher logits of the unpruned model: cached for every batch the search
+ * visits when they fit in teacher_cache_mib, else computed online each step (one
+ * more forward per step). Checks the memory first. */
 static int teacher_pass(run_t *R, ac_model *m, const int *ids, size_t n, const ac_dnas_opts *o, ac_err *e) {
     int B = o->batch, T = o->seq_len, V = m->a.vocab;
     R->nwin = (int)(n / T);
     if (R->nwin < 1) return ac_errf(e, "dnas: calibration text has %zu tokens; need at least search seq_len %d", n, T);
-    size_t per = (size_t)B * T * V, cap = (size_t)256 << 20;
-    R->nb = (R->nwin + B - 1) / B;
-    if (R->nb > o->steps) R->nb = o->steps;
-    if ((size_t)R->nb * per * 4 > cap) R->nb = (int)(cap / (per * 4)) > 0 ? (int)(cap / (per * 4)) : 1;
+    size_t per = (size_t)B * T * V, cap = (size_t)o->teacher_cache_mib << 20;
+    R->nbatches = (R->nwin + B - 1) / B;
+    R->nb = R->nbatches < o->steps ? R->nbatches : o->steps;
+    R->online = (size_t)R->nb * per * 4 > cap;
+    if (R->online) R->nb = 1;
+    double need = (double)ac_trainer_bytes(&m->a, B, T) * (o->cotrain && R->online ? 2 : 1) + 4.0 * per * R->nb;
+    if (o->cotrain) need += 12.0 * ac_arch_params(&m->a); /* the copy and AdamW's two moments */
+    double have = host_available();
+    if (have > 0 && need > 0.9 * have)
+        return ac_errf(
+            e,
+            "dnas: the gate search needs about %.3g GiB (training activations and gradients, teacher logits%s) "
+            "but %.3g GiB is available; lower search.dnas_batch or search.dnas_seq_len",
+            need / 1073741824.0, o->cotrain ? ", co-trained copy" : "", have / 1073741824.0);
     R->teacher = malloc(sizeof(float) * per * R->nb);
     R->tok = malloc(sizeof(int) * (size_t)B * T * R->nb);
     if (!R->teacher || !R->tok) return ac_errf(e, "dnas: out of memory for %d batches of teacher logits", R->nb);
     if (ac_trainer_init(&R->t, m, B, T, e)) return -1;
-    for (int i = 0; i < R->nb; i++) {
+    for (int i = 0; i < R->nb && !R->online; i++) {
         int *tk = R->tok + (size_t)i * B * T;
-        for (int j = 0; j < B; j++) memcpy(tk + j * T, ids + (size_t)((i * B + j) % R->nwin) * T, sizeof(int) * T);
+        batch_tokens(R, ids, i, B, T, tk);
         if (ac_train_forward(&R->t, tk, B, T, e)) return -1;
         memcpy(R->teacher + per * i, R->t.logits, sizeof(float) * per);
     }
+    return 0;
+}
+
+/* Online teacher: batch s's tokens into R->tok and the unpruned model's
+ * logits into R->teacher (every gate 1). */
+static int teacher_online(run_t *R, const ac_dnas_gates *g, const ac_search_problem *p, const int *ids, int s, int B,
+                          int T, ac_err *e) {
+    ac_trainer *t = R->tt.m ? &R->tt : &R->t;
+    batch_tokens(R, ids, (s - 1) % R->nbatches, B, T, R->tok);
+    if (!R->tt.m) { /* the gated trainer itself: every gate to 1 first */
+        for (int i = 0; i < g->np; i++) R->z[i] = 1;
+        ac_dnas_set_gates(g, R->z, &R->t.gate, p->base, p->imp);
+    }
+    if (ac_train_forward(t, R->tok, B, T, e)) return -1;
+    memcpy(R->teacher, t->logits, sizeof(float) * B * T * t->m->a.vocab);
     return 0;
 }
 
@@ -617,10 +671,11 @@ static void emit_step(const ac_search_problem *p, const ac_dnas_gates *g, int s,
 }
 
 /* One gate step: sample, forward, KD loss, backward; d loss/d log_alpha into R->gl. */
-static int task_step(run_t *R, const ac_dnas_gates *g, const ac_search_problem *p, const ac_dnas_opts *o, int s,
-                     unsigned long long *rng, double *task, ac_err *e) {
+static int task_step(run_t *R, const ac_dnas_gates *g, const ac_search_problem *p, const ac_dnas_opts *o,
+                     const int *ids, int s, unsigned long long *rng, double *task, ac_err *e) {
     int B = o->batch, T = o->seq_len, bi = (s - 1) % R->nb;
     size_t per = (size_t)B * T * R->t.m->a.vocab;
+    if (R->online && teacher_online(R, g, p, ids, s, B, T, e)) return -1;
     ac_train_zero_grad(&R->t);
     for (int i = 0; i < g->np; i++) R->z[i] = ac_dnas_sample(g->la[i], urand(rng), &R->dzla[i]);
     ac_dnas_set_gates(g, R->z, &R->t.gate, p->base, p->imp);
@@ -660,7 +715,11 @@ static int setup(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, ac_mode
     }
     if (teacher_pass(R, m, ids, n, o, e)) return -1;
     if (tm != m) {
-        ac_trainer_free(&R->t);
+        if (R->online)
+            R->tt = R->t; /* the teacher keeps its trainer on m */
+        else
+            ac_trainer_free(&R->t);
+        memset(&R->t, 0, sizeof R->t);
         if (ac_trainer_init(&R->t, tm, o->batch, o->seq_len, e)) return -1;
         ac_adamw_opts ao;
         ac_adamw_defaults(&ao);
@@ -689,7 +748,7 @@ int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size
     int rc = setup(&R, &g, p, m, ids, n, o, e), every = (o->steps + 199) / 200; /* at most 200 events */
     for (int s = 1; s <= o->steps && !rc; s++) {
         double task = 0;
-        if ((rc = task_step(&R, &g, p, o, s, &rng, &task, e))) break;
+        if ((rc = task_step(&R, &g, p, o, ids, s, &rng, &task, e))) break;
         double lag = task;
         for (int j = 0; j < nc; j++) { /* augmented Lagrangian on the expected cost, dual ascent */
             val[j] = ac_dnas_expected_metric(&g, p, c[j].m, R.cg);

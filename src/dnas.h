@@ -41,14 +41,15 @@
 #include "train.h"
 
 typedef struct {
-    int steps;          /* gate-training steps */
-    int batch, seq_len; /* calibration windows per step, tokens per window */
-    double lr;          /* Adam on log_alpha */
-    double mu;          /* augmented-Lagrangian penalty weight */
-    double rho;         /* dual ascent step */
-    int cotrain;        /* 1: weights trained too (AdamW, on a copy of the model) */
-    double w_lr;        /* weight learning rate when cotrain */
-    int init_surrogate; /* 1: log_alpha initialised from the surrogate search's result */
+    int steps;             /* gate-training steps */
+    int batch, seq_len;    /* calibration windows per step, tokens per window */
+    double lr;             /* Adam on log_alpha */
+    double mu;             /* augmented-Lagrangian penalty weight */
+    double rho;            /* dual ascent step */
+    int cotrain;           /* 1: weights trained too (AdamW, on a copy of the model) */
+    double w_lr;           /* weight learning rate when cotrain */
+    int init_surrogate;    /* 1: log_alpha initialised from the surrogate search's result */
+    int teacher_cache_mib; /* teacher logits cached up to this size, else recomputed each step */
 } ac_dnas_opts;
 
 void ac_dnas_defaults(ac_dnas_opts *o);

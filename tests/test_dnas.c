@@ -234,6 +234,31 @@ static void test_depth_only_limit_is_met_by_removing_sub_blocks(void) {
     for (int l = 0; l < M.a.n_layers; l++)
         same &= !memcmp(ord.ffn_order[l], ord2.ffn_order[l], sizeof(int) * M.a.layers[l].ffn);
     CHECK(same, "not deterministic for a seed");
+    /* teacher logits recomputed every step instead of cached: the same batches, the same search */
+    ac_search_result r3;
+    ac_importance ord3;
+    o.teacher_cache_mib = 0;
+    CHECK(ac_search_dnas(&p, &M, IDS, NIDS, &o, &r3, &ord3, &e) == 0, "%s", e.msg);
+    same = 1;
+    for (int l = 0; l < M.a.n_layers; l++)
+        same &= !memcmp(&r.arch.layers[l], &r3.arch.layers[l], sizeof(ac_layer_arch));
+    for (int l = 0; l < M.a.n_layers; l++)
+        same &= !memcmp(ord.ffn_order[l], ord3.ffn_order[l], sizeof(int) * M.a.layers[l].ffn);
+    CHECK(same, "online teacher gives a different search");
+    ac_search_result_free(&r3);
+    ac_importance_free(&ord3);
+    /* co-trained weights (online teacher): a copy is trained, the model itself is left as it was */
+    size_t nw;
+    float *w1 = ac_layer_matrix(&M, 1, AC_W_D, &nw), *keep = malloc(sizeof(float) * nw);
+    memcpy(keep, w1, sizeof(float) * nw);
+    o.cotrain = 1;
+    o.w_lr = 1e-2;
+    o.steps = 5;
+    CHECK(ac_search_dnas(&p, &M, IDS, NIDS, &o, &r3, &ord3, &e) == 0, "%s", e.msg);
+    CHECK(r3.feasible && !memcmp(keep, w1, sizeof(float) * nw), "cotrain: infeasible or the source model changed");
+    free(keep);
+    ac_search_result_free(&r3);
+    ac_importance_free(&ord3);
     ac_search_result_free(&r);
     ac_search_result_free(&r2);
     ac_importance_free(&ord);
