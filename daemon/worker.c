@@ -4,6 +4,13 @@
  * database (read-only), writes one JSON event per line on stdout for the
  * daemon to store, logs on stderr. Dies with its parent (PR_SET_PDEATHSIG),
  * so a killed daemon leaves no orphan worker behind.
+ *
+ * The worker applies the daemon's path rules again (src/fsafe.c, with the
+ * roots it is given by --root): the spec's paths are checked before the job
+ * starts, and every file the library opens is confined the same way.
+ *
+ * `autocompressd measure-table --threads N` measures the CPU cost table
+ * and prints it as one JSON line (a scheduled measurement's process).
  */
 #include <signal.h>
 #include <sqlite3.h>
@@ -13,8 +20,10 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include "costmodel.h"
 #include "daemon.h"
 #include "device.h"
+#include "fsafe.h"
 #include "job.h"
 
 static void emit_line(void *ud, const char *kind, json_t *data) {
@@ -42,10 +51,13 @@ static void fail(const char *msg) {
 int worker_main(int argc, char **argv) {
     if (argc < 3) { fprintf(stderr, "usage: autocompressd run-job ID --db PATH [--device D] [--threads N] [--output DIR]\n"); return 2; }
     long id = atol(argv[2]);
-    const char *dbp = NULL, *device = "cpu", *output = NULL;
-    int threads = 2;
+    const char *dbp = NULL, *device = "cpu", *output = NULL, *jobs_dir = NULL;
+    const char *roots[AC_FSAFE_MAX_ROOTS];
+    int nroots = 0, threads = 2;
     for (int i = 3; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--db")) dbp = argv[i + 1];
+        else if (!strcmp(argv[i], "--root") && nroots < AC_FSAFE_MAX_ROOTS) roots[nroots++] = argv[i + 1];
+        else if (!strcmp(argv[i], "--jobs-dir")) jobs_dir = argv[i + 1];
         else if (!strcmp(argv[i], "--device")) device = argv[i + 1];
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--output")) output = argv[i + 1];
@@ -65,6 +77,15 @@ int worker_main(int argc, char **argv) {
     }
     sqlite3_close(c);
     if (!spec) { fail("job not found in the database"); return 1; }
+    ac_err pe = {{0}};
+    const char *field = NULL;
+    if (ac_fsafe_set_roots(roots, nroots, &pe) || ac_fsafe_check_job(spec, jobs_dir, &field, &pe)) {
+        char msg[700];
+        snprintf(msg, sizeof msg, "%s: %s", field ? field : "paths", pe.msg);
+        json_decref(spec);
+        fail(msg);
+        return 1;
+    }
     if (!json_object_get(spec, "output") && output) json_object_set_new(spec, "output", json_string(output));
     fprintf(stderr, "worker for job %ld on %s (pid %d)\n", id, device, (int)getpid());
     if (!strncmp(device, "cuda:", 5)) {
@@ -88,4 +109,24 @@ int worker_main(int argc, char **argv) {
     emit_line(NULL, "result", result);
     json_decref(result);
     return 0;
+}
+
+int measure_main(int argc, char **argv) {
+    int threads = 2;
+    for (int i = 2; i + 1 < argc; i += 2)
+        if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+    if (threads < 1 || threads > 256) { fprintf(stderr, "measure-table: --threads must be in [1, 256]\n"); return 2; }
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1) return 3;
+    json_t *req = json_pack("{s:s,s:i}", "device", "cpu", "threads", threads), *table = NULL;
+    ac_err e = {{0}};
+    int rc = req ? ac_cost_measure_json(req, &table, &e) : ac_errf(&e, "out of memory");
+    json_decref(req);
+    if (rc) { fprintf(stderr, "measure-table: %s\n", e.msg); return 1; }
+    char *s = json_dumps(table, JSON_COMPACT);
+    json_decref(table);
+    if (!s) return 1;
+    puts(s);
+    free(s);
+    return fflush(stdout) == 0 ? 0 : 1;
 }

@@ -17,6 +17,7 @@
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer.h"
+#include "fsafe.h"
 
 #include <jansson.h>
 #include <pcre2.h>
@@ -380,7 +381,7 @@ out:
 int ac_tok_load(const char *path, ac_tokenizer **out, ac_err *e) {
     *out = NULL;
     size_t len;
-    char *s = ac_read_file(path, 512u << 20, &len, e);
+    char *s = ac_fsafe_read(path, AC_FK_TOKENIZER, &len, e); /* confined, size-capped */
     if (!s) return -1;
     int rc = ac_tok_parse(s, len, out, e);
     free(s);
