@@ -38,6 +38,7 @@
 
 #include "costmodel.h"
 #include "daemon.h"
+#include "wevent.h"
 
 typedef struct slot {
     char id[32];       /* "cpu" or "cuda:N" */
@@ -200,39 +201,34 @@ static void finish_worker(worker *w) {
 }
 
 /* One line of worker output: {"kind": K, "data": D}. */
-static void handle_line(worker *w, const char *line) {
-    json_error_t je;
-    json_t *ev = json_loads(line, 0, &je);
-    const char *kind = json_string_value(json_object_get(ev, "kind"));
-    json_t *data = json_object_get(ev, "data");
-    if (!ev || !kind || !data) {
-        daemon_event(w->d, w->job, "log", json_pack("{s:s}", "line", line));
-        json_decref(ev);
+static void handle_line(worker *w, const char *line, size_t len) {
+    wevent ev;
+    if (wevent_parse(line, len, &ev)) {
+        daemon_event(w->d, w->job, "log", json_pack("{s:s%}", "line", line, len));
         return;
     }
     ac_err e;
-    if (!strcmp(kind, "result")) {
+    if (!strcmp(ev.kind, "result")) {
         free(w->result);
-        w->result = json_dumps(data, JSON_COMPACT);
-    } else if (!strcmp(kind, "error")) {
-        snprintf(w->error, sizeof w->error, "%s", json_string_value(json_object_get(data, "message")) ? json_string_value(json_object_get(data, "message")) : "error");
-    } else if (!strcmp(kind, "cost_table")) {
-        json_t *t = json_object_get(data, "table");
+        w->result = json_dumps(ev.data, JSON_COMPACT);
+    } else if (!strcmp(ev.kind, "error")) {
+        snprintf(w->error, sizeof w->error, "%s", ev.error);
+    } else if (!strcmp(ev.kind, "cost_table")) {
+        json_t *t = ev.table;
         if (t) {
             char *ts = json_dumps(t, JSON_COMPACT);
-            if (db_cost_put(w->d->db, json_string_value(json_object_get(t, "key")), json_string_value(json_object_get(t, "device")),
-                            json_string_value(json_object_get(t, "dtype")), json_string_value(json_object_get(t, "engine")),
-                            (int)json_integer_value(json_object_get(t, "version")), json_string_value(json_object_get(t, "source")) ? json_string_value(json_object_get(t, "source")) : "measured", ts, &e))
-                log_line("job %ld: cannot store cost table: %s", w->job, e.msg);
+            if (!ts || db_cost_put(w->d->db, json_string_value(json_object_get(t, "key")), json_string_value(json_object_get(t, "device")),
+                                   json_string_value(json_object_get(t, "dtype")), json_string_value(json_object_get(t, "engine")),
+                                   (int)json_integer_value(json_object_get(t, "version")), "measured", ts, &e))
+                log_line("job %ld: cannot store cost table: %s", w->job, ts ? e.msg : "out of memory");
             free(ts);
-            json_object_del(data, "table"); /* the event keeps the summary */
-        } else if (json_is_true(json_object_get(data, "cache_hit"))) {
-            db_cost_hit(w->d->db, json_string_value(json_object_get(data, "key")), &e);
+        } else if (json_is_true(json_object_get(ev.data, "cache_hit")) && json_is_string(json_object_get(ev.data, "key"))) {
+            if (db_cost_hit(w->d->db, json_string_value(json_object_get(ev.data, "key")), &e)) log_line("job %ld: %s", w->job, e.msg);
         }
+        json_object_del(ev.data, "table"); /* the event keeps the summary */
     }
-    json_incref(data);
-    daemon_event(w->d, w->job, kind, data);
-    json_decref(ev);
+    daemon_event(w->d, w->job, ev.kind, json_incref(ev.data));
+    wevent_free(&ev);
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
@@ -250,7 +246,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
                 if (w->skipping) { w->skipping = 0; w->len = 0; continue; }
                 if (w->len) {
                     w->line[w->len] = 0;
-                    handle_line(w, w->line);
+                    handle_line(w, w->line, w->len);
                 }
                 w->len = 0;
                 continue;

@@ -86,7 +86,7 @@ def test_paths_confined_and_errors_do_not_leak():
         # /proc magic links and over-long paths
         e = post_err(d, "/v1/estimate", {"model": "/proc/self/fd/0", "target": {"device": "H100"}})
         assert "outside" in e["message"], e
-        e = post_err(d, "/v1/jobs", r.spec(model=r.root + "/a" * 2100))
+        e = post_err(d, "/v1/jobs", r.spec(model=r.root + "/a" * 1600))  # under the spec's 4096 but over the path cap
         assert "longer" in e["message"] or "too long" in e["message"], e
         # a FIFO as config.json or calibration text: refused at once, nothing blocks
         f = copy_model(os.path.join(r.root, "fifo"))
@@ -244,7 +244,9 @@ def test_connection_deadlines_and_limits():
 
 
 def set_fsize(pid, limit):
-    resource.prlimit(pid, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY if limit == resource.RLIM_INFINITY else limit))
+    """The soft file-size limit of a running process (the hard one stays, so it can be lifted again)."""
+    hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)[1]
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (limit, hard))
 
 
 def test_full_disk_503_degraded_and_recovered():
@@ -420,16 +422,39 @@ def test_cost_measurement_scheduled_and_cancellable():
         d.cleanup()
 
 
+def small_table(key):
+    """A valid cost table with small grids (what GET /v1/cost-tables/{key} exports)."""
+    m, n, k = [1.0, 8.0], [16.0, 64.0], [16.0, 64.0]
+    us = [0.1 * (a * b * c) ** 0.5 for a in m for b in n for c in k]
+    hd, q, x = [16.0, 64.0], [1.0, 16.0], [1.0, 64.0]
+    aus = [0.05 * a * b * c ** 0.5 for a in hd for b in q for c in x]
+    return {"key": key, "device": "test-device", "dtype": "fp32", "engine": "autocompress-cpu", "version": 4, "source": "measured",
+            "memory_gib": 8.0, "measure_seconds": 1.0, "gemm": {"m": m, "n": n, "k": k, "us": us, "warm_us": us},
+            "cache_bytes": 1e6, "attention": {"head_dims": hd, "queries": q, "extra_keys": x, "us": aus}, "elementwise_ns": 1.0,
+            "launch_us": 0.0}
+
+
 def test_import_never_replaces():
     d = Daemon(config={"cpu_slots": 0}).start()
     try:
-        st, m = d.req("POST", "/v1/cost-tables", body={"measure": {"device": "cpu", "threads": 1}})
-        # cpu_slots 0: it waits, so build a table to import from the roofline export instead
-        st, t = d.req("POST", "/v1/estimate", body={"architecture": {"hidden": 64, "head_dim": 16, "vocab": 100,
-                                                                     "layers": [{"heads": 4, "kv_heads": 2, "ffn": 128}]},
-                                                    "target": {"device": "cpu"}})
-        assert st == 400  # no measured CPU table yet
-        d.req("DELETE", f"/v1/cost-tables/measurements/{m['measurement']}")
+        t = small_table("import-test|fp32|autocompress-cpu|v4")
+        st, r = d.req("POST", "/v1/cost-tables", body={"table": t})
+        assert st == 201, r
+        t2 = dict(t, elementwise_ns=99.0)
+        st, r = d.req("POST", "/v1/cost-tables", body={"table": t2})
+        assert st == 409 and r["error"]["field"] == "table.key" and "imported" in r["error"]["message"], r
+        # a measured table (as a job or a measurement stores it) is never replaced by an import
+        import sqlite3
+        con = sqlite3.connect(d.db)
+        con.execute("INSERT INTO cost_tables (key, device, dtype, engine, version, source, created_at, data) VALUES (?,?,?,?,?,?,?,?)",
+                    ("measured-key|fp32|autocompress-cpu|v4", "x", "fp32", "autocompress-cpu", 4, "measured", time.time(),
+                     json.dumps(small_table("measured-key|fp32|autocompress-cpu|v4"))))
+        con.commit()
+        con.close()
+        st, r = d.req("POST", "/v1/cost-tables", body={"table": small_table("measured-key|fp32|autocompress-cpu|v4")})
+        assert st == 409 and "measured" in r["error"]["message"], r
+        st, got = d.req("GET", "/v1/cost-tables/import-test%7Cfp32%7Cautocompress-cpu%7Cv4")
+        assert st == 200 and got["elementwise_ns"] == 1.0, got
     finally:
         d.cleanup()
 
