@@ -87,8 +87,9 @@ fuzz:
 	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -DAC_LIBFUZZER -std=c11 -D_GNU_SOURCE -Isrc -Idaemon $(PKG_CFLAGS) \
 	  -I/usr/include/x86_64-linux-gnu/openblas-pthread -o $(B)/fuzz/fuzz_parsers tests/fuzz_parsers.c $(LIB_SRC) \
 	  daemon/config.c daemon/wevent.c $(LDLIBS)
-	$(B)/fuzz/fuzz_parsers -runs=0 -seed=1 >/dev/null 2>&1 || true
-	@echo "built $(B)/fuzz/fuzz_parsers"
+	$(MAKE) $(B)/tests/fuzz_parsers
+	$(B)/tests/fuzz_parsers --seeds $(B)/fuzz/corpus
+	@echo "built $(B)/fuzz/fuzz_parsers; seeds in $(B)/fuzz/corpus"
 
 $(B)/bench/%: bench/%.c $(B)/libautocompress.a
 	@mkdir -p $(dir $@)

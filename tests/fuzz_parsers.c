@@ -199,7 +199,29 @@ static const char *seeds[] = {
     "\11hello world 123 \xc3\xa9\xe2\x82\xac 's\r\n\t  x",
 };
 
+/* The seeds as files (a starting corpus for libFuzzer). */
+static int write_seeds(const char *dir) {
+    for (size_t s = 0; s < sizeof seeds / sizeof *seeds; s++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/seed-%02zu", dir, s);
+        FILE *f = fopen(path, "wb");
+        if (!f) { perror(path); return 1; }
+        if (s == 0) { /* safetensors: target byte, length prefix, header, 8 data bytes */
+            const char *h = seeds[0] + 1;
+            uint64_t hl = strlen(h);
+            fputc(0, f);
+            fwrite(&hl, 8, 1, f);
+            fwrite(h, 1, hl, f);
+            fwrite("\0\0\0\0\0\0\0\0", 1, 8, f);
+        } else fwrite(seeds[s], 1, strlen(seeds[s] + 1) + 1, f);
+        if (fclose(f)) return 1;
+    }
+    printf("wrote %zu seeds to %s\n", sizeof seeds / sizeof *seeds, dir);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 2 && !strcmp(argv[1], "--seeds")) return write_seeds(argv[2]);
     long iters = argc > 1 ? atol(argv[1]) : 20000;
     unsigned seed = argc > 2 ? (unsigned)atoi(argv[2]) : 1;
     srand(seed);
