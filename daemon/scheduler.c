@@ -507,6 +507,22 @@ static void measure_start(scheduler *s, measure *m, slot *sl) {
 /* Start queued measurements (oldest first) on free CPU slots; stop the
  * ones asked to cancel. */
 static void run_measurements(scheduler *s) {
+    /* Keep the 32 newest entries; older finished ones whose handles are
+     * closed are dropped (loop thread: handle fields are only touched here). */
+    pthread_mutex_lock(&s->mu);
+    int kept = 0;
+    for (measure **pp = &s->measures; *pp;) {
+        measure *m = *pp;
+        int ended = strcmp(m->state, "queued") && strcmp(m->state, "running");
+        if (++kept > 32 && ended && m->closing_handles == 0) {
+            *pp = m->next;
+            free(m->buf);
+            free(m);
+            continue;
+        }
+        pp = &m->next;
+    }
+    pthread_mutex_unlock(&s->mu);
     for (;;) {
         measure *next = NULL;
         pthread_mutex_lock(&s->mu);
