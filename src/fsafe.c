@@ -201,16 +201,21 @@ json_t *ac_fsafe_json(const char *path, ac_fkind kind, ac_err *e) {
     json_t *j = json_loadb(s, len, JSON_REJECT_DUPLICATES, &je);
     free(s);
     if (!j) {
-        /* jansson's text quotes the bytes near the error ("near '...'"):
-         * keep only what precedes that. */
         char why[160];
-        snprintf(why, sizeof why, "%s", je.text);
-        char *near = strstr(why, " near ");
-        if (near) *near = 0;
-        if (strchr(why, '\'') || strchr(why, '"')) snprintf(why, sizeof why, "syntax error");
-        ac_errf(e, "%.300s: not valid JSON: %s (line %d, column %d)", path, why, je.line, je.column);
+        ac_errf(e, "%.300s: not valid JSON: %s (line %d, column %d)", path, ac_fsafe_json_why(je.text, why, sizeof why), je.line,
+                je.column);
     }
     return j;
+}
+
+const char *ac_fsafe_json_why(const char *text, char *buf, size_t n) {
+    /* jansson's text quotes the bytes near the error ("near '...'"): keep
+     * only what precedes that, and nothing quoted at all. */
+    snprintf(buf, n, "%s", text);
+    char *near = strstr(buf, " near ");
+    if (near) *near = 0;
+    if (strchr(buf, '\'') || strchr(buf, '"')) snprintf(buf, n, "syntax error");
+    return buf;
 }
 
 /* A directory holds a model when it has one of these. */

@@ -66,6 +66,10 @@ char *ac_fsafe_read(const char *path, ac_fkind kind, size_t *len, ac_err *e);
  * line and column only, never the text near the error. */
 json_t *ac_fsafe_json(const char *path, ac_fkind kind, ac_err *e);
 
+/* jansson's parse error without the text it quotes from the input
+ * ("near '...'"), into buf (n bytes); returns buf. */
+const char *ac_fsafe_json_why(const char *jansson_text, char *buf, size_t n);
+
 /* A job's paths, checked the same way at submit (daemon, in its work pool)
  * and in the worker: the model directory with a config.json, the text
  * files, and the output directory. `jobs_dir` (may be NULL) is the daemon's

@@ -70,7 +70,8 @@ int st_parse(const void *buf, size_t len, st_file *f, ac_err *e) {
 
     json_error_t je;
     json_t *root = json_loadb((const char *)p + 8, hn, JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &je);
-    if (!root) return ac_errf(e, "header JSON: %s (at byte %d)", je.text, je.position);
+    char why[160];
+    if (!root) return ac_errf(e, "header JSON: %s (at byte %d)", ac_fsafe_json_why(je.text, why, sizeof why), je.position);
     /* Only trailing spaces may follow the object. */
     for (size_t i = je.position; i < hn; i++)
         if (p[8 + i] != ' ' && p[8 + i] != '\n' && p[8 + i] != '\t' && p[8 + i] != '\r' && p[8 + i] != 0) {

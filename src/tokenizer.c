@@ -241,7 +241,8 @@ int ac_tok_parse(const char *js, size_t len, ac_tokenizer **out, ac_err *e) {
     *out = NULL;
     json_error_t je;
     json_t *root = json_loadb(js, len, 0, &je);
-    if (!root) return ac_errf(e, "tokenizer.json: %s (line %d)", je.text, je.line);
+    char why[160];
+    if (!root) return ac_errf(e, "tokenizer.json: %s (line %d)", ac_fsafe_json_why(je.text, why, sizeof why), je.line);
     ac_tokenizer *t = calloc(1, sizeof *t);
     int rc = 0;
     if (!t) { json_decref(root); return ac_errf(e, "out of memory"); }
