@@ -222,6 +222,18 @@ static int write_seeds(const char *dir) {
 
 int main(int argc, char **argv) {
     if (argc > 2 && !strcmp(argv[1], "--seeds")) return write_seeds(argv[2]);
+    if (argc > 2 && !strcmp(argv[1], "--run")) { /* replay inputs (crashes, OOMs found by libFuzzer) */
+        for (int i = 2; i < argc; i++) {
+            ac_err e;
+            size_t n;
+            char *d = ac_read_file(argv[i], 1u << 24, &n, &e);
+            if (!d) { fprintf(stderr, "%s\n", e.msg); return 1; }
+            LLVMFuzzerTestOneInput((const uint8_t *)d, n);
+            free(d);
+        }
+        printf("replayed %d inputs\n", argc - 2);
+        return 0;
+    }
     long iters = argc > 1 ? atol(argv[1]) : 20000;
     unsigned seed = argc > 2 ? (unsigned)atoi(argv[2]) : 1;
     srand(seed);

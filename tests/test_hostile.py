@@ -511,6 +511,20 @@ def test_systemd_unit_exposure():
         assert want in text, want
 
 
+def test_fuzz_regressions():
+    """Inputs libFuzzer found (tests/fuzz_regress) replayed: no crash, and peak memory under 512 MiB (one of them
+    made the tokenizer's Replace normalizers ask for 6.7 GB)."""
+    d = os.path.join(ROOT, "tests", "fuzz_regress")
+    files = sorted(os.path.join(d, f) for f in os.listdir(d))
+    code = ("import resource,subprocess,sys;r=subprocess.run(sys.argv[1:],capture_output=True,text=True);"
+            "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, r.stdout.strip())")
+    r = subprocess.run([sys.executable, "-c", code, os.path.join(BUILD, "tests", "fuzz_parsers"), "--run"] + files, capture_output=True,
+                       text=True, timeout=120)
+    rc, rss_kb, out = r.stdout.split(" ", 2)
+    print(f"  peak RSS {int(rss_kb) // 1024} MiB")
+    assert rc == "0" and f"replayed {len(files)}" in out and int(rss_kb) < 512 * 1024, r.stdout
+
+
 if __name__ == "__main__":
     if not os.path.exists(os.path.join(TINY, "config.json")):
         print("SKIP all: tiny model not built (make tiny-model)")
@@ -520,7 +534,7 @@ if __name__ == "__main__":
     for t in [test_paths_confined_and_errors_do_not_leak, test_worker_applies_the_same_rules, test_connection_deadlines_and_limits,
               test_full_disk_503_degraded_and_recovered, test_idempotency_key, test_job_caps, test_browsers_and_tokens,
               test_cost_measurement_scheduled_and_cancellable, test_import_never_replaces, test_sd_notify_and_watchdog,
-              test_systemd_unit_exposure]:
+              test_systemd_unit_exposure, test_fuzz_regressions]:
         if not only or t.__name__ in only:
             R.run(t)
     R.done()
