@@ -240,14 +240,17 @@ static int check_limits(ac_daemon *d, const json_t *spec, reply *r) {
 
 /* ------------------------------------------------------------- work pool */
 
+/* The reply is ready. Once resumed, the connection may complete and free
+ * rc at once, so rc is not touched after MHD_resume_connection (resuming
+ * under rc->mu once let the unlock hit freed memory). */
 static void offload_done(req_ctx *rc) {
+    struct MHD_Connection *c = rc->c;
     pthread_mutex_lock(&rc->mu);
     rc->state = 2;
-    if (rc->suspended) {
-        rc->suspended = 0;
-        MHD_resume_connection(rc->c);
-    }
+    int resume = rc->suspended;
+    rc->suspended = 0;
     pthread_mutex_unlock(&rc->mu);
+    if (resume) MHD_resume_connection(c);
 }
 
 static enum MHD_Result offload(req_ctx *rc, pool_fn fn) {

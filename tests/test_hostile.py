@@ -511,6 +511,46 @@ def test_systemd_unit_exposure():
         assert want in text, want
 
 
+def test_offloaded_requests_under_concurrency():
+    """Routes answered from the work pool (estimate, job submission, logs, static files) from 8 clients at once:
+    every request answered, the daemon alive (a resume race once freed a request's state under the pool thread)."""
+    import threading
+    d = Daemon(config={"cpu_slots": 0, "http_threads": 2}).start()
+    errors = []
+    arch = {"architecture": {"hidden": 64, "head_dim": 16, "vocab": 100, "layers": [{"heads": 4, "kv_heads": 2, "ffn": 128}]},
+            "target": {"device": "H100"}}
+
+    def client(i):
+        try:
+            for k in range(60):
+                which = k % 4
+                if which == 0:
+                    st, _ = d.req("POST", "/v1/estimate", body=arch)
+                elif which == 1:
+                    st, _ = d.req("POST", "/v1/jobs", body=spec(name=f"c{i}-{k}"))
+                    st = 200 if st == 201 else st
+                elif which == 2:
+                    st, _ = d.req("GET", "/v1/jobs/1/log")
+                else:
+                    st, _ = d.req("GET", "/")
+                if st != 200:
+                    errors.append((i, k, st))
+        except Exception as ex:  # a reset connection: the daemon died
+            errors.append((i, repr(ex)))
+
+    try:
+        th = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        assert not errors and d.proc.poll() is None, (errors[:5], d.proc.poll())
+        st, jobs = d.req("GET", "/v1/jobs?limit=1000")
+        assert len(jobs["jobs"]) == 8 * 15, len(jobs["jobs"])
+    finally:
+        d.cleanup()
+
+
 def test_fuzz_regressions():
     """Inputs libFuzzer found (tests/fuzz_regress) replayed: no crash, and peak memory under 512 MiB (one of them
     made the tokenizer's Replace normalizers ask for 6.7 GB)."""
@@ -534,7 +574,7 @@ if __name__ == "__main__":
     for t in [test_paths_confined_and_errors_do_not_leak, test_worker_applies_the_same_rules, test_connection_deadlines_and_limits,
               test_full_disk_503_degraded_and_recovered, test_idempotency_key, test_job_caps, test_browsers_and_tokens,
               test_cost_measurement_scheduled_and_cancellable, test_import_never_replaces, test_sd_notify_and_watchdog,
-              test_systemd_unit_exposure, test_fuzz_regressions]:
+              test_systemd_unit_exposure, test_offloaded_requests_under_concurrency, test_fuzz_regressions]:
         if not only or t.__name__ in only:
             R.run(t)
     R.done()
