@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int ac_deci_loader_ffn(double ffn_mult, int hidden) {
@@ -246,5 +247,26 @@ int ac_deci_validate_model(const json_t *spec, const char **field, ac_err *e) {
 int ac_deci_pad_arch(const ac_arch *req, ac_arch *out, ac_err *e) {
     if (ac_arch_copy(out, req, e)) return -1;
     for (int l = 0; l < out->n_layers; l++) out->layers[l].ffn = ac_deci_padded(out->layers[l].ffn);
+    return 0;
+}
+
+int ac_deci_pad_model(ac_model *m, ac_err *e) {
+    size_t H = m->a.hidden;
+    for (int l = 0; l < m->a.n_layers; l++) {
+        ac_layer_w *w = &m->L[l];
+        size_t F = m->a.layers[l].ffn, P = ac_deci_padded((int)F);
+        if (P == F) continue;
+        float *g = calloc(P * H, sizeof(float)), *u = calloc(P * H, sizeof(float)), *d = calloc(H * P, sizeof(float));
+        if (!g || !u || !d) {
+            free(g); free(u); free(d);
+            return ac_errf(e, "out of memory padding layer %d", l);
+        }
+        memcpy(g, w->wg, F * H * sizeof(float)); /* rows F..P-1 stay zero */
+        memcpy(u, w->wu, F * H * sizeof(float));
+        for (size_t r = 0; r < H; r++) memcpy(d + r * P, w->wd + r * F, F * sizeof(float)); /* columns F..P-1 zero */
+        free(w->wg); free(w->wu); free(w->wd);
+        w->wg = g; w->wu = u; w->wd = d;
+        m->a.layers[l].ffn = (int)P;
+    }
     return 0;
 }

@@ -62,5 +62,8 @@ int ac_deci_validate_model(const json_t *spec, const char **field, ac_err *e);
 /* The exported (padded) architecture for a requested one: each FFN width
  * that is off the grid is padded up to it. */
 int ac_deci_pad_arch(const ac_arch *req, ac_arch *out, ac_err *e);
+/* Zero-pad every off-grid FFN of m in place (gate/up rows, down columns) up
+ * to the grid: the model computes exactly the same function. */
+int ac_deci_pad_model(ac_model *m, ac_err *e);
 
 #endif
