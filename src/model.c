@@ -244,8 +244,11 @@ json_t *ac_arch_to_config(const ac_arch *a) {
     int uni = ac_arch_is_uniform(a);
     json_t *c = json_object();
     /* a uniform model with a sliding window stays a Mistral: Llama has none */
-    const char *arch_name = !uni ? "DeciLMForCausalLM" : a->sliding_window ? "MistralForCausalLM" : "LlamaForCausalLM";
-    const char *type = !uni ? "nemotron-nas" : a->sliding_window ? "mistral" : "llama";
+    /* q/k/v biases without an o_proj bias are Qwen2's (Llama's attention_bias
+     * also means an o_proj bias, which we do not have) */
+    const char *arch_name = !uni ? "DeciLMForCausalLM" : a->qkv_bias ? "Qwen2ForCausalLM"
+                                   : a->sliding_window ? "MistralForCausalLM" : "LlamaForCausalLM";
+    const char *type = !uni ? "nemotron-nas" : a->qkv_bias ? "qwen2" : a->sliding_window ? "mistral" : "llama";
     json_object_set_new(c, "architectures", json_pack("[s]", arch_name));
     json_object_set_new(c, "model_type", json_string(type));
     json_object_set_new(c, "vocab_size", json_integer(a->vocab));
@@ -269,6 +272,8 @@ json_t *ac_arch_to_config(const ac_arch *a) {
     json_object_set_new(c, "hidden_act", json_string("silu"));
     json_object_set_new(c, "torch_dtype", json_string("bfloat16"));
     if (a->sliding_window) json_object_set_new(c, "sliding_window", json_integer(a->sliding_window));
+    if (a->sliding_window && uni && a->qkv_bias) json_object_set_new(c, "use_sliding_window", json_true());
+    if (uni && a->qkv_bias) json_object_set_new(c, "attention_bias", json_false()); /* implied by qwen2 */
     if (a->bos_id >= 0) json_object_set_new(c, "bos_token_id", json_integer(a->bos_id));
     if (a->eos_id >= 0) json_object_set_new(c, "eos_token_id", json_integer(a->eos_id));
     ac_err de;

@@ -345,6 +345,32 @@ def test_unexpressible_architecture_is_refused():
     assert r.returncode != 0 and "num_attention_heads" in r.stderr, r.stderr
 
 
+def test_qwen2_biases_and_tied_head():
+    """q/k/v biases (no o_proj bias) and a tied head, as vLLM's DeciLM reads
+    them: qkv_bias true, attention_bias false, no lm_head tensor. The
+    uniform export of the same model is a Qwen2 config, not a Llama one with
+    an o_proj bias it does not have."""
+    q = os.path.join(FIX, "models", "qwen2_tied_f16")
+    if not os.path.exists(os.path.join(q, "config.json")):
+        return "skip"
+    a = os.path.join(WORK, "q.json")
+    with open(a, "w") as f:
+        json.dump({"layers": [L(4, 1, 160), L(0, 0, 100)]}, f)
+    d = os.path.join(WORK, "q_deci")
+    r = subprocess.run([CLI, "prune", q, a, d, "--deci"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    cfg = check_export(d)
+    assert cfg.qkv_bias is True and cfg.attention_bias is False and cfg.tie_word_embeddings is True
+    assert "model.layers.0.self_attn.k_proj.bias" in vllm_params(cfg) and "lm_head.weight" not in vllm_params(cfg)
+    with open(a, "w") as f:
+        json.dump({"layers": [L(4, 1, 160), L(4, 1, 160)]}, f)
+    u = os.path.join(WORK, "q_uniform")
+    r = subprocess.run([CLI, "prune", q, a, u], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    raw = json.load(open(os.path.join(u, "config.json")))
+    assert raw["architectures"] == ["Qwen2ForCausalLM"] and raw["model_type"] == "qwen2" and not raw["attention_bias"], raw
+
+
 def test_job_export_is_deci_on_the_grid():
     """A whole job with the deci target: the search's architecture (report),
     the checkpoint, and vLLM's reading of it agree, on the 256 grid."""
@@ -407,7 +433,8 @@ if __name__ == "__main__":
     r = Runner()
     try:
         for t in (test_exports_match_vllm_rules, test_zero_padding_is_exact, test_ffn_mult_round_trips_through_json,
-                  test_unexpressible_architecture_is_refused, test_job_export_is_deci_on_the_grid,
+                  test_unexpressible_architecture_is_refused, test_qwen2_biases_and_tied_head,
+                  test_job_export_is_deci_on_the_grid,
                   test_submit_refuses_what_deci_cannot_express):
             r.run(t)
     finally:
