@@ -49,12 +49,13 @@ int ac_deci_check_arch(const ac_arch *a, ac_err *e) {
                               "num_attention_heads (only KV heads vary per layer)", l, L->n_heads, nh);
         nh = L->n_heads;
         if (L->n_kv_heads <= 0 || L->n_heads % L->n_kv_heads)
-            return ac_errf(e, "deci: layer %d: %d query heads are not a multiple of %d KV heads", l, L->n_heads, L->n_kv_heads);
+            return ac_errf(e, "deci: layer %d: %d query heads are not a multiple of %d KV heads", l, L->n_heads,
+                           L->n_kv_heads);
     }
     if (!nh) return ac_errf(e, "deci: no layer keeps attention (vLLM cannot size a KV cache)");
     if (a->layers[first].n_heads == 0)
-        return ac_errf(e, "deci: layer %d is the first layer with a sub-block and has no attention; vLLM's nemotron_nas "
-                          "needs attention there (it starts the fused residual)", first);
+        return ac_errf(e, "deci: layer %d is the first layer with a sub-block and has no attention; "
+                          "vLLM's nemotron_nas needs attention there (it starts the fused residual)", first);
     for (int l = 0; l < a->n_layers; l++) {
         int f = a->layers[l].ffn;
         if (f && ac_deci_ffn_mult(f, a->hidden) < 0)
@@ -132,8 +133,11 @@ static const char MODULE_PY[] =
     "\n"
     "class BlockConfig:\n"
     "    def __init__(self, attention=None, ffn=None, **kwargs):\n"
-    "        self.attention = attention if isinstance(attention, AttentionConfig) else AttentionConfig(**(attention or {}))\n"
-    "        self.ffn = ffn if isinstance(ffn, FFNConfig) else FFNConfig(**(ffn or {}))\n"
+    "        if not isinstance(attention, AttentionConfig):\n"
+    "            attention = AttentionConfig(**(attention or {}))\n"
+    "        if not isinstance(ffn, FFNConfig):\n"
+    "            ffn = FFNConfig(**(ffn or {}))\n"
+    "        self.attention, self.ffn = attention, ffn\n"
     "        for k, v in kwargs.items():\n"
     "            setattr(self, k, v)\n"
     "        a, f = self.attention, self.ffn\n"

@@ -229,7 +229,8 @@ def check_export(d, ids=None):
                 assert hasattr(sub, k), k
     json.dumps(cfg.to_dict())  # serialisable again (save_pretrained)
     want, have = vllm_params(cfg), checkpoint_shapes(d)
-    assert set(have) == set(want), f"missing {sorted(set(want) - set(have))}, unexpected {sorted(set(have) - set(want))}"
+    assert set(have) == set(want), \
+        f"missing {sorted(set(want) - set(have))}, unexpected {sorted(set(have) - set(want))}"
     for k, s in want.items():
         assert have[k] == s, f"{k}: checkpoint {have[k]}, vLLM builds {s}"
     if ids is not None:
@@ -255,11 +256,13 @@ def L(h, kv, f):
 # Heterogeneous architectures of the tiny model (8 heads, 4 KV heads, FFN 384, hidden 128).
 ARCHS = {
     # off-grid FFN widths (384 = base, 200, 100), KV merged to 2 and 1, no_op attention, no_op FFN
-    "mixed": {"hidden": 128, "layers": [L(8, 4, 384), L(8, 2, 200), L(0, 0, 384), L(8, 1, 100), L(8, 4, 0), L(8, 2, 256)]},
+    "mixed": {"hidden": 128,
+              "layers": [L(8, 4, 384), L(8, 2, 200), L(0, 0, 384), L(8, 1, 100), L(8, 4, 0), L(8, 2, 256)]},
     # hidden pruned to 96 (hidden != heads * head_dim), an empty layer, attention-only first layer
     "narrow": {"hidden": 96, "layers": [L(8, 4, 0), L(0, 0, 0), L(0, 0, 256), L(8, 2, 384), L(8, 1, 300), L(8, 4, 50)]},
     # every sub-block kept at full width (384 padded to 512), only the KV heads vary
-    "kv_only": {"hidden": 128, "layers": [L(8, 4, 384), L(8, 2, 384), L(8, 1, 384), L(8, 4, 384), L(8, 2, 384), L(8, 4, 384)]},
+    "kv_only": {"hidden": 128,
+                "layers": [L(8, 4, 384), L(8, 2, 384), L(8, 1, 384), L(8, 4, 384), L(8, 2, 384), L(8, 4, 384)]},
 }
 
 
@@ -368,7 +371,8 @@ def test_qwen2_biases_and_tied_head():
     r = subprocess.run([CLI, "prune", q, a, u], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     raw = json.load(open(os.path.join(u, "config.json")))
-    assert raw["architectures"] == ["Qwen2ForCausalLM"] and raw["model_type"] == "qwen2" and not raw["attention_bias"], raw
+    assert raw["architectures"] == ["Qwen2ForCausalLM"] and raw["model_type"] == "qwen2", raw
+    assert not raw["attention_bias"], raw
 
 
 def test_job_export_is_deci_on_the_grid():

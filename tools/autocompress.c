@@ -28,8 +28,9 @@ static int usage(void) {
             "  autocompress compress SPEC.json        (AC_COST_DB=FILE caches measured cost tables)\n"
             "  autocompress estimate REQUEST.json     ({\"model\"|\"architecture\", \"target\"}, as POST /v1/estimate)\n"
             "  autocompress tokenize TOKENIZER_JSON TEXT_FILE\n"
-            "  autocompress prune MODEL_DIR ARCH.json OUT_DIR [--deci]   (slice to ARCH keeping the first channels;\n"
-            "                                           --deci: pad FFN widths to the deci grid, fail if deci cannot express it)\n");
+            "  autocompress prune MODEL_DIR ARCH.json OUT_DIR [--deci]\n"
+            "      (slice to ARCH keeping the first channels; --deci: pad FFN widths to the deci grid,\n"
+            "       fail when the deci target cannot express ARCH)\n");
     return 2;
 }
 
