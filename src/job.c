@@ -14,12 +14,12 @@
 
 #include "costmodel.h"
 #include "cuda_plugin.h"
+#include "deci.h"
 #include "device.h"
 #include "engine.h"
 #include "eval.h"
 #include "importance.h"
 #include "kernels_cpu.h"
-#include "deci.h"
 #include "prune.h"
 #include "safetensors.h"
 #include "search.h"
