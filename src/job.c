@@ -14,6 +14,7 @@
 
 #include "costmodel.h"
 #include "cuda_plugin.h"
+#include "deci.h"
 #include "device.h"
 #include "engine.h"
 #include "eval.h"
@@ -166,6 +167,7 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
         }
     }
     if (ac_model_load(model_dir, &m, e)) { ac_errctx(e, "stage load"); goto out; }
+    { const char *f; if (ac_deci_validate_base(spec, &m.a, &f, e)) { ac_errctx(e, "stage load"); goto out; } }
     if (ac_load_text_ids(model_dir, calib, &cids, &nc, m.a.vocab, e) || ac_load_text_ids(model_dir, held, &hids, &nh, m.a.vocab, e)) {
         ac_errctx(e, "stage load");
         goto out;

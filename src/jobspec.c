@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "deci.h"
 #include "job.h"
 
 typedef enum { T_STR, T_INT, T_NUM, T_BOOL, T_OBJ } ftype;
@@ -128,6 +129,7 @@ int ac_job_validate_field(const json_t *spec, const char **fieldp, ac_err *e) {
     *fieldp = "";
     if (!json_is_object(spec)) return ac_errf(e, "job spec must be a JSON object");
     if (check_obj(spec, SPEC, "", fieldp, e)) return -1;
+    if (ac_deci_validate_spec(spec, fieldp, e)) return -1; /* deci export target: FFN grid */
     if (json_object_size(json_object_get(spec, "constraints")) == 0) {
         *fieldp = "constraints";
         return ac_errf(e, "constraints must name at least one limit (max_ttft_ms, max_tpot_ms, min_tokens_per_s, max_memory_gib, max_params)");

@@ -36,7 +36,7 @@ int ac_prune(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac
         const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
         int grp = s->n_heads ? s->n_heads / s->n_kv_heads : 0;
         int merge = d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads && d->n_kv_heads > 0 && s->n_kv_heads % d->n_kv_heads == 0;
-        if (d->ffn > s->ffn || d->n_kv_heads > s->n_kv_heads || (d->n_heads && d->n_heads != d->n_kv_heads * grp && !merge))
+        if ((d->ffn && !s->ffn) || d->n_kv_heads > s->n_kv_heads || (d->n_heads && d->n_heads != d->n_kv_heads * grp && !merge))
             return ac_errf(e, "prune: layer %d target (%d heads, %d KV, ffn %d) does not fit source (%d, %d, %d): keep the query heads of a KV group together, or keep every query head and merge KV heads by a divisor",
                            l, d->n_heads, d->n_kv_heads, d->ffn, s->n_heads, s->n_kv_heads, s->ffn);
     }
@@ -108,12 +108,17 @@ int ac_prune(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac
             free(gk); free(qrows); free(kvrows);
         }
         if (d->ffn && !rc) {
-            int *fk = kept(imp->ffn_order[l], d->ffn);
+            /* a target wider than the source (the deci grid) keeps every
+             * channel; the extra gate/up rows and down columns stay zero,
+             * which adds exactly nothing (silu(0) * 0 = 0) */
+            int keep = d->ffn < s->ffn ? d->ffn : s->ffn;
+            int *fk = kept(imp->ffn_order[l], keep);
             if (!fk) { rc = ac_errf(e, "out of memory"); break; }
             gather(dw->post_norm, sw->post_norm, H, NULL, 1, hk, Ht);
-            gather(dw->wg, sw->wg, H, fk, d->ffn, hk, Ht);
-            gather(dw->wu, sw->wu, H, fk, d->ffn, hk, Ht);
-            gather(dw->wd, sw->wd, s->ffn, hk, Ht, fk, d->ffn);
+            gather(dw->wg, sw->wg, H, fk, keep, hk, Ht);
+            gather(dw->wu, sw->wu, H, fk, keep, hk, Ht);
+            for (int r = 0; r < Ht; r++) /* down_proj [Ht, d->ffn]: the first keep columns */
+                for (int c = 0; c < keep; c++) dw->wd[(size_t)r * d->ffn + c] = sw->wd[(size_t)hk[r] * s->ffn + fk[c]];
             free(fk);
         }
     }

@@ -5,16 +5,20 @@
  *   autocompress compress SPEC.json     (same code path as the daemon's worker)
  *   autocompress estimate REQUEST.json  (as POST /v1/estimate)
  *   autocompress tokenize TOKENIZER_JSON TEXT_FILE   (ids, one line)
+ *   autocompress prune MODEL_DIR ARCH.json OUT_DIR [--deci]
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "costmodel.h"
+#include "deci.h"
 #include "eval.h"
 #include "job.h"
 #include "kernels_cpu.h"
 #include "model.h"
+#include "prune.h"
+#include "safetensors.h"
 #include "tokenizer.h"
 
 static int usage(void) {
@@ -23,7 +27,10 @@ static int usage(void) {
             "  autocompress eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N] [--batch N] [--threads N] [--device cpu|cuda] [--json]\n"
             "  autocompress compress SPEC.json        (AC_COST_DB=FILE caches measured cost tables)\n"
             "  autocompress estimate REQUEST.json     ({\"model\"|\"architecture\", \"target\"}, as POST /v1/estimate)\n"
-            "  autocompress tokenize TOKENIZER_JSON TEXT_FILE\n");
+            "  autocompress tokenize TOKENIZER_JSON TEXT_FILE\n"
+            "  autocompress prune MODEL_DIR ARCH.json OUT_DIR [--deci]\n"
+            "      (slice to ARCH keeping the first channels; --deci: pad FFN widths to the deci grid,\n"
+            "       fail when the deci target cannot express ARCH)\n");
     return 2;
 }
 
@@ -85,6 +92,73 @@ static int cmd_tokenize(int argc, char **argv) {
     return 0;
 }
 
+/* Importance that keeps the first channels of every kind (no calibration). */
+static int first_channels(const ac_arch *a, ac_importance *imp) {
+    memset(imp, 0, sizeof *imp);
+    imp->n_layers = a->n_layers;
+    imp->hidden = a->hidden;
+    imp->kv_order = calloc(a->n_layers, sizeof *imp->kv_order);
+    imp->ffn_order = calloc(a->n_layers, sizeof *imp->ffn_order);
+    imp->hid_order = malloc(sizeof(int) * (a->hidden + 1));
+    if (!imp->kv_order || !imp->ffn_order || !imp->hid_order) return -1;
+    for (int i = 0; i < a->hidden; i++) imp->hid_order[i] = i;
+    for (int l = 0; l < a->n_layers; l++) {
+        int kv = a->layers[l].n_kv_heads, f = a->layers[l].ffn;
+        imp->kv_order[l] = malloc(sizeof(int) * (kv + 1));
+        imp->ffn_order[l] = malloc(sizeof(int) * (f + 1));
+        if (!imp->kv_order[l] || !imp->ffn_order[l]) return -1;
+        for (int i = 0; i < kv; i++) imp->kv_order[l][i] = i;
+        for (int i = 0; i < f; i++) imp->ffn_order[l][i] = i;
+    }
+    return 0;
+}
+
+static void first_channels_free(ac_importance *imp) {
+    for (int l = 0; l < imp->n_layers; l++) {
+        if (imp->kv_order) free(imp->kv_order[l]);
+        if (imp->ffn_order) free(imp->ffn_order[l]);
+    }
+    free(imp->kv_order);
+    free(imp->ffn_order);
+    free(imp->hid_order);
+}
+
+static int cmd_prune(int argc, char **argv) {
+    if (argc < 5 || argc > 6 || (argc == 6 && strcmp(argv[5], "--deci"))) return usage();
+    ac_err e = {{0}};
+    ac_model m = {0}, pm = {0};
+    ac_arch req = {0}, t = {0};
+    ac_importance imp = {0};
+    json_error_t je;
+    int rc = 1;
+    json_t *aj = json_load_file(argv[3], JSON_REJECT_DUPLICATES, &je);
+    if (!aj) { fprintf(stderr, "autocompress: %s: %s\n", argv[3], je.text); return 1; }
+    if (ac_model_load(argv[2], &m, &e) || ac_arch_from_json(aj, &m.a, &req, &e)) goto out;
+    if (argc == 6 && (ac_deci_pad_arch(&req, &t, &e) || ac_deci_check_arch(&t, &e))) goto out;
+    if (first_channels(&m.a, &imp)) { ac_errf(&e, "out of memory"); goto out; }
+    if (ac_prune(&m, &req, &imp, &pm, &e) || (argc == 6 && ac_deci_pad_model(&pm, &e))) goto out;
+    if (ac_model_save(&pm, argv[4], ST_BF16, &e)) goto out;
+    char src[4200], dst[4200];
+    snprintf(src, sizeof src, "%s/tokenizer.json", argv[2]);
+    snprintf(dst, sizeof dst, "%s/tokenizer.json", argv[4]);
+    FILE *in = fopen(src, "rb"), *o = in ? fopen(dst, "wb") : NULL;
+    char buf[65536];
+    size_t k;
+    while (o && (k = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, k, o);
+    if (in) fclose(in);
+    if (o && fclose(o)) { ac_errf(&e, "cannot write %s", dst); goto out; }
+    rc = 0;
+out:
+    if (rc) fprintf(stderr, "autocompress: %s\n", e.msg);
+    first_channels_free(&imp);
+    ac_model_free(&pm);
+    ac_model_free(&m);
+    ac_arch_free(&req);
+    ac_arch_free(&t);
+    json_decref(aj);
+    return rc;
+}
+
 static void print_event(void *ud, const char *kind, json_t *data) {
     (void)ud;
     json_t *ev = json_pack("{s:s,s:O}", "kind", kind, "data", data);
@@ -137,5 +211,6 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc, argv);
     if (!strcmp(argv[1], "compress")) return cmd_compress(argc, argv);
     if (!strcmp(argv[1], "estimate")) return cmd_estimate(argc, argv);
+    if (!strcmp(argv[1], "prune")) return cmd_prune(argc, argv);
     return usage();
 }
