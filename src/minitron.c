@@ -233,7 +233,7 @@ int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *
     if ((rc = cand_arch(b, order, c[best].v, &r->arch, e))) goto out;
     r->cost = c[best].cost;
     r->feasible = nf > 0;
-    r->pred_loss = ac_search_pred_loss(p, &r->arch);
+    r->pred_loss = p->imp->attn_sens ? ac_search_pred_loss(p, &r->arch) : 0; /* AutoCompress's measured curves, for the report */
     r->steps_run = n;
     json_t *cands = json_array(), *ls = json_array(), *dropped = json_array();
     for (int i = 0; i < (nf ? k : 1); i++) json_array_append_new(cands, cand_json(&c[i], p, order));
