@@ -233,7 +233,7 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     if (ac_carch_from_arch(&m.a, &base_c, e)) goto out;
     ac_cost_predict(&table, &base_c, &wl, &prof, 0, &base_cost);
     ac_carch_free(&base_c);
-    P.model = &m, P.calib_ids = cids, P.n_calib = nc, P.ctx = ctxlen; /* Minitron scores its top-k candidates */
+    P.model = &m, P.calib_ids = cids, P.n_calib = nc, P.ctx = ctxlen, P.cuda = on_gpu; /* Minitron scores its top-k candidates */
     emit(&R, "log", json_pack("{s:s,s:o,s:o}", "message", "baseline prediction", "predicted", ac_cost_to_json(&base_cost), "constraints",
                               ac_constraints_report(&P.limits, &base_cost)));
     if (ac_search_minitron(&P, &rm, e)) { ac_errctx(e, "stage search"); goto out; }
@@ -292,6 +292,9 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     }
     json_t *local = json_pack("{s:s,s:{s:i,s:i,s:i},s:{s:f,s:f},s:{s:f,s:f}}", "device", "cpu", "workload", "batch", lw.batch, "prompt_len",
                               lw.prompt_len, "gen_len", lw.gen_len, "base", "ttft_ms", bt, "tpot_ms", bp, "result", "ttft_ms", rt, "tpot_ms", rp);
+    double mtt, mtp; /* Minitron measured too, for the comparison */
+    if (chosen == &ra && measure_latency(0, &pm, hids, nh, lw.batch, lw.prompt_len, lw.gen_len, &mtt, &mtp, e) == 0)
+        json_object_set_new(local, "minitron", json_pack("{s:f,s:f}", "ttft_ms", mtt, "tpot_ms", mtp));
     {
         ac_cost_table ct;
         int found = 0;

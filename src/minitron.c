@@ -121,7 +121,7 @@ static int score(const ac_search_problem *p, const ac_importance *view, const ac
     if (nw < 1) return ac_errf(e, "minitron: calibration text has %zu tokens, fewer than one window of %d", p->n_calib, ctx);
     ac_model pm;
     if (ac_prune(p->model, a, view, &pm, e)) return -1;
-    ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = (int)nw, .batch = 4};
+    ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = (int)nw, .batch = 4, .cuda = p->cuda};
     ac_ppl_result r;
     int rc = ac_perplexity(&pm, p->calib_ids + p->n_calib - nw * ctx, nw * ctx, &o, NULL, NULL, NULL, &r, e);
     ac_model_free(&pm);

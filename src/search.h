@@ -47,11 +47,12 @@ typedef struct {
     void (*emit)(void *ud, json_t *progress); /* progress events (borrowed) */
     void *ud;
     /* Minitron scores its candidates by pruning them (minitron.h): the
-     * unpruned model and calibration tokens (windows of ctx); NULL: unscored. */
+     * unpruned model and calibration tokens (windows of ctx), scored on CUDA
+     * device 0 when cuda; model NULL: unscored. */
     const ac_model *model;
     const int *calib_ids;
     size_t n_calib;
-    int ctx;
+    int ctx, cuda;
 } ac_search_problem;
 
 typedef struct {

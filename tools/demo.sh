@@ -65,7 +65,7 @@ def arch(a):
     return f"per layer (heads, kv, ffn) {[(l['heads'], l['kv_heads'], l['ffn']) for l in a['layers']]}, hidden {a['hidden']}"
 for k in ("baseline", "minitron", "autocompress"):
     x = r[k]; p = x["predicted"]
-    meas = m["base"] if k == "baseline" else m["result"] if k == r["chosen"] else None
+    meas = m["base"] if k == "baseline" else m["result"] if k == r["chosen"] else m.get(k)
     mt = f"{meas['tpot_ms']:10.4f} {meas['ttft_ms']:10.3f}" if meas else f"{'-':>10} {'-':>10}"
     a = arch(x["architecture"]) if "architecture" in x else arch(r["model"]["architecture"])
     print(f"{k:14} {x['perplexity']:8.2f} {p['tpot_ms']:10.4f} {p['ttft_ms']:10.3f} {p['params']:9.0f} {mt}  {a}")
