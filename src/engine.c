@@ -43,12 +43,39 @@ int ac_stats_want_gram(ac_stats *s, const ac_arch *a, ac_err *e) {
     return 0;
 }
 
+int ac_stats_want_minitron(ac_stats *s, const ac_arch *a, ac_err *e) {
+    int L = a->n_layers, H = a->hidden, wide = H;
+    s->mt_attn = calloc(L, sizeof *s->mt_attn);
+    s->mt_ffn = calloc(L, sizeof *s->mt_ffn);
+    s->mt_norm = calloc(2 * L, sizeof *s->mt_norm);
+    if (!s->mt_attn || !s->mt_ffn || !s->mt_norm) return ac_errf(e, "out of memory");
+    for (int l = 0; l < L; l++) {
+        int Q = a->layers[l].n_heads * a->head_dim, F = a->layers[l].ffn;
+        wide = Q > wide ? Q : wide;
+        wide = F > wide ? F : wide;
+        s->mt_attn[l] = calloc(Q + 1, sizeof(double));
+        s->mt_ffn[l] = calloc(F + 1, sizeof(double));
+        s->mt_norm[2 * l] = calloc(H, sizeof(double));
+        s->mt_norm[2 * l + 1] = calloc(H, sizeof(double));
+        if (!s->mt_attn[l] || !s->mt_ffn[l] || !s->mt_norm[2 * l] || !s->mt_norm[2 * l + 1]) return ac_errf(e, "out of memory");
+    }
+    if (!(s->mt_tmp = calloc(wide, sizeof(double)))) return ac_errf(e, "out of memory");
+    return 0;
+}
+
 void ac_stats_free(ac_stats *s) {
     for (int l = 0; l < s->n_layers; l++) {
         if (s->head) free(s->head[l]);
         if (s->ffn) free(s->ffn[l]);
         if (s->ffn_gram) free(s->ffn_gram[l]);
+        if (s->mt_attn) free(s->mt_attn[l]);
+        if (s->mt_ffn) free(s->mt_ffn[l]);
+        if (s->mt_norm) { free(s->mt_norm[2 * l]); free(s->mt_norm[2 * l + 1]); }
     }
+    free(s->mt_attn);
+    free(s->mt_ffn);
+    free(s->mt_norm);
+    free(s->mt_tmp);
     free(s->ffn_gram);
     free(s->head);
     free(s->ffn);
@@ -124,6 +151,19 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
     return 0;
 }
 
+/* Model-Optimizer's hook statistic: acc[c] += sum_b (mean_t |x[b][t][c]|)^2
+ * for x [B][n][C] (row stride C); tmp holds C doubles. */
+static void mt_acc(double *acc, double *tmp, const float *x, int B, int n, int C) {
+    for (int b = 0; b < B; b++) {
+        memset(tmp, 0, sizeof(double) * C);
+        for (int t = 0; t < n; t++) {
+            const float *r = x + ((size_t)b * n + t) * C;
+            for (int c = 0; c < C; c++) tmp[c] += fabsf(r[c]);
+        }
+        for (int c = 0; c < C; c++) acc[c] += (tmp[c] / n) * (tmp[c] / n);
+    }
+}
+
 /* Causal attention for layer l over the cache. q,att: [N, Q]; cache
  * [B][max_ctx][KV]; GQA: query head h reads KV head h / group. */
 static void attention(ac_engine *en, int l, int B, int n, int pos0) {
@@ -159,6 +199,7 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
             int Q = L->n_heads * hd, KV = L->n_kv_heads * hd;
             ac_rmsnorm(en->xn, en->x, w->in_norm, N, H, a->eps);
             if (st) for (long i = 0; i < (long)N * H; i++) st->hidden_a[i % H] += fabsf(en->xn[i]);
+            if (st && st->mt_norm) mt_acc(st->mt_norm[2 * l], st->mt_tmp, en->xn, B, n, H);
             ac_linear(en->q, en->xn, w->wq, w->bq, N, H, Q);
             ac_rope(en->q, N, L->n_heads, hd, en->pos, en->cos_t, en->sin_t);
             /* k and v for all rows in one GEMM each, then into the cache
@@ -179,16 +220,19 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
                         for (int i = 0; i < hd; i++) s += (double)v[i] * v[i];
                         st->head[l][h] += s;
                     }
+            if (st && st->mt_attn) mt_acc(st->mt_attn[l], st->mt_tmp, en->att, B, n, Q);
             ac_linear_acc(en->x, en->att, w->wo, N, Q, H);
         }
         if (L->ffn) {
             int F = L->ffn;
             ac_rmsnorm(en->xn, en->x, w->post_norm, N, H, a->eps);
             if (st) for (long i = 0; i < (long)N * H; i++) st->hidden_a[i % H] += fabsf(en->xn[i]);
+            if (st && st->mt_norm) mt_acc(st->mt_norm[2 * l + 1], st->mt_tmp, en->xn, B, n, H);
             ac_linear(en->g, en->xn, w->wg, NULL, N, H, F);
             ac_linear(en->u, en->xn, w->wu, NULL, N, H, F);
             ac_silu_mul(en->g, en->u, (long)N * F);
             if (st) for (long i = 0; i < (long)N * F; i++) st->ffn[l][i % F] += fabsf(en->g[i]);
+            if (st && st->mt_ffn) mt_acc(st->mt_ffn[l], st->mt_tmp, en->g, B, n, F);
             if (st && st->ffn_gram && st->ffn_gram[l])
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, F, N, 1.0f, en->g, F, en->g, F, 1.0f, st->ffn_gram[l], F);
             ac_linear_acc(en->x, en->g, w->wd, N, F, H);

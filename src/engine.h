@@ -21,6 +21,13 @@ typedef struct {
     double *hidden_a; /* [H]: sum over tokens and norms of |normed x| */
     double *layer;    /* [l]: sum over tokens of 1 - cos(x_in, x_out) */
     float **ffn_gram; /* [l][ffn*ffn]: A^T A of FFN activations, or NULL (opt-in) */
+    /* Minitron importance as NVIDIA Model-Optimizer's hooks gather it (opt-in,
+     * NULL otherwise): per sequence the mean over its tokens of |x| per
+     * channel, squared, summed over sequences (the reader takes the sqrt). */
+    double **mt_attn; /* [l][n_heads*head_dim]: o_proj input */
+    double **mt_ffn;  /* [l][ffn]: down_proj input */
+    double **mt_norm; /* [2l] input_layernorm, [2l+1] post_attention_layernorm outputs, [H] */
+    double *mt_tmp;   /* scratch, widest of the above */
     long tokens;
 } ac_stats;
 
@@ -28,6 +35,8 @@ int ac_stats_init(ac_stats *s, const ac_arch *a, ac_err *e);
 /* Also accumulate the Gram matrix of each layer's FFN activations (for
  * least-squares repair); memory ffn^2 floats per layer. */
 int ac_stats_want_gram(ac_stats *s, const ac_arch *a, ac_err *e);
+/* Also gather the Minitron statistics (mt_*); a few widths per layer. */
+int ac_stats_want_minitron(ac_stats *s, const ac_arch *a, ac_err *e);
 void ac_stats_free(ac_stats *s);
 
 typedef struct {

@@ -20,6 +20,12 @@ void ac_importance_free(ac_importance *imp) {
     free(imp->hid_order); free(imp->hid_score); free(imp->layer_bi);
     free(imp->attn_sens); free(imp->ffn_sens);
     free(imp->merge_n); free(imp->merge_r); free(imp->merge_sens);
+    for (int l = 0; l < imp->n_layers; l++) {
+        if (imp->head_order) { free(imp->head_order[l]); free(imp->head_score[l]); }
+        if (imp->mt_ffn_order) { free(imp->mt_ffn_order[l]); free(imp->mt_ffn_score[l]); }
+    }
+    free(imp->head_order); free(imp->head_score); free(imp->mt_ffn_order); free(imp->mt_ffn_score);
+    free(imp->mt_hid_order); free(imp->mt_hid_score);
     memset(imp, 0, sizeof *imp);
 }
 
@@ -73,6 +79,47 @@ double ac_sens_merge(const ac_importance *imp, int l, double r) {
         py = imp->merge_sens[l][i];
     }
     return py; /* merging can never go below one KV head */
+}
+
+/* Minitron's importance from the mt_* statistics (see importance.h). */
+static int minitron_scores(const ac_stats *st, const ac_arch *a, ac_importance *imp, ac_err *e) {
+    int L = a->n_layers, H = a->hidden, hd = a->head_dim;
+    imp->head_order = calloc(L, sizeof(int *));
+    imp->head_score = calloc(L, sizeof(double *));
+    imp->mt_ffn_order = calloc(L, sizeof(int *));
+    imp->mt_ffn_score = calloc(L, sizeof(double *));
+    double *hs = calloc(H, sizeof(double));
+    if (!imp->head_order || !imp->head_score || !imp->mt_ffn_order || !imp->mt_ffn_score || !hs) { free(hs); return ac_errf(e, "out of memory"); }
+    for (int l = 0; l < L; l++) {
+        const ac_layer_arch *la = &a->layers[l];
+        int nh = la->n_heads, grp = nh ? nh / la->n_kv_heads : 1, F = la->ffn;
+        imp->head_order[l] = malloc(sizeof(int) * (nh + 1));
+        imp->head_score[l] = malloc(sizeof(double) * (nh + 1));
+        double *fs = malloc(sizeof(double) * (F + 1));
+        if (!imp->head_order[l] || !imp->head_score[l] || !fs) { free(fs); free(hs); return ac_errf(e, "out of memory"); }
+        for (int h = 0; h < nh; h++) { /* L2 over the head's channels of the per-channel L2 */
+            double s = 0;
+            for (int i = 0; i < hd; i++) s += st->mt_attn[l][h * hd + i];
+            imp->head_score[l][h] = sqrt(s);
+        }
+        for (int g = 0; nh && g < la->n_kv_heads; g++) { /* ranked within the group */
+            int *o;
+            double *so;
+            if (rank(imp->head_score[l] + g * grp, grp, &o, &so)) { free(o); free(so); free(fs); free(hs); return ac_errf(e, "out of memory"); }
+            for (int j = 0; j < grp; j++) imp->head_order[l][g * grp + j] = g * grp + o[j];
+            free(o);
+            free(so);
+        }
+        for (int c = 0; c < F; c++) fs[c] = sqrt(st->mt_ffn[l][c]);
+        int rc = rank(fs, F, &imp->mt_ffn_order[l], &imp->mt_ffn_score[l]);
+        free(fs);
+        if (rc) { free(hs); return ac_errf(e, "out of memory"); }
+        for (int c = 0; c < H; c++) /* only the norms that feed a sub-block are hooked */
+            hs[c] += (nh ? sqrt(st->mt_norm[2 * l][c]) : 0) + (F ? sqrt(st->mt_norm[2 * l + 1][c]) : 0);
+    }
+    int rc = rank(hs, H, &imp->mt_hid_order, &imp->mt_hid_score);
+    free(hs);
+    return rc ? ac_errf(e, "out of memory") : 0;
 }
 
 /* Calibration loss on a scorer (an engine kept for the source model) or,
@@ -139,6 +186,7 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
     imp->hidden = H;
     ac_stats st;
     if (ac_stats_init(&st, a, e)) return -1;
+    if (ac_stats_want_minitron(&st, a, e)) { ac_stats_free(&st); return -1; }
     ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = windows, .batch = 4};
     ac_ppl_result pr;
     if (progress) progress(ud, "activation statistics", 0);
@@ -179,6 +227,7 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
     }
     for (int i = 0; i < H; i++) hs[i] = st.hidden_a[i];
     if (!rc && rank(hs, H, &imp->hid_order, &imp->hid_score)) rc = ac_errf(e, "out of memory");
+    if (!rc) rc = minitron_scores(&st, a, imp, e);
     ac_stats_free(&st);
     if (rc) goto out;
 

@@ -20,6 +20,7 @@
 #include "eval.h"
 #include "importance.h"
 #include "kernels_cpu.h"
+#include "minitron.h"
 #include "prune.h"
 #include "safetensors.h"
 #include "search.h"
@@ -234,6 +235,7 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     if (ac_carch_from_arch(&m.a, &base_c, e)) goto out;
     ac_cost_predict(&table, &base_c, &wl, &prof, 0, &base_cost);
     ac_carch_free(&base_c);
+    P.model = &m, P.calib_ids = cids, P.n_calib = nc, P.ctx = ctxlen, P.cuda = on_gpu; /* Minitron scores its top-k candidates */
     emit(&R, "log", json_pack("{s:s,s:o,s:o}", "message", "baseline prediction", "predicted", ac_cost_to_json(&base_cost), "constraints",
                               ac_constraints_report(&P.limits, &base_cost)));
     if (ac_search_minitron(&P, &rm, e)) { ac_errctx(e, "stage search"); goto out; }
@@ -256,8 +258,11 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     if (stage(&R, 4, e)) goto out;
     int repair = json_object_get(spec, "repair") ? json_is_true(json_object_get(spec, "repair")) : 1;
     int rep_a = 0, rep_m = 0;
-    if (ac_prune(&m, &rm.arch, &imp, &pm, e)) { ac_errctx(e, "stage prune"); goto out; }
-    if (repair && (rep_m = ac_repair_ffn(&m, &pm, &imp, cids, nc, ctxlen, cwin < 16 ? cwin : 16, e)) < 0) { ac_errctx(e, "stage prune"); goto out; }
+    ac_importance mimp; /* Minitron prunes by its own importance */
+    ac_minitron_importance_view(&imp, &mimp);
+    if (ac_prune(&m, &rm.arch, &mimp, &pm, e)) { ac_errctx(e, "stage prune"); goto out; }
+    if (repair && (rep_m = ac_repair_ffn(&m, &pm, &mimp, cids, nc, ctxlen, cwin < 16 ? cwin : 16, e)) < 0) { ac_errctx(e, "stage prune"); goto out; }
+    ac_minitron_compact(&pm); /* dropped layers out: a plain Llama */
     progress_cb(&R, "minitron pruned", 0.5);
     if (chosen == &ra) {
         if (ac_prune(&m, &ra.arch, &imp, &pa, e)) { ac_errctx(e, "stage prune"); goto out; }
@@ -289,6 +294,9 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     }
     json_t *local = json_pack("{s:s,s:{s:i,s:i,s:i},s:{s:f,s:f},s:{s:f,s:f}}", "device", "cpu", "workload", "batch", lw.batch, "prompt_len",
                               lw.prompt_len, "gen_len", lw.gen_len, "base", "ttft_ms", bt, "tpot_ms", bp, "result", "ttft_ms", rt, "tpot_ms", rp);
+    double mtt, mtp; /* Minitron measured too, for the comparison */
+    if (chosen == &ra && measure_latency(0, &pm, hids, nh, lw.batch, lw.prompt_len, lw.gen_len, &mtt, &mtp, e) == 0)
+        json_object_set_new(local, "minitron", json_pack("{s:f,s:f}", "ttft_ms", mtt, "tpot_ms", mtp));
     {
         ac_cost_table ct;
         int found = 0;
@@ -370,6 +378,7 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
                        "constraints", cons,
                        "baseline", "predicted", ac_cost_to_json(&base_cost), "perplexity", pb.ppl, "nll", pb.nll);
     json_object_set_new(report, "minitron", RES(&rm, pmr, rep_m));
+    if (rm.detail) json_object_update(json_object_get(report, "minitron"), rm.detail);
     if (chosen == &ra) {
         json_object_set_new(report, "autocompress", RES(&ra, par, rep_a));
         json_object_set_new(report, "search", json_pack("{s:i,s:i,s:f}", "steps", ra.steps_run, "seed", (int)P.opts.seed, "lr", P.opts.lr));

@@ -49,7 +49,11 @@ json_t *ac_constraints_report(const ac_constraints *l, const ac_cost *k) {
     return o;
 }
 
-void ac_search_result_free(ac_search_result *r) { ac_arch_free(&r->arch); }
+void ac_search_result_free(ac_search_result *r) {
+    ac_arch_free(&r->arch);
+    json_decref(r->detail);
+    r->detail = NULL;
+}
 
 /* ---- the continuous problem ---- */
 
@@ -389,47 +393,4 @@ int ac_search_autocompress(const ac_search_problem *p, ac_search_result *r, ac_e
     free(v); free(g); free(m1); free(m2); free(gh); free(gk); free(gf);
     ac_carch_free(&x.ca);
     return rc;
-}
-
-int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *e) {
-    memset(r, 0, sizeof *r);
-    cons c[5];
-    int nc = constraint_list(&p->limits, c);
-    const ac_arch *b = p->base;
-    ac_arch a;
-    for (int i = 0; i <= 128; i++) {
-        double s = 1.0 - i / 128.0;
-        if (s < 1.0 / 128) s = 1.0 / 128;
-        if (ac_arch_copy(&a, b, e)) return -1;
-        for (int l = 0; l < b->n_layers; l++) {
-            const ac_layer_arch *bl = &b->layers[l];
-            int grp = bl->n_heads ? bl->n_heads / bl->n_kv_heads : 1;
-            int kv = (int)lround(s * bl->n_kv_heads);
-            if (kv < 1) kv = 1;
-            int f = round_mult(s * bl->ffn, p->opts.ffn_multiple, bl->ffn);
-            if (f < 1) f = bl->ffn < p->opts.ffn_multiple ? bl->ffn : p->opts.ffn_multiple;
-            a.layers[l] = (ac_layer_arch){kv * grp, kv, f};
-        }
-        if (p->opts.prune_hidden) {
-            int h = (int)lround(s * b->hidden / p->opts.hidden_multiple) * p->opts.hidden_multiple;
-            a.hidden = h < p->opts.hidden_multiple ? p->opts.hidden_multiple : h;
-        }
-        predict_arch(p, &a, &r->cost);
-        int ok = total_violation(c, nc, &r->cost) <= 1e-12;
-        if (ok || i == 128) {
-            r->arch = a;
-            r->feasible = ok;
-            r->pred_loss = ac_search_pred_loss(p, &a);
-            r->steps_run = i + 1;
-            if (p->emit) {
-                json_t *ev = json_pack("{s:s,s:f,s:b,s:o,s:o}", "phase", "minitron", "width_fraction", s, "feasible", ok, "metrics",
-                                       ac_constraints_report(&p->limits, &r->cost), "predicted", ac_cost_to_json(&r->cost));
-                p->emit(p->ud, ev);
-                json_decref(ev);
-            }
-            return 0;
-        }
-        ac_arch_free(&a);
-    }
-    return 0;
 }
