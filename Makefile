@@ -66,7 +66,9 @@ $(B)/daemon/main.o: daemon/main.c $(wildcard daemon/*.h) $(wildcard src/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(B)/autocompress: tools/autocompress.c $(B)/libautocompress.a
+# The CLI and the benchmarks link the daemon's objects for the SQLite cost
+# cache (daemon/costcache.c over the migrations' schema).
+$(B)/autocompress: tools/autocompress.c $(D_OBJ) $(B)/libautocompress.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(B)/tests/%: tests/%.c tests/check.h $(B)/libautocompress.a $(D_OBJ)
@@ -77,9 +79,9 @@ $(B)/tests/fuzz_parsers: tests/fuzz_parsers.c $(B)/libautocompress.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(B)/bench/%: bench/%.c $(B)/libautocompress.a
+$(B)/bench/%: bench/%.c $(D_OBJ) $(B)/libautocompress.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(B)/libautocompress.a $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(D_OBJ) $(B)/libautocompress.a $(LDLIBS)
 
 # Debian packages the build, the tests and the demo need; Node.js, npm and
 # Chromium (dashboard test) only when missing, and failure there only skips

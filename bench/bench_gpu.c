@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "costcache.h"
 #include "costmodel.h"
 #include "cuda_plugin.h"
 #include "device.h"
@@ -70,8 +71,12 @@ int main(int argc, char **argv) {
     int hit = 0;
     ac_err e;
     double t0 = ac_now();
-    if (ac_cost_table_for("cuda:0", "bf16", db, 2, 1, NULL, NULL, &t, &hit, &e)) { printf("cost table: %s\n", e.msg); return 1; }
-    if (!hit && db) ac_cost_cache_put(db, &t, &e);
+    ac_cost_cache cache;
+    ac_target tg;
+    costcache_file(&cache, db, 1);
+    ac_target_resolve("cuda:0", &tg, &e);
+    if (ac_cost_table_for(&tg, "bf16", &cache, 2, 1, NULL, NULL, &t, &hit, &e)) { printf("cost table: %s\n", e.msg); return 1; }
+    if (!hit && db) cache.put(cache.ud, &t, &e);
     printf("cost table %s: %s in %.1f s\n", t.key, hit ? "cached" : "measured", ac_now() - t0);
     /* engine speed and prediction error, 1B-ish and 3B-ish shapes */
     struct { int H, L, heads, kv, F, V; } ms[] = {{2048, 16, 16, 8, 8192, 32000}, {3072, 12, 24, 8, 8192, 32000}};

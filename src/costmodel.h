@@ -15,6 +15,14 @@
  * per-layer width (central differences of the piecewise log-linear
  * interpolant, exact between grid points).
  *
+ * Files: costtable.c (the table, interpolating lookups), costroofline.c
+ * (tables from datasheet profiles), costmeasure.c (the local CPU's table),
+ * costmodel.c (prediction and gradients), costjson.c (tables as JSON),
+ * costsource.c (which table a target gets: cache, measurement, roofline).
+ * The library knows no database: a cache of tables is an ac_cost_cache the
+ * caller hands in (the daemon and the CLI back it with SQLite,
+ * daemon/costcache.c).
+ *
  * Ownership: ac_cost_table owns its arrays (ac_cost_table_free).
  */
 #ifndef AC_COSTMODEL_H
@@ -25,6 +33,7 @@
 #include "device.h"
 #include "err.h"
 #include "model.h"
+#include "target.h"
 
 #define AC_CT_VERSION 4
 #define AC_CT_MAXG 16
@@ -60,15 +69,17 @@ int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud,
 /* Roofline table for a named spec profile and weight dtype. */
 int ac_cost_roofline(const ac_device_spec *s, const char *dtype, ac_cost_table *t, ac_err *e);
 
-/* {"device":"cpu","threads":2} -> validate / key / measure (HTTP API). */
-int ac_cost_measure_validate(const json_t *req, const char **field, ac_err *e);
-void ac_cost_measure_key(const json_t *req, char *key, size_t n);
-int ac_cost_measure_json(const json_t *req, json_t **table, ac_err *e);
-
-/* Read a cached table from a SQLite file (read-only); *found = 0 if absent. */
-int ac_cost_cache_get(const char *db_path, const char *key, ac_cost_table *t, int *found, ac_err *e);
-/* Store (CLI use; the daemon stores through its own writer). */
-int ac_cost_cache_put(const char *db_path, const ac_cost_table *t, ac_err *e);
+/* A cache of cost tables, keyed by ac_cost_table.key. get: *found = 0 when
+ * absent, -1 with e for an entry that cannot be read. put may be NULL (a
+ * read-only cache: the daemon's worker, whose tables the daemon stores from
+ * the job's cost_table event). */
+typedef struct ac_cost_cache {
+    int (*get)(void *ud, const char *key, ac_cost_table *t, int *found, ac_err *e);
+    int (*put)(void *ud, const ac_cost_table *t, ac_err *e);
+    void *ud;
+} ac_cost_cache;
+/* get through a cache that may be NULL (then nothing is found). */
+int ac_cost_cache_lookup(const ac_cost_cache *c, const char *key, ac_cost_table *t, int *found, ac_err *e);
 
 /* Operator costs (microseconds). */
 double ac_cost_gemm_us(const ac_cost_table *t, double m, double n, double k);
@@ -98,10 +109,10 @@ typedef struct {
     double overhead_gib;        /* runtime memory outside weights/KV/activations */
 } ac_engine_profile;
 
-/* Defaults for a device class, then overridden by a spec's target.engine. */
+/* Defaults for a device class (jobspec.c then applies a spec's target.engine). */
 void ac_engine_profile_default(ac_engine_profile *p, int is_cpu);
-int ac_engine_profile_from_json(const json_t *j, ac_engine_profile *p, ac_err *e);
-int ac_workload_from_json(const json_t *j, ac_workload *w, ac_err *e);
+/* The weight dtype a profile's tables are keyed by: fp32, fp8 or bf16. */
+const char *ac_engine_profile_dtype(const ac_engine_profile *p);
 
 typedef struct {
     double ttft_ms, tpot_ms, tok_per_s, e2e_ms;
@@ -122,11 +133,10 @@ void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *
                   double *g_heads, double *g_kv, double *g_ffn, double *g_hidden);
 json_t *ac_cost_to_json(const ac_cost *c);
 
-/* POST /v1/estimate: {"model": dir | "architecture": {...}, "target": {...}}. */
-int ac_estimate_json(const json_t *req, const char *cost_db, json_t **out, const char **field, ac_err *e);
-/* Resolve the cost table for a target device: CPU (cache or measure),
- * named profile (roofline). */
-int ac_cost_table_for(const char *device, const char *dtype, const char *cost_db, int threads, int allow_measure,
+/* The cost table for a target (costsource.c): the local CPU's or GPU's from
+ * the cache, else measured (allow_measure; progress may be NULL); a spec
+ * profile's roofline for dtype. */
+int ac_cost_table_for(const ac_target *target, const char *dtype, const ac_cost_cache *cache, int threads, int allow_measure,
                       void (*progress)(void *, double), void *ud, ac_cost_table *t, int *cache_hit, ac_err *e);
 
 #endif

@@ -5,11 +5,15 @@
  *   autocompress compress SPEC.json     (same code path as the daemon's worker)
  *   autocompress estimate REQUEST.json  (as POST /v1/estimate)
  *   autocompress tokenize TOKENIZER_JSON TEXT_FILE   (ids, one line)
+ *   autocompress validate SPEC.json     (parse a job spec: {"ok":true} or the error and its field)
+ *   autocompress schema                 (proto/job.schema.json, from the spec's field table)
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "api.h"
+#include "costcache.h"
 #include "costmodel.h"
 #include "eval.h"
 #include "job.h"
@@ -23,7 +27,9 @@ static int usage(void) {
             "  autocompress eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N] [--batch N] [--threads N] [--device cpu|cuda] [--json]\n"
             "  autocompress compress SPEC.json        (AC_COST_DB=FILE caches measured cost tables)\n"
             "  autocompress estimate REQUEST.json     ({\"model\"|\"architecture\", \"target\"}, as POST /v1/estimate)\n"
-            "  autocompress tokenize TOKENIZER_JSON TEXT_FILE\n");
+            "  autocompress tokenize TOKENIZER_JSON TEXT_FILE\n"
+            "  autocompress validate SPEC.json\n"
+            "  autocompress schema\n");
     return 2;
 }
 
@@ -85,13 +91,17 @@ static int cmd_tokenize(int argc, char **argv) {
     return 0;
 }
 
+static void print_json_line(json_t *j) {
+    char *s = json_dumps(j, JSON_COMPACT);
+    if (s) printf("%s\n", s);
+    fflush(stdout);
+    free(s);
+}
+
 static void print_event(void *ud, const char *kind, json_t *data) {
     (void)ud;
     json_t *ev = json_pack("{s:s,s:O}", "kind", kind, "data", data);
-    char *s = json_dumps(ev, JSON_COMPACT);
-    printf("%s\n", s);
-    fflush(stdout);
-    free(s);
+    print_json_line(ev);
     json_decref(ev);
 }
 
@@ -101,9 +111,12 @@ static int cmd_compress(int argc, char **argv) {
     json_error_t je;
     json_t *spec = json_load_file(argv[2], JSON_REJECT_DUPLICATES, &je);
     if (!spec) { fprintf(stderr, "autocompress: %s: %s (line %d)\n", argv[2], je.text, je.line); return 1; }
-    ac_job_ctx ctx = {.emit = print_event, .ud = NULL, .cancelled = NULL, .cost_db = getenv("AC_COST_DB"), .store_cost_tables = 1};
+    ac_cost_cache cache;
+    costcache_file(&cache, getenv("AC_COST_DB"), 1);
+    ac_job_ctx ctx = {.emit = print_event, .ud = NULL, .cancelled = NULL, .cache = &cache};
     json_t *result = NULL;
-    int rc = ac_job_validate(spec, &e) || ac_job_run(spec, &ctx, &result, &e);
+    static ac_job_spec js;
+    int rc = ac_job_spec_parse(spec, &js, NULL, &e) || ac_job_run(&js, &ctx, &result, &e);
     if (rc) fprintf(stderr, "autocompress: %s\n", e.msg);
     else print_event(NULL, "result", result);
     json_decref(result);
@@ -119,7 +132,9 @@ static int cmd_estimate(int argc, char **argv) {
     ac_err e = {{0}};
     json_t *out = NULL;
     const char *field = NULL;
-    int rc = ac_estimate_json(req, getenv("AC_COST_DB"), &out, &field, &e);
+    ac_cost_cache cache;
+    costcache_file(&cache, getenv("AC_COST_DB"), 0);
+    int rc = ac_estimate_json(req, &cache, &out, &field, &e);
     if (rc) fprintf(stderr, "autocompress: %s%s%s\n", field ? field : "", field ? ": " : "", e.msg);
     else {
         char *s = json_dumps(out, JSON_INDENT(2));
@@ -131,11 +146,40 @@ static int cmd_estimate(int argc, char **argv) {
     return rc ? 1 : 0;
 }
 
+static int cmd_validate(int argc, char **argv) {
+    if (argc != 3) return usage();
+    json_error_t je;
+    json_t *spec = json_load_file(argv[2], JSON_REJECT_DUPLICATES, &je);
+    if (!spec) { fprintf(stderr, "autocompress: %s: %s (line %d)\n", argv[2], je.text, je.line); return 1; }
+    static ac_job_spec js;
+    ac_err e = {{0}};
+    const char *field = NULL;
+    int rc = ac_job_spec_parse(spec, &js, &field, &e);
+    json_t *out = rc ? json_pack("{s:b,s:s,s:s}", "ok", 0, "error", e.msg, "field", field ? field : "")
+                     : json_pack("{s:b}", "ok", 1);
+    print_json_line(out);
+    json_decref(out);
+    json_decref(spec);
+    return rc ? 1 : 0;
+}
+
+static int cmd_schema(void) {
+    json_t *s = ac_job_spec_schema();
+    char *txt = json_dumps(s, JSON_INDENT(2));
+    json_decref(s);
+    if (!txt) return 1;
+    printf("%s\n", txt);
+    free(txt);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return usage();
     if (!strcmp(argv[1], "eval")) return cmd_eval(argc, argv);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc, argv);
     if (!strcmp(argv[1], "compress")) return cmd_compress(argc, argv);
     if (!strcmp(argv[1], "estimate")) return cmd_estimate(argc, argv);
+    if (!strcmp(argv[1], "validate")) return cmd_validate(argc, argv);
+    if (argc == 2 && !strcmp(argv[1], "schema")) return cmd_schema();
     return usage();
 }
