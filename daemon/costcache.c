@@ -41,7 +41,10 @@ static int file_get(void *ud, const char *key, ac_cost_table *t, int *found, ac_
     *found = 0;
     if (!path || access(path, R_OK) != 0) return 0;
     sqlite3 *c;
-    if (sqlite3_open_v2(path, &c, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) { sqlite3_close(c); return 0; }
+    if (sqlite3_open_v2(path, &c, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+        sqlite3_close(c);
+        return 0;
+    }
     sqlite3_busy_timeout(c, 5000);
     sqlite3_stmt *st;
     int rc = 0;

@@ -11,13 +11,18 @@ int ac_cost_measure_validate(const json_t *req, const char **field, ac_err *e) {
     const char *k;
     json_t *v;
     json_object_foreach((json_t *)req, k, v) {
-        if (strcmp(k, "device") && strcmp(k, "threads")) { *field = "measure"; return ac_errf(e, "measure: unknown field %s", k); }
+        if (strcmp(k, "device") && strcmp(k, "threads")) {
+            *field = "measure";
+            return ac_errf(e, "measure: unknown field %s", k);
+        }
     }
     json_t *d = json_object_get(req, "device"), *th = json_object_get(req, "threads");
     *field = "measure.device";
-    if (!json_is_string(d) || strcmp(json_string_value(d), "cpu")) return ac_errf(e, "measure.device must be \"cpu\" (CUDA tables are measured by the CUDA backend)");
+    if (!json_is_string(d) || strcmp(json_string_value(d), "cpu"))
+        return ac_errf(e, "measure.device must be \"cpu\" (CUDA tables are measured by the CUDA backend)");
     *field = "measure.threads";
-    if (th && (!json_is_integer(th) || json_integer_value(th) < 1 || json_integer_value(th) > 256)) return ac_errf(e, "measure.threads must be an integer in [1, 256]");
+    if (th && (!json_is_integer(th) || json_integer_value(th) < 1 || json_integer_value(th) > 256))
+        return ac_errf(e, "measure.threads must be an integer in [1, 256]");
     return 0;
 }
 
@@ -53,7 +58,10 @@ static int estimate_arch(const json_t *req, ac_arch *arch, const char **field, a
         base.head_dim = 128;
         base.n_layers = 0;
     }
-    if (!aj) { *arch = base; return 0; }
+    if (!aj) {
+        *arch = base;
+        return 0;
+    }
     *field = "architecture";
     int rc = ac_arch_from_json(aj, &base, arch, e);
     ac_arch_free(&base);
@@ -65,12 +73,18 @@ int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, json_t **out
     const char *k;
     json_t *v;
     json_object_foreach((json_t *)req, k, v) {
-        if (strcmp(k, "model") && strcmp(k, "architecture") && strcmp(k, "target")) { *field = k; return ac_errf(e, "unknown field %s", k); }
+        if (strcmp(k, "model") && strcmp(k, "architecture") && strcmp(k, "target")) {
+            *field = k;
+            return ac_errf(e, "unknown field %s", k);
+        }
     }
     ac_target_spec tg; /* 4 KB */
     ac_arch arch;
     if (estimate_arch(req, &arch, field, e)) return -1;
-    if (ac_target_spec_parse(json_object_get(req, "target"), &tg, "target", field, e)) { ac_arch_free(&arch); return -1; }
+    if (ac_target_spec_parse(json_object_get(req, "target"), &tg, "target", field, e)) {
+        ac_arch_free(&arch);
+        return -1;
+    }
     ac_cost_table t;
     int hit;
     *field = "target.device";
@@ -79,13 +93,17 @@ int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, json_t **out
         return -1;
     }
     ac_carch c;
-    if (ac_carch_from_arch(&arch, &c, e)) { ac_cost_table_free(&t); ac_arch_free(&arch); return -1; }
+    if (ac_carch_from_arch(&arch, &c, e)) {
+        ac_cost_table_free(&t);
+        ac_arch_free(&arch);
+        return -1;
+    }
     ac_cost r;
     const ac_workload *w = &tg.workload;
     ac_cost_predict(&t, &c, w, &tg.engine, 0, &r);
-    *out = json_pack("{s:s,s:s,s:s,s:o,s:o,s:{s:i,s:i,s:i}}", "device", t.device, "cost_table", t.key, "source", t.source,
-                     "figures", ac_cost_to_json(&r), "architecture", ac_arch_to_json(&arch), "workload", "batch", w->batch,
-                     "prompt_len", w->prompt_len, "gen_len", w->gen_len);
+    *out = json_pack("{s:s,s:s,s:s,s:o,s:o,s:{s:i,s:i,s:i}}", "device", t.device, "cost_table", t.key, "source",
+                     t.source, "figures", ac_cost_to_json(&r), "architecture", ac_arch_to_json(&arch), "workload",
+                     "batch", w->batch, "prompt_len", w->prompt_len, "gen_len", w->gen_len);
     ac_carch_free(&c);
     ac_cost_table_free(&t);
     ac_arch_free(&arch);

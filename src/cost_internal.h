@@ -14,7 +14,8 @@ double ac_cost_elem_us(const ac_cost_table *t, double elements, int act_bytes);
 
 /* The roofline answers of a table made by ac_cost_roofline (costroofline.c). */
 double ac_roofline_gemm_us(const ac_cost_table *t, double m, double n, double k);
-double ac_roofline_attn_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s, int head_dim);
+double ac_roofline_attn_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s,
+                           int head_dim);
 double ac_roofline_elem_us(const ac_cost_table *t, double elements, int act_bytes);
 
 #endif

@@ -20,7 +20,11 @@
  * call reads them from memory as a forward pass over many layers does
  * (COSTMODEL.md: measure cold weights). */
 #define POOL_FLOATS (24u << 20) /* 96 MiB */
-typedef struct { float *a, *pool, *c; int m, n, k; size_t off, span; } gemm_arg;
+typedef struct {
+    float *a, *pool, *c;
+    int m, n, k;
+    size_t off, span;
+} gemm_arg;
 static void run_gemm(void *p) {
     gemm_arg *g = p;
     size_t nw = (size_t)g->n * g->k, span = g->span ? g->span : POOL_FLOATS;
@@ -29,7 +33,10 @@ static void run_gemm(void *p) {
     g->off += (nw + 1023) & ~(size_t)1023;
 }
 
-typedef struct { float *out, *q, *k, *v, *sc; int n, s, hd; } attn_arg;
+typedef struct {
+    float *out, *q, *k, *v, *sc;
+    int n, s, hd;
+} attn_arg;
 static void run_attn(void *p) {
     attn_arg *a = p;
     ac_attention_head(a->out, a->q, a->k, a->v, a->n, a->s - a->n, a->hd, a->hd, a->hd, 0, a->sc);
@@ -81,7 +88,13 @@ static double calibrate_cache(ac_cost_table *t) {
         int H = HS[i], L = 4, V = 1024, T = 48;
         ac_arch a = {0};
         snprintf(a.model_type, sizeof a.model_type, "llama");
-        a.vocab = V; a.hidden = H; a.head_dim = 64; a.n_layers = L; a.max_pos = T; a.eps = 1e-5f; a.rope_theta = 10000;
+        a.vocab = V;
+        a.hidden = H;
+        a.head_dim = 64;
+        a.n_layers = L;
+        a.max_pos = T;
+        a.eps = 1e-5f;
+        a.rope_theta = 10000;
         a.bos_id = a.eos_id = -1;
         ac_layer_arch la[4];
         for (int l = 0; l < L; l++) la[l] = (ac_layer_arch){H / 64, H / 128 > 0 ? H / 128 : 1, 3 * H};
@@ -92,19 +105,30 @@ static double calibrate_cache(ac_cost_table *t) {
         /* weights: any finite values; norms 1 */
         unsigned s = 1;
         float *bufs[] = {m.embed, m.lm_head};
-        for (int b = 0; b < 2; b++) for (size_t k = 0; k < (size_t)V * H; k++) { s = s * 1664525u + 1013904223u; bufs[b][k] = (float)(s >> 9) * 1e-9f; }
+        for (int b = 0; b < 2; b++)
+            for (size_t k = 0; k < (size_t)V * H; k++) {
+                s = s * 1664525u + 1013904223u;
+                bufs[b][k] = (float)(s >> 9) * 1e-9f;
+            }
         for (int l = 0; l < L; l++) {
             ac_layer_w *w = &m.L[l];
             size_t Q = (size_t)la[l].n_heads * 64, KV = (size_t)la[l].n_kv_heads * 64, F = la[l].ffn;
             float *ws[] = {w->wq, w->wk, w->wv, w->wo, w->wg, w->wu, w->wd};
             size_t ns[] = {Q * H, KV * H, KV * H, Q * H, F * H, F * H, F * H};
-            for (int b = 0; b < 7; b++) for (size_t k = 0; k < ns[b]; k++) { s = s * 1664525u + 1013904223u; ws[b][k] = (float)(s >> 9) * 1e-9f; }
+            for (int b = 0; b < 7; b++)
+                for (size_t k = 0; k < ns[b]; k++) {
+                    s = s * 1664525u + 1013904223u;
+                    ws[b][k] = (float)(s >> 9) * 1e-9f;
+                }
             for (int k = 0; k < H; k++) w->in_norm[k] = w->post_norm[k] = 1;
         }
         for (int k = 0; k < H; k++) m.final_norm[k] = 1;
         ac_engine en;
         double meas[3]; /* best of 3, as time_us */
-        if (ac_engine_init(&en, &m, 1, T, &e)) { ac_model_free(&m); break; }
+        if (ac_engine_init(&en, &m, 1, T, &e)) {
+            ac_model_free(&m);
+            break;
+        }
         int tok[16];
         for (int k = 0; k < 16; k++) tok[k] = k * 7;
         for (int r = 0; r < 3; r++) {
@@ -117,7 +141,10 @@ static double calibrate_cache(ac_cost_table *t) {
         qsort(meas, 3, sizeof *meas, cmp_d);
         meas[1] = meas[0];
         ac_carch c;
-        if (ac_carch_from_arch(&m.a, &c, &e)) { ac_model_free(&m); break; }
+        if (ac_carch_from_arch(&m.a, &c, &e)) {
+            ac_model_free(&m);
+            break;
+        }
         ac_engine_profile p;
         ac_engine_profile_default(&p, 1);
         ac_workload w = {1, 16, 25};
@@ -130,8 +157,10 @@ static double calibrate_cache(ac_cost_table *t) {
         ac_carch_free(&c);
         a.layers = NULL;
         ac_model_free(&m);
-        if (fabs(meas[1] - warm.tpot_ms) < fabs(meas[1] - cold.tpot_ms)) best = bytes;
-        else break;
+        if (fabs(meas[1] - warm.tpot_ms) < fabs(meas[1] - cold.tpot_ms))
+            best = bytes;
+        else
+            break;
     }
     return best;
 }
@@ -140,11 +169,20 @@ int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud,
     memset(t, 0, sizeof *t);
     ac_set_threads(threads);
     double t_start = ac_now();
-    static const double GM[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}, GNK[] = {16, 32, 64, 128, 256, 512, 1024, 2048};
+    static const double GM[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024},
+                        GNK[] = {16, 32, 64, 128, 256, 512, 1024, 2048};
     static const double AQ[] = {1, 4, 16, 64, 256, 1024}, AS[] = {1, 16, 64, 256, 1024, 2048}, AHD[] = {16, 64, 128};
-    t->nm = 11; t->nn = t->nk = 8; t->naq = 6; t->nas = 6; t->nhd = 3;
-    memcpy(t->gm, GM, sizeof GM); memcpy(t->gn, GNK, sizeof GNK); memcpy(t->gk, GNK, sizeof GNK);
-    memcpy(t->aq, AQ, sizeof AQ); memcpy(t->as, AS, sizeof AS); memcpy(t->ahd, AHD, sizeof AHD);
+    t->nm = 11;
+    t->nn = t->nk = 8;
+    t->naq = 6;
+    t->nas = 6;
+    t->nhd = 3;
+    memcpy(t->gm, GM, sizeof GM);
+    memcpy(t->gn, GNK, sizeof GNK);
+    memcpy(t->gk, GNK, sizeof GNK);
+    memcpy(t->aq, AQ, sizeof AQ);
+    memcpy(t->as, AS, sizeof AS);
+    memcpy(t->ahd, AHD, sizeof AHD);
     ac_cost_cpu_key(threads, t->key, sizeof t->key, t->device, sizeof t->device);
     snprintf(t->dtype, sizeof t->dtype, "fp32");
     snprintf(t->engine, sizeof t->engine, "autocompress-cpu");
@@ -158,9 +196,13 @@ int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud,
 
     t->attn_us = malloc(sizeof(double) * t->nhd * t->naq * t->nas);
     size_t maxe = 1024 * 2048;
-    float *a = malloc(maxe * 4), *w = malloc((size_t)POOL_FLOATS * 4), *c = malloc(maxe * 4), *sc = malloc((size_t)1024 * 3072 * 4);
+    float *a = malloc(maxe * 4), *w = malloc((size_t)POOL_FLOATS * 4), *c = malloc(maxe * 4),
+          *sc = malloc((size_t)1024 * 3072 * 4);
     if (!t->gemm_us || !t->gemm_warm_us || !t->attn_us || !a || !w || !c || !sc) {
-        free(a); free(w); free(c); free(sc);
+        free(a);
+        free(w);
+        free(c);
+        free(sc);
         ac_cost_table_free(t);
         return ac_errf(e, "out of memory for cost measurement");
     }
@@ -201,10 +243,12 @@ int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud,
         }
         t->elem_ns = (ac_now() - t0) / 20 / (3.0 * 256 * 1024) * 1e9;
     }
-    free(a); free(w); free(c); free(sc);
+    free(a);
+    free(w);
+    free(c);
+    free(sc);
     t->cache_bytes = calibrate_cache(t);
     if (progress) progress(ud, 1.0);
     t->measure_s = ac_now() - t_start;
     return 0;
 }
-

@@ -24,7 +24,10 @@ int ac_carch_from_arch(const ac_arch *a, ac_carch *c, ac_err *e) {
     c->heads = calloc(a->n_layers, sizeof(double));
     c->kv = calloc(a->n_layers, sizeof(double));
     c->ffn = calloc(a->n_layers, sizeof(double));
-    if (!c->heads || !c->kv || !c->ffn) { ac_carch_free(c); return ac_errf(e, "out of memory"); }
+    if (!c->heads || !c->kv || !c->ffn) {
+        ac_carch_free(c);
+        return ac_errf(e, "out of memory");
+    }
     for (int l = 0; l < a->n_layers; l++) {
         c->heads[l] = a->layers[l].n_heads;
         c->kv[l] = a->layers[l].n_kv_heads;
@@ -49,7 +52,6 @@ double ac_carch_params(const ac_carch *c) {
     return p;
 }
 
-
 /* ---------------------------------------------------------------- engine profile */
 
 void ac_engine_profile_default(ac_engine_profile *p, int is_cpu) {
@@ -64,18 +66,18 @@ void ac_engine_profile_default(ac_engine_profile *p, int is_cpu) {
     p->overhead_gib = is_cpu ? 0.0 : 1.5;
 }
 
-
 /* ---------------------------------------------------------------- prediction */
 
 /* One forward call of B sequences, nq new tokens each at position pos0. */
-static double forward_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, double B, double nq, double pos0,
-                         int last_only, int warm) {
+static double forward_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, double B, double nq,
+                         double pos0, int last_only, int warm) {
     double M = B * nq, S = pos0 + nq, H = c->hidden, hd = c->head_dim, us = 0;
     int launches = 2;
     for (int l = 0; l < c->n_layers; l++) {
         double h = c->heads[l], kv = c->kv[l], F = c->ffn[l];
         if (h > 0) {
-            us += ac_cost_gemm_lookup(t, M, h * hd, H, warm) + 2 * ac_cost_gemm_lookup(t, M, kv * hd, H, warm) + ac_cost_gemm_lookup(t, M, H, h * hd, warm);
+            us += ac_cost_gemm_lookup(t, M, h * hd, H, warm) + 2 * ac_cost_gemm_lookup(t, M, kv * hd, H, warm) +
+                  ac_cost_gemm_lookup(t, M, H, h * hd, warm);
             us += ac_cost_attn_us(t, h, kv, B, nq, S, c->head_dim);
             us += ac_cost_elem_us(t, M * (H + (h + kv) * hd), p->act_bytes);
             launches += 3;
@@ -91,14 +93,16 @@ static double forward_us(const ac_cost_table *t, const ac_carch *c, const ac_eng
     return us + p->overhead_ms * 1e3;
 }
 
-void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p, int smooth,
-                     ac_cost *o) {
+void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
+                     int smooth, ac_cost *o) {
     memset(o, 0, sizeof *o);
     double B = w->batch, P = w->prompt_len, G = w->gen_len;
     /* The share of the weights that fits in the table's effective cache is
      * read warm: blend the warm and cold GEMM tables by it. */
-    double wbytes = ac_carch_params(c) * p->w_bytes, fw = t->cache_bytes > 0 && wbytes > 0 ? fmin(1, t->cache_bytes / wbytes) : 0;
-#define FWD(B_, n_, pos_) (fw * forward_us(t, c, p, B_, n_, pos_, 1, 1) + (1 - fw) * forward_us(t, c, p, B_, n_, pos_, 1, 0))
+    double wbytes = ac_carch_params(c) * p->w_bytes,
+           fw = t->cache_bytes > 0 && wbytes > 0 ? fmin(1, t->cache_bytes / wbytes) : 0;
+#define FWD(B_, n_, pos_)                                                                                              \
+    (fw * forward_us(t, c, p, B_, n_, pos_, 1, 1) + (1 - fw) * forward_us(t, c, p, B_, n_, pos_, 1, 0))
     o->ttft_ms = FWD(B, P, 0) / 1e3;
     /* Decode steps at context P..P+G-1: the cost is close to linear in the
      * context, so Simpson's rule over three points is near exact. */
@@ -123,7 +127,8 @@ void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workloa
     o->act_gib = B * act_seq / gib;
     o->mem_gib = o->weights_gib + o->kv_gib + o->act_gib + p->overhead_gib;
     o->device_mem_gib = t->mem_gib;
-    double avail = t->mem_gib * p->mem_util - o->weights_gib - p->overhead_gib, per_seq = (seq_tokens * kv_tok + act_seq) / gib;
+    double avail = t->mem_gib * p->mem_util - o->weights_gib - p->overhead_gib,
+           per_seq = (seq_tokens * kv_tok + act_seq) / gib;
     o->max_batch = avail > 0 && per_seq > 0 ? (int)fmin(floor(avail / per_seq), 1e9) : 0;
 }
 
@@ -138,8 +143,8 @@ double ac_cost_metric(const ac_cost *c, ac_metric m) {
     }
 }
 
-void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p, ac_metric m,
-                  double *gh, double *gkv, double *gf, double *ghid) {
+void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
+                  ac_metric m, double *gh, double *gkv, double *gf, double *ghid) {
     ac_cost a, b;
     ac_carch x = *c;
     double *vars[3] = {c->heads, c->kv, c->ffn}, *outs[3] = {gh, gkv, gf};
@@ -167,10 +172,10 @@ void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *
 }
 
 json_t *ac_cost_to_json(const ac_cost *c) {
-    return json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:i,s:f}", "ttft_ms", c->ttft_ms, "tpot_ms", c->tpot_ms, "tokens_per_s",
-                     c->tok_per_s, "e2e_ms", c->e2e_ms, "memory_gib", c->mem_gib, "weights_gib", c->weights_gib, "kv_cache_gib",
-                     c->kv_gib, "activations_gib", c->act_gib, "params", c->params, "max_batch", c->max_batch, "device_memory_gib",
-                     c->device_mem_gib);
+    return json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:i,s:f}", "ttft_ms", c->ttft_ms, "tpot_ms", c->tpot_ms,
+                     "tokens_per_s", c->tok_per_s, "e2e_ms", c->e2e_ms, "memory_gib", c->mem_gib, "weights_gib",
+                     c->weights_gib, "kv_cache_gib", c->kv_gib, "activations_gib", c->act_gib, "params", c->params,
+                     "max_batch", c->max_batch, "device_memory_gib", c->device_mem_gib);
 }
 
 const char *ac_engine_profile_dtype(const ac_engine_profile *p) {

@@ -22,7 +22,8 @@ double ac_roofline_gemm_us(const ac_cost_table *t, double m, double n, double k)
     return roof_us(t, 2 * m * n * k, w * (m * k + n * k) + 2 * m * n);
 }
 
-double ac_roofline_attn_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s, int head_dim) {
+double ac_roofline_attn_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s,
+                           int head_dim) {
     double kvb = bytes_of(t->dtype);
     double flops = batch * heads * 4.0 * head_dim * (nq * s - nq * (nq - 1) / 2);
     double bytes = batch * (kv_heads * 2 * s * head_dim * kvb + 2 * heads * nq * head_dim * 2);
@@ -51,4 +52,3 @@ int ac_cost_roofline(const ac_device_spec *s, const char *dtype, ac_cost_table *
     snprintf(t->key, sizeof t->key, "roofline:%s|%s|v%d", s->name, dtype, AC_CT_VERSION);
     return 0;
 }
-

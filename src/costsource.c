@@ -14,20 +14,22 @@ int ac_cost_cache_lookup(const ac_cost_cache *c, const char *key, ac_cost_table 
     return c && c->get ? c->get(c->ud, key, t, found, e) : 0;
 }
 
-static int table_cpu(const ac_cost_cache *cache, int threads, int allow_measure, void (*progress)(void *, double), void *ud,
-                     ac_cost_table *t, int *cache_hit, ac_err *e) {
+static int table_cpu(const ac_cost_cache *cache, int threads, int allow_measure, void (*progress)(void *, double),
+                     void *ud, ac_cost_table *t, int *cache_hit, ac_err *e) {
     char key[384];
     ac_cost_cpu_key(threads, key, sizeof key, NULL, 0);
     if (ac_cost_cache_lookup(cache, key, t, cache_hit, e)) return -1;
     if (*cache_hit) return 0;
     if (!allow_measure)
-        return ac_errf(e, "no measured cost table for this CPU yet (key %s); measure one with POST /v1/cost-tables "
-                          "{\"measure\":{\"device\":\"cpu\"}} or run a job on it", key);
+        return ac_errf(e,
+                       "no measured cost table for this CPU yet (key %s); measure one with POST /v1/cost-tables "
+                       "{\"measure\":{\"device\":\"cpu\"}} or run a job on it",
+                       key);
     return ac_cost_measure_cpu(threads, progress, ud, t, e);
 }
 
-static int table_cuda(const ac_target *target, const ac_cost_cache *cache, int allow_measure, void (*progress)(void *, double),
-                      void *ud, ac_cost_table *t, int *cache_hit, ac_err *e) {
+static int table_cuda(const ac_target *target, const ac_cost_cache *cache, int allow_measure,
+                      void (*progress)(void *, double), void *ud, ac_cost_table *t, int *cache_hit, ac_err *e) {
     const char *why;
     const ac_cuda_api *cu = ac_cuda(&why);
     int dev = ac_target_cuda_index(target);
@@ -37,7 +39,8 @@ static int table_cuda(const ac_target *target, const ac_cost_cache *cache, int a
     char name[128], key[384];
     double mem;
     int sms, cc;
-    if (cu->device_info(dev, name, sizeof name, &mem, &sms, &cc)) return ac_errf(e, "target %s: no such CUDA device", device);
+    if (cu->device_info(dev, name, sizeof name, &mem, &sms, &cc))
+        return ac_errf(e, "target %s: no such CUDA device", device);
     snprintf(key, sizeof key, "cuda:%s|bf16|cublas|v%d", name, AC_CT_VERSION);
     if (ac_cost_cache_lookup(cache, key, t, cache_hit, e)) return -1;
     if (*cache_hit) return 0;
@@ -51,8 +54,9 @@ static int table_cuda(const ac_target *target, const ac_cost_cache *cache, int a
     return 0;
 }
 
-int ac_cost_table_for(const ac_target *target, const char *dtype, const ac_cost_cache *cache, int threads, int allow_measure,
-                      void (*progress)(void *, double), void *ud, ac_cost_table *t, int *cache_hit, ac_err *e) {
+int ac_cost_table_for(const ac_target *target, const char *dtype, const ac_cost_cache *cache, int threads,
+                      int allow_measure, void (*progress)(void *, double), void *ud, ac_cost_table *t, int *cache_hit,
+                      ac_err *e) {
     *cache_hit = 0;
     switch (target->kind) {
     case AC_TARGET_CPU: return table_cpu(cache, threads, allow_measure, progress, ud, t, cache_hit, e);

@@ -55,8 +55,11 @@ static int check_host_memory(const char *model_dir, ac_err *e) {
     ac_local_device host[1];
     ac_devices_local(host, 1);
     if (host[0].mem_gib > 0 && need > 0.9 * host[0].mem_gib)
-        return ac_errf(e, "the model needs about %.1f GiB of host memory (fp32 weights and two pruned copies) but this host "
-                          "has %.1f GiB", need, host[0].mem_gib);
+        return ac_errf(
+            e,
+            "the model needs about %.1f GiB of host memory (fp32 weights and two pruned copies) but this host "
+            "has %.1f GiB",
+            need, host[0].mem_gib);
     return 0;
 }
 
@@ -69,10 +72,13 @@ static int stage_load(job_state *s, ac_err *e) {
         return -1;
     if ((size_t)sp->calibration_tokens < s->nc) s->nc = (size_t)sp->calibration_tokens;
     if (s->nc < (size_t)ctxlen * 2)
-        return ac_errf(e, "calibration text has %zu tokens; need at least %d (2 windows of eval.ctx)", s->nc, 2 * ctxlen);
-    if (s->nh < (size_t)ctxlen) return ac_errf(e, "held-out text has %zu tokens; need at least eval.ctx=%d", s->nh, ctxlen);
-    emit(s, "log", json_pack("{s:s,s:o,s:I,s:I}", "message", "model loaded", "architecture", ac_arch_to_json(&s->m.a),
-                             "calibration_tokens", (json_int_t)s->nc, "heldout_tokens", (json_int_t)s->nh));
+        return ac_errf(e, "calibration text has %zu tokens; need at least %d (2 windows of eval.ctx)", s->nc,
+                       2 * ctxlen);
+    if (s->nh < (size_t)ctxlen)
+        return ac_errf(e, "held-out text has %zu tokens; need at least eval.ctx=%d", s->nh, ctxlen);
+    emit(s, "log",
+         json_pack("{s:s,s:o,s:I,s:I}", "message", "model loaded", "architecture", ac_arch_to_json(&s->m.a),
+                   "calibration_tokens", (json_int_t)s->nc, "heldout_tokens", (json_int_t)s->nh));
     return 0;
 }
 
@@ -97,8 +103,8 @@ static int stage_profile(job_state *s, ac_err *e) {
                           &s->cache_hit, e))
         return -1;
     int measured = !s->cache_hit && !tb->roofline;
-    json_t *ev = json_pack("{s:s,s:s,s:s,s:b,s:f}", "key", tb->key, "device", tb->device, "source", tb->source, "cache_hit",
-                           s->cache_hit, "measure_seconds", tb->measure_s);
+    json_t *ev = json_pack("{s:s,s:s,s:s,s:b,s:f}", "key", tb->key, "device", tb->device, "source", tb->source,
+                           "cache_hit", s->cache_hit, "measure_seconds", tb->measure_s);
     if (measured) json_object_set_new(ev, "table", ac_cost_table_to_json(tb));
     if (measured && cache && cache->put && cache->put(cache->ud, tb, e)) {
         json_decref(ev);
@@ -113,15 +119,22 @@ static int stage_profile(job_state *s, ac_err *e) {
 static int stage_search(job_state *s, ac_err *e) {
     const ac_job_spec *sp = s->spec;
     ac_search_problem *P = &s->P;
-    *P = (ac_search_problem){.table = &s->table, .workload = &sp->target.workload, .profile = &sp->target.engine,
-                             .imp = &s->imp, .base = &s->m.a, .limits = sp->limits, .opts = sp->search,
-                             .emit = search_emit, .ud = s};
+    *P = (ac_search_problem){.table = &s->table,
+                             .workload = &sp->target.workload,
+                             .profile = &sp->target.engine,
+                             .imp = &s->imp,
+                             .base = &s->m.a,
+                             .limits = sp->limits,
+                             .opts = sp->search,
+                             .emit = search_emit,
+                             .ud = s};
     ac_carch base_c;
     if (ac_carch_from_arch(&s->m.a, &base_c, e)) return -1;
     ac_cost_predict(&s->table, &base_c, P->workload, P->profile, 0, &s->base_cost);
     ac_carch_free(&base_c);
-    emit(s, "log", json_pack("{s:s,s:o,s:o}", "message", "baseline prediction", "predicted", ac_cost_to_json(&s->base_cost),
-                             "constraints", ac_constraints_report(&P->limits, &s->base_cost)));
+    emit(s, "log",
+         json_pack("{s:s,s:o,s:o}", "message", "baseline prediction", "predicted", ac_cost_to_json(&s->base_cost),
+                   "constraints", ac_constraints_report(&P->limits, &s->base_cost)));
     int autoc = sp->method == AC_METHOD_AUTOCOMPRESS;
     if (ac_search_minitron(P, &s->rm, e) || (autoc && ac_search_autocompress(P, &s->ra, e))) return -1;
     s->chosen = autoc ? &s->ra : &s->rm;
@@ -129,10 +142,13 @@ static int stage_search(job_state *s, ac_err *e) {
     const ac_cost *k = &s->chosen->cost;
     json_t *closest = ac_constraints_report(&P->limits, k);
     char *cs = json_dumps(closest, JSON_COMPACT);
-    emit(s, "infeasible", json_pack("{s:o,s:o,s:o}", "closest", closest, "predicted", ac_cost_to_json(k), "architecture",
-                                    ac_arch_to_json(&s->chosen->arch)));
-    ac_errf(e, "infeasible: the constraints cannot be met on %s for this workload even at the smallest architecture the "
-               "export target allows; closest reachable: %s", s->table.device, cs ? cs : "?");
+    emit(s, "infeasible",
+         json_pack("{s:o,s:o,s:o}", "closest", closest, "predicted", ac_cost_to_json(k), "architecture",
+                   ac_arch_to_json(&s->chosen->arch)));
+    ac_errf(e,
+            "infeasible: the constraints cannot be met on %s for this workload even at the smallest architecture the "
+            "export target allows; closest reachable: %s",
+            s->table.device, cs ? cs : "?");
     free(cs);
     return -1;
 }
@@ -180,12 +196,13 @@ static int stage_evaluate(job_state *s, ac_err *e) {
         ac_cost_cpu_key(s->threads, key, sizeof key, NULL, 0);
         ac_cost_cache_lookup(s->ctx->cache, key, &cpu, &found, &e2);
     }
-    int rc = ac_measure_local(&s->m, s->result, s->hids, s->nh, &t->workload, found ? (is_cpu ? &s->table : &cpu) : NULL,
-                              &s->measured_local, e);
+    int rc = ac_measure_local(&s->m, s->result, s->hids, s->nh, &t->workload,
+                              found ? (is_cpu ? &s->table : &cpu) : NULL, &s->measured_local, e);
     if (!is_cpu) ac_cost_table_free(&cpu);
     if (rc) return -1;
     if (t->dev.kind == AC_TARGET_CUDA && ac_cuda(NULL) &&
-        ac_measure_on_gpu(&s->m, s->result, s->hids, s->nh, &t->workload, &s->table, &t->engine, &s->measured_on_target, e))
+        ac_measure_on_gpu(&s->m, s->result, s->hids, s->nh, &t->workload, &s->table, &t->engine, &s->measured_on_target,
+                          e))
         emit(s, "log", json_pack("{s:s,s:s}", "message", "measuring on the target GPU failed", "error", e->msg));
     return 0;
 }
@@ -207,7 +224,11 @@ static int mkdirs(const char *path) {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s", path);
     for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') { *p = 0; mkdir(tmp, 0755); *p = '/'; }
+        if (*p == '/') {
+            *p = 0;
+            mkdir(tmp, 0755);
+            *p = '/';
+        }
     return mkdir(tmp, 0755) == 0 || errno == EEXIST ? 0 : -1;
 }
 
@@ -226,8 +247,8 @@ static int stage_export(job_state *s, ac_err *e) {
 static const struct {
     const char *name;
     int (*run)(job_state *s, ac_err *e);
-} STAGES[] = {{"load", stage_load},         {"calibrate", stage_calibrate}, {"profile", stage_profile},
-              {"search", stage_search},     {"prune", stage_prune},         {"evaluate", stage_evaluate},
+} STAGES[] = {{"load", stage_load},     {"calibrate", stage_calibrate}, {"profile", stage_profile},
+              {"search", stage_search}, {"prune", stage_prune},         {"evaluate", stage_evaluate},
               {"export", stage_export}};
 enum { N_STAGES = sizeof STAGES / sizeof *STAGES };
 
@@ -264,17 +285,23 @@ int ac_job_run(const ac_job_spec *spec, ac_job_ctx *ctx, json_t **result, ac_err
     if (!spec->output[0]) return ac_errf(e, "output: no output directory given");
     job_state *s = calloc(1, sizeof *s);
     if (!s) return ac_errf(e, "out of memory");
-    *s = (job_state){.spec = spec, .ctx = ctx, .threads = ctx->threads > 0 ? ctx->threads : 2, .timings = json_object()};
+    *s =
+        (job_state){.spec = spec, .ctx = ctx, .threads = ctx->threads > 0 ? ctx->threads : 2, .timings = json_object()};
     ac_set_threads(s->threads);
     double t_job = ac_now();
     int rc = 0;
     for (int i = 0; i < N_STAGES && !rc; i++) {
-        if (ctx->cancelled && *ctx->cancelled) { rc = ac_errf(e, "cancelled"); break; }
+        if (ctx->cancelled && *ctx->cancelled) {
+            rc = ac_errf(e, "cancelled");
+            break;
+        }
         s->stage = STAGES[i].name;
         emit(s, "stage", json_pack("{s:s,s:i,s:i}", "stage", s->stage, "index", i + 1, "of", N_STAGES));
         double t0 = ac_now();
-        if ((rc = STAGES[i].run(s, e))) ac_errctx(e, "stage %s", s->stage);
-        else json_object_set_new(s->timings, s->stage, json_real(ac_now() - t0));
+        if ((rc = STAGES[i].run(s, e)))
+            ac_errctx(e, "stage %s", s->stage);
+        else
+            json_object_set_new(s->timings, s->stage, json_real(ac_now() - t0));
     }
     if (!rc) {
         assert(s->result && s->measured_local);

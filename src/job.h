@@ -23,11 +23,11 @@
 typedef struct {
     void (*emit)(void *ud, const char *kind, json_t *data); /* data borrowed */
     void *ud;
-    volatile int *cancelled;     /* may be NULL */
-    const ac_cost_cache *cache;  /* cached cost tables (may be NULL); a measured table is put
+    volatile int *cancelled;    /* may be NULL */
+    const ac_cost_cache *cache; /* cached cost tables (may be NULL); a measured table is put
                                     there when the cache has put (the CLI); the daemon's worker
                                     gets a read-only one and the daemon stores from the event */
-    int threads;                 /* CPU threads; 0 = 2 */
+    int threads;                /* CPU threads; 0 = 2 */
 } ac_job_ctx;
 
 /* JSON-level helpers for callers that hold the JSON (they parse it with

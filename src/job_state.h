@@ -17,17 +17,17 @@
 typedef struct job_state {
     const ac_job_spec *spec;
     ac_job_ctx *ctx;
-    const char *stage;           /* the running stage, for progress events */
-    double last_progress;        /* ac_now() of the last progress event */
+    const char *stage;    /* the running stage, for progress events */
+    double last_progress; /* ac_now() of the last progress event */
     int threads;
-    json_t *timings;             /* stage -> seconds */
+    json_t *timings; /* stage -> seconds */
     /* load */
-    ac_model m;                  /* the base model */
-    int *cids, *hids;            /* calibration and held-out token ids */
+    ac_model m;       /* the base model */
+    int *cids, *hids; /* calibration and held-out token ids */
     size_t nc, nh;
     /* calibrate */
-    int on_gpu;                  /* loss passes on the local GPU */
-    int cwin;                    /* calibration windows of eval.ctx */
+    int on_gpu; /* loss passes on the local GPU */
+    int cwin;   /* calibration windows of eval.ctx */
     ac_importance imp;
     /* profile */
     ac_cost_table table;
@@ -35,14 +35,14 @@ typedef struct job_state {
     /* search */
     ac_search_problem P;
     ac_cost base_cost;
-    ac_search_result ra, rm;     /* AutoCompress (method autocompress), Minitron (always) */
+    ac_search_result ra, rm; /* AutoCompress (method autocompress), Minitron (always) */
     ac_search_result *chosen;
     /* prune */
     ac_model pa, pm;
-    const ac_model *result;      /* &pa or &pm */
-    int rep_a, rep_m;            /* layers refit by the least-squares repair */
+    const ac_model *result; /* &pa or &pm */
+    int rep_a, rep_m;       /* layers refit by the least-squares repair */
     /* evaluate */
-    ac_ppl_result pb, pmr, par;  /* base, Minitron, AutoCompress */
+    ac_ppl_result pb, pmr, par;                  /* base, Minitron, AutoCompress */
     json_t *measured_local, *measured_on_target; /* owned; on_target may be NULL */
 } job_state;
 

@@ -23,44 +23,57 @@ static const char *const DTYPES[] = {"bf16", "fp16", "fp32", "fp8", NULL};
 static const char *const EXPORTS[] = {"deci", "llama", "gguf-deci", NULL};
 
 #define AT(st, m) .off = offsetof(st, m), .size = sizeof(((st *)0)->m)
-#define STR(nm, st, m, fl, d) {.name = nm, .type = AC_F_STR, .flags = (fl) | AC_F_NODEFAULT, AT(st, m), .doc = d}
-#define INT(nm, st, m, l, h, df, fl, d) {.name = nm, .type = AC_F_INT, .flags = fl, .lo = l, .hi = h, .def = df, AT(st, m), .doc = d}
-#define NUM(nm, st, m, l, h, df, fl, d) {.name = nm, .type = AC_F_NUM, .flags = fl, .lo = l, .hi = h, .def = df, AT(st, m), .doc = d}
-#define BOOL(nm, st, m, df, d) {.name = nm, .type = AC_F_BOOL, .def = df, AT(st, m), .doc = d}
-#define ENUM(nm, st, m, en, df, fl, d) {.name = nm, .type = AC_F_ENUM, .flags = fl, .def = df, .enums = en, AT(st, m), .doc = d}
-#define OBJ(nm, st, m, sb, fl, d) {.name = nm, .type = AC_F_OBJ, .flags = fl, .sub = sb, AT(st, m), .doc = d}
-#define END {.name = NULL}
+#define STR(nm, st, m, fl, d)                                                                                          \
+    { .name = nm, .type = AC_F_STR, .flags = (fl) | AC_F_NODEFAULT, AT(st, m), .doc = d }
+#define INT(nm, st, m, l, h, df, fl, d)                                                                                \
+    { .name = nm, .type = AC_F_INT, .flags = fl, .lo = l, .hi = h, .def = df, AT(st, m), .doc = d }
+#define NUM(nm, st, m, l, h, df, fl, d)                                                                                \
+    { .name = nm, .type = AC_F_NUM, .flags = fl, .lo = l, .hi = h, .def = df, AT(st, m), .doc = d }
+#define BOOL(nm, st, m, df, d)                                                                                         \
+    { .name = nm, .type = AC_F_BOOL, .def = df, AT(st, m), .doc = d }
+#define ENUM(nm, st, m, en, df, fl, d)                                                                                 \
+    { .name = nm, .type = AC_F_ENUM, .flags = fl, .def = df, .enums = en, AT(st, m), .doc = d }
+#define OBJ(nm, st, m, sb, fl, d)                                                                                      \
+    { .name = nm, .type = AC_F_OBJ, .flags = fl, .sub = sb, AT(st, m), .doc = d }
+#define END                                                                                                            \
+    { .name = NULL }
 #define ND AC_F_NODEFAULT
 
 static const ac_field ENGINE[] = {
-    STR("name", ac_engine_in, name, 0, "serving engine the prediction is for (default: autocompress-cpu on cpu, else vllm)"),
+    STR("name", ac_engine_in, name, 0,
+        "serving engine the prediction is for (default: autocompress-cpu on cpu, else vllm)"),
     ENUM("weights_dtype", ac_engine_in, weights_dtype, DTYPES, -1, ND, "default: fp32 on cpu, else bf16"),
     ENUM("kv_dtype", ac_engine_in, kv_dtype, DTYPES, -1, ND, "default: fp32 on cpu, else bf16"),
-    INT("block_size", ac_engine_in, block_size, 1, 1024, -1, ND, "KV-cache block in tokens (default: 1 on cpu, else 16)"),
+    INT("block_size", ac_engine_in, block_size, 1, 1024, -1, ND,
+        "KV-cache block in tokens (default: 1 on cpu, else 16)"),
     NUM("gpu_memory_utilization", ac_engine_in, mem_util, 0.05, 1, NAN, ND, "default: 0.8 on cpu, else 0.9"),
     NUM("overhead_ms", ac_engine_in, overhead_ms, 0, 1e4, NAN, ND,
         "per forward call (scheduler, sampling); default: 0 on cpu, else 0.3"),
     NUM("overhead_gib", ac_engine_in, overhead_gib, 0, 1e4, NAN, ND,
         "runtime memory outside weights, KV cache, activations; default: 0 on cpu, else 1.5"),
-    END};
+    END,
+};
 static const ac_field WORKLOAD[] = {
     INT("batch", ac_workload, batch, 1, 65536, 1, 0, "sequences decoded together"),
     INT("prompt_len", ac_workload, prompt_len, 1, 1 << 22, 512, 0, NULL),
     INT("gen_len", ac_workload, gen_len, 1, 1 << 22, 128, 0, NULL),
-    END};
+    END,
+};
 static const ac_field TARGET[] = {
     STR("device", ac_target_spec, device, AC_F_REQUIRED,
         "cpu, cuda, cuda:N, or a spec profile: H100, H200, B200, A100, L4, RTX4090, RTX5080, RTX5070"),
     OBJ("engine", ac_target_spec, engine_in, ENGINE, 0, NULL),
     OBJ("workload", ac_target_spec, workload, WORKLOAD, 0, NULL),
-    END};
+    END,
+};
 static const ac_field CONSTRAINTS[] = {
     NUM("max_ttft_ms", ac_constraints, max_ttft_ms, 1e-6, 1e9, 0, ND, NULL),
     NUM("max_tpot_ms", ac_constraints, max_tpot_ms, 1e-6, 1e9, 0, ND, NULL),
     NUM("min_tokens_per_s", ac_constraints, min_tok_s, 1e-6, 1e12, 0, ND, "output tokens per second for the workload"),
     NUM("max_memory_gib", ac_constraints, max_mem_gib, 1e-9, 1e6, 0, ND, "weights + KV cache + activations + overhead"),
     NUM("max_params", ac_constraints, max_params, 1, 1e15, 0, ND, NULL),
-    END};
+    END,
+};
 static const ac_field SEARCH[] = {
     INT("steps", ac_search_opts, steps, 1, 100000, 300, 0, NULL),
     INT("seed", ac_search_opts, seed, 0, 2147483647, 0, 0, NULL),
@@ -72,23 +85,28 @@ static const ac_field SEARCH[] = {
     INT("ffn_multiple", ac_search_opts, ffn_multiple, 1, 4096, 32, 0, NULL),
     INT("hidden_multiple", ac_search_opts, hidden_multiple, 1, 4096, 16, 0, NULL),
     BOOL("prune_hidden", ac_search_opts, prune_hidden, 1, NULL),
-    END};
+    END,
+};
 static const ac_field EVAL[] = {
     INT("ctx", ac_eval_spec, ctx, 8, 1 << 16, 128, 0, NULL),
     INT("windows", ac_eval_spec, windows, 0, 1 << 20, 32, 0, "0 = every window of the held-out text"),
-    END};
+    END,
+};
 static const ac_field DISTILL[] = {
     INT("tokens", ac_distill_spec, tokens, 0, 1e12, 0, 0, "training tokens per pruned model; 0 = no distillation"),
     STR("text", ac_distill_spec, text, AC_F_PATH_FILE, "UTF-8 training text (default: the calibration text)"),
     NUM("lr", ac_distill_spec, lr, 1e-8, 1, 1e-4, 0, NULL),
     INT("seq_len", ac_distill_spec, seq_len, 8, 1 << 16, 128, 0, NULL),
     INT("batch", ac_distill_spec, batch, 1, 4096, 8, 0, NULL),
-    NUM("temperature", ac_distill_spec, temperature, 0.05, 100, 1, 0, "softmax temperature of the teacher and student logits"),
-    END};
+    NUM("temperature", ac_distill_spec, temperature, 0.05, 100, 1, 0,
+        "softmax temperature of the teacher and student logits"),
+    END,
+};
 static const ac_field SPEC[] = {
     STR("name", ac_job_spec, name, 0, NULL),
     STR("model", ac_job_spec, model, AC_F_REQUIRED | AC_F_PATH_DIR,
-        "Absolute path of a Hugging Face model directory (config.json, *.safetensors or index, tokenizer.json) under one "
+        "Absolute path of a Hugging Face model directory (config.json, *.safetensors or index, tokenizer.json) under "
+        "one "
         "of the server's model_roots."),
     STR("calibration", ac_job_spec, calibration, AC_F_REQUIRED | AC_F_PATH_FILE,
         "Absolute path of a UTF-8 text file: importance and sensitivity passes."),
@@ -105,7 +123,8 @@ static const ac_field SPEC[] = {
     INT("calibration_tokens", ac_job_spec, calibration_tokens, 256, 1 << 24, 16384, 0, NULL),
     INT("priority", ac_job_spec, priority, -1000, 1000, 0, 0, NULL),
     OBJ("distill", ac_job_spec, distill, DISTILL, 0, NULL),
-    END};
+    END,
+};
 
 const ac_field *ac_job_spec_fields(void) { return SPEC; }
 const ac_field *ac_target_spec_fields(void) { return TARGET; }
@@ -115,8 +134,12 @@ const ac_field *ac_target_spec_fields(void) { return TARGET; }
 static _Thread_local char field_buf[256];
 
 static void store_int(void *p, size_t size, long long v) {
-    if (size == sizeof(int64_t)) *(int64_t *)p = v;
-    else { assert(size == sizeof(int32_t)); *(int32_t *)p = (int32_t)v; }
+    if (size == sizeof(int64_t))
+        *(int64_t *)p = v;
+    else {
+        assert(size == sizeof(int32_t));
+        *(int32_t *)p = (int32_t)v;
+    }
 }
 
 /* The table's defaults into the section at base (and its subsections). */
@@ -135,10 +158,11 @@ static void set_defaults(const ac_field *fs, char *base) {
     }
 }
 
-static const char *const TYPE_NAMES[] = {"a non-empty string", "an integer", "a number", "a boolean", "a non-empty string",
-                                         "an object"};
+static const char *const TYPE_NAMES[] = {"a non-empty string", "an integer",         "a number",
+                                         "a boolean",          "a non-empty string", "an object"};
 
-static int parse_obj(const json_t *o, const ac_field *fs, char *base, const char *prefix, const char **fieldp, ac_err *e);
+static int parse_obj(const json_t *o, const ac_field *fs, char *base, const char *prefix, const char **fieldp,
+                     ac_err *e);
 
 /* One member: check and store. field_buf names it. */
 static int parse_value(const json_t *v, const ac_field *f, char *p, const char **fieldp, ac_err *e) {
@@ -156,8 +180,10 @@ static int parse_value(const json_t *v, const ac_field *f, char *p, const char *
     if (f->type == AC_F_INT || f->type == AC_F_NUM) {
         double x = json_number_value(v);
         if (x < f->lo || x > f->hi) return ac_errf(e, "%s=%g is outside [%g, %g]", field_buf, x, f->lo, f->hi);
-        if (f->type == AC_F_INT) store_int(p, f->size, json_integer_value(v));
-        else *(double *)p = x;
+        if (f->type == AC_F_INT)
+            store_int(p, f->size, json_integer_value(v));
+        else
+            *(double *)p = x;
     } else if (f->type == AC_F_STR) {
         if (json_string_length(v) >= f->size)
             return ac_errf(e, "%s must be a non-empty string of at most %zu bytes", field_buf, f->size - 1);
@@ -165,7 +191,8 @@ static int parse_value(const json_t *v, const ac_field *f, char *p, const char *
     } else if (f->type == AC_F_ENUM) {
         int i = 0;
         while (f->enums[i] && strcmp(f->enums[i], json_string_value(v))) i++;
-        if (!f->enums[i]) return ac_errf(e, "%s=\"%s\" is not one of the allowed values", field_buf, json_string_value(v));
+        if (!f->enums[i])
+            return ac_errf(e, "%s=\"%s\" is not one of the allowed values", field_buf, json_string_value(v));
         *(int *)p = i;
     } else if (f->type == AC_F_BOOL) {
         *(int *)p = json_is_true(v);
@@ -184,7 +211,8 @@ static int parse_value(const json_t *v, const ac_field *f, char *p, const char *
     return 0;
 }
 
-static int parse_obj(const json_t *o, const ac_field *fs, char *base, const char *prefix, const char **fieldp, ac_err *e) {
+static int parse_obj(const json_t *o, const ac_field *fs, char *base, const char *prefix, const char **fieldp,
+                     ac_err *e) {
     const char *k;
     json_t *v;
     json_object_foreach((json_t *)o, k, v) {
@@ -216,7 +244,8 @@ static int target_finish(ac_target_spec *t, const char *prefix, const char **fie
     ac_engine_profile *p = &t->engine;
     ac_engine_profile_default(p, t->dev.kind == AC_TARGET_CPU);
     if (in->name[0]) snprintf(p->name, sizeof p->name, "%s", in->name);
-    if (in->weights_dtype >= 0) p->w_bytes = dtype_bytes(in->weights_dtype), p->act_bytes = p->w_bytes < 2 ? 2 : p->w_bytes;
+    if (in->weights_dtype >= 0)
+        p->w_bytes = dtype_bytes(in->weights_dtype), p->act_bytes = p->w_bytes < 2 ? 2 : p->w_bytes;
     if (in->kv_dtype >= 0) p->kv_bytes = dtype_bytes(in->kv_dtype);
     if (in->block_size > 0) p->block_size = in->block_size;
     if (!isnan(in->mem_util)) p->mem_util = in->mem_util;
@@ -302,7 +331,9 @@ int ac_job_spec_path(const ac_job_spec *s, int i, const char **field, const char
 
 /* ---------------------------------------------------------------- schema */
 
-static json_t *num_json(const ac_field *f, double x) { return f->type == AC_F_INT ? json_integer((json_int_t)x) : json_real(x); }
+static json_t *num_json(const ac_field *f, double x) {
+    return f->type == AC_F_INT ? json_integer((json_int_t)x) : json_real(x);
+}
 
 static json_t *obj_schema(const ac_field *fs, int flags);
 
@@ -349,8 +380,10 @@ static json_t *obj_schema(const ac_field *fs, int flags) {
         if (f->flags & AC_F_REQUIRED) json_array_append_new(req, json_string(f->name));
         json_object_set_new(props, f->name, field_schema(f));
     }
-    if (json_array_size(req)) json_object_set_new(o, "required", req);
-    else json_decref(req);
+    if (json_array_size(req))
+        json_object_set_new(o, "required", req);
+    else
+        json_decref(req);
     if (flags & AC_F_NONEMPTY) json_object_set_new(o, "minProperties", json_integer(1));
     json_object_set_new(o, "properties", props);
     return o;

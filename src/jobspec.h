@@ -32,10 +32,10 @@ typedef struct {
 
 /* target: where the result will run and how it will be served. */
 typedef struct {
-    char device[AC_SPEC_STR];  /* as written */
-    ac_target dev;             /* resolved (ac_target_resolve) */
+    char device[AC_SPEC_STR]; /* as written */
+    ac_target dev;            /* resolved (ac_target_resolve) */
     ac_workload workload;
-    ac_engine_profile engine;  /* device-class defaults, then the spec's engine overrides */
+    ac_engine_profile engine; /* device-class defaults, then the spec's engine overrides */
     ac_engine_in engine_in;
 } ac_target_spec;
 
@@ -47,7 +47,7 @@ typedef struct {
  * (parsed and validated; tokens = 0 is off). */
 typedef struct {
     long tokens;
-    char text[AC_SPEC_STR];    /* training text ("" = the calibration text) */
+    char text[AC_SPEC_STR]; /* training text ("" = the calibration text) */
     double lr;
     int seq_len, batch;
     double temperature;
@@ -57,7 +57,7 @@ typedef struct {
     char name[AC_SPEC_STR];
     char model[AC_SPEC_STR], calibration[AC_SPEC_STR], heldout[AC_SPEC_STR], output[AC_SPEC_STR];
     ac_target_spec target;
-    ac_constraints limits;     /* 0 = no such limit */
+    ac_constraints limits; /* 0 = no such limit */
     ac_method method;
     ac_search_opts search;
     ac_eval_spec eval;
@@ -69,7 +69,14 @@ typedef struct {
 
 /* ---------------------------------------------------------------- the field table */
 
-typedef enum { AC_F_STR, AC_F_INT, AC_F_NUM, AC_F_BOOL, AC_F_ENUM, AC_F_OBJ } ac_ftype; /* AC_F_INT: int or int64 by size */
+typedef enum {
+    AC_F_STR,
+    AC_F_INT,
+    AC_F_NUM,
+    AC_F_BOOL,
+    AC_F_ENUM,
+    AC_F_OBJ
+} ac_ftype; /* AC_F_INT: int or int64 by size */
 
 enum {
     AC_F_REQUIRED = 1,
@@ -84,11 +91,11 @@ typedef struct ac_field {
     const char *name;
     ac_ftype type;
     int flags;
-    double lo, hi;               /* numeric range, inclusive */
-    double def;                  /* default: number, bool 0/1, enum index (-1: unset) */
-    const char *const *enums;    /* AC_F_ENUM: allowed strings, NULL-terminated */
-    size_t off, size;            /* where the value goes in the section's struct */
-    const struct ac_field *sub;  /* AC_F_OBJ: the section's fields (offsets relative to off) */
+    double lo, hi;              /* numeric range, inclusive */
+    double def;                 /* default: number, bool 0/1, enum index (-1: unset) */
+    const char *const *enums;   /* AC_F_ENUM: allowed strings, NULL-terminated */
+    size_t off, size;           /* where the value goes in the section's struct */
+    const struct ac_field *sub; /* AC_F_OBJ: the section's fields (offsets relative to off) */
     const char *doc;
 } ac_field;
 

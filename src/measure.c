@@ -35,8 +35,8 @@ int ac_measure_latency(const ac_model *m, const int *ids, size_t n, const ac_wor
     return rc;
 }
 
-static int predict(const ac_cost_table *t, const ac_model *m, const ac_workload *w, const ac_engine_profile *p, ac_cost *k,
-                   ac_err *e) {
+static int predict(const ac_cost_table *t, const ac_model *m, const ac_workload *w, const ac_engine_profile *p,
+                   ac_cost *k, ac_err *e) {
     ac_carch c;
     if (ac_carch_from_arch(&m->a, &c, e)) return -1;
     ac_cost_predict(t, &c, w, p, 0, k);
@@ -51,20 +51,24 @@ int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, 
     ac_workload lw = {cap(wl->batch, 4), cap(wl->prompt_len, 128), cap(wl->gen_len, 32)};
     double bt, bp, rt, rp;
     *out = NULL;
-    if (ac_measure_latency(base, ids, n, &lw, 0, &bt, &bp, e) || ac_measure_latency(res, ids, n, &lw, 0, &rt, &rp, e)) return -1;
-    json_t *o = json_pack("{s:s,s:{s:i,s:i,s:i},s:{s:f,s:f},s:{s:f,s:f}}", "device", "cpu", "workload", "batch", lw.batch,
-                          "prompt_len", lw.prompt_len, "gen_len", lw.gen_len, "base", "ttft_ms", bt, "tpot_ms", bp, "result",
-                          "ttft_ms", rt, "tpot_ms", rp);
+    if (ac_measure_latency(base, ids, n, &lw, 0, &bt, &bp, e) || ac_measure_latency(res, ids, n, &lw, 0, &rt, &rp, e))
+        return -1;
+    json_t *o = json_pack("{s:s,s:{s:i,s:i,s:i},s:{s:f,s:f},s:{s:f,s:f}}", "device", "cpu", "workload", "batch",
+                          lw.batch, "prompt_len", lw.prompt_len, "gen_len", lw.gen_len, "base", "ttft_ms", bt,
+                          "tpot_ms", bp, "result", "ttft_ms", rt, "tpot_ms", rp);
     if (!o) return ac_errf(e, "out of memory");
     ac_engine_profile cp;
     ac_engine_profile_default(&cp, 1);
     ac_cost k0, k1;
     ac_err e2;
-    if (cpu_table && predict(cpu_table, res, &lw, &cp, &k1, &e2) == 0 && predict(cpu_table, base, &lw, &cp, &k0, &e2) == 0) {
-        json_object_set_new(o, "predicted", json_pack("{s:{s:f,s:f},s:{s:f,s:f}}", "base", "ttft_ms", k0.ttft_ms, "tpot_ms",
-                                                      k0.tpot_ms, "result", "ttft_ms", k1.ttft_ms, "tpot_ms", k1.tpot_ms));
-        json_object_set_new(o, "prediction_error",
-                            json_pack("{s:f,s:f}", "ttft", k1.ttft_ms / rt - 1, "tpot", rp > 0 ? k1.tpot_ms / rp - 1 : 0));
+    if (cpu_table && predict(cpu_table, res, &lw, &cp, &k1, &e2) == 0 &&
+        predict(cpu_table, base, &lw, &cp, &k0, &e2) == 0) {
+        json_object_set_new(o, "predicted",
+                            json_pack("{s:{s:f,s:f},s:{s:f,s:f}}", "base", "ttft_ms", k0.ttft_ms, "tpot_ms", k0.tpot_ms,
+                                      "result", "ttft_ms", k1.ttft_ms, "tpot_ms", k1.tpot_ms));
+        json_object_set_new(
+            o, "prediction_error",
+            json_pack("{s:f,s:f}", "ttft", k1.ttft_ms / rt - 1, "tpot", rp > 0 ? k1.tpot_ms / rp - 1 : 0));
     }
     *out = o;
     return 0;
@@ -75,14 +79,16 @@ int ac_measure_on_gpu(const ac_model *base, const ac_model *res, const int *ids,
     ac_workload gw = {cap(wl->batch, 32), cap(wl->prompt_len, 2048), cap(wl->gen_len, 64)};
     double bt, bp, rt, rp;
     *out = NULL;
-    if (ac_measure_latency(base, ids, n, &gw, 1, &bt, &bp, e) || ac_measure_latency(res, ids, n, &gw, 1, &rt, &rp, e)) return -1;
+    if (ac_measure_latency(base, ids, n, &gw, 1, &bt, &bp, e) || ac_measure_latency(res, ids, n, &gw, 1, &rt, &rp, e))
+        return -1;
     ac_engine_profile gp = *p;
     gp.overhead_ms = 0; /* our engine, not a serving framework */
     ac_cost k;
     if (predict(table, res, &gw, &gp, &k, e)) return -1;
-    *out = json_pack("{s:s,s:{s:i,s:i,s:i},s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f}}", "device", table->device, "workload",
-                     "batch", gw.batch, "prompt_len", gw.prompt_len, "gen_len", gw.gen_len, "base", "ttft_ms", bt, "tpot_ms", bp,
-                     "result", "ttft_ms", rt, "tpot_ms", rp, "predicted_result", "ttft_ms", k.ttft_ms, "tpot_ms", k.tpot_ms,
-                     "prediction_error", "ttft", k.ttft_ms / rt - 1, "tpot", rp > 0 ? k.tpot_ms / rp - 1 : 0);
+    *out = json_pack("{s:s,s:{s:i,s:i,s:i},s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f}}", "device", table->device,
+                     "workload", "batch", gw.batch, "prompt_len", gw.prompt_len, "gen_len", gw.gen_len, "base",
+                     "ttft_ms", bt, "tpot_ms", bp, "result", "ttft_ms", rt, "tpot_ms", rp, "predicted_result",
+                     "ttft_ms", k.ttft_ms, "tpot_ms", k.tpot_ms, "prediction_error", "ttft", k.ttft_ms / rt - 1, "tpot",
+                     rp > 0 ? k.tpot_ms / rp - 1 : 0);
     return *out ? 0 : ac_errf(e, "out of memory");
 }

@@ -7,7 +7,10 @@ int ac_target_resolve(const char *device, ac_target *t, ac_err *e) {
     memset(t, 0, sizeof *t);
     t->ordinal = -1;
     if (!device || !*device) return ac_errf(e, "target.device must be a non-empty string");
-    if (!strcmp(device, "cpu")) { t->kind = AC_TARGET_CPU; return 0; }
+    if (!strcmp(device, "cpu")) {
+        t->kind = AC_TARGET_CPU;
+        return 0;
+    }
     if (!strncmp(device, "cuda", 4)) {
         t->kind = AC_TARGET_CUDA;
         if (!device[4]) return 0;
@@ -20,8 +23,11 @@ int ac_target_resolve(const char *device, ac_target *t, ac_err *e) {
     }
     t->profile = ac_device_spec_find(device);
     if (!t->profile)
-        return ac_errf(e, "target.device must be cpu, cuda, cuda:N or a known GPU profile (H100, H200, B200, A100, L4, RTX4090, "
-                          "RTX5080, RTX5070; see GET /v1/devices); got %.64s", device);
+        return ac_errf(
+            e,
+            "target.device must be cpu, cuda, cuda:N or a known GPU profile (H100, H200, B200, A100, L4, RTX4090, "
+            "RTX5080, RTX5070; see GET /v1/devices); got %.64s",
+            device);
     t->kind = AC_TARGET_PROFILE;
     return 0;
 }

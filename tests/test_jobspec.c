@@ -39,7 +39,8 @@ static void test_defaults_match_the_old_pipeline(void) {
     CHECK(s.eval.ctx == 128 && s.eval.windows == 32 && s.calibration_tokens == 16384 && s.repair == 1, "eval");
     CHECK(s.priority == 0 && s.distill.tokens == 0, "priority, distillation off");
     const ac_workload *w = &s.target.workload;
-    CHECK(w->batch == 1 && w->prompt_len == 512 && w->gen_len == 128, "workload %d %d %d", w->batch, w->prompt_len, w->gen_len);
+    CHECK(w->batch == 1 && w->prompt_len == 512 && w->gen_len == 128, "workload %d %d %d", w->batch, w->prompt_len,
+          w->gen_len);
     const ac_engine_profile *p = &s.target.engine;
     CHECK(!strcmp(p->name, "vllm") && p->w_bytes == 2 && p->kv_bytes == 2 && p->act_bytes == 2 && p->block_size == 16,
           "gpu profile %s %d %d %d", p->name, p->w_bytes, p->kv_bytes, p->block_size);
@@ -49,11 +50,12 @@ static void test_defaults_match_the_old_pipeline(void) {
     CHECK(s.target.dev.kind == AC_TARGET_PROFILE && !strcmp(s.target.dev.profile->name, "H100"), "resolved H100");
     json_decref(j);
     j = minimal("cpu");
-    json_object_set_new(json_object_get(j, "target"), "engine", json_pack("{s:s,s:s,s:i}", "weights_dtype", "fp8", "kv_dtype", "fp16",
-                                                                        "block_size", 32));
+    json_object_set_new(json_object_get(j, "target"), "engine",
+                        json_pack("{s:s,s:s,s:i}", "weights_dtype", "fp8", "kv_dtype", "fp16", "block_size", 32));
     CHECK(ac_job_spec_parse(j, &s, NULL, &e) == 0, "%s", e.msg);
     p = &s.target.engine;
-    CHECK(!strcmp(p->name, "autocompress-cpu") && p->w_bytes == 1 && p->act_bytes == 2 && p->kv_bytes == 2 && p->block_size == 32,
+    CHECK(!strcmp(p->name, "autocompress-cpu") && p->w_bytes == 1 && p->act_bytes == 2 && p->kv_bytes == 2 &&
+              p->block_size == 32,
           "cpu profile with overrides %s %d %d %d %d", p->name, p->w_bytes, p->act_bytes, p->kv_bytes, p->block_size);
     CHECK(p->mem_util == 0.8 && p->overhead_ms == 0 && p->overhead_gib == 0, "cpu profile figures");
     json_decref(j);
@@ -91,9 +93,11 @@ static void probe(json_t *root, json_t *holder, json_t *props, const char *prefi
                 json_t *b = bounds[side];
                 if (!b) continue;
                 double x = json_number_value(b), d = side ? 1 : -1;
-                json_object_set_new(holder, k, json_is_integer(b) ? json_integer(json_integer_value(b) + (json_int_t)d)
-                                                                  : json_real(x + d * (fabs(x) * 1e-6 + 1e-12)));
-                CHECK(parse_fails_at(root, field, &e), "%s just outside its %s bound: %s", field, side ? "upper" : "lower", e.msg);
+                json_object_set_new(holder, k,
+                                    json_is_integer(b) ? json_integer(json_integer_value(b) + (json_int_t)d)
+                                                       : json_real(x + d * (fabs(x) * 1e-6 + 1e-12)));
+                CHECK(parse_fails_at(root, field, &e), "%s just outside its %s bound: %s", field,
+                      side ? "upper" : "lower", e.msg);
                 (*probed)++;
             }
             if (json_object_get(p, "enum")) {
@@ -102,8 +106,10 @@ static void probe(json_t *root, json_t *holder, json_t *props, const char *prefi
                 (*probed)++;
             }
         }
-        if (saved) json_object_set_new(holder, k, saved);
-        else json_object_del(holder, k);
+        if (saved)
+            json_object_set_new(holder, k, saved);
+        else
+            json_object_del(holder, k);
     }
 }
 
@@ -133,17 +139,30 @@ static void test_errors_and_targets(void) {
     json_object_set_new(j, "search", json_pack("{s:f}", "steps", 10.0));
     CHECK(parse_fails_at(j, "search.steps", &e) && strstr(e.msg, "integer"), "integer: %s", e.msg);
     json_object_del(j, "search");
-    static const struct { const char *dev; int ok, kind, ordinal; } T[] = {
-        {"cpu", 1, AC_TARGET_CPU, -1}, {"cuda", 1, AC_TARGET_CUDA, -1}, {"cuda:3", 1, AC_TARGET_CUDA, 3},
-        {"h100", 1, AC_TARGET_PROFILE, -1}, {"RTX 4090", 1, AC_TARGET_PROFILE, -1}, {"cuda:", 0, 0, 0},
-        {"cuda:x", 0, 0, 0}, {"cuda1", 0, 0, 0}, {"cuda:1234", 0, 0, 0}, {"TPUv9", 0, 0, 0}, {"cpu0", 0, 0, 0}};
+    static const struct {
+        const char *dev;
+        int ok, kind, ordinal;
+    } T[] = {{"cpu", 1, AC_TARGET_CPU, -1},
+             {"cuda", 1, AC_TARGET_CUDA, -1},
+             {"cuda:3", 1, AC_TARGET_CUDA, 3},
+             {"h100", 1, AC_TARGET_PROFILE, -1},
+             {"RTX 4090", 1, AC_TARGET_PROFILE, -1},
+             {"cuda:", 0, 0, 0},
+             {"cuda:x", 0, 0, 0},
+             {"cuda1", 0, 0, 0},
+             {"cuda:1234", 0, 0, 0},
+             {"TPUv9", 0, 0, 0},
+             {"cpu0", 0, 0, 0}};
     for (size_t i = 0; i < sizeof T / sizeof *T; i++) {
         static ac_job_spec s;
         const char *f = NULL;
         json_object_set_new(json_object_get(j, "target"), "device", json_string(T[i].dev));
         int rc = ac_job_spec_parse(j, &s, &f, &e);
-        if (T[i].ok) CHECK(rc == 0 && (int)s.target.dev.kind == T[i].kind && s.target.dev.ordinal == T[i].ordinal, "%s: %s", T[i].dev, e.msg);
-        else CHECK(rc != 0 && f && !strcmp(f, "target.device"), "%s accepted (field %s)", T[i].dev, f ? f : "-");
+        if (T[i].ok)
+            CHECK(rc == 0 && (int)s.target.dev.kind == T[i].kind && s.target.dev.ordinal == T[i].ordinal, "%s: %s",
+                  T[i].dev, e.msg);
+        else
+            CHECK(rc != 0 && f && !strcmp(f, "target.device"), "%s accepted (field %s)", T[i].dev, f ? f : "-");
     }
     json_decref(j);
 }
@@ -155,13 +174,17 @@ static void test_paths_for_the_daemon(void) {
     json_object_set_new(j, "output", json_string("/o"));
     json_object_set_new(j, "distill", json_pack("{s:i,s:s}", "tokens", 1000, "text", "/d.txt"));
     CHECK(ac_job_spec_parse(j, &s, NULL, &e) == 0, "%s", e.msg);
-    const char *want[][2] = {{"model", "/m"}, {"calibration", "/c.txt"}, {"heldout", "/c.txt"}, {"output", "/o"},
+    const char *want[][2] = {{"model", "/m"},
+                             {"calibration", "/c.txt"},
+                             {"heldout", "/c.txt"},
+                             {"output", "/o"},
                              {"distill.text", "/d.txt"}};
     const int flags[] = {AC_F_PATH_DIR, AC_F_PATH_FILE, AC_F_PATH_FILE, AC_F_PATH_OUT, AC_F_PATH_FILE};
     const char *f, *p;
     int fl, i = 0;
     for (; ac_job_spec_path(&s, i, &f, &p, &fl); i++)
-        CHECK(i < 5 && !strcmp(f, want[i][0]) && !strcmp(p, want[i][1]) && fl == flags[i], "path %d: %s=%s (%d)", i, f, p, fl);
+        CHECK(i < 5 && !strcmp(f, want[i][0]) && !strcmp(p, want[i][1]) && fl == flags[i], "path %d: %s=%s (%d)", i, f,
+              p, fl);
     CHECK(i == 5, "%d paths", i);
     CHECK(s.distill.tokens == 1000 && s.distill.seq_len == 128 && s.distill.temperature == 1, "distill section");
     json_decref(j);
