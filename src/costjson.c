@@ -60,6 +60,7 @@ static int get_vals(const json_t *a, double **out, int n, const char **field, co
     *field = name;
     if (!json_is_array(a) || (int)json_array_size(a) != n) return ac_errf(e, "%s must hold %d numbers", name, n);
     *out = malloc(sizeof(double) * n);
+    if (!*out) return ac_errf(e, "out of memory");
     for (int i = 0; i < n; i++) {
         json_t *v = json_array_get(a, i);
         if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v))) {

@@ -4,6 +4,7 @@
  * for GEMMs, one attention head and elementwise passes. Roofline tables
  * are answered by costroofline.c. See costmodel.h.
  */
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@ void ac_cost_table_free(ac_cost_table *t) {
 /* Position of x on a log grid: cell index and fraction; *scale handles
  * points outside the grid (linear in x beyond either end). */
 static void locate(const double *g, int n, double x, int *i, double *u, double *scale) {
+    assert(n >= 1 && g[0] > 0);
     *scale = 1;
     if (n == 1) {
         *i = 0;
@@ -59,6 +61,7 @@ double ac_cost_gemm_lookup(const ac_cost_table *t, double m, double n, double k,
     locate(t->gn, t->nn, n, &in, &un, &sn);
     locate(t->gk, t->nk, k, &ik, &uk, &sk);
     const double *grid = warm && t->gemm_warm_us ? t->gemm_warm_us : t->gemm_us;
+    assert(grid); /* a measured table always has its cold grid */
 #define G(a, b, c) log(grid[((size_t)(a)*t->nn + (b)) * t->nk + (c)])
     double c00 = lerp(G(im, in, ik), G(im, in, ik + 1), uk), c01 = lerp(G(im, in + 1, ik), G(im, in + 1, ik + 1), uk);
     double c10 = lerp(G(im + 1, in, ik), G(im + 1, in, ik + 1), uk),

@@ -164,11 +164,13 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
         imp->layer_bi[l] = st.layer[l] / (double)st.tokens;
         int G = la->n_kv_heads, grp = la->n_heads ? la->n_heads / la->n_kv_heads : 1;
         double *gs = calloc(G + 1, sizeof(double));
+        if (!gs) { rc = ac_errf(e, "out of memory"); break; }
         for (int h = 0; h < la->n_heads; h++) gs[h / grp] += sqrt(st.head[l][h] / (double)st.tokens);
         if (rank(gs, G, &imp->kv_order[l], &imp->kv_score[l])) rc = ac_errf(e, "out of memory");
         free(gs);
         int F = la->ffn;
         double *fs = calloc(F + 1, sizeof(double));
+        if (!fs) { rc = ac_errf(e, "out of memory"); break; }
         for (int c = 0; c < F; c++) {
             double wn = 0;
             for (int r = 0; r < H; r++) wn += (double)m->L[l].wd[(size_t)r * F + c] * m->L[l].wd[(size_t)r * F + c];

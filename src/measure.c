@@ -1,6 +1,7 @@
 /* measure.c - see measure.h. */
 #include "measure.h"
 
+#include <assert.h>
 #include <stdlib.h>
 
 #include "eval.h"
@@ -10,6 +11,7 @@ static double min3(const double *v) { return v[0] < v[1] ? (v[0] < v[2] ? v[0] :
 int ac_measure_latency(const ac_model *m, const int *ids, size_t n, const ac_workload *w, int cuda, double *ttft_ms,
                        double *tpot_ms, ac_err *e) {
     int B = w->batch, P = w->prompt_len, G = w->gen_len;
+    assert(n > 0 && B > 0 && P > 0);
     ac_scorer *sc;
     if (ac_scorer_open(m, B, P + G, cuda, NULL, &sc, e)) return -1;
     int *tok = malloc(sizeof(int) * B * P), *nxt = malloc(sizeof(int) * B);

@@ -18,6 +18,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer.h"
 
+#include <assert.h>
 #include <jansson.h>
 #include <pcre2.h>
 #include <utf8proc.h>
@@ -75,6 +76,7 @@ static int vget(const ac_tokenizer *t, const char *s, size_t n) {
 }
 
 static void vput(ac_tokenizer *t, char *key, int val) {
+    assert(key && t->vcap > 0 && (t->vcap & (t->vcap - 1)) == 0); /* a power of two with room (sized at load) */
     size_t n = strlen(key);
     for (size_t i = fnv(key, n) & (t->vcap - 1);; i = (i + 1) & (t->vcap - 1))
         if (!t->vmap[i].key) { t->vmap[i].key = key; t->vmap[i].val = val; return; }
@@ -133,7 +135,7 @@ static void init_bytes(ac_tokenizer *t) {
 
 void ac_tok_free(ac_tokenizer *t) {
     if (!t) return;
-    for (size_t i = 0; i < t->vcap; i++) free(t->vmap[i].key); /* keys are shared with id2s */
+    for (size_t i = 0; t->vmap && i < t->vcap; i++) free(t->vmap[i].key); /* keys are shared with id2s */
     free(t->vmap);
     free(t->id2s);
     free(t->mmap);
@@ -220,13 +222,19 @@ static int add_normalizer(ac_tokenizer *t, const json_t *n, ac_err *e) {
         const char *p = json_string_value(json_object_get(n, "prepend"));
         if (!p) return ac_errf(e, "tokenizer.json: Prepend needs a string");
         o->prepend = 1;
-        o->to = strdup(p);
+        if (!(o->to = strdup(p))) return ac_errf(e, "out of memory");
     } else if (!strcmp(ty, "Replace")) {
         const char *from = json_string_value(json_object_get(json_object_get(n, "pattern"), "String"));
         const char *to = json_string_value(json_object_get(n, "content"));
         if (!from || !*from || !to) return ac_errf(e, "tokenizer.json: Replace normalizer needs a String pattern and content (regex patterns are not supported)");
         o->from = strdup(from);
         o->to = strdup(to);
+        if (!o->from || !o->to) {
+            free(o->from);
+            free(o->to);
+            o->from = o->to = NULL;
+            return ac_errf(e, "out of memory");
+        }
     } else if (!strcmp(ty, "NFC")) o->uni = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
     else if (!strcmp(ty, "NFD")) o->uni = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE;
     else if (!strcmp(ty, "NFKC")) o->uni = UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
@@ -284,6 +292,7 @@ int ac_tok_parse(const char *js, size_t len, ac_tokenizer **out, ac_err *e) {
         int id = (int)json_integer_value(v);
         if (t->id2s[id]) { rc = ac_errf(e, "tokenizer.json: id %d used twice", id); goto out; }
         char *s = strdup(k);
+        if (!s) { rc = ac_errf(e, "out of memory"); goto out; }
         vput(t, s, id);
         t->id2s[id] = s;
     }
@@ -292,15 +301,18 @@ int ac_tok_parse(const char *js, size_t len, ac_tokenizer **out, ac_err *e) {
         t->added = calloc(na + 1, sizeof *t->added);
         t->added_id = calloc(na + 1, sizeof *t->added_id);
         t->added_special = calloc(na + 1, sizeof *t->added_special);
+        if (!t->added || !t->added_id || !t->added_special) { rc = ac_errf(e, "out of memory"); goto out; }
         for (size_t i = 0; i < na; i++) {
             json_t *a = json_array_get(added, i);
             int id = (int)json_integer_value(json_object_get(a, "id"));
             t->added[t->nadded] = strdup(json_string_value(json_object_get(a, "content")));
+            if (!t->added[t->nadded]) { rc = ac_errf(e, "out of memory"); goto out; }
             t->added_id[t->nadded] = id;
             t->added_special[t->nadded] = json_is_true(json_object_get(a, "special"));
             t->nadded++;
             if (!t->id2s[id]) {
                 char *s = strdup(t->added[t->nadded - 1]);
+                if (!s) { rc = ac_errf(e, "out of memory"); goto out; }
                 vput(t, s, id);
                 t->id2s[id] = s;
             }
@@ -330,6 +342,7 @@ int ac_tok_parse(const char *js, size_t len, ac_tokenizer **out, ac_err *e) {
         int ia = vget(t, a, strlen(a)), ib = vget(t, b, strlen(b));
         size_t la = strlen(a), lb = strlen(b);
         char *ab = malloc(la + lb + 1);
+        if (!ab) { rc = ac_errf(e, "out of memory"); goto out; }
         memcpy(ab, a, la);
         memcpy(ab + la, b, lb + 1);
         int iab = vget(t, ab, la + lb);
@@ -702,6 +715,7 @@ int ac_tok_encode(const ac_tokenizer *t, const char *text, size_t len, int **ids
     if (!rc) rc = encode_segment(t, text + seg, len - seg, seg == 0, &out, e);
     if (rc) { free(out.v); return -1; }
     *ids = out.v ? out.v : malloc(sizeof(int));
+    if (!*ids) return ac_errf(e, "out of memory");
     *n = out.n;
     return 0;
 }
