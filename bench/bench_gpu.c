@@ -14,6 +14,7 @@
 #include "costmodel.h"
 #include "cuda_plugin.h"
 #include "device.h"
+#include "rope.h"
 
 static void fill(float *p, size_t n, unsigned *s) {
     for (size_t i = 0; i < n; i++) { *s = *s * 1664525u + 1013904223u; p[i] = ((*s >> 9) / 8388608.0f - 1.0f) * 0.02f; }
@@ -88,7 +89,9 @@ int main(int argc, char **argv) {
         ac_model m;
         if (mk_model(&m, ms[mi].H, ms[mi].L, ms[mi].heads, ms[mi].kv, ms[mi].F, ms[mi].V)) return 1;
         acc_engine *g;
-        if (cu->engine_create(0, &m, 32, 1100, &g, err, sizeof err)) { printf("engine: %s\n", err); return 1; }
+        static float rcos[1100 * 256], rsin[1100 * 256]; /* head_dim <= 512 */
+        if (m.a.head_dim > 512 || ac_rope_tables(&m.a, 1100, rcos, rsin, &e)) { printf("rope tables\n"); return 1; }
+        if (cu->engine_create(0, &m, 32, 1100, rcos, rsin, &g, err, sizeof err)) { printf("engine: %s\n", err); return 1; }
         ac_carch ca;
         ac_carch_from_arch(&m.a, &ca, &e);
         for (size_t w = 0; w < sizeof work / sizeof *work; w++) {

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "kernels_cpu.h"
+#include "rope.h"
 
 int ac_stats_init(ac_stats *s, const ac_arch *a, ac_err *e) {
     memset(s, 0, sizeof *s);
@@ -111,16 +112,7 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
         ac_engine_free(en);
         return ac_errf(e, "engine: out of memory for batch %d x context %d", max_batch, max_ctx);
     }
-    float *inv = malloc(hd / 2 * 4);
-    if (!inv) { ac_engine_free(en); return ac_errf(e, "out of memory"); }
-    ac_rope_inv_freq(inv, (int)hd, a->rope_theta, a->rope_llama3, a->rs_factor, a->rs_low, a->rs_high, a->rs_orig);
-    for (int p = 0; p < max_ctx; p++)
-        for (size_t i = 0; i < hd / 2; i++) {
-            float ang = (float)p * inv[i];
-            en->cos_t[p * hd / 2 + i] = cosf(ang);
-            en->sin_t[p * hd / 2 + i] = sinf(ang);
-        }
-    free(inv);
+    if (ac_rope_tables(a, max_ctx, en->cos_t, en->sin_t, e)) { ac_engine_free(en); return -1; }
     return 0;
 }
 

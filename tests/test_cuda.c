@@ -38,7 +38,7 @@ static void compare(const char *name) {
     ac_engine_forward(&en, toks, B, T, 0, 0, &e);
     acc_engine *g = NULL;
     char err[512] = "";
-    CHECK(cu->engine_create(0, &m, B, T, &g, err, sizeof err) == 0, "%s", err);
+    CHECK(cu->engine_create(0, &m, B, T, en.cos_t, en.sin_t, &g, err, sizeof err) == 0, "%s", err); /* the host's RoPE tables */
     size_t V = m.a.vocab;
     float *lg = malloc(sizeof(float) * B * T * V);
     CHECK(g && cu->engine_forward(g, toks, B, T, 0, 0, lg, err, sizeof err) == 0, "%s", err);
