@@ -244,12 +244,18 @@ static int stage_export(job_state *s, ac_err *e) {
 
 /* ---------------------------------------------------------------- the run */
 
+/* The stages in the order they run and the events report them. wanted
+ * (NULL = always) leaves a stage out of a job that does not ask for it,
+ * index and of in the "stage" events counting only the stages that run. */
 static const struct {
     const char *name;
     int (*run)(job_state *s, ac_err *e);
-} STAGES[] = {{"load", stage_load},     {"calibrate", stage_calibrate}, {"profile", stage_profile},
-              {"search", stage_search}, {"prune", stage_prune},         {"evaluate", stage_evaluate},
-              {"export", stage_export}};
+    int (*wanted)(const job_state *s);
+} STAGES[] = {
+    {"load", stage_load, NULL},     {"calibrate", stage_calibrate, NULL}, {"profile", stage_profile, NULL},
+    {"search", stage_search, NULL}, {"prune", stage_prune, NULL},         {"evaluate", stage_evaluate, NULL},
+    {"export", stage_export, NULL},
+};
 enum { N_STAGES = sizeof STAGES / sizeof *STAGES };
 
 static void state_free(job_state *s) {
@@ -289,14 +295,16 @@ int ac_job_run(const ac_job_spec *spec, ac_job_ctx *ctx, json_t **result, ac_err
         (job_state){.spec = spec, .ctx = ctx, .threads = ctx->threads > 0 ? ctx->threads : 2, .timings = json_object()};
     ac_set_threads(s->threads);
     double t_job = ac_now();
-    int rc = 0;
+    int rc = 0, of = 0, index = 0;
+    for (int i = 0; i < N_STAGES; i++) of += !STAGES[i].wanted || STAGES[i].wanted(s);
     for (int i = 0; i < N_STAGES && !rc; i++) {
+        if (STAGES[i].wanted && !STAGES[i].wanted(s)) continue;
         if (ctx->cancelled && *ctx->cancelled) {
             rc = ac_errf(e, "cancelled");
             break;
         }
         s->stage = STAGES[i].name;
-        emit(s, "stage", json_pack("{s:s,s:i,s:i}", "stage", s->stage, "index", i + 1, "of", N_STAGES));
+        emit(s, "stage", json_pack("{s:s,s:i,s:i}", "stage", s->stage, "index", ++index, "of", of));
         double t0 = ac_now();
         if ((rc = STAGES[i].run(s, e)))
             ac_errctx(e, "stage %s", s->stage);
