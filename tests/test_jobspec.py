@@ -1,6 +1,6 @@
 """The job-spec parser (src/jobspec.c, through `autocompress validate`)
 against an independent validator: the `jsonschema` library (Debian's
-python3-jsonschema) checking proto/job.schema.json. Random mutations of a
+python3-jsonschema, in `make deps`) checking proto/job.schema.json. Random mutations of a
 valid spec (values inside, on and just outside each bound, wrong types,
 unknown and missing fields, unlisted enum values) must be accepted or
 rejected by both alike, and a rejection must name the field the mutation
@@ -82,6 +82,7 @@ def test_parser_agrees_with_jsonschema():
     try:
         import jsonschema
     except ImportError:
+        print("   skip: python3-jsonschema is not installed (make deps)")
         return "skip"
     schema = json.load(open(SCHEMA))
     validator = jsonschema.Draft202012Validator(schema)
