@@ -44,8 +44,12 @@ static int cmd_eval(int argc, char **argv) {
         else if (i + 1 < argc && !strcmp(argv[i], "--stride")) o.stride = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--batch")) o.batch = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--threads")) threads = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--device") && (!strcmp(argv[i + 1], "cpu") || !strcmp(argv[i + 1], "cuda")))
-            o.cuda = !strcmp(argv[++i], "cuda");
+        else if (i + 1 < argc && !strcmp(argv[i], "--device")) {
+            ac_target tg; /* a local device: cpu, or the CUDA device this process sees first */
+            ac_err te;
+            if (ac_target_resolve(argv[++i], &tg, &te) || tg.kind == AC_TARGET_PROFILE || tg.ordinal > 0) return usage();
+            o.cuda = tg.kind == AC_TARGET_CUDA;
+        }
         else return usage();
     }
     ac_set_threads(threads);
