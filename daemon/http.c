@@ -148,7 +148,10 @@ static enum MHD_Result post_job(ac_daemon *d, struct MHD_Connection *c, json_t *
         int gpus = 0;
         for (int i = 0; i < d->ndevices; i++) gpus += d->devices[i].index >= 0;
         if (!gpus || !d->cfg.use_gpus) return send_error(d, c, 400, "no_device", "target.device asks for a local CUDA GPU but this server has none; name a spec profile (e.g. H100) to target a GPU that is not here", "target.device");
-        if (js.target.dev.ordinal >= gpus) return send_error(d, c, 400, "no_device", "target.device names a CUDA device this server does not have (see GET /v1/devices)", "target.device");
+        if (js.target.dev.ordinal >= gpus)
+            return send_error(d, c, 400, "no_device",
+                              "target.device names a CUDA device this server does not have (see GET /v1/devices)",
+                              "target.device");
     }
     char *s = json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_t *pr = json_object_get(spec, "priority");
@@ -428,7 +431,8 @@ static enum MHD_Result handle(ac_daemon *d, struct MHD_Connection *c, const char
             const char *field = NULL;
             ac_cost_cache cache;
             costcache_db(&cache, d->db);
-            if (ac_estimate_json(body, &cache, &out, &field, &e)) ret = send_error(d, c, 400, "invalid_request", e.msg, field);
+            if (ac_estimate_json(body, &cache, &out, &field, &e))
+                ret = send_error(d, c, 400, "invalid_request", e.msg, field);
             else ret = send_json(c, 200, out);
         }
     } else {
