@@ -12,6 +12,7 @@
 #include "engine.h"
 #include "err.h"
 #include "model.h"
+#include "stats.h"
 
 typedef struct ac_backend_engine ac_backend_engine;
 

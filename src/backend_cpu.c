@@ -5,6 +5,7 @@
 
 struct ac_backend_engine {
     ac_engine en;
+    ac_engine_hooks hooks; /* activation statistics, when asked for */
 };
 
 static int cpu_open(const ac_model *m, int max_batch, int max_ctx, ac_stats *stats, ac_backend_engine **out,
@@ -15,7 +16,10 @@ static int cpu_open(const ac_model *m, int max_batch, int max_ctx, ac_stats *sta
         free(b);
         return -1;
     }
-    b->en.stats = stats;
+    if (stats) {
+        ac_stats_hooks(stats, &b->hooks);
+        b->en.hooks = &b->hooks;
+    }
     *out = b;
     return 0;
 }
