@@ -17,9 +17,13 @@
 #include "job.h"
 
 _Static_assert(sizeof(ac_method) == sizeof(int) && sizeof(ac_export_target) == sizeof(int), "enums are stored as int");
+_Static_assert(AC_METHOD_MINITRON == 1 && AC_EXPORT_LLAMA == 1 && AC_EXPORT_GGUF_DECI == 2,
+               "enum lists below follow the enums");
 
 static const char *const METHODS[] = {"autocompress", "minitron", NULL};
 static const char *const DTYPES[] = {"bf16", "fp16", "fp32", "fp8", NULL};
+/* Enum fields store the index of the string: these lists are in the order
+ * of ac_method and ac_export_target (search.h). */
 static const char *const EXPORTS[] = {"deci", "llama", "gguf-deci", NULL};
 
 #define AT(st, m) .off = offsetof(st, m), .size = sizeof(((st *)0)->m)
