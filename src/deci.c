@@ -200,28 +200,18 @@ int ac_deci_write_module(const char *dir, ac_err *e) {
 }
 
 /* search.export_target, with the default (deci) applied. */
-static int is_deci_spec(const json_t *spec) {
-    const char *xt = json_string_value(json_object_get(json_object_get(spec, "search"), "export_target"));
-    return !xt || !strcmp(xt, "deci");
+int ac_deci_validate_spec(int deci, int ffn_multiple, const char **field, ac_err *e) {
+    if (!deci || ffn_multiple % AC_DECI_GRID == 0) return 0;
+    *field = "search.ffn_multiple";
+    return ac_errf(e, "search.ffn_multiple=%d cannot be exported as deci: vLLM, TensorRT-LLM and Transformers "
+                      "compute every FFN width as a multiple of %d from ffn_mult (use a multiple of %d, or "
+                      "export_target llama/gguf)", ffn_multiple, AC_DECI_GRID, AC_DECI_GRID);
 }
 
-int ac_deci_validate_spec(const json_t *spec, const char **field, ac_err *e) {
-    if (!is_deci_spec(spec)) return 0;
-    json_t *fm = json_object_get(json_object_get(spec, "search"), "ffn_multiple");
-    if (json_is_integer(fm) && json_integer_value(fm) % AC_DECI_GRID) {
-        *field = "search.ffn_multiple";
-        return ac_errf(e, "search.ffn_multiple=%lld cannot be exported as deci: vLLM, TensorRT-LLM and Transformers "
-                          "compute every FFN width as a multiple of %d from ffn_mult (use a multiple of %d, or "
-                          "export_target llama/gguf)", (long long)json_integer_value(fm), AC_DECI_GRID, AC_DECI_GRID);
-    }
-    return 0;
-}
-
-int ac_deci_validate_base(const json_t *spec, const ac_arch *base, const char **field, ac_err *e) {
-    if (!is_deci_spec(spec)) return 0;
-    const char *method = json_string_value(json_object_get(spec, "method"));
+int ac_deci_validate_base(int deci, int minitron, const ac_arch *base, const char **field, ac_err *e) {
+    if (!deci) return 0;
     /* minitron keeps a uniform base uniform, and uniform results export as llama/mistral */
-    if (method && !strcmp(method, "minitron") && ac_arch_is_uniform(base)) return 0;
+    if (minitron && ac_arch_is_uniform(base)) return 0;
     *field = "search.export_target";
     if (base->sliding_window)
         return ac_errf(e, "search.export_target deci cannot express this model's sliding window (%d tokens): "
@@ -237,13 +227,12 @@ int ac_deci_validate_base(const json_t *spec, const ac_arch *base, const char **
     return 0;
 }
 
-int ac_deci_validate_model(const json_t *spec, const char **field, ac_err *e) {
-    const char *dir = json_string_value(json_object_get(spec, "model"));
-    if (!is_deci_spec(spec) || !dir) return 0;
+int ac_deci_validate_model(int deci, int minitron, const char *model_dir, const char **field, ac_err *e) {
+    if (!deci || !model_dir || !model_dir[0]) return 0;
     ac_arch a;
     ac_err ignore;
-    if (ac_arch_load(dir, &a, &ignore)) return 0; /* a bad model fails at load with its own message */
-    int rc = ac_deci_validate_base(spec, &a, field, e);
+    if (ac_arch_load(model_dir, &a, &ignore)) return 0; /* a bad model fails at load with its own message */
+    int rc = ac_deci_validate_base(deci, minitron, &a, field, e);
     ac_arch_free(&a);
     return rc;
 }
