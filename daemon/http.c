@@ -43,9 +43,12 @@
 #include <string.h>
 #include <strings.h>
 
+#include "api.h"
 #include "conn.h"
+#include "costcache.h"
 #include "costmodel.h"
 #include "daemon.h"
+#include "deci.h"
 #include "fsafe.h"
 #include "job.h"
 #include "pool.h"
@@ -72,6 +75,7 @@ typedef struct req_ctx {
     reply rep;
     /* inputs of offloaded work, copied off the connection */
     json_t *in;
+    ac_job_spec *js; /* POST /v1/jobs: the parsed spec (33 KB, heap) */
     char *idem_key;
     char url[512];
     long id;
@@ -216,17 +220,16 @@ static long query_long(struct MHD_Connection *c, const char *k, long def, long l
     return x;
 }
 
-static double spec_num(const json_t *o, const char *k, double def) {
-    json_t *v = json_object_get(o, k);
-    return json_is_number(v) ? json_number_value(v) : def;
-}
-
 /* The server's job caps: 0 or -1 with a 400 naming the cap. */
-static int check_limits(ac_daemon *d, const json_t *spec, reply *r) {
-    struct { const char *field, *cap; double v; long max; } c[] = {
-        {"calibration_tokens", "max_calibration_tokens", spec_num(spec, "calibration_tokens", 16384), d->cfg.max_calibration_tokens},
-        {"search.steps", "max_search_steps", spec_num(json_object_get(spec, "search"), "steps", 300), d->cfg.max_search_steps},
-        {"eval.windows", "max_eval_windows", spec_num(json_object_get(spec, "eval"), "windows", 32), d->cfg.max_eval_windows},
+static int check_limits(ac_daemon *d, const ac_job_spec *js, reply *r) {
+    struct {
+        const char *field, *cap;
+        double v;
+        long max;
+    } c[] = {
+        {"calibration_tokens", "max_calibration_tokens", js->calibration_tokens, d->cfg.max_calibration_tokens},
+        {"search.steps", "max_search_steps", js->search.steps, d->cfg.max_search_steps},
+        {"eval.windows", "max_eval_windows", js->eval.windows, d->cfg.max_eval_windows},
     };
     for (size_t i = 0; i < sizeof c / sizeof *c; i++)
         if (c[i].v > (double)c[i].max) {
@@ -281,17 +284,23 @@ static void task_post_job(void *arg) {
     const char *field = NULL;
     char jobs_dir[1100];
     snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", d->data_dir_abs);
-    if (ac_fsafe_check_job(spec, jobs_dir, &field, &e)) {
+    const ac_job_spec *js = rc->js;
+    if (ac_fsafe_check_job(js, jobs_dir, &field, &e)) {
         char msg[600];
         snprintf(msg, sizeof msg, "%s: %s", field, e.msg);
         rep_error(d, r, 400, "invalid_path", msg, field);
         offload_done(rc);
         return;
     }
+    /* Deci exports need a base model the 256-grid can represent (reads config.json, so here, off the poll thread). */
+    if (ac_deci_validate_model(js->search.target == AC_EXPORT_DECI, js->method == AC_METHOD_MINITRON, js->model, &field,
+                               &e)) {
+        rep_error(d, r, 400, "invalid_spec", e.msg, field);
+        offload_done(rc);
+        return;
+    }
     char *s = json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER), *existing = NULL;
-    json_t *pr = json_object_get(spec, "priority");
-    long id = s ? db_job_insert(d->db, s, json_string_value(json_object_get(spec, "name")), pr ? (int)json_integer_value(pr) : 0,
-                                rc->idem_key, &existing, &e)
+    long id = s ? db_job_insert(d->db, s, js->name[0] ? js->name : NULL, js->priority, rc->idem_key, &existing, &e)
                 : ac_errf(&e, "out of memory");
     free(s);
     if (id < 0) {
@@ -329,7 +338,10 @@ static void task_estimate(void *arg) {
     ac_err e = {{0}};
     json_t *out = NULL;
     const char *field = NULL;
-    if (ac_estimate_json(rc->in, rc->d->cfg.db_path, &out, &field, &e)) rep_error(rc->d, &rc->rep, 400, "invalid_request", e.msg, field);
+    ac_cost_cache cache;
+    costcache_db(&cache, rc->d->db); /* cached tables only: an estimate measures nothing */
+    if (ac_estimate_json(rc->in, &cache, &out, &field, &e))
+        rep_error(rc->d, &rc->rep, 400, "invalid_request", e.msg, field);
     else rep_json(&rc->rep, 200, out);
     offload_done(rc);
 }
@@ -373,24 +385,26 @@ static enum MHD_Result post_job(req_ctx *rc, json_t *spec) {
     reply *r = &rc->rep;
     ac_err e = {{0}};
     const char *field = NULL;
-    if (ac_job_validate_field(spec, &field, &e)) { rep_error(d, r, 400, "invalid_spec", e.msg, field); goto now; }
-    if (check_limits(d, spec, r)) goto now;
-    const char *dev = json_string_value(json_object_get(json_object_get(spec, "target"), "device"));
-    if (!strncmp(dev, "cuda", 4)) {
-        int gpus = 0, want = -1;
+    ac_job_spec *js = rc->js = malloc(sizeof *rc->js);
+    if (!js) { rep_error(d, r, 503, "busy", "out of memory", NULL); goto now; }
+    if (ac_job_spec_parse(spec, js, &field, &e)) { rep_error(d, r, 400, "invalid_spec", e.msg, field); goto now; }
+    if (check_limits(d, js, r)) goto now;
+    if (js->target.dev.kind == AC_TARGET_CUDA) {
+        int gpus = 0;
         for (int i = 0; i < d->ndevices; i++) gpus += d->devices[i].index >= 0;
         if (!gpus || !d->cfg.use_gpus) {
-            rep_error(d, r, 400, "no_device", "target.device asks for a local CUDA GPU but this server has none; name a spec profile (e.g. H100) to target a GPU that is not here", "target.device");
+            rep_error(d, r, 400, "no_device",
+                      "target.device asks for a local CUDA GPU but this server has none; name a spec profile "
+                      "(e.g. H100) to target a GPU that is not here",
+                      "target.device");
             goto now;
         }
-        if (dev[4] == ':') {
-            char *end;
-            want = (int)strtol(dev + 5, &end, 10);
-            if (*end || want < 0 || want >= gpus) { rep_error(d, r, 400, "no_device", "target.device names a CUDA device this server does not have (see GET /v1/devices)", "target.device"); goto now; }
-        } else if (dev[4]) { rep_error(d, r, 400, "invalid_spec", "target.device must be cuda or cuda:N", "target.device"); goto now; }
-    } else if (strcmp(dev, "cpu") && !ac_device_spec_find(dev)) {
-        rep_error(d, r, 400, "invalid_spec", "target.device must be cpu, cuda, cuda:N or a known GPU profile (see GET /v1/devices)", "target.device");
-        goto now;
+        if (js->target.dev.ordinal >= gpus) {
+            rep_error(d, r, 400, "no_device",
+                      "target.device names a CUDA device this server does not have (see GET /v1/devices)",
+                      "target.device");
+            goto now;
+        }
     }
     const char *key = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key");
     if (key) {
@@ -763,6 +777,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         free(rc->rep.text);
         if (rc->rep.resp) MHD_destroy_response(rc->rep.resp);
         free(rc->idem_key);
+        free(rc->js);
         pthread_mutex_destroy(&rc->mu);
         free(rc);
     }

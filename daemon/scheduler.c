@@ -36,8 +36,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "costcache.h"
 #include "costmodel.h"
 #include "daemon.h"
+#include "target.h"
 #include "wevent.h"
 
 typedef struct slot {
@@ -200,6 +202,19 @@ static void finish_worker(worker *w) {
     if (!s->stopping) uv_async_send(&s->wake);
 }
 
+/* Store a measured cost table (a job's cost_table event, a scheduled
+ * measurement's output) through the daemon's cost cache (costcache.c). */
+static int store_measured(ac_daemon *d, const json_t *j, ac_err *e) {
+    ac_cost_table t;
+    if (ac_cost_table_from_json(j, &t, e)) return -1;
+    snprintf(t.source, sizeof t.source, "measured");
+    ac_cost_cache c;
+    costcache_db(&c, d->db);
+    int rc = c.put(c.ud, &t, e);
+    ac_cost_table_free(&t);
+    return rc;
+}
+
 /* One line of worker output: {"kind": K, "data": D}. */
 static void handle_line(worker *w, const char *line, size_t len) {
     wevent ev;
@@ -216,12 +231,7 @@ static void handle_line(worker *w, const char *line, size_t len) {
     } else if (!strcmp(ev.kind, "cost_table")) {
         json_t *t = ev.table;
         if (t) {
-            char *ts = json_dumps(t, JSON_COMPACT);
-            if (!ts || db_cost_put(w->d->db, json_string_value(json_object_get(t, "key")), json_string_value(json_object_get(t, "device")),
-                                   json_string_value(json_object_get(t, "dtype")), json_string_value(json_object_get(t, "engine")),
-                                   (int)json_integer_value(json_object_get(t, "version")), "measured", ts, &e))
-                log_line("job %ld: cannot store cost table: %s", w->job, ts ? e.msg : "out of memory");
-            free(ts);
+            if (store_measured(w->d, t, &e)) log_line("job %ld: cannot store cost table: %s", w->job, e.msg);
         } else if (json_is_true(json_object_get(ev.data, "cache_hit")) && json_is_string(json_object_get(ev.data, "key"))) {
             if (db_cost_hit(w->d->db, json_string_value(json_object_get(ev.data, "key")), &e)) log_line("job %ld: %s", w->job, e.msg);
         }
@@ -366,8 +376,10 @@ static int start_worker(scheduler *s, slot *sl, long job) {
 }
 
 static slot *find_slot(scheduler *s, const char *dev, char *why, size_t whyn) {
-    int want_gpu = !strncmp(dev, "cuda", 4);
-    int want_idx = want_gpu && dev[4] == ':' ? atoi(dev + 5) : -1;
+    ac_target tg;
+    ac_err e;
+    int want_gpu = ac_target_resolve(dev, &tg, &e) == 0 && tg.kind == AC_TARGET_CUDA;
+    int want_idx = want_gpu ? tg.ordinal : -1;
     int exists = 0;
     for (int i = 0; i < s->nslots; i++) {
         slot *sl = &s->slots[i];
@@ -407,16 +419,11 @@ static void measure_finish(measure *m) {
         if (!t || ac_cost_table_validate(t, &field, &e)) {
             snprintf(state, sizeof state, "failed");
             snprintf(err, sizeof err, "the measurement printed no valid table");
-        } else {
-            char *ts = json_dumps(t, JSON_COMPACT);
-            if (!ts || db_cost_put(d->db, json_string_value(json_object_get(t, "key")), json_string_value(json_object_get(t, "device")),
-                                   json_string_value(json_object_get(t, "dtype")), json_string_value(json_object_get(t, "engine")),
-                                   (int)json_integer_value(json_object_get(t, "version")), "measured", ts, &e)) {
-                snprintf(state, sizeof state, "failed");
-                snprintf(err, sizeof err, "cannot store the table: %.250s", ts ? e.msg : "out of memory");
-            } else snprintf(state, sizeof state, "succeeded");
-            free(ts);
-        }
+        } else if (store_measured(d, t, &e)) {
+            snprintf(state, sizeof state, "failed");
+            snprintf(err, sizeof err, "cannot store the table: %.250s", e.msg);
+        } else
+            snprintf(state, sizeof state, "succeeded");
         json_decref(t);
     }
     pthread_mutex_lock(&s->mu);

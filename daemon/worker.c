@@ -20,7 +20,8 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
-#include "costmodel.h"
+#include "api.h"
+#include "costcache.h"
 #include "daemon.h"
 #include "device.h"
 #include "fsafe.h"
@@ -77,34 +78,41 @@ int worker_main(int argc, char **argv) {
     }
     sqlite3_close(c);
     if (!spec) { fail("job not found in the database"); return 1; }
+    static ac_job_spec js; /* 33 KB: off the stack */
     ac_err pe = {{0}};
     const char *field = NULL;
-    if (ac_fsafe_set_roots(roots, nroots, &pe) || ac_fsafe_check_job(spec, jobs_dir, &field, &pe)) {
+    int prc = ac_job_spec_parse(spec, &js, &field, &pe);
+    json_decref(spec);
+    if (prc || ac_fsafe_set_roots(roots, nroots, &pe) || ac_fsafe_check_job(&js, jobs_dir, &field, &pe)) {
         char msg[700];
         snprintf(msg, sizeof msg, "%s: %s", field ? field : "paths", pe.msg);
-        json_decref(spec);
         fail(msg);
         return 1;
     }
-    if (!json_object_get(spec, "output") && output) json_object_set_new(spec, "output", json_string(output));
+    /* The default output (data_dir/jobs/ID/output) is given after the check,
+     * which refuses outputs a spec points into the job directories. */
+    if (!js.output[0] && output && (size_t)snprintf(js.output, sizeof js.output, "%s", output) >= sizeof js.output) {
+        fail("--output: path too long");
+        return 1;
+    }
     fprintf(stderr, "worker for job %ld on %s (pid %d)\n", id, device, (int)getpid());
     if (!strncmp(device, "cuda:", 5)) {
         /* The slot's GPU becomes this process's CUDA device 0, which is the
          * one the engine, the table measurement and the evaluation use. */
         char vis[256];
         if (ac_cuda_pin(getenv("CUDA_VISIBLE_DEVICES"), atoi(device + 5), vis, sizeof vis)) {
-            json_decref(spec);
             fail("cannot pin the job to its GPU slot (CUDA_VISIBLE_DEVICES)");
             return 1;
         }
         setenv("CUDA_VISIBLE_DEVICES", vis, 1);
         fprintf(stderr, "worker: CUDA_VISIBLE_DEVICES=%s\n", vis);
     }
-    ac_job_ctx ctx = {.emit = emit_line, .ud = NULL, .cancelled = NULL, .cost_db = dbp, .threads = threads};
+    ac_cost_cache cache;
+    costcache_file(&cache, dbp, 0); /* read-only: the daemon stores tables from the cost_table event */
+    ac_job_ctx ctx = {.emit = emit_line, .ud = NULL, .cancelled = NULL, .cache = &cache, .threads = threads};
     json_t *result = NULL;
     ac_err e = {{0}};
-    int rc = ac_job_run(spec, &ctx, &result, &e);
-    json_decref(spec);
+    int rc = ac_job_run(&js, &ctx, &result, &e);
     if (rc) { fail(e.msg); return 1; }
     emit_line(NULL, "result", result);
     json_decref(result);

@@ -263,30 +263,34 @@ static int check_output(const char *out, const char *model, const char *jobs_dir
     return 0;
 }
 
-int ac_fsafe_check_job(const json_t *spec, const char *jobs_dir, const char **field, ac_err *e) {
-    const char *model = json_string_value(json_object_get(spec, "model"));
-    *field = "model";
-    if (model) {
-        char cfg[AC_FSAFE_PATH_MAX + 16];
-        int fd = ac_fsafe_opendir(model, e);
-        if (fd < 0) return -1;
-        close(fd);
-        if (ac_fsafe_join(model, "config.json", cfg, sizeof cfg, e)) return -1;
-        if ((fd = ac_fsafe_open(cfg, AC_FK_CONFIG, NULL, e)) < 0) return ac_errctx(e, "model directory needs a readable config.json");
-        close(fd);
+/* The model directory (AC_F_PATH_DIR): a directory holding a readable config.json. */
+static int check_model_dir(const char *model, ac_err *e) {
+    char cfg[AC_FSAFE_PATH_MAX + 16];
+    int fd = ac_fsafe_opendir(model, e);
+    if (fd < 0) return -1;
+    close(fd);
+    if (ac_fsafe_join(model, "config.json", cfg, sizeof cfg, e)) return -1;
+    if ((fd = ac_fsafe_open(cfg, AC_FK_CONFIG, NULL, e)) < 0)
+        return ac_errctx(e, "model directory needs a readable config.json");
+    close(fd);
+    return 0;
+}
+
+int ac_fsafe_check_job(const ac_job_spec *s, const char *jobs_dir, const char **field, ac_err *e) {
+    const char *path;
+    int flags;
+    for (int i = 0; ac_job_spec_path(s, i, field, &path, &flags); i++) {
+        if (!*path) continue; /* not given */
+        if (flags & AC_F_PATH_DIR) {
+            if (check_model_dir(path, e)) return -1;
+        } else if (flags & AC_F_PATH_FILE) {
+            int fd = ac_fsafe_open(path, AC_FK_TEXT, NULL, e);
+            if (fd < 0) return -1;
+            close(fd);
+        } else if (flags & AC_F_PATH_OUT) {
+            if (check_output(path, s->model[0] ? s->model : NULL, jobs_dir, e)) return ac_errctx(e, "output");
+        }
     }
-    static const char *texts[] = {"calibration", "heldout"};
-    for (int i = 0; i < 2; i++) {
-        const char *p = json_string_value(json_object_get(spec, texts[i]));
-        *field = texts[i];
-        if (!p) continue;
-        int fd = ac_fsafe_open(p, AC_FK_TEXT, NULL, e);
-        if (fd < 0) return -1;
-        close(fd);
-    }
-    const char *out = json_string_value(json_object_get(spec, "output"));
-    *field = "output";
-    if (out && check_output(out, model, jobs_dir, e)) return ac_errctx(e, "output");
     *field = NULL;
     return 0;
 }

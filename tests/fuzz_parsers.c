@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "api.h"
 #include "config.h"
 #include "costmodel.h"
 #include "fsafe.h"

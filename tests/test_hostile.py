@@ -100,6 +100,11 @@ def test_paths_confined_and_errors_do_not_leak():
         assert "not a regular file" in e["message"], e
         e = post_err(d, "/v1/jobs", r.spec(calibration=os.path.join(r.root, "calib.fifo")))
         assert e["field"] == "calibration" and "not a regular file" in e["message"], e
+        # every path field of the typed spec goes through the same rules (distill.text too)
+        e = post_err(d, "/v1/jobs", r.spec(distill={"text": "/etc/passwd"}))
+        assert e["field"] == "distill.text" and "outside the allowed model_roots" in e["message"], e
+        e = post_err(d, "/v1/jobs", r.spec(distill={"text": os.path.join(r.root, "calib.fifo")}))
+        assert e["field"] == "distill.text" and "not a regular file" in e["message"], e
         assert time.time() - t0 < 5 and d.req("GET", "/healthz")[0] == 200
         # a config.json that is not JSON: the error names line and column, never its bytes
         b = copy_model(os.path.join(r.root, "badjson"))
