@@ -50,6 +50,13 @@ static void load(void) {
     SYM(engine_free, "acc_engine_free");
     SYM(time_gemm, "acc_time_gemm");
     SYM(measure_table, "acc_measure_table");
+    SYM(trainer_create, "acc_trainer_create");
+    SYM(trainer_grad, "acc_trainer_grad");
+    SYM(trainer_step, "acc_trainer_step");
+    SYM(trainer_download, "acc_trainer_download");
+    SYM(trainer_free, "acc_trainer_free");
+    if (!api.trainer_create || !api.trainer_grad || !api.trainer_step || !api.trainer_download || !api.trainer_free)
+        api.trainer_create = NULL; /* an older plugin: training stays on the CPU */
 #undef SYM
     if (!api.device_count || !api.device_info || !api.engine_create || !api.engine_forward || !api.engine_nll || !api.engine_update || !api.engine_free || !api.time_gemm || !api.measure_table) {
         snprintf(why_buf, sizeof why_buf, "CUDA plugin is missing symbols");

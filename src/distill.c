@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_plugin.h"
 #include "device.h"
 #include "engine.h"
 #include "optim.h"
@@ -64,11 +65,66 @@ static int check_opts(const ac_model *teacher, const ac_model *student, size_t n
     if (n < (size_t)o->batch * o->seq_len + 1)
         return ac_errf(e, "distill.text: %zu tokens is shorter than one batch (distill.batch %d x distill.seq_len %d + 1)", n, o->batch, o->seq_len);
     double need = ac_distill_mem_bytes(&teacher->a, &student->a, o->batch, o->seq_len), have = o->mem_limit > 0 ? o->mem_limit : host_available();
+    if (o->cuda) {
+        const char *why;
+        const ac_cuda_api *cu = ac_cuda(&why);
+        if (!cu) return ac_errf(e, "distill: no CUDA device: %s", why);
+        if (!cu->trainer_create) return ac_errf(e, "distill: the CUDA plugin has no trainer (rebuild it)");
+        char name[128];
+        double gib = 0;
+        int sms, cc;
+        if (o->mem_limit <= 0 && cu->device_info(0, name, sizeof name, &gib, &sms, &cc) == 0) have = gib * 1073741824.0;
+    }
     if (have > 0 && need > 0.9 * have)
         return ac_errf(e, "distill.batch: distillation needs about %.3g GiB (student weights, gradients and Adam state, activations of %d x %d "
                           "tokens, teacher) but %.3g GiB is available; lower distill.batch or distill.seq_len",
                        need / 1073741824.0, o->batch, o->seq_len, have / 1073741824.0);
     return 0;
+}
+
+/* ac_distill on CUDA device 0: the teacher on the plugin's inference engine
+ * (logits to the host), the student on its trainer (teacher logits up). */
+static int distill_cuda(const ac_model *teacher, ac_model *student, const int *ids, size_t n, const ac_distill_opts *o, const ac_adamw_opts *ao,
+                        int steps, ac_distill_cb cb, void *ud, ac_distill_result *r, ac_err *e) {
+    const ac_cuda_api *cu = ac_cuda(NULL);
+    int B = o->batch, T = o->seq_len, N = B * T, avg = steps / 20 > 0 ? steps / 20 : 1, rc = 0;
+    char er[512] = "";
+    acc_engine *te = NULL;
+    acc_trainer *tr = NULL;
+    int *tok = malloc(sizeof(int) * N), *tgt = malloc(sizeof(int) * N);
+    float *tl = malloc(sizeof(float) * (size_t)N * teacher->a.vocab);
+    if (!tok || !tgt || !tl) rc = ac_errf(e, "out of memory");
+    if (!rc && cu->engine_create(0, teacher, B, T, &te, er, sizeof er)) rc = ac_errf(e, "distill teacher on CUDA: %s", er);
+    if (!rc && cu->trainer_create(0, student, B, T, &tr, er, sizeof er)) rc = ac_errf(e, "distill student on CUDA: %s", er);
+    unsigned long long seed = o->seed * 0x9E3779B97F4A7C15ULL + 1;
+    double t0 = ac_now(), first = 0, last = 0;
+    for (int s = 0; !rc && s < steps; s++) {
+        for (int b = 0; b < B; b++) memcpy(tok + (size_t)b * T, ids + rng_next(&seed) % (n - T + 1), sizeof(int) * T);
+        ac_next_token_targets(tgt, tok, B, T);
+        double loss = 0;
+        float lr = ac_lr_at(ao, s);
+        if (cu->engine_forward(te, tok, B, T, 0, 0, tl, er, sizeof er) ||
+            cu->trainer_grad(tr, tok, tgt, tl, B, T, o->temperature, 1.0f - o->ce_weight, 1.0f, &loss, er, sizeof er) ||
+            cu->trainer_step(tr, lr, ao->beta1, ao->beta2, ao->eps, ao->weight_decay, ao->clip, s, NULL, er, sizeof er)) {
+            rc = ac_errf(e, "distill on CUDA: %s", er);
+            break;
+        }
+        if (s < avg) first += loss / avg;
+        if (s >= steps - avg) last += loss / avg;
+        r->steps = s + 1;
+        r->tokens += N;
+        if (cb && cb(ud, s + 1, steps, loss, lr)) { rc = ac_errf(e, "cancelled"); break; }
+    }
+    if (!rc && cu->trainer_download(tr, student, NULL, er, sizeof er)) rc = ac_errf(e, "distill on CUDA: %s", er);
+    r->seconds = ac_now() - t0;
+    r->loss_first = first;
+    r->loss_last = last;
+    if (tr) cu->trainer_free(tr);
+    if (te) cu->engine_free(te);
+    free(tok);
+    free(tgt);
+    free(tl);
+    return rc;
 }
 
 int ac_distill(const ac_model *teacher, ac_model *student, const int *ids, size_t n, const ac_distill_opts *o, ac_distill_cb cb,
@@ -82,6 +138,7 @@ int ac_distill(const ac_model *teacher, ac_model *student, const int *ids, size_
     ac_adamw opt;
     ac_adamw_opts ao = {.lr = o->lr, .min_lr = o->min_lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = o->weight_decay,
                         .clip = o->clip, .warmup = o->warmup >= 0 ? o->warmup : steps / 20, .total_steps = steps};
+    if (o->cuda) return distill_cuda(teacher, student, ids, n, o, &ao, steps, cb, ud, r, e);
     ac_adamw_init(&opt, &ao);
     int *tok = malloc(sizeof(int) * N), *tgt = malloc(sizeof(int) * N);
     if (!tok || !tgt) { free(tok); free(tgt); return ac_errf(e, "out of memory"); }
@@ -160,6 +217,7 @@ int ac_distill_job(const json_t *spec, const char *model_dir, const ac_model *te
     o.temperature = (float)num(dj, "temperature", o.temperature);
     o.ce_weight = (float)num(dj, "ce_weight", o.ce_weight);
     o.seed = (unsigned long long)num(dj, "seed", 1);
+    o.cuda = po->cuda; /* a local CUDA target distils on its GPU, as it evaluates there */
     const char *text = json_string_value(json_object_get(dj, "text"));
     int *ids = NULL;
     size_t n = nc;

@@ -13,6 +13,10 @@
  *                                                   + 4 x (2 N V + N (6H + 2Qmax + 2KVmax + 3Fmax) + 2 T^2)
  *   teacher weights + forward buffers               4 x P_teacher + ac_engine (N (3H + ...) + N V + KV cache)
  * with N = batch x seq_len rows.
+ *
+ * With opts.cuda both run on CUDA device 0 through the plugin (the teacher on
+ * its BF16 inference engine, the student on src/cuda/ac_cuda_train.cu in
+ * fp32); the student's weights come back to the host at the end.
  */
 #ifndef AC_DISTILL_H
 #define AC_DISTILL_H
@@ -35,7 +39,8 @@ typedef struct {
     float temperature;
     float ce_weight;      /* loss = (1 - ce_weight) KL + ce_weight CE */
     unsigned long long seed;
-    double mem_limit;     /* bytes allowed; 0 = this host's available memory */
+    double mem_limit;     /* bytes allowed; 0 = this host's available memory (the GPU's with cuda) */
+    int cuda;             /* 1: teacher forward and student training on CUDA device 0 (the plugin) */
 } ac_distill_opts;
 
 typedef struct {

@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "check.h"
+#include "cuda_plugin.h"
 #include "distill.h"
 #include "engine.h"
 #include "job.h"
@@ -538,7 +539,163 @@ static void test_kv_group_gate(void) {
     free(tgt);
 }
 
+/* max |a - b| / max |b| over every tensor of two gradient (or weight)
+ * models of the same arch; *worst_i gets the worst tensor's index. */
+static double model_rel_diff(const ac_model *a, const ac_model *b) {
+    const ac_arch *ar = &b->a;
+    size_t H = ar->hidden, hd = ar->head_dim, V = ar->vocab;
+    double worst = 0;
+#define CMP(pa, pb, n)                                                                              \
+    do {                                                                                            \
+        if ((pa) && (pb) && (size_t)(n) > 0) {                                                              \
+            double md = 0, mr = 0;                                                                  \
+            for (size_t i_ = 0; i_ < (size_t)(n); i_++) {                                           \
+                md = fmax(md, fabs((double)(pa)[i_] - (pb)[i_]));                                   \
+                mr = fmax(mr, fabs((double)(pb)[i_]));                                              \
+            }                                                                                       \
+            worst = fmax(worst, mr > 0 ? md / mr : md);                                             \
+        }                                                                                           \
+    } while (0)
+    CMP(a->embed, b->embed, V * H);
+    if (!ar->tie_embeddings) CMP(a->lm_head, b->lm_head, V * H);
+    CMP(a->final_norm, b->final_norm, H);
+    for (int l = 0; l < ar->n_layers; l++) {
+        const ac_layer_arch *L = &ar->layers[l];
+        const ac_layer_w *x = &a->L[l], *y = &b->L[l];
+        size_t Q = L->n_heads * hd, KV = L->n_kv_heads * hd, F = L->ffn;
+        CMP(x->in_norm, y->in_norm, H); CMP(x->wq, y->wq, Q * H); CMP(x->wk, y->wk, KV * H); CMP(x->wv, y->wv, KV * H);
+        CMP(x->wo, y->wo, H * Q); CMP(x->bq, y->bq, Q); CMP(x->bk, y->bk, KV); CMP(x->bv, y->bv, KV);
+        CMP(x->post_norm, y->post_norm, H); CMP(x->wg, y->wg, F * H); CMP(x->wu, y->wu, F * H); CMP(x->wd, y->wd, H * F);
+    }
+#undef CMP
+    return worst;
+}
+
+/* The CUDA trainer (the plugin; in CI the CPU emulation of
+ * tests/cuda_emu, run by tests/run_all.sh with AC_CUDA_PLUGIN) against the
+ * CPU trainer on the five fixtures: gradients for CE + KL with the fixture's
+ * teacher logits, then one AdamW step. */
+static void test_cuda_trainer(void) {
+    const char *why;
+    const ac_cuda_api *cu = ac_cuda(&why);
+    if (!cu) SKIP("no CUDA: %s", why);
+    if (!cu->trainer_create) SKIP("the CUDA plugin has no trainer");
+    if (!fixtures_present("grad/llama_gqa_bf16_kd.json")) SKIP("no gradient fixtures (make fixtures)");
+    const char *names[] = {"llama_gqa_bf16", "qwen2_tied_f16", "llama3_rope_f32", "mistral_sharded", "deci_hetero"};
+    for (int mi = 0; mi < 5; mi++) {
+        char dir[1200], base[1300], er[512] = "";
+        snprintf(dir, sizeof dir, "%s/models/%s", fx, names[mi]);
+        snprintf(base, sizeof base, "%s/grad/%s_kd", fx, names[mi]);
+        fixture f;
+        ac_model m, gg, mw;
+        ac_err e = {{0}};
+        if (fixture_load(&f, base) || ac_model_load(dir, &m, &e)) { CHECK(0, "%s: %s", names[mi], e.msg); fixture_free(&f); continue; }
+        size_t cnt;
+        const float *teacher = fx_get(&f, "inputs", "teacher", &cnt);
+        int B, T;
+        int *tok = load_tokens(dir, &B, &T), *tgt = malloc(sizeof(int) * B * T);
+        ac_next_token_targets(tgt, tok, B, T);
+        ac_trainer t;
+        CHECK(ac_trainer_init(&t, &m, B, T, &e) == 0, "%s", e.msg);
+        ac_train_forward(&t, tok, B, T, &e);
+        double lc = ac_train_loss(&t, tgt, teacher, 2.0f, 0.7f, 1.0f, NULL, NULL), lg = 0;
+        ac_train_backward(&t);
+        acc_trainer *ct = NULL;
+        CHECK(cu->trainer_create(0, &m, B, T, &ct, er, sizeof er) == 0, "%s: create: %s", names[mi], er);
+        CHECK(ct && cu->trainer_grad(ct, tok, tgt, teacher, B, T, 2.0f, 0.7f, 1.0f, &lg, er, sizeof er) == 0, "%s: grad: %s", names[mi], er);
+        CHECK(ac_model_alloc(&gg, &m.a, &e) == 0 && ac_model_alloc(&mw, &m.a, &e) == 0, "%s", e.msg);
+        CHECK(ct && cu->trainer_download(ct, NULL, &gg, er, sizeof er) == 0, "%s: download: %s", names[mi], er);
+        double dg = model_rel_diff(&gg, &t.g);
+        CHECK(fabs(lg - lc) <= 1e-5 * fabs(lc) && dg <= 1e-4, "%s: loss %.7g vs CPU %.7g, gradients differ by %.3g", names[mi], lg, lc, dg);
+        /* one AdamW step each from the same (the device's) gradients: a first
+         * Adam step is about lr * sign(g), so rounding-level gradient
+         * differences near 0 would otherwise show as lr-sized steps */
+        ac_adamw_opts o;
+        ac_adamw_defaults(&o);
+        o.lr = 0.01f;
+        ac_adamw opt;
+        ac_adamw_init(&opt, &o);
+        ac_adamw_add_model(&opt, &m, &gg, &e);
+        double n1 = 0, n2 = 0;
+        ac_adamw_step(&opt, &n1, &e);
+        CHECK(ct && cu->trainer_step(ct, ac_lr_at(&o, 0), o.beta1, o.beta2, o.eps, o.weight_decay, o.clip, 0, &n2, er, sizeof er) == 0, "%s", er);
+        CHECK(ct && cu->trainer_download(ct, &mw, NULL, er, sizeof er) == 0, "%s", er);
+        double dw = model_rel_diff(&mw, &m);
+        CHECK(fabs(n1 - n2) <= 1e-4 * n1 && dw <= 1e-5, "%s: gradient norm %.7g vs %.7g; weights after a step differ by %.3g", names[mi], n2, n1, dw);
+        printf("   %s: CUDA loss %.6f (CPU %.6f), gradients max|diff|/max|CPU| %.2e, weights after AdamW %.2e\n", names[mi], lg, lc, dg, dw);
+        ac_adamw_free(&opt);
+        if (ct) cu->trainer_free(ct);
+        ac_model_free(&gg);
+        ac_model_free(&mw);
+        ac_trainer_free(&t);
+        ac_model_free(&m);
+        free(tok);
+        free(tgt);
+        fixture_free(&f);
+    }
+}
+
+/* ac_distill with cuda = 1 (teacher on the plugin's BF16 engine, student on
+ * its trainer) against the same distillation on the CPU: the loss curves
+ * agree and the student's weights come back changed from the start. (Too
+ * few steps here, for the emulator's speed, to ask the loss to fall: that
+ * is test_distill's job on the CPU path.) */
+static void test_cuda_distill(void) {
+    const char *why;
+    const ac_cuda_api *cu = ac_cuda(&why);
+    if (!cu) SKIP("no CUDA: %s", why);
+    if (!cu->trainer_create) SKIP("the CUDA plugin has no trainer");
+    if (!fixtures_present("models/deci_hetero/config.json")) SKIP("no fixtures");
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/models/deci_hetero", fx);
+    ac_model t, s1, s2;
+    ac_err e = {{0}};
+    if (ac_model_load(dir, &t, &e) || ac_model_load(dir, &s1, &e) || ac_model_load(dir, &s2, &e)) { CHECK(0, "%s", e.msg); return; }
+    for (int l = 0; l < t.a.n_layers; l++) {
+        size_t nd;
+        float *a = ac_layer_matrix(&s1, l, AC_W_D, &nd), *b = ac_layer_matrix(&s2, l, AC_W_D, &nd);
+        for (size_t i = 0; a && i < nd; i++) a[i] *= 0.5f, b[i] *= 0.5f;
+    }
+    size_t n = 2000;
+    int *ids = malloc(sizeof(int) * n);
+    unsigned r = 3;
+    for (size_t i = 0; i < n; i++) ids[i] = (int)((r = r * 1103515245u + 12345u) >> 8) % t.a.vocab;
+    ac_distill_opts o;
+    ac_distill_defaults(&o);
+    o.batch = 2, o.seq_len = 16, o.tokens = 2 * 16 * 20, o.lr = 1e-3f, o.min_lr = 1e-4f;
+    ac_distill_result rc, rg;
+    CHECK(ac_distill(&t, &s1, ids, n, &o, NULL, NULL, &rc, &e) == 0, "cpu: %s", e.msg);
+    o.cuda = 1;
+    CHECK(ac_distill(&t, &s2, ids, n, &o, NULL, NULL, &rg, &e) == 0, "cuda: %s", e.msg);
+    double dw = model_rel_diff(&s2, &s1);
+    printf("   20 steps: CPU loss %.4f -> %.4f, CUDA loss %.4f -> %.4f; students differ by %.2e (max|diff|/max|w|)\n", rc.loss_first, rc.loss_last,
+           rg.loss_first, rg.loss_last, dw);
+    ac_model s0;
+    double moved = 1;
+    if (!ac_model_load(dir, &s0, &e)) {
+        for (int l = 0; l < t.a.n_layers; l++) {
+            size_t nd;
+            float *a = ac_layer_matrix(&s0, l, AC_W_D, &nd);
+            for (size_t i = 0; a && i < nd; i++) a[i] *= 0.5f;
+        }
+        moved = model_rel_diff(&s2, &s0);
+        ac_model_free(&s0);
+    }
+    CHECK(rg.steps == 20 && moved > 1e-3 && dw < 0.5 * moved, "CUDA student moved %.3g from its start, %.3g from the CPU student", moved, dw);
+    CHECK(fabs(rg.loss_first - rc.loss_first) <= 0.05 * rc.loss_first && fabs(rg.loss_last - rc.loss_last) <= 0.1 * rc.loss_last,
+          "CUDA and CPU losses differ: %.4g/%.4g vs %.4g/%.4g", rg.loss_first, rg.loss_last, rc.loss_first, rc.loss_last);
+    free(ids);
+    ac_model_free(&t);
+    ac_model_free(&s1);
+    ac_model_free(&s2);
+}
+
 int main(void) {
+    if (getenv("AC_TRAIN_CUDA_ONLY")) { /* tests/run_all.sh: the CUDA trainer against the emulated plugin */
+        RUN(test_cuda_trainer);
+        RUN(test_cuda_distill);
+        return DONE();
+    }
     RUN(test_grad_llama_gqa_bf16);
     RUN(test_grad_qwen2_tied_f16);
     RUN(test_grad_llama3_rope_f32);
@@ -551,5 +708,7 @@ int main(void) {
     RUN(test_distill_errors);
     RUN(test_distill_spec);
     RUN(test_distill_job);
+    RUN(test_cuda_trainer);
+    RUN(test_cuda_distill);
     return DONE();
 }
