@@ -218,9 +218,12 @@ int ac_distill_job(const json_t *spec, const char *model_dir, const ac_model *te
     o.ce_weight = (float)num(dj, "ce_weight", o.ce_weight);
     o.seed = (unsigned long long)num(dj, "seed", 1);
     o.cuda = po->cuda; /* a local CUDA target distils on its GPU, as it evaluates there */
-    const char *text = json_string_value(json_object_get(dj, "text"));
+    /* default: the whole calibration file (the job keeps only its first
+     * calibration_tokens tokens for calibration) */
+    const char *text = json_string_value(json_object_get(dj, "text")), *calib = json_string_value(json_object_get(spec, "calibration"));
     int *ids = NULL;
     size_t n = nc;
+    if (!text) text = calib;
     if (text && ac_load_text_ids(model_dir, text, &ids, &n, teacher->a.vocab, e)) return ac_errctx(e, "distill.text");
     const int *use = ids ? ids : cids;
     json_t *res = json_object();

@@ -66,7 +66,8 @@ int ac_distill(const ac_model *teacher, ac_model *student, const int *ids, size_
 /* The job's stage: reads spec "distill" (absent or tokens 0: *out = NULL,
  * nothing done); for each arm i, measures its held-out perplexity (po on
  * hids) as "perplexity_pruned", distils it from teacher on the distill text
- * (spec distill.text, default the calibration ids cids), emitting "distill"
+ * (spec distill.text, default the whole calibration file; cids[nc] only
+ * when the spec names neither), emitting "distill"
  * events {arm, step, steps, loss, lr}. *out = {arm name: {"perplexity_pruned":
  * x, "distill": {tokens, seconds, loss_first, loss_last, steps}}}. */
 int ac_distill_job(const json_t *spec, const char *model_dir, const ac_model *teacher, const int *cids, size_t nc, ac_model *const *arms,
