@@ -55,7 +55,8 @@ static void load(void) {
     SYM(trainer_step, "acc_trainer_step");
     SYM(trainer_download, "acc_trainer_download");
     SYM(trainer_free, "acc_trainer_free");
-    if (!api.trainer_create || !api.trainer_grad || !api.trainer_step || !api.trainer_download || !api.trainer_free)
+    SYM(trainer_gates, "acc_trainer_gates");
+    if (!api.trainer_create || !api.trainer_grad || !api.trainer_step || !api.trainer_download || !api.trainer_free || !api.trainer_gates)
         api.trainer_create = NULL; /* an older plugin: training stays on the CPU */
 #undef SYM
     if (!api.device_count || !api.device_info || !api.engine_create || !api.engine_forward || !api.engine_nll || !api.engine_update || !api.engine_free || !api.time_gemm || !api.measure_table) {

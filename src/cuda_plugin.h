@@ -13,6 +13,7 @@
 
 #include "costmodel.h"
 #include "model.h"
+#include "train.h"
 
 typedef struct acc_engine acc_engine;
 typedef struct acc_trainer acc_trainer;
@@ -34,6 +35,7 @@ typedef struct {
     int (*trainer_step)(acc_trainer *t, float lr, float beta1, float beta2, float eps, float weight_decay, float clip, long step, double *gnorm,
                         char *err, size_t errn);
     int (*trainer_download)(acc_trainer *t, ac_model *w, ac_model *g, char *err, size_t errn);
+    int (*trainer_gates)(acc_trainer *t, const ac_gates *g, ac_gates *dg, int zero_grad, char *err, size_t errn);
     void (*trainer_free)(acc_trainer *t);
 } ac_cuda_api;
 

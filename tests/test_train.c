@@ -573,8 +573,9 @@ static double model_rel_diff(const ac_model *a, const ac_model *b) {
 
 /* The CUDA trainer (the plugin; in CI the CPU emulation of
  * tests/cuda_emu, run by tests/run_all.sh with AC_CUDA_PLUGIN) against the
- * CPU trainer on the five fixtures: gradients for CE + KL with the fixture's
- * teacher logits, then one AdamW step. */
+ * CPU trainer on the five fixtures: gradients of weights and gates for
+ * CE + KL with the fixture's random gates and teacher logits, then one
+ * AdamW step. */
 static void test_cuda_trainer(void) {
     const char *why;
     const ac_cuda_api *cu = ac_cuda(&why);
@@ -595,14 +596,39 @@ static void test_cuda_trainer(void) {
         int B, T;
         int *tok = load_tokens(dir, &B, &T), *tgt = malloc(sizeof(int) * B * T);
         ac_next_token_targets(tgt, tok, B, T);
-        ac_trainer t;
-        CHECK(ac_trainer_init(&t, &m, B, T, &e) == 0, "%s", e.msg);
+        ac_trainer t, t2; /* t2 only lends its gate buffers to the device's gate gradients */
+        CHECK(ac_trainer_init(&t, &m, B, T, &e) == 0 && ac_trainer_init(&t2, &m, 1, 2, &e) == 0, "%s", e.msg);
+        const char *k;
+        json_t *v;
+        json_object_foreach(json_object_get(f.meta, "inputs"), k, v) { /* the fixture's random gates */
+            size_t c;
+            const float *src = fx_get(&f, "inputs", k, &c);
+            float *dst = strcmp(k, "teacher") ? train_ptr(&t, k) : NULL;
+            if (src && dst) memcpy(dst, src, c * 4);
+        }
         ac_train_forward(&t, tok, B, T, &e);
         double lc = ac_train_loss(&t, tgt, teacher, 2.0f, 0.7f, 1.0f, NULL, NULL), lg = 0;
         ac_train_backward(&t);
         acc_trainer *ct = NULL;
         CHECK(cu->trainer_create(0, &m, B, T, &ct, er, sizeof er) == 0, "%s: create: %s", names[mi], er);
+        CHECK(ct && cu->trainer_gates(ct, &t.gate, NULL, 0, er, sizeof er) == 0, "%s: gates: %s", names[mi], er);
         CHECK(ct && cu->trainer_grad(ct, tok, tgt, teacher, B, T, 2.0f, 0.7f, 1.0f, &lg, er, sizeof er) == 0, "%s: grad: %s", names[mi], er);
+        CHECK(ct && cu->trainer_gates(ct, NULL, &t2.dgate, 1, er, sizeof er) == 0, "%s: gates: %s", names[mi], er);
+        double dgate = 0;
+        {
+            const ac_arch *ar = &m.a;
+            float *pairs[][2] = {{t.dgate.hidden, t2.dgate.hidden}, {t.dgate.attn, t2.dgate.attn}, {t.dgate.mlp, t2.dgate.mlp}};
+            size_t ns[] = {(size_t)ar->hidden, (size_t)ar->n_layers, (size_t)ar->n_layers};
+            for (int i = 0; i < 3 + 2 * ar->n_layers; i++) {
+                const float *x = i < 3 ? pairs[i][0] : (i - 3) % 2 ? t.dgate.ffn[(i - 3) / 2] : t.dgate.head[(i - 3) / 2];
+                const float *y = i < 3 ? pairs[i][1] : (i - 3) % 2 ? t2.dgate.ffn[(i - 3) / 2] : t2.dgate.head[(i - 3) / 2];
+                size_t n = i < 3 ? ns[i] : (i - 3) % 2 ? (size_t)ar->layers[(i - 3) / 2].ffn : (size_t)ar->layers[(i - 3) / 2].n_heads;
+                double md = 0, mr = 0;
+                for (size_t j = 0; j < n; j++) { md = fmax(md, fabs((double)x[j] - y[j])); mr = fmax(mr, fabs((double)x[j])); }
+                if (n) dgate = fmax(dgate, mr > 0 ? md / mr : md);
+            }
+        }
+        CHECK(dgate <= 1e-4, "%s: gate gradients differ by %.3g", names[mi], dgate);
         CHECK(ac_model_alloc(&gg, &m.a, &e) == 0 && ac_model_alloc(&mw, &m.a, &e) == 0, "%s", e.msg);
         CHECK(ct && cu->trainer_download(ct, NULL, &gg, er, sizeof er) == 0, "%s: download: %s", names[mi], er);
         double dg = model_rel_diff(&gg, &t.g);
@@ -622,11 +648,13 @@ static void test_cuda_trainer(void) {
         CHECK(ct && cu->trainer_download(ct, &mw, NULL, er, sizeof er) == 0, "%s", er);
         double dw = model_rel_diff(&mw, &m);
         CHECK(fabs(n1 - n2) <= 1e-4 * n1 && dw <= 1e-5, "%s: gradient norm %.7g vs %.7g; weights after a step differ by %.3g", names[mi], n2, n1, dw);
-        printf("   %s: CUDA loss %.6f (CPU %.6f), gradients max|diff|/max|CPU| %.2e, weights after AdamW %.2e\n", names[mi], lg, lc, dg, dw);
+        printf("   %s: CUDA loss %.6f (CPU %.6f), gradients max|diff|/max|CPU| %.2e, gates' %.2e, weights after AdamW %.2e\n", names[mi], lg, lc, dg,
+               dgate, dw);
         ac_adamw_free(&opt);
         if (ct) cu->trainer_free(ct);
         ac_model_free(&gg);
         ac_model_free(&mw);
+        ac_trainer_free(&t2);
         ac_trainer_free(&t);
         ac_model_free(&m);
         free(tok);

@@ -71,7 +71,7 @@ __global__ void kt_embed(float *x, const float *emb, const int *tok, int H) {
 }
 
 // y = xhat * w with xhat = x * r, r = rsqrt(mean(x^2) + eps); one block per row
-__global__ void kt_rmsnorm(float *y, float *xhat, float *rr, const float *x, const float *w, int H, float eps) {
+__global__ void kt_rmsnorm(float *y, float *xhat, float *rr, const float *x, const float *w, const float *gh, int H, float eps) {
     int r = blockIdx.x;
     const float *xr = x + (size_t)r * H;
     float ss = 0;
@@ -80,26 +80,64 @@ __global__ void kt_rmsnorm(float *y, float *xhat, float *rr, const float *x, con
     if (threadIdx.x == 0) rr[r] = s;
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
         xhat[(size_t)r * H + i] = xr[i] * s;
-        y[(size_t)r * H + i] = xr[i] * s * w[i];
+        y[(size_t)r * H + i] = xr[i] * s * w[i] * gh[i];
     }
 }
 
-__global__ void kt_scale_cols(float *y, const float *xhat, const float *w, int H) {
+__global__ void kt_scale_cols(float *y, const float *xhat, const float *w, const float *gh, int H) {
     int r = blockIdx.x;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) y[(size_t)r * H + i] = xhat[(size_t)r * H + i] * w[i];
+    for (int i = threadIdx.x; i < H; i += blockDim.x) y[(size_t)r * H + i] = xhat[(size_t)r * H + i] * w[i] * gh[i];
 }
 
-// dx += r * (dxh - xhat * mean(dxh * xhat)), dxh = dy * w; prod = dy * xhat (for dw)
-__global__ void kt_rmsnorm_bwd(float *dx, float *prod, const float *dy, const float *xhat, const float *rr, const float *w, int H) {
+// dx += r * (dxh - xhat * mean(dxh * xhat)), dxh = dy * w * gh;
+// prod = dy * xhat * gh (for dw), prod2 = dy * xhat * w (for dgh)
+__global__ void kt_rmsnorm_bwd(float *dx, float *prod, float *prod2, const float *dy, const float *xhat, const float *rr, const float *w,
+                               const float *gh, int H) {
     int r = blockIdx.x;
     const float *d = dy + (size_t)r * H, *xh = xhat + (size_t)r * H;
     float dot = 0;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) dot += d[i] * w[i] * xh[i];
+    for (int i = threadIdx.x; i < H; i += blockDim.x) dot += d[i] * w[i] * gh[i] * xh[i];
     float mean = tr_sum(dot) / H;
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
-        prod[(size_t)r * H + i] = d[i] * xh[i];
-        dx[(size_t)r * H + i] += rr[r] * (d[i] * w[i] - xh[i] * mean);
+        prod[(size_t)r * H + i] = d[i] * xh[i] * gh[i];
+        prod2[(size_t)r * H + i] = d[i] * xh[i] * w[i];
+        dx[(size_t)r * H + i] += rr[r] * (d[i] * w[i] * gh[i] - xh[i] * mean);
     }
+}
+
+// y[i] = x[i] * g[(i % C) / wpg]: per-channel (wpg 1) or per-head (wpg hd) gates
+__global__ void kt_gate_cols(float *y, const float *x, const float *g, int C, int wpg, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * g[(i % C) / wpg];
+}
+
+__global__ void kt_mul(float *y, const float *a, const float *b, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a[i] * b[i];
+}
+
+// From csum[c] = sum over rows of d * a (d: gradient of the gated
+// activation before the sub-block gate s, a: the ungated activation):
+// dg[k] += s * sum of csum over group k; dsub += sum_c csum[c] g[c / wpg]. One block.
+__global__ void kt_gate_reduce(float *dg, float *dsub, const float *csum, const float *g, int C, int wpg, float s) {
+    float part = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) part += csum[c] * g[c / wpg];
+    part = tr_sum(part);
+    if (threadIdx.x == 0) *dsub += part;
+    for (int k = threadIdx.x; k < C / wpg; k += blockDim.x) {
+        float q = 0;
+        for (int c = k * wpg; c < (k + 1) * wpg; c++) q += csum[c];
+        dg[k] += s * q;
+    }
+}
+
+// d = d * s * g (the gradient of the ungated activation), ag = a * g
+__global__ void kt_gate_apply(float *d, float *ag, const float *a, const float *g, int C, int wpg, float s, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float gi = g[(i % C) / wpg];
+    d[i] *= s * gi;
+    ag[i] = a[i] * gi;
 }
 
 // out[c] += sum over rows of in[r*C + c]
@@ -330,9 +368,18 @@ struct acc_trainer {
     int *tok, *tgt, *csr; // csr: uniq [N], off [N+1], rows [N]
     std::vector<int> host_csr;
     int ntok_uniq;
+    // gates (train.h's meaning) and their gradients, one device buffer each:
+    // hidden [H], attn [L], mlp [L], then per layer head [n_heads], ffn [F]
+    float *gates, *dgates, *csum, *prod2;
+    std::vector<size_t> off_head, off_ffn;
+    size_t ngates;
+    std::vector<float> s_attn, s_mlp; // host copies of the sub-block gates (GEMM alphas)
 };
 
 static int wi(int l, int w) { return 3 + l * W_N + w; } // tensor index of layer weight
+static float *GH(const acc_trainer *t) { return t->gates; }
+static float *GHEAD(const acc_trainer *t, int l) { return t->gates + t->off_head[l]; }
+static float *GFFN(const acc_trainer *t, int l) { return t->gates + t->off_ffn[l]; }
 static float *P(const acc_trainer *t, int l, int w) { return t->p[wi(l, w)]; }
 static float *G(const acc_trainer *t, int l, int w) { return t->g[wi(l, w)]; }
 
@@ -449,6 +496,22 @@ static int create(acc_trainer *t, const ac_model *mdl, char *err, size_t errn) {
         dalloc(t, &t->prod, N * mw, err, errn) || dalloc(t, &t->part, 1024, err, errn) || dalloc(t, &t->cos_t, T * hd / 2, err, errn) ||
         dalloc(t, &t->sin_t, T * hd / 2, err, errn))
         return -1;
+    {
+        size_t L = a->n_layers, off = H + 2 * L;
+        t->off_head.assign(L, 0), t->off_ffn.assign(L, 0);
+        for (size_t l = 0; l < L; l++) {
+            t->off_head[l] = off, off += a->layers[l].n_heads;
+            t->off_ffn[l] = off, off += a->layers[l].ffn;
+        }
+        t->ngates = off;
+        std::vector<float> ones(off, 1.0f);
+        if (dalloc(t, &t->gates, off, err, errn) || dalloc(t, &t->dgates, off, err, errn) || dalloc(t, &t->csum, mw, err, errn) ||
+            dalloc(t, &t->prod2, N * H, err, errn))
+            return -1;
+        TCK(cudaMemcpy(t->gates, ones.data(), off * sizeof(float), cudaMemcpyHostToDevice));
+        TCK(cudaMemset(t->dgates, 0, off * sizeof(float)));
+        t->s_attn.assign(L, 1.0f), t->s_mlp.assign(L, 1.0f);
+    }
     TCK(cudaMalloc(&t->tok, N * sizeof(int)));
     TCK(cudaMalloc(&t->tgt, N * sizeof(int)));
     TCK(cudaMalloc(&t->csr, (3 * N + 1) * sizeof(int)));
@@ -487,7 +550,7 @@ static int forward(acc_trainer *t, int B, int T, char *err, size_t errn) {
         const ac_layer_arch *L = &a->layers[l];
         int Q = L->n_heads * hd, KV = L->n_kv_heads * hd, F = L->ffn;
         if (L->n_heads) {
-            AC_LAUNCH(kt_rmsnorm, N, TB, 0, 0, t->xn, t->xh1[l], t->r1[l], t->x, P(t, l, W_IN), H, a->eps);
+            AC_LAUNCH(kt_rmsnorm, N, TB, 0, 0, t->xn, t->xh1[l], t->r1[l], t->x, P(t, l, W_IN), GH(t), H, a->eps);
             float *outs[3] = {t->q[l], t->k[l], t->vv[l]}, *bias[3] = {P(t, l, W_BQ), P(t, l, W_BK), P(t, l, W_BV)};
             const float *ws[3] = {P(t, l, W_Q), P(t, l, W_K), P(t, l, W_V)};
             int widths[3] = {Q, KV, KV};
@@ -499,37 +562,52 @@ static int forward(acc_trainer *t, int B, int T, char *err, size_t errn) {
             AC_LAUNCH(kt_rope, N, TB, 0, 0, t->k[l], L->n_kv_heads, hd, T, t->cos_t, t->sin_t, 0);
             AC_LAUNCH(kt_attn_fwd, dim3(N, L->n_heads), TB, T * sizeof(float), 0, t->o[l], t->lse[l], t->q[l], t->k[l], t->vv[l], L->n_heads,
                       L->n_kv_heads, hd, T, scale, a->sliding_window);
-            if (gemm(t, 0, 1, N, H, Q, 1.0f, t->o[l], Q, P(t, l, W_O), Q, 1.0f, t->x, H, err, errn)) return -1;
+            AC_LAUNCH(kt_gate_cols, blocks((size_t)N * Q), 256, 0, 0, t->sq, t->o[l], GHEAD(t, l), Q, hd, (size_t)N * Q);
+            if (gemm(t, 0, 1, N, H, Q, t->s_attn[l], t->sq, Q, P(t, l, W_O), Q, 1.0f, t->x, H, err, errn)) return -1;
         }
         if (F) {
-            AC_LAUNCH(kt_rmsnorm, N, TB, 0, 0, t->xn, t->xh2[l], t->r2[l], t->x, P(t, l, W_POST), H, a->eps);
+            AC_LAUNCH(kt_rmsnorm, N, TB, 0, 0, t->xn, t->xh2[l], t->r2[l], t->x, P(t, l, W_POST), GH(t), H, a->eps);
             if (gemm(t, 0, 1, N, F, H, 1.0f, t->xn, H, P(t, l, W_G), H, 0.0f, t->gp[l], F, err, errn) ||
                 gemm(t, 0, 1, N, F, H, 1.0f, t->xn, H, P(t, l, W_U), H, 0.0f, t->u[l], F, err, errn))
                 return -1;
             AC_LAUNCH(kt_silu_mul, blocks((size_t)N * F), 256, 0, 0, t->sf, t->gp[l], t->u[l], (size_t)N * F);
-            if (gemm(t, 0, 1, N, H, F, 1.0f, t->sf, F, P(t, l, W_D), F, 1.0f, t->x, H, err, errn)) return -1;
+            AC_LAUNCH(kt_gate_cols, blocks((size_t)N * F), 256, 0, 0, t->sf, t->sf, GFFN(t, l), F, 1, (size_t)N * F);
+            if (gemm(t, 0, 1, N, H, F, t->s_mlp[l], t->sf, F, P(t, l, W_D), F, 1.0f, t->x, H, err, errn)) return -1;
         }
     }
-    AC_LAUNCH(kt_rmsnorm, N, TB, 0, 0, t->xn, t->xhf, t->rf, t->x, t->p[2], H, a->eps);
+    AC_LAUNCH(kt_rmsnorm, N, TB, 0, 0, t->xn, t->xhf, t->rf, t->x, t->p[2], GH(t), H, a->eps);
     return gemm(t, 0, 1, N, V, H, 1.0f, t->xn, H, t->p[t->head_idx], H, 0.0f, t->logits, V, err, errn);
 }
 
 // d(norm input) from d(norm output) in t->dxn, into t->dx; dw += colsum(dy * xhat)
 static void norm_bwd(acc_trainer *t, int N, const float *xhat, const float *rr, const float *w, float *dw) {
     int H = t->a.hidden;
-    AC_LAUNCH(kt_rmsnorm_bwd, N, TB, 0, 0, t->dx, t->prod, t->dxn, xhat, rr, w, H);
+    AC_LAUNCH(kt_rmsnorm_bwd, N, TB, 0, 0, t->dx, t->prod, t->prod2, t->dxn, xhat, rr, w, GH(t), H);
     AC_LAUNCH(kt_colsum, blocks(H), 256, 0, 0, dw, t->prod, N, H);
+    AC_LAUNCH(kt_colsum, blocks(H), 256, 0, 0, t->dgates, t->prod2, N, H); // the hidden gate's gradient
+}
+
+// Gates of a sub-block's output (see train.c): d [N,C] = gradient of the
+// gated activation before the sub-block gate s; a the ungated activation.
+// Accumulates the gate gradients, then d <- d * s * g and ag <- a * g.
+static void gate_bwd(acc_trainer *t, int N, int C, int wpg, float *d, float *ag, const float *a, float *g, float *dg, float *dsub, float s) {
+    size_t n = (size_t)N * C;
+    AC_LAUNCH(kt_mul, blocks(n), 256, 0, 0, t->prod, d, a, n);
+    (void)cudaMemset(t->csum, 0, C * sizeof(float)); // errors surface at the step's cudaGetLastError
+    AC_LAUNCH(kt_colsum, blocks(C), 256, 0, 0, t->csum, t->prod, N, C);
+    AC_LAUNCH(kt_gate_reduce, 1, TB, 0, 0, dg, dsub, t->csum, g, C, wpg, s);
+    AC_LAUNCH(kt_gate_apply, blocks(n), 256, 0, 0, d, ag, a, g, C, wpg, s, n);
 }
 
 static int ffn_bwd(acc_trainer *t, int l, int N, char *err, size_t errn) {
     int H = t->a.hidden, F = t->a.layers[l].ffn;
     size_t nf = (size_t)N * F;
-    AC_LAUNCH(kt_silu_mul, blocks(nf), 256, 0, 0, t->sf, t->gp[l], t->u[l], nf);
-    if (gemm(t, 0, 0, N, F, H, 1.0f, t->dx, H, P(t, l, W_D), F, 0.0f, t->df, F, err, errn) ||
-        gemm(t, 1, 0, H, F, N, 1.0f, t->dx, H, t->sf, F, 1.0f, G(t, l, W_D), F, err, errn))
-        return -1;
+    AC_LAUNCH(kt_silu_mul, blocks(nf), 256, 0, 0, t->du, t->gp[l], t->u[l], nf); // h, ungated (du is free until silu_mul_bwd)
+    if (gemm(t, 0, 0, N, F, H, 1.0f, t->dx, H, P(t, l, W_D), F, 0.0f, t->df, F, err, errn)) return -1;
+    gate_bwd(t, N, F, 1, t->df, t->sf, t->du, GFFN(t, l), t->dgates + t->off_ffn[l], t->dgates + H + t->a.n_layers + l, t->s_mlp[l]);
+    if (gemm(t, 1, 0, H, F, N, t->s_mlp[l], t->dx, H, t->sf, F, 1.0f, G(t, l, W_D), F, err, errn)) return -1;
     AC_LAUNCH(kt_silu_mul_bwd, blocks(nf), 256, 0, 0, t->df, t->du, t->gp[l], t->u[l], nf);
-    AC_LAUNCH(kt_scale_cols, N, TB, 0, 0, t->xn, t->xh2[l], P(t, l, W_POST), H);
+    AC_LAUNCH(kt_scale_cols, N, TB, 0, 0, t->xn, t->xh2[l], P(t, l, W_POST), GH(t), H);
     if (gemm(t, 0, 0, N, H, F, 1.0f, t->df, F, P(t, l, W_G), H, 0.0f, t->dxn, H, err, errn) ||
         gemm(t, 0, 0, N, H, F, 1.0f, t->du, F, P(t, l, W_U), H, 1.0f, t->dxn, H, err, errn) ||
         gemm(t, 1, 0, F, H, N, 1.0f, t->df, F, t->xn, H, 1.0f, G(t, l, W_G), H, err, errn) ||
@@ -544,16 +622,16 @@ static int attn_bwd(acc_trainer *t, int l, int B, int T, char *err, size_t errn)
     const ac_layer_arch *L = &a->layers[l];
     int N = B * T, H = a->hidden, hd = a->head_dim, Q = L->n_heads * hd, KV = L->n_kv_heads * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    if (gemm(t, 0, 0, N, Q, H, 1.0f, t->dx, H, P(t, l, W_O), Q, 0.0f, t->sq, Q, err, errn) ||
-        gemm(t, 1, 0, H, Q, N, 1.0f, t->dx, H, t->o[l], Q, 1.0f, G(t, l, W_O), Q, err, errn))
-        return -1;
+    if (gemm(t, 0, 0, N, Q, H, 1.0f, t->dx, H, P(t, l, W_O), Q, 0.0f, t->sq, Q, err, errn)) return -1;
+    gate_bwd(t, N, Q, hd, t->sq, t->dq, t->o[l], GHEAD(t, l), t->dgates + t->off_head[l], t->dgates + H + l, t->s_attn[l]);
+    if (gemm(t, 1, 0, H, Q, N, t->s_attn[l], t->dx, H, t->dq, Q, 1.0f, G(t, l, W_O), Q, err, errn)) return -1;
     AC_LAUNCH(kt_attn_bwd_q, dim3(N, L->n_heads), TB, 2 * T * sizeof(float), 0, t->dq, t->delta, t->sq, t->q[l], t->k[l], t->vv[l], t->lse[l],
               L->n_heads, L->n_kv_heads, hd, T, scale, a->sliding_window);
     AC_LAUNCH(kt_attn_bwd_kv, dim3(N, L->n_kv_heads), TB, 2 * T * sizeof(float), 0, t->dk, t->dv, t->sq, t->q[l], t->k[l], t->vv[l], t->lse[l],
               t->delta, L->n_heads, L->n_kv_heads, hd, T, scale, a->sliding_window);
     AC_LAUNCH(kt_rope, N, TB, 0, 0, t->dq, L->n_heads, hd, T, t->cos_t, t->sin_t, 1);
     AC_LAUNCH(kt_rope, N, TB, 0, 0, t->dk, L->n_kv_heads, hd, T, t->cos_t, t->sin_t, 1);
-    AC_LAUNCH(kt_scale_cols, N, TB, 0, 0, t->xn, t->xh1[l], P(t, l, W_IN), H);
+    AC_LAUNCH(kt_scale_cols, N, TB, 0, 0, t->xn, t->xh1[l], P(t, l, W_IN), GH(t), H);
     float *ds[3] = {t->dq, t->dk, t->dv};
     int wsel[3] = {W_Q, W_K, W_V}, bsel[3] = {W_BQ, W_BK, W_BV}, widths[3] = {Q, KV, KV};
     for (int i = 0; i < 3; i++) {
@@ -610,7 +688,7 @@ extern "C" int acc_trainer_grad(acc_trainer *t, const int *tokens, const int *ta
     kd /= N;
     if (loss) *loss = wkd * kd + wce * ce;
     // backward: head, final norm, layers in reverse, embedding
-    AC_LAUNCH(kt_scale_cols, N, TB, 0, 0, t->xn, t->xhf, t->p[2], H);
+    AC_LAUNCH(kt_scale_cols, N, TB, 0, 0, t->xn, t->xhf, t->p[2], GH(t), H);
     if (gemm(t, 0, 0, N, H, V, 1.0f, t->dlogits, V, t->p[t->head_idx], H, 0.0f, t->dxn, H, err, errn) ||
         gemm(t, 1, 0, V, H, N, 1.0f, t->dlogits, V, t->xn, H, 1.0f, t->g[t->head_idx], H, err, errn))
         return -1;
@@ -666,5 +744,34 @@ extern "C" int acc_trainer_download(acc_trainer *t, ac_model *w, ac_model *g, ch
             if (n[i]) TCK(cudaMemcpy(hp[i], k ? t->g[i] : t->p[i], n[i] * sizeof(float), cudaMemcpyDeviceToHost));
         }
     }
+    return 0;
+}
+
+extern "C" int acc_trainer_gates(acc_trainer *t, const ac_gates *g, ac_gates *dg, int zero_grad, char *err, size_t errn) {
+    const tarch *a = &t->a;
+    int H = a->hidden, L = a->n_layers;
+    std::vector<float> h(t->ngates);
+    // pack / unpack between train.h's ac_gates and the device layout
+    auto walk = [&](const ac_gates *src, ac_gates *dst) {
+        for (int c = 0; c < H; c++) src ? (void)(h[c] = src->hidden[c]) : (void)(dst->hidden[c] = h[c]);
+        for (int l = 0; l < L; l++) {
+            src ? (void)(h[H + l] = src->attn[l]) : (void)(dst->attn[l] = h[H + l]);
+            src ? (void)(h[H + L + l] = src->mlp[l]) : (void)(dst->mlp[l] = h[H + L + l]);
+            for (int k = 0; k < a->layers[l].n_heads; k++)
+                src ? (void)(h[t->off_head[l] + k] = src->head[l][k]) : (void)(dst->head[l][k] = h[t->off_head[l] + k]);
+            for (int k = 0; k < a->layers[l].ffn; k++)
+                src ? (void)(h[t->off_ffn[l] + k] = src->ffn[l][k]) : (void)(dst->ffn[l][k] = h[t->off_ffn[l] + k]);
+        }
+    };
+    if (g) {
+        walk(g, NULL);
+        TCK(cudaMemcpy(t->gates, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+        for (int l = 0; l < L; l++) t->s_attn[l] = g->attn[l], t->s_mlp[l] = g->mlp[l];
+    }
+    if (dg) {
+        TCK(cudaMemcpy(h.data(), t->dgates, h.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        walk(NULL, dg);
+    }
+    if (zero_grad) TCK(cudaMemset(t->dgates, 0, t->ngates * sizeof(float)));
     return 0;
 }

@@ -13,7 +13,9 @@
  * Attention backward follows FlashAttention-2's split: the forward keeps each
  * row's log-sum-exp, the backward recomputes probabilities per query row for
  * dq and per key row for dk and dv, so there are no atomics and no T x T buffer.
- * Gates (train.h) are not on the device yet: all are 1.
+ * Gates (train.h's ac_gates: per query head, FFN channel, hidden channel,
+ * sub-block) are on the device too, all 1 after create; their gradients
+ * accumulate with the weights' (acc_trainer_gates reads and clears them).
  * Every function returns 0 or -1 with a message in err.
  */
 #ifndef AC_CUDA_TRAIN_H
@@ -26,6 +28,7 @@ extern "C" {
 #endif
 
 #include "model.h"
+#include "train.h"
 
 typedef struct acc_trainer acc_trainer;
 
@@ -45,6 +48,10 @@ int acc_trainer_step(acc_trainer *t, float lr, float beta1, float beta2, float e
 /* Copy weights into w and/or gradients into g (either may be NULL; same arch
  * as at create, allocated by the caller). */
 int acc_trainer_download(acc_trainer *t, ac_model *w, ac_model *g, char *err, size_t errn);
+/* Set the gates from g (NULL: leave them) and/or copy their accumulated
+ * gradients into dg (NULL: skip; both in train.h's ac_gates layout, caller's
+ * buffers); zero_grad clears the device's gate gradients afterwards. */
+int acc_trainer_gates(acc_trainer *t, const ac_gates *g, ac_gates *dg, int zero_grad, char *err, size_t errn);
 void acc_trainer_free(acc_trainer *t);
 
 #ifdef __cplusplus
