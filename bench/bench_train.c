@@ -10,6 +10,7 @@
 #include "cuda_plugin.h"
 #include "kernels_cpu.h"
 #include "model.h"
+#include "rope.h"
 #include "train.h"
 
 static int cmp(const void *a, const void *b) {
@@ -36,7 +37,14 @@ int main(int argc, char **argv) {
     if (argc == 7) {
         const char *why;
         if (!(cu = ac_cuda(&why)) || !cu->trainer_create) { fprintf(stderr, "bench_train: no CUDA trainer: %s\n", why); return 1; }
-        if (cu->trainer_create(0, &m, B, T, &ct, er, sizeof er)) { fprintf(stderr, "bench_train: %s\n", er); return 1; }
+        size_t nr = (size_t)T * (m.a.head_dim / 2);
+        float *cs = malloc(nr * sizeof *cs), *sn = malloc(nr * sizeof *sn);
+        if (!cs || !sn || ac_rope_tables(&m.a, T, cs, sn, &e) || cu->trainer_create(0, &m, B, T, cs, sn, &ct, er, sizeof er)) {
+            fprintf(stderr, "bench_train: %s\n", er[0] ? er : e.msg);
+            return 1;
+        }
+        free(cs);
+        free(sn);
     }
     for (int i = 0; ct && i <= steps; i++) {
         double t0 = ac_now(), loss;

@@ -14,6 +14,7 @@
 #include "job.h"
 #include "model.h"
 #include "optim.h"
+#include "rope.h"
 #include "train.h"
 
 static char fx[1024];
@@ -447,9 +448,12 @@ static void test_distill_spec(void) {
     }
 }
 
+/* ud: int[2], distill events and "stage" events of the distill stage */
 static void job_emit(void *ud, const char *kind, json_t *data) {
-    (void)data;
-    if (!strcmp(kind, "distill")) (*(int *)ud)++;
+    int *n = ud;
+    if (!strcmp(kind, "distill")) n[0]++;
+    const char *st = json_string_value(json_object_get(data, "stage"));
+    if (!strcmp(kind, "stage") && st && !strcmp(st, "distill")) n[1]++;
 }
 
 /* A whole job on the tiny model with a small distillation budget: every arm
@@ -475,10 +479,11 @@ static void test_distill_job(void) {
                  "\"distill\":{\"tokens\":1024,\"seq_len\":32,\"batch\":4,\"lr\":0.001%s%s%s}}",
                  tiny, data, data, tmp, bad ? ",\"text\":\"" : "", bad ? shortf : "", bad ? "\"" : "");
         json_t *spec = json_loads(spec_s, 0, NULL), *res = NULL;
-        int events = 0;
-        ac_job_ctx ctx = {.emit = job_emit, .ud = &events};
+        int events[2] = {0, 0};
+        ac_job_ctx ctx = {.emit = job_emit, .ud = events};
         ac_err e = {{0}};
-        int rc = ac_job_run(spec, &ctx, &res, &e);
+        static ac_job_spec js;
+        int rc = ac_job_spec_parse(spec, &js, NULL, &e) || ac_job_run(&js, &ctx, &res, &e) ? -1 : 0;
         if (bad) {
             CHECK(rc == -1 && strstr(e.msg, "stage distill") && strstr(e.msg, "distill.text"), "short text: %s", e.msg);
             printf("   short text: %s\n", e.msg);
@@ -493,7 +498,7 @@ static void test_distill_job(void) {
                        json_number_value(json_object_get(arm, "perplexity_pruned")), json_number_value(json_object_get(arm, "perplexity")),
                        json_number_value(json_object_get(d, "loss_first")), json_number_value(json_object_get(d, "loss_last")));
             }
-            CHECK(events >= 4, "%d distill events", events);
+            CHECK(events[0] >= 4 && events[1] == 1, "%d distill events, %d distill stage events", events[0], events[1]);
         }
         json_decref(res);
         json_decref(spec);
@@ -576,6 +581,18 @@ static double model_rel_diff(const ac_model *a, const ac_model *b) {
  * CPU trainer on the five fixtures: gradients of weights and gates for
  * CE + KL with the fixture's random gates and teacher logits, then one
  * AdamW step. */
+/* The plugin's trainer for m with the host's RoPE tables (as distill.c creates it). */
+static int cu_trainer(const ac_cuda_api *cu, const ac_model *m, int B, int T, acc_trainer **ct, char *er, size_t n) {
+    size_t nr = (size_t)T * (m->a.head_dim / 2);
+    float *cs = malloc(nr * sizeof *cs), *sn = malloc(nr * sizeof *sn);
+    ac_err e = {{0}};
+    int rc = !cs || !sn || ac_rope_tables(&m->a, T, cs, sn, &e) ? -1 : cu->trainer_create(0, m, B, T, cs, sn, ct, er, n);
+    if (rc && e.msg[0]) snprintf(er, n, "%s", e.msg);
+    free(cs);
+    free(sn);
+    return rc;
+}
+
 static void test_cuda_trainer(void) {
     const char *why;
     const ac_cuda_api *cu = ac_cuda(&why);
@@ -610,7 +627,7 @@ static void test_cuda_trainer(void) {
         double lc = ac_train_loss(&t, tgt, teacher, 2.0f, 0.7f, 1.0f, NULL, NULL), lg = 0;
         ac_train_backward(&t);
         acc_trainer *ct = NULL;
-        CHECK(cu->trainer_create(0, &m, B, T, &ct, er, sizeof er) == 0, "%s: create: %s", names[mi], er);
+        CHECK(cu_trainer(cu, &m, B, T, &ct, er, sizeof er) == 0, "%s: create: %s", names[mi], er);
         CHECK(ct && cu->trainer_gates(ct, &t.gate, NULL, 0, er, sizeof er) == 0, "%s: gates: %s", names[mi], er);
         CHECK(ct && cu->trainer_grad(ct, tok, tgt, teacher, B, T, 2.0f, 0.7f, 1.0f, &lg, er, sizeof er) == 0, "%s: grad: %s", names[mi], er);
         CHECK(ct && cu->trainer_gates(ct, NULL, &t2.dgate, 1, er, sizeof er) == 0, "%s: gates: %s", names[mi], er);

@@ -433,24 +433,8 @@ extern "C" void acc_trainer_free(acc_trainer *t) {
     delete t;
 }
 
-// Inverse RoPE frequencies with optional llama3 scaling (kernels_cpu.c's rule).
-static void rope_inv_freq(float *inv, const ac_arch *a) {
-    int hd = a->head_dim;
-    for (int i = 0; i < hd / 2; i++) {
-        float f = 1.0f / powf(a->rope_theta, (float)(2 * i) / (float)hd);
-        if (a->rope_llama3) {
-            float lo_wl = a->rs_orig / a->rs_low, hi_wl = a->rs_orig / a->rs_high, wl = 2.0f * (float)M_PI / f;
-            if (wl > lo_wl) f = f / a->rs_factor;
-            else if (wl >= hi_wl) {
-                float s = ((float)a->rs_orig / wl - a->rs_low) / (a->rs_high - a->rs_low);
-                f = (1 - s) * f / a->rs_factor + s * f;
-            }
-        }
-        inv[i] = f;
-    }
-}
-
-static int create(acc_trainer *t, const ac_model *mdl, char *err, size_t errn) {
+// rope_cos/rope_sin: the host tables (src/rope.c), [max_T][head_dim/2], as the inference engine gets them.
+static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, const float *rope_sin, char *err, size_t errn) {
     const tarch *a = &t->a;
     size_t N = (size_t)t->max_B * t->max_T, H = a->hidden, hd = a->head_dim, V = a->vocab, T = t->max_T, mq = 1, mkv = 1, mf = 1;
     std::vector<float *> hp;
@@ -515,17 +499,14 @@ static int create(acc_trainer *t, const ac_model *mdl, char *err, size_t errn) {
     TCK(cudaMalloc(&t->tok, N * sizeof(int)));
     TCK(cudaMalloc(&t->tgt, N * sizeof(int)));
     TCK(cudaMalloc(&t->csr, (3 * N + 1) * sizeof(int)));
-    std::vector<float> inv(hd / 2), cs(T * hd / 2), sn(T * hd / 2);
-    rope_inv_freq(inv.data(), &mdl->a);
-    for (size_t p = 0; p < T; p++)
-        for (size_t i = 0; i < hd / 2; i++) { cs[p * hd / 2 + i] = cosf((float)p * inv[i]); sn[p * hd / 2 + i] = sinf((float)p * inv[i]); }
-    TCK(cudaMemcpy(t->cos_t, cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice));
-    TCK(cudaMemcpy(t->sin_t, sn.data(), sn.size() * sizeof(float), cudaMemcpyHostToDevice));
+    TCK(cudaMemcpy(t->cos_t, rope_cos, T * hd / 2 * sizeof(float), cudaMemcpyHostToDevice));
+    TCK(cudaMemcpy(t->sin_t, rope_sin, T * hd / 2 * sizeof(float), cudaMemcpyHostToDevice));
     TCB(cublasCreate(&t->blas));
     return 0;
 }
 
-extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max_T, acc_trainer **out, char *err, size_t errn) {
+extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max_T, const float *rope_cos, const float *rope_sin,
+                                  acc_trainer **out, char *err, size_t errn) {
     *out = NULL;
     if (max_B <= 0 || max_T <= 0) { snprintf(err, errn, "trainer: batch and context must be positive"); return -1; }
     if ((size_t)2 * max_T * sizeof(float) > 48 * 1024) { snprintf(err, errn, "trainer: context %d above the CUDA trainer's 6144", max_T); return -1; }
@@ -536,7 +517,7 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
     t->a.sliding_window = a->sliding_window, t->a.tie_embeddings = a->tie_embeddings, t->a.eps = a->eps;
     t->a.layers.assign(a->layers, a->layers + a->n_layers);
     t->max_B = max_B, t->max_T = max_T;
-    if (create(t, m, err, errn)) { acc_trainer_free(t); return -1; }
+    if (create(t, m, rope_cos, rope_sin, err, errn)) { acc_trainer_free(t); return -1; }
     *out = t;
     return 0;
 }

@@ -16,7 +16,8 @@
  * Gates (train.h's ac_gates: per query head, FFN channel, hidden channel,
  * sub-block) are on the device too, all 1 after create; their gradients
  * accumulate with the weights' (acc_trainer_gates reads and clears them).
- * Every function returns 0 or -1 with a message in err.
+ * Every function returns 0 or -1 with a message in err. They are reached
+ * through the plugin's acc_api table (ac_cuda.h).
  */
 #ifndef AC_CUDA_TRAIN_H
 #define AC_CUDA_TRAIN_H
@@ -32,9 +33,11 @@ extern "C" {
 
 typedef struct acc_trainer acc_trainer;
 
-/* Upload m's weights (fp32) and allocate gradients, moments, activations for
- * batch max_B x context max_T. */
-int acc_trainer_create(int dev, const ac_model *m, int max_B, int max_T, acc_trainer **out, char *err, size_t errn);
+/* Upload m's weights (fp32) and the host's RoPE tables (rope_cos, rope_sin:
+ * [max_T][head_dim/2], ac_rope_tables) and allocate gradients, moments,
+ * activations for batch max_B x context max_T. */
+int acc_trainer_create(int dev, const ac_model *m, int max_B, int max_T, const float *rope_cos, const float *rope_sin,
+                       acc_trainer **out, char *err, size_t errn);
 /* Forward tokens[B*T] from position 0, loss (as ac_loss_backward: targets
  * < 0 not scored, may be NULL; teacher logits [B*T][V] on the host or NULL;
  * kd_weight; scale), backward accumulating into the device gradients. */
