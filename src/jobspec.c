@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "deci.h"
+#include "distill.h"
 #include "job.h"
 
 _Static_assert(sizeof(ac_method) == sizeof(int) && sizeof(ac_export_target) == sizeof(int), "enums are stored as int");
@@ -99,13 +100,16 @@ static const ac_field EVAL[] = {
     END,
 };
 static const ac_field DISTILL[] = {
-    INT("tokens", ac_distill_spec, tokens, 0, 1e12, 0, 0, "training tokens per pruned model; 0 = no distillation"),
-    STR("text", ac_distill_spec, text, AC_F_PATH_FILE, "UTF-8 training text (default: the calibration text)"),
-    NUM("lr", ac_distill_spec, lr, 1e-8, 1, 1e-4, 0, NULL),
+    INT("tokens", ac_distill_spec, tokens, 0, AC_DISTILL_MAX_TOKENS, 0, 0,
+        "student training tokens per pruned model (batch x seq_len per step); 0 = no distillation"),
+    STR("text", ac_distill_spec, text, AC_F_PATH_FILE, "UTF-8 training text (default: the whole calibration file)"),
+    NUM("lr", ac_distill_spec, lr, 1e-8, 1, 1e-3, 0, "AdamW peak rate; 5 % linear warmup, cosine to lr/10"),
     INT("seq_len", ac_distill_spec, seq_len, 8, 1 << 16, 128, 0, NULL),
     INT("batch", ac_distill_spec, batch, 1, 4096, 8, 0, NULL),
     NUM("temperature", ac_distill_spec, temperature, 0.05, 100, 1, 0,
-        "softmax temperature of the teacher and student logits"),
+        "loss tau^2 KL(softmax(teacher/tau) || softmax(student/tau))"),
+    NUM("ce_weight", ac_distill_spec, ce_weight, 0, 1, 0, 0, "weight of next-token cross-entropy mixed into the loss"),
+    INT("seed", ac_distill_spec, seed, 0, 2147483647, 1, 0, "window sampling"),
     END,
 };
 static const ac_field SPEC[] = {

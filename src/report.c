@@ -42,6 +42,12 @@ json_t *ac_report_build(const job_state *s) {
             r, "search",
             json_pack("{s:i,s:i,s:f}", "steps", s->ra.steps_run, "seed", (int)s->P.opts.seed, "lr", s->P.opts.lr));
     }
+    const char *k;
+    json_t *v;
+    json_object_foreach(s->distill, k, v) { /* perplexity_pruned, distill {...} per distilled arm */
+        json_t *a = json_object_get(r, k);
+        if (json_is_object(a)) json_object_update(a, v);
+    }
     json_object_set_new(r, "chosen", json_string(ac ? "autocompress" : "minitron"));
     json_object_set_new(r, "measured_local", json_incref(s->measured_local));
     if (s->measured_on_target) json_object_set_new(r, "measured_on_target", json_incref(s->measured_on_target));
