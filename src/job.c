@@ -226,7 +226,7 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     P.opts = (ac_search_opts){.steps = (int)num(sj, "steps", 300), .seed = (unsigned)num(sj, "seed", 0), .lr = num(sj, "lr", 0.03),
                               .ffn_multiple = (int)num(sj, "ffn_multiple", 32), .hidden_multiple = (int)num(sj, "hidden_multiple", 16),
                               .prune_hidden = json_object_get(sj, "prune_hidden") ? json_is_true(json_object_get(sj, "prune_hidden")) : 1,
-                              .target = !xt || !strcmp(xt, "deci") ? AC_EXPORT_DECI : !strcmp(xt, "llama") ? AC_EXPORT_LLAMA : AC_EXPORT_GGUF_DECI};
+                              .target = !xt || !strcmp(xt, "deci") ? AC_EXPORT_DECI : !strcmp(xt, "llama") ? AC_EXPORT_LLAMA : AC_EXPORT_GGUF};
     ac_carch base_c;
     ac_cost base_cost;
     if (ac_carch_from_arch(&m.a, &base_c, e)) goto out;

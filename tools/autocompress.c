@@ -5,6 +5,7 @@
  *   autocompress compress SPEC.json     (same code path as the daemon's worker)
  *   autocompress estimate REQUEST.json  (as POST /v1/estimate)
  *   autocompress tokenize TOKENIZER_JSON TEXT_FILE   (ids, one line)
+ *   autocompress export-gguf MODEL_DIR OUT.gguf [--f32]  (llama.cpp's format)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,9 +13,11 @@
 
 #include "costmodel.h"
 #include "eval.h"
+#include "gguf.h"
 #include "job.h"
 #include "kernels_cpu.h"
 #include "model.h"
+#include "safetensors.h"
 #include "tokenizer.h"
 
 static int usage(void) {
@@ -23,7 +26,8 @@ static int usage(void) {
             "  autocompress eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N] [--batch N] [--threads N] [--device cpu|cuda] [--json]\n"
             "  autocompress compress SPEC.json        (AC_COST_DB=FILE caches measured cost tables)\n"
             "  autocompress estimate REQUEST.json     ({\"model\"|\"architecture\", \"target\"}, as POST /v1/estimate)\n"
-            "  autocompress tokenize TOKENIZER_JSON TEXT_FILE\n");
+            "  autocompress tokenize TOKENIZER_JSON TEXT_FILE\n"
+            "  autocompress export-gguf MODEL_DIR OUT.gguf [--f32]   (BF16 weights unless --f32)\n");
     return 2;
 }
 
@@ -59,6 +63,19 @@ static int cmd_eval(int argc, char **argv) {
         printf("perplexity %.4f over %ld scored tokens (%d windows of %d, %s); %.0f tokens/s (%ld tokens, %.2f s, %s)\n", r.ppl, r.scored,
                r.windows, o.ctx, o.stride ? "sliding" : "non-overlapping", r.tok_per_s, r.processed, r.seconds, r.engine);
     free(ids);
+    ac_model_free(&m);
+    return rc ? 1 : 0;
+}
+
+static int cmd_export_gguf(int argc, char **argv) {
+    if (argc < 4 || argc > 5 || (argc == 5 && strcmp(argv[4], "--f32"))) return usage();
+    ac_err e = {{0}};
+    ac_model m;
+    char tok[4200];
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", argv[2]);
+    if (ac_model_load(argv[2], &m, &e)) { fprintf(stderr, "autocompress: %s\n", e.msg); return 1; }
+    int rc = ac_gguf_write(&m, tok, argv[3], argc == 5 ? ST_F32 : ST_BF16, &e);
+    if (rc) fprintf(stderr, "autocompress: %s\n", e.msg);
     ac_model_free(&m);
     return rc ? 1 : 0;
 }
@@ -137,5 +154,6 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc, argv);
     if (!strcmp(argv[1], "compress")) return cmd_compress(argc, argv);
     if (!strcmp(argv[1], "estimate")) return cmd_estimate(argc, argv);
+    if (!strcmp(argv[1], "export-gguf")) return cmd_export_gguf(argc, argv);
     return usage();
 }
