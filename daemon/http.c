@@ -25,6 +25,7 @@
 
 #include "costmodel.h"
 #include "daemon.h"
+#include "gguf.h"
 #include "job.h"
 
 typedef struct {
@@ -143,6 +144,7 @@ static enum MHD_Result post_job(ac_daemon *d, struct MHD_Connection *c, json_t *
     char cfgp[PATH_MAX + 16];
     snprintf(cfgp, sizeof cfgp, "%s/config.json", ac_job_path(spec, "model"));
     if (access(cfgp, R_OK) != 0) return send_error(d, c, 400, "invalid_path", "model: directory has no readable config.json", "model");
+    if (ac_gguf_check_spec(spec, &field, &e)) return send_error(d, c, 400, "invalid_spec", e.msg, field);
     const char *dev = json_string_value(json_object_get(json_object_get(spec, "target"), "device"));
     if (!strncmp(dev, "cuda", 4)) {
         int gpus = 0, want = -1;

@@ -24,6 +24,8 @@
 #ifndef AC_GGUF_H
 #define AC_GGUF_H
 
+#include <jansson.h>
+
 #include "err.h"
 #include "model.h"
 #include "tokenizer.h"
@@ -49,6 +51,16 @@ int ac_gguf_check_model_dir(const char *model_dir, ac_err *e);
  * ST_F32 for the 2-D weights. tokenizer_json NULL: no tokenizer metadata
  * (weights only; llama.cpp then cannot tokenize). */
 int ac_gguf_write(const ac_model *m, const char *tokenizer_json, const char *path, int dtype, ac_err *e);
+
+/* Job hooks. A spec asks for GGUF with search.export_target "gguf" (or
+ * its old name "gguf-deci") or with search.gguf true next to export_target
+ * "llama". check_spec (at submission): the combination is valid and the
+ * model's config and tokenizer can be expressed (*field names the culprit);
+ * export_job (stage export): writes OUT_DIR/model.gguf (BF16) when asked. */
+int ac_gguf_check_spec(const json_t *spec, const char **field, ac_err *e);
+int ac_gguf_export_job(const json_t *spec, const ac_model *m, const char *model_dir, const char *out_dir, ac_err *e);
+/* Adds {"gguf": {"file", "architecture", "serve"}} to the report's export object when a GGUF was written. */
+void ac_gguf_report(const json_t *spec, const ac_arch *a, const char *out_dir, json_t *export_obj);
 
 /* Read a GGUF file written as above (or by llama.cpp's converter for the
  * llama / deci architectures with F32/F16/BF16 tensors). */

@@ -17,6 +17,7 @@
 #include "device.h"
 #include "engine.h"
 #include "eval.h"
+#include "gguf.h"
 #include "importance.h"
 #include "kernels_cpu.h"
 #include "prune.h"
@@ -120,7 +121,7 @@ static int mkdirs(const char *path) {
 
 int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) {
     *result = NULL;
-    if (ac_job_validate(spec, e)) return -1;
+    if (ac_job_validate(spec, e) || ac_gguf_check_spec(spec, NULL, e)) return -1;
     run_t R = {.ctx = ctx};
     int threads = ctx->threads > 0 ? ctx->threads : 2;
     ac_set_threads(threads);
@@ -346,7 +347,7 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     t0 = ac_now();
     if (stage(&R, 6, e)) goto out;
     if (mkdirs(out_dir)) { ac_errf(e, "stage export: cannot create %s: %s", out_dir, strerror(errno)); goto out; }
-    if (ac_model_save(res_model, out_dir, ST_BF16, e)) { ac_errctx(e, "stage export"); goto out; }
+    if (ac_model_save(res_model, out_dir, ST_BF16, e) || ac_gguf_export_job(spec, res_model, model_dir, out_dir, e)) { ac_errctx(e, "stage export"); goto out; }
     char src[4200], dst[4200];
     snprintf(src, sizeof src, "%s/tokenizer.json", model_dir);
     snprintf(dst, sizeof dst, "%s/tokenizer.json", out_dir);
@@ -383,6 +384,7 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     json_object_set_new(report, "export", json_pack("{s:s,s:s,s:s}", "dir", out_dir, "format",
                                                     ac_arch_is_uniform(&res_model->a) ? "LlamaForCausalLM" : "DeciLMForCausalLM (nemotron-nas block_configs)",
                                                     "dtype", "bf16"));
+    ac_gguf_report(spec, &res_model->a, out_dir, json_object_get(report, "export"));
     json_object_set_new(report, "timings_s", timings);
     timings = NULL;
     snprintf(dst, sizeof dst, "%s/report.json", out_dir);

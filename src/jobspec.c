@@ -21,7 +21,7 @@ typedef struct field {
 
 static const char *const METHODS[] = {"autocompress", "minitron", NULL};
 static const char *const DTYPES[] = {"bf16", "fp16", "fp32", "fp8", NULL};
-static const char *const EXPORTS[] = {"deci", "llama", "gguf-deci", NULL};
+static const char *const EXPORTS[] = {"deci", "llama", "gguf", "gguf-deci", NULL}; /* gguf-deci: the old name of gguf */
 
 static const field ENGINE[] = {
     {"weights_dtype", T_STR, 0, 0, 0, DTYPES, NULL},
@@ -57,6 +57,7 @@ static const field SEARCH[] = {
     {"ffn_multiple", T_INT, 0, 1, 4096, NULL, NULL},
     {"hidden_multiple", T_INT, 0, 1, 4096, NULL, NULL},
     {"prune_hidden", T_BOOL, 0, 0, 0, NULL, NULL},
+    {"gguf", T_BOOL, 0, 0, 0, NULL, NULL},
     {NULL, 0, 0, 0, 0, NULL, NULL}};
 static const field EVAL[] = {
     {"ctx", T_INT, 0, 8, 1 << 16, NULL, NULL},
