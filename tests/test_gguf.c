@@ -218,7 +218,7 @@ static json_t *run_llama(const char *gguf, json_t *job) {
     snprintf(cmd, sizeof cmd, "cd '%s' && timeout 120 node llama_check.mjs '%s' '%s' > '%s' 2> '%s.err'", llama_dir, gguf, jp, op, op);
     int rc = system(cmd);
     json_error_t je;
-    json_t *out = rc == 0 ? json_load_file(op, 0, &je) : NULL;
+    json_t *out = rc == 0 ? json_load_file(op, JSON_ALLOW_NUL, &je) : NULL;
     if (!out) {
         char ep[220];
         snprintf(ep, sizeof ep, "%s.err", op);
@@ -320,7 +320,7 @@ static void test_llama_cpp_runs_exports(void) {
     char *text = ac_read_file(heldout, 1 << 24, &len, &e);
     size_t tl = len < 3000 ? len : 3000;
     while (tl > 0 && text[tl - 1] != '\n') tl--; /* whole lines: no UTF-8 character cut */
-    llama_compare(&m, NULL, "llama_uniform", ids, n, text, tl);
+    /* the uniform case is test_jobs_write_gguf's llama + search.gguf job */
     if (tiny_hetero(&m, &pm, &e) == 0) {
         llama_compare(&pm, NULL, "llama_deci", ids, n, text, tl);
         ac_model_free(&pm);
@@ -368,6 +368,29 @@ static int tok_cases(const char *name, int vocab) {
         for (size_t j = 0; same && j < k; j++) same = ids[j] == json_integer_value(json_array_get(want, j));
         CHECK(same, "%s case %zu: %zu ids, %zu expected (or different ids) for \"%.40s\"", name, i, k, json_array_size(want), text);
         free(ids);
+    }
+    /* llama.cpp's tokenizer on the same file: the expected ids too */
+    if (t && !llama_missing() && strcmp(name, "tiny")) { /* tiny's: by llama_compare on held-out text */
+        json_t *texts = json_array();
+        for (size_t i = 0; i < json_array_size(cases); i++) {
+            const char *text = json_string_value(json_object_get(json_array_get(cases, i), "text"));
+            if (!strstr(text, "<|endoftext|>") && !(text[0] == ' ' && !strcmp(name, "sp_metaspace")) && strlen(text) < 200)
+                json_array_append_new(texts, json_string(text));
+        }
+        json_t *job = json_pack("{s:[[i,i,i]],s:s,s:[i],s:i,s:o}", "windows", 3, 4, 5, "text", "a", "prompt", 3, "gen", 1, "texts", texts);
+        json_t *out = run_llama(path, job);
+        CHECK(out != NULL, "%s: llama.cpp did not load the tokenizer", name);
+        size_t k = 0, agree = 0;
+        for (size_t i = 0; out && i < json_array_size(cases); i++) {
+            const char *text = json_string_value(json_object_get(json_array_get(cases, i), "text"));
+            if (strstr(text, "<|endoftext|>") || (text[0] == ' ' && !strcmp(name, "sp_metaspace")) || strlen(text) >= 200) continue;
+            json_t *got = json_array_get(json_object_get(out, "texts_tokens"), k++), *want = json_object_get(json_array_get(cases, i), "ids");
+            agree += json_equal(got, want);
+            CHECK(json_equal(got, want), "%s: llama.cpp tokenizes case %zu (\"%.30s\") differently", name, i, text);
+        }
+        if (out) printf("  %s: llama.cpp's tokenizer agrees on %zu of %zu cases\n", name, agree, k);
+        json_decref(out);
+        json_decref(job);
     }
     json_decref(cases);
     ac_tok_free(t);
@@ -614,6 +637,7 @@ int main(void) {
     RUN(test_spec_checks);
     RUN(test_jobs_write_gguf);
     char cmd[128];
+    if (getenv("AC_KEEP_TMP")) return DONE();
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd)) fprintf(stderr, "cannot remove %s\n", tmpdir);
     return DONE();

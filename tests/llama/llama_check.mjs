@@ -1,6 +1,7 @@
 // Runs a GGUF file in llama.cpp (node-llama-cpp's prebuilt CPU binaries) for
 // tests/test_gguf.c. Usage: node llama_check.mjs MODEL.gguf JOB.json
-// JOB: {"windows": [[ids..], ..], "text": "...", "prompt": [ids..], "gen": N}
+// JOB: {"windows": [[ids..], ..], "text": "...", "prompt": [ids..], "gen": N,
+//       "texts": ["...", ..] (optional: tokenized each, as "texts_tokens")}
 // Prints one JSON line: per window the summed next-token NLL (nats) and the
 // count scored (every position but the last), llama.cpp's tokenization of
 // "text", and N greedily generated tokens after "prompt" with their text.
@@ -14,7 +15,8 @@ const model = await llama.loadModel({modelPath});
 const ctxLen = Math.max(...job.windows.map((w) => w.length), job.prompt.length + job.gen, 16);
 const context = await model.createContext({contextSize: ctxLen, batchSize: ctxLen, threads: 2});
 const seq = context.getSequence();
-const out = {nll: [], count: [], tokens: Array.from(model.tokenize(job.text)), n_vocab: model.tokens.vocabSize ?? null};
+const out = {nll: [], count: [], tokens: Array.from(model.tokenize(job.text))};
+out.texts_tokens = (job.texts ?? []).map((t) => Array.from(model.tokenize(t)));
 for (const w of job.windows) {
     await seq.clearHistory();
     const res = await seq.controlledEvaluate(w.map((t, i) => (i + 1 < w.length ? [t, {generateNext: {logits: true}}] : t)));
