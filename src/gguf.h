@@ -67,5 +67,8 @@ void ac_gguf_report(const json_t *spec, const ac_arch *a, const char *out_dir, j
 int ac_gguf_load(const char *path, ac_model *m, ac_err *e);
 int ac_gguf_arch(const char *path, ac_arch *a, ac_err *e);
 int ac_gguf_tokenizer(const char *path, ac_tokenizer **t, ac_err *e);
+/* The same from a buffer (the fuzz entry): the model when m is not NULL,
+ * the tokenizer when t is not NULL. */
+int ac_gguf_load_buf(const void *data, size_t n, ac_model *m, ac_tokenizer **t, ac_err *e);
 
 #endif

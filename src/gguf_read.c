@@ -30,8 +30,9 @@
 typedef struct { const char *k; size_t kl; uint32_t type; const unsigned char *v; } rkv;
 typedef struct { const char *name; size_t nl; uint32_t nd; uint64_t dims[4]; uint32_t type; uint64_t off; } rti;
 typedef struct {
-    unsigned char *map;
+    unsigned char *map;   /* the file (mapped) or the caller's buffer */
     size_t size;
+    int mapped;
     rkv *kv;
     uint64_t nkv;
     rti *t;
@@ -67,7 +68,7 @@ static void skip_value(cur *c, uint32_t type, int depth) {
 }
 
 static void gclose(gfile *g) {
-    if (g->map) munmap(g->map, g->size);
+    if (g->map && g->mapped) munmap(g->map, g->size);
     free(g->kv);
     free(g->t);
     memset(g, 0, sizeof *g);
@@ -80,17 +81,10 @@ static const rkv *find_kv(const gfile *g, const char *k) {
     return NULL;
 }
 
-static int gopen(const char *path, gfile *g, ac_err *e) {
-    memset(g, 0, sizeof *g);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return ac_errf(e, "cannot open %s", path);
-    struct stat st;
-    if (fstat(fd, &st) || st.st_size < 24) { close(fd); return ac_errf(e, "%s: not a GGUF file (too short)", path); }
-    g->size = (size_t)st.st_size;
-    g->map = mmap(NULL, g->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (g->map == MAP_FAILED) { g->map = NULL; return ac_errf(e, "%s: cannot map", path); }
+/* Parse the header, metadata and tensor infos of g->map[0..g->size). */
+static int gparse(gfile *g, const char *path, ac_err *e) {
     cur c = {g->map, g->map + g->size, 0};
+    if (g->size < 24) { gclose(g); return ac_errf(e, "%s: not a GGUF file (too short)", path); }
     uint32_t ver;
     if (memcmp(take(&c, 4), "GGUF", 4) || ((ver = u32(&c)) != 3 && ver != 2)) { gclose(g); return ac_errf(e, "%s: not a GGUF v2/v3 file", path); }
     g->nt = u64(&c);
@@ -117,14 +111,30 @@ static int gopen(const char *path, gfile *g, ac_err *e) {
         t->type = u32(&c);
         t->off = u64(&c);
     }
+    if (c.bad) { gclose(g); return ac_errf(e, "%s: truncated or malformed GGUF header", path); }
     const rkv *al = find_kv(g, "general.alignment");
-    uint64_t align = al && al->type == GG_U32 ? *(const uint32_t *)(const void *)al->v : GG_ALIGN;
-    if (c.bad || align == 0) { gclose(g); return ac_errf(e, "%s: truncated or malformed GGUF header", path); }
+    uint32_t align = GG_ALIGN;
+    if (al && al->type == GG_U32) memcpy(&align, al->v, 4);
+    if (align == 0) { gclose(g); return ac_errf(e, "%s: general.alignment is 0", path); }
     uint64_t pos = (uint64_t)(c.p - g->map);
     pos = (pos + align - 1) / align * align;
     if (pos > g->size) { gclose(g); return ac_errf(e, "%s: truncated GGUF file", path); }
     g->data = g->map + pos;
     return 0;
+}
+
+static int gopen(const char *path, gfile *g, ac_err *e) {
+    memset(g, 0, sizeof *g);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return ac_errf(e, "cannot open %s", path);
+    struct stat st;
+    if (fstat(fd, &st) || st.st_size < 24) { close(fd); return ac_errf(e, "%s: not a GGUF file (too short)", path); }
+    g->size = (size_t)st.st_size;
+    g->map = mmap(NULL, g->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    g->mapped = 1;
+    close(fd);
+    if (g->map == MAP_FAILED) { g->map = NULL; return ac_errf(e, "%s: cannot map", path); }
+    return gparse(g, path, e);
 }
 
 /* Integer metadata (any integer type); def when absent. */
@@ -182,12 +192,16 @@ static int kv_layers(const gfile *g, const char *k, int n, int *out, ac_err *e) 
     cur c;
     if (kv_array(g, k, &et, &cnt, &c)) {
         if (cnt != (uint64_t)n || (et != GG_I32 && et != GG_U32)) return ac_errf(e, "gguf: %s must hold %d 32-bit integers", k, n);
-        for (int i = 0; i < n; i++) out[i] = (int)u32(&c);
+        for (int i = 0; i < n; i++) {
+            uint32_t v = u32(&c);
+            if (v > 1u << 20) return ac_errf(e, "gguf: %s[%d] = %u is out of range", k, i, v);
+            out[i] = (int)v;
+        }
         return 0;
     }
     long long v;
     if (kv_int(g, k, -1, &v, e)) return -1;
-    if (v < 0 || v > 1 << 30) return ac_errf(e, "gguf: %s is missing or out of range", k);
+    if (v < 0 || v > 1 << 20) return ac_errf(e, "gguf: %s is missing or out of range", k);
     for (int i = 0; i < n; i++) out[i] = (int)v;
     return 0;
 }
@@ -288,6 +302,7 @@ static int read_t(const gfile *g, const char *name, int64_t rows, int64_t cols, 
     size_t n = (size_t)rows * (size_t)(cols ? cols : 1), bytes = n * st_dtype_size(dt);
     size_t avail = g->size - (size_t)(g->data - g->map);
     if (t->off > avail || bytes > avail - t->off) return ac_errf(e, "gguf: tensor %s lies outside the file", name);
+    if (!dst) return 0; /* the check before allocation */
     float *tmp = perm ? malloc(n * sizeof *tmp) : dst;
     if (!tmp) return ac_errf(e, "out of memory");
     int rc = ac_to_f32(tmp, g->data + t->off, dt, n, e);
@@ -298,15 +313,19 @@ static int read_t(const gfile *g, const char *name, int64_t rows, int64_t cols, 
     return rc ? ac_errctx(e, "%s", name) : 0;
 }
 
+/* m->L NULL: only check that every tensor is there with its shape and
+ * inside the file (before the model is allocated). */
 static int read_weights(const gfile *g, ac_model *m, ac_err *e) {
     const ac_arch *a = &m->a;
+    int chk = m->L == NULL;
     int64_t H = a->hidden, hd = a->head_dim;
     char n[64];
     if (read_t(g, "token_embd.weight", a->vocab, H, 0, m->embed, e) || read_t(g, "output_norm.weight", H, 0, 0, m->final_norm, e)) return -1;
     if (!a->tie_embeddings && read_t(g, "output.weight", a->vocab, H, 0, m->lm_head, e)) return -1;
+    static ac_layer_w none;
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
-        ac_layer_w *w = &m->L[l];
+        ac_layer_w *w = chk ? &none : &m->L[l];
         int64_t q = L->n_heads * hd, kv = L->n_kv_heads * hd, F = L->ffn;
 #define R(suffix, dst, r, c, p) snprintf(n, sizeof n, "blk.%d.%s", l, suffix); if (read_t(g, n, r, c, p, dst, e)) return -1
         if (L->n_heads) {
@@ -340,17 +359,22 @@ int ac_gguf_arch(const char *path, ac_arch *a, ac_err *e) {
     return rc ? ac_errctx(e, "%s", path) : 0;
 }
 
+static int load_model(const gfile *g, ac_model *m, ac_err *e) {
+    ac_model chk = {0};
+    memset(m, 0, sizeof *m);
+    if (read_arch(g, &chk.a, e)) return -1;
+    int rc = read_weights(g, &chk, e);
+    if (!rc) rc = ac_model_alloc(m, &chk.a, e);
+    ac_arch_free(&chk.a);
+    if (!rc && (rc = read_weights(g, m, e))) ac_model_free(m);
+    return rc;
+}
+
 int ac_gguf_load(const char *path, ac_model *m, ac_err *e) {
     gfile g;
-    ac_arch a;
     memset(m, 0, sizeof *m);
     if (gopen(path, &g, e)) return -1;
-    int rc = read_arch(&g, &a, e);
-    if (!rc) {
-        rc = ac_model_alloc(m, &a, e);
-        ac_arch_free(&a);
-        if (!rc && (rc = read_weights(&g, m, e))) ac_model_free(m);
-    }
+    int rc = load_model(&g, m, e);
     gclose(&g);
     return rc ? ac_errctx(e, "%s", path) : 0;
 }
@@ -482,4 +506,23 @@ int ac_gguf_tokenizer(const char *path, ac_tokenizer **t, ac_err *e) {
     int rc = ac_tok_parse(s, strlen(s), t, e);
     free(s);
     return rc ? ac_errctx(e, "%s: tokenizer", path) : 0;
+}
+
+int ac_gguf_load_buf(const void *data, size_t n, ac_model *m, ac_tokenizer **t, ac_err *e) {
+    gfile g = {0};
+    if (t) *t = NULL;
+    g.map = (unsigned char *)data;
+    g.size = n;
+    if (gparse(&g, "buffer", e)) return -1;
+    int rc = m ? load_model(&g, m, e) : 0;
+    if (!rc && t) {
+        json_t *root = tokenizer_json(&g, e);
+        char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
+        json_decref(root);
+        rc = !s || ac_tok_parse(s, strlen(s), t, e);
+        free(s);
+        if (rc && m) ac_model_free(m);
+    }
+    gclose(&g);
+    return rc ? -1 : 0;
 }
