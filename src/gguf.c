@@ -29,17 +29,24 @@ int ac_gguf_is_path(const char *path) {
 
 int ac_gguf_check_arch(const ac_arch *a, ac_err *e) {
     if (a->sliding_window)
-        return ac_errf(e, "export target gguf: llama.cpp's llama/deci architectures have no sliding-window attention (the model has a window of %d)",
+        return ac_errf(e,
+                       "export target gguf: llama.cpp's llama/deci architectures have no sliding-window attention (the "
+                       "model has a window of %d)",
                        a->sliding_window);
     return ac_gguf_check_layers(a, e);
 }
 
 int ac_gguf_check_layers(const ac_arch *a, ac_err *e) {
-    if (a->layers[0].n_heads == 0) return ac_errf(e, "export target gguf: llama.cpp needs attention in layer 0 (it reads the head size from it)");
+    if (a->layers[0].n_heads == 0)
+        return ac_errf(e, "export target gguf: llama.cpp needs attention in layer 0 (it reads the head size from it)");
     for (int l = 0; l < a->n_layers; l++)
         if (a->layers[l].n_heads && !a->layers[l].ffn)
-            return ac_errf(e, "export target gguf: layer %d keeps attention but drops its FFN; llama.cpp's deci graph drops that attention output", l);
-    if (!a->layers[a->n_layers - 1].ffn) return ac_errf(e, "export target gguf: llama.cpp needs an FFN in the last layer");
+            return ac_errf(e,
+                           "export target gguf: layer %d keeps attention but drops its FFN; llama.cpp's deci graph "
+                           "drops that attention output",
+                           l);
+    if (!a->layers[a->n_layers - 1].ffn)
+        return ac_errf(e, "export target gguf: llama.cpp needs an FFN in the last layer");
     return 0;
 }
 
@@ -72,21 +79,25 @@ int gg_tok_analyse(const json_t *root, gg_tokinfo *ti, ac_err *e) {
     memset(ti, 0, sizeof *ti);
     const json_t *model = json_object_get(root, "model"), *pt = json_object_get(root, "pre_tokenizer");
     const char *mty = json_string_value(json_object_get(model, "type"));
-    if (!mty || strcmp(mty, "BPE") || !json_is_object(json_object_get(model, "vocab")) || !json_is_array(json_object_get(model, "merges")))
+    if (!mty || strcmp(mty, "BPE") || !json_is_object(json_object_get(model, "vocab")) ||
+        !json_is_array(json_object_get(model, "merges")))
         return ac_errf(e, "export target gguf: tokenizer.json must be a BPE model with vocab and merges");
     if (find_type(pt, "ByteLevel")) {
         const char *re = split_regex(pt);
         if (!re) ti->pre = "gpt-2";
         else if (!strcmp(re, GG_RE_LLAMA3)) ti->pre = "llama-bpe";
         else if (!strcmp(re, GG_RE_QWEN2)) ti->pre = "qwen2";
-        else return ac_errf(e, "export target gguf: the tokenizer's split regex is not one llama.cpp has a pre-tokenizer type for (Llama-3, Qwen2, GPT-2)");
+        else
+            return ac_errf(e, "export target gguf: the tokenizer's split regex is not one llama.cpp has a "
+                              "pre-tokenizer type for (Llama-3, Qwen2, GPT-2)");
         return 0;
     }
     const json_t *norm = json_object_get(root, "normalizer");
     ti->sp = 1;
     ti->pre = "default";
     if (!json_is_true(json_object_get(model, "byte_fallback")))
-        return ac_errf(e, "export target gguf: a tokenizer.json without ByteLevel must be SentencePiece-style with byte_fallback");
+        return ac_errf(
+            e, "export target gguf: a tokenizer.json without ByteLevel must be SentencePiece-style with byte_fallback");
     if (find_type(pt, "Metaspace")) {
         const char *sch = json_string_value(json_object_get(pt, "prepend_scheme"));
         json_t *aps = json_object_get(pt, "add_prefix_space");
@@ -131,7 +142,10 @@ static void gput(gbuf *b, const void *s, size_t n) {
         size_t c = b->cap ? b->cap : 4096;
         while (c < b->n + n) c *= 2;
         unsigned char *q = realloc(b->p, c);
-        if (!q) { b->oom = 1; return; }
+        if (!q) {
+            b->oom = 1;
+            return;
+        }
         b->p = q;
         b->cap = c;
     }
@@ -140,13 +154,37 @@ static void gput(gbuf *b, const void *s, size_t n) {
 }
 static void g32(gbuf *b, uint32_t v) { gput(b, &v, 4); }
 static void g64(gbuf *b, uint64_t v) { gput(b, &v, 8); }
-static void gstr(gbuf *b, const char *s) { g64(b, strlen(s)); gput(b, s, strlen(s)); }
-static void key(gbuf *b, const char *k, uint32_t type) { gstr(b, k); g32(b, type); b->nkv++; }
-static void kv_u32(gbuf *b, const char *k, uint32_t v) { key(b, k, GG_U32); g32(b, v); }
-static void kv_f32(gbuf *b, const char *k, float v) { key(b, k, GG_F32); gput(b, &v, 4); }
-static void kv_bool(gbuf *b, const char *k, int v) { unsigned char c = v != 0; key(b, k, GG_BOOL); gput(b, &c, 1); }
-static void kv_str(gbuf *b, const char *k, const char *v) { key(b, k, GG_STR); gstr(b, v); }
-static void kv_arr(gbuf *b, const char *k, uint32_t et, uint64_t n) { key(b, k, GG_ARR); g32(b, et); g64(b, n); }
+static void gstr(gbuf *b, const char *s) {
+    g64(b, strlen(s));
+    gput(b, s, strlen(s));
+}
+static void key(gbuf *b, const char *k, uint32_t type) {
+    gstr(b, k);
+    g32(b, type);
+    b->nkv++;
+}
+static void kv_u32(gbuf *b, const char *k, uint32_t v) {
+    key(b, k, GG_U32);
+    g32(b, v);
+}
+static void kv_f32(gbuf *b, const char *k, float v) {
+    key(b, k, GG_F32);
+    gput(b, &v, 4);
+}
+static void kv_bool(gbuf *b, const char *k, int v) {
+    unsigned char c = v != 0;
+    key(b, k, GG_BOOL);
+    gput(b, &c, 1);
+}
+static void kv_str(gbuf *b, const char *k, const char *v) {
+    key(b, k, GG_STR);
+    gstr(b, v);
+}
+static void kv_arr(gbuf *b, const char *k, uint32_t et, uint64_t n) {
+    key(b, k, GG_ARR);
+    g32(b, et);
+    g64(b, n);
+}
 
 /* "<arch>.<rest>" */
 static const char *ak(const char *arch, const char *rest) {
@@ -194,7 +232,7 @@ static void write_hparams(gbuf *b, const ac_arch *a, const char *arch, int dtype
 /* ---- tokenizer ---- */
 
 typedef struct {
-    char **tok;   /* id -> string (borrowed from the JSON, or owned when own[id]) */
+    char **tok; /* id -> string (borrowed from the JSON, or owned when own[id]) */
     char *own;
     int *type;
     float *score;
@@ -203,9 +241,14 @@ typedef struct {
 } gg_vocab;
 
 static void vocab_free(gg_vocab *v, int n) {
-    for (int i = 0; v->tok && i < n; i++) if (v->own[i]) free(v->tok[i]);
+    for (int i = 0; v->tok && i < n; i++)
+        if (v->own[i]) free(v->tok[i]);
     for (size_t i = 0; i < v->nm; i++) free(v->merges[i]);
-    free(v->tok); free(v->own); free(v->type); free(v->score); free(v->merges);
+    free(v->tok);
+    free(v->own);
+    free(v->type);
+    free(v->score);
+    free(v->merges);
 }
 
 static int is_byte_token(const char *s) {
@@ -228,7 +271,8 @@ static int build_vocab(const json_t *root, const gg_tokinfo *ti, int V, gg_vocab
     json_t *x;
     json_object_foreach((json_t *)vocab, k, x) {
         json_int_t id = json_integer_value(x);
-        if (!json_is_integer(x) || id < 0 || id >= V) return ac_errf(e, "tokenizer.json: token %s has id %lld outside the model's %d", k, (long long)id, V);
+        if (!json_is_integer(x) || id < 0 || id >= V)
+            return ac_errf(e, "tokenizer.json: token %s has id %lld outside the model's %d", k, (long long)id, V);
         v->tok[id] = (char *)k;
         v->type[id] = ti->sp && is_byte_token(k) ? TT_BYTE : TT_NORMAL;
     }
@@ -236,7 +280,8 @@ static int build_vocab(const json_t *root, const gg_tokinfo *ti, int V, gg_vocab
         const json_t *t = json_array_get(added, i);
         json_int_t id = json_integer_value(json_object_get(t, "id"));
         const char *c = json_string_value(json_object_get(t, "content"));
-        if (!c || id < 0 || id >= V) return ac_errf(e, "tokenizer.json: added token %zu is outside the model's %d ids", i, V);
+        if (!c || id < 0 || id >= V)
+            return ac_errf(e, "tokenizer.json: added token %zu is outside the model's %d ids", i, V);
         v->tok[id] = (char *)c;
         v->type[id] = json_is_true(json_object_get(t, "special")) ? TT_CONTROL : TT_USER;
     }
@@ -309,7 +354,8 @@ static int write_tokenizer(gbuf *b, const ac_arch *a, const char *path, ac_err *
         }
         const char *bos = NULL, *unk = json_string_value(json_object_get(json_object_get(root, "model"), "unk_token"));
         char *pp = json_dumps(json_object_get(root, "post_processor"), JSON_COMPACT | JSON_ENCODE_ANY);
-        int add_bos = a->bos_id >= 0 && a->bos_id < V && pp && added_content_id(root, a->bos_id, &bos) && bos && strstr(pp, bos);
+        int add_bos =
+            a->bos_id >= 0 && a->bos_id < V && pp && added_content_id(root, a->bos_id, &bos) && bos && strstr(pp, bos);
         free(pp);
         if (a->bos_id >= 0 && a->bos_id < V) kv_u32(b, "tokenizer.ggml.bos_token_id", (uint32_t)a->bos_id);
         if (a->eos_id >= 0 && a->eos_id < V) kv_u32(b, "tokenizer.ggml.eos_token_id", (uint32_t)a->eos_id);
@@ -330,8 +376,8 @@ typedef struct {
     char name[64];
     const float *src;
     int64_t rows, cols; /* cols 0: a 1-D tensor of rows elements */
-    int perm;           /* >0: permute rows of this many heads to llama.cpp's RoPE order */
-    int type;           /* GGML_F32 / GGML_BF16 */
+    int perm; /* >0: permute rows of this many heads to llama.cpp's RoPE order */
+    int type; /* GGML_F32 / GGML_BF16 */
     uint64_t off;
 } gg_tensor;
 
@@ -347,7 +393,8 @@ void gg_permute_rows(float *dst, const float *src, int heads, int64_t rows, int6
             }
 }
 
-static int add_t(gg_tensor *t, int *n, const char *name, const float *src, int64_t rows, int64_t cols, int perm, int dtype) {
+static int add_t(gg_tensor *t, int *n, const char *name, const float *src, int64_t rows, int64_t cols, int perm,
+                 int dtype) {
     gg_tensor *x = &t[(*n)++];
     snprintf(x->name, sizeof x->name, "%s", name);
     x->src = src;
@@ -370,7 +417,9 @@ static int list_tensors(const ac_model *m, int dtype, gg_tensor *t, int *nt, flo
         const ac_layer_arch *L = &a->layers[l];
         const ac_layer_w *w = &m->L[l];
         int64_t q = L->n_heads * hd, kv = L->n_kv_heads * hd, F = L->ffn;
-#define T(suffix, src, r, c, p) snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix); add_t(t, nt, nm, src, r, c, p, dtype)
+#define T(suffix, src, r, c, p) \
+    snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix); \
+    add_t(t, nt, nm, src, r, c, p, dtype)
         if (L->n_heads) {
             T("attn_norm.weight", w->in_norm, H, 0, 0);
             T("attn_q.weight", w->wq, q, H, L->n_heads);
@@ -454,22 +503,36 @@ int ac_gguf_write(const ac_model *m, const char *tokenizer_json, const char *pat
     FILE *f = NULL;
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    if (!t) { rc = ac_errf(e, "out of memory"); goto out; }
+    if (!t) {
+        rc = ac_errf(e, "out of memory");
+        goto out;
+    }
     write_hparams(&kv, a, arch, dtype);
-    if ((tokenizer_json && write_tokenizer(&kv, a, tokenizer_json, e)) || list_tensors(m, dtype, t, &nt, &freqs, e)) { rc = -1; goto out; }
+    if ((tokenizer_json && write_tokenizer(&kv, a, tokenizer_json, e)) || list_tensors(m, dtype, t, &nt, &freqs, e)) {
+        rc = -1;
+        goto out;
+    }
     uint64_t off = 0;
     for (int i = 0; i < nt; i++) {
         t[i].off = off;
         off += align_up(t_bytes(&t[i]));
         gstr(&ti, t[i].name);
         g32(&ti, t[i].cols ? 2 : 1);
-        if (t[i].cols) { g64(&ti, (uint64_t)t[i].cols); g64(&ti, (uint64_t)t[i].rows); }
-        else g64(&ti, (uint64_t)t[i].rows);
+        if (t[i].cols) {
+            g64(&ti, (uint64_t)t[i].cols);
+            g64(&ti, (uint64_t)t[i].rows);
+        } else g64(&ti, (uint64_t)t[i].rows);
         g32(&ti, (uint32_t)t[i].type);
         g64(&ti, t[i].off);
     }
-    if (kv.oom || ti.oom) { rc = ac_errf(e, "out of memory"); goto out; }
-    if (!(f = fopen(tmp, "wb"))) { rc = ac_errf(e, "cannot create %s", tmp); goto out; }
+    if (kv.oom || ti.oom) {
+        rc = ac_errf(e, "out of memory");
+        goto out;
+    }
+    if (!(f = fopen(tmp, "wb"))) {
+        rc = ac_errf(e, "cannot create %s", tmp);
+        goto out;
+    }
     uint32_t ver = 3;
     uint64_t cnt[2] = {(uint64_t)nt, kv.nkv};
     int ok = fwrite("GGUF", 1, 4, f) == 4 && fwrite(&ver, 4, 1, f) == 1 && fwrite(cnt, 8, 2, f) == 2 &&
@@ -477,7 +540,10 @@ int ac_gguf_write(const ac_model *m, const char *tokenizer_json, const char *pat
     uint64_t head = 24 + kv.n + ti.n;
     static const char zeros[GG_ALIGN];
     if (ok) ok = fwrite(zeros, 1, (size_t)(align_up(head) - head), f) == align_up(head) - head;
-    if (!ok) { rc = ac_errf(e, "%s: write error", tmp); goto out; }
+    if (!ok) {
+        rc = ac_errf(e, "%s: write error", tmp);
+        goto out;
+    }
     for (int i = 0; i < nt && !rc; i++) rc = write_data(f, &t[i], e);
     if (fclose(f)) rc = rc ? rc : ac_errf(e, "%s: write error", tmp);
     f = NULL;
@@ -510,11 +576,13 @@ int ac_gguf_check_spec(const json_t *spec, const char **field, ac_err *e) {
     const char *xt = json_string_value(json_object_get(json_object_get(spec, "search"), "export_target"));
     if (!as_target && xt && strcmp(xt, "llama")) {
         *field = "search.gguf";
-        return ac_errf(e, "search.gguf writes a uniform (export_target llama) result as GGUF too; for a heterogeneous GGUF use export_target gguf");
+        return ac_errf(e, "search.gguf writes a uniform (export_target llama) result as GGUF too; for a heterogeneous "
+                          "GGUF use export_target gguf");
     }
     if (!as_target && !xt) {
         *field = "search.gguf";
-        return ac_errf(e, "search.gguf needs export_target llama (the default, deci, keeps layouts llama.cpp mis-runs); or use export_target gguf");
+        return ac_errf(e, "search.gguf needs export_target llama (the default, deci, keeps layouts llama.cpp "
+                          "mis-runs); or use export_target gguf");
     }
     const char *model = json_string_value(json_object_get(spec, "model"));
     *field = "model";
@@ -536,6 +604,7 @@ void ac_gguf_report(const json_t *spec, const ac_arch *a, const char *out_dir, j
     char f[4200], serve[4300];
     snprintf(f, sizeof f, "%s/model.gguf", out_dir);
     snprintf(serve, sizeof serve, "llama-server -m %s", f);
-    json_object_set_new(export_obj, "gguf", json_pack("{s:s,s:s,s:s}", "file", f, "architecture", ac_arch_is_uniform(a) ? "llama" : "deci",
-                                                      "serve", serve));
+    json_object_set_new(export_obj, "gguf",
+                        json_pack("{s:s,s:s,s:s}", "file", f, "architecture", ac_arch_is_uniform(a) ? "llama" : "deci",
+                                  "serve", serve));
 }

@@ -61,10 +61,14 @@ static double logits_diff(const ac_model *a, const ac_model *b, const int *toks,
 }
 
 static int arch_same(const ac_arch *x, const ac_arch *y) {
-    int ok = x->vocab == y->vocab && x->hidden == y->hidden && x->head_dim == y->head_dim && x->n_layers == y->n_layers &&
-             x->max_pos == y->max_pos && x->eps == y->eps && x->rope_theta == y->rope_theta && x->rope_llama3 == y->rope_llama3 &&
-             x->tie_embeddings == y->tie_embeddings && x->qkv_bias == y->qkv_bias && x->bos_id == y->bos_id && x->eos_id == y->eos_id;
-    if (x->rope_llama3) ok &= x->rs_factor == y->rs_factor && x->rs_low == y->rs_low && x->rs_high == y->rs_high && x->rs_orig == y->rs_orig;
+    int ok = x->vocab == y->vocab && x->hidden == y->hidden && x->head_dim == y->head_dim &&
+             x->n_layers == y->n_layers && x->max_pos == y->max_pos && x->eps == y->eps &&
+             x->rope_theta == y->rope_theta && x->rope_llama3 == y->rope_llama3 &&
+             x->tie_embeddings == y->tie_embeddings && x->qkv_bias == y->qkv_bias && x->bos_id == y->bos_id &&
+             x->eos_id == y->eos_id;
+    if (x->rope_llama3)
+        ok &= x->rs_factor == y->rs_factor && x->rs_low == y->rs_low && x->rs_high == y->rs_high &&
+              x->rs_orig == y->rs_orig;
     for (int l = 0; ok && l < x->n_layers; l++) ok = !memcmp(&x->layers[l], &y->layers[l], sizeof x->layers[l]);
     return ok;
 }
@@ -76,7 +80,10 @@ static void roundtrip(const ac_model *m, const char *tok, int dtype, const char 
     ac_model r;
     snprintf(path, sizeof path, "%s/%s.gguf", tmpdir, name);
     CHECK(ac_gguf_write(m, tok, path, dtype, &e) == 0, "%s: %s", name, e.msg);
-    if (ac_model_load(path, &r, &e)) { CHECK(0, "%s: load: %s", name, e.msg); return; }
+    if (ac_model_load(path, &r, &e)) {
+        CHECK(0, "%s: load: %s", name, e.msg);
+        return;
+    }
     CHECK(arch_same(&m->a, &r.a), "%s: architecture differs after the round trip", name);
     int toks[24];
     for (int i = 0; i < 24; i++) toks[i] = (i * 37 + 11) % m->a.vocab;
@@ -102,11 +109,19 @@ static void test_uniform_roundtrip_bf16(void) {
     int *i1, *i2;
     char *text = ac_read_file(heldout, 1 << 20, &len, &e);
     CHECK(text && ac_tok_load(tiny_tok, &t1, &e) == 0 && ac_gguf_tokenizer(path, &t2, &e) == 0, "%s", e.msg);
-    CHECK(ac_tok_encode(t1, text, len, &i1, &n1, &e) == 0 && ac_tok_encode(t2, text, len, &i2, &n2, &e) == 0, "%s", e.msg);
-    CHECK(n1 == n2 && n1 > 1000 && !memcmp(i1, i2, n1 * sizeof *i1), "held-out tokenization differs (%zu vs %zu tokens)", n1, n2);
+    CHECK(ac_tok_encode(t1, text, len, &i1, &n1, &e) == 0 && ac_tok_encode(t2, text, len, &i2, &n2, &e) == 0, "%s",
+          e.msg);
+    CHECK(n1 == n2 && n1 > 1000 && !memcmp(i1, i2, n1 * sizeof *i1),
+          "held-out tokenization differs (%zu vs %zu tokens)", n1, n2);
     char *d1, *d2;
-    CHECK(ac_tok_decode(t2, i2, n2, &d2, NULL, &e) == 0 && ac_tok_decode(t1, i1, n1, &d1, NULL, &e) == 0 && !strcmp(d1, d2), "decode");
-    free(d1); free(d2); free(i1); free(i2); free(text);
+    CHECK(ac_tok_decode(t2, i2, n2, &d2, NULL, &e) == 0 && ac_tok_decode(t1, i1, n1, &d1, NULL, &e) == 0 &&
+              !strcmp(d1, d2),
+          "decode");
+    free(d1);
+    free(d2);
+    free(i1);
+    free(i2);
+    free(text);
     ac_tok_free(t1);
     ac_tok_free(t2);
     ac_model_free(&m);
@@ -122,7 +137,10 @@ static void test_fixture_roundtrips_f32(void) {
         if (!ck_exists(c)) SKIP("no fixtures (make fixtures)");
         ac_model m;
         ac_err e;
-        if (ac_model_load(d, &m, &e)) { CHECK(0, "%s", e.msg); continue; }
+        if (ac_model_load(d, &m, &e)) {
+            CHECK(0, "%s", e.msg);
+            continue;
+        }
         roundtrip(&m, NULL, ST_F32, names[i]); /* F32: exact whatever the source dtype */
         ac_model_free(&m);
     }
@@ -140,7 +158,10 @@ static int tiny_hetero(const ac_model *m, ac_model *pm, ac_err *e) {
     free(ids);
     if (rc) return -1;
     ac_arch t;
-    if (ac_arch_copy(&t, &m->a, e)) { ac_importance_free(&imp); return -1; }
+    if (ac_arch_copy(&t, &m->a, e)) {
+        ac_importance_free(&imp);
+        return -1;
+    }
     const int kv[6] = {4, 2, 0, 1, 0, 3}, ffn[6] = {384, 256, 320, 160, 0, 224};
     for (int l = 0; l < 6; l++) t.layers[l] = (ac_layer_arch){2 * kv[l], kv[l], ffn[l]};
     rc = ac_prune(m, &t, &imp, pm, e);
@@ -154,7 +175,11 @@ static void test_heterogeneous_roundtrip(void) {
     ac_model m, pm;
     ac_err e;
     CHECK(ac_model_load(tiny, &m, &e) == 0, "%s", e.msg);
-    if (tiny_hetero(&m, &pm, &e)) { CHECK(0, "%s", e.msg); ac_model_free(&m); return; }
+    if (tiny_hetero(&m, &pm, &e)) {
+        CHECK(0, "%s", e.msg);
+        ac_model_free(&m);
+        return;
+    }
     CHECK(!ac_arch_is_uniform(&pm.a), "heterogeneous");
     roundtrip(&pm, tiny_tok, ST_BF16, "hetero");
     ac_model_free(&pm);
@@ -162,7 +187,15 @@ static void test_heterogeneous_roundtrip(void) {
 }
 
 static void test_llama_cpp_rules(void) {
-    ac_arch a = {.vocab = 16, .hidden = 8, .head_dim = 4, .n_layers = 3, .max_pos = 64, .eps = 1e-5f, .rope_theta = 1e4f, .bos_id = -1, .eos_id = -1};
+    ac_arch a = {.vocab = 16,
+                 .hidden = 8,
+                 .head_dim = 4,
+                 .n_layers = 3,
+                 .max_pos = 64,
+                 .eps = 1e-5f,
+                 .rope_theta = 1e4f,
+                 .bos_id = -1,
+                 .eos_id = -1};
     ac_layer_arch L[3] = {{2, 1, 8}, {0, 0, 8}, {2, 2, 8}};
     a.layers = L;
     ac_err e;
@@ -170,7 +203,8 @@ static void test_llama_cpp_rules(void) {
     L[1] = (ac_layer_arch){0, 0, 0};
     CHECK(ac_gguf_check_arch(&a, &e) == 0, "a whole layer removed in the middle is fine: %s", e.msg);
     L[1] = (ac_layer_arch){2, 1, 0};
-    CHECK(ac_gguf_check_arch(&a, &e) != 0 && strstr(e.msg, "layer 1 keeps attention"), "attention without FFN: %s", e.msg);
+    CHECK(ac_gguf_check_arch(&a, &e) != 0 && strstr(e.msg, "layer 1 keeps attention"), "attention without FFN: %s",
+          e.msg);
     L[1] = (ac_layer_arch){2, 1, 8};
     L[0] = (ac_layer_arch){0, 0, 8};
     CHECK(ac_gguf_check_arch(&a, &e) != 0 && strstr(e.msg, "layer 0"), "layer 0 without attention: %s", e.msg);
@@ -201,10 +235,14 @@ static const char *llama_missing(void) {
     snprintf(llama_dir, sizeof llama_dir, "%s/tests/llama", root ? root : ".");
     char p[1200];
     snprintf(p, sizeof p, "%s/node_modules/@node-llama-cpp/linux-x64/package.json", llama_dir);
-    if (!ck_exists(p)) return "tests/llama/node_modules lacks node-llama-cpp's linux-x64 binaries ('make llama-test-deps')";
+    if (!ck_exists(p))
+        return "tests/llama/node_modules lacks node-llama-cpp's linux-x64 binaries ('make llama-test-deps')";
     FILE *f = popen("node -e 'process.stdout.write(process.versions.node.split(\".\")[0])' 2>/dev/null", "r");
     int major = 0;
-    if (f) { if (fscanf(f, "%d", &major) != 1) major = 0; pclose(f); }
+    if (f) {
+        if (fscanf(f, "%d", &major) != 1) major = 0;
+        pclose(f);
+    }
     if (major < 20) return "node >= 20 not found (node-llama-cpp 3 needs it)";
     return NULL;
 }
@@ -215,7 +253,8 @@ static json_t *run_llama(const char *gguf, json_t *job) {
     snprintf(jp, sizeof jp, "%s/job.json", tmpdir);
     snprintf(op, sizeof op, "%s/llama_out.json", tmpdir);
     if (json_dump_file(job, jp, JSON_COMPACT)) return NULL;
-    snprintf(cmd, sizeof cmd, "cd '%s' && timeout 120 node llama_check.mjs '%s' '%s' > '%s' 2> '%s.err'", llama_dir, gguf, jp, op, op);
+    snprintf(cmd, sizeof cmd, "cd '%s' && timeout 120 node llama_check.mjs '%s' '%s' > '%s' 2> '%s.err'", llama_dir,
+             gguf, jp, op, op);
     int rc = system(cmd);
     json_error_t je;
     json_t *out = rc == 0 ? json_load_file(op, JSON_ALLOW_NUL, &je) : NULL;
@@ -240,7 +279,8 @@ static void our_greedy(const ac_model *m, const int *prompt, int np, int ngen, i
     for (int g = 0; g < ngen; g++) {
         int n = np + g, best = 0;
         if (ac_engine_forward(&en, toks, 1, n, 0, 1, &e)) break;
-        for (int v = 1; v < m->a.vocab; v++) if (en.logits[v] > en.logits[best]) best = v;
+        for (int v = 1; v < m->a.vocab; v++)
+            if (en.logits[v] > en.logits[best]) best = v;
         out[g] = toks[n] = best;
     }
     ac_engine_free(&en);
@@ -248,14 +288,21 @@ static void our_greedy(const ac_model *m, const int *prompt, int np, int ngen, i
 
 /* Export m, run it in llama.cpp over held-out windows, compare. */
 /* given: a GGUF file of m already written (a job's export), else m is exported here. */
-static void llama_compare(const ac_model *m, const char *given, const char *name, const int *ids, size_t nids, const char *text, size_t tlen) {
+static void llama_compare(const ac_model *m, const char *given, const char *name, const int *ids, size_t nids,
+                          const char *text, size_t tlen) {
     enum { W = 128, NW = 6, NP = 8, NG = 16 };
     char path[1200];
     ac_err e;
     snprintf(path, sizeof path, "%s/%s.gguf", tmpdir, name);
     if (given) snprintf(path, sizeof path, "%s", given);
-    else if (ac_gguf_write(m, tiny_tok, path, ST_BF16, &e)) { CHECK(0, "%s: %s", name, e.msg); return; }
-    if (nids < (size_t)W * NW) { CHECK(0, "held-out text too short"); return; }
+    else if (ac_gguf_write(m, tiny_tok, path, ST_BF16, &e)) {
+        CHECK(0, "%s: %s", name, e.msg);
+        return;
+    }
+    if (nids < (size_t)W * NW) {
+        CHECK(0, "held-out text too short");
+        return;
+    }
     json_t *wins = json_array(), *prompt = json_array();
     for (int w = 0; w < NW; w++) {
         json_t *a = json_array();
@@ -266,7 +313,10 @@ static void llama_compare(const ac_model *m, const char *given, const char *name
     json_t *job = json_pack("{s:o,s:s%,s:o,s:i}", "windows", wins, "text", text, tlen, "prompt", prompt, "gen", NG);
     json_t *out = run_llama(path, job);
     json_decref(job);
-    if (!out) { CHECK(0, "%s: llama.cpp did not run the export", name); return; }
+    if (!out) {
+        CHECK(0, "%s: llama.cpp did not run the export", name);
+        return;
+    }
     /* perplexity: ours on the same windows (every target in a window scored) */
     ac_ppl_opts o = {.ctx = W, .stride = 0, .max_windows = NW, .batch = 2};
     ac_ppl_result r;
@@ -278,7 +328,8 @@ static void llama_compare(const ac_model *m, const char *given, const char *name
         cnt += (long)json_integer_value(json_array_get(json_object_get(out, "count"), i));
     }
     double ppl = cnt ? exp(nll / cnt) : 0;
-    printf("  %s: llama.cpp perplexity %.4f, ours %.4f (%ld and %ld tokens scored, %d windows of %d)\n", name, ppl, r.ppl, cnt, r.scored, NW, W);
+    printf("  %s: llama.cpp perplexity %.4f, ours %.4f (%ld and %ld tokens scored, %d windows of %d)\n", name, ppl,
+           r.ppl, cnt, r.scored, NW, W);
     CHECK(cnt == r.scored && fabs(ppl / r.ppl - 1) < 0.005, "%s: llama.cpp ppl %g vs ours %g", name, ppl, r.ppl);
     /* tokenization of the text by llama.cpp = ours */
     json_t *lt = json_object_get(out, "tokens");
@@ -288,21 +339,25 @@ static void llama_compare(const ac_model *m, const char *given, const char *name
     CHECK(ac_tok_load(tiny_tok, &t, &e) == 0 && ac_tok_encode(t, text, tlen, &mine, &nm, &e) == 0, "%s", e.msg);
     int same = json_array_size(lt) == nm;
     for (size_t i = 0; same && i < nm; i++) same = json_integer_value(json_array_get(lt, i)) == mine[i];
-    CHECK(same, "%s: llama.cpp tokenized %zu bytes into %zu tokens, we into %zu (or different ids)", name, tlen, json_array_size(lt), nm);
+    CHECK(same, "%s: llama.cpp tokenized %zu bytes into %zu tokens, we into %zu (or different ids)", name, tlen,
+          json_array_size(lt), nm);
     /* generation: greedy tokens as our engine picks them, and text */
     int g[NG] = {0};
     our_greedy(m, ids, NP, NG, g);
     json_t *gt = json_object_get(out, "gen_tokens");
     int agree = 0;
-    while (agree < NG && agree < (int)json_array_size(gt) && json_integer_value(json_array_get(gt, agree)) == g[agree]) agree++;
+    while (agree < NG && agree < (int)json_array_size(gt) && json_integer_value(json_array_get(gt, agree)) == g[agree])
+        agree++;
     const char *gen = json_string_value(json_object_get(out, "generated"));
-    printf("  %s: llama.cpp generated %zu tokens \"%s\"; first %d equal to our greedy tokens\n", name, json_array_size(gt), gen ? gen : "",
-           agree);
+    printf("  %s: llama.cpp generated %zu tokens \"%s\"; first %d equal to our greedy tokens\n", name,
+           json_array_size(gt), gen ? gen : "", agree);
     int ng = (int)json_array_size(gt);
     CHECK(ng > 0 && gen && strlen(gen) > 0, "%s: no text generated", name);
-    CHECK(agree >= (ng < NG / 2 ? ng : NG / 2), "%s: only the first %d of %d greedy tokens agree with our engine", name, agree, ng);
+    CHECK(agree >= (ng < NG / 2 ? ng : NG / 2), "%s: only the first %d of %d greedy tokens agree with our engine", name,
+          agree, ng);
     /* llama.cpp stops at the end-of-generation token: ours must pick it there too */
-    if (ng < NG && agree == ng) CHECK(g[ng] == m->a.eos_id, "%s: llama.cpp stopped after %d tokens but we continue with %d", name, ng, g[ng]);
+    if (ng < NG && agree == ng)
+        CHECK(g[ng] == m->a.eos_id, "%s: llama.cpp stopped after %d tokens but we continue with %d", name, ng, g[ng]);
     free(mine);
     ac_tok_free(t);
     json_decref(out);
@@ -316,7 +371,8 @@ static void test_llama_cpp_runs_exports(void) {
     ac_err e;
     int *ids = NULL;
     size_t n = 0, len = 0;
-    CHECK(ac_model_load(tiny, &m, &e) == 0 && ac_load_text_ids(tiny, heldout, &ids, &n, m.a.vocab, &e) == 0, "%s", e.msg);
+    CHECK(ac_model_load(tiny, &m, &e) == 0 && ac_load_text_ids(tiny, heldout, &ids, &n, m.a.vocab, &e) == 0, "%s",
+          e.msg);
     char *text = ac_read_file(heldout, 1 << 24, &len, &e);
     size_t tl = len < 3000 ? len : 3000;
     while (tl > 0 && text[tl - 1] != '\n') tl--; /* whole lines: no UTF-8 character cut */
@@ -342,7 +398,15 @@ static int tok_cases(const char *name, int vocab) {
     snprintf(tj, sizeof tj, "%s/tokenizer.json", d);
     snprintf(cj, sizeof cj, "%s/cases.json", d);
     if (!ck_exists(tj) || !ck_exists(cj)) return 0;
-    ac_arch a = {.vocab = vocab, .hidden = 8, .head_dim = 4, .n_layers = 1, .max_pos = 64, .eps = 1e-5f, .rope_theta = 1e4f, .bos_id = 1, .eos_id = 2};
+    ac_arch a = {.vocab = vocab,
+                 .hidden = 8,
+                 .head_dim = 4,
+                 .n_layers = 1,
+                 .max_pos = 64,
+                 .eps = 1e-5f,
+                 .rope_theta = 1e4f,
+                 .bos_id = 1,
+                 .eos_id = 2};
     ac_layer_arch L = {2, 1, 8};
     a.layers = &L;
     ac_model m;
@@ -360,13 +424,20 @@ static int tok_cases(const char *name, int vocab) {
         const char *text = json_string_value(json_object_get(c, "text"));
         /* GGUF has llama.cpp's (and SentencePiece's) rule: the space prefix
          * always goes in; Metaspace "first" skips it before a leading space */
-        if (!strcmp(name, "sp_metaspace") && text[0] == ' ') { n--; continue; }
+        if (!strcmp(name, "sp_metaspace") && text[0] == ' ') {
+            n--;
+            continue;
+        }
         int *ids;
         size_t k;
-        if (ac_tok_encode(t, text, strlen(text), &ids, &k, &e)) { CHECK(0, "%s: %s", name, e.msg); continue; }
+        if (ac_tok_encode(t, text, strlen(text), &ids, &k, &e)) {
+            CHECK(0, "%s: %s", name, e.msg);
+            continue;
+        }
         int same = k == json_array_size(want);
         for (size_t j = 0; same && j < k; j++) same = ids[j] == json_integer_value(json_array_get(want, j));
-        CHECK(same, "%s case %zu: %zu ids, %zu expected (or different ids) for \"%.40s\"", name, i, k, json_array_size(want), text);
+        CHECK(same, "%s case %zu: %zu ids, %zu expected (or different ids) for \"%.40s\"", name, i, k,
+              json_array_size(want), text);
         free(ids);
     }
     /* llama.cpp's tokenizer on the same file: the expected ids too */
@@ -374,17 +445,22 @@ static int tok_cases(const char *name, int vocab) {
         json_t *texts = json_array();
         for (size_t i = 0; i < json_array_size(cases); i++) {
             const char *text = json_string_value(json_object_get(json_array_get(cases, i), "text"));
-            if (!strstr(text, "<|endoftext|>") && !(text[0] == ' ' && !strcmp(name, "sp_metaspace")) && strlen(text) < 200)
+            if (!strstr(text, "<|endoftext|>") && !(text[0] == ' ' && !strcmp(name, "sp_metaspace")) &&
+                strlen(text) < 200)
                 json_array_append_new(texts, json_string(text));
         }
-        json_t *job = json_pack("{s:[[i,i,i]],s:s,s:[i],s:i,s:o}", "windows", 3, 4, 5, "text", "a", "prompt", 3, "gen", 1, "texts", texts);
+        json_t *job = json_pack("{s:[[i,i,i]],s:s,s:[i],s:i,s:o}", "windows", 3, 4, 5, "text", "a", "prompt", 3, "gen",
+                                1, "texts", texts);
         json_t *out = run_llama(path, job);
         CHECK(out != NULL, "%s: llama.cpp did not load the tokenizer", name);
         size_t k = 0, agree = 0;
         for (size_t i = 0; out && i < json_array_size(cases); i++) {
             const char *text = json_string_value(json_object_get(json_array_get(cases, i), "text"));
-            if (strstr(text, "<|endoftext|>") || (text[0] == ' ' && !strcmp(name, "sp_metaspace")) || strlen(text) >= 200) continue;
-            json_t *got = json_array_get(json_object_get(out, "texts_tokens"), k++), *want = json_object_get(json_array_get(cases, i), "ids");
+            if (strstr(text, "<|endoftext|>") || (text[0] == ' ' && !strcmp(name, "sp_metaspace")) ||
+                strlen(text) >= 200)
+                continue;
+            json_t *got = json_array_get(json_object_get(out, "texts_tokens"), k++),
+                   *want = json_object_get(json_array_get(cases, i), "ids");
             agree += json_equal(got, want);
             CHECK(json_equal(got, want), "%s: llama.cpp tokenizes case %zu (\"%.30s\") differently", name, i, text);
         }
@@ -398,7 +474,8 @@ static int tok_cases(const char *name, int vocab) {
 }
 
 static void test_tokenizers_from_metadata(void) {
-    int n = tok_cases("sp_legacy", 1000) + tok_cases("sp_metaspace", 1000) + tok_cases("gpt2style", 512) + tok_cases("tiny", 768);
+    int n = tok_cases("sp_legacy", 1000) + tok_cases("sp_metaspace", 1000) + tok_cases("gpt2style", 512) +
+            tok_cases("tiny", 768);
     if (!n) SKIP("no tokenizer fixtures (make fixtures)");
     printf("  %d tokenizer cases through GGUF metadata\n", n);
 }
@@ -420,7 +497,10 @@ static void test_truncated_and_corrupt_files(void) {
         fclose(f);
         ac_model m;
         ac_tokenizer *t;
-        if (ac_model_load(bad, &m, &e) == 0) { loaded++; ac_model_free(&m); }
+        if (ac_model_load(bad, &m, &e) == 0) {
+            loaded++;
+            ac_model_free(&m);
+        }
         if (ac_gguf_tokenizer(bad, &t, &e) == 0) ac_tok_free(t);
     }
     CHECK(loaded == 0, "%d truncated files loaded", loaded);
@@ -452,16 +532,21 @@ static void skewed_importance(ac_importance *imp, const ac_arch *a) {
     int L = a->n_layers;
     imp->n_layers = L;
     imp->hidden = a->hidden;
-    imp->kv_order = calloc(L, sizeof(int *)); imp->kv_score = calloc(L, sizeof(double *));
-    imp->ffn_order = calloc(L, sizeof(int *)); imp->ffn_score = calloc(L, sizeof(double *));
-    imp->attn_sens = calloc(L, sizeof *imp->attn_sens); imp->ffn_sens = calloc(L, sizeof *imp->ffn_sens);
+    imp->kv_order = calloc(L, sizeof(int *));
+    imp->kv_score = calloc(L, sizeof(double *));
+    imp->ffn_order = calloc(L, sizeof(int *));
+    imp->ffn_score = calloc(L, sizeof(double *));
+    imp->attn_sens = calloc(L, sizeof *imp->attn_sens);
+    imp->ffn_sens = calloc(L, sizeof *imp->ffn_sens);
     imp->layer_bi = calloc(L, sizeof(double));
     imp->merge_n = calloc(L, sizeof(int));
     imp->merge_r = calloc(L, sizeof *imp->merge_r);
     imp->merge_sens = calloc(L, sizeof *imp->merge_sens);
     for (int l = 0; l < L; l++) {
-        imp->kv_order[l] = calloc(a->layers[l].n_kv_heads + 1, sizeof(int)); imp->kv_score[l] = calloc(a->layers[l].n_kv_heads + 1, sizeof(double));
-        imp->ffn_order[l] = calloc(a->layers[l].ffn + 1, sizeof(int)); imp->ffn_score[l] = calloc(a->layers[l].ffn + 1, sizeof(double));
+        imp->kv_order[l] = calloc(a->layers[l].n_kv_heads + 1, sizeof(int));
+        imp->kv_score[l] = calloc(a->layers[l].n_kv_heads + 1, sizeof(double));
+        imp->ffn_order[l] = calloc(a->layers[l].ffn + 1, sizeof(int));
+        imp->ffn_score[l] = calloc(a->layers[l].ffn + 1, sizeof(double));
         for (int i = 0; i < a->layers[l].n_kv_heads; i++) imp->kv_order[l][i] = i;
         for (int i = 0; i < a->layers[l].ffn; i++) imp->ffn_order[l][i] = i;
         for (int p = 0; p < AC_SENS_POINTS; p++) {
@@ -471,18 +556,29 @@ static void skewed_importance(ac_importance *imp, const ac_arch *a) {
         }
         imp->layer_bi[l] = 1.0 / (l + 1);
     }
-    imp->hid_order = calloc(a->hidden, sizeof(int)); imp->hid_score = calloc(a->hidden, sizeof(double));
+    imp->hid_order = calloc(a->hidden, sizeof(int));
+    imp->hid_score = calloc(a->hidden, sizeof(double));
     for (int i = 0; i < a->hidden; i++) imp->hid_order[i] = i;
     double hf[4] = {0.125, 0.25, 0.5, 0.75};
-    for (int i = 0; i < 4; i++) { imp->hid_frac[i] = hf[i]; imp->hid_sens[i] = 50 * hf[i]; }
+    for (int i = 0; i < 4; i++) {
+        imp->hid_frac[i] = hf[i];
+        imp->hid_sens[i] = 50 * hf[i];
+    }
 }
 
 static void test_search_keeps_to_llama_cpp(void) {
     ac_cost_table t;
     ac_err e;
     CHECK(ac_cost_roofline(ac_device_spec_find("H100"), "bf16", &t, &e) == 0, "%s", e.msg);
-    ac_arch a = {.vocab = 32000, .hidden = 1024, .head_dim = 64, .n_layers = 8, .max_pos = 4096, .eps = 1e-5f, .rope_theta = 1e4f,
-                 .bos_id = -1, .eos_id = -1};
+    ac_arch a = {.vocab = 32000,
+                 .hidden = 1024,
+                 .head_dim = 64,
+                 .n_layers = 8,
+                 .max_pos = 4096,
+                 .eps = 1e-5f,
+                 .rope_theta = 1e4f,
+                 .bos_id = -1,
+                 .eos_id = -1};
     a.layers = calloc(8, sizeof *a.layers);
     for (int l = 0; l < 8; l++) a.layers[l] = (ac_layer_arch){16, 8, 4096};
     ac_importance imp;
@@ -495,10 +591,18 @@ static void test_search_keeps_to_llama_cpp(void) {
         for (int k = 0; k < 3; k++) {
             ac_search_problem P = {.table = &t, .workload = &w, .profile = &p, .imp = &imp, .base = &a};
             P.limits.max_params = (0.4 + 0.15 * k) * ac_arch_params(&a);
-            P.opts = (ac_search_opts){.steps = 100, .seed = (unsigned)k, .lr = 0.03, .ffn_multiple = 256, .hidden_multiple = 64,
-                                      .prune_hidden = 0, .target = tgt ? AC_EXPORT_GGUF : AC_EXPORT_DECI};
+            P.opts = (ac_search_opts){.steps = 100,
+                                      .seed = (unsigned)k,
+                                      .lr = 0.03,
+                                      .ffn_multiple = 256,
+                                      .hidden_multiple = 64,
+                                      .prune_hidden = 0,
+                                      .target = tgt ? AC_EXPORT_GGUF : AC_EXPORT_DECI};
             ac_search_result r;
-            if (ac_search_autocompress(&P, &r, &e)) { CHECK(0, "%s", e.msg); continue; }
+            if (ac_search_autocompress(&P, &r, &e)) {
+                CHECK(0, "%s", e.msg);
+                continue;
+            }
             int ok = ac_gguf_check_arch(&r.arch, &e) == 0;
             if (tgt) {
                 runs++;
@@ -508,7 +612,9 @@ static void test_search_keeps_to_llama_cpp(void) {
             } else bad += !ok;
             ac_search_result_free(&r);
         }
-    printf("  gguf: %d searches keep to llama.cpp's rules (%d sub-blocks removed); the deci target breaks them in %d of 3\n", runs, removed, bad);
+    printf("  gguf: %d searches keep to llama.cpp's rules (%d sub-blocks removed); the deci target breaks them in %d "
+           "of 3\n",
+           runs, removed, bad);
     CHECK(removed > 0, "the gguf searches removed no sub-block: the rules were not exercised");
     CHECK(bad > 0, "the skewed importance does not tempt the unconstrained search: the test proves nothing");
     ac_importance_free(&imp);
@@ -521,10 +627,10 @@ static void test_search_keeps_to_llama_cpp(void) {
 static json_t *tiny_spec(const char *target, int gguf_flag, const char *out) {
     char d[1100];
     ck_build_path(d, sizeof d, "data");
-    json_t *s = json_pack("{s:s,s:s,s:s,s:s,s:{s:s,s:{s:i,s:i,s:i}},s:{s:i},s:{s:i},s:i,s:{s:i,s:i}}", "model", tiny, "calibration", calib,
-                          "heldout", heldout, "output", out, "target", "device", "H100", "workload", "batch", 8, "prompt_len", 256, "gen_len",
-                          64, "constraints", "max_params", 900000, "search", "steps", 60, "calibration_tokens", 2048, "eval", "ctx", 128,
-                          "windows", 8);
+    json_t *s = json_pack("{s:s,s:s,s:s,s:s,s:{s:s,s:{s:i,s:i,s:i}},s:{s:i},s:{s:i},s:i,s:{s:i,s:i}}", "model", tiny,
+                          "calibration", calib, "heldout", heldout, "output", out, "target", "device", "H100",
+                          "workload", "batch", 8, "prompt_len", 256, "gen_len", 64, "constraints", "max_params", 900000,
+                          "search", "steps", 60, "calibration_tokens", 2048, "eval", "ctx", 128, "windows", 8);
     if (target) json_object_set_new(json_object_get(s, "search"), "export_target", json_string(target));
     if (gguf_flag) json_object_set_new(json_object_get(s, "search"), "gguf", json_true());
     return s;
@@ -534,9 +640,12 @@ static void test_spec_checks(void) {
     if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
     ac_err e;
     const char *field = NULL;
-    struct { const char *target; int flag; const char *want; } cases[] = {
-        {"gguf", 0, NULL}, {"gguf-deci", 0, NULL}, {"llama", 1, NULL}, {"deci", 0, NULL},
-        {"deci", 1, "search.gguf"}, {NULL, 1, "search.gguf"}};
+    struct {
+        const char *target;
+        int flag;
+        const char *want;
+    } cases[] = {{"gguf", 0, NULL}, {"gguf-deci", 0, NULL},     {"llama", 1, NULL},
+                 {"deci", 0, NULL}, {"deci", 1, "search.gguf"}, {NULL, 1, "search.gguf"}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         json_t *s = tiny_spec(cases[i].target, cases[i].flag, "/tmp/x");
         int rc = ac_job_validate(s, &e) || ac_gguf_check_spec(s, &field, &e);
@@ -549,7 +658,8 @@ static void test_spec_checks(void) {
     ck_build_path(mis, sizeof mis, "fixtures/models/mistral_sharded");
     json_t *s = tiny_spec("gguf", 0, "/tmp/x");
     json_object_set_new(s, "model", json_string(mis));
-    CHECK(ac_gguf_check_spec(s, &field, &e) != 0 && strstr(e.msg, "sliding") && !strcmp(field, "model"), "sliding window: %s", e.msg);
+    CHECK(ac_gguf_check_spec(s, &field, &e) != 0 && strstr(e.msg, "sliding") && !strcmp(field, "model"),
+          "sliding window: %s", e.msg);
     /* a tokenizer whose split regex llama.cpp has no pre type for */
     char dir[200], p[1300];
     snprintf(dir, sizeof dir, "%s/oddtok", tmpdir);
@@ -571,7 +681,11 @@ static void test_spec_checks(void) {
     json_decref(s);
 }
 
-static void quiet(void *ud, const char *kind, json_t *data) { (void)ud; (void)kind; (void)data; }
+static void quiet(void *ud, const char *kind, json_t *data) {
+    (void)ud;
+    (void)kind;
+    (void)data;
+}
 
 /* A compression job with export target gguf (heterogeneous) and one with
  * llama + search.gguf (uniform): model.gguf is written, loads, keeps to
@@ -587,25 +701,41 @@ static void test_jobs_write_gguf(void) {
         ac_job_ctx ctx = {.emit = quiet};
         ac_err e;
         ac_model m;
-        if (ac_job_run(spec, &ctx, &res, &e)) { CHECK(0, "job %d: %s", k, e.msg); json_decref(spec); continue; }
-        json_t *ac = json_object_get(res, "autocompress"), *xg = json_object_get(json_object_get(res, "export"), "gguf");
-        if (ac_model_load(g, &m, &e)) { CHECK(0, "job %d: %s", k, e.msg); json_decref(res); json_decref(spec); continue; }
+        if (ac_job_run(spec, &ctx, &res, &e)) {
+            CHECK(0, "job %d: %s", k, e.msg);
+            json_decref(spec);
+            continue;
+        }
+        json_t *ac = json_object_get(res, "autocompress"),
+               *xg = json_object_get(json_object_get(res, "export"), "gguf");
+        if (ac_model_load(g, &m, &e)) {
+            CHECK(0, "job %d: %s", k, e.msg);
+            json_decref(res);
+            json_decref(spec);
+            continue;
+        }
         CHECK(ac_gguf_check_arch(&m.a, &e) == 0, "job %d: %s", k, e.msg);
-        CHECK(k ? ac_arch_is_uniform(&m.a) : !ac_arch_is_uniform(&m.a), "job %d: uniform %d", k, ac_arch_is_uniform(&m.a));
-        CHECK(xg && !strcmp(json_string_value(json_object_get(xg, "architecture")), k ? "llama" : "deci"), "job %d: report export.gguf", k);
+        CHECK(k ? ac_arch_is_uniform(&m.a) : !ac_arch_is_uniform(&m.a), "job %d: uniform %d", k,
+              ac_arch_is_uniform(&m.a));
+        CHECK(xg && !strcmp(json_string_value(json_object_get(xg, "architecture")), k ? "llama" : "deci"),
+              "job %d: report export.gguf", k);
         int *ids;
         size_t n;
         ac_ppl_opts o = {.ctx = 128, .max_windows = 8, .batch = 4};
         ac_ppl_result r;
-        CHECK(ac_load_text_ids(g, heldout, &ids, &n, m.a.vocab, &e) == 0 && ac_perplexity(&m, ids, n, &o, NULL, NULL, NULL, &r, &e) == 0, "%s", e.msg);
+        CHECK(ac_load_text_ids(g, heldout, &ids, &n, m.a.vocab, &e) == 0 &&
+                  ac_perplexity(&m, ids, n, &o, NULL, NULL, NULL, &r, &e) == 0,
+              "%s", e.msg);
         /* the report scores the fp32 result; the exports hold it in BF16, the same in both files */
         double want = json_number_value(json_object_get(ac, "perplexity"));
         ac_model st;
         ac_ppl_result rs = {0};
-        CHECK(ac_model_load(out, &st, &e) == 0 && ac_perplexity(&st, ids, n, &o, NULL, NULL, NULL, &rs, &e) == 0, "%s", e.msg);
-        printf("  job %d (%s): model.gguf perplexity %.4f, the safetensors export %.4f, report (fp32) %.4f\n", k, k ? "llama + gguf" : "gguf",
-               r.ppl, rs.ppl, want);
-        CHECK(r.ppl == rs.ppl && fabs(r.ppl / want - 1) < 1e-3, "job %d: model.gguf perplexity %g, safetensors %g, report %g", k, r.ppl, rs.ppl, want);
+        CHECK(ac_model_load(out, &st, &e) == 0 && ac_perplexity(&st, ids, n, &o, NULL, NULL, NULL, &rs, &e) == 0, "%s",
+              e.msg);
+        printf("  job %d (%s): model.gguf perplexity %.4f, the safetensors export %.4f, report (fp32) %.4f\n", k,
+               k ? "llama + gguf" : "gguf", r.ppl, rs.ppl, want);
+        CHECK(r.ppl == rs.ppl && fabs(r.ppl / want - 1) < 1e-3,
+              "job %d: model.gguf perplexity %g, safetensors %g, report %g", k, r.ppl, rs.ppl, want);
         ac_model_free(&st);
         if (!why) {
             size_t len;
@@ -625,7 +755,10 @@ static void test_jobs_write_gguf(void) {
 
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/ac_gguf_XXXXXX");
-    if (!mkdtemp(tmpdir)) { perror("mkdtemp"); return 1; }
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
     RUN(test_llama_cpp_rules);
     RUN(test_uniform_roundtrip_bf16);
     RUN(test_fixture_roundtrips_f32);
