@@ -347,7 +347,10 @@ int ac_job_run(const json_t *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) 
     t0 = ac_now();
     if (stage(&R, 6, e)) goto out;
     if (mkdirs(out_dir)) { ac_errf(e, "stage export: cannot create %s: %s", out_dir, strerror(errno)); goto out; }
-    if (ac_model_save(res_model, out_dir, ST_BF16, e) || ac_gguf_export_job(spec, res_model, model_dir, out_dir, e)) { ac_errctx(e, "stage export"); goto out; }
+    if (ac_model_save(res_model, out_dir, ST_BF16, e) || ac_gguf_export_job(spec, res_model, model_dir, out_dir, e)) {
+        ac_errctx(e, "stage export");
+        goto out;
+    }
     char src[4200], dst[4200];
     snprintf(src, sizeof src, "%s/tokenizer.json", model_dir);
     snprintf(dst, sizeof dst, "%s/tokenizer.json", out_dir);
