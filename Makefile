@@ -66,7 +66,9 @@ $(B)/daemon/main.o: daemon/main.c $(wildcard daemon/*.h) $(wildcard src/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(B)/autocompress: tools/autocompress.c $(B)/libautocompress.a
+# The CLI and the benchmarks link the daemon's objects for the SQLite cost
+# cache (daemon/costcache.c over the migrations' schema).
+$(B)/autocompress: tools/autocompress.c $(D_OBJ) $(B)/libautocompress.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(B)/tests/%: tests/%.c tests/check.h $(B)/libautocompress.a $(D_OBJ)
@@ -77,9 +79,9 @@ $(B)/tests/fuzz_parsers: tests/fuzz_parsers.c $(B)/libautocompress.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(B)/bench/%: bench/%.c $(B)/libautocompress.a
+$(B)/bench/%: bench/%.c $(D_OBJ) $(B)/libautocompress.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(B)/libautocompress.a $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(D_OBJ) $(B)/libautocompress.a $(LDLIBS)
 
 # Debian packages the build, the tests and the demo need; Node.js, npm and
 # Chromium (dashboard test) only when missing, and failure there only skips
@@ -89,7 +91,7 @@ deps:
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends \
 	    build-essential pkg-config libjansson-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev \
-	    libopenblas-dev python3 python3-torch python3-numpy python3-regex python3-sentencepiece fortunes curl ca-certificates >/dev/null; \
+	    libopenblas-dev python3 python3-torch python3-numpy python3-regex python3-sentencepiece python3-jsonschema fortunes curl ca-certificates >/dev/null; \
 	  opt=""; command -v node >/dev/null || opt="$$opt nodejs"; command -v npm >/dev/null || opt="$$opt npm"; \
 	  command -v chromium >/dev/null || opt="$$opt chromium"; \
 	  if [ -n "$$opt" ]; then apt-get install -y -qq --no-install-recommends $$opt >/dev/null || \

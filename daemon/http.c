@@ -23,8 +23,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "api.h"
+#include "costcache.h"
 #include "costmodel.h"
 #include "daemon.h"
+#include "deci.h"
 #include "gguf.h"
 #include "job.h"
 
@@ -128,35 +131,34 @@ static int check_path(ac_daemon *d, const char *p, int must_exist_dir, int must_
 
 static enum MHD_Result post_job(ac_daemon *d, struct MHD_Connection *c, json_t *spec) {
     ac_err e = {{0}};
-    const char *field = NULL;
-    if (ac_job_validate_field(spec, &field, &e)) return send_error(d, c, 400, "invalid_spec", e.msg, field);
-    static const struct { const char *k; int dir, file; } paths[] = {
-        {"model", 1, 0}, {"calibration", 0, 1}, {"heldout", 0, 1}, {"output", 0, 0}};
-    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
-        const char *p = ac_job_path(spec, paths[i].k);
+    const char *field = NULL, *path;
+    static _Thread_local ac_job_spec js; /* 33 KB: off the connection thread's stack */
+    if (ac_job_spec_parse(spec, &js, &field, &e)) return send_error(d, c, 400, "invalid_spec", e.msg, field);
+    int pflags;
+    for (int i = 0; ac_job_spec_path(&js, i, &field, &path, &pflags); i++) {
         char why[300];
-        if (p && check_path(d, p, paths[i].dir, paths[i].file, why, sizeof why)) {
+        if (*path && check_path(d, path, !!(pflags & AC_F_PATH_DIR), !!(pflags & AC_F_PATH_FILE), why, sizeof why)) {
             char msg[400];
-            snprintf(msg, sizeof msg, "%s: %s", paths[i].k, why);
-            return send_error(d, c, 400, "invalid_path", msg, paths[i].k);
+            snprintf(msg, sizeof msg, "%s: %s", field, why);
+            return send_error(d, c, 400, "invalid_path", msg, field);
         }
     }
     char cfgp[PATH_MAX + 16];
-    snprintf(cfgp, sizeof cfgp, "%s/config.json", ac_job_path(spec, "model"));
+    snprintf(cfgp, sizeof cfgp, "%.*s/config.json", PATH_MAX, js.model);
     if (access(cfgp, R_OK) != 0) return send_error(d, c, 400, "invalid_path", "model: directory has no readable config.json", "model");
-    if (ac_gguf_check_spec(spec, &field, &e)) return send_error(d, c, 400, "invalid_spec", e.msg, field);
-    const char *dev = json_string_value(json_object_get(json_object_get(spec, "target"), "device"));
-    if (!strncmp(dev, "cuda", 4)) {
-        int gpus = 0, want = -1;
+    if (ac_deci_validate_model(js.search.target == AC_EXPORT_DECI, js.method == AC_METHOD_MINITRON, js.model, &field,
+                               &e))
+        return send_error(d, c, 400, "invalid_spec", e.msg, field);
+    if (ac_gguf_check_spec(&js.search, js.model, &field, &e))
+        return send_error(d, c, 400, "invalid_spec", e.msg, field);
+    if (js.target.dev.kind == AC_TARGET_CUDA) {
+        int gpus = 0;
         for (int i = 0; i < d->ndevices; i++) gpus += d->devices[i].index >= 0;
         if (!gpus || !d->cfg.use_gpus) return send_error(d, c, 400, "no_device", "target.device asks for a local CUDA GPU but this server has none; name a spec profile (e.g. H100) to target a GPU that is not here", "target.device");
-        if (dev[4] == ':') {
-            char *end;
-            want = (int)strtol(dev + 5, &end, 10);
-            if (*end || want < 0 || want >= gpus) return send_error(d, c, 400, "no_device", "target.device names a CUDA device this server does not have (see GET /v1/devices)", "target.device");
-        } else if (dev[4]) return send_error(d, c, 400, "invalid_spec", "target.device must be cuda or cuda:N", "target.device");
-    } else if (strcmp(dev, "cpu") && !ac_device_spec_find(dev)) {
-        return send_error(d, c, 400, "invalid_spec", "target.device must be cpu, cuda, cuda:N or a known GPU profile (see GET /v1/devices)", "target.device");
+        if (js.target.dev.ordinal >= gpus)
+            return send_error(d, c, 400, "no_device",
+                              "target.device names a CUDA device this server does not have (see GET /v1/devices)",
+                              "target.device");
     }
     char *s = json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_t *pr = json_object_get(spec, "priority");
@@ -434,7 +436,10 @@ static enum MHD_Result handle(ac_daemon *d, struct MHD_Connection *c, const char
         else {
             json_t *out = NULL;
             const char *field = NULL;
-            if (ac_estimate_json(body, d->cfg.db_path, &out, &field, &e)) ret = send_error(d, c, 400, "invalid_request", e.msg, field);
+            ac_cost_cache cache;
+            costcache_db(&cache, d->db);
+            if (ac_estimate_json(body, &cache, &out, &field, &e))
+                ret = send_error(d, c, 400, "invalid_request", e.msg, field);
             else ret = send_json(c, 200, out);
         }
     } else {

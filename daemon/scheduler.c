@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
+#include "target.h"
 
 typedef struct slot {
     char id[32];       /* "cpu" or "cuda:N" */
@@ -284,8 +285,10 @@ static int start_worker(scheduler *s, slot *sl, long job) {
 }
 
 static slot *find_slot(scheduler *s, const char *dev, char *why, size_t whyn) {
-    int want_gpu = !strncmp(dev, "cuda", 4);
-    int want_idx = want_gpu && dev[4] == ':' ? atoi(dev + 5) : -1;
+    ac_target tg;
+    ac_err e;
+    int want_gpu = ac_target_resolve(dev, &tg, &e) == 0 && tg.kind == AC_TARGET_CUDA;
+    int want_idx = want_gpu ? tg.ordinal : -1;
     int exists = 0;
     for (int i = 0; i < s->nslots; i++) {
         slot *sl = &s->slots[i];

@@ -13,6 +13,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include "costcache.h"
 #include "daemon.h"
 #include "device.h"
 #include "job.h"
@@ -79,10 +80,13 @@ int worker_main(int argc, char **argv) {
         setenv("CUDA_VISIBLE_DEVICES", vis, 1);
         fprintf(stderr, "worker: CUDA_VISIBLE_DEVICES=%s\n", vis);
     }
-    ac_job_ctx ctx = {.emit = emit_line, .ud = NULL, .cancelled = NULL, .cost_db = dbp, .threads = threads};
+    ac_cost_cache cache;
+    costcache_file(&cache, dbp, 0); /* read-only: the daemon stores tables from the cost_table event */
+    ac_job_ctx ctx = {.emit = emit_line, .ud = NULL, .cancelled = NULL, .cache = &cache, .threads = threads};
     json_t *result = NULL;
     ac_err e = {{0}};
-    int rc = ac_job_run(spec, &ctx, &result, &e);
+    static ac_job_spec js;
+    int rc = ac_job_spec_parse(spec, &js, NULL, &e) || ac_job_run(&js, &ctx, &result, &e);
     json_decref(spec);
     if (rc) { fail(e.msg); return 1; }
     emit_line(NULL, "result", result);

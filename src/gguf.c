@@ -561,46 +561,33 @@ out:
 
 /* ---- job hooks ---- */
 
-static int spec_wants_gguf(const json_t *spec, int *as_target) {
-    const json_t *sj = json_object_get(spec, "search");
-    const char *xt = json_string_value(json_object_get(sj, "export_target"));
-    *as_target = xt && (!strcmp(xt, "gguf") || !strcmp(xt, "gguf-deci"));
-    return *as_target || json_is_true(json_object_get(sj, "gguf"));
-}
+static int wants_gguf(const ac_search_opts *o) { return o->target == AC_EXPORT_GGUF || o->gguf; }
 
-int ac_gguf_check_spec(const json_t *spec, const char **field, ac_err *e) {
-    int as_target;
+int ac_gguf_check_spec(const ac_search_opts *o, const char *model_dir, const char **field, ac_err *e) {
     const char *dummy;
     if (!field) field = &dummy;
-    if (!spec_wants_gguf(spec, &as_target)) return 0;
-    const char *xt = json_string_value(json_object_get(json_object_get(spec, "search"), "export_target"));
-    if (!as_target && xt && strcmp(xt, "llama")) {
+    if (!wants_gguf(o)) return 0;
+    if (o->target != AC_EXPORT_GGUF && o->target != AC_EXPORT_LLAMA) {
         *field = "search.gguf";
-        return ac_errf(e, "search.gguf writes a uniform (export_target llama) result as GGUF too; for a heterogeneous "
-                          "GGUF use export_target gguf");
+        return ac_errf(e, "search.gguf writes a uniform (export_target llama) result as GGUF too (the deci target, "
+                          "the default, keeps layouts llama.cpp mis-runs); for a heterogeneous GGUF use export_target "
+                          "gguf");
     }
-    if (!as_target && !xt) {
-        *field = "search.gguf";
-        return ac_errf(e, "search.gguf needs export_target llama (the default, deci, keeps layouts llama.cpp "
-                          "mis-runs); or use export_target gguf");
-    }
-    const char *model = json_string_value(json_object_get(spec, "model"));
     *field = "model";
-    return model ? ac_gguf_check_model_dir(model, e) : 0;
+    return model_dir && model_dir[0] ? ac_gguf_check_model_dir(model_dir, e) : 0;
 }
 
-int ac_gguf_export_job(const json_t *spec, const ac_model *m, const char *model_dir, const char *out_dir, ac_err *e) {
-    int as_target;
-    if (!spec_wants_gguf(spec, &as_target)) return 0;
+int ac_gguf_export_job(const ac_search_opts *o, const ac_model *m, const char *model_dir, const char *out_dir,
+                       ac_err *e) {
+    if (!wants_gguf(o)) return 0;
     char tok[4200], out[4200];
     snprintf(tok, sizeof tok, "%s/tokenizer.json", model_dir);
     snprintf(out, sizeof out, "%s/model.gguf", out_dir);
     return ac_gguf_write(m, tok, out, ST_BF16, e);
 }
 
-void ac_gguf_report(const json_t *spec, const ac_arch *a, const char *out_dir, json_t *export_obj) {
-    int as_target;
-    if (!export_obj || !spec_wants_gguf(spec, &as_target)) return;
+void ac_gguf_report(const ac_search_opts *o, const ac_arch *a, const char *out_dir, json_t *export_obj) {
+    if (!export_obj || !wants_gguf(o)) return;
     char f[4200], serve[4300];
     snprintf(f, sizeof f, "%s/model.gguf", out_dir);
     snprintf(serve, sizeof serve, "llama-server -m %s", f);

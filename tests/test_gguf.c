@@ -624,6 +624,13 @@ static void test_search_keeps_to_llama_cpp(void) {
 
 /* ---- job specs and jobs ---- */
 
+static ac_job_spec spec_buf; /* 33 KB: off the stack */
+
+/* The typed spec of s and the submission check on it (as daemon/http.c). */
+static int check_json_spec(const json_t *s, const char **field, ac_err *e) {
+    return ac_job_spec_parse(s, &spec_buf, field, e) || ac_gguf_check_spec(&spec_buf.search, spec_buf.model, field, e);
+}
+
 static json_t *tiny_spec(const char *target, int gguf_flag, const char *out) {
     char d[1100];
     ck_build_path(d, sizeof d, "data");
@@ -648,7 +655,7 @@ static void test_spec_checks(void) {
                  {"deci", 0, NULL}, {"deci", 1, "search.gguf"}, {NULL, 1, "search.gguf"}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         json_t *s = tiny_spec(cases[i].target, cases[i].flag, "/tmp/x");
-        int rc = ac_job_validate(s, &e) || ac_gguf_check_spec(s, &field, &e);
+        int rc = check_json_spec(s, &field, &e);
         CHECK(cases[i].want ? rc != 0 && !strcmp(field, cases[i].want) : rc == 0, "case %zu (%s, gguf %d): %s", i,
               cases[i].target ? cases[i].target : "default", cases[i].flag, rc ? e.msg : "accepted");
         json_decref(s);
@@ -658,7 +665,7 @@ static void test_spec_checks(void) {
     ck_build_path(mis, sizeof mis, "fixtures/models/mistral_sharded");
     json_t *s = tiny_spec("gguf", 0, "/tmp/x");
     json_object_set_new(s, "model", json_string(mis));
-    CHECK(ac_gguf_check_spec(s, &field, &e) != 0 && strstr(e.msg, "sliding") && !strcmp(field, "model"),
+    CHECK(check_json_spec(s, &field, &e) != 0 && strstr(e.msg, "sliding") && !strcmp(field, "model"),
           "sliding window: %s", e.msg);
     /* a tokenizer whose split regex llama.cpp has no pre type for */
     char dir[200], p[1300];
@@ -675,7 +682,7 @@ static void test_spec_checks(void) {
     snprintf(p, sizeof p, "%s/config.json", dir);
     json_dump_file(cfg, p, 0);
     json_object_set_new(s, "model", json_string(dir));
-    CHECK(ac_gguf_check_spec(s, &field, &e) != 0 && strstr(e.msg, "pre-tokenizer"), "odd regex: %s", e.msg);
+    CHECK(check_json_spec(s, &field, &e) != 0 && strstr(e.msg, "pre-tokenizer"), "odd regex: %s", e.msg);
     json_decref(tj);
     json_decref(cfg);
     json_decref(s);
@@ -701,7 +708,7 @@ static void test_jobs_write_gguf(void) {
         ac_job_ctx ctx = {.emit = quiet};
         ac_err e;
         ac_model m;
-        if (ac_job_run(spec, &ctx, &res, &e)) {
+        if (ac_job_spec_parse(spec, &spec_buf, NULL, &e) || ac_job_run(&spec_buf, &ctx, &res, &e)) {
             CHECK(0, "job %d: %s", k, e.msg);
             json_decref(spec);
             continue;
