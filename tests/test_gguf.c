@@ -658,6 +658,9 @@ static void test_spec_checks(void) {
         int rc = check_json_spec(s, &field, &e);
         CHECK(cases[i].want ? rc != 0 && !strcmp(field, cases[i].want) : rc == 0, "case %zu (%s, gguf %d): %s", i,
               cases[i].target ? cases[i].target : "default", cases[i].flag, rc ? e.msg : "accepted");
+        if (!rc && cases[i].target && !strncmp(cases[i].target, "gguf", 4)) /* gguf-deci: the old name of gguf */
+            CHECK(spec_buf.search.target == AC_EXPORT_GGUF, "%s parses as export target %d", cases[i].target,
+                  (int)spec_buf.search.target);
         json_decref(s);
     }
     /* a model llama.cpp's architectures cannot express: a sliding window */
