@@ -21,7 +21,7 @@ D_OBJ    = $(D_SRC:daemon/%.c=$(B)/daemon/%.o) $(B)/daemon/migrations.o
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(B)/tests/%)
 
-.PHONY: all clean test demo bench cuda-check fixtures tiny-model deps asan test-asan web-test-deps
+.PHONY: all clean test demo bench cuda-check fixtures tiny-model deps asan test-asan web-test-deps llama-test-deps
 
 BENCH_BIN = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/*.c))
 # The CUDA plugin is built when nvcc is found; without it the CPU path alone.
@@ -108,13 +108,25 @@ fixtures: tiny-model
 	PYTHONPATH=tests $(PYTHON) tests/gen_fixtures.py --out $(B)/fixtures
 	PYTHONPATH=tests $(PYTHON) tests/gen_grad_fixtures.py --out $(B)/fixtures
 
-test: all fixtures web-test-deps
+test: all fixtures web-test-deps llama-test-deps
 	bash tests/run_all.sh
 
 # playwright-core for the dashboard test (skipped when npm or chromium is absent)
 web-test-deps:
 	@if command -v npm >/dev/null && [ ! -d tests/web/node_modules/playwright-core ]; then \
 	  (cd tests/web && npm ci --no-audit --no-fund >/dev/null 2>&1) || echo "web-test-deps: npm ci failed; dashboard test will be skipped"; fi
+
+# llama.cpp for test_gguf: node-llama-cpp with only its prebuilt linux-x64
+# CPU binaries (other platforms' optional packages skipped, no install
+# scripts: nothing is downloaded or built at install). Versions from
+# tests/llama/package-lock.json; `npm ci` refuses that lock because npm
+# leaves other platforms' optional packages out of it, so `npm install
+# --no-save` (which follows the lock and leaves it as it is). Needs node >= 20;
+# without it test_gguf skips its llama.cpp test and says why.
+llama-test-deps:
+	@if command -v npm >/dev/null && [ ! -d tests/llama/node_modules/@node-llama-cpp/linux-x64 ]; then \
+	  (cd tests/llama && npm install --no-save --omit=optional --ignore-scripts --no-audit --no-fund >/dev/null 2>&1) || \
+	  echo "llama-test-deps: npm install failed; the llama.cpp part of test_gguf will be skipped"; fi
 
 # deps first, then a fresh make: the pkg-config flags above are read when
 # make starts, before deps has installed the libraries they name.

@@ -28,6 +28,7 @@
 #include "costmodel.h"
 #include "daemon.h"
 #include "deci.h"
+#include "gguf.h"
 #include "job.h"
 
 typedef struct {
@@ -147,6 +148,8 @@ static enum MHD_Result post_job(ac_daemon *d, struct MHD_Connection *c, json_t *
     if (access(cfgp, R_OK) != 0) return send_error(d, c, 400, "invalid_path", "model: directory has no readable config.json", "model");
     if (ac_deci_validate_model(js.search.target == AC_EXPORT_DECI, js.method == AC_METHOD_MINITRON, js.model, &field,
                                &e))
+        return send_error(d, c, 400, "invalid_spec", e.msg, field);
+    if (ac_gguf_check_spec(&js.search, js.model, &field, &e))
         return send_error(d, c, 400, "invalid_spec", e.msg, field);
     if (js.target.dev.kind == AC_TARGET_CUDA) {
         int gpus = 0;

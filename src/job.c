@@ -18,6 +18,7 @@
 #include "deci.h"
 #include "device.h"
 #include "distill.h"
+#include "gguf.h"
 #include "job_state.h"
 #include "kernels_cpu.h"
 #include "measure.h"
@@ -278,7 +279,9 @@ static int mkdirs(const char *path) {
 static int stage_export(job_state *s, ac_err *e) {
     const ac_job_spec *sp = s->spec;
     if (mkdirs(sp->output)) return ac_errf(e, "cannot create %s: %s", sp->output, strerror(errno));
-    if (ac_model_save(s->result, sp->output, ST_BF16, e)) return -1;
+    if (ac_model_save(s->result, sp->output, ST_BF16, e) ||
+        ac_gguf_export_job(&sp->search, s->result, sp->model, sp->output, e))
+        return -1;
     char src[4200], dst[4200];
     snprintf(src, sizeof src, "%s/tokenizer.json", sp->model);
     snprintf(dst, sizeof dst, "%s/tokenizer.json", sp->output);
@@ -333,6 +336,7 @@ static int write_report(job_state *s, json_t **result, ac_err *e) {
 int ac_job_run(const ac_job_spec *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) {
     *result = NULL;
     if (!spec->output[0]) return ac_errf(e, "output: no output directory given");
+    if (ac_gguf_check_spec(&spec->search, spec->model, NULL, e)) return -1;
     job_state *s = calloc(1, sizeof *s);
     if (!s) return ac_errf(e, "out of memory");
     *s =

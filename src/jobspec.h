@@ -96,6 +96,7 @@ typedef struct ac_field {
     double lo, hi;              /* numeric range, inclusive */
     double def;                 /* default: number, bool 0/1, enum index (-1: unset) */
     const char *const *enums;   /* AC_F_ENUM: allowed strings, NULL-terminated */
+    const char *const *aliases; /* AC_F_ENUM: old names still accepted, pairs {old, current}, NULL-terminated */
     size_t off, size;           /* where the value goes in the section's struct */
     const struct ac_field *sub; /* AC_F_OBJ: the section's fields (offsets relative to off) */
     const char *doc;

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "deci.h"
+#include "gguf.h"
 #include "safetensors.h"
 #include "tensor.h"
 
@@ -157,6 +158,7 @@ int ac_arch_from_config(const json_t *cfg, ac_arch *a, ac_err *e) {
 }
 
 int ac_arch_load(const char *model_dir, ac_arch *a, ac_err *e) {
+    if (ac_gguf_is_path(model_dir)) return ac_gguf_arch(model_dir, a, e);
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", model_dir);
     json_error_t je;
@@ -330,6 +332,7 @@ void ac_model_free(ac_model *m) {
 }
 
 int ac_model_load(const char *model_dir, ac_model *m, ac_err *e) {
+    if (ac_gguf_is_path(model_dir)) return ac_gguf_load(model_dir, m, e);
     memset(m, 0, sizeof *m);
     if (ac_arch_load(model_dir, &m->a, e)) return -1;
     st_set s;

@@ -4,6 +4,7 @@
  */
 #include <jansson.h>
 
+#include "gguf.h"
 #include "job_state.h"
 
 static json_t *arm(const job_state *s, const ac_search_result *r, const ac_ppl_result *pp, int repaired) {
@@ -61,6 +62,7 @@ json_t *ac_report_build(const job_state *s) {
                                   ac_arch_is_uniform(&s->result->a) ? "LlamaForCausalLM"
                                                                     : "DeciLMForCausalLM (nemotron-nas block_configs)",
                                   "dtype", "bf16"));
+    ac_gguf_report(&sp->search, &s->result->a, sp->output, json_object_get(r, "export"));
     json_object_set_new(r, "timings_s", json_deep_copy(s->timings));
     return r;
 }
