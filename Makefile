@@ -21,7 +21,7 @@ D_OBJ    = $(D_SRC:daemon/%.c=$(B)/daemon/%.o) $(B)/daemon/migrations.o
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(B)/tests/%)
 
-.PHONY: all clean test demo bench cuda-check fixtures tiny-model deps asan test-asan web-test-deps fuzz
+.PHONY: all clean test demo bench cuda-check fixtures tiny-model deps asan test-asan web-test-deps llama-test-deps fuzz
 
 BENCH_BIN = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/*.c))
 # The CUDA plugin is built when nvcc is found; without it the CPU path alone.
@@ -37,9 +37,9 @@ $(B)/libac_cuda.so: $(wildcard src/cuda/*.cu src/cuda/*.h) src/costmodel.h src/m
 # A 5-key attention tile and 7-row logit chunks so the tests cover the online
 # softmax across tiles and the head in several chunks.
 EMU_CXXFLAGS = $(filter-out -std=c11,$(CFLAGS)) -std=c++17 -DAC_CUDA_EMU -DAC_ATTN_TILE=5 -DAC_LOGIT_ROWS=7 -Itests/cuda_emu
-$(B)/tests/libac_cuda_emu.so: src/cuda/ac_cuda.cu src/cuda/ac_cuda.h tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h src/costmodel.h src/model.h
+$(B)/tests/libac_cuda_emu.so: src/cuda/ac_cuda.cu src/cuda/ac_cuda.h src/cuda/ac_cuda_train.cu src/cuda/ac_cuda_train.h tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h src/costmodel.h src/model.h src/train.h
 	@mkdir -p $(dir $@)
-	$(CXX) $(EMU_CXXFLAGS) -shared -o $@ -x c++ src/cuda/ac_cuda.cu -x none tests/cuda_emu/cuda_emu.cc -lopenblas
+	$(CXX) $(EMU_CXXFLAGS) -shared -o $@ -x c++ src/cuda/ac_cuda.cu src/cuda/ac_cuda_train.cu -x none tests/cuda_emu/cuda_emu.cc -lopenblas
 
 $(B)/src/%.o: src/%.c $(wildcard src/*.h)
 	@mkdir -p $(dir $@)
@@ -120,14 +120,27 @@ $(B)/models/tiny/config.json: tools/make_tiny_model.py tests/ref_llama.py
 
 fixtures: tiny-model
 	PYTHONPATH=tests $(PYTHON) tests/gen_fixtures.py --out $(B)/fixtures
+	PYTHONPATH=tests $(PYTHON) tests/gen_grad_fixtures.py --out $(B)/fixtures
 
-test: all fixtures web-test-deps
+test: all fixtures web-test-deps llama-test-deps
 	bash tests/run_all.sh
 
 # playwright-core for the dashboard test (skipped when npm or chromium is absent)
 web-test-deps:
 	@if command -v npm >/dev/null && [ ! -d tests/web/node_modules/playwright-core ]; then \
 	  (cd tests/web && npm ci --no-audit --no-fund >/dev/null 2>&1) || echo "web-test-deps: npm ci failed; dashboard test will be skipped"; fi
+
+# llama.cpp for test_gguf: node-llama-cpp with only its prebuilt linux-x64
+# CPU binaries (other platforms' optional packages skipped, no install
+# scripts: nothing is downloaded or built at install). Versions from
+# tests/llama/package-lock.json; `npm ci` refuses that lock because npm
+# leaves other platforms' optional packages out of it, so `npm install
+# --no-save` (which follows the lock and leaves it as it is). Needs node >= 20;
+# without it test_gguf skips its llama.cpp test and says why.
+llama-test-deps:
+	@if command -v npm >/dev/null && [ ! -d tests/llama/node_modules/@node-llama-cpp/linux-x64 ]; then \
+	  (cd tests/llama && npm install --no-save --omit=optional --ignore-scripts --no-audit --no-fund >/dev/null 2>&1) || \
+	  echo "llama-test-deps: npm install failed; the llama.cpp part of test_gguf will be skipped"; fi
 
 # deps first, then a fresh make: the pkg-config flags above are read when
 # make starts, before deps has installed the libraries they name.
@@ -147,7 +160,9 @@ test-asan: asan fixtures
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_tokenizer
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_engine
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_costsearch
+	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_train
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 AC_CUDA_PLUGIN=$(abspath build-asan/tests/libac_cuda_emu.so) build-asan/tests/test_cuda
+	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 AC_TRAIN_CUDA_ONLY=1 AC_CUDA_PLUGIN=$(abspath build-asan/tests/libac_cuda_emu.so) build-asan/tests/test_train
 	ASAN_OPTIONS=detect_leaks=0 build-asan/tests/fuzz_parsers 100000 3
 
 cuda-check:

@@ -11,8 +11,10 @@ model's own predicted figure on that target (`autocompress estimate`).
 
 Prints held-out perplexity of base, Minitron and AutoCompress, their
 predicted figures against the limit, and the win count. The columns "after
-equal distillation" are filled from the report's "distilled" entries when
-the job ran distillation (issue #13); until then they print "-".
+equal distillation" are filled when AC_BENCH_DISTILL=N is set: every job
+then distils both arms with the same budget of N tokens (spec "distill",
+on the calibration text), each arm's report holding "perplexity_pruned"
+(before) and "perplexity" (after); without it they print "-".
 
 Models: build/models/tiny (fortunes, 1.4 M parameters) and any other model
 directory named in AC_BENCH_MODELS (colon-separated NAME=MODEL_DIR=DATA_DIR
@@ -68,6 +70,8 @@ def job(tmp, name, mdir, ddir, dev, wl, cons):
             "output": os.path.join(tmp, name), "target": {"device": dev, "workload": wl}, "constraints": cons,
             "search": {"steps": 300, "seed": 0, "export_target": os.environ.get("AC_EXPORT_TARGET", "deci")},
             "calibration_tokens": 8192, "eval": {"ctx": 128, "windows": 48}}
+    if os.environ.get("AC_BENCH_DISTILL"):
+        spec["distill"] = {"tokens": int(os.environ["AC_BENCH_DISTILL"])}
     sp = os.path.join(tmp, name + ".json")
     json.dump(spec, open(sp, "w"))
     out = run([os.path.join(BUILD, "autocompress"), "compress", sp])
@@ -90,7 +94,8 @@ def main():
                 cons = {k: base[m] * f for k, m, f in lim}
                 res = job(tmp, f"{mname}-{i}-{level}", mdir, ddir, dev, wl, cons)
                 rows.append((mname, sname, lim, cons, res))
-    dist = lambda x: x.get("distilled", {}).get("perplexity") if isinstance(x.get("distilled"), dict) else None
+    dist = lambda x: x["perplexity"] if "distill" in x else None  # after distillation
+    pre = lambda x: x.get("perplexity_pruned", x["perplexity"])  # pruned, before any distillation
     fmt = lambda v: f"{v:8.2f}" if isinstance(v, (int, float)) else f"{'-':>8}"
     print(f"{'model':14} {'scenario':31} {'limit (x unpruned)':28} {'base':>8} | {'Minitron':>8} {'AutoC':>8} | "
           f"{'Mt+dist':>8} {'AC+dist':>8} | Minitron arch / AutoCompress arch")
@@ -100,22 +105,22 @@ def main():
         m, a = r["minitron"], r["autocompress"]
         lim = ", ".join(f"{k.split('_', 1)[1]} {f:.2f}" for k, _, f in limits)
         mf = "" if m["feasible"] else "*"
-        print(f"{mname:14} {sname:31} {lim:28} {r['baseline']['perplexity']:8.2f} | {m['perplexity']:7.2f}{mf or ' '} "
-              f"{a['perplexity']:8.2f} | {fmt(dist(m))} {fmt(dist(a))} | {arch_str(m['architecture'])} / {arch_str(a['architecture'])}")
-        win = a["perplexity"] < m["perplexity"] or not m["feasible"]
+        print(f"{mname:14} {sname:31} {lim:28} {r['baseline']['perplexity']:8.2f} | {pre(m):7.2f}{mf or ' '} "
+              f"{pre(a):8.2f} | {fmt(dist(m))} {fmt(dist(a))} | {arch_str(m['architecture'])} / {arch_str(a['architecture'])}")
+        win = pre(a) < pre(m) or not m["feasible"]
         wins += win
         if m["feasible"]:
             both += 1
-            wins_both += a["perplexity"] < m["perplexity"]
+            wins_both += pre(a) < pre(m)
         if not win:
-            losses.append(f"{mname}/{sname}: Minitron {m['perplexity']:.2f} vs AutoCompress {a['perplexity']:.2f}")
+            losses.append(f"{mname}/{sname}: Minitron {pre(m):.2f} vs AutoCompress {pre(a):.2f}")
         if dist(m) is not None and dist(a) is not None:
             nd += 1
             wins_d += dist(a) < dist(m)
     print("* Minitron infeasible: no point of its capped grid meets the limit (the closest one is shown)")
     print(f"AutoCompress reaches lower held-out perplexity than Minitron under the same limit in {wins} of {len(rows)} cases "
           f"({wins_both} of the {both} where Minitron's grid meets the limit)"
-          + (f"; after equal distillation in {wins_d} of {nd}" if nd else "; after equal distillation: not run (issue #13)"))
+          + (f"; after equal distillation in {wins_d} of {nd}" if nd else "; after equal distillation: not run (set AC_BENCH_DISTILL)"))
     for l in losses:
         print("  lost:", l)
 

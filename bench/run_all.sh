@@ -5,6 +5,10 @@ cd "$(dirname "$0")/.."
 B=${AC_BUILD:-build}
 echo "== engine vs PyTorch (forward tokens/s, 2 threads)"
 /usr/bin/python3 bench/bench_engine.py
+echo; echo "== training engine vs PyTorch autograd (forward+backward tokens/s, 2 threads)"
+/usr/bin/python3 bench/bench_train.py
+echo; echo "== distillation: share of the pruning perplexity gap recovered (tiny model, 50% parameter limit, 100k tokens)"
+/usr/bin/python3 bench/bench_distill.py 100000 0.5
 echo; echo "== tokenizer: C vs Python reference BPE and vs sentencepiece"
 /usr/bin/python3 bench/bench_tokenizer.py
 echo; echo "== cost model: predicted vs measured latency of the CPU engine"

@@ -50,6 +50,7 @@
 #include "daemon.h"
 #include "deci.h"
 #include "fsafe.h"
+#include "gguf.h"
 #include "job.h"
 #include "pool.h"
 
@@ -295,6 +296,12 @@ static void task_post_job(void *arg) {
     /* Deci exports need a base model the 256-grid can represent (reads config.json, so here, off the poll thread). */
     if (ac_deci_validate_model(js->search.target == AC_EXPORT_DECI, js->method == AC_METHOD_MINITRON, js->model, &field,
                                &e)) {
+        rep_error(d, r, 400, "invalid_spec", e.msg, field);
+        offload_done(rc);
+        return;
+    }
+    /* GGUF exports: an architecture and tokenizer llama.cpp can run (reads the model's files too). */
+    if (ac_gguf_check_spec(&js->search, js->model, &field, &e)) {
         rep_error(d, r, 400, "invalid_spec", e.msg, field);
         offload_done(rc);
         return;

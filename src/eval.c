@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "gguf.h"
 #include "tokenizer.h"
 
 /* The engine that scores windows and times steps, on the backend chosen
@@ -116,7 +117,10 @@ int ac_load_text_ids(const char *model_dir, const char *text_path, int **ids, si
     char path[4096];
     if (ac_fsafe_join(model_dir, "tokenizer.json", path, sizeof path, e)) return -1;
     ac_tokenizer *t;
-    if (ac_tok_load(path, &t, e)) return -1;
+    if (ac_gguf_is_path(model_dir)) { /* the tokenizer is in the GGUF metadata */
+        snprintf(path, sizeof path, "%s", model_dir);
+        if (ac_gguf_tokenizer(model_dir, &t, e)) return -1;
+    } else if (ac_tok_load(path, &t, e)) return -1;
     if (vocab > 0 && ac_tok_vocab_size(t) > vocab) {
         int tv = ac_tok_vocab_size(t);
         ac_tok_free(t);

@@ -55,8 +55,9 @@ int ac_scorer_weights_changed(ac_scorer *sc, int layer, ac_wmat which, ac_err *e
 int ac_scorer_step(ac_scorer *sc, const int *tok, int B, int n, int pos0, ac_err *e);
 void ac_scorer_close(ac_scorer *sc);
 
-/* Tokenize a UTF-8 text file with MODEL_DIR/tokenizer.json. The ids are
- * checked against vocab (when > 0). *ids is malloc'd. */
+/* Tokenize a UTF-8 text file with MODEL_DIR/tokenizer.json (or, for a
+ * .gguf file, the tokenizer in its metadata). The ids are checked against
+ * vocab (when > 0). *ids is malloc'd. */
 int ac_load_text_ids(const char *model_dir, const char *text_path, int **ids, size_t *n, int vocab, ac_err *e);
 
 #endif

@@ -18,6 +18,8 @@
 #include "cuda_plugin.h"
 #include "deci.h"
 #include "device.h"
+#include "distill.h"
+#include "gguf.h"
 #include "job_state.h"
 #include "kernels_cpu.h"
 #include "measure.h"
@@ -191,6 +193,23 @@ static int stage_prune(job_state *s, ac_err *e) {
     return 0;
 }
 
+/* ---------------------------------------------------------------- 5b distill */
+
+/* Every reported arm (the compacted Minitron model and AutoCompress's) is
+ * distilled from the base model with the same budget (distill.c); held-out
+ * perplexity before it goes into the report as perplexity_pruned. */
+static int stage_distill(job_state *s, ac_err *e) {
+    const ac_job_spec *sp = s->spec;
+    ac_model *arms[2] = {&s->pm, &s->pa};
+    const char *names[2] = {"minitron", "autocompress"};
+    ac_ppl_opts po = {.ctx = sp->eval.ctx, .stride = 0, .max_windows = sp->eval.windows, .batch = 4, .cuda = s->on_gpu};
+    return ac_distill_job(&sp->distill, sp->model, sp->calibration, &s->m, s->cids, s->nc, arms, names,
+                          s->chosen == &s->ra ? 2 : 1, s->hids, s->nh, &po, s->ctx->emit, s->ctx->ud, s->ctx->cancelled,
+                          &s->distill, e);
+}
+
+static int want_distill(const job_state *s) { return s->spec->distill.tokens > 0; }
+
 /* ---------------------------------------------------------------- 6 evaluate */
 
 /* Held-out perplexity of base, Minitron and AutoCompress; latency of base
@@ -261,7 +280,9 @@ static int mkdirs(const char *path) {
 static int stage_export(job_state *s, ac_err *e) {
     const ac_job_spec *sp = s->spec;
     if (mkdirs(sp->output)) return ac_errf(e, "cannot create %s: %s", sp->output, strerror(errno));
-    if (ac_model_save(s->result, sp->output, ST_BF16, e)) return -1;
+    if (ac_model_save(s->result, sp->output, ST_BF16, e) ||
+        ac_gguf_export_job(&sp->search, s->result, sp->model, sp->output, e))
+        return -1;
     char src[4200], dst[4200];
     snprintf(src, sizeof src, "%s/tokenizer.json", sp->model);
     snprintf(dst, sizeof dst, "%s/tokenizer.json", sp->output);
@@ -278,13 +299,14 @@ static const struct {
     int (*run)(job_state *s, ac_err *e);
     int (*wanted)(const job_state *s);
 } STAGES[] = {
-    {"load", stage_load, NULL},     {"calibrate", stage_calibrate, NULL}, {"profile", stage_profile, NULL},
-    {"search", stage_search, NULL}, {"prune", stage_prune, NULL},         {"evaluate", stage_evaluate, NULL},
-    {"export", stage_export, NULL},
+    {"load", stage_load, NULL},         {"calibrate", stage_calibrate, NULL}, {"profile", stage_profile, NULL},
+    {"search", stage_search, NULL},     {"prune", stage_prune, NULL},         {"distill", stage_distill, want_distill},
+    {"evaluate", stage_evaluate, NULL}, {"export", stage_export, NULL},
 };
 enum { N_STAGES = sizeof STAGES / sizeof *STAGES };
 
 static void state_free(job_state *s) {
+    json_decref(s->distill);
     json_decref(s->measured_on_target);
     json_decref(s->measured_local);
     json_decref(s->timings);
@@ -315,6 +337,7 @@ static int write_report(job_state *s, json_t **result, ac_err *e) {
 int ac_job_run(const ac_job_spec *spec, ac_job_ctx *ctx, json_t **result, ac_err *e) {
     *result = NULL;
     if (!spec->output[0]) return ac_errf(e, "output: no output directory given");
+    if (ac_gguf_check_spec(&spec->search, spec->model, NULL, e)) return -1;
     job_state *s = calloc(1, sizeof *s);
     if (!s) return ac_errf(e, "out of memory");
     *s =

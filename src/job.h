@@ -1,6 +1,7 @@
 /*
  * job.h - the compression job: a typed spec (jobspec.h) run as a sequence
- * of stages (load, calibrate, profile, search, prune, evaluate, export)
+ * of stages (load, calibrate, profile, search, prune, distill when the
+ * spec asks for it, evaluate, export)
  * over one job state. Shared by the daemon's worker (`autocompressd
  * run-job`) and `autocompress compress`.
  *

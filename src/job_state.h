@@ -41,6 +41,8 @@ typedef struct job_state {
     ac_model pa, pm;
     const ac_model *result; /* &pa or &pm */
     int rep_a, rep_m;       /* layers refit by the least-squares repair */
+    /* distill (only with spec distill): {arm: {perplexity_pruned, distill}} (owned) */
+    json_t *distill;
     /* evaluate */
     ac_ppl_result pb, pmr, par;                  /* base, Minitron, AutoCompress */
     json_t *measured_local, *measured_on_target; /* owned; on_target may be NULL */

@@ -15,17 +15,21 @@
 #include <string.h>
 
 #include "deci.h"
+#include "distill.h"
+#include "gguf.h"
 #include "job.h"
 
 _Static_assert(sizeof(ac_method) == sizeof(int) && sizeof(ac_export_target) == sizeof(int), "enums are stored as int");
-_Static_assert(AC_METHOD_MINITRON == 1 && AC_EXPORT_LLAMA == 1 && AC_EXPORT_GGUF_DECI == 2,
+_Static_assert(AC_METHOD_MINITRON == 1 && AC_EXPORT_LLAMA == 1 && AC_EXPORT_GGUF == 2,
                "enum lists below follow the enums");
 
 static const char *const METHODS[] = {"autocompress", "minitron", NULL};
 static const char *const DTYPES[] = {"bf16", "fp16", "fp32", "fp8", NULL};
 /* Enum fields store the index of the string: these lists are in the order
  * of ac_method and ac_export_target (search.h). */
-static const char *const EXPORTS[] = {"deci", "llama", "gguf-deci", NULL};
+static const char *const EXPORTS[] = {"deci", "llama", "gguf", NULL};
+/* Old names an enum still accepts: pairs of old, current. */
+static const char *const EXPORT_ALIASES[] = {"gguf-deci", "gguf", NULL};
 
 #define AT(st, m) .off = offsetof(st, m), .size = sizeof(((st *)0)->m)
 #define STR(nm, st, m, fl, d)                                                                                          \
@@ -38,6 +42,8 @@ static const char *const EXPORTS[] = {"deci", "llama", "gguf-deci", NULL};
     { .name = nm, .type = AC_F_BOOL, .def = df, AT(st, m), .doc = d }
 #define ENUM(nm, st, m, en, df, fl, d)                                                                                 \
     { .name = nm, .type = AC_F_ENUM, .flags = fl, .def = df, .enums = en, AT(st, m), .doc = d }
+#define ENUM_ALIASED(nm, st, m, en, al, df, fl, d)                                                                     \
+    { .name = nm, .type = AC_F_ENUM, .flags = fl, .def = df, .enums = en, .aliases = al, AT(st, m), .doc = d }
 #define OBJ(nm, st, m, sb, fl, d)                                                                                      \
     { .name = nm, .type = AC_F_OBJ, .flags = fl, .sub = sb, AT(st, m), .doc = d }
 #define END                                                                                                            \
@@ -83,14 +89,17 @@ static const ac_field SEARCH[] = {
     INT("steps", ac_search_opts, steps, 1, 100000, 300, 0, NULL),
     INT("seed", ac_search_opts, seed, 0, 2147483647, 0, 0, NULL),
     NUM("lr", ac_search_opts, lr, 1e-6, 10, 0.03, 0, NULL),
-    ENUM("export_target", ac_search_opts, target, EXPORTS, AC_EXPORT_DECI, 0,
-         "deci: vLLM/TRT-LLM nemotron-nas (per-layer FFN width; attention keeps every query head with KV heads merged "
-         "to a divisor, or is removed); gguf-deci: per-layer KV groups pruned with their query heads (llama.cpp deci); "
-         "llama: uniform layers"),
+    ENUM_ALIASED("export_target", ac_search_opts, target, EXPORTS, EXPORT_ALIASES, AC_EXPORT_DECI, 0,
+                 "deci: vLLM/TRT-LLM nemotron-nas (per-layer FFN width; attention keeps every query head with "
+                 "KV heads merged to a divisor, or is removed); gguf: model.gguf for llama.cpp (arch llama when "
+                 "uniform, deci otherwise; per-layer KV groups pruned with their query heads; layer 0 keeps "
+                 "attention, no layer keeps attention without its FFN, the last layer keeps its FFN); gguf-deci: "
+                 "old name of gguf; llama: uniform layers"),
     INT("ffn_multiple", ac_search_opts, ffn_multiple, 1, 4096, 0, ND,
         "FFN width step; default: 256 for deci (the loaders' grid; other values must be multiples of it), else 32"),
     INT("hidden_multiple", ac_search_opts, hidden_multiple, 1, 4096, 16, 0, NULL),
     BOOL("prune_hidden", ac_search_opts, prune_hidden, 1, NULL),
+    BOOL("gguf", ac_search_opts, gguf, 0, "with export_target llama: also write the uniform result as model.gguf"),
     END,
 };
 static const ac_field EVAL[] = {
@@ -99,13 +108,16 @@ static const ac_field EVAL[] = {
     END,
 };
 static const ac_field DISTILL[] = {
-    INT("tokens", ac_distill_spec, tokens, 0, 1e12, 0, 0, "training tokens per pruned model; 0 = no distillation"),
-    STR("text", ac_distill_spec, text, AC_F_PATH_FILE, "UTF-8 training text (default: the calibration text)"),
-    NUM("lr", ac_distill_spec, lr, 1e-8, 1, 1e-4, 0, NULL),
+    INT("tokens", ac_distill_spec, tokens, 0, AC_DISTILL_MAX_TOKENS, 0, 0,
+        "student training tokens per pruned model (batch x seq_len per step); 0 = no distillation"),
+    STR("text", ac_distill_spec, text, AC_F_PATH_FILE, "UTF-8 training text (default: the whole calibration file)"),
+    NUM("lr", ac_distill_spec, lr, 1e-8, 1, 1e-3, 0, "AdamW peak rate; 5 % linear warmup, cosine to lr/10"),
     INT("seq_len", ac_distill_spec, seq_len, 8, 1 << 16, 128, 0, NULL),
     INT("batch", ac_distill_spec, batch, 1, 4096, 8, 0, NULL),
     NUM("temperature", ac_distill_spec, temperature, 0.05, 100, 1, 0,
-        "softmax temperature of the teacher and student logits"),
+        "loss tau^2 KL(softmax(teacher/tau) || softmax(student/tau))"),
+    NUM("ce_weight", ac_distill_spec, ce_weight, 0, 1, 0, 0, "weight of next-token cross-entropy mixed into the loss"),
+    INT("seed", ac_distill_spec, seed, 0, 2147483647, 1, 0, "window sampling"),
     END,
 };
 static const ac_field SPEC[] = {
@@ -195,8 +207,11 @@ static int parse_value(const json_t *v, const ac_field *f, char *p, const char *
             return ac_errf(e, "%s must be a non-empty string of at most %zu bytes", field_buf, f->size - 1);
         memcpy(p, json_string_value(v), json_string_length(v) + 1);
     } else if (f->type == AC_F_ENUM) {
+        const char *name = json_string_value(v);
+        for (int k = 0; f->aliases && f->aliases[k]; k += 2)
+            if (!strcmp(f->aliases[k], name)) name = f->aliases[k + 1];
         int i = 0;
-        while (f->enums[i] && strcmp(f->enums[i], json_string_value(v))) i++;
+        while (f->enums[i] && strcmp(f->enums[i], name)) i++;
         if (!f->enums[i])
             return ac_errf(e, "%s=\"%s\" is not one of the allowed values", field_buf, json_string_value(v));
         *(int *)p = i;
@@ -286,7 +301,10 @@ int ac_job_spec_parse(const json_t *j, ac_job_spec *s, const char **fieldp, ac_e
     if (!s->heldout[0]) memcpy(s->heldout, s->calibration, sizeof s->heldout);
     int deci = s->search.target == AC_EXPORT_DECI;
     if (!s->search.ffn_multiple) s->search.ffn_multiple = deci ? AC_DECI_GRID : 32;
-    return ac_deci_validate_spec(deci, s->search.ffn_multiple, fieldp, e);
+    return ac_deci_validate_spec(deci, s->search.ffn_multiple, fieldp, e) ||
+                   ac_gguf_check_spec(&s->search, NULL, fieldp, e)
+               ? -1
+               : 0;
 }
 
 const char *ac_method_name(ac_method m) {
@@ -367,6 +385,7 @@ static json_t *field_schema(const ac_field *f) {
     case AC_F_ENUM: {
         json_t *en = json_array();
         for (const char *const *s = f->enums; *s; s++) json_array_append_new(en, json_string(*s));
+        for (const char *const *s = f->aliases; s && *s; s += 2) json_array_append_new(en, json_string(*s));
         json_object_set_new(p, "enum", en);
         if (!(f->flags & AC_F_NODEFAULT)) json_object_set_new(p, "default", json_string(f->enums[(int)f->def]));
         break;
@@ -405,12 +424,17 @@ json_t *ac_job_spec_schema(void) {
     json_t *o = obj_schema(SPEC, 0);
     json_object_update(s, o);
     json_decref(o);
-    /* The one rule across fields (ac_deci_validate_spec): with export_target
-     * deci (the default), ffn_multiple sits on the loaders' grid. */
+    /* The rules across fields: with export_target deci (the default),
+     * ffn_multiple sits on the loaders' grid (ac_deci_validate_spec);
+     * search.gguf needs export_target llama or gguf (ac_gguf_check_spec). */
     json_object_set_new(
         s, "allOf",
-        json_pack("[{s:{s:{s:{s:{s:{s:[s]}}}}},s:{s:{s:{s:{s:{s:i}}}}}}]", "if", "properties", "search", "properties",
-                  "export_target", "enum", "deci", "then", "properties", "search", "properties", "ffn_multiple",
-                  "multipleOf", AC_DECI_GRID));
+        json_pack("[{s:{s:{s:{s:{s:{s:[s]}}}}},s:{s:{s:{s:{s:{s:i}}}}}},"
+                  "{s:{s:{s:{s:{s:{s:b}},s:[s]}},s:[s]},s:{s:{s:{s:{s:{s:[s,s,s]}},s:[s]}}}}]",
+                  "if", "properties", "search", "properties", "export_target", "enum", "deci", "then", "properties",
+                  "search", "properties", "ffn_multiple", "multipleOf", AC_DECI_GRID, "if", "properties", "search",
+                  "properties", "gguf", "const", 1, "required", "gguf", "required", "search", "then", "properties",
+                  "search", "properties", "export_target", "enum", "llama", "gguf", "gguf-deci", "required",
+                  "export_target"));
     return s;
 }

@@ -43,14 +43,16 @@ typedef struct {
     int ctx, windows;
 } ac_eval_spec;
 
-/* distill: knowledge distillation from the unpruned model after pruning
- * (parsed and validated; tokens = 0 is off). */
+/* distill: knowledge distillation of every reported arm from the unpruned
+ * model, between prune and evaluate (src/distill.c; tokens = 0 is off). */
 typedef struct {
     long tokens;
-    char text[AC_SPEC_STR]; /* training text ("" = the calibration text) */
+    char text[AC_SPEC_STR]; /* training text ("" = the whole calibration file) */
     double lr;
     int seq_len, batch;
     double temperature;
+    double ce_weight; /* loss = (1 - ce_weight) KL + ce_weight CE */
+    int seed;         /* window sampling */
 } ac_distill_spec;
 
 typedef struct {
@@ -94,6 +96,7 @@ typedef struct ac_field {
     double lo, hi;              /* numeric range, inclusive */
     double def;                 /* default: number, bool 0/1, enum index (-1: unset) */
     const char *const *enums;   /* AC_F_ENUM: allowed strings, NULL-terminated */
+    const char *const *aliases; /* AC_F_ENUM: old names still accepted, pairs {old, current}, NULL-terminated */
     size_t off, size;           /* where the value goes in the section's struct */
     const struct ac_field *sub; /* AC_F_OBJ: the section's fields (offsets relative to off) */
     const char *doc;

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "deci.h"
+#include "gguf.h"
 #include "safetensors.h"
 #include "tensor.h"
 
@@ -158,6 +159,7 @@ int ac_arch_from_config(const json_t *cfg, ac_arch *a, ac_err *e) {
 }
 
 int ac_arch_load(const char *model_dir, ac_arch *a, ac_err *e) {
+    if (ac_gguf_is_path(model_dir)) return ac_gguf_arch(model_dir, a, e);
     char path[4096];
     if (ac_fsafe_join(model_dir, "config.json", path, sizeof path, e)) return -1;
     json_t *cfg = ac_fsafe_json(path, AC_FK_CONFIG, e); /* confined, no bytes echoed */
@@ -330,6 +332,7 @@ void ac_model_free(ac_model *m) {
 }
 
 int ac_model_load(const char *model_dir, ac_model *m, ac_err *e) {
+    if (ac_gguf_is_path(model_dir)) return ac_gguf_load(model_dir, m, e);
     memset(m, 0, sizeof *m);
     if (ac_arch_load(model_dir, &m->a, e)) return -1;
     st_set s;

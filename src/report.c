@@ -4,6 +4,7 @@
  */
 #include <jansson.h>
 
+#include "gguf.h"
 #include "job_state.h"
 
 static json_t *arm(const job_state *s, const ac_search_result *r, const ac_ppl_result *pp, int repaired) {
@@ -42,6 +43,12 @@ json_t *ac_report_build(const job_state *s) {
             r, "search",
             json_pack("{s:i,s:i,s:f}", "steps", s->ra.steps_run, "seed", (int)s->P.opts.seed, "lr", s->P.opts.lr));
     }
+    const char *k;
+    json_t *v;
+    json_object_foreach(s->distill, k, v) { /* perplexity_pruned, distill {...} per distilled arm */
+        json_t *a = json_object_get(r, k);
+        if (json_is_object(a)) json_object_update(a, v);
+    }
     json_object_set_new(r, "chosen", json_string(ac ? "autocompress" : "minitron"));
     json_object_set_new(r, "measured_local", json_incref(s->measured_local));
     if (s->measured_on_target) json_object_set_new(r, "measured_on_target", json_incref(s->measured_on_target));
@@ -55,6 +62,7 @@ json_t *ac_report_build(const job_state *s) {
                                   ac_arch_is_uniform(&s->result->a) ? "LlamaForCausalLM"
                                                                     : "DeciLMForCausalLM (nemotron-nas block_configs)",
                                   "dtype", "bf16"));
+    ac_gguf_report(&sp->search, &s->result->a, sp->output, json_object_get(r, "export"));
     json_object_set_new(r, "timings_s", json_deep_copy(s->timings));
     return r;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "deci.h"
+#include "gguf.h"
 
 typedef struct { ac_metric m; double limit; int ge; const char *name; } cons;
 
@@ -215,7 +216,23 @@ static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int di
     /* keep at least one attention layer: a model without attention is not a language model */
     int any = 0;
     for (int i = 0; i < a->n_layers; i++) any |= a->layers[i].n_heads > 0;
-    return any;
+    /* gguf: only what llama.cpp's runtime runs correctly */
+    return any && (p->opts.target != AC_EXPORT_GGUF || ac_gguf_check_layers(a, NULL) == 0);
+}
+
+/* gguf: make a rounded architecture one llama.cpp runs (attention in layer
+ * 0, an FFN wherever attention is kept and in the last layer) by giving
+ * back the smallest unit of what is missing; repair then only makes moves
+ * that keep to these rules. */
+static void gguf_fixup(const ac_search_problem *p, ac_arch *a) {
+    const ac_arch *b = p->base;
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *bl = &b->layers[l];
+        ac_layer_arch *al = &a->layers[l];
+        int step = bl->ffn <= p->opts.ffn_multiple ? bl->ffn : p->opts.ffn_multiple;
+        if (l == 0 && !al->n_heads && bl->n_heads) { al->n_kv_heads = 1; al->n_heads = bl->n_heads / bl->n_kv_heads; }
+        if ((al->n_heads || l == a->n_layers - 1) && !al->ffn) al->ffn = step;
+    }
 }
 
 /* Shrink until feasible (cheapest loss per violation removed), then grow
@@ -376,6 +393,7 @@ int ac_search_autocompress(const ac_search_problem *p, ac_search_result *r, ac_e
             a.layers[best] = p->base->layers[best];
             a.layers[best].ffn = ffn_cap(p, a.layers[best].ffn);
         }
+        if (p->opts.target == AC_EXPORT_GGUF) gguf_fixup(p, &a);
         if (!deci_first_ok(p, &a)) /* give the first active layer its attention back */
             for (int l = 0; l < L; l++)
                 if (a.layers[l].n_heads || a.layers[l].ffn) {

@@ -25,7 +25,7 @@ typedef struct {
     double max_ttft_ms, max_tpot_ms, min_tok_s, max_mem_gib, max_params; /* <= 0: none */
 } ac_constraints;
 
-typedef enum { AC_EXPORT_DECI, AC_EXPORT_LLAMA, AC_EXPORT_GGUF_DECI } ac_export_target;
+typedef enum { AC_EXPORT_DECI, AC_EXPORT_LLAMA, AC_EXPORT_GGUF } ac_export_target;
 
 typedef struct {
     int steps;
@@ -34,6 +34,7 @@ typedef struct {
     int ffn_multiple, hidden_multiple;
     int prune_hidden;
     ac_export_target target;
+    int gguf; /* with AC_EXPORT_LLAMA: also write model.gguf (gguf.h) */
 } ac_search_opts;
 
 typedef struct {

@@ -1,12 +1,13 @@
 /*
  * fuzz_parsers - fuzz entry for the parsers of outside input. The first
- * byte of an input picks the parser (byte % 10):
+ * byte of an input picks the parser (byte % 11):
  *   0 safetensors header          5 cost-table import (POST /v1/cost-tables)
  *   1 config.json                 6 estimate body (POST /v1/estimate)
  *   2 tokenizer.json              7 daemon config file
  *   3 job spec                    8 worker event line (worker -> daemon)
  *   4 sharded index JSON          9 tokenizer encoding of arbitrary text
  *     (model.safetensors.index.json, through st_set_open on a scratch dir)
+ *  10 GGUF file (weights and tokenizer, ac_gguf_load_buf)
  * Built two ways:
  *  - `make fuzz` (clang, -DAC_LIBFUZZER -fsanitize=fuzzer,address,undefined):
  *    build/fuzz/fuzz_parsers, a libFuzzer target; see README for running it;
@@ -26,13 +27,14 @@
 #include "config.h"
 #include "costmodel.h"
 #include "fsafe.h"
+#include "gguf.h"
 #include "job.h"
 #include "model.h"
 #include "safetensors.h"
 #include "tokenizer.h"
 #include "wevent.h"
 
-#define NTARGETS 10
+#define NTARGETS 11
 
 /* A byte-level BPE tokenizer (all 256 byte symbols, GPT-2's byte-to-unicode
  * map, a few merges, the Llama-3 split regex), for target 9. */
@@ -161,7 +163,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (wevent_parse((const char *)p, n, &w) == 0) wevent_free(&w);
         break;
     }
-    default: {
+    case 9: {
         int *ids;
         size_t ni;
         if (ac_tok_encode(tok9, (const char *)p, n, &ids, &ni, &e) == 0) {
@@ -169,6 +171,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             size_t tl;
             if (ac_tok_decode(tok9, ids, ni, &txt, &tl, &e) == 0) free(txt);
             free(ids);
+        }
+        break;
+    }
+    default: {
+        ac_model m;
+        ac_tokenizer *t;
+        if (ac_gguf_load_buf(p, n, &m, &t, &e) == 0) {
+            ac_model_free(&m);
+            ac_tok_free(t);
         }
     }
     }
@@ -200,8 +211,38 @@ static const char *seeds[] = {
     "\11hello world 123 \xc3\xa9\xe2\x82\xac 's\r\n\t  x",
 };
 
+#define NSEEDS (sizeof seeds / sizeof *seeds)
+#define GGUF_TARGET 10
+
+/* The GGUF seed (target 10): a one-layer model with the
+ * SentencePiece-style tokenizer of seeds[3], written by the exporter. */
+static unsigned char *gguf_seed(size_t *n) {
+    char dir[] = "/tmp/ac_fuzz_XXXXXX", tj[64], gp[64];
+    if (!mkdtemp(dir)) return NULL;
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
+    snprintf(gp, sizeof gp, "%s/m.gguf", dir);
+    FILE *f = fopen(tj, "w");
+    if (!f) return NULL;
+    fputs(seeds[3] + 1, f);
+    fclose(f);
+    ac_layer_arch L = {2, 1, 4};
+    ac_arch a = {.vocab = 8, .hidden = 4, .head_dim = 2, .n_layers = 1, .max_pos = 16, .eps = 1e-5f, .rope_theta = 1e4f,
+                 .bos_id = -1, .eos_id = -1, .layers = &L};
+    ac_model m;
+    ac_err e;
+    unsigned char *buf = NULL;
+    if (ac_model_alloc(&m, &a, &e) == 0) {
+        if (ac_gguf_write(&m, tj, gp, ST_F32, &e) == 0) buf = (unsigned char *)ac_read_file(gp, 1 << 20, n, &e);
+        ac_model_free(&m);
+    }
+    remove(tj);
+    remove(gp);
+    remove(dir);
+    return buf;
+}
+
 /* The seeds as files (a starting corpus for libFuzzer). */
-static int write_seeds(const char *dir) {
+static int write_seeds(const char *dir, const unsigned char *gg, size_t gn) {
     for (size_t s = 0; s < sizeof seeds / sizeof *seeds; s++) {
         char path[512];
         snprintf(path, sizeof path, "%s/seed-%02zu", dir, s);
@@ -217,12 +258,31 @@ static int write_seeds(const char *dir) {
         } else fwrite(seeds[s], 1, strlen(seeds[s] + 1) + 1, f);
         if (fclose(f)) return 1;
     }
-    printf("wrote %zu seeds to %s\n", sizeof seeds / sizeof *seeds, dir);
+    char path[512];
+    snprintf(path, sizeof path, "%s/seed-%02zu", dir, NSEEDS);
+    FILE *f = fopen(path, "wb");
+    if (!f || fputc(GGUF_TARGET, f) == EOF || fwrite(gg, 1, gn, f) != gn || fclose(f)) { perror(path); return 1; }
+    printf("wrote %zu seeds to %s\n", NSEEDS + 1, dir);
     return 0;
 }
 
 int main(int argc, char **argv) {
-    if (argc > 2 && !strcmp(argv[1], "--seeds")) return write_seeds(argv[2]);
+    size_t gn = 0;
+    unsigned char *gg = gguf_seed(&gn);
+    ac_model gm;
+    ac_tokenizer *gt;
+    ac_err ge;
+    if (!gg || gn + 1 > 8192 || ac_gguf_load_buf(gg, gn, &gm, &gt, &ge)) {
+        fprintf(stderr, "fuzz_parsers: cannot build the GGUF seed\n");
+        return 1;
+    }
+    ac_model_free(&gm);
+    ac_tok_free(gt);
+    if (argc > 2 && !strcmp(argv[1], "--seeds")) {
+        int rc = write_seeds(argv[2], gg, gn);
+        free(gg);
+        return rc;
+    }
     if (argc > 2 && !strcmp(argv[1], "--run")) { /* replay inputs (crashes, OOMs found by libFuzzer) */
         for (int i = 2; i < argc; i++) {
             ac_err e;
@@ -233,16 +293,20 @@ int main(int argc, char **argv) {
             free(d);
         }
         printf("replayed %d inputs\n", argc - 2);
+        free(gg);
         return 0;
     }
     long iters = argc > 1 ? atol(argv[1]) : 20000;
     unsigned seed = argc > 2 ? (unsigned)atoi(argv[2]) : 1;
     srand(seed);
-    unsigned char buf[1024];
+    unsigned char buf[8192];
     for (long i = 0; i < iters; i++) {
-        int s = (int)(i % (long)(sizeof seeds / sizeof *seeds));
-        size_t n = s == 0 ? 8 + strlen(seeds[0] + 1) + 1 : strlen(seeds[s] + 1) + 1;
-        if (s == 0) { /* safetensors: length prefix + header + 8 data bytes */
+        int s = (int)(i % (long)(NSEEDS + 1));
+        size_t n = s == 0 ? 8 + strlen(seeds[0] + 1) + 1 : s < (int)NSEEDS ? strlen(seeds[s] + 1) + 1 : gn + 1;
+        if (s == (int)NSEEDS) {
+            buf[0] = GGUF_TARGET;
+            memcpy(buf + 1, gg, gn);
+        } else if (s == 0) { /* safetensors: length prefix + header + 8 data bytes */
             const char *h = seeds[0] + 1;
             size_t hl = strlen(h);
             buf[0] = 0;
@@ -263,6 +327,7 @@ int main(int argc, char **argv) {
         }
         LLVMFuzzerTestOneInput(buf, n);
     }
+    free(gg);
     printf("fuzzed %ld inputs without a crash\n", iters);
     char p2[160];
     snprintf(p2, sizeof p2, "%s/model.safetensors.index.json", scratch);

@@ -247,7 +247,7 @@ static void test_search_feasible_deterministic_heterogeneous(void) {
             else if (L->n_heads) CHECK(L->n_heads == 2 * L->n_kv_heads, "query heads stay with their group");
         }
         if (target == AC_EXPORT_LLAMA) CHECK(ac_arch_is_uniform(&r1.arch), "llama export target is uniform");
-        if (target == AC_EXPORT_GGUF_DECI) {
+        if (target == AC_EXPORT_GGUF) {
             /* cheap-to-remove early attention is pruned more than late attention */
             CHECK(r1.arch.layers[0].n_kv_heads <= r1.arch.layers[7].n_kv_heads, "heterogeneous: %d vs %d", r1.arch.layers[0].n_kv_heads, r1.arch.layers[7].n_kv_heads);
         }

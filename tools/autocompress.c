@@ -5,6 +5,7 @@
  *   autocompress compress SPEC.json     (same code path as the daemon's worker)
  *   autocompress estimate REQUEST.json  (as POST /v1/estimate)
  *   autocompress tokenize TOKENIZER_JSON TEXT_FILE   (ids, one line)
+ *   autocompress export-gguf MODEL_DIR OUT.gguf [--f32]  (llama.cpp's format)
  *   autocompress prune MODEL_DIR ARCH.json OUT_DIR [--deci]
  *   autocompress validate SPEC.json     (parse a job spec: {"ok":true} or the error and its field)
  *   autocompress schema                 (proto/job.schema.json, from the spec's field table)
@@ -18,6 +19,7 @@
 #include "costmodel.h"
 #include "deci.h"
 #include "eval.h"
+#include "gguf.h"
 #include "job.h"
 #include "kernels_cpu.h"
 #include "model.h"
@@ -96,6 +98,19 @@ static int cmd_eval(int argc, char **argv) {
             r.ppl, r.scored, r.windows, o.ctx, o.stride ? "sliding" : "non-overlapping", r.tok_per_s, r.processed,
             r.seconds, r.engine);
     free(ids);
+    ac_model_free(&m);
+    return rc ? 1 : 0;
+}
+
+static int cmd_export_gguf(int argc, char **argv) {
+    if (argc < 4 || argc > 5 || (argc == 5 && strcmp(argv[4], "--f32"))) return usage();
+    ac_err e = {{0}};
+    ac_model m;
+    char tok[4200];
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", argv[2]);
+    if (ac_model_load(argv[2], &m, &e)) { fprintf(stderr, "autocompress: %s\n", e.msg); return 1; }
+    int rc = ac_gguf_write(&m, tok, argv[3], argc == 5 ? ST_F32 : ST_BF16, &e);
+    if (rc) fprintf(stderr, "autocompress: %s\n", e.msg);
     ac_model_free(&m);
     return rc ? 1 : 0;
 }
@@ -292,6 +307,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc, argv);
     if (!strcmp(argv[1], "compress")) return cmd_compress(argc, argv);
     if (!strcmp(argv[1], "estimate")) return cmd_estimate(argc, argv);
+    if (!strcmp(argv[1], "export-gguf")) return cmd_export_gguf(argc, argv);
     if (!strcmp(argv[1], "prune")) return cmd_prune(argc, argv);
     if (!strcmp(argv[1], "validate")) return cmd_validate(argc, argv);
     if (argc == 2 && !strcmp(argv[1], "schema")) return cmd_schema();

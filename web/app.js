@@ -3,6 +3,9 @@
 "use strict";
 const $ = (s) => document.querySelector(s);
 const STAGES = ["load", "calibrate", "profile", "search", "prune", "evaluate", "export"];
+// the bar shown: STAGES, with "distill" after prune when the job distils (its stage events count one more)
+let stages = STAGES;
+function drawStages() { $("#stages").innerHTML = stages.map((s) => `<span>${s}</span>`).join(""); }
 let source = null;
 
 function token() { return localStorage.getItem("ac_token") || ""; }
@@ -68,7 +71,7 @@ async function submit(ev) {
 }
 
 // ---- job page ----
-const series = { loss: [], metric: [], limit: null, metricName: "" };
+const series = { loss: [], metric: [], limit: null, metricName: "", distill: {} };
 
 function drawLine(canvas, pts, color, limit, label) {
   const c = canvas.getContext("2d"), W = canvas.width, H = canvas.height, pad = 34;
@@ -105,7 +108,9 @@ function onEvent(kind, data) {
   pre.textContent += `${kind}: ${JSON.stringify(data).slice(0, 300)}\n`;
   pre.scrollTop = pre.scrollHeight;
   if (kind === "stage") {
-    const idx = STAGES.indexOf(data.stage);
+    const want = data.of > STAGES.length ? [...STAGES.slice(0, 5), "distill", ...STAGES.slice(5)] : STAGES;
+    if (want.length !== stages.length) { stages = want; drawStages(); }
+    const idx = stages.indexOf(data.stage);
     document.querySelectorAll("#stages span").forEach((s, i) => { s.className = i < idx ? "done" : i === idx ? "now" : ""; });
   } else if (kind === "log" && data.architecture) {
     baseLayers = data.architecture.layers;
@@ -122,6 +127,12 @@ function onEvent(kind, data) {
     drawLine($("#metric-chart"), series.metric, "#059669", series.limit, pick);
     $("#metric-caption").textContent = `Predicted ${pick} vs limit (dashed)`;
     if (data.architecture && baseLayers) drawArch(data.architecture.layers, baseLayers);
+  } else if (kind === "distill") {
+    // one curve per arm (minitron, autocompress); the arm being distilled is drawn
+    (series.distill[data.arm] = series.distill[data.arm] || []).push([data.step, data.loss]);
+    $("#distill-fig").hidden = false;
+    $("#distill-caption").textContent = `Distillation loss (${data.arm}, step ${data.step} of ${data.steps})`;
+    drawLine($("#distill-chart"), series.distill[data.arm], "#9333ea", null, data.arm + " KL");
   } else if (kind === "result") {
     showResult(data);
   } else if (kind === "state") {
@@ -144,6 +155,11 @@ function showResult(r) {
   const f = (x, d = 2) => (x == null ? "—" : (+x).toFixed(d));
   const get = (k) => r[k] || {};
   rows.push(["perplexity", f(r.baseline.perplexity), f(get("minitron").perplexity), f(get("autocompress").perplexity)]);
+  if (get("minitron").distill || get("autocompress").distill) {
+    rows.push(["perplexity before distillation", "", f(get("minitron").perplexity_pruned), f(get("autocompress").perplexity_pruned)]);
+    const d = (k) => (get(k).distill ? `${get(k).distill.tokens} tok, loss ${f(get(k).distill.loss_first, 3)} → ${f(get(k).distill.loss_last, 3)}` : "—");
+    rows.push(["distillation", "", d("minitron"), d("autocompress")]);
+  }
   for (const m of ["ttft_ms", "tpot_ms", "tokens_per_s", "memory_gib"])
     rows.push([m + " (pred.)", f(r.baseline.predicted[m], 3), f((get("minitron").predicted || {})[m], 3), f((get("autocompress").predicted || {})[m], 3)]);
   rows.push(["params", f(r.baseline.predicted.params, 0), f((get("minitron").predicted || {}).params, 0), f((get("autocompress").predicted || {}).params, 0)]);
@@ -155,8 +171,10 @@ async function openJob(id) {
   $("#list-view").hidden = true; $("#job-view").hidden = false;
   $("#job-title").textContent = "Job " + id;
   $("#events").textContent = ""; $("#arch").innerHTML = ""; $("#summary tbody").innerHTML = "";
-  series.loss = []; series.metric = []; series.limit = null; baseLayers = null;
-  $("#stages").innerHTML = STAGES.map((s) => `<span>${s}</span>`).join("");
+  series.loss = []; series.metric = []; series.limit = null; series.distill = {}; baseLayers = null;
+  $("#distill-fig").hidden = true;
+  stages = STAGES;
+  drawStages();
   const r = await api("GET", "/v1/jobs/" + id);
   if (r.status !== 200) { $("#job-reason").textContent = r.data && r.data.error ? r.data.error.message : "HTTP " + r.status; return; }
   $("#job-state").textContent = r.data.state; $("#job-state").className = "state " + r.data.state;
@@ -165,7 +183,7 @@ async function openJob(id) {
   $("#cancel").onclick = async () => { const c = await api("DELETE", "/v1/jobs/" + id); $("#job-reason").textContent = c.status === 202 ? "cancelling…" : (c.data.error || {}).message; };
   const q = token() ? "?access_token=" + encodeURIComponent(token()) : "";
   source = new EventSource(`/v1/jobs/${id}/events${q}`);
-  for (const k of ["state", "stage", "progress", "search", "log", "cost_table", "result", "error", "infeasible"])
+  for (const k of ["state", "stage", "progress", "search", "distill", "log", "cost_table", "result", "error", "infeasible"])
     source.addEventListener(k, (e) => { if (e.data !== undefined) onEvent(k, JSON.parse(e.data)); });
   source.onerror = () => { /* the browser reconnects with Last-Event-ID */ };
 }

@@ -2,6 +2,7 @@
 // first (one block per row / per (row, head)); cuBLAS carries the GEMMs,
 // which dominate the cost.
 #include "ac_cuda.h"
+#include "ac_cuda_train.h"
 
 #ifdef AC_CUDA_EMU
 #include "cuda_emu.h" // tests: the CPU emulation in tests/cuda_emu
@@ -646,7 +647,9 @@ fail:
 }
 
 extern "C" const ac_cuda_api *acc_api(void) {
-    static const ac_cuda_api api = {acc_device_count, acc_device_info, acc_engine_create, acc_engine_forward, acc_engine_nll,
-                                    acc_engine_update, acc_engine_free, acc_time_gemm, acc_measure_table};
+    static const ac_cuda_api api = {acc_device_count,   acc_device_info,   acc_engine_create,  acc_engine_forward,
+                                    acc_engine_nll,     acc_engine_update, acc_engine_free,    acc_time_gemm,
+                                    acc_measure_table,  acc_trainer_create, acc_trainer_grad,  acc_trainer_step,
+                                    acc_trainer_download, acc_trainer_gates, acc_trainer_free};
     return &api;
 }

@@ -22,8 +22,10 @@ extern "C" {
 
 #include "costmodel.h"
 #include "model.h"
+#include "train.h"
 
 typedef struct acc_engine acc_engine;
+typedef struct acc_trainer acc_trainer;
 
 /* The plugin's ABI, written once: the table acc_api() returns. Every
  * function returns 0 or -1 with a message in err (errn bytes). */
@@ -50,6 +52,19 @@ typedef struct {
     int (*time_gemm)(int dev, int m, int n, int k, double *us, char *err, size_t errn);
     /* Measure a full cost table for device dev. */
     int (*measure_table)(int dev, ac_cost_table *t, char *err, size_t errn);
+    /* Training (ac_cuda_train.h, whose acc_trainer_* functions these are):
+     * the training pass of train.c and the AdamW step of optim.c on the
+     * device, for distillation on a local GPU. rope_cos/rope_sin as for
+     * engine_create ([max_T][head_dim/2]). */
+    int (*trainer_create)(int dev, const ac_model *m, int max_B, int max_T, const float *rope_cos,
+                          const float *rope_sin, acc_trainer **out, char *err, size_t errn);
+    int (*trainer_grad)(acc_trainer *t, const int *tokens, const int *targets, const float *teacher, int B, int T,
+                        float tau, float kd_weight, float scale, double *loss, char *err, size_t errn);
+    int (*trainer_step)(acc_trainer *t, float lr, float beta1, float beta2, float eps, float weight_decay, float clip,
+                        long step, double *gnorm, char *err, size_t errn);
+    int (*trainer_download)(acc_trainer *t, ac_model *w, ac_model *g, char *err, size_t errn);
+    int (*trainer_gates)(acc_trainer *t, const ac_gates *g, ac_gates *dg, int zero_grad, char *err, size_t errn);
+    void (*trainer_free)(acc_trainer *t);
 } ac_cuda_api;
 
 /* The plugin's one exported entry point. */

@@ -1,0 +1,91 @@
+/*
+ * train.h - the model-level training pass on the CPU (fp32, cblas): a
+ * forward that keeps the activations the backward needs, the losses
+ * (next-token cross-entropy, temperature-scaled distillation KL) and the
+ * backward into gradients of every weight and of the gates, over the same
+ * architectures as the engine (per-layer heads, KV heads, FFN width,
+ * removed sub-blocks; tied or separate LM head; q/k/v biases; RoPE with
+ * llama3 scaling; sliding window).
+ *
+ * Gates are multiplicative mask parameters (all 1 after init, i.e. the
+ * plain model), which the differentiable search relaxes:
+ *   head[l][h]  multiplies query head h's attention output before o_proj
+ *               (a KV group's gradient is the sum over its query heads);
+ *   ffn[l][c]   multiplies FFN channel c (silu(gate) * up) before down_proj;
+ *   hidden[c]   multiplies channel c of every RMSNorm output (input,
+ *               post-attention and final norm), the activations hidden-
+ *               channel importance is measured on;
+ *   attn[l], mlp[l]  multiply the attention / FFN sub-block output before
+ *               it is added to the residual stream.
+ *
+ * Memory (llm.c's rule): ac_trainer_init makes one allocation for every
+ * activation, scratch buffer and gate (ac_trainer_bytes says how much, see
+ * README "Distillation"); the gradients are an ac_model of the same shapes.
+ * Forward, loss and backward never allocate. Backward ACCUMULATES into the
+ * gradients (micro-batches add up); ac_train_zero_grad clears them.
+ * Attention probabilities are recomputed in backward, not kept (no B*heads*T^2 buffer).
+ */
+#ifndef AC_TRAIN_H
+#define AC_TRAIN_H
+
+#include <stddef.h>
+
+#include "err.h"
+#include "model.h"
+
+typedef struct {
+    float **head;  /* [l][n_heads] (NULL when the layer has no attention) */
+    float **ffn;   /* [l][ffn]     (NULL when the layer has no FFN) */
+    float *hidden; /* [H] */
+    float *attn;   /* [l] */
+    float *mlp;    /* [l] */
+} ac_gates;
+
+typedef struct {
+    ac_model *m;      /* borrowed parameters (fp32 master weights), updated in place by an optimizer */
+    ac_model g;       /* gradients; g.lm_head == g.embed when embeddings are tied */
+    ac_gates gate, dgate;
+    int max_B, max_T; /* capacity */
+    int B, T;         /* shape of the last forward */
+    float *mem;       /* the one allocation (activations, scratch, gates) */
+    int *tok, *pos;   /* [max_B*max_T] tokens of the last forward, positions */
+    /* saved per layer (N = B*T rows): normalized input and 1/rms of both
+     * norms, q and k after RoPE, v, attention output before gates, FFN
+     * gate and up projections before the activation */
+    float **xh1, **r1, **q, **k, **v, **o, **xh2, **r2, **gp, **u;
+    float *xhf, *rf;          /* final norm [N,H], [N] */
+    float *logits, *dlogits;  /* [N,V] */
+    float *x, *dx, *xn, *dxn; /* [N,H] residual stream and scratch */
+    float *sq, *dq, *dk, *dv; /* [N,maxQ] [N,maxQ] [N,maxKV] [N,maxKV] */
+    float *sf, *df, *du;      /* [N,maxF] */
+    float *att;               /* [2*T*T] attention scratch */
+    float *cos_t, *sin_t;     /* [max_T][head_dim/2] */
+} ac_trainer;
+
+/* Bytes of ac_trainer_init's buffers plus the gradient model, for batch B x
+ * context T on arch a (the parameters themselves are not counted). */
+size_t ac_trainer_bytes(const ac_arch *a, int B, int T);
+int ac_trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, ac_err *e);
+void ac_trainer_free(ac_trainer *t);
+void ac_train_zero_grad(ac_trainer *t);
+
+/* Forward tokens[B][T] from position 0; logits land in t->logits [B*T][V]. */
+int ac_train_forward(ac_trainer *t, const int *tokens, int B, int T, ac_err *e);
+/* Loss on the last forward's logits and its gradient into t->dlogits (see
+ * ac_loss_backward): target[B*T] (< 0 = not scored; may be NULL), teacher
+ * logits [B*T][V] or NULL, temperature tau, kd_weight in [0,1], scale (e.g.
+ * 1/accumulation steps). *ce, *kd (may be NULL) get the parts. */
+double ac_train_loss(ac_trainer *t, const int *target, const float *teacher, float tau, float kd_weight, float scale, double *ce,
+                     double *kd);
+/* target[r] = tokens[r+1] within each sequence, -1 at each sequence's end. */
+void ac_next_token_targets(int *target, const int *tokens, int B, int T);
+/* Backward from t->dlogits through the last forward; accumulates into t->g
+ * and t->dgate. */
+void ac_train_backward(ac_trainer *t);
+
+/* Gradient of one gate per KV group of layer l (shared by the group's
+ * query heads, as the search prunes them together): out[g] = sum of
+ * dgate.head[l][h] over h / (n_heads / n_kv_heads) == g. */
+void ac_train_kv_group_grad(const ac_trainer *t, int l, float *out);
+
+#endif

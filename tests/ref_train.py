@@ -1,0 +1,75 @@
+"""PyTorch reference for the training engine (src/train.c), written from the
+semantics in src/train.h and Hugging Face Llama, not from the C code:
+a forward with multiplicative gates and the training losses, differentiated
+by autograd (the gradient fixtures run it in float64).
+
+Gates G (tensors, requires_grad where wanted):
+  G["head"][l]  [heads]  on each query head's attention output, before o_proj
+  G["ffn"][l]   [ffn]    on silu(gate) * up, before down_proj
+  G["hidden"]   [H]      on every RMSNorm output (input, post-attention, final)
+  G["attn"][l], G["mlp"][l]  scalars on each sub-block's output
+"""
+import math
+
+import torch
+import torch.nn.functional as Fn
+
+import ref_llama as R
+
+
+def ones_gates(arch, dtype=torch.float64):
+    L = arch["layers"]
+    return {"head": [torch.ones(x["heads"], dtype=dtype) for x in L], "ffn": [torch.ones(x["ffn"], dtype=dtype) for x in L],
+            "hidden": torch.ones(arch["hidden"], dtype=dtype), "attn": torch.ones(len(L), dtype=dtype),
+            "mlp": torch.ones(len(L), dtype=dtype)}
+
+
+def forward_gated(arch, W, tokens, G):
+    """tokens [B,T] -> logits [B,T,V] in W's dtype."""
+    B, T = tokens.shape
+    hd, eps = arch["head_dim"], arch["eps"]
+    x = Fn.embedding(tokens, W["model.embed_tokens.weight"])
+    ang = torch.outer(torch.arange(T, dtype=torch.float32), R.inv_freq(arch).float())
+    cos = torch.cat((ang, ang), -1).cos().to(x.dtype)
+    sin = torch.cat((ang, ang), -1).sin().to(x.dtype)
+    keep = torch.ones(T, T, dtype=torch.bool).tril()
+    if arch.get("window"):
+        keep &= ~torch.ones(T, T, dtype=torch.bool).tril(-arch["window"])
+    for l, L in enumerate(arch["layers"]):
+        p = f"model.layers.{l}."
+        if L["heads"]:
+            n = R.rmsnorm(x, W[p + "input_layernorm.weight"], eps) * G["hidden"]
+            proj = {}
+            for s in "qkv":
+                y = Fn.linear(n, W[p + f"self_attn.{s}_proj.weight"], W.get(p + f"self_attn.{s}_proj.bias") if arch["bias"] else None)
+                proj[s] = y.view(B, T, -1, hd).transpose(1, 2)
+            q = proj["q"] * cos + R.rotate_half(proj["q"]) * sin
+            k = proj["k"] * cos + R.rotate_half(proj["k"]) * sin
+            rep = L["heads"] // L["kv_heads"]
+            k, v = k.repeat_interleave(rep, 1), proj["v"].repeat_interleave(rep, 1)
+            s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+            s = s.masked_fill(~keep, float("-inf"))
+            o = torch.softmax(s, -1) @ v                      # [B, heads, T, hd]
+            o = o * G["head"][l].view(1, -1, 1, 1)
+            o = o.transpose(1, 2).reshape(B, T, L["heads"] * hd)
+            x = x + G["attn"][l] * Fn.linear(o, W[p + "self_attn.o_proj.weight"])
+        if L["ffn"]:
+            n = R.rmsnorm(x, W[p + "post_attention_layernorm.weight"], eps) * G["hidden"]
+            h = Fn.silu(Fn.linear(n, W[p + "mlp.gate_proj.weight"])) * Fn.linear(n, W[p + "mlp.up_proj.weight"])
+            x = x + G["mlp"][l] * Fn.linear(h * G["ffn"][l], W[p + "mlp.down_proj.weight"])
+    n = R.rmsnorm(x, W["model.norm.weight"], eps) * G["hidden"]
+    return Fn.linear(n, W.get("lm_head.weight", W["model.embed_tokens.weight"]))
+
+
+def losses(logits, tokens, teacher=None, tau=1.0, kd_weight=0.0):
+    """Next-token cross-entropy (mean over B*(T-1) predictions) and
+    tau^2 * KL(teacher || student) on softmax(./tau), mean over all B*T rows;
+    returns (loss, ce, kd) with loss = kd_weight*kd + (1-kd_weight)*ce."""
+    V = logits.shape[-1]
+    ce = Fn.cross_entropy(logits[:, :-1].reshape(-1, V), tokens[:, 1:].reshape(-1))
+    if teacher is None:
+        return ce, ce, None
+    s = Fn.log_softmax(logits.reshape(-1, V) / tau, -1)
+    t = Fn.log_softmax(teacher.reshape(-1, V) / tau, -1)
+    kd = tau * tau * Fn.kl_div(s, t, log_target=True, reduction="batchmean")
+    return kd_weight * kd + (1 - kd_weight) * ce, ce, kd
