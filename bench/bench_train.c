@@ -19,13 +19,19 @@ static int cmp(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6 && argc != 7) { fprintf(stderr, "usage: bench_train MODEL_DIR BATCH CTX STEPS THREADS [cuda]\n"); return 2; }
+    if (argc != 6 && argc != 7) {
+        fprintf(stderr, "usage: bench_train MODEL_DIR BATCH CTX STEPS THREADS [cuda]\n");
+        return 2;
+    }
     int B = atoi(argv[2]), T = atoi(argv[3]), steps = atoi(argv[4]);
     ac_set_threads(atoi(argv[5]));
     ac_model m;
     ac_trainer t;
     ac_err e = {{0}};
-    if (ac_model_load(argv[1], &m, &e) || ac_trainer_init(&t, &m, B, T, &e)) { fprintf(stderr, "bench_train: %s\n", e.msg); return 1; }
+    if (ac_model_load(argv[1], &m, &e) || ac_trainer_init(&t, &m, B, T, &e)) {
+        fprintf(stderr, "bench_train: %s\n", e.msg);
+        return 1;
+    }
     int *tok = malloc(sizeof(int) * B * T), *tgt = malloc(sizeof(int) * B * T);
     double *dt = malloc(sizeof(double) * (steps + 1));
     unsigned s = 1;
@@ -36,10 +42,14 @@ int main(int argc, char **argv) {
     char er[512] = "";
     if (argc == 7) {
         const char *why;
-        if (!(cu = ac_cuda(&why)) || !cu->trainer_create) { fprintf(stderr, "bench_train: no CUDA trainer: %s\n", why); return 1; }
+        if (!(cu = ac_cuda(&why)) || !cu->trainer_create) {
+            fprintf(stderr, "bench_train: no CUDA trainer: %s\n", why);
+            return 1;
+        }
         size_t nr = (size_t)T * (m.a.head_dim / 2);
         float *cs = malloc(nr * sizeof *cs), *sn = malloc(nr * sizeof *sn);
-        if (!cs || !sn || ac_rope_tables(&m.a, T, cs, sn, &e) || cu->trainer_create(0, &m, B, T, cs, sn, &ct, er, sizeof er)) {
+        if (!cs || !sn || ac_rope_tables(&m.a, T, cs, sn, &e) ||
+            cu->trainer_create(0, &m, B, T, cs, sn, &ct, er, sizeof er)) {
             fprintf(stderr, "bench_train: %s\n", er[0] ? er : e.msg);
             return 1;
         }
@@ -57,7 +67,10 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; !ct && i <= steps; i++) { /* step 0 warms up */
         double t0 = ac_now();
-        if (ac_train_forward(&t, tok, B, T, &e)) { fprintf(stderr, "bench_train: %s\n", e.msg); return 1; }
+        if (ac_train_forward(&t, tok, B, T, &e)) {
+            fprintf(stderr, "bench_train: %s\n", e.msg);
+            return 1;
+        }
         ac_train_loss(&t, tgt, NULL, 1, 0, 1, NULL, NULL);
         ac_train_backward(&t);
         ac_train_zero_grad(&t);

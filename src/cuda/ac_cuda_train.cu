@@ -21,21 +21,21 @@
 #include <cstring>
 #include <vector>
 
-#define TCK(x)                                                                                      \
-    do {                                                                                            \
-        cudaError_t e_ = (x);                                                                       \
-        if (e_ != cudaSuccess) {                                                                    \
-            snprintf(err, errn, "%s:%d: %s: %s", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            return -1;                                                                              \
-        }                                                                                           \
+#define TCK(x)                                                                                                         \
+    do {                                                                                                               \
+        cudaError_t e_ = (x);                                                                                          \
+        if (e_ != cudaSuccess) {                                                                                       \
+            snprintf(err, errn, "%s:%d: %s: %s", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                      \
+            return -1;                                                                                                 \
+        }                                                                                                              \
     } while (0)
-#define TCB(x)                                                                                      \
-    do {                                                                                            \
-        cublasStatus_t s_ = (x);                                                                    \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                          \
-            snprintf(err, errn, "%s:%d: %s: cuBLAS status %d", __FILE__, __LINE__, #x, (int)s_);   \
-            return -1;                                                                              \
-        }                                                                                           \
+#define TCB(x)                                                                                                         \
+    do {                                                                                                               \
+        cublasStatus_t s_ = (x);                                                                                       \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                             \
+            snprintf(err, errn, "%s:%d: %s: cuBLAS status %d", __FILE__, __LINE__, #x, (int)s_);                       \
+            return -1;                                                                                                 \
+        }                                                                                                              \
     } while (0)
 
 #define TB 128 // threads per block of the row kernels (a multiple of 32)
@@ -71,7 +71,8 @@ __global__ void kt_embed(float *x, const float *emb, const int *tok, int H) {
 }
 
 // y = xhat * w with xhat = x * r, r = rsqrt(mean(x^2) + eps); one block per row
-__global__ void kt_rmsnorm(float *y, float *xhat, float *rr, const float *x, const float *w, const float *gh, int H, float eps) {
+__global__ void kt_rmsnorm(float *y, float *xhat, float *rr, const float *x, const float *w, const float *gh, int H,
+                           float eps) {
     int r = blockIdx.x;
     const float *xr = x + (size_t)r * H;
     float ss = 0;
@@ -91,8 +92,8 @@ __global__ void kt_scale_cols(float *y, const float *xhat, const float *w, const
 
 // dx += r * (dxh - xhat * mean(dxh * xhat)), dxh = dy * w * gh;
 // prod = dy * xhat * gh (for dw), prod2 = dy * xhat * w (for dgh)
-__global__ void kt_rmsnorm_bwd(float *dx, float *prod, float *prod2, const float *dy, const float *xhat, const float *rr, const float *w,
-                               const float *gh, int H) {
+__global__ void kt_rmsnorm_bwd(float *dx, float *prod, float *prod2, const float *dy, const float *xhat,
+                               const float *rr, const float *w, const float *gh, int H) {
     int r = blockIdx.x;
     const float *d = dy + (size_t)r * H, *xh = xhat + (size_t)r * H;
     float dot = 0;
@@ -171,10 +172,11 @@ static __device__ int first_key(int t, int window) { return window > 0 && t + 1 
 
 // One block per (row r = b*T + t, head h): p = softmax(scale q k^T) over the
 // visible keys (shared memory [T]), o = p v, lse = log-sum-exp of the row.
-__global__ void kt_attn_fwd(float *o, float *lse, const float *q, const float *k, const float *v, int nh, int nkv, int hd, int T, float scale,
-                            int window) {
+__global__ void kt_attn_fwd(float *o, float *lse, const float *q, const float *k, const float *v, int nh, int nkv,
+                            int hd, int T, float scale, int window) {
     AC_DYNAMIC_SHARED(float, p);
-    int r = blockIdx.x, h = blockIdx.y, b = r / T, t = r % T, kh = h / (nh / nkv), Q = nh * hd, KV = nkv * hd, f = first_key(t, window);
+    int r = blockIdx.x, h = blockIdx.y, b = r / T, t = r % T, kh = h / (nh / nkv), Q = nh * hd, KV = nkv * hd,
+        f = first_key(t, window);
     const float *qr = q + (size_t)r * Q + (size_t)h * hd;
     float mx = -INFINITY;
     for (int j = f + threadIdx.x; j <= t; j += blockDim.x) {
@@ -186,7 +188,10 @@ __global__ void kt_attn_fwd(float *o, float *lse, const float *q, const float *k
     }
     mx = tr_max(mx);
     float sum = 0;
-    for (int j = f + threadIdx.x; j <= t; j += blockDim.x) { p[j] = expf(p[j] - mx); sum += p[j]; }
+    for (int j = f + threadIdx.x; j <= t; j += blockDim.x) {
+        p[j] = expf(p[j] - mx);
+        sum += p[j];
+    }
     sum = tr_sum(sum); // its barriers also publish p
     if (threadIdx.x == 0) lse[(size_t)r * nh + h] = mx + logf(sum);
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
@@ -199,16 +204,22 @@ __global__ void kt_attn_fwd(float *o, float *lse, const float *q, const float *k
 // Backward, query side, one block per (row, head): p_j = exp(s_j - lse),
 // dp_j = do . v_j, delta = sum p dp, ds_j = p_j (dp_j - delta),
 // dq = scale sum_j ds_j k_j. delta is kept for the key side.
-__global__ void kt_attn_bwd_q(float *dq, float *delta, const float *dout, const float *q, const float *k, const float *v, const float *lse, int nh,
-                              int nkv, int hd, int T, float scale, int window) {
+__global__ void kt_attn_bwd_q(float *dq, float *delta, const float *dout, const float *q, const float *k,
+                              const float *v, const float *lse, int nh, int nkv, int hd, int T, float scale,
+                              int window) {
     AC_DYNAMIC_SHARED(float, ds);
-    int r = blockIdx.x, h = blockIdx.y, b = r / T, t = r % T, kh = h / (nh / nkv), Q = nh * hd, KV = nkv * hd, f = first_key(t, window);
+    int r = blockIdx.x, h = blockIdx.y, b = r / T, t = r % T, kh = h / (nh / nkv), Q = nh * hd, KV = nkv * hd,
+        f = first_key(t, window);
     const float *qr = q + (size_t)r * Q + (size_t)h * hd, *dr = dout + (size_t)r * Q + (size_t)h * hd;
     float l = lse[(size_t)r * nh + h], part = 0;
     for (int j = f + threadIdx.x; j <= t; j += blockDim.x) {
-        const float *kr = k + ((size_t)b * T + j) * KV + (size_t)kh * hd, *vr = v + ((size_t)b * T + j) * KV + (size_t)kh * hd;
+        const float *kr = k + ((size_t)b * T + j) * KV + (size_t)kh * hd,
+                    *vr = v + ((size_t)b * T + j) * KV + (size_t)kh * hd;
         float s = 0, dp = 0;
-        for (int i = 0; i < hd; i++) { s += qr[i] * kr[i]; dp += dr[i] * vr[i]; }
+        for (int i = 0; i < hd; i++) {
+            s += qr[i] * kr[i];
+            dp += dr[i] * vr[i];
+        }
         float pj = expf(s * scale - l);
         ds[j] = pj;
         ds[T + j] = dp;
@@ -228,8 +239,9 @@ __global__ void kt_attn_bwd_q(float *dq, float *delta, const float *dout, const 
 // Backward, key side, one block per (key row b*T + j, KV head): over the
 // group's query heads and the query rows t that see key j,
 // dk_j = scale sum ds_tj q_t, dv_j = sum p_tj do_t (written, not added).
-__global__ void kt_attn_bwd_kv(float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v, const float *lse,
-                               const float *delta, int nh, int nkv, int hd, int T, float scale, int window) {
+__global__ void kt_attn_bwd_kv(float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v,
+                               const float *lse, const float *delta, int nh, int nkv, int hd, int T, float scale,
+                               int window) {
     AC_DYNAMIC_SHARED(float, sm);
     int rj = blockIdx.x, kh = blockIdx.y, b = rj / T, j = rj % T, grp = nh / nkv, Q = nh * hd, KV = nkv * hd;
     int last = window > 0 && j + window < T ? j + window : T; // rows t in [j, last) see key j
@@ -241,7 +253,10 @@ __global__ void kt_attn_bwd_kv(float *dk, float *dv, const float *dout, const fl
             size_t rt = (size_t)b * T + t;
             const float *qt = q + rt * Q + (size_t)h * hd, *dt = dout + rt * Q + (size_t)h * hd;
             float s = 0, dp = 0;
-            for (int i = 0; i < hd; i++) { s += qt[i] * kr[i]; dp += dt[i] * vr[i]; }
+            for (int i = 0; i < hd; i++) {
+                s += qt[i] * kr[i];
+                dp += dt[i] * vr[i];
+            }
             float p = expf(s * scale - lse[rt * nh + h]);
             pp[t] = p;
             dsp[t] = p * (dp - delta[rt * nh + h]);
@@ -278,7 +293,8 @@ __global__ void kt_silu_mul_bwd(float *dh, float *du, const float *g, const floa
 // One block per row: CE (target >= 0) and tau^2 KL(teacher || student), their
 // gradient into dz (fce, fkd: the factors of ac_loss_backward), row losses
 // into rl[2r], rl[2r+1].
-__global__ void kt_loss(float *dz, float *rl, const float *z, const int *tgt, const float *tz, int V, float tau, float fce, float fkd) {
+__global__ void kt_loss(float *dz, float *rl, const float *z, const int *tgt, const float *tz, int V, float tau,
+                        float fce, float fkd) {
     int r = blockIdx.x, tg = tgt ? tgt[r] : -1;
     const float *zr = z + (size_t)r * V;
     float *d = dz + (size_t)r * V;
@@ -289,15 +305,24 @@ __global__ void kt_loss(float *dz, float *rl, const float *z, const int *tgt, co
     for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(zr[v] - mx);
     float ls = logf(tr_sum(s)) + mx;
     for (int v = threadIdx.x; v < V; v += blockDim.x) d[v] = tg >= 0 ? fce * (expf(zr[v] - ls) - (v == tg)) : 0.0f;
-    if (threadIdx.x == 0) { rl[2 * r] = tg >= 0 ? ls - zr[tg] : 0.0f; rl[2 * r + 1] = 0; }
+    if (threadIdx.x == 0) {
+        rl[2 * r] = tg >= 0 ? ls - zr[tg] : 0.0f;
+        rl[2 * r + 1] = 0;
+    }
     if (!tz) return;
     const float *tr = tz + (size_t)r * V;
     float ms = -INFINITY, mt = -INFINITY;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) { ms = fmaxf(ms, zr[v] / tau); mt = fmaxf(mt, tr[v] / tau); }
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        ms = fmaxf(ms, zr[v] / tau);
+        mt = fmaxf(mt, tr[v] / tau);
+    }
     ms = tr_max(ms);
     mt = tr_max(mt);
     float ss = 0, st = 0;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) { ss += expf(zr[v] / tau - ms); st += expf(tr[v] / tau - mt); }
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        ss += expf(zr[v] / tau - ms);
+        st += expf(tr[v] / tau - mt);
+    }
     float lss = logf(tr_sum(ss)) + ms, lst = logf(tr_sum(st)) + mt, kl = 0;
     for (int v = threadIdx.x; v < V; v += blockDim.x) {
         float lps = zr[v] / tau - lss, lpt = tr[v] / tau - lst, pt = expf(lpt);
@@ -322,14 +347,15 @@ __global__ void kt_embed_bwd(float *ge, const float *dx, const int *uniq, const 
 // part[blockIdx] = sum of squares of its slice
 __global__ void kt_sumsq(float *part, const float *g, size_t n) {
     float s = 0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) s += g[i] * g[i];
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        s += g[i] * g[i];
     s = tr_sum(s);
     if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
 // torch.optim.AdamW's update, operation by operation (optim.c's order)
-__global__ void kt_adamw(float *p, float *g, float *m, float *v, size_t n, float coef, float wd, float b1, float b2, float step_size, float bc2s,
-                         float eps) {
+__global__ void kt_adamw(float *p, float *g, float *m, float *v, size_t n, float coef, float wd, float b1, float b2,
+                         float step_size, float bc2s, float eps) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float gi = g[i] * coef;
@@ -360,11 +386,11 @@ struct acc_trainer {
     std::vector<float *> p, g, m, v;
     std::vector<size_t> n;
     std::vector<int> decay;
-    int head_idx;         // index of the LM head tensor (== embed's when tied)
+    int head_idx;              // index of the LM head tensor (== embed's when tied)
     std::vector<float *> bufs; // every other device allocation, freed at the end
     float **xh1, **r1, **q, **k, **vv, **o, **lse, **xh2, **r2, **gp, **u;
-    float *xhf, *rf, *logits, *dlogits, *teacher, *rowloss, *x, *dx, *xn, *dxn, *sq, *dq, *dk, *dv, *delta, *sf, *df, *du, *prod, *part,
-        *cos_t, *sin_t;
+    float *xhf, *rf, *logits, *dlogits, *teacher, *rowloss, *x, *dx, *xn, *dxn, *sq, *dq, *dk, *dv, *delta, *sf, *df,
+        *du, *prod, *part, *cos_t, *sin_t;
     int *tok, *tgt, *csr; // csr: uniq [N], off [N+1], rows [N]
     std::vector<int> host_csr;
     int ntok_uniq;
@@ -387,7 +413,11 @@ static float *G(const acc_trainer *t, int l, int w) { return t->g[wi(l, w)]; }
 static void host_tensors(const ac_model *m, std::vector<float *> &hp, std::vector<size_t> &n, std::vector<int> &decay) {
     const ac_arch *a = &m->a;
     size_t H = a->hidden, hd = a->head_dim, V = a->vocab;
-    auto add = [&](float *p, size_t c, int d) { hp.push_back(p); n.push_back(p ? c : 0); decay.push_back(d); };
+    auto add = [&](float *p, size_t c, int d) {
+        hp.push_back(p);
+        n.push_back(p ? c : 0);
+        decay.push_back(d);
+    };
     add(m->embed, V * H, 1);
     add(a->tie_embeddings ? NULL : m->lm_head, V * H, 1);
     add(m->final_norm, H, 0);
@@ -410,11 +440,12 @@ static int dalloc(acc_trainer *t, float **p, size_t n, char *err, size_t errn) {
 }
 
 // Row-major C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C (ta/tb: transpose A/B).
-static int gemm(acc_trainer *t, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta,
-                float *C, int ldc, char *err, size_t errn) {
+static int gemm(acc_trainer *t, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                const float *B, int ldb, float beta, float *C, int ldc, char *err, size_t errn) {
     if (!M || !N || !K) return 0;
-    TCB(cublasGemmEx(t->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F,
-                     lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    TCB(cublasGemmEx(t->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B,
+                     CUDA_R_32F, ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT));
     return 0;
 }
 
@@ -423,7 +454,12 @@ static unsigned blocks(size_t n) { return (unsigned)((n + 255) / 256); }
 extern "C" void acc_trainer_free(acc_trainer *t) {
     if (!t) return;
     for (float *b : t->bufs) cudaFree(b);
-    for (int i = 0; i < t->nt; i++) { cudaFree(t->p[i]); cudaFree(t->g[i]); cudaFree(t->m[i]); cudaFree(t->v[i]); }
+    for (int i = 0; i < t->nt; i++) {
+        cudaFree(t->p[i]);
+        cudaFree(t->g[i]);
+        cudaFree(t->m[i]);
+        cudaFree(t->v[i]);
+    }
     cudaFree(t->tok);
     cudaFree(t->tgt);
     cudaFree(t->csr);
@@ -434,9 +470,11 @@ extern "C" void acc_trainer_free(acc_trainer *t) {
 }
 
 // rope_cos/rope_sin: the host tables (src/rope.c), [max_T][head_dim/2], as the inference engine gets them.
-static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, const float *rope_sin, char *err, size_t errn) {
+static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, const float *rope_sin, char *err,
+                  size_t errn) {
     const tarch *a = &t->a;
-    size_t N = (size_t)t->max_B * t->max_T, H = a->hidden, hd = a->head_dim, V = a->vocab, T = t->max_T, mq = 1, mkv = 1, mf = 1;
+    size_t N = (size_t)t->max_B * t->max_T, H = a->hidden, hd = a->head_dim, V = a->vocab, T = t->max_T, mq = 1,
+           mkv = 1, mf = 1;
     std::vector<float *> hp;
     host_tensors(mdl, hp, t->n, t->decay);
     t->nt = (int)hp.size();
@@ -456,29 +494,39 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
     t->head_idx = a->tie_embeddings ? 0 : 1;
     float ***arr[] = {&t->xh1, &t->r1, &t->q, &t->k, &t->vv, &t->o, &t->lse, &t->xh2, &t->r2, &t->gp, &t->u};
     for (auto p : arr)
-        if (!(*p = (float **)calloc(a->n_layers + 1, sizeof(float *)))) { snprintf(err, errn, "out of memory"); return -1; }
+        if (!(*p = (float **)calloc(a->n_layers + 1, sizeof(float *)))) {
+            snprintf(err, errn, "out of memory");
+            return -1;
+        }
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
         size_t Q = L->n_heads * hd, KV = L->n_kv_heads * hd, F = L->ffn;
         mq = std::max(mq, Q), mkv = std::max(mkv, KV), mf = std::max(mf, F);
-        if (hd > 4 * TB) { snprintf(err, errn, "head_dim %zu above %d", hd, 4 * TB); return -1; }
-        if (L->n_heads && (dalloc(t, &t->xh1[l], N * H, err, errn) || dalloc(t, &t->r1[l], N, err, errn) || dalloc(t, &t->q[l], N * Q, err, errn) ||
-                           dalloc(t, &t->k[l], N * KV, err, errn) || dalloc(t, &t->vv[l], N * KV, err, errn) ||
-                           dalloc(t, &t->o[l], N * Q, err, errn) || dalloc(t, &t->lse[l], N * L->n_heads, err, errn)))
+        if (hd > 4 * TB) {
+            snprintf(err, errn, "head_dim %zu above %d", hd, 4 * TB);
             return -1;
-        if (F && (dalloc(t, &t->xh2[l], N * H, err, errn) || dalloc(t, &t->r2[l], N, err, errn) || dalloc(t, &t->gp[l], N * F, err, errn) ||
-                  dalloc(t, &t->u[l], N * F, err, errn)))
+        }
+        if (L->n_heads && (dalloc(t, &t->xh1[l], N * H, err, errn) || dalloc(t, &t->r1[l], N, err, errn) ||
+                           dalloc(t, &t->q[l], N * Q, err, errn) || dalloc(t, &t->k[l], N * KV, err, errn) ||
+                           dalloc(t, &t->vv[l], N * KV, err, errn) || dalloc(t, &t->o[l], N * Q, err, errn) ||
+                           dalloc(t, &t->lse[l], N * L->n_heads, err, errn)))
+            return -1;
+        if (F && (dalloc(t, &t->xh2[l], N * H, err, errn) || dalloc(t, &t->r2[l], N, err, errn) ||
+                  dalloc(t, &t->gp[l], N * F, err, errn) || dalloc(t, &t->u[l], N * F, err, errn)))
             return -1;
     }
     size_t mw = std::max(std::max(H, mq), mf);
-    if (dalloc(t, &t->xhf, N * H, err, errn) || dalloc(t, &t->rf, N, err, errn) || dalloc(t, &t->logits, N * V, err, errn) ||
-        dalloc(t, &t->dlogits, N * V, err, errn) || dalloc(t, &t->teacher, N * V, err, errn) || dalloc(t, &t->rowloss, 2 * N, err, errn) ||
-        dalloc(t, &t->x, N * H, err, errn) || dalloc(t, &t->dx, N * H, err, errn) || dalloc(t, &t->xn, N * H, err, errn) ||
-        dalloc(t, &t->dxn, N * H, err, errn) || dalloc(t, &t->sq, N * mq, err, errn) || dalloc(t, &t->dq, N * mq, err, errn) ||
-        dalloc(t, &t->dk, N * mkv, err, errn) || dalloc(t, &t->dv, N * mkv, err, errn) || dalloc(t, &t->delta, N * (mq / hd + 1), err, errn) ||
-        dalloc(t, &t->sf, N * mf, err, errn) || dalloc(t, &t->df, N * mf, err, errn) || dalloc(t, &t->du, N * mf, err, errn) ||
-        dalloc(t, &t->prod, N * mw, err, errn) || dalloc(t, &t->part, 1024, err, errn) || dalloc(t, &t->cos_t, T * hd / 2, err, errn) ||
-        dalloc(t, &t->sin_t, T * hd / 2, err, errn))
+    if (dalloc(t, &t->xhf, N * H, err, errn) || dalloc(t, &t->rf, N, err, errn) ||
+        dalloc(t, &t->logits, N * V, err, errn) || dalloc(t, &t->dlogits, N * V, err, errn) ||
+        dalloc(t, &t->teacher, N * V, err, errn) || dalloc(t, &t->rowloss, 2 * N, err, errn) ||
+        dalloc(t, &t->x, N * H, err, errn) || dalloc(t, &t->dx, N * H, err, errn) ||
+        dalloc(t, &t->xn, N * H, err, errn) || dalloc(t, &t->dxn, N * H, err, errn) ||
+        dalloc(t, &t->sq, N * mq, err, errn) || dalloc(t, &t->dq, N * mq, err, errn) ||
+        dalloc(t, &t->dk, N * mkv, err, errn) || dalloc(t, &t->dv, N * mkv, err, errn) ||
+        dalloc(t, &t->delta, N * (mq / hd + 1), err, errn) || dalloc(t, &t->sf, N * mf, err, errn) ||
+        dalloc(t, &t->df, N * mf, err, errn) || dalloc(t, &t->du, N * mf, err, errn) ||
+        dalloc(t, &t->prod, N * mw, err, errn) || dalloc(t, &t->part, 1024, err, errn) ||
+        dalloc(t, &t->cos_t, T * hd / 2, err, errn) || dalloc(t, &t->sin_t, T * hd / 2, err, errn))
         return -1;
     {
         size_t L = a->n_layers, off = H + 2 * L;
@@ -489,8 +537,8 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
         }
         t->ngates = off;
         std::vector<float> ones(off, 1.0f);
-        if (dalloc(t, &t->gates, off, err, errn) || dalloc(t, &t->dgates, off, err, errn) || dalloc(t, &t->csum, mw, err, errn) ||
-            dalloc(t, &t->prod2, N * H, err, errn))
+        if (dalloc(t, &t->gates, off, err, errn) || dalloc(t, &t->dgates, off, err, errn) ||
+            dalloc(t, &t->csum, mw, err, errn) || dalloc(t, &t->prod2, N * H, err, errn))
             return -1;
         TCK(cudaMemcpy(t->gates, ones.data(), off * sizeof(float), cudaMemcpyHostToDevice));
         TCK(cudaMemset(t->dgates, 0, off * sizeof(float)));
@@ -505,11 +553,17 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
     return 0;
 }
 
-extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max_T, const float *rope_cos, const float *rope_sin,
-                                  acc_trainer **out, char *err, size_t errn) {
+extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max_T, const float *rope_cos,
+                                  const float *rope_sin, acc_trainer **out, char *err, size_t errn) {
     *out = NULL;
-    if (max_B <= 0 || max_T <= 0) { snprintf(err, errn, "trainer: batch and context must be positive"); return -1; }
-    if ((size_t)2 * max_T * sizeof(float) > 48 * 1024) { snprintf(err, errn, "trainer: context %d above the CUDA trainer's 6144", max_T); return -1; }
+    if (max_B <= 0 || max_T <= 0) {
+        snprintf(err, errn, "trainer: batch and context must be positive");
+        return -1;
+    }
+    if ((size_t)2 * max_T * sizeof(float) > 48 * 1024) {
+        snprintf(err, errn, "trainer: context %d above the CUDA trainer's 6144", max_T);
+        return -1;
+    }
     TCK(cudaSetDevice(dev));
     acc_trainer *t = new acc_trainer();
     const ac_arch *a = &m->a;
@@ -517,7 +571,10 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
     t->a.sliding_window = a->sliding_window, t->a.tie_embeddings = a->tie_embeddings, t->a.eps = a->eps;
     t->a.layers.assign(a->layers, a->layers + a->n_layers);
     t->max_B = max_B, t->max_T = max_T;
-    if (create(t, m, rope_cos, rope_sin, err, errn)) { acc_trainer_free(t); return -1; }
+    if (create(t, m, rope_cos, rope_sin, err, errn)) {
+        acc_trainer_free(t);
+        return -1;
+    }
     *out = t;
     return 0;
 }
@@ -536,14 +593,18 @@ static int forward(acc_trainer *t, int B, int T, char *err, size_t errn) {
             const float *ws[3] = {P(t, l, W_Q), P(t, l, W_K), P(t, l, W_V)};
             int widths[3] = {Q, KV, KV};
             for (int i = 0; i < 3; i++) {
-                if (gemm(t, 0, 1, N, widths[i], H, 1.0f, t->xn, H, ws[i], H, 0.0f, outs[i], widths[i], err, errn)) return -1;
-                if (bias[i]) AC_LAUNCH(kt_add_bias, blocks((size_t)N * widths[i]), 256, 0, 0, outs[i], bias[i], widths[i], (size_t)N * widths[i]);
+                if (gemm(t, 0, 1, N, widths[i], H, 1.0f, t->xn, H, ws[i], H, 0.0f, outs[i], widths[i], err, errn))
+                    return -1;
+                if (bias[i])
+                    AC_LAUNCH(kt_add_bias, blocks((size_t)N * widths[i]), 256, 0, 0, outs[i], bias[i], widths[i],
+                              (size_t)N * widths[i]);
             }
             AC_LAUNCH(kt_rope, N, TB, 0, 0, t->q[l], L->n_heads, hd, T, t->cos_t, t->sin_t, 0);
             AC_LAUNCH(kt_rope, N, TB, 0, 0, t->k[l], L->n_kv_heads, hd, T, t->cos_t, t->sin_t, 0);
-            AC_LAUNCH(kt_attn_fwd, dim3(N, L->n_heads), TB, T * sizeof(float), 0, t->o[l], t->lse[l], t->q[l], t->k[l], t->vv[l], L->n_heads,
-                      L->n_kv_heads, hd, T, scale, a->sliding_window);
-            AC_LAUNCH(kt_gate_cols, blocks((size_t)N * Q), 256, 0, 0, t->sq, t->o[l], GHEAD(t, l), Q, hd, (size_t)N * Q);
+            AC_LAUNCH(kt_attn_fwd, dim3(N, L->n_heads), TB, T * sizeof(float), 0, t->o[l], t->lse[l], t->q[l], t->k[l],
+                      t->vv[l], L->n_heads, L->n_kv_heads, hd, T, scale, a->sliding_window);
+            AC_LAUNCH(kt_gate_cols, blocks((size_t)N * Q), 256, 0, 0, t->sq, t->o[l], GHEAD(t, l), Q, hd,
+                      (size_t)N * Q);
             if (gemm(t, 0, 1, N, H, Q, t->s_attn[l], t->sq, Q, P(t, l, W_O), Q, 1.0f, t->x, H, err, errn)) return -1;
         }
         if (F) {
@@ -571,7 +632,8 @@ static void norm_bwd(acc_trainer *t, int N, const float *xhat, const float *rr, 
 // Gates of a sub-block's output (see train.c): d [N,C] = gradient of the
 // gated activation before the sub-block gate s; a the ungated activation.
 // Accumulates the gate gradients, then d <- d * s * g and ag <- a * g.
-static void gate_bwd(acc_trainer *t, int N, int C, int wpg, float *d, float *ag, const float *a, float *g, float *dg, float *dsub, float s) {
+static void gate_bwd(acc_trainer *t, int N, int C, int wpg, float *d, float *ag, const float *a, float *g, float *dg,
+                     float *dsub, float s) {
     size_t n = (size_t)N * C;
     AC_LAUNCH(kt_mul, blocks(n), 256, 0, 0, t->prod, d, a, n);
     (void)cudaMemset(t->csum, 0, C * sizeof(float)); // errors surface at the step's cudaGetLastError
@@ -583,9 +645,11 @@ static void gate_bwd(acc_trainer *t, int N, int C, int wpg, float *d, float *ag,
 static int ffn_bwd(acc_trainer *t, int l, int N, char *err, size_t errn) {
     int H = t->a.hidden, F = t->a.layers[l].ffn;
     size_t nf = (size_t)N * F;
-    AC_LAUNCH(kt_silu_mul, blocks(nf), 256, 0, 0, t->du, t->gp[l], t->u[l], nf); // h, ungated (du is free until silu_mul_bwd)
+    AC_LAUNCH(kt_silu_mul, blocks(nf), 256, 0, 0, t->du, t->gp[l], t->u[l],
+              nf); // h, ungated (du is free until silu_mul_bwd)
     if (gemm(t, 0, 0, N, F, H, 1.0f, t->dx, H, P(t, l, W_D), F, 0.0f, t->df, F, err, errn)) return -1;
-    gate_bwd(t, N, F, 1, t->df, t->sf, t->du, GFFN(t, l), t->dgates + t->off_ffn[l], t->dgates + H + t->a.n_layers + l, t->s_mlp[l]);
+    gate_bwd(t, N, F, 1, t->df, t->sf, t->du, GFFN(t, l), t->dgates + t->off_ffn[l], t->dgates + H + t->a.n_layers + l,
+             t->s_mlp[l]);
     if (gemm(t, 1, 0, H, F, N, t->s_mlp[l], t->dx, H, t->sf, F, 1.0f, G(t, l, W_D), F, err, errn)) return -1;
     AC_LAUNCH(kt_silu_mul_bwd, blocks(nf), 256, 0, 0, t->df, t->du, t->gp[l], t->u[l], nf);
     AC_LAUNCH(kt_scale_cols, N, TB, 0, 0, t->xn, t->xh2[l], P(t, l, W_POST), GH(t), H);
@@ -604,19 +668,21 @@ static int attn_bwd(acc_trainer *t, int l, int B, int T, char *err, size_t errn)
     int N = B * T, H = a->hidden, hd = a->head_dim, Q = L->n_heads * hd, KV = L->n_kv_heads * hd;
     float scale = 1.0f / sqrtf((float)hd);
     if (gemm(t, 0, 0, N, Q, H, 1.0f, t->dx, H, P(t, l, W_O), Q, 0.0f, t->sq, Q, err, errn)) return -1;
-    gate_bwd(t, N, Q, hd, t->sq, t->dq, t->o[l], GHEAD(t, l), t->dgates + t->off_head[l], t->dgates + H + l, t->s_attn[l]);
+    gate_bwd(t, N, Q, hd, t->sq, t->dq, t->o[l], GHEAD(t, l), t->dgates + t->off_head[l], t->dgates + H + l,
+             t->s_attn[l]);
     if (gemm(t, 1, 0, H, Q, N, t->s_attn[l], t->dx, H, t->dq, Q, 1.0f, G(t, l, W_O), Q, err, errn)) return -1;
-    AC_LAUNCH(kt_attn_bwd_q, dim3(N, L->n_heads), TB, 2 * T * sizeof(float), 0, t->dq, t->delta, t->sq, t->q[l], t->k[l], t->vv[l], t->lse[l],
-              L->n_heads, L->n_kv_heads, hd, T, scale, a->sliding_window);
-    AC_LAUNCH(kt_attn_bwd_kv, dim3(N, L->n_kv_heads), TB, 2 * T * sizeof(float), 0, t->dk, t->dv, t->sq, t->q[l], t->k[l], t->vv[l], t->lse[l],
-              t->delta, L->n_heads, L->n_kv_heads, hd, T, scale, a->sliding_window);
+    AC_LAUNCH(kt_attn_bwd_q, dim3(N, L->n_heads), TB, 2 * T * sizeof(float), 0, t->dq, t->delta, t->sq, t->q[l],
+              t->k[l], t->vv[l], t->lse[l], L->n_heads, L->n_kv_heads, hd, T, scale, a->sliding_window);
+    AC_LAUNCH(kt_attn_bwd_kv, dim3(N, L->n_kv_heads), TB, 2 * T * sizeof(float), 0, t->dk, t->dv, t->sq, t->q[l],
+              t->k[l], t->vv[l], t->lse[l], t->delta, L->n_heads, L->n_kv_heads, hd, T, scale, a->sliding_window);
     AC_LAUNCH(kt_rope, N, TB, 0, 0, t->dq, L->n_heads, hd, T, t->cos_t, t->sin_t, 1);
     AC_LAUNCH(kt_rope, N, TB, 0, 0, t->dk, L->n_kv_heads, hd, T, t->cos_t, t->sin_t, 1);
     AC_LAUNCH(kt_scale_cols, N, TB, 0, 0, t->xn, t->xh1[l], P(t, l, W_IN), GH(t), H);
     float *ds[3] = {t->dq, t->dk, t->dv};
     int wsel[3] = {W_Q, W_K, W_V}, bsel[3] = {W_BQ, W_BK, W_BV}, widths[3] = {Q, KV, KV};
     for (int i = 0; i < 3; i++) {
-        if (gemm(t, 0, 0, N, H, widths[i], 1.0f, ds[i], widths[i], P(t, l, wsel[i]), H, i ? 1.0f : 0.0f, t->dxn, H, err, errn) ||
+        if (gemm(t, 0, 0, N, H, widths[i], 1.0f, ds[i], widths[i], P(t, l, wsel[i]), H, i ? 1.0f : 0.0f, t->dxn, H, err,
+                 errn) ||
             gemm(t, 1, 0, widths[i], H, N, 1.0f, ds[i], widths[i], t->xn, H, 1.0f, G(t, l, wsel[i]), H, err, errn))
             return -1;
         if (G(t, l, bsel[i])) AC_LAUNCH(kt_colsum, blocks(widths[i]), 256, 0, 0, G(t, l, bsel[i]), ds[i], N, widths[i]);
@@ -634,7 +700,11 @@ static int embed_bwd(acc_trainer *t, const int *tokens, int N, char *err, size_t
     h.assign(3 * N + 1, 0);
     int nu = 0;
     for (int i = 0; i < N; i++) {
-        if (!i || tokens[idx[i]] != tokens[idx[i - 1]]) { h[nu] = tokens[idx[i]]; h[N + nu] = i; nu++; }
+        if (!i || tokens[idx[i]] != tokens[idx[i - 1]]) {
+            h[nu] = tokens[idx[i]];
+            h[N + nu] = i;
+            nu++;
+        }
         h[2 * N + 1 + i] = idx[i];
     }
     h[N + nu] = N;
@@ -644,13 +714,19 @@ static int embed_bwd(acc_trainer *t, const int *tokens, int N, char *err, size_t
     return 0;
 }
 
-extern "C" int acc_trainer_grad(acc_trainer *t, const int *tokens, const int *targets, const float *teacher, int B, int T, float tau, float kd_weight,
-                                float scale, double *loss, char *err, size_t errn) {
+extern "C" int acc_trainer_grad(acc_trainer *t, const int *tokens, const int *targets, const float *teacher, int B,
+                                int T, float tau, float kd_weight, float scale, double *loss, char *err, size_t errn) {
     const tarch *a = &t->a;
-    if (B <= 0 || T <= 0 || B > t->max_B || T > t->max_T) { snprintf(err, errn, "trainer: batch %d x %d exceeds %d x %d", B, T, t->max_B, t->max_T); return -1; }
+    if (B <= 0 || T <= 0 || B > t->max_B || T > t->max_T) {
+        snprintf(err, errn, "trainer: batch %d x %d exceeds %d x %d", B, T, t->max_B, t->max_T);
+        return -1;
+    }
     int N = B * T, H = a->hidden, V = a->vocab;
     for (int i = 0; i < N; i++)
-        if (tokens[i] < 0 || tokens[i] >= V) { snprintf(err, errn, "trainer: token id %d outside vocabulary of %d", tokens[i], V); return -1; }
+        if (tokens[i] < 0 || tokens[i] >= V) {
+            snprintf(err, errn, "trainer: token id %d outside vocabulary of %d", tokens[i], V);
+            return -1;
+        }
     TCK(cudaMemcpy(t->tok, tokens, N * sizeof(int), cudaMemcpyHostToDevice));
     if (targets) TCK(cudaMemcpy(t->tgt, targets, N * sizeof(int), cudaMemcpyHostToDevice));
     if (teacher) TCK(cudaMemcpy(t->teacher, teacher, (size_t)N * V * sizeof(float), cudaMemcpyHostToDevice));
@@ -659,12 +735,15 @@ extern "C" int acc_trainer_grad(acc_trainer *t, const int *tokens, const int *ta
     for (int i = 0; targets && i < N; i++) nce += targets[i] >= 0;
     float wkd = teacher ? kd_weight : 0.0f, wce = 1.0f - wkd;
     float fce = nce ? scale * wce / (float)nce : 0.0f, fkd = scale * wkd * tau / (float)N;
-    AC_LAUNCH(kt_loss, N, TB, 0, 0, t->dlogits, t->rowloss, t->logits, targets ? t->tgt : (const int *)NULL, teacher ? t->teacher : (const float *)NULL,
-              V, tau, fce, fkd);
+    AC_LAUNCH(kt_loss, N, TB, 0, 0, t->dlogits, t->rowloss, t->logits, targets ? t->tgt : (const int *)NULL,
+              teacher ? t->teacher : (const float *)NULL, V, tau, fce, fkd);
     std::vector<float> rl(2 * (size_t)N);
     TCK(cudaMemcpy(rl.data(), t->rowloss, rl.size() * sizeof(float), cudaMemcpyDeviceToHost));
     double ce = 0, kd = 0;
-    for (int i = 0; i < N; i++) { ce += rl[2 * i]; kd += rl[2 * i + 1]; }
+    for (int i = 0; i < N; i++) {
+        ce += rl[2 * i];
+        kd += rl[2 * i + 1];
+    }
     ce = nce ? ce / nce : 0;
     kd /= N;
     if (loss) *loss = wkd * kd + wce * ce;
@@ -685,8 +764,8 @@ extern "C" int acc_trainer_grad(acc_trainer *t, const int *tokens, const int *ta
     return 0;
 }
 
-extern "C" int acc_trainer_step(acc_trainer *t, float lr, float beta1, float beta2, float eps, float weight_decay, float clip, long step,
-                                double *gnorm, char *err, size_t errn) {
+extern "C" int acc_trainer_step(acc_trainer *t, float lr, float beta1, float beta2, float eps, float weight_decay,
+                                float clip, long step, double *gnorm, char *err, size_t errn) {
     double ss = 0;
     std::vector<float> part(1024);
     for (int i = 0; i < t->nt; i++) {
@@ -704,7 +783,8 @@ extern "C" int acc_trainer_step(acc_trainer *t, float lr, float beta1, float bet
     for (int i = 0; i < t->nt; i++) {
         if (!t->n[i]) continue;
         AC_LAUNCH(kt_adamw, blocks(t->n[i]), 256, 0, 0, t->p[i], t->g[i], t->m[i], t->v[i], t->n[i], coef,
-                  t->decay[i] ? 1.0f - lr * weight_decay : 1.0f, beta1, beta2, (float)(lr / bc1), (float)sqrt(bc2), eps);
+                  t->decay[i] ? 1.0f - lr * weight_decay : 1.0f, beta1, beta2, (float)(lr / bc1), (float)sqrt(bc2),
+                  eps);
     }
     TCK(cudaGetLastError());
     TCK(cudaStreamSynchronize(0));
@@ -719,16 +799,23 @@ extern "C" int acc_trainer_download(acc_trainer *t, ac_model *w, ac_model *g, ch
         std::vector<size_t> n;
         std::vector<int> d;
         host_tensors(ms[k], hp, n, d);
-        if ((int)hp.size() != t->nt) { snprintf(err, errn, "trainer: download into a model of another architecture"); return -1; }
+        if ((int)hp.size() != t->nt) {
+            snprintf(err, errn, "trainer: download into a model of another architecture");
+            return -1;
+        }
         for (int i = 0; i < t->nt; i++) {
-            if (n[i] != t->n[i]) { snprintf(err, errn, "trainer: tensor %d has %zu elements, the device's %zu", i, n[i], t->n[i]); return -1; }
+            if (n[i] != t->n[i]) {
+                snprintf(err, errn, "trainer: tensor %d has %zu elements, the device's %zu", i, n[i], t->n[i]);
+                return -1;
+            }
             if (n[i]) TCK(cudaMemcpy(hp[i], k ? t->g[i] : t->p[i], n[i] * sizeof(float), cudaMemcpyDeviceToHost));
         }
     }
     return 0;
 }
 
-extern "C" int acc_trainer_gates(acc_trainer *t, const ac_gates *g, ac_gates *dg, int zero_grad, char *err, size_t errn) {
+extern "C" int acc_trainer_gates(acc_trainer *t, const ac_gates *g, ac_gates *dg, int zero_grad, char *err,
+                                 size_t errn) {
     const tarch *a = &t->a;
     int H = a->hidden, L = a->n_layers;
     std::vector<float> h(t->ngates);

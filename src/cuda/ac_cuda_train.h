@@ -41,13 +41,13 @@ int acc_trainer_create(int dev, const ac_model *m, int max_B, int max_T, const f
 /* Forward tokens[B*T] from position 0, loss (as ac_loss_backward: targets
  * < 0 not scored, may be NULL; teacher logits [B*T][V] on the host or NULL;
  * kd_weight; scale), backward accumulating into the device gradients. */
-int acc_trainer_grad(acc_trainer *t, const int *tokens, const int *targets, const float *teacher, int B, int T, float tau, float kd_weight,
-                     float scale, double *loss, char *err, size_t errn);
+int acc_trainer_grad(acc_trainer *t, const int *tokens, const int *targets, const float *teacher, int B, int T,
+                     float tau, float kd_weight, float scale, double *loss, char *err, size_t errn);
 /* One AdamW update at learning rate lr (update number step, 0-based) from
  * the accumulated gradients, clipped to global norm clip (<= 0: none), as
  * ac_adamw_step; then the gradients are zeroed. *gnorm gets the norm. */
-int acc_trainer_step(acc_trainer *t, float lr, float beta1, float beta2, float eps, float weight_decay, float clip, long step, double *gnorm,
-                     char *err, size_t errn);
+int acc_trainer_step(acc_trainer *t, float lr, float beta1, float beta2, float eps, float weight_decay, float clip,
+                     long step, double *gnorm, char *err, size_t errn);
 /* Copy weights into w and/or gradients into g (either may be NULL; same arch
  * as at create, allocated by the caller). */
 int acc_trainer_download(acc_trainer *t, ac_model *w, ac_model *g, char *err, size_t errn);
