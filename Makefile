@@ -21,7 +21,7 @@ D_OBJ    = $(D_SRC:daemon/%.c=$(B)/daemon/%.o) $(B)/daemon/migrations.o
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(B)/tests/%)
 
-.PHONY: all clean test demo bench cuda-check fixtures tiny-model deps asan test-asan web-test-deps llama-test-deps
+.PHONY: all clean test demo bench cuda-check fixtures tiny-model deps asan test-asan web-test-deps llama-test-deps fuzz
 
 BENCH_BIN = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/*.c))
 # The CUDA plugin is built when nvcc is found; without it the CPU path alone.
@@ -75,9 +75,23 @@ $(B)/tests/%: tests/%.c tests/check.h $(B)/libautocompress.a $(D_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(D_OBJ) $(B)/libautocompress.a $(LDLIBS)
 
-$(B)/tests/fuzz_parsers: tests/fuzz_parsers.c $(B)/libautocompress.a
+FUZZ_DAEMON = $(B)/daemon/config.o $(B)/daemon/wevent.o
+$(B)/tests/fuzz_parsers: tests/fuzz_parsers.c $(FUZZ_DAEMON) $(B)/libautocompress.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# The same entry as a libFuzzer target (clang): build/fuzz/fuzz_parsers.
+# Run one parser for N minutes: build/fuzz/fuzz_parsers -max_total_time=$$((N*60)) build/fuzz/corpus
+# (the first byte of each input picks the parser; see tests/fuzz_parsers.c).
+FUZZ_CC ?= clang
+fuzz:
+	@mkdir -p $(B)/fuzz/corpus
+	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -DAC_LIBFUZZER -std=c11 -D_GNU_SOURCE -Isrc -Idaemon $(PKG_CFLAGS) \
+	  -I/usr/include/x86_64-linux-gnu/openblas-pthread -o $(B)/fuzz/fuzz_parsers tests/fuzz_parsers.c $(LIB_SRC) \
+	  daemon/config.c daemon/wevent.c $(LDLIBS)
+	$(MAKE) $(B)/tests/fuzz_parsers
+	$(B)/tests/fuzz_parsers --seeds $(B)/fuzz/corpus
+	@echo "built $(B)/fuzz/fuzz_parsers; seeds in $(B)/fuzz/corpus"
 
 $(B)/bench/%: bench/%.c $(D_OBJ) $(B)/libautocompress.a
 	@mkdir -p $(dir $@)

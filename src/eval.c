@@ -1,5 +1,6 @@
 /* eval.c - see eval.h. */
 #include "eval.h"
+#include "fsafe.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -114,7 +115,7 @@ int ac_perplexity(const ac_model *m, const int *ids, size_t n, const ac_ppl_opts
 
 int ac_load_text_ids(const char *model_dir, const char *text_path, int **ids, size_t *n, int vocab, ac_err *e) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
+    if (ac_fsafe_join(model_dir, "tokenizer.json", path, sizeof path, e)) return -1;
     ac_tokenizer *t;
     if (ac_gguf_is_path(model_dir)) { /* the tokenizer is in the GGUF metadata */
         snprintf(path, sizeof path, "%s", model_dir);
@@ -126,7 +127,7 @@ int ac_load_text_ids(const char *model_dir, const char *text_path, int **ids, si
         return ac_errf(e, "%s has %d tokens but the model's vocabulary has %d", path, tv, vocab);
     }
     size_t len;
-    char *text = ac_read_file(text_path, 1u << 30, &len, e);
+    char *text = ac_fsafe_read(text_path, AC_FK_TEXT, &len, e);
     int rc = !text || ac_tok_encode(t, text, len, ids, n, e);
     free(text);
     ac_tok_free(t);

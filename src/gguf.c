@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsafe.h"
 #include "gguf_int.h"
 #include "safetensors.h"
 #include "tensor.h"
@@ -107,9 +108,8 @@ int gg_tok_analyse(const json_t *root, gg_tokinfo *ti, ac_err *e) {
 }
 
 int ac_gguf_check_tokenizer(const char *path, ac_err *e) {
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
-    if (!root) return ac_errf(e, "%s: %s", path, je.text);
+    json_t *root = ac_fsafe_json(path, AC_FK_TOKENIZER, e); /* confined, no bytes echoed */
+    if (!root) return -1;
     gg_tokinfo ti;
     int rc = gg_tok_analyse(root, &ti, e);
     json_decref(root);
@@ -330,9 +330,8 @@ static int added_content_id(const json_t *root, int id, const char **content) {
 }
 
 static int write_tokenizer(gbuf *b, const ac_arch *a, const char *path, ac_err *e) {
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
-    if (!root) return ac_errf(e, "%s: %s", path, je.text);
+    json_t *root = ac_fsafe_json(path, AC_FK_TOKENIZER, e); /* confined, no bytes echoed */
+    if (!root) return -1;
     gg_tokinfo ti;
     gg_vocab v = {0};
     int V = a->vocab, rc = gg_tok_analyse(root, &ti, e);

@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fsafe.h"
 #include "gguf.h"
 #include "gguf_int.h"
 #include "safetensors.h"
@@ -187,14 +188,14 @@ static int gparse(gfile *g, const char *path, ac_err *e) {
 
 static int gopen(const char *path, gfile *g, ac_err *e) {
     memset(g, 0, sizeof *g);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return ac_errf(e, "cannot open %s", path);
-    struct stat st;
-    if (fstat(fd, &st) || st.st_size < 24) {
+    size_t size;
+    int fd = ac_fsafe_open(path, AC_FK_WEIGHTS, &size, e); /* confined, a regular file */
+    if (fd < 0) return -1;
+    if (size < 24) {
         close(fd);
         return ac_errf(e, "%s: not a GGUF file (too short)", path);
     }
-    g->size = (size_t)st.st_size;
+    g->size = size;
     g->map = mmap(NULL, g->size, PROT_READ, MAP_PRIVATE, fd, 0);
     g->mapped = 1;
     close(fd);

@@ -4,6 +4,7 @@
  * saving. See model.h for the contract.
  */
 #include "model.h"
+#include "fsafe.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -160,10 +161,9 @@ int ac_arch_from_config(const json_t *cfg, ac_arch *a, ac_err *e) {
 int ac_arch_load(const char *model_dir, ac_arch *a, ac_err *e) {
     if (ac_gguf_is_path(model_dir)) return ac_gguf_arch(model_dir, a, e);
     char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", model_dir);
-    json_error_t je;
-    json_t *cfg = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!cfg) return ac_errf(e, "%s: %s", path, je.text);
+    if (ac_fsafe_join(model_dir, "config.json", path, sizeof path, e)) return -1;
+    json_t *cfg = ac_fsafe_json(path, AC_FK_CONFIG, e); /* confined, no bytes echoed */
+    if (!cfg) return -1;
     int rc = ac_arch_from_config(cfg, a, e);
     json_decref(cfg);
     return rc;

@@ -17,6 +17,7 @@
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer.h"
+#include "fsafe.h"
 
 #include <assert.h>
 #include <jansson.h>
@@ -455,7 +456,8 @@ int ac_tok_parse(const char *js, size_t len, ac_tokenizer **out, ac_err *e) {
     *out = NULL;
     json_error_t je;
     json_t *root = json_loadb(js, len, 0, &je);
-    if (!root) return ac_errf(e, "tokenizer.json: %s (line %d)", je.text, je.line);
+    char why[160];
+    if (!root) return ac_errf(e, "tokenizer.json: %s (line %d)", ac_fsafe_json_why(je.text, why, sizeof why), je.line);
     ac_tokenizer *t = calloc(1, sizeof *t);
     int rc = 0;
     if (!t) {
@@ -507,7 +509,7 @@ out:
 int ac_tok_load(const char *path, ac_tokenizer **out, ac_err *e) {
     *out = NULL;
     size_t len;
-    char *s = ac_read_file(path, 512u << 20, &len, e);
+    char *s = ac_fsafe_read(path, AC_FK_TOKENIZER, &len, e); /* confined, size-capped */
     if (!s) return -1;
     int rc = ac_tok_parse(s, len, out, e);
     free(s);
@@ -728,16 +730,28 @@ static int sp_word(const ac_tokenizer *t, const char *w, size_t n, ivec *out, ac
     return rc ? ac_errf(e, "out of memory") : 0;
 }
 
+/* Normalized text may grow to this many times its input (plus 4 KiB): a
+ * chain of Replace normalizers whose content holds the pattern grows it
+ * geometrically (a 900-byte tokenizer.json asked for 6.7 GB). */
+#define AC_NORM_GROWTH 32
+
 /* Replace every occurrence of `from` in s[0..*n) by `to`; returns a new
- * string (the old one freed) or NULL. */
-static char *replace_all(char *s, size_t *n, const char *from, const char *to) {
+ * string (the old one freed) or NULL; NULL with *n = SIZE_MAX when the
+ * result would exceed cap bytes. */
+static char *replace_all(char *s, size_t *n, const char *from, const char *to, size_t cap) {
     size_t fl = strlen(from), tl = strlen(to), cnt = 0;
     for (size_t i = 0; i + fl <= *n; i++)
         if (!memcmp(s + i, from, fl)) {
             cnt++;
             i += fl - 1;
         }
-    char *o = malloc(*n + cnt * (tl > fl ? tl - fl : 0) + 1);
+    size_t need = *n + cnt * (tl > fl ? tl - fl : 0);
+    if (need > cap) {
+        free(s);
+        *n = SIZE_MAX;
+        return NULL;
+    }
+    char *o = malloc(need + 1);
     if (!o) {
         free(s);
         return NULL;
@@ -780,6 +794,7 @@ static char *normalize(const ac_tokenizer *t, const char *text, size_t len, size
     memcpy(s, text, len);
     s[len] = 0;
     *n = len;
+    size_t cap = AC_NORM_GROWTH * len + 4096;
     for (int i = 0; i < t->nnorm && s; i++) {
         const norm_op *o = &t->norm[i];
         if (o->uni) {
@@ -796,9 +811,17 @@ static char *normalize(const ac_tokenizer *t, const char *text, size_t len, size
         } else if (o->prepend) {
             if (*n) s = prepend(s, n, o->to);
         } else
-            s = replace_all(s, n, o->from, o->to);
+            s = replace_all(s, n, o->from, o->to, cap);
+        if (s && *n > cap) {
+            free(s);
+            s = NULL;
+            *n = SIZE_MAX;
+        }
         if (!s) {
-            ac_errf(e, "out of memory");
+            if (*n == SIZE_MAX)
+                ac_errf(e, "tokenizer: the normalizers grow the text more than %dx (tokenizer.json)", AC_NORM_GROWTH);
+            else
+                ac_errf(e, "out of memory");
             return NULL;
         }
     }
@@ -813,12 +836,15 @@ static int sp_segment(const ac_tokenizer *t, const char *text, size_t len, int f
     char *s = normalize(t, text, len, &n, e);
     if (!s) return -1;
     if (t->meta[0] && n) {
-        s = replace_all(s, &n, " ", t->meta);
+        s = replace_all(s, &n, " ", t->meta, AC_NORM_GROWTH * len + 4096);
         size_t ml = strlen(t->meta);
         if (s && (t->meta_prepend == 2 || (t->meta_prepend == 1 && first)) && (n < ml || memcmp(s, t->meta, ml)))
             s = prepend(s, &n, t->meta);
     }
-    if (!s) return ac_errf(e, "out of memory");
+    if (!s)
+        return n == SIZE_MAX
+                   ? ac_errf(e, "tokenizer: the Metaspace replacement grows the text more than %dx", AC_NORM_GROWTH)
+                   : ac_errf(e, "out of memory");
     int rc = 0;
     if (t->meta[0] && t->meta_split) {
         size_t ml = strlen(t->meta), st = 0;
