@@ -33,6 +33,7 @@ void config_defaults(ac_config *c) {
     c->max_calibration_tokens = 1L << 24;
     c->max_search_steps = 100000;
     c->max_eval_windows = 1L << 20;
+    c->max_distill_tokens = 10000000;
     c->max_measurements = 4;
 }
 
@@ -83,16 +84,17 @@ int config_load(ac_config *c, const char *path, ac_err *e) {
 
 /* The keys added for hostile clients and job limits. */
 static int limits_parse(ac_config *c, json_t *j, ac_err *e) {
-    long v[11] = {c->max_connections_per_client, c->max_sse_streams, c->header_timeout_s, c->body_timeout_s, c->idle_timeout_s,
+    long v[12] = {c->max_connections_per_client, c->max_sse_streams, c->header_timeout_s, c->body_timeout_s, c->idle_timeout_s,
                   c->http_threads, c->max_job_seconds, c->max_calibration_tokens, c->max_search_steps, c->max_eval_windows,
-                  c->max_measurements};
+                  c->max_measurements, c->max_distill_tokens};
     if (int_field(j, "max_connections_per_client", 1, 100000, &v[0], e) || int_field(j, "max_sse_streams", 0, 100000, &v[1], e) ||
         int_field(j, "header_timeout_s", 1, 3600, &v[2], e) || int_field(j, "body_timeout_s", 1, 3600, &v[3], e) ||
         int_field(j, "idle_timeout_s", 1, 86400, &v[4], e) || int_field(j, "http_threads", 1, 64, &v[5], e) ||
         int_field(j, "max_job_seconds", 1, 30L * 86400, &v[6], e) || int_field(j, "max_calibration_tokens", 256, 1L << 24, &v[7], e) ||
         int_field(j, "max_search_steps", 1, 100000, &v[8], e) || int_field(j, "max_eval_windows", 1, 1L << 20, &v[9], e) ||
-        int_field(j, "max_measurements", 1, 64, &v[10], e))
+        int_field(j, "max_measurements", 1, 64, &v[10], e) || int_field(j, "max_distill_tokens", 0, 1000000000L, &v[11], e))
         return -1;
+    c->max_distill_tokens = v[11];
     c->max_connections_per_client = (int)v[0]; c->max_sse_streams = (int)v[1]; c->header_timeout_s = (int)v[2];
     c->body_timeout_s = (int)v[3]; c->idle_timeout_s = (int)v[4]; c->http_threads = (int)v[5]; c->max_job_seconds = (int)v[6];
     c->max_calibration_tokens = v[7]; c->max_search_steps = v[8]; c->max_eval_windows = v[9]; c->max_measurements = (int)v[10];
@@ -117,7 +119,7 @@ int config_parse(ac_config *c, json_t *j, ac_err *e) {
                                   "interrupted_policy", "max_attempts", "cancel_grace_s", "worker_threads",
                                   "max_connections_per_client", "max_sse_streams", "header_timeout_s", "body_timeout_s",
                                   "idle_timeout_s", "http_threads", "allowed_hosts", "max_job_seconds", "max_calibration_tokens",
-                                  "max_search_steps", "max_eval_windows", "max_measurements", NULL};
+                                  "max_search_steps", "max_eval_windows", "max_measurements", "max_distill_tokens", NULL};
     const char *k;
     json_t *v;
     int rc = 0;

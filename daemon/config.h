@@ -47,6 +47,7 @@ typedef struct {
     long max_calibration_tokens;
     long max_search_steps;
     long max_eval_windows;
+    long max_distill_tokens; /* distill.tokens per pruned model */
     int max_measurements; /* queued + running cost-table measurements */
 } ac_config;
 

@@ -231,6 +231,7 @@ static int check_limits(ac_daemon *d, const ac_job_spec *js, reply *r) {
         {"calibration_tokens", "max_calibration_tokens", js->calibration_tokens, d->cfg.max_calibration_tokens},
         {"search.steps", "max_search_steps", js->search.steps, d->cfg.max_search_steps},
         {"eval.windows", "max_eval_windows", js->eval.windows, d->cfg.max_eval_windows},
+        {"distill.tokens", "max_distill_tokens", (double)js->distill.tokens, d->cfg.max_distill_tokens},
     };
     for (size_t i = 0; i < sizeof c / sizeof *c; i++)
         if (c[i].v > (double)c[i].max) {

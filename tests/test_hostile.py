@@ -315,12 +315,15 @@ def test_idempotency_key():
 
 
 def test_job_caps():
-    d = Daemon(config={"max_search_steps": 100, "max_calibration_tokens": 4096, "max_eval_windows": 8, "max_job_seconds": 2}).start()
+    d = Daemon(config={"max_search_steps": 100, "max_calibration_tokens": 4096, "max_eval_windows": 8, "max_job_seconds": 2,
+                       "max_distill_tokens": 50000}).start()
     try:
         for body, field, cap in [(spec(search={"steps": 101}), "search.steps", "max_search_steps=100"),
                                  (spec(calibration_tokens=8192), "calibration_tokens", "max_calibration_tokens=4096"),
                                  (spec(eval={"ctx": 64, "windows": 9}), "eval.windows", "max_eval_windows=8"),
-                                 (spec(eval={"ctx": 64}), "eval.windows", "max_eval_windows=8")]:  # the default, 32, is over the cap
+                                 (spec(eval={"ctx": 64}), "eval.windows", "max_eval_windows=8"),  # the default, 32, is over the cap
+                                 (spec(eval={"ctx": 64, "windows": 4}, distill={"tokens": 50001}), "distill.tokens",
+                                  "max_distill_tokens=50000")]:
             st, r = d.req("POST", "/v1/jobs", body=body)
             assert st == 400 and r["error"]["code"] == "limit_exceeded" and r["error"]["field"] == field and cap in r["error"]["message"], r
         st, j = d.req("POST", "/v1/jobs", body=spec(search={"steps": 100}, calibration_tokens=4096, eval={"ctx": 64, "windows": 4}))
