@@ -11,6 +11,7 @@
  */
 #include "gguf.h"
 
+#include <assert.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdint.h>
@@ -382,6 +383,36 @@ typedef struct {
 
 /* llama.cpp's interleaved RoPE layout (convert_hf_to_gguf.py permute):
  * within each head of hd rows, out row 2i+j = in row j*hd/2 + i. */
+int gg_layer_tensors(const ac_arch *a, int l, ac_layer_w *w, gg_layer_tensor *out) {
+    const ac_layer_arch *L = &a->layers[l];
+    int64_t H = a->hidden, hd = a->head_dim, q = L->n_heads * hd, kv = L->n_kv_heads * hd, F = L->ffn;
+    int n = 0;
+#define T(suffix, ptr, r, c, p) \
+    out[n++] = (gg_layer_tensor){.w = &w->ptr, .rows = r, .cols = c, .perm = p}; \
+    snprintf(out[n - 1].name, sizeof out[n - 1].name, "blk.%d.%s", l, suffix)
+    if (L->n_heads) {
+        T("attn_norm.weight", in_norm, H, 0, 0);
+        T("attn_q.weight", wq, q, H, L->n_heads);
+        T("attn_k.weight", wk, kv, H, L->n_kv_heads);
+        T("attn_v.weight", wv, kv, H, 0);
+        T("attn_output.weight", wo, H, q, 0);
+        if (a->qkv_bias) {
+            T("attn_q.bias", bq, q, 0, L->n_heads);
+            T("attn_k.bias", bk, kv, 0, L->n_kv_heads);
+            T("attn_v.bias", bv, kv, 0, 0);
+        }
+    }
+    if (F) {
+        T("ffn_norm.weight", post_norm, H, 0, 0);
+        T("ffn_gate.weight", wg, F, H, 0);
+        T("ffn_up.weight", wu, F, H, 0);
+        T("ffn_down.weight", wd, H, F, 0);
+    }
+#undef T
+    assert(n <= GG_LAYER_TENSORS);
+    return n;
+}
+
 void gg_permute_rows(float *dst, const float *src, int heads, int64_t rows, int64_t cols, int inverse) {
     int64_t hd = rows / heads, half = hd / 2;
     for (int h = 0; h < heads; h++)
@@ -395,7 +426,7 @@ void gg_permute_rows(float *dst, const float *src, int heads, int64_t rows, int6
 static int add_t(gg_tensor *t, int *n, const char *name, const float *src, int64_t rows, int64_t cols, int perm,
                  int dtype) {
     gg_tensor *x = &t[(*n)++];
-    snprintf(x->name, sizeof x->name, "%s", name);
+    snprintf(x->name, sizeof x->name, "%.63s", name);
     x->src = src;
     x->rows = rows;
     x->cols = cols;
@@ -409,35 +440,12 @@ static int add_t(gg_tensor *t, int *n, const char *name, const float *src, int64
 static int list_tensors(const ac_model *m, int dtype, gg_tensor *t, int *nt, float **freqs, ac_err *e) {
     const ac_arch *a = &m->a;
     int64_t H = a->hidden, hd = a->head_dim, n = 0;
-    char nm[64];
     *nt = 0;
     add_t(t, nt, "token_embd.weight", m->embed, a->vocab, H, 0, dtype);
     for (int l = 0; l < a->n_layers; l++) {
-        const ac_layer_arch *L = &a->layers[l];
-        const ac_layer_w *w = &m->L[l];
-        int64_t q = L->n_heads * hd, kv = L->n_kv_heads * hd, F = L->ffn;
-#define T(suffix, src, r, c, p) \
-    snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix); \
-    add_t(t, nt, nm, src, r, c, p, dtype)
-        if (L->n_heads) {
-            T("attn_norm.weight", w->in_norm, H, 0, 0);
-            T("attn_q.weight", w->wq, q, H, L->n_heads);
-            T("attn_k.weight", w->wk, kv, H, L->n_kv_heads);
-            T("attn_v.weight", w->wv, kv, H, 0);
-            T("attn_output.weight", w->wo, H, q, 0);
-            if (a->qkv_bias) {
-                T("attn_q.bias", w->bq, q, 0, L->n_heads);
-                T("attn_k.bias", w->bk, kv, 0, L->n_kv_heads);
-                T("attn_v.bias", w->bv, kv, 0, 0);
-            }
-        }
-        if (F) {
-            T("ffn_norm.weight", w->post_norm, H, 0, 0);
-            T("ffn_gate.weight", w->wg, F, H, 0);
-            T("ffn_up.weight", w->wu, F, H, 0);
-            T("ffn_down.weight", w->wd, H, F, 0);
-        }
-#undef T
+        gg_layer_tensor lt[GG_LAYER_TENSORS];
+        int k = gg_layer_tensors(a, l, &m->L[l], lt); /* read only here */
+        for (int i = 0; i < k; i++) add_t(t, nt, lt[i].name, *lt[i].w, lt[i].rows, lt[i].cols, lt[i].perm, dtype);
     }
     add_t(t, nt, "output_norm.weight", m->final_norm, H, 0, 0, dtype);
     if (!a->tie_embeddings) add_t(t, nt, "output.weight", m->lm_head, a->vocab, H, 0, dtype);

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "err.h"
+#include "model.h"
 
 enum { GG_U8, GG_I8, GG_U16, GG_I16, GG_U32, GG_I32, GG_F32, GG_BOOL, GG_STR, GG_ARR, GG_U64, GG_I64, GG_F64 };
 enum { GGML_F32 = 0, GGML_F16 = 1, GGML_BF16 = 30 };
@@ -36,5 +37,20 @@ int gg_tok_analyse(const json_t *root, gg_tokinfo *ti, ac_err *e);
 /* Q/K rows of `heads` heads from Hugging Face's rotate-half order to
  * llama.cpp's interleaved pairs (inverse = 0) or back (inverse = 1). */
 void gg_permute_rows(float *dst, const float *src, int heads, int64_t rows, int64_t cols, int inverse);
+
+/* One tensor of a layer as llama.cpp names and shapes it: blk.L.<suffix>,
+ * rows x cols (cols 0: a vector), Q/K rows permuted for perm heads (0:
+ * none); w points at the layer's weight pointer (read or written). */
+typedef struct {
+    char name[64];
+    float **w;
+    int64_t rows, cols;
+    int perm;
+} gg_layer_tensor;
+
+/* The tensors of layer l of an architecture a whose weights are w, in
+ * file order; out holds at least GG_LAYER_TENSORS. Returns the count. */
+#define GG_LAYER_TENSORS 12
+int gg_layer_tensors(const ac_arch *a, int l, ac_layer_w *w, gg_layer_tensor *out);
 
 #endif

@@ -453,39 +453,18 @@ static int read_t(const gfile *g, const char *name, int64_t rows, int64_t cols, 
 static int read_weights(const gfile *g, ac_model *m, ac_err *e) {
     const ac_arch *a = &m->a;
     int chk = m->L == NULL;
-    int64_t H = a->hidden, hd = a->head_dim;
-    char n[64];
+    int64_t H = a->hidden;
     if (read_t(g, "token_embd.weight", a->vocab, H, 0, m->embed, e) ||
         read_t(g, "output_norm.weight", H, 0, 0, m->final_norm, e))
         return -1;
     if (!a->tie_embeddings && read_t(g, "output.weight", a->vocab, H, 0, m->lm_head, e)) return -1;
     static ac_layer_w none;
     for (int l = 0; l < a->n_layers; l++) {
-        const ac_layer_arch *L = &a->layers[l];
         ac_layer_w *w = chk ? &none : &m->L[l];
-        int64_t q = L->n_heads * hd, kv = L->n_kv_heads * hd, F = L->ffn;
-#define R(suffix, dst, r, c, p) \
-    snprintf(n, sizeof n, "blk.%d.%s", l, suffix); \
-    if (read_t(g, n, r, c, p, dst, e)) return -1
-        if (L->n_heads) {
-            R("attn_norm.weight", w->in_norm, H, 0, 0);
-            R("attn_q.weight", w->wq, q, H, L->n_heads);
-            R("attn_k.weight", w->wk, kv, H, L->n_kv_heads);
-            R("attn_v.weight", w->wv, kv, H, 0);
-            R("attn_output.weight", w->wo, H, q, 0);
-            if (a->qkv_bias) {
-                R("attn_q.bias", w->bq, q, 0, L->n_heads);
-                R("attn_k.bias", w->bk, kv, 0, L->n_kv_heads);
-                R("attn_v.bias", w->bv, kv, 0, 0);
-            }
-        }
-        if (F) {
-            R("ffn_norm.weight", w->post_norm, H, 0, 0);
-            R("ffn_gate.weight", w->wg, F, H, 0);
-            R("ffn_up.weight", w->wu, F, H, 0);
-            R("ffn_down.weight", w->wd, H, F, 0);
-        }
-#undef R
+        gg_layer_tensor lt[GG_LAYER_TENSORS];
+        int k = gg_layer_tensors(a, l, w, lt);
+        for (int i = 0; i < k; i++)
+            if (read_t(g, lt[i].name, lt[i].rows, lt[i].cols, lt[i].perm, *lt[i].w, e)) return -1;
     }
     return 0;
 }
