@@ -104,6 +104,17 @@ static int check_opts(const ac_model *teacher, const ac_model *student, size_t n
 }
 
 /* The host's RoPE tables for T positions of a (rope.c), as the plugin takes them. */
+/* After step s of steps: the loss averages over the first and last avg
+ * steps, the counts in r, and the caller's callback (non-zero: cancel). */
+static int step_done(ac_distill_result *r, int s, int steps, int avg, int N, double loss, float lr, double *first,
+                     double *last, ac_distill_cb cb, void *ud, ac_err *e) {
+    if (s < avg) *first += loss / avg;
+    if (s >= steps - avg) *last += loss / avg;
+    r->steps = s + 1;
+    r->tokens += N;
+    return cb && cb(ud, s + 1, steps, loss, lr) ? ac_errf(e, "cancelled") : 0;
+}
+
 static int rope_for(const ac_arch *a, int T, float **cs, float **sn, ac_err *e) {
     size_t n = (size_t)T * (a->head_dim / 2);
     *cs = malloc(n * sizeof **cs), *sn = malloc(n * sizeof **sn);
@@ -143,12 +154,8 @@ static int distill_cuda(const ac_model *teacher, ac_model *student, const int *i
             rc = ac_errf(e, "distill on CUDA: %s", er);
             break;
         }
-        if (s < avg) first += loss / avg;
-        if (s >= steps - avg) last += loss / avg;
-        r->steps = s + 1;
-        r->tokens += N;
-        if (cb && cb(ud, s + 1, steps, loss, lr)) {
-            rc = ac_errf(e, "cancelled");
+        if (step_done(r, s, steps, avg, N, loss, lr, &first, &last, cb, ud, e)) {
+            rc = -1;
             break;
         }
     }
@@ -226,12 +233,8 @@ int ac_distill(const ac_model *teacher, ac_model *student, const int *ids, size_
             break;
         }
         ac_train_zero_grad(&tr);
-        if (s < avg) first += loss / avg;
-        if (s >= steps - avg) last += loss / avg;
-        r->steps = s + 1;
-        r->tokens += N;
-        if (cb && cb(ud, s + 1, steps, loss, lr)) {
-            rc = ac_errf(e, "cancelled");
+        if (step_done(r, s, steps, avg, N, loss, lr, &first, &last, cb, ud, e)) {
+            rc = -1;
             break;
         }
     }
