@@ -1,5 +1,11 @@
 # AutoCompress daemon image (CPU; mount GPUs with --gpus all on a CUDA host
 # and the daemon finds them through the driver at run time).
+#
+# Inside the container the daemon listens on 0.0.0.0 (so -p can reach it),
+# and therefore requires a token: it refuses to start without one. Give it
+# with AUTOCOMPRESS_TOKEN (at least 16 characters) and publish on loopback:
+#   docker run -e AUTOCOMPRESS_TOKEN=$(openssl rand -hex 24) -p 127.0.0.1:8321:8321 \
+#     -v /srv/models:/srv/models autocompress
 FROM debian:12 AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       build-essential pkg-config libjansson-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev libopenblas-dev \
@@ -19,5 +25,6 @@ COPY systemd/autocompressd.json /etc/autocompress/autocompressd.json
 USER autocompress
 EXPOSE 8321
 VOLUME ["/var/lib/autocompress", "/srv/models"]
-HEALTHCHECK CMD ["/bin/sh", "-c", "exec 3<>/dev/tcp/127.0.0.1/8321"]
+ENV AUTOCOMPRESS_TOKEN=""
+HEALTHCHECK CMD ["/bin/bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/8321"]
 CMD ["autocompressd", "--config", "/etc/autocompress/autocompressd.json", "--listen", "0.0.0.0:8321"]

@@ -21,7 +21,7 @@ D_OBJ    = $(D_SRC:daemon/%.c=$(B)/daemon/%.o) $(B)/daemon/migrations.o
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(B)/tests/%)
 
-.PHONY: all clean test demo bench cuda-check fixtures tiny-model deps asan test-asan web-test-deps
+.PHONY: all clean test demo bench cuda-check fixtures tiny-model deps asan test-asan web-test-deps llama-test-deps fuzz
 
 BENCH_BIN = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/*.c))
 # The CUDA plugin is built when nvcc is found; without it the CPU path alone.
@@ -37,9 +37,9 @@ $(B)/libac_cuda.so: $(wildcard src/cuda/*.cu src/cuda/*.h) src/costmodel.h src/m
 # A 5-key attention tile and 7-row logit chunks so the tests cover the online
 # softmax across tiles and the head in several chunks.
 EMU_CXXFLAGS = $(filter-out -std=c11,$(CFLAGS)) -std=c++17 -DAC_CUDA_EMU -DAC_ATTN_TILE=5 -DAC_LOGIT_ROWS=7 -Itests/cuda_emu
-$(B)/tests/libac_cuda_emu.so: src/cuda/ac_cuda.cu src/cuda/ac_cuda.h tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h src/costmodel.h src/model.h
+$(B)/tests/libac_cuda_emu.so: src/cuda/ac_cuda.cu src/cuda/ac_cuda.h src/cuda/ac_cuda_train.cu src/cuda/ac_cuda_train.h tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h src/costmodel.h src/model.h src/train.h
 	@mkdir -p $(dir $@)
-	$(CXX) $(EMU_CXXFLAGS) -shared -o $@ -x c++ src/cuda/ac_cuda.cu -x none tests/cuda_emu/cuda_emu.cc -lopenblas
+	$(CXX) $(EMU_CXXFLAGS) -shared -o $@ -x c++ src/cuda/ac_cuda.cu src/cuda/ac_cuda_train.cu -x none tests/cuda_emu/cuda_emu.cc -lopenblas
 
 $(B)/src/%.o: src/%.c $(wildcard src/*.h)
 	@mkdir -p $(dir $@)
@@ -66,20 +66,36 @@ $(B)/daemon/main.o: daemon/main.c $(wildcard daemon/*.h) $(wildcard src/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(B)/autocompress: tools/autocompress.c $(B)/libautocompress.a
+# The CLI and the benchmarks link the daemon's objects for the SQLite cost
+# cache (daemon/costcache.c over the migrations' schema).
+$(B)/autocompress: tools/autocompress.c $(D_OBJ) $(B)/libautocompress.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(B)/tests/%: tests/%.c tests/check.h $(B)/libautocompress.a $(D_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(D_OBJ) $(B)/libautocompress.a $(LDLIBS)
 
-$(B)/tests/fuzz_parsers: tests/fuzz_parsers.c $(B)/libautocompress.a
+FUZZ_DAEMON = $(B)/daemon/config.o $(B)/daemon/wevent.o
+$(B)/tests/fuzz_parsers: tests/fuzz_parsers.c $(FUZZ_DAEMON) $(B)/libautocompress.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(B)/bench/%: bench/%.c $(B)/libautocompress.a
+# The same entry as a libFuzzer target (clang): build/fuzz/fuzz_parsers.
+# Run one parser for N minutes: build/fuzz/fuzz_parsers -max_total_time=$$((N*60)) build/fuzz/corpus
+# (the first byte of each input picks the parser; see tests/fuzz_parsers.c).
+FUZZ_CC ?= clang
+fuzz:
+	@mkdir -p $(B)/fuzz/corpus
+	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -DAC_LIBFUZZER -std=c11 -D_GNU_SOURCE -Isrc -Idaemon $(PKG_CFLAGS) \
+	  -I/usr/include/x86_64-linux-gnu/openblas-pthread -o $(B)/fuzz/fuzz_parsers tests/fuzz_parsers.c $(LIB_SRC) \
+	  daemon/config.c daemon/wevent.c $(LDLIBS)
+	$(MAKE) $(B)/tests/fuzz_parsers
+	$(B)/tests/fuzz_parsers --seeds $(B)/fuzz/corpus
+	@echo "built $(B)/fuzz/fuzz_parsers; seeds in $(B)/fuzz/corpus"
+
+$(B)/bench/%: bench/%.c $(D_OBJ) $(B)/libautocompress.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(B)/libautocompress.a $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(D_OBJ) $(B)/libautocompress.a $(LDLIBS)
 
 # Debian packages the build, the tests and the demo need; Node.js, npm and
 # Chromium (dashboard test) only when missing, and failure there only skips
@@ -89,7 +105,7 @@ deps:
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends \
 	    build-essential pkg-config libjansson-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev \
-	    libopenblas-dev python3 python3-torch python3-numpy python3-regex python3-sentencepiece fortunes curl ca-certificates >/dev/null; \
+	    libopenblas-dev python3 python3-torch python3-numpy python3-regex python3-sentencepiece python3-jsonschema fortunes curl ca-certificates >/dev/null; \
 	  opt=""; command -v node >/dev/null || opt="$$opt nodejs"; command -v npm >/dev/null || opt="$$opt npm"; \
 	  command -v chromium >/dev/null || opt="$$opt chromium"; \
 	  if [ -n "$$opt" ]; then apt-get install -y -qq --no-install-recommends $$opt >/dev/null || \
@@ -106,13 +122,25 @@ fixtures: tiny-model
 	PYTHONPATH=tests $(PYTHON) tests/gen_fixtures.py --out $(B)/fixtures
 	PYTHONPATH=tests $(PYTHON) tests/gen_grad_fixtures.py --out $(B)/fixtures
 
-test: all fixtures web-test-deps
+test: all fixtures web-test-deps llama-test-deps
 	bash tests/run_all.sh
 
 # playwright-core for the dashboard test (skipped when npm or chromium is absent)
 web-test-deps:
 	@if command -v npm >/dev/null && [ ! -d tests/web/node_modules/playwright-core ]; then \
 	  (cd tests/web && npm ci --no-audit --no-fund >/dev/null 2>&1) || echo "web-test-deps: npm ci failed; dashboard test will be skipped"; fi
+
+# llama.cpp for test_gguf: node-llama-cpp with only its prebuilt linux-x64
+# CPU binaries (other platforms' optional packages skipped, no install
+# scripts: nothing is downloaded or built at install). Versions from
+# tests/llama/package-lock.json; `npm ci` refuses that lock because npm
+# leaves other platforms' optional packages out of it, so `npm install
+# --no-save` (which follows the lock and leaves it as it is). Needs node >= 20;
+# without it test_gguf skips its llama.cpp test and says why.
+llama-test-deps:
+	@if command -v npm >/dev/null && [ ! -d tests/llama/node_modules/@node-llama-cpp/linux-x64 ]; then \
+	  (cd tests/llama && npm install --no-save --omit=optional --ignore-scripts --no-audit --no-fund >/dev/null 2>&1) || \
+	  echo "llama-test-deps: npm install failed; the llama.cpp part of test_gguf will be skipped"; fi
 
 # deps first, then a fresh make: the pkg-config flags above are read when
 # make starts, before deps has installed the libraries they name.
@@ -135,6 +163,7 @@ test-asan: asan fixtures
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_train
 	AC_BUILD=$(B) build-asan/tests/test_dnas
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 AC_CUDA_PLUGIN=$(abspath build-asan/tests/libac_cuda_emu.so) build-asan/tests/test_cuda
+	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 AC_TRAIN_CUDA_ONLY=1 AC_CUDA_PLUGIN=$(abspath build-asan/tests/libac_cuda_emu.so) build-asan/tests/test_train
 	ASAN_OPTIONS=detect_leaks=0 build-asan/tests/fuzz_parsers 100000 3
 
 cuda-check:

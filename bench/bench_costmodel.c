@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "costcache.h"
 #include "costmodel.h"
 #include "engine.h"
 #include "kernels_cpu.h"
@@ -82,7 +83,9 @@ int main(int argc, char **argv) {
     ac_err e;
     ac_cost_table t;
     if (ac_cost_measure_cpu(2, NULL, NULL, &t, &e)) { fprintf(stderr, "%s\n", e.msg); return 1; }
-    if (db && ac_cost_cache_put(db, &t, &e)) fprintf(stderr, "warning: %s\n", e.msg);
+    ac_cost_cache cache;
+    costcache_file(&cache, db, 1);
+    if (db && cache.put(cache.ud, &t, &e)) fprintf(stderr, "warning: %s\n", e.msg);
     printf("cost table: %s (measured now in %.1f s; effective cache %.0f MiB)\n", t.key, t.measure_s, t.cache_bytes / 1048576.0);
     arch_case cases[] = {
         {"uniform-256", 256, 32, 1024, 4, {8, 8, 8, 8}, {4, 4, 4, 4}, {768, 768, 768, 768}},

@@ -10,9 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "costcache.h"
 #include "costmodel.h"
 #include "cuda_plugin.h"
 #include "device.h"
+#include "rope.h"
 
 static void fill(float *p, size_t n, unsigned *s) {
     for (size_t i = 0; i < n; i++) { *s = *s * 1664525u + 1013904223u; p[i] = ((*s >> 9) / 8388608.0f - 1.0f) * 0.02f; }
@@ -70,8 +72,12 @@ int main(int argc, char **argv) {
     int hit = 0;
     ac_err e;
     double t0 = ac_now();
-    if (ac_cost_table_for("cuda:0", "bf16", db, 2, 1, NULL, NULL, &t, &hit, &e)) { printf("cost table: %s\n", e.msg); return 1; }
-    if (!hit && db) ac_cost_cache_put(db, &t, &e);
+    ac_cost_cache cache;
+    ac_target tg;
+    costcache_file(&cache, db, 1);
+    ac_target_resolve("cuda:0", &tg, &e);
+    if (ac_cost_table_for(&tg, "bf16", &cache, 2, 1, NULL, NULL, &t, &hit, &e)) { printf("cost table: %s\n", e.msg); return 1; }
+    if (!hit && db) cache.put(cache.ud, &t, &e);
     printf("cost table %s: %s in %.1f s\n", t.key, hit ? "cached" : "measured", ac_now() - t0);
     /* engine speed and prediction error, 1B-ish and 3B-ish shapes */
     struct { int H, L, heads, kv, F, V; } ms[] = {{2048, 16, 16, 8, 8192, 32000}, {3072, 12, 24, 8, 8192, 32000}};
@@ -83,7 +89,9 @@ int main(int argc, char **argv) {
         ac_model m;
         if (mk_model(&m, ms[mi].H, ms[mi].L, ms[mi].heads, ms[mi].kv, ms[mi].F, ms[mi].V)) return 1;
         acc_engine *g;
-        if (cu->engine_create(0, &m, 32, 1100, &g, err, sizeof err)) { printf("engine: %s\n", err); return 1; }
+        static float rcos[1100 * 256], rsin[1100 * 256]; /* head_dim <= 512 */
+        if (m.a.head_dim > 512 || ac_rope_tables(&m.a, 1100, rcos, rsin, &e)) { printf("rope tables\n"); return 1; }
+        if (cu->engine_create(0, &m, 32, 1100, rcos, rsin, &g, err, sizeof err)) { printf("engine: %s\n", err); return 1; }
         ac_carch ca;
         ac_carch_from_arch(&m.a, &ca, &e);
         for (size_t w = 0; w < sizeof work / sizeof *work; w++) {

@@ -61,6 +61,14 @@ def main():
             ratios.append(c / t)
             print(f"{name:8} {batch:5d} {ctx:5d} {c:9.0f} {t:12.0f} {c / t:6.2f} {cm / tm:15.2f}")
     ratios.sort()
+    # the CUDA trainer (src/cuda/ac_cuda_train.cu) where a GPU and the plugin are here
+    for batch, ctx in ((8, 512), (16, 1024)):
+        r = subprocess.run([os.path.join(BUILD, "bench", "bench_train"), medium, str(batch), str(ctx), "5", str(threads), "cuda"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            print("CUDA trainer: skipped (" + (r.stderr.strip().splitlines() or ["no output"])[-1] + ")")
+            break
+        print(f"{'medium':8} {batch:5d} {ctx:5d} CUDA trainer (fwd+bwd+AdamW): {json.loads(r.stdout)['tok_per_s']:.0f} tok/s")
     print(f"C / PyTorch forward+backward tokens/s: median {ratios[len(ratios) // 2]:.2f}, min {ratios[0]:.2f} (goal: >= 1.5); "
           f"{threads} threads, torch {torch.__version__}")
 

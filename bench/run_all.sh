@@ -17,3 +17,5 @@ echo; echo "== AutoCompress vs Minitron under the same constraint"
 /usr/bin/python3 bench/bench_compress.py
 echo; echo "== daemon load (loopback)"
 /usr/bin/python3 bench/bench_daemon.py
+echo; echo "== daemon under hostile load: 1000 event streams, 300 slow-header sockets (loopback)"
+/usr/bin/python3 bench/bench_hostile.py

@@ -23,6 +23,22 @@ void config_defaults(ac_config *c) {
     c->max_attempts = 3;
     c->cancel_grace_s = 1.0;
     c->worker_threads = 2;
+    c->max_connections_per_client = 64;
+    c->max_sse_streams = 1024;
+    c->header_timeout_s = 10;
+    c->body_timeout_s = 30;
+    c->idle_timeout_s = 60;
+    c->http_threads = 2;
+    c->max_job_seconds = 86400;
+    c->max_calibration_tokens = 1L << 24;
+    c->max_search_steps = 100000;
+    c->max_eval_windows = 1L << 20;
+    c->max_distill_tokens = 10000000;
+    c->max_measurements = 4;
+}
+
+int config_is_loopback(const char *h) {
+    return !strcmp(h, "localhost") || !strncmp(h, "127.", 4) || !strcmp(h, "::1") || !strcmp(h, "[::1]");
 }
 
 int config_listen(ac_config *c, const char *hp, ac_err *e) {
@@ -60,16 +76,57 @@ int config_load(ac_config *c, const char *path, ac_err *e) {
     json_error_t je;
     json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!j) return ac_errf(e, "config %s: %s (line %d)", path, je.text, je.line);
+    int rc = config_parse(c, j, e);
+    json_decref(j);
+    if (rc) ac_errctx(e, "config %s", path);
+    return rc;
+}
+
+/* The keys added for hostile clients and job limits. */
+static int limits_parse(ac_config *c, json_t *j, ac_err *e) {
+    long v[12] = {c->max_connections_per_client, c->max_sse_streams, c->header_timeout_s, c->body_timeout_s, c->idle_timeout_s,
+                  c->http_threads, c->max_job_seconds, c->max_calibration_tokens, c->max_search_steps, c->max_eval_windows,
+                  c->max_measurements, c->max_distill_tokens};
+    if (int_field(j, "max_connections_per_client", 1, 100000, &v[0], e) || int_field(j, "max_sse_streams", 0, 100000, &v[1], e) ||
+        int_field(j, "header_timeout_s", 1, 3600, &v[2], e) || int_field(j, "body_timeout_s", 1, 3600, &v[3], e) ||
+        int_field(j, "idle_timeout_s", 1, 86400, &v[4], e) || int_field(j, "http_threads", 1, 64, &v[5], e) ||
+        int_field(j, "max_job_seconds", 1, 30L * 86400, &v[6], e) || int_field(j, "max_calibration_tokens", 256, 1L << 24, &v[7], e) ||
+        int_field(j, "max_search_steps", 1, 100000, &v[8], e) || int_field(j, "max_eval_windows", 1, 1L << 20, &v[9], e) ||
+        int_field(j, "max_measurements", 1, 64, &v[10], e) || int_field(j, "max_distill_tokens", 0, 1000000000L, &v[11], e))
+        return -1;
+    c->max_distill_tokens = v[11];
+    c->max_connections_per_client = (int)v[0]; c->max_sse_streams = (int)v[1]; c->header_timeout_s = (int)v[2];
+    c->body_timeout_s = (int)v[3]; c->idle_timeout_s = (int)v[4]; c->http_threads = (int)v[5]; c->max_job_seconds = (int)v[6];
+    c->max_calibration_tokens = v[7]; c->max_search_steps = v[8]; c->max_eval_windows = v[9]; c->max_measurements = (int)v[10];
+    json_t *ah = json_object_get(j, "allowed_hosts"), *x;
+    if (ah) {
+        size_t i;
+        if (!json_is_array(ah) || json_array_size(ah) > AC_MAX_ROOTS) return ac_errf(e, "allowed_hosts must be an array of host names");
+        json_array_foreach(ah, i, x) {
+            if (!json_is_string(x) || json_string_length(x) < 1 || json_string_length(x) > 253) return ac_errf(e, "allowed_hosts entries must be host names");
+            char *h = strdup(json_string_value(x));
+            if (!h) return ac_errf(e, "out of memory");
+            c->allowed_hosts[c->nallowed_hosts++] = h;
+        }
+    }
+    return 0;
+}
+
+int config_parse(ac_config *c, json_t *j, ac_err *e) {
+    if (!json_is_object(j)) return ac_errf(e, "must be a JSON object");
     static const char *known[] = {"listen", "db", "data_dir", "web_dir", "tokens", "model_roots", "cpu_slots", "jobs_per_gpu",
                                   "use_gpus", "max_body_bytes", "max_connections", "sse_keepalive_s", "sse_buffer_bytes",
-                                  "interrupted_policy", "max_attempts", "cancel_grace_s", "worker_threads", NULL};
+                                  "interrupted_policy", "max_attempts", "cancel_grace_s", "worker_threads",
+                                  "max_connections_per_client", "max_sse_streams", "header_timeout_s", "body_timeout_s",
+                                  "idle_timeout_s", "http_threads", "allowed_hosts", "max_job_seconds", "max_calibration_tokens",
+                                  "max_search_steps", "max_eval_windows", "max_measurements", "max_distill_tokens", NULL};
     const char *k;
     json_t *v;
     int rc = 0;
     json_object_foreach(j, k, v) {
         int ok = 0;
         for (int i = 0; known[i]; i++) ok |= !strcmp(known[i], k);
-        if (!ok) { rc = ac_errf(e, "config %s: unknown key %s", path, k); goto out; }
+        if (!ok) { rc = ac_errf(e, "unknown key %s", k); goto out; }
     }
     char listen[200] = "";
     long cpu = c->cpu_slots, gpu = c->jobs_per_gpu, body = c->max_body_bytes, conns = c->max_connections, ka = c->sse_keepalive_s,
@@ -87,6 +144,7 @@ int config_load(ac_config *c, const char *path, ac_err *e) {
     }
     c->cpu_slots = (int)cpu; c->jobs_per_gpu = (int)gpu; c->max_body_bytes = body; c->max_connections = (int)conns;
     c->sse_keepalive_s = (int)ka; c->sse_buffer_bytes = (size_t)sb; c->max_attempts = (int)att; c->worker_threads = (int)wt;
+    if (limits_parse(c, j, e)) { rc = -1; goto out; }
     if (strcmp(c->interrupted_policy, "requeue") && strcmp(c->interrupted_policy, "fail")) { rc = ac_errf(e, "config: interrupted_policy must be requeue or fail"); goto out; }
     json_t *g = json_object_get(j, "use_gpus");
     if (g) { if (!json_is_boolean(g)) { rc = ac_errf(e, "config: use_gpus must be a boolean"); goto out; } c->use_gpus = json_is_true(g); }
@@ -99,17 +157,19 @@ int config_load(ac_config *c, const char *path, ac_err *e) {
         size_t i;
         json_array_foreach(arrs[a], i, v) {
             if (!json_is_string(v) || json_string_length(v) < (a ? 1 : 16)) { rc = ac_errf(e, a ? "config: model_roots entries must be paths" : "config: tokens must be strings of at least 16 characters"); goto out; }
-            if (a) c->model_roots[c->nroots++] = strdup(json_string_value(v));
-            else c->tokens[c->ntokens++] = strdup(json_string_value(v));
+            char *dup = strdup(json_string_value(v));
+            if (!dup) { rc = ac_errf(e, "out of memory"); goto out; }
+            if (a) c->model_roots[c->nroots++] = dup;
+            else c->tokens[c->ntokens++] = dup;
         }
     }
 out:
-    json_decref(j);
     return rc;
 }
 
 void config_free(ac_config *c) {
     for (int i = 0; i < c->ntokens; i++) free(c->tokens[i]);
     for (int i = 0; i < c->nroots; i++) free(c->model_roots[i]);
-    c->ntokens = c->nroots = 0;
+    for (int i = 0; i < c->nallowed_hosts; i++) free(c->allowed_hosts[i]);
+    c->ntokens = c->nroots = c->nallowed_hosts = 0;
 }

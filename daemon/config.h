@@ -5,6 +5,8 @@
 #ifndef AC_CONFIG_H
 #define AC_CONFIG_H
 
+#include <jansson.h>
+
 #include "err.h"
 
 #define AC_MAX_TOKENS 32
@@ -31,10 +33,30 @@ typedef struct {
     int max_attempts;
     double cancel_grace_s;
     int worker_threads;
+    /* Connections (see http.c, conn.c). */
+    int max_connections_per_client; /* per client IP, API and SSE together */
+    int max_sse_streams;            /* counted apart from max_connections */
+    int header_timeout_s;           /* whole request head within this */
+    int body_timeout_s;             /* whole body within this */
+    int idle_timeout_s;             /* keep-alive idle connections */
+    int http_threads;               /* work pool for file-touching routes */
+    char *allowed_hosts[AC_MAX_ROOTS]; /* Host names accepted besides loopback ones */
+    int nallowed_hosts;
+    /* Job limits (400 naming the cap at submit; wall clock in the scheduler). */
+    int max_job_seconds;
+    long max_calibration_tokens;
+    long max_search_steps;
+    long max_eval_windows;
+    long max_distill_tokens; /* distill.tokens per pruned model */
+    int max_measurements; /* queued + running cost-table measurements */
 } ac_config;
 
 void config_defaults(ac_config *c);
 int config_load(ac_config *c, const char *path, ac_err *e);
+/* The same from parsed JSON (the fuzz entry); j is not consumed. */
+int config_parse(ac_config *c, json_t *j, ac_err *e);
+/* 1 when host (an address or name) is a loopback one. */
+int config_is_loopback(const char *host);
 /* Parse "host:port" into c. */
 int config_listen(ac_config *c, const char *hostport, ac_err *e);
 void config_free(ac_config *c);

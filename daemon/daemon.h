@@ -17,12 +17,18 @@
 #define AC_MAX_DEVICES 17
 
 typedef struct scheduler scheduler;
+typedef struct pool pool;
+typedef struct conn_guard conn_guard;
 
 typedef struct ac_daemon {
     ac_config cfg;
     db *db;
     sse_hub *hub;
     struct MHD_Daemon *mhd;
+    pool *pool;          /* HTTP work pool (file-touching routes) */
+    conn_guard *guard;   /* header / body deadlines */
+    int schema_version;  /* read once at start: /healthz takes no lock */
+    char data_dir_abs[1024];
     uv_loop_t *loop;
     scheduler *sched;
     char exe[1024];
@@ -43,6 +49,18 @@ void sched_notify(ac_daemon *d);
 void sched_cancel(ac_daemon *d, long job);
 /* Thread-safe snapshot: {"device": {"slots":n,"running":[ids]}} */
 json_t *sched_status(ac_daemon *d);
+/* Thread-safe: 1 when the scheduler could not record a job's state (the
+ * write is retried each tick), with the reason in msg. */
+int sched_degraded(ac_daemon *d, char *msg, size_t n);
+/* Cost-table measurements, scheduled like jobs on a CPU slot (thread-safe).
+ * sched_measure: 0 queued (*id), 1 one for that key is already queued or
+ * running, 2 too many (why says which). */
+int sched_measure(ac_daemon *d, const json_t *req, const char *key, long *id, char *why, size_t n);
+/* 0 cancelling, 1 already ended, -1 unknown id. */
+int sched_measure_cancel(ac_daemon *d, long id);
+json_t *sched_measurements(ac_daemon *d);
+/* The worker side of a measurement: `autocompressd measure-table --threads N`. */
+int measure_main(int argc, char **argv);
 /* Thread-safe: store an event, fan it out to SSE, return its id. */
 long daemon_event(ac_daemon *d, long job, const char *kind, json_t *data);
 

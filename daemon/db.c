@@ -3,14 +3,63 @@
 
 #include <pthread.h>
 #include <sqlite3.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
 
 struct db {
     sqlite3 *wr, *rd;
-    pthread_mutex_t wmu, rmu;
+    pthread_mutex_t wmu, rmu, hmu;
+    int degraded;           /* the last write failed (hmu) */
+    long write_failures;
+    char last_error[256];
 };
+
+/* Record the outcome of a write for db_health. */
+static void wr_result(db *d, int ok, const char *msg) {
+    pthread_mutex_lock(&d->hmu);
+    if (ok) d->degraded = 0;
+    else {
+        d->degraded = 1;
+        d->write_failures++;
+        snprintf(d->last_error, sizeof d->last_error, "%.250s", msg ? msg : "write failed");
+    }
+    pthread_mutex_unlock(&d->hmu);
+}
+
+int db_health(db *d, char *msg, size_t n, long *write_failures) {
+    pthread_mutex_lock(&d->hmu);
+    int deg = d->degraded;
+    if (msg && n) snprintf(msg, n, "%s", deg ? d->last_error : "");
+    if (write_failures) *write_failures = d->write_failures;
+    pthread_mutex_unlock(&d->hmu);
+    return deg;
+}
+
+/* Writer transactions. durable: synchronous=FULL for this commit. */
+static int wbegin(db *d, int durable, ac_err *e) {
+    if (durable && sqlite3_exec(d->wr, "PRAGMA synchronous=FULL", NULL, NULL, NULL) != SQLITE_OK)
+        return ac_errf(e, "sqlite: %s", sqlite3_errmsg(d->wr));
+    if (sqlite3_exec(d->wr, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
+        ac_errf(e, "sqlite begin: %s", sqlite3_errmsg(d->wr));
+        if (durable) sqlite3_exec(d->wr, "PRAGMA synchronous=NORMAL", NULL, NULL, NULL);
+        return -1;
+    }
+    return 0;
+}
+
+/* Commit when ok, else roll back; returns 0 only when the commit held. */
+static int wend(db *d, int ok, int durable, ac_err *e) {
+    int rc = ok ? 0 : -1;
+    if (ok && sqlite3_exec(d->wr, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
+        rc = ac_errf(e, "sqlite commit: %s", sqlite3_errmsg(d->wr));
+        ok = 0;
+    }
+    if (!ok && sqlite3_get_autocommit(d->wr) == 0) sqlite3_exec(d->wr, "ROLLBACK", NULL, NULL, NULL);
+    if (durable) sqlite3_exec(d->wr, "PRAGMA synchronous=NORMAL", NULL, NULL, NULL);
+    return rc;
+}
 
 static double now_s(void) {
     struct timeval tv;
@@ -80,6 +129,7 @@ int db_open(const char *path, db **out, ac_err *e) {
     if (!d) return ac_errf(e, "out of memory");
     pthread_mutex_init(&d->wmu, NULL);
     pthread_mutex_init(&d->rmu, NULL);
+    pthread_mutex_init(&d->hmu, NULL);
     if (open_conn(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, &d->wr, e)) { free(d); return -1; }
     char *err = NULL;
     if (sqlite3_exec(d->wr, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;", NULL, NULL, &err) != SQLITE_OK) {
@@ -99,16 +149,39 @@ void db_close(db *d) {
     sqlite3_close(d->wr);
     pthread_mutex_destroy(&d->wmu);
     pthread_mutex_destroy(&d->rmu);
+    pthread_mutex_destroy(&d->hmu);
     free(d);
 }
 
-long db_job_insert(db *d, const char *spec, const char *name, int priority, ac_err *e) {
+/* The spec of the job holding idempotency key k (caller frees), or NULL. Writer lock held. */
+static char *idem_lookup(db *d, const char *k, long *id) {
+    sqlite3_stmt *st;
+    char *spec = NULL;
+    if (sqlite3_prepare_v2(d->wr, "SELECT id, spec FROM jobs WHERE idempotency_key = ?", -1, &st, NULL) != SQLITE_OK) return NULL;
+    sqlite3_bind_text(st, 1, k, -1, SQLITE_TRANSIENT);
+    if (sqlite3_step(st) == SQLITE_ROW) {
+        *id = (long)sqlite3_column_int64(st, 0);
+        spec = strdup((const char *)sqlite3_column_text(st, 1));
+    }
+    sqlite3_finalize(st);
+    return spec;
+}
+
+long db_job_insert(db *d, const char *spec, const char *name, int priority, const char *idem_key, char **existing_spec, ac_err *e) {
     sqlite3_stmt *st = NULL;
     long id = -1;
     double t = now_s();
+    if (existing_spec) *existing_spec = NULL;
     pthread_mutex_lock(&d->wmu);
-    sqlite3_exec(d->wr, "BEGIN IMMEDIATE", NULL, NULL, NULL);
-    if (sqlite3_prepare_v2(d->wr, "INSERT INTO jobs (name, state, priority, spec, reason, created_at, updated_at) VALUES (?, 'queued', ?, ?, 'waiting for the scheduler', ?, ?)", -1, &st, NULL) != SQLITE_OK) {
+    if (wbegin(d, 1, e)) {
+        wr_result(d, 0, e->msg);
+        pthread_mutex_unlock(&d->wmu);
+        return -1;
+    }
+    if (idem_key && existing_spec && (*existing_spec = idem_lookup(d, idem_key, &id))) goto out; /* a retry: no new job */
+    id = -1;
+    if (sqlite3_prepare_v2(d->wr, "INSERT INTO jobs (name, state, priority, spec, reason, created_at, updated_at, idempotency_key)"
+                                  " VALUES (?, 'queued', ?, ?, 'waiting for the scheduler', ?, ?, ?)", -1, &st, NULL) != SQLITE_OK) {
         sqerr(d->wr, e, "insert job");
         goto out;
     }
@@ -117,6 +190,7 @@ long db_job_insert(db *d, const char *spec, const char *name, int priority, ac_e
     sqlite3_bind_text(st, 3, spec, -1, SQLITE_TRANSIENT);
     sqlite3_bind_double(st, 4, t);
     sqlite3_bind_double(st, 5, t);
+    if (idem_key) sqlite3_bind_text(st, 6, idem_key, -1, SQLITE_TRANSIENT);
     if (sqlite3_step(st) != SQLITE_DONE) { sqerr(d->wr, e, "insert job"); goto out; }
     id = (long)sqlite3_last_insert_rowid(d->wr);
     sqlite3_finalize(st);
@@ -128,7 +202,11 @@ long db_job_insert(db *d, const char *spec, const char *name, int priority, ac_e
     }
 out:
     sqlite3_finalize(st);
-    sqlite3_exec(d->wr, id > 0 ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
+    if (wend(d, id > 0, 1, e)) {
+        id = -1;
+        if (existing_spec) { free(*existing_spec); *existing_spec = NULL; }
+    }
+    wr_result(d, id > 0, e->msg);
     pthread_mutex_unlock(&d->wmu);
     return id;
 }
@@ -167,20 +245,27 @@ int db_job_get(db *d, long id, json_t **job, ac_err *e) {
         goto out;
     }
     sqlite3_bind_int64(st, 1, id);
-    if (sqlite3_step(st) == SQLITE_ROW) {
+    int sr = sqlite3_step(st);
+    if (sr == SQLITE_ROW) {
         *job = job_row(st, 1);
         json_object_set_new(*job, "has_result", json_boolean(sqlite3_column_type(st, 13) != SQLITE_NULL));
-    }
+    } else if (sr != SQLITE_DONE) rc = sqerr(d->rd, e, "get job");
     sqlite3_finalize(st);
-    if (*job && sqlite3_prepare_v2(d->rd, "SELECT from_state, to_state, at, reason FROM job_transitions WHERE job_id = ? ORDER BY id", -1, &st, NULL) == SQLITE_OK) {
+    if (*job) {
+        if (sqlite3_prepare_v2(d->rd, "SELECT from_state, to_state, at, reason FROM job_transitions WHERE job_id = ? ORDER BY id", -1, &st, NULL) != SQLITE_OK) {
+            rc = sqerr(d->rd, e, "get job transitions");
+            goto out;
+        }
         json_t *tr = json_array();
         sqlite3_bind_int64(st, 1, id);
-        while (sqlite3_step(st) == SQLITE_ROW)
+        while ((sr = sqlite3_step(st)) == SQLITE_ROW)
             json_array_append_new(tr, json_pack("{s:o,s:o,s:o,s:o}", "from", col_json(st, 0), "to", col_json(st, 1), "at", col_json(st, 2), "reason", col_json(st, 3)));
+        if (sr != SQLITE_DONE) rc = sqerr(d->rd, e, "get job transitions");
         sqlite3_finalize(st);
         json_object_set_new(*job, "transitions", tr);
     }
 out:
+    if (rc && *job) { json_decref(*job); *job = NULL; }
     pthread_mutex_unlock(&d->rmu);
     return rc;
 }
@@ -200,10 +285,13 @@ int db_job_list(db *d, const char *state, long after, int limit, json_t **jobs, 
     if (state) sqlite3_bind_text(st, i++, state, -1, SQLITE_TRANSIENT);
     sqlite3_bind_int(st, i, limit);
     *jobs = json_array();
-    while (sqlite3_step(st) == SQLITE_ROW) json_array_append_new(*jobs, job_row(st, 0));
+    int sr;
+    while ((sr = sqlite3_step(st)) == SQLITE_ROW) json_array_append_new(*jobs, job_row(st, 0));
+    int rc = sr == SQLITE_DONE ? 0 : sqerr(d->rd, e, "list jobs");
     sqlite3_finalize(st);
     pthread_mutex_unlock(&d->rmu);
-    return 0;
+    if (rc) { json_decref(*jobs); *jobs = NULL; }
+    return rc;
 }
 
 int db_job_transition(db *d, long id, const char *from, const char *to, const char *reason, const char *device,
@@ -212,11 +300,20 @@ int db_job_transition(db *d, long id, const char *from, const char *to, const ch
     int rc = -1;
     double t = now_s();
     pthread_mutex_lock(&d->wmu);
-    sqlite3_exec(d->wr, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    if (wbegin(d, 1, e)) {
+        wr_result(d, 0, e->msg);
+        pthread_mutex_unlock(&d->wmu);
+        return -1;
+    }
     char cur[16] = "";
     if (sqlite3_prepare_v2(d->wr, "SELECT state FROM jobs WHERE id = ?", -1, &st, NULL) != SQLITE_OK) { sqerr(d->wr, e, "transition"); goto out; }
     sqlite3_bind_int64(st, 1, id);
-    if (sqlite3_step(st) != SQLITE_ROW) { rc = 1; goto out; }
+    int step = sqlite3_step(st);
+    if (step != SQLITE_ROW) {
+        if (step == SQLITE_DONE) rc = 1;
+        else sqerr(d->wr, e, "transition");
+        goto out;
+    }
     snprintf(cur, sizeof cur, "%s", sqlite3_column_text(st, 0));
     sqlite3_finalize(st);
     st = NULL;
@@ -249,7 +346,9 @@ int db_job_transition(db *d, long id, const char *from, const char *to, const ch
     rc = 0;
 out:
     sqlite3_finalize(st);
-    sqlite3_exec(d->wr, rc == 0 ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
+    /* rc 1 (not in that state) changed nothing: roll back, not a failure */
+    if (wend(d, rc == 0, 1, e) && rc == 0) rc = -1;
+    if (rc != 1) wr_result(d, rc == 0, e->msg);
     pthread_mutex_unlock(&d->wmu);
     return rc;
 }
@@ -263,11 +362,14 @@ int db_queue(db *d, json_t **queue, ac_err *e) {
         return rc;
     }
     *queue = json_array();
-    while (sqlite3_step(st) == SQLITE_ROW)
+    int sr;
+    while ((sr = sqlite3_step(st)) == SQLITE_ROW)
         json_array_append_new(*queue, json_pack("{s:o,s:o,s:o}", "id", col_json(st, 0), "reason", col_json(st, 1), "device", col_json(st, 2)));
+    int rc = sr == SQLITE_DONE ? 0 : sqerr(d->rd, e, "queue");
     sqlite3_finalize(st);
     pthread_mutex_unlock(&d->rmu);
-    return 0;
+    if (rc) { json_decref(*queue); *queue = NULL; }
+    return rc;
 }
 
 int db_job_set(db *d, long id, const char *column, const char *text, long num, ac_err *e) {
@@ -289,6 +391,7 @@ int db_job_set(db *d, long id, const char *column, const char *text, long num, a
         if (sqlite3_step(st) != SQLITE_DONE) rc = sqerr(d->wr, e, "set");
         sqlite3_finalize(st);
     }
+    wr_result(d, rc == 0, e->msg);
     pthread_mutex_unlock(&d->wmu);
     return rc;
 }
@@ -324,11 +427,14 @@ int db_job_counts(db *d, json_t **counts, ac_err *e) {
         return rc;
     }
     *counts = json_pack("{s:i,s:i,s:i,s:i,s:i}", "queued", 0, "running", 0, "succeeded", 0, "failed", 0, "cancelled", 0);
-    while (sqlite3_step(st) == SQLITE_ROW)
+    int sr;
+    while ((sr = sqlite3_step(st)) == SQLITE_ROW)
         json_object_set_new(*counts, (const char *)sqlite3_column_text(st, 0), json_integer(sqlite3_column_int64(st, 1)));
+    int rc = sr == SQLITE_DONE ? 0 : sqerr(d->rd, e, "counts");
     sqlite3_finalize(st);
     pthread_mutex_unlock(&d->rmu);
-    return 0;
+    if (rc) { json_decref(*counts); *counts = NULL; }
+    return rc;
 }
 
 long db_event_insert(db *d, long job, const char *kind, const char *data, ac_err *e) {
@@ -346,6 +452,7 @@ long db_event_insert(db *d, long job, const char *kind, const char *data, ac_err
         else sqerr(d->wr, e, "insert event");
         sqlite3_finalize(st);
     }
+    wr_result(d, id > 0, e->msg);
     pthread_mutex_unlock(&d->wmu);
     return id;
 }
@@ -362,15 +469,18 @@ int db_events(db *d, long job, long after, int limit, json_t **events, ac_err *e
     sqlite3_bind_int64(st, 2, after);
     sqlite3_bind_int(st, 3, limit);
     *events = json_array();
-    while (sqlite3_step(st) == SQLITE_ROW) {
+    int sr;
+    while ((sr = sqlite3_step(st)) == SQLITE_ROW) {
         json_t *data = json_loads((const char *)sqlite3_column_text(st, 2), JSON_DECODE_ANY, NULL);
         json_array_append_new(*events, json_pack("{s:I,s:s,s:o,s:f}", "id", (json_int_t)sqlite3_column_int64(st, 0), "kind",
                                                  (const char *)sqlite3_column_text(st, 1), "data", data ? data : json_null(),
                                                  "at", sqlite3_column_double(st, 3)));
     }
+    int rc = sr == SQLITE_DONE ? 0 : sqerr(d->rd, e, "events");
     sqlite3_finalize(st);
     pthread_mutex_unlock(&d->rmu);
-    return 0;
+    if (rc) { json_decref(*events); *events = NULL; }
+    return rc;
 }
 
 int db_cost_put(db *d, const char *key, const char *device, const char *dtype, const char *engine, int version,
@@ -392,6 +502,7 @@ int db_cost_put(db *d, const char *key, const char *device, const char *dtype, c
         if (sqlite3_step(st) != SQLITE_DONE) rc = sqerr(d->wr, e, "put cost table");
         sqlite3_finalize(st);
     }
+    wr_result(d, rc == 0, e->msg);
     pthread_mutex_unlock(&d->wmu);
     return rc;
 }
@@ -404,7 +515,9 @@ int db_cost_get(db *d, const char *key, char **data, ac_err *e) {
     if (sqlite3_prepare_v2(d->rd, "SELECT data FROM cost_tables WHERE key = ?", -1, &st, NULL) != SQLITE_OK) rc = sqerr(d->rd, e, "get cost table");
     else {
         sqlite3_bind_text(st, 1, key, -1, SQLITE_TRANSIENT);
-        if (sqlite3_step(st) == SQLITE_ROW) *data = strdup((const char *)sqlite3_column_text(st, 0));
+        int sr = sqlite3_step(st);
+        if (sr == SQLITE_ROW && !(*data = strdup((const char *)sqlite3_column_text(st, 0)))) rc = ac_errf(e, "out of memory");
+        else if (sr != SQLITE_ROW && sr != SQLITE_DONE) rc = sqerr(d->rd, e, "get cost table");
         sqlite3_finalize(st);
     }
     pthread_mutex_unlock(&d->rmu);
@@ -421,14 +534,17 @@ int db_cost_list(db *d, json_t **list, ac_err *e) {
     }
     static const char *names[] = {"key", "device", "dtype", "engine", "version", "source", "created_at", "hits"};
     *list = json_array();
-    while (sqlite3_step(st) == SQLITE_ROW) {
+    int sr;
+    while ((sr = sqlite3_step(st)) == SQLITE_ROW) {
         json_t *o = json_object();
         for (int i = 0; i < 8; i++) json_object_set_new(o, names[i], col_json(st, i));
         json_array_append_new(*list, o);
     }
+    int rc = sr == SQLITE_DONE ? 0 : sqerr(d->rd, e, "list cost tables");
     sqlite3_finalize(st);
     pthread_mutex_unlock(&d->rmu);
-    return 0;
+    if (rc) { json_decref(*list); *list = NULL; }
+    return rc;
 }
 
 int db_job_result(db *d, long id, char **result, ac_err *e) {
@@ -439,8 +555,10 @@ int db_job_result(db *d, long id, char **result, ac_err *e) {
     if (sqlite3_prepare_v2(d->rd, "SELECT result FROM jobs WHERE id = ?", -1, &st, NULL) != SQLITE_OK) rc = sqerr(d->rd, e, "job result");
     else {
         sqlite3_bind_int64(st, 1, id);
-        if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL)
-            *result = strdup((const char *)sqlite3_column_text(st, 0));
+        int sr = sqlite3_step(st);
+        if (sr == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL) {
+            if (!(*result = strdup((const char *)sqlite3_column_text(st, 0)))) rc = ac_errf(e, "out of memory");
+        } else if (sr != SQLITE_ROW && sr != SQLITE_DONE) rc = sqerr(d->rd, e, "job result");
         sqlite3_finalize(st);
     }
     pthread_mutex_unlock(&d->rmu);
@@ -457,6 +575,24 @@ int db_cost_hit(db *d, const char *key, ac_err *e) {
         if (sqlite3_step(st) != SQLITE_DONE) rc = sqerr(d->wr, e, "cost hit");
         sqlite3_finalize(st);
     }
+    wr_result(d, rc == 0, e->msg);
     pthread_mutex_unlock(&d->wmu);
+    return rc;
+}
+
+int db_cost_source(db *d, const char *key, char *src, size_t n, ac_err *e) {
+    sqlite3_stmt *st;
+    int rc = 0;
+    src[0] = 0;
+    pthread_mutex_lock(&d->rmu);
+    if (sqlite3_prepare_v2(d->rd, "SELECT source FROM cost_tables WHERE key = ?", -1, &st, NULL) != SQLITE_OK) rc = sqerr(d->rd, e, "cost source");
+    else {
+        sqlite3_bind_text(st, 1, key, -1, SQLITE_TRANSIENT);
+        int sr = sqlite3_step(st);
+        if (sr == SQLITE_ROW) snprintf(src, n, "%s", (const char *)sqlite3_column_text(st, 0));
+        else if (sr != SQLITE_DONE) rc = sqerr(d->rd, e, "cost source");
+        sqlite3_finalize(st);
+    }
+    pthread_mutex_unlock(&d->rmu);
     return rc;
 }

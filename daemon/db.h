@@ -6,6 +6,13 @@
  * lets reads run beside the writer), busy timeout set, every state change in
  * a transaction that also records the transition with its timestamp.
  * Functions return 0 / -1 with ac_err, or as documented.
+ *
+ * Every statement's result is checked, BEGIN and COMMIT included. A failed
+ * write (a full disk, an I/O error) returns -1 and marks the store
+ * degraded until the next write succeeds; db_health reports it (for
+ * /healthz). Job inserts and state transitions commit with
+ * synchronous=FULL (the WAL is fsynced at each of those commits); progress
+ * events and cache hits with NORMAL.
  */
 #ifndef AC_DB_H
 #define AC_DB_H
@@ -24,7 +31,11 @@ void db_close(db *d);
 int db_schema_version(db *d);
 
 /* Jobs. */
-long db_job_insert(db *d, const char *spec_json, const char *name, int priority, ac_err *e);
+/* idem_key (may be NULL): when a job with that Idempotency-Key exists, no
+ * job is inserted; its id is returned and *existing_spec (caller frees) is
+ * set to its spec so the caller can tell a retry from a conflict. */
+long db_job_insert(db *d, const char *spec_json, const char *name, int priority, const char *idem_key, char **existing_spec,
+                   ac_err *e);
 /* *job = full job object (NULL when the id is unknown). */
 int db_job_get(db *d, long id, json_t **job, ac_err *e);
 /* *result = the result JSON text (caller frees), NULL when none. */
@@ -56,5 +67,11 @@ int db_cost_put(db *d, const char *key, const char *device, const char *dtype, c
 int db_cost_get(db *d, const char *key, char **data, ac_err *e);
 int db_cost_hit(db *d, const char *key, ac_err *e);
 int db_cost_list(db *d, json_t **list, ac_err *e);
+/* The source of the cached table under key ("measured", "imported", ...)
+ * into src (n bytes), "" when absent. */
+int db_cost_source(db *d, const char *key, char *src, size_t n, ac_err *e);
+
+/* 1 when the last write failed (message in msg), else 0. */
+int db_health(db *d, char *msg, size_t n, long *write_failures);
 
 #endif

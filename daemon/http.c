@@ -1,71 +1,150 @@
 /*
  * http.c - the REST API, SSE streams, metrics and the dashboard's static
- * files, on libmicrohttpd (internal polling thread, epoll where available,
- * suspend/resume for SSE).
+ * files, on libmicrohttpd (one internal polling thread, epoll,
+ * suspend/resume).
  *
- * Every error is JSON: {"error":{"code","message","field"}} with the right
- * status. Bodies are capped (413), JSON is parsed strictly (duplicate keys
- * rejected) and job specs validated field by field (400 naming the field).
- * With tokens configured, every /v1 route needs "Authorization: Bearer T"
- * (or ?access_token=T, for EventSource which cannot set headers).
+ * The polling thread never touches the file system outside SQLite: routes
+ * that do (POST /v1/jobs checks the paths a spec names, /v1/estimate reads
+ * config.json, job logs, static files) suspend their connection and run in
+ * a small work pool (pool.c); the connection is resumed with the reply
+ * ready. Every path a request names goes through src/fsafe.c (confined
+ * under model_roots, regular files, size caps), the same rules the worker
+ * applies again.
+ *
+ * Every handler fills a `reply`; errors are JSON {"error":{"code","message",
+ * "field"}} with the right status: 400 naming the field (or the cap a job
+ * exceeds), 401/403 (token, cross-site), 409, 413 (max_body_bytes), 415
+ * (POST without a JSON content type), 503 (the job store cannot write, or
+ * too many streams/pending requests).
+ *
+ * Browsers: a request whose Origin is not this server's own, or whose Host
+ * is not a loopback name (or one of allowed_hosts) while the server listens
+ * on loopback (DNS rebinding), is refused with 403; POST needs
+ * Content-Type: application/json, which a cross-site form cannot send
+ * without a CORS preflight this server never grants. With tokens
+ * configured, /v1 routes need "Authorization: Bearer T"; ?access_token=T is
+ * accepted on the SSE route only (EventSource cannot set headers).
+ *
+ * Connections: max_connections API connections plus max_sse_streams event
+ * streams (counted apart, so streams never lock out /healthz), at most
+ * max_connections_per_client per client address, request heads and bodies
+ * within header_timeout_s / body_timeout_s (conn.c).
  */
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
-#include <netinet/in.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
 #include <microhttpd.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
+#include <strings.h>
 
+#include "api.h"
+#include "conn.h"
+#include "costcache.h"
 #include "costmodel.h"
 #include "daemon.h"
+#include "deci.h"
+#include "fsafe.h"
+#include "gguf.h"
 #include "job.h"
+#include "pool.h"
 
 typedef struct {
+    unsigned status;
+    json_t *json;          /* JSON body (owned), or */
+    char *text;            /* text body (owned) */
+    size_t len;
+    const char *ctype;
+    struct MHD_Response *resp; /* a prepared response (SSE) */
+    const char *hdr_name, *hdr_value;
+} reply;
+
+typedef struct req_ctx {
+    ac_daemon *d;
+    struct MHD_Connection *c;
     char *body;
     size_t len, cap;
     int too_big;
+    pthread_mutex_t mu;
+    int state;             /* 0 new, 1 offloaded, 2 reply ready */
+    int suspended;
+    reply rep;
+    /* inputs of offloaded work, copied off the connection */
+    json_t *in;
+    ac_job_spec *js; /* POST /v1/jobs: the parsed spec (33 KB, heap) */
+    char *idem_key;
+    char url[512];
+    long id;
 } req_ctx;
 
-static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *j) {
-    char *s = json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
-    json_decref(j);
-    if (!s) return MHD_NO;
-    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
-    MHD_add_response_header(r, "Content-Type", "application/json");
-    enum MHD_Result ret = MHD_queue_response(c, status, r);
-    MHD_destroy_response(r);
-    return ret;
+/* ------------------------------------------------------------- replies */
+
+static void rep_json(reply *r, unsigned status, json_t *j) {
+    r->status = status;
+    json_decref(r->json);
+    r->json = j;
 }
 
-static enum MHD_Result send_error(ac_daemon *d, struct MHD_Connection *c, unsigned status, const char *code, const char *msg,
-                                  const char *field) {
+static void rep_error(ac_daemon *d, reply *r, unsigned status, const char *code, const char *msg, const char *field) {
     atomic_fetch_add(&d->http_errors, 1);
-    json_t *err = json_pack("{s:s,s:s}", "code", code, "message", msg);
-    json_object_set_new(err, "field", field && *field ? json_string(field) : json_null());
-    return send_json(c, status, json_pack("{s:o}", "error", err));
+    json_t *err = json_pack("{s:s,s:s}", "code", code, "message", msg && *msg ? msg : code);
+    if (err) json_object_set_new(err, "field", field && *field ? json_string(field) : json_null());
+    rep_json(r, status, err ? json_pack("{s:o}", "error", err) : NULL);
 }
 
-static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *type, char *text, size_t len) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
-    MHD_add_response_header(r, "Content-Type", type);
-    enum MHD_Result ret = MHD_queue_response(c, status, r);
-    MHD_destroy_response(r);
+static void rep_text(reply *r, unsigned status, const char *type, char *text, size_t len) {
+    r->status = status;
+    free(r->text);
+    r->text = text;
+    r->len = len;
+    r->ctype = type;
+}
+
+/* A failed read or write of the job store: 503 with the reason. */
+static void rep_store(ac_daemon *d, reply *r, const char *msg) {
+    char m[600];
+    snprintf(m, sizeof m, "the job store is unavailable: %s", msg);
+    rep_error(d, r, 503, "storage_unavailable", m, NULL);
+}
+
+static enum MHD_Result queue_reply(struct MHD_Connection *c, reply *r) {
+    struct MHD_Response *resp = r->resp;
+    r->resp = NULL;
+    if (!resp && r->json) {
+        char *s = json_dumps(r->json, JSON_COMPACT | JSON_ENCODE_ANY);
+        json_decref(r->json);
+        r->json = NULL;
+        if (!s) return MHD_NO;
+        resp = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
+        if (!resp) { free(s); return MHD_NO; }
+        MHD_add_response_header(resp, "Content-Type", "application/json");
+    } else if (!resp) {
+        if (!r->text) return MHD_NO; /* out of memory while building the reply */
+        resp = MHD_create_response_from_buffer(r->len, r->text, MHD_RESPMEM_MUST_FREE);
+        if (!resp) return MHD_NO;
+        r->text = NULL;
+        MHD_add_response_header(resp, "Content-Type", r->ctype);
+    }
+    MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+    if (r->hdr_name) MHD_add_response_header(resp, r->hdr_name, r->hdr_value);
+    enum MHD_Result ret = MHD_queue_response(c, r->status, resp);
+    MHD_destroy_response(resp);
     return ret;
 }
 
-static int authorized(ac_daemon *d, struct MHD_Connection *c) {
+/* ------------------------------------------------------------- checks */
+
+static int authorized(ac_daemon *d, struct MHD_Connection *c, int query_token_ok) {
     if (d->cfg.ntokens == 0) return 1;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     const char *tok = NULL;
     if (h && !strncmp(h, "Bearer ", 7)) tok = h + 7;
-    if (!tok) tok = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "access_token");
+    if (!tok && query_token_ok) tok = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "access_token");
     if (!tok) return 0;
     size_t tl = strlen(tok);
     int ok = 0;
@@ -77,6 +156,48 @@ static int authorized(ac_daemon *d, struct MHD_Connection *c) {
         ok |= diff == 0;
     }
     return ok;
+}
+
+/* The host name of a Host header value, without the port. */
+static void host_name(const char *host, char *out, size_t n) {
+    if (host[0] == '[') {
+        const char *end = strchr(host, ']');
+        size_t l = end ? (size_t)(end - host + 1) : strlen(host);
+        snprintf(out, n, "%.*s", (int)(l < n ? l : n - 1), host);
+        return;
+    }
+    const char *colon = strrchr(host, ':');
+    size_t l = colon ? (size_t)(colon - host) : strlen(host);
+    snprintf(out, n, "%.*s", (int)(l < n ? l : n - 1), host);
+    for (char *p = out; *p; p++) *p = (char)tolower((unsigned char)*p);
+}
+
+/* Cross-site requests from browsers: NULL when fine, else the reason. */
+static const char *browser_check(ac_daemon *d, struct MHD_Connection *c) {
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    const char *site = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Sec-Fetch-Site");
+    int loop_listen = config_is_loopback(d->cfg.listen_host);
+    if (host && (loop_listen || d->cfg.nallowed_hosts)) {
+        char hn[300];
+        host_name(host, hn, sizeof hn);
+        int ok = config_is_loopback(hn);
+        for (int i = 0; i < d->cfg.nallowed_hosts && !ok; i++) ok = !strcasecmp(hn, d->cfg.allowed_hosts[i]);
+        if (!ok) return "Host is not a name of this server (add it to allowed_hosts)";
+    }
+    if (site && !strcmp(site, "cross-site")) return "cross-site request";
+    if (origin) {
+        if (!host) return "Origin without Host";
+        const char *rest = !strncmp(origin, "http://", 7) ? origin + 7 : !strncmp(origin, "https://", 8) ? origin + 8 : NULL;
+        if (!rest || strcasecmp(rest, host)) return "cross-origin request (Origin is not this server)";
+    }
+    return NULL;
+}
+
+static int json_content_type(struct MHD_Connection *c) {
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
+    if (!ct || strncasecmp(ct, "application/json", 16)) return 0;
+    return ct[16] == 0 || ct[16] == ';' || ct[16] == ' ';
 }
 
 /* Parse a decimal id path segment; -1 when not a positive integer. */
@@ -94,242 +215,383 @@ static long query_long(struct MHD_Connection *c, const char *k, long def, long l
     const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, k);
     if (!v) return def;
     char *end;
+    errno = 0;
     long x = strtol(v, &end, 10);
-    if (*end || x < lo || x > hi) { *bad = 1; return def; }
+    if (errno || end == v || *end || x < lo || x > hi) { *bad = 1; return def; }
     return x;
 }
 
-/* Paths a job names must be absolute, free of "..", exist (model, texts),
- * and lie under one of model_roots when those are configured. */
-static int check_path(ac_daemon *d, const char *p, int must_exist_dir, int must_exist_file, char *why, size_t whyn) {
-    if (p[0] != '/') { snprintf(why, whyn, "must be an absolute path"); return -1; }
-    for (const char *s = p; (s = strstr(s, "..")); s += 2)
-        if ((s == p || s[-1] == '/') && (s[2] == 0 || s[2] == '/')) { snprintf(why, whyn, "must not contain '..'"); return -1; }
-    char real[PATH_MAX];
-    if (must_exist_dir || must_exist_file) {
-        struct stat sb;
-        if (!realpath(p, real) || stat(real, &sb) != 0) { snprintf(why, whyn, "%.200s does not exist", p); return -1; }
-        if (must_exist_dir && !S_ISDIR(sb.st_mode)) { snprintf(why, whyn, "%.200s is not a directory", p); return -1; }
-        if (must_exist_file && !S_ISREG(sb.st_mode)) { snprintf(why, whyn, "%.200s is not a regular file", p); return -1; }
-    } else {
-        snprintf(real, sizeof real, "%s", p);
-    }
-    if (d->cfg.nroots == 0) return 0;
-    for (int i = 0; i < d->cfg.nroots; i++) {
-        char root[PATH_MAX];
-        if (!realpath(d->cfg.model_roots[i], root)) continue;
-        size_t rl = strlen(root);
-        if (!strncmp(real, root, rl) && (real[rl] == '/' || real[rl] == 0 || (rl == 1 && root[0] == '/'))) return 0;
-    }
-    snprintf(why, whyn, "%.200s is outside the allowed model_roots", p);
-    return -1;
+/* The server's job caps: 0 or -1 with a 400 naming the cap. */
+static int check_limits(ac_daemon *d, const ac_job_spec *js, reply *r) {
+    struct {
+        const char *field, *cap;
+        double v;
+        long max;
+    } c[] = {
+        {"calibration_tokens", "max_calibration_tokens", js->calibration_tokens, d->cfg.max_calibration_tokens},
+        {"search.steps", "max_search_steps", js->search.steps, d->cfg.max_search_steps},
+        {"eval.windows", "max_eval_windows", js->eval.windows, d->cfg.max_eval_windows},
+        {"distill.tokens", "max_distill_tokens", (double)js->distill.tokens, d->cfg.max_distill_tokens},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++)
+        if (c[i].v > (double)c[i].max) {
+            char m[300];
+            snprintf(m, sizeof m, "%s=%.0f exceeds this server's cap %s=%ld", c[i].field, c[i].v, c[i].cap, c[i].max);
+            rep_error(d, r, 400, "limit_exceeded", m, c[i].field);
+            return -1;
+        }
+    return 0;
 }
 
-static enum MHD_Result post_job(ac_daemon *d, struct MHD_Connection *c, json_t *spec) {
+/* ------------------------------------------------------------- work pool */
+
+/* The reply is ready. Once resumed, the connection may complete and free
+ * rc at once, so rc is not touched after MHD_resume_connection (resuming
+ * under rc->mu once let the unlock hit freed memory). */
+static void offload_done(req_ctx *rc) {
+    struct MHD_Connection *c = rc->c;
+    pthread_mutex_lock(&rc->mu);
+    rc->state = 2;
+    int resume = rc->suspended;
+    rc->suspended = 0;
+    pthread_mutex_unlock(&rc->mu);
+    if (resume) MHD_resume_connection(c);
+}
+
+static enum MHD_Result offload(req_ctx *rc, pool_fn fn) {
+    rc->state = 1;
+    if (pool_submit(rc->d->pool, fn, rc)) {
+        rc->state = 2;
+        rep_error(rc->d, &rc->rep, 503, "busy", "too many requests waiting for file access; retry", NULL);
+        return queue_reply(rc->c, &rc->rep);
+    }
+    pthread_mutex_lock(&rc->mu);
+    if (rc->state == 1) {
+        MHD_suspend_connection(rc->c);
+        rc->suspended = 1;
+        pthread_mutex_unlock(&rc->mu);
+        return MHD_YES;
+    }
+    pthread_mutex_unlock(&rc->mu);
+    return queue_reply(rc->c, &rc->rep);
+}
+
+/* POST /v1/jobs, after validation: paths, device, insert. Pool thread. */
+static void task_post_job(void *arg) {
+    req_ctx *rc = arg;
+    ac_daemon *d = rc->d;
+    reply *r = &rc->rep;
+    json_t *spec = rc->in;
     ac_err e = {{0}};
     const char *field = NULL;
-    if (ac_job_validate_field(spec, &field, &e)) return send_error(d, c, 400, "invalid_spec", e.msg, field);
-    static const struct { const char *k; int dir, file; } paths[] = {
-        {"model", 1, 0}, {"calibration", 0, 1}, {"heldout", 0, 1}, {"output", 0, 0}};
-    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
-        const char *p = ac_job_path(spec, paths[i].k);
-        char why[300];
-        if (p && check_path(d, p, paths[i].dir, paths[i].file, why, sizeof why)) {
-            char msg[400];
-            snprintf(msg, sizeof msg, "%s: %s", paths[i].k, why);
-            return send_error(d, c, 400, "invalid_path", msg, paths[i].k);
-        }
+    char jobs_dir[1100];
+    snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", d->data_dir_abs);
+    const ac_job_spec *js = rc->js;
+    if (ac_fsafe_check_job(js, jobs_dir, &field, &e)) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "%s: %s", field, e.msg);
+        rep_error(d, r, 400, "invalid_path", msg, field);
+        offload_done(rc);
+        return;
     }
-    const char *dtext = json_string_value(json_object_get(json_object_get(spec, "distill"), "text"));
-    char dwhy[300];
-    if (dtext && check_path(d, dtext, 0, 1, dwhy, sizeof dwhy)) {
-        char msg[400];
-        snprintf(msg, sizeof msg, "distill.text: %s", dwhy);
-        return send_error(d, c, 400, "invalid_path", msg, "distill.text");
+    /* Deci exports need a base model the 256-grid can represent (reads config.json, so here, off the poll thread). */
+    if (ac_deci_validate_model(js->search.target == AC_EXPORT_DECI, js->method == AC_METHOD_MINITRON, js->model, &field,
+                               &e)) {
+        rep_error(d, r, 400, "invalid_spec", e.msg, field);
+        offload_done(rc);
+        return;
     }
-    char cfgp[PATH_MAX + 16];
-    snprintf(cfgp, sizeof cfgp, "%s/config.json", ac_job_path(spec, "model"));
-    if (access(cfgp, R_OK) != 0) return send_error(d, c, 400, "invalid_path", "model: directory has no readable config.json", "model");
-    const char *dev = json_string_value(json_object_get(json_object_get(spec, "target"), "device"));
-    if (!strncmp(dev, "cuda", 4)) {
-        int gpus = 0, want = -1;
-        for (int i = 0; i < d->ndevices; i++) gpus += d->devices[i].index >= 0;
-        if (!gpus || !d->cfg.use_gpus) return send_error(d, c, 400, "no_device", "target.device asks for a local CUDA GPU but this server has none; name a spec profile (e.g. H100) to target a GPU that is not here", "target.device");
-        if (dev[4] == ':') {
-            char *end;
-            want = (int)strtol(dev + 5, &end, 10);
-            if (*end || want < 0 || want >= gpus) return send_error(d, c, 400, "no_device", "target.device names a CUDA device this server does not have (see GET /v1/devices)", "target.device");
-        } else if (dev[4]) return send_error(d, c, 400, "invalid_spec", "target.device must be cuda or cuda:N", "target.device");
-    } else if (strcmp(dev, "cpu") && !ac_device_spec_find(dev)) {
-        return send_error(d, c, 400, "invalid_spec", "target.device must be cpu, cuda, cuda:N or a known GPU profile (see GET /v1/devices)", "target.device");
+    /* GGUF exports: an architecture and tokenizer llama.cpp can run (reads the model's files too). */
+    if (ac_gguf_check_spec(&js->search, js->model, &field, &e)) {
+        rep_error(d, r, 400, "invalid_spec", e.msg, field);
+        offload_done(rc);
+        return;
     }
-    char *s = json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_t *pr = json_object_get(spec, "priority");
-    long id = db_job_insert(d->db, s, json_string_value(json_object_get(spec, "name")), pr ? (int)json_integer_value(pr) : 0, &e);
+    char *s = json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER), *existing = NULL;
+    long id = s ? db_job_insert(d->db, s, js->name[0] ? js->name : NULL, js->priority, rc->idem_key, &existing, &e)
+                : ac_errf(&e, "out of memory");
     free(s);
-    if (id < 0) return send_error(d, c, 500, "internal", e.msg, NULL);
-    atomic_fetch_add(&d->jobs_submitted, 1);
-    daemon_event(d, id, "state", json_pack("{s:s}", "state", "queued"));
-    sched_notify(d);
+    if (id < 0) {
+        rep_store(d, r, e.msg);
+        offload_done(rc);
+        return;
+    }
+    unsigned status = 201;
+    if (existing) { /* a retry with the same Idempotency-Key */
+        json_t *old = json_loads(existing, 0, NULL);
+        int same = old && json_equal(old, spec);
+        json_decref(old);
+        free(existing);
+        if (!same) {
+            rep_error(d, r, 409, "idempotency_conflict", "this Idempotency-Key was used for a different job spec", NULL);
+            offload_done(rc);
+            return;
+        }
+        status = 200;
+        r->hdr_name = "Idempotent-Replayed";
+        r->hdr_value = "true";
+    } else {
+        atomic_fetch_add(&d->jobs_submitted, 1);
+        daemon_event(d, id, "state", json_pack("{s:s}", "state", "queued"));
+        sched_notify(d);
+    }
     json_t *job;
-    if (db_job_get(d->db, id, &job, &e) || !job) return send_error(d, c, 500, "internal", e.msg, NULL);
-    return send_json(c, 201, job);
+    if (db_job_get(d->db, id, &job, &e) || !job) rep_store(d, r, e.msg[0] ? e.msg : "job vanished");
+    else rep_json(r, status, job);
+    offload_done(rc);
 }
 
-static enum MHD_Result job_route(ac_daemon *d, struct MHD_Connection *c, const char *method, long id, const char *rest) {
+static void task_estimate(void *arg) {
+    req_ctx *rc = arg;
+    ac_err e = {{0}};
+    json_t *out = NULL;
+    const char *field = NULL;
+    ac_cost_cache cache;
+    costcache_db(&cache, rc->d->db); /* cached tables only: an estimate measures nothing */
+    if (ac_estimate_json(rc->in, &cache, &out, &field, &e))
+        rep_error(rc->d, &rc->rep, 400, "invalid_request", e.msg, field);
+    else rep_json(&rc->rep, 200, out);
+    offload_done(rc);
+}
+
+static void task_log(void *arg) {
+    req_ctx *rc = arg;
+    char p[2200];
+    snprintf(p, sizeof p, "%s/jobs/%ld/worker.log", rc->d->cfg.data_dir, rc->id);
+    size_t len = 0;
+    ac_err e;
+    char *txt = ac_read_file(p, 16u << 20, &len, &e);
+    if (!txt) { txt = strdup(""); len = 0; }
+    rep_text(&rc->rep, 200, "text/plain; charset=utf-8", txt, len);
+    offload_done(rc);
+}
+
+static void task_static(void *arg) {
+    req_ctx *rc = arg;
+    const char *url = rc->url;
+    char p[2048];
+    snprintf(p, sizeof p, "%s%s", rc->d->cfg.web_dir, url);
+    size_t len;
+    ac_err e;
+    char *data = ac_read_file(p, 8u << 20, &len, &e);
+    if (!data) rep_error(rc->d, &rc->rep, 404, "not_found", "no such file", NULL);
+    else {
+        const char *ext = strrchr(url, '.');
+        const char *type = !ext ? "application/octet-stream" : !strcmp(ext, ".html") ? "text/html; charset=utf-8"
+                           : !strcmp(ext, ".js") ? "text/javascript" : !strcmp(ext, ".css") ? "text/css"
+                           : !strcmp(ext, ".svg") ? "image/svg+xml" : "application/octet-stream";
+        rep_text(&rc->rep, 200, type, data, len);
+    }
+    offload_done(rc);
+}
+
+/* ------------------------------------------------------------- routes */
+
+static enum MHD_Result post_job(req_ctx *rc, json_t *spec) {
+    ac_daemon *d = rc->d;
+    struct MHD_Connection *c = rc->c;
+    reply *r = &rc->rep;
+    ac_err e = {{0}};
+    const char *field = NULL;
+    ac_job_spec *js = rc->js = malloc(sizeof *rc->js);
+    if (!js) { rep_error(d, r, 503, "busy", "out of memory", NULL); goto now; }
+    if (ac_job_spec_parse(spec, js, &field, &e)) { rep_error(d, r, 400, "invalid_spec", e.msg, field); goto now; }
+    if (check_limits(d, js, r)) goto now;
+    if (js->target.dev.kind == AC_TARGET_CUDA) {
+        int gpus = 0;
+        for (int i = 0; i < d->ndevices; i++) gpus += d->devices[i].index >= 0;
+        if (!gpus || !d->cfg.use_gpus) {
+            rep_error(d, r, 400, "no_device",
+                      "target.device asks for a local CUDA GPU but this server has none; name a spec profile "
+                      "(e.g. H100) to target a GPU that is not here",
+                      "target.device");
+            goto now;
+        }
+        if (js->target.dev.ordinal >= gpus) {
+            rep_error(d, r, 400, "no_device",
+                      "target.device names a CUDA device this server does not have (see GET /v1/devices)",
+                      "target.device");
+            goto now;
+        }
+    }
+    const char *key = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key");
+    if (key) {
+        size_t kl = strlen(key);
+        int ok = kl >= 1 && kl <= 200;
+        for (size_t i = 0; i < kl && ok; i++) ok = key[i] > 32 && key[i] < 127;
+        if (!ok) { rep_error(d, r, 400, "bad_request", "Idempotency-Key must be 1 to 200 printable ASCII characters", "Idempotency-Key"); goto now; }
+        if (!(rc->idem_key = strdup(key))) { rep_error(d, r, 503, "busy", "out of memory", NULL); goto now; }
+    }
+    rc->in = json_incref(spec);
+    return offload(rc, task_post_job);
+now:
+    return queue_reply(c, r);
+}
+
+static enum MHD_Result job_route(req_ctx *rc, const char *method, long id, const char *rest) {
+    ac_daemon *d = rc->d;
+    struct MHD_Connection *c = rc->c;
+    reply *r = &rc->rep;
     ac_err e = {{0}};
     json_t *job;
-    if (db_job_get(d->db, id, &job, &e)) return send_error(d, c, 500, "internal", e.msg, NULL);
-    if (!job) return send_error(d, c, 404, "not_found", "no such job", NULL);
+    if (db_job_get(d->db, id, &job, &e)) { rep_store(d, r, e.msg); goto now; }
+    if (!job) { rep_error(d, r, 404, "not_found", "no such job", NULL); goto now; }
     const char *state = json_string_value(json_object_get(job, "state"));
     int terminal = !strcmp(state, "succeeded") || !strcmp(state, "failed") || !strcmp(state, "cancelled");
     if (!*rest) {
-        if (!strcmp(method, "GET")) return send_json(c, 200, job);
-        if (!strcmp(method, "DELETE")) {
-            json_decref(job);
-            if (terminal) return send_error(d, c, 409, "conflict", "job already ended", NULL);
-            db_job_set(d->db, id, "cancel_requested", NULL, 1, &e);
-            if (db_job_transition(d->db, id, "queued", "cancelled", "cancelled by user before it started", NULL, NULL, &e) == 0) {
-                daemon_event(d, id, "state", json_pack("{s:s,s:s}", "state", "cancelled", "reason", "cancelled by user"));
-                sse_finish(d->hub, id);
-            } else {
-                sched_cancel(d, id);
-            }
-            db_job_get(d->db, id, &job, &e);
-            return send_json(c, 202, job);
+        if (!strcmp(method, "GET")) { rep_json(r, 200, job); goto now; }
+        json_decref(job);
+        if (strcmp(method, "DELETE")) { rep_error(d, r, 405, "method_not_allowed", "use GET or DELETE", NULL); goto now; }
+        if (terminal) { rep_error(d, r, 409, "conflict", "job already ended", NULL); goto now; }
+        if (db_job_set(d->db, id, "cancel_requested", NULL, 1, &e)) { rep_store(d, r, e.msg); goto now; }
+        int t = db_job_transition(d->db, id, "queued", "cancelled", "cancelled by user before it started", NULL, NULL, &e);
+        if (t < 0) { rep_store(d, r, e.msg); goto now; }
+        if (t == 0) {
+            daemon_event(d, id, "state", json_pack("{s:s,s:s}", "state", "cancelled", "reason", "cancelled by user"));
+            sse_finish(d->hub, id);
+        } else {
+            sched_cancel(d, id);
         }
-        json_decref(job);
-        return send_error(d, c, 405, "method_not_allowed", "use GET or DELETE", NULL);
+        if (db_job_get(d->db, id, &job, &e) || !job) rep_store(d, r, e.msg);
+        else rep_json(r, 202, job);
+        goto now;
     }
-    if (strcmp(method, "GET")) {
-        json_decref(job);
-        return send_error(d, c, 405, "method_not_allowed", "use GET", NULL);
-    }
+    json_decref(job);
+    if (strcmp(method, "GET")) { rep_error(d, r, 405, "method_not_allowed", "use GET", NULL); goto now; }
     if (!strcmp(rest, "/events")) {
-        json_decref(job);
         int bad = 0;
         const char *lei = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Last-Event-ID");
         long after = query_long(c, "after", 0, 0, LONG_MAX, &bad);
         if (lei) {
             char *end;
+            errno = 0;
             after = strtol(lei, &end, 10);
-            if (*end || after < 0) bad = 1;
+            if (errno || end == lei || *end || after < 0) bad = 1;
         }
-        if (bad) return send_error(d, c, 400, "bad_request", "after / Last-Event-ID must be a non-negative event id", "after");
+        if (bad) { rep_error(d, r, 400, "bad_request", "after / Last-Event-ID must be a non-negative event id", "after"); goto now; }
         const char *fmt = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "format");
         if (fmt && !strcmp(fmt, "json")) {
             long limit = query_long(c, "limit", 1000, 1, 10000, &bad);
-            if (bad) return send_error(d, c, 400, "bad_request", "limit must be in [1, 10000]", "limit");
+            if (bad) { rep_error(d, r, 400, "bad_request", "limit must be in [1, 10000]", "limit"); goto now; }
             json_t *evs;
-            if (db_events(d->db, id, after, (int)limit, &evs, &e)) return send_error(d, c, 500, "internal", e.msg, NULL);
-            return send_json(c, 200, json_pack("{s:o}", "events", evs));
+            if (db_events(d->db, id, after, (int)limit, &evs, &e)) rep_store(d, r, e.msg);
+            else rep_json(r, 200, json_pack("{s:o}", "events", evs));
+            goto now;
         }
-        struct MHD_Response *r = sse_open(d->hub, d->db, c, id, after, terminal);
-        if (!r) return send_error(d, c, 500, "internal", "cannot open stream", NULL);
-        enum MHD_Result ret = MHD_queue_response(c, 200, r);
-        MHD_destroy_response(r);
-        return ret;
+        int full = 0;
+        struct MHD_Response *resp = sse_open(d->hub, d->db, c, id, after, terminal, &full);
+        if (!resp) {
+            if (full) rep_error(d, r, 503, "too_many_streams", "the server has max_sse_streams event streams open; retry later", NULL);
+            else rep_error(d, r, 503, "busy", "cannot open stream", NULL);
+            goto now;
+        }
+        guard_phase(d->guard, c, CONN_SSE);
+        r->status = 200;
+        r->resp = resp;
+        goto now;
     }
     if (!strcmp(rest, "/result")) {
-        json_decref(job);
-        if (!terminal) return send_error(d, c, 409, "not_finished", "job has not finished", NULL);
+        if (!terminal) { rep_error(d, r, 409, "not_finished", "job has not finished", NULL); goto now; }
         char *res = NULL;
-        if (db_job_result(d->db, id, &res, &e)) return send_error(d, c, 500, "internal", e.msg, NULL);
-        if (!res) return send_error(d, c, 409, "no_result", "job did not succeed; see its reason and events", NULL);
-        return send_text(c, 200, "application/json", res, strlen(res));
+        if (db_job_result(d->db, id, &res, &e)) rep_store(d, r, e.msg);
+        else if (!res) rep_error(d, r, 409, "no_result", "job did not succeed; see its reason and events", NULL);
+        else rep_text(r, 200, "application/json", res, strlen(res));
+        goto now;
     }
     if (!strcmp(rest, "/log")) {
-        json_decref(job);
-        char p[2048];
-        snprintf(p, sizeof p, "%s/jobs/%ld/worker.log", d->cfg.data_dir, id);
-        size_t len = 0;
-        char *txt = ac_read_file(p, 16u << 20, &len, &e);
-        if (!txt) { txt = strdup(""); len = 0; }
-        return send_text(c, 200, "text/plain; charset=utf-8", txt, len);
+        rc->id = id;
+        return offload(rc, task_log);
     }
-    json_decref(job);
-    return send_error(d, c, 404, "not_found", "no such route", NULL);
+    rep_error(d, r, 404, "not_found", "no such route", NULL);
+now:
+    return queue_reply(c, r);
 }
 
-typedef struct { ac_daemon *d; json_t *req; } measure_arg;
-
-static void *measure_thread(void *p) {
-    measure_arg *a = p;
+static void cost_route(req_ctx *rc, const char *method, const char *rest, json_t *body) {
+    ac_daemon *d = rc->d;
+    reply *r = &rc->rep;
     ac_err e = {{0}};
-    json_t *table = NULL;
-    if (ac_cost_measure_json(a->req, &table, &e) == 0) {
-        char *s = json_dumps(table, JSON_COMPACT);
-        db_cost_put(a->d->db, json_string_value(json_object_get(table, "key")), json_string_value(json_object_get(table, "device")),
-                    json_string_value(json_object_get(table, "dtype")), json_string_value(json_object_get(table, "engine")),
-                    (int)json_integer_value(json_object_get(table, "version")), "measured", s, &e);
-        free(s);
-        json_decref(table);
-    } else {
-        fprintf(stderr, "autocompressd: cost-table measurement failed: %s\n", e.msg);
+    if (!strcmp(rest, "/measurements") || !strncmp(rest, "/measurements/", 14)) {
+        if (!rest[13] && !strcmp(method, "GET")) { rep_json(r, 200, json_pack("{s:o}", "measurements", sched_measurements(d))); return; }
+        const char *tail;
+        long id = rest[13] ? parse_id(rest + 14, &tail) : -1;
+        if (id < 0 || *tail || strcmp(method, "DELETE")) { rep_error(d, r, 404, "not_found", "DELETE /v1/cost-tables/measurements/{id} cancels one", NULL); return; }
+        int rcx = sched_measure_cancel(d, id);
+        if (rcx < 0) rep_error(d, r, 404, "not_found", "no such measurement", NULL);
+        else if (rcx > 0) rep_error(d, r, 409, "conflict", "measurement already ended", NULL);
+        else rep_json(r, 202, json_pack("{s:I,s:s}", "id", (json_int_t)id, "status", "cancelling"));
+        return;
     }
-    json_decref(a->req);
-    free(a);
-    return NULL;
-}
-
-static enum MHD_Result cost_route(ac_daemon *d, struct MHD_Connection *c, const char *method, const char *rest, json_t *body) {
-    ac_err e = {{0}};
     if (!*rest && !strcmp(method, "GET")) {
         json_t *l;
-        if (db_cost_list(d->db, &l, &e)) return send_error(d, c, 500, "internal", e.msg, NULL);
-        return send_json(c, 200, json_pack("{s:o}", "tables", l));
+        if (db_cost_list(d->db, &l, &e)) rep_store(d, r, e.msg);
+        else rep_json(r, 200, json_pack("{s:o}", "tables", l));
+        return;
     }
     if (!*rest && !strcmp(method, "POST")) {
-        if (!body) return send_error(d, c, 400, "bad_request", "body must be a JSON object", NULL);
         json_t *m = json_object_get(body, "measure");
         if (m) {
             const char *field = NULL;
-            if (ac_cost_measure_validate(m, &field, &e)) return send_error(d, c, 400, "invalid_request", e.msg, field);
-            char key[512];
+            if (ac_cost_measure_validate(m, &field, &e)) { rep_error(d, r, 400, "invalid_request", e.msg, field); return; }
+            char key[512], why[300];
             ac_cost_measure_key(m, key, sizeof key);
-            measure_arg *a = malloc(sizeof *a);
-            a->d = d;
-            a->req = json_deep_copy(m);
-            pthread_t th;
-            if (pthread_create(&th, NULL, measure_thread, a)) { json_decref(a->req); free(a); return send_error(d, c, 500, "internal", "cannot start measurement", NULL); }
-            pthread_detach(th);
-            return send_json(c, 202, json_pack("{s:s,s:s}", "key", key, "status", "measuring"));
+            long id;
+            int q = sched_measure(d, m, key, &id, why, sizeof why);
+            if (q == 1) rep_error(d, r, 409, "conflict", why, "measure");
+            else if (q) rep_error(d, r, 503, "busy", why, NULL);
+            else rep_json(r, 202, json_pack("{s:s,s:s,s:I}", "key", key, "status", "measuring", "measurement", (json_int_t)id));
+            return;
         }
         json_t *t = json_object_get(body, "table");
         const char *field = NULL;
-        if (!t) return send_error(d, c, 400, "invalid_request", "body needs \"table\" (import) or \"measure\"", NULL);
-        if (ac_cost_table_validate(t, &field, &e)) return send_error(d, c, 400, "invalid_table", e.msg, field);
+        if (!t) { rep_error(d, r, 400, "invalid_request", "body needs \"table\" (import) or \"measure\"", NULL); return; }
+        if (ac_cost_table_validate(t, &field, &e)) { rep_error(d, r, 400, "invalid_table", e.msg, field); return; }
+        const char *key = json_string_value(json_object_get(t, "key"));
+        char src[32];
+        if (db_cost_source(d->db, key, src, sizeof src, &e)) { rep_store(d, r, e.msg); return; }
+        if (src[0]) { /* never replace a cached table silently */
+            char m2[700];
+            snprintf(m2, sizeof m2, "a cost table with key %.400s is already cached (source %s); import it under another key", key, src);
+            rep_error(d, r, 409, "conflict", m2, "table.key");
+            return;
+        }
         char *s = json_dumps(t, JSON_COMPACT);
-        int rc = db_cost_put(d->db, json_string_value(json_object_get(t, "key")), json_string_value(json_object_get(t, "device")),
-                             json_string_value(json_object_get(t, "dtype")), json_string_value(json_object_get(t, "engine")),
-                             (int)json_integer_value(json_object_get(t, "version")), "imported", s, &e);
+        int rcx = s ? db_cost_put(d->db, key, json_string_value(json_object_get(t, "device")), json_string_value(json_object_get(t, "dtype")),
+                                  json_string_value(json_object_get(t, "engine")), (int)json_integer_value(json_object_get(t, "version")),
+                                  "imported", s, &e)
+                    : ac_errf(&e, "out of memory");
         free(s);
-        if (rc) return send_error(d, c, 500, "internal", e.msg, NULL);
-        return send_json(c, 201, json_pack("{s:O,s:s}", "key", json_object_get(t, "key"), "status", "imported"));
+        if (rcx) rep_store(d, r, e.msg);
+        else rep_json(r, 201, json_pack("{s:O,s:s}", "key", json_object_get(t, "key"), "status", "imported"));
+        return;
     }
     if (*rest == '/' && !strcmp(method, "GET")) {
         char key[512];
         snprintf(key, sizeof key, "%s", rest + 1);
         MHD_http_unescape(key); /* a no-op when MHD already decoded the path */
         char *data;
-        if (db_cost_get(d->db, key, &data, &e)) return send_error(d, c, 500, "internal", e.msg, NULL);
-        if (!data) return send_error(d, c, 404, "not_found", "no cost table with that key", NULL);
-        return send_text(c, 200, "application/json", data, strlen(data));
+        if (db_cost_get(d->db, key, &data, &e)) rep_store(d, r, e.msg);
+        else if (!data) rep_error(d, r, 404, "not_found", "no cost table with that key", NULL);
+        else rep_text(r, 200, "application/json", data, strlen(data));
+        return;
     }
-    return send_error(d, c, 405, "method_not_allowed", "GET or POST /v1/cost-tables, GET /v1/cost-tables/{key}", NULL);
+    rep_error(d, r, 405, "method_not_allowed", "GET or POST /v1/cost-tables, GET /v1/cost-tables/{key}", NULL);
 }
 
-static enum MHD_Result metrics(ac_daemon *d, struct MHD_Connection *c) {
+static void metrics(ac_daemon *d, reply *r) {
     json_t *counts;
     ac_err e;
-    if (db_job_counts(d->db, &counts, &e)) return send_error(d, c, 500, "internal", e.msg, NULL);
-    size_t cap = 4096, n = 0;
+    if (db_job_counts(d->db, &counts, &e)) { rep_store(d, r, e.msg); return; }
+    size_t cap = 8192, n = 0;
     char *s = malloc(cap);
+    if (!s) { json_decref(counts); rep_error(d, r, 503, "busy", "out of memory", NULL); return; }
     n += snprintf(s + n, cap - n, "# HELP autocompress_jobs Jobs by state.\n# TYPE autocompress_jobs gauge\n");
     const char *k;
     json_t *v;
     json_object_foreach(counts, k, v) n += snprintf(s + n, cap - n, "autocompress_jobs{state=\"%s\"} %lld\n", k, (long long)json_integer_value(v));
     json_decref(counts);
+    long wf = 0;
+    int deg = db_health(d->db, NULL, 0, &wf);
     n += snprintf(s + n, cap - n,
                   "# HELP autocompress_http_requests_total HTTP requests served.\n# TYPE autocompress_http_requests_total counter\n"
                   "autocompress_http_requests_total %ld\n"
@@ -341,109 +603,129 @@ static enum MHD_Result metrics(ac_daemon *d, struct MHD_Connection *c) {
                   "autocompress_events_total %ld\n"
                   "# HELP autocompress_sse_clients Open event streams.\n# TYPE autocompress_sse_clients gauge\n"
                   "autocompress_sse_clients %d\n"
+                  "# HELP autocompress_sse_hangups_total Streams closed by their client.\n# TYPE autocompress_sse_hangups_total counter\n"
+                  "autocompress_sse_hangups_total %ld\n"
+                  "# HELP autocompress_http_cut_total Connections cut at the header or body deadline.\n# TYPE autocompress_http_cut_total counter\n"
+                  "autocompress_http_cut_total %ld\n"
+                  "# HELP autocompress_db_write_failures_total Failed writes of the job store.\n# TYPE autocompress_db_write_failures_total counter\n"
+                  "autocompress_db_write_failures_total %ld\n"
+                  "# HELP autocompress_db_degraded 1 while the last write of the job store failed.\n# TYPE autocompress_db_degraded gauge\n"
+                  "autocompress_db_degraded %d\n"
                   "# HELP autocompress_uptime_seconds Seconds since start.\n# TYPE autocompress_uptime_seconds gauge\n"
                   "autocompress_uptime_seconds %.0f\n",
                   atomic_load(&d->http_requests), atomic_load(&d->http_errors), atomic_load(&d->jobs_submitted),
-                  atomic_load(&d->events_stored), sse_count(d->hub), ac_now() - d->started_at);
-    return send_text(c, 200, "text/plain; version=0.0.4", s, n);
+                  atomic_load(&d->events_stored), sse_count(d->hub), sse_hangups(d->hub), guard_cut(d->guard), wf, deg,
+                  ac_now() - d->started_at);
+    rep_text(r, 200, "text/plain; version=0.0.4", s, n < cap ? n : cap - 1);
 }
 
-static enum MHD_Result static_file(ac_daemon *d, struct MHD_Connection *c, const char *url) {
+static void healthz(ac_daemon *d, reply *r) {
+    char msg[300];
+    int deg = db_health(d->db, msg, sizeof msg, NULL) || sched_degraded(d, msg, sizeof msg);
+    json_t *j = json_pack("{s:s,s:s,s:i,s:f,s:i}", "status", deg ? "degraded" : "ok", "version", AC_VERSION, "schema_version",
+                          d->schema_version, "uptime_s", ac_now() - d->started_at, "sse_streams", sse_count(d->hub));
+    if (j && deg) json_object_set_new(j, "reason", json_string(msg));
+    rep_json(r, deg ? 503 : 200, j);
+}
+
+static void unauthorized(ac_daemon *d, reply *r) {
+    rep_error(d, r, 401, "unauthorized", "missing or invalid bearer token", NULL);
+    r->hdr_name = "WWW-Authenticate";
+    r->hdr_value = "Bearer realm=\"autocompress\"";
+}
+
+static void jobs_list(req_ctx *rc) {
+    ac_daemon *d = rc->d;
+    reply *r = &rc->rep;
+    struct MHD_Connection *c = rc->c;
+    ac_err e = {{0}};
+    int bad = 0;
+    long limit = query_long(c, "limit", 100, 1, 1000, &bad), after = query_long(c, "after", 0, 0, LONG_MAX, &bad);
+    const char *state = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "state");
+    if (bad) { rep_error(d, r, 400, "bad_request", "limit must be in [1,1000] and after a job id", "limit"); return; }
+    if (state && strcmp(state, "queued") && strcmp(state, "running") && strcmp(state, "succeeded") && strcmp(state, "failed") && strcmp(state, "cancelled")) {
+        rep_error(d, r, 400, "bad_request", "state must be queued, running, succeeded, failed or cancelled", "state");
+        return;
+    }
+    json_t *jobs;
+    if (db_job_list(d->db, state, after, (int)limit, &jobs, &e)) { rep_store(d, r, e.msg); return; }
+    size_t n = json_array_size(jobs);
+    json_t *next = n == (size_t)limit ? json_copy(json_object_get(json_array_get(jobs, n - 1), "id")) : json_null();
+    rep_json(r, 200, json_pack("{s:o,s:o}", "jobs", jobs, "next_after", next));
+}
+
+static enum MHD_Result static_route(req_ctx *rc, const char *url, const char *method) {
+    ac_daemon *d = rc->d;
+    if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
+        rep_error(d, &rc->rep, 405, "method_not_allowed", "static files are GET only", NULL);
+        return queue_reply(rc->c, &rc->rep);
+    }
     if (!strcmp(url, "/")) url = "/index.html";
-    for (const char *p = url; *p; p++)
-        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '/' || *p == '.' || *p == '-' || *p == '_'))
-            return send_error(d, c, 404, "not_found", "no such file", NULL);
-    if (strstr(url, "..")) return send_error(d, c, 404, "not_found", "no such file", NULL);
-    char p[2048];
-    snprintf(p, sizeof p, "%s%s", d->cfg.web_dir, url);
-    size_t len;
-    ac_err e;
-    char *data = ac_read_file(p, 8u << 20, &len, &e);
-    if (!data) return send_error(d, c, 404, "not_found", "no such file", NULL);
-    const char *ext = strrchr(url, '.');
-    const char *type = !ext ? "application/octet-stream" : !strcmp(ext, ".html") ? "text/html; charset=utf-8"
-                       : !strcmp(ext, ".js") ? "text/javascript" : !strcmp(ext, ".css") ? "text/css"
-                       : !strcmp(ext, ".svg") ? "image/svg+xml" : "application/octet-stream";
-    return send_text(c, 200, type, data, len);
+    int ok = strlen(url) < sizeof rc->url && !strstr(url, "..");
+    for (const char *p = url; *p && ok; p++)
+        ok = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '/' || *p == '.' || *p == '-' || *p == '_';
+    if (!ok) {
+        rep_error(d, &rc->rep, 404, "not_found", "no such file", NULL);
+        return queue_reply(rc->c, &rc->rep);
+    }
+    snprintf(rc->url, sizeof rc->url, "%s", url);
+    return offload(rc, task_static);
 }
 
-static enum MHD_Result handle(ac_daemon *d, struct MHD_Connection *c, const char *url, const char *method, req_ctx *rc) {
+static enum MHD_Result handle(req_ctx *rc, const char *url, const char *method) {
+    ac_daemon *d = rc->d;
+    struct MHD_Connection *c = rc->c;
+    reply *r = &rc->rep;
     atomic_fetch_add(&d->http_requests, 1);
-    if (rc->too_big) return send_error(d, c, 413, "payload_too_large", "request body exceeds max_body_bytes", NULL);
-    if (!strcmp(url, "/healthz")) {
-        int v = db_schema_version(d->db);
-        return send_json(c, v > 0 ? 200 : 503, json_pack("{s:s,s:s,s:i,s:f}", "status", v > 0 ? "ok" : "db_unavailable", "version", AC_VERSION, "schema_version", v, "uptime_s", ac_now() - d->started_at));
-    }
-    if (!strcmp(url, "/metrics")) return metrics(d, c);
-    if (strncmp(url, "/v1/", 4) != 0) {
-        if (strcmp(method, "GET") && strcmp(method, "HEAD")) return send_error(d, c, 405, "method_not_allowed", "static files are GET only", NULL);
-        return static_file(d, c, url);
-    }
-    if (!authorized(d, c)) {
-        atomic_fetch_add(&d->http_errors, 1);
-        json_t *j = json_pack("{s:{s:s,s:s,s:n}}", "error", "code", "unauthorized", "message", "missing or invalid bearer token", "field");
-        char *s = json_dumps(j, JSON_COMPACT);
-        json_decref(j);
-        struct MHD_Response *r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
-        MHD_add_response_header(r, "Content-Type", "application/json");
-        MHD_add_response_header(r, "WWW-Authenticate", "Bearer realm=\"autocompress\"");
-        enum MHD_Result ret = MHD_queue_response(c, 401, r);
-        MHD_destroy_response(r);
-        return ret;
-    }
+    if (rc->too_big) { rep_error(d, r, 413, "payload_too_large", "request body exceeds max_body_bytes", NULL); return queue_reply(c, r); }
+    if (!strcmp(url, "/healthz")) { healthz(d, r); return queue_reply(c, r); }
+    const char *why = browser_check(d, c);
+    if (why) { rep_error(d, r, 403, "forbidden", why, NULL); return queue_reply(c, r); }
+    if (!strcmp(url, "/metrics")) { metrics(d, r); return queue_reply(c, r); }
+    if (strncmp(url, "/v1/", 4) != 0) return static_route(rc, url, method);
+    int is_sse = !strcmp(method, "GET") && !strncmp(url, "/v1/jobs/", 9) && strlen(url) > 16 && !strcmp(url + strlen(url) - 7, "/events");
+    if (!authorized(d, c, is_sse)) { unauthorized(d, r); return queue_reply(c, r); }
     json_t *body = NULL;
     if (!strcmp(method, "POST") || !strcmp(method, "PUT")) {
+        if (!json_content_type(c)) { rep_error(d, r, 415, "unsupported_media_type", "send the body as Content-Type: application/json", NULL); return queue_reply(c, r); }
         json_error_t je;
         body = json_loadb(rc->body ? rc->body : "", rc->len, JSON_REJECT_DUPLICATES, &je);
         if (!body) {
             char msg[300];
             snprintf(msg, sizeof msg, "malformed JSON: %s (line %d, column %d)", je.text, je.line, je.column);
-            return send_error(d, c, 400, "malformed_json", msg, NULL);
+            rep_error(d, r, 400, "malformed_json", msg, NULL);
+            return queue_reply(c, r);
         }
-        if (!json_is_object(body)) { json_decref(body); return send_error(d, c, 400, "bad_request", "body must be a JSON object", NULL); }
+        if (!json_is_object(body)) { json_decref(body); rep_error(d, r, 400, "bad_request", "body must be a JSON object", NULL); return queue_reply(c, r); }
     }
     enum MHD_Result ret;
     const char *rest;
-    ac_err e = {{0}};
     if (!strcmp(url, "/v1/jobs")) {
-        if (!strcmp(method, "POST")) ret = post_job(d, c, body);
-        else if (!strcmp(method, "GET")) {
-            int bad = 0;
-            long limit = query_long(c, "limit", 100, 1, 1000, &bad), after = query_long(c, "after", 0, 0, LONG_MAX, &bad);
-            const char *state = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "state");
-            if (bad) ret = send_error(d, c, 400, "bad_request", "limit must be in [1,1000] and after a job id", "limit");
-            else if (state && strcmp(state, "queued") && strcmp(state, "running") && strcmp(state, "succeeded") && strcmp(state, "failed") && strcmp(state, "cancelled"))
-                ret = send_error(d, c, 400, "bad_request", "state must be queued, running, succeeded, failed or cancelled", "state");
-            else {
-                json_t *jobs;
-                if (db_job_list(d->db, state, after, (int)limit, &jobs, &e)) ret = send_error(d, c, 500, "internal", e.msg, NULL);
-                else {
-                    size_t n = json_array_size(jobs);
-                    json_t *next = n == (size_t)limit ? json_copy(json_object_get(json_array_get(jobs, n - 1), "id")) : json_null();
-                    ret = send_json(c, 200, json_pack("{s:o,s:o}", "jobs", jobs, "next_after", next));
-                }
-            }
-        } else ret = send_error(d, c, 405, "method_not_allowed", "use GET or POST", NULL);
+        if (!strcmp(method, "POST")) ret = post_job(rc, body);
+        else {
+            if (!strcmp(method, "GET")) jobs_list(rc);
+            else rep_error(d, r, 405, "method_not_allowed", "use GET or POST", NULL);
+            ret = queue_reply(c, r);
+        }
     } else if (!strncmp(url, "/v1/jobs/", 9)) {
         long id = parse_id(url + 9, &rest);
-        ret = id < 0 ? send_error(d, c, 404, "not_found", "no such job", NULL) : job_route(d, c, method, id, rest);
-    } else if (!strcmp(url, "/v1/devices")) {
-        json_t *local = json_array(), *profiles = json_array();
-        for (int i = 0; i < d->ndevices; i++) json_array_append_new(local, ac_local_device_json(&d->devices[i]));
-        for (const ac_device_spec *s = ac_device_specs; s->name; s++) json_array_append_new(profiles, ac_device_spec_json(s));
-        ret = send_json(c, 200, json_pack("{s:o,s:o,s:o}", "local", local, "profiles", profiles, "scheduler", sched_status(d)));
-    } else if (!strncmp(url, "/v1/cost-tables", 15) && (url[15] == 0 || url[15] == '/')) {
-        ret = cost_route(d, c, method, url + 15, body);
+        if (id < 0) { rep_error(d, r, 404, "not_found", "no such job", NULL); ret = queue_reply(c, r); }
+        else ret = job_route(rc, method, id, rest);
     } else if (!strcmp(url, "/v1/estimate")) {
-        if (strcmp(method, "POST")) ret = send_error(d, c, 405, "method_not_allowed", "use POST", NULL);
-        else {
-            json_t *out = NULL;
-            const char *field = NULL;
-            if (ac_estimate_json(body, d->cfg.db_path, &out, &field, &e)) ret = send_error(d, c, 400, "invalid_request", e.msg, field);
-            else ret = send_json(c, 200, out);
-        }
+        if (strcmp(method, "POST")) { rep_error(d, r, 405, "method_not_allowed", "use POST", NULL); ret = queue_reply(c, r); }
+        else { rc->in = json_incref(body); ret = offload(rc, task_estimate); }
     } else {
-        ret = send_error(d, c, 404, "not_found", "no such route", NULL);
+        if (!strcmp(url, "/v1/devices")) {
+            json_t *local = json_array(), *profiles = json_array();
+            for (int i = 0; i < d->ndevices; i++) json_array_append_new(local, ac_local_device_json(&d->devices[i]));
+            for (const ac_device_spec *s = ac_device_specs; s->name; s++) json_array_append_new(profiles, ac_device_spec_json(s));
+            rep_json(r, 200, json_pack("{s:o,s:o,s:o}", "local", local, "profiles", profiles, "scheduler", sched_status(d)));
+        } else if (!strncmp(url, "/v1/cost-tables", 15) && (url[15] == 0 || url[15] == '/')) {
+            cost_route(rc, method, url + 15, body);
+        } else {
+            rep_error(d, r, 404, "not_found", "no such route", NULL);
+        }
+        ret = queue_reply(c, r);
     }
     json_decref(body);
     return ret;
@@ -457,11 +739,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!rc) {
         rc = calloc(1, sizeof *rc);
         if (!rc) return MHD_NO;
+        pthread_mutex_init(&rc->mu, NULL);
+        rc->d = d;
+        rc->c = c;
         *con_cls = rc;
+        guard_phase(d->guard, c, CONN_BODY);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoll(cl, NULL, 10) > d->cfg.max_body_bytes) rc->too_big = 1;
+        if (cl) {
+            char *end;
+            errno = 0;
+            long long v = strtoll(cl, &end, 10);
+            if (errno || *end || v < 0 || v > d->cfg.max_body_bytes) rc->too_big = 1;
+        }
         return MHD_YES;
     }
+    if (rc->state == 1) return MHD_YES; /* resumed spuriously; the reply is not ready */
+    if (rc->state == 2) return queue_reply(c, &rc->rep);
     if (*data_size) {
         if (!rc->too_big && rc->len + *data_size <= (size_t)d->cfg.max_body_bytes) {
             if (rc->len + *data_size > rc->cap) {
@@ -477,14 +770,27 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *data_size = 0;
         return MHD_YES;
     }
-    return handle(d, c, url, method, rc);
+    guard_phase(d->guard, c, CONN_BUSY);
+    return handle(rc, url, method);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls; (void)c; (void)toe;
+    (void)toe;
+    ac_daemon *d = cls;
     req_ctx *rc = *con_cls;
-    if (rc) { free(rc->body); free(rc); }
+    if (rc) {
+        free(rc->body);
+        json_decref(rc->in);
+        json_decref(rc->rep.json);
+        free(rc->rep.text);
+        if (rc->rep.resp) MHD_destroy_response(rc->rep.resp);
+        free(rc->idem_key);
+        free(rc->js);
+        pthread_mutex_destroy(&rc->mu);
+        free(rc);
+    }
     *con_cls = NULL;
+    guard_phase(d->guard, c, CONN_HEAD); /* keep-alive: the next request head has its own deadline */
 }
 
 int http_start(ac_daemon *d, ac_err *e) {
@@ -494,9 +800,16 @@ int http_start(ac_daemon *d, ac_err *e) {
     sa.sin_port = htons((uint16_t)d->cfg.listen_port);
     if (inet_pton(AF_INET, !strcmp(d->cfg.listen_host, "localhost") ? "127.0.0.1" : d->cfg.listen_host, &sa.sin_addr) != 1)
         return ac_errf(e, "listen host %s is not an IPv4 address", d->cfg.listen_host);
+    d->pool = pool_new(d->cfg.http_threads, 256);
+    d->guard = guard_new(d->cfg.header_timeout_s, d->cfg.body_timeout_s);
+    if (!d->pool || !d->guard) return ac_errf(e, "cannot start the HTTP work threads");
+    unsigned limit = (unsigned)d->cfg.max_connections + (unsigned)d->cfg.max_sse_streams;
     d->mhd = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, (uint16_t)d->cfg.listen_port,
                               NULL, NULL, on_request, d, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, d,
-                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)d->cfg.max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                              MHD_OPTION_NOTIFY_CONNECTION, guard_notify, d->guard,
+                              MHD_OPTION_CONNECTION_LIMIT, limit,
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)d->cfg.max_connections_per_client,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)d->cfg.idle_timeout_s,
                               MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
     if (!d->mhd) return ac_errf(e, "cannot listen on %s:%d (%s)", d->cfg.listen_host, d->cfg.listen_port, strerror(errno));
     if (d->cfg.listen_port == 0) {
@@ -509,6 +822,10 @@ int http_start(ac_daemon *d, ac_err *e) {
 void http_stop(ac_daemon *d) {
     if (!d->mhd) return;
     sse_shutdown(d->hub);
+    pool_free(d->pool); /* finishes queued work, which resumes its connections */
+    d->pool = NULL;
     MHD_stop_daemon(d->mhd);
     d->mhd = NULL;
+    guard_free(d->guard);
+    d->guard = NULL;
 }

@@ -4,15 +4,30 @@
  *   autocompressd run-job ID --db PATH ...      (the worker; see worker.c)
  * Runs in the foreground, logs to stderr; SIGTERM/SIGINT stop it: running
  * jobs are stopped and re-queued, so a restart picks them up again.
+ *
+ * Under systemd (Type=notify) it sends READY=1 once it listens, WATCHDOG=1
+ * from a timer on the scheduler's loop at half of WatchdogSec (so a frozen
+ * loop is restarted), STOPPING=1 on SIGTERM: the datagram is written to
+ * $NOTIFY_SOCKET directly (no libsystemd).
+ *
+ * It refuses to listen on a non-loopback address without tokens: an
+ * unauthenticated API is only ever reachable from this host.
+ * AUTOCOMPRESS_TOKEN (environment) adds a token, for containers.
  */
+#include <errno.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "daemon.h"
+#include "fsafe.h"
 
 void sched_stop(ac_daemon *d);
 int sched_busy(ac_daemon *d);
@@ -21,7 +36,26 @@ void sched_free(ac_daemon *d);
 
 static ac_daemon D;
 static uv_signal_t sig_term, sig_int;
-static uv_timer_t drain_timer;
+static uv_timer_t drain_timer, watchdog_timer;
+
+/* sd_notify without libsystemd: one datagram to $NOTIFY_SOCKET. */
+static void notify(const char *msg) {
+    const char *path = getenv("NOTIFY_SOCKET");
+    if (!path || !path[0] || strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) return;
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    memcpy(sa.sun_path, path, strlen(path));
+    if (sa.sun_path[0] == '@') sa.sun_path[0] = 0; /* abstract namespace */
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return;
+    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(path));
+    if (sendto(fd, msg, strlen(msg), MSG_NOSIGNAL, (struct sockaddr *)&sa, len) < 0)
+        fprintf(stderr, "autocompressd: sd_notify: %s\n", strerror(errno));
+    close(fd);
+}
+
+static void on_watchdog(uv_timer_t *t) { (void)t; notify("WATCHDOG=1"); }
 
 static void on_drain(uv_timer_t *t) {
     if (sched_busy(&D)) return;
@@ -37,6 +71,9 @@ static void on_signal(uv_signal_t *s, int signum) {
     static int once;
     if (once++) return;
     fprintf(stderr, "autocompressd: signal %d: stopping (running jobs are re-queued)\n", signum);
+    notify("STOPPING=1");
+    if (uv_is_active((uv_handle_t *)&watchdog_timer)) uv_timer_stop(&watchdog_timer);
+    if (watchdog_timer.loop) uv_close((uv_handle_t *)&watchdog_timer, NULL);
     http_stop(&D);
     sched_stop(&D);
     uv_timer_init(D.loop, &drain_timer);
@@ -51,6 +88,7 @@ static int usage(void) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "run-job")) return worker_main(argc, argv);
+    if (argc > 1 && !strcmp(argv[1], "measure-table")) return measure_main(argc, argv);
     ac_err e = {{0}};
     config_defaults(&D.cfg);
     const char *cfgfile = NULL;
@@ -76,15 +114,39 @@ int main(int argc, char **argv) {
         snprintf(D.cfg.web_dir, sizeof D.cfg.web_dir, "%s/../web", dir);
         if (access(D.cfg.web_dir, R_OK) != 0) snprintf(D.cfg.web_dir, sizeof D.cfg.web_dir, "/usr/share/autocompress/web");
     }
+    const char *envtok = getenv("AUTOCOMPRESS_TOKEN");
+    if (envtok && *envtok) {
+        if (strlen(envtok) < 16 || D.cfg.ntokens >= AC_MAX_TOKENS) { fprintf(stderr, "autocompressd: AUTOCOMPRESS_TOKEN must have at least 16 characters\n"); return 1; }
+        if (!(D.cfg.tokens[D.cfg.ntokens++] = strdup(envtok))) return 1;
+    }
+    if (!config_is_loopback(D.cfg.listen_host) && D.cfg.ntokens == 0) {
+        fprintf(stderr, "autocompressd: refusing to serve an unauthenticated API on %s: set \"tokens\" in the config (or "
+                        "AUTOCOMPRESS_TOKEN), or listen on 127.0.0.1\n", D.cfg.listen_host);
+        return 1;
+    }
+    if (ac_fsafe_set_roots((const char *const *)D.cfg.model_roots, D.cfg.nroots, &e)) { fprintf(stderr, "autocompressd: %s\n", e.msg); return 1; }
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN); /* a file-size limit is a failed write (EFBIG), not death */
+    struct rlimit nofile;     /* event streams need descriptors: raise the soft limit to the hard one */
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+        nofile.rlim_cur = nofile.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &nofile);
+    }
     mkdir(D.cfg.data_dir, 0755);
+    {
+        char *abs = realpath(D.cfg.data_dir, NULL);
+        snprintf(D.data_dir_abs, sizeof D.data_dir_abs, "%s", abs ? abs : D.cfg.data_dir);
+        free(abs);
+    }
     D.started_at = ac_now();
     if (db_open(D.cfg.db_path, &D.db, &e)) { fprintf(stderr, "autocompressd: %s\n", e.msg); return 1; }
     int rec = db_recover(D.db, D.cfg.interrupted_policy, D.cfg.max_attempts, &e);
     if (rec < 0) { fprintf(stderr, "autocompressd: recovery: %s\n", e.msg); return 1; }
     if (rec > 0) fprintf(stderr, "autocompressd: recovered %d interrupted job(s) (policy %s)\n", rec, D.cfg.interrupted_policy);
+    D.schema_version = db_schema_version(D.db);
     D.ndevices = ac_devices_local(D.devices, AC_MAX_DEVICES);
-    D.hub = sse_hub_new(D.cfg.sse_buffer_bytes);
+    D.hub = sse_hub_new(D.cfg.sse_buffer_bytes, D.cfg.max_sse_streams);
+    if (!D.hub) { fprintf(stderr, "autocompressd: cannot start the event-stream hub\n"); return 1; }
     D.loop = uv_default_loop();
     if (sched_start(&D, &e) || http_start(&D, &e)) { fprintf(stderr, "autocompressd: %s\n", e.msg); return 1; }
     for (int i = 0; i < D.ndevices; i++) fprintf(stderr, "autocompressd: device %s\n", D.devices[i].name);
@@ -94,6 +156,15 @@ int main(int argc, char **argv) {
     uv_signal_start(&sig_term, on_signal, SIGTERM);
     uv_signal_init(D.loop, &sig_int);
     uv_signal_start(&sig_int, on_signal, SIGINT);
+    const char *wd = getenv("WATCHDOG_USEC");
+    long long wd_us = wd ? atoll(wd) : 0;
+    const char *wpid = getenv("WATCHDOG_PID");
+    if (wpid && atol(wpid) != (long)getpid()) wd_us = 0;
+    if (wd_us > 0) {
+        uv_timer_init(D.loop, &watchdog_timer);
+        uv_timer_start(&watchdog_timer, on_watchdog, 0, (uint64_t)(wd_us / 2000 > 0 ? wd_us / 2000 : 1));
+    }
+    notify("READY=1");
     uv_run(D.loop, UV_RUN_DEFAULT);
     http_stop(&D);
     sched_free(&D);
@@ -101,6 +172,7 @@ int main(int argc, char **argv) {
     db_close(D.db);
     sse_hub_free(D.hub);
     config_free(&D.cfg);
+    ac_fsafe_set_roots(NULL, 0, &e);
     fprintf(stderr, "autocompressd: stopped\n");
     return 0;
 }

@@ -11,7 +11,20 @@
  * Each job runs as `autocompressd run-job ID` (same binary) with its stdout
  * on a pipe (one JSON event per line, stored and fanned out to SSE) and its
  * stderr in data_dir/jobs/ID/worker.log. Cancel: SIGTERM, SIGKILL after
- * cfg.cancel_grace_s. A worker that crashes fails only its job.
+ * cfg.cancel_grace_s. A worker that crashes fails only its job. A job
+ * running longer than cfg.max_job_seconds is stopped the same way and fails
+ * with that reason.
+ *
+ * Cost-table measurements (POST /v1/cost-tables {"measure":..}) are units
+ * of the same queue: `autocompressd measure-table` in its own process on a
+ * CPU slot (ahead of queued jobs), cancellable, at most cfg.max_measurements
+ * queued or running, one per table key; the table it prints is stored as
+ * "measured".
+ *
+ * A job's end that cannot be written (full disk, I/O error) is kept and
+ * retried every tick; meanwhile /healthz reports degraded. If the daemon
+ * dies first, the job is still "running" in the database and recovery at
+ * the next start re-queues or fails it (db_recover).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -23,7 +36,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "costcache.h"
+#include "costmodel.h"
 #include "daemon.h"
+#include "target.h"
+#include "wevent.h"
 
 typedef struct slot {
     char id[32];       /* "cpu" or "cuda:N" */
@@ -43,10 +60,40 @@ typedef struct worker {
     size_t len, cap;
     char *result;      /* JSON text of the result event */
     char error[512];   /* last error event message */
-    int cancelling, closing_handles, exited;
+    int cancelling, closing_handles, exited, timed_out, skipping;
     int64_t exit_status;
     int term_signal;
+    double started;
 } worker;
+
+/* A job end the database refused, retried every tick. */
+typedef struct pending_end {
+    struct pending_end *next;
+    long job;
+    char to[16];
+    char *reason, *result;
+} pending_end;
+
+/* A cost-table measurement. Fields other than the handles are guarded by
+ * scheduler.mu (the HTTP thread lists and cancels them). */
+typedef struct measure {
+    struct measure *next;
+    struct scheduler *s;
+    long id;
+    char key[512];
+    int threads;
+    char state[16];          /* queued, running, succeeded, failed, cancelled */
+    char error[300];
+    int cancel, exited, pipe_done, closing_handles;
+    slot *slot;
+    uv_process_t proc;
+    uv_pipe_t out;
+    uv_timer_t kill_timer;
+    char *buf;
+    size_t len, cap;
+    int64_t exit_status;
+    double queued_at, started_at, finished_at;
+} measure;
 
 struct scheduler {
     ac_daemon *d;
@@ -59,6 +106,12 @@ struct scheduler {
     long cancels[256];
     int ncancels;
     int stopping;
+    pending_end *pending;   /* loop thread only; npending under mu */
+    int npending;
+    char pending_why[256];
+    measure *measures;      /* newest first, under mu */
+    char jobs_dir[1100];
+    long next_measure;
 };
 
 long daemon_event(ac_daemon *d, long job, const char *kind, json_t *data) {
@@ -102,6 +155,10 @@ static void finish_worker(worker *w) {
     if (s->stopping) {
         to = "queued";
         snprintf(reason, sizeof reason, "the daemon shut down while the job ran; re-queued");
+    } else if (w->timed_out) {
+        to = "failed";
+        snprintf(reason, sizeof reason, "stopped: the job ran longer than this server's cap max_job_seconds=%d (wall clock)",
+                 d->cfg.max_job_seconds);
     } else if (w->cancelling) {
         to = "cancelled";
         snprintf(reason, sizeof reason, "cancelled by user");
@@ -114,8 +171,22 @@ static void finish_worker(worker *w) {
         else if (w->term_signal) snprintf(reason, sizeof reason, "worker killed by signal %d (%s)", w->term_signal, strsignal(w->term_signal));
         else snprintf(reason, sizeof reason, "worker exited with status %lld and no result", (long long)w->exit_status);
     }
-    if (db_job_transition(d->db, w->job, "running", to, reason, NULL, !strcmp(to, "succeeded") ? w->result : NULL, &e) < 0)
-        log_line("job %ld: cannot record end: %s", w->job, e.msg);
+    if (db_job_transition(d->db, w->job, "running", to, reason, NULL, !strcmp(to, "succeeded") ? w->result : NULL, &e) < 0) {
+        log_line("job %ld: cannot record end (%s): %s; retrying", w->job, to, e.msg);
+        pending_end *p = calloc(1, sizeof *p);
+        if (p) {
+            p->job = w->job;
+            snprintf(p->to, sizeof p->to, "%s", to);
+            p->reason = strdup(reason);
+            p->result = !strcmp(to, "succeeded") && w->result ? strdup(w->result) : NULL;
+            p->next = s->pending;
+            s->pending = p;
+            pthread_mutex_lock(&s->mu);
+            s->npending++;
+            snprintf(s->pending_why, sizeof s->pending_why, "job %ld's end could not be recorded: %.200s", w->job, e.msg);
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
     log_line("job %ld %s: %s", w->job, to, reason);
     if (!s->stopping) {
         daemon_event(d, w->job, "state", json_pack("{s:s,s:s}", "state", to, "reason", reason));
@@ -131,40 +202,43 @@ static void finish_worker(worker *w) {
     if (!s->stopping) uv_async_send(&s->wake);
 }
 
+/* Store a measured cost table (a job's cost_table event, a scheduled
+ * measurement's output) through the daemon's cost cache (costcache.c). */
+static int store_measured(ac_daemon *d, const json_t *j, ac_err *e) {
+    ac_cost_table t;
+    if (ac_cost_table_from_json(j, &t, e)) return -1;
+    snprintf(t.source, sizeof t.source, "measured");
+    ac_cost_cache c;
+    costcache_db(&c, d->db);
+    int rc = c.put(c.ud, &t, e);
+    ac_cost_table_free(&t);
+    return rc;
+}
+
 /* One line of worker output: {"kind": K, "data": D}. */
-static void handle_line(worker *w, const char *line) {
-    json_error_t je;
-    json_t *ev = json_loads(line, 0, &je);
-    const char *kind = json_string_value(json_object_get(ev, "kind"));
-    json_t *data = json_object_get(ev, "data");
-    if (!ev || !kind || !data) {
-        daemon_event(w->d, w->job, "log", json_pack("{s:s}", "line", line));
-        json_decref(ev);
+static void handle_line(worker *w, const char *line, size_t len) {
+    wevent ev;
+    if (wevent_parse(line, len, &ev)) {
+        daemon_event(w->d, w->job, "log", json_pack("{s:s%}", "line", line, len));
         return;
     }
     ac_err e;
-    if (!strcmp(kind, "result")) {
+    if (!strcmp(ev.kind, "result")) {
         free(w->result);
-        w->result = json_dumps(data, JSON_COMPACT);
-    } else if (!strcmp(kind, "error")) {
-        snprintf(w->error, sizeof w->error, "%s", json_string_value(json_object_get(data, "message")) ? json_string_value(json_object_get(data, "message")) : "error");
-    } else if (!strcmp(kind, "cost_table")) {
-        json_t *t = json_object_get(data, "table");
+        w->result = json_dumps(ev.data, JSON_COMPACT);
+    } else if (!strcmp(ev.kind, "error")) {
+        snprintf(w->error, sizeof w->error, "%s", ev.error);
+    } else if (!strcmp(ev.kind, "cost_table")) {
+        json_t *t = ev.table;
         if (t) {
-            char *ts = json_dumps(t, JSON_COMPACT);
-            if (db_cost_put(w->d->db, json_string_value(json_object_get(t, "key")), json_string_value(json_object_get(t, "device")),
-                            json_string_value(json_object_get(t, "dtype")), json_string_value(json_object_get(t, "engine")),
-                            (int)json_integer_value(json_object_get(t, "version")), json_string_value(json_object_get(t, "source")) ? json_string_value(json_object_get(t, "source")) : "measured", ts, &e))
-                log_line("job %ld: cannot store cost table: %s", w->job, e.msg);
-            free(ts);
-            json_object_del(data, "table"); /* the event keeps the summary */
-        } else if (json_is_true(json_object_get(data, "cache_hit"))) {
-            db_cost_hit(w->d->db, json_string_value(json_object_get(data, "key")), &e);
+            if (store_measured(w->d, t, &e)) log_line("job %ld: cannot store cost table: %s", w->job, e.msg);
+        } else if (json_is_true(json_object_get(ev.data, "cache_hit")) && json_is_string(json_object_get(ev.data, "key"))) {
+            if (db_cost_hit(w->d->db, json_string_value(json_object_get(ev.data, "key")), &e)) log_line("job %ld: %s", w->job, e.msg);
         }
+        json_object_del(ev.data, "table"); /* the event keeps the summary */
     }
-    json_incref(data);
-    daemon_event(w->d, w->job, kind, data);
-    json_decref(ev);
+    daemon_event(w->d, w->job, ev.kind, json_incref(ev.data));
+    wevent_free(&ev);
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
@@ -179,17 +253,19 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
         for (ssize_t i = 0; i < n; i++) {
             char ch = buf->base[i];
             if (ch == '\n') {
+                if (w->skipping) { w->skipping = 0; w->len = 0; continue; }
                 if (w->len) {
                     w->line[w->len] = 0;
-                    handle_line(w, w->line);
+                    handle_line(w, w->line, w->len);
                 }
                 w->len = 0;
                 continue;
             }
+            if (w->skipping) continue;
             if (w->len + 2 > w->cap) {
                 size_t nc = w->cap ? w->cap * 2 : 4096;
-                char *nl = realloc(w->line, nc);
-                if (!nl) continue;
+                char *nl = nc <= (64u << 20) ? realloc(w->line, nc) : NULL;
+                if (!nl) { w->len = 0; w->skipping = 1; continue; } /* an over-long or unallocatable line is dropped whole */
                 w->line = nl;
                 w->cap = nc;
             }
@@ -225,6 +301,7 @@ static int start_worker(scheduler *s, slot *sl, long job) {
     snprintf(dir, sizeof dir, "%s/jobs/%ld", d->cfg.data_dir, job);
     char jobs_dir[2048];
     snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", d->cfg.data_dir);
+    snprintf(s->jobs_dir, sizeof s->jobs_dir, "%s/jobs", d->data_dir_abs);
     mkdir(d->cfg.data_dir, 0755);
     mkdir(jobs_dir, 0755);
     mkdir(dir, 0755);
@@ -235,14 +312,29 @@ static int start_worker(scheduler *s, slot *sl, long job) {
         db_job_transition(d->db, job, "queued", "failed", "cannot create the job's log file", NULL, NULL, &e);
         return -1;
     }
-    if (db_job_transition(d->db, job, "queued", "running", "running", sl->id, NULL, &e) != 0) { close(logfd); return -1; }
     worker *w = calloc(1, sizeof *w);
+    if (!w) {
+        close(logfd);
+        log_line("job %ld: out of memory starting its worker", job);
+        return -1;
+    }
+    if (db_job_transition(d->db, job, "queued", "running", "running", sl->id, NULL, &e) != 0) {
+        close(logfd);
+        free(w);
+        return -1;
+    }
+    w->started = ac_now();
     w->d = d;
     w->job = job;
     w->slot = sl;
     snprintf(jobarg, sizeof jobarg, "%ld", job);
     snprintf(thr, sizeof thr, "%d", d->cfg.worker_threads);
-    char *args[] = {d->exe, "run-job", jobarg, "--db", d->cfg.db_path, "--device", sl->id, "--threads", thr, "--output", outp, NULL};
+    /* the worker applies the path rules again: same roots, same job dir */
+    char *args[12 + 2 * AC_MAX_ROOTS] = {d->exe, "run-job", jobarg, "--db", d->cfg.db_path, "--device", sl->id, "--threads", thr,
+                                         "--output", outp, "--jobs-dir", s->jobs_dir};
+    int na = 13;
+    for (int i = 0; i < d->cfg.nroots; i++) { args[na++] = "--root"; args[na++] = d->cfg.model_roots[i]; }
+    args[na] = NULL;
     uv_pipe_init(d->loop, &w->out, 0);
     uv_timer_init(d->loop, &w->kill_timer);
     w->out.data = w->proc.data = w->kill_timer.data = w;
@@ -284,8 +376,10 @@ static int start_worker(scheduler *s, slot *sl, long job) {
 }
 
 static slot *find_slot(scheduler *s, const char *dev, char *why, size_t whyn) {
-    int want_gpu = !strncmp(dev, "cuda", 4);
-    int want_idx = want_gpu && dev[4] == ':' ? atoi(dev + 5) : -1;
+    ac_target tg;
+    ac_err e;
+    int want_gpu = ac_target_resolve(dev, &tg, &e) == 0 && tg.kind == AC_TARGET_CUDA;
+    int want_idx = want_gpu ? tg.ordinal : -1;
     int exists = 0;
     for (int i = 0; i < s->nslots; i++) {
         slot *sl = &s->slots[i];
@@ -299,11 +393,283 @@ static slot *find_slot(scheduler *s, const char *dev, char *why, size_t whyn) {
     return NULL;
 }
 
+/* ------------------------------------------------------- measurements */
+
+static void measure_closed(uv_handle_t *h) {
+    measure *m = h->data;
+    if (--m->closing_handles > 0) return;
+    free(m->buf);
+    m->buf = NULL;
+}
+
+/* Both the exit and the end of its output seen: store and release. */
+static void measure_finish(measure *m) {
+    scheduler *s = m->s;
+    ac_daemon *d = s->d;
+    ac_err e = {{0}};
+    char state[16], err[300] = "";
+    if (m->cancel) snprintf(state, sizeof state, "cancelled");
+    else if (m->exit_status != 0 || !m->buf) {
+        snprintf(state, sizeof state, "failed");
+        snprintf(err, sizeof err, "the measurement process exited with status %lld", (long long)m->exit_status);
+    } else {
+        m->buf[m->len] = 0;
+        json_t *t = json_loads(m->buf, 0, NULL);
+        const char *field;
+        if (!t || ac_cost_table_validate(t, &field, &e)) {
+            snprintf(state, sizeof state, "failed");
+            snprintf(err, sizeof err, "the measurement printed no valid table");
+        } else if (store_measured(d, t, &e)) {
+            snprintf(state, sizeof state, "failed");
+            snprintf(err, sizeof err, "cannot store the table: %.250s", e.msg);
+        } else
+            snprintf(state, sizeof state, "succeeded");
+        json_decref(t);
+    }
+    pthread_mutex_lock(&s->mu);
+    snprintf(m->state, sizeof m->state, "%s", state);
+    snprintf(m->error, sizeof m->error, "%s", err);
+    m->finished_at = ac_now();
+    pthread_mutex_unlock(&s->mu);
+    log_line("cost-table measurement %ld (%s) %s%s%s", m->id, m->key, state, err[0] ? ": " : "", err);
+    m->slot->running--;
+    m->closing_handles = 3;
+    uv_close((uv_handle_t *)&m->proc, measure_closed);
+    uv_close((uv_handle_t *)&m->out, measure_closed);
+    uv_close((uv_handle_t *)&m->kill_timer, measure_closed);
+    if (!s->stopping) uv_async_send(&s->wake);
+}
+
+static void measure_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
+    measure *m = st->data;
+    if (n > 0) {
+        if (m->len + (size_t)n + 1 > m->cap && m->cap < (16u << 20)) {
+            size_t nc = (m->len + (size_t)n + 1) * 2;
+            char *nb = realloc(m->buf, nc);
+            if (nb) { m->buf = nb; m->cap = nc; }
+        }
+        if (m->buf && m->len + (size_t)n + 1 <= m->cap) {
+            memcpy(m->buf + m->len, buf->base, (size_t)n);
+            m->len += (size_t)n;
+        } else m->exit_status = m->exit_status ? m->exit_status : 99; /* output lost: fail it */
+    } else if (n < 0) {
+        uv_read_stop(st);
+        m->pipe_done = 1;
+        if (m->exited) measure_finish(m);
+    }
+    free(buf->base);
+}
+
+static void measure_exit(uv_process_t *p, int64_t status, int sig) {
+    measure *m = p->data;
+    if (m->exit_status == 0) m->exit_status = status ? status : sig ? 128 + sig : 0;
+    uv_timer_stop(&m->kill_timer);
+    m->exited = 1;
+    if (m->pipe_done) measure_finish(m);
+}
+
+static void measure_kill(uv_timer_t *t) {
+    measure *m = t->data;
+    uv_process_kill(&m->proc, SIGKILL);
+}
+
+static void measure_start(scheduler *s, measure *m, slot *sl) {
+    ac_daemon *d = s->d;
+    char thr[16];
+    snprintf(thr, sizeof thr, "%d", m->threads);
+    char *args[] = {d->exe, "measure-table", "--threads", thr, NULL};
+    uv_pipe_init(d->loop, &m->out, 0);
+    uv_timer_init(d->loop, &m->kill_timer);
+    m->out.data = m->proc.data = m->kill_timer.data = m;
+    uv_stdio_container_t stdio[3];
+    stdio[0].flags = UV_IGNORE;
+    stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+    stdio[1].data.stream = (uv_stream_t *)&m->out;
+    stdio[2].flags = UV_INHERIT_FD;
+    stdio[2].data.fd = 2;
+    uv_process_options_t opt;
+    memset(&opt, 0, sizeof opt);
+    opt.file = d->exe;
+    opt.args = args;
+    opt.exit_cb = measure_exit;
+    opt.stdio = stdio;
+    opt.stdio_count = 3;
+    m->slot = sl;
+    sl->running++;
+    pthread_mutex_lock(&s->mu);
+    snprintf(m->state, sizeof m->state, "running");
+    m->started_at = ac_now();
+    pthread_mutex_unlock(&s->mu);
+    int r = uv_spawn(d->loop, &m->proc, &opt);
+    if (r) {
+        m->exit_status = 127;
+        m->exited = m->pipe_done = 1;
+        measure_finish(m);
+        return;
+    }
+    uv_read_start((uv_stream_t *)&m->out, on_alloc, measure_read);
+    log_line("cost-table measurement %ld (%s) started on %s (pid %d)", m->id, m->key, sl->id, m->proc.pid);
+}
+
+/* Start queued measurements (oldest first) on free CPU slots; stop the
+ * ones asked to cancel. */
+static void run_measurements(scheduler *s) {
+    /* Keep the 32 newest entries; older finished ones whose handles are
+     * closed are dropped (loop thread: handle fields are only touched here). */
+    pthread_mutex_lock(&s->mu);
+    int kept = 0;
+    for (measure **pp = &s->measures; *pp;) {
+        measure *m = *pp;
+        int ended = strcmp(m->state, "queued") && strcmp(m->state, "running");
+        if (++kept > 32 && ended && m->closing_handles == 0) {
+            *pp = m->next;
+            free(m->buf);
+            free(m);
+            continue;
+        }
+        pp = &m->next;
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (;;) {
+        measure *next = NULL;
+        pthread_mutex_lock(&s->mu);
+        for (measure *m = s->measures; m; m = m->next) {
+            if (!strcmp(m->state, "running") && m->cancel && !m->exited && !uv_is_active((uv_handle_t *)&m->kill_timer)) {
+                uv_process_kill(&m->proc, SIGTERM);
+                uv_timer_start(&m->kill_timer, measure_kill, (uint64_t)(s->d->cfg.cancel_grace_s * 1000), 0);
+            }
+            if (!strcmp(m->state, "queued")) next = m;
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (!next || s->stopping) return;
+        char why[128];
+        slot *sl = find_slot(s, "cpu", why, sizeof why);
+        if (!sl) return;
+        measure_start(s, next, sl);
+    }
+}
+
+int sched_measure(ac_daemon *d, const json_t *req, const char *key, long *id, char *why, size_t n) {
+    scheduler *s = d->sched;
+    int active = 0, rc = 0;
+    json_t *th = json_object_get(req, "threads");
+    pthread_mutex_lock(&s->mu);
+    for (measure *m = s->measures; m; m = m->next) {
+        int live = !strcmp(m->state, "queued") || !strcmp(m->state, "running");
+        active += live;
+        if (live && !strcmp(m->key, key)) {
+            snprintf(why, n, "measurement %ld of this table is already %s", m->id, m->state);
+            rc = 1;
+        }
+    }
+    if (!rc && active >= d->cfg.max_measurements) {
+        snprintf(why, n, "%d measurements are queued or running (max_measurements); retry later", active);
+        rc = 2;
+    }
+    measure *m = rc ? NULL : calloc(1, sizeof *m);
+    if (!rc && !m) { snprintf(why, n, "out of memory"); rc = 2; }
+    if (m) {
+        m->s = s;
+        m->id = ++s->next_measure;
+        snprintf(m->key, sizeof m->key, "%s", key);
+        m->threads = th ? (int)json_integer_value(th) : 2;
+        snprintf(m->state, sizeof m->state, "queued");
+        m->queued_at = ac_now();
+        m->next = s->measures;
+        s->measures = m;
+        *id = m->id;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (m) uv_async_send(&s->wake);
+    return rc;
+}
+
+int sched_measure_cancel(ac_daemon *d, long id) {
+    scheduler *s = d->sched;
+    int rc = -1;
+    pthread_mutex_lock(&s->mu);
+    for (measure *m = s->measures; m; m = m->next) {
+        if (m->id != id) continue;
+        if (!strcmp(m->state, "queued")) {
+            snprintf(m->state, sizeof m->state, "cancelled");
+            m->finished_at = ac_now();
+            rc = 0;
+        } else if (!strcmp(m->state, "running")) {
+            m->cancel = 1;
+            rc = 0;
+        } else rc = 1;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rc == 0) uv_async_send(&s->wake);
+    return rc;
+}
+
+json_t *sched_measurements(ac_daemon *d) {
+    scheduler *s = d->sched;
+    json_t *a = json_array();
+    pthread_mutex_lock(&s->mu);
+    for (measure *m = s->measures; m && a; m = m->next) {
+        json_t *o = json_pack("{s:I,s:s,s:s,s:i,s:b}", "id", (json_int_t)m->id, "key", m->key, "state", m->state, "threads", m->threads,
+                              "cancel_requested", m->cancel);
+        if (o && m->error[0]) json_object_set_new(o, "error", json_string(m->error));
+        json_array_append_new(a, o);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return a;
+}
+
+/* ------------------------------------------------------- recovery, limits */
+
+/* Retry job ends the database refused. */
+static void retry_pending(scheduler *s) {
+    ac_err e = {{0}};
+    for (pending_end **pp = &s->pending; *pp;) {
+        pending_end *p = *pp;
+        int r = db_job_transition(s->d->db, p->job, "running", p->to, p->reason, NULL, p->result, &e);
+        if (r < 0) return; /* still failing: keep the rest too */
+        log_line("job %ld: end recorded on retry (%s)", p->job, p->to);
+        if (r == 0) {
+            daemon_event(s->d, p->job, "state", json_pack("{s:s,s:s}", "state", p->to, "reason", p->reason));
+            sse_finish(s->d->hub, p->job);
+        }
+        *pp = p->next;
+        free(p->reason);
+        free(p->result);
+        free(p);
+        pthread_mutex_lock(&s->mu);
+        s->npending--;
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+int sched_degraded(ac_daemon *d, char *msg, size_t n) {
+    scheduler *s = d->sched;
+    if (!s) return 0;
+    pthread_mutex_lock(&s->mu);
+    int deg = s->npending > 0;
+    if (deg) snprintf(msg, n, "%s", s->pending_why);
+    pthread_mutex_unlock(&s->mu);
+    return deg;
+}
+
+/* Stop jobs past max_job_seconds. */
+static void enforce_wall_clock(scheduler *s) {
+    double now = ac_now();
+    for (worker *w = s->workers; w; w = w->next)
+        if (!w->cancelling && !w->timed_out && now - w->started > s->d->cfg.max_job_seconds) {
+            w->timed_out = 1;
+            uv_process_kill(&w->proc, SIGTERM);
+            uv_timer_start(&w->kill_timer, on_kill_timer, (uint64_t)(s->d->cfg.cancel_grace_s * 1000), 0);
+            log_line("job %ld: over max_job_seconds=%d; stopping it", w->job, s->d->cfg.max_job_seconds);
+        }
+}
+
 static void schedule(scheduler *s) {
     if (s->stopping) return;
     ac_daemon *d = s->d;
     ac_err e;
     json_t *queue;
+    run_measurements(s);
     if (db_queue(d->db, &queue, &e)) { log_line("scheduler: %s", e.msg); return; }
     size_t i;
     json_t *j;
@@ -345,7 +711,12 @@ static void on_wake(uv_async_t *a) {
     schedule(s);
 }
 
-static void on_tick(uv_timer_t *t) { on_wake(&((scheduler *)t->data)->wake); }
+static void on_tick(uv_timer_t *t) {
+    scheduler *s = t->data;
+    if (s->pending) retry_pending(s);
+    enforce_wall_clock(s);
+    on_wake(&s->wake);
+}
 static void on_keepalive(uv_timer_t *t) { sse_keepalive(((scheduler *)t->data)->d->hub); }
 
 int sched_start(ac_daemon *d, ac_err *e) {
@@ -404,11 +775,22 @@ void sched_stop(ac_daemon *d) {
     scheduler *s = d->sched;
     s->stopping = 1;
     for (worker *w = s->workers; w; w = w->next) uv_process_kill(&w->proc, SIGKILL);
+    pthread_mutex_lock(&s->mu);
+    for (measure *m = s->measures; m; m = m->next)
+        if (!strcmp(m->state, "running") && !m->exited) { m->cancel = 1; uv_process_kill(&m->proc, SIGKILL); }
+    pthread_mutex_unlock(&s->mu);
     uv_timer_stop(&s->tick);
     uv_timer_stop(&s->keepalive);
 }
 
-int sched_busy(ac_daemon *d) { return d->sched->workers != NULL; }
+int sched_busy(ac_daemon *d) {
+    scheduler *s = d->sched;
+    int busy = s->workers != NULL;
+    pthread_mutex_lock(&s->mu);
+    for (measure *m = s->measures; m; m = m->next) busy |= !strcmp(m->state, "running") || m->closing_handles > 0;
+    pthread_mutex_unlock(&s->mu);
+    return busy;
+}
 
 void sched_close(ac_daemon *d) {
     scheduler *s = d->sched;
@@ -419,6 +801,8 @@ void sched_close(ac_daemon *d) {
 
 void sched_free(ac_daemon *d) {
     if (!d->sched) return;
+    for (measure *m = d->sched->measures, *n; m; m = n) { n = m->next; free(m->buf); free(m); }
+    for (pending_end *p = d->sched->pending, *n; p; p = n) { n = p->next; free(p->reason); free(p->result); free(p); }
     pthread_mutex_destroy(&d->sched->mu);
     free(d->sched);
     d->sched = NULL;

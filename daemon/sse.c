@@ -5,6 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 typedef struct sub {
     struct sub *next;
@@ -13,26 +16,77 @@ typedef struct sub {
     long job, queued_id;   /* last event id put into buf */
     char *buf;
     size_t len, off, cap;
-    int suspended, done, dropped;
+    int suspended, done, dropped, gone;
+    int fd;                /* the connection's socket, watched for hang-up */
+    unsigned long serial;  /* epoll tag: a freed sub is never touched */
 } sub;
 
 struct sse_hub {
     pthread_mutex_t mu;
     sub *subs;
     size_t max_buf;
-    int count, closing;
+    int count, closing, max_streams;
+    int epfd, stop_pipe[2];
+    unsigned long next_serial;
+    long hangups;
+    pthread_t watcher;
 };
 
-sse_hub *sse_hub_new(size_t max_buffer_bytes) {
+static void wake(sub *s);
+
+/* The hang-up watcher: a closed client resumes its stream at once. */
+static void *watch(void *arg) {
+    sse_hub *h = arg;
+    struct epoll_event ev[64];
+    for (;;) {
+        int n = epoll_wait(h->epfd, ev, 64, -1);
+        if (n < 0) continue;
+        pthread_mutex_lock(&h->mu);
+        for (int i = 0; i < n; i++) {
+            if (ev[i].data.u64 == 0) { pthread_mutex_unlock(&h->mu); return NULL; } /* stop pipe */
+            for (sub *s = h->subs; s; s = s->next)
+                if (s->serial == ev[i].data.u64 && !s->gone) {
+                    s->gone = 1;
+                    h->hangups++;
+                    epoll_ctl(h->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+                    wake(s);
+                }
+        }
+        pthread_mutex_unlock(&h->mu);
+    }
+}
+
+sse_hub *sse_hub_new(size_t max_buffer_bytes, int max_streams) {
     sse_hub *h = calloc(1, sizeof *h);
     if (!h) return NULL;
-    pthread_mutex_init(&h->mu, NULL);
     h->max_buf = max_buffer_bytes;
+    h->max_streams = max_streams;
+    h->next_serial = 1;
+    h->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (h->epfd < 0 || pipe2(h->stop_pipe, O_CLOEXEC)) {
+        if (h->epfd >= 0) close(h->epfd);
+        free(h);
+        return NULL;
+    }
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 0};
+    pthread_mutex_init(&h->mu, NULL);
+    if (epoll_ctl(h->epfd, EPOLL_CTL_ADD, h->stop_pipe[0], &ev) || pthread_create(&h->watcher, NULL, watch, h)) {
+        close(h->epfd);
+        close(h->stop_pipe[0]);
+        close(h->stop_pipe[1]);
+        pthread_mutex_destroy(&h->mu);
+        free(h);
+        return NULL;
+    }
     return h;
 }
 
 void sse_hub_free(sse_hub *h) {
     if (!h) return;
+    if (write(h->stop_pipe[1], "x", 1) == 1) pthread_join(h->watcher, NULL);
+    close(h->epfd);
+    close(h->stop_pipe[0]);
+    close(h->stop_pipe[1]);
     pthread_mutex_destroy(&h->mu);
     free(h);
 }
@@ -90,6 +144,8 @@ static ssize_t reader(void *cls, uint64_t pos, char *out, size_t max) {
         memcpy(out, s->buf + s->off, n);
         s->off += n;
         r = (ssize_t)n;
+    } else if (s->gone) {
+        r = MHD_CONTENT_READER_END_WITH_ERROR; /* the client hung up: close now */
     } else if (s->done || s->dropped || h->closing) {
         r = MHD_CONTENT_READER_END_OF_STREAM;
     } else {
@@ -108,19 +164,34 @@ static void free_sub(void *cls) {
     for (sub **p = &h->subs; *p; p = &(*p)->next)
         if (*p == s) { *p = s->next; break; }
     h->count--;
+    if (!s->gone && s->fd >= 0) epoll_ctl(h->epfd, EPOLL_CTL_DEL, s->fd, NULL);
     pthread_mutex_unlock(&h->mu);
     free(s->buf);
     free(s);
 }
 
-struct MHD_Response *sse_open(sse_hub *h, db *d, struct MHD_Connection *c, long job, long last_id, int terminal) {
+struct MHD_Response *sse_open(sse_hub *h, db *d, struct MHD_Connection *c, long job, long last_id, int terminal, int *full) {
+    *full = 0;
     sub *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->hub = h;
     s->conn = c;
     s->job = job;
     s->queued_id = last_id;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    s->fd = ci ? ci->connect_fd : -1;
     pthread_mutex_lock(&h->mu);
+    if (h->count >= h->max_streams) {
+        pthread_mutex_unlock(&h->mu);
+        free(s);
+        *full = 1;
+        return NULL;
+    }
+    s->serial = h->next_serial++;
+    if (s->fd >= 0) {
+        struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLHUP | EPOLLERR, .data.u64 = s->serial};
+        if (epoll_ctl(h->epfd, EPOLL_CTL_ADD, s->fd, &ev)) s->fd = -1;
+    }
     s->next = h->subs;
     h->subs = s;
     h->count++;
@@ -185,6 +256,13 @@ void sse_shutdown(sse_hub *h) {
     h->closing = 1;
     for (sub *s = h->subs; s; s = s->next) { s->done = 1; wake(s); }
     pthread_mutex_unlock(&h->mu);
+}
+
+long sse_hangups(sse_hub *h) {
+    pthread_mutex_lock(&h->mu);
+    long n = h->hangups;
+    pthread_mutex_unlock(&h->mu);
+    return n;
 }
 
 int sse_count(sse_hub *h) {

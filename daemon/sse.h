@@ -6,7 +6,13 @@
  * it is empty; the publisher (scheduler thread) appends and resumes under
  * the hub lock. A subscriber whose buffer overflows is dropped (the client
  * reconnects with Last-Event-ID and replays from SQLite). A keep-alive tick
- * resumes every subscriber with a comment line so dead clients are noticed.
+ * resumes every subscriber with a comment line.
+ *
+ * A suspended connection is not polled by libmicrohttpd, so a client that
+ * goes away would hold its slot until the next write. The hub watches every
+ * stream's socket itself (epoll, EPOLLRDHUP, one thread): a hang-up marks
+ * the subscriber gone and resumes it, and the reader ends the response at
+ * once. Streams are capped (max_streams) apart from API connections.
  */
 #ifndef AC_SSE_H
 #define AC_SSE_H
@@ -17,13 +23,15 @@
 
 typedef struct sse_hub sse_hub;
 
-sse_hub *sse_hub_new(size_t max_buffer_bytes);
+/* NULL when memory or the watcher thread cannot be had. */
+sse_hub *sse_hub_new(size_t max_buffer_bytes, int max_streams);
 void sse_hub_free(sse_hub *h);
 
 /* A streaming response for job `job`, replaying events with id > last_id
  * from the database first. `terminal`: the job has already ended (the
- * stream closes after the replay). NULL on allocation failure. */
-struct MHD_Response *sse_open(sse_hub *h, db *d, struct MHD_Connection *c, long job, long last_id, int terminal);
+ * stream closes after the replay). NULL on allocation failure, or with
+ * *full set when max_streams are open. */
+struct MHD_Response *sse_open(sse_hub *h, db *d, struct MHD_Connection *c, long job, long last_id, int terminal, int *full);
 
 /* Publish a stored event to the job's subscribers. */
 void sse_publish(sse_hub *h, long job, long event_id, const char *kind, const char *data_json);
@@ -34,5 +42,7 @@ void sse_keepalive(sse_hub *h);
 /* Close every stream (before MHD_stop_daemon). */
 void sse_shutdown(sse_hub *h);
 int sse_count(sse_hub *h);
+/* Streams ended because their client hung up (seen by the watcher). */
+long sse_hangups(sse_hub *h);
 
 #endif

@@ -7,10 +7,11 @@
 
 #include "kernels_cpu.h"
 
-void ac_linear_backward(float *dX, float *dW, float *db, const float *dY, const float *X, const float *W, int N, int in, int out,
-                        float alpha, int acc_dx) {
+void ac_linear_backward(float *dX, float *dW, float *db, const float *dY, const float *X, const float *W, int N, int in,
+                        int out, float alpha, int acc_dx) {
     if (dX) /* dX[N,in] (+)= alpha dY[N,out] W[out,in] */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, out, alpha, dY, out, W, in, acc_dx ? 1.0f : 0.0f, dX, in);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, out, alpha, dY, out, W, in, acc_dx ? 1.0f : 0.0f,
+                    dX, in);
     if (dW) /* dW[out,in] += alpha dY^T X */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, N, alpha, dY, out, X, in, 1.0f, dW, in);
     if (db)
@@ -18,7 +19,8 @@ void ac_linear_backward(float *dX, float *dW, float *db, const float *dY, const 
             for (int j = 0; j < out; j++) db[j] += alpha * dY[(long)r * out + j];
 }
 
-void ac_rmsnorm_fwd(float *y, float *xhat, float *r, const float *x, const float *w, const float *gh, int N, int H, float eps) {
+void ac_rmsnorm_fwd(float *y, float *xhat, float *r, const float *x, const float *w, const float *gh, int N, int H,
+                    float eps) {
     for (int i = 0; i < N; i++) {
         const float *xr = x + (long)i * H;
         float *xh = xhat + (long)i * H, *yr = y + (long)i * H;
@@ -33,8 +35,8 @@ void ac_rmsnorm_fwd(float *y, float *xhat, float *r, const float *x, const float
     }
 }
 
-void ac_rmsnorm_backward(float *dx, float *dw, float *dgh, const float *dy, const float *xhat, const float *r, const float *w,
-                         const float *gh, int N, int H) {
+void ac_rmsnorm_backward(float *dx, float *dw, float *dgh, const float *dy, const float *xhat, const float *r,
+                         const float *w, const float *gh, int N, int H) {
     for (int i = 0; i < N; i++) {
         const float *dyr = dy + (long)i * H, *xh = xhat + (long)i * H;
         float *dxr = dx + (long)i * H;
@@ -77,8 +79,9 @@ void ac_silu_mul_backward(float *dg, float *du, const float *dh, const float *g,
     }
 }
 
-void ac_attention_head_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v,
-                                int n, int hd, int q_stride, int kv_stride, int window, float *scratch) {
+void ac_attention_head_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                                const float *v, int n, int hd, int q_stride, int kv_stride, int window,
+                                float *scratch) {
     float scale = 1.0f / sqrtf((float)hd);
     float *P = scratch, *dS = scratch + (size_t)n * n;
     /* P[n,n] = softmax(mask(scale q k^T)), as the forward computes it */
@@ -108,15 +111,16 @@ void ac_attention_head_backward(float *dq, float *dk, float *dv, const float *do
 /* log-sum-exp of z[V] / tau (double). */
 static double lse(const float *z, int V, float tau, float *mx_out) {
     float mx = z[0];
-    for (int v = 1; v < V; v++) if (z[v] > mx) mx = z[v];
+    for (int v = 1; v < V; v++)
+        if (z[v] > mx) mx = z[v];
     double s = 0;
     for (int v = 0; v < V; v++) s += exp(((double)z[v] - mx) / tau);
     *mx_out = mx;
     return log(s);
 }
 
-double ac_loss_backward(float *dz, const float *z, const int *target, const float *tz, int N, int V, float tau, float kd_weight,
-                        float scale, double *ce_out, double *kd_out) {
+double ac_loss_backward(float *dz, const float *z, const int *target, const float *tz, int N, int V, float tau,
+                        float kd_weight, float scale, double *ce_out, double *kd_out) {
     long nce = 0;
     for (int r = 0; r < N; r++) nce += target && target[r] >= 0;
     float wkd = tz ? kd_weight : 0.0f, wce = 1.0f - wkd;

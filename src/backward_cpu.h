@@ -12,17 +12,18 @@
 /* Backward of Y[N,out] = alpha * X[N,in] W[out,in]^T (+ b[out]).
  * dX[N,in] (+)= alpha * dY W   (accumulate when acc_dx, else overwrite; dX may be NULL)
  * dW[out,in] += alpha * dY^T X;  db[out] += alpha * sum_rows dY  (db may be NULL). */
-void ac_linear_backward(float *dX, float *dW, float *db, const float *dY, const float *X, const float *W, int N, int in, int out,
-                        float alpha, int acc_dx);
+void ac_linear_backward(float *dX, float *dW, float *db, const float *dY, const float *X, const float *W, int N, int in,
+                        int out, float alpha, int acc_dx);
 
 /* RMSNorm split as xhat[N,H] = x * r (r[N] = rsqrt(mean(x^2) + eps)), then
  * y = xhat * w (* gh when gh != NULL, a per-channel gate).
  * Forward: writes xhat and r (kept for backward) and y. */
-void ac_rmsnorm_fwd(float *y, float *xhat, float *r, const float *x, const float *w, const float *gh, int N, int H, float eps);
+void ac_rmsnorm_fwd(float *y, float *xhat, float *r, const float *x, const float *w, const float *gh, int N, int H,
+                    float eps);
 /* Backward: dw[H] += sum dy*xhat*gh; dgh[H] += sum dy*xhat*w (when dgh);
  * dx[N,H] += r * (dxh - xhat * mean(dxh*xhat)) with dxh = dy*w*gh. */
-void ac_rmsnorm_backward(float *dx, float *dw, float *dgh, const float *dy, const float *xhat, const float *r, const float *w,
-                         const float *gh, int N, int H);
+void ac_rmsnorm_backward(float *dx, float *dw, float *dgh, const float *dy, const float *xhat, const float *r,
+                         const float *w, const float *gh, int N, int H);
 
 /* Backward of rotate-half RoPE (ac_rope): the inverse (transposed) rotation
  * applied in place to dx[N, nh*hd]. */
@@ -39,8 +40,8 @@ void ac_silu_mul_backward(float *dg, float *du, const float *dh, const float *g,
  *   dq = scale dS k (overwrite), dk += scale dS^T q.
  * Strides as in the forward (q, dq, dout: q_stride; k, v, dk, dv: kv_stride).
  * scratch: 2*n*n floats. */
-void ac_attention_head_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v,
-                                int n, int hd, int q_stride, int kv_stride, int window, float *scratch);
+void ac_attention_head_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                                const float *v, int n, int hd, int q_stride, int kv_stride, int window, float *scratch);
 
 /* Row losses on logits z[N,V] (fp32), gradient into dz[N,V] (overwrite):
  *   CE over rows with target[r] >= 0:  mean_r -log softmax(z_r)[target_r]
@@ -49,7 +50,7 @@ void ac_attention_head_backward(float *dq, float *dk, float *dv, const float *do
  *   loss = kd_weight * KD + (1 - kd_weight) * CE   (kd_weight 0 without teacher)
  * dz = scale * d loss / dz. Returns the loss (double); *ce and *kd (may be
  * NULL) get the two parts. */
-double ac_loss_backward(float *dz, const float *z, const int *target, const float *tz, int N, int V, float tau, float kd_weight,
-                        float scale, double *ce, double *kd);
+double ac_loss_backward(float *dz, const float *z, const int *target, const float *tz, int N, int V, float tau,
+                        float kd_weight, float scale, double *ce, double *kd);
 
 #endif

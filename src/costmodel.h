@@ -15,6 +15,14 @@
  * per-layer width (central differences of the piecewise log-linear
  * interpolant, exact between grid points).
  *
+ * Files: costtable.c (the table, interpolating lookups), costroofline.c
+ * (tables from datasheet profiles), costmeasure.c (the local CPU's table),
+ * costmodel.c (prediction and gradients), costjson.c (tables as JSON),
+ * costsource.c (which table a target gets: cache, measurement, roofline).
+ * The library knows no database: a cache of tables is an ac_cost_cache the
+ * caller hands in (the daemon and the CLI back it with SQLite,
+ * daemon/costcache.c).
+ *
  * Ownership: ac_cost_table owns its arrays (ac_cost_table_free).
  */
 #ifndef AC_COSTMODEL_H
@@ -25,6 +33,7 @@
 #include "device.h"
 #include "err.h"
 #include "model.h"
+#include "target.h"
 
 #define AC_CT_VERSION 4
 #define AC_CT_MAXG 16
@@ -32,19 +41,19 @@
 typedef struct {
     char key[384], device[160], dtype[16], engine[48], source[16];
     int version;
-    int roofline;                 /* 1: computed from spec, no grids */
+    int roofline; /* 1: computed from spec, no grids */
     double peak_tflops, bw_gbs, eta_c, eta_m, launch_us, mem_gib;
     int nm, nn, nk;
     double gm[AC_CT_MAXG], gn[AC_CT_MAXG], gk[AC_CT_MAXG];
-    double *gemm_us;              /* [nm][nn][nk], weights cold (read from memory) */
-    double *gemm_warm_us;         /* same grid, weights in cache; NULL = use gemm_us */
-    double cache_bytes;           /* effective cache: models whose weights fit run warm */
+    double *gemm_us;      /* [nm][nn][nk], weights cold (read from memory) */
+    double *gemm_warm_us; /* same grid, weights in cache; NULL = use gemm_us */
+    double cache_bytes;   /* effective cache: models whose weights fit run warm */
     int nhd, naq, nas;
     double ahd[AC_CT_MAXG], aq[AC_CT_MAXG], as[AC_CT_MAXG];
-    double *attn_us;              /* [nhd][naq][nas], one head, one sequence;
+    double *attn_us;  /* [nhd][naq][nas], one head, one sequence;
                                    * as[] is the grid of "extra keys" e = keys - queries + 1 */
-    double elem_ns;               /* per element of elementwise passes */
-    double measure_s;             /* seconds the measurement took */
+    double elem_ns;   /* per element of elementwise passes */
+    double measure_s; /* seconds the measurement took */
 } ac_cost_table;
 
 void ac_cost_table_free(ac_cost_table *t);
@@ -60,25 +69,28 @@ int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud,
 /* Roofline table for a named spec profile and weight dtype. */
 int ac_cost_roofline(const ac_device_spec *s, const char *dtype, ac_cost_table *t, ac_err *e);
 
-/* {"device":"cpu","threads":2} -> validate / key / measure (HTTP API). */
-int ac_cost_measure_validate(const json_t *req, const char **field, ac_err *e);
-void ac_cost_measure_key(const json_t *req, char *key, size_t n);
-int ac_cost_measure_json(const json_t *req, json_t **table, ac_err *e);
-
-/* Read a cached table from a SQLite file (read-only); *found = 0 if absent. */
-int ac_cost_cache_get(const char *db_path, const char *key, ac_cost_table *t, int *found, ac_err *e);
-/* Store (CLI use; the daemon stores through its own writer). */
-int ac_cost_cache_put(const char *db_path, const ac_cost_table *t, ac_err *e);
+/* A cache of cost tables, keyed by ac_cost_table.key. get: *found = 0 when
+ * absent, -1 with e for an entry that cannot be read. put may be NULL (a
+ * read-only cache: the daemon's worker, whose tables the daemon stores from
+ * the job's cost_table event). */
+typedef struct ac_cost_cache {
+    int (*get)(void *ud, const char *key, ac_cost_table *t, int *found, ac_err *e);
+    int (*put)(void *ud, const ac_cost_table *t, ac_err *e);
+    void *ud;
+} ac_cost_cache;
+/* get through a cache that may be NULL (then nothing is found). */
+int ac_cost_cache_lookup(const ac_cost_cache *c, const char *key, ac_cost_table *t, int *found, ac_err *e);
 
 /* Operator costs (microseconds). */
 double ac_cost_gemm_us(const ac_cost_table *t, double m, double n, double k);
-double ac_cost_attn_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s, int head_dim);
+double ac_cost_attn_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s,
+                       int head_dim);
 
 /* Continuous architecture: per-layer widths as reals (0 = removed). */
 typedef struct {
     int n_layers, head_dim, vocab, tie;
     double hidden;
-    double *heads, *kv, *ffn;     /* n_layers each, owned */
+    double *heads, *kv, *ffn; /* n_layers each, owned */
 } ac_carch;
 
 int ac_carch_from_arch(const ac_arch *a, ac_carch *c, ac_err *e);
@@ -93,40 +105,40 @@ typedef struct {
     char name[32];
     int w_bytes, kv_bytes, act_bytes;
     int block_size;
-    double mem_util;            /* fraction of device memory the engine may use */
-    double overhead_ms;         /* per forward call (scheduler, sampling, launch not in tables) */
-    double overhead_gib;        /* runtime memory outside weights/KV/activations */
+    double mem_util;     /* fraction of device memory the engine may use */
+    double overhead_ms;  /* per forward call (scheduler, sampling, launch not in tables) */
+    double overhead_gib; /* runtime memory outside weights/KV/activations */
 } ac_engine_profile;
 
-/* Defaults for a device class, then overridden by a spec's target.engine. */
+/* Defaults for a device class (jobspec.c then applies a spec's target.engine). */
 void ac_engine_profile_default(ac_engine_profile *p, int is_cpu);
-int ac_engine_profile_from_json(const json_t *j, ac_engine_profile *p, ac_err *e);
-int ac_workload_from_json(const json_t *j, ac_workload *w, ac_err *e);
+/* The weight dtype a profile's tables are keyed by: fp32, fp8 or bf16. */
+const char *ac_engine_profile_dtype(const ac_engine_profile *p);
 
 typedef struct {
     double ttft_ms, tpot_ms, tok_per_s, e2e_ms;
     double mem_gib, weights_gib, kv_gib, act_gib;
     double params;
-    int max_batch;              /* largest batch that fits (memory) */
+    int max_batch; /* largest batch that fits (memory) */
     double device_mem_gib;
 } ac_cost;
 
 /* smooth = 1 drops tile quantisation (for gradients). */
-void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p, int smooth,
-                     ac_cost *out);
+void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
+                     int smooth, ac_cost *out);
 /* Metric selector for gradients. */
 typedef enum { AC_M_TTFT, AC_M_TPOT, AC_M_TPS, AC_M_MEM, AC_M_PARAMS, AC_M_COUNT } ac_metric;
 double ac_cost_metric(const ac_cost *c, ac_metric m);
 /* d metric / d heads[l], kv[l], ffn[l] and d hidden (as grad_hidden). */
-void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p, ac_metric m,
-                  double *g_heads, double *g_kv, double *g_ffn, double *g_hidden);
+void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
+                  ac_metric m, double *g_heads, double *g_kv, double *g_ffn, double *g_hidden);
 json_t *ac_cost_to_json(const ac_cost *c);
 
-/* POST /v1/estimate: {"model": dir | "architecture": {...}, "target": {...}}. */
-int ac_estimate_json(const json_t *req, const char *cost_db, json_t **out, const char **field, ac_err *e);
-/* Resolve the cost table for a target device: CPU (cache or measure),
- * named profile (roofline). */
-int ac_cost_table_for(const char *device, const char *dtype, const char *cost_db, int threads, int allow_measure,
-                      void (*progress)(void *, double), void *ud, ac_cost_table *t, int *cache_hit, ac_err *e);
+/* The cost table for a target (costsource.c): the local CPU's or GPU's from
+ * the cache, else measured (allow_measure; progress may be NULL); a spec
+ * profile's roofline for dtype. */
+int ac_cost_table_for(const ac_target *target, const char *dtype, const ac_cost_cache *cache, int threads,
+                      int allow_measure, void (*progress)(void *, double), void *ud, ac_cost_table *t, int *cache_hit,
+                      ac_err *e);
 
 #endif

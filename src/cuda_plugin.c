@@ -37,24 +37,19 @@ static void load(void) {
         if (!h) snprintf(why_buf, sizeof why_buf, "cannot load %.200s: %.250s", paths[i], dlerror());
     }
     if (!h) {
-        if (!strcmp(why_buf, "not probed")) snprintf(why_buf, sizeof why_buf, "CUDA plugin libac_cuda.so not built (no nvcc at build time)");
+        if (!strcmp(why_buf, "not probed"))
+            snprintf(why_buf, sizeof why_buf, "CUDA plugin libac_cuda.so not built (no nvcc at build time)");
         return;
     }
-#define SYM(field, name) *(void **)&api.field = dlsym(h, name)
-    SYM(device_count, "acc_device_count");
-    SYM(device_info, "acc_device_info");
-    SYM(engine_create, "acc_engine_create");
-    SYM(engine_forward, "acc_engine_forward");
-    SYM(engine_nll, "acc_engine_nll");
-    SYM(engine_update, "acc_engine_update");
-    SYM(engine_free, "acc_engine_free");
-    SYM(time_gemm, "acc_time_gemm");
-    SYM(measure_table, "acc_measure_table");
-#undef SYM
-    if (!api.device_count || !api.device_info || !api.engine_create || !api.engine_forward || !api.engine_nll || !api.engine_update || !api.engine_free || !api.time_gemm || !api.measure_table) {
-        snprintf(why_buf, sizeof why_buf, "CUDA plugin is missing symbols");
+    const ac_cuda_api *(*entry)(void);
+    *(void **)&entry = dlsym(h, "acc_api");
+    const ac_cuda_api *got = entry ? entry() : NULL;
+    if (!got || !got->device_count || !got->device_info || !got->engine_create || !got->engine_forward ||
+        !got->engine_nll || !got->engine_update || !got->engine_free || !got->time_gemm || !got->measure_table) {
+        snprintf(why_buf, sizeof why_buf, "CUDA plugin has no complete acc_api table (built from other sources?)");
         return;
     }
+    api = *got;
     if (api.device_count() <= 0) {
         snprintf(why_buf, sizeof why_buf, "no CUDA device present (plugin loaded)");
         return;

@@ -12,21 +12,8 @@
 #include <stddef.h>
 
 #include "costmodel.h"
+#include "cuda/ac_cuda.h" /* ac_cuda_api: the plugin ABI */
 #include "model.h"
-
-typedef struct acc_engine acc_engine;
-
-typedef struct {
-    int (*device_count)(void);
-    int (*device_info)(int dev, char *name, size_t n, double *mem_gib, int *sms, int *cc);
-    int (*engine_create)(int dev, const ac_model *m, int max_batch, int max_ctx, acc_engine **out, char *err, size_t errn);
-    int (*engine_forward)(acc_engine *en, const int *tokens, int B, int n, int pos0, int last_only, float *logits, char *err, size_t errn);
-    int (*engine_nll)(acc_engine *en, const int *tokens, const int *targets, int B, int n, int pos0, float *nll, char *err, size_t errn);
-    int (*engine_update)(acc_engine *en, int layer, int which, const float *w, size_t n, char *err, size_t errn);
-    void (*engine_free)(acc_engine *en);
-    int (*time_gemm)(int dev, int m, int n, int k, double *us, char *err, size_t errn);
-    int (*measure_table)(int dev, ac_cost_table *t, char *err, size_t errn);
-} ac_cuda_api;
 
 const ac_cuda_api *ac_cuda(const char **why);
 

@@ -6,14 +6,26 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_plugin.h"
 #include "device.h"
 #include "engine.h"
 #include "optim.h"
+#include "rope.h"
 #include "train.h"
 
 void ac_distill_defaults(ac_distill_opts *o) {
-    *o = (ac_distill_opts){.tokens = 0, .seq_len = 128, .batch = 8, .lr = 1e-3f, .min_lr = 1e-4f, .warmup = -1, .weight_decay = 0.01f,
-                           .clip = 1.0f, .temperature = 1.0f, .ce_weight = 0.0f, .seed = 1, .mem_limit = 0};
+    *o = (ac_distill_opts){.tokens = 0,
+                           .seq_len = 128,
+                           .batch = 8,
+                           .lr = 1e-3f,
+                           .min_lr = 1e-4f,
+                           .warmup = -1,
+                           .weight_decay = 0.01f,
+                           .clip = 1.0f,
+                           .temperature = 1.0f,
+                           .ce_weight = 0.0f,
+                           .seed = 1,
+                           .mem_limit = 0};
 }
 
 /* ac_engine_init's buffers for batch B x context T (engine.c). */
@@ -25,13 +37,16 @@ static double engine_bytes(const ac_arch *a, int B, int T) {
         mf = fmax(mf, a->layers[l].ffn);
         kvc += 2 * N * a->layers[l].n_kv_heads * hd;
     }
-    return 4 * (3 * N * H + 2 * N * (mq + 1) + 2 * N * (mf + 1) + 2 * N * (mkv + 1) + (double)T * T + N * a->vocab + T * hd + kvc) + 4 * N;
+    return 4 * (3 * N * H + 2 * N * (mq + 1) + 2 * N * (mf + 1) + 2 * N * (mkv + 1) + (double)T * T + N * a->vocab +
+                T * hd + kvc) +
+           4 * N;
 }
 
 double ac_distill_mem_bytes(const ac_arch *teacher, const ac_arch *student, int batch, int seq_len) {
     double ps = ac_arch_params(student), pt = ac_arch_params(teacher);
     /* weights + 2 Adam moments (gradients are inside ac_trainer_bytes) */
-    return 3 * 4 * ps + (double)ac_trainer_bytes(student, batch, seq_len) + 4 * pt + engine_bytes(teacher, batch, seq_len);
+    return 3 * 4 * ps + (double)ac_trainer_bytes(student, batch, seq_len) + 4 * pt +
+           engine_bytes(teacher, batch, seq_len);
 }
 
 /* MemAvailable of /proc/meminfo in bytes, else total memory, else 0. */
@@ -57,22 +72,111 @@ static unsigned long long rng_next(unsigned long long *s) {
 
 static int check_opts(const ac_model *teacher, const ac_model *student, size_t n, const ac_distill_opts *o, ac_err *e) {
     if (teacher->a.vocab != student->a.vocab)
-        return ac_errf(e, "distill: teacher vocabulary %d differs from the student's %d", teacher->a.vocab, student->a.vocab);
-    if (o->batch <= 0 || o->seq_len < 2) return ac_errf(e, "distill.batch and distill.seq_len must be at least 1 and 2");
+        return ac_errf(e, "distill: teacher vocabulary %d differs from the student's %d", teacher->a.vocab,
+                       student->a.vocab);
+    if (o->batch <= 0 || o->seq_len < 2)
+        return ac_errf(e, "distill.batch and distill.seq_len must be at least 1 and 2");
     if (o->tokens < 0 || o->tokens > AC_DISTILL_MAX_TOKENS)
         return ac_errf(e, "distill.tokens=%ld is outside [0, %ld]", o->tokens, AC_DISTILL_MAX_TOKENS);
     if (n < (size_t)o->batch * o->seq_len + 1)
-        return ac_errf(e, "distill.text: %zu tokens is shorter than one batch (distill.batch %d x distill.seq_len %d + 1)", n, o->batch, o->seq_len);
-    double need = ac_distill_mem_bytes(&teacher->a, &student->a, o->batch, o->seq_len), have = o->mem_limit > 0 ? o->mem_limit : host_available();
+        return ac_errf(e,
+                       "distill.text: %zu tokens is shorter than one batch (distill.batch %d x distill.seq_len %d + 1)",
+                       n, o->batch, o->seq_len);
+    double need = ac_distill_mem_bytes(&teacher->a, &student->a, o->batch, o->seq_len),
+           have = o->mem_limit > 0 ? o->mem_limit : host_available();
+    if (o->cuda) {
+        const char *why;
+        const ac_cuda_api *cu = ac_cuda(&why);
+        if (!cu) return ac_errf(e, "distill: no CUDA device: %s", why);
+        if (!cu->trainer_create) return ac_errf(e, "distill: the CUDA plugin has no trainer (rebuild it)");
+        char name[128];
+        double gib = 0;
+        int sms, cc;
+        if (o->mem_limit <= 0 && cu->device_info(0, name, sizeof name, &gib, &sms, &cc) == 0) have = gib * 1073741824.0;
+    }
     if (have > 0 && need > 0.9 * have)
-        return ac_errf(e, "distill.batch: distillation needs about %.3g GiB (student weights, gradients and Adam state, activations of %d x %d "
-                          "tokens, teacher) but %.3g GiB is available; lower distill.batch or distill.seq_len",
+        return ac_errf(e,
+                       "distill.batch: distillation needs about %.3g GiB (student weights, gradients and Adam state, "
+                       "activations of %d x %d "
+                       "tokens, teacher) but %.3g GiB is available; lower distill.batch or distill.seq_len",
                        need / 1073741824.0, o->batch, o->seq_len, have / 1073741824.0);
     return 0;
 }
 
-int ac_distill(const ac_model *teacher, ac_model *student, const int *ids, size_t n, const ac_distill_opts *o, ac_distill_cb cb,
-               void *ud, ac_distill_result *r, ac_err *e) {
+/* The host's RoPE tables for T positions of a (rope.c), as the plugin takes them. */
+/* After step s of steps: the loss averages over the first and last avg
+ * steps, the counts in r, and the caller's callback (non-zero: cancel). */
+static int step_done(ac_distill_result *r, int s, int steps, int avg, int N, double loss, float lr, double *first,
+                     double *last, ac_distill_cb cb, void *ud, ac_err *e) {
+    if (s < avg) *first += loss / avg;
+    if (s >= steps - avg) *last += loss / avg;
+    r->steps = s + 1;
+    r->tokens += N;
+    return cb && cb(ud, s + 1, steps, loss, lr) ? ac_errf(e, "cancelled") : 0;
+}
+
+static int rope_for(const ac_arch *a, int T, float **cs, float **sn, ac_err *e) {
+    size_t n = (size_t)T * (a->head_dim / 2);
+    *cs = malloc(n * sizeof **cs), *sn = malloc(n * sizeof **sn);
+    if (!*cs || !*sn) return ac_errf(e, "out of memory");
+    return ac_rope_tables(a, T, *cs, *sn, e);
+}
+
+/* ac_distill on CUDA device 0: the teacher on the plugin's inference engine
+ * (logits to the host), the student on its trainer (teacher logits up). */
+static int distill_cuda(const ac_model *teacher, ac_model *student, const int *ids, size_t n, const ac_distill_opts *o,
+                        const ac_adamw_opts *ao, int steps, ac_distill_cb cb, void *ud, ac_distill_result *r,
+                        ac_err *e) {
+    const ac_cuda_api *cu = ac_cuda(NULL);
+    int B = o->batch, T = o->seq_len, N = B * T, avg = steps / 20 > 0 ? steps / 20 : 1, rc = 0;
+    char er[512] = "";
+    acc_engine *te = NULL;
+    acc_trainer *tr = NULL;
+    int *tok = malloc(sizeof(int) * N), *tgt = malloc(sizeof(int) * N);
+    float *tl = malloc(sizeof(float) * (size_t)N * teacher->a.vocab), *tc = NULL, *ts = NULL, *sc = NULL, *ss = NULL;
+    if (!tok || !tgt || !tl) rc = ac_errf(e, "out of memory");
+    if (!rc) rc = rope_for(&teacher->a, T, &tc, &ts, e) || rope_for(&student->a, T, &sc, &ss, e);
+    if (!rc && cu->engine_create(0, teacher, B, T, tc, ts, &te, er, sizeof er))
+        rc = ac_errf(e, "distill teacher on CUDA: %s", er);
+    if (!rc && cu->trainer_create(0, student, B, T, sc, ss, &tr, er, sizeof er))
+        rc = ac_errf(e, "distill student on CUDA: %s", er);
+    unsigned long long seed = o->seed * 0x9E3779B97F4A7C15ULL + 1;
+    double t0 = ac_now(), first = 0, last = 0;
+    for (int s = 0; !rc && s < steps; s++) {
+        for (int b = 0; b < B; b++) memcpy(tok + (size_t)b * T, ids + rng_next(&seed) % (n - T + 1), sizeof(int) * T);
+        ac_next_token_targets(tgt, tok, B, T);
+        double loss = 0;
+        float lr = ac_lr_at(ao, s);
+        if (cu->engine_forward(te, tok, B, T, 0, 0, tl, er, sizeof er) ||
+            cu->trainer_grad(tr, tok, tgt, tl, B, T, o->temperature, 1.0f - o->ce_weight, 1.0f, &loss, er, sizeof er) ||
+            cu->trainer_step(tr, lr, ao->beta1, ao->beta2, ao->eps, ao->weight_decay, ao->clip, s, NULL, er,
+                             sizeof er)) {
+            rc = ac_errf(e, "distill on CUDA: %s", er);
+            break;
+        }
+        if (step_done(r, s, steps, avg, N, loss, lr, &first, &last, cb, ud, e)) {
+            rc = -1;
+            break;
+        }
+    }
+    if (!rc && cu->trainer_download(tr, student, NULL, er, sizeof er)) rc = ac_errf(e, "distill on CUDA: %s", er);
+    r->seconds = ac_now() - t0;
+    r->loss_first = first;
+    r->loss_last = last;
+    if (tr) cu->trainer_free(tr);
+    if (te) cu->engine_free(te);
+    free(tc);
+    free(ts);
+    free(sc);
+    free(ss);
+    free(tok);
+    free(tgt);
+    free(tl);
+    return rc;
+}
+
+int ac_distill(const ac_model *teacher, ac_model *student, const int *ids, size_t n, const ac_distill_opts *o,
+               ac_distill_cb cb, void *ud, ac_distill_result *r, ac_err *e) {
     memset(r, 0, sizeof *r);
     if (check_opts(teacher, student, n, o, e)) return -1;
     int B = o->batch, T = o->seq_len, N = B * T;
@@ -80,13 +184,34 @@ int ac_distill(const ac_model *teacher, ac_model *student, const int *ids, size_
     ac_engine te;
     ac_trainer tr;
     ac_adamw opt;
-    ac_adamw_opts ao = {.lr = o->lr, .min_lr = o->min_lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = o->weight_decay,
-                        .clip = o->clip, .warmup = o->warmup >= 0 ? o->warmup : steps / 20, .total_steps = steps};
+    ac_adamw_opts ao = {.lr = o->lr,
+                        .min_lr = o->min_lr,
+                        .beta1 = 0.9f,
+                        .beta2 = 0.95f,
+                        .eps = 1e-8f,
+                        .weight_decay = o->weight_decay,
+                        .clip = o->clip,
+                        .warmup = o->warmup >= 0 ? o->warmup : steps / 20,
+                        .total_steps = steps};
+    if (o->cuda) return distill_cuda(teacher, student, ids, n, o, &ao, steps, cb, ud, r, e);
     ac_adamw_init(&opt, &ao);
     int *tok = malloc(sizeof(int) * N), *tgt = malloc(sizeof(int) * N);
-    if (!tok || !tgt) { free(tok); free(tgt); return ac_errf(e, "out of memory"); }
-    if (ac_engine_init(&te, teacher, B, T, e)) { free(tok); free(tgt); return ac_errctx(e, "distill teacher"); }
-    if (ac_trainer_init(&tr, student, B, T, e)) { ac_engine_free(&te); free(tok); free(tgt); return ac_errctx(e, "distill student"); }
+    if (!tok || !tgt) {
+        free(tok);
+        free(tgt);
+        return ac_errf(e, "out of memory");
+    }
+    if (ac_engine_init(&te, teacher, B, T, e)) {
+        free(tok);
+        free(tgt);
+        return ac_errctx(e, "distill teacher");
+    }
+    if (ac_trainer_init(&tr, student, B, T, e)) {
+        ac_engine_free(&te);
+        free(tok);
+        free(tgt);
+        return ac_errctx(e, "distill student");
+    }
     int rc = ac_adamw_add_model(&opt, student, &tr.g, e);
     unsigned long long seed = o->seed * 0x9E3779B97F4A7C15ULL + 1;
     double t0 = ac_now(), first = 0, last = 0;
@@ -96,17 +221,22 @@ int ac_distill(const ac_model *teacher, ac_model *student, const int *ids, size_
             memcpy(tok + (size_t)b * T, ids + st, sizeof(int) * T);
         }
         ac_next_token_targets(tgt, tok, B, T);
-        if (ac_engine_forward(&te, tok, B, T, 0, 0, e) || ac_train_forward(&tr, tok, B, T, e)) { rc = -1; break; }
+        if (ac_engine_forward(&te, tok, B, T, 0, 0, e) || ac_train_forward(&tr, tok, B, T, e)) {
+            rc = -1;
+            break;
+        }
         double loss = ac_train_loss(&tr, tgt, te.logits, o->temperature, 1.0f - o->ce_weight, 1.0f, NULL, NULL);
         ac_train_backward(&tr);
         float lr = ac_lr_at(&ao, s);
-        if (ac_adamw_step(&opt, NULL, e)) { rc = -1; break; }
+        if (ac_adamw_step(&opt, NULL, e)) {
+            rc = -1;
+            break;
+        }
         ac_train_zero_grad(&tr);
-        if (s < avg) first += loss / avg;
-        if (s >= steps - avg) last += loss / avg;
-        r->steps = s + 1;
-        r->tokens += N;
-        if (cb && cb(ud, s + 1, steps, loss, lr)) { rc = ac_errf(e, "cancelled"); break; }
+        if (step_done(r, s, steps, avg, N, loss, lr, &first, &last, cb, ud, e)) {
+            rc = -1;
+            break;
+        }
     }
     r->seconds = ac_now() - t0;
     r->loss_first = first;
@@ -117,11 +247,6 @@ int ac_distill(const ac_model *teacher, ac_model *student, const int *ids, size_
     free(tok);
     free(tgt);
     return rc;
-}
-
-static double num(const json_t *o, const char *k, double def) {
-    json_t *v = json_object_get(o, k);
-    return json_is_number(v) ? json_number_value(v) : def;
 }
 
 typedef struct {
@@ -137,58 +262,64 @@ static int job_step(void *ud, int step, int steps, double loss, double lr) {
     double now = ac_now();
     if (c->emit && (step == 1 || step == steps || now - c->last >= 0.25)) {
         c->last = now;
-        json_t *ev = json_pack("{s:s,s:i,s:i,s:f,s:f}", "arm", c->arm, "step", step, "steps", steps, "loss", loss, "lr", lr);
+        json_t *ev =
+            json_pack("{s:s,s:i,s:i,s:f,s:f}", "arm", c->arm, "step", step, "steps", steps, "loss", loss, "lr", lr);
         c->emit(c->ud, "distill", ev);
         json_decref(ev);
     }
     return c->cancelled && *c->cancelled;
 }
 
-int ac_distill_job(const json_t *spec, const char *model_dir, const ac_model *teacher, const int *cids, size_t nc, ac_model *const *arms,
-                   const char *const *names, int narms, const int *hids, size_t nh, const ac_ppl_opts *po,
-                   void (*emit)(void *ud, const char *kind, json_t *data), void *ud, volatile int *cancelled, json_t **out, ac_err *e) {
+int ac_distill_job(const ac_distill_spec *ds, const char *model_dir, const char *calibration, const ac_model *teacher,
+                   const int *cids, size_t nc, ac_model *const *arms, const char *const *names, int narms,
+                   const int *hids, size_t nh, const ac_ppl_opts *po,
+                   void (*emit)(void *ud, const char *kind, json_t *data), void *ud, volatile int *cancelled,
+                   json_t **out, ac_err *e) {
     *out = NULL;
-    json_t *dj = json_object_get(spec, "distill");
     ac_distill_opts o;
     ac_distill_defaults(&o);
-    o.tokens = (long)num(dj, "tokens", 0);
-    if (!dj || o.tokens <= 0) return 0;
-    o.seq_len = (int)num(dj, "seq_len", o.seq_len);
-    o.batch = (int)num(dj, "batch", o.batch);
-    o.lr = (float)num(dj, "lr", o.lr);
+    o.tokens = ds->tokens;
+    if (o.tokens <= 0) return 0;
+    o.seq_len = ds->seq_len;
+    o.batch = ds->batch;
+    o.lr = (float)ds->lr;
     o.min_lr = o.lr / 10;
-    o.temperature = (float)num(dj, "temperature", o.temperature);
-    o.ce_weight = (float)num(dj, "ce_weight", o.ce_weight);
-    o.seed = (unsigned long long)num(dj, "seed", 1);
-    const char *text = json_string_value(json_object_get(dj, "text"));
+    o.temperature = (float)ds->temperature;
+    o.ce_weight = (float)ds->ce_weight;
+    o.seed = (unsigned long long)ds->seed;
+    o.cuda = po->cuda; /* a local CUDA target distils on its GPU, as it evaluates there */
+    /* default: the whole calibration file (the job keeps only its first
+     * calibration_tokens tokens for calibration) */
+    const char *text = ds->text[0] ? ds->text : calibration && calibration[0] ? calibration : NULL;
     int *ids = NULL;
     size_t n = nc;
     if (text && ac_load_text_ids(model_dir, text, &ids, &n, teacher->a.vocab, e)) return ac_errctx(e, "distill.text");
     const int *use = ids ? ids : cids;
     json_t *res = json_object();
-    int rc = 0;
+    int rc = res ? 0 : ac_errf(e, "out of memory");
     for (int i = 0; i < narms && !rc; i++) {
         ac_ppl_result pp;
         ac_distill_result dr;
         job_cb c = {emit, ud, names[i], cancelled, 0};
-        if (ac_perplexity(arms[i], hids, nh, po, NULL, NULL, NULL, &pp, e)) { rc = -1; break; }
-        if (ac_distill(teacher, arms[i], use, n, &o, job_step, &c, &dr, e)) { rc = ac_errctx(e, "%s", names[i]); break; }
-        json_object_set_new(res, names[i], json_pack("{s:f,s:{s:I,s:i,s:f,s:f,s:f,s:f,s:i,s:i,s:f}}", "perplexity_pruned", pp.ppl, "distill",
-                                                     "tokens", (json_int_t)dr.tokens, "steps", dr.steps, "seconds", dr.seconds, "loss_first",
-                                                     dr.loss_first, "loss_last", dr.loss_last, "lr", o.lr, "seq_len", o.seq_len, "batch",
-                                                     o.batch, "temperature", o.temperature));
+        if (ac_perplexity(arms[i], hids, nh, po, NULL, NULL, NULL, &pp, e)) {
+            rc = -1;
+            break;
+        }
+        if (ac_distill(teacher, arms[i], use, n, &o, job_step, &c, &dr, e)) {
+            rc = ac_errctx(e, "%s", names[i]);
+            break;
+        }
+        json_object_set_new(res, names[i],
+                            json_pack("{s:f,s:{s:I,s:i,s:f,s:f,s:f,s:f,s:i,s:i,s:f}}", "perplexity_pruned", pp.ppl,
+                                      "distill", "tokens", (json_int_t)dr.tokens, "steps", dr.steps, "seconds",
+                                      dr.seconds, "loss_first", dr.loss_first, "loss_last", dr.loss_last, "lr", o.lr,
+                                      "seq_len", o.seq_len, "batch", o.batch, "temperature", o.temperature));
     }
     free(ids);
-    if (rc) { json_decref(res); return -1; }
+    if (rc) {
+        json_decref(res);
+        return -1;
+    }
     *out = res;
     return 0;
-}
-
-void ac_distill_report(json_t *report, const json_t *dist) {
-    const char *k;
-    json_t *v;
-    json_object_foreach((json_t *)dist, k, v) {
-        json_t *arm = json_object_get(report, k);
-        if (json_is_object(arm)) json_object_update(arm, v);
-    }
 }

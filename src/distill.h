@@ -3,9 +3,9 @@
  * teacher on the CPU: the teacher runs forward only (ac_engine), the student
  * trains on tau^2 KL(teacher || student) of temperature-scaled logits,
  * optionally mixed with next-token cross-entropy, with AdamW (optim.h) on
- * its fp32 weights, updated in place. Also the job's distillation stage
- * (spec field "distill"), which the pipeline calls between prune and
- * evaluate for every arm it reports.
+ * its fp32 weights, updated in place. Also the body of the job's distill
+ * stage (spec section "distill", ac_distill_spec), which job.c runs between
+ * prune and evaluate for every arm it reports.
  *
  * Memory of one distillation (ac_distill_mem_bytes, README "Distillation"):
  *   student weights + gradients + 2 Adam moments   4 x 4 bytes x P_student
@@ -13,6 +13,10 @@
  *                                                   + 4 x (2 N V + N (6H + 2Qmax + 2KVmax + 3Fmax) + 2 T^2)
  *   teacher weights + forward buffers               4 x P_teacher + ac_engine (N (3H + ...) + N V + KV cache)
  * with N = batch x seq_len rows.
+ *
+ * With opts.cuda both run on CUDA device 0 through the plugin (the teacher on
+ * its BF16 inference engine, the student on src/cuda/ac_cuda_train.cu in
+ * fp32); the student's weights come back to the host at the end.
  */
 #ifndef AC_DISTILL_H
 #define AC_DISTILL_H
@@ -22,20 +26,22 @@
 
 #include "err.h"
 #include "eval.h"
+#include "jobspec.h"
 #include "model.h"
 
 #define AC_DISTILL_MAX_TOKENS 1000000000L /* the cap on distill.tokens (a 400 above it) */
 
 typedef struct {
-    long tokens;          /* budget: student tokens trained on (batch x seq_len per step); 0 = off */
+    long tokens; /* budget: student tokens trained on (batch x seq_len per step); 0 = off */
     int seq_len, batch;
-    float lr, min_lr;     /* peak, final (cosine) */
-    int warmup;           /* steps; < 0 = 5 % of the steps */
+    float lr, min_lr; /* peak, final (cosine) */
+    int warmup;       /* steps; < 0 = 5 % of the steps */
     float weight_decay, clip;
     float temperature;
-    float ce_weight;      /* loss = (1 - ce_weight) KL + ce_weight CE */
+    float ce_weight; /* loss = (1 - ce_weight) KL + ce_weight CE */
     unsigned long long seed;
-    double mem_limit;     /* bytes allowed; 0 = this host's available memory */
+    double mem_limit; /* bytes allowed; 0 = this host's available memory (the GPU's with cuda) */
+    int cuda;         /* 1: teacher forward and student training on CUDA device 0 (the plugin) */
 } ac_distill_opts;
 
 typedef struct {
@@ -55,19 +61,21 @@ double ac_distill_mem_bytes(const ac_arch *teacher, const ac_arch *student, int 
 /* Distil student (updated in place) from teacher on token ids[n]: windows of
  * seq_len tokens drawn at seeded random offsets. Errors: vocabularies
  * differ, text shorter than one batch, memory over the limit. */
-int ac_distill(const ac_model *teacher, ac_model *student, const int *ids, size_t n, const ac_distill_opts *o, ac_distill_cb cb,
-               void *ud, ac_distill_result *r, ac_err *e);
+int ac_distill(const ac_model *teacher, ac_model *student, const int *ids, size_t n, const ac_distill_opts *o,
+               ac_distill_cb cb, void *ud, ac_distill_result *r, ac_err *e);
 
-/* The job's stage: reads spec "distill" (absent or tokens 0: *out = NULL,
- * nothing done); for each arm i, measures its held-out perplexity (po on
- * hids) as "perplexity_pruned", distils it from teacher on the distill text
- * (spec distill.text, default the calibration ids cids), emitting "distill"
- * events {arm, step, steps, loss, lr}. *out = {arm name: {"perplexity_pruned":
- * x, "distill": {tokens, seconds, loss_first, loss_last, steps}}}. */
-int ac_distill_job(const json_t *spec, const char *model_dir, const ac_model *teacher, const int *cids, size_t nc, ac_model *const *arms,
-                   const char *const *names, int narms, const int *hids, size_t nh, const ac_ppl_opts *po,
-                   void (*emit)(void *ud, const char *kind, json_t *data), void *ud, volatile int *cancelled, json_t **out, ac_err *e);
-/* Merge the stage's per-arm figures into the report's arm objects. */
-void ac_distill_report(json_t *report, const json_t *dist);
+/* The job's distill stage (job.c calls it when ds->tokens > 0): for each
+ * arm i, measures its held-out perplexity (po on hids) as
+ * "perplexity_pruned", distils it in place from teacher on the distill text
+ * (ds->text, default calibration: the whole calibration file; cids[nc] only
+ * when both are empty), emitting "distill" events {arm, step, steps, loss,
+ * lr}. *out = {arm name: {"perplexity_pruned": x, "distill": {tokens,
+ * steps, seconds, loss_first, loss_last, lr, seq_len, batch, temperature}}},
+ * which report.c merges into the report's arm objects. */
+int ac_distill_job(const ac_distill_spec *ds, const char *model_dir, const char *calibration, const ac_model *teacher,
+                   const int *cids, size_t nc, ac_model *const *arms, const char *const *names, int narms,
+                   const int *hids, size_t nh, const ac_ppl_opts *po,
+                   void (*emit)(void *ud, const char *kind, json_t *data), void *ud, volatile int *cancelled,
+                   json_t **out, ac_err *e);
 
 #endif

@@ -369,6 +369,28 @@ static int copy_dbls(double **dst, const double *src, int n) {
 
 /* Deep copy of an importance (the curves the repair scores moves by, and
  * the orders prune reads). */
+/* d's Minitron head and FFN orders: copies of s's (none when s has none). */
+static int mt_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) {
+    int L = s->n_layers;
+    if (!s->head_order || !s->mt_ffn_order) return 0;
+    d->head_order = calloc(L, sizeof(int *));
+    d->head_score = calloc(L, sizeof(double *));
+    d->mt_ffn_order = calloc(L, sizeof(int *));
+    d->mt_ffn_score = calloc(L, sizeof(double *));
+    int bad = !d->head_order || !d->head_score || !d->mt_ffn_order || !d->mt_ffn_score;
+    for (int l = 0; l < L && !bad; l++) {
+        int nh = b->layers[l].n_heads, F = b->layers[l].ffn;
+        bad |= copy_ints(&d->head_order[l], s->head_order[l], nh) ||
+               copy_dbls(&d->head_score[l], s->head_score[l], nh);
+        bad |= copy_ints(&d->mt_ffn_order[l], s->mt_ffn_order[l], F) ||
+               copy_dbls(&d->mt_ffn_score[l], s->mt_ffn_score[l], F);
+    }
+    if (!bad && s->mt_hid_order)
+        bad |= copy_ints(&d->mt_hid_order, s->mt_hid_order, s->hidden) ||
+               copy_dbls(&d->mt_hid_score, s->mt_hid_score, s->hidden);
+    return bad ? -1 : 0;
+}
+
 static int imp_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) {
     int L = s->n_layers;
     *d = *s;
@@ -384,7 +406,11 @@ static int imp_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) 
     d->merge_n = NULL;
     d->merge_r = NULL;
     d->merge_sens = NULL;
-    int bad = !d->kv_order || !d->kv_score || !d->ffn_order || !d->ffn_score;
+    d->head_order = d->mt_ffn_order = NULL; /* Minitron's orders (when present): deep-copied below */
+    d->head_score = d->mt_ffn_score = NULL;
+    d->mt_hid_order = NULL;
+    d->mt_hid_score = NULL;
+    int bad = !d->kv_order || !d->kv_score || !d->ffn_order || !d->ffn_score || mt_copy(d, s, b);
     for (int l = 0; l < L && !bad; l++) {
         int nkv = b->layers[l].n_kv_heads, F = b->layers[l].ffn;
         bad |= copy_ints(&d->kv_order[l], s->kv_order[l], nkv) || copy_dbls(&d->kv_score[l], s->kv_score[l], nkv);
@@ -464,15 +490,16 @@ static void discrete_arch(const ac_dnas_gates *g, const ac_search_problem *p, co
         any |= a->layers[l].n_heads > 0;
         if (x->pa[l] > x->pa[best]) best = l;
     }
-    int gguf = p->opts.target == AC_EXPORT_GGUF_DECI;
+    int gguf = p->opts.target == AC_EXPORT_GGUF;
     if (gguf) best = 0; /* llama.cpp's deci runtime needs attention in layer 0 */
     if ((!any || gguf) && !a->layers[best].n_heads && b->layers[best].n_heads) {
         const ac_layer_arch *bl = &b->layers[best];
         a->layers[best].n_kv_heads = g->gate_kv ? 1 : (int)g->kv_on[best];
         a->layers[best].n_heads = g->gate_kv ? grp_of(bl) : bl->n_heads;
     }
-    for (int l = 0; gguf && l < L; l++) /* and mis-runs a layer that keeps attention without its FFN */
-        if (a->layers[l].n_heads && !a->layers[l].ffn && b->layers[l].ffn)
+    /* and mis-runs a layer that keeps attention without its FFN, or a last layer without one (search.c) */
+    for (int l = 0; gguf && l < L; l++)
+        if ((a->layers[l].n_heads || l == L - 1) && !a->layers[l].ffn && b->layers[l].ffn)
             a->layers[l].ffn = b->layers[l].ffn < g->fm ? b->layers[l].ffn : g->fm;
 }
 
@@ -780,22 +807,18 @@ int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size
     return rc;
 }
 
-const char *ac_dnas_method(const json_t *search) {
-    const char *s = json_string_value(json_object_get(search, "method"));
-    return s ? s : AC_SEARCH_METHOD_DEFAULT;
-}
+const char *ac_dnas_method(ac_search_method m) { return m == AC_SEARCH_SURROGATE ? "surrogate" : "dnas"; }
 
-int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const json_t *search, const int *ids, size_t n,
+int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const ac_search_opts *so, const int *ids, size_t n,
                        ac_search_result *r, ac_importance *orders, ac_err *e) {
     memset(orders, 0, sizeof *orders);
-    if (strcmp(ac_dnas_method(search), "dnas")) return ac_search_autocompress(p, r, e);
+    if (so->method != AC_SEARCH_DNAS) return ac_search_autocompress(p, r, e);
     ac_dnas_opts o;
     ac_dnas_defaults(&o);
-    json_t *v;
-    if ((v = json_object_get(search, "dnas_steps"))) o.steps = (int)json_integer_value(v);
-    if ((v = json_object_get(search, "dnas_lr"))) o.lr = json_number_value(v);
-    if ((v = json_object_get(search, "cotrain"))) o.cotrain = json_is_true(v);
-    if ((v = json_object_get(search, "dnas_seq_len"))) o.seq_len = (int)json_integer_value(v);
-    if ((v = json_object_get(search, "dnas_batch"))) o.batch = (int)json_integer_value(v);
+    if (so->dnas_steps > 0) o.steps = so->dnas_steps;
+    if (so->dnas_lr > 0) o.lr = so->dnas_lr;
+    if (so->dnas_seq_len > 0) o.seq_len = so->dnas_seq_len;
+    if (so->dnas_batch > 0) o.batch = so->dnas_batch;
+    o.cotrain = so->cotrain;
     return ac_search_dnas(p, m, ids, n, &o, r, orders, e);
 }

@@ -110,15 +110,14 @@ int ac_dnas_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_se
 int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size_t n, const ac_dnas_opts *o,
                    ac_search_result *r, ac_importance *orders, ac_err *e);
 
-/* search.method when the spec names none (README "Differentiable search"
- * gives the comparison it was chosen by). */
-#define AC_SEARCH_METHOD_DEFAULT "dnas"
-/* The job's search stage for method autocompress: spec search.method
- * "dnas" (with search.dnas_steps, dnas_lr, dnas_batch, dnas_seq_len,
- * cotrain) or "surrogate" (ac_search_autocompress; orders stays empty,
+/* search.method's name ("dnas", the spec default: README "Differentiable
+ * search" gives the comparison it was chosen by; or "surrogate"). */
+const char *ac_dnas_method(ac_search_method m);
+/* The job's search stage for method autocompress: so->method AC_SEARCH_DNAS
+ * (with so->dnas_steps, dnas_lr, dnas_batch, dnas_seq_len, cotrain) or
+ * AC_SEARCH_SURROGATE (ac_search_autocompress; orders stays empty,
  * n_layers 0: prune with the importance orders). */
-const char *ac_dnas_method(const json_t *search);
-int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const json_t *search, const int *ids, size_t n,
+int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const ac_search_opts *so, const int *ids, size_t n,
                        ac_search_result *r, ac_importance *orders, ac_err *e);
 
 #endif

@@ -11,57 +11,17 @@
 #include <string.h>
 
 #include "kernels_cpu.h"
-
-int ac_stats_init(ac_stats *s, const ac_arch *a, ac_err *e) {
-    memset(s, 0, sizeof *s);
-    s->n_layers = a->n_layers;
-    s->hidden = a->hidden;
-    s->head = calloc(a->n_layers, sizeof *s->head);
-    s->ffn = calloc(a->n_layers, sizeof *s->ffn);
-    s->hidden_a = calloc(a->hidden, sizeof *s->hidden_a);
-    s->layer = calloc(a->n_layers, sizeof *s->layer);
-    int ok = s->head && s->ffn && s->hidden_a && s->layer;
-    for (int l = 0; ok && l < a->n_layers; l++) {
-        s->head[l] = calloc(a->layers[l].n_heads + 1, sizeof **s->head);
-        s->ffn[l] = calloc(a->layers[l].ffn + 1, sizeof **s->ffn);
-        ok = s->head[l] && s->ffn[l];
-    }
-    if (!ok) {
-        ac_stats_free(s);
-        return ac_errf(e, "out of memory for activation statistics");
-    }
-    return 0;
-}
-
-int ac_stats_want_gram(ac_stats *s, const ac_arch *a, ac_err *e) {
-    s->ffn_gram = calloc(a->n_layers, sizeof *s->ffn_gram);
-    if (!s->ffn_gram) return ac_errf(e, "out of memory");
-    for (int l = 0; l < a->n_layers; l++) {
-        size_t F = a->layers[l].ffn;
-        if (F && !(s->ffn_gram[l] = calloc(F * F, sizeof(float)))) return ac_errf(e, "out of memory for FFN Gram matrices");
-    }
-    return 0;
-}
-
-void ac_stats_free(ac_stats *s) {
-    for (int l = 0; l < s->n_layers; l++) {
-        if (s->head) free(s->head[l]);
-        if (s->ffn) free(s->ffn[l]);
-        if (s->ffn_gram) free(s->ffn_gram[l]);
-    }
-    free(s->ffn_gram);
-    free(s->head);
-    free(s->ffn);
-    free(s->hidden_a);
-    free(s->layer);
-    memset(s, 0, sizeof *s);
-}
+#include "rope.h"
 
 void ac_engine_free(ac_engine *en) {
-    float *bufs[] = {en->x, en->x0, en->xn, en->q, en->att, en->g, en->u, en->kt, en->vt, en->scores, en->logits, en->cos_t, en->sin_t};
+    float *bufs[] = {en->x,  en->x0, en->xn,     en->q,      en->att,   en->g,    en->u,
+                     en->kt, en->vt, en->scores, en->logits, en->cos_t, en->sin_t};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     if (en->kc)
-        for (int l = 0; l < en->m->a.n_layers; l++) { free(en->kc[l]); free(en->vc[l]); }
+        for (int l = 0; l < en->m->a.n_layers; l++) {
+            free(en->kc[l]);
+            free(en->vc[l]);
+        }
     free(en->kc);
     free(en->vc);
     free(en->pos);
@@ -98,8 +58,8 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
     en->pos = malloc(N * sizeof(int));
     en->kc = calloc(a->n_layers, sizeof *en->kc);
     en->vc = calloc(a->n_layers, sizeof *en->vc);
-    int ok = en->x && en->x0 && en->xn && en->q && en->att && en->g && en->u && en->kt && en->vt && en->scores && en->logits && en->cos_t &&
-             en->sin_t && en->pos && en->kc && en->vc;
+    int ok = en->x && en->x0 && en->xn && en->q && en->att && en->g && en->u && en->kt && en->vt && en->scores &&
+             en->logits && en->cos_t && en->sin_t && en->pos && en->kc && en->vc;
     for (int l = 0; ok && l < a->n_layers; l++) {
         size_t kv = (size_t)a->layers[l].n_kv_heads * hd;
         if (!kv) continue;
@@ -111,16 +71,10 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
         ac_engine_free(en);
         return ac_errf(e, "engine: out of memory for batch %d x context %d", max_batch, max_ctx);
     }
-    float *inv = malloc(hd / 2 * 4);
-    if (!inv) { ac_engine_free(en); return ac_errf(e, "out of memory"); }
-    ac_rope_inv_freq(inv, (int)hd, a->rope_theta, a->rope_llama3, a->rs_factor, a->rs_low, a->rs_high, a->rs_orig);
-    for (int p = 0; p < max_ctx; p++)
-        for (size_t i = 0; i < hd / 2; i++) {
-            float ang = (float)p * inv[i];
-            en->cos_t[p * hd / 2 + i] = cosf(ang);
-            en->sin_t[p * hd / 2 + i] = sinf(ang);
-        }
-    free(inv);
+    if (ac_rope_tables(a, max_ctx, en->cos_t, en->sin_t, e)) {
+        ac_engine_free(en);
+        return -1;
+    }
     return 0;
 }
 
@@ -133,8 +87,9 @@ static void attention(ac_engine *en, int l, int B, int n, int pos0) {
     for (int b = 0; b < B; b++) {
         const float *kb = en->kc[l] + (size_t)b * en->max_ctx * KV, *vb = en->vc[l] + (size_t)b * en->max_ctx * KV;
         for (int h = 0; h < L->n_heads; h++)
-            ac_attention_head(en->att + (size_t)b * n * Q + h * hd, en->q + (size_t)b * n * Q + h * hd, kb + (h / grp) * hd,
-                              vb + (h / grp) * hd, n, pos0, hd, Q, KV, a->sliding_window, en->scores);
+            ac_attention_head(en->att + (size_t)b * n * Q + h * hd, en->q + (size_t)b * n * Q + h * hd,
+                              kb + (h / grp) * hd, vb + (h / grp) * hd, n, pos0, hd, Q, KV, a->sliding_window,
+                              en->scores);
     }
 }
 
@@ -142,23 +97,30 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
     const ac_model *m = en->m;
     const ac_arch *a = &m->a;
     if (B <= 0 || n <= 0 || B > en->max_batch || pos0 < 0 || pos0 + n > en->max_ctx)
-        return ac_errf(e, "engine: batch %d, tokens %d at position %d exceed the engine's %d x %d", B, n, pos0, en->max_batch, en->max_ctx);
+        return ac_errf(e, "engine: batch %d, tokens %d at position %d exceed the engine's %d x %d", B, n, pos0,
+                       en->max_batch, en->max_ctx);
     int H = a->hidden, hd = a->head_dim, N = B * n;
     for (int r = 0; r < N; r++) {
         int tok = tokens[r];
-        if (tok < 0 || tok >= a->vocab) return ac_errf(e, "engine: token id %d outside vocabulary of %d", tok, a->vocab);
+        if (tok < 0 || tok >= a->vocab)
+            return ac_errf(e, "engine: token id %d outside vocabulary of %d", tok, a->vocab);
         memcpy(en->x + (size_t)r * H, m->embed + (size_t)tok * H, H * 4);
         en->pos[r] = pos0 + r % n;
     }
-    ac_stats *st = en->stats;
+    const ac_engine_hooks *hk = en->hooks;
+#define HOOK(f, ...)                                                                                                   \
+    do {                                                                                                               \
+        if (hk && hk->f) hk->f(hk->ud, __VA_ARGS__);                                                                   \
+    } while (0)
+    HOOK(begin, B, n);
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
         const ac_layer_w *w = &m->L[l];
-        if (st) memcpy(en->x0, en->x, (size_t)N * H * 4);
+        if (hk && hk->layer_io) memcpy(en->x0, en->x, (size_t)N * H * 4);
         if (L->n_heads) {
             int Q = L->n_heads * hd, KV = L->n_kv_heads * hd;
             ac_rmsnorm(en->xn, en->x, w->in_norm, N, H, a->eps);
-            if (st) for (long i = 0; i < (long)N * H; i++) st->hidden_a[i % H] += fabsf(en->xn[i]);
+            HOOK(normed, l, 0, en->xn, N, H);
             ac_linear(en->q, en->xn, w->wq, w->bq, N, H, Q);
             ac_rope(en->q, N, L->n_heads, hd, en->pos, en->cos_t, en->sin_t);
             /* k and v for all rows in one GEMM each, then into the cache
@@ -167,41 +129,29 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
             ac_linear(en->vt, en->xn, w->wv, w->bv, N, H, KV);
             ac_rope(en->kt, N, L->n_kv_heads, hd, en->pos, en->cos_t, en->sin_t);
             for (int b = 0; b < B; b++) {
-                memcpy(en->kc[l] + ((size_t)b * en->max_ctx + pos0) * KV, en->kt + (size_t)b * n * KV, (size_t)n * KV * 4);
-                memcpy(en->vc[l] + ((size_t)b * en->max_ctx + pos0) * KV, en->vt + (size_t)b * n * KV, (size_t)n * KV * 4);
+                memcpy(en->kc[l] + ((size_t)b * en->max_ctx + pos0) * KV, en->kt + (size_t)b * n * KV,
+                       (size_t)n * KV * 4);
+                memcpy(en->vc[l] + ((size_t)b * en->max_ctx + pos0) * KV, en->vt + (size_t)b * n * KV,
+                       (size_t)n * KV * 4);
             }
             attention(en, l, B, n, pos0);
-            if (st)
-                for (int r = 0; r < N; r++)
-                    for (int h = 0; h < L->n_heads; h++) {
-                        const float *v = en->att + (size_t)r * Q + h * hd;
-                        double s = 0;
-                        for (int i = 0; i < hd; i++) s += (double)v[i] * v[i];
-                        st->head[l][h] += s;
-                    }
+            HOOK(head_out, l, en->att, N, L->n_heads, hd);
             ac_linear_acc(en->x, en->att, w->wo, N, Q, H);
         }
         if (L->ffn) {
             int F = L->ffn;
             ac_rmsnorm(en->xn, en->x, w->post_norm, N, H, a->eps);
-            if (st) for (long i = 0; i < (long)N * H; i++) st->hidden_a[i % H] += fabsf(en->xn[i]);
+            HOOK(normed, l, 1, en->xn, N, H);
             ac_linear(en->g, en->xn, w->wg, NULL, N, H, F);
             ac_linear(en->u, en->xn, w->wu, NULL, N, H, F);
             ac_silu_mul(en->g, en->u, (long)N * F);
-            if (st) for (long i = 0; i < (long)N * F; i++) st->ffn[l][i % F] += fabsf(en->g[i]);
-            if (st && st->ffn_gram && st->ffn_gram[l])
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, F, N, 1.0f, en->g, F, en->g, F, 1.0f, st->ffn_gram[l], F);
+            HOOK(ffn_act, l, en->g, N, F);
             ac_linear_acc(en->x, en->g, w->wd, N, F, H);
         }
-        if (st)
-            for (int r = 0; r < N; r++) {
-                const float *p = en->x0 + (size_t)r * H, *q = en->x + (size_t)r * H;
-                double d = 0, np = 0, nq = 0;
-                for (int i = 0; i < H; i++) { d += (double)p[i] * q[i]; np += (double)p[i] * p[i]; nq += (double)q[i] * q[i]; }
-                st->layer[l] += 1.0 - d / (sqrt(np * nq) + 1e-12);
-            }
+        HOOK(layer_io, l, en->x0, en->x, N, H);
     }
-    if (st) st->tokens += N;
+    HOOK(rows, N);
+#undef HOOK
     /* Final norm and LM head, on every row or the last row of each sequence. */
     int rows = last_only ? B : N;
     if (last_only)
@@ -219,7 +169,8 @@ double ac_engine_nll(const ac_engine *en, const int *tokens, int B, int n, int f
         for (int t = from; t < n - 1; t++) {
             const float *lg = en->logits + ((size_t)b * n + t) * V;
             float mx = lg[0];
-            for (int i = 1; i < V; i++) if (lg[i] > mx) mx = lg[i];
+            for (int i = 1; i < V; i++)
+                if (lg[i] > mx) mx = lg[i];
             double s = 0;
             for (int i = 0; i < V; i++) s += exp((double)lg[i] - mx);
             nll += log(s) + mx - lg[tokens[(size_t)b * n + t + 1]];

@@ -5,8 +5,8 @@
  *
  * Memory: ac_engine_init allocates every activation buffer and the KV cache
  * once for (max_batch, max_ctx); forward never allocates. The engine borrows
- * the model (it must outlive the engine). Optional activation statistics
- * (ac_stats) are accumulated during forward for importance scoring.
+ * the model (it must outlive the engine). Optional hooks see the
+ * activations (importance scoring's statistics, stats.h).
  */
 #ifndef AC_ENGINE_H
 #define AC_ENGINE_H
@@ -14,21 +14,23 @@
 #include "err.h"
 #include "model.h"
 
+/* Observation points of the forward pass, for whoever watches activations
+ * (activation statistics: stats.c); any may be NULL. N rows of this call. */
 typedef struct {
-    int n_layers, hidden;
-    double **head;    /* [l][n_heads]: sum over tokens of ||head output||^2 */
-    double **ffn;     /* [l][ffn]: sum over tokens of |silu(g)*u| */
-    double *hidden_a; /* [H]: sum over tokens and norms of |normed x| */
-    double *layer;    /* [l]: sum over tokens of 1 - cos(x_in, x_out) */
-    float **ffn_gram; /* [l][ffn*ffn]: A^T A of FFN activations, or NULL (opt-in) */
-    long tokens;
-} ac_stats;
-
-int ac_stats_init(ac_stats *s, const ac_arch *a, ac_err *e);
-/* Also accumulate the Gram matrix of each layer's FFN activations (for
- * least-squares repair); memory ffn^2 floats per layer. */
-int ac_stats_want_gram(ac_stats *s, const ac_arch *a, ac_err *e);
-void ac_stats_free(ac_stats *s);
+    void *ud;
+    /* before the first layer: this call runs B sequences of n tokens (N = B*n rows, sequence-major) */
+    void (*begin)(void *ud, int B, int n);
+    /* xn[N][H]: the normed input of the attention (block 0) or FFN (block 1) */
+    void (*normed)(void *ud, int layer, int block, const float *xn, int N, int H);
+    /* att[N][n_heads*hd]: attention output per head, before o_proj */
+    void (*head_out)(void *ud, int layer, const float *att, int N, int n_heads, int hd);
+    /* act[N][F]: silu(gate) * up, before down_proj */
+    void (*ffn_act)(void *ud, int layer, const float *act, int N, int F);
+    /* x_in, x_out[N][H]: the residual stream before and after the layer */
+    void (*layer_io)(void *ud, int layer, const float *x_in, const float *x_out, int N, int H);
+    /* after the last layer: N rows went through */
+    void (*rows)(void *ud, int N);
+} ac_engine_hooks;
 
 typedef struct {
     const ac_model *m;
@@ -37,7 +39,7 @@ typedef struct {
     float **kc, **vc;     /* per layer [max_batch][max_ctx][kv_heads*head_dim] */
     float *cos_t, *sin_t; /* [max_ctx][head_dim/2] */
     int *pos;
-    ac_stats *stats;      /* borrowed; NULL = no statistics */
+    const ac_engine_hooks *hooks; /* borrowed; NULL = nobody watches */
 } ac_engine;
 
 int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx, ac_err *e);

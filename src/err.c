@@ -2,6 +2,9 @@
 #include "err.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,8 +42,19 @@ int ac_errctx(ac_err *e, const char *fmt, ...) {
 }
 
 char *ac_read_file(const char *path, size_t max_len, size_t *len, ac_err *e) {
-    FILE *f = fopen(path, "rb");
+    /* O_NONBLOCK + fstat: a FIFO or a device is refused, never waited on. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        if (fd >= 0) {
+            close(fd);
+            ac_errf(e, "%s is not a regular file", path);
+        } else ac_errf(e, "cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
     if (!f) {
+        close(fd);
         ac_errf(e, "cannot open %s: %s", path, strerror(errno));
         return NULL;
     }

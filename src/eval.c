@@ -1,51 +1,36 @@
 /* eval.c - see eval.h. */
 #include "eval.h"
+#include "fsafe.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_plugin.h"
+#include "backend.h"
+#include "gguf.h"
 #include "tokenizer.h"
 
-/* The engine that scores windows: the CPU one, or the CUDA plugin's, which
- * computes the cross-entropy on the device (only B*ctx floats come back). */
+/* The engine that scores windows and times steps, on the backend chosen
+ * once at open (backend.h). */
 struct ac_scorer {
     const ac_model *m;
     int B, ctx;
-    ac_engine cpu;
-    const ac_cuda_api *cu;
-    acc_engine *gpu;
-    int *targets;
-    float *nll, *logits; /* CUDA: per-row NLL, last-position logits (host) */
+    const ac_backend *be;
+    ac_backend_engine *en;
 };
 
 int ac_scorer_open(const ac_model *m, int batch, int ctx, int cuda, ac_stats *stats, ac_scorer **out, ac_err *e) {
     *out = NULL;
     if (batch < 1 || ctx < 2) return ac_errf(e, "scorer: batch must be >= 1 and ctx >= 2");
+    const ac_backend *be = ac_backend_get(cuda, e);
+    if (!be) return -1;
     ac_scorer *sc = calloc(1, sizeof *sc);
     if (!sc) return ac_errf(e, "out of memory");
-    sc->m = m;
-    sc->B = batch;
-    sc->ctx = ctx;
-    if (!cuda) {
-        if (ac_engine_init(&sc->cpu, m, batch, ctx, e)) { free(sc); return -1; }
-        sc->cpu.stats = stats;
-        *out = sc;
-        return 0;
-    }
-    const char *why;
-    char err[512] = "";
-    if (stats) { free(sc); return ac_errf(e, "perplexity: activation statistics are gathered on the CPU engine only"); }
-    if (!(sc->cu = ac_cuda(&why))) { free(sc); return ac_errf(e, "perplexity on CUDA: %s", why); }
-    sc->targets = malloc(sizeof(int) * batch * ctx);
-    sc->nll = malloc(sizeof(float) * batch * ctx);
-    sc->logits = malloc(sizeof(float) * batch * m->a.vocab);
-    if (!sc->targets || !sc->nll || !sc->logits) { ac_scorer_close(sc); return ac_errf(e, "out of memory"); }
-    if (sc->cu->engine_create(0, m, batch, ctx, &sc->gpu, err, sizeof err)) {
-        ac_scorer_close(sc);
-        return ac_errf(e, "perplexity on CUDA: %s", err);
+    *sc = (ac_scorer){.m = m, .B = batch, .ctx = ctx, .be = be};
+    if (be->open(m, batch, ctx, stats, &sc->en, e)) {
+        free(sc);
+        return -1;
     }
     *out = sc;
     return 0;
@@ -53,50 +38,16 @@ int ac_scorer_open(const ac_model *m, int batch, int ctx, int cuda, ac_stats *st
 
 void ac_scorer_close(ac_scorer *sc) {
     if (!sc) return;
-    if (sc->cu) {
-        if (sc->gpu) sc->cu->engine_free(sc->gpu);
-        free(sc->targets);
-        free(sc->nll);
-        free(sc->logits);
-    } else {
-        ac_engine_free(&sc->cpu);
-    }
+    sc->be->close(sc->en);
     free(sc);
 }
 
 int ac_scorer_weights_changed(ac_scorer *sc, int layer, ac_wmat which, ac_err *e) {
-    if (!sc->cu) return 0; /* the CPU engine reads the model's weights directly */
-    if (layer < 0 || layer >= sc->m->a.n_layers) return ac_errf(e, "CUDA weight update: no layer %d", layer);
-    size_t n;
-    const float *p = ac_layer_matrix(sc->m, layer, which, &n);
-    char err[512] = "";
-    if (!p || sc->cu->engine_update(sc->gpu, layer, which, p, n, err, sizeof err)) return ac_errf(e, "CUDA weight update: %s", p ? err : "no such matrix");
-    return 0;
+    return sc->be->weights_changed(sc->en, layer, which, e);
 }
 
 int ac_scorer_step(ac_scorer *sc, const int *tok, int B, int n, int pos0, ac_err *e) {
-    if (!sc->cu) return ac_engine_forward(&sc->cpu, tok, B, n, pos0, 1, e);
-    char err[512] = "";
-    return sc->cu->engine_forward(sc->gpu, tok, B, n, pos0, 1, sc->logits, err, sizeof err) ? ac_errf(e, "CUDA engine: %s", err) : 0;
-}
-
-/* Sum of the NLL of targets tok[b][t + 1] for t in [from, ctx-1), nb windows. */
-static int scorer_run(ac_scorer *sc, const int *tok, int nb, int ctx, int from, double *sum, long *cnt, ac_err *e) {
-    if (!sc->cu) {
-        if (ac_engine_forward(&sc->cpu, tok, nb, ctx, 0, 0, e)) return -1;
-        double mean = ac_engine_nll(&sc->cpu, tok, nb, ctx, from, cnt);
-        *sum = mean * *cnt;
-        return 0;
-    }
-    char err[512] = "";
-    for (int b = 0; b < nb; b++)
-        for (int t = 0; t < ctx; t++) sc->targets[b * ctx + t] = t >= from && t + 1 < ctx ? tok[b * ctx + t + 1] : -1;
-    if (sc->cu->engine_nll(sc->gpu, tok, sc->targets, nb, ctx, 0, sc->nll, err, sizeof err)) return ac_errf(e, "perplexity on CUDA: %s", err);
-    *sum = 0;
-    *cnt = 0;
-    for (int i = 0; i < nb * ctx; i++)
-        if (sc->targets[i] >= 0) { *sum += sc->nll[i]; ++*cnt; }
-    return 0;
+    return sc->be->step(sc->en, tok, B, n, pos0, e);
 }
 
 /* Checks the protocol; *nwin and *B: windows to score, windows per forward. */
@@ -112,15 +63,15 @@ static int ppl_plan(const ac_ppl_opts *o, size_t n, long *nwin, int *B, ac_err *
     return 0;
 }
 
-int ac_scorer_perplexity(ac_scorer *sc, const int *ids, size_t n, const ac_ppl_opts *o, void (*progress)(void *ud, double frac), void *ud,
-                         ac_ppl_result *r, ac_err *e) {
+int ac_scorer_perplexity(ac_scorer *sc, const int *ids, size_t n, const ac_ppl_opts *o,
+                         void (*progress)(void *ud, double frac), void *ud, ac_ppl_result *r, ac_err *e) {
     memset(r, 0, sizeof *r);
     long nwin;
     int B, ctx = o->ctx;
     if (ppl_plan(o, n, &nwin, &B, e)) return -1;
     if (ctx != sc->ctx) return ac_errf(e, "perplexity: context %d but the scorer was opened for %d", ctx, sc->ctx);
     if (B > sc->B) B = sc->B;
-    r->engine = sc->cu ? "cuda" : "cpu";
+    r->engine = sc->be->name;
     double t0 = ac_now(), total = 0;
     long prev_end = 1; /* targets at positions < prev_end are already scored */
     for (long w = 0; w < nwin; w += B) {
@@ -134,7 +85,7 @@ int ac_scorer_perplexity(ac_scorer *sc, const int *ids, size_t n, const ac_ppl_o
         }
         double sum = 0;
         long cnt = 0;
-        if (scorer_run(sc, tok, nb, ctx, from, &sum, &cnt, e)) return -1;
+        if (sc->be->window_nll(sc->en, tok, nb, ctx, from, &sum, &cnt, e)) return -1;
         total += sum;
         r->scored += cnt;
         r->processed += (long)nb * ctx;
@@ -164,16 +115,19 @@ int ac_perplexity(const ac_model *m, const int *ids, size_t n, const ac_ppl_opts
 
 int ac_load_text_ids(const char *model_dir, const char *text_path, int **ids, size_t *n, int vocab, ac_err *e) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
+    if (ac_fsafe_join(model_dir, "tokenizer.json", path, sizeof path, e)) return -1;
     ac_tokenizer *t;
-    if (ac_tok_load(path, &t, e)) return -1;
+    if (ac_gguf_is_path(model_dir)) { /* the tokenizer is in the GGUF metadata */
+        snprintf(path, sizeof path, "%s", model_dir);
+        if (ac_gguf_tokenizer(model_dir, &t, e)) return -1;
+    } else if (ac_tok_load(path, &t, e)) return -1;
     if (vocab > 0 && ac_tok_vocab_size(t) > vocab) {
         int tv = ac_tok_vocab_size(t);
         ac_tok_free(t);
         return ac_errf(e, "%s has %d tokens but the model's vocabulary has %d", path, tv, vocab);
     }
     size_t len;
-    char *text = ac_read_file(text_path, 1u << 30, &len, e);
+    char *text = ac_fsafe_read(text_path, AC_FK_TEXT, &len, e);
     int rc = !text || ac_tok_encode(t, text, len, ids, n, e);
     free(text);
     ac_tok_free(t);

@@ -10,24 +10,25 @@
 #include <stddef.h>
 
 #include "engine.h"
+#include "stats.h"
 
 typedef struct {
-    int ctx;          /* window length in tokens */
-    int stride;       /* 0 = non-overlapping windows; else sliding stride */
-    int max_windows;  /* 0 = all */
-    int batch;        /* windows per forward call (non-overlapping mode) */
-    int cuda;         /* 1: forward and cross-entropy on CUDA device 0 through
+    int ctx;         /* window length in tokens */
+    int stride;      /* 0 = non-overlapping windows; else sliding stride */
+    int max_windows; /* 0 = all */
+    int batch;       /* windows per forward call (non-overlapping mode) */
+    int cuda;        /* 1: forward and cross-entropy on CUDA device 0 through
                          the plugin (an error when it is absent); stats must
                          then be NULL: they are gathered on the CPU engine */
 } ac_ppl_opts;
 
 typedef struct {
-    double ppl, nll;      /* exp(mean nll), mean nll in nats */
-    long scored;          /* targets scored */
-    long processed;       /* tokens run through the model */
+    double ppl, nll; /* exp(mean nll), mean nll in nats */
+    long scored;     /* targets scored */
+    long processed;  /* tokens run through the model */
     int windows;
     double seconds, tok_per_s;
-    const char *engine;   /* "cpu" or "cuda" (static string) */
+    const char *engine; /* "cpu" or "cuda" (static string) */
 } ac_ppl_result;
 
 /* stats may be NULL; when set, activation statistics accumulate into it.
@@ -43,8 +44,8 @@ typedef struct ac_scorer ac_scorer;
 int ac_scorer_open(const ac_model *m, int batch, int ctx, int cuda, ac_stats *stats, ac_scorer **out, ac_err *e);
 /* ac_perplexity on the scorer's engine (o->ctx must be its ctx; o->cuda is
  * ignored: the engine was chosen at open). */
-int ac_scorer_perplexity(ac_scorer *sc, const int *ids, size_t n, const ac_ppl_opts *o, void (*progress)(void *ud, double frac), void *ud,
-                         ac_ppl_result *r, ac_err *e);
+int ac_scorer_perplexity(ac_scorer *sc, const int *ids, size_t n, const ac_ppl_opts *o,
+                         void (*progress)(void *ud, double frac), void *ud, ac_ppl_result *r, ac_err *e);
 /* The model's matrix `which` of `layer` was changed in place: the CUDA engine
  * copies it again (the CPU engine reads the model directly: nothing to do). */
 int ac_scorer_weights_changed(ac_scorer *sc, int layer, ac_wmat which, ac_err *e);
@@ -54,8 +55,9 @@ int ac_scorer_weights_changed(ac_scorer *sc, int layer, ac_wmat which, ac_err *e
 int ac_scorer_step(ac_scorer *sc, const int *tok, int B, int n, int pos0, ac_err *e);
 void ac_scorer_close(ac_scorer *sc);
 
-/* Tokenize a UTF-8 text file with MODEL_DIR/tokenizer.json. The ids are
- * checked against vocab (when > 0). *ids is malloc'd. */
+/* Tokenize a UTF-8 text file with MODEL_DIR/tokenizer.json (or, for a
+ * .gguf file, the tokenizer in its metadata). The ids are checked against
+ * vocab (when > 0). *ids is malloc'd. */
 int ac_load_text_ids(const char *model_dir, const char *text_path, int **ids, size_t *n, int vocab, ac_err *e);
 
 #endif

@@ -12,6 +12,14 @@
  * channels are, and when a layer's KV heads are merged (mean-pooled) down to
  * each divisor of their count with every query head kept. The search's quality term interpolates these curves.
  *
+ * Minitron's own importance (NVIDIA Model-Optimizer, mcore_minitron): per
+ * sequence the mean over tokens of |x| per channel, L2 over sequences, at
+ * the o_proj input (heads: L2 over the head's channels, ranked within each
+ * KV group), the down_proj input (FFN channels) and the outputs of every
+ * layer's two RMSNorms (hidden channels: the per-norm L2s summed); layers by
+ * 1 - cos(input, output) (layer_bi). The Minitron baseline prunes with these
+ * (src/minitron.c, ac_minitron_importance_view).
+ *
  * Ownership: ac_importance owns all its arrays (ac_importance_free).
  */
 #ifndef AC_IMPORTANCE_H
@@ -41,6 +49,15 @@ typedef struct {
     int *merge_n;
     double (*merge_r)[8], (*merge_sens)[8];
     long tokens;
+    /* Minitron (Model-Optimizer) importance; see above. head_order[l]: for
+     * each KV group g, entries g*grp .. g*grp+grp-1 are its query heads, most
+     * important first (ac_prune trims heads within groups by it). */
+    int **head_order;
+    double **head_score;   /* [l][head]: score of head h (unsorted) */
+    int **mt_ffn_order;    /* [l][ffn], most important first */
+    double **mt_ffn_score; /* sorted */
+    int *mt_hid_order;     /* [hidden] */
+    double *mt_hid_score;  /* sorted */
 } ac_importance;
 
 typedef void (*ac_progress_fn)(void *ud, const char *what, double frac);

@@ -1,139 +1,263 @@
 /*
- * jobspec.c - validation of job specs (the rules of proto/job.schema.json,
- * written as a small table so every error names its field). Unknown fields
- * are errors, as the design asks.
+ * jobspec.c - the job spec's field table and the one parser that walks it
+ * (see jobspec.h). Every rule of a field (type, range, default, allowed
+ * values, where it is stored) is one line below; validation, defaults, the
+ * error's field name and the JSON schema all come from those lines.
+ * Unknown fields are errors, as the design asks.
  */
+#include "jobspec.h"
+
+#include <assert.h>
 #include <math.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "deci.h"
 #include "distill.h"
+#include "gguf.h"
 #include "job.h"
 
-typedef enum { T_STR, T_INT, T_NUM, T_BOOL, T_OBJ } ftype;
-typedef struct field {
-    const char *name;
-    ftype type;
-    int required;
-    double lo, hi;            /* numeric range (inclusive) */
-    const char *const *enums; /* allowed strings, NULL-terminated */
-    const struct field *sub;  /* object members */
-} field;
+_Static_assert(sizeof(ac_method) == sizeof(int) && sizeof(ac_export_target) == sizeof(int), "enums are stored as int");
+_Static_assert(AC_METHOD_MINITRON == 1 && AC_EXPORT_LLAMA == 1 && AC_EXPORT_GGUF == 2,
+               "enum lists below follow the enums");
 
 static const char *const METHODS[] = {"autocompress", "minitron", NULL};
 static const char *const DTYPES[] = {"bf16", "fp16", "fp32", "fp8", NULL};
+/* Enum fields store the index of the string: these lists are in the order
+ * of ac_method and ac_export_target (search.h). */
+static const char *const EXPORTS[] = {"deci", "llama", "gguf", NULL};
 static const char *const SMETHODS[] = {"dnas", "surrogate", NULL};
-static const char *const EXPORTS[] = {"deci", "llama", "gguf-deci", NULL};
+_Static_assert(AC_SEARCH_DNAS == 0 && AC_SEARCH_SURROGATE == 1, "SMETHODS order");
+/* Old names an enum still accepts: pairs of old, current. */
+static const char *const EXPORT_ALIASES[] = {"gguf-deci", "gguf", NULL};
 
-static const field ENGINE[] = {
-    {"weights_dtype", T_STR, 0, 0, 0, DTYPES, NULL},
-    {"kv_dtype", T_STR, 0, 0, 0, DTYPES, NULL},
-    {"block_size", T_INT, 0, 1, 1024, NULL, NULL},
-    {"gpu_memory_utilization", T_NUM, 0, 0.05, 1, NULL, NULL},
-    {"overhead_ms", T_NUM, 0, 0, 1e4, NULL, NULL},
-    {"overhead_gib", T_NUM, 0, 0, 1e4, NULL, NULL},
-    {"name", T_STR, 0, 0, 0, NULL, NULL},
-    {NULL, 0, 0, 0, 0, NULL, NULL}};
-static const field WORKLOAD[] = {
-    {"batch", T_INT, 0, 1, 65536, NULL, NULL},
-    {"prompt_len", T_INT, 0, 1, 1 << 22, NULL, NULL},
-    {"gen_len", T_INT, 0, 1, 1 << 22, NULL, NULL},
-    {NULL, 0, 0, 0, 0, NULL, NULL}};
-static const field TARGET[] = {
-    {"device", T_STR, 1, 0, 0, NULL, NULL},
-    {"engine", T_OBJ, 0, 0, 0, NULL, ENGINE},
-    {"workload", T_OBJ, 0, 0, 0, NULL, WORKLOAD},
-    {NULL, 0, 0, 0, 0, NULL, NULL}};
-static const field CONSTRAINTS[] = {
-    {"max_ttft_ms", T_NUM, 0, 1e-6, 1e9, NULL, NULL},
-    {"max_tpot_ms", T_NUM, 0, 1e-6, 1e9, NULL, NULL},
-    {"min_tokens_per_s", T_NUM, 0, 1e-6, 1e12, NULL, NULL},
-    {"max_memory_gib", T_NUM, 0, 1e-9, 1e6, NULL, NULL},
-    {"max_params", T_NUM, 0, 1, 1e15, NULL, NULL},
-    {NULL, 0, 0, 0, 0, NULL, NULL}};
-static const field SEARCH[] = {
-    {"steps", T_INT, 0, 1, 100000, NULL, NULL},
-    {"seed", T_INT, 0, 0, 2147483647, NULL, NULL},
-    {"lr", T_NUM, 0, 1e-6, 10, NULL, NULL},
-    {"export_target", T_STR, 0, 0, 0, EXPORTS, NULL},
-    {"ffn_multiple", T_INT, 0, 1, 4096, NULL, NULL},
-    {"hidden_multiple", T_INT, 0, 1, 4096, NULL, NULL},
-    {"prune_hidden", T_BOOL, 0, 0, 0, NULL, NULL},
-    {"method", T_STR, 0, 0, 0, SMETHODS, NULL},
-    {"dnas_steps", T_INT, 0, 1, 100000, NULL, NULL},
-    {"dnas_lr", T_NUM, 0, 1e-6, 10, NULL, NULL},
-    {"dnas_batch", T_INT, 0, 1, 4096, NULL, NULL},
-    {"dnas_seq_len", T_INT, 0, 2, 1 << 16, NULL, NULL},
-    {"cotrain", T_BOOL, 0, 0, 0, NULL, NULL},
-    {NULL, 0, 0, 0, 0, NULL, NULL}};
-static const field EVAL[] = {
-    {"ctx", T_INT, 0, 8, 1 << 16, NULL, NULL},
-    {"windows", T_INT, 0, 0, 1 << 20, NULL, NULL},
-    {NULL, 0, 0, 0, 0, NULL, NULL}};
-static const field DISTILL[] = {
-    {"tokens", T_INT, 0, 0, AC_DISTILL_MAX_TOKENS, NULL, NULL},
-    {"text", T_STR, 0, 0, 0, NULL, NULL},
-    {"lr", T_NUM, 0, 1e-8, 1, NULL, NULL},
-    {"seq_len", T_INT, 0, 2, 1 << 16, NULL, NULL},
-    {"batch", T_INT, 0, 1, 4096, NULL, NULL},
-    {"temperature", T_NUM, 0, 0.05, 100, NULL, NULL},
-    {"ce_weight", T_NUM, 0, 0, 1, NULL, NULL},
-    {"seed", T_INT, 0, 0, 2147483647, NULL, NULL},
-    {NULL, 0, 0, 0, 0, NULL, NULL}};
-static const field SPEC[] = {
-    {"name", T_STR, 0, 0, 0, NULL, NULL},
-    {"model", T_STR, 1, 0, 0, NULL, NULL},
-    {"calibration", T_STR, 1, 0, 0, NULL, NULL},
-    {"heldout", T_STR, 0, 0, 0, NULL, NULL},
-    {"output", T_STR, 0, 0, 0, NULL, NULL},
-    {"target", T_OBJ, 1, 0, 0, NULL, TARGET},
-    {"constraints", T_OBJ, 1, 0, 0, NULL, CONSTRAINTS},
-    {"method", T_STR, 0, 0, 0, METHODS, NULL},
-    {"search", T_OBJ, 0, 0, 0, NULL, SEARCH},
-    {"eval", T_OBJ, 0, 0, 0, NULL, EVAL},
-    {"distill", T_OBJ, 0, 0, 0, NULL, DISTILL},
-    {"repair", T_BOOL, 0, 0, 0, NULL, NULL},
-    {"calibration_tokens", T_INT, 0, 256, 1 << 24, NULL, NULL},
-    {"priority", T_INT, 0, -1000, 1000, NULL, NULL},
-    {NULL, 0, 0, 0, 0, NULL, NULL}};
+#define AT(st, m) .off = offsetof(st, m), .size = sizeof(((st *)0)->m)
+#define STR(nm, st, m, fl, d)                                                                                          \
+    { .name = nm, .type = AC_F_STR, .flags = (fl) | AC_F_NODEFAULT, AT(st, m), .doc = d }
+#define INT(nm, st, m, l, h, df, fl, d)                                                                                \
+    { .name = nm, .type = AC_F_INT, .flags = fl, .lo = l, .hi = h, .def = df, AT(st, m), .doc = d }
+#define NUM(nm, st, m, l, h, df, fl, d)                                                                                \
+    { .name = nm, .type = AC_F_NUM, .flags = fl, .lo = l, .hi = h, .def = df, AT(st, m), .doc = d }
+#define BOOL(nm, st, m, df, d)                                                                                         \
+    { .name = nm, .type = AC_F_BOOL, .def = df, AT(st, m), .doc = d }
+#define ENUM(nm, st, m, en, df, fl, d)                                                                                 \
+    { .name = nm, .type = AC_F_ENUM, .flags = fl, .def = df, .enums = en, AT(st, m), .doc = d }
+#define ENUM_ALIASED(nm, st, m, en, al, df, fl, d)                                                                     \
+    { .name = nm, .type = AC_F_ENUM, .flags = fl, .def = df, .enums = en, .aliases = al, AT(st, m), .doc = d }
+#define OBJ(nm, st, m, sb, fl, d)                                                                                      \
+    { .name = nm, .type = AC_F_OBJ, .flags = fl, .sub = sb, AT(st, m), .doc = d }
+#define END                                                                                                            \
+    { .name = NULL }
+#define ND AC_F_NODEFAULT
 
-static char field_buf[256];
+static const ac_field ENGINE[] = {
+    STR("name", ac_engine_in, name, 0,
+        "serving engine the prediction is for (default: autocompress-cpu on cpu, else vllm)"),
+    ENUM("weights_dtype", ac_engine_in, weights_dtype, DTYPES, -1, ND, "default: fp32 on cpu, else bf16"),
+    ENUM("kv_dtype", ac_engine_in, kv_dtype, DTYPES, -1, ND, "default: fp32 on cpu, else bf16"),
+    INT("block_size", ac_engine_in, block_size, 1, 1024, -1, ND,
+        "KV-cache block in tokens (default: 1 on cpu, else 16)"),
+    NUM("gpu_memory_utilization", ac_engine_in, mem_util, 0.05, 1, NAN, ND, "default: 0.8 on cpu, else 0.9"),
+    NUM("overhead_ms", ac_engine_in, overhead_ms, 0, 1e4, NAN, ND,
+        "per forward call (scheduler, sampling); default: 0 on cpu, else 0.3"),
+    NUM("overhead_gib", ac_engine_in, overhead_gib, 0, 1e4, NAN, ND,
+        "runtime memory outside weights, KV cache, activations; default: 0 on cpu, else 1.5"),
+    END,
+};
+static const ac_field WORKLOAD[] = {
+    INT("batch", ac_workload, batch, 1, 65536, 1, 0, "sequences decoded together"),
+    INT("prompt_len", ac_workload, prompt_len, 1, 1 << 22, 512, 0, NULL),
+    INT("gen_len", ac_workload, gen_len, 1, 1 << 22, 128, 0, NULL),
+    END,
+};
+static const ac_field TARGET[] = {
+    STR("device", ac_target_spec, device, AC_F_REQUIRED,
+        "cpu, cuda, cuda:N, or a spec profile: H100, H200, B200, A100, L4, RTX4090, RTX5080, RTX5070"),
+    OBJ("engine", ac_target_spec, engine_in, ENGINE, 0, NULL),
+    OBJ("workload", ac_target_spec, workload, WORKLOAD, 0, NULL),
+    END,
+};
+static const ac_field CONSTRAINTS[] = {
+    NUM("max_ttft_ms", ac_constraints, max_ttft_ms, 1e-6, 1e9, 0, ND, NULL),
+    NUM("max_tpot_ms", ac_constraints, max_tpot_ms, 1e-6, 1e9, 0, ND, NULL),
+    NUM("min_tokens_per_s", ac_constraints, min_tok_s, 1e-6, 1e12, 0, ND, "output tokens per second for the workload"),
+    NUM("max_memory_gib", ac_constraints, max_mem_gib, 1e-9, 1e6, 0, ND, "weights + KV cache + activations + overhead"),
+    NUM("max_params", ac_constraints, max_params, 1, 1e15, 0, ND, NULL),
+    END,
+};
+static const ac_field SEARCH[] = {
+    INT("steps", ac_search_opts, steps, 1, 100000, 300, 0, NULL),
+    INT("seed", ac_search_opts, seed, 0, 2147483647, 0, 0, NULL),
+    NUM("lr", ac_search_opts, lr, 1e-6, 10, 0.03, 0, NULL),
+    ENUM_ALIASED("export_target", ac_search_opts, target, EXPORTS, EXPORT_ALIASES, AC_EXPORT_DECI, 0,
+                 "deci: vLLM/TRT-LLM nemotron-nas (per-layer FFN width; attention keeps every query head with "
+                 "KV heads merged to a divisor, or is removed); gguf: model.gguf for llama.cpp (arch llama when "
+                 "uniform, deci otherwise; per-layer KV groups pruned with their query heads; layer 0 keeps "
+                 "attention, no layer keeps attention without its FFN, the last layer keeps its FFN); gguf-deci: "
+                 "old name of gguf; llama: uniform layers"),
+    INT("ffn_multiple", ac_search_opts, ffn_multiple, 1, 4096, 0, ND,
+        "FFN width step; default: 256 for deci (the loaders' grid; other values must be multiples of it), else 32"),
+    INT("hidden_multiple", ac_search_opts, hidden_multiple, 1, 4096, 16, 0, NULL),
+    BOOL("prune_hidden", ac_search_opts, prune_hidden, 1, NULL),
+    BOOL("gguf", ac_search_opts, gguf, 0, "with export_target llama: also write the uniform result as model.gguf"),
+    ENUM("method", ac_search_opts, method, SMETHODS, AC_SEARCH_DNAS, 0,
+         "dnas: hard-concrete gates trained through the network with the distillation loss and the expected-cost "
+         "augmented Lagrangian (src/dnas.c), initialised from the surrogate; surrogate: the additive per-layer "
+         "sensitivity relaxation only (fast)"),
+    INT("dnas_steps", ac_search_opts, dnas_steps, 1, 100000, 300, 0, NULL),
+    NUM("dnas_lr", ac_search_opts, dnas_lr, 1e-6, 10, 0.1, 0, "Adam step on the gates' log_alpha"),
+    INT("dnas_batch", ac_search_opts, dnas_batch, 1, 4096, 4, 0, NULL),
+    INT("dnas_seq_len", ac_search_opts, dnas_seq_len, 2, 1 << 16, 64, 0, NULL),
+    BOOL("cotrain", ac_search_opts, cotrain, 0,
+         "train the weights (a copy, AdamW) with the gates; the result is still sliced from the original weights"),
+    END,
+};
+static const ac_field EVAL[] = {
+    INT("ctx", ac_eval_spec, ctx, 8, 1 << 16, 128, 0, NULL),
+    INT("windows", ac_eval_spec, windows, 0, 1 << 20, 32, 0, "0 = every window of the held-out text"),
+    END,
+};
+static const ac_field DISTILL[] = {
+    INT("tokens", ac_distill_spec, tokens, 0, AC_DISTILL_MAX_TOKENS, 0, 0,
+        "student training tokens per pruned model (batch x seq_len per step); 0 = no distillation"),
+    STR("text", ac_distill_spec, text, AC_F_PATH_FILE, "UTF-8 training text (default: the whole calibration file)"),
+    NUM("lr", ac_distill_spec, lr, 1e-8, 1, 1e-3, 0, "AdamW peak rate; 5 % linear warmup, cosine to lr/10"),
+    INT("seq_len", ac_distill_spec, seq_len, 8, 1 << 16, 128, 0, NULL),
+    INT("batch", ac_distill_spec, batch, 1, 4096, 8, 0, NULL),
+    NUM("temperature", ac_distill_spec, temperature, 0.05, 100, 1, 0,
+        "loss tau^2 KL(softmax(teacher/tau) || softmax(student/tau))"),
+    NUM("ce_weight", ac_distill_spec, ce_weight, 0, 1, 0, 0, "weight of next-token cross-entropy mixed into the loss"),
+    INT("seed", ac_distill_spec, seed, 0, 2147483647, 1, 0, "window sampling"),
+    END,
+};
+static const ac_field SPEC[] = {
+    STR("name", ac_job_spec, name, 0, NULL),
+    STR("model", ac_job_spec, model, AC_F_REQUIRED | AC_F_PATH_DIR,
+        "Absolute path of a Hugging Face model directory (config.json, *.safetensors or index, tokenizer.json) under "
+        "one "
+        "of the server's model_roots."),
+    STR("calibration", ac_job_spec, calibration, AC_F_REQUIRED | AC_F_PATH_FILE,
+        "Absolute path of a UTF-8 text file: importance and sensitivity passes."),
+    STR("heldout", ac_job_spec, heldout, AC_F_PATH_FILE,
+        "Absolute path of a UTF-8 text file for perplexity before/after (default: calibration)."),
+    STR("output", ac_job_spec, output, AC_F_PATH_OUT,
+        "Directory for the pruned checkpoint and report.json (default: DATA_DIR/jobs/ID/output)."),
+    OBJ("target", ac_job_spec, target, TARGET, AC_F_REQUIRED, NULL),
+    OBJ("constraints", ac_job_spec, limits, CONSTRAINTS, AC_F_REQUIRED | AC_F_NONEMPTY, NULL),
+    ENUM("method", ac_job_spec, method, METHODS, AC_METHOD_AUTOCOMPRESS, 0, NULL),
+    OBJ("search", ac_job_spec, search, SEARCH, 0, NULL),
+    OBJ("eval", ac_job_spec, eval, EVAL, 0, NULL),
+    BOOL("repair", ac_job_spec, repair, 1, "least-squares refit of pruned FFN down projections"),
+    INT("calibration_tokens", ac_job_spec, calibration_tokens, 256, 1 << 24, 16384, 0, NULL),
+    INT("priority", ac_job_spec, priority, -1000, 1000, 0, 0, NULL),
+    OBJ("distill", ac_job_spec, distill, DISTILL, 0, NULL),
+    END,
+};
 
-static int check_obj(const json_t *o, const field *fs, const char *prefix, const char **fieldp, ac_err *e) {
+const ac_field *ac_job_spec_fields(void) { return SPEC; }
+const ac_field *ac_target_spec_fields(void) { return TARGET; }
+
+/* ---------------------------------------------------------------- parsing */
+
+static _Thread_local char field_buf[256];
+
+static void store_int(void *p, size_t size, long long v) {
+    if (size == sizeof(int64_t))
+        *(int64_t *)p = v;
+    else {
+        assert(size == sizeof(int32_t));
+        *(int32_t *)p = (int32_t)v;
+    }
+}
+
+/* The table's defaults into the section at base (and its subsections). */
+static void set_defaults(const ac_field *fs, char *base) {
+    for (const ac_field *f = fs; f->name; f++) {
+        char *p = base + f->off;
+        switch (f->type) {
+        case AC_F_STR: memset(p, 0, f->size); break;
+        case AC_F_INT: store_int(p, f->size, (long long)f->def); break;
+        case AC_F_NUM: *(double *)p = f->def; break;
+        case AC_F_BOOL:
+        case AC_F_ENUM: *(int *)p = (int)f->def; break;
+        case AC_F_OBJ: set_defaults(f->sub, p); break;
+        default: assert(!"field type");
+        }
+    }
+}
+
+static const char *const TYPE_NAMES[] = {"a non-empty string", "an integer",         "a number",
+                                         "a boolean",          "a non-empty string", "an object"};
+
+static int parse_obj(const json_t *o, const ac_field *fs, char *base, const char *prefix, const char **fieldp,
+                     ac_err *e);
+
+/* One member: check and store. field_buf names it. */
+static int parse_value(const json_t *v, const ac_field *f, char *p, const char **fieldp, ac_err *e) {
+    int ok = 1;
+    switch (f->type) {
+    case AC_F_STR:
+    case AC_F_ENUM: ok = json_is_string(v) && json_string_length(v) > 0 && json_string_length(v) < AC_SPEC_STR; break;
+    case AC_F_INT: ok = json_is_integer(v); break;
+    case AC_F_NUM: ok = json_is_number(v) && isfinite(json_number_value(v)); break;
+    case AC_F_BOOL: ok = json_is_boolean(v); break;
+    case AC_F_OBJ: ok = json_is_object(v); break;
+    }
+    *fieldp = field_buf;
+    if (!ok) return ac_errf(e, "%s must be %s", field_buf, TYPE_NAMES[f->type]);
+    if (f->type == AC_F_INT || f->type == AC_F_NUM) {
+        double x = json_number_value(v);
+        if (x < f->lo || x > f->hi) return ac_errf(e, "%s=%g is outside [%g, %g]", field_buf, x, f->lo, f->hi);
+        if (f->type == AC_F_INT)
+            store_int(p, f->size, json_integer_value(v));
+        else
+            *(double *)p = x;
+    } else if (f->type == AC_F_STR) {
+        if (json_string_length(v) >= f->size)
+            return ac_errf(e, "%s must be a non-empty string of at most %zu bytes", field_buf, f->size - 1);
+        memcpy(p, json_string_value(v), json_string_length(v) + 1);
+    } else if (f->type == AC_F_ENUM) {
+        const char *name = json_string_value(v);
+        for (int k = 0; f->aliases && f->aliases[k]; k += 2)
+            if (!strcmp(f->aliases[k], name)) name = f->aliases[k + 1];
+        int i = 0;
+        while (f->enums[i] && strcmp(f->enums[i], name)) i++;
+        if (!f->enums[i])
+            return ac_errf(e, "%s=\"%s\" is not one of the allowed values", field_buf, json_string_value(v));
+        *(int *)p = i;
+    } else if (f->type == AC_F_BOOL) {
+        *(int *)p = json_is_true(v);
+    } else {
+        char pre[300];
+        snprintf(pre, sizeof pre, "%.250s.", field_buf);
+        if (parse_obj(v, f->sub, p, pre, fieldp, e)) return -1;
+        if ((f->flags & AC_F_NONEMPTY) && json_object_size(v) == 0) {
+            char names[200] = "";
+            for (const ac_field *g = f->sub; g->name; g++)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", g == f->sub ? "" : ", ", g->name);
+            snprintf(field_buf, sizeof field_buf, "%.*s", (int)strlen(pre) - 1, pre);
+            return ac_errf(e, "%s must name at least one limit (%s)", field_buf, names);
+        }
+    }
+    return 0;
+}
+
+static int parse_obj(const json_t *o, const ac_field *fs, char *base, const char *prefix, const char **fieldp,
+                     ac_err *e) {
     const char *k;
     json_t *v;
     json_object_foreach((json_t *)o, k, v) {
-        const field *f = fs;
+        const ac_field *f = fs;
         while (f->name && strcmp(f->name, k)) f++;
         snprintf(field_buf, sizeof field_buf, "%.120s%.120s", prefix, k);
-        if (!f->name) { *fieldp = field_buf; return ac_errf(e, "unknown field %s", field_buf); }
-        int ok = 1;
-        switch (f->type) {
-        case T_STR: ok = json_is_string(v) && json_string_length(v) > 0 && json_string_length(v) < 4096; break;
-        case T_INT: ok = json_is_integer(v); break;
-        case T_NUM: ok = json_is_number(v) && isfinite(json_number_value(v)); break;
-        case T_BOOL: ok = json_is_boolean(v); break;
-        case T_OBJ: ok = json_is_object(v); break;
-        }
-        static const char *tn[] = {"a non-empty string", "an integer", "a number", "a boolean", "an object"};
-        if (!ok) { *fieldp = field_buf; return ac_errf(e, "%s must be %s", field_buf, tn[f->type]); }
-        if ((f->type == T_INT || f->type == T_NUM) && (f->lo != 0 || f->hi != 0)) {
-            double x = json_number_value(v);
-            if (x < f->lo || x > f->hi) { *fieldp = field_buf; return ac_errf(e, "%s=%g is outside [%g, %g]", field_buf, x, f->lo, f->hi); }
-        }
-        if (f->enums) {
-            const char *const *en = f->enums;
-            while (*en && strcmp(*en, json_string_value(v))) en++;
-            if (!*en) { *fieldp = field_buf; return ac_errf(e, "%s=\"%s\" is not one of the allowed values", field_buf, json_string_value(v)); }
-        }
-        if (f->sub) {
-            char pre[300];
-            snprintf(pre, sizeof pre, "%.250s.", field_buf);
-            if (check_obj(v, f->sub, pre, fieldp, e)) return -1;
-        }
+        *fieldp = field_buf;
+        if (!f->name) return ac_errf(e, "unknown field %s", field_buf);
+        if (parse_value(v, f, base + f->off, fieldp, e)) return -1;
     }
-    for (const field *f = fs; f->name; f++)
-        if (f->required && !json_object_get(o, f->name)) {
+    for (const ac_field *f = fs; f->name; f++)
+        if ((f->flags & AC_F_REQUIRED) && !json_object_get(o, f->name)) {
             snprintf(field_buf, sizeof field_buf, "%.120s%.120s", prefix, f->name);
             *fieldp = field_buf;
             return ac_errf(e, "missing required field %s", field_buf);
@@ -141,21 +265,188 @@ static int check_obj(const json_t *o, const field *fs, const char *prefix, const
     return 0;
 }
 
-int ac_job_validate_field(const json_t *spec, const char **fieldp, ac_err *e) {
+static int dtype_bytes(int i) { return i == 2 ? 4 : i == 3 ? 1 : 2; /* bf16, fp16, fp32, fp8 */ }
+
+/* Device resolution and the engine profile: device-class defaults, then
+ * the overrides the spec gave. */
+static int target_finish(ac_target_spec *t, const char *prefix, const char **fieldp, ac_err *e) {
+    snprintf(field_buf, sizeof field_buf, "%.120sdevice", prefix);
+    *fieldp = field_buf;
+    if (ac_target_resolve(t->device, &t->dev, e)) return -1;
+    const ac_engine_in *in = &t->engine_in;
+    ac_engine_profile *p = &t->engine;
+    ac_engine_profile_default(p, t->dev.kind == AC_TARGET_CPU);
+    if (in->name[0]) snprintf(p->name, sizeof p->name, "%s", in->name);
+    if (in->weights_dtype >= 0)
+        p->w_bytes = dtype_bytes(in->weights_dtype), p->act_bytes = p->w_bytes < 2 ? 2 : p->w_bytes;
+    if (in->kv_dtype >= 0) p->kv_bytes = dtype_bytes(in->kv_dtype);
+    if (in->block_size > 0) p->block_size = in->block_size;
+    if (!isnan(in->mem_util)) p->mem_util = in->mem_util;
+    if (!isnan(in->overhead_ms)) p->overhead_ms = in->overhead_ms;
+    if (!isnan(in->overhead_gib)) p->overhead_gib = in->overhead_gib;
+    *fieldp = "";
+    return 0;
+}
+
+int ac_target_spec_parse(const json_t *j, ac_target_spec *t, const char *prefix, const char **fieldp, ac_err *e) {
+    const char *dummy;
+    char pre[200];
+    if (!fieldp) fieldp = &dummy;
+    snprintf(pre, sizeof pre, "%.190s.", prefix);
+    memset(t, 0, sizeof *t);
+    set_defaults(TARGET, (char *)t);
+    *fieldp = prefix;
+    if (!json_is_object(j)) return ac_errf(e, "%s must be an object", prefix);
+    if (parse_obj(j, TARGET, (char *)t, pre, fieldp, e)) return -1;
+    return target_finish(t, pre, fieldp, e);
+}
+
+int ac_job_spec_parse(const json_t *j, ac_job_spec *s, const char **fieldp, ac_err *e) {
     const char *dummy;
     if (!fieldp) fieldp = &dummy;
     *fieldp = "";
-    if (!json_is_object(spec)) return ac_errf(e, "job spec must be a JSON object");
-    if (check_obj(spec, SPEC, "", fieldp, e)) return -1;
-    if (json_object_size(json_object_get(spec, "constraints")) == 0) {
-        *fieldp = "constraints";
-        return ac_errf(e, "constraints must name at least one limit (max_ttft_ms, max_tpot_ms, min_tokens_per_s, max_memory_gib, max_params)");
+    memset(s, 0, sizeof *s);
+    set_defaults(SPEC, (char *)s);
+    if (!json_is_object(j)) return ac_errf(e, "job spec must be a JSON object");
+    if (parse_obj(j, SPEC, (char *)s, "", fieldp, e)) return -1;
+    if (target_finish(&s->target, "target.", fieldp, e)) return -1;
+    if (!s->heldout[0]) memcpy(s->heldout, s->calibration, sizeof s->heldout);
+    int deci = s->search.target == AC_EXPORT_DECI;
+    if (!s->search.ffn_multiple) s->search.ffn_multiple = deci ? AC_DECI_GRID : 32;
+    return ac_deci_validate_spec(deci, s->search.ffn_multiple, fieldp, e) ||
+                   ac_gguf_check_spec(&s->search, NULL, fieldp, e)
+               ? -1
+               : 0;
+}
+
+const char *ac_method_name(ac_method m) {
+    assert(m >= 0 && m < (int)(sizeof METHODS / sizeof *METHODS) - 1);
+    return METHODS[m];
+}
+
+json_t *ac_constraints_json(const ac_constraints *l) {
+    json_t *o = json_object();
+    for (const ac_field *f = CONSTRAINTS; o && f->name; f++) {
+        double v = *(const double *)((const char *)l + f->off);
+        if (v > 0) json_object_set_new(o, f->name, json_real(v));
     }
-    return 0;
+    return o;
+}
+
+/* ---------------------------------------------------------------- compatibility (job.h) */
+
+int ac_job_validate_field(const json_t *spec, const char **fieldp, ac_err *e) {
+    static _Thread_local ac_job_spec s; /* 33 KB: off the stack of HTTP threads */
+    return ac_job_spec_parse(spec, &s, fieldp, e);
 }
 
 int ac_job_validate(const json_t *spec, ac_err *e) { return ac_job_validate_field(spec, NULL, e); }
 
 const char *ac_job_path(const json_t *spec, const char *which) {
     return json_string_value(json_object_get(spec, which));
+}
+
+/* ---------------------------------------------------------------- paths */
+
+int ac_job_spec_path(const ac_job_spec *s, int i, const char **field, const char **path, int *flags) {
+    const int PATHS = AC_F_PATH_DIR | AC_F_PATH_FILE | AC_F_PATH_OUT;
+    int k = 0;
+    for (const ac_field *f = SPEC; f->name; f++) {
+        if (f->type == AC_F_STR && (f->flags & PATHS) && k++ == i) {
+            *field = f->name, *path = (const char *)s + f->off, *flags = f->flags & PATHS;
+            return 1;
+        }
+        if (f->type != AC_F_OBJ) continue;
+        for (const ac_field *g = f->sub; g->name; g++)
+            if (g->type == AC_F_STR && (g->flags & PATHS) && k++ == i) {
+                snprintf(field_buf, sizeof field_buf, "%s.%s", f->name, g->name);
+                *field = field_buf, *path = (const char *)s + f->off + g->off, *flags = g->flags & PATHS;
+                return 1;
+            }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- schema */
+
+static json_t *num_json(const ac_field *f, double x) {
+    return f->type == AC_F_INT ? json_integer((json_int_t)x) : json_real(x);
+}
+
+static json_t *obj_schema(const ac_field *fs, int flags);
+
+static json_t *field_schema(const ac_field *f) {
+    json_t *p = json_object();
+    switch (f->type) {
+    case AC_F_STR:
+        json_object_set_new(p, "type", json_string("string"));
+        json_object_set_new(p, "minLength", json_integer(1));
+        json_object_set_new(p, "maxLength", json_integer((json_int_t)f->size - 1));
+        break;
+    case AC_F_INT:
+    case AC_F_NUM:
+        json_object_set_new(p, "type", json_string(f->type == AC_F_INT ? "integer" : "number"));
+        json_object_set_new(p, "minimum", num_json(f, f->lo));
+        json_object_set_new(p, "maximum", num_json(f, f->hi));
+        if (!(f->flags & AC_F_NODEFAULT)) json_object_set_new(p, "default", num_json(f, f->def));
+        break;
+    case AC_F_BOOL:
+        json_object_set_new(p, "type", json_string("boolean"));
+        json_object_set_new(p, "default", json_boolean(f->def != 0));
+        break;
+    case AC_F_ENUM: {
+        json_t *en = json_array();
+        for (const char *const *s = f->enums; *s; s++) json_array_append_new(en, json_string(*s));
+        for (const char *const *s = f->aliases; s && *s; s += 2) json_array_append_new(en, json_string(*s));
+        json_object_set_new(p, "enum", en);
+        if (!(f->flags & AC_F_NODEFAULT)) json_object_set_new(p, "default", json_string(f->enums[(int)f->def]));
+        break;
+    }
+    case AC_F_OBJ:
+        json_decref(p);
+        p = obj_schema(f->sub, f->flags);
+        break;
+    }
+    if (f->doc) json_object_set_new(p, "description", json_string(f->doc));
+    return p;
+}
+
+static json_t *obj_schema(const ac_field *fs, int flags) {
+    json_t *o = json_object(), *req = json_array(), *props = json_object();
+    json_object_set_new(o, "type", json_string("object"));
+    json_object_set_new(o, "additionalProperties", json_false());
+    for (const ac_field *f = fs; f->name; f++) {
+        if (f->flags & AC_F_REQUIRED) json_array_append_new(req, json_string(f->name));
+        json_object_set_new(props, f->name, field_schema(f));
+    }
+    if (json_array_size(req))
+        json_object_set_new(o, "required", req);
+    else
+        json_decref(req);
+    if (flags & AC_F_NONEMPTY) json_object_set_new(o, "minProperties", json_integer(1));
+    json_object_set_new(o, "properties", props);
+    return o;
+}
+
+json_t *ac_job_spec_schema(void) {
+    json_t *s = json_pack("{s:s,s:s,s:s,s:s}", "$schema", "https://json-schema.org/draft/2020-12/schema", "$id",
+                          "autocompress/job.schema.json", "title", "AutoCompress job spec (version 1)", "description",
+                          "Generated from the field table in src/jobspec.c (autocompress schema); unknown fields are "
+                          "rejected with 400 and the field named.");
+    json_t *o = obj_schema(SPEC, 0);
+    json_object_update(s, o);
+    json_decref(o);
+    /* The rules across fields: with export_target deci (the default),
+     * ffn_multiple sits on the loaders' grid (ac_deci_validate_spec);
+     * search.gguf needs export_target llama or gguf (ac_gguf_check_spec). */
+    json_object_set_new(
+        s, "allOf",
+        json_pack("[{s:{s:{s:{s:{s:{s:[s]}}}}},s:{s:{s:{s:{s:{s:i}}}}}},"
+                  "{s:{s:{s:{s:{s:{s:b}},s:[s]}},s:[s]},s:{s:{s:{s:{s:{s:[s,s,s]}},s:[s]}}}}]",
+                  "if", "properties", "search", "properties", "export_target", "enum", "deci", "then", "properties",
+                  "search", "properties", "ffn_multiple", "multipleOf", AC_DECI_GRID, "if", "properties", "search",
+                  "properties", "gguf", "const", 1, "required", "gguf", "required", "search", "then", "properties",
+                  "search", "properties", "export_target", "enum", "llama", "gguf", "gguf-deci", "required",
+                  "export_target"));
+    return s;
 }

@@ -4,6 +4,7 @@
  * saving. See model.h for the contract.
  */
 #include "model.h"
+#include "fsafe.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -11,6 +12,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "deci.h"
+#include "gguf.h"
 #include "safetensors.h"
 #include "tensor.h"
 
@@ -88,7 +91,8 @@ int ac_arch_from_config(const json_t *cfg, ac_arch *a, ac_err *e) {
     a->rope_theta = (float)theta;
     if (parse_rope_scaling(json_is_object(rp) ? rp : json_object_get(cfg, "rope_scaling"), a, e)) return -1;
     a->tie_embeddings = json_is_true(json_object_get(cfg, "tie_word_embeddings"));
-    a->qkv_bias = strcmp(mt, "qwen2") == 0 || json_is_true(json_object_get(cfg, "attention_bias"));
+    a->qkv_bias = strcmp(mt, "qwen2") == 0 || json_is_true(json_object_get(cfg, "attention_bias")) ||
+                  json_is_true(json_object_get(cfg, "qkv_bias"));
     if (json_is_true(json_object_get(cfg, "mlp_bias"))) return ac_errf(e, "config.json: mlp_bias is not supported");
     json_t *sw = json_object_get(cfg, "sliding_window");
     int use_sw = strcmp(mt, "qwen2") ? 1 : json_is_true(json_object_get(cfg, "use_sliding_window"));
@@ -155,11 +159,11 @@ int ac_arch_from_config(const json_t *cfg, ac_arch *a, ac_err *e) {
 }
 
 int ac_arch_load(const char *model_dir, ac_arch *a, ac_err *e) {
+    if (ac_gguf_is_path(model_dir)) return ac_gguf_arch(model_dir, a, e);
     char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", model_dir);
-    json_error_t je;
-    json_t *cfg = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!cfg) return ac_errf(e, "%s: %s", path, je.text);
+    if (ac_fsafe_join(model_dir, "config.json", path, sizeof path, e)) return -1;
+    json_t *cfg = ac_fsafe_json(path, AC_FK_CONFIG, e); /* confined, no bytes echoed */
+    if (!cfg) return -1;
     int rc = ac_arch_from_config(cfg, a, e);
     json_decref(cfg);
     return rc;
@@ -242,8 +246,11 @@ json_t *ac_arch_to_config(const ac_arch *a) {
     int uni = ac_arch_is_uniform(a);
     json_t *c = json_object();
     /* a uniform model with a sliding window stays a Mistral: Llama has none */
-    const char *arch_name = !uni ? "DeciLMForCausalLM" : a->sliding_window ? "MistralForCausalLM" : "LlamaForCausalLM";
-    const char *type = !uni ? "nemotron-nas" : a->sliding_window ? "mistral" : "llama";
+    /* q/k/v biases without an o_proj bias are Qwen2's (Llama's attention_bias
+     * also means an o_proj bias, which we do not have) */
+    const char *arch_name = !uni ? "DeciLMForCausalLM" : a->qkv_bias ? "Qwen2ForCausalLM"
+                                   : a->sliding_window ? "MistralForCausalLM" : "LlamaForCausalLM";
+    const char *type = !uni ? "nemotron-nas" : a->qkv_bias ? "qwen2" : a->sliding_window ? "mistral" : "llama";
     json_object_set_new(c, "architectures", json_pack("[s]", arch_name));
     json_object_set_new(c, "model_type", json_string(type));
     json_object_set_new(c, "vocab_size", json_integer(a->vocab));
@@ -267,9 +274,13 @@ json_t *ac_arch_to_config(const ac_arch *a) {
     json_object_set_new(c, "hidden_act", json_string("silu"));
     json_object_set_new(c, "torch_dtype", json_string("bfloat16"));
     if (a->sliding_window) json_object_set_new(c, "sliding_window", json_integer(a->sliding_window));
+    if (a->sliding_window && uni && a->qkv_bias) json_object_set_new(c, "use_sliding_window", json_true());
+    if (uni && a->qkv_bias) json_object_set_new(c, "attention_bias", json_false()); /* implied by qwen2 */
     if (a->bos_id >= 0) json_object_set_new(c, "bos_token_id", json_integer(a->bos_id));
     if (a->eos_id >= 0) json_object_set_new(c, "eos_token_id", json_integer(a->eos_id));
-    if (!uni) {
+    ac_err de;
+    if (!uni && ac_deci_fill_config(c, a, &de) == 0) return c; /* what vLLM / TRT-LLM / Transformers load */
+    if (!uni) { /* our own loader's form: per-block head counts and widths the deci loaders cannot read */
         json_t *bc = json_array();
         for (int l = 0; l < a->n_layers; l++) {
             const ac_layer_arch *L = &a->layers[l];
@@ -321,6 +332,7 @@ void ac_model_free(ac_model *m) {
 }
 
 int ac_model_load(const char *model_dir, ac_model *m, ac_err *e) {
+    if (ac_gguf_is_path(model_dir)) return ac_gguf_load(model_dir, m, e);
     memset(m, 0, sizeof *m);
     if (ac_arch_load(model_dir, &m->a, e)) return -1;
     st_set s;
@@ -452,6 +464,7 @@ int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
         json_t *c = ac_arch_to_config(a);
         json_object_set_new(c, "torch_dtype", json_string(dtype == ST_F32 ? "float32" : dtype == ST_F16 ? "float16" : "bfloat16"));
         if (json_dump_file(c, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER)) rc = ac_errf(e, "cannot write %s", path);
+        else if (json_object_get(c, "auto_map")) rc = ac_deci_write_module(dir, e);
         json_decref(c);
     }
 out:

@@ -72,7 +72,8 @@ typedef struct {
     ac_layer_w *L;      /* n_layers */
 } ac_model;
 
-/* Load config.json and safetensors weights (any of F32/F16/BF16) as fp32. */
+/* Load config.json and safetensors weights (any of F32/F16/BF16) as fp32;
+ * a path ending in .gguf is read as a GGUF file (gguf.h). */
 int ac_model_load(const char *model_dir, ac_model *m, ac_err *e);
 /* Allocate zeroed weights for an arch (for random init and pruning). */
 int ac_model_alloc(ac_model *m, const ac_arch *a, ac_err *e);

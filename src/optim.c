@@ -7,8 +7,15 @@
 #include <string.h>
 
 void ac_adamw_defaults(ac_adamw_opts *o) {
-    *o = (ac_adamw_opts){.lr = 1e-3f, .min_lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1.0f,
-                         .warmup = 0, .total_steps = 1};
+    *o = (ac_adamw_opts){.lr = 1e-3f,
+                         .min_lr = 1e-4f,
+                         .beta1 = 0.9f,
+                         .beta2 = 0.95f,
+                         .eps = 1e-8f,
+                         .weight_decay = 0.1f,
+                         .clip = 1.0f,
+                         .warmup = 0,
+                         .total_steps = 1};
 }
 
 void ac_adamw_init(ac_adamw *a, const ac_adamw_opts *o) {
@@ -48,12 +55,15 @@ int ac_adamw_add_model(ac_adamw *a, ac_model *m, const ac_model *g, ac_err *e) {
         ac_layer_w *w = &m->L[l];
         const ac_layer_w *d = &g->L[l];
         size_t Q = L->n_heads * hd, KV = L->n_kv_heads * hd, F = L->ffn;
-        rc = ac_adamw_add(a, w->in_norm, d->in_norm, L->n_heads ? H : 0, 0, e) || ac_adamw_add(a, w->wq, d->wq, Q * H, 1, e) ||
-             ac_adamw_add(a, w->wk, d->wk, KV * H, 1, e) || ac_adamw_add(a, w->wv, d->wv, KV * H, 1, e) ||
-             ac_adamw_add(a, w->wo, d->wo, H * Q, 1, e) || ac_adamw_add(a, w->bq, d->bq, w->bq ? Q : 0, 0, e) ||
-             ac_adamw_add(a, w->bk, d->bk, w->bk ? KV : 0, 0, e) || ac_adamw_add(a, w->bv, d->bv, w->bv ? KV : 0, 0, e) ||
-             ac_adamw_add(a, w->post_norm, d->post_norm, F ? H : 0, 0, e) || ac_adamw_add(a, w->wg, d->wg, F * H, 1, e) ||
-             ac_adamw_add(a, w->wu, d->wu, F * H, 1, e) || ac_adamw_add(a, w->wd, d->wd, H * F, 1, e);
+        rc = ac_adamw_add(a, w->in_norm, d->in_norm, L->n_heads ? H : 0, 0, e) ||
+             ac_adamw_add(a, w->wq, d->wq, Q * H, 1, e) || ac_adamw_add(a, w->wk, d->wk, KV * H, 1, e) ||
+             ac_adamw_add(a, w->wv, d->wv, KV * H, 1, e) || ac_adamw_add(a, w->wo, d->wo, H * Q, 1, e) ||
+             ac_adamw_add(a, w->bq, d->bq, w->bq ? Q : 0, 0, e) ||
+             ac_adamw_add(a, w->bk, d->bk, w->bk ? KV : 0, 0, e) ||
+             ac_adamw_add(a, w->bv, d->bv, w->bv ? KV : 0, 0, e) ||
+             ac_adamw_add(a, w->post_norm, d->post_norm, F ? H : 0, 0, e) ||
+             ac_adamw_add(a, w->wg, d->wg, F * H, 1, e) || ac_adamw_add(a, w->wu, d->wu, F * H, 1, e) ||
+             ac_adamw_add(a, w->wd, d->wd, H * F, 1, e);
     }
     return rc ? -1 : 0;
 }
@@ -76,7 +86,8 @@ double ac_grad_norm(const ac_adamw *a) {
 
 int ac_adamw_step(ac_adamw *a, double *gnorm, ac_err *e) {
     if (!a->m) {
-        if (!(a->m = calloc(2 * a->total + 1, sizeof(float)))) return ac_errf(e, "optimizer: out of memory for %zu moments", 2 * a->total);
+        if (!(a->m = calloc(2 * a->total + 1, sizeof(float))))
+            return ac_errf(e, "optimizer: out of memory for %zu moments", 2 * a->total);
         a->v = a->m + a->total;
     }
     const ac_adamw_opts *o = &a->o;

@@ -19,11 +19,11 @@
 #include "model.h"
 
 typedef struct {
-    float lr, min_lr;         /* peak and final learning rate */
+    float lr, min_lr; /* peak and final learning rate */
     float beta1, beta2, eps;
-    float weight_decay;       /* decoupled; only on tensors added with decay = 1 */
-    float clip;               /* global gradient-norm limit; <= 0 = none */
-    int warmup, total_steps;  /* schedule, in optimizer steps */
+    float weight_decay;      /* decoupled; only on tensors added with decay = 1 */
+    float clip;              /* global gradient-norm limit; <= 0 = none */
+    int warmup, total_steps; /* schedule, in optimizer steps */
 } ac_adamw_opts;
 
 typedef struct {
@@ -38,8 +38,8 @@ typedef struct {
     ac_param *ps;
     int np, cap;
     size_t total;
-    float *m, *v;  /* [total] each, in one allocation */
-    long step;     /* updates done */
+    float *m, *v; /* [total] each, in one allocation */
+    long step;    /* updates done */
 } ac_adamw;
 
 /* lr 1e-3 -> 1e-4, betas (0.9, 0.95), eps 1e-8, decay 0.1, clip 1, no warmup, 1 step. */

@@ -36,8 +36,10 @@ int ac_prune(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac
         const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
         int grp = s->n_heads ? s->n_heads / s->n_kv_heads : 0;
         int merge = d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads && d->n_kv_heads > 0 && s->n_kv_heads % d->n_kv_heads == 0;
-        if (d->ffn > s->ffn || d->n_kv_heads > s->n_kv_heads || (d->n_heads && d->n_heads != d->n_kv_heads * grp && !merge))
-            return ac_errf(e, "prune: layer %d target (%d heads, %d KV, ffn %d) does not fit source (%d, %d, %d): keep the query heads of a KV group together, or keep every query head and merge KV heads by a divisor",
+        /* Minitron: all KV groups kept, heads trimmed within each group */
+        int trim = d->n_heads && d->n_kv_heads == s->n_kv_heads && d->n_heads < s->n_heads && d->n_heads % d->n_kv_heads == 0;
+        if ((d->ffn && !s->ffn) || d->n_kv_heads > s->n_kv_heads || (d->n_heads && d->n_heads != d->n_kv_heads * grp && !merge && !trim))
+            return ac_errf(e, "prune: layer %d target (%d heads, %d KV, ffn %d) does not fit source (%d, %d, %d): keep the query heads of a KV group together, keep every query head and merge KV heads by a divisor, or keep every KV group and trim the same number of heads in each",
                            l, d->n_heads, d->n_kv_heads, d->ffn, s->n_heads, s->n_kv_heads, s->ffn);
     }
     if (ac_model_alloc(dst, t, e)) return -1;
@@ -83,17 +85,23 @@ int ac_prune(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac
                     }
                 }
         } else if (d->n_heads) {
-            int grp = s->n_heads / s->n_kv_heads, G = d->n_kv_heads, Qs = s->n_heads * hd;
+            /* the kept KV groups with their query heads; when every group is
+             * kept with fewer heads each (Minitron), a group's best heads by
+             * imp->head_order, in their original order */
+            int grp = s->n_heads / s->n_kv_heads, G = d->n_kv_heads, Qs = s->n_heads * hd, hg = d->n_heads / G;
             int *gk = kept(imp->kv_order[l], G);
             int *qrows = malloc(sizeof(int) * G * grp * hd), *kvrows = malloc(sizeof(int) * G * hd);
             if (!gk || !qrows || !kvrows) rc = ac_errf(e, "out of memory");
             for (int g = 0; !rc && g < G; g++) {
                 for (int i = 0; i < hd; i++) kvrows[g * hd + i] = gk[g] * hd + i;
-                for (int j = 0; j < grp; j++)
-                    for (int i = 0; i < hd; i++) qrows[(g * grp + j) * hd + i] = (gk[g] * grp + j) * hd + i;
+                int *hk = hg < grp && imp->head_order ? kept(imp->head_order[l] + gk[g] * grp, hg) : NULL;
+                if (hg < grp && imp->head_order && !hk) { rc = ac_errf(e, "out of memory"); break; }
+                for (int j = 0; j < hg; j++)
+                    for (int i = 0; i < hd; i++) qrows[(g * hg + j) * hd + i] = (hk ? hk[j] : gk[g] * grp + j) * hd + i;
+                free(hk);
             }
             if (!rc) {
-                int nq = G * grp * hd, nkv = G * hd;
+                int nq = G * hg * hd, nkv = G * hd;
                 gather(dw->in_norm, sw->in_norm, H, NULL, 1, hk, Ht);
                 gather(dw->wq, sw->wq, H, qrows, nq, hk, Ht);
                 gather(dw->wk, sw->wk, H, kvrows, nkv, hk, Ht);
@@ -108,12 +116,17 @@ int ac_prune(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac
             free(gk); free(qrows); free(kvrows);
         }
         if (d->ffn && !rc) {
-            int *fk = kept(imp->ffn_order[l], d->ffn);
+            /* a target wider than the source (the deci grid) keeps every
+             * channel; the extra gate/up rows and down columns stay zero,
+             * which adds exactly nothing (silu(0) * 0 = 0) */
+            int keep = d->ffn < s->ffn ? d->ffn : s->ffn;
+            int *fk = kept(imp->ffn_order[l], keep);
             if (!fk) { rc = ac_errf(e, "out of memory"); break; }
             gather(dw->post_norm, sw->post_norm, H, NULL, 1, hk, Ht);
-            gather(dw->wg, sw->wg, H, fk, d->ffn, hk, Ht);
-            gather(dw->wu, sw->wu, H, fk, d->ffn, hk, Ht);
-            gather(dw->wd, sw->wd, s->ffn, hk, Ht, fk, d->ffn);
+            gather(dw->wg, sw->wg, H, fk, keep, hk, Ht);
+            gather(dw->wu, sw->wu, H, fk, keep, hk, Ht);
+            for (int r = 0; r < Ht; r++) /* down_proj [Ht, d->ffn]: the first keep columns */
+                for (int c = 0; c < keep; c++) dw->wd[(size_t)r * d->ffn + c] = sw->wd[(size_t)hk[r] * s->ffn + fk[c]];
             free(fk);
         }
     }

@@ -5,6 +5,7 @@
  * pointer is handed out. Fuzzed by tests/fuzz_safetensors.c.
  */
 #include "safetensors.h"
+#include "fsafe.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -69,7 +70,8 @@ int st_parse(const void *buf, size_t len, st_file *f, ac_err *e) {
 
     json_error_t je;
     json_t *root = json_loadb((const char *)p + 8, hn, JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &je);
-    if (!root) return ac_errf(e, "header JSON: %s (at byte %d)", je.text, je.position);
+    char why[160];
+    if (!root) return ac_errf(e, "header JSON: %s (at byte %d)", ac_fsafe_json_why(je.text, why, sizeof why), je.position);
     /* Only trailing spaces may follow the object. */
     for (size_t i = je.position; i < hn; i++)
         if (p[8 + i] != ' ' && p[8 + i] != '\n' && p[8 + i] != '\t' && p[8 + i] != '\r' && p[8 + i] != 0) {
@@ -160,14 +162,9 @@ int st_parse(const void *buf, size_t len, st_file *f, ac_err *e) {
 
 int st_open(const char *path, st_file *f, ac_err *e) {
     memset(f, 0, sizeof *f);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ac_errf(e, "cannot open %s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return ac_errf(e, "%s is not a regular file", path);
-    }
-    size_t len = (size_t)sb.st_size;
+    size_t len;
+    int fd = ac_fsafe_open(path, AC_FK_WEIGHTS, &len, e); /* confined, regular file */
+    if (fd < 0) return -1;
     void *map = len ? mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
     close(fd);
     if (len && map == MAP_FAILED) return ac_errf(e, "cannot mmap %s: %s", path, strerror(errno));
@@ -197,9 +194,9 @@ const st_tensor *st_find(const st_file *f, const char *name) {
 int st_set_open(const char *dir, st_set *s, ac_err *e) {
     memset(s, 0, sizeof *s);
     char path[4096];
-    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    if (access(path, F_OK) != 0) {
-        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (ac_fsafe_join(dir, "model.safetensors.index.json", path, sizeof path, e)) return -1;
+    if (!ac_fsafe_present(path)) {
+        if (ac_fsafe_join(dir, "model.safetensors", path, sizeof path, e)) return -1;
         s->files = calloc(1, sizeof *s->files);
         if (!s->files) return ac_errf(e, "out of memory");
         if (st_open(path, &s->files[0], e)) {
@@ -210,9 +207,8 @@ int st_set_open(const char *dir, st_set *s, ac_err *e) {
         s->n = 1;
         return 0;
     }
-    json_error_t je;
-    json_t *idx = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!idx) return ac_errf(e, "%s: %s (line %d)", path, je.text, je.line);
+    json_t *idx = ac_fsafe_json(path, AC_FK_INDEX, e);
+    if (!idx) return -1;
     json_t *wm = json_object_get(idx, "weight_map");
     if (!json_is_object(wm)) {
         json_decref(idx);
@@ -237,8 +233,7 @@ int st_set_open(const char *dir, st_set *s, ac_err *e) {
         s->files = calloc(ns ? ns : 1, sizeof *s->files);
         for (int i = 0; i < ns && !rc; i++) {
             char sp[4096];
-            snprintf(sp, sizeof sp, "%s/%s", dir, shards[i]);
-            if (st_open(sp, &s->files[i], e)) rc = -1;
+            if (ac_fsafe_join(dir, shards[i], sp, sizeof sp, e) || st_open(sp, &s->files[i], e)) rc = -1;
             else s->n++;
         }
     }

@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "deci.h"
+#include "gguf.h"
+
 typedef struct { ac_metric m; double limit; int ge; const char *name; } cons;
 
 static int constraint_list(const ac_constraints *l, cons *c) {
@@ -47,7 +50,11 @@ json_t *ac_constraints_report(const ac_constraints *l, const ac_cost *k) {
     return o;
 }
 
-void ac_search_result_free(ac_search_result *r) { ac_arch_free(&r->arch); }
+void ac_search_result_free(ac_search_result *r) {
+    ac_arch_free(&r->arch);
+    json_decref(r->detail);
+    r->detail = NULL;
+}
 
 /* ---- the continuous problem ---- */
 
@@ -85,7 +92,7 @@ double ac_search_pred_loss(const ac_search_problem *p, const ac_arch *a) {
         double r = bl->n_kv_heads ? 1 - (double)al->n_kv_heads / bl->n_kv_heads : 0;
         if (al->n_heads && al->n_heads == bl->n_heads && al->n_kv_heads < bl->n_kv_heads) q += ac_sens_merge(p->imp, l, r); /* KV merged */
         else if (bl->n_kv_heads) q += ac_sens_attn(p->imp, l, r);
-        if (bl->ffn) q += ac_sens_ffn(p->imp, l, 1 - (double)al->ffn / bl->ffn);
+        if (bl->ffn) q += ac_sens_ffn(p->imp, l, 1 - fmin(al->ffn, bl->ffn) / bl->ffn); /* padding keeps nothing more */
     }
     return q + ac_sens_hidden(p->imp, 1 - (double)a->hidden / b->hidden);
 }
@@ -109,6 +116,42 @@ static int round_mult(double v, int mult, int max) {
 
 typedef enum { MV_ATTN, MV_FFN, MV_HID } mv_kind;
 
+/* FFN width step: for deci the loaders' grid (ffn_multiple when it is a
+ * multiple of it), else ffn_multiple. */
+static int ffn_grid(const ac_search_problem *p) {
+    int m = p->opts.ffn_multiple;
+    if (p->opts.target != AC_EXPORT_DECI) return m;
+    return m > 0 && m % AC_DECI_GRID == 0 ? m : AC_DECI_GRID;
+}
+
+/* Widest FFN a layer may take: the base width, or for deci the grid width at
+ * or above it (keeping every channel, zero-padded, charged padded). */
+static int ffn_cap(const ac_search_problem *p, int base_ffn) {
+    if (p->opts.target != AC_EXPORT_DECI || base_ffn <= 0) return base_ffn;
+    int g = ffn_grid(p);
+    return (base_ffn + g - 1) / g * g;
+}
+
+/* Deci: the first layer with any sub-block must keep attention (vLLM's
+ * nemotron_nas starts its fused residual there); other targets: always 1. */
+static int deci_first_ok(const ac_search_problem *p, const ac_arch *a) {
+    if (p->opts.target != AC_EXPORT_DECI) return 1;
+    for (int l = 0; l < a->n_layers; l++)
+        if (a->layers[l].n_heads || a->layers[l].ffn) return a->layers[l].n_heads > 0;
+    return 1;
+}
+
+/* Deci discretisation of a relaxed FFN width: the nearest kept count among
+ * min(k * grid, base), returned as the padded (exported) width. */
+static int deci_round_ffn(const ac_search_problem *p, double want, int base_ffn) {
+    int g = ffn_grid(p), cap = ffn_cap(p, base_ffn), best = 0;
+    for (int w = g; w <= cap; w += g) {
+        int k = w < base_ffn ? w : base_ffn, kb = best < base_ffn ? best : base_ffn;
+        if (fabs(want - k) < fabs(want - kb)) best = w;
+    }
+    return best;
+}
+
 /* DeciLM attention steps: KV heads move between the divisors of the base
  * count (merging, query heads kept), and below one KV head the attention is
  * removed. Returns the next KV count in direction dir, or -1. */
@@ -126,7 +169,7 @@ static int deci_kv_step(int base_kv, int kv, int dir) {
 /* Apply a move of sign dir (-1 shrink, +1 grow) to a; returns 0 if not possible. */
 static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int dir) {
     const ac_arch *b = p->base;
-    int mult = p->opts.ffn_multiple, hm = p->opts.hidden_multiple;
+    int mult = ffn_grid(p), hm = p->opts.hidden_multiple;
     int uniform = p->opts.target == AC_EXPORT_LLAMA;
     int l0 = uniform && k != MV_HID ? 0 : l, l1 = uniform && k != MV_HID ? b->n_layers : l + 1;
     if (k == MV_HID) {
@@ -144,10 +187,10 @@ static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int di
             int kv = p->opts.target == AC_EXPORT_DECI ? deci_kv_step(bl->n_kv_heads, al->n_kv_heads, dir) : al->n_kv_heads + dir;
             if (kv < 0 || kv > bl->n_kv_heads || (uniform && kv == 0)) return 0;
         } else {
-            int step = bl->ffn <= mult ? bl->ffn : mult;
+            int cap = ffn_cap(p, bl->ffn), step = cap <= mult ? cap : mult;
             int f = al->ffn + dir * step;
-            if (dir > 0 && al->ffn + step > bl->ffn) f = bl->ffn == al->ffn ? -1 : bl->ffn;
-            if (f < 0 || f > bl->ffn || (uniform && f == 0)) return 0;
+            if (dir > 0 && al->ffn + step > cap) f = cap == al->ffn ? -1 : cap;
+            if (f < 0 || f > cap || (uniform && f == 0)) return 0;
         }
     }
     for (int i = l0; i < l1; i++) {
@@ -163,16 +206,33 @@ static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int di
                 al->n_heads = al->n_kv_heads * grp;
             }
         } else {
-            int step = bl->ffn <= mult ? bl->ffn : mult;
-            if (dir > 0 && al->ffn + step > bl->ffn) al->ffn = bl->ffn;
+            int cap = ffn_cap(p, bl->ffn), step = cap <= mult ? cap : mult;
+            if (dir > 0 && al->ffn + step > cap) al->ffn = cap;
             else al->ffn += dir * step;
             if (al->ffn < 0) al->ffn = 0;
         }
     }
+    if (!deci_first_ok(p, a)) return 0;
     /* keep at least one attention layer: a model without attention is not a language model */
     int any = 0;
     for (int i = 0; i < a->n_layers; i++) any |= a->layers[i].n_heads > 0;
-    return any;
+    /* gguf: only what llama.cpp's runtime runs correctly */
+    return any && (p->opts.target != AC_EXPORT_GGUF || ac_gguf_check_layers(a, NULL) == 0);
+}
+
+/* gguf: make a rounded architecture one llama.cpp runs (attention in layer
+ * 0, an FFN wherever attention is kept and in the last layer) by giving
+ * back the smallest unit of what is missing; repair then only makes moves
+ * that keep to these rules. */
+static void gguf_fixup(const ac_search_problem *p, ac_arch *a) {
+    const ac_arch *b = p->base;
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *bl = &b->layers[l];
+        ac_layer_arch *al = &a->layers[l];
+        int step = bl->ffn <= p->opts.ffn_multiple ? bl->ffn : p->opts.ffn_multiple;
+        if (l == 0 && !al->n_heads && bl->n_heads) { al->n_kv_heads = 1; al->n_heads = bl->n_heads / bl->n_kv_heads; }
+        if ((al->n_heads || l == a->n_layers - 1) && !al->ffn) al->ffn = step;
+    }
 }
 
 /* Shrink until feasible (cheapest loss per violation removed), then grow
@@ -321,7 +381,8 @@ int ac_search_autocompress(const ac_search_problem *p, ac_search_result *r, ac_e
             if (p->opts.target == AC_EXPORT_LLAMA && kv < 1) kv = 1;
             a.layers[l].n_kv_heads = kv;
             a.layers[l].n_heads = kv * grp;
-            int f = round_mult(v[L + l] * b->ffn, p->opts.ffn_multiple, b->ffn);
+            int f = p->opts.target == AC_EXPORT_DECI ? deci_round_ffn(p, v[L + l] * b->ffn, b->ffn)
+                                                     : round_mult(v[L + l] * b->ffn, p->opts.ffn_multiple, b->ffn);
             if (p->opts.target == AC_EXPORT_LLAMA && f < 1) f = b->ffn < p->opts.ffn_multiple ? b->ffn : p->opts.ffn_multiple;
             a.layers[l].ffn = f;
         }
@@ -337,56 +398,24 @@ int ac_search_autocompress(const ac_search_problem *p, ac_search_result *r, ac_e
             int best = 0;
             for (int l = 1; l < L; l++) if (p->imp->layer_bi[l] > p->imp->layer_bi[best]) best = l;
             a.layers[best] = p->base->layers[best];
+            a.layers[best].ffn = ffn_cap(p, a.layers[best].ffn);
         }
+        if (p->opts.target == AC_EXPORT_GGUF) gguf_fixup(p, &a);
+        if (!deci_first_ok(p, &a)) /* give the first active layer its attention back */
+            for (int l = 0; l < L; l++)
+                if (a.layers[l].n_heads || a.layers[l].ffn) {
+                    a.layers[l].n_heads = p->base->layers[l].n_heads;
+                    a.layers[l].n_kv_heads = p->base->layers[l].n_kv_heads;
+                    break;
+                }
         repair(p, x.c, x.nc, &a, &r->cost);
         r->arch = a;
+        if (p->opts.target == AC_EXPORT_DECI && !ac_arch_is_uniform(&a) && ac_deci_check_arch(&a, e))
+            rc = ac_errctx(e, "search produced an architecture the deci target cannot express");
         r->pred_loss = ac_search_pred_loss(p, &a);
         r->feasible = total_violation(x.c, x.nc, &r->cost) <= 1e-12;
     }
     free(v); free(g); free(m1); free(m2); free(gh); free(gk); free(gf);
     ac_carch_free(&x.ca);
     return rc;
-}
-
-int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *e) {
-    memset(r, 0, sizeof *r);
-    cons c[5];
-    int nc = constraint_list(&p->limits, c);
-    const ac_arch *b = p->base;
-    ac_arch a;
-    for (int i = 0; i <= 128; i++) {
-        double s = 1.0 - i / 128.0;
-        if (s < 1.0 / 128) s = 1.0 / 128;
-        if (ac_arch_copy(&a, b, e)) return -1;
-        for (int l = 0; l < b->n_layers; l++) {
-            const ac_layer_arch *bl = &b->layers[l];
-            int grp = bl->n_heads ? bl->n_heads / bl->n_kv_heads : 1;
-            int kv = (int)lround(s * bl->n_kv_heads);
-            if (kv < 1) kv = 1;
-            int f = round_mult(s * bl->ffn, p->opts.ffn_multiple, bl->ffn);
-            if (f < 1) f = bl->ffn < p->opts.ffn_multiple ? bl->ffn : p->opts.ffn_multiple;
-            a.layers[l] = (ac_layer_arch){kv * grp, kv, f};
-        }
-        if (p->opts.prune_hidden) {
-            int h = (int)lround(s * b->hidden / p->opts.hidden_multiple) * p->opts.hidden_multiple;
-            a.hidden = h < p->opts.hidden_multiple ? p->opts.hidden_multiple : h;
-        }
-        predict_arch(p, &a, &r->cost);
-        int ok = total_violation(c, nc, &r->cost) <= 1e-12;
-        if (ok || i == 128) {
-            r->arch = a;
-            r->feasible = ok;
-            r->pred_loss = ac_search_pred_loss(p, &a);
-            r->steps_run = i + 1;
-            if (p->emit) {
-                json_t *ev = json_pack("{s:s,s:f,s:b,s:o,s:o}", "phase", "minitron", "width_fraction", s, "feasible", ok, "metrics",
-                                       ac_constraints_report(&p->limits, &r->cost), "predicted", ac_cost_to_json(&r->cost));
-                p->emit(p->ud, ev);
-                json_decref(ev);
-            }
-            return 0;
-        }
-        ac_arch_free(&a);
-    }
-    return 0;
 }

@@ -9,8 +9,7 @@
  * rounded to the export target's granularity and then made exactly feasible
  * by a greedy repair on the discrete architecture (cheapest quality per unit
  * of violation first), then greedily refilled while it stays feasible.
- * Minitron baseline: one uniform width fraction for every layer (and the
- * hidden size), the largest that meets the same constraints.
+ * The Minitron baseline is in minitron.h (Model-Optimizer's search).
  * Deterministic for a given seed.
  */
 #ifndef AC_SEARCH_H
@@ -20,12 +19,15 @@
 
 #include "costmodel.h"
 #include "importance.h"
+#include "model.h"
 
 typedef struct {
     double max_ttft_ms, max_tpot_ms, min_tok_s, max_mem_gib, max_params; /* <= 0: none */
 } ac_constraints;
 
-typedef enum { AC_EXPORT_DECI, AC_EXPORT_LLAMA, AC_EXPORT_GGUF_DECI } ac_export_target;
+typedef enum { AC_EXPORT_DECI, AC_EXPORT_LLAMA, AC_EXPORT_GGUF } ac_export_target;
+/* search.method: differentiable gates (src/dnas.c) or the surrogate relaxation only */
+typedef enum { AC_SEARCH_DNAS, AC_SEARCH_SURROGATE } ac_search_method;
 
 typedef struct {
     int steps;
@@ -34,6 +36,11 @@ typedef struct {
     int ffn_multiple, hidden_multiple;
     int prune_hidden;
     ac_export_target target;
+    int gguf; /* with AC_EXPORT_LLAMA: also write model.gguf (gguf.h) */
+    ac_search_method method;          /* method autocompress: dnas or surrogate */
+    int dnas_steps, dnas_batch, dnas_seq_len; /* dnas gate training (ac_dnas_opts) */
+    double dnas_lr;
+    int cotrain; /* dnas: weights (a copy) trained with the gates */
 } ac_search_opts;
 
 typedef struct {
@@ -46,6 +53,13 @@ typedef struct {
     ac_search_opts opts;
     void (*emit)(void *ud, json_t *progress); /* progress events (borrowed) */
     void *ud;
+    /* Minitron scores its candidates by pruning them (minitron.h): the
+     * unpruned model and calibration tokens (windows of ctx), scored on CUDA
+     * device 0 when cuda; model NULL: unscored. */
+    const ac_model *model;
+    const int *calib_ids;
+    size_t n_calib;
+    int ctx, cuda;
 } ac_search_problem;
 
 typedef struct {
@@ -54,10 +68,10 @@ typedef struct {
     double pred_loss;      /* predicted calibration-loss increase */
     int feasible;
     int steps_run;
+    json_t *detail;        /* method-specific report fields (owned), or NULL */
 } ac_search_result;
 
 int ac_search_autocompress(const ac_search_problem *p, ac_search_result *r, ac_err *e);
-int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *e);
 void ac_search_result_free(ac_search_result *r);
 /* Worst relative violation of the limits by c (<= 0 when feasible). */
 double ac_constraints_violation(const ac_constraints *l, const ac_cost *c);

@@ -40,38 +40,69 @@ static size_t layout(ac_trainer *t, const ac_arch *a, int B, int T, float *base)
     size_t off = 0, N = (size_t)B * T, H = a->hidden, hd = a->head_dim, V = a->vocab;
     widths w = arch_widths(a);
     /* TAKE only evaluates ptr when assigning, so base == NULL (t == NULL) counts. */
-#define TAKE(ptr, n) do { if (base) (ptr) = base + off; off += (n); } while (0)
+#define TAKE(ptr, n)                                                                                                   \
+    do {                                                                                                               \
+        if (base) (ptr) = base + off;                                                                                  \
+        off += (n);                                                                                                    \
+    } while (0)
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
         size_t Q = (size_t)L->n_heads * hd, KV = (size_t)L->n_kv_heads * hd, F = L->ffn;
         if (L->n_heads) {
-            TAKE(t->xh1[l], N * H); TAKE(t->r1[l], N); TAKE(t->q[l], N * Q); TAKE(t->k[l], N * KV);
-            TAKE(t->v[l], N * KV); TAKE(t->o[l], N * Q); TAKE(t->gate.head[l], L->n_heads); TAKE(t->dgate.head[l], L->n_heads);
+            TAKE(t->xh1[l], N * H);
+            TAKE(t->r1[l], N);
+            TAKE(t->q[l], N * Q);
+            TAKE(t->k[l], N * KV);
+            TAKE(t->v[l], N * KV);
+            TAKE(t->o[l], N * Q);
+            TAKE(t->gate.head[l], L->n_heads);
+            TAKE(t->dgate.head[l], L->n_heads);
         }
         if (F) {
-            TAKE(t->xh2[l], N * H); TAKE(t->r2[l], N); TAKE(t->gp[l], N * F); TAKE(t->u[l], N * F);
-            TAKE(t->gate.ffn[l], F); TAKE(t->dgate.ffn[l], F);
+            TAKE(t->xh2[l], N * H);
+            TAKE(t->r2[l], N);
+            TAKE(t->gp[l], N * F);
+            TAKE(t->u[l], N * F);
+            TAKE(t->gate.ffn[l], F);
+            TAKE(t->dgate.ffn[l], F);
         }
     }
-    TAKE(t->xhf, N * H); TAKE(t->rf, N); TAKE(t->logits, N * V); TAKE(t->dlogits, N * V);
-    TAKE(t->x, N * H); TAKE(t->dx, N * H); TAKE(t->xn, N * H); TAKE(t->dxn, N * H);
-    TAKE(t->sq, N * w.maxq); TAKE(t->dq, N * w.maxq); TAKE(t->dk, N * w.maxkv); TAKE(t->dv, N * w.maxkv);
-    TAKE(t->sf, N * w.maxf); TAKE(t->df, N * w.maxf); TAKE(t->du, N * w.maxf);
-    TAKE(t->att, 2 * (size_t)T * T); TAKE(t->cos_t, (size_t)T * hd / 2); TAKE(t->sin_t, (size_t)T * hd / 2);
-    TAKE(t->gate.hidden, H); TAKE(t->dgate.hidden, H);
-    TAKE(t->gate.attn, a->n_layers); TAKE(t->dgate.attn, a->n_layers);
-    TAKE(t->gate.mlp, a->n_layers); TAKE(t->dgate.mlp, a->n_layers);
+    TAKE(t->xhf, N * H);
+    TAKE(t->rf, N);
+    TAKE(t->logits, N * V);
+    TAKE(t->dlogits, N * V);
+    TAKE(t->x, N * H);
+    TAKE(t->dx, N * H);
+    TAKE(t->xn, N * H);
+    TAKE(t->dxn, N * H);
+    TAKE(t->sq, N * w.maxq);
+    TAKE(t->dq, N * w.maxq);
+    TAKE(t->dk, N * w.maxkv);
+    TAKE(t->dv, N * w.maxkv);
+    TAKE(t->sf, N * w.maxf);
+    TAKE(t->df, N * w.maxf);
+    TAKE(t->du, N * w.maxf);
+    TAKE(t->att, 2 * (size_t)T * T);
+    TAKE(t->cos_t, (size_t)T * hd / 2);
+    TAKE(t->sin_t, (size_t)T * hd / 2);
+    TAKE(t->gate.hidden, H);
+    TAKE(t->dgate.hidden, H);
+    TAKE(t->gate.attn, a->n_layers);
+    TAKE(t->dgate.attn, a->n_layers);
+    TAKE(t->gate.mlp, a->n_layers);
+    TAKE(t->dgate.mlp, a->n_layers);
 #undef TAKE
     return off;
 }
 
 size_t ac_trainer_bytes(const ac_arch *a, int B, int T) {
-    return layout(NULL, a, B, T, NULL) * sizeof(float) + (size_t)B * T * 2 * sizeof(int) + (size_t)ac_arch_params(a) * sizeof(float);
+    return layout(NULL, a, B, T, NULL) * sizeof(float) + (size_t)B * T * 2 * sizeof(int) +
+           (size_t)ac_arch_params(a) * sizeof(float);
 }
 
 void ac_trainer_free(ac_trainer *t) {
-    float ***ptrs[] = {&t->xh1, &t->r1, &t->q, &t->k, &t->v, &t->o, &t->xh2, &t->r2, &t->gp, &t->u,
-                       &t->gate.head, &t->gate.ffn, &t->dgate.head, &t->dgate.ffn};
+    float ***ptrs[] = {&t->xh1, &t->r1, &t->q, &t->k,         &t->v,        &t->o,          &t->xh2,
+                       &t->r2,  &t->gp, &t->u, &t->gate.head, &t->gate.ffn, &t->dgate.head, &t->dgate.ffn};
     for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) free(*ptrs[i]);
     free(t->mem);
     free(t->tok);
@@ -88,18 +119,24 @@ int ac_trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, ac_err *e)
     t->max_B = max_B;
     t->max_T = max_T;
     int nl = a->n_layers;
-    float ***ptrs[] = {&t->xh1, &t->r1, &t->q, &t->k, &t->v, &t->o, &t->xh2, &t->r2, &t->gp, &t->u,
-                       &t->gate.head, &t->gate.ffn, &t->dgate.head, &t->dgate.ffn};
+    float ***ptrs[] = {&t->xh1, &t->r1, &t->q, &t->k,         &t->v,        &t->o,          &t->xh2,
+                       &t->r2,  &t->gp, &t->u, &t->gate.head, &t->gate.ffn, &t->dgate.head, &t->dgate.ffn};
     int ok = 1;
-    for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) ok = ok && (*ptrs[i] = calloc(nl ? nl : 1, sizeof(float *)));
+    for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++)
+        ok = ok && (*ptrs[i] = calloc(nl ? nl : 1, sizeof(float *)));
     size_t nf = layout(NULL, a, max_B, max_T, NULL), N = (size_t)max_B * max_T;
-    ok = ok && (t->mem = malloc(nf * sizeof(float))) && (t->tok = malloc(N * sizeof(int))) && (t->pos = malloc(N * sizeof(int)));
+    ok = ok && (t->mem = malloc(nf * sizeof(float))) && (t->tok = malloc(N * sizeof(int))) &&
+         (t->pos = malloc(N * sizeof(int)));
     if (!ok) {
         ac_trainer_free(t);
-        return ac_errf(e, "trainer: out of memory for batch %d x context %d (%.1f MiB)", max_B, max_T, nf * 4.0 / 1048576);
+        return ac_errf(e, "trainer: out of memory for batch %d x context %d (%.1f MiB)", max_B, max_T,
+                       nf * 4.0 / 1048576);
     }
     layout(t, a, max_B, max_T, t->mem);
-    if (ac_model_alloc(&t->g, a, e)) { ac_trainer_free(t); return ac_errctx(e, "trainer gradients"); }
+    if (ac_model_alloc(&t->g, a, e)) {
+        ac_trainer_free(t);
+        return ac_errctx(e, "trainer gradients");
+    }
     for (int l = 0; l < nl; l++) {
         for (int h = 0; h < a->layers[l].n_heads; h++) t->gate.head[l][h] = 1;
         for (int c = 0; c < a->layers[l].ffn; c++) t->gate.ffn[l][c] = 1;
@@ -108,7 +145,10 @@ int ac_trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, ac_err *e)
     for (int c = 0; c < a->hidden; c++) t->gate.hidden[c] = 1;
     int hd = a->head_dim;
     float *inv = malloc(hd / 2 * sizeof(float));
-    if (!inv) { ac_trainer_free(t); return ac_errf(e, "out of memory"); }
+    if (!inv) {
+        ac_trainer_free(t);
+        return ac_errf(e, "out of memory");
+    }
     ac_rope_inv_freq(inv, hd, a->rope_theta, a->rope_llama3, a->rs_factor, a->rs_low, a->rs_high, a->rs_orig);
     for (int p = 0; p < max_T; p++)
         for (int i = 0; i < hd / 2; i++) {
@@ -121,7 +161,9 @@ int ac_trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, ac_err *e)
     return 0;
 }
 
-static void zero(float *p, size_t n) { if (p) memset(p, 0, n * sizeof(float)); }
+static void zero(float *p, size_t n) {
+    if (p) memset(p, 0, n * sizeof(float));
+}
 
 void ac_train_zero_grad(ac_trainer *t) {
     const ac_arch *a = &t->m->a;
@@ -135,10 +177,17 @@ void ac_train_zero_grad(ac_trainer *t) {
         ac_layer_w *w = &t->g.L[l];
         size_t Q = L->n_heads * hd, KV = L->n_kv_heads * hd, F = L->ffn;
         zero(w->in_norm, L->n_heads ? H : 0);
-        zero(w->wq, Q * H); zero(w->wk, KV * H); zero(w->wv, KV * H); zero(w->wo, H * Q);
-        zero(w->bq, w->bq ? Q : 0); zero(w->bk, w->bk ? KV : 0); zero(w->bv, w->bv ? KV : 0);
+        zero(w->wq, Q * H);
+        zero(w->wk, KV * H);
+        zero(w->wv, KV * H);
+        zero(w->wo, H * Q);
+        zero(w->bq, w->bq ? Q : 0);
+        zero(w->bk, w->bk ? KV : 0);
+        zero(w->bv, w->bv ? KV : 0);
         zero(w->post_norm, F ? H : 0);
-        zero(w->wg, F * H); zero(w->wu, F * H); zero(w->wd, H * F);
+        zero(w->wg, F * H);
+        zero(w->wu, F * H);
+        zero(w->wd, H * F);
         zero(t->dgate.head[l], L->n_heads);
         zero(t->dgate.ffn[l], F);
         t->dgate.attn[l] = t->dgate.mlp[l] = 0;
@@ -166,7 +215,8 @@ static void attn_forward(ac_trainer *t, int l) {
     for (int b = 0; b < B; b++)
         for (int h = 0; h < L->n_heads; h++) {
             size_t qo = (size_t)b * T * Q + h * hd, ko = (size_t)b * T * KV + (h / grp) * hd;
-            ac_attention_head(t->o[l] + qo, t->q[l] + qo, t->k[l] + ko, t->v[l] + ko, T, 0, hd, Q, KV, a->sliding_window, t->att);
+            ac_attention_head(t->o[l] + qo, t->q[l] + qo, t->k[l] + ko, t->v[l] + ko, T, 0, hd, Q, KV,
+                              a->sliding_window, t->att);
         }
     const float *gh = t->gate.head[l];
     for (size_t i = 0; i < (size_t)N * Q; i++) t->sq[i] = t->o[l][i] * gh[(i % Q) / hd];
@@ -199,7 +249,8 @@ int ac_train_forward(ac_trainer *t, const int *tokens, int B, int T, ac_err *e) 
         return ac_errf(e, "trainer: batch %d x %d tokens exceeds its %d x %d", B, T, t->max_B, t->max_T);
     int N = B * T, H = a->hidden;
     for (int r = 0; r < N; r++)
-        if (tokens[r] < 0 || tokens[r] >= a->vocab) return ac_errf(e, "trainer: token id %d outside vocabulary of %d", tokens[r], a->vocab);
+        if (tokens[r] < 0 || tokens[r] >= a->vocab)
+            return ac_errf(e, "trainer: token id %d outside vocabulary of %d", tokens[r], a->vocab);
     t->B = B;
     t->T = T;
     for (int r = 0; r < N; r++) {
@@ -221,9 +272,10 @@ void ac_next_token_targets(int *target, const int *tokens, int B, int T) {
         for (int i = 0; i < T; i++) target[b * T + i] = i + 1 < T ? tokens[b * T + i + 1] : -1;
 }
 
-double ac_train_loss(ac_trainer *t, const int *target, const float *teacher, float tau, float kd_weight, float scale, double *ce,
-                     double *kd) {
-    return ac_loss_backward(t->dlogits, t->logits, target, teacher, t->B * t->T, t->m->a.vocab, tau, kd_weight, scale, ce, kd);
+double ac_train_loss(ac_trainer *t, const int *target, const float *teacher, float tau, float kd_weight, float scale,
+                     double *ce, double *kd) {
+    return ac_loss_backward(t->dlogits, t->logits, target, teacher, t->B * t->T, t->m->a.vocab, tau, kd_weight, scale,
+                            ce, kd);
 }
 
 static void ffn_backward(ac_trainer *t, int l) {
@@ -251,7 +303,8 @@ static void ffn_backward(ac_trainer *t, int l) {
     renorm(t->xn, t->xh2[l], w->post_norm, t->gate.hidden, N, H);
     ac_linear_backward(t->dxn, gw->wg, NULL, t->df, t->xn, w->wg, N, H, F, 1.0f, 0);
     ac_linear_backward(t->dxn, gw->wu, NULL, t->du, t->xn, w->wu, N, H, F, 1.0f, 1);
-    ac_rmsnorm_backward(t->dx, gw->post_norm, t->dgate.hidden, t->dxn, t->xh2[l], t->r2[l], w->post_norm, t->gate.hidden, N, H);
+    ac_rmsnorm_backward(t->dx, gw->post_norm, t->dgate.hidden, t->dxn, t->xh2[l], t->r2[l], w->post_norm,
+                        t->gate.hidden, N, H);
 }
 
 static void attn_backward(ac_trainer *t, int l) {
@@ -270,7 +323,7 @@ static void attn_backward(ac_trainer *t, int l) {
         float d = t->sq[i], o = t->o[l][i];
         dgh[h] += s * d * o;
         ds += (double)d * o * gh[h];
-        t->dq[i] = o * gh[h];   /* gated output, for dWo */
+        t->dq[i] = o * gh[h];     /* gated output, for dWo */
         t->sq[i] = d * s * gh[h]; /* d o */
     }
     t->dgate.attn[l] += (float)ds;
@@ -280,8 +333,8 @@ static void attn_backward(ac_trainer *t, int l) {
     for (int b = 0; b < B; b++)
         for (int h = 0; h < L->n_heads; h++) {
             size_t qo = (size_t)b * T * Q + h * hd, ko = (size_t)b * T * KV + (h / grp) * hd;
-            ac_attention_head_backward(t->dq + qo, t->dk + ko, t->dv + ko, t->sq + qo, t->q[l] + qo, t->k[l] + ko, t->v[l] + ko, T, hd, Q,
-                                       KV, a->sliding_window, t->att);
+            ac_attention_head_backward(t->dq + qo, t->dk + ko, t->dv + ko, t->sq + qo, t->q[l] + qo, t->k[l] + ko,
+                                       t->v[l] + ko, T, hd, Q, KV, a->sliding_window, t->att);
         }
     ac_rope_backward(t->dq, N, L->n_heads, hd, t->pos, t->cos_t, t->sin_t);
     ac_rope_backward(t->dk, N, L->n_kv_heads, hd, t->pos, t->cos_t, t->sin_t);
@@ -289,7 +342,8 @@ static void attn_backward(ac_trainer *t, int l) {
     ac_linear_backward(t->dxn, gw->wq, gw->bq, t->dq, t->xn, w->wq, N, H, Q, 1.0f, 0);
     ac_linear_backward(t->dxn, gw->wk, gw->bk, t->dk, t->xn, w->wk, N, H, KV, 1.0f, 1);
     ac_linear_backward(t->dxn, gw->wv, gw->bv, t->dv, t->xn, w->wv, N, H, KV, 1.0f, 1);
-    ac_rmsnorm_backward(t->dx, gw->in_norm, t->dgate.hidden, t->dxn, t->xh1[l], t->r1[l], w->in_norm, t->gate.hidden, N, H);
+    ac_rmsnorm_backward(t->dx, gw->in_norm, t->dgate.hidden, t->dxn, t->xh1[l], t->r1[l], w->in_norm, t->gate.hidden, N,
+                        H);
 }
 
 void ac_train_backward(ac_trainer *t) {
@@ -299,7 +353,8 @@ void ac_train_backward(ac_trainer *t) {
     renorm(t->xn, t->xhf, m->final_norm, t->gate.hidden, N, H);
     ac_linear_backward(t->dxn, t->g.lm_head, NULL, t->dlogits, t->xn, m->lm_head, N, H, a->vocab, 1.0f, 0);
     zero(t->dx, (size_t)N * H);
-    ac_rmsnorm_backward(t->dx, t->g.final_norm, t->dgate.hidden, t->dxn, t->xhf, t->rf, m->final_norm, t->gate.hidden, N, H);
+    ac_rmsnorm_backward(t->dx, t->g.final_norm, t->dgate.hidden, t->dxn, t->xhf, t->rf, m->final_norm, t->gate.hidden,
+                        N, H);
     for (int l = a->n_layers - 1; l >= 0; l--) {
         if (a->layers[l].ffn) ffn_backward(t, l);
         if (a->layers[l].n_heads) attn_backward(t, l);

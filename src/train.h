@@ -42,8 +42,8 @@ typedef struct {
 } ac_gates;
 
 typedef struct {
-    ac_model *m;      /* borrowed parameters (fp32 master weights), updated in place by an optimizer */
-    ac_model g;       /* gradients; g.lm_head == g.embed when embeddings are tied */
+    ac_model *m; /* borrowed parameters (fp32 master weights), updated in place by an optimizer */
+    ac_model g;  /* gradients; g.lm_head == g.embed when embeddings are tied */
     ac_gates gate, dgate;
     int max_B, max_T; /* capacity */
     int B, T;         /* shape of the last forward */
@@ -75,8 +75,8 @@ int ac_train_forward(ac_trainer *t, const int *tokens, int B, int T, ac_err *e);
  * ac_loss_backward): target[B*T] (< 0 = not scored; may be NULL), teacher
  * logits [B*T][V] or NULL, temperature tau, kd_weight in [0,1], scale (e.g.
  * 1/accumulation steps). *ce, *kd (may be NULL) get the parts. */
-double ac_train_loss(ac_trainer *t, const int *target, const float *teacher, float tau, float kd_weight, float scale, double *ce,
-                     double *kd);
+double ac_train_loss(ac_trainer *t, const int *target, const float *teacher, float tau, float kd_weight, float scale,
+                     double *ce, double *kd);
 /* target[r] = tokens[r+1] within each sequence, -1 at each sequence's end. */
 void ac_next_token_targets(int *target, const int *tokens, int B, int T);
 /* Backward from t->dlogits through the last forward; accumulates into t->g

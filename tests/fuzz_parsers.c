@@ -1,7 +1,16 @@
 /*
- * fuzz_parsers - fuzz entry for the parsers of outside input: safetensors
- * header, config.json, tokenizer.json, job spec. Built two ways:
- *  - with -DAC_LIBFUZZER and clang -fsanitize=fuzzer: a libFuzzer target;
+ * fuzz_parsers - fuzz entry for the parsers of outside input. The first
+ * byte of an input picks the parser (byte % 11):
+ *   0 safetensors header          5 cost-table import (POST /v1/cost-tables)
+ *   1 config.json                 6 estimate body (POST /v1/estimate)
+ *   2 tokenizer.json              7 daemon config file
+ *   3 job spec                    8 worker event line (worker -> daemon)
+ *   4 sharded index JSON          9 tokenizer encoding of arbitrary text
+ *     (model.safetensors.index.json, through st_set_open on a scratch dir)
+ *  10 GGUF file (weights and tokenizer, ac_gguf_load_buf)
+ * Built two ways:
+ *  - `make fuzz` (clang, -DAC_LIBFUZZER -fsanitize=fuzzer,address,undefined):
+ *    build/fuzz/fuzz_parsers, a libFuzzer target; see README for running it;
  *  - plain (default): `fuzz_parsers N SEED` runs N random mutations of
  *    built-in seeds through every parser (used by the test suite under ASan).
  */
@@ -10,19 +19,115 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "api.h"
+#include "config.h"
+#include "costmodel.h"
+#include "fsafe.h"
+#include "gguf.h"
 #include "job.h"
 #include "model.h"
 #include "safetensors.h"
 #include "tokenizer.h"
+#include "wevent.h"
+
+#define NTARGETS 11
+
+/* A byte-level BPE tokenizer (all 256 byte symbols, GPT-2's byte-to-unicode
+ * map, a few merges, the Llama-3 split regex), for target 9. */
+static const char *SPLIT9 = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+                            "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+static char *tok9_json(void) {
+    json_t *vocab = json_object();
+    int next = 256;
+    for (int b = 0; b < 256; b++) {
+        static int extra = 0;
+        int cp = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae) ? b : 0x100 + extra++;
+        char u[4];
+        if (cp < 0x80) { u[0] = (char)cp; u[1] = 0; }
+        else { u[0] = (char)(0xc0 | (cp >> 6)); u[1] = (char)(0x80 | (cp & 0x3f)); u[2] = 0; }
+        json_object_set_new(vocab, u, json_integer(b));
+    }
+    const char *merged[] = {"he", "ll", "hell", "\xc4\xa0w", "or", NULL};
+    for (int i = 0; merged[i]; i++) json_object_set_new(vocab, merged[i], json_integer(next++));
+    json_t *t = json_pack("{s:{s:s,s:o,s:[s,s,s,s,s]},s:{s:s,s:[{s:s,s:{s:s},s:s,s:b},{s:s,s:b,s:b}]},s:{s:s}}",
+                          "model", "type", "BPE", "vocab", vocab, "merges", "h e", "l l", "he ll", "\xc4\xa0 w", "o r",
+                          "pre_tokenizer", "type", "Sequence", "pretokenizers", "type", "Split", "pattern", "Regex", SPLIT9,
+                          "behavior", "Isolated", "invert", 0, "type", "ByteLevel", "add_prefix_space", 0, "use_regex", 0,
+                          "decoder", "type", "ByteLevel");
+    char *s = t ? json_dumps(t, JSON_COMPACT) : NULL;
+    json_decref(t);
+    return s;
+}
+
+static ac_tokenizer *tok9;
+static char scratch[64]; /* a directory for target 4 (also the only model root) */
+
+static void init_once(void) {
+    static int done;
+    if (done) return;
+    done = 1;
+    ac_err e;
+    char *tj = tok9_json();
+    if (!tj || ac_tok_parse(tj, strlen(tj), &tok9, &e)) { fprintf(stderr, "fuzz: tokenizer seed: %s\n", tj ? e.msg : "oom"); abort(); }
+    free(tj);
+    snprintf(scratch, sizeof scratch, "/tmp/fuzz_parsers.%d", (int)getpid());
+    char shard[128];
+    snprintf(shard, sizeof shard, "%s/model-00001-of-00001.safetensors", scratch);
+    if (mkdir(scratch, 0700) && errno != EEXIST) abort();
+    FILE *f = fopen(shard, "wb"); /* one valid shard with tensor "a" */
+    const char *h = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+    uint64_t hl = strlen(h);
+    if (!f || fwrite(&hl, 8, 1, f) != 1 || fwrite(h, 1, hl, f) != hl || fwrite("\0\0\0\0\0\0\0\0", 1, 8, f) != 8 || fclose(f)) abort();
+    const char *roots[] = {scratch};
+    if (ac_fsafe_set_roots(roots, 1, &e)) abort(); /* estimate bodies naming other paths are refused by name */
+}
+
+static void fuzz_index(const uint8_t *p, size_t n) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", scratch);
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    size_t w = fwrite(p, 1, n, f);
+    fclose(f);
+    if (w != n) return;
+    st_set s;
+    ac_err e;
+    if (st_set_open(scratch, &s, &e) == 0) st_set_close(&s);
+}
+
+static void fuzz_json_targets(int which, const uint8_t *p, size_t n) {
+    ac_err e;
+    json_t *j = json_loadb((const char *)p, n, JSON_REJECT_DUPLICATES, NULL);
+    if (!j) return;
+    const char *field;
+    if (which == 5) {
+        ac_cost_table t;
+        if (ac_cost_table_validate(j, &field, &e) == 0 && ac_cost_table_from_json(j, &t, &e) == 0) ac_cost_table_free(&t);
+    } else if (which == 6) {
+        json_t *out = NULL;
+        if (json_is_object(j) && ac_estimate_json(j, NULL, &out, &field, &e) == 0) json_decref(out);
+    } else if (which == 7) {
+        ac_config c;
+        config_defaults(&c);
+        config_parse(&c, j, &e);
+        config_free(&c);
+    }
+    json_decref(j);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
+    init_once();
     ac_err e;
     const uint8_t *p = data + 1;
     size_t n = size - 1;
-    switch (data[0] % 4) {
+    switch (data[0] % NTARGETS) {
     case 0: {
         st_file f;
         if (st_parse(p, n, &f, &e) == 0) st_close(&f);
@@ -45,10 +150,37 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         break;
     }
-    default: {
+    case 3: {
         json_t *j = json_loadb((const char *)p, n, 0, NULL);
         if (j) ac_job_validate(j, &e);
         json_decref(j);
+        break;
+    }
+    case 4: fuzz_index(p, n); break;
+    case 5: case 6: case 7: fuzz_json_targets(data[0] % NTARGETS, p, n); break;
+    case 8: {
+        wevent w;
+        if (wevent_parse((const char *)p, n, &w) == 0) wevent_free(&w);
+        break;
+    }
+    case 9: {
+        int *ids;
+        size_t ni;
+        if (ac_tok_encode(tok9, (const char *)p, n, &ids, &ni, &e) == 0) {
+            char *txt;
+            size_t tl;
+            if (ac_tok_decode(tok9, ids, ni, &txt, &tl, &e) == 0) free(txt);
+            free(ids);
+        }
+        break;
+    }
+    default: {
+        ac_model m;
+        ac_tokenizer *t;
+        if (ac_gguf_load_buf(p, n, &m, &t, &e) == 0) {
+            ac_model_free(&m);
+            ac_tok_free(t);
+        }
     }
     }
     return 0;
@@ -66,17 +198,115 @@ static const char *seeds[] = {
     "\2{\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"vocab\":{\"<unk>\":0,\"\\u2581\":1,\"o\":2,\"\\u2581o\":3},\"merges\":[[\"\\u2581\",\"o\"]]},"
     "\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"prepend_scheme\":\"first\",\"split\":true}}",
     "\3{\"model\":\"/m\",\"calibration\":\"/c.txt\",\"output\":\"/o\",\"target\":{\"device\":\"H100\"},\"constraints\":{\"max_tpot_ms\":5}}",
+    "\4{\"metadata\":{\"total_size\":8},\"weight_map\":{\"a\":\"model-00001-of-00001.safetensors\"}}",
+    "\5{\"key\":\"k\",\"device\":\"d\",\"dtype\":\"fp32\",\"engine\":\"autocompress-cpu\",\"version\":4,\"source\":\"measured\","
+    "\"memory_gib\":8,\"gemm\":{\"m\":[1,8],\"n\":[16,64],\"k\":[16,64],\"us\":[1,2,3,4,5,6,7,8],\"warm_us\":[1,2,3,4,5,6,7,8]},"
+    "\"cache_bytes\":1e6,\"attention\":{\"head_dims\":[16,64],\"queries\":[1,16],\"extra_keys\":[1,64],\"us\":[1,2,3,4,5,6,7,8]},"
+    "\"elementwise_ns\":1,\"launch_us\":0}",
+    "\6{\"architecture\":{\"hidden\":64,\"head_dim\":16,\"vocab\":100,\"layers\":[{\"heads\":4,\"kv_heads\":2,\"ffn\":128}]},"
+    "\"target\":{\"device\":\"H100\",\"workload\":{\"batch\":2,\"prompt_len\":32,\"gen_len\":8}}}",
+    "\7{\"listen\":\"127.0.0.1:1\",\"tokens\":[\"0123456789abcdef\"],\"allowed_hosts\":[\"a.example\"],\"max_search_steps\":10,"
+    "\"cancel_grace_s\":1.5,\"use_gpus\":false,\"interrupted_policy\":\"fail\"}",
+    "\10{\"kind\":\"cost_table\",\"data\":{\"key\":\"k\",\"cache_hit\":true,\"table\":{\"key\":\"k\"}}}",
+    "\11hello world 123 \xc3\xa9\xe2\x82\xac 's\r\n\t  x",
 };
 
+#define NSEEDS (sizeof seeds / sizeof *seeds)
+#define GGUF_TARGET 10
+
+/* The GGUF seed (target 10): a one-layer model with the
+ * SentencePiece-style tokenizer of seeds[3], written by the exporter. */
+static unsigned char *gguf_seed(size_t *n) {
+    char dir[] = "/tmp/ac_fuzz_XXXXXX", tj[64], gp[64];
+    if (!mkdtemp(dir)) return NULL;
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
+    snprintf(gp, sizeof gp, "%s/m.gguf", dir);
+    FILE *f = fopen(tj, "w");
+    if (!f) return NULL;
+    fputs(seeds[3] + 1, f);
+    fclose(f);
+    ac_layer_arch L = {2, 1, 4};
+    ac_arch a = {.vocab = 8, .hidden = 4, .head_dim = 2, .n_layers = 1, .max_pos = 16, .eps = 1e-5f, .rope_theta = 1e4f,
+                 .bos_id = -1, .eos_id = -1, .layers = &L};
+    ac_model m;
+    ac_err e;
+    unsigned char *buf = NULL;
+    if (ac_model_alloc(&m, &a, &e) == 0) {
+        if (ac_gguf_write(&m, tj, gp, ST_F32, &e) == 0) buf = (unsigned char *)ac_read_file(gp, 1 << 20, n, &e);
+        ac_model_free(&m);
+    }
+    remove(tj);
+    remove(gp);
+    remove(dir);
+    return buf;
+}
+
+/* The seeds as files (a starting corpus for libFuzzer). */
+static int write_seeds(const char *dir, const unsigned char *gg, size_t gn) {
+    for (size_t s = 0; s < sizeof seeds / sizeof *seeds; s++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/seed-%02zu", dir, s);
+        FILE *f = fopen(path, "wb");
+        if (!f) { perror(path); return 1; }
+        if (s == 0) { /* safetensors: target byte, length prefix, header, 8 data bytes */
+            const char *h = seeds[0] + 1;
+            uint64_t hl = strlen(h);
+            fputc(0, f);
+            fwrite(&hl, 8, 1, f);
+            fwrite(h, 1, hl, f);
+            fwrite("\0\0\0\0\0\0\0\0", 1, 8, f);
+        } else fwrite(seeds[s], 1, strlen(seeds[s] + 1) + 1, f);
+        if (fclose(f)) return 1;
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s/seed-%02zu", dir, NSEEDS);
+    FILE *f = fopen(path, "wb");
+    if (!f || fputc(GGUF_TARGET, f) == EOF || fwrite(gg, 1, gn, f) != gn || fclose(f)) { perror(path); return 1; }
+    printf("wrote %zu seeds to %s\n", NSEEDS + 1, dir);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    size_t gn = 0;
+    unsigned char *gg = gguf_seed(&gn);
+    ac_model gm;
+    ac_tokenizer *gt;
+    ac_err ge;
+    if (!gg || gn + 1 > 8192 || ac_gguf_load_buf(gg, gn, &gm, &gt, &ge)) {
+        fprintf(stderr, "fuzz_parsers: cannot build the GGUF seed\n");
+        return 1;
+    }
+    ac_model_free(&gm);
+    ac_tok_free(gt);
+    if (argc > 2 && !strcmp(argv[1], "--seeds")) {
+        int rc = write_seeds(argv[2], gg, gn);
+        free(gg);
+        return rc;
+    }
+    if (argc > 2 && !strcmp(argv[1], "--run")) { /* replay inputs (crashes, OOMs found by libFuzzer) */
+        for (int i = 2; i < argc; i++) {
+            ac_err e;
+            size_t n;
+            char *d = ac_read_file(argv[i], 1u << 24, &n, &e);
+            if (!d) { fprintf(stderr, "%s\n", e.msg); return 1; }
+            LLVMFuzzerTestOneInput((const uint8_t *)d, n);
+            free(d);
+        }
+        printf("replayed %d inputs\n", argc - 2);
+        free(gg);
+        return 0;
+    }
     long iters = argc > 1 ? atol(argv[1]) : 20000;
     unsigned seed = argc > 2 ? (unsigned)atoi(argv[2]) : 1;
     srand(seed);
-    unsigned char buf[1024];
+    unsigned char buf[8192];
     for (long i = 0; i < iters; i++) {
-        int s = (int)(i % 4);
-        size_t n = s == 0 ? 8 + strlen(seeds[0] + 1) + 1 : strlen(seeds[s] + 1) + 1;
-        if (s == 0) { /* safetensors: length prefix + header + 8 data bytes */
+        int s = (int)(i % (long)(NSEEDS + 1));
+        size_t n = s == 0 ? 8 + strlen(seeds[0] + 1) + 1 : s < (int)NSEEDS ? strlen(seeds[s] + 1) + 1 : gn + 1;
+        if (s == (int)NSEEDS) {
+            buf[0] = GGUF_TARGET;
+            memcpy(buf + 1, gg, gn);
+        } else if (s == 0) { /* safetensors: length prefix + header + 8 data bytes */
             const char *h = seeds[0] + 1;
             size_t hl = strlen(h);
             buf[0] = 0;
@@ -97,7 +327,14 @@ int main(int argc, char **argv) {
         }
         LLVMFuzzerTestOneInput(buf, n);
     }
+    free(gg);
     printf("fuzzed %ld inputs without a crash\n", iters);
+    char p2[160];
+    snprintf(p2, sizeof p2, "%s/model.safetensors.index.json", scratch);
+    unlink(p2);
+    snprintf(p2, sizeof p2, "%s/model-00001-of-00001.safetensors", scratch);
+    unlink(p2);
+    rmdir(scratch);
     return 0;
 }
 #endif

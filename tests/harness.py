@@ -133,7 +133,7 @@ def sse_read(port, path, headers=None, until=None, max_s=20):
     """Read an SSE stream; returns (events, comments). until(events) -> stop."""
     s = socket.create_connection(("127.0.0.1", port), timeout=max_s)
     hdr = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-    s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n{hdr}\r\n".encode())
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n{hdr}\r\n".encode())
     buf = b""
     t0 = time.time()
     events, comments = [], []

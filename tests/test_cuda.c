@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "check.h"
+#include "costcache.h"
 #include "cuda_plugin.h"
 #include "device.h"
 #include "engine.h"
@@ -37,7 +38,7 @@ static void compare(const char *name) {
     ac_engine_forward(&en, toks, B, T, 0, 0, &e);
     acc_engine *g = NULL;
     char err[512] = "";
-    CHECK(cu->engine_create(0, &m, B, T, &g, err, sizeof err) == 0, "%s", err);
+    CHECK(cu->engine_create(0, &m, B, T, en.cos_t, en.sin_t, &g, err, sizeof err) == 0, "%s", err); /* the host's RoPE tables */
     size_t V = m.a.vocab;
     float *lg = malloc(sizeof(float) * B * T * V);
     CHECK(g && cu->engine_forward(g, toks, B, T, 0, 0, lg, err, sizeof err) == 0, "%s", err);
@@ -227,16 +228,21 @@ static void test_gpu_job(void) {
         CHECK(ac_cost_roofline(ac_device_spec_find("L4"), "bf16", &t, &e) == 0, "%s", e.msg);
         snprintf(t.key, sizeof t.key, "cuda:%s|bf16|cublas|v%d", name, AC_CT_VERSION);
         snprintf(t.device, sizeof t.device, "%s (L4 datasheet table)", name);
-        CHECK(ac_cost_cache_put(db, &t, &e) == 0, "%s", e.msg);
+        ac_cost_cache wc;
+        costcache_file(&wc, db, 1);
+        CHECK(wc.put(wc.ud, &t, &e) == 0, "%s", e.msg);
         ac_cost_table_free(&t);
     }
     json_t *spec = json_pack("{s:s,s:s,s:s,s:s+,s:{s:s,s:{s:i,s:i,s:i}},s:{s:f},s:{s:i,s:i},s:i,s:{s:i,s:i}}", "model", path, "calibration", calib,
                              "heldout", held, "output", dir, "/out", "target", "device", "cuda", "workload", "batch", 1, "prompt_len", 16, "gen_len",
                              4, "constraints", "max_params", 90000.0, "search", "steps", 30, "seed", 1, "calibration_tokens", 256, "eval", "ctx", 16,
                              "windows", 2);
-    ac_job_ctx ctx = {.emit = no_emit, .cost_db = db, .threads = 2};
+    ac_cost_cache cache;
+    costcache_file(&cache, db, 0);
+    ac_job_ctx ctx = {.emit = no_emit, .cache = &cache, .threads = 2};
     json_t *rep = NULL;
-    int rc = ac_job_run(spec, &ctx, &rep, &e);
+    static ac_job_spec js;
+    int rc = ac_job_spec_parse(spec, &js, NULL, &e) || ac_job_run(&js, &ctx, &rep, &e);
     CHECK(rc == 0, "job: %s", e.msg);
     if (rc == 0) {
         const char *engine = json_string_value(json_object_get(json_object_get(rep, "eval_protocol"), "engine"));

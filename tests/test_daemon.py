@@ -12,6 +12,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import DATA, TINY, Daemon, Runner, spec, sse_read  # noqa: E402
 
+MISTRAL = os.path.join(os.path.dirname(os.path.dirname(TINY)), "fixtures", "models", "mistral_sharded")
 R = Runner()
 D = None
 
@@ -49,6 +50,9 @@ def test_bad_inputs():
         (dict(body=spec(model=DATA)), 400, "invalid_path", "model"),
         (dict(body=spec(target={"device": "TPUv9"})), 400, "invalid_spec", "target.device"),
         (dict(body=spec(target={"device": "cuda:0"})), 400, "no_device", "target.device"),
+        # GGUF: search.gguf only next to the uniform llama target; a sliding window llama.cpp cannot express
+        (dict(body=spec(search={"export_target": "deci", "gguf": True})), 400, "invalid_spec", "search.gguf"),
+        (dict(body=spec(model=MISTRAL, search={"export_target": "gguf"})), 400, "invalid_spec", "model"),
     ]
     for kw, status, code, field in cases:
         st, r = D.req("POST", "/v1/jobs", **kw)

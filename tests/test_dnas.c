@@ -65,7 +65,7 @@ static void test_gates_at_one_are_the_unpruned_model(void) {
     if (!setup()) SKIP("no tiny model or calibration text (make tiny-model)");
     ac_dnas_gates g;
     ac_err e;
-    ac_search_opts so = opts(AC_EXPORT_GGUF_DECI, 1);
+    ac_search_opts so = opts(AC_EXPORT_GGUF, 1);
     CHECK(ac_dnas_gates_init(&g, &M.a, &so, &e) == 0, "%s", e.msg);
     double *z = malloc(sizeof(double) * g.np);
     unsigned long long s = 7;
@@ -89,7 +89,7 @@ static void test_hard_zero_gates_equal_pruning(void) {
     if (!setup()) SKIP("no tiny model or calibration text (make tiny-model)");
     ac_dnas_gates g;
     ac_err e;
-    ac_search_opts so = opts(AC_EXPORT_GGUF_DECI, 0);
+    ac_search_opts so = opts(AC_EXPORT_GGUF, 0);
     CHECK(ac_dnas_gates_init(&g, &M.a, &so, &e) == 0, "%s", e.msg);
     double *z = malloc(sizeof(double) * g.np);
     for (int i = 0; i < g.np; i++) z[i] = 1;
@@ -144,7 +144,7 @@ static void test_constraint_gradient_matches_finite_differences(void) {
     ac_workload w;
     ac_engine_profile pr;
     ac_search_problem p;
-    problem(&p, &t, &w, &pr, opts(AC_EXPORT_GGUF_DECI, 1));
+    problem(&p, &t, &w, &pr, opts(AC_EXPORT_GGUF, 1));
     ac_dnas_gates g;
     ac_err e;
     CHECK(ac_dnas_gates_init(&g, &M.a, &p.opts, &e) == 0, "%s", e.msg);

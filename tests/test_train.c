@@ -8,11 +8,13 @@
 #include <math.h>
 
 #include "check.h"
+#include "cuda_plugin.h"
 #include "distill.h"
 #include "engine.h"
 #include "job.h"
 #include "model.h"
 #include "optim.h"
+#include "rope.h"
 #include "train.h"
 
 static char fx[1024];
@@ -48,7 +50,10 @@ static int fixture_load(fixture *f, const char *base) {
     return got == f->n ? 0 : -1;
 }
 
-static void fixture_free(fixture *f) { json_decref(f->meta); free(f->data); }
+static void fixture_free(fixture *f) {
+    json_decref(f->meta);
+    free(f->data);
+}
 
 /* The tensor `name` of section sec ("inputs", "grads", "index"), or NULL. */
 static const float *fx_get(const fixture *f, const char *sec, const char *name, size_t *count) {
@@ -80,9 +85,10 @@ static float *train_ptr(ac_trainer *t, const char *name) {
     if (!strcmp(name, "model.norm.weight")) return t->g.final_norm;
     if (sscanf(name, "model.layers.%d.%199s", &l, rest) != 2 || l < 0 || l >= t->m->a.n_layers) return NULL;
     ac_layer_w *w = &t->g.L[l];
-    static const char *nm[] = {"input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-                               "self_attn.o_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
-                               "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+    static const char *nm[] = {"input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                               "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_proj.bias",
+                               "self_attn.k_proj.bias",   "self_attn.v_proj.bias",   "post_attention_layernorm.weight",
+                               "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight"};
     float *ps[] = {w->in_norm, w->wq, w->wk, w->wv, w->wo, w->bq, w->bk, w->bv, w->post_norm, w->wg, w->wu, w->wd};
     for (size_t i = 0; i < sizeof nm / sizeof *nm; i++)
         if (!strcmp(rest, nm[i])) return ps[i];
@@ -97,7 +103,8 @@ static int *load_tokens(const char *dir, int *B, int *T) {
     *B = (int)json_integer_value(json_object_get(tj, "B"));
     *T = (int)json_integer_value(json_object_get(tj, "T"));
     int *tok = malloc(sizeof(int) * *B * *T);
-    for (int i = 0; tok && i < *B * *T; i++) tok[i] = (int)json_integer_value(json_array_get(json_object_get(tj, "ids"), i));
+    for (int i = 0; tok && i < *B * *T; i++)
+        tok[i] = (int)json_integer_value(json_array_get(json_object_get(tj, "ids"), i));
     json_decref(tj);
     return tok;
 }
@@ -108,10 +115,18 @@ static void check_grads(const char *name, const char *cas) {
     snprintf(dir, sizeof dir, "%s/models/%s", fx, name);
     snprintf(base, sizeof base, "%s/grad/%s_%s", fx, name, cas);
     fixture f;
-    if (fixture_load(&f, base)) { CHECK(0, "%s: cannot read %s.{json,bin}", name, base); fixture_free(&f); return; }
+    if (fixture_load(&f, base)) {
+        CHECK(0, "%s: cannot read %s.{json,bin}", name, base);
+        fixture_free(&f);
+        return;
+    }
     ac_model m;
     ac_err e = {{0}};
-    if (ac_model_load(dir, &m, &e)) { CHECK(0, "%s: %s", name, e.msg); fixture_free(&f); return; }
+    if (ac_model_load(dir, &m, &e)) {
+        CHECK(0, "%s: %s", name, e.msg);
+        fixture_free(&f);
+        return;
+    }
     int B, T;
     int *tok = load_tokens(dir, &B, &T), *tgt = malloc(sizeof(int) * B * T);
     ac_trainer t;
@@ -123,13 +138,17 @@ static void check_grads(const char *name, const char *cas) {
     json_object_foreach(json_object_get(f.meta, "inputs"), k, v) {
         size_t cnt;
         const float *src = fx_get(&f, "inputs", k, &cnt);
-        if (!strcmp(k, "teacher")) { teacher = src; continue; }
+        if (!strcmp(k, "teacher")) {
+            teacher = src;
+            continue;
+        }
         float *dst = train_ptr(&t, k);
         CHECK(src && (dst || !cnt), "%s: input %s", name, k);
         if (src && dst) memcpy(dst, src, cnt * 4);
     }
     ac_next_token_targets(tgt, tok, B, T);
-    float tau = (float)json_number_value(json_object_get(f.meta, "tau")), kdw = (float)json_number_value(json_object_get(f.meta, "kd_weight"));
+    float tau = (float)json_number_value(json_object_get(f.meta, "tau")),
+          kdw = (float)json_number_value(json_object_get(f.meta, "kd_weight"));
     CHECK(ac_train_forward(&t, tok, B, T, &e) == 0, "%s", e.msg);
     double ce, kd, loss = ac_train_loss(&t, tgt, teacher, tau, kdw, 1.0f, &ce, &kd);
     double rloss = json_number_value(json_object_get(f.meta, "loss"));
@@ -152,11 +171,14 @@ static void check_grads(const char *name, const char *cas) {
         }
         double rel = mr > 0 ? md / mr : md;
         CHECK(rel <= 1e-4 && mr > 0, "%s/%s: %s max|diff| %.3g / max|ref| %.3g = %.3g", name, cas, k, md, mr, rel);
-        if (rel > worst) { worst = rel; worst_name = k; }
+        if (rel > worst) {
+            worst = rel;
+            worst_name = k;
+        }
         n++;
     }
-    printf("   %s/%s: loss %.6f (ref %.6f), %d tensors, worst max|diff|/max|ref| %.2e (%s)\n", name, cas, loss, rloss, n, worst,
-           worst_name);
+    printf("   %s/%s: loss %.6f (ref %.6f), %d tensors, worst max|diff|/max|ref| %.2e (%s)\n", name, cas, loss, rloss,
+           n, worst, worst_name);
     ac_trainer_free(&t);
     ac_model_free(&m);
     free(tok);
@@ -164,11 +186,11 @@ static void check_grads(const char *name, const char *cas) {
     fixture_free(&f);
 }
 
-#define GRAD_TEST(fn, model)                                                   \
-    static void fn(void) {                                                     \
-        if (!fixtures_present("grad/" model "_ce.json")) SKIP("no gradient fixtures (make fixtures)"); \
-        check_grads(model, "ce");                                              \
-        check_grads(model, "kd");                                              \
+#define GRAD_TEST(fn, model)                                                                                           \
+    static void fn(void) {                                                                                             \
+        if (!fixtures_present("grad/" model "_ce.json")) SKIP("no gradient fixtures (make fixtures)");                 \
+        check_grads(model, "ce");                                                                                      \
+        check_grads(model, "kd");                                                                                      \
     }
 GRAD_TEST(test_grad_llama_gqa_bf16, "llama_gqa_bf16")
 GRAD_TEST(test_grad_qwen2_tied_f16, "qwen2_tied_f16")
@@ -185,7 +207,10 @@ static void test_accumulation(void) {
     snprintf(dir, sizeof dir, "%s/models/llama_gqa_bf16", fx);
     ac_model m;
     ac_err e = {{0}};
-    if (ac_model_load(dir, &m, &e)) { CHECK(0, "%s", e.msg); return; }
+    if (ac_model_load(dir, &m, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
     int B, T;
     int *tok = load_tokens(dir, &B, &T), *tgt = malloc(sizeof(int) * B * T);
     ac_next_token_targets(tgt, tok, B, T);
@@ -222,11 +247,14 @@ static void test_accumulation(void) {
  * must give bit-identical parameters (determinism). */
 static int adamw_run(const fixture *f, float **P, int np, double *norms) {
     json_t *jo = json_object_get(f->meta, "opts");
-    ac_adamw_opts o = {.lr = (float)json_number_value(json_object_get(jo, "lr")), .min_lr = (float)json_number_value(json_object_get(jo, "min_lr")),
-                       .beta1 = (float)json_number_value(json_object_get(jo, "beta1")), .beta2 = (float)json_number_value(json_object_get(jo, "beta2")),
+    ac_adamw_opts o = {.lr = (float)json_number_value(json_object_get(jo, "lr")),
+                       .min_lr = (float)json_number_value(json_object_get(jo, "min_lr")),
+                       .beta1 = (float)json_number_value(json_object_get(jo, "beta1")),
+                       .beta2 = (float)json_number_value(json_object_get(jo, "beta2")),
                        .eps = (float)json_number_value(json_object_get(jo, "eps")),
                        .weight_decay = (float)json_number_value(json_object_get(jo, "weight_decay")),
-                       .clip = (float)json_number_value(json_object_get(jo, "clip")), .warmup = (int)json_integer_value(json_object_get(jo, "warmup")),
+                       .clip = (float)json_number_value(json_object_get(jo, "clip")),
+                       .warmup = (int)json_integer_value(json_object_get(jo, "warmup")),
                        .total_steps = (int)json_integer_value(json_object_get(jo, "total"))};
     int accum = (int)json_integer_value(json_object_get(jo, "accum"));
     ac_adamw a;
@@ -268,8 +296,13 @@ static void test_adamw(void) {
     char base[1200];
     snprintf(base, sizeof base, "%s/optim/adamw", fx);
     fixture f;
-    if (fixture_load(&f, base)) { CHECK(0, "cannot read %s", base); fixture_free(&f); return; }
-    int np = (int)json_array_size(json_object_get(f.meta, "shapes")), steps = (int)json_array_size(json_object_get(f.meta, "norms"));
+    if (fixture_load(&f, base)) {
+        CHECK(0, "cannot read %s", base);
+        fixture_free(&f);
+        return;
+    }
+    int np = (int)json_array_size(json_object_get(f.meta, "shapes")),
+        steps = (int)json_array_size(json_object_get(f.meta, "norms"));
     float *P[8], *P2[8];
     double norms[64], norms2[64];
     CHECK(np <= 8 && steps <= 64, "fixture shape");
@@ -286,7 +319,10 @@ static void test_adamw(void) {
         snprintf(nm, sizeof nm, "p.%d", i);
         const float *ref = fx_get(&f, "index", nm, &n);
         double md = 0, mr = 0;
-        for (size_t j = 0; j < n; j++) { md = fmax(md, fabs(ref[j] - P[i][j])); mr = fmax(mr, fabs(ref[j])); }
+        for (size_t j = 0; j < n; j++) {
+            md = fmax(md, fabs(ref[j] - P[i][j]));
+            mr = fmax(mr, fabs(ref[j]));
+        }
         CHECK(md <= 1e-5 * mr, "tensor %d: max|diff| %.3g of max %.3g", i, md, mr);
         CHECK(!memcmp(P[i], P2[i], n * 4), "tensor %d: a second run differs", i);
         worst = fmax(worst, md / mr);
@@ -297,9 +333,14 @@ static void test_adamw(void) {
     /* the schedule at its corners */
     ac_adamw_opts o;
     ac_adamw_defaults(&o);
-    o.lr = 1; o.min_lr = 0.1f; o.warmup = 4; o.total_steps = 14;
+    o.lr = 1;
+    o.min_lr = 0.1f;
+    o.warmup = 4;
+    o.total_steps = 14;
     CHECK(fabsf(ac_lr_at(&o, 0) - 0.25f) < 1e-6 && fabsf(ac_lr_at(&o, 3) - 1) < 1e-6, "warmup");
-    CHECK(fabsf(ac_lr_at(&o, 9) - 0.55f) < 1e-6 && fabsf(ac_lr_at(&o, 14) - 0.1f) < 1e-6 && fabsf(ac_lr_at(&o, 99) - 0.1f) < 1e-6, "cosine");
+    CHECK(fabsf(ac_lr_at(&o, 9) - 0.55f) < 1e-6 && fabsf(ac_lr_at(&o, 14) - 0.1f) < 1e-6 &&
+              fabsf(ac_lr_at(&o, 99) - 0.1f) < 1e-6,
+          "cosine");
     fixture_free(&f);
 }
 
@@ -330,7 +371,10 @@ static void test_distill(void) {
     snprintf(dir, sizeof dir, "%s/models/llama_gqa_bf16", fx);
     ac_model t, s, s2;
     ac_err e = {{0}};
-    if (ac_model_load(dir, &t, &e) || ac_model_load(dir, &s, &e) || ac_model_load(dir, &s2, &e)) { CHECK(0, "%s", e.msg); return; }
+    if (ac_model_load(dir, &t, &e) || ac_model_load(dir, &s, &e) || ac_model_load(dir, &s2, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
     size_t n = 4000;
     int *ids = malloc(sizeof(int) * n);
     unsigned r = 7;
@@ -348,7 +392,10 @@ static void test_distill(void) {
     CHECK(ac_distill(&t, &s, ids, n, &o, NULL, NULL, &res, &e) == 0, "%s", e.msg);
     CHECK(res.loss_first < 1e-6, "an undamaged student starts at KL %.3g", res.loss_first);
     ac_model_free(&s);
-    if (ac_model_load(dir, &s, &e)) { CHECK(0, "%s", e.msg); return; }
+    if (ac_model_load(dir, &s, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
     for (int l = 0; l < t.a.n_layers; l++) {
         ac_model *ms[2] = {&s, &s2};
         for (int k = 0; k < 2; k++) {
@@ -357,7 +404,8 @@ static void test_distill(void) {
                   *td = ac_layer_matrix(&t, l, AC_W_D, &nd), *tq = ac_layer_matrix(&t, l, AC_W_Q, &nq);
             unsigned q = 99;
             for (size_t i = 0; i < nd; i++) wd[i] = 0.5f * td[i];
-            for (size_t i = 0; i < nq; i++) wq[i] = tq[i] + 0.05f * ((float)((q = q * 1103515245u + 12345u) >> 16 & 1023) / 512.0f - 1.0f);
+            for (size_t i = 0; i < nq; i++)
+                wq[i] = tq[i] + 0.05f * ((float)((q = q * 1103515245u + 12345u) >> 16 & 1023) / 512.0f - 1.0f);
         }
     }
     double kl0 = heldout_kl(&t, &s, 12345);
@@ -366,8 +414,8 @@ static void test_distill(void) {
     CHECK(ac_distill(&t, &s, ids, n, &o, NULL, NULL, &res, &e) == 0, "%s", e.msg);
     steps = res.steps;
     double kl1 = heldout_kl(&t, &s, 12345);
-    printf("   distill %d steps, %ld tokens, %.2f s: loss %.4f -> %.4f; KL on unseen tokens %.4f -> %.4f\n", steps, res.tokens, res.seconds,
-           res.loss_first, res.loss_last, kl0, kl1);
+    printf("   distill %d steps, %ld tokens, %.2f s: loss %.4f -> %.4f; KL on unseen tokens %.4f -> %.4f\n", steps,
+           res.tokens, res.seconds, res.loss_first, res.loss_last, kl0, kl1);
     CHECK(steps == 60 && res.tokens == 4 * 32 * 60, "steps %d tokens %ld", steps, res.tokens);
     CHECK(res.loss_last < 0.5 * res.loss_first, "training loss %.4g -> %.4g", res.loss_first, res.loss_last);
     CHECK(kl1 < 0.5 * kl0, "held-out KL %.4g -> %.4g", kl0, kl1);
@@ -394,7 +442,10 @@ static void test_distill_errors(void) {
     snprintf(d2, sizeof d2, "%s/models/llama3_rope_f32", fx);
     ac_model t, s;
     ac_err e = {{0}};
-    if (ac_model_load(d1, &t, &e) || ac_model_load(d1, &s, &e)) { CHECK(0, "%s", e.msg); return; }
+    if (ac_model_load(d1, &t, &e) || ac_model_load(d1, &s, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
     int ids[600];
     for (int i = 0; i < 600; i++) ids[i] = i % 300;
     ac_distill_opts o;
@@ -403,22 +454,31 @@ static void test_distill_errors(void) {
     o.batch = 4;
     o.seq_len = 150;
     ac_distill_result r;
-    CHECK(ac_distill(&t, &s, ids, 600, &o, NULL, NULL, &r, &e) == -1 && strstr(e.msg, "distill.text"), "short text: %s", e.msg);
+    CHECK(ac_distill(&t, &s, ids, 600, &o, NULL, NULL, &r, &e) == -1 && strstr(e.msg, "distill.text"), "short text: %s",
+          e.msg);
     o.seq_len = 16;
     o.mem_limit = 1e5;
-    CHECK(ac_distill(&t, &s, ids, 600, &o, NULL, NULL, &r, &e) == -1 && strstr(e.msg, "distill.batch") && strstr(e.msg, "GiB"), "memory: %s", e.msg);
+    CHECK(ac_distill(&t, &s, ids, 600, &o, NULL, NULL, &r, &e) == -1 && strstr(e.msg, "distill.batch") &&
+              strstr(e.msg, "GiB"),
+          "memory: %s", e.msg);
     printf("   %s\n", e.msg);
     o.mem_limit = 0;
     o.tokens = AC_DISTILL_MAX_TOKENS + 1;
-    CHECK(ac_distill(&t, &s, ids, 600, &o, NULL, NULL, &r, &e) == -1 && strstr(e.msg, "distill.tokens"), "cap: %s", e.msg);
+    CHECK(ac_distill(&t, &s, ids, 600, &o, NULL, NULL, &r, &e) == -1 && strstr(e.msg, "distill.tokens"), "cap: %s",
+          e.msg);
     double need = ac_distill_mem_bytes(&t.a, &s.a, 8, 128), p = ac_arch_params(&t.a);
     CHECK(need > 5 * 4 * p, "memory estimate %.0f below weights, gradients, moments and teacher", need);
     ac_model_free(&s);
     o.tokens = 100;
     snprintf(d2, sizeof d2, "%s/models/deci_hetero", fx);
-    if (ac_model_load(d2, &s, &e)) { CHECK(0, "%s", e.msg); ac_model_free(&t); return; }
+    if (ac_model_load(d2, &s, &e)) {
+        CHECK(0, "%s", e.msg);
+        ac_model_free(&t);
+        return;
+    }
     s.a.vocab = 299; /* as if another tokenizer */
-    CHECK(ac_distill(&t, &s, ids, 600, &o, NULL, NULL, &r, &e) == -1 && strstr(e.msg, "vocabulary"), "vocab: %s", e.msg);
+    CHECK(ac_distill(&t, &s, ids, 600, &o, NULL, NULL, &r, &e) == -1 && strstr(e.msg, "vocabulary"), "vocab: %s",
+          e.msg);
     s.a.vocab = 300;
     ac_model_free(&s);
     ac_model_free(&t);
@@ -426,13 +486,17 @@ static void test_distill_errors(void) {
 
 /* The spec field: validation names the field (the daemon answers 400 with it). */
 static void test_distill_spec(void) {
-    const char *base = "{\"model\":\"m\",\"calibration\":\"c\",\"target\":{\"device\":\"cpu\"},\"constraints\":{\"max_params\":1e6},";
-    struct { const char *distill, *field; } cases[] = {
-        {"\"distill\":{\"tokens\":2000000000}}", "distill.tokens"},
-        {"\"distill\":{\"tokens\":1000,\"batch\":0}}", "distill.batch"},
-        {"\"distill\":{\"tokens\":1000,\"temperature\":\"hot\"}}", "distill.temperature"},
-        {"\"distill\":{\"tokens\":1000,\"steps\":3}}", "distill.steps"},
-        {"\"distill\":{\"tokens\":1000,\"text\":\"t\",\"lr\":0.001,\"seq_len\":64,\"batch\":4,\"temperature\":2,\"ce_weight\":0.5}}", NULL}};
+    const char *base =
+        "{\"model\":\"m\",\"calibration\":\"c\",\"target\":{\"device\":\"cpu\"},\"constraints\":{\"max_params\":1e6},";
+    struct {
+        const char *distill, *field;
+    } cases[] = {{"\"distill\":{\"tokens\":2000000000}}", "distill.tokens"},
+                 {"\"distill\":{\"tokens\":1000,\"batch\":0}}", "distill.batch"},
+                 {"\"distill\":{\"tokens\":1000,\"temperature\":\"hot\"}}", "distill.temperature"},
+                 {"\"distill\":{\"tokens\":1000,\"steps\":3}}", "distill.steps"},
+                 {"\"distill\":{\"tokens\":1000,\"text\":\"t\",\"lr\":0.001,\"seq_len\":64,\"batch\":4,\"temperature\":"
+                  "2,\"ce_weight\":0.5}}",
+                  NULL}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char buf[1024];
         snprintf(buf, sizeof buf, "%s%s", base, cases[i].distill);
@@ -440,15 +504,21 @@ static void test_distill_spec(void) {
         const char *field = NULL;
         ac_err e = {{0}};
         int rc = ac_job_validate_field(spec, &field, &e);
-        if (cases[i].field) CHECK(rc == -1 && field && !strcmp(field, cases[i].field), "%s: field %s (%s)", cases[i].distill, field ? field : "-", e.msg);
-        else CHECK(rc == 0, "%s: %s", cases[i].distill, e.msg);
+        if (cases[i].field)
+            CHECK(rc == -1 && field && !strcmp(field, cases[i].field), "%s: field %s (%s)", cases[i].distill,
+                  field ? field : "-", e.msg);
+        else
+            CHECK(rc == 0, "%s: %s", cases[i].distill, e.msg);
         json_decref(spec);
     }
 }
 
+/* ud: int[2], distill events and "stage" events of the distill stage */
 static void job_emit(void *ud, const char *kind, json_t *data) {
-    (void)data;
-    if (!strcmp(kind, "distill")) (*(int *)ud)++;
+    int *n = ud;
+    if (!strcmp(kind, "distill")) n[0]++;
+    const char *st = json_string_value(json_object_get(data, "stage"));
+    if (!strcmp(kind, "stage") && st && !strcmp(st, "distill")) n[1]++;
 }
 
 /* A whole job on the tiny model with a small distillation budget: every arm
@@ -461,38 +531,51 @@ static void test_distill_job(void) {
     char p[1300];
     snprintf(p, sizeof p, "%s/config.json", tiny);
     if (!ck_exists(p)) SKIP("no tiny model (make tiny-model)");
-    if (!mkdtemp(tmp)) { CHECK(0, "mkdtemp"); return; }
+    if (!mkdtemp(tmp)) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
     char spec_s[8192], shortf[1300];
     snprintf(shortf, sizeof shortf, "%s/short.txt", tmp);
     FILE *f = fopen(shortf, "w");
-    if (f) { fputs("A short text.\n", f); fclose(f); }
+    if (f) {
+        fputs("A short text.\n", f);
+        fclose(f);
+    }
     for (int bad = 0; bad < 2; bad++) {
-        snprintf(spec_s, sizeof spec_s,
-                 "{\"model\":\"%s\",\"calibration\":\"%s/calib.txt\",\"heldout\":\"%s/heldout.txt\",\"output\":\"%s/out\","
-                 "\"target\":{\"device\":\"H100\"},\"constraints\":{\"max_params\":800000},\"search\":{\"steps\":30},"
-                 "\"calibration_tokens\":2048,\"eval\":{\"ctx\":64,\"windows\":4},"
-                 "\"distill\":{\"tokens\":1024,\"seq_len\":32,\"batch\":4,\"lr\":0.001%s%s%s}}",
-                 tiny, data, data, tmp, bad ? ",\"text\":\"" : "", bad ? shortf : "", bad ? "\"" : "");
+        snprintf(
+            spec_s, sizeof spec_s,
+            "{\"model\":\"%s\",\"calibration\":\"%s/calib.txt\",\"heldout\":\"%s/heldout.txt\",\"output\":\"%s/out\","
+            "\"target\":{\"device\":\"H100\"},\"constraints\":{\"max_params\":800000},\"search\":{\"steps\":30},"
+            "\"calibration_tokens\":2048,\"eval\":{\"ctx\":64,\"windows\":4},"
+            "\"distill\":{\"tokens\":1024,\"seq_len\":32,\"batch\":4,\"lr\":0.001%s%s%s}}",
+            tiny, data, data, tmp, bad ? ",\"text\":\"" : "", bad ? shortf : "", bad ? "\"" : "");
         json_t *spec = json_loads(spec_s, 0, NULL), *res = NULL;
-        int events = 0;
-        ac_job_ctx ctx = {.emit = job_emit, .ud = &events};
+        int events[2] = {0, 0};
+        ac_job_ctx ctx = {.emit = job_emit, .ud = events};
         ac_err e = {{0}};
-        int rc = ac_job_run(spec, &ctx, &res, &e);
+        static ac_job_spec js;
+        int rc = ac_job_spec_parse(spec, &js, NULL, &e) || ac_job_run(&js, &ctx, &res, &e) ? -1 : 0;
         if (bad) {
             CHECK(rc == -1 && strstr(e.msg, "stage distill") && strstr(e.msg, "distill.text"), "short text: %s", e.msg);
             printf("   short text: %s\n", e.msg);
         } else {
             CHECK(rc == 0, "%s", e.msg);
             for (int a = 0; rc == 0 && a < 2; a++) {
-                json_t *arm = json_object_get(res, a ? "autocompress" : "minitron"), *d = json_object_get(arm, "distill");
-                CHECK(json_is_number(json_object_get(arm, "perplexity_pruned")) && json_integer_value(json_object_get(d, "tokens")) == 1024 &&
-                          json_number_value(json_object_get(d, "loss_first")) > 0 && json_is_number(json_object_get(d, "seconds")),
+                json_t *arm = json_object_get(res, a ? "autocompress" : "minitron"),
+                       *d = json_object_get(arm, "distill");
+                CHECK(json_is_number(json_object_get(arm, "perplexity_pruned")) &&
+                          json_integer_value(json_object_get(d, "tokens")) == 1024 &&
+                          json_number_value(json_object_get(d, "loss_first")) > 0 &&
+                          json_is_number(json_object_get(d, "seconds")),
                       "arm %d report lacks distill figures", a);
-                printf("   %s: perplexity %.2f before distillation, %.2f after; loss %.4f -> %.4f\n", a ? "autocompress" : "minitron",
-                       json_number_value(json_object_get(arm, "perplexity_pruned")), json_number_value(json_object_get(arm, "perplexity")),
-                       json_number_value(json_object_get(d, "loss_first")), json_number_value(json_object_get(d, "loss_last")));
+                printf("   %s: perplexity %.2f before distillation, %.2f after; loss %.4f -> %.4f\n",
+                       a ? "autocompress" : "minitron", json_number_value(json_object_get(arm, "perplexity_pruned")),
+                       json_number_value(json_object_get(arm, "perplexity")),
+                       json_number_value(json_object_get(d, "loss_first")),
+                       json_number_value(json_object_get(d, "loss_last")));
             }
-            CHECK(events >= 4, "%d distill events", events);
+            CHECK(events[0] >= 4 && events[1] == 1, "%d distill events, %d distill stage events", events[0], events[1]);
         }
         json_decref(res);
         json_decref(spec);
@@ -507,7 +590,10 @@ static void test_kv_group_gate(void) {
     snprintf(dir, sizeof dir, "%s/models/llama_gqa_bf16", fx);
     ac_model m;
     ac_err e = {{0}};
-    if (ac_model_load(dir, &m, &e)) { CHECK(0, "%s", e.msg); return; }
+    if (ac_model_load(dir, &m, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
     int B, T;
     int *tok = load_tokens(dir, &B, &T), *tgt = malloc(sizeof(int) * B * T);
     ac_next_token_targets(tgt, tok, B, T);
@@ -529,7 +615,8 @@ static void test_kv_group_gate(void) {
             for (int h = g * grp; h < (g + 1) * grp; h++) t.gate.head[1][h] = 1;
         }
         double fd = (lp[0] - lp[1]) / (2 * eps);
-        CHECK(fabs(fd - gg[g]) <= 2e-3 * fmax(fabs(fd), 1e-2), "group %d: gradient %.6g, finite difference %.6g", g, gg[g], fd);
+        CHECK(fabs(fd - gg[g]) <= 2e-3 * fmax(fabs(fd), 1e-2), "group %d: gradient %.6g, finite difference %.6g", g,
+              gg[g], fd);
         printf("   layer 1 KV group %d: gate gradient %.6f, finite difference %.6f\n", g, gg[g], fd);
     }
     ac_trainer_free(&t);
@@ -538,7 +625,239 @@ static void test_kv_group_gate(void) {
     free(tgt);
 }
 
+/* max |a - b| / max |b| over every tensor of two gradient (or weight)
+ * models of the same arch; *worst_i gets the worst tensor's index. */
+static double model_rel_diff(const ac_model *a, const ac_model *b) {
+    const ac_arch *ar = &b->a;
+    size_t H = ar->hidden, hd = ar->head_dim, V = ar->vocab;
+    double worst = 0;
+#define CMP(pa, pb, n)                                                                                                 \
+    do {                                                                                                               \
+        if ((pa) && (pb) && (size_t)(n) > 0) {                                                                         \
+            double md = 0, mr = 0;                                                                                     \
+            for (size_t i_ = 0; i_ < (size_t)(n); i_++) {                                                              \
+                md = fmax(md, fabs((double)(pa)[i_] - (pb)[i_]));                                                      \
+                mr = fmax(mr, fabs((double)(pb)[i_]));                                                                 \
+            }                                                                                                          \
+            worst = fmax(worst, mr > 0 ? md / mr : md);                                                                \
+        }                                                                                                              \
+    } while (0)
+    CMP(a->embed, b->embed, V * H);
+    if (!ar->tie_embeddings) CMP(a->lm_head, b->lm_head, V * H);
+    CMP(a->final_norm, b->final_norm, H);
+    for (int l = 0; l < ar->n_layers; l++) {
+        const ac_layer_arch *L = &ar->layers[l];
+        const ac_layer_w *x = &a->L[l], *y = &b->L[l];
+        size_t Q = L->n_heads * hd, KV = L->n_kv_heads * hd, F = L->ffn;
+        CMP(x->in_norm, y->in_norm, H);
+        CMP(x->wq, y->wq, Q * H);
+        CMP(x->wk, y->wk, KV * H);
+        CMP(x->wv, y->wv, KV * H);
+        CMP(x->wo, y->wo, H * Q);
+        CMP(x->bq, y->bq, Q);
+        CMP(x->bk, y->bk, KV);
+        CMP(x->bv, y->bv, KV);
+        CMP(x->post_norm, y->post_norm, H);
+        CMP(x->wg, y->wg, F * H);
+        CMP(x->wu, y->wu, F * H);
+        CMP(x->wd, y->wd, H * F);
+    }
+#undef CMP
+    return worst;
+}
+
+/* The CUDA trainer (the plugin; in CI the CPU emulation of
+ * tests/cuda_emu, run by tests/run_all.sh with AC_CUDA_PLUGIN) against the
+ * CPU trainer on the five fixtures: gradients of weights and gates for
+ * CE + KL with the fixture's random gates and teacher logits, then one
+ * AdamW step. */
+/* The plugin's trainer for m with the host's RoPE tables (as distill.c creates it). */
+static int cu_trainer(const ac_cuda_api *cu, const ac_model *m, int B, int T, acc_trainer **ct, char *er, size_t n) {
+    size_t nr = (size_t)T * (m->a.head_dim / 2);
+    float *cs = malloc(nr * sizeof *cs), *sn = malloc(nr * sizeof *sn);
+    ac_err e = {{0}};
+    int rc =
+        !cs || !sn || ac_rope_tables(&m->a, T, cs, sn, &e) ? -1 : cu->trainer_create(0, m, B, T, cs, sn, ct, er, n);
+    if (rc && e.msg[0]) snprintf(er, n, "%s", e.msg);
+    free(cs);
+    free(sn);
+    return rc;
+}
+
+static void test_cuda_trainer(void) {
+    const char *why;
+    const ac_cuda_api *cu = ac_cuda(&why);
+    if (!cu) SKIP("no CUDA: %s", why);
+    if (!cu->trainer_create) SKIP("the CUDA plugin has no trainer");
+    if (!fixtures_present("grad/llama_gqa_bf16_kd.json")) SKIP("no gradient fixtures (make fixtures)");
+    const char *names[] = {"llama_gqa_bf16", "qwen2_tied_f16", "llama3_rope_f32", "mistral_sharded", "deci_hetero"};
+    for (int mi = 0; mi < 5; mi++) {
+        char dir[1200], base[1300], er[512] = "";
+        snprintf(dir, sizeof dir, "%s/models/%s", fx, names[mi]);
+        snprintf(base, sizeof base, "%s/grad/%s_kd", fx, names[mi]);
+        fixture f;
+        ac_model m, gg, mw;
+        ac_err e = {{0}};
+        if (fixture_load(&f, base) || ac_model_load(dir, &m, &e)) {
+            CHECK(0, "%s: %s", names[mi], e.msg);
+            fixture_free(&f);
+            continue;
+        }
+        size_t cnt;
+        const float *teacher = fx_get(&f, "inputs", "teacher", &cnt);
+        int B, T;
+        int *tok = load_tokens(dir, &B, &T), *tgt = malloc(sizeof(int) * B * T);
+        ac_next_token_targets(tgt, tok, B, T);
+        ac_trainer t, t2; /* t2 only lends its gate buffers to the device's gate gradients */
+        CHECK(ac_trainer_init(&t, &m, B, T, &e) == 0 && ac_trainer_init(&t2, &m, 1, 2, &e) == 0, "%s", e.msg);
+        const char *k;
+        json_t *v;
+        json_object_foreach(json_object_get(f.meta, "inputs"), k, v) { /* the fixture's random gates */
+            size_t c;
+            const float *src = fx_get(&f, "inputs", k, &c);
+            float *dst = strcmp(k, "teacher") ? train_ptr(&t, k) : NULL;
+            if (src && dst) memcpy(dst, src, c * 4);
+        }
+        ac_train_forward(&t, tok, B, T, &e);
+        double lc = ac_train_loss(&t, tgt, teacher, 2.0f, 0.7f, 1.0f, NULL, NULL), lg = 0;
+        ac_train_backward(&t);
+        acc_trainer *ct = NULL;
+        CHECK(cu_trainer(cu, &m, B, T, &ct, er, sizeof er) == 0, "%s: create: %s", names[mi], er);
+        CHECK(ct && cu->trainer_gates(ct, &t.gate, NULL, 0, er, sizeof er) == 0, "%s: gates: %s", names[mi], er);
+        CHECK(ct && cu->trainer_grad(ct, tok, tgt, teacher, B, T, 2.0f, 0.7f, 1.0f, &lg, er, sizeof er) == 0,
+              "%s: grad: %s", names[mi], er);
+        CHECK(ct && cu->trainer_gates(ct, NULL, &t2.dgate, 1, er, sizeof er) == 0, "%s: gates: %s", names[mi], er);
+        double dgate = 0;
+        {
+            const ac_arch *ar = &m.a;
+            float *pairs[][2] = {
+                {t.dgate.hidden, t2.dgate.hidden}, {t.dgate.attn, t2.dgate.attn}, {t.dgate.mlp, t2.dgate.mlp}};
+            size_t ns[] = {(size_t)ar->hidden, (size_t)ar->n_layers, (size_t)ar->n_layers};
+            for (int i = 0; i < 3 + 2 * ar->n_layers; i++) {
+                const float *x = i < 3         ? pairs[i][0]
+                                 : (i - 3) % 2 ? t.dgate.ffn[(i - 3) / 2]
+                                               : t.dgate.head[(i - 3) / 2];
+                const float *y = i < 3         ? pairs[i][1]
+                                 : (i - 3) % 2 ? t2.dgate.ffn[(i - 3) / 2]
+                                               : t2.dgate.head[(i - 3) / 2];
+                size_t n = i < 3         ? ns[i]
+                           : (i - 3) % 2 ? (size_t)ar->layers[(i - 3) / 2].ffn
+                                         : (size_t)ar->layers[(i - 3) / 2].n_heads;
+                double md = 0, mr = 0;
+                for (size_t j = 0; j < n; j++) {
+                    md = fmax(md, fabs((double)x[j] - y[j]));
+                    mr = fmax(mr, fabs((double)x[j]));
+                }
+                if (n) dgate = fmax(dgate, mr > 0 ? md / mr : md);
+            }
+        }
+        CHECK(dgate <= 1e-4, "%s: gate gradients differ by %.3g", names[mi], dgate);
+        CHECK(ac_model_alloc(&gg, &m.a, &e) == 0 && ac_model_alloc(&mw, &m.a, &e) == 0, "%s", e.msg);
+        CHECK(ct && cu->trainer_download(ct, NULL, &gg, er, sizeof er) == 0, "%s: download: %s", names[mi], er);
+        double dg = model_rel_diff(&gg, &t.g);
+        CHECK(fabs(lg - lc) <= 1e-5 * fabs(lc) && dg <= 1e-4, "%s: loss %.7g vs CPU %.7g, gradients differ by %.3g",
+              names[mi], lg, lc, dg);
+        /* one AdamW step each from the same (the device's) gradients: a first
+         * Adam step is about lr * sign(g), so rounding-level gradient
+         * differences near 0 would otherwise show as lr-sized steps */
+        ac_adamw_opts o;
+        ac_adamw_defaults(&o);
+        o.lr = 0.01f;
+        ac_adamw opt;
+        ac_adamw_init(&opt, &o);
+        ac_adamw_add_model(&opt, &m, &gg, &e);
+        double n1 = 0, n2 = 0;
+        ac_adamw_step(&opt, &n1, &e);
+        CHECK(ct && cu->trainer_step(ct, ac_lr_at(&o, 0), o.beta1, o.beta2, o.eps, o.weight_decay, o.clip, 0, &n2, er,
+                                     sizeof er) == 0,
+              "%s", er);
+        CHECK(ct && cu->trainer_download(ct, &mw, NULL, er, sizeof er) == 0, "%s", er);
+        double dw = model_rel_diff(&mw, &m);
+        CHECK(fabs(n1 - n2) <= 1e-4 * n1 && dw <= 1e-5,
+              "%s: gradient norm %.7g vs %.7g; weights after a step differ by %.3g", names[mi], n2, n1, dw);
+        printf("   %s: CUDA loss %.6f (CPU %.6f), gradients max|diff|/max|CPU| %.2e, gates' %.2e, weights after AdamW "
+               "%.2e\n",
+               names[mi], lg, lc, dg, dgate, dw);
+        ac_adamw_free(&opt);
+        if (ct) cu->trainer_free(ct);
+        ac_model_free(&gg);
+        ac_model_free(&mw);
+        ac_trainer_free(&t2);
+        ac_trainer_free(&t);
+        ac_model_free(&m);
+        free(tok);
+        free(tgt);
+        fixture_free(&f);
+    }
+}
+
+/* ac_distill with cuda = 1 (teacher on the plugin's BF16 engine, student on
+ * its trainer) against the same distillation on the CPU: the loss curves
+ * agree and the student's weights come back changed from the start. (Too
+ * few steps here, for the emulator's speed, to ask the loss to fall: that
+ * is test_distill's job on the CPU path.) */
+static void test_cuda_distill(void) {
+    const char *why;
+    const ac_cuda_api *cu = ac_cuda(&why);
+    if (!cu) SKIP("no CUDA: %s", why);
+    if (!cu->trainer_create) SKIP("the CUDA plugin has no trainer");
+    if (!fixtures_present("models/deci_hetero/config.json")) SKIP("no fixtures");
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/models/deci_hetero", fx);
+    ac_model t, s1, s2;
+    ac_err e = {{0}};
+    if (ac_model_load(dir, &t, &e) || ac_model_load(dir, &s1, &e) || ac_model_load(dir, &s2, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
+    for (int l = 0; l < t.a.n_layers; l++) {
+        size_t nd;
+        float *a = ac_layer_matrix(&s1, l, AC_W_D, &nd), *b = ac_layer_matrix(&s2, l, AC_W_D, &nd);
+        for (size_t i = 0; a && i < nd; i++) a[i] *= 0.5f, b[i] *= 0.5f;
+    }
+    size_t n = 2000;
+    int *ids = malloc(sizeof(int) * n);
+    unsigned r = 3;
+    for (size_t i = 0; i < n; i++) ids[i] = (int)((r = r * 1103515245u + 12345u) >> 8) % t.a.vocab;
+    ac_distill_opts o;
+    ac_distill_defaults(&o);
+    o.batch = 2, o.seq_len = 16, o.tokens = 2 * 16 * 20, o.lr = 1e-3f, o.min_lr = 1e-4f;
+    ac_distill_result rc, rg;
+    CHECK(ac_distill(&t, &s1, ids, n, &o, NULL, NULL, &rc, &e) == 0, "cpu: %s", e.msg);
+    o.cuda = 1;
+    CHECK(ac_distill(&t, &s2, ids, n, &o, NULL, NULL, &rg, &e) == 0, "cuda: %s", e.msg);
+    double dw = model_rel_diff(&s2, &s1);
+    printf("   20 steps: CPU loss %.4f -> %.4f, CUDA loss %.4f -> %.4f; students differ by %.2e (max|diff|/max|w|)\n",
+           rc.loss_first, rc.loss_last, rg.loss_first, rg.loss_last, dw);
+    ac_model s0;
+    double moved = 1;
+    if (!ac_model_load(dir, &s0, &e)) {
+        for (int l = 0; l < t.a.n_layers; l++) {
+            size_t nd;
+            float *a = ac_layer_matrix(&s0, l, AC_W_D, &nd);
+            for (size_t i = 0; a && i < nd; i++) a[i] *= 0.5f;
+        }
+        moved = model_rel_diff(&s2, &s0);
+        ac_model_free(&s0);
+    }
+    CHECK(rg.steps == 20 && moved > 1e-3 && dw < 0.5 * moved,
+          "CUDA student moved %.3g from its start, %.3g from the CPU student", moved, dw);
+    CHECK(fabs(rg.loss_first - rc.loss_first) <= 0.05 * rc.loss_first &&
+              fabs(rg.loss_last - rc.loss_last) <= 0.1 * rc.loss_last,
+          "CUDA and CPU losses differ: %.4g/%.4g vs %.4g/%.4g", rg.loss_first, rg.loss_last, rc.loss_first,
+          rc.loss_last);
+    free(ids);
+    ac_model_free(&t);
+    ac_model_free(&s1);
+    ac_model_free(&s2);
+}
+
 int main(void) {
+    if (getenv("AC_TRAIN_CUDA_ONLY")) { /* tests/run_all.sh: the CUDA trainer against the emulated plugin */
+        RUN(test_cuda_trainer);
+        RUN(test_cuda_distill);
+        return DONE();
+    }
     RUN(test_grad_llama_gqa_bf16);
     RUN(test_grad_qwen2_tied_f16);
     RUN(test_grad_llama3_rope_f32);
@@ -551,5 +870,7 @@ int main(void) {
     RUN(test_distill_errors);
     RUN(test_distill_spec);
     RUN(test_distill_job);
+    RUN(test_cuda_trainer);
+    RUN(test_cuda_distill);
     return DONE();
 }

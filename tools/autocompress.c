@@ -5,25 +5,42 @@
  *   autocompress compress SPEC.json     (same code path as the daemon's worker)
  *   autocompress estimate REQUEST.json  (as POST /v1/estimate)
  *   autocompress tokenize TOKENIZER_JSON TEXT_FILE   (ids, one line)
+ *   autocompress export-gguf MODEL_DIR OUT.gguf [--f32]  (llama.cpp's format)
+ *   autocompress prune MODEL_DIR ARCH.json OUT_DIR [--deci]
+ *   autocompress validate SPEC.json     (parse a job spec: {"ok":true} or the error and its field)
+ *   autocompress schema                 (proto/job.schema.json, from the spec's field table)
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "api.h"
+#include "costcache.h"
 #include "costmodel.h"
+#include "deci.h"
 #include "eval.h"
+#include "gguf.h"
 #include "job.h"
 #include "kernels_cpu.h"
 #include "model.h"
+#include "prune.h"
+#include "safetensors.h"
 #include "tokenizer.h"
 
 static int usage(void) {
-    fprintf(stderr,
-            "usage:\n"
-            "  autocompress eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N] [--batch N] [--threads N] [--device cpu|cuda] [--json]\n"
-            "  autocompress compress SPEC.json        (AC_COST_DB=FILE caches measured cost tables)\n"
-            "  autocompress estimate REQUEST.json     ({\"model\"|\"architecture\", \"target\"}, as POST /v1/estimate)\n"
-            "  autocompress tokenize TOKENIZER_JSON TEXT_FILE\n");
+    fprintf(
+        stderr,
+        "usage:\n"
+        "  autocompress eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N] [--batch N] [--threads N] "
+        "[--device cpu|cuda] [--json]\n"
+        "  autocompress compress SPEC.json        (AC_COST_DB=FILE caches measured cost tables)\n"
+        "  autocompress estimate REQUEST.json     ({\"model\"|\"architecture\", \"target\"}, as POST /v1/estimate)\n"
+        "  autocompress tokenize TOKENIZER_JSON TEXT_FILE\n"
+        "  autocompress validate SPEC.json\n"
+        "  autocompress schema\n"
+        "  autocompress prune MODEL_DIR ARCH.json OUT_DIR [--deci]\n"
+        "      (slice to ARCH keeping the first channels; --deci: pad FFN widths to the deci grid,\n"
+        "       fail when the deci target cannot express ARCH)\n");
     return 2;
 }
 
@@ -32,33 +49,68 @@ static int cmd_eval(int argc, char **argv) {
     ac_ppl_opts o = {.ctx = 128, .stride = 0, .max_windows = 0, .batch = 4};
     int json = 0, threads = 2;
     for (int i = 4; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) json = 1;
-        else if (i + 1 < argc && !strcmp(argv[i], "--ctx")) o.ctx = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--windows")) o.max_windows = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--stride")) o.stride = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--batch")) o.batch = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--threads")) threads = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--device") && (!strcmp(argv[i + 1], "cpu") || !strcmp(argv[i + 1], "cuda")))
-            o.cuda = !strcmp(argv[++i], "cuda");
-        else return usage();
+        if (!strcmp(argv[i], "--json"))
+            json = 1;
+        else if (i + 1 < argc && !strcmp(argv[i], "--ctx"))
+            o.ctx = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--windows"))
+            o.max_windows = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--stride"))
+            o.stride = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--batch"))
+            o.batch = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--threads"))
+            threads = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--device")) {
+            ac_target tg; /* a local device: cpu, or the CUDA device this process sees first */
+            ac_err te;
+            if (ac_target_resolve(argv[++i], &tg, &te) || tg.kind == AC_TARGET_PROFILE || tg.ordinal > 0)
+                return usage();
+            o.cuda = tg.kind == AC_TARGET_CUDA;
+        } else
+            return usage();
     }
     ac_set_threads(threads);
     ac_err e = {{0}};
     ac_model m;
     int *ids = NULL;
     size_t n = 0;
-    if (ac_model_load(argv[2], &m, &e)) { fprintf(stderr, "autocompress: %s\n", e.msg); return 1; }
-    if (ac_load_text_ids(argv[2], argv[3], &ids, &n, m.a.vocab, &e)) { fprintf(stderr, "autocompress: %s\n", e.msg); ac_model_free(&m); return 1; }
+    if (ac_model_load(argv[2], &m, &e)) {
+        fprintf(stderr, "autocompress: %s\n", e.msg);
+        return 1;
+    }
+    if (ac_load_text_ids(argv[2], argv[3], &ids, &n, m.a.vocab, &e)) {
+        fprintf(stderr, "autocompress: %s\n", e.msg);
+        ac_model_free(&m);
+        return 1;
+    }
     ac_ppl_result r;
     int rc = ac_perplexity(&m, ids, n, &o, NULL, NULL, NULL, &r, &e);
-    if (rc) fprintf(stderr, "autocompress: %s\n", e.msg);
+    if (rc)
+        fprintf(stderr, "autocompress: %s\n", e.msg);
     else if (json)
-        printf("{\"ppl\":%.6f,\"nll\":%.6f,\"tokens\":%ld,\"scored\":%ld,\"windows\":%d,\"ctx\":%d,\"stride\":%d,\"tok_per_s\":%.1f,\"seconds\":%.3f,\"engine\":\"%s\"}\n",
+        printf("{\"ppl\":%.6f,\"nll\":%.6f,\"tokens\":%ld,\"scored\":%ld,\"windows\":%d,\"ctx\":%d,\"stride\":%d,\"tok_"
+               "per_s\":%.1f,\"seconds\":%.3f,\"engine\":\"%s\"}\n",
                r.ppl, r.nll, r.processed, r.scored, r.windows, o.ctx, o.stride, r.tok_per_s, r.seconds, r.engine);
     else
-        printf("perplexity %.4f over %ld scored tokens (%d windows of %d, %s); %.0f tokens/s (%ld tokens, %.2f s, %s)\n", r.ppl, r.scored,
-               r.windows, o.ctx, o.stride ? "sliding" : "non-overlapping", r.tok_per_s, r.processed, r.seconds, r.engine);
+        printf(
+            "perplexity %.4f over %ld scored tokens (%d windows of %d, %s); %.0f tokens/s (%ld tokens, %.2f s, %s)\n",
+            r.ppl, r.scored, r.windows, o.ctx, o.stride ? "sliding" : "non-overlapping", r.tok_per_s, r.processed,
+            r.seconds, r.engine);
     free(ids);
+    ac_model_free(&m);
+    return rc ? 1 : 0;
+}
+
+static int cmd_export_gguf(int argc, char **argv) {
+    if (argc < 4 || argc > 5 || (argc == 5 && strcmp(argv[4], "--f32"))) return usage();
+    ac_err e = {{0}};
+    ac_model m;
+    char tok[4200];
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", argv[2]);
+    if (ac_model_load(argv[2], &m, &e)) { fprintf(stderr, "autocompress: %s\n", e.msg); return 1; }
+    int rc = ac_gguf_write(&m, tok, argv[3], argc == 5 ? ST_F32 : ST_BF16, &e);
+    if (rc) fprintf(stderr, "autocompress: %s\n", e.msg);
     ac_model_free(&m);
     return rc ? 1 : 0;
 }
@@ -69,7 +121,10 @@ static int cmd_tokenize(int argc, char **argv) {
     ac_tokenizer *t;
     size_t len, n;
     int *ids;
-    if (ac_tok_load(argv[2], &t, &e)) { fprintf(stderr, "autocompress: %s\n", e.msg); return 1; }
+    if (ac_tok_load(argv[2], &t, &e)) {
+        fprintf(stderr, "autocompress: %s\n", e.msg);
+        return 1;
+    }
     char *text = ac_read_file(argv[3], 1u << 30, &len, &e);
     if (!text || ac_tok_encode(t, text, len, &ids, &n, &e)) {
         fprintf(stderr, "autocompress: %s\n", e.msg);
@@ -85,13 +140,84 @@ static int cmd_tokenize(int argc, char **argv) {
     return 0;
 }
 
+/* Importance that keeps the first channels of every kind (no calibration). */
+static int first_channels(const ac_arch *a, ac_importance *imp) {
+    memset(imp, 0, sizeof *imp);
+    imp->n_layers = a->n_layers;
+    imp->hidden = a->hidden;
+    imp->kv_order = calloc(a->n_layers, sizeof *imp->kv_order);
+    imp->ffn_order = calloc(a->n_layers, sizeof *imp->ffn_order);
+    imp->hid_order = malloc(sizeof(int) * (a->hidden + 1));
+    if (!imp->kv_order || !imp->ffn_order || !imp->hid_order) return -1;
+    for (int i = 0; i < a->hidden; i++) imp->hid_order[i] = i;
+    for (int l = 0; l < a->n_layers; l++) {
+        int kv = a->layers[l].n_kv_heads, f = a->layers[l].ffn;
+        imp->kv_order[l] = malloc(sizeof(int) * (kv + 1));
+        imp->ffn_order[l] = malloc(sizeof(int) * (f + 1));
+        if (!imp->kv_order[l] || !imp->ffn_order[l]) return -1;
+        for (int i = 0; i < kv; i++) imp->kv_order[l][i] = i;
+        for (int i = 0; i < f; i++) imp->ffn_order[l][i] = i;
+    }
+    return 0;
+}
+
+static void first_channels_free(ac_importance *imp) {
+    for (int l = 0; l < imp->n_layers; l++) {
+        if (imp->kv_order) free(imp->kv_order[l]);
+        if (imp->ffn_order) free(imp->ffn_order[l]);
+    }
+    free(imp->kv_order);
+    free(imp->ffn_order);
+    free(imp->hid_order);
+}
+
+static int cmd_prune(int argc, char **argv) {
+    if (argc < 5 || argc > 6 || (argc == 6 && strcmp(argv[5], "--deci"))) return usage();
+    ac_err e = {{0}};
+    ac_model m = {0}, pm = {0};
+    ac_arch req = {0}, t = {0};
+    ac_importance imp = {0};
+    json_error_t je;
+    int rc = 1;
+    json_t *aj = json_load_file(argv[3], JSON_REJECT_DUPLICATES, &je);
+    if (!aj) { fprintf(stderr, "autocompress: %s: %s\n", argv[3], je.text); return 1; }
+    if (ac_model_load(argv[2], &m, &e) || ac_arch_from_json(aj, &m.a, &req, &e)) goto out;
+    if (argc == 6 && (ac_deci_pad_arch(&req, &t, &e) || ac_deci_check_arch(&t, &e))) goto out;
+    if (first_channels(&m.a, &imp)) { ac_errf(&e, "out of memory"); goto out; }
+    if (ac_prune(&m, &req, &imp, &pm, &e) || (argc == 6 && ac_deci_pad_model(&pm, &e))) goto out;
+    if (ac_model_save(&pm, argv[4], ST_BF16, &e)) goto out;
+    char src[4200], dst[4200];
+    snprintf(src, sizeof src, "%s/tokenizer.json", argv[2]);
+    snprintf(dst, sizeof dst, "%s/tokenizer.json", argv[4]);
+    FILE *in = fopen(src, "rb"), *o = in ? fopen(dst, "wb") : NULL;
+    char buf[65536];
+    size_t k;
+    while (o && (k = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, k, o);
+    if (in) fclose(in);
+    if (o && fclose(o)) { ac_errf(&e, "cannot write %s", dst); goto out; }
+    rc = 0;
+out:
+    if (rc) fprintf(stderr, "autocompress: %s\n", e.msg);
+    first_channels_free(&imp);
+    ac_model_free(&pm);
+    ac_model_free(&m);
+    ac_arch_free(&req);
+    ac_arch_free(&t);
+    json_decref(aj);
+    return rc;
+}
+
+static void print_json_line(json_t *j) {
+    char *s = json_dumps(j, JSON_COMPACT);
+    if (s) printf("%s\n", s);
+    fflush(stdout);
+    free(s);
+}
+
 static void print_event(void *ud, const char *kind, json_t *data) {
     (void)ud;
     json_t *ev = json_pack("{s:s,s:O}", "kind", kind, "data", data);
-    char *s = json_dumps(ev, JSON_COMPACT);
-    printf("%s\n", s);
-    fflush(stdout);
-    free(s);
+    print_json_line(ev);
     json_decref(ev);
 }
 
@@ -100,12 +226,20 @@ static int cmd_compress(int argc, char **argv) {
     ac_err e = {{0}};
     json_error_t je;
     json_t *spec = json_load_file(argv[2], JSON_REJECT_DUPLICATES, &je);
-    if (!spec) { fprintf(stderr, "autocompress: %s: %s (line %d)\n", argv[2], je.text, je.line); return 1; }
-    ac_job_ctx ctx = {.emit = print_event, .ud = NULL, .cancelled = NULL, .cost_db = getenv("AC_COST_DB"), .store_cost_tables = 1};
+    if (!spec) {
+        fprintf(stderr, "autocompress: %s: %s (line %d)\n", argv[2], je.text, je.line);
+        return 1;
+    }
+    ac_cost_cache cache;
+    costcache_file(&cache, getenv("AC_COST_DB"), 1);
+    ac_job_ctx ctx = {.emit = print_event, .ud = NULL, .cancelled = NULL, .cache = &cache};
     json_t *result = NULL;
-    int rc = ac_job_validate(spec, &e) || ac_job_run(spec, &ctx, &result, &e);
-    if (rc) fprintf(stderr, "autocompress: %s\n", e.msg);
-    else print_event(NULL, "result", result);
+    static ac_job_spec js;
+    int rc = ac_job_spec_parse(spec, &js, NULL, &e) || ac_job_run(&js, &ctx, &result, &e);
+    if (rc)
+        fprintf(stderr, "autocompress: %s\n", e.msg);
+    else
+        print_event(NULL, "result", result);
     json_decref(result);
     json_decref(spec);
     return rc ? 1 : 0;
@@ -115,12 +249,18 @@ static int cmd_estimate(int argc, char **argv) {
     if (argc != 3) return usage();
     json_error_t je;
     json_t *req = json_load_file(argv[2], JSON_REJECT_DUPLICATES, &je);
-    if (!req) { fprintf(stderr, "autocompress: %s: %s\n", argv[2], je.text); return 1; }
+    if (!req) {
+        fprintf(stderr, "autocompress: %s: %s\n", argv[2], je.text);
+        return 1;
+    }
     ac_err e = {{0}};
     json_t *out = NULL;
     const char *field = NULL;
-    int rc = ac_estimate_json(req, getenv("AC_COST_DB"), &out, &field, &e);
-    if (rc) fprintf(stderr, "autocompress: %s%s%s\n", field ? field : "", field ? ": " : "", e.msg);
+    ac_cost_cache cache;
+    costcache_file(&cache, getenv("AC_COST_DB"), 0);
+    int rc = ac_estimate_json(req, &cache, &out, &field, &e);
+    if (rc)
+        fprintf(stderr, "autocompress: %s%s%s\n", field ? field : "", field ? ": " : "", e.msg);
     else {
         char *s = json_dumps(out, JSON_INDENT(2));
         printf("%s\n", s);
@@ -131,11 +271,45 @@ static int cmd_estimate(int argc, char **argv) {
     return rc ? 1 : 0;
 }
 
+static int cmd_validate(int argc, char **argv) {
+    if (argc != 3) return usage();
+    json_error_t je;
+    json_t *spec = json_load_file(argv[2], JSON_REJECT_DUPLICATES, &je);
+    if (!spec) {
+        fprintf(stderr, "autocompress: %s: %s (line %d)\n", argv[2], je.text, je.line);
+        return 1;
+    }
+    static ac_job_spec js;
+    ac_err e = {{0}};
+    const char *field = NULL;
+    int rc = ac_job_spec_parse(spec, &js, &field, &e);
+    json_t *out = rc ? json_pack("{s:b,s:s,s:s}", "ok", 0, "error", e.msg, "field", field ? field : "")
+                     : json_pack("{s:b}", "ok", 1);
+    print_json_line(out);
+    json_decref(out);
+    json_decref(spec);
+    return rc ? 1 : 0;
+}
+
+static int cmd_schema(void) {
+    json_t *s = ac_job_spec_schema();
+    char *txt = json_dumps(s, JSON_INDENT(2));
+    json_decref(s);
+    if (!txt) return 1;
+    printf("%s\n", txt);
+    free(txt);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return usage();
     if (!strcmp(argv[1], "eval")) return cmd_eval(argc, argv);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc, argv);
     if (!strcmp(argv[1], "compress")) return cmd_compress(argc, argv);
     if (!strcmp(argv[1], "estimate")) return cmd_estimate(argc, argv);
+    if (!strcmp(argv[1], "export-gguf")) return cmd_export_gguf(argc, argv);
+    if (!strcmp(argv[1], "prune")) return cmd_prune(argc, argv);
+    if (!strcmp(argv[1], "validate")) return cmd_validate(argc, argv);
+    if (argc == 2 && !strcmp(argv[1], "schema")) return cmd_schema();
     return usage();
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The demo: start the daemon on loopback, submit a compression job for the
-# tiny fortunes model (CPU target, TPOT limit at 75% of the unpruned model's),
-# stream its progress, print the before/after table, stop the daemon.
+# The demo: start the daemon on loopback, measure this CPU's cost table,
+# ask the daemon for the unpruned tiny fortunes model's predicted TPOT on it
+# (POST /v1/estimate) and submit a compression job whose limit is 70% of
+# that figure (AC_DEMO_FRACTION), so the job really prunes; stream its
+# progress, print base / Minitron / AutoCompress, stop the daemon.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${AC_BUILD:-build}
@@ -13,10 +15,24 @@ trap 'kill $DPID 2>/dev/null; wait $DPID 2>/dev/null || true' EXIT
 for i in $(seq 100); do curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null && break; sleep 0.1; done
 echo "daemon up: http://127.0.0.1:$PORT/ (dashboard), data in $DIR"
 M="$PWD/$B/models/tiny"
+WL='{"batch": 1, "prompt_len": 128, "gen_len": 64}'
+FRACTION=${AC_DEMO_FRACTION:-0.70}
+curl -sf -XPOST "http://127.0.0.1:$PORT/v1/cost-tables" -H 'Content-Type: application/json' -d '{"measure": {"device": "cpu"}}' >/dev/null
+echo "measuring this CPU's cost table (POST /v1/cost-tables, about 15 s) ..."
+EST=""
+for i in $(seq 300); do
+  EST=$(curl -sf -XPOST "http://127.0.0.1:$PORT/v1/estimate" -H 'Content-Type: application/json' \
+        -d '{"model": "'"$M"'", "target": {"device": "cpu", "workload": '"$WL"'}}' || true)
+  [ -n "$EST" ] && break
+  sleep 1
+done
+[ -n "$EST" ] || { echo "no estimate: the cost table was not measured"; exit 1; }
+LIMIT=$(echo "$EST" | /usr/bin/python3 -c "import json,sys; print('%.6g' % (json.load(sys.stdin)['figures']['tpot_ms'] * $FRACTION))")
+echo "unpruned model's predicted TPOT on this CPU: $(echo "$EST" | /usr/bin/python3 -c "import json,sys; print('%.4f' % json.load(sys.stdin)['figures']['tpot_ms'])") ms; limit ${FRACTION} x = $LIMIT ms"
 cat > "$DIR/spec.json" <<JSON
 {"name": "demo-tiny-cpu", "model": "$M", "calibration": "$PWD/$B/data/calib.txt", "heldout": "$PWD/$B/data/heldout.txt",
- "target": {"device": "cpu", "workload": {"batch": 1, "prompt_len": 128, "gen_len": 64}},
- "constraints": {"max_tpot_ms": 0.45}, "search": {"steps": 300, "seed": 0, "export_target": "gguf-deci"},
+ "target": {"device": "cpu", "workload": $WL},
+ "constraints": {"max_tpot_ms": $LIMIT}, "search": {"steps": 300, "seed": 0, "export_target": "gguf-deci"},
  "calibration_tokens": 8192, "eval": {"ctx": 128, "windows": 48}}
 JSON
 JOB=$(curl -sf -XPOST "http://127.0.0.1:$PORT/v1/jobs" -H 'Content-Type: application/json' --data @"$DIR/spec.json" | sed 's/.*"id":\([0-9]*\).*/\1/;q')
@@ -34,16 +50,30 @@ curl -sf "http://127.0.0.1:$PORT/v1/jobs/$JOB/result" > "$DIR/result.json" || { 
 /usr/bin/python3 - "$DIR/result.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
+m = r["measured_local"]
 print()
 print(f"target {r['target']['device_name']}, workload {r['target']['workload']}, constraints {r['constraints']}")
-print(f"{'':14} {'ppl':>8} {'tpot_ms':>9} {'ttft_ms':>9} {'params':>10}")
+print(f"held-out perplexity ({r['eval_protocol']['scored_tokens']} tokens); predicted figures on the target; "
+      f"measured on this CPU (b{m['workload']['batch']} p{m['workload']['prompt_len']} g{m['workload']['gen_len']}, best of 3)")
+print(f"{'':14} {'ppl':>8} {'pred tpot':>10} {'pred ttft':>10} {'params':>9} {'meas tpot':>10} {'meas ttft':>10}  architecture")
+def arch(a):
+    L = [l for l in a["layers"] if l["heads"] or l["ffn"]]
+    s = {(l["heads"], l["kv_heads"], l["ffn"]) for l in L}
+    if len(s) == 1:
+        h, kv, f = s.pop()
+        return f"{len(L)} layers x (heads {h}, kv {kv}, ffn {f}), hidden {a['hidden']}"
+    return f"per layer (heads, kv, ffn) {[(l['heads'], l['kv_heads'], l['ffn']) for l in a['layers']]}, hidden {a['hidden']}"
 for k in ("baseline", "minitron", "autocompress"):
     x = r[k]; p = x["predicted"]
-    print(f"{k:14} {x['perplexity']:8.2f} {p['tpot_ms']:9.4f} {p['ttft_ms']:9.3f} {p['params']:10.0f}")
-m = r["measured_local"]
-print(f"measured on this CPU (b{m['workload']['batch']} p{m['workload']['prompt_len']} g{m['workload']['gen_len']}): "
-      f"tpot {m['base']['tpot_ms']:.3f} -> {m['result']['tpot_ms']:.3f} ms, ttft {m['base']['ttft_ms']:.2f} -> {m['result']['ttft_ms']:.2f} ms")
-print("per-layer result (kv_heads, ffn):", [(l["kv_heads"], l["ffn"]) for l in r[r["chosen"]]["architecture"]["layers"]],
-      "hidden", r[r["chosen"]]["architecture"]["hidden"])
-print("exported to", r["export"]["dir"], "as", r["export"]["format"])
+    meas = m["base"] if k == "baseline" else m["result"] if k == r["chosen"] else m.get(k)
+    mt = f"{meas['tpot_ms']:10.4f} {meas['ttft_ms']:10.3f}" if meas else f"{'-':>10} {'-':>10}"
+    a = arch(x["architecture"]) if "architecture" in x else arch(r["model"]["architecture"])
+    print(f"{k:14} {x['perplexity']:8.2f} {p['tpot_ms']:10.4f} {p['ttft_ms']:10.3f} {p['params']:9.0f} {mt}  {a}")
+mt = r["minitron"]
+if "candidates" in mt:
+    print(f"Minitron (Model-Optimizer's search): {mt['grid_size']} grid points, {mt['grid_feasible']} within the limit, "
+          f"top {len(mt['candidates'])} pruned and scored on calibration text (ppl):",
+          ", ".join(f"h{c['hidden_size']}/f{c['ffn_hidden_size']}/a{c['num_attention_heads']}/L{c['num_layers']}: {c.get('calib_ppl', float('nan')):.1f}"
+                    for c in mt["candidates"]), f"; layers dropped: {mt['layers_dropped']}")
+print(f"chosen: {r['chosen']}; exported to {r['export']['dir']} as {r['export']['format']}")
 PY

@@ -3,6 +3,9 @@
 "use strict";
 const $ = (s) => document.querySelector(s);
 const STAGES = ["load", "calibrate", "profile", "search", "prune", "evaluate", "export"];
+// the bar shown: STAGES, with "distill" after prune when the job distils (its stage events count one more)
+let stages = STAGES;
+function drawStages() { $("#stages").innerHTML = stages.map((s) => `<span>${s}</span>`).join(""); }
 let source = null;
 
 function token() { return localStorage.getItem("ac_token") || ""; }
@@ -129,7 +132,9 @@ function onEvent(kind, data) {
   pre.textContent += `${kind}: ${JSON.stringify(data).slice(0, 300)}\n`;
   pre.scrollTop = pre.scrollHeight;
   if (kind === "stage") {
-    const idx = STAGES.indexOf(data.stage);
+    const want = data.of > STAGES.length ? [...STAGES.slice(0, 5), "distill", ...STAGES.slice(5)] : STAGES;
+    if (want.length !== stages.length) { stages = want; drawStages(); }
+    const idx = stages.indexOf(data.stage);
     document.querySelectorAll("#stages span").forEach((s, i) => { s.className = i < idx ? "done" : i === idx ? "now" : ""; });
   } else if (kind === "log" && data.architecture) {
     baseLayers = data.architecture.layers;
@@ -199,7 +204,8 @@ async function openJob(id) {
   $("#events").textContent = ""; $("#arch").innerHTML = ""; archHistory.length = 0; $("#summary tbody").innerHTML = "";
   series.loss = []; series.metric = []; series.limit = null; series.distill = {}; baseLayers = null;
   $("#distill-fig").hidden = true;
-  $("#stages").innerHTML = STAGES.map((s) => `<span>${s}</span>`).join("");
+  stages = STAGES;
+  drawStages();
   const r = await api("GET", "/v1/jobs/" + id);
   if (r.status !== 200) { $("#job-reason").textContent = r.data && r.data.error ? r.data.error.message : "HTTP " + r.status; return; }
   $("#job-state").textContent = r.data.state; $("#job-state").className = "state " + r.data.state;

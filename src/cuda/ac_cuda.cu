@@ -2,6 +2,7 @@
 // first (one block per row / per (row, head)); cuBLAS carries the GEMMs,
 // which dominate the cost.
 #include "ac_cuda.h"
+#include "ac_cuda_train.h"
 
 #ifdef AC_CUDA_EMU
 #include "cuda_emu.h" // tests: the CPU emulation in tests/cuda_emu
@@ -236,23 +237,28 @@ static cublasStatus_t gemm(cublasHandle_t hdl, float *y, const bf16 *x, const bf
                         out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
-extern "C" int acc_device_count(void) {
+static int acc_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
 
-extern "C" int acc_device_info(int dev, char *name, size_t n, double *mem_gib, int *sms, int *cc) {
+static int acc_device_info(int dev, char *name, size_t n, double *mem_gib, int *sms, int *cc) {
     cudaDeviceProp p;
     if (cudaGetDeviceProperties(&p, dev) != cudaSuccess) return -1;
-    snprintf(name, n, "%s", p.name);
+    size_t l = strnlen(p.name, sizeof p.name);
+    if (n) {
+        if (l >= n) l = n - 1;
+        memcpy(name, p.name, l);
+        name[l] = 0;
+    }
     *mem_gib = p.totalGlobalMem / 1073741824.0;
     *sms = p.multiProcessorCount;
     *cc = p.major * 10 + p.minor;
     return 0;
 }
 
-extern "C" void acc_engine_free(acc_engine *en) {
+static void acc_engine_free(acc_engine *en) {
     if (!en) return;
     cudaSetDevice(en->dev);
     for (auto &l : en->L) {
@@ -268,7 +274,8 @@ extern "C" void acc_engine_free(acc_engine *en) {
     delete en;
 }
 
-extern "C" int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_ctx, acc_engine **out, char *err, size_t errn) {
+static int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_ctx, const float *rope_cos, const float *rope_sin,
+                             acc_engine **out, char *err, size_t errn) {
     const ac_arch *a = &m->a;
     acc_engine *en = new acc_engine();
     memset(&en->a, 0, sizeof en->a);
@@ -331,27 +338,9 @@ extern "C" int acc_engine_create(int dev, const ac_model *m, int max_batch, int 
     CK(cudaMalloc(&en->tok, N * sizeof(int)));
     CK(cudaMalloc(&en->target, N * sizeof(int)));
     CK(cudaMalloc(&en->nll, N * sizeof(float)));
-    {
-        std::vector<float> cs((size_t)max_ctx * hd / 2), sn(cs.size()), inv(hd / 2);
-        for (size_t i = 0; i < hd / 2; i++) {
-            float f = 1.0f / powf(a->rope_theta, (float)(2 * i) / (float)hd);
-            if (a->rope_llama3) {
-                float lo_wl = a->rs_orig / a->rs_low, hi_wl = a->rs_orig / a->rs_high, wl = 2.0f * (float)M_PI / f;
-                if (wl > lo_wl) f = f / a->rs_factor;
-                else if (wl >= hi_wl) {
-                    float s = ((float)a->rs_orig / wl - a->rs_low) / (a->rs_high - a->rs_low);
-                    f = (1 - s) * f / a->rs_factor + s * f;
-                }
-            }
-            inv[i] = f;
-        }
-        for (int p = 0; p < max_ctx; p++)
-            for (size_t i = 0; i < hd / 2; i++) {
-                cs[p * hd / 2 + i] = cosf((float)p * inv[i]);
-                sn[p * hd / 2 + i] = sinf((float)p * inv[i]);
-            }
-        if (upload_f32(&en->cs, cs.data(), cs.size(), err, errn) || upload_f32(&en->sn, sn.data(), sn.size(), err, errn)) goto fail;
-    }
+    if (upload_f32(&en->cs, rope_cos, (size_t)max_ctx * hd / 2, err, errn) ||
+        upload_f32(&en->sn, rope_sin, (size_t)max_ctx * hd / 2, err, errn))
+        goto fail;
     *out = en;
     return 0;
 fail:
@@ -422,7 +411,7 @@ static cublasStatus_t head_chunk(acc_engine *en, int r0, int c) {
     return gemm(en->blas, en->logits, en->xn + (size_t)r0 * en->a.hidden, en->lm_head, c, en->a.hidden, en->a.vocab, 0);
 }
 
-extern "C" int acc_engine_forward(acc_engine *en, const int *tokens, int B, int n, int pos0, int last_only, float *logits, char *err,
+static int acc_engine_forward(acc_engine *en, const int *tokens, int B, int n, int pos0, int last_only, float *logits, char *err,
                                   size_t errn) {
     int rows = forward_device(en, tokens, B, n, pos0, last_only, err, errn);
     if (rows < 0) return -1;
@@ -437,7 +426,7 @@ fail:
     return -1;
 }
 
-extern "C" int acc_engine_update(acc_engine *en, int layer, int which, const float *w, size_t n, char *err, size_t errn) {
+static int acc_engine_update(acc_engine *en, int layer, int which, const float *w, size_t n, char *err, size_t errn) {
     if (layer < 0 || layer >= en->a.n_layers) { snprintf(err, errn, "no layer %d", layer); return -1; }
     const ac_layer_arch *la = &en->a.layers[layer];
     layer_d &d = en->L[layer];
@@ -459,7 +448,7 @@ fail:
     return -1;
 }
 
-extern "C" int acc_engine_nll(acc_engine *en, const int *tokens, const int *targets, int B, int n, int pos0, float *nll, char *err,
+static int acc_engine_nll(acc_engine *en, const int *tokens, const int *targets, int B, int n, int pos0, float *nll, char *err,
                               size_t errn) {
     for (int i = 0; B > 0 && n > 0 && i < B * n; i++) // checked before any work is done
         if (targets[i] >= en->a.vocab) {
@@ -538,7 +527,7 @@ fail:
     return -1;
 }
 
-extern "C" int acc_time_gemm(int dev, int m, int n, int k, double *us, char *err, size_t errn) {
+static int acc_time_gemm(int dev, int m, int n, int k, double *us, char *err, size_t errn) {
     gemm_bench b;
     if (gemm_bench_init(b, dev, (size_t)m * k, (size_t)m * n, err, errn)) return -1;
     int rc = gemm_bench_time(b, m, n, k, us, err, errn);
@@ -577,7 +566,7 @@ fail:
     return -1;
 }
 
-extern "C" int acc_measure_table(int dev, ac_cost_table *t, char *err, size_t errn) {
+static int acc_measure_table(int dev, ac_cost_table *t, char *err, size_t errn) {
     memset(t, 0, sizeof *t);
     static const double GM[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096};
     static const double GNK[] = {256, 512, 1024, 2048, 4096, 8192, 16384};
@@ -655,4 +644,12 @@ fail:
     free(t->attn_us);
     t->gemm_us = t->attn_us = nullptr;
     return -1;
+}
+
+extern "C" const ac_cuda_api *acc_api(void) {
+    static const ac_cuda_api api = {acc_device_count,   acc_device_info,   acc_engine_create,  acc_engine_forward,
+                                    acc_engine_nll,     acc_engine_update, acc_engine_free,    acc_time_gemm,
+                                    acc_measure_table,  acc_trainer_create, acc_trainer_grad,  acc_trainer_step,
+                                    acc_trainer_download, acc_trainer_gates, acc_trainer_free};
+    return &api;
 }

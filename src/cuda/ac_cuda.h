@@ -9,7 +9,7 @@
  * stream and logits. All device memory is allocated once at create.
  * Micro-benchmarks: GEMM and attention timed with CUDA events (cold weights
  * rotated through a pool larger than L2), filling an ac_cost_table.
- * Every function returns 0 or -1 with a message in err.
+ * The plugin exports one symbol, acc_api, the table of its functions.
  */
 #ifndef AC_CUDA_H
 #define AC_CUDA_H
@@ -22,26 +22,53 @@ extern "C" {
 
 #include "costmodel.h"
 #include "model.h"
+#include "train.h"
 
 typedef struct acc_engine acc_engine;
+typedef struct acc_trainer acc_trainer;
 
-int acc_device_count(void);
-int acc_device_info(int dev, char *name, size_t n, double *mem_gib, int *sms, int *cc);
-int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_ctx, acc_engine **out, char *err, size_t errn);
-/* Same contract as ac_engine_forward; logits copied to host (B*n or B rows of V). */
-int acc_engine_forward(acc_engine *en, const int *tokens, int B, int n, int pos0, int last_only, float *logits, char *err, size_t errn);
-/* Forward over all B*n positions, then cross-entropy on the device: nll[i]
- * = -log softmax(logits[i])[targets[i]] for row i = b*n + t, 0 where
- * targets[i] < 0. Only B*n floats come back to the host, not the logits. */
-int acc_engine_nll(acc_engine *en, const int *tokens, const int *targets, int B, int n, int pos0, float *nll, char *err, size_t errn);
-/* Re-upload one weight matrix of a layer (which: ac_wmat) from host FP32
- * after the caller changed it; n must be the matrix's element count. */
-int acc_engine_update(acc_engine *en, int layer, int which, const float *w, size_t n, char *err, size_t errn);
-void acc_engine_free(acc_engine *en);
-/* Time one BF16 GEMM (FP32 accumulate): y[m,n] = x[m,k] w[n,k]^T, median microseconds. */
-int acc_time_gemm(int dev, int m, int n, int k, double *us, char *err, size_t errn);
-/* Measure a full cost table for device dev. */
-int acc_measure_table(int dev, ac_cost_table *t, char *err, size_t errn);
+/* The plugin's ABI, written once: the table acc_api() returns. Every
+ * function returns 0 or -1 with a message in err (errn bytes). */
+typedef struct {
+    int (*device_count)(void);
+    int (*device_info)(int dev, char *name, size_t n, double *mem_gib, int *sms, int *cc);
+    /* rope_cos/rope_sin: the host's RoPE tables, [max_ctx][head_dim/2]
+     * (ac_rope_tables), so both backends rotate by the same numbers. */
+    int (*engine_create)(int dev, const ac_model *m, int max_batch, int max_ctx, const float *rope_cos,
+                         const float *rope_sin, acc_engine **out, char *err, size_t errn);
+    /* Same contract as ac_engine_forward; logits copied to host (B*n or B rows of V). */
+    int (*engine_forward)(acc_engine *en, const int *tokens, int B, int n, int pos0, int last_only, float *logits,
+                          char *err, size_t errn);
+    /* Forward over all B*n positions, then cross-entropy on the device:
+     * nll[i] = -log softmax(logits[i])[targets[i]] for row i = b*n + t, 0
+     * where targets[i] < 0. Only B*n floats come back to the host. */
+    int (*engine_nll)(acc_engine *en, const int *tokens, const int *targets, int B, int n, int pos0, float *nll,
+                      char *err, size_t errn);
+    /* Re-upload one weight matrix of a layer (which: ac_wmat) from host FP32
+     * after the caller changed it; n must be the matrix's element count. */
+    int (*engine_update)(acc_engine *en, int layer, int which, const float *w, size_t n, char *err, size_t errn);
+    void (*engine_free)(acc_engine *en);
+    /* Time one BF16 GEMM (FP32 accumulate): y[m,n] = x[m,k] w[n,k]^T, median microseconds. */
+    int (*time_gemm)(int dev, int m, int n, int k, double *us, char *err, size_t errn);
+    /* Measure a full cost table for device dev. */
+    int (*measure_table)(int dev, ac_cost_table *t, char *err, size_t errn);
+    /* Training (ac_cuda_train.h, whose acc_trainer_* functions these are):
+     * the training pass of train.c and the AdamW step of optim.c on the
+     * device, for distillation on a local GPU. rope_cos/rope_sin as for
+     * engine_create ([max_T][head_dim/2]). */
+    int (*trainer_create)(int dev, const ac_model *m, int max_B, int max_T, const float *rope_cos,
+                          const float *rope_sin, acc_trainer **out, char *err, size_t errn);
+    int (*trainer_grad)(acc_trainer *t, const int *tokens, const int *targets, const float *teacher, int B, int T,
+                        float tau, float kd_weight, float scale, double *loss, char *err, size_t errn);
+    int (*trainer_step)(acc_trainer *t, float lr, float beta1, float beta2, float eps, float weight_decay, float clip,
+                        long step, double *gnorm, char *err, size_t errn);
+    int (*trainer_download)(acc_trainer *t, ac_model *w, ac_model *g, char *err, size_t errn);
+    int (*trainer_gates)(acc_trainer *t, const ac_gates *g, ac_gates *dg, int zero_grad, char *err, size_t errn);
+    void (*trainer_free)(acc_trainer *t);
+} ac_cuda_api;
+
+/* The plugin's one exported entry point. */
+const ac_cuda_api *acc_api(void);
 
 #ifdef __cplusplus
 }

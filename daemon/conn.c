@@ -1,0 +1,125 @@
+/* conn.c - see conn.h. */
+#include "conn.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "err.h"
+
+typedef struct conn {
+    struct conn *prev, *next;
+    int fd, phase;
+    double since;
+} conn;
+
+struct conn_guard {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    conn head; /* list sentinel */
+    double header_s, body_s;
+    long cut;
+    int stopping;
+    pthread_t th;
+};
+
+static void *sweeper(void *arg) {
+    conn_guard *g = arg;
+    pthread_mutex_lock(&g->mu);
+    while (!g->stopping) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 250000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+        double now = ac_now();
+        for (conn *c = g->head.next; c != &g->head; c = c->next) {
+            double limit = c->phase == CONN_HEAD ? g->header_s : c->phase == CONN_BODY ? g->body_s : 0;
+            if (limit > 0 && now - c->since > limit && c->fd >= 0) {
+                /* The socket stays open (libmicrohttpd owns it); shutdown
+                 * makes its next read fail, and it closes the connection. */
+                shutdown(c->fd, SHUT_RDWR);
+                c->fd = -1;
+                g->cut++;
+            }
+        }
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+conn_guard *guard_new(int header_timeout_s, int body_timeout_s) {
+    conn_guard *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->head.next = g->head.prev = &g->head;
+    g->header_s = header_timeout_s;
+    g->body_s = body_timeout_s;
+    if (pthread_create(&g->th, NULL, sweeper, g)) {
+        pthread_mutex_destroy(&g->mu);
+        pthread_cond_destroy(&g->cv);
+        free(g);
+        return NULL;
+    }
+    return g;
+}
+
+void guard_free(conn_guard *g) {
+    if (!g) return;
+    pthread_mutex_lock(&g->mu);
+    g->stopping = 1;
+    pthread_cond_signal(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    pthread_join(g->th, NULL);
+    for (conn *c = g->head.next, *n; c != &g->head; c = n) { n = c->next; free(c); }
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    free(g);
+}
+
+void guard_notify(void *cls, struct MHD_Connection *mc, void **socket_context, enum MHD_ConnectionNotificationCode code) {
+    conn_guard *g = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn *c = calloc(1, sizeof *c);
+        *socket_context = c;
+        if (!c) return; /* untracked: only the inactivity timeout applies */
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        c->fd = ci ? ci->connect_fd : -1;
+        c->phase = CONN_HEAD;
+        c->since = ac_now();
+        pthread_mutex_lock(&g->mu);
+        c->next = g->head.next;
+        c->prev = &g->head;
+        g->head.next->prev = c;
+        g->head.next = c;
+        pthread_mutex_unlock(&g->mu);
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        conn *c = *socket_context;
+        if (!c) return;
+        pthread_mutex_lock(&g->mu);
+        c->prev->next = c->next;
+        c->next->prev = c->prev;
+        pthread_mutex_unlock(&g->mu);
+        free(c);
+        *socket_context = NULL;
+    }
+}
+
+void guard_phase(conn_guard *g, struct MHD_Connection *mc, int phase) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    conn *c = ci ? ci->socket_context : NULL;
+    if (!c) return;
+    pthread_mutex_lock(&g->mu);
+    c->phase = phase;
+    c->since = ac_now();
+    pthread_mutex_unlock(&g->mu);
+}
+
+long guard_cut(conn_guard *g) {
+    pthread_mutex_lock(&g->mu);
+    long n = g->cut;
+    pthread_mutex_unlock(&g->mu);
+    return n;
+}

@@ -1,0 +1,30 @@
+/*
+ * conn.h - the HTTP front's own ledger of its connections, for deadlines
+ * libmicrohttpd does not have: it only times out *inactivity*, which a client
+ * trickling a byte every few seconds never reaches. Each connection is in a
+ * phase with a start time: HEAD (waiting for a complete request head; also
+ * an idle keep-alive connection), BODY (receiving the body), BUSY (being
+ * answered) or SSE (an event stream, never cut). A sweeper thread shuts
+ * down the socket of a connection past header_timeout_s in HEAD or
+ * body_timeout_s in BODY; libmicrohttpd then sees the closed socket and
+ * frees the slot.
+ */
+#ifndef AC_CONN_H
+#define AC_CONN_H
+
+#include <microhttpd.h>
+
+enum { CONN_HEAD, CONN_BODY, CONN_BUSY, CONN_SSE };
+
+typedef struct conn_guard conn_guard;
+
+conn_guard *guard_new(int header_timeout_s, int body_timeout_s);
+void guard_free(conn_guard *g);
+/* MHD_OPTION_NOTIFY_CONNECTION callback (cls = the guard). */
+void guard_notify(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code);
+/* Move a connection to a phase (restarts its clock). */
+void guard_phase(conn_guard *g, struct MHD_Connection *c, int phase);
+/* Connections cut for missing a deadline so far. */
+long guard_cut(conn_guard *g);
+
+#endif

@@ -1,0 +1,112 @@
+/* api.c - see api.h. */
+#include "api.h"
+
+#include <string.h>
+
+#include "jobspec.h"
+
+int ac_cost_measure_validate(const json_t *req, const char **field, ac_err *e) {
+    *field = "measure";
+    if (!json_is_object(req)) return ac_errf(e, "measure must be an object");
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)req, k, v) {
+        if (strcmp(k, "device") && strcmp(k, "threads")) {
+            *field = "measure";
+            return ac_errf(e, "measure: unknown field %s", k);
+        }
+    }
+    json_t *d = json_object_get(req, "device"), *th = json_object_get(req, "threads");
+    *field = "measure.device";
+    if (!json_is_string(d) || strcmp(json_string_value(d), "cpu"))
+        return ac_errf(e, "measure.device must be \"cpu\" (CUDA tables are measured by the CUDA backend)");
+    *field = "measure.threads";
+    if (th && (!json_is_integer(th) || json_integer_value(th) < 1 || json_integer_value(th) > 256))
+        return ac_errf(e, "measure.threads must be an integer in [1, 256]");
+    return 0;
+}
+
+void ac_cost_measure_key(const json_t *req, char *key, size_t n) {
+    json_t *th = json_object_get(req, "threads");
+    ac_cost_cpu_key(th ? (int)json_integer_value(th) : 2, key, n, NULL, 0);
+}
+
+int ac_cost_measure_json(const json_t *req, json_t **table, ac_err *e) {
+    json_t *th = json_object_get(req, "threads");
+    ac_cost_table t;
+    if (ac_cost_measure_cpu(th ? (int)json_integer_value(th) : 2, NULL, NULL, &t, e)) return -1;
+    *table = ac_cost_table_to_json(&t);
+    ac_cost_table_free(&t);
+    return 0;
+}
+
+/* The architecture an estimate is for: a model directory's, or a JSON
+ * architecture (over the model's, or over Llama-7B-like defaults). */
+static int estimate_arch(const json_t *req, ac_arch *arch, const char **field, ac_err *e) {
+    ac_arch base;
+    memset(&base, 0, sizeof base);
+    json_t *model = json_object_get(req, "model"), *aj = json_object_get(req, "architecture");
+    if (model) {
+        *field = "model";
+        if (!json_is_string(model)) return ac_errf(e, "model must be a path string");
+        if (ac_arch_load(json_string_value(model), &base, e)) return -1;
+    } else {
+        *field = "architecture";
+        if (!aj) return ac_errf(e, "need model (a model directory) or architecture");
+        base.vocab = 32000;
+        base.hidden = 4096;
+        base.head_dim = 128;
+        base.n_layers = 0;
+    }
+    if (!aj) {
+        *arch = base;
+        return 0;
+    }
+    *field = "architecture";
+    int rc = ac_arch_from_json(aj, &base, arch, e);
+    ac_arch_free(&base);
+    return rc;
+}
+
+int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, json_t **out, const char **field, ac_err *e) {
+    *field = NULL;
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)req, k, v) {
+        if (strcmp(k, "model") && strcmp(k, "architecture") && strcmp(k, "target")) {
+            *field = k;
+            return ac_errf(e, "unknown field %s", k);
+        }
+    }
+    ac_target_spec tg; /* 4 KB */
+    ac_arch arch;
+    if (estimate_arch(req, &arch, field, e)) return -1;
+    if (ac_target_spec_parse(json_object_get(req, "target"), &tg, "target", field, e)) {
+        ac_arch_free(&arch);
+        return -1;
+    }
+    ac_cost_table t;
+    int hit;
+    *field = "target.device";
+    if (ac_cost_table_for(&tg.dev, ac_engine_profile_dtype(&tg.engine), cache, 2, 0, NULL, NULL, &t, &hit, e)) {
+        ac_arch_free(&arch);
+        return -1;
+    }
+    ac_carch c;
+    if (ac_carch_from_arch(&arch, &c, e)) {
+        ac_cost_table_free(&t);
+        ac_arch_free(&arch);
+        return -1;
+    }
+    ac_cost r;
+    const ac_workload *w = &tg.workload;
+    ac_cost_predict(&t, &c, w, &tg.engine, 0, &r);
+    *out = json_pack("{s:s,s:s,s:s,s:o,s:o,s:{s:i,s:i,s:i}}", "device", t.device, "cost_table", t.key, "source",
+                     t.source, "figures", ac_cost_to_json(&r), "architecture", ac_arch_to_json(&arch), "workload",
+                     "batch", w->batch, "prompt_len", w->prompt_len, "gen_len", w->gen_len);
+    ac_carch_free(&c);
+    ac_cost_table_free(&t);
+    ac_arch_free(&arch);
+    *field = NULL;
+    return *out ? 0 : ac_errf(e, "out of memory");
+}

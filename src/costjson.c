@@ -1,0 +1,160 @@
+/*
+ * costjson.c - cost tables to and from JSON (cache rows, export, import),
+ * with validation that names the offending field. See costmodel.h.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "costmodel.h"
+
+static json_t *darr(const double *v, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_real(v[i]));
+    return a;
+}
+
+json_t *ac_cost_table_to_json(const ac_cost_table *t) {
+    json_t *j = json_pack("{s:s,s:s,s:s,s:s,s:i,s:s,s:f,s:f}", "key", t->key, "device", t->device, "dtype", t->dtype,
+                          "engine", t->engine, "version", t->version, "source", t->source, "memory_gib", t->mem_gib,
+                          "measure_seconds", t->measure_s);
+    if (t->roofline) {
+        json_object_set_new(j, "roofline",
+                            json_pack("{s:f,s:f,s:f,s:f,s:f}", "peak_tflops", t->peak_tflops, "bandwidth_gbs",
+                                      t->bw_gbs, "eta_compute", t->eta_c, "eta_memory", t->eta_m, "launch_us",
+                                      t->launch_us));
+        return j;
+    }
+    json_object_set_new(j, "gemm",
+                        json_pack("{s:o,s:o,s:o,s:o}", "m", darr(t->gm, t->nm), "n", darr(t->gn, t->nn), "k",
+                                  darr(t->gk, t->nk), "us", darr(t->gemm_us, t->nm * t->nn * t->nk)));
+    if (t->gemm_warm_us)
+        json_object_set_new(json_object_get(j, "gemm"), "warm_us", darr(t->gemm_warm_us, t->nm * t->nn * t->nk));
+    json_object_set_new(j, "cache_bytes", json_real(t->cache_bytes));
+
+    json_object_set_new(j, "attention",
+                        json_pack("{s:o,s:o,s:o,s:o}", "head_dims", darr(t->ahd, t->nhd), "queries",
+                                  darr(t->aq, t->naq), "extra_keys", darr(t->as, t->nas), "us",
+                                  darr(t->attn_us, t->nhd * t->naq * t->nas)));
+    json_object_set_new(j, "elementwise_ns", json_real(t->elem_ns));
+    json_object_set_new(j, "launch_us", json_real(t->launch_us));
+    return j;
+}
+
+static int get_grid(const json_t *a, double *out, int *n, const char **field, const char *name, ac_err *e) {
+    *field = name;
+    if (!json_is_array(a) || json_array_size(a) < 1 || json_array_size(a) > AC_CT_MAXG)
+        return ac_errf(e, "%s must be an array of 1..%d numbers", name, AC_CT_MAXG);
+    *n = (int)json_array_size(a);
+    for (int i = 0; i < *n; i++) {
+        json_t *v = json_array_get(a, i);
+        if (!json_is_number(v) || json_number_value(v) <= 0 || (i && json_number_value(v) <= out[i - 1]))
+            return ac_errf(e, "%s must hold positive, increasing numbers", name);
+        out[i] = json_number_value(v);
+    }
+    return 0;
+}
+
+static int get_vals(const json_t *a, double **out, int n, const char **field, const char *name, ac_err *e) {
+    *field = name;
+    if (!json_is_array(a) || (int)json_array_size(a) != n) return ac_errf(e, "%s must hold %d numbers", name, n);
+    *out = malloc(sizeof(double) * n);
+    if (!*out) return ac_errf(e, "out of memory");
+    for (int i = 0; i < n; i++) {
+        json_t *v = json_array_get(a, i);
+        if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v))) {
+            free(*out);
+            *out = NULL;
+            return ac_errf(e, "%s must hold positive numbers", name);
+        }
+        (*out)[i] = json_number_value(v);
+    }
+    return 0;
+}
+
+static int table_parse(const json_t *j, ac_cost_table *t, const char **field, ac_err *e) {
+    memset(t, 0, sizeof *t);
+    const char *f2;
+    if (!field) field = &f2;
+    if (!json_is_object(j)) {
+        *field = "table";
+        return ac_errf(e, "table must be an object");
+    }
+    static const char *strs[] = {"key", "device", "dtype", "engine"};
+    char *dst[] = {t->key, t->device, t->dtype, t->engine};
+    size_t sz[] = {sizeof t->key, sizeof t->device, sizeof t->dtype, sizeof t->engine};
+    for (int i = 0; i < 4; i++) {
+        json_t *v = json_object_get(j, strs[i]);
+        *field = strs[i];
+        if (!json_is_string(v) || json_string_length(v) == 0 || json_string_length(v) >= sz[i])
+            return ac_errf(e, "table.%s must be a non-empty string", strs[i]);
+        snprintf(dst[i], sz[i], "%s", json_string_value(v));
+    }
+    json_t *ver = json_object_get(j, "version");
+    *field = "version";
+    if (!json_is_integer(ver) || json_integer_value(ver) != AC_CT_VERSION)
+        return ac_errf(e, "table.version must be %d", AC_CT_VERSION);
+    t->version = AC_CT_VERSION;
+    snprintf(t->source, sizeof t->source, "%s",
+             json_string_value(json_object_get(j, "source")) ? json_string_value(json_object_get(j, "source"))
+                                                             : "imported");
+    json_t *mem = json_object_get(j, "memory_gib");
+    *field = "memory_gib";
+    if (!json_is_number(mem) || json_number_value(mem) <= 0)
+        return ac_errf(e, "table.memory_gib must be a positive number");
+    t->mem_gib = json_number_value(mem);
+    json_t *rl = json_object_get(j, "roofline");
+    if (rl) {
+        t->roofline = 1;
+        static const char *rk[] = {"peak_tflops", "bandwidth_gbs", "eta_compute", "eta_memory", "launch_us"};
+        double *rd[] = {&t->peak_tflops, &t->bw_gbs, &t->eta_c, &t->eta_m, &t->launch_us};
+        for (int i = 0; i < 5; i++) {
+            json_t *v = json_object_get(rl, rk[i]);
+            *field = rk[i];
+            if (!json_is_number(v) || json_number_value(v) < 0 || (i < 4 && json_number_value(v) <= 0))
+                return ac_errf(e, "table.roofline.%s must be a positive number", rk[i]);
+            *rd[i] = json_number_value(v);
+        }
+        return 0;
+    }
+    json_t *g = json_object_get(j, "gemm"), *a = json_object_get(j, "attention");
+    if (get_grid(json_object_get(g, "m"), t->gm, &t->nm, field, "gemm.m", e) ||
+        get_grid(json_object_get(g, "n"), t->gn, &t->nn, field, "gemm.n", e) ||
+        get_grid(json_object_get(g, "k"), t->gk, &t->nk, field, "gemm.k", e) ||
+        get_vals(json_object_get(g, "us"), &t->gemm_us, t->nm * t->nn * t->nk, field, "gemm.us", e) ||
+        get_grid(json_object_get(a, "queries"), t->aq, &t->naq, field, "attention.queries", e) ||
+        get_grid(json_object_get(a, "extra_keys"), t->as, &t->nas, field, "attention.extra_keys", e) ||
+        get_grid(json_object_get(a, "head_dims"), t->ahd, &t->nhd, field, "attention.head_dims", e) ||
+        get_vals(json_object_get(a, "us"), &t->attn_us, t->nhd * t->naq * t->nas, field, "attention.us", e)) {
+        ac_cost_table_free(t);
+        return -1;
+    }
+    json_t *el = json_object_get(j, "elementwise_ns"), *lu = json_object_get(j, "launch_us");
+    *field = "elementwise_ns";
+    if (!json_is_number(el) || json_number_value(el) < 0) {
+        ac_cost_table_free(t);
+        return ac_errf(e, "elementwise_ns must be a number >= 0");
+    }
+    t->elem_ns = json_number_value(el);
+    t->launch_us = json_is_number(lu) ? json_number_value(lu) : 0;
+    json_t *cb = json_object_get(j, "cache_bytes");
+    t->cache_bytes = json_is_number(cb) && json_number_value(cb) > 0 ? json_number_value(cb) : 0;
+    if (json_object_get(g, "warm_us") &&
+        get_vals(json_object_get(g, "warm_us"), &t->gemm_warm_us, t->nm * t->nn * t->nk, field, "gemm.warm_us", e)) {
+        ac_cost_table_free(t);
+        return -1;
+    }
+
+    t->measure_s = json_number_value(json_object_get(j, "measure_seconds"));
+    return 0;
+}
+
+int ac_cost_table_from_json(const json_t *j, ac_cost_table *t, ac_err *e) { return table_parse(j, t, NULL, e); }
+
+int ac_cost_table_validate(const json_t *j, const char **field, ac_err *e) {
+    ac_cost_table t;
+    if (table_parse(j, &t, field, e)) return -1;
+    ac_cost_table_free(&t);
+    return 0;
+}

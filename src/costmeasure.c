@@ -1,0 +1,273 @@
+/*
+ * costmeasure.c - the local CPU's cost table, measured with the engine's
+ * own kernels: GEMMs over an (M, N, K) grid with weights cold (rotating
+ * through a pool larger than the cache) and warm, one attention head over
+ * a (queries, keys, head_dim) grid, elementwise passes; then the effective
+ * cache size, calibrated end to end against decode steps of the engine.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "costmodel.h"
+#include "engine.h"
+#include "kernels_cpu.h"
+
+/* ---------------------------------------------------------------- measurement */
+
+/* Weights rotate through a pool larger than the last-level cache, so each
+ * call reads them from memory as a forward pass over many layers does
+ * (COSTMODEL.md: measure cold weights). */
+#define POOL_FLOATS (24u << 20) /* 96 MiB */
+typedef struct {
+    float *a, *pool, *c;
+    int m, n, k;
+    size_t off, span;
+} gemm_arg;
+static void run_gemm(void *p) {
+    gemm_arg *g = p;
+    size_t nw = (size_t)g->n * g->k, span = g->span ? g->span : POOL_FLOATS;
+    if (g->off + nw > span) g->off = 0;
+    ac_linear(g->c, g->a, g->pool + g->off, NULL, g->m, g->k, g->n);
+    g->off += (nw + 1023) & ~(size_t)1023;
+}
+
+typedef struct {
+    float *out, *q, *k, *v, *sc;
+    int n, s, hd;
+} attn_arg;
+static void run_attn(void *p) {
+    attn_arg *a = p;
+    ac_attention_head(a->out, a->q, a->k, a->v, a->n, a->s - a->n, a->hd, a->hd, a->hd, 0, a->sc);
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Per-call microseconds: warm up, then 7 batches of >= 1 ms each; the
+ * fastest batch. On a shared machine the minimum is the stable estimate of
+ * what the hardware costs (neighbours only ever add time). */
+static double time_us(void (*fn)(void *), void *arg) {
+    fn(arg);
+    double t0 = ac_now();
+    fn(arg);
+    double one = ac_now() - t0;
+    int reps = one > 1e-3 ? 1 : (int)(1e-3 / (one > 1e-7 ? one : 1e-7)) + 1;
+    double best = 1e30;
+    for (int b = 0; b < 7; b++) {
+        t0 = ac_now();
+        for (int r = 0; r < reps; r++) fn(arg);
+        double us = (ac_now() - t0) / reps * 1e6;
+        if (us < best) best = us;
+    }
+    return best;
+}
+
+void ac_cost_cpu_key(int threads, char *key, size_t n, char *device, size_t dn) {
+    ac_local_device d[1];
+    ac_devices_local(d, 1);
+    char dev[200];
+    snprintf(dev, sizeof dev, "%s (%d threads)", d[0].name, threads);
+    if (device) snprintf(device, dn, "%s", dev);
+    snprintf(key, n, "%s|fp32|autocompress-cpu|v%d", dev, AC_CT_VERSION);
+}
+
+/* A 4-layer model of hidden width H (head_dim 64, FFN 3H, vocab 1024)
+ * with arbitrary finite weights (norms 1). */
+static int probe_model(int H, ac_model *m, ac_err *e) {
+    ac_layer_arch la[4];
+    int L = 4, V = 1024;
+    ac_arch a = {0};
+    snprintf(a.model_type, sizeof a.model_type, "llama");
+    a.vocab = V;
+    a.hidden = H;
+    a.head_dim = 64;
+    a.n_layers = L;
+    a.max_pos = 48;
+    a.eps = 1e-5f;
+    a.rope_theta = 10000;
+    a.bos_id = a.eos_id = -1;
+    for (int l = 0; l < L; l++) la[l] = (ac_layer_arch){H / 64, H / 128 > 0 ? H / 128 : 1, 3 * H};
+    a.layers = la;
+    if (ac_model_alloc(m, &a, e)) return -1;
+    unsigned s = 1;
+    float *bufs[] = {m->embed, m->lm_head};
+    for (int b = 0; b < 2; b++)
+        for (size_t k = 0; k < (size_t)V * H; k++) {
+            s = s * 1664525u + 1013904223u;
+            bufs[b][k] = (float)(s >> 9) * 1e-9f;
+        }
+    for (int l = 0; l < L; l++) {
+        ac_layer_w *w = &m->L[l];
+        size_t Q = (size_t)la[l].n_heads * 64, KV = (size_t)la[l].n_kv_heads * 64, F = la[l].ffn;
+        float *ws[] = {w->wq, w->wk, w->wv, w->wo, w->wg, w->wu, w->wd};
+        size_t ns[] = {Q * H, KV * H, KV * H, Q * H, F * H, F * H, F * H};
+        for (int b = 0; b < 7; b++)
+            for (size_t k = 0; k < ns[b]; k++) {
+                s = s * 1664525u + 1013904223u;
+                ws[b][k] = (float)(s >> 9) * 1e-9f;
+            }
+        for (int k = 0; k < H; k++) w->in_norm[k] = w->post_norm[k] = 1;
+    }
+    for (int k = 0; k < H; k++) m->final_norm[k] = 1;
+    return 0;
+}
+
+/* Best of 3 mean decode steps (ms) of m after a 16-token prompt. */
+static int decode_step_ms(const ac_model *m, double *ms, ac_err *e) {
+    ac_engine en;
+    double meas[3];
+    if (ac_engine_init(&en, m, 1, 48, e)) return -1;
+    int tok[16];
+    for (int k = 0; k < 16; k++) tok[k] = k * 7;
+    for (int r = 0; r < 3; r++) {
+        ac_engine_forward(&en, tok, 1, 16, 0, 1, e);
+        double t0 = ac_now();
+        for (int g = 0; g < 24; g++) ac_engine_forward(&en, tok + (g % 16), 1, 1, 16 + g, 1, e);
+        meas[r] = (ac_now() - t0) / 24 * 1e3;
+    }
+    ac_engine_free(&en);
+    qsort(meas, 3, sizeof *meas, cmp_d);
+    *ms = meas[0];
+    return 0;
+}
+
+/* End-to-end calibration of the warm/cold choice (COSTMODEL.md: validate
+ * end to end). Decode steps of the engine itself on random models of
+ * growing weight size; the effective cache is the largest size whose
+ * measured step is closer to the warm-weights prediction than to the cold
+ * one. Micro-probes of the cache alone mislead here: under a VM the L3 is
+ * shared and sysconf reports the host's. */
+static double calibrate_cache(ac_cost_table *t) {
+    static const int HS[] = {128, 192, 256, 384, 512};
+    double best = 0;
+    for (size_t i = 0; i < sizeof HS / sizeof *HS; i++) {
+        ac_model m;
+        ac_err e;
+        double meas;
+        if (probe_model(HS[i], &m, &e)) break;
+        ac_carch c;
+        int rc = decode_step_ms(&m, &meas, &e) || ac_carch_from_arch(&m.a, &c, &e);
+        ac_model_free(&m);
+        if (rc) break;
+        ac_engine_profile p;
+        ac_engine_profile_default(&p, 1);
+        ac_workload w = {1, 16, 25};
+        ac_cost warm, cold;
+        double bytes = ac_carch_params(&c) * p.w_bytes;
+        t->cache_bytes = 1e30;
+        ac_cost_predict(t, &c, &w, &p, 0, &warm);
+        t->cache_bytes = 0;
+        ac_cost_predict(t, &c, &w, &p, 0, &cold);
+        ac_carch_free(&c);
+        if (fabs(meas - warm.tpot_ms) >= fabs(meas - cold.tpot_ms)) break;
+        best = bytes;
+    }
+    return best;
+}
+
+static const double GM[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024},
+                    GNK[] = {16, 32, 64, 128, 256, 512, 1024, 2048};
+static const double AQ[] = {1, 4, 16, 64, 256, 1024}, AS[] = {1, 16, 64, 256, 1024, 2048}, AHD[] = {16, 64, 128};
+
+/* The table's identity and grids, its arrays allocated. */
+static int table_init(ac_cost_table *t, int threads, ac_err *e) {
+    t->nm = 11;
+    t->nn = t->nk = 8;
+    t->naq = 6;
+    t->nas = 6;
+    t->nhd = 3;
+    memcpy(t->gm, GM, sizeof GM);
+    memcpy(t->gn, GNK, sizeof GNK);
+    memcpy(t->gk, GNK, sizeof GNK);
+    memcpy(t->aq, AQ, sizeof AQ);
+    memcpy(t->as, AS, sizeof AS);
+    memcpy(t->ahd, AHD, sizeof AHD);
+    ac_cost_cpu_key(threads, t->key, sizeof t->key, t->device, sizeof t->device);
+    snprintf(t->dtype, sizeof t->dtype, "fp32");
+    snprintf(t->engine, sizeof t->engine, "autocompress-cpu");
+    snprintf(t->source, sizeof t->source, "measured");
+    t->version = AC_CT_VERSION;
+    ac_local_device d[1];
+    ac_devices_local(d, 1);
+    t->mem_gib = d[0].mem_gib;
+    t->gemm_us = malloc(sizeof(double) * t->nm * t->nn * t->nk);
+    t->gemm_warm_us = malloc(sizeof(double) * t->nm * t->nn * t->nk);
+    t->attn_us = malloc(sizeof(double) * t->nhd * t->naq * t->nas);
+    return t->gemm_us && t->gemm_warm_us && t->attn_us ? 0 : ac_errf(e, "out of memory for cost measurement");
+}
+
+/* Scratch of the micro-benchmarks: activations a, c; the weight pool w;
+ * attention scores sc. */
+typedef struct {
+    float *a, *w, *c, *sc;
+} bench_bufs;
+
+static void measure_grids(ac_cost_table *t, const bench_bufs *bb, void (*progress)(void *, double), void *ud) {
+    int total = t->nm * t->nn * t->nk + t->nhd * t->naq * t->nas + 1, done = 0;
+    for (int im = 0; im < t->nm; im++)
+        for (int in = 0; in < t->nn; in++) {
+            for (int ik = 0; ik < t->nk; ik++) {
+                gemm_arg g = {bb->a, bb->w, bb->c, (int)GM[im], (int)GNK[in], (int)GNK[ik], 0, 0};
+                size_t at = ((size_t)im * t->nn + in) * t->nk + ik;
+                t->gemm_us[at] = time_us(run_gemm, &g);
+                /* warm weights matter where the GEMM is memory-bound (few rows) */
+                g.span = (size_t)GNK[in] * (size_t)GNK[ik];
+                t->gemm_warm_us[at] = GM[im] <= 16 ? time_us(run_gemm, &g) : t->gemm_us[at];
+                done++;
+            }
+            if (progress) progress(ud, (double)done / total);
+        }
+    for (int ih = 0; ih < t->nhd; ih++)
+        for (int iq = 0; iq < t->naq; iq++)
+            for (int is = 0; is < t->nas; is++) {
+                int n = (int)AQ[iq], s = n + (int)AS[is] - 1;
+                attn_arg at = {bb->c, bb->a, bb->w, bb->w + (size_t)2048 * 128, bb->sc, n, s, (int)AHD[ih]};
+                t->attn_us[((size_t)ih * t->naq + iq) * t->nas + is] = time_us(run_attn, &at);
+            }
+}
+
+/* ns per element of norm + rope + silu over a 256 x 1024 block. */
+static double measure_elementwise(const bench_bufs *bb) {
+    int pos[256];
+    for (int i = 0; i < 256; i++) pos[i] = i;
+    double t0 = ac_now();
+    for (int r = 0; r < 20; r++) {
+        ac_rmsnorm(bb->c, bb->a, bb->w, 256, 1024, 1e-5f);
+        ac_rope(bb->c, 256, 16, 64, pos, bb->w, bb->w + 256 * 32);
+        ac_silu_mul(bb->c, bb->a, 256 * 1024);
+    }
+    return (ac_now() - t0) / 20 / (3.0 * 256 * 1024) * 1e9;
+}
+
+int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud, ac_cost_table *t, ac_err *e) {
+    memset(t, 0, sizeof *t);
+    ac_set_threads(threads);
+    double t_start = ac_now();
+    size_t maxe = 1024 * 2048;
+    bench_bufs bb = {malloc(maxe * 4), malloc((size_t)POOL_FLOATS * 4), malloc(maxe * 4),
+                     malloc((size_t)1024 * 3072 * 4)};
+    int rc = table_init(t, threads, e);
+    if (!rc && (!bb.a || !bb.w || !bb.c || !bb.sc)) rc = ac_errf(e, "out of memory for cost measurement");
+    if (!rc) {
+        for (size_t i = 0; i < maxe; i++) bb.a[i] = bb.c[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
+        for (size_t i = 0; i < POOL_FLOATS; i++) bb.w[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
+        measure_grids(t, &bb, progress, ud);
+        t->elem_ns = measure_elementwise(&bb);
+    }
+    free(bb.a);
+    free(bb.w);
+    free(bb.c);
+    free(bb.sc);
+    if (rc) {
+        ac_cost_table_free(t);
+        return -1;
+    }
+    t->cache_bytes = calibrate_cache(t);
+    if (progress) progress(ud, 1.0);
+    t->measure_s = ac_now() - t_start;
+    return 0;
+}

@@ -1,0 +1,54 @@
+/*
+ * costroofline.c - cost tables of GPUs that need not be present, from
+ * their datasheet figures (device.c's spec profiles): each operator costs
+ * the larger of its FLOPs at an efficiency of the peak and its bytes at an
+ * efficiency of the bandwidth, plus a launch overhead.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cost_internal.h"
+#include "costmodel.h"
+
+static double bytes_of(const char *dtype) { return !strcmp(dtype, "fp32") ? 4 : !strcmp(dtype, "fp8") ? 1 : 2; }
+
+static double roof_us(const ac_cost_table *t, double flops, double bytes) {
+    double tc = flops / (t->eta_c * t->peak_tflops * 1e12), tm = bytes / (t->eta_m * t->bw_gbs * 1e9);
+    return (tc > tm ? tc : tm) * 1e6 + t->launch_us;
+}
+
+double ac_roofline_gemm_us(const ac_cost_table *t, double m, double n, double k) {
+    double w = bytes_of(t->dtype); /* bytes per element of weights and activations */
+    return roof_us(t, 2 * m * n * k, w * (m * k + n * k) + 2 * m * n);
+}
+
+double ac_roofline_attn_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s,
+                           int head_dim) {
+    double kvb = bytes_of(t->dtype);
+    double flops = batch * heads * 4.0 * head_dim * (nq * s - nq * (nq - 1) / 2);
+    double bytes = batch * (kv_heads * 2 * s * head_dim * kvb + 2 * heads * nq * head_dim * 2);
+    return roof_us(t, flops, bytes);
+}
+
+double ac_roofline_elem_us(const ac_cost_table *t, double elements, int act_bytes) {
+    return elements * 2 * act_bytes / (t->eta_m * t->bw_gbs * 1e9) * 1e6;
+}
+
+int ac_cost_roofline(const ac_device_spec *s, const char *dtype, ac_cost_table *t, ac_err *e) {
+    memset(t, 0, sizeof *t);
+    if (!s) return ac_errf(e, "unknown device profile");
+    t->roofline = 1;
+    t->peak_tflops = s->bf16_tflops * (!strcmp(dtype, "fp32") ? 0.5 : !strcmp(dtype, "fp8") ? 2.0 : 1.0);
+    t->bw_gbs = s->bw_gbs;
+    t->eta_c = 0.7;
+    t->eta_m = 0.85;
+    t->launch_us = s->launch_us;
+    t->mem_gib = s->mem_gib * 1e9 / 1073741824.0;
+    snprintf(t->device, sizeof t->device, "%s", s->full_name);
+    snprintf(t->dtype, sizeof t->dtype, "%s", dtype);
+    snprintf(t->engine, sizeof t->engine, "roofline");
+    snprintf(t->source, sizeof t->source, "roofline");
+    t->version = AC_CT_VERSION;
+    snprintf(t->key, sizeof t->key, "roofline:%s|%s|v%d", s->name, dtype, AC_CT_VERSION);
+    return 0;
+}

@@ -1,0 +1,67 @@
+/*
+ * costsource.c - which cost table a target gets: the local CPU's or a
+ * local GPU's from the cache the caller hands in, else measured there; a
+ * spec profile's roofline. See costmodel.h.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "costmodel.h"
+#include "cuda_plugin.h"
+
+int ac_cost_cache_lookup(const ac_cost_cache *c, const char *key, ac_cost_table *t, int *found, ac_err *e) {
+    *found = 0;
+    return c && c->get ? c->get(c->ud, key, t, found, e) : 0;
+}
+
+static int table_cpu(const ac_cost_cache *cache, int threads, int allow_measure, void (*progress)(void *, double),
+                     void *ud, ac_cost_table *t, int *cache_hit, ac_err *e) {
+    char key[384];
+    ac_cost_cpu_key(threads, key, sizeof key, NULL, 0);
+    if (ac_cost_cache_lookup(cache, key, t, cache_hit, e)) return -1;
+    if (*cache_hit) return 0;
+    if (!allow_measure)
+        return ac_errf(e,
+                       "no measured cost table for this CPU yet (key %s); measure one with POST /v1/cost-tables "
+                       "{\"measure\":{\"device\":\"cpu\"}} or run a job on it",
+                       key);
+    return ac_cost_measure_cpu(threads, progress, ud, t, e);
+}
+
+static int table_cuda(const ac_target *target, const ac_cost_cache *cache, int allow_measure,
+                      void (*progress)(void *, double), void *ud, ac_cost_table *t, int *cache_hit, ac_err *e) {
+    const char *why;
+    const ac_cuda_api *cu = ac_cuda(&why);
+    int dev = ac_target_cuda_index(target);
+    char device[32];
+    snprintf(device, sizeof device, target->ordinal < 0 ? "cuda" : "cuda:%d", dev);
+    if (!cu) return ac_errf(e, "target %s: %s; target a spec profile such as H100 instead", device, why);
+    char name[128], key[384];
+    double mem;
+    int sms, cc;
+    if (cu->device_info(dev, name, sizeof name, &mem, &sms, &cc))
+        return ac_errf(e, "target %s: no such CUDA device", device);
+    snprintf(key, sizeof key, "cuda:%s|bf16|cublas|v%d", name, AC_CT_VERSION);
+    if (ac_cost_cache_lookup(cache, key, t, cache_hit, e)) return -1;
+    if (*cache_hit) return 0;
+    if (!allow_measure) return ac_errf(e, "no measured cost table for %s yet (key %s)", device, key);
+    char err[512] = "";
+    double t0 = ac_now();
+    if (progress) progress(ud, 0);
+    if (cu->measure_table(dev, t, err, sizeof err)) return ac_errf(e, "measuring %s: %s", device, err);
+    t->measure_s = ac_now() - t0;
+    if (progress) progress(ud, 1);
+    return 0;
+}
+
+int ac_cost_table_for(const ac_target *target, const char *dtype, const ac_cost_cache *cache, int threads,
+                      int allow_measure, void (*progress)(void *, double), void *ud, ac_cost_table *t, int *cache_hit,
+                      ac_err *e) {
+    *cache_hit = 0;
+    switch (target->kind) {
+    case AC_TARGET_CPU: return table_cpu(cache, threads, allow_measure, progress, ud, t, cache_hit, e);
+    case AC_TARGET_CUDA: return table_cuda(target, cache, allow_measure, progress, ud, t, cache_hit, e);
+    case AC_TARGET_PROFILE: return ac_cost_roofline(target->profile, dtype, t, e);
+    }
+    return ac_errf(e, "unknown target kind");
+}

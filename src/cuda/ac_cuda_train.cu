@@ -1,0 +1,845 @@
+// ac_cuda_train.cu - see ac_cuda_train.h. Shapes as in src/train.c: N = B*T
+// rows, H hidden, hd head_dim, Q/KV/F the current layer's widths, V vocab.
+// Row-major buffers throughout; gemm() maps row-major products onto
+// cuBLAS's column-major contract. Kernels are simple (a block per row or per
+// (row, head)) and correct first; the GEMMs carry the cost.
+#include "ac_cuda_train.h"
+
+#ifdef AC_CUDA_EMU
+#include "cuda_emu.h"
+#else
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#define AC_LAUNCH(k, grid, block, shm, stream, ...) k<<<(grid), (block), (shm), (stream)>>>(__VA_ARGS__)
+#define AC_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#define TCK(x)                                                                                                         \
+    do {                                                                                                               \
+        cudaError_t e_ = (x);                                                                                          \
+        if (e_ != cudaSuccess) {                                                                                       \
+            snprintf(err, errn, "%s:%d: %s: %s", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                      \
+            return -1;                                                                                                 \
+        }                                                                                                              \
+    } while (0)
+#define TCB(x)                                                                                                         \
+    do {                                                                                                               \
+        cublasStatus_t s_ = (x);                                                                                       \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                             \
+            snprintf(err, errn, "%s:%d: %s: cuBLAS status %d", __FILE__, __LINE__, #x, (int)s_);                       \
+            return -1;                                                                                                 \
+        }                                                                                                              \
+    } while (0)
+
+#define TB 128 // threads per block of the row kernels (a multiple of 32)
+
+// ---------------------------------------------------------------- kernels
+
+// Sum over the block; every thread gets it. blockDim.x a multiple of 32.
+static __device__ float tr_sum(float v) {
+    __shared__ float red[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float r = 0;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) r += red[i];
+    __syncthreads();
+    return r;
+}
+
+static __device__ float tr_max(float v) {
+    __shared__ float red[32];
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float r = -INFINITY;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) r = fmaxf(r, red[i]);
+    __syncthreads();
+    return r;
+}
+
+__global__ void kt_embed(float *x, const float *emb, const int *tok, int H) {
+    int r = blockIdx.x;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) x[(size_t)r * H + i] = emb[(size_t)tok[r] * H + i];
+}
+
+// y = xhat * w with xhat = x * r, r = rsqrt(mean(x^2) + eps); one block per row
+__global__ void kt_rmsnorm(float *y, float *xhat, float *rr, const float *x, const float *w, const float *gh, int H,
+                           float eps) {
+    int r = blockIdx.x;
+    const float *xr = x + (size_t)r * H;
+    float ss = 0;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
+    float s = rsqrtf(tr_sum(ss) / H + eps);
+    if (threadIdx.x == 0) rr[r] = s;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        xhat[(size_t)r * H + i] = xr[i] * s;
+        y[(size_t)r * H + i] = xr[i] * s * w[i] * gh[i];
+    }
+}
+
+__global__ void kt_scale_cols(float *y, const float *xhat, const float *w, const float *gh, int H) {
+    int r = blockIdx.x;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) y[(size_t)r * H + i] = xhat[(size_t)r * H + i] * w[i] * gh[i];
+}
+
+// dx += r * (dxh - xhat * mean(dxh * xhat)), dxh = dy * w * gh;
+// prod = dy * xhat * gh (for dw), prod2 = dy * xhat * w (for dgh)
+__global__ void kt_rmsnorm_bwd(float *dx, float *prod, float *prod2, const float *dy, const float *xhat,
+                               const float *rr, const float *w, const float *gh, int H) {
+    int r = blockIdx.x;
+    const float *d = dy + (size_t)r * H, *xh = xhat + (size_t)r * H;
+    float dot = 0;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) dot += d[i] * w[i] * gh[i] * xh[i];
+    float mean = tr_sum(dot) / H;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        prod[(size_t)r * H + i] = d[i] * xh[i] * gh[i];
+        prod2[(size_t)r * H + i] = d[i] * xh[i] * w[i];
+        dx[(size_t)r * H + i] += rr[r] * (d[i] * w[i] * gh[i] - xh[i] * mean);
+    }
+}
+
+// y[i] = x[i] * g[(i % C) / wpg]: per-channel (wpg 1) or per-head (wpg hd) gates
+__global__ void kt_gate_cols(float *y, const float *x, const float *g, int C, int wpg, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * g[(i % C) / wpg];
+}
+
+__global__ void kt_mul(float *y, const float *a, const float *b, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a[i] * b[i];
+}
+
+// From csum[c] = sum over rows of d * a (d: gradient of the gated
+// activation before the sub-block gate s, a: the ungated activation):
+// dg[k] += s * sum of csum over group k; dsub += sum_c csum[c] g[c / wpg]. One block.
+__global__ void kt_gate_reduce(float *dg, float *dsub, const float *csum, const float *g, int C, int wpg, float s) {
+    float part = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) part += csum[c] * g[c / wpg];
+    part = tr_sum(part);
+    if (threadIdx.x == 0) *dsub += part;
+    for (int k = threadIdx.x; k < C / wpg; k += blockDim.x) {
+        float q = 0;
+        for (int c = k * wpg; c < (k + 1) * wpg; c++) q += csum[c];
+        dg[k] += s * q;
+    }
+}
+
+// d = d * s * g (the gradient of the ungated activation), ag = a * g
+__global__ void kt_gate_apply(float *d, float *ag, const float *a, const float *g, int C, int wpg, float s, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float gi = g[(i % C) / wpg];
+    d[i] *= s * gi;
+    ag[i] = a[i] * gi;
+}
+
+// out[c] += sum over rows of in[r*C + c]
+__global__ void kt_colsum(float *out, const float *in, int rows, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float s = 0;
+    for (int r = 0; r < rows; r++) s += in[(size_t)r * C + c];
+    out[c] += s;
+}
+
+__global__ void kt_add_bias(float *y, const float *b, int C, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += b[i % C];
+}
+
+// rotate-half RoPE (inv = 0) or its transpose (inv = 1) on [N, nh*hd], pos = r % T
+__global__ void kt_rope(float *x, int nh, int hd, int T, const float *cs, const float *sn, int inv) {
+    int r = blockIdx.x, half = hd / 2, pos = r % T;
+    for (int idx = threadIdx.x; idx < nh * half; idx += blockDim.x) {
+        int h = idx / half, i = idx % half;
+        float *v = x + (size_t)r * nh * hd + (size_t)h * hd;
+        float c = cs[(size_t)pos * half + i], s = sn[(size_t)pos * half + i], a = v[i], b = v[i + half];
+        v[i] = inv ? a * c + b * s : a * c - b * s;
+        v[i + half] = inv ? b * c - a * s : b * c + a * s;
+    }
+}
+
+// Query rows t of sequence b see keys [first, t]; first = t - window + 1 with a window.
+static __device__ int first_key(int t, int window) { return window > 0 && t + 1 > window ? t + 1 - window : 0; }
+
+// One block per (row r = b*T + t, head h): p = softmax(scale q k^T) over the
+// visible keys (shared memory [T]), o = p v, lse = log-sum-exp of the row.
+__global__ void kt_attn_fwd(float *o, float *lse, const float *q, const float *k, const float *v, int nh, int nkv,
+                            int hd, int T, float scale, int window) {
+    AC_DYNAMIC_SHARED(float, p);
+    int r = blockIdx.x, h = blockIdx.y, b = r / T, t = r % T, kh = h / (nh / nkv), Q = nh * hd, KV = nkv * hd,
+        f = first_key(t, window);
+    const float *qr = q + (size_t)r * Q + (size_t)h * hd;
+    float mx = -INFINITY;
+    for (int j = f + threadIdx.x; j <= t; j += blockDim.x) {
+        const float *kr = k + ((size_t)b * T + j) * KV + (size_t)kh * hd;
+        float d = 0;
+        for (int i = 0; i < hd; i++) d += qr[i] * kr[i];
+        p[j] = d * scale;
+        mx = fmaxf(mx, p[j]);
+    }
+    mx = tr_max(mx);
+    float sum = 0;
+    for (int j = f + threadIdx.x; j <= t; j += blockDim.x) {
+        p[j] = expf(p[j] - mx);
+        sum += p[j];
+    }
+    sum = tr_sum(sum); // its barriers also publish p
+    if (threadIdx.x == 0) lse[(size_t)r * nh + h] = mx + logf(sum);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float acc = 0;
+        for (int j = f; j <= t; j++) acc += p[j] * v[((size_t)b * T + j) * KV + (size_t)kh * hd + i];
+        o[(size_t)r * Q + (size_t)h * hd + i] = acc / sum;
+    }
+}
+
+// Backward, query side, one block per (row, head): p_j = exp(s_j - lse),
+// dp_j = do . v_j, delta = sum p dp, ds_j = p_j (dp_j - delta),
+// dq = scale sum_j ds_j k_j. delta is kept for the key side.
+__global__ void kt_attn_bwd_q(float *dq, float *delta, const float *dout, const float *q, const float *k,
+                              const float *v, const float *lse, int nh, int nkv, int hd, int T, float scale,
+                              int window) {
+    AC_DYNAMIC_SHARED(float, ds);
+    int r = blockIdx.x, h = blockIdx.y, b = r / T, t = r % T, kh = h / (nh / nkv), Q = nh * hd, KV = nkv * hd,
+        f = first_key(t, window);
+    const float *qr = q + (size_t)r * Q + (size_t)h * hd, *dr = dout + (size_t)r * Q + (size_t)h * hd;
+    float l = lse[(size_t)r * nh + h], part = 0;
+    for (int j = f + threadIdx.x; j <= t; j += blockDim.x) {
+        const float *kr = k + ((size_t)b * T + j) * KV + (size_t)kh * hd,
+                    *vr = v + ((size_t)b * T + j) * KV + (size_t)kh * hd;
+        float s = 0, dp = 0;
+        for (int i = 0; i < hd; i++) {
+            s += qr[i] * kr[i];
+            dp += dr[i] * vr[i];
+        }
+        float pj = expf(s * scale - l);
+        ds[j] = pj;
+        ds[T + j] = dp;
+        part += pj * dp;
+    }
+    float dl = tr_sum(part);
+    if (threadIdx.x == 0) delta[(size_t)r * nh + h] = dl;
+    for (int j = f + threadIdx.x; j <= t; j += blockDim.x) ds[j] = ds[j] * (ds[T + j] - dl);
+    __syncthreads();
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float acc = 0;
+        for (int j = f; j <= t; j++) acc += ds[j] * k[((size_t)b * T + j) * KV + (size_t)kh * hd + i];
+        dq[(size_t)r * Q + (size_t)h * hd + i] = scale * acc;
+    }
+}
+
+// Backward, key side, one block per (key row b*T + j, KV head): over the
+// group's query heads and the query rows t that see key j,
+// dk_j = scale sum ds_tj q_t, dv_j = sum p_tj do_t (written, not added).
+__global__ void kt_attn_bwd_kv(float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v,
+                               const float *lse, const float *delta, int nh, int nkv, int hd, int T, float scale,
+                               int window) {
+    AC_DYNAMIC_SHARED(float, sm);
+    int rj = blockIdx.x, kh = blockIdx.y, b = rj / T, j = rj % T, grp = nh / nkv, Q = nh * hd, KV = nkv * hd;
+    int last = window > 0 && j + window < T ? j + window : T; // rows t in [j, last) see key j
+    float *pp = sm, *dsp = sm + T;
+    const float *kr = k + (size_t)rj * KV + (size_t)kh * hd, *vr = v + (size_t)rj * KV + (size_t)kh * hd;
+    float acck[4] = {0, 0, 0, 0}, accv[4] = {0, 0, 0, 0}; // hd <= 4 * TB
+    for (int h = kh * grp; h < (kh + 1) * grp; h++) {
+        for (int t = j + threadIdx.x; t < last; t += blockDim.x) {
+            size_t rt = (size_t)b * T + t;
+            const float *qt = q + rt * Q + (size_t)h * hd, *dt = dout + rt * Q + (size_t)h * hd;
+            float s = 0, dp = 0;
+            for (int i = 0; i < hd; i++) {
+                s += qt[i] * kr[i];
+                dp += dt[i] * vr[i];
+            }
+            float p = expf(s * scale - lse[rt * nh + h]);
+            pp[t] = p;
+            dsp[t] = p * (dp - delta[rt * nh + h]);
+        }
+        __syncthreads();
+        for (int i = threadIdx.x, c = 0; i < hd; i += blockDim.x, c++)
+            for (int t = j; t < last; t++) {
+                size_t rt = (size_t)b * T + t;
+                acck[c] += dsp[t] * q[rt * Q + (size_t)h * hd + i];
+                accv[c] += pp[t] * dout[rt * Q + (size_t)h * hd + i];
+            }
+        __syncthreads();
+    }
+    for (int i = threadIdx.x, c = 0; i < hd; i += blockDim.x, c++) {
+        dk[(size_t)rj * KV + (size_t)kh * hd + i] = scale * acck[c];
+        dv[(size_t)rj * KV + (size_t)kh * hd + i] = accv[c];
+    }
+}
+
+__global__ void kt_silu_mul(float *h, const float *g, const float *u, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+// dg = dh u silu'(g) (in place over dh), du = dh silu(g)
+__global__ void kt_silu_mul_bwd(float *dh, float *du, const float *g, const float *u, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float sg = 1.0f / (1.0f + expf(-g[i])), d = dh[i];
+    du[i] = d * g[i] * sg;
+    dh[i] = d * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+}
+
+// One block per row: CE (target >= 0) and tau^2 KL(teacher || student), their
+// gradient into dz (fce, fkd: the factors of ac_loss_backward), row losses
+// into rl[2r], rl[2r+1].
+__global__ void kt_loss(float *dz, float *rl, const float *z, const int *tgt, const float *tz, int V, float tau,
+                        float fce, float fkd) {
+    int r = blockIdx.x, tg = tgt ? tgt[r] : -1;
+    const float *zr = z + (size_t)r * V;
+    float *d = dz + (size_t)r * V;
+    float mx = -INFINITY;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, zr[v]);
+    mx = tr_max(mx);
+    float s = 0;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(zr[v] - mx);
+    float ls = logf(tr_sum(s)) + mx;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) d[v] = tg >= 0 ? fce * (expf(zr[v] - ls) - (v == tg)) : 0.0f;
+    if (threadIdx.x == 0) {
+        rl[2 * r] = tg >= 0 ? ls - zr[tg] : 0.0f;
+        rl[2 * r + 1] = 0;
+    }
+    if (!tz) return;
+    const float *tr = tz + (size_t)r * V;
+    float ms = -INFINITY, mt = -INFINITY;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        ms = fmaxf(ms, zr[v] / tau);
+        mt = fmaxf(mt, tr[v] / tau);
+    }
+    ms = tr_max(ms);
+    mt = tr_max(mt);
+    float ss = 0, st = 0;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        ss += expf(zr[v] / tau - ms);
+        st += expf(tr[v] / tau - mt);
+    }
+    float lss = logf(tr_sum(ss)) + ms, lst = logf(tr_sum(st)) + mt, kl = 0;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        float lps = zr[v] / tau - lss, lpt = tr[v] / tau - lst, pt = expf(lpt);
+        kl += pt * (lpt - lps);
+        d[v] += fkd * (expf(lps) - pt);
+    }
+    kl = tr_sum(kl);
+    if (threadIdx.x == 0) rl[2 * r + 1] = tau * tau * kl;
+}
+
+// Embedding backward over tokens grouped on the host: block u adds the dx
+// rows rows[off[u] .. off[u+1]) into the embedding row of token uniq[u].
+__global__ void kt_embed_bwd(float *ge, const float *dx, const int *uniq, const int *off, const int *rows, int H) {
+    int u = blockIdx.x;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        float s = 0;
+        for (int k = off[u]; k < off[u + 1]; k++) s += dx[(size_t)rows[k] * H + i];
+        ge[(size_t)uniq[u] * H + i] += s;
+    }
+}
+
+// part[blockIdx] = sum of squares of its slice
+__global__ void kt_sumsq(float *part, const float *g, size_t n) {
+    float s = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        s += g[i] * g[i];
+    s = tr_sum(s);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+// torch.optim.AdamW's update, operation by operation (optim.c's order)
+__global__ void kt_adamw(float *p, float *g, float *m, float *v, size_t n, float coef, float wd, float b1, float b2,
+                         float step_size, float bc2s, float eps) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float gi = g[i] * coef;
+    p[i] *= wd;
+    m[i] = m[i] * b1 + (1.0f - b1) * gi;
+    v[i] = v[i] * b2 + (1.0f - b2) * gi * gi;
+    p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2s + eps);
+    g[i] = 0;
+}
+
+// ---------------------------------------------------------------- trainer
+
+enum { W_IN, W_Q, W_K, W_V, W_O, W_BQ, W_BK, W_BV, W_POST, W_G, W_U, W_D, W_N };
+
+// The arch fields the trainer needs (the plugin does not link the library,
+// so no ac_arch_copy / ac_arch_free here).
+struct tarch {
+    int n_layers, hidden, head_dim, vocab, sliding_window, tie_embeddings;
+    float eps;
+    std::vector<ac_layer_arch> layers;
+};
+
+struct acc_trainer {
+    tarch a;
+    int max_B, max_T, nt; // nt parameter tensors
+    cublasHandle_t blas;
+    // parameter tensor i: device weights, gradients, moments; host size; decay
+    std::vector<float *> p, g, m, v;
+    std::vector<size_t> n;
+    std::vector<int> decay;
+    int head_idx;              // index of the LM head tensor (== embed's when tied)
+    std::vector<float *> bufs; // every other device allocation, freed at the end
+    float **xh1, **r1, **q, **k, **vv, **o, **lse, **xh2, **r2, **gp, **u;
+    float *xhf, *rf, *logits, *dlogits, *teacher, *rowloss, *x, *dx, *xn, *dxn, *sq, *dq, *dk, *dv, *delta, *sf, *df,
+        *du, *prod, *part, *cos_t, *sin_t;
+    int *tok, *tgt, *csr; // csr: uniq [N], off [N+1], rows [N]
+    std::vector<int> host_csr;
+    int ntok_uniq;
+    // gates (train.h's meaning) and their gradients, one device buffer each:
+    // hidden [H], attn [L], mlp [L], then per layer head [n_heads], ffn [F]
+    float *gates, *dgates, *csum, *prod2;
+    std::vector<size_t> off_head, off_ffn;
+    size_t ngates;
+    std::vector<float> s_attn, s_mlp; // host copies of the sub-block gates (GEMM alphas)
+};
+
+static int wi(int l, int w) { return 3 + l * W_N + w; } // tensor index of layer weight
+static float *GH(const acc_trainer *t) { return t->gates; }
+static float *GHEAD(const acc_trainer *t, int l) { return t->gates + t->off_head[l]; }
+static float *GFFN(const acc_trainer *t, int l) { return t->gates + t->off_ffn[l]; }
+static float *P(const acc_trainer *t, int l, int w) { return t->p[wi(l, w)]; }
+static float *G(const acc_trainer *t, int l, int w) { return t->g[wi(l, w)]; }
+
+// Host pointers of m's tensors in the trainer's order, with sizes and decay.
+static void host_tensors(const ac_model *m, std::vector<float *> &hp, std::vector<size_t> &n, std::vector<int> &decay) {
+    const ac_arch *a = &m->a;
+    size_t H = a->hidden, hd = a->head_dim, V = a->vocab;
+    auto add = [&](float *p, size_t c, int d) {
+        hp.push_back(p);
+        n.push_back(p ? c : 0);
+        decay.push_back(d);
+    };
+    add(m->embed, V * H, 1);
+    add(a->tie_embeddings ? NULL : m->lm_head, V * H, 1);
+    add(m->final_norm, H, 0);
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        const ac_layer_w *w = &m->L[l];
+        size_t Q = L->n_heads * hd, KV = L->n_kv_heads * hd, F = L->ffn;
+        add(w->in_norm, H, 0), add(w->wq, Q * H, 1), add(w->wk, KV * H, 1), add(w->wv, KV * H, 1), add(w->wo, H * Q, 1);
+        add(w->bq, Q, 0), add(w->bk, KV, 0), add(w->bv, KV, 0);
+        add(w->post_norm, H, 0), add(w->wg, F * H, 1), add(w->wu, F * H, 1), add(w->wd, H * F, 1);
+    }
+}
+
+static int dalloc(acc_trainer *t, float **p, size_t n, char *err, size_t errn) {
+    *p = NULL;
+    if (!n) return 0;
+    TCK(cudaMalloc(p, n * sizeof(float)));
+    t->bufs.push_back(*p);
+    return 0;
+}
+
+// Row-major C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C (ta/tb: transpose A/B).
+static int gemm(acc_trainer *t, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                const float *B, int ldb, float beta, float *C, int ldc, char *err, size_t errn) {
+    if (!M || !N || !K) return 0;
+    TCB(cublasGemmEx(t->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B,
+                     CUDA_R_32F, ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT));
+    return 0;
+}
+
+static unsigned blocks(size_t n) { return (unsigned)((n + 255) / 256); }
+
+extern "C" void acc_trainer_free(acc_trainer *t) {
+    if (!t) return;
+    for (float *b : t->bufs) cudaFree(b);
+    for (int i = 0; i < t->nt; i++) {
+        cudaFree(t->p[i]);
+        cudaFree(t->g[i]);
+        cudaFree(t->m[i]);
+        cudaFree(t->v[i]);
+    }
+    cudaFree(t->tok);
+    cudaFree(t->tgt);
+    cudaFree(t->csr);
+    if (t->blas) cublasDestroy(t->blas);
+    float ***arr[] = {&t->xh1, &t->r1, &t->q, &t->k, &t->vv, &t->o, &t->lse, &t->xh2, &t->r2, &t->gp, &t->u};
+    for (auto p : arr) free(*p);
+    delete t;
+}
+
+// rope_cos/rope_sin: the host tables (src/rope.c), [max_T][head_dim/2], as the inference engine gets them.
+static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, const float *rope_sin, char *err,
+                  size_t errn) {
+    const tarch *a = &t->a;
+    size_t N = (size_t)t->max_B * t->max_T, H = a->hidden, hd = a->head_dim, V = a->vocab, T = t->max_T, mq = 1,
+           mkv = 1, mf = 1;
+    std::vector<float *> hp;
+    host_tensors(mdl, hp, t->n, t->decay);
+    t->nt = (int)hp.size();
+    t->p.assign(t->nt, NULL), t->g.assign(t->nt, NULL), t->m.assign(t->nt, NULL), t->v.assign(t->nt, NULL);
+    for (int i = 0; i < t->nt; i++) {
+        if (!t->n[i]) continue;
+        size_t b = t->n[i] * sizeof(float);
+        TCK(cudaMalloc(&t->p[i], b));
+        TCK(cudaMalloc(&t->g[i], b));
+        TCK(cudaMalloc(&t->m[i], b));
+        TCK(cudaMalloc(&t->v[i], b));
+        TCK(cudaMemcpy(t->p[i], hp[i], b, cudaMemcpyHostToDevice));
+        TCK(cudaMemset(t->g[i], 0, b));
+        TCK(cudaMemset(t->m[i], 0, b));
+        TCK(cudaMemset(t->v[i], 0, b));
+    }
+    t->head_idx = a->tie_embeddings ? 0 : 1;
+    float ***arr[] = {&t->xh1, &t->r1, &t->q, &t->k, &t->vv, &t->o, &t->lse, &t->xh2, &t->r2, &t->gp, &t->u};
+    for (auto p : arr)
+        if (!(*p = (float **)calloc(a->n_layers + 1, sizeof(float *)))) {
+            snprintf(err, errn, "out of memory");
+            return -1;
+        }
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        size_t Q = L->n_heads * hd, KV = L->n_kv_heads * hd, F = L->ffn;
+        mq = std::max(mq, Q), mkv = std::max(mkv, KV), mf = std::max(mf, F);
+        if (hd > 4 * TB) {
+            snprintf(err, errn, "head_dim %zu above %d", hd, 4 * TB);
+            return -1;
+        }
+        if (L->n_heads && (dalloc(t, &t->xh1[l], N * H, err, errn) || dalloc(t, &t->r1[l], N, err, errn) ||
+                           dalloc(t, &t->q[l], N * Q, err, errn) || dalloc(t, &t->k[l], N * KV, err, errn) ||
+                           dalloc(t, &t->vv[l], N * KV, err, errn) || dalloc(t, &t->o[l], N * Q, err, errn) ||
+                           dalloc(t, &t->lse[l], N * L->n_heads, err, errn)))
+            return -1;
+        if (F && (dalloc(t, &t->xh2[l], N * H, err, errn) || dalloc(t, &t->r2[l], N, err, errn) ||
+                  dalloc(t, &t->gp[l], N * F, err, errn) || dalloc(t, &t->u[l], N * F, err, errn)))
+            return -1;
+    }
+    size_t mw = std::max(std::max(H, mq), mf);
+    if (dalloc(t, &t->xhf, N * H, err, errn) || dalloc(t, &t->rf, N, err, errn) ||
+        dalloc(t, &t->logits, N * V, err, errn) || dalloc(t, &t->dlogits, N * V, err, errn) ||
+        dalloc(t, &t->teacher, N * V, err, errn) || dalloc(t, &t->rowloss, 2 * N, err, errn) ||
+        dalloc(t, &t->x, N * H, err, errn) || dalloc(t, &t->dx, N * H, err, errn) ||
+        dalloc(t, &t->xn, N * H, err, errn) || dalloc(t, &t->dxn, N * H, err, errn) ||
+        dalloc(t, &t->sq, N * mq, err, errn) || dalloc(t, &t->dq, N * mq, err, errn) ||
+        dalloc(t, &t->dk, N * mkv, err, errn) || dalloc(t, &t->dv, N * mkv, err, errn) ||
+        dalloc(t, &t->delta, N * (mq / hd + 1), err, errn) || dalloc(t, &t->sf, N * mf, err, errn) ||
+        dalloc(t, &t->df, N * mf, err, errn) || dalloc(t, &t->du, N * mf, err, errn) ||
+        dalloc(t, &t->prod, N * mw, err, errn) || dalloc(t, &t->part, 1024, err, errn) ||
+        dalloc(t, &t->cos_t, T * hd / 2, err, errn) || dalloc(t, &t->sin_t, T * hd / 2, err, errn))
+        return -1;
+    {
+        size_t L = a->n_layers, off = H + 2 * L;
+        t->off_head.assign(L, 0), t->off_ffn.assign(L, 0);
+        for (size_t l = 0; l < L; l++) {
+            t->off_head[l] = off, off += a->layers[l].n_heads;
+            t->off_ffn[l] = off, off += a->layers[l].ffn;
+        }
+        t->ngates = off;
+        std::vector<float> ones(off, 1.0f);
+        if (dalloc(t, &t->gates, off, err, errn) || dalloc(t, &t->dgates, off, err, errn) ||
+            dalloc(t, &t->csum, mw, err, errn) || dalloc(t, &t->prod2, N * H, err, errn))
+            return -1;
+        TCK(cudaMemcpy(t->gates, ones.data(), off * sizeof(float), cudaMemcpyHostToDevice));
+        TCK(cudaMemset(t->dgates, 0, off * sizeof(float)));
+        t->s_attn.assign(L, 1.0f), t->s_mlp.assign(L, 1.0f);
+    }
+    TCK(cudaMalloc(&t->tok, N * sizeof(int)));
+    TCK(cudaMalloc(&t->tgt, N * sizeof(int)));
+    TCK(cudaMalloc(&t->csr, (3 * N + 1) * sizeof(int)));
+    TCK(cudaMemcpy(t->cos_t, rope_cos, T * hd / 2 * sizeof(float), cudaMemcpyHostToDevice));
+    TCK(cudaMemcpy(t->sin_t, rope_sin, T * hd / 2 * sizeof(float), cudaMemcpyHostToDevice));
+    TCB(cublasCreate(&t->blas));
+    return 0;
+}
+
+extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max_T, const float *rope_cos,
+                                  const float *rope_sin, acc_trainer **out, char *err, size_t errn) {
+    *out = NULL;
+    if (max_B <= 0 || max_T <= 0) {
+        snprintf(err, errn, "trainer: batch and context must be positive");
+        return -1;
+    }
+    if ((size_t)2 * max_T * sizeof(float) > 48 * 1024) {
+        snprintf(err, errn, "trainer: context %d above the CUDA trainer's 6144", max_T);
+        return -1;
+    }
+    TCK(cudaSetDevice(dev));
+    acc_trainer *t = new acc_trainer();
+    const ac_arch *a = &m->a;
+    t->a.n_layers = a->n_layers, t->a.hidden = a->hidden, t->a.head_dim = a->head_dim, t->a.vocab = a->vocab;
+    t->a.sliding_window = a->sliding_window, t->a.tie_embeddings = a->tie_embeddings, t->a.eps = a->eps;
+    t->a.layers.assign(a->layers, a->layers + a->n_layers);
+    t->max_B = max_B, t->max_T = max_T;
+    if (create(t, m, rope_cos, rope_sin, err, errn)) {
+        acc_trainer_free(t);
+        return -1;
+    }
+    *out = t;
+    return 0;
+}
+
+static int forward(acc_trainer *t, int B, int T, char *err, size_t errn) {
+    const tarch *a = &t->a;
+    int N = B * T, H = a->hidden, hd = a->head_dim, V = a->vocab;
+    float scale = 1.0f / sqrtf((float)hd);
+    AC_LAUNCH(kt_embed, N, TB, 0, 0, t->x, t->p[0], t->tok, H);
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        int Q = L->n_heads * hd, KV = L->n_kv_heads * hd, F = L->ffn;
+        if (L->n_heads) {
+            AC_LAUNCH(kt_rmsnorm, N, TB, 0, 0, t->xn, t->xh1[l], t->r1[l], t->x, P(t, l, W_IN), GH(t), H, a->eps);
+            float *outs[3] = {t->q[l], t->k[l], t->vv[l]}, *bias[3] = {P(t, l, W_BQ), P(t, l, W_BK), P(t, l, W_BV)};
+            const float *ws[3] = {P(t, l, W_Q), P(t, l, W_K), P(t, l, W_V)};
+            int widths[3] = {Q, KV, KV};
+            for (int i = 0; i < 3; i++) {
+                if (gemm(t, 0, 1, N, widths[i], H, 1.0f, t->xn, H, ws[i], H, 0.0f, outs[i], widths[i], err, errn))
+                    return -1;
+                if (bias[i])
+                    AC_LAUNCH(kt_add_bias, blocks((size_t)N * widths[i]), 256, 0, 0, outs[i], bias[i], widths[i],
+                              (size_t)N * widths[i]);
+            }
+            AC_LAUNCH(kt_rope, N, TB, 0, 0, t->q[l], L->n_heads, hd, T, t->cos_t, t->sin_t, 0);
+            AC_LAUNCH(kt_rope, N, TB, 0, 0, t->k[l], L->n_kv_heads, hd, T, t->cos_t, t->sin_t, 0);
+            AC_LAUNCH(kt_attn_fwd, dim3(N, L->n_heads), TB, T * sizeof(float), 0, t->o[l], t->lse[l], t->q[l], t->k[l],
+                      t->vv[l], L->n_heads, L->n_kv_heads, hd, T, scale, a->sliding_window);
+            AC_LAUNCH(kt_gate_cols, blocks((size_t)N * Q), 256, 0, 0, t->sq, t->o[l], GHEAD(t, l), Q, hd,
+                      (size_t)N * Q);
+            if (gemm(t, 0, 1, N, H, Q, t->s_attn[l], t->sq, Q, P(t, l, W_O), Q, 1.0f, t->x, H, err, errn)) return -1;
+        }
+        if (F) {
+            AC_LAUNCH(kt_rmsnorm, N, TB, 0, 0, t->xn, t->xh2[l], t->r2[l], t->x, P(t, l, W_POST), GH(t), H, a->eps);
+            if (gemm(t, 0, 1, N, F, H, 1.0f, t->xn, H, P(t, l, W_G), H, 0.0f, t->gp[l], F, err, errn) ||
+                gemm(t, 0, 1, N, F, H, 1.0f, t->xn, H, P(t, l, W_U), H, 0.0f, t->u[l], F, err, errn))
+                return -1;
+            AC_LAUNCH(kt_silu_mul, blocks((size_t)N * F), 256, 0, 0, t->sf, t->gp[l], t->u[l], (size_t)N * F);
+            AC_LAUNCH(kt_gate_cols, blocks((size_t)N * F), 256, 0, 0, t->sf, t->sf, GFFN(t, l), F, 1, (size_t)N * F);
+            if (gemm(t, 0, 1, N, H, F, t->s_mlp[l], t->sf, F, P(t, l, W_D), F, 1.0f, t->x, H, err, errn)) return -1;
+        }
+    }
+    AC_LAUNCH(kt_rmsnorm, N, TB, 0, 0, t->xn, t->xhf, t->rf, t->x, t->p[2], GH(t), H, a->eps);
+    return gemm(t, 0, 1, N, V, H, 1.0f, t->xn, H, t->p[t->head_idx], H, 0.0f, t->logits, V, err, errn);
+}
+
+// d(norm input) from d(norm output) in t->dxn, into t->dx; dw += colsum(dy * xhat)
+static void norm_bwd(acc_trainer *t, int N, const float *xhat, const float *rr, const float *w, float *dw) {
+    int H = t->a.hidden;
+    AC_LAUNCH(kt_rmsnorm_bwd, N, TB, 0, 0, t->dx, t->prod, t->prod2, t->dxn, xhat, rr, w, GH(t), H);
+    AC_LAUNCH(kt_colsum, blocks(H), 256, 0, 0, dw, t->prod, N, H);
+    AC_LAUNCH(kt_colsum, blocks(H), 256, 0, 0, t->dgates, t->prod2, N, H); // the hidden gate's gradient
+}
+
+// Gates of a sub-block's output (see train.c): d [N,C] = gradient of the
+// gated activation before the sub-block gate s; a the ungated activation.
+// Accumulates the gate gradients, then d <- d * s * g and ag <- a * g.
+static void gate_bwd(acc_trainer *t, int N, int C, int wpg, float *d, float *ag, const float *a, float *g, float *dg,
+                     float *dsub, float s) {
+    size_t n = (size_t)N * C;
+    AC_LAUNCH(kt_mul, blocks(n), 256, 0, 0, t->prod, d, a, n);
+    (void)cudaMemset(t->csum, 0, C * sizeof(float)); // errors surface at the step's cudaGetLastError
+    AC_LAUNCH(kt_colsum, blocks(C), 256, 0, 0, t->csum, t->prod, N, C);
+    AC_LAUNCH(kt_gate_reduce, 1, TB, 0, 0, dg, dsub, t->csum, g, C, wpg, s);
+    AC_LAUNCH(kt_gate_apply, blocks(n), 256, 0, 0, d, ag, a, g, C, wpg, s, n);
+}
+
+static int ffn_bwd(acc_trainer *t, int l, int N, char *err, size_t errn) {
+    int H = t->a.hidden, F = t->a.layers[l].ffn;
+    size_t nf = (size_t)N * F;
+    AC_LAUNCH(kt_silu_mul, blocks(nf), 256, 0, 0, t->du, t->gp[l], t->u[l],
+              nf); // h, ungated (du is free until silu_mul_bwd)
+    if (gemm(t, 0, 0, N, F, H, 1.0f, t->dx, H, P(t, l, W_D), F, 0.0f, t->df, F, err, errn)) return -1;
+    gate_bwd(t, N, F, 1, t->df, t->sf, t->du, GFFN(t, l), t->dgates + t->off_ffn[l], t->dgates + H + t->a.n_layers + l,
+             t->s_mlp[l]);
+    if (gemm(t, 1, 0, H, F, N, t->s_mlp[l], t->dx, H, t->sf, F, 1.0f, G(t, l, W_D), F, err, errn)) return -1;
+    AC_LAUNCH(kt_silu_mul_bwd, blocks(nf), 256, 0, 0, t->df, t->du, t->gp[l], t->u[l], nf);
+    AC_LAUNCH(kt_scale_cols, N, TB, 0, 0, t->xn, t->xh2[l], P(t, l, W_POST), GH(t), H);
+    if (gemm(t, 0, 0, N, H, F, 1.0f, t->df, F, P(t, l, W_G), H, 0.0f, t->dxn, H, err, errn) ||
+        gemm(t, 0, 0, N, H, F, 1.0f, t->du, F, P(t, l, W_U), H, 1.0f, t->dxn, H, err, errn) ||
+        gemm(t, 1, 0, F, H, N, 1.0f, t->df, F, t->xn, H, 1.0f, G(t, l, W_G), H, err, errn) ||
+        gemm(t, 1, 0, F, H, N, 1.0f, t->du, F, t->xn, H, 1.0f, G(t, l, W_U), H, err, errn))
+        return -1;
+    norm_bwd(t, N, t->xh2[l], t->r2[l], P(t, l, W_POST), G(t, l, W_POST));
+    return 0;
+}
+
+static int attn_bwd(acc_trainer *t, int l, int B, int T, char *err, size_t errn) {
+    const tarch *a = &t->a;
+    const ac_layer_arch *L = &a->layers[l];
+    int N = B * T, H = a->hidden, hd = a->head_dim, Q = L->n_heads * hd, KV = L->n_kv_heads * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    if (gemm(t, 0, 0, N, Q, H, 1.0f, t->dx, H, P(t, l, W_O), Q, 0.0f, t->sq, Q, err, errn)) return -1;
+    gate_bwd(t, N, Q, hd, t->sq, t->dq, t->o[l], GHEAD(t, l), t->dgates + t->off_head[l], t->dgates + H + l,
+             t->s_attn[l]);
+    if (gemm(t, 1, 0, H, Q, N, t->s_attn[l], t->dx, H, t->dq, Q, 1.0f, G(t, l, W_O), Q, err, errn)) return -1;
+    AC_LAUNCH(kt_attn_bwd_q, dim3(N, L->n_heads), TB, 2 * T * sizeof(float), 0, t->dq, t->delta, t->sq, t->q[l],
+              t->k[l], t->vv[l], t->lse[l], L->n_heads, L->n_kv_heads, hd, T, scale, a->sliding_window);
+    AC_LAUNCH(kt_attn_bwd_kv, dim3(N, L->n_kv_heads), TB, 2 * T * sizeof(float), 0, t->dk, t->dv, t->sq, t->q[l],
+              t->k[l], t->vv[l], t->lse[l], t->delta, L->n_heads, L->n_kv_heads, hd, T, scale, a->sliding_window);
+    AC_LAUNCH(kt_rope, N, TB, 0, 0, t->dq, L->n_heads, hd, T, t->cos_t, t->sin_t, 1);
+    AC_LAUNCH(kt_rope, N, TB, 0, 0, t->dk, L->n_kv_heads, hd, T, t->cos_t, t->sin_t, 1);
+    AC_LAUNCH(kt_scale_cols, N, TB, 0, 0, t->xn, t->xh1[l], P(t, l, W_IN), GH(t), H);
+    float *ds[3] = {t->dq, t->dk, t->dv};
+    int wsel[3] = {W_Q, W_K, W_V}, bsel[3] = {W_BQ, W_BK, W_BV}, widths[3] = {Q, KV, KV};
+    for (int i = 0; i < 3; i++) {
+        if (gemm(t, 0, 0, N, H, widths[i], 1.0f, ds[i], widths[i], P(t, l, wsel[i]), H, i ? 1.0f : 0.0f, t->dxn, H, err,
+                 errn) ||
+            gemm(t, 1, 0, widths[i], H, N, 1.0f, ds[i], widths[i], t->xn, H, 1.0f, G(t, l, wsel[i]), H, err, errn))
+            return -1;
+        if (G(t, l, bsel[i])) AC_LAUNCH(kt_colsum, blocks(widths[i]), 256, 0, 0, G(t, l, bsel[i]), ds[i], N, widths[i]);
+    }
+    norm_bwd(t, N, t->xh1[l], t->r1[l], P(t, l, W_IN), G(t, l, W_IN));
+    return 0;
+}
+
+// Tokens grouped by id for the embedding backward (host side, uploaded).
+static int embed_bwd(acc_trainer *t, const int *tokens, int N, char *err, size_t errn) {
+    std::vector<int> idx(N);
+    for (int i = 0; i < N; i++) idx[i] = i;
+    std::stable_sort(idx.begin(), idx.end(), [&](int x, int y) { return tokens[x] < tokens[y]; });
+    std::vector<int> &h = t->host_csr;
+    h.assign(3 * N + 1, 0);
+    int nu = 0;
+    for (int i = 0; i < N; i++) {
+        if (!i || tokens[idx[i]] != tokens[idx[i - 1]]) {
+            h[nu] = tokens[idx[i]];
+            h[N + nu] = i;
+            nu++;
+        }
+        h[2 * N + 1 + i] = idx[i];
+    }
+    h[N + nu] = N;
+    // layout on the device: uniq [N], off [N+1], rows [N]
+    TCK(cudaMemcpy(t->csr, h.data(), h.size() * sizeof(int), cudaMemcpyHostToDevice));
+    AC_LAUNCH(kt_embed_bwd, nu, TB, 0, 0, t->g[0], t->dx, t->csr, t->csr + N, t->csr + 2 * N + 1, t->a.hidden);
+    return 0;
+}
+
+extern "C" int acc_trainer_grad(acc_trainer *t, const int *tokens, const int *targets, const float *teacher, int B,
+                                int T, float tau, float kd_weight, float scale, double *loss, char *err, size_t errn) {
+    const tarch *a = &t->a;
+    if (B <= 0 || T <= 0 || B > t->max_B || T > t->max_T) {
+        snprintf(err, errn, "trainer: batch %d x %d exceeds %d x %d", B, T, t->max_B, t->max_T);
+        return -1;
+    }
+    int N = B * T, H = a->hidden, V = a->vocab;
+    for (int i = 0; i < N; i++)
+        if (tokens[i] < 0 || tokens[i] >= V) {
+            snprintf(err, errn, "trainer: token id %d outside vocabulary of %d", tokens[i], V);
+            return -1;
+        }
+    TCK(cudaMemcpy(t->tok, tokens, N * sizeof(int), cudaMemcpyHostToDevice));
+    if (targets) TCK(cudaMemcpy(t->tgt, targets, N * sizeof(int), cudaMemcpyHostToDevice));
+    if (teacher) TCK(cudaMemcpy(t->teacher, teacher, (size_t)N * V * sizeof(float), cudaMemcpyHostToDevice));
+    if (forward(t, B, T, err, errn)) return -1;
+    long nce = 0;
+    for (int i = 0; targets && i < N; i++) nce += targets[i] >= 0;
+    float wkd = teacher ? kd_weight : 0.0f, wce = 1.0f - wkd;
+    float fce = nce ? scale * wce / (float)nce : 0.0f, fkd = scale * wkd * tau / (float)N;
+    AC_LAUNCH(kt_loss, N, TB, 0, 0, t->dlogits, t->rowloss, t->logits, targets ? t->tgt : (const int *)NULL,
+              teacher ? t->teacher : (const float *)NULL, V, tau, fce, fkd);
+    std::vector<float> rl(2 * (size_t)N);
+    TCK(cudaMemcpy(rl.data(), t->rowloss, rl.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    double ce = 0, kd = 0;
+    for (int i = 0; i < N; i++) {
+        ce += rl[2 * i];
+        kd += rl[2 * i + 1];
+    }
+    ce = nce ? ce / nce : 0;
+    kd /= N;
+    if (loss) *loss = wkd * kd + wce * ce;
+    // backward: head, final norm, layers in reverse, embedding
+    AC_LAUNCH(kt_scale_cols, N, TB, 0, 0, t->xn, t->xhf, t->p[2], GH(t), H);
+    if (gemm(t, 0, 0, N, H, V, 1.0f, t->dlogits, V, t->p[t->head_idx], H, 0.0f, t->dxn, H, err, errn) ||
+        gemm(t, 1, 0, V, H, N, 1.0f, t->dlogits, V, t->xn, H, 1.0f, t->g[t->head_idx], H, err, errn))
+        return -1;
+    TCK(cudaMemset(t->dx, 0, (size_t)N * H * sizeof(float)));
+    norm_bwd(t, N, t->xhf, t->rf, t->p[2], t->g[2]);
+    for (int l = a->n_layers - 1; l >= 0; l--) {
+        if (a->layers[l].ffn && ffn_bwd(t, l, N, err, errn)) return -1;
+        if (a->layers[l].n_heads && attn_bwd(t, l, B, T, err, errn)) return -1;
+    }
+    if (embed_bwd(t, tokens, N, err, errn)) return -1;
+    TCK(cudaGetLastError());
+    TCK(cudaStreamSynchronize(0));
+    return 0;
+}
+
+extern "C" int acc_trainer_step(acc_trainer *t, float lr, float beta1, float beta2, float eps, float weight_decay,
+                                float clip, long step, double *gnorm, char *err, size_t errn) {
+    double ss = 0;
+    std::vector<float> part(1024);
+    for (int i = 0; i < t->nt; i++) {
+        if (!t->n[i]) continue;
+        unsigned nb = std::min(1024u, blocks(t->n[i]));
+        AC_LAUNCH(kt_sumsq, nb, 256, 0, 0, t->part, t->g[i], t->n[i]);
+        TCK(cudaMemcpy(part.data(), t->part, nb * sizeof(float), cudaMemcpyDeviceToHost));
+        for (unsigned b = 0; b < nb; b++) ss += part[b];
+    }
+    double norm = sqrt(ss);
+    if (gnorm) *gnorm = norm;
+    float coef = 1.0f;
+    if (clip > 0 && (float)(clip / (norm + 1e-6)) < 1.0f) coef = (float)(clip / (norm + 1e-6));
+    double bc1 = 1 - pow(beta1, (double)(step + 1)), bc2 = 1 - pow(beta2, (double)(step + 1));
+    for (int i = 0; i < t->nt; i++) {
+        if (!t->n[i]) continue;
+        AC_LAUNCH(kt_adamw, blocks(t->n[i]), 256, 0, 0, t->p[i], t->g[i], t->m[i], t->v[i], t->n[i], coef,
+                  t->decay[i] ? 1.0f - lr * weight_decay : 1.0f, beta1, beta2, (float)(lr / bc1), (float)sqrt(bc2),
+                  eps);
+    }
+    TCK(cudaGetLastError());
+    TCK(cudaStreamSynchronize(0));
+    return 0;
+}
+
+extern "C" int acc_trainer_download(acc_trainer *t, ac_model *w, ac_model *g, char *err, size_t errn) {
+    ac_model *ms[2] = {w, g};
+    for (int k = 0; k < 2; k++) {
+        if (!ms[k]) continue;
+        std::vector<float *> hp;
+        std::vector<size_t> n;
+        std::vector<int> d;
+        host_tensors(ms[k], hp, n, d);
+        if ((int)hp.size() != t->nt) {
+            snprintf(err, errn, "trainer: download into a model of another architecture");
+            return -1;
+        }
+        for (int i = 0; i < t->nt; i++) {
+            if (n[i] != t->n[i]) {
+                snprintf(err, errn, "trainer: tensor %d has %zu elements, the device's %zu", i, n[i], t->n[i]);
+                return -1;
+            }
+            if (n[i]) TCK(cudaMemcpy(hp[i], k ? t->g[i] : t->p[i], n[i] * sizeof(float), cudaMemcpyDeviceToHost));
+        }
+    }
+    return 0;
+}
+
+extern "C" int acc_trainer_gates(acc_trainer *t, const ac_gates *g, ac_gates *dg, int zero_grad, char *err,
+                                 size_t errn) {
+    const tarch *a = &t->a;
+    int H = a->hidden, L = a->n_layers;
+    std::vector<float> h(t->ngates);
+    // pack / unpack between train.h's ac_gates and the device layout
+    auto walk = [&](const ac_gates *src, ac_gates *dst) {
+        for (int c = 0; c < H; c++) src ? (void)(h[c] = src->hidden[c]) : (void)(dst->hidden[c] = h[c]);
+        for (int l = 0; l < L; l++) {
+            src ? (void)(h[H + l] = src->attn[l]) : (void)(dst->attn[l] = h[H + l]);
+            src ? (void)(h[H + L + l] = src->mlp[l]) : (void)(dst->mlp[l] = h[H + L + l]);
+            for (int k = 0; k < a->layers[l].n_heads; k++)
+                src ? (void)(h[t->off_head[l] + k] = src->head[l][k]) : (void)(dst->head[l][k] = h[t->off_head[l] + k]);
+            for (int k = 0; k < a->layers[l].ffn; k++)
+                src ? (void)(h[t->off_ffn[l] + k] = src->ffn[l][k]) : (void)(dst->ffn[l][k] = h[t->off_ffn[l] + k]);
+        }
+    };
+    if (g) {
+        walk(g, NULL);
+        TCK(cudaMemcpy(t->gates, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+        for (int l = 0; l < L; l++) t->s_attn[l] = g->attn[l], t->s_mlp[l] = g->mlp[l];
+    }
+    if (dg) {
+        TCK(cudaMemcpy(h.data(), t->dgates, h.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        walk(NULL, dg);
+    }
+    if (zero_grad) TCK(cudaMemset(t->dgates, 0, t->ngates * sizeof(float)));
+    return 0;
+}

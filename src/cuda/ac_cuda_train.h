@@ -1,0 +1,64 @@
+/*
+ * ac_cuda_train.h - the training pass on CUDA (part of the plugin
+ * libac_cuda.so; src/cuda/ac_cuda_train.cu): the same forward with kept
+ * activations, losses (next-token CE, temperature-scaled distillation KL)
+ * and backward as src/train.c, and the AdamW update of src/optim.c, on
+ * device memory allocated once at create.
+ *
+ * Precision: fp32 master weights, gradients, Adam moments and activations
+ * on the device; GEMMs are cublasGemmEx with FP32 inputs and FP32 compute.
+ * (BF16 weights would halve weight traffic, but then an fp32 master copy is
+ * needed anyway for the updates; for the small students distillation trains
+ * fp32 everywhere keeps the gradients comparable to the CPU's at 1e-4.)
+ * Attention backward follows FlashAttention-2's split: the forward keeps each
+ * row's log-sum-exp, the backward recomputes probabilities per query row for
+ * dq and per key row for dk and dv, so there are no atomics and no T x T buffer.
+ * Gates (train.h's ac_gates: per query head, FFN channel, hidden channel,
+ * sub-block) are on the device too, all 1 after create; their gradients
+ * accumulate with the weights' (acc_trainer_gates reads and clears them).
+ * Every function returns 0 or -1 with a message in err. They are reached
+ * through the plugin's acc_api table (ac_cuda.h).
+ */
+#ifndef AC_CUDA_TRAIN_H
+#define AC_CUDA_TRAIN_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "model.h"
+#include "train.h"
+
+typedef struct acc_trainer acc_trainer;
+
+/* Upload m's weights (fp32) and the host's RoPE tables (rope_cos, rope_sin:
+ * [max_T][head_dim/2], ac_rope_tables) and allocate gradients, moments,
+ * activations for batch max_B x context max_T. */
+int acc_trainer_create(int dev, const ac_model *m, int max_B, int max_T, const float *rope_cos, const float *rope_sin,
+                       acc_trainer **out, char *err, size_t errn);
+/* Forward tokens[B*T] from position 0, loss (as ac_loss_backward: targets
+ * < 0 not scored, may be NULL; teacher logits [B*T][V] on the host or NULL;
+ * kd_weight; scale), backward accumulating into the device gradients. */
+int acc_trainer_grad(acc_trainer *t, const int *tokens, const int *targets, const float *teacher, int B, int T,
+                     float tau, float kd_weight, float scale, double *loss, char *err, size_t errn);
+/* One AdamW update at learning rate lr (update number step, 0-based) from
+ * the accumulated gradients, clipped to global norm clip (<= 0: none), as
+ * ac_adamw_step; then the gradients are zeroed. *gnorm gets the norm. */
+int acc_trainer_step(acc_trainer *t, float lr, float beta1, float beta2, float eps, float weight_decay, float clip,
+                     long step, double *gnorm, char *err, size_t errn);
+/* Copy weights into w and/or gradients into g (either may be NULL; same arch
+ * as at create, allocated by the caller). */
+int acc_trainer_download(acc_trainer *t, ac_model *w, ac_model *g, char *err, size_t errn);
+/* Set the gates from g (NULL: leave them) and/or copy their accumulated
+ * gradients into dg (NULL: skip; both in train.h's ac_gates layout, caller's
+ * buffers); zero_grad clears the device's gate gradients afterwards. */
+int acc_trainer_gates(acc_trainer *t, const ac_gates *g, ac_gates *dg, int zero_grad, char *err, size_t errn);
+void acc_trainer_free(acc_trainer *t);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,687 @@
+/*
+ * gguf_read.c - reading GGUF files (llama / deci architectures) into an
+ * ac_model and an ac_tokenizer. See gguf.h.
+ *
+ * The file is mapped read-only and parsed with every length and offset
+ * checked against its size. Metadata values are found by key on demand;
+ * tensors are converted to fp32 (F32, F16, BF16) and Q/K rows are put back
+ * into Hugging Face's rotate-half order. The tokenizer is rebuilt as the
+ * tokenizer.json it stands for and parsed by the tokenizer module:
+ * `gpt2` -> byte-level BPE with the pre type's split regex (ignore_merges
+ * for llama-bpe, as llama.cpp does); `llama` -> SentencePiece-style BPE
+ * whose merges are every split of a token into two tokens, ranked by the
+ * token's score (the bigram rule of llama.cpp's SPM tokenizer).
+ */
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fsafe.h"
+#include "gguf.h"
+#include "gguf_int.h"
+#include "safetensors.h"
+#include "tensor.h"
+
+typedef struct {
+    const char *k;
+    size_t kl;
+    uint32_t type;
+    const unsigned char *v;
+} rkv;
+typedef struct {
+    const char *name;
+    size_t nl;
+    uint32_t nd;
+    uint64_t dims[4];
+    uint32_t type;
+    uint64_t off;
+} rti;
+typedef struct {
+    unsigned char *map; /* the file (mapped) or the caller's buffer */
+    size_t size;
+    int mapped;
+    rkv *kv;
+    uint64_t nkv;
+    rti *t;
+    uint64_t nt;
+    const unsigned char *data;
+} gfile;
+
+static const size_t TSIZE[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8}; /* scalar sizes by GGUF value type */
+
+typedef struct {
+    const unsigned char *p, *end;
+    int bad;
+} cur;
+
+static const unsigned char *take(cur *c, uint64_t n) {
+    if (c->bad || n > (uint64_t)(c->end - c->p)) {
+        c->bad = 1;
+        return NULL;
+    }
+    const unsigned char *r = c->p;
+    c->p += n;
+    return r;
+}
+static uint64_t u64(cur *c) {
+    const unsigned char *p = take(c, 8);
+    uint64_t v = 0;
+    if (p) memcpy(&v, p, 8);
+    return v;
+}
+static uint32_t u32(cur *c) {
+    const unsigned char *p = take(c, 4);
+    uint32_t v = 0;
+    if (p) memcpy(&v, p, 4);
+    return v;
+}
+
+static void skip_value(cur *c, uint32_t type, int depth) {
+    if (type == GG_STR) {
+        uint64_t n = u64(c);
+        take(c, n);
+        return;
+    }
+    if (type == GG_ARR && depth < 2) {
+        uint32_t et = u32(c);
+        uint64_t n = u64(c);
+        if (et == GG_STR || et == GG_ARR) {
+            for (uint64_t i = 0; i < n && !c->bad; i++) skip_value(c, et, depth + 1);
+        } else if (et < 13) {
+            if (n > (uint64_t)(c->end - c->p) / TSIZE[et]) c->bad = 1;
+            else take(c, n * TSIZE[et]);
+        } else c->bad = 1;
+        return;
+    }
+    if (type >= 13 || type == GG_ARR) {
+        c->bad = 1;
+        return;
+    }
+    take(c, TSIZE[type]);
+}
+
+static void gclose(gfile *g) {
+    if (g->map && g->mapped) munmap(g->map, g->size);
+    free(g->kv);
+    free(g->t);
+    memset(g, 0, sizeof *g);
+}
+
+static const rkv *find_kv(const gfile *g, const char *k) {
+    size_t kl = strlen(k);
+    for (uint64_t i = 0; i < g->nkv; i++)
+        if (g->kv[i].kl == kl && !memcmp(g->kv[i].k, k, kl)) return &g->kv[i];
+    return NULL;
+}
+
+/* Parse the header, metadata and tensor infos of g->map[0..g->size). */
+static int gparse(gfile *g, const char *path, ac_err *e) {
+    cur c = {g->map, g->map + g->size, 0};
+    if (g->size < 24) {
+        gclose(g);
+        return ac_errf(e, "%s: not a GGUF file (too short)", path);
+    }
+    uint32_t ver;
+    if (memcmp(take(&c, 4), "GGUF", 4) || ((ver = u32(&c)) != 3 && ver != 2)) {
+        gclose(g);
+        return ac_errf(e, "%s: not a GGUF v2/v3 file", path);
+    }
+    g->nt = u64(&c);
+    g->nkv = u64(&c);
+    if (g->nt > 1u << 20 || g->nkv > 1u << 20) {
+        gclose(g);
+        return ac_errf(e, "%s: implausible tensor or metadata count", path);
+    }
+    g->kv = calloc(g->nkv + 1, sizeof *g->kv);
+    g->t = calloc(g->nt + 1, sizeof *g->t);
+    if (!g->kv || !g->t) {
+        gclose(g);
+        return ac_errf(e, "out of memory");
+    }
+    for (uint64_t i = 0; i < g->nkv && !c.bad; i++) {
+        rkv *k = &g->kv[i];
+        k->kl = (size_t)u64(&c);
+        k->k = (const char *)take(&c, k->kl);
+        k->type = u32(&c);
+        k->v = c.p;
+        skip_value(&c, k->type, 0);
+    }
+    for (uint64_t i = 0; i < g->nt && !c.bad; i++) {
+        rti *t = &g->t[i];
+        t->nl = (size_t)u64(&c);
+        t->name = (const char *)take(&c, t->nl);
+        t->nd = u32(&c);
+        if (t->nd < 1 || t->nd > 4) {
+            c.bad = 1;
+            break;
+        }
+        for (uint32_t d = 0; d < t->nd; d++) t->dims[d] = u64(&c);
+        t->type = u32(&c);
+        t->off = u64(&c);
+    }
+    if (c.bad) {
+        gclose(g);
+        return ac_errf(e, "%s: truncated or malformed GGUF header", path);
+    }
+    const rkv *al = find_kv(g, "general.alignment");
+    uint32_t align = GG_ALIGN;
+    if (al && al->type == GG_U32) memcpy(&align, al->v, 4);
+    if (align == 0) {
+        gclose(g);
+        return ac_errf(e, "%s: general.alignment is 0", path);
+    }
+    uint64_t pos = (uint64_t)(c.p - g->map);
+    pos = (pos + align - 1) / align * align;
+    if (pos > g->size) {
+        gclose(g);
+        return ac_errf(e, "%s: truncated GGUF file", path);
+    }
+    g->data = g->map + pos;
+    return 0;
+}
+
+static int gopen(const char *path, gfile *g, ac_err *e) {
+    memset(g, 0, sizeof *g);
+    size_t size;
+    int fd = ac_fsafe_open(path, AC_FK_WEIGHTS, &size, e); /* confined, a regular file */
+    if (fd < 0) return -1;
+    if (size < 24) {
+        close(fd);
+        return ac_errf(e, "%s: not a GGUF file (too short)", path);
+    }
+    g->size = size;
+    g->map = mmap(NULL, g->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    g->mapped = 1;
+    close(fd);
+    if (g->map == MAP_FAILED) {
+        g->map = NULL;
+        return ac_errf(e, "%s: cannot map", path);
+    }
+    return gparse(g, path, e);
+}
+
+/* Integer metadata (any integer type); def when absent. */
+static int kv_int(const gfile *g, const char *k, long long def, long long *out, ac_err *e) {
+    const rkv *x = find_kv(g, k);
+    *out = def;
+    if (!x) return 0;
+    const unsigned char *v = x->v;
+    switch (x->type) {
+    case GG_U8: *out = *v; break;
+    case GG_I8: *out = (int8_t)*v; break;
+    case GG_U16: {
+        uint16_t t;
+        memcpy(&t, v, 2);
+        *out = t;
+        break;
+    }
+    case GG_I16: {
+        int16_t t;
+        memcpy(&t, v, 2);
+        *out = t;
+        break;
+    }
+    case GG_U32: {
+        uint32_t t;
+        memcpy(&t, v, 4);
+        *out = t;
+        break;
+    }
+    case GG_I32: {
+        int32_t t;
+        memcpy(&t, v, 4);
+        *out = t;
+        break;
+    }
+    case GG_U64:
+    case GG_I64: {
+        int64_t t;
+        memcpy(&t, v, 8);
+        *out = t;
+        break;
+    }
+    default: return ac_errf(e, "gguf: %s is not an integer", k);
+    }
+    return 0;
+}
+
+static int kv_float(const gfile *g, const char *k, double def, double *out, ac_err *e) {
+    const rkv *x = find_kv(g, k);
+    *out = def;
+    if (!x) return 0;
+    if (x->type == GG_F32) {
+        float f;
+        memcpy(&f, x->v, 4);
+        *out = f;
+    } else if (x->type == GG_F64) memcpy(out, x->v, 8);
+    else return ac_errf(e, "gguf: %s is not a float", k);
+    return 0;
+}
+
+/* A string value: *s (not NUL-terminated) and *n, or NULL when absent. */
+static const char *kv_str(const gfile *g, const char *k, size_t *n) {
+    const rkv *x = find_kv(g, k);
+    if (!x || x->type != GG_STR) return NULL;
+    cur c = {x->v, g->map + g->size, 0};
+    *n = (size_t)u64(&c);
+    return (const char *)take(&c, *n);
+}
+
+/* An array value: element type and count, cursor at the first element. */
+static int kv_array(const gfile *g, const char *k, uint32_t *et, uint64_t *n, cur *c) {
+    const rkv *x = find_kv(g, k);
+    if (!x || x->type != GG_ARR) return 0;
+    *c = (cur){x->v, g->map + g->size, 0};
+    *et = u32(c);
+    *n = u64(c);
+    return !c->bad;
+}
+
+/* Per-layer integers: an array of n integers, or one integer for every layer. */
+static int kv_layers(const gfile *g, const char *k, int n, int *out, ac_err *e) {
+    uint32_t et;
+    uint64_t cnt;
+    cur c;
+    if (kv_array(g, k, &et, &cnt, &c)) {
+        if (cnt != (uint64_t)n || (et != GG_I32 && et != GG_U32))
+            return ac_errf(e, "gguf: %s must hold %d 32-bit integers", k, n);
+        for (int i = 0; i < n; i++) {
+            uint32_t v = u32(&c);
+            if (v > 1u << 20) return ac_errf(e, "gguf: %s[%d] = %u is out of range", k, i, v);
+            out[i] = (int)v;
+        }
+        return 0;
+    }
+    long long v;
+    if (kv_int(g, k, -1, &v, e)) return -1;
+    if (v < 0 || v > 1 << 20) return ac_errf(e, "gguf: %s is missing or out of range", k);
+    for (int i = 0; i < n; i++) out[i] = (int)v;
+    return 0;
+}
+
+static const rti *find_t(const gfile *g, const char *name) {
+    size_t nl = strlen(name);
+    for (uint64_t i = 0; i < g->nt; i++)
+        if (g->t[i].nl == nl && !memcmp(g->t[i].name, name, nl)) return &g->t[i];
+    return NULL;
+}
+
+static int read_arch(const gfile *g, ac_arch *a, ac_err *e) {
+    memset(a, 0, sizeof *a);
+    size_t n;
+    const char *an = kv_str(g, "general.architecture", &n);
+    char arch[32], k[128];
+    if (!an || n >= sizeof arch) return ac_errf(e, "gguf: general.architecture is missing");
+    memcpy(arch, an, n);
+    arch[n] = 0;
+    if (strcmp(arch, "llama") && strcmp(arch, "deci"))
+        return ac_errf(e, "gguf: architecture %s is not supported (llama, deci)", arch);
+    snprintf(a->model_type, sizeof a->model_type, "%s", strcmp(arch, "deci") ? "llama" : "nemotron-nas");
+    long long v[6];
+    double eps, theta;
+    const char *ik[6] = {"embedding_length", "block_count",          "context_length",
+                         "vocab_size",       "attention.key_length", "rope.dimension_count"};
+    for (int i = 0; i < 6; i++) {
+        snprintf(k, sizeof k, "%s.%s", arch, ik[i]);
+        if (kv_int(g, k, -1, &v[i], e)) return -1;
+    }
+    snprintf(k, sizeof k, "%s.attention.layer_norm_rms_epsilon", arch);
+    if (kv_float(g, k, 1e-5, &eps, e)) return -1;
+    snprintf(k, sizeof k, "%s.rope.freq_base", arch);
+    if (kv_float(g, k, 10000, &theta, e)) return -1;
+    const rti *emb = find_t(g, "token_embd.weight");
+    if (v[3] < 0 && emb && emb->nd == 2) v[3] = (long long)emb->dims[1];
+    if (v[0] <= 0 || v[1] <= 0 || v[3] <= 0 || v[0] > 1 << 20 || v[1] > 4096 || v[3] > 1 << 22)
+        return ac_errf(e, "gguf: embedding_length, block_count and vocab_size must be present and plausible");
+    a->hidden = (int)v[0];
+    a->n_layers = (int)v[1];
+    a->max_pos = v[2] > 0 && v[2] < 1 << 30 ? (int)v[2] : 2048;
+    a->vocab = (int)v[3];
+    a->eps = (float)eps;
+    a->rope_theta = (float)theta;
+    a->layers = calloc(a->n_layers, sizeof *a->layers);
+    int *tmp = calloc(3 * (size_t)a->n_layers, sizeof *tmp);
+    if (!a->layers || !tmp) {
+        free(tmp);
+        ac_arch_free(a);
+        return ac_errf(e, "out of memory");
+    }
+    const char *lk[3] = {"attention.head_count", "attention.head_count_kv", "feed_forward_length"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(k, sizeof k, "%s.%s", arch, lk[i]);
+        if (kv_layers(g, k, a->n_layers, tmp + i * a->n_layers, e)) {
+            free(tmp);
+            ac_arch_free(a);
+            return -1;
+        }
+    }
+    int nh0 = 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        ac_layer_arch *L = &a->layers[l];
+        *L = (ac_layer_arch){tmp[l], tmp[a->n_layers + l], tmp[2 * a->n_layers + l]};
+        if (L->n_heads && (L->n_kv_heads <= 0 || L->n_heads % L->n_kv_heads)) {
+            ac_errf(e, "gguf: layer %d has %d heads and %d KV heads (llama.cpp's linear attention is not supported)", l,
+                    L->n_heads, L->n_kv_heads);
+            free(tmp);
+            ac_arch_free(a);
+            return -1;
+        }
+        if (L->n_heads && !nh0) nh0 = L->n_heads;
+    }
+    free(tmp);
+    a->head_dim = v[4] > 0 ? (int)v[4] : nh0 ? a->hidden / nh0 : 0;
+    if (a->head_dim <= 0 || a->head_dim % 2 || (v[5] > 0 && v[5] != a->head_dim)) {
+        ac_arch_free(a);
+        return ac_errf(
+            e, "gguf: head size %d must be even and equal to rope.dimension_count (partial RoPE is not supported)",
+            a->head_dim);
+    }
+    a->tie_embeddings = !find_t(g, "output.weight");
+    a->qkv_bias = 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        snprintf(k, sizeof k, "blk.%d.attn_q.bias", l);
+        a->qkv_bias |= find_t(g, k) != NULL;
+    }
+    double rf, rl, rh;
+    long long ro;
+    if (kv_float(g, "autocompress.rope_llama3.factor", 0, &rf, e) ||
+        kv_float(g, "autocompress.rope_llama3.low_freq_factor", 1, &rl, e) ||
+        kv_float(g, "autocompress.rope_llama3.high_freq_factor", 4, &rh, e) ||
+        kv_int(g, "autocompress.rope_llama3.original_context_length", 8192, &ro, e)) {
+        ac_arch_free(a);
+        return -1;
+    }
+    if (rf > 0) {
+        a->rope_llama3 = 1;
+        a->rs_factor = (float)rf;
+        a->rs_low = (float)rl;
+        a->rs_high = (float)rh;
+        a->rs_orig = (int)ro;
+    } else if (find_t(g, "rope_freqs.weight")) {
+        ac_arch_free(a);
+        return ac_errf(e, "gguf: rope_freqs without AutoCompress's llama3 keys is not supported");
+    }
+    long long bos, eos;
+    if (kv_int(g, "tokenizer.ggml.bos_token_id", -1, &bos, e) ||
+        kv_int(g, "tokenizer.ggml.eos_token_id", -1, &eos, e)) {
+        ac_arch_free(a);
+        return -1;
+    }
+    a->bos_id = (int)bos;
+    a->eos_id = (int)eos;
+    return 0;
+}
+
+/* Tensor `name` of shape [rows, cols] (cols 0: 1-D) into dst as fp32;
+ * perm > 0 puts Q/K rows of perm heads back in rotate-half order. */
+static int read_t(const gfile *g, const char *name, int64_t rows, int64_t cols, int perm, float *dst, ac_err *e) {
+    const rti *t = find_t(g, name);
+    if (!t) return ac_errf(e, "gguf: missing tensor %s", name);
+    int ok = cols ? t->nd == 2 && t->dims[0] == (uint64_t)cols && t->dims[1] == (uint64_t)rows
+                  : t->nd == 1 && t->dims[0] == (uint64_t)rows;
+    if (!ok)
+        return ac_errf(e, "gguf: tensor %s has the wrong shape (expected [%lld, %lld])", name, (long long)rows,
+                       (long long)cols);
+    st_dtype dt = t->type == GGML_F32    ? ST_F32
+                  : t->type == GGML_F16  ? ST_F16
+                  : t->type == GGML_BF16 ? ST_BF16
+                                         : ST_NDTYPES;
+    if (dt == ST_NDTYPES)
+        return ac_errf(e, "gguf: tensor %s has ggml type %u (F32, F16 and BF16 are supported)", name, t->type);
+    size_t n = (size_t)rows * (size_t)(cols ? cols : 1), bytes = n * st_dtype_size(dt);
+    size_t avail = g->size - (size_t)(g->data - g->map);
+    if (t->off > avail || bytes > avail - t->off) return ac_errf(e, "gguf: tensor %s lies outside the file", name);
+    if (!dst) return 0; /* the check before allocation */
+    float *tmp = perm ? malloc(n * sizeof *tmp) : dst;
+    if (!tmp) return ac_errf(e, "out of memory");
+    int rc = ac_to_f32(tmp, g->data + t->off, dt, n, e);
+    if (perm) {
+        if (!rc) gg_permute_rows(dst, tmp, perm, rows, cols ? cols : 1, 1);
+        free(tmp);
+    }
+    return rc ? ac_errctx(e, "%s", name) : 0;
+}
+
+/* m->L NULL: only check that every tensor is there with its shape and
+ * inside the file (before the model is allocated). */
+static int read_weights(const gfile *g, ac_model *m, ac_err *e) {
+    const ac_arch *a = &m->a;
+    int chk = m->L == NULL;
+    int64_t H = a->hidden;
+    if (read_t(g, "token_embd.weight", a->vocab, H, 0, m->embed, e) ||
+        read_t(g, "output_norm.weight", H, 0, 0, m->final_norm, e))
+        return -1;
+    if (!a->tie_embeddings && read_t(g, "output.weight", a->vocab, H, 0, m->lm_head, e)) return -1;
+    static ac_layer_w none;
+    for (int l = 0; l < a->n_layers; l++) {
+        ac_layer_w *w = chk ? &none : &m->L[l];
+        gg_layer_tensor lt[GG_LAYER_TENSORS];
+        int k = gg_layer_tensors(a, l, w, lt);
+        for (int i = 0; i < k; i++)
+            if (read_t(g, lt[i].name, lt[i].rows, lt[i].cols, lt[i].perm, *lt[i].w, e)) return -1;
+    }
+    return 0;
+}
+
+int ac_gguf_arch(const char *path, ac_arch *a, ac_err *e) {
+    gfile g;
+    if (gopen(path, &g, e)) return -1;
+    int rc = read_arch(&g, a, e);
+    gclose(&g);
+    return rc ? ac_errctx(e, "%s", path) : 0;
+}
+
+static int load_model(const gfile *g, ac_model *m, ac_err *e) {
+    ac_model chk = {0};
+    memset(m, 0, sizeof *m);
+    if (read_arch(g, &chk.a, e)) return -1;
+    int rc = read_weights(g, &chk, e);
+    if (!rc) rc = ac_model_alloc(m, &chk.a, e);
+    ac_arch_free(&chk.a);
+    if (!rc && (rc = read_weights(g, m, e))) ac_model_free(m);
+    return rc;
+}
+
+int ac_gguf_load(const char *path, ac_model *m, ac_err *e) {
+    gfile g;
+    memset(m, 0, sizeof *m);
+    if (gopen(path, &g, e)) return -1;
+    int rc = load_model(&g, m, e);
+    gclose(&g);
+    return rc ? ac_errctx(e, "%s", path) : 0;
+}
+
+/* ---- tokenizer ---- */
+
+typedef struct {
+    int id;
+    float score;
+} scored;
+static int by_score(const void *x, const void *y) {
+    const scored *a = x, *b = y;
+    return a->score > b->score ? -1 : a->score < b->score ? 1 : a->id - b->id;
+}
+
+/* SentencePiece-style merges: every split of a NORMAL token into two
+ * tokens, tokens ranked by score (highest first), as llama.cpp's SPM
+ * tokenizer merges the adjacent pair whose concatenation scores highest. */
+static int spm_merges(json_t *merges, json_t *vocab, char **tok, const int *type, const float *score, int V,
+                      ac_err *e) {
+    scored *s = malloc(sizeof *s * (size_t)V);
+    if (!s) return ac_errf(e, "out of memory");
+    int ns = 0;
+    for (int i = 0; i < V; i++)
+        if (type[i] == TT_NORMAL && tok[i] && strlen(tok[i]) > 1) s[ns++] = (scored){i, score[i]};
+    qsort(s, ns, sizeof *s, by_score);
+    char buf[2048];
+    for (int k = 0; k < ns; k++) {
+        const char *t = tok[s[k].id];
+        size_t n = strlen(t);
+        if (n * 2 + 2 > sizeof buf) continue;
+        for (size_t i = 1; i < n; i++) {
+            if (((unsigned char)t[i] & 0xC0) == 0x80) continue; /* split at character boundaries */
+            memcpy(buf, t, i);
+            buf[i] = 0;
+            json_t *l = json_object_get(vocab, buf), *r = json_object_get(vocab, t + i);
+            if (!l || !r) continue;
+            if (json_array_append_new(merges, json_pack("[s%,s]", t, i, t + i))) {
+                free(s);
+                return ac_errf(e, "out of memory");
+            }
+        }
+    }
+    free(s);
+    return 0;
+}
+
+static json_t *pre_tokenizer(const char *pre, size_t n) {
+    const char *re = n == 9 && !memcmp(pre, "llama-bpe", 9) ? GG_RE_LLAMA3
+                     : n == 5 && !memcmp(pre, "qwen2", 5)   ? GG_RE_QWEN2
+                                                            : NULL;
+    if (!re) return json_pack("{s:s,s:b,s:b}", "type", "ByteLevel", "add_prefix_space", 0, "use_regex", 1);
+    return json_pack("{s:s,s:[{s:s,s:{s:s},s:s,s:b},{s:s,s:b,s:b}]}", "type", "Sequence", "pretokenizers", "type",
+                     "Split", "pattern", "Regex", re, "behavior", "Isolated", "invert", 0, "type", "ByteLevel",
+                     "add_prefix_space", 0, "use_regex", 0);
+}
+
+/* The tokenizer.json equivalent of the file's tokenizer metadata. */
+static json_t *tokenizer_json(const gfile *g, ac_err *e) {
+    size_t mn = 0, pn = 0;
+    const char *model = kv_str(g, "tokenizer.ggml.model", &mn), *pre = kv_str(g, "tokenizer.ggml.pre", &pn);
+    int sp = model && mn == 5 && !memcmp(model, "llama", 5);
+    if (!model || (!sp && !(mn == 4 && !memcmp(model, "gpt2", 4)))) {
+        ac_errf(e, "gguf: tokenizer.ggml.model must be gpt2 or llama");
+        return NULL;
+    }
+    uint32_t et, tt, st = 0;
+    uint64_t V, nt, nsc = 0;
+    cur ct, cty, csc;
+    if (!kv_array(g, "tokenizer.ggml.tokens", &et, &V, &ct) || et != GG_STR || V == 0 || V > 1u << 22 ||
+        !kv_array(g, "tokenizer.ggml.token_type", &tt, &nt, &cty) || (tt != GG_I32 && tt != GG_U32) || nt != V ||
+        (sp && (!kv_array(g, "tokenizer.ggml.scores", &st, &nsc, &csc) || st != GG_F32 || nsc != V))) {
+        ac_errf(e, "gguf: tokenizer tokens, token_type%s arrays are missing or inconsistent", sp ? " and scores" : "");
+        return NULL;
+    }
+    char **tok = calloc(V, sizeof *tok);
+    int *type = calloc(V, sizeof *type);
+    float *score = calloc(V, sizeof *score);
+    json_t *vocab = json_object(), *added = json_array(), *merges = json_array(), *root = NULL;
+    if (!tok || !type || !score || !vocab || !added || !merges) {
+        ac_errf(e, "out of memory");
+        goto out;
+    }
+    for (uint64_t i = 0; i < V; i++) {
+        uint64_t n = u64(&ct);
+        const char *s = (const char *)take(&ct, n);
+        type[i] = (int)u32(&cty);
+        if (sp) {
+            uint32_t f = u32(&csc);
+            memcpy(&score[i], &f, 4);
+        }
+        if (ct.bad || !(tok[i] = strndup(s, n))) {
+            ac_errf(e, "gguf: tokenizer tokens are truncated");
+            goto out;
+        }
+        if (type[i] == TT_UNUSED || !n) continue;
+        if (type[i] == TT_CONTROL || type[i] == TT_USER)
+            json_array_append_new(added, json_pack("{s:I,s:s,s:b,s:b,s:b,s:b,s:b}", "id", (json_int_t)i, "content",
+                                                   tok[i], "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0,
+                                                   "special", type[i] == TT_CONTROL));
+        else json_object_set_new(vocab, tok[i], json_integer((json_int_t)i));
+    }
+    root = json_pack("{s:s,s:o,s:{s:s,s:O,s:O,s:b,s:b,s:b}}", "version", "1.0", "added_tokens", json_incref(added),
+                     "model", "type", "BPE", "vocab", vocab, "merges", merges, "byte_fallback", sp, "fuse_unk", sp,
+                     "ignore_merges", pre && pn == 9 && !memcmp(pre, "llama-bpe", 9));
+    if (!root) {
+        ac_errf(e, "out of memory");
+        goto out;
+    }
+    if (sp) {
+        const rkv *asp = find_kv(g, "tokenizer.ggml.add_space_prefix");
+        int prefix = !asp || (asp->type == GG_BOOL && *asp->v);
+        long long unk;
+        if (spm_merges(merges, vocab, tok, type, score, (int)V, e) ||
+            kv_int(g, "tokenizer.ggml.unknown_token_id", -1, &unk, e)) {
+            json_decref(root);
+            root = NULL;
+            goto out;
+        }
+        if (unk >= 0 && (uint64_t)unk < V)
+            json_object_set_new(json_object_get(root, "model"), "unk_token", json_string(tok[unk]));
+        json_t *rep =
+            json_pack("{s:s,s:{s:s},s:s}", "type", "Replace", "pattern", "String", " ", "content", "\xe2\x96\x81");
+        json_object_set_new(root, "normalizer",
+                            prefix ? json_pack("{s:s,s:[{s:s,s:s},o]}", "type", "Sequence", "normalizers", "type",
+                                               "Prepend", "prepend", "\xe2\x96\x81", rep)
+                                   : rep);
+    } else {
+        cur cm;
+        uint64_t nm;
+        if (!kv_array(g, "tokenizer.ggml.merges", &et, &nm, &cm) || et != GG_STR) {
+            json_decref(root);
+            root = NULL;
+            ac_errf(e, "gguf: gpt2 tokenizer without merges");
+            goto out;
+        }
+        for (uint64_t i = 0; i < nm && !cm.bad; i++) {
+            uint64_t n = u64(&cm);
+            const char *s = (const char *)take(&cm, n);
+            if (s) json_array_append_new(merges, json_stringn(s, n));
+        }
+        json_object_set_new(root, "pre_tokenizer", pre_tokenizer(pre ? pre : "", pre ? pn : 0));
+        if (cm.bad) {
+            json_decref(root);
+            root = NULL;
+            ac_errf(e, "gguf: tokenizer merges are truncated");
+        }
+    }
+out:
+    for (uint64_t i = 0; tok && i < V; i++) free(tok[i]);
+    free(tok);
+    free(type);
+    free(score);
+    json_decref(vocab);
+    json_decref(added);
+    json_decref(merges);
+    return root;
+}
+
+int ac_gguf_tokenizer(const char *path, ac_tokenizer **t, ac_err *e) {
+    gfile g;
+    *t = NULL;
+    if (gopen(path, &g, e)) return -1;
+    json_t *root = tokenizer_json(&g, e);
+    gclose(&g);
+    if (!root) return ac_errctx(e, "%s", path);
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    if (!s) return ac_errf(e, "out of memory");
+    int rc = ac_tok_parse(s, strlen(s), t, e);
+    free(s);
+    return rc ? ac_errctx(e, "%s: tokenizer", path) : 0;
+}
+
+int ac_gguf_load_buf(const void *data, size_t n, ac_model *m, ac_tokenizer **t, ac_err *e) {
+    gfile g = {0};
+    if (t) *t = NULL;
+    g.map = (unsigned char *)data;
+    g.size = n;
+    if (gparse(&g, "buffer", e)) return -1;
+    int rc = m ? load_model(&g, m, e) : 0;
+    if (!rc && t) {
+        json_t *root = tokenizer_json(&g, e);
+        char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
+        json_decref(root);
+        rc = !s || ac_tok_parse(s, strlen(s), t, e);
+        free(s);
+        if (rc && m) ac_model_free(m);
+    }
+    gclose(&g);
+    return rc ? -1 : 0;
+}

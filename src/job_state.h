@@ -1,0 +1,55 @@
+/*
+ * job_state.h - what the stages of one job (job.c) hand each other, and
+ * what the report (report.c) is built from. Private to those two files.
+ * Filled in stage order: each group below is written by the stage named.
+ */
+#ifndef AC_JOB_STATE_H
+#define AC_JOB_STATE_H
+
+#include <jansson.h>
+
+#include "costmodel.h"
+#include "eval.h"
+#include "importance.h"
+#include "job.h"
+#include "search.h"
+
+typedef struct job_state {
+    const ac_job_spec *spec;
+    ac_job_ctx *ctx;
+    const char *stage;    /* the running stage, for progress events */
+    double last_progress; /* ac_now() of the last progress event */
+    int threads;
+    json_t *timings; /* stage -> seconds */
+    /* load */
+    ac_model m;       /* the base model */
+    int *cids, *hids; /* calibration and held-out token ids */
+    size_t nc, nh;
+    /* calibrate */
+    int on_gpu; /* loss passes on the local GPU */
+    int cwin;   /* calibration windows of eval.ctx */
+    ac_importance imp;
+    ac_importance imp_d; /* search: unit orders by DNAS gate score (n_layers 0: none) */
+    /* profile */
+    ac_cost_table table;
+    int cache_hit;
+    /* search */
+    ac_search_problem P;
+    ac_cost base_cost;
+    ac_search_result ra, rm; /* AutoCompress (method autocompress), Minitron (always) */
+    ac_search_result *chosen;
+    /* prune */
+    ac_model pa, pm;
+    const ac_model *result; /* &pa or &pm */
+    int rep_a, rep_m;       /* layers refit by the least-squares repair */
+    /* distill (only with spec distill): {arm: {perplexity_pruned, distill}} (owned) */
+    json_t *distill;
+    /* evaluate */
+    ac_ppl_result pb, pmr, par;                  /* base, Minitron, AutoCompress */
+    json_t *measured_local, *measured_on_target; /* owned; on_target may be NULL */
+} job_state;
+
+/* The report (proto/events.md): built from a finished state (report.c). */
+json_t *ac_report_build(const job_state *s);
+
+#endif

@@ -1,0 +1,130 @@
+/*
+ * jobspec.h - the typed job spec, parsed once at the edge (HTTP, CLI,
+ * worker) from JSON through ONE field table: name, type, range, default and
+ * offset of every field. That table is the single source of validation,
+ * defaults, the `field` an error names and proto/job.schema.json
+ * (ac_job_spec_schema generates it; tests/test_jobspec.c checks the file).
+ *
+ * Adding a section: a struct in ac_job_spec, a field array in jobspec.c,
+ * one F_OBJ line in SPEC[] - nothing else parses it.
+ */
+#ifndef AC_JOBSPEC_H
+#define AC_JOBSPEC_H
+
+#include <jansson.h>
+
+#include "costmodel.h"
+#include "err.h"
+#include "search.h"
+#include "target.h"
+
+#define AC_SPEC_STR 4096 /* strings in a spec are shorter than this */
+
+typedef enum { AC_METHOD_AUTOCOMPRESS, AC_METHOD_MINITRON } ac_method;
+
+/* target.engine as written; -1, NAN or "" = not given (the default comes from the device class). */
+typedef struct {
+    char name[32];
+    int weights_dtype, kv_dtype; /* index into bf16, fp16, fp32, fp8 */
+    int block_size;
+    double mem_util, overhead_ms, overhead_gib;
+} ac_engine_in;
+
+/* target: where the result will run and how it will be served. */
+typedef struct {
+    char device[AC_SPEC_STR]; /* as written */
+    ac_target dev;            /* resolved (ac_target_resolve) */
+    ac_workload workload;
+    ac_engine_profile engine; /* device-class defaults, then the spec's engine overrides */
+    ac_engine_in engine_in;
+} ac_target_spec;
+
+typedef struct {
+    int ctx, windows;
+} ac_eval_spec;
+
+/* distill: knowledge distillation of every reported arm from the unpruned
+ * model, between prune and evaluate (src/distill.c; tokens = 0 is off). */
+typedef struct {
+    long tokens;
+    char text[AC_SPEC_STR]; /* training text ("" = the whole calibration file) */
+    double lr;
+    int seq_len, batch;
+    double temperature;
+    double ce_weight; /* loss = (1 - ce_weight) KL + ce_weight CE */
+    int seed;         /* window sampling */
+} ac_distill_spec;
+
+typedef struct {
+    char name[AC_SPEC_STR];
+    char model[AC_SPEC_STR], calibration[AC_SPEC_STR], heldout[AC_SPEC_STR], output[AC_SPEC_STR];
+    ac_target_spec target;
+    ac_constraints limits; /* 0 = no such limit */
+    ac_method method;
+    ac_search_opts search;
+    ac_eval_spec eval;
+    int repair;
+    int calibration_tokens;
+    int priority;
+    ac_distill_spec distill;
+} ac_job_spec;
+
+/* ---------------------------------------------------------------- the field table */
+
+typedef enum {
+    AC_F_STR,
+    AC_F_INT,
+    AC_F_NUM,
+    AC_F_BOOL,
+    AC_F_ENUM,
+    AC_F_OBJ
+} ac_ftype; /* AC_F_INT: int or int64 by size */
+
+enum {
+    AC_F_REQUIRED = 1,
+    AC_F_NONEMPTY = 2,  /* object: at least one member */
+    AC_F_PATH_DIR = 4,  /* path of an existing directory (daemon path policy) */
+    AC_F_PATH_FILE = 8, /* path of an existing file */
+    AC_F_PATH_OUT = 16, /* path that will be created */
+    AC_F_NODEFAULT = 32 /* the default depends on other fields (documented in doc) */
+};
+
+typedef struct ac_field {
+    const char *name;
+    ac_ftype type;
+    int flags;
+    double lo, hi;              /* numeric range, inclusive */
+    double def;                 /* default: number, bool 0/1, enum index (-1: unset) */
+    const char *const *enums;   /* AC_F_ENUM: allowed strings, NULL-terminated */
+    const char *const *aliases; /* AC_F_ENUM: old names still accepted, pairs {old, current}, NULL-terminated */
+    size_t off, size;           /* where the value goes in the section's struct */
+    const struct ac_field *sub; /* AC_F_OBJ: the section's fields (offsets relative to off) */
+    const char *doc;
+} ac_field;
+
+/* The top-level table (terminated by a NULL name) and the target section's. */
+const ac_field *ac_job_spec_fields(void);
+const ac_field *ac_target_spec_fields(void);
+
+/* Fill *s from JSON: defaults, then the values given; unknown fields, wrong
+ * types and out-of-range values are errors naming the field in *field (a
+ * thread-local string; may be NULL). Resolves target.device and the engine
+ * profile; heldout defaults to calibration. */
+int ac_job_spec_parse(const json_t *j, ac_job_spec *s, const char **field, ac_err *e);
+/* The same for a target object alone (POST /v1/estimate); prefix names it in errors. */
+int ac_target_spec_parse(const json_t *j, ac_target_spec *t, const char *prefix, const char **field, ac_err *e);
+
+/* "autocompress" / "minitron". */
+const char *ac_method_name(ac_method m);
+/* The limits given, as the spec names them ({"max_tpot_ms": 5}). */
+json_t *ac_constraints_json(const ac_constraints *l);
+
+/* The JSON schema of the table (proto/job.schema.json). */
+json_t *ac_job_spec_schema(void);
+
+/* The i-th path field of the spec (i = 0, 1, ...) for the daemon's path
+ * policy: its name ("distill.text"), value ("" when not given) and
+ * AC_F_PATH_* flags. Returns 0 past the last one. */
+int ac_job_spec_path(const ac_job_spec *s, int i, const char **field, const char **path, int *flags);
+
+#endif

@@ -1,0 +1,34 @@
+/*
+ * measure.h - measured latency of a model (the evaluation's counterpart of
+ * the cost model): best-of-3 TTFT and TPOT on the CPU engine or the CUDA
+ * plugin's device 0, and the comparisons the report carries of base and
+ * result measured against the cost table's prediction.
+ */
+#ifndef AC_MEASURE_H
+#define AC_MEASURE_H
+
+#include <jansson.h>
+
+#include "costmodel.h"
+#include "model.h"
+
+/* Best-of-3 TTFT / TPOT (ms) of m for workload w, prompts and decode tokens
+ * drawn from ids. The minimum, like the cost table's micro-benchmarks:
+ * neighbours on a shared machine only add time. */
+int ac_measure_latency(const ac_model *m, const int *ids, size_t n, const ac_workload *w, int cuda, double *ttft_ms,
+                       double *tpot_ms, ac_err *e);
+
+/* Base and result measured on this CPU for wl capped to batch 4, prompt 128,
+ * 32 generated, with the prediction of cpu_table (may be NULL) under the
+ * CPU engine profile: the report's "measured_local". */
+int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,
+                     const ac_cost_table *cpu_table, json_t **out, ac_err *e);
+
+/* Base and result measured on the local GPU for wl capped to batch 32,
+ * prompt 2048, 64 generated, against table's prediction for the result
+ * with profile p (overhead_ms 0: our engine, not a serving framework):
+ * the report's "measured_on_target". */
+int ac_measure_on_gpu(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,
+                      const ac_cost_table *table, const ac_engine_profile *p, json_t **out, ac_err *e);
+
+#endif

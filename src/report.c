@@ -1,0 +1,70 @@
+/*
+ * report.c - the job's report (report.json and the job result; its fields
+ * are described in proto/events.md), built from the state the stages left.
+ */
+#include <jansson.h>
+
+#include "dnas.h"
+#include "gguf.h"
+#include "job_state.h"
+
+static json_t *arm(const job_state *s, const ac_search_result *r, const ac_ppl_result *pp, int repaired) {
+    return json_pack("{s:o,s:o,s:o,s:b,s:f,s:f,s:f,s:i,s:b}", "architecture", ac_arch_to_json(&r->arch), "predicted",
+                     ac_cost_to_json(&r->cost), "constraints", ac_constraints_report(&s->P.limits, &r->cost),
+                     "feasible", r->feasible, "predicted_loss_increase", r->pred_loss, "perplexity", pp->ppl, "nll",
+                     pp->nll, "repaired_layers", repaired, "uniform", ac_arch_is_uniform(&r->arch));
+}
+
+static json_t *target_json(const job_state *s) {
+    const ac_target_spec *t = &s->spec->target;
+    const ac_engine_profile *p = &t->engine;
+    const ac_workload *w = &t->workload;
+    return json_pack("{s:s,s:s,s:s,s:s,s:b,s:{s:s,s:i,s:i,s:i,s:f,s:f,s:f},s:{s:i,s:i,s:i}}", "device", t->device,
+                     "device_name", s->table.device, "cost_table", s->table.key, "cost_source", s->table.source,
+                     "cache_hit", s->cache_hit, "engine", "name", p->name, "weight_bytes", p->w_bytes, "kv_bytes",
+                     p->kv_bytes, "block_size", p->block_size, "memory_utilization", p->mem_util, "overhead_ms",
+                     p->overhead_ms, "overhead_gib", p->overhead_gib, "workload", "batch", w->batch, "prompt_len",
+                     w->prompt_len, "gen_len", w->gen_len);
+}
+
+json_t *ac_report_build(const job_state *s) {
+    const ac_job_spec *sp = s->spec;
+    int ac = s->chosen == &s->ra;
+    json_t *r =
+        json_pack("{s:s,s:s,s:{s:s,s:o},s:o,s:o,s:{s:o,s:f,s:f}}", "version", "autocompress-report/1", "method",
+                  ac_method_name(sp->method), "model", "path", sp->model, "architecture", ac_arch_to_json(&s->m.a),
+                  "target", target_json(s), "constraints", ac_constraints_json(&sp->limits), "baseline", "predicted",
+                  ac_cost_to_json(&s->base_cost), "perplexity", s->pb.ppl, "nll", s->pb.nll);
+    if (!r) return NULL;
+    json_object_set_new(r, "minitron", arm(s, &s->rm, &s->pmr, s->rep_m));
+    if (s->rm.detail) json_object_update(json_object_get(r, "minitron"), s->rm.detail);
+    if (ac) {
+        json_object_set_new(r, "autocompress", arm(s, &s->ra, &s->par, s->rep_a));
+        json_object_set_new(
+            r, "search",
+            json_pack("{s:i,s:i,s:f,s:s}", "steps", s->ra.steps_run, "seed", (int)s->P.opts.seed, "lr", s->P.opts.lr,
+                      "method", ac_dnas_method(s->P.opts.method)));
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(s->distill, k, v) { /* perplexity_pruned, distill {...} per distilled arm */
+        json_t *a = json_object_get(r, k);
+        if (json_is_object(a)) json_object_update(a, v);
+    }
+    json_object_set_new(r, "chosen", json_string(ac ? "autocompress" : "minitron"));
+    json_object_set_new(r, "measured_local", json_incref(s->measured_local));
+    if (s->measured_on_target) json_object_set_new(r, "measured_on_target", json_incref(s->measured_on_target));
+    json_object_set_new(r, "eval_protocol",
+                        json_pack("{s:s,s:i,s:i,s:I,s:s,s:s}", "text", sp->heldout, "ctx", sp->eval.ctx, "windows",
+                                  s->pb.windows, "scored_tokens", (json_int_t)s->pb.scored, "mode",
+                                  "non-overlapping windows, every target in a window scored", "engine", s->pb.engine));
+    json_object_set_new(r, "importance", ac_importance_to_json(&s->imp));
+    json_object_set_new(r, "export",
+                        json_pack("{s:s,s:s,s:s}", "dir", sp->output, "format",
+                                  ac_arch_is_uniform(&s->result->a) ? "LlamaForCausalLM"
+                                                                    : "DeciLMForCausalLM (nemotron-nas block_configs)",
+                                  "dtype", "bf16"));
+    ac_gguf_report(&sp->search, &s->result->a, sp->output, json_object_get(r, "export"));
+    json_object_set_new(r, "timings_s", json_deep_copy(s->timings));
+    return r;
+}

@@ -1,0 +1,787 @@
+/*
+ * test_gguf.c - GGUF export (src/gguf.c) and import (src/gguf_read.c):
+ * round trips through our own loader (identical logits: BF16-exact weights
+ * and F32 fixtures with llama3 RoPE scaling, Q/K/V biases, tied embeddings;
+ * identical tokenization for byte-level and SentencePiece-style
+ * tokenizers, the latter against the sentencepiece library's ids), the
+ * rules of what llama.cpp runs, the search keeping to them, malformed files,
+ * and the exports of the tiny model run in real llama.cpp (node-llama-cpp's
+ * prebuilt binaries, tests/llama): same perplexity as our engine within
+ * 0.5 %, same tokenization, generated text.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "costmodel.h"
+#include "engine.h"
+#include "eval.h"
+#include "gguf.h"
+#include "importance.h"
+#include "job.h"
+#include "model.h"
+#include "prune.h"
+#include "safetensors.h"
+#include "search.h"
+#include "tokenizer.h"
+
+static char tmpdir[64];
+static char tiny[1100], tiny_tok[1200], heldout[1100], calib[1100];
+
+static int have_tiny(void) {
+    ck_build_path(tiny, sizeof tiny, "models/tiny");
+    ck_build_path(heldout, sizeof heldout, "data/heldout.txt");
+    ck_build_path(calib, sizeof calib, "data/calib.txt");
+    snprintf(tiny_tok, sizeof tiny_tok, "%s/tokenizer.json", tiny);
+    return ck_exists(tiny_tok) && ck_exists(heldout);
+}
+
+/* Largest |difference| of the two models' logits on toks (and the largest |logit|). */
+static double logits_diff(const ac_model *a, const ac_model *b, const int *toks, int n, double *mx) {
+    ac_engine e1, e2;
+    ac_err e;
+    *mx = 0;
+    if (ac_engine_init(&e1, a, 1, n, &e) || ac_engine_init(&e2, b, 1, n, &e)) return 1e30;
+    double d = 1e30;
+    if (!ac_engine_forward(&e1, toks, 1, n, 0, 0, &e) && !ac_engine_forward(&e2, toks, 1, n, 0, 0, &e)) {
+        d = 0;
+        for (size_t i = 0; i < (size_t)n * a->a.vocab; i++) {
+            d = fmax(d, fabs((double)e1.logits[i] - e2.logits[i]));
+            *mx = fmax(*mx, fabs(e1.logits[i]));
+        }
+    }
+    ac_engine_free(&e1);
+    ac_engine_free(&e2);
+    return d;
+}
+
+static int arch_same(const ac_arch *x, const ac_arch *y) {
+    int ok = x->vocab == y->vocab && x->hidden == y->hidden && x->head_dim == y->head_dim &&
+             x->n_layers == y->n_layers && x->max_pos == y->max_pos && x->eps == y->eps &&
+             x->rope_theta == y->rope_theta && x->rope_llama3 == y->rope_llama3 &&
+             x->tie_embeddings == y->tie_embeddings && x->qkv_bias == y->qkv_bias && x->bos_id == y->bos_id &&
+             x->eos_id == y->eos_id;
+    if (x->rope_llama3)
+        ok &= x->rs_factor == y->rs_factor && x->rs_low == y->rs_low && x->rs_high == y->rs_high &&
+              x->rs_orig == y->rs_orig;
+    for (int l = 0; ok && l < x->n_layers; l++) ok = !memcmp(&x->layers[l], &y->layers[l], sizeof x->layers[l]);
+    return ok;
+}
+
+/* Export m (and tok), load it back, and compare architecture and logits. */
+static void roundtrip(const ac_model *m, const char *tok, int dtype, const char *name) {
+    char path[200];
+    ac_err e;
+    ac_model r;
+    snprintf(path, sizeof path, "%s/%s.gguf", tmpdir, name);
+    CHECK(ac_gguf_write(m, tok, path, dtype, &e) == 0, "%s: %s", name, e.msg);
+    if (ac_model_load(path, &r, &e)) {
+        CHECK(0, "%s: load: %s", name, e.msg);
+        return;
+    }
+    CHECK(arch_same(&m->a, &r.a), "%s: architecture differs after the round trip", name);
+    int toks[24];
+    for (int i = 0; i < 24; i++) toks[i] = (i * 37 + 11) % m->a.vocab;
+    double mx = 0, d = arch_same(&m->a, &r.a) ? logits_diff(m, &r, toks, 24, &mx) : 1e30;
+    CHECK(d == 0, "%s: logits differ by %g (max |logit| %g)", name, d, mx);
+    ac_model_free(&r);
+}
+
+static void test_uniform_roundtrip_bf16(void) {
+    if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
+    ac_model m;
+    ac_err e;
+    CHECK(ac_model_load(tiny, &m, &e) == 0, "%s", e.msg);
+    roundtrip(&m, tiny_tok, ST_BF16, "tiny");
+    ac_arch a;
+    char path[200];
+    snprintf(path, sizeof path, "%s/tiny.gguf", tmpdir);
+    CHECK(ac_arch_load(path, &a, &e) == 0 && arch_same(&a, &m.a), "arch of the GGUF file: %s", e.msg);
+    ac_arch_free(&a);
+    /* tokenization from the metadata equals tokenizer.json's */
+    ac_tokenizer *t1, *t2;
+    size_t len, n1, n2;
+    int *i1, *i2;
+    char *text = ac_read_file(heldout, 1 << 20, &len, &e);
+    CHECK(text && ac_tok_load(tiny_tok, &t1, &e) == 0 && ac_gguf_tokenizer(path, &t2, &e) == 0, "%s", e.msg);
+    CHECK(ac_tok_encode(t1, text, len, &i1, &n1, &e) == 0 && ac_tok_encode(t2, text, len, &i2, &n2, &e) == 0, "%s",
+          e.msg);
+    CHECK(n1 == n2 && n1 > 1000 && !memcmp(i1, i2, n1 * sizeof *i1),
+          "held-out tokenization differs (%zu vs %zu tokens)", n1, n2);
+    char *d1, *d2;
+    CHECK(ac_tok_decode(t2, i2, n2, &d2, NULL, &e) == 0 && ac_tok_decode(t1, i1, n1, &d1, NULL, &e) == 0 &&
+              !strcmp(d1, d2),
+          "decode");
+    free(d1);
+    free(d2);
+    free(i1);
+    free(i2);
+    free(text);
+    ac_tok_free(t1);
+    ac_tok_free(t2);
+    ac_model_free(&m);
+}
+
+static void test_fixture_roundtrips_f32(void) {
+    const char *names[] = {"llama3_rope_f32", "qwen2_tied_f16", "llama_gqa_bf16"};
+    for (int i = 0; i < 3; i++) {
+        char d[1200], c[1300];
+        ck_build_path(d, sizeof d, "fixtures/models/");
+        strcat(d, names[i]);
+        snprintf(c, sizeof c, "%s/config.json", d);
+        if (!ck_exists(c)) SKIP("no fixtures (make fixtures)");
+        ac_model m;
+        ac_err e;
+        if (ac_model_load(d, &m, &e)) {
+            CHECK(0, "%s", e.msg);
+            continue;
+        }
+        roundtrip(&m, NULL, ST_F32, names[i]); /* F32: exact whatever the source dtype */
+        ac_model_free(&m);
+    }
+}
+
+/* The tiny model pruned to a heterogeneous architecture: KV groups pruned
+ * per layer, FFN widths varied, layer 2's attention and all of layer 4
+ * removed, with importance measured on calibration text. */
+static int tiny_hetero(const ac_model *m, ac_model *pm, ac_err *e) {
+    int *ids = NULL, rc;
+    size_t n;
+    ac_importance imp;
+    if (ac_load_text_ids(tiny, calib, &ids, &n, m->a.vocab, e)) return -1;
+    rc = ac_importance_compute((ac_model *)m, ids, n < 4 * 64 ? n : 4 * 64, 64, 4, 0, NULL, NULL, &imp, e);
+    free(ids);
+    if (rc) return -1;
+    ac_arch t;
+    if (ac_arch_copy(&t, &m->a, e)) {
+        ac_importance_free(&imp);
+        return -1;
+    }
+    const int kv[6] = {4, 2, 0, 1, 0, 3}, ffn[6] = {384, 256, 320, 160, 0, 224};
+    for (int l = 0; l < 6; l++) t.layers[l] = (ac_layer_arch){2 * kv[l], kv[l], ffn[l]};
+    rc = ac_prune(m, &t, &imp, pm, e);
+    ac_arch_free(&t);
+    ac_importance_free(&imp);
+    return rc;
+}
+
+static void test_heterogeneous_roundtrip(void) {
+    if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
+    ac_model m, pm;
+    ac_err e;
+    CHECK(ac_model_load(tiny, &m, &e) == 0, "%s", e.msg);
+    if (tiny_hetero(&m, &pm, &e)) {
+        CHECK(0, "%s", e.msg);
+        ac_model_free(&m);
+        return;
+    }
+    CHECK(!ac_arch_is_uniform(&pm.a), "heterogeneous");
+    roundtrip(&pm, tiny_tok, ST_BF16, "hetero");
+    ac_model_free(&pm);
+    ac_model_free(&m);
+}
+
+static void test_llama_cpp_rules(void) {
+    ac_arch a = {.vocab = 16,
+                 .hidden = 8,
+                 .head_dim = 4,
+                 .n_layers = 3,
+                 .max_pos = 64,
+                 .eps = 1e-5f,
+                 .rope_theta = 1e4f,
+                 .bos_id = -1,
+                 .eos_id = -1};
+    ac_layer_arch L[3] = {{2, 1, 8}, {0, 0, 8}, {2, 2, 8}};
+    a.layers = L;
+    ac_err e;
+    CHECK(ac_gguf_check_arch(&a, &e) == 0, "valid: %s", e.msg);
+    L[1] = (ac_layer_arch){0, 0, 0};
+    CHECK(ac_gguf_check_arch(&a, &e) == 0, "a whole layer removed in the middle is fine: %s", e.msg);
+    L[1] = (ac_layer_arch){2, 1, 0};
+    CHECK(ac_gguf_check_arch(&a, &e) != 0 && strstr(e.msg, "layer 1 keeps attention"), "attention without FFN: %s",
+          e.msg);
+    L[1] = (ac_layer_arch){2, 1, 8};
+    L[0] = (ac_layer_arch){0, 0, 8};
+    CHECK(ac_gguf_check_arch(&a, &e) != 0 && strstr(e.msg, "layer 0"), "layer 0 without attention: %s", e.msg);
+    L[0] = (ac_layer_arch){2, 1, 8};
+    L[2] = (ac_layer_arch){0, 0, 0};
+    CHECK(ac_gguf_check_arch(&a, &e) != 0 && strstr(e.msg, "last layer"), "last layer without FFN: %s", e.msg);
+    L[2] = (ac_layer_arch){2, 2, 8};
+    a.sliding_window = 32;
+    CHECK(ac_gguf_check_arch(&a, &e) != 0 && strstr(e.msg, "sliding"), "sliding window: %s", e.msg);
+    a.sliding_window = 0;
+    /* the writer refuses what llama.cpp would mis-run */
+    ac_model m;
+    L[1] = (ac_layer_arch){2, 1, 0};
+    CHECK(ac_model_alloc(&m, &a, &e) == 0, "%s", e.msg);
+    char path[200];
+    snprintf(path, sizeof path, "%s/bad.gguf", tmpdir);
+    CHECK(ac_gguf_write(&m, NULL, path, ST_F32, &e) != 0 && !ck_exists(path), "attention-only layer written");
+    ac_model_free(&m);
+}
+
+/* ---- real llama.cpp (node-llama-cpp) ---- */
+
+static char llama_dir[1100];
+
+/* Why llama.cpp cannot run here, or NULL. */
+static const char *llama_missing(void) {
+    const char *root = getenv("AC_TEST_ROOT");
+    snprintf(llama_dir, sizeof llama_dir, "%s/tests/llama", root ? root : ".");
+    char p[1200];
+    snprintf(p, sizeof p, "%s/node_modules/@node-llama-cpp/linux-x64/package.json", llama_dir);
+    if (!ck_exists(p))
+        return "tests/llama/node_modules lacks node-llama-cpp's linux-x64 binaries ('make llama-test-deps')";
+    FILE *f = popen("node -e 'process.stdout.write(process.versions.node.split(\".\")[0])' 2>/dev/null", "r");
+    int major = 0;
+    if (f) {
+        if (fscanf(f, "%d", &major) != 1) major = 0;
+        pclose(f);
+    }
+    if (major < 20) return "node >= 20 not found (node-llama-cpp 3 needs it)";
+    return NULL;
+}
+
+/* Run llama_check.mjs on gguf with job; the parsed output or NULL. */
+static json_t *run_llama(const char *gguf, json_t *job) {
+    char jp[200], op[200], cmd[3000];
+    snprintf(jp, sizeof jp, "%s/job.json", tmpdir);
+    snprintf(op, sizeof op, "%s/llama_out.json", tmpdir);
+    if (json_dump_file(job, jp, JSON_COMPACT)) return NULL;
+    snprintf(cmd, sizeof cmd, "cd '%s' && timeout 120 node llama_check.mjs '%s' '%s' > '%s' 2> '%s.err'", llama_dir,
+             gguf, jp, op, op);
+    int rc = system(cmd);
+    json_error_t je;
+    json_t *out = rc == 0 ? json_load_file(op, JSON_ALLOW_NUL, &je) : NULL;
+    if (!out) {
+        char ep[220];
+        snprintf(ep, sizeof ep, "%s.err", op);
+        size_t n;
+        char *err = ac_read_file(ep, 1 << 16, &n, NULL);
+        fprintf(stderr, "  llama_check.mjs failed (exit %d): %.2000s\n", rc, err ? err : "");
+        free(err);
+    }
+    return out;
+}
+
+/* Greedy continuation of prompt by our engine (full forward per token). */
+static void our_greedy(const ac_model *m, const int *prompt, int np, int ngen, int *out) {
+    ac_engine en;
+    ac_err e;
+    int toks[64];
+    memcpy(toks, prompt, sizeof(int) * np);
+    if (ac_engine_init(&en, m, 1, np + ngen, &e)) return;
+    for (int g = 0; g < ngen; g++) {
+        int n = np + g, best = 0;
+        if (ac_engine_forward(&en, toks, 1, n, 0, 1, &e)) break;
+        for (int v = 1; v < m->a.vocab; v++)
+            if (en.logits[v] > en.logits[best]) best = v;
+        out[g] = toks[n] = best;
+    }
+    ac_engine_free(&en);
+}
+
+/* Export m, run it in llama.cpp over held-out windows, compare. */
+/* given: a GGUF file of m already written (a job's export), else m is exported here. */
+static void llama_compare(const ac_model *m, const char *given, const char *name, const int *ids, size_t nids,
+                          const char *text, size_t tlen) {
+    enum { W = 128, NW = 6, NP = 8, NG = 16 };
+    char path[1200];
+    ac_err e;
+    snprintf(path, sizeof path, "%s/%s.gguf", tmpdir, name);
+    if (given) snprintf(path, sizeof path, "%s", given);
+    else if (ac_gguf_write(m, tiny_tok, path, ST_BF16, &e)) {
+        CHECK(0, "%s: %s", name, e.msg);
+        return;
+    }
+    if (nids < (size_t)W * NW) {
+        CHECK(0, "held-out text too short");
+        return;
+    }
+    json_t *wins = json_array(), *prompt = json_array();
+    for (int w = 0; w < NW; w++) {
+        json_t *a = json_array();
+        for (int i = 0; i < W; i++) json_array_append_new(a, json_integer(ids[w * W + i]));
+        json_array_append_new(wins, a);
+    }
+    for (int i = 0; i < NP; i++) json_array_append_new(prompt, json_integer(ids[i]));
+    json_t *job = json_pack("{s:o,s:s%,s:o,s:i}", "windows", wins, "text", text, tlen, "prompt", prompt, "gen", NG);
+    json_t *out = run_llama(path, job);
+    json_decref(job);
+    if (!out) {
+        CHECK(0, "%s: llama.cpp did not run the export", name);
+        return;
+    }
+    /* perplexity: ours on the same windows (every target in a window scored) */
+    ac_ppl_opts o = {.ctx = W, .stride = 0, .max_windows = NW, .batch = 2};
+    ac_ppl_result r;
+    CHECK(ac_perplexity(m, ids, (size_t)W * NW, &o, NULL, NULL, NULL, &r, &e) == 0, "%s", e.msg);
+    double nll = 0;
+    long cnt = 0;
+    for (size_t i = 0; i < json_array_size(json_object_get(out, "nll")); i++) {
+        nll += json_number_value(json_array_get(json_object_get(out, "nll"), i));
+        cnt += (long)json_integer_value(json_array_get(json_object_get(out, "count"), i));
+    }
+    double ppl = cnt ? exp(nll / cnt) : 0;
+    printf("  %s: llama.cpp perplexity %.4f, ours %.4f (%ld and %ld tokens scored, %d windows of %d)\n", name, ppl,
+           r.ppl, cnt, r.scored, NW, W);
+    CHECK(cnt == r.scored && fabs(ppl / r.ppl - 1) < 0.005, "%s: llama.cpp ppl %g vs ours %g", name, ppl, r.ppl);
+    /* tokenization of the text by llama.cpp = ours */
+    json_t *lt = json_object_get(out, "tokens");
+    ac_tokenizer *t;
+    int *mine = NULL;
+    size_t nm = 0;
+    CHECK(ac_tok_load(tiny_tok, &t, &e) == 0 && ac_tok_encode(t, text, tlen, &mine, &nm, &e) == 0, "%s", e.msg);
+    int same = json_array_size(lt) == nm;
+    for (size_t i = 0; same && i < nm; i++) same = json_integer_value(json_array_get(lt, i)) == mine[i];
+    CHECK(same, "%s: llama.cpp tokenized %zu bytes into %zu tokens, we into %zu (or different ids)", name, tlen,
+          json_array_size(lt), nm);
+    /* generation: greedy tokens as our engine picks them, and text */
+    int g[NG] = {0};
+    our_greedy(m, ids, NP, NG, g);
+    json_t *gt = json_object_get(out, "gen_tokens");
+    int agree = 0;
+    while (agree < NG && agree < (int)json_array_size(gt) && json_integer_value(json_array_get(gt, agree)) == g[agree])
+        agree++;
+    const char *gen = json_string_value(json_object_get(out, "generated"));
+    printf("  %s: llama.cpp generated %zu tokens \"%s\"; first %d equal to our greedy tokens\n", name,
+           json_array_size(gt), gen ? gen : "", agree);
+    int ng = (int)json_array_size(gt);
+    CHECK(ng > 0 && gen && strlen(gen) > 0, "%s: no text generated", name);
+    CHECK(agree >= (ng < NG / 2 ? ng : NG / 2), "%s: only the first %d of %d greedy tokens agree with our engine", name,
+          agree, ng);
+    /* llama.cpp stops at the end-of-generation token: ours must pick it there too */
+    if (ng < NG && agree == ng)
+        CHECK(g[ng] == m->a.eos_id, "%s: llama.cpp stopped after %d tokens but we continue with %d", name, ng, g[ng]);
+    free(mine);
+    ac_tok_free(t);
+    json_decref(out);
+}
+
+static void test_llama_cpp_runs_exports(void) {
+    if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
+    const char *why = llama_missing();
+    if (why) SKIP("%s", why);
+    ac_model m, pm;
+    ac_err e;
+    int *ids = NULL;
+    size_t n = 0, len = 0;
+    CHECK(ac_model_load(tiny, &m, &e) == 0 && ac_load_text_ids(tiny, heldout, &ids, &n, m.a.vocab, &e) == 0, "%s",
+          e.msg);
+    char *text = ac_read_file(heldout, 1 << 24, &len, &e);
+    size_t tl = len < 3000 ? len : 3000;
+    while (tl > 0 && text[tl - 1] != '\n') tl--; /* whole lines: no UTF-8 character cut */
+    /* the uniform case is test_jobs_write_gguf's llama + search.gguf job */
+    if (tiny_hetero(&m, &pm, &e) == 0) {
+        llama_compare(&pm, NULL, "llama_deci", ids, n, text, tl);
+        ac_model_free(&pm);
+    } else CHECK(0, "%s", e.msg);
+    free(text);
+    free(ids);
+    ac_model_free(&m);
+}
+
+/* ---- SentencePiece-style and GPT-2 tokenizers through GGUF metadata ---- */
+
+/* Encode every case of fixtures/tok/NAME through a GGUF written with its
+ * tokenizer.json; ids must equal the expected (sentencepiece library /
+ * Python reference) ones. Returns the number of cases checked. */
+static int tok_cases(const char *name, int vocab) {
+    char d[1100], tj[1200], cj[1200], path[200];
+    ck_build_path(d, sizeof d, "fixtures/tok/");
+    strcat(d, name);
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", d);
+    snprintf(cj, sizeof cj, "%s/cases.json", d);
+    if (!ck_exists(tj) || !ck_exists(cj)) return 0;
+    ac_arch a = {.vocab = vocab,
+                 .hidden = 8,
+                 .head_dim = 4,
+                 .n_layers = 1,
+                 .max_pos = 64,
+                 .eps = 1e-5f,
+                 .rope_theta = 1e4f,
+                 .bos_id = 1,
+                 .eos_id = 2};
+    ac_layer_arch L = {2, 1, 8};
+    a.layers = &L;
+    ac_model m;
+    ac_err e;
+    ac_tokenizer *t = NULL;
+    if (ac_model_alloc(&m, &a, &e)) return 0;
+    snprintf(path, sizeof path, "%s/tok_%s.gguf", tmpdir, name);
+    CHECK(ac_gguf_write(&m, tj, path, ST_F32, &e) == 0 && ac_gguf_tokenizer(path, &t, &e) == 0, "%s: %s", name, e.msg);
+    ac_model_free(&m);
+    json_error_t je;
+    json_t *cases = json_load_file(cj, 0, &je);
+    int n = 0;
+    for (size_t i = 0; t && i < json_array_size(cases); i++, n++) {
+        json_t *c = json_array_get(cases, i), *want = json_object_get(c, "ids");
+        const char *text = json_string_value(json_object_get(c, "text"));
+        /* GGUF has llama.cpp's (and SentencePiece's) rule: the space prefix
+         * always goes in; Metaspace "first" skips it before a leading space */
+        if (!strcmp(name, "sp_metaspace") && text[0] == ' ') {
+            n--;
+            continue;
+        }
+        int *ids;
+        size_t k;
+        if (ac_tok_encode(t, text, strlen(text), &ids, &k, &e)) {
+            CHECK(0, "%s: %s", name, e.msg);
+            continue;
+        }
+        int same = k == json_array_size(want);
+        for (size_t j = 0; same && j < k; j++) same = ids[j] == json_integer_value(json_array_get(want, j));
+        CHECK(same, "%s case %zu: %zu ids, %zu expected (or different ids) for \"%.40s\"", name, i, k,
+              json_array_size(want), text);
+        free(ids);
+    }
+    /* llama.cpp's tokenizer on the same file: the expected ids too */
+    if (t && !llama_missing() && strcmp(name, "tiny")) { /* tiny's: by llama_compare on held-out text */
+        json_t *texts = json_array();
+        for (size_t i = 0; i < json_array_size(cases); i++) {
+            const char *text = json_string_value(json_object_get(json_array_get(cases, i), "text"));
+            if (!strstr(text, "<|endoftext|>") && !(text[0] == ' ' && !strcmp(name, "sp_metaspace")) &&
+                strlen(text) < 200)
+                json_array_append_new(texts, json_string(text));
+        }
+        json_t *job = json_pack("{s:[[i,i,i]],s:s,s:[i],s:i,s:o}", "windows", 3, 4, 5, "text", "a", "prompt", 3, "gen",
+                                1, "texts", texts);
+        json_t *out = run_llama(path, job);
+        CHECK(out != NULL, "%s: llama.cpp did not load the tokenizer", name);
+        size_t k = 0, agree = 0;
+        for (size_t i = 0; out && i < json_array_size(cases); i++) {
+            const char *text = json_string_value(json_object_get(json_array_get(cases, i), "text"));
+            if (strstr(text, "<|endoftext|>") || (text[0] == ' ' && !strcmp(name, "sp_metaspace")) ||
+                strlen(text) >= 200)
+                continue;
+            json_t *got = json_array_get(json_object_get(out, "texts_tokens"), k++),
+                   *want = json_object_get(json_array_get(cases, i), "ids");
+            agree += json_equal(got, want);
+            CHECK(json_equal(got, want), "%s: llama.cpp tokenizes case %zu (\"%.30s\") differently", name, i, text);
+        }
+        if (out) printf("  %s: llama.cpp's tokenizer agrees on %zu of %zu cases\n", name, agree, k);
+        json_decref(out);
+        json_decref(job);
+    }
+    json_decref(cases);
+    ac_tok_free(t);
+    return n;
+}
+
+static void test_tokenizers_from_metadata(void) {
+    int n = tok_cases("sp_legacy", 1000) + tok_cases("sp_metaspace", 1000) + tok_cases("gpt2style", 512) +
+            tok_cases("tiny", 768);
+    if (!n) SKIP("no tokenizer fixtures (make fixtures)");
+    printf("  %d tokenizer cases through GGUF metadata\n", n);
+}
+
+/* ---- malformed files ---- */
+
+static void test_truncated_and_corrupt_files(void) {
+    char path[200], bad[200];
+    snprintf(path, sizeof path, "%s/tiny.gguf", tmpdir);
+    snprintf(bad, sizeof bad, "%s/cut.gguf", tmpdir);
+    size_t len;
+    ac_err e;
+    char *buf = ac_read_file(path, 1 << 26, &len, &e);
+    if (!buf) SKIP("no tiny.gguf (the round-trip test writes it)");
+    int crashes = 0, loaded = 0;
+    for (size_t cut = 0; cut < len; cut += cut < 200000 ? 1499 : 99991) {
+        FILE *f = fopen(bad, "wb");
+        fwrite(buf, 1, cut, f);
+        fclose(f);
+        ac_model m;
+        ac_tokenizer *t;
+        if (ac_model_load(bad, &m, &e) == 0) {
+            loaded++;
+            ac_model_free(&m);
+        }
+        if (ac_gguf_tokenizer(bad, &t, &e) == 0) ac_tok_free(t);
+    }
+    CHECK(loaded == 0, "%d truncated files loaded", loaded);
+    /* a huge metadata count and a bad magic are refused */
+    FILE *f = fopen(bad, "wb");
+    uint64_t big = 1ULL << 40;
+    fwrite(buf, 1, 16, f);
+    fwrite(&big, 8, 1, f);
+    fwrite(buf + 24, 1, len - 24, f);
+    fclose(f);
+    ac_model m;
+    CHECK(ac_model_load(bad, &m, &e) != 0 && strstr(e.msg, "implausible"), "%s", e.msg);
+    buf[0] = 'X';
+    f = fopen(bad, "wb");
+    fwrite(buf, 1, len, f);
+    fclose(f);
+    CHECK(ac_model_load(bad, &m, &e) != 0 && strstr(e.msg, "not a GGUF"), "%s", e.msg);
+    (void)crashes;
+    free(buf);
+}
+
+/* ---- the search keeps to what llama.cpp runs ---- */
+
+/* Importance where early attention and late FFNs are the cheapest to
+ * remove: an unconstrained search would drop layer 0's attention and keep
+ * attention-only layers. */
+static void skewed_importance(ac_importance *imp, const ac_arch *a) {
+    memset(imp, 0, sizeof *imp);
+    int L = a->n_layers;
+    imp->n_layers = L;
+    imp->hidden = a->hidden;
+    imp->kv_order = calloc(L, sizeof(int *));
+    imp->kv_score = calloc(L, sizeof(double *));
+    imp->ffn_order = calloc(L, sizeof(int *));
+    imp->ffn_score = calloc(L, sizeof(double *));
+    imp->attn_sens = calloc(L, sizeof *imp->attn_sens);
+    imp->ffn_sens = calloc(L, sizeof *imp->ffn_sens);
+    imp->layer_bi = calloc(L, sizeof(double));
+    imp->merge_n = calloc(L, sizeof(int));
+    imp->merge_r = calloc(L, sizeof *imp->merge_r);
+    imp->merge_sens = calloc(L, sizeof *imp->merge_sens);
+    for (int l = 0; l < L; l++) {
+        imp->kv_order[l] = calloc(a->layers[l].n_kv_heads + 1, sizeof(int));
+        imp->kv_score[l] = calloc(a->layers[l].n_kv_heads + 1, sizeof(double));
+        imp->ffn_order[l] = calloc(a->layers[l].ffn + 1, sizeof(int));
+        imp->ffn_score[l] = calloc(a->layers[l].ffn + 1, sizeof(double));
+        for (int i = 0; i < a->layers[l].n_kv_heads; i++) imp->kv_order[l][i] = i;
+        for (int i = 0; i < a->layers[l].ffn; i++) imp->ffn_order[l][i] = i;
+        for (int p = 0; p < AC_SENS_POINTS; p++) {
+            double r = p / 4.0;
+            imp->attn_sens[l][p] = 0.01 * (l + 1) * r;
+            imp->ffn_sens[l][p] = 0.02 * (L - l) * r;
+        }
+        imp->layer_bi[l] = 1.0 / (l + 1);
+    }
+    imp->hid_order = calloc(a->hidden, sizeof(int));
+    imp->hid_score = calloc(a->hidden, sizeof(double));
+    for (int i = 0; i < a->hidden; i++) imp->hid_order[i] = i;
+    double hf[4] = {0.125, 0.25, 0.5, 0.75};
+    for (int i = 0; i < 4; i++) {
+        imp->hid_frac[i] = hf[i];
+        imp->hid_sens[i] = 50 * hf[i];
+    }
+}
+
+static void test_search_keeps_to_llama_cpp(void) {
+    ac_cost_table t;
+    ac_err e;
+    CHECK(ac_cost_roofline(ac_device_spec_find("H100"), "bf16", &t, &e) == 0, "%s", e.msg);
+    ac_arch a = {.vocab = 32000,
+                 .hidden = 1024,
+                 .head_dim = 64,
+                 .n_layers = 8,
+                 .max_pos = 4096,
+                 .eps = 1e-5f,
+                 .rope_theta = 1e4f,
+                 .bos_id = -1,
+                 .eos_id = -1};
+    a.layers = calloc(8, sizeof *a.layers);
+    for (int l = 0; l < 8; l++) a.layers[l] = (ac_layer_arch){16, 8, 4096};
+    ac_importance imp;
+    skewed_importance(&imp, &a);
+    ac_engine_profile p;
+    ac_engine_profile_default(&p, 0);
+    ac_workload w = {64, 1024, 128};
+    int bad = 0, runs = 0, removed = 0;
+    for (int tgt = 0; tgt < 2; tgt++)
+        for (int k = 0; k < 3; k++) {
+            ac_search_problem P = {.table = &t, .workload = &w, .profile = &p, .imp = &imp, .base = &a};
+            P.limits.max_params = (0.4 + 0.15 * k) * ac_arch_params(&a);
+            P.opts = (ac_search_opts){.steps = 100,
+                                      .seed = (unsigned)k,
+                                      .lr = 0.03,
+                                      .ffn_multiple = 256,
+                                      .hidden_multiple = 64,
+                                      .prune_hidden = 0,
+                                      .target = tgt ? AC_EXPORT_GGUF : AC_EXPORT_DECI};
+            ac_search_result r;
+            if (ac_search_autocompress(&P, &r, &e)) {
+                CHECK(0, "%s", e.msg);
+                continue;
+            }
+            int ok = ac_gguf_check_arch(&r.arch, &e) == 0;
+            if (tgt) {
+                runs++;
+                CHECK(r.feasible, "gguf search at %.2f of the parameters infeasible", 0.35 + 0.15 * k);
+                CHECK(ok, "gguf search result: %s", e.msg);
+                for (int l = 0; l < 8; l++) removed += r.arch.layers[l].n_heads == 0 || r.arch.layers[l].ffn == 0;
+            } else bad += !ok;
+            ac_search_result_free(&r);
+        }
+    printf("  gguf: %d searches keep to llama.cpp's rules (%d sub-blocks removed); the deci target breaks them in %d "
+           "of 3\n",
+           runs, removed, bad);
+    CHECK(removed > 0, "the gguf searches removed no sub-block: the rules were not exercised");
+    CHECK(bad > 0, "the skewed importance does not tempt the unconstrained search: the test proves nothing");
+    ac_importance_free(&imp);
+    ac_arch_free(&a);
+    ac_cost_table_free(&t);
+}
+
+/* ---- job specs and jobs ---- */
+
+static ac_job_spec spec_buf; /* 33 KB: off the stack */
+
+/* The typed spec of s and the submission check on it (as daemon/http.c). */
+static int check_json_spec(const json_t *s, const char **field, ac_err *e) {
+    return ac_job_spec_parse(s, &spec_buf, field, e) || ac_gguf_check_spec(&spec_buf.search, spec_buf.model, field, e);
+}
+
+static json_t *tiny_spec(const char *target, int gguf_flag, const char *out) {
+    char d[1100];
+    ck_build_path(d, sizeof d, "data");
+    json_t *s = json_pack("{s:s,s:s,s:s,s:s,s:{s:s,s:{s:i,s:i,s:i}},s:{s:i},s:{s:i},s:i,s:{s:i,s:i}}", "model", tiny,
+                          "calibration", calib, "heldout", heldout, "output", out, "target", "device", "H100",
+                          "workload", "batch", 8, "prompt_len", 256, "gen_len", 64, "constraints", "max_params", 900000,
+                          "search", "steps", 60, "calibration_tokens", 2048, "eval", "ctx", 128, "windows", 8);
+    if (target) json_object_set_new(json_object_get(s, "search"), "export_target", json_string(target));
+    if (gguf_flag) json_object_set_new(json_object_get(s, "search"), "gguf", json_true());
+    return s;
+}
+
+static void test_spec_checks(void) {
+    if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
+    ac_err e;
+    const char *field = NULL;
+    struct {
+        const char *target;
+        int flag;
+        const char *want;
+    } cases[] = {{"gguf", 0, NULL}, {"gguf-deci", 0, NULL},     {"llama", 1, NULL},
+                 {"deci", 0, NULL}, {"deci", 1, "search.gguf"}, {NULL, 1, "search.gguf"}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        json_t *s = tiny_spec(cases[i].target, cases[i].flag, "/tmp/x");
+        int rc = check_json_spec(s, &field, &e);
+        CHECK(cases[i].want ? rc != 0 && !strcmp(field, cases[i].want) : rc == 0, "case %zu (%s, gguf %d): %s", i,
+              cases[i].target ? cases[i].target : "default", cases[i].flag, rc ? e.msg : "accepted");
+        if (!rc && cases[i].target && !strncmp(cases[i].target, "gguf", 4)) /* gguf-deci: the old name of gguf */
+            CHECK(spec_buf.search.target == AC_EXPORT_GGUF, "%s parses as export target %d", cases[i].target,
+                  (int)spec_buf.search.target);
+        json_decref(s);
+    }
+    /* a model llama.cpp's architectures cannot express: a sliding window */
+    char mis[1100];
+    ck_build_path(mis, sizeof mis, "fixtures/models/mistral_sharded");
+    json_t *s = tiny_spec("gguf", 0, "/tmp/x");
+    json_object_set_new(s, "model", json_string(mis));
+    CHECK(check_json_spec(s, &field, &e) != 0 && strstr(e.msg, "sliding") && !strcmp(field, "model"),
+          "sliding window: %s", e.msg);
+    /* a tokenizer whose split regex llama.cpp has no pre type for */
+    char dir[200], p[1300];
+    snprintf(dir, sizeof dir, "%s/oddtok", tmpdir);
+    mkdir(dir, 0755);
+    json_error_t je;
+    json_t *tj = json_load_file(tiny_tok, 0, &je), *cfg = NULL;
+    snprintf(p, sizeof p, "%s/config.json", tiny);
+    cfg = json_load_file(p, 0, &je);
+    json_t *split = json_array_get(json_object_get(json_object_get(tj, "pre_tokenizer"), "pretokenizers"), 0);
+    json_object_set_new(json_object_get(split, "pattern"), "Regex", json_string("\\p{L}+|\\s+|."));
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    json_dump_file(tj, p, 0);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    json_dump_file(cfg, p, 0);
+    json_object_set_new(s, "model", json_string(dir));
+    CHECK(check_json_spec(s, &field, &e) != 0 && strstr(e.msg, "pre-tokenizer"), "odd regex: %s", e.msg);
+    json_decref(tj);
+    json_decref(cfg);
+    json_decref(s);
+}
+
+static void quiet(void *ud, const char *kind, json_t *data) {
+    (void)ud;
+    (void)kind;
+    (void)data;
+}
+
+/* A compression job with export target gguf (heterogeneous) and one with
+ * llama + search.gguf (uniform): model.gguf is written, loads, keeps to
+ * llama.cpp's rules, scores the report's perplexity, and runs in llama.cpp. */
+static void test_jobs_write_gguf(void) {
+    if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
+    const char *why = llama_missing();
+    for (int k = 0; k < 2; k++) {
+        char out[200], g[300];
+        snprintf(out, sizeof out, "%s/job%d", tmpdir, k);
+        snprintf(g, sizeof g, "%s/model.gguf", out);
+        json_t *spec = tiny_spec(k ? "llama" : "gguf", k, out), *res = NULL;
+        ac_job_ctx ctx = {.emit = quiet};
+        ac_err e;
+        ac_model m;
+        if (ac_job_spec_parse(spec, &spec_buf, NULL, &e) || ac_job_run(&spec_buf, &ctx, &res, &e)) {
+            CHECK(0, "job %d: %s", k, e.msg);
+            json_decref(spec);
+            continue;
+        }
+        json_t *ac = json_object_get(res, "autocompress"),
+               *xg = json_object_get(json_object_get(res, "export"), "gguf");
+        if (ac_model_load(g, &m, &e)) {
+            CHECK(0, "job %d: %s", k, e.msg);
+            json_decref(res);
+            json_decref(spec);
+            continue;
+        }
+        CHECK(ac_gguf_check_arch(&m.a, &e) == 0, "job %d: %s", k, e.msg);
+        CHECK(k ? ac_arch_is_uniform(&m.a) : !ac_arch_is_uniform(&m.a), "job %d: uniform %d", k,
+              ac_arch_is_uniform(&m.a));
+        CHECK(xg && !strcmp(json_string_value(json_object_get(xg, "architecture")), k ? "llama" : "deci"),
+              "job %d: report export.gguf", k);
+        int *ids;
+        size_t n;
+        ac_ppl_opts o = {.ctx = 128, .max_windows = 8, .batch = 4};
+        ac_ppl_result r;
+        CHECK(ac_load_text_ids(g, heldout, &ids, &n, m.a.vocab, &e) == 0 &&
+                  ac_perplexity(&m, ids, n, &o, NULL, NULL, NULL, &r, &e) == 0,
+              "%s", e.msg);
+        /* the report scores the fp32 result; the exports hold it in BF16, the same in both files */
+        double want = json_number_value(json_object_get(ac, "perplexity"));
+        ac_model st;
+        ac_ppl_result rs = {0};
+        CHECK(ac_model_load(out, &st, &e) == 0 && ac_perplexity(&st, ids, n, &o, NULL, NULL, NULL, &rs, &e) == 0, "%s",
+              e.msg);
+        printf("  job %d (%s): model.gguf perplexity %.4f, the safetensors export %.4f, report (fp32) %.4f\n", k,
+               k ? "llama + gguf" : "gguf", r.ppl, rs.ppl, want);
+        CHECK(r.ppl == rs.ppl && fabs(r.ppl / want - 1) < 1e-3,
+              "job %d: model.gguf perplexity %g, safetensors %g, report %g", k, r.ppl, rs.ppl, want);
+        ac_model_free(&st);
+        if (!why) {
+            size_t len;
+            char *text = ac_read_file(heldout, 1 << 24, &len, &e);
+            size_t tl = len < 3000 ? len : 3000;
+            while (tl > 0 && text[tl - 1] != '\n') tl--;
+            llama_compare(&m, g, k ? "job_llama" : "job_gguf", ids, n, text, tl);
+            free(text);
+        }
+        free(ids);
+        ac_model_free(&m);
+        json_decref(res);
+        json_decref(spec);
+    }
+    if (why) SKIP("the jobs' GGUF files were checked here but not in llama.cpp: %s", why);
+}
+
+int main(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/ac_gguf_XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    RUN(test_llama_cpp_rules);
+    RUN(test_uniform_roundtrip_bf16);
+    RUN(test_fixture_roundtrips_f32);
+    RUN(test_heterogeneous_roundtrip);
+    RUN(test_tokenizers_from_metadata);
+    RUN(test_truncated_and_corrupt_files);
+    RUN(test_search_keeps_to_llama_cpp);
+    RUN(test_llama_cpp_runs_exports);
+    RUN(test_spec_checks);
+    RUN(test_jobs_write_gguf);
+    char cmd[128];
+    if (getenv("AC_KEEP_TMP")) return DONE();
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd)) fprintf(stderr, "cannot remove %s\n", tmpdir);
+    return DONE();
+}

@@ -1,0 +1,204 @@
+/*
+ * test_jobspec.c - the typed job spec: proto/job.schema.json is what the
+ * field table generates; defaults are the ones the pipeline used before the
+ * table existed (hard-coded below, from the old ac_job_run and
+ * ac_engine_profile_from_json); every bounded field of the published schema
+ * is rejected just outside its bounds with the error naming that field;
+ * target resolution; the path list the daemon's policy walks.
+ */
+#include <math.h>
+
+#include "check.h"
+#include "jobspec.h"
+
+static json_t *minimal(const char *device) {
+    return json_pack("{s:s,s:s,s:{s:s},s:{s:f}}", "model", "/m", "calibration", "/c.txt", "target", "device", device,
+                     "constraints", "max_tpot_ms", 5.0);
+}
+
+static void test_schema_file_is_generated_from_table(void) {
+    char path[1024];
+    const char *root = getenv("AC_TEST_ROOT");
+    snprintf(path, sizeof path, "%s/proto/job.schema.json", root ? root : ".");
+    json_error_t je;
+    json_t *file = json_load_file(path, 0, &je), *gen = ac_job_spec_schema();
+    CHECK(file != NULL, "%s: %s", path, je.text);
+    CHECK(file && json_equal(file, gen), "proto/job.schema.json is stale: regenerate with build/autocompress schema");
+    json_decref(file);
+    json_decref(gen);
+}
+
+static void test_defaults_match_the_old_pipeline(void) {
+    static ac_job_spec s;
+    ac_err e;
+    json_t *j = minimal("H100");
+    CHECK(ac_job_spec_parse(j, &s, NULL, &e) == 0, "%s", e.msg);
+    CHECK(s.search.steps == 300 && s.search.seed == 0 && fabs(s.search.lr - 0.03) < 1e-15, "search defaults");
+    /* ffn_multiple defaults to the export target's step: the loaders' 256 grid for deci, 32 otherwise */
+    CHECK(s.search.ffn_multiple == 256 && s.search.hidden_multiple == 16 && s.search.prune_hidden == 1, "search widths");
+    json_object_set_new(j, "search", json_pack("{s:s}", "export_target", "llama"));
+    static ac_job_spec s2;
+    CHECK(ac_job_spec_parse(j, &s2, NULL, &e) == 0 && s2.search.ffn_multiple == 32, "llama ffn_multiple default");
+    CHECK(s.search.target == AC_EXPORT_DECI && s.method == AC_METHOD_AUTOCOMPRESS, "export target / method");
+    CHECK(s.eval.ctx == 128 && s.eval.windows == 32 && s.calibration_tokens == 16384 && s.repair == 1, "eval");
+    CHECK(s.priority == 0 && s.distill.tokens == 0, "priority, distillation off");
+    const ac_workload *w = &s.target.workload;
+    CHECK(w->batch == 1 && w->prompt_len == 512 && w->gen_len == 128, "workload %d %d %d", w->batch, w->prompt_len,
+          w->gen_len);
+    const ac_engine_profile *p = &s.target.engine;
+    CHECK(!strcmp(p->name, "vllm") && p->w_bytes == 2 && p->kv_bytes == 2 && p->act_bytes == 2 && p->block_size == 16,
+          "gpu profile %s %d %d %d", p->name, p->w_bytes, p->kv_bytes, p->block_size);
+    CHECK(p->mem_util == 0.9 && p->overhead_ms == 0.3 && p->overhead_gib == 1.5, "gpu profile figures");
+    CHECK(!strcmp(s.heldout, "/c.txt"), "heldout defaults to calibration: %s", s.heldout);
+    CHECK(s.limits.max_tpot_ms == 5 && s.limits.max_ttft_ms == 0 && s.limits.min_tok_s == 0, "limits");
+    CHECK(s.target.dev.kind == AC_TARGET_PROFILE && !strcmp(s.target.dev.profile->name, "H100"), "resolved H100");
+    json_decref(j);
+    j = minimal("cpu");
+    json_object_set_new(json_object_get(j, "target"), "engine",
+                        json_pack("{s:s,s:s,s:i}", "weights_dtype", "fp8", "kv_dtype", "fp16", "block_size", 32));
+    CHECK(ac_job_spec_parse(j, &s, NULL, &e) == 0, "%s", e.msg);
+    p = &s.target.engine;
+    CHECK(!strcmp(p->name, "autocompress-cpu") && p->w_bytes == 1 && p->act_bytes == 2 && p->kv_bytes == 2 &&
+              p->block_size == 32,
+          "cpu profile with overrides %s %d %d %d %d", p->name, p->w_bytes, p->act_bytes, p->kv_bytes, p->block_size);
+    CHECK(p->mem_util == 0.8 && p->overhead_ms == 0 && p->overhead_gib == 0, "cpu profile figures");
+    json_decref(j);
+}
+
+static int parse_fails_at(json_t *spec, const char *want, ac_err *e) {
+    static ac_job_spec s;
+    const char *f = NULL;
+    return ac_job_spec_parse(spec, &s, &f, e) != 0 && f && !strcmp(f, want);
+}
+
+/* Walk the published schema: every numeric bound, just outside, must be
+ * rejected naming the field; an unknown member of every object likewise. */
+static void probe(json_t *root, json_t *holder, json_t *props, const char *prefix, int *probed) {
+    const char *k;
+    json_t *p;
+    json_object_foreach(props, k, p) {
+        char field[256];
+        ac_err e;
+        snprintf(field, sizeof field, "%s%s", prefix, k);
+        json_t *saved = json_object_get(holder, k) ? json_deep_copy(json_object_get(holder, k)) : NULL;
+        if (json_object_get(p, "properties")) {
+            if (!saved) json_object_set_new(holder, k, json_object());
+            json_t *sub = json_object_get(holder, k);
+            char unk[300], pre[300];
+            snprintf(unk, sizeof unk, "%s.no_such_field", field);
+            snprintf(pre, sizeof pre, "%s.", field);
+            json_object_set_new(sub, "no_such_field", json_true());
+            CHECK(parse_fails_at(root, unk, &e), "%s not named: %s", unk, e.msg);
+            json_object_del(sub, "no_such_field");
+            probe(root, sub, json_object_get(p, "properties"), pre, probed);
+        } else {
+            json_t *bounds[2] = {json_object_get(p, "minimum"), json_object_get(p, "maximum")};
+            for (int side = 0; side < 2; side++) {
+                json_t *b = bounds[side];
+                if (!b) continue;
+                double x = json_number_value(b), d = side ? 1 : -1;
+                json_object_set_new(holder, k,
+                                    json_is_integer(b) ? json_integer(json_integer_value(b) + (json_int_t)d)
+                                                       : json_real(x + d * (fabs(x) * 1e-6 + 1e-12)));
+                CHECK(parse_fails_at(root, field, &e), "%s just outside its %s bound: %s", field,
+                      side ? "upper" : "lower", e.msg);
+                (*probed)++;
+            }
+            if (json_object_get(p, "enum")) {
+                json_object_set_new(holder, k, json_string("no-such-value"));
+                CHECK(parse_fails_at(root, field, &e), "%s accepts an unlisted value: %s", field, e.msg);
+                (*probed)++;
+            }
+        }
+        if (saved)
+            json_object_set_new(holder, k, saved);
+        else
+            json_object_del(holder, k);
+    }
+}
+
+static void test_every_bound_names_its_field(void) {
+    json_t *sch = ac_job_spec_schema(), *spec = minimal("cpu");
+    int probed = 0;
+    probe(spec, spec, json_object_get(sch, "properties"), "", &probed);
+    CHECK(probed >= 40, "only %d bounds probed", probed);
+    static ac_job_spec s;
+    ac_err e;
+    CHECK(ac_job_spec_parse(spec, &s, NULL, &e) == 0, "spec restored: %s", e.msg);
+    json_decref(spec);
+    json_decref(sch);
+}
+
+static void test_errors_and_targets(void) {
+    ac_err e;
+    json_t *j = minimal("cpu");
+    json_object_set_new(j, "constraints", json_object());
+    CHECK(parse_fails_at(j, "constraints", &e) && strstr(e.msg, "max_tpot_ms"), "empty constraints: %s", e.msg);
+    json_object_set_new(j, "constraints", json_pack("{s:s}", "max_tpot_ms", "5"));
+    CHECK(parse_fails_at(j, "constraints.max_tpot_ms", &e) && strstr(e.msg, "must be a number"), "type: %s", e.msg);
+    json_object_set_new(j, "constraints", json_pack("{s:f}", "max_params", 1e6));
+    json_object_del(j, "model");
+    CHECK(parse_fails_at(j, "model", &e) && strstr(e.msg, "missing required"), "missing: %s", e.msg);
+    json_object_set_new(j, "model", json_string("/m"));
+    json_object_set_new(j, "search", json_pack("{s:f}", "steps", 10.0));
+    CHECK(parse_fails_at(j, "search.steps", &e) && strstr(e.msg, "integer"), "integer: %s", e.msg);
+    json_object_del(j, "search");
+    static const struct {
+        const char *dev;
+        int ok, kind, ordinal;
+    } T[] = {{"cpu", 1, AC_TARGET_CPU, -1},
+             {"cuda", 1, AC_TARGET_CUDA, -1},
+             {"cuda:3", 1, AC_TARGET_CUDA, 3},
+             {"h100", 1, AC_TARGET_PROFILE, -1},
+             {"RTX 4090", 1, AC_TARGET_PROFILE, -1},
+             {"cuda:", 0, 0, 0},
+             {"cuda:x", 0, 0, 0},
+             {"cuda1", 0, 0, 0},
+             {"cuda:1234", 0, 0, 0},
+             {"TPUv9", 0, 0, 0},
+             {"cpu0", 0, 0, 0}};
+    for (size_t i = 0; i < sizeof T / sizeof *T; i++) {
+        static ac_job_spec s;
+        const char *f = NULL;
+        json_object_set_new(json_object_get(j, "target"), "device", json_string(T[i].dev));
+        int rc = ac_job_spec_parse(j, &s, &f, &e);
+        if (T[i].ok)
+            CHECK(rc == 0 && (int)s.target.dev.kind == T[i].kind && s.target.dev.ordinal == T[i].ordinal, "%s: %s",
+                  T[i].dev, e.msg);
+        else
+            CHECK(rc != 0 && f && !strcmp(f, "target.device"), "%s accepted (field %s)", T[i].dev, f ? f : "-");
+    }
+    json_decref(j);
+}
+
+static void test_paths_for_the_daemon(void) {
+    static ac_job_spec s;
+    ac_err e;
+    json_t *j = minimal("cpu");
+    json_object_set_new(j, "output", json_string("/o"));
+    json_object_set_new(j, "distill", json_pack("{s:i,s:s}", "tokens", 1000, "text", "/d.txt"));
+    CHECK(ac_job_spec_parse(j, &s, NULL, &e) == 0, "%s", e.msg);
+    const char *want[][2] = {{"model", "/m"},
+                             {"calibration", "/c.txt"},
+                             {"heldout", "/c.txt"},
+                             {"output", "/o"},
+                             {"distill.text", "/d.txt"}};
+    const int flags[] = {AC_F_PATH_DIR, AC_F_PATH_FILE, AC_F_PATH_FILE, AC_F_PATH_OUT, AC_F_PATH_FILE};
+    const char *f, *p;
+    int fl, i = 0;
+    for (; ac_job_spec_path(&s, i, &f, &p, &fl); i++)
+        CHECK(i < 5 && !strcmp(f, want[i][0]) && !strcmp(p, want[i][1]) && fl == flags[i], "path %d: %s=%s (%d)", i, f,
+              p, fl);
+    CHECK(i == 5, "%d paths", i);
+    CHECK(s.distill.tokens == 1000 && s.distill.seq_len == 128 && s.distill.temperature == 1, "distill section");
+    json_decref(j);
+}
+
+int main(void) {
+    RUN(test_schema_file_is_generated_from_table);
+    RUN(test_defaults_match_the_old_pipeline);
+    RUN(test_every_bound_names_its_field);
+    RUN(test_errors_and_targets);
+    RUN(test_paths_for_the_daemon);
+    return DONE();
+}
