@@ -161,6 +161,7 @@ test-asan: asan fixtures
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_engine
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_costsearch
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_train
+	AC_BUILD=$(B) build-asan/tests/test_dnas
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 AC_CUDA_PLUGIN=$(abspath build-asan/tests/libac_cuda_emu.so) build-asan/tests/test_cuda
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 AC_TRAIN_CUDA_ONLY=1 AC_CUDA_PLUGIN=$(abspath build-asan/tests/libac_cuda_emu.so) build-asan/tests/test_train
 	ASAN_OPTIONS=detect_leaks=0 build-asan/tests/fuzz_parsers 100000 3

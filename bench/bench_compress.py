@@ -16,6 +16,9 @@ then distils both arms with the same budget of N tokens (spec "distill",
 on the calibration text), each arm's report holding "perplexity_pruned"
 (before) and "perplexity" (after); without it they print "-".
 
+AutoCompress's search.method comes from AC_SEARCH_METHOD (default dnas), with
+AC_DNAS_STEPS (default 300) and AC_COTRAIN=1 (co-trained weights).
+
 Models: build/models/tiny (fortunes, 1.4 M parameters) and any other model
 directory named in AC_BENCH_MODELS (colon-separated NAME=MODEL_DIR=DATA_DIR
 entries, DATA_DIR holding calib.txt and heldout.txt).
@@ -68,7 +71,10 @@ def arch_str(a):
 def job(tmp, name, mdir, ddir, dev, wl, cons):
     spec = {"model": mdir, "calibration": os.path.join(ddir, "calib.txt"), "heldout": os.path.join(ddir, "heldout.txt"),
             "output": os.path.join(tmp, name), "target": {"device": dev, "workload": wl}, "constraints": cons,
-            "search": {"steps": 300, "seed": 0, "export_target": os.environ.get("AC_EXPORT_TARGET", "deci")},
+            "search": {"steps": 300, "seed": 0, "export_target": os.environ.get("AC_EXPORT_TARGET", "deci"),
+                       "method": os.environ.get("AC_SEARCH_METHOD", "dnas"),
+                       "dnas_steps": int(os.environ.get("AC_DNAS_STEPS", "300")),
+                       "cotrain": os.environ.get("AC_COTRAIN", "0") == "1"},
             "calibration_tokens": 8192, "eval": {"ctx": 128, "windows": 48}}
     if os.environ.get("AC_BENCH_DISTILL"):
         spec["distill"] = {"tokens": int(os.environ["AC_BENCH_DISTILL"])}

@@ -230,6 +230,7 @@ static int check_limits(ac_daemon *d, const ac_job_spec *js, reply *r) {
     } c[] = {
         {"calibration_tokens", "max_calibration_tokens", js->calibration_tokens, d->cfg.max_calibration_tokens},
         {"search.steps", "max_search_steps", js->search.steps, d->cfg.max_search_steps},
+        {"search.dnas_steps", "max_search_steps", js->search.dnas_steps, d->cfg.max_search_steps}, /* gate steps */
         {"eval.windows", "max_eval_windows", js->eval.windows, d->cfg.max_eval_windows},
         {"distill.tokens", "max_distill_tokens", (double)js->distill.tokens, d->cfg.max_distill_tokens},
     };

@@ -19,6 +19,7 @@
 #include "deci.h"
 #include "device.h"
 #include "distill.h"
+#include "dnas.h"
 #include "gguf.h"
 #include "job_state.h"
 #include "kernels_cpu.h"
@@ -151,7 +152,8 @@ static int stage_search(job_state *s, ac_err *e) {
          json_pack("{s:s,s:o,s:o}", "message", "baseline prediction", "predicted", ac_cost_to_json(&s->base_cost),
                    "constraints", ac_constraints_report(&P->limits, &s->base_cost)));
     int autoc = sp->method == AC_METHOD_AUTOCOMPRESS;
-    if (ac_search_minitron(P, &s->rm, e) || (autoc && ac_search_autocompress(P, &s->ra, e))) return -1;
+    if (ac_search_minitron(P, &s->rm, e)) return -1;
+    if (autoc && ac_dnas_job_search(P, &s->m, &sp->search, s->cids, s->nc, &s->ra, &s->imp_d, e)) return -1;
     s->chosen = autoc ? &s->ra : &s->rm;
     if (s->chosen->feasible) return 0;
     const ac_cost *k = &s->chosen->cost;
@@ -187,7 +189,8 @@ static int stage_prune(job_state *s, ac_err *e) {
     if (prune_one(s, &s->rm.arch, &mimp, &s->pm, &s->rep_m, e)) return -1;
     ac_minitron_compact(&s->pm); /* dropped layers out: a plain Llama */
     progress_cb(s, "minitron pruned", 0.5);
-    if (s->chosen == &s->ra && prune_one(s, &s->ra.arch, &s->imp, &s->pa, &s->rep_a, e)) return -1;
+    const ac_importance *ia = s->imp_d.n_layers ? &s->imp_d : &s->imp; /* dnas: gate-score orders */
+    if (s->chosen == &s->ra && prune_one(s, &s->ra.arch, ia, &s->pa, &s->rep_a, e)) return -1;
     progress_cb(s, "pruned", 1.0);
     s->result = s->chosen == &s->ra ? &s->pa : &s->pm;
     return 0;
@@ -316,6 +319,7 @@ static void state_free(job_state *s) {
     ac_search_result_free(&s->rm);
     ac_cost_table_free(&s->table);
     ac_importance_free(&s->imp);
+    ac_importance_free(&s->imp_d);
     free(s->cids);
     free(s->hids);
     ac_model_free(&s->m);

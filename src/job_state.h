@@ -29,6 +29,7 @@ typedef struct job_state {
     int on_gpu; /* loss passes on the local GPU */
     int cwin;   /* calibration windows of eval.ctx */
     ac_importance imp;
+    ac_importance imp_d; /* search: unit orders by DNAS gate score (n_layers 0: none) */
     /* profile */
     ac_cost_table table;
     int cache_hit;

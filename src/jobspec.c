@@ -28,6 +28,8 @@ static const char *const DTYPES[] = {"bf16", "fp16", "fp32", "fp8", NULL};
 /* Enum fields store the index of the string: these lists are in the order
  * of ac_method and ac_export_target (search.h). */
 static const char *const EXPORTS[] = {"deci", "llama", "gguf", NULL};
+static const char *const SMETHODS[] = {"dnas", "surrogate", NULL};
+_Static_assert(AC_SEARCH_DNAS == 0 && AC_SEARCH_SURROGATE == 1, "SMETHODS order");
 /* Old names an enum still accepts: pairs of old, current. */
 static const char *const EXPORT_ALIASES[] = {"gguf-deci", "gguf", NULL};
 
@@ -100,6 +102,16 @@ static const ac_field SEARCH[] = {
     INT("hidden_multiple", ac_search_opts, hidden_multiple, 1, 4096, 16, 0, NULL),
     BOOL("prune_hidden", ac_search_opts, prune_hidden, 1, NULL),
     BOOL("gguf", ac_search_opts, gguf, 0, "with export_target llama: also write the uniform result as model.gguf"),
+    ENUM("method", ac_search_opts, method, SMETHODS, AC_SEARCH_DNAS, 0,
+         "dnas: hard-concrete gates trained through the network with the distillation loss and the expected-cost "
+         "augmented Lagrangian (src/dnas.c), initialised from the surrogate; surrogate: the additive per-layer "
+         "sensitivity relaxation only (fast)"),
+    INT("dnas_steps", ac_search_opts, dnas_steps, 1, 100000, 300, 0, NULL),
+    NUM("dnas_lr", ac_search_opts, dnas_lr, 1e-6, 10, 0.1, 0, "Adam step on the gates' log_alpha"),
+    INT("dnas_batch", ac_search_opts, dnas_batch, 1, 4096, 4, 0, NULL),
+    INT("dnas_seq_len", ac_search_opts, dnas_seq_len, 2, 1 << 16, 64, 0, NULL),
+    BOOL("cotrain", ac_search_opts, cotrain, 0,
+         "train the weights (a copy, AdamW) with the gates; the result is still sliced from the original weights"),
     END,
 };
 static const ac_field EVAL[] = {

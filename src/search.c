@@ -285,6 +285,13 @@ static void repair(const ac_search_problem *p, const cons *c, int nc, ac_arch *a
     predict_arch(p, a, cost);
 }
 
+int ac_search_repair(const ac_search_problem *p, ac_arch *a, ac_cost *cost) {
+    cons c[5];
+    int nc = constraint_list(&p->limits, c);
+    repair(p, c, nc, a, cost);
+    return total_violation(c, nc, cost) <= 1e-12;
+}
+
 int ac_search_autocompress(const ac_search_problem *p, ac_search_result *r, ac_err *e) {
     memset(r, 0, sizeof *r);
     ctx_t x = {.p = p, .L = p->base->n_layers};

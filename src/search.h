@@ -26,6 +26,8 @@ typedef struct {
 } ac_constraints;
 
 typedef enum { AC_EXPORT_DECI, AC_EXPORT_LLAMA, AC_EXPORT_GGUF } ac_export_target;
+/* search.method: differentiable gates (src/dnas.c) or the surrogate relaxation only */
+typedef enum { AC_SEARCH_DNAS, AC_SEARCH_SURROGATE } ac_search_method;
 
 typedef struct {
     int steps;
@@ -35,6 +37,10 @@ typedef struct {
     int prune_hidden;
     ac_export_target target;
     int gguf; /* with AC_EXPORT_LLAMA: also write model.gguf (gguf.h) */
+    ac_search_method method;          /* method autocompress: dnas or surrogate */
+    int dnas_steps, dnas_batch, dnas_seq_len; /* dnas gate training (ac_dnas_opts) */
+    double dnas_lr;
+    int cotrain; /* dnas: weights (a copy) trained with the gates */
 } ac_search_opts;
 
 typedef struct {
@@ -70,6 +76,9 @@ void ac_search_result_free(ac_search_result *r);
 /* Worst relative violation of the limits by c (<= 0 when feasible). */
 double ac_constraints_violation(const ac_constraints *l, const ac_cost *c);
 json_t *ac_constraints_report(const ac_constraints *l, const ac_cost *c);
+/* The exact feasibility repair and refill on a discrete architecture a
+ * (in place); cost gets its prediction. Returns 1 when a meets every limit. */
+int ac_search_repair(const ac_search_problem *p, ac_arch *a, ac_cost *cost);
 /* Predicted loss increase of a discrete architecture. */
 double ac_search_pred_loss(const ac_search_problem *p, const ac_arch *a);
 

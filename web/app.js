@@ -102,6 +102,30 @@ function drawArch(layers, base) {
 }
 
 let baseLayers = null;
+const archHistory = []; // [step, layers] of every search event: the architecture as it evolves
+
+/* A heat map of the search: one column per event, per layer two rows
+ * (KV heads kept, FFN width kept, expected values under the gates for
+ * dnas), dark = kept. */
+function drawArchHistory(cv, hist, base) {
+  const c = cv.getContext("2d"), W = cv.width, H = cv.height, L = base.length, n = hist.length;
+  c.clearRect(0, 0, W, H);
+  if (!n) return;
+  const left = 34, rowH = (H - 16) / (2 * L), colW = (W - left) / n;
+  c.font = "10px sans-serif"; c.fillStyle = "#374151";
+  hist.forEach(([, layers], j) => layers.forEach((l, i) => {
+    const b = base[i] || {}, kv = b.kv_heads ? l.kv_heads / b.kv_heads : 0, ff = b.ffn ? l.ffn / b.ffn : 0;
+    [kv, ff].forEach((v, r) => {
+      const g = Math.round(235 - 200 * Math.max(0, Math.min(1, v)));
+      c.fillStyle = r ? `rgb(250,${g},${Math.round(g * 0.6)})` : `rgb(${Math.round(g * 0.6)},${g},250)`;
+      c.fillRect(left + j * colW, (2 * i + r) * rowH, Math.ceil(colW), Math.ceil(rowH) - 1);
+    });
+  }));
+  c.fillStyle = "#374151";
+  for (let i = 0; i < L; i++) c.fillText(`L${i}`, 2, (2 * i + 1.3) * rowH);
+  c.fillText(`step ${hist[0][0]}`, left, H - 3);
+  c.fillText(`step ${hist[n - 1][0]}`, W - 60, H - 3);
+}
 
 function onEvent(kind, data) {
   const pre = $("#events");
@@ -114,8 +138,8 @@ function onEvent(kind, data) {
     document.querySelectorAll("#stages span").forEach((s, i) => { s.className = i < idx ? "done" : i === idx ? "now" : ""; });
   } else if (kind === "log" && data.architecture) {
     baseLayers = data.architecture.layers;
-  } else if (kind === "search" && data.phase === "autocompress") {
-    series.loss.push([data.step, data.loss]);
+  } else if (kind === "search" && (data.phase === "autocompress" || data.phase === "dnas")) {
+    series.loss.push([data.step, data.phase === "dnas" ? data.task_loss : data.loss]);
     const names = Object.keys(data.metrics || {});
     const pick = names.find((n) => n.endsWith("_ms")) || names[0];
     if (pick) {
@@ -123,10 +147,17 @@ function onEvent(kind, data) {
       series.metric.push([data.step, data.metrics[pick].value]);
       series.limit = data.metrics[pick].limit;
     }
-    drawLine($("#loss-chart"), series.loss, "#2563eb", null, "lagrangian");
+    drawLine($("#loss-chart"), series.loss, "#2563eb", null, data.phase === "dnas" ? "distillation KL (gated model)" : "lagrangian");
     drawLine($("#metric-chart"), series.metric, "#059669", series.limit, pick);
     $("#metric-caption").textContent = `Predicted ${pick} vs limit (dashed)`;
-    if (data.architecture && baseLayers) drawArch(data.architecture.layers, baseLayers);
+    if (data.architecture && baseLayers) {
+      drawArch(data.architecture.layers, baseLayers);
+      archHistory.push([data.step, data.architecture.layers]);
+      $("#arch-history-fig").hidden = false;
+      drawArchHistory($("#arch-history"), archHistory, baseLayers);
+    }
+    if (data.multipliers) $("#metric-caption").textContent += " · multipliers " +
+      Object.entries(data.multipliers).map(([k, v]) => `${k} ${(+v).toFixed(3)}`).join(", ");
   } else if (kind === "distill") {
     // one curve per arm (minitron, autocompress); the arm being distilled is drawn
     (series.distill[data.arm] = series.distill[data.arm] || []).push([data.step, data.loss]);
@@ -170,7 +201,7 @@ async function openJob(id) {
   if (source) { source.close(); source = null; }
   $("#list-view").hidden = true; $("#job-view").hidden = false;
   $("#job-title").textContent = "Job " + id;
-  $("#events").textContent = ""; $("#arch").innerHTML = ""; $("#summary tbody").innerHTML = "";
+  $("#events").textContent = ""; $("#arch").innerHTML = ""; archHistory.length = 0; $("#summary tbody").innerHTML = "";
   series.loss = []; series.metric = []; series.limit = null; series.distill = {}; baseLayers = null;
   $("#distill-fig").hidden = true;
   stages = STAGES;

@@ -63,6 +63,9 @@ async function main() {
       if (stagesDone !== 7) throw new Error("stages done: " + stagesDone);
       const inked = await page.$eval("#loss-chart", (c) => { const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data; let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n; });
       if (inked < 500) throw new Error("loss chart is empty");
+      // dnas (the default search.method): the architecture's evolution is drawn, one column per search event
+      const hist = await page.$eval("#arch-history", (c) => { const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data; let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n; });
+      if (hist < 0.5 * 940 * 180) throw new Error("architecture history is empty: " + hist);
       await page.screenshot({ path: path.join(build, "dashboard.png"), fullPage: true });
     });
     await check("job_listed_with_state", async () => {

@@ -1,0 +1,824 @@
+/* dnas.c - see dnas.h. */
+#include "dnas.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optim.h"
+#include "prune.h"
+
+#define HC_BETA (2.0 / 3.0)
+#define HC_GAMMA (-0.1)
+#define HC_ZETA 1.1
+
+void ac_dnas_defaults(ac_dnas_opts *o) {
+    *o = (ac_dnas_opts){.steps = 300,
+                        .batch = 4,
+                        .seq_len = 64,
+                        .lr = 0.1,
+                        .mu = 10.0,
+                        .rho = 0.5,
+                        .cotrain = 0,
+                        .w_lr = 1e-4,
+                        .init_surrogate = 1,
+                        .teacher_cache_mib = 256};
+}
+
+double ac_dnas_keep_prob(double la) { return 1.0 / (1.0 + exp(-(la - HC_BETA * log(-HC_GAMMA / HC_ZETA)))); }
+
+double ac_dnas_sample(double la, double u, double *dz) {
+    double s;
+    if (u < 0) {
+        s = 1.0 / (1.0 + exp(-la));
+        double sb = s * (HC_ZETA - HC_GAMMA) + HC_GAMMA;
+        if (dz) *dz = sb > 0 && sb < 1 ? (HC_ZETA - HC_GAMMA) * s * (1 - s) : 0;
+        return fmin(1, fmax(0, sb));
+    }
+    s = 1.0 / (1.0 + exp(-(log(u) - log(1 - u) + la) / HC_BETA));
+    double sb = s * (HC_ZETA - HC_GAMMA) + HC_GAMMA;
+    if (dz) *dz = sb > 0 && sb < 1 ? (HC_ZETA - HC_GAMMA) * s * (1 - s) / HC_BETA : 0;
+    return fmin(1, fmax(0, sb));
+}
+
+static int grp_of(const ac_layer_arch *b) { return b->n_heads ? b->n_heads / b->n_kv_heads : 1; }
+/* Size of group j of n units in groups of m (the last one is the remainder). */
+static int gsize(int n, int m, int j) { return (j + 1) * m <= n ? m : n - j * m; }
+
+int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts *so, ac_err *e) {
+    memset(g, 0, sizeof *g);
+    int L = b->n_layers;
+    g->L = L;
+    g->H = b->hidden;
+    g->fm = so->ffn_multiple > 0 ? so->ffn_multiple : 1;
+    g->hm = so->hidden_multiple > 0 ? so->hidden_multiple : 1;
+    g->gate_kv = so->target != AC_EXPORT_DECI;
+    g->gate_depth = so->target != AC_EXPORT_LLAMA;
+    g->gate_hid = so->prune_hidden;
+    g->nkv = calloc(L, sizeof(int));
+    g->nfg = calloc(L, sizeof(int));
+    g->kv_off = calloc(L, sizeof(int));
+    g->ffn_off = calloc(L, sizeof(int));
+    g->kv_on = calloc(L, sizeof(double));
+    if (!g->nkv || !g->nfg || !g->kv_off || !g->ffn_off || !g->kv_on) {
+        ac_dnas_gates_free(g);
+        return ac_errf(e, "out of memory");
+    }
+    int n = 0;
+    for (int l = 0; l < L; l++) {
+        const ac_layer_arch *bl = &b->layers[l];
+        g->kv_on[l] = bl->n_kv_heads;
+        g->nkv[l] = g->gate_kv && bl->n_heads ? bl->n_kv_heads : 0;
+        g->kv_off[l] = n;
+        n += g->nkv[l];
+        g->nfg[l] = (bl->ffn + g->fm - 1) / g->fm;
+        g->ffn_off[l] = n;
+        n += g->nfg[l];
+    }
+    g->attn_off = n;
+    n += g->gate_depth ? L : 0;
+    g->mlp_off = n;
+    n += g->gate_depth ? L : 0;
+    g->hid_off = n;
+    g->nhg = g->gate_hid ? (g->H + g->hm - 1) / g->hm : 0;
+    n += g->nhg;
+    g->np = n;
+    g->la = calloc(n + 1, sizeof(double));
+    if (!g->la) {
+        ac_dnas_gates_free(g);
+        return ac_errf(e, "out of memory");
+    }
+    for (int i = 0; i < n; i++) g->la[i] = 3.0;
+    return 0;
+}
+
+void ac_dnas_gates_free(ac_dnas_gates *g) {
+    free(g->nkv);
+    free(g->nfg);
+    free(g->kv_off);
+    free(g->ffn_off);
+    free(g->kv_on);
+    free(g->la);
+    memset(g, 0, sizeof *g);
+}
+
+void ac_dnas_set_gates(const ac_dnas_gates *g, const double *z, ac_gates *tg, const ac_arch *b,
+                       const ac_importance *imp) {
+    for (int l = 0; l < g->L; l++) {
+        const ac_layer_arch *bl = &b->layers[l];
+        if (tg->head[l])
+            for (int h = 0; h < bl->n_heads; h++)
+                tg->head[l][h] = g->nkv[l] ? (float)z[g->kv_off[l] + h / grp_of(bl)] : 1.0f;
+        if (tg->ffn[l])
+            for (int r = 0; r < bl->ffn; r++) tg->ffn[l][imp->ffn_order[l][r]] = (float)z[g->ffn_off[l] + r / g->fm];
+        tg->attn[l] = g->gate_depth && bl->n_heads ? (float)z[g->attn_off + l] : 1.0f;
+        tg->mlp[l] = g->gate_depth && bl->ffn ? (float)z[g->mlp_off + l] : 1.0f;
+    }
+    for (int r = 0; r < g->H; r++)
+        tg->hidden[imp->hid_order[r]] = g->gate_hid ? (float)z[g->hid_off + r / g->hm] : 1.0f;
+}
+
+void ac_dnas_gate_grads(const ac_dnas_gates *g, const ac_trainer *t, const ac_importance *imp, double *dz) {
+    const ac_arch *b = &t->m->a;
+    float kv[512];
+    memset(dz, 0, sizeof(double) * g->np);
+    for (int l = 0; l < g->L; l++) {
+        const ac_layer_arch *bl = &b->layers[l];
+        if (g->nkv[l] && bl->n_kv_heads <= 512) {
+            ac_train_kv_group_grad(t, l, kv);
+            for (int k = 0; k < g->nkv[l]; k++) dz[g->kv_off[l] + k] = kv[k];
+        }
+        for (int r = 0; r < bl->ffn; r++) dz[g->ffn_off[l] + r / g->fm] += t->dgate.ffn[l][imp->ffn_order[l][r]];
+        if (g->gate_depth && bl->n_heads) dz[g->attn_off + l] = t->dgate.attn[l];
+        if (g->gate_depth && bl->ffn) dz[g->mlp_off + l] = t->dgate.mlp[l];
+    }
+    if (g->gate_hid)
+        for (int r = 0; r < g->H; r++) dz[g->hid_off + r / g->hm] += t->dgate.hidden[imp->hid_order[r]];
+}
+
+/* ---- the expected architecture and its cost ---- */
+
+typedef struct {
+    double *kv, *ffn, *pa, *pm; /* [L] expected widths given kept; keep probabilities */
+    double hidden;
+} expect_t;
+
+static void expect(const ac_dnas_gates *g, const ac_arch *b, double *buf, expect_t *x) {
+    int L = g->L;
+    x->kv = buf;
+    x->ffn = buf + L;
+    x->pa = buf + 2 * L;
+    x->pm = buf + 3 * L;
+    for (int l = 0; l < L; l++) {
+        const ac_layer_arch *bl = &b->layers[l];
+        double kv = g->kv_on[l];
+        if (g->nkv[l]) {
+            kv = 0;
+            for (int k = 0; k < g->nkv[l]; k++) kv += ac_dnas_keep_prob(g->la[g->kv_off[l] + k]);
+        }
+        x->kv[l] = bl->n_heads ? kv : 0;
+        double f = 0;
+        for (int j = 0; j < g->nfg[l]; j++) f += gsize(bl->ffn, g->fm, j) * ac_dnas_keep_prob(g->la[g->ffn_off[l] + j]);
+        x->ffn[l] = f;
+        x->pa[l] = !bl->n_heads ? 0 : g->gate_depth ? ac_dnas_keep_prob(g->la[g->attn_off + l]) : 1;
+        x->pm[l] = !bl->ffn ? 0 : g->gate_depth ? ac_dnas_keep_prob(g->la[g->mlp_off + l]) : 1;
+    }
+    x->hidden = g->H;
+    if (g->gate_hid) {
+        x->hidden = 0;
+        for (int j = 0; j < g->nhg; j++) x->hidden += gsize(g->H, g->hm, j) * ac_dnas_keep_prob(g->la[g->hid_off + j]);
+    }
+}
+
+static void fill_carch(const ac_dnas_gates *g, const ac_arch *b, const expect_t *x, ac_carch *c) {
+    for (int l = 0; l < g->L; l++) {
+        const ac_layer_arch *bl = &b->layers[l];
+        c->kv[l] = x->kv[l];
+        c->heads[l] = g->gate_kv ? x->kv[l] * grp_of(bl) : bl->n_heads;
+        c->ffn[l] = x->ffn[l];
+    }
+    c->hidden = x->hidden;
+}
+
+static double metric_at(const ac_search_problem *p, const ac_carch *c, ac_metric m) {
+    ac_cost k;
+    ac_cost_predict(p->table, c, p->workload, p->profile, 1, &k);
+    return ac_cost_metric(&k, m);
+}
+
+static double hid_slope(const ac_search_problem *p, ac_carch *c, ac_metric m) {
+    double h = c->hidden;
+    c->hidden = h + 4;
+    double a = metric_at(p, c, m);
+    c->hidden = h - 4;
+    double v = (a - metric_at(p, c, m)) / 8;
+    c->hidden = h;
+    return v;
+}
+
+/* Remove sub-block s (0 attention, 1 FFN) of layer k from c, saving what
+ * restore() puts back. */
+static void block_off(ac_carch *c, int k, int s, double *save) {
+    save[0] = s ? c->ffn[k] : c->kv[k];
+    save[1] = c->heads[k];
+    if (s)
+        c->ffn[k] = 0;
+    else
+        c->kv[k] = c->heads[k] = 0;
+}
+
+static void block_on(ac_carch *c, int k, int s, const double *save) {
+    if (s)
+        c->ffn[k] = save[0];
+    else
+        c->kv[k] = save[0];
+    c->heads[k] = save[1];
+}
+
+/* E[m] = m(cbar) - sum (1 - p)(m(cbar) - m(cbar - block)); D[s*L + l] gets
+ * m(cbar) - m(cbar - block). */
+static double expected_value(const ac_search_problem *p, ac_metric m, ac_carch *c, const expect_t *x, double *D) {
+    int L = c->n_layers;
+    double m0 = metric_at(p, c, m), v = m0, save[2];
+    for (int l = 0; l < L; l++)
+        for (int s = 0; s < 2; s++) {
+            D[s * L + l] = 0;
+            if (s ? c->ffn[l] == 0 : c->kv[l] == 0 && c->heads[l] == 0) continue;
+            block_off(c, l, s, save);
+            D[s * L + l] = m0 - metric_at(p, c, m);
+            block_on(c, l, s, save);
+            v -= (1 - (s ? x->pm[l] : x->pa[l])) * D[s * L + l];
+        }
+    return v;
+}
+
+/* dE[m]/d width (gh, gk, gf per layer) and d hidden (*ghid): the cost
+ * model's gradient at cbar, corrected through every removed-block term
+ * (the widest layer sets the activation memory, the cache share of the
+ * weights is shared, throughput is a ratio). Returns -1 out of memory. */
+static int width_grads(const ac_dnas_gates *g, const ac_search_problem *p, ac_metric m, ac_carch *c, const expect_t *x,
+                       const double *D, double *gh, double *gk, double *gf, double *ghid) {
+    int L = g->L;
+    ac_cost_grad(p->table, c, p->workload, p->profile, m, gh, gk, gf, NULL);
+    double *xh = calloc(6 * L + 1, sizeof(double)), *xk = xh + L, *xf = xh + 2 * L, *g0 = xh + 3 * L, save[2];
+    if (!xh) return -1;
+    memcpy(g0, gh, sizeof(double) * L);
+    memcpy(g0 + L, gk, sizeof(double) * L);
+    memcpy(g0 + 2 * L, gf, sizeof(double) * L);
+    double d0 = g->gate_hid ? hid_slope(p, c, m) : 0;
+    *ghid = d0;
+    for (int k = 0; k < L; k++)
+        for (int s = 0; s < 2; s++) {
+            double pk = s ? x->pm[k] : x->pa[k];
+            if (D[s * L + k] == 0 || pk >= 1) continue;
+            block_off(c, k, s, save);
+            ac_cost_grad(p->table, c, p->workload, p->profile, m, xh, xk, xf, NULL);
+            if (s)
+                xf[k] = 0; /* a removed block's own width no longer counts */
+            else
+                xh[k] = xk[k] = 0;
+            for (int l = 0; l < L; l++) {
+                gh[l] -= (1 - pk) * (g0[l] - xh[l]);
+                gk[l] -= (1 - pk) * (g0[L + l] - xk[l]);
+                gf[l] -= (1 - pk) * (g0[2 * L + l] - xf[l]);
+            }
+            if (g->gate_hid) *ghid -= (1 - pk) * (d0 - hid_slope(p, c, m));
+            block_on(c, k, s, save);
+        }
+    free(xh);
+    return 0;
+}
+
+/* Chain rule to log_alpha: dP/dla = P (1 - P). */
+static void chain(const ac_dnas_gates *g, const ac_arch *b, const expect_t *x, const double *D, const double *gh,
+                  const double *gk, const double *gf, double ghid, double *grad) {
+    int L = g->L;
+    memset(grad, 0, sizeof(double) * g->np);
+    for (int j = 0; j < g->nhg; j++) {
+        double q = ac_dnas_keep_prob(g->la[g->hid_off + j]);
+        grad[g->hid_off + j] = ghid * gsize(g->H, g->hm, j) * q * (1 - q);
+    }
+    for (int l = 0; l < L; l++) {
+        const ac_layer_arch *bl = &b->layers[l];
+        double dkv = gk[l] + gh[l] * grp_of(bl);
+        for (int k = 0; k < g->nkv[l]; k++) {
+            double q = ac_dnas_keep_prob(g->la[g->kv_off[l] + k]);
+            grad[g->kv_off[l] + k] = dkv * q * (1 - q);
+        }
+        for (int j = 0; j < g->nfg[l]; j++) {
+            double q = ac_dnas_keep_prob(g->la[g->ffn_off[l] + j]);
+            grad[g->ffn_off[l] + j] = gf[l] * gsize(bl->ffn, g->fm, j) * q * (1 - q);
+        }
+        if (g->gate_depth && bl->n_heads) grad[g->attn_off + l] = D[l] * x->pa[l] * (1 - x->pa[l]);
+        if (g->gate_depth && bl->ffn) grad[g->mlp_off + l] = D[L + l] * x->pm[l] * (1 - x->pm[l]);
+    }
+}
+
+double ac_dnas_expected_metric(const ac_dnas_gates *g, const ac_search_problem *p, ac_metric m, double *grad) {
+    const ac_arch *b = p->base;
+    int L = g->L;
+    ac_carch c;
+    if (ac_carch_from_arch(b, &c, NULL)) return NAN;
+    double *buf = calloc(9 * L + 4, sizeof(double));
+    if (!buf) {
+        ac_carch_free(&c);
+        return NAN;
+    }
+    expect_t x;
+    expect(g, b, buf, &x);
+    double *D = buf + 4 * L, *gh = buf + 6 * L, *gk = buf + 7 * L, *gf = buf + 8 * L, ghid = 0;
+    fill_carch(g, b, &x, &c);
+    double v = expected_value(p, m, &c, &x, D);
+    if (grad && width_grads(g, p, m, &c, &x, D, gh, gk, gf, &ghid))
+        v = NAN;
+    else if (grad)
+        chain(g, b, &x, D, gh, gk, gf, ghid, grad);
+    free(buf);
+    ac_carch_free(&c);
+    return v;
+}
+
+json_t *ac_dnas_expected_arch_json(const ac_dnas_gates *g, const ac_arch *b) {
+    double *buf = calloc(4 * g->L + 1, sizeof(double));
+    if (!buf) return NULL;
+    expect_t x;
+    expect(g, b, buf, &x);
+    json_t *layers = json_array();
+    for (int l = 0; l < g->L; l++) {
+        const ac_layer_arch *bl = &b->layers[l];
+        double heads = g->gate_kv ? x.kv[l] * grp_of(bl) : bl->n_heads;
+        json_array_append_new(layers, json_pack("{s:f,s:f,s:f,s:f,s:f}", "kv_heads", x.pa[l] * x.kv[l], "heads",
+                                                x.pa[l] * heads, "ffn", x.pm[l] * x.ffn[l], "attn_keep", x.pa[l],
+                                                "ffn_keep", x.pm[l]));
+    }
+    json_t *o = json_pack("{s:f,s:o}", "hidden", x.hidden, "layers", layers);
+    free(buf);
+    return o;
+}
+
+/* ---- discretisation ---- */
+
+static const double *g_key;
+static int by_key_desc(const void *a, const void *b) {
+    double x = g_key[*(const int *)a], y = g_key[*(const int *)b];
+    if (x != y) return x > y ? -1 : 1;
+    return *(const int *)a - *(const int *)b;
+}
+
+/* idx[0..n) = 0..n-1 sorted by key desc (stable on index). */
+static void rank_by(const double *key, int n, int *idx) {
+    for (int i = 0; i < n; i++) idx[i] = i;
+    g_key = key;
+    qsort(idx, n, sizeof(int), by_key_desc);
+}
+
+static int copy_ints(int **dst, const int *src, int n) {
+    *dst = malloc(sizeof(int) * (n + 1));
+    if (!*dst) return -1;
+    memcpy(*dst, src, sizeof(int) * n);
+    return 0;
+}
+
+static int copy_dbls(double **dst, const double *src, int n) {
+    *dst = malloc(sizeof(double) * (n + 1));
+    if (!*dst) return -1;
+    memcpy(*dst, src, sizeof(double) * n);
+    return 0;
+}
+
+/* Deep copy of an importance (the curves the repair scores moves by, and
+ * the orders prune reads). */
+/* d's Minitron head and FFN orders: copies of s's (none when s has none). */
+static int mt_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) {
+    int L = s->n_layers;
+    if (!s->head_order || !s->mt_ffn_order) return 0;
+    d->head_order = calloc(L, sizeof(int *));
+    d->head_score = calloc(L, sizeof(double *));
+    d->mt_ffn_order = calloc(L, sizeof(int *));
+    d->mt_ffn_score = calloc(L, sizeof(double *));
+    int bad = !d->head_order || !d->head_score || !d->mt_ffn_order || !d->mt_ffn_score;
+    for (int l = 0; l < L && !bad; l++) {
+        int nh = b->layers[l].n_heads, F = b->layers[l].ffn;
+        bad |= copy_ints(&d->head_order[l], s->head_order[l], nh) ||
+               copy_dbls(&d->head_score[l], s->head_score[l], nh);
+        bad |= copy_ints(&d->mt_ffn_order[l], s->mt_ffn_order[l], F) ||
+               copy_dbls(&d->mt_ffn_score[l], s->mt_ffn_score[l], F);
+    }
+    if (!bad && s->mt_hid_order)
+        bad |= copy_ints(&d->mt_hid_order, s->mt_hid_order, s->hidden) ||
+               copy_dbls(&d->mt_hid_score, s->mt_hid_score, s->hidden);
+    return bad ? -1 : 0;
+}
+
+static int imp_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) {
+    int L = s->n_layers;
+    *d = *s;
+    d->kv_order = calloc(L, sizeof(int *));
+    d->kv_score = calloc(L, sizeof(double *));
+    d->ffn_order = calloc(L, sizeof(int *));
+    d->ffn_score = calloc(L, sizeof(double *));
+    d->hid_order = NULL;
+    d->hid_score = NULL;
+    d->layer_bi = NULL;
+    d->attn_sens = NULL;
+    d->ffn_sens = NULL;
+    d->merge_n = NULL;
+    d->merge_r = NULL;
+    d->merge_sens = NULL;
+    d->head_order = d->mt_ffn_order = NULL; /* Minitron's orders (when present): deep-copied below */
+    d->head_score = d->mt_ffn_score = NULL;
+    d->mt_hid_order = NULL;
+    d->mt_hid_score = NULL;
+    int bad = !d->kv_order || !d->kv_score || !d->ffn_order || !d->ffn_score || mt_copy(d, s, b);
+    for (int l = 0; l < L && !bad; l++) {
+        int nkv = b->layers[l].n_kv_heads, F = b->layers[l].ffn;
+        bad |= copy_ints(&d->kv_order[l], s->kv_order[l], nkv) || copy_dbls(&d->kv_score[l], s->kv_score[l], nkv);
+        bad |= copy_ints(&d->ffn_order[l], s->ffn_order[l], F) || copy_dbls(&d->ffn_score[l], s->ffn_score[l], F);
+    }
+    if (!bad) {
+        bad |= copy_ints(&d->hid_order, s->hid_order, s->hidden) || copy_dbls(&d->hid_score, s->hid_score, s->hidden);
+        bad |= copy_dbls(&d->layer_bi, s->layer_bi, L);
+        d->attn_sens = malloc(sizeof *d->attn_sens * L);
+        d->ffn_sens = malloc(sizeof *d->ffn_sens * L);
+        d->merge_n = malloc(sizeof(int) * L);
+        d->merge_r = malloc(sizeof *d->merge_r * L);
+        d->merge_sens = malloc(sizeof *d->merge_sens * L);
+        bad |= !d->attn_sens || !d->ffn_sens || !d->merge_n || !d->merge_r || !d->merge_sens;
+    }
+    if (bad) {
+        ac_importance_free(d);
+        return -1;
+    }
+    memcpy(d->attn_sens, s->attn_sens, sizeof *d->attn_sens * L);
+    memcpy(d->ffn_sens, s->ffn_sens, sizeof *d->ffn_sens * L);
+    memcpy(d->merge_n, s->merge_n, sizeof(int) * L);
+    memcpy(d->merge_r, s->merge_r, sizeof *d->merge_r * L);
+    memcpy(d->merge_sens, s->merge_sens, sizeof *d->merge_sens * L);
+    return 0;
+}
+
+/* Reorder blocks of an importance ranking by gate score: order gets the
+ * blocks (of m units of rank) best gate first, each block's units in
+ * their importance order. */
+static int order_blocks(const int *rank_order, int n, int m, const double *la, int *order) {
+    int nb = (n + m - 1) / m, *bi = malloc(sizeof(int) * (nb + 1));
+    if (!bi) return -1;
+    rank_by(la, nb, bi);
+    int k = 0;
+    for (int i = 0; i < nb; i++)
+        for (int r = bi[i] * m; r < n && r < (bi[i] + 1) * m; r++) order[k++] = rank_order[r];
+    free(bi);
+    return 0;
+}
+
+static int round_grid(double v, int mult, int max) {
+    if (max <= mult) return v >= 0.5 * max ? max : 0;
+    int r = (int)lround(v / mult) * mult;
+    return r < 0 ? 0 : r > max ? max : r;
+}
+
+static void discrete_arch(const ac_dnas_gates *g, const ac_search_problem *p, const expect_t *x, ac_arch *a) {
+    const ac_arch *b = p->base;
+    int L = g->L, uni = p->opts.target == AC_EXPORT_LLAMA;
+    double mkv = 0, mf = 0;
+    for (int l = 0; l < L; l++) {
+        const ac_layer_arch *bl = &b->layers[l];
+        mkv += bl->n_kv_heads ? x->kv[l] / bl->n_kv_heads : 0;
+        mf += bl->ffn ? x->ffn[l] / bl->ffn : 0;
+    }
+    for (int l = 0; l < L; l++) {
+        const ac_layer_arch *bl = &b->layers[l];
+        ac_layer_arch *al = &a->layers[l];
+        double kv = uni ? mkv / L * bl->n_kv_heads : x->kv[l], f = uni ? mf / L * bl->ffn : x->ffn[l];
+        int k = (int)lround(kv);
+        if (k > bl->n_kv_heads) k = bl->n_kv_heads;
+        if (uni && k < 1) k = 1;
+        if (x->pa[l] < 0.5 || !bl->n_heads) k = 0;
+        al->n_kv_heads = k;
+        al->n_heads = g->gate_kv ? k * grp_of(bl) : k ? bl->n_heads : 0;
+        int fw = x->pm[l] < 0.5 ? 0 : round_grid(f, g->fm, bl->ffn);
+        if (uni && fw < 1) fw = bl->ffn < g->fm ? bl->ffn : g->fm;
+        al->ffn = fw;
+    }
+    if (g->gate_hid) {
+        int h = (int)lround(x->hidden / g->hm) * g->hm;
+        a->hidden = h < g->hm ? g->hm : h > b->hidden ? b->hidden : h;
+    }
+    int any = 0, best = 0;
+    for (int l = 0; l < L; l++) {
+        any |= a->layers[l].n_heads > 0;
+        if (x->pa[l] > x->pa[best]) best = l;
+    }
+    int gguf = p->opts.target == AC_EXPORT_GGUF;
+    if (gguf) best = 0; /* llama.cpp's deci runtime needs attention in layer 0 */
+    if ((!any || gguf) && !a->layers[best].n_heads && b->layers[best].n_heads) {
+        const ac_layer_arch *bl = &b->layers[best];
+        a->layers[best].n_kv_heads = g->gate_kv ? 1 : (int)g->kv_on[best];
+        a->layers[best].n_heads = g->gate_kv ? grp_of(bl) : bl->n_heads;
+    }
+    /* and mis-runs a layer that keeps attention without its FFN, or a last layer without one (search.c) */
+    for (int l = 0; gguf && l < L; l++)
+        if ((a->layers[l].n_heads || l == L - 1) && !a->layers[l].ffn && b->layers[l].ffn)
+            a->layers[l].ffn = b->layers[l].ffn < g->fm ? b->layers[l].ffn : g->fm;
+}
+
+int ac_dnas_orders(const ac_dnas_gates *g, const ac_importance *imp, const ac_arch *b, ac_importance *orders,
+                   ac_err *e) {
+    if (imp_copy(orders, imp, b)) return ac_errf(e, "out of memory");
+    int rc = 0;
+    for (int l = 0; l < g->L && !rc; l++) {
+        if (g->nkv[l]) rank_by(g->la + g->kv_off[l], g->nkv[l], orders->kv_order[l]);
+        if (b->layers[l].ffn)
+            rc = order_blocks(imp->ffn_order[l], b->layers[l].ffn, g->fm, g->la + g->ffn_off[l], orders->ffn_order[l]);
+    }
+    if (!rc && g->gate_hid) rc = order_blocks(imp->hid_order, g->H, g->hm, g->la + g->hid_off, orders->hid_order);
+    if (rc) {
+        ac_importance_free(orders);
+        return ac_errf(e, "out of memory");
+    }
+    return 0;
+}
+
+int ac_dnas_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_search_result *r, ac_importance *orders,
+                       ac_err *e) {
+    const ac_arch *b = p->base;
+    int L = g->L;
+    memset(r, 0, sizeof *r);
+    memset(orders, 0, sizeof *orders);
+    double *buf = calloc(4 * L + 1, sizeof(double));
+    if (!buf) return ac_errf(e, "out of memory");
+    expect_t x;
+    expect(g, b, buf, &x);
+    if (ac_arch_copy(&r->arch, b, e)) {
+        free(buf);
+        return -1;
+    }
+    discrete_arch(g, p, &x, &r->arch);
+    free(buf);
+    if (ac_dnas_orders(g, p->imp, b, orders, e)) {
+        ac_search_result_free(r);
+        return -1;
+    }
+    /* repair scores moves with the surrogate curves; which units a move
+     * removes is the gate order above */
+    r->feasible = ac_search_repair(p, &r->arch, &r->cost);
+    r->pred_loss = ac_search_pred_loss(p, &r->arch);
+    return 0;
+}
+
+/* ---- the search ---- */
+
+typedef struct {
+    ac_metric m;
+    double limit;
+    int ge;
+    const char *name;
+} dcons;
+
+static int dcons_list(const ac_constraints *l, dcons *c) {
+    int n = 0;
+    if (l->max_ttft_ms > 0) c[n++] = (dcons){AC_M_TTFT, l->max_ttft_ms, 0, "ttft_ms"};
+    if (l->max_tpot_ms > 0) c[n++] = (dcons){AC_M_TPOT, l->max_tpot_ms, 0, "tpot_ms"};
+    if (l->min_tok_s > 0) c[n++] = (dcons){AC_M_TPS, l->min_tok_s, 1, "tokens_per_s"};
+    if (l->max_mem_gib > 0) c[n++] = (dcons){AC_M_MEM, l->max_mem_gib, 0, "memory_gib"};
+    if (l->max_params > 0) c[n++] = (dcons){AC_M_PARAMS, l->max_params, 0, "params"};
+    return n;
+}
+
+static double urand(unsigned long long *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return ((*s >> 11) + 0.5) / 9007199254740992.0;
+}
+
+/* log_alpha from the surrogate search's architecture: its kept units
+ * (the most important ones, as prune keeps them) on, the rest off. */
+static void init_from_arch(ac_dnas_gates *g, const ac_arch *b, const ac_arch *a, const ac_importance *imp) {
+    const double on = 2.0, off = -3.0;
+    for (int l = 0; l < g->L; l++) {
+        const ac_layer_arch *bl = &b->layers[l], *al = &a->layers[l];
+        for (int k = 0; k < g->nkv[l]; k++) g->la[g->kv_off[l] + k] = off;
+        for (int k = 0; k < g->nkv[l] && k < al->n_kv_heads; k++) g->la[g->kv_off[l] + imp->kv_order[l][k]] = on;
+        if (!g->gate_kv) g->kv_on[l] = al->n_kv_heads ? al->n_kv_heads : 1;
+        int kf = (al->ffn + g->fm / 2) / g->fm;
+        for (int j = 0; j < g->nfg[l]; j++) g->la[g->ffn_off[l] + j] = j < kf || al->ffn == bl->ffn ? on : off;
+        if (g->gate_depth) {
+            g->la[g->attn_off + l] = al->n_heads ? on : off;
+            g->la[g->mlp_off + l] = al->ffn ? on : off;
+        }
+    }
+    for (int j = 0; j < g->nhg; j++) g->la[g->hid_off + j] = j * g->hm < a->hidden ? on : off;
+}
+
+typedef struct {
+    ac_trainer t, tt; /* gated model; teacher (only online with cotrain) */
+    float *teacher;   /* [nb][B*T*V] cached teacher logits, or one batch when online */
+    int *tok, nb, nwin, nbatches, online;
+    double *z, *dzla, *dz, *gl, *cg, *m1, *m2;
+    ac_model copy; /* cotrain: the trained copy */
+    ac_adamw opt;
+} run_t;
+
+static void run_free(run_t *R) {
+    ac_trainer_free(&R->t);
+    if (R->tt.m) ac_trainer_free(&R->tt);
+    free(R->teacher);
+    free(R->tok);
+    free(R->z);
+    free(R->dzla);
+    free(R->dz);
+    free(R->gl);
+    free(R->cg);
+    free(R->m1);
+    free(R->m2);
+    if (R->copy.L) ac_model_free(&R->copy);
+    ac_adamw_free(&R->opt);
+}
+
+/* MemAvailable of /proc/meminfo in bytes, else 0 (unknown). */
+static double host_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+/* Windows of batch i (cycling through the calibration windows) into tk. */
+static void batch_tokens(const run_t *R, const int *ids, int i, int B, int T, int *tk) {
+    for (int j = 0; j < B; j++) memcpy(tk + j * T, ids + (size_t)((i * B + j) % R->nwin) * T, sizeof(int) * T);
+}
+
+/* Teacher logits of the unpruned model: cached for every batch the search
+ * visits when they fit in teacher_cache_mib, else computed online each step (one
+ * more forward per step). Checks the memory first. */
+static int teacher_pass(run_t *R, ac_model *m, const int *ids, size_t n, const ac_dnas_opts *o, ac_err *e) {
+    int B = o->batch, T = o->seq_len, V = m->a.vocab;
+    R->nwin = (int)(n / T);
+    if (R->nwin < 1) return ac_errf(e, "dnas: calibration text has %zu tokens; need at least search seq_len %d", n, T);
+    size_t per = (size_t)B * T * V, cap = (size_t)o->teacher_cache_mib << 20;
+    R->nbatches = (R->nwin + B - 1) / B;
+    R->nb = R->nbatches < o->steps ? R->nbatches : o->steps;
+    R->online = (size_t)R->nb * per * 4 > cap;
+    if (R->online) R->nb = 1;
+    double need = (double)ac_trainer_bytes(&m->a, B, T) * (o->cotrain && R->online ? 2 : 1) + 4.0 * per * R->nb;
+    if (o->cotrain) need += 12.0 * ac_arch_params(&m->a); /* the copy and AdamW's two moments */
+    double have = host_available();
+    if (have > 0 && need > 0.9 * have)
+        return ac_errf(
+            e,
+            "dnas: the gate search needs about %.3g GiB (training activations and gradients, teacher logits%s) "
+            "but %.3g GiB is available; lower search.dnas_batch or search.dnas_seq_len",
+            need / 1073741824.0, o->cotrain ? ", co-trained copy" : "", have / 1073741824.0);
+    R->teacher = malloc(sizeof(float) * per * R->nb);
+    R->tok = malloc(sizeof(int) * (size_t)B * T * R->nb);
+    if (!R->teacher || !R->tok) return ac_errf(e, "dnas: out of memory for %d batches of teacher logits", R->nb);
+    if (ac_trainer_init(&R->t, m, B, T, e)) return -1;
+    for (int i = 0; i < R->nb && !R->online; i++) {
+        int *tk = R->tok + (size_t)i * B * T;
+        batch_tokens(R, ids, i, B, T, tk);
+        if (ac_train_forward(&R->t, tk, B, T, e)) return -1;
+        memcpy(R->teacher + per * i, R->t.logits, sizeof(float) * per);
+    }
+    return 0;
+}
+
+/* Online teacher: batch s's tokens into R->tok and the unpruned model's
+ * logits into R->teacher (every gate 1). */
+static int teacher_online(run_t *R, const ac_dnas_gates *g, const ac_search_problem *p, const int *ids, int s, int B,
+                          int T, ac_err *e) {
+    ac_trainer *t = R->tt.m ? &R->tt : &R->t;
+    batch_tokens(R, ids, (s - 1) % R->nbatches, B, T, R->tok);
+    if (!R->tt.m) { /* the gated trainer itself: every gate to 1 first */
+        for (int i = 0; i < g->np; i++) R->z[i] = 1;
+        ac_dnas_set_gates(g, R->z, &R->t.gate, p->base, p->imp);
+    }
+    if (ac_train_forward(t, R->tok, B, T, e)) return -1;
+    memcpy(R->teacher, t->logits, sizeof(float) * B * T * t->m->a.vocab);
+    return 0;
+}
+
+static void emit_step(const ac_search_problem *p, const ac_dnas_gates *g, int s, int steps, double task, double lag,
+                      const dcons *c, int nc, const double *val, const double *lambda, double secs) {
+    json_t *met = json_object(), *mul = json_object();
+    for (int j = 0; j < nc; j++) {
+        double gj = c[j].ge ? 1 - val[j] / c[j].limit : val[j] / c[j].limit - 1;
+        json_object_set_new(met, c[j].name,
+                            json_pack("{s:f,s:f,s:s,s:b}", "value", val[j], "limit", c[j].limit, "kind",
+                                      c[j].ge ? "min" : "max", "met", gj <= 1e-9));
+        json_object_set_new(mul, c[j].name, json_real(lambda[j]));
+    }
+    json_t *ev = json_pack("{s:s,s:i,s:i,s:f,s:f,s:f,s:o,s:o,s:o}", "phase", "dnas", "step", s, "steps", steps,
+                           "task_loss", task, "loss", lag, "seconds", secs, "metrics", met, "multipliers", mul,
+                           "architecture", ac_dnas_expected_arch_json(g, p->base));
+    p->emit(p->ud, ev);
+    json_decref(ev);
+}
+
+/* One gate step: sample, forward, KD loss, backward; d loss/d log_alpha into R->gl. */
+static int task_step(run_t *R, const ac_dnas_gates *g, const ac_search_problem *p, const ac_dnas_opts *o,
+                     const int *ids, int s, unsigned long long *rng, double *task, ac_err *e) {
+    int B = o->batch, T = o->seq_len, bi = (s - 1) % R->nb;
+    size_t per = (size_t)B * T * R->t.m->a.vocab;
+    if (R->online && teacher_online(R, g, p, ids, s, B, T, e)) return -1;
+    ac_train_zero_grad(&R->t);
+    for (int i = 0; i < g->np; i++) R->z[i] = ac_dnas_sample(g->la[i], urand(rng), &R->dzla[i]);
+    ac_dnas_set_gates(g, R->z, &R->t.gate, p->base, p->imp);
+    if (ac_train_forward(&R->t, R->tok + (size_t)bi * B * T, B, T, e)) return -1;
+    *task = ac_train_loss(&R->t, NULL, R->teacher + per * bi, 1.0f, 1.0f, 1.0f, NULL, NULL);
+    ac_train_backward(&R->t);
+    ac_dnas_gate_grads(g, &R->t, p->imp, R->dz);
+    for (int i = 0; i < g->np; i++) R->gl[i] = R->dz[i] * R->dzla[i];
+    if (o->cotrain && ac_adamw_step(&R->opt, NULL, e)) return -1;
+    return 0;
+}
+
+static int setup(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, ac_model *m, const int *ids, size_t n,
+                 const ac_dnas_opts *o, ac_err *e) {
+    if (ac_dnas_gates_init(g, p->base, &p->opts, e)) return -1;
+    if (o->init_surrogate) {
+        ac_search_problem q = *p;
+        ac_search_result sr;
+        q.emit = NULL;
+        if (ac_search_autocompress(&q, &sr, e)) return -1;
+        init_from_arch(g, p->base, &sr.arch, p->imp);
+        ac_search_result_free(&sr);
+    }
+    int np = g->np + 1;
+    R->z = calloc(np, sizeof(double));
+    R->dzla = calloc(np, sizeof(double));
+    R->dz = calloc(np, sizeof(double));
+    R->gl = calloc(np, sizeof(double));
+    R->cg = calloc(np, sizeof(double));
+    R->m1 = calloc(np, sizeof(double));
+    R->m2 = calloc(np, sizeof(double));
+    if (!R->z || !R->dzla || !R->dz || !R->gl || !R->cg || !R->m1 || !R->m2) return ac_errf(e, "out of memory");
+    ac_model *tm = m;
+    if (o->cotrain) { /* train a copy (prune to the same architecture copies every weight) */
+        if (ac_prune(m, &m->a, p->imp, &R->copy, e)) return -1;
+        tm = &R->copy;
+    }
+    if (teacher_pass(R, m, ids, n, o, e)) return -1;
+    if (tm != m) {
+        if (R->online)
+            R->tt = R->t; /* the teacher keeps its trainer on m */
+        else
+            ac_trainer_free(&R->t);
+        memset(&R->t, 0, sizeof R->t);
+        if (ac_trainer_init(&R->t, tm, o->batch, o->seq_len, e)) return -1;
+        ac_adamw_opts ao;
+        ac_adamw_defaults(&ao);
+        ao.lr = ao.min_lr = (float)o->w_lr;
+        ao.weight_decay = 0;
+        ao.total_steps = o->steps;
+        ac_adamw_init(&R->opt, &ao);
+        if (ac_adamw_add_model(&R->opt, tm, &R->t.g, e)) return -1;
+    }
+    return 0;
+}
+
+int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size_t n, const ac_dnas_opts *o,
+                   ac_search_result *r, ac_importance *orders, ac_err *e) {
+    memset(r, 0, sizeof *r);
+    memset(orders, 0, sizeof *orders);
+    dcons c[5];
+    int nc = dcons_list(&p->limits, c);
+    if (nc == 0) return ac_errf(e, "search: no constraints given");
+    if (o->steps < 1 || o->batch < 1 || o->seq_len < 2)
+        return ac_errf(e, "dnas: steps, batch and seq_len must be positive");
+    run_t R = {0};
+    ac_dnas_gates g;
+    double lambda[5] = {0}, val[5] = {0}, t0 = ac_now(), last = -1e9;
+    unsigned long long rng = 0x9E3779B97F4A7C15ULL ^ ((unsigned long long)p->opts.seed * 0x100000001B3ULL);
+    int rc = setup(&R, &g, p, m, ids, n, o, e), every = (o->steps + 199) / 200; /* at most 200 events */
+    for (int s = 1; s <= o->steps && !rc; s++) {
+        double task = 0;
+        if ((rc = task_step(&R, &g, p, o, ids, s, &rng, &task, e))) break;
+        double lag = task;
+        for (int j = 0; j < nc; j++) { /* augmented Lagrangian on the expected cost, dual ascent */
+            val[j] = ac_dnas_expected_metric(&g, p, c[j].m, R.cg);
+            double gj = c[j].ge ? 1 - val[j] / c[j].limit : val[j] / c[j].limit - 1,
+                   sgn = (c[j].ge ? -1.0 : 1.0) / c[j].limit;
+            double w = lambda[j] + o->mu * fmax(0, gj);
+            lag += lambda[j] * gj + 0.5 * o->mu * fmax(0, gj) * fmax(0, gj);
+            for (int i = 0; i < g.np; i++) R.gl[i] += w * sgn * R.cg[i];
+            lambda[j] = fmax(0, lambda[j] + o->rho * gj);
+        }
+        for (int i = 0; i < g.np; i++) { /* Adam on log_alpha */
+            R.m1[i] = 0.9 * R.m1[i] + 0.1 * R.gl[i];
+            R.m2[i] = 0.999 * R.m2[i] + 0.001 * R.gl[i] * R.gl[i];
+            double mh = R.m1[i] / (1 - pow(0.9, s)), vh = R.m2[i] / (1 - pow(0.999, s));
+            g.la[i] = fmin(8, fmax(-8, g.la[i] - o->lr * mh / (sqrt(vh) + 1e-8)));
+        }
+        r->steps_run = s;
+        double now = ac_now() - t0;
+        if (p->emit && (s % every == 0 || s == o->steps || now - last > 2.0)) {
+            last = now;
+            emit_step(p, &g, s, o->steps, task, lag, c, nc, val, lambda, now);
+        }
+    }
+    int ran = r->steps_run;
+    if (!rc) rc = ac_dnas_discretise(&g, p, r, orders, e);
+    r->steps_run = ran;
+    run_free(&R);
+    ac_dnas_gates_free(&g);
+    return rc;
+}
+
+const char *ac_dnas_method(ac_search_method m) { return m == AC_SEARCH_SURROGATE ? "surrogate" : "dnas"; }
+
+int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const ac_search_opts *so, const int *ids, size_t n,
+                       ac_search_result *r, ac_importance *orders, ac_err *e) {
+    memset(orders, 0, sizeof *orders);
+    if (so->method != AC_SEARCH_DNAS) return ac_search_autocompress(p, r, e);
+    ac_dnas_opts o;
+    ac_dnas_defaults(&o);
+    if (so->dnas_steps > 0) o.steps = so->dnas_steps;
+    if (so->dnas_lr > 0) o.lr = so->dnas_lr;
+    if (so->dnas_seq_len > 0) o.seq_len = so->dnas_seq_len;
+    if (so->dnas_batch > 0) o.batch = so->dnas_batch;
+    o.cotrain = so->cotrain;
+    return ac_search_dnas(p, m, ids, n, &o, r, orders, e);
+}

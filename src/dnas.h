@@ -1,0 +1,123 @@
+/*
+ * dnas.h - differentiable architecture search through the network
+ * (search.method "dnas"): learnable hard-concrete gates on the model's
+ * prunable units, trained by backprop (src/train.h) on calibration text
+ * with the distillation KL to the unpruned model, plus the hardware limits
+ * as an augmented Lagrangian on the cost model's prediction of the
+ * EXPECTED architecture, then discretised by gate score and made exactly
+ * feasible by search.c's repair.
+ *
+ * Gates (one log_alpha each, hard-concrete as in Louizos et al. 2018 and
+ * Sheared-LLaMA's l0_module: z = clamp(sigmoid((logit u + log_alpha)/beta)
+ * * (zeta - gamma) + gamma, 0, 1), beta 2/3, gamma -0.1, zeta 1.1):
+ *   kv[l][g]   a KV group with its query heads (not on the deci target,
+ *              where a layer keeps every query head and merges KV heads:
+ *              there the per-layer KV count is the surrogate search's
+ *              merge choice and only the attention sub-block is gated);
+ *   ffn[l][j]  a group of ffn_multiple FFN channels (the export grid;
+ *              the last group is the remainder when the grid does not
+ *              divide the width);
+ *   hid[j]     a group of hidden_multiple hidden channels, shared by all
+ *              layers (applied to every RMSNorm output; only when
+ *              prune_hidden);
+ *   attn[l], mlp[l]  the attention / FFN sub-block (depth; not on the
+ *              uniform llama target).
+ * P(z > 0) = sigmoid(log_alpha - beta log(-gamma/zeta)) is a unit's keep
+ * probability; the expected architecture is the sum of those.
+ *
+ * Expected cost (first order in the sub-block indicators, which the cost
+ * model charges in steps because of per-kernel launch overheads):
+ *   E[m] = m(cbar) - sum_l (1 - pa_l) Da_l - sum_l (1 - pm_l) Dm_l
+ * where cbar has every sub-block at its expected width given it is kept,
+ * and Da_l = m(cbar) - m(cbar without layer l's attention) (Dm_l: FFN).
+ *
+ * Deterministic for a seed (LCG noise, fixed batch order). Runs on the CPU
+ * training engine (there is no CUDA backward yet).
+ */
+#ifndef AC_DNAS_H
+#define AC_DNAS_H
+
+#include "search.h"
+#include "train.h"
+
+typedef struct {
+    int steps;             /* gate-training steps */
+    int batch, seq_len;    /* calibration windows per step, tokens per window */
+    double lr;             /* Adam on log_alpha */
+    double mu;             /* augmented-Lagrangian penalty weight */
+    double rho;            /* dual ascent step */
+    int cotrain;           /* 1: weights trained too (AdamW, on a copy of the model) */
+    double w_lr;           /* weight learning rate when cotrain */
+    int init_surrogate;    /* 1: log_alpha initialised from the surrogate search's result */
+    int teacher_cache_mib; /* teacher logits cached up to this size, else recomputed each step */
+} ac_dnas_opts;
+
+void ac_dnas_defaults(ac_dnas_opts *o);
+
+/* Gate parameters over a base architecture. */
+typedef struct {
+    int L, H, hm, fm; /* layers, hidden, hidden/ffn group sizes */
+    int gate_kv;      /* KV groups gated (not on deci) */
+    int gate_depth;   /* attn/mlp gated (not on llama) */
+    int gate_hid;
+    int *nkv, *nfg; /* [L] gates per layer */
+    int nhg;
+    int np;     /* number of log_alphas */
+    double *la; /* all log_alphas, laid out by the index helpers below */
+    int *kv_off, *ffn_off, attn_off, mlp_off, hid_off;
+    double *kv_on; /* [L] deci: the fixed KV count of a kept attention */
+} ac_dnas_gates;
+
+int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *base, const ac_search_opts *so, ac_err *e);
+void ac_dnas_gates_free(ac_dnas_gates *g);
+/* Keep probability P(z > 0) of a log_alpha. */
+double ac_dnas_keep_prob(double la);
+/* Hard-concrete sample for uniform noise u in (0,1) (u < 0: deterministic
+ * test-time gate, clamp(sigmoid(la)*(zeta-gamma)+gamma)); *dz gets dz/dla. */
+double ac_dnas_sample(double la, double u, double *dz);
+/* Write gate values z[np] (one per log_alpha) into a trainer's gates,
+ * expanded to query heads and channels. FFN group j of layer l holds the
+ * channels imp->ffn_order[l][j*fm ..] of the importance ranking, hidden
+ * group j the channels imp->hid_order[j*hm ..]: the gates choose how many
+ * blocks of the ranking, and which, to keep. */
+void ac_dnas_set_gates(const ac_dnas_gates *g, const double *z, ac_gates *tg, const ac_arch *base,
+                       const ac_importance *imp);
+/* d loss / d z for every log_alpha from a trainer's gate gradients. */
+void ac_dnas_gate_grads(const ac_dnas_gates *g, const ac_trainer *t, const ac_importance *imp, double *dz);
+
+/* Expected value of metric m under the gates (formula above) and its
+ * gradient d/d log_alpha into grad[np] (may be NULL). */
+double ac_dnas_expected_metric(const ac_dnas_gates *g, const ac_search_problem *p, ac_metric m, double *grad);
+/* The expected architecture as continuous widths (per layer: kv, heads,
+ * ffn times keep probability of the sub-block). */
+json_t *ac_dnas_expected_arch_json(const ac_dnas_gates *g, const ac_arch *base);
+
+/* orders = a deep copy of imp whose KV-group order is by log_alpha and
+ * whose FFN / hidden orders are the gate groups by log_alpha, each group's
+ * units in importance order (what ac_prune keeps first). */
+int ac_dnas_orders(const ac_dnas_gates *g, const ac_importance *imp, const ac_arch *base, ac_importance *orders,
+                   ac_err *e);
+/* Discretise: round expected counts to the export grid, keep the units
+ * with the highest log_alpha, repair to feasibility (search.c). orders
+ * gets imp's arrays with kv/ffn/hidden orders by gate score (for ac_prune). */
+int ac_dnas_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_search_result *r, ac_importance *orders,
+                       ac_err *e);
+
+/* The whole search: surrogate initialisation, gate training on ids[n]
+ * (calibration tokens) through model m (left unchanged), discretisation.
+ * orders: a copy of p->imp whose unit orders follow the gate scores
+ * (free with ac_importance_free). */
+int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size_t n, const ac_dnas_opts *o,
+                   ac_search_result *r, ac_importance *orders, ac_err *e);
+
+/* search.method's name ("dnas", the spec default: README "Differentiable
+ * search" gives the comparison it was chosen by; or "surrogate"). */
+const char *ac_dnas_method(ac_search_method m);
+/* The job's search stage for method autocompress: so->method AC_SEARCH_DNAS
+ * (with so->dnas_steps, dnas_lr, dnas_batch, dnas_seq_len, cotrain) or
+ * AC_SEARCH_SURROGATE (ac_search_autocompress; orders stays empty,
+ * n_layers 0: prune with the importance orders). */
+int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const ac_search_opts *so, const int *ids, size_t n,
+                       ac_search_result *r, ac_importance *orders, ac_err *e);
+
+#endif
