@@ -315,10 +315,11 @@ def test_idempotency_key():
 
 
 def test_job_caps():
-    d = Daemon(config={"max_search_steps": 100, "max_calibration_tokens": 4096, "max_eval_windows": 8, "max_job_seconds": 2,
+    d = Daemon(config={"max_search_steps": 400, "max_calibration_tokens": 4096, "max_eval_windows": 8, "max_job_seconds": 2,
                        "max_distill_tokens": 50000}).start()
     try:
-        for body, field, cap in [(spec(search={"steps": 101}), "search.steps", "max_search_steps=100"),
+        for body, field, cap in [(spec(search={"steps": 401}), "search.steps", "max_search_steps=400"),
+                                 (spec(search={"dnas_steps": 401}), "search.dnas_steps", "max_search_steps=400"),
                                  (spec(calibration_tokens=8192), "calibration_tokens", "max_calibration_tokens=4096"),
                                  (spec(eval={"ctx": 64, "windows": 9}), "eval.windows", "max_eval_windows=8"),
                                  (spec(eval={"ctx": 64}), "eval.windows", "max_eval_windows=8"),  # the default, 32, is over the cap
