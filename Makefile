@@ -2,7 +2,11 @@
 # build/. CUDA objects are added when nvcc is found (see `make cuda-check`).
 CC      ?= gcc
 CFLAGS  ?= -O2 -g
-override CFLAGS += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Isrc -Idaemon -fPIC
+# The library's layers, one folder each (README, Layout); headers are included by
+# their bare name from every folder.
+SRC_DIRS = core format runtime cost search compress pipeline api
+SRC_INC  = $(addprefix -Isrc/,$(SRC_DIRS)) -Isrc
+override CFLAGS += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE $(SRC_INC) -Idaemon -fPIC
 PKGS     = jansson sqlite3 libuv libmicrohttpd libpcre2-8 libutf8proc
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
@@ -14,7 +18,8 @@ NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>
 CUDA_HOME ?= /usr/local/cuda
 
 B = build
-LIB_SRC  = $(wildcard src/*.c)
+LIB_SRC  = $(foreach d,$(SRC_DIRS),$(wildcard src/$(d)/*.c))
+LIB_HDR  = $(foreach d,$(SRC_DIRS),$(wildcard src/$(d)/*.h))
 LIB_OBJ  = $(LIB_SRC:src/%.c=$(B)/src/%.o)
 D_SRC    = $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 D_OBJ    = $(D_SRC:daemon/%.c=$(B)/daemon/%.o) $(B)/daemon/migrations.o
@@ -29,7 +34,7 @@ CUDA_PLUGIN = $(if $(NVCC),$(B)/libac_cuda.so,)
 
 all: $(B)/autocompressd $(B)/autocompress $(TEST_BIN) $(B)/tests/fuzz_parsers $(BENCH_BIN) $(CUDA_PLUGIN) $(B)/tests/libac_cuda_emu.so
 
-$(B)/libac_cuda.so: $(wildcard src/cuda/*.cu src/cuda/*.h) src/costmodel.h src/model.h
+$(B)/libac_cuda.so: $(wildcard src/cuda/*.cu src/cuda/*.h) src/cost/costmodel.h src/format/model.h
 	$(MAKE) -C src/cuda NVCC=$(NVCC) CUDA_HOME=$(CUDA_HOME) B=$(abspath $(B)) all
 
 # The CUDA backend compiled for the CPU against tests/cuda_emu (no nvcc
@@ -37,15 +42,15 @@ $(B)/libac_cuda.so: $(wildcard src/cuda/*.cu src/cuda/*.h) src/costmodel.h src/m
 # A 5-key attention tile and 7-row logit chunks so the tests cover the online
 # softmax across tiles and the head in several chunks.
 EMU_CXXFLAGS = $(filter-out -std=c11,$(CFLAGS)) -std=c++17 -DAC_CUDA_EMU -DAC_ATTN_TILE=5 -DAC_LOGIT_ROWS=7 -Itests/cuda_emu
-$(B)/tests/libac_cuda_emu.so: src/cuda/ac_cuda.cu src/cuda/ac_cuda.h src/cuda/ac_cuda_train.cu src/cuda/ac_cuda_train.h tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h src/costmodel.h src/model.h src/train.h
+$(B)/tests/libac_cuda_emu.so: src/cuda/ac_cuda.cu src/cuda/ac_cuda.h src/cuda/ac_cuda_train.cu src/cuda/ac_cuda_train.h tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h src/cost/costmodel.h src/format/model.h src/runtime/train.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -shared -o $@ -x c++ src/cuda/ac_cuda.cu src/cuda/ac_cuda_train.cu -x none tests/cuda_emu/cuda_emu.cc -lopenblas
 
-$(B)/src/%.o: src/%.c $(wildcard src/*.h)
+$(B)/src/%.o: src/%.c $(LIB_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(B)/daemon/%.o: daemon/%.c $(wildcard daemon/*.h) $(wildcard src/*.h)
+$(B)/daemon/%.o: daemon/%.c $(wildcard daemon/*.h) $(LIB_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -62,7 +67,7 @@ $(B)/libautocompress.a: $(LIB_OBJ)
 $(B)/autocompressd: $(B)/daemon/main.o $(D_OBJ) $(B)/libautocompress.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(B)/daemon/main.o: daemon/main.c $(wildcard daemon/*.h) $(wildcard src/*.h)
+$(B)/daemon/main.o: daemon/main.c $(wildcard daemon/*.h) $(LIB_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -86,7 +91,7 @@ $(B)/tests/fuzz_parsers: tests/fuzz_parsers.c $(FUZZ_DAEMON) $(B)/libautocompres
 FUZZ_CC ?= clang
 fuzz:
 	@mkdir -p $(B)/fuzz/corpus
-	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -DAC_LIBFUZZER -std=c11 -D_GNU_SOURCE -Isrc -Idaemon $(PKG_CFLAGS) \
+	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -DAC_LIBFUZZER -std=c11 -D_GNU_SOURCE $(SRC_INC) -Idaemon $(PKG_CFLAGS) \
 	  -I/usr/include/x86_64-linux-gnu/openblas-pthread -o $(B)/fuzz/fuzz_parsers tests/fuzz_parsers.c $(LIB_SRC) \
 	  daemon/config.c daemon/wevent.c $(LDLIBS)
 	$(MAKE) $(B)/tests/fuzz_parsers

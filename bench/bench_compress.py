@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """AutoCompress versus the Minitron baseline (NVIDIA Model-Optimizer's
-search, src/minitron.c) under the same limit on the same target: the paper's
+search, src/search/minitron.c) under the same limit on the same target: the paper's
 three scenarios plus a memory limit, each limit set relative to the unpruned
 model's own predicted figure on that target (`autocompress estimate`).
 

@@ -1,5 +1,5 @@
 /* bench_train.c - forward + loss + backward tokens/s of the training engine
- * (src/train.c), as bench/bench_train.py compares against PyTorch:
+ * (src/runtime/train.c), as bench/bench_train.py compares against PyTorch:
  *   bench_train MODEL_DIR BATCH CTX STEPS THREADS [cuda]
  * prints {"tok_per_s": best of the timed steps, "median_tok_per_s": ...}.
  * With "cuda": the plugin's trainer on GPU 0, each step also an AdamW update

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Training speed: forward + cross-entropy + backward tokens/s of the C
-training engine (build/bench/bench_train, src/train.c) against PyTorch eager
+training engine (build/bench/bench_train, src/runtime/train.c) against PyTorch eager
 autograd (python3-torch, fp32, tests/ref_llama.py's forward with the weights
 as leaf tensors), same model, batch, context and 2 threads, in one run.
 Both sides: best of the timed steps after a warm-up, and the median."""

@@ -7,7 +7,7 @@
  * that do (POST /v1/jobs checks the paths a spec names, /v1/estimate reads
  * config.json, job logs, static files) suspend their connection and run in
  * a small work pool (pool.c); the connection is resumed with the reply
- * ready. Every path a request names goes through src/fsafe.c (confined
+ * ready. Every path a request names goes through src/core/fsafe.c (confined
  * under model_roots, regular files, size caps), the same rules the worker
  * applies again.
  *

@@ -5,7 +5,7 @@
  * daemon to store, logs on stderr. Dies with its parent (PR_SET_PDEATHSIG),
  * so a killed daemon leaves no orphan worker behind.
  *
- * The worker applies the daemon's path rules again (src/fsafe.c, with the
+ * The worker applies the daemon's path rules again (src/core/fsafe.c, with the
  * roots it is given by --root): the spec's paths are checked before the job
  * starts, and every file the library opens is confined the same way.
  *

@@ -1,5 +1,5 @@
-"""PyTorch reference for the training engine (src/train.c), written from the
-semantics in src/train.h and Hugging Face Llama, not from the C code:
+"""PyTorch reference for the training engine (src/runtime/train.c), written from the
+semantics in src/runtime/train.h and Hugging Face Llama, not from the C code:
 a forward with multiplicative gates and the training losses, differentiated
 by autograd (the gradient fixtures run it in float64).
 

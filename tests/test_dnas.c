@@ -1,5 +1,5 @@
 /*
- * test_dnas.c - the differentiable search through the network (src/dnas.c):
+ * test_dnas.c - the differentiable search through the network (src/search/dnas.c):
  * gates at 1 are the unpruned model bit for bit; hard gates at 0 give the
  * same logits as ac_prune removing those units (KV groups with their query
  * heads, FFN channel groups, whole sub-blocks); the expected-cost gradient

@@ -1,5 +1,5 @@
 /*
- * test_gguf.c - GGUF export (src/gguf.c) and import (src/gguf_read.c):
+ * test_gguf.c - GGUF export (src/format/gguf.c) and import (src/format/gguf_read.c):
  * round trips through our own loader (identical logits: BF16-exact weights
  * and F32 fixtures with llama3 RoPE scaling, Q/K/V biases, tied embeddings;
  * identical tokenization for byte-level and SentencePiece-style

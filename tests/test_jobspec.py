@@ -1,4 +1,4 @@
-"""The job-spec parser (src/jobspec.c, through `autocompress validate`)
+"""The job-spec parser (src/pipeline/jobspec.c, through `autocompress validate`)
 against an independent validator: the `jsonschema` library (Debian's
 python3-jsonschema, in `make deps`) checking proto/job.schema.json. Random mutations of a
 valid spec (values inside, on and just outside each bound, wrong types,

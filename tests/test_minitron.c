@@ -1,5 +1,5 @@
 /*
- * test_minitron.c - the Minitron baseline (src/minitron.c) against
+ * test_minitron.c - the Minitron baseline (src/search/minitron.c) against
  * independent computations: the divisor grid and Model-Optimizer's caps;
  * its importance (o_proj input, down_proj input, norm outputs, layer
  * 1 - cos) against a direct float64 forward written here; head trimming

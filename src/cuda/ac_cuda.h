@@ -1,9 +1,9 @@
 /*
  * ac_cuda.h - the CUDA backend's C interface (built as the plugin
  * build/libac_cuda.so when nvcc is found; loaded at run time by
- * src/cuda_plugin.c, so the CPU binaries never need CUDA libraries).
+ * src/runtime/cuda_plugin.c, so the CPU binaries never need CUDA libraries).
  *
- * Engine: the same forward as src/engine.c (RMSNorm, RoPE, GQA attention
+ * Engine: the same forward as src/runtime/engine.c (RMSNorm, RoPE, GQA attention
  * with a KV cache, SwiGLU) with BF16 weights and KV cache, cuBLAS GEMMs with
  * FP32 accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F), FP32 residual
  * stream and logits. All device memory is allocated once at create.

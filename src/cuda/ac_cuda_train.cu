@@ -1,4 +1,4 @@
-// ac_cuda_train.cu - see ac_cuda_train.h. Shapes as in src/train.c: N = B*T
+// ac_cuda_train.cu - see ac_cuda_train.h. Shapes as in src/runtime/train.c: N = B*T
 // rows, H hidden, hd head_dim, Q/KV/F the current layer's widths, V vocab.
 // Row-major buffers throughout; gemm() maps row-major products onto
 // cuBLAS's column-major contract. Kernels are simple (a block per row or per
@@ -469,7 +469,7 @@ extern "C" void acc_trainer_free(acc_trainer *t) {
     delete t;
 }
 
-// rope_cos/rope_sin: the host tables (src/rope.c), [max_T][head_dim/2], as the inference engine gets them.
+// rope_cos/rope_sin: the host tables (src/runtime/rope.c), [max_T][head_dim/2], as the inference engine gets them.
 static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, const float *rope_sin, char *err,
                   size_t errn) {
     const tarch *a = &t->a;

@@ -2,7 +2,7 @@
  * ac_cuda_train.h - the training pass on CUDA (part of the plugin
  * libac_cuda.so; src/cuda/ac_cuda_train.cu): the same forward with kept
  * activations, losses (next-token CE, temperature-scaled distillation KL)
- * and backward as src/train.c, and the AdamW update of src/optim.c, on
+ * and backward as src/runtime/train.c, and the AdamW update of src/runtime/optim.c, on
  * device memory allocated once at create.
  *
  * Precision: fp32 master weights, gradients, Adam moments and activations

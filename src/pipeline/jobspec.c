@@ -104,7 +104,7 @@ static const ac_field SEARCH[] = {
     BOOL("gguf", ac_search_opts, gguf, 0, "with export_target llama: also write the uniform result as model.gguf"),
     ENUM("method", ac_search_opts, method, SMETHODS, AC_SEARCH_DNAS, 0,
          "dnas: hard-concrete gates trained through the network with the distillation loss and the expected-cost "
-         "augmented Lagrangian (src/dnas.c), initialised from the surrogate; surrogate: the additive per-layer "
+         "augmented Lagrangian (src/search/dnas.c), initialised from the surrogate; surrogate: the additive per-layer "
          "sensitivity relaxation only (fast)"),
     INT("dnas_steps", ac_search_opts, dnas_steps, 1, 100000, 300, 0, NULL),
     NUM("dnas_lr", ac_search_opts, dnas_lr, 1e-6, 10, 0.1, 0, "Adam step on the gates' log_alpha"),
@@ -431,7 +431,7 @@ static json_t *obj_schema(const ac_field *fs, int flags) {
 json_t *ac_job_spec_schema(void) {
     json_t *s = json_pack("{s:s,s:s,s:s,s:s}", "$schema", "https://json-schema.org/draft/2020-12/schema", "$id",
                           "autocompress/job.schema.json", "title", "AutoCompress job spec (version 1)", "description",
-                          "Generated from the field table in src/jobspec.c (autocompress schema); unknown fields are "
+                          "Generated from the field table in src/pipeline/jobspec.c (autocompress schema); unknown fields are "
                           "rejected with 400 and the field named.");
     json_t *o = obj_schema(SPEC, 0);
     json_object_update(s, o);

@@ -1,7 +1,7 @@
 /*
  * dnas.h - differentiable architecture search through the network
  * (search.method "dnas"): learnable hard-concrete gates on the model's
- * prunable units, trained by backprop (src/train.h) on calibration text
+ * prunable units, trained by backprop (src/runtime/train.h) on calibration text
  * with the distillation KL to the unpruned model, plus the hardware limits
  * as an augmented Lagrangian on the cost model's prediction of the
  * EXPECTED architecture, then discretised by gate score and made exactly

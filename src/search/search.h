@@ -26,7 +26,7 @@ typedef struct {
 } ac_constraints;
 
 typedef enum { AC_EXPORT_DECI, AC_EXPORT_LLAMA, AC_EXPORT_GGUF } ac_export_target;
-/* search.method: differentiable gates (src/dnas.c) or the surrogate relaxation only */
+/* search.method: differentiable gates (src/search/dnas.c) or the surrogate relaxation only */
 typedef enum { AC_SEARCH_DNAS, AC_SEARCH_SURROGATE } ac_search_method;
 
 typedef struct {

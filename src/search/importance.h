@@ -18,7 +18,7 @@
  * KV group), the down_proj input (FFN channels) and the outputs of every
  * layer's two RMSNorms (hidden channels: the per-norm L2s summed); layers by
  * 1 - cos(input, output) (layer_bi). The Minitron baseline prunes with these
- * (src/minitron.c, ac_minitron_importance_view).
+ * (src/search/minitron.c, ac_minitron_importance_view).
  *
  * Ownership: ac_importance owns all its arrays (ac_importance_free).
  */

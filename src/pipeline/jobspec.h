@@ -44,7 +44,7 @@ typedef struct {
 } ac_eval_spec;
 
 /* distill: knowledge distillation of every reported arm from the unpruned
- * model, between prune and evaluate (src/distill.c; tokens = 0 is off). */
+ * model, between prune and evaluate (src/compress/distill.c; tokens = 0 is off). */
 typedef struct {
     long tokens;
     char text[AC_SPEC_STR]; /* training text ("" = the whole calibration file) */
