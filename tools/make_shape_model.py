@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Random-init checkpoints with the exact shapes of public models, for the
+scale benchmarks (issue 16): config.json as Hugging Face writes it for that
+model family, model.safetensors in BF16 (written tensor by tensor, so memory
+stays at one tensor), and a tokenizer.json borrowed from a tiny model (its
+ids are all below the checkpoint's vocab; the numbers these checkpoints give
+are about time and memory, not quality).
+
+  tools/make_shape_model.py --shape llama-3.2-1b --out build/models/shape-1b \
+      [--tokenizer build/models/tiny/tokenizer.json] [--seed 0] [--config-only]
+
+Shapes: smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, llama-3.1-8b, llama-3.1-70b
+(the last two are meant for --config-only: 16 GB and 141 GB of weights).
+Needs only numpy.
+"""
+import argparse
+import json
+import os
+import shutil
+import struct
+
+import numpy as np
+
+# hidden, layers, heads, kv heads, head_dim, ffn, vocab, tied, qkv bias, rope theta, max positions, family
+SHAPES = {
+    "smollm2-135m": (576, 30, 9, 3, 64, 1536, 49152, True, False, 100000.0, 8192, "llama"),
+    "qwen2.5-0.5b": (896, 24, 14, 2, 64, 4864, 151936, True, True, 1000000.0, 32768, "qwen2"),
+    "llama-3.2-1b": (2048, 16, 32, 8, 64, 8192, 128256, True, False, 500000.0, 131072, "llama"),
+    "llama-3.1-8b": (4096, 32, 32, 8, 128, 14336, 128256, False, False, 500000.0, 131072, "llama"),
+    "llama-3.1-70b": (8192, 80, 64, 8, 128, 28672, 128256, False, False, 500000.0, 131072, "llama"),
+}
+
+
+def config(shape):
+    H, L, nh, kv, hd, F, V, tied, bias, theta, maxpos, family = SHAPES[shape]
+    c = {
+        "architectures": ["Qwen2ForCausalLM" if family == "qwen2" else "LlamaForCausalLM"],
+        "model_type": family, "vocab_size": V, "hidden_size": H, "num_hidden_layers": L,
+        "num_attention_heads": nh, "num_key_value_heads": kv, "head_dim": hd, "intermediate_size": F,
+        "max_position_embeddings": maxpos, "rms_norm_eps": 1e-5 if family == "llama" else 1e-6,
+        "rope_theta": theta, "rope_scaling": None, "tie_word_embeddings": tied, "hidden_act": "silu",
+        "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "bfloat16",
+    }
+    if family == "llama":
+        c["attention_bias"] = False
+        c["mlp_bias"] = False
+    return c
+
+
+def tensors(shape):
+    """(name, shape, kind) in the order Hugging Face checkpoints list them;
+    kind: 'w' random weight, 'n' norm (ones), 'b' bias (small random)."""
+    H, L, nh, kv, hd, F, V, tied, bias, *_ = SHAPES[shape]
+    out = [("model.embed_tokens.weight", (V, H), "w")]
+    for i in range(L):
+        p = f"model.layers.{i}."
+        out += [(p + "input_layernorm.weight", (H,), "n"),
+                (p + "self_attn.q_proj.weight", (nh * hd, H), "w"),
+                (p + "self_attn.k_proj.weight", (kv * hd, H), "w"),
+                (p + "self_attn.v_proj.weight", (kv * hd, H), "w"),
+                (p + "self_attn.o_proj.weight", (H, nh * hd), "w")]
+        if bias:
+            out += [(p + "self_attn.q_proj.bias", (nh * hd,), "b"),
+                    (p + "self_attn.k_proj.bias", (kv * hd,), "b"),
+                    (p + "self_attn.v_proj.bias", (kv * hd,), "b")]
+        out += [(p + "post_attention_layernorm.weight", (H,), "n"),
+                (p + "mlp.gate_proj.weight", (F, H), "w"),
+                (p + "mlp.up_proj.weight", (F, H), "w"),
+                (p + "mlp.down_proj.weight", (H, F), "w")]
+    out.append(("model.norm.weight", (H,), "n"))
+    if not tied:
+        out.append(("lm_head.weight", (V, H), "w"))
+    return out
+
+
+def bf16_bytes(a):
+    """float32 array -> BF16 bytes, rounded to nearest even (as torch does)."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return u.astype("<u2").tobytes()
+
+
+def write_safetensors(path, shape, seed):
+    specs = tensors(shape)
+    header, off = {}, 0
+    for name, shp, _ in specs:
+        n = int(np.prod(shp)) * 2
+        header[name] = {"dtype": "BF16", "shape": list(shp), "data_offsets": [off, off + n]}
+        off += n
+    header["__metadata__"] = {"format": "pt"}
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * (-len(hb) % 8)
+    rng = np.random.default_rng(seed)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)))
+        f.write(hb)
+        for name, shp, kind in specs:
+            if kind == "n":
+                a = np.ones(shp, np.float32)
+            else:
+                std = 0.02 if kind == "w" else 0.01
+                a = None
+                rows = shp[0]
+                step = max(1, (1 << 24) // max(1, int(np.prod(shp[1:]))))  # ~64 MB of fp32 at a time
+                for r0 in range(0, rows, step):
+                    blk = rng.standard_normal((min(step, rows - r0),) + tuple(shp[1:]), dtype=np.float32) * std
+                    f.write(bf16_bytes(blk))
+                continue
+            f.write(bf16_bytes(a))
+    return off
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tokenizer", default="build/models/tiny/tokenizer.json")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--config-only", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "config.json"), "w") as f:
+        json.dump(config(a.shape), f, indent=2)
+    params = sum(int(np.prod(s)) for _, s, _ in tensors(a.shape))
+    if not a.config_only:
+        if os.path.exists(a.tokenizer):
+            shutil.copyfile(a.tokenizer, os.path.join(a.out, "tokenizer.json"))
+        n = write_safetensors(os.path.join(a.out, "model.safetensors"), a.shape, a.seed)
+        print(f"{a.shape}: {params:,} parameters, {n / 2**30:.2f} GiB BF16 in {a.out}")
+    else:
+        print(f"{a.shape}: {params:,} parameters (config only) in {a.out}")
+
+
+if __name__ == "__main__":
+    main()
