@@ -312,18 +312,61 @@ static const rti *find_t(const gfile *g, const char *name) {
     return NULL;
 }
 
-static int read_arch(const gfile *g, ac_arch *a, ac_err *e) {
-    memset(a, 0, sizeof *a);
-    size_t n;
-    const char *an = kv_str(g, "general.architecture", &n);
-    char arch[32], k[128];
-    if (!an || n >= sizeof arch) return ac_errf(e, "gguf: general.architecture is missing");
-    memcpy(arch, an, n);
-    arch[n] = 0;
-    if (strcmp(arch, "llama") && strcmp(arch, "deci"))
-        return ac_errf(e, "gguf: architecture %s is not supported (llama, deci)", arch);
-    snprintf(a->model_type, sizeof a->model_type, "%s", strcmp(arch, "deci") ? "llama" : "nemotron-nas");
-    long long v[6];
+/* The per-layer head, KV-head and FFN counts (arrays or one value each). */
+static int read_arch_layers(const gfile *g, const char *arch, ac_arch *a, ac_err *e) {
+    char k[128];
+    a->layers = calloc(a->n_layers, sizeof *a->layers);
+    int *tmp = calloc(3 * (size_t)a->n_layers, sizeof *tmp);
+    if (!a->layers || !tmp) {
+        free(tmp);
+        return ac_errf(e, "out of memory");
+    }
+    const char *lk[3] = {"attention.head_count", "attention.head_count_kv", "feed_forward_length"};
+    int rc = 0;
+    for (int i = 0; i < 3 && !rc; i++) {
+        snprintf(k, sizeof k, "%s.%s", arch, lk[i]);
+        rc = kv_layers(g, k, a->n_layers, tmp + i * a->n_layers, e);
+    }
+    for (int l = 0; l < a->n_layers && !rc; l++) {
+        ac_layer_arch *L = &a->layers[l];
+        *L = (ac_layer_arch){tmp[l], tmp[a->n_layers + l], tmp[2 * a->n_layers + l]};
+        if (L->n_heads && (L->n_kv_heads <= 0 || L->n_heads % L->n_kv_heads))
+            rc = ac_errf(e, "gguf: layer %d has %d heads and %d KV heads (llama.cpp's linear attention is not supported)",
+                         l, L->n_heads, L->n_kv_heads);
+    }
+    free(tmp);
+    return rc;
+}
+
+/* llama3 RoPE scaling (AutoCompress's own keys) and the BOS/EOS ids. */
+static int read_arch_rope_tokens(const gfile *g, ac_arch *a, ac_err *e) {
+    double rf, rl, rh;
+    long long ro, bos, eos;
+    if (kv_float(g, "autocompress.rope_llama3.factor", 0, &rf, e) ||
+        kv_float(g, "autocompress.rope_llama3.low_freq_factor", 1, &rl, e) ||
+        kv_float(g, "autocompress.rope_llama3.high_freq_factor", 4, &rh, e) ||
+        kv_int(g, "autocompress.rope_llama3.original_context_length", 8192, &ro, e))
+        return -1;
+    if (rf > 0) {
+        a->rope_llama3 = 1;
+        a->rs_factor = (float)rf;
+        a->rs_low = (float)rl;
+        a->rs_high = (float)rh;
+        a->rs_orig = (int)ro;
+    } else if (find_t(g, "rope_freqs.weight")) {
+        return ac_errf(e, "gguf: rope_freqs without AutoCompress's llama3 keys is not supported");
+    }
+    if (kv_int(g, "tokenizer.ggml.bos_token_id", -1, &bos, e) || kv_int(g, "tokenizer.ggml.eos_token_id", -1, &eos, e))
+        return -1;
+    a->bos_id = (int)bos;
+    a->eos_id = (int)eos;
+    return 0;
+}
+
+/* The model-wide sizes: v[] = embedding_length, block_count, context_length,
+ * vocab_size, attention.key_length, rope.dimension_count (-1 when absent). */
+static int read_arch_globals(const gfile *g, const char *arch, ac_arch *a, long long v[6], ac_err *e) {
+    char k[128];
     double eps, theta;
     const char *ik[6] = {"embedding_length", "block_count",          "context_length",
                          "vocab_size",       "attention.key_length", "rope.dimension_count"};
@@ -345,42 +388,30 @@ static int read_arch(const gfile *g, ac_arch *a, ac_err *e) {
     a->vocab = (int)v[3];
     a->eps = (float)eps;
     a->rope_theta = (float)theta;
-    a->layers = calloc(a->n_layers, sizeof *a->layers);
-    int *tmp = calloc(3 * (size_t)a->n_layers, sizeof *tmp);
-    if (!a->layers || !tmp) {
-        free(tmp);
-        ac_arch_free(a);
-        return ac_errf(e, "out of memory");
-    }
-    const char *lk[3] = {"attention.head_count", "attention.head_count_kv", "feed_forward_length"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(k, sizeof k, "%s.%s", arch, lk[i]);
-        if (kv_layers(g, k, a->n_layers, tmp + i * a->n_layers, e)) {
-            free(tmp);
-            ac_arch_free(a);
-            return -1;
-        }
-    }
+    return 0;
+}
+
+static int read_arch(const gfile *g, ac_arch *a, ac_err *e) {
+    memset(a, 0, sizeof *a);
+    size_t n;
+    const char *an = kv_str(g, "general.architecture", &n);
+    char arch[32], k[128];
+    if (!an || n >= sizeof arch) return ac_errf(e, "gguf: general.architecture is missing");
+    memcpy(arch, an, n);
+    arch[n] = 0;
+    if (strcmp(arch, "llama") && strcmp(arch, "deci"))
+        return ac_errf(e, "gguf: architecture %s is not supported (llama, deci)", arch);
+    snprintf(a->model_type, sizeof a->model_type, "%s", strcmp(arch, "deci") ? "llama" : "nemotron-nas");
+    long long v[6];
+    if (read_arch_globals(g, arch, a, v, e)) return -1;
+    if (read_arch_layers(g, arch, a, e)) goto fail;
     int nh0 = 0;
-    for (int l = 0; l < a->n_layers; l++) {
-        ac_layer_arch *L = &a->layers[l];
-        *L = (ac_layer_arch){tmp[l], tmp[a->n_layers + l], tmp[2 * a->n_layers + l]};
-        if (L->n_heads && (L->n_kv_heads <= 0 || L->n_heads % L->n_kv_heads)) {
-            ac_errf(e, "gguf: layer %d has %d heads and %d KV heads (llama.cpp's linear attention is not supported)", l,
-                    L->n_heads, L->n_kv_heads);
-            free(tmp);
-            ac_arch_free(a);
-            return -1;
-        }
-        if (L->n_heads && !nh0) nh0 = L->n_heads;
-    }
-    free(tmp);
+    for (int l = 0; l < a->n_layers && !nh0; l++) nh0 = a->layers[l].n_heads;
     a->head_dim = v[4] > 0 ? (int)v[4] : nh0 ? a->hidden / nh0 : 0;
     if (a->head_dim <= 0 || a->head_dim % 2 || (v[5] > 0 && v[5] != a->head_dim)) {
-        ac_arch_free(a);
-        return ac_errf(
-            e, "gguf: head size %d must be even and equal to rope.dimension_count (partial RoPE is not supported)",
-            a->head_dim);
+        ac_errf(e, "gguf: head size %d must be even and equal to rope.dimension_count (partial RoPE is not supported)",
+                a->head_dim);
+        goto fail;
     }
     a->tie_embeddings = !find_t(g, "output.weight");
     a->qkv_bias = 0;
@@ -388,34 +419,11 @@ static int read_arch(const gfile *g, ac_arch *a, ac_err *e) {
         snprintf(k, sizeof k, "blk.%d.attn_q.bias", l);
         a->qkv_bias |= find_t(g, k) != NULL;
     }
-    double rf, rl, rh;
-    long long ro;
-    if (kv_float(g, "autocompress.rope_llama3.factor", 0, &rf, e) ||
-        kv_float(g, "autocompress.rope_llama3.low_freq_factor", 1, &rl, e) ||
-        kv_float(g, "autocompress.rope_llama3.high_freq_factor", 4, &rh, e) ||
-        kv_int(g, "autocompress.rope_llama3.original_context_length", 8192, &ro, e)) {
-        ac_arch_free(a);
-        return -1;
-    }
-    if (rf > 0) {
-        a->rope_llama3 = 1;
-        a->rs_factor = (float)rf;
-        a->rs_low = (float)rl;
-        a->rs_high = (float)rh;
-        a->rs_orig = (int)ro;
-    } else if (find_t(g, "rope_freqs.weight")) {
-        ac_arch_free(a);
-        return ac_errf(e, "gguf: rope_freqs without AutoCompress's llama3 keys is not supported");
-    }
-    long long bos, eos;
-    if (kv_int(g, "tokenizer.ggml.bos_token_id", -1, &bos, e) ||
-        kv_int(g, "tokenizer.ggml.eos_token_id", -1, &eos, e)) {
-        ac_arch_free(a);
-        return -1;
-    }
-    a->bos_id = (int)bos;
-    a->eos_id = (int)eos;
+    if (read_arch_rope_tokens(g, a, e)) goto fail;
     return 0;
+fail:
+    ac_arch_free(a);
+    return -1;
 }
 
 /* Tensor `name` of shape [rows, cols] (cols 0: 1-D) into dst as fp32;
@@ -551,6 +559,44 @@ static json_t *pre_tokenizer(const char *pre, size_t n) {
 }
 
 /* The tokenizer.json equivalent of the file's tokenizer metadata. */
+/* The SentencePiece half of tokenizer_json: merges rebuilt from the scores,
+ * the unknown token, the space-prefix normalizer. */
+static int spm_finish(const gfile *g, json_t *root, json_t *merges, json_t *vocab, char **tok, int *type,
+                      float *score, uint64_t V, ac_err *e) {
+    const rkv *asp = find_kv(g, "tokenizer.ggml.add_space_prefix");
+    int prefix = !asp || (asp->type == GG_BOOL && *asp->v);
+    long long unk;
+    if (spm_merges(merges, vocab, tok, type, score, (int)V, e) ||
+        kv_int(g, "tokenizer.ggml.unknown_token_id", -1, &unk, e))
+        return -1;
+    if (unk >= 0 && (uint64_t)unk < V)
+        json_object_set_new(json_object_get(root, "model"), "unk_token", json_string(tok[unk]));
+    json_t *rep = json_pack("{s:s,s:{s:s},s:s}", "type", "Replace", "pattern", "String", " ", "content", "\xe2\x96\x81");
+    json_object_set_new(root, "normalizer",
+                        prefix ? json_pack("{s:s,s:[{s:s,s:s},o]}", "type", "Sequence", "normalizers", "type",
+                                           "Prepend", "prepend", "\xe2\x96\x81", rep)
+                               : rep);
+    return 0;
+}
+
+/* The byte-level (gpt2) half of tokenizer_json: merges as stored, the
+ * pre-tokenizer named by tokenizer.ggml.pre. */
+static int gpt2_finish(const gfile *g, json_t *root, json_t *merges, const char *pre, size_t pn, ac_err *e) {
+    cur cm;
+    uint64_t nm;
+    uint32_t et;
+    if (!kv_array(g, "tokenizer.ggml.merges", &et, &nm, &cm) || et != GG_STR)
+        return ac_errf(e, "gguf: gpt2 tokenizer without merges");
+    for (uint64_t i = 0; i < nm && !cm.bad; i++) {
+        uint64_t n = u64(&cm);
+        const char *s = (const char *)take(&cm, n);
+        if (s) json_array_append_new(merges, json_stringn(s, n));
+    }
+    json_object_set_new(root, "pre_tokenizer", pre_tokenizer(pre ? pre : "", pre ? pn : 0));
+    if (cm.bad) return ac_errf(e, "gguf: tokenizer merges are truncated");
+    return 0;
+}
+
 static json_t *tokenizer_json(const gfile *g, ac_err *e) {
     size_t mn = 0, pn = 0;
     const char *model = kv_str(g, "tokenizer.ggml.model", &mn), *pre = kv_str(g, "tokenizer.ggml.pre", &pn);
@@ -602,44 +648,9 @@ static json_t *tokenizer_json(const gfile *g, ac_err *e) {
         ac_errf(e, "out of memory");
         goto out;
     }
-    if (sp) {
-        const rkv *asp = find_kv(g, "tokenizer.ggml.add_space_prefix");
-        int prefix = !asp || (asp->type == GG_BOOL && *asp->v);
-        long long unk;
-        if (spm_merges(merges, vocab, tok, type, score, (int)V, e) ||
-            kv_int(g, "tokenizer.ggml.unknown_token_id", -1, &unk, e)) {
-            json_decref(root);
-            root = NULL;
-            goto out;
-        }
-        if (unk >= 0 && (uint64_t)unk < V)
-            json_object_set_new(json_object_get(root, "model"), "unk_token", json_string(tok[unk]));
-        json_t *rep =
-            json_pack("{s:s,s:{s:s},s:s}", "type", "Replace", "pattern", "String", " ", "content", "\xe2\x96\x81");
-        json_object_set_new(root, "normalizer",
-                            prefix ? json_pack("{s:s,s:[{s:s,s:s},o]}", "type", "Sequence", "normalizers", "type",
-                                               "Prepend", "prepend", "\xe2\x96\x81", rep)
-                                   : rep);
-    } else {
-        cur cm;
-        uint64_t nm;
-        if (!kv_array(g, "tokenizer.ggml.merges", &et, &nm, &cm) || et != GG_STR) {
-            json_decref(root);
-            root = NULL;
-            ac_errf(e, "gguf: gpt2 tokenizer without merges");
-            goto out;
-        }
-        for (uint64_t i = 0; i < nm && !cm.bad; i++) {
-            uint64_t n = u64(&cm);
-            const char *s = (const char *)take(&cm, n);
-            if (s) json_array_append_new(merges, json_stringn(s, n));
-        }
-        json_object_set_new(root, "pre_tokenizer", pre_tokenizer(pre ? pre : "", pre ? pn : 0));
-        if (cm.bad) {
-            json_decref(root);
-            root = NULL;
-            ac_errf(e, "gguf: tokenizer merges are truncated");
-        }
+    if (sp ? spm_finish(g, root, merges, vocab, tok, type, score, V, e) : gpt2_finish(g, root, merges, pre, pn, e)) {
+        json_decref(root);
+        root = NULL;
     }
 out:
     for (uint64_t i = 0; tok && i < V; i++) free(tok[i]);
