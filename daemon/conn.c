@@ -19,6 +19,7 @@ struct conn_guard {
     pthread_cond_t cv;
     conn head; /* list sentinel */
     double header_s, body_s;
+    int napi, max_api; /* connections not in SSE phase, and their cap */
     long cut;
     int stopping;
     pthread_t th;
@@ -49,7 +50,21 @@ static void *sweeper(void *arg) {
     return NULL;
 }
 
-conn_guard *guard_new(int header_timeout_s, int body_timeout_s) {
+/* Over max_api API connections: cut the one that has waited longest for its
+ * request head (a slow-header socket or an idle keep-alive one), never the
+ * newcomer, so a client that sends its request at once is always served.
+ * Lock held. */
+static void evict_oldest_head(conn_guard *g, const conn *newcomer) {
+    conn *old = NULL;
+    for (conn *c = g->head.next; c != &g->head; c = c->next)
+        if (c != newcomer && c->phase == CONN_HEAD && c->fd >= 0 && (!old || c->since < old->since)) old = c;
+    if (!old) return;
+    shutdown(old->fd, SHUT_RDWR);
+    old->fd = -1;
+    g->cut++;
+}
+
+conn_guard *guard_new(int header_timeout_s, int body_timeout_s, int max_api) {
     conn_guard *g = calloc(1, sizeof *g);
     if (!g) return NULL;
     pthread_mutex_init(&g->mu, NULL);
@@ -57,6 +72,7 @@ conn_guard *guard_new(int header_timeout_s, int body_timeout_s) {
     g->head.next = g->head.prev = &g->head;
     g->header_s = header_timeout_s;
     g->body_s = body_timeout_s;
+    g->max_api = max_api;
     if (pthread_create(&g->th, NULL, sweeper, g)) {
         pthread_mutex_destroy(&g->mu);
         pthread_cond_destroy(&g->cv);
@@ -94,6 +110,7 @@ void guard_notify(void *cls, struct MHD_Connection *mc, void **socket_context, e
         c->prev = &g->head;
         g->head.next->prev = c;
         g->head.next = c;
+        if (++g->napi > g->max_api) evict_oldest_head(g, c);
         pthread_mutex_unlock(&g->mu);
     } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
         conn *c = *socket_context;
@@ -101,6 +118,7 @@ void guard_notify(void *cls, struct MHD_Connection *mc, void **socket_context, e
         pthread_mutex_lock(&g->mu);
         c->prev->next = c->next;
         c->next->prev = c->prev;
+        g->napi -= c->phase != CONN_SSE;
         pthread_mutex_unlock(&g->mu);
         free(c);
         *socket_context = NULL;
@@ -112,6 +130,7 @@ void guard_phase(conn_guard *g, struct MHD_Connection *mc, int phase) {
     conn *c = ci ? ci->socket_context : NULL;
     if (!c) return;
     pthread_mutex_lock(&g->mu);
+    g->napi += (c->phase == CONN_SSE) - (phase == CONN_SSE);
     c->phase = phase;
     c->since = ac_now();
     pthread_mutex_unlock(&g->mu);

@@ -36,6 +36,8 @@ typedef struct ac_daemon {
     int ndevices;
     double started_at;
     atomic_long http_requests, http_errors, jobs_submitted, events_stored;
+    atomic_llong http_beat_ms; /* the HTTP polling thread's last request (watchdog.c) */
+    atomic_int http_frozen;    /* test hook (SIGUSR2 with AUTOCOMPRESSD_TEST_HOOKS=1): freeze the HTTP thread */
 } ac_daemon;
 
 /* HTTP front (http.c). */
@@ -63,6 +65,13 @@ json_t *sched_measurements(ac_daemon *d);
 int measure_main(int argc, char **argv);
 /* Thread-safe: store an event, fan it out to SSE, return its id. */
 long daemon_event(ac_daemon *d, long job, const char *kind, json_t *data);
+
+/* systemd (watchdog.c): sd_notify, and WATCHDOG=1 every usec/2 from the
+ * loop while the HTTP side answers too. */
+void wd_notify(const char *msg);
+int wd_start(ac_daemon *d, long long usec);
+void wd_stop(void);
+long long wd_now_ms(void);
 
 /* The worker (worker.c): `autocompressd run-job ID --db PATH ...`. */
 int worker_main(int argc, char **argv);

@@ -14,12 +14,12 @@
  * Every handler fills a `reply`; errors are JSON {"error":{"code","message",
  * "field"}} with the right status: 400 naming the field (or the cap a job
  * exceeds), 401/403 (token, cross-site), 409, 413 (max_body_bytes), 415
- * (POST without a JSON content type), 503 (the job store cannot write, or
+ * (POST/DELETE without a JSON content type), 503 (the job store cannot write, or
  * too many streams/pending requests).
  *
  * Browsers: a request whose Origin is not this server's own, or whose Host
  * is not a loopback name (or one of allowed_hosts) while the server listens
- * on loopback (DNS rebinding), is refused with 403; POST needs
+ * on loopback (DNS rebinding), is refused with 403; POST and DELETE need
  * Content-Type: application/json, which a cross-site form cannot send
  * without a CORS preflight this server never grants. With tokens
  * configured, /v1 routes need "Authorization: Bearer T"; ?access_token=T is
@@ -42,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "api.h"
 #include "conn.h"
@@ -687,8 +688,12 @@ static enum MHD_Result handle(req_ctx *rc, const char *url, const char *method) 
     int is_sse = !strcmp(method, "GET") && !strncmp(url, "/v1/jobs/", 9) && strlen(url) > 16 && !strcmp(url + strlen(url) - 7, "/events");
     if (!authorized(d, c, is_sse)) { unauthorized(d, r); return queue_reply(c, r); }
     json_t *body = NULL;
-    if (!strcmp(method, "POST") || !strcmp(method, "PUT")) {
-        if (!json_content_type(c)) { rep_error(d, r, 415, "unsupported_media_type", "send the body as Content-Type: application/json", NULL); return queue_reply(c, r); }
+    int has_body = !strcmp(method, "POST") || !strcmp(method, "PUT");
+    if ((has_body || !strcmp(method, "DELETE")) && !json_content_type(c)) {
+        rep_error(d, r, 415, "unsupported_media_type", "POST, PUT and DELETE need Content-Type: application/json", NULL);
+        return queue_reply(c, r);
+    }
+    if (has_body) {
         json_error_t je;
         body = json_loadb(rc->body ? rc->body : "", rc->len, JSON_REJECT_DUPLICATES, &je);
         if (!body) {
@@ -738,6 +743,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     ac_daemon *d = cls;
     req_ctx *rc = *con_cls;
     if (!rc) {
+        atomic_store(&d->http_beat_ms, wd_now_ms()); /* the watchdog's proof that this thread runs */
+        while (atomic_load(&d->http_frozen)) usleep(10000); /* test hook: a stuck HTTP thread */
         rc = calloc(1, sizeof *rc);
         if (!rc) return MHD_NO;
         pthread_mutex_init(&rc->mu, NULL);
@@ -802,9 +809,11 @@ int http_start(ac_daemon *d, ac_err *e) {
     if (inet_pton(AF_INET, !strcmp(d->cfg.listen_host, "localhost") ? "127.0.0.1" : d->cfg.listen_host, &sa.sin_addr) != 1)
         return ac_errf(e, "listen host %s is not an IPv4 address", d->cfg.listen_host);
     d->pool = pool_new(d->cfg.http_threads, 256);
-    d->guard = guard_new(d->cfg.header_timeout_s, d->cfg.body_timeout_s);
+    d->guard = guard_new(d->cfg.header_timeout_s, d->cfg.body_timeout_s, d->cfg.max_connections);
     if (!d->pool || !d->guard) return ac_errf(e, "cannot start the HTTP work threads");
-    unsigned limit = (unsigned)d->cfg.max_connections + (unsigned)d->cfg.max_sse_streams;
+    /* The guard keeps max_connections (evicting slow heads) and the hub
+     * max_sse_streams; the slack lets a newcomer in so the guard can evict. */
+    unsigned limit = (unsigned)d->cfg.max_connections + (unsigned)d->cfg.max_sse_streams + 64;
     d->mhd = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, (uint16_t)d->cfg.listen_port,
                               NULL, NULL, on_request, d, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, d,
                               MHD_OPTION_NOTIFY_CONNECTION, guard_notify, d->guard,

@@ -6,9 +6,9 @@
  * jobs are stopped and re-queued, so a restart picks them up again.
  *
  * Under systemd (Type=notify) it sends READY=1 once it listens, WATCHDOG=1
- * from a timer on the scheduler's loop at half of WatchdogSec (so a frozen
- * loop is restarted), STOPPING=1 on SIGTERM: the datagram is written to
- * $NOTIFY_SOCKET directly (no libsystemd).
+ * from a timer on the scheduler's loop at half of WatchdogSec while the HTTP
+ * thread answers too (so a frozen loop or a frozen HTTP side is restarted;
+ * watchdog.c), STOPPING=1 on SIGTERM.
  *
  * It refuses to listen on a non-loopback address without tokens: an
  * unauthenticated API is only ever reachable from this host.
@@ -36,26 +36,17 @@ void sched_free(ac_daemon *d);
 
 static ac_daemon D;
 static uv_signal_t sig_term, sig_int;
-static uv_timer_t drain_timer, watchdog_timer;
+static uv_signal_t sig_usr2;
+static uv_timer_t drain_timer;
 
-/* sd_notify without libsystemd: one datagram to $NOTIFY_SOCKET. */
-static void notify(const char *msg) {
-    const char *path = getenv("NOTIFY_SOCKET");
-    if (!path || !path[0] || strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) return;
-    struct sockaddr_un sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sun_family = AF_UNIX;
-    memcpy(sa.sun_path, path, strlen(path));
-    if (sa.sun_path[0] == '@') sa.sun_path[0] = 0; /* abstract namespace */
-    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return;
-    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(path));
-    if (sendto(fd, msg, strlen(msg), MSG_NOSIGNAL, (struct sockaddr *)&sa, len) < 0)
-        fprintf(stderr, "autocompressd: sd_notify: %s\n", strerror(errno));
-    close(fd);
+/* Test hook (AUTOCOMPRESSD_TEST_HOOKS=1): SIGUSR2 freezes / thaws the HTTP thread. */
+static void on_test_freeze(uv_signal_t *s, int signum) {
+    (void)s;
+    (void)signum;
+    int frozen = !atomic_load(&D.http_frozen);
+    atomic_store(&D.http_frozen, frozen);
+    fprintf(stderr, "autocompressd: test hook: HTTP thread %s\n", frozen ? "frozen" : "thawed");
 }
-
-static void on_watchdog(uv_timer_t *t) { (void)t; notify("WATCHDOG=1"); }
 
 static void on_drain(uv_timer_t *t) {
     if (sched_busy(&D)) return;
@@ -71,9 +62,10 @@ static void on_signal(uv_signal_t *s, int signum) {
     static int once;
     if (once++) return;
     fprintf(stderr, "autocompressd: signal %d: stopping (running jobs are re-queued)\n", signum);
-    notify("STOPPING=1");
-    if (uv_is_active((uv_handle_t *)&watchdog_timer)) uv_timer_stop(&watchdog_timer);
-    if (watchdog_timer.loop) uv_close((uv_handle_t *)&watchdog_timer, NULL);
+    wd_notify("STOPPING=1");
+    atomic_store(&D.http_frozen, 0);
+    wd_stop();
+    if (sig_usr2.loop) uv_close((uv_handle_t *)&sig_usr2, NULL);
     http_stop(&D);
     sched_stop(&D);
     uv_timer_init(D.loop, &drain_timer);
@@ -160,11 +152,13 @@ int main(int argc, char **argv) {
     long long wd_us = wd ? atoll(wd) : 0;
     const char *wpid = getenv("WATCHDOG_PID");
     if (wpid && atol(wpid) != (long)getpid()) wd_us = 0;
-    if (wd_us > 0) {
-        uv_timer_init(D.loop, &watchdog_timer);
-        uv_timer_start(&watchdog_timer, on_watchdog, 0, (uint64_t)(wd_us / 2000 > 0 ? wd_us / 2000 : 1));
+    if (wd_us > 0 && wd_start(&D, wd_us)) { fprintf(stderr, "autocompressd: cannot start the watchdog timer\n"); return 1; }
+    const char *hooks = getenv("AUTOCOMPRESSD_TEST_HOOKS");
+    if (hooks && !strcmp(hooks, "1")) {
+        uv_signal_init(D.loop, &sig_usr2);
+        uv_signal_start(&sig_usr2, on_test_freeze, SIGUSR2);
     }
-    notify("READY=1");
+    wd_notify("READY=1");
     uv_run(D.loop, UV_RUN_DEFAULT);
     http_stop(&D);
     sched_free(&D);

@@ -76,7 +76,7 @@ class Daemon:
         if self.token and "Authorization" not in h:
             h["Authorization"] = "Bearer " + self.token
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        if data is not None:
+        if data is not None or method == "DELETE":  # the API wants a JSON content type on POST and DELETE
             h.setdefault("Content-Type", "application/json")
         c.request(method, path, body=data, headers=h)
         r = c.getresponse()
