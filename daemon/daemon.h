@@ -63,8 +63,12 @@ int sched_measure_cancel(ac_daemon *d, long id);
 json_t *sched_measurements(ac_daemon *d);
 /* The worker side of a measurement: `autocompressd measure-table --threads N`. */
 int measure_main(int argc, char **argv);
-/* Thread-safe: store an event, fan it out to SSE, return its id. */
+/* The event bus (events.c). Thread-safe: store a job's progress event
+ * (data is consumed) and fan it out to the job's SSE subscribers; returns
+ * its id, or -1 when it could not be stored. */
 long daemon_event(ac_daemon *d, long job, const char *kind, json_t *data);
+/* The job ended: its subscribers close after draining. */
+void events_finish(ac_daemon *d, long job);
 
 /* systemd (watchdog.c): sd_notify, and WATCHDOG=1 every usec/2 from the
  * loop while the HTTP side answers too. */

@@ -211,67 +211,141 @@ out:
     return id;
 }
 
-static json_t *col_json(sqlite3_stmt *st, int i) {
-    switch (sqlite3_column_type(st, i)) {
-    case SQLITE_NULL: return json_null();
-    case SQLITE_INTEGER: return json_integer(sqlite3_column_int64(st, i));
-    case SQLITE_FLOAT: return json_real(sqlite3_column_double(st, i));
-    default: return json_string((const char *)sqlite3_column_text(st, i));
-    }
+/* ------------------------------------------------------------- states */
+
+static const char *const state_names[JOB_NSTATES] = {"queued", "running", "succeeded", "failed", "cancelled"};
+
+const char *job_state_name(job_state s) { return s >= 0 && s < JOB_NSTATES ? state_names[s] : "unknown"; }
+
+int job_state_parse(const char *name, job_state *out) {
+    for (int i = 0; name && i < JOB_NSTATES; i++)
+        if (!strcmp(name, state_names[i])) {
+            *out = (job_state)i;
+            return 0;
+        }
+    return -1;
 }
 
-#define JOB_COLS "id, name, state, priority, device, reason, attempts, cancel_requested, created_at, updated_at, started_at, finished_at, spec"
+int job_state_terminal(job_state s) { return s == JOB_SUCCEEDED || s == JOB_FAILED || s == JOB_CANCELLED; }
 
-static json_t *job_row(sqlite3_stmt *st, int with_spec) {
-    static const char *names[] = {"id", "name", "state", "priority", "device", "reason", "attempts", "cancel_requested",
-                                  "created_at", "updated_at", "started_at", "finished_at"};
-    json_t *j = json_object();
-    for (int i = 0; i < 12; i++) json_object_set_new(j, names[i], col_json(st, i));
-    json_object_set_new(j, "cancel_requested", json_boolean(sqlite3_column_int(st, 7)));
-    if (with_spec) {
-        json_t *spec = json_loads((const char *)sqlite3_column_text(st, 12), 0, NULL);
-        json_object_set_new(j, "spec", spec ? spec : json_null());
-    }
-    return j;
+/* ------------------------------------------------------------- rows */
+
+/* A text column, copied (NULL for NULL); *oom set when the copy fails. */
+static char *col_text(sqlite3_stmt *st, int i, int *oom) {
+    const char *t = (const char *)sqlite3_column_text(st, i);
+    if (!t) return NULL;
+    char *c = strdup(t);
+    if (!c) *oom = 1;
+    return c;
 }
 
-int db_job_get(db *d, long id, json_t **job, ac_err *e) {
+static double col_time(sqlite3_stmt *st, int i, int *has) {
+    *has = sqlite3_column_type(st, i) != SQLITE_NULL;
+    return *has ? sqlite3_column_double(st, i) : 0;
+}
+
+void db_job_clear(db_job *j) {
+    free(j->name);
+    free(j->device);
+    free(j->reason);
+    free(j->spec);
+    for (int i = 0; i < j->ntransitions; i++) free(j->transitions[i].reason);
+    free(j->transitions);
+    memset(j, 0, sizeof *j);
+}
+
+void db_jobs_free(db_job *jobs, int n) {
+    for (int i = 0; i < n; i++) db_job_clear(&jobs[i]);
+    free(jobs);
+}
+
+#define JOB_COLS                                                                                                     \
+    "id, name, state, priority, device, reason, attempts, cancel_requested, created_at, updated_at, started_at, "   \
+    "finished_at, result IS NOT NULL"
+
+/* One row of JOB_COLS: 0, or -1 out of memory / a state the schema forbids. */
+static int job_row(sqlite3_stmt *st, db_job *j) {
+    int oom = 0, has;
+    memset(j, 0, sizeof *j);
+    j->id = (long)sqlite3_column_int64(st, 0);
+    j->name = col_text(st, 1, &oom);
+    if (job_state_parse((const char *)sqlite3_column_text(st, 2), &j->state)) oom = 1;
+    j->priority = sqlite3_column_int(st, 3);
+    j->device = col_text(st, 4, &oom);
+    j->reason = col_text(st, 5, &oom);
+    j->attempts = (long)sqlite3_column_int64(st, 6);
+    j->cancel_requested = sqlite3_column_int(st, 7) != 0;
+    j->created_at = col_time(st, 8, &has);
+    j->updated_at = col_time(st, 9, &has);
+    j->started_at = col_time(st, 10, &j->has_started);
+    j->finished_at = col_time(st, 11, &j->has_finished);
+    j->has_result = sqlite3_column_int(st, 12) != 0;
+    if (oom) db_job_clear(j);
+    return oom ? -1 : 0;
+}
+
+static int job_transitions(db *d, db_job *j, ac_err *e) {
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(d->rd, "SELECT from_state, to_state, at, reason FROM job_transitions WHERE job_id = ? ORDER BY id",
+                           -1, &st, NULL) != SQLITE_OK)
+        return sqerr(d->rd, e, "get job transitions");
+    sqlite3_bind_int64(st, 1, j->id);
+    int sr, cap = 0, rc = 0;
+    while (rc == 0 && (sr = sqlite3_step(st)) == SQLITE_ROW) {
+        if (j->ntransitions == cap) {
+            cap = cap ? cap * 2 : 8;
+            db_transition *nt = realloc(j->transitions, (size_t)cap * sizeof *nt);
+            if (!nt) { rc = ac_errf(e, "out of memory"); break; }
+            j->transitions = nt;
+        }
+        db_transition *t = &j->transitions[j->ntransitions];
+        int oom = 0;
+        memset(t, 0, sizeof *t);
+        t->has_from = job_state_parse((const char *)sqlite3_column_text(st, 0), &t->from) == 0;
+        if (job_state_parse((const char *)sqlite3_column_text(st, 1), &t->to)) oom = 1;
+        t->at = sqlite3_column_double(st, 2);
+        t->reason = col_text(st, 3, &oom);
+        j->ntransitions++;
+        if (oom) rc = ac_errf(e, "out of memory reading job transitions");
+    }
+    if (rc == 0 && sr != SQLITE_DONE) rc = sqerr(d->rd, e, "get job transitions");
+    sqlite3_finalize(st);
+    return rc;
+}
+
+int db_job_get(db *d, long id, db_job *job, int *found, ac_err *e) {
     sqlite3_stmt *st;
     int rc = 0;
-    *job = NULL;
+    *found = 0;
+    memset(job, 0, sizeof *job);
     pthread_mutex_lock(&d->rmu);
-    if (sqlite3_prepare_v2(d->rd, "SELECT " JOB_COLS ", result FROM jobs WHERE id = ?", -1, &st, NULL) != SQLITE_OK) {
+    if (sqlite3_prepare_v2(d->rd, "SELECT " JOB_COLS ", spec FROM jobs WHERE id = ?", -1, &st, NULL) != SQLITE_OK) {
         rc = sqerr(d->rd, e, "get job");
         goto out;
     }
     sqlite3_bind_int64(st, 1, id);
     int sr = sqlite3_step(st);
     if (sr == SQLITE_ROW) {
-        *job = job_row(st, 1);
-        json_object_set_new(*job, "has_result", json_boolean(sqlite3_column_type(st, 13) != SQLITE_NULL));
+        int oom = job_row(st, job);
+        if (!oom) job->spec = col_text(st, 13, &oom);
+        if (oom) rc = ac_errf(e, "out of memory reading job %ld", id);
+        else *found = 1;
     } else if (sr != SQLITE_DONE) rc = sqerr(d->rd, e, "get job");
     sqlite3_finalize(st);
-    if (*job) {
-        if (sqlite3_prepare_v2(d->rd, "SELECT from_state, to_state, at, reason FROM job_transitions WHERE job_id = ? ORDER BY id", -1, &st, NULL) != SQLITE_OK) {
-            rc = sqerr(d->rd, e, "get job transitions");
-            goto out;
-        }
-        json_t *tr = json_array();
-        sqlite3_bind_int64(st, 1, id);
-        while ((sr = sqlite3_step(st)) == SQLITE_ROW)
-            json_array_append_new(tr, json_pack("{s:o,s:o,s:o,s:o}", "from", col_json(st, 0), "to", col_json(st, 1), "at", col_json(st, 2), "reason", col_json(st, 3)));
-        if (sr != SQLITE_DONE) rc = sqerr(d->rd, e, "get job transitions");
-        sqlite3_finalize(st);
-        json_object_set_new(*job, "transitions", tr);
-    }
+    if (*found) rc = job_transitions(d, job, e);
 out:
-    if (rc && *job) { json_decref(*job); *job = NULL; }
+    if (rc) {
+        db_job_clear(job);
+        *found = 0;
+    }
     pthread_mutex_unlock(&d->rmu);
     return rc;
 }
 
-int db_job_list(db *d, const char *state, long after, int limit, json_t **jobs, ac_err *e) {
+int db_job_list(db *d, const job_state *state, long after, int limit, db_job **jobs, int *n, ac_err *e) {
     sqlite3_stmt *st;
+    *jobs = NULL;
+    *n = 0;
     pthread_mutex_lock(&d->rmu);
     const char *sql = state ? "SELECT " JOB_COLS " FROM jobs WHERE id > ? AND state = ? ORDER BY id LIMIT ?"
                             : "SELECT " JOB_COLS " FROM jobs WHERE id > ? ORDER BY id LIMIT ?";
@@ -280,45 +354,69 @@ int db_job_list(db *d, const char *state, long after, int limit, json_t **jobs, 
         pthread_mutex_unlock(&d->rmu);
         return rc;
     }
-    int i = 1;
+    int i = 1, sr, cap = 0, rc = 0;
     sqlite3_bind_int64(st, i++, after);
-    if (state) sqlite3_bind_text(st, i++, state, -1, SQLITE_TRANSIENT);
+    if (state) sqlite3_bind_text(st, i++, job_state_name(*state), -1, SQLITE_STATIC);
     sqlite3_bind_int(st, i, limit);
-    *jobs = json_array();
-    int sr;
-    while ((sr = sqlite3_step(st)) == SQLITE_ROW) json_array_append_new(*jobs, job_row(st, 0));
-    int rc = sr == SQLITE_DONE ? 0 : sqerr(d->rd, e, "list jobs");
+    while ((sr = sqlite3_step(st)) == SQLITE_ROW) {
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 16;
+            db_job *nj = realloc(*jobs, (size_t)cap * sizeof *nj);
+            if (!nj) { rc = ac_errf(e, "out of memory"); break; }
+            *jobs = nj;
+        }
+        if (job_row(st, &(*jobs)[*n])) { rc = ac_errf(e, "out of memory listing jobs"); break; }
+        (*n)++;
+    }
+    if (rc == 0 && sr != SQLITE_DONE) rc = sqerr(d->rd, e, "list jobs");
     sqlite3_finalize(st);
     pthread_mutex_unlock(&d->rmu);
-    if (rc) { json_decref(*jobs); *jobs = NULL; }
+    if (rc) {
+        db_jobs_free(*jobs, *n);
+        *jobs = NULL;
+        *n = 0;
+    }
     return rc;
 }
 
-int db_job_transition(db *d, long id, const char *from, const char *to, const char *reason, const char *device,
-                      const char *result, ac_err *e) {
-    sqlite3_stmt *st = NULL;
-    int rc = -1;
-    double t = now_s();
-    pthread_mutex_lock(&d->wmu);
-    if (wbegin(d, 1, e)) {
-        wr_result(d, 0, e->msg);
-        pthread_mutex_unlock(&d->wmu);
-        return -1;
+/* A job's spec text. */
+int db_job_spec(db *d, long id, char **spec, ac_err *e) {
+    sqlite3_stmt *st;
+    int rc = 0, oom = 0;
+    *spec = NULL;
+    pthread_mutex_lock(&d->rmu);
+    if (sqlite3_prepare_v2(d->rd, "SELECT spec FROM jobs WHERE id = ?", -1, &st, NULL) != SQLITE_OK)
+        rc = sqerr(d->rd, e, "job spec");
+    else {
+        sqlite3_bind_int64(st, 1, id);
+        int sr = sqlite3_step(st);
+        if (sr == SQLITE_ROW) *spec = col_text(st, 0, &oom);
+        else if (sr != SQLITE_DONE) rc = sqerr(d->rd, e, "job spec");
+        if (oom) rc = ac_errf(e, "out of memory");
+        sqlite3_finalize(st);
     }
-    char cur[16] = "";
-    if (sqlite3_prepare_v2(d->wr, "SELECT state FROM jobs WHERE id = ?", -1, &st, NULL) != SQLITE_OK) { sqerr(d->wr, e, "transition"); goto out; }
+    pthread_mutex_unlock(&d->rmu);
+    return rc;
+}
+
+/* The state of job id into *cur: 0, 1 unknown job, -1 error. Writer lock held. */
+static int current_state(db *d, long id, job_state *cur, ac_err *e) {
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(d->wr, "SELECT state FROM jobs WHERE id = ?", -1, &st, NULL) != SQLITE_OK)
+        return sqerr(d->wr, e, "transition");
     sqlite3_bind_int64(st, 1, id);
-    int step = sqlite3_step(st);
-    if (step != SQLITE_ROW) {
-        if (step == SQLITE_DONE) rc = 1;
-        else sqerr(d->wr, e, "transition");
-        goto out;
-    }
-    snprintf(cur, sizeof cur, "%s", sqlite3_column_text(st, 0));
+    int step = sqlite3_step(st), rc = 0;
+    if (step == SQLITE_DONE) rc = 1;
+    else if (step != SQLITE_ROW) rc = sqerr(d->wr, e, "transition");
+    else if (job_state_parse((const char *)sqlite3_column_text(st, 0), cur)) rc = ac_errf(e, "job %ld: bad state", id);
     sqlite3_finalize(st);
-    st = NULL;
-    int terminal = !strcmp(cur, "succeeded") || !strcmp(cur, "failed") || !strcmp(cur, "cancelled");
-    if (from ? strcmp(cur, from) != 0 : terminal) { rc = 1; goto out; }
+    return rc;
+}
+
+/* The UPDATE and the transition row of db_job_transition. Writer lock held. */
+static int write_transition(db *d, long id, job_state cur, job_state to, const char *reason, const char *device,
+                            const char *result, double t, ac_err *e) {
+    sqlite3_stmt *st = NULL;
     const char *sql =
         "UPDATE jobs SET state = ?1, updated_at = ?2, reason = COALESCE(?3, reason), device = COALESCE(?4, device),"
         " result = COALESCE(?5, result),"
@@ -326,26 +424,41 @@ int db_job_transition(db *d, long id, const char *from, const char *to, const ch
         " finished_at = CASE WHEN ?1 IN ('succeeded','failed','cancelled') THEN ?2 ELSE finished_at END,"
         " attempts = attempts + (?1 = 'running'),"
         " worker_pid = CASE WHEN ?1 = 'running' THEN worker_pid ELSE NULL END WHERE id = ?6";
-    if (sqlite3_prepare_v2(d->wr, sql, -1, &st, NULL) != SQLITE_OK) { sqerr(d->wr, e, "transition"); goto out; }
-    sqlite3_bind_text(st, 1, to, -1, SQLITE_TRANSIENT);
+    if (sqlite3_prepare_v2(d->wr, sql, -1, &st, NULL) != SQLITE_OK) return sqerr(d->wr, e, "transition");
+    sqlite3_bind_text(st, 1, job_state_name(to), -1, SQLITE_STATIC);
     sqlite3_bind_double(st, 2, t);
     if (reason) sqlite3_bind_text(st, 3, reason, -1, SQLITE_TRANSIENT);
     if (device) sqlite3_bind_text(st, 4, device, -1, SQLITE_TRANSIENT);
     if (result) sqlite3_bind_text(st, 5, result, -1, SQLITE_TRANSIENT);
     sqlite3_bind_int64(st, 6, id);
-    if (sqlite3_step(st) != SQLITE_DONE) { sqerr(d->wr, e, "transition"); goto out; }
+    int ok = sqlite3_step(st) == SQLITE_DONE;
     sqlite3_finalize(st);
-    st = NULL;
-    if (sqlite3_prepare_v2(d->wr, "INSERT INTO job_transitions (job_id, from_state, to_state, at, reason) VALUES (?, ?, ?, ?, ?)", -1, &st, NULL) != SQLITE_OK) { sqerr(d->wr, e, "transition"); goto out; }
+    if (!ok) return sqerr(d->wr, e, "transition");
+    if (sqlite3_prepare_v2(d->wr, "INSERT INTO job_transitions (job_id, from_state, to_state, at, reason) VALUES (?, ?, ?, ?, ?)",
+                           -1, &st, NULL) != SQLITE_OK)
+        return sqerr(d->wr, e, "transition");
     sqlite3_bind_int64(st, 1, id);
-    sqlite3_bind_text(st, 2, cur, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(st, 3, to, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(st, 2, job_state_name(cur), -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, job_state_name(to), -1, SQLITE_STATIC);
     sqlite3_bind_double(st, 4, t);
     if (reason) sqlite3_bind_text(st, 5, reason, -1, SQLITE_TRANSIENT);
-    if (sqlite3_step(st) != SQLITE_DONE) { sqerr(d->wr, e, "transition"); goto out; }
-    rc = 0;
-out:
+    ok = sqlite3_step(st) == SQLITE_DONE;
     sqlite3_finalize(st);
+    return ok ? 0 : sqerr(d->wr, e, "transition");
+}
+
+int db_job_transition(db *d, long id, job_state from, job_state to, const char *reason, const char *device,
+                      const char *result, ac_err *e) {
+    pthread_mutex_lock(&d->wmu);
+    if (wbegin(d, 1, e)) {
+        wr_result(d, 0, e->msg);
+        pthread_mutex_unlock(&d->wmu);
+        return -1;
+    }
+    job_state cur;
+    int rc = current_state(d, id, &cur, e);
+    if (rc == 0 && (from == JOB_ANY_LIVE ? job_state_terminal(cur) : cur != from)) rc = 1;
+    if (rc == 0) rc = write_transition(d, id, cur, to, reason, device, result, now_s(), e);
     /* rc 1 (not in that state) changed nothing: roll back, not a failure */
     if (wend(d, rc == 0, 1, e) && rc == 0) rc = -1;
     if (rc != 1) wr_result(d, rc == 0, e->msg);
@@ -353,32 +466,44 @@ out:
     return rc;
 }
 
-int db_queue(db *d, json_t **queue, ac_err *e) {
+int db_queue(db *d, db_queued **queue, int *n, ac_err *e) {
     sqlite3_stmt *st;
+    *queue = NULL;
+    *n = 0;
     pthread_mutex_lock(&d->rmu);
-    if (sqlite3_prepare_v2(d->rd, "SELECT id, reason, json_extract(spec, '$.target.device') FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id", -1, &st, NULL) != SQLITE_OK) {
+    if (sqlite3_prepare_v2(d->rd, "SELECT id, reason, json_extract(spec, '$.target.device') FROM jobs WHERE state = 'queued'"
+                                  " ORDER BY priority DESC, id", -1, &st, NULL) != SQLITE_OK) {
         int rc = sqerr(d->rd, e, "queue");
         pthread_mutex_unlock(&d->rmu);
         return rc;
     }
-    *queue = json_array();
-    int sr;
-    while ((sr = sqlite3_step(st)) == SQLITE_ROW)
-        json_array_append_new(*queue, json_pack("{s:o,s:o,s:o}", "id", col_json(st, 0), "reason", col_json(st, 1), "device", col_json(st, 2)));
-    int rc = sr == SQLITE_DONE ? 0 : sqerr(d->rd, e, "queue");
+    int sr, cap = 0, rc = 0;
+    while ((sr = sqlite3_step(st)) == SQLITE_ROW) {
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 16;
+            db_queued *nq = realloc(*queue, (size_t)cap * sizeof *nq);
+            if (!nq) { rc = ac_errf(e, "out of memory"); break; }
+            *queue = nq;
+        }
+        db_queued *q = &(*queue)[(*n)++];
+        const char *reason = (const char *)sqlite3_column_text(st, 1), *dev = (const char *)sqlite3_column_text(st, 2);
+        q->id = (long)sqlite3_column_int64(st, 0);
+        snprintf(q->reason, sizeof q->reason, "%s", reason ? reason : "");
+        snprintf(q->device, sizeof q->device, "%s", dev ? dev : "cpu");
+    }
+    if (rc == 0 && sr != SQLITE_DONE) rc = sqerr(d->rd, e, "queue");
     sqlite3_finalize(st);
     pthread_mutex_unlock(&d->rmu);
-    if (rc) { json_decref(*queue); *queue = NULL; }
+    if (rc) {
+        free(*queue);
+        *queue = NULL;
+        *n = 0;
+    }
     return rc;
 }
 
-int db_job_set(db *d, long id, const char *column, const char *text, long num, ac_err *e) {
-    static const char *allowed[] = {"reason", "worker_pid", "cancel_requested", "device", NULL};
-    int ok = 0;
-    for (int i = 0; allowed[i]; i++) ok |= !strcmp(allowed[i], column);
-    if (!ok) return ac_errf(e, "db_job_set: column %s not settable", column);
-    char sql[128];
-    snprintf(sql, sizeof sql, "UPDATE jobs SET %s = ?, updated_at = ? WHERE id = ?", column);
+/* UPDATE jobs SET <column> = value (text, or num when text is NULL). */
+static int job_set(db *d, long id, const char *sql, const char *text, long num, ac_err *e) {
     sqlite3_stmt *st;
     int rc = 0;
     pthread_mutex_lock(&d->wmu);
@@ -396,44 +521,59 @@ int db_job_set(db *d, long id, const char *column, const char *text, long num, a
     return rc;
 }
 
+int db_job_set_reason(db *d, long id, const char *reason, ac_err *e) {
+    return job_set(d, id, "UPDATE jobs SET reason = ?, updated_at = ? WHERE id = ?", reason, 0, e);
+}
+
+int db_job_set_pid(db *d, long id, long pid, ac_err *e) {
+    return job_set(d, id, "UPDATE jobs SET worker_pid = ?, updated_at = ? WHERE id = ?", NULL, pid, e);
+}
+
+int db_job_set_cancel(db *d, long id, ac_err *e) {
+    return job_set(d, id, "UPDATE jobs SET cancel_requested = ?, updated_at = ? WHERE id = ?", NULL, 1, e);
+}
+
 int db_recover(db *d, const char *policy, int max_attempts, ac_err *e) {
-    json_t *running;
-    if (db_job_list(d, "running", 0, 1000000, &running, e)) return -1;
-    size_t i;
-    json_t *j;
+    db_job *running;
+    int nrun;
+    job_state st = JOB_RUNNING;
+    if (db_job_list(d, &st, 0, 1000000, &running, &nrun, e)) return -1;
     int n = 0;
-    json_array_foreach(running, i, j) {
-        long id = (long)json_integer_value(json_object_get(j, "id"));
-        long attempts = (long)json_integer_value(json_object_get(j, "attempts"));
-        int cancel = json_is_true(json_object_get(j, "cancel_requested"));
-        int requeue = !strcmp(policy, "requeue") && attempts < max_attempts && !cancel;
-        const char *to = cancel ? "cancelled" : requeue ? "queued" : "failed";
+    for (int i = 0; i < nrun; i++) {
+        const db_job *j = &running[i];
+        int cancel = j->cancel_requested;
+        int requeue = !strcmp(policy, "requeue") && j->attempts < max_attempts && !cancel;
+        job_state to = cancel ? JOB_CANCELLED : requeue ? JOB_QUEUED : JOB_FAILED;
         const char *why = cancel ? "cancelled (daemon stopped while cancelling)"
                           : requeue ? "interrupted: the daemon stopped while the job ran; re-queued"
                                     : "interrupted: the daemon stopped while the job ran";
-        if (db_job_transition(d, id, "running", to, why, NULL, NULL, e) < 0) { json_decref(running); return -1; }
+        if (db_job_transition(d, j->id, JOB_RUNNING, to, why, NULL, NULL, e) < 0) {
+            db_jobs_free(running, nrun);
+            return -1;
+        }
         n++;
     }
-    json_decref(running);
+    db_jobs_free(running, nrun);
     return n;
 }
 
-int db_job_counts(db *d, json_t **counts, ac_err *e) {
+int db_job_counts(db *d, long counts[JOB_NSTATES], ac_err *e) {
     sqlite3_stmt *st;
+    memset(counts, 0, sizeof(long) * JOB_NSTATES);
     pthread_mutex_lock(&d->rmu);
     if (sqlite3_prepare_v2(d->rd, "SELECT state, COUNT(*) FROM jobs GROUP BY state", -1, &st, NULL) != SQLITE_OK) {
         int rc = sqerr(d->rd, e, "counts");
         pthread_mutex_unlock(&d->rmu);
         return rc;
     }
-    *counts = json_pack("{s:i,s:i,s:i,s:i,s:i}", "queued", 0, "running", 0, "succeeded", 0, "failed", 0, "cancelled", 0);
     int sr;
-    while ((sr = sqlite3_step(st)) == SQLITE_ROW)
-        json_object_set_new(*counts, (const char *)sqlite3_column_text(st, 0), json_integer(sqlite3_column_int64(st, 1)));
+    while ((sr = sqlite3_step(st)) == SQLITE_ROW) {
+        job_state s;
+        if (!job_state_parse((const char *)sqlite3_column_text(st, 0), &s)) counts[s] = (long)sqlite3_column_int64(st, 1);
+    }
     int rc = sr == SQLITE_DONE ? 0 : sqerr(d->rd, e, "counts");
     sqlite3_finalize(st);
     pthread_mutex_unlock(&d->rmu);
-    if (rc) { json_decref(*counts); *counts = NULL; }
     return rc;
 }
 
@@ -457,10 +597,18 @@ long db_event_insert(db *d, long job, const char *kind, const char *data, ac_err
     return id;
 }
 
-int db_events(db *d, long job, long after, int limit, json_t **events, ac_err *e) {
+void db_events_free(db_event *evs, int n) {
+    for (int i = 0; i < n; i++) free(evs[i].data);
+    free(evs);
+}
+
+int db_events(db *d, long job, long after, int limit, db_event **events, int *n, ac_err *e) {
     sqlite3_stmt *st;
+    *events = NULL;
+    *n = 0;
     pthread_mutex_lock(&d->rmu);
-    if (sqlite3_prepare_v2(d->rd, "SELECT id, kind, data, at FROM events WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?", -1, &st, NULL) != SQLITE_OK) {
+    if (sqlite3_prepare_v2(d->rd, "SELECT id, kind, data, at FROM events WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?",
+                           -1, &st, NULL) != SQLITE_OK) {
         int rc = sqerr(d->rd, e, "events");
         pthread_mutex_unlock(&d->rmu);
         return rc;
@@ -468,18 +616,31 @@ int db_events(db *d, long job, long after, int limit, json_t **events, ac_err *e
     sqlite3_bind_int64(st, 1, job);
     sqlite3_bind_int64(st, 2, after);
     sqlite3_bind_int(st, 3, limit);
-    *events = json_array();
-    int sr;
+    int sr, cap = 0, rc = 0;
     while ((sr = sqlite3_step(st)) == SQLITE_ROW) {
-        json_t *data = json_loads((const char *)sqlite3_column_text(st, 2), JSON_DECODE_ANY, NULL);
-        json_array_append_new(*events, json_pack("{s:I,s:s,s:o,s:f}", "id", (json_int_t)sqlite3_column_int64(st, 0), "kind",
-                                                 (const char *)sqlite3_column_text(st, 1), "data", data ? data : json_null(),
-                                                 "at", sqlite3_column_double(st, 3)));
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 64;
+            db_event *ne = realloc(*events, (size_t)cap * sizeof *ne);
+            if (!ne) { rc = ac_errf(e, "out of memory"); break; }
+            *events = ne;
+        }
+        db_event *ev = &(*events)[*n];
+        int oom = 0;
+        ev->id = (long)sqlite3_column_int64(st, 0);
+        snprintf(ev->kind, sizeof ev->kind, "%s", (const char *)sqlite3_column_text(st, 1));
+        ev->data = col_text(st, 2, &oom);
+        ev->at = sqlite3_column_double(st, 3);
+        if (oom || !ev->data) { rc = ac_errf(e, "out of memory reading events"); free(ev->data); break; }
+        (*n)++;
     }
-    int rc = sr == SQLITE_DONE ? 0 : sqerr(d->rd, e, "events");
+    if (rc == 0 && sr != SQLITE_DONE) rc = sqerr(d->rd, e, "events");
     sqlite3_finalize(st);
     pthread_mutex_unlock(&d->rmu);
-    if (rc) { json_decref(*events); *events = NULL; }
+    if (rc) {
+        db_events_free(*events, *n);
+        *events = NULL;
+        *n = 0;
+    }
     return rc;
 }
 
@@ -524,26 +685,43 @@ int db_cost_get(db *d, const char *key, char **data, ac_err *e) {
     return rc;
 }
 
-int db_cost_list(db *d, json_t **list, ac_err *e) {
+int db_cost_list(db *d, db_cost_row **rows, int *n, ac_err *e) {
     sqlite3_stmt *st;
+    *rows = NULL;
+    *n = 0;
     pthread_mutex_lock(&d->rmu);
-    if (sqlite3_prepare_v2(d->rd, "SELECT key, device, dtype, engine, version, source, created_at, hits FROM cost_tables ORDER BY created_at", -1, &st, NULL) != SQLITE_OK) {
+    if (sqlite3_prepare_v2(d->rd, "SELECT key, device, dtype, engine, version, source, created_at, hits FROM cost_tables"
+                                  " ORDER BY created_at", -1, &st, NULL) != SQLITE_OK) {
         int rc = sqerr(d->rd, e, "list cost tables");
         pthread_mutex_unlock(&d->rmu);
         return rc;
     }
-    static const char *names[] = {"key", "device", "dtype", "engine", "version", "source", "created_at", "hits"};
-    *list = json_array();
-    int sr;
+    int sr, cap = 0, rc = 0;
     while ((sr = sqlite3_step(st)) == SQLITE_ROW) {
-        json_t *o = json_object();
-        for (int i = 0; i < 8; i++) json_object_set_new(o, names[i], col_json(st, i));
-        json_array_append_new(*list, o);
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 16;
+            db_cost_row *nr = realloc(*rows, (size_t)cap * sizeof *nr);
+            if (!nr) { rc = ac_errf(e, "out of memory"); break; }
+            *rows = nr;
+        }
+        db_cost_row *r = &(*rows)[(*n)++];
+        snprintf(r->key, sizeof r->key, "%s", (const char *)sqlite3_column_text(st, 0));
+        snprintf(r->device, sizeof r->device, "%s", (const char *)sqlite3_column_text(st, 1));
+        snprintf(r->dtype, sizeof r->dtype, "%s", (const char *)sqlite3_column_text(st, 2));
+        snprintf(r->engine, sizeof r->engine, "%s", (const char *)sqlite3_column_text(st, 3));
+        r->version = sqlite3_column_int(st, 4);
+        snprintf(r->source, sizeof r->source, "%s", (const char *)sqlite3_column_text(st, 5));
+        r->created_at = sqlite3_column_double(st, 6);
+        r->hits = (long)sqlite3_column_int64(st, 7);
     }
-    int rc = sr == SQLITE_DONE ? 0 : sqerr(d->rd, e, "list cost tables");
+    if (rc == 0 && sr != SQLITE_DONE) rc = sqerr(d->rd, e, "list cost tables");
     sqlite3_finalize(st);
     pthread_mutex_unlock(&d->rmu);
-    if (rc) { json_decref(*list); *list = NULL; }
+    if (rc) {
+        free(*rows);
+        *rows = NULL;
+        *n = 0;
+    }
     return rc;
 }
 

@@ -1,7 +1,7 @@
 /*
  * autocompressd - the AutoCompress daemon.
  *   autocompressd [--config FILE] [--listen HOST:PORT] [--db PATH] [--data-dir DIR] [--web-dir DIR]
- *   autocompressd run-job ID --db PATH ...      (the worker; see worker.c)
+ *   autocompressd run-job ID ...                (the worker, its spec on stdin; see worker.c)
  * Runs in the foreground, logs to stderr; SIGTERM/SIGINT stop it: running
  * jobs are stopped and re-queued, so a restart picks them up again.
  *
@@ -74,7 +74,7 @@ static void on_signal(uv_signal_t *s, int signum) {
 
 static int usage(void) {
     fprintf(stderr, "usage: autocompressd [--config FILE] [--listen HOST:PORT] [--db PATH] [--data-dir DIR] [--web-dir DIR]\n"
-                    "       autocompressd run-job ID --db PATH [--device D] [--threads N] [--output DIR]\n");
+                    "       autocompressd run-job ID [--device D] [--threads N] [--output DIR] < input.json\n");
     return 2;
 }
 

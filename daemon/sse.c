@@ -200,19 +200,15 @@ struct MHD_Response *sse_open(sse_hub *h, db *d, struct MHD_Connection *c, long 
     append(s, "retry: 2000\n\n", 13);
     long after = last_id;
     for (;;) {
-        json_t *evs = NULL;
+        db_event *evs = NULL;
+        int n = 0;
         ac_err e;
-        if (db_events(d, job, after, 500, &evs, &e)) break;
-        size_t i, n = json_array_size(evs);
-        json_t *ev;
-        json_array_foreach(evs, i, ev) {
-            char *data = json_dumps(json_object_get(ev, "data"), JSON_COMPACT | JSON_ENCODE_ANY);
-            long id = (long)json_integer_value(json_object_get(ev, "id"));
-            append_event(s, id, json_string_value(json_object_get(ev, "kind")), data ? data : "null");
-            free(data);
-            after = id;
+        if (db_events(d, job, after, 500, &evs, &n, &e)) break;
+        for (int i = 0; i < n; i++) {
+            append_event(s, evs[i].id, evs[i].kind, evs[i].data);
+            after = evs[i].id;
         }
-        json_decref(evs);
+        db_events_free(evs, n);
         if (n < 500 || s->dropped) break;
     }
     if (terminal) s->done = 1;
