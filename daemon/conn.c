@@ -32,7 +32,10 @@ static void *sweeper(void *arg) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 250000000L;
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
         pthread_cond_timedwait(&g->cv, &g->mu, &ts);
         double now = ac_now();
         for (conn *c = g->head.next; c != &g->head; c = c->next) {
@@ -89,13 +92,17 @@ void guard_free(conn_guard *g) {
     pthread_cond_signal(&g->cv);
     pthread_mutex_unlock(&g->mu);
     pthread_join(g->th, NULL);
-    for (conn *c = g->head.next, *n; c != &g->head; c = n) { n = c->next; free(c); }
+    for (conn *c = g->head.next, *n; c != &g->head; c = n) {
+        n = c->next;
+        free(c);
+    }
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
     free(g);
 }
 
-void guard_notify(void *cls, struct MHD_Connection *mc, void **socket_context, enum MHD_ConnectionNotificationCode code) {
+void guard_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
+                  enum MHD_ConnectionNotificationCode code) {
     conn_guard *g = cls;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         conn *c = calloc(1, sizeof *c);

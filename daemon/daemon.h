@@ -25,9 +25,9 @@ typedef struct ac_daemon {
     db *db;
     sse_hub *hub;
     struct MHD_Daemon *mhd;
-    pool *pool;          /* HTTP work pool (file-touching routes) */
-    conn_guard *guard;   /* header / body deadlines */
-    int schema_version;  /* read once at start: /healthz takes no lock */
+    pool *pool;         /* HTTP work pool (file-touching routes) */
+    conn_guard *guard;  /* header / body deadlines */
+    int schema_version; /* read once at start: /healthz takes no lock */
     char data_dir_abs[1024];
     uv_loop_t *loop;
     scheduler *sched;

@@ -23,7 +23,11 @@
 
 #include "err.h"
 
-typedef struct { int version; const char *name; const char *sql; } db_migration;
+typedef struct {
+    int version;
+    const char *name;
+    const char *sql;
+} db_migration;
 extern const db_migration db_migrations[];
 
 typedef struct db db;

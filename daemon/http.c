@@ -59,8 +59,8 @@
 
 typedef struct {
     unsigned status;
-    json_t *json;          /* JSON body (owned), or */
-    char *text;            /* text body (owned) */
+    json_t *json; /* JSON body (owned), or */
+    char *text;   /* text body (owned) */
     size_t len;
     const char *ctype;
     struct MHD_Response *resp; /* a prepared response (SSE) */
@@ -74,7 +74,7 @@ typedef struct req_ctx {
     size_t len, cap;
     int too_big;
     pthread_mutex_t mu;
-    int state;             /* 0 new, 1 offloaded, 2 reply ready */
+    int state; /* 0 new, 1 offloaded, 2 reply ready */
     int suspended;
     reply rep;
     /* inputs of offloaded work, copied off the connection */
@@ -82,9 +82,9 @@ typedef struct req_ctx {
     ac_job_spec *js; /* POST /v1/jobs: the parsed spec (33 KB, heap) */
     char *idem_key;
     char url[512];
-    const char *path;      /* the request's path (valid during the MHD callback) */
-    const char *rest;      /* a route's {rest} */
-    long id;               /* a route's {id} */
+    const char *path; /* the request's path (valid during the MHD callback) */
+    const char *rest; /* a route's {rest} */
+    long id;          /* a route's {id} */
 } req_ctx;
 
 /* ------------------------------------------------------------- replies */
@@ -126,7 +126,10 @@ static enum MHD_Result queue_reply(struct MHD_Connection *c, reply *r) {
         r->json = NULL;
         if (!s) return MHD_NO;
         resp = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
-        if (!resp) { free(s); return MHD_NO; }
+        if (!resp) {
+            free(s);
+            return MHD_NO;
+        }
         MHD_add_response_header(resp, "Content-Type", "application/json");
     } else if (!resp) {
         if (!r->text) return MHD_NO; /* out of memory while building the reply */
@@ -157,7 +160,8 @@ static int authorized(ac_daemon *d, struct MHD_Connection *c, int query_token_ok
         const char *t = d->cfg.tokens[i];
         size_t n = strlen(t);
         unsigned char diff = (unsigned char)(n != tl);
-        for (size_t k = 0; k < n; k++) diff |= (unsigned char)(t[k] ^ (k < tl ? tok[k] : 0)); /* constant time in token length */
+        for (size_t k = 0; k < n; k++)
+            diff |= (unsigned char)(t[k] ^ (k < tl ? tok[k] : 0)); /* constant time in token length */
         ok |= diff == 0;
     }
     return ok;
@@ -193,7 +197,9 @@ static const char *browser_check(ac_daemon *d, struct MHD_Connection *c) {
     if (site && !strcmp(site, "cross-site")) return "cross-site request";
     if (origin) {
         if (!host) return "Origin without Host";
-        const char *rest = !strncmp(origin, "http://", 7) ? origin + 7 : !strncmp(origin, "https://", 8) ? origin + 8 : NULL;
+        const char *rest = !strncmp(origin, "http://", 7)    ? origin + 7
+                           : !strncmp(origin, "https://", 8) ? origin + 8
+                                                             : NULL;
         if (!rest || strcasecmp(rest, host)) return "cross-origin request (Origin is not this server)";
     }
     return NULL;
@@ -222,7 +228,10 @@ static long query_long(struct MHD_Connection *c, const char *k, long def, long l
     char *end;
     errno = 0;
     long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) { *bad = 1; return def; }
+    if (errno || end == v || *end || x < lo || x > hi) {
+        *bad = 1;
+        return def;
+    }
     return x;
 }
 
@@ -331,7 +340,8 @@ static void task_post_job(void *arg) {
         json_decref(old);
         free(existing);
         if (!same) {
-            rep_error(d, r, 409, "idempotency_conflict", "this Idempotency-Key was used for a different job spec", NULL);
+            rep_error(d, r, 409, "idempotency_conflict", "this Idempotency-Key was used for a different job spec",
+                      NULL);
             offload_done(rc);
             return;
         }
@@ -357,7 +367,8 @@ static void task_estimate(void *arg) {
     costcache_db(&cache, rc->d->db); /* cached tables only: an estimate measures nothing */
     if (ac_estimate_json(rc->in, &cache, &out, &field, &e))
         rep_error(rc->d, &rc->rep, 400, "invalid_request", e.msg, field);
-    else rep_json(&rc->rep, 200, out);
+    else
+        rep_json(&rc->rep, 200, out);
     offload_done(rc);
 }
 
@@ -368,7 +379,10 @@ static void task_log(void *arg) {
     size_t len = 0;
     ac_err e;
     char *txt = ac_read_file(p, 16u << 20, &len, &e);
-    if (!txt) { txt = strdup(""); len = 0; }
+    if (!txt) {
+        txt = strdup("");
+        len = 0;
+    }
     rep_text(&rc->rep, 200, "text/plain; charset=utf-8", txt, len);
     offload_done(rc);
 }
@@ -381,12 +395,16 @@ static void task_static(void *arg) {
     size_t len;
     ac_err e;
     char *data = ac_read_file(p, 8u << 20, &len, &e);
-    if (!data) rep_error(rc->d, &rc->rep, 404, "not_found", "no such file", NULL);
+    if (!data)
+        rep_error(rc->d, &rc->rep, 404, "not_found", "no such file", NULL);
     else {
         const char *ext = strrchr(url, '.');
-        const char *type = !ext ? "application/octet-stream" : !strcmp(ext, ".html") ? "text/html; charset=utf-8"
-                           : !strcmp(ext, ".js") ? "text/javascript" : !strcmp(ext, ".css") ? "text/css"
-                           : !strcmp(ext, ".svg") ? "image/svg+xml" : "application/octet-stream";
+        const char *type = !ext                    ? "application/octet-stream"
+                           : !strcmp(ext, ".html") ? "text/html; charset=utf-8"
+                           : !strcmp(ext, ".js")   ? "text/javascript"
+                           : !strcmp(ext, ".css")  ? "text/css"
+                           : !strcmp(ext, ".svg")  ? "image/svg+xml"
+                                                   : "application/octet-stream";
         rep_text(&rc->rep, 200, type, data, len);
     }
     offload_done(rc);
@@ -411,14 +429,30 @@ static int load_job(req_ctx *rc, db_job *j) {
     return 0;
 }
 
+/* Whether the path's job has ended: 1 yes, 0 no, -1 with a 404 / 503 reply. */
+static int job_ended(req_ctx *rc) {
+    db_job j;
+    if (load_job(rc, &j)) return -1;
+    int ended = job_state_terminal(j.state);
+    db_job_clear(&j);
+    return ended;
+}
+
+/* A view built for the reply (NULL: out of memory). */
+static void rep_view(req_ctx *rc, unsigned status, json_t *o) {
+    if (o)
+        rep_json(&rc->rep, status, o);
+    else
+        rep_error(rc->d, &rc->rep, 503, "busy", "out of memory", NULL);
+}
+
 /* Reply with the job as it is now (status 200, 201, 202). */
 static void rep_job(req_ctx *rc, unsigned status) {
     db_job j;
     if (load_job(rc, &j)) return;
     json_t *o = view_job(&j);
     db_job_clear(&j);
-    if (o) rep_json(&rc->rep, status, o);
-    else rep_error(rc->d, &rc->rep, 503, "busy", "out of memory", NULL);
+    rep_view(rc, status, o);
 }
 
 /* A device a spec names must be one this server has. */
@@ -434,8 +468,8 @@ static int check_device(ac_daemon *d, const ac_job_spec *js, reply *r) {
         return -1;
     }
     if (js->target.dev.ordinal >= gpus) {
-        rep_error(d, r, 400, "no_device", "target.device names a CUDA device this server does not have (see GET /v1/devices)",
-                  "target.device");
+        rep_error(d, r, 400, "no_device",
+                  "target.device names a CUDA device this server does not have (see GET /v1/devices)", "target.device");
         return -1;
     }
     return 0;
@@ -447,8 +481,14 @@ static enum MHD_Result r_jobs_post(req_ctx *rc, json_t *spec) {
     ac_err e = {{0}};
     const char *field = NULL;
     ac_job_spec *js = rc->js = malloc(sizeof *rc->js);
-    if (!js) { rep_error(d, r, 503, "busy", "out of memory", NULL); return done(rc); }
-    if (ac_job_spec_parse(spec, js, &field, &e)) { rep_error(d, r, 400, "invalid_spec", e.msg, field); return done(rc); }
+    if (!js) {
+        rep_error(d, r, 503, "busy", "out of memory", NULL);
+        return done(rc);
+    }
+    if (ac_job_spec_parse(spec, js, &field, &e)) {
+        rep_error(d, r, 400, "invalid_spec", e.msg, field);
+        return done(rc);
+    }
     if (check_limits(d, js, r) || check_device(d, js, r)) return done(rc);
     const char *key = MHD_lookup_connection_value(rc->c, MHD_HEADER_KIND, "Idempotency-Key");
     if (key) {
@@ -460,7 +500,10 @@ static enum MHD_Result r_jobs_post(req_ctx *rc, json_t *spec) {
                       "Idempotency-Key");
             return done(rc);
         }
-        if (!(rc->idem_key = strdup(key))) { rep_error(d, r, 503, "busy", "out of memory", NULL); return done(rc); }
+        if (!(rc->idem_key = strdup(key))) {
+            rep_error(d, r, 503, "busy", "out of memory", NULL);
+            return done(rc);
+        }
     }
     rc->in = json_incref(spec);
     return offload(rc, task_post_job);
@@ -472,7 +515,8 @@ static enum MHD_Result r_jobs_list(req_ctx *rc, json_t *body) {
     reply *r = &rc->rep;
     ac_err e = {{0}};
     int bad = 0;
-    long limit = query_long(rc->c, "limit", 100, 1, 1000, &bad), after = query_long(rc->c, "after", 0, 0, LONG_MAX, &bad);
+    long limit = query_long(rc->c, "limit", 100, 1, 1000, &bad),
+         after = query_long(rc->c, "after", 0, 0, LONG_MAX, &bad);
     const char *state = MHD_lookup_connection_value(rc->c, MHD_GET_ARGUMENT_KIND, "state");
     job_state st;
     if (bad) {
@@ -491,8 +535,7 @@ static enum MHD_Result r_jobs_list(req_ctx *rc, json_t *body) {
     }
     json_t *o = view_job_page(jobs, n, (int)limit);
     db_jobs_free(jobs, n);
-    if (o) rep_json(r, 200, o);
-    else rep_error(d, r, 503, "busy", "out of memory", NULL);
+    rep_view(rc, 200, o);
     return done(rc);
 }
 
@@ -507,15 +550,21 @@ static enum MHD_Result r_job_cancel(req_ctx *rc, json_t *body) {
     ac_daemon *d = rc->d;
     reply *r = &rc->rep;
     ac_err e = {{0}};
-    db_job j;
-    if (load_job(rc, &j)) return done(rc);
-    int terminal = job_state_terminal(j.state);
-    db_job_clear(&j);
-    if (terminal) { rep_error(d, r, 409, "conflict", "job already ended", NULL); return done(rc); }
-    if (db_job_set_cancel(d->db, rc->id, &e)) { rep_store(d, r, e.msg); return done(rc); }
-    int t = db_job_transition(d->db, rc->id, JOB_QUEUED, JOB_CANCELLED, "cancelled by user before it started", NULL, NULL,
-                              &e);
-    if (t < 0) { rep_store(d, r, e.msg); return done(rc); }
+    int ended = job_ended(rc);
+    if (ended) {
+        if (ended > 0) rep_error(d, r, 409, "conflict", "job already ended", NULL);
+        return done(rc);
+    }
+    if (db_job_set_cancel(d->db, rc->id, &e)) {
+        rep_store(d, r, e.msg);
+        return done(rc);
+    }
+    int t = db_job_transition(d->db, rc->id, JOB_QUEUED, JOB_CANCELLED, "cancelled by user before it started", NULL,
+                              NULL, &e);
+    if (t < 0) {
+        rep_store(d, r, e.msg);
+        return done(rc);
+    }
     if (t == 0) {
         daemon_event(d, rc->id, "state", json_pack("{s:s,s:s}", "state", "cancelled", "reason", "cancelled by user"));
         events_finish(d, rc->id);
@@ -545,10 +594,8 @@ static enum MHD_Result r_job_events(req_ctx *rc, json_t *body) {
     ac_daemon *d = rc->d;
     reply *r = &rc->rep;
     ac_err e = {{0}};
-    db_job j;
-    if (load_job(rc, &j)) return done(rc);
-    int terminal = job_state_terminal(j.state), bad = 0;
-    db_job_clear(&j);
+    int terminal = job_ended(rc), bad = 0;
+    if (terminal < 0) return done(rc);
     long after = events_after(rc->c);
     if (after < 0) {
         rep_error(d, r, 400, "bad_request", "after / Last-Event-ID must be a non-negative event id", "after");
@@ -557,21 +604,29 @@ static enum MHD_Result r_job_events(req_ctx *rc, json_t *body) {
     const char *fmt = MHD_lookup_connection_value(rc->c, MHD_GET_ARGUMENT_KIND, "format");
     if (fmt && !strcmp(fmt, "json")) {
         long limit = query_long(rc->c, "limit", 1000, 1, 10000, &bad);
-        if (bad) { rep_error(d, r, 400, "bad_request", "limit must be in [1, 10000]", "limit"); return done(rc); }
+        if (bad) {
+            rep_error(d, r, 400, "bad_request", "limit must be in [1, 10000]", "limit");
+            return done(rc);
+        }
         db_event *evs;
         int n;
-        if (db_events(d->db, rc->id, after, (int)limit, &evs, &n, &e)) { rep_store(d, r, e.msg); return done(rc); }
+        if (db_events(d->db, rc->id, after, (int)limit, &evs, &n, &e)) {
+            rep_store(d, r, e.msg);
+            return done(rc);
+        }
         json_t *o = view_events(evs, n);
         db_events_free(evs, n);
-        if (o) rep_json(r, 200, o);
-        else rep_error(d, r, 503, "busy", "out of memory", NULL);
+        rep_view(rc, 200, o);
         return done(rc);
     }
     int full = 0;
     struct MHD_Response *resp = sse_open(d->hub, d->db, rc->c, rc->id, after, terminal, &full);
     if (!resp) {
-        if (full) rep_error(d, r, 503, "too_many_streams", "the server has max_sse_streams event streams open; retry later", NULL);
-        else rep_error(d, r, 503, "busy", "cannot open stream", NULL);
+        if (full)
+            rep_error(d, r, 503, "too_many_streams", "the server has max_sse_streams event streams open; retry later",
+                      NULL);
+        else
+            rep_error(d, r, 503, "busy", "cannot open stream", NULL);
         return done(rc);
     }
     guard_phase(d->guard, rc->c, CONN_SSE);
@@ -585,24 +640,24 @@ static enum MHD_Result r_job_result(req_ctx *rc, json_t *body) {
     ac_daemon *d = rc->d;
     reply *r = &rc->rep;
     ac_err e = {{0}};
-    db_job j;
-    if (load_job(rc, &j)) return done(rc);
-    int terminal = job_state_terminal(j.state);
-    db_job_clear(&j);
-    if (!terminal) { rep_error(d, r, 409, "not_finished", "job has not finished", NULL); return done(rc); }
+    int ended = job_ended(rc);
+    if (ended <= 0) {
+        if (ended == 0) rep_error(d, r, 409, "not_finished", "job has not finished", NULL);
+        return done(rc);
+    }
     char *res = NULL;
-    if (db_job_result(d->db, rc->id, &res, &e)) rep_store(d, r, e.msg);
-    else if (!res) rep_error(d, r, 409, "no_result", "job did not succeed; see its reason and events", NULL);
-    else rep_text(r, 200, "application/json", res, strlen(res));
+    if (db_job_result(d->db, rc->id, &res, &e))
+        rep_store(d, r, e.msg);
+    else if (!res)
+        rep_error(d, r, 409, "no_result", "job did not succeed; see its reason and events", NULL);
+    else
+        rep_text(r, 200, "application/json", res, strlen(res));
     return done(rc);
 }
 
 static enum MHD_Result r_job_log(req_ctx *rc, json_t *body) {
     (void)body;
-    db_job j;
-    if (load_job(rc, &j)) return done(rc);
-    db_job_clear(&j);
-    return offload(rc, task_log);
+    return job_ended(rc) < 0 ? done(rc) : offload(rc, task_log);
 }
 
 static enum MHD_Result r_estimate(req_ctx *rc, json_t *body) {
@@ -615,10 +670,9 @@ static enum MHD_Result r_devices(req_ctx *rc, json_t *body) {
     ac_daemon *d = rc->d;
     json_t *local = json_array(), *profiles = json_array();
     for (int i = 0; i < d->ndevices; i++) json_array_append_new(local, ac_local_device_json(&d->devices[i]));
-    for (const ac_device_spec *s = ac_device_specs; s->name; s++) json_array_append_new(profiles, ac_device_spec_json(s));
-    json_t *o = json_pack("{s:o,s:o,s:o}", "local", local, "profiles", profiles, "scheduler", sched_status(d));
-    if (o) rep_json(&rc->rep, 200, o);
-    else rep_error(d, &rc->rep, 503, "busy", "out of memory", NULL);
+    for (const ac_device_spec *s = ac_device_specs; s->name; s++)
+        json_array_append_new(profiles, ac_device_spec_json(s));
+    rep_view(rc, 200, json_pack("{s:o,s:o,s:o}", "local", local, "profiles", profiles, "scheduler", sched_status(d)));
     return done(rc);
 }
 
@@ -632,9 +686,12 @@ static enum MHD_Result r_measure_cancel(req_ctx *rc, json_t *body) {
     (void)body;
     ac_daemon *d = rc->d;
     int rcx = sched_measure_cancel(d, rc->id);
-    if (rcx < 0) rep_error(d, &rc->rep, 404, "not_found", "no such measurement", NULL);
-    else if (rcx > 0) rep_error(d, &rc->rep, 409, "conflict", "measurement already ended", NULL);
-    else rep_json(&rc->rep, 202, json_pack("{s:I,s:s}", "id", (json_int_t)rc->id, "status", "cancelling"));
+    if (rcx < 0)
+        rep_error(d, &rc->rep, 404, "not_found", "no such measurement", NULL);
+    else if (rcx > 0)
+        rep_error(d, &rc->rep, 409, "conflict", "measurement already ended", NULL);
+    else
+        rep_json(&rc->rep, 202, json_pack("{s:I,s:s}", "id", (json_int_t)rc->id, "status", "cancelling"));
     return done(rc);
 }
 
@@ -643,11 +700,13 @@ static enum MHD_Result r_cost_list(req_ctx *rc, json_t *body) {
     ac_err e = {{0}};
     db_cost_row *rows;
     int n;
-    if (db_cost_list(rc->d->db, &rows, &n, &e)) { rep_store(rc->d, &rc->rep, e.msg); return done(rc); }
+    if (db_cost_list(rc->d->db, &rows, &n, &e)) {
+        rep_store(rc->d, &rc->rep, e.msg);
+        return done(rc);
+    }
     json_t *o = view_cost_tables(rows, n);
     free(rows);
-    if (o) rep_json(&rc->rep, 200, o);
-    else rep_error(rc->d, &rc->rep, 503, "busy", "out of memory", NULL);
+    rep_view(rc, 200, o);
     return done(rc);
 }
 
@@ -656,14 +715,20 @@ static void cost_measure(req_ctx *rc, json_t *m) {
     reply *r = &rc->rep;
     ac_err e = {{0}};
     const char *field = NULL;
-    if (ac_cost_measure_validate(m, &field, &e)) { rep_error(d, r, 400, "invalid_request", e.msg, field); return; }
+    if (ac_cost_measure_validate(m, &field, &e)) {
+        rep_error(d, r, 400, "invalid_request", e.msg, field);
+        return;
+    }
     char key[512], why[300];
     ac_cost_measure_key(m, key, sizeof key);
     long id;
     int q = sched_measure(d, m, key, &id, why, sizeof why);
-    if (q == 1) rep_error(d, r, 409, "conflict", why, "measure");
-    else if (q) rep_error(d, r, 503, "busy", why, NULL);
-    else rep_json(r, 202, json_pack("{s:s,s:s,s:I}", "key", key, "status", "measuring", "measurement", (json_int_t)id));
+    if (q == 1)
+        rep_error(d, r, 409, "conflict", why, "measure");
+    else if (q)
+        rep_error(d, r, 503, "busy", why, NULL);
+    else
+        rep_json(r, 202, json_pack("{s:s,s:s,s:I}", "key", key, "status", "measuring", "measurement", (json_int_t)id));
 }
 
 static void cost_import(req_ctx *rc, json_t *t) {
@@ -671,10 +736,16 @@ static void cost_import(req_ctx *rc, json_t *t) {
     reply *r = &rc->rep;
     ac_err e = {{0}};
     const char *field = NULL;
-    if (ac_cost_table_validate(t, &field, &e)) { rep_error(d, r, 400, "invalid_table", e.msg, field); return; }
+    if (ac_cost_table_validate(t, &field, &e)) {
+        rep_error(d, r, 400, "invalid_table", e.msg, field);
+        return;
+    }
     const char *key = json_string_value(json_object_get(t, "key"));
     char src[32];
-    if (db_cost_source(d->db, key, src, sizeof src, &e)) { rep_store(d, r, e.msg); return; }
+    if (db_cost_source(d->db, key, src, sizeof src, &e)) {
+        rep_store(d, r, e.msg);
+        return;
+    }
     if (src[0]) { /* never replace a cached table silently */
         char m[700];
         snprintf(m, sizeof m, "a cost table with key %.400s is already cached (source %s); import it under another key",
@@ -689,15 +760,20 @@ static void cost_import(req_ctx *rc, json_t *t) {
                 : ac_errf(&e, "out of memory");
 #undef TXT
     free(s);
-    if (rcx) rep_store(d, r, e.msg);
-    else rep_json(r, 201, json_pack("{s:O,s:s}", "key", json_object_get(t, "key"), "status", "imported"));
+    if (rcx)
+        rep_store(d, r, e.msg);
+    else
+        rep_json(r, 201, json_pack("{s:O,s:s}", "key", json_object_get(t, "key"), "status", "imported"));
 }
 
 static enum MHD_Result r_cost_post(req_ctx *rc, json_t *body) {
     json_t *m = json_object_get(body, "measure"), *t = json_object_get(body, "table");
-    if (m) cost_measure(rc, m);
-    else if (t) cost_import(rc, t);
-    else rep_error(rc->d, &rc->rep, 400, "invalid_request", "body needs \"table\" (import) or \"measure\"", NULL);
+    if (m)
+        cost_measure(rc, m);
+    else if (t)
+        cost_import(rc, t);
+    else
+        rep_error(rc->d, &rc->rep, 400, "invalid_request", "body needs \"table\" (import) or \"measure\"", NULL);
     return done(rc);
 }
 
@@ -707,9 +783,12 @@ static enum MHD_Result r_cost_get(req_ctx *rc, json_t *body) {
     char key[512], *data;
     snprintf(key, sizeof key, "%s", rc->rest);
     MHD_http_unescape(key); /* a no-op when MHD already decoded the path */
-    if (db_cost_get(rc->d->db, key, &data, &e)) rep_store(rc->d, &rc->rep, e.msg);
-    else if (!data) rep_error(rc->d, &rc->rep, 404, "not_found", "no cost table with that key", NULL);
-    else rep_text(&rc->rep, 200, "application/json", data, strlen(data));
+    if (db_cost_get(rc->d->db, key, &data, &e))
+        rep_store(rc->d, &rc->rep, e.msg);
+    else if (!data)
+        rep_error(rc->d, &rc->rep, 404, "not_found", "no cost table with that key", NULL);
+    else
+        rep_text(&rc->rep, 200, "application/json", data, strlen(data));
     return done(rc);
 }
 
@@ -719,9 +798,15 @@ static enum MHD_Result r_metrics(req_ctx *rc, json_t *body) {
     ac_daemon *d = rc->d;
     ac_err e = {{0}};
     long counts[JOB_NSTATES], wf = 0;
-    if (db_job_counts(d->db, counts, &e)) { rep_store(d, &rc->rep, e.msg); return done(rc); }
+    if (db_job_counts(d->db, counts, &e)) {
+        rep_store(d, &rc->rep, e.msg);
+        return done(rc);
+    }
     int deg = db_health(d->db, NULL, 0, &wf);
-    const struct { const char *name, *type, *help; double v; } m[] = {
+    const struct {
+        const char *name, *type, *help;
+        double v;
+    } m[] = {
         {"http_requests_total", "counter", "HTTP requests served.", (double)atomic_load(&d->http_requests)},
         {"http_errors_total", "counter", "HTTP error responses.", (double)atomic_load(&d->http_errors)},
         {"jobs_submitted_total", "counter", "Jobs accepted.", (double)atomic_load(&d->jobs_submitted)},
@@ -736,13 +821,18 @@ static enum MHD_Result r_metrics(req_ctx *rc, json_t *body) {
     };
     size_t cap = 8192, n = 0;
     char *s = malloc(cap);
-    if (!s) { rep_error(d, &rc->rep, 503, "busy", "out of memory", NULL); return done(rc); }
+    if (!s) {
+        rep_error(d, &rc->rep, 503, "busy", "out of memory", NULL);
+        return done(rc);
+    }
     n += (size_t)snprintf(s + n, cap - n, "# HELP autocompress_jobs Jobs by state.\n# TYPE autocompress_jobs gauge\n");
     for (int i = 0; i < JOB_NSTATES && n < cap; i++)
-        n += (size_t)snprintf(s + n, cap - n, "autocompress_jobs{state=\"%s\"} %ld\n", job_state_name((job_state)i), counts[i]);
+        n += (size_t)snprintf(s + n, cap - n, "autocompress_jobs{state=\"%s\"} %ld\n", job_state_name((job_state)i),
+                              counts[i]);
     for (size_t i = 0; i < sizeof m / sizeof *m && n < cap; i++)
-        n += (size_t)snprintf(s + n, cap - n, "# HELP autocompress_%s %s\n# TYPE autocompress_%s %s\nautocompress_%s %.0f\n",
-                              m[i].name, m[i].help, m[i].name, m[i].type, m[i].name, m[i].v);
+        n += (size_t)snprintf(s + n, cap - n,
+                              "# HELP autocompress_%s %s\n# TYPE autocompress_%s %s\nautocompress_%s %.0f\n", m[i].name,
+                              m[i].help, m[i].name, m[i].type, m[i].name, m[i].v);
     rep_text(&rc->rep, 200, "text/plain; version=0.0.4", s, n < cap ? n : cap - 1);
     return done(rc);
 }
@@ -752,9 +842,9 @@ static enum MHD_Result r_healthz(req_ctx *rc, json_t *body) {
     ac_daemon *d = rc->d;
     char msg[300];
     int deg = db_health(d->db, msg, sizeof msg, NULL) || sched_degraded(d, msg, sizeof msg);
-    json_t *j = json_pack("{s:s,s:s,s:i,s:f,s:i}", "status", deg ? "degraded" : "ok", "version", AC_VERSION,
-                          "schema_version", d->schema_version, "uptime_s", ac_now() - d->started_at, "sse_streams",
-                          sse_count(d->hub));
+    json_t *j =
+        json_pack("{s:s,s:s,s:i,s:f,s:i}", "status", deg ? "degraded" : "ok", "version", AC_VERSION, "schema_version",
+                  d->schema_version, "uptime_s", ac_now() - d->started_at, "sse_streams", sse_count(d->hub));
     if (j && deg) json_object_set_new(j, "reason", json_string(msg));
     rep_json(&rc->rep, deg ? 503 : 200, j);
     return done(rc);
@@ -850,7 +940,10 @@ static int check_rules(req_ctx *rc, int rules, const char *method, json_t **body
     ac_daemon *d = rc->d;
     reply *r = &rc->rep;
     const char *why = rules & R_BROWSER ? browser_check(d, rc->c) : NULL;
-    if (why) { rep_error(d, r, 403, "forbidden", why, NULL); return -1; }
+    if (why) {
+        rep_error(d, r, 403, "forbidden", why, NULL);
+        return -1;
+    }
     if ((rules & R_AUTH) && !authorized(d, rc->c, rules & R_QUERY_TOKEN)) {
         rep_error(d, r, 401, "unauthorized", "missing or invalid bearer token", NULL);
         r->hdr_name = "WWW-Authenticate";
@@ -859,7 +952,8 @@ static int check_rules(req_ctx *rc, int rules, const char *method, json_t **body
     }
     if (!(rules & R_JSON)) return 0;
     if (!json_content_type(rc->c)) {
-        rep_error(d, r, 415, "unsupported_media_type", "POST, PUT and DELETE need Content-Type: application/json", NULL);
+        rep_error(d, r, 415, "unsupported_media_type", "POST, PUT and DELETE need Content-Type: application/json",
+                  NULL);
         return -1;
     }
     if (strcmp(method, "POST") && strcmp(method, "PUT")) return 0; /* DELETE: no body */
@@ -885,8 +979,8 @@ static enum MHD_Result handle(req_ctx *rc, const char *url, const char *method) 
         rep_error(d, &rc->rep, 413, "payload_too_large", "request body exceeds max_body_bytes", NULL);
         return done(rc);
     }
-    int known, api = !strncmp(url, "/v1/", 4), writes = !strcmp(method, "POST") || !strcmp(method, "PUT") ||
-                                                       !strcmp(method, "DELETE");
+    int known, api = !strncmp(url, "/v1/", 4),
+               writes = !strcmp(method, "POST") || !strcmp(method, "PUT") || !strcmp(method, "DELETE");
     const route *rt = find_route(rc, url, method, &known);
     if (!rt && !api && !known && (!strcmp(method, "GET") || !strcmp(method, "HEAD"))) rt = &static_get;
     /* An unknown route or method is answered after the same checks an API route gets. */
@@ -894,25 +988,30 @@ static enum MHD_Result handle(req_ctx *rc, const char *url, const char *method) 
     json_t *body = NULL;
     enum MHD_Result ret;
     rc->path = url;
-    if (check_rules(rc, rules, method, &body)) ret = done(rc);
-    else if (rt) ret = rt->fn(rc, body);
+    if (check_rules(rc, rules, method, &body))
+        ret = done(rc);
+    else if (rt)
+        ret = rt->fn(rc, body);
     else {
-        if (known) rep_error(d, &rc->rep, 405, "method_not_allowed", "method not allowed on this path", NULL);
-        else if (api) rep_error(d, &rc->rep, 404, "not_found", "no such route", NULL);
-        else rep_error(d, &rc->rep, 405, "method_not_allowed", "static files are GET only", NULL);
+        if (known)
+            rep_error(d, &rc->rep, 405, "method_not_allowed", "method not allowed on this path", NULL);
+        else if (api)
+            rep_error(d, &rc->rep, 404, "not_found", "no such route", NULL);
+        else
+            rep_error(d, &rc->rep, 405, "method_not_allowed", "static files are GET only", NULL);
         ret = done(rc);
     }
     json_decref(body);
     return ret;
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
-                                  const char *data, size_t *data_size, void **con_cls) {
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *data, size_t *data_size, void **con_cls) {
     (void)version;
     ac_daemon *d = cls;
     req_ctx *rc = *con_cls;
     if (!rc) {
-        atomic_store(&d->http_beat_ms, wd_now_ms()); /* the watchdog's proof that this thread runs */
+        atomic_store(&d->http_beat_ms, wd_now_ms());        /* the watchdog's proof that this thread runs */
         while (atomic_load(&d->http_frozen)) usleep(10000); /* test hook: a stuck HTTP thread */
         rc = calloc(1, sizeof *rc);
         if (!rc) return MHD_NO;
@@ -943,7 +1042,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             }
             memcpy(rc->body + rc->len, data, *data_size);
             rc->len += *data_size;
-        } else rc->too_big = 1;
+        } else
+            rc->too_big = 1;
         *data_size = 0;
         return MHD_YES;
     }
@@ -975,7 +1075,8 @@ int http_start(ac_daemon *d, ac_err *e) {
     memset(&sa, 0, sizeof sa);
     sa.sin_family = AF_INET;
     sa.sin_port = htons((uint16_t)d->cfg.listen_port);
-    if (inet_pton(AF_INET, !strcmp(d->cfg.listen_host, "localhost") ? "127.0.0.1" : d->cfg.listen_host, &sa.sin_addr) != 1)
+    if (inet_pton(AF_INET, !strcmp(d->cfg.listen_host, "localhost") ? "127.0.0.1" : d->cfg.listen_host, &sa.sin_addr) !=
+        1)
         return ac_errf(e, "listen host %s is not an IPv4 address", d->cfg.listen_host);
     d->pool = pool_new(d->cfg.http_threads, 256);
     d->guard = guard_new(d->cfg.header_timeout_s, d->cfg.body_timeout_s, d->cfg.max_connections);
@@ -983,14 +1084,14 @@ int http_start(ac_daemon *d, ac_err *e) {
     /* The guard keeps max_connections (evicting slow heads) and the hub
      * max_sse_streams; the slack lets a newcomer in so the guard can evict. */
     unsigned limit = (unsigned)d->cfg.max_connections + (unsigned)d->cfg.max_sse_streams + 64;
-    d->mhd = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, (uint16_t)d->cfg.listen_port,
-                              NULL, NULL, on_request, d, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, d,
-                              MHD_OPTION_NOTIFY_CONNECTION, guard_notify, d->guard,
-                              MHD_OPTION_CONNECTION_LIMIT, limit,
-                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)d->cfg.max_connections_per_client,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)d->cfg.idle_timeout_s,
-                              MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
-    if (!d->mhd) return ac_errf(e, "cannot listen on %s:%d (%s)", d->cfg.listen_host, d->cfg.listen_port, strerror(errno));
+    d->mhd = MHD_start_daemon(
+        MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, (uint16_t)d->cfg.listen_port, NULL,
+        NULL, on_request, d, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, d,
+        MHD_OPTION_NOTIFY_CONNECTION, guard_notify, d->guard, MHD_OPTION_CONNECTION_LIMIT, limit,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)d->cfg.max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)d->cfg.idle_timeout_s, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
+    if (!d->mhd)
+        return ac_errf(e, "cannot listen on %s:%d (%s)", d->cfg.listen_host, d->cfg.listen_port, strerror(errno));
     if (d->cfg.listen_port == 0) {
         const union MHD_DaemonInfo *info = MHD_get_daemon_info(d->mhd, MHD_DAEMON_INFO_BIND_PORT);
         if (info) d->cfg.listen_port = info->port;

@@ -43,8 +43,8 @@
 #include "wevent.h"
 
 typedef struct slot {
-    char id[32];       /* "cpu" or "cuda:N" */
-    int gpu;           /* CUDA ordinal or -1 */
+    char id[32]; /* "cpu" or "cuda:N" */
+    int gpu;     /* CUDA ordinal or -1 */
     int capacity, running;
 } slot;
 
@@ -57,11 +57,11 @@ typedef struct worker {
     uv_pipe_t in, out; /* the worker's stdin (its spec) and stdout (its events) */
     uv_timer_t kill_timer;
     uv_write_t wr;
-    char *input;       /* what is written to stdin, until written */
+    char *input; /* what is written to stdin, until written */
     char *line;
     size_t len, cap;
-    char *result;      /* JSON text of the result event */
-    char error[512];   /* last error event message */
+    char *result;    /* JSON text of the result event */
+    char error[512]; /* last error event message */
     int cancelling, open_handles, exited, timed_out, skipping;
     int64_t exit_status;
     int term_signal;
@@ -104,14 +104,14 @@ struct scheduler {
     worker *workers;
     uv_async_t wake;
     uv_timer_t tick, keepalive;
-    pthread_mutex_t mu;     /* guards cancels[] and the running snapshot */
+    pthread_mutex_t mu; /* guards cancels[] and the running snapshot */
     long cancels[256];
     int ncancels;
     int stopping;
-    pending_end *pending;   /* loop thread only; npending under mu */
+    pending_end *pending; /* loop thread only; npending under mu */
     int npending;
     char pending_why[256];
-    measure *measures;      /* newest first, under mu */
+    measure *measures; /* newest first, under mu */
     char jobs_dir[1100];
     long next_measure;
 };
@@ -143,7 +143,8 @@ static void close_worker_handles(worker *w) {
 }
 
 /* A job end the database refused: kept and retried every tick. */
-static void keep_pending(scheduler *s, long job, job_state to, const char *reason, const char *result, const char *why) {
+static void keep_pending(scheduler *s, long job, job_state to, const char *reason, const char *result,
+                         const char *why) {
     pending_end *p = calloc(1, sizeof *p);
     if (!p) return;
     p->job = job;
@@ -184,10 +185,12 @@ static job_state worker_outcome(const worker *w, char *reason, size_t n) {
         snprintf(reason, n, "completed");
         return JOB_SUCCEEDED;
     }
-    if (w->error[0]) snprintf(reason, n, "%s", w->error);
+    if (w->error[0])
+        snprintf(reason, n, "%s", w->error);
     else if (w->term_signal)
         snprintf(reason, n, "worker killed by signal %d (%s)", w->term_signal, strsignal(w->term_signal));
-    else snprintf(reason, n, "worker exited with status %lld and no result", (long long)w->exit_status);
+    else
+        snprintf(reason, n, "worker exited with status %lld and no result", (long long)w->exit_status);
     return JOB_FAILED;
 }
 
@@ -209,7 +212,10 @@ static void finish_worker(worker *w) {
     }
     w->slot->running--;
     for (worker **p = &s->workers; *p; p = &(*p)->next)
-        if (*p == w) { *p = w->next; break; }
+        if (*p == w) {
+            *p = w->next;
+            break;
+        }
     close_worker_handles(w);
     if (!s->stopping) uv_async_send(&s->wake);
 }
@@ -244,8 +250,10 @@ static void handle_line(worker *w, const char *line, size_t len) {
         json_t *t = ev.table;
         if (t) {
             if (store_measured(w->d, t, &e)) log_line("job %ld: cannot store cost table: %s", w->job, e.msg);
-        } else if (json_is_true(json_object_get(ev.data, "cache_hit")) && json_is_string(json_object_get(ev.data, "key"))) {
-            if (db_cost_hit(w->d->db, json_string_value(json_object_get(ev.data, "key")), &e)) log_line("job %ld: %s", w->job, e.msg);
+        } else if (json_is_true(json_object_get(ev.data, "cache_hit")) &&
+                   json_is_string(json_object_get(ev.data, "key"))) {
+            if (db_cost_hit(w->d->db, json_string_value(json_object_get(ev.data, "key")), &e))
+                log_line("job %ld: %s", w->job, e.msg);
         }
         json_object_del(ev.data, "table"); /* the event keeps the summary */
     }
@@ -265,7 +273,11 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
         for (ssize_t i = 0; i < n; i++) {
             char ch = buf->base[i];
             if (ch == '\n') {
-                if (w->skipping) { w->skipping = 0; w->len = 0; continue; }
+                if (w->skipping) {
+                    w->skipping = 0;
+                    w->len = 0;
+                    continue;
+                }
                 if (w->len) {
                     w->line[w->len] = 0;
                     handle_line(w, w->line, w->len);
@@ -277,7 +289,11 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
             if (w->len + 2 > w->cap) {
                 size_t nc = w->cap ? w->cap * 2 : 4096;
                 char *nl = nc <= (64u << 20) ? realloc(w->line, nc) : NULL;
-                if (!nl) { w->len = 0; w->skipping = 1; continue; } /* an over-long or unallocatable line is dropped whole */
+                if (!nl) {
+                    w->len = 0;
+                    w->skipping = 1;
+                    continue;
+                } /* an over-long or unallocatable line is dropped whole */
                 w->line = nl;
                 w->cap = nc;
             }
@@ -285,8 +301,10 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
         }
     } else if (n < 0) {
         uv_read_stop(st);
-        if (w->exited) finish_worker(w);
-        else w->exited = -1; /* pipe closed first; exit callback finishes */
+        if (w->exited)
+            finish_worker(w);
+        else
+            w->exited = -1; /* pipe closed first; exit callback finishes */
     }
     free(buf->base);
 }
@@ -296,8 +314,10 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int sig) {
     w->exit_status = status;
     w->term_signal = sig;
     uv_timer_stop(&w->kill_timer);
-    if (w->exited == -1) finish_worker(w);
-    else w->exited = 1;
+    if (w->exited == -1)
+        finish_worker(w);
+    else
+        w->exited = 1;
 }
 
 static void on_kill_timer(uv_timer_t *t) {
@@ -336,7 +356,10 @@ static int spawn_child(ac_daemon *d, uv_process_t *proc, uv_pipe_t *in, uv_pipe_
 static char *worker_input(ac_daemon *d, long job, ac_err *e) {
     char *spec_text;
     if (db_job_spec(d->db, job, &spec_text, e)) return NULL;
-    if (!spec_text) { ac_errf(e, "job %ld has no spec", job); return NULL; }
+    if (!spec_text) {
+        ac_errf(e, "job %ld has no spec", job);
+        return NULL;
+    }
     json_t *spec = json_loads(spec_text, 0, NULL), *tables = json_object(), *in = NULL;
     free(spec_text);
     db_cost_row *rows = NULL;
@@ -396,7 +419,10 @@ static int start_worker(scheduler *s, slot *sl, long job) {
     ac_err e = {{0}};
     char jobarg[32], thr[16], outp[2100];
     int logfd = job_log(s, job, outp, sizeof outp);
-    if (logfd < 0) { fail_start(d, job, JOB_QUEUED, "cannot create the job's log file"); return -1; }
+    if (logfd < 0) {
+        fail_start(d, job, JOB_QUEUED, "cannot create the job's log file");
+        return -1;
+    }
     worker *w = calloc(1, sizeof *w);
     char *input = w ? worker_input(d, job, &e) : NULL;
     if (!input) {
@@ -419,10 +445,13 @@ static int start_worker(scheduler *s, slot *sl, long job) {
     snprintf(jobarg, sizeof jobarg, "%ld", job);
     snprintf(thr, sizeof thr, "%d", d->cfg.worker_threads);
     /* the worker applies the path rules again: same roots, same job dir */
-    char *args[12 + 2 * AC_MAX_ROOTS] = {d->exe, "run-job", jobarg, "--device", sl->id, "--threads", thr,
-                                         "--output", outp, "--jobs-dir", s->jobs_dir};
+    char *args[12 + 2 * AC_MAX_ROOTS] = {d->exe, "run-job",  jobarg, "--device",   sl->id,     "--threads",
+                                         thr,    "--output", outp,   "--jobs-dir", s->jobs_dir};
     int na = 11;
-    for (int i = 0; i < d->cfg.nroots; i++) { args[na++] = "--root"; args[na++] = d->cfg.model_roots[i]; }
+    for (int i = 0; i < d->cfg.nroots; i++) {
+        args[na++] = "--root";
+        args[na++] = d->cfg.model_roots[i];
+    }
     args[na] = NULL;
     uv_timer_init(d->loop, &w->kill_timer);
     int r = spawn_child(d, &w->proc, &w->in, &w->out, logfd, args, on_exit_cb);
@@ -464,8 +493,10 @@ static slot *find_slot(scheduler *s, const char *dev, char *why, size_t whyn) {
         exists = 1;
         if (sl->running < sl->capacity) return sl;
     }
-    if (!exists) snprintf(why, whyn, "waiting: no %s slot on this server", want_gpu ? dev : "cpu");
-    else snprintf(why, whyn, "waiting for a free %s slot (all busy)", want_gpu ? (want_idx >= 0 ? dev : "GPU") : "cpu");
+    if (!exists)
+        snprintf(why, whyn, "waiting: no %s slot on this server", want_gpu ? dev : "cpu");
+    else
+        snprintf(why, whyn, "waiting for a free %s slot (all busy)", want_gpu ? (want_idx >= 0 ? dev : "GPU") : "cpu");
     return NULL;
 }
 
@@ -485,7 +516,8 @@ static void measure_finish(measure *m) {
     ac_err e = {{0}};
     job_state state;
     char err[300] = "";
-    if (m->cancel) state = JOB_CANCELLED;
+    if (m->cancel)
+        state = JOB_CANCELLED;
     else if (m->exit_status != 0 || !m->buf) {
         state = JOB_FAILED;
         snprintf(err, sizeof err, "the measurement process exited with status %lld", (long long)m->exit_status);
@@ -523,12 +555,16 @@ static void measure_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
         if (m->len + (size_t)n + 1 > m->cap && m->cap < (16u << 20)) {
             size_t nc = (m->len + (size_t)n + 1) * 2;
             char *nb = realloc(m->buf, nc);
-            if (nb) { m->buf = nb; m->cap = nc; }
+            if (nb) {
+                m->buf = nb;
+                m->cap = nc;
+            }
         }
         if (m->buf && m->len + (size_t)n + 1 <= m->cap) {
             memcpy(m->buf + m->len, buf->base, (size_t)n);
             m->len += (size_t)n;
-        } else m->exit_status = m->exit_status ? m->exit_status : 99; /* output lost: fail it */
+        } else
+            m->exit_status = m->exit_status ? m->exit_status : 99; /* output lost: fail it */
     } else if (n < 0) {
         uv_read_stop(st);
         m->pipe_done = 1;
@@ -630,7 +666,10 @@ int sched_measure(ac_daemon *d, const json_t *req, const char *key, long *id, ch
         rc = 2;
     }
     measure *m = rc ? NULL : calloc(1, sizeof *m);
-    if (!rc && !m) { snprintf(why, n, "out of memory"); rc = 2; }
+    if (!rc && !m) {
+        snprintf(why, n, "out of memory");
+        rc = 2;
+    }
     if (m) {
         m->s = s;
         m->id = ++s->next_measure;
@@ -660,7 +699,8 @@ int sched_measure_cancel(ac_daemon *d, long id) {
         } else if (m->state == JOB_RUNNING) {
             m->cancel = 1;
             rc = 0;
-        } else rc = 1;
+        } else
+            rc = 1;
     }
     pthread_mutex_unlock(&s->mu);
     if (rc == 0) uv_async_send(&s->wake);
@@ -672,8 +712,8 @@ json_t *sched_measurements(ac_daemon *d) {
     json_t *a = json_array();
     pthread_mutex_lock(&s->mu);
     for (measure *m = s->measures; m && a; m = m->next) {
-        json_t *o = json_pack("{s:I,s:s,s:s,s:i,s:b}", "id", (json_int_t)m->id, "key", m->key, "state", job_state_name(m->state), "threads", m->threads,
-                              "cancel_requested", m->cancel);
+        json_t *o = json_pack("{s:I,s:s,s:s,s:i,s:b}", "id", (json_int_t)m->id, "key", m->key, "state",
+                              job_state_name(m->state), "threads", m->threads, "cancel_requested", m->cancel);
         if (o && m->error[0]) json_object_set_new(o, "error", json_string(m->error));
         json_array_append_new(a, o);
     }
@@ -692,7 +732,8 @@ static void retry_pending(scheduler *s) {
         if (r < 0) return; /* still failing: keep the rest too */
         log_line("job %ld: end recorded on retry (%s)", p->job, job_state_name(p->to));
         if (r == 0) {
-            daemon_event(s->d, p->job, "state", json_pack("{s:s,s:s}", "state", job_state_name(p->to), "reason", p->reason));
+            daemon_event(s->d, p->job, "state",
+                         json_pack("{s:s,s:s}", "state", job_state_name(p->to), "reason", p->reason));
             events_finish(s->d, p->job);
         }
         *pp = p->next;
@@ -734,12 +775,17 @@ static void schedule(scheduler *s) {
     db_queued *queue;
     int n;
     run_measurements(s);
-    if (db_queue(d->db, &queue, &n, &e)) { log_line("scheduler: %s", e.msg); return; }
+    if (db_queue(d->db, &queue, &n, &e)) {
+        log_line("scheduler: %s", e.msg);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         char why[256];
         slot *sl = find_slot(s, queue[i].device, why, sizeof why);
-        if (sl) start_worker(s, sl, queue[i].id);
-        else if (strcmp(queue[i].reason, why)) db_job_set_reason(d->db, queue[i].id, why, &e);
+        if (sl)
+            start_worker(s, sl, queue[i].id);
+        else if (strcmp(queue[i].reason, why))
+            db_job_set_reason(d->db, queue[i].id, why, &e);
     }
     free(queue);
 }
@@ -804,7 +850,8 @@ int sched_start(ac_daemon *d, ac_err *e) {
     uv_timer_start(&s->tick, on_tick, 0, 1000);
     uv_timer_init(d->loop, &s->keepalive);
     s->keepalive.data = s;
-    uv_timer_start(&s->keepalive, on_keepalive, (uint64_t)d->cfg.sse_keepalive_s * 1000, (uint64_t)d->cfg.sse_keepalive_s * 1000);
+    uv_timer_start(&s->keepalive, on_keepalive, (uint64_t)d->cfg.sse_keepalive_s * 1000,
+                   (uint64_t)d->cfg.sse_keepalive_s * 1000);
     return 0;
 }
 
@@ -823,7 +870,8 @@ json_t *sched_status(ac_daemon *d) {
     json_t *o = json_object();
     /* slot counters are only written on the loop thread; a racy read is fine for a status view */
     for (int i = 0; i < s->nslots; i++)
-        json_object_set_new(o, s->slots[i].id, json_pack("{s:i,s:i}", "slots", s->slots[i].capacity, "running", s->slots[i].running));
+        json_object_set_new(o, s->slots[i].id,
+                            json_pack("{s:i,s:i}", "slots", s->slots[i].capacity, "running", s->slots[i].running));
     return o;
 }
 
@@ -834,7 +882,10 @@ void sched_stop(ac_daemon *d) {
     for (worker *w = s->workers; w; w = w->next) uv_process_kill(&w->proc, SIGKILL);
     pthread_mutex_lock(&s->mu);
     for (measure *m = s->measures; m; m = m->next)
-        if (m->state == JOB_RUNNING && !m->exited) { m->cancel = 1; uv_process_kill(&m->proc, SIGKILL); }
+        if (m->state == JOB_RUNNING && !m->exited) {
+            m->cancel = 1;
+            uv_process_kill(&m->proc, SIGKILL);
+        }
     pthread_mutex_unlock(&s->mu);
     uv_timer_stop(&s->tick);
     uv_timer_stop(&s->keepalive);
@@ -858,8 +909,17 @@ void sched_close(ac_daemon *d) {
 
 void sched_free(ac_daemon *d) {
     if (!d->sched) return;
-    for (measure *m = d->sched->measures, *n; m; m = n) { n = m->next; free(m->buf); free(m); }
-    for (pending_end *p = d->sched->pending, *n; p; p = n) { n = p->next; free(p->reason); free(p->result); free(p); }
+    for (measure *m = d->sched->measures, *n; m; m = n) {
+        n = m->next;
+        free(m->buf);
+        free(m);
+    }
+    for (pending_end *p = d->sched->pending, *n; p; p = n) {
+        n = p->next;
+        free(p->reason);
+        free(p->result);
+        free(p);
+    }
     pthread_mutex_destroy(&d->sched->mu);
     free(d->sched);
     d->sched = NULL;

@@ -9,8 +9,9 @@ static json_t *view_transitions(const db_job *j) {
     json_t *a = json_array();
     for (int i = 0; a && i < j->ntransitions; i++) {
         const db_transition *t = &j->transitions[i];
-        json_t *o = json_pack("{s:o,s:s,s:f,s:o}", "from", t->has_from ? json_string(job_state_name(t->from)) : json_null(),
-                              "to", job_state_name(t->to), "at", t->at, "reason", str_or_null(t->reason));
+        json_t *o =
+            json_pack("{s:o,s:s,s:f,s:o}", "from", t->has_from ? json_string(job_state_name(t->from)) : json_null(),
+                      "to", job_state_name(t->to), "at", t->at, "reason", str_or_null(t->reason));
         if (!o || json_array_append_new(a, o)) {
             json_decref(a);
             return NULL;
@@ -29,7 +30,8 @@ json_t *view_job(const db_job *j) {
     if (!o || !j->spec) return o;
     json_t *spec = json_loads(j->spec, 0, NULL), *tr = view_transitions(j);
     if (!tr || json_object_set_new(o, "spec", spec ? spec : json_null()) ||
-        json_object_set_new(o, "has_result", json_boolean(j->has_result)) || json_object_set_new(o, "transitions", tr)) {
+        json_object_set_new(o, "has_result", json_boolean(j->has_result)) ||
+        json_object_set_new(o, "transitions", tr)) {
         json_decref(o);
         return NULL;
     }
@@ -68,8 +70,8 @@ json_t *view_cost_tables(const db_cost_row *rows, int n) {
     json_t *a = json_array();
     for (int i = 0; a && i < n; i++) {
         const db_cost_row *r = &rows[i];
-        json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:i,s:s,s:f,s:I}", "key", r->key, "device", r->device, "dtype", r->dtype,
-                              "engine", r->engine, "version", r->version, "source", r->source, "created_at",
+        json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:i,s:s,s:f,s:I}", "key", r->key, "device", r->device, "dtype",
+                              r->dtype, "engine", r->engine, "version", r->version, "source", r->source, "created_at",
                               r->created_at, "hits", (json_int_t)r->hits);
         if (!o || json_array_append_new(a, o)) {
             json_decref(a);

@@ -32,10 +32,10 @@ typedef struct {
     uv_connect_t conn;
     uv_write_t wr;
     char buf[512];
-    int probing;          /* a probe's socket is open */
-    long long usec;       /* WATCHDOG_USEC */
+    int probing;    /* a probe's socket is open */
+    long long usec; /* WATCHDOG_USEC */
     double probe_started;
-    int withheld;         /* pings withheld since the last one sent (logged once) */
+    int withheld; /* pings withheld since the last one sent (logged once) */
 } watchdog;
 
 static watchdog W;

@@ -39,7 +39,11 @@ static void emit_line(void *ud, const char *kind, json_t *data) {
         free(s);
     }
     if (!strcmp(kind, "stage") || !strcmp(kind, "log"))
-        fprintf(stderr, "[%s] %s\n", kind, json_string_value(json_object_get(data, "stage")) ? json_string_value(json_object_get(data, "stage")) : json_string_value(json_object_get(data, "message")) ? json_string_value(json_object_get(data, "message")) : "");
+        fprintf(stderr, "[%s] %s\n", kind,
+                json_string_value(json_object_get(data, "stage")) ? json_string_value(json_object_get(data, "stage"))
+                : json_string_value(json_object_get(data, "message"))
+                    ? json_string_value(json_object_get(data, "message"))
+                    : "");
 }
 
 static void fail(const char *msg) {
@@ -56,7 +60,10 @@ static char *read_stdin(size_t max, size_t *len) {
     while (buf) {
         if (n + 1 >= cap) {
             char *nb = cap < max ? realloc(buf, cap * 2) : NULL;
-            if (!nb) { free(buf); return NULL; }
+            if (!nb) {
+                free(buf);
+                return NULL;
+            }
             buf = nb;
             cap *= 2;
         }
@@ -82,11 +89,16 @@ static int parse_args(int argc, char **argv, worker_args *a) {
     a->threads = 2;
     a->id = argc >= 3 ? atol(argv[2]) : 0;
     for (int i = 3; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--root") && a->nroots < AC_FSAFE_MAX_ROOTS) a->roots[a->nroots++] = argv[i + 1];
-        else if (!strcmp(argv[i], "--jobs-dir")) a->jobs_dir = argv[i + 1];
-        else if (!strcmp(argv[i], "--device")) a->device = argv[i + 1];
-        else if (!strcmp(argv[i], "--threads")) a->threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--output")) a->output = argv[i + 1];
+        if (!strcmp(argv[i], "--root") && a->nroots < AC_FSAFE_MAX_ROOTS)
+            a->roots[a->nroots++] = argv[i + 1];
+        else if (!strcmp(argv[i], "--jobs-dir"))
+            a->jobs_dir = argv[i + 1];
+        else if (!strcmp(argv[i], "--device"))
+            a->device = argv[i + 1];
+        else if (!strcmp(argv[i], "--threads"))
+            a->threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--output"))
+            a->output = argv[i + 1];
     }
     return a->id > 0 ? 0 : -1;
 }
@@ -105,7 +117,8 @@ static int pin_gpu(const char *device) {
 int worker_main(int argc, char **argv) {
     worker_args a;
     if (parse_args(argc, argv, &a)) {
-        fprintf(stderr, "usage: autocompressd run-job ID [--device D] [--threads N] [--output DIR] (the spec on stdin)\n");
+        fprintf(stderr,
+                "usage: autocompressd run-job ID [--device D] [--threads N] [--output DIR] (the spec on stdin)\n");
         return 2;
     }
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -115,7 +128,11 @@ int worker_main(int argc, char **argv) {
     json_t *in = text ? json_loadb(text, len, 0, NULL) : NULL;
     free(text);
     json_t *spec = json_object_get(in, "spec"), *tables = json_object_get(in, "cost_tables");
-    if (!json_is_object(spec)) { fail("no job spec on stdin"); json_decref(in); return 1; }
+    if (!json_is_object(spec)) {
+        fail("no job spec on stdin");
+        json_decref(in);
+        return 1;
+    }
     static ac_job_spec js; /* 33 KB: off the stack */
     ac_err pe = {{0}};
     const char *field = NULL;
@@ -129,7 +146,8 @@ int worker_main(int argc, char **argv) {
     }
     /* The default output (data_dir/jobs/ID/output) is given after the check,
      * which refuses outputs a spec points into the job directories. */
-    if (!js.output[0] && a.output && (size_t)snprintf(js.output, sizeof js.output, "%s", a.output) >= sizeof js.output) {
+    if (!js.output[0] && a.output &&
+        (size_t)snprintf(js.output, sizeof js.output, "%s", a.output) >= sizeof js.output) {
         fail("--output: path too long");
         json_decref(in);
         return 1;
@@ -147,7 +165,10 @@ int worker_main(int argc, char **argv) {
     ac_err e = {{0}};
     int rc = ac_job_run(&js, &ctx, &result, &e);
     json_decref(in);
-    if (rc) { fail(e.msg); return 1; }
+    if (rc) {
+        fail(e.msg);
+        return 1;
+    }
     emit_line(NULL, "result", result);
     json_decref(result);
     return 0;
@@ -157,14 +178,20 @@ int measure_main(int argc, char **argv) {
     int threads = 2;
     for (int i = 2; i + 1 < argc; i += 2)
         if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
-    if (threads < 1 || threads > 256) { fprintf(stderr, "measure-table: --threads must be in [1, 256]\n"); return 2; }
+    if (threads < 1 || threads > 256) {
+        fprintf(stderr, "measure-table: --threads must be in [1, 256]\n");
+        return 2;
+    }
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() == 1) return 3;
     json_t *req = json_pack("{s:s,s:i}", "device", "cpu", "threads", threads), *table = NULL;
     ac_err e = {{0}};
     int rc = req ? ac_cost_measure_json(req, &table, &e) : ac_errf(&e, "out of memory");
     json_decref(req);
-    if (rc) { fprintf(stderr, "measure-table: %s\n", e.msg); return 1; }
+    if (rc) {
+        fprintf(stderr, "measure-table: %s\n", e.msg);
+        return 1;
+    }
     char *s = json_dumps(table, JSON_COMPACT);
     json_decref(table);
     if (!s) return 1;

@@ -106,6 +106,24 @@ def spec(**kw):
     return s
 
 
+def run_with_daemon(tests, module_globals, config=None):
+    """The main of a test file whose tests share one daemon (its global D): skip all without the tiny model, else start
+    the daemon (one CPU slot, model_roots the build folder and /tmp), run the tests, clean up, print RESULT."""
+    if not os.path.exists(os.path.join(TINY, "config.json")):
+        print("SKIP all: tiny model not built (make tiny-model)")
+        print("RESULT 0 0 1")
+        sys.exit(0)
+    r = Runner()
+    cfg = config or {"cpu_slots": 1, "model_roots": [os.path.dirname(os.path.dirname(TINY)), "/tmp"]}
+    module_globals["D"] = Daemon(config=cfg).start()
+    try:
+        for t in tests:
+            r.run(t)
+    finally:
+        module_globals["D"].cleanup()
+    r.done()
+
+
 class Runner:
     def __init__(self):
         self.passed = self.failed = self.skipped = 0
