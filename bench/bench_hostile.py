@@ -14,13 +14,12 @@ import json
 import os
 import resource
 import selectors
-import socket
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-from harness import Daemon, spec  # noqa: E402
+from harness import Daemon, raw_conn, spec  # noqa: E402
 
 N_SSE = int(os.environ.get("AC_SSE", "1000"))
 N_SLOW = int(os.environ.get("AC_SLOW", "300"))
@@ -29,14 +28,6 @@ DURATION = float(os.environ.get("AC_DURATION", "20"))
 
 def addr(group, i, per=40):
     return f"127.{group}.{i // per}.{1 + i % per}"
-
-
-def connect(port, src):
-    s = socket.socket()
-    s.bind((src, 0))
-    s.settimeout(5)
-    s.connect(("127.0.0.1", port))
-    return s
 
 
 def pct(xs, p):
@@ -59,7 +50,7 @@ def main():
         streams = []
         t0 = time.time()
         for i in range(N_SSE):
-            s = connect(d.port, addr(2, i))
+            s = raw_conn(d.port, addr(2, i), timeout=5)
             s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n".encode())
             streams.append(s)
         ok = 0
@@ -71,7 +62,7 @@ def main():
         print(f"{ok}/{N_SSE} event streams open in {time.time() - t0:.1f} s")
 
         def slow_socket(i):
-            s = connect(d.port, addr(3, i, per=30))
+            s = raw_conn(d.port, addr(3, i, per=30), timeout=5)
             s.sendall(b"GET /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             s.setblocking(False)
             stats["slow_open"] += 1

@@ -379,11 +379,14 @@ static void task_log(void *arg) {
     size_t len = 0;
     ac_err e;
     char *txt = ac_read_file(p, 16u << 20, &len, &e);
-    if (!txt) {
+    if (!txt) { /* no log yet */
         txt = strdup("");
         len = 0;
     }
-    rep_text(&rc->rep, 200, "text/plain; charset=utf-8", txt, len);
+    if (txt)
+        rep_text(&rc->rep, 200, "text/plain; charset=utf-8", txt, len);
+    else
+        rep_error(rc->d, &rc->rep, 503, "busy", "out of memory", NULL);
     offload_done(rc);
 }
 

@@ -71,13 +71,6 @@ int pool_submit(pool *p, pool_fn fn, void *arg) {
     return ok ? 0 : -1;
 }
 
-int pool_pending(pool *p) {
-    pthread_mutex_lock(&p->mu);
-    int n = p->n;
-    pthread_mutex_unlock(&p->mu);
-    return n;
-}
-
 void pool_free(pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);

@@ -243,7 +243,8 @@ static void handle_line(worker *w, const char *line, size_t len) {
     ac_err e;
     if (!strcmp(ev.kind, "result")) {
         free(w->result);
-        w->result = json_dumps(ev.data, JSON_COMPACT);
+        if (!(w->result = json_dumps(ev.data, JSON_COMPACT)))
+            snprintf(w->error, sizeof w->error, "the daemon ran out of memory keeping the job's result");
     } else if (!strcmp(ev.kind, "error")) {
         snprintf(w->error, sizeof w->error, "%s", ev.error);
     } else if (!strcmp(ev.kind, "cost_table")) {

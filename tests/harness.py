@@ -27,6 +27,15 @@ def free_port():
     return p
 
 
+def raw_conn(port, src="127.0.0.1", timeout=10):
+    """A TCP connection to the daemon on loopback from address src (127.x.y.z: as if from another client)."""
+    s = socket.socket()
+    s.bind((src, 0))
+    s.settimeout(timeout)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
 class Daemon:
     def __init__(self, config=None, workdir=None):
         self.dir = workdir or tempfile.mkdtemp(prefix="acd_")

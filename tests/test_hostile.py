@@ -20,7 +20,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, DATA, ROOT, TINY, Daemon, Runner, spec, sse_read  # noqa: E402
+from harness import BUILD, DATA, ROOT, TINY, Daemon, Runner, raw_conn, spec, sse_read  # noqa: E402
 
 R = Runner()
 
@@ -155,14 +155,6 @@ def test_worker_applies_the_same_rules():
         r.close()
 
 
-def raw_conn(port, src="127.0.0.1"):
-    s = socket.socket()
-    s.bind((src, 0))
-    s.settimeout(10)
-    s.connect(("127.0.0.1", port))
-    return s
-
-
 def closed_within(s, seconds):
     """Seconds until the server closed s (recv returns b'' or resets), or None."""
     t0 = time.time()
@@ -221,7 +213,8 @@ def test_connection_deadlines_and_limits():
         # more slow heads than max_connections (16), from many clients: each newcomer past the cap cuts the
         # socket that has waited longest for its head, so the API still answers at once
         def cuts():
-            return int([x for x in d.req("GET", "/metrics")[1].splitlines() if x.startswith("autocompress_http_cut_total ")][0].split()[1])
+            rows = d.req("GET", "/metrics")[1].splitlines()
+            return int([x for x in rows if x.startswith("autocompress_http_cut_total ")][0].split()[1])
         cut0, slow = cuts(), []
         for i in range(24):
             s = raw_conn(d.port, f"127.0.2.{i + 1}")
@@ -540,8 +533,9 @@ def test_watchdog_needs_the_http_side():
     port = __import__("harness").free_port()
     env = dict(os.environ, NOTIFY_SOCKET=sock_path, WATCHDOG_USEC="400000", AUTOCOMPRESSD_TEST_HOOKS="1")
     log = open(os.path.join(tmp, "log"), "wb")
-    p = subprocess.Popen([os.path.join(BUILD, "autocompressd"), "--listen", f"127.0.0.1:{port}", "--db", os.path.join(tmp, "j.db"),
-                          "--data-dir", os.path.join(tmp, "data")], env=env, stdout=log, stderr=log)
+    p = subprocess.Popen([os.path.join(BUILD, "autocompressd"), "--listen", f"127.0.0.1:{port}",
+                          "--db", os.path.join(tmp, "j.db"), "--data-dir", os.path.join(tmp, "data")],
+                         env=env, stdout=log, stderr=log)
 
     def pings(seconds):
         n, t0 = 0, time.time()
@@ -655,7 +649,8 @@ if __name__ == "__main__":
     for t in [test_paths_confined_and_errors_do_not_leak, test_worker_applies_the_same_rules, test_connection_deadlines_and_limits,
               test_full_disk_503_degraded_and_recovered, test_idempotency_key, test_job_caps, test_browsers_and_tokens,
               test_cost_measurement_scheduled_and_cancellable, test_import_never_replaces, test_sd_notify_and_watchdog,
-              test_watchdog_needs_the_http_side, test_systemd_unit_exposure, test_offloaded_requests_under_concurrency, test_fuzz_regressions]:
+              test_watchdog_needs_the_http_side, test_systemd_unit_exposure, test_offloaded_requests_under_concurrency,
+              test_fuzz_regressions]:
         if not only or t.__name__ in only:
             R.run(t)
     R.done()
