@@ -135,6 +135,18 @@ def test_worker_applies_the_same_rules():
         d = r.d
         st, a = d.req("POST", "/v1/jobs", body=r.spec(search={"steps": 100000, "seed": 1}, name="blocker"))
         d.wait_state(a["id"], {"running"})
+        # the worker gets its spec on stdin: no --db argument, no descriptor on the daemon's database
+        evs = d.req("GET", f"/v1/jobs/{a['id']}/events?format=json")[1]["events"]
+        pid = [e["data"]["pid"] for e in evs if e["kind"] == "state" and "pid" in e["data"]][0]
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        fds = []
+        for f in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                fds.append(os.readlink(f"/proc/{pid}/fd/{f}"))
+            except OSError:  # closed meanwhile
+                pass
+        assert b"run-job" in argv and b"--db" not in argv, argv
+        assert not any(x.startswith(d.db) for x in fds), fds
         m2 = copy_model(os.path.join(r.root, "later"))
         m3 = copy_model(os.path.join(r.root, "later-dev"))
         st, b = d.req("POST", "/v1/jobs", body=r.spec(model=m2))
