@@ -11,6 +11,11 @@
  * under model_roots, regular files, size caps), the same rules the worker
  * applies again.
  *
+ * Routes are one table (`routes`): method, path pattern ({id}, {rest}),
+ * handler and the rules checked before it (cross-site check, token, token in
+ * the query, JSON content type and body). The JSON of jobs, events and cost
+ * tables comes from views.c, built from the store's typed rows.
+ *
  * Every handler fills a `reply`; errors are JSON {"error":{"code","message",
  * "field"}} with the right status: 400 naming the field (or the cap a job
  * exceeds), 401/403 (token, cross-site), 409, 413 (max_body_bytes), 415
