@@ -22,9 +22,9 @@ typedef struct {
     int ntokens;
     char *model_roots[AC_MAX_ROOTS]; /* paths a job may read from / write to */
     int nroots;
-    int cpu_slots;          /* concurrent CPU jobs */
+    int cpu_slots; /* concurrent CPU jobs */
     int jobs_per_gpu;
-    int use_gpus;           /* 0 = ignore CUDA devices */
+    int use_gpus; /* 0 = ignore CUDA devices */
     long max_body_bytes;
     int max_connections;
     int sse_keepalive_s;
@@ -34,12 +34,12 @@ typedef struct {
     double cancel_grace_s;
     int worker_threads;
     /* Connections (see http.c, conn.c). */
-    int max_connections_per_client; /* per client IP, API and SSE together */
-    int max_sse_streams;            /* counted apart from max_connections */
-    int header_timeout_s;           /* whole request head within this */
-    int body_timeout_s;             /* whole body within this */
-    int idle_timeout_s;             /* keep-alive idle connections */
-    int http_threads;               /* work pool for file-touching routes */
+    int max_connections_per_client;    /* per client IP, API and SSE together */
+    int max_sse_streams;               /* counted apart from max_connections */
+    int header_timeout_s;              /* whole request head within this */
+    int body_timeout_s;                /* whole body within this */
+    int idle_timeout_s;                /* keep-alive idle connections */
+    int http_threads;                  /* work pool for file-touching routes */
     char *allowed_hosts[AC_MAX_ROOTS]; /* Host names accepted besides loopback ones */
     int nallowed_hosts;
     /* Job limits (400 naming the cap at submit; wall clock in the scheduler). */
@@ -48,7 +48,7 @@ typedef struct {
     long max_search_steps;
     long max_eval_windows;
     long max_distill_tokens; /* distill.tokens per pruned model */
-    int max_measurements; /* queued + running cost-table measurements */
+    int max_measurements;    /* queued + running cost-table measurements */
 } ac_config;
 
 void config_defaults(ac_config *c);

@@ -19,6 +19,7 @@ struct conn_guard {
     pthread_cond_t cv;
     conn head; /* list sentinel */
     double header_s, body_s;
+    int napi, max_api; /* connections not in SSE phase, and their cap */
     long cut;
     int stopping;
     pthread_t th;
@@ -31,7 +32,10 @@ static void *sweeper(void *arg) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 250000000L;
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
         pthread_cond_timedwait(&g->cv, &g->mu, &ts);
         double now = ac_now();
         for (conn *c = g->head.next; c != &g->head; c = c->next) {
@@ -49,7 +53,21 @@ static void *sweeper(void *arg) {
     return NULL;
 }
 
-conn_guard *guard_new(int header_timeout_s, int body_timeout_s) {
+/* Over max_api API connections: cut the one that has waited longest for its
+ * request head (a slow-header socket or an idle keep-alive one), never the
+ * newcomer, so a client that sends its request at once is always served.
+ * Lock held. */
+static void evict_oldest_head(conn_guard *g, const conn *newcomer) {
+    conn *old = NULL;
+    for (conn *c = g->head.next; c != &g->head; c = c->next)
+        if (c != newcomer && c->phase == CONN_HEAD && c->fd >= 0 && (!old || c->since < old->since)) old = c;
+    if (!old) return;
+    shutdown(old->fd, SHUT_RDWR);
+    old->fd = -1;
+    g->cut++;
+}
+
+conn_guard *guard_new(int header_timeout_s, int body_timeout_s, int max_api) {
     conn_guard *g = calloc(1, sizeof *g);
     if (!g) return NULL;
     pthread_mutex_init(&g->mu, NULL);
@@ -57,6 +75,7 @@ conn_guard *guard_new(int header_timeout_s, int body_timeout_s) {
     g->head.next = g->head.prev = &g->head;
     g->header_s = header_timeout_s;
     g->body_s = body_timeout_s;
+    g->max_api = max_api;
     if (pthread_create(&g->th, NULL, sweeper, g)) {
         pthread_mutex_destroy(&g->mu);
         pthread_cond_destroy(&g->cv);
@@ -73,13 +92,17 @@ void guard_free(conn_guard *g) {
     pthread_cond_signal(&g->cv);
     pthread_mutex_unlock(&g->mu);
     pthread_join(g->th, NULL);
-    for (conn *c = g->head.next, *n; c != &g->head; c = n) { n = c->next; free(c); }
+    for (conn *c = g->head.next, *n; c != &g->head; c = n) {
+        n = c->next;
+        free(c);
+    }
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
     free(g);
 }
 
-void guard_notify(void *cls, struct MHD_Connection *mc, void **socket_context, enum MHD_ConnectionNotificationCode code) {
+void guard_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
+                  enum MHD_ConnectionNotificationCode code) {
     conn_guard *g = cls;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         conn *c = calloc(1, sizeof *c);
@@ -94,6 +117,7 @@ void guard_notify(void *cls, struct MHD_Connection *mc, void **socket_context, e
         c->prev = &g->head;
         g->head.next->prev = c;
         g->head.next = c;
+        if (++g->napi > g->max_api) evict_oldest_head(g, c);
         pthread_mutex_unlock(&g->mu);
     } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
         conn *c = *socket_context;
@@ -101,6 +125,7 @@ void guard_notify(void *cls, struct MHD_Connection *mc, void **socket_context, e
         pthread_mutex_lock(&g->mu);
         c->prev->next = c->next;
         c->next->prev = c->prev;
+        g->napi -= c->phase != CONN_SSE;
         pthread_mutex_unlock(&g->mu);
         free(c);
         *socket_context = NULL;
@@ -112,6 +137,7 @@ void guard_phase(conn_guard *g, struct MHD_Connection *mc, int phase) {
     conn *c = ci ? ci->socket_context : NULL;
     if (!c) return;
     pthread_mutex_lock(&g->mu);
+    g->napi += (c->phase == CONN_SSE) - (phase == CONN_SSE);
     c->phase = phase;
     c->since = ac_now();
     pthread_mutex_unlock(&g->mu);

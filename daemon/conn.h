@@ -8,6 +8,12 @@
  * down the socket of a connection past header_timeout_s in HEAD or
  * body_timeout_s in BODY; libmicrohttpd then sees the closed socket and
  * frees the slot.
+ *
+ * The guard also keeps the API's connection cap: past max_api connections
+ * that are not event streams, a new one makes it cut the connection that has
+ * waited longest for its request head, so slow-header sockets cannot fill
+ * the API and lock out /healthz or GET /v1/jobs (streams have their own cap
+ * in sse.c).
  */
 #ifndef AC_CONN_H
 #define AC_CONN_H
@@ -18,13 +24,13 @@ enum { CONN_HEAD, CONN_BODY, CONN_BUSY, CONN_SSE };
 
 typedef struct conn_guard conn_guard;
 
-conn_guard *guard_new(int header_timeout_s, int body_timeout_s);
+conn_guard *guard_new(int header_timeout_s, int body_timeout_s, int max_api);
 void guard_free(conn_guard *g);
 /* MHD_OPTION_NOTIFY_CONNECTION callback (cls = the guard). */
 void guard_notify(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code);
 /* Move a connection to a phase (restarts its clock). */
 void guard_phase(conn_guard *g, struct MHD_Connection *c, int phase);
-/* Connections cut for missing a deadline so far. */
+/* Connections cut so far (a missed deadline, or evicted over max_api). */
 long guard_cut(conn_guard *g);
 
 #endif

@@ -68,3 +68,16 @@ static int file_put(void *ud, const ac_cost_table *t, ac_err *e) {
 void costcache_file(ac_cost_cache *c, const char *path, int writable) {
     *c = (ac_cost_cache){.get = file_get, .put = writable && path ? file_put : NULL, .ud = (void *)path};
 }
+
+static int json_get(void *ud, const char *key, ac_cost_table *t, int *found, ac_err *e) {
+    const json_t *j = json_object_get(ud, key);
+    *found = 0;
+    if (!j) return 0;
+    int rc = ac_cost_table_from_json(j, t, e) == 0 ? 0 : ac_errf(e, "cost table %s is corrupt", key);
+    *found = rc == 0;
+    return rc;
+}
+
+void costcache_json(ac_cost_cache *c, const json_t *tables) {
+    *c = (ac_cost_cache){.get = json_get, .put = NULL, .ud = (void *)tables};
+}

@@ -17,4 +17,8 @@ void costcache_db(ac_cost_cache *c, db *d);
  * through db_open (creating it and applying the migrations) and stores. */
 void costcache_file(ac_cost_cache *c, const char *path, int writable);
 
+/* Over tables in memory, {key: table JSON} (not consumed; it must outlive
+ * the cache): the worker's, handed over by the daemon on stdin. Read-only. */
+void costcache_json(ac_cost_cache *c, const json_t *tables);
+
 #endif

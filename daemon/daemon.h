@@ -25,9 +25,9 @@ typedef struct ac_daemon {
     db *db;
     sse_hub *hub;
     struct MHD_Daemon *mhd;
-    pool *pool;          /* HTTP work pool (file-touching routes) */
-    conn_guard *guard;   /* header / body deadlines */
-    int schema_version;  /* read once at start: /healthz takes no lock */
+    pool *pool;         /* HTTP work pool (file-touching routes) */
+    conn_guard *guard;  /* header / body deadlines */
+    int schema_version; /* read once at start: /healthz takes no lock */
     char data_dir_abs[1024];
     uv_loop_t *loop;
     scheduler *sched;
@@ -36,6 +36,8 @@ typedef struct ac_daemon {
     int ndevices;
     double started_at;
     atomic_long http_requests, http_errors, jobs_submitted, events_stored;
+    atomic_llong http_beat_ms; /* the HTTP polling thread's last request (watchdog.c) */
+    atomic_int http_frozen;    /* test hook (SIGUSR2 with AUTOCOMPRESSD_TEST_HOOKS=1): freeze the HTTP thread */
 } ac_daemon;
 
 /* HTTP front (http.c). */
@@ -61,8 +63,19 @@ int sched_measure_cancel(ac_daemon *d, long id);
 json_t *sched_measurements(ac_daemon *d);
 /* The worker side of a measurement: `autocompressd measure-table --threads N`. */
 int measure_main(int argc, char **argv);
-/* Thread-safe: store an event, fan it out to SSE, return its id. */
+/* The event bus (events.c). Thread-safe: store a job's progress event
+ * (data is consumed) and fan it out to the job's SSE subscribers; returns
+ * its id, or -1 when it could not be stored. */
 long daemon_event(ac_daemon *d, long job, const char *kind, json_t *data);
+/* The job ended: its subscribers close after draining. */
+void events_finish(ac_daemon *d, long job);
+
+/* systemd (watchdog.c): sd_notify, and WATCHDOG=1 every usec/2 from the
+ * loop while the HTTP side answers too. */
+void wd_notify(const char *msg);
+int wd_start(ac_daemon *d, long long usec);
+void wd_stop(void);
+long long wd_now_ms(void);
 
 /* The worker (worker.c): `autocompressd run-job ID --db PATH ...`. */
 int worker_main(int argc, char **argv);

@@ -11,7 +11,7 @@
 struct db {
     sqlite3 *wr, *rd;
     pthread_mutex_t wmu, rmu, hmu;
-    int degraded;           /* the last write failed (hmu) */
+    int degraded; /* the last write failed (hmu) */
     long write_failures;
     char last_error[256];
 };
@@ -19,7 +19,8 @@ struct db {
 /* Record the outcome of a write for db_health. */
 static void wr_result(db *d, int ok, const char *msg) {
     pthread_mutex_lock(&d->hmu);
-    if (ok) d->degraded = 0;
+    if (ok)
+        d->degraded = 0;
     else {
         d->degraded = 1;
         d->write_failures++;
@@ -96,7 +97,9 @@ int db_schema_version(db *d) {
 static int migrate(db *d, ac_err *e) {
     int cur = db_schema_version(d);
     char *err = NULL;
-    if (sqlite3_exec(d->wr, "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)",
+    if (sqlite3_exec(d->wr,
+                     "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+                     "applied_at REAL NOT NULL)",
                      NULL, NULL, &err) != SQLITE_OK) {
         ac_errf(e, "migrations table: %s", err);
         sqlite3_free(err);
@@ -112,9 +115,10 @@ static int migrate(db *d, ac_err *e) {
             sqlite3_exec(d->wr, "ROLLBACK", NULL, NULL, NULL);
             return -1;
         }
-        snprintf(sql, sizeof sql, "INSERT INTO schema_migrations VALUES (%d, '%s', %.3f); PRAGMA user_version = %d;", m->version, m->name,
-                 now_s(), m->version);
-        if (sqlite3_exec(d->wr, sql, NULL, NULL, &err) != SQLITE_OK || sqlite3_exec(d->wr, "COMMIT", NULL, NULL, &err) != SQLITE_OK) {
+        snprintf(sql, sizeof sql, "INSERT INTO schema_migrations VALUES (%d, '%s', %.3f); PRAGMA user_version = %d;",
+                 m->version, m->name, now_s(), m->version);
+        if (sqlite3_exec(d->wr, sql, NULL, NULL, &err) != SQLITE_OK ||
+            sqlite3_exec(d->wr, "COMMIT", NULL, NULL, &err) != SQLITE_OK) {
             ac_errf(e, "migration %s: %s", m->name, err ? err : "?");
             sqlite3_free(err);
             sqlite3_exec(d->wr, "ROLLBACK", NULL, NULL, NULL);
@@ -130,15 +134,22 @@ int db_open(const char *path, db **out, ac_err *e) {
     pthread_mutex_init(&d->wmu, NULL);
     pthread_mutex_init(&d->rmu, NULL);
     pthread_mutex_init(&d->hmu, NULL);
-    if (open_conn(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, &d->wr, e)) { free(d); return -1; }
+    if (open_conn(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, &d->wr, e)) {
+        free(d);
+        return -1;
+    }
     char *err = NULL;
-    if (sqlite3_exec(d->wr, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;", NULL, NULL, &err) != SQLITE_OK) {
+    if (sqlite3_exec(d->wr, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;", NULL, NULL,
+                     &err) != SQLITE_OK) {
         ac_errf(e, "database %s: %s", path, err);
         sqlite3_free(err);
         db_close(d);
         return -1;
     }
-    if (migrate(d, e) || open_conn(path, SQLITE_OPEN_READONLY, &d->rd, e)) { db_close(d); return -1; }
+    if (migrate(d, e) || open_conn(path, SQLITE_OPEN_READONLY, &d->rd, e)) {
+        db_close(d);
+        return -1;
+    }
     *out = d;
     return 0;
 }
@@ -153,446 +164,500 @@ void db_close(db *d) {
     free(d);
 }
 
-/* The spec of the job holding idempotency key k (caller frees), or NULL. Writer lock held. */
-static char *idem_lookup(db *d, const char *k, long *id) {
-    sqlite3_stmt *st;
-    char *spec = NULL;
-    if (sqlite3_prepare_v2(d->wr, "SELECT id, spec FROM jobs WHERE idempotency_key = ?", -1, &st, NULL) != SQLITE_OK) return NULL;
-    sqlite3_bind_text(st, 1, k, -1, SQLITE_TRANSIENT);
-    if (sqlite3_step(st) == SQLITE_ROW) {
-        *id = (long)sqlite3_column_int64(st, 0);
-        spec = strdup((const char *)sqlite3_column_text(st, 1));
+/* ------------------------------------------------------------- statements */
+
+/* A statement parameter: text (NULL text binds NULL), integer or real. */
+typedef struct {
+    int kind;
+    const char *s;
+    sqlite3_int64 i;
+    double f;
+} arg;
+#define A_TEXT(x) ((arg){1, (x), 0, 0})
+#define A_INT(x) ((arg){2, NULL, (sqlite3_int64)(x), 0})
+#define A_REAL(x) ((arg){3, NULL, 0, (x)})
+#define ARGS(...) (const arg[]){__VA_ARGS__}, (int)(sizeof((const arg[]){__VA_ARGS__}) / sizeof(arg))
+
+static int prepare(sqlite3 *c, const char *sql, const arg *a, int n, sqlite3_stmt **st) {
+    if (sqlite3_prepare_v2(c, sql, -1, st, NULL) != SQLITE_OK) return -1;
+    for (int i = 0; i < n; i++) {
+        if (a[i].kind == 1 && a[i].s)
+            sqlite3_bind_text(*st, i + 1, a[i].s, -1, SQLITE_TRANSIENT);
+        else if (a[i].kind == 2)
+            sqlite3_bind_int64(*st, i + 1, a[i].i);
+        else if (a[i].kind == 3)
+            sqlite3_bind_double(*st, i + 1, a[i].f);
     }
-    sqlite3_finalize(st);
-    return spec;
+    return 0;
 }
 
-long db_job_insert(db *d, const char *spec, const char *name, int priority, const char *idem_key, char **existing_spec, ac_err *e) {
+/* One statement on the writer connection, its lock held. *rowid (optional): the new row's id. */
+static int exec_w(db *d, const char *sql, const arg *a, int n, const char *what, long *rowid, ac_err *e) {
+    sqlite3_stmt *st;
+    if (prepare(d->wr, sql, a, n, &st)) return sqerr(d->wr, e, what);
+    int ok = sqlite3_step(st) == SQLITE_DONE;
+    sqlite3_finalize(st);
+    if (!ok) return sqerr(d->wr, e, what);
+    if (rowid) *rowid = (long)sqlite3_last_insert_rowid(d->wr);
+    return 0;
+}
+
+/* One statement in autocommit, with the writer lock and the health record. */
+static int write1(db *d, const char *sql, const arg *a, int n, const char *what, long *rowid, ac_err *e) {
+    pthread_mutex_lock(&d->wmu);
+    int rc = exec_w(d, sql, a, n, what, rowid, e);
+    wr_result(d, rc == 0, e->msg);
+    pthread_mutex_unlock(&d->wmu);
+    return rc;
+}
+
+/* Fill one array element from a row: 0, or -1 (out of memory or a bad row; the element is left clear). */
+typedef int (*row_fn)(sqlite3_stmt *st, void *elem);
+
+/* The rows of a read statement, one element of `size` bytes each, into *out (*n of them; caller frees). */
+static int read_rows(db *d, const char *sql, const arg *a, int na, row_fn row, size_t size, void (*clear)(void *),
+                     void **out, int *n, const char *what, ac_err *e) {
     sqlite3_stmt *st = NULL;
+    char *arr = NULL;
+    int rc = 0, sr = SQLITE_DONE, cap = 0;
+    *n = 0;
+    pthread_mutex_lock(&d->rmu);
+    if (prepare(d->rd, sql, a, na, &st)) rc = sqerr(d->rd, e, what);
+    while (rc == 0 && (sr = sqlite3_step(st)) == SQLITE_ROW) {
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 16;
+            char *na2 = realloc(arr, (size_t)cap * size);
+            if (!na2) {
+                rc = ac_errf(e, "out of memory (%s)", what);
+                break;
+            }
+            arr = na2;
+        }
+        memset(arr + (size_t)*n * size, 0, size);
+        if (row(st, arr + (size_t)*n * size))
+            rc = ac_errf(e, "out of memory or a bad row (%s)", what);
+        else
+            (*n)++;
+    }
+    if (rc == 0 && sr != SQLITE_DONE) rc = sqerr(d->rd, e, what);
+    if (st) sqlite3_finalize(st);
+    pthread_mutex_unlock(&d->rmu);
+    if (rc) {
+        for (int i = 0; clear && i < *n; i++) clear(arr + (size_t)i * size);
+        free(arr);
+        arr = NULL;
+        *n = 0;
+    }
+    *out = arr;
+    return rc;
+}
+
+static int text_row(sqlite3_stmt *st, void *elem) {
+    const char *t = (const char *)sqlite3_column_text(st, 0);
+    return t && !(*(char **)elem = strdup(t)) ? -1 : 0;
+}
+
+static void text_clear(void *elem) { free(*(char **)elem); }
+
+/* The first column of the first row (caller frees), NULL when there is no row or it is NULL. */
+static int read_text(db *d, const char *sql, const arg *a, int na, char **out, const char *what, ac_err *e) {
+    char **v;
+    int n;
+    *out = NULL;
+    if (read_rows(d, sql, a, na, text_row, sizeof *v, text_clear, (void **)&v, &n, what, e)) return -1;
+    if (n > 0) *out = v[0];
+    for (int i = 1; i < n; i++) free(v[i]);
+    free(v);
+    return 0;
+}
+
+/* ------------------------------------------------------------- jobs */
+
+/* The id and spec of the job holding idempotency key k: 0 (spec NULL when none), -1. Writer lock held. */
+static int idem_lookup(db *d, const char *k, long *id, char **spec, ac_err *e) {
+    sqlite3_stmt *st;
+    *spec = NULL;
+    if (prepare(d->wr, "SELECT id, spec FROM jobs WHERE idempotency_key = ?", ARGS(A_TEXT(k)), &st))
+        return sqerr(d->wr, e, "idempotency key");
+    int sr = sqlite3_step(st), rc = 0;
+    if (sr == SQLITE_ROW) {
+        *id = (long)sqlite3_column_int64(st, 0);
+        if (!(*spec = strdup((const char *)sqlite3_column_text(st, 1)))) rc = ac_errf(e, "out of memory");
+    } else if (sr != SQLITE_DONE)
+        rc = sqerr(d->wr, e, "idempotency key");
+    sqlite3_finalize(st);
+    return rc;
+}
+
+long db_job_insert(db *d, const char *spec, const char *name, int priority, const char *idem_key, char **existing_spec,
+                   ac_err *e) {
     long id = -1;
     double t = now_s();
-    if (existing_spec) *existing_spec = NULL;
+    char *existing = NULL;
     pthread_mutex_lock(&d->wmu);
-    if (wbegin(d, 1, e)) {
-        wr_result(d, 0, e->msg);
-        pthread_mutex_unlock(&d->wmu);
+    int rc = wbegin(d, 1, e);
+    if (rc == 0 && idem_key) rc = idem_lookup(d, idem_key, &id, &existing, e);
+    if (rc == 0 && !existing) /* else a retry: no new job */
+        rc = exec_w(d,
+                    "INSERT INTO jobs (name, state, priority, spec, reason, created_at, updated_at, idempotency_key)"
+                    " VALUES (?, 'queued', ?, ?, 'waiting for the scheduler', ?, ?, ?)",
+                    ARGS(A_TEXT(name), A_INT(priority), A_TEXT(spec), A_REAL(t), A_REAL(t), A_TEXT(idem_key)),
+                    "insert job", &id, e);
+    if (rc == 0 && !existing)
+        rc = exec_w(d,
+                    "INSERT INTO job_transitions (job_id, from_state, to_state, at, reason)"
+                    " VALUES (?, NULL, 'queued', ?, 'submitted')",
+                    ARGS(A_INT(id), A_REAL(t)), "insert transition", NULL, e);
+    if (rc == 0 || sqlite3_get_autocommit(d->wr) == 0) rc = wend(d, rc == 0, 1, e) ? -1 : rc;
+    wr_result(d, rc == 0, e->msg);
+    pthread_mutex_unlock(&d->wmu);
+    if (rc) {
+        free(existing);
         return -1;
     }
-    if (idem_key && existing_spec && (*existing_spec = idem_lookup(d, idem_key, &id))) goto out; /* a retry: no new job */
-    id = -1;
-    if (sqlite3_prepare_v2(d->wr, "INSERT INTO jobs (name, state, priority, spec, reason, created_at, updated_at, idempotency_key)"
-                                  " VALUES (?, 'queued', ?, ?, 'waiting for the scheduler', ?, ?, ?)", -1, &st, NULL) != SQLITE_OK) {
-        sqerr(d->wr, e, "insert job");
-        goto out;
-    }
-    if (name) sqlite3_bind_text(st, 1, name, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_int(st, 2, priority);
-    sqlite3_bind_text(st, 3, spec, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_double(st, 4, t);
-    sqlite3_bind_double(st, 5, t);
-    if (idem_key) sqlite3_bind_text(st, 6, idem_key, -1, SQLITE_TRANSIENT);
-    if (sqlite3_step(st) != SQLITE_DONE) { sqerr(d->wr, e, "insert job"); goto out; }
-    id = (long)sqlite3_last_insert_rowid(d->wr);
-    sqlite3_finalize(st);
-    st = NULL;
-    if (sqlite3_prepare_v2(d->wr, "INSERT INTO job_transitions (job_id, from_state, to_state, at, reason) VALUES (?, NULL, 'queued', ?, 'submitted')", -1, &st, NULL) != SQLITE_OK ||
-        (sqlite3_bind_int64(st, 1, id), sqlite3_bind_double(st, 2, t), sqlite3_step(st) != SQLITE_DONE)) {
-        sqerr(d->wr, e, "insert transition");
-        id = -1;
-    }
-out:
-    sqlite3_finalize(st);
-    if (wend(d, id > 0, 1, e)) {
-        id = -1;
-        if (existing_spec) { free(*existing_spec); *existing_spec = NULL; }
-    }
-    wr_result(d, id > 0, e->msg);
-    pthread_mutex_unlock(&d->wmu);
+    if (existing_spec)
+        *existing_spec = existing;
+    else
+        free(existing);
     return id;
 }
 
-static json_t *col_json(sqlite3_stmt *st, int i) {
-    switch (sqlite3_column_type(st, i)) {
-    case SQLITE_NULL: return json_null();
-    case SQLITE_INTEGER: return json_integer(sqlite3_column_int64(st, i));
-    case SQLITE_FLOAT: return json_real(sqlite3_column_double(st, i));
-    default: return json_string((const char *)sqlite3_column_text(st, i));
-    }
-}
+/* ------------------------------------------------------------- states */
 
-#define JOB_COLS "id, name, state, priority, device, reason, attempts, cancel_requested, created_at, updated_at, started_at, finished_at, spec"
+static const char *const state_names[JOB_NSTATES] = {"queued", "running", "succeeded", "failed", "cancelled"};
 
-static json_t *job_row(sqlite3_stmt *st, int with_spec) {
-    static const char *names[] = {"id", "name", "state", "priority", "device", "reason", "attempts", "cancel_requested",
-                                  "created_at", "updated_at", "started_at", "finished_at"};
-    json_t *j = json_object();
-    for (int i = 0; i < 12; i++) json_object_set_new(j, names[i], col_json(st, i));
-    json_object_set_new(j, "cancel_requested", json_boolean(sqlite3_column_int(st, 7)));
-    if (with_spec) {
-        json_t *spec = json_loads((const char *)sqlite3_column_text(st, 12), 0, NULL);
-        json_object_set_new(j, "spec", spec ? spec : json_null());
-    }
-    return j;
-}
+const char *job_state_name(job_state s) { return s >= 0 && s < JOB_NSTATES ? state_names[s] : "unknown"; }
 
-int db_job_get(db *d, long id, json_t **job, ac_err *e) {
-    sqlite3_stmt *st;
-    int rc = 0;
-    *job = NULL;
-    pthread_mutex_lock(&d->rmu);
-    if (sqlite3_prepare_v2(d->rd, "SELECT " JOB_COLS ", result FROM jobs WHERE id = ?", -1, &st, NULL) != SQLITE_OK) {
-        rc = sqerr(d->rd, e, "get job");
-        goto out;
-    }
-    sqlite3_bind_int64(st, 1, id);
-    int sr = sqlite3_step(st);
-    if (sr == SQLITE_ROW) {
-        *job = job_row(st, 1);
-        json_object_set_new(*job, "has_result", json_boolean(sqlite3_column_type(st, 13) != SQLITE_NULL));
-    } else if (sr != SQLITE_DONE) rc = sqerr(d->rd, e, "get job");
-    sqlite3_finalize(st);
-    if (*job) {
-        if (sqlite3_prepare_v2(d->rd, "SELECT from_state, to_state, at, reason FROM job_transitions WHERE job_id = ? ORDER BY id", -1, &st, NULL) != SQLITE_OK) {
-            rc = sqerr(d->rd, e, "get job transitions");
-            goto out;
+int job_state_parse(const char *name, job_state *out) {
+    for (int i = 0; name && i < JOB_NSTATES; i++)
+        if (!strcmp(name, state_names[i])) {
+            *out = (job_state)i;
+            return 0;
         }
-        json_t *tr = json_array();
-        sqlite3_bind_int64(st, 1, id);
-        while ((sr = sqlite3_step(st)) == SQLITE_ROW)
-            json_array_append_new(tr, json_pack("{s:o,s:o,s:o,s:o}", "from", col_json(st, 0), "to", col_json(st, 1), "at", col_json(st, 2), "reason", col_json(st, 3)));
-        if (sr != SQLITE_DONE) rc = sqerr(d->rd, e, "get job transitions");
-        sqlite3_finalize(st);
-        json_object_set_new(*job, "transitions", tr);
-    }
-out:
-    if (rc && *job) { json_decref(*job); *job = NULL; }
-    pthread_mutex_unlock(&d->rmu);
-    return rc;
+    return -1;
 }
 
-int db_job_list(db *d, const char *state, long after, int limit, json_t **jobs, ac_err *e) {
-    sqlite3_stmt *st;
-    pthread_mutex_lock(&d->rmu);
-    const char *sql = state ? "SELECT " JOB_COLS " FROM jobs WHERE id > ? AND state = ? ORDER BY id LIMIT ?"
-                            : "SELECT " JOB_COLS " FROM jobs WHERE id > ? ORDER BY id LIMIT ?";
-    if (sqlite3_prepare_v2(d->rd, sql, -1, &st, NULL) != SQLITE_OK) {
-        int rc = sqerr(d->rd, e, "list jobs");
-        pthread_mutex_unlock(&d->rmu);
-        return rc;
-    }
-    int i = 1;
-    sqlite3_bind_int64(st, i++, after);
-    if (state) sqlite3_bind_text(st, i++, state, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_int(st, i, limit);
-    *jobs = json_array();
-    int sr;
-    while ((sr = sqlite3_step(st)) == SQLITE_ROW) json_array_append_new(*jobs, job_row(st, 0));
-    int rc = sr == SQLITE_DONE ? 0 : sqerr(d->rd, e, "list jobs");
-    sqlite3_finalize(st);
-    pthread_mutex_unlock(&d->rmu);
-    if (rc) { json_decref(*jobs); *jobs = NULL; }
-    return rc;
+int job_state_terminal(job_state s) { return s == JOB_SUCCEEDED || s == JOB_FAILED || s == JOB_CANCELLED; }
+
+/* ------------------------------------------------------------- rows */
+
+/* A text column, copied (NULL for NULL); *oom set when the copy fails. */
+static char *col_text(sqlite3_stmt *st, int i, int *oom) {
+    const char *t = (const char *)sqlite3_column_text(st, i);
+    if (!t) return NULL;
+    char *c = strdup(t);
+    if (!c) *oom = 1;
+    return c;
 }
 
-int db_job_transition(db *d, long id, const char *from, const char *to, const char *reason, const char *device,
-                      const char *result, ac_err *e) {
-    sqlite3_stmt *st = NULL;
-    int rc = -1;
-    double t = now_s();
-    pthread_mutex_lock(&d->wmu);
-    if (wbegin(d, 1, e)) {
-        wr_result(d, 0, e->msg);
-        pthread_mutex_unlock(&d->wmu);
+static double col_time(sqlite3_stmt *st, int i, int *has) {
+    *has = sqlite3_column_type(st, i) != SQLITE_NULL;
+    return *has ? sqlite3_column_double(st, i) : 0;
+}
+
+void db_job_clear(db_job *j) {
+    free(j->name);
+    free(j->device);
+    free(j->reason);
+    free(j->spec);
+    for (int i = 0; i < j->ntransitions; i++) free(j->transitions[i].reason);
+    free(j->transitions);
+    memset(j, 0, sizeof *j);
+}
+
+static void job_clear(void *j) { db_job_clear(j); }
+
+void db_jobs_free(db_job *jobs, int n) {
+    for (int i = 0; i < n; i++) db_job_clear(&jobs[i]);
+    free(jobs);
+}
+
+#define JOB_COLS                                                                                                       \
+    "id, name, state, priority, device, reason, attempts, cancel_requested, created_at, updated_at, started_at, "      \
+    "finished_at, result IS NOT NULL"
+
+/* One row of JOB_COLS (and the spec, when selected as column 13). */
+static int job_row(sqlite3_stmt *st, void *elem) {
+    db_job *j = elem;
+    int bad = 0, has;
+    j->id = (long)sqlite3_column_int64(st, 0);
+    j->name = col_text(st, 1, &bad);
+    if (job_state_parse((const char *)sqlite3_column_text(st, 2), &j->state)) bad = 1;
+    j->priority = sqlite3_column_int(st, 3);
+    j->device = col_text(st, 4, &bad);
+    j->reason = col_text(st, 5, &bad);
+    j->attempts = (long)sqlite3_column_int64(st, 6);
+    j->cancel_requested = sqlite3_column_int(st, 7) != 0;
+    j->created_at = col_time(st, 8, &has);
+    j->updated_at = col_time(st, 9, &has);
+    j->started_at = col_time(st, 10, &j->has_started);
+    j->finished_at = col_time(st, 11, &j->has_finished);
+    j->has_result = sqlite3_column_int(st, 12) != 0;
+    if (sqlite3_column_count(st) > 13) j->spec = col_text(st, 13, &bad);
+    if (bad) db_job_clear(j);
+    return bad ? -1 : 0;
+}
+
+static int transition_row(sqlite3_stmt *st, void *elem) {
+    db_transition *t = elem;
+    int bad = 0;
+    t->has_from = job_state_parse((const char *)sqlite3_column_text(st, 0), &t->from) == 0;
+    if (job_state_parse((const char *)sqlite3_column_text(st, 1), &t->to)) bad = 1;
+    t->at = sqlite3_column_double(st, 2);
+    t->reason = col_text(st, 3, &bad);
+    if (bad) free(t->reason);
+    return bad ? -1 : 0;
+}
+
+static void transition_clear(void *elem) { free(((db_transition *)elem)->reason); }
+
+int db_job_get(db *d, long id, db_job *job, int *found, ac_err *e) {
+    db_job *rows;
+    int n;
+    *found = 0;
+    memset(job, 0, sizeof *job);
+    if (read_rows(d, "SELECT " JOB_COLS ", spec FROM jobs WHERE id = ?", ARGS(A_INT(id)), job_row, sizeof *rows,
+                  job_clear, (void **)&rows, &n, "get job", e))
+        return -1;
+    if (n == 0) {
+        free(rows);
+        return 0;
+    }
+    *job = rows[0];
+    free(rows);
+    if (read_rows(d, "SELECT from_state, to_state, at, reason FROM job_transitions WHERE job_id = ? ORDER BY id",
+                  ARGS(A_INT(id)), transition_row, sizeof(db_transition), transition_clear, (void **)&job->transitions,
+                  &job->ntransitions, "get job transitions", e)) {
+        db_job_clear(job);
         return -1;
     }
-    char cur[16] = "";
-    if (sqlite3_prepare_v2(d->wr, "SELECT state FROM jobs WHERE id = ?", -1, &st, NULL) != SQLITE_OK) { sqerr(d->wr, e, "transition"); goto out; }
-    sqlite3_bind_int64(st, 1, id);
-    int step = sqlite3_step(st);
-    if (step != SQLITE_ROW) {
-        if (step == SQLITE_DONE) rc = 1;
-        else sqerr(d->wr, e, "transition");
-        goto out;
-    }
-    snprintf(cur, sizeof cur, "%s", sqlite3_column_text(st, 0));
+    *found = 1;
+    return 0;
+}
+
+int db_job_list(db *d, const job_state *state, long after, int limit, db_job **jobs, int *n, ac_err *e) {
+    if (state)
+        return read_rows(d, "SELECT " JOB_COLS " FROM jobs WHERE id > ? AND state = ? ORDER BY id LIMIT ?",
+                         ARGS(A_INT(after), A_TEXT(job_state_name(*state)), A_INT(limit)), job_row, sizeof **jobs,
+                         job_clear, (void **)jobs, n, "list jobs", e);
+    return read_rows(d, "SELECT " JOB_COLS " FROM jobs WHERE id > ? ORDER BY id LIMIT ?",
+                     ARGS(A_INT(after), A_INT(limit)), job_row, sizeof **jobs, job_clear, (void **)jobs, n, "list jobs",
+                     e);
+}
+
+int db_job_spec(db *d, long id, char **spec, ac_err *e) {
+    return read_text(d, "SELECT spec FROM jobs WHERE id = ?", ARGS(A_INT(id)), spec, "job spec", e);
+}
+
+int db_job_result(db *d, long id, char **result, ac_err *e) {
+    return read_text(d, "SELECT result FROM jobs WHERE id = ?", ARGS(A_INT(id)), result, "job result", e);
+}
+
+/* The state of job id into *cur: 0, 1 unknown job, -1 error. Writer lock held. */
+static int current_state(db *d, long id, job_state *cur, ac_err *e) {
+    sqlite3_stmt *st;
+    if (prepare(d->wr, "SELECT state FROM jobs WHERE id = ?", ARGS(A_INT(id)), &st))
+        return sqerr(d->wr, e, "transition");
+    int step = sqlite3_step(st), rc = 0;
+    if (step == SQLITE_DONE)
+        rc = 1;
+    else if (step != SQLITE_ROW)
+        rc = sqerr(d->wr, e, "transition");
+    else if (job_state_parse((const char *)sqlite3_column_text(st, 0), cur))
+        rc = ac_errf(e, "job %ld: bad state", id);
     sqlite3_finalize(st);
-    st = NULL;
-    int terminal = !strcmp(cur, "succeeded") || !strcmp(cur, "failed") || !strcmp(cur, "cancelled");
-    if (from ? strcmp(cur, from) != 0 : terminal) { rc = 1; goto out; }
-    const char *sql =
+    return rc;
+}
+
+int db_job_transition(db *d, long id, job_state from, job_state to, const char *reason, const char *device,
+                      const char *result, ac_err *e) {
+    static const char upd[] =
         "UPDATE jobs SET state = ?1, updated_at = ?2, reason = COALESCE(?3, reason), device = COALESCE(?4, device),"
         " result = COALESCE(?5, result),"
         " started_at = CASE WHEN ?1 = 'running' THEN ?2 ELSE started_at END,"
         " finished_at = CASE WHEN ?1 IN ('succeeded','failed','cancelled') THEN ?2 ELSE finished_at END,"
         " attempts = attempts + (?1 = 'running'),"
         " worker_pid = CASE WHEN ?1 = 'running' THEN worker_pid ELSE NULL END WHERE id = ?6";
-    if (sqlite3_prepare_v2(d->wr, sql, -1, &st, NULL) != SQLITE_OK) { sqerr(d->wr, e, "transition"); goto out; }
-    sqlite3_bind_text(st, 1, to, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_double(st, 2, t);
-    if (reason) sqlite3_bind_text(st, 3, reason, -1, SQLITE_TRANSIENT);
-    if (device) sqlite3_bind_text(st, 4, device, -1, SQLITE_TRANSIENT);
-    if (result) sqlite3_bind_text(st, 5, result, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_int64(st, 6, id);
-    if (sqlite3_step(st) != SQLITE_DONE) { sqerr(d->wr, e, "transition"); goto out; }
-    sqlite3_finalize(st);
-    st = NULL;
-    if (sqlite3_prepare_v2(d->wr, "INSERT INTO job_transitions (job_id, from_state, to_state, at, reason) VALUES (?, ?, ?, ?, ?)", -1, &st, NULL) != SQLITE_OK) { sqerr(d->wr, e, "transition"); goto out; }
-    sqlite3_bind_int64(st, 1, id);
-    sqlite3_bind_text(st, 2, cur, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(st, 3, to, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_double(st, 4, t);
-    if (reason) sqlite3_bind_text(st, 5, reason, -1, SQLITE_TRANSIENT);
-    if (sqlite3_step(st) != SQLITE_DONE) { sqerr(d->wr, e, "transition"); goto out; }
-    rc = 0;
-out:
-    sqlite3_finalize(st);
+    double t = now_s();
+    job_state cur;
+    pthread_mutex_lock(&d->wmu);
+    int rc = wbegin(d, 1, e);
+    if (rc == 0) rc = current_state(d, id, &cur, e);
+    if (rc == 0 && (from == JOB_ANY_LIVE ? job_state_terminal(cur) : cur != from)) rc = 1;
+    if (rc == 0)
+        rc = exec_w(
+            d, upd,
+            ARGS(A_TEXT(job_state_name(to)), A_REAL(t), A_TEXT(reason), A_TEXT(device), A_TEXT(result), A_INT(id)),
+            "transition", NULL, e);
+    if (rc == 0)
+        rc = exec_w(d, "INSERT INTO job_transitions (job_id, from_state, to_state, at, reason) VALUES (?, ?, ?, ?, ?)",
+                    ARGS(A_INT(id), A_TEXT(job_state_name(cur)), A_TEXT(job_state_name(to)), A_REAL(t), A_TEXT(reason)),
+                    "transition", NULL, e);
     /* rc 1 (not in that state) changed nothing: roll back, not a failure */
-    if (wend(d, rc == 0, 1, e) && rc == 0) rc = -1;
+    if ((rc >= 0 || sqlite3_get_autocommit(d->wr) == 0) && wend(d, rc == 0, 1, e) && rc == 0) rc = -1;
     if (rc != 1) wr_result(d, rc == 0, e->msg);
     pthread_mutex_unlock(&d->wmu);
     return rc;
 }
 
-int db_queue(db *d, json_t **queue, ac_err *e) {
-    sqlite3_stmt *st;
-    pthread_mutex_lock(&d->rmu);
-    if (sqlite3_prepare_v2(d->rd, "SELECT id, reason, json_extract(spec, '$.target.device') FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id", -1, &st, NULL) != SQLITE_OK) {
-        int rc = sqerr(d->rd, e, "queue");
-        pthread_mutex_unlock(&d->rmu);
-        return rc;
-    }
-    *queue = json_array();
-    int sr;
-    while ((sr = sqlite3_step(st)) == SQLITE_ROW)
-        json_array_append_new(*queue, json_pack("{s:o,s:o,s:o}", "id", col_json(st, 0), "reason", col_json(st, 1), "device", col_json(st, 2)));
-    int rc = sr == SQLITE_DONE ? 0 : sqerr(d->rd, e, "queue");
-    sqlite3_finalize(st);
-    pthread_mutex_unlock(&d->rmu);
-    if (rc) { json_decref(*queue); *queue = NULL; }
-    return rc;
+static int queued_row(sqlite3_stmt *st, void *elem) {
+    db_queued *q = elem;
+    const char *reason = (const char *)sqlite3_column_text(st, 1), *dev = (const char *)sqlite3_column_text(st, 2);
+    q->id = (long)sqlite3_column_int64(st, 0);
+    snprintf(q->reason, sizeof q->reason, "%s", reason ? reason : "");
+    snprintf(q->device, sizeof q->device, "%s", dev ? dev : "cpu");
+    return 0;
 }
 
-int db_job_set(db *d, long id, const char *column, const char *text, long num, ac_err *e) {
-    static const char *allowed[] = {"reason", "worker_pid", "cancel_requested", "device", NULL};
-    int ok = 0;
-    for (int i = 0; allowed[i]; i++) ok |= !strcmp(allowed[i], column);
-    if (!ok) return ac_errf(e, "db_job_set: column %s not settable", column);
-    char sql[128];
-    snprintf(sql, sizeof sql, "UPDATE jobs SET %s = ?, updated_at = ? WHERE id = ?", column);
-    sqlite3_stmt *st;
-    int rc = 0;
-    pthread_mutex_lock(&d->wmu);
-    if (sqlite3_prepare_v2(d->wr, sql, -1, &st, NULL) != SQLITE_OK) rc = sqerr(d->wr, e, "set");
-    else {
-        if (text) sqlite3_bind_text(st, 1, text, -1, SQLITE_TRANSIENT);
-        else sqlite3_bind_int64(st, 1, num);
-        sqlite3_bind_double(st, 2, now_s());
-        sqlite3_bind_int64(st, 3, id);
-        if (sqlite3_step(st) != SQLITE_DONE) rc = sqerr(d->wr, e, "set");
-        sqlite3_finalize(st);
-    }
-    wr_result(d, rc == 0, e->msg);
-    pthread_mutex_unlock(&d->wmu);
-    return rc;
+int db_queue(db *d, db_queued **queue, int *n, ac_err *e) {
+    return read_rows(d,
+                     "SELECT id, reason, json_extract(spec, '$.target.device') FROM jobs WHERE state = 'queued'"
+                     " ORDER BY priority DESC, id",
+                     NULL, 0, queued_row, sizeof **queue, NULL, (void **)queue, n, "queue", e);
+}
+
+int db_job_set_reason(db *d, long id, const char *reason, ac_err *e) {
+    return write1(d, "UPDATE jobs SET reason = ?, updated_at = ? WHERE id = ?",
+                  ARGS(A_TEXT(reason), A_REAL(now_s()), A_INT(id)), "set reason", NULL, e);
+}
+
+int db_job_set_pid(db *d, long id, long pid, ac_err *e) {
+    return write1(d, "UPDATE jobs SET worker_pid = ?, updated_at = ? WHERE id = ?",
+                  ARGS(A_INT(pid), A_REAL(now_s()), A_INT(id)), "set worker pid", NULL, e);
+}
+
+int db_job_set_cancel(db *d, long id, ac_err *e) {
+    return write1(d, "UPDATE jobs SET cancel_requested = 1, updated_at = ? WHERE id = ?",
+                  ARGS(A_REAL(now_s()), A_INT(id)), "request cancel", NULL, e);
 }
 
 int db_recover(db *d, const char *policy, int max_attempts, ac_err *e) {
-    json_t *running;
-    if (db_job_list(d, "running", 0, 1000000, &running, e)) return -1;
-    size_t i;
-    json_t *j;
+    db_job *running;
+    int nrun;
+    job_state st = JOB_RUNNING;
+    if (db_job_list(d, &st, 0, 1000000, &running, &nrun, e)) return -1;
     int n = 0;
-    json_array_foreach(running, i, j) {
-        long id = (long)json_integer_value(json_object_get(j, "id"));
-        long attempts = (long)json_integer_value(json_object_get(j, "attempts"));
-        int cancel = json_is_true(json_object_get(j, "cancel_requested"));
-        int requeue = !strcmp(policy, "requeue") && attempts < max_attempts && !cancel;
-        const char *to = cancel ? "cancelled" : requeue ? "queued" : "failed";
-        const char *why = cancel ? "cancelled (daemon stopped while cancelling)"
+    for (int i = 0; i < nrun; i++) {
+        const db_job *j = &running[i];
+        int cancel = j->cancel_requested;
+        int requeue = !strcmp(policy, "requeue") && j->attempts < max_attempts && !cancel;
+        job_state to = cancel ? JOB_CANCELLED : requeue ? JOB_QUEUED : JOB_FAILED;
+        const char *why = cancel    ? "cancelled (daemon stopped while cancelling)"
                           : requeue ? "interrupted: the daemon stopped while the job ran; re-queued"
                                     : "interrupted: the daemon stopped while the job ran";
-        if (db_job_transition(d, id, "running", to, why, NULL, NULL, e) < 0) { json_decref(running); return -1; }
+        if (db_job_transition(d, j->id, JOB_RUNNING, to, why, NULL, NULL, e) < 0) {
+            db_jobs_free(running, nrun);
+            return -1;
+        }
         n++;
     }
-    json_decref(running);
+    db_jobs_free(running, nrun);
     return n;
 }
 
-int db_job_counts(db *d, json_t **counts, ac_err *e) {
-    sqlite3_stmt *st;
-    pthread_mutex_lock(&d->rmu);
-    if (sqlite3_prepare_v2(d->rd, "SELECT state, COUNT(*) FROM jobs GROUP BY state", -1, &st, NULL) != SQLITE_OK) {
-        int rc = sqerr(d->rd, e, "counts");
-        pthread_mutex_unlock(&d->rmu);
-        return rc;
-    }
-    *counts = json_pack("{s:i,s:i,s:i,s:i,s:i}", "queued", 0, "running", 0, "succeeded", 0, "failed", 0, "cancelled", 0);
-    int sr;
-    while ((sr = sqlite3_step(st)) == SQLITE_ROW)
-        json_object_set_new(*counts, (const char *)sqlite3_column_text(st, 0), json_integer(sqlite3_column_int64(st, 1)));
-    int rc = sr == SQLITE_DONE ? 0 : sqerr(d->rd, e, "counts");
-    sqlite3_finalize(st);
-    pthread_mutex_unlock(&d->rmu);
-    if (rc) { json_decref(*counts); *counts = NULL; }
-    return rc;
+typedef struct {
+    job_state s;
+    long n;
+} state_count;
+
+static int count_row(sqlite3_stmt *st, void *elem) {
+    state_count *c = elem;
+    c->n = (long)sqlite3_column_int64(st, 1);
+    return job_state_parse((const char *)sqlite3_column_text(st, 0), &c->s);
 }
 
+int db_job_counts(db *d, long counts[JOB_NSTATES], ac_err *e) {
+    state_count *c;
+    int n;
+    memset(counts, 0, sizeof(long) * JOB_NSTATES);
+    if (read_rows(d, "SELECT state, COUNT(*) FROM jobs GROUP BY state", NULL, 0, count_row, sizeof *c, NULL,
+                  (void **)&c, &n, "counts", e))
+        return -1;
+    for (int i = 0; i < n; i++) counts[c[i].s] = c[i].n;
+    free(c);
+    return 0;
+}
+
+/* ------------------------------------------------------------- events */
+
 long db_event_insert(db *d, long job, const char *kind, const char *data, ac_err *e) {
-    sqlite3_stmt *st;
     long id = -1;
-    pthread_mutex_lock(&d->wmu);
-    if (sqlite3_prepare_v2(d->wr, "INSERT INTO events (job_id, kind, data, at) VALUES (?, ?, ?, ?)", -1, &st, NULL) != SQLITE_OK) {
-        sqerr(d->wr, e, "insert event");
-    } else {
-        sqlite3_bind_int64(st, 1, job);
-        sqlite3_bind_text(st, 2, kind, -1, SQLITE_TRANSIENT);
-        sqlite3_bind_text(st, 3, data, -1, SQLITE_TRANSIENT);
-        sqlite3_bind_double(st, 4, now_s());
-        if (sqlite3_step(st) == SQLITE_DONE) id = (long)sqlite3_last_insert_rowid(d->wr);
-        else sqerr(d->wr, e, "insert event");
-        sqlite3_finalize(st);
-    }
-    wr_result(d, id > 0, e->msg);
-    pthread_mutex_unlock(&d->wmu);
+    if (write1(d, "INSERT INTO events (job_id, kind, data, at) VALUES (?, ?, ?, ?)",
+               ARGS(A_INT(job), A_TEXT(kind), A_TEXT(data), A_REAL(now_s())), "insert event", &id, e))
+        return -1;
     return id;
 }
 
-int db_events(db *d, long job, long after, int limit, json_t **events, ac_err *e) {
-    sqlite3_stmt *st;
-    pthread_mutex_lock(&d->rmu);
-    if (sqlite3_prepare_v2(d->rd, "SELECT id, kind, data, at FROM events WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?", -1, &st, NULL) != SQLITE_OK) {
-        int rc = sqerr(d->rd, e, "events");
-        pthread_mutex_unlock(&d->rmu);
-        return rc;
-    }
-    sqlite3_bind_int64(st, 1, job);
-    sqlite3_bind_int64(st, 2, after);
-    sqlite3_bind_int(st, 3, limit);
-    *events = json_array();
-    int sr;
-    while ((sr = sqlite3_step(st)) == SQLITE_ROW) {
-        json_t *data = json_loads((const char *)sqlite3_column_text(st, 2), JSON_DECODE_ANY, NULL);
-        json_array_append_new(*events, json_pack("{s:I,s:s,s:o,s:f}", "id", (json_int_t)sqlite3_column_int64(st, 0), "kind",
-                                                 (const char *)sqlite3_column_text(st, 1), "data", data ? data : json_null(),
-                                                 "at", sqlite3_column_double(st, 3)));
-    }
-    int rc = sr == SQLITE_DONE ? 0 : sqerr(d->rd, e, "events");
-    sqlite3_finalize(st);
-    pthread_mutex_unlock(&d->rmu);
-    if (rc) { json_decref(*events); *events = NULL; }
-    return rc;
+static int event_row(sqlite3_stmt *st, void *elem) {
+    db_event *ev = elem;
+    int oom = 0;
+    ev->id = (long)sqlite3_column_int64(st, 0);
+    snprintf(ev->kind, sizeof ev->kind, "%s", (const char *)sqlite3_column_text(st, 1));
+    ev->data = col_text(st, 2, &oom);
+    ev->at = sqlite3_column_double(st, 3);
+    return oom || !ev->data ? -1 : 0;
 }
+
+static void event_clear(void *elem) { free(((db_event *)elem)->data); }
+
+void db_events_free(db_event *evs, int n) {
+    for (int i = 0; i < n; i++) free(evs[i].data);
+    free(evs);
+}
+
+int db_events(db *d, long job, long after, int limit, db_event **events, int *n, ac_err *e) {
+    return read_rows(d, "SELECT id, kind, data, at FROM events WHERE job_id = ? AND id > ? ORDER BY id LIMIT ?",
+                     ARGS(A_INT(job), A_INT(after), A_INT(limit)), event_row, sizeof **events, event_clear,
+                     (void **)events, n, "events", e);
+}
+
+/* ------------------------------------------------------------- cost tables */
 
 int db_cost_put(db *d, const char *key, const char *device, const char *dtype, const char *engine, int version,
                 const char *source, const char *data, ac_err *e) {
-    sqlite3_stmt *st;
-    int rc = 0;
-    pthread_mutex_lock(&d->wmu);
-    if (sqlite3_prepare_v2(d->wr, "INSERT INTO cost_tables (key, device, dtype, engine, version, source, created_at, data) VALUES (?,?,?,?,?,?,?,?)"
-                                  " ON CONFLICT(key) DO UPDATE SET data = excluded.data, source = excluded.source, created_at = excluded.created_at",
-                           -1, &st, NULL) != SQLITE_OK) {
-        rc = sqerr(d->wr, e, "put cost table");
-    } else {
-        const char *txt[] = {key, device, dtype, engine};
-        for (int i = 0; i < 4; i++) sqlite3_bind_text(st, i + 1, txt[i], -1, SQLITE_TRANSIENT);
-        sqlite3_bind_int(st, 5, version);
-        sqlite3_bind_text(st, 6, source, -1, SQLITE_TRANSIENT);
-        sqlite3_bind_double(st, 7, now_s());
-        sqlite3_bind_text(st, 8, data, -1, SQLITE_TRANSIENT);
-        if (sqlite3_step(st) != SQLITE_DONE) rc = sqerr(d->wr, e, "put cost table");
-        sqlite3_finalize(st);
-    }
-    wr_result(d, rc == 0, e->msg);
-    pthread_mutex_unlock(&d->wmu);
-    return rc;
+    return write1(d,
+                  "INSERT INTO cost_tables (key, device, dtype, engine, version, source, created_at, data)"
+                  " VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET data = excluded.data,"
+                  " source = excluded.source, created_at = excluded.created_at",
+                  ARGS(A_TEXT(key), A_TEXT(device), A_TEXT(dtype), A_TEXT(engine), A_INT(version), A_TEXT(source),
+                       A_REAL(now_s()), A_TEXT(data)),
+                  "put cost table", NULL, e);
 }
 
 int db_cost_get(db *d, const char *key, char **data, ac_err *e) {
-    sqlite3_stmt *st;
-    int rc = 0;
-    *data = NULL;
-    pthread_mutex_lock(&d->rmu);
-    if (sqlite3_prepare_v2(d->rd, "SELECT data FROM cost_tables WHERE key = ?", -1, &st, NULL) != SQLITE_OK) rc = sqerr(d->rd, e, "get cost table");
-    else {
-        sqlite3_bind_text(st, 1, key, -1, SQLITE_TRANSIENT);
-        int sr = sqlite3_step(st);
-        if (sr == SQLITE_ROW && !(*data = strdup((const char *)sqlite3_column_text(st, 0)))) rc = ac_errf(e, "out of memory");
-        else if (sr != SQLITE_ROW && sr != SQLITE_DONE) rc = sqerr(d->rd, e, "get cost table");
-        sqlite3_finalize(st);
-    }
-    pthread_mutex_unlock(&d->rmu);
-    return rc;
+    return read_text(d, "SELECT data FROM cost_tables WHERE key = ?", ARGS(A_TEXT(key)), data, "get cost table", e);
 }
 
-int db_cost_list(db *d, json_t **list, ac_err *e) {
-    sqlite3_stmt *st;
-    pthread_mutex_lock(&d->rmu);
-    if (sqlite3_prepare_v2(d->rd, "SELECT key, device, dtype, engine, version, source, created_at, hits FROM cost_tables ORDER BY created_at", -1, &st, NULL) != SQLITE_OK) {
-        int rc = sqerr(d->rd, e, "list cost tables");
-        pthread_mutex_unlock(&d->rmu);
-        return rc;
-    }
-    static const char *names[] = {"key", "device", "dtype", "engine", "version", "source", "created_at", "hits"};
-    *list = json_array();
-    int sr;
-    while ((sr = sqlite3_step(st)) == SQLITE_ROW) {
-        json_t *o = json_object();
-        for (int i = 0; i < 8; i++) json_object_set_new(o, names[i], col_json(st, i));
-        json_array_append_new(*list, o);
-    }
-    int rc = sr == SQLITE_DONE ? 0 : sqerr(d->rd, e, "list cost tables");
-    sqlite3_finalize(st);
-    pthread_mutex_unlock(&d->rmu);
-    if (rc) { json_decref(*list); *list = NULL; }
-    return rc;
+static int cost_row(sqlite3_stmt *st, void *elem) {
+    db_cost_row *r = elem;
+    snprintf(r->key, sizeof r->key, "%s", (const char *)sqlite3_column_text(st, 0));
+    snprintf(r->device, sizeof r->device, "%s", (const char *)sqlite3_column_text(st, 1));
+    snprintf(r->dtype, sizeof r->dtype, "%s", (const char *)sqlite3_column_text(st, 2));
+    snprintf(r->engine, sizeof r->engine, "%s", (const char *)sqlite3_column_text(st, 3));
+    r->version = sqlite3_column_int(st, 4);
+    snprintf(r->source, sizeof r->source, "%s", (const char *)sqlite3_column_text(st, 5));
+    r->created_at = sqlite3_column_double(st, 6);
+    r->hits = (long)sqlite3_column_int64(st, 7);
+    return 0;
 }
 
-int db_job_result(db *d, long id, char **result, ac_err *e) {
-    sqlite3_stmt *st;
-    int rc = 0;
-    *result = NULL;
-    pthread_mutex_lock(&d->rmu);
-    if (sqlite3_prepare_v2(d->rd, "SELECT result FROM jobs WHERE id = ?", -1, &st, NULL) != SQLITE_OK) rc = sqerr(d->rd, e, "job result");
-    else {
-        sqlite3_bind_int64(st, 1, id);
-        int sr = sqlite3_step(st);
-        if (sr == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL) {
-            if (!(*result = strdup((const char *)sqlite3_column_text(st, 0)))) rc = ac_errf(e, "out of memory");
-        } else if (sr != SQLITE_ROW && sr != SQLITE_DONE) rc = sqerr(d->rd, e, "job result");
-        sqlite3_finalize(st);
-    }
-    pthread_mutex_unlock(&d->rmu);
-    return rc;
+int db_cost_list(db *d, db_cost_row **rows, int *n, ac_err *e) {
+    return read_rows(d,
+                     "SELECT key, device, dtype, engine, version, source, created_at, hits FROM cost_tables"
+                     " ORDER BY created_at",
+                     NULL, 0, cost_row, sizeof **rows, NULL, (void **)rows, n, "list cost tables", e);
 }
 
 int db_cost_hit(db *d, const char *key, ac_err *e) {
-    sqlite3_stmt *st;
-    int rc = 0;
-    pthread_mutex_lock(&d->wmu);
-    if (sqlite3_prepare_v2(d->wr, "UPDATE cost_tables SET hits = hits + 1 WHERE key = ?", -1, &st, NULL) != SQLITE_OK) rc = sqerr(d->wr, e, "cost hit");
-    else {
-        sqlite3_bind_text(st, 1, key, -1, SQLITE_TRANSIENT);
-        if (sqlite3_step(st) != SQLITE_DONE) rc = sqerr(d->wr, e, "cost hit");
-        sqlite3_finalize(st);
-    }
-    wr_result(d, rc == 0, e->msg);
-    pthread_mutex_unlock(&d->wmu);
-    return rc;
+    return write1(d, "UPDATE cost_tables SET hits = hits + 1 WHERE key = ?", ARGS(A_TEXT(key)), "cost hit", NULL, e);
 }
 
 int db_cost_source(db *d, const char *key, char *src, size_t n, ac_err *e) {
-    sqlite3_stmt *st;
-    int rc = 0;
+    char *s;
     src[0] = 0;
-    pthread_mutex_lock(&d->rmu);
-    if (sqlite3_prepare_v2(d->rd, "SELECT source FROM cost_tables WHERE key = ?", -1, &st, NULL) != SQLITE_OK) rc = sqerr(d->rd, e, "cost source");
-    else {
-        sqlite3_bind_text(st, 1, key, -1, SQLITE_TRANSIENT);
-        int sr = sqlite3_step(st);
-        if (sr == SQLITE_ROW) snprintf(src, n, "%s", (const char *)sqlite3_column_text(st, 0));
-        else if (sr != SQLITE_DONE) rc = sqerr(d->rd, e, "cost source");
-        sqlite3_finalize(st);
-    }
-    pthread_mutex_unlock(&d->rmu);
-    return rc;
+    if (read_text(d, "SELECT source FROM cost_tables WHERE key = ?", ARGS(A_TEXT(key)), &s, "cost source", e))
+        return -1;
+    if (s) snprintf(src, n, "%s", s);
+    free(s);
+    return 0;
 }

@@ -1,6 +1,8 @@
 /*
  * db.h - the daemon's SQLite store: migrations, the job state machine,
- * progress events, the cost-table cache.
+ * progress events, the cost-table cache. Reads return typed rows (db_job,
+ * job_state, db_event, ...); the JSON the API sends is built from them in
+ * one place (http.c).
  *
  * One writer connection (behind a mutex) and one reader connection (WAL
  * lets reads run beside the writer), busy timeout set, every state change in
@@ -21,7 +23,11 @@
 
 #include "err.h"
 
-typedef struct { int version; const char *name; const char *sql; } db_migration;
+typedef struct {
+    int version;
+    const char *name;
+    const char *sql;
+} db_migration;
 extern const db_migration db_migrations[];
 
 typedef struct db db;
@@ -30,35 +36,95 @@ int db_open(const char *path, db **out, ac_err *e);
 void db_close(db *d);
 int db_schema_version(db *d);
 
+/* A job's state; one name table (job_state_name / job_state_parse) maps
+ * them to and from the strings of the API and the database. */
+typedef enum { JOB_QUEUED, JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED, JOB_CANCELLED, JOB_NSTATES } job_state;
+/* db_job_transition's `from` when any state that has not ended will do. */
+#define JOB_ANY_LIVE ((job_state)-1)
+
+const char *job_state_name(job_state s);
+/* 0 and *out, or -1 when name is not a state. */
+int job_state_parse(const char *name, job_state *out);
+int job_state_terminal(job_state s);
+
+typedef struct {
+    int has_from;
+    job_state from, to;
+    double at;
+    char *reason; /* NULL when none */
+} db_transition;
+
+/* One row of jobs. Strings are owned (db_job_clear); NULL when the column
+ * is NULL. Times are seconds since the epoch; 0 with has_* unset for NULL. */
+typedef struct {
+    long id;
+    char *name, *device, *reason;
+    job_state state;
+    int priority, cancel_requested, has_result, has_started, has_finished;
+    long attempts;
+    double created_at, updated_at, started_at, finished_at;
+    char *spec;                 /* db_job_get only: the spec JSON text */
+    db_transition *transitions; /* db_job_get only */
+    int ntransitions;
+} db_job;
+void db_job_clear(db_job *j);
+void db_jobs_free(db_job *jobs, int n);
+
+/* A queued job in scheduling order: its id, its reason, the spec's target.device. */
+typedef struct {
+    long id;
+    char reason[256];
+    char device[128];
+} db_queued;
+
+typedef struct {
+    long id;
+    char kind[64];
+    char *data; /* JSON text (owned) */
+    double at;
+} db_event;
+void db_events_free(db_event *evs, int n);
+
+typedef struct {
+    char key[512], device[256], dtype[32], engine[64], source[32];
+    int version;
+    long hits;
+    double created_at;
+} db_cost_row;
+
 /* Jobs. */
 /* idem_key (may be NULL): when a job with that Idempotency-Key exists, no
  * job is inserted; its id is returned and *existing_spec (caller frees) is
  * set to its spec so the caller can tell a retry from a conflict. */
-long db_job_insert(db *d, const char *spec_json, const char *name, int priority, const char *idem_key, char **existing_spec,
-                   ac_err *e);
-/* *job = full job object (NULL when the id is unknown). */
-int db_job_get(db *d, long id, json_t **job, ac_err *e);
+long db_job_insert(db *d, const char *spec_json, const char *name, int priority, const char *idem_key,
+                   char **existing_spec, ac_err *e);
+/* *found = 0 when the id is unknown; else *job filled (db_job_clear). */
+int db_job_get(db *d, long id, db_job *job, int *found, ac_err *e);
+/* The spec JSON text of a job (caller frees), NULL when unknown. */
+int db_job_spec(db *d, long id, char **spec, ac_err *e);
 /* *result = the result JSON text (caller frees), NULL when none. */
 int db_job_result(db *d, long id, char **result, ac_err *e);
-int db_job_list(db *d, const char *state, long after, int limit, json_t **jobs, ac_err *e);
-/* Move a job to state `to` if it is in `from` (NULL = any non-terminal).
+/* Jobs with id > after (in state *state when state is not NULL), at most limit. */
+int db_job_list(db *d, const job_state *state, long after, int limit, db_job **jobs, int *n, ac_err *e);
+/* Move a job to state `to` if it is in `from` (JOB_ANY_LIVE = any non-terminal).
  * Returns 1 when the job was not in that state (nothing changed). Optional
  * fields (NULL = unchanged): reason, device, result JSON. */
-int db_job_transition(db *d, long id, const char *from, const char *to, const char *reason, const char *device,
+int db_job_transition(db *d, long id, job_state from, job_state to, const char *reason, const char *device,
                       const char *result, ac_err *e);
-/* Queued jobs in scheduling order (priority desc, then age):
- * [{id, reason, device: the spec's target.device}]. */
-int db_queue(db *d, json_t **queue, ac_err *e);
-int db_job_set(db *d, long id, const char *column, const char *text, long num, ac_err *e);
+/* Queued jobs in scheduling order (priority desc, then age). */
+int db_queue(db *d, db_queued **queue, int *n, ac_err *e);
+int db_job_set_reason(db *d, long id, const char *reason, ac_err *e);
+int db_job_set_pid(db *d, long id, long pid, ac_err *e);
+int db_job_set_cancel(db *d, long id, ac_err *e);
 /* Recovery after a crash: running jobs -> queued (policy "requeue", until
  * max_attempts) or failed ("fail"). Returns the number recovered. */
 int db_recover(db *d, const char *policy, int max_attempts, ac_err *e);
-int db_job_counts(db *d, json_t **counts, ac_err *e);
+int db_job_counts(db *d, long counts[JOB_NSTATES], ac_err *e);
 
 /* Events. Returns the new event id (> 0) or -1. */
 long db_event_insert(db *d, long job, const char *kind, const char *data_json, ac_err *e);
-/* Events of a job with id > after, at most limit: [{id,kind,data,at}]. */
-int db_events(db *d, long job, long after, int limit, json_t **events, ac_err *e);
+/* Events of a job with id > after, at most limit (db_events_free). */
+int db_events(db *d, long job, long after, int limit, db_event **events, int *n, ac_err *e);
 
 /* Cost tables. */
 int db_cost_put(db *d, const char *key, const char *device, const char *dtype, const char *engine, int version,
@@ -66,7 +132,8 @@ int db_cost_put(db *d, const char *key, const char *device, const char *dtype, c
 /* *data (caller frees) or NULL when absent. */
 int db_cost_get(db *d, const char *key, char **data, ac_err *e);
 int db_cost_hit(db *d, const char *key, ac_err *e);
-int db_cost_list(db *d, json_t **list, ac_err *e);
+/* Every cached table's row, oldest first (caller frees *rows). */
+int db_cost_list(db *d, db_cost_row **rows, int *n, ac_err *e);
 /* The source of the cached table under key ("measured", "imported", ...)
  * into src (n bytes), "" when absent. */
 int db_cost_source(db *d, const char *key, char *src, size_t n, ac_err *e);

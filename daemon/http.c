@@ -11,15 +11,20 @@
  * under model_roots, regular files, size caps), the same rules the worker
  * applies again.
  *
+ * Routes are one table (`routes`): method, path pattern ({id}, {rest}),
+ * handler and the rules checked before it (cross-site check, token, token in
+ * the query, JSON content type and body). The JSON of jobs, events and cost
+ * tables comes from views.c, built from the store's typed rows.
+ *
  * Every handler fills a `reply`; errors are JSON {"error":{"code","message",
  * "field"}} with the right status: 400 naming the field (or the cap a job
  * exceeds), 401/403 (token, cross-site), 409, 413 (max_body_bytes), 415
- * (POST without a JSON content type), 503 (the job store cannot write, or
+ * (POST/DELETE without a JSON content type), 503 (the job store cannot write, or
  * too many streams/pending requests).
  *
  * Browsers: a request whose Origin is not this server's own, or whose Host
  * is not a loopback name (or one of allowed_hosts) while the server listens
- * on loopback (DNS rebinding), is refused with 403; POST needs
+ * on loopback (DNS rebinding), is refused with 403; POST and DELETE need
  * Content-Type: application/json, which a cross-site form cannot send
  * without a CORS preflight this server never grants. With tokens
  * configured, /v1 routes need "Authorization: Bearer T"; ?access_token=T is
@@ -35,6 +40,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -42,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "api.h"
 #include "conn.h"
@@ -53,11 +60,12 @@
 #include "gguf.h"
 #include "job.h"
 #include "pool.h"
+#include "views.h"
 
 typedef struct {
     unsigned status;
-    json_t *json;          /* JSON body (owned), or */
-    char *text;            /* text body (owned) */
+    json_t *json; /* JSON body (owned), or */
+    char *text;   /* text body (owned) */
     size_t len;
     const char *ctype;
     struct MHD_Response *resp; /* a prepared response (SSE) */
@@ -71,7 +79,7 @@ typedef struct req_ctx {
     size_t len, cap;
     int too_big;
     pthread_mutex_t mu;
-    int state;             /* 0 new, 1 offloaded, 2 reply ready */
+    int state; /* 0 new, 1 offloaded, 2 reply ready */
     int suspended;
     reply rep;
     /* inputs of offloaded work, copied off the connection */
@@ -79,7 +87,9 @@ typedef struct req_ctx {
     ac_job_spec *js; /* POST /v1/jobs: the parsed spec (33 KB, heap) */
     char *idem_key;
     char url[512];
-    long id;
+    const char *path; /* the request's path (valid during the MHD callback) */
+    const char *rest; /* a route's {rest} */
+    long id;          /* a route's {id} */
 } req_ctx;
 
 /* ------------------------------------------------------------- replies */
@@ -121,7 +131,10 @@ static enum MHD_Result queue_reply(struct MHD_Connection *c, reply *r) {
         r->json = NULL;
         if (!s) return MHD_NO;
         resp = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
-        if (!resp) { free(s); return MHD_NO; }
+        if (!resp) {
+            free(s);
+            return MHD_NO;
+        }
         MHD_add_response_header(resp, "Content-Type", "application/json");
     } else if (!resp) {
         if (!r->text) return MHD_NO; /* out of memory while building the reply */
@@ -152,7 +165,8 @@ static int authorized(ac_daemon *d, struct MHD_Connection *c, int query_token_ok
         const char *t = d->cfg.tokens[i];
         size_t n = strlen(t);
         unsigned char diff = (unsigned char)(n != tl);
-        for (size_t k = 0; k < n; k++) diff |= (unsigned char)(t[k] ^ (k < tl ? tok[k] : 0)); /* constant time in token length */
+        for (size_t k = 0; k < n; k++)
+            diff |= (unsigned char)(t[k] ^ (k < tl ? tok[k] : 0)); /* constant time in token length */
         ok |= diff == 0;
     }
     return ok;
@@ -188,7 +202,9 @@ static const char *browser_check(ac_daemon *d, struct MHD_Connection *c) {
     if (site && !strcmp(site, "cross-site")) return "cross-site request";
     if (origin) {
         if (!host) return "Origin without Host";
-        const char *rest = !strncmp(origin, "http://", 7) ? origin + 7 : !strncmp(origin, "https://", 8) ? origin + 8 : NULL;
+        const char *rest = !strncmp(origin, "http://", 7)    ? origin + 7
+                           : !strncmp(origin, "https://", 8) ? origin + 8
+                                                             : NULL;
         if (!rest || strcasecmp(rest, host)) return "cross-origin request (Origin is not this server)";
     }
     return NULL;
@@ -217,7 +233,10 @@ static long query_long(struct MHD_Connection *c, const char *k, long def, long l
     char *end;
     errno = 0;
     long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) { *bad = 1; return def; }
+    if (errno || end == v || *end || x < lo || x > hi) {
+        *bad = 1;
+        return def;
+    }
     return x;
 }
 
@@ -277,6 +296,8 @@ static enum MHD_Result offload(req_ctx *rc, pool_fn fn) {
     return queue_reply(rc->c, &rc->rep);
 }
 
+static void rep_job(req_ctx *rc, unsigned status);
+
 /* POST /v1/jobs, after validation: paths, device, insert. Pool thread. */
 static void task_post_job(void *arg) {
     req_ctx *rc = arg;
@@ -324,7 +345,8 @@ static void task_post_job(void *arg) {
         json_decref(old);
         free(existing);
         if (!same) {
-            rep_error(d, r, 409, "idempotency_conflict", "this Idempotency-Key was used for a different job spec", NULL);
+            rep_error(d, r, 409, "idempotency_conflict", "this Idempotency-Key was used for a different job spec",
+                      NULL);
             offload_done(rc);
             return;
         }
@@ -336,9 +358,8 @@ static void task_post_job(void *arg) {
         daemon_event(d, id, "state", json_pack("{s:s}", "state", "queued"));
         sched_notify(d);
     }
-    json_t *job;
-    if (db_job_get(d->db, id, &job, &e) || !job) rep_store(d, r, e.msg[0] ? e.msg : "job vanished");
-    else rep_json(r, status, job);
+    rc->id = id;
+    rep_job(rc, status);
     offload_done(rc);
 }
 
@@ -351,7 +372,8 @@ static void task_estimate(void *arg) {
     costcache_db(&cache, rc->d->db); /* cached tables only: an estimate measures nothing */
     if (ac_estimate_json(rc->in, &cache, &out, &field, &e))
         rep_error(rc->d, &rc->rep, 400, "invalid_request", e.msg, field);
-    else rep_json(&rc->rep, 200, out);
+    else
+        rep_json(&rc->rep, 200, out);
     offload_done(rc);
 }
 
@@ -362,8 +384,14 @@ static void task_log(void *arg) {
     size_t len = 0;
     ac_err e;
     char *txt = ac_read_file(p, 16u << 20, &len, &e);
-    if (!txt) { txt = strdup(""); len = 0; }
-    rep_text(&rc->rep, 200, "text/plain; charset=utf-8", txt, len);
+    if (!txt) { /* no log yet */
+        txt = strdup("");
+        len = 0;
+    }
+    if (txt)
+        rep_text(&rc->rep, 200, "text/plain; charset=utf-8", txt, len);
+    else
+        rep_error(rc->d, &rc->rep, 503, "busy", "out of memory", NULL);
     offload_done(rc);
 }
 
@@ -375,12 +403,16 @@ static void task_static(void *arg) {
     size_t len;
     ac_err e;
     char *data = ac_read_file(p, 8u << 20, &len, &e);
-    if (!data) rep_error(rc->d, &rc->rep, 404, "not_found", "no such file", NULL);
+    if (!data)
+        rep_error(rc->d, &rc->rep, 404, "not_found", "no such file", NULL);
     else {
         const char *ext = strrchr(url, '.');
-        const char *type = !ext ? "application/octet-stream" : !strcmp(ext, ".html") ? "text/html; charset=utf-8"
-                           : !strcmp(ext, ".js") ? "text/javascript" : !strcmp(ext, ".css") ? "text/css"
-                           : !strcmp(ext, ".svg") ? "image/svg+xml" : "application/octet-stream";
+        const char *type = !ext                    ? "application/octet-stream"
+                           : !strcmp(ext, ".html") ? "text/html; charset=utf-8"
+                           : !strcmp(ext, ".js")   ? "text/javascript"
+                           : !strcmp(ext, ".css")  ? "text/css"
+                           : !strcmp(ext, ".svg")  ? "image/svg+xml"
+                                                   : "application/octet-stream";
         rep_text(&rc->rep, 200, type, data, len);
     }
     offload_done(rc);
@@ -388,356 +420,607 @@ static void task_static(void *arg) {
 
 /* ------------------------------------------------------------- routes */
 
-static enum MHD_Result post_job(req_ctx *rc, json_t *spec) {
+static enum MHD_Result done(req_ctx *rc) { return queue_reply(rc->c, &rc->rep); }
+
+/* The job named by the path's {id} into *j: 0, or -1 with a 404 / 503 reply. */
+static int load_job(req_ctx *rc, db_job *j) {
+    ac_err e = {{0}};
+    int found;
+    if (db_job_get(rc->d->db, rc->id, j, &found, &e)) {
+        rep_store(rc->d, &rc->rep, e.msg);
+        return -1;
+    }
+    if (!found) {
+        rep_error(rc->d, &rc->rep, 404, "not_found", "no such job", NULL);
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether the path's job has ended: 1 yes, 0 no, -1 with a 404 / 503 reply. */
+static int job_ended(req_ctx *rc) {
+    db_job j;
+    if (load_job(rc, &j)) return -1;
+    int ended = job_state_terminal(j.state);
+    db_job_clear(&j);
+    return ended;
+}
+
+/* A view built for the reply (NULL: out of memory). */
+static void rep_view(req_ctx *rc, unsigned status, json_t *o) {
+    if (o)
+        rep_json(&rc->rep, status, o);
+    else
+        rep_error(rc->d, &rc->rep, 503, "busy", "out of memory", NULL);
+}
+
+/* Reply with the job as it is now (status 200, 201, 202). */
+static void rep_job(req_ctx *rc, unsigned status) {
+    db_job j;
+    if (load_job(rc, &j)) return;
+    json_t *o = view_job(&j);
+    db_job_clear(&j);
+    rep_view(rc, status, o);
+}
+
+/* A device a spec names must be one this server has. */
+static int check_device(ac_daemon *d, const ac_job_spec *js, reply *r) {
+    if (js->target.dev.kind != AC_TARGET_CUDA) return 0;
+    int gpus = 0;
+    for (int i = 0; i < d->ndevices; i++) gpus += d->devices[i].index >= 0;
+    if (!gpus || !d->cfg.use_gpus) {
+        rep_error(d, r, 400, "no_device",
+                  "target.device asks for a local CUDA GPU but this server has none; name a spec profile "
+                  "(e.g. H100) to target a GPU that is not here",
+                  "target.device");
+        return -1;
+    }
+    if (js->target.dev.ordinal >= gpus) {
+        rep_error(d, r, 400, "no_device",
+                  "target.device names a CUDA device this server does not have (see GET /v1/devices)", "target.device");
+        return -1;
+    }
+    return 0;
+}
+
+static enum MHD_Result r_jobs_post(req_ctx *rc, json_t *spec) {
     ac_daemon *d = rc->d;
-    struct MHD_Connection *c = rc->c;
     reply *r = &rc->rep;
     ac_err e = {{0}};
     const char *field = NULL;
     ac_job_spec *js = rc->js = malloc(sizeof *rc->js);
-    if (!js) { rep_error(d, r, 503, "busy", "out of memory", NULL); goto now; }
-    if (ac_job_spec_parse(spec, js, &field, &e)) { rep_error(d, r, 400, "invalid_spec", e.msg, field); goto now; }
-    if (check_limits(d, js, r)) goto now;
-    if (js->target.dev.kind == AC_TARGET_CUDA) {
-        int gpus = 0;
-        for (int i = 0; i < d->ndevices; i++) gpus += d->devices[i].index >= 0;
-        if (!gpus || !d->cfg.use_gpus) {
-            rep_error(d, r, 400, "no_device",
-                      "target.device asks for a local CUDA GPU but this server has none; name a spec profile "
-                      "(e.g. H100) to target a GPU that is not here",
-                      "target.device");
-            goto now;
-        }
-        if (js->target.dev.ordinal >= gpus) {
-            rep_error(d, r, 400, "no_device",
-                      "target.device names a CUDA device this server does not have (see GET /v1/devices)",
-                      "target.device");
-            goto now;
-        }
+    if (!js) {
+        rep_error(d, r, 503, "busy", "out of memory", NULL);
+        return done(rc);
     }
-    const char *key = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key");
+    if (ac_job_spec_parse(spec, js, &field, &e)) {
+        rep_error(d, r, 400, "invalid_spec", e.msg, field);
+        return done(rc);
+    }
+    if (check_limits(d, js, r) || check_device(d, js, r)) return done(rc);
+    const char *key = MHD_lookup_connection_value(rc->c, MHD_HEADER_KIND, "Idempotency-Key");
     if (key) {
         size_t kl = strlen(key);
         int ok = kl >= 1 && kl <= 200;
         for (size_t i = 0; i < kl && ok; i++) ok = key[i] > 32 && key[i] < 127;
-        if (!ok) { rep_error(d, r, 400, "bad_request", "Idempotency-Key must be 1 to 200 printable ASCII characters", "Idempotency-Key"); goto now; }
-        if (!(rc->idem_key = strdup(key))) { rep_error(d, r, 503, "busy", "out of memory", NULL); goto now; }
+        if (!ok) {
+            rep_error(d, r, 400, "bad_request", "Idempotency-Key must be 1 to 200 printable ASCII characters",
+                      "Idempotency-Key");
+            return done(rc);
+        }
+        if (!(rc->idem_key = strdup(key))) {
+            rep_error(d, r, 503, "busy", "out of memory", NULL);
+            return done(rc);
+        }
     }
     rc->in = json_incref(spec);
     return offload(rc, task_post_job);
-now:
-    return queue_reply(c, r);
 }
 
-static enum MHD_Result job_route(req_ctx *rc, const char *method, long id, const char *rest) {
-    ac_daemon *d = rc->d;
-    struct MHD_Connection *c = rc->c;
-    reply *r = &rc->rep;
-    ac_err e = {{0}};
-    json_t *job;
-    if (db_job_get(d->db, id, &job, &e)) { rep_store(d, r, e.msg); goto now; }
-    if (!job) { rep_error(d, r, 404, "not_found", "no such job", NULL); goto now; }
-    const char *state = json_string_value(json_object_get(job, "state"));
-    int terminal = !strcmp(state, "succeeded") || !strcmp(state, "failed") || !strcmp(state, "cancelled");
-    if (!*rest) {
-        if (!strcmp(method, "GET")) { rep_json(r, 200, job); goto now; }
-        json_decref(job);
-        if (strcmp(method, "DELETE")) { rep_error(d, r, 405, "method_not_allowed", "use GET or DELETE", NULL); goto now; }
-        if (terminal) { rep_error(d, r, 409, "conflict", "job already ended", NULL); goto now; }
-        if (db_job_set(d->db, id, "cancel_requested", NULL, 1, &e)) { rep_store(d, r, e.msg); goto now; }
-        int t = db_job_transition(d->db, id, "queued", "cancelled", "cancelled by user before it started", NULL, NULL, &e);
-        if (t < 0) { rep_store(d, r, e.msg); goto now; }
-        if (t == 0) {
-            daemon_event(d, id, "state", json_pack("{s:s,s:s}", "state", "cancelled", "reason", "cancelled by user"));
-            sse_finish(d->hub, id);
-        } else {
-            sched_cancel(d, id);
-        }
-        if (db_job_get(d->db, id, &job, &e) || !job) rep_store(d, r, e.msg);
-        else rep_json(r, 202, job);
-        goto now;
-    }
-    json_decref(job);
-    if (strcmp(method, "GET")) { rep_error(d, r, 405, "method_not_allowed", "use GET", NULL); goto now; }
-    if (!strcmp(rest, "/events")) {
-        int bad = 0;
-        const char *lei = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Last-Event-ID");
-        long after = query_long(c, "after", 0, 0, LONG_MAX, &bad);
-        if (lei) {
-            char *end;
-            errno = 0;
-            after = strtol(lei, &end, 10);
-            if (errno || end == lei || *end || after < 0) bad = 1;
-        }
-        if (bad) { rep_error(d, r, 400, "bad_request", "after / Last-Event-ID must be a non-negative event id", "after"); goto now; }
-        const char *fmt = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "format");
-        if (fmt && !strcmp(fmt, "json")) {
-            long limit = query_long(c, "limit", 1000, 1, 10000, &bad);
-            if (bad) { rep_error(d, r, 400, "bad_request", "limit must be in [1, 10000]", "limit"); goto now; }
-            json_t *evs;
-            if (db_events(d->db, id, after, (int)limit, &evs, &e)) rep_store(d, r, e.msg);
-            else rep_json(r, 200, json_pack("{s:o}", "events", evs));
-            goto now;
-        }
-        int full = 0;
-        struct MHD_Response *resp = sse_open(d->hub, d->db, c, id, after, terminal, &full);
-        if (!resp) {
-            if (full) rep_error(d, r, 503, "too_many_streams", "the server has max_sse_streams event streams open; retry later", NULL);
-            else rep_error(d, r, 503, "busy", "cannot open stream", NULL);
-            goto now;
-        }
-        guard_phase(d->guard, c, CONN_SSE);
-        r->status = 200;
-        r->resp = resp;
-        goto now;
-    }
-    if (!strcmp(rest, "/result")) {
-        if (!terminal) { rep_error(d, r, 409, "not_finished", "job has not finished", NULL); goto now; }
-        char *res = NULL;
-        if (db_job_result(d->db, id, &res, &e)) rep_store(d, r, e.msg);
-        else if (!res) rep_error(d, r, 409, "no_result", "job did not succeed; see its reason and events", NULL);
-        else rep_text(r, 200, "application/json", res, strlen(res));
-        goto now;
-    }
-    if (!strcmp(rest, "/log")) {
-        rc->id = id;
-        return offload(rc, task_log);
-    }
-    rep_error(d, r, 404, "not_found", "no such route", NULL);
-now:
-    return queue_reply(c, r);
-}
-
-static void cost_route(req_ctx *rc, const char *method, const char *rest, json_t *body) {
+static enum MHD_Result r_jobs_list(req_ctx *rc, json_t *body) {
+    (void)body;
     ac_daemon *d = rc->d;
     reply *r = &rc->rep;
-    ac_err e = {{0}};
-    if (!strcmp(rest, "/measurements") || !strncmp(rest, "/measurements/", 14)) {
-        if (!rest[13] && !strcmp(method, "GET")) { rep_json(r, 200, json_pack("{s:o}", "measurements", sched_measurements(d))); return; }
-        const char *tail;
-        long id = rest[13] ? parse_id(rest + 14, &tail) : -1;
-        if (id < 0 || *tail || strcmp(method, "DELETE")) { rep_error(d, r, 404, "not_found", "DELETE /v1/cost-tables/measurements/{id} cancels one", NULL); return; }
-        int rcx = sched_measure_cancel(d, id);
-        if (rcx < 0) rep_error(d, r, 404, "not_found", "no such measurement", NULL);
-        else if (rcx > 0) rep_error(d, r, 409, "conflict", "measurement already ended", NULL);
-        else rep_json(r, 202, json_pack("{s:I,s:s}", "id", (json_int_t)id, "status", "cancelling"));
-        return;
-    }
-    if (!*rest && !strcmp(method, "GET")) {
-        json_t *l;
-        if (db_cost_list(d->db, &l, &e)) rep_store(d, r, e.msg);
-        else rep_json(r, 200, json_pack("{s:o}", "tables", l));
-        return;
-    }
-    if (!*rest && !strcmp(method, "POST")) {
-        json_t *m = json_object_get(body, "measure");
-        if (m) {
-            const char *field = NULL;
-            if (ac_cost_measure_validate(m, &field, &e)) { rep_error(d, r, 400, "invalid_request", e.msg, field); return; }
-            char key[512], why[300];
-            ac_cost_measure_key(m, key, sizeof key);
-            long id;
-            int q = sched_measure(d, m, key, &id, why, sizeof why);
-            if (q == 1) rep_error(d, r, 409, "conflict", why, "measure");
-            else if (q) rep_error(d, r, 503, "busy", why, NULL);
-            else rep_json(r, 202, json_pack("{s:s,s:s,s:I}", "key", key, "status", "measuring", "measurement", (json_int_t)id));
-            return;
-        }
-        json_t *t = json_object_get(body, "table");
-        const char *field = NULL;
-        if (!t) { rep_error(d, r, 400, "invalid_request", "body needs \"table\" (import) or \"measure\"", NULL); return; }
-        if (ac_cost_table_validate(t, &field, &e)) { rep_error(d, r, 400, "invalid_table", e.msg, field); return; }
-        const char *key = json_string_value(json_object_get(t, "key"));
-        char src[32];
-        if (db_cost_source(d->db, key, src, sizeof src, &e)) { rep_store(d, r, e.msg); return; }
-        if (src[0]) { /* never replace a cached table silently */
-            char m2[700];
-            snprintf(m2, sizeof m2, "a cost table with key %.400s is already cached (source %s); import it under another key", key, src);
-            rep_error(d, r, 409, "conflict", m2, "table.key");
-            return;
-        }
-        char *s = json_dumps(t, JSON_COMPACT);
-        int rcx = s ? db_cost_put(d->db, key, json_string_value(json_object_get(t, "device")), json_string_value(json_object_get(t, "dtype")),
-                                  json_string_value(json_object_get(t, "engine")), (int)json_integer_value(json_object_get(t, "version")),
-                                  "imported", s, &e)
-                    : ac_errf(&e, "out of memory");
-        free(s);
-        if (rcx) rep_store(d, r, e.msg);
-        else rep_json(r, 201, json_pack("{s:O,s:s}", "key", json_object_get(t, "key"), "status", "imported"));
-        return;
-    }
-    if (*rest == '/' && !strcmp(method, "GET")) {
-        char key[512];
-        snprintf(key, sizeof key, "%s", rest + 1);
-        MHD_http_unescape(key); /* a no-op when MHD already decoded the path */
-        char *data;
-        if (db_cost_get(d->db, key, &data, &e)) rep_store(d, r, e.msg);
-        else if (!data) rep_error(d, r, 404, "not_found", "no cost table with that key", NULL);
-        else rep_text(r, 200, "application/json", data, strlen(data));
-        return;
-    }
-    rep_error(d, r, 405, "method_not_allowed", "GET or POST /v1/cost-tables, GET /v1/cost-tables/{key}", NULL);
-}
-
-static void metrics(ac_daemon *d, reply *r) {
-    json_t *counts;
-    ac_err e;
-    if (db_job_counts(d->db, &counts, &e)) { rep_store(d, r, e.msg); return; }
-    size_t cap = 8192, n = 0;
-    char *s = malloc(cap);
-    if (!s) { json_decref(counts); rep_error(d, r, 503, "busy", "out of memory", NULL); return; }
-    n += snprintf(s + n, cap - n, "# HELP autocompress_jobs Jobs by state.\n# TYPE autocompress_jobs gauge\n");
-    const char *k;
-    json_t *v;
-    json_object_foreach(counts, k, v) n += snprintf(s + n, cap - n, "autocompress_jobs{state=\"%s\"} %lld\n", k, (long long)json_integer_value(v));
-    json_decref(counts);
-    long wf = 0;
-    int deg = db_health(d->db, NULL, 0, &wf);
-    n += snprintf(s + n, cap - n,
-                  "# HELP autocompress_http_requests_total HTTP requests served.\n# TYPE autocompress_http_requests_total counter\n"
-                  "autocompress_http_requests_total %ld\n"
-                  "# HELP autocompress_http_errors_total HTTP error responses.\n# TYPE autocompress_http_errors_total counter\n"
-                  "autocompress_http_errors_total %ld\n"
-                  "# HELP autocompress_jobs_submitted_total Jobs accepted.\n# TYPE autocompress_jobs_submitted_total counter\n"
-                  "autocompress_jobs_submitted_total %ld\n"
-                  "# HELP autocompress_events_total Progress events stored.\n# TYPE autocompress_events_total counter\n"
-                  "autocompress_events_total %ld\n"
-                  "# HELP autocompress_sse_clients Open event streams.\n# TYPE autocompress_sse_clients gauge\n"
-                  "autocompress_sse_clients %d\n"
-                  "# HELP autocompress_sse_hangups_total Streams closed by their client.\n# TYPE autocompress_sse_hangups_total counter\n"
-                  "autocompress_sse_hangups_total %ld\n"
-                  "# HELP autocompress_http_cut_total Connections cut at the header or body deadline.\n# TYPE autocompress_http_cut_total counter\n"
-                  "autocompress_http_cut_total %ld\n"
-                  "# HELP autocompress_db_write_failures_total Failed writes of the job store.\n# TYPE autocompress_db_write_failures_total counter\n"
-                  "autocompress_db_write_failures_total %ld\n"
-                  "# HELP autocompress_db_degraded 1 while the last write of the job store failed.\n# TYPE autocompress_db_degraded gauge\n"
-                  "autocompress_db_degraded %d\n"
-                  "# HELP autocompress_uptime_seconds Seconds since start.\n# TYPE autocompress_uptime_seconds gauge\n"
-                  "autocompress_uptime_seconds %.0f\n",
-                  atomic_load(&d->http_requests), atomic_load(&d->http_errors), atomic_load(&d->jobs_submitted),
-                  atomic_load(&d->events_stored), sse_count(d->hub), sse_hangups(d->hub), guard_cut(d->guard), wf, deg,
-                  ac_now() - d->started_at);
-    rep_text(r, 200, "text/plain; version=0.0.4", s, n < cap ? n : cap - 1);
-}
-
-static void healthz(ac_daemon *d, reply *r) {
-    char msg[300];
-    int deg = db_health(d->db, msg, sizeof msg, NULL) || sched_degraded(d, msg, sizeof msg);
-    json_t *j = json_pack("{s:s,s:s,s:i,s:f,s:i}", "status", deg ? "degraded" : "ok", "version", AC_VERSION, "schema_version",
-                          d->schema_version, "uptime_s", ac_now() - d->started_at, "sse_streams", sse_count(d->hub));
-    if (j && deg) json_object_set_new(j, "reason", json_string(msg));
-    rep_json(r, deg ? 503 : 200, j);
-}
-
-static void unauthorized(ac_daemon *d, reply *r) {
-    rep_error(d, r, 401, "unauthorized", "missing or invalid bearer token", NULL);
-    r->hdr_name = "WWW-Authenticate";
-    r->hdr_value = "Bearer realm=\"autocompress\"";
-}
-
-static void jobs_list(req_ctx *rc) {
-    ac_daemon *d = rc->d;
-    reply *r = &rc->rep;
-    struct MHD_Connection *c = rc->c;
     ac_err e = {{0}};
     int bad = 0;
-    long limit = query_long(c, "limit", 100, 1, 1000, &bad), after = query_long(c, "after", 0, 0, LONG_MAX, &bad);
-    const char *state = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "state");
-    if (bad) { rep_error(d, r, 400, "bad_request", "limit must be in [1,1000] and after a job id", "limit"); return; }
-    if (state && strcmp(state, "queued") && strcmp(state, "running") && strcmp(state, "succeeded") && strcmp(state, "failed") && strcmp(state, "cancelled")) {
-        rep_error(d, r, 400, "bad_request", "state must be queued, running, succeeded, failed or cancelled", "state");
-        return;
+    long limit = query_long(rc->c, "limit", 100, 1, 1000, &bad),
+         after = query_long(rc->c, "after", 0, 0, LONG_MAX, &bad);
+    const char *state = MHD_lookup_connection_value(rc->c, MHD_GET_ARGUMENT_KIND, "state");
+    job_state st;
+    if (bad) {
+        rep_error(d, r, 400, "bad_request", "limit must be in [1,1000] and after a job id", "limit");
+        return done(rc);
     }
-    json_t *jobs;
-    if (db_job_list(d->db, state, after, (int)limit, &jobs, &e)) { rep_store(d, r, e.msg); return; }
-    size_t n = json_array_size(jobs);
-    json_t *next = n == (size_t)limit ? json_copy(json_object_get(json_array_get(jobs, n - 1), "id")) : json_null();
-    rep_json(r, 200, json_pack("{s:o,s:o}", "jobs", jobs, "next_after", next));
+    if (state && job_state_parse(state, &st)) {
+        rep_error(d, r, 400, "bad_request", "state must be queued, running, succeeded, failed or cancelled", "state");
+        return done(rc);
+    }
+    db_job *jobs;
+    int n;
+    if (db_job_list(d->db, state ? &st : NULL, after, (int)limit, &jobs, &n, &e)) {
+        rep_store(d, r, e.msg);
+        return done(rc);
+    }
+    json_t *o = view_job_page(jobs, n, (int)limit);
+    db_jobs_free(jobs, n);
+    rep_view(rc, 200, o);
+    return done(rc);
 }
 
-static enum MHD_Result static_route(req_ctx *rc, const char *url, const char *method) {
+static enum MHD_Result r_job_get(req_ctx *rc, json_t *body) {
+    (void)body;
+    rep_job(rc, 200);
+    return done(rc);
+}
+
+static enum MHD_Result r_job_cancel(req_ctx *rc, json_t *body) {
+    (void)body;
     ac_daemon *d = rc->d;
-    if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
-        rep_error(d, &rc->rep, 405, "method_not_allowed", "static files are GET only", NULL);
-        return queue_reply(rc->c, &rc->rep);
+    reply *r = &rc->rep;
+    ac_err e = {{0}};
+    int ended = job_ended(rc);
+    if (ended) {
+        if (ended > 0) rep_error(d, r, 409, "conflict", "job already ended", NULL);
+        return done(rc);
     }
+    if (db_job_set_cancel(d->db, rc->id, &e)) {
+        rep_store(d, r, e.msg);
+        return done(rc);
+    }
+    int t = db_job_transition(d->db, rc->id, JOB_QUEUED, JOB_CANCELLED, "cancelled by user before it started", NULL,
+                              NULL, &e);
+    if (t < 0) {
+        rep_store(d, r, e.msg);
+        return done(rc);
+    }
+    if (t == 0) {
+        daemon_event(d, rc->id, "state", json_pack("{s:s,s:s}", "state", "cancelled", "reason", "cancelled by user"));
+        events_finish(d, rc->id);
+    } else {
+        sched_cancel(d, rc->id);
+    }
+    rep_job(rc, 202);
+    return done(rc);
+}
+
+/* after / Last-Event-ID: the events already seen. -1 when malformed. */
+static long events_after(struct MHD_Connection *c) {
+    int bad = 0;
+    const char *lei = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Last-Event-ID");
+    long after = query_long(c, "after", 0, 0, LONG_MAX, &bad);
+    if (lei) {
+        char *end;
+        errno = 0;
+        after = strtol(lei, &end, 10);
+        if (errno || end == lei || *end || after < 0) bad = 1;
+    }
+    return bad ? -1 : after;
+}
+
+static enum MHD_Result r_job_events(req_ctx *rc, json_t *body) {
+    (void)body;
+    ac_daemon *d = rc->d;
+    reply *r = &rc->rep;
+    ac_err e = {{0}};
+    int terminal = job_ended(rc), bad = 0;
+    if (terminal < 0) return done(rc);
+    long after = events_after(rc->c);
+    if (after < 0) {
+        rep_error(d, r, 400, "bad_request", "after / Last-Event-ID must be a non-negative event id", "after");
+        return done(rc);
+    }
+    const char *fmt = MHD_lookup_connection_value(rc->c, MHD_GET_ARGUMENT_KIND, "format");
+    if (fmt && !strcmp(fmt, "json")) {
+        long limit = query_long(rc->c, "limit", 1000, 1, 10000, &bad);
+        if (bad) {
+            rep_error(d, r, 400, "bad_request", "limit must be in [1, 10000]", "limit");
+            return done(rc);
+        }
+        db_event *evs;
+        int n;
+        if (db_events(d->db, rc->id, after, (int)limit, &evs, &n, &e)) {
+            rep_store(d, r, e.msg);
+            return done(rc);
+        }
+        json_t *o = view_events(evs, n);
+        db_events_free(evs, n);
+        rep_view(rc, 200, o);
+        return done(rc);
+    }
+    int full = 0;
+    struct MHD_Response *resp = sse_open(d->hub, d->db, rc->c, rc->id, after, terminal, &full);
+    if (!resp) {
+        if (full)
+            rep_error(d, r, 503, "too_many_streams", "the server has max_sse_streams event streams open; retry later",
+                      NULL);
+        else
+            rep_error(d, r, 503, "busy", "cannot open stream", NULL);
+        return done(rc);
+    }
+    guard_phase(d->guard, rc->c, CONN_SSE);
+    r->status = 200;
+    r->resp = resp;
+    return done(rc);
+}
+
+static enum MHD_Result r_job_result(req_ctx *rc, json_t *body) {
+    (void)body;
+    ac_daemon *d = rc->d;
+    reply *r = &rc->rep;
+    ac_err e = {{0}};
+    int ended = job_ended(rc);
+    if (ended <= 0) {
+        if (ended == 0) rep_error(d, r, 409, "not_finished", "job has not finished", NULL);
+        return done(rc);
+    }
+    char *res = NULL;
+    if (db_job_result(d->db, rc->id, &res, &e))
+        rep_store(d, r, e.msg);
+    else if (!res)
+        rep_error(d, r, 409, "no_result", "job did not succeed; see its reason and events", NULL);
+    else
+        rep_text(r, 200, "application/json", res, strlen(res));
+    return done(rc);
+}
+
+static enum MHD_Result r_job_log(req_ctx *rc, json_t *body) {
+    (void)body;
+    return job_ended(rc) < 0 ? done(rc) : offload(rc, task_log);
+}
+
+static enum MHD_Result r_estimate(req_ctx *rc, json_t *body) {
+    rc->in = json_incref(body);
+    return offload(rc, task_estimate);
+}
+
+static enum MHD_Result r_devices(req_ctx *rc, json_t *body) {
+    (void)body;
+    ac_daemon *d = rc->d;
+    json_t *local = json_array(), *profiles = json_array();
+    for (int i = 0; i < d->ndevices; i++) json_array_append_new(local, ac_local_device_json(&d->devices[i]));
+    for (const ac_device_spec *s = ac_device_specs; s->name; s++)
+        json_array_append_new(profiles, ac_device_spec_json(s));
+    rep_view(rc, 200, json_pack("{s:o,s:o,s:o}", "local", local, "profiles", profiles, "scheduler", sched_status(d)));
+    return done(rc);
+}
+
+static enum MHD_Result r_measurements(req_ctx *rc, json_t *body) {
+    (void)body;
+    rep_json(&rc->rep, 200, json_pack("{s:o}", "measurements", sched_measurements(rc->d)));
+    return done(rc);
+}
+
+static enum MHD_Result r_measure_cancel(req_ctx *rc, json_t *body) {
+    (void)body;
+    ac_daemon *d = rc->d;
+    int rcx = sched_measure_cancel(d, rc->id);
+    if (rcx < 0)
+        rep_error(d, &rc->rep, 404, "not_found", "no such measurement", NULL);
+    else if (rcx > 0)
+        rep_error(d, &rc->rep, 409, "conflict", "measurement already ended", NULL);
+    else
+        rep_json(&rc->rep, 202, json_pack("{s:I,s:s}", "id", (json_int_t)rc->id, "status", "cancelling"));
+    return done(rc);
+}
+
+static enum MHD_Result r_cost_list(req_ctx *rc, json_t *body) {
+    (void)body;
+    ac_err e = {{0}};
+    db_cost_row *rows;
+    int n;
+    if (db_cost_list(rc->d->db, &rows, &n, &e)) {
+        rep_store(rc->d, &rc->rep, e.msg);
+        return done(rc);
+    }
+    json_t *o = view_cost_tables(rows, n);
+    free(rows);
+    rep_view(rc, 200, o);
+    return done(rc);
+}
+
+static void cost_measure(req_ctx *rc, json_t *m) {
+    ac_daemon *d = rc->d;
+    reply *r = &rc->rep;
+    ac_err e = {{0}};
+    const char *field = NULL;
+    if (ac_cost_measure_validate(m, &field, &e)) {
+        rep_error(d, r, 400, "invalid_request", e.msg, field);
+        return;
+    }
+    char key[512], why[300];
+    ac_cost_measure_key(m, key, sizeof key);
+    long id;
+    int q = sched_measure(d, m, key, &id, why, sizeof why);
+    if (q == 1)
+        rep_error(d, r, 409, "conflict", why, "measure");
+    else if (q)
+        rep_error(d, r, 503, "busy", why, NULL);
+    else
+        rep_json(r, 202, json_pack("{s:s,s:s,s:I}", "key", key, "status", "measuring", "measurement", (json_int_t)id));
+}
+
+static void cost_import(req_ctx *rc, json_t *t) {
+    ac_daemon *d = rc->d;
+    reply *r = &rc->rep;
+    ac_err e = {{0}};
+    const char *field = NULL;
+    if (ac_cost_table_validate(t, &field, &e)) {
+        rep_error(d, r, 400, "invalid_table", e.msg, field);
+        return;
+    }
+    const char *key = json_string_value(json_object_get(t, "key"));
+    char src[32];
+    if (db_cost_source(d->db, key, src, sizeof src, &e)) {
+        rep_store(d, r, e.msg);
+        return;
+    }
+    if (src[0]) { /* never replace a cached table silently */
+        char m[700];
+        snprintf(m, sizeof m, "a cost table with key %.400s is already cached (source %s); import it under another key",
+                 key, src);
+        rep_error(d, r, 409, "conflict", m, "table.key");
+        return;
+    }
+    char *s = json_dumps(t, JSON_COMPACT);
+#define TXT(k) json_string_value(json_object_get(t, k))
+    int rcx = s ? db_cost_put(d->db, key, TXT("device"), TXT("dtype"), TXT("engine"),
+                              (int)json_integer_value(json_object_get(t, "version")), "imported", s, &e)
+                : ac_errf(&e, "out of memory");
+#undef TXT
+    free(s);
+    if (rcx)
+        rep_store(d, r, e.msg);
+    else
+        rep_json(r, 201, json_pack("{s:O,s:s}", "key", json_object_get(t, "key"), "status", "imported"));
+}
+
+static enum MHD_Result r_cost_post(req_ctx *rc, json_t *body) {
+    json_t *m = json_object_get(body, "measure"), *t = json_object_get(body, "table");
+    if (m)
+        cost_measure(rc, m);
+    else if (t)
+        cost_import(rc, t);
+    else
+        rep_error(rc->d, &rc->rep, 400, "invalid_request", "body needs \"table\" (import) or \"measure\"", NULL);
+    return done(rc);
+}
+
+static enum MHD_Result r_cost_get(req_ctx *rc, json_t *body) {
+    (void)body;
+    ac_err e = {{0}};
+    char key[512], *data;
+    snprintf(key, sizeof key, "%s", rc->rest);
+    MHD_http_unescape(key); /* a no-op when MHD already decoded the path */
+    if (db_cost_get(rc->d->db, key, &data, &e))
+        rep_store(rc->d, &rc->rep, e.msg);
+    else if (!data)
+        rep_error(rc->d, &rc->rep, 404, "not_found", "no cost table with that key", NULL);
+    else
+        rep_text(&rc->rep, 200, "application/json", data, strlen(data));
+    return done(rc);
+}
+
+/* Prometheus text: one gauge or counter a row. */
+static enum MHD_Result r_metrics(req_ctx *rc, json_t *body) {
+    (void)body;
+    ac_daemon *d = rc->d;
+    ac_err e = {{0}};
+    long counts[JOB_NSTATES], wf = 0;
+    if (db_job_counts(d->db, counts, &e)) {
+        rep_store(d, &rc->rep, e.msg);
+        return done(rc);
+    }
+    int deg = db_health(d->db, NULL, 0, &wf);
+    const struct {
+        const char *name, *type, *help;
+        double v;
+    } m[] = {
+        {"http_requests_total", "counter", "HTTP requests served.", (double)atomic_load(&d->http_requests)},
+        {"http_errors_total", "counter", "HTTP error responses.", (double)atomic_load(&d->http_errors)},
+        {"jobs_submitted_total", "counter", "Jobs accepted.", (double)atomic_load(&d->jobs_submitted)},
+        {"events_total", "counter", "Progress events stored.", (double)atomic_load(&d->events_stored)},
+        {"sse_clients", "gauge", "Open event streams.", sse_count(d->hub)},
+        {"sse_hangups_total", "counter", "Streams closed by their client.", (double)sse_hangups(d->hub)},
+        {"http_cut_total", "counter", "Connections cut at the header or body deadline, or over max_connections.",
+         (double)guard_cut(d->guard)},
+        {"db_write_failures_total", "counter", "Failed writes of the job store.", (double)wf},
+        {"db_degraded", "gauge", "1 while the last write of the job store failed.", deg},
+        {"uptime_seconds", "gauge", "Seconds since start.", floor(ac_now() - d->started_at)},
+    };
+    size_t cap = 8192, n = 0;
+    char *s = malloc(cap);
+    if (!s) {
+        rep_error(d, &rc->rep, 503, "busy", "out of memory", NULL);
+        return done(rc);
+    }
+    n += (size_t)snprintf(s + n, cap - n, "# HELP autocompress_jobs Jobs by state.\n# TYPE autocompress_jobs gauge\n");
+    for (int i = 0; i < JOB_NSTATES && n < cap; i++)
+        n += (size_t)snprintf(s + n, cap - n, "autocompress_jobs{state=\"%s\"} %ld\n", job_state_name((job_state)i),
+                              counts[i]);
+    for (size_t i = 0; i < sizeof m / sizeof *m && n < cap; i++)
+        n += (size_t)snprintf(s + n, cap - n,
+                              "# HELP autocompress_%s %s\n# TYPE autocompress_%s %s\nautocompress_%s %.0f\n", m[i].name,
+                              m[i].help, m[i].name, m[i].type, m[i].name, m[i].v);
+    rep_text(&rc->rep, 200, "text/plain; version=0.0.4", s, n < cap ? n : cap - 1);
+    return done(rc);
+}
+
+static enum MHD_Result r_healthz(req_ctx *rc, json_t *body) {
+    (void)body;
+    ac_daemon *d = rc->d;
+    char msg[300];
+    int deg = db_health(d->db, msg, sizeof msg, NULL) || sched_degraded(d, msg, sizeof msg);
+    json_t *j =
+        json_pack("{s:s,s:s,s:i,s:f,s:i}", "status", deg ? "degraded" : "ok", "version", AC_VERSION, "schema_version",
+                  d->schema_version, "uptime_s", ac_now() - d->started_at, "sse_streams", sse_count(d->hub));
+    if (j && deg) json_object_set_new(j, "reason", json_string(msg));
+    rep_json(&rc->rep, deg ? 503 : 200, j);
+    return done(rc);
+}
+
+static enum MHD_Result r_static(req_ctx *rc, json_t *body) {
+    (void)body;
+    const char *url = rc->path;
     if (!strcmp(url, "/")) url = "/index.html";
     int ok = strlen(url) < sizeof rc->url && !strstr(url, "..");
     for (const char *p = url; *p && ok; p++)
-        ok = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '/' || *p == '.' || *p == '-' || *p == '_';
+        ok = isalnum((unsigned char)*p) || *p == '/' || *p == '.' || *p == '-' || *p == '_';
     if (!ok) {
-        rep_error(d, &rc->rep, 404, "not_found", "no such file", NULL);
-        return queue_reply(rc->c, &rc->rep);
+        rep_error(rc->d, &rc->rep, 404, "not_found", "no such file", NULL);
+        return done(rc);
     }
     snprintf(rc->url, sizeof rc->url, "%s", url);
     return offload(rc, task_static);
 }
 
+/* ------------------------------------------------------------- route table */
+
+enum {
+    R_BROWSER = 1,     /* refuse cross-site requests (Origin / Host / Sec-Fetch-Site) */
+    R_AUTH = 2,        /* a bearer token when tokens are configured */
+    R_QUERY_TOKEN = 4, /* ... or ?access_token= (EventSource cannot set headers) */
+    R_JSON = 8,        /* Content-Type: application/json (POST / PUT / DELETE) */
+    R_API = R_BROWSER | R_AUTH,
+};
+
+typedef enum MHD_Result (*route_fn)(req_ctx *rc, json_t *body);
+
+typedef struct {
+    const char *method; /* "*": any */
+    const char *path;   /* segments; {id} a positive integer, {rest} the remainder */
+    route_fn fn;
+    int rules;
+} route;
+
+static const route routes[] = {
+    {"*", "/healthz", r_healthz, 0},
+    {"*", "/metrics", r_metrics, R_BROWSER},
+    {"GET", "/v1/jobs", r_jobs_list, R_API},
+    {"POST", "/v1/jobs", r_jobs_post, R_API | R_JSON},
+    {"GET", "/v1/jobs/{id}", r_job_get, R_API},
+    {"DELETE", "/v1/jobs/{id}", r_job_cancel, R_API | R_JSON},
+    {"GET", "/v1/jobs/{id}/events", r_job_events, R_API | R_QUERY_TOKEN},
+    {"GET", "/v1/jobs/{id}/result", r_job_result, R_API},
+    {"GET", "/v1/jobs/{id}/log", r_job_log, R_API},
+    {"POST", "/v1/estimate", r_estimate, R_API | R_JSON},
+    {"GET", "/v1/devices", r_devices, R_API},
+    {"GET", "/v1/cost-tables", r_cost_list, R_API},
+    {"POST", "/v1/cost-tables", r_cost_post, R_API | R_JSON},
+    {"GET", "/v1/cost-tables/measurements", r_measurements, R_API},
+    {"DELETE", "/v1/cost-tables/measurements/{id}", r_measure_cancel, R_API | R_JSON},
+    {"GET", "/v1/cost-tables/{rest}", r_cost_get, R_API},
+};
+
+/* 1 when url matches pattern; fills rc->id / rc->rest. */
+static int path_match(const char *pat, const char *url, req_ctx *rc) {
+    while (*pat) {
+        if (!strncmp(pat, "{id}", 4)) {
+            long id = parse_id(url, &url);
+            if (id < 0) return 0;
+            rc->id = id;
+            pat += 4;
+        } else if (!strcmp(pat, "{rest}")) {
+            if (!*url) return 0;
+            rc->rest = url;
+            return 1;
+        } else if (*pat++ != *url++) {
+            return 0;
+        }
+    }
+    return *url == 0;
+}
+
+/* The route for (method, url); *path_known when some route has that path. */
+static const route *find_route(req_ctx *rc, const char *url, const char *method, int *path_known) {
+    *path_known = 0;
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
+        if (!path_match(routes[i].path, url, rc)) continue;
+        *path_known = 1;
+        if (!strcmp(routes[i].method, "*") || !strcmp(routes[i].method, method)) return &routes[i];
+    }
+    return NULL;
+}
+
+static const route static_get = {"GET", "/", r_static, R_BROWSER};
+
+/* The rules before any handler: 0, or -1 with the error reply made. */
+static int check_rules(req_ctx *rc, int rules, const char *method, json_t **body) {
+    ac_daemon *d = rc->d;
+    reply *r = &rc->rep;
+    const char *why = rules & R_BROWSER ? browser_check(d, rc->c) : NULL;
+    if (why) {
+        rep_error(d, r, 403, "forbidden", why, NULL);
+        return -1;
+    }
+    if ((rules & R_AUTH) && !authorized(d, rc->c, rules & R_QUERY_TOKEN)) {
+        rep_error(d, r, 401, "unauthorized", "missing or invalid bearer token", NULL);
+        r->hdr_name = "WWW-Authenticate";
+        r->hdr_value = "Bearer realm=\"autocompress\"";
+        return -1;
+    }
+    if (!(rules & R_JSON)) return 0;
+    if (!json_content_type(rc->c)) {
+        rep_error(d, r, 415, "unsupported_media_type", "POST, PUT and DELETE need Content-Type: application/json",
+                  NULL);
+        return -1;
+    }
+    if (strcmp(method, "POST") && strcmp(method, "PUT")) return 0; /* DELETE: no body */
+    json_error_t je;
+    *body = json_loadb(rc->body ? rc->body : "", rc->len, JSON_REJECT_DUPLICATES, &je);
+    if (!*body) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "malformed JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+        rep_error(d, r, 400, "malformed_json", msg, NULL);
+        return -1;
+    }
+    if (!json_is_object(*body)) {
+        rep_error(d, r, 400, "bad_request", "body must be a JSON object", NULL);
+        return -1;
+    }
+    return 0;
+}
+
 static enum MHD_Result handle(req_ctx *rc, const char *url, const char *method) {
     ac_daemon *d = rc->d;
-    struct MHD_Connection *c = rc->c;
-    reply *r = &rc->rep;
     atomic_fetch_add(&d->http_requests, 1);
-    if (rc->too_big) { rep_error(d, r, 413, "payload_too_large", "request body exceeds max_body_bytes", NULL); return queue_reply(c, r); }
-    if (!strcmp(url, "/healthz")) { healthz(d, r); return queue_reply(c, r); }
-    const char *why = browser_check(d, c);
-    if (why) { rep_error(d, r, 403, "forbidden", why, NULL); return queue_reply(c, r); }
-    if (!strcmp(url, "/metrics")) { metrics(d, r); return queue_reply(c, r); }
-    if (strncmp(url, "/v1/", 4) != 0) return static_route(rc, url, method);
-    int is_sse = !strcmp(method, "GET") && !strncmp(url, "/v1/jobs/", 9) && strlen(url) > 16 && !strcmp(url + strlen(url) - 7, "/events");
-    if (!authorized(d, c, is_sse)) { unauthorized(d, r); return queue_reply(c, r); }
-    json_t *body = NULL;
-    if (!strcmp(method, "POST") || !strcmp(method, "PUT")) {
-        if (!json_content_type(c)) { rep_error(d, r, 415, "unsupported_media_type", "send the body as Content-Type: application/json", NULL); return queue_reply(c, r); }
-        json_error_t je;
-        body = json_loadb(rc->body ? rc->body : "", rc->len, JSON_REJECT_DUPLICATES, &je);
-        if (!body) {
-            char msg[300];
-            snprintf(msg, sizeof msg, "malformed JSON: %s (line %d, column %d)", je.text, je.line, je.column);
-            rep_error(d, r, 400, "malformed_json", msg, NULL);
-            return queue_reply(c, r);
-        }
-        if (!json_is_object(body)) { json_decref(body); rep_error(d, r, 400, "bad_request", "body must be a JSON object", NULL); return queue_reply(c, r); }
+    if (rc->too_big) {
+        rep_error(d, &rc->rep, 413, "payload_too_large", "request body exceeds max_body_bytes", NULL);
+        return done(rc);
     }
+    int known, api = !strncmp(url, "/v1/", 4),
+               writes = !strcmp(method, "POST") || !strcmp(method, "PUT") || !strcmp(method, "DELETE");
+    const route *rt = find_route(rc, url, method, &known);
+    if (!rt && !api && !known && (!strcmp(method, "GET") || !strcmp(method, "HEAD"))) rt = &static_get;
+    /* An unknown route or method is answered after the same checks an API route gets. */
+    int rules = rt ? rt->rules : api ? R_API | (writes ? R_JSON : 0) : R_BROWSER;
+    json_t *body = NULL;
     enum MHD_Result ret;
-    const char *rest;
-    if (!strcmp(url, "/v1/jobs")) {
-        if (!strcmp(method, "POST")) ret = post_job(rc, body);
-        else {
-            if (!strcmp(method, "GET")) jobs_list(rc);
-            else rep_error(d, r, 405, "method_not_allowed", "use GET or POST", NULL);
-            ret = queue_reply(c, r);
-        }
-    } else if (!strncmp(url, "/v1/jobs/", 9)) {
-        long id = parse_id(url + 9, &rest);
-        if (id < 0) { rep_error(d, r, 404, "not_found", "no such job", NULL); ret = queue_reply(c, r); }
-        else ret = job_route(rc, method, id, rest);
-    } else if (!strcmp(url, "/v1/estimate")) {
-        if (strcmp(method, "POST")) { rep_error(d, r, 405, "method_not_allowed", "use POST", NULL); ret = queue_reply(c, r); }
-        else { rc->in = json_incref(body); ret = offload(rc, task_estimate); }
-    } else {
-        if (!strcmp(url, "/v1/devices")) {
-            json_t *local = json_array(), *profiles = json_array();
-            for (int i = 0; i < d->ndevices; i++) json_array_append_new(local, ac_local_device_json(&d->devices[i]));
-            for (const ac_device_spec *s = ac_device_specs; s->name; s++) json_array_append_new(profiles, ac_device_spec_json(s));
-            rep_json(r, 200, json_pack("{s:o,s:o,s:o}", "local", local, "profiles", profiles, "scheduler", sched_status(d)));
-        } else if (!strncmp(url, "/v1/cost-tables", 15) && (url[15] == 0 || url[15] == '/')) {
-            cost_route(rc, method, url + 15, body);
-        } else {
-            rep_error(d, r, 404, "not_found", "no such route", NULL);
-        }
-        ret = queue_reply(c, r);
+    rc->path = url;
+    if (check_rules(rc, rules, method, &body))
+        ret = done(rc);
+    else if (rt)
+        ret = rt->fn(rc, body);
+    else {
+        if (known)
+            rep_error(d, &rc->rep, 405, "method_not_allowed", "method not allowed on this path", NULL);
+        else if (api)
+            rep_error(d, &rc->rep, 404, "not_found", "no such route", NULL);
+        else
+            rep_error(d, &rc->rep, 405, "method_not_allowed", "static files are GET only", NULL);
+        ret = done(rc);
     }
     json_decref(body);
     return ret;
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
-                                  const char *data, size_t *data_size, void **con_cls) {
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *data, size_t *data_size, void **con_cls) {
     (void)version;
     ac_daemon *d = cls;
     req_ctx *rc = *con_cls;
     if (!rc) {
+        atomic_store(&d->http_beat_ms, wd_now_ms());        /* the watchdog's proof that this thread runs */
+        while (atomic_load(&d->http_frozen)) usleep(10000); /* test hook: a stuck HTTP thread */
         rc = calloc(1, sizeof *rc);
         if (!rc) return MHD_NO;
         pthread_mutex_init(&rc->mu, NULL);
@@ -767,7 +1050,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             }
             memcpy(rc->body + rc->len, data, *data_size);
             rc->len += *data_size;
-        } else rc->too_big = 1;
+        } else
+            rc->too_big = 1;
         *data_size = 0;
         return MHD_YES;
     }
@@ -799,20 +1083,23 @@ int http_start(ac_daemon *d, ac_err *e) {
     memset(&sa, 0, sizeof sa);
     sa.sin_family = AF_INET;
     sa.sin_port = htons((uint16_t)d->cfg.listen_port);
-    if (inet_pton(AF_INET, !strcmp(d->cfg.listen_host, "localhost") ? "127.0.0.1" : d->cfg.listen_host, &sa.sin_addr) != 1)
+    if (inet_pton(AF_INET, !strcmp(d->cfg.listen_host, "localhost") ? "127.0.0.1" : d->cfg.listen_host, &sa.sin_addr) !=
+        1)
         return ac_errf(e, "listen host %s is not an IPv4 address", d->cfg.listen_host);
     d->pool = pool_new(d->cfg.http_threads, 256);
-    d->guard = guard_new(d->cfg.header_timeout_s, d->cfg.body_timeout_s);
+    d->guard = guard_new(d->cfg.header_timeout_s, d->cfg.body_timeout_s, d->cfg.max_connections);
     if (!d->pool || !d->guard) return ac_errf(e, "cannot start the HTTP work threads");
-    unsigned limit = (unsigned)d->cfg.max_connections + (unsigned)d->cfg.max_sse_streams;
-    d->mhd = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, (uint16_t)d->cfg.listen_port,
-                              NULL, NULL, on_request, d, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, d,
-                              MHD_OPTION_NOTIFY_CONNECTION, guard_notify, d->guard,
-                              MHD_OPTION_CONNECTION_LIMIT, limit,
-                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)d->cfg.max_connections_per_client,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)d->cfg.idle_timeout_s,
-                              MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
-    if (!d->mhd) return ac_errf(e, "cannot listen on %s:%d (%s)", d->cfg.listen_host, d->cfg.listen_port, strerror(errno));
+    /* The guard keeps max_connections (evicting slow heads) and the hub
+     * max_sse_streams; the slack lets a newcomer in so the guard can evict. */
+    unsigned limit = (unsigned)d->cfg.max_connections + (unsigned)d->cfg.max_sse_streams + 64;
+    d->mhd = MHD_start_daemon(
+        MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, (uint16_t)d->cfg.listen_port, NULL,
+        NULL, on_request, d, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, d,
+        MHD_OPTION_NOTIFY_CONNECTION, guard_notify, d->guard, MHD_OPTION_CONNECTION_LIMIT, limit,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)d->cfg.max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)d->cfg.idle_timeout_s, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
+    if (!d->mhd)
+        return ac_errf(e, "cannot listen on %s:%d (%s)", d->cfg.listen_host, d->cfg.listen_port, strerror(errno));
     if (d->cfg.listen_port == 0) {
         const union MHD_DaemonInfo *info = MHD_get_daemon_info(d->mhd, MHD_DAEMON_INFO_BIND_PORT);
         if (info) d->cfg.listen_port = info->port;

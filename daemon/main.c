@@ -1,14 +1,14 @@
 /*
  * autocompressd - the AutoCompress daemon.
  *   autocompressd [--config FILE] [--listen HOST:PORT] [--db PATH] [--data-dir DIR] [--web-dir DIR]
- *   autocompressd run-job ID --db PATH ...      (the worker; see worker.c)
+ *   autocompressd run-job ID ...                (the worker, its spec on stdin; see worker.c)
  * Runs in the foreground, logs to stderr; SIGTERM/SIGINT stop it: running
  * jobs are stopped and re-queued, so a restart picks them up again.
  *
  * Under systemd (Type=notify) it sends READY=1 once it listens, WATCHDOG=1
- * from a timer on the scheduler's loop at half of WatchdogSec (so a frozen
- * loop is restarted), STOPPING=1 on SIGTERM: the datagram is written to
- * $NOTIFY_SOCKET directly (no libsystemd).
+ * from a timer on the scheduler's loop at half of WatchdogSec while the HTTP
+ * thread answers too (so a frozen loop or a frozen HTTP side is restarted;
+ * watchdog.c), STOPPING=1 on SIGTERM.
  *
  * It refuses to listen on a non-loopback address without tokens: an
  * unauthenticated API is only ever reachable from this host.
@@ -36,26 +36,17 @@ void sched_free(ac_daemon *d);
 
 static ac_daemon D;
 static uv_signal_t sig_term, sig_int;
-static uv_timer_t drain_timer, watchdog_timer;
+static uv_signal_t sig_usr2;
+static uv_timer_t drain_timer;
 
-/* sd_notify without libsystemd: one datagram to $NOTIFY_SOCKET. */
-static void notify(const char *msg) {
-    const char *path = getenv("NOTIFY_SOCKET");
-    if (!path || !path[0] || strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) return;
-    struct sockaddr_un sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sun_family = AF_UNIX;
-    memcpy(sa.sun_path, path, strlen(path));
-    if (sa.sun_path[0] == '@') sa.sun_path[0] = 0; /* abstract namespace */
-    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return;
-    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(path));
-    if (sendto(fd, msg, strlen(msg), MSG_NOSIGNAL, (struct sockaddr *)&sa, len) < 0)
-        fprintf(stderr, "autocompressd: sd_notify: %s\n", strerror(errno));
-    close(fd);
+/* Test hook (AUTOCOMPRESSD_TEST_HOOKS=1): SIGUSR2 freezes / thaws the HTTP thread. */
+static void on_test_freeze(uv_signal_t *s, int signum) {
+    (void)s;
+    (void)signum;
+    int frozen = !atomic_load(&D.http_frozen);
+    atomic_store(&D.http_frozen, frozen);
+    fprintf(stderr, "autocompressd: test hook: HTTP thread %s\n", frozen ? "frozen" : "thawed");
 }
-
-static void on_watchdog(uv_timer_t *t) { (void)t; notify("WATCHDOG=1"); }
 
 static void on_drain(uv_timer_t *t) {
     if (sched_busy(&D)) return;
@@ -71,9 +62,10 @@ static void on_signal(uv_signal_t *s, int signum) {
     static int once;
     if (once++) return;
     fprintf(stderr, "autocompressd: signal %d: stopping (running jobs are re-queued)\n", signum);
-    notify("STOPPING=1");
-    if (uv_is_active((uv_handle_t *)&watchdog_timer)) uv_timer_stop(&watchdog_timer);
-    if (watchdog_timer.loop) uv_close((uv_handle_t *)&watchdog_timer, NULL);
+    wd_notify("STOPPING=1");
+    atomic_store(&D.http_frozen, 0);
+    wd_stop();
+    if (sig_usr2.loop) uv_close((uv_handle_t *)&sig_usr2, NULL);
     http_stop(&D);
     sched_stop(&D);
     uv_timer_init(D.loop, &drain_timer);
@@ -81,30 +73,36 @@ static void on_signal(uv_signal_t *s, int signum) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: autocompressd [--config FILE] [--listen HOST:PORT] [--db PATH] [--data-dir DIR] [--web-dir DIR]\n"
-                    "       autocompressd run-job ID --db PATH [--device D] [--threads N] [--output DIR]\n");
+    fprintf(stderr,
+            "usage: autocompressd [--config FILE] [--listen HOST:PORT] [--db PATH] [--data-dir DIR] [--web-dir DIR]\n"
+            "       autocompressd run-job ID [--device D] [--threads N] [--output DIR] < input.json\n");
     return 2;
 }
 
-int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "run-job")) return worker_main(argc, argv);
-    if (argc > 1 && !strcmp(argv[1], "measure-table")) return measure_main(argc, argv);
-    ac_err e = {{0}};
+/* The configuration: the file (--config), then the flags. 0, 1 (an error, said), 2 (usage). */
+static int configure(int argc, char **argv, ac_err *e) {
     config_defaults(&D.cfg);
     const char *cfgfile = NULL;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--config") && i + 1 < argc) cfgfile = argv[++i];
-    if (cfgfile && config_load(&D.cfg, cfgfile, &e)) { fprintf(stderr, "autocompressd: %s\n", e.msg); return 1; }
+    if (cfgfile && config_load(&D.cfg, cfgfile, e)) return 1;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--config") && i + 1 < argc) i++;
-        else if (!strcmp(argv[i], "--listen") && i + 1 < argc) { if (config_listen(&D.cfg, argv[++i], &e)) { fprintf(stderr, "autocompressd: %s\n", e.msg); return 1; } }
-        else if (!strcmp(argv[i], "--db") && i + 1 < argc) snprintf(D.cfg.db_path, sizeof D.cfg.db_path, "%s", argv[++i]);
-        else if (!strcmp(argv[i], "--data-dir") && i + 1 < argc) snprintf(D.cfg.data_dir, sizeof D.cfg.data_dir, "%s", argv[++i]);
-        else if (!strcmp(argv[i], "--web-dir") && i + 1 < argc) snprintf(D.cfg.web_dir, sizeof D.cfg.web_dir, "%s", argv[++i]);
-        else return usage();
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "--config") && v)
+            i++;
+        else if (!strcmp(argv[i], "--listen") && v) {
+            if (config_listen(&D.cfg, argv[++i], e)) return 1;
+        } else if (!strcmp(argv[i], "--db") && v)
+            snprintf(D.cfg.db_path, sizeof D.cfg.db_path, "%s", argv[++i]);
+        else if (!strcmp(argv[i], "--data-dir") && v)
+            snprintf(D.cfg.data_dir, sizeof D.cfg.data_dir, "%s", argv[++i]);
+        else if (!strcmp(argv[i], "--web-dir") && v)
+            snprintf(D.cfg.web_dir, sizeof D.cfg.web_dir, "%s", argv[++i]);
+        else
+            return 2;
     }
     ssize_t n = readlink("/proc/self/exe", D.exe, sizeof D.exe - 1);
-    if (n <= 0) { fprintf(stderr, "autocompressd: cannot find own executable\n"); return 1; }
+    if (n <= 0) return ac_errf(e, "cannot find own executable"), 1;
     D.exe[n] = 0;
     if (!D.cfg.web_dir[0]) {
         char dir[900];
@@ -112,19 +110,26 @@ int main(int argc, char **argv) {
         char *slash = strrchr(dir, '/');
         if (slash) *slash = 0;
         snprintf(D.cfg.web_dir, sizeof D.cfg.web_dir, "%s/../web", dir);
-        if (access(D.cfg.web_dir, R_OK) != 0) snprintf(D.cfg.web_dir, sizeof D.cfg.web_dir, "/usr/share/autocompress/web");
+        if (access(D.cfg.web_dir, R_OK) != 0)
+            snprintf(D.cfg.web_dir, sizeof D.cfg.web_dir, "/usr/share/autocompress/web");
     }
     const char *envtok = getenv("AUTOCOMPRESS_TOKEN");
     if (envtok && *envtok) {
-        if (strlen(envtok) < 16 || D.cfg.ntokens >= AC_MAX_TOKENS) { fprintf(stderr, "autocompressd: AUTOCOMPRESS_TOKEN must have at least 16 characters\n"); return 1; }
-        if (!(D.cfg.tokens[D.cfg.ntokens++] = strdup(envtok))) return 1;
+        if (strlen(envtok) < 16 || D.cfg.ntokens >= AC_MAX_TOKENS)
+            return ac_errf(e, "AUTOCOMPRESS_TOKEN must have at least 16 characters"), 1;
+        if (!(D.cfg.tokens[D.cfg.ntokens++] = strdup(envtok))) return ac_errf(e, "out of memory"), 1;
     }
-    if (!config_is_loopback(D.cfg.listen_host) && D.cfg.ntokens == 0) {
-        fprintf(stderr, "autocompressd: refusing to serve an unauthenticated API on %s: set \"tokens\" in the config (or "
-                        "AUTOCOMPRESS_TOKEN), or listen on 127.0.0.1\n", D.cfg.listen_host);
-        return 1;
-    }
-    if (ac_fsafe_set_roots((const char *const *)D.cfg.model_roots, D.cfg.nroots, &e)) { fprintf(stderr, "autocompressd: %s\n", e.msg); return 1; }
+    if (!config_is_loopback(D.cfg.listen_host) && D.cfg.ntokens == 0)
+        return ac_errf(e,
+                       "refusing to serve an unauthenticated API on %s: set \"tokens\" in the config (or "
+                       "AUTOCOMPRESS_TOKEN), or listen on 127.0.0.1",
+                       D.cfg.listen_host),
+               1;
+    return ac_fsafe_set_roots((const char *const *)D.cfg.model_roots, D.cfg.nroots, e) ? 1 : 0;
+}
+
+/* Open the store (recovering interrupted jobs), the hub, the scheduler and the HTTP front. */
+static int start(ac_err *e) {
     signal(SIGPIPE, SIG_IGN);
     signal(SIGXFSZ, SIG_IGN); /* a file-size limit is a failed write (EFBIG), not death */
     struct rlimit nofile;     /* event streams need descriptors: raise the soft limit to the hard one */
@@ -133,38 +138,51 @@ int main(int argc, char **argv) {
         setrlimit(RLIMIT_NOFILE, &nofile);
     }
     mkdir(D.cfg.data_dir, 0755);
-    {
-        char *abs = realpath(D.cfg.data_dir, NULL);
-        snprintf(D.data_dir_abs, sizeof D.data_dir_abs, "%s", abs ? abs : D.cfg.data_dir);
-        free(abs);
-    }
+    char *abs = realpath(D.cfg.data_dir, NULL);
+    snprintf(D.data_dir_abs, sizeof D.data_dir_abs, "%s", abs ? abs : D.cfg.data_dir);
+    free(abs);
     D.started_at = ac_now();
-    if (db_open(D.cfg.db_path, &D.db, &e)) { fprintf(stderr, "autocompressd: %s\n", e.msg); return 1; }
-    int rec = db_recover(D.db, D.cfg.interrupted_policy, D.cfg.max_attempts, &e);
-    if (rec < 0) { fprintf(stderr, "autocompressd: recovery: %s\n", e.msg); return 1; }
-    if (rec > 0) fprintf(stderr, "autocompressd: recovered %d interrupted job(s) (policy %s)\n", rec, D.cfg.interrupted_policy);
+    if (db_open(D.cfg.db_path, &D.db, e)) return -1;
+    int rec = db_recover(D.db, D.cfg.interrupted_policy, D.cfg.max_attempts, e);
+    if (rec < 0) return -1;
+    if (rec > 0)
+        fprintf(stderr, "autocompressd: recovered %d interrupted job(s) (policy %s)\n", rec, D.cfg.interrupted_policy);
     D.schema_version = db_schema_version(D.db);
     D.ndevices = ac_devices_local(D.devices, AC_MAX_DEVICES);
     D.hub = sse_hub_new(D.cfg.sse_buffer_bytes, D.cfg.max_sse_streams);
-    if (!D.hub) { fprintf(stderr, "autocompressd: cannot start the event-stream hub\n"); return 1; }
+    if (!D.hub) return ac_errf(e, "cannot start the event-stream hub");
     D.loop = uv_default_loop();
-    if (sched_start(&D, &e) || http_start(&D, &e)) { fprintf(stderr, "autocompressd: %s\n", e.msg); return 1; }
+    if (sched_start(&D, e) || http_start(&D, e)) return -1;
     for (int i = 0; i < D.ndevices; i++) fprintf(stderr, "autocompressd: device %s\n", D.devices[i].name);
-    fprintf(stderr, "autocompressd %s listening on http://%s:%d (db %s, schema v%d, data %s)\n", AC_VERSION, D.cfg.listen_host,
-            D.cfg.listen_port, D.cfg.db_path, db_schema_version(D.db), D.cfg.data_dir);
+    fprintf(stderr, "autocompressd %s listening on http://%s:%d (db %s, schema v%d, data %s)\n", AC_VERSION,
+            D.cfg.listen_host, D.cfg.listen_port, D.cfg.db_path, db_schema_version(D.db), D.cfg.data_dir);
     uv_signal_init(D.loop, &sig_term);
     uv_signal_start(&sig_term, on_signal, SIGTERM);
     uv_signal_init(D.loop, &sig_int);
     uv_signal_start(&sig_int, on_signal, SIGINT);
-    const char *wd = getenv("WATCHDOG_USEC");
+    const char *wd = getenv("WATCHDOG_USEC"), *wpid = getenv("WATCHDOG_PID");
     long long wd_us = wd ? atoll(wd) : 0;
-    const char *wpid = getenv("WATCHDOG_PID");
     if (wpid && atol(wpid) != (long)getpid()) wd_us = 0;
-    if (wd_us > 0) {
-        uv_timer_init(D.loop, &watchdog_timer);
-        uv_timer_start(&watchdog_timer, on_watchdog, 0, (uint64_t)(wd_us / 2000 > 0 ? wd_us / 2000 : 1));
+    if (wd_us > 0 && wd_start(&D, wd_us)) return ac_errf(e, "cannot start the watchdog timer");
+    const char *hooks = getenv("AUTOCOMPRESSD_TEST_HOOKS");
+    if (hooks && !strcmp(hooks, "1")) {
+        uv_signal_init(D.loop, &sig_usr2);
+        uv_signal_start(&sig_usr2, on_test_freeze, SIGUSR2);
     }
-    notify("READY=1");
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "run-job")) return worker_main(argc, argv);
+    if (argc > 1 && !strcmp(argv[1], "measure-table")) return measure_main(argc, argv);
+    ac_err e = {{0}};
+    int rc = configure(argc, argv, &e);
+    if (rc == 2) return usage();
+    if (rc || start(&e)) {
+        fprintf(stderr, "autocompressd: %s\n", e.msg);
+        return 1;
+    }
+    wd_notify("READY=1");
     uv_run(D.loop, UV_RUN_DEFAULT);
     http_stop(&D);
     sched_free(&D);

@@ -4,7 +4,10 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-typedef struct { pool_fn fn; void *arg; } task;
+typedef struct {
+    pool_fn fn;
+    void *arg;
+} task;
 
 struct pool {
     pthread_mutex_t mu;
@@ -19,7 +22,10 @@ static void *run(void *arg) {
     for (;;) {
         pthread_mutex_lock(&p->mu);
         while (p->n == 0 && !p->stopping) pthread_cond_wait(&p->cv, &p->mu);
-        if (p->n == 0) { pthread_mutex_unlock(&p->mu); return NULL; }
+        if (p->n == 0) {
+            pthread_mutex_unlock(&p->mu);
+            return NULL;
+        }
         task t = p->ring[p->head];
         p->head = (p->head + 1) % p->cap;
         p->n--;
@@ -34,14 +40,22 @@ pool *pool_new(int nthreads, int max_queue) {
     p->cap = max_queue > 0 ? max_queue : 64;
     p->ring = calloc((size_t)p->cap, sizeof *p->ring);
     p->threads = calloc((size_t)nthreads, sizeof *p->threads);
-    if (!p->ring || !p->threads) { free(p->ring); free(p->threads); free(p); return NULL; }
+    if (!p->ring || !p->threads) {
+        free(p->ring);
+        free(p->threads);
+        free(p);
+        return NULL;
+    }
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     for (int i = 0; i < nthreads; i++) {
         if (pthread_create(&p->threads[i], NULL, run, p)) break;
         p->nthreads++;
     }
-    if (p->nthreads == 0) { pool_free(p); return NULL; }
+    if (p->nthreads == 0) {
+        pool_free(p);
+        return NULL;
+    }
     return p;
 }
 
@@ -55,13 +69,6 @@ int pool_submit(pool *p, pool_fn fn, void *arg) {
     }
     pthread_mutex_unlock(&p->mu);
     return ok ? 0 : -1;
-}
-
-int pool_pending(pool *p) {
-    pthread_mutex_lock(&p->mu);
-    int n = p->n;
-    pthread_mutex_unlock(&p->mu);
-    return n;
 }
 
 void pool_free(pool *p) {

@@ -15,7 +15,6 @@ typedef void (*pool_fn)(void *arg);
 pool *pool_new(int nthreads, int max_queue);
 /* 0 queued, -1 the queue is full or the pool is stopping. */
 int pool_submit(pool *p, pool_fn fn, void *arg);
-int pool_pending(pool *p);
 /* Run what is queued, then join the threads and free the pool. */
 void pool_free(pool *p);
 

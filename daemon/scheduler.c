@@ -43,8 +43,8 @@
 #include "wevent.h"
 
 typedef struct slot {
-    char id[32];       /* "cpu" or "cuda:N" */
-    int gpu;           /* CUDA ordinal or -1 */
+    char id[32]; /* "cpu" or "cuda:N" */
+    int gpu;     /* CUDA ordinal or -1 */
     int capacity, running;
 } slot;
 
@@ -54,13 +54,15 @@ typedef struct worker {
     long job;
     slot *slot;
     uv_process_t proc;
-    uv_pipe_t out;
+    uv_pipe_t in, out; /* the worker's stdin (its spec) and stdout (its events) */
     uv_timer_t kill_timer;
+    uv_write_t wr;
+    char *input; /* what is written to stdin, until written */
     char *line;
     size_t len, cap;
-    char *result;      /* JSON text of the result event */
-    char error[512];   /* last error event message */
-    int cancelling, closing_handles, exited, timed_out, skipping;
+    char *result;    /* JSON text of the result event */
+    char error[512]; /* last error event message */
+    int cancelling, open_handles, exited, timed_out, skipping;
     int64_t exit_status;
     int term_signal;
     double started;
@@ -70,7 +72,7 @@ typedef struct worker {
 typedef struct pending_end {
     struct pending_end *next;
     long job;
-    char to[16];
+    job_state to;
     char *reason, *result;
 } pending_end;
 
@@ -82,7 +84,7 @@ typedef struct measure {
     long id;
     char key[512];
     int threads;
-    char state[16];          /* queued, running, succeeded, failed, cancelled */
+    job_state state;
     char error[300];
     int cancel, exited, pipe_done, closing_handles;
     slot *slot;
@@ -102,31 +104,17 @@ struct scheduler {
     worker *workers;
     uv_async_t wake;
     uv_timer_t tick, keepalive;
-    pthread_mutex_t mu;     /* guards cancels[] and the running snapshot */
+    pthread_mutex_t mu; /* guards cancels[] and the running snapshot */
     long cancels[256];
     int ncancels;
     int stopping;
-    pending_end *pending;   /* loop thread only; npending under mu */
+    pending_end *pending; /* loop thread only; npending under mu */
     int npending;
     char pending_why[256];
-    measure *measures;      /* newest first, under mu */
+    measure *measures; /* newest first, under mu */
     char jobs_dir[1100];
     long next_measure;
 };
-
-long daemon_event(ac_daemon *d, long job, const char *kind, json_t *data) {
-    char *s = json_dumps(data, JSON_COMPACT | JSON_ENCODE_ANY);
-    json_decref(data);
-    if (!s) return -1;
-    ac_err e;
-    long id = db_event_insert(d->db, job, kind, s, &e);
-    if (id > 0) {
-        atomic_fetch_add(&d->events_stored, 1);
-        sse_publish(d->hub, job, id, kind, s);
-    } else fprintf(stderr, "autocompressd: job %ld: cannot store event: %s\n", job, e.msg);
-    free(s);
-    return id;
-}
 
 static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void log_line(const char *fmt, ...) {
@@ -140,65 +128,95 @@ static void log_line(const char *fmt, ...) {
 
 static void on_handle_closed(uv_handle_t *h) {
     worker *w = h->data;
-    if (--w->closing_handles > 0) return;
+    if (--w->open_handles > 0) return;
+    free(w->input);
     free(w->line);
     free(w->result);
     free(w);
+}
+
+static void close_worker_handles(worker *w) {
+    uv_handle_t *hs[] = {(uv_handle_t *)&w->proc, (uv_handle_t *)&w->in, (uv_handle_t *)&w->out,
+                         (uv_handle_t *)&w->kill_timer};
+    for (size_t i = 0; i < sizeof hs / sizeof *hs; i++)
+        if (!uv_is_closing(hs[i])) uv_close(hs[i], on_handle_closed);
+}
+
+/* A job end the database refused: kept and retried every tick. */
+static void keep_pending(scheduler *s, long job, job_state to, const char *reason, const char *result,
+                         const char *why) {
+    pending_end *p = calloc(1, sizeof *p);
+    if (!p) return;
+    p->job = job;
+    p->to = to;
+    p->reason = strdup(reason);
+    p->result = result ? strdup(result) : NULL;
+    if (!p->reason || (result && !p->result)) {
+        free(p->reason);
+        free(p->result);
+        free(p);
+        return;
+    }
+    p->next = s->pending;
+    s->pending = p;
+    pthread_mutex_lock(&s->mu);
+    s->npending++;
+    snprintf(s->pending_why, sizeof s->pending_why, "job %ld's end could not be recorded: %.200s", job, why);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* How a worker's job ended, and why. */
+static job_state worker_outcome(const worker *w, char *reason, size_t n) {
+    const ac_daemon *d = w->d;
+    if (d->sched->stopping) {
+        snprintf(reason, n, "the daemon shut down while the job ran; re-queued");
+        return JOB_QUEUED;
+    }
+    if (w->timed_out) {
+        snprintf(reason, n, "stopped: the job ran longer than this server's cap max_job_seconds=%d (wall clock)",
+                 d->cfg.max_job_seconds);
+        return JOB_FAILED;
+    }
+    if (w->cancelling) {
+        snprintf(reason, n, "cancelled by user");
+        return JOB_CANCELLED;
+    }
+    if (w->exit_status == 0 && w->result) {
+        snprintf(reason, n, "completed");
+        return JOB_SUCCEEDED;
+    }
+    if (w->error[0])
+        snprintf(reason, n, "%s", w->error);
+    else if (w->term_signal)
+        snprintf(reason, n, "worker killed by signal %d (%s)", w->term_signal, strsignal(w->term_signal));
+    else
+        snprintf(reason, n, "worker exited with status %lld and no result", (long long)w->exit_status);
+    return JOB_FAILED;
 }
 
 static void finish_worker(worker *w) {
     scheduler *s = w->d->sched;
     ac_daemon *d = w->d;
     ac_err e = {{0}};
-    const char *to;
     char reason[700];
-    if (s->stopping) {
-        to = "queued";
-        snprintf(reason, sizeof reason, "the daemon shut down while the job ran; re-queued");
-    } else if (w->timed_out) {
-        to = "failed";
-        snprintf(reason, sizeof reason, "stopped: the job ran longer than this server's cap max_job_seconds=%d (wall clock)",
-                 d->cfg.max_job_seconds);
-    } else if (w->cancelling) {
-        to = "cancelled";
-        snprintf(reason, sizeof reason, "cancelled by user");
-    } else if (w->exit_status == 0 && w->result) {
-        to = "succeeded";
-        snprintf(reason, sizeof reason, "completed");
-    } else {
-        to = "failed";
-        if (w->error[0]) snprintf(reason, sizeof reason, "%s", w->error);
-        else if (w->term_signal) snprintf(reason, sizeof reason, "worker killed by signal %d (%s)", w->term_signal, strsignal(w->term_signal));
-        else snprintf(reason, sizeof reason, "worker exited with status %lld and no result", (long long)w->exit_status);
+    job_state to = worker_outcome(w, reason, sizeof reason);
+    const char *result = to == JOB_SUCCEEDED ? w->result : NULL, *name = job_state_name(to);
+    if (db_job_transition(d->db, w->job, JOB_RUNNING, to, reason, NULL, result, &e) < 0) {
+        log_line("job %ld: cannot record end (%s): %s; retrying", w->job, name, e.msg);
+        keep_pending(s, w->job, to, reason, result, e.msg);
     }
-    if (db_job_transition(d->db, w->job, "running", to, reason, NULL, !strcmp(to, "succeeded") ? w->result : NULL, &e) < 0) {
-        log_line("job %ld: cannot record end (%s): %s; retrying", w->job, to, e.msg);
-        pending_end *p = calloc(1, sizeof *p);
-        if (p) {
-            p->job = w->job;
-            snprintf(p->to, sizeof p->to, "%s", to);
-            p->reason = strdup(reason);
-            p->result = !strcmp(to, "succeeded") && w->result ? strdup(w->result) : NULL;
-            p->next = s->pending;
-            s->pending = p;
-            pthread_mutex_lock(&s->mu);
-            s->npending++;
-            snprintf(s->pending_why, sizeof s->pending_why, "job %ld's end could not be recorded: %.200s", w->job, e.msg);
-            pthread_mutex_unlock(&s->mu);
-        }
-    }
-    log_line("job %ld %s: %s", w->job, to, reason);
+    log_line("job %ld %s: %s", w->job, name, reason);
     if (!s->stopping) {
-        daemon_event(d, w->job, "state", json_pack("{s:s,s:s}", "state", to, "reason", reason));
-        sse_finish(d->hub, w->job);
+        daemon_event(d, w->job, "state", json_pack("{s:s,s:s}", "state", name, "reason", reason));
+        events_finish(d, w->job);
     }
     w->slot->running--;
     for (worker **p = &s->workers; *p; p = &(*p)->next)
-        if (*p == w) { *p = w->next; break; }
-    w->closing_handles = 3;
-    uv_close((uv_handle_t *)&w->proc, on_handle_closed);
-    uv_close((uv_handle_t *)&w->out, on_handle_closed);
-    uv_close((uv_handle_t *)&w->kill_timer, on_handle_closed);
+        if (*p == w) {
+            *p = w->next;
+            break;
+        }
+    close_worker_handles(w);
     if (!s->stopping) uv_async_send(&s->wake);
 }
 
@@ -225,15 +243,18 @@ static void handle_line(worker *w, const char *line, size_t len) {
     ac_err e;
     if (!strcmp(ev.kind, "result")) {
         free(w->result);
-        w->result = json_dumps(ev.data, JSON_COMPACT);
+        if (!(w->result = json_dumps(ev.data, JSON_COMPACT)))
+            snprintf(w->error, sizeof w->error, "the daemon ran out of memory keeping the job's result");
     } else if (!strcmp(ev.kind, "error")) {
         snprintf(w->error, sizeof w->error, "%s", ev.error);
     } else if (!strcmp(ev.kind, "cost_table")) {
         json_t *t = ev.table;
         if (t) {
             if (store_measured(w->d, t, &e)) log_line("job %ld: cannot store cost table: %s", w->job, e.msg);
-        } else if (json_is_true(json_object_get(ev.data, "cache_hit")) && json_is_string(json_object_get(ev.data, "key"))) {
-            if (db_cost_hit(w->d->db, json_string_value(json_object_get(ev.data, "key")), &e)) log_line("job %ld: %s", w->job, e.msg);
+        } else if (json_is_true(json_object_get(ev.data, "cache_hit")) &&
+                   json_is_string(json_object_get(ev.data, "key"))) {
+            if (db_cost_hit(w->d->db, json_string_value(json_object_get(ev.data, "key")), &e))
+                log_line("job %ld: %s", w->job, e.msg);
         }
         json_object_del(ev.data, "table"); /* the event keeps the summary */
     }
@@ -253,7 +274,11 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
         for (ssize_t i = 0; i < n; i++) {
             char ch = buf->base[i];
             if (ch == '\n') {
-                if (w->skipping) { w->skipping = 0; w->len = 0; continue; }
+                if (w->skipping) {
+                    w->skipping = 0;
+                    w->len = 0;
+                    continue;
+                }
                 if (w->len) {
                     w->line[w->len] = 0;
                     handle_line(w, w->line, w->len);
@@ -265,7 +290,11 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
             if (w->len + 2 > w->cap) {
                 size_t nc = w->cap ? w->cap * 2 : 4096;
                 char *nl = nc <= (64u << 20) ? realloc(w->line, nc) : NULL;
-                if (!nl) { w->len = 0; w->skipping = 1; continue; } /* an over-long or unallocatable line is dropped whole */
+                if (!nl) {
+                    w->len = 0;
+                    w->skipping = 1;
+                    continue;
+                } /* an over-long or unallocatable line is dropped whole */
                 w->line = nl;
                 w->cap = nc;
             }
@@ -273,8 +302,10 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
         }
     } else if (n < 0) {
         uv_read_stop(st);
-        if (w->exited) finish_worker(w);
-        else w->exited = -1; /* pipe closed first; exit callback finishes */
+        if (w->exited)
+            finish_worker(w);
+        else
+            w->exited = -1; /* pipe closed first; exit callback finishes */
     }
     free(buf->base);
 }
@@ -284,8 +315,10 @@ static void on_exit_cb(uv_process_t *p, int64_t status, int sig) {
     w->exit_status = status;
     w->term_signal = sig;
     uv_timer_stop(&w->kill_timer);
-    if (w->exited == -1) finish_worker(w);
-    else w->exited = 1;
+    if (w->exited == -1)
+        finish_worker(w);
+    else
+        w->exited = 1;
 }
 
 static void on_kill_timer(uv_timer_t *t) {
@@ -294,32 +327,114 @@ static void on_kill_timer(uv_timer_t *t) {
     uv_process_kill(&w->proc, SIGKILL);
 }
 
-static int start_worker(scheduler *s, slot *sl, long job) {
+/* Start `args` with stdout on `out` (a pipe), stderr on errfd, and stdin
+ * on `in` (a pipe) or nothing when in is NULL. The pipes are initialised
+ * here; the caller closes them (and proc) whether or not it started. */
+static int spawn_child(ac_daemon *d, uv_process_t *proc, uv_pipe_t *in, uv_pipe_t *out, int errfd, char **args,
+                       uv_exit_cb on_exit) {
+    uv_pipe_init(d->loop, out, 0);
+    if (in) uv_pipe_init(d->loop, in, 0);
+    uv_stdio_container_t stdio[3];
+    stdio[0].flags = in ? UV_CREATE_PIPE | UV_READABLE_PIPE : UV_IGNORE;
+    stdio[0].data.stream = (uv_stream_t *)in;
+    stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
+    stdio[1].data.stream = (uv_stream_t *)out;
+    stdio[2].flags = UV_INHERIT_FD;
+    stdio[2].data.fd = errfd;
+    uv_process_options_t opt;
+    memset(&opt, 0, sizeof opt);
+    opt.file = d->exe;
+    opt.args = args;
+    opt.exit_cb = on_exit;
+    opt.stdio = stdio;
+    opt.stdio_count = 3;
+    return uv_spawn(d->loop, proc, &opt);
+}
+
+/* What a worker reads on stdin: {"spec": the job's spec, "cost_tables":
+ * {key: table} (every cached table, so the worker needs no database)}.
+ * NULL with e set. */
+static char *worker_input(ac_daemon *d, long job, ac_err *e) {
+    char *spec_text;
+    if (db_job_spec(d->db, job, &spec_text, e)) return NULL;
+    if (!spec_text) {
+        ac_errf(e, "job %ld has no spec", job);
+        return NULL;
+    }
+    json_t *spec = json_loads(spec_text, 0, NULL), *tables = json_object(), *in = NULL;
+    free(spec_text);
+    db_cost_row *rows = NULL;
+    int n = 0;
+    if (spec && tables && db_cost_list(d->db, &rows, &n, e) == 0) {
+        for (int i = 0; i < n; i++) {
+            char *data = NULL;
+            if (db_cost_get(d->db, rows[i].key, &data, e) || !data) continue;
+            json_t *t = json_loads(data, 0, NULL);
+            free(data);
+            if (t) json_object_set_new(tables, rows[i].key, t);
+        }
+        in = json_pack("{s:O,s:O}", "spec", spec, "cost_tables", tables);
+    }
+    free(rows);
+    json_decref(spec);
+    json_decref(tables);
+    char *s = in ? json_dumps(in, JSON_COMPACT) : NULL;
+    json_decref(in);
+    if (!s && !e->msg[0]) ac_errf(e, "out of memory");
+    return s;
+}
+
+static void on_input_written(uv_write_t *req, int status) {
+    (void)status; /* a worker that died first fails on its own */
+    worker *w = req->data;
+    free(w->input);
+    w->input = NULL;
+    if (!uv_is_closing((uv_handle_t *)&w->in)) uv_close((uv_handle_t *)&w->in, on_handle_closed);
+}
+
+/* The job's directory and log file; the log's fd, or -1. */
+static int job_log(scheduler *s, long job, char *outp, size_t n) {
     ac_daemon *d = s->d;
-    ac_err e = {{0}};
-    char dir[2048], logp[2100], jobarg[32], thr[16], outp[2100];
-    snprintf(dir, sizeof dir, "%s/jobs/%ld", d->cfg.data_dir, job);
-    char jobs_dir[2048];
+    char jobs_dir[1040], dir[1070], logp[1100];
     snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", d->cfg.data_dir);
+    snprintf(dir, sizeof dir, "%s/%ld", jobs_dir, job);
     snprintf(s->jobs_dir, sizeof s->jobs_dir, "%s/jobs", d->data_dir_abs);
     mkdir(d->cfg.data_dir, 0755);
     mkdir(jobs_dir, 0755);
     mkdir(dir, 0755);
     snprintf(logp, sizeof logp, "%s/worker.log", dir);
-    snprintf(outp, sizeof outp, "%s/output", dir);
-    int logfd = open(logp, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    snprintf(outp, n, "%s/output", dir);
+    return open(logp, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+}
+
+/* The job could not start: fail it and tell its subscribers. */
+static void fail_start(ac_daemon *d, long job, job_state from, const char *why) {
+    ac_err e = {{0}};
+    db_job_transition(d->db, job, from, JOB_FAILED, why, NULL, NULL, &e);
+    daemon_event(d, job, "state", json_pack("{s:s,s:s}", "state", "failed", "reason", why));
+    events_finish(d, job);
+}
+
+static int start_worker(scheduler *s, slot *sl, long job) {
+    ac_daemon *d = s->d;
+    ac_err e = {{0}};
+    char jobarg[32], thr[16], outp[2100];
+    int logfd = job_log(s, job, outp, sizeof outp);
     if (logfd < 0) {
-        db_job_transition(d->db, job, "queued", "failed", "cannot create the job's log file", NULL, NULL, &e);
+        fail_start(d, job, JOB_QUEUED, "cannot create the job's log file");
         return -1;
     }
     worker *w = calloc(1, sizeof *w);
-    if (!w) {
+    char *input = w ? worker_input(d, job, &e) : NULL;
+    if (!input) {
         close(logfd);
-        log_line("job %ld: out of memory starting its worker", job);
+        free(w);
+        log_line("job %ld: cannot prepare its worker: %s", job, w ? e.msg : "out of memory");
         return -1;
     }
-    if (db_job_transition(d->db, job, "queued", "running", "running", sl->id, NULL, &e) != 0) {
+    if (db_job_transition(d->db, job, JOB_QUEUED, JOB_RUNNING, "running", sl->id, NULL, &e) != 0) {
         close(logfd);
+        free(input);
         free(w);
         return -1;
     }
@@ -327,48 +442,39 @@ static int start_worker(scheduler *s, slot *sl, long job) {
     w->d = d;
     w->job = job;
     w->slot = sl;
+    w->input = input;
     snprintf(jobarg, sizeof jobarg, "%ld", job);
     snprintf(thr, sizeof thr, "%d", d->cfg.worker_threads);
     /* the worker applies the path rules again: same roots, same job dir */
-    char *args[12 + 2 * AC_MAX_ROOTS] = {d->exe, "run-job", jobarg, "--db", d->cfg.db_path, "--device", sl->id, "--threads", thr,
-                                         "--output", outp, "--jobs-dir", s->jobs_dir};
-    int na = 13;
-    for (int i = 0; i < d->cfg.nroots; i++) { args[na++] = "--root"; args[na++] = d->cfg.model_roots[i]; }
+    char *args[12 + 2 * AC_MAX_ROOTS] = {d->exe, "run-job",  jobarg, "--device",   sl->id,     "--threads",
+                                         thr,    "--output", outp,   "--jobs-dir", s->jobs_dir};
+    int na = 11;
+    for (int i = 0; i < d->cfg.nroots; i++) {
+        args[na++] = "--root";
+        args[na++] = d->cfg.model_roots[i];
+    }
     args[na] = NULL;
-    uv_pipe_init(d->loop, &w->out, 0);
     uv_timer_init(d->loop, &w->kill_timer);
-    w->out.data = w->proc.data = w->kill_timer.data = w;
-    uv_stdio_container_t stdio[3];
-    stdio[0].flags = UV_IGNORE;
-    stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
-    stdio[1].data.stream = (uv_stream_t *)&w->out;
-    stdio[2].flags = UV_INHERIT_FD;
-    stdio[2].data.fd = logfd;
-    uv_process_options_t opt;
-    memset(&opt, 0, sizeof opt);
-    opt.file = d->exe;
-    opt.args = args;
-    opt.exit_cb = on_exit_cb;
-    opt.stdio = stdio;
-    opt.stdio_count = 3;
-    int r = uv_spawn(d->loop, &w->proc, &opt);
+    int r = spawn_child(d, &w->proc, &w->in, &w->out, logfd, args, on_exit_cb);
+    w->in.data = w->out.data = w->proc.data = w->kill_timer.data = w->wr.data = w;
+    w->open_handles = 4;
     close(logfd);
     if (r) {
         char why[256];
         snprintf(why, sizeof why, "cannot start worker: %s", uv_strerror(r));
-        db_job_transition(d->db, job, "running", "failed", why, NULL, NULL, &e);
-        daemon_event(d, job, "state", json_pack("{s:s,s:s}", "state", "failed", "reason", why));
-        sse_finish(d->hub, job);
-        w->closing_handles = 3; /* a failed uv_spawn still initialised the process handle */
-        uv_close((uv_handle_t *)&w->proc, on_handle_closed);
-        uv_close((uv_handle_t *)&w->out, on_handle_closed);
-        uv_close((uv_handle_t *)&w->kill_timer, on_handle_closed);
+        fail_start(d, job, JOB_RUNNING, why);
+        close_worker_handles(w); /* a failed uv_spawn still initialised the process handle */
         return -1;
     }
     sl->running++;
     w->next = s->workers;
     s->workers = w;
-    db_job_set(d->db, job, "worker_pid", NULL, w->proc.pid, &e);
+    uv_buf_t buf = uv_buf_init(w->input, (unsigned)strlen(w->input));
+    if (uv_write(&w->wr, (uv_stream_t *)&w->in, &buf, 1, on_input_written)) {
+        snprintf(w->error, sizeof w->error, "cannot send the job's spec to its worker");
+        uv_process_kill(&w->proc, SIGKILL);
+    }
+    db_job_set_pid(d->db, job, w->proc.pid, &e);
     daemon_event(d, job, "state", json_pack("{s:s,s:s,s:i}", "state", "running", "device", sl->id, "pid", w->proc.pid));
     uv_read_start((uv_stream_t *)&w->out, on_alloc, on_read);
     log_line("job %ld started on %s (pid %d)", job, sl->id, w->proc.pid);
@@ -388,8 +494,10 @@ static slot *find_slot(scheduler *s, const char *dev, char *why, size_t whyn) {
         exists = 1;
         if (sl->running < sl->capacity) return sl;
     }
-    if (!exists) snprintf(why, whyn, "waiting: no %s slot on this server", want_gpu ? dev : "cpu");
-    else snprintf(why, whyn, "waiting for a free %s slot (all busy)", want_gpu ? (want_idx >= 0 ? dev : "GPU") : "cpu");
+    if (!exists)
+        snprintf(why, whyn, "waiting: no %s slot on this server", want_gpu ? dev : "cpu");
+    else
+        snprintf(why, whyn, "waiting for a free %s slot (all busy)", want_gpu ? (want_idx >= 0 ? dev : "GPU") : "cpu");
     return NULL;
 }
 
@@ -407,31 +515,33 @@ static void measure_finish(measure *m) {
     scheduler *s = m->s;
     ac_daemon *d = s->d;
     ac_err e = {{0}};
-    char state[16], err[300] = "";
-    if (m->cancel) snprintf(state, sizeof state, "cancelled");
+    job_state state;
+    char err[300] = "";
+    if (m->cancel)
+        state = JOB_CANCELLED;
     else if (m->exit_status != 0 || !m->buf) {
-        snprintf(state, sizeof state, "failed");
+        state = JOB_FAILED;
         snprintf(err, sizeof err, "the measurement process exited with status %lld", (long long)m->exit_status);
     } else {
         m->buf[m->len] = 0;
         json_t *t = json_loads(m->buf, 0, NULL);
         const char *field;
         if (!t || ac_cost_table_validate(t, &field, &e)) {
-            snprintf(state, sizeof state, "failed");
+            state = JOB_FAILED;
             snprintf(err, sizeof err, "the measurement printed no valid table");
         } else if (store_measured(d, t, &e)) {
-            snprintf(state, sizeof state, "failed");
+            state = JOB_FAILED;
             snprintf(err, sizeof err, "cannot store the table: %.250s", e.msg);
         } else
-            snprintf(state, sizeof state, "succeeded");
+            state = JOB_SUCCEEDED;
         json_decref(t);
     }
     pthread_mutex_lock(&s->mu);
-    snprintf(m->state, sizeof m->state, "%s", state);
+    m->state = state;
     snprintf(m->error, sizeof m->error, "%s", err);
     m->finished_at = ac_now();
     pthread_mutex_unlock(&s->mu);
-    log_line("cost-table measurement %ld (%s) %s%s%s", m->id, m->key, state, err[0] ? ": " : "", err);
+    log_line("cost-table measurement %ld (%s) %s%s%s", m->id, m->key, job_state_name(state), err[0] ? ": " : "", err);
     m->slot->running--;
     m->closing_handles = 3;
     uv_close((uv_handle_t *)&m->proc, measure_closed);
@@ -446,12 +556,16 @@ static void measure_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
         if (m->len + (size_t)n + 1 > m->cap && m->cap < (16u << 20)) {
             size_t nc = (m->len + (size_t)n + 1) * 2;
             char *nb = realloc(m->buf, nc);
-            if (nb) { m->buf = nb; m->cap = nc; }
+            if (nb) {
+                m->buf = nb;
+                m->cap = nc;
+            }
         }
         if (m->buf && m->len + (size_t)n + 1 <= m->cap) {
             memcpy(m->buf + m->len, buf->base, (size_t)n);
             m->len += (size_t)n;
-        } else m->exit_status = m->exit_status ? m->exit_status : 99; /* output lost: fail it */
+        } else
+            m->exit_status = m->exit_status ? m->exit_status : 99; /* output lost: fail it */
     } else if (n < 0) {
         uv_read_stop(st);
         m->pipe_done = 1;
@@ -478,29 +592,15 @@ static void measure_start(scheduler *s, measure *m, slot *sl) {
     char thr[16];
     snprintf(thr, sizeof thr, "%d", m->threads);
     char *args[] = {d->exe, "measure-table", "--threads", thr, NULL};
-    uv_pipe_init(d->loop, &m->out, 0);
     uv_timer_init(d->loop, &m->kill_timer);
-    m->out.data = m->proc.data = m->kill_timer.data = m;
-    uv_stdio_container_t stdio[3];
-    stdio[0].flags = UV_IGNORE;
-    stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
-    stdio[1].data.stream = (uv_stream_t *)&m->out;
-    stdio[2].flags = UV_INHERIT_FD;
-    stdio[2].data.fd = 2;
-    uv_process_options_t opt;
-    memset(&opt, 0, sizeof opt);
-    opt.file = d->exe;
-    opt.args = args;
-    opt.exit_cb = measure_exit;
-    opt.stdio = stdio;
-    opt.stdio_count = 3;
     m->slot = sl;
     sl->running++;
     pthread_mutex_lock(&s->mu);
-    snprintf(m->state, sizeof m->state, "running");
+    m->state = JOB_RUNNING;
     m->started_at = ac_now();
     pthread_mutex_unlock(&s->mu);
-    int r = uv_spawn(d->loop, &m->proc, &opt);
+    int r = spawn_child(d, &m->proc, NULL, &m->out, 2, args, measure_exit);
+    m->out.data = m->proc.data = m->kill_timer.data = m;
     if (r) {
         m->exit_status = 127;
         m->exited = m->pipe_done = 1;
@@ -520,7 +620,7 @@ static void run_measurements(scheduler *s) {
     int kept = 0;
     for (measure **pp = &s->measures; *pp;) {
         measure *m = *pp;
-        int ended = strcmp(m->state, "queued") && strcmp(m->state, "running");
+        int ended = m->state != JOB_QUEUED && m->state != JOB_RUNNING;
         if (++kept > 32 && ended && m->closing_handles == 0) {
             *pp = m->next;
             free(m->buf);
@@ -534,11 +634,11 @@ static void run_measurements(scheduler *s) {
         measure *next = NULL;
         pthread_mutex_lock(&s->mu);
         for (measure *m = s->measures; m; m = m->next) {
-            if (!strcmp(m->state, "running") && m->cancel && !m->exited && !uv_is_active((uv_handle_t *)&m->kill_timer)) {
+            if (m->state == JOB_RUNNING && m->cancel && !m->exited && !uv_is_active((uv_handle_t *)&m->kill_timer)) {
                 uv_process_kill(&m->proc, SIGTERM);
                 uv_timer_start(&m->kill_timer, measure_kill, (uint64_t)(s->d->cfg.cancel_grace_s * 1000), 0);
             }
-            if (!strcmp(m->state, "queued")) next = m;
+            if (m->state == JOB_QUEUED) next = m;
         }
         pthread_mutex_unlock(&s->mu);
         if (!next || s->stopping) return;
@@ -555,10 +655,10 @@ int sched_measure(ac_daemon *d, const json_t *req, const char *key, long *id, ch
     json_t *th = json_object_get(req, "threads");
     pthread_mutex_lock(&s->mu);
     for (measure *m = s->measures; m; m = m->next) {
-        int live = !strcmp(m->state, "queued") || !strcmp(m->state, "running");
+        int live = m->state == JOB_QUEUED || m->state == JOB_RUNNING;
         active += live;
         if (live && !strcmp(m->key, key)) {
-            snprintf(why, n, "measurement %ld of this table is already %s", m->id, m->state);
+            snprintf(why, n, "measurement %ld of this table is already %s", m->id, job_state_name(m->state));
             rc = 1;
         }
     }
@@ -567,13 +667,16 @@ int sched_measure(ac_daemon *d, const json_t *req, const char *key, long *id, ch
         rc = 2;
     }
     measure *m = rc ? NULL : calloc(1, sizeof *m);
-    if (!rc && !m) { snprintf(why, n, "out of memory"); rc = 2; }
+    if (!rc && !m) {
+        snprintf(why, n, "out of memory");
+        rc = 2;
+    }
     if (m) {
         m->s = s;
         m->id = ++s->next_measure;
         snprintf(m->key, sizeof m->key, "%s", key);
         m->threads = th ? (int)json_integer_value(th) : 2;
-        snprintf(m->state, sizeof m->state, "queued");
+        m->state = JOB_QUEUED;
         m->queued_at = ac_now();
         m->next = s->measures;
         s->measures = m;
@@ -590,14 +693,15 @@ int sched_measure_cancel(ac_daemon *d, long id) {
     pthread_mutex_lock(&s->mu);
     for (measure *m = s->measures; m; m = m->next) {
         if (m->id != id) continue;
-        if (!strcmp(m->state, "queued")) {
-            snprintf(m->state, sizeof m->state, "cancelled");
+        if (m->state == JOB_QUEUED) {
+            m->state = JOB_CANCELLED;
             m->finished_at = ac_now();
             rc = 0;
-        } else if (!strcmp(m->state, "running")) {
+        } else if (m->state == JOB_RUNNING) {
             m->cancel = 1;
             rc = 0;
-        } else rc = 1;
+        } else
+            rc = 1;
     }
     pthread_mutex_unlock(&s->mu);
     if (rc == 0) uv_async_send(&s->wake);
@@ -609,8 +713,8 @@ json_t *sched_measurements(ac_daemon *d) {
     json_t *a = json_array();
     pthread_mutex_lock(&s->mu);
     for (measure *m = s->measures; m && a; m = m->next) {
-        json_t *o = json_pack("{s:I,s:s,s:s,s:i,s:b}", "id", (json_int_t)m->id, "key", m->key, "state", m->state, "threads", m->threads,
-                              "cancel_requested", m->cancel);
+        json_t *o = json_pack("{s:I,s:s,s:s,s:i,s:b}", "id", (json_int_t)m->id, "key", m->key, "state",
+                              job_state_name(m->state), "threads", m->threads, "cancel_requested", m->cancel);
         if (o && m->error[0]) json_object_set_new(o, "error", json_string(m->error));
         json_array_append_new(a, o);
     }
@@ -625,12 +729,13 @@ static void retry_pending(scheduler *s) {
     ac_err e = {{0}};
     for (pending_end **pp = &s->pending; *pp;) {
         pending_end *p = *pp;
-        int r = db_job_transition(s->d->db, p->job, "running", p->to, p->reason, NULL, p->result, &e);
+        int r = db_job_transition(s->d->db, p->job, JOB_RUNNING, p->to, p->reason, NULL, p->result, &e);
         if (r < 0) return; /* still failing: keep the rest too */
-        log_line("job %ld: end recorded on retry (%s)", p->job, p->to);
+        log_line("job %ld: end recorded on retry (%s)", p->job, job_state_name(p->to));
         if (r == 0) {
-            daemon_event(s->d, p->job, "state", json_pack("{s:s,s:s}", "state", p->to, "reason", p->reason));
-            sse_finish(s->d->hub, p->job);
+            daemon_event(s->d, p->job, "state",
+                         json_pack("{s:s,s:s}", "state", job_state_name(p->to), "reason", p->reason));
+            events_finish(s->d, p->job);
         }
         *pp = p->next;
         free(p->reason);
@@ -668,23 +773,22 @@ static void schedule(scheduler *s) {
     if (s->stopping) return;
     ac_daemon *d = s->d;
     ac_err e;
-    json_t *queue;
+    db_queued *queue;
+    int n;
     run_measurements(s);
-    if (db_queue(d->db, &queue, &e)) { log_line("scheduler: %s", e.msg); return; }
-    size_t i;
-    json_t *j;
-    json_array_foreach(queue, i, j) {
-        long id = (long)json_integer_value(json_object_get(j, "id"));
-        const char *dev = json_string_value(json_object_get(j, "device"));
-        char why[256];
-        slot *sl = find_slot(s, dev ? dev : "cpu", why, sizeof why);
-        if (sl) start_worker(s, sl, id);
-        else {
-            const char *cur = json_string_value(json_object_get(j, "reason"));
-            if (!cur || strcmp(cur, why)) db_job_set(d->db, id, "reason", why, 0, &e);
-        }
+    if (db_queue(d->db, &queue, &n, &e)) {
+        log_line("scheduler: %s", e.msg);
+        return;
     }
-    json_decref(queue);
+    for (int i = 0; i < n; i++) {
+        char why[256];
+        slot *sl = find_slot(s, queue[i].device, why, sizeof why);
+        if (sl)
+            start_worker(s, sl, queue[i].id);
+        else if (strcmp(queue[i].reason, why))
+            db_job_set_reason(d->db, queue[i].id, why, &e);
+    }
+    free(queue);
 }
 
 static void process_cancels(scheduler *s) {
@@ -747,7 +851,8 @@ int sched_start(ac_daemon *d, ac_err *e) {
     uv_timer_start(&s->tick, on_tick, 0, 1000);
     uv_timer_init(d->loop, &s->keepalive);
     s->keepalive.data = s;
-    uv_timer_start(&s->keepalive, on_keepalive, (uint64_t)d->cfg.sse_keepalive_s * 1000, (uint64_t)d->cfg.sse_keepalive_s * 1000);
+    uv_timer_start(&s->keepalive, on_keepalive, (uint64_t)d->cfg.sse_keepalive_s * 1000,
+                   (uint64_t)d->cfg.sse_keepalive_s * 1000);
     return 0;
 }
 
@@ -766,7 +871,8 @@ json_t *sched_status(ac_daemon *d) {
     json_t *o = json_object();
     /* slot counters are only written on the loop thread; a racy read is fine for a status view */
     for (int i = 0; i < s->nslots; i++)
-        json_object_set_new(o, s->slots[i].id, json_pack("{s:i,s:i}", "slots", s->slots[i].capacity, "running", s->slots[i].running));
+        json_object_set_new(o, s->slots[i].id,
+                            json_pack("{s:i,s:i}", "slots", s->slots[i].capacity, "running", s->slots[i].running));
     return o;
 }
 
@@ -777,7 +883,10 @@ void sched_stop(ac_daemon *d) {
     for (worker *w = s->workers; w; w = w->next) uv_process_kill(&w->proc, SIGKILL);
     pthread_mutex_lock(&s->mu);
     for (measure *m = s->measures; m; m = m->next)
-        if (!strcmp(m->state, "running") && !m->exited) { m->cancel = 1; uv_process_kill(&m->proc, SIGKILL); }
+        if (m->state == JOB_RUNNING && !m->exited) {
+            m->cancel = 1;
+            uv_process_kill(&m->proc, SIGKILL);
+        }
     pthread_mutex_unlock(&s->mu);
     uv_timer_stop(&s->tick);
     uv_timer_stop(&s->keepalive);
@@ -787,7 +896,7 @@ int sched_busy(ac_daemon *d) {
     scheduler *s = d->sched;
     int busy = s->workers != NULL;
     pthread_mutex_lock(&s->mu);
-    for (measure *m = s->measures; m; m = m->next) busy |= !strcmp(m->state, "running") || m->closing_handles > 0;
+    for (measure *m = s->measures; m; m = m->next) busy |= m->state == JOB_RUNNING || m->closing_handles > 0;
     pthread_mutex_unlock(&s->mu);
     return busy;
 }
@@ -801,8 +910,17 @@ void sched_close(ac_daemon *d) {
 
 void sched_free(ac_daemon *d) {
     if (!d->sched) return;
-    for (measure *m = d->sched->measures, *n; m; m = n) { n = m->next; free(m->buf); free(m); }
-    for (pending_end *p = d->sched->pending, *n; p; p = n) { n = p->next; free(p->reason); free(p->result); free(p); }
+    for (measure *m = d->sched->measures, *n; m; m = n) {
+        n = m->next;
+        free(m->buf);
+        free(m);
+    }
+    for (pending_end *p = d->sched->pending, *n; p; p = n) {
+        n = p->next;
+        free(p->reason);
+        free(p->result);
+        free(p);
+    }
     pthread_mutex_destroy(&d->sched->mu);
     free(d->sched);
     d->sched = NULL;

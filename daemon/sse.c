@@ -1,24 +1,24 @@
 /* sse.c - see sse.h. */
 #include "sse.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 typedef struct sub {
     struct sub *next;
     sse_hub *hub;
     struct MHD_Connection *conn;
-    long job, queued_id;   /* last event id put into buf */
+    long job, queued_id; /* last event id put into buf */
     char *buf;
     size_t len, off, cap;
     int suspended, done, dropped, gone;
-    int fd;                /* the connection's socket, watched for hang-up */
-    unsigned long serial;  /* epoll tag: a freed sub is never touched */
+    int fd;               /* the connection's socket, watched for hang-up */
+    unsigned long serial; /* epoll tag: a freed sub is never touched */
 } sub;
 
 struct sse_hub {
@@ -43,7 +43,10 @@ static void *watch(void *arg) {
         if (n < 0) continue;
         pthread_mutex_lock(&h->mu);
         for (int i = 0; i < n; i++) {
-            if (ev[i].data.u64 == 0) { pthread_mutex_unlock(&h->mu); return NULL; } /* stop pipe */
+            if (ev[i].data.u64 == 0) {
+                pthread_mutex_unlock(&h->mu);
+                return NULL;
+            } /* stop pipe */
             for (sub *s = h->subs; s; s = s->next)
                 if (s->serial == ev[i].data.u64 && !s->gone) {
                     s->gone = 1;
@@ -108,7 +111,10 @@ static void append(sub *s, const char *p, size_t n) {
         size_t nc = s->cap ? s->cap : 4096;
         while (nc < s->len + n) nc *= 2;
         char *nb = realloc(s->buf, nc);
-        if (!nb) { s->dropped = 1; return; }
+        if (!nb) {
+            s->dropped = 1;
+            return;
+        }
         s->buf = nb;
         s->cap = nc;
     }
@@ -119,7 +125,10 @@ static void append(sub *s, const char *p, size_t n) {
 static void append_event(sub *s, long id, const char *kind, const char *data) {
     size_t need = strlen(kind) + strlen(data) + 64;
     char *tmp = malloc(need);
-    if (!tmp) { s->dropped = 1; return; }
+    if (!tmp) {
+        s->dropped = 1;
+        return;
+    }
     int n = snprintf(tmp, need, "id: %ld\nevent: %s\ndata: %s\n\n", id, kind, data);
     append(s, tmp, (size_t)n);
     free(tmp);
@@ -162,7 +171,10 @@ static void free_sub(void *cls) {
     sse_hub *h = s->hub;
     pthread_mutex_lock(&h->mu);
     for (sub **p = &h->subs; *p; p = &(*p)->next)
-        if (*p == s) { *p = s->next; break; }
+        if (*p == s) {
+            *p = s->next;
+            break;
+        }
     h->count--;
     if (!s->gone && s->fd >= 0) epoll_ctl(h->epfd, EPOLL_CTL_DEL, s->fd, NULL);
     pthread_mutex_unlock(&h->mu);
@@ -170,7 +182,8 @@ static void free_sub(void *cls) {
     free(s);
 }
 
-struct MHD_Response *sse_open(sse_hub *h, db *d, struct MHD_Connection *c, long job, long last_id, int terminal, int *full) {
+struct MHD_Response *sse_open(sse_hub *h, db *d, struct MHD_Connection *c, long job, long last_id, int terminal,
+                              int *full) {
     *full = 0;
     sub *s = calloc(1, sizeof *s);
     if (!s) return NULL;
@@ -200,25 +213,24 @@ struct MHD_Response *sse_open(sse_hub *h, db *d, struct MHD_Connection *c, long 
     append(s, "retry: 2000\n\n", 13);
     long after = last_id;
     for (;;) {
-        json_t *evs = NULL;
+        db_event *evs = NULL;
+        int n = 0;
         ac_err e;
-        if (db_events(d, job, after, 500, &evs, &e)) break;
-        size_t i, n = json_array_size(evs);
-        json_t *ev;
-        json_array_foreach(evs, i, ev) {
-            char *data = json_dumps(json_object_get(ev, "data"), JSON_COMPACT | JSON_ENCODE_ANY);
-            long id = (long)json_integer_value(json_object_get(ev, "id"));
-            append_event(s, id, json_string_value(json_object_get(ev, "kind")), data ? data : "null");
-            free(data);
-            after = id;
+        if (db_events(d, job, after, 500, &evs, &n, &e)) break;
+        for (int i = 0; i < n; i++) {
+            append_event(s, evs[i].id, evs[i].kind, evs[i].data);
+            after = evs[i].id;
         }
-        json_decref(evs);
+        db_events_free(evs, n);
         if (n < 500 || s->dropped) break;
     }
     if (terminal) s->done = 1;
     pthread_mutex_unlock(&h->mu);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, reader, s, free_sub);
-    if (!r) { free_sub(s); return NULL; }
+    if (!r) {
+        free_sub(s);
+        return NULL;
+    }
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no");
@@ -238,7 +250,10 @@ void sse_publish(sse_hub *h, long job, long id, const char *kind, const char *da
 void sse_finish(sse_hub *h, long job) {
     pthread_mutex_lock(&h->mu);
     for (sub *s = h->subs; s; s = s->next)
-        if (s->job == job) { s->done = 1; wake(s); }
+        if (s->job == job) {
+            s->done = 1;
+            wake(s);
+        }
     pthread_mutex_unlock(&h->mu);
 }
 
@@ -254,7 +269,10 @@ void sse_keepalive(sse_hub *h) {
 void sse_shutdown(sse_hub *h) {
     pthread_mutex_lock(&h->mu);
     h->closing = 1;
-    for (sub *s = h->subs; s; s = s->next) { s->done = 1; wake(s); }
+    for (sub *s = h->subs; s; s = s->next) {
+        s->done = 1;
+        wake(s);
+    }
     pthread_mutex_unlock(&h->mu);
 }
 

@@ -31,7 +31,8 @@ void sse_hub_free(sse_hub *h);
  * from the database first. `terminal`: the job has already ended (the
  * stream closes after the replay). NULL on allocation failure, or with
  * *full set when max_streams are open. */
-struct MHD_Response *sse_open(sse_hub *h, db *d, struct MHD_Connection *c, long job, long last_id, int terminal, int *full);
+struct MHD_Response *sse_open(sse_hub *h, db *d, struct MHD_Connection *c, long job, long last_id, int terminal,
+                              int *full);
 
 /* Publish a stored event to the job's subscribers. */
 void sse_publish(sse_hub *h, long job, long event_id, const char *kind, const char *data_json);

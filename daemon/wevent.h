@@ -14,11 +14,11 @@
 #define WEVENT_MAX_LINE (64u << 20)
 
 typedef struct {
-    json_t *ev;        /* the whole parsed line (owned) */
-    const char *kind;  /* borrowed from ev */
-    json_t *data;      /* borrowed from ev */
-    json_t *table;     /* cost_table: the validated table (borrowed), or NULL */
-    char error[256];   /* an "error" event's message, else "" */
+    json_t *ev;       /* the whole parsed line (owned) */
+    const char *kind; /* borrowed from ev */
+    json_t *data;     /* borrowed from ev */
+    json_t *table;    /* cost_table: the validated table (borrowed), or NULL */
+    char error[256];  /* an "error" event's message, else "" */
 } wevent;
 
 /* 0: an event; -1: not one (store the line as a log line). */

@@ -1,8 +1,9 @@
 /*
- * worker.c - `autocompressd run-job ID --db PATH [--device D] [--threads N]
- * [--output DIR]`: runs one job in its own process. Reads the spec from the
- * database (read-only), writes one JSON event per line on stdout for the
- * daemon to store, logs on stderr. Dies with its parent (PR_SET_PDEATHSIG),
+ * worker.c - `autocompressd run-job ID [--device D] [--threads N]
+ * [--output DIR] [--jobs-dir DIR] [--root DIR]...`: runs one job in its own
+ * process. The daemon writes {"spec": ..., "cost_tables": {key: table}} on
+ * its stdin (the worker never opens the daemon's database), it writes one
+ * JSON event per line on stdout for the daemon to store, logs on stderr. Dies with its parent (PR_SET_PDEATHSIG),
  * so a killed daemon leaves no orphan worker behind.
  *
  * The worker applies the daemon's path rules again (src/core/fsafe.c, with the
@@ -13,7 +14,6 @@
  * and prints it as one JSON line (a scheduled measurement's process).
  */
 #include <signal.h>
-#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +39,11 @@ static void emit_line(void *ud, const char *kind, json_t *data) {
         free(s);
     }
     if (!strcmp(kind, "stage") || !strcmp(kind, "log"))
-        fprintf(stderr, "[%s] %s\n", kind, json_string_value(json_object_get(data, "stage")) ? json_string_value(json_object_get(data, "stage")) : json_string_value(json_object_get(data, "message")) ? json_string_value(json_object_get(data, "message")) : "");
+        fprintf(stderr, "[%s] %s\n", kind,
+                json_string_value(json_object_get(data, "stage")) ? json_string_value(json_object_get(data, "stage"))
+                : json_string_value(json_object_get(data, "message"))
+                    ? json_string_value(json_object_get(data, "message"))
+                    : "");
 }
 
 static void fail(const char *msg) {
@@ -49,71 +53,122 @@ static void fail(const char *msg) {
     fprintf(stderr, "job failed: %s\n", msg);
 }
 
-int worker_main(int argc, char **argv) {
-    if (argc < 3) { fprintf(stderr, "usage: autocompressd run-job ID --db PATH [--device D] [--threads N] [--output DIR]\n"); return 2; }
-    long id = atol(argv[2]);
-    const char *dbp = NULL, *device = "cpu", *output = NULL, *jobs_dir = NULL;
-    const char *roots[AC_FSAFE_MAX_ROOTS];
-    int nroots = 0, threads = 2;
-    for (int i = 3; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--db")) dbp = argv[i + 1];
-        else if (!strcmp(argv[i], "--root") && nroots < AC_FSAFE_MAX_ROOTS) roots[nroots++] = argv[i + 1];
-        else if (!strcmp(argv[i], "--jobs-dir")) jobs_dir = argv[i + 1];
-        else if (!strcmp(argv[i], "--device")) device = argv[i + 1];
-        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--output")) output = argv[i + 1];
+/* All of stdin (at most max bytes), NUL-terminated; NULL when too long or out of memory. */
+static char *read_stdin(size_t max, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (n + 1 >= cap) {
+            char *nb = cap < max ? realloc(buf, cap * 2) : NULL;
+            if (!nb) {
+                free(buf);
+                return NULL;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, stdin);
+        n += r;
+        if (r == 0) break;
     }
-    if (!dbp || id <= 0) { fprintf(stderr, "run-job: need a job id and --db\n"); return 2; }
+    if (buf) buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+typedef struct {
+    long id;
+    const char *device, *output, *jobs_dir;
+    const char *roots[AC_FSAFE_MAX_ROOTS];
+    int nroots, threads;
+} worker_args;
+
+static int parse_args(int argc, char **argv, worker_args *a) {
+    memset(a, 0, sizeof *a);
+    a->device = "cpu";
+    a->threads = 2;
+    a->id = argc >= 3 ? atol(argv[2]) : 0;
+    for (int i = 3; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--root") && a->nroots < AC_FSAFE_MAX_ROOTS)
+            a->roots[a->nroots++] = argv[i + 1];
+        else if (!strcmp(argv[i], "--jobs-dir"))
+            a->jobs_dir = argv[i + 1];
+        else if (!strcmp(argv[i], "--device"))
+            a->device = argv[i + 1];
+        else if (!strcmp(argv[i], "--threads"))
+            a->threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--output"))
+            a->output = argv[i + 1];
+    }
+    return a->id > 0 ? 0 : -1;
+}
+
+/* The slot's GPU becomes this process's CUDA device 0, which is the one the
+ * engine, the table measurement and the evaluation use. */
+static int pin_gpu(const char *device) {
+    if (strncmp(device, "cuda:", 5)) return 0;
+    char vis[256];
+    if (ac_cuda_pin(getenv("CUDA_VISIBLE_DEVICES"), atoi(device + 5), vis, sizeof vis)) return -1;
+    setenv("CUDA_VISIBLE_DEVICES", vis, 1);
+    fprintf(stderr, "worker: CUDA_VISIBLE_DEVICES=%s\n", vis);
+    return 0;
+}
+
+int worker_main(int argc, char **argv) {
+    worker_args a;
+    if (parse_args(argc, argv, &a)) {
+        fprintf(stderr,
+                "usage: autocompressd run-job ID [--device D] [--threads N] [--output DIR] (the spec on stdin)\n");
+        return 2;
+    }
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() == 1) return 3; /* parent already gone */
-    sqlite3 *c;
-    if (sqlite3_open_v2(dbp, &c, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) { fail("cannot open the job database"); return 1; }
-    sqlite3_busy_timeout(c, 5000);
-    sqlite3_stmt *st;
-    json_t *spec = NULL;
-    if (sqlite3_prepare_v2(c, "SELECT spec FROM jobs WHERE id = ?", -1, &st, NULL) == SQLITE_OK) {
-        sqlite3_bind_int64(st, 1, id);
-        if (sqlite3_step(st) == SQLITE_ROW) spec = json_loads((const char *)sqlite3_column_text(st, 0), 0, NULL);
-        sqlite3_finalize(st);
+    size_t len;
+    char *text = read_stdin(1u << 30, &len);
+    json_t *in = text ? json_loadb(text, len, 0, NULL) : NULL;
+    free(text);
+    json_t *spec = json_object_get(in, "spec"), *tables = json_object_get(in, "cost_tables");
+    if (!json_is_object(spec)) {
+        fail("no job spec on stdin");
+        json_decref(in);
+        return 1;
     }
-    sqlite3_close(c);
-    if (!spec) { fail("job not found in the database"); return 1; }
     static ac_job_spec js; /* 33 KB: off the stack */
     ac_err pe = {{0}};
     const char *field = NULL;
-    int prc = ac_job_spec_parse(spec, &js, &field, &pe);
-    json_decref(spec);
-    if (prc || ac_fsafe_set_roots(roots, nroots, &pe) || ac_fsafe_check_job(&js, jobs_dir, &field, &pe)) {
+    if (ac_job_spec_parse(spec, &js, &field, &pe) || ac_fsafe_set_roots(a.roots, a.nroots, &pe) ||
+        ac_fsafe_check_job(&js, a.jobs_dir, &field, &pe)) {
         char msg[700];
         snprintf(msg, sizeof msg, "%s: %s", field ? field : "paths", pe.msg);
         fail(msg);
+        json_decref(in);
         return 1;
     }
     /* The default output (data_dir/jobs/ID/output) is given after the check,
      * which refuses outputs a spec points into the job directories. */
-    if (!js.output[0] && output && (size_t)snprintf(js.output, sizeof js.output, "%s", output) >= sizeof js.output) {
+    if (!js.output[0] && a.output &&
+        (size_t)snprintf(js.output, sizeof js.output, "%s", a.output) >= sizeof js.output) {
         fail("--output: path too long");
+        json_decref(in);
         return 1;
     }
-    fprintf(stderr, "worker for job %ld on %s (pid %d)\n", id, device, (int)getpid());
-    if (!strncmp(device, "cuda:", 5)) {
-        /* The slot's GPU becomes this process's CUDA device 0, which is the
-         * one the engine, the table measurement and the evaluation use. */
-        char vis[256];
-        if (ac_cuda_pin(getenv("CUDA_VISIBLE_DEVICES"), atoi(device + 5), vis, sizeof vis)) {
-            fail("cannot pin the job to its GPU slot (CUDA_VISIBLE_DEVICES)");
-            return 1;
-        }
-        setenv("CUDA_VISIBLE_DEVICES", vis, 1);
-        fprintf(stderr, "worker: CUDA_VISIBLE_DEVICES=%s\n", vis);
+    fprintf(stderr, "worker for job %ld on %s (pid %d)\n", a.id, a.device, (int)getpid());
+    if (pin_gpu(a.device)) {
+        fail("cannot pin the job to its GPU slot (CUDA_VISIBLE_DEVICES)");
+        json_decref(in);
+        return 1;
     }
     ac_cost_cache cache;
-    costcache_file(&cache, dbp, 0); /* read-only: the daemon stores tables from the cost_table event */
-    ac_job_ctx ctx = {.emit = emit_line, .ud = NULL, .cancelled = NULL, .cache = &cache, .threads = threads};
+    costcache_json(&cache, tables); /* read-only: the daemon stores tables from the cost_table event */
+    ac_job_ctx ctx = {.emit = emit_line, .ud = NULL, .cancelled = NULL, .cache = &cache, .threads = a.threads};
     json_t *result = NULL;
     ac_err e = {{0}};
     int rc = ac_job_run(&js, &ctx, &result, &e);
-    if (rc) { fail(e.msg); return 1; }
+    json_decref(in);
+    if (rc) {
+        fail(e.msg);
+        return 1;
+    }
     emit_line(NULL, "result", result);
     json_decref(result);
     return 0;
@@ -123,14 +178,20 @@ int measure_main(int argc, char **argv) {
     int threads = 2;
     for (int i = 2; i + 1 < argc; i += 2)
         if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
-    if (threads < 1 || threads > 256) { fprintf(stderr, "measure-table: --threads must be in [1, 256]\n"); return 2; }
+    if (threads < 1 || threads > 256) {
+        fprintf(stderr, "measure-table: --threads must be in [1, 256]\n");
+        return 2;
+    }
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() == 1) return 3;
     json_t *req = json_pack("{s:s,s:i}", "device", "cpu", "threads", threads), *table = NULL;
     ac_err e = {{0}};
     int rc = req ? ac_cost_measure_json(req, &table, &e) : ac_errf(&e, "out of memory");
     json_decref(req);
-    if (rc) { fprintf(stderr, "measure-table: %s\n", e.msg); return 1; }
+    if (rc) {
+        fprintf(stderr, "measure-table: %s\n", e.msg);
+        return 1;
+    }
     char *s = json_dumps(table, JSON_COMPACT);
     json_decref(table);
     if (!s) return 1;

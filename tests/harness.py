@@ -27,6 +27,15 @@ def free_port():
     return p
 
 
+def raw_conn(port, src="127.0.0.1", timeout=10):
+    """A TCP connection to the daemon on loopback from address src (127.x.y.z: as if from another client)."""
+    s = socket.socket()
+    s.bind((src, 0))
+    s.settimeout(timeout)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
 class Daemon:
     def __init__(self, config=None, workdir=None):
         self.dir = workdir or tempfile.mkdtemp(prefix="acd_")
@@ -76,7 +85,7 @@ class Daemon:
         if self.token and "Authorization" not in h:
             h["Authorization"] = "Bearer " + self.token
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        if data is not None:
+        if data is not None or method == "DELETE":  # the API wants a JSON content type on POST and DELETE
             h.setdefault("Content-Type", "application/json")
         c.request(method, path, body=data, headers=h)
         r = c.getresponse()
@@ -104,6 +113,24 @@ def spec(**kw):
          "calibration_tokens": 2048, "eval": {"ctx": 64, "windows": 4}}
     s.update(kw)
     return s
+
+
+def run_with_daemon(tests, module_globals, config=None):
+    """The main of a test file whose tests share one daemon (its global D): skip all without the tiny model, else start
+    the daemon (one CPU slot, model_roots the build folder and /tmp), run the tests, clean up, print RESULT."""
+    if not os.path.exists(os.path.join(TINY, "config.json")):
+        print("SKIP all: tiny model not built (make tiny-model)")
+        print("RESULT 0 0 1")
+        sys.exit(0)
+    r = Runner()
+    cfg = config or {"cpu_slots": 1, "model_roots": [os.path.dirname(os.path.dirname(TINY)), "/tmp"]}
+    module_globals["D"] = Daemon(config=cfg).start()
+    try:
+        for t in tests:
+            r.run(t)
+    finally:
+        module_globals["D"].cleanup()
+    r.done()
 
 
 class Runner:

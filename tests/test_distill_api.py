@@ -8,9 +8,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import DATA, TINY, Daemon, Runner, spec, sse_read  # noqa: E402
+from harness import DATA, run_with_daemon, spec, sse_read  # noqa: E402
 
-R = Runner()
 D = None
 DIST = {"tokens": 2048, "seq_len": 32, "batch": 4, "lr": 0.001, "temperature": 1.0}
 
@@ -51,14 +50,4 @@ def test_job_with_distillation():
 
 
 if __name__ == "__main__":
-    if not os.path.exists(os.path.join(TINY, "config.json")):
-        print("SKIP all: tiny model not built (make tiny-model)")
-        print("RESULT 0 0 1")
-        sys.exit(0)
-    D = Daemon(config={"cpu_slots": 1, "model_roots": [os.path.dirname(os.path.dirname(TINY)), "/tmp"]}).start()
-    try:
-        for t in [test_bad_distill_fields, test_job_with_distillation]:
-            R.run(t)
-    finally:
-        D.cleanup()
-    R.done()
+    run_with_daemon([test_bad_distill_fields, test_job_with_distillation], globals())

@@ -8,9 +8,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import TINY, Daemon, Runner, spec, sse_read  # noqa: E402
+from harness import run_with_daemon, spec, sse_read  # noqa: E402
 
-R = Runner()
 D = None
 
 
@@ -52,14 +51,4 @@ def test_dnas_job_events_and_report():
 
 
 if __name__ == "__main__":
-    if not os.path.exists(os.path.join(TINY, "config.json")):
-        print("SKIP all: tiny model not built (make tiny-model)")
-        print("RESULT 0 0 1")
-        sys.exit(0)
-    D = Daemon(config={"cpu_slots": 1, "model_roots": [os.path.dirname(os.path.dirname(TINY)), "/tmp"]}).start()
-    try:
-        for t in [test_bad_search_fields, test_dnas_job_events_and_report]:
-            R.run(t)
-    finally:
-        D.cleanup()
-    R.done()
+    run_with_daemon([test_bad_search_fields, test_dnas_job_events_and_report], globals())

@@ -7,10 +7,12 @@ limits, event streams counted apart and freed on hang-up, a full disk
 the job's end retried, Idempotency-Key, job caps, cross-site requests,
 cost-table measurements as cancellable scheduled units, the systemd unit's
 sd_notify protocol and its security exposure."""
+import http.client
 import json
 import os
 import resource
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +20,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, DATA, ROOT, TINY, Daemon, Runner, spec, sse_read  # noqa: E402
+from harness import BUILD, DATA, ROOT, TINY, Daemon, Runner, raw_conn, spec, sse_read  # noqa: E402
 
 R = Runner()
 
@@ -133,6 +135,18 @@ def test_worker_applies_the_same_rules():
         d = r.d
         st, a = d.req("POST", "/v1/jobs", body=r.spec(search={"steps": 100000, "seed": 1}, name="blocker"))
         d.wait_state(a["id"], {"running"})
+        # the worker gets its spec on stdin: no --db argument, no descriptor on the daemon's database
+        evs = d.req("GET", f"/v1/jobs/{a['id']}/events?format=json")[1]["events"]
+        pid = [e["data"]["pid"] for e in evs if e["kind"] == "state" and "pid" in e["data"]][0]
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        fds = []
+        for f in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                fds.append(os.readlink(f"/proc/{pid}/fd/{f}"))
+            except OSError:  # closed meanwhile
+                pass
+        assert b"run-job" in argv and b"--db" not in argv, argv
+        assert not any(x.startswith(d.db) for x in fds), fds
         m2 = copy_model(os.path.join(r.root, "later"))
         m3 = copy_model(os.path.join(r.root, "later-dev"))
         st, b = d.req("POST", "/v1/jobs", body=r.spec(model=m2))
@@ -151,14 +165,6 @@ def test_worker_applies_the_same_rules():
         assert time.time() - t0 < 30
     finally:
         r.close()
-
-
-def raw_conn(port, src="127.0.0.1"):
-    s = socket.socket()
-    s.bind((src, 0))
-    s.settimeout(10)
-    s.connect(("127.0.0.1", port))
-    return s
 
 
 def closed_within(s, seconds):
@@ -215,6 +221,24 @@ def test_connection_deadlines_and_limits():
         assert closed_within(extra, 1.0) is not None
         assert d.req("GET", "/healthz")[0] == 200 and d.req("GET", "/v1/jobs")[0] == 200
         for s in idle:
+            s.close()
+        # more slow heads than max_connections (16), from many clients: each newcomer past the cap cuts the
+        # socket that has waited longest for its head, so the API still answers at once
+        def cuts():
+            rows = d.req("GET", "/metrics")[1].splitlines()
+            return int([x for x in rows if x.startswith("autocompress_http_cut_total ")][0].split()[1])
+        cut0, slow = cuts(), []
+        for i in range(24):
+            s = raw_conn(d.port, f"127.0.2.{i + 1}")
+            s.sendall(b"GET /v1/jobs HTTP/1.1\r\n")
+            slow.append(s)
+            time.sleep(0.01)
+        t0 = time.time()
+        assert d.req("GET", "/healthz")[0] == 200 and d.req("GET", "/v1/jobs")[0] == 200 and time.time() - t0 < 0.5
+        assert cuts() - cut0 >= 8 and time.time() - t0 < 0.5  # 8 evicted before header_timeout_s could cut any
+        assert closed_within(slow[0], 0.2) is not None  # the oldest head was cut ...
+        assert closed_within(slow[-1], 0.2) is None  # ... the newest kept
+        for s in slow:
             s.close()
         # event streams are counted apart: 6 open, the 7th gets 503, the API still answers
         st, j = d.req("POST", "/v1/jobs", body=spec(search={"steps": 100000, "seed": 1}))
@@ -355,6 +379,18 @@ def test_browsers_and_tokens():
         assert st == 415, (st, r)
         st, r = d.req("POST", "/v1/jobs", raw=b"model=x", headers={"Content-Type": "application/x-www-form-urlencoded"})
         assert st == 415
+        # DELETE too: a cancel needs the JSON content type a cross-site form cannot send
+        st, r = d.req("POST", "/v1/jobs", body=spec(search={"steps": 5}))
+        assert st == 201, r
+        for ct in ("text/plain", None):
+            hd = {"Content-Type": ct} if ct else {}
+            c = http.client.HTTPConnection("127.0.0.1", d.port, timeout=10)
+            c.request("DELETE", f"/v1/jobs/{r['id']}", headers=dict(hd, Authorization="Bearer " + tok))
+            resp = c.getresponse()
+            body = json.loads(resp.read())
+            c.close()
+            assert resp.status == 415 and body["error"]["code"] == "unsupported_media_type", (ct, resp.status, body)
+        assert d.req("GET", f"/v1/jobs/{r['id']}")[1]["cancel_requested"] is False
         # ?access_token= only on the event stream
         d.token = None
         assert d.req("GET", f"/v1/jobs?access_token={tok}")[0] == 401
@@ -500,6 +536,48 @@ def test_sd_notify_and_watchdog():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_watchdog_needs_the_http_side():
+    """A frozen HTTP thread (test hook: SIGUSR2) stops WATCHDOG=1 while the loop runs on; thawed, pings resume."""
+    tmp = tempfile.mkdtemp(prefix="acwd_")
+    sock_path = os.path.join(tmp, "notify")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    srv.bind(sock_path)
+    port = __import__("harness").free_port()
+    env = dict(os.environ, NOTIFY_SOCKET=sock_path, WATCHDOG_USEC="400000", AUTOCOMPRESSD_TEST_HOOKS="1")
+    log = open(os.path.join(tmp, "log"), "wb")
+    p = subprocess.Popen([os.path.join(BUILD, "autocompressd"), "--listen", f"127.0.0.1:{port}",
+                          "--db", os.path.join(tmp, "j.db"), "--data-dir", os.path.join(tmp, "data")],
+                         env=env, stdout=log, stderr=log)
+
+    def pings(seconds):
+        n, t0 = 0, time.time()
+        while time.time() - t0 < seconds:
+            srv.settimeout(max(0.01, seconds - (time.time() - t0)))
+            try:
+                n += srv.recv(256) == b"WATCHDOG=1"
+            except socket.timeout:
+                break
+        return n
+
+    try:
+        assert pings(1.5) >= 5  # 0.2 s period while both sides answer
+        p.send_signal(signal.SIGUSR2)  # freeze the HTTP thread
+        pings(0.6)  # a ping already under way may still come within WatchdogSec
+        frozen = pings(1.5)
+        assert frozen == 0, f"{frozen} pings while the HTTP thread was frozen"
+        assert p.poll() is None  # the loop runs on: only the pings stop
+        p.send_signal(signal.SIGUSR2)  # thaw
+        assert pings(1.5) >= 3
+        text = open(os.path.join(tmp, "log")).read()
+        assert "WATCHDOG=1 withheld" in text, text
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+        srv.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def test_systemd_unit_exposure():
     sa = shutil.which("systemd-analyze")
     if not sa:
@@ -583,7 +661,8 @@ if __name__ == "__main__":
     for t in [test_paths_confined_and_errors_do_not_leak, test_worker_applies_the_same_rules, test_connection_deadlines_and_limits,
               test_full_disk_503_degraded_and_recovered, test_idempotency_key, test_job_caps, test_browsers_and_tokens,
               test_cost_measurement_scheduled_and_cancellable, test_import_never_replaces, test_sd_notify_and_watchdog,
-              test_systemd_unit_exposure, test_offloaded_requests_under_concurrency, test_fuzz_regressions]:
+              test_watchdog_needs_the_http_side, test_systemd_unit_exposure, test_offloaded_requests_under_concurrency,
+              test_fuzz_regressions]:
         if not only or t.__name__ in only:
             R.run(t)
     R.done()

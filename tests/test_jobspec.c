@@ -50,7 +50,7 @@ static void test_defaults_match_the_old_pipeline(void) {
           "gpu profile %s %d %d %d", p->name, p->w_bytes, p->kv_bytes, p->block_size);
     CHECK(p->mem_util == 0.9 && p->overhead_ms == 0.3 && p->overhead_gib == 1.5, "gpu profile figures");
     CHECK(!strcmp(s.heldout, "/c.txt"), "heldout defaults to calibration: %s", s.heldout);
-    CHECK(s.limits.max_tpot_ms == 5 && s.limits.max_ttft_ms == 0 && s.limits.min_tok_s == 0, "limits");
+    CHECK(s.limits.max_tpot_ms == 5 && s.limits.max_ttft_ms == 0 && s.limits.min_tokens_per_s == 0, "limits");
     CHECK(s.target.dev.kind == AC_TARGET_PROFILE && !strcmp(s.target.dev.profile->name, "H100"), "resolved H100");
     json_decref(j);
     j = minimal("cpu");

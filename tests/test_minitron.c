@@ -307,11 +307,11 @@ static void test_search_grid_limits(void) {
         ac_search_problem P = {.table = &t, .workload = &w, .profile = &p, .imp = &imp, .base = &a};
         P.opts.prune_hidden = 1;
         if (kind == 0) P.limits.max_tpot_ms = 0.9 * base.tpot_ms;
-        if (kind == 1) P.limits.min_tok_s = 1.2 * base.tok_per_s;
+        if (kind == 1) P.limits.min_tokens_per_s = 1.2 * base.tokens_per_s;
         if (kind == 2) P.limits.max_mem_gib = base.mem_gib - 0.25 * base.weights_gib;
         ac_search_result r;
         CHECK(ac_search_minitron(&P, &r, &e) == 0, "%s", e.msg);
-        CHECK(r.feasible && ac_constraints_violation(&P.limits, &r.cost) <= 1e-12, "kind %d: feasible within the limit (tpot %g of %g, tok/s %g of %g, mem %g of %g)", kind, r.cost.tpot_ms, base.tpot_ms, r.cost.tok_per_s, base.tok_per_s, r.cost.mem_gib, base.mem_gib);
+        CHECK(r.feasible && ac_constraints_violation(&P.limits, &r.cost) <= 1e-12, "kind %d: feasible within the limit (tpot %g of %g, tok/s %g of %g, mem %g of %g)", kind, r.cost.tpot_ms, base.tpot_ms, r.cost.tokens_per_s, base.tokens_per_s, r.cost.mem_gib, base.mem_gib);
         json_t *ax = json_object_get(r.detail, "axes");
         json_t *sh = json_object_get(json_object_get(ax, "hidden_size"), "searched"), *sf = json_object_get(json_object_get(ax, "ffn_hidden_size"), "searched"),
                *sa = json_object_get(json_object_get(ax, "num_attention_heads"), "searched"), *sl = json_object_get(json_object_get(ax, "num_layers"), "searched");

@@ -110,7 +110,7 @@ void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workloa
 #undef FWD
     o->tpot_ms = G > 1 ? (d0 + 4 * d1 + d2) / 6 / 1e3 : 0;
     o->e2e_ms = o->ttft_ms + (G - 1) * o->tpot_ms;
-    o->tok_per_s = B * G / (o->e2e_ms / 1e3);
+    o->tokens_per_s = B * G / (o->e2e_ms / 1e3);
     o->params = ac_carch_params(c);
     double gib = 1073741824.0, kv_tok = 0, widest = 0;
     for (int l = 0; l < c->n_layers; l++) {
@@ -136,7 +136,7 @@ double ac_cost_metric(const ac_cost *c, ac_metric m) {
     switch (m) {
     case AC_M_TTFT: return c->ttft_ms;
     case AC_M_TPOT: return c->tpot_ms;
-    case AC_M_TPS: return c->tok_per_s;
+    case AC_M_TOKENS_PER_S: return c->tokens_per_s;
     case AC_M_MEM: return c->mem_gib;
     case AC_M_PARAMS: return c->params;
     default: return 0;
@@ -173,7 +173,7 @@ void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *
 
 json_t *ac_cost_to_json(const ac_cost *c) {
     return json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:i,s:f}", "ttft_ms", c->ttft_ms, "tpot_ms", c->tpot_ms,
-                     "tokens_per_s", c->tok_per_s, "e2e_ms", c->e2e_ms, "memory_gib", c->mem_gib, "weights_gib",
+                     "tokens_per_s", c->tokens_per_s, "e2e_ms", c->e2e_ms, "memory_gib", c->mem_gib, "weights_gib",
                      c->weights_gib, "kv_cache_gib", c->kv_gib, "activations_gib", c->act_gib, "params", c->params,
                      "max_batch", c->max_batch, "device_memory_gib", c->device_mem_gib);
 }

@@ -116,7 +116,7 @@ void ac_engine_profile_default(ac_engine_profile *p, int is_cpu);
 const char *ac_engine_profile_dtype(const ac_engine_profile *p);
 
 typedef struct {
-    double ttft_ms, tpot_ms, tok_per_s, e2e_ms;
+    double ttft_ms, tpot_ms, tokens_per_s, e2e_ms;
     double mem_gib, weights_gib, kv_gib, act_gib;
     double params;
     int max_batch; /* largest batch that fits (memory) */
@@ -127,7 +127,7 @@ typedef struct {
 void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
                      int smooth, ac_cost *out);
 /* Metric selector for gradients. */
-typedef enum { AC_M_TTFT, AC_M_TPOT, AC_M_TPS, AC_M_MEM, AC_M_PARAMS, AC_M_COUNT } ac_metric;
+typedef enum { AC_M_TTFT, AC_M_TPOT, AC_M_TOKENS_PER_S, AC_M_MEM, AC_M_PARAMS, AC_M_COUNT } ac_metric;
 double ac_cost_metric(const ac_cost *c, ac_metric m);
 /* d metric / d heads[l], kv[l], ffn[l] and d hidden (as grad_hidden). */
 void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,

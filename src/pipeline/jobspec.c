@@ -82,7 +82,7 @@ static const ac_field TARGET[] = {
 static const ac_field CONSTRAINTS[] = {
     NUM("max_ttft_ms", ac_constraints, max_ttft_ms, 1e-6, 1e9, 0, ND, NULL),
     NUM("max_tpot_ms", ac_constraints, max_tpot_ms, 1e-6, 1e9, 0, ND, NULL),
-    NUM("min_tokens_per_s", ac_constraints, min_tok_s, 1e-6, 1e12, 0, ND, "output tokens per second for the workload"),
+    NUM("min_tokens_per_s", ac_constraints, min_tokens_per_s, 1e-6, 1e12, 0, ND, "output tokens per second for the workload"),
     NUM("max_memory_gib", ac_constraints, max_mem_gib, 1e-9, 1e6, 0, ND, "weights + KV cache + activations + overhead"),
     NUM("max_params", ac_constraints, max_params, 1, 1e15, 0, ND, NULL),
     END,

@@ -560,7 +560,7 @@ static int dcons_list(const ac_constraints *l, dcons *c) {
     int n = 0;
     if (l->max_ttft_ms > 0) c[n++] = (dcons){AC_M_TTFT, l->max_ttft_ms, 0, "ttft_ms"};
     if (l->max_tpot_ms > 0) c[n++] = (dcons){AC_M_TPOT, l->max_tpot_ms, 0, "tpot_ms"};
-    if (l->min_tok_s > 0) c[n++] = (dcons){AC_M_TPS, l->min_tok_s, 1, "tokens_per_s"};
+    if (l->min_tokens_per_s > 0) c[n++] = (dcons){AC_M_TOKENS_PER_S, l->min_tokens_per_s, 1, "tokens_per_s"};
     if (l->max_mem_gib > 0) c[n++] = (dcons){AC_M_MEM, l->max_mem_gib, 0, "memory_gib"};
     if (l->max_params > 0) c[n++] = (dcons){AC_M_PARAMS, l->max_params, 0, "params"};
     return n;
