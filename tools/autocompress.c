@@ -75,7 +75,8 @@ static int cmd_eval(int argc, char **argv) {
     ac_model m;
     int *ids = NULL;
     size_t n = 0;
-    if (ac_model_load(argv[2], &m, &e)) {
+    /* CPU: weights stay in their file dtype (mapped); the CUDA upload wants fp32 */
+    if ((o.cuda ? ac_model_load : ac_model_load_resident)(argv[2], &m, &e)) {
         fprintf(stderr, "autocompress: %s\n", e.msg);
         return 1;
     }

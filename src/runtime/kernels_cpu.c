@@ -3,10 +3,85 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels_amx.h"
+#include "tensor.h"
 
 void openblas_set_num_threads(int);
 
-void ac_set_threads(int n) { openblas_set_num_threads(n > 0 ? n : 1); }
+static int n_threads = 1, bf16_rows = 32;
+
+void ac_set_threads(int n) {
+    n_threads = n > 0 ? n : 1;
+    openblas_set_num_threads(n_threads);
+}
+
+int ac_kernels_threads(void) { return n_threads; }
+
+void ac_set_bf16_gemm_rows(int rows) { bf16_rows = rows < 0 ? 0 : rows; }
+
+int ac_bf16_gemm_rows(void) { return bf16_rows; }
+
+#define WTILE_FLOATS (64 * 1024) /* 256 KB of converted weight rows: stays in L2 */
+
+int ac_wscratch_alloc(ac_wscratch *s, int N, int in) {
+    memset(s, 0, sizeof *s);
+    s->wtile_n = WTILE_FLOATS > (size_t)in ? WTILE_FLOATS : (size_t)in;
+    s->wtile = malloc(s->wtile_n * 4);
+    if (ac_amx_available()) {
+        s->xpack_n = ac_amx_pack_size(N, in);
+        s->xpack = malloc(s->xpack_n * 2);
+    }
+    if (!s->wtile || (s->xpack_n && !s->xpack)) {
+        ac_wscratch_free(s);
+        return -1;
+    }
+    return 0;
+}
+
+void ac_wscratch_free(ac_wscratch *s) {
+    free(s->wtile);
+    free(s->xpack);
+    memset(s, 0, sizeof *s);
+}
+
+void ac_row_f32(float *dst, const void *W, int wdt, size_t r, int n) {
+    if (wdt == ST_BF16 || wdt == ST_F16) ac_to_f32(dst, (const uint16_t *)W + r * n, (st_dtype)wdt, n, NULL);
+    else memcpy(dst, (const float *)W + r * n, (size_t)n * 4);
+}
+
+void ac_linear_w(float *Y, const float *X, const void *W, int wdt, const float *b, int N, int in, int out, int acc,
+                 ac_wscratch *s) {
+    if (wdt != ST_BF16 && wdt != ST_F16) {
+        if (acc && !b) ac_linear_acc(Y, X, W, N, in, out);
+        else if (!acc) ac_linear(Y, X, W, b, N, in, out);
+        else {
+            for (int r = 0; r < N; r++)
+                for (int j = 0; j < out; j++) Y[(long)r * out + j] += b[j];
+            ac_linear_acc(Y, X, W, N, in, out);
+        }
+        return;
+    }
+    if (wdt == ST_BF16 && bf16_rows > 0 && N >= bf16_rows && s->xpack && ac_amx_pack_size(N, in) <= s->xpack_n &&
+        ac_amx_linear(Y, X, W, b, N, in, out, acc, s->xpack, n_threads) == 0)
+        return;
+    /* per tile of T weight rows: convert, then Y[:, j0:j0+T] (+)= X W_tile^T */
+    int T = (int)(s->wtile_n / (size_t)in);
+    if (T > out) T = out;
+    if (b) {
+        for (int r = 0; r < N; r++)
+            for (int j = 0; j < out; j++) Y[(long)r * out + j] = (acc ? Y[(long)r * out + j] : 0) + b[j];
+        acc = 1;
+    }
+    for (int j0 = 0; j0 < out; j0 += T) {
+        int t = out - j0 < T ? out - j0 : T;
+        ac_to_f32(s->wtile, (const uint16_t *)W + (size_t)j0 * in, (st_dtype)wdt, (size_t)t * in, NULL);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, t, in, 1.0f, X, in, s->wtile, in, acc ? 1.0f : 0.0f,
+                    Y + j0, out);
+    }
+}
 
 void ac_linear(float *Y, const float *X, const float *W, const float *b, int N, int in, int out) {
     if (b) {
