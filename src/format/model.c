@@ -11,7 +11,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14 */
+#endif
 
 #include "deci.h"
 #include "gguf.h"
@@ -403,6 +408,8 @@ static int load_impl(const char *model_dir, ac_model *m, int resident, ac_err *e
         }
 #undef LD
     }
+    if (keep != ST_F32) /* read the mapping in now, not during the first forward (best effort) */
+        for (int f = 0; f < s.n; f++) madvise(s.files[f].map, s.files[f].map_len, MADV_POPULATE_READ);
     if (keep == ST_F32) st_set_close(&s);
     else if (!(m->wmap = malloc(sizeof s))) { ac_errf(e, "out of memory"); goto fail; }
     else memcpy(m->wmap, &s, sizeof s);
