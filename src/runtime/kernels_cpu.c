@@ -31,7 +31,7 @@ int ac_wscratch_alloc(ac_wscratch *s, int N, int in) {
     s->wtile_n = WTILE_FLOATS > (size_t)in ? WTILE_FLOATS : (size_t)in;
     s->wtile = malloc(s->wtile_n * 4);
     if (ac_amx_available()) {
-        s->xpack_n = ac_amx_pack_size(N, in);
+        s->xpack_n = ac_amx_pack_size(N, in, n_threads);
         s->xpack = malloc(s->xpack_n * 2);
     }
     if (!s->wtile || (s->xpack_n && !s->xpack)) {
@@ -64,7 +64,7 @@ void ac_linear_w(float *Y, const float *X, const void *W, int wdt, const float *
         }
         return;
     }
-    if (wdt == ST_BF16 && bf16_rows > 0 && N >= bf16_rows && s->xpack && ac_amx_pack_size(N, in) <= s->xpack_n &&
+    if (wdt == ST_BF16 && bf16_rows > 0 && N >= bf16_rows && s->xpack && ac_amx_pack_size(N, in, n_threads) <= s->xpack_n &&
         ac_amx_linear(Y, X, W, b, N, in, out, acc, s->xpack, n_threads) == 0)
         return;
     /* per tile of T weight rows: convert, then Y[:, j0:j0+T] (+)= X W_tile^T */
