@@ -1,13 +1,14 @@
 /*
  * kernels_amx.c - see kernels_amx.h.
  *
- * Layout: C[m][n] = sum_k X[m][k] W[n][k] in 16x16 fp32 tiles. A operand:
- * 16 rows of X converted to BF16 (row-major copy, zero rows past N). B
- * operand: the "VNNI" layout TDPBF16PS wants, for 16 k-pairs x 16 columns n
- * the pair W[n][2p], W[n][2p+1]: each thread packs the 32 weight rows of
- * its current strip once (a 32-bit transpose of 16x16 blocks) and reuses it
- * for every block of 32 rows m; four C tiles (2 x 2) accumulate over k and
- * are stored straight into rows of Y.
+ * Layout: we compute Y^T tile by tile, C[n][m] = sum_k W[n][k] X[m][k], so
+ * that the weight tile (16 rows of W, 32 k) is loaded straight from the
+ * mapped row-major matrix as the A operand, and only X is repacked: B tiles
+ * hold, for 16 k-pairs x 16 rows m, the pair X[m][2p], X[m][2p+1] (the
+ * "VNNI" layout TDPBF16PS wants). Each thread owns strips of 32 output
+ * columns (two A tiles) and walks all rows m in blocks of 32 (two B tiles),
+ * four C tiles accumulating over k; each C tile (16 n x 16 m) is transposed
+ * in AVX-512 registers on its way into rows of Y.
  */
 #include "kernels_amx.h"
 
@@ -45,7 +46,8 @@ int ac_amx_available(void) {
 static int pad(int x, int to) { return (x + to - 1) / to * to; }
 
 size_t ac_amx_pack_size(int N, int in, int threads) {
-    return (size_t)pad(N > 0 ? N : 1, 32) * (size_t)pad(in, 32) + (size_t)(threads < 1 ? 1 : threads) * 32 * pad(in, 32);
+    (void)threads; /* the packing of X is shared by the threads */
+    return (size_t)pad(N > 0 ? N : 1, 32) * (size_t)pad(in, 32);
 }
 
 static uint16_t to_bf16(float f) {
@@ -56,19 +58,42 @@ static uint16_t to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-/* xb[m][k] = bf16(X[m][k]) for m < N, zero up to a multiple of 32 rows. */
-static void pack_x(uint16_t *xb, const float *X, int N, int K) {
-    size_t n = (size_t)N * K, all = (size_t)pad(N, 32) * K;
-    for (size_t i = 0; i < n; i++) xb[i] = to_bf16(X[i]);
-    memset(xb + n, 0, (all - n) * 2);
+/* xp[(mb*KB + kb)*512 + p*32 + r*2 + j] = bf16(X[mb*16 + r][kb*32 + 2p + j]), zero past N. */
+static void pack_x(uint16_t *xp, const float *X, int N, int K) {
+    int KB = K / 32, MB = pad(N, 32) / 16;
+    for (int mb = 0; mb < MB; mb++)
+        for (int r = 0; r < 16; r++) {
+            int m = mb * 16 + r;
+            const float *xr = X + (size_t)m * K;
+            for (int kb = 0; kb < KB; kb++) {
+                uint16_t *t = xp + ((size_t)mb * KB + kb) * 512 + r * 2;
+                for (int p = 0; p < 16; p++) {
+                    t[p * 32] = m < N ? to_bf16(xr[kb * 32 + 2 * p]) : 0;
+                    t[p * 32 + 1] = m < N ? to_bf16(xr[kb * 32 + 2 * p + 1]) : 0;
+                }
+            }
+        }
 }
 
+typedef struct {
+    float *Y;
+    const uint16_t *W, *xp;
+    const float *b;
+    int N, K, out, acc, s0, s1; /* strips [s0, s1) of 32 output columns (the last may be 16) */
+} amx_job;
+
 #ifdef AC_HAVE_AMX
-/* dst[i][j] = src[j][i] for 16 x 16 32-bit values; src rows lds bytes apart
- * (any alignment), dst 16 x 16 contiguous. */
-__attribute__((target("avx512f"))) static void tr16(uint32_t *dst, const void *src, size_t lds) {
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tilecfg;
+
+/* Y[m0 + r][n0 + i] (+)= c[i][r] (+ b[n0 + i]) for the rows m0 + r < N:
+ * the C tile transposed in registers. */
+__attribute__((target("avx512f"))) static void store_c(const amx_job *j, const float c[16][16], int n0, int m0) {
     __m512i r[16], t[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const char *)src + i * lds);
+    for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512((const void *)c[i]);
     for (int i = 0; i < 8; i++) {
         t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
         t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
@@ -88,46 +113,12 @@ __attribute__((target("avx512f"))) static void tr16(uint32_t *dst, const void *s
         r[i] = _mm512_shuffle_i32x4(t[i], t[8 + i], 0x88);
         r[8 + i] = _mm512_shuffle_i32x4(t[i], t[8 + i], 0xdd);
     }
-    for (int i = 0; i < 16; i++) _mm512_storeu_si512((void *)(dst + i * 16), r[i]);
-}
-#endif
-
-/* wp[(kb*2 + t)*512 + p*32 + c*2 + j] = W[n0 + t*16 + c][kb*32 + 2p + j] for
- * the nt (1 or 2) tiles of 16 rows of the strip at n0: per 16 x 16 block of
- * bf16 pairs, a 32-bit transpose. */
-static void pack_w(uint32_t *wp, const uint16_t *W, int n0, int nt, int K) {
-#ifdef AC_HAVE_AMX
-    for (int t = 0; t < nt; t++)
-        for (int kb = 0; kb < K / 32; kb++)
-            tr16(wp + (size_t)(kb * 2 + t) * 256, W + (size_t)(n0 + t * 16) * K + kb * 32, (size_t)K * 2);
-#else
-    (void)wp, (void)W, (void)n0, (void)nt, (void)K;
-#endif
-}
-
-typedef struct {
-    float *Y;
-    const uint16_t *W, *xb;
-    uint32_t *wp; /* this thread's strip buffer */
-    const float *b;
-    int N, K, out, acc, s0, s1; /* strips [s0, s1) of 32 output columns (the last may be 16) */
-} amx_job;
-
-#ifdef AC_HAVE_AMX
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tilecfg;
-
-/* Y[m0 + r][n0 + i] (+)= c[r][i] (+ b[n0 + i]) for the rows below N. */
-static void store_c(const amx_job *j, const float c[16][16], int m0, int n0) {
-    const float *b = j->b ? j->b + n0 : NULL;
-    for (int r = 0; r < 16 && m0 + r < j->N; r++) {
-        float *y = j->Y + (size_t)(m0 + r) * j->out + n0;
-        if (j->acc) for (int i = 0; i < 16; i++) y[i] += c[r][i];
-        else for (int i = 0; i < 16; i++) y[i] = c[r][i];
-        if (b) for (int i = 0; i < 16; i++) y[i] += b[i];
+    __m512 bias = j->b ? _mm512_loadu_ps(j->b + n0) : _mm512_setzero_ps();
+    for (int i = 0; i < 16 && m0 + i < j->N; i++) {
+        float *y = j->Y + (size_t)(m0 + i) * j->out + n0;
+        __m512 v = _mm512_add_ps(_mm512_castsi512_ps(r[i]), bias);
+        if (j->acc) v = _mm512_add_ps(v, _mm512_loadu_ps(y));
+        _mm512_storeu_ps(y, v);
     }
 }
 
@@ -138,51 +129,35 @@ __attribute__((target("amx-tile,amx-bf16"))) static void *amx_run(void *arg) {
     cfg.palette = 1;
     for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
     _tile_loadconfig(&cfg);
-    int KB = j->K / 32, M32 = pad(j->N, 32);
-    size_t lda = (size_t)j->K * 2, ldy = (size_t)j->out * 4;
+    int KB = j->K / 32, MB2 = pad(j->N, 32) / 32;
+    size_t ldw = (size_t)j->K * 2;
     float c[4][16][16] __attribute__((aligned(64)));
     for (int s = j->s0; s < j->s1; s++) {
         int n0 = s * 32, two = n0 + 32 <= j->out;
-        pack_w(j->wp, j->W, n0, two ? 2 : 1, j->K);
-        const uint16_t *wp = (const uint16_t *)j->wp;
-        for (int m0 = 0; m0 < M32; m0 += 32) {
-            const uint16_t *a0 = j->xb + (size_t)m0 * j->K, *a1 = a0 + (size_t)16 * j->K;
+        const uint16_t *w0 = j->W + (size_t)n0 * j->K, *w1 = two ? w0 + (size_t)16 * j->K : w0;
+        for (int mb = 0; mb < MB2; mb++) {
+            const uint16_t *b0 = j->xp + (size_t)(2 * mb) * KB * 512, *b1 = b0 + (size_t)KB * 512;
             _tile_zero(0);
             _tile_zero(1);
             _tile_zero(2);
             _tile_zero(3);
             for (int kb = 0; kb < KB; kb++) {
-                _tile_loadd(4, a0 + kb * 32, lda);
-                _tile_loadd(5, a1 + kb * 32, lda);
-                _tile_loadd(6, wp + (size_t)kb * 1024, 64);
+                _tile_loadd(4, w0 + kb * 32, ldw);
+                _tile_loadd(5, w1 + kb * 32, ldw);
+                _tile_loadd(6, b0 + (size_t)kb * 512, 64);
+                _tile_loadd(7, b1 + (size_t)kb * 512, 64);
                 _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
                 _tile_dpbf16ps(2, 5, 6);
-                if (two) {
-                    _tile_loadd(7, wp + (size_t)kb * 1024 + 512, 64);
-                    _tile_dpbf16ps(1, 4, 7);
-                    _tile_dpbf16ps(3, 5, 7);
-                }
-            }
-            float *y = j->Y + (size_t)m0 * j->out + n0;
-            if (!j->acc && !j->b && m0 + 32 <= j->N) { /* straight into Y */
-                _tile_stored(0, y, ldy);
-                _tile_stored(2, y + (size_t)16 * j->out, ldy);
-                if (two) {
-                    _tile_stored(1, y + 16, ldy);
-                    _tile_stored(3, y + (size_t)16 * j->out + 16, ldy);
-                }
-                continue;
+                _tile_dpbf16ps(3, 5, 7);
             }
             _tile_stored(0, c[0], 64);
+            _tile_stored(1, c[1], 64);
             _tile_stored(2, c[2], 64);
-            store_c(j, c[0], m0, n0);
-            store_c(j, c[2], m0 + 16, n0);
-            if (two) {
-                _tile_stored(1, c[1], 64);
-                _tile_stored(3, c[3], 64);
-                store_c(j, c[1], m0, n0 + 16);
-                store_c(j, c[3], m0 + 16, n0 + 16);
-            }
+            _tile_stored(3, c[3], 64);
+            store_c(j, c[0], n0, mb * 32);
+            store_c(j, c[1], n0, mb * 32 + 16);
+            if (two) store_c(j, c[2], n0 + 16, mb * 32), store_c(j, c[3], n0 + 16, mb * 32 + 16);
         }
     }
     _tile_release();
@@ -195,15 +170,13 @@ int ac_amx_linear(float *Y, const float *X, const uint16_t *W, const float *b, i
 #ifdef AC_HAVE_AMX
     if (!ac_amx_available() || in % 32 || out % 16 || N <= 0) return -1;
     pack_x(xpack, X, N, in);
-    uint32_t *wp = (uint32_t *)(void *)(xpack + (size_t)pad(N, 32) * in);
     int S = (out + 31) / 32, T = threads < 1 ? 1 : threads > 16 ? 16 : threads;
     if (T > S) T = S;
     amx_job jobs[16];
     pthread_t th[16];
     int started[16] = {0};
     for (int t = 0; t < T; t++) {
-        jobs[t] = (amx_job){Y, W, xpack, wp + (size_t)t * 16 * in, b, N, in, out, acc, (int)((long)S * t / T),
-                            (int)((long)S * (t + 1) / T)};
+        jobs[t] = (amx_job){Y, W, xpack, b, N, in, out, acc, (int)((long)S * t / T), (int)((long)S * (t + 1) / T)};
         if (t > 0) started[t] = pthread_create(&th[t], NULL, amx_run, &jobs[t]) == 0;
     }
     amx_run(&jobs[0]);
