@@ -20,6 +20,10 @@ void ac_set_threads(int n) {
 
 int ac_kernels_threads(void) { return n_threads; }
 
+void ac_blas_threads(int n) { openblas_set_num_threads(n > 0 ? n : 1); }
+
+int ac_bf16_amx_rows(int N) { return bf16_rows > 0 && N >= bf16_rows && ac_amx_available(); }
+
 void ac_set_bf16_gemm_rows(int rows) { bf16_rows = rows < 0 ? 0 : rows; }
 
 int ac_bf16_gemm_rows(void) { return bf16_rows; }

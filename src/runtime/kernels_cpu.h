@@ -41,6 +41,13 @@ void ac_rope_inv_freq(float *inv, int hd, float theta, int llama3, float factor,
 /* Set the number of threads the CPU kernels (OpenBLAS, the AMX GEMM) use. */
 void ac_set_threads(int n);
 int ac_kernels_threads(void);
+/* Threads of OpenBLAS alone (the AMX GEMM keeps ac_kernels_threads): the
+ * engine runs BLAS on one thread around an AMX prefill, where the only BLAS
+ * calls left are the small attention GEMMs and idle BLAS workers spinning
+ * would take cycles from the AMX threads. */
+void ac_blas_threads(int n);
+/* 1 when BF16 GEMMs of N rows run on AMX (kernels_amx.h). */
+int ac_bf16_amx_rows(int N);
 
 /* Scratch of ac_linear_w, owned by the caller (the engine): wtile holds a
  * tile of converted weight rows, xpack the BF16 packing of X for AMX. */
