@@ -177,12 +177,7 @@ double ac_engine_nll(const ac_engine *en, const int *tokens, int B, int n, int f
     for (int b = 0; b < B; b++)
         for (int t = from; t < n - 1; t++) {
             const float *lg = en->logits + ((size_t)b * n + t) * V;
-            float mx = lg[0];
-            for (int i = 1; i < V; i++)
-                if (lg[i] > mx) mx = lg[i];
-            double s = 0;
-            for (int i = 0; i < V; i++) s += exp((double)lg[i] - mx);
-            nll += log(s) + mx - lg[tokens[(size_t)b * n + t + 1]];
+            nll += ac_logsumexp(lg, V) - lg[tokens[(size_t)b * n + t + 1]];
             c++;
         }
     if (count) *count = c;

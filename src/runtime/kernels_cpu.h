@@ -29,6 +29,8 @@ void ac_rope(float *x, int N, int nh, int hd, const int *pos, const float *cos_t
 void ac_silu_mul(float *g, const float *u, long n);
 /* In-place softmax of a row of n values. */
 void ac_softmax(float *x, int n);
+/* log(sum(e^x[i])) of n values, summed in double. */
+double ac_logsumexp(const float *x, int n);
 /* Causal attention of one query head over one sequence's cache.
  * q: n rows (stride q_stride), k/v: S = pos0+n rows (stride kv_stride) of hd
  * values; query row t sees keys 0..pos0+t, or only the last `window` of
