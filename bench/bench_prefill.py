@@ -15,7 +15,10 @@ PROMPT tokens; it also computes the logits of every position, which
 llama.cpp's prompt evaluation does only for the last: the engine does more
 work). Both count their first prompt. --rounds alternate the two; prints
 tokens/s of each (best round, and every round), the ratio engine/llama.cpp,
-and the peak RSS of each process (wait4)."""
+the peak RSS and the CPU seconds of each process (wait4; on a machine
+shared with other work, llama.cpp's spinning thread pool loses far more to
+oversubscription than the engine's blocking threads: read the load average
+printed with the result)."""
 import argparse
 import json
 import os
@@ -30,7 +33,7 @@ NODE_MODULES = os.path.join(ROOT, "tests", "llama", "node_modules")
 
 
 def run(cmd, env=None):
-    """Run cmd; its stdout, and its peak RSS in MB (from wait4)."""
+    """Run cmd; its stdout, its peak RSS in MB and its CPU seconds (from wait4)."""
     with tempfile.TemporaryFile() as out:
         p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, env=env)
         _, status, ru = os.wait4(p.pid, 0)
@@ -40,7 +43,7 @@ def run(cmd, env=None):
         text = out.read().decode(errors="replace")
     if os.waitstatus_to_exitcode(status) != 0:
         sys.exit(f"bench_prefill: {' '.join(cmd)} failed:\n{err[-2000:]}")
-    return text, ru.ru_maxrss / 1024.0
+    return text, ru.ru_maxrss / 1024.0, ru.ru_utime + ru.ru_stime
 
 
 def size_mb(d):
@@ -66,14 +69,16 @@ def main():
     # Rounds alternate llama.cpp and the engine, each alone on the machine; the
     # best round of each is compared (the machine is shared: the best is the
     # least disturbed), the medians are printed too.
-    ll_tps, ac_tps, ll_rss, ac_rss = [], [], 0.0, 0.0
+    ll_tps, ac_tps, ll_rss, ac_rss, ll_cpu, ac_cpu = [], [], 0.0, 0.0, [], []
     for _ in range(a.rounds):
-        text, rss = run(["node", os.path.join(HERE, "prefill_llama.mjs"), gguf, str(a.prompt), str(a.reps),
-                         str(a.threads)])
+        text, rss, cpu = run(["node", os.path.join(HERE, "prefill_llama.mjs"), gguf, str(a.prompt), str(a.reps),
+                              str(a.threads)])
+        ll_cpu.append(cpu)
         ll_tps.append(json.loads(text.strip().splitlines()[-1])["tok_per_s"])
         ll_rss = max(ll_rss, rss)
-        text, rss = run([exe, "eval", a.model, a.text, "--ctx", str(a.prompt), "--windows", str(a.reps),
-                         "--batch", "1", "--threads", str(a.threads), "--json"])
+        text, rss, cpu = run([exe, "eval", a.model, a.text, "--ctx", str(a.prompt), "--windows", str(a.reps),
+                              "--batch", "1", "--threads", str(a.threads), "--json"])
+        ac_cpu.append(cpu)
         ac_tps.append(json.loads(text.strip().splitlines()[-1])["tok_per_s"])
         ac_rss = max(ac_rss, rss)
     med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
@@ -84,11 +89,14 @@ def main():
            "ratio": round(max(ac_tps) / max(ll_tps), 3), "ratio_median": round(med(ac_tps) / med(ll_tps), 3),
            "engine_rounds": [round(x, 1) for x in ac_tps], "llama_rounds": [round(x, 1) for x in ll_tps],
            "engine_peak_rss_mb": round(ac_rss, 1), "llama_peak_rss_mb": round(ll_rss, 1),
+           "engine_cpu_s": [round(x, 1) for x in ac_cpu], "llama_cpu_s": [round(x, 1) for x in ll_cpu],
            "load_avg": os.getloadavg()[0]}
     print(f"prefill {a.prompt} tokens x {a.reps}, {a.threads} threads, {res['model']} "
           f"({res['safetensors_mb']:.0f} MB BF16):")
-    print(f"  autocompress {res['engine_tok_per_s']:8.1f} tok/s  peak RSS {ac_rss:7.0f} MB")
-    print(f"  llama.cpp    {res['llama_tok_per_s']:8.1f} tok/s  peak RSS {ll_rss:7.0f} MB")
+    print(f"  autocompress {res['engine_tok_per_s']:8.1f} tok/s  peak RSS {ac_rss:7.0f} MB  "
+          f"CPU s per round (load included) {res['engine_cpu_s']}")
+    print(f"  llama.cpp    {res['llama_tok_per_s']:8.1f} tok/s  peak RSS {ll_rss:7.0f} MB  "
+          f"CPU s per round (load included) {res['llama_cpu_s']}")
     print(f"  ratio autocompress / llama.cpp = {res['ratio']:.2f} (best round of {a.rounds}; "
           f"medians {res['ratio_median']:.2f}); load average {res['load_avg']:.1f}")
     print(json.dumps(res))

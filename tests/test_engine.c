@@ -91,6 +91,28 @@ static void test_resident_exact(void) {
     check_model_ex("qwen2_tied_f16", 1, 1e-4);
     check_model_ex("mistral_sharded", 1, 1e-4);
     ac_set_bf16_gemm_rows(32);
+    /* a resident model saves as the same checkpoint: BF16 bytes copied, the
+     * F32 form converted (both equal to the fp32 load's values) */
+    char src[1200];
+    snprintf(src, sizeof src, "%s/models/llama_gqa_bf16", fx);
+    ac_model r, f, back;
+    ac_err e0 = {{0}};
+    if (ac_model_load_resident(src, &r, &e0) == 0 && ac_model_load(src, &f, &e0) == 0) {
+        for (int dt = 0; dt < 2; dt++) {
+            CHECK(ac_model_save(&r, "/tmp/ac_test_resident_save", dt ? ST_F32 : ST_BF16, &e0) == 0, "%s", e0.msg);
+            CHECK(ac_model_load("/tmp/ac_test_resident_save", &back, &e0) == 0, "%s", e0.msg);
+            size_t nq = (size_t)f.a.layers[1].n_heads * f.a.head_dim * f.a.hidden;
+            CHECK(back.L && memcmp(back.L[1].wq, f.L[1].wq, nq * 4) == 0 &&
+                      memcmp(back.embed, f.embed, (size_t)f.a.vocab * f.a.hidden * 4) == 0 &&
+                      memcmp(back.L[0].in_norm, f.L[0].in_norm, (size_t)f.a.hidden * 4) == 0,
+                  "resident save (%s) differs", dt ? "F32" : "BF16");
+            ac_model_free(&back);
+        }
+        ac_model_free(&r);
+        ac_model_free(&f);
+        CHECK(system("rm -rf /tmp/ac_test_resident_save") == 0, "cleanup");
+    } else
+        CHECK(0, "%s", e0.msg);
     /* an fp32 checkpoint stays fp32 */
     char dir[1200];
     snprintf(dir, sizeof dir, "%s/models/llama3_rope_f32", fx);
