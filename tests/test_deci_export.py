@@ -211,7 +211,8 @@ def vllm_ppl(cfg, d, ids):
 
 
 def engine_ppl(d):
-    out = subprocess.run([CLI, "eval", d, TEXT, "--ctx", str(CTX), "--windows", str(WINDOWS), "--json"],
+    # --gemm exact: fp32 GEMMs (a BF16 checkpoint's prefill otherwise runs on AMX with BF16 activations)
+    out = subprocess.run([CLI, "eval", d, TEXT, "--ctx", str(CTX), "--windows", str(WINDOWS), "--gemm", "exact", "--json"],
                          capture_output=True, text=True, check=True).stdout
     return json.loads(out)["ppl"]
 

@@ -8,7 +8,9 @@
 #include "check.h"
 #include "engine.h"
 #include "eval.h"
+#include "kernels_amx.h"
 #include "kernels_cpu.h"
+#include "tensor.h"
 #include "model.h"
 
 static char fx[1024];
@@ -20,14 +22,16 @@ static int fixtures_present(void) {
     return ck_exists(p);
 }
 
-/* Compare engine logits with the reference of one fixture model.
- * Tolerance: max |diff| <= 1e-4 * max |ref| (relative to the logit scale). */
-static void check_model(const char *name) {
+/* Compare engine logits with the reference of one fixture model, loaded as
+ * fp32 (resident == 0) or with its matrices resident in the file dtype.
+ * Tolerance: max |diff| <= tol * max |ref| (relative to the logit scale). */
+static void check_model_ex(const char *name, int resident, double tol) {
     char dir[1200], p[1300];
     snprintf(dir, sizeof dir, "%s/models/%s", fx, name);
     ac_model m;
     ac_err e = {{0}};
-    if (ac_model_load(dir, &m, &e)) { CHECK(0, "%s: %s", name, e.msg); return; }
+    if ((resident ? ac_model_load_resident : ac_model_load)(dir, &m, &e)) { CHECK(0, "%s: %s", name, e.msg); return; }
+    CHECK(!resident || ac_model_wdt(&m) == ST_BF16 || ac_model_wdt(&m) == ST_F16, "%s: not resident", name);
     snprintf(p, sizeof p, "%s/tokens.json", dir);
     json_t *tj = json_load_file(p, 0, NULL);
     CHECK(tj != NULL, "tokens.json");
@@ -50,8 +54,8 @@ static void check_model(const char *name) {
         if (fabs(ref[i]) > maxref) maxref = fabs(ref[i]);
         if (fabs(ref[i] - en.logits[i]) > maxdiff) maxdiff = fabs(ref[i] - en.logits[i]);
     }
-    CHECK(maxdiff <= 1e-4 * maxref, "%s: max diff %.3g vs max |logit| %.3g", name, maxdiff, maxref);
-    printf("   %s: max |diff| / max |logit| = %.2e\n", name, maxdiff / maxref);
+    CHECK(maxdiff <= tol * maxref, "%s: max diff %.3g vs max |logit| %.3g", name, maxdiff, maxref);
+    printf("   %s%s: max |diff| / max |logit| = %.2e\n", name, resident ? " (resident)" : "", maxdiff / maxref);
     /* KV cache: prefill T-1 tokens, decode the last one; logits of the last
      * position must equal the full forward's. */
     int *last = malloc(sizeof(int) * B), *pre = malloc(sizeof(int) * B * (T - 1));
@@ -67,13 +71,130 @@ static void check_model(const char *name) {
             double d = fabs(en.logits[b * V + v] - ref[((size_t)b * T + T - 1) * V + v]);
             if (d > dd) dd = d;
         }
-    CHECK(dd <= 1e-4 * maxref, "%s: decode step differs by %.3g", name, dd);
+    CHECK(dd <= tol * maxref, "%s: decode step differs by %.3g", name, dd);
     free(last);
     free(pre);
     ac_engine_free(&en);
     free(ref);
     free(tok);
     ac_model_free(&m);
+}
+
+static void check_model(const char *name) { check_model_ex(name, 0, 1e-4); }
+
+/* Resident 16-bit matrices converted per tile (AMX off): the same fp32
+ * arithmetic on the same values, so the fp32 path's tolerance holds. */
+static void test_resident_exact(void) {
+    if (!fixtures_present()) SKIP("no fixtures");
+    ac_set_bf16_gemm_rows(0);
+    check_model_ex("llama_gqa_bf16", 1, 1e-4);
+    check_model_ex("qwen2_tied_f16", 1, 1e-4);
+    check_model_ex("mistral_sharded", 1, 1e-4);
+    ac_set_bf16_gemm_rows(32);
+    /* a resident model saves as the same checkpoint: BF16 bytes copied, the
+     * F32 form converted (both equal to the fp32 load's values) */
+    char src[1200];
+    snprintf(src, sizeof src, "%s/models/llama_gqa_bf16", fx);
+    ac_model r, f, back;
+    ac_err e0 = {{0}};
+    if (ac_model_load_resident(src, &r, &e0) == 0 && ac_model_load(src, &f, &e0) == 0) {
+        for (int dt = 0; dt < 2; dt++) {
+            CHECK(ac_model_save(&r, "/tmp/ac_test_resident_save", dt ? ST_F32 : ST_BF16, &e0) == 0, "%s", e0.msg);
+            CHECK(ac_model_load("/tmp/ac_test_resident_save", &back, &e0) == 0, "%s", e0.msg);
+            size_t nq = (size_t)f.a.layers[1].n_heads * f.a.head_dim * f.a.hidden;
+            CHECK(back.L && memcmp(back.L[1].wq, f.L[1].wq, nq * 4) == 0 &&
+                      memcmp(back.embed, f.embed, (size_t)f.a.vocab * f.a.hidden * 4) == 0 &&
+                      memcmp(back.L[0].in_norm, f.L[0].in_norm, (size_t)f.a.hidden * 4) == 0,
+                  "resident save (%s) differs", dt ? "F32" : "BF16");
+            ac_model_free(&back);
+        }
+        ac_model_free(&r);
+        ac_model_free(&f);
+        CHECK(system("rm -rf /tmp/ac_test_resident_save") == 0, "cleanup");
+    } else
+        CHECK(0, "%s", e0.msg);
+    /* an fp32 checkpoint stays fp32 */
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/models/llama3_rope_f32", fx);
+    ac_model m;
+    ac_err e;
+    CHECK(ac_model_load_resident(dir, &m, &e) == 0 && ac_model_wdt(&m) == ST_F32, "f32 resident");
+    ac_model_free(&m);
+}
+
+/* BF16 AMX GEMMs for every row count: activations are rounded to BF16
+ * (relative error <= 2^-9 each) before exact products and fp32 sums, which
+ * is what PyTorch's own BF16 matmul does; through the fixtures' layers this
+ * gives 4-5e-3 of the logit scale, so the bound is 1e-2 (100x the fp32 one). */
+static void test_resident_amx(void) {
+    if (!fixtures_present()) SKIP("no fixtures");
+    if (!ac_amx_available()) SKIP("no AMX-BF16 on this CPU");
+    ac_set_bf16_gemm_rows(1);
+    check_model_ex("llama_gqa_bf16", 1, 1e-2);
+    check_model_ex("mistral_sharded", 1, 1e-2);
+    ac_set_bf16_gemm_rows(32);
+    /* the tiny model's perplexity with its prefill on AMX: within 0.1 % of
+     * PyTorch's fp32 reference (seen: 0.011 %) */
+    char p[1200], tiny[1100], text[1200];
+    snprintf(p, sizeof p, "%s/ppl.json", fx);
+    json_t *ref = json_load_file(p, 0, NULL), *v = json_object_get(ref, "ctx64_stride0_win6");
+    ck_build_path(tiny, sizeof tiny, "models/tiny");
+    snprintf(text, sizeof text, "%s/heldout_small.txt", fx);
+    ac_model m;
+    ac_err e = {{0}};
+    int *ids = NULL;
+    size_t n = 0;
+    if (!v || ac_model_load_resident(tiny, &m, &e)) {
+        json_decref(ref);
+        SKIP("no tiny model / ppl.json");
+    }
+    CHECK(ac_model_wdt(&m) == ST_BF16, "tiny model resident in BF16");
+    CHECK(ac_load_text_ids(tiny, text, &ids, &n, m.a.vocab, &e) == 0, "%s", e.msg);
+    ac_ppl_opts o = {.ctx = 64, .stride = 0, .max_windows = 6, .batch = 3};
+    ac_ppl_result r;
+    CHECK(ac_perplexity(&m, ids, n, &o, NULL, NULL, NULL, &r, &e) == 0, "%s", e.msg);
+    double want = json_real_value(json_object_get(v, "ppl"));
+    CHECK(fabs(r.ppl - want) / want < 1e-3, "AMX prefill: ppl %.6f vs reference %.6f", r.ppl, want);
+    printf("   tiny resident, AMX prefill: ppl %.4f (reference %.4f)\n", r.ppl, want);
+    free(ids);
+    ac_model_free(&m);
+    json_decref(ref);
+}
+
+/* ac_linear_w on BF16 weights against the fp32 GEMM of the same values:
+ * shapes AMX takes (in % 32, out % 16) and ones it leaves to the tile path;
+ * acc and bias. */
+static void test_linear_bf16(void) {
+    int shapes[][3] = {{37, 96, 48}, {64, 64, 80}, {5, 40, 24}, {33, 64, 17}};
+    ac_wscratch ws;
+    CHECK(ac_wscratch_alloc(&ws, 64, 96) == 0, "scratch");
+    for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
+        int N = shapes[c][0], in = shapes[c][1], out = shapes[c][2];
+        float *X = malloc(sizeof(float) * N * in), *W = malloc(sizeof(float) * out * in), *b = malloc(sizeof(float) * out);
+        float *Y = malloc(sizeof(float) * N * out), *R = malloc(sizeof(float) * N * out);
+        uint16_t *Wb = malloc(2 * (size_t)out * in);
+        uint32_t st = 12345 + (uint32_t)c;
+        for (int i = 0; i < N * in; i++) X[i] = ((st = st * 1664525 + 1013904223) >> 8) / 16777216.0f - 0.5f;
+        for (int i = 0; i < out * in; i++) {
+            Wb[i] = ac_f32_to_bf16(((st = st * 1664525 + 1013904223) >> 8) / 16777216.0f - 0.5f);
+            W[i] = ac_bf16_to_f32(Wb[i]);
+        }
+        for (int i = 0; i < out; i++) b[i] = (float)i / out;
+        for (int rows = 0; rows <= 1; rows++) {
+            ac_set_bf16_gemm_rows(rows);
+            for (int i = 0; i < N * out; i++) Y[i] = R[i] = 1.0f;
+            ac_linear_w(Y, X, Wb, ST_BF16, b, N, in, out, 1, &ws);
+            ac_linear_w(R, X, W, ST_F32, b, N, in, out, 1, &ws);
+            double md = 0;
+            for (int i = 0; i < N * out; i++) md = fmax(md, fabs(Y[i] - R[i]));
+            /* per-tile path: exact up to summation order; AMX: X in BF16, |x w| <= 0.25, in terms */
+            double tol = rows && ac_amx_available() ? in * 0.25 * 0x1p-8 : 1e-5;
+            CHECK(md <= tol, "N=%d in=%d out=%d rows=%d: max diff %.3g > %.3g", N, in, out, rows, md, tol);
+        }
+        free(X), free(W), free(b), free(Y), free(R), free(Wb);
+    }
+    ac_set_bf16_gemm_rows(32);
+    ac_wscratch_free(&ws);
 }
 
 static void test_llama_gqa_bf16(void) { if (!fixtures_present()) SKIP("no fixtures (make fixtures)"); check_model("llama_gqa_bf16"); }
@@ -180,6 +301,9 @@ int main(void) {
     RUN(test_llama3_rope_f32);
     RUN(test_mistral_sharded);
     RUN(test_deci_heterogeneous);
+    RUN(test_resident_exact);
+    RUN(test_resident_amx);
+    RUN(test_linear_bf16);
     RUN(test_save_reload_roundtrip);
     RUN(test_config_errors);
     RUN(test_perplexity_matches_reference);

@@ -1,7 +1,7 @@
 /*
  * autocompress - the command-line front of the library (no daemon):
  *   autocompress eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N]
- *                     [--batch N] [--threads N] [--device cpu|cuda] [--json]
+ *                     [--batch N] [--threads N] [--device cpu|cuda] [--gemm bf16|exact] [--json]
  *   autocompress compress SPEC.json     (same code path as the daemon's worker)
  *   autocompress estimate REQUEST.json  (as POST /v1/estimate)
  *   autocompress tokenize TOKENIZER_JSON TEXT_FILE   (ids, one line)
@@ -32,7 +32,7 @@ static int usage(void) {
         stderr,
         "usage:\n"
         "  autocompress eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N] [--batch N] [--threads N] "
-        "[--device cpu|cuda] [--json]\n"
+        "[--device cpu|cuda] [--gemm bf16|exact] [--json]\n"
         "  autocompress compress SPEC.json        (AC_COST_DB=FILE caches measured cost tables)\n"
         "  autocompress estimate REQUEST.json     ({\"model\"|\"architecture\", \"target\"}, as POST /v1/estimate)\n"
         "  autocompress tokenize TOKENIZER_JSON TEXT_FILE\n"
@@ -57,7 +57,11 @@ static int cmd_eval(int argc, char **argv) {
             o.max_windows = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--stride"))
             o.stride = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--batch"))
+        else if (i + 1 < argc && !strcmp(argv[i], "--gemm")) { /* BF16 prefill GEMMs on AMX, or fp32 ones */
+            const char *g = argv[++i];
+            if (strcmp(g, "bf16") && strcmp(g, "exact")) return usage();
+            ac_set_bf16_gemm_rows(strcmp(g, "exact") ? 32 : 0);
+        } else if (i + 1 < argc && !strcmp(argv[i], "--batch"))
             o.batch = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--threads"))
             threads = atoi(argv[++i]);
@@ -75,7 +79,8 @@ static int cmd_eval(int argc, char **argv) {
     ac_model m;
     int *ids = NULL;
     size_t n = 0;
-    if (ac_model_load(argv[2], &m, &e)) {
+    /* CPU: weights stay in their file dtype (mapped); the CUDA upload wants fp32 */
+    if ((o.cuda ? ac_model_load : ac_model_load_resident)(argv[2], &m, &e)) {
         fprintf(stderr, "autocompress: %s\n", e.msg);
         return 1;
     }

@@ -75,3 +75,16 @@ int ac_from_f32(void *dst, const float *src, st_dtype dt, size_t n, ac_err *e) {
     default: return ac_errf(e, "cannot write dtype %s", st_dtype_name(dt));
     }
 }
+
+int ac_convert(void *dst, st_dtype dd, const void *src, st_dtype sd, size_t n, ac_err *e) {
+    if (sd == ST_F32) return ac_from_f32(dst, src, dd, n, e);
+    if (dd == ST_F32) return ac_to_f32(dst, src, sd, n, e);
+    if (sd == dd && (sd == ST_BF16 || sd == ST_F16)) { memcpy(dst, src, n * 2); return 0; }
+    float buf[1024];
+    for (size_t i = 0; i < n; i += 1024) {
+        size_t c = n - i < 1024 ? n - i : 1024;
+        if (ac_to_f32(buf, (const uint16_t *)src + i, sd, c, e) || ac_from_f32((uint16_t *)dst + i, buf, dd, c, e))
+            return -1;
+    }
+    return 0;
+}

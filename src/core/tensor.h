@@ -23,5 +23,7 @@ uint16_t ac_f32_to_f16(float f);
 int ac_to_f32(float *dst, const void *src, st_dtype dt, size_t n, ac_err *e);
 /* Convert n fp32 values into dtype dt (F32, F16, BF16). */
 int ac_from_f32(void *dst, const float *src, st_dtype dt, size_t n, ac_err *e);
+/* Convert n values between any two of F32, F16, BF16 (through fp32). */
+int ac_convert(void *dst, st_dtype dd, const void *src, st_dtype sd, size_t n, ac_err *e);
 
 #endif

@@ -7,10 +7,16 @@
 #include "fsafe.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14 */
+#endif
 
 #include "deci.h"
 #include "gguf.h"
@@ -299,7 +305,23 @@ json_t *ac_arch_to_config(const ac_arch *a) {
 
 /* ---- weights ---- */
 
-static float *load_tensor(const st_set *s, const char *name, int64_t d0, int64_t d1, ac_err *e) {
+/* The dtype every 2-D tensor of the set shares when it is BF16 or F16 and
+ * each is 2-byte aligned (matrices can then stay in the mapping); else F32. */
+static int matrix_dtype(const st_set *s) {
+    int dt = -1;
+    for (int f = 0; f < s->n; f++)
+        for (int i = 0; i < s->files[f].n; i++) {
+            const st_tensor *t = &s->files[f].t[i];
+            if (t->ndim != 2) continue;
+            if ((dt >= 0 && (int)t->dtype != dt) || ((uintptr_t)t->data & 1)) return ST_F32;
+            dt = (int)t->dtype;
+        }
+    return dt == ST_BF16 || dt == ST_F16 ? dt : ST_F32;
+}
+
+/* A tensor of shape [d0] (d1 == 0) or [d0,d1] as fp32 (malloc'd), or, when
+ * keep is BF16/F16 and the tensor is 2-D, the mapped data itself. */
+static float *load_tensor(const st_set *s, const char *name, int64_t d0, int64_t d1, int keep, ac_err *e) {
     const st_tensor *t = st_set_find(s, name);
     if (!t) { ac_errf(e, "missing tensor %s", name); return NULL; }
     int64_t want = d1 ? d0 * d1 : d0;
@@ -309,50 +331,63 @@ static float *load_tensor(const st_set *s, const char *name, int64_t d0, int64_t
                 t->ndim > 1 ? "," : "", t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)d0, (long long)d1);
         return NULL;
     }
+    if (d1 && keep != ST_F32) return (float *)(uintptr_t)t->data; /* resident: stays in the mapping */
     float *p = malloc(sizeof(float) * (size_t)want);
     if (!p) { ac_errf(e, "out of memory loading %s", name); return NULL; }
     if (ac_to_f32(p, t->data, t->dtype, (size_t)want, e)) { free(p); ac_errctx(e, "%s", name); return NULL; }
     return p;
 }
 
+int ac_model_wdt(const ac_model *m) { return m->wdt == ST_BF16 || m->wdt == ST_F16 ? m->wdt : ST_F32; }
+
 void ac_model_free(ac_model *m) {
+    int own = ac_model_wdt(m) == ST_F32; /* else the matrices live in the mapping */
     if (m->L) {
         for (int l = 0; l < m->a.n_layers; l++) {
             ac_layer_w *w = &m->L[l];
-            float *ps[] = {w->in_norm, w->wq, w->wk, w->wv, w->wo, w->bq, w->bk, w->bv, w->post_norm, w->wg, w->wu, w->wd};
+            free(w->in_norm), free(w->bq), free(w->bk), free(w->bv), free(w->post_norm);
+            if (!own) continue;
+            float *ps[] = {w->wq, w->wk, w->wv, w->wo, w->wg, w->wu, w->wd};
             for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) free(ps[i]);
         }
     }
     free(m->L);
-    if (m->lm_head != m->embed) free(m->lm_head);
-    free(m->embed);
+    if (own && m->lm_head != m->embed) free(m->lm_head);
+    if (own) free(m->embed);
+    if (m->wmap) {
+        st_set_close(m->wmap);
+        free(m->wmap);
+    }
     free(m->final_norm);
     ac_arch_free(&m->a);
     memset(m, 0, sizeof *m);
 }
 
-int ac_model_load(const char *model_dir, ac_model *m, ac_err *e) {
+static int load_impl(const char *model_dir, ac_model *m, int resident, ac_err *e) {
     if (ac_gguf_is_path(model_dir)) return ac_gguf_load(model_dir, m, e);
     memset(m, 0, sizeof *m);
+    m->wdt = ST_F32;
     if (ac_arch_load(model_dir, &m->a, e)) return -1;
     st_set s;
     if (st_set_open(model_dir, &s, e)) { ac_arch_free(&m->a); return -1; }
+    int keep = resident ? matrix_dtype(&s) : ST_F32;
     const ac_arch *a = &m->a;
     int64_t H = a->hidden, hd = a->head_dim, V = a->vocab;
     char n[256];
     m->L = calloc(a->n_layers, sizeof *m->L);
     if (!m->L) { ac_errf(e, "out of memory"); goto fail; }
-    if (!(m->embed = load_tensor(&s, "model.embed_tokens.weight", V, H, e))) goto fail;
-    if (!(m->final_norm = load_tensor(&s, "model.norm.weight", H, 0, e))) goto fail;
+    m->wdt = keep; /* before any matrix lands: ac_model_free must know who owns them */
+    if (!(m->embed = load_tensor(&s, "model.embed_tokens.weight", V, H, keep, e))) goto fail;
+    if (!(m->final_norm = load_tensor(&s, "model.norm.weight", H, 0, keep, e))) goto fail;
     if (a->tie_embeddings && !st_set_find(&s, "lm_head.weight")) m->lm_head = m->embed;
-    else if (!(m->lm_head = load_tensor(&s, "lm_head.weight", V, H, e))) goto fail;
+    else if (!(m->lm_head = load_tensor(&s, "lm_head.weight", V, H, keep, e))) goto fail;
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
         ac_layer_w *w = &m->L[l];
         int64_t q = L->n_heads * hd, kv = L->n_kv_heads * hd, F = L->ffn;
 #define LD(field, suffix, d0, d1) \
     snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix); \
-    if (!(w->field = load_tensor(&s, n, d0, d1, e))) goto fail;
+    if (!(w->field = load_tensor(&s, n, d0, d1, keep, e))) goto fail;
         if (L->n_heads) {
             LD(in_norm, "input_layernorm.weight", H, 0);
             LD(wq, "self_attn.q_proj.weight", q, H);
@@ -373,17 +408,26 @@ int ac_model_load(const char *model_dir, ac_model *m, ac_err *e) {
         }
 #undef LD
     }
-    st_set_close(&s);
+    if (keep != ST_F32) /* read the mapping in now, not during the first forward (best effort) */
+        for (int f = 0; f < s.n; f++) madvise(s.files[f].map, s.files[f].map_len, MADV_POPULATE_READ);
+    if (keep == ST_F32) st_set_close(&s);
+    else if (!(m->wmap = malloc(sizeof s))) { ac_errf(e, "out of memory"); goto fail; }
+    else memcpy(m->wmap, &s, sizeof s);
     return 0;
 fail:
-    st_set_close(&s);
     ac_errctx(e, "%s", model_dir);
-    ac_model_free(m);
+    ac_model_free(m); /* matrices first: they may point into s */
+    st_set_close(&s);
     return -1;
 }
 
+int ac_model_load(const char *model_dir, ac_model *m, ac_err *e) { return load_impl(model_dir, m, 0, e); }
+
+int ac_model_load_resident(const char *model_dir, ac_model *m, ac_err *e) { return load_impl(model_dir, m, 1, e); }
+
 int ac_model_alloc(ac_model *m, const ac_arch *a, ac_err *e) {
     memset(m, 0, sizeof *m);
+    m->wdt = ST_F32;
     if (ac_arch_copy(&m->a, a, e)) return -1;
     size_t H = a->hidden, hd = a->head_dim, V = a->vocab;
     m->L = calloc(a->n_layers, sizeof *m->L);
@@ -419,12 +463,13 @@ int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
     int rc = 0;
     if (!t || !names || !bufs) { rc = ac_errf(e, "out of memory"); goto out; }
     int64_t H = a->hidden, hd = a->head_dim;
+    st_dtype wdt = (st_dtype)ac_model_wdt(m); /* matrices (2-D) are in wdt, the rest fp32 */
 #define ADD(nm, ptr, d0, d1) do { \
         names[n] = strdup(nm); \
         size_t cnt = (size_t)(d0) * (size_t)((d1) ? (d1) : 1); \
         bufs[n] = malloc(cnt * st_dtype_size((st_dtype)dtype)); \
         if (!names[n] || !bufs[n]) { n++; rc = ac_errf(e, "out of memory"); goto out; } \
-        if (ac_from_f32(bufs[n], ptr, (st_dtype)dtype, cnt, e)) { n++; rc = -1; goto out; } \
+        if (ac_convert(bufs[n], (st_dtype)dtype, ptr, (d1) ? wdt : ST_F32, cnt, e)) { n++; rc = -1; goto out; } \
         t[n] = (st_wtensor){names[n], (st_dtype)dtype, (d1) ? 2 : 1, {(d0), (d1)}, bufs[n]}; \
         n++; } while (0)
     ADD("model.embed_tokens.weight", m->embed, a->vocab, H);

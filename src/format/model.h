@@ -7,7 +7,9 @@
  * (block_configs, plus explicit per-block head and width fields it writes).
  *
  * Ownership: ac_arch owns its layers array (ac_arch_free). ac_model owns its
- * arch and every weight buffer (ac_model_free). A layer with n_heads == 0 has
+ * arch and every weight buffer (ac_model_free); a model loaded resident
+ * (ac_model_load_resident) owns the mapping of its safetensors files instead
+ * of its matrices, which stay in the file's dtype (wdt). A layer with n_heads == 0 has
  * no attention sub-block; ffn == 0 means no FFN sub-block.
  */
 #ifndef AC_MODEL_H
@@ -70,18 +72,38 @@ typedef struct {
     float *final_norm;  /* [H] */
     float *lm_head;     /* [V,H]; == embed when tied (not separately owned) */
     ac_layer_w *L;      /* n_layers */
+    /* dtype (st_dtype) of embed, lm_head and the seven layer matrices:
+     * ST_F32 (0 in a zeroed model means the same) for fp32 weights, or
+     * ST_BF16 / ST_F16 for a resident model, whose matrix pointers then hold
+     * uint16_t values of that dtype inside the mapped file (read-only; read
+     * them through ac_model_wdt and the engine's kernels, never as float).
+     * Norms and biases are always fp32. */
+    int wdt;
+    void *wmap;         /* the st_set kept mapped (resident models), owned */
 } ac_model;
+
+/* The dtype of the model's matrices: ST_F32 for fp32 weights. */
+int ac_model_wdt(const ac_model *m);
 
 /* Load config.json and safetensors weights (any of F32/F16/BF16) as fp32;
  * a path ending in .gguf is read as a GGUF file (gguf.h). */
 int ac_model_load(const char *model_dir, ac_model *m, ac_err *e);
+/* Load weights resident in their file dtype: when every matrix of the
+ * checkpoint is BF16 (or every one F16) and suitably aligned, the matrices
+ * stay in the mmap'd safetensors (nothing copied, pages read on demand; norms
+ * and biases converted to fp32); otherwise (F32, mixed dtypes, GGUF) the same
+ * as ac_model_load. For code that only runs the engine (eval, latency):
+ * whatever writes weights (training, pruning, the CUDA upload) needs
+ * ac_model_load. */
+int ac_model_load_resident(const char *model_dir, ac_model *m, ac_err *e);
 /* Allocate zeroed weights for an arch (for random init and pruning). */
 int ac_model_alloc(ac_model *m, const ac_arch *a, ac_err *e);
 void ac_model_free(ac_model *m);
-/* Write config.json + safetensors (dtype F32/F16/BF16) into dir. */
+/* Write config.json + safetensors (dtype F32/F16/BF16) into dir (resident
+ * models too: their matrices are converted from wdt). */
 int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e);
 /* Matrix `which` of layer l and its element count (*n), or NULL when the
- * layer has none (attention or FFN removed). */
+ * layer has none (attention or FFN removed). fp32 models only (wdt). */
 float *ac_layer_matrix(const ac_model *m, int l, ac_wmat which, size_t *n);
 
 #endif

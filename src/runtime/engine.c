@@ -12,6 +12,7 @@
 
 #include "kernels_cpu.h"
 #include "rope.h"
+#include "safetensors.h"
 
 void ac_engine_free(ac_engine *en) {
     float *bufs[] = {en->x,  en->x0, en->xn,     en->q,      en->att,   en->g,    en->u,
@@ -25,6 +26,7 @@ void ac_engine_free(ac_engine *en) {
     free(en->kc);
     free(en->vc);
     free(en->pos);
+    ac_wscratch_free(&en->ws);
     memset(en, 0, sizeof *en);
 }
 
@@ -58,7 +60,10 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
     en->pos = malloc(N * sizeof(int));
     en->kc = calloc(a->n_layers, sizeof *en->kc);
     en->vc = calloc(a->n_layers, sizeof *en->vc);
-    int ok = en->x && en->x0 && en->xn && en->q && en->att && en->g && en->u && en->kt && en->vt && en->scores &&
+    size_t maxin = H > maxq ? H : maxq;
+    if (maxf > maxin) maxin = maxf;
+    int ok = ac_model_wdt(m) == ST_F32 || ac_wscratch_alloc(&en->ws, (int)N, (int)maxin) == 0;
+    ok = ok && en->x && en->x0 && en->xn && en->q && en->att && en->g && en->u && en->kt && en->vt && en->scores &&
              en->logits && en->cos_t && en->sin_t && en->pos && en->kc && en->vc;
     for (int l = 0; ok && l < a->n_layers; l++) {
         size_t kv = (size_t)a->layers[l].n_kv_heads * hd;
@@ -99,14 +104,17 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
     if (B <= 0 || n <= 0 || B > en->max_batch || pos0 < 0 || pos0 + n > en->max_ctx)
         return ac_errf(e, "engine: batch %d, tokens %d at position %d exceed the engine's %d x %d", B, n, pos0,
                        en->max_batch, en->max_ctx);
-    int H = a->hidden, hd = a->head_dim, N = B * n;
+    int H = a->hidden, hd = a->head_dim, N = B * n, wdt = ac_model_wdt(m);
+    ac_wscratch *ws = &en->ws;
     for (int r = 0; r < N; r++) {
         int tok = tokens[r];
         if (tok < 0 || tok >= a->vocab)
             return ac_errf(e, "engine: token id %d outside vocabulary of %d", tok, a->vocab);
-        memcpy(en->x + (size_t)r * H, m->embed + (size_t)tok * H, H * 4);
+        ac_row_f32(en->x + (size_t)r * H, m->embed, wdt, (size_t)tok, H);
         en->pos[r] = pos0 + r % n;
     }
+    int blas1 = wdt == ST_BF16 && ac_kernels_threads() > 1 && ac_bf16_amx_rows(N); /* see ac_blas_threads */
+    if (blas1) ac_blas_threads(1);
     const ac_engine_hooks *hk = en->hooks;
 #define HOOK(f, ...)                                                                                                   \
     do {                                                                                                               \
@@ -121,12 +129,12 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
             int Q = L->n_heads * hd, KV = L->n_kv_heads * hd;
             ac_rmsnorm(en->xn, en->x, w->in_norm, N, H, a->eps);
             HOOK(normed, l, 0, en->xn, N, H);
-            ac_linear(en->q, en->xn, w->wq, w->bq, N, H, Q);
+            ac_linear_w(en->q, en->xn, w->wq, wdt, w->bq, N, H, Q, 0, ws);
             ac_rope(en->q, N, L->n_heads, hd, en->pos, en->cos_t, en->sin_t);
             /* k and v for all rows in one GEMM each, then into the cache
              * rows of their positions. */
-            ac_linear(en->kt, en->xn, w->wk, w->bk, N, H, KV);
-            ac_linear(en->vt, en->xn, w->wv, w->bv, N, H, KV);
+            ac_linear_w(en->kt, en->xn, w->wk, wdt, w->bk, N, H, KV, 0, ws);
+            ac_linear_w(en->vt, en->xn, w->wv, wdt, w->bv, N, H, KV, 0, ws);
             ac_rope(en->kt, N, L->n_kv_heads, hd, en->pos, en->cos_t, en->sin_t);
             for (int b = 0; b < B; b++) {
                 memcpy(en->kc[l] + ((size_t)b * en->max_ctx + pos0) * KV, en->kt + (size_t)b * n * KV,
@@ -136,17 +144,17 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
             }
             attention(en, l, B, n, pos0);
             HOOK(head_out, l, en->att, N, L->n_heads, hd);
-            ac_linear_acc(en->x, en->att, w->wo, N, Q, H);
+            ac_linear_w(en->x, en->att, w->wo, wdt, NULL, N, Q, H, 1, ws);
         }
         if (L->ffn) {
             int F = L->ffn;
             ac_rmsnorm(en->xn, en->x, w->post_norm, N, H, a->eps);
             HOOK(normed, l, 1, en->xn, N, H);
-            ac_linear(en->g, en->xn, w->wg, NULL, N, H, F);
-            ac_linear(en->u, en->xn, w->wu, NULL, N, H, F);
+            ac_linear_w(en->g, en->xn, w->wg, wdt, NULL, N, H, F, 0, ws);
+            ac_linear_w(en->u, en->xn, w->wu, wdt, NULL, N, H, F, 0, ws);
             ac_silu_mul(en->g, en->u, (long)N * F);
             HOOK(ffn_act, l, en->g, N, F);
-            ac_linear_acc(en->x, en->g, w->wd, N, F, H);
+            ac_linear_w(en->x, en->g, w->wd, wdt, NULL, N, F, H, 1, ws);
         }
         HOOK(layer_io, l, en->x0, en->x, N, H);
     }
@@ -157,7 +165,8 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
     if (last_only)
         for (int b = 0; b < B; b++) memmove(en->x + (size_t)b * H, en->x + ((size_t)b * n + n - 1) * H, H * 4);
     ac_rmsnorm(en->xn, en->x, m->final_norm, rows, H, a->eps);
-    ac_linear(en->logits, en->xn, m->lm_head, NULL, rows, H, a->vocab);
+    ac_linear_w(en->logits, en->xn, m->lm_head, wdt, NULL, rows, H, a->vocab, 0, ws);
+    if (blas1) ac_blas_threads(ac_kernels_threads());
     return 0;
 }
 
@@ -168,12 +177,7 @@ double ac_engine_nll(const ac_engine *en, const int *tokens, int B, int n, int f
     for (int b = 0; b < B; b++)
         for (int t = from; t < n - 1; t++) {
             const float *lg = en->logits + ((size_t)b * n + t) * V;
-            float mx = lg[0];
-            for (int i = 1; i < V; i++)
-                if (lg[i] > mx) mx = lg[i];
-            double s = 0;
-            for (int i = 0; i < V; i++) s += exp((double)lg[i] - mx);
-            nll += log(s) + mx - lg[tokens[(size_t)b * n + t + 1]];
+            nll += ac_logsumexp(lg, V) - lg[tokens[(size_t)b * n + t + 1]];
             c++;
         }
     if (count) *count = c;

@@ -5,13 +5,15 @@
  *
  * Memory: ac_engine_init allocates every activation buffer and the KV cache
  * once for (max_batch, max_ctx); forward never allocates. The engine borrows
- * the model (it must outlive the engine). Optional hooks see the
+ * the model (it must outlive the engine); its matrices may be fp32 or stay
+ * BF16/F16 in the mapped checkpoint (ac_model_load_resident, kernels_cpu.h). Optional hooks see the
  * activations (importance scoring's statistics, stats.h).
  */
 #ifndef AC_ENGINE_H
 #define AC_ENGINE_H
 
 #include "err.h"
+#include "kernels_cpu.h"
 #include "model.h"
 
 /* Observation points of the forward pass, for whoever watches activations
@@ -39,6 +41,7 @@ typedef struct {
     float **kc, **vc;     /* per layer [max_batch][max_ctx][kv_heads*head_dim] */
     float *cos_t, *sin_t; /* [max_ctx][head_dim/2] */
     int *pos;
+    ac_wscratch ws;       /* GEMMs over 16-bit weights (resident models) */
     const ac_engine_hooks *hooks; /* borrowed; NULL = nobody watches */
 } ac_engine;
 

@@ -3,10 +3,89 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels_amx.h"
+#include "tensor.h"
 
 void openblas_set_num_threads(int);
 
-void ac_set_threads(int n) { openblas_set_num_threads(n > 0 ? n : 1); }
+static int n_threads = 1, bf16_rows = 32;
+
+void ac_set_threads(int n) {
+    n_threads = n > 0 ? n : 1;
+    openblas_set_num_threads(n_threads);
+}
+
+int ac_kernels_threads(void) { return n_threads; }
+
+void ac_blas_threads(int n) { openblas_set_num_threads(n > 0 ? n : 1); }
+
+int ac_bf16_amx_rows(int N) { return bf16_rows > 0 && N >= bf16_rows && ac_amx_available(); }
+
+void ac_set_bf16_gemm_rows(int rows) { bf16_rows = rows < 0 ? 0 : rows; }
+
+int ac_bf16_gemm_rows(void) { return bf16_rows; }
+
+#define WTILE_FLOATS (64 * 1024) /* 256 KB of converted weight rows: stays in L2 */
+
+int ac_wscratch_alloc(ac_wscratch *s, int N, int in) {
+    memset(s, 0, sizeof *s);
+    s->wtile_n = WTILE_FLOATS > (size_t)in ? WTILE_FLOATS : (size_t)in;
+    s->wtile = malloc(s->wtile_n * 4);
+    if (ac_amx_available()) {
+        s->xpack_n = ac_amx_pack_size(N, in, n_threads);
+        s->xpack = malloc(s->xpack_n * 2);
+    }
+    if (!s->wtile || (s->xpack_n && !s->xpack)) {
+        ac_wscratch_free(s);
+        return -1;
+    }
+    return 0;
+}
+
+void ac_wscratch_free(ac_wscratch *s) {
+    free(s->wtile);
+    free(s->xpack);
+    memset(s, 0, sizeof *s);
+}
+
+void ac_row_f32(float *dst, const void *W, int wdt, size_t r, int n) {
+    if (wdt == ST_BF16 || wdt == ST_F16) ac_to_f32(dst, (const uint16_t *)W + r * n, (st_dtype)wdt, n, NULL);
+    else memcpy(dst, (const float *)W + r * n, (size_t)n * 4);
+}
+
+void ac_linear_w(float *Y, const float *X, const void *W, int wdt, const float *b, int N, int in, int out, int acc,
+                 ac_wscratch *s) {
+    if (wdt != ST_BF16 && wdt != ST_F16) {
+        if (acc && !b) ac_linear_acc(Y, X, W, N, in, out);
+        else if (!acc) ac_linear(Y, X, W, b, N, in, out);
+        else {
+            for (int r = 0; r < N; r++)
+                for (int j = 0; j < out; j++) Y[(long)r * out + j] += b[j];
+            ac_linear_acc(Y, X, W, N, in, out);
+        }
+        return;
+    }
+    if (wdt == ST_BF16 && bf16_rows > 0 && N >= bf16_rows && s->xpack && ac_amx_pack_size(N, in, n_threads) <= s->xpack_n &&
+        ac_amx_linear(Y, X, W, b, N, in, out, acc, s->xpack, n_threads) == 0)
+        return;
+    /* per tile of T weight rows: convert, then Y[:, j0:j0+T] (+)= X W_tile^T */
+    int T = (int)(s->wtile_n / (size_t)in);
+    if (T > out) T = out;
+    if (b) {
+        for (int r = 0; r < N; r++)
+            for (int j = 0; j < out; j++) Y[(long)r * out + j] = (acc ? Y[(long)r * out + j] : 0) + b[j];
+        acc = 1;
+    }
+    for (int j0 = 0; j0 < out; j0 += T) {
+        int t = out - j0 < T ? out - j0 : T;
+        ac_to_f32(s->wtile, (const uint16_t *)W + (size_t)j0 * in, (st_dtype)wdt, (size_t)t * in, NULL);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, t, in, 1.0f, X, in, s->wtile, in, acc ? 1.0f : 0.0f,
+                    Y + j0, out);
+    }
+}
 
 void ac_linear(float *Y, const float *X, const float *W, const float *b, int N, int in, int out) {
     if (b) {
@@ -46,17 +125,102 @@ void ac_rope(float *x, int N, int nh, int hd, const int *pos, const float *cos_t
     }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define AC_HAVE_AVX512 1
+
+/* e^x for 16 floats: Cephes' expf (n = round(x log2 e), r = x - n ln 2 in two
+ * parts, degree-6 polynomial, times 2^n); relative error ~1e-7. */
+__attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.72283f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+__attribute__((target("avx512f"))) static long silu_mul16(float *g, const float *u, long n) {
+    long i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i);
+        __m512 d = _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), x)));
+        _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(x, d), _mm512_loadu_ps(u + i)));
+    }
+    return i;
+}
+
+/* x[i] = e^(x[i] - mx) for the first multiple of 16; returns how many and their sum in *sum. */
+__attribute__((target("avx512f"))) static int exp_sub16(float *x, int n, float mx, float *sum) {
+    __m512 acc = _mm512_setzero_ps(), m = _mm512_set1_ps(mx);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), m));
+        _mm512_storeu_ps(x + i, v);
+        acc = _mm512_add_ps(acc, v);
+    }
+    *sum = _mm512_reduce_add_ps(acc);
+    return i;
+}
+
+/* sum of e^(x[i] - mx) in double over 16-lane fp32 partial sums (x untouched). */
+__attribute__((target("avx512f"))) static int sum_exp16(const float *x, int n, float mx, double *sum) {
+    __m512 m = _mm512_set1_ps(mx);
+    double s = 0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) s += _mm512_reduce_add_ps(exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), m)));
+    *sum = s;
+    return i;
+}
+#endif
+
+static int have_avx512(void) {
+#ifdef AC_HAVE_AVX512
+    static int v = -1;
+    if (v < 0) v = __builtin_cpu_supports("avx512f") ? 1 : 0;
+    return v;
+#else
+    return 0;
+#endif
+}
+
 void ac_silu_mul(float *g, const float *u, long n) {
-    for (long i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    long i = 0;
+#ifdef AC_HAVE_AVX512
+    if (have_avx512()) i = silu_mul16(g, u, n);
+#endif
+    for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
 void ac_softmax(float *x, int n) {
     float mx = x[0];
     for (int i = 1; i < n; i++) if (x[i] > mx) mx = x[i];
     float s = 0;
-    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - mx); s += x[i]; }
+    int i = 0;
+#ifdef AC_HAVE_AVX512
+    if (have_avx512()) i = exp_sub16(x, n, mx, &s);
+#endif
+    for (; i < n; i++) { x[i] = expf(x[i] - mx); s += x[i]; }
     float inv = 1.0f / s;
-    for (int i = 0; i < n; i++) x[i] *= inv;
+    for (i = 0; i < n; i++) x[i] *= inv;
+}
+
+double ac_logsumexp(const float *x, int n) {
+    float mx = x[0];
+    for (int i = 1; i < n; i++) if (x[i] > mx) mx = x[i];
+    double s = 0;
+    int i = 0;
+#ifdef AC_HAVE_AVX512
+    if (have_avx512()) i = sum_exp16(x, n, mx, &s);
+#endif
+    for (; i < n; i++) s += exp((double)x[i] - mx);
+    return log(s) + mx;
 }
 
 void ac_rope_inv_freq(float *inv, int hd, float theta, int llama3, float factor, float lo, float hi, int orig) {

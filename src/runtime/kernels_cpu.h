@@ -2,9 +2,19 @@
  * kernels_cpu.h - the fp32 CPU kernels the engine is made of. Shapes are in
  * the comment of each; buffers are row-major and owned by the caller.
  * GEMMs go through cblas (OpenBLAS); the rest is plain C loops.
+ *
+ * Weights may be fp32 or 16-bit (BF16 / F16, read in place from a mapped
+ * checkpoint: ac_linear_w). 16-bit weights are converted to fp32 per tile of
+ * rows into a small scratch and multiplied with sgemm (exactly the fp32
+ * result of the same weights), except BF16 GEMMs of at least
+ * ac_bf16_gemm_rows() rows on a CPU with AMX-BF16 (kernels_amx.h), which
+ * round the activations to BF16.
  */
 #ifndef AC_KERNELS_CPU_H
 #define AC_KERNELS_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
 
 /* Y[N,out] = X[N,in] W[out,in]^T (+ b[out] when b != NULL). */
 void ac_linear(float *Y, const float *X, const float *W, const float *b, int N, int in, int out);
@@ -19,6 +29,8 @@ void ac_rope(float *x, int N, int nh, int hd, const int *pos, const float *cos_t
 void ac_silu_mul(float *g, const float *u, long n);
 /* In-place softmax of a row of n values. */
 void ac_softmax(float *x, int n);
+/* log(sum(e^x[i])) of n values, summed in double. */
+double ac_logsumexp(const float *x, int n);
 /* Causal attention of one query head over one sequence's cache.
  * q: n rows (stride q_stride), k/v: S = pos0+n rows (stride kv_stride) of hd
  * values; query row t sees keys 0..pos0+t, or only the last `window` of
@@ -28,7 +40,38 @@ void ac_attention_head(float *out, const float *q, const float *k, const float *
                        int kv_stride, int window, float *scores);
 /* Inverse frequencies for head_dim hd with optional llama3 scaling. */
 void ac_rope_inv_freq(float *inv, int hd, float theta, int llama3, float factor, float lo, float hi, int orig);
-/* Set the number of threads the CPU kernels (OpenBLAS) use. */
+/* Set the number of threads the CPU kernels (OpenBLAS, the AMX GEMM) use. */
 void ac_set_threads(int n);
+int ac_kernels_threads(void);
+/* Threads of OpenBLAS alone (the AMX GEMM keeps ac_kernels_threads): the
+ * engine runs BLAS on one thread around an AMX prefill, where the only BLAS
+ * calls left are the small attention GEMMs and idle BLAS workers spinning
+ * would take cycles from the AMX threads. */
+void ac_blas_threads(int n);
+/* 1 when BF16 GEMMs of N rows run on AMX (kernels_amx.h). */
+int ac_bf16_amx_rows(int N);
+
+/* Scratch of ac_linear_w, owned by the caller (the engine): wtile holds a
+ * tile of converted weight rows, xpack the BF16 packing of X for AMX. */
+typedef struct {
+    float *wtile;
+    size_t wtile_n;   /* floats */
+    uint16_t *xpack;
+    size_t xpack_n;   /* elements; 0 = no AMX path */
+} ac_wscratch;
+/* Allocate scratch for ac_linear_w of up to N rows of width up to in;
+ * 0, or -1 when out of memory. */
+int ac_wscratch_alloc(ac_wscratch *s, int N, int in);
+void ac_wscratch_free(ac_wscratch *s);
+/* Y[N,out] = X[N,in] W[out,in]^T (+ b[out]), or Y += that when acc, where W
+ * is stored in wdt (st_dtype F32, BF16 or F16). */
+void ac_linear_w(float *Y, const float *X, const void *W, int wdt, const float *b, int N, int in, int out, int acc,
+                 ac_wscratch *s);
+/* Row r of a [rows, n] matrix stored in wdt, as fp32, into dst[n]. */
+void ac_row_f32(float *dst, const void *W, int wdt, size_t r, int n);
+/* BF16 GEMMs with at least this many rows use AMX when the CPU has it
+ * (default 32: prefill; decode steps stay exact); 0 = never. */
+void ac_set_bf16_gemm_rows(int rows);
+int ac_bf16_gemm_rows(void);
 
 #endif
