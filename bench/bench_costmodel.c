@@ -5,6 +5,8 @@
  * several workloads, in one run. Prints each case and the median and worst
  * absolute relative error of TTFT and TPOT.
  *   bench_costmodel [COST_DB]
+ * (AC_BENCH_RUNS: runs per measurement, default 7; AC_BENCH_CASES: only the
+ * architectures whose name contains it.)
  * The table is measured fresh in the same run (this machine's speed drifts by
  * +-25 % over minutes under its VM neighbours, so a cached table measured at
  * another time says more about the neighbours than the model); COST_DB, when
@@ -55,7 +57,7 @@ static int cmpd(const void *a, const void *b) { double x = *(const double *)a, y
  * runs, averaged over the steps (best-of-N per step: neighbours on a shared
  * machine only ever add time, and a 2-core VM shared by several builds
  * rarely leaves a whole run of steps undisturbed). */
-#define RUNS 7
+static int RUNS = 7; /* AC_BENCH_RUNS overrides */
 static void measure(const ac_model *m, int B, int P, int G, double *ttft, double *tpot) {
     ac_engine en;
     ac_err e;
@@ -97,6 +99,7 @@ int main(int argc, char **argv) {
     const char *db = argc > 1 ? argv[1] : NULL;
     ac_set_threads(2);
     double load_start = load1();
+    if (getenv("AC_BENCH_RUNS") && atoi(getenv("AC_BENCH_RUNS")) > 0) RUNS = atoi(getenv("AC_BENCH_RUNS"));
     setvbuf(stdout, NULL, _IOLBF, 0);
     ac_err e;
     ac_cost_table t;
@@ -120,8 +123,10 @@ int main(int argc, char **argv) {
     double ett[64], etp[64];
     int n = 0;
     printf("%-12s %-14s %10s %10s %7s %10s %10s %7s\n", "arch", "workload", "ttft_meas", "ttft_pred", "err", "tpot_meas", "tpot_pred", "err");
+    const char *only = getenv("AC_BENCH_CASES"); /* substring of the arch names to run (default: all) */
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         arch_case *ac = &cases[c];
+        if (only && !strstr(ac->name, only)) continue;
         ac_arch a = {0};
         snprintf(a.model_type, sizeof a.model_type, "llama");
         a.vocab = ac->vocab; a.hidden = ac->hidden; a.head_dim = ac->hd; a.n_layers = ac->L; a.max_pos = 4096;
