@@ -144,7 +144,7 @@ static int decode_step_ms(const ac_model *m, double *ms, ac_err *e) {
 
 /* End-to-end calibration (COSTMODEL.md: validate end to end) on decode
  * steps of the engine itself, over random 4-layer models of growing weight
- * size (3.7 MB to 200 MB of fp32 weights):
+ * size (3.6 to 111 MiB of fp32 weights):
  * - decode bands: what a step costs beyond the warm-weight tables, per MiB
  *   streamed, at each model's working set. The rate at which the engine
  *   streams weights is not one bandwidth: it falls as the working set
@@ -155,7 +155,7 @@ static int decode_step_ms(const ac_model *m, double *ms, ac_err *e) {
  *   one. Micro-probes of the cache alone mislead here: under a VM the L3 is
  *   shared and sysfs reports the host's. */
 static void calibrate(ac_cost_table *t) {
-    static const int HS[] = {128, 192, 256, 384, 512, 768, 1024};
+    static const int HS[] = {128, 192, 256, 384, 512, 768};
     int n = 0, cache_done = 0;
     t->ndec = 0;
     t->cache_bytes = 0;
