@@ -110,8 +110,8 @@ int main(int argc, char **argv) {
     printf("load average (1 min) before the table: %.2f; after it: %.2f\n", load_start, load1());
     printf("cost table: %s (measured now in %.1f s; effective cache %.0f MiB)\n", t.key, t.measure_s, t.cache_bytes / 1048576.0);
     for (int i = 0; i < t.ndec; i++)
-        printf("  decode band: working set %7.1f MiB: %+8.2f us/MiB beyond the warm tables\n", t.dec_ws[i] / 1048576.0,
-               t.dec_us_mib[i]);
+        printf("  decode band: working set %7.1f MiB: %+8.2f us/MiB (batch 4: %+8.2f) beyond the warm tables\n",
+               t.dec_ws[i] / 1048576.0, t.dec_us_mib[i], t.dec_b4 ? t.dec_us_mib4[i] : 0.0);
     arch_case cases[] = {
         {"uniform-256", 256, 32, 1024, 4, {8, 8, 8, 8}, {4, 4, 4, 4}, {768, 768, 768, 768}},
         {"uniform-512", 512, 64, 2048, 4, {8, 8, 8, 8}, {2, 2, 2, 2}, {1536, 1536, 1536, 1536}},

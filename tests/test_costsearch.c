@@ -162,6 +162,24 @@ static void test_decode_bands(void) {
     extra = BYTES(17.5) / 1048576.0 * 30 / 1e3;
     CHECK(fabs(banded.tpot_ms - warm.tpot_ms - extra) < 1e-3 * extra, "between the bands: %g vs %g + %g",
           banded.tpot_ms, warm.tpot_ms, extra);
+    /* batch-4 bands: batch 4 takes them, batch 2 the mean in log batch */
+    t.dec_ws[0] = 1e3; t.dec_ws[1] = 2e3;
+    t.dec_b4 = 1;
+    t.dec_us_mib4[0] = t.dec_us_mib4[1] = 90;
+    ac_workload w4 = {4, 16, 2}, w2 = {2, 16, 2};
+    ac_cost warm4, b4, warm2, b2;
+    t.ndec = 0; t.cache_bytes = 1e30;
+    ac_cost_predict(&t, &c, &w4, &p, 0, &warm4);
+    ac_cost_predict(&t, &c, &w2, &p, 0, &warm2);
+    t.ndec = 2; t.cache_bytes = 0;
+    ac_cost_predict(&t, &c, &w4, &p, 0, &b4);
+    ac_cost_predict(&t, &c, &w2, &p, 0, &b2);
+    double x4 = ac_cost_decode_bytes(&c, &p, 4, 17.5) / 1048576.0 * 90 / 1e3,
+           x2 = ac_cost_decode_bytes(&c, &p, 2, 17.5) / 1048576.0 * 70 / 1e3;
+    CHECK(fabs(b4.tpot_ms - warm4.tpot_ms - x4) < 1e-9, "batch 4: %g vs %g + %g", b4.tpot_ms, warm4.tpot_ms, x4);
+    CHECK(fabs(b2.tpot_ms - warm2.tpot_ms - x2) < 1e-9, "batch 2: %g vs %g + %g", b2.tpot_ms, warm2.tpot_ms, x2);
+    t.dec_b4 = 0;
+    t.dec_ws[0] = BYTES(17.5) / 2; t.dec_ws[1] = BYTES(17.5) * 2;
 #undef BYTES
     ac_cost cold;
     t.ndec = 0;
@@ -171,7 +189,12 @@ static void test_decode_bands(void) {
     json_t *j = ac_cost_table_to_json(&t);
     ac_cost_table u;
     CHECK(ac_cost_table_from_json(j, &u, &e) == 0, "round trip: %s", e.msg);
-    CHECK(u.ndec == 2 && u.dec_ws[1] == t.dec_ws[1] && u.dec_us_mib[0] == 10, "bands kept");
+    CHECK(u.ndec == 2 && u.dec_ws[1] == t.dec_ws[1] && u.dec_us_mib[0] == 10 && !u.dec_b4, "bands kept");
+    ac_cost_table_free(&u);
+    t.dec_b4 = 1;
+    json_t *j4 = ac_cost_table_to_json(&t);
+    CHECK(ac_cost_table_from_json(j4, &u, &e) == 0 && u.dec_b4 && u.dec_us_mib4[1] == 90, "batch-4 bands kept");
+    json_decref(j4);
     ac_cost_table_free(&u);
     json_array_set_new(json_object_get(json_object_get(j, "decode_bands"), "working_set_bytes"), 1, json_real(1));
     const char *field = NULL;

@@ -114,23 +114,24 @@ static int probe_model(int H, ac_model *m, ac_err *e) {
     return 0;
 }
 
-/* Mean decode step (ms) of m over 24 steps after a 16-token prompt: each
- * step's fastest of 5 runs (neighbours on a shared machine only ever add
- * time, so the per-step minimum is the stable estimate). */
+/* Mean decode step (ms) of B sequences of m over 24 steps after a 16-token
+ * prompt each: each step's fastest of 5 runs (neighbours on a shared
+ * machine only ever add time, so the per-step minimum is the stable
+ * estimate). */
 #define PROBE_RUNS 5
 #define PROBE_STEPS 24
-static int decode_step_ms(const ac_model *m, double *ms, ac_err *e) {
+static int decode_step_ms(const ac_model *m, int B, double *ms, ac_err *e) {
     ac_engine en;
     double best[PROBE_STEPS];
-    if (ac_engine_init(&en, m, 1, 16 + PROBE_STEPS, e)) return -1;
-    int tok[16], rc = 0;
-    for (int k = 0; k < 16; k++) tok[k] = k * 7;
+    if (ac_engine_init(&en, m, B, 16 + PROBE_STEPS, e)) return -1;
+    int tok[4 * 16 + 16], rc = 0;
+    for (int k = 0; k < 4 * 16 + 16; k++) tok[k] = (k * 7) % m->a.vocab;
     for (int g = 0; g < PROBE_STEPS; g++) best[g] = 1e30;
     for (int r = 0; r < PROBE_RUNS && !rc; r++) {
-        rc = ac_engine_forward(&en, tok, 1, 16, 0, 1, e);
+        rc = ac_engine_forward(&en, tok, B, 16, 0, 1, e);
         for (int g = 0; g < PROBE_STEPS && !rc; g++) {
             double t0 = ac_now();
-            rc = ac_engine_forward(&en, tok + (g % 16), 1, 1, 16 + g, 1, e);
+            rc = ac_engine_forward(&en, tok + (g % 16), B, 1, 16 + g, 1, e);
             double dt = ac_now() - t0;
             if (dt < best[g]) best[g] = dt;
         }
@@ -142,55 +143,71 @@ static int decode_step_ms(const ac_model *m, double *ms, ac_err *e) {
     return rc;
 }
 
+/* The probe's decode step at batch B beyond the warm-weight tables, per
+ * MiB streamed; *cold_closer: the step is closer to the cold-weights
+ * prediction than to the warm one. */
+static double band_cost(ac_cost_table *t, const ac_carch *c, int B, double meas, int *cold_closer) {
+    ac_engine_profile p;
+    ac_engine_profile_default(&p, 1);
+    ac_workload w = {B, 16, PROBE_STEPS + 1};
+    ac_cost warm, cold;
+    int nd = t->ndec;
+    double cb = t->cache_bytes;
+    t->ndec = 0;
+    t->cache_bytes = 1e30;
+    ac_cost_predict(t, c, &w, &p, 0, &warm);
+    t->cache_bytes = 0;
+    ac_cost_predict(t, c, &w, &p, 0, &cold);
+    t->ndec = nd;
+    t->cache_bytes = cb;
+    if (cold_closer) *cold_closer = fabs(meas - warm.tpot_ms) >= fabs(meas - cold.tpot_ms);
+    return (meas - warm.tpot_ms) * 1e3 / (ac_cost_decode_bytes(c, &p, B, 16 + PROBE_STEPS / 2.0) / 1048576.0);
+}
+
 /* End-to-end calibration (COSTMODEL.md: validate end to end) on decode
  * steps of the engine itself, over random 4-layer models of growing weight
- * size (3.6 to 111 MiB of fp32 weights):
+ * size (3.6 to 111 MiB of fp32 weights), at batch 1 and 4:
  * - decode bands: what a step costs beyond the warm-weight tables, per MiB
  *   streamed, at each model's working set. The rate at which the engine
  *   streams weights is not one bandwidth: it falls as the working set
  *   outgrows the caches (L2, the VM's share of L3, DRAM), so it is measured
- *   per working-set size rather than fitted as one number;
+ *   per working-set size rather than fitted as one number; and a batch of
+ *   4 rows takes OpenBLAS's packed GEMM rather than its matrix-vector path,
+ *   so batch 4 has its own bands;
  * - the effective cache for prefill's warm/cold blend: the largest size
- *   whose step is closer to the warm-weights prediction than to the cold
- *   one. Micro-probes of the cache alone mislead here: under a VM the L3 is
- *   shared and sysfs reports the host's. */
+ *   whose batch-1 step is closer to the warm-weights prediction than to the
+ *   cold one. Micro-probes of the cache alone mislead here: under a VM the
+ *   L3 is shared and sysfs reports the host's. */
 static void calibrate(ac_cost_table *t) {
     static const int HS[] = {128, 192, 256, 384, 512, 768};
     int n = 0, cache_done = 0;
-    t->ndec = 0;
+    t->ndec = t->dec_b4 = 0;
     t->cache_bytes = 0;
     for (size_t i = 0; i < sizeof HS / sizeof *HS; i++) {
         ac_model m;
         ac_err e;
-        double meas;
+        double m1, m4;
         if (probe_model(HS[i], &m, &e)) break;
         ac_carch c;
-        int rc = decode_step_ms(&m, &meas, &e) || ac_carch_from_arch(&m.a, &c, &e);
+        int rc = decode_step_ms(&m, 1, &m1, &e) || decode_step_ms(&m, 4, &m4, &e) ||
+                 ac_carch_from_arch(&m.a, &c, &e);
         ac_model_free(&m);
         if (rc) break;
         ac_engine_profile p;
         ac_engine_profile_default(&p, 1);
-        ac_workload w = {1, 16, PROBE_STEPS + 1};
-        ac_cost warm, cold;
-        int nd = t->ndec;
-        t->ndec = 0;
-        t->cache_bytes = 1e30;
-        ac_cost_predict(t, &c, &w, &p, 0, &warm);
-        t->cache_bytes = 0;
-        ac_cost_predict(t, &c, &w, &p, 0, &cold);
-        t->ndec = nd;
-        double bytes = ac_cost_decode_bytes(&c, &p, 1, 16 + PROBE_STEPS / 2.0),
-               wbytes = ac_carch_params(&c) * p.w_bytes;
-        ac_carch_free(&c);
-        if (!cache_done && fabs(meas - warm.tpot_ms) < fabs(meas - cold.tpot_ms))
-            t->cache_bytes = wbytes;
+        int cold_closer;
+        t->dec_us_mib[n] = band_cost(t, &c, 1, m1, &cold_closer);
+        t->dec_us_mib4[n] = band_cost(t, &c, 4, m4, NULL);
+        t->dec_ws[n] = ac_cost_decode_bytes(&c, &p, 1, 16 + PROBE_STEPS / 2.0);
+        if (!cache_done && !cold_closer)
+            t->cache_bytes = ac_carch_params(&c) * p.w_bytes;
         else
             cache_done = 1;
-        t->dec_ws[n] = bytes;
-        t->dec_us_mib[n] = (meas - warm.tpot_ms) * 1e3 / (bytes / 1048576.0);
+        ac_carch_free(&c);
         n++;
     }
     t->ndec = n >= 2 ? n : 0;
+    t->dec_b4 = t->ndec > 0;
 }
 
 static const double GM[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024},

@@ -105,16 +105,26 @@ double ac_cost_decode_bytes(const ac_carch *c, const ac_engine_profile *p, doubl
     return wb * p->w_bytes + B * kvb * p->kv_bytes;
 }
 
-/* Microseconds per MiB a CPU decode step streams beyond the warm tables,
- * at working set ws: the table's bands, log-linear between, constant beyond. */
-static double decode_us_mib(const ac_cost_table *t, double ws) {
+/* Log-linear interpolation of v over the table's working-set bands,
+ * constant beyond them. */
+static double band_interp(const ac_cost_table *t, const double *v, double ws) {
     int n = t->ndec;
-    if (ws <= t->dec_ws[0]) return t->dec_us_mib[0];
-    if (ws >= t->dec_ws[n - 1]) return t->dec_us_mib[n - 1];
+    if (ws <= t->dec_ws[0]) return v[0];
+    if (ws >= t->dec_ws[n - 1]) return v[n - 1];
     int k = 0;
     while (k < n - 2 && ws > t->dec_ws[k + 1]) k++;
     double u = (log(ws) - log(t->dec_ws[k])) / (log(t->dec_ws[k + 1]) - log(t->dec_ws[k]));
-    return t->dec_us_mib[k] + (t->dec_us_mib[k + 1] - t->dec_us_mib[k]) * u;
+    return v[k] + (v[k + 1] - v[k]) * u;
+}
+
+/* Microseconds per MiB a CPU decode step of B sequences streams beyond the
+ * warm tables at working set ws: the batch-1 bands, the batch-4 ones when
+ * measured (linear in log B between, constant beyond 4). */
+static double decode_us_mib(const ac_cost_table *t, double ws, double B) {
+    double r1 = band_interp(t, t->dec_us_mib, ws);
+    if (!t->dec_b4 || B <= 1) return r1;
+    double r4 = band_interp(t, t->dec_us_mib4, ws), u = B >= 4 ? 1 : log(B) / log(4.0);
+    return r1 + (r4 - r1) * u;
 }
 
 /* One forward call. A measured CPU table with decode bands models a decode
@@ -127,7 +137,7 @@ static double step_us(const ac_cost_table *t, const ac_carch *c, const ac_engine
                       double pos0, double fw) {
     if (nq == 1 && t->ndec > 0 && !t->roofline) {
         double bytes = ac_cost_decode_bytes(c, p, B, pos0 + 1);
-        double us = forward_us(t, c, p, B, 1, pos0, 1, 1) + bytes / 1048576.0 * decode_us_mib(t, bytes);
+        double us = forward_us(t, c, p, B, 1, pos0, 1, 1) + bytes / 1048576.0 * decode_us_mib(t, bytes, B);
         return us > 0 ? us : 0;
     }
     return fw * forward_us(t, c, p, B, nq, pos0, 1, 1) + (1 - fw) * forward_us(t, c, p, B, nq, pos0, 1, 0);

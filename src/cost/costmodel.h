@@ -51,9 +51,11 @@ typedef struct {
     /* CPU decode (costmeasure.c): a step costs the warm-weight tables plus
      * dec_us_mib[i] microseconds per MiB it streams (weights + KV read) when
      * its working set is dec_ws[i] bytes: log-linear between the bands,
-     * constant beyond them. ndec 0: decode blends warm/cold like prefill. */
-    int ndec;
-    double dec_ws[AC_CT_MAXG], dec_us_mib[AC_CT_MAXG];
+     * constant beyond them; measured at batch 1 and (dec_b4) at batch 4
+     * (dec_us_mib4), linear in log batch between, constant beyond 4.
+     * ndec 0: decode blends warm/cold like prefill. */
+    int ndec, dec_b4;
+    double dec_ws[AC_CT_MAXG], dec_us_mib[AC_CT_MAXG], dec_us_mib4[AC_CT_MAXG];
     int nhd, naq, nas;
     double ahd[AC_CT_MAXG], aq[AC_CT_MAXG], as[AC_CT_MAXG];
     double *attn_us;  /* [nhd][naq][nas], one head, one sequence;
