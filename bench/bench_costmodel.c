@@ -162,7 +162,8 @@ int main(int argc, char **argv) {
     double mt = 100 * at[n / 2], wt = 100 * at[n - 1], mp = 100 * ap[n / 2], wp = 100 * ap[n - 1];
     printf("TTFT |error|: median %.1f%%, worst %.1f%%\n", mt, wt);
     printf("TPOT |error|: median %.1f%%, worst %.1f%%\n", mp, wp);
-    printf("all  |error|: median %.1f%%, worst %.1f%% over %d predictions\n", 100 * all[n], 100 * all[2 * n - 1], 2 * n);
+    printf("all  |error|: median %.1f%%, worst %.1f%% over %d predictions\n", 100 * all[n], 100 * all[2 * n - 1],
+           2 * n);
     printf("load average (1 min) at the end: %.2f on %ld cores\n", load1(), sysconf(_SC_NPROCESSORS_ONLN));
     printf("bounds (median < 10%%, worst < 25%%, TTFT and TPOT each): TTFT %s, TPOT %s\n",
            mt < 10 && wt < 25 ? "PASS" : "FAIL", mp < 10 && wp < 25 ? "PASS" : "FAIL");

@@ -103,7 +103,8 @@ def table():
             pub_s, pred_s = f"TTFT {pub} ms", f"{pred:.1f} ms"
         else:
             pub_s, pred_s = f"{pub:,} tok/s", f"{pred:,.0f} tok/s"
-        lines.append(f"| {label} | {device} {dtype.upper()} | {batch} | {pub_s} | {pred_s} | {100 * err:+.0f}% | {src} |")
+        lines.append(f"| {label} | {device} {dtype.upper()} | {batch} | {pub_s} | {pred_s} | {100 * err:+.0f}% "
+                     f"| {src} |")
     return "\n".join(lines)
 
 
