@@ -114,12 +114,12 @@ static int probe_model(int H, ac_model *m, ac_err *e) {
     return 0;
 }
 
-/* Mean decode step (ms) of B sequences of m over 24 steps after a 16-token
- * prompt each: each step's fastest of 5 runs (neighbours on a shared
+/* Mean decode step (ms) of B sequences of m over 12 steps after a 16-token
+ * prompt each: each step's fastest of 4 runs (neighbours on a shared
  * machine only ever add time, so the per-step minimum is the stable
  * estimate). */
-#define PROBE_RUNS 5
-#define PROBE_STEPS 24
+#define PROBE_RUNS 4
+#define PROBE_STEPS 12
 static int decode_step_ms(const ac_model *m, int B, double *ms, ac_err *e) {
     ac_engine en;
     double best[PROBE_STEPS];
