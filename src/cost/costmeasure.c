@@ -178,6 +178,27 @@ static double band_cost(ac_cost_table *t, const ac_carch *c, int B, double meas,
  *   whose batch-1 step is closer to the warm-weights prediction than to the
  *   cold one. Micro-probes of the cache alone mislead here: under a VM the
  *   L3 is shared and sysfs reports the host's. */
+/* v[0..n) made non-decreasing and >= 0 (pool adjacent violators, equal
+ * weights): a step cannot stream a larger working set faster, nor faster
+ * than the warm tables; single probes that a neighbour slowed (or that
+ * caught the warm table slowed) would otherwise bend the bands. */
+static void monotone_bands(double *v, int n) {
+    double val[AC_CT_MAXG];
+    int cnt[AC_CT_MAXG], k = 0;
+    for (int i = 0; i < n; i++) {
+        val[k] = v[i];
+        cnt[k] = 1;
+        while (k > 0 && val[k - 1] > val[k]) {
+            val[k - 1] = (val[k - 1] * cnt[k - 1] + val[k] * cnt[k]) / (cnt[k - 1] + cnt[k]);
+            cnt[k - 1] += cnt[k];
+            k--;
+        }
+        k++;
+    }
+    for (int b = 0, i = 0; b < k; b++)
+        for (int j = 0; j < cnt[b]; j++) v[i++] = val[b] > 0 ? val[b] : 0;
+}
+
 static void calibrate(ac_cost_table *t) {
     static const int HS[] = {128, 192, 256, 384, 512, 768};
     int n = 0, cache_done = 0;
@@ -206,6 +227,8 @@ static void calibrate(ac_cost_table *t) {
         ac_carch_free(&c);
         n++;
     }
+    monotone_bands(t->dec_us_mib, n);
+    monotone_bands(t->dec_us_mib4, n);
     t->ndec = n >= 2 ? n : 0;
     t->dec_b4 = t->ndec > 0;
 }
