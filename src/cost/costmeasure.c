@@ -229,6 +229,8 @@ static void calibrate(ac_cost_table *t) {
     }
     monotone_bands(t->dec_us_mib, n);
     monotone_bands(t->dec_us_mib4, n);
+    /* four rows stream the weights once; at worst like four one-row steps */
+    for (int i = 0; i < n; i++) t->dec_us_mib4[i] = fmin(t->dec_us_mib4[i], 4 * t->dec_us_mib[i]);
     t->ndec = n >= 2 ? n : 0;
     t->dec_b4 = t->ndec > 0;
 }
