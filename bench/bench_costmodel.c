@@ -5,15 +5,19 @@
  * several workloads, in one run. Prints each case and the median and worst
  * absolute relative error of TTFT and TPOT.
  *   bench_costmodel [COST_DB]
+ * (AC_BENCH_RUNS: runs per measurement, default 7; AC_BENCH_CASES: only the
+ * architectures whose name contains it.)
  * The table is measured fresh in the same run (this machine's speed drifts by
  * +-25 % over minutes under its VM neighbours, so a cached table measured at
  * another time says more about the neighbours than the model); COST_DB, when
- * given, receives it.
+ * given, receives it. Prints the load average before and after (this machine
+ * is shared) and whether the bounds of issue #16 hold.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "costcache.h"
 #include "costmodel.h"
@@ -49,30 +53,44 @@ static void random_model(ac_model *m, const ac_arch *a) {
 
 static int cmpd(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return x < y ? -1 : x > y; }
 
+/* TTFT: the fastest of N prefills; TPOT: each decode step's fastest of N
+ * runs, averaged over the steps (best-of-N per step: neighbours on a shared
+ * machine only ever add time, and a 2-core VM shared by several builds
+ * rarely leaves a whole run of steps undisturbed). */
+static int RUNS = 7; /* AC_BENCH_RUNS overrides */
 static void measure(const ac_model *m, int B, int P, int G, double *ttft, double *tpot) {
     ac_engine en;
     ac_err e;
     if (ac_engine_init(&en, m, B, P + G, &e)) { fprintf(stderr, "%s\n", e.msg); exit(1); }
     int *tok = malloc(sizeof(int) * B * P), nxt[64];
+    double *best = malloc(sizeof(double) * G);
+    if (!tok || !best) { fprintf(stderr, "out of memory\n"); exit(1); }
     for (int i = 0; i < B * P; i++) tok[i] = (i * 31) % m->a.vocab;
-    double tt[5], tp[5];
-    for (int r = 0; r < 5; r++) {
+    for (int g = 0; g < G; g++) best[g] = 1e30;
+    double tt = 1e30;
+    for (int r = 0; r < RUNS; r++) {
         double t0 = ac_now();
         ac_engine_forward(&en, tok, B, P, 0, 1, &e);
-        tt[r] = (ac_now() - t0) * 1e3;
-        t0 = ac_now();
+        tt = fmin(tt, (ac_now() - t0) * 1e3);
         for (int g = 1; g < G; g++) {
             for (int b = 0; b < B; b++) nxt[b] = (g * 7 + b) % m->a.vocab;
+            t0 = ac_now();
             ac_engine_forward(&en, nxt, B, 1, P + g - 1, 1, &e);
+            best[g] = fmin(best[g], (ac_now() - t0) * 1e3);
         }
-        tp[r] = (ac_now() - t0) * 1e3 / (G - 1);
     }
-    qsort(tt, 5, sizeof *tt, cmpd);
-    qsort(tp, 5, sizeof *tp, cmpd);
-    *ttft = tt[0]; /* best of 5, as the table's micro-benchmarks */
-    *tpot = tp[0];
+    double sum = 0;
+    for (int g = 1; g < G; g++) sum += best[g];
+    *ttft = tt;
+    *tpot = sum / (G - 1);
+    free(best);
     free(tok);
     ac_engine_free(&en);
+}
+
+static double load1(void) {
+    double l[1] = {0};
+    return getloadavg(l, 1) == 1 ? l[0] : -1;
 }
 
 typedef struct { const char *name; int hidden, hd, vocab, L; int heads[8], kv[8], ffn[8]; } arch_case;
@@ -80,13 +98,20 @@ typedef struct { const char *name; int hidden, hd, vocab, L; int heads[8], kv[8]
 int main(int argc, char **argv) {
     const char *db = argc > 1 ? argv[1] : NULL;
     ac_set_threads(2);
+    double load_start = load1();
+    if (getenv("AC_BENCH_RUNS") && atoi(getenv("AC_BENCH_RUNS")) > 0) RUNS = atoi(getenv("AC_BENCH_RUNS"));
+    setvbuf(stdout, NULL, _IOLBF, 0);
     ac_err e;
     ac_cost_table t;
     if (ac_cost_measure_cpu(2, NULL, NULL, &t, &e)) { fprintf(stderr, "%s\n", e.msg); return 1; }
     ac_cost_cache cache;
     costcache_file(&cache, db, 1);
     if (db && cache.put(cache.ud, &t, &e)) fprintf(stderr, "warning: %s\n", e.msg);
+    printf("load average (1 min) before the table: %.2f; after it: %.2f\n", load_start, load1());
     printf("cost table: %s (measured now in %.1f s; effective cache %.0f MiB)\n", t.key, t.measure_s, t.cache_bytes / 1048576.0);
+    for (int i = 0; i < t.ndec; i++)
+        printf("  decode band: working set %7.1f MiB: %+8.2f us/MiB (batch 4: %+8.2f) beyond the warm tables\n",
+               t.dec_ws[i] / 1048576.0, t.dec_us_mib[i], t.dec_b4 ? t.dec_us_mib4[i] : 0.0);
     arch_case cases[] = {
         {"uniform-256", 256, 32, 1024, 4, {8, 8, 8, 8}, {4, 4, 4, 4}, {768, 768, 768, 768}},
         {"uniform-512", 512, 64, 2048, 4, {8, 8, 8, 8}, {2, 2, 2, 2}, {1536, 1536, 1536, 1536}},
@@ -98,8 +123,10 @@ int main(int argc, char **argv) {
     double ett[64], etp[64];
     int n = 0;
     printf("%-12s %-14s %10s %10s %7s %10s %10s %7s\n", "arch", "workload", "ttft_meas", "ttft_pred", "err", "tpot_meas", "tpot_pred", "err");
+    const char *only = getenv("AC_BENCH_CASES"); /* substring of the arch names to run (default: all) */
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         arch_case *ac = &cases[c];
+        if (only && !strstr(ac->name, only)) continue;
         ac_arch a = {0};
         snprintf(a.model_type, sizeof a.model_type, "llama");
         a.vocab = ac->vocab; a.hidden = ac->hidden; a.head_dim = ac->hd; a.n_layers = ac->L; a.max_pos = 4096;
@@ -132,9 +159,14 @@ int main(int argc, char **argv) {
     double at[64], ap[64], all[128];
     for (int i = 0; i < n; i++) { at[i] = fabs(ett[i]); ap[i] = fabs(etp[i]); all[i] = at[i]; all[n + i] = ap[i]; }
     qsort(at, n, sizeof *at, cmpd); qsort(ap, n, sizeof *ap, cmpd); qsort(all, 2 * n, sizeof *all, cmpd);
-    printf("TTFT |error|: median %.1f%%, worst %.1f%%\n", 100 * at[n / 2], 100 * at[n - 1]);
-    printf("TPOT |error|: median %.1f%%, worst %.1f%%\n", 100 * ap[n / 2], 100 * ap[n - 1]);
-    printf("all  |error|: median %.1f%%, worst %.1f%% over %d predictions (target: median < 10%%, worst < 25%%)\n", 100 * all[n], 100 * all[2 * n - 1], 2 * n);
+    double mt = 100 * at[n / 2], wt = 100 * at[n - 1], mp = 100 * ap[n / 2], wp = 100 * ap[n - 1];
+    printf("TTFT |error|: median %.1f%%, worst %.1f%%\n", mt, wt);
+    printf("TPOT |error|: median %.1f%%, worst %.1f%%\n", mp, wp);
+    printf("all  |error|: median %.1f%%, worst %.1f%% over %d predictions\n", 100 * all[n], 100 * all[2 * n - 1],
+           2 * n);
+    printf("load average (1 min) at the end: %.2f on %ld cores\n", load1(), sysconf(_SC_NPROCESSORS_ONLN));
+    printf("bounds (median < 10%%, worst < 25%%, TTFT and TPOT each): TTFT %s, TPOT %s\n",
+           mt < 10 && wt < 25 ? "PASS" : "FAIL", mp < 10 && wp < 25 ? "PASS" : "FAIL");
     ac_cost_table_free(&t);
     return 0;
 }

@@ -1,5 +1,5 @@
 /* test_costsearch.c - cost model (interpolation, gradients, JSON round
- * trip, memory accounting), search (feasibility, determinism, uniform
+ * trip, CPU decode bands, memory accounting), search (feasibility, determinism, uniform
  * baseline, infeasible detection), pruning (equivalence with masking) and
  * least-squares repair. */
 #include <math.h>
@@ -122,6 +122,88 @@ static void test_gradients_match_finite_differences(void) {
     ac_arch_free(&a);
     ac_cost_table_free(&tabs[0]);
     ac_cost_table_free(&tabs[1]);
+}
+
+/* CPU decode bands: a decode step costs the warm tables plus the bytes it
+ * streams (weights once, the KV cache read) times the band's cost per MiB
+ * at that working set (constant beyond the bands, log-linear between);
+ * prefill does not change; the bands survive a JSON round trip. */
+static void test_decode_bands(void) {
+    ac_cost_table t;
+    synth_table(&t);
+    ac_arch a = mk_arch(2, 64, 16, 4, 2, 128, 256);
+    ac_carch c;
+    ac_err e;
+    CHECK(ac_carch_from_arch(&a, &c, &e) == 0, "carch");
+    ac_engine_profile p;
+    ac_engine_profile_default(&p, 1);
+    ac_workload w = {1, 16, 2};
+    /* independent byte count: lm head + per layer q,k,v,o and gate,up,down, fp32; KV fp32 at context S */
+    double wb = (256.0 * 64 + 2 * (2 * 64 * (4 + 2) * 16 + 3 * 64 * 128)) * 4;
+#define BYTES(S) (wb + 2 * 2 * 2 * 16 * (S) * 4.0)
+    double bytes16 = BYTES(16.0);
+    CHECK(fabs(ac_cost_decode_bytes(&c, &p, 1, 16) - bytes16) < 1e-6, "bytes %g vs %g",
+          ac_cost_decode_bytes(&c, &p, 1, 16), bytes16);
+    ac_cost warm, banded;
+    t.cache_bytes = 1e30;
+    ac_cost_predict(&t, &c, &w, &p, 0, &warm);
+    t.cache_bytes = 0;
+    t.ndec = 2;
+    t.dec_ws[0] = 1e3; t.dec_ws[1] = 2e3;
+    t.dec_us_mib[0] = 10; t.dec_us_mib[1] = 50;
+    ac_cost_predict(&t, &c, &w, &p, 0, &banded);
+    /* Simpson over the step contexts 17, 17.5, 18 (position + 1), all beyond the bands: 50 us/MiB */
+    double extra = (BYTES(17.0) + 4 * BYTES(17.5) + BYTES(18.0)) / 6 / 1048576.0 * 50 / 1e3;
+    CHECK(fabs(banded.tpot_ms - warm.tpot_ms - extra) < 1e-9, "beyond the bands: %g vs %g + %g", banded.tpot_ms,
+          warm.tpot_ms, extra);
+    /* bands around the working set: at the log midpoint, the mean of the two */
+    t.dec_ws[0] = BYTES(17.5) / 2; t.dec_ws[1] = BYTES(17.5) * 2;
+    ac_cost_predict(&t, &c, &w, &p, 0, &banded);
+    extra = BYTES(17.5) / 1048576.0 * 30 / 1e3;
+    CHECK(fabs(banded.tpot_ms - warm.tpot_ms - extra) < 1e-3 * extra, "between the bands: %g vs %g + %g",
+          banded.tpot_ms, warm.tpot_ms, extra);
+    /* batch-4 bands: batch 4 takes them, batch 2 the mean in log batch */
+    t.dec_ws[0] = 1e3; t.dec_ws[1] = 2e3;
+    t.dec_b4 = 1;
+    t.dec_us_mib4[0] = t.dec_us_mib4[1] = 90;
+    ac_workload w4 = {4, 16, 2}, w2 = {2, 16, 2};
+    ac_cost warm4, b4, warm2, b2;
+    t.ndec = 0; t.cache_bytes = 1e30;
+    ac_cost_predict(&t, &c, &w4, &p, 0, &warm4);
+    ac_cost_predict(&t, &c, &w2, &p, 0, &warm2);
+    t.ndec = 2; t.cache_bytes = 0;
+    ac_cost_predict(&t, &c, &w4, &p, 0, &b4);
+    ac_cost_predict(&t, &c, &w2, &p, 0, &b2);
+    double x4 = ac_cost_decode_bytes(&c, &p, 4, 17.5) / 1048576.0 * 90 / 1e3,
+           x2 = ac_cost_decode_bytes(&c, &p, 2, 17.5) / 1048576.0 * 70 / 1e3;
+    CHECK(fabs(b4.tpot_ms - warm4.tpot_ms - x4) < 1e-9, "batch 4: %g vs %g + %g", b4.tpot_ms, warm4.tpot_ms, x4);
+    CHECK(fabs(b2.tpot_ms - warm2.tpot_ms - x2) < 1e-9, "batch 2: %g vs %g + %g", b2.tpot_ms, warm2.tpot_ms, x2);
+    t.dec_b4 = 0;
+    t.dec_ws[0] = BYTES(17.5) / 2; t.dec_ws[1] = BYTES(17.5) * 2;
+#undef BYTES
+    ac_cost cold;
+    t.ndec = 0;
+    ac_cost_predict(&t, &c, &w, &p, 0, &cold);
+    t.ndec = 2;
+    CHECK(fabs(banded.ttft_ms - cold.ttft_ms) < 1e-12, "prefill unchanged by the bands");
+    json_t *j = ac_cost_table_to_json(&t);
+    ac_cost_table u;
+    CHECK(ac_cost_table_from_json(j, &u, &e) == 0, "round trip: %s", e.msg);
+    CHECK(u.ndec == 2 && u.dec_ws[1] == t.dec_ws[1] && u.dec_us_mib[0] == 10 && !u.dec_b4, "bands kept");
+    ac_cost_table_free(&u);
+    t.dec_b4 = 1;
+    json_t *j4 = ac_cost_table_to_json(&t);
+    CHECK(ac_cost_table_from_json(j4, &u, &e) == 0 && u.dec_b4 && u.dec_us_mib4[1] == 90, "batch-4 bands kept");
+    json_decref(j4);
+    ac_cost_table_free(&u);
+    json_array_set_new(json_object_get(json_object_get(j, "decode_bands"), "working_set_bytes"), 1, json_real(1));
+    const char *field = NULL;
+    CHECK(ac_cost_table_validate(j, &field, &e) == -1 && field && strstr(field, "decode_bands"),
+          "decreasing working sets accepted");
+    json_decref(j);
+    ac_carch_free(&c);
+    ac_arch_free(&a);
+    ac_cost_table_free(&t);
 }
 
 static void test_memory_accounting(void) {
@@ -465,6 +547,7 @@ int main(void) {
     RUN(test_cuda_pin);
     RUN(test_interpolation_hits_grid_points);
     RUN(test_gradients_match_finite_differences);
+    RUN(test_decode_bands);
     RUN(test_memory_accounting);
     RUN(test_search_feasible_deterministic_heterogeneous);
     RUN(test_deci_ffn_mult);

@@ -32,6 +32,14 @@ json_t *ac_cost_table_to_json(const ac_cost_table *t) {
     if (t->gemm_warm_us)
         json_object_set_new(json_object_get(j, "gemm"), "warm_us", darr(t->gemm_warm_us, t->nm * t->nn * t->nk));
     json_object_set_new(j, "cache_bytes", json_real(t->cache_bytes));
+    if (t->ndec > 0) {
+        json_object_set_new(j, "decode_bands",
+                            json_pack("{s:o,s:o}", "working_set_bytes", darr(t->dec_ws, t->ndec), "us_per_mib",
+                                      darr(t->dec_us_mib, t->ndec)));
+        if (t->dec_b4)
+            json_object_set_new(json_object_get(j, "decode_bands"), "us_per_mib_batch4",
+                                darr(t->dec_us_mib4, t->ndec));
+    }
 
     json_object_set_new(j, "attention",
                         json_pack("{s:o,s:o,s:o,s:o}", "head_dims", darr(t->ahd, t->nhd), "queries",
@@ -70,6 +78,36 @@ static int get_vals(const json_t *a, double **out, int n, const char **field, co
         }
         (*out)[i] = json_number_value(v);
     }
+    return 0;
+}
+
+/* n finite numbers of the array a into out (*field: name). */
+static int get_finite(const json_t *a, double *out, int n, const char **field, const char *name, ac_err *e) {
+    *field = name;
+    if (!json_is_array(a) || (int)json_array_size(a) != n) return ac_errf(e, "%s must hold %d numbers", name, n);
+    for (int i = 0; i < n; i++) {
+        json_t *v = json_array_get(a, i);
+        if (!json_is_number(v) || !isfinite(json_number_value(v)))
+            return ac_errf(e, "%s must hold finite numbers", name);
+        out[i] = json_number_value(v);
+    }
+    return 0;
+}
+
+/* The optional CPU decode bands: increasing working sets, finite costs per
+ * MiB (negative where the warm tables overestimate a small model), the
+ * batch-4 costs optional. */
+static int decode_bands_parse(const json_t *d, ac_cost_table *t, const char **field, ac_err *e) {
+    t->ndec = t->dec_b4 = 0;
+    if (!d) return 0;
+    int n;
+    if (get_grid(json_object_get(d, "working_set_bytes"), t->dec_ws, &n, field, "decode_bands.working_set_bytes", e) ||
+        get_finite(json_object_get(d, "us_per_mib"), t->dec_us_mib, n, field, "decode_bands.us_per_mib", e))
+        return -1;
+    json_t *b4 = json_object_get(d, "us_per_mib_batch4");
+    if (b4 && get_finite(b4, t->dec_us_mib4, n, field, "decode_bands.us_per_mib_batch4", e)) return -1;
+    t->dec_b4 = b4 != NULL;
+    t->ndec = n;
     return 0;
 }
 
@@ -140,6 +178,10 @@ static int table_parse(const json_t *j, ac_cost_table *t, const char **field, ac
     t->launch_us = json_is_number(lu) ? json_number_value(lu) : 0;
     json_t *cb = json_object_get(j, "cache_bytes");
     t->cache_bytes = json_is_number(cb) && json_number_value(cb) > 0 ? json_number_value(cb) : 0;
+    if (decode_bands_parse(json_object_get(j, "decode_bands"), t, field, e)) {
+        ac_cost_table_free(t);
+        return -1;
+    }
     if (json_object_get(g, "warm_us") &&
         get_vals(json_object_get(g, "warm_us"), &t->gemm_warm_us, t->nm * t->nn * t->nk, field, "gemm.warm_us", e)) {
         ac_cost_table_free(t);

@@ -2,8 +2,9 @@
  * costmeasure.c - the local CPU's cost table, measured with the engine's
  * own kernels: GEMMs over an (M, N, K) grid with weights cold (rotating
  * through a pool larger than the cache) and warm, one attention head over
- * a (queries, keys, head_dim) grid, elementwise passes; then the effective
- * cache size, calibrated end to end against decode steps of the engine.
+ * a (queries, keys, head_dim) grid, elementwise passes; then, end to end
+ * against decode steps of the engine, the decode streaming cost per
+ * working-set band and the effective cache size.
  */
 #include <math.h>
 #include <stdio.h>
@@ -42,11 +43,6 @@ static void run_attn(void *p) {
     ac_attention_head(a->out, a->q, a->k, a->v, a->n, a->s - a->n, a->hd, a->hd, a->hd, 0, a->sc);
 }
 
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Per-call microseconds: warm up, then 7 batches of >= 1 ms each; the
  * fastest batch. On a shared machine the minimum is the stable estimate of
  * what the hardware costs (neighbours only ever add time). */
@@ -72,7 +68,9 @@ void ac_cost_cpu_key(int threads, char *key, size_t n, char *device, size_t dn) 
     char dev[200];
     snprintf(dev, sizeof dev, "%s (%d threads)", d[0].name, threads);
     if (device) snprintf(device, dn, "%s", dev);
-    snprintf(key, n, "%s|fp32|autocompress-cpu|v%d", dev, AC_CT_VERSION);
+    /* "-bands": tables with the decode bands (cached ones without them are
+     * measured again rather than used with the older decode model) */
+    snprintf(key, n, "%s|fp32|autocompress-cpu|v%d-bands", dev, AC_CT_VERSION);
 }
 
 /* A 4-layer model of hidden width H (head_dim 64, FFN 3H, vocab 1024)
@@ -116,57 +114,125 @@ static int probe_model(int H, ac_model *m, ac_err *e) {
     return 0;
 }
 
-/* Best of 3 mean decode steps (ms) of m after a 16-token prompt. */
-static int decode_step_ms(const ac_model *m, double *ms, ac_err *e) {
+/* Mean decode step (ms) of B sequences of m over 12 steps after a 16-token
+ * prompt each: each step's fastest of 4 runs (neighbours on a shared
+ * machine only ever add time, so the per-step minimum is the stable
+ * estimate). */
+#define PROBE_RUNS 4
+#define PROBE_STEPS 12
+static int decode_step_ms(const ac_model *m, int B, double *ms, ac_err *e) {
     ac_engine en;
-    double meas[3];
-    if (ac_engine_init(&en, m, 1, 48, e)) return -1;
-    int tok[16];
-    for (int k = 0; k < 16; k++) tok[k] = k * 7;
-    for (int r = 0; r < 3; r++) {
-        ac_engine_forward(&en, tok, 1, 16, 0, 1, e);
-        double t0 = ac_now();
-        for (int g = 0; g < 24; g++) ac_engine_forward(&en, tok + (g % 16), 1, 1, 16 + g, 1, e);
-        meas[r] = (ac_now() - t0) / 24 * 1e3;
+    double best[PROBE_STEPS];
+    if (ac_engine_init(&en, m, B, 16 + PROBE_STEPS, e)) return -1;
+    int tok[4 * 16 + 16], rc = 0;
+    for (int k = 0; k < 4 * 16 + 16; k++) tok[k] = (k * 7) % m->a.vocab;
+    for (int g = 0; g < PROBE_STEPS; g++) best[g] = 1e30;
+    for (int r = 0; r < PROBE_RUNS && !rc; r++) {
+        rc = ac_engine_forward(&en, tok, B, 16, 0, 1, e);
+        for (int g = 0; g < PROBE_STEPS && !rc; g++) {
+            double t0 = ac_now();
+            rc = ac_engine_forward(&en, tok + (g % 16), B, 1, 16 + g, 1, e);
+            double dt = ac_now() - t0;
+            if (dt < best[g]) best[g] = dt;
+        }
     }
     ac_engine_free(&en);
-    qsort(meas, 3, sizeof *meas, cmp_d);
-    *ms = meas[0];
-    return 0;
+    double sum = 0;
+    for (int g = 0; g < PROBE_STEPS; g++) sum += best[g];
+    *ms = sum / PROBE_STEPS * 1e3;
+    return rc;
 }
 
-/* End-to-end calibration of the warm/cold choice (COSTMODEL.md: validate
- * end to end). Decode steps of the engine itself on random models of
- * growing weight size; the effective cache is the largest size whose
- * measured step is closer to the warm-weights prediction than to the cold
- * one. Micro-probes of the cache alone mislead here: under a VM the L3 is
- * shared and sysconf reports the host's. */
-static double calibrate_cache(ac_cost_table *t) {
-    static const int HS[] = {128, 192, 256, 384, 512};
-    double best = 0;
+/* The probe's decode step at batch B beyond the warm-weight tables, per
+ * MiB streamed; *cold_closer: the step is closer to the cold-weights
+ * prediction than to the warm one. */
+static double band_cost(ac_cost_table *t, const ac_carch *c, int B, double meas, int *cold_closer) {
+    ac_engine_profile p;
+    ac_engine_profile_default(&p, 1);
+    ac_workload w = {B, 16, PROBE_STEPS + 1};
+    ac_cost warm, cold;
+    int nd = t->ndec;
+    double cb = t->cache_bytes;
+    t->ndec = 0;
+    t->cache_bytes = 1e30;
+    ac_cost_predict(t, c, &w, &p, 0, &warm);
+    t->cache_bytes = 0;
+    ac_cost_predict(t, c, &w, &p, 0, &cold);
+    t->ndec = nd;
+    t->cache_bytes = cb;
+    if (cold_closer) *cold_closer = fabs(meas - warm.tpot_ms) >= fabs(meas - cold.tpot_ms);
+    return (meas - warm.tpot_ms) * 1e3 / (ac_cost_decode_bytes(c, &p, B, 16 + PROBE_STEPS / 2.0) / 1048576.0);
+}
+
+/* End-to-end calibration (COSTMODEL.md: validate end to end) on decode
+ * steps of the engine itself, over random 4-layer models of growing weight
+ * size (3.6 to 111 MiB of fp32 weights), at batch 1 and 4:
+ * - decode bands: what a step costs beyond the warm-weight tables, per MiB
+ *   streamed, at each model's working set. The rate at which the engine
+ *   streams weights is not one bandwidth: it falls as the working set
+ *   outgrows the caches (L2, the VM's share of L3, DRAM), so it is measured
+ *   per working-set size rather than fitted as one number; and a batch of
+ *   4 rows takes OpenBLAS's packed GEMM rather than its matrix-vector path,
+ *   so batch 4 has its own bands;
+ * - the effective cache for prefill's warm/cold blend: the largest size
+ *   whose batch-1 step is closer to the warm-weights prediction than to the
+ *   cold one. Micro-probes of the cache alone mislead here: under a VM the
+ *   L3 is shared and sysfs reports the host's. */
+/* v[0..n) made non-decreasing and >= 0 (pool adjacent violators, equal
+ * weights): a step cannot stream a larger working set faster, nor faster
+ * than the warm tables; single probes that a neighbour slowed (or that
+ * caught the warm table slowed) would otherwise bend the bands. */
+static void monotone_bands(double *v, int n) {
+    double val[AC_CT_MAXG];
+    int cnt[AC_CT_MAXG], k = 0;
+    for (int i = 0; i < n; i++) {
+        val[k] = v[i];
+        cnt[k] = 1;
+        while (k > 0 && val[k - 1] > val[k]) {
+            val[k - 1] = (val[k - 1] * cnt[k - 1] + val[k] * cnt[k]) / (cnt[k - 1] + cnt[k]);
+            cnt[k - 1] += cnt[k];
+            k--;
+        }
+        k++;
+    }
+    for (int b = 0, i = 0; b < k; b++)
+        for (int j = 0; j < cnt[b]; j++) v[i++] = val[b] > 0 ? val[b] : 0;
+}
+
+static void calibrate(ac_cost_table *t) {
+    static const int HS[] = {128, 192, 256, 384, 512, 768};
+    int n = 0, cache_done = 0;
+    t->ndec = t->dec_b4 = 0;
+    t->cache_bytes = 0;
     for (size_t i = 0; i < sizeof HS / sizeof *HS; i++) {
         ac_model m;
         ac_err e;
-        double meas;
+        double m1, m4;
         if (probe_model(HS[i], &m, &e)) break;
         ac_carch c;
-        int rc = decode_step_ms(&m, &meas, &e) || ac_carch_from_arch(&m.a, &c, &e);
+        int rc = decode_step_ms(&m, 1, &m1, &e) || decode_step_ms(&m, 4, &m4, &e) ||
+                 ac_carch_from_arch(&m.a, &c, &e);
         ac_model_free(&m);
         if (rc) break;
         ac_engine_profile p;
         ac_engine_profile_default(&p, 1);
-        ac_workload w = {1, 16, 25};
-        ac_cost warm, cold;
-        double bytes = ac_carch_params(&c) * p.w_bytes;
-        t->cache_bytes = 1e30;
-        ac_cost_predict(t, &c, &w, &p, 0, &warm);
-        t->cache_bytes = 0;
-        ac_cost_predict(t, &c, &w, &p, 0, &cold);
+        int cold_closer;
+        t->dec_us_mib[n] = band_cost(t, &c, 1, m1, &cold_closer);
+        t->dec_us_mib4[n] = band_cost(t, &c, 4, m4, NULL);
+        t->dec_ws[n] = ac_cost_decode_bytes(&c, &p, 1, 16 + PROBE_STEPS / 2.0);
+        if (!cache_done && !cold_closer)
+            t->cache_bytes = ac_carch_params(&c) * p.w_bytes;
+        else
+            cache_done = 1;
         ac_carch_free(&c);
-        if (fabs(meas - warm.tpot_ms) >= fabs(meas - cold.tpot_ms)) break;
-        best = bytes;
+        n++;
     }
-    return best;
+    monotone_bands(t->dec_us_mib, n);
+    monotone_bands(t->dec_us_mib4, n);
+    /* four rows stream the weights once; at worst like four one-row steps */
+    for (int i = 0; i < n; i++) t->dec_us_mib4[i] = fmin(t->dec_us_mib4[i], 4 * t->dec_us_mib[i]);
+    t->ndec = n >= 2 ? n : 0;
+    t->dec_b4 = t->ndec > 0;
 }
 
 static const double GM[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024},
@@ -266,7 +332,7 @@ int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud,
         ac_cost_table_free(t);
         return -1;
     }
-    t->cache_bytes = calibrate_cache(t);
+    calibrate(t);
     if (progress) progress(ud, 1.0);
     t->measure_s = ac_now() - t_start;
     return 0;

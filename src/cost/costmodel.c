@@ -93,21 +93,67 @@ static double forward_us(const ac_cost_table *t, const ac_carch *c, const ac_eng
     return us + p->overhead_ms * 1e3;
 }
 
+double ac_cost_decode_bytes(const ac_carch *c, const ac_engine_profile *p, double B, double S) {
+    double H = c->hidden, hd = c->head_dim, wb = (double)c->vocab * H, kvb = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->heads[l] > 0) {
+            wb += 2 * H * (c->heads[l] + c->kv[l]) * hd;
+            kvb += 2 * c->kv[l] * hd * S;
+        }
+        if (c->ffn[l] > 0) wb += 3 * H * c->ffn[l];
+    }
+    return wb * p->w_bytes + B * kvb * p->kv_bytes;
+}
+
+/* Log-linear interpolation of v over the table's working-set bands,
+ * constant beyond them. */
+static double band_interp(const ac_cost_table *t, const double *v, double ws) {
+    int n = t->ndec;
+    if (ws <= t->dec_ws[0]) return v[0];
+    if (ws >= t->dec_ws[n - 1]) return v[n - 1];
+    int k = 0;
+    while (k < n - 2 && ws > t->dec_ws[k + 1]) k++;
+    double u = (log(ws) - log(t->dec_ws[k])) / (log(t->dec_ws[k + 1]) - log(t->dec_ws[k]));
+    return v[k] + (v[k + 1] - v[k]) * u;
+}
+
+/* Microseconds per MiB a CPU decode step of B sequences streams beyond the
+ * warm tables at working set ws: the batch-1 bands, the batch-4 ones when
+ * measured (linear in log B between, constant beyond 4). */
+static double decode_us_mib(const ac_cost_table *t, double ws, double B) {
+    double r1 = band_interp(t, t->dec_us_mib, ws);
+    if (!t->dec_b4 || B <= 1) return r1;
+    double r4 = band_interp(t, t->dec_us_mib4, ws), u = B >= 4 ? 1 : log(B) / log(4.0);
+    return r1 + (r4 - r1) * u;
+}
+
+/* One forward call. A measured CPU table with decode bands models a decode
+ * step by what bounds it there: the warm tables (per-call fixed costs,
+ * compute, attention, elementwise) plus the bytes streamed (weights once,
+ * the KV cache read) at the rate measured for that working set. Otherwise
+ * the share of the weights that fits in the table's effective cache is read
+ * warm: the warm and cold GEMM tables blended by it. */
+static double step_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, double B, double nq,
+                      double pos0, double fw) {
+    if (nq == 1 && t->ndec > 0 && !t->roofline) {
+        double bytes = ac_cost_decode_bytes(c, p, B, pos0 + 1);
+        double us = forward_us(t, c, p, B, 1, pos0, 1, 1) + bytes / 1048576.0 * decode_us_mib(t, bytes, B);
+        return us > 0 ? us : 0;
+    }
+    return fw * forward_us(t, c, p, B, nq, pos0, 1, 1) + (1 - fw) * forward_us(t, c, p, B, nq, pos0, 1, 0);
+}
+
 void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
                      int smooth, ac_cost *o) {
     memset(o, 0, sizeof *o);
     double B = w->batch, P = w->prompt_len, G = w->gen_len;
-    /* The share of the weights that fits in the table's effective cache is
-     * read warm: blend the warm and cold GEMM tables by it. */
     double wbytes = ac_carch_params(c) * p->w_bytes,
            fw = t->cache_bytes > 0 && wbytes > 0 ? fmin(1, t->cache_bytes / wbytes) : 0;
-#define FWD(B_, n_, pos_)                                                                                              \
-    (fw * forward_us(t, c, p, B_, n_, pos_, 1, 1) + (1 - fw) * forward_us(t, c, p, B_, n_, pos_, 1, 0))
-    o->ttft_ms = FWD(B, P, 0) / 1e3;
+    o->ttft_ms = step_us(t, c, p, B, P, 0, fw) / 1e3;
     /* Decode steps at context P..P+G-1: the cost is close to linear in the
      * context, so Simpson's rule over three points is near exact. */
-    double d0 = FWD(B, 1, P), d1 = FWD(B, 1, P + (G - 1) / 2), d2 = FWD(B, 1, P + G - 1);
-#undef FWD
+    double d0 = step_us(t, c, p, B, 1, P, fw), d1 = step_us(t, c, p, B, 1, P + (G - 1) / 2, fw),
+           d2 = step_us(t, c, p, B, 1, P + G - 1, fw);
     o->tpot_ms = G > 1 ? (d0 + 4 * d1 + d2) / 6 / 1e3 : 0;
     o->e2e_ms = o->ttft_ms + (G - 1) * o->tpot_ms;
     o->tokens_per_s = B * G / (o->e2e_ms / 1e3);

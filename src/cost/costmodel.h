@@ -47,7 +47,15 @@ typedef struct {
     double gm[AC_CT_MAXG], gn[AC_CT_MAXG], gk[AC_CT_MAXG];
     double *gemm_us;      /* [nm][nn][nk], weights cold (read from memory) */
     double *gemm_warm_us; /* same grid, weights in cache; NULL = use gemm_us */
-    double cache_bytes;   /* effective cache: models whose weights fit run warm */
+    double cache_bytes;   /* effective cache: models whose weights fit run warm (prefill) */
+    /* CPU decode (costmeasure.c): a step costs the warm-weight tables plus
+     * dec_us_mib[i] microseconds per MiB it streams (weights + KV read) when
+     * its working set is dec_ws[i] bytes: log-linear between the bands,
+     * constant beyond them; measured at batch 1 and (dec_b4) at batch 4
+     * (dec_us_mib4), linear in log batch between, constant beyond 4.
+     * ndec 0: decode blends warm/cold like prefill. */
+    int ndec, dec_b4;
+    double dec_ws[AC_CT_MAXG], dec_us_mib[AC_CT_MAXG], dec_us_mib4[AC_CT_MAXG];
     int nhd, naq, nas;
     double ahd[AC_CT_MAXG], aq[AC_CT_MAXG], as[AC_CT_MAXG];
     double *attn_us;  /* [nhd][naq][nas], one head, one sequence;
@@ -126,6 +134,10 @@ typedef struct {
 /* smooth = 1 drops tile quantisation (for gradients). */
 void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
                      int smooth, ac_cost *out);
+/* Bytes one decode step streams, which are also its working set (the
+ * weights once, the KV cache of B sequences at context S): the CPU decode
+ * model's streamed bytes. */
+double ac_cost_decode_bytes(const ac_carch *c, const ac_engine_profile *p, double B, double S);
 /* Metric selector for gradients. */
 typedef enum { AC_M_TTFT, AC_M_TPOT, AC_M_TOKENS_PER_S, AC_M_MEM, AC_M_PARAMS, AC_M_COUNT } ac_metric;
 double ac_cost_metric(const ac_cost *c, ac_metric m);

@@ -1,6 +1,6 @@
 /*
  * measure.h - measured latency of a model (the evaluation's counterpart of
- * the cost model): best-of-3 TTFT and TPOT on the CPU engine or the CUDA
+ * the cost model): best-of-5 TTFT and TPOT on the CPU engine or the CUDA
  * plugin's device 0, and the comparisons the report carries of base and
  * result measured against the cost table's prediction.
  */
@@ -12,9 +12,10 @@
 #include "costmodel.h"
 #include "model.h"
 
-/* Best-of-3 TTFT / TPOT (ms) of m for workload w, prompts and decode tokens
- * drawn from ids. The minimum, like the cost table's micro-benchmarks:
- * neighbours on a shared machine only add time. */
+/* Best-of-5 TTFT / TPOT (ms) of m for workload w, prompts and decode tokens
+ * drawn from ids (on the CPU, TPOT averages each step's fastest of 5). The
+ * minimum, like the cost table's measurements: neighbours on a shared
+ * machine only add time. */
 int ac_measure_latency(const ac_model *m, const int *ids, size_t n, const ac_workload *w, int cuda, double *ttft_ms,
                        double *tpot_ms, ac_err *e);
 
