@@ -17,4 +17,9 @@
 
 const ac_cuda_api *ac_cuda(const char **why);
 
+/* A measured cost table from the plugin's raw timings (implemented in
+ * src/cost/costmeasure.c: the plugin fills no ac_cost_table itself).
+ * Checks the grids and that every point is positive and finite. */
+int ac_cost_table_from_timings(const acc_timings *tm, ac_cost_table *t, ac_err *e);
+
 #endif
