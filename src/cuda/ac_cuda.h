@@ -88,6 +88,13 @@ typedef struct {
     int (*trainer_download)(acc_trainer *t, ac_model *w, ac_model *g, char *err, size_t errn);
     int (*trainer_gates)(acc_trainer *t, const ac_gates *g, ac_gates *dg, int zero_grad, char *err, size_t errn);
     void (*trainer_free)(acc_trainer *t);
+    /* Gate search on the device (src/search/dnas.c): forward only with the
+     * logits to the host; one layer tensor's weights up / gradient down
+     * (which: ACC_T_*); zero the weight gradients. */
+    int (*trainer_forward)(acc_trainer *t, const int *tokens, int B, int T, float *logits, char *err, size_t errn);
+    int (*trainer_tensor)(acc_trainer *t, int layer, int which, const float *w, float *grad, size_t n, char *err,
+                          size_t errn);
+    int (*trainer_zero_grad)(acc_trainer *t, char *err, size_t errn);
 } ac_cuda_api;
 
 /* The plugin's one exported entry point. */
