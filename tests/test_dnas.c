@@ -471,6 +471,22 @@ static void test_cuda_gate_search_matches_cpu(void) {
         for (int i = 0; i < np && g0.la && g1.la; i++) dla = fmax(dla, fabs(g0.la[i] - g1.la[i]));
         ac_dnas_gates_free(&g0);
         ac_dnas_gates_free(&g1);
+        double dco = 0; /* co-trained weights, teacher recomputed each step (a second trainer on each side) */
+        o.steps = 3;
+        o.cotrain = 1;
+        o.w_lr = 1e-2;
+        o.teacher_cache_mib = 0;
+        for (int c = 0; c < 2; c++) {
+            o.cuda = c;
+            CHECK(ac_dnas_train_gates(&p, &M, IDS, NIDS, &o, c ? &g1 : &g0, NULL, &e) == 0, "cotrain: %s", e.msg);
+        }
+        for (int i = 0; i < np && g0.la && g1.la; i++) dco = fmax(dco, fabs(g0.la[i] - g1.la[i]));
+        ac_dnas_gates_free(&g0);
+        ac_dnas_gates_free(&g1);
+        CHECK(dco < 1e-2, "co-trained: log_alphas after 3 steps differ by %g", dco);
+        ac_dnas_defaults(&o);
+        o.batch = 2;
+        o.seq_len = 32;
         o.steps = 10;
         ac_search_result r[2];
         ac_importance ord[2];
@@ -484,8 +500,9 @@ static void test_cuda_gate_search_matches_cpu(void) {
         same &= r[0].arch.hidden == r[1].arch.hidden;
         const char *dev = json_string_value(json_object_get(r[1].detail, "gate_trainer"));
         printf("   %s: %d gates; first-step task gradient CUDA vs CPU relative diff %.2e (|grad| %.3g); log_alpha "
-               "after 5 steps max |diff| %.2e; 10-step search: same architecture %s (trainer %s)\n",
-               k ? "deci" : "gguf", np, sqrt(num / (den + 1e-300)), sqrt(den), dla, same ? "yes" : "no",
+               "after 5 steps max |diff| %.2e (3 co-trained steps %.2e); 10-step search: same architecture %s "
+               "(trainer %s)\n",
+               k ? "deci" : "gguf", np, sqrt(num / (den + 1e-300)), sqrt(den), dla, dco, same ? "yes" : "no",
                dev ? dev : "?");
         CHECK(den > 0 && sqrt(num / den) < 1e-3, "first-step gradients differ by %g", sqrt(num / den));
         CHECK(dla < 1e-2, "log_alphas after 5 steps differ by %g", dla);
