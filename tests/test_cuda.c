@@ -5,6 +5,7 @@
 
 #include "check.h"
 #include "costcache.h"
+#include "costtimings.h"
 #include "cuda_plugin.h"
 #include "device.h"
 #include "engine.h"

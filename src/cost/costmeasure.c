@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "costmodel.h"
-#include "cuda_plugin.h"
+#include "costtimings.h"
 #include "engine.h"
 #include "kernels_cpu.h"
 

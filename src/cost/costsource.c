@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "costmodel.h"
+#include "costtimings.h"
 #include "cuda_plugin.h"
 
 int ac_cost_cache_lookup(const ac_cost_cache *c, const char *key, ac_cost_table *t, int *found, ac_err *e) {

@@ -11,15 +11,9 @@
 
 #include <stddef.h>
 
-#include "costmodel.h"
 #include "cuda/ac_cuda.h" /* ac_cuda_api: the plugin ABI */
 #include "model.h"
 
 const ac_cuda_api *ac_cuda(const char **why);
-
-/* A measured cost table from the plugin's raw timings (implemented in
- * src/cost/costmeasure.c: the plugin fills no ac_cost_table itself).
- * Checks the grids and that every point is positive and finite. */
-int ac_cost_table_from_timings(const acc_timings *tm, ac_cost_table *t, ac_err *e);
 
 #endif
