@@ -5,6 +5,7 @@
 
 #include "check.h"
 #include "costcache.h"
+#include "costtimings.h"
 #include "cuda_plugin.h"
 #include "device.h"
 #include "engine.h"
@@ -291,6 +292,48 @@ static void test_gemm_timings_within_roofline(void) {
     CHECK(gbs < 1.1 * s->bw_gbs && gbs > 0.2 * s->bw_gbs, "decode GEMM %.0f GB/s vs peak %.0f", gbs, s->bw_gbs);
 }
 
+/* #10: the plugin returns raw timings; src/cost builds the table from
+ * them. Synthetic timings (a known function of the grid point) round-trip:
+ * the table interpolates back the measured points, validates as JSON, and
+ * a non-positive point is refused. On a real device, also the plugin's own. */
+static void test_table_from_timings(void) {
+    acc_timings *tm = calloc(1, sizeof *tm);
+    snprintf(tm->name, sizeof tm->name, "Test GPU");
+    tm->sms = 132, tm->cc = 90, tm->mem_gib = 80;
+    tm->nm = 5, tm->nn = tm->nk = 4, tm->nhd = 2, tm->naq = tm->nas = 3;
+    for (int i = 0; i < 5; i++) tm->gm[i] = 1 << (2 * i);
+    for (int i = 0; i < 4; i++) tm->gn[i] = tm->gk[i] = 256 << i;
+    for (int i = 0; i < 3; i++) tm->aq[i] = tm->as[i] = 1 << (4 * i);
+    tm->ahd[0] = 64, tm->ahd[1] = 128;
+    for (int a = 0; a < 5; a++)
+        for (int b = 0; b < 4; b++)
+            for (int c = 0; c < 4; c++) tm->gemm_us[(a * 4 + b) * 4 + c] = 3 + 1e-6 * tm->gm[a] * tm->gn[b] * tm->gk[c];
+    for (int i = 0; i < 18; i++) tm->attn_us[i] = 1 + i;
+    tm->launch_us = 2.5, tm->elem_ns = 0.01;
+    ac_cost_table t;
+    ac_err e = {{0}};
+    CHECK(ac_cost_table_from_timings(tm, &t, &e) == 0, "%s", e.msg);
+    double worst = 0;
+    for (int a = 0; a < 5; a++)
+        for (int b = 0; b < 4; b++)
+            for (int c = 0; c < 4; c++) {
+                double want = tm->gemm_us[(a * 4 + b) * 4 + c];
+                worst = fmax(worst, fabs(ac_cost_gemm_us(&t, tm->gm[a], tm->gn[b], tm->gk[c]) - want) / want);
+            }
+    printf("   table from timings: key %s, grid points back within %.2e\n", t.key, worst);
+    CHECK(worst < 1e-9, "grid points differ by %g", worst);
+    CHECK(strstr(t.key, "cuda:Test GPU|bf16|cublas") == t.key && t.launch_us == 2.5 && !strcmp(t.source, "measured"),
+          "identity %s / launch %g / source %s", t.key, t.launch_us, t.source);
+    json_t *j = ac_cost_table_to_json(&t);
+    const char *field = NULL;
+    CHECK(j && ac_cost_table_validate(j, &field, &e) == 0, "table JSON invalid at %s: %s", field, e.msg);
+    json_decref(j);
+    ac_cost_table_free(&t);
+    tm->attn_us[7] = 0;
+    CHECK(ac_cost_table_from_timings(tm, &t, &e) == -1 && strstr(e.msg, "point"), "a zero timing accepted");
+    free(tm);
+}
+
 int main(void) {
     ac_set_threads(2);
     cu = ac_cuda(&why);
@@ -304,5 +347,6 @@ int main(void) {
     RUN(test_gpu_calibration);
     RUN(test_gpu_job);
     RUN(test_gemm_timings_within_roofline);
+    RUN(test_table_from_timings);
     return DONE();
 }

@@ -5,6 +5,10 @@
  * heads, FFN channel groups, whole sub-blocks); the expected-cost gradient
  * matches central finite differences of the expected cost; a limit that
  * only removing sub-blocks can meet is met by removing sub-blocks.
+ * deci: a one-hot KV-merge choice is ac_prune's merged model, the merge
+ * gradient matches finite differences, the search's result exports.
+ * With the CUDA plugin (tests/run_all.sh: the CPU emulator): the gate
+ * training on the device matches the CPU's.
  */
 #include <math.h>
 #include <stdio.h>
@@ -12,10 +16,13 @@
 #include <string.h>
 
 #include "check.h"
+#include "cuda_plugin.h"
+#include "deci.h"
 #include "dnas.h"
 #include "eval.h"
 #include "kernels_cpu.h"
 #include "prune.h"
+#include "safetensors.h"
 
 static ac_model M;
 static ac_importance IMP;
@@ -130,6 +137,144 @@ static void test_hard_zero_gates_equal_pruning(void) {
     ac_dnas_gates_free(&g);
 }
 
+/* Merge choice index of KV count d in layer l (-1: none). */
+static int choice_of(const ac_dnas_gates *g, int l, int d) {
+    for (int c = 0; c < g->nmc[l]; c++)
+        if (g->mkv[g->mc_off[l] + c] == d) return c;
+    return -1;
+}
+
+/* z: every gate 1, layer l's merge choices mixed by w[l][3] (NULL rows: keep every KV head). */
+static void merge_z(const ac_dnas_gates *g, double *z, const double (*w)[3]) {
+    for (int i = 0; i < g->np; i++) z[i] = g->mkv[i] ? 0 : 1;
+    for (int l = 0; l < g->L; l++)
+        for (int c = 0; c < g->nmc[l]; c++) z[g->mc_off[l] + c] = w ? w[l][c] : c == 0;
+}
+
+/* Export arch a of M (units kept in ord's order) as the deci target does:
+ * FFN widths zero-padded up to the loaders' 256 grid, ac_deci_check_arch,
+ * ac_model_save (config.json with block_configs), reload. 0 when the
+ * reloaded model has the padded architecture and n_heads_in_group =
+ * n_heads / n_kv_heads in every attention block; *out (may be NULL) gets
+ * the reloaded model's logits. */
+static int export_deci(const ac_arch *a, const ac_importance *ord, float **out, char *why, size_t wn) {
+    ac_err e = {{0}};
+    ac_arch t;
+    ac_model pm, back;
+    char dir[] = "/tmp/ac_test_dnas_deci_XXXXXX", path[256];
+    if (ac_arch_copy(&t, a, &e) || !mkdtemp(dir)) return snprintf(why, wn, "setup"), -1;
+    for (int l = 0; l < t.n_layers; l++) t.layers[l].ffn = ac_deci_padded(t.layers[l].ffn);
+    int rc = ac_deci_check_arch(&t, &e) || ac_prune(&M, &t, ord, &pm, &e) ? -1 : 0;
+    if (!rc && (ac_model_save(&pm, dir, ST_F32, &e) || ac_model_load(dir, &back, &e))) {
+        ac_model_free(&pm);
+        rc = -1;
+    }
+    if (rc) snprintf(why, wn, "%s", e.msg);
+    if (!rc) {
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        json_t *cfg = json_load_file(path, 0, NULL), *bc = json_object_get(cfg, "block_configs");
+        int ok = (int)json_array_size(bc) == t.n_layers;
+        for (int l = 0; ok && l < t.n_layers; l++) {
+            const ac_layer_arch *L = &t.layers[l];
+            json_t *at = json_object_get(json_array_get(bc, l), "attention");
+            ok = !memcmp(&back.a.layers[l], L, sizeof *L) &&
+                 (L->n_heads ? json_integer_value(json_object_get(at, "n_heads_in_group")) == L->n_heads / L->n_kv_heads
+                             : json_is_true(json_object_get(at, "no_op")));
+        }
+        if (!ok) rc = -1, snprintf(why, wn, "reloaded architecture or block_configs differ");
+        if (!rc && out) *out = logits(&back, NULL, NULL, 2, 48);
+        json_decref(cfg);
+        ac_model_free(&back);
+        ac_model_free(&pm);
+    }
+    snprintf(path, sizeof path, "rm -rf '%s'", dir);
+    if (system(path)) rc = -1;
+    ac_arch_free(&t);
+    return rc;
+}
+
+static void test_hard_merge_choice_equals_merging(void) {
+    if (!setup()) SKIP("no tiny model or calibration text (make tiny-model)");
+    ac_dnas_gates g;
+    ac_err e;
+    ac_search_opts so = opts(AC_EXPORT_DECI, 0);
+    CHECK(ac_dnas_gates_init(&g, &M.a, &so, &e) == 0, "%s", e.msg);
+    CHECK(g.nmc[0] == 3 && choice_of(&g, 0, 4) == 0 && choice_of(&g, 0, 2) == 1 && choice_of(&g, 0, 1) == 2 &&
+              g.nkv[0] == 0,
+          "deci gates: %d merge choices, %d KV gates", g.nmc[0], g.nkv[0]);
+    int want[6] = {2, 1, 4, 2, 1, 4};
+    double w[6][3] = {{0}}, *z = malloc(sizeof(double) * g.np);
+    for (int l = 0; l < 6; l++) w[l][choice_of(&g, l, want[l])] = 1;
+    merge_z(&g, z, (const double(*)[3])w);
+    ac_model mix, pm;
+    CHECK(ac_prune(&M, &M.a, &IMP, &mix, &e) == 0, "%s", e.msg); /* a copy */
+    ac_dnas_apply_merge(&g, z, &M, &mix);
+    int B = 2, T = 48, V = M.a.vocab;
+    float *a = logits(&mix, &g, z, B, T);
+    ac_arch t;
+    ac_arch_copy(&t, &M.a, &e);
+    for (int l = 0; l < 6; l++) t.layers[l].n_kv_heads = want[l];
+    CHECK(ac_prune(&M, &t, &IMP, &pm, &e) == 0, "%s", e.msg);
+    float *b = logits(&pm, NULL, NULL, B, T);
+    double d = 0, mx = 0;
+    for (int i = 0; a && b && i < B * T * V; i++) {
+        d = fmax(d, fabs(a[i] - b[i]));
+        mx = fmax(mx, fabs(a[i]));
+    }
+    printf("   one-hot merge choices vs ac_prune's merged model: max diff %.3g (max |logit| %.3g)\n", d, mx);
+    CHECK(a && b && d <= 1e-5 * mx, "hard merge choice differs from merging by %g", d);
+    /* the merged model exports as deci (n_heads_in_group = 8 / KV; FFN padded to the grid, which is exact) */
+    char why[512] = "";
+    float *c = NULL;
+    CHECK(export_deci(&t, &IMP, &c, why, sizeof why) == 0, "export: %s", why);
+    double dc = 0;
+    for (int i = 0; c && b && i < B * T * V; i++) dc = fmax(dc, fabs(c[i] - b[i]));
+    CHECK(c && dc <= 1e-5 * mx, "the exported merged model differs by %g", dc);
+    free(a);
+    free(b);
+    free(c);
+    /* the merge gradient: d loss / d z_c = <dL/dW_kv, M_c(W_kv)> against central differences */
+    double soft[6][3] = {{0.5, 0.3, 0.2}, {0.2, 0.5, 0.3}, {1, 0, 0}, {0.1, 0.1, 0.8}, {1, 0, 0}, {1, 0, 0}};
+    merge_z(&g, z, (const double(*)[3])soft);
+    float *teacher = logits(&M, NULL, NULL, B, T);
+    ac_trainer tr;
+    CHECK(ac_trainer_init(&tr, &mix, B, T, &e) == 0, "%s", e.msg);
+    double *an = calloc(g.np, sizeof(double)), num = 0, den = 0, h = 1e-3;
+    ac_dnas_set_gates(&g, z, &tr.gate, &M.a, &IMP);
+    ac_dnas_apply_merge(&g, z, &M, &mix);
+    ac_train_zero_grad(&tr);
+    ac_train_forward(&tr, IDS, B, T, &e);
+    ac_train_loss(&tr, NULL, teacher, 1, 1, 1, NULL, NULL);
+    ac_train_backward(&tr);
+    ac_dnas_merge_grads(&g, &M, &tr.g, an);
+    for (int i = 0; i < g.np; i++) {
+        if (!g.mkv[i] || i >= g.mc_off[2]) continue; /* layers 0, 1 */
+        double lv[2], o = z[i];
+        for (int k = 0; k < 2; k++) {
+            z[i] = o + (k ? -h : h);
+            ac_dnas_apply_merge(&g, z, &M, &mix);
+            ac_train_forward(&tr, IDS, B, T, &e);
+            lv[k] = ac_train_loss(&tr, NULL, teacher, 1, 1, 1, NULL, NULL);
+        }
+        z[i] = o;
+        double fd = (lv[0] - lv[1]) / (2 * h);
+        num += (an[i] - fd) * (an[i] - fd);
+        den += fd * fd;
+    }
+    double rel = sqrt(num / (den + 1e-300));
+    printf("   merge-choice gradient (layers 0, 1): |grad| %.4g, relative error vs finite differences %.2e\n",
+           sqrt(den), rel);
+    CHECK(den > 0 && rel < 2e-2, "merge gradient relative error %g", rel);
+    ac_trainer_free(&tr);
+    free(an);
+    free(teacher);
+    free(z);
+    ac_model_free(&mix);
+    ac_model_free(&pm);
+    ac_arch_free(&t);
+    ac_dnas_gates_free(&g);
+}
+
 static void problem(ac_search_problem *p, ac_cost_table *t, ac_workload *w, ac_engine_profile *pr, ac_search_opts so) {
     ac_err e;
     ac_cost_roofline(ac_device_spec_find("H100"), "bf16", t, &e);
@@ -144,38 +289,41 @@ static void test_constraint_gradient_matches_finite_differences(void) {
     ac_workload w;
     ac_engine_profile pr;
     ac_search_problem p;
-    problem(&p, &t, &w, &pr, opts(AC_EXPORT_GGUF, 1));
-    ac_dnas_gates g;
-    ac_err e;
-    CHECK(ac_dnas_gates_init(&g, &M.a, &p.opts, &e) == 0, "%s", e.msg);
-    unsigned long long s = 3;
-    for (int i = 0; i < g.np; i++) {
-        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-        g.la[i] = -2 + 5.0 * (s >> 11) / 9007199254740992.0;
-    }
-    double *an = malloc(sizeof(double) * g.np), *fd = malloc(sizeof(double) * g.np), h = 1e-4;
-    const char *names[] = {"ttft", "tpot", "tok/s", "memory", "params"};
-    for (int m = 0; m < AC_M_COUNT; m++) {
-        double v = ac_dnas_expected_metric(&g, &p, (ac_metric)m, an), num = 0, den = 0;
+    for (int tgt = 0; tgt < 2; tgt++) { /* gguf: KV-group and hidden gates; deci: merge choices */
+        problem(&p, &t, &w, &pr, opts(tgt ? AC_EXPORT_DECI : AC_EXPORT_GGUF, !tgt));
+        ac_dnas_gates g;
+        ac_err e;
+        CHECK(ac_dnas_gates_init(&g, &M.a, &p.opts, &e) == 0, "%s", e.msg);
+        unsigned long long s = 3;
         for (int i = 0; i < g.np; i++) {
-            double o = g.la[i];
-            g.la[i] = o + h;
-            double a = ac_dnas_expected_metric(&g, &p, (ac_metric)m, NULL);
-            g.la[i] = o - h;
-            double b = ac_dnas_expected_metric(&g, &p, (ac_metric)m, NULL);
-            g.la[i] = o;
-            fd[i] = (a - b) / (2 * h);
-            num += (an[i] - fd[i]) * (an[i] - fd[i]);
-            den += fd[i] * fd[i];
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            g.la[i] = -2 + 5.0 * (s >> 11) / 9007199254740992.0;
         }
-        double rel = sqrt(num / (den + 1e-300));
-        printf("   %-7s E=%.5g |grad|=%.4g relative error vs finite differences %.2e\n", names[m], v, sqrt(den), rel);
-        CHECK(isfinite(v) && den > 0 && rel < 0.03, "%s gradient relative error %g", names[m], rel);
+        double *an = malloc(sizeof(double) * g.np), *fd = malloc(sizeof(double) * g.np), h = 1e-4;
+        const char *names[] = {"ttft", "tpot", "tok/s", "memory", "params"};
+        for (int m = 0; m < AC_M_COUNT; m++) {
+            double v = ac_dnas_expected_metric(&g, &p, (ac_metric)m, an), num = 0, den = 0;
+            for (int i = 0; i < g.np; i++) {
+                double o = g.la[i];
+                g.la[i] = o + h;
+                double a = ac_dnas_expected_metric(&g, &p, (ac_metric)m, NULL);
+                g.la[i] = o - h;
+                double b = ac_dnas_expected_metric(&g, &p, (ac_metric)m, NULL);
+                g.la[i] = o;
+                fd[i] = (a - b) / (2 * h);
+                num += (an[i] - fd[i]) * (an[i] - fd[i]);
+                den += fd[i] * fd[i];
+            }
+            double rel = sqrt(num / (den + 1e-300));
+            printf("   %s %-7s E=%.5g |grad|=%.4g relative error vs finite differences %.2e\n", tgt ? "deci" : "gguf",
+                   names[m], v, sqrt(den), rel);
+            CHECK(isfinite(v) && den > 0 && rel < 0.03, "%s gradient relative error %g", names[m], rel);
+        }
+        free(an);
+        free(fd);
+        ac_dnas_gates_free(&g);
+        ac_cost_table_free(&t);
     }
-    free(an);
-    free(fd);
-    ac_dnas_gates_free(&g);
-    ac_cost_table_free(&t);
 }
 
 static double tpot_of(const ac_search_problem *p, const ac_arch *a) {
@@ -214,7 +362,12 @@ static void test_depth_only_limit_is_met_by_removing_sub_blocks(void) {
     ac_search_result r, r2;
     ac_importance ord, ord2;
     double t0 = ac_now();
+    size_t nk;
+    float *wk0 = ac_layer_matrix(&M, 0, AC_W_K, &nk), *wk_keep = malloc(sizeof(float) * nk);
+    memcpy(wk_keep, wk0, sizeof(float) * nk);
     CHECK(ac_search_dnas(&p, &M, IDS, NIDS, &o, &r, &ord, &e) == 0, "%s", e.msg);
+    CHECK(!memcmp(wk_keep, wk0, sizeof(float) * nk), "the search left merged K weights in the model");
+    free(wk_keep);
     double secs = ac_now() - t0;
     int removed = 0;
     for (int l = 0; l < M.a.n_layers; l++) removed += (r.arch.layers[l].n_heads == 0) + (r.arch.layers[l].ffn == 0);
@@ -227,6 +380,14 @@ static void test_depth_only_limit_is_met_by_removing_sub_blocks(void) {
     CHECK(r.feasible && r.cost.tpot_ms <= p.limits.max_tpot_ms * (1 + 1e-9), "infeasible: %g > %g", r.cost.tpot_ms,
           p.limits.max_tpot_ms);
     CHECK(removed >= 1, "no sub-block removed");
+    { /* deci: every KV count a merge choice (a divisor), and the pruned result exports and reloads */
+        int div = 1;
+        char why[512] = "";
+        for (int l = 0; l < M.a.n_layers; l++)
+            div &= !r.arch.layers[l].n_kv_heads || 4 % r.arch.layers[l].n_kv_heads == 0;
+        CHECK(div, "a KV count that is no merge choice");
+        CHECK(export_deci(&r.arch, &ord, NULL, why, sizeof why) == 0, "export: %s", why);
+    }
     CHECK(ac_search_dnas(&p, &M, IDS, NIDS, &o, &r2, &ord2, &e) == 0, "%s", e.msg);
     int same = 1;
     for (int l = 0; l < M.a.n_layers; l++)
@@ -268,12 +429,108 @@ static void test_depth_only_limit_is_met_by_removing_sub_blocks(void) {
     ac_cost_table_free(&t);
 }
 
+/* The gate search on the CUDA plugin's trainer (o.cuda, what a local cuda
+ * target uses) against the CPU's, on a llama-style target (KV-group,
+ * hidden, depth gates) and on deci (merge choices, depth): the first
+ * step's task gradient d loss / d log_alpha, the log_alphas after a few
+ * steps, and the architecture a whole search picks. */
+static void test_cuda_gate_search_matches_cpu(void) {
+    const char *why;
+    if (!ac_cuda(&why)) SKIP("no CUDA: %s", why);
+    if (!setup()) SKIP("no tiny model or calibration text (make tiny-model)");
+    ac_export_target tg[2] = {AC_EXPORT_GGUF, AC_EXPORT_DECI};
+    for (int k = 0; k < 2; k++) {
+        ac_cost_table t;
+        ac_workload w;
+        ac_engine_profile pr;
+        ac_search_problem p;
+        ac_err e = {{0}};
+        problem(&p, &t, &w, &pr, opts(tg[k], k == 0));
+        p.limits.max_params = 0.7 * ac_arch_params(&M.a);
+        ac_dnas_opts o;
+        ac_dnas_defaults(&o);
+        o.batch = 2;
+        o.seq_len = 32;
+        ac_dnas_gates g0, g1, gs;
+        CHECK(ac_dnas_gates_init(&gs, &M.a, &p.opts, &e) == 0, "%s", e.msg);
+        int np = gs.np;
+        double *a = calloc(np, sizeof(double)), *b = calloc(np, sizeof(double)), num = 0, den = 0, dla = 0;
+        o.steps = 1;
+        for (int c = 0; c < 2; c++) {
+            o.cuda = c;
+            CHECK(ac_dnas_train_gates(&p, &M, IDS, NIDS, &o, c ? &g1 : &g0, c ? b : a, &e) == 0, "%s", e.msg);
+        }
+        for (int i = 0; i < np; i++) num += (a[i] - b[i]) * (a[i] - b[i]), den += a[i] * a[i];
+        ac_dnas_gates_free(&g0);
+        ac_dnas_gates_free(&g1);
+        o.steps = 5;
+        for (int c = 0; c < 2; c++) {
+            o.cuda = c;
+            CHECK(ac_dnas_train_gates(&p, &M, IDS, NIDS, &o, c ? &g1 : &g0, NULL, &e) == 0, "%s", e.msg);
+        }
+        for (int i = 0; i < np && g0.la && g1.la; i++) dla = fmax(dla, fabs(g0.la[i] - g1.la[i]));
+        ac_dnas_gates_free(&g0);
+        ac_dnas_gates_free(&g1);
+        double dco = 0; /* co-trained weights, teacher recomputed each step (a second trainer on each side) */
+        o.steps = 3;
+        o.cotrain = 1;
+        o.w_lr = 1e-2;
+        o.teacher_cache_mib = 0;
+        for (int c = 0; c < 2; c++) {
+            o.cuda = c;
+            CHECK(ac_dnas_train_gates(&p, &M, IDS, NIDS, &o, c ? &g1 : &g0, NULL, &e) == 0, "cotrain: %s", e.msg);
+        }
+        for (int i = 0; i < np && g0.la && g1.la; i++) dco = fmax(dco, fabs(g0.la[i] - g1.la[i]));
+        ac_dnas_gates_free(&g0);
+        ac_dnas_gates_free(&g1);
+        CHECK(dco < 1e-2, "co-trained: log_alphas after 3 steps differ by %g", dco);
+        ac_dnas_defaults(&o);
+        o.batch = 2;
+        o.seq_len = 32;
+        o.steps = 10;
+        ac_search_result r[2];
+        ac_importance ord[2];
+        for (int c = 0; c < 2; c++) {
+            o.cuda = c;
+            CHECK(ac_search_dnas(&p, &M, IDS, NIDS, &o, &r[c], &ord[c], &e) == 0, "%s", e.msg);
+        }
+        int same = 1;
+        for (int l = 0; l < M.a.n_layers; l++)
+            same &= !memcmp(&r[0].arch.layers[l], &r[1].arch.layers[l], sizeof(ac_layer_arch));
+        same &= r[0].arch.hidden == r[1].arch.hidden;
+        const char *dev = json_string_value(json_object_get(r[1].detail, "gate_trainer"));
+        printf("   %s: %d gates; first-step task gradient CUDA vs CPU relative diff %.2e (|grad| %.3g); log_alpha "
+               "after 5 steps max |diff| %.2e (3 co-trained steps %.2e); 10-step search: same architecture %s "
+               "(trainer %s)\n",
+               k ? "deci" : "gguf", np, sqrt(num / (den + 1e-300)), sqrt(den), dla, dco, same ? "yes" : "no",
+               dev ? dev : "?");
+        CHECK(den > 0 && sqrt(num / den) < 1e-3, "first-step gradients differ by %g", sqrt(num / den));
+        CHECK(dla < 1e-2, "log_alphas after 5 steps differ by %g", dla);
+        CHECK(same && dev && !strcmp(dev, "cuda"), "the CUDA search picked another architecture (or ran on %s)",
+              dev ? dev : "?");
+        for (int c = 0; c < 2; c++) {
+            ac_search_result_free(&r[c]);
+            ac_importance_free(&ord[c]);
+        }
+        free(a);
+        free(b);
+        ac_dnas_gates_free(&gs);
+        ac_cost_table_free(&t);
+    }
+}
+
 int main(void) {
     ac_set_threads(2);
+    if (getenv("AC_DNAS_CUDA_ONLY")) { /* tests/run_all.sh: the gate search on the emulated plugin */
+        RUN(test_cuda_gate_search_matches_cpu);
+        return DONE();
+    }
     RUN(test_gates_at_one_are_the_unpruned_model);
     RUN(test_hard_zero_gates_equal_pruning);
     RUN(test_constraint_gradient_matches_finite_differences);
+    RUN(test_hard_merge_choice_equals_merging);
     RUN(test_depth_only_limit_is_met_by_removing_sub_blocks);
+    RUN(test_cuda_gate_search_matches_cpu);
     if (HAVE > 0) {
         ac_importance_free(&IMP);
         free(IDS);

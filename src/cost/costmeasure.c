@@ -5,6 +5,7 @@
  * a (queries, keys, head_dim) grid, elementwise passes; then, end to end
  * against decode steps of the engine, the decode streaming cost per
  * working-set band and the effective cache size.
+ * Also the CUDA plugin's raw timings into a table (ac_cost_table_from_timings).
  */
 #include <math.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "costmodel.h"
+#include "costtimings.h"
 #include "engine.h"
 #include "kernels_cpu.h"
 
@@ -335,5 +337,49 @@ int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud,
     calibrate(t);
     if (progress) progress(ud, 1.0);
     t->measure_s = ac_now() - t_start;
+    return 0;
+}
+
+/* The CUDA plugin's raw timings into a measured table (the plugin ABI
+ * carries no ac_cost_table; see cuda_plugin.h). */
+int ac_cost_table_from_timings(const acc_timings *tm, ac_cost_table *t, ac_err *e) {
+    memset(t, 0, sizeof *t);
+    int ng = tm->nm * tm->nn * tm->nk, na = tm->nhd * tm->naq * tm->nas;
+    if (tm->nm < 2 || tm->nn < 2 || tm->nk < 2 || tm->nhd < 1 || tm->naq < 2 || tm->nas < 2 || tm->nm > ACC_TM_MAXG ||
+        tm->nn > ACC_TM_MAXG || tm->nk > ACC_TM_MAXG || tm->nhd > ACC_TM_MAXG || tm->naq > ACC_TM_MAXG ||
+        tm->nas > ACC_TM_MAXG)
+        return ac_errf(e, "CUDA timings: grid %dx%dx%d / %dx%dx%d outside 2..%d", tm->nm, tm->nn, tm->nk, tm->nhd,
+                       tm->naq, tm->nas, ACC_TM_MAXG);
+    for (int i = 0; i < ng + na; i++) {
+        double v = i < ng ? tm->gemm_us[i] : tm->attn_us[i - ng];
+        if (!(v > 0) || !isfinite(v)) return ac_errf(e, "CUDA timings: point %d is %g us", i, v);
+    }
+    char name[sizeof tm->name + 1];
+    memcpy(name, tm->name, sizeof tm->name);
+    name[sizeof tm->name] = 0;
+    snprintf(t->device, sizeof t->device, "%s (sm_%d, %d SMs)", name, tm->cc, tm->sms);
+    snprintf(t->dtype, sizeof t->dtype, "bf16");
+    snprintf(t->engine, sizeof t->engine, "cublas");
+    snprintf(t->source, sizeof t->source, "measured");
+    t->version = AC_CT_VERSION;
+    snprintf(t->key, sizeof t->key, "cuda:%s|bf16|cublas|v%d", name, AC_CT_VERSION);
+    t->mem_gib = tm->mem_gib;
+    t->launch_us = tm->launch_us;
+    t->elem_ns = tm->elem_ns;
+    t->nm = tm->nm, t->nn = tm->nn, t->nk = tm->nk, t->nhd = tm->nhd, t->naq = tm->naq, t->nas = tm->nas;
+    memcpy(t->gm, tm->gm, sizeof(double) * tm->nm);
+    memcpy(t->gn, tm->gn, sizeof(double) * tm->nn);
+    memcpy(t->gk, tm->gk, sizeof(double) * tm->nk);
+    memcpy(t->ahd, tm->ahd, sizeof(double) * tm->nhd);
+    memcpy(t->aq, tm->aq, sizeof(double) * tm->naq);
+    memcpy(t->as, tm->as, sizeof(double) * tm->nas);
+    t->gemm_us = malloc(sizeof(double) * ng);
+    t->attn_us = malloc(sizeof(double) * na);
+    if (!t->gemm_us || !t->attn_us) {
+        ac_cost_table_free(t);
+        return ac_errf(e, "out of memory");
+    }
+    memcpy(t->gemm_us, tm->gemm_us, sizeof(double) * ng);
+    memcpy(t->attn_us, tm->attn_us, sizeof(double) * na);
     return 0;
 }

@@ -4,9 +4,11 @@
  * spec profile's roofline. See costmodel.h.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "costmodel.h"
+#include "costtimings.h"
 #include "cuda_plugin.h"
 
 int ac_cost_cache_lookup(const ac_cost_cache *c, const char *key, ac_cost_table *t, int *found, ac_err *e) {
@@ -48,7 +50,12 @@ static int table_cuda(const ac_target *target, const ac_cost_cache *cache, int a
     char err[512] = "";
     double t0 = ac_now();
     if (progress) progress(ud, 0);
-    if (cu->measure_table(dev, t, err, sizeof err)) return ac_errf(e, "measuring %s: %s", device, err);
+    acc_timings *tm = malloc(sizeof *tm);
+    if (!tm) return ac_errf(e, "out of memory");
+    int rc = cu->measure_timings(dev, tm, err, sizeof err) ? ac_errf(e, "measuring %s: %s", device, err)
+                                                           : ac_cost_table_from_timings(tm, t, e);
+    free(tm);
+    if (rc) return -1;
     t->measure_s = ac_now() - t0;
     if (progress) progress(ud, 1);
     return 0;

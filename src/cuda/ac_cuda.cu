@@ -566,29 +566,20 @@ fail:
     return -1;
 }
 
-static int acc_measure_table(int dev, ac_cost_table *t, char *err, size_t errn) {
+static int acc_measure_timings(int dev, acc_timings *t, char *err, size_t errn) {
     memset(t, 0, sizeof *t);
     static const double GM[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096};
     static const double GNK[] = {256, 512, 1024, 2048, 4096, 8192, 16384};
     static const double AQ[] = {1, 16, 256, 2048}, AS[] = {1, 256, 2048, 8192}, AHD[] = {64, 128};
-    char name[128];
-    double mem;
-    int sms, cc;
     float ms = 0;
     cudaEvent_t e0 = nullptr, e1 = nullptr;
-    if (acc_device_info(dev, name, sizeof name, &mem, &sms, &cc)) { snprintf(err, errn, "no CUDA device %d", dev); return -1; }
-    snprintf(t->device, sizeof t->device, "%s (sm_%d, %d SMs)", name, cc, sms);
-    snprintf(t->dtype, sizeof t->dtype, "bf16");
-    snprintf(t->engine, sizeof t->engine, "cublas");
-    snprintf(t->source, sizeof t->source, "measured");
-    t->version = AC_CT_VERSION;
-    snprintf(t->key, sizeof t->key, "cuda:%s|bf16|cublas|v%d", name, AC_CT_VERSION);
-    t->mem_gib = mem;
+    if (acc_device_info(dev, t->name, sizeof t->name, &t->mem_gib, &t->sms, &t->cc)) {
+        snprintf(err, errn, "no CUDA device %d", dev);
+        return -1;
+    }
     t->nm = 12; t->nn = t->nk = 7; t->naq = 4; t->nas = 4; t->nhd = 2;
     memcpy(t->gm, GM, sizeof GM); memcpy(t->gn, GNK, sizeof GNK); memcpy(t->gk, GNK, sizeof GNK);
     memcpy(t->aq, AQ, sizeof AQ); memcpy(t->as, AS, sizeof AS); memcpy(t->ahd, AHD, sizeof AHD);
-    t->gemm_us = (double *)malloc(sizeof(double) * t->nm * t->nn * t->nk);
-    t->attn_us = (double *)malloc(sizeof(double) * t->nhd * t->naq * t->nas);
     {
         gemm_bench gb;
         size_t mmax = (size_t)GM[t->nm - 1], nmax = (size_t)GNK[t->nn - 1];
@@ -640,16 +631,14 @@ static int acc_measure_table(int dev, ac_cost_table *t, char *err, size_t errn) 
 fail:
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
-    free(t->gemm_us); /* the plugin calls nothing of the host library */
-    free(t->attn_us);
-    t->gemm_us = t->attn_us = nullptr;
     return -1;
 }
 
 extern "C" const ac_cuda_api *acc_api(void) {
     static const ac_cuda_api api = {acc_device_count,   acc_device_info,   acc_engine_create,  acc_engine_forward,
                                     acc_engine_nll,     acc_engine_update, acc_engine_free,    acc_time_gemm,
-                                    acc_measure_table,  acc_trainer_create, acc_trainer_grad,  acc_trainer_step,
-                                    acc_trainer_download, acc_trainer_gates, acc_trainer_free};
+                                    acc_measure_timings,  acc_trainer_create, acc_trainer_grad,  acc_trainer_step,
+                                    acc_trainer_download, acc_trainer_gates, acc_trainer_free, acc_trainer_forward, acc_trainer_tensor,
+                                    acc_trainer_zero_grad};
     return &api;
 }

@@ -8,7 +8,9 @@
  * FP32 accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F), FP32 residual
  * stream and logits. All device memory is allocated once at create.
  * Micro-benchmarks: GEMM and attention timed with CUDA events (cold weights
- * rotated through a pool larger than L2), filling an ac_cost_table.
+ * rotated through a pool larger than L2), returned as raw timings
+ * (acc_timings, a plain struct): src/cost/costmeasure.c builds the
+ * ac_cost_table from them, so this ABI does not depend on costmodel.h.
  * The plugin exports one symbol, acc_api, the table of its functions.
  */
 #ifndef AC_CUDA_H
@@ -20,11 +22,31 @@
 extern "C" {
 #endif
 
-#include "costmodel.h"
 #include "model.h"
 #include "train.h"
 
 typedef struct acc_engine acc_engine;
+
+/* Raw micro-benchmark timings of one device (measure_timings): the grids
+ * the plugin chose and the median microseconds at each point. */
+#define ACC_TM_MAXG 16
+typedef struct {
+    char name[128];  /* device name (cudaDeviceProp.name) */
+    int sms, cc;     /* multiprocessors, compute capability major*10+minor */
+    double mem_gib;  /* device memory */
+    int nm, nn, nk;  /* GEMM grid: y[m,n] = x[m,k] w[n,k]^T, BF16 in, FP32 accumulate */
+    double gm[ACC_TM_MAXG], gn[ACC_TM_MAXG], gk[ACC_TM_MAXG];
+    double gemm_us[ACC_TM_MAXG * ACC_TM_MAXG * ACC_TM_MAXG]; /* [nm][nn][nk], weights cold */
+    int nhd, naq, nas; /* attention grid: head_dim, query rows, context */
+    double ahd[ACC_TM_MAXG], aq[ACC_TM_MAXG], as[ACC_TM_MAXG];
+    double attn_us[ACC_TM_MAXG * ACC_TM_MAXG * ACC_TM_MAXG]; /* [nhd][naq][nas], one head, one sequence */
+    double launch_us;  /* an empty kernel's launch */
+    double elem_ns;    /* per element of an RMSNorm pass */
+} acc_timings;
+
+/* The trainer's per-layer tensors (trainer_tensor's which). */
+enum { ACC_T_IN, ACC_T_Q, ACC_T_K, ACC_T_V, ACC_T_O, ACC_T_BQ, ACC_T_BK, ACC_T_BV, ACC_T_POST, ACC_T_G, ACC_T_U,
+       ACC_T_D, ACC_T_N };
 typedef struct acc_trainer acc_trainer;
 
 /* The plugin's ABI, written once: the table acc_api() returns. Every
@@ -50,8 +72,9 @@ typedef struct {
     void (*engine_free)(acc_engine *en);
     /* Time one BF16 GEMM (FP32 accumulate): y[m,n] = x[m,k] w[n,k]^T, median microseconds. */
     int (*time_gemm)(int dev, int m, int n, int k, double *us, char *err, size_t errn);
-    /* Measure a full cost table for device dev. */
-    int (*measure_table)(int dev, ac_cost_table *t, char *err, size_t errn);
+    /* Time the cost model's micro-benchmarks on device dev (raw points;
+     * ac_cost_table_from_timings builds the table). */
+    int (*measure_timings)(int dev, acc_timings *t, char *err, size_t errn);
     /* Training (ac_cuda_train.h, whose acc_trainer_* functions these are):
      * the training pass of train.c and the AdamW step of optim.c on the
      * device, for distillation on a local GPU. rope_cos/rope_sin as for
@@ -65,6 +88,13 @@ typedef struct {
     int (*trainer_download)(acc_trainer *t, ac_model *w, ac_model *g, char *err, size_t errn);
     int (*trainer_gates)(acc_trainer *t, const ac_gates *g, ac_gates *dg, int zero_grad, char *err, size_t errn);
     void (*trainer_free)(acc_trainer *t);
+    /* Gate search on the device (src/search/dnas.c): forward only with the
+     * logits to the host; one layer tensor's weights up / gradient down
+     * (which: ACC_T_*); zero the weight gradients. */
+    int (*trainer_forward)(acc_trainer *t, const int *tokens, int B, int T, float *logits, char *err, size_t errn);
+    int (*trainer_tensor)(acc_trainer *t, int layer, int which, const float *w, float *grad, size_t n, char *err,
+                          size_t errn);
+    int (*trainer_zero_grad)(acc_trainer *t, char *err, size_t errn);
 } ac_cuda_api;
 
 /* The plugin's one exported entry point. */

@@ -369,6 +369,8 @@ __global__ void kt_adamw(float *p, float *g, float *m, float *v, size_t n, float
 // ---------------------------------------------------------------- trainer
 
 enum { W_IN, W_Q, W_K, W_V, W_O, W_BQ, W_BK, W_BV, W_POST, W_G, W_U, W_D, W_N };
+static_assert((int)W_K == (int)ACC_T_K && (int)W_BV == (int)ACC_T_BV && (int)W_D == (int)ACC_T_D && (int)W_N == (int)ACC_T_N,
+              "ac_cuda.h's ACC_T_* order");
 
 // The arch fields the trainer needs (the plugin does not link the library,
 // so no ac_arch_copy / ac_arch_free here).
@@ -714,20 +716,52 @@ static int embed_bwd(acc_trainer *t, const int *tokens, int N, char *err, size_t
     return 0;
 }
 
-extern "C" int acc_trainer_grad(acc_trainer *t, const int *tokens, const int *targets, const float *teacher, int B,
-                                int T, float tau, float kd_weight, float scale, double *loss, char *err, size_t errn) {
-    const tarch *a = &t->a;
+// Check B x T and the token ids, upload the tokens.
+static int upload_tokens(acc_trainer *t, const int *tokens, int B, int T, char *err, size_t errn) {
     if (B <= 0 || T <= 0 || B > t->max_B || T > t->max_T) {
         snprintf(err, errn, "trainer: batch %d x %d exceeds %d x %d", B, T, t->max_B, t->max_T);
         return -1;
     }
-    int N = B * T, H = a->hidden, V = a->vocab;
+    int N = B * T, V = t->a.vocab;
     for (int i = 0; i < N; i++)
         if (tokens[i] < 0 || tokens[i] >= V) {
             snprintf(err, errn, "trainer: token id %d outside vocabulary of %d", tokens[i], V);
             return -1;
         }
     TCK(cudaMemcpy(t->tok, tokens, N * sizeof(int), cudaMemcpyHostToDevice));
+    return 0;
+}
+
+extern "C" int acc_trainer_forward(acc_trainer *t, const int *tokens, int B, int T, float *logits, char *err,
+                                   size_t errn) {
+    if (upload_tokens(t, tokens, B, T, err, errn) || forward(t, B, T, err, errn)) return -1;
+    TCK(cudaMemcpy(logits, t->logits, (size_t)B * T * t->a.vocab * sizeof(float), cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+extern "C" int acc_trainer_tensor(acc_trainer *t, int layer, int which, const float *w, float *grad, size_t n,
+                                  char *err, size_t errn) {
+    if (layer < 0 || layer >= t->a.n_layers || which < 0 || which >= W_N || t->n[wi(layer, which)] != n || !n) {
+        snprintf(err, errn, "trainer: layer %d tensor %d has %zu elements, not %zu", layer, which,
+                 layer >= 0 && layer < t->a.n_layers && which >= 0 && which < W_N ? t->n[wi(layer, which)] : 0, n);
+        return -1;
+    }
+    if (w) TCK(cudaMemcpy(P(t, layer, which), w, n * sizeof(float), cudaMemcpyHostToDevice));
+    if (grad) TCK(cudaMemcpy(grad, G(t, layer, which), n * sizeof(float), cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+extern "C" int acc_trainer_zero_grad(acc_trainer *t, char *err, size_t errn) {
+    for (int i = 0; i < t->nt; i++)
+        if (t->n[i]) TCK(cudaMemset(t->g[i], 0, t->n[i] * sizeof(float)));
+    return 0;
+}
+
+extern "C" int acc_trainer_grad(acc_trainer *t, const int *tokens, const int *targets, const float *teacher, int B,
+                                int T, float tau, float kd_weight, float scale, double *loss, char *err, size_t errn) {
+    const tarch *a = &t->a;
+    if (upload_tokens(t, tokens, B, T, err, errn)) return -1;
+    int N = B * T, H = a->hidden, V = a->vocab;
     if (targets) TCK(cudaMemcpy(t->tgt, targets, N * sizeof(int), cudaMemcpyHostToDevice));
     if (teacher) TCK(cudaMemcpy(t->teacher, teacher, (size_t)N * V * sizeof(float), cudaMemcpyHostToDevice));
     if (forward(t, B, T, err, errn)) return -1;

@@ -28,6 +28,7 @@
 extern "C" {
 #endif
 
+#include "ac_cuda.h"
 #include "model.h"
 #include "train.h"
 
@@ -55,6 +56,15 @@ int acc_trainer_download(acc_trainer *t, ac_model *w, ac_model *g, char *err, si
  * gradients into dg (NULL: skip; both in train.h's ac_gates layout, caller's
  * buffers); zero_grad clears the device's gate gradients afterwards. */
 int acc_trainer_gates(acc_trainer *t, const ac_gates *g, ac_gates *dg, int zero_grad, char *err, size_t errn);
+/* Forward only (the current gates), logits [B*T][V] copied into logits. */
+int acc_trainer_forward(acc_trainer *t, const int *tokens, int B, int T, float *logits, char *err, size_t errn);
+/* One tensor of layer `layer` (which: ac_cuda.h's ACC_T_*; n its element
+ * count): upload weights from w and/or copy its gradient into grad (either
+ * may be NULL). */
+int acc_trainer_tensor(acc_trainer *t, int layer, int which, const float *w, float *grad, size_t n, char *err,
+                       size_t errn);
+/* Zero every weight gradient (acc_trainer_step does it after an update). */
+int acc_trainer_zero_grad(acc_trainer *t, char *err, size_t errn);
 void acc_trainer_free(acc_trainer *t);
 
 #ifdef __cplusplus

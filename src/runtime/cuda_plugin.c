@@ -45,7 +45,7 @@ static void load(void) {
     *(void **)&entry = dlsym(h, "acc_api");
     const ac_cuda_api *got = entry ? entry() : NULL;
     if (!got || !got->device_count || !got->device_info || !got->engine_create || !got->engine_forward ||
-        !got->engine_nll || !got->engine_update || !got->engine_free || !got->time_gemm || !got->measure_table) {
+        !got->engine_nll || !got->engine_update || !got->engine_free || !got->time_gemm || !got->measure_timings) {
         snprintf(why_buf, sizeof why_buf, "CUDA plugin has no complete acc_api table (built from other sources?)");
         return;
     }

@@ -11,7 +11,6 @@
 
 #include <stddef.h>
 
-#include "costmodel.h"
 #include "cuda/ac_cuda.h" /* ac_cuda_api: the plugin ABI */
 #include "model.h"
 

@@ -6,12 +6,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_plugin.h"
 #include "optim.h"
 #include "prune.h"
+#include "rope.h"
 
 #define HC_BETA (2.0 / 3.0)
 #define HC_GAMMA (-0.1)
 #define HC_ZETA 1.1
+#define MC_TAU (2.0 / 3.0) /* Gumbel-softmax temperature of the KV-merge choices */
 
 void ac_dnas_defaults(ac_dnas_opts *o) {
     *o = (ac_dnas_opts){.steps = 300,
@@ -61,7 +64,9 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
     g->kv_off = calloc(L, sizeof(int));
     g->ffn_off = calloc(L, sizeof(int));
     g->kv_on = calloc(L, sizeof(double));
-    if (!g->nkv || !g->nfg || !g->kv_off || !g->ffn_off || !g->kv_on) {
+    g->nmc = calloc(L, sizeof(int));
+    g->mc_off = calloc(L, sizeof(int));
+    if (!g->nkv || !g->nfg || !g->kv_off || !g->ffn_off || !g->kv_on || !g->nmc || !g->mc_off) {
         ac_dnas_gates_free(g);
         return ac_errf(e, "out of memory");
     }
@@ -83,13 +88,30 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
     g->hid_off = n;
     g->nhg = g->gate_hid ? (g->H + g->hm - 1) / g->hm : 0;
     n += g->nhg;
+    for (int l = 0; l < L; l++) { /* deci: the divisors of n_kv_heads, when there is a choice */
+        const ac_layer_arch *bl = &b->layers[l];
+        int nd = 0;
+        for (int d = 1; d <= bl->n_kv_heads; d++) nd += bl->n_kv_heads % d == 0;
+        g->nmc[l] = !g->gate_kv && bl->n_heads && nd > 1 ? nd : 0;
+        g->mc_off[l] = n;
+        n += g->nmc[l];
+    }
     g->np = n;
     g->la = calloc(n + 1, sizeof(double));
-    if (!g->la) {
+    g->mkv = calloc(n + 1, sizeof(int));
+    if (!g->la || !g->mkv) {
         ac_dnas_gates_free(g);
         return ac_errf(e, "out of memory");
     }
     for (int i = 0; i < n; i++) g->la[i] = 3.0;
+    for (int l = 0; l < L; l++) { /* choice 0 keeps every KV head (the unpruned model), then fewer */
+        int c = 0, nkv = b->layers[l].n_kv_heads;
+        for (int d = nkv; d >= 1 && g->nmc[l]; d--)
+            if (nkv % d == 0) {
+                g->mkv[g->mc_off[l] + c] = d;
+                g->la[g->mc_off[l] + c++] = d == nkv ? 3.0 : 0.0;
+            }
+    }
     return 0;
 }
 
@@ -99,6 +121,9 @@ void ac_dnas_gates_free(ac_dnas_gates *g) {
     free(g->kv_off);
     free(g->ffn_off);
     free(g->kv_on);
+    free(g->nmc);
+    free(g->mc_off);
+    free(g->mkv);
     free(g->la);
     memset(g, 0, sizeof *g);
 }
@@ -119,22 +144,122 @@ void ac_dnas_set_gates(const ac_dnas_gates *g, const double *z, ac_gates *tg, co
         tg->hidden[imp->hid_order[r]] = g->gate_hid ? (float)z[g->hid_off + r / g->hm] : 1.0f;
 }
 
-void ac_dnas_gate_grads(const ac_dnas_gates *g, const ac_trainer *t, const ac_importance *imp, double *dz) {
-    const ac_arch *b = &t->m->a;
-    float kv[512];
+void ac_dnas_gate_grads_of(const ac_dnas_gates *g, const ac_arch *b, const ac_gates *dg, const ac_importance *imp,
+                           double *dz) {
     memset(dz, 0, sizeof(double) * g->np);
     for (int l = 0; l < g->L; l++) {
         const ac_layer_arch *bl = &b->layers[l];
-        if (g->nkv[l] && bl->n_kv_heads <= 512) {
-            ac_train_kv_group_grad(t, l, kv);
-            for (int k = 0; k < g->nkv[l]; k++) dz[g->kv_off[l] + k] = kv[k];
-        }
-        for (int r = 0; r < bl->ffn; r++) dz[g->ffn_off[l] + r / g->fm] += t->dgate.ffn[l][imp->ffn_order[l][r]];
-        if (g->gate_depth && bl->n_heads) dz[g->attn_off + l] = t->dgate.attn[l];
-        if (g->gate_depth && bl->ffn) dz[g->mlp_off + l] = t->dgate.mlp[l];
+        for (int h = 0; g->nkv[l] && h < bl->n_heads; h++) /* a KV group's gate: the sum over its query heads */
+            dz[g->kv_off[l] + h / grp_of(bl)] += dg->head[l][h];
+        for (int r = 0; r < bl->ffn; r++) dz[g->ffn_off[l] + r / g->fm] += dg->ffn[l][imp->ffn_order[l][r]];
+        if (g->gate_depth && bl->n_heads) dz[g->attn_off + l] = dg->attn[l];
+        if (g->gate_depth && bl->ffn) dz[g->mlp_off + l] = dg->mlp[l];
     }
     if (g->gate_hid)
-        for (int r = 0; r < g->H; r++) dz[g->hid_off + r / g->hm] += t->dgate.hidden[imp->hid_order[r]];
+        for (int r = 0; r < g->H; r++) dz[g->hid_off + r / g->hm] += dg->hidden[imp->hid_order[r]];
+}
+
+void ac_dnas_gate_grads(const ac_dnas_gates *g, const ac_trainer *t, const ac_importance *imp, double *dz) {
+    ac_dnas_gate_grads_of(g, &t->m->a, &t->dgate, imp, dz);
+}
+
+/* ---- deci KV-merge choices ---- */
+
+/* dst[nkv][per] = sum_c z_c M_c(src): each head replaced by the mean of
+ * its merge group (f = nkv / d_c adjacent heads), means in double rounded
+ * to float as ac_prune's. */
+static void merge_rows(float *dst, const float *src, int nkv, size_t per, const int *mkv, const double *z, int nc) {
+    memset(dst, 0, sizeof(float) * nkv * per);
+    for (int c = 0; c < nc; c++) {
+        int f = nkv / mkv[c];
+        if (z[c] == 0) continue;
+        for (int j = 0; j < mkv[c]; j++)
+            for (size_t i = 0; i < per; i++) {
+                double sum = 0;
+                for (int m = 0; m < f; m++) sum += src[(size_t)(j * f + m) * per + i];
+                float mean = (float)(sum / f);
+                for (int m = 0; m < f; m++) dst[(size_t)(j * f + m) * per + i] += (float)z[c] * mean;
+            }
+    }
+}
+
+/* dz[c] += <grad, M_c(src)> (M_c symmetric: = sum over groups of the
+ * group-summed gradient times the group mean). */
+static void merge_grad_rows(double *dz, const float *grad, const float *src, int nkv, size_t per, const int *mkv,
+                            int nc) {
+    for (int c = 0; c < nc; c++) {
+        int f = nkv / mkv[c];
+        double acc = 0;
+        for (int j = 0; j < mkv[c]; j++)
+            for (size_t i = 0; i < per; i++) {
+                double sw = 0, sg = 0;
+                for (int m = 0; m < f; m++) {
+                    sw += src[(size_t)(j * f + m) * per + i];
+                    sg += grad[(size_t)(j * f + m) * per + i];
+                }
+                acc += sg * (float)(sw / f);
+            }
+        dz[c] += acc;
+    }
+}
+
+/* Layer l's K/V tensors of model m: wk, wv, bk, bv (biases may be NULL) and their sizes per KV head. */
+static void kv_tensors(const ac_model *m, int l, float **t, size_t *per) {
+    const ac_layer_w *w = &m->L[l];
+    size_t hd = m->a.head_dim, H = m->a.hidden;
+    t[0] = w->wk, t[1] = w->wv, t[2] = w->bk, t[3] = w->bv;
+    per[0] = per[1] = hd * H, per[2] = per[3] = hd;
+}
+
+void ac_dnas_apply_merge(const ac_dnas_gates *g, const double *z, const ac_model *src, ac_model *dst) {
+    for (int l = 0; l < g->L; l++) {
+        if (!g->nmc[l]) continue;
+        float *s[4], *d[4];
+        size_t per[4];
+        kv_tensors(src, l, s, per);
+        kv_tensors(dst, l, d, per);
+        for (int k = 0; k < 4; k++)
+            if (s[k] && d[k])
+                merge_rows(d[k], s[k], src->a.layers[l].n_kv_heads, per[k], g->mkv + g->mc_off[l], z + g->mc_off[l],
+                           g->nmc[l]);
+    }
+}
+
+void ac_dnas_merge_grads(const ac_dnas_gates *g, const ac_model *src, const ac_model *grad, double *dz) {
+    for (int l = 0; l < g->L; l++) {
+        if (!g->nmc[l]) continue;
+        float *s[4], *d[4];
+        size_t per[4];
+        kv_tensors(src, l, s, per);
+        kv_tensors(grad, l, d, per);
+        for (int k = 0; k < 4; k++)
+            if (s[k] && d[k])
+                merge_grad_rows(dz + g->mc_off[l], d[k], s[k], src->a.layers[l].n_kv_heads, per[k],
+                                g->mkv + g->mc_off[l], g->nmc[l]);
+    }
+}
+
+void ac_dnas_merge_sample(const ac_dnas_gates *g, int l, const double *u, double *z) {
+    int o = g->mc_off[l], n = g->nmc[l];
+    double mx = -1e300;
+    for (int c = 0; c < n; c++) {
+        double v = u ? (g->la[o + c] - log(-log(u[c]))) / MC_TAU : g->la[o + c];
+        z[o + c] = v;
+        mx = fmax(mx, v);
+    }
+    double sum = 0;
+    for (int c = 0; c < n; c++) sum += (z[o + c] = exp(z[o + c] - mx));
+    for (int c = 0; c < n; c++) z[o + c] /= sum;
+}
+
+/* Expected KV count of layer l's merge choices (softmax(theta)); p[nmc] gets the probabilities. */
+static double merge_expect(const ac_dnas_gates *g, int l, double *p) {
+    double mx = -1e300, sum = 0, kv = 0;
+    int o = g->mc_off[l], n = g->nmc[l];
+    for (int c = 0; c < n; c++) mx = fmax(mx, g->la[o + c]);
+    for (int c = 0; c < n; c++) sum += (p[c] = exp(g->la[o + c] - mx));
+    for (int c = 0; c < n; c++) kv += (p[c] /= sum) * g->mkv[o + c];
+    return kv;
 }
 
 /* ---- the expected architecture and its cost ---- */
@@ -152,7 +277,8 @@ static void expect(const ac_dnas_gates *g, const ac_arch *b, double *buf, expect
     x->pm = buf + 3 * L;
     for (int l = 0; l < L; l++) {
         const ac_layer_arch *bl = &b->layers[l];
-        double kv = g->kv_on[l];
+        double kv = g->kv_on[l], pc[64];
+        if (g->nmc[l] && g->nmc[l] <= 64) kv = merge_expect(g, l, pc);
         if (g->nkv[l]) {
             kv = 0;
             for (int k = 0; k < g->nkv[l]; k++) kv += ac_dnas_keep_prob(g->la[g->kv_off[l] + k]);
@@ -290,6 +416,11 @@ static void chain(const ac_dnas_gates *g, const ac_arch *b, const expect_t *x, c
             double q = ac_dnas_keep_prob(g->la[g->ffn_off[l] + j]);
             grad[g->ffn_off[l] + j] = gf[l] * gsize(bl->ffn, g->fm, j) * q * (1 - q);
         }
+        if (g->nmc[l] && g->nmc[l] <= 64) { /* d kbar / d theta_c = P(c) (d_c - kbar); heads fixed on deci */
+            double pc[64], kbar = merge_expect(g, l, pc);
+            for (int c = 0; c < g->nmc[l]; c++)
+                grad[g->mc_off[l] + c] = gk[l] * pc[c] * (g->mkv[g->mc_off[l] + c] - kbar);
+        }
         if (g->gate_depth && bl->n_heads) grad[g->attn_off + l] = D[l] * x->pa[l] * (1 - x->pa[l]);
         if (g->gate_depth && bl->ffn) grad[g->mlp_off + l] = D[L + l] * x->pm[l] * (1 - x->pm[l]);
     }
@@ -380,8 +511,7 @@ static int mt_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) {
     int bad = !d->head_order || !d->head_score || !d->mt_ffn_order || !d->mt_ffn_score;
     for (int l = 0; l < L && !bad; l++) {
         int nh = b->layers[l].n_heads, F = b->layers[l].ffn;
-        bad |= copy_ints(&d->head_order[l], s->head_order[l], nh) ||
-               copy_dbls(&d->head_score[l], s->head_score[l], nh);
+        bad |= copy_ints(&d->head_order[l], s->head_order[l], nh) || copy_dbls(&d->head_score[l], s->head_score[l], nh);
         bad |= copy_ints(&d->mt_ffn_order[l], s->mt_ffn_order[l], F) ||
                copy_dbls(&d->mt_ffn_score[l], s->mt_ffn_score[l], F);
     }
@@ -472,6 +602,13 @@ static void discrete_arch(const ac_dnas_gates *g, const ac_search_problem *p, co
         ac_layer_arch *al = &a->layers[l];
         double kv = uni ? mkv / L * bl->n_kv_heads : x->kv[l], f = uni ? mf / L * bl->ffn : x->ffn[l];
         int k = (int)lround(kv);
+        if (g->nmc[l]) { /* deci: the most likely merge choice (a divisor: a valid n_heads_in_group) */
+            int o = g->mc_off[l], best = 0;
+            for (int c = 1; c < g->nmc[l]; c++)
+                if (g->la[o + c] > g->la[o + best]) best = c;
+            k = g->mkv[o + best];
+        } else if (!g->gate_kv)
+            k = (int)g->kv_on[l];
         if (k > bl->n_kv_heads) k = bl->n_kv_heads;
         if (uni && k < 1) k = 1;
         if (x->pa[l] < 0.5 || !bl->n_heads) k = 0;
@@ -579,7 +716,12 @@ static void init_from_arch(ac_dnas_gates *g, const ac_arch *b, const ac_arch *a,
         const ac_layer_arch *bl = &b->layers[l], *al = &a->layers[l];
         for (int k = 0; k < g->nkv[l]; k++) g->la[g->kv_off[l] + k] = off;
         for (int k = 0; k < g->nkv[l] && k < al->n_kv_heads; k++) g->la[g->kv_off[l] + imp->kv_order[l][k]] = on;
-        if (!g->gate_kv) g->kv_on[l] = al->n_kv_heads ? al->n_kv_heads : 1;
+        if (!g->gate_kv && !g->nmc[l]) g->kv_on[l] = al->n_kv_heads ? al->n_kv_heads : bl->n_kv_heads;
+        for (int c = 0; c < g->nmc[l];
+             c++) { /* the surrogate's merge choice (every head kept when it drops attention) */
+            int want = al->n_kv_heads ? al->n_kv_heads : bl->n_kv_heads;
+            g->la[g->mc_off[l] + c] = g->mkv[g->mc_off[l] + c] == want ? on : -1.0;
+        }
         int kf = (al->ffn + g->fm / 2) / g->fm;
         for (int j = 0; j < g->nfg[l]; j++) g->la[g->ffn_off[l] + j] = j < kf || al->ffn == bl->ffn ? on : off;
         if (g->gate_depth) {
@@ -590,29 +732,204 @@ static void init_from_arch(ac_dnas_gates *g, const ac_arch *b, const ac_arch *a,
     for (int j = 0; j < g->nhg; j++) g->la[g->hid_off + j] = j * g->hm < a->hidden ? on : off;
 }
 
+/* ---- the gate trainer: train.c on the CPU, or the CUDA plugin's ---- */
+
 typedef struct {
-    ac_trainer t, tt; /* gated model; teacher (only online with cotrain) */
-    float *teacher;   /* [nb][B*T*V] cached teacher logits, or one batch when online */
+    ac_trainer t, tt;      /* CPU: the gated model; the teacher (only online with cotrain) */
+    const ac_cuda_api *cu; /* the plugin when the gates train on CUDA device 0, else NULL */
+    acc_trainer *ct, *ctt; /* CUDA: the same two */
+    ac_gates hg, hdg;      /* CUDA: host gates and gate gradients (train.h's layout) */
+    float *hgmem;
+    ac_model *src, *tm;     /* the unpruned model; the one the gated trainer holds (src or the copy) */
+    ac_model kvm, kvd, kvg; /* deci merge: K/V of the merge layers: originals, mixture (CUDA), gradients (CUDA) */
+    int merge, restore;     /* any merge choice; src's K/V overwritten (CPU without cotrain) */
+    float *teacher;         /* [nb][B*T*V] cached teacher logits, or one batch when online */
     int *tok, nb, nwin, nbatches, online;
-    double *z, *dzla, *dz, *gl, *cg, *m1, *m2;
+    double *z, *u, *dzla, *dz, *gl, *cg, *m1, *m2;
     ac_model copy; /* cotrain: the trained copy */
-    ac_adamw opt;
+    ac_adamw opt;  /* cotrain on the CPU; on CUDA its schedule */
+    char er[512];
 } run_t;
 
+/* Shadow model over arch a holding only the K/V tensors of g's merge
+ * layers (copied from m when m != NULL). */
+static int kv_shadow(ac_model *sh, const ac_arch *a, const ac_dnas_gates *g, const ac_model *m) {
+    memset(sh, 0, sizeof *sh);
+    sh->a = *a;
+    sh->L = calloc(a->n_layers, sizeof(ac_layer_w));
+    if (!sh->L) return -1;
+    size_t H = a->hidden, hd = a->head_dim;
+    for (int l = 0; l < a->n_layers; l++) {
+        if (!g->nmc[l]) continue;
+        size_t KV = (size_t)a->layers[l].n_kv_heads * hd;
+        float **d[4] = {&sh->L[l].wk, &sh->L[l].wv, &sh->L[l].bk, &sh->L[l].bv};
+        size_t n[4] = {KV * H, KV * H, a->qkv_bias ? KV : 0, a->qkv_bias ? KV : 0};
+        float *s[4] = {0};
+        if (m) kv_tensors(m, l, s, (size_t[4]){0});
+        for (int k = 0; k < 4; k++) {
+            if (!n[k]) continue;
+            if (!(*d[k] = malloc(sizeof(float) * n[k]))) return -1;
+            if (m) memcpy(*d[k], s[k], sizeof(float) * n[k]);
+        }
+    }
+    return 0;
+}
+
+static void kv_shadow_free(ac_model *sh) {
+    for (int l = 0; sh->L && l < sh->a.n_layers; l++) {
+        free(sh->L[l].wk);
+        free(sh->L[l].wv);
+        free(sh->L[l].bk);
+        free(sh->L[l].bv);
+    }
+    free(sh->L);
+    memset(sh, 0, sizeof *sh);
+}
+
+/* Host gate buffers of arch a (train.h's layout). */
+static int hgates_alloc(run_t *R, const ac_arch *a) {
+    int L = a->n_layers;
+    size_t n = 2 * ((size_t)a->hidden + 2 * L);
+    for (int l = 0; l < L; l++) n += 2 * ((size_t)a->layers[l].n_heads + a->layers[l].ffn);
+    ac_gates *gs[2] = {&R->hg, &R->hdg};
+    float *p = R->hgmem = calloc(n + 1, sizeof(float));
+    if (!p) return -1;
+    for (int k = 0; k < 2; k++) {
+        ac_gates *q = gs[k];
+        q->head = calloc(L + 1, sizeof(float *));
+        q->ffn = calloc(L + 1, sizeof(float *));
+        if (!q->head || !q->ffn) return -1;
+        q->hidden = p, p += a->hidden;
+        q->attn = p, p += L;
+        q->mlp = p, p += L;
+        for (int l = 0; l < L; l++) {
+            q->head[l] = a->layers[l].n_heads ? p : NULL, p += a->layers[l].n_heads;
+            q->ffn[l] = a->layers[l].ffn ? p : NULL, p += a->layers[l].ffn;
+        }
+    }
+    return 0;
+}
+
 static void run_free(run_t *R) {
+    if (R->restore) /* the CPU trainer mixed merged K/V into the source model: put its weights back */
+        for (int l = 0; l < R->kvm.a.n_layers; l++) {
+            float *s[4], *d[4];
+            size_t per[4];
+            kv_tensors(&R->kvm, l, s, per);
+            kv_tensors(R->src, l, d, per);
+            size_t KV = (size_t)R->src->a.layers[l].n_kv_heads;
+            for (int k = 0; k < 4; k++)
+                if (s[k] && d[k]) memcpy(d[k], s[k], sizeof(float) * KV * per[k]);
+        }
     ac_trainer_free(&R->t);
     if (R->tt.m) ac_trainer_free(&R->tt);
+    if (R->ct) R->cu->trainer_free(R->ct);
+    if (R->ctt) R->cu->trainer_free(R->ctt);
+    free(R->hg.head), free(R->hg.ffn), free(R->hdg.head), free(R->hdg.ffn), free(R->hgmem);
+    kv_shadow_free(&R->kvm);
+    kv_shadow_free(&R->kvd);
+    kv_shadow_free(&R->kvg);
     free(R->teacher);
     free(R->tok);
-    free(R->z);
-    free(R->dzla);
-    free(R->dz);
-    free(R->gl);
-    free(R->cg);
-    free(R->m1);
-    free(R->m2);
+    double *d[] = {R->z, R->u, R->dzla, R->dz, R->gl, R->cg, R->m1, R->m2};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++) free(d[i]);
     if (R->copy.L) ac_model_free(&R->copy);
     ac_adamw_free(&R->opt);
+}
+
+static int cu_fail(run_t *R, ac_err *e) { return ac_errf(e, "dnas on CUDA: %s", R->er); }
+
+/* Gates z (one per log_alpha, merge choices as mixture weights) into the gated trainer. */
+static int put_gates(run_t *R, const ac_dnas_gates *g, const ac_search_problem *p, const double *z, ac_err *e) {
+    ac_dnas_set_gates(g, z, R->cu ? &R->hg : &R->t.gate, p->base, p->imp);
+    if (R->cu && R->cu->trainer_gates(R->ct, &R->hg, NULL, 0, R->er, sizeof R->er)) return cu_fail(R, e);
+    if (!R->merge) return 0;
+    ac_dnas_apply_merge(g, z, &R->kvm, R->cu ? &R->kvd : R->tm);
+    for (int l = 0; R->cu && l < g->L; l++) {
+        float *d[4];
+        size_t per[4], KV = (size_t)p->base->layers[l].n_kv_heads;
+        int which[4] = {ACC_T_K, ACC_T_V, ACC_T_BK, ACC_T_BV};
+        kv_tensors(&R->kvd, l, d, per);
+        for (int k = 0; k < 4; k++)
+            if (d[k] && R->cu->trainer_tensor(R->ct, l, which[k], d[k], NULL, KV * per[k], R->er, sizeof R->er))
+                return cu_fail(R, e);
+    }
+    return 0;
+}
+
+/* Every gate 1 and every merge choice "keep all KV heads": the unpruned model. */
+static int put_identity(run_t *R, const ac_dnas_gates *g, const ac_search_problem *p, ac_err *e) {
+    for (int i = 0; i < g->np; i++) R->z[i] = g->mkv[i] ? 0 : 1;
+    for (int l = 0; l < g->L; l++)
+        if (g->nmc[l]) R->z[g->mc_off[l]] = 1; /* choice 0 */
+    return put_gates(R, g, p, R->z, e);
+}
+
+/* Logits of a forward of tk (B x T) through the teacher's trainer (the
+ * gated one unless a separate teacher exists) into out. */
+static int teacher_logits(run_t *R, const int *tk, int B, int T, float *out, ac_err *e) {
+    size_t per = (size_t)B * T * R->src->a.vocab;
+    if (R->cu) {
+        if (R->cu->trainer_forward(R->ctt ? R->ctt : R->ct, tk, B, T, out, R->er, sizeof R->er)) return cu_fail(R, e);
+        return 0;
+    }
+    ac_trainer *t = R->tt.m ? &R->tt : &R->t;
+    if (ac_train_forward(t, tk, B, T, e)) return -1;
+    memcpy(out, t->logits, sizeof(float) * per);
+    return 0;
+}
+
+/* Forward, KD loss to teacher, backward; d loss / d z into R->dz. */
+static int gate_grad(run_t *R, const ac_dnas_gates *g, const ac_search_problem *p, const int *tk, int B, int T,
+                     const float *teacher, double *task, ac_err *e) {
+    const ac_cuda_api *cu = R->cu;
+    if (cu) {
+        if (cu->trainer_grad(R->ct, tk, NULL, teacher, B, T, 1.0f, 1.0f, 1.0f, task, R->er, sizeof R->er) ||
+            cu->trainer_gates(R->ct, NULL, &R->hdg, 1, R->er, sizeof R->er))
+            return cu_fail(R, e);
+        ac_dnas_gate_grads_of(g, p->base, &R->hdg, p->imp, R->dz);
+        for (int l = 0; R->merge && l < g->L; l++) {
+            float *d[4];
+            size_t per[4], KV = (size_t)p->base->layers[l].n_kv_heads;
+            int which[4] = {ACC_T_K, ACC_T_V, ACC_T_BK, ACC_T_BV};
+            kv_tensors(&R->kvg, l, d, per);
+            for (int k = 0; k < 4; k++)
+                if (d[k] && cu->trainer_tensor(R->ct, l, which[k], NULL, d[k], KV * per[k], R->er, sizeof R->er))
+                    return cu_fail(R, e);
+        }
+        if (R->merge) ac_dnas_merge_grads(g, &R->kvm, &R->kvg, R->dz);
+        return 0;
+    }
+    if (ac_train_forward(&R->t, tk, B, T, e)) return -1;
+    *task = ac_train_loss(&R->t, NULL, teacher, 1.0f, 1.0f, 1.0f, NULL, NULL);
+    ac_train_backward(&R->t);
+    ac_dnas_gate_grads_of(g, p->base, &R->t.dgate, p->imp, R->dz);
+    if (R->merge) ac_dnas_merge_grads(g, &R->kvm, &R->t.g, R->dz);
+    return 0;
+}
+
+static int zero_grads(run_t *R, ac_err *e) {
+    if (!R->cu) {
+        ac_train_zero_grad(&R->t);
+        return 0;
+    }
+    return R->cu->trainer_zero_grad(R->ct, R->er, sizeof R->er) ? cu_fail(R, e) : 0;
+}
+
+/* cotrain: one AdamW update of the copy's weights (the CPU optimizer, or
+ * the device's with the same schedule). */
+static int weight_step(run_t *R, long s, ac_err *e) {
+    if (!R->cu) return ac_adamw_step(&R->opt, NULL, e);
+    const ac_adamw_opts *o = &R->opt.o;
+    if (R->cu->trainer_step(R->ct, ac_lr_at(o, s), o->beta1, o->beta2, o->eps, o->weight_decay, o->clip, s, NULL, R->er,
+                            sizeof R->er))
+        return cu_fail(R, e);
+    return 0;
+}
+
+/* Windows of batch i (cycling through the calibration windows) into tk. */
+static void batch_tokens(const run_t *R, const int *ids, int i, int B, int T, int *tk) {
+    for (int j = 0; j < B; j++) memcpy(tk + j * T, ids + (size_t)((i * B + j) % R->nwin) * T, sizeof(int) * T);
 }
 
 /* MemAvailable of /proc/meminfo in bytes, else 0 (unknown). */
@@ -626,15 +943,10 @@ static double host_available(void) {
     return kb * 1024;
 }
 
-/* Windows of batch i (cycling through the calibration windows) into tk. */
-static void batch_tokens(const run_t *R, const int *ids, int i, int B, int T, int *tk) {
-    for (int j = 0; j < B; j++) memcpy(tk + j * T, ids + (size_t)((i * B + j) % R->nwin) * T, sizeof(int) * T);
-}
-
 /* Teacher logits of the unpruned model: cached for every batch the search
  * visits when they fit in teacher_cache_mib, else computed online each step (one
- * more forward per step). Checks the memory first. */
-static int teacher_pass(run_t *R, ac_model *m, const int *ids, size_t n, const ac_dnas_opts *o, ac_err *e) {
+ * more forward per step). Checks the memory first (host; and the device's). */
+static int teacher_plan(run_t *R, const ac_model *m, size_t n, const ac_dnas_opts *o, ac_err *e) {
     int B = o->batch, T = o->seq_len, V = m->a.vocab;
     R->nwin = (int)(n / T);
     if (R->nwin < 1) return ac_errf(e, "dnas: calibration text has %zu tokens; need at least search seq_len %d", n, T);
@@ -643,8 +955,9 @@ static int teacher_pass(run_t *R, ac_model *m, const int *ids, size_t n, const a
     R->nb = R->nbatches < o->steps ? R->nbatches : o->steps;
     R->online = (size_t)R->nb * per * 4 > cap;
     if (R->online) R->nb = 1;
-    double need = (double)ac_trainer_bytes(&m->a, B, T) * (o->cotrain && R->online ? 2 : 1) + 4.0 * per * R->nb;
-    if (o->cotrain) need += 12.0 * ac_arch_params(&m->a); /* the copy and AdamW's two moments */
+    double tr = (double)ac_trainer_bytes(&m->a, B, T) * (o->cotrain && R->online ? 2 : 1);
+    double need = 4.0 * per * R->nb + (R->cu ? 0 : tr), dev = 0;
+    if (o->cotrain) need += (R->cu ? 4.0 : 12.0) * ac_arch_params(&m->a); /* the copy (and AdamW's two moments) */
     double have = host_available();
     if (have > 0 && need > 0.9 * have)
         return ac_errf(
@@ -652,32 +965,42 @@ static int teacher_pass(run_t *R, ac_model *m, const int *ids, size_t n, const a
             "dnas: the gate search needs about %.3g GiB (training activations and gradients, teacher logits%s) "
             "but %.3g GiB is available; lower search.dnas_batch or search.dnas_seq_len",
             need / 1073741824.0, o->cotrain ? ", co-trained copy" : "", have / 1073741824.0);
+    char name[128];
+    int sms, cc;
+    if (R->cu && !R->cu->device_info(0, name, sizeof name, &dev, &sms, &cc)) {
+        /* each device trainer: weights, gradients, two moments, activations */
+        double dneed = tr + 12.0 * ac_arch_params(&m->a) * (o->cotrain && R->online ? 2 : 1);
+        if (dev > 0 && dneed > 0.9 * dev * 1073741824.0)
+            return ac_errf(e,
+                           "dnas: the gate search needs about %.3g GiB on %s but it has %.3g GiB; lower "
+                           "search.dnas_batch or search.dnas_seq_len",
+                           dneed / 1073741824.0, name, dev);
+    }
     R->teacher = malloc(sizeof(float) * per * R->nb);
     R->tok = malloc(sizeof(int) * (size_t)B * T * R->nb);
     if (!R->teacher || !R->tok) return ac_errf(e, "dnas: out of memory for %d batches of teacher logits", R->nb);
-    if (ac_trainer_init(&R->t, m, B, T, e)) return -1;
+    return 0;
+}
+
+/* The cached teacher logits (every gate 1, nothing merged: the trainers start so). */
+static int teacher_cache(run_t *R, const int *ids, int B, int T, ac_err *e) {
+    size_t per = (size_t)B * T * R->src->a.vocab;
     for (int i = 0; i < R->nb && !R->online; i++) {
         int *tk = R->tok + (size_t)i * B * T;
         batch_tokens(R, ids, i, B, T, tk);
-        if (ac_train_forward(&R->t, tk, B, T, e)) return -1;
-        memcpy(R->teacher + per * i, R->t.logits, sizeof(float) * per);
+        if (teacher_logits(R, tk, B, T, R->teacher + per * i, e)) return -1;
     }
     return 0;
 }
 
 /* Online teacher: batch s's tokens into R->tok and the unpruned model's
- * logits into R->teacher (every gate 1). */
+ * logits into R->teacher. */
 static int teacher_online(run_t *R, const ac_dnas_gates *g, const ac_search_problem *p, const int *ids, int s, int B,
                           int T, ac_err *e) {
-    ac_trainer *t = R->tt.m ? &R->tt : &R->t;
     batch_tokens(R, ids, (s - 1) % R->nbatches, B, T, R->tok);
-    if (!R->tt.m) { /* the gated trainer itself: every gate to 1 first */
-        for (int i = 0; i < g->np; i++) R->z[i] = 1;
-        ac_dnas_set_gates(g, R->z, &R->t.gate, p->base, p->imp);
-    }
-    if (ac_train_forward(t, R->tok, B, T, e)) return -1;
-    memcpy(R->teacher, t->logits, sizeof(float) * B * T * t->m->a.vocab);
-    return 0;
+    int own = R->cu ? !R->ctt : !R->tt.m; /* the gated trainer itself: the unpruned model first */
+    if (own && put_identity(R, g, p, e)) return -1;
+    return teacher_logits(R, R->tok, B, T, R->teacher, e);
 }
 
 static void emit_step(const ac_search_problem *p, const ac_dnas_gates *g, int s, int steps, double task, double lag,
@@ -701,22 +1024,66 @@ static void emit_step(const ac_search_problem *p, const ac_dnas_gates *g, int s,
 static int task_step(run_t *R, const ac_dnas_gates *g, const ac_search_problem *p, const ac_dnas_opts *o,
                      const int *ids, int s, unsigned long long *rng, double *task, ac_err *e) {
     int B = o->batch, T = o->seq_len, bi = (s - 1) % R->nb;
-    size_t per = (size_t)B * T * R->t.m->a.vocab;
+    size_t per = (size_t)B * T * p->base->vocab;
     if (R->online && teacher_online(R, g, p, ids, s, B, T, e)) return -1;
-    ac_train_zero_grad(&R->t);
-    for (int i = 0; i < g->np; i++) R->z[i] = ac_dnas_sample(g->la[i], urand(rng), &R->dzla[i]);
-    ac_dnas_set_gates(g, R->z, &R->t.gate, p->base, p->imp);
-    if (ac_train_forward(&R->t, R->tok + (size_t)bi * B * T, B, T, e)) return -1;
-    *task = ac_train_loss(&R->t, NULL, R->teacher + per * bi, 1.0f, 1.0f, 1.0f, NULL, NULL);
-    ac_train_backward(&R->t);
-    ac_dnas_gate_grads(g, &R->t, p->imp, R->dz);
-    for (int i = 0; i < g->np; i++) R->gl[i] = R->dz[i] * R->dzla[i];
-    if (o->cotrain && ac_adamw_step(&R->opt, NULL, e)) return -1;
+    if (zero_grads(R, e)) return -1;
+    for (int i = 0; i < g->np; i++) {
+        R->u[i] = urand(rng);
+        R->z[i] = g->mkv[i] ? 0 : ac_dnas_sample(g->la[i], R->u[i], &R->dzla[i]);
+    }
+    for (int l = 0; l < g->L; l++)
+        if (g->nmc[l]) ac_dnas_merge_sample(g, l, R->u + g->mc_off[l], R->z);
+    if (put_gates(R, g, p, R->z, e)) return -1;
+    if (gate_grad(R, g, p, R->tok + (size_t)bi * B * T, B, T, R->teacher + per * bi, task, e)) return -1;
+    for (int i = 0; i < g->np; i++) R->gl[i] = g->mkv[i] ? 0 : R->dz[i] * R->dzla[i];
+    for (int l = 0; l < g->L; l++) { /* Gumbel-softmax: d q_c / d theta_d = q_c (delta_cd - q_d) / tau */
+        int o0 = g->mc_off[l];
+        double zdz = 0;
+        for (int c = 0; c < g->nmc[l]; c++) zdz += R->z[o0 + c] * R->dz[o0 + c];
+        for (int c = 0; c < g->nmc[l]; c++) R->gl[o0 + c] = R->z[o0 + c] * (R->dz[o0 + c] - zdz) / MC_TAU;
+    }
+    if (o->cotrain && weight_step(R, s - 1, e)) return -1;
+    return 0;
+}
+
+/* The trainers: the gated one on tm, a teacher on m when online with
+ * cotrain; on the CPU (train.c) or the CUDA plugin's (o->cuda). */
+static int trainers(run_t *R, ac_model *m, const ac_dnas_opts *o, ac_err *e) {
+    int B = o->batch, T = o->seq_len, two = R->tm != m && R->online;
+    if (!R->cu) {
+        if (ac_trainer_init(&R->t, R->tm, B, T, e)) return -1;
+        if (two && ac_trainer_init(&R->tt, m, B, T, e)) return -1;
+    } else {
+        size_t nr = (size_t)T * (m->a.head_dim / 2);
+        float *cs = malloc(nr * sizeof *cs), *sn = malloc(nr * sizeof *sn);
+        int rc = !cs || !sn ? ac_errf(e, "out of memory") : ac_rope_tables(&m->a, T, cs, sn, e);
+        if (!rc && R->cu->trainer_create(0, R->tm, B, T, cs, sn, &R->ct, R->er, sizeof R->er)) rc = cu_fail(R, e);
+        if (!rc && two && R->cu->trainer_create(0, m, B, T, cs, sn, &R->ctt, R->er, sizeof R->er)) rc = cu_fail(R, e);
+        free(cs);
+        free(sn);
+        if (rc || hgates_alloc(R, &m->a)) return rc ? rc : ac_errf(e, "out of memory");
+    }
+    if (o->cotrain) {
+        ac_adamw_opts ao;
+        ac_adamw_defaults(&ao);
+        ao.lr = ao.min_lr = (float)o->w_lr;
+        ao.weight_decay = 0;
+        ao.total_steps = o->steps;
+        ac_adamw_init(&R->opt, &ao);
+        if (!R->cu && ac_adamw_add_model(&R->opt, R->tm, &R->t.g, e)) return -1;
+    }
     return 0;
 }
 
 static int setup(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, ac_model *m, const int *ids, size_t n,
                  const ac_dnas_opts *o, ac_err *e) {
+    R->src = R->tm = m;
+    if (o->cuda) {
+        const char *why;
+        if (!(R->cu = ac_cuda(&why))) return ac_errf(e, "dnas: no CUDA device for the gate search: %s", why);
+        if (!R->cu->trainer_create || !R->cu->trainer_forward || !R->cu->trainer_tensor || !R->cu->trainer_zero_grad)
+            return ac_errf(e, "dnas: the CUDA plugin has no gate trainer (rebuild it)");
+    }
     if (ac_dnas_gates_init(g, p->base, &p->opts, e)) return -1;
     if (o->init_surrogate) {
         ac_search_problem q = *p;
@@ -727,81 +1094,94 @@ static int setup(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, ac_mode
         ac_search_result_free(&sr);
     }
     int np = g->np + 1;
-    R->z = calloc(np, sizeof(double));
-    R->dzla = calloc(np, sizeof(double));
-    R->dz = calloc(np, sizeof(double));
-    R->gl = calloc(np, sizeof(double));
-    R->cg = calloc(np, sizeof(double));
-    R->m1 = calloc(np, sizeof(double));
-    R->m2 = calloc(np, sizeof(double));
-    if (!R->z || !R->dzla || !R->dz || !R->gl || !R->cg || !R->m1 || !R->m2) return ac_errf(e, "out of memory");
-    ac_model *tm = m;
+    double **bufs[] = {&R->z, &R->u, &R->dzla, &R->dz, &R->gl, &R->cg, &R->m1, &R->m2};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        if (!(*bufs[i] = calloc(np, sizeof(double)))) return ac_errf(e, "out of memory");
+    for (int l = 0; l < g->L; l++) R->merge |= g->nmc[l] > 0;
+    if (R->merge && (kv_shadow(&R->kvm, &m->a, g, m) ||
+                     (R->cu && (kv_shadow(&R->kvd, &m->a, g, NULL) || kv_shadow(&R->kvg, &m->a, g, NULL)))))
+        return ac_errf(e, "out of memory");
     if (o->cotrain) { /* train a copy (prune to the same architecture copies every weight) */
         if (ac_prune(m, &m->a, p->imp, &R->copy, e)) return -1;
-        tm = &R->copy;
+        R->tm = &R->copy;
     }
-    if (teacher_pass(R, m, ids, n, o, e)) return -1;
-    if (tm != m) {
-        if (R->online)
-            R->tt = R->t; /* the teacher keeps its trainer on m */
-        else
-            ac_trainer_free(&R->t);
-        memset(&R->t, 0, sizeof R->t);
-        if (ac_trainer_init(&R->t, tm, o->batch, o->seq_len, e)) return -1;
-        ac_adamw_opts ao;
-        ac_adamw_defaults(&ao);
-        ao.lr = ao.min_lr = (float)o->w_lr;
-        ao.weight_decay = 0;
-        ao.total_steps = o->steps;
-        ac_adamw_init(&R->opt, &ao);
-        if (ac_adamw_add_model(&R->opt, tm, &R->t.g, e)) return -1;
+    R->restore = R->merge && !R->cu && R->tm == m;
+    if (teacher_plan(R, m, n, o, e) || trainers(R, m, o, e)) return -1;
+    return teacher_cache(R, ids, o->batch, o->seq_len, e);
+}
+
+/* The training loop (setup done): o->steps steps of task gradient plus
+ * the augmented Lagrangian, Adam on log_alpha. tg (may be NULL) gets the
+ * last step's task gradient. */
+static int train_loop(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, const int *ids, const ac_dnas_opts *o,
+                      double *tg, ac_err *e) {
+    dcons c[5];
+    int nc = dcons_list(&p->limits, c), rc = 0, every = (o->steps + 199) / 200; /* at most 200 events */
+    double lambda[5] = {0}, val[5] = {0}, t0 = ac_now(), last = -1e9;
+    unsigned long long rng = 0x9E3779B97F4A7C15ULL ^ ((unsigned long long)p->opts.seed * 0x100000001B3ULL);
+    for (int s = 1; s <= o->steps && !rc; s++) {
+        double task = 0;
+        if ((rc = task_step(R, g, p, o, ids, s, &rng, &task, e))) break;
+        if (tg) memcpy(tg, R->gl, sizeof(double) * g->np);
+        double lag = task;
+        for (int j = 0; j < nc; j++) { /* augmented Lagrangian on the expected cost, dual ascent */
+            val[j] = ac_dnas_expected_metric(g, p, c[j].m, R->cg);
+            double gj = c[j].ge ? 1 - val[j] / c[j].limit : val[j] / c[j].limit - 1,
+                   sgn = (c[j].ge ? -1.0 : 1.0) / c[j].limit;
+            double w = lambda[j] + o->mu * fmax(0, gj);
+            lag += lambda[j] * gj + 0.5 * o->mu * fmax(0, gj) * fmax(0, gj);
+            for (int i = 0; i < g->np; i++) R->gl[i] += w * sgn * R->cg[i];
+            lambda[j] = fmax(0, lambda[j] + o->rho * gj);
+        }
+        for (int i = 0; i < g->np; i++) { /* Adam on log_alpha */
+            R->m1[i] = 0.9 * R->m1[i] + 0.1 * R->gl[i];
+            R->m2[i] = 0.999 * R->m2[i] + 0.001 * R->gl[i] * R->gl[i];
+            double mh = R->m1[i] / (1 - pow(0.9, s)), vh = R->m2[i] / (1 - pow(0.999, s));
+            g->la[i] = fmin(8, fmax(-8, g->la[i] - o->lr * mh / (sqrt(vh) + 1e-8)));
+        }
+        double now = ac_now() - t0;
+        if (p->emit && (s % every == 0 || s == o->steps || now - last > 2.0)) {
+            last = now;
+            emit_step(p, g, s, o->steps, task, lag, c, nc, val, lambda, now);
+        }
     }
+    return rc;
+}
+
+static int check_args(const ac_search_problem *p, const ac_dnas_opts *o, ac_err *e) {
+    dcons c[5];
+    if (dcons_list(&p->limits, c) == 0) return ac_errf(e, "search: no constraints given");
+    if (o->steps < 1 || o->batch < 1 || o->seq_len < 2)
+        return ac_errf(e, "dnas: steps, batch and seq_len must be positive");
     return 0;
+}
+
+int ac_dnas_train_gates(const ac_search_problem *p, ac_model *m, const int *ids, size_t n, const ac_dnas_opts *o,
+                        ac_dnas_gates *g, double *task_grad, ac_err *e) {
+    memset(g, 0, sizeof *g);
+    if (check_args(p, o, e)) return -1;
+    run_t R = {0};
+    int rc = setup(&R, g, p, m, ids, n, o, e);
+    if (!rc) rc = train_loop(&R, g, p, ids, o, task_grad, e);
+    run_free(&R);
+    if (rc) ac_dnas_gates_free(g);
+    return rc;
 }
 
 int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size_t n, const ac_dnas_opts *o,
                    ac_search_result *r, ac_importance *orders, ac_err *e) {
     memset(r, 0, sizeof *r);
     memset(orders, 0, sizeof *orders);
-    dcons c[5];
-    int nc = dcons_list(&p->limits, c);
-    if (nc == 0) return ac_errf(e, "search: no constraints given");
-    if (o->steps < 1 || o->batch < 1 || o->seq_len < 2)
-        return ac_errf(e, "dnas: steps, batch and seq_len must be positive");
+    if (check_args(p, o, e)) return -1;
     run_t R = {0};
-    ac_dnas_gates g;
-    double lambda[5] = {0}, val[5] = {0}, t0 = ac_now(), last = -1e9;
-    unsigned long long rng = 0x9E3779B97F4A7C15ULL ^ ((unsigned long long)p->opts.seed * 0x100000001B3ULL);
-    int rc = setup(&R, &g, p, m, ids, n, o, e), every = (o->steps + 199) / 200; /* at most 200 events */
-    for (int s = 1; s <= o->steps && !rc; s++) {
-        double task = 0;
-        if ((rc = task_step(&R, &g, p, o, ids, s, &rng, &task, e))) break;
-        double lag = task;
-        for (int j = 0; j < nc; j++) { /* augmented Lagrangian on the expected cost, dual ascent */
-            val[j] = ac_dnas_expected_metric(&g, p, c[j].m, R.cg);
-            double gj = c[j].ge ? 1 - val[j] / c[j].limit : val[j] / c[j].limit - 1,
-                   sgn = (c[j].ge ? -1.0 : 1.0) / c[j].limit;
-            double w = lambda[j] + o->mu * fmax(0, gj);
-            lag += lambda[j] * gj + 0.5 * o->mu * fmax(0, gj) * fmax(0, gj);
-            for (int i = 0; i < g.np; i++) R.gl[i] += w * sgn * R.cg[i];
-            lambda[j] = fmax(0, lambda[j] + o->rho * gj);
-        }
-        for (int i = 0; i < g.np; i++) { /* Adam on log_alpha */
-            R.m1[i] = 0.9 * R.m1[i] + 0.1 * R.gl[i];
-            R.m2[i] = 0.999 * R.m2[i] + 0.001 * R.gl[i] * R.gl[i];
-            double mh = R.m1[i] / (1 - pow(0.9, s)), vh = R.m2[i] / (1 - pow(0.999, s));
-            g.la[i] = fmin(8, fmax(-8, g.la[i] - o->lr * mh / (sqrt(vh) + 1e-8)));
-        }
-        r->steps_run = s;
-        double now = ac_now() - t0;
-        if (p->emit && (s % every == 0 || s == o->steps || now - last > 2.0)) {
-            last = now;
-            emit_step(p, &g, s, o->steps, task, lag, c, nc, val, lambda, now);
-        }
-    }
-    int ran = r->steps_run;
+    ac_dnas_gates g = {0};
+    int rc = setup(&R, &g, p, m, ids, n, o, e);
+    if (!rc) rc = train_loop(&R, &g, p, ids, o, NULL, e);
     if (!rc) rc = ac_dnas_discretise(&g, p, r, orders, e);
-    r->steps_run = ran;
+    if (!rc) {
+        r->steps_run = o->steps;
+        r->detail = json_pack("{s:s}", "gate_trainer", R.cu ? "cuda" : "cpu");
+    }
     run_free(&R);
     ac_dnas_gates_free(&g);
     return rc;
@@ -820,5 +1200,6 @@ int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const ac_search_
     if (so->dnas_seq_len > 0) o.seq_len = so->dnas_seq_len;
     if (so->dnas_batch > 0) o.batch = so->dnas_batch;
     o.cotrain = so->cotrain;
+    o.cuda = p->cuda; /* a local cuda target: the gates train on its GPU */
     return ac_search_dnas(p, m, ids, n, &o, r, orders, e);
 }

@@ -11,9 +11,18 @@
  * Sheared-LLaMA's l0_module: z = clamp(sigmoid((logit u + log_alpha)/beta)
  * * (zeta - gamma) + gamma, 0, 1), beta 2/3, gamma -0.1, zeta 1.1):
  *   kv[l][g]   a KV group with its query heads (not on the deci target,
- *              where a layer keeps every query head and merges KV heads:
- *              there the per-layer KV count is the surrogate search's
- *              merge choice and only the attention sub-block is gated);
+ *              where a layer keeps every query head and merges KV heads);
+ *   mc[l][c]   deci only: the per-layer KV-merge choice, a categorical
+ *              relaxation over the allowed KV counts (the divisors d of the
+ *              layer's n_kv_heads, i.e. n_heads_in_group = n_heads / d):
+ *              one logit theta_c per choice, P(c) = softmax(theta)_c, the
+ *              expected KV count sum_c P(c) d_c; in the network a
+ *              Gumbel-softmax sample q (temperature 2/3) mixes the merged
+ *              K/V projections, W_kv = sum_c q_c M_c(W_kv), where M_c
+ *              replaces each KV head by the mean of its merge group (the f =
+ *              n_kv/d_c adjacent heads, as ac_prune merges). A one-hot q is
+ *              exactly the merged model; the gradient d loss/d q_c =
+ *              <dL/dW_kv, M_c(W_kv)> comes from the weight gradients;
  *   ffn[l][j]  a group of ffn_multiple FFN channels (the export grid;
  *              the last group is the remainder when the grid does not
  *              divide the width);
@@ -31,8 +40,9 @@
  * where cbar has every sub-block at its expected width given it is kept,
  * and Da_l = m(cbar) - m(cbar without layer l's attention) (Dm_l: FFN).
  *
- * Deterministic for a seed (LCG noise, fixed batch order). Runs on the CPU
- * training engine (there is no CUDA backward yet).
+ * Deterministic for a seed (LCG noise, fixed batch order). Trains on the CPU
+ * engine (train.c), or with opts.cuda on the CUDA plugin's trainer
+ * (ac_cuda_train.h: the same gates on the device; a local cuda target).
  */
 #ifndef AC_DNAS_H
 #define AC_DNAS_H
@@ -50,6 +60,8 @@ typedef struct {
     double w_lr;           /* weight learning rate when cotrain */
     int init_surrogate;    /* 1: log_alpha initialised from the surrogate search's result */
     int teacher_cache_mib; /* teacher logits cached up to this size, else recomputed each step */
+    int cuda;              /* 1: gate training on CUDA device 0 (the plugin's trainer); the job sets it
+                            * when its target is a local cuda device (ac_search_problem.cuda) */
 } ac_dnas_opts;
 
 void ac_dnas_defaults(ac_dnas_opts *o);
@@ -65,7 +77,9 @@ typedef struct {
     int np;     /* number of log_alphas */
     double *la; /* all log_alphas, laid out by the index helpers below */
     int *kv_off, *ffn_off, attn_off, mlp_off, hid_off;
-    double *kv_on; /* [L] deci: the fixed KV count of a kept attention */
+    double *kv_on;     /* [L] deci: the KV count of a kept attention without merge choices */
+    int *nmc, *mc_off; /* [L] deci: merge choices per layer (0: none), offset of their logits */
+    int *mkv;          /* [np] the KV count of a merge-choice logit, 0 for every other log_alpha */
 } ac_dnas_gates;
 
 int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *base, const ac_search_opts *so, ac_err *e);
@@ -84,6 +98,19 @@ void ac_dnas_set_gates(const ac_dnas_gates *g, const double *z, ac_gates *tg, co
                        const ac_importance *imp);
 /* d loss / d z for every log_alpha from a trainer's gate gradients. */
 void ac_dnas_gate_grads(const ac_dnas_gates *g, const ac_trainer *t, const ac_importance *imp, double *dz);
+/* The same from gate gradients dg in train.h's layout (arch b). */
+void ac_dnas_gate_grads_of(const ac_dnas_gates *g, const ac_arch *b, const ac_gates *dg, const ac_importance *imp,
+                           double *dz);
+/* deci KV-merge mixture: dst's K/V projections (wk, wv, bk, bv) of every
+ * layer with merge choices = sum_c z_c M_c(src's), z at the choices'
+ * logits (mc_off); src and dst of the base architecture, distinct. */
+void ac_dnas_apply_merge(const ac_dnas_gates *g, const double *z, const ac_model *src, ac_model *dst);
+/* d loss / d z_c += <grad's K/V projections, M_c(src's)> for every merge
+ * choice, grad the weight gradients of a forward through the mixture. */
+void ac_dnas_merge_grads(const ac_dnas_gates *g, const ac_model *src, const ac_model *grad, double *dz);
+/* Gumbel-softmax sample of layer l's merge choices from uniforms u[nmc]
+ * (u == NULL: softmax(theta)) into z[mc_off..]. */
+void ac_dnas_merge_sample(const ac_dnas_gates *g, int l, const double *u, double *z);
 
 /* Expected value of metric m under the gates (formula above) and its
  * gradient d/d log_alpha into grad[np] (may be NULL). */
@@ -109,6 +136,12 @@ int ac_dnas_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_se
  * (free with ac_importance_free). */
 int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size_t n, const ac_dnas_opts *o,
                    ac_search_result *r, ac_importance *orders, ac_err *e);
+
+/* The gate training alone (no discretisation; for tests and tools): g
+ * gets the trained gates (free with ac_dnas_gates_free), task_grad[np]
+ * (may be NULL) the last step's d task loss / d log_alpha. */
+int ac_dnas_train_gates(const ac_search_problem *p, ac_model *m, const int *ids, size_t n, const ac_dnas_opts *o,
+                        ac_dnas_gates *g, double *task_grad, ac_err *e);
 
 /* search.method's name ("dnas", the spec default: README "Differentiable
  * search" gives the comparison it was chosen by; or "surrogate"). */
