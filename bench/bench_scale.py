@@ -51,6 +51,16 @@ def make_shape(shape, out):
                     "--tokenizer", os.path.join(BUILD, "models", "tiny", "tokenizer.json")], check=True)
 
 
+def cpu_s(pid):
+    """user + sys seconds of a running process (/proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            parts = f.read().rsplit(")", 1)[1].split()
+        return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def rss_kib(pid):
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -69,7 +79,7 @@ def run_job(spec_path):
     t0 = time.time()
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    state = {"stage": "load", "peak": {}, "last": None}
+    state = {"stage": "load", "peak": {}, "last": None, "cpu": {}, "cpu_at": 0.0}
 
     def reader():
         for line in p.stdout:
@@ -78,6 +88,10 @@ def run_job(spec_path):
             ev = json.loads(line)
             state["last"] = ev
             if ev.get("kind") == "stage":
+                c = cpu_s(p.pid)
+                if c is not None:  # CPU seconds of the stage that just ended
+                    state["cpu"][state["stage"]] = c - state["cpu_at"]
+                    state["cpu_at"] = c
                 state["stage"] = ev["data"]["stage"]
 
     th = threading.Thread(target=reader, daemon=True)
@@ -90,6 +104,7 @@ def run_job(spec_path):
     th.join()
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
+    state["cpu"][state["stage"]] = cpu - state["cpu_at"]
     err = p.stderr.read()
     if p.returncode != 0:
         raise SystemExit(f"job failed ({p.returncode}): {err.strip()[-2000:]}")
@@ -98,7 +113,7 @@ def run_job(spec_path):
     if report is None or "timings_s" not in report:
         out_dir = json.load(open(spec_path))["output"]
         report = json.load(open(os.path.join(out_dir, "report.json")))
-    return report, {k: v / 1024.0 for k, v in state["peak"].items()}, time.time() - t0, cpu
+    return report, {k: v / 1024.0 for k, v in state["peak"].items()}, time.time() - t0, cpu, state["cpu"]
 
 
 def main():
@@ -133,11 +148,12 @@ def main():
             spec["calibration_tokens"] = a.calibration_tokens
         sp = os.path.join(a.out, shape + "-spec.json")
         json.dump(spec, open(sp, "w"))
-        rep, peak, wall, cpu = run_job(sp)
+        rep, peak, wall, cpu, stage_cpu = run_job(sp)
         tm = rep.get("timings_s", {})
         imp = rep.get("importance", {})
         row = {"shape": shape, "params": est["params"], "wall_s": wall, "cpu_s": cpu, "time_s": {s: tm.get(s) for s in STAGES},
                "total_s": tm.get("total"), "peak_rss_mib": {s: peak.get(s) for s in STAGES},
+               "cpu_s_stage": {s: stage_cpu.get(s) for s in STAGES},
                "sensitivity_method": imp.get("sensitivity_method"), "search": rep.get("search", {}).get("dnas")}
         rows.append(row)
         print(f"{shape}: {est['params'] / 1e6:.0f} M parameters, job {tm.get('total', wall):.1f} s "
@@ -149,6 +165,9 @@ def main():
         cells = [f"{fmt(r['time_s'][s], '{:.1f}')} / {fmt(r['peak_rss_mib'][s], '{:.0f}')}" for s in STAGES]
         print(f"{r['shape']:14} {r['params'] / 1e6:8.0f} " + " ".join(f"{c:>16}" for c in cells) +
               f" {fmt(r['total_s'], '{:.1f}'):>8} {r['cpu_s']:8.0f}")
+    print(f"\n{'CPU s/stage':14} {'':8} " + " ".join(f"{s:>16}" for s in STAGES))
+    for r in rows:
+        print(f"{r['shape']:14} {'':8} " + " ".join(f"{fmt(r['cpu_s_stage'][s], '{:.0f}'):>16}" for s in STAGES))
     for prev, cur in zip(rows, rows[1:]):
         pr = cur["params"] / prev["params"]
         ratios = []
