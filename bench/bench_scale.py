@@ -87,12 +87,17 @@ def run_job(spec_path):
                 continue
             ev = json.loads(line)
             state["last"] = ev
-            if ev.get("kind") == "stage":
+            if ev.get("kind") == "stage" and ev["data"].get("index", 0) > 1:
                 c = cpu_s(p.pid)
                 if c is not None:  # CPU seconds of the stage that just ended
                     state["cpu"][state["stage"]] = c - state["cpu_at"]
                     state["cpu_at"] = c
+                    print(f"  {time.time() - t0:7.0f} s: {state['stage']} done, {state['cpu'][state['stage']]:.0f} CPU s,"
+                          f" peak {state['peak'].get(state['stage'], 0) / 1024:.0f} MiB", flush=True)
+            if ev.get("kind") == "stage":
                 state["stage"] = ev["data"]["stage"]
+            elif ev.get("kind") == "log" and "dnas" in ev["data"].get("message", ""):
+                print("  " + json.dumps(ev["data"]), flush=True)
 
     th = threading.Thread(target=reader, daemon=True)
     th.start()
