@@ -140,8 +140,8 @@ double ac_stream_nll(ac_stream *s, const float *x, const int *tok, int B, long *
             float mx = lg[0];
             for (int i = 1; i < V; i++)
                 if (lg[i] > mx) mx = lg[i];
-            double z = 0;
-            for (int i = 0; i < V; i++) z += exp((double)lg[i] - mx);
+            double z = 0; /* float exp (double exp over a V-wide row costs as much as its GEMM) */
+            for (int i = 0; i < V; i++) z += expf(lg[i] - mx);
             nll += log(z) + mx - lg[tok[(size_t)b * n + t + 1]];
             c++;
         }
