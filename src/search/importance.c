@@ -501,7 +501,8 @@ static int streamer_init(streamer *t, calib *c, long nwin, ac_err *e) {
     memset(t, 0, sizeof *t);
     t->c = c;
     t->nwin = nwin;
-    t->sw = c->sw < nwin ? c->sw : nwin;
+    t->sw = c->sw > 0 ? c->sw : 8; /* windows 0 = all: the loss points still take 8 */
+    if (t->sw > nwin) t->sw = nwin;
     if (ac_stream_init(&t->s, c->m, 4, c->ctx, e)) return -1;
     t->X = malloc((size_t)nwin * c->ctx * H * 4);
     t->Xs = malloc((size_t)t->sw * c->ctx * H * 4);
