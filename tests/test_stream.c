@@ -62,7 +62,8 @@ static void test_statistics_match(void) {
     for (int c = 0; c < M.a.hidden; c++) bad += !close_rel(ST.hid_score[c], EX.hid_score[c], 1e-4);
     CHECK(bad == 0, "%d statistics differ", bad);
     for (int i = 0; i < 4; i++)
-        CHECK(close_rel(ST.hid_sens[i], EX.hid_sens[i], 1e-6), "hidden curve %d: %g vs %g", i, ST.hid_sens[i], EX.hid_sens[i]);
+        CHECK(close_rel(ST.hid_sens[i], EX.hid_sens[i], 1e-6), "hidden curve %d: %g vs %g", i, ST.hid_sens[i],
+              EX.hid_sens[i]);
 }
 
 /* The propagated 50 % points are the exact increases (where monotone() did
@@ -143,7 +144,8 @@ static void test_proxy_ranking(void) {
     }
     if (getenv("AC_STREAM_DUMP"))
         for (int l = 0; l < L; l++)
-            printf("  layer %d attn %.4f %.4f %.4f %.4f | %.4f %.4f %.4f %.4f  ffn %.4f %.4f %.4f %.4f | %.4f %.4f %.4f %.4f\n", l,
+            printf("  layer %d attn %.4f %.4f %.4f %.4f | %.4f %.4f %.4f %.4f  "
+                   "ffn %.4f %.4f %.4f %.4f | %.4f %.4f %.4f %.4f\n", l,
                    EX.attn_sens[l][1], EX.attn_sens[l][2], EX.attn_sens[l][3], EX.attn_sens[l][4], ST.attn_sens[l][1],
                    ST.attn_sens[l][2], ST.attn_sens[l][3], ST.attn_sens[l][4], EX.ffn_sens[l][1], EX.ffn_sens[l][2],
                    EX.ffn_sens[l][3], EX.ffn_sens[l][4], ST.ffn_sens[l][1], ST.ffn_sens[l][2], ST.ffn_sens[l][3],

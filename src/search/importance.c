@@ -235,7 +235,9 @@ static int rank_layer(const ac_model *m, const ac_stats *st, int l, ac_importanc
         for (int r = 0; r < H; r++) wn += (double)m->L[l].wd[(size_t)r * F + c] * m->L[l].wd[(size_t)r * F + c];
         fs[c] = st->ffn[l][c] / (double)st->tokens * sqrt(wn);
     }
-    if (!rc) rc = rank(gs, G, &imp->kv_order[l], &imp->kv_score[l]) || rank(fs, F, &imp->ffn_order[l], &imp->ffn_score[l]);
+    if (!rc)
+        rc = rank(gs, G, &imp->kv_order[l], &imp->kv_score[l]) ||
+             rank(fs, F, &imp->ffn_order[l], &imp->ffn_score[l]);
     free(gs);
     free(fs);
     return rc ? ac_errf(e, "out of memory") : 0;
@@ -643,7 +645,8 @@ json_t *ac_importance_to_json(const ac_importance *imp) {
     }
     json_t *hs = json_array();
     for (int i = 0; i < 4; i++) json_array_append_new(hs, json_pack("[f,f]", imp->hid_frac[i], imp->hid_sens[i]));
-    return json_pack("{s:f,s:I,s:s,s:o,s:o,s:[f,f,f,f,f]}", "base_loss", imp->base_loss, "tokens", (json_int_t)imp->tokens,
+    return json_pack("{s:f,s:I,s:s,s:o,s:o,s:[f,f,f,f,f]}", "base_loss", imp->base_loss, "tokens",
+                     (json_int_t)imp->tokens,
                      "sensitivity_method", imp->streamed ? "streamed" : "exact",
                      "layers", layers, "hidden_loss_curve", hs, "removed_fractions", 0.0, 0.25, 0.5, 0.75, 1.0);
 }
