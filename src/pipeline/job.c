@@ -100,7 +100,8 @@ static int stage_calibrate(job_state *s, ac_err *e) {
     /* On a local CUDA target the loss passes (calibration sensitivity and
      * held-out perplexity) run on the GPU; activation statistics on the CPU. */
     s->on_gpu = s->spec->target.dev.kind == AC_TARGET_CUDA && ac_cuda(NULL);
-    return ac_importance_compute(&s->m, s->cids, s->nc, ctxlen, s->cwin, s->on_gpu, progress_cb, s, &s->imp, e);
+    return ac_importance_compute_mode(&s->m, s->cids, s->nc, ctxlen, s->cwin, s->on_gpu, s->spec->calibration_method,
+                                      progress_cb, s, &s->imp, e);
 }
 
 /* ---------------------------------------------------------------- 3 profile */
@@ -125,6 +126,16 @@ static int stage_profile(job_state *s, ac_err *e) {
 }
 
 /* ---------------------------------------------------------------- 4 search */
+
+/* DNAS gate steps within a FLOP budget (README "Calibration and search cost
+ * at scale"): a step is a forward and a backward, about 6 FLOPs per parameter
+ * per token, over dnas_batch x dnas_seq_len tokens; at most the steps asked,
+ * at least 50. The tiny model (300 steps = 0.65 TFLOP) is unaffected. */
+#define AC_DNAS_FLOP_BUDGET 2e13
+static int dnas_steps_budgeted(const ac_search_opts *so, const ac_arch *a) {
+    double cap = AC_DNAS_FLOP_BUDGET / (6.0 * ac_arch_params(a) * so->dnas_batch * so->dnas_seq_len);
+    return so->dnas_steps <= cap ? so->dnas_steps : cap < 50 ? 50 : (int)cap;
+}
 
 static int stage_search(job_state *s, ac_err *e) {
     const ac_job_spec *sp = s->spec;
@@ -153,7 +164,12 @@ static int stage_search(job_state *s, ac_err *e) {
                    "constraints", ac_constraints_report(&P->limits, &s->base_cost)));
     int autoc = sp->method == AC_METHOD_AUTOCOMPRESS;
     if (ac_search_minitron(P, &s->rm, e)) return -1;
-    if (autoc && ac_dnas_job_search(P, &s->m, &sp->search, s->cids, s->nc, &s->ra, &s->imp_d, e)) return -1;
+    ac_search_opts so = sp->search;
+    so.dnas_steps = dnas_steps_budgeted(&so, &s->m.a);
+    if (autoc && so.method == AC_SEARCH_DNAS && so.dnas_steps < sp->search.dnas_steps)
+        emit(s, "log", json_pack("{s:s,s:i,s:i}", "message", "dnas steps scaled to the FLOP budget", "dnas_steps",
+                                 so.dnas_steps, "asked", sp->search.dnas_steps));
+    if (autoc && ac_dnas_job_search(P, &s->m, &so, s->cids, s->nc, &s->ra, &s->imp_d, e)) return -1;
     s->chosen = autoc ? &s->ra : &s->rm;
     if (s->chosen->feasible) return 0;
     const ac_cost *k = &s->chosen->cost;

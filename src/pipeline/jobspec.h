@@ -65,6 +65,7 @@ typedef struct {
     ac_eval_spec eval;
     int repair;
     int calibration_tokens;
+    int calibration_method; /* AC_CALIB_AUTO / EXACT / STREAMED (importance.h) */
     int priority;
     ac_distill_spec distill;
 } ac_job_spec;

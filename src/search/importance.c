@@ -8,6 +8,7 @@
 #include "engine.h"
 #include "eval.h"
 #include "prune.h"
+#include "stream.h"
 
 static const double SENS_R[AC_SENS_POINTS] = {0, 0.25, 0.5, 0.75, 1.0};
 
@@ -218,36 +219,40 @@ typedef struct {
     double base; /* calibration loss of the unpruned model */
 } calib;
 
-/* Rank KV groups and FFN channels per layer, and hidden channels, from
- * the activation statistics; block-influence scores of the layers. */
-static int rank_units(const ac_model *m, const ac_stats *st, ac_importance *imp, ac_err *e) {
+/* Rank layer l's KV groups and FFN channels from the activation
+ * statistics; its block-influence score. */
+static int rank_layer(const ac_model *m, const ac_stats *st, int l, ac_importance *imp, ac_err *e) {
     const ac_arch *a = &m->a;
-    int L = a->n_layers, H = a->hidden;
-    for (int l = 0; l < L; l++) {
-        const ac_layer_arch *la = &a->layers[l];
-        imp->layer_bi[l] = st->layer[l] / (double)st->tokens;
-        int G = la->n_kv_heads, grp = la->n_heads ? la->n_heads / la->n_kv_heads : 1, F = la->ffn;
-        double *gs = calloc(G + 1, sizeof(double)), *fs = calloc(F + 1, sizeof(double));
-        int rc = gs && fs ? 0 : -1;
-        for (int h = 0; !rc && h < la->n_heads; h++) gs[h / grp] += sqrt(st->head[l][h] / (double)st->tokens);
-        for (int c = 0; !rc && c < F; c++) {
-            double wn = 0;
-            for (int r = 0; r < H; r++) wn += (double)m->L[l].wd[(size_t)r * F + c] * m->L[l].wd[(size_t)r * F + c];
-            fs[c] = st->ffn[l][c] / (double)st->tokens * sqrt(wn);
-        }
-        if (!rc)
-            rc = rank(gs, G, &imp->kv_order[l], &imp->kv_score[l]) ||
-                 rank(fs, F, &imp->ffn_order[l], &imp->ffn_score[l]);
-        free(gs);
-        free(fs);
-        if (rc) return ac_errf(e, "out of memory");
+    int H = a->hidden;
+    const ac_layer_arch *la = &a->layers[l];
+    imp->layer_bi[l] = st->layer[l] / (double)st->tokens;
+    int G = la->n_kv_heads, grp = la->n_heads ? la->n_heads / la->n_kv_heads : 1, F = la->ffn;
+    double *gs = calloc(G + 1, sizeof(double)), *fs = calloc(F + 1, sizeof(double));
+    int rc = gs && fs ? 0 : -1;
+    for (int h = 0; !rc && h < la->n_heads; h++) gs[h / grp] += sqrt(st->head[l][h] / (double)st->tokens);
+    for (int c = 0; !rc && c < F; c++) {
+        double wn = 0;
+        for (int r = 0; r < H; r++) wn += (double)m->L[l].wd[(size_t)r * F + c] * m->L[l].wd[(size_t)r * F + c];
+        fs[c] = st->ffn[l][c] / (double)st->tokens * sqrt(wn);
     }
-    double *hs = calloc(H, sizeof(double));
-    int rc = hs ? 0 : -1;
-    for (int i = 0; !rc && i < H; i++) hs[i] = st->hidden_a[i];
-    if (!rc) rc = rank(hs, H, &imp->hid_order, &imp->hid_score);
-    free(hs);
+    if (!rc)
+        rc = rank(gs, G, &imp->kv_order[l], &imp->kv_score[l]) ||
+             rank(fs, F, &imp->ffn_order[l], &imp->ffn_score[l]);
+    free(gs);
+    free(fs);
     return rc ? ac_errf(e, "out of memory") : 0;
+}
+
+/* Rank hidden channels from the activation statistics. */
+static int rank_hidden(const ac_stats *st, ac_importance *imp, ac_err *e) {
+    return rank(st->hidden_a, imp->hidden, &imp->hid_order, &imp->hid_score) ? ac_errf(e, "out of memory") : 0;
+}
+
+/* Rank every layer's units and the hidden channels. */
+static int rank_units(const ac_model *m, const ac_stats *st, ac_importance *imp, ac_err *e) {
+    for (int l = 0; l < m->a.n_layers; l++)
+        if (rank_layer(m, st, l, imp, e)) return -1;
+    return rank_hidden(st, imp, e);
 }
 
 /* Sensitivity: zero the o_proj columns of removed heads (exactly
@@ -334,28 +339,227 @@ static int merge_sensitivity(calib *c, ac_err *e) {
     return 0;
 }
 
-int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda,
-                          ac_progress_fn progress, void *ud, ac_importance *imp, ac_err *e) {
-    memset(imp, 0, sizeof *imp);
-    const ac_arch *a = &m->a;
+/* ------------------------------------------------------------ streamed */
+
+/* Layer-streamed calibration (importance.h): X holds the residual stream of
+ * every calibration window; layer l runs over it once with the statistics
+ * hooks (its output becomes layer l+1's input). Its units are ranked right
+ * then, and its sensitivity is measured on the first sw windows of its
+ * cached input: the squared error of the layer's output with the units
+ * removed (per point), and one exact loss increase per sub-block (the 50 %
+ * point propagated through the rest of the network) that converts errors
+ * into nats. */
+/* The points propagated through the rest of the network (bits of point
+ * indices): 50 % and 100 %. On the tiny model 50 % alone gives a Spearman
+ * of 0.62 against the exact curves, 100 % alone 0.81, both 0.85
+ * (test_stream). */
+#define PROP ((1 << 2) | (1 << 4))
+
+typedef struct {
+    calib *c;
+    ac_stream s;
+    float *X;  /* [nwin*ctx][H] residual stream of all windows */
+    float *Xs; /* [S][H] current layer's input, first sw windows */
+    float *Y;  /* [S][H] scratch */
+    float *W;  /* the larger of o_proj / down_proj: masked copy */
+    long nwin, sw;
+    double (*ea)[AC_SENS_POINTS], (*ef)[AC_SENS_POINTS], (*em)[8]; /* [l][point] output errors */
+    double (*la)[AC_SENS_POINTS], (*lf)[AC_SENS_POINTS];        /* [l][point] summed loss of propagated points */
+} streamer;
+
+/* Layers l0..l1-1 over nw windows of x in place (mod applies to l0 only). */
+static void run_layers(streamer *t, int l0, int l1, float *x, long nw, const ac_stream_mod *mod,
+                       const ac_engine_hooks *hk) {
+    size_t rows = (size_t)t->c->ctx * t->c->m->a.hidden;
+    for (long w = 0; w < nw; w += t->s.B) {
+        int nb = (int)(nw - w < t->s.B ? nw - w : t->s.B);
+        for (int l = l0; l < l1; l++) ac_stream_layer(&t->s, l, x + w * rows, nb, l == l0 ? mod : NULL, hk);
+    }
+}
+
+/* Summed loss over windows w0..nw-1 of x (final residual stream of all windows from 0). */
+static double head_loss(streamer *t, const float *x, long w0, long nw) {
+    size_t rows = (size_t)t->c->ctx * t->c->m->a.hidden;
+    double sum = 0;
+    for (long w = w0; w < nw; w += t->s.B) {
+        int nb = (int)(nw - w < t->s.B ? nw - w : t->s.B);
+        sum += ac_stream_nll(&t->s, x + w * rows, t->c->ids + w * t->c->ctx, nb, NULL);
+    }
+    return sum;
+}
+
+/* Layer l with mod on the cached input: squared error of its output against
+ * the unmodified one (X's first rows); with prop, also the summed loss of
+ * the rest of the network from that output. */
+static double mod_error(streamer *t, int l, const ac_stream_mod *mod, double *prop) {
+    size_t S = (size_t)t->sw * t->c->ctx * t->c->m->a.hidden;
+    memcpy(t->Y, t->Xs, S * 4);
+    run_layers(t, l, l + 1, t->Y, t->sw, mod, NULL);
+    double err = 0;
+    for (size_t i = 0; i < S; i++) err += ((double)t->Y[i] - t->X[i]) * ((double)t->Y[i] - t->X[i]);
+    if (prop) {
+        run_layers(t, l + 1, t->c->m->a.n_layers, t->Y, t->sw, NULL, NULL);
+        *prop = head_loss(t, t->Y, 0, t->sw);
+    }
+    return err;
+}
+
+/* Errors of removing the lowest-ranked SENS_R[p] of a matrix's units (as
+ * sens_curve, on a masked copy of the matrix); the 50 % point propagated. */
+static void mask_errors(streamer *t, int l, int ffn, const float *W, int rows, int cols, const int *order, int units,
+                        int uw, double *err, double *loss) {
+    for (int p = 1; p < AC_SENS_POINTS; p++) {
+        int drop = (int)lround(SENS_R[p] * units);
+        memcpy(t->W, W, (size_t)rows * cols * 4);
+        for (int k = units - drop; k < units; k++)
+            for (int r = 0; r < rows; r++) memset(t->W + (size_t)r * cols + (size_t)order[k] * uw, 0, (size_t)uw * 4);
+        ac_stream_mod mod = {.wo = ffn ? NULL : t->W, .wd = ffn ? t->W : NULL};
+        err[p] = mod_error(t, l, &mod, (PROP >> p) & 1 ? &loss[p] : NULL);
+    }
+}
+
+/* One layer of the streamed pass: statistics, ranking, output errors. */
+static int stream_layer(streamer *t, ac_stats *st, const ac_engine_hooks *hk, int l, ac_err *e) {
+    calib *c = t->c;
+    const ac_arch *a = &c->m->a;
+    const ac_layer_arch *la = &a->layers[l];
+    const ac_layer_w *w = &c->m->L[l];
+    int H = a->hidden, hd = a->head_dim;
+    memcpy(t->Xs, t->X, (size_t)t->sw * c->ctx * H * 4);
+    run_layers(t, l, l + 1, t->X, t->nwin, NULL, hk);
+    if (rank_layer(c->m, st, l, c->imp, e)) return -1;
+    if (la->n_heads) {
+        int grp = la->n_heads / la->n_kv_heads;
+        mask_errors(t, l, 0, w->wo, H, la->n_heads * hd, c->imp->kv_order[l], la->n_kv_heads, grp * hd, t->ea[l],
+                    t->la[l]);
+        int kv = la->n_kv_heads;
+        for (int d = kv - 1; d >= 1 && c->imp->merge_n[l] < 8; d--) {
+            if (kv % d) continue;
+            ac_stream_mod mod = {.kv_merge = d};
+            int k = c->imp->merge_n[l]++;
+            c->imp->merge_r[l][k] = 1.0 - (double)d / kv;
+            t->em[l][k] = mod_error(t, l, &mod, NULL);
+        }
+    }
+    if (la->ffn) mask_errors(t, l, 1, w->wd, H, la->ffn, c->imp->ffn_order[l], la->ffn, 1, t->ef[l], t->lf[l]);
+    return 0;
+}
+
+/* One curve from its errors and propagated losses: at a propagated point
+ * the exact increase; between them the increase is interpolated linearly in
+ * the error; below the first, gain * error. */
+static void proxy_curve(const double *err, const double *loss, double base_sum, long cnt, double *curve) {
+    double pe = 0, pi = 0; /* previous anchor: error, increase */
+    int next = 1;
+    for (int p = 1; p < AC_SENS_POINTS; p++) {
+        if (!((PROP >> p) & 1)) continue;
+        double inc = fmax((loss[p] - base_sum) / cnt, pi);
+        for (int q = next; q <= p; q++)
+            curve[q] = err[p] > pe ? pi + (inc - pi) * (err[q] - pe) / (err[p] - pe) : inc;
+        pe = err[p], pi = inc, next = p + 1;
+    }
+    for (int q = next; q < AC_SENS_POINTS; q++) curve[q] = pe > 0 ? pi * err[q] / pe : pi;
+    monotone(curve);
+}
+
+/* Curves from the errors (KV merging uses attention's gain at its first
+ * propagated point). */
+static void stream_curves(streamer *t, double base_sum) {
+    ac_importance *imp = t->c->imp;
+    long cnt = t->sw * (t->c->ctx - 1);
+    int p0 = 1;
+    while (!((PROP >> p0) & 1)) p0++;
+    for (int l = 0; l < imp->n_layers; l++) {
+        proxy_curve(t->ea[l], t->la[l], base_sum, cnt, imp->attn_sens[l]);
+        proxy_curve(t->ef[l], t->lf[l], base_sum, cnt, imp->ffn_sens[l]);
+        double ka = t->ea[l][p0] > 0 ? imp->attn_sens[l][p0] / t->ea[l][p0] : 0;
+        for (int k = 0; k < imp->merge_n[l]; k++)
+            imp->merge_sens[l][k] = fmax(ka * t->em[l][k], k ? imp->merge_sens[l][k - 1] : 0);
+    }
+}
+
+static void streamer_free(streamer *t) {
+    ac_stream_free(&t->s);
+    free(t->X);
+    free(t->Xs);
+    free(t->Y);
+    free(t->W);
+    free(t->ea);
+    free(t->ef);
+    free(t->em);
+    free(t->la);
+    free(t->lf);
+}
+
+static int streamer_init(streamer *t, calib *c, long nwin, ac_err *e) {
+    const ac_arch *a = &c->m->a;
     int L = a->n_layers;
-    imp->n_layers = L;
-    imp->hidden = a->hidden;
-    ac_stats st;
-    if (ac_stats_init(&st, a, e)) return -1;
-    if (ac_stats_want_minitron(&st, a, e)) {
-        ac_stats_free(&st);
-        return -1;
+    size_t H = a->hidden, mw = 1;
+    for (int l = 0; l < L; l++) {
+        size_t q = (size_t)a->layers[l].n_heads * a->head_dim, f = a->layers[l].ffn;
+        if (q > mw) mw = q;
+        if (f > mw) mw = f;
     }
-    ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = windows, .batch = 4};
-    ac_ppl_result pr;
-    if (progress) progress(ud, "activation statistics", 0);
-    if (ac_perplexity(m, ids, n, &o, &st, NULL, NULL, &pr, e)) {
-        ac_stats_free(&st);
-        return -1;
+    memset(t, 0, sizeof *t);
+    t->c = c;
+    t->nwin = nwin;
+    t->sw = c->sw > 0 ? c->sw : 8; /* windows 0 = all: the loss points still take 8 */
+    if (t->sw > nwin) t->sw = nwin;
+    if (ac_stream_init(&t->s, c->m, 4, c->ctx, e)) return -1;
+    t->X = malloc((size_t)nwin * c->ctx * H * 4);
+    t->Xs = malloc((size_t)t->sw * c->ctx * H * 4);
+    t->Y = malloc((size_t)t->sw * c->ctx * H * 4);
+    t->W = malloc(mw * H * 4);
+    t->ea = calloc(L, sizeof *t->ea);
+    t->ef = calloc(L, sizeof *t->ef);
+    t->em = calloc(L, sizeof *t->em);
+    t->la = calloc(L, sizeof *t->la);
+    t->lf = calloc(L, sizeof *t->lf);
+    c->imp->merge_n = calloc(L, sizeof(int));
+    c->imp->merge_r = calloc(L, sizeof *c->imp->merge_r);
+    c->imp->merge_sens = calloc(L, sizeof *c->imp->merge_sens);
+    if (!t->X || !t->Xs || !t->Y || !t->W || !t->ea || !t->ef || !t->em || !t->la || !t->lf || !c->imp->merge_n ||
+        !c->imp->merge_r || !c->imp->merge_sens) {
+        streamer_free(t);
+        return ac_errf(e, "out of memory for the calibration activations (%ld windows of %d x %zu floats)", nwin,
+                       c->ctx, H);
     }
-    imp->base_loss = pr.nll;
-    imp->tokens = st.tokens;
+    return 0;
+}
+
+/* The streamed statistics and attention/FFN/merge curves; base_loss. */
+static int streamed_calibration(calib *c, ac_stats *st, long nwin, ac_err *e) {
+    streamer t;
+    if (streamer_init(&t, c, nwin, e)) return -1;
+    int L = c->m->a.n_layers, rc = ac_stream_embed(c->m, c->ids, nwin * c->ctx, t.X, e);
+    ac_engine_hooks hk;
+    ac_stats_hooks(st, &hk);
+    hk.rows = NULL;
+    st->tokens = nwin * c->ctx;
+    for (int l = 0; l < L && !rc; l++) {
+        rc = stream_layer(&t, st, &hk, l, e);
+        if (c->progress) c->progress(c->ud, "streamed calibration", (double)(l + 1) / (L + 1));
+    }
+    if (!rc) {
+        double base_sum = head_loss(&t, t.X, 0, t.sw), rest = head_loss(&t, t.X, t.sw, nwin);
+        c->imp->base_loss = (base_sum + rest) / (nwin * (c->ctx - 1));
+        stream_curves(&t, base_sum);
+        rc = rank_hidden(st, c->imp, e);
+    }
+    streamer_free(&t);
+    return rc;
+}
+
+/* Full-model passes of the exact method, in FLOPs (2 per parameter per
+ * token): statistics over every window, then per loss point sw windows. */
+static double exact_flops(const ac_arch *a, long nwin, int ctx, int sw) {
+    double pts = 2 + 4 + 8.0 * a->n_layers;
+    for (int l = 0; l < a->n_layers; l++)
+        for (int d = a->layers[l].n_kv_heads - 1; d >= 1; d--) pts += a->layers[l].n_kv_heads % d == 0;
+    return 2 * ac_arch_params(a) * ((double)nwin * ctx + pts * sw * ctx);
+}
+
+static int alloc_importance(ac_importance *imp, int L, ac_err *e) {
     imp->kv_order = calloc(L, sizeof(int *));
     imp->kv_score = calloc(L, sizeof(double *));
     imp->ffn_order = calloc(L, sizeof(int *));
@@ -363,14 +567,62 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
     imp->layer_bi = calloc(L, sizeof(double));
     imp->attn_sens = calloc(L, sizeof *imp->attn_sens);
     imp->ffn_sens = calloc(L, sizeof *imp->ffn_sens);
-    int rc = imp->kv_order && imp->kv_score && imp->ffn_order && imp->ffn_score && imp->layer_bi && imp->attn_sens &&
-                     imp->ffn_sens
-                 ? rank_units(m, &st, imp, e)
-                 : ac_errf(e, "out of memory");
-    if (!rc) rc = minitron_scores(&st, a, imp, e);
-    ac_stats_free(&st);
+    return imp->kv_order && imp->kv_score && imp->ffn_order && imp->ffn_score && imp->layer_bi && imp->attn_sens &&
+                   imp->ffn_sens
+               ? 0
+               : ac_errf(e, "out of memory");
+}
+
+int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda,
+                          ac_progress_fn progress, void *ud, ac_importance *imp, ac_err *e) {
+    return ac_importance_compute_mode(m, ids, n, ctx, windows, cuda, AC_CALIB_AUTO, progress, ud, imp, e);
+}
+
+int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda, int mode,
+                               ac_progress_fn progress, void *ud, ac_importance *imp, ac_err *e) {
+    memset(imp, 0, sizeof *imp);
+    const ac_arch *a = &m->a;
+    int L = a->n_layers;
+    imp->n_layers = L;
+    imp->hidden = a->hidden;
+    long nwin = ctx >= 2 ? (long)(n / ctx) : 0;
+    if (windows > 0 && nwin > windows) nwin = windows;
+    if (nwin < 1) return ac_errf(e, "calibration: %zu tokens do not fill one window of %d", n, ctx);
     calib c = {m, ids, n, ctx, windows < 8 ? windows : 8, cuda, progress, ud, imp, 0};
-    if (!rc) rc = masking_sensitivity(&c, e) || hidden_sensitivity(&c, e) || merge_sensitivity(&c, e) ? -1 : 0;
+    if (mode == AC_CALIB_AUTO)
+        mode = !cuda && exact_flops(a, nwin, ctx, c.sw < nwin ? c.sw : (int)nwin) > AC_CALIB_EXACT_FLOPS
+                   ? AC_CALIB_STREAMED
+                   : AC_CALIB_EXACT;
+    imp->streamed = mode == AC_CALIB_STREAMED;
+    ac_stats st;
+    if (ac_stats_init(&st, a, e)) return -1;
+    int rc = ac_stats_want_minitron(&st, a, e) || alloc_importance(imp, L, e) ? -1 : 0;
+    if (!rc && imp->streamed) {
+        rc = streamed_calibration(&c, &st, nwin, e);
+        imp->tokens = st.tokens;
+        if (!rc) rc = minitron_scores(&st, a, imp, e);
+        ac_stats_free(&st);
+        /* the hidden curve prunes the whole width: full passes, against the engine's base loss */
+        ac_scorer *sc;
+        if (!rc) rc = ac_scorer_open(m, 4, ctx, cuda, NULL, &sc, e);
+        if (!rc) {
+            rc = calib_loss(sc, NULL, 0, ids, n, ctx, c.sw, &c.base, e);
+            ac_scorer_close(sc);
+        }
+        if (!rc) rc = hidden_sensitivity(&c, e);
+    } else if (!rc) {
+        ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = windows, .batch = 4};
+        ac_ppl_result pr;
+        if (progress) progress(ud, "activation statistics", 0);
+        rc = ac_perplexity(m, ids, n, &o, &st, NULL, NULL, &pr, e);
+        imp->base_loss = pr.nll;
+        imp->tokens = st.tokens;
+        if (!rc) rc = rank_units(m, &st, imp, e);
+        if (!rc) rc = minitron_scores(&st, a, imp, e);
+        ac_stats_free(&st);
+        if (!rc) rc = masking_sensitivity(&c, e) || hidden_sensitivity(&c, e) || merge_sensitivity(&c, e) ? -1 : 0;
+    } else
+        ac_stats_free(&st);
     if (!rc && progress) progress(ud, "sensitivity", 1.0);
     if (rc) ac_importance_free(imp);
     return rc;
@@ -393,6 +645,8 @@ json_t *ac_importance_to_json(const ac_importance *imp) {
     }
     json_t *hs = json_array();
     for (int i = 0; i < 4; i++) json_array_append_new(hs, json_pack("[f,f]", imp->hid_frac[i], imp->hid_sens[i]));
-    return json_pack("{s:f,s:I,s:o,s:o,s:[f,f,f,f,f]}", "base_loss", imp->base_loss, "tokens", (json_int_t)imp->tokens,
+    return json_pack("{s:f,s:I,s:s,s:o,s:o,s:[f,f,f,f,f]}", "base_loss", imp->base_loss, "tokens",
+                     (json_int_t)imp->tokens,
+                     "sensitivity_method", imp->streamed ? "streamed" : "exact",
                      "layers", layers, "hidden_loss_curve", hs, "removed_fractions", 0.0, 0.25, 0.5, 0.75, 1.0);
 }

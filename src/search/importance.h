@@ -58,6 +58,7 @@ typedef struct {
     double **mt_ffn_score; /* sorted */
     int *mt_hid_order;     /* [hidden] */
     double *mt_hid_score;  /* sorted */
+    int streamed;          /* curves measured by the layer-streamed method (below) */
 } ac_importance;
 
 typedef void (*ac_progress_fn)(void *ud, const char *what, double frac);
@@ -70,6 +71,27 @@ typedef void (*ac_progress_fn)(void *ud, const char *what, double frac);
  * pruned or KV-merged model. */
 int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda, ac_progress_fn progress, void *ud,
                           ac_importance *imp, ac_err *e);
+
+/* Calibration methods (README "Calibration cost"):
+ * EXACT: the statistics in one engine pass, then one full-model loss pass
+ *   per curve point (8 L + merges + 4 hidden + 1 base, each over the first
+ *   min(windows, 8) windows).
+ * STREAMED: one layer-streamed pass (stream.h) over cached activations:
+ *   statistics and ranking per layer, then per layer the squared error of
+ *   its output with each point's units removed (or KV heads merged) on the
+ *   first min(windows, 8) windows, and per sub-block two exact loss
+ *   increases, the 50 % and 100 % points propagated through the rest of the
+ *   network; between those anchors the increase is interpolated linearly in
+ *   the output error, below 50 % it is gain * error (a second-order proxy:
+ *   loss and squared error both grow as the square of a small perturbation);
+ *   KV merging uses the attention gain. The hidden curve stays 4 full
+ *   passes. CPU only.
+ * AUTO (ac_importance_compute): EXACT with cuda or when its passes cost at
+ *   most AC_CALIB_EXACT_FLOPS (every model of the tests), else STREAMED. */
+enum { AC_CALIB_AUTO, AC_CALIB_EXACT, AC_CALIB_STREAMED };
+#define AC_CALIB_EXACT_FLOPS 2e12
+int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda, int mode,
+                               ac_progress_fn progress, void *ud, ac_importance *imp, ac_err *e);
 void ac_importance_free(ac_importance *imp);
 /* Interpolated loss increase for removing fraction r of a component. */
 double ac_sens_attn(const ac_importance *imp, int l, double r);
