@@ -126,11 +126,11 @@ $(B)/models/tiny/config.json: tools/make_tiny_model.py tests/ref_llama.py
 # The second, larger model for the benchmarks (11M parameters, King James
 # Bible from bible-kjv-text; reproducible; about 25 minutes on 2 cores).
 SECOND_ARGS = --corpus kjv --merges 767 --hidden 320 --layers 8 --heads 10 --kv-heads 5 --ffn 1024 \
-	--ctx 128 --batch 16 --steps 240 --bpe-chars 600000 --eval
+	--ctx 128 --batch 16 --steps 120 --bpe-chars 600000 --eval
 second-model: $(B)/models/second/config.json
 $(B)/models/second/config.json: tools/make_tiny_model.py tests/ref_llama.py
 	@mkdir -p $(B)/models
-	PYTHONPATH=tests nice $(PYTHON) tools/make_tiny_model.py --out $(B)/models/second --data $(B)/data/second $(SECOND_ARGS)
+	PYTHONPATH=tests $(PYTHON) tools/make_tiny_model.py --out $(B)/models/second --data $(B)/data/second $(SECOND_ARGS)
 
 fixtures: tiny-model
 	PYTHONPATH=tests $(PYTHON) tests/gen_fixtures.py --out $(B)/fixtures

@@ -27,7 +27,8 @@ Models: build/models/tiny (fortunes, 1.4 M parameters), build/models/second
 built, and any other model directory named in AC_BENCH_MODELS (colon-separated
 NAME=MODEL_DIR=DATA_DIR entries, DATA_DIR holding calib.txt and heldout.txt).
 AC_BENCH_ONLY=NAME-PREFIX[,..] keeps only those models; AC_BENCH_LEVELS=0,1
-(default both) picks the moderate (0) and/or tight (1) limits; AC_BENCH_JSON=PATH
+(default both) picks the moderate (0) and/or tight (1) limits, AC_BENCH_SCENARIOS=0,1,2,3
+(default all) the scenarios, in the order above; AC_BENCH_JSON=PATH
 also writes every row (limits, each arm's perplexities, architecture, job
 seconds) as JSON.
 """
@@ -116,6 +117,8 @@ def main():
             print(f"skipping {mname}: {mdir} has no config.json")
             continue
         for i, (sname, dev, wl, limits) in enumerate(SCENARIOS):
+            if str(i) not in os.environ.get("AC_BENCH_SCENARIOS", "0,1,2,3").split(","):
+                continue
             req = os.path.join(tmp, "est.json")
             json.dump({"model": mdir, "target": {"device": dev, "workload": wl}}, open(req, "w"))
             base = json.loads(run([os.path.join(BUILD, "autocompress"), "estimate", req]))["figures"]
