@@ -109,6 +109,19 @@ def job(tmp, name, mname, mdir, ddir, dev, wl, cons):
     return [json.loads(l) for l in out.splitlines() if l.startswith("{")][-1]["data"]
 
 
+def write_json(rows):
+    """Every row so far as JSON (AC_BENCH_JSON), rewritten after each job so a cut run keeps its rows."""
+    if not os.environ.get("AC_BENCH_JSON"):
+        return
+    with open(os.environ["AC_BENCH_JSON"], "w") as f:
+        json.dump([{"model": mn, "scenario": sn, "limits": lim, "constraints": c, "seconds": r["_seconds"],
+                    "search_method": os.environ.get("AC_SEARCH_METHOD", "dnas"), "distill_tokens": distill_tokens(mn),
+                    **{k: {"perplexity": r[k]["perplexity"], "perplexity_pruned": r[k].get("perplexity_pruned"),
+                           "feasible": r[k].get("feasible", True), "architecture": arch_str(r[k]["architecture"])
+                           if "architecture" in r[k] else None} for k in ("baseline", "minitron", "autocompress")}}
+                   for mn, sn, lim, c, r in rows], f, indent=1)
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="acbench_")
     rows = []
@@ -129,15 +142,9 @@ def main():
                 res = job(tmp, f"{mname}-{i}-{level}", mname, mdir, ddir, dev, wl, cons)
                 res["_seconds"] = time.time() - t0
                 rows.append((mname, sname, lim, cons, res))
+                write_json(rows)
                 print(f"  {mname} / {sname} / {level}: {res['_seconds']:.0f} s", file=sys.stderr, flush=True)
-    if os.environ.get("AC_BENCH_JSON"):
-        with open(os.environ["AC_BENCH_JSON"], "w") as f:
-            json.dump([{"model": mn, "scenario": sn, "limits": lim, "constraints": c, "seconds": r["_seconds"],
-                        "search_method": os.environ.get("AC_SEARCH_METHOD", "dnas"), "distill_tokens": distill_tokens(mn),
-                        **{k: {"perplexity": r[k]["perplexity"], "perplexity_pruned": r[k].get("perplexity_pruned"),
-                               "feasible": r[k].get("feasible", True), "architecture": arch_str(r[k]["architecture"])
-                               if "architecture" in r[k] else None} for k in ("baseline", "minitron", "autocompress")}}
-                       for mn, sn, lim, c, r in rows], f, indent=1)
+
     dist = lambda x: x["perplexity"] if "distill" in x else None  # after distillation
     pre = lambda x: x.get("perplexity_pruned", x["perplexity"])  # pruned, before any distillation
     fmt = lambda v: f"{v:8.2f}" if isinstance(v, (int, float)) else f"{'-':>8}"
