@@ -168,7 +168,8 @@ def main():
     R.write_model(a.out, cfg, {k: v.detach() for k, v in W.items()}, dtype=torch.bfloat16)
     if a.eval:
         Wb = {k: v.detach().to(torch.bfloat16).float() for k, v in W.items()}  # as written (BF16)
-        held = torch.tensor(R.bpe_encode(special.join(splits["heldout"]), vocab, merges, specials=[special]), dtype=torch.long)
+        held = R.bpe_encode(special.join(splits["heldout"]), vocab, merges, specials=[special])
+        held = torch.tensor(held, dtype=torch.long)
         print(f"held-out perplexity {held_out_ppl(arch, Wb, held, a.ctx):.2f} "
               f"({min(64, (len(held) - 1) // a.ctx)} windows of {a.ctx} tokens, BF16 weights)", flush=True)
     print(f"wrote {a.out} in {time.time() - t0:.0f}s", flush=True)
