@@ -26,7 +26,7 @@ D_OBJ    = $(D_SRC:daemon/%.c=$(B)/daemon/%.o) $(B)/daemon/migrations.o
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(B)/tests/%)
 
-.PHONY: all clean test demo bench cuda-check fixtures tiny-model deps asan test-asan web-test-deps llama-test-deps fuzz
+.PHONY: all clean test demo bench cuda-check fixtures tiny-model second-model deps asan test-asan web-test-deps llama-test-deps fuzz
 
 BENCH_BIN = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/*.c))
 # The CUDA plugin is built when nvcc is found; without it the CPU path alone.
@@ -110,7 +110,7 @@ deps:
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends \
 	    build-essential pkg-config libjansson-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev \
-	    libopenblas-dev python3 python3-torch python3-numpy python3-regex python3-sentencepiece python3-jsonschema fortunes curl ca-certificates >/dev/null; \
+	    libopenblas-dev python3 python3-torch python3-numpy python3-regex python3-sentencepiece python3-jsonschema fortunes bible-kjv bible-kjv-text curl ca-certificates >/dev/null; \
 	  opt=""; command -v node >/dev/null || opt="$$opt nodejs"; command -v npm >/dev/null || opt="$$opt npm"; \
 	  command -v chromium >/dev/null || opt="$$opt chromium"; \
 	  if [ -n "$$opt" ]; then apt-get install -y -qq --no-install-recommends $$opt >/dev/null || \
@@ -122,6 +122,15 @@ tiny-model: $(B)/models/tiny/config.json
 $(B)/models/tiny/config.json: tools/make_tiny_model.py tests/ref_llama.py
 	@mkdir -p $(B)/models
 	PYTHONPATH=tests $(PYTHON) tools/make_tiny_model.py --out $(B)/models/tiny --data $(B)/data
+
+# The second, larger model for the benchmarks (11M parameters, King James
+# Bible from bible-kjv-text; reproducible; about 7 CPU-s a step: 10 minutes on 2 idle cores).
+SECOND_ARGS = --corpus kjv --merges 767 --hidden 320 --layers 8 --heads 10 --kv-heads 5 --ffn 1024 \
+	--ctx 128 --batch 16 --steps 120 --bpe-chars 600000 --eval
+second-model: $(B)/models/second/config.json
+$(B)/models/second/config.json: tools/make_tiny_model.py tests/ref_llama.py
+	@mkdir -p $(B)/models
+	PYTHONPATH=tests $(PYTHON) tools/make_tiny_model.py --out $(B)/models/second --data $(B)/data/second $(SECOND_ARGS)
 
 fixtures: tiny-model
 	PYTHONPATH=tests $(PYTHON) tests/gen_fixtures.py --out $(B)/fixtures

@@ -13,21 +13,31 @@ Prints held-out perplexity of base, Minitron and AutoCompress, their
 predicted figures against the limit, and the win count. The columns "after
 equal distillation" are filled when AC_BENCH_DISTILL=N is set: every job
 then distils both arms with the same budget of N tokens (spec "distill",
-on the calibration text), each arm's report holding "perplexity_pruned"
-(before) and "perplexity" (after); without it they print "-".
+on the model's training split, train.txt, when its data directory has one,
+else on the calibration text), each arm's report holding
+"perplexity_pruned" (before) and "perplexity" (after); without it they
+print "-". The budget may differ per model: AC_BENCH_DISTILL=N or
+AC_BENCH_DISTILL=tiny:N1,kjv:N2 (model-name prefix: tokens).
 
 AutoCompress's search.method comes from AC_SEARCH_METHOD (default dnas), with
 AC_DNAS_STEPS (default 300) and AC_COTRAIN=1 (co-trained weights).
 
-Models: build/models/tiny (fortunes, 1.4 M parameters) and any other model
-directory named in AC_BENCH_MODELS (colon-separated NAME=MODEL_DIR=DATA_DIR
-entries, DATA_DIR holding calib.txt and heldout.txt).
+Models: build/models/tiny (fortunes, 1.4 M parameters), build/models/second
+(King James Bible, 11 M parameters, `make second-model`) when it has been
+built, and any other model directory named in AC_BENCH_MODELS (colon-separated
+NAME=MODEL_DIR=DATA_DIR entries, DATA_DIR holding calib.txt and heldout.txt).
+AC_BENCH_ONLY=NAME-PREFIX[,..] keeps only those models; AC_BENCH_LEVELS=0,1
+(default both) picks the moderate (0) and/or tight (1) limits, AC_BENCH_SCENARIOS=0,1,2,3
+(default all) the scenarios, in the order above; AC_BENCH_JSON=PATH
+also writes every row (limits, each arm's perplexities, architecture, job
+seconds) as JSON.
 """
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("AC_BUILD", os.path.join(ROOT, "build"))
@@ -48,11 +58,24 @@ SCENARIOS = [
 
 
 def models():
-    out = [("fortunes-1.4M", os.path.join(BUILD, "models", "tiny"), os.path.join(BUILD, "data"))]
+    out = [("fortunes-1.4M", os.path.join(BUILD, "models", "tiny"), os.path.join(BUILD, "data")),
+           ("kjv-11M", os.path.join(BUILD, "models", "second"), os.path.join(BUILD, "data", "second"))]
     for ent in filter(None, os.environ.get("AC_BENCH_MODELS", "").split(":")):
         name, mdir, ddir = ent.split("=")
         out.append((name, mdir, ddir))
-    return out
+    only = [x for x in os.environ.get("AC_BENCH_ONLY", "").split(",") if x]
+    return [m for m in out if not only or any(m[0].startswith(o) for o in only)]
+
+
+def distill_tokens(mname):
+    v = os.environ.get("AC_BENCH_DISTILL", "")
+    if ":" not in v:
+        return int(v) if v else 0
+    for ent in v.split(","):
+        pre, n = ent.split(":")
+        if mname.startswith(pre):
+            return int(n)
+    return 0
 
 
 def run(args):
@@ -68,7 +91,7 @@ def arch_str(a):
     return f"{len(kept)}L hetero h{a['hidden']} " + ",".join(f"{l['kv_heads']}/{l['ffn']}" for l in a["layers"])
 
 
-def job(tmp, name, mdir, ddir, dev, wl, cons):
+def job(tmp, name, mname, mdir, ddir, dev, wl, cons):
     spec = {"model": mdir, "calibration": os.path.join(ddir, "calib.txt"), "heldout": os.path.join(ddir, "heldout.txt"),
             "output": os.path.join(tmp, name), "target": {"device": dev, "workload": wl}, "constraints": cons,
             "search": {"steps": 300, "seed": 0, "export_target": os.environ.get("AC_EXPORT_TARGET", "deci"),
@@ -76,12 +99,27 @@ def job(tmp, name, mdir, ddir, dev, wl, cons):
                        "dnas_steps": int(os.environ.get("AC_DNAS_STEPS", "300")),
                        "cotrain": os.environ.get("AC_COTRAIN", "0") == "1"},
             "calibration_tokens": 8192, "eval": {"ctx": 128, "windows": 48}}
-    if os.environ.get("AC_BENCH_DISTILL"):
-        spec["distill"] = {"tokens": int(os.environ["AC_BENCH_DISTILL"])}
+    if distill_tokens(mname):
+        spec["distill"] = {"tokens": distill_tokens(mname)}
+        if os.path.exists(os.path.join(ddir, "train.txt")):
+            spec["distill"]["text"] = os.path.join(ddir, "train.txt")
     sp = os.path.join(tmp, name + ".json")
     json.dump(spec, open(sp, "w"))
     out = run([os.path.join(BUILD, "autocompress"), "compress", sp])
     return [json.loads(l) for l in out.splitlines() if l.startswith("{")][-1]["data"]
+
+
+def write_json(rows):
+    """Every row so far as JSON (AC_BENCH_JSON), rewritten after each job so a cut run keeps its rows."""
+    if not os.environ.get("AC_BENCH_JSON"):
+        return
+    with open(os.environ["AC_BENCH_JSON"], "w") as f:
+        json.dump([{"model": mn, "scenario": sn, "limits": lim, "constraints": c, "seconds": r["_seconds"],
+                    "search_method": os.environ.get("AC_SEARCH_METHOD", "dnas"), "distill_tokens": distill_tokens(mn),
+                    **{k: {"perplexity": r[k]["perplexity"], "perplexity_pruned": r[k].get("perplexity_pruned"),
+                           "feasible": r[k].get("feasible", True), "architecture": arch_str(r[k]["architecture"])
+                           if "architecture" in r[k] else None} for k in ("baseline", "minitron", "autocompress")}}
+                   for mn, sn, lim, c, r in rows], f, indent=1)
 
 
 def main():
@@ -92,14 +130,21 @@ def main():
             print(f"skipping {mname}: {mdir} has no config.json")
             continue
         for i, (sname, dev, wl, limits) in enumerate(SCENARIOS):
+            if str(i) not in os.environ.get("AC_BENCH_SCENARIOS", "0,1,2,3").split(","):
+                continue
             req = os.path.join(tmp, "est.json")
             json.dump({"model": mdir, "target": {"device": dev, "workload": wl}}, open(req, "w"))
             base = json.loads(run([os.path.join(BUILD, "autocompress"), "estimate", req]))["figures"]
-            for level in (0, 1):
+            for level in [int(x) for x in os.environ.get("AC_BENCH_LEVELS", "0,1").split(",")]:
                 lim = [(k, m, f[level]) for k, m, f in limits]
                 cons = {k: base[m] * f for k, m, f in lim}
-                res = job(tmp, f"{mname}-{i}-{level}", mdir, ddir, dev, wl, cons)
+                t0 = time.time()
+                res = job(tmp, f"{mname}-{i}-{level}", mname, mdir, ddir, dev, wl, cons)
+                res["_seconds"] = time.time() - t0
                 rows.append((mname, sname, lim, cons, res))
+                write_json(rows)
+                print(f"  {mname} / {sname} / {level}: {res['_seconds']:.0f} s", file=sys.stderr, flush=True)
+
     dist = lambda x: x["perplexity"] if "distill" in x else None  # after distillation
     pre = lambda x: x.get("perplexity_pruned", x["perplexity"])  # pruned, before any distillation
     fmt = lambda v: f"{v:8.2f}" if isinstance(v, (int, float)) else f"{'-':>8}"

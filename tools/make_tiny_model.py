@@ -1,9 +1,16 @@
 #!/usr/bin/env python3
-"""Build the tiny trained model used by the demo, the tests and the benchmarks.
+"""Build the trained models used by the demo, the tests and the benchmarks.
 
-Reproducible: fixed seeds, fixed thread count, inputs from Debian's
-`fortunes` package. Steps:
-  1. split the fortunes into train / calibration / held-out text files;
+Reproducible: fixed seeds, fixed thread count, inputs from Debian packages.
+Two corpora (--corpus):
+  fortunes  Debian's `fortunes` (default; the tiny 1.4M-parameter model of
+            the demo and the tests), one fortune per item;
+  kjv       the King James Bible from Debian's `bible-kjv-text` (4.4 MB),
+            dumped with its `bible` program (package `bible-kjv`), one
+            chapter per item (the second, larger model of the benches:
+            `make second-model`).
+Steps:
+  1. split the items into train / calibration / held-out text files;
   2. train a byte-level BPE tokenizer (Llama-3 style split regex) and write
      tokenizer.json;
   3. train a small Llama-architecture model (GQA, SwiGLU, RoPE) with PyTorch
@@ -16,6 +23,8 @@ import glob
 import json
 import os
 import random
+import re
+import subprocess
 import time
 
 import torch
@@ -37,10 +46,48 @@ def load_fortunes(src):
     return items
 
 
+def load_kjv(_src):
+    """One item per chapter: its verses without the references, one a line."""
+    try:
+        out = subprocess.run(["bible", "-f", "gen1:1-rev22:21"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SystemExit(f"cannot dump the King James Bible ({e}): install Debian packages 'bible-kjv bible-kjv-text'")
+    chapters, cur, key = [], [], None
+    for line in out.splitlines():
+        m = re.match(r"^(\S+?\d+):\d+ (.*)$", line)
+        if not m:
+            continue
+        if m.group(1) != key and cur:
+            chapters.append("\n".join(cur))
+            cur = []
+        key = m.group(1)
+        cur.append(m.group(2).strip())
+    if cur:
+        chapters.append("\n".join(cur))
+    return chapters
+
+
+CORPORA = {"fortunes": (load_fortunes, 1000, "fortunes"), "kjv": (load_kjv, 1000, "bible-kjv-text")}
+
+
+def held_out_ppl(arch, W, data, ctx, windows=64):
+    """Perplexity over the first `windows` non-overlapping ctx windows of the held-out tokens."""
+    n = min(windows, (len(data) - 1) // ctx)
+    with torch.no_grad():
+        tot = 0.0
+        for i in range(n):
+            x = data[i * ctx: (i + 1) * ctx].unsqueeze(0)
+            y = data[i * ctx + 1: (i + 1) * ctx + 1].unsqueeze(0)
+            logits = R.forward(arch, W, x)
+            tot += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
+    return float(torch.exp(torch.tensor(tot / max(n, 1))))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--data", required=True)
+    ap.add_argument("--corpus", choices=sorted(CORPORA), default="fortunes")
     ap.add_argument("--src", default="/usr/share/games/fortunes")
     ap.add_argument("--steps", type=int, default=int(os.environ.get("AC_TINY_STEPS", "400")))
     ap.add_argument("--merges", type=int, default=511)
@@ -51,15 +98,19 @@ def main():
     ap.add_argument("--ffn", type=int, default=384)
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--bpe-chars", type=int, default=400_000, help="training characters the BPE merges are learnt on")
+    ap.add_argument("--eval", action="store_true", help="print held-out perplexity at the end (ctx --ctx)")
     a = ap.parse_args()
     torch.manual_seed(1234)
     torch.set_num_threads(2)
     random.seed(1234)
     t0 = time.time()
 
-    items = load_fortunes(a.src)
-    if len(items) < 1000:
-        raise SystemExit(f"only {len(items)} fortunes under {a.src}: install Debian package 'fortunes'")
+    load, min_items, pkg = CORPORA[a.corpus]
+    items = load(a.src)
+    if len(items) < min_items:
+        raise SystemExit(f"only {len(items)} {a.corpus} items under {a.src}: install Debian package '{pkg}'")
     random.shuffle(items)
     n = len(items)
     splits = {"train": items[: int(n * 0.9)], "calib": items[int(n * 0.9): int(n * 0.95)], "heldout": items[int(n * 0.95):]}
@@ -69,7 +120,7 @@ def main():
             f.write("\n\n".join(v) + "\n")
     train_text = "\n\n".join(splits["train"])
 
-    merges = R.train_bpe(train_text[:400_000], a.merges)
+    merges = R.train_bpe(train_text[:a.bpe_chars], a.merges)
     special = "<|endoftext|>"
     tj, vocab = R.tokenizer_json(merges, [special])
     os.makedirs(a.out, exist_ok=True)
@@ -96,10 +147,11 @@ def main():
             W[k] = torch.ones_like(W[k])
         W[k].requires_grad_(True)
     params = list(W.values())
-    opt = torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.05)
+    print(f"model: {sum(p.numel() for p in params) / 1e6:.2f}M parameters", flush=True)
+    opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.05)
     g = torch.Generator().manual_seed(99)
     for step in range(a.steps):
-        lr = 3e-3 * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(step / a.steps * 3.14159)).item()))
+        lr = a.lr * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(step / a.steps * 3.14159)).item()))
         for pg in opt.param_groups:
             pg["lr"] = lr
         starts = torch.randint(0, len(data) - a.ctx - 1, (a.batch,), generator=g)
@@ -114,6 +166,12 @@ def main():
         if step % 50 == 0 or step == a.steps - 1:
             print(f"step {step} loss {loss.item():.3f} ({time.time() - t0:.0f}s)", flush=True)
     R.write_model(a.out, cfg, {k: v.detach() for k, v in W.items()}, dtype=torch.bfloat16)
+    if a.eval:
+        Wb = {k: v.detach().to(torch.bfloat16).float() for k, v in W.items()}  # as written (BF16)
+        held = R.bpe_encode(special.join(splits["heldout"]), vocab, merges, specials=[special])
+        held = torch.tensor(held, dtype=torch.long)
+        print(f"held-out perplexity {held_out_ppl(arch, Wb, held, a.ctx):.2f} "
+              f"({min(64, (len(held) - 1) // a.ctx)} windows of {a.ctx} tokens, BF16 weights)", flush=True)
     print(f"wrote {a.out} in {time.time() - t0:.0f}s", flush=True)
 
 
