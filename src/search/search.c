@@ -292,122 +292,179 @@ int ac_search_repair(const ac_search_problem *p, ac_arch *a, ac_cost *cost) {
     return total_violation(c, nc, cost) <= 1e-12;
 }
 
+/* Scratch of the relaxed search: v the relaxed keep fractions (KV groups per
+ * layer, FFN per layer, hidden), g their gradient, m1/m2 Adam's moments,
+ * gh/gk/gf one constraint's per-layer cost gradient. */
+typedef struct {
+    double *v, *g, *m1, *m2, *gh, *gk, *gf;
+    double lambda[5];
+} relax_t;
+
+static void relax_free(relax_t *R) {
+    free(R->v); free(R->g); free(R->m1); free(R->m2); free(R->gh); free(R->gk); free(R->gf);
+}
+
+static int relax_alloc(relax_t *R, int L, ac_err *e) {
+    int nv = 2 * L + 1;
+    memset(R, 0, sizeof *R);
+    R->v = calloc(nv, sizeof(double)), R->g = calloc(nv, sizeof(double)), R->m1 = calloc(nv, sizeof(double));
+    R->m2 = calloc(nv, sizeof(double)), R->gh = calloc(L, sizeof(double)), R->gk = calloc(L, sizeof(double));
+    R->gf = calloc(L, sizeof(double));
+    if (R->v && R->g && R->m1 && R->m2 && R->gh && R->gk && R->gf) return 0;
+    relax_free(R);
+    return ac_errf(e, "out of memory");
+}
+
+/* The augmented Lagrangian at v (x.ca already set from v) and its gradient
+ * into R->g; the multipliers take one dual-ascent step. Returns the
+ * Lagrangian; *q the quality term. */
+static double relax_grad(ctx_t *x, relax_t *R, const ac_cost *cost, double mu, double rho, double *q) {
+    const ac_search_problem *p = x->p;
+    int L = x->L, nv = 2 * L + 1;
+    double *v = R->v, *g = R->g;
+    /* quality gradient by central differences of the piecewise-linear curves */
+    *q = quality(p, v, L);
+    for (int i = 0; i < nv; i++) {
+        double o = v[i], h = 1e-3;
+        v[i] = fmin(1, o + h);
+        double qa = quality(p, v, L);
+        v[i] = fmax(0, o - h);
+        double qb = quality(p, v, L);
+        v[i] = o;
+        g[i] = (qa - qb) / (fmin(1, o + h) - fmax(0, o - h));
+    }
+    double lag = *q;
+    for (int j = 0; j < x->nc; j++) {
+        double gj = g_of(&x->c[j], cost);
+        double w = R->lambda[j] + mu * fmax(0, gj); /* d/dgj of lambda g + mu/2 max(0,g)^2 */
+        lag += R->lambda[j] * gj + 0.5 * mu * fmax(0, gj) * fmax(0, gj);
+        if (w != 0) {
+            double ghid;
+            ac_cost_grad(p->table, &x->ca, p->workload, p->profile, x->c[j].m, R->gh, R->gk, R->gf, &ghid);
+            double sgn = (x->c[j].ge ? -1.0 : 1.0) / x->c[j].limit;
+            for (int l = 0; l < L; l++) {
+                const ac_layer_arch *b = &p->base->layers[l];
+                int grp = b->n_heads ? b->n_heads / b->n_kv_heads : 1;
+                g[l] += w * sgn * (R->gk[l] * b->n_kv_heads + R->gh[l] * b->n_kv_heads * grp);
+                g[L + l] += w * sgn * R->gf[l] * b->ffn;
+            }
+            g[2 * L] += w * sgn * ghid * p->base->hidden;
+        }
+        R->lambda[j] = fmax(0, R->lambda[j] + rho * gj);
+    }
+    if (p->opts.target == AC_EXPORT_LLAMA) { /* uniform: one shared value per component */
+        for (int blk = 0; blk < 2; blk++) {
+            double avg = 0;
+            for (int l = 0; l < L; l++) avg += g[blk * L + l];
+            for (int l = 0; l < L; l++) g[blk * L + l] = avg / L;
+        }
+    }
+    if (!p->opts.prune_hidden) g[2 * L] = 0;
+    return lag;
+}
+
+/* One projected Adam step (step s, 1-based) on R->v. */
+static void relax_adam(relax_t *R, int L, int s, double lr) {
+    for (int i = 0; i < 2 * L + 1; i++) {
+        R->m1[i] = 0.9 * R->m1[i] + 0.1 * R->g[i];
+        R->m2[i] = 0.999 * R->m2[i] + 0.001 * R->g[i] * R->g[i];
+        double mh = R->m1[i] / (1 - pow(0.9, s)), vh = R->m2[i] / (1 - pow(0.999, s));
+        R->v[i] -= lr * mh / (sqrt(vh) + 1e-8);
+        R->v[i] = fmin(1, fmax(i == 2 * L ? 0.125 : 0, R->v[i]));
+    }
+}
+
+static void relax_emit(const ctx_t *x, int s, int steps, double lag, double q, double now, const ac_cost *cost) {
+    const ac_search_problem *p = x->p;
+    json_t *arch = json_array();
+    for (int l = 0; l < x->L; l++)
+        json_array_append_new(arch, json_pack("{s:f,s:f,s:f}", "kv_heads", x->ca.kv[l], "heads", x->ca.heads[l], "ffn",
+                                              x->ca.ffn[l]));
+    json_t *ev = json_pack("{s:s,s:i,s:i,s:f,s:f,s:f,s:o,s:o,s:{s:f,s:o}}", "phase", "autocompress", "step", s, "steps",
+                           steps, "loss", lag, "quality_loss", q, "seconds", now, "metrics",
+                           ac_constraints_report(&p->limits, cost), "predicted", ac_cost_to_json(cost),
+                           "architecture", "hidden", x->ca.hidden, "layers", arch);
+    p->emit(p->ud, ev);
+    json_decref(ev);
+}
+
+/* The relaxed fractions v to an architecture on the export target's grid
+ * (a: a copy of the base). */
+static void relax_discretise(const ac_search_problem *p, const double *v, ac_arch *a) {
+    int L = p->base->n_layers;
+    for (int l = 0; l < L; l++) {
+        const ac_layer_arch *b = &p->base->layers[l];
+        int grp = b->n_heads ? b->n_heads / b->n_kv_heads : 1;
+        int kv = p->opts.target == AC_EXPORT_DECI ? (v[l] >= 0.5 ? b->n_kv_heads : 0)
+                                                  : (int)lround(v[l] * b->n_kv_heads);
+        if (p->opts.target == AC_EXPORT_LLAMA && kv < 1) kv = 1;
+        a->layers[l].n_kv_heads = kv;
+        a->layers[l].n_heads = kv * grp;
+        int f = p->opts.target == AC_EXPORT_DECI ? deci_round_ffn(p, v[L + l] * b->ffn, b->ffn)
+                                                 : round_mult(v[L + l] * b->ffn, p->opts.ffn_multiple, b->ffn);
+        if (p->opts.target == AC_EXPORT_LLAMA && f < 1)
+            f = b->ffn < p->opts.ffn_multiple ? b->ffn : p->opts.ffn_multiple;
+        a->layers[l].ffn = f;
+    }
+    if (p->opts.target == AC_EXPORT_LLAMA) /* enforce exact uniformity */
+        for (int l = 1; l < L; l++) a->layers[l] = a->layers[0];
+    if (p->opts.prune_hidden) {
+        int h = (int)lround(v[2 * L] * p->base->hidden / p->opts.hidden_multiple) * p->opts.hidden_multiple;
+        a->hidden = h < p->opts.hidden_multiple ? p->opts.hidden_multiple : h > p->base->hidden ? p->base->hidden : h;
+    }
+    int any = 0;
+    for (int l = 0; l < L; l++) any |= a->layers[l].n_heads > 0;
+    if (!any) { /* keep the most influential layer's attention */
+        int best = 0;
+        for (int l = 1; l < L; l++)
+            if (p->imp->layer_bi[l] > p->imp->layer_bi[best]) best = l;
+        a->layers[best] = p->base->layers[best];
+        a->layers[best].ffn = ffn_cap(p, a->layers[best].ffn);
+    }
+    if (p->opts.target == AC_EXPORT_GGUF) gguf_fixup(p, a);
+    if (!deci_first_ok(p, a)) /* give the first active layer its attention back */
+        for (int l = 0; l < L; l++)
+            if (a->layers[l].n_heads || a->layers[l].ffn) {
+                a->layers[l].n_heads = p->base->layers[l].n_heads;
+                a->layers[l].n_kv_heads = p->base->layers[l].n_kv_heads;
+                break;
+            }
+}
+
 int ac_search_autocompress(const ac_search_problem *p, ac_search_result *r, ac_err *e) {
     memset(r, 0, sizeof *r);
     ctx_t x = {.p = p, .L = p->base->n_layers};
     x.nc = constraint_list(&p->limits, x.c);
     if (x.nc == 0) return ac_errf(e, "search: no constraints given");
     int L = x.L, nv = 2 * L + 1;
-    if (ac_carch_from_arch(p->base, &x.ca, e)) return -1;
-    double *v = calloc(nv, sizeof(double)), *g = calloc(nv, sizeof(double)), *m1 = calloc(nv, sizeof(double)),
-           *m2 = calloc(nv, sizeof(double)), *gh = calloc(L, sizeof(double)), *gk = calloc(L, sizeof(double)), *gf = calloc(L, sizeof(double));
-    double lambda[5] = {0};
+    relax_t R;
+    if (relax_alloc(&R, L, e)) return -1;
+    if (ac_carch_from_arch(p->base, &x.ca, e)) {
+        relax_free(&R);
+        return -1;
+    }
     unsigned seed = p->opts.seed * 2654435761u + 12345;
-    for (int i = 0; i < nv; i++) v[i] = 1.0 - 0.02 * (lcg(&seed) >> 8) / 16777216.0;
-    if (!p->opts.prune_hidden) v[2 * L] = 1.0;
+    for (int i = 0; i < nv; i++) R.v[i] = 1.0 - 0.02 * (lcg(&seed) >> 8) / 16777216.0;
+    if (!p->opts.prune_hidden) R.v[2 * L] = 1.0;
     int steps = p->opts.steps, every = steps / 30 > 0 ? steps / 30 : 1;
-    double lr = p->opts.lr, mu = 10.0, rho = 0.5, t0 = ac_now(), last_emit = 0;
+    double mu = 10.0, rho = 0.5, t0 = ac_now(), last_emit = 0;
     for (int s = 1; s <= steps; s++) {
-        apply_x(&x, v);
+        apply_x(&x, R.v);
         ac_cost cost;
         ac_cost_predict(p->table, &x.ca, p->workload, p->profile, 1, &cost);
-        /* quality gradient by central differences of the piecewise-linear curves */
-        double q = quality(p, v, L);
-        for (int i = 0; i < nv; i++) {
-            double o = v[i], h = 1e-3;
-            v[i] = fmin(1, o + h);
-            double qa = quality(p, v, L);
-            v[i] = fmax(0, o - h);
-            double qb = quality(p, v, L);
-            v[i] = o;
-            g[i] = (qa - qb) / (fmin(1, o + h) - fmax(0, o - h));
-        }
-        double lag = q;
-        for (int j = 0; j < x.nc; j++) {
-            double gj = g_of(&x.c[j], &cost);
-            double w = lambda[j] + mu * fmax(0, gj); /* d/dgj of lambda g + mu/2 max(0,g)^2 */
-            lag += lambda[j] * gj + 0.5 * mu * fmax(0, gj) * fmax(0, gj);
-            if (w != 0) {
-                double ghid;
-                ac_cost_grad(p->table, &x.ca, p->workload, p->profile, x.c[j].m, gh, gk, gf, &ghid);
-                double sgn = (x.c[j].ge ? -1.0 : 1.0) / x.c[j].limit;
-                for (int l = 0; l < L; l++) {
-                    const ac_layer_arch *b = &p->base->layers[l];
-                    int grp = b->n_heads ? b->n_heads / b->n_kv_heads : 1;
-                    g[l] += w * sgn * (gk[l] * b->n_kv_heads + gh[l] * b->n_kv_heads * grp);
-                    g[L + l] += w * sgn * gf[l] * b->ffn;
-                }
-                g[2 * L] += w * sgn * ghid * p->base->hidden;
-            }
-            lambda[j] = fmax(0, lambda[j] + rho * gj);
-        }
-        if (p->opts.target == AC_EXPORT_LLAMA) { /* uniform: one shared value per component */
-            for (int blk = 0; blk < 2; blk++) {
-                double avg = 0;
-                for (int l = 0; l < L; l++) avg += g[blk * L + l];
-                for (int l = 0; l < L; l++) g[blk * L + l] = avg / L;
-            }
-        }
-        if (!p->opts.prune_hidden) g[2 * L] = 0;
-        for (int i = 0; i < nv; i++) { /* projected Adam */
-            m1[i] = 0.9 * m1[i] + 0.1 * g[i];
-            m2[i] = 0.999 * m2[i] + 0.001 * g[i] * g[i];
-            double mh = m1[i] / (1 - pow(0.9, s)), vh = m2[i] / (1 - pow(0.999, s));
-            v[i] -= lr * mh / (sqrt(vh) + 1e-8);
-            v[i] = fmin(1, fmax(i == 2 * L ? 0.125 : 0, v[i]));
-        }
+        double q, lag = relax_grad(&x, &R, &cost, mu, rho, &q);
+        relax_adam(&R, L, s, p->opts.lr);
         r->steps_run = s;
         double now = ac_now() - t0;
         if (p->emit && (s % every == 0 || s == steps || now - last_emit > 2.0)) {
             last_emit = now;
-            json_t *arch = json_array();
-            for (int l = 0; l < L; l++)
-                json_array_append_new(arch, json_pack("{s:f,s:f,s:f}", "kv_heads", x.ca.kv[l], "heads", x.ca.heads[l], "ffn", x.ca.ffn[l]));
-            json_t *ev = json_pack("{s:s,s:i,s:i,s:f,s:f,s:f,s:o,s:o,s:{s:f,s:o}}", "phase", "autocompress", "step", s, "steps", steps,
-                                   "loss", lag, "quality_loss", q, "seconds", now, "metrics", ac_constraints_report(&p->limits, &cost),
-                                   "predicted", ac_cost_to_json(&cost), "architecture", "hidden", x.ca.hidden, "layers", arch);
-            p->emit(p->ud, ev);
-            json_decref(ev);
+            relax_emit(&x, s, steps, lag, q, now, &cost);
         }
     }
-    /* discretise */
     ac_arch a;
     int rc = ac_arch_copy(&a, p->base, e);
     if (!rc) {
-        for (int l = 0; l < L; l++) {
-            const ac_layer_arch *b = &p->base->layers[l];
-            int grp = b->n_heads ? b->n_heads / b->n_kv_heads : 1;
-            int kv = p->opts.target == AC_EXPORT_DECI ? (v[l] >= 0.5 ? b->n_kv_heads : 0) : (int)lround(v[l] * b->n_kv_heads);
-            if (p->opts.target == AC_EXPORT_LLAMA && kv < 1) kv = 1;
-            a.layers[l].n_kv_heads = kv;
-            a.layers[l].n_heads = kv * grp;
-            int f = p->opts.target == AC_EXPORT_DECI ? deci_round_ffn(p, v[L + l] * b->ffn, b->ffn)
-                                                     : round_mult(v[L + l] * b->ffn, p->opts.ffn_multiple, b->ffn);
-            if (p->opts.target == AC_EXPORT_LLAMA && f < 1) f = b->ffn < p->opts.ffn_multiple ? b->ffn : p->opts.ffn_multiple;
-            a.layers[l].ffn = f;
-        }
-        if (p->opts.target == AC_EXPORT_LLAMA) /* enforce exact uniformity */
-            for (int l = 1; l < L; l++) a.layers[l] = a.layers[0];
-        if (p->opts.prune_hidden) {
-            int h = (int)lround(v[2 * L] * p->base->hidden / p->opts.hidden_multiple) * p->opts.hidden_multiple;
-            a.hidden = h < p->opts.hidden_multiple ? p->opts.hidden_multiple : h > p->base->hidden ? p->base->hidden : h;
-        }
-        int any = 0;
-        for (int l = 0; l < L; l++) any |= a.layers[l].n_heads > 0;
-        if (!any) { /* keep the most influential layer's attention */
-            int best = 0;
-            for (int l = 1; l < L; l++) if (p->imp->layer_bi[l] > p->imp->layer_bi[best]) best = l;
-            a.layers[best] = p->base->layers[best];
-            a.layers[best].ffn = ffn_cap(p, a.layers[best].ffn);
-        }
-        if (p->opts.target == AC_EXPORT_GGUF) gguf_fixup(p, &a);
-        if (!deci_first_ok(p, &a)) /* give the first active layer its attention back */
-            for (int l = 0; l < L; l++)
-                if (a.layers[l].n_heads || a.layers[l].ffn) {
-                    a.layers[l].n_heads = p->base->layers[l].n_heads;
-                    a.layers[l].n_kv_heads = p->base->layers[l].n_kv_heads;
-                    break;
-                }
+        relax_discretise(p, R.v, &a);
         repair(p, x.c, x.nc, &a, &r->cost);
         r->arch = a;
         if (p->opts.target == AC_EXPORT_DECI && !ac_arch_is_uniform(&a) && ac_deci_check_arch(&a, e))
@@ -415,7 +472,7 @@ int ac_search_autocompress(const ac_search_problem *p, ac_search_result *r, ac_e
         r->pred_loss = ac_search_pred_loss(p, &a);
         r->feasible = total_violation(x.c, x.nc, &r->cost) <= 1e-12;
     }
-    free(v); free(g); free(m1); free(m2); free(gh); free(gk); free(gf);
+    relax_free(&R);
     ac_carch_free(&x.ca);
     return rc;
 }
