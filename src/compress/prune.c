@@ -28,107 +28,144 @@ static void gather(float *dst, const float *src, int src_cols, const int *rows, 
     }
 }
 
+/* Whether layer l of t can be cut from the source's layer. */
+static int check_layer(const ac_arch *a, const ac_arch *t, int l, ac_err *e) {
+    const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
+    int grp = s->n_heads ? s->n_heads / s->n_kv_heads : 0;
+    int merge = d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads && d->n_kv_heads > 0 &&
+                s->n_kv_heads % d->n_kv_heads == 0;
+    /* Minitron: all KV groups kept, heads trimmed within each group */
+    int trim = d->n_heads && d->n_kv_heads == s->n_kv_heads && d->n_heads < s->n_heads &&
+               d->n_heads % d->n_kv_heads == 0;
+    if ((d->ffn && !s->ffn) || d->n_kv_heads > s->n_kv_heads ||
+        (d->n_heads && d->n_heads != d->n_kv_heads * grp && !merge && !trim))
+        return ac_errf(e,
+                       "prune: layer %d target (%d heads, %d KV, ffn %d) does not fit source (%d, %d, %d): keep the "
+                       "query heads of a KV group together, keep every query head and merge KV heads by a divisor, "
+                       "or keep every KV group and trim the same number of heads in each",
+                       l, d->n_heads, d->n_kv_heads, d->ffn, s->n_heads, s->n_kv_heads, s->ffn);
+    return 0;
+}
+
+/* KV merging (what DeciLM's per-layer n_heads_in_group expresses): every
+ * query head stays; merged KV head j is the mean of the f adjacent source
+ * heads j*f..j*f+f-1, so query head h still reads the merge of the head it
+ * read. hk: the kept hidden channels (Ht of H). */
+static void prune_attn_merge(const ac_arch *a, const ac_layer_arch *s, const ac_layer_arch *d, const ac_layer_w *sw,
+                             ac_layer_w *dw, const int *hk, int Ht) {
+    int H = a->hidden, hd = a->head_dim, G = d->n_kv_heads, f = s->n_kv_heads / G, Q = s->n_heads * hd;
+    gather(dw->in_norm, sw->in_norm, H, NULL, 1, hk, Ht);
+    gather(dw->wq, sw->wq, H, NULL, Q, hk, Ht);
+    gather(dw->wo, sw->wo, Q, hk, Ht, NULL, Q);
+    if (a->qkv_bias) memcpy(dw->bq, sw->bq, sizeof(float) * Q);
+    for (int j = 0; j < G; j++)
+        for (int i = 0; i < hd; i++) {
+            float *dk = dw->wk + ((size_t)j * hd + i) * Ht, *dv = dw->wv + ((size_t)j * hd + i) * Ht;
+            for (int c = 0; c < Ht; c++) {
+                double sk = 0, sv = 0;
+                for (int m = 0; m < f; m++) {
+                    size_t row = (size_t)((j * f + m) * hd + i) * H + hk[c];
+                    sk += sw->wk[row];
+                    sv += sw->wv[row];
+                }
+                dk[c] = (float)(sk / f);
+                dv[c] = (float)(sv / f);
+            }
+            if (a->qkv_bias) {
+                double bk = 0, bv = 0;
+                for (int m = 0; m < f; m++) {
+                    bk += sw->bk[(j * f + m) * hd + i];
+                    bv += sw->bv[(j * f + m) * hd + i];
+                }
+                dw->bk[j * hd + i] = (float)(bk / f);
+                dw->bv[j * hd + i] = (float)(bv / f);
+            }
+        }
+}
+
+/* The kept KV groups with their query heads; when every group is kept with
+ * fewer heads each (Minitron), a group's best heads by imp->head_order, in
+ * their original order. */
+static int prune_attn_groups(const ac_arch *a, int l, const ac_layer_arch *s, const ac_layer_arch *d,
+                             const ac_importance *imp, const ac_layer_w *sw, ac_layer_w *dw, const int *hk, int Ht,
+                             ac_err *e) {
+    int H = a->hidden, hd = a->head_dim, rc = 0;
+    int grp = s->n_heads / s->n_kv_heads, G = d->n_kv_heads, Qs = s->n_heads * hd, hg = d->n_heads / G;
+    int *gk = kept(imp->kv_order[l], G);
+    int *qrows = malloc(sizeof(int) * G * grp * hd), *kvrows = malloc(sizeof(int) * G * hd);
+    if (!gk || !qrows || !kvrows) rc = ac_errf(e, "out of memory");
+    for (int g = 0; !rc && g < G; g++) {
+        for (int i = 0; i < hd; i++) kvrows[g * hd + i] = gk[g] * hd + i;
+        int *qk = hg < grp && imp->head_order ? kept(imp->head_order[l] + gk[g] * grp, hg) : NULL;
+        if (hg < grp && imp->head_order && !qk) {
+            rc = ac_errf(e, "out of memory");
+            break;
+        }
+        for (int j = 0; j < hg; j++)
+            for (int i = 0; i < hd; i++) qrows[(g * hg + j) * hd + i] = (qk ? qk[j] : gk[g] * grp + j) * hd + i;
+        free(qk);
+    }
+    if (!rc) {
+        int nq = G * hg * hd, nkv = G * hd;
+        gather(dw->in_norm, sw->in_norm, H, NULL, 1, hk, Ht);
+        gather(dw->wq, sw->wq, H, qrows, nq, hk, Ht);
+        gather(dw->wk, sw->wk, H, kvrows, nkv, hk, Ht);
+        gather(dw->wv, sw->wv, H, kvrows, nkv, hk, Ht);
+        gather(dw->wo, sw->wo, Qs, hk, Ht, qrows, nq);
+        if (a->qkv_bias) {
+            gather(dw->bq, sw->bq, Qs, NULL, 1, qrows, nq);
+            gather(dw->bk, sw->bk, s->n_kv_heads * hd, NULL, 1, kvrows, nkv);
+            gather(dw->bv, sw->bv, s->n_kv_heads * hd, NULL, 1, kvrows, nkv);
+        }
+    }
+    free(gk);
+    free(qrows);
+    free(kvrows);
+    return rc;
+}
+
+/* The FFN's best channels. A target wider than the source (the deci grid)
+ * keeps every channel; the extra gate/up rows and down columns stay zero,
+ * which adds exactly nothing (silu(0) * 0 = 0). */
+static int prune_ffn(const ac_arch *a, const ac_layer_arch *s, const ac_layer_arch *d, const int *order,
+                     const ac_layer_w *sw, ac_layer_w *dw, const int *hk, int Ht, ac_err *e) {
+    int H = a->hidden, keep = d->ffn < s->ffn ? d->ffn : s->ffn;
+    int *fk = kept(order, keep);
+    if (!fk) return ac_errf(e, "out of memory");
+    gather(dw->post_norm, sw->post_norm, H, NULL, 1, hk, Ht);
+    gather(dw->wg, sw->wg, H, fk, keep, hk, Ht);
+    gather(dw->wu, sw->wu, H, fk, keep, hk, Ht);
+    for (int r = 0; r < Ht; r++) /* down_proj [Ht, d->ffn]: the first keep columns */
+        for (int c = 0; c < keep; c++) dw->wd[(size_t)r * d->ffn + c] = sw->wd[(size_t)hk[r] * s->ffn + fk[c]];
+    free(fk);
+    return 0;
+}
+
 int ac_prune(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, ac_err *e) {
     const ac_arch *a = &src->a;
-    if (t->n_layers != a->n_layers || t->head_dim != a->head_dim || t->vocab != a->vocab || t->hidden > a->hidden || t->hidden < 1)
+    if (t->n_layers != a->n_layers || t->head_dim != a->head_dim || t->vocab != a->vocab || t->hidden > a->hidden ||
+        t->hidden < 1)
         return ac_errf(e, "prune: target architecture does not fit the source model");
-    for (int l = 0; l < a->n_layers; l++) {
-        const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
-        int grp = s->n_heads ? s->n_heads / s->n_kv_heads : 0;
-        int merge = d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads && d->n_kv_heads > 0 && s->n_kv_heads % d->n_kv_heads == 0;
-        /* Minitron: all KV groups kept, heads trimmed within each group */
-        int trim = d->n_heads && d->n_kv_heads == s->n_kv_heads && d->n_heads < s->n_heads && d->n_heads % d->n_kv_heads == 0;
-        if ((d->ffn && !s->ffn) || d->n_kv_heads > s->n_kv_heads || (d->n_heads && d->n_heads != d->n_kv_heads * grp && !merge && !trim))
-            return ac_errf(e, "prune: layer %d target (%d heads, %d KV, ffn %d) does not fit source (%d, %d, %d): keep the query heads of a KV group together, keep every query head and merge KV heads by a divisor, or keep every KV group and trim the same number of heads in each",
-                           l, d->n_heads, d->n_kv_heads, d->ffn, s->n_heads, s->n_kv_heads, s->ffn);
-    }
+    for (int l = 0; l < a->n_layers; l++)
+        if (check_layer(a, t, l, e)) return -1;
     if (ac_model_alloc(dst, t, e)) return -1;
-    int H = a->hidden, Ht = t->hidden, hd = a->head_dim, V = a->vocab;
+    int H = a->hidden, Ht = t->hidden, V = a->vocab;
     int *hk = kept(imp->hid_order, Ht);
-    if (!hk) { ac_model_free(dst); return ac_errf(e, "out of memory"); }
+    if (!hk) {
+        ac_model_free(dst);
+        return ac_errf(e, "out of memory");
+    }
     gather(dst->embed, src->embed, H, NULL, V, hk, Ht);
     gather(dst->final_norm, src->final_norm, H, NULL, 1, hk, Ht);
     if (!t->tie_embeddings) gather(dst->lm_head, src->lm_head, H, NULL, V, hk, Ht);
     int rc = 0;
     for (int l = 0; l < a->n_layers && !rc; l++) {
         const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
-        const ac_layer_w *sw = &src->L[l];
-        ac_layer_w *dw = &dst->L[l];
-        if (d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads) {
-            /* KV merging (what DeciLM's per-layer n_heads_in_group expresses):
-             * every query head stays; merged KV head j is the mean of the f
-             * adjacent source heads j*f..j*f+f-1, so query head h still reads
-             * the merge of the head it read. */
-            int G = d->n_kv_heads, f = s->n_kv_heads / G, Q = s->n_heads * hd;
-            gather(dw->in_norm, sw->in_norm, H, NULL, 1, hk, Ht);
-            gather(dw->wq, sw->wq, H, NULL, Q, hk, Ht);
-            gather(dw->wo, sw->wo, Q, hk, Ht, NULL, Q);
-            if (a->qkv_bias) memcpy(dw->bq, sw->bq, sizeof(float) * Q);
-            for (int j = 0; j < G; j++)
-                for (int i = 0; i < hd; i++) {
-                    float *dk = dw->wk + ((size_t)j * hd + i) * Ht, *dv = dw->wv + ((size_t)j * hd + i) * Ht;
-                    for (int c = 0; c < Ht; c++) {
-                        double sk = 0, sv = 0;
-                        for (int m = 0; m < f; m++) {
-                            size_t row = (size_t)((j * f + m) * hd + i) * H + hk[c];
-                            sk += sw->wk[row];
-                            sv += sw->wv[row];
-                        }
-                        dk[c] = (float)(sk / f);
-                        dv[c] = (float)(sv / f);
-                    }
-                    if (a->qkv_bias) {
-                        double bk = 0, bv = 0;
-                        for (int m = 0; m < f; m++) { bk += sw->bk[(j * f + m) * hd + i]; bv += sw->bv[(j * f + m) * hd + i]; }
-                        dw->bk[j * hd + i] = (float)(bk / f);
-                        dw->bv[j * hd + i] = (float)(bv / f);
-                    }
-                }
-        } else if (d->n_heads) {
-            /* the kept KV groups with their query heads; when every group is
-             * kept with fewer heads each (Minitron), a group's best heads by
-             * imp->head_order, in their original order */
-            int grp = s->n_heads / s->n_kv_heads, G = d->n_kv_heads, Qs = s->n_heads * hd, hg = d->n_heads / G;
-            int *gk = kept(imp->kv_order[l], G);
-            int *qrows = malloc(sizeof(int) * G * grp * hd), *kvrows = malloc(sizeof(int) * G * hd);
-            if (!gk || !qrows || !kvrows) rc = ac_errf(e, "out of memory");
-            for (int g = 0; !rc && g < G; g++) {
-                for (int i = 0; i < hd; i++) kvrows[g * hd + i] = gk[g] * hd + i;
-                int *hk = hg < grp && imp->head_order ? kept(imp->head_order[l] + gk[g] * grp, hg) : NULL;
-                if (hg < grp && imp->head_order && !hk) { rc = ac_errf(e, "out of memory"); break; }
-                for (int j = 0; j < hg; j++)
-                    for (int i = 0; i < hd; i++) qrows[(g * hg + j) * hd + i] = (hk ? hk[j] : gk[g] * grp + j) * hd + i;
-                free(hk);
-            }
-            if (!rc) {
-                int nq = G * hg * hd, nkv = G * hd;
-                gather(dw->in_norm, sw->in_norm, H, NULL, 1, hk, Ht);
-                gather(dw->wq, sw->wq, H, qrows, nq, hk, Ht);
-                gather(dw->wk, sw->wk, H, kvrows, nkv, hk, Ht);
-                gather(dw->wv, sw->wv, H, kvrows, nkv, hk, Ht);
-                gather(dw->wo, sw->wo, Qs, hk, Ht, qrows, nq);
-                if (a->qkv_bias) {
-                    gather(dw->bq, sw->bq, Qs, NULL, 1, qrows, nq);
-                    gather(dw->bk, sw->bk, s->n_kv_heads * hd, NULL, 1, kvrows, nkv);
-                    gather(dw->bv, sw->bv, s->n_kv_heads * hd, NULL, 1, kvrows, nkv);
-                }
-            }
-            free(gk); free(qrows); free(kvrows);
-        }
-        if (d->ffn && !rc) {
-            /* a target wider than the source (the deci grid) keeps every
-             * channel; the extra gate/up rows and down columns stay zero,
-             * which adds exactly nothing (silu(0) * 0 = 0) */
-            int keep = d->ffn < s->ffn ? d->ffn : s->ffn;
-            int *fk = kept(imp->ffn_order[l], keep);
-            if (!fk) { rc = ac_errf(e, "out of memory"); break; }
-            gather(dw->post_norm, sw->post_norm, H, NULL, 1, hk, Ht);
-            gather(dw->wg, sw->wg, H, fk, keep, hk, Ht);
-            gather(dw->wu, sw->wu, H, fk, keep, hk, Ht);
-            for (int r = 0; r < Ht; r++) /* down_proj [Ht, d->ffn]: the first keep columns */
-                for (int c = 0; c < keep; c++) dw->wd[(size_t)r * d->ffn + c] = sw->wd[(size_t)hk[r] * s->ffn + fk[c]];
-            free(fk);
-        }
+        if (d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads)
+            prune_attn_merge(a, s, d, &src->L[l], &dst->L[l], hk, Ht);
+        else if (d->n_heads)
+            rc = prune_attn_groups(a, l, s, d, imp, &src->L[l], &dst->L[l], hk, Ht, e);
+        if (d->ffn && !rc) rc = prune_ffn(a, s, d, imp->ffn_order[l], &src->L[l], &dst->L[l], hk, Ht, e);
     }
     free(hk);
     if (rc) ac_model_free(dst);
