@@ -56,37 +56,114 @@ static void free_tensors(st_file *f) {
     f->n = 0;
 }
 
+static int check_metadata(const json_t *v, ac_err *e) {
+    if (!json_is_object(v)) return ac_errf(e, "__metadata__ is not an object");
+    const char *mk;
+    json_t *mv;
+    json_object_foreach((json_t *)v, mk, mv) if (!json_is_string(mv)) return ac_errf(e, "__metadata__.%s is not a string", mk);
+    return 0;
+}
+
+/* One tensor entry {dtype, shape, data_offsets} of the header into t
+ * (t->name and t->data set last), checked against the data length. */
+static int parse_entry(const char *key, const json_t *v, const unsigned char *data, uint64_t data_len, st_tensor *t,
+                       ac_err *e) {
+    if (!json_is_object(v)) return ac_errf(e, "tensor %s: entry is not an object", key);
+    json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape"), *jo = json_object_get(v, "data_offsets");
+    if (!json_is_string(jd) || !json_is_array(js) || !json_is_array(jo) || json_array_size(jo) != 2)
+        return ac_errf(e, "tensor %s: needs dtype (string), shape (array), data_offsets ([begin,end])", key);
+    if (json_object_size(v) != 3) return ac_errf(e, "tensor %s: unexpected fields in entry", key);
+    if (st_dtype_parse(json_string_value(jd), &t->dtype))
+        return ac_errf(e, "tensor %s: unknown dtype %s", key, json_string_value(jd));
+    size_t nd = json_array_size(js);
+    if (nd > ST_MAX_DIMS) return ac_errf(e, "tensor %s: %zu dimensions (max %d)", key, nd, ST_MAX_DIMS);
+    t->ndim = (int)nd;
+    unsigned __int128 numel = 1;
+    for (size_t i = 0; i < nd; i++) {
+        json_t *d = json_array_get(js, i);
+        if (!json_is_integer(d) || json_integer_value(d) < 0)
+            return ac_errf(e, "tensor %s: shape[%zu] is not a non-negative integer", key, i);
+        t->shape[i] = json_integer_value(d);
+        numel *= (unsigned __int128)t->shape[i];
+        if (numel > ((unsigned __int128)1 << 62)) return ac_errf(e, "tensor %s: shape too large", key);
+    }
+    json_t *b = json_array_get(jo, 0), *en = json_array_get(jo, 1);
+    if (!json_is_integer(b) || !json_is_integer(en) || json_integer_value(b) < 0 ||
+        json_integer_value(en) < json_integer_value(b))
+        return ac_errf(e, "tensor %s: bad data_offsets", key);
+    t->begin = (uint64_t)json_integer_value(b);
+    t->end = (uint64_t)json_integer_value(en);
+    if (t->end > data_len)
+        return ac_errf(e, "tensor %s: data_offsets end %llu beyond data (%llu bytes); file truncated?", key,
+                       (unsigned long long)t->end, (unsigned long long)data_len);
+    unsigned __int128 want = numel * st_dtype_size(t->dtype);
+    if (want != t->end - t->begin)
+        return ac_errf(e, "tensor %s: shape needs %llu bytes but offsets give %llu", key, (unsigned long long)want,
+                       (unsigned long long)(t->end - t->begin));
+    if (!(t->name = strdup(key))) return ac_errf(e, "out of memory");
+    t->data = data + t->begin;
+    return 0;
+}
+
+/* The tensors, sorted by offset, must tile the data buffer exactly. */
+static int check_coverage(st_tensor **order, int n, uint64_t data_len, ac_err *e) {
+    qsort(order, n, sizeof *order, cmp_begin);
+    uint64_t pos = 0;
+    for (int i = 0; i < n; i++) {
+        if (order[i]->begin != pos)
+            return ac_errf(e, "tensor %s: data at %llu but expected %llu (gap or overlap)", order[i]->name,
+                           (unsigned long long)order[i]->begin, (unsigned long long)pos);
+        pos = order[i]->end;
+    }
+    if (pos != data_len)
+        return ac_errf(e, "data buffer has %llu bytes but tensors cover %llu", (unsigned long long)data_len,
+                       (unsigned long long)pos);
+    return 0;
+}
+
+/* The header's JSON object (only whitespace or NULs may pad it). */
+static json_t *parse_header(const unsigned char *p, uint64_t hn, ac_err *e) {
+    json_error_t je;
+    json_t *root = json_loadb((const char *)p + 8, hn, JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &je);
+    char why[160];
+    if (!root) {
+        ac_errf(e, "header JSON: %s (at byte %d)", ac_fsafe_json_why(je.text, why, sizeof why), je.position);
+        return NULL;
+    }
+    for (size_t i = je.position; i < hn; i++)
+        if (p[8 + i] != ' ' && p[8 + i] != '\n' && p[8 + i] != '\t' && p[8 + i] != '\r' && p[8 + i] != 0) {
+            json_decref(root);
+            ac_errf(e, "garbage after header JSON at byte %zu", i);
+            return NULL;
+        }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        ac_errf(e, "header is not a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
 int st_parse(const void *buf, size_t len, st_file *f, ac_err *e) {
     memset(f, 0, sizeof *f);
     const unsigned char *p = buf;
     if (len < 8) return ac_errf(e, "file too short for a safetensors header (%zu bytes)", len);
     uint64_t hn = 0;
     for (int i = 7; i >= 0; i--) hn = (hn << 8) | p[i];
-    if (hn > ST_MAX_HEADER) return ac_errf(e, "header length %llu exceeds limit %llu", (unsigned long long)hn, ST_MAX_HEADER);
-    if (hn > len - 8) return ac_errf(e, "header length %llu runs past end of file (%zu bytes)", (unsigned long long)hn, len);
+    if (hn > ST_MAX_HEADER)
+        return ac_errf(e, "header length %llu exceeds limit %llu", (unsigned long long)hn, ST_MAX_HEADER);
+    if (hn > len - 8)
+        return ac_errf(e, "header length %llu runs past end of file (%zu bytes)", (unsigned long long)hn, len);
     if (hn < 2 || p[8] != '{') return ac_errf(e, "header is not a JSON object");
     uint64_t data_len = len - 8 - hn;
-    const unsigned char *data = p + 8 + hn;
-
-    json_error_t je;
-    json_t *root = json_loadb((const char *)p + 8, hn, JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &je);
-    char why[160];
-    if (!root) return ac_errf(e, "header JSON: %s (at byte %d)", ac_fsafe_json_why(je.text, why, sizeof why), je.position);
-    /* Only trailing spaces may follow the object. */
-    for (size_t i = je.position; i < hn; i++)
-        if (p[8 + i] != ' ' && p[8 + i] != '\n' && p[8 + i] != '\t' && p[8 + i] != '\r' && p[8 + i] != 0) {
-            json_decref(root);
-            return ac_errf(e, "garbage after header JSON at byte %zu", i);
-        }
-    if (!json_is_object(root)) {
-        json_decref(root);
-        return ac_errf(e, "header is not a JSON object");
-    }
+    json_t *root = parse_header(p, hn, e);
+    if (!root) return -1;
     size_t nkeys = json_object_size(root);
     f->t = calloc(nkeys ? nkeys : 1, sizeof *f->t);
     st_tensor **order = calloc(nkeys ? nkeys : 1, sizeof *order);
     if (!f->t || !order) {
         free(f->t);
+        f->t = NULL;
         free(order);
         json_decref(root);
         return ac_errf(e, "out of memory");
@@ -96,65 +173,15 @@ int st_parse(const void *buf, size_t len, st_file *f, ac_err *e) {
     int rc = 0;
     json_object_foreach(root, key, v) {
         if (strcmp(key, "__metadata__") == 0) {
-            if (!json_is_object(v)) { rc = ac_errf(e, "__metadata__ is not an object"); break; }
-            const char *mk; json_t *mv;
-            json_object_foreach(v, mk, mv) if (!json_is_string(mv)) { rc = ac_errf(e, "__metadata__.%s is not a string", mk); break; }
-            if (rc) break;
+            if ((rc = check_metadata(v, e))) break;
             continue;
         }
-        if (!json_is_object(v)) { rc = ac_errf(e, "tensor %s: entry is not an object", key); break; }
-        json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape"), *jo = json_object_get(v, "data_offsets");
-        if (!json_is_string(jd) || !json_is_array(js) || !json_is_array(jo) || json_array_size(jo) != 2) {
-            rc = ac_errf(e, "tensor %s: needs dtype (string), shape (array), data_offsets ([begin,end])", key);
-            break;
-        }
-        if (json_object_size(v) != 3) { rc = ac_errf(e, "tensor %s: unexpected fields in entry", key); break; }
         st_tensor *t = &f->t[f->n];
-        if (st_dtype_parse(json_string_value(jd), &t->dtype)) { rc = ac_errf(e, "tensor %s: unknown dtype %s", key, json_string_value(jd)); break; }
-        size_t nd = json_array_size(js);
-        if (nd > ST_MAX_DIMS) { rc = ac_errf(e, "tensor %s: %zu dimensions (max %d)", key, nd, ST_MAX_DIMS); break; }
-        t->ndim = (int)nd;
-        unsigned __int128 numel = 1;
-        for (size_t i = 0; i < nd; i++) {
-            json_t *d = json_array_get(js, i);
-            if (!json_is_integer(d) || json_integer_value(d) < 0) { rc = ac_errf(e, "tensor %s: shape[%zu] is not a non-negative integer", key, i); break; }
-            t->shape[i] = json_integer_value(d);
-            numel *= (unsigned __int128)t->shape[i];
-            if (numel > ((unsigned __int128)1 << 62)) { rc = ac_errf(e, "tensor %s: shape too large", key); break; }
-        }
-        if (rc) break;
-        json_t *b = json_array_get(jo, 0), *en = json_array_get(jo, 1);
-        if (!json_is_integer(b) || !json_is_integer(en) || json_integer_value(b) < 0 || json_integer_value(en) < json_integer_value(b)) {
-            rc = ac_errf(e, "tensor %s: bad data_offsets", key);
-            break;
-        }
-        t->begin = (uint64_t)json_integer_value(b);
-        t->end = (uint64_t)json_integer_value(en);
-        if (t->end > data_len) { rc = ac_errf(e, "tensor %s: data_offsets end %llu beyond data (%llu bytes); file truncated?", key, (unsigned long long)t->end, (unsigned long long)data_len); break; }
-        unsigned __int128 want = numel * st_dtype_size(t->dtype);
-        if (want != t->end - t->begin) {
-            rc = ac_errf(e, "tensor %s: shape needs %llu bytes but offsets give %llu", key, (unsigned long long)want, (unsigned long long)(t->end - t->begin));
-            break;
-        }
-        t->name = strdup(key);
-        if (!t->name) { rc = ac_errf(e, "out of memory"); break; }
-        t->data = data + t->begin;
-        order[f->n] = t;
-        f->n++;
+        if ((rc = parse_entry(key, v, p + 8 + hn, data_len, t, e))) break;
+        order[f->n++] = t;
     }
     json_decref(root);
-    if (!rc) {
-        qsort(order, f->n, sizeof *order, cmp_begin);
-        uint64_t pos = 0;
-        for (int i = 0; i < f->n && !rc; i++) {
-            if (order[i]->begin != pos)
-                rc = ac_errf(e, "tensor %s: data at %llu but expected %llu (gap or overlap)", order[i]->name,
-                             (unsigned long long)order[i]->begin, (unsigned long long)pos);
-            pos = order[i]->end;
-        }
-        if (!rc && pos != data_len)
-            rc = ac_errf(e, "data buffer has %llu bytes but tensors cover %llu", (unsigned long long)data_len, (unsigned long long)pos);
-    }
+    if (!rc) rc = check_coverage(order, f->n, data_len, e);
     free(order);
     if (rc) free_tensors(f);
     return rc;
