@@ -70,6 +70,88 @@ static int parse_rope_scaling(const json_t *rs, ac_arch *a, ac_err *e) {
     return 0;
 }
 
+/* One entry of a nemotron-nas block_configs into L (n_heads/n_kv_heads/ffn
+ * preset to the model-wide values nh, nkv and ffn). */
+static int deci_block(const json_t *b, int l, int nh, int hidden, ac_layer_arch *L, ac_err *e) {
+    json_t *at = json_object_get(b, "attention"), *ff = json_object_get(b, "ffn");
+    if (!json_is_object(at) || !json_is_object(ff))
+        return ac_errf(e, "config.json: block_configs[%d] needs attention and ffn objects", l);
+    if (json_is_true(json_object_get(at, "replace_with_linear")) ||
+        json_is_true(json_object_get(ff, "replace_with_linear")))
+        return ac_errf(e, "config.json: block_configs[%d]: replace_with_linear is not supported", l);
+    if (json_is_true(json_object_get(at, "no_op"))) L->n_heads = L->n_kv_heads = 0;
+    else {
+        int g = 0, h = 0;
+        if (get_int(at, "n_heads_in_group", 1, &g, e) || get_int(at, "num_attention_heads", nh, &h, e)) return -1;
+        if (g <= 0 || h % g)
+            return ac_errf(e, "config.json: block_configs[%d]: heads %d not divisible by n_heads_in_group %d", l, h, g);
+        L->n_heads = h;
+        L->n_kv_heads = h / g;
+    }
+    if (json_is_true(json_object_get(ff, "no_op"))) L->ffn = 0;
+    else {
+        json_t *is = json_object_get(ff, "intermediate_size");
+        if (json_is_integer(is)) L->ffn = (int)json_integer_value(is);
+        else {
+            double m = 0;
+            if (get_num(ff, "ffn_mult", 0, &m, e)) return -1;
+            int w = (int)(2 * m * hidden / 3);
+            L->ffn = (w + 255) / 256 * 256;
+        }
+    }
+    return 0;
+}
+
+/* a->layers from the model-wide counts, or per layer from block_configs. */
+static int config_layers(const json_t *cfg, const char *mt, int deci, int nh, int nkv, int ffn, ac_arch *a, ac_err *e) {
+    a->layers = calloc(a->n_layers, sizeof *a->layers);
+    if (!a->layers) return ac_errf(e, "out of memory");
+    json_t *bc = json_object_get(cfg, "block_configs");
+    if (deci && (!json_is_array(bc) || (int)json_array_size(bc) != a->n_layers))
+        return ac_errf(e, "config.json: %s needs block_configs with one entry per layer", mt);
+    for (int l = 0; l < a->n_layers; l++) {
+        ac_layer_arch *L = &a->layers[l];
+        *L = (ac_layer_arch){nh, nkv, ffn};
+        if (deci && deci_block(json_array_get(bc, l), l, nh, a->hidden, L, e)) return -1;
+    }
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        if (L->n_heads && (L->n_kv_heads <= 0 || L->n_heads % L->n_kv_heads))
+            return ac_errf(e, "config.json: layer %d: %d heads not divisible by %d KV heads", l, L->n_heads,
+                           L->n_kv_heads);
+        if (!deci && L->ffn <= 0) return ac_errf(e, "config.json: intermediate_size is required");
+    }
+    return 0;
+}
+
+/* RoPE base and scaling, biases, the sliding window, BOS/EOS. */
+static int config_extras(const json_t *cfg, const char *mt, ac_arch *a, ac_err *e) {
+    double theta = 0;
+    json_t *rp = json_object_get(cfg, "rope_parameters");
+    const json_t *rope_src = json_is_object(rp) ? rp : cfg;
+    if (get_num(rope_src, "rope_theta", 10000, &theta, e)) return -1;
+    if (json_is_object(rp) && !json_object_get(rp, "rope_theta") && get_num(cfg, "rope_theta", 10000, &theta, e))
+        return -1;
+    a->rope_theta = (float)theta;
+    if (parse_rope_scaling(json_is_object(rp) ? rp : json_object_get(cfg, "rope_scaling"), a, e)) return -1;
+    a->tie_embeddings = json_is_true(json_object_get(cfg, "tie_word_embeddings"));
+    a->qkv_bias = strcmp(mt, "qwen2") == 0 || json_is_true(json_object_get(cfg, "attention_bias")) ||
+                  json_is_true(json_object_get(cfg, "qkv_bias"));
+    if (json_is_true(json_object_get(cfg, "mlp_bias"))) return ac_errf(e, "config.json: mlp_bias is not supported");
+    json_t *sw = json_object_get(cfg, "sliding_window");
+    int use_sw = strcmp(mt, "qwen2") ? 1 : json_is_true(json_object_get(cfg, "use_sliding_window"));
+    if (sw && !json_is_null(sw) && use_sw) {
+        if (!json_is_integer(sw) || json_integer_value(sw) <= 0)
+            return ac_errf(e, "config.json: sliding_window must be a positive integer or null");
+        a->sliding_window = json_integer_value(sw) > 1 << 30 ? 1 << 30 : (int)json_integer_value(sw);
+        if (!strcmp(mt, "qwen2") && json_is_integer(json_object_get(cfg, "max_window_layers")))
+            return ac_errf(e, "config.json: qwen2 sliding window with max_window_layers is not supported");
+    }
+    a->bos_id = first_id(json_object_get(cfg, "bos_token_id"));
+    a->eos_id = first_id(json_object_get(cfg, "eos_token_id"));
+    return 0;
+}
+
 int ac_arch_from_config(const json_t *cfg, ac_arch *a, ac_err *e) {
     memset(a, 0, sizeof *a);
     if (!json_is_object(cfg)) return ac_errf(e, "config.json is not a JSON object");
@@ -80,86 +162,23 @@ int ac_arch_from_config(const json_t *cfg, ac_arch *a, ac_err *e) {
         return ac_errf(e, "config.json: model_type %s is not supported (llama, mistral, qwen2, nemotron-nas)", mt);
     snprintf(a->model_type, sizeof a->model_type, "%s", mt);
     int nh = 0, nkv = 0, ffn = 0;
-    double eps = 0, theta = 0;
+    double eps = 0;
     if (get_int(cfg, "vocab_size", 0, &a->vocab, e) || get_int(cfg, "hidden_size", 0, &a->hidden, e) ||
         get_int(cfg, "num_hidden_layers", 0, &a->n_layers, e) || get_int(cfg, "num_attention_heads", 0, &nh, e) ||
         get_int(cfg, "num_key_value_heads", nh, &nkv, e) || get_int(cfg, "intermediate_size", 0, &ffn, e) ||
         get_int(cfg, "max_position_embeddings", 2048, &a->max_pos, e) || get_num(cfg, "rms_norm_eps", 1e-6, &eps, e))
         return -1;
-    if (!a->vocab || !a->hidden || !a->n_layers || !nh) return ac_errf(e, "config.json: vocab_size, hidden_size, num_hidden_layers and num_attention_heads are required and > 0");
+    if (!a->vocab || !a->hidden || !a->n_layers || !nh)
+        return ac_errf(e, "config.json: vocab_size, hidden_size, num_hidden_layers and num_attention_heads are "
+                          "required and > 0");
     if (get_int(cfg, "head_dim", a->hidden / nh, &a->head_dim, e)) return -1;
-    if (a->head_dim <= 0 || a->head_dim % 2) return ac_errf(e, "config.json: head_dim %d must be even and > 0", a->head_dim);
-    json_t *rp = json_object_get(cfg, "rope_parameters");
-    const json_t *rope_src = json_is_object(rp) ? rp : cfg;
-    if (get_num(rope_src, "rope_theta", json_is_object(rp) ? 10000 : 10000, &theta, e)) return -1;
-    if (json_is_object(rp) && !json_object_get(rp, "rope_theta") && get_num(cfg, "rope_theta", 10000, &theta, e)) return -1;
+    if (a->head_dim <= 0 || a->head_dim % 2)
+        return ac_errf(e, "config.json: head_dim %d must be even and > 0", a->head_dim);
     a->eps = (float)eps;
-    a->rope_theta = (float)theta;
-    if (parse_rope_scaling(json_is_object(rp) ? rp : json_object_get(cfg, "rope_scaling"), a, e)) return -1;
-    a->tie_embeddings = json_is_true(json_object_get(cfg, "tie_word_embeddings"));
-    a->qkv_bias = strcmp(mt, "qwen2") == 0 || json_is_true(json_object_get(cfg, "attention_bias")) ||
-                  json_is_true(json_object_get(cfg, "qkv_bias"));
-    if (json_is_true(json_object_get(cfg, "mlp_bias"))) return ac_errf(e, "config.json: mlp_bias is not supported");
-    json_t *sw = json_object_get(cfg, "sliding_window");
-    int use_sw = strcmp(mt, "qwen2") ? 1 : json_is_true(json_object_get(cfg, "use_sliding_window"));
-    if (sw && !json_is_null(sw) && use_sw) {
-        if (!json_is_integer(sw) || json_integer_value(sw) <= 0) return ac_errf(e, "config.json: sliding_window must be a positive integer or null");
-        a->sliding_window = json_integer_value(sw) > 1 << 30 ? 1 << 30 : (int)json_integer_value(sw);
-        if (!strcmp(mt, "qwen2") && json_is_integer(json_object_get(cfg, "max_window_layers")))
-            return ac_errf(e, "config.json: qwen2 sliding window with max_window_layers is not supported");
-    }
-    a->bos_id = first_id(json_object_get(cfg, "bos_token_id"));
-    a->eos_id = first_id(json_object_get(cfg, "eos_token_id"));
-    a->layers = calloc(a->n_layers, sizeof *a->layers);
-    if (!a->layers) return ac_errf(e, "out of memory");
-    json_t *bc = json_object_get(cfg, "block_configs");
-    if (deci && (!json_is_array(bc) || (int)json_array_size(bc) != a->n_layers)) {
+    if (config_extras(cfg, mt, a, e)) return -1;
+    if (config_layers(cfg, mt, deci, nh, nkv, ffn, a, e)) {
         ac_arch_free(a);
-        return ac_errf(e, "config.json: %s needs block_configs with one entry per layer", mt);
-    }
-    for (int l = 0; l < a->n_layers; l++) {
-        ac_layer_arch *L = &a->layers[l];
-        L->n_heads = nh;
-        L->n_kv_heads = nkv;
-        L->ffn = ffn;
-        if (!deci) continue;
-        json_t *b = json_array_get(bc, l), *at = json_object_get(b, "attention"), *ff = json_object_get(b, "ffn");
-        if (!json_is_object(at) || !json_is_object(ff)) {
-            ac_arch_free(a);
-            return ac_errf(e, "config.json: block_configs[%d] needs attention and ffn objects", l);
-        }
-        if (json_is_true(json_object_get(at, "replace_with_linear")) || json_is_true(json_object_get(ff, "replace_with_linear"))) {
-            ac_arch_free(a);
-            return ac_errf(e, "config.json: block_configs[%d]: replace_with_linear is not supported", l);
-        }
-        if (json_is_true(json_object_get(at, "no_op"))) L->n_heads = L->n_kv_heads = 0;
-        else {
-            int g = 0, h = 0;
-            if (get_int(at, "n_heads_in_group", 1, &g, e) || get_int(at, "num_attention_heads", nh, &h, e)) { ac_arch_free(a); return -1; }
-            if (g <= 0 || h % g) { ac_arch_free(a); return ac_errf(e, "config.json: block_configs[%d]: heads %d not divisible by n_heads_in_group %d", l, h, g); }
-            L->n_heads = h;
-            L->n_kv_heads = h / g;
-        }
-        if (json_is_true(json_object_get(ff, "no_op"))) L->ffn = 0;
-        else {
-            json_t *is = json_object_get(ff, "intermediate_size");
-            if (json_is_integer(is)) L->ffn = (int)json_integer_value(is);
-            else {
-                double m = 0;
-                if (get_num(ff, "ffn_mult", 0, &m, e)) { ac_arch_free(a); return -1; }
-                int w = (int)(2 * m * a->hidden / 3);
-                L->ffn = (w + 255) / 256 * 256;
-            }
-        }
-    }
-    for (int l = 0; l < a->n_layers; l++) {
-        ac_layer_arch *L = &a->layers[l];
-        if (L->n_heads && (L->n_kv_heads <= 0 || L->n_heads % L->n_kv_heads)) {
-            ac_errf(e, "config.json: layer %d: %d heads not divisible by %d KV heads", l, L->n_heads, L->n_kv_heads);
-            ac_arch_free(a); /* after formatting: L points into the freed array */
-            return -1;
-        }
-        if (!deci && L->ffn <= 0) { ac_arch_free(a); return ac_errf(e, "config.json: intermediate_size is required"); }
+        return -1;
     }
     return 0;
 }
