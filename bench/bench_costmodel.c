@@ -25,12 +25,18 @@
 #include "kernels_cpu.h"
 
 static void fill(float *p, size_t n, unsigned *s) {
-    for (size_t i = 0; i < n; i++) { *s = *s * 1664525u + 1013904223u; p[i] = ((*s >> 9) / 8388608.0f - 1.0f) * 0.05f; }
+    for (size_t i = 0; i < n; i++) {
+        *s = *s * 1664525u + 1013904223u;
+        p[i] = ((*s >> 9) / 8388608.0f - 1.0f) * 0.05f;
+    }
 }
 
 static void random_model(ac_model *m, const ac_arch *a) {
     ac_err e;
-    if (ac_model_alloc(m, a, &e)) { fprintf(stderr, "%s\n", e.msg); exit(1); }
+    if (ac_model_alloc(m, a, &e)) {
+        fprintf(stderr, "%s\n", e.msg);
+        exit(1);
+    }
     unsigned s = 7;
     size_t H = a->hidden, hd = a->head_dim;
     fill(m->embed, a->vocab * H, &s);
@@ -41,17 +47,24 @@ static void random_model(ac_model *m, const ac_arch *a) {
         ac_layer_w *w = &m->L[l];
         if (L->n_heads) {
             for (size_t i = 0; i < H; i++) w->in_norm[i] = 1;
-            fill(w->wq, L->n_heads * hd * H, &s); fill(w->wk, L->n_kv_heads * hd * H, &s);
-            fill(w->wv, L->n_kv_heads * hd * H, &s); fill(w->wo, L->n_heads * hd * H, &s);
+            fill(w->wq, L->n_heads * hd * H, &s);
+            fill(w->wk, L->n_kv_heads * hd * H, &s);
+            fill(w->wv, L->n_kv_heads * hd * H, &s);
+            fill(w->wo, L->n_heads * hd * H, &s);
         }
         if (L->ffn) {
             for (size_t i = 0; i < H; i++) w->post_norm[i] = 1;
-            fill(w->wg, L->ffn * H, &s); fill(w->wu, L->ffn * H, &s); fill(w->wd, L->ffn * H, &s);
+            fill(w->wg, L->ffn * H, &s);
+            fill(w->wu, L->ffn * H, &s);
+            fill(w->wd, L->ffn * H, &s);
         }
     }
 }
 
-static int cmpd(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return x < y ? -1 : x > y; }
+static int cmpd(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
 
 /* TTFT: the fastest of N prefills; TPOT: each decode step's fastest of N
  * runs, averaged over the steps (best-of-N per step: neighbours on a shared
@@ -61,10 +74,16 @@ static int RUNS = 7; /* AC_BENCH_RUNS overrides */
 static void measure(const ac_model *m, int B, int P, int G, double *ttft, double *tpot) {
     ac_engine en;
     ac_err e;
-    if (ac_engine_init(&en, m, B, P + G, &e)) { fprintf(stderr, "%s\n", e.msg); exit(1); }
+    if (ac_engine_init(&en, m, B, P + G, &e)) {
+        fprintf(stderr, "%s\n", e.msg);
+        exit(1);
+    }
     int *tok = malloc(sizeof(int) * B * P), nxt[64];
     double *best = malloc(sizeof(double) * G);
-    if (!tok || !best) { fprintf(stderr, "out of memory\n"); exit(1); }
+    if (!tok || !best) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
     for (int i = 0; i < B * P; i++) tok[i] = (i * 31) % m->a.vocab;
     for (int g = 0; g < G; g++) best[g] = 1e30;
     double tt = 1e30;
@@ -93,7 +112,11 @@ static double load1(void) {
     return getloadavg(l, 1) == 1 ? l[0] : -1;
 }
 
-typedef struct { const char *name; int hidden, hd, vocab, L; int heads[8], kv[8], ffn[8]; } arch_case;
+typedef struct {
+    const char *name;
+    int hidden, hd, vocab, L;
+    int heads[8], kv[8], ffn[8];
+} arch_case;
 
 int main(int argc, char **argv) {
     const char *db = argc > 1 ? argv[1] : NULL;
@@ -103,12 +126,16 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     ac_err e;
     ac_cost_table t;
-    if (ac_cost_measure_cpu(2, NULL, NULL, &t, &e)) { fprintf(stderr, "%s\n", e.msg); return 1; }
+    if (ac_cost_measure_cpu(2, NULL, NULL, &t, &e)) {
+        fprintf(stderr, "%s\n", e.msg);
+        return 1;
+    }
     ac_cost_cache cache;
     costcache_file(&cache, db, 1);
     if (db && cache.put(cache.ud, &t, &e)) fprintf(stderr, "warning: %s\n", e.msg);
     printf("load average (1 min) before the table: %.2f; after it: %.2f\n", load_start, load1());
-    printf("cost table: %s (measured now in %.1f s; effective cache %.0f MiB)\n", t.key, t.measure_s, t.cache_bytes / 1048576.0);
+    printf("cost table: %s (measured now in %.1f s; effective cache %.0f MiB)\n", t.key, t.measure_s,
+           t.cache_bytes / 1048576.0);
     for (int i = 0; i < t.ndec; i++)
         printf("  decode band: working set %7.1f MiB: %+8.2f us/MiB (batch 4: %+8.2f) beyond the warm tables\n",
                t.dec_ws[i] / 1048576.0, t.dec_us_mib[i], t.dec_b4 ? t.dec_us_mib4[i] : 0.0);
@@ -122,15 +149,22 @@ int main(int argc, char **argv) {
     int work[][3] = {{1, 128, 16}, {4, 64, 16}, {1, 512, 8}};
     double ett[64], etp[64];
     int n = 0;
-    printf("%-12s %-14s %10s %10s %7s %10s %10s %7s\n", "arch", "workload", "ttft_meas", "ttft_pred", "err", "tpot_meas", "tpot_pred", "err");
+    printf("%-12s %-14s %10s %10s %7s %10s %10s %7s\n", "arch", "workload", "ttft_meas", "ttft_pred", "err",
+           "tpot_meas", "tpot_pred", "err");
     const char *only = getenv("AC_BENCH_CASES"); /* substring of the arch names to run (default: all) */
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         arch_case *ac = &cases[c];
         if (only && !strstr(ac->name, only)) continue;
         ac_arch a = {0};
         snprintf(a.model_type, sizeof a.model_type, "llama");
-        a.vocab = ac->vocab; a.hidden = ac->hidden; a.head_dim = ac->hd; a.n_layers = ac->L; a.max_pos = 4096;
-        a.eps = 1e-5f; a.rope_theta = 10000; a.bos_id = a.eos_id = -1;
+        a.vocab = ac->vocab;
+        a.hidden = ac->hidden;
+        a.head_dim = ac->hd;
+        a.n_layers = ac->L;
+        a.max_pos = 4096;
+        a.eps = 1e-5f;
+        a.rope_theta = 10000;
+        a.bos_id = a.eos_id = -1;
         a.layers = calloc(ac->L, sizeof *a.layers);
         for (int l = 0; l < ac->L; l++) a.layers[l] = (ac_layer_arch){ac->heads[l], ac->kv[l], ac->ffn[l]};
         ac_model m;
@@ -149,7 +183,8 @@ int main(int argc, char **argv) {
             etp[n] = k.tpot_ms / mp - 1;
             char wn[32];
             snprintf(wn, sizeof wn, "b%d p%d g%d", wl.batch, wl.prompt_len, wl.gen_len);
-            printf("%-12s %-14s %10.3f %10.3f %+6.1f%% %10.4f %10.4f %+6.1f%%\n", ac->name, wn, mt, k.ttft_ms, 100 * ett[n], mp, k.tpot_ms, 100 * etp[n]);
+            printf("%-12s %-14s %10.3f %10.3f %+6.1f%% %10.4f %10.4f %+6.1f%%\n", ac->name, wn, mt, k.ttft_ms,
+                   100 * ett[n], mp, k.tpot_ms, 100 * etp[n]);
             n++;
         }
         ac_carch_free(&ca);
@@ -157,8 +192,15 @@ int main(int argc, char **argv) {
         ac_arch_free(&a);
     }
     double at[64], ap[64], all[128];
-    for (int i = 0; i < n; i++) { at[i] = fabs(ett[i]); ap[i] = fabs(etp[i]); all[i] = at[i]; all[n + i] = ap[i]; }
-    qsort(at, n, sizeof *at, cmpd); qsort(ap, n, sizeof *ap, cmpd); qsort(all, 2 * n, sizeof *all, cmpd);
+    for (int i = 0; i < n; i++) {
+        at[i] = fabs(ett[i]);
+        ap[i] = fabs(etp[i]);
+        all[i] = at[i];
+        all[n + i] = ap[i];
+    }
+    qsort(at, n, sizeof *at, cmpd);
+    qsort(ap, n, sizeof *ap, cmpd);
+    qsort(all, 2 * n, sizeof *all, cmpd);
     double mt = 100 * at[n / 2], wt = 100 * at[n - 1], mp = 100 * ap[n / 2], wp = 100 * ap[n - 1];
     printf("TTFT |error|: median %.1f%%, worst %.1f%%\n", mt, wt);
     printf("TPOT |error|: median %.1f%%, worst %.1f%%\n", mp, wp);

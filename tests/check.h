@@ -12,33 +12,40 @@
 
 static int ck_failed_now, ck_pass, ck_fail, ck_skip, ck_skipped_now;
 
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            ck_failed_now = 1;                                             \
-            fprintf(stderr, "  check failed %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fputc('\n', stderr);                                           \
-        }                                                                  \
+#define CHECK(cond, ...)                                                                                               \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            ck_failed_now = 1;                                                                                         \
+            fprintf(stderr, "  check failed %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
+            fprintf(stderr, __VA_ARGS__);                                                                              \
+            fputc('\n', stderr);                                                                                       \
+        }                                                                                                              \
     } while (0)
 
-#define SKIP(...)                                    \
-    do {                                             \
-        ck_skipped_now = 1;                          \
-        fprintf(stderr, "  skip: ");                 \
-        fprintf(stderr, __VA_ARGS__);                \
-        fputc('\n', stderr);                         \
-        return;                                      \
+#define SKIP(...)                                                                                                      \
+    do {                                                                                                               \
+        ck_skipped_now = 1;                                                                                            \
+        fprintf(stderr, "  skip: ");                                                                                   \
+        fprintf(stderr, __VA_ARGS__);                                                                                  \
+        fputc('\n', stderr);                                                                                           \
+        return;                                                                                                        \
     } while (0)
 
-#define RUN(fn)                                                  \
-    do {                                                         \
-        ck_failed_now = ck_skipped_now = 0;                      \
-        fn();                                                    \
-        if (ck_skipped_now) { ck_skip++; printf("SKIP %s\n", #fn); } \
-        else if (ck_failed_now) { ck_fail++; printf("FAIL %s\n", #fn); } \
-        else { ck_pass++; printf("ok   %s\n", #fn); }            \
-        fflush(stdout);                                          \
+#define RUN(fn)                                                                                                        \
+    do {                                                                                                               \
+        ck_failed_now = ck_skipped_now = 0;                                                                            \
+        fn();                                                                                                          \
+        if (ck_skipped_now) {                                                                                          \
+            ck_skip++;                                                                                                 \
+            printf("SKIP %s\n", #fn);                                                                                  \
+        } else if (ck_failed_now) {                                                                                    \
+            ck_fail++;                                                                                                 \
+            printf("FAIL %s\n", #fn);                                                                                  \
+        } else {                                                                                                       \
+            ck_pass++;                                                                                                 \
+            printf("ok   %s\n", #fn);                                                                                  \
+        }                                                                                                              \
+        fflush(stdout);                                                                                                \
     } while (0)
 
 /* buf = $AC_BUILD/rel (build/rel when unset): where fixtures and models are. */

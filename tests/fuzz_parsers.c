@@ -14,12 +14,12 @@
  *  - plain (default): `fuzz_parsers N SEED` runs N random mutations of
  *    built-in seeds through every parser (used by the test suite under ASan).
  */
+#include <errno.h>
 #include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <errno.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -38,8 +38,9 @@
 
 /* A byte-level BPE tokenizer (all 256 byte symbols, GPT-2's byte-to-unicode
  * map, a few merges, the Llama-3 split regex), for target 9. */
-static const char *SPLIT9 = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
-                            "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char *SPLIT9 =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 static char *tok9_json(void) {
     json_t *vocab = json_object();
@@ -48,17 +49,23 @@ static char *tok9_json(void) {
         static int extra = 0;
         int cp = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae) ? b : 0x100 + extra++;
         char u[4];
-        if (cp < 0x80) { u[0] = (char)cp; u[1] = 0; }
-        else { u[0] = (char)(0xc0 | (cp >> 6)); u[1] = (char)(0x80 | (cp & 0x3f)); u[2] = 0; }
+        if (cp < 0x80) {
+            u[0] = (char)cp;
+            u[1] = 0;
+        } else {
+            u[0] = (char)(0xc0 | (cp >> 6));
+            u[1] = (char)(0x80 | (cp & 0x3f));
+            u[2] = 0;
+        }
         json_object_set_new(vocab, u, json_integer(b));
     }
     const char *merged[] = {"he", "ll", "hell", "\xc4\xa0w", "or", NULL};
     for (int i = 0; merged[i]; i++) json_object_set_new(vocab, merged[i], json_integer(next++));
     json_t *t = json_pack("{s:{s:s,s:o,s:[s,s,s,s,s]},s:{s:s,s:[{s:s,s:{s:s},s:s,s:b},{s:s,s:b,s:b}]},s:{s:s}}",
                           "model", "type", "BPE", "vocab", vocab, "merges", "h e", "l l", "he ll", "\xc4\xa0 w", "o r",
-                          "pre_tokenizer", "type", "Sequence", "pretokenizers", "type", "Split", "pattern", "Regex", SPLIT9,
-                          "behavior", "Isolated", "invert", 0, "type", "ByteLevel", "add_prefix_space", 0, "use_regex", 0,
-                          "decoder", "type", "ByteLevel");
+                          "pre_tokenizer", "type", "Sequence", "pretokenizers", "type", "Split", "pattern", "Regex",
+                          SPLIT9, "behavior", "Isolated", "invert", 0, "type", "ByteLevel", "add_prefix_space", 0,
+                          "use_regex", 0, "decoder", "type", "ByteLevel");
     char *s = t ? json_dumps(t, JSON_COMPACT) : NULL;
     json_decref(t);
     return s;
@@ -73,7 +80,10 @@ static void init_once(void) {
     done = 1;
     ac_err e;
     char *tj = tok9_json();
-    if (!tj || ac_tok_parse(tj, strlen(tj), &tok9, &e)) { fprintf(stderr, "fuzz: tokenizer seed: %s\n", tj ? e.msg : "oom"); abort(); }
+    if (!tj || ac_tok_parse(tj, strlen(tj), &tok9, &e)) {
+        fprintf(stderr, "fuzz: tokenizer seed: %s\n", tj ? e.msg : "oom");
+        abort();
+    }
     free(tj);
     snprintf(scratch, sizeof scratch, "/tmp/fuzz_parsers.%d", (int)getpid());
     char shard[128];
@@ -82,7 +92,9 @@ static void init_once(void) {
     FILE *f = fopen(shard, "wb"); /* one valid shard with tensor "a" */
     const char *h = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
     uint64_t hl = strlen(h);
-    if (!f || fwrite(&hl, 8, 1, f) != 1 || fwrite(h, 1, hl, f) != hl || fwrite("\0\0\0\0\0\0\0\0", 1, 8, f) != 8 || fclose(f)) abort();
+    if (!f || fwrite(&hl, 8, 1, f) != 1 || fwrite(h, 1, hl, f) != hl || fwrite("\0\0\0\0\0\0\0\0", 1, 8, f) != 8 ||
+        fclose(f))
+        abort();
     const char *roots[] = {scratch};
     if (ac_fsafe_set_roots(roots, 1, &e)) abort(); /* estimate bodies naming other paths are refused by name */
 }
@@ -107,7 +119,8 @@ static void fuzz_json_targets(int which, const uint8_t *p, size_t n) {
     const char *field;
     if (which == 5) {
         ac_cost_table t;
-        if (ac_cost_table_validate(j, &field, &e) == 0 && ac_cost_table_from_json(j, &t, &e) == 0) ac_cost_table_free(&t);
+        if (ac_cost_table_validate(j, &field, &e) == 0 && ac_cost_table_from_json(j, &t, &e) == 0)
+            ac_cost_table_free(&t);
     } else if (which == 6) {
         json_t *out = NULL;
         if (json_is_object(j) && ac_estimate_json(j, NULL, &out, &field, &e) == 0) json_decref(out);
@@ -157,7 +170,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         break;
     }
     case 4: fuzz_index(p, n); break;
-    case 5: case 6: case 7: fuzz_json_targets(data[0] % NTARGETS, p, n); break;
+    case 5:
+    case 6:
+    case 7: fuzz_json_targets(data[0] % NTARGETS, p, n); break;
     case 8: {
         wevent w;
         if (wevent_parse((const char *)p, n, &w) == 0) wevent_free(&w);
@@ -189,23 +204,37 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 #ifndef AC_LIBFUZZER
 static const char *seeds[] = {
     "\0{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
-    "\1{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":2,\"num_attention_heads\":2,\"intermediate_size\":16,"
-    "\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4,\"original_max_position_embeddings\":64}}",
-    "\2{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]},\"pre_tokenizer\":{\"type\":\"ByteLevel\"}}",
-    "\2{\"model\":{\"type\":\"BPE\",\"byte_fallback\":true,\"fuse_unk\":true,\"unk_token\":\"<unk>\",\"vocab\":{\"<unk>\":0,\"<0x68>\":1,"
-    "\"\\u2581\":2,\"o\":3,\"\\u2581o\":4},\"merges\":[\"\\u2581 o\"]},\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":"
-    "\"Prepend\",\"prepend\":\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\\u2581\"}]}}",
-    "\2{\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"vocab\":{\"<unk>\":0,\"\\u2581\":1,\"o\":2,\"\\u2581o\":3},\"merges\":[[\"\\u2581\",\"o\"]]},"
-    "\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"prepend_scheme\":\"first\",\"split\":true}}",
-    "\3{\"model\":\"/m\",\"calibration\":\"/c.txt\",\"output\":\"/o\",\"target\":{\"device\":\"H100\"},\"constraints\":{\"max_tpot_ms\":5}}",
+    "\1{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":2,\"num_attention_heads\":2,"
+    "\"intermediate_size\":16,"
+    "\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4,\"original_"
+    "max_position_embeddings\":64}}",
+    "\2{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a "
+    "b\"]},\"pre_tokenizer\":{\"type\":\"ByteLevel\"}}",
+    "\2{\"model\":{\"type\":\"BPE\",\"byte_fallback\":true,\"fuse_unk\":true,\"unk_token\":\"<unk>\",\"vocab\":{\"<unk>"
+    "\":0,\"<0x68>\":1,"
+    "\"\\u2581\":2,\"o\":3,\"\\u2581o\":4},\"merges\":[\"\\u2581 "
+    "o\"]},\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":"
+    "\"Prepend\",\"prepend\":\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" "
+    "\"},\"content\":\"\\u2581\"}]}}",
+    "\2{\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"vocab\":{\"<unk>\":0,\"\\u2581\":1,\"o\":2,\"\\u2581o\":"
+    "3},\"merges\":[[\"\\u2581\",\"o\"]]},"
+    "\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"prepend_scheme\":\"first\",\"split\":true}"
+    "}",
+    "\3{\"model\":\"/m\",\"calibration\":\"/c.txt\",\"output\":\"/"
+    "o\",\"target\":{\"device\":\"H100\"},\"constraints\":{\"max_tpot_ms\":5}}",
     "\4{\"metadata\":{\"total_size\":8},\"weight_map\":{\"a\":\"model-00001-of-00001.safetensors\"}}",
-    "\5{\"key\":\"k\",\"device\":\"d\",\"dtype\":\"fp32\",\"engine\":\"autocompress-cpu\",\"version\":4,\"source\":\"measured\","
-    "\"memory_gib\":8,\"gemm\":{\"m\":[1,8],\"n\":[16,64],\"k\":[16,64],\"us\":[1,2,3,4,5,6,7,8],\"warm_us\":[1,2,3,4,5,6,7,8]},"
-    "\"cache_bytes\":1e6,\"attention\":{\"head_dims\":[16,64],\"queries\":[1,16],\"extra_keys\":[1,64],\"us\":[1,2,3,4,5,6,7,8]},"
+    "\5{\"key\":\"k\",\"device\":\"d\",\"dtype\":\"fp32\",\"engine\":\"autocompress-cpu\",\"version\":4,\"source\":"
+    "\"measured\","
+    "\"memory_gib\":8,\"gemm\":{\"m\":[1,8],\"n\":[16,64],\"k\":[16,64],\"us\":[1,2,3,4,5,6,7,8],\"warm_us\":[1,2,3,4,"
+    "5,6,7,8]},"
+    "\"cache_bytes\":1e6,\"attention\":{\"head_dims\":[16,64],\"queries\":[1,16],\"extra_keys\":[1,64],\"us\":[1,2,3,4,"
+    "5,6,7,8]},"
     "\"elementwise_ns\":1,\"launch_us\":0}",
-    "\6{\"architecture\":{\"hidden\":64,\"head_dim\":16,\"vocab\":100,\"layers\":[{\"heads\":4,\"kv_heads\":2,\"ffn\":128}]},"
+    "\6{\"architecture\":{\"hidden\":64,\"head_dim\":16,\"vocab\":100,\"layers\":[{\"heads\":4,\"kv_heads\":2,\"ffn\":"
+    "128}]},"
     "\"target\":{\"device\":\"H100\",\"workload\":{\"batch\":2,\"prompt_len\":32,\"gen_len\":8}}}",
-    "\7{\"listen\":\"127.0.0.1:1\",\"tokens\":[\"0123456789abcdef\"],\"allowed_hosts\":[\"a.example\"],\"max_search_steps\":10,"
+    "\7{\"listen\":\"127.0.0.1:1\",\"tokens\":[\"0123456789abcdef\"],\"allowed_hosts\":[\"a.example\"],\"max_search_"
+    "steps\":10,"
     "\"cancel_grace_s\":1.5,\"use_gpus\":false,\"interrupted_policy\":\"fail\"}",
     "\10{\"kind\":\"cost_table\",\"data\":{\"key\":\"k\",\"cache_hit\":true,\"table\":{\"key\":\"k\"}}}",
     "\11hello world 123 \xc3\xa9\xe2\x82\xac 's\r\n\t  x",
@@ -226,8 +255,16 @@ static unsigned char *gguf_seed(size_t *n) {
     fputs(seeds[3] + 1, f);
     fclose(f);
     ac_layer_arch L = {2, 1, 4};
-    ac_arch a = {.vocab = 8, .hidden = 4, .head_dim = 2, .n_layers = 1, .max_pos = 16, .eps = 1e-5f, .rope_theta = 1e4f,
-                 .bos_id = -1, .eos_id = -1, .layers = &L};
+    ac_arch a = {.vocab = 8,
+                 .hidden = 4,
+                 .head_dim = 2,
+                 .n_layers = 1,
+                 .max_pos = 16,
+                 .eps = 1e-5f,
+                 .rope_theta = 1e4f,
+                 .bos_id = -1,
+                 .eos_id = -1,
+                 .layers = &L};
     ac_model m;
     ac_err e;
     unsigned char *buf = NULL;
@@ -247,7 +284,10 @@ static int write_seeds(const char *dir, const unsigned char *gg, size_t gn) {
         char path[512];
         snprintf(path, sizeof path, "%s/seed-%02zu", dir, s);
         FILE *f = fopen(path, "wb");
-        if (!f) { perror(path); return 1; }
+        if (!f) {
+            perror(path);
+            return 1;
+        }
         if (s == 0) { /* safetensors: target byte, length prefix, header, 8 data bytes */
             const char *h = seeds[0] + 1;
             uint64_t hl = strlen(h);
@@ -255,13 +295,17 @@ static int write_seeds(const char *dir, const unsigned char *gg, size_t gn) {
             fwrite(&hl, 8, 1, f);
             fwrite(h, 1, hl, f);
             fwrite("\0\0\0\0\0\0\0\0", 1, 8, f);
-        } else fwrite(seeds[s], 1, strlen(seeds[s] + 1) + 1, f);
+        } else
+            fwrite(seeds[s], 1, strlen(seeds[s] + 1) + 1, f);
         if (fclose(f)) return 1;
     }
     char path[512];
     snprintf(path, sizeof path, "%s/seed-%02zu", dir, NSEEDS);
     FILE *f = fopen(path, "wb");
-    if (!f || fputc(GGUF_TARGET, f) == EOF || fwrite(gg, 1, gn, f) != gn || fclose(f)) { perror(path); return 1; }
+    if (!f || fputc(GGUF_TARGET, f) == EOF || fwrite(gg, 1, gn, f) != gn || fclose(f)) {
+        perror(path);
+        return 1;
+    }
     printf("wrote %zu seeds to %s\n", NSEEDS + 1, dir);
     return 0;
 }
@@ -288,7 +332,10 @@ int main(int argc, char **argv) {
             ac_err e;
             size_t n;
             char *d = ac_read_file(argv[i], 1u << 24, &n, &e);
-            if (!d) { fprintf(stderr, "%s\n", e.msg); return 1; }
+            if (!d) {
+                fprintf(stderr, "%s\n", e.msg);
+                return 1;
+            }
             LLVMFuzzerTestOneInput((const uint8_t *)d, n);
             free(d);
         }
@@ -314,14 +361,17 @@ int main(int argc, char **argv) {
             memcpy(buf + 9, h, hl);
             memset(buf + 9 + hl, 0, 8);
             n = 9 + hl + 8;
-        } else memcpy(buf, seeds[s], n);
+        } else
+            memcpy(buf, seeds[s], n);
         int muts = 1 + rand() % 8;
         for (int m = 0; m < muts && n > 2; m++) {
             size_t at = 1 + (size_t)rand() % (n - 1);
             switch (rand() % 4) {
             case 0: buf[at] = (unsigned char)rand(); break;
             case 1: buf[at] ^= (unsigned char)(1 << (rand() % 8)); break;
-            case 2: if (n > 2) n = at; break; /* truncate */
+            case 2:
+                if (n > 2) n = at;
+                break; /* truncate */
             default: buf[at] = "{}[]\",:0123456789e-"[rand() % 19];
             }
         }

@@ -19,7 +19,13 @@ static ac_arch mk_arch(int L, int H, int hd, int heads, int kv, int ffn, int voc
     ac_arch a;
     memset(&a, 0, sizeof a);
     snprintf(a.model_type, sizeof a.model_type, "llama");
-    a.vocab = vocab; a.hidden = H; a.head_dim = hd; a.n_layers = L; a.max_pos = 4096; a.eps = 1e-5f; a.rope_theta = 10000;
+    a.vocab = vocab;
+    a.hidden = H;
+    a.head_dim = hd;
+    a.n_layers = L;
+    a.max_pos = 4096;
+    a.eps = 1e-5f;
+    a.rope_theta = 10000;
     a.bos_id = a.eos_id = -1;
     a.layers = calloc(L, sizeof *a.layers);
     for (int l = 0; l < L; l++) a.layers[l] = (ac_layer_arch){heads, kv, ffn};
@@ -38,16 +44,24 @@ static void synth_table(ac_cost_table *t) {
     t->mem_gib = 16;
     double g[] = {1, 4, 16, 64, 256, 1024};
     t->nm = t->nn = t->nk = 6;
-    memcpy(t->gm, g, sizeof g); memcpy(t->gn, g, sizeof g); memcpy(t->gk, g, sizeof g);
+    memcpy(t->gm, g, sizeof g);
+    memcpy(t->gn, g, sizeof g);
+    memcpy(t->gk, g, sizeof g);
     t->gemm_us = malloc(sizeof(double) * 216);
-    for (int a = 0; a < 6; a++) for (int b = 0; b < 6; b++) for (int c = 0; c < 6; c++)
-        t->gemm_us[(a * 6 + b) * 6 + c] = 1 + g[a] * g[b] * g[c] * 1e-5;
-    t->nhd = 2; t->naq = 3; t->nas = 3;
+    for (int a = 0; a < 6; a++)
+        for (int b = 0; b < 6; b++)
+            for (int c = 0; c < 6; c++) t->gemm_us[(a * 6 + b) * 6 + c] = 1 + g[a] * g[b] * g[c] * 1e-5;
+    t->nhd = 2;
+    t->naq = 3;
+    t->nas = 3;
     double hd[] = {32, 128}, q[] = {1, 16, 256}, s[] = {1, 64, 4096};
-    memcpy(t->ahd, hd, sizeof hd); memcpy(t->aq, q, sizeof q); memcpy(t->as, s, sizeof s);
+    memcpy(t->ahd, hd, sizeof hd);
+    memcpy(t->aq, q, sizeof q);
+    memcpy(t->as, s, sizeof s);
     t->attn_us = malloc(sizeof(double) * 18);
-    for (int h = 0; h < 2; h++) for (int a = 0; a < 3; a++) for (int b = 0; b < 3; b++)
-        t->attn_us[(h * 3 + a) * 3 + b] = 0.5 + q[a] * (q[a] + s[b] - 1) * hd[h] * 1e-6;
+    for (int h = 0; h < 2; h++)
+        for (int a = 0; a < 3; a++)
+            for (int b = 0; b < 3; b++) t->attn_us[(h * 3 + a) * 3 + b] = 0.5 + q[a] * (q[a] + s[b] - 1) * hd[h] * 1e-6;
     t->elem_ns = 0.5;
 }
 
@@ -67,12 +81,15 @@ static void test_interpolation_hits_grid_points(void) {
     ac_cost_table t;
     synth_table(&t);
     CHECK(fabs(ac_cost_gemm_us(&t, 16, 64, 256) - (1 + 16 * 64 * 256 * 1e-5)) < 1e-9, "grid point");
-    double mid = ac_cost_gemm_us(&t, 32, 64, 256), lo = ac_cost_gemm_us(&t, 16, 64, 256), hi = ac_cost_gemm_us(&t, 64, 64, 256);
+    double mid = ac_cost_gemm_us(&t, 32, 64, 256), lo = ac_cost_gemm_us(&t, 16, 64, 256),
+           hi = ac_cost_gemm_us(&t, 64, 64, 256);
     CHECK(mid > lo && mid < hi, "between neighbours: %g %g %g", lo, mid, hi);
-    CHECK(fabs(ac_cost_gemm_us(&t, 2048, 64, 256) / ac_cost_gemm_us(&t, 1024, 64, 256) - 2) < 1e-9, "extrapolation linear in m");
+    CHECK(fabs(ac_cost_gemm_us(&t, 2048, 64, 256) / ac_cost_gemm_us(&t, 1024, 64, 256) - 2) < 1e-9,
+          "extrapolation linear in m");
     CHECK(ac_cost_gemm_us(&t, 16, 0, 256) == 0, "removed op costs nothing");
     double a32 = ac_cost_attn_us(&t, 1, 1, 1, 16, 16 + 63, 32), a128 = ac_cost_attn_us(&t, 1, 1, 1, 16, 16 + 63, 128);
-    CHECK(fabs(a32 - t.attn_us[(0 * 3 + 1) * 3 + 1]) < 1e-9 && fabs(a128 - t.attn_us[(1 * 3 + 1) * 3 + 1]) < 1e-9, "attention grid");
+    CHECK(fabs(a32 - t.attn_us[(0 * 3 + 1) * 3 + 1]) < 1e-9 && fabs(a128 - t.attn_us[(1 * 3 + 1) * 3 + 1]) < 1e-9,
+          "attention grid");
     double a80 = ac_cost_attn_us(&t, 1, 1, 1, 16, 16 + 63, 80);
     CHECK(fabs(a80 - (a32 + a128) / 2) < 1e-9, "head_dim linear");
     CHECK(fabs(ac_cost_attn_us(&t, 8, 2, 3, 16, 79, 32) - 24 * a32) < 1e-9, "heads x batch");
@@ -106,14 +123,18 @@ static void test_gradients_match_finite_differences(void) {
                 ac_cost_predict(&tabs[ti], &c, &w, &p, 1, &k1);
                 c.ffn[l] = o;
                 double fd = (ac_cost_metric(&k1, m) - ac_cost_metric(&k0, m)) / 1.0;
-                CHECK(fabs(fd - gf[l]) <= 0.05 * fabs(fd) + 1e-9 * (1 + fabs(ac_cost_metric(&k0, m))), "table %d metric %d layer %d: grad %g fd %g", ti, m, l, gf[l], fd);
+                CHECK(fabs(fd - gf[l]) <= 0.05 * fabs(fd) + 1e-9 * (1 + fabs(ac_cost_metric(&k0, m))),
+                      "table %d metric %d layer %d: grad %g fd %g", ti, m, l, gf[l], fd);
             }
             if (m == AC_M_PARAMS) {
                 CHECK(fabs(gf[0] - 3.0 * 512) < 1e-6, "d params / d ffn = 3H: %g", gf[0]);
-                CHECK(fabs(gk[0] - 2.0 * 512 * 64) < 1e-6 && fabs(gh[0] - 2.0 * 512 * 64) < 1e-6, "d params / d heads, kv");
+                CHECK(fabs(gk[0] - 2.0 * 512 * 64) < 1e-6 && fabs(gh[0] - 2.0 * 512 * 64) < 1e-6,
+                      "d params / d heads, kv");
                 /* d params / d hidden = 2V + 1 + sum over sub-blocks (1 + their widths) */
                 double want = 2 * 2000.0 + 1;
-                for (int l = 0; l < 4; l++) want += 1 + 2 * a.layers[l].n_heads * 64 + 2 * a.layers[l].n_kv_heads * 64 + 1 + 3.0 * a.layers[l].ffn;
+                for (int l = 0; l < 4; l++)
+                    want +=
+                        1 + 2 * a.layers[l].n_heads * 64 + 2 * a.layers[l].n_kv_heads * 64 + 1 + 3.0 * a.layers[l].ffn;
                 CHECK(fabs(ghid - want) < 1e-6 * want, "d params / d hidden %g want %g", ghid, want);
             }
         }
@@ -140,7 +161,7 @@ static void test_decode_bands(void) {
     ac_workload w = {1, 16, 2};
     /* independent byte count: lm head + per layer q,k,v,o and gate,up,down, fp32; KV fp32 at context S */
     double wb = (256.0 * 64 + 2 * (2 * 64 * (4 + 2) * 16 + 3 * 64 * 128)) * 4;
-#define BYTES(S) (wb + 2 * 2 * 2 * 16 * (S) * 4.0)
+#define BYTES(S) (wb + 2 * 2 * 2 * 16 * (S)*4.0)
     double bytes16 = BYTES(16.0);
     CHECK(fabs(ac_cost_decode_bytes(&c, &p, 1, 16) - bytes16) < 1e-6, "bytes %g vs %g",
           ac_cost_decode_bytes(&c, &p, 1, 16), bytes16);
@@ -149,29 +170,35 @@ static void test_decode_bands(void) {
     ac_cost_predict(&t, &c, &w, &p, 0, &warm);
     t.cache_bytes = 0;
     t.ndec = 2;
-    t.dec_ws[0] = 1e3; t.dec_ws[1] = 2e3;
-    t.dec_us_mib[0] = 10; t.dec_us_mib[1] = 50;
+    t.dec_ws[0] = 1e3;
+    t.dec_ws[1] = 2e3;
+    t.dec_us_mib[0] = 10;
+    t.dec_us_mib[1] = 50;
     ac_cost_predict(&t, &c, &w, &p, 0, &banded);
     /* Simpson over the step contexts 17, 17.5, 18 (position + 1), all beyond the bands: 50 us/MiB */
     double extra = (BYTES(17.0) + 4 * BYTES(17.5) + BYTES(18.0)) / 6 / 1048576.0 * 50 / 1e3;
     CHECK(fabs(banded.tpot_ms - warm.tpot_ms - extra) < 1e-9, "beyond the bands: %g vs %g + %g", banded.tpot_ms,
           warm.tpot_ms, extra);
     /* bands around the working set: at the log midpoint, the mean of the two */
-    t.dec_ws[0] = BYTES(17.5) / 2; t.dec_ws[1] = BYTES(17.5) * 2;
+    t.dec_ws[0] = BYTES(17.5) / 2;
+    t.dec_ws[1] = BYTES(17.5) * 2;
     ac_cost_predict(&t, &c, &w, &p, 0, &banded);
     extra = BYTES(17.5) / 1048576.0 * 30 / 1e3;
     CHECK(fabs(banded.tpot_ms - warm.tpot_ms - extra) < 1e-3 * extra, "between the bands: %g vs %g + %g",
           banded.tpot_ms, warm.tpot_ms, extra);
     /* batch-4 bands: batch 4 takes them, batch 2 the mean in log batch */
-    t.dec_ws[0] = 1e3; t.dec_ws[1] = 2e3;
+    t.dec_ws[0] = 1e3;
+    t.dec_ws[1] = 2e3;
     t.dec_b4 = 1;
     t.dec_us_mib4[0] = t.dec_us_mib4[1] = 90;
     ac_workload w4 = {4, 16, 2}, w2 = {2, 16, 2};
     ac_cost warm4, b4, warm2, b2;
-    t.ndec = 0; t.cache_bytes = 1e30;
+    t.ndec = 0;
+    t.cache_bytes = 1e30;
     ac_cost_predict(&t, &c, &w4, &p, 0, &warm4);
     ac_cost_predict(&t, &c, &w2, &p, 0, &warm2);
-    t.ndec = 2; t.cache_bytes = 0;
+    t.ndec = 2;
+    t.cache_bytes = 0;
     ac_cost_predict(&t, &c, &w4, &p, 0, &b4);
     ac_cost_predict(&t, &c, &w2, &p, 0, &b2);
     double x4 = ac_cost_decode_bytes(&c, &p, 4, 17.5) / 1048576.0 * 90 / 1e3,
@@ -179,7 +206,8 @@ static void test_decode_bands(void) {
     CHECK(fabs(b4.tpot_ms - warm4.tpot_ms - x4) < 1e-9, "batch 4: %g vs %g + %g", b4.tpot_ms, warm4.tpot_ms, x4);
     CHECK(fabs(b2.tpot_ms - warm2.tpot_ms - x2) < 1e-9, "batch 2: %g vs %g + %g", b2.tpot_ms, warm2.tpot_ms, x2);
     t.dec_b4 = 0;
-    t.dec_ws[0] = BYTES(17.5) / 2; t.dec_ws[1] = BYTES(17.5) * 2;
+    t.dec_ws[0] = BYTES(17.5) / 2;
+    t.dec_ws[1] = BYTES(17.5) * 2;
 #undef BYTES
     ac_cost cold;
     t.ndec = 0;
@@ -239,10 +267,12 @@ static void test_memory_accounting(void) {
     synth_table(&s);
     j = ac_cost_table_to_json(&s);
     CHECK(ac_cost_table_from_json(j, &t2, &e) == 0, "%s", e.msg);
-    CHECK(fabs(ac_cost_gemm_us(&t2, 33, 77, 500) - ac_cost_gemm_us(&s, 33, 77, 500)) < 1e-12, "measured JSON round trip");
+    CHECK(fabs(ac_cost_gemm_us(&t2, 33, 77, 500) - ac_cost_gemm_us(&s, 33, 77, 500)) < 1e-12,
+          "measured JSON round trip");
     json_object_set_new(json_object_get(j, "gemm"), "us", json_array());
     const char *field = NULL;
-    CHECK(ac_cost_table_validate(j, &field, &e) != 0 && field && !strcmp(field, "gemm.us"), "validation names the field");
+    CHECK(ac_cost_table_validate(j, &field, &e) != 0 && field && !strcmp(field, "gemm.us"),
+          "validation names the field");
     json_decref(j);
     ac_cost_table_free(&t2);
     ac_cost_table_free(&s);
@@ -258,13 +288,18 @@ static void fake_importance(ac_importance *imp, const ac_arch *a) {
     int L = a->n_layers;
     imp->n_layers = L;
     imp->hidden = a->hidden;
-    imp->kv_order = calloc(L, sizeof(int *)); imp->kv_score = calloc(L, sizeof(double *));
-    imp->ffn_order = calloc(L, sizeof(int *)); imp->ffn_score = calloc(L, sizeof(double *));
-    imp->attn_sens = calloc(L, sizeof *imp->attn_sens); imp->ffn_sens = calloc(L, sizeof *imp->ffn_sens);
+    imp->kv_order = calloc(L, sizeof(int *));
+    imp->kv_score = calloc(L, sizeof(double *));
+    imp->ffn_order = calloc(L, sizeof(int *));
+    imp->ffn_score = calloc(L, sizeof(double *));
+    imp->attn_sens = calloc(L, sizeof *imp->attn_sens);
+    imp->ffn_sens = calloc(L, sizeof *imp->ffn_sens);
     imp->layer_bi = calloc(L, sizeof(double));
     for (int l = 0; l < L; l++) {
-        imp->kv_order[l] = calloc(a->layers[l].n_kv_heads + 1, sizeof(int)); imp->kv_score[l] = calloc(a->layers[l].n_kv_heads + 1, sizeof(double));
-        imp->ffn_order[l] = calloc(a->layers[l].ffn + 1, sizeof(int)); imp->ffn_score[l] = calloc(a->layers[l].ffn + 1, sizeof(double));
+        imp->kv_order[l] = calloc(a->layers[l].n_kv_heads + 1, sizeof(int));
+        imp->kv_score[l] = calloc(a->layers[l].n_kv_heads + 1, sizeof(double));
+        imp->ffn_order[l] = calloc(a->layers[l].ffn + 1, sizeof(int));
+        imp->ffn_score[l] = calloc(a->layers[l].ffn + 1, sizeof(double));
         for (int i = 0; i < a->layers[l].n_kv_heads; i++) imp->kv_order[l][i] = i;
         for (int i = 0; i < a->layers[l].ffn; i++) imp->ffn_order[l][i] = i;
         for (int p = 0; p < AC_SENS_POINTS; p++) {
@@ -274,10 +309,14 @@ static void fake_importance(ac_importance *imp, const ac_arch *a) {
         }
         imp->layer_bi[l] = 1.0 / (l + 1);
     }
-    imp->hid_order = calloc(a->hidden, sizeof(int)); imp->hid_score = calloc(a->hidden, sizeof(double));
+    imp->hid_order = calloc(a->hidden, sizeof(int));
+    imp->hid_score = calloc(a->hidden, sizeof(double));
     for (int i = 0; i < a->hidden; i++) imp->hid_order[i] = i;
     double hf[4] = {0.125, 0.25, 0.5, 0.75};
-    for (int i = 0; i < 4; i++) { imp->hid_frac[i] = hf[i]; imp->hid_sens[i] = 5 * hf[i]; }
+    for (int i = 0; i < 4; i++) {
+        imp->hid_frac[i] = hf[i];
+        imp->hid_sens[i] = 5 * hf[i];
+    }
     /* KV merging costs half of removing the same share of KV groups */
     imp->merge_n = calloc(L, sizeof(int));
     imp->merge_r = calloc(L, sizeof *imp->merge_r);
@@ -311,12 +350,18 @@ static void test_search_feasible_deterministic_heterogeneous(void) {
     for (int target = 0; target < 3; target++) {
         ac_search_problem P = {.table = &t, .workload = &w, .profile = &p, .imp = &imp, .base = &a};
         P.limits.max_tpot_ms = 0.7 * base.tpot_ms;
-        P.opts = (ac_search_opts){.steps = 150, .seed = 4, .lr = 0.03, .ffn_multiple = 64, .hidden_multiple = 64, .prune_hidden = 1,
+        P.opts = (ac_search_opts){.steps = 150,
+                                  .seed = 4,
+                                  .lr = 0.03,
+                                  .ffn_multiple = 64,
+                                  .hidden_multiple = 64,
+                                  .prune_hidden = 1,
                                   .target = (ac_export_target)target};
         ac_search_result r1, r2; /* the Minitron baseline is tested in test_minitron.c */
         CHECK(ac_search_autocompress(&P, &r1, &e) == 0, "%s", e.msg);
         CHECK(ac_search_autocompress(&P, &r2, &e) == 0, "%s", e.msg);
-        CHECK(r1.feasible && r1.cost.tpot_ms <= P.limits.max_tpot_ms, "target %d: tpot %g limit %g", target, r1.cost.tpot_ms, P.limits.max_tpot_ms);
+        CHECK(r1.feasible && r1.cost.tpot_ms <= P.limits.max_tpot_ms, "target %d: tpot %g limit %g", target,
+              r1.cost.tpot_ms, P.limits.max_tpot_ms);
         int same = r1.arch.hidden == r2.arch.hidden;
         for (int l = 0; l < 8; l++) same &= !memcmp(&r1.arch.layers[l], &r2.arch.layers[l], sizeof(ac_layer_arch));
         CHECK(same, "same seed, same architecture");
@@ -324,21 +369,31 @@ static void test_search_feasible_deterministic_heterogeneous(void) {
             const ac_layer_arch *L = &r1.arch.layers[l];
             CHECK(L->ffn % 64 == 0 || L->ffn == 4096, "ffn multiple");
             if (target == AC_EXPORT_DECI) /* DeciLM: all query heads or none; KV heads merged to a divisor */
-                CHECK((L->n_heads == 0 && L->n_kv_heads == 0) || (L->n_heads == 16 && L->n_kv_heads > 0 && 8 % L->n_kv_heads == 0),
+                CHECK((L->n_heads == 0 && L->n_kv_heads == 0) ||
+                          (L->n_heads == 16 && L->n_kv_heads > 0 && 8 % L->n_kv_heads == 0),
                       "deci layer %d: %d heads, %d KV", l, L->n_heads, L->n_kv_heads);
-            else if (L->n_heads) CHECK(L->n_heads == 2 * L->n_kv_heads, "query heads stay with their group");
+            else if (L->n_heads)
+                CHECK(L->n_heads == 2 * L->n_kv_heads, "query heads stay with their group");
         }
         if (target == AC_EXPORT_LLAMA) CHECK(ac_arch_is_uniform(&r1.arch), "llama export target is uniform");
         if (target == AC_EXPORT_GGUF) {
             /* cheap-to-remove early attention is pruned more than late attention */
-            CHECK(r1.arch.layers[0].n_kv_heads <= r1.arch.layers[7].n_kv_heads, "heterogeneous: %d vs %d", r1.arch.layers[0].n_kv_heads, r1.arch.layers[7].n_kv_heads);
+            CHECK(r1.arch.layers[0].n_kv_heads <= r1.arch.layers[7].n_kv_heads, "heterogeneous: %d vs %d",
+                  r1.arch.layers[0].n_kv_heads, r1.arch.layers[7].n_kv_heads);
         }
-        ac_search_result_free(&r1); ac_search_result_free(&r2);
+        ac_search_result_free(&r1);
+        ac_search_result_free(&r2);
     }
     /* infeasible: no architecture reaches it */
     ac_search_problem P = {.table = &t, .workload = &w, .profile = &p, .imp = &imp, .base = &a};
     P.limits.max_tpot_ms = 1e-6;
-    P.opts = (ac_search_opts){.steps = 20, .seed = 1, .lr = 0.03, .ffn_multiple = 64, .hidden_multiple = 64, .prune_hidden = 1, .target = AC_EXPORT_DECI};
+    P.opts = (ac_search_opts){.steps = 20,
+                              .seed = 1,
+                              .lr = 0.03,
+                              .ffn_multiple = 64,
+                              .hidden_multiple = 64,
+                              .prune_hidden = 1,
+                              .target = AC_EXPORT_DECI};
     ac_search_result r;
     CHECK(ac_search_autocompress(&P, &r, &e) == 0, "%s", e.msg);
     CHECK(!r.feasible && r.cost.tpot_ms > 0, "infeasible reported");
@@ -353,7 +408,8 @@ static void test_search_feasible_deterministic_heterogeneous(void) {
  * loaders' formula (Python's int(2 * m * hidden / 3) in doubles, the same
  * IEEE operations in the same order as ac_deci_loader_ffn). */
 static void test_deci_ffn_mult(void) {
-    static const int hs[] = {64, 96, 100, 112, 128, 1000, 2048, 3072, 4096, 5120, 6144, 7168, 8192, 12288, 16384, 18432};
+    static const int hs[] = {64,   96,   100,  112,  128,  1000,  2048,  3072,
+                             4096, 5120, 6144, 7168, 8192, 12288, 16384, 18432};
     long checked = 0;
     for (size_t i = 0; i < sizeof hs / sizeof *hs; i++)
         for (int w = AC_DECI_GRID; w <= 131072; w += AC_DECI_GRID) {
@@ -369,7 +425,8 @@ static void test_deci_ffn_mult(void) {
         }
     CHECK(checked == 16 * 512, "%ld widths", checked);
     CHECK(ac_deci_ffn_mult(384, 128) < 0 && ac_deci_ffn_mult(0, 128) < 0, "off-grid widths have no ffn_mult");
-    CHECK(ac_deci_loader_ffn(6.0, 128) == 512 && ac_deci_loader_ffn(4.5, 128) == 512 && ac_deci_loader_ffn(3.0, 128) == 256,
+    CHECK(ac_deci_loader_ffn(6.0, 128) == 512 && ac_deci_loader_ffn(4.5, 128) == 512 &&
+              ac_deci_loader_ffn(3.0, 128) == 256,
           "the loaders' rounding up");
 }
 
@@ -394,8 +451,13 @@ static void test_search_deci_grid(void) {
     for (int lim = 0; lim < 3; lim++) {
         ac_search_problem P = {.table = &t, .workload = &w, .profile = &p, .imp = &imp, .base = &a};
         P.limits.max_tpot_ms = (0.55 + 0.15 * lim) * base.tpot_ms;
-        P.opts = (ac_search_opts){.steps = 100, .seed = 2, .lr = 0.03, .ffn_multiple = 32, .hidden_multiple = 64,
-                                  .prune_hidden = 1, .target = AC_EXPORT_DECI};
+        P.opts = (ac_search_opts){.steps = 100,
+                                  .seed = 2,
+                                  .lr = 0.03,
+                                  .ffn_multiple = 32,
+                                  .hidden_multiple = 64,
+                                  .prune_hidden = 1,
+                                  .target = AC_EXPORT_DECI};
         ac_search_result r;
         CHECK(ac_search_autocompress(&P, &r, &e) == 0, "%s", e.msg);
         CHECK(r.feasible, "limit %d feasible", lim);
@@ -438,11 +500,13 @@ static void test_prune_equals_masking(void) {
     ac_importance imp;
     fake_importance(&imp, &m.a);
     /* drop KV group 0 of layer 1 (heads 0,1) and FFN channels 0..59 of layer 0 */
-    imp.kv_order[1][0] = 1; imp.kv_order[1][1] = 0;
+    imp.kv_order[1][0] = 1;
+    imp.kv_order[1][1] = 0;
     for (int i = 0; i < 160; i++) imp.ffn_order[0][i] = (i + 60) % 160;
     ac_arch t;
     ac_arch_copy(&t, &m.a, &e);
-    t.layers[1].n_kv_heads = 1; t.layers[1].n_heads = 2;
+    t.layers[1].n_kv_heads = 1;
+    t.layers[1].n_heads = 2;
     t.layers[0].ffn = 100;
     CHECK(ac_prune(&m, &t, &imp, &pm, &e) == 0, "%s", e.msg);
     int toks[10] = {1, 5, 9, 100, 200, 7, 3, 250, 11, 42};
@@ -458,9 +522,13 @@ static void test_prune_equals_masking(void) {
     ac_engine_init(&e1, &m, 1, 10, &e);
     ac_engine_forward(&e1, toks, 1, 10, 0, 0, &e);
     double d = 0, mx = 0;
-    for (int i = 0; i < 10 * m.a.vocab; i++) { d = fmax(d, fabs(e1.logits[i] - e2.logits[i])); mx = fmax(mx, fabs(e1.logits[i])); }
+    for (int i = 0; i < 10 * m.a.vocab; i++) {
+        d = fmax(d, fabs(e1.logits[i] - e2.logits[i]));
+        mx = fmax(mx, fabs(e1.logits[i]));
+    }
     CHECK(d <= 1e-5 * mx, "pruned vs masked logits differ by %g (max %g)", d, mx);
-    ac_engine_free(&e1); ac_engine_free(&e2);
+    ac_engine_free(&e1);
+    ac_engine_free(&e2);
     ac_model_free(&pm);
     /* a target that does not fit is refused */
     t.layers[1].n_heads = 3;
@@ -492,15 +560,21 @@ static void test_kv_merge_of_duplicate_heads_is_exact(void) {
     ac_engine_forward(&e1, toks, 1, 10, 0, 0, &e);
     ac_engine_forward(&e2, toks, 1, 10, 0, 0, &e);
     double d = 0, mx = 0;
-    for (int i = 0; i < 10 * m.a.vocab; i++) { d = fmax(d, fabs(e1.logits[i] - e2.logits[i])); mx = fmax(mx, fabs(e1.logits[i])); }
+    for (int i = 0; i < 10 * m.a.vocab; i++) {
+        d = fmax(d, fabs(e1.logits[i] - e2.logits[i]));
+        mx = fmax(mx, fabs(e1.logits[i]));
+    }
     CHECK(d <= 1e-5 * mx, "merged logits differ by %g (max %g)", d, mx);
     CHECK(pm.a.layers[0].n_heads == 4 && pm.a.layers[0].n_kv_heads == 1, "arch");
     /* DeciLM config: n_heads_in_group 4 for the merged layer */
     json_t *c = ac_arch_to_config(&pm.a);
     json_t *bc = json_object_get(c, "block_configs");
-    CHECK(bc && json_integer_value(json_object_get(json_object_get(json_array_get(bc, 0), "attention"), "n_heads_in_group")) == 4, "block config");
+    CHECK(bc && json_integer_value(
+                    json_object_get(json_object_get(json_array_get(bc, 0), "attention"), "n_heads_in_group")) == 4,
+          "block config");
     json_decref(c);
-    ac_engine_free(&e1); ac_engine_free(&e2);
+    ac_engine_free(&e1);
+    ac_engine_free(&e2);
     ac_model_free(&pm);
     ac_arch_free(&t);
     ac_importance_free(&imp);
@@ -533,9 +607,11 @@ static void test_repair_reduces_loss(void) {
     ac_ppl_result r1, r2;
     ac_perplexity(&p1, ids, n, &o, NULL, NULL, NULL, &r1, &e);
     ac_perplexity(&p2, ids, n, &o, NULL, NULL, NULL, &r2, &e);
-    printf("   FFN halved: calibration loss %.4f without repair, %.4f with (base %.4f)\n", r1.nll, r2.nll, imp.base_loss);
+    printf("   FFN halved: calibration loss %.4f without repair, %.4f with (base %.4f)\n", r1.nll, r2.nll,
+           imp.base_loss);
     CHECK(r2.nll < r1.nll, "repair did not help: %g vs %g", r2.nll, r1.nll);
-    ac_model_free(&p1); ac_model_free(&p2);
+    ac_model_free(&p1);
+    ac_model_free(&p2);
     ac_arch_free(&t);
     ac_importance_free(&imp);
     free(ids);

@@ -12,8 +12,8 @@
 #include "eval.h"
 #include "importance.h"
 #include "job.h"
-#include "safetensors.h"
 #include "kernels_cpu.h"
+#include "safetensors.h"
 
 static const ac_cuda_api *cu;
 static const char *why;
@@ -39,19 +39,25 @@ static void compare(const char *name) {
     ac_engine_forward(&en, toks, B, T, 0, 0, &e);
     acc_engine *g = NULL;
     char err[512] = "";
-    CHECK(cu->engine_create(0, &m, B, T, en.cos_t, en.sin_t, &g, err, sizeof err) == 0, "%s", err); /* the host's RoPE tables */
+    CHECK(cu->engine_create(0, &m, B, T, en.cos_t, en.sin_t, &g, err, sizeof err) == 0, "%s",
+          err); /* the host's RoPE tables */
     size_t V = m.a.vocab;
     float *lg = malloc(sizeof(float) * B * T * V);
     CHECK(g && cu->engine_forward(g, toks, B, T, 0, 0, lg, err, sizeof err) == 0, "%s", err);
     double mx = 0, d = 0;
-    for (size_t i = 0; i < B * T * V; i++) { mx = fmax(mx, fabs(en.logits[i])); d = fmax(d, fabs(en.logits[i] - lg[i])); }
+    for (size_t i = 0; i < B * T * V; i++) {
+        mx = fmax(mx, fabs(en.logits[i]));
+        d = fmax(d, fabs(en.logits[i] - lg[i]));
+    }
     printf("   %s: GPU vs CPU max |diff| / max |logit| = %.2e\n", name, d / mx);
     CHECK(d <= 3e-2 * mx, "%s: GPU logits differ by %g (max %g)", name, d, mx);
     /* decode: prefill T-1, then one token; last row must match */
     int pre[22], last[2] = {toks[T - 1], toks[2 * T - 1]};
     for (int bb = 0; bb < B; bb++) memcpy(pre + bb * (T - 1), toks + bb * T, sizeof(int) * (T - 1));
     float *l2 = malloc(sizeof(float) * B * V);
-    CHECK(cu->engine_forward(g, pre, B, T - 1, 0, 1, l2, err, sizeof err) == 0 && cu->engine_forward(g, last, B, 1, T - 1, 1, l2, err, sizeof err) == 0, "%s", err);
+    CHECK(cu->engine_forward(g, pre, B, T - 1, 0, 1, l2, err, sizeof err) == 0 &&
+              cu->engine_forward(g, last, B, 1, T - 1, 1, l2, err, sizeof err) == 0,
+          "%s", err);
     double dd = 0;
     for (int bb = 0; bb < B; bb++)
         for (size_t v = 0; v < V; v++) dd = fmax(dd, fabs(l2[bb * V + v] - lg[((size_t)bb * T + T - 1) * V + v]));
@@ -68,7 +74,10 @@ static void compare(const char *name) {
     double worst = 0;
     for (int i = 0; i < B * T; i++) {
         gpu_nll += nl[i];
-        if (tg[i] < 0) { CHECK(nl[i] == 0, "%s: row %d has no target but NLL %g", name, i, nl[i]); continue; }
+        if (tg[i] < 0) {
+            CHECK(nl[i] == 0, "%s: row %d has no target but NLL %g", name, i, nl[i]);
+            continue;
+        }
         const float *row = en.logits + (size_t)i * V; /* per-row reference from the CPU logits */
         double mxr = row[0], se = 0;
         for (size_t v = 1; v < V; v++) mxr = fmax(mxr, row[v]);
@@ -81,7 +90,8 @@ static void compare(const char *name) {
     CHECK(worst <= 2 * d + 1e-3, "%s: a row's NLL differs by %g (logits by %g)", name, worst, d);
     /* out of range: a clear error, nothing run */
     err[0] = 0;
-    CHECK(cu->engine_forward(g, toks, B, T, 1, 1, lg, err, sizeof err) != 0 && strstr(err, "exceeds"), "%s: beyond max_ctx: '%s'", name, err);
+    CHECK(cu->engine_forward(g, toks, B, T, 1, 1, lg, err, sizeof err) != 0 && strstr(err, "exceeds"),
+          "%s: beyond max_ctx: '%s'", name, err);
     free(lg);
     if (g) cu->engine_free(g);
     ac_engine_free(&en);
@@ -110,9 +120,10 @@ static void test_gpu_perplexity(void) {
         ac_ppl_result rc, rg;
         CHECK(ac_perplexity(&m, ids, 60, &oc, NULL, NULL, NULL, &rc, &e) == 0, "%s", e.msg);
         CHECK(ac_perplexity(&m, ids, 60, &og, NULL, NULL, NULL, &rg, &e) == 0, "%s", e.msg);
-        printf("   %s: ppl GPU %.4f vs CPU %.4f (%ld and %ld targets, engine %s)\n", k ? "sliding" : "windows", rg.ppl, rc.ppl, rg.scored, rc.scored,
-               rg.engine);
-        CHECK(rg.scored == rc.scored && rg.windows == rc.windows && rc.scored > 0, "scored %ld vs %ld", rg.scored, rc.scored);
+        printf("   %s: ppl GPU %.4f vs CPU %.4f (%ld and %ld targets, engine %s)\n", k ? "sliding" : "windows", rg.ppl,
+               rc.ppl, rg.scored, rc.scored, rg.engine);
+        CHECK(rg.scored == rc.scored && rg.windows == rc.windows && rc.scored > 0, "scored %ld vs %ld", rg.scored,
+              rc.scored);
         CHECK(fabs(rg.nll - rc.nll) <= 3e-3 * rc.nll && !strcmp(rg.engine, "cuda"), "nll %g vs %g", rg.nll, rc.nll);
     }
     ac_stats st;
@@ -120,7 +131,8 @@ static void test_gpu_perplexity(void) {
     ac_ppl_opts og = modes[0];
     og.cuda = 1;
     ac_ppl_result r;
-    CHECK(ac_perplexity(&m, ids, 60, &og, &st, NULL, NULL, &r, &e) != 0 && strstr(e.msg, "CPU engine"), "stats on CUDA: %s", e.msg);
+    CHECK(ac_perplexity(&m, ids, 60, &og, &st, NULL, NULL, &r, &e) != 0 && strstr(e.msg, "CPU engine"),
+          "stats on CUDA: %s", e.msg);
     ac_model_free(&m);
 }
 
@@ -145,7 +157,8 @@ static void test_gpu_calibration(void) {
     double worst = 0, largest = 0;
     for (int l = 0; l < m.a.n_layers; l++) {
         const ac_layer_arch *la = &m.a.layers[l];
-        CHECK(!la->n_heads || !memcmp(ic.kv_order[l], ig.kv_order[l], sizeof(int) * la->n_kv_heads), "layer %d KV order", l);
+        CHECK(!la->n_heads || !memcmp(ic.kv_order[l], ig.kv_order[l], sizeof(int) * la->n_kv_heads),
+              "layer %d KV order", l);
         CHECK(!la->ffn || !memcmp(ic.ffn_order[l], ig.ffn_order[l], sizeof(int) * la->ffn), "layer %d FFN order", l);
         for (int p = 0; p < AC_SENS_POINTS; p++) {
             worst = fmax(worst, fabs(ic.attn_sens[l][p] - ig.attn_sens[l][p]) - 0.1 * fabs(ic.attn_sens[l][p]));
@@ -153,7 +166,8 @@ static void test_gpu_calibration(void) {
             largest = fmax(largest, fmax(ic.attn_sens[l][p], ic.ffn_sens[l][p]));
         }
         CHECK(ic.merge_n[l] == ig.merge_n[l], "layer %d merge points", l);
-        for (int k = 0; k < ic.merge_n[l]; k++) worst = fmax(worst, fabs(ic.merge_sens[l][k] - ig.merge_sens[l][k]) - 0.1 * fabs(ic.merge_sens[l][k]));
+        for (int k = 0; k < ic.merge_n[l]; k++)
+            worst = fmax(worst, fabs(ic.merge_sens[l][k] - ig.merge_sens[l][k]) - 0.1 * fabs(ic.merge_sens[l][k]));
     }
     for (int i = 0; i < 4; i++) {
         worst = fmax(worst, fabs(ic.hid_sens[i] - ig.hid_sens[i]) - 0.1 * fabs(ic.hid_sens[i]));
@@ -171,7 +185,10 @@ static void test_gpu_calibration(void) {
 static void no_emit(void *ud, const char *kind, json_t *data) { (void)ud, (void)kind, (void)data; }
 
 static void fill(float *p, size_t n, unsigned *s, float scale) {
-    for (size_t i = 0; i < n; i++) { *s = *s * 1664525u + 1013904223u; p[i] = ((*s >> 9) / 8388608.0f - 1.0f) * scale; }
+    for (size_t i = 0; i < n; i++) {
+        *s = *s * 1664525u + 1013904223u;
+        p[i] = ((*s >> 9) / 8388608.0f - 1.0f) * scale;
+    }
 }
 
 /* A whole compression job on a local "cuda" target: calibration loss passes,
@@ -193,7 +210,14 @@ static void test_gpu_job(void) {
     ac_err e = {{0}};
     ac_arch a = {0};
     snprintf(a.model_type, sizeof a.model_type, "llama");
-    a.vocab = 768; a.hidden = 64; a.head_dim = 16; a.n_layers = 2; a.max_pos = 256; a.eps = 1e-5f; a.rope_theta = 10000; a.bos_id = a.eos_id = -1;
+    a.vocab = 768;
+    a.hidden = 64;
+    a.head_dim = 16;
+    a.n_layers = 2;
+    a.max_pos = 256;
+    a.eps = 1e-5f;
+    a.rope_theta = 10000;
+    a.bos_id = a.eos_id = -1;
     ac_layer_arch la[2] = {{4, 2, 128}, {4, 2, 128}};
     a.layers = la;
     ac_model m;
@@ -205,8 +229,13 @@ static void test_gpu_job(void) {
     for (int l = 0; l < 2; l++) {
         ac_layer_w *w = &m.L[l];
         for (int i = 0; i < 64; i++) w->in_norm[i] = w->post_norm[i] = 1;
-        fill(w->wq, 64 * 64, &sd, 0.2f); fill(w->wk, 32 * 64, &sd, 0.2f); fill(w->wv, 32 * 64, &sd, 0.2f); fill(w->wo, 64 * 64, &sd, 0.2f);
-        fill(w->wg, 128 * 64, &sd, 0.2f); fill(w->wu, 128 * 64, &sd, 0.2f); fill(w->wd, 128 * 64, &sd, 0.2f);
+        fill(w->wq, 64 * 64, &sd, 0.2f);
+        fill(w->wk, 32 * 64, &sd, 0.2f);
+        fill(w->wv, 32 * 64, &sd, 0.2f);
+        fill(w->wo, 64 * 64, &sd, 0.2f);
+        fill(w->wg, 128 * 64, &sd, 0.2f);
+        fill(w->wu, 128 * 64, &sd, 0.2f);
+        fill(w->wd, 128 * 64, &sd, 0.2f);
     }
     snprintf(path, sizeof path, "%s/model", dir);
     CHECK(ac_model_save(&m, path, ST_BF16, &e) == 0, "%s", e.msg);
@@ -234,10 +263,11 @@ static void test_gpu_job(void) {
         CHECK(wc.put(wc.ud, &t, &e) == 0, "%s", e.msg);
         ac_cost_table_free(&t);
     }
-    json_t *spec = json_pack("{s:s,s:s,s:s,s:s+,s:{s:s,s:{s:i,s:i,s:i}},s:{s:f},s:{s:i,s:i},s:i,s:{s:i,s:i}}", "model", path, "calibration", calib,
-                             "heldout", held, "output", dir, "/out", "target", "device", "cuda", "workload", "batch", 1, "prompt_len", 16, "gen_len",
-                             4, "constraints", "max_params", 90000.0, "search", "steps", 30, "seed", 1, "calibration_tokens", 256, "eval", "ctx", 16,
-                             "windows", 2);
+    json_t *spec =
+        json_pack("{s:s,s:s,s:s,s:s+,s:{s:s,s:{s:i,s:i,s:i}},s:{s:f},s:{s:i,s:i},s:i,s:{s:i,s:i}}", "model", path,
+                  "calibration", calib, "heldout", held, "output", dir, "/out", "target", "device", "cuda", "workload",
+                  "batch", 1, "prompt_len", 16, "gen_len", 4, "constraints", "max_params", 90000.0, "search", "steps",
+                  30, "seed", 1, "calibration_tokens", 256, "eval", "ctx", 16, "windows", 2);
     ac_cost_cache cache;
     costcache_file(&cache, db, 0);
     ac_job_ctx ctx = {.emit = no_emit, .cache = &cache, .threads = 2};
@@ -261,8 +291,8 @@ static void test_gpu_job(void) {
         CHECK(ac_model_load(path, &mb, &e) == 0 && ac_load_text_ids(path, held, &ids, &n, mb.a.vocab, &e) == 0 &&
                   ac_perplexity(&mb, ids, n, &o, NULL, NULL, NULL, &r, &e) == 0,
               "%s", e.msg);
-        printf("   job on cuda: baseline ppl %.3f (GPU) vs %.3f (CPU), result ttft %.3f ms on %s\n", gpu_ppl, r.ppl, ttft,
-               json_string_value(json_object_get(ot, "device")));
+        printf("   job on cuda: baseline ppl %.3f (GPU) vs %.3f (CPU), result ttft %.3f ms on %s\n", gpu_ppl, r.ppl,
+               ttft, json_string_value(json_object_get(ot, "device")));
         CHECK(fabs(gpu_ppl - r.ppl) <= 0.01 * r.ppl, "baseline ppl %g on the GPU vs %g on the CPU", gpu_ppl, r.ppl);
         free(ids);
         ac_model_free(&mb);
@@ -287,8 +317,10 @@ static void test_gemm_timings_within_roofline(void) {
     double tflops = 2.0 * 8192 * 8192 * 8192 / (us * 1e-6) / 1e12;
     CHECK(cu->time_gemm(0, 1, 8192, 8192, &us, err, sizeof err) == 0, "%s", err);
     double gbs = 2.0 * 8192 * 8192 / (us * 1e-6) / 1e9;
-    printf("   %s: prefill-shape GEMM %.0f TFLOP/s (peak %.0f), decode-shape GEMM %.0f GB/s (peak %.0f)\n", name, tflops, s->bf16_tflops, gbs, s->bw_gbs);
-    CHECK(tflops < 1.1 * s->bf16_tflops && tflops > 0.2 * s->bf16_tflops, "GEMM %.0f TFLOP/s vs peak %.0f", tflops, s->bf16_tflops);
+    printf("   %s: prefill-shape GEMM %.0f TFLOP/s (peak %.0f), decode-shape GEMM %.0f GB/s (peak %.0f)\n", name,
+           tflops, s->bf16_tflops, gbs, s->bw_gbs);
+    CHECK(tflops < 1.1 * s->bf16_tflops && tflops > 0.2 * s->bf16_tflops, "GEMM %.0f TFLOP/s vs peak %.0f", tflops,
+          s->bf16_tflops);
     CHECK(gbs < 1.1 * s->bw_gbs && gbs > 0.2 * s->bw_gbs, "decode GEMM %.0f GB/s vs peak %.0f", gbs, s->bw_gbs);
 }
 

@@ -10,8 +10,8 @@
 #include "eval.h"
 #include "kernels_amx.h"
 #include "kernels_cpu.h"
-#include "tensor.h"
 #include "model.h"
+#include "tensor.h"
 
 static char fx[1024];
 
@@ -30,12 +30,18 @@ static void check_model_ex(const char *name, int resident, double tol) {
     snprintf(dir, sizeof dir, "%s/models/%s", fx, name);
     ac_model m;
     ac_err e = {{0}};
-    if ((resident ? ac_model_load_resident : ac_model_load)(dir, &m, &e)) { CHECK(0, "%s: %s", name, e.msg); return; }
+    if ((resident ? ac_model_load_resident : ac_model_load)(dir, &m, &e)) {
+        CHECK(0, "%s: %s", name, e.msg);
+        return;
+    }
     CHECK(!resident || ac_model_wdt(&m) == ST_BF16 || ac_model_wdt(&m) == ST_F16, "%s: not resident", name);
     snprintf(p, sizeof p, "%s/tokens.json", dir);
     json_t *tj = json_load_file(p, 0, NULL);
     CHECK(tj != NULL, "tokens.json");
-    if (!tj) { ac_model_free(&m); return; }
+    if (!tj) {
+        ac_model_free(&m);
+        return;
+    }
     int B = (int)json_integer_value(json_object_get(tj, "B")), T = (int)json_integer_value(json_object_get(tj, "T"));
     int *tok = malloc(sizeof(int) * B * T);
     for (int i = 0; i < B * T; i++) tok[i] = (int)json_integer_value(json_array_get(json_object_get(tj, "ids"), i));
@@ -170,7 +176,8 @@ static void test_linear_bf16(void) {
     CHECK(ac_wscratch_alloc(&ws, 64, 96) == 0, "scratch");
     for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
         int N = shapes[c][0], in = shapes[c][1], out = shapes[c][2];
-        float *X = malloc(sizeof(float) * N * in), *W = malloc(sizeof(float) * out * in), *b = malloc(sizeof(float) * out);
+        float *X = malloc(sizeof(float) * N * in), *W = malloc(sizeof(float) * out * in),
+              *b = malloc(sizeof(float) * out);
         float *Y = malloc(sizeof(float) * N * out), *R = malloc(sizeof(float) * N * out);
         uint16_t *Wb = malloc(2 * (size_t)out * in);
         uint32_t st = 12345 + (uint32_t)c;
@@ -197,10 +204,22 @@ static void test_linear_bf16(void) {
     ac_wscratch_free(&ws);
 }
 
-static void test_llama_gqa_bf16(void) { if (!fixtures_present()) SKIP("no fixtures (make fixtures)"); check_model("llama_gqa_bf16"); }
-static void test_qwen2_tied_f16(void) { if (!fixtures_present()) SKIP("no fixtures"); check_model("qwen2_tied_f16"); }
-static void test_llama3_rope_f32(void) { if (!fixtures_present()) SKIP("no fixtures"); check_model("llama3_rope_f32"); }
-static void test_mistral_sharded(void) { if (!fixtures_present()) SKIP("no fixtures"); check_model("mistral_sharded"); }
+static void test_llama_gqa_bf16(void) {
+    if (!fixtures_present()) SKIP("no fixtures (make fixtures)");
+    check_model("llama_gqa_bf16");
+}
+static void test_qwen2_tied_f16(void) {
+    if (!fixtures_present()) SKIP("no fixtures");
+    check_model("qwen2_tied_f16");
+}
+static void test_llama3_rope_f32(void) {
+    if (!fixtures_present()) SKIP("no fixtures");
+    check_model("llama3_rope_f32");
+}
+static void test_mistral_sharded(void) {
+    if (!fixtures_present()) SKIP("no fixtures");
+    check_model("mistral_sharded");
+}
 static void test_deci_heterogeneous(void) {
     if (!fixtures_present()) SKIP("no fixtures");
     check_model("deci_hetero");
@@ -210,8 +229,9 @@ static void test_deci_heterogeneous(void) {
     ac_err e;
     CHECK(ac_arch_load(dir, &a, &e) == 0, "%s", e.msg);
     if (a.layers) {
-        CHECK(a.layers[1].n_heads == 0 && a.layers[2].n_heads == 2 && a.layers[2].n_kv_heads == 2 && a.layers[3].ffn == 0 &&
-              a.layers[0].n_kv_heads == 2 && a.layers[1].ffn == 96, "per-layer shapes");
+        CHECK(a.layers[1].n_heads == 0 && a.layers[2].n_heads == 2 && a.layers[2].n_kv_heads == 2 &&
+                  a.layers[3].ffn == 0 && a.layers[0].n_kv_heads == 2 && a.layers[1].ffn == 96,
+              "per-layer shapes");
         CHECK(!ac_arch_is_uniform(&a), "uniform?");
         ac_arch_free(&a);
     }
@@ -238,10 +258,13 @@ static void test_save_reload_roundtrip(void) {
 static void test_config_errors(void) {
     const char *bad[] = {
         "{\"model_type\":\"gpt2\",\"vocab_size\":10}",
-        "{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":3,\"num_key_value_heads\":2,\"intermediate_size\":4}",
+        "{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":"
+        "3,\"num_key_value_heads\":2,\"intermediate_size\":4}",
         "{\"model_type\":\"llama\",\"vocab_size\":\"x\"}",
-        "{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":2,\"intermediate_size\":4,\"rope_scaling\":{\"type\":\"yarn\"}}",
-        "{\"model_type\":\"nemotron-nas\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":2,\"num_attention_heads\":2,\"intermediate_size\":4}",
+        "{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":"
+        "2,\"intermediate_size\":4,\"rope_scaling\":{\"type\":\"yarn\"}}",
+        "{\"model_type\":\"nemotron-nas\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":2,\"num_attention_"
+        "heads\":2,\"intermediate_size\":4}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         json_t *j = json_loads(bad[i], 0, NULL);
@@ -251,12 +274,16 @@ static void test_config_errors(void) {
         json_decref(j);
     }
     /* defaults: kv heads = heads, head_dim = hidden/heads, rope_parameters form */
-    json_t *j = json_loads("{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":2,"
-                           "\"intermediate_size\":4,\"rope_parameters\":{\"rope_theta\":500000.0,\"rope_type\":\"default\"}}", 0, NULL);
+    json_t *j =
+        json_loads("{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,\"num_"
+                   "attention_heads\":2,"
+                   "\"intermediate_size\":4,\"rope_parameters\":{\"rope_theta\":500000.0,\"rope_type\":\"default\"}}",
+                   0, NULL);
     ac_arch a;
     ac_err e;
     CHECK(ac_arch_from_config(j, &a, &e) == 0, "%s", e.msg);
-    CHECK(a.layers[0].n_kv_heads == 2 && a.head_dim == 4 && a.rope_theta == 500000.0f && fabsf(a.eps - 1e-6f) < 1e-12f, "defaults");
+    CHECK(a.layers[0].n_kv_heads == 2 && a.head_dim == 4 && a.rope_theta == 500000.0f && fabsf(a.eps - 1e-6f) < 1e-12f,
+          "defaults");
     ac_arch_free(&a);
     json_decref(j);
 }
@@ -281,7 +308,8 @@ static void test_perplexity_matches_reference(void) {
     json_object_foreach(ref, k, v) {
         ac_ppl_opts o = {.ctx = (int)json_integer_value(json_object_get(v, "ctx")),
                          .stride = (int)json_integer_value(json_object_get(v, "stride")),
-                         .max_windows = (int)json_integer_value(json_object_get(v, "windows")), .batch = 3};
+                         .max_windows = (int)json_integer_value(json_object_get(v, "windows")),
+                         .batch = 3};
         ac_ppl_result r;
         CHECK(ac_perplexity(&m, ids, n, &o, NULL, NULL, NULL, &r, &e) == 0, "%s", e.msg);
         double want = json_real_value(json_object_get(v, "ppl"));

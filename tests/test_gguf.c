@@ -294,7 +294,8 @@ static void llama_compare(const ac_model *m, const char *given, const char *name
     char path[1200];
     ac_err e;
     snprintf(path, sizeof path, "%s/%s.gguf", tmpdir, name);
-    if (given) snprintf(path, sizeof path, "%s", given);
+    if (given)
+        snprintf(path, sizeof path, "%s", given);
     else if (ac_gguf_write(m, tiny_tok, path, ST_BF16, &e)) {
         CHECK(0, "%s: %s", name, e.msg);
         return;
@@ -380,7 +381,8 @@ static void test_llama_cpp_runs_exports(void) {
     if (tiny_hetero(&m, &pm, &e) == 0) {
         llama_compare(&pm, NULL, "llama_deci", ids, n, text, tl);
         ac_model_free(&pm);
-    } else CHECK(0, "%s", e.msg);
+    } else
+        CHECK(0, "%s", e.msg);
     free(text);
     free(ids);
     ac_model_free(&m);
@@ -609,7 +611,8 @@ static void test_search_keeps_to_llama_cpp(void) {
                 CHECK(r.feasible, "gguf search at %.2f of the parameters infeasible", 0.35 + 0.15 * k);
                 CHECK(ok, "gguf search result: %s", e.msg);
                 for (int l = 0; l < 8; l++) removed += r.arch.layers[l].n_heads == 0 || r.arch.layers[l].ffn == 0;
-            } else bad += !ok;
+            } else
+                bad += !ok;
             ac_search_result_free(&r);
         }
     printf("  gguf: %d searches keep to llama.cpp's rules (%d sub-blocks removed); the deci target breaks them in %d "

@@ -35,7 +35,8 @@ static void test_defaults_match_the_old_pipeline(void) {
     CHECK(ac_job_spec_parse(j, &s, NULL, &e) == 0, "%s", e.msg);
     CHECK(s.search.steps == 300 && s.search.seed == 0 && fabs(s.search.lr - 0.03) < 1e-15, "search defaults");
     /* ffn_multiple defaults to the export target's step: the loaders' 256 grid for deci, 32 otherwise */
-    CHECK(s.search.ffn_multiple == 256 && s.search.hidden_multiple == 16 && s.search.prune_hidden == 1, "search widths");
+    CHECK(s.search.ffn_multiple == 256 && s.search.hidden_multiple == 16 && s.search.prune_hidden == 1,
+          "search widths");
     json_object_set_new(j, "search", json_pack("{s:s}", "export_target", "llama"));
     static ac_job_spec s2;
     CHECK(ac_job_spec_parse(j, &s2, NULL, &e) == 0 && s2.search.ffn_multiple == 32, "llama ffn_multiple default");

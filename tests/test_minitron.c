@@ -22,13 +22,22 @@
 #include "prune.h"
 
 static unsigned seed_ = 12345;
-static double urand(void) { seed_ = seed_ * 1103515245u + 12345u; return ((seed_ >> 8) & 0xffffff) / 16777216.0; }
+static double urand(void) {
+    seed_ = seed_ * 1103515245u + 12345u;
+    return ((seed_ >> 8) & 0xffffff) / 16777216.0;
+}
 
 static ac_arch mk_arch(int L, int H, int hd, int heads, int kv, int ffn, int vocab) {
     ac_arch a;
     memset(&a, 0, sizeof a);
     snprintf(a.model_type, sizeof a.model_type, "llama");
-    a.vocab = vocab; a.hidden = H; a.head_dim = hd; a.n_layers = L; a.max_pos = 4096; a.eps = 1e-5f; a.rope_theta = 10000;
+    a.vocab = vocab;
+    a.hidden = H;
+    a.head_dim = hd;
+    a.n_layers = L;
+    a.max_pos = 4096;
+    a.eps = 1e-5f;
+    a.rope_theta = 10000;
     a.bos_id = a.eos_id = -1;
     a.layers = calloc(L, sizeof *a.layers);
     for (int l = 0; l < L; l++) a.layers[l] = (ac_layer_arch){heads, kv, ffn};
@@ -51,10 +60,15 @@ static int mk_model(ac_model *m, ac_err *e) {
     fill(m->final_norm, H, 0.2, 1);
     for (int l = 0; l < 3; l++) {
         ac_layer_w *w = &m->L[l];
-        fill(w->in_norm, H, 0.3, 1); fill(w->post_norm, H, 0.3, 1);
-        fill(w->wq, (size_t)Q * H, 0.4, 0); fill(w->wk, (size_t)KV * H, 0.4, 0); fill(w->wv, (size_t)KV * H, 0.4, 0);
+        fill(w->in_norm, H, 0.3, 1);
+        fill(w->post_norm, H, 0.3, 1);
+        fill(w->wq, (size_t)Q * H, 0.4, 0);
+        fill(w->wk, (size_t)KV * H, 0.4, 0);
+        fill(w->wv, (size_t)KV * H, 0.4, 0);
         fill(w->wo, (size_t)H * Q, 0.3 * (l + 1), 0);
-        fill(w->wg, (size_t)F * H, 0.4, 0); fill(w->wu, (size_t)F * H, 0.4, 0); fill(w->wd, (size_t)H * F, 0.3, 0);
+        fill(w->wg, (size_t)F * H, 0.4, 0);
+        fill(w->wu, (size_t)F * H, 0.4, 0);
+        fill(w->wd, (size_t)H * F, 0.3, 0);
     }
     return 0;
 }
@@ -104,14 +118,18 @@ static void window_acc(double *acc, double (*x)[32], int T, int C) {
 static void ref_window(const ac_model *m, const int *tok, ref_stats *st) {
     const int H = 16, hd = 4, nh = 8, grp = 4, F = 24;
     double x[T_][32] = {{0}}, x0[T_][32], xn[T_][32], q[T_][32], k[T_][32], v[T_][32], att[T_][32], a[T_][32];
-    for (int t = 0; t < T_; t++) for (int i = 0; i < H; i++) x[t][i] = m->embed[tok[t] * H + i];
+    for (int t = 0; t < T_; t++)
+        for (int i = 0; i < H; i++) x[t][i] = m->embed[tok[t] * H + i];
     for (int l = 0; l < 3; l++) {
         const ac_layer_w *w = &m->L[l];
         memcpy(x0, x, sizeof x);
         for (int t = 0; t < T_; t++) {
             rmsnorm(xn[t], x[t], w->in_norm, H, m->a.eps);
-            matvec(q[t], w->wq, xn[t], 32, H); matvec(k[t], w->wk, xn[t], 8, H); matvec(v[t], w->wv, xn[t], 8, H);
-            rope(q[t], nh, hd, t, m->a.rope_theta); rope(k[t], 2, hd, t, m->a.rope_theta);
+            matvec(q[t], w->wq, xn[t], 32, H);
+            matvec(k[t], w->wk, xn[t], 8, H);
+            matvec(v[t], w->wv, xn[t], 8, H);
+            rope(q[t], nh, hd, t, m->a.rope_theta);
+            rope(k[t], 2, hd, t, m->a.rope_theta);
         }
         window_acc(st->norm[2 * l], xn, T_, H);
         for (int t = 0; t < T_; t++)
@@ -141,12 +159,17 @@ static void ref_window(const ac_model *m, const int *tok, ref_stats *st) {
         window_acc(st->norm[2 * l + 1], xn, T_, H);
         for (int t = 0; t < T_; t++) {
             double g[32], u[32], o[32];
-            matvec(g, w->wg, xn[t], F, H); matvec(u, w->wu, xn[t], F, H);
+            matvec(g, w->wg, xn[t], F, H);
+            matvec(u, w->wu, xn[t], F, H);
             for (int c = 0; c < F; c++) a[t][c] = g[c] / (1 + exp(-g[c])) * u[c];
             matvec(o, w->wd, a[t], H, F);
             for (int i = 0; i < H; i++) x[t][i] += o[i];
             double d = 0, n0 = 0, n1 = 0;
-            for (int i = 0; i < H; i++) { d += x0[t][i] * x[t][i]; n0 += x0[t][i] * x0[t][i]; n1 += x[t][i] * x[t][i]; }
+            for (int i = 0; i < H; i++) {
+                d += x0[t][i] * x[t][i];
+                n0 += x0[t][i] * x0[t][i];
+                n1 += x[t][i] * x[t][i];
+            }
             st->cos_sum[l] += 1 - d / sqrt(n0 * n1);
         }
         window_acc(st->ffn[l], a, T_, F);
@@ -161,16 +184,22 @@ static void test_choices_and_caps(void) {
      * with c % divisor == 0, plus max; kept from index int((1 - cap) n) */
     int maxes[] = {128, 384, 6, 100, 1, 4096, 14336, 32};
     for (size_t t = 0; t < sizeof maxes / sizeof *maxes; t++) {
-        int max = maxes[t], d = ac_minitron_divisor(max), *v = malloc(sizeof(int) * (max + 2)), n = ac_minitron_choices(max, d, v), k = 0;
-        CHECK(d >= 1 && (max < 24 || (max / d >= 12 && max / d <= 24)), "max %d: divisor %d leaves %d choices", max, d, max / d);
+        int max = maxes[t], d = ac_minitron_divisor(max), *v = malloc(sizeof(int) * (max + 2)),
+            n = ac_minitron_choices(max, d, v), k = 0;
+        CHECK(d >= 1 && (max < 24 || (max / d >= 12 && max / d <= 24)), "max %d: divisor %d leaves %d choices", max, d,
+              max / d);
         for (int c = 1; c <= max; c++)
-            if (c % d == 0 || c == max) { CHECK(k < n && v[k] == c, "max %d: choice %d is %d, expected %d", max, k, k < n ? v[k] : -1, c); k++; }
+            if (c % d == 0 || c == max) {
+                CHECK(k < n && v[k] == c, "max %d: choice %d is %d, expected %d", max, k, k < n ? v[k] : -1, c);
+                k++;
+            }
         CHECK(k == n, "max %d: %d choices, expected %d", max, n, k);
         free(v);
     }
     CHECK(ac_minitron_divisor(128) == 8 && ac_minitron_divisor(384) == 24 && ac_minitron_divisor(6) == 1, "divisors");
-    CHECK(ac_minitron_cap_start(16, 0.40) == 9 && ac_minitron_cap_start(6, 0.20) == 4 && ac_minitron_cap_start(2, 0.40) == 1 &&
-              ac_minitron_cap_start(16, 0.20) == 12 && ac_minitron_cap_start(28, 0.40) == 16,
+    CHECK(ac_minitron_cap_start(16, 0.40) == 9 && ac_minitron_cap_start(6, 0.20) == 4 &&
+              ac_minitron_cap_start(2, 0.40) == 1 && ac_minitron_cap_start(16, 0.20) == 12 &&
+              ac_minitron_cap_start(28, 0.40) == 16,
           "caps as Python's int((1 - p) * n)");
 }
 
@@ -187,22 +216,25 @@ static void test_importance_matches_direct_forward(void) {
     for (int w = 0; w < W; w++) ref_window(&m, ids + w * T_, &st);
     double hid[16] = {0};
     for (int l = 0; l < 3; l++) {
-        CHECK(close_rel(imp.layer_bi[l], st.cos_sum[l] / st.tokens, 1e-4), "layer %d: 1-cos %g, direct %g", l, imp.layer_bi[l],
-              st.cos_sum[l] / st.tokens);
+        CHECK(close_rel(imp.layer_bi[l], st.cos_sum[l] / st.tokens, 1e-4), "layer %d: 1-cos %g, direct %g", l,
+              imp.layer_bi[l], st.cos_sum[l] / st.tokens);
         for (int h = 0; h < 8; h++) {
             double s = 0;
             for (int i = 0; i < 4; i++) s += st.attn[l][h * 4 + i];
-            CHECK(close_rel(imp.head_score[l][h], sqrt(s), 1e-4), "layer %d head %d: %g vs %g", l, h, imp.head_score[l][h], sqrt(s));
+            CHECK(close_rel(imp.head_score[l][h], sqrt(s), 1e-4), "layer %d head %d: %g vs %g", l, h,
+                  imp.head_score[l][h], sqrt(s));
         }
         for (int g = 0; g < 2; g++) /* ranked within the group, best first */
             for (int j = 0; j < 4; j++) {
                 int h = imp.head_order[l][g * 4 + j];
                 CHECK(h / 4 == g, "head %d ranked in group %d", h, g);
-                if (j) CHECK(imp.head_score[l][h] <= imp.head_score[l][imp.head_order[l][g * 4 + j - 1]], "group order");
+                if (j)
+                    CHECK(imp.head_score[l][h] <= imp.head_score[l][imp.head_order[l][g * 4 + j - 1]], "group order");
             }
         for (int r = 0; r < 24; r++) {
             int c = imp.mt_ffn_order[l][r];
-            CHECK(close_rel(imp.mt_ffn_score[l][r], sqrt(st.ffn[l][c]), 1e-4), "ffn %d/%d: %g vs %g", l, c, imp.mt_ffn_score[l][r], sqrt(st.ffn[l][c]));
+            CHECK(close_rel(imp.mt_ffn_score[l][r], sqrt(st.ffn[l][c]), 1e-4), "ffn %d/%d: %g vs %g", l, c,
+                  imp.mt_ffn_score[l][r], sqrt(st.ffn[l][c]));
             if (r) CHECK(imp.mt_ffn_score[l][r] <= imp.mt_ffn_score[l][r - 1], "ffn sorted");
         }
         for (int c = 0; c < 16; c++) hid[c] += sqrt(st.norm[2 * l][c]) + sqrt(st.norm[2 * l + 1][c]);
@@ -215,8 +247,9 @@ static void test_importance_matches_direct_forward(void) {
     int order[3];
     ac_minitron_layer_order(&imp, order);
     for (int r = 1; r < 3; r++)
-        CHECK(st.cos_sum[order[r]] <= st.cos_sum[order[r - 1]] * (1 + 1e-6), "layer rank %d: layer %d (%g) after %d (%g)", r, order[r],
-              st.cos_sum[order[r]], order[r - 1], st.cos_sum[order[r - 1]]);
+        CHECK(st.cos_sum[order[r]] <= st.cos_sum[order[r - 1]] * (1 + 1e-6),
+              "layer rank %d: layer %d (%g) after %d (%g)", r, order[r], st.cos_sum[order[r]], order[r - 1],
+              st.cos_sum[order[r - 1]]);
     ac_importance_free(&imp);
     ac_model_free(&m);
 }
@@ -243,10 +276,15 @@ static void test_head_trim_equals_masking(void) {
     memcpy(mm.final_norm, m.final_norm, sizeof(float) * 16);
     for (int l = 0; l < 3; l++) {
         ac_layer_w *d = &mm.L[l], *s = &m.L[l];
-        memcpy(d->in_norm, s->in_norm, 64); memcpy(d->post_norm, s->post_norm, 64);
-        memcpy(d->wq, s->wq, 32 * 16 * 4); memcpy(d->wk, s->wk, 8 * 16 * 4); memcpy(d->wv, s->wv, 8 * 16 * 4);
+        memcpy(d->in_norm, s->in_norm, 64);
+        memcpy(d->post_norm, s->post_norm, 64);
+        memcpy(d->wq, s->wq, 32 * 16 * 4);
+        memcpy(d->wk, s->wk, 8 * 16 * 4);
+        memcpy(d->wv, s->wv, 8 * 16 * 4);
         memcpy(d->wo, s->wo, 16 * 32 * 4);
-        memcpy(d->wg, s->wg, 24 * 16 * 4); memcpy(d->wu, s->wu, 24 * 16 * 4); memcpy(d->wd, s->wd, 16 * 24 * 4);
+        memcpy(d->wg, s->wg, 24 * 16 * 4);
+        memcpy(d->wu, s->wu, 24 * 16 * 4);
+        memcpy(d->wd, s->wd, 16 * 24 * 4);
         for (int g = 0; g < 2; g++)
             for (int j = 2; j < 4; j++) { /* the two weakest heads of group g */
                 int h = imp.head_order[l][g * 4 + j];
@@ -254,7 +292,8 @@ static void test_head_trim_equals_masking(void) {
             }
         /* the pruned q rows are the kept heads' rows, in order */
         for (int g = 0; g < 2; g++) {
-            int a0 = imp.head_order[l][g * 4], a1 = imp.head_order[l][g * 4 + 1], lo = a0 < a1 ? a0 : a1, hi = a0 < a1 ? a1 : a0;
+            int a0 = imp.head_order[l][g * 4], a1 = imp.head_order[l][g * 4 + 1], lo = a0 < a1 ? a0 : a1,
+                hi = a0 < a1 ? a1 : a0;
             CHECK(!memcmp(pm.L[l].wq + (g * 2) * 4 * 16, m.L[l].wq + lo * 4 * 16, 4 * 16 * 4) &&
                       !memcmp(pm.L[l].wq + (g * 2 + 1) * 4 * 16, m.L[l].wq + hi * 4 * 16, 4 * 16 * 4),
                   "layer %d group %d keeps heads %d and %d", l, g, lo, hi);
@@ -262,12 +301,19 @@ static void test_head_trim_equals_masking(void) {
     }
     ac_engine e1, e2;
     CHECK(ac_engine_init(&e1, &pm, 1, T_, &e) == 0 && ac_engine_init(&e2, &mm, 1, T_, &e) == 0, "%s", e.msg);
-    CHECK(ac_engine_forward(&e1, ids, 1, T_, 0, 0, &e) == 0 && ac_engine_forward(&e2, ids, 1, T_, 0, 0, &e) == 0, "%s", e.msg);
+    CHECK(ac_engine_forward(&e1, ids, 1, T_, 0, 0, &e) == 0 && ac_engine_forward(&e2, ids, 1, T_, 0, 0, &e) == 0, "%s",
+          e.msg);
     double md = 0, mx = 0;
-    for (int i = 0; i < T_ * 40; i++) { md = fmax(md, fabs(e1.logits[i] - e2.logits[i])); mx = fmax(mx, fabs(e2.logits[i])); }
+    for (int i = 0; i < T_ * 40; i++) {
+        md = fmax(md, fabs(e1.logits[i] - e2.logits[i]));
+        mx = fmax(mx, fabs(e2.logits[i]));
+    }
     CHECK(md <= 1e-5 * mx, "pruned vs masked logits differ by %g (max %g)", md, mx);
-    ac_engine_free(&e1); ac_engine_free(&e2);
-    ac_model_free(&pm); ac_model_free(&mm); ac_arch_free(&t);
+    ac_engine_free(&e1);
+    ac_engine_free(&e2);
+    ac_model_free(&pm);
+    ac_model_free(&mm);
+    ac_arch_free(&t);
     ac_importance_free(&imp);
     ac_model_free(&m);
 }
@@ -279,7 +325,8 @@ static int in_list(const json_t *arr, int v) {
     return 0;
 }
 
-static void predict(const ac_cost_table *t, const ac_workload *w, const ac_engine_profile *p, const ac_arch *a, ac_cost *c) {
+static void predict(const ac_cost_table *t, const ac_workload *w, const ac_engine_profile *p, const ac_arch *a,
+                    ac_cost *c) {
     ac_carch ca;
     ac_carch_from_arch(a, &ca, NULL);
     ac_cost_predict(t, &ca, w, p, 0, c);
@@ -311,38 +358,51 @@ static void test_search_grid_limits(void) {
         if (kind == 2) P.limits.max_mem_gib = base.mem_gib - 0.25 * base.weights_gib;
         ac_search_result r;
         CHECK(ac_search_minitron(&P, &r, &e) == 0, "%s", e.msg);
-        CHECK(r.feasible && ac_constraints_violation(&P.limits, &r.cost) <= 1e-12, "kind %d: feasible within the limit (tpot %g of %g, tok/s %g of %g, mem %g of %g)", kind, r.cost.tpot_ms, base.tpot_ms, r.cost.tokens_per_s, base.tokens_per_s, r.cost.mem_gib, base.mem_gib);
+        CHECK(r.feasible && ac_constraints_violation(&P.limits, &r.cost) <= 1e-12,
+              "kind %d: feasible within the limit (tpot %g of %g, tok/s %g of %g, mem %g of %g)", kind, r.cost.tpot_ms,
+              base.tpot_ms, r.cost.tokens_per_s, base.tokens_per_s, r.cost.mem_gib, base.mem_gib);
         json_t *ax = json_object_get(r.detail, "axes");
-        json_t *sh = json_object_get(json_object_get(ax, "hidden_size"), "searched"), *sf = json_object_get(json_object_get(ax, "ffn_hidden_size"), "searched"),
-               *sa = json_object_get(json_object_get(ax, "num_attention_heads"), "searched"), *sl = json_object_get(json_object_get(ax, "num_layers"), "searched");
-        CHECK(json_array_size(sh) == 7 && json_integer_value(json_array_get(sh, 0)) == 640, "hidden: top 40%% of 16 choices from 640");
+        json_t *sh = json_object_get(json_object_get(ax, "hidden_size"), "searched"),
+               *sf = json_object_get(json_object_get(ax, "ffn_hidden_size"), "searched"),
+               *sa = json_object_get(json_object_get(ax, "num_attention_heads"), "searched"),
+               *sl = json_object_get(json_object_get(ax, "num_layers"), "searched");
+        CHECK(json_array_size(sh) == 7 && json_integer_value(json_array_get(sh, 0)) == 640,
+              "hidden: top 40%% of 16 choices from 640");
         CHECK(json_array_size(sf) == 7 && json_integer_value(json_array_get(sf, 0)) == 2560, "ffn: top 40%% from 2560");
-        CHECK(json_array_size(sa) == 2 && json_integer_value(json_array_get(sa, 0)) == 12, "heads: 12 and 16 (3 or 4 per group)");
-        CHECK(json_array_size(sl) == 2 && json_integer_value(json_array_get(sl, 0)) == 7, "layers: top 20%% of 1..8 = 7, 8");
+        CHECK(json_array_size(sa) == 2 && json_integer_value(json_array_get(sa, 0)) == 12,
+              "heads: 12 and 16 (3 or 4 per group)");
+        CHECK(json_array_size(sl) == 2 && json_integer_value(json_array_get(sl, 0)) == 7,
+              "layers: top 20%% of 1..8 = 7, 8");
         /* the result: uniform, every KV group kept, on the grid, lowest-scored layers dropped */
         int kept = 0, shape = -1;
         for (int l = 0; l < 8; l++) {
             const ac_layer_arch *L = &r.arch.layers[l];
-            if (!L->n_heads && !L->ffn) { CHECK(bi[l] <= 0.05, "kind %d: dropped layer %d is not among the lowest-scored", kind, l); continue; }
+            if (!L->n_heads && !L->ffn) {
+                CHECK(bi[l] <= 0.05, "kind %d: dropped layer %d is not among the lowest-scored", kind, l);
+                continue;
+            }
             kept++;
-            CHECK(L->n_kv_heads == 4 && L->n_heads % 4 == 0 && in_list(sa, L->n_heads) && in_list(sf, L->ffn), "kind %d layer %d: %d heads %d KV ffn %d",
-                  kind, l, L->n_heads, L->n_kv_heads, L->ffn);
+            CHECK(L->n_kv_heads == 4 && L->n_heads % 4 == 0 && in_list(sa, L->n_heads) && in_list(sf, L->ffn),
+                  "kind %d layer %d: %d heads %d KV ffn %d", kind, l, L->n_heads, L->n_kv_heads, L->ffn);
             int s = L->n_heads * 100000 + L->ffn;
             CHECK(shape < 0 || s == shape, "uniform");
             shape = s;
         }
-        CHECK(in_list(sl, kept) && in_list(sh, r.arch.hidden), "kind %d: %d layers, hidden %d on the grid", kind, kept, r.arch.hidden);
+        CHECK(in_list(sl, kept) && in_list(sh, r.arch.hidden), "kind %d: %d layers, hidden %d on the grid", kind, kept,
+              r.arch.hidden);
         /* candidates: the feasible grid points closest to the limit, by the test's own enumeration */
         json_t *cands = json_object_get(r.detail, "candidates");
         int nf = 0;
         double worst_kept = 1e300, best_out = -1e300;
         size_t i1, i2, i3, i4;
         json_t *h, *f, *hh, *nl;
-        json_array_foreach(sh, i1, h) json_array_foreach(sf, i2, f) json_array_foreach(sa, i3, hh) json_array_foreach(sl, i4, nl) {
+        json_array_foreach(sh, i1, h) json_array_foreach(sf, i2, f) json_array_foreach(sa, i3, hh)
+            json_array_foreach(sl, i4, nl) {
             ac_arch c;
             ac_arch_copy(&c, &a, NULL);
             c.hidden = (int)json_integer_value(h);
-            for (int l = 0; l < 8; l++) c.layers[l] = (ac_layer_arch){(int)json_integer_value(hh), 4, (int)json_integer_value(f)};
+            for (int l = 0; l < 8; l++)
+                c.layers[l] = (ac_layer_arch){(int)json_integer_value(hh), 4, (int)json_integer_value(f)};
             int drop = 8 - (int)json_integer_value(nl); /* bi sorted: 0.02 (3), 0.04 (6), ... */
             if (drop >= 1) c.layers[3] = (ac_layer_arch){0, 0, 0};
             ac_cost k;
@@ -351,23 +411,31 @@ static void test_search_grid_limits(void) {
             int listed = 0;
             size_t j;
             json_t *cd;
-            json_array_foreach(cands, j, cd)
-                listed |= json_integer_value(json_object_get(cd, "hidden_size")) == c.hidden &&
-                          json_integer_value(json_object_get(cd, "ffn_hidden_size")) == c.layers[0].ffn &&
-                          json_integer_value(json_object_get(cd, "num_attention_heads")) == c.layers[0].n_heads &&
-                          json_integer_value(json_object_get(cd, "num_layers")) == json_integer_value(nl);
+            json_array_foreach(cands, j, cd) listed |=
+                json_integer_value(json_object_get(cd, "hidden_size")) == c.hidden &&
+                json_integer_value(json_object_get(cd, "ffn_hidden_size")) == c.layers[0].ffn &&
+                json_integer_value(json_object_get(cd, "num_attention_heads")) == c.layers[0].n_heads &&
+                json_integer_value(json_object_get(cd, "num_layers")) == json_integer_value(nl);
             if (v <= 1e-12) {
                 nf++;
-                if (listed) worst_kept = fmin(worst_kept, v);
-                else best_out = fmax(best_out, v);
-            } else CHECK(!listed || json_integer_value(json_object_get(r.detail, "grid_feasible")) == 0, "kind %d: an infeasible grid point is a candidate", kind);
+                if (listed)
+                    worst_kept = fmin(worst_kept, v);
+                else
+                    best_out = fmax(best_out, v);
+            } else
+                CHECK(!listed || json_integer_value(json_object_get(r.detail, "grid_feasible")) == 0,
+                      "kind %d: an infeasible grid point is a candidate", kind);
             ac_arch_free(&c);
         }
         CHECK(json_integer_value(json_object_get(r.detail, "grid_size")) == 7 * 7 * 2 * 2, "grid size");
-        CHECK(json_integer_value(json_object_get(r.detail, "grid_feasible")) == nf, "kind %d: %d feasible, test counts %d", kind,
+        CHECK(json_integer_value(json_object_get(r.detail, "grid_feasible")) == nf,
+              "kind %d: %d feasible, test counts %d", kind,
               (int)json_integer_value(json_object_get(r.detail, "grid_feasible")), nf);
-        CHECK((int)json_array_size(cands) == (nf < 10 ? nf : 10), "kind %d: %zu candidates of %d feasible", kind, json_array_size(cands), nf);
-        CHECK(best_out <= worst_kept + 1e-12, "kind %d: a feasible point closer to the limit (%g) was left out (worst kept %g)", kind, best_out, worst_kept);
+        CHECK((int)json_array_size(cands) == (nf < 10 ? nf : 10), "kind %d: %zu candidates of %d feasible", kind,
+              json_array_size(cands), nf);
+        CHECK(best_out <= worst_kept + 1e-12,
+              "kind %d: a feasible point closer to the limit (%g) was left out (worst kept %g)", kind, best_out,
+              worst_kept);
         ac_search_result_free(&r);
     }
     /* an impossible limit: infeasible, the closest point returned */
@@ -395,23 +463,33 @@ static void test_scored_search_keeps_best(void) {
     ac_engine_profile p;
     ac_engine_profile_default(&p, 0);
     ac_workload w = {1, 64, 16};
-    ac_search_problem P = {.table = &t, .workload = &w, .profile = &p, .imp = &imp, .base = &m.a, .model = &m, .calib_ids = ids,
-                           .n_calib = W * T_, .ctx = T_};
+    ac_search_problem P = {.table = &t,
+                           .workload = &w,
+                           .profile = &p,
+                           .imp = &imp,
+                           .base = &m.a,
+                           .model = &m,
+                           .calib_ids = ids,
+                           .n_calib = W * T_,
+                           .ctx = T_};
     P.opts.prune_hidden = 1;
     P.limits.max_params = 0.9 * ac_arch_params(&m.a);
     ac_search_result r;
     CHECK(ac_search_minitron(&P, &r, &e) == 0, "%s", e.msg);
     json_t *cands = json_object_get(r.detail, "candidates");
     int best = (int)json_integer_value(json_object_get(r.detail, "best_candidate"));
-    CHECK(r.feasible && r.cost.params <= P.limits.max_params && json_array_size(cands) > 1, "feasible, %zu candidates", json_array_size(cands));
+    CHECK(r.feasible && r.cost.params <= P.limits.max_params && json_array_size(cands) > 1, "feasible, %zu candidates",
+          json_array_size(cands));
     size_t i;
     json_t *c;
     double bn = json_real_value(json_object_get(json_array_get(cands, best), "calib_nll"));
     json_array_foreach(cands, i, c) {
         CHECK(json_is_real(json_object_get(c, "calib_nll")), "candidate %zu scored", i);
-        CHECK(json_real_value(json_object_get(c, "calib_nll")) >= bn, "candidate %zu scores better than the kept one", i);
+        CHECK(json_real_value(json_object_get(c, "calib_nll")) >= bn, "candidate %zu scores better than the kept one",
+              i);
     }
-    CHECK(json_integer_value(json_object_get(json_array_get(cands, best), "hidden_size")) == r.arch.hidden, "kept the best");
+    CHECK(json_integer_value(json_object_get(json_array_get(cands, best), "hidden_size")) == r.arch.hidden,
+          "kept the best");
     for (int l = 0; l < 3; l++)
         CHECK(r.arch.layers[l].n_heads == 0 || r.arch.layers[l].n_kv_heads == 2, "layer %d keeps both KV groups", l);
     /* the kept candidate's score is reproducible: prune it and measure */
@@ -421,13 +499,15 @@ static void test_scored_search_keeps_best(void) {
     CHECK(ac_prune(&m, &r.arch, &view, &pm, &e) == 0, "%s", e.msg);
     ac_ppl_opts o = {.ctx = T_, .max_windows = 6, .batch = 4};
     ac_ppl_result pr;
-    CHECK(ac_perplexity(&pm, ids, W * T_, &o, NULL, NULL, NULL, &pr, &e) == 0 && fabs(pr.nll - bn) < 1e-9, "nll %g vs candidate %g", pr.nll, bn);
+    CHECK(ac_perplexity(&pm, ids, W * T_, &o, NULL, NULL, NULL, &pr, &e) == 0 && fabs(pr.nll - bn) < 1e-9,
+          "nll %g vs candidate %g", pr.nll, bn);
     int L0 = pm.a.n_layers, dropped = 0;
     for (int l = 0; l < L0; l++) dropped += !pm.a.layers[l].n_heads && !pm.a.layers[l].ffn;
     ac_minitron_compact(&pm);
     CHECK(pm.a.n_layers == L0 - dropped, "compact removes the %d dropped layers", dropped);
     ac_ppl_result pc;
-    CHECK(ac_perplexity(&pm, ids, W * T_, &o, NULL, NULL, NULL, &pc, &e) == 0 && fabs(pc.nll - pr.nll) < 1e-6, "compacted model is the same function");
+    CHECK(ac_perplexity(&pm, ids, W * T_, &o, NULL, NULL, NULL, &pc, &e) == 0 && fabs(pc.nll - pr.nll) < 1e-6,
+          "compacted model is the same function");
     ac_model_free(&pm);
     ac_search_result_free(&r);
     ac_cost_table_free(&t);

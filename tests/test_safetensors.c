@@ -24,16 +24,26 @@ static int parse_fails(const char *hdr, size_t ndata, const char *want) {
     st_file f;
     ac_err e = {{0}};
     int rc = st_parse(buf, n, &f, &e);
-    if (rc == 0) { st_close(&f); return 0; }
-    if (want && !strstr(e.msg, want)) { fprintf(stderr, "  message '%s' lacks '%s'\n", e.msg, want); return 0; }
+    if (rc == 0) {
+        st_close(&f);
+        return 0;
+    }
+    if (want && !strstr(e.msg, want)) {
+        fprintf(stderr, "  message '%s' lacks '%s'\n", e.msg, want);
+        return 0;
+    }
     return 1;
 }
 
 static void test_valid_header(void) {
     unsigned char buf[4096];
-    size_t n = mk(buf, "{\"__metadata__\":{\"format\":\"pt\"},\"a\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
-                       "\"b\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[16,22]},\"s\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[22,26]},"
-                       "\"z\":{\"dtype\":\"F16\",\"shape\":[0,4],\"data_offsets\":[26,26]}}", 26);
+    size_t n =
+        mk(buf,
+           "{\"__metadata__\":{\"format\":\"pt\"},\"a\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
+           "\"b\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[16,22]},\"s\":{\"dtype\":\"F32\",\"shape\":[],"
+           "\"data_offsets\":[22,26]},"
+           "\"z\":{\"dtype\":\"F16\",\"shape\":[0,4],\"data_offsets\":[26,26]}}",
+           26);
     st_file f;
     ac_err e = {{0}};
     CHECK(st_parse(buf, n, &f, &e) == 0, "%s", e.msg);
@@ -46,19 +56,33 @@ static void test_valid_header(void) {
 }
 
 static void test_corrupt_headers(void) {
-    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4, "beyond data"), "truncated data");
-    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, "shape needs"), "shape mismatch");
-    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, "overlap"), "overlap");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4, "beyond data"),
+          "truncated data");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, "shape needs"),
+          "shape mismatch");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\","
+                      "\"shape\":[2],\"data_offsets\":[4,12]}}",
+                      12, "overlap"),
+          "overlap");
     CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "gap"), "gap at start");
-    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 8, "cover"), "trailing bytes");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 8, "cover"),
+          "trailing bytes");
     CHECK(parse_fails("{\"a\":{\"dtype\":\"Q4\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "unknown dtype"), "dtype");
-    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, "non-negative"), "neg shape");
-    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "duplicate"), "dup keys");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, "non-negative"),
+          "neg shape");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"a\":{\"dtype\":\"F32\","
+                      "\"shape\":[1],\"data_offsets\":[4,8]}}",
+                      8, "duplicate"),
+          "dup keys");
     CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]", 4, "JSON"), "bad json");
     CHECK(parse_fails("[1,2]", 0, "object"), "not object");
-    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4],\"data_offsets\":[0,4]}}", 4, "too large"), "overflow");
-    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 8, "data_offsets"), "reversed offsets");
-    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"x\":1}}", 4, "unexpected"), "extra field");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4],\"data_offsets\":[0,4]}}", 4,
+                      "too large"),
+          "overflow");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 8, "data_offsets"),
+          "reversed offsets");
+    CHECK(parse_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"x\":1}}", 4, "unexpected"),
+          "extra field");
     /* header length beyond the file, and above the hard limit */
     unsigned char buf[16] = {0xff, 0xff, 0, 0, 0, 0, 0, 0, '{', '}'};
     st_file f;
@@ -72,12 +96,18 @@ static void test_corrupt_headers(void) {
 static void test_every_truncation(void) {
     /* Cutting a valid file at every length must fail cleanly, never crash. */
     unsigned char buf[4096];
-    size_t n = mk(buf, "{\"a\":{\"dtype\":\"F16\",\"shape\":[2,3],\"data_offsets\":[0,12]},\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[12,16]}}", 16);
+    size_t n = mk(buf,
+                  "{\"a\":{\"dtype\":\"F16\",\"shape\":[2,3],\"data_offsets\":[0,12]},\"b\":{\"dtype\":\"F32\","
+                  "\"shape\":[1],\"data_offsets\":[12,16]}}",
+                  16);
     int ok = 1;
     for (size_t cut = 0; cut < n; cut++) {
         st_file f;
         ac_err e;
-        if (st_parse(buf, cut, &f, &e) == 0) { ok = 0; st_close(&f); }
+        if (st_parse(buf, cut, &f, &e) == 0) {
+            ok = 0;
+            st_close(&f);
+        }
     }
     CHECK(ok, "a truncated image parsed");
 }
@@ -100,7 +130,8 @@ static void test_write_roundtrip_and_shards(void) {
         CHECK(memcmp(x->data, a, 24) == 0, "x data");
         float back[6];
         ac_to_f32(back, y->data, y->dtype, 6, &e);
-        for (int i = 0; i < 6; i++) CHECK(fabsf(back[i] - a[i]) <= fabsf(a[i]) / 128 + 1e-6f, "bf16 %d %g %g", i, back[i], a[i]);
+        for (int i = 0; i < 6; i++)
+            CHECK(fabsf(back[i] - a[i]) <= fabsf(a[i]) / 128 + 1e-6f, "bf16 %d %g %g", i, back[i], a[i]);
     }
     st_set_close(&s);
     /* header padded to a multiple of 8 */
@@ -108,7 +139,10 @@ static void test_write_roundtrip_and_shards(void) {
     snprintf(p, sizeof p, "%s/model-00001-of-00002.safetensors", dir);
     FILE *fp = fopen(p, "rb");
     uint64_t hl = 0;
-    if (fp) { CHECK(fread(&hl, 8, 1, fp) == 1, "read"); fclose(fp); }
+    if (fp) {
+        CHECK(fread(&hl, 8, 1, fp) == 1, "read");
+        fclose(fp);
+    }
     CHECK(hl % 8 == 0 && hl > 0, "header length %llu", (unsigned long long)hl);
     /* index naming a missing tensor */
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
@@ -135,7 +169,8 @@ static void test_half_conversions(void) {
     CHECK(ac_f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3c00, "tie to even");
     CHECK(ac_f32_to_f16(1.0f + 3 * ldexpf(1, -11)) == 0x3c02, "tie to even up");
     int bad = 0;
-    for (uint32_t h = 0; h < 0x7c00; h++) if (ac_f32_to_f16(ac_f16_to_f32((uint16_t)h)) != h) bad++;
+    for (uint32_t h = 0; h < 0x7c00; h++)
+        if (ac_f32_to_f16(ac_f16_to_f32((uint16_t)h)) != h) bad++;
     CHECK(bad == 0, "%d fp16 values do not round trip", bad);
     CHECK(ac_f32_to_bf16(1.00390625f) == 0x3f80, "bf16 tie to even");
     CHECK(ac_f32_to_bf16(1.01171875f) == 0x3f82, "bf16 tie up");

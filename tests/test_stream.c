@@ -145,11 +145,11 @@ static void test_proxy_ranking(void) {
     if (getenv("AC_STREAM_DUMP"))
         for (int l = 0; l < L; l++)
             printf("  layer %d attn %.4f %.4f %.4f %.4f | %.4f %.4f %.4f %.4f  "
-                   "ffn %.4f %.4f %.4f %.4f | %.4f %.4f %.4f %.4f\n", l,
-                   EX.attn_sens[l][1], EX.attn_sens[l][2], EX.attn_sens[l][3], EX.attn_sens[l][4], ST.attn_sens[l][1],
-                   ST.attn_sens[l][2], ST.attn_sens[l][3], ST.attn_sens[l][4], EX.ffn_sens[l][1], EX.ffn_sens[l][2],
-                   EX.ffn_sens[l][3], EX.ffn_sens[l][4], ST.ffn_sens[l][1], ST.ffn_sens[l][2], ST.ffn_sens[l][3],
-                   ST.ffn_sens[l][4]);
+                   "ffn %.4f %.4f %.4f %.4f | %.4f %.4f %.4f %.4f\n",
+                   l, EX.attn_sens[l][1], EX.attn_sens[l][2], EX.attn_sens[l][3], EX.attn_sens[l][4],
+                   ST.attn_sens[l][1], ST.attn_sens[l][2], ST.attn_sens[l][3], ST.attn_sens[l][4], EX.ffn_sens[l][1],
+                   EX.ffn_sens[l][2], EX.ffn_sens[l][3], EX.ffn_sens[l][4], ST.ffn_sens[l][1], ST.ffn_sens[l][2],
+                   ST.ffn_sens[l][3], ST.ffn_sens[l][4]);
     double rho = sab / sqrt(saa * sbb);
     printf("  proxy vs exact curves: Spearman %.3f over %d points, mean |diff| %.4f nats\n", rho, n, rel);
     CHECK(rho > 0.8, "Spearman %.3f", rho);

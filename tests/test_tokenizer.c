@@ -42,7 +42,8 @@ static void check_tok(const char *name, const char *special) {
          * (SentencePiece drops one leading space it did not add) */
         const char *dec = json_string_value(json_object_get(c, "decoded"));
         if (!dec) dec = text;
-        CHECK(bl == strlen(dec) && memcmp(back, dec, bl) == 0, "%s case %zu: decoded '%s', want '%s'", name, i, back, dec);
+        CHECK(bl == strlen(dec) && memcmp(back, dec, bl) == 0, "%s case %zu: decoded '%s', want '%s'", name, i, back,
+              dec);
         free(back);
         free(ids);
     }
@@ -60,9 +61,11 @@ static void test_sentencepiece_metaspace(void) { check_tok("sp_metaspace", NULL)
 
 /* Metaspace with split, unknown characters fused into one <unk>: worked by hand. */
 static void test_metaspace_split_fuse_unk(void) {
-    const char *js = "{\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"fuse_unk\":true,\"vocab\":{\"<unk>\":0,\"\\u2581\":1,\"o\":2,"
-                     "\"\\u2581o\":3},\"merges\":[[\"\\u2581\",\"o\"]]},\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":"
-                     "\"\\u2581\",\"prepend_scheme\":\"always\",\"split\":true}}";
+    const char *js =
+        "{\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"fuse_unk\":true,\"vocab\":{\"<unk>\":0,\"\\u2581\":1,"
+        "\"o\":2,"
+        "\"\\u2581o\":3},\"merges\":[[\"\\u2581\",\"o\"]]},\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":"
+        "\"\\u2581\",\"prepend_scheme\":\"always\",\"split\":true}}";
     ac_tokenizer *t;
     ac_err e = {{0}};
     CHECK(ac_tok_parse(js, strlen(js), &t, &e) == 0, "%s", e.msg);
@@ -70,9 +73,11 @@ static void test_metaspace_split_fuse_unk(void) {
     int *ids;
     size_t n;
     /* "oo o" -> "_oo" "_o" -> [_o][o] [_o];  "xx o" -> "_xx" "_o" -> [_][unk] [_o] */
-    CHECK(ac_tok_encode(t, "oo o", 4, &ids, &n, &e) == 0 && n == 3 && ids[0] == 3 && ids[1] == 2 && ids[2] == 3, "oo o: %zu ids", n);
+    CHECK(ac_tok_encode(t, "oo o", 4, &ids, &n, &e) == 0 && n == 3 && ids[0] == 3 && ids[1] == 2 && ids[2] == 3,
+          "oo o: %zu ids", n);
     free(ids);
-    CHECK(ac_tok_encode(t, "xx o", 4, &ids, &n, &e) == 0 && n == 3 && ids[0] == 1 && ids[1] == 0 && ids[2] == 3, "xx o: %zu ids", n);
+    CHECK(ac_tok_encode(t, "xx o", 4, &ids, &n, &e) == 0 && n == 3 && ids[0] == 1 && ids[1] == 0 && ids[2] == 3,
+          "xx o: %zu ids", n);
     char *back;
     size_t bl;
     CHECK(ac_tok_decode(t, ids, n, &back, &bl, &e) == 0 && !strcmp(back, "<unk> o"), "decode: '%s'", back);
@@ -97,9 +102,11 @@ static void test_invalid_utf8(void) {
         int *ids = NULL;
         size_t n = 0;
         int rc = ac_tok_encode(t, "ok \xff\xfe", 5, &ids, &n, &e);
-        if (k == 0) CHECK(rc != 0 && strstr(e.msg, "UTF-8 at byte 3"), "byte-level accepted invalid UTF-8: %s", e.msg);
+        if (k == 0)
+            CHECK(rc != 0 && strstr(e.msg, "UTF-8 at byte 3"), "byte-level accepted invalid UTF-8: %s", e.msg);
         else {
-            CHECK(rc == 0 && n >= 2 && ids[n - 1] == ac_tok_id(t, "<0xFE>") && ids[n - 2] == ac_tok_id(t, "<0xFF>"), "byte fallback: %s", e.msg);
+            CHECK(rc == 0 && n >= 2 && ids[n - 1] == ac_tok_id(t, "<0xFE>") && ids[n - 2] == ac_tok_id(t, "<0xFF>"),
+                  "byte fallback: %s", e.msg);
             free(ids);
         }
         ac_tok_free(t);
@@ -112,9 +119,11 @@ static void test_malformed(void) {
         "{\"model\":{\"type\":\"WordPiece\"}}",
         "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"ByteLevel\"}}",
         "{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[\"x\"]},\"pre_tokenizer\":{\"type\":\"ByteLevel\"}}",
-        "{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"}}}",
+        "{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]},\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{"
+        "\"Regex\":\"(\"}}}",
         /* SentencePiece-style: an unsupported normalizer; neither family recognisable */
-        "{\"model\":{\"type\":\"BPE\",\"byte_fallback\":true,\"vocab\":{\"a\":0},\"merges\":[]},\"normalizer\":{\"type\":\"BertNormalizer\"}}",
+        "{\"model\":{\"type\":\"BPE\",\"byte_fallback\":true,\"vocab\":{\"a\":0},\"merges\":[]},\"normalizer\":{"
+        "\"type\":\"BertNormalizer\"}}",
         "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

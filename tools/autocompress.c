@@ -113,7 +113,10 @@ static int cmd_export_gguf(int argc, char **argv) {
     ac_model m;
     char tok[4200];
     snprintf(tok, sizeof tok, "%s/tokenizer.json", argv[2]);
-    if (ac_model_load(argv[2], &m, &e)) { fprintf(stderr, "autocompress: %s\n", e.msg); return 1; }
+    if (ac_model_load(argv[2], &m, &e)) {
+        fprintf(stderr, "autocompress: %s\n", e.msg);
+        return 1;
+    }
     int rc = ac_gguf_write(&m, tok, argv[3], argc == 5 ? ST_F32 : ST_BF16, &e);
     if (rc) fprintf(stderr, "autocompress: %s\n", e.msg);
     ac_model_free(&m);
@@ -185,10 +188,16 @@ static int cmd_prune(int argc, char **argv) {
     json_error_t je;
     int rc = 1;
     json_t *aj = json_load_file(argv[3], JSON_REJECT_DUPLICATES, &je);
-    if (!aj) { fprintf(stderr, "autocompress: %s: %s\n", argv[3], je.text); return 1; }
+    if (!aj) {
+        fprintf(stderr, "autocompress: %s: %s\n", argv[3], je.text);
+        return 1;
+    }
     if (ac_model_load(argv[2], &m, &e) || ac_arch_from_json(aj, &m.a, &req, &e)) goto out;
     if (argc == 6 && (ac_deci_pad_arch(&req, &t, &e) || ac_deci_check_arch(&t, &e))) goto out;
-    if (first_channels(&m.a, &imp)) { ac_errf(&e, "out of memory"); goto out; }
+    if (first_channels(&m.a, &imp)) {
+        ac_errf(&e, "out of memory");
+        goto out;
+    }
     if (ac_prune(&m, &req, &imp, &pm, &e) || (argc == 6 && ac_deci_pad_model(&pm, &e))) goto out;
     if (ac_model_save(&pm, argv[4], ST_BF16, &e)) goto out;
     char src[4200], dst[4200];
@@ -199,7 +208,10 @@ static int cmd_prune(int argc, char **argv) {
     size_t k;
     while (o && (k = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, k, o);
     if (in) fclose(in);
-    if (o && fclose(o)) { ac_errf(&e, "cannot write %s", dst); goto out; }
+    if (o && fclose(o)) {
+        ac_errf(&e, "cannot write %s", dst);
+        goto out;
+    }
     rc = 0;
 out:
     if (rc) fprintf(stderr, "autocompress: %s\n", e.msg);

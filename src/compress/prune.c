@@ -35,8 +35,8 @@ static int check_layer(const ac_arch *a, const ac_arch *t, int l, ac_err *e) {
     int merge = d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads && d->n_kv_heads > 0 &&
                 s->n_kv_heads % d->n_kv_heads == 0;
     /* Minitron: all KV groups kept, heads trimmed within each group */
-    int trim = d->n_heads && d->n_kv_heads == s->n_kv_heads && d->n_heads < s->n_heads &&
-               d->n_heads % d->n_kv_heads == 0;
+    int trim =
+        d->n_heads && d->n_kv_heads == s->n_kv_heads && d->n_heads < s->n_heads && d->n_heads % d->n_kv_heads == 0;
     if ((d->ffn && !s->ffn) || d->n_kv_heads > s->n_kv_heads ||
         (d->n_heads && d->n_heads != d->n_kv_heads * grp && !merge && !trim))
         return ac_errf(e,
@@ -202,8 +202,8 @@ static int chol_solve(double *A, double *B, int n, int m) {
     return 0;
 }
 
-int ac_repair_ffn(const ac_model *src, ac_model *dst, const ac_importance *imp, const int *ids, size_t n, int ctx, int windows,
-                  ac_err *e) {
+int ac_repair_ffn(const ac_model *src, ac_model *dst, const ac_importance *imp, const int *ids, size_t n, int ctx,
+                  int windows, ac_err *e) {
     const ac_arch *a = &src->a;
     int need = 0;
     for (int l = 0; l < a->n_layers; l++) {
@@ -214,10 +214,16 @@ int ac_repair_ffn(const ac_model *src, ac_model *dst, const ac_importance *imp, 
     if (!need) return 0;
     ac_stats st;
     if (ac_stats_init(&st, a, e)) return -1;
-    if (ac_stats_want_gram(&st, a, e)) { ac_stats_free(&st); return -1; }
+    if (ac_stats_want_gram(&st, a, e)) {
+        ac_stats_free(&st);
+        return -1;
+    }
     ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = windows, .batch = 4};
     ac_ppl_result pr;
-    if (ac_perplexity(src, ids, n, &o, &st, NULL, NULL, &pr, e)) { ac_stats_free(&st); return -1; }
+    if (ac_perplexity(src, ids, n, &o, &st, NULL, NULL, &pr, e)) {
+        ac_stats_free(&st);
+        return -1;
+    }
     int Ht = dst->a.hidden, repaired = 0, rc = 0;
     int *hk = kept(imp->hid_order, Ht);
     for (int l = 0; l < a->n_layers && !rc; l++) {
@@ -226,7 +232,13 @@ int ac_repair_ffn(const ac_model *src, ac_model *dst, const ac_importance *imp, 
         int *fk = kept(imp->ffn_order[l], Fk);
         const float *Gf = st.ffn_gram[l];
         double *A = malloc(sizeof(double) * Fk * Fk), *B = malloc(sizeof(double) * Fk * Ht);
-        if (!fk || !A || !B) { free(fk); free(A); free(B); rc = ac_errf(e, "out of memory"); break; }
+        if (!fk || !A || !B) {
+            free(fk);
+            free(A);
+            free(B);
+            rc = ac_errf(e, "out of memory");
+            break;
+        }
         double tr = 0;
         for (int i = 0; i < Fk; i++) tr += Gf[(size_t)fk[i] * F + fk[i]];
         double lambda = 1e-2 * tr / Fk + 1e-8;
@@ -247,7 +259,9 @@ int ac_repair_ffn(const ac_model *src, ac_model *dst, const ac_importance *imp, 
                 for (int i = 0; i < Fk; i++) Wn[(size_t)r * Fk + i] = (float)B[(size_t)i * Ht + r];
             repaired++;
         }
-        free(fk); free(A); free(B);
+        free(fk);
+        free(A);
+        free(B);
     }
     free(hk);
     ac_stats_free(&st);

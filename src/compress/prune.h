@@ -17,7 +17,7 @@ int ac_prune(const ac_model *src, const ac_arch *target, const ac_importance *im
  * columns so the layer's output matches the unpruned layer's on calibration
  * activations (ridge-regularised normal equations). Returns the number of
  * layers repaired. */
-int ac_repair_ffn(const ac_model *src, ac_model *dst, const ac_importance *imp, const int *ids, size_t n, int ctx, int windows,
-                  ac_err *e);
+int ac_repair_ffn(const ac_model *src, ac_model *dst, const ac_importance *imp, const int *ids, size_t n, int ctx,
+                  int windows, ac_err *e);
 
 #endif

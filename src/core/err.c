@@ -3,13 +3,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 int ac_errf(ac_err *e, const char *fmt, ...) {
     if (e) {
@@ -49,7 +49,8 @@ char *ac_read_file(const char *path, size_t max_len, size_t *len, ac_err *e) {
         if (fd >= 0) {
             close(fd);
             ac_errf(e, "%s is not a regular file", path);
-        } else ac_errf(e, "cannot open %s: %s", path, strerror(errno));
+        } else
+            ac_errf(e, "cannot open %s: %s", path, strerror(errno));
         return NULL;
     }
     FILE *f = fdopen(fd, "rb");

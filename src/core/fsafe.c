@@ -88,7 +88,10 @@ static int find_root(const char *norm, const char **rel) {
     for (int i = 0; i < nroots; i++) {
         const char *r = below(norm, roots[i].named);
         if (!r) r = below(norm, roots[i].real);
-        if (r) { *rel = r; return i; }
+        if (r) {
+            *rel = r;
+            return i;
+        }
     }
     return -1;
 }
@@ -125,10 +128,14 @@ static int open_confined(const char *path, int flags, const char *what, ac_err *
     }
     if (fd >= 0) return fd;
     int err = errno;
-    if (err == ELOOP || err == EXDEV) ac_errf(e, "%s %.300s: a symbolic link on the way is not followed", what, path);
-    else if (err == ENOENT) ac_errf(e, "%s %.300s does not exist", what, path);
-    else if (err == ENOTDIR && (flags & O_DIRECTORY)) ac_errf(e, "%s %.300s is not a directory", what, path);
-    else ac_errf(e, "cannot open %s %.300s: %s", what, path, strerror(err));
+    if (err == ELOOP || err == EXDEV)
+        ac_errf(e, "%s %.300s: a symbolic link on the way is not followed", what, path);
+    else if (err == ENOENT)
+        ac_errf(e, "%s %.300s does not exist", what, path);
+    else if (err == ENOTDIR && (flags & O_DIRECTORY))
+        ac_errf(e, "%s %.300s is not a directory", what, path);
+    else
+        ac_errf(e, "cannot open %s %.300s: %s", what, path, strerror(err));
     errno = err;
     return -1;
 }
@@ -144,7 +151,8 @@ int ac_fsafe_open(const char *path, ac_fkind kind, size_t *size, ac_err *e) {
     }
     if ((unsigned long long)sb.st_size > (unsigned long long)caps[kind]) {
         close(fd);
-        return ac_errf(e, "%s %.300s is larger than the %zu-byte cap for this kind of file", kind_names[kind], path, caps[kind]);
+        return ac_errf(e, "%s %.300s is larger than the %zu-byte cap for this kind of file", kind_names[kind], path,
+                       caps[kind]);
     }
     /* Back to blocking reads: a regular file never blocks, and callers read
      * it to the end. */
@@ -157,7 +165,10 @@ int ac_fsafe_open(const char *path, ac_fkind kind, size_t *size, ac_err *e) {
 int ac_fsafe_present(const char *path) {
     ac_err e;
     int fd = open_confined(path, O_PATH | O_CLOEXEC, "file", &e);
-    if (fd >= 0) { close(fd); return 1; }
+    if (fd >= 0) {
+        close(fd);
+        return 1;
+    }
     return errno != ENOENT;
 }
 
@@ -202,8 +213,8 @@ json_t *ac_fsafe_json(const char *path, ac_fkind kind, ac_err *e) {
     free(s);
     if (!j) {
         char why[160];
-        ac_errf(e, "%.300s: not valid JSON: %s (line %d, column %d)", path, ac_fsafe_json_why(je.text, why, sizeof why), je.line,
-                je.column);
+        ac_errf(e, "%.300s: not valid JSON: %s (line %d, column %d)", path, ac_fsafe_json_why(je.text, why, sizeof why),
+                je.line, je.column);
     }
     return j;
 }
@@ -244,7 +255,8 @@ static int check_output(const char *out, const char *model, const char *jobs_dir
         int r = find_root(norm, &rel);
         if (r < 0) return ac_errf(e, "%.300s is outside the allowed model_roots", out);
         if (!strcmp(rel, ".")) return ac_errf(e, "must not be a model root itself; name a directory below it");
-        fd = sys_openat2(roots[r].fd, rel, O_PATH | O_DIRECTORY | O_CLOEXEC, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
+        fd = sys_openat2(roots[r].fd, rel, O_PATH | O_DIRECTORY | O_CLOEXEC,
+                         RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
     } else {
         fd = sys_openat2(AT_FDCWD, norm, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, RESOLVE_NO_MAGICLINKS);
     }
@@ -259,7 +271,8 @@ static int check_output(const char *out, const char *model, const char *jobs_dir
     }
     int model_dir = is_model_dir(fd);
     close(fd);
-    if (model_dir) return ac_errf(e, "%.300s holds a model (config.json, weights or tokenizer); name a new directory", out);
+    if (model_dir)
+        return ac_errf(e, "%.300s holds a model (config.json, weights or tokenizer); name a new directory", out);
     return 0;
 }
 

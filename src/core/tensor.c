@@ -22,15 +22,21 @@ uint16_t ac_f32_to_bf16(float f) {
 float ac_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
     if (exp == 0) {
-        if (man == 0) u = sign;
+        if (man == 0)
+            u = sign;
         else { /* subnormal: renormalise */
             int sh = 0;
-            while (!(man & 0x400)) { man <<= 1; sh++; }
+            while (!(man & 0x400)) {
+                man <<= 1;
+                sh++;
+            }
             man &= 0x3ff;
             u = sign | ((uint32_t)(127 - 15 - sh + 1) << 23) | (man << 13);
         }
-    } else if (exp == 31) u = sign | 0x7f800000 | (man << 13);
-    else u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    } else if (exp == 31)
+        u = sign | 0x7f800000 | (man << 13);
+    else
+        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
     float f;
     memcpy(&f, &u, 4);
     return f;
@@ -43,7 +49,7 @@ uint16_t ac_f32_to_f16(float f) {
     uint32_t a = u & 0x7fffffff;
     if (a > 0x7f800000) return sign | 0x7e00;
     if (a >= 0x477ff000) return sign | 0x7c00; /* overflow to inf (after rounding) */
-    if (a < 0x38800000) { /* subnormal or zero */
+    if (a < 0x38800000) {                      /* subnormal or zero */
         if (a < 0x33000000) return sign;
         uint32_t man = (a & 0x7fffff) | 0x800000;
         int shift = 113 - (int)(a >> 23) + 13;
@@ -60,8 +66,12 @@ int ac_to_f32(float *dst, const void *src, st_dtype dt, size_t n, ac_err *e) {
     const uint16_t *h = src;
     switch (dt) {
     case ST_F32: memcpy(dst, src, n * 4); return 0;
-    case ST_BF16: for (size_t i = 0; i < n; i++) dst[i] = ac_bf16_to_f32(h[i]); return 0;
-    case ST_F16: for (size_t i = 0; i < n; i++) dst[i] = ac_f16_to_f32(h[i]); return 0;
+    case ST_BF16:
+        for (size_t i = 0; i < n; i++) dst[i] = ac_bf16_to_f32(h[i]);
+        return 0;
+    case ST_F16:
+        for (size_t i = 0; i < n; i++) dst[i] = ac_f16_to_f32(h[i]);
+        return 0;
     default: return ac_errf(e, "unsupported weight dtype %s (need F32, F16 or BF16)", st_dtype_name(dt));
     }
 }
@@ -70,8 +80,12 @@ int ac_from_f32(void *dst, const float *src, st_dtype dt, size_t n, ac_err *e) {
     uint16_t *h = dst;
     switch (dt) {
     case ST_F32: memcpy(dst, src, n * 4); return 0;
-    case ST_BF16: for (size_t i = 0; i < n; i++) h[i] = ac_f32_to_bf16(src[i]); return 0;
-    case ST_F16: for (size_t i = 0; i < n; i++) h[i] = ac_f32_to_f16(src[i]); return 0;
+    case ST_BF16:
+        for (size_t i = 0; i < n; i++) h[i] = ac_f32_to_bf16(src[i]);
+        return 0;
+    case ST_F16:
+        for (size_t i = 0; i < n; i++) h[i] = ac_f32_to_f16(src[i]);
+        return 0;
     default: return ac_errf(e, "cannot write dtype %s", st_dtype_name(dt));
     }
 }
@@ -79,7 +93,10 @@ int ac_from_f32(void *dst, const float *src, st_dtype dt, size_t n, ac_err *e) {
 int ac_convert(void *dst, st_dtype dd, const void *src, st_dtype sd, size_t n, ac_err *e) {
     if (sd == ST_F32) return ac_from_f32(dst, src, dd, n, e);
     if (dd == ST_F32) return ac_to_f32(dst, src, sd, n, e);
-    if (sd == dd && (sd == ST_BF16 || sd == ST_F16)) { memcpy(dst, src, n * 2); return 0; }
+    if (sd == dd && (sd == ST_BF16 || sd == ST_F16)) {
+        memcpy(dst, src, n * 2);
+        return 0;
+    }
     float buf[1024];
     for (size_t i = 0; i < n; i += 1024) {
         size_t c = n - i < 1024 ? n - i : 1024;

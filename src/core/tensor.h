@@ -8,8 +8,8 @@
 #ifndef AC_TENSOR_H
 #define AC_TENSOR_H
 
-#include <stdint.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "err.h"
 #include "safetensors.h"

@@ -37,8 +37,7 @@ json_t *ac_cost_table_to_json(const ac_cost_table *t) {
                             json_pack("{s:o,s:o}", "working_set_bytes", darr(t->dec_ws, t->ndec), "us_per_mib",
                                       darr(t->dec_us_mib, t->ndec)));
         if (t->dec_b4)
-            json_object_set_new(json_object_get(j, "decode_bands"), "us_per_mib_batch4",
-                                darr(t->dec_us_mib4, t->ndec));
+            json_object_set_new(json_object_get(j, "decode_bands"), "us_per_mib_batch4", darr(t->dec_us_mib4, t->ndec));
     }
 
     json_object_set_new(j, "attention",

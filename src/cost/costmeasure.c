@@ -212,8 +212,7 @@ static void calibrate(ac_cost_table *t) {
         double m1, m4;
         if (probe_model(HS[i], &m, &e)) break;
         ac_carch c;
-        int rc = decode_step_ms(&m, 1, &m1, &e) || decode_step_ms(&m, 4, &m4, &e) ||
-                 ac_carch_from_arch(&m.a, &c, &e);
+        int rc = decode_step_ms(&m, 1, &m1, &e) || decode_step_ms(&m, 4, &m4, &e) || ac_carch_from_arch(&m.a, &c, &e);
         ac_model_free(&m);
         if (rc) break;
         ac_engine_profile p;

@@ -38,7 +38,8 @@ const ac_device_spec *ac_device_spec_find(const char *name) {
         /* accept "H100-SXM", "rtx 4090" style spellings */
         char a[64], b[64];
         size_t j = 0;
-        for (const char *p = name; *p && j < sizeof a - 1; p++) if (*p != ' ' && *p != '-' && *p != '_') a[j++] = *p;
+        for (const char *p = name; *p && j < sizeof a - 1; p++)
+            if (*p != ' ' && *p != '-' && *p != '_') a[j++] = *p;
         a[j] = 0;
         snprintf(b, sizeof b, "%s", s->name);
         if (!strncasecmp(a, b, strlen(b)) && (a[strlen(b)] == 0 || !strcasecmp(a + strlen(b), "SXM"))) return s;
@@ -49,7 +50,8 @@ const ac_device_spec *ac_device_spec_find(const char *name) {
 const ac_device_spec *ac_device_spec_for_gpu(const char *gpu_name) {
     char compact[160];
     size_t j = 0;
-    for (const char *p = gpu_name; *p && j < sizeof compact - 1; p++) if (*p != ' ') compact[j++] = *p;
+    for (const char *p = gpu_name; *p && j < sizeof compact - 1; p++)
+        if (*p != ' ') compact[j++] = *p;
     compact[j] = 0;
     for (const ac_device_spec *s = ac_device_specs; s->name; s++)
         if (strcasestr(compact, s->name)) return s;
@@ -57,8 +59,9 @@ const ac_device_spec *ac_device_spec_for_gpu(const char *gpu_name) {
 }
 
 json_t *ac_device_spec_json(const ac_device_spec *s) {
-    return json_pack("{s:s,s:s,s:f,s:f,s:f,s:f,s:s}", "name", s->name, "full_name", s->full_name, "bf16_tflops", s->bf16_tflops,
-                     "memory_gib", s->mem_gib, "bandwidth_gbs", s->bw_gbs, "launch_us", s->launch_us, "source", s->source);
+    return json_pack("{s:s,s:s,s:f,s:f,s:f,s:f,s:s}", "name", s->name, "full_name", s->full_name, "bf16_tflops",
+                     s->bf16_tflops, "memory_gib", s->mem_gib, "bandwidth_gbs", s->bw_gbs, "launch_us", s->launch_us,
+                     "source", s->source);
 }
 
 typedef int (*cu_i)(unsigned);
@@ -87,7 +90,10 @@ static int cuda_devices(ac_local_device *out, int max) {
     cu_meminfo meminfo = (cu_meminfo)dlsym(h, "cuMemGetInfo_v2");
     cu_ctx_release release = (cu_ctx_release)dlsym(h, "cuDevicePrimaryCtxRelease_v2");
     int n = 0, dv = 0;
-    if (!init || !count || !get || !name || !mem || !attr || init(0) != 0 || count(&n) != 0) { dlclose(h); return 0; }
+    if (!init || !count || !get || !name || !mem || !attr || init(0) != 0 || count(&n) != 0) {
+        dlclose(h);
+        return 0;
+    }
     if (drv) drv(&dv);
     int k = 0;
     for (int i = 0; i < n && k < max; i++) {
@@ -146,13 +152,14 @@ int ac_devices_local(ac_local_device *out, int max) {
 
 json_t *ac_local_device_json(const ac_local_device *d) {
     if (d->index < 0)
-        return json_pack("{s:s,s:s,s:s,s:i,s:f,s:f}", "id", "cpu", "kind", "cpu", "name", d->name, "cores", d->cores, "memory_gib",
-                         d->mem_gib, "free_gib", d->free_gib);
+        return json_pack("{s:s,s:s,s:s,s:i,s:f,s:f}", "id", "cpu", "kind", "cpu", "name", d->name, "cores", d->cores,
+                         "memory_gib", d->mem_gib, "free_gib", d->free_gib);
     char id[32], cc[16];
     snprintf(id, sizeof id, "cuda:%d", d->index);
     snprintf(cc, sizeof cc, "%d.%d", d->cc_major, d->cc_minor);
-    return json_pack("{s:s,s:s,s:s,s:i,s:f,s:f,s:i,s:s,s:i}", "id", id, "kind", "cuda", "name", d->name, "index", d->index,
-                     "memory_gib", d->mem_gib, "free_gib", d->free_gib, "sms", d->sms, "compute_capability", cc, "driver", d->driver);
+    return json_pack("{s:s,s:s,s:s,s:i,s:f,s:f,s:i,s:s,s:i}", "id", id, "kind", "cuda", "name", d->name, "index",
+                     d->index, "memory_gib", d->mem_gib, "free_gib", d->free_gib, "sms", d->sms, "compute_capability",
+                     cc, "driver", d->driver);
 }
 
 int ac_cuda_pin(const char *current, int ordinal, char *out, size_t n) {
@@ -165,7 +172,10 @@ int ac_cuda_pin(const char *current, int ordinal, char *out, size_t n) {
         p++;
     }
     size_t len = strcspn(p, ",");
-    while (len && (*p == ' ')) { p++; len--; }
+    while (len && (*p == ' ')) {
+        p++;
+        len--;
+    }
     while (len && p[len - 1] == ' ') len--;
     if (len == 0 || len >= n) return -1;
     memcpy(out, p, len);

@@ -15,10 +15,10 @@
 
 typedef struct {
     char name[128];
-    int index;              /* CUDA ordinal, -1 for the CPU */
+    int index; /* CUDA ordinal, -1 for the CPU */
     double mem_gib, free_gib;
     int sms, cc_major, cc_minor, driver;
-    int cores;              /* CPU */
+    int cores; /* CPU */
 } ac_local_device;
 
 /* Fills up to max entries (CPU first) and returns the count. Ordinals are in
@@ -35,12 +35,12 @@ int ac_cuda_pin(const char *current, int ordinal, char *out, size_t n);
 json_t *ac_local_device_json(const ac_local_device *d);
 
 typedef struct {
-    const char *name;       /* short name used in job specs, e.g. "H100" */
+    const char *name; /* short name used in job specs, e.g. "H100" */
     const char *full_name;
-    double bf16_tflops;     /* dense BF16, FP32 accumulate */
+    double bf16_tflops; /* dense BF16, FP32 accumulate */
     double mem_gib;
-    double bw_gbs;          /* memory bandwidth, GB/s */
-    double launch_us;       /* kernel launch + scheduling per op */
+    double bw_gbs;    /* memory bandwidth, GB/s */
+    double launch_us; /* kernel launch + scheduling per op */
     const char *source;
 } ac_device_spec;
 

@@ -25,21 +25,21 @@
 
 typedef __nv_bfloat16 bf16;
 
-#define CK(x)                                                                                       \
-    do {                                                                                            \
-        cudaError_t e_ = (x);                                                                       \
-        if (e_ != cudaSuccess) {                                                                    \
-            snprintf(err, errn, "%s:%d: %s: %s", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            goto fail;                                                                              \
-        }                                                                                           \
+#define CK(x)                                                                                                          \
+    do {                                                                                                               \
+        cudaError_t e_ = (x);                                                                                          \
+        if (e_ != cudaSuccess) {                                                                                       \
+            snprintf(err, errn, "%s:%d: %s: %s", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                      \
+            goto fail;                                                                                                 \
+        }                                                                                                              \
     } while (0)
-#define CB(x)                                                                                       \
-    do {                                                                                            \
-        cublasStatus_t s_ = (x);                                                                    \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                          \
-            snprintf(err, errn, "%s:%d: %s: cuBLAS status %d", __FILE__, __LINE__, #x, (int)s_);   \
-            goto fail;                                                                              \
-        }                                                                                           \
+#define CB(x)                                                                                                          \
+    do {                                                                                                               \
+        cublasStatus_t s_ = (x);                                                                                       \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                             \
+            snprintf(err, errn, "%s:%d: %s: cuBLAS status %d", __FILE__, __LINE__, #x, (int)s_);                       \
+            goto fail;                                                                                                 \
+        }                                                                                                              \
     } while (0)
 
 // ---------------------------------------------------------------- kernels
@@ -114,15 +114,16 @@ static size_t attn_shared_bytes(int hd) { return (size_t)(AC_ATTN_TILE + hd) * s
 // online softmax (running max and sum, accumulator rescaled per tile), so the
 // context length is not bounded by shared memory. Thread i owns output dims
 // i, i + 128, ... (hd <= 512). out: bf16 [N, nh*hd].
-__global__ void k_attention(bf16 *out, const float *q, const bf16 *kc, const bf16 *vc, int nh, int nkv, int hd, int n, int pos0,
-                            int max_ctx, float scale, int window) {
+__global__ void k_attention(bf16 *out, const float *q, const bf16 *kc, const bf16 *vc, int nh, int nkv, int hd, int n,
+                            int pos0, int max_ctx, float scale, int window) {
     AC_DYNAMIC_SHARED(float, sm);
     int r = blockIdx.x, h = blockIdx.y, b = r / n, t = r % n, S = pos0 + t + 1, kh = h / (nh / nkv), KV = nkv * hd;
     int first = window > 0 && S > window ? S - window : 0; // sliding window: keys [first, S)
     float *qs = sm, *sc = sm + hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(size_t)r * nh * hd + (size_t)h * hd + i];
     __syncthreads();
-    const bf16 *kb = kc + (size_t)b * max_ctx * KV + (size_t)kh * hd, *vb = vc + (size_t)b * max_ctx * KV + (size_t)kh * hd;
+    const bf16 *kb = kc + (size_t)b * max_ctx * KV + (size_t)kh * hd,
+               *vb = vc + (size_t)b * max_ctx * KV + (size_t)kh * hd;
     float m = -INFINITY, l = 0, acc[4] = {0, 0, 0, 0};
     for (int t0 = first; t0 < S; t0 += AC_ATTN_TILE) {
         int len = S - t0 < AC_ATTN_TILE ? S - t0 : AC_ATTN_TILE;
@@ -135,7 +136,10 @@ __global__ void k_attention(bf16 *out, const float *q, const bf16 *kc, const bf1
             mx = fmaxf(mx, sc[j]);
         }
         float mn = fmaxf(m, block_reduce(mx, 1)), sum = 0;
-        for (int j = threadIdx.x; j < len; j += blockDim.x) { sc[j] = __expf(sc[j] - mn); sum += sc[j]; }
+        for (int j = threadIdx.x; j < len; j += blockDim.x) {
+            sc[j] = __expf(sc[j] - mn);
+            sum += sc[j];
+        }
         sum = block_reduce(sum, 0); // its barriers also publish sc
         float c = __expf(m - mn);   // 0 on the first tile (m = -inf)
         l = l * c + sum;
@@ -166,7 +170,10 @@ __global__ void k_nll(float *nll, const float *logits, const int *target, int V)
 
 __global__ void k_silu_mul(bf16 *h, const float *g, const float *u, size_t total) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < total) { float x = g[i]; h[i] = __float2bfloat16(x / (1.0f + __expf(-x)) * u[i]); }
+    if (i < total) {
+        float x = g[i];
+        h[i] = __float2bfloat16(x / (1.0f + __expf(-x)) * u[i]);
+    }
 }
 
 __global__ void k_gather_last(float *dst, const float *x, int H, int n) {
@@ -231,10 +238,11 @@ fail:
 }
 
 // y[N,out] (fp32) = x[N,in] (bf16) W[out,in]^T (bf16), beta 0 or 1
-static cublasStatus_t gemm(cublasHandle_t hdl, float *y, const bf16 *x, const bf16 *w, int N, int in, int out, float beta) {
+static cublasStatus_t gemm(cublasHandle_t hdl, float *y, const bf16 *x, const bf16 *w, int N, int in, int out,
+                           float beta) {
     float alpha = 1.0f;
-    return cublasGemmEx(hdl, CUBLAS_OP_T, CUBLAS_OP_N, out, N, in, &alpha, w, CUDA_R_16BF, in, x, CUDA_R_16BF, in, &beta, y, CUDA_R_32F,
-                        out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return cublasGemmEx(hdl, CUBLAS_OP_T, CUBLAS_OP_N, out, N, in, &alpha, w, CUDA_R_16BF, in, x, CUDA_R_16BF, in,
+                        &beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
 static int acc_device_count(void) {
@@ -265,8 +273,9 @@ static void acc_engine_free(acc_engine *en) {
         void *ps[] = {l.wq, l.wk, l.wv, l.wo, l.wg, l.wu, l.wd, l.in_norm, l.post_norm, l.bq, l.bk, l.bv, l.kc, l.vc};
         for (void *p : ps) cudaFree(p);
     }
-    void *ps[] = {en->embed, en->lm_head, en->xn, en->att, en->h, en->final_norm, en->x, en->x2, en->q, en->k, en->v,
-                  en->g, en->u, en->logits, en->cs, en->sn, en->tok, en->target, en->nll};
+    void *ps[] = {en->embed, en->lm_head, en->xn,  en->att,    en->h,  en->final_norm, en->x,
+                  en->x2,    en->q,       en->k,   en->v,      en->g,  en->u,          en->logits,
+                  en->cs,    en->sn,      en->tok, en->target, en->nll};
     for (void *p : ps) cudaFree(p);
     if (en->blas) cublasDestroy(en->blas);
     if (en->st) cudaStreamDestroy(en->st);
@@ -274,8 +283,8 @@ static void acc_engine_free(acc_engine *en) {
     delete en;
 }
 
-static int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_ctx, const float *rope_cos, const float *rope_sin,
-                             acc_engine **out, char *err, size_t errn) {
+static int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_ctx, const float *rope_cos,
+                             const float *rope_sin, acc_engine **out, char *err, size_t errn) {
     const ac_arch *a = &m->a;
     acc_engine *en = new acc_engine();
     memset(&en->a, 0, sizeof en->a);
@@ -285,7 +294,8 @@ static int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_
     en->a = *a;
     en->a.layers = (ac_layer_arch *)malloc(sizeof(ac_layer_arch) * a->n_layers);
     memcpy(en->a.layers, a->layers, sizeof(ac_layer_arch) * a->n_layers);
-    size_t H = a->hidden, hd = a->head_dim, V = a->vocab, N = (size_t)max_batch * max_ctx, maxq = 1, maxkv = 1, maxf = 1;
+    size_t H = a->hidden, hd = a->head_dim, V = a->vocab, N = (size_t)max_batch * max_ctx, maxq = 1, maxkv = 1,
+           maxf = 1;
     for (int l = 0; l < a->n_layers; l++) {
         maxq = std::max(maxq, (size_t)a->layers[l].n_heads * hd);
         maxkv = std::max(maxkv, (size_t)a->layers[l].n_kv_heads * hd);
@@ -302,7 +312,8 @@ static int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_
     CK(cudaStreamCreate(&en->st));
     CB(cublasCreate(&en->blas));
     CB(cublasSetStream(en->blas, en->st));
-    if (upload_bf16(&en->embed, m->embed, V * H, err, errn) || upload_bf16(&en->lm_head, m->lm_head, V * H, err, errn) ||
+    if (upload_bf16(&en->embed, m->embed, V * H, err, errn) ||
+        upload_bf16(&en->lm_head, m->lm_head, V * H, err, errn) ||
         upload_f32(&en->final_norm, m->final_norm, H, err, errn))
         goto fail;
     for (int l = 0; l < a->n_layers; l++) {
@@ -315,7 +326,8 @@ static int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_
                 upload_bf16(&d.wk, w->wk, KV * H, err, errn) || upload_bf16(&d.wv, w->wv, KV * H, err, errn) ||
                 upload_bf16(&d.wo, w->wo, H * Q, err, errn))
                 goto fail;
-            if (a->qkv_bias && (upload_f32(&d.bq, w->bq, Q, err, errn) || upload_f32(&d.bk, w->bk, KV, err, errn) || upload_f32(&d.bv, w->bv, KV, err, errn)))
+            if (a->qkv_bias && (upload_f32(&d.bq, w->bq, Q, err, errn) || upload_f32(&d.bk, w->bk, KV, err, errn) ||
+                                upload_f32(&d.bv, w->bv, KV, err, errn)))
                 goto fail;
             CK(cudaMalloc(&d.kc, N * KV * sizeof(bf16)));
             CK(cudaMalloc(&d.vc, N * KV * sizeof(bf16)));
@@ -351,13 +363,15 @@ fail:
 // The forward up to the final norm, left on the device in en->xn (B rows
 // when last_only, else B*n); the head runs in chunks (head_chunk). Returns
 // the number of rows, or -1.
-static int forward_device(acc_engine *en, const int *tokens, int B, int n, int pos0, int last_only, char *err, size_t errn) {
+static int forward_device(acc_engine *en, const int *tokens, int B, int n, int pos0, int last_only, char *err,
+                          size_t errn) {
     const ac_arch *a = &en->a;
     int H = a->hidden, hd = a->head_dim, N = B * n, rows;
     cudaStream_t s = en->st;
     float *xf;
     if (B <= 0 || B > en->max_batch || n <= 0 || pos0 < 0 || pos0 + n > en->max_ctx) {
-        snprintf(err, errn, "batch %d x %d tokens at position %d exceeds the engine (%d x %d)", B, n, pos0, en->max_batch, en->max_ctx);
+        snprintf(err, errn, "batch %d x %d tokens at position %d exceeds the engine (%d x %d)", B, n, pos0,
+                 en->max_batch, en->max_ctx);
         return -1;
     }
     CK(cudaSetDevice(en->dev));
@@ -380,8 +394,9 @@ static int forward_device(acc_engine *en, const int *tokens, int B, int n, int p
             AC_LAUNCH(k_rope, N, 128, 0, s, en->q, la->n_heads, hd, n, pos0, en->cs, en->sn);
             AC_LAUNCH(k_rope, N, 128, 0, s, en->k, la->n_kv_heads, hd, n, pos0, en->cs, en->sn);
             AC_LAUNCH(k_store_kv, N, 128, 0, s, d.kc, d.vc, en->k, en->v, KV, n, pos0, en->max_ctx);
-            AC_LAUNCH(k_attention, dim3(N, la->n_heads), ATTN_THREADS, attn_shared_bytes(hd), s, en->att, en->q, d.kc, d.vc, la->n_heads,
-                      la->n_kv_heads, hd, n, pos0, en->max_ctx, 1.0f / sqrtf((float)hd), a->sliding_window);
+            AC_LAUNCH(k_attention, dim3(N, la->n_heads), ATTN_THREADS, attn_shared_bytes(hd), s, en->att, en->q, d.kc,
+                      d.vc, la->n_heads, la->n_kv_heads, hd, n, pos0, en->max_ctx, 1.0f / sqrtf((float)hd),
+                      a->sliding_window);
             CB(gemm(en->blas, en->x, en->att, d.wo, N, Q, H, 1));
         }
         if (la->ffn) {
@@ -389,7 +404,8 @@ static int forward_device(acc_engine *en, const int *tokens, int B, int n, int p
             AC_LAUNCH(k_rmsnorm, N, 256, 0, s, en->xn, en->x, d.post_norm, H, a->eps);
             CB(gemm(en->blas, en->g, en->xn, d.wg, N, H, F, 0));
             CB(gemm(en->blas, en->u, en->xn, d.wu, N, H, F, 0));
-            AC_LAUNCH(k_silu_mul, (unsigned)(((size_t)N * F + 255) / 256), 256, 0, s, en->h, en->g, en->u, (size_t)N * F);
+            AC_LAUNCH(k_silu_mul, (unsigned)(((size_t)N * F + 255) / 256), 256, 0, s, en->h, en->g, en->u,
+                      (size_t)N * F);
             CB(gemm(en->blas, en->x, en->h, d.wd, N, F, H, 1));
         }
     }
@@ -411,14 +427,15 @@ static cublasStatus_t head_chunk(acc_engine *en, int r0, int c) {
     return gemm(en->blas, en->logits, en->xn + (size_t)r0 * en->a.hidden, en->lm_head, c, en->a.hidden, en->a.vocab, 0);
 }
 
-static int acc_engine_forward(acc_engine *en, const int *tokens, int B, int n, int pos0, int last_only, float *logits, char *err,
-                                  size_t errn) {
+static int acc_engine_forward(acc_engine *en, const int *tokens, int B, int n, int pos0, int last_only, float *logits,
+                              char *err, size_t errn) {
     int rows = forward_device(en, tokens, B, n, pos0, last_only, err, errn);
     if (rows < 0) return -1;
     for (int r0 = 0; r0 < rows; r0 += AC_LOGIT_ROWS) {
         int c = std::min(AC_LOGIT_ROWS, rows - r0);
         CB(head_chunk(en, r0, c));
-        CK(cudaMemcpyAsync(logits + (size_t)r0 * en->a.vocab, en->logits, (size_t)c * en->a.vocab * sizeof(float), cudaMemcpyDeviceToHost, en->st));
+        CK(cudaMemcpyAsync(logits + (size_t)r0 * en->a.vocab, en->logits, (size_t)c * en->a.vocab * sizeof(float),
+                           cudaMemcpyDeviceToHost, en->st));
     }
     CK(cudaStreamSynchronize(en->st));
     return 0;
@@ -427,29 +444,57 @@ fail:
 }
 
 static int acc_engine_update(acc_engine *en, int layer, int which, const float *w, size_t n, char *err, size_t errn) {
-    if (layer < 0 || layer >= en->a.n_layers) { snprintf(err, errn, "no layer %d", layer); return -1; }
+    if (layer < 0 || layer >= en->a.n_layers) {
+        snprintf(err, errn, "no layer %d", layer);
+        return -1;
+    }
     const ac_layer_arch *la = &en->a.layers[layer];
     layer_d &d = en->L[layer];
-    size_t H = en->a.hidden, Q = (size_t)la->n_heads * en->a.head_dim, KV = (size_t)la->n_kv_heads * en->a.head_dim, F = la->ffn, want = 0;
+    size_t H = en->a.hidden, Q = (size_t)la->n_heads * en->a.head_dim, KV = (size_t)la->n_kv_heads * en->a.head_dim,
+           F = la->ffn, want = 0;
     bf16 *dst = nullptr;
     switch (which) {
-    case AC_W_Q: dst = d.wq; want = Q * H; break;
-    case AC_W_K: dst = d.wk; want = KV * H; break;
-    case AC_W_V: dst = d.wv; want = KV * H; break;
-    case AC_W_O: dst = d.wo; want = H * Q; break;
-    case AC_W_G: dst = d.wg; want = F * H; break;
-    case AC_W_U: dst = d.wu; want = F * H; break;
-    case AC_W_D: dst = d.wd; want = H * F; break;
+    case AC_W_Q:
+        dst = d.wq;
+        want = Q * H;
+        break;
+    case AC_W_K:
+        dst = d.wk;
+        want = KV * H;
+        break;
+    case AC_W_V:
+        dst = d.wv;
+        want = KV * H;
+        break;
+    case AC_W_O:
+        dst = d.wo;
+        want = H * Q;
+        break;
+    case AC_W_G:
+        dst = d.wg;
+        want = F * H;
+        break;
+    case AC_W_U:
+        dst = d.wu;
+        want = F * H;
+        break;
+    case AC_W_D:
+        dst = d.wd;
+        want = H * F;
+        break;
     }
-    if (!dst || n != want) { snprintf(err, errn, "layer %d has no matrix %d of %zu elements", layer, which, n); return -1; }
+    if (!dst || n != want) {
+        snprintf(err, errn, "layer %d has no matrix %d of %zu elements", layer, which, n);
+        return -1;
+    }
     CK(cudaSetDevice(en->dev));
     return copy_bf16(dst, w, n, err, errn);
 fail:
     return -1;
 }
 
-static int acc_engine_nll(acc_engine *en, const int *tokens, const int *targets, int B, int n, int pos0, float *nll, char *err,
-                              size_t errn) {
+static int acc_engine_nll(acc_engine *en, const int *tokens, const int *targets, int B, int n, int pos0, float *nll,
+                          char *err, size_t errn) {
     for (int i = 0; B > 0 && n > 0 && i < B * n; i++) // checked before any work is done
         if (targets[i] >= en->a.vocab) {
             snprintf(err, errn, "target %d at row %d is outside the vocabulary (%d)", targets[i], i, en->a.vocab);
@@ -488,7 +533,9 @@ struct gemm_bench {
 static void gemm_bench_free(gemm_bench &b) {
     if (b.e0) cudaEventDestroy(b.e0);
     if (b.e1) cudaEventDestroy(b.e1);
-    cudaFree(b.pool); cudaFree(b.x); cudaFree(b.y);
+    cudaFree(b.pool);
+    cudaFree(b.x);
+    cudaFree(b.y);
     if (b.h) cublasDestroy(b.h);
     b = gemm_bench();
 }
@@ -514,7 +561,10 @@ static int gemm_bench_time(gemm_bench &b, int m, int n, int k, double *us, char 
     size_t wsz = (size_t)n * k, slots = std::max<size_t>(1, POOL_BYTES / (wsz * 2));
     const int reps = 20;
     float ms = 0;
-    if (wsz * 2 > POOL_BYTES) { snprintf(err, errn, "GEMM %dx%d weights exceed the benchmark pool", n, k); return -1; }
+    if (wsz * 2 > POOL_BYTES) {
+        snprintf(err, errn, "GEMM %dx%d weights exceed the benchmark pool", n, k);
+        return -1;
+    }
     CB(gemm(b.h, b.y, b.x, b.pool, m, k, n, 0)); // warm-up (library heuristics, clocks)
     CK(cudaEventRecord(b.e0));
     for (int r = 0; r < reps; r++) CB(gemm(b.h, b.y, b.x, b.pool + (r % slots) * wsz, m, k, n, 0));
@@ -549,20 +599,31 @@ static int time_attention(int nq, int extra, int hd, double *us, char *err, size
     CK(cudaMemset(vc, 0, (size_t)S * KV * 2));
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    AC_LAUNCH(k_attention, dim3(nq, nh), ATTN_THREADS, attn_shared_bytes(hd), 0, out, q, kc, vc, nh, nkv, hd, nq, extra - 1, S, 0.1f, 0);
+    AC_LAUNCH(k_attention, dim3(nq, nh), ATTN_THREADS, attn_shared_bytes(hd), 0, out, q, kc, vc, nh, nkv, hd, nq,
+              extra - 1, S, 0.1f, 0);
     CK(cudaEventRecord(e0));
-    for (int r = 0; r < 10; r++) AC_LAUNCH(k_attention, dim3(nq, nh), ATTN_THREADS, attn_shared_bytes(hd), 0, out, q, kc, vc, nh, nkv, hd, nq, extra - 1, S, 0.1f, 0);
+    for (int r = 0; r < 10; r++)
+        AC_LAUNCH(k_attention, dim3(nq, nh), ATTN_THREADS, attn_shared_bytes(hd), 0, out, q, kc, vc, nh, nkv, hd, nq,
+                  extra - 1, S, 0.1f, 0);
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     CK(cudaGetLastError());
     CK(cudaEventElapsedTime(&ms, e0, e1));
     *us = ms * 1e3 / 10 / nh; // per head, one sequence
-    cudaEventDestroy(e0); cudaEventDestroy(e1); cudaFree(q); cudaFree(kc); cudaFree(vc); cudaFree(out);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(q);
+    cudaFree(kc);
+    cudaFree(vc);
+    cudaFree(out);
     return 0;
 fail:
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
-    cudaFree(q); cudaFree(kc); cudaFree(vc); cudaFree(out);
+    cudaFree(q);
+    cudaFree(kc);
+    cudaFree(vc);
+    cudaFree(out);
     return -1;
 }
 
@@ -577,9 +638,17 @@ static int acc_measure_timings(int dev, acc_timings *t, char *err, size_t errn) 
         snprintf(err, errn, "no CUDA device %d", dev);
         return -1;
     }
-    t->nm = 12; t->nn = t->nk = 7; t->naq = 4; t->nas = 4; t->nhd = 2;
-    memcpy(t->gm, GM, sizeof GM); memcpy(t->gn, GNK, sizeof GNK); memcpy(t->gk, GNK, sizeof GNK);
-    memcpy(t->aq, AQ, sizeof AQ); memcpy(t->as, AS, sizeof AS); memcpy(t->ahd, AHD, sizeof AHD);
+    t->nm = 12;
+    t->nn = t->nk = 7;
+    t->naq = 4;
+    t->nas = 4;
+    t->nhd = 2;
+    memcpy(t->gm, GM, sizeof GM);
+    memcpy(t->gn, GNK, sizeof GNK);
+    memcpy(t->gk, GNK, sizeof GNK);
+    memcpy(t->aq, AQ, sizeof AQ);
+    memcpy(t->as, AS, sizeof AS);
+    memcpy(t->ahd, AHD, sizeof AHD);
     {
         gemm_bench gb;
         size_t mmax = (size_t)GM[t->nm - 1], nmax = (size_t)GNK[t->nn - 1];
@@ -587,7 +656,8 @@ static int acc_measure_timings(int dev, acc_timings *t, char *err, size_t errn) 
         for (int a = 0; a < t->nm; a++)
             for (int b = 0; b < t->nn; b++)
                 for (int c = 0; c < t->nk; c++)
-                    if (gemm_bench_time(gb, (int)GM[a], (int)GNK[b], (int)GNK[c], &t->gemm_us[(a * t->nn + b) * t->nk + c], err, errn)) {
+                    if (gemm_bench_time(gb, (int)GM[a], (int)GNK[b], (int)GNK[c],
+                                        &t->gemm_us[(a * t->nn + b) * t->nk + c], err, errn)) {
                         gemm_bench_free(gb);
                         goto fail;
                     }
@@ -596,7 +666,9 @@ static int acc_measure_timings(int dev, acc_timings *t, char *err, size_t errn) 
     for (int h = 0; h < t->nhd; h++)
         for (int a = 0; a < t->naq; a++)
             for (int b = 0; b < t->nas; b++)
-                if (time_attention((int)AQ[a], (int)AS[b], (int)AHD[h], &t->attn_us[(h * t->naq + a) * t->nas + b], err, errn)) goto fail;
+                if (time_attention((int)AQ[a], (int)AS[b], (int)AHD[h], &t->attn_us[(h * t->naq + a) * t->nas + b], err,
+                                   errn))
+                    goto fail;
     // launch overhead and elementwise throughput
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -623,7 +695,9 @@ static int acc_measure_timings(int dev, acc_timings *t, char *err, size_t errn) 
         CK(cudaEventSynchronize(e1));
         CK(cudaEventElapsedTime(&ms, e0, e1));
         t->elem_ns = ms * 1e6 / 10 / ((double)R * H);
-        cudaFree(x); cudaFree(w); cudaFree(o);
+        cudaFree(x);
+        cudaFree(w);
+        cudaFree(o);
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
@@ -635,10 +709,10 @@ fail:
 }
 
 extern "C" const ac_cuda_api *acc_api(void) {
-    static const ac_cuda_api api = {acc_device_count,   acc_device_info,   acc_engine_create,  acc_engine_forward,
-                                    acc_engine_nll,     acc_engine_update, acc_engine_free,    acc_time_gemm,
-                                    acc_measure_timings,  acc_trainer_create, acc_trainer_grad,  acc_trainer_step,
-                                    acc_trainer_download, acc_trainer_gates, acc_trainer_free, acc_trainer_forward, acc_trainer_tensor,
-                                    acc_trainer_zero_grad};
+    static const ac_cuda_api api = {acc_device_count,     acc_device_info,      acc_engine_create, acc_engine_forward,
+                                    acc_engine_nll,       acc_engine_update,    acc_engine_free,   acc_time_gemm,
+                                    acc_measure_timings,  acc_trainer_create,   acc_trainer_grad,  acc_trainer_step,
+                                    acc_trainer_download, acc_trainer_gates,    acc_trainer_free,  acc_trainer_forward,
+                                    acc_trainer_tensor,   acc_trainer_zero_grad};
     return &api;
 }

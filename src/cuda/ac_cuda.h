@@ -31,22 +31,35 @@ typedef struct acc_engine acc_engine;
  * the plugin chose and the median microseconds at each point. */
 #define ACC_TM_MAXG 16
 typedef struct {
-    char name[128];  /* device name (cudaDeviceProp.name) */
-    int sms, cc;     /* multiprocessors, compute capability major*10+minor */
-    double mem_gib;  /* device memory */
-    int nm, nn, nk;  /* GEMM grid: y[m,n] = x[m,k] w[n,k]^T, BF16 in, FP32 accumulate */
+    char name[128]; /* device name (cudaDeviceProp.name) */
+    int sms, cc;    /* multiprocessors, compute capability major*10+minor */
+    double mem_gib; /* device memory */
+    int nm, nn, nk; /* GEMM grid: y[m,n] = x[m,k] w[n,k]^T, BF16 in, FP32 accumulate */
     double gm[ACC_TM_MAXG], gn[ACC_TM_MAXG], gk[ACC_TM_MAXG];
     double gemm_us[ACC_TM_MAXG * ACC_TM_MAXG * ACC_TM_MAXG]; /* [nm][nn][nk], weights cold */
-    int nhd, naq, nas; /* attention grid: head_dim, query rows, context */
+    int nhd, naq, nas;                                       /* attention grid: head_dim, query rows, context */
     double ahd[ACC_TM_MAXG], aq[ACC_TM_MAXG], as[ACC_TM_MAXG];
     double attn_us[ACC_TM_MAXG * ACC_TM_MAXG * ACC_TM_MAXG]; /* [nhd][naq][nas], one head, one sequence */
-    double launch_us;  /* an empty kernel's launch */
-    double elem_ns;    /* per element of an RMSNorm pass */
+    double launch_us;                                        /* an empty kernel's launch */
+    double elem_ns;                                          /* per element of an RMSNorm pass */
 } acc_timings;
 
 /* The trainer's per-layer tensors (trainer_tensor's which). */
-enum { ACC_T_IN, ACC_T_Q, ACC_T_K, ACC_T_V, ACC_T_O, ACC_T_BQ, ACC_T_BK, ACC_T_BV, ACC_T_POST, ACC_T_G, ACC_T_U,
-       ACC_T_D, ACC_T_N };
+enum {
+    ACC_T_IN,
+    ACC_T_Q,
+    ACC_T_K,
+    ACC_T_V,
+    ACC_T_O,
+    ACC_T_BQ,
+    ACC_T_BK,
+    ACC_T_BV,
+    ACC_T_POST,
+    ACC_T_G,
+    ACC_T_U,
+    ACC_T_D,
+    ACC_T_N
+};
 typedef struct acc_trainer acc_trainer;
 
 /* The plugin's ABI, written once: the table acc_api() returns. Every

@@ -369,7 +369,8 @@ __global__ void kt_adamw(float *p, float *g, float *m, float *v, size_t n, float
 // ---------------------------------------------------------------- trainer
 
 enum { W_IN, W_Q, W_K, W_V, W_O, W_BQ, W_BK, W_BV, W_POST, W_G, W_U, W_D, W_N };
-static_assert((int)W_K == (int)ACC_T_K && (int)W_BV == (int)ACC_T_BV && (int)W_D == (int)ACC_T_D && (int)W_N == (int)ACC_T_N,
+static_assert((int)W_K == (int)ACC_T_K && (int)W_BV == (int)ACC_T_BV && (int)W_D == (int)ACC_T_D &&
+                  (int)W_N == (int)ACC_T_N,
               "ac_cuda.h's ACC_T_* order");
 
 // The arch fields the trainer needs (the plugin does not link the library,

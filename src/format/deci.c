@@ -45,8 +45,10 @@ int ac_deci_check_arch(const ac_arch *a, ac_err *e) {
         if (first < 0 && (L->n_heads || L->ffn)) first = l;
         if (!L->n_heads) continue;
         if (nh && L->n_heads != nh)
-            return ac_errf(e, "deci: layer %d has %d query heads, layer before %d: nemotron_nas has one global "
-                              "num_attention_heads (only KV heads vary per layer)", l, L->n_heads, nh);
+            return ac_errf(e,
+                           "deci: layer %d has %d query heads, layer before %d: nemotron_nas has one global "
+                           "num_attention_heads (only KV heads vary per layer)",
+                           l, L->n_heads, nh);
         nh = L->n_heads;
         if (L->n_kv_heads <= 0 || L->n_heads % L->n_kv_heads)
             return ac_errf(e, "deci: layer %d: %d query heads are not a multiple of %d KV heads", l, L->n_heads,
@@ -54,13 +56,17 @@ int ac_deci_check_arch(const ac_arch *a, ac_err *e) {
     }
     if (!nh) return ac_errf(e, "deci: no layer keeps attention (vLLM cannot size a KV cache)");
     if (a->layers[first].n_heads == 0)
-        return ac_errf(e, "deci: layer %d is the first layer with a sub-block and has no attention; "
-                          "vLLM's nemotron_nas needs attention there (it starts the fused residual)", first);
+        return ac_errf(e,
+                       "deci: layer %d is the first layer with a sub-block and has no attention; "
+                       "vLLM's nemotron_nas needs attention there (it starts the fused residual)",
+                       first);
     for (int l = 0; l < a->n_layers; l++) {
         int f = a->layers[l].ffn;
         if (f && ac_deci_ffn_mult(f, a->hidden) < 0)
-            return ac_errf(e, "deci: layer %d FFN width %d is not a multiple of %d; loaders compute "
-                              "roundup(int(2*ffn_mult*hidden/3), %d)", l, f, AC_DECI_GRID, AC_DECI_GRID);
+            return ac_errf(e,
+                           "deci: layer %d FFN width %d is not a multiple of %d; loaders compute "
+                           "roundup(int(2*ffn_mult*hidden/3), %d)",
+                           l, f, AC_DECI_GRID, AC_DECI_GRID);
     }
     return 0;
 }
@@ -203,9 +209,11 @@ int ac_deci_write_module(const char *dir, ac_err *e) {
 int ac_deci_validate_spec(int deci, int ffn_multiple, const char **field, ac_err *e) {
     if (!deci || ffn_multiple % AC_DECI_GRID == 0) return 0;
     *field = "search.ffn_multiple";
-    return ac_errf(e, "search.ffn_multiple=%d cannot be exported as deci: vLLM, TensorRT-LLM and Transformers "
-                      "compute every FFN width as a multiple of %d from ffn_mult (use a multiple of %d, or "
-                      "export_target llama/gguf)", ffn_multiple, AC_DECI_GRID, AC_DECI_GRID);
+    return ac_errf(e,
+                   "search.ffn_multiple=%d cannot be exported as deci: vLLM, TensorRT-LLM and Transformers "
+                   "compute every FFN width as a multiple of %d from ffn_mult (use a multiple of %d, or "
+                   "export_target llama/gguf)",
+                   ffn_multiple, AC_DECI_GRID, AC_DECI_GRID);
 }
 
 int ac_deci_validate_base(int deci, int minitron, const ac_arch *base, const char **field, ac_err *e) {
@@ -214,14 +222,18 @@ int ac_deci_validate_base(int deci, int minitron, const ac_arch *base, const cha
     if (minitron && ac_arch_is_uniform(base)) return 0;
     *field = "search.export_target";
     if (base->sliding_window)
-        return ac_errf(e, "search.export_target deci cannot express this model's sliding window (%d tokens): "
-                          "nemotron_nas loaders have none; use export_target llama", base->sliding_window);
+        return ac_errf(e,
+                       "search.export_target deci cannot express this model's sliding window (%d tokens): "
+                       "nemotron_nas loaders have none; use export_target llama",
+                       base->sliding_window);
     int nh = 0;
     for (int l = 0; l < base->n_layers; l++) {
         int h = base->layers[l].n_heads;
         if (h && nh && h != nh)
-            return ac_errf(e, "search.export_target deci cannot express this model: its layers have different "
-                              "query-head counts (%d and %d); use export_target gguf", nh, h);
+            return ac_errf(e,
+                           "search.export_target deci cannot express this model: its layers have different "
+                           "query-head counts (%d and %d); use export_target gguf",
+                           nh, h);
         if (h) nh = h;
     }
     return 0;
@@ -251,14 +263,20 @@ int ac_deci_pad_model(ac_model *m, ac_err *e) {
         if (P == F) continue;
         float *g = calloc(P * H, sizeof(float)), *u = calloc(P * H, sizeof(float)), *d = calloc(H * P, sizeof(float));
         if (!g || !u || !d) {
-            free(g); free(u); free(d);
+            free(g);
+            free(u);
+            free(d);
             return ac_errf(e, "out of memory padding layer %d", l);
         }
         memcpy(g, w->wg, F * H * sizeof(float)); /* rows F..P-1 stay zero */
         memcpy(u, w->wu, F * H * sizeof(float));
         for (size_t r = 0; r < H; r++) memcpy(d + r * P, w->wd + r * F, F * sizeof(float)); /* columns F..P-1 zero */
-        free(w->wg); free(w->wu); free(w->wd);
-        w->wg = g; w->wu = u; w->wd = d;
+        free(w->wg);
+        free(w->wu);
+        free(w->wd);
+        w->wg = g;
+        w->wu = u;
+        w->wd = d;
         m->a.layers[l].ffn = (int)P;
     }
     return 0;

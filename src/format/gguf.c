@@ -86,9 +86,12 @@ int gg_tok_analyse(const json_t *root, gg_tokinfo *ti, ac_err *e) {
         return ac_errf(e, "export target gguf: tokenizer.json must be a BPE model with vocab and merges");
     if (find_type(pt, "ByteLevel")) {
         const char *re = split_regex(pt);
-        if (!re) ti->pre = "gpt-2";
-        else if (!strcmp(re, GG_RE_LLAMA3)) ti->pre = "llama-bpe";
-        else if (!strcmp(re, GG_RE_QWEN2)) ti->pre = "qwen2";
+        if (!re)
+            ti->pre = "gpt-2";
+        else if (!strcmp(re, GG_RE_LLAMA3))
+            ti->pre = "llama-bpe";
+        else if (!strcmp(re, GG_RE_QWEN2))
+            ti->pre = "qwen2";
         else
             return ac_errf(e, "export target gguf: the tokenizer's split regex is not one llama.cpp has a "
                               "pre-tokenizer type for (Llama-3, Qwen2, GPT-2)");
@@ -104,7 +107,8 @@ int gg_tok_analyse(const json_t *root, gg_tokinfo *ti, ac_err *e) {
         const char *sch = json_string_value(json_object_get(pt, "prepend_scheme"));
         json_t *aps = json_object_get(pt, "add_prefix_space");
         ti->space_prefix = sch ? strcmp(sch, "never") != 0 : !aps || json_is_true(aps);
-    } else ti->space_prefix = find_type(norm, "Prepend") != NULL;
+    } else
+        ti->space_prefix = find_type(norm, "Prepend") != NULL;
     return 0;
 }
 
@@ -299,8 +303,10 @@ static int build_vocab(const json_t *root, const gg_tokinfo *ti, int V, gg_vocab
         const json_t *m = json_array_get(merges, i);
         const char *a = json_string_value(json_array_get(m, 0)), *b = json_string_value(json_array_get(m, 1));
         char *s = NULL;
-        if (json_is_string(m)) s = strdup(json_string_value(m));
-        else if (a && b && (s = malloc(strlen(a) + strlen(b) + 2))) sprintf(s, "%s %s", a, b);
+        if (json_is_string(m))
+            s = strdup(json_string_value(m));
+        else if (a && b && (s = malloc(strlen(a) + strlen(b) + 2)))
+            sprintf(s, "%s %s", a, b);
         if (!s) return ac_errf(e, "tokenizer.json: merge %zu is malformed (or out of memory)", i);
         v->merges[v->nm++] = s;
         if (!ti->sp) continue;
@@ -376,8 +382,8 @@ typedef struct {
     char name[64];
     const float *src;
     int64_t rows, cols; /* cols 0: a 1-D tensor of rows elements */
-    int perm; /* >0: permute rows of this many heads to llama.cpp's RoPE order */
-    int type; /* GGML_F32 / GGML_BF16 */
+    int perm;           /* >0: permute rows of this many heads to llama.cpp's RoPE order */
+    int type;           /* GGML_F32 / GGML_BF16 */
     uint64_t off;
 } gg_tensor;
 
@@ -387,8 +393,8 @@ int gg_layer_tensors(const ac_arch *a, int l, ac_layer_w *w, gg_layer_tensor *ou
     const ac_layer_arch *L = &a->layers[l];
     int64_t H = a->hidden, hd = a->head_dim, q = L->n_heads * hd, kv = L->n_kv_heads * hd, F = L->ffn;
     int n = 0;
-#define T(suffix, ptr, r, c, p) \
-    out[n++] = (gg_layer_tensor){.w = &w->ptr, .rows = r, .cols = c, .perm = p}; \
+#define T(suffix, ptr, r, c, p)                                                                                        \
+    out[n++] = (gg_layer_tensor){.w = &w->ptr, .rows = r, .cols = c, .perm = p};                                       \
     snprintf(out[n - 1].name, sizeof out[n - 1].name, "blk.%d.%s", l, suffix)
     if (L->n_heads) {
         T("attn_norm.weight", in_norm, H, 0, 0);
@@ -456,8 +462,10 @@ static int list_tensors(const ac_model *m, int dtype, gg_tensor *t, int *nt, flo
         double lo = a->rs_orig / a->rs_low, hi = a->rs_orig / a->rs_high;
         for (int64_t i = 0; i < n; i++) {
             double f = 1.0 / pow(a->rope_theta, (double)(2 * i) / (double)hd), wl = 2 * M_PI / f;
-            if (wl < hi) (*freqs)[i] = 1.0f;
-            else if (wl > lo) (*freqs)[i] = a->rs_factor;
+            if (wl < hi)
+                (*freqs)[i] = 1.0f;
+            else if (wl > lo)
+                (*freqs)[i] = a->rs_factor;
             else {
                 double s = (a->rs_orig / wl - a->rs_low) / (a->rs_high - a->rs_low);
                 (*freqs)[i] = (float)(1.0 / ((1 - s) / a->rs_factor + s));
@@ -486,8 +494,10 @@ static int write_data(FILE *f, const gg_tensor *t, ac_err *e) {
     }
     void *buf = malloc(sz + GG_ALIGN);
     int rc = 0;
-    if (!buf) rc = ac_errf(e, "out of memory");
-    else if (ac_from_f32(buf, src, t->type == GGML_F32 ? ST_F32 : ST_BF16, n, e)) rc = -1;
+    if (!buf)
+        rc = ac_errf(e, "out of memory");
+    else if (ac_from_f32(buf, src, t->type == GGML_F32 ? ST_F32 : ST_BF16, n, e))
+        rc = -1;
     else {
         size_t pad = (size_t)(align_up(sz) - sz);
         memset((char *)buf + sz, 0, pad);
@@ -528,7 +538,8 @@ int ac_gguf_write(const ac_model *m, const char *tokenizer_json, const char *pat
         if (t[i].cols) {
             g64(&ti, (uint64_t)t[i].cols);
             g64(&ti, (uint64_t)t[i].rows);
-        } else g64(&ti, (uint64_t)t[i].rows);
+        } else
+            g64(&ti, (uint64_t)t[i].rows);
         g32(&ti, (uint32_t)t[i].type);
         g64(&ti, t[i].off);
     }

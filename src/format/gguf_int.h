@@ -20,16 +20,16 @@ enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5
 #define GG_ALIGN 32
 
 /* The split regexes of llama.cpp's LLAMA3 ("llama-bpe") and QWEN2 ("qwen2") pre-tokenizers. */
-#define GG_RE_LLAMA3 \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| " \
+#define GG_RE_LLAMA3                                                                                                   \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                                         \
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define GG_RE_QWEN2 \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| " \
+#define GG_RE_QWEN2                                                                                                    \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "                                              \
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
 typedef struct {
-    int sp; /* SentencePiece-style (`llama` model) rather than byte-level (`gpt2`) */
-    const char *pre; /* tokenizer.ggml.pre */
+    int sp;           /* SentencePiece-style (`llama` model) rather than byte-level (`gpt2`) */
+    const char *pre;  /* tokenizer.ggml.pre */
     int space_prefix; /* sp: a space is put before the text */
 } gg_tokinfo;
 

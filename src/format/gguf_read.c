@@ -94,9 +94,12 @@ static void skip_value(cur *c, uint32_t type, int depth) {
         if (et == GG_STR || et == GG_ARR) {
             for (uint64_t i = 0; i < n && !c->bad; i++) skip_value(c, et, depth + 1);
         } else if (et < 13) {
-            if (n > (uint64_t)(c->end - c->p) / TSIZE[et]) c->bad = 1;
-            else take(c, n * TSIZE[et]);
-        } else c->bad = 1;
+            if (n > (uint64_t)(c->end - c->p) / TSIZE[et])
+                c->bad = 1;
+            else
+                take(c, n * TSIZE[et]);
+        } else
+            c->bad = 1;
         return;
     }
     if (type >= 13 || type == GG_ARR) {
@@ -259,8 +262,10 @@ static int kv_float(const gfile *g, const char *k, double def, double *out, ac_e
         float f;
         memcpy(&f, x->v, 4);
         *out = f;
-    } else if (x->type == GG_F64) memcpy(out, x->v, 8);
-    else return ac_errf(e, "gguf: %s is not a float", k);
+    } else if (x->type == GG_F64)
+        memcpy(out, x->v, 8);
+    else
+        return ac_errf(e, "gguf: %s is not a float", k);
     return 0;
 }
 
@@ -331,7 +336,8 @@ static int read_arch_layers(const gfile *g, const char *arch, ac_arch *a, ac_err
         ac_layer_arch *L = &a->layers[l];
         *L = (ac_layer_arch){tmp[l], tmp[a->n_layers + l], tmp[2 * a->n_layers + l]};
         if (L->n_heads && (L->n_kv_heads <= 0 || L->n_heads % L->n_kv_heads))
-            rc = ac_errf(e, "gguf: layer %d has %d heads and %d KV heads (llama.cpp's linear attention is not supported)",
+            rc = ac_errf(e,
+                         "gguf: layer %d has %d heads and %d KV heads (llama.cpp's linear attention is not supported)",
                          l, L->n_heads, L->n_kv_heads);
     }
     free(tmp);
@@ -561,8 +567,8 @@ static json_t *pre_tokenizer(const char *pre, size_t n) {
 /* The tokenizer.json equivalent of the file's tokenizer metadata. */
 /* The SentencePiece half of tokenizer_json: merges rebuilt from the scores,
  * the unknown token, the space-prefix normalizer. */
-static int spm_finish(const gfile *g, json_t *root, json_t *merges, json_t *vocab, char **tok, int *type,
-                      float *score, uint64_t V, ac_err *e) {
+static int spm_finish(const gfile *g, json_t *root, json_t *merges, json_t *vocab, char **tok, int *type, float *score,
+                      uint64_t V, ac_err *e) {
     const rkv *asp = find_kv(g, "tokenizer.ggml.add_space_prefix");
     int prefix = !asp || (asp->type == GG_BOOL && *asp->v);
     long long unk;
@@ -571,7 +577,8 @@ static int spm_finish(const gfile *g, json_t *root, json_t *merges, json_t *voca
         return -1;
     if (unk >= 0 && (uint64_t)unk < V)
         json_object_set_new(json_object_get(root, "model"), "unk_token", json_string(tok[unk]));
-    json_t *rep = json_pack("{s:s,s:{s:s},s:s}", "type", "Replace", "pattern", "String", " ", "content", "\xe2\x96\x81");
+    json_t *rep =
+        json_pack("{s:s,s:{s:s},s:s}", "type", "Replace", "pattern", "String", " ", "content", "\xe2\x96\x81");
     json_object_set_new(root, "normalizer",
                         prefix ? json_pack("{s:s,s:[{s:s,s:s},o]}", "type", "Sequence", "normalizers", "type",
                                            "Prepend", "prepend", "\xe2\x96\x81", rep)
@@ -639,7 +646,8 @@ static json_t *tokenizer_json(const gfile *g, ac_err *e) {
             json_array_append_new(added, json_pack("{s:I,s:s,s:b,s:b,s:b,s:b,s:b}", "id", (json_int_t)i, "content",
                                                    tok[i], "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0,
                                                    "special", type[i] == TT_CONTROL));
-        else json_object_set_new(vocab, tok[i], json_integer((json_int_t)i));
+        else
+            json_object_set_new(vocab, tok[i], json_integer((json_int_t)i));
     }
     root = json_pack("{s:s,s:o,s:{s:s,s:O,s:O,s:b,s:b,s:b}}", "version", "1.0", "added_tokens", json_incref(added),
                      "model", "type", "BPE", "vocab", vocab, "merges", merges, "byte_fallback", sp, "fuse_unk", sp,

@@ -25,7 +25,10 @@
 
 static int get_int(const json_t *o, const char *k, int def, int *out, ac_err *e) {
     json_t *v = json_object_get(o, k);
-    if (!v || json_is_null(v)) { *out = def; return 0; }
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
     if (!json_is_integer(v)) return ac_errf(e, "config.json: %s must be an integer", k);
     json_int_t x = json_integer_value(v);
     if (x < 0 || x > 1 << 30) return ac_errf(e, "config.json: %s=%lld out of range", k, (long long)x);
@@ -35,7 +38,10 @@ static int get_int(const json_t *o, const char *k, int def, int *out, ac_err *e)
 
 static int get_num(const json_t *o, const char *k, double def, double *out, ac_err *e) {
     json_t *v = json_object_get(o, k);
-    if (!v || json_is_null(v)) { *out = def; return 0; }
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
     if (!json_is_number(v)) return ac_errf(e, "config.json: %s must be a number", k);
     *out = json_number_value(v);
     return 0;
@@ -55,7 +61,8 @@ static int parse_rope_scaling(const json_t *rs, ac_arch *a, ac_err *e) {
     if (!t) t = json_object_get(rs, "type");
     const char *ty = json_string_value(t);
     if (!ty || strcmp(ty, "default") == 0) return 0;
-    if (strcmp(ty, "llama3") != 0) return ac_errf(e, "config.json: rope_scaling type %s is not supported (llama3 or default)", ty);
+    if (strcmp(ty, "llama3") != 0)
+        return ac_errf(e, "config.json: rope_scaling type %s is not supported (llama3 or default)", ty);
     double f = 0, lo = 0, hi = 0;
     int orig = 0;
     if (get_num(rs, "factor", 8, &f, e) || get_num(rs, "low_freq_factor", 1, &lo, e) ||
@@ -79,7 +86,8 @@ static int deci_block(const json_t *b, int l, int nh, int hidden, ac_layer_arch 
     if (json_is_true(json_object_get(at, "replace_with_linear")) ||
         json_is_true(json_object_get(ff, "replace_with_linear")))
         return ac_errf(e, "config.json: block_configs[%d]: replace_with_linear is not supported", l);
-    if (json_is_true(json_object_get(at, "no_op"))) L->n_heads = L->n_kv_heads = 0;
+    if (json_is_true(json_object_get(at, "no_op")))
+        L->n_heads = L->n_kv_heads = 0;
     else {
         int g = 0, h = 0;
         if (get_int(at, "n_heads_in_group", 1, &g, e) || get_int(at, "num_attention_heads", nh, &h, e)) return -1;
@@ -88,10 +96,12 @@ static int deci_block(const json_t *b, int l, int nh, int hidden, ac_layer_arch 
         L->n_heads = h;
         L->n_kv_heads = h / g;
     }
-    if (json_is_true(json_object_get(ff, "no_op"))) L->ffn = 0;
+    if (json_is_true(json_object_get(ff, "no_op")))
+        L->ffn = 0;
     else {
         json_t *is = json_object_get(ff, "intermediate_size");
-        if (json_is_integer(is)) L->ffn = (int)json_integer_value(is);
+        if (json_is_integer(is))
+            L->ffn = (int)json_integer_value(is);
         else {
             double m = 0;
             if (get_num(ff, "ffn_mult", 0, &m, e)) return -1;
@@ -210,7 +220,8 @@ void ac_arch_free(ac_arch *a) {
 int ac_arch_is_uniform(const ac_arch *a) {
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l], *F = &a->layers[0];
-        if (!L->n_heads || !L->ffn || L->n_heads != F->n_heads || L->n_kv_heads != F->n_kv_heads || L->ffn != F->ffn) return 0;
+        if (!L->n_heads || !L->ffn || L->n_heads != F->n_heads || L->n_kv_heads != F->n_kv_heads || L->ffn != F->ffn)
+            return 0;
     }
     return 1;
 }
@@ -219,7 +230,9 @@ double ac_arch_params(const ac_arch *a) {
     double H = a->hidden, hd = a->head_dim, p = (double)a->vocab * H * (a->tie_embeddings ? 1 : 2) + H;
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
-        if (L->n_heads) p += H + 2 * H * L->n_heads * hd + 2 * H * L->n_kv_heads * hd + (a->qkv_bias ? (L->n_heads + 2 * L->n_kv_heads) * hd : 0);
+        if (L->n_heads)
+            p += H + 2 * H * L->n_heads * hd + 2 * H * L->n_kv_heads * hd +
+                 (a->qkv_bias ? (L->n_heads + 2 * L->n_kv_heads) * hd : 0);
         if (L->ffn) p += H + 3 * H * L->ffn;
     }
     return p;
@@ -230,8 +243,8 @@ json_t *ac_arch_to_json(const ac_arch *a) {
     for (int l = 0; l < a->n_layers; l++)
         json_array_append_new(layers, json_pack("{s:i,s:i,s:i}", "heads", a->layers[l].n_heads, "kv_heads",
                                                 a->layers[l].n_kv_heads, "ffn", a->layers[l].ffn));
-    return json_pack("{s:i,s:i,s:i,s:o,s:f}", "hidden", a->hidden, "head_dim", a->head_dim, "vocab", a->vocab, "layers", layers,
-                     "params", ac_arch_params(a));
+    return json_pack("{s:i,s:i,s:i,s:o,s:f}", "hidden", a->hidden, "head_dim", a->head_dim, "vocab", a->vocab, "layers",
+                     layers, "params", ac_arch_params(a));
 }
 
 int ac_arch_from_json(const json_t *j, const ac_arch *base, ac_arch *out, ac_err *e) {
@@ -244,9 +257,18 @@ int ac_arch_from_json(const json_t *j, const ac_arch *base, ac_arch *out, ac_err
     out->layers = calloc(out->n_layers, sizeof *out->layers);
     if (!out->layers) return ac_errf(e, "out of memory");
     json_t *h = json_object_get(j, "hidden"), *hd = json_object_get(j, "head_dim"), *v = json_object_get(j, "vocab");
-    if (h) { if (!json_is_integer(h) || json_integer_value(h) <= 0 || json_integer_value(h) > 1 << 20) goto bad; out->hidden = (int)json_integer_value(h); }
-    if (hd) { if (!json_is_integer(hd) || json_integer_value(hd) <= 0 || json_integer_value(hd) > 4096) goto bad; out->head_dim = (int)json_integer_value(hd); }
-    if (v) { if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > 1 << 22) goto bad; out->vocab = (int)json_integer_value(v); }
+    if (h) {
+        if (!json_is_integer(h) || json_integer_value(h) <= 0 || json_integer_value(h) > 1 << 20) goto bad;
+        out->hidden = (int)json_integer_value(h);
+    }
+    if (hd) {
+        if (!json_is_integer(hd) || json_integer_value(hd) <= 0 || json_integer_value(hd) > 4096) goto bad;
+        out->head_dim = (int)json_integer_value(hd);
+    }
+    if (v) {
+        if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > 1 << 22) goto bad;
+        out->vocab = (int)json_integer_value(v);
+    }
     for (int l = 0; l < out->n_layers; l++) {
         json_t *L = json_array_get(layers, l);
         json_t *a = json_object_get(L, "heads"), *k = json_object_get(L, "kv_heads"), *f = json_object_get(L, "ffn");
@@ -259,13 +281,17 @@ int ac_arch_from_json(const json_t *j, const ac_arch *base, ac_arch *out, ac_err
 bad:
     free(out->layers);
     out->layers = NULL;
-    return ac_errf(e, "architecture: each layer needs integer heads, kv_heads, ffn >= 0 with heads divisible by kv_heads; hidden/head_dim/vocab positive");
+    return ac_errf(e, "architecture: each layer needs integer heads, kv_heads, ffn >= 0 with heads divisible by "
+                      "kv_heads; hidden/head_dim/vocab positive");
 }
 
 json_t *ac_arch_to_config(const ac_arch *a) {
     int nh = 0, nkv = 0, ffn = 0;
     for (int l = 0; l < a->n_layers; l++) {
-        if (a->layers[l].n_heads > nh) { nh = a->layers[l].n_heads; nkv = a->layers[l].n_kv_heads; }
+        if (a->layers[l].n_heads > nh) {
+            nh = a->layers[l].n_heads;
+            nkv = a->layers[l].n_kv_heads;
+        }
         if (a->layers[l].ffn > ffn) ffn = a->layers[l].ffn;
     }
     int uni = ac_arch_is_uniform(a);
@@ -273,8 +299,10 @@ json_t *ac_arch_to_config(const ac_arch *a) {
     /* a uniform model with a sliding window stays a Mistral: Llama has none */
     /* q/k/v biases without an o_proj bias are Qwen2's (Llama's attention_bias
      * also means an o_proj bias, which we do not have) */
-    const char *arch_name = !uni ? "DeciLMForCausalLM" : a->qkv_bias ? "Qwen2ForCausalLM"
-                                   : a->sliding_window ? "MistralForCausalLM" : "LlamaForCausalLM";
+    const char *arch_name = !uni                ? "DeciLMForCausalLM"
+                            : a->qkv_bias       ? "Qwen2ForCausalLM"
+                            : a->sliding_window ? "MistralForCausalLM"
+                                                : "LlamaForCausalLM";
     const char *type = !uni ? "nemotron-nas" : a->qkv_bias ? "qwen2" : a->sliding_window ? "mistral" : "llama";
     json_object_set_new(c, "architectures", json_pack("[s]", arch_name));
     json_object_set_new(c, "model_type", json_string(type));
@@ -289,10 +317,12 @@ json_t *ac_arch_to_config(const ac_arch *a) {
     json_object_set_new(c, "rms_norm_eps", json_real(a->eps));
     json_object_set_new(c, "rope_theta", json_real(a->rope_theta));
     if (a->rope_llama3)
-        json_object_set_new(c, "rope_scaling", json_pack("{s:s,s:f,s:f,s:f,s:i}", "rope_type", "llama3", "factor", (double)a->rs_factor,
-                                                         "low_freq_factor", (double)a->rs_low, "high_freq_factor", (double)a->rs_high,
-                                                         "original_max_position_embeddings", a->rs_orig));
-    else json_object_set_new(c, "rope_scaling", json_null());
+        json_object_set_new(c, "rope_scaling",
+                            json_pack("{s:s,s:f,s:f,s:f,s:i}", "rope_type", "llama3", "factor", (double)a->rs_factor,
+                                      "low_freq_factor", (double)a->rs_low, "high_freq_factor", (double)a->rs_high,
+                                      "original_max_position_embeddings", a->rs_orig));
+    else
+        json_object_set_new(c, "rope_scaling", json_null());
     json_object_set_new(c, "tie_word_embeddings", json_boolean(a->tie_embeddings));
     json_object_set_new(c, "attention_bias", json_boolean(a->qkv_bias));
     json_object_set_new(c, "mlp_bias", json_false());
@@ -309,9 +339,10 @@ json_t *ac_arch_to_config(const ac_arch *a) {
         json_t *bc = json_array();
         for (int l = 0; l < a->n_layers; l++) {
             const ac_layer_arch *L = &a->layers[l];
-            json_t *at = L->n_heads ? json_pack("{s:i,s:b,s:b,s:i}", "n_heads_in_group", L->n_heads / L->n_kv_heads, "no_op", 0,
-                                                "replace_with_linear", 0, "num_attention_heads", L->n_heads)
-                                    : json_pack("{s:n,s:b,s:b}", "n_heads_in_group", "no_op", 1, "replace_with_linear", 0);
+            json_t *at = L->n_heads
+                             ? json_pack("{s:i,s:b,s:b,s:i}", "n_heads_in_group", L->n_heads / L->n_kv_heads, "no_op",
+                                         0, "replace_with_linear", 0, "num_attention_heads", L->n_heads)
+                             : json_pack("{s:n,s:b,s:b}", "n_heads_in_group", "no_op", 1, "replace_with_linear", 0);
             json_t *ff = L->ffn ? json_pack("{s:f,s:b,s:b,s:i}", "ffn_mult", 1.5 * L->ffn / a->hidden, "no_op", 0,
                                             "replace_with_linear", 0, "intermediate_size", L->ffn)
                                 : json_pack("{s:n,s:b,s:b}", "ffn_mult", "no_op", 1, "replace_with_linear", 0);
@@ -342,18 +373,29 @@ static int matrix_dtype(const st_set *s) {
  * keep is BF16/F16 and the tensor is 2-D, the mapped data itself. */
 static float *load_tensor(const st_set *s, const char *name, int64_t d0, int64_t d1, int keep, ac_err *e) {
     const st_tensor *t = st_set_find(s, name);
-    if (!t) { ac_errf(e, "missing tensor %s", name); return NULL; }
+    if (!t) {
+        ac_errf(e, "missing tensor %s", name);
+        return NULL;
+    }
     int64_t want = d1 ? d0 * d1 : d0;
     int ok = d1 ? (t->ndim == 2 && t->shape[0] == d0 && t->shape[1] == d1) : (t->ndim == 1 && t->shape[0] == d0);
     if (!ok) {
-        ac_errf(e, "tensor %s has shape [%lld%s%lld], expected [%lld,%lld]", name, t->ndim ? (long long)t->shape[0] : 0LL,
-                t->ndim > 1 ? "," : "", t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)d0, (long long)d1);
+        ac_errf(e, "tensor %s has shape [%lld%s%lld], expected [%lld,%lld]", name,
+                t->ndim ? (long long)t->shape[0] : 0LL, t->ndim > 1 ? "," : "",
+                t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)d0, (long long)d1);
         return NULL;
     }
     if (d1 && keep != ST_F32) return (float *)(uintptr_t)t->data; /* resident: stays in the mapping */
     float *p = malloc(sizeof(float) * (size_t)want);
-    if (!p) { ac_errf(e, "out of memory loading %s", name); return NULL; }
-    if (ac_to_f32(p, t->data, t->dtype, (size_t)want, e)) { free(p); ac_errctx(e, "%s", name); return NULL; }
+    if (!p) {
+        ac_errf(e, "out of memory loading %s", name);
+        return NULL;
+    }
+    if (ac_to_f32(p, t->data, t->dtype, (size_t)want, e)) {
+        free(p);
+        ac_errctx(e, "%s", name);
+        return NULL;
+    }
     return p;
 }
 
@@ -388,24 +430,32 @@ static int load_impl(const char *model_dir, ac_model *m, int resident, ac_err *e
     m->wdt = ST_F32;
     if (ac_arch_load(model_dir, &m->a, e)) return -1;
     st_set s;
-    if (st_set_open(model_dir, &s, e)) { ac_arch_free(&m->a); return -1; }
+    if (st_set_open(model_dir, &s, e)) {
+        ac_arch_free(&m->a);
+        return -1;
+    }
     int keep = resident ? matrix_dtype(&s) : ST_F32;
     const ac_arch *a = &m->a;
     int64_t H = a->hidden, hd = a->head_dim, V = a->vocab;
     char n[256];
     m->L = calloc(a->n_layers, sizeof *m->L);
-    if (!m->L) { ac_errf(e, "out of memory"); goto fail; }
+    if (!m->L) {
+        ac_errf(e, "out of memory");
+        goto fail;
+    }
     m->wdt = keep; /* before any matrix lands: ac_model_free must know who owns them */
     if (!(m->embed = load_tensor(&s, "model.embed_tokens.weight", V, H, keep, e))) goto fail;
     if (!(m->final_norm = load_tensor(&s, "model.norm.weight", H, 0, keep, e))) goto fail;
-    if (a->tie_embeddings && !st_set_find(&s, "lm_head.weight")) m->lm_head = m->embed;
-    else if (!(m->lm_head = load_tensor(&s, "lm_head.weight", V, H, keep, e))) goto fail;
+    if (a->tie_embeddings && !st_set_find(&s, "lm_head.weight"))
+        m->lm_head = m->embed;
+    else if (!(m->lm_head = load_tensor(&s, "lm_head.weight", V, H, keep, e)))
+        goto fail;
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
         ac_layer_w *w = &m->L[l];
         int64_t q = L->n_heads * hd, kv = L->n_kv_heads * hd, F = L->ffn;
-#define LD(field, suffix, d0, d1) \
-    snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix); \
+#define LD(field, suffix, d0, d1)                                                                                      \
+    snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                                                            \
     if (!(w->field = load_tensor(&s, n, d0, d1, keep, e))) goto fail;
         if (L->n_heads) {
             LD(in_norm, "input_layernorm.weight", H, 0);
@@ -429,9 +479,13 @@ static int load_impl(const char *model_dir, ac_model *m, int resident, ac_err *e
     }
     if (keep != ST_F32) /* read the mapping in now, not during the first forward (best effort) */
         for (int f = 0; f < s.n; f++) madvise(s.files[f].map, s.files[f].map_len, MADV_POPULATE_READ);
-    if (keep == ST_F32) st_set_close(&s);
-    else if (!(m->wmap = malloc(sizeof s))) { ac_errf(e, "out of memory"); goto fail; }
-    else memcpy(m->wmap, &s, sizeof s);
+    if (keep == ST_F32)
+        st_set_close(&s);
+    else if (!(m->wmap = malloc(sizeof s))) {
+        ac_errf(e, "out of memory");
+        goto fail;
+    } else
+        memcpy(m->wmap, &s, sizeof s);
     return 0;
 fail:
     ac_errctx(e, "%s", model_dir);
@@ -463,7 +517,9 @@ int ac_model_alloc(ac_model *m, const ac_arch *a, ac_err *e) {
                  (w->wv = calloc(kv * H, 4)) && (w->wo = calloc(H * q, 4));
             if (ok && a->qkv_bias) ok = (w->bq = calloc(q, 4)) && (w->bk = calloc(kv, 4)) && (w->bv = calloc(kv, 4));
         }
-        if (ok && F) ok = (w->post_norm = calloc(H, 4)) && (w->wg = calloc(F * H, 4)) && (w->wu = calloc(F * H, 4)) && (w->wd = calloc(H * F, 4));
+        if (ok && F)
+            ok = (w->post_norm = calloc(H, 4)) && (w->wg = calloc(F * H, 4)) && (w->wu = calloc(F * H, 4)) &&
+                 (w->wd = calloc(H * F, 4));
     }
     if (!ok) {
         ac_model_free(m);
@@ -480,24 +536,39 @@ int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
     char **names = calloc(cap, sizeof *names);
     void **bufs = calloc(cap, sizeof *bufs);
     int rc = 0;
-    if (!t || !names || !bufs) { rc = ac_errf(e, "out of memory"); goto out; }
+    if (!t || !names || !bufs) {
+        rc = ac_errf(e, "out of memory");
+        goto out;
+    }
     int64_t H = a->hidden, hd = a->head_dim;
     st_dtype wdt = (st_dtype)ac_model_wdt(m); /* matrices (2-D) are in wdt, the rest fp32 */
-#define ADD(nm, ptr, d0, d1) do { \
-        names[n] = strdup(nm); \
-        size_t cnt = (size_t)(d0) * (size_t)((d1) ? (d1) : 1); \
-        bufs[n] = malloc(cnt * st_dtype_size((st_dtype)dtype)); \
-        if (!names[n] || !bufs[n]) { n++; rc = ac_errf(e, "out of memory"); goto out; } \
-        if (ac_convert(bufs[n], (st_dtype)dtype, ptr, (d1) ? wdt : ST_F32, cnt, e)) { n++; rc = -1; goto out; } \
-        t[n] = (st_wtensor){names[n], (st_dtype)dtype, (d1) ? 2 : 1, {(d0), (d1)}, bufs[n]}; \
-        n++; } while (0)
+#define ADD(nm, ptr, d0, d1)                                                                                           \
+    do {                                                                                                               \
+        names[n] = strdup(nm);                                                                                         \
+        size_t cnt = (size_t)(d0) * (size_t)((d1) ? (d1) : 1);                                                         \
+        bufs[n] = malloc(cnt * st_dtype_size((st_dtype)dtype));                                                        \
+        if (!names[n] || !bufs[n]) {                                                                                   \
+            n++;                                                                                                       \
+            rc = ac_errf(e, "out of memory");                                                                          \
+            goto out;                                                                                                  \
+        }                                                                                                              \
+        if (ac_convert(bufs[n], (st_dtype)dtype, ptr, (d1) ? wdt : ST_F32, cnt, e)) {                                  \
+            n++;                                                                                                       \
+            rc = -1;                                                                                                   \
+            goto out;                                                                                                  \
+        }                                                                                                              \
+        t[n] = (st_wtensor){names[n], (st_dtype)dtype, (d1) ? 2 : 1, {(d0), (d1)}, bufs[n]};                           \
+        n++;                                                                                                           \
+    } while (0)
     ADD("model.embed_tokens.weight", m->embed, a->vocab, H);
     char nm[256];
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
         const ac_layer_w *w = &m->L[l];
         int64_t q = L->n_heads * hd, kv = L->n_kv_heads * hd, F = L->ffn;
-#define ADDL(suffix, ptr, d0, d1) snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix); ADD(nm, ptr, d0, d1)
+#define ADDL(suffix, ptr, d0, d1)                                                                                      \
+    snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix);                                                          \
+    ADD(nm, ptr, d0, d1)
         if (L->n_heads) {
             ADDL("input_layernorm.weight", w->in_norm, H, 0);
             ADDL("self_attn.q_proj.weight", w->wq, q, H);
@@ -526,13 +597,21 @@ int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
         char path[4096];
         snprintf(path, sizeof path, "%s/config.json", dir);
         json_t *c = ac_arch_to_config(a);
-        json_object_set_new(c, "torch_dtype", json_string(dtype == ST_F32 ? "float32" : dtype == ST_F16 ? "float16" : "bfloat16"));
-        if (json_dump_file(c, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER)) rc = ac_errf(e, "cannot write %s", path);
-        else if (json_object_get(c, "auto_map")) rc = ac_deci_write_module(dir, e);
+        json_object_set_new(c, "torch_dtype",
+                            json_string(dtype == ST_F32   ? "float32"
+                                        : dtype == ST_F16 ? "float16"
+                                                          : "bfloat16"));
+        if (json_dump_file(c, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER))
+            rc = ac_errf(e, "cannot write %s", path);
+        else if (json_object_get(c, "auto_map"))
+            rc = ac_deci_write_module(dir, e);
         json_decref(c);
     }
 out:
-    for (int i = 0; i < n && names; i++) { free(names[i]); free(bufs[i]); }
+    for (int i = 0; i < n && names; i++) {
+        free(names[i]);
+        free(bufs[i]);
+    }
     free(t);
     free(names);
     free(bufs);
@@ -542,17 +621,39 @@ out:
 float *ac_layer_matrix(const ac_model *m, int l, ac_wmat which, size_t *n) {
     const ac_layer_arch *la = &m->a.layers[l];
     const ac_layer_w *w = &m->L[l];
-    size_t H = m->a.hidden, Q = (size_t)la->n_heads * m->a.head_dim, KV = (size_t)la->n_kv_heads * m->a.head_dim, F = la->ffn;
+    size_t H = m->a.hidden, Q = (size_t)la->n_heads * m->a.head_dim, KV = (size_t)la->n_kv_heads * m->a.head_dim,
+           F = la->ffn;
     float *p = NULL;
     *n = 0;
     switch (which) {
-    case AC_W_Q: p = w->wq; *n = Q * H; break;
-    case AC_W_K: p = w->wk; *n = KV * H; break;
-    case AC_W_V: p = w->wv; *n = KV * H; break;
-    case AC_W_O: p = w->wo; *n = H * Q; break;
-    case AC_W_G: p = w->wg; *n = F * H; break;
-    case AC_W_U: p = w->wu; *n = F * H; break;
-    case AC_W_D: p = w->wd; *n = H * F; break;
+    case AC_W_Q:
+        p = w->wq;
+        *n = Q * H;
+        break;
+    case AC_W_K:
+        p = w->wk;
+        *n = KV * H;
+        break;
+    case AC_W_V:
+        p = w->wv;
+        *n = KV * H;
+        break;
+    case AC_W_O:
+        p = w->wo;
+        *n = H * Q;
+        break;
+    case AC_W_G:
+        p = w->wg;
+        *n = F * H;
+        break;
+    case AC_W_U:
+        p = w->wu;
+        *n = F * H;
+        break;
+    case AC_W_D:
+        p = w->wd;
+        *n = H * F;
+        break;
     }
     return *n ? p : NULL;
 }

@@ -20,16 +20,16 @@
 #include "err.h"
 
 typedef struct {
-    int n_heads;     /* query heads; 0 = attention removed */
-    int n_kv_heads;  /* KV heads; n_heads % n_kv_heads == 0 */
-    int ffn;         /* FFN (intermediate) width; 0 = FFN removed */
+    int n_heads;    /* query heads; 0 = attention removed */
+    int n_kv_heads; /* KV heads; n_heads % n_kv_heads == 0 */
+    int ffn;        /* FFN (intermediate) width; 0 = FFN removed */
 } ac_layer_arch;
 
 typedef struct {
-    char model_type[32];   /* "llama", "mistral", "qwen2", "nemotron-nas" */
+    char model_type[32]; /* "llama", "mistral", "qwen2", "nemotron-nas" */
     int vocab, hidden, head_dim, n_layers, max_pos;
     float eps, rope_theta;
-    int rope_llama3;       /* llama3 frequency scaling */
+    int rope_llama3; /* llama3 frequency scaling */
     float rs_factor, rs_low, rs_high;
     int rs_orig;
     int tie_embeddings;
@@ -59,19 +59,19 @@ int ac_arch_from_json(const json_t *j, const ac_arch *base, ac_arch *out, ac_err
 json_t *ac_arch_to_config(const ac_arch *a);
 
 typedef struct {
-    float *in_norm;                 /* [H] */
-    float *wq, *wk, *wv, *wo;       /* [nH*hd,H] [nKV*hd,H] [nKV*hd,H] [H,nH*hd] */
-    float *bq, *bk, *bv;            /* biases (qwen2) or NULL */
-    float *post_norm;               /* [H] */
-    float *wg, *wu, *wd;            /* [F,H] [F,H] [H,F] */
+    float *in_norm;           /* [H] */
+    float *wq, *wk, *wv, *wo; /* [nH*hd,H] [nKV*hd,H] [nKV*hd,H] [H,nH*hd] */
+    float *bq, *bk, *bv;      /* biases (qwen2) or NULL */
+    float *post_norm;         /* [H] */
+    float *wg, *wu, *wd;      /* [F,H] [F,H] [H,F] */
 } ac_layer_w;
 
 typedef struct {
     ac_arch a;
-    float *embed;       /* [V,H] */
-    float *final_norm;  /* [H] */
-    float *lm_head;     /* [V,H]; == embed when tied (not separately owned) */
-    ac_layer_w *L;      /* n_layers */
+    float *embed;      /* [V,H] */
+    float *final_norm; /* [H] */
+    float *lm_head;    /* [V,H]; == embed when tied (not separately owned) */
+    ac_layer_w *L;     /* n_layers */
     /* dtype (st_dtype) of embed, lm_head and the seven layer matrices:
      * ST_F32 (0 in a zeroed model means the same) for fp32 weights, or
      * ST_BF16 / ST_F16 for a resident model, whose matrix pointers then hold
@@ -79,7 +79,7 @@ typedef struct {
      * them through ac_model_wdt and the engine's kernels, never as float).
      * Norms and biases are always fp32. */
     int wdt;
-    void *wmap;         /* the st_set kept mapped (resident models), owned */
+    void *wmap; /* the st_set kept mapped (resident models), owned */
 } ac_model;
 
 /* The dtype of the model's matrices: ST_F32 for fp32 weights. */

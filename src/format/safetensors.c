@@ -17,12 +17,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const struct { const char *name; size_t size; } dtypes[ST_NDTYPES] = {
-    [ST_BOOL] = {"BOOL", 1}, [ST_U8] = {"U8", 1}, [ST_I8] = {"I8", 1},
-    [ST_F8_E5M2] = {"F8_E5M2", 1}, [ST_F8_E4M3] = {"F8_E4M3", 1},
-    [ST_I16] = {"I16", 2}, [ST_U16] = {"U16", 2}, [ST_F16] = {"F16", 2}, [ST_BF16] = {"BF16", 2},
-    [ST_I32] = {"I32", 4}, [ST_U32] = {"U32", 4}, [ST_F32] = {"F32", 4},
-    [ST_F64] = {"F64", 8}, [ST_I64] = {"I64", 8}, [ST_U64] = {"U64", 8},
+static const struct {
+    const char *name;
+    size_t size;
+} dtypes[ST_NDTYPES] = {
+    [ST_BOOL] = {"BOOL", 1},       [ST_U8] = {"U8", 1},   [ST_I8] = {"I8", 1},   [ST_F8_E5M2] = {"F8_E5M2", 1},
+    [ST_F8_E4M3] = {"F8_E4M3", 1}, [ST_I16] = {"I16", 2}, [ST_U16] = {"U16", 2}, [ST_F16] = {"F16", 2},
+    [ST_BF16] = {"BF16", 2},       [ST_I32] = {"I32", 4}, [ST_U32] = {"U32", 4}, [ST_F32] = {"F32", 4},
+    [ST_F64] = {"F64", 8},         [ST_I64] = {"I64", 8}, [ST_U64] = {"U64", 8},
 };
 
 size_t st_dtype_size(st_dtype d) { return d < ST_NDTYPES ? dtypes[d].size : 0; }
@@ -60,7 +62,8 @@ static int check_metadata(const json_t *v, ac_err *e) {
     if (!json_is_object(v)) return ac_errf(e, "__metadata__ is not an object");
     const char *mk;
     json_t *mv;
-    json_object_foreach((json_t *)v, mk, mv) if (!json_is_string(mv)) return ac_errf(e, "__metadata__.%s is not a string", mk);
+    json_object_foreach((json_t *)v, mk,
+                        mv) if (!json_is_string(mv)) return ac_errf(e, "__metadata__.%s is not a string", mk);
     return 0;
 }
 
@@ -69,7 +72,8 @@ static int check_metadata(const json_t *v, ac_err *e) {
 static int parse_entry(const char *key, const json_t *v, const unsigned char *data, uint64_t data_len, st_tensor *t,
                        ac_err *e) {
     if (!json_is_object(v)) return ac_errf(e, "tensor %s: entry is not an object", key);
-    json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape"), *jo = json_object_get(v, "data_offsets");
+    json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape"),
+           *jo = json_object_get(v, "data_offsets");
     if (!json_is_string(jd) || !json_is_array(js) || !json_is_array(jo) || json_array_size(jo) != 2)
         return ac_errf(e, "tensor %s: needs dtype (string), shape (array), data_offsets ([begin,end])", key);
     if (json_object_size(v) != 3) return ac_errf(e, "tensor %s: unexpected fields in entry", key);
@@ -249,19 +253,28 @@ int st_set_open(const char *dir, st_set *s, ac_err *e) {
     json_t *v;
     int rc = 0;
     json_object_foreach(wm, k, v) {
-        if (!json_is_string(v)) { rc = ac_errf(e, "%s: weight_map.%s is not a string", path, k); break; }
+        if (!json_is_string(v)) {
+            rc = ac_errf(e, "%s: weight_map.%s is not a string", path, k);
+            break;
+        }
         const char *sn = json_string_value(v);
-        if (strchr(sn, '/') || strcmp(sn, "..") == 0) { rc = ac_errf(e, "%s: shard name %s must be a file in the model directory", path, sn); break; }
+        if (strchr(sn, '/') || strcmp(sn, "..") == 0) {
+            rc = ac_errf(e, "%s: shard name %s must be a file in the model directory", path, sn);
+            break;
+        }
         int found = 0;
-        for (int i = 0; i < ns; i++) if (strcmp(shards[i], sn) == 0) found = 1;
+        for (int i = 0; i < ns; i++)
+            if (strcmp(shards[i], sn) == 0) found = 1;
         if (!found) shards[ns++] = sn;
     }
     if (!rc) {
         s->files = calloc(ns ? ns : 1, sizeof *s->files);
         for (int i = 0; i < ns && !rc; i++) {
             char sp[4096];
-            if (ac_fsafe_join(dir, shards[i], sp, sizeof sp, e) || st_open(sp, &s->files[i], e)) rc = -1;
-            else s->n++;
+            if (ac_fsafe_join(dir, shards[i], sp, sizeof sp, e) || st_open(sp, &s->files[i], e))
+                rc = -1;
+            else
+                s->n++;
         }
     }
     if (!rc) {
@@ -272,7 +285,10 @@ int st_set_open(const char *dir, st_set *s, ac_err *e) {
                 const char *base = strrchr(s->files[i].path, '/');
                 if (strcmp(base ? base + 1 : s->files[i].path, sn) == 0) t = st_find(&s->files[i], k);
             }
-            if (!t) { rc = ac_errf(e, "%s: tensor %s is not in shard %s", path, k, sn); break; }
+            if (!t) {
+                rc = ac_errf(e, "%s: tensor %s is not in shard %s", path, k, sn);
+                break;
+            }
         }
     }
     free(shards);
@@ -309,8 +325,9 @@ int st_write(const char *path, const st_wtensor *t, int n, ac_err *e) {
         json_t *shape = json_array();
         for (int d = 0; d < t[i].ndim; d++) json_array_append_new(shape, json_integer(t[i].shape[d]));
         uint64_t nb = wt_bytes(&t[i]);
-        json_object_set_new(h, t[i].name, json_pack("{s:s,s:o,s:[I,I]}", "dtype", st_dtype_name(t[i].dtype), "shape", shape,
-                                                   "data_offsets", (json_int_t)off, (json_int_t)(off + nb)));
+        json_object_set_new(h, t[i].name,
+                            json_pack("{s:s,s:o,s:[I,I]}", "dtype", st_dtype_name(t[i].dtype), "shape", shape,
+                                      "data_offsets", (json_int_t)off, (json_int_t)(off + nb)));
         off += nb;
     }
     char *hs = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -355,7 +372,10 @@ int st_write_sharded(const char *dir, const st_wtensor *t, int n, uint64_t max_s
     uint64_t cur = 0;
     for (int i = 0; i < n; i++) {
         uint64_t nb = wt_bytes(&t[i]);
-        if (i == 0 || (cur + nb > max_shard_bytes && cur > 0)) { nshards++; cur = 0; }
+        if (i == 0 || (cur + nb > max_shard_bytes && cur > 0)) {
+            nshards++;
+            cur = 0;
+        }
         cur += nb;
     }
     json_t *wm = json_object();

@@ -18,10 +18,21 @@
 #define ST_MAX_HEADER 100000000ULL
 
 typedef enum {
-    ST_BOOL, ST_U8, ST_I8, ST_F8_E5M2, ST_F8_E4M3,
-    ST_I16, ST_U16, ST_F16, ST_BF16,
-    ST_I32, ST_U32, ST_F32,
-    ST_F64, ST_I64, ST_U64,
+    ST_BOOL,
+    ST_U8,
+    ST_I8,
+    ST_F8_E5M2,
+    ST_F8_E4M3,
+    ST_I16,
+    ST_U16,
+    ST_F16,
+    ST_BF16,
+    ST_I32,
+    ST_U32,
+    ST_F32,
+    ST_F64,
+    ST_I64,
+    ST_U64,
     ST_NDTYPES
 } st_dtype;
 
@@ -34,12 +45,12 @@ typedef struct {
     st_dtype dtype;
     int ndim;
     int64_t shape[ST_MAX_DIMS];
-    uint64_t begin, end;  /* offsets in the data buffer, end exclusive */
-    const void *data;     /* points into the mapping (or parse buffer) */
+    uint64_t begin, end; /* offsets in the data buffer, end exclusive */
+    const void *data;    /* points into the mapping (or parse buffer) */
 } st_tensor;
 
 typedef struct {
-    void *map;        /* NULL when parsed from a caller buffer */
+    void *map; /* NULL when parsed from a caller buffer */
     size_t map_len;
     int n;
     st_tensor *t;
@@ -72,7 +83,7 @@ typedef struct {
     st_dtype dtype;
     int ndim;
     int64_t shape[ST_MAX_DIMS];
-    const void *data;   /* numel * dtype size bytes */
+    const void *data; /* numel * dtype size bytes */
 } st_wtensor;
 
 /* Write one file; tensors are packed in the given order, header padded

@@ -167,8 +167,9 @@ static int stage_search(job_state *s, ac_err *e) {
     ac_search_opts so = sp->search;
     so.dnas_steps = dnas_steps_budgeted(&so, &s->m.a);
     if (autoc && so.method == AC_SEARCH_DNAS && so.dnas_steps < sp->search.dnas_steps)
-        emit(s, "log", json_pack("{s:s,s:i,s:i}", "message", "dnas steps scaled to the FLOP budget", "dnas_steps",
-                                 so.dnas_steps, "asked", sp->search.dnas_steps));
+        emit(s, "log",
+             json_pack("{s:s,s:i,s:i}", "message", "dnas steps scaled to the FLOP budget", "dnas_steps", so.dnas_steps,
+                       "asked", sp->search.dnas_steps));
     if (autoc && ac_dnas_job_search(P, &s->m, &so, s->cids, s->nc, &s->ra, &s->imp_d, e)) return -1;
     s->chosen = autoc ? &s->ra : &s->rm;
     if (s->chosen->feasible) return 0;

@@ -83,7 +83,8 @@ static const ac_field TARGET[] = {
 static const ac_field CONSTRAINTS[] = {
     NUM("max_ttft_ms", ac_constraints, max_ttft_ms, 1e-6, 1e9, 0, ND, NULL),
     NUM("max_tpot_ms", ac_constraints, max_tpot_ms, 1e-6, 1e9, 0, ND, NULL),
-    NUM("min_tokens_per_s", ac_constraints, min_tokens_per_s, 1e-6, 1e12, 0, ND, "output tokens per second for the workload"),
+    NUM("min_tokens_per_s", ac_constraints, min_tokens_per_s, 1e-6, 1e12, 0, ND,
+        "output tokens per second for the workload"),
     NUM("max_memory_gib", ac_constraints, max_mem_gib, 1e-9, 1e6, 0, ND, "weights + KV cache + activations + overhead"),
     NUM("max_params", ac_constraints, max_params, 1, 1e15, 0, ND, NULL),
     END,
@@ -433,24 +434,24 @@ static json_t *obj_schema(const ac_field *fs, int flags) {
 }
 
 json_t *ac_job_spec_schema(void) {
-    json_t *s = json_pack("{s:s,s:s,s:s,s:s}", "$schema", "https://json-schema.org/draft/2020-12/schema", "$id",
-                          "autocompress/job.schema.json", "title", "AutoCompress job spec (version 1)", "description",
-                          "Generated from the field table in src/pipeline/jobspec.c (autocompress schema); unknown fields are "
-                          "rejected with 400 and the field named.");
+    json_t *s =
+        json_pack("{s:s,s:s,s:s,s:s}", "$schema", "https://json-schema.org/draft/2020-12/schema", "$id",
+                  "autocompress/job.schema.json", "title", "AutoCompress job spec (version 1)", "description",
+                  "Generated from the field table in src/pipeline/jobspec.c (autocompress schema); unknown fields are "
+                  "rejected with 400 and the field named.");
     json_t *o = obj_schema(SPEC, 0);
     json_object_update(s, o);
     json_decref(o);
     /* The rules across fields: with export_target deci (the default),
      * ffn_multiple sits on the loaders' grid (ac_deci_validate_spec);
      * search.gguf needs export_target llama or gguf (ac_gguf_check_spec). */
-    json_object_set_new(
-        s, "allOf",
-        json_pack("[{s:{s:{s:{s:{s:{s:[s]}}}}},s:{s:{s:{s:{s:{s:i}}}}}},"
-                  "{s:{s:{s:{s:{s:{s:b}},s:[s]}},s:[s]},s:{s:{s:{s:{s:{s:[s,s,s]}},s:[s]}}}}]",
-                  "if", "properties", "search", "properties", "export_target", "enum", "deci", "then", "properties",
-                  "search", "properties", "ffn_multiple", "multipleOf", AC_DECI_GRID, "if", "properties", "search",
-                  "properties", "gguf", "const", 1, "required", "gguf", "required", "search", "then", "properties",
-                  "search", "properties", "export_target", "enum", "llama", "gguf", "gguf-deci", "required",
-                  "export_target"));
+    json_object_set_new(s, "allOf",
+                        json_pack("[{s:{s:{s:{s:{s:{s:[s]}}}}},s:{s:{s:{s:{s:{s:i}}}}}},"
+                                  "{s:{s:{s:{s:{s:{s:b}},s:[s]}},s:[s]},s:{s:{s:{s:{s:{s:[s,s,s]}},s:[s]}}}}]",
+                                  "if", "properties", "search", "properties", "export_target", "enum", "deci", "then",
+                                  "properties", "search", "properties", "ffn_multiple", "multipleOf", AC_DECI_GRID,
+                                  "if", "properties", "search", "properties", "gguf", "const", 1, "required", "gguf",
+                                  "required", "search", "then", "properties", "search", "properties", "export_target",
+                                  "enum", "llama", "gguf", "gguf-deci", "required", "export_target"));
     return s;
 }

@@ -40,10 +40,9 @@ json_t *ac_report_build(const job_state *s) {
     if (s->rm.detail) json_object_update(json_object_get(r, "minitron"), s->rm.detail);
     if (ac) {
         json_object_set_new(r, "autocompress", arm(s, &s->ra, &s->par, s->rep_a));
-        json_object_set_new(
-            r, "search",
-            json_pack("{s:i,s:i,s:f,s:s}", "steps", s->ra.steps_run, "seed", (int)s->P.opts.seed, "lr", s->P.opts.lr,
-                      "method", ac_dnas_method(s->P.opts.method)));
+        json_object_set_new(r, "search",
+                            json_pack("{s:i,s:i,s:f,s:s}", "steps", s->ra.steps_run, "seed", (int)s->P.opts.seed, "lr",
+                                      s->P.opts.lr, "method", ac_dnas_method(s->P.opts.method)));
     }
     const char *k;
     json_t *v;

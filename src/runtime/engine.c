@@ -64,7 +64,7 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
     if (maxf > maxin) maxin = maxf;
     int ok = ac_model_wdt(m) == ST_F32 || ac_wscratch_alloc(&en->ws, (int)N, (int)maxin) == 0;
     ok = ok && en->x && en->x0 && en->xn && en->q && en->att && en->g && en->u && en->kt && en->vt && en->scores &&
-             en->logits && en->cos_t && en->sin_t && en->pos && en->kc && en->vc;
+         en->logits && en->cos_t && en->sin_t && en->pos && en->kc && en->vc;
     for (int l = 0; ok && l < a->n_layers; l++) {
         size_t kv = (size_t)a->layers[l].n_kv_heads * hd;
         if (!kv) continue;

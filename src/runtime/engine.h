@@ -41,7 +41,7 @@ typedef struct {
     float **kc, **vc;     /* per layer [max_batch][max_ctx][kv_heads*head_dim] */
     float *cos_t, *sin_t; /* [max_ctx][head_dim/2] */
     int *pos;
-    ac_wscratch ws;       /* GEMMs over 16-bit weights (resident models) */
+    ac_wscratch ws;               /* GEMMs over 16-bit weights (resident models) */
     const ac_engine_hooks *hooks; /* borrowed; NULL = nobody watches */
 } ac_engine;
 

@@ -1,7 +1,7 @@
 /* eval.c - see eval.h. */
 #include "eval.h"
-#include "safetensors.h"
 #include "fsafe.h"
+#include "safetensors.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -123,7 +123,8 @@ int ac_load_text_ids(const char *model_dir, const char *text_path, int **ids, si
     if (ac_gguf_is_path(model_dir)) { /* the tokenizer is in the GGUF metadata */
         snprintf(path, sizeof path, "%s", model_dir);
         if (ac_gguf_tokenizer(model_dir, &t, e)) return -1;
-    } else if (ac_tok_load(path, &t, e)) return -1;
+    } else if (ac_tok_load(path, &t, e))
+        return -1;
     if (vocab > 0 && ac_tok_vocab_size(t) > vocab) {
         int tv = ac_tok_vocab_size(t);
         ac_tok_free(t);

@@ -181,8 +181,10 @@ int ac_amx_linear(float *Y, const float *X, const uint16_t *W, const float *b, i
     }
     amx_run(&jobs[0]);
     for (int t = 1; t < T; t++) {
-        if (started[t]) pthread_join(th[t], NULL);
-        else amx_run(&jobs[t]); /* no thread: do its share here */
+        if (started[t])
+            pthread_join(th[t], NULL);
+        else
+            amx_run(&jobs[t]); /* no thread: do its share here */
     }
     return 0;
 #else

@@ -52,15 +52,19 @@ void ac_wscratch_free(ac_wscratch *s) {
 }
 
 void ac_row_f32(float *dst, const void *W, int wdt, size_t r, int n) {
-    if (wdt == ST_BF16 || wdt == ST_F16) ac_to_f32(dst, (const uint16_t *)W + r * n, (st_dtype)wdt, n, NULL);
-    else memcpy(dst, (const float *)W + r * n, (size_t)n * 4);
+    if (wdt == ST_BF16 || wdt == ST_F16)
+        ac_to_f32(dst, (const uint16_t *)W + r * n, (st_dtype)wdt, n, NULL);
+    else
+        memcpy(dst, (const float *)W + r * n, (size_t)n * 4);
 }
 
 void ac_linear_w(float *Y, const float *X, const void *W, int wdt, const float *b, int N, int in, int out, int acc,
                  ac_wscratch *s) {
     if (wdt != ST_BF16 && wdt != ST_F16) {
-        if (acc && !b) ac_linear_acc(Y, X, W, N, in, out);
-        else if (!acc) ac_linear(Y, X, W, b, N, in, out);
+        if (acc && !b)
+            ac_linear_acc(Y, X, W, N, in, out);
+        else if (!acc)
+            ac_linear(Y, X, W, b, N, in, out);
         else {
             for (int r = 0; r < N; r++)
                 for (int j = 0; j < out; j++) Y[(long)r * out + j] += b[j];
@@ -68,7 +72,8 @@ void ac_linear_w(float *Y, const float *X, const void *W, int wdt, const float *
         }
         return;
     }
-    if (wdt == ST_BF16 && bf16_rows > 0 && N >= bf16_rows && s->xpack && ac_amx_pack_size(N, in, n_threads) <= s->xpack_n &&
+    if (wdt == ST_BF16 && bf16_rows > 0 && N >= bf16_rows && s->xpack &&
+        ac_amx_pack_size(N, in, n_threads) <= s->xpack_n &&
         ac_amx_linear(Y, X, W, b, N, in, out, acc, s->xpack, n_threads) == 0)
         return;
     /* per tile of T weight rows: convert, then Y[:, j0:j0+T] (+)= X W_tile^T */
@@ -200,20 +205,25 @@ void ac_silu_mul(float *g, const float *u, long n) {
 
 void ac_softmax(float *x, int n) {
     float mx = x[0];
-    for (int i = 1; i < n; i++) if (x[i] > mx) mx = x[i];
+    for (int i = 1; i < n; i++)
+        if (x[i] > mx) mx = x[i];
     float s = 0;
     int i = 0;
 #ifdef AC_HAVE_AVX512
     if (have_avx512()) i = exp_sub16(x, n, mx, &s);
 #endif
-    for (; i < n; i++) { x[i] = expf(x[i] - mx); s += x[i]; }
+    for (; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        s += x[i];
+    }
     float inv = 1.0f / s;
     for (i = 0; i < n; i++) x[i] *= inv;
 }
 
 double ac_logsumexp(const float *x, int n) {
     float mx = x[0];
-    for (int i = 1; i < n; i++) if (x[i] > mx) mx = x[i];
+    for (int i = 1; i < n; i++)
+        if (x[i] > mx) mx = x[i];
     double s = 0;
     int i = 0;
 #ifdef AC_HAVE_AVX512
@@ -228,7 +238,8 @@ void ac_rope_inv_freq(float *inv, int hd, float theta, int llama3, float factor,
         float f = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
         if (llama3) {
             float lo_wl = orig / lo, hi_wl = orig / hi, wl = 2.0f * (float)M_PI / f;
-            if (wl > lo_wl) f = f / factor;
+            if (wl > lo_wl)
+                f = f / factor;
             else if (wl >= hi_wl) {
                 float s = ((float)orig / wl - lo) / (hi - lo);
                 f = (1 - s) * f / factor + s * f;
@@ -238,8 +249,8 @@ void ac_rope_inv_freq(float *inv, int hd, float theta, int llama3, float factor,
     }
 }
 
-void ac_attention_head(float *out, const float *q, const float *k, const float *v, int n, int pos0, int hd, int q_stride,
-                       int kv_stride, int window, float *scores) {
+void ac_attention_head(float *out, const float *q, const float *k, const float *v, int n, int pos0, int hd,
+                       int q_stride, int kv_stride, int window, float *scores) {
     int S = pos0 + n;
     float scale = 1.0f / sqrtf((float)hd);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, S, hd, scale, q, q_stride, k, kv_stride, 0.0f, scores, S);
@@ -250,5 +261,6 @@ void ac_attention_head(float *out, const float *q, const float *k, const float *
         ac_softmax(row + first, vis - first);
         for (int j = vis; j < S; j++) row[j] = 0;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, S, 1.0f, scores, S, v, kv_stride, 0.0f, out, q_stride);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, S, 1.0f, scores, S, v, kv_stride, 0.0f, out,
+                q_stride);
 }

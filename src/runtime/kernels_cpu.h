@@ -36,8 +36,8 @@ double ac_logsumexp(const float *x, int n);
  * values; query row t sees keys 0..pos0+t, or only the last `window` of
  * them when window > 0 (sliding-window attention). out: n rows (stride
  * q_stride). scores: scratch of n*S floats. */
-void ac_attention_head(float *out, const float *q, const float *k, const float *v, int n, int pos0, int hd, int q_stride,
-                       int kv_stride, int window, float *scores);
+void ac_attention_head(float *out, const float *q, const float *k, const float *v, int n, int pos0, int hd,
+                       int q_stride, int kv_stride, int window, float *scores);
 /* Inverse frequencies for head_dim hd with optional llama3 scaling. */
 void ac_rope_inv_freq(float *inv, int hd, float theta, int llama3, float factor, float lo, float hi, int orig);
 /* Set the number of threads the CPU kernels (OpenBLAS, the AMX GEMM) use. */
@@ -55,9 +55,9 @@ int ac_bf16_amx_rows(int N);
  * tile of converted weight rows, xpack the BF16 packing of X for AMX. */
 typedef struct {
     float *wtile;
-    size_t wtile_n;   /* floats */
+    size_t wtile_n; /* floats */
     uint16_t *xpack;
-    size_t xpack_n;   /* elements; 0 = no AMX path */
+    size_t xpack_n; /* elements; 0 = no AMX path */
 } ac_wscratch;
 /* Allocate scratch for ac_linear_w of up to N rows of width up to in;
  * 0, or -1 when out of memory. */

@@ -114,14 +114,21 @@ static int minitron_scores(const ac_stats *st, const ac_arch *a, ac_importance *
     imp->mt_ffn_order = calloc(L, sizeof(int *));
     imp->mt_ffn_score = calloc(L, sizeof(double *));
     double *hs = calloc(H, sizeof(double));
-    if (!imp->head_order || !imp->head_score || !imp->mt_ffn_order || !imp->mt_ffn_score || !hs) { free(hs); return ac_errf(e, "out of memory"); }
+    if (!imp->head_order || !imp->head_score || !imp->mt_ffn_order || !imp->mt_ffn_score || !hs) {
+        free(hs);
+        return ac_errf(e, "out of memory");
+    }
     for (int l = 0; l < L; l++) {
         const ac_layer_arch *la = &a->layers[l];
         int nh = la->n_heads, grp = nh ? nh / la->n_kv_heads : 1, F = la->ffn;
         imp->head_order[l] = malloc(sizeof(int) * (nh + 1));
         imp->head_score[l] = malloc(sizeof(double) * (nh + 1));
         double *fs = malloc(sizeof(double) * (F + 1));
-        if (!imp->head_order[l] || !imp->head_score[l] || !fs) { free(fs); free(hs); return ac_errf(e, "out of memory"); }
+        if (!imp->head_order[l] || !imp->head_score[l] || !fs) {
+            free(fs);
+            free(hs);
+            return ac_errf(e, "out of memory");
+        }
         for (int h = 0; h < nh; h++) { /* L2 over the head's channels of the per-channel L2 */
             double s = 0;
             for (int i = 0; i < hd; i++) s += st->mt_attn[l][h * hd + i];
@@ -130,7 +137,13 @@ static int minitron_scores(const ac_stats *st, const ac_arch *a, ac_importance *
         for (int g = 0; nh && g < la->n_kv_heads; g++) { /* ranked within the group */
             int *o;
             double *so;
-            if (rank(imp->head_score[l] + g * grp, grp, &o, &so)) { free(o); free(so); free(fs); free(hs); return ac_errf(e, "out of memory"); }
+            if (rank(imp->head_score[l] + g * grp, grp, &o, &so)) {
+                free(o);
+                free(so);
+                free(fs);
+                free(hs);
+                return ac_errf(e, "out of memory");
+            }
             for (int j = 0; j < grp; j++) imp->head_order[l][g * grp + j] = g * grp + o[j];
             free(o);
             free(so);
@@ -138,7 +151,10 @@ static int minitron_scores(const ac_stats *st, const ac_arch *a, ac_importance *
         for (int c = 0; c < F; c++) fs[c] = sqrt(st->mt_ffn[l][c]);
         int rc = rank(fs, F, &imp->mt_ffn_order[l], &imp->mt_ffn_score[l]);
         free(fs);
-        if (rc) { free(hs); return ac_errf(e, "out of memory"); }
+        if (rc) {
+            free(hs);
+            return ac_errf(e, "out of memory");
+        }
         for (int c = 0; c < H; c++) /* only the norms that feed a sub-block are hooked */
             hs[c] += (nh ? sqrt(st->mt_norm[2 * l][c]) : 0) + (F ? sqrt(st->mt_norm[2 * l + 1][c]) : 0);
     }
@@ -236,8 +252,7 @@ static int rank_layer(const ac_model *m, const ac_stats *st, int l, ac_importanc
         fs[c] = st->ffn[l][c] / (double)st->tokens * sqrt(wn);
     }
     if (!rc)
-        rc = rank(gs, G, &imp->kv_order[l], &imp->kv_score[l]) ||
-             rank(fs, F, &imp->ffn_order[l], &imp->ffn_score[l]);
+        rc = rank(gs, G, &imp->kv_order[l], &imp->kv_score[l]) || rank(fs, F, &imp->ffn_order[l], &imp->ffn_score[l]);
     free(gs);
     free(fs);
     return rc ? ac_errf(e, "out of memory") : 0;
@@ -364,7 +379,7 @@ typedef struct {
     float *W;  /* the larger of o_proj / down_proj: masked copy */
     long nwin, sw;
     double (*ea)[AC_SENS_POINTS], (*ef)[AC_SENS_POINTS], (*em)[8]; /* [l][point] output errors */
-    double (*la)[AC_SENS_POINTS], (*lf)[AC_SENS_POINTS];        /* [l][point] summed loss of propagated points */
+    double (*la)[AC_SENS_POINTS], (*lf)[AC_SENS_POINTS];           /* [l][point] summed loss of propagated points */
 } streamer;
 
 /* Layers l0..l1-1 over nw windows of x in place (mod applies to l0 only). */
@@ -454,8 +469,7 @@ static void proxy_curve(const double *err, const double *loss, double base_sum, 
     for (int p = 1; p < AC_SENS_POINTS; p++) {
         if (!((PROP >> p) & 1)) continue;
         double inc = fmax((loss[p] - base_sum) / cnt, pi);
-        for (int q = next; q <= p; q++)
-            curve[q] = err[p] > pe ? pi + (inc - pi) * (err[q] - pe) / (err[p] - pe) : inc;
+        for (int q = next; q <= p; q++) curve[q] = err[p] > pe ? pi + (inc - pi) * (err[q] - pe) / (err[p] - pe) : inc;
         pe = err[p], pi = inc, next = p + 1;
     }
     for (int q = next; q < AC_SENS_POINTS; q++) curve[q] = pe > 0 ? pi * err[q] / pe : pi;
@@ -646,7 +660,6 @@ json_t *ac_importance_to_json(const ac_importance *imp) {
     json_t *hs = json_array();
     for (int i = 0; i < 4; i++) json_array_append_new(hs, json_pack("[f,f]", imp->hid_frac[i], imp->hid_sens[i]));
     return json_pack("{s:f,s:I,s:s,s:o,s:o,s:[f,f,f,f,f]}", "base_loss", imp->base_loss, "tokens",
-                     (json_int_t)imp->tokens,
-                     "sensitivity_method", imp->streamed ? "streamed" : "exact",
-                     "layers", layers, "hidden_loss_curve", hs, "removed_fractions", 0.0, 0.25, 0.5, 0.75, 1.0);
+                     (json_int_t)imp->tokens, "sensitivity_method", imp->streamed ? "streamed" : "exact", "layers",
+                     layers, "hidden_loss_curve", hs, "removed_fractions", 0.0, 0.25, 0.5, 0.75, 1.0);
 }

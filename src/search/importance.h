@@ -33,17 +33,17 @@
 
 typedef struct {
     int n_layers, hidden;
-    int **kv_order;      /* [l][n_kv]: KV groups, most important first */
+    int **kv_order; /* [l][n_kv]: KV groups, most important first */
     double **kv_score;
-    int **ffn_order;     /* [l][ffn] */
+    int **ffn_order; /* [l][ffn] */
     double **ffn_score;
-    int *hid_order;      /* [hidden] */
+    int *hid_order; /* [hidden] */
     double *hid_score;
-    double *layer_bi;    /* [l] */
-    double base_loss;    /* calibration loss of the unpruned model (nats) */
+    double *layer_bi;                    /* [l] */
+    double base_loss;                    /* calibration loss of the unpruned model (nats) */
     double (*attn_sens)[AC_SENS_POINTS]; /* [l][point] loss increase */
     double (*ffn_sens)[AC_SENS_POINTS];
-    double hid_frac[4], hid_sens[4];     /* removed hidden fraction -> increase */
+    double hid_frac[4], hid_sens[4]; /* removed hidden fraction -> increase */
     /* KV merging (query heads kept, KV heads mean-pooled to a divisor):
      * per layer up to 8 points (removed KV fraction, loss increase). */
     int *merge_n;
@@ -69,8 +69,8 @@ typedef void (*ac_progress_fn)(void *ud, const char *what, double frac);
  * passes of the sensitivity curves (most of the work) run on CUDA device 0:
  * one engine for m, its masked matrix re-uploaded per point, and one per
  * pruned or KV-merged model. */
-int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda, ac_progress_fn progress, void *ud,
-                          ac_importance *imp, ac_err *e);
+int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda,
+                          ac_progress_fn progress, void *ud, ac_importance *imp, ac_err *e);
 
 /* Calibration methods (README "Calibration cost"):
  * EXACT: the statistics in one engine pass, then one full-model loss pass

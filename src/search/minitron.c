@@ -37,8 +37,14 @@ void ac_minitron_layer_order(const ac_importance *imp, int *order) {
 
 void ac_minitron_importance_view(const ac_importance *imp, ac_importance *view) {
     *view = *imp;
-    if (imp->mt_ffn_order) { view->ffn_order = imp->mt_ffn_order; view->ffn_score = imp->mt_ffn_score; }
-    if (imp->mt_hid_order) { view->hid_order = imp->mt_hid_order; view->hid_score = imp->mt_hid_score; }
+    if (imp->mt_ffn_order) {
+        view->ffn_order = imp->mt_ffn_order;
+        view->ffn_score = imp->mt_ffn_score;
+    }
+    if (imp->mt_hid_order) {
+        view->hid_order = imp->mt_hid_order;
+        view->hid_score = imp->mt_hid_score;
+    }
 }
 
 void ac_minitron_compact(ac_model *m) {
@@ -61,7 +67,7 @@ typedef struct {
 } axis_t;
 
 typedef struct {
-    int v[4];         /* hidden, ffn, heads, layers */
+    int v[4]; /* hidden, ffn, heads, layers */
     ac_cost cost;
     double viol, nll;
     int scored, index;
@@ -100,12 +106,13 @@ static json_t *cand_json(const cand_t *c, const ac_search_problem *p, const int 
     json_t *kept = json_array();
     int *keep = calloc(p->base->n_layers, sizeof(int));
     for (int r = 0; keep && r < c->v[3]; r++) keep[layer_order[r]] = 1;
-    for (int l = 0; keep && l < p->base->n_layers; l++) if (keep[l]) json_array_append_new(kept, json_integer(l));
+    for (int l = 0; keep && l < p->base->n_layers; l++)
+        if (keep[l]) json_array_append_new(kept, json_integer(l));
     free(keep);
     json_t *o = json_pack("{s:i,s:i,s:i,s:i,s:o,s:o,s:o,s:f,s:f}", "hidden_size", c->v[0], "ffn_hidden_size", c->v[1],
                           "num_attention_heads", c->v[2], "num_layers", c->v[3], "layers_kept", kept, "predicted",
-                          ac_cost_to_json(&c->cost), "constraints", ac_constraints_report(&p->limits, &c->cost), "violation", c->viol,
-                          "params", c->cost.params);
+                          ac_cost_to_json(&c->cost), "constraints", ac_constraints_report(&p->limits, &c->cost),
+                          "violation", c->viol, "params", c->cost.params);
     if (c->scored) {
         json_object_set_new(o, "calib_nll", json_real(c->nll));
         json_object_set_new(o, "calib_ppl", json_real(exp(c->nll)));
@@ -118,7 +125,8 @@ static json_t *cand_json(const cand_t *c, const ac_search_problem *p, const int 
 static int score(const ac_search_problem *p, const ac_importance *view, const ac_arch *a, double *nll, ac_err *e) {
     int ctx = p->ctx > 1 ? p->ctx : 128;
     size_t nw = p->n_calib / ctx < 16 ? p->n_calib / ctx : 16;
-    if (nw < 1) return ac_errf(e, "minitron: calibration text has %zu tokens, fewer than one window of %d", p->n_calib, ctx);
+    if (nw < 1)
+        return ac_errf(e, "minitron: calibration text has %zu tokens, fewer than one window of %d", p->n_calib, ctx);
     ac_model pm;
     if (ac_prune(p->model, a, view, &pm, e)) return -1;
     ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = (int)nw, .batch = 4, .cuda = p->cuda};
@@ -137,7 +145,8 @@ static json_t *axes_json(const axis_t *ax) {
             json_array_append_new(all, json_integer(ax[k].all[i]));
             if (i >= ax[k].start) json_array_append_new(sv, json_integer(ax[k].all[i]));
         }
-        json_object_set_new(o, ax[k].name, json_pack("{s:i,s:o,s:o}", "divisor", ax[k].divisor, "choices", all, "searched", sv));
+        json_object_set_new(o, ax[k].name,
+                            json_pack("{s:i,s:o,s:o}", "divisor", ax[k].divisor, "choices", all, "searched", sv));
     }
     return o;
 }
@@ -145,15 +154,18 @@ static json_t *axes_json(const axis_t *ax) {
 /* Checks that Minitron's uniform axes apply to the base model. */
 static int check_base(const ac_arch *b, ac_err *e) {
     const ac_layer_arch *f = &b->layers[0];
-    if (!f->n_heads || !f->ffn || f->n_heads % f->n_kv_heads) return ac_errf(e, "minitron: layer 0 has no attention or no FFN");
+    if (!f->n_heads || !f->ffn || f->n_heads % f->n_kv_heads)
+        return ac_errf(e, "minitron: layer 0 has no attention or no FFN");
     for (int l = 1; l < b->n_layers; l++)
-        if (memcmp(&b->layers[l], f, sizeof *f)) return ac_errf(e, "minitron: the base model must be uniform (layer %d differs)", l);
+        if (memcmp(&b->layers[l], f, sizeof *f))
+            return ac_errf(e, "minitron: the base model must be uniform (layer %d differs)", l);
     return 0;
 }
 
 /* Grid enumeration, feasibility and ordering: cands (malloc'd) sorted with
  * the feasible ones first, closest to the binding limit first; *nf feasible. */
-static int grid(const ac_search_problem *p, const axis_t *ax, const int *order, cand_t **out, int *n, int *nf, ac_err *e) {
+static int grid(const ac_search_problem *p, const axis_t *ax, const int *order, cand_t **out, int *n, int *nf,
+                ac_err *e) {
     int total = 1;
     for (int k = 0; k < 4; k++) total *= ax[k].n_all - ax[k].start;
     cand_t *c = calloc(total, sizeof *c);
@@ -161,13 +173,24 @@ static int grid(const ac_search_problem *p, const axis_t *ax, const int *order, 
     int idx[4] = {0}, f = 0;
     for (int i = 0; i < total; i++) {
         int rem = i;
-        for (int k = 3; k >= 0; k--) { int w = ax[k].n_all - ax[k].start; idx[k] = rem % w; rem /= w; }
+        for (int k = 3; k >= 0; k--) {
+            int w = ax[k].n_all - ax[k].start;
+            idx[k] = rem % w;
+            rem /= w;
+        }
         for (int k = 0; k < 4; k++) c[i].v[k] = ax[k].all[ax[k].start + idx[k]];
         c[i].index = i;
         ac_arch a;
         ac_carch ca;
-        if (cand_arch(p->base, order, c[i].v, &a, e)) { free(c); return -1; }
-        if (ac_carch_from_arch(&a, &ca, e)) { ac_arch_free(&a); free(c); return -1; }
+        if (cand_arch(p->base, order, c[i].v, &a, e)) {
+            free(c);
+            return -1;
+        }
+        if (ac_carch_from_arch(&a, &ca, e)) {
+            ac_arch_free(&a);
+            free(c);
+            return -1;
+        }
         ac_cost_predict(p->table, &ca, p->workload, p->profile, 0, &c[i].cost);
         ac_carch_free(&ca);
         ac_arch_free(&a);
@@ -176,7 +199,10 @@ static int grid(const ac_search_problem *p, const axis_t *ax, const int *order, 
     }
     /* feasible ones first (by closeness), then the infeasible by least violation */
     cand_t *s = malloc(sizeof *s * total);
-    if (!s) { free(c); return ac_errf(e, "out of memory"); }
+    if (!s) {
+        free(c);
+        return ac_errf(e, "out of memory");
+    }
     int a = 0, b = f;
     for (int i = 0; i < total; i++) s[c[i].viol <= 1e-12 ? a++ : b++] = c[i];
     qsort(s, f, sizeof *s, cmp_cand);
@@ -202,8 +228,10 @@ int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *
     if (!order) return ac_errf(e, "out of memory");
     ac_minitron_layer_order(p->imp, order);
     /* heads: choices h x G (NumAttentionHeadsHp), i.e. a divisor grid of step G */
-    if (axis_init(&ax[0], "hidden_size", b->hidden, ac_minitron_divisor(b->hidden), AC_MINITRON_MAX_WIDTH_PRUNING, p->opts.prune_hidden) ||
-        axis_init(&ax[1], "ffn_hidden_size", b->layers[0].ffn, ac_minitron_divisor(b->layers[0].ffn), AC_MINITRON_MAX_WIDTH_PRUNING, 1) ||
+    if (axis_init(&ax[0], "hidden_size", b->hidden, ac_minitron_divisor(b->hidden), AC_MINITRON_MAX_WIDTH_PRUNING,
+                  p->opts.prune_hidden) ||
+        axis_init(&ax[1], "ffn_hidden_size", b->layers[0].ffn, ac_minitron_divisor(b->layers[0].ffn),
+                  AC_MINITRON_MAX_WIDTH_PRUNING, 1) ||
         axis_init(&ax[2], "num_attention_heads", grp * G, G, AC_MINITRON_MAX_WIDTH_PRUNING, 1) ||
         axis_init(&ax[3], "num_layers", L, ac_minitron_divisor(L), AC_MINITRON_MAX_DEPTH_PRUNING, 1)) {
         rc = ac_errf(e, "out of memory");
@@ -223,7 +251,8 @@ int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *
         c[i].scored = 1;
         if (c[i].nll < c[best].nll) best = i;
         if (p->emit) {
-            json_t *ev = json_pack("{s:s,s:i,s:i,s:o}", "phase", "minitron", "candidate", i + 1, "of", k, "scored", cand_json(&c[i], p, order));
+            json_t *ev = json_pack("{s:s,s:i,s:i,s:o}", "phase", "minitron", "candidate", i + 1, "of", k, "scored",
+                                   cand_json(&c[i], p, order));
             p->emit(p->ud, ev);
             json_decref(ev);
         }
@@ -233,21 +262,24 @@ int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *
     if ((rc = cand_arch(b, order, c[best].v, &r->arch, e))) goto out;
     r->cost = c[best].cost;
     r->feasible = nf > 0;
-    r->pred_loss = p->imp->attn_sens ? ac_search_pred_loss(p, &r->arch) : 0; /* AutoCompress's measured curves, for the report */
+    r->pred_loss =
+        p->imp->attn_sens ? ac_search_pred_loss(p, &r->arch) : 0; /* AutoCompress's measured curves, for the report */
     r->steps_run = n;
     json_t *cands = json_array(), *ls = json_array(), *dropped = json_array();
     for (int i = 0; i < (nf ? k : 1); i++) json_array_append_new(cands, cand_json(&c[i], p, order));
     for (int l = 0; l < L; l++) json_array_append_new(ls, json_real(p->imp->layer_bi[l]));
     for (int ri = c[best].v[3]; ri < L; ri++) json_array_append_new(dropped, json_integer(order[ri]));
-    r->detail = json_pack("{s:s,s:o,s:i,s:i,s:i,s:o,s:o,s:i,s:b,s:o}", "algorithm",
-                          "NVIDIA Model-Optimizer mcore_minitron: uniform grid on divisor choices (width top 40%, depth top 20%), "
-                          "filtered by the cost model's limits, top-k closest to the binding limit pruned and scored",
-                          "axes", axes_json(ax), "grid_size", n, "grid_feasible", nf, "top_k", AC_MINITRON_TOP_K,
-                          "layer_scores_1_minus_cos", ls, "layers_dropped", dropped, "best_candidate", nf ? best : -1, "scored",
-                          scoring, "candidates", cands);
+    r->detail = json_pack(
+        "{s:s,s:o,s:i,s:i,s:i,s:o,s:o,s:i,s:b,s:o}", "algorithm",
+        "NVIDIA Model-Optimizer mcore_minitron: uniform grid on divisor choices (width top 40%, depth top 20%), "
+        "filtered by the cost model's limits, top-k closest to the binding limit pruned and scored",
+        "axes", axes_json(ax), "grid_size", n, "grid_feasible", nf, "top_k", AC_MINITRON_TOP_K,
+        "layer_scores_1_minus_cos", ls, "layers_dropped", dropped, "best_candidate", nf ? best : -1, "scored", scoring,
+        "candidates", cands);
     if (p->emit) {
-        json_t *ev = json_pack("{s:s,s:b,s:i,s:i,s:o,s:o}", "phase", "minitron", "feasible", r->feasible, "grid_size", n, "grid_feasible",
-                               nf, "metrics", ac_constraints_report(&p->limits, &r->cost), "predicted", ac_cost_to_json(&r->cost));
+        json_t *ev = json_pack("{s:s,s:b,s:i,s:i,s:o,s:o}", "phase", "minitron", "feasible", r->feasible, "grid_size",
+                               n, "grid_feasible", nf, "metrics", ac_constraints_report(&p->limits, &r->cost),
+                               "predicted", ac_cost_to_json(&r->cost));
         p->emit(p->ud, ev);
         json_decref(ev);
     }

@@ -9,7 +9,12 @@
 #include "deci.h"
 #include "gguf.h"
 
-typedef struct { ac_metric m; double limit; int ge; const char *name; } cons;
+typedef struct {
+    ac_metric m;
+    double limit;
+    int ge;
+    const char *name;
+} cons;
 
 static int constraint_list(const ac_constraints *l, cons *c) {
     int n = 0;
@@ -45,8 +50,9 @@ json_t *ac_constraints_report(const ac_constraints *l, const ac_cost *k) {
     int n = constraint_list(l, c);
     json_t *o = json_object();
     for (int i = 0; i < n; i++)
-        json_object_set_new(o, c[i].name, json_pack("{s:f,s:f,s:s,s:b}", "value", ac_cost_metric(k, c[i].m), "limit", c[i].limit, "kind",
-                                                   c[i].ge ? "min" : "max", "met", g_of(&c[i], k) <= 1e-9));
+        json_object_set_new(o, c[i].name,
+                            json_pack("{s:f,s:f,s:s,s:b}", "value", ac_cost_metric(k, c[i].m), "limit", c[i].limit,
+                                      "kind", c[i].ge ? "min" : "max", "met", g_of(&c[i], k) <= 1e-9));
     return o;
 }
 
@@ -90,8 +96,10 @@ double ac_search_pred_loss(const ac_search_problem *p, const ac_arch *a) {
     for (int l = 0; l < b->n_layers; l++) {
         const ac_layer_arch *bl = &b->layers[l], *al = &a->layers[l];
         double r = bl->n_kv_heads ? 1 - (double)al->n_kv_heads / bl->n_kv_heads : 0;
-        if (al->n_heads && al->n_heads == bl->n_heads && al->n_kv_heads < bl->n_kv_heads) q += ac_sens_merge(p->imp, l, r); /* KV merged */
-        else if (bl->n_kv_heads) q += ac_sens_attn(p->imp, l, r);
+        if (al->n_heads && al->n_heads == bl->n_heads && al->n_kv_heads < bl->n_kv_heads)
+            q += ac_sens_merge(p->imp, l, r); /* KV merged */
+        else if (bl->n_kv_heads)
+            q += ac_sens_attn(p->imp, l, r);
         if (bl->ffn) q += ac_sens_ffn(p->imp, l, 1 - fmin(al->ffn, bl->ffn) / bl->ffn); /* padding keeps nothing more */
     }
     return q + ac_sens_hidden(p->imp, 1 - (double)a->hidden / b->hidden);
@@ -103,7 +111,10 @@ static unsigned lcg(unsigned *s) { return *s = *s * 1664525u + 1013904223u; }
 
 static void predict_arch(const ac_search_problem *p, const ac_arch *a, ac_cost *out) {
     ac_carch c;
-    if (ac_carch_from_arch(a, &c, NULL)) { memset(out, 0, sizeof *out); return; }
+    if (ac_carch_from_arch(a, &c, NULL)) {
+        memset(out, 0, sizeof *out);
+        return;
+    }
     ac_cost_predict(p->table, &c, p->workload, p->profile, 0, out);
     ac_carch_free(&c);
 }
@@ -158,11 +169,13 @@ static int deci_round_ffn(const ac_search_problem *p, double want, int base_ffn)
 static int deci_kv_step(int base_kv, int kv, int dir) {
     if (dir < 0) {
         if (kv <= 0) return -1;
-        for (int d = kv - 1; d >= 1; d--) if (base_kv % d == 0) return d;
+        for (int d = kv - 1; d >= 1; d--)
+            if (base_kv % d == 0) return d;
         return 0;
     }
     if (kv >= base_kv) return -1;
-    for (int d = kv + 1; d <= base_kv; d++) if (base_kv % d == 0) return d;
+    for (int d = kv + 1; d <= base_kv; d++)
+        if (base_kv % d == 0) return d;
     return -1;
 }
 
@@ -184,7 +197,8 @@ static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int di
         const ac_layer_arch *bl = &b->layers[i];
         ac_layer_arch *al = &a->layers[i];
         if (k == MV_ATTN) {
-            int kv = p->opts.target == AC_EXPORT_DECI ? deci_kv_step(bl->n_kv_heads, al->n_kv_heads, dir) : al->n_kv_heads + dir;
+            int kv = p->opts.target == AC_EXPORT_DECI ? deci_kv_step(bl->n_kv_heads, al->n_kv_heads, dir)
+                                                      : al->n_kv_heads + dir;
             if (kv < 0 || kv > bl->n_kv_heads || (uniform && kv == 0)) return 0;
         } else {
             int cap = ffn_cap(p, bl->ffn), step = cap <= mult ? cap : mult;
@@ -207,8 +221,10 @@ static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int di
             }
         } else {
             int cap = ffn_cap(p, bl->ffn), step = cap <= mult ? cap : mult;
-            if (dir > 0 && al->ffn + step > cap) al->ffn = cap;
-            else al->ffn += dir * step;
+            if (dir > 0 && al->ffn + step > cap)
+                al->ffn = cap;
+            else
+                al->ffn += dir * step;
             if (al->ffn < 0) al->ffn = 0;
         }
     }
@@ -230,7 +246,10 @@ static void gguf_fixup(const ac_search_problem *p, ac_arch *a) {
         const ac_layer_arch *bl = &b->layers[l];
         ac_layer_arch *al = &a->layers[l];
         int step = bl->ffn <= p->opts.ffn_multiple ? bl->ffn : p->opts.ffn_multiple;
-        if (l == 0 && !al->n_heads && bl->n_heads) { al->n_kv_heads = 1; al->n_heads = bl->n_heads / bl->n_kv_heads; }
+        if (l == 0 && !al->n_heads && bl->n_heads) {
+            al->n_kv_heads = 1;
+            al->n_heads = bl->n_heads / bl->n_kv_heads;
+        }
         if ((al->n_heads || l == a->n_layers - 1) && !al->ffn) al->ffn = step;
     }
 }
@@ -255,7 +274,11 @@ static void repair(const ac_search_problem *p, const cons *c, int nc, ac_arch *a
                     double dv = viol - total_violation(c, nc, &ck), dq = ac_search_pred_loss(p, &t) - q0;
                     if (dv > 1e-12) {
                         double score = (dq + 1e-9) / dv;
-                        if (score < best) { best = score; bk = k; bl = l; }
+                        if (score < best) {
+                            best = score;
+                            bk = k;
+                            bl = l;
+                        }
                     }
                 }
                 ac_arch_free(&t);
@@ -275,7 +298,11 @@ static void repair(const ac_search_problem *p, const cons *c, int nc, ac_arch *a
                     ac_cost ck;
                     predict_arch(p, &t, &ck);
                     double gain = q0 - ac_search_pred_loss(p, &t);
-                    if (total_violation(c, nc, &ck) <= 1e-12 && gain > best) { best = gain; bk = k; bl = l; }
+                    if (total_violation(c, nc, &ck) <= 1e-12 && gain > best) {
+                        best = gain;
+                        bk = k;
+                        bl = l;
+                    }
                 }
                 ac_arch_free(&t);
             }
@@ -301,7 +328,13 @@ typedef struct {
 } relax_t;
 
 static void relax_free(relax_t *R) {
-    free(R->v); free(R->g); free(R->m1); free(R->m2); free(R->gh); free(R->gk); free(R->gf);
+    free(R->v);
+    free(R->g);
+    free(R->m1);
+    free(R->m2);
+    free(R->gh);
+    free(R->gk);
+    free(R->gf);
 }
 
 static int relax_alloc(relax_t *R, int L, ac_err *e) {
@@ -378,12 +411,12 @@ static void relax_emit(const ctx_t *x, int s, int steps, double lag, double q, d
     const ac_search_problem *p = x->p;
     json_t *arch = json_array();
     for (int l = 0; l < x->L; l++)
-        json_array_append_new(arch, json_pack("{s:f,s:f,s:f}", "kv_heads", x->ca.kv[l], "heads", x->ca.heads[l], "ffn",
-                                              x->ca.ffn[l]));
-    json_t *ev = json_pack("{s:s,s:i,s:i,s:f,s:f,s:f,s:o,s:o,s:{s:f,s:o}}", "phase", "autocompress", "step", s, "steps",
-                           steps, "loss", lag, "quality_loss", q, "seconds", now, "metrics",
-                           ac_constraints_report(&p->limits, cost), "predicted", ac_cost_to_json(cost),
-                           "architecture", "hidden", x->ca.hidden, "layers", arch);
+        json_array_append_new(
+            arch, json_pack("{s:f,s:f,s:f}", "kv_heads", x->ca.kv[l], "heads", x->ca.heads[l], "ffn", x->ca.ffn[l]));
+    json_t *ev =
+        json_pack("{s:s,s:i,s:i,s:f,s:f,s:f,s:o,s:o,s:{s:f,s:o}}", "phase", "autocompress", "step", s, "steps", steps,
+                  "loss", lag, "quality_loss", q, "seconds", now, "metrics", ac_constraints_report(&p->limits, cost),
+                  "predicted", ac_cost_to_json(cost), "architecture", "hidden", x->ca.hidden, "layers", arch);
     p->emit(p->ud, ev);
     json_decref(ev);
 }
@@ -395,8 +428,8 @@ static void relax_discretise(const ac_search_problem *p, const double *v, ac_arc
     for (int l = 0; l < L; l++) {
         const ac_layer_arch *b = &p->base->layers[l];
         int grp = b->n_heads ? b->n_heads / b->n_kv_heads : 1;
-        int kv = p->opts.target == AC_EXPORT_DECI ? (v[l] >= 0.5 ? b->n_kv_heads : 0)
-                                                  : (int)lround(v[l] * b->n_kv_heads);
+        int kv =
+            p->opts.target == AC_EXPORT_DECI ? (v[l] >= 0.5 ? b->n_kv_heads : 0) : (int)lround(v[l] * b->n_kv_heads);
         if (p->opts.target == AC_EXPORT_LLAMA && kv < 1) kv = 1;
         a->layers[l].n_kv_heads = kv;
         a->layers[l].n_heads = kv * grp;

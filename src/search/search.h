@@ -36,8 +36,8 @@ typedef struct {
     int ffn_multiple, hidden_multiple;
     int prune_hidden;
     ac_export_target target;
-    int gguf; /* with AC_EXPORT_LLAMA: also write model.gguf (gguf.h) */
-    ac_search_method method;          /* method autocompress: dnas or surrogate */
+    int gguf;                                 /* with AC_EXPORT_LLAMA: also write model.gguf (gguf.h) */
+    ac_search_method method;                  /* method autocompress: dnas or surrogate */
     int dnas_steps, dnas_batch, dnas_seq_len; /* dnas gate training (ac_dnas_opts) */
     double dnas_lr;
     int cotrain; /* dnas: weights (a copy) trained with the gates */
@@ -63,12 +63,12 @@ typedef struct {
 } ac_search_problem;
 
 typedef struct {
-    ac_arch arch;          /* owned */
+    ac_arch arch; /* owned */
     ac_cost cost;
-    double pred_loss;      /* predicted calibration-loss increase */
+    double pred_loss; /* predicted calibration-loss increase */
     int feasible;
     int steps_run;
-    json_t *detail;        /* method-specific report fields (owned), or NULL */
+    json_t *detail; /* method-specific report fields (owned), or NULL */
 } ac_search_result;
 
 int ac_search_autocompress(const ac_search_problem *p, ac_search_result *r, ac_err *e);

@@ -80,8 +80,7 @@ static void merge_heads(float *t, int N, int nkv, int hd, int f) {
             }
 }
 
-static void attention_block(ac_stream *s, int l, float *x, int B, const ac_stream_mod *mod,
-                            const ac_engine_hooks *hk) {
+static void attention_block(ac_stream *s, int l, float *x, int B, const ac_stream_mod *mod, const ac_engine_hooks *hk) {
     const ac_arch *a = &s->m->a;
     const ac_layer_arch *la = &a->layers[l];
     const ac_layer_w *w = &s->m->L[l];
