@@ -49,15 +49,10 @@ double ac_distill_mem_bytes(const ac_arch *teacher, const ac_arch *student, int 
            engine_bytes(teacher, batch, seq_len);
 }
 
-/* MemAvailable of /proc/meminfo in bytes, else total memory, else 0. */
+/* MemAvailable in bytes, else total memory, else 0. */
 static double host_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    double kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
-    if (f) fclose(f);
-    if (kb > 0) return kb * 1024;
+    double avail = ac_host_mem_available();
+    if (avail > 0) return avail;
     ac_local_device d[1];
     return ac_devices_local(d, 1) > 0 ? d[0].mem_gib * 1073741824.0 : 0;
 }

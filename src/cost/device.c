@@ -182,3 +182,13 @@ int ac_cuda_pin(const char *current, int ordinal, char *out, size_t n) {
     out[len] = 0;
     return 0;
 }
+
+double ac_host_mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}

@@ -26,6 +26,10 @@ typedef struct {
  * it), as nvidia-smi numbers them. */
 int ac_devices_local(ac_local_device *out, int max);
 
+/* The host memory a new allocation can count on: MemAvailable of
+ * /proc/meminfo in bytes, else 0 (unknown). */
+double ac_host_mem_available(void);
+
 /* The CUDA_VISIBLE_DEVICES value that makes device 0 of a child process the
  * GPU this process calls `ordinal`: the ordinal itself, or, when this process
  * runs under a CUDA_VISIBLE_DEVICES list (`current`, NULL when unset), the

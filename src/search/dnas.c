@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cuda_plugin.h"
+#include "device.h"
 #include "optim.h"
 #include "prune.h"
 #include "rope.h"
@@ -932,17 +933,6 @@ static void batch_tokens(const run_t *R, const int *ids, int i, int B, int T, in
     for (int j = 0; j < B; j++) memcpy(tk + j * T, ids + (size_t)((i * B + j) % R->nwin) * T, sizeof(int) * T);
 }
 
-/* MemAvailable of /proc/meminfo in bytes, else 0 (unknown). */
-static double host_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    double kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return kb * 1024;
-}
-
 /* Teacher logits of the unpruned model: cached for every batch the search
  * visits when they fit in teacher_cache_mib, else computed online each step (one
  * more forward per step). Checks the memory first (host; and the device's). */
@@ -958,7 +948,7 @@ static int teacher_plan(run_t *R, const ac_model *m, size_t n, const ac_dnas_opt
     double tr = (double)ac_trainer_bytes(&m->a, B, T) * (o->cotrain && R->online ? 2 : 1);
     double need = 4.0 * per * R->nb + (R->cu ? 0 : tr), dev = 0;
     if (o->cotrain) need += (R->cu ? 4.0 : 12.0) * ac_arch_params(&m->a); /* the copy (and AdamW's two moments) */
-    double have = host_available();
+    double have = ac_host_mem_available();
     if (have > 0 && need > 0.9 * have)
         return ac_errf(
             e,
