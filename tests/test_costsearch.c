@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "check.h"
+#include "synth.h"
 #include "costmodel.h"
 #include "deci.h"
 #include "device.h"
@@ -14,23 +15,6 @@
 #include "kernels_cpu.h"
 #include "prune.h"
 #include "search.h"
-
-static ac_arch mk_arch(int L, int H, int hd, int heads, int kv, int ffn, int vocab) {
-    ac_arch a;
-    memset(&a, 0, sizeof a);
-    snprintf(a.model_type, sizeof a.model_type, "llama");
-    a.vocab = vocab;
-    a.hidden = H;
-    a.head_dim = hd;
-    a.n_layers = L;
-    a.max_pos = 4096;
-    a.eps = 1e-5f;
-    a.rope_theta = 10000;
-    a.bos_id = a.eos_id = -1;
-    a.layers = calloc(L, sizeof *a.layers);
-    for (int l = 0; l < L; l++) a.layers[l] = (ac_layer_arch){heads, kv, ffn};
-    return a;
-}
 
 /* A synthetic measured table: t = 1 + m*n*k*1e-5 us on the grid. */
 static void synth_table(ac_cost_table *t) {

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "synth.h"
 #include "costmodel.h"
 #include "engine.h"
 #include "eval.h"
@@ -25,23 +26,6 @@ static unsigned seed_ = 12345;
 static double urand(void) {
     seed_ = seed_ * 1103515245u + 12345u;
     return ((seed_ >> 8) & 0xffffff) / 16777216.0;
-}
-
-static ac_arch mk_arch(int L, int H, int hd, int heads, int kv, int ffn, int vocab) {
-    ac_arch a;
-    memset(&a, 0, sizeof a);
-    snprintf(a.model_type, sizeof a.model_type, "llama");
-    a.vocab = vocab;
-    a.hidden = H;
-    a.head_dim = hd;
-    a.n_layers = L;
-    a.max_pos = 4096;
-    a.eps = 1e-5f;
-    a.rope_theta = 10000;
-    a.bos_id = a.eos_id = -1;
-    a.layers = calloc(L, sizeof *a.layers);
-    for (int l = 0; l < L; l++) a.layers[l] = (ac_layer_arch){heads, kv, ffn};
-    return a;
 }
 
 static void fill(float *w, size_t n, double scale, double offset) {

@@ -1,0 +1,35 @@
+/*
+ * synth.h - synthetic model shapes the C tests share (header-only, like
+ * check.h): a uniform Llama architecture of given sizes, for tests that
+ * need an ac_arch without a checkpoint. The caller frees it with
+ * ac_arch_free.
+ */
+#ifndef AC_TEST_SYNTH_H
+#define AC_TEST_SYNTH_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+/* L layers of (heads, kv, ffn), hidden H, head size hd, vocab; layers NULL
+ * when out of memory (the tests then fail on their first use). */
+static inline ac_arch mk_arch(int L, int H, int hd, int heads, int kv, int ffn, int vocab) {
+    ac_arch a;
+    memset(&a, 0, sizeof a);
+    snprintf(a.model_type, sizeof a.model_type, "llama");
+    a.vocab = vocab;
+    a.hidden = H;
+    a.head_dim = hd;
+    a.n_layers = L;
+    a.max_pos = 4096;
+    a.eps = 1e-5f;
+    a.rope_theta = 10000;
+    a.bos_id = a.eos_id = -1;
+    a.layers = calloc(L, sizeof *a.layers);
+    for (int l = 0; a.layers && l < L; l++) a.layers[l] = (ac_layer_arch){heads, kv, ffn};
+    return a;
+}
+
+#endif
