@@ -264,10 +264,10 @@ static void test_gpu_job(void) {
         ac_cost_table_free(&t);
     }
     json_t *spec =
-        json_pack("{s:s,s:s,s:s,s:s+,s:{s:s,s:{s:i,s:i,s:i}},s:{s:f},s:{s:i,s:i},s:i,s:{s:i,s:i}}", "model", path,
+        json_pack("{s:s,s:s,s:s,s:s+,s:{s:s,s:{s:i,s:i,s:i}},s:{s:f},s:{s:i,s:i,s:i},s:i,s:{s:i,s:i}}", "model", path,
                   "calibration", calib, "heldout", held, "output", dir, "/out", "target", "device", "cuda", "workload",
                   "batch", 1, "prompt_len", 16, "gen_len", 4, "constraints", "max_params", 90000.0, "search", "steps",
-                  30, "seed", 1, "calibration_tokens", 256, "eval", "ctx", 16, "windows", 2);
+                  30, "dnas_steps", 20, "seed", 1, "calibration_tokens", 256, "eval", "ctx", 16, "windows", 2);
     ac_cost_cache cache;
     costcache_file(&cache, db, 0);
     ac_job_ctx ctx = {.emit = no_emit, .cache = &cache, .threads = 2};
