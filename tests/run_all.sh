@@ -8,7 +8,9 @@ pass=0; fail=0; skip=0
 run() {
   local name="$1"; shift
   echo "== $name"
+  local t0=$SECONDS
   local out; out=$("$@" 2>&1); local rc=$?
+  echo "   ($((SECONDS - t0)) s)"
   echo "$out" | grep -v '^RESULT ' | sed 's/^/   /'
   local res; res=$(echo "$out" | grep '^RESULT ' | tail -1)
   if [ -z "$res" ]; then echo "   (no RESULT line, exit $rc: counted as 1 failure)"; fail=$((fail+1)); return; fi
@@ -37,5 +39,6 @@ if [ -f tests/web/dashboard.test.mjs ] && [ -d tests/web/node_modules/playwright
 else
   echo "== dashboard (skipped: needs chromium and tests/web/node_modules; 'make web-test-deps')"; skip=$((skip+1))
 fi
+echo "suite: $SECONDS s"
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" = 0 ]
