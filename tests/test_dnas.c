@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "synth.h"
 #include "cuda_plugin.h"
 #include "deci.h"
 #include "dnas.h"
@@ -31,14 +32,9 @@ static size_t NIDS;
 
 static int setup(void) {
     if (HAVE) return HAVE > 0;
-    char tiny[1100], text[1200];
-    ck_build_path(tiny, sizeof tiny, "models/tiny");
-    ck_build_path(text, sizeof text, "data/calib.txt");
     ac_err e;
     HAVE = -1;
-    if (ac_model_load(tiny, &M, &e)) return 0;
-    if (ac_load_text_ids(tiny, text, &IDS, &NIDS, M.a.vocab, &e)) return 0;
-    if (NIDS > 8192) NIDS = 8192;
+    if (ck_load_tiny(&M, &IDS, &NIDS, 8192, &e)) return 0;
     if (ac_importance_compute(&M, IDS, NIDS, 64, 32, 0, NULL, NULL, &IMP, &e)) return 0;
     HAVE = 1;
     return 1;

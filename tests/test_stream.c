@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "synth.h"
 #include "eval.h"
 #include "importance.h"
 #include "prune.h"
@@ -27,13 +28,9 @@ static size_t NIDS;
 
 static int setup(void) {
     if (HAVE) return HAVE > 0;
-    char tiny[1100], text[1200];
-    ck_build_path(tiny, sizeof tiny, "models/tiny");
-    ck_build_path(text, sizeof text, "data/calib.txt");
     ac_err e;
     HAVE = -1;
-    if (ac_model_load(tiny, &M, &e) || ac_load_text_ids(tiny, text, &IDS, &NIDS, M.a.vocab, &e)) return 0;
-    if (NIDS > 4096) NIDS = 4096;
+    if (ck_load_tiny(&M, &IDS, &NIDS, 4096, &e)) return 0;
     if (ac_importance_compute_mode(&M, IDS, NIDS, 64, 32, 0, AC_CALIB_EXACT, NULL, NULL, &EX, &e) ||
         ac_importance_compute_mode(&M, IDS, NIDS, 64, 32, 0, AC_CALIB_STREAMED, NULL, NULL, &ST, &e)) {
         fprintf(stderr, "  %s\n", e.msg);
