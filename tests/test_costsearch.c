@@ -5,7 +5,6 @@
 #include <math.h>
 
 #include "check.h"
-#include "synth.h"
 #include "costmodel.h"
 #include "deci.h"
 #include "device.h"
@@ -15,6 +14,7 @@
 #include "kernels_cpu.h"
 #include "prune.h"
 #include "search.h"
+#include "synth.h"
 
 /* A synthetic measured table: t = 1 + m*n*k*1e-5 us on the grid. */
 static void synth_table(ac_cost_table *t) {

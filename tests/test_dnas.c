@@ -16,7 +16,6 @@
 #include <string.h>
 
 #include "check.h"
-#include "synth.h"
 #include "cuda_plugin.h"
 #include "deci.h"
 #include "dnas.h"
@@ -24,6 +23,7 @@
 #include "kernels_cpu.h"
 #include "prune.h"
 #include "safetensors.h"
+#include "synth.h"
 
 static ac_model M;
 static ac_importance IMP;

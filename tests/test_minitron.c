@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "check.h"
-#include "synth.h"
 #include "costmodel.h"
 #include "engine.h"
 #include "eval.h"
@@ -21,6 +20,7 @@
 #include "kernels_cpu.h"
 #include "minitron.h"
 #include "prune.h"
+#include "synth.h"
 
 static unsigned seed_ = 12345;
 static double urand(void) {

@@ -15,11 +15,11 @@
 #include <string.h>
 
 #include "check.h"
-#include "synth.h"
 #include "eval.h"
 #include "importance.h"
 #include "prune.h"
 #include "stream.h"
+#include "synth.h"
 
 static ac_model M;
 static ac_importance EX, ST;
