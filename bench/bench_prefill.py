@@ -60,6 +60,9 @@ def main():
     ap.add_argument("--gguf")
     ap.add_argument("--text", default=os.path.join(BUILD, "data", "train.txt"))
     a = ap.parse_args()
+    a.model = os.path.abspath(a.model)
+    if a.gguf:
+        a.gguf = os.path.abspath(a.gguf)
     exe = os.path.join(BUILD, "autocompress")
     gguf = a.gguf or os.path.join(a.model, "model-bf16.gguf")
     if not os.path.exists(gguf):
