@@ -226,17 +226,17 @@ static void monotone_bands(double *v, int n) {
 }
 
 /* One probe model of hidden width H: its band point n (working set, batch-1
- * and batch-4 cost per MiB of weights, KV cost per MiB); *wbytes its
- * weights; *cold_closer: its batch-1 step is closer to the cold-weights
- * prediction than to the warm one. */
-static int probe_band(ac_cost_table *t, int H, int n, double *wbytes, int *cold_closer) {
+ * and batch-4 cost per MiB of weights, KV cost per MiB: measured when
+ * kv_long, else kv_prev); *wbytes its weights; *cold_closer: its batch-1
+ * step is closer to the cold-weights prediction than to the warm one. */
+static int probe_band(ac_cost_table *t, int H, int n, int kv_long, double kv_prev, double *wbytes, int *cold_closer) {
     ac_model m;
     ac_err e;
-    double m1, m4, ml, w1, c1, w4, wl;
+    double m1, m4, ml = 0, w1, c1, w4, wl;
     if (probe_model(H, &m, &e)) return -1;
     ac_carch c;
     int rc = decode_step_ms(&m, 1, PROBE_SHORT, &m1, &e) || decode_step_ms(&m, 4, PROBE_SHORT, &m4, &e) ||
-             decode_step_ms(&m, 1, PROBE_LONG, &ml, &e) || ac_carch_from_arch(&m.a, &c, &e);
+             (kv_long && decode_step_ms(&m, 1, PROBE_LONG, &ml, &e)) || ac_carch_from_arch(&m.a, &c, &e);
     ac_model_free(&m);
     if (rc) return -1;
     ac_engine_profile p;
@@ -247,7 +247,7 @@ static int probe_band(ac_cost_table *t, int H, int n, double *wbytes, int *cold_
     *cold_closer = fabs(m1 - w1) >= fabs(m1 - c1);
     double wmib = ac_cost_decode_bytes(&c, &p, 1, 0) / 1048576.0, k1 = probe_kv_mib(&c, 1, PROBE_SHORT),
            k4 = probe_kv_mib(&c, 4, PROBE_SHORT), kl = probe_kv_mib(&c, 1, PROBE_LONG);
-    double kv = ((ml - wl) - (m1 - w1)) * 1e3 / (kl - k1);
+    double kv = kv_long ? ((ml - wl) - (m1 - w1)) * 1e3 / (kl - k1) : kv_prev;
     if (kv < 0) kv = 0;
     t->dec_kv_us_mib[n] = kv;
     t->dec_us_mib[n] = ((m1 - w1) * 1e3 - k1 * kv) / wmib;
@@ -258,21 +258,32 @@ static int probe_band(ac_cost_table *t, int H, int n, double *wbytes, int *cold_
     return 0;
 }
 
+/* The KV cache's rate is measured on the probes up to KV_PROBE_MAX_H wide
+ * (working sets up to ~30 MiB): on the larger ones the long prompt's KV is a
+ * few % of the bytes a step streams, and a difference of two steps that
+ * size is noise (a run at load 21 gave 7,764 us/MiB at 111 MiB). Beyond,
+ * the last measured rate, at least the weights' own rate there (both then
+ * stream from memory). */
+#define KV_PROBE_MAX_H 384
 static void calibrate(ac_cost_table *t) {
     static const int HS[] = {128, 192, 256, 384, 512, 768};
-    int n = 0, cache_done = 0;
+    int n = 0, cache_done = 0, nkv = 0;
     t->ndec = t->dec_b4 = t->dec_kv = 0;
     t->cache_bytes = 0;
     for (size_t i = 0; i < sizeof HS / sizeof *HS; i++) {
-        int cold_closer;
+        int cold_closer, kv_long = HS[i] <= KV_PROBE_MAX_H;
         double wbytes;
-        if (probe_band(t, HS[i], n, &wbytes, &cold_closer)) break;
+        if (probe_band(t, HS[i], n, kv_long, n ? t->dec_kv_us_mib[n - 1] : 0, &wbytes, &cold_closer)) break;
         if (!cache_done && !cold_closer)
             t->cache_bytes = wbytes;
         else
             cache_done = 1;
+        nkv += kv_long;
         n++;
     }
+    monotone_bands(t->dec_kv_us_mib, nkv < n ? nkv : n);
+    for (int i = nkv; i < n; i++)
+        t->dec_kv_us_mib[i] = fmax(nkv ? t->dec_kv_us_mib[nkv - 1] : 0, fmax(t->dec_us_mib[i], 0));
     monotone_bands(t->dec_us_mib, n);
     monotone_bands(t->dec_us_mib4, n);
     monotone_bands(t->dec_kv_us_mib, n);
