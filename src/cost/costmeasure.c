@@ -4,7 +4,9 @@
  * through a pool larger than the cache) and warm, one attention head over
  * a (queries, keys, head_dim) grid, elementwise passes; then, end to end
  * against decode steps of the engine, the decode streaming cost per
- * working-set band and the effective cache size.
+ * working-set band (per MiB of weights, batch 1 and 4), the KV cache's own
+ * cost per MiB (steps after a long prompt against a short one) and the
+ * effective cache size.
  * Also the CUDA plugin's raw timings into a table (ac_cost_table_from_timings).
  */
 #include <math.h>
