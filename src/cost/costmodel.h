@@ -78,6 +78,10 @@ int ac_cost_table_validate(const json_t *j, const char **field, ac_err *e);
 void ac_cost_cpu_key(int threads, char *key, size_t n, char *device, size_t dn);
 /* Measure the local CPU (the engine's own kernels). progress may be NULL. */
 int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud, ac_cost_table *t, ac_err *e);
+/* on = 1: ac_cost_measure_cpu times by the calling thread's CPU time, not
+ * the wall clock: a diagnostic for a loaded machine, meaningful at 1 thread
+ * only (bench_costmodel's AC_BENCH_CLOCK=thread). Not for tables to keep. */
+void ac_cost_measure_thread_clock(int on);
 /* Roofline table for a named spec profile and weight dtype. */
 int ac_cost_roofline(const ac_device_spec *s, const char *dtype, ac_cost_table *t, ac_err *e);
 
