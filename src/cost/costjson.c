@@ -38,6 +38,8 @@ json_t *ac_cost_table_to_json(const ac_cost_table *t) {
                                       darr(t->dec_us_mib, t->ndec)));
         if (t->dec_b4)
             json_object_set_new(json_object_get(j, "decode_bands"), "us_per_mib_batch4", darr(t->dec_us_mib4, t->ndec));
+        if (t->dec_kv)
+            json_object_set_new(json_object_get(j, "decode_bands"), "kv_us_per_mib", darr(t->dec_kv_us_mib, t->ndec));
     }
 
     json_object_set_new(j, "attention",
@@ -95,9 +97,9 @@ static int get_finite(const json_t *a, double *out, int n, const char **field, c
 
 /* The optional CPU decode bands: increasing working sets, finite costs per
  * MiB (negative where the warm tables overestimate a small model), the
- * batch-4 costs optional. */
+ * batch-4 costs and the KV cache's costs optional. */
 static int decode_bands_parse(const json_t *d, ac_cost_table *t, const char **field, ac_err *e) {
-    t->ndec = t->dec_b4 = 0;
+    t->ndec = t->dec_b4 = t->dec_kv = 0;
     if (!d) return 0;
     int n;
     if (get_grid(json_object_get(d, "working_set_bytes"), t->dec_ws, &n, field, "decode_bands.working_set_bytes", e) ||
@@ -106,6 +108,9 @@ static int decode_bands_parse(const json_t *d, ac_cost_table *t, const char **fi
     json_t *b4 = json_object_get(d, "us_per_mib_batch4");
     if (b4 && get_finite(b4, t->dec_us_mib4, n, field, "decode_bands.us_per_mib_batch4", e)) return -1;
     t->dec_b4 = b4 != NULL;
+    json_t *kv = json_object_get(d, "kv_us_per_mib");
+    if (kv && get_finite(kv, t->dec_kv_us_mib, n, field, "decode_bands.kv_us_per_mib", e)) return -1;
+    t->dec_kv = kv != NULL;
     t->ndec = n;
     return 0;
 }

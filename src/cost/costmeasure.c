@@ -4,13 +4,16 @@
  * through a pool larger than the cache) and warm, one attention head over
  * a (queries, keys, head_dim) grid, elementwise passes; then, end to end
  * against decode steps of the engine, the decode streaming cost per
- * working-set band and the effective cache size.
+ * working-set band (per MiB of weights, batch 1 and 4), the KV cache's own
+ * cost per MiB (steps after a long prompt against a short one) and the
+ * effective cache size.
  * Also the CUDA plugin's raw timings into a table (ac_cost_table_from_timings).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "costmodel.h"
 #include "costtimings.h"
@@ -18,6 +21,16 @@
 #include "kernels_cpu.h"
 
 /* ---------------------------------------------------------------- measurement */
+
+/* The clock of every timing below: the wall clock, or the calling thread's
+ * CPU time (ac_cost_measure_thread_clock). */
+static int thread_clock;
+void ac_cost_measure_thread_clock(int on) { thread_clock = on; }
+static double clk(void) {
+    struct timespec ts;
+    if (!thread_clock || clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts)) return ac_now();
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 /* Weights rotate through a pool larger than the last-level cache, so each
  * call reads them from memory as a forward pass over many layers does
@@ -50,15 +63,15 @@ static void run_attn(void *p) {
  * what the hardware costs (neighbours only ever add time). */
 static double time_us(void (*fn)(void *), void *arg) {
     fn(arg);
-    double t0 = ac_now();
+    double t0 = clk();
     fn(arg);
-    double one = ac_now() - t0;
+    double one = clk() - t0;
     int reps = one > 1e-3 ? 1 : (int)(1e-3 / (one > 1e-7 ? one : 1e-7)) + 1;
     double best = 1e30;
     for (int b = 0; b < 7; b++) {
-        t0 = ac_now();
+        t0 = clk();
         for (int r = 0; r < reps; r++) fn(arg);
-        double us = (ac_now() - t0) / reps * 1e6;
+        double us = (clk() - t0) / reps * 1e6;
         if (us < best) best = us;
     }
     return best;
@@ -70,9 +83,10 @@ void ac_cost_cpu_key(int threads, char *key, size_t n, char *device, size_t dn) 
     char dev[200];
     snprintf(dev, sizeof dev, "%s (%d threads)", d[0].name, threads);
     if (device) snprintf(device, dn, "%s", dev);
-    /* "-bands": tables with the decode bands (cached ones without them are
-     * measured again rather than used with the older decode model) */
-    snprintf(key, n, "%s|fp32|autocompress-cpu|v%d-bands", dev, AC_CT_VERSION);
+    /* "-kv": tables with the decode bands per MiB of weights and the KV
+     * cache's own rate (cached ones without them are measured again rather
+     * than used with the older decode model) */
+    snprintf(key, n, "%s|fp32|autocompress-cpu|v%d-kv", dev, AC_CT_VERSION);
 }
 
 /* A 4-layer model of hidden width H (head_dim 64, FFN 3H, vocab 1024)
@@ -116,28 +130,37 @@ static int probe_model(int H, ac_model *m, ac_err *e) {
     return 0;
 }
 
-/* Mean decode step (ms) of B sequences of m over 12 steps after a 16-token
- * prompt each: each step's fastest of 4 runs (neighbours on a shared
- * machine only ever add time, so the per-step minimum is the stable
- * estimate). */
+/* Mean decode step (ms) of B sequences of m over PROBE_STEPS steps after a
+ * P-token prompt each, prefilled before every run as TPOT is measured
+ * (bench_costmodel, measure.c): the steps right after a long prompt pay for
+ * what its prefill evicted. Each step's fastest of PROBE_RUNS runs
+ * (neighbours on a shared machine only ever add time, so the per-step
+ * minimum is the stable estimate). */
 #define PROBE_RUNS 4
 #define PROBE_STEPS 12
-static int decode_step_ms(const ac_model *m, int B, double *ms, ac_err *e) {
+#define PROBE_SHORT 16
+#define PROBE_LONG 512
+static int decode_step_ms(const ac_model *m, int B, int P, double *ms, ac_err *e) {
     ac_engine en;
     double best[PROBE_STEPS];
-    if (ac_engine_init(&en, m, B, 16 + PROBE_STEPS, e)) return -1;
-    int tok[4 * 16 + 16], rc = 0;
-    for (int k = 0; k < 4 * 16 + 16; k++) tok[k] = (k * 7) % m->a.vocab;
+    if (ac_engine_init(&en, m, B, P + PROBE_STEPS, e)) return -1;
+    int *tok = malloc(sizeof(int) * ((size_t)B * P + 16)), rc = 0;
+    if (!tok) {
+        ac_engine_free(&en);
+        return ac_errf(e, "out of memory for the decode probe");
+    }
+    for (int k = 0; k < B * P + 16; k++) tok[k] = (k * 7) % m->a.vocab;
     for (int g = 0; g < PROBE_STEPS; g++) best[g] = 1e30;
     for (int r = 0; r < PROBE_RUNS && !rc; r++) {
-        rc = ac_engine_forward(&en, tok, B, 16, 0, 1, e);
+        rc = ac_engine_forward(&en, tok, B, P, 0, 1, e);
         for (int g = 0; g < PROBE_STEPS && !rc; g++) {
-            double t0 = ac_now();
-            rc = ac_engine_forward(&en, tok + (g % 16), B, 1, 16 + g, 1, e);
-            double dt = ac_now() - t0;
+            double t0 = clk();
+            rc = ac_engine_forward(&en, tok + (g % 16), B, 1, P + g, 1, e);
+            double dt = clk() - t0;
             if (dt < best[g]) best[g] = dt;
         }
     }
+    free(tok);
     ac_engine_free(&en);
     double sum = 0;
     for (int g = 0; g < PROBE_STEPS; g++) sum += best[g];
@@ -145,13 +168,12 @@ static int decode_step_ms(const ac_model *m, int B, double *ms, ac_err *e) {
     return rc;
 }
 
-/* The probe's decode step at batch B beyond the warm-weight tables, per
- * MiB streamed; *cold_closer: the step is closer to the cold-weights
- * prediction than to the warm one. */
-static double band_cost(ac_cost_table *t, const ac_carch *c, int B, double meas, int *cold_closer) {
+/* The warm-table and cold-table TPOT (ms) of the probe's decode steps of B
+ * sequences after a P-token prompt. */
+static void probe_predict(ac_cost_table *t, const ac_carch *c, int B, int P, double *warm_ms, double *cold_ms) {
     ac_engine_profile p;
     ac_engine_profile_default(&p, 1);
-    ac_workload w = {B, 16, PROBE_STEPS + 1};
+    ac_workload w = {B, P, PROBE_STEPS + 1};
     ac_cost warm, cold;
     int nd = t->ndec;
     double cb = t->cache_bytes;
@@ -162,20 +184,35 @@ static double band_cost(ac_cost_table *t, const ac_carch *c, int B, double meas,
     ac_cost_predict(t, c, &w, &p, 0, &cold);
     t->ndec = nd;
     t->cache_bytes = cb;
-    if (cold_closer) *cold_closer = fabs(meas - warm.tpot_ms) >= fabs(meas - cold.tpot_ms);
-    return (meas - warm.tpot_ms) * 1e3 / (ac_cost_decode_bytes(c, &p, B, 16 + PROBE_STEPS / 2.0) / 1048576.0);
+    *warm_ms = warm.tpot_ms;
+    if (cold_ms) *cold_ms = cold.tpot_ms;
+}
+
+/* MiB of the probe's KV cache read per step (B sequences, mean context of the steps after a P-token prompt). */
+static double probe_kv_mib(const ac_carch *c, int B, int P) {
+    ac_engine_profile p;
+    ac_engine_profile_default(&p, 1);
+    double S = P + PROBE_STEPS / 2.0;
+    return (ac_cost_decode_bytes(c, &p, B, S) - ac_cost_decode_bytes(c, &p, B, 0)) / 1048576.0;
 }
 
 /* End-to-end calibration (COSTMODEL.md: validate end to end) on decode
  * steps of the engine itself, over random 4-layer models of growing weight
  * size (3.6 to 111 MiB of fp32 weights), at batch 1 and 4:
  * - decode bands: what a step costs beyond the warm-weight tables, per MiB
- *   streamed, at each model's working set. The rate at which the engine
- *   streams weights is not one bandwidth: it falls as the working set
- *   outgrows the caches (L2, the VM's share of L3, DRAM), so it is measured
- *   per working-set size rather than fitted as one number; and a batch of
- *   4 rows takes OpenBLAS's packed GEMM rather than its matrix-vector path,
- *   so batch 4 has its own bands;
+ *   of weights streamed, at each model's working set. The rate at which the
+ *   engine streams weights is not one bandwidth: it falls as the working
+ *   set outgrows the caches (L2, the VM's share of L3, DRAM), so it is
+ *   measured per working-set size rather than fitted as one number; and a
+ *   batch of 4 rows takes OpenBLAS's packed GEMM rather than its
+ *   matrix-vector path, so batch 4 has its own bands;
+ * - the KV cache's cost: the same model's steps after a PROBE_LONG-token
+ *   prompt against those after a PROBE_SHORT-token one, beyond what the
+ *   warm attention table adds between the two, per MiB of KV cache more
+ *   (the engine's keys and values are strided per head and evicted by the
+ *   weights between steps, the table's attention reads them hot; and the
+ *   steps right after a long prompt also refill what its prefill evicted,
+ *   which grows with the prompt like the KV cache);
  * - the effective cache for prefill's warm/cold blend: the largest size
  *   whose batch-1 step is closer to the warm-weights prediction than to the
  *   cold one. Micro-probes of the cache alone mislead here: under a VM the
@@ -201,39 +238,72 @@ static void monotone_bands(double *v, int n) {
         for (int j = 0; j < cnt[b]; j++) v[i++] = val[b] > 0 ? val[b] : 0;
 }
 
+/* One probe model of hidden width H: its band point n (working set, batch-1
+ * and batch-4 cost per MiB of weights, KV cost per MiB: measured when
+ * kv_long, else kv_prev); *wbytes its weights; *cold_closer: its batch-1
+ * step is closer to the cold-weights prediction than to the warm one. */
+static int probe_band(ac_cost_table *t, int H, int n, int kv_long, double kv_prev, double *wbytes, int *cold_closer) {
+    ac_model m;
+    ac_err e;
+    double m1, m4, ml = 0, w1, c1, w4, wl;
+    if (probe_model(H, &m, &e)) return -1;
+    ac_carch c;
+    int rc = decode_step_ms(&m, 1, PROBE_SHORT, &m1, &e) || decode_step_ms(&m, 4, PROBE_SHORT, &m4, &e) ||
+             (kv_long && decode_step_ms(&m, 1, PROBE_LONG, &ml, &e)) || ac_carch_from_arch(&m.a, &c, &e);
+    ac_model_free(&m);
+    if (rc) return -1;
+    ac_engine_profile p;
+    ac_engine_profile_default(&p, 1);
+    probe_predict(t, &c, 1, PROBE_SHORT, &w1, &c1);
+    probe_predict(t, &c, 4, PROBE_SHORT, &w4, NULL);
+    probe_predict(t, &c, 1, PROBE_LONG, &wl, NULL);
+    *cold_closer = fabs(m1 - w1) >= fabs(m1 - c1);
+    double wmib = ac_cost_decode_bytes(&c, &p, 1, 0) / 1048576.0, k1 = probe_kv_mib(&c, 1, PROBE_SHORT),
+           k4 = probe_kv_mib(&c, 4, PROBE_SHORT), kl = probe_kv_mib(&c, 1, PROBE_LONG);
+    double kv = kv_long ? ((ml - wl) - (m1 - w1)) * 1e3 / (kl - k1) : kv_prev;
+    if (kv < 0) kv = 0;
+    t->dec_kv_us_mib[n] = kv;
+    t->dec_us_mib[n] = ((m1 - w1) * 1e3 - k1 * kv) / wmib;
+    t->dec_us_mib4[n] = ((m4 - w4) * 1e3 - k4 * kv) / wmib;
+    t->dec_ws[n] = ac_cost_decode_bytes(&c, &p, 1, PROBE_SHORT + PROBE_STEPS / 2.0);
+    *wbytes = ac_carch_params(&c) * p.w_bytes;
+    ac_carch_free(&c);
+    return 0;
+}
+
+/* The KV cache's rate is measured on the probes up to KV_PROBE_MAX_H wide
+ * (working sets up to ~30 MiB): on the larger ones the long prompt's KV is a
+ * few % of the bytes a step streams, and a difference of two steps that
+ * size is noise (a run at load 21 gave 7,764 us/MiB at 111 MiB). Beyond,
+ * the last measured rate, at least the weights' own rate there (both then
+ * stream from memory). */
+#define KV_PROBE_MAX_H 384
 static void calibrate(ac_cost_table *t) {
     static const int HS[] = {128, 192, 256, 384, 512, 768};
-    int n = 0, cache_done = 0;
-    t->ndec = t->dec_b4 = 0;
+    int n = 0, cache_done = 0, nkv = 0;
+    t->ndec = t->dec_b4 = t->dec_kv = 0;
     t->cache_bytes = 0;
     for (size_t i = 0; i < sizeof HS / sizeof *HS; i++) {
-        ac_model m;
-        ac_err e;
-        double m1, m4;
-        if (probe_model(HS[i], &m, &e)) break;
-        ac_carch c;
-        int rc = decode_step_ms(&m, 1, &m1, &e) || decode_step_ms(&m, 4, &m4, &e) || ac_carch_from_arch(&m.a, &c, &e);
-        ac_model_free(&m);
-        if (rc) break;
-        ac_engine_profile p;
-        ac_engine_profile_default(&p, 1);
-        int cold_closer;
-        t->dec_us_mib[n] = band_cost(t, &c, 1, m1, &cold_closer);
-        t->dec_us_mib4[n] = band_cost(t, &c, 4, m4, NULL);
-        t->dec_ws[n] = ac_cost_decode_bytes(&c, &p, 1, 16 + PROBE_STEPS / 2.0);
+        int cold_closer, kv_long = HS[i] <= KV_PROBE_MAX_H;
+        double wbytes;
+        if (probe_band(t, HS[i], n, kv_long, n ? t->dec_kv_us_mib[n - 1] : 0, &wbytes, &cold_closer)) break;
         if (!cache_done && !cold_closer)
-            t->cache_bytes = ac_carch_params(&c) * p.w_bytes;
+            t->cache_bytes = wbytes;
         else
             cache_done = 1;
-        ac_carch_free(&c);
+        nkv += kv_long;
         n++;
     }
+    monotone_bands(t->dec_kv_us_mib, nkv < n ? nkv : n);
+    for (int i = nkv; i < n; i++)
+        t->dec_kv_us_mib[i] = fmax(nkv ? t->dec_kv_us_mib[nkv - 1] : 0, fmax(t->dec_us_mib[i], 0));
     monotone_bands(t->dec_us_mib, n);
     monotone_bands(t->dec_us_mib4, n);
+    monotone_bands(t->dec_kv_us_mib, n);
     /* four rows stream the weights once; at worst like four one-row steps */
     for (int i = 0; i < n; i++) t->dec_us_mib4[i] = fmin(t->dec_us_mib4[i], 4 * t->dec_us_mib[i]);
     t->ndec = n >= 2 ? n : 0;
-    t->dec_b4 = t->ndec > 0;
+    t->dec_b4 = t->dec_kv = t->ndec > 0;
 }
 
 static const double GM[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024},
@@ -301,13 +371,13 @@ static void measure_grids(ac_cost_table *t, const bench_bufs *bb, void (*progres
 static double measure_elementwise(const bench_bufs *bb) {
     int pos[256];
     for (int i = 0; i < 256; i++) pos[i] = i;
-    double t0 = ac_now();
+    double t0 = clk();
     for (int r = 0; r < 20; r++) {
         ac_rmsnorm(bb->c, bb->a, bb->w, 256, 1024, 1e-5f);
         ac_rope(bb->c, 256, 16, 64, pos, bb->w, bb->w + 256 * 32);
         ac_silu_mul(bb->c, bb->a, 256 * 1024);
     }
-    return (ac_now() - t0) / 20 / (3.0 * 256 * 1024) * 1e9;
+    return (clk() - t0) / 20 / (3.0 * 256 * 1024) * 1e9;
 }
 
 int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud, ac_cost_table *t, ac_err *e) {

@@ -129,18 +129,30 @@ static double decode_us_mib(const ac_cost_table *t, double ws, double B) {
 
 /* One forward call. A measured CPU table with decode bands models a decode
  * step by what bounds it there: the warm tables (per-call fixed costs,
- * compute, attention, elementwise) plus the bytes streamed (weights once,
- * the KV cache read) at the rate measured for that working set. Otherwise
- * the share of the weights that fits in the table's effective cache is read
- * warm: the warm and cold GEMM tables blended by it. */
+ * compute, attention over hot keys, elementwise) plus the weights streamed
+ * at the rate measured for that working set, plus the KV cache the
+ * attention reads at its own measured rate (the keys and values of B
+ * sequences at context pos0 + 1: ~ ctx x kv_dim per layer; tables without
+ * that rate charge it like the weights). Otherwise the share of the weights
+ * that fits in the table's effective cache is read warm: the warm and cold
+ * GEMM tables blended by it. */
 static double step_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, double B, double nq,
                       double pos0, double fw) {
     if (nq == 1 && t->ndec > 0 && !t->roofline) {
-        double bytes = ac_cost_decode_bytes(c, p, B, pos0 + 1);
-        double us = forward_us(t, c, p, B, 1, pos0, 1, 1) + bytes / 1048576.0 * decode_us_mib(t, bytes, B);
+        double bytes = ac_cost_decode_bytes(c, p, B, pos0 + 1), wbytes = ac_cost_decode_bytes(c, p, B, 0),
+               rate = decode_us_mib(t, bytes, B), kv_rate = t->dec_kv ? band_interp(t, t->dec_kv_us_mib, bytes) : rate;
+        double us =
+            forward_us(t, c, p, B, 1, pos0, 1, 1) + wbytes / 1048576.0 * rate + (bytes - wbytes) / 1048576.0 * kv_rate;
         return us > 0 ? us : 0;
     }
     return fw * forward_us(t, c, p, B, nq, pos0, 1, 1) + (1 - fw) * forward_us(t, c, p, B, nq, pos0, 1, 0);
+}
+
+double ac_cost_decode_step_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, double B,
+                              double S) {
+    double wbytes = ac_carch_params(c) * p->w_bytes,
+           fw = t->cache_bytes > 0 && wbytes > 0 ? fmin(1, t->cache_bytes / wbytes) : 0;
+    return step_us(t, c, p, B, 1, S - 1, fw);
 }
 
 void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,

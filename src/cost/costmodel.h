@@ -53,9 +53,13 @@ typedef struct {
      * its working set is dec_ws[i] bytes: log-linear between the bands,
      * constant beyond them; measured at batch 1 and (dec_b4) at batch 4
      * (dec_us_mib4), linear in log batch between, constant beyond 4.
-     * ndec 0: decode blends warm/cold like prefill. */
-    int ndec, dec_b4;
-    double dec_ws[AC_CT_MAXG], dec_us_mib[AC_CT_MAXG], dec_us_mib4[AC_CT_MAXG];
+     * ndec 0: decode blends warm/cold like prefill.
+     * dec_kv 1: the bands are per MiB of weights, and the KV cache a step
+     * reads costs dec_kv_us_mib[i] per MiB beyond the warm attention table
+     * (measured end to end at a long context, same working-set bands);
+     * dec_kv 0 (older tables): the KV cache is charged at the weights' rate. */
+    int ndec, dec_b4, dec_kv;
+    double dec_ws[AC_CT_MAXG], dec_us_mib[AC_CT_MAXG], dec_us_mib4[AC_CT_MAXG], dec_kv_us_mib[AC_CT_MAXG];
     int nhd, naq, nas;
     double ahd[AC_CT_MAXG], aq[AC_CT_MAXG], as[AC_CT_MAXG];
     double *attn_us;  /* [nhd][naq][nas], one head, one sequence;
@@ -74,6 +78,10 @@ int ac_cost_table_validate(const json_t *j, const char **field, ac_err *e);
 void ac_cost_cpu_key(int threads, char *key, size_t n, char *device, size_t dn);
 /* Measure the local CPU (the engine's own kernels). progress may be NULL. */
 int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud, ac_cost_table *t, ac_err *e);
+/* on = 1: ac_cost_measure_cpu times by the calling thread's CPU time, not
+ * the wall clock: a diagnostic for a loaded machine, meaningful at 1 thread
+ * only (bench_costmodel's AC_BENCH_CLOCK=thread). Not for tables to keep. */
+void ac_cost_measure_thread_clock(int on);
 /* Roofline table for a named spec profile and weight dtype. */
 int ac_cost_roofline(const ac_device_spec *s, const char *dtype, ac_cost_table *t, ac_err *e);
 
@@ -136,8 +144,13 @@ void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workloa
                      int smooth, ac_cost *out);
 /* Bytes one decode step streams, which are also its working set (the
  * weights once, the KV cache of B sequences at context S): the CPU decode
- * model's streamed bytes. */
+ * model's streamed bytes (S = 0: the weights alone). */
 double ac_cost_decode_bytes(const ac_carch *c, const ac_engine_profile *p, double B, double S);
+/* One decode step (microseconds) of B sequences reading a context of S
+ * positions (the new token's included): what ac_cost_predict's TPOT
+ * averages over the generated tokens. */
+double ac_cost_decode_step_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, double B,
+                              double S);
 /* Metric selector for gradients. */
 typedef enum { AC_M_TTFT, AC_M_TPOT, AC_M_TOKENS_PER_S, AC_M_MEM, AC_M_PARAMS, AC_M_COUNT } ac_metric;
 double ac_cost_metric(const ac_cost *c, ac_metric m);

@@ -70,6 +70,10 @@ int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, 
                           lw.batch, "prompt_len", lw.prompt_len, "gen_len", lw.gen_len, "base", "ttft_ms", bt,
                           "tpot_ms", bp, "result", "ttft_ms", rt, "tpot_ms", rp);
     if (!o) return ac_errf(e, "out of memory");
+    /* the 1-minute load average when measured: on a shared host the errors
+     * below say as much about the neighbours as about the model */
+    double load[1];
+    if (getloadavg(load, 1) == 1) json_object_set_new(o, "load_average", json_real(load[0]));
     ac_engine_profile cp;
     ac_engine_profile_default(&cp, 1);
     ac_cost k0, k1;
@@ -82,6 +86,9 @@ int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, 
         json_object_set_new(
             o, "prediction_error",
             json_pack("{s:f,s:f}", "ttft", k1.ttft_ms / rt - 1, "tpot", rp > 0 ? k1.tpot_ms / rp - 1 : 0));
+        json_object_set_new(
+            o, "prediction_error_base",
+            json_pack("{s:f,s:f}", "ttft", k0.ttft_ms / bt - 1, "tpot", bp > 0 ? k0.tpot_ms / bp - 1 : 0));
     }
     *out = o;
     return 0;
