@@ -19,7 +19,7 @@
 static void fill(float *p, size_t n, unsigned *s) {
     for (size_t i = 0; i < n; i++) {
         *s = *s * 1664525u + 1013904223u;
-        p[i] = ((*s >> 9) / 8388608.0f - 1.0f) * 0.02f;
+        p[i] = ((*s >> 9) / 4194304.0f - 1.0f) * 0.02f;
     }
 }
 
