@@ -210,7 +210,8 @@ static double spearman(const ac_importance *P, double *mad) {
             a[n] = EX.attn_sens[l][p], b[n++] = P->attn_sens[l][p];
             a[n] = EX.ffn_sens[l][p], b[n++] = P->ffn_sens[l][p];
         }
-        for (int k = 0; k < EX.merge_n[l] && k < P->merge_n[l]; k++) a[n] = EX.merge_sens[l][k], b[n++] = P->merge_sens[l][k];
+        for (int k = 0; k < EX.merge_n[l] && k < P->merge_n[l]; k++)
+            a[n] = EX.merge_sens[l][k], b[n++] = P->merge_sens[l][k];
     }
     ranks(a, n, ra);
     ranks(b, n, rb);

@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "engine.h"
-#include "kernels_cpu.h"
 #include "eval.h"
+#include "kernels_cpu.h"
 #include "prune.h"
 #include "safetensors.h"
 #include "stream.h"
@@ -398,11 +398,11 @@ typedef struct {
     calib *c;
     int how; /* AC_CALIB_EXACT, _ANCHORED or _STREAMED */
     ac_stream s;
-    float *X;    /* [nwin*ctx][H] residual stream of all windows */
-    float **Xin; /* [L+1] -> [S][H] */
-    float *Y;    /* [S][H] a modified layer's output */
-    float *D;    /* [S][H] gradient at the current layer's output (STREAMED) */
-    float *D2;   /* [S][H] the same for labels drawn from the model (STREAMED) */
+    float *X;       /* [nwin*ctx][H] residual stream of all windows */
+    float **Xin;    /* [L+1] -> [S][H] */
+    float *Y;       /* [S][H] a modified layer's output */
+    float *D;       /* [S][H] gradient at the current layer's output (STREAMED) */
+    float *D2;      /* [FISHER_SAMPLES][S][H] the same for labels drawn from the model (STREAMED) */
     float *hm, *fm; /* head and FFN masks (widest layer) */
     long nwin, sw;
     double (*ea)[AC_SENS_POINTS], (*ef)[AC_SENS_POINTS], (*em)[8]; /* [l][point] |delta|^2 */
@@ -668,8 +668,8 @@ static int streamer_init(streamer *t, calib *c, int how, long nwin, ac_err *e) {
     c->imp->merge_n = calloc(L, sizeof(int));
     c->imp->merge_r = calloc(L, sizeof *c->imp->merge_r);
     c->imp->merge_sens = calloc(L, sizeof *c->imp->merge_sens);
-    int ok = t->X && t->Xin && t->Y && t->D && t->D2 && t->hm && t->fm && t->ea && t->ef && t->em && t->la && t->lf && t->lm &&
-             c->imp->merge_n && c->imp->merge_r && c->imp->merge_sens;
+    int ok = t->X && t->Xin && t->Y && t->D && t->D2 && t->hm && t->fm && t->ea && t->ef && t->em && t->la && t->lf &&
+             t->lm && c->imp->merge_n && c->imp->merge_r && c->imp->merge_sens;
     for (int l = 0; ok && l <= L; l++) ok = t->Xin[l] != NULL;
     if (!ok) {
         streamer_free(t);
@@ -803,6 +803,6 @@ json_t *ac_importance_to_json(const ac_importance *imp) {
     json_t *hs = json_array();
     for (int i = 0; i < 4; i++) json_array_append_new(hs, json_pack("[f,f]", imp->hid_frac[i], imp->hid_sens[i]));
     return json_pack("{s:f,s:I,s:s,s:o,s:o,s:[f,f,f,f,f]}", "base_loss", imp->base_loss, "tokens",
-                     (json_int_t)imp->tokens, "sensitivity_method", method_name(imp->method), "layers",
-                     layers, "hidden_loss_curve", hs, "removed_fractions", 0.0, 0.25, 0.5, 0.75, 1.0);
+                     (json_int_t)imp->tokens, "sensitivity_method", method_name(imp->method), "layers", layers,
+                     "hidden_loss_curve", hs, "removed_fractions", 0.0, 0.25, 0.5, 0.75, 1.0);
 }

@@ -13,9 +13,9 @@
 #include "safetensors.h"
 
 void ac_stream_free(ac_stream *s) {
-    float *bufs[] = {s->xn,  s->q,   s->kt, s->vt, s->att, s->g,  s->u,  s->x0, s->scores, s->cos_t, s->sin_t,
-                     s->logits, s->xh1, s->xh2, s->r1, s->r2, s->x1, s->dxn, s->dq, s->dk, s->dv, s->du, s->dg,
-                     s->dscr,   s->dw,  s->wtile};
+    float *bufs[] = {s->xn,    s->q,     s->kt,     s->vt,  s->att, s->g,    s->u,  s->x0,   s->scores,
+                     s->cos_t, s->sin_t, s->logits, s->xh1, s->xh2, s->r1,   s->r2, s->x1,   s->dxn,
+                     s->dq,    s->dk,    s->dv,     s->du,  s->dg,  s->dscr, s->dw, s->wtile};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(s->pos);
     ac_wscratch_free(&s->ws);
@@ -292,7 +292,7 @@ static void ffn_backward(ac_stream *s, int l, const float *x1, float *dx, int N)
     ac_rmsnorm_fwd(s->xn, s->xh2, s->r2, x1, w->post_norm, NULL, N, H, a->eps);
     ac_linear_w(s->g, s->xn, w->wg, s->wdt, NULL, N, H, F, 0, &s->ws);
     ac_linear_w(s->u, s->xn, w->wu, s->wdt, NULL, N, H, F, 0, &s->ws);
-    linear_dx(s, s->dg, dx, w->wd, N, F, H, 0);                      /* dh = dx Wd */
+    linear_dx(s, s->dg, dx, w->wd, N, F, H, 0);                         /* dh = dx Wd */
     ac_silu_mul_backward(s->dg, s->du, s->dg, s->g, s->u, (long)N * F); /* dg in place of dh */
     linear_dx(s, s->dxn, s->dg, w->wg, N, H, F, 0);
     linear_dx(s, s->dxn, s->du, w->wu, N, H, F, 1);
