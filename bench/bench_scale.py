@@ -9,7 +9,11 @@ sampled every 50 ms from /proc, keyed by the job's "stage" events), then how
 each grows from one shape to the next against the parameter ratio.
 
   python3 bench/bench_scale.py [--with-1b] [--shapes smollm2-135m,...] [--out DIR]
-      [--calibration-tokens N] [--calibration-method auto|exact|streamed] [--json FILE]
+      [--calibration-tokens N] [--calibration-method auto|exact|streamed|anchored] [--json FILE]
+      [--until STAGE]
+
+--until STAGE stops each job when STAGE begins (e.g. `--until profile`
+times load and calibrate alone).
 
 The job runs on 2 threads (the CLI's default); besides wall time the table
 gives the job's CPU seconds (user + sys): on a busy machine wall time says
@@ -72,14 +76,15 @@ def rss_kib(pid):
     return 0
 
 
-def run_job(spec_path):
-    """Runs the job; returns (report, {stage: peak RSS MiB}, wall seconds, CPU seconds)."""
+def run_job(spec_path, until=""):
+    """Runs the job (killed when stage `until` begins); returns (report or None,
+    {stage: peak RSS MiB}, wall seconds, CPU seconds, {stage: CPU seconds}, {stage: wall seconds})."""
     env = dict(os.environ)
     cmd = [os.path.join(BUILD, "autocompress"), "compress", spec_path]
     t0 = time.time()
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    state = {"stage": "load", "peak": {}, "last": None, "cpu": {}, "cpu_at": 0.0}
+    state = {"stage": "load", "peak": {}, "last": None, "cpu": {}, "cpu_at": 0.0, "wall": {}, "wall_at": 0.0}
 
     def reader():
         for line in p.stdout:
@@ -89,6 +94,9 @@ def run_job(spec_path):
             state["last"] = ev
             if ev.get("kind") == "stage" and ev["data"].get("index", 0) > 1:
                 c = cpu_s(p.pid)
+                now = time.time() - t0
+                state["wall"][state["stage"]] = now - state["wall_at"]
+                state["wall_at"] = now
                 if c is not None:  # CPU seconds of the stage that just ended
                     state["cpu"][state["stage"]] = c - state["cpu_at"]
                     state["cpu_at"] = c
@@ -96,6 +104,10 @@ def run_job(spec_path):
                           f" peak {state['peak'].get(state['stage'], 0) / 1024:.0f} MiB", flush=True)
             if ev.get("kind") == "stage":
                 state["stage"] = ev["data"]["stage"]
+                if until and state["stage"] == until:
+                    state["stopped"] = True
+                    p.kill()
+                    return
             elif ev.get("kind") == "log" and "dnas" in ev["data"].get("message", ""):
                 print("  " + json.dumps(ev["data"]), flush=True)
 
@@ -109,6 +121,9 @@ def run_job(spec_path):
     th.join()
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
+    if state.get("stopped"):
+        return None, {k: v / 1024.0 for k, v in state["peak"].items()}, time.time() - t0, cpu, state["cpu"], \
+            state["wall"]
     state["cpu"][state["stage"]] = cpu - state["cpu_at"]
     err = p.stderr.read()
     if p.returncode != 0:
@@ -118,7 +133,7 @@ def run_job(spec_path):
     if report is None or "timings_s" not in report:
         out_dir = json.load(open(spec_path))["output"]
         report = json.load(open(os.path.join(out_dir, "report.json")))
-    return report, {k: v / 1024.0 for k, v in state["peak"].items()}, time.time() - t0, cpu, state["cpu"]
+    return report, {k: v / 1024.0 for k, v in state["peak"].items()}, time.time() - t0, cpu, state["cpu"], state["wall"]
 
 
 def main():
@@ -126,7 +141,8 @@ def main():
     ap.add_argument("--shapes", default="smollm2-135m,qwen2.5-0.5b")
     ap.add_argument("--with-1b", action="store_true", help="also llama-3.2-1b (2.5 GB, heavy)")
     ap.add_argument("--out", default=os.path.join(BUILD, "scale"))
-    ap.add_argument("--calibration-method", default="", help="auto (default), exact or streamed")
+    ap.add_argument("--calibration-method", default="", help="auto (default), exact, streamed or anchored")
+    ap.add_argument("--until", default="", help="stop each job when this stage begins")
     ap.add_argument("--calibration-tokens", type=int, default=0, help="0 = the job's default")
     ap.add_argument("--json", default="", help="write the figures here too")
     a = ap.parse_args()
@@ -153,7 +169,8 @@ def main():
             spec["calibration_tokens"] = a.calibration_tokens
         sp = os.path.join(a.out, shape + "-spec.json")
         json.dump(spec, open(sp, "w"))
-        rep, peak, wall, cpu, stage_cpu = run_job(sp)
+        rep, peak, wall, cpu, stage_cpu, stage_wall = run_job(sp, a.until)
+        rep = rep or {"timings_s": stage_wall}
         tm = rep.get("timings_s", {})
         imp = rep.get("importance", {})
         row = {"shape": shape, "params": est["params"], "wall_s": wall, "cpu_s": cpu, "time_s": {s: tm.get(s) for s in STAGES},

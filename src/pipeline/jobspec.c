@@ -29,7 +29,7 @@ static const char *const DTYPES[] = {"bf16", "fp16", "fp32", "fp8", NULL};
  * of ac_method and ac_export_target (search.h). */
 static const char *const EXPORTS[] = {"deci", "llama", "gguf", NULL};
 static const char *const SMETHODS[] = {"dnas", "surrogate", NULL};
-static const char *const CMETHODS[] = {"auto", "exact", "streamed", NULL}; /* AC_CALIB_* order (importance.h) */
+static const char *const CMETHODS[] = {"auto", "exact", "streamed", "anchored", NULL}; /* AC_CALIB_* order (importance.h) */
 _Static_assert(AC_SEARCH_DNAS == 0 && AC_SEARCH_SURROGATE == 1, "SMETHODS order");
 /* Old names an enum still accepts: pairs of old, current. */
 static const char *const EXPORT_ALIASES[] = {"gguf-deci", "gguf", NULL};
@@ -154,8 +154,9 @@ static const ac_field SPEC[] = {
     BOOL("repair", ac_job_spec, repair, 1, "least-squares refit of pruned FFN down projections"),
     INT("calibration_tokens", ac_job_spec, calibration_tokens, 256, 1 << 24, 16384, 0, NULL),
     ENUM("calibration_method", ac_job_spec, calibration_method, CMETHODS, 0, 0,
-         "sensitivity curves: exact (a full-model pass per point), streamed (layer by layer over cached activations, "
-         "README \"Calibration cost\"), auto (exact up to 2e12 FLOPs or on CUDA)"),
+         "sensitivity curves: exact (every point through the rest of the network), streamed (gradient-scored, "
+         "layer by layer; README \"Calibration cost\"), anchored (50/100 % anchors), auto (exact up to 2e12 "
+         "FLOPs or on CUDA)"),
     INT("priority", ac_job_spec, priority, -1000, 1000, 0, 0, NULL),
     OBJ("distill", ac_job_spec, distill, DISTILL, 0, NULL),
     END,

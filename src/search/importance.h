@@ -58,37 +58,47 @@ typedef struct {
     double **mt_ffn_score; /* sorted */
     int *mt_hid_order;     /* [hidden] */
     double *mt_hid_score;  /* sorted */
-    int streamed;          /* curves measured by the layer-streamed method (below) */
+    int streamed;          /* curves measured by the STREAMED (gradient) method (below) */
+    int method;            /* the AC_CALIB_* method that measured the curves (never AUTO) */
 } ac_importance;
 
 typedef void (*ac_progress_fn)(void *ud, const char *what, double frac);
 
 /* ids: calibration tokens; ctx/windows: the forward-pass protocol.
- * m is modified during the sensitivity passes and restored before return.
- * The activation statistics run on the CPU engine; with cuda, the loss
- * passes of the sensitivity curves (most of the work) run on CUDA device 0:
- * one engine for m, its masked matrix re-uploaded per point, and one per
- * pruned or KV-merged model. */
+ * m is only read by the CPU methods (masks act on activations, so it may be
+ * resident: ac_model_load_resident); the ENGINE method (the CUDA one)
+ * edits its fp32 matrices during the sensitivity passes and restores them.
+ * Same as ac_importance_compute_mode with AC_CALIB_AUTO. */
 int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda,
                           ac_progress_fn progress, void *ud, ac_importance *imp, ac_err *e);
 
-/* Calibration methods (README "Calibration cost"):
- * EXACT: the statistics in one engine pass, then one full-model loss pass
- *   per curve point (8 L + merges + 4 hidden + 1 base, each over the first
- *   min(windows, 8) windows).
- * STREAMED: one layer-streamed pass (stream.h) over cached activations:
- *   statistics and ranking per layer, then per layer the squared error of
- *   its output with each point's units removed (or KV heads merged) on the
- *   first min(windows, 8) windows, and per sub-block two exact loss
- *   increases, the 50 % and 100 % points propagated through the rest of the
- *   network; between those anchors the increase is interpolated linearly in
- *   the output error, below 50 % it is gain * error (a second-order proxy:
- *   loss and squared error both grow as the square of a small perturbation);
- *   KV merging uses the attention gain. The hidden curve stays 4 full
- *   passes. CPU only.
- * AUTO (ac_importance_compute): EXACT with cuda or when its passes cost at
- *   most AC_CALIB_EXACT_FLOPS (every model of the tests), else STREAMED. */
-enum { AC_CALIB_AUTO, AC_CALIB_EXACT, AC_CALIB_STREAMED };
+/* Calibration methods (README "Calibration cost and scale"). Every CPU
+ * method is one layer-streamed pass (stream.h) over the cached residual
+ * stream of the windows: activation statistics and unit ranking per layer,
+ * then each curve point is layer l alone with the point's units masked (or
+ * its KV heads merged) on its cached input over the first S = min(windows,
+ * 8) windows; the difference delta of its output from the unmodified one
+ * becomes a loss increase:
+ * EXACT: delta carried through the rest of the network and the head (the
+ *   exact increase; about L^2 / 2 layer runs per kind of point). With cuda
+ *   EXACT means ENGINE.
+ * STREAMED: backward passes over the S windows (true labels, and 2 sets
+ *   of labels drawn from the model) give the gradients g, g~ at every
+ *   layer's output; increase = sum_t g_t.delta_t + 1/2 mean sum_t
+ *   (g~_t.delta_t)^2 (first order + sampled Fisher, per token): the
+ *   full-model passes do not grow with layers x points. CPU only.
+ * ANCHORED: the 50 % and 100 % points carried through the rest of the
+ *   network, the others interpolated in |delta|^2 (the previous streamed
+ *   method, kept for comparison).
+ * The hidden curve (12.5 / 25 / 50 / 75 %) is exact in all three: one more
+ * layer-streamed pass over the S windows with the 4 hidden masks.
+ * ENGINE: the statistics in one engine pass, then one full-model loss pass
+ *   per point, on the GPU with cuda (weight columns zeroed in place, KV
+ *   merges and hidden widths on pruned whole-model copies; fp32 weights).
+ * AUTO (ac_importance_compute): EXACT (ENGINE with cuda) when the exact
+ *   method's passes cost at most AC_CALIB_EXACT_FLOPS (every model of the
+ *   tests), else STREAMED. */
+enum { AC_CALIB_AUTO, AC_CALIB_EXACT, AC_CALIB_STREAMED, AC_CALIB_ANCHORED, AC_CALIB_ENGINE };
 #define AC_CALIB_EXACT_FLOPS 2e12
 int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda, int mode,
                                ac_progress_fn progress, void *ud, ac_importance *imp, ac_err *e);

@@ -3,8 +3,17 @@
  * layer-streamed calibration (importance.c): the residual stream of the
  * calibration windows is kept in memory, layer l runs over it (statistics
  * hooks see what the engine's hooks see), and its output is layer l+1's
- * input. Also runs a layer with a replaced o_proj/down_proj (masked units)
- * or with its KV heads merged, and the final norm + LM head's loss.
+ * input. A layer can run with units masked (query heads' attention outputs
+ * or FFN channels multiplied by 0 before o_proj / down_proj, exactly their
+ * removal), with its KV heads merged, or with hidden channels masked (what
+ * ac_prune's narrower hidden width computes); the final norm + LM head's
+ * loss; and the backward of a layer and of the loss with respect to the
+ * residual stream (no weight gradients), for gradient-based sensitivity.
+ *
+ * Masks act on activations, never on weights: the model is only read, so
+ * it may be resident (BF16/F16 matrices in the mapped checkpoint,
+ * ac_model_load_resident); the GEMMs go through ac_linear_w as in the
+ * engine, and the backward converts 16-bit weight rows per tile.
  *
  * Same arithmetic as engine.c's forward (kernels_cpu.h), windows always
  * start at position 0 (no KV cache: a window's keys are its own rows).
@@ -20,18 +29,31 @@
 
 typedef struct {
     const ac_model *m;
-    int B, n; /* at most B windows of n tokens per call */
+    int B, n, wdt; /* at most B windows of n tokens per call; the model's matrix dtype */
     float *xn, *q, *kt, *vt, *att, *g, *u, *x0, *scores, *cos_t, *sin_t, *logits;
     int *pos;
+    ac_wscratch ws; /* 16-bit weights: the GEMMs' scratch */
+    /* backward (ac_stream_want_grad), NULL otherwise */
+    float *xh1, *xh2, *r1, *r2, *x1, *dxn, *dq, *dk, *dv, *dg, *du, *dscr, *dw, *wtile;
+    int wtile_rows;
 } ac_stream;
 
-/* What differs from the model's layer in one call (NULL = nothing). */
+/* What differs from the model's layer in one call (NULL / 0 = nothing). */
 typedef struct {
-    const float *wo, *wd; /* replacement o_proj [H][Q] / down_proj [H][F], or NULL */
-    int kv_merge;         /* > 0: KV heads mean-pooled to this many (a divisor), as ac_prune merges */
+    const float *head_mask; /* [n_heads]: multiplies each query head's attention output before o_proj */
+    const float *ffn_mask;  /* [ffn]: multiplies silu(g)*u before down_proj */
+    int kv_merge;           /* > 0: KV heads mean-pooled to this many (a divisor), as ac_prune merges */
+    /* Hidden width: hid_mask[H] is 1 on the hid_kept kept channels, 0 on the
+     * others; the residual stream must be 0 on masked channels (embedding
+     * masked by ac_stream_embed_masked); RMSNorms then average over the kept
+     * channels and each residual add is masked again. */
+    const float *hid_mask;
+    int hid_kept;
 } ac_stream_mod;
 
 int ac_stream_init(ac_stream *s, const ac_model *m, int B, int n, ac_err *e);
+/* Also allocate what ac_stream_layer_backward and ac_stream_nll_grad need. */
+int ac_stream_want_grad(ac_stream *s, ac_err *e);
 void ac_stream_free(ac_stream *s);
 /* x[B*n][H] (B <= s->B windows of s->n tokens): x = layer l (x), in place.
  * hk (may be NULL) sees normed/head_out/ffn_act/layer_io as in the engine. */
@@ -40,7 +62,16 @@ void ac_stream_layer(ac_stream *s, int l, float *x, int B, const ac_stream_mod *
 int ac_stream_embed(const ac_model *m, const int *tok, long N, float *x, ac_err *e);
 /* Sum over the B windows of the cross-entropy of predicting tok[b][t+1]
  * from row (b, t) of the final residual x, t < n-1 (x is not modified);
- * *count predictions. */
-double ac_stream_nll(ac_stream *s, const float *x, const int *tok, int B, long *count);
+ * *count predictions. mod: only its hidden mask is used (may be NULL). */
+double ac_stream_nll(ac_stream *s, const float *x, const int *tok, int B, const ac_stream_mod *mod, long *count);
+/* As ac_stream_nll (no mask), and dx[B*n][H] = d(summed loss)/dx. With
+ * rng (a seed, advanced), the gradient is taken for labels drawn from the
+ * model's own distribution instead of tok (the returned loss stays tok's):
+ * its outer product is the Fisher / Gauss-Newton matrix in expectation. */
+double ac_stream_nll_grad(ac_stream *s, const float *x, const int *tok, int B, unsigned *rng, float *dx);
+/* dx[B*n][H]: the gradient at layer l's output on input x_in (unmodified
+ * layer) becomes the gradient at its input, in place (the layer's forward
+ * is recomputed from x_in). Any number B of windows (s->B at a time). */
+void ac_stream_layer_backward(ac_stream *s, int l, const float *x_in, float *dx, int B);
 
 #endif
