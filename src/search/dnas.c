@@ -29,7 +29,7 @@ void ac_dnas_defaults(ac_dnas_opts *o) {
                         .teacher_cache_mib = 256,
                         .mc_tau0 = 2.0 / 3.0,
                         .mc_tau1 = 2.0 / 3.0,
-                        .mc_hard = 0,
+                        .mc_hard_from = 1.0,
                         .mc_init_off = -1.0};
 }
 
@@ -1035,12 +1035,13 @@ static int task_step(run_t *R, const ac_dnas_gates *g, const ac_search_problem *
         R->z[i] = g->mkv[i] ? 0 : ac_dnas_sample(g->la[i], R->u[i], &R->dzla[i]);
     }
     double tau = merge_tau(o, s);
+    int hard = o->mc_hard_from < 1 && s - 1 >= o->mc_hard_from * o->steps;
     for (int l = 0; l < g->L; l++)
-        if (g->nmc[l]) ac_dnas_merge_sample(g, l, R->u + g->mc_off[l], tau, o->mc_hard, R->q, R->z);
+        if (g->nmc[l]) ac_dnas_merge_sample(g, l, R->u + g->mc_off[l], tau, hard, R->q, R->z);
     if (put_gates(R, g, p, R->z, e)) return -1;
     if (gate_grad(R, g, p, R->tok + (size_t)bi * B * T, B, T, R->teacher + per * bi, task, e)) return -1;
     for (int i = 0; i < g->np; i++) R->gl[i] = g->mkv[i] ? 0 : R->dz[i] * R->dzla[i];
-    /* Gumbel-softmax: d q_c / d theta_d = q_c (delta_cd - q_d) / tau; straight-through (mc_hard): dz taken at
+    /* Gumbel-softmax: d q_c / d theta_d = q_c (delta_cd - q_d) / tau; straight-through (mc_hard_from): dz taken at
      * the one-hot sample the network saw, passed on as if it were the soft sample q */
     for (int l = 0; l < g->L; l++) {
         int o0 = g->mc_off[l];

@@ -61,7 +61,8 @@ typedef struct {
     int init_surrogate;      /* 1: log_alpha initialised from the surrogate search's result */
     int teacher_cache_mib;   /* teacher logits cached up to this size, else recomputed each step */
     double mc_tau0, mc_tau1; /* deci merge choices: Gumbel-softmax temperature, first and last step (geometric) */
-    int mc_hard;             /* 1: straight-through: the network sees the one-hot argmax of the soft sample */
+    double mc_hard_from;     /* straight-through from this fraction of the steps on (the network sees the one-hot
+                              * argmax of the soft sample); 1: never */
     double mc_init_off;      /* initial logit of the merge choices the surrogate did not pick (its pick: 2) */
     int cuda;                /* 1: gate training on CUDA device 0 (the plugin's trainer); the job sets it
                             * when its target is a local cuda device (ac_search_problem.cuda) */
