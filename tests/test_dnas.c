@@ -271,6 +271,57 @@ static void test_hard_merge_choice_equals_merging(void) {
     ac_dnas_gates_free(&g);
 }
 
+/* The merge choices' sample: the soft Gumbel-softmax q sums to 1; the
+ * straight-through one-hot (mc_hard) is q's argmax, and by the Gumbel-max
+ * trick its frequencies are softmax(theta) at any temperature: the network
+ * sees merged models with the probabilities the expected cost assumes. */
+static void test_merge_sample_is_a_categorical_sample(void) {
+    if (!setup()) SKIP("no tiny model or calibration text (make tiny-model)");
+    ac_dnas_gates g;
+    ac_err e;
+    ac_search_opts so = opts(AC_EXPORT_DECI, 0);
+    CHECK(ac_dnas_gates_init(&g, &M.a, &so, &e) == 0, "%s", e.msg);
+    int o = g.mc_off[0], n = g.nmc[0], N = 40000;
+    double th[3] = {0.3, -0.5, 1.0}, pw[3], sum = 0, *q = calloc(g.np, sizeof(double)),
+           *z = calloc(g.np, sizeof(double));
+    for (int c = 0; c < n; c++) sum += (pw[c] = exp(g.la[o + c] = th[c]));
+    for (int c = 0; c < n; c++) pw[c] /= sum;
+    double taus[2] = {2.0 / 3.0, 0.1}, worst = 0;
+    unsigned long long s = 11;
+    int bad = 0;
+    for (int k = 0; k < 2; k++) {
+        int cnt[3] = {0};
+        for (int i = 0; i < N; i++) {
+            double u[3];
+            for (int c = 0; c < n; c++) {
+                s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+                u[c] = ((s >> 11) + 0.5) / 9007199254740992.0;
+            }
+            ac_dnas_merge_sample(&g, 0, u, taus[k], 1, q, z);
+            double qs = 0, zs = 0;
+            int am = 0, hot = -1;
+            for (int c = 0; c < n; c++) {
+                qs += q[o + c], zs += z[o + c];
+                am = q[o + c] > q[o + am] ? c : am;
+                hot = z[o + c] == 1 ? c : hot;
+                bad |= z[o + c] != 0 && z[o + c] != 1;
+            }
+            bad |= fabs(qs - 1) > 1e-12 || zs != 1 || hot != am;
+            cnt[hot < 0 ? 0 : hot]++;
+        }
+        for (int c = 0; c < n; c++) worst = fmax(worst, fabs((double)cnt[c] / N - pw[c]));
+        ac_dnas_merge_sample(&g, 0, (double[3]){0.2, 0.5, 0.9}, taus[k], 0, q, z); /* soft: z is q */
+        for (int c = 0; c < n; c++) bad |= z[o + c] != q[o + c];
+    }
+    printf("   straight-through merge samples: max |frequency - softmax(theta)| %.4f over %d draws (tau 2/3, 0.1)\n",
+           worst, N);
+    CHECK(!bad, "a hard merge sample that is not the one-hot argmax of its soft sample");
+    CHECK(worst < 0.012, "hard merge samples off softmax(theta) by %g", worst);
+    free(q);
+    free(z);
+    ac_dnas_gates_free(&g);
+}
+
 static void problem(ac_search_problem *p, ac_cost_table *t, ac_workload *w, ac_engine_profile *pr, ac_search_opts so) {
     ac_err e;
     ac_cost_roofline(ac_device_spec_find("H100"), "bf16", t, &e);
@@ -525,6 +576,7 @@ int main(void) {
     RUN(test_hard_zero_gates_equal_pruning);
     RUN(test_constraint_gradient_matches_finite_differences);
     RUN(test_hard_merge_choice_equals_merging);
+    RUN(test_merge_sample_is_a_categorical_sample);
     RUN(test_depth_only_limit_is_met_by_removing_sub_blocks);
     RUN(test_cuda_gate_search_matches_cpu);
     if (HAVE > 0) {

@@ -15,7 +15,6 @@
 #define HC_BETA (2.0 / 3.0)
 #define HC_GAMMA (-0.1)
 #define HC_ZETA 1.1
-#define MC_TAU (2.0 / 3.0) /* Gumbel-softmax temperature of the KV-merge choices */
 
 void ac_dnas_defaults(ac_dnas_opts *o) {
     *o = (ac_dnas_opts){.steps = 300,
@@ -27,7 +26,11 @@ void ac_dnas_defaults(ac_dnas_opts *o) {
                         .cotrain = 0,
                         .w_lr = 1e-4,
                         .init_surrogate = 1,
-                        .teacher_cache_mib = 256};
+                        .teacher_cache_mib = 256,
+                        .mc_tau0 = 2.0 / 3.0,
+                        .mc_tau1 = 2.0 / 3.0,
+                        .mc_hard_from = 1.0,
+                        .mc_init_off = -1.0};
 }
 
 double ac_dnas_keep_prob(double la) { return 1.0 / (1.0 + exp(-(la - HC_BETA * log(-HC_GAMMA / HC_ZETA)))); }
@@ -240,17 +243,19 @@ void ac_dnas_merge_grads(const ac_dnas_gates *g, const ac_model *src, const ac_m
     }
 }
 
-void ac_dnas_merge_sample(const ac_dnas_gates *g, int l, const double *u, double *z) {
-    int o = g->mc_off[l], n = g->nmc[l];
+void ac_dnas_merge_sample(const ac_dnas_gates *g, int l, const double *u, double tau, int hard, double *q, double *z) {
+    int o = g->mc_off[l], n = g->nmc[l], best = 0;
     double mx = -1e300;
     for (int c = 0; c < n; c++) {
-        double v = u ? (g->la[o + c] - log(-log(u[c]))) / MC_TAU : g->la[o + c];
-        z[o + c] = v;
+        double v = u ? (g->la[o + c] - log(-log(u[c]))) / tau : g->la[o + c];
+        q[o + c] = v;
         mx = fmax(mx, v);
     }
     double sum = 0;
-    for (int c = 0; c < n; c++) sum += (z[o + c] = exp(z[o + c] - mx));
-    for (int c = 0; c < n; c++) z[o + c] /= sum;
+    for (int c = 0; c < n; c++) sum += (q[o + c] = exp(q[o + c] - mx));
+    for (int c = 0; c < n; c++) best = q[o + c] > q[o + best] ? c : best;
+    for (int c = 0; c < n; c++) q[o + c] /= sum;
+    for (int c = 0; c < n; c++) z[o + c] = hard ? c == best : q[o + c];
 }
 
 /* Expected KV count of layer l's merge choices (softmax(theta)); p[nmc] gets the probabilities. */
@@ -711,7 +716,8 @@ static double urand(unsigned long long *s) {
 
 /* log_alpha from the surrogate search's architecture: its kept units
  * (the most important ones, as prune keeps them) on, the rest off. */
-static void init_from_arch(ac_dnas_gates *g, const ac_arch *b, const ac_arch *a, const ac_importance *imp) {
+static void init_from_arch(ac_dnas_gates *g, const ac_arch *b, const ac_arch *a, const ac_importance *imp,
+                           double mc_off) {
     const double on = 2.0, off = -3.0;
     for (int l = 0; l < g->L; l++) {
         const ac_layer_arch *bl = &b->layers[l], *al = &a->layers[l];
@@ -721,7 +727,7 @@ static void init_from_arch(ac_dnas_gates *g, const ac_arch *b, const ac_arch *a,
         for (int c = 0; c < g->nmc[l];
              c++) { /* the surrogate's merge choice (every head kept when it drops attention) */
             int want = al->n_kv_heads ? al->n_kv_heads : bl->n_kv_heads;
-            g->la[g->mc_off[l] + c] = g->mkv[g->mc_off[l] + c] == want ? on : -1.0;
+            g->la[g->mc_off[l] + c] = g->mkv[g->mc_off[l] + c] == want ? on : mc_off;
         }
         int kf = (al->ffn + g->fm / 2) / g->fm;
         for (int j = 0; j < g->nfg[l]; j++) g->la[g->ffn_off[l] + j] = j < kf || al->ffn == bl->ffn ? on : off;
@@ -746,9 +752,9 @@ typedef struct {
     int merge, restore;     /* any merge choice; src's K/V overwritten (CPU without cotrain) */
     float *teacher;         /* [nb][B*T*V] cached teacher logits, or one batch when online */
     int *tok, nb, nwin, nbatches, online;
-    double *z, *u, *dzla, *dz, *gl, *cg, *m1, *m2;
-    ac_model copy; /* cotrain: the trained copy */
-    ac_adamw opt;  /* cotrain on the CPU; on CUDA its schedule */
+    double *z, *u, *dzla, *dz, *gl, *cg, *m1, *m2, *q; /* q: the soft merge samples (straight-through) */
+    ac_model copy;                                     /* cotrain: the trained copy */
+    ac_adamw opt;                                      /* cotrain on the CPU; on CUDA its schedule */
     char er[512];
 } run_t;
 
@@ -832,7 +838,7 @@ static void run_free(run_t *R) {
     kv_shadow_free(&R->kvg);
     free(R->teacher);
     free(R->tok);
-    double *d[] = {R->z, R->u, R->dzla, R->dz, R->gl, R->cg, R->m1, R->m2};
+    double *d[] = {R->z, R->u, R->dzla, R->dz, R->gl, R->cg, R->m1, R->m2, R->q};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++) free(d[i]);
     if (R->copy.L) ac_model_free(&R->copy);
     ac_adamw_free(&R->opt);
@@ -1010,6 +1016,13 @@ static void emit_step(const ac_search_problem *p, const ac_dnas_gates *g, int s,
     json_decref(ev);
 }
 
+/* The merge choices' Gumbel-softmax temperature at step s of o->steps:
+ * geometric from mc_tau0 to mc_tau1. */
+static double merge_tau(const ac_dnas_opts *o, int s) {
+    double f = o->steps > 1 ? (double)(s - 1) / (o->steps - 1) : 1;
+    return o->mc_tau0 * pow(o->mc_tau1 / o->mc_tau0, f);
+}
+
 /* One gate step: sample, forward, KD loss, backward; d loss/d log_alpha into R->gl. */
 static int task_step(run_t *R, const ac_dnas_gates *g, const ac_search_problem *p, const ac_dnas_opts *o,
                      const int *ids, int s, unsigned long long *rng, double *task, ac_err *e) {
@@ -1021,16 +1034,20 @@ static int task_step(run_t *R, const ac_dnas_gates *g, const ac_search_problem *
         R->u[i] = urand(rng);
         R->z[i] = g->mkv[i] ? 0 : ac_dnas_sample(g->la[i], R->u[i], &R->dzla[i]);
     }
+    double tau = merge_tau(o, s);
+    int hard = o->mc_hard_from < 1 && s - 1 >= o->mc_hard_from * o->steps;
     for (int l = 0; l < g->L; l++)
-        if (g->nmc[l]) ac_dnas_merge_sample(g, l, R->u + g->mc_off[l], R->z);
+        if (g->nmc[l]) ac_dnas_merge_sample(g, l, R->u + g->mc_off[l], tau, hard, R->q, R->z);
     if (put_gates(R, g, p, R->z, e)) return -1;
     if (gate_grad(R, g, p, R->tok + (size_t)bi * B * T, B, T, R->teacher + per * bi, task, e)) return -1;
     for (int i = 0; i < g->np; i++) R->gl[i] = g->mkv[i] ? 0 : R->dz[i] * R->dzla[i];
-    for (int l = 0; l < g->L; l++) { /* Gumbel-softmax: d q_c / d theta_d = q_c (delta_cd - q_d) / tau */
+    /* Gumbel-softmax: d q_c / d theta_d = q_c (delta_cd - q_d) / tau; straight-through (mc_hard_from): dz taken at
+     * the one-hot sample the network saw, passed on as if it were the soft sample q */
+    for (int l = 0; l < g->L; l++) {
         int o0 = g->mc_off[l];
         double zdz = 0;
-        for (int c = 0; c < g->nmc[l]; c++) zdz += R->z[o0 + c] * R->dz[o0 + c];
-        for (int c = 0; c < g->nmc[l]; c++) R->gl[o0 + c] = R->z[o0 + c] * (R->dz[o0 + c] - zdz) / MC_TAU;
+        for (int c = 0; c < g->nmc[l]; c++) zdz += R->q[o0 + c] * R->dz[o0 + c];
+        for (int c = 0; c < g->nmc[l]; c++) R->gl[o0 + c] = R->q[o0 + c] * (R->dz[o0 + c] - zdz) / tau;
     }
     if (o->cotrain && weight_step(R, s - 1, e)) return -1;
     return 0;
@@ -1080,11 +1097,11 @@ static int setup(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, ac_mode
         ac_search_result sr;
         q.emit = NULL;
         if (ac_search_autocompress(&q, &sr, e)) return -1;
-        init_from_arch(g, p->base, &sr.arch, p->imp);
+        init_from_arch(g, p->base, &sr.arch, p->imp, o->mc_init_off);
         ac_search_result_free(&sr);
     }
     int np = g->np + 1;
-    double **bufs[] = {&R->z, &R->u, &R->dzla, &R->dz, &R->gl, &R->cg, &R->m1, &R->m2};
+    double **bufs[] = {&R->z, &R->u, &R->dzla, &R->dz, &R->gl, &R->cg, &R->m1, &R->m2, &R->q};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (!(*bufs[i] = calloc(np, sizeof(double)))) return ac_errf(e, "out of memory");
     for (int l = 0; l < g->L; l++) R->merge |= g->nmc[l] > 0;

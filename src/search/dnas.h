@@ -51,16 +51,20 @@
 #include "train.h"
 
 typedef struct {
-    int steps;             /* gate-training steps */
-    int batch, seq_len;    /* calibration windows per step, tokens per window */
-    double lr;             /* Adam on log_alpha */
-    double mu;             /* augmented-Lagrangian penalty weight */
-    double rho;            /* dual ascent step */
-    int cotrain;           /* 1: weights trained too (AdamW, on a copy of the model) */
-    double w_lr;           /* weight learning rate when cotrain */
-    int init_surrogate;    /* 1: log_alpha initialised from the surrogate search's result */
-    int teacher_cache_mib; /* teacher logits cached up to this size, else recomputed each step */
-    int cuda;              /* 1: gate training on CUDA device 0 (the plugin's trainer); the job sets it
+    int steps;               /* gate-training steps */
+    int batch, seq_len;      /* calibration windows per step, tokens per window */
+    double lr;               /* Adam on log_alpha */
+    double mu;               /* augmented-Lagrangian penalty weight */
+    double rho;              /* dual ascent step */
+    int cotrain;             /* 1: weights trained too (AdamW, on a copy of the model) */
+    double w_lr;             /* weight learning rate when cotrain */
+    int init_surrogate;      /* 1: log_alpha initialised from the surrogate search's result */
+    int teacher_cache_mib;   /* teacher logits cached up to this size, else recomputed each step */
+    double mc_tau0, mc_tau1; /* deci merge choices: Gumbel-softmax temperature, first and last step (geometric) */
+    double mc_hard_from;     /* straight-through from this fraction of the steps on (the network sees the one-hot
+                              * argmax of the soft sample); 1: never */
+    double mc_init_off;      /* initial logit of the merge choices the surrogate did not pick (its pick: 2) */
+    int cuda;                /* 1: gate training on CUDA device 0 (the plugin's trainer); the job sets it
                             * when its target is a local cuda device (ac_search_problem.cuda) */
 } ac_dnas_opts;
 
@@ -109,8 +113,10 @@ void ac_dnas_apply_merge(const ac_dnas_gates *g, const double *z, const ac_model
  * choice, grad the weight gradients of a forward through the mixture. */
 void ac_dnas_merge_grads(const ac_dnas_gates *g, const ac_model *src, const ac_model *grad, double *dz);
 /* Gumbel-softmax sample of layer l's merge choices from uniforms u[nmc]
- * (u == NULL: softmax(theta)) into z[mc_off..]. */
-void ac_dnas_merge_sample(const ac_dnas_gates *g, int l, const double *u, double *z);
+ * at temperature tau (u == NULL: softmax(theta)) into q[mc_off..]; z[mc_off..]
+ * gets q, or with hard the one-hot of its argmax (Gumbel-max: an exact
+ * sample of the categorical softmax(theta), whatever tau). */
+void ac_dnas_merge_sample(const ac_dnas_gates *g, int l, const double *u, double tau, int hard, double *q, double *z);
 
 /* Expected value of metric m under the gates (formula above) and its
  * gradient d/d log_alpha into grad[np] (may be NULL). */
