@@ -80,7 +80,7 @@ static int cmd_eval(int argc, char **argv) {
     int *ids = NULL;
     size_t n = 0;
     /* CPU: weights stay in their file dtype (mapped); the CUDA upload wants fp32 */
-    if ((o.cuda ? ac_model_load : ac_model_load_resident)(argv[2], &m, &e)) {
+    if (ac_model_load_resident(argv[2], &m, &e)) { /* CUDA: uploaded from a transient fp32 copy */
         fprintf(stderr, "autocompress: %s\n", e.msg);
         return 1;
     }
@@ -113,7 +113,7 @@ static int cmd_export_gguf(int argc, char **argv) {
     ac_model m;
     char tok[4200];
     snprintf(tok, sizeof tok, "%s/tokenizer.json", argv[2]);
-    if (ac_model_load(argv[2], &m, &e)) {
+    if (ac_model_load_resident(argv[2], &m, &e)) { /* converted per tensor as it is written */
         fprintf(stderr, "autocompress: %s\n", e.msg);
         return 1;
     }

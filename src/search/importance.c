@@ -246,11 +246,16 @@ static int rank_layer(const ac_model *m, const ac_stats *st, int l, ac_importanc
     double *gs = calloc(G + 1, sizeof(double)), *fs = calloc(F + 1, sizeof(double));
     int rc = gs && fs ? 0 : -1;
     for (int h = 0; !rc && h < la->n_heads; h++) gs[h / grp] += sqrt(st->head[l][h] / (double)st->tokens);
-    for (int c = 0; !rc && c < F; c++) {
-        double wn = 0;
-        for (int r = 0; r < H; r++) wn += (double)m->L[l].wd[(size_t)r * F + c] * m->L[l].wd[(size_t)r * F + c];
-        fs[c] = st->ffn[l][c] / (double)st->tokens * sqrt(wn);
+    double *wn = calloc(F + 1, sizeof(double)); /* down_proj column norms, row by row (resident: converted) */
+    float *wr = malloc(sizeof(float) * (F + 1));
+    rc = rc || !wn || !wr ? -1 : 0;
+    for (int r = 0; !rc && r < H; r++) {
+        ac_row_f32(wr, m->L[l].wd, ac_layer_wdt(m, l), (size_t)r, F);
+        for (int c = 0; c < F; c++) wn[c] += (double)wr[c] * wr[c];
     }
+    for (int c = 0; !rc && c < F; c++) fs[c] = st->ffn[l][c] / (double)st->tokens * sqrt(wn[c]);
+    free(wn);
+    free(wr);
     if (!rc)
         rc = rank(gs, G, &imp->kv_order[l], &imp->kv_score[l]) || rank(fs, F, &imp->ffn_order[l], &imp->ffn_score[l]);
     free(gs);
@@ -283,6 +288,7 @@ static int masking_sensitivity(calib *c, ac_err *e) {
     for (int l = 0; l < L && !rc; l++) {
         const ac_layer_arch *la = &a->layers[l];
         ac_layer_w *w = &c->m->L[l];
+        if ((rc = ac_model_layer_f32(c->m, l, e))) break; /* resident: this layer in fp32 while it is masked */
         if (la->n_heads) {
             /* a KV group's query heads are adjacent: grp*hd o_proj columns */
             int grp = la->n_heads / la->n_kv_heads;
@@ -293,6 +299,7 @@ static int masking_sensitivity(calib *c, ac_err *e) {
         if (la->ffn && !rc)
             rc = sens_curve(sc, l, AC_W_D, c->ids, c->n, c->ctx, c->sw, c->base, w->wd, H, la->ffn,
                             c->imp->ffn_order[l], la->ffn, 1, c->imp->ffn_sens[l], e);
+        ac_model_layer_release(c->m, l);
         if (c->progress) c->progress(c->ud, "sensitivity", (double)++done / total);
     }
     ac_scorer_close(sc); /* pruned models get engines of their own */
@@ -440,9 +447,13 @@ static int stream_layer(streamer *t, ac_stats *st, const ac_engine_hooks *hk, in
     const ac_layer_arch *la = &a->layers[l];
     const ac_layer_w *w = &c->m->L[l];
     int H = a->hidden, hd = a->head_dim;
+    if (ac_model_layer_f32(c->m, l, e)) return -1; /* resident: masked copies come from fp32 o/down_proj */
     memcpy(t->Xs, t->X, (size_t)t->sw * c->ctx * H * 4);
     run_layers(t, l, l + 1, t->X, t->nwin, NULL, hk);
-    if (rank_layer(c->m, st, l, c->imp, e)) return -1;
+    if (rank_layer(c->m, st, l, c->imp, e)) {
+        ac_model_layer_release(c->m, l);
+        return -1;
+    }
     if (la->n_heads) {
         int grp = la->n_heads / la->n_kv_heads;
         mask_errors(t, l, 0, w->wo, H, la->n_heads * hd, c->imp->kv_order[l], la->n_kv_heads, grp * hd, t->ea[l],
@@ -457,6 +468,7 @@ static int stream_layer(streamer *t, ac_stats *st, const ac_engine_hooks *hk, in
         }
     }
     if (la->ffn) mask_errors(t, l, 1, w->wd, H, la->ffn, c->imp->ffn_order[l], la->ffn, 1, t->ef[l], t->lf[l]);
+    ac_model_layer_release(c->m, l);
     return 0;
 }
 

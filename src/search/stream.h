@@ -23,6 +23,7 @@ typedef struct {
     int B, n; /* at most B windows of n tokens per call */
     float *xn, *q, *kt, *vt, *att, *g, *u, *x0, *scores, *cos_t, *sin_t, *logits;
     int *pos;
+    ac_wscratch ws; /* ac_linear_w's tiles for a resident (BF16/F16) model */
 } ac_stream;
 
 /* What differs from the model's layer in one call (NULL = nothing). */
