@@ -1,7 +1,8 @@
 /*
  * test_resident_job.c - the job pipeline on resident (BF16-mapped) weights
  * against the same weights loaded as fp32 (issue 16): per-layer fp32
- * copies, the fp32 copy for trainers, ac_prune from the mapping, and a whole
+ * copies, the fp32 copy for trainers, ac_prune from the mapping, streamed
+ * calibration, and a whole
  * compression job whose export must be byte-identical.
  *
  * Reference: the tiny model (BF16 safetensors) saved once as an F32
@@ -20,6 +21,7 @@
 
 #include "check.h"
 #include "eval.h"
+#include "importance.h"
 #include "fsafe.h"
 #include "job.h"
 #include "jobspec.h"
@@ -178,6 +180,49 @@ static void test_prune_from_mapping(void) {
     ac_model_free(&f);
 }
 
+/* Streamed calibration (layer by layer, stream.c) on the resident model
+ * equals the one on the fp32 load with fp32 GEMMs: the same unit orders,
+ * curves and base loss. */
+static void test_streamed_calibration(void) {
+    if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
+    ac_model r, f;
+    ac_importance ir, iff;
+    ac_err e;
+    int *ids = NULL;
+    size_t n = 0;
+    char calib[1100];
+    ck_build_path(calib, sizeof calib, "data/calib.txt");
+    if (ac_model_load_resident(tiny, &r, &e) || ac_model_load(tiny, &f, &e) ||
+        ac_load_text_ids(tiny, calib, &ids, &n, f.a.vocab, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
+    if (n > 2048) n = 2048;
+    int rows = ac_bf16_gemm_rows();
+    ac_set_bf16_gemm_rows(0);
+    int ok = ac_importance_compute_mode(&r, ids, n, 64, 32, 0, AC_CALIB_STREAMED, NULL, NULL, &ir, &e) == 0 &&
+             ac_importance_compute_mode(&f, ids, n, 64, 32, 0, AC_CALIB_STREAMED, NULL, NULL, &iff, &e) == 0;
+    ac_set_bf16_gemm_rows(rows);
+    CHECK(ok, "%s", e.msg);
+    if (ok) {
+        int same = ir.base_loss == iff.base_loss &&
+                   memcmp(ir.hid_order, iff.hid_order, sizeof(int) * f.a.hidden) == 0;
+        for (int l = 0; l < f.a.n_layers; l++) {
+            same = same && memcmp(ir.ffn_order[l], iff.ffn_order[l], sizeof(int) * f.a.layers[l].ffn) == 0 &&
+                   memcmp(ir.kv_order[l], iff.kv_order[l], sizeof(int) * f.a.layers[l].n_kv_heads) == 0;
+            for (int p = 0; p < AC_SENS_POINTS; p++)
+                same = same && ir.attn_sens[l][p] == iff.attn_sens[l][p] && ir.ffn_sens[l][p] == iff.ffn_sens[l][p];
+        }
+        printf("  streamed base loss: resident %.9f, fp32 %.9f\n", ir.base_loss, iff.base_loss);
+        CHECK(same && ir.streamed, "streamed calibration differs between resident and fp32 weights");
+        ac_importance_free(&ir);
+        ac_importance_free(&iff);
+    }
+    free(ids);
+    ac_model_free(&r);
+    ac_model_free(&f);
+}
+
 static void quiet(void *ud, const char *kind, json_t *data) { (void)ud, (void)kind, (void)data; }
 
 static int run_job(const char *model, const char *out, json_t **res, ac_err *e) {
@@ -250,6 +295,7 @@ int main(void) {
     mkdir(f32dir, 0755);
     RUN(test_layer_copies);
     RUN(test_prune_from_mapping);
+    RUN(test_streamed_calibration);
     RUN(test_job_resident_equals_fp32);
     return DONE();
 }
