@@ -192,7 +192,7 @@ static int cmd_prune(int argc, char **argv) {
         fprintf(stderr, "autocompress: %s: %s\n", argv[3], je.text);
         return 1;
     }
-    if (ac_model_load(argv[2], &m, &e) || ac_arch_from_json(aj, &m.a, &req, &e)) goto out;
+    if (ac_model_load_resident(argv[2], &m, &e) || ac_arch_from_json(aj, &m.a, &req, &e)) goto out;
     if (argc == 6 && (ac_deci_pad_arch(&req, &t, &e) || ac_deci_check_arch(&t, &e))) goto out;
     if (first_channels(&m.a, &imp)) {
         ac_errf(&e, "out of memory");
