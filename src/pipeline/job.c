@@ -10,6 +10,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -398,6 +399,10 @@ int ac_job_run(const ac_job_spec *spec, ac_job_ctx *ctx, json_t **result, ac_err
             ac_errctx(e, "stage %s", s->stage);
         else
             json_object_set_new(s->timings, s->stage, json_real(ac_now() - t0));
+        /* give the stage's freed working sets back to the system: glibc keeps
+         * freed heap pages (per-tensor buffers below its raised mmap threshold
+         * after the search's fp32 copy), which the next stage's peak would count */
+        malloc_trim(0);
     }
     if (!rc) {
         assert(s->result && s->measured_local);
