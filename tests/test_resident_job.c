@@ -2,7 +2,7 @@
  * test_resident_job.c - the job pipeline on resident (BF16-mapped) weights
  * against the same weights loaded as fp32 (issue 16): per-layer fp32
  * copies, the fp32 copy for trainers, ac_prune from the mapping, streamed
- * calibration, and a whole
+ * calibration, the GGUF export, and a whole
  * compression job whose export must be byte-identical.
  *
  * Reference: the tiny model (BF16 safetensors) saved once as an F32
@@ -23,6 +23,7 @@
 #include "eval.h"
 #include "importance.h"
 #include "fsafe.h"
+#include "gguf.h"
 #include "job.h"
 #include "jobspec.h"
 #include "kernels_cpu.h"
@@ -180,6 +181,30 @@ static void test_prune_from_mapping(void) {
     ac_model_free(&f);
 }
 
+/* export-gguf converts a resident model per tensor: the GGUF file (BF16
+ * and F32 tensors) is byte-identical to the one written from the fp32 load. */
+static void test_gguf_from_mapping(void) {
+    if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
+    ac_model r, f;
+    ac_err e;
+    char tok[1200];
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", tiny);
+    if (ac_model_load_resident(tiny, &r, &e) || ac_model_load(tiny, &f, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
+    int dts[2] = {ST_BF16, ST_F32};
+    for (int i = 0; i < 2; i++) {
+        const char *a = "/tmp/ac_test_resident_a.gguf", *b = "/tmp/ac_test_resident_b.gguf";
+        size_t len = 0;
+        int ok = ac_gguf_write(&r, tok, a, dts[i], &e) == 0 && ac_gguf_write(&f, tok, b, dts[i], &e) == 0;
+        CHECK(ok, "%s", e.msg);
+        CHECK(ok && same_bytes(a, b, &len) && len > 0, "GGUF (%s) from the mapping differs", i ? "F32" : "BF16");
+    }
+    ac_model_free(&r);
+    ac_model_free(&f);
+}
+
 /* Streamed calibration (layer by layer, stream.c) on the resident model
  * equals the one on the fp32 load with fp32 GEMMs: the same unit orders,
  * curves and base loss. */
@@ -295,6 +320,7 @@ int main(void) {
     mkdir(f32dir, 0755);
     RUN(test_layer_copies);
     RUN(test_prune_from_mapping);
+    RUN(test_gguf_from_mapping);
     RUN(test_streamed_calibration);
     RUN(test_job_resident_equals_fp32);
     return DONE();
