@@ -21,9 +21,9 @@
 
 #include "check.h"
 #include "eval.h"
-#include "importance.h"
 #include "fsafe.h"
 #include "gguf.h"
+#include "importance.h"
 #include "job.h"
 #include "jobspec.h"
 #include "kernels_cpu.h"
@@ -150,7 +150,7 @@ static void test_prune_from_mapping(void) {
         int grp = s->n_heads / s->n_kv_heads;
         d->ffn = s->ffn / 2 + l;
         if (l % 3 == 0 && s->n_kv_heads > 1) d->n_kv_heads = s->n_kv_heads / 2; /* merge, all heads kept */
-        if (l % 3 == 1 && s->n_kv_heads > 1) { /* KV groups with their heads */
+        if (l % 3 == 1 && s->n_kv_heads > 1) {                                  /* KV groups with their heads */
             d->n_kv_heads = s->n_kv_heads / 2;
             d->n_heads = d->n_kv_heads * grp;
         }
@@ -164,8 +164,7 @@ static void test_prune_from_mapping(void) {
         for (int l = 0; l < L; l++)
             for (int w = AC_W_Q; w <= AC_W_D; w++) {
                 size_t k, k2;
-                const float *p = ac_layer_matrix(&pr, l, (ac_wmat)w, &k),
-                            *q = ac_layer_matrix(&pf, l, (ac_wmat)w, &k2);
+                const float *p = ac_layer_matrix(&pr, l, (ac_wmat)w, &k), *q = ac_layer_matrix(&pf, l, (ac_wmat)w, &k2);
                 int eq = k == k2 && (!k || memcmp(p, q, k * 4) == 0);
                 CHECK(eq, "layer %d matrix %d differs", l, w);
                 same = same && eq;
@@ -230,8 +229,7 @@ static void test_streamed_calibration(void) {
     ac_set_bf16_gemm_rows(rows);
     CHECK(ok, "%s", e.msg);
     if (ok) {
-        int same = ir.base_loss == iff.base_loss &&
-                   memcmp(ir.hid_order, iff.hid_order, sizeof(int) * f.a.hidden) == 0;
+        int same = ir.base_loss == iff.base_loss && memcmp(ir.hid_order, iff.hid_order, sizeof(int) * f.a.hidden) == 0;
         for (int l = 0; l < f.a.n_layers; l++) {
             same = same && memcmp(ir.ffn_order[l], iff.ffn_order[l], sizeof(int) * f.a.layers[l].ffn) == 0 &&
                    memcmp(ir.kv_order[l], iff.kv_order[l], sizeof(int) * f.a.layers[l].n_kv_heads) == 0;
@@ -254,12 +252,11 @@ static int run_job(const char *model, const char *out, json_t **res, ac_err *e) 
     char calib[1100], held[1100];
     ck_build_path(calib, sizeof calib, "data/calib.txt");
     ck_build_path(held, sizeof held, "data/heldout.txt");
-    json_t *spec =
-        json_pack("{s:s,s:s,s:s,s:s,s:{s:s,s:{s:i,s:i,s:i}},s:{s:i},s:{s:i,s:i},s:i,s:{s:i,s:i},s:{s:i}}", "model",
-                  model, "calibration", calib, "heldout", held, "output", out, "target", "device", "H100", "workload",
-                  "batch", 8, "prompt_len", 256, "gen_len", 64, "constraints", "max_params", 900000, "search", "steps",
-                  60, "dnas_steps", 30, "calibration_tokens", 2048, "eval", "ctx", 128, "windows", 4, "distill",
-                  "tokens", 2048);
+    json_t *spec = json_pack("{s:s,s:s,s:s,s:s,s:{s:s,s:{s:i,s:i,s:i}},s:{s:i},s:{s:i,s:i},s:i,s:{s:i,s:i},s:{s:i}}",
+                             "model", model, "calibration", calib, "heldout", held, "output", out, "target", "device",
+                             "H100", "workload", "batch", 8, "prompt_len", 256, "gen_len", 64, "constraints",
+                             "max_params", 900000, "search", "steps", 60, "dnas_steps", 30, "calibration_tokens", 2048,
+                             "eval", "ctx", 128, "windows", 4, "distill", "tokens", 2048);
     static ac_job_spec sp;
     ac_job_ctx ctx = {.emit = quiet, .threads = 2};
     int rc = ac_job_spec_parse(spec, &sp, NULL, e) || ac_job_run(&sp, &ctx, res, e);

@@ -25,8 +25,8 @@ static int *kept(const int *order, int k) {
  * stored in wdt (a resident model's BF16/F16 mapping, or fp32): each source
  * row is converted into row (src_cols floats of scratch) first, so the
  * student gets exactly the fp32 values an fp32 load would have. */
-static void gather(float *dst, const void *src, int wdt, int src_cols, const int *rows, int nr, const int *cols,
-                   int nc, float *row) {
+static void gather(float *dst, const void *src, int wdt, int src_cols, const int *rows, int nr, const int *cols, int nc,
+                   float *row) {
     for (int r = 0; r < nr; r++) {
         size_t sr = (size_t)(rows ? rows[r] : r);
         const float *s = row;

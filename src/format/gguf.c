@@ -380,7 +380,7 @@ static int write_tokenizer(gbuf *b, const ac_arch *a, const char *path, ac_err *
 
 typedef struct {
     char name[64];
-    const float *src;   /* stored in sdt (a resident model's BF16/F16 matrices), converted per tensor */
+    const float *src; /* stored in sdt (a resident model's BF16/F16 matrices), converted per tensor */
     int sdt;
     int64_t rows, cols; /* cols 0: a 1-D tensor of rows elements */
     int perm;           /* >0: permute rows of this many heads to llama.cpp's RoPE order */
@@ -454,8 +454,7 @@ static int list_tensors(const ac_model *m, int dtype, gg_tensor *t, int *nt, flo
     for (int l = 0; l < a->n_layers; l++) {
         gg_layer_tensor lt[GG_LAYER_TENSORS];
         int k = gg_layer_tensors(a, l, &m->L[l], lt), lw = ac_layer_wdt(m, l); /* read only here */
-        for (int i = 0; i < k; i++)
-            add_t(t, nt, lt[i].name, *lt[i].w, lw, lt[i].rows, lt[i].cols, lt[i].perm, dtype);
+        for (int i = 0; i < k; i++) add_t(t, nt, lt[i].name, *lt[i].w, lw, lt[i].rows, lt[i].cols, lt[i].perm, dtype);
     }
     add_t(t, nt, "output_norm.weight", m->final_norm, ST_F32, H, 0, 0, dtype);
     if (!a->tie_embeddings) add_t(t, nt, "output.weight", m->lm_head, wdt, a->vocab, H, 0, dtype);

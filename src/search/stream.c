@@ -124,8 +124,7 @@ void ac_stream_layer(ac_stream *s, int l, float *x, int B, const ac_stream_mod *
         ac_linear_w(s->u, s->xn, w->wu, wdt, NULL, N, H, F, 0, &s->ws);
         ac_silu_mul(s->g, s->u, (long)N * F);
         if (hk && hk->ffn_act) hk->ffn_act(hk->ud, l, s->g, N, F);
-        ac_linear_w(x, s->g, mod && mod->wd ? mod->wd : w->wd, mod && mod->wd ? ST_F32 : wdt, NULL, N, F, H, 1,
-                    &s->ws);
+        ac_linear_w(x, s->g, mod && mod->wd ? mod->wd : w->wd, mod && mod->wd ? ST_F32 : wdt, NULL, N, F, H, 1, &s->ws);
     }
     if (hk && hk->layer_io) hk->layer_io(hk->ud, l, s->x0, x, N, H);
 }
