@@ -80,7 +80,7 @@ static int cmd_eval(int argc, char **argv) {
     int *ids = NULL;
     size_t n = 0;
     /* CPU: weights stay in their file dtype (mapped); the CUDA upload wants fp32 */
-    if ((o.cuda ? ac_model_load : ac_model_load_resident)(argv[2], &m, &e)) {
+    if (ac_model_load_resident(argv[2], &m, &e)) { /* CUDA: uploaded from a transient fp32 copy */
         fprintf(stderr, "autocompress: %s\n", e.msg);
         return 1;
     }
@@ -113,7 +113,7 @@ static int cmd_export_gguf(int argc, char **argv) {
     ac_model m;
     char tok[4200];
     snprintf(tok, sizeof tok, "%s/tokenizer.json", argv[2]);
-    if (ac_model_load(argv[2], &m, &e)) {
+    if (ac_model_load_resident(argv[2], &m, &e)) { /* converted per tensor as it is written */
         fprintf(stderr, "autocompress: %s\n", e.msg);
         return 1;
     }
@@ -192,7 +192,7 @@ static int cmd_prune(int argc, char **argv) {
         fprintf(stderr, "autocompress: %s: %s\n", argv[3], je.text);
         return 1;
     }
-    if (ac_model_load(argv[2], &m, &e) || ac_arch_from_json(aj, &m.a, &req, &e)) goto out;
+    if (ac_model_load_resident(argv[2], &m, &e) || ac_arch_from_json(aj, &m.a, &req, &e)) goto out;
     if (argc == 6 && (ac_deci_pad_arch(&req, &t, &e) || ac_deci_check_arch(&t, &e))) goto out;
     if (first_channels(&m.a, &imp)) {
         ac_errf(&e, "out of memory");

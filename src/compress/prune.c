@@ -7,6 +7,8 @@
 
 #include "engine.h"
 #include "eval.h"
+#include "kernels_cpu.h"
+#include "safetensors.h"
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
@@ -19,10 +21,19 @@ static int *kept(const int *order, int k) {
     return v;
 }
 
-/* dst[r][c] = src[rows[r]][cols[c]]; rows/cols NULL = identity. */
-static void gather(float *dst, const float *src, int src_cols, const int *rows, int nr, const int *cols, int nc) {
+/* dst[r][c] = src[rows[r]][cols[c]]; rows/cols NULL = identity. src is
+ * stored in wdt (a resident model's BF16/F16 mapping, or fp32): each source
+ * row is converted into row (src_cols floats of scratch) first, so the
+ * student gets exactly the fp32 values an fp32 load would have. */
+static void gather(float *dst, const void *src, int wdt, int src_cols, const int *rows, int nr, const int *cols, int nc,
+                   float *row) {
     for (int r = 0; r < nr; r++) {
-        const float *s = src + (size_t)(rows ? rows[r] : r) * src_cols;
+        size_t sr = (size_t)(rows ? rows[r] : r);
+        const float *s = row;
+        if (wdt == ST_F32)
+            s = (const float *)src + sr * src_cols;
+        else
+            ac_row_f32(row, src, wdt, sr, src_cols);
         float *d = dst + (size_t)r * nc;
         for (int c = 0; c < nc; c++) d[c] = s[cols ? cols[c] : c];
     }
@@ -50,26 +61,30 @@ static int check_layer(const ac_arch *a, const ac_arch *t, int l, ac_err *e) {
 /* KV merging (what DeciLM's per-layer n_heads_in_group expresses): every
  * query head stays; merged KV head j is the mean of the f adjacent source
  * heads j*f..j*f+f-1, so query head h still reads the merge of the head it
- * read. hk: the kept hidden channels (Ht of H). */
+ * read. hk: the kept hidden channels (Ht of H). Source matrices in wdt;
+ * sc: scratch of H floats and 2 H doubles. */
 static void prune_attn_merge(const ac_arch *a, const ac_layer_arch *s, const ac_layer_arch *d, const ac_layer_w *sw,
-                             ac_layer_w *dw, const int *hk, int Ht) {
+                             int wdt, ac_layer_w *dw, const int *hk, int Ht, float *row, double *acc) {
     int H = a->hidden, hd = a->head_dim, G = d->n_kv_heads, f = s->n_kv_heads / G, Q = s->n_heads * hd;
-    gather(dw->in_norm, sw->in_norm, H, NULL, 1, hk, Ht);
-    gather(dw->wq, sw->wq, H, NULL, Q, hk, Ht);
-    gather(dw->wo, sw->wo, Q, hk, Ht, NULL, Q);
+    gather(dw->in_norm, sw->in_norm, ST_F32, H, NULL, 1, hk, Ht, row);
+    gather(dw->wq, sw->wq, wdt, H, NULL, Q, hk, Ht, row);
+    gather(dw->wo, sw->wo, wdt, Q, hk, Ht, NULL, Q, row);
     if (a->qkv_bias) memcpy(dw->bq, sw->bq, sizeof(float) * Q);
+    double *ak = acc, *av = acc + H;
     for (int j = 0; j < G; j++)
         for (int i = 0; i < hd; i++) {
             float *dk = dw->wk + ((size_t)j * hd + i) * Ht, *dv = dw->wv + ((size_t)j * hd + i) * Ht;
+            memset(acc, 0, sizeof(double) * 2 * H);
+            for (int m = 0; m < f; m++) { /* sums in double, over the source heads in order */
+                size_t r = (size_t)(j * f + m) * hd + i;
+                ac_row_f32(row, sw->wk, wdt, r, H);
+                for (int c = 0; c < H; c++) ak[c] += row[c];
+                ac_row_f32(row, sw->wv, wdt, r, H);
+                for (int c = 0; c < H; c++) av[c] += row[c];
+            }
             for (int c = 0; c < Ht; c++) {
-                double sk = 0, sv = 0;
-                for (int m = 0; m < f; m++) {
-                    size_t row = (size_t)((j * f + m) * hd + i) * H + hk[c];
-                    sk += sw->wk[row];
-                    sv += sw->wv[row];
-                }
-                dk[c] = (float)(sk / f);
-                dv[c] = (float)(sv / f);
+                dk[c] = (float)(ak[hk[c]] / f);
+                dv[c] = (float)(av[hk[c]] / f);
             }
             if (a->qkv_bias) {
                 double bk = 0, bv = 0;
@@ -87,8 +102,8 @@ static void prune_attn_merge(const ac_arch *a, const ac_layer_arch *s, const ac_
  * fewer heads each (Minitron), a group's best heads by imp->head_order, in
  * their original order. */
 static int prune_attn_groups(const ac_arch *a, int l, const ac_layer_arch *s, const ac_layer_arch *d,
-                             const ac_importance *imp, const ac_layer_w *sw, ac_layer_w *dw, const int *hk, int Ht,
-                             ac_err *e) {
+                             const ac_importance *imp, const ac_layer_w *sw, int wdt, ac_layer_w *dw, const int *hk,
+                             int Ht, float *row, ac_err *e) {
     int H = a->hidden, hd = a->head_dim, rc = 0;
     int grp = s->n_heads / s->n_kv_heads, G = d->n_kv_heads, Qs = s->n_heads * hd, hg = d->n_heads / G;
     int *gk = kept(imp->kv_order[l], G);
@@ -107,15 +122,15 @@ static int prune_attn_groups(const ac_arch *a, int l, const ac_layer_arch *s, co
     }
     if (!rc) {
         int nq = G * hg * hd, nkv = G * hd;
-        gather(dw->in_norm, sw->in_norm, H, NULL, 1, hk, Ht);
-        gather(dw->wq, sw->wq, H, qrows, nq, hk, Ht);
-        gather(dw->wk, sw->wk, H, kvrows, nkv, hk, Ht);
-        gather(dw->wv, sw->wv, H, kvrows, nkv, hk, Ht);
-        gather(dw->wo, sw->wo, Qs, hk, Ht, qrows, nq);
+        gather(dw->in_norm, sw->in_norm, ST_F32, H, NULL, 1, hk, Ht, row);
+        gather(dw->wq, sw->wq, wdt, H, qrows, nq, hk, Ht, row);
+        gather(dw->wk, sw->wk, wdt, H, kvrows, nkv, hk, Ht, row);
+        gather(dw->wv, sw->wv, wdt, H, kvrows, nkv, hk, Ht, row);
+        gather(dw->wo, sw->wo, wdt, Qs, hk, Ht, qrows, nq, row);
         if (a->qkv_bias) {
-            gather(dw->bq, sw->bq, Qs, NULL, 1, qrows, nq);
-            gather(dw->bk, sw->bk, s->n_kv_heads * hd, NULL, 1, kvrows, nkv);
-            gather(dw->bv, sw->bv, s->n_kv_heads * hd, NULL, 1, kvrows, nkv);
+            gather(dw->bq, sw->bq, ST_F32, Qs, NULL, 1, qrows, nq, row);
+            gather(dw->bk, sw->bk, ST_F32, s->n_kv_heads * hd, NULL, 1, kvrows, nkv, row);
+            gather(dw->bv, sw->bv, ST_F32, s->n_kv_heads * hd, NULL, 1, kvrows, nkv, row);
         }
     }
     free(gk);
@@ -128,17 +143,49 @@ static int prune_attn_groups(const ac_arch *a, int l, const ac_layer_arch *s, co
  * keeps every channel; the extra gate/up rows and down columns stay zero,
  * which adds exactly nothing (silu(0) * 0 = 0). */
 static int prune_ffn(const ac_arch *a, const ac_layer_arch *s, const ac_layer_arch *d, const int *order,
-                     const ac_layer_w *sw, ac_layer_w *dw, const int *hk, int Ht, ac_err *e) {
+                     const ac_layer_w *sw, int wdt, ac_layer_w *dw, const int *hk, int Ht, float *row, ac_err *e) {
     int H = a->hidden, keep = d->ffn < s->ffn ? d->ffn : s->ffn;
     int *fk = kept(order, keep);
     if (!fk) return ac_errf(e, "out of memory");
-    gather(dw->post_norm, sw->post_norm, H, NULL, 1, hk, Ht);
-    gather(dw->wg, sw->wg, H, fk, keep, hk, Ht);
-    gather(dw->wu, sw->wu, H, fk, keep, hk, Ht);
-    for (int r = 0; r < Ht; r++) /* down_proj [Ht, d->ffn]: the first keep columns */
-        for (int c = 0; c < keep; c++) dw->wd[(size_t)r * d->ffn + c] = sw->wd[(size_t)hk[r] * s->ffn + fk[c]];
+    gather(dw->post_norm, sw->post_norm, ST_F32, H, NULL, 1, hk, Ht, row);
+    gather(dw->wg, sw->wg, wdt, H, fk, keep, hk, Ht, row);
+    gather(dw->wu, sw->wu, wdt, H, fk, keep, hk, Ht, row);
+    /* down_proj [Ht, d->ffn]: the first keep columns */
+    for (int r = 0; r < Ht; r++) gather(dw->wd + (size_t)r * d->ffn, sw->wd, wdt, s->ffn, hk + r, 1, fk, keep, row);
     free(fk);
     return 0;
+}
+
+/* The widest row ac_prune converts: hidden, query, KV or FFN width. */
+static size_t widest(const ac_arch *a) {
+    size_t w = (size_t)a->hidden;
+    for (int l = 0; l < a->n_layers; l++) {
+        size_t q = (size_t)a->layers[l].n_heads * a->head_dim, f = (size_t)a->layers[l].ffn;
+        if (q > w) w = q;
+        if (f > w) w = f;
+    }
+    return w;
+}
+
+/* Embeddings, final norm and (untied) LM head, then every layer. */
+static int prune_layers(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, const int *hk,
+                        float *row, double *acc, ac_err *e) {
+    const ac_arch *a = &src->a;
+    int H = a->hidden, Ht = t->hidden, V = a->vocab, wdt = ac_model_wdt(src);
+    gather(dst->embed, src->embed, wdt, H, NULL, V, hk, Ht, row);
+    gather(dst->final_norm, src->final_norm, ST_F32, H, NULL, 1, hk, Ht, row);
+    if (!t->tie_embeddings) gather(dst->lm_head, src->lm_head, wdt, H, NULL, V, hk, Ht, row);
+    int rc = 0;
+    for (int l = 0; l < a->n_layers && !rc; l++) {
+        const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
+        int lw = ac_layer_wdt(src, l);
+        if (d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads)
+            prune_attn_merge(a, s, d, &src->L[l], lw, &dst->L[l], hk, Ht, row, acc);
+        else if (d->n_heads)
+            rc = prune_attn_groups(a, l, s, d, imp, &src->L[l], lw, &dst->L[l], hk, Ht, row, e);
+        if (d->ffn && !rc) rc = prune_ffn(a, s, d, imp->ffn_order[l], &src->L[l], lw, &dst->L[l], hk, Ht, row, e);
+    }
+    return rc;
 }
 
 int ac_prune(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, ac_err *e) {
@@ -149,25 +196,14 @@ int ac_prune(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac
     for (int l = 0; l < a->n_layers; l++)
         if (check_layer(a, t, l, e)) return -1;
     if (ac_model_alloc(dst, t, e)) return -1;
-    int H = a->hidden, Ht = t->hidden, V = a->vocab;
-    int *hk = kept(imp->hid_order, Ht);
-    if (!hk) {
-        ac_model_free(dst);
-        return ac_errf(e, "out of memory");
-    }
-    gather(dst->embed, src->embed, H, NULL, V, hk, Ht);
-    gather(dst->final_norm, src->final_norm, H, NULL, 1, hk, Ht);
-    if (!t->tie_embeddings) gather(dst->lm_head, src->lm_head, H, NULL, V, hk, Ht);
-    int rc = 0;
-    for (int l = 0; l < a->n_layers && !rc; l++) {
-        const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
-        if (d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads)
-            prune_attn_merge(a, s, d, &src->L[l], &dst->L[l], hk, Ht);
-        else if (d->n_heads)
-            rc = prune_attn_groups(a, l, s, d, imp, &src->L[l], &dst->L[l], hk, Ht, e);
-        if (d->ffn && !rc) rc = prune_ffn(a, s, d, imp->ffn_order[l], &src->L[l], &dst->L[l], hk, Ht, e);
-    }
+    size_t wmax = widest(a);
+    int *hk = kept(imp->hid_order, t->hidden);
+    float *row = malloc(sizeof(float) * wmax);
+    double *acc = malloc(sizeof(double) * 2 * a->hidden);
+    int rc = hk && row && acc ? prune_layers(src, t, imp, dst, hk, row, acc, e) : ac_errf(e, "out of memory");
     free(hk);
+    free(row);
+    free(acc);
     if (rc) ac_model_free(dst);
     return rc;
 }
@@ -232,10 +268,12 @@ int ac_repair_ffn(const ac_model *src, ac_model *dst, const ac_importance *imp, 
         int *fk = kept(imp->ffn_order[l], Fk);
         const float *Gf = st.ffn_gram[l];
         double *A = malloc(sizeof(double) * Fk * Fk), *B = malloc(sizeof(double) * Fk * Ht);
-        if (!fk || !A || !B) {
+        float *wr = malloc(sizeof(float) * F); /* one down_proj row in fp32 (the source may be resident) */
+        if (!fk || !A || !B || !wr) {
             free(fk);
             free(A);
             free(B);
+            free(wr);
             rc = ac_errf(e, "out of memory");
             break;
         }
@@ -245,14 +283,16 @@ int ac_repair_ffn(const ac_model *src, ac_model *dst, const ac_importance *imp, 
         for (int i = 0; i < Fk; i++)
             for (int j = 0; j < Fk; j++) A[(size_t)i * Fk + j] = Gf[(size_t)fk[i] * F + fk[j]] + (i == j ? lambda : 0);
         /* B = G[kept, :] Wd^T restricted to kept hidden rows: (Fk x F)(F x Ht) */
-        const float *Wd = src->L[l].wd;
-        for (int i = 0; i < Fk; i++)
-            for (int r = 0; r < Ht; r++) {
+        for (int r = 0; r < Ht; r++) {
+            ac_row_f32(wr, src->L[l].wd, ac_layer_wdt(src, l), (size_t)hk[r], F);
+            for (int i = 0; i < Fk; i++) {
                 double t = 0;
-                const float *gr = Gf + (size_t)fk[i] * F, *wr = Wd + (size_t)hk[r] * F;
+                const float *gr = Gf + (size_t)fk[i] * F;
                 for (int c = 0; c < F; c++) t += (double)gr[c] * wr[c];
                 B[(size_t)i * Ht + r] = t;
             }
+        }
+        free(wr);
         if (chol_solve(A, B, Fk, Ht) == 0) {
             float *Wn = dst->L[l].wd; /* [Ht, Fk] = B^T */
             for (int r = 0; r < Ht; r++)

@@ -380,7 +380,8 @@ static int write_tokenizer(gbuf *b, const ac_arch *a, const char *path, ac_err *
 
 typedef struct {
     char name[64];
-    const float *src;
+    const float *src; /* stored in sdt (a resident model's BF16/F16 matrices), converted per tensor */
+    int sdt;
     int64_t rows, cols; /* cols 0: a 1-D tensor of rows elements */
     int perm;           /* >0: permute rows of this many heads to llama.cpp's RoPE order */
     int type;           /* GGML_F32 / GGML_BF16 */
@@ -429,11 +430,12 @@ void gg_permute_rows(float *dst, const float *src, int heads, int64_t rows, int6
             }
 }
 
-static int add_t(gg_tensor *t, int *n, const char *name, const float *src, int64_t rows, int64_t cols, int perm,
-                 int dtype) {
+static int add_t(gg_tensor *t, int *n, const char *name, const float *src, int sdt, int64_t rows, int64_t cols,
+                 int perm, int dtype) {
     gg_tensor *x = &t[(*n)++];
     snprintf(x->name, sizeof x->name, "%.63s", name);
     x->src = src;
+    x->sdt = cols ? sdt : ST_F32; /* norms and biases are fp32 in every model */
     x->rows = rows;
     x->cols = cols;
     x->perm = perm;
@@ -447,14 +449,15 @@ static int list_tensors(const ac_model *m, int dtype, gg_tensor *t, int *nt, flo
     const ac_arch *a = &m->a;
     int64_t H = a->hidden, hd = a->head_dim, n = 0;
     *nt = 0;
-    add_t(t, nt, "token_embd.weight", m->embed, a->vocab, H, 0, dtype);
+    int wdt = ac_model_wdt(m);
+    add_t(t, nt, "token_embd.weight", m->embed, wdt, a->vocab, H, 0, dtype);
     for (int l = 0; l < a->n_layers; l++) {
         gg_layer_tensor lt[GG_LAYER_TENSORS];
-        int k = gg_layer_tensors(a, l, &m->L[l], lt); /* read only here */
-        for (int i = 0; i < k; i++) add_t(t, nt, lt[i].name, *lt[i].w, lt[i].rows, lt[i].cols, lt[i].perm, dtype);
+        int k = gg_layer_tensors(a, l, &m->L[l], lt), lw = ac_layer_wdt(m, l); /* read only here */
+        for (int i = 0; i < k; i++) add_t(t, nt, lt[i].name, *lt[i].w, lw, lt[i].rows, lt[i].cols, lt[i].perm, dtype);
     }
-    add_t(t, nt, "output_norm.weight", m->final_norm, H, 0, 0, dtype);
-    if (!a->tie_embeddings) add_t(t, nt, "output.weight", m->lm_head, a->vocab, H, 0, dtype);
+    add_t(t, nt, "output_norm.weight", m->final_norm, ST_F32, H, 0, 0, dtype);
+    if (!a->tie_embeddings) add_t(t, nt, "output.weight", m->lm_head, wdt, a->vocab, H, 0, dtype);
     *freqs = NULL;
     if (a->rope_llama3) { /* convert_hf_to_gguf.py's rope_freqs: the divisor of each frequency */
         n = hd / 2;
@@ -471,7 +474,7 @@ static int list_tensors(const ac_model *m, int dtype, gg_tensor *t, int *nt, flo
                 (*freqs)[i] = (float)(1.0 / ((1 - s) / a->rs_factor + s));
             }
         }
-        add_t(t, nt, "rope_freqs.weight", *freqs, n, 0, 0, dtype);
+        add_t(t, nt, "rope_freqs.weight", *freqs, ST_F32, n, 0, 0, dtype);
     }
     return 0;
 }
@@ -485,11 +488,19 @@ static uint64_t t_bytes(const gg_tensor *t) {
 /* Convert (and permute) one tensor and write it, padded. */
 static int write_data(FILE *f, const gg_tensor *t, ac_err *e) {
     size_t n = (size_t)t->rows * (size_t)(t->cols ? t->cols : 1), sz = (size_t)t_bytes(t);
-    float *tmp = NULL;
+    float *tmp = NULL, *conv = NULL;
     const float *src = t->src;
+    if (t->sdt != ST_F32) { /* this tensor alone in fp32 */
+        if (!(conv = malloc(sizeof(float) * n))) return ac_errf(e, "out of memory");
+        ac_to_f32(conv, t->src, (st_dtype)t->sdt, n, NULL);
+        src = conv;
+    }
     if (t->perm) {
-        if (!(tmp = malloc(sizeof(float) * n))) return ac_errf(e, "out of memory");
-        gg_permute_rows(tmp, t->src, t->perm, t->rows, t->cols ? t->cols : 1, 0);
+        if (!(tmp = malloc(sizeof(float) * n))) {
+            free(conv);
+            return ac_errf(e, "out of memory");
+        }
+        gg_permute_rows(tmp, src, t->perm, t->rows, t->cols ? t->cols : 1, 0);
         src = tmp;
     }
     void *buf = malloc(sz + GG_ALIGN);
@@ -505,6 +516,7 @@ static int write_data(FILE *f, const gg_tensor *t, ac_err *e) {
     }
     free(buf);
     free(tmp);
+    free(conv);
     return rc;
 }
 

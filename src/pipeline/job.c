@@ -10,6 +10,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,20 +51,22 @@ static void search_emit(void *ud, json_t *ev) {
 
 /* ---------------------------------------------------------------- 1 load */
 
-/* Pre-flight: the CPU engine holds the model in fp32 plus the pruned copies
- * (Minitron and AutoCompress results); fail with a clear reason instead of
- * being killed by the kernel's OOM killer. */
+/* Pre-flight: the CPU engine holds the weights resident in their file dtype
+ * (ac_model_load_resident) plus at most two fp32 working sets at a time
+ * (the DNAS gate trainer's fp32 copy and its gradients, or the two pruned
+ * students); fail with a clear reason instead of being killed by the
+ * kernel's OOM killer. */
 static int check_host_memory(const char *model_dir, ac_err *e) {
     ac_arch a0;
     if (ac_arch_load(model_dir, &a0, e)) return -1;
-    double need = ac_arch_params(&a0) * 4 * 3 / 1073741824.0;
+    double need = ac_arch_params(&a0) * (2 + 4 * 2) / 1073741824.0;
     ac_arch_free(&a0);
     ac_local_device host[1];
     ac_devices_local(host, 1);
     if (host[0].mem_gib > 0 && need > 0.9 * host[0].mem_gib)
         return ac_errf(
             e,
-            "the model needs about %.1f GiB of host memory (fp32 weights and two pruned copies) but this host "
+            "the model needs about %.1f GiB of host memory (its weights and two fp32 working copies) but this host "
             "has %.1f GiB",
             need, host[0].mem_gib);
     return 0;
@@ -73,7 +76,7 @@ static int stage_load(job_state *s, ac_err *e) {
     const ac_job_spec *sp = s->spec;
     int ctxlen = sp->eval.ctx;
     const char *field;
-    if (check_host_memory(sp->model, e) || ac_model_load(sp->model, &s->m, e) ||
+    if (check_host_memory(sp->model, e) || ac_model_load_resident(sp->model, &s->m, e) ||
         ac_deci_validate_base(sp->search.target == AC_EXPORT_DECI, sp->method == AC_METHOD_MINITRON, &s->m.a, &field,
                               e))
         return -1;
@@ -137,6 +140,22 @@ static int dnas_steps_budgeted(const ac_search_opts *so, const ac_arch *a) {
     return so->dnas_steps <= cap ? so->dnas_steps : cap < 50 ? 50 : (int)cap;
 }
 
+/* The DNAS gate trainer (train.c) reads and, for KV-merge choices, writes
+ * fp32 weights: on a resident model it gets the job's one fp32 copy, held
+ * for this search only, while the mapped pages are dropped from memory. */
+static int dnas_search(job_state *s, const ac_search_opts *so, ac_err *e) {
+    ac_model f32 = {0}, *m = &s->m;
+    if (so->method == AC_SEARCH_DNAS && ac_model_wdt(m) != ST_F32) {
+        if (ac_model_to_f32(m, &f32, e)) return ac_errctx(e, "fp32 copy for the gate search");
+        ac_model_drop_pages(m);
+        m = &f32;
+        emit(s, "log", json_pack("{s:s}", "message", "dnas gate search on an fp32 copy of the resident weights"));
+    }
+    int rc = ac_dnas_job_search(&s->P, m, so, s->cids, s->nc, &s->ra, &s->imp_d, e);
+    ac_model_free(&f32);
+    return rc;
+}
+
 static int stage_search(job_state *s, ac_err *e) {
     const ac_job_spec *sp = s->spec;
     ac_search_problem *P = &s->P;
@@ -170,7 +189,7 @@ static int stage_search(job_state *s, ac_err *e) {
         emit(s, "log",
              json_pack("{s:s,s:i,s:i}", "message", "dnas steps scaled to the FLOP budget", "dnas_steps", so.dnas_steps,
                        "asked", sp->search.dnas_steps));
-    if (autoc && ac_dnas_job_search(P, &s->m, &so, s->cids, s->nc, &s->ra, &s->imp_d, e)) return -1;
+    if (autoc && dnas_search(s, &so, e)) return -1;
     s->chosen = autoc ? &s->ra : &s->rm;
     if (s->chosen->feasible) return 0;
     const ac_cost *k = &s->chosen->cost;
@@ -380,6 +399,10 @@ int ac_job_run(const ac_job_spec *spec, ac_job_ctx *ctx, json_t **result, ac_err
             ac_errctx(e, "stage %s", s->stage);
         else
             json_object_set_new(s->timings, s->stage, json_real(ac_now() - t0));
+        /* give the stage's freed working sets back to the system: glibc keeps
+         * freed heap pages (per-tensor buffers below its raised mmap threshold
+         * after the search's fp32 copy), which the next stage's peak would count */
+        malloc_trim(0);
     }
     if (!rc) {
         assert(s->result && s->measured_local);

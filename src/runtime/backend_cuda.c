@@ -10,6 +10,8 @@
 #include "backend.h"
 #include "cuda_plugin.h"
 #include "rope.h"
+#include "safetensors.h"
+#include "tensor.h"
 
 struct ac_backend_engine {
     const ac_cuda_api *cu;
@@ -85,10 +87,14 @@ static int cuda_weights_changed(ac_backend_engine *b, int layer, ac_wmat which, 
     if (layer < 0 || layer >= b->m->a.n_layers) return ac_errf(e, "CUDA weight update: no layer %d", layer);
     size_t n;
     const float *p = ac_layer_matrix(b->m, layer, which, &n);
+    int wdt = ac_layer_wdt(b->m, layer);
+    float *c = p && wdt != ST_F32 ? malloc(n * sizeof(float)) : NULL; /* resident: this tensor in fp32 */
+    if (p && wdt != ST_F32 && !c) return ac_errf(e, "out of memory");
+    if (c) ac_to_f32(c, p, (st_dtype)wdt, n, NULL);
     char err[512] = "";
-    if (!p || b->cu->engine_update(b->gpu, layer, which, p, n, err, sizeof err))
-        return ac_errf(e, "CUDA weight update: %s", p ? err : "no such matrix");
-    return 0;
+    int rc = !p || b->cu->engine_update(b->gpu, layer, which, c ? c : p, n, err, sizeof err);
+    free(c);
+    return rc ? ac_errf(e, "CUDA weight update: %s", p ? err : "no such matrix") : 0;
 }
 
 static const ac_backend cuda_backend = {"cuda",    cuda_open, cuda_step, cuda_window_nll, cuda_weights_changed,

@@ -124,17 +124,18 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
         const ac_layer_w *w = &m->L[l];
+        int lw = ac_layer_wdt(m, l); /* a resident model's layer may hold fp32 copies */
         if (hk && hk->layer_io) memcpy(en->x0, en->x, (size_t)N * H * 4);
         if (L->n_heads) {
             int Q = L->n_heads * hd, KV = L->n_kv_heads * hd;
             ac_rmsnorm(en->xn, en->x, w->in_norm, N, H, a->eps);
             HOOK(normed, l, 0, en->xn, N, H);
-            ac_linear_w(en->q, en->xn, w->wq, wdt, w->bq, N, H, Q, 0, ws);
+            ac_linear_w(en->q, en->xn, w->wq, lw, w->bq, N, H, Q, 0, ws);
             ac_rope(en->q, N, L->n_heads, hd, en->pos, en->cos_t, en->sin_t);
             /* k and v for all rows in one GEMM each, then into the cache
              * rows of their positions. */
-            ac_linear_w(en->kt, en->xn, w->wk, wdt, w->bk, N, H, KV, 0, ws);
-            ac_linear_w(en->vt, en->xn, w->wv, wdt, w->bv, N, H, KV, 0, ws);
+            ac_linear_w(en->kt, en->xn, w->wk, lw, w->bk, N, H, KV, 0, ws);
+            ac_linear_w(en->vt, en->xn, w->wv, lw, w->bv, N, H, KV, 0, ws);
             ac_rope(en->kt, N, L->n_kv_heads, hd, en->pos, en->cos_t, en->sin_t);
             for (int b = 0; b < B; b++) {
                 memcpy(en->kc[l] + ((size_t)b * en->max_ctx + pos0) * KV, en->kt + (size_t)b * n * KV,
@@ -144,17 +145,17 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
             }
             attention(en, l, B, n, pos0);
             HOOK(head_out, l, en->att, N, L->n_heads, hd);
-            ac_linear_w(en->x, en->att, w->wo, wdt, NULL, N, Q, H, 1, ws);
+            ac_linear_w(en->x, en->att, w->wo, lw, NULL, N, Q, H, 1, ws);
         }
         if (L->ffn) {
             int F = L->ffn;
             ac_rmsnorm(en->xn, en->x, w->post_norm, N, H, a->eps);
             HOOK(normed, l, 1, en->xn, N, H);
-            ac_linear_w(en->g, en->xn, w->wg, wdt, NULL, N, H, F, 0, ws);
-            ac_linear_w(en->u, en->xn, w->wu, wdt, NULL, N, H, F, 0, ws);
+            ac_linear_w(en->g, en->xn, w->wg, lw, NULL, N, H, F, 0, ws);
+            ac_linear_w(en->u, en->xn, w->wu, lw, NULL, N, H, F, 0, ws);
             ac_silu_mul(en->g, en->u, (long)N * F);
             HOOK(ffn_act, l, en->g, N, F);
-            ac_linear_w(en->x, en->g, w->wd, wdt, NULL, N, F, H, 1, ws);
+            ac_linear_w(en->x, en->g, w->wd, lw, NULL, N, F, H, 1, ws);
         }
         HOOK(layer_io, l, en->x0, en->x, N, H);
     }

@@ -24,8 +24,6 @@ struct ac_scorer {
 int ac_scorer_open(const ac_model *m, int batch, int ctx, int cuda, ac_stats *stats, ac_scorer **out, ac_err *e) {
     *out = NULL;
     if (batch < 1 || ctx < 2) return ac_errf(e, "scorer: batch must be >= 1 and ctx >= 2");
-    if (cuda && ac_model_wdt(m) != ST_F32)
-        return ac_errf(e, "scorer: the CUDA engine uploads fp32 weights: load the model with ac_model_load");
     const ac_backend *be = ac_backend_get(cuda, e);
     if (!be) return -1;
     ac_scorer *sc = calloc(1, sizeof *sc);

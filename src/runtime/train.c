@@ -19,6 +19,7 @@
 
 #include "backward_cpu.h"
 #include "kernels_cpu.h"
+#include "safetensors.h"
 
 typedef struct {
     size_t maxq, maxkv, maxf;
@@ -115,6 +116,8 @@ int ac_trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, ac_err *e)
     memset(t, 0, sizeof *t);
     const ac_arch *a = &m->a;
     if (max_B <= 0 || max_T <= 0) return ac_errf(e, "trainer: batch and context must be positive");
+    if (ac_model_wdt(m) != ST_F32) /* the optimizer updates m in place; forward and backward read it as float */
+        return ac_errf(e, "trainer: the weights must be fp32 (a resident model needs ac_model_to_f32 first)");
     t->m = m;
     t->max_B = max_B;
     t->max_T = max_T;

@@ -734,8 +734,25 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
     return ac_importance_compute_mode(m, ids, n, ctx, windows, cuda, AC_CALIB_AUTO, progress, ud, imp, e);
 }
 
+static int compute_mode(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda, int mode,
+                        ac_progress_fn progress, void *ud, ac_importance *imp, ac_err *e);
+
 int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda, int mode,
                                ac_progress_fn progress, void *ud, ac_importance *imp, ac_err *e) {
+    /* The engine-based method (the loss passes on the GPU) masks weights in
+     * place: a resident model gets one fp32 copy for this stage. */
+    int engine = mode == AC_CALIB_ENGINE || (cuda && (mode == AC_CALIB_EXACT || mode == AC_CALIB_AUTO));
+    if (!engine || ac_model_wdt(m) == ST_F32)
+        return compute_mode(m, ids, n, ctx, windows, cuda, mode, progress, ud, imp, e);
+    ac_model f32;
+    if (ac_model_to_f32(m, &f32, e)) return -1;
+    int rc = compute_mode(&f32, ids, n, ctx, windows, cuda, mode, progress, ud, imp, e);
+    ac_model_free(&f32);
+    return rc;
+}
+
+static int compute_mode(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda, int mode,
+                        ac_progress_fn progress, void *ud, ac_importance *imp, ac_err *e) {
     memset(imp, 0, sizeof *imp);
     const ac_arch *a = &m->a;
     int L = a->n_layers;
