@@ -233,8 +233,12 @@ static void test_streamed_calibration(void) {
         for (int l = 0; l < f.a.n_layers; l++) {
             same = same && memcmp(ir.ffn_order[l], iff.ffn_order[l], sizeof(int) * f.a.layers[l].ffn) == 0 &&
                    memcmp(ir.kv_order[l], iff.kv_order[l], sizeof(int) * f.a.layers[l].n_kv_heads) == 0;
+            /* the backward passes of the streamed method multiply per converted tile on resident weights and
+             * in one sgemm on fp32 ones: same values, another summation order (test_stream's bound) */
             for (int p = 0; p < AC_SENS_POINTS; p++)
-                same = same && ir.attn_sens[l][p] == iff.attn_sens[l][p] && ir.ffn_sens[l][p] == iff.ffn_sens[l][p];
+                same = same &&
+                       fabs(ir.attn_sens[l][p] - iff.attn_sens[l][p]) <= 1e-5 + 1e-3 * fabs(iff.attn_sens[l][p]) &&
+                       fabs(ir.ffn_sens[l][p] - iff.ffn_sens[l][p]) <= 1e-5 + 1e-3 * fabs(iff.ffn_sens[l][p]);
         }
         printf("  streamed base loss: resident %.9f, fp32 %.9f\n", ir.base_loss, iff.base_loss);
         CHECK(same && ir.streamed, "streamed calibration differs between resident and fp32 weights");
