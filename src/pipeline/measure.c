@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "eval.h"
+#include "safetensors.h"
 
 #define RUNS 5
 
@@ -64,8 +65,16 @@ int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, 
     ac_workload lw = {cap(wl->batch, 4), cap(wl->prompt_len, 128), cap(wl->gen_len, 32)};
     double bt, bp, rt, rp;
     *out = NULL;
-    if (ac_measure_latency(base, ids, n, &lw, 0, &bt, &bp, e) || ac_measure_latency(res, ids, n, &lw, 0, &rt, &rp, e))
-        return -1;
+    /* Base and result are timed in the same weight dtype: a resident (BF16)
+     * base against an fp32 student would compare two engines' GEMM paths, not
+     * two architectures, and the CPU table is measured in fp32. */
+    ac_model f32;
+    int conv = ac_model_wdt(base) != ac_model_wdt(res) && ac_model_wdt(res) == ST_F32;
+    if (conv && ac_model_to_f32(base, &f32, e)) return -1;
+    int rc = ac_measure_latency(conv ? &f32 : base, ids, n, &lw, 0, &bt, &bp, e) ||
+             ac_measure_latency(res, ids, n, &lw, 0, &rt, &rp, e);
+    if (conv) ac_model_free(&f32);
+    if (rc) return -1;
     json_t *o = json_pack("{s:s,s:{s:i,s:i,s:i},s:{s:f,s:f},s:{s:f,s:f}}", "device", "cpu", "workload", "batch",
                           lw.batch, "prompt_len", lw.prompt_len, "gen_len", lw.gen_len, "base", "ttft_ms", bt,
                           "tpot_ms", bp, "result", "ttft_ms", rt, "tpot_ms", rp);
