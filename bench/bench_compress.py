@@ -115,6 +115,7 @@ def write_json(rows):
         return
     with open(os.environ["AC_BENCH_JSON"], "w") as f:
         json.dump([{"model": mn, "scenario": sn, "limits": lim, "constraints": c, "seconds": r["_seconds"],
+                    "timings_s": {k: round(v, 1) for k, v in r.get("timings_s", {}).items()},
                     "search_method": os.environ.get("AC_SEARCH_METHOD", "dnas"), "distill_tokens": distill_tokens(mn),
                     **{k: {"perplexity": r[k]["perplexity"], "perplexity_pruned": r[k].get("perplexity_pruned"),
                            "feasible": r[k].get("feasible", True), "architecture": arch_str(r[k]["architecture"])
@@ -143,7 +144,10 @@ def main():
                 res["_seconds"] = time.time() - t0
                 rows.append((mname, sname, lim, cons, res))
                 write_json(rows)
-                print(f"  {mname} / {sname} / {level}: {res['_seconds']:.0f} s", file=sys.stderr, flush=True)
+                ts = res.get("timings_s", {})
+                print(f"  {mname} / {sname} / {level}: {res['_seconds']:.0f} s (" +
+                      ", ".join(f"{k} {ts[k]:.0f}" for k in ("calibrate", "search", "distill", "evaluate") if k in ts) +
+                      f"; load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
 
     dist = lambda x: x["perplexity"] if "distill" in x else None  # after distillation
     pre = lambda x: x.get("perplexity_pruned", x["perplexity"])  # pruned, before any distillation
