@@ -30,7 +30,9 @@ AC_BENCH_ONLY=NAME-PREFIX[,..] keeps only those models; AC_BENCH_LEVELS=0,1
 (default both) picks the moderate (0) and/or tight (1) limits, AC_BENCH_SCENARIOS=0,1,2,3
 (default all) the scenarios, in the order above; AC_BENCH_JSON=PATH
 also writes every row (limits, each arm's perplexities, architecture, job
-seconds) as JSON.
+seconds and phase times) as JSON after every job, and
+`bench_compress.py --from FILE.json ...` prints the table and win count of
+such files (a run cut short included).
 """
 import json
 import os
@@ -114,15 +116,17 @@ def write_json(rows):
     if not os.environ.get("AC_BENCH_JSON"):
         return
     with open(os.environ["AC_BENCH_JSON"], "w") as f:
-        json.dump([{"model": mn, "scenario": sn, "limits": lim, "constraints": c, "seconds": r["_seconds"],
-                    "search_method": os.environ.get("AC_SEARCH_METHOD", "dnas"), "distill_tokens": distill_tokens(mn),
-                    **{k: {"perplexity": r[k]["perplexity"], "perplexity_pruned": r[k].get("perplexity_pruned"),
-                           "feasible": r[k].get("feasible", True), "architecture": arch_str(r[k]["architecture"])
-                           if "architecture" in r[k] else None} for k in ("baseline", "minitron", "autocompress")}}
-                   for mn, sn, lim, c, r in rows], f, indent=1)
+        json.dump([row_json(*r) for r in rows], f, indent=1)
 
 
 def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--from":  # print the table of saved AC_BENCH_JSON files (cut runs too)
+        for f in sys.argv[2:]:
+            rows = json.load(open(f))
+            print(f"== {f}: search.method {rows[0]['search_method'] if rows else '?'}, "
+                  f"distill {rows[0]['distill_tokens'] if rows else '?'} tokens, {len(rows)} jobs")
+            print_table(rows)
+        return 0
     tmp = tempfile.mkdtemp(prefix="acbench_")
     rows = []
     for mname, mdir, ddir in models():
@@ -143,35 +147,58 @@ def main():
                 res["_seconds"] = time.time() - t0
                 rows.append((mname, sname, lim, cons, res))
                 write_json(rows)
-                print(f"  {mname} / {sname} / {level}: {res['_seconds']:.0f} s", file=sys.stderr, flush=True)
+                ts = res.get("timings_s", {})
+                print(f"  {mname} / {sname} / {level}: {res['_seconds']:.0f} s (" +
+                      ", ".join(f"{k} {ts[k]:.0f}" for k in ("calibrate", "search", "distill", "evaluate") if k in ts) +
+                      f"; load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
 
-    dist = lambda x: x["perplexity"] if "distill" in x else None  # after distillation
-    pre = lambda x: x.get("perplexity_pruned", x["perplexity"])  # pruned, before any distillation
+    print_table([row_json(*r) for r in rows])
+
+
+def row_json(mn, sn, lim, c, r):
+    """One job as written to AC_BENCH_JSON (and read back by --from)."""
+    arm = lambda x: {"perplexity": x["perplexity"], "perplexity_pruned": x.get("perplexity_pruned"),
+                     "distilled": "distill" in x, "feasible": x.get("feasible", True),
+                     "architecture": arch_str(x["architecture"]) if "architecture" in x else None}
+    return {"model": mn, "scenario": sn, "limits": lim, "constraints": c, "seconds": r["_seconds"],
+            "timings_s": {k: round(v, 1) for k, v in r.get("timings_s", {}).items()},
+            "search_method": os.environ.get("AC_SEARCH_METHOD", "dnas"), "distill_tokens": distill_tokens(mn),
+            **{k: arm(r[k]) for k in ("baseline", "minitron", "autocompress")}}
+
+
+def print_table(rows):
+    """The comparison table and the win count, from row_json() rows."""
+    dist = lambda x: x["perplexity"] if x.get("distilled", x.get("perplexity_pruned") is not None) else None
+    pre = lambda x: x["perplexity_pruned"] if x.get("perplexity_pruned") is not None else x["perplexity"]
     fmt = lambda v: f"{v:8.2f}" if isinstance(v, (int, float)) else f"{'-':>8}"
     print(f"{'model':14} {'scenario':31} {'limit (x unpruned)':28} {'base':>8} | {'Minitron':>8} {'AutoC':>8} | "
           f"{'Mt+dist':>8} {'AC+dist':>8} | Minitron arch / AutoCompress arch")
     wins = wins_d = nd = both = wins_both = 0
     losses = []
-    for mname, sname, limits, cons, r in rows:
-        m, a = r["minitron"], r["autocompress"]
+    for r in rows:
+        mname, sname, limits, m, a = r["model"], r["scenario"], r["limits"], r["minitron"], r["autocompress"]
         lim = ", ".join(f"{k.split('_', 1)[1]} {f:.2f}" for k, _, f in limits)
         mf = "" if m["feasible"] else "*"
         print(f"{mname:14} {sname:31} {lim:28} {r['baseline']['perplexity']:8.2f} | {pre(m):7.2f}{mf or ' '} "
-              f"{pre(a):8.2f} | {fmt(dist(m))} {fmt(dist(a))} | {arch_str(m['architecture'])} / {arch_str(a['architecture'])}")
+              f"{pre(a):8.2f} | {fmt(dist(m))} {fmt(dist(a))} | {m['architecture']} / {a['architecture']}")
         win = pre(a) < pre(m) or not m["feasible"]
         wins += win
         if m["feasible"]:
             both += 1
             wins_both += pre(a) < pre(m)
         if not win:
-            losses.append(f"{mname}/{sname}: Minitron {pre(m):.2f} vs AutoCompress {pre(a):.2f}")
+            losses.append(f"{mname}/{sname}/{lim}: Minitron {pre(m):.2f} vs AutoCompress {pre(a):.2f}")
         if dist(m) is not None and dist(a) is not None:
             nd += 1
             wins_d += dist(a) < dist(m)
+            if dist(a) >= dist(m):
+                losses.append(f"{mname}/{sname}/{lim} after distillation: Minitron {dist(m):.2f} vs "
+                              f"AutoCompress {dist(a):.2f}")
     print("* Minitron infeasible: no point of its capped grid meets the limit (the closest one is shown)")
-    print(f"AutoCompress reaches lower held-out perplexity than Minitron under the same limit in {wins} of {len(rows)} cases "
-          f"({wins_both} of the {both} where Minitron's grid meets the limit)"
-          + (f"; after equal distillation in {wins_d} of {nd}" if nd else "; after equal distillation: not run (set AC_BENCH_DISTILL)"))
+    print(f"AutoCompress reaches lower held-out perplexity than Minitron under the same limit in {wins} of {len(rows)} "
+          f"cases ({wins_both} of the {both} where Minitron's grid meets the limit)"
+          + (f"; after equal distillation in {wins_d} of {nd}" if nd
+             else "; after equal distillation: not run (set AC_BENCH_DISTILL)"))
     for l in losses:
         print("  lost:", l)
 

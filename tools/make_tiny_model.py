@@ -25,11 +25,29 @@ import os
 import random
 import re
 import subprocess
+import sys
 import time
 
-import torch
 
-import ref_llama as R
+def threads_arg(argv):
+    """--threads N (default 2): read before torch is imported, since OpenBLAS
+    fixes its pool size when it is loaded. On a shared, loaded machine one
+    thread costs far fewer CPU-seconds a step than two that wait on each other."""
+    for i, a in enumerate(argv):
+        if a == "--threads" and i + 1 < len(argv):
+            return int(argv[i + 1])
+        if a.startswith("--threads="):
+            return int(a.split("=", 1)[1])
+    return 2
+
+
+THREADS = threads_arg(sys.argv)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", str(THREADS))
+os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
+
+import torch  # noqa: E402
+
+import ref_llama as R  # noqa: E402
 
 
 def load_fortunes(src):
@@ -101,9 +119,10 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--bpe-chars", type=int, default=400_000, help="training characters the BPE merges are learnt on")
     ap.add_argument("--eval", action="store_true", help="print held-out perplexity at the end (ctx --ctx)")
+    ap.add_argument("--threads", type=int, default=2, help="torch and OpenBLAS threads (results depend on it)")
     a = ap.parse_args()
     torch.manual_seed(1234)
-    torch.set_num_threads(2)
+    torch.set_num_threads(a.threads)
     random.seed(1234)
     t0 = time.time()
 
