@@ -168,8 +168,8 @@ static void test_hard_zero_gates_equal_pruning(void) {
  * backward (dx, dw, dgh) against central differences of L = sum dy * y in
  * float64, with gates in [0,1] including exact 0s and 1s (and all gates 1:
  * the plain RMSNorm bit for bit). */
-static double norm_ref(const double *x, const double *w, const double *gh, const double *dy, int N, int H,
-                       double eps, float *y) {
+static double norm_ref(const double *x, const double *w, const double *gh, const double *dy, int N, int H, double eps,
+                       float *y) {
     double G = 0, L = 0;
     for (int c = 0; c < H; c++) G += gh[c];
     for (int i = 0; i < N; i++) {
@@ -214,17 +214,17 @@ static void test_gated_rmsnorm_gradient_matches_finite_differences(void) {
         *p = v - h;
         double lm = norm_ref(xd, wd, gd, dyd, N, H, eps, NULL), fd = (lp - lm) / (2 * h);
         *p = v;
-        double an = k < N * H ? dx[k] : k < N * H + H ? dw[k - N * H] : dgh[k - N * H - H];
-        double *err = k < N * H ? &ex : k < N * H + H ? &ew : &eg, *mag = k < N * H ? &mxx : k < N * H + H ? &mxw : &mxg;
-        *err = fmax(*err, fabs(an - fd));
-        *mag = fmax(*mag, fabs(fd));
+        int which = k < N * H ? 0 : k < N * H + H ? 1 : 2;
+        double an = which == 0 ? dx[k] : which == 1 ? dw[k - N * H] : dgh[k - N * H - H];
+        double *err[3] = {&ex, &ew, &eg}, *mag[3] = {&mxx, &mxw, &mxg};
+        *err[which] = fmax(*err[which], fabs(an - fd));
+        *mag[which] = fmax(*mag[which], fabs(fd));
     }
     printf("   forward max|diff| %.2e (max|y| %.3g); backward vs float64 central differences: dx %.2e (max %.3g), "
            "dw %.2e (max %.3g), dgh %.2e (max %.3g)\n",
            fe, ymx, ex, mxx, ew, mxw, eg, mxg);
     CHECK(fe <= 1e-6 * ymx, "forward differs by %g", fe);
-    CHECK(ex <= 1e-5 * mxx && ew <= 1e-5 * mxw && eg <= 1e-5 * mxg, "gradients differ: dx %g dw %g dgh %g", ex, ew,
-          eg);
+    CHECK(ex <= 1e-5 * mxx && ew <= 1e-5 * mxw && eg <= 1e-5 * mxg, "gradients differ: dx %g dw %g dgh %g", ex, ew, eg);
     /* every gate 1 is the plain RMSNorm (gh NULL) bit for bit, forward and backward */
     float one[H], y1[N * H], xh1[N * H], r1[N], dx1[N * H], dw1[H];
     for (int c = 0; c < H; c++) one[c] = 1;
