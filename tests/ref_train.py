@@ -6,7 +6,9 @@ by autograd (the gradient fixtures run it in float64).
 Gates G (tensors, requires_grad where wanted):
   G["head"][l]  [heads]  on each query head's attention output, before o_proj
   G["ffn"][l]   [ffn]    on silu(gate) * up, before down_proj
-  G["hidden"]   [H]      on every RMSNorm output (input, post-attention, final)
+  G["hidden"]   [H]      on every RMSNorm output (input, post-attention, final); the
+                         norm averages over the gate mass, rms = sqrt(sum g x^2 / sum g + eps),
+                         so gates in {0,1} are the RMSNorm of the kept channels
   G["attn"][l], G["mlp"][l]  scalars on each sub-block's output
 """
 import math
@@ -24,6 +26,13 @@ def ones_gates(arch, dtype=torch.float64):
             "mlp": torch.ones(len(L), dtype=dtype)}
 
 
+def gated_rmsnorm(x, w, g, eps):
+    """w * g * x / sqrt(sum_c g_c x_c^2 / sum_c g_c + eps) over the last axis."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    ms = (xf.pow(2) * g).sum(-1, keepdim=True) / g.sum()
+    return xf * torch.rsqrt(ms + eps) * w * g
+
+
 def forward_gated(arch, W, tokens, G):
     """tokens [B,T] -> logits [B,T,V] in W's dtype."""
     B, T = tokens.shape
@@ -38,7 +47,7 @@ def forward_gated(arch, W, tokens, G):
     for l, L in enumerate(arch["layers"]):
         p = f"model.layers.{l}."
         if L["heads"]:
-            n = R.rmsnorm(x, W[p + "input_layernorm.weight"], eps) * G["hidden"]
+            n = gated_rmsnorm(x, W[p + "input_layernorm.weight"], G["hidden"], eps)
             proj = {}
             for s in "qkv":
                 y = Fn.linear(n, W[p + f"self_attn.{s}_proj.weight"], W.get(p + f"self_attn.{s}_proj.bias") if arch["bias"] else None)
@@ -54,10 +63,10 @@ def forward_gated(arch, W, tokens, G):
             o = o.transpose(1, 2).reshape(B, T, L["heads"] * hd)
             x = x + G["attn"][l] * Fn.linear(o, W[p + "self_attn.o_proj.weight"])
         if L["ffn"]:
-            n = R.rmsnorm(x, W[p + "post_attention_layernorm.weight"], eps) * G["hidden"]
+            n = gated_rmsnorm(x, W[p + "post_attention_layernorm.weight"], G["hidden"], eps)
             h = Fn.silu(Fn.linear(n, W[p + "mlp.gate_proj.weight"])) * Fn.linear(n, W[p + "mlp.up_proj.weight"])
             x = x + G["mlp"][l] * Fn.linear(h * G["ffn"][l], W[p + "mlp.down_proj.weight"])
-    n = R.rmsnorm(x, W["model.norm.weight"], eps) * G["hidden"]
+    n = gated_rmsnorm(x, W["model.norm.weight"], G["hidden"], eps)
     return Fn.linear(n, W.get("lm_head.weight", W["model.embed_tokens.weight"]))
 
 

@@ -2,7 +2,9 @@
  * test_dnas.c - the differentiable search through the network (src/search/dnas.c):
  * gates at 1 are the unpruned model bit for bit; hard gates at 0 give the
  * same logits as ac_prune removing those units (KV groups with their query
- * heads, FFN channel groups, whole sub-blocks); the expected-cost gradient
+ * heads, FFN channel groups, whole sub-blocks, hidden channel groups); the
+ * gated RMSNorm's gradient (x, w, gates) matches float64 central
+ * differences; the expected-cost gradient
  * matches central finite differences of the expected cost; a limit that
  * only removing sub-blocks can meet is met by removing sub-blocks.
  * deci: a one-hot KV-merge choice is ac_prune's merged model, the merge
@@ -15,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backward_cpu.h"
 #include "check.h"
 #include "cuda_plugin.h"
 #include "deci.h"
@@ -88,11 +91,15 @@ static void test_gates_at_one_are_the_unpruned_model(void) {
     ac_dnas_gates_free(&g);
 }
 
-static void test_hard_zero_gates_equal_pruning(void) {
-    if (!setup()) SKIP("no tiny model or calibration text (make tiny-model)");
+/* Hard gates at 0 against ac_prune removing the same units. hid: also
+ * hidden channel groups 1 and 6 (of 8 x 16 channels) at 0, i.e. a model of
+ * hidden 96: the gated RMSNorm averages over the gate mass, so the kept
+ * channels see exactly the pruned model's norm; the gated channels still
+ * live in the residual stream but reach no projection and no norm. */
+static void hard_zero_case(int hid) {
     ac_dnas_gates g;
     ac_err e;
-    ac_search_opts so = opts(AC_EXPORT_GGUF, 0);
+    ac_search_opts so = opts(AC_EXPORT_GGUF, hid);
     CHECK(ac_dnas_gates_init(&g, &M.a, &so, &e) == 0, "%s", e.msg);
     double *z = malloc(sizeof(double) * g.np);
     for (int i = 0; i < g.np; i++) z[i] = 1;
@@ -102,8 +109,12 @@ static void test_hard_zero_gates_equal_pruning(void) {
     z[g.attn_off + 2] = 0;                         /* layer 2: attention sub-block */
     z[g.mlp_off + 3] = 0;                          /* layer 3: FFN sub-block */
     for (int j = 3; j < 12; j++) z[g.ffn_off[4] + j] = 0; /* layer 4: keep 96 channels */
+    if (hid) {
+        CHECK(g.nhg == 8 && g.hm == 16, "hidden gate groups %d x %d", g.nhg, g.hm);
+        z[g.hid_off + 1] = z[g.hid_off + 6] = 0; /* the 2nd and 7th most important 16 hidden channels */
+    }
     for (int i = 0; i < g.np; i++) g.la[i] = z[i] ? 8 : -8;
-    int B = 2, T = 48, V = M.a.vocab;
+    int B = 2, T = 48, V = M.a.vocab, N = B * T;
     float *a = logits(&M, &g, z, B, T);
     ac_importance ord;
     CHECK(ac_dnas_orders(&g, &IMP, &M.a, &ord, &e) == 0, "%s", e.msg);
@@ -114,16 +125,29 @@ static void test_hard_zero_gates_equal_pruning(void) {
     t.layers[2] = (ac_layer_arch){0, 0, 384};
     t.layers[3] = (ac_layer_arch){8, 4, 0};
     t.layers[4] = (ac_layer_arch){8, 4, 96};
+    if (hid) t.hidden = M.a.hidden - 32;
     ac_model pm;
     CHECK(ac_prune(&M, &t, &ord, &pm, &e) == 0, "%s", e.msg);
+    CHECK(pm.a.hidden == t.hidden, "pruned hidden %d", pm.a.hidden);
     float *b = logits(&pm, NULL, NULL, B, T);
-    double d = 0, mx = 0;
-    for (int i = 0; a && b && i < B * T * V; i++) {
+    double d = 0, mx = 0, la = 0, lb = 0;
+    for (int i = 0; a && b && i < N * V; i++) {
         d = fmax(d, fabs(a[i] - b[i]));
         mx = fmax(mx, fabs(a[i]));
     }
-    printf("   gated vs pruned logits: max diff %.3g (max |logit| %.3g)\n", d, mx);
+    int *tg = malloc(sizeof(int) * N);
+    float *dz = malloc(sizeof(float) * N * V);
+    if (a && b && tg && dz) { /* the next-token loss of both */
+        ac_next_token_targets(tg, IDS, B, T);
+        la = ac_loss_backward(dz, a, tg, NULL, N, V, 1, 0, 1, NULL, NULL);
+        lb = ac_loss_backward(dz, b, tg, NULL, N, V, 1, 0, 1, NULL, NULL);
+    }
+    printf("   %s: gated vs pruned logits: max diff %.3g (max |logit| %.3g); loss %.7f vs %.7f\n",
+           hid ? "with hidden gates (hidden 128 -> 96)" : "KV/FFN/depth gates", d, mx, la, lb);
     CHECK(a && b && d <= 1e-5 * mx, "hard-zero gates differ from pruning by %g", d);
+    CHECK(fabs(la - lb) <= 1e-5 * fabs(lb), "losses %.9g vs %.9g", la, lb);
+    free(tg);
+    free(dz);
     free(a);
     free(b);
     free(z);
@@ -131,6 +155,90 @@ static void test_hard_zero_gates_equal_pruning(void) {
     ac_arch_free(&t);
     ac_importance_free(&ord);
     ac_dnas_gates_free(&g);
+}
+
+static void test_hard_zero_gates_equal_pruning(void) {
+    if (!setup()) SKIP("no tiny model or calibration text (make tiny-model)");
+    hard_zero_case(0);
+    hard_zero_case(1);
+}
+
+/* The gated RMSNorm against an independent float64 evaluation of
+ * y = w gh x / sqrt(sum gh x^2 / sum gh + eps): the forward, and the
+ * backward (dx, dw, dgh) against central differences of L = sum dy * y in
+ * float64, with gates in [0,1] including exact 0s and 1s (and all gates 1:
+ * the plain RMSNorm bit for bit). */
+static double norm_ref(const double *x, const double *w, const double *gh, const double *dy, int N, int H, double eps,
+                       float *y) {
+    double G = 0, L = 0;
+    for (int c = 0; c < H; c++) G += gh[c];
+    for (int i = 0; i < N; i++) {
+        double S = 0;
+        for (int c = 0; c < H; c++) S += gh[c] * x[i * H + c] * x[i * H + c];
+        double r = 1 / sqrt(S / G + eps);
+        for (int c = 0; c < H; c++) {
+            double v = w[c] * gh[c] * x[i * H + c] * r;
+            if (y) y[i * H + c] = (float)v;
+            L += dy[i * H + c] * v;
+        }
+    }
+    return L;
+}
+
+static void test_gated_rmsnorm_gradient_matches_finite_differences(void) {
+    enum { N = 3, H = 40 };
+    float x[N * H], w[H], gh[H], dy[N * H], y[N * H], yr[N * H], xh[N * H], r[N], dx[N * H], dw[H], dgh[H];
+    double xd[N * H], wd[H], gd[H], dyd[N * H], eps = 1e-5;
+    unsigned long long s = 11;
+#define U01() ((s = s * 6364136223846793005ULL + 1442695040888963407ULL) >> 11) / 9007199254740992.0
+    for (int i = 0; i < N * H; i++) xd[i] = x[i] = (float)(2 * U01() - 1) * (i % 7 == 0 ? 4.0f : 1.0f);
+    for (int i = 0; i < N * H; i++) dyd[i] = dy[i] = (float)(2 * U01() - 1);
+    for (int c = 0; c < H; c++) {
+        wd[c] = w[c] = (float)(0.5 + U01());
+        gd[c] = gh[c] = c % 5 == 0 ? 0.0f : c % 5 == 1 ? 1.0f : (float)U01();
+    }
+#undef U01
+    ac_rmsnorm_fwd(y, xh, r, x, w, gh, N, H, (float)eps);
+    norm_ref(xd, wd, gd, dyd, N, H, eps, yr);
+    double fe = 0, ymx = 0;
+    for (int i = 0; i < N * H; i++) fe = fmax(fe, fabs(y[i] - yr[i])), ymx = fmax(ymx, fabs(yr[i]));
+    memset(dx, 0, sizeof dx);
+    memset(dw, 0, sizeof dw);
+    memset(dgh, 0, sizeof dgh);
+    ac_rmsnorm_backward(dx, dw, dgh, dy, xh, r, w, gh, N, H);
+    double ex = 0, mxx = 0, ew = 0, mxw = 0, eg = 0, mxg = 0, h = 1e-6;
+    for (int k = 0; k < N * H + 2 * H; k++) { /* x, then w, then gh */
+        double *p = k < N * H ? &xd[k] : k < N * H + H ? &wd[k - N * H] : &gd[k - N * H - H], v = *p;
+        *p = v + h;
+        double lp = norm_ref(xd, wd, gd, dyd, N, H, eps, NULL);
+        *p = v - h;
+        double lm = norm_ref(xd, wd, gd, dyd, N, H, eps, NULL), fd = (lp - lm) / (2 * h);
+        *p = v;
+        int which = k < N * H ? 0 : k < N * H + H ? 1 : 2;
+        double an = which == 0 ? dx[k] : which == 1 ? dw[k - N * H] : dgh[k - N * H - H];
+        double *err[3] = {&ex, &ew, &eg}, *mag[3] = {&mxx, &mxw, &mxg};
+        *err[which] = fmax(*err[which], fabs(an - fd));
+        *mag[which] = fmax(*mag[which], fabs(fd));
+    }
+    printf("   forward max|diff| %.2e (max|y| %.3g); backward vs float64 central differences: dx %.2e (max %.3g), "
+           "dw %.2e (max %.3g), dgh %.2e (max %.3g)\n",
+           fe, ymx, ex, mxx, ew, mxw, eg, mxg);
+    CHECK(fe <= 1e-6 * ymx, "forward differs by %g", fe);
+    CHECK(ex <= 1e-5 * mxx && ew <= 1e-5 * mxw && eg <= 1e-5 * mxg, "gradients differ: dx %g dw %g dgh %g", ex, ew, eg);
+    /* every gate 1 is the plain RMSNorm (gh NULL) bit for bit, forward and backward */
+    float one[H], y1[N * H], xh1[N * H], r1[N], dx1[N * H], dw1[H];
+    for (int c = 0; c < H; c++) one[c] = 1;
+    ac_rmsnorm_fwd(y, xh, r, x, w, one, N, H, (float)eps);
+    ac_rmsnorm_fwd(y1, xh1, r1, x, w, NULL, N, H, (float)eps);
+    memset(dx, 0, sizeof dx);
+    memset(dx1, 0, sizeof dx1);
+    memset(dw, 0, sizeof dw);
+    memset(dw1, 0, sizeof dw1);
+    ac_rmsnorm_backward(dx, dw, NULL, dy, xh, r, w, one, N, H);
+    ac_rmsnorm_backward(dx1, dw1, NULL, dy, xh1, r1, w, NULL, N, H);
+    CHECK(!memcmp(y, y1, sizeof y) && !memcmp(r, r1, sizeof r) && !memcmp(dx, dx1, sizeof dx) &&
+              !memcmp(dw, dw1, sizeof dw),
+          "gates at 1 are not the plain RMSNorm bit for bit");
 }
 
 /* Merge choice index of KV count d in layer l (-1: none). */
@@ -574,6 +682,7 @@ int main(void) {
     }
     RUN(test_gates_at_one_are_the_unpruned_model);
     RUN(test_hard_zero_gates_equal_pruning);
+    RUN(test_gated_rmsnorm_gradient_matches_finite_differences);
     RUN(test_constraint_gradient_matches_finite_differences);
     RUN(test_hard_merge_choice_equals_merging);
     RUN(test_merge_sample_is_a_categorical_sample);

@@ -70,14 +70,20 @@ __global__ void kt_embed(float *x, const float *emb, const int *tok, int H) {
     for (int i = threadIdx.x; i < H; i += blockDim.x) x[(size_t)r * H + i] = emb[(size_t)tok[r] * H + i];
 }
 
-// y = xhat * w with xhat = x * r, r = rsqrt(mean(x^2) + eps); one block per row
+// y = xhat * w * gh with xhat = x * r, r = rsqrt(S/G + eps), S = sum gh x^2, G = sum gh
+// (the gated norm of backward_cpu.h: gates {0,1} are the norm of the kept channels); one block per row
 __global__ void kt_rmsnorm(float *y, float *xhat, float *rr, const float *x, const float *w, const float *gh, int H,
                            float eps) {
     int r = blockIdx.x;
     const float *xr = x + (size_t)r * H;
-    float ss = 0;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
-    float s = rsqrtf(tr_sum(ss) / H + eps);
+    float ss = 0, gs = 0;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        ss += gh[i] * xr[i] * xr[i];
+        gs += gh[i];
+    }
+    ss = tr_sum(ss);
+    gs = tr_sum(gs);
+    float s = rsqrtf((gs > 0 ? ss / gs : 0.0f) + eps);
     if (threadIdx.x == 0) rr[r] = s;
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
         xhat[(size_t)r * H + i] = xr[i] * s;
@@ -90,19 +96,27 @@ __global__ void kt_scale_cols(float *y, const float *xhat, const float *w, const
     for (int i = threadIdx.x; i < H; i += blockDim.x) y[(size_t)r * H + i] = xhat[(size_t)r * H + i] * w[i] * gh[i];
 }
 
-// dx += r * (dxh - xhat * mean(dxh * xhat)), dxh = dy * w * gh;
-// prod = dy * xhat * gh (for dw), prod2 = dy * xhat * w (for dgh)
+// dxh = dy * w * gh, dot = sum dxh * xhat, G = sum gh, m = sum gh xhat^2 / G:
+// dx += r * (dxh - gh * xhat * dot / G); prod = dy * xhat * gh (for dw),
+// prod2 = dy * xhat * w - dot / (2G) * (xhat^2 - m) (for dgh)
 __global__ void kt_rmsnorm_bwd(float *dx, float *prod, float *prod2, const float *dy, const float *xhat,
                                const float *rr, const float *w, const float *gh, int H) {
     int r = blockIdx.x;
     const float *d = dy + (size_t)r * H, *xh = xhat + (size_t)r * H;
-    float dot = 0;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) dot += d[i] * w[i] * gh[i] * xh[i];
-    float mean = tr_sum(dot) / H;
+    float dot = 0, ms = 0, gs = 0;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        dot += d[i] * w[i] * gh[i] * xh[i];
+        ms += gh[i] * xh[i] * xh[i];
+        gs += gh[i];
+    }
+    dot = tr_sum(dot);
+    ms = tr_sum(ms);
+    gs = tr_sum(gs);
+    float ig = gs > 0 ? 1.0f / gs : 0.0f, mean = dot * ig, m = ms * ig, k = 0.5f * dot * ig;
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
         prod[(size_t)r * H + i] = d[i] * xh[i] * gh[i];
-        prod2[(size_t)r * H + i] = d[i] * xh[i] * w[i];
-        dx[(size_t)r * H + i] += rr[r] * (d[i] * w[i] * gh[i] - xh[i] * mean);
+        prod2[(size_t)r * H + i] = d[i] * xh[i] * w[i] - k * (xh[i] * xh[i] - m);
+        dx[(size_t)r * H + i] += rr[r] * (d[i] * w[i] * gh[i] - gh[i] * xh[i] * mean);
     }
 }
 

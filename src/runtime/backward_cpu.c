@@ -21,12 +21,14 @@ void ac_linear_backward(float *dX, float *dW, float *db, const float *dY, const 
 
 void ac_rmsnorm_fwd(float *y, float *xhat, float *r, const float *x, const float *w, const float *gh, int N, int H,
                     float eps) {
+    double gs = 0; /* G = sum_c gh_c: the gate mass (H exactly when every gate is 1, or gh == NULL) */
+    for (int c = 0; c < H; c++) gs += gh ? gh[c] : 1.0f;
     for (int i = 0; i < N; i++) {
         const float *xr = x + (long)i * H;
         float *xh = xhat + (long)i * H, *yr = y + (long)i * H;
         double ss = 0;
-        for (int c = 0; c < H; c++) ss += (double)xr[c] * xr[c];
-        float s = (float)(1.0 / sqrt(ss / H + eps));
+        for (int c = 0; c < H; c++) ss += (double)(gh ? gh[c] : 1.0f) * xr[c] * xr[c];
+        float s = (float)(1.0 / sqrt((gs > 0 ? ss / gs : 0.0) + eps));
         r[i] = s;
         for (int c = 0; c < H; c++) {
             xh[c] = xr[c] * s;
@@ -37,20 +39,29 @@ void ac_rmsnorm_fwd(float *y, float *xhat, float *r, const float *x, const float
 
 void ac_rmsnorm_backward(float *dx, float *dw, float *dgh, const float *dy, const float *xhat, const float *r,
                          const float *w, const float *gh, int N, int H) {
+    double gs = 0;
+    for (int c = 0; c < H; c++) gs += gh ? gh[c] : 1.0f;
+    double ig = gs > 0 ? 1.0 / gs : 0.0;
     for (int i = 0; i < N; i++) {
         const float *dyr = dy + (long)i * H, *xh = xhat + (long)i * H;
         float *dxr = dx + (long)i * H;
-        double dot = 0;
+        double dot = 0, ms = 0;
         for (int c = 0; c < H; c++) {
             float g = gh ? gh[c] : 1.0f;
             dw[c] += dyr[c] * xh[c] * g;
-            if (dgh) dgh[c] += dyr[c] * xh[c] * w[c];
             dot += (double)dyr[c] * w[c] * g * xh[c];
+            ms += (double)g * xh[c] * xh[c];
         }
-        float mean = (float)(dot / H);
+        float mean = (float)(gs > 0 ? dot / gs : 0.0);
+        if (dgh) { /* direct term, and through r: d r / d gh_c = -r^3 (x_c^2 - S/G) / (2G) */
+            double m = ms * ig, k = 0.5 * dot * ig;
+            for (int c = 0; c < H; c++)
+                dgh[c] += (float)((double)dyr[c] * xh[c] * w[c] - k * ((double)xh[c] * xh[c] - m));
+        }
         for (int c = 0; c < H; c++) {
-            float dxh = dyr[c] * w[c] * (gh ? gh[c] : 1.0f);
-            dxr[c] += r[i] * (dxh - xh[c] * mean);
+            float g = gh ? gh[c] : 1.0f;
+            float dxh = dyr[c] * w[c] * g;
+            dxr[c] += r[i] * (dxh - g * xh[c] * mean);
         }
     }
 }

@@ -15,13 +15,17 @@
 void ac_linear_backward(float *dX, float *dW, float *db, const float *dY, const float *X, const float *W, int N, int in,
                         int out, float alpha, int acc_dx);
 
-/* RMSNorm split as xhat[N,H] = x * r (r[N] = rsqrt(mean(x^2) + eps)), then
- * y = xhat * w (* gh when gh != NULL, a per-channel gate).
+/* RMSNorm with per-channel gates gh[H] (NULL: all 1) that average over the
+ * gate mass, so gates in {0,1} are exactly the norm of the kept channels:
+ *   r[N] = rsqrt(S/G + eps), S = sum_c gh_c x_c^2, G = sum_c gh_c;
+ *   xhat[N,H] = x * r;  y = xhat * w * gh.
+ * With every gate 1 this is the plain RMSNorm bit for bit (G == H).
  * Forward: writes xhat and r (kept for backward) and y. */
 void ac_rmsnorm_fwd(float *y, float *xhat, float *r, const float *x, const float *w, const float *gh, int N, int H,
                     float eps);
-/* Backward: dw[H] += sum dy*xhat*gh; dgh[H] += sum dy*xhat*w (when dgh);
- * dx[N,H] += r * (dxh - xhat * mean(dxh*xhat)) with dxh = dy*w*gh. */
+/* Backward, with dxh = dy*w*gh, dot = sum_c dxh_c xhat_c, m = sum_c gh_c xhat_c^2 / G:
+ * dw[H] += sum dy*xhat*gh;  dx[N,H] += r * (dxh - gh * xhat * dot / G);
+ * dgh[H] += sum dy*xhat*w - dot/(2G) * (xhat^2 - m)   (when dgh). */
 void ac_rmsnorm_backward(float *dx, float *dw, float *dgh, const float *dy, const float *xhat, const float *r,
                          const float *w, const float *gh, int N, int H);
 

@@ -8,7 +8,9 @@
  *   x += s_attn * (o * g_head) Wo^T
  *   xn = rmsnorm(x) * w_post * gh           xh2 [N,H], r2 [N]
  *   x += s_mlp * ((silu(xn Wg^T) * xn Wu^T) * g_ffn) Wd^T    gp,u [N,F]
- * then logits = (rmsnorm(x) * w_final * gh) W_lm^T.
+ * then logits = (rmsnorm(x) * w_final * gh) W_lm^T. Every rmsnorm is the
+ * gated one of backward_cpu.h: its mean square is over the hidden gates'
+ * mass, sum gh x^2 / sum gh, so hidden gates in {0,1} are the pruned model.
  */
 #include "train.h"
 
