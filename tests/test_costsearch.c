@@ -602,12 +602,29 @@ static void test_repair_reduces_loss(void) {
     ac_model_free(&m);
 }
 
+/* Band pooling: plain rates pooled where they fall; with a scale (MiB),
+ * the products: a high rate on a small probe (a per-step cost) survives. */
+static void test_band_monotone(void) {
+    double r[4] = {40, 20, 30, 10}, mib[4] = {4, 8, 10, 20}, q[4] = {40, 20, 30, 10};
+    ac_cost_bands_monotone(r, NULL, 4);
+    /* 40,20 -> 30,30; 30 ok; 30,30,30,10 -> 25 x 4 (by hand) */
+    for (int i = 0; i < 4; i++) CHECK(fabs(r[i] - 25) < 1e-12, "rate %d: %g vs 25", i, r[i]);
+    ac_cost_bands_monotone(q, mib, 4);
+    /* totals 160,160,300,200 -> 160,160,250,250: rates 40, 20, 25, 12.5 */
+    double want[4] = {40, 20, 25, 12.5};
+    for (int i = 0; i < 4; i++) CHECK(fabs(q[i] - want[i]) < 1e-12, "scaled %d: %g vs %g", i, q[i], want[i]);
+    double neg[2] = {-5, 3};
+    ac_cost_bands_monotone(neg, mib, 2);
+    CHECK(neg[0] == 0 && neg[1] == 3, "negative clipped: %g %g", neg[0], neg[1]);
+}
+
 int main(void) {
     ac_set_threads(2);
     RUN(test_cuda_pin);
     RUN(test_interpolation_hits_grid_points);
     RUN(test_gradients_match_finite_differences);
     RUN(test_decode_bands);
+    RUN(test_band_monotone);
     RUN(test_memory_accounting);
     RUN(test_search_feasible_deterministic_heterogeneous);
     RUN(test_deci_ffn_mult);

@@ -218,15 +218,17 @@ static double probe_kv_mib(const ac_carch *c, int B, int P) {
  *   whose batch-1 step is closer to the warm-weights prediction than to the
  *   cold one. Micro-probes of the cache alone mislead here: under a VM the
  *   L3 is shared and sysfs reports the host's. */
-/* v[0..n) made non-decreasing and >= 0 (pool adjacent violators, equal
- * weights): a step cannot stream a larger working set faster, nor faster
- * than the warm tables; single probes that a neighbour slowed (or that
- * caught the warm table slowed) would otherwise bend the bands. */
-static void monotone_bands(double *v, int n) {
+/* v[0..n) made such that v[i] x scale[i] (scale NULL: 1) is non-decreasing
+ * and >= 0 (pool adjacent violators on the products, equal weights): a step
+ * cannot stream a larger working set faster (nor in less total time), nor
+ * faster than the warm tables; single probes that a neighbour slowed (or
+ * that caught the warm table slowed) would otherwise bend the bands. */
+void ac_cost_bands_monotone(double *v, const double *scale, int n) {
     double val[AC_CT_MAXG];
     int cnt[AC_CT_MAXG], k = 0;
+    if (n > AC_CT_MAXG) n = AC_CT_MAXG;
     for (int i = 0; i < n; i++) {
-        val[k] = v[i];
+        val[k] = v[i] * (scale ? scale[i] : 1);
         cnt[k] = 1;
         while (k > 0 && val[k - 1] > val[k]) {
             val[k - 1] = (val[k - 1] * cnt[k - 1] + val[k] * cnt[k]) / (cnt[k - 1] + cnt[k]);
@@ -236,7 +238,7 @@ static void monotone_bands(double *v, int n) {
         k++;
     }
     for (int b = 0, i = 0; b < k; b++)
-        for (int j = 0; j < cnt[b]; j++) v[i++] = val[b] > 0 ? val[b] : 0;
+        for (int j = 0; j < cnt[b]; j++, i++) v[i] = val[b] > 0 ? val[b] / (scale ? scale[i] : 1) : 0;
 }
 
 /* One probe model of hidden width H: its band point n (working set, batch-1
@@ -300,18 +302,16 @@ static void calibrate(ac_cost_table *t) {
         nkv += kv_long;
         n++;
     }
-    monotone_bands(t->dec_kv_us_mib, nkv < n ? nkv : n);
+    ac_cost_bands_monotone(t->dec_kv_us_mib, NULL, nkv < n ? nkv : n);
     for (int i = nkv; i < n; i++)
         t->dec_kv_us_mib[i] = fmax(nkv ? t->dec_kv_us_mib[nkv - 1] : 0, fmax(t->dec_us_mib[i], 0));
-    monotone_bands(t->dec_us_mib, n);
+    ac_cost_bands_monotone(t->dec_us_mib, NULL, n);
     /* batch 4: a per-step cost the warm M=4 tables miss makes its rate per
      * MiB high on the smallest probes (44 us/MiB at 3.5 MiB, 16-20 from 13
      * MiB), so the total excess (us), not the rate, is made non-decreasing:
      * pooling the rates lifted 13 MiB models ~20% and lowered 4-5 MiB ones */
-    for (int i = 0; i < n; i++) t->dec_us_mib4[i] *= wmib[i];
-    monotone_bands(t->dec_us_mib4, n);
-    for (int i = 0; i < n; i++) t->dec_us_mib4[i] /= wmib[i];
-    monotone_bands(t->dec_kv_us_mib, n);
+    ac_cost_bands_monotone(t->dec_us_mib4, wmib, n);
+    ac_cost_bands_monotone(t->dec_kv_us_mib, NULL, n);
     /* four rows stream the weights once; at worst like four one-row steps */
     for (int i = 0; i < n; i++) t->dec_us_mib4[i] = fmin(t->dec_us_mib4[i], 4 * t->dec_us_mib[i]);
     t->ndec = n >= 2 ? n : 0;
