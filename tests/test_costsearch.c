@@ -602,12 +602,65 @@ static void test_repair_reduces_loss(void) {
     ac_model_free(&m);
 }
 
+/* Batch-4 bands are read at the working set of a 4-layer model with this
+ * model's bytes per layer: a 2-layer model at ws reads them at 2 ws (here
+ * past the last band: its rate, not the first band's). */
+static void test_b4_band_per_layer(void) {
+    ac_cost_table t;
+    synth_table(&t);
+    ac_arch a = mk_arch(2, 64, 16, 4, 2, 128, 256);
+    ac_carch c;
+    ac_err e;
+    CHECK(ac_carch_from_arch(&a, &c, &e) == 0, "carch");
+    ac_engine_profile p;
+    ac_engine_profile_default(&p, 1);
+    ac_workload w4 = {4, 16, 2};
+    ac_cost warm4, b4;
+    t.cache_bytes = 1e30;
+    ac_cost_predict(&t, &c, &w4, &p, 0, &warm4);
+    t.cache_bytes = 0;
+    t.ndec = 2;
+    t.dec_b4 = 1;
+    /* every step's own ws (contexts 17..18) at or below band 0; twice it beyond band 1 */
+    t.dec_ws[0] = ac_cost_decode_bytes(&c, &p, 4, 18) * 1.0001;
+    t.dec_ws[1] = 2 * ac_cost_decode_bytes(&c, &p, 4, 17) * 0.9999;
+    t.dec_us_mib[0] = t.dec_us_mib[1] = 20;
+    t.dec_us_mib4[0] = 100;
+    t.dec_us_mib4[1] = 10;
+    ac_cost_predict(&t, &c, &w4, &p, 0, &b4);
+    double x4 = ac_cost_decode_bytes(&c, &p, 4, 17.5) / 1048576.0 * 10 / 1e3;
+    CHECK(t.dec_ws[0] < t.dec_ws[1], "bands ordered");
+    CHECK(fabs(b4.tpot_ms - warm4.tpot_ms - x4) < 1e-9, "per-layer lookup: %g vs %g + %g", b4.tpot_ms,
+          warm4.tpot_ms, x4);
+    ac_carch_free(&c);
+    ac_arch_free(&a);
+    ac_cost_table_free(&t);
+}
+
+/* Band pooling: plain rates pooled where they fall; with a scale (MiB),
+ * the products: a high rate on a small probe (a per-step cost) survives. */
+static void test_band_monotone(void) {
+    double r[4] = {40, 20, 30, 10}, mib[4] = {4, 8, 10, 20}, q[4] = {40, 20, 30, 10};
+    ac_cost_bands_monotone(r, NULL, 4);
+    /* 40,20 -> 30,30; 30 ok; 30,30,30,10 -> 25 x 4 (by hand) */
+    for (int i = 0; i < 4; i++) CHECK(fabs(r[i] - 25) < 1e-12, "rate %d: %g vs 25", i, r[i]);
+    ac_cost_bands_monotone(q, mib, 4);
+    /* totals 160,160,300,200 -> 160,160,250,250: rates 40, 20, 25, 12.5 */
+    double want[4] = {40, 20, 25, 12.5};
+    for (int i = 0; i < 4; i++) CHECK(fabs(q[i] - want[i]) < 1e-12, "scaled %d: %g vs %g", i, q[i], want[i]);
+    double neg[2] = {-5, 3};
+    ac_cost_bands_monotone(neg, mib, 2);
+    CHECK(neg[0] == 0 && neg[1] == 3, "negative clipped: %g %g", neg[0], neg[1]);
+}
+
 int main(void) {
     ac_set_threads(2);
     RUN(test_cuda_pin);
     RUN(test_interpolation_hits_grid_points);
     RUN(test_gradients_match_finite_differences);
     RUN(test_decode_bands);
+    RUN(test_band_monotone);
+    RUN(test_b4_band_per_layer);
     RUN(test_memory_accounting);
     RUN(test_search_feasible_deterministic_heterogeneous);
     RUN(test_deci_ffn_mult);

@@ -119,12 +119,25 @@ static double band_interp(const ac_cost_table *t, const double *v, double ws) {
 
 /* Microseconds per MiB a CPU decode step of B sequences streams beyond the
  * warm tables at working set ws: the batch-1 bands, the batch-4 ones when
- * measured (linear in log B between, constant beyond 4). */
-static double decode_us_mib(const ac_cost_table *t, double ws, double B) {
+ * measured (linear in log B between, constant beyond 4), those read at ws4:
+ * the working set of a model with the probes' 4 layers of this one's mean
+ * bytes per layer (see probe_ws4). */
+static double decode_us_mib(const ac_cost_table *t, double ws, double B, double ws4) {
     double r1 = band_interp(t, t->dec_us_mib, ws);
     if (!t->dec_b4 || B <= 1) return r1;
-    double r4 = band_interp(t, t->dec_us_mib4, ws), u = B >= 4 ? 1 : log(B) / log(4.0);
+    double r4 = band_interp(t, t->dec_us_mib4, ws4), u = B >= 4 ? 1 : log(B) / log(4.0);
     return r1 + (r4 - r1) * u;
+}
+
+/* The batch-4 bands' lookup point: ws scaled to the probes' PROBE_LAYERS
+ * layers. At batch 4 most of the excess of a small model is a per-layer
+ * cost, not its bytes, so the matching probe is the one with as many bytes
+ * per layer (a 6-layer 5 MiB model reads the 4-layer 3.5 MiB probe's rate). */
+#define PROBE_LAYERS 4.0
+static double probe_ws4(const ac_carch *c, double ws) {
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++) n += c->heads[l] > 0 || c->ffn[l] > 0;
+    return n > 0 ? ws * PROBE_LAYERS / n : ws;
 }
 
 /* One forward call. A measured CPU table with decode bands models a decode
@@ -140,7 +153,7 @@ static double step_us(const ac_cost_table *t, const ac_carch *c, const ac_engine
                       double pos0, double fw) {
     if (nq == 1 && t->ndec > 0 && !t->roofline) {
         double bytes = ac_cost_decode_bytes(c, p, B, pos0 + 1), wbytes = ac_cost_decode_bytes(c, p, B, 0),
-               rate = decode_us_mib(t, bytes, B), kv_rate = t->dec_kv ? band_interp(t, t->dec_kv_us_mib, bytes) : rate;
+               rate = decode_us_mib(t, bytes, B, probe_ws4(c, bytes)), kv_rate = t->dec_kv ? band_interp(t, t->dec_kv_us_mib, bytes) : rate;
         double us =
             forward_us(t, c, p, B, 1, pos0, 1, 1) + wbytes / 1048576.0 * rate + (bytes - wbytes) / 1048576.0 * kv_rate;
         return us > 0 ? us : 0;

@@ -146,6 +146,11 @@ void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workloa
  * weights once, the KV cache of B sequences at context S): the CPU decode
  * model's streamed bytes (S = 0: the weights alone). */
 double ac_cost_decode_bytes(const ac_carch *c, const ac_engine_profile *p, double B, double S);
+/* Decode bands made physical (costmeasure.c): v[i] x scale[i] (scale NULL:
+ * v[i]) non-decreasing in i and >= 0, by pooling adjacent violators. The
+ * batch-4 rates take scale = MiB of weights: their total excess, not their
+ * rate per MiB, must not fall as the working set grows. */
+void ac_cost_bands_monotone(double *v, const double *scale, int n);
 /* One decode step (microseconds) of B sequences reading a context of S
  * positions (the new token's included): what ac_cost_predict's TPOT
  * averages over the generated tokens. */
