@@ -76,7 +76,7 @@ $(B)/daemon/main.o: daemon/main.c $(wildcard daemon/*.h) $(LIB_HDR)
 $(B)/autocompress: tools/autocompress.c $(D_OBJ) $(B)/libautocompress.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(B)/tests/%: tests/%.c tests/check.h tests/synth.h $(B)/libautocompress.a $(D_OBJ)
+$(B)/tests/%: tests/%.c tests/check.h tests/synth.h tests/synth_cost.h $(B)/libautocompress.a $(D_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(D_OBJ) $(B)/libautocompress.a $(LDLIBS)
 

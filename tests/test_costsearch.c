@@ -15,39 +15,7 @@
 #include "prune.h"
 #include "search.h"
 #include "synth.h"
-
-/* A synthetic measured table: t = 1 + m*n*k*1e-5 us on the grid. */
-static void synth_table(ac_cost_table *t) {
-    memset(t, 0, sizeof *t);
-    snprintf(t->key, sizeof t->key, "synthetic|fp32|test|v%d", AC_CT_VERSION);
-    snprintf(t->device, sizeof t->device, "synthetic");
-    snprintf(t->dtype, sizeof t->dtype, "fp32");
-    snprintf(t->engine, sizeof t->engine, "test");
-    snprintf(t->source, sizeof t->source, "measured");
-    t->version = AC_CT_VERSION;
-    t->mem_gib = 16;
-    double g[] = {1, 4, 16, 64, 256, 1024};
-    t->nm = t->nn = t->nk = 6;
-    memcpy(t->gm, g, sizeof g);
-    memcpy(t->gn, g, sizeof g);
-    memcpy(t->gk, g, sizeof g);
-    t->gemm_us = malloc(sizeof(double) * 216);
-    for (int a = 0; a < 6; a++)
-        for (int b = 0; b < 6; b++)
-            for (int c = 0; c < 6; c++) t->gemm_us[(a * 6 + b) * 6 + c] = 1 + g[a] * g[b] * g[c] * 1e-5;
-    t->nhd = 2;
-    t->naq = 3;
-    t->nas = 3;
-    double hd[] = {32, 128}, q[] = {1, 16, 256}, s[] = {1, 64, 4096};
-    memcpy(t->ahd, hd, sizeof hd);
-    memcpy(t->aq, q, sizeof q);
-    memcpy(t->as, s, sizeof s);
-    t->attn_us = malloc(sizeof(double) * 18);
-    for (int h = 0; h < 2; h++)
-        for (int a = 0; a < 3; a++)
-            for (int b = 0; b < 3; b++) t->attn_us[(h * 3 + a) * 3 + b] = 0.5 + q[a] * (q[a] + s[b] - 1) * hd[h] * 1e-6;
-    t->elem_ns = 0.5;
-}
+#include "synth_cost.h"
 
 /* A worker on GPU slot cuda:N sees that GPU as its device 0. */
 static void test_cuda_pin(void) {
@@ -630,8 +598,8 @@ static void test_b4_band_per_layer(void) {
     ac_cost_predict(&t, &c, &w4, &p, 0, &b4);
     double x4 = ac_cost_decode_bytes(&c, &p, 4, 17.5) / 1048576.0 * 10 / 1e3;
     CHECK(t.dec_ws[0] < t.dec_ws[1], "bands ordered");
-    CHECK(fabs(b4.tpot_ms - warm4.tpot_ms - x4) < 1e-9, "per-layer lookup: %g vs %g + %g", b4.tpot_ms,
-          warm4.tpot_ms, x4);
+    CHECK(fabs(b4.tpot_ms - warm4.tpot_ms - x4) < 1e-9, "per-layer lookup: %g vs %g + %g", b4.tpot_ms, warm4.tpot_ms,
+          x4);
     ac_carch_free(&c);
     ac_arch_free(&a);
     ac_cost_table_free(&t);
