@@ -69,6 +69,12 @@ for k in ("baseline", "minitron", "autocompress"):
     mt = f"{meas['tpot_ms']:10.4f} {meas['ttft_ms']:10.3f}" if meas else f"{'-':>10} {'-':>10}"
     a = arch(x["architecture"]) if "architecture" in x else arch(r["model"]["architecture"])
     print(f"{k:14} {x['perplexity']:8.2f} {p['tpot_ms']:10.4f} {p['ttft_ms']:10.3f} {p['params']:9.0f} {mt}  {a}")
+pe, pb = m.get("prediction_error"), m.get("prediction_error_base")
+if pe and pb:
+    print(f"cost model vs this CPU at b{m['workload']['batch']} p{m['workload']['prompt_len']} "
+          f"g{m['workload']['gen_len']} (measured_local.prediction_error): {r['chosen']} TTFT {pe['ttft']:+.1%}, "
+          f"TPOT {pe['tpot']:+.1%}; baseline TTFT {pb['ttft']:+.1%}, TPOT {pb['tpot']:+.1%} "
+          f"(load average {m.get('load_average', float('nan')):.2f})")
 mt = r["minitron"]
 if "candidates" in mt:
     print(f"Minitron (Model-Optimizer's search): {mt['grid_size']} grid points, {mt['grid_feasible']} within the limit, "
