@@ -533,6 +533,8 @@ static void test_kv_merge_of_duplicate_heads_is_exact(void) {
     ac_model_free(&m);
 }
 
+static int cmp_int_asc(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
 static void test_repair_reduces_loss(void) {
     char tiny[1100], text[1200];
     ck_build_path(tiny, sizeof tiny, "models/tiny");
@@ -562,6 +564,41 @@ static void test_repair_reduces_loss(void) {
     printf("   FFN halved: calibration loss %.4f without repair, %.4f with (base %.4f)\n", r1.nll, r2.nll,
            imp.base_loss);
     CHECK(r2.nll < r1.nll, "repair did not help: %g vs %g", r2.nll, r1.nll);
+    /* The refit solves the ridge normal equations: check every layer's
+     * residual (G_kk + lambda I) X - G_k: Wd[hk]^T in double, from the Gram
+     * of a separate stats pass (LAPACK's solve against plain loops). */
+    ac_stats st;
+    CHECK(ac_repair_stats(&m, ids, n, 64, 32, &st, &e) == 0 && st.ffn_gram, "%s", e.msg);
+    int H = m.a.hidden, Fk = 192;
+    double worst = 0;
+    for (int l = 0; st.ffn_gram && l < m.a.n_layers; l++) {
+        int F = m.a.layers[l].ffn, fk[192];
+        for (int i = 0; i < Fk; i++) fk[i] = imp.ffn_order[l][i];
+        qsort(fk, Fk, sizeof(int), cmp_int_asc);
+        const float *G = st.ffn_gram[l], *X = p2.L[l].wd, *W = m.L[l].wd;
+        double tr = 0;
+        for (int i = 0; i < Fk; i++) tr += G[(size_t)fk[i] * F + fk[i]];
+        double lambda = 1e-2 * tr / Fk + 1e-8;
+        for (int r = 0; r < H; r += 7)
+            for (int i = 0; i < Fk; i++) {
+                double lhs = lambda * X[(size_t)r * Fk + i], rhs = 0, scale = fabs(lhs);
+                for (int j = 0; j < Fk; j++) {
+                    double t = (double)G[(size_t)fk[i] * F + fk[j]] * X[(size_t)r * Fk + j];
+                    lhs += t;
+                    scale += fabs(t);
+                }
+                for (int c = 0; c < F; c++) {
+                    double t = (double)G[(size_t)fk[i] * F + c] * W[(size_t)r * F + c];
+                    rhs += t;
+                    scale += fabs(t);
+                }
+                double d = fabs(lhs - rhs) / (scale + 1e-30);
+                if (d > worst) worst = d;
+            }
+    }
+    printf("   repair normal equations: worst relative residual %.2e\n", worst);
+    CHECK(worst < 1e-5, "repair does not solve its normal equations: %g", worst);
+    ac_stats_free(&st);
     ac_model_free(&p1);
     ac_model_free(&p2);
     ac_arch_free(&t);

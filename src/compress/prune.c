@@ -9,6 +9,7 @@
 #include "eval.h"
 #include "kernels_cpu.h"
 #include "safetensors.h"
+#include <cblas.h>
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
@@ -208,102 +209,105 @@ int ac_prune(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac
     return rc;
 }
 
-/* Solve (A + lambda I) X = B for X in place of B; A n x n SPD (row-major,
- * destroyed), B n x m. Cholesky. Returns -1 if not positive definite. */
-static int chol_solve(double *A, double *B, int n, int m) {
-    for (int j = 0; j < n; j++) {
-        double s = A[(size_t)j * n + j];
-        for (int k = 0; k < j; k++) s -= A[(size_t)j * n + k] * A[(size_t)j * n + k];
-        if (s <= 0) return -1;
-        double d = sqrt(s);
-        A[(size_t)j * n + j] = d;
-        for (int i = j + 1; i < n; i++) {
-            double t = A[(size_t)i * n + j];
-            for (int k = 0; k < j; k++) t -= A[(size_t)i * n + k] * A[(size_t)j * n + k];
-            A[(size_t)i * n + j] = t / d;
-        }
+/* LAPACK's Cholesky factorisation (OpenBLAS exports it; Debian ships no
+ * LAPACKE header for it). The trailing size_t is gfortran's hidden length of
+ * the character argument, ignored by OpenBLAS's own C implementation. */
+extern void dpotrf_(const char *uplo, const int *n, double *a, const int *lda, int *info, size_t uplo_len);
+
+int ac_repair_stats(const ac_model *src, const int *ids, size_t n, int ctx, int windows, ac_stats *st, ac_err *e) {
+    memset(st, 0, sizeof *st);
+    for (int l = 0; l < src->a.n_layers; l++)
+        if (src->a.layers[l].ffn > AC_REPAIR_MAX_FFN) return 0; /* Gram too large; no repair */
+    if (ac_stats_init(st, &src->a, e)) return -1;
+    if (ac_stats_want_gram(st, &src->a, e)) {
+        ac_stats_free(st);
+        return -1;
     }
-    for (int c = 0; c < m; c++) {
-        for (int i = 0; i < n; i++) { /* forward: L y = b */
-            double t = B[(size_t)i * m + c];
-            for (int k = 0; k < i; k++) t -= A[(size_t)i * n + k] * B[(size_t)k * m + c];
-            B[(size_t)i * m + c] = t / A[(size_t)i * n + i];
-        }
-        for (int i = n - 1; i >= 0; i--) { /* back: L^T x = y */
-            double t = B[(size_t)i * m + c];
-            for (int k = i + 1; k < n; k++) t -= A[(size_t)k * n + i] * B[(size_t)k * m + c];
-            B[(size_t)i * m + c] = t / A[(size_t)i * n + i];
-        }
+    ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = windows, .batch = 4};
+    ac_ppl_result pr;
+    if (ac_perplexity(src, ids, n, &o, st, NULL, NULL, &pr, e)) {
+        ac_stats_free(st);
+        return -1;
+    }
+    return 0;
+}
+
+/* One layer: down_proj's kept columns X (Fk x Ht, column-major in B) solve
+ * (G_kk + lambda I) X = G_k: Wd[hk, :]^T, G the FFN activations' Gram.
+ * B = W G_k:^T is one sgemm (fp32 Gram and weights, as stored), the solve
+ * is in double: dpotrf then two triangular solves. Returns 1 repaired, 0
+ * not positive definite (left as pruned), -1 out of memory. */
+static int repair_layer(const ac_model *src, ac_model *dst, int l, const int *fk, int Fk, const int *hk, int Ht,
+                        const float *G) {
+    int F = src->a.layers[l].ffn;
+    double *A = malloc(sizeof(double) * Fk * Fk), *B = malloc(sizeof(double) * Fk * Ht);
+    float *Gk = malloc(sizeof(float) * Fk * F), *W = malloc(sizeof(float) * Ht * F),
+          *Bt = malloc(sizeof(float) * Fk * Ht);
+    int rc = -1;
+    if (!A || !B || !Gk || !W || !Bt) goto out;
+    double tr = 0;
+    for (int i = 0; i < Fk; i++) tr += G[(size_t)fk[i] * F + fk[i]];
+    double lambda = 1e-2 * tr / Fk + 1e-8;
+    for (int i = 0; i < Fk; i++) {
+        const float *gr = G + (size_t)fk[i] * F;
+        memcpy(Gk + (size_t)i * F, gr, sizeof(float) * F);
+        for (int j = 0; j < Fk; j++) A[(size_t)i * Fk + j] = gr[fk[j]] + (i == j ? lambda : 0);
+    }
+    for (int r = 0; r < Ht; r++) ac_row_f32(W + (size_t)r * F, src->L[l].wd, ac_layer_wdt(src, l), (size_t)hk[r], F);
+    /* Bt[r][i] = sum_c W[r][c] Gk[i][c]: row-major Ht x Fk = column-major Fk x Ht */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Ht, Fk, F, 1.0f, W, F, Gk, F, 0.0f, Bt, Fk);
+    for (size_t i = 0; i < (size_t)Fk * Ht; i++) B[i] = Bt[i];
+    int info = 0;
+    dpotrf_("L", &Fk, A, &Fk, &info, 1); /* A symmetric: row- and column-major alike */
+    rc = 0;
+    if (info != 0) goto out;
+    cblas_dtrsm(CblasColMajor, CblasLeft, CblasLower, CblasNoTrans, CblasNonUnit, Fk, Ht, 1.0, A, Fk, B, Fk);
+    cblas_dtrsm(CblasColMajor, CblasLeft, CblasLower, CblasTrans, CblasNonUnit, Fk, Ht, 1.0, A, Fk, B, Fk);
+    float *Wn = dst->L[l].wd; /* [Ht, Fk] row-major = X column-major */
+    for (size_t i = 0; i < (size_t)Fk * Ht; i++) Wn[i] = (float)B[i];
+    rc = 1;
+out:
+    free(A);
+    free(B);
+    free(Gk);
+    free(W);
+    free(Bt);
+    return rc;
+}
+
+int ac_repair_ffn_from(const ac_model *src, ac_model *dst, const ac_importance *imp, const ac_stats *st, ac_err *e) {
+    if (!st->ffn_gram) return 0; /* no Gram (too wide): nothing repaired */
+    const ac_arch *a = &src->a;
+    int Ht = dst->a.hidden, repaired = 0, rc = 0;
+    int *hk = kept(imp->hid_order, Ht);
+    if (!hk) return ac_errf(e, "out of memory");
+    for (int l = 0; l < a->n_layers && !rc; l++) {
+        int F = a->layers[l].ffn, Fk = dst->a.layers[l].ffn;
+        if (Fk <= 0 || Fk >= F) continue;
+        int *fk = kept(imp->ffn_order[l], Fk);
+        int r = fk ? repair_layer(src, dst, l, fk, Fk, hk, Ht, st->ffn_gram[l]) : -1;
+        free(fk);
+        if (r < 0) rc = ac_errf(e, "out of memory repairing layer %d (FFN %d of %d)", l, Fk, F);
+        repaired += r > 0;
+    }
+    free(hk);
+    return rc ? -1 : repaired;
+}
+
+int ac_repair_needed(const ac_model *src, const ac_arch *t) {
+    for (int l = 0; l < src->a.n_layers; l++) {
+        int f = t->layers[l].ffn;
+        if (f > 0 && f < src->a.layers[l].ffn) return 1;
     }
     return 0;
 }
 
 int ac_repair_ffn(const ac_model *src, ac_model *dst, const ac_importance *imp, const int *ids, size_t n, int ctx,
                   int windows, ac_err *e) {
-    const ac_arch *a = &src->a;
-    int need = 0;
-    for (int l = 0; l < a->n_layers; l++) {
-        int f = dst->a.layers[l].ffn;
-        if (f > 0 && f < a->layers[l].ffn) need = 1;
-        if (a->layers[l].ffn > 8192) return 0; /* Gram too large; skip repair */
-    }
-    if (!need) return 0;
+    if (!ac_repair_needed(src, &dst->a)) return 0;
     ac_stats st;
-    if (ac_stats_init(&st, a, e)) return -1;
-    if (ac_stats_want_gram(&st, a, e)) {
-        ac_stats_free(&st);
-        return -1;
-    }
-    ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = windows, .batch = 4};
-    ac_ppl_result pr;
-    if (ac_perplexity(src, ids, n, &o, &st, NULL, NULL, &pr, e)) {
-        ac_stats_free(&st);
-        return -1;
-    }
-    int Ht = dst->a.hidden, repaired = 0, rc = 0;
-    int *hk = kept(imp->hid_order, Ht);
-    for (int l = 0; l < a->n_layers && !rc; l++) {
-        int F = a->layers[l].ffn, Fk = dst->a.layers[l].ffn;
-        if (Fk <= 0 || Fk >= F) continue;
-        int *fk = kept(imp->ffn_order[l], Fk);
-        const float *Gf = st.ffn_gram[l];
-        double *A = malloc(sizeof(double) * Fk * Fk), *B = malloc(sizeof(double) * Fk * Ht);
-        float *wr = malloc(sizeof(float) * F); /* one down_proj row in fp32 (the source may be resident) */
-        if (!fk || !A || !B || !wr) {
-            free(fk);
-            free(A);
-            free(B);
-            free(wr);
-            rc = ac_errf(e, "out of memory");
-            break;
-        }
-        double tr = 0;
-        for (int i = 0; i < Fk; i++) tr += Gf[(size_t)fk[i] * F + fk[i]];
-        double lambda = 1e-2 * tr / Fk + 1e-8;
-        for (int i = 0; i < Fk; i++)
-            for (int j = 0; j < Fk; j++) A[(size_t)i * Fk + j] = Gf[(size_t)fk[i] * F + fk[j]] + (i == j ? lambda : 0);
-        /* B = G[kept, :] Wd^T restricted to kept hidden rows: (Fk x F)(F x Ht) */
-        for (int r = 0; r < Ht; r++) {
-            ac_row_f32(wr, src->L[l].wd, ac_layer_wdt(src, l), (size_t)hk[r], F);
-            for (int i = 0; i < Fk; i++) {
-                double t = 0;
-                const float *gr = Gf + (size_t)fk[i] * F;
-                for (int c = 0; c < F; c++) t += (double)gr[c] * wr[c];
-                B[(size_t)i * Ht + r] = t;
-            }
-        }
-        free(wr);
-        if (chol_solve(A, B, Fk, Ht) == 0) {
-            float *Wn = dst->L[l].wd; /* [Ht, Fk] = B^T */
-            for (int r = 0; r < Ht; r++)
-                for (int i = 0; i < Fk; i++) Wn[(size_t)r * Fk + i] = (float)B[(size_t)i * Ht + r];
-            repaired++;
-        }
-        free(fk);
-        free(A);
-        free(B);
-    }
-    free(hk);
+    if (ac_repair_stats(src, ids, n, ctx, windows, &st, e)) return -1;
+    int r = ac_repair_ffn_from(src, dst, imp, &st, e);
     ac_stats_free(&st);
-    return rc ? -1 : repaired;
+    return r;
 }
