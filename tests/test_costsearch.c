@@ -284,24 +284,44 @@ static void fake_importance(ac_importance *imp, const ac_arch *a) {
     }
 }
 
-static void test_search_feasible_deterministic_heterogeneous(void) {
+/* An 8-layer model on the H100 roofline table at batch 64, 1024/128
+ * tokens, with synthetic importance, and its unpruned cost: the setup of
+ * the search tests below. */
+typedef struct {
     ac_cost_table t;
-    ac_err e;
-    ac_cost_roofline(ac_device_spec_find("H100"), "bf16", &t, &e);
-    ac_arch a = mk_arch(8, 1024, 64, 16, 8, 4096, 32000);
+    ac_arch a;
     ac_importance imp;
-    fake_importance(&imp, &a);
     ac_engine_profile p;
-    ac_engine_profile_default(&p, 0);
-    ac_workload w = {64, 1024, 128};
-    ac_carch c;
+    ac_workload w;
     ac_cost base;
-    ac_carch_from_arch(&a, &c, &e);
-    ac_cost_predict(&t, &c, &w, &p, 0, &base);
+} h100_case;
+
+static void h100_case_init(h100_case *k, int ffn) {
+    ac_err e;
+    ac_carch c;
+    ac_cost_roofline(ac_device_spec_find("H100"), "bf16", &k->t, &e);
+    k->a = mk_arch(8, 1024, 64, 16, 8, ffn, 32000);
+    fake_importance(&k->imp, &k->a);
+    ac_engine_profile_default(&k->p, 0);
+    k->w = (ac_workload){64, 1024, 128};
+    ac_carch_from_arch(&k->a, &c, &e);
+    ac_cost_predict(&k->t, &c, &k->w, &k->p, 0, &k->base);
     ac_carch_free(&c);
+}
+
+static void h100_case_free(h100_case *k) {
+    ac_importance_free(&k->imp);
+    ac_arch_free(&k->a);
+    ac_cost_table_free(&k->t);
+}
+
+static void test_search_feasible_deterministic_heterogeneous(void) {
+    h100_case k;
+    h100_case_init(&k, 4096);
+    ac_err e;
     for (int target = 0; target < 3; target++) {
-        ac_search_problem P = {.table = &t, .workload = &w, .profile = &p, .imp = &imp, .base = &a};
-        P.limits.max_tpot_ms = 0.7 * base.tpot_ms;
+        ac_search_problem P = {.table = &k.t, .workload = &k.w, .profile = &k.p, .imp = &k.imp, .base = &k.a};
+        P.limits.max_tpot_ms = 0.7 * k.base.tpot_ms;
         P.opts = (ac_search_opts){.steps = 150,
                                   .seed = 4,
                                   .lr = 0.03,
@@ -337,7 +357,7 @@ static void test_search_feasible_deterministic_heterogeneous(void) {
         ac_search_result_free(&r2);
     }
     /* infeasible: no architecture reaches it */
-    ac_search_problem P = {.table = &t, .workload = &w, .profile = &p, .imp = &imp, .base = &a};
+    ac_search_problem P = {.table = &k.t, .workload = &k.w, .profile = &k.p, .imp = &k.imp, .base = &k.a};
     P.limits.max_tpot_ms = 1e-6;
     P.opts = (ac_search_opts){.steps = 20,
                               .seed = 1,
@@ -350,9 +370,7 @@ static void test_search_feasible_deterministic_heterogeneous(void) {
     CHECK(ac_search_autocompress(&P, &r, &e) == 0, "%s", e.msg);
     CHECK(!r.feasible && r.cost.tpot_ms > 0, "infeasible reported");
     ac_search_result_free(&r);
-    ac_importance_free(&imp);
-    ac_arch_free(&a);
-    ac_cost_table_free(&t);
+    h100_case_free(&k);
 }
 
 /* Every grid width at many hidden sizes: the ffn_mult we write, printed as
@@ -386,23 +404,12 @@ static void test_deci_ffn_mult(void) {
  * width up to the padded base (1024), the cost is charged at that width,
  * the first active layer keeps attention, and the result is expressible. */
 static void test_search_deci_grid(void) {
-    ac_cost_table t;
+    h100_case k;
+    h100_case_init(&k, 1000);
     ac_err e;
-    ac_cost_roofline(ac_device_spec_find("H100"), "bf16", &t, &e);
-    ac_arch a = mk_arch(8, 1024, 64, 16, 8, 1000, 32000);
-    ac_importance imp;
-    fake_importance(&imp, &a);
-    ac_engine_profile p;
-    ac_engine_profile_default(&p, 0);
-    ac_workload w = {64, 1024, 128};
-    ac_carch c;
-    ac_cost base;
-    ac_carch_from_arch(&a, &c, &e);
-    ac_cost_predict(&t, &c, &w, &p, 0, &base);
-    ac_carch_free(&c);
     for (int lim = 0; lim < 3; lim++) {
-        ac_search_problem P = {.table = &t, .workload = &w, .profile = &p, .imp = &imp, .base = &a};
-        P.limits.max_tpot_ms = (0.55 + 0.15 * lim) * base.tpot_ms;
+        ac_search_problem P = {.table = &k.t, .workload = &k.w, .profile = &k.p, .imp = &k.imp, .base = &k.a};
+        P.limits.max_tpot_ms = (0.55 + 0.15 * lim) * k.base.tpot_ms;
         P.opts = (ac_search_opts){.steps = 100,
                                   .seed = 2,
                                   .lr = 0.03,
@@ -424,16 +431,15 @@ static void test_search_deci_grid(void) {
         printf("\n");
         CHECK(first >= 0 && r.arch.layers[first].n_heads > 0, "first active layer %d has attention", first);
         CHECK(ac_arch_is_uniform(&r.arch) || ac_deci_check_arch(&r.arch, &e) == 0, "%s", e.msg);
-        ac_cost k;
+        ac_cost kc;
+        ac_carch c;
         ac_carch_from_arch(&r.arch, &c, &e);
-        ac_cost_predict(&t, &c, &w, &p, 0, &k);
+        ac_cost_predict(&k.t, &c, &k.w, &k.p, 0, &kc);
         ac_carch_free(&c);
-        CHECK(fabs(k.tpot_ms - r.cost.tpot_ms) < 1e-9 * k.tpot_ms, "cost of the padded widths");
+        CHECK(fabs(kc.tpot_ms - r.cost.tpot_ms) < 1e-9 * kc.tpot_ms, "cost of the padded widths");
         ac_search_result_free(&r);
     }
-    ac_importance_free(&imp);
-    ac_arch_free(&a);
-    ac_cost_table_free(&t);
+    h100_case_free(&k);
 }
 
 static char fx[1100];
