@@ -525,6 +525,17 @@ static void test_table_from_timings(void) {
     free(tm);
 }
 
+/* The loader refuses a library of another plugin ABI by its version: one
+ * without acc_abi_version (as every plugin before version 2) says so. */
+static void test_plugin_abi_check(void) {
+    char w[512] = "";
+    CHECK(ac_cuda_plugin_check("libjansson.so.4", w, sizeof w) == -1 && strstr(w, "ABI version 1, this build needs 2"),
+          "a library without acc_abi_version: '%s'", w);
+    const char *p = getenv("AC_CUDA_PLUGIN");
+    if (!p || !*p) SKIP("AC_CUDA_PLUGIN not set (the emulator plugin's path)");
+    CHECK(ac_cuda_plugin_check(p, w, sizeof w) == 0, "%s: %s", p, w);
+}
+
 int main(void) {
     ac_set_threads(2);
     cu = ac_cuda(&why);
@@ -542,5 +553,6 @@ int main(void) {
     RUN(test_gpu_job);
     RUN(test_gemm_timings_within_roofline);
     RUN(test_table_from_timings);
+    RUN(test_plugin_abi_check);
     return DONE();
 }

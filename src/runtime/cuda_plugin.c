@@ -15,6 +15,42 @@ static const ac_cuda_api *loaded;
 static char why_buf[512] = "not probed";
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
+/* The plugin's table when h is a plugin of this build's ABI, else NULL with
+ * the reason in why. */
+static const ac_cuda_api *check(void *h, char *why, size_t n) {
+    /* the ABI version first: an older plugin's table has another layout */
+    int (*version)(void);
+    *(void **)&version = dlsym(h, "acc_abi_version");
+    int v = version ? version() : 1; /* plugins before versioning: 1 */
+    if (v != ACC_ABI_VERSION) {
+        snprintf(why, n, "CUDA plugin has ABI version %d, this build needs %d: rebuild libac_cuda.so", v,
+                 ACC_ABI_VERSION);
+        return NULL;
+    }
+    const ac_cuda_api *(*entry)(void);
+    *(void **)&entry = dlsym(h, "acc_api");
+    const ac_cuda_api *got = entry ? entry() : NULL;
+    if (!got || !got->device_count || !got->device_info || !got->engine_create || !got->engine_forward ||
+        !got->engine_nll || !got->engine_update || !got->engine_free || !got->time_gemm || !got->measure_timings ||
+        !got->convert) {
+        snprintf(why, n, "CUDA plugin has no complete acc_api table (built from other sources?)");
+        return NULL;
+    }
+    return got;
+}
+
+int ac_cuda_plugin_check(const char *path, char *why, size_t n) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(why, n, "cannot load %.200s: %.250s", path, dlerror());
+        return -1;
+    }
+    int rc = check(h, why, n) ? 0 : -1;
+    if (!rc) snprintf(why, n, "ok");
+    dlclose(h);
+    return rc;
+}
+
 static void load(void) {
     char paths[4][1100];
     int np = 0;
@@ -43,24 +79,8 @@ static void load(void) {
             snprintf(why_buf, sizeof why_buf, "CUDA plugin libac_cuda.so not built (no nvcc at build time)");
         return;
     }
-    /* the ABI version first: an older plugin's table has another layout */
-    int (*version)(void);
-    *(void **)&version = dlsym(h, "acc_abi_version");
-    int v = version ? version() : 1; /* plugins before versioning: 1 */
-    if (v != ACC_ABI_VERSION) {
-        snprintf(why_buf, sizeof why_buf, "CUDA plugin has ABI version %d, this build needs %d: rebuild libac_cuda.so", v,
-                 ACC_ABI_VERSION);
-        return;
-    }
-    const ac_cuda_api *(*entry)(void);
-    *(void **)&entry = dlsym(h, "acc_api");
-    const ac_cuda_api *got = entry ? entry() : NULL;
-    if (!got || !got->device_count || !got->device_info || !got->engine_create || !got->engine_forward ||
-        !got->engine_nll || !got->engine_update || !got->engine_free || !got->time_gemm || !got->measure_timings ||
-        !got->convert) {
-        snprintf(why_buf, sizeof why_buf, "CUDA plugin has no complete acc_api table (built from other sources?)");
-        return;
-    }
+    const ac_cuda_api *got = check(h, why_buf, sizeof why_buf);
+    if (!got) return;
     api = *got;
     if (api.device_count() <= 0) {
         snprintf(why_buf, sizeof why_buf, "no CUDA device present (plugin loaded)");

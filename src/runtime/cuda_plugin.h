@@ -18,5 +18,9 @@
 #include "model.h"
 
 const ac_cuda_api *ac_cuda(const char **why);
+/* Whether the library at path (a dlopen name) is a plugin this build can
+ * use, as ac_cuda checks it (ABI version, complete table; devices are not
+ * counted): 0, or -1 with the reason in why (n bytes). */
+int ac_cuda_plugin_check(const char *path, char *why, size_t n);
 
 #endif
