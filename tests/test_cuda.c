@@ -299,7 +299,8 @@ static void resident_vs_f32(const char *dir, int want_dt) {
     ac_model w;
     CHECK(ac_model_alloc(&w, &f.a, &e) == 0, "%s", e.msg);
     ok = tr && tf && !cu->trainer_forward(tr, toks, B, T, lr, err, sizeof err) &&
-         !cu->trainer_forward(tf, toks, B, T, lf, err, sizeof err) && !cu->trainer_download(tr, &w, NULL, err, sizeof err);
+         !cu->trainer_forward(tf, toks, B, T, lf, err, sizeof err) &&
+         !cu->trainer_download(tr, &w, NULL, err, sizeof err);
     CHECK(ok, "%s", err);
     long wd = 0;
     for (int l = 0; ok && l < f.a.n_layers; l++)

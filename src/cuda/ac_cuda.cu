@@ -261,6 +261,10 @@ fail:
 int acc_put_bf16(void *dst, const void *src, int dt, size_t n, float *stage, size_t stage_n, char *err, size_t errn) {
     if (cv_check_dt(dt, err, errn)) return -1;
     if (!n) return 0;
+    if (dt == ST_F32 && (!stage || !stage_n)) {
+        snprintf(err, errn, "an F32 upload needs a staging buffer");
+        return -1;
+    }
     if (dt != ST_F32) {
         CK(cudaMemcpy(dst, src, n * 2, cudaMemcpyHostToDevice));
         if (dt == ST_F16) AC_LAUNCH(k_to_bf16, cv_blocks(n), 256, 0, 0, (unsigned short *)dst, dst, dt, n);
@@ -352,9 +356,9 @@ static void acc_engine_free(acc_engine *en) {
         void *ps[] = {l.wq, l.wk, l.wv, l.wo, l.wg, l.wu, l.wd, l.in_norm, l.post_norm, l.bq, l.bk, l.bv, l.kc, l.vc};
         for (void *p : ps) cudaFree(p);
     }
-    void *ps[] = {en->embed, en->lm_head, en->xn,  en->att,    en->h,  en->final_norm, en->x,
-                  en->x2,    en->q,       en->k,   en->v,      en->g,  en->u,          en->logits,
-                  en->cs,    en->sn,      en->tok, en->target, en->nll,           en->stage};
+    void *ps[] = {en->embed, en->lm_head, en->xn,  en->att,    en->h,   en->final_norm, en->x,
+                  en->x2,    en->q,       en->k,   en->v,      en->g,   en->u,          en->logits,
+                  en->cs,    en->sn,      en->tok, en->target, en->nll, en->stage};
     for (void *p : ps) cudaFree(p);
     if (en->blas) cublasDestroy(en->blas);
     if (en->st) cudaStreamDestroy(en->st);
@@ -381,9 +385,9 @@ static int upload_layer(acc_engine *en, const ac_model *m, int l, char *err, siz
         CK(cudaMalloc(&d.kc, N * KV * sizeof(bf16)));
         CK(cudaMalloc(&d.vc, N * KV * sizeof(bf16)));
     }
-    if (F && (upload_f32(&d.post_norm, w->post_norm, H, err, errn) ||
-              upload_bf16(en, &d.wg, w->wg, dt, F * H, err, errn) || upload_bf16(en, &d.wu, w->wu, dt, F * H, err, errn) ||
-              upload_bf16(en, &d.wd, w->wd, dt, H * F, err, errn)))
+    if (F &&
+        (upload_f32(&d.post_norm, w->post_norm, H, err, errn) || upload_bf16(en, &d.wg, w->wg, dt, F * H, err, errn) ||
+         upload_bf16(en, &d.wu, w->wu, dt, F * H, err, errn) || upload_bf16(en, &d.wd, w->wd, dt, H * F, err, errn)))
         return -1;
     return 0;
 fail:
@@ -829,10 +833,10 @@ fail:
 extern "C" int acc_abi_version(void) { return ACC_ABI_VERSION; }
 
 extern "C" const ac_cuda_api *acc_api(void) {
-    static const ac_cuda_api api = {acc_device_count,     acc_device_info,      acc_engine_create, acc_engine_forward,
-                                    acc_engine_nll,       acc_engine_update,    acc_engine_free,   acc_time_gemm,
-                                    acc_measure_timings,  acc_trainer_create,   acc_trainer_grad,  acc_trainer_step,
-                                    acc_trainer_download, acc_trainer_gates,    acc_trainer_free,  acc_trainer_forward,
+    static const ac_cuda_api api = {acc_device_count,     acc_device_info,       acc_engine_create, acc_engine_forward,
+                                    acc_engine_nll,       acc_engine_update,     acc_engine_free,   acc_time_gemm,
+                                    acc_measure_timings,  acc_trainer_create,    acc_trainer_grad,  acc_trainer_step,
+                                    acc_trainer_download, acc_trainer_gates,     acc_trainer_free,  acc_trainer_forward,
                                     acc_trainer_tensor,   acc_trainer_zero_grad, acc_convert};
     return &api;
 }
