@@ -10,8 +10,6 @@
 #include "backend.h"
 #include "cuda_plugin.h"
 #include "rope.h"
-#include "safetensors.h"
-#include "tensor.h"
 
 struct ac_backend_engine {
     const ac_cuda_api *cu;

@@ -8,7 +8,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "safetensors.h"
 
 static ac_cuda_api api;
 static const ac_cuda_api *loaded;
