@@ -13,7 +13,9 @@
 #include "importance.h"
 #include "job.h"
 #include "kernels_cpu.h"
+#include "rope.h"
 #include "safetensors.h"
+#include "tensor.h"
 
 static const ac_cuda_api *cu;
 static const char *why;
@@ -180,6 +182,164 @@ static void test_gpu_calibration(void) {
     ac_importance_free(&ig);
     free(wo);
     ac_model_free(&m);
+}
+
+/* The upload's device conversion (ac_cuda_conv.h) against the host's
+ * (tensor.c), bit for bit: every BF16 and every F16 pattern (zeros,
+ * subnormals, infinities, NaN payloads included) to fp32 (the trainer's
+ * weights) and to BF16 (the engine's: F16 rounded to nearest even, BF16
+ * copied); fp32 specials, rounding ties and random patterns to BF16 through
+ * the staging buffer in several chunks. A few values are checked against
+ * their definitions too, so a host converter bug cannot hide. */
+static void test_gpu_convert(void) {
+    if (!cu) SKIP("%s", why);
+    size_t n = 65536, nf = 10000;
+    uint16_t *h = malloc(n * 2), *b = malloc(n * 2);
+    float *f = malloc(n * sizeof(float)), *src = malloc(nf * sizeof(float));
+    uint32_t *fb = malloc(nf * 4);
+    char err[512] = "";
+    CHECK(h && b && f && src && fb, "out of memory");
+    for (size_t i = 0; i < n; i++) h[i] = (uint16_t)i;
+    long bad[4] = {0}, subn = 0, infs = 0, nans = 0;
+    for (int k = 0; k < 2; k++) {
+        int dt = k ? ST_F16 : ST_BF16;
+        CHECK(cu->convert(0, f, ST_F32, h, dt, n, err, sizeof err) == 0, "%s", err);
+        for (size_t i = 0; i < n; i++) {
+            float want = k ? ac_f16_to_f32(h[i]) : ac_bf16_to_f32(h[i]);
+            bad[k] += memcmp(&want, &f[i], 4) != 0;
+            subn += fpclassify(f[i]) == FP_SUBNORMAL, infs += isinf(f[i]) != 0, nans += isnan(f[i]) != 0;
+        }
+        CHECK(cu->convert(0, b, ST_BF16, h, dt, n, err, sizeof err) == 0, "%s", err);
+        for (size_t i = 0; i < n; i++) bad[2 + k] += b[i] != (k ? ac_f32_to_bf16(ac_f16_to_f32(h[i])) : h[i]);
+    }
+    printf("   device conversion of all 2 x 65,536 patterns: %ld %ld (to fp32), %ld %ld (to BF16) differ from the "
+           "host's; %ld subnormal, %ld infinite, %ld NaN results\n",
+           bad[0], bad[1], bad[2], bad[3], subn, infs, nans);
+    CHECK(!bad[0] && !bad[1] && !bad[2] && !bad[3], "device and host conversions differ");
+    /* BF16: 254 subnormals stay subnormal in fp32; NaNs 2 x 127 (BF16) + 2 x 1023 (F16); 4 infinities */
+    CHECK(subn == 254 && infs == 4 && nans == 2300, "the pattern classes were not all covered");
+    uint16_t def[5] = {0x0001, 0x8001, 0x7c00, 0x3c00, 0x7e01};
+    float dv[5];
+    CHECK(cu->convert(0, dv, ST_F32, def, ST_F16, 5, err, sizeof err) == 0, "%s", err);
+    CHECK(dv[0] == ldexpf(1, -24) && dv[1] == -ldexpf(1, -24) && isinf(dv[2]) && dv[3] == 1 && isnan(dv[4]),
+          "F16 definitions: %g %g %g %g %g", dv[0], dv[1], dv[2], dv[3], dv[4]);
+    /* fp32 -> BF16: specials, ties, subnormals, then random patterns */
+    uint32_t sp[] = {0,          0x80000000, 0x7f800000, 0xff800000, 0x7f800001, 0xffc12345, 0x00000001,
+                     0x007fffff, 0x3f808000, 0x3f818000, 0x3f808001, 0x7f7fffff, 0x3f7fffff, 0x807f8000};
+    unsigned seed = 12345;
+    for (size_t i = 0; i < nf; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        fb[i] = i < sizeof sp / 4 ? sp[i] : seed;
+    }
+    memcpy(src, fb, nf * 4);
+    CHECK(cu->convert(0, b, ST_BF16, src, ST_F32, nf, err, sizeof err) == 0, "%s", err);
+    long bf = 0;
+    for (size_t i = 0; i < nf; i++) bf += b[i] != ac_f32_to_bf16(src[i]);
+    CHECK(bf == 0, "%ld of %zu fp32 -> BF16 conversions differ from the host's", bf, nf);
+    CHECK(b[8] == 0x3f80 && b[9] == 0x3f82 && b[10] == 0x3f81 && b[12] == 0x3f80, "ties: %04x %04x %04x %04x", b[8],
+          b[9], b[10], b[12]);
+    CHECK(cu->convert(0, f, ST_F32, src, ST_F32, nf, err, sizeof err) == 0 && !memcmp(f, src, nf * 4),
+          "fp32 to fp32: %s", err);
+    err[0] = 0;
+    CHECK(cu->convert(0, f, ST_F32, src, ST_I32, 4, err, sizeof err) != 0 && strstr(err, "dtype"),
+          "an I32 tensor accepted: '%s'", err);
+    free(h);
+    free(b);
+    free(f);
+    free(src);
+    free(fb);
+}
+
+/* A resident model (matrices left in the mmap'd file, BF16 or F16) goes to
+ * the plugin as it is, each tensor converted on the device; its engine and
+ * trainer equal those made from the fp32 copy of the same weights bit for
+ * bit (BF16/F16 -> fp32 is exact; fp32 -> BF16 rounds the same value either
+ * way): logits, NLL, a layer re-uploaded in its file dtype, the trainer's
+ * logits and its downloaded weights. */
+static void resident_vs_f32(const char *dir, int want_dt) {
+    ac_model r, f;
+    ac_err e;
+    if (ac_model_load_resident(dir, &r, &e)) SKIP("%s: %s", dir, e.msg);
+    CHECK(ac_model_load(dir, &f, &e) == 0, "%s", e.msg);
+    CHECK(ac_model_wdt(&r) == want_dt && ac_model_wdt(&f) == ST_F32, "%s: resident dtype %d, fp32 load %d", dir,
+          ac_model_wdt(&r), ac_model_wdt(&f));
+    int B = 2, T = 10, toks[20], tg[20];
+    for (int i = 0; i < B * T; i++) toks[i] = (i * 53 + 11) % r.a.vocab;
+    for (int i = 0; i < B * T; i++) tg[i] = i % T + 1 < T ? toks[i + 1] : -1;
+    size_t V = r.a.vocab, nl = (size_t)B * T * V;
+    float *cs = malloc(sizeof(float) * T * r.a.head_dim / 2), *sn = malloc(sizeof(float) * T * r.a.head_dim / 2);
+    float *lr = malloc(sizeof(float) * nl), *lf = malloc(sizeof(float) * nl), nr[20], nf[20];
+    CHECK(cs && sn && lr && lf && ac_rope_tables(&r.a, T, cs, sn, &e) == 0, "rope tables");
+    acc_engine *gr = NULL, *gf = NULL;
+    char err[512] = "";
+    CHECK(cu->engine_create(0, &r, B, T, cs, sn, &gr, err, sizeof err) == 0, "resident: %s", err);
+    CHECK(cu->engine_create(0, &f, B, T, cs, sn, &gf, err, sizeof err) == 0, "fp32: %s", err);
+    int ok = gr && gf && !cu->engine_forward(gr, toks, B, T, 0, 0, lr, err, sizeof err) &&
+             !cu->engine_forward(gf, toks, B, T, 0, 0, lf, err, sizeof err);
+    CHECK(ok, "%s", err);
+    long diff = 0;
+    for (size_t i = 0; ok && i < nl; i++) diff += memcmp(&lr[i], &lf[i], 4) != 0;
+    CHECK(ok && cu->engine_nll(gr, toks, tg, B, T, 0, nr, err, sizeof err) == 0 &&
+              cu->engine_nll(gf, toks, tg, B, T, 0, nf, err, sizeof err) == 0,
+          "%s", err);
+    printf("   %s: engine logits from the resident model vs its fp32 copy: %ld of %zu differ\n", dir, diff, nl);
+    CHECK(diff == 0 && !memcmp(nr, nf, sizeof nr), "resident and fp32 uploads differ");
+    /* a layer's matrix re-uploaded in its file dtype (the calibration's restore) */
+    size_t n;
+    const float *wr = ac_layer_matrix(&r, 1, AC_W_U, &n);
+    CHECK(wr && cu->engine_update(gr, 1, AC_W_U, wr, ac_layer_wdt(&r, 1), n, err, sizeof err) == 0 &&
+              cu->engine_forward(gr, toks, B, T, 0, 0, lr, err, sizeof err) == 0 && !memcmp(lr, lf, nl * 4),
+          "update in the file dtype: %s", err);
+    cu->engine_free(gr);
+    cu->engine_free(gf);
+    /* the trainer: fp32 on the device from either */
+    acc_trainer *tr = NULL, *tf = NULL;
+    CHECK(cu->trainer_create(0, &r, B, T, cs, sn, &tr, err, sizeof err) == 0, "resident trainer: %s", err);
+    CHECK(cu->trainer_create(0, &f, B, T, cs, sn, &tf, err, sizeof err) == 0, "fp32 trainer: %s", err);
+    ac_model w;
+    CHECK(ac_model_alloc(&w, &f.a, &e) == 0, "%s", e.msg);
+    ok = tr && tf && !cu->trainer_forward(tr, toks, B, T, lr, err, sizeof err) &&
+         !cu->trainer_forward(tf, toks, B, T, lf, err, sizeof err) &&
+         !cu->trainer_download(tr, &w, NULL, err, sizeof err);
+    CHECK(ok, "%s", err);
+    long wd = 0;
+    for (int l = 0; ok && l < f.a.n_layers; l++)
+        for (int k = AC_W_Q; k <= AC_W_D; k++) {
+            size_t a, c;
+            const float *x = ac_layer_matrix(&w, l, (ac_wmat)k, &a), *y = ac_layer_matrix(&f, l, (ac_wmat)k, &c);
+            wd += a != c || (x && memcmp(x, y, a * 4));
+        }
+    wd += ok && memcmp(w.embed, f.embed, V * f.a.hidden * 4);
+    CHECK(ok && wd == 0 && !memcmp(lr, lf, nl * 4), "resident trainer: %ld tensors differ, logits %s", wd,
+          ok && memcmp(lr, lf, nl * 4) ? "differ" : "equal");
+    err[0] = 0;
+    CHECK(ok && cu->trainer_download(tr, &r, NULL, err, sizeof err) != 0 && strstr(err, "fp32"),
+          "download into the mapping: '%s'", err);
+    if (tr) cu->trainer_free(tr);
+    if (tf) cu->trainer_free(tf);
+    ac_model_free(&w);
+    free(cs);
+    free(sn);
+    free(lr);
+    free(lf);
+    ac_model_free(&r);
+    ac_model_free(&f);
+}
+
+static void test_gpu_resident_bf16(void) {
+    if (!cu) SKIP("%s", why);
+    char dir[1024];
+    ck_build_path(dir, sizeof dir, "models/tiny");
+    if (!ck_exists(dir)) SKIP("no tiny model (make tiny-model)");
+    resident_vs_f32(dir, ST_BF16);
+}
+
+static void test_gpu_resident_f16(void) {
+    if (!cu) SKIP("%s", why);
+    char dir[1024];
+    ck_build_path(dir, sizeof dir, "fixtures/models/qwen2_tied_f16");
+    if (!ck_exists(dir)) SKIP("no fixture qwen2_tied_f16 (make fixtures)");
+    resident_vs_f32(dir, ST_F16);
 }
 
 static void no_emit(void *ud, const char *kind, json_t *data) { (void)ud, (void)kind, (void)data; }
@@ -366,6 +526,17 @@ static void test_table_from_timings(void) {
     free(tm);
 }
 
+/* The loader refuses a library of another plugin ABI by its version: one
+ * without acc_abi_version (as every plugin before version 2) says so. */
+static void test_plugin_abi_check(void) {
+    char w[512] = "";
+    CHECK(ac_cuda_plugin_check("libjansson.so.4", w, sizeof w) == -1 && strstr(w, "ABI version 1, this build needs 2"),
+          "a library without acc_abi_version: '%s'", w);
+    const char *p = getenv("AC_CUDA_PLUGIN");
+    if (!p || !*p) SKIP("AC_CUDA_PLUGIN not set (the emulator plugin's path)");
+    CHECK(ac_cuda_plugin_check(p, w, sizeof w) == 0, "%s: %s", p, w);
+}
+
 int main(void) {
     ac_set_threads(2);
     cu = ac_cuda(&why);
@@ -376,9 +547,13 @@ int main(void) {
     RUN(test_gpu_heterogeneous);
     RUN(test_gpu_mistral_sliding_window);
     RUN(test_gpu_perplexity);
+    RUN(test_gpu_convert);
+    RUN(test_gpu_resident_bf16);
+    RUN(test_gpu_resident_f16);
     RUN(test_gpu_calibration);
     RUN(test_gpu_job);
     RUN(test_gemm_timings_within_roofline);
     RUN(test_table_from_timings);
+    RUN(test_plugin_abi_check);
     return DONE();
 }

@@ -20,6 +20,8 @@ echo "== test_cuda"
 ./build/tests/test_cuda
 echo "== bench_gpu"
 ./build/bench/bench_gpu build/gpu_cost.db
+echo "== bench_cuda_upload (host memory of the resident upload)"
+./build/bench/bench_cuda_upload build/models/tiny
 if [ -f build/models/tiny/config.json ] && [ -f build/data/heldout.txt ]; then
   echo "== perplexity of the tiny model, CPU vs GPU"
   for d in cpu cuda; do ./build/autocompress eval build/models/tiny build/data/heldout.txt --ctx 128 --windows 64 --batch 8 --device $d; done

@@ -2,6 +2,7 @@
 // first (one block per row / per (row, head)); cuBLAS carries the GEMMs,
 // which dominate the cost.
 #include "ac_cuda.h"
+#include "ac_cuda_conv.h"
 #include "ac_cuda_train.h"
 
 #ifdef AC_CUDA_EMU
@@ -193,6 +194,92 @@ __global__ void k_rmsnorm(bf16 *out, const float *x, const float *w, int H, floa
     for (int i = threadIdx.x; i < H; i += blockDim.x) out[(size_t)r * H + i] = __float2bfloat16(xr[i] * sc * w[i]);
 }
 
+// ---------------------------------------------------------------- weight upload (ac_cuda_conv.h)
+
+// The host's conversions (src/core/tensor.c), bit for bit.
+__device__ inline float cv_f16_to_f32(unsigned h) {
+    unsigned sign = (h & 0x8000u) << 16, ex = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (ex == 0) { // zero or subnormal: man * 2^-24, exact in fp32
+        float f = (float)man * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    return __uint_as_float(ex == 31 ? sign | 0x7f800000u | (man << 13) : sign | ((ex + 112) << 23) | (man << 13));
+}
+
+__device__ inline unsigned short cv_f32_to_bf16(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u); // quiet NaN, payload kept
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+__device__ inline float cv_to_f32(const void *src, int dt, size_t i) {
+    if (dt == ST_F32) return ((const float *)src)[i];
+    unsigned h = ((const unsigned short *)src)[i];
+    return dt == ST_BF16 ? __uint_as_float(h << 16) : cv_f16_to_f32(h);
+}
+
+// dst[i] = src[i] as fp32 (src BF16 or F16; distinct buffers). Grid-stride.
+__global__ void k_to_f32(float *dst, const void *src, int dt, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = cv_to_f32(src, dt, i);
+}
+
+// dst[i] = src[i] as BF16 bits (src F32 or F16; F16 may be dst itself: each
+// element is read and written by the same thread). Grid-stride.
+__global__ void k_to_bf16(unsigned short *dst, const void *src, int dt, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = cv_f32_to_bf16(cv_to_f32(src, dt, i));
+}
+
+static unsigned cv_blocks(size_t n) { return (unsigned)std::min<size_t>((n + 255) / 256, 4096); }
+
+static int cv_check_dt(int dt, char *err, size_t errn) {
+    if (dt == ST_F32 || dt == ST_BF16 || dt == ST_F16) return 0;
+    snprintf(err, errn, "weight dtype %d: the CUDA upload takes F32, BF16 or F16", dt);
+    return -1;
+}
+
+int acc_model_dt(const ac_model *m) { return m->wdt == ST_BF16 || m->wdt == ST_F16 ? m->wdt : ST_F32; }
+
+int acc_layer_dt(const ac_model *m, int l) { return m->L[l].f32ref > 0 ? (int)ST_F32 : acc_model_dt(m); }
+
+int acc_put_f32(float *dst, const void *src, int dt, size_t n, void *stage, char *err, size_t errn) {
+    if (cv_check_dt(dt, err, errn)) return -1;
+    if (!n) return 0;
+    if (dt == ST_F32) {
+        CK(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice));
+        return 0;
+    }
+    CK(cudaMemcpy(stage, src, n * 2, cudaMemcpyHostToDevice));
+    AC_LAUNCH(k_to_f32, cv_blocks(n), 256, 0, 0, dst, stage, dt, n);
+    CK(cudaGetLastError());
+    return 0;
+fail:
+    return -1;
+}
+
+int acc_put_bf16(void *dst, const void *src, int dt, size_t n, float *stage, size_t stage_n, char *err, size_t errn) {
+    if (cv_check_dt(dt, err, errn)) return -1;
+    if (!n) return 0;
+    if (dt == ST_F32 && (!stage || !stage_n)) {
+        snprintf(err, errn, "an F32 upload needs a staging buffer");
+        return -1;
+    }
+    if (dt != ST_F32) {
+        CK(cudaMemcpy(dst, src, n * 2, cudaMemcpyHostToDevice));
+        if (dt == ST_F16) AC_LAUNCH(k_to_bf16, cv_blocks(n), 256, 0, 0, (unsigned short *)dst, dst, dt, n);
+    } else
+        for (size_t i = 0; i < n; i += stage_n) {
+            size_t c = std::min(stage_n, n - i);
+            CK(cudaMemcpy(stage, (const float *)src + i, c * sizeof(float), cudaMemcpyHostToDevice));
+            AC_LAUNCH(k_to_bf16, cv_blocks(c), 256, 0, 0, (unsigned short *)dst + i, stage, dt, c);
+        }
+    CK(cudaGetLastError());
+    return 0;
+fail:
+    return -1;
+}
+
 // ---------------------------------------------------------------- engine
 
 struct layer_d {
@@ -209,22 +296,18 @@ struct acc_engine {
     bf16 *embed, *lm_head, *xn, *att, *h;
     float *final_norm, *x, *x2, *q, *k, *v, *g, *u, *logits, *cs, *sn, *nll;
     int *tok, *target;
+    float *stage; // F32 uploads pass through it (stage_n elements)
+    size_t stage_n;
     std::vector<layer_d> L;
 };
 
-// Host FP32 -> existing device BF16 buffer of n elements.
-static int copy_bf16(bf16 *d, const float *h, size_t n, char *err, size_t errn) {
-    std::vector<bf16> tmp(n);
-    for (size_t i = 0; i < n; i++) tmp[i] = __float2bfloat16(h[i]);
-    CK(cudaMemcpy(d, tmp.data(), n * sizeof(bf16), cudaMemcpyHostToDevice));
-    return 0;
-fail:
-    return -1;
-}
+// Elements of the F32 upload's staging buffer (acc_put_bf16): 16 MiB at most.
+static const size_t STAGE_MAX = (size_t)1 << 22;
 
-static int upload_bf16(bf16 **d, const float *h, size_t n, char *err, size_t errn) {
+// A new device BF16 buffer of n elements from the host tensor h in dtype dt.
+static int upload_bf16(acc_engine *en, bf16 **d, const void *h, int dt, size_t n, char *err, size_t errn) {
     CK(cudaMalloc(d, n * sizeof(bf16)));
-    return copy_bf16(*d, h, n, err, errn);
+    return acc_put_bf16(*d, h, dt, n, en->stage, en->stage_n, err, errn);
 fail:
     return -1;
 }
@@ -273,14 +356,42 @@ static void acc_engine_free(acc_engine *en) {
         void *ps[] = {l.wq, l.wk, l.wv, l.wo, l.wg, l.wu, l.wd, l.in_norm, l.post_norm, l.bq, l.bk, l.bv, l.kc, l.vc};
         for (void *p : ps) cudaFree(p);
     }
-    void *ps[] = {en->embed, en->lm_head, en->xn,  en->att,    en->h,  en->final_norm, en->x,
-                  en->x2,    en->q,       en->k,   en->v,      en->g,  en->u,          en->logits,
-                  en->cs,    en->sn,      en->tok, en->target, en->nll};
+    void *ps[] = {en->embed, en->lm_head, en->xn,  en->att,    en->h,   en->final_norm, en->x,
+                  en->x2,    en->q,       en->k,   en->v,      en->g,   en->u,          en->logits,
+                  en->cs,    en->sn,      en->tok, en->target, en->nll, en->stage};
     for (void *p : ps) cudaFree(p);
     if (en->blas) cublasDestroy(en->blas);
     if (en->st) cudaStreamDestroy(en->st);
     free(en->a.layers);
     delete en;
+}
+
+// Layer l's weights and KV cache on the device (matrices in m's dtype, converted there).
+static int upload_layer(acc_engine *en, const ac_model *m, int l, char *err, size_t errn) {
+    const ac_layer_arch *la = &en->a.layers[l];
+    const ac_layer_w *w = &m->L[l];
+    layer_d &d = en->L[l];
+    size_t H = en->a.hidden, hd = en->a.head_dim, Q = la->n_heads * hd, KV = la->n_kv_heads * hd, F = la->ffn,
+           N = (size_t)en->max_batch * en->max_ctx;
+    int dt = acc_layer_dt(m, l);
+    if (la->n_heads) {
+        if (upload_f32(&d.in_norm, w->in_norm, H, err, errn) || upload_bf16(en, &d.wq, w->wq, dt, Q * H, err, errn) ||
+            upload_bf16(en, &d.wk, w->wk, dt, KV * H, err, errn) ||
+            upload_bf16(en, &d.wv, w->wv, dt, KV * H, err, errn) || upload_bf16(en, &d.wo, w->wo, dt, H * Q, err, errn))
+            return -1;
+        if (en->a.qkv_bias && (upload_f32(&d.bq, w->bq, Q, err, errn) || upload_f32(&d.bk, w->bk, KV, err, errn) ||
+                               upload_f32(&d.bv, w->bv, KV, err, errn)))
+            return -1;
+        CK(cudaMalloc(&d.kc, N * KV * sizeof(bf16)));
+        CK(cudaMalloc(&d.vc, N * KV * sizeof(bf16)));
+    }
+    if (F &&
+        (upload_f32(&d.post_norm, w->post_norm, H, err, errn) || upload_bf16(en, &d.wg, w->wg, dt, F * H, err, errn) ||
+         upload_bf16(en, &d.wu, w->wu, dt, F * H, err, errn) || upload_bf16(en, &d.wd, w->wd, dt, H * F, err, errn)))
+        return -1;
+    return 0;
+fail:
+    return -1;
 }
 
 static int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_ctx, const float *rope_cos,
@@ -301,6 +412,7 @@ static int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_
         maxkv = std::max(maxkv, (size_t)a->layers[l].n_kv_heads * hd);
         maxf = std::max(maxf, (size_t)a->layers[l].ffn);
     }
+    en->stage_n = std::min(STAGE_MAX, std::max(V, std::max(maxq, maxf)) * H);
     if (hd > ATTN_MAX_HD || hd % 2) {
         snprintf(err, errn, "head_dim %zu: the attention kernel takes even head dims up to %d", hd, ATTN_MAX_HD);
         free(en->a.layers);
@@ -312,30 +424,13 @@ static int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_
     CK(cudaStreamCreate(&en->st));
     CB(cublasCreate(&en->blas));
     CB(cublasSetStream(en->blas, en->st));
-    if (upload_bf16(&en->embed, m->embed, V * H, err, errn) ||
-        upload_bf16(&en->lm_head, m->lm_head, V * H, err, errn) ||
+    CK(cudaMalloc(&en->stage, en->stage_n * sizeof(float)));
+    if (upload_bf16(en, &en->embed, m->embed, acc_model_dt(m), V * H, err, errn) ||
+        upload_bf16(en, &en->lm_head, m->lm_head, acc_model_dt(m), V * H, err, errn) ||
         upload_f32(&en->final_norm, m->final_norm, H, err, errn))
         goto fail;
-    for (int l = 0; l < a->n_layers; l++) {
-        const ac_layer_arch *la = &a->layers[l];
-        const ac_layer_w *w = &m->L[l];
-        layer_d &d = en->L[l];
-        size_t Q = la->n_heads * hd, KV = la->n_kv_heads * hd, F = la->ffn;
-        if (la->n_heads) {
-            if (upload_f32(&d.in_norm, w->in_norm, H, err, errn) || upload_bf16(&d.wq, w->wq, Q * H, err, errn) ||
-                upload_bf16(&d.wk, w->wk, KV * H, err, errn) || upload_bf16(&d.wv, w->wv, KV * H, err, errn) ||
-                upload_bf16(&d.wo, w->wo, H * Q, err, errn))
-                goto fail;
-            if (a->qkv_bias && (upload_f32(&d.bq, w->bq, Q, err, errn) || upload_f32(&d.bk, w->bk, KV, err, errn) ||
-                                upload_f32(&d.bv, w->bv, KV, err, errn)))
-                goto fail;
-            CK(cudaMalloc(&d.kc, N * KV * sizeof(bf16)));
-            CK(cudaMalloc(&d.vc, N * KV * sizeof(bf16)));
-        }
-        if (F && (upload_f32(&d.post_norm, w->post_norm, H, err, errn) || upload_bf16(&d.wg, w->wg, F * H, err, errn) ||
-                  upload_bf16(&d.wu, w->wu, F * H, err, errn) || upload_bf16(&d.wd, w->wd, H * F, err, errn)))
-            goto fail;
-    }
+    for (int l = 0; l < a->n_layers; l++)
+        if (upload_layer(en, m, l, err, errn)) goto fail;
     CK(cudaMalloc(&en->x, N * H * 4));
     CK(cudaMalloc(&en->x2, (size_t)max_batch * H * 4));
     CK(cudaMalloc(&en->xn, N * H * 2));
@@ -443,7 +538,8 @@ fail:
     return -1;
 }
 
-static int acc_engine_update(acc_engine *en, int layer, int which, const float *w, size_t n, char *err, size_t errn) {
+static int acc_engine_update(acc_engine *en, int layer, int which, const void *w, int dtype, size_t n, char *err,
+                             size_t errn) {
     if (layer < 0 || layer >= en->a.n_layers) {
         snprintf(err, errn, "no layer %d", layer);
         return -1;
@@ -488,7 +584,7 @@ static int acc_engine_update(acc_engine *en, int layer, int which, const float *
         return -1;
     }
     CK(cudaSetDevice(en->dev));
-    return copy_bf16(dst, w, n, err, errn);
+    return acc_put_bf16(dst, w, dtype, n, en->stage, en->stage_n, err, errn);
 fail:
     return -1;
 }
@@ -708,11 +804,39 @@ fail:
     return -1;
 }
 
+// The upload's conversion on its own (tests): host -> device in src_dt,
+// converted there -> host in dst_dt. A 4,099-element stage, so F32 sources
+// of test sizes go through it in several chunks.
+static int acc_convert(int dev, void *dst, int dst_dt, const void *src, int src_dt, size_t n, char *err, size_t errn) {
+    void *d = nullptr;
+    float *stage = nullptr;
+    size_t stage_n = std::max<size_t>(1, std::min<size_t>(n, 4099));
+    int rc = -1;
+    if (dst_dt != ST_F32 && dst_dt != ST_BF16) {
+        snprintf(err, errn, "convert: the device holds weights in F32 or BF16, not dtype %d", dst_dt);
+        return -1;
+    }
+    CK(cudaSetDevice(dev));
+    CK(cudaMalloc(&d, std::max<size_t>(n, 1) * (dst_dt == ST_F32 ? 4 : 2)));
+    CK(cudaMalloc(&stage, std::max(stage_n, n / 2 + 1) * sizeof(float)));
+    if (dst_dt == ST_F32 ? acc_put_f32((float *)d, src, src_dt, n, stage, err, errn)
+                         : acc_put_bf16(d, src, src_dt, n, stage, stage_n, err, errn))
+        goto fail;
+    CK(cudaMemcpy(dst, d, n * (dst_dt == ST_F32 ? 4 : 2), cudaMemcpyDeviceToHost));
+    rc = 0;
+fail:
+    cudaFree(d);
+    cudaFree(stage);
+    return rc;
+}
+
+extern "C" int acc_abi_version(void) { return ACC_ABI_VERSION; }
+
 extern "C" const ac_cuda_api *acc_api(void) {
-    static const ac_cuda_api api = {acc_device_count,     acc_device_info,      acc_engine_create, acc_engine_forward,
-                                    acc_engine_nll,       acc_engine_update,    acc_engine_free,   acc_time_gemm,
-                                    acc_measure_timings,  acc_trainer_create,   acc_trainer_grad,  acc_trainer_step,
-                                    acc_trainer_download, acc_trainer_gates,    acc_trainer_free,  acc_trainer_forward,
-                                    acc_trainer_tensor,   acc_trainer_zero_grad};
+    static const ac_cuda_api api = {acc_device_count,     acc_device_info,       acc_engine_create, acc_engine_forward,
+                                    acc_engine_nll,       acc_engine_update,     acc_engine_free,   acc_time_gemm,
+                                    acc_measure_timings,  acc_trainer_create,    acc_trainer_grad,  acc_trainer_step,
+                                    acc_trainer_download, acc_trainer_gates,     acc_trainer_free,  acc_trainer_forward,
+                                    acc_trainer_tensor,   acc_trainer_zero_grad, acc_convert};
     return &api;
 }

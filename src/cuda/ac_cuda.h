@@ -11,7 +11,16 @@
  * rotated through a pool larger than L2), returned as raw timings
  * (acc_timings, a plain struct): src/cost/costmeasure.c builds the
  * ac_cost_table from them, so this ABI does not depend on costmodel.h.
- * The plugin exports one symbol, acc_api, the table of its functions.
+ * The plugin exports two symbols: acc_abi_version (ACC_ABI_VERSION it was
+ * built with; the loader refuses any other) and acc_api, the table of its
+ * functions.
+ *
+ * Weights cross the ABI in their file dtype (ac_model.wdt: ST_F32, or ST_BF16
+ * / ST_F16 for a resident model; a resident layer holding fp32 copies, f32ref
+ * > 0, is ST_F32): each tensor's raw bytes are copied to the device as they
+ * are and converted there (k_to_bf16 for the engine's BF16 weights,
+ * kt_to_f32 for the trainer's fp32 ones), so the host never holds a
+ * converted copy of a tensor, let alone of the model.
  */
 #ifndef AC_CUDA_H
 #define AC_CUDA_H
@@ -23,9 +32,15 @@ extern "C" {
 #endif
 
 #include "model.h"
+#include "safetensors.h"
 #include "train.h"
 
 typedef struct acc_engine acc_engine;
+
+/* Bumped whenever ac_cuda_api, acc_timings or the ac_model fields the plugin
+ * reads change. 2: weights in their file dtype (engine_update's dtype,
+ * convert). */
+#define ACC_ABI_VERSION 2
 
 /* Raw micro-benchmark timings of one device (measure_timings): the grids
  * the plugin chose and the median microseconds at each point. */
@@ -68,7 +83,8 @@ typedef struct {
     int (*device_count)(void);
     int (*device_info)(int dev, char *name, size_t n, double *mem_gib, int *sms, int *cc);
     /* rope_cos/rope_sin: the host's RoPE tables, [max_ctx][head_dim/2]
-     * (ac_rope_tables), so both backends rotate by the same numbers. */
+     * (ac_rope_tables), so both backends rotate by the same numbers. m's
+     * matrices in any of F32/BF16/F16 (above); on the device they are BF16. */
     int (*engine_create)(int dev, const ac_model *m, int max_batch, int max_ctx, const float *rope_cos,
                          const float *rope_sin, acc_engine **out, char *err, size_t errn);
     /* Same contract as ac_engine_forward; logits copied to host (B*n or B rows of V). */
@@ -79,9 +95,11 @@ typedef struct {
      * where targets[i] < 0. Only B*n floats come back to the host. */
     int (*engine_nll)(acc_engine *en, const int *tokens, const int *targets, int B, int n, int pos0, float *nll,
                       char *err, size_t errn);
-    /* Re-upload one weight matrix of a layer (which: ac_wmat) from host FP32
-     * after the caller changed it; n must be the matrix's element count. */
-    int (*engine_update)(acc_engine *en, int layer, int which, const float *w, size_t n, char *err, size_t errn);
+    /* Re-upload one weight matrix of a layer (which: ac_wmat) from the host
+     * after the caller changed it: n elements of dtype (ST_F32, ST_BF16,
+     * ST_F16; n must be the matrix's element count). */
+    int (*engine_update)(acc_engine *en, int layer, int which, const void *w, int dtype, size_t n, char *err,
+                         size_t errn);
     void (*engine_free)(acc_engine *en);
     /* Time one BF16 GEMM (FP32 accumulate): y[m,n] = x[m,k] w[n,k]^T, median microseconds. */
     int (*time_gemm)(int dev, int m, int n, int k, double *us, char *err, size_t errn);
@@ -91,7 +109,8 @@ typedef struct {
     /* Training (ac_cuda_train.h, whose acc_trainer_* functions these are):
      * the training pass of train.c and the AdamW step of optim.c on the
      * device, for distillation on a local GPU. rope_cos/rope_sin as for
-     * engine_create ([max_T][head_dim/2]). */
+     * engine_create ([max_T][head_dim/2]); m's matrices in any of
+     * F32/BF16/F16, fp32 on the device. */
     int (*trainer_create)(int dev, const ac_model *m, int max_B, int max_T, const float *rope_cos,
                           const float *rope_sin, acc_trainer **out, char *err, size_t errn);
     int (*trainer_grad)(acc_trainer *t, const int *tokens, const int *targets, const float *teacher, int B, int T,
@@ -108,9 +127,15 @@ typedef struct {
     int (*trainer_tensor)(acc_trainer *t, int layer, int which, const float *w, float *grad, size_t n, char *err,
                           size_t errn);
     int (*trainer_zero_grad)(acc_trainer *t, char *err, size_t errn);
+    /* The upload's device conversion on its own (tests): n elements of
+     * src_dt (ST_F32/ST_BF16/ST_F16) to the device, converted there into
+     * dst_dt (ST_BF16: the engine's weights, ST_F32: the trainer's), back
+     * into dst. */
+    int (*convert)(int dev, void *dst, int dst_dt, const void *src, int src_dt, size_t n, char *err, size_t errn);
 } ac_cuda_api;
 
-/* The plugin's one exported entry point. */
+/* The plugin's exported entry points. */
+int acc_abi_version(void);
 const ac_cuda_api *acc_api(void);
 
 #ifdef __cplusplus

@@ -5,6 +5,8 @@
 // (row, head)) and correct first; the GEMMs carry the cost.
 #include "ac_cuda_train.h"
 
+#include "ac_cuda_conv.h"
+
 #ifdef AC_CUDA_EMU
 #include "cuda_emu.h"
 #else
@@ -426,25 +428,30 @@ static float *GFFN(const acc_trainer *t, int l) { return t->gates + t->off_ffn[l
 static float *P(const acc_trainer *t, int l, int w) { return t->p[wi(l, w)]; }
 static float *G(const acc_trainer *t, int l, int w) { return t->g[wi(l, w)]; }
 
-// Host pointers of m's tensors in the trainer's order, with sizes and decay.
-static void host_tensors(const ac_model *m, std::vector<float *> &hp, std::vector<size_t> &n, std::vector<int> &decay) {
+// Host pointers of m's tensors in the trainer's order, with sizes, decay and
+// stored dtype (matrices: m's file dtype, or fp32; norms and biases fp32).
+static void host_tensors(const ac_model *m, std::vector<const void *> &hp, std::vector<size_t> &n,
+                         std::vector<int> &decay, std::vector<int> &dt) {
     const ac_arch *a = &m->a;
     size_t H = a->hidden, hd = a->head_dim, V = a->vocab;
-    auto add = [&](float *p, size_t c, int d) {
+    int d32 = ST_F32;
+    auto add = [&](const float *p, size_t c, int d, int t) {
         hp.push_back(p);
         n.push_back(p ? c : 0);
         decay.push_back(d);
+        dt.push_back(t);
     };
-    add(m->embed, V * H, 1);
-    add(a->tie_embeddings ? NULL : m->lm_head, V * H, 1);
-    add(m->final_norm, H, 0);
+    add(m->embed, V * H, 1, acc_model_dt(m));
+    add(a->tie_embeddings ? NULL : m->lm_head, V * H, 1, acc_model_dt(m));
+    add(m->final_norm, H, 0, d32);
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
         const ac_layer_w *w = &m->L[l];
         size_t Q = L->n_heads * hd, KV = L->n_kv_heads * hd, F = L->ffn;
-        add(w->in_norm, H, 0), add(w->wq, Q * H, 1), add(w->wk, KV * H, 1), add(w->wv, KV * H, 1), add(w->wo, H * Q, 1);
-        add(w->bq, Q, 0), add(w->bk, KV, 0), add(w->bv, KV, 0);
-        add(w->post_norm, H, 0), add(w->wg, F * H, 1), add(w->wu, F * H, 1), add(w->wd, H * F, 1);
+        int t = acc_layer_dt(m, l);
+        add(w->in_norm, H, 0, d32), add(w->wq, Q * H, 1, t), add(w->wk, KV * H, 1, t), add(w->wv, KV * H, 1, t);
+        add(w->wo, H * Q, 1, t), add(w->bq, Q, 0, d32), add(w->bk, KV, 0, d32), add(w->bv, KV, 0, d32);
+        add(w->post_norm, H, 0, d32), add(w->wg, F * H, 1, t), add(w->wu, F * H, 1, t), add(w->wd, H * F, 1, t);
     }
 }
 
@@ -492,8 +499,9 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
     const tarch *a = &t->a;
     size_t N = (size_t)t->max_B * t->max_T, H = a->hidden, hd = a->head_dim, V = a->vocab, T = t->max_T, mq = 1,
            mkv = 1, mf = 1;
-    std::vector<float *> hp;
-    host_tensors(mdl, hp, t->n, t->decay);
+    std::vector<const void *> hp;
+    std::vector<int> dt;
+    host_tensors(mdl, hp, t->n, t->decay, dt);
     t->nt = (int)hp.size();
     t->p.assign(t->nt, NULL), t->g.assign(t->nt, NULL), t->m.assign(t->nt, NULL), t->v.assign(t->nt, NULL);
     for (int i = 0; i < t->nt; i++) {
@@ -503,7 +511,8 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
         TCK(cudaMalloc(&t->g[i], b));
         TCK(cudaMalloc(&t->m[i], b));
         TCK(cudaMalloc(&t->v[i], b));
-        TCK(cudaMemcpy(t->p[i], hp[i], b, cudaMemcpyHostToDevice));
+        // BF16/F16 weights: raw into the gradient buffer, converted from there (then zeroed)
+        if (acc_put_f32(t->p[i], hp[i], dt[i], t->n[i], t->g[i], err, errn)) return -1;
         TCK(cudaMemset(t->g[i], 0, b));
         TCK(cudaMemset(t->m[i], 0, b));
         TCK(cudaMemset(t->v[i], 0, b));
@@ -844,12 +853,16 @@ extern "C" int acc_trainer_download(acc_trainer *t, ac_model *w, ac_model *g, ch
     ac_model *ms[2] = {w, g};
     for (int k = 0; k < 2; k++) {
         if (!ms[k]) continue;
-        std::vector<float *> hp;
+        std::vector<const void *> hp;
         std::vector<size_t> n;
-        std::vector<int> d;
-        host_tensors(ms[k], hp, n, d);
+        std::vector<int> d, dt;
+        host_tensors(ms[k], hp, n, d, dt);
         if ((int)hp.size() != t->nt) {
             snprintf(err, errn, "trainer: download into a model of another architecture");
+            return -1;
+        }
+        if (std::count(dt.begin(), dt.end(), (int)ST_F32) != (long)dt.size()) {
+            snprintf(err, errn, "trainer: download into fp32 weights only (not a resident model's mapping)");
             return -1;
         }
         for (int i = 0; i < t->nt; i++) {
@@ -857,7 +870,8 @@ extern "C" int acc_trainer_download(acc_trainer *t, ac_model *w, ac_model *g, ch
                 snprintf(err, errn, "trainer: tensor %d has %zu elements, the device's %zu", i, n[i], t->n[i]);
                 return -1;
             }
-            if (n[i]) TCK(cudaMemcpy(hp[i], k ? t->g[i] : t->p[i], n[i] * sizeof(float), cudaMemcpyDeviceToHost));
+            if (n[i])
+                TCK(cudaMemcpy((void *)hp[i], k ? t->g[i] : t->p[i], n[i] * sizeof(float), cudaMemcpyDeviceToHost));
         }
     }
     return 0;

@@ -34,9 +34,11 @@ extern "C" {
 
 typedef struct acc_trainer acc_trainer;
 
-/* Upload m's weights (fp32) and the host's RoPE tables (rope_cos, rope_sin:
+/* Upload m's weights and the host's RoPE tables (rope_cos, rope_sin:
  * [max_T][head_dim/2], ac_rope_tables) and allocate gradients, moments,
- * activations for batch max_B x context max_T. */
+ * activations for batch max_B x context max_T. m may be resident (BF16/F16
+ * matrices): each tensor goes up in its file dtype and is widened to fp32 on
+ * the device (ac_cuda_conv.h), exactly; the host holds no fp32 copy. */
 int acc_trainer_create(int dev, const ac_model *m, int max_B, int max_T, const float *rope_cos, const float *rope_sin,
                        acc_trainer **out, char *err, size_t errn);
 /* Forward tokens[B*T] from position 0, loss (as ac_loss_backward: targets
@@ -50,7 +52,7 @@ int acc_trainer_grad(acc_trainer *t, const int *tokens, const int *targets, cons
 int acc_trainer_step(acc_trainer *t, float lr, float beta1, float beta2, float eps, float weight_decay, float clip,
                      long step, double *gnorm, char *err, size_t errn);
 /* Copy weights into w and/or gradients into g (either may be NULL; same arch
- * as at create, allocated by the caller). */
+ * as at create, fp32, allocated by the caller). */
 int acc_trainer_download(acc_trainer *t, ac_model *w, ac_model *g, char *err, size_t errn);
 /* Set the gates from g (NULL: leave them) and/or copy their accumulated
  * gradients into dg (NULL: skip; both in train.h's ac_gates layout, caller's

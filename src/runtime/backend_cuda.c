@@ -10,8 +10,6 @@
 #include "backend.h"
 #include "cuda_plugin.h"
 #include "rope.h"
-#include "safetensors.h"
-#include "tensor.h"
 
 struct ac_backend_engine {
     const ac_cuda_api *cu;
@@ -86,14 +84,9 @@ static int cuda_window_nll(ac_backend_engine *b, const int *tok, int nb, int ctx
 static int cuda_weights_changed(ac_backend_engine *b, int layer, ac_wmat which, ac_err *e) {
     if (layer < 0 || layer >= b->m->a.n_layers) return ac_errf(e, "CUDA weight update: no layer %d", layer);
     size_t n;
-    const float *p = ac_layer_matrix(b->m, layer, which, &n);
-    int wdt = ac_layer_wdt(b->m, layer);
-    float *c = p && wdt != ST_F32 ? malloc(n * sizeof(float)) : NULL; /* resident: this tensor in fp32 */
-    if (p && wdt != ST_F32 && !c) return ac_errf(e, "out of memory");
-    if (c) ac_to_f32(c, p, (st_dtype)wdt, n, NULL);
+    const float *p = ac_layer_matrix(b->m, layer, which, &n); /* in its dtype: the plugin converts */
     char err[512] = "";
-    int rc = !p || b->cu->engine_update(b->gpu, layer, which, c ? c : p, n, err, sizeof err);
-    free(c);
+    int rc = !p || b->cu->engine_update(b->gpu, layer, which, p, ac_layer_wdt(b->m, layer), n, err, sizeof err);
     return rc ? ac_errf(e, "CUDA weight update: %s", p ? err : "no such matrix") : 0;
 }
 

@@ -8,32 +8,47 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "safetensors.h"
 
 static ac_cuda_api api;
 static const ac_cuda_api *loaded;
-static int (*plugin_engine_create)(int, const ac_model *, int, int, const float *, const float *, acc_engine **, char *,
-                                   size_t);
-
-/* The plugin reads fp32 matrices: a resident (BF16/F16) model is uploaded
- * from a transient fp32 copy, freed as soon as the weights are on the
- * device (the host holds it only during the upload). */
-static int engine_create_any(int dev, const ac_model *m, int max_batch, int max_ctx, const float *rope_cos,
-                             const float *rope_sin, acc_engine **out, char *err, size_t errn) {
-    if (ac_model_wdt(m) == ST_F32)
-        return plugin_engine_create(dev, m, max_batch, max_ctx, rope_cos, rope_sin, out, err, errn);
-    ac_model f;
-    ac_err e;
-    if (ac_model_to_f32(m, &f, &e)) {
-        snprintf(err, errn, "fp32 copy for the upload: %s", e.msg);
-        return -1;
-    }
-    int rc = plugin_engine_create(dev, &f, max_batch, max_ctx, rope_cos, rope_sin, out, err, errn);
-    ac_model_free(&f);
-    return rc;
-}
 static char why_buf[512] = "not probed";
 static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+/* The plugin's table when h is a plugin of this build's ABI, else NULL with
+ * the reason in why. */
+static const ac_cuda_api *check(void *h, char *why, size_t n) {
+    /* the ABI version first: an older plugin's table has another layout */
+    int (*version)(void);
+    *(void **)&version = dlsym(h, "acc_abi_version");
+    int v = version ? version() : 1; /* plugins before versioning: 1 */
+    if (v != ACC_ABI_VERSION) {
+        snprintf(why, n, "CUDA plugin has ABI version %d, this build needs %d: rebuild libac_cuda.so", v,
+                 ACC_ABI_VERSION);
+        return NULL;
+    }
+    const ac_cuda_api *(*entry)(void);
+    *(void **)&entry = dlsym(h, "acc_api");
+    const ac_cuda_api *got = entry ? entry() : NULL;
+    if (!got || !got->device_count || !got->device_info || !got->engine_create || !got->engine_forward ||
+        !got->engine_nll || !got->engine_update || !got->engine_free || !got->time_gemm || !got->measure_timings ||
+        !got->convert) {
+        snprintf(why, n, "CUDA plugin has no complete acc_api table (built from other sources?)");
+        return NULL;
+    }
+    return got;
+}
+
+int ac_cuda_plugin_check(const char *path, char *why, size_t n) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(why, n, "cannot load %.200s: %.250s", path, dlerror());
+        return -1;
+    }
+    int rc = check(h, why, n) ? 0 : -1;
+    if (!rc) snprintf(why, n, "ok");
+    dlclose(h);
+    return rc;
+}
 
 static void load(void) {
     char paths[4][1100];
@@ -63,17 +78,9 @@ static void load(void) {
             snprintf(why_buf, sizeof why_buf, "CUDA plugin libac_cuda.so not built (no nvcc at build time)");
         return;
     }
-    const ac_cuda_api *(*entry)(void);
-    *(void **)&entry = dlsym(h, "acc_api");
-    const ac_cuda_api *got = entry ? entry() : NULL;
-    if (!got || !got->device_count || !got->device_info || !got->engine_create || !got->engine_forward ||
-        !got->engine_nll || !got->engine_update || !got->engine_free || !got->time_gemm || !got->measure_timings) {
-        snprintf(why_buf, sizeof why_buf, "CUDA plugin has no complete acc_api table (built from other sources?)");
-        return;
-    }
+    const ac_cuda_api *got = check(h, why_buf, sizeof why_buf);
+    if (!got) return;
     api = *got;
-    plugin_engine_create = api.engine_create;
-    api.engine_create = engine_create_any;
     if (api.device_count() <= 0) {
         snprintf(why_buf, sizeof why_buf, "no CUDA device present (plugin loaded)");
         return;

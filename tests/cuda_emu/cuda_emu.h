@@ -53,6 +53,16 @@ float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
 inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline float __uint_as_float(unsigned u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u;
+}
 
 /* bf16: the high half of an IEEE float, rounded to nearest even. */
 struct __nv_bfloat16 {
