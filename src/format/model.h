@@ -100,9 +100,11 @@ int ac_layer_wdt(const ac_model *m, int l);
  * fp32 models. Costs the layer's matrices in fp32 while held. */
 int ac_model_layer_f32(ac_model *m, int l, ac_err *e);
 void ac_model_layer_release(ac_model *m, int l);
-/* A whole fp32 copy of src (resident or not) into dst, for the trainers
- * that need fp32 master or frozen weights (train.c): the one fp32 copy a
- * pipeline stage may hold. */
+/* A whole fp32 copy of src (resident or not) into dst, for what needs
+ * fp32 weights of the whole model (the CUDA plugin's upload and gate
+ * trainer, the cost measurement): the one fp32 copy a pipeline stage may
+ * hold. The CPU gate trainer reads resident weights in place
+ * (ac_trainer_init_frozen); trained weights are fp32 students. */
 int ac_model_to_f32(const ac_model *src, ac_model *dst, ac_err *e);
 /* A resident model: let the kernel drop the mapped pages from this
  * process's memory now (clean file pages: they are read back from the page

@@ -964,9 +964,9 @@ static int teacher_plan(run_t *R, const ac_model *m, size_t n, const ac_dnas_opt
     if (have > 0 && need > 0.9 * have)
         return ac_errf(
             e,
-            "dnas: the gate search needs about %.3g GiB (training activations and gradients, teacher logits%s) "
+            "dnas: the gate search needs about %.3g GiB (training activations, teacher logits%s) "
             "but %.3g GiB is available; lower search.dnas_batch or search.dnas_seq_len",
-            need / 1073741824.0, o->cotrain ? ", co-trained copy" : "", have / 1073741824.0);
+            need / 1073741824.0, o->cotrain ? ", co-trained copy and its gradients" : "", have / 1073741824.0);
     char name[128];
     int sms, cc;
     if (R->cu && !R->cu->device_info(0, name, sizeof name, &dev, &sms, &cc)) {
