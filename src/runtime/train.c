@@ -172,6 +172,7 @@ static int trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, int fr
          (t->pos = malloc(N * sizeof(int)));
     if (ok && ac_model_wdt(m) != ST_F32) ok = (t->wscr = malloc(scratch_floats(a) * sizeof(float))) != NULL;
     if (ok && frozen) ok = (t->g.L = calloc(nl ? nl : 1, sizeof(ac_layer_w))) != NULL;
+    if (ok && frozen) t->g.a = *a; /* the shapes, for readers of g (borrowed: g.a is never freed here) */
     if (!ok) {
         ac_trainer_free(t);
         return ac_errf(e, "trainer: out of memory for batch %d x context %d (%.1f MiB)", max_B, max_T,

@@ -84,8 +84,9 @@ typedef struct {
  * context T on arch a (the parameters themselves are not counted). */
 size_t ac_trainer_bytes(const ac_arch *a, int B, int T);
 int ac_trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, ac_err *e);
-/* Frozen weights: m (fp32 or resident 16-bit) is only read. t->g has its
- * layer array with every field NULL (and no embed, lm_head, norms): no weight
+/* Frozen weights: m (fp32 or resident 16-bit) is only read. t->g has m's
+ * arch (a shallow copy) and its layer array with every field NULL (and no
+ * embed, lm_head, norms): no weight
  * gradient is computed unless the caller points a field at its own buffer
  * (borrowed, e.g. the K/V gradients the KV-merge choices need; zeroed by
  * ac_train_zero_grad). Bytes: ac_trainer_bytes_frozen. */
