@@ -676,6 +676,35 @@ static void test_cuda_gate_search_matches_cpu(void) {
     }
 }
 
+/* deci, first step: the frozen trainer's merge-choice gradients (K/V
+ * gradients into the search's private buffers) against the full trainer's,
+ * which co-trains a copy with its own K/V gradients. */
+static void frozen_vs_full_first_step(const ac_search_problem *p, ac_model *R, const ac_dnas_opts *o,
+                                      const ac_dnas_gates *g) {
+    ac_err e = {{0}};
+    int np = g->np, ok = 1;
+    ac_dnas_opts o1 = *o;
+    ac_dnas_gates g1[2];
+    double *t1[2] = {calloc(np + 1, sizeof(double)), calloc(np + 1, sizeof(double))}, dn = 0, dd = 0, mn = 0;
+    o1.steps = 1;
+    for (int c = 0; c < 2 && ok; c++) {
+        o1.cotrain = c;
+        ok = t1[c] && ac_dnas_train_gates(p, R, IDS, NIDS, &o1, &g1[c], t1[c], &e) == 0;
+        if (ok) ac_dnas_gates_free(&g1[c]);
+    }
+    CHECK(ok, "%s", e.msg);
+    for (int i = 0; ok && i < np; i++) {
+        dn += t1[1][i] * t1[1][i], dd += (t1[0][i] - t1[1][i]) * (t1[0][i] - t1[1][i]);
+        if (g->mkv[i]) mn += t1[0][i] * t1[0][i];
+    }
+    printf("   deci first step, frozen vs co-trained trainer: task gradient relative diff %.2e, merge-choice "
+           "part |g| %.3g\n",
+           sqrt(dd / (dn + 1e-300)), sqrt(mn));
+    CHECK(ok && mn > 0 && dd <= 1e-8 * dn, "frozen and full trainers' gate gradients differ (%g)",
+          sqrt(dd / (dn + 1e-300)));
+    free(t1[0]), free(t1[1]);
+}
+
 /* The gate search on the resident BF16 tiny model (the frozen trainer reads
  * the mapping; deci KV-merge mixtures in a private buffer) against the same
  * search on its fp32 load (M): the last step's task gradient and the trained
@@ -739,29 +768,7 @@ static void test_resident_search_equals_fp32(void) {
                k % 2 ? "deci" : "gguf", k >= 2 ? " cotrain" : "", np, o.steps, sqrt(gn), same ? "identical" : "DIFFER",
                arch ? "yes" : "no");
         CHECK(same && gn > 0, "resident and fp32 gate training differ");
-        if (k == 1) { /* the frozen trainer's merge-choice gradients (K/V gradients into private buffers) against
-                       * the full trainer's, which co-trains a copy with its own K/V gradients: first step */
-            ac_dnas_opts o1 = o;
-            ac_dnas_gates g1[2];
-            double *t1[2] = {calloc(np + 1, sizeof(double)), calloc(np + 1, sizeof(double))}, dn = 0, dd = 0, mn = 0;
-            o1.steps = 1;
-            for (int c = 0; c < 2 && ok; c++) {
-                o1.cotrain = c;
-                ok = t1[c] && ac_dnas_train_gates(&p, &R, IDS, NIDS, &o1, &g1[c], t1[c], &e) == 0;
-                if (ok) ac_dnas_gates_free(&g1[c]);
-            }
-            CHECK(ok, "%s", e.msg);
-            for (int i = 0; ok && i < np; i++) {
-                dn += t1[1][i] * t1[1][i], dd += (t1[0][i] - t1[1][i]) * (t1[0][i] - t1[1][i]);
-                if (g[0].mkv[i]) mn += t1[0][i] * t1[0][i];
-            }
-            printf("   deci first step, frozen vs co-trained trainer: task gradient relative diff %.2e, merge-choice "
-                   "part |g| %.3g\n",
-                   sqrt(dd / (dn + 1e-300)), sqrt(mn));
-            CHECK(ok && mn > 0 && dd <= 1e-8 * dn, "frozen and full trainers' gate gradients differ (%g)",
-                  sqrt(dd / (dn + 1e-300)));
-            free(t1[0]), free(t1[1]);
-        }
+        if (k == 1) frozen_vs_full_first_step(&p, &R, &o, &g[0]);
         CHECK(arch, "resident and fp32 searches picked different architectures");
         for (int c = 0; c < 2; c++) {
             ac_dnas_gates_free(&g[c]);
