@@ -9,10 +9,12 @@
  * only removing sub-blocks can meet is met by removing sub-blocks.
  * deci: a one-hot KV-merge choice is ac_prune's merged model, the merge
  * gradient matches finite differences, the search's result exports.
+ * The search on the resident BF16 model equals the search on its fp32 load.
  * With the CUDA plugin (tests/run_all.sh: the CPU emulator): the gate
  * training on the device matches the CPU's.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -674,10 +676,125 @@ static void test_cuda_gate_search_matches_cpu(void) {
     }
 }
 
+/* deci, first step: the frozen trainer's merge-choice gradients (K/V
+ * gradients into the search's private buffers) against the full trainer's,
+ * which co-trains a copy with its own K/V gradients. */
+static void frozen_vs_full_first_step(const ac_search_problem *p, ac_model *R, const ac_dnas_opts *o,
+                                      const ac_dnas_gates *g) {
+    ac_err e = {{0}};
+    int np = g->np, ok = 1;
+    ac_dnas_opts o1 = *o;
+    ac_dnas_gates g1[2];
+    double *t1[2] = {calloc(np + 1, sizeof(double)), calloc(np + 1, sizeof(double))}, dn = 0, dd = 0, mn = 0;
+    o1.steps = 1;
+    for (int c = 0; c < 2 && ok; c++) {
+        o1.cotrain = c;
+        ok = t1[c] && ac_dnas_train_gates(p, R, IDS, NIDS, &o1, &g1[c], t1[c], &e) == 0;
+        if (ok) ac_dnas_gates_free(&g1[c]);
+    }
+    CHECK(ok, "%s", e.msg);
+    for (int i = 0; ok && i < np; i++) {
+        dn += t1[1][i] * t1[1][i], dd += (t1[0][i] - t1[1][i]) * (t1[0][i] - t1[1][i]);
+        if (g->mkv[i]) mn += t1[0][i] * t1[0][i];
+    }
+    printf("   deci first step, frozen vs co-trained trainer: task gradient relative diff %.2e, merge-choice "
+           "part |g| %.3g\n",
+           sqrt(dd / (dn + 1e-300)), sqrt(mn));
+    CHECK(ok && mn > 0 && dd <= 1e-8 * dn, "frozen and full trainers' gate gradients differ (%g)",
+          sqrt(dd / (dn + 1e-300)));
+    free(t1[0]), free(t1[1]);
+}
+
+/* The gate search on the resident BF16 tiny model (the frozen trainer reads
+ * the mapping; deci KV-merge mixtures in a private buffer) against the same
+ * search on its fp32 load (M): the last step's task gradient and the trained
+ * log_alphas are equal bit for bit, the searches pick the same architecture,
+ * and the mapping's K/V are unchanged; on gguf (KV, FFN, hidden, depth
+ * gates) and deci (merge choices) targets, and with cotrain (an fp32 pruned
+ * copy trained, the teacher on the mapping). */
+/* cuda: the same through the CUDA plugin's trainer, which takes the
+ * resident weights in their dtype and converts each tensor on the device. */
+static void resident_search_equals_fp32(int cuda) {
+    const char *why;
+    if (cuda && !ac_cuda(&why)) SKIP("no CUDA: %s", why);
+    if (!setup()) SKIP("no tiny model or calibration text (make tiny-model)");
+    char tiny[1100];
+    ck_build_path(tiny, sizeof tiny, "models/tiny");
+    ac_model R;
+    ac_err e = {{0}};
+    if (ac_model_load_resident(tiny, &R, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
+    CHECK(ac_model_wdt(&R) == ST_BF16, "tiny model resident in BF16");
+    size_t nk = (size_t)R.a.layers[0].n_kv_heads * R.a.head_dim * R.a.hidden;
+    uint16_t *k0 = malloc(nk * 2);
+    if (k0) memcpy(k0, R.L[0].wk, nk * 2);
+    ac_export_target tg[2] = {AC_EXPORT_GGUF, AC_EXPORT_DECI};
+    for (int k = 0; k < 4; k++) {
+        ac_cost_table t;
+        ac_workload w;
+        ac_engine_profile pr;
+        ac_search_problem p;
+        problem(&p, &t, &w, &pr, opts(tg[k % 2], k % 2 == 0));
+        p.limits.max_params = 0.7 * ac_arch_params(&M.a);
+        ac_dnas_opts o;
+        ac_dnas_defaults(&o);
+        o.batch = 2;
+        o.seq_len = 32;
+        o.steps = k < 2 ? 12 : 3;
+        o.cotrain = k >= 2;
+        o.teacher_cache_mib = k == 3 ? 0 : o.teacher_cache_mib; /* deci cotrain: online teacher (a second trainer) */
+        o.cuda = cuda;
+        ac_dnas_gates g[2];
+        ac_search_result r[2];
+        ac_importance ord[2];
+        double *tgr[2] = {0};
+        int ok = 1;
+        ac_model *ms[2] = {&R, &M};
+        for (int c = 0; c < 2 && ok; c++) {
+            tgr[c] = calloc(4096, sizeof(double));
+            ok = tgr[c] && ac_dnas_train_gates(&p, ms[c], IDS, NIDS, &o, &g[c], tgr[c], &e) == 0;
+        }
+        CHECK(ok, "%s", e.msg);
+        if (!ok) break;
+        int np = g[0].np, same = np == g[1].np && np <= 4096 && !memcmp(g[0].la, g[1].la, sizeof(double) * np) &&
+                                 !memcmp(tgr[0], tgr[1], sizeof(double) * np);
+        double gn = 0;
+        for (int i = 0; i < np; i++) gn += tgr[0][i] * tgr[0][i];
+        ok = ac_search_dnas(&p, &R, IDS, NIDS, &o, &r[0], &ord[0], &e) == 0 &&
+             ac_search_dnas(&p, &M, IDS, NIDS, &o, &r[1], &ord[1], &e) == 0;
+        CHECK(ok, "%s", e.msg);
+        int arch = ok && r[0].arch.hidden == r[1].arch.hidden;
+        for (int l = 0; ok && l < M.a.n_layers; l++)
+            arch &= !memcmp(&r[0].arch.layers[l], &r[1].arch.layers[l], sizeof(ac_layer_arch));
+        printf("   %s%s%s: %d gates, %d steps: resident vs fp32 log_alphas and task gradient (|g| %.3g) %s; "
+               "same architecture %s\n",
+               cuda ? "cuda " : "", k % 2 ? "deci" : "gguf", k >= 2 ? " cotrain" : "", np, o.steps, sqrt(gn),
+               same ? "identical" : "DIFFER", arch ? "yes" : "no");
+        CHECK(same && gn > 0, "resident and fp32 gate training differ");
+        if (k == 1 && !cuda) frozen_vs_full_first_step(&p, &R, &o, &g[0]);
+        CHECK(arch, "resident and fp32 searches picked different architectures");
+        for (int c = 0; c < 2; c++) {
+            ac_dnas_gates_free(&g[c]);
+            free(tgr[c]);
+            if (ok) ac_search_result_free(&r[c]), ac_importance_free(&ord[c]);
+        }
+        ac_cost_table_free(&t);
+    }
+    CHECK(k0 && !memcmp(k0, R.L[0].wk, nk * 2), "the mapping's K is unchanged");
+    free(k0);
+    ac_model_free(&R);
+}
+
+static void test_resident_search_equals_fp32(void) { resident_search_equals_fp32(0); }
+static void test_cuda_resident_search_equals_fp32(void) { resident_search_equals_fp32(1); }
+
 int main(void) {
     ac_set_threads(2);
     if (getenv("AC_DNAS_CUDA_ONLY")) { /* tests/run_all.sh: the gate search on the emulated plugin */
         RUN(test_cuda_gate_search_matches_cpu);
+        RUN(test_cuda_resident_search_equals_fp32);
         return DONE();
     }
     RUN(test_gates_at_one_are_the_unpruned_model);
@@ -687,6 +804,7 @@ int main(void) {
     RUN(test_hard_merge_choice_equals_merging);
     RUN(test_merge_sample_is_a_categorical_sample);
     RUN(test_depth_only_limit_is_met_by_removing_sub_blocks);
+    RUN(test_resident_search_equals_fp32);
     RUN(test_cuda_gate_search_matches_cpu);
     if (HAVE > 0) {
         ac_importance_free(&IMP);

@@ -1,7 +1,8 @@
 /*
  * test_resident_job.c - the job pipeline on resident (BF16-mapped) weights
  * against the same weights loaded as fp32 (issue 16): per-layer fp32
- * copies, the fp32 copy for trainers, ac_prune from the mapping, streamed
+ * copies, the fp32 copy for trainers, the frozen-weight (gate) trainer on
+ * the mapping, ac_prune from the mapping, streamed
  * calibration, the GGUF export, and a whole
  * compression job whose export must be byte-identical.
  *
@@ -31,6 +32,7 @@
 #include "prune.h"
 #include "safetensors.h"
 #include "synth.h"
+#include "train.h"
 
 static char tiny[1100], f32dir[256] = "/tmp/ac_test_resident_job";
 
@@ -111,6 +113,132 @@ static void test_layer_copies(void) {
     ac_model_free(&c);
     ac_model_free(&r);
     ac_model_free(&f);
+}
+
+/* Gate values in (0,1] that are not all 1 (every gate kind), from a counter. */
+static void odd_gates(ac_gates *g, const ac_arch *a) {
+    unsigned k = 7;
+    for (int l = 0; l < a->n_layers; l++) {
+        for (int h = 0; h < a->layers[l].n_heads; h++)
+            g->head[l][h] = 0.25f + (float)((k = k * 1103515245u + 12345u) >> 24) / 341;
+        for (int c = 0; c < a->layers[l].ffn; c++)
+            g->ffn[l][c] = 0.25f + (float)((k = k * 1103515245u + 12345u) >> 24) / 341;
+        g->attn[l] = 0.9f - 0.05f * l;
+        g->mlp[l] = 0.6f + 0.05f * l;
+    }
+    for (int c = 0; c < a->hidden; c++) g->hidden[c] = c % 5 ? 1.0f : 0.5f;
+}
+
+/* Every gate gradient of t in one vector (n floats); returns the count. */
+static size_t gate_grads(const ac_trainer *t, float *out) {
+    const ac_arch *a = &t->m->a;
+    size_t n = 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        for (int h = 0; h < a->layers[l].n_heads; h++) out[n++] = t->dgate.head[l][h];
+        for (int c = 0; c < a->layers[l].ffn; c++) out[n++] = t->dgate.ffn[l][c];
+        out[n++] = t->dgate.attn[l];
+        out[n++] = t->dgate.mlp[l];
+    }
+    for (int c = 0; c < a->hidden; c++) out[n++] = t->dgate.hidden[c];
+    return n;
+}
+
+typedef struct {
+    float *logits, *dg;
+    size_t ng;
+    double loss;
+    int no_wgrad; /* the frozen trainer holds no weight gradient */
+} tr_out;
+
+/* One forward, KD+CE loss against fixed teacher logits, backward on m
+ * (frozen or full trainer; lm_rows > 0 overrides the LM-head tile). */
+static int tr_run(ac_model *m, int frozen, int lm_rows, tr_out *o, ac_err *e) {
+    enum { B = 2, T = 24 };
+    const ac_arch *a = &m->a;
+    int tok[B * T], tgt[B * T], V = a->vocab;
+    for (int i = 0; i < B * T; i++) tok[i] = (i * 37 + 11) % V;
+    ac_next_token_targets(tgt, tok, B, T);
+    float *teach = malloc(sizeof(float) * B * T * V);
+    ac_trainer t;
+    if (!teach || (frozen ? ac_trainer_init_frozen(&t, m, B, T, e) : ac_trainer_init(&t, m, B, T, e))) {
+        free(teach);
+        return -1;
+    }
+    for (int i = 0; i < B * T * V; i++) teach[i] = (float)((i * 7919) % 401) / 100.0f - 2.0f;
+    if (lm_rows > 0) t.lm_rows = lm_rows;
+    odd_gates(&t.gate, a);
+    int rc = ac_train_forward(&t, tok, B, T, e);
+    if (!rc) {
+        o->loss = ac_train_loss(&t, tgt, teach, 2.0f, 0.5f, 1.0f, NULL, NULL);
+        ac_train_backward(&t);
+        o->logits = malloc(sizeof(float) * B * T * V);
+        o->dg =
+            malloc(sizeof(float) * (a->hidden + (size_t)a->n_layers * (2 + a->layers[0].n_heads + a->layers[0].ffn)));
+        if (o->logits && o->dg) {
+            memcpy(o->logits, t.logits, sizeof(float) * B * T * V);
+            o->ng = gate_grads(&t, o->dg);
+        } else
+            rc = ac_errf(e, "out of memory");
+        o->no_wgrad =
+            !t.g.embed && !t.g.lm_head && !t.g.final_norm && !t.g.L[0].wq && !t.g.L[0].wd && !t.g.L[0].in_norm;
+    }
+    ac_trainer_free(&t);
+    free(teach);
+    return rc;
+}
+
+static double max_rel(const float *x, const float *y, size_t n) {
+    double d = 0, s = 0;
+    for (size_t i = 0; i < n; i++) d = fmax(d, fabs((double)x[i] - y[i])), s = fmax(s, fabs((double)y[i]));
+    return s > 0 ? d / s : d;
+}
+
+/* The gate trainer on frozen weights reads the mapping (a layer's matrices
+ * converted into one fp32 scratch at a time, the LM head by tiles, the
+ * embedding by rows): logits, loss and every gate gradient equal the frozen
+ * trainer's on the fp32 copy (ac_model_to_f32) and the full trainer's
+ * (weight gradients too) on the fp32 load, bit for bit; with the LM head
+ * in 5 tiles instead of 1 the mapping still equals the copy bit for bit,
+ * and the one-tile result to 1e-5 of the largest value (only dxn's
+ * summation order over the vocabulary changes). */
+static void test_frozen_trainer_on_mapping(void) {
+    if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
+    ac_model r, f, c;
+    ac_err e;
+    if (ac_model_load_resident(tiny, &r, &e) || ac_model_load(tiny, &f, &e) || ac_model_to_f32(&r, &c, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
+    CHECK(ac_model_wdt(&r) == ST_BF16, "resident in BF16");
+    ac_trainer t;
+    CHECK(ac_trainer_init(&t, &r, 1, 2, &e) != 0 && strstr(e.msg, "fp32"), "a trained resident model is refused");
+    tr_out o[5] = {0};
+    ac_model *ms[5] = {&r, &c, &f, &r, &c};
+    int fr[5] = {1, 1, 0, 1, 1}, rows[5] = {0, 0, 0, 160, 160}, ok = 1;
+    for (int i = 0; i < 5 && ok; i++) ok = tr_run(ms[i], fr[i], rows[i], &o[i], &e) == 0;
+    CHECK(ok, "%s", e.msg);
+    if (ok) {
+        size_t nl = (size_t)2 * 24 * f.a.vocab, ng = o[0].ng;
+        for (int i = 1; i < 3; i++) {
+            int same = o[i].loss == o[0].loss && o[i].ng == ng && !memcmp(o[i].logits, o[0].logits, nl * 4) &&
+                       !memcmp(o[i].dg, o[0].dg, ng * 4);
+            CHECK(same, "mapping vs %s: loss %.9g vs %.9g, logits %.3g, gate grads %.3g", i == 1 ? "copy" : "fp32 load",
+                  o[0].loss, o[i].loss, max_rel(o[0].logits, o[i].logits, nl), max_rel(o[0].dg, o[i].dg, ng));
+        }
+        CHECK(o[0].no_wgrad && o[1].no_wgrad && !o[2].no_wgrad, "frozen trainers hold no weight gradient");
+        int same =
+            o[3].loss == o[4].loss && !memcmp(o[3].logits, o[4].logits, nl * 4) && !memcmp(o[3].dg, o[4].dg, ng * 4);
+        double dt = max_rel(o[3].dg, o[0].dg, ng);
+        printf("  %zu gate gradients, loss %.6f: mapping == copy == fp32 load; LM head in 5 tiles: mapping == copy %s, "
+               "vs 1 tile max rel %.2e (logits %s)\n",
+               ng, o[0].loss, same ? "yes" : "NO", dt, memcmp(o[3].logits, o[0].logits, nl * 4) ? "differ" : "same");
+        CHECK(same, "5 tiles: mapping vs copy differ");
+        CHECK(dt < 1e-5 && o[3].loss == o[0].loss, "5 tiles vs 1: gate grads differ by %g", dt);
+    }
+    for (int i = 0; i < 5; i++) free(o[i].logits), free(o[i].dg);
+    ac_model_free(&r);
+    ac_model_free(&f);
+    ac_model_free(&c);
 }
 
 /* ac_prune from the mapping (KV groups, KV merging, Minitron head trimming,
@@ -320,6 +448,7 @@ int main(void) {
     ck_build_path(tiny, sizeof tiny, "models/tiny");
     mkdir(f32dir, 0755);
     RUN(test_layer_copies);
+    RUN(test_frozen_trainer_on_mapping);
     RUN(test_prune_from_mapping);
     RUN(test_gguf_from_mapping);
     RUN(test_streamed_calibration);

@@ -475,7 +475,7 @@ int ac_model_to_f32(const ac_model *src, ac_model *dst, ac_err *e) {
     return 0;
 }
 
-void ac_model_drop_pages(ac_model *m) {
+void ac_model_drop_pages(const ac_model *m) {
     st_set *s = m->wmap;
     for (int f = 0; s && f < s->n; f++)
         if (s->files[f].map) madvise(s->files[f].map, s->files[f].map_len, MADV_DONTNEED);

@@ -100,14 +100,18 @@ int ac_layer_wdt(const ac_model *m, int l);
  * fp32 models. Costs the layer's matrices in fp32 while held. */
 int ac_model_layer_f32(ac_model *m, int l, ac_err *e);
 void ac_model_layer_release(ac_model *m, int l);
-/* A whole fp32 copy of src (resident or not) into dst, for the trainers
- * that need fp32 master or frozen weights (train.c): the one fp32 copy a
- * pipeline stage may hold. */
+/* A whole fp32 copy of src (resident or not) into dst, for what needs
+ * fp32 weights of the whole model (the calibration's engine method on CUDA
+ * targets, which masks weights in place; the base's latency measurement in
+ * the CPU table's dtype): the one fp32 copy a pipeline stage may hold. The
+ * gate trainers read resident weights in place (the CPU one with
+ * ac_trainer_init_frozen, the CUDA plugin converting each tensor on the
+ * device); trained weights are fp32 students. */
 int ac_model_to_f32(const ac_model *src, ac_model *dst, ac_err *e);
 /* A resident model: let the kernel drop the mapped pages from this
  * process's memory now (clean file pages: they are read back from the page
  * cache on the next access), e.g. while a stage works on an fp32 copy. */
-void ac_model_drop_pages(ac_model *m);
+void ac_model_drop_pages(const ac_model *m);
 
 /* Load config.json and safetensors weights (any of F32/F16/BF16) as fp32;
  * a path ending in .gguf is read as a GGUF file (gguf.h). */

@@ -52,10 +52,13 @@ static void search_emit(void *ud, json_t *ev) {
 /* ---------------------------------------------------------------- 1 load */
 
 /* Pre-flight: the CPU engine holds the weights resident in their file dtype
- * (ac_model_load_resident) plus at most two fp32 working sets at a time
- * (the DNAS gate trainer's fp32 copy and its gradients, or the two pruned
- * students); fail with a clear reason instead of being killed by the
- * kernel's OOM killer. */
+ * (ac_model_load_resident, 2 bytes per parameter when 16-bit) plus at most
+ * two fp32 models at a time: the two pruned students (prune, evaluate; each
+ * at most the base's size). The CPU DNAS gate search no longer adds any (its
+ * trainer reads the resident weights one layer at a time; activations are
+ * checked by dnas.c); a CUDA gate search takes one fp32 copy while the
+ * mapped pages are dropped. Fail with a clear reason instead of being
+ * killed by the kernel's OOM killer. */
 static int check_host_memory(const char *model_dir, ac_err *e) {
     ac_arch a0;
     if (ac_arch_load(model_dir, &a0, e)) return -1;
@@ -66,7 +69,7 @@ static int check_host_memory(const char *model_dir, ac_err *e) {
     if (host[0].mem_gib > 0 && need > 0.9 * host[0].mem_gib)
         return ac_errf(
             e,
-            "the model needs about %.1f GiB of host memory (its weights and two fp32 working copies) but this host "
+            "the model needs about %.1f GiB of host memory (its weights and two fp32 pruned students) but this host "
             "has %.1f GiB",
             need, host[0].mem_gib);
     return 0;
@@ -140,20 +143,12 @@ static int dnas_steps_budgeted(const ac_search_opts *so, const ac_arch *a) {
     return so->dnas_steps <= cap ? so->dnas_steps : cap < 50 ? 50 : (int)cap;
 }
 
-/* The DNAS gate trainer (train.c) reads and, for KV-merge choices, writes
- * fp32 weights: on a resident model it gets the job's one fp32 copy, held
- * for this search only, while the mapped pages are dropped from memory. */
+/* The gate trainers read a resident model in its dtype and never write it:
+ * the CPU one (train.c, frozen weights) one layer at a time, the CUDA
+ * plugin's by converting each tensor on the device. KV-merge mixtures go to
+ * a private buffer; cotrain trains an fp32 pruned copy. */
 static int dnas_search(job_state *s, const ac_search_opts *so, ac_err *e) {
-    ac_model f32 = {0}, *m = &s->m;
-    if (so->method == AC_SEARCH_DNAS && ac_model_wdt(m) != ST_F32) {
-        if (ac_model_to_f32(m, &f32, e)) return ac_errctx(e, "fp32 copy for the gate search");
-        ac_model_drop_pages(m);
-        m = &f32;
-        emit(s, "log", json_pack("{s:s}", "message", "dnas gate search on an fp32 copy of the resident weights"));
-    }
-    int rc = ac_dnas_job_search(&s->P, m, so, s->cids, s->nc, &s->ra, &s->imp_d, e);
-    ac_model_free(&f32);
-    return rc;
+    return ac_dnas_job_search(&s->P, &s->m, so, s->cids, s->nc, &s->ra, &s->imp_d, e);
 }
 
 static int stage_search(job_state *s, ac_err *e) {

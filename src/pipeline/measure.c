@@ -71,6 +71,7 @@ int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, 
     ac_model f32;
     int conv = ac_model_wdt(base) != ac_model_wdt(res) && ac_model_wdt(res) == ST_F32;
     if (conv && ac_model_to_f32(base, &f32, e)) return -1;
+    if (conv) ac_model_drop_pages(base); /* timed on the copy; pages read back on demand */
     int rc = ac_measure_latency(conv ? &f32 : base, ids, n, &lw, 0, &bt, &bp, e) ||
              ac_measure_latency(res, ids, n, &lw, 0, &rt, &rp, e);
     if (conv) ac_model_free(&f32);

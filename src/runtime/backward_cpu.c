@@ -48,7 +48,7 @@ void ac_rmsnorm_backward(float *dx, float *dw, float *dgh, const float *dy, cons
         double dot = 0, ms = 0;
         for (int c = 0; c < H; c++) {
             float g = gh ? gh[c] : 1.0f;
-            dw[c] += dyr[c] * xh[c] * g;
+            if (dw) dw[c] += dyr[c] * xh[c] * g;
             dot += (double)dyr[c] * w[c] * g * xh[c];
             ms += (double)g * xh[c] * xh[c];
         }

@@ -24,7 +24,7 @@ void ac_linear_backward(float *dX, float *dW, float *db, const float *dY, const 
 void ac_rmsnorm_fwd(float *y, float *xhat, float *r, const float *x, const float *w, const float *gh, int N, int H,
                     float eps);
 /* Backward, with dxh = dy*w*gh, dot = sum_c dxh_c xhat_c, m = sum_c gh_c xhat_c^2 / G:
- * dw[H] += sum dy*xhat*gh;  dx[N,H] += r * (dxh - gh * xhat * dot / G);
+ * dw[H] += sum dy*xhat*gh  (when dw: NULL for frozen weights);  dx[N,H] += r * (dxh - gh * xhat * dot / G);
  * dgh[H] += sum dy*xhat*w - dot/(2G) * (xhat^2 - m)   (when dgh). */
 void ac_rmsnorm_backward(float *dx, float *dw, float *dgh, const float *dy, const float *xhat, const float *r,
                          const float *w, const float *gh, int N, int H);

@@ -22,6 +22,7 @@
 #include "backward_cpu.h"
 #include "kernels_cpu.h"
 #include "safetensors.h"
+#include "tensor.h"
 
 typedef struct {
     size_t maxq, maxkv, maxf;
@@ -36,6 +37,32 @@ static widths arch_widths(const ac_arch *a) {
         if ((size_t)a->layers[l].ffn > w.maxf) w.maxf = a->layers[l].ffn;
     }
     return w;
+}
+
+/* Floats of layer l's seven matrices. */
+static size_t layer_floats(const ac_arch *a, int l) {
+    const ac_layer_arch *L = &a->layers[l];
+    size_t H = a->hidden, Q = (size_t)L->n_heads * a->head_dim, KV = (size_t)L->n_kv_heads * a->head_dim;
+    return 2 * Q * H + 2 * KV * H + 3 * (size_t)L->ffn * H;
+}
+
+static size_t max_layer_floats(const ac_arch *a) {
+    size_t mx = 0;
+    for (int l = 0; l < a->n_layers; l++)
+        if (layer_floats(a, l) > mx) mx = layer_floats(a, l);
+    return mx;
+}
+
+int ac_trainer_lm_rows(const ac_arch *a) {
+    size_t r = max_layer_floats(a) / (a->hidden > 0 ? a->hidden : 1);
+    if (r < 256) r = 256;
+    return r > (size_t)a->vocab ? a->vocab : (int)r;
+}
+
+/* Floats of the conversion scratch: the largest layer, or an LM-head tile. */
+static size_t scratch_floats(const ac_arch *a) {
+    size_t lm = (size_t)ac_trainer_lm_rows(a) * a->hidden, ly = max_layer_floats(a);
+    return lm > ly ? lm : ly;
 }
 
 /* Carve the one allocation: with base == NULL only count. Returns floats. */
@@ -103,6 +130,10 @@ size_t ac_trainer_bytes(const ac_arch *a, int B, int T) {
            (size_t)ac_arch_params(a) * sizeof(float);
 }
 
+size_t ac_trainer_bytes_frozen(const ac_arch *a, int B, int T) {
+    return (layout(NULL, a, B, T, NULL) + scratch_floats(a)) * sizeof(float) + (size_t)B * T * 2 * sizeof(int);
+}
+
 void ac_trainer_free(ac_trainer *t) {
     float ***ptrs[] = {&t->xh1, &t->r1, &t->q, &t->k,         &t->v,        &t->o,          &t->xh2,
                        &t->r2,  &t->gp, &t->u, &t->gate.head, &t->gate.ffn, &t->dgate.head, &t->dgate.ffn};
@@ -110,17 +141,24 @@ void ac_trainer_free(ac_trainer *t) {
     free(t->mem);
     free(t->tok);
     free(t->pos);
-    if (t->g.L) ac_model_free(&t->g);
+    free(t->wscr);
+    if (t->frozen)
+        free(t->g.L); /* its fields are the caller's */
+    else if (t->g.L)
+        ac_model_free(&t->g);
     memset(t, 0, sizeof *t);
 }
 
-int ac_trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, ac_err *e) {
+static int trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, int frozen, ac_err *e) {
     memset(t, 0, sizeof *t);
     const ac_arch *a = &m->a;
     if (max_B <= 0 || max_T <= 0) return ac_errf(e, "trainer: batch and context must be positive");
-    if (ac_model_wdt(m) != ST_F32) /* the optimizer updates m in place; forward and backward read it as float */
-        return ac_errf(e, "trainer: the weights must be fp32 (a resident model needs ac_model_to_f32 first)");
+    if (!frozen && ac_model_wdt(m) != ST_F32) /* the optimizer updates m in place: fp32 master weights */
+        return ac_errf(e, "trainer: trained weights must be fp32 (a resident model needs ac_model_to_f32 first)");
     t->m = m;
+    t->frozen = frozen;
+    t->wl_at = -1;
+    t->lm_rows = ac_trainer_lm_rows(a);
     t->max_B = max_B;
     t->max_T = max_T;
     int nl = a->n_layers;
@@ -132,13 +170,16 @@ int ac_trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, ac_err *e)
     size_t nf = layout(NULL, a, max_B, max_T, NULL), N = (size_t)max_B * max_T;
     ok = ok && (t->mem = malloc(nf * sizeof(float))) && (t->tok = malloc(N * sizeof(int))) &&
          (t->pos = malloc(N * sizeof(int)));
+    if (ok && ac_model_wdt(m) != ST_F32) ok = (t->wscr = malloc(scratch_floats(a) * sizeof(float))) != NULL;
+    if (ok && frozen) ok = (t->g.L = calloc(nl ? nl : 1, sizeof(ac_layer_w))) != NULL;
+    if (ok && frozen) t->g.a = *a; /* the shapes, for readers of g (borrowed: g.a is never freed here) */
     if (!ok) {
         ac_trainer_free(t);
         return ac_errf(e, "trainer: out of memory for batch %d x context %d (%.1f MiB)", max_B, max_T,
                        nf * 4.0 / 1048576);
     }
     layout(t, a, max_B, max_T, t->mem);
-    if (ac_model_alloc(&t->g, a, e)) {
+    if (!frozen && ac_model_alloc(&t->g, a, e)) {
         ac_trainer_free(t);
         return ac_errctx(e, "trainer gradients");
     }
@@ -164,6 +205,62 @@ int ac_trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, ac_err *e)
     free(inv);
     ac_train_zero_grad(t);
     return 0;
+}
+
+int ac_trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, ac_err *e) {
+    return trainer_init(t, m, max_B, max_T, 0, e);
+}
+
+int ac_trainer_init_frozen(ac_trainer *t, ac_model *m, int max_B, int max_T, ac_err *e) {
+    return trainer_init(t, m, max_B, max_T, 1, e);
+}
+
+/* The fp32 view of layer l: the model's own fields where they are fp32,
+ * t->ovr's where set, else the matrix converted into t->wscr (exact). Kept
+ * in t->wl until the scratch is reused (wl_at). */
+static const ac_layer_w *layer_view(ac_trainer *t, int l) {
+    const ac_model *m = t->m;
+    const ac_layer_w *src = &m->L[l], *ov = t->ovr ? &t->ovr[l] : NULL;
+    int wdt = ac_layer_wdt(m, l);
+    if (wdt == ST_F32 && !ov) return src;
+    if (t->wl_at == l) return &t->wl;
+    ac_layer_w *w = &t->wl;
+    *w = *src;
+    float **d[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->wg, &w->wu, &w->wd};
+    float *o[7] = {0};
+    if (ov) {
+        float *oo[7] = {ov->wq, ov->wk, ov->wv, ov->wo, ov->wg, ov->wu, ov->wd};
+        memcpy(o, oo, sizeof o);
+        w->bq = ov->bq ? ov->bq : w->bq;
+        w->bk = ov->bk ? ov->bk : w->bk;
+        w->bv = ov->bv ? ov->bv : w->bv;
+    }
+    size_t off = 0;
+    for (int i = 0; i < 7; i++) {
+        size_t n = 0;
+        ac_layer_matrix(m, l, (ac_wmat)i, &n);
+        if (o[i])
+            *d[i] = o[i];
+        else if (*d[i] && n && wdt != ST_F32) {
+            ac_to_f32(t->wscr + off, *d[i], (st_dtype)wdt, n, NULL);
+            *d[i] = t->wscr + off;
+            off += n;
+        }
+    }
+    t->wl_at = l;
+    return w;
+}
+
+/* Rows [r0, r0+nr) of the LM head as fp32 (the model's own, or converted
+ * into the scratch). */
+static const float *lm_tile(ac_trainer *t, size_t r0, size_t nr) {
+    const ac_model *m = t->m;
+    int wdt = ac_model_wdt(m);
+    size_t H = m->a.hidden;
+    if (wdt == ST_F32) return m->lm_head + r0 * H;
+    ac_to_f32(t->wscr, (const uint16_t *)(const void *)m->lm_head + r0 * H, (st_dtype)wdt, nr * H, NULL);
+    t->wl_at = -1;
+    return t->wscr;
 }
 
 static void zero(float *p, size_t n) {
@@ -205,10 +302,9 @@ static void renorm(float *xn, const float *xhat, const float *w, const float *gh
         for (int c = 0; c < H; c++) xn[(size_t)r * H + c] = xhat[(size_t)r * H + c] * w[c] * gh[c];
 }
 
-static void attn_forward(ac_trainer *t, int l) {
+static void attn_forward(ac_trainer *t, int l, const ac_layer_w *w) {
     const ac_arch *a = &t->m->a;
     const ac_layer_arch *L = &a->layers[l];
-    const ac_layer_w *w = &t->m->L[l];
     int B = t->B, T = t->T, N = B * T, H = a->hidden, hd = a->head_dim;
     int Q = L->n_heads * hd, KV = L->n_kv_heads * hd, grp = L->n_heads / L->n_kv_heads;
     ac_rmsnorm_fwd(t->xn, t->xh1[l], t->r1[l], t->x, w->in_norm, t->gate.hidden, N, H, a->eps);
@@ -234,9 +330,8 @@ static void ffn_act(float *sf, const float *gp, const float *u, size_t n) {
     for (size_t i = 0; i < n; i++) sf[i] = gp[i] / (1.0f + expf(-gp[i])) * u[i];
 }
 
-static void ffn_forward(ac_trainer *t, int l) {
+static void ffn_forward(ac_trainer *t, int l, const ac_layer_w *w) {
     const ac_arch *a = &t->m->a;
-    const ac_layer_w *w = &t->m->L[l];
     int N = t->B * t->T, H = a->hidden, F = a->layers[l].ffn;
     ac_rmsnorm_fwd(t->xn, t->xh2[l], t->r2[l], t->x, w->post_norm, t->gate.hidden, N, H, a->eps);
     ac_linear(t->gp[l], t->xn, w->wg, NULL, N, H, F);
@@ -258,17 +353,25 @@ int ac_train_forward(ac_trainer *t, const int *tokens, int B, int T, ac_err *e) 
             return ac_errf(e, "trainer: token id %d outside vocabulary of %d", tokens[r], a->vocab);
     t->B = B;
     t->T = T;
+    t->wl_at = -1; /* the model's layers may have changed dtype (per-layer copies) since the last call */
     for (int r = 0; r < N; r++) {
         t->tok[r] = tokens[r];
         t->pos[r] = r % T;
-        memcpy(t->x + (size_t)r * H, m->embed + (size_t)tokens[r] * H, H * sizeof(float));
+        ac_row_f32(t->x + (size_t)r * H, m->embed, ac_model_wdt(m), (size_t)tokens[r], H);
     }
     for (int l = 0; l < a->n_layers; l++) {
-        if (a->layers[l].n_heads) attn_forward(t, l);
-        if (a->layers[l].ffn) ffn_forward(t, l);
+        if (!a->layers[l].n_heads && !a->layers[l].ffn) continue;
+        const ac_layer_w *w = layer_view(t, l);
+        if (a->layers[l].n_heads) attn_forward(t, l, w);
+        if (a->layers[l].ffn) ffn_forward(t, l, w);
     }
     ac_rmsnorm_fwd(t->xn, t->xhf, t->rf, t->x, m->final_norm, t->gate.hidden, N, H, a->eps);
-    ac_linear(t->logits, t->xn, m->lm_head, NULL, N, H, a->vocab);
+    /* logits[N,V] = xn W_lm^T, tile by tile of LM-head rows (one tile on small models: ac_linear's call) */
+    for (int r0 = 0; r0 < a->vocab; r0 += t->lm_rows) {
+        int nr = a->vocab - r0 < t->lm_rows ? a->vocab - r0 : t->lm_rows;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, nr, H, 1.0f, t->xn, H, lm_tile(t, r0, nr), H, 0.0f,
+                    t->logits + r0, a->vocab);
+    }
     return 0;
 }
 
@@ -283,9 +386,8 @@ double ac_train_loss(ac_trainer *t, const int *target, const float *teacher, flo
                             ce, kd);
 }
 
-static void ffn_backward(ac_trainer *t, int l) {
+static void ffn_backward(ac_trainer *t, int l, const ac_layer_w *w) {
     const ac_arch *a = &t->m->a;
-    const ac_layer_w *w = &t->m->L[l];
     ac_layer_w *gw = &t->g.L[l];
     int N = t->B * t->T, H = a->hidden, F = a->layers[l].ffn;
     float s = t->gate.mlp[l], *gf = t->gate.ffn[l], *dgf = t->dgate.ffn[l];
@@ -303,7 +405,7 @@ static void ffn_backward(ac_trainer *t, int l) {
     }
     t->dgate.mlp[l] += (float)ds;
     /* dWd[H,F] += s dx^T (h*gf) */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, F, N, s, t->dx, H, t->sf, F, 1.0f, gw->wd, F);
+    if (gw->wd) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, F, N, s, t->dx, H, t->sf, F, 1.0f, gw->wd, F);
     ac_silu_mul_backward(t->df, t->du, t->df, t->gp[l], t->u[l], (long)N * F);
     renorm(t->xn, t->xh2[l], w->post_norm, t->gate.hidden, N, H);
     ac_linear_backward(t->dxn, gw->wg, NULL, t->df, t->xn, w->wg, N, H, F, 1.0f, 0);
@@ -312,10 +414,9 @@ static void ffn_backward(ac_trainer *t, int l) {
                         t->gate.hidden, N, H);
 }
 
-static void attn_backward(ac_trainer *t, int l) {
+static void attn_backward(ac_trainer *t, int l, const ac_layer_w *w) {
     const ac_arch *a = &t->m->a;
     const ac_layer_arch *L = &a->layers[l];
-    const ac_layer_w *w = &t->m->L[l];
     ac_layer_w *gw = &t->g.L[l];
     int B = t->B, T = t->T, N = B * T, H = a->hidden, hd = a->head_dim;
     int Q = L->n_heads * hd, KV = L->n_kv_heads * hd, grp = L->n_heads / L->n_kv_heads;
@@ -332,7 +433,7 @@ static void attn_backward(ac_trainer *t, int l) {
         t->sq[i] = d * s * gh[h]; /* d o */
     }
     t->dgate.attn[l] += (float)ds;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, Q, N, s, t->dx, H, t->dq, Q, 1.0f, gw->wo, Q);
+    if (gw->wo) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, Q, N, s, t->dx, H, t->dq, Q, 1.0f, gw->wo, Q);
     zero(t->dk, (size_t)N * KV);
     zero(t->dv, (size_t)N * KV);
     for (int b = 0; b < B; b++)
@@ -351,20 +452,38 @@ static void attn_backward(ac_trainer *t, int l) {
                         H);
 }
 
+/* dxn[N,H] = dlogits W_lm (tile by tile, accumulated in tile order);
+ * g.lm_head[tile] += dlogits[:,tile]^T xn when it is trained. */
+static void lm_backward(ac_trainer *t) {
+    const ac_arch *a = &t->m->a;
+    int N = t->B * t->T, H = a->hidden, V = a->vocab;
+    for (int r0 = 0; r0 < V; r0 += t->lm_rows) {
+        int nr = V - r0 < t->lm_rows ? V - r0 : t->lm_rows;
+        const float *w = lm_tile(t, r0, nr);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, H, nr, 1.0f, t->dlogits + r0, V, w, H,
+                    r0 ? 1.0f : 0.0f, t->dxn, H);
+        if (t->g.lm_head)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nr, H, N, 1.0f, t->dlogits + r0, V, t->xn, H, 1.0f,
+                        t->g.lm_head + (size_t)r0 * H, H);
+    }
+}
+
 void ac_train_backward(ac_trainer *t) {
     const ac_model *m = t->m;
     const ac_arch *a = &m->a;
     int N = t->B * t->T, H = a->hidden;
     renorm(t->xn, t->xhf, m->final_norm, t->gate.hidden, N, H);
-    ac_linear_backward(t->dxn, t->g.lm_head, NULL, t->dlogits, t->xn, m->lm_head, N, H, a->vocab, 1.0f, 0);
+    lm_backward(t);
     zero(t->dx, (size_t)N * H);
     ac_rmsnorm_backward(t->dx, t->g.final_norm, t->dgate.hidden, t->dxn, t->xhf, t->rf, m->final_norm, t->gate.hidden,
                         N, H);
     for (int l = a->n_layers - 1; l >= 0; l--) {
-        if (a->layers[l].ffn) ffn_backward(t, l);
-        if (a->layers[l].n_heads) attn_backward(t, l);
+        if (!a->layers[l].n_heads && !a->layers[l].ffn) continue;
+        const ac_layer_w *w = layer_view(t, l);
+        if (a->layers[l].ffn) ffn_backward(t, l, w);
+        if (a->layers[l].n_heads) attn_backward(t, l, w);
     }
-    for (int r = 0; r < N; r++) {
+    for (int r = 0; r < N && t->g.embed; r++) {
         float *ge = t->g.embed + (size_t)t->tok[r] * H;
         const float *d = t->dx + (size_t)r * H;
         for (int c = 0; c < H; c++) ge[c] += d[c];

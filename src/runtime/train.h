@@ -23,6 +23,16 @@
  * README "Distillation"); the gradients are an ac_model of the same shapes.
  * Forward, loss and backward never allocate. Backward ACCUMULATES into the
  * gradients (micro-batches add up); ac_train_zero_grad clears them.
+ *
+ * Frozen weights (ac_trainer_init_frozen: only the gates learn, e.g. the
+ * DNAS gate search): no weight gradient is allocated or computed, and the
+ * model may be resident in BF16/F16 (model.h): forward and backward convert
+ * one layer's matrices at a time into a reusable fp32 scratch (the largest
+ * layer's size), the LM head tile by tile into the same scratch, embedding
+ * rows as they are gathered. BF16/F16 to fp32 is exact and the GEMMs are the
+ * same calls, so losses and gate gradients equal those on an fp32 copy of
+ * the model bit for bit. The LM head's GEMMs run over tiles of
+ * ac_trainer_lm_rows rows whatever the dtype (one tile on small models).
  * Attention probabilities are recomputed in backward, not kept (no B*heads*T^2 buffer).
  */
 #ifndef AC_TRAIN_H
@@ -60,12 +70,30 @@ typedef struct {
     float *sf, *df, *du;      /* [N,maxF] */
     float *att;               /* [2*T*T] attention scratch */
     float *cos_t, *sin_t;     /* [max_T][head_dim/2] */
+    int frozen;               /* ac_trainer_init_frozen: no weight gradients unless the caller points g's fields */
+    /* Borrowed per-layer fp32 weights read instead of the model's: the
+     * non-NULL matrix and bias fields of ovr[l] (NULL: none), e.g. the deci
+     * KV-merge mixture of the gate search, so the model is never written. */
+    ac_layer_w *ovr;
+    float *wscr;   /* 16-bit models: one layer's matrices (or an LM-head tile) in fp32 */
+    ac_layer_w wl; /* the fp32 view of layer wl_at (-1: none) */
+    int wl_at, lm_rows;
 } ac_trainer;
 
 /* Bytes of ac_trainer_init's buffers plus the gradient model, for batch B x
  * context T on arch a (the parameters themselves are not counted). */
 size_t ac_trainer_bytes(const ac_arch *a, int B, int T);
 int ac_trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, ac_err *e);
+/* Frozen weights: m (fp32 or resident 16-bit) is only read. t->g has m's
+ * arch (a shallow copy) and its layer array with every field NULL (and no
+ * embed, lm_head, norms): no weight
+ * gradient is computed unless the caller points a field at its own buffer
+ * (borrowed, e.g. the K/V gradients the KV-merge choices need; zeroed by
+ * ac_train_zero_grad). Bytes: ac_trainer_bytes_frozen. */
+int ac_trainer_init_frozen(ac_trainer *t, ac_model *m, int max_B, int max_T, ac_err *e);
+size_t ac_trainer_bytes_frozen(const ac_arch *a, int B, int T);
+/* Rows of an LM-head tile (at most the vocabulary). */
+int ac_trainer_lm_rows(const ac_arch *a);
 void ac_trainer_free(ac_trainer *t);
 void ac_train_zero_grad(ac_trainer *t);
 
@@ -80,7 +108,7 @@ double ac_train_loss(ac_trainer *t, const int *target, const float *teacher, flo
 /* target[r] = tokens[r+1] within each sequence, -1 at each sequence's end. */
 void ac_next_token_targets(int *target, const int *tokens, int B, int T);
 /* Backward from t->dlogits through the last forward; accumulates into t->g
- * and t->dgate. */
+ * (its non-NULL fields) and t->dgate. */
 void ac_train_backward(ac_trainer *t);
 
 /* Gradient of one gate per KV group of layer l (shared by the group's

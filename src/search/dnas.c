@@ -11,6 +11,7 @@
 #include "optim.h"
 #include "prune.h"
 #include "rope.h"
+#include "tensor.h"
 
 #define HC_BETA (2.0 / 3.0)
 #define HC_GAMMA (-0.1)
@@ -747,9 +748,11 @@ typedef struct {
     acc_trainer *ct, *ctt; /* CUDA: the same two */
     ac_gates hg, hdg;      /* CUDA: host gates and gate gradients (train.h's layout) */
     float *hgmem;
-    ac_model *src, *tm;     /* the unpruned model; the one the gated trainer holds (src or the copy) */
-    ac_model kvm, kvd, kvg; /* deci merge: K/V of the merge layers: originals, mixture (CUDA), gradients (CUDA) */
-    int merge, restore;     /* any merge choice; src's K/V overwritten (CPU without cotrain) */
+    ac_model *src, *tm;     /* the unpruned model (only read); the one the gated trainer holds (src or the copy) */
+    ac_model kvm, kvd, kvg; /* deci merge: K/V of the merge layers in fp32: originals, mixture, gradients (the
+                             * CUDA trainer's, or the frozen CPU trainer's, which reads kvd instead of src's) */
+    int merge;              /* any merge choice */
+    double kv_bytes;        /* the three K/V shadows */
     float *teacher;         /* [nb][B*T*V] cached teacher logits, or one batch when online */
     int *tok, nb, nwin, nbatches, online;
     double *z, *u, *dzla, *dz, *gl, *cg, *m1, *m2, *q; /* q: the soft merge samples (straight-through) */
@@ -758,8 +761,16 @@ typedef struct {
     char er[512];
 } run_t;
 
+/* Bytes of one K/V shadow (below). */
+static double kv_shadow_bytes(const ac_arch *a, const ac_dnas_gates *g) {
+    double n = 0;
+    for (int l = 0; l < a->n_layers; l++)
+        if (g->nmc[l]) n += 2.0 * a->layers[l].n_kv_heads * a->head_dim * (a->hidden + (a->qkv_bias ? 1 : 0));
+    return 4 * n;
+}
+
 /* Shadow model over arch a holding only the K/V tensors of g's merge
- * layers (copied from m when m != NULL). */
+ * layers in fp32 (converted from m's dtype when m != NULL). */
 static int kv_shadow(ac_model *sh, const ac_arch *a, const ac_dnas_gates *g, const ac_model *m) {
     memset(sh, 0, sizeof *sh);
     sh->a = *a;
@@ -776,7 +787,7 @@ static int kv_shadow(ac_model *sh, const ac_arch *a, const ac_dnas_gates *g, con
         for (int k = 0; k < 4; k++) {
             if (!n[k]) continue;
             if (!(*d[k] = malloc(sizeof(float) * n[k]))) return -1;
-            if (m) memcpy(*d[k], s[k], sizeof(float) * n[k]);
+            if (m) ac_to_f32(*d[k], s[k], k < 2 ? (st_dtype)ac_layer_wdt(m, l) : ST_F32, n[k], NULL); /* biases: fp32 */
         }
     }
     return 0;
@@ -818,16 +829,6 @@ static int hgates_alloc(run_t *R, const ac_arch *a) {
 }
 
 static void run_free(run_t *R) {
-    if (R->restore) /* the CPU trainer mixed merged K/V into the source model: put its weights back */
-        for (int l = 0; l < R->kvm.a.n_layers; l++) {
-            float *s[4], *d[4];
-            size_t per[4];
-            kv_tensors(&R->kvm, l, s, per);
-            kv_tensors(R->src, l, d, per);
-            size_t KV = (size_t)R->src->a.layers[l].n_kv_heads;
-            for (int k = 0; k < 4; k++)
-                if (s[k] && d[k]) memcpy(d[k], s[k], sizeof(float) * KV * per[k]);
-        }
     ac_trainer_free(&R->t);
     if (R->tt.m) ac_trainer_free(&R->tt);
     if (R->ct) R->cu->trainer_free(R->ct);
@@ -851,7 +852,8 @@ static int put_gates(run_t *R, const ac_dnas_gates *g, const ac_search_problem *
     ac_dnas_set_gates(g, z, R->cu ? &R->hg : &R->t.gate, p->base, p->imp);
     if (R->cu && R->cu->trainer_gates(R->ct, &R->hg, NULL, 0, R->er, sizeof R->er)) return cu_fail(R, e);
     if (!R->merge) return 0;
-    ac_dnas_apply_merge(g, z, &R->kvm, R->cu ? &R->kvd : R->tm);
+    /* the mixture into the shadow the trainer reads (CUDA: uploaded below), or into the co-trained copy */
+    ac_dnas_apply_merge(g, z, &R->kvm, R->cu || R->tm == R->src ? &R->kvd : R->tm);
     for (int l = 0; R->cu && l < g->L; l++) {
         float *d[4];
         size_t per[4], KV = (size_t)p->base->layers[l].n_kv_heads;
@@ -951,21 +953,26 @@ static int teacher_plan(run_t *R, const ac_model *m, size_t n, const ac_dnas_opt
     R->nb = R->nbatches < o->steps ? R->nbatches : o->steps;
     R->online = (size_t)R->nb * per * 4 > cap;
     if (R->online) R->nb = 1;
-    double tr = (double)ac_trainer_bytes(&m->a, B, T) * (o->cotrain && R->online ? 2 : 1);
-    double need = 4.0 * per * R->nb + (R->cu ? 0 : tr), dev = 0;
-    if (o->cotrain) need += (R->cu ? 4.0 : 12.0) * ac_arch_params(&m->a); /* the copy (and AdamW's two moments) */
+    /* host: the frozen trainer (activations, one layer's fp32 scratch; the weights are m's, read in their dtype),
+     * or with cotrain the copy's trainer with its gradients (and a frozen teacher when online) */
+    const ac_arch *a = &m->a;
+    double frz = (double)ac_trainer_bytes_frozen(a, B, T);
+    double tr = o->cotrain ? (double)ac_trainer_bytes(a, B, T) + (R->online ? frz : 0) : frz;
+    double need = 4.0 * per * R->nb + (R->cu ? 0 : tr) + 3 * R->kv_bytes, dev = 0;
+    if (o->cotrain) need += (R->cu ? 4.0 : 12.0) * ac_arch_params(a); /* the copy (and AdamW's two moments) */
     double have = ac_host_mem_available();
     if (have > 0 && need > 0.9 * have)
         return ac_errf(
             e,
-            "dnas: the gate search needs about %.3g GiB (training activations and gradients, teacher logits%s) "
+            "dnas: the gate search needs about %.3g GiB (training activations, teacher logits%s) "
             "but %.3g GiB is available; lower search.dnas_batch or search.dnas_seq_len",
-            need / 1073741824.0, o->cotrain ? ", co-trained copy" : "", have / 1073741824.0);
+            need / 1073741824.0, o->cotrain ? ", co-trained copy and its gradients" : "", have / 1073741824.0);
     char name[128];
     int sms, cc;
     if (R->cu && !R->cu->device_info(0, name, sizeof name, &dev, &sms, &cc)) {
         /* each device trainer: weights, gradients, two moments, activations */
-        double dneed = tr + 12.0 * ac_arch_params(&m->a) * (o->cotrain && R->online ? 2 : 1);
+        double dneed = (double)ac_trainer_bytes(a, B, T) + 12.0 * ac_arch_params(a);
+        dneed *= o->cotrain && R->online ? 2 : 1;
         if (dev > 0 && dneed > 0.9 * dev * 1073741824.0)
             return ac_errf(e,
                            "dnas: the gate search needs about %.3g GiB on %s but it has %.3g GiB; lower "
@@ -1057,9 +1064,16 @@ static int task_step(run_t *R, const ac_dnas_gates *g, const ac_search_problem *
  * cotrain; on the CPU (train.c) or the CUDA plugin's (o->cuda). */
 static int trainers(run_t *R, ac_model *m, const ac_dnas_opts *o, ac_err *e) {
     int B = o->batch, T = o->seq_len, two = R->tm != m && R->online;
-    if (!R->cu) {
-        if (ac_trainer_init(&R->t, R->tm, B, T, e)) return -1;
-        if (two && ac_trainer_init(&R->tt, m, B, T, e)) return -1;
+    if (!R->cu) { /* m frozen: read in its dtype, never written; the co-trained copy is fp32 */
+        if (R->tm == m ? ac_trainer_init_frozen(&R->t, m, B, T, e) : ac_trainer_init(&R->t, R->tm, B, T, e)) return -1;
+        if (two && ac_trainer_init_frozen(&R->tt, m, B, T, e)) return -1;
+        if (R->tm == m && R->merge) { /* the merge layers' K/V from the mixture, their gradients into kvg */
+            R->t.ovr = R->kvd.L;
+            for (int l = 0; l < m->a.n_layers; l++) {
+                ac_layer_w *gw = &R->t.g.L[l], *s = &R->kvg.L[l];
+                gw->wk = s->wk, gw->wv = s->wv, gw->bk = s->bk, gw->bv = s->bv;
+            }
+        }
     } else {
         size_t nr = (size_t)T * (m->a.head_dim / 2);
         float *cs = malloc(nr * sizeof *cs), *sn = malloc(nr * sizeof *sn);
@@ -1105,14 +1119,18 @@ static int setup(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, ac_mode
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (!(*bufs[i] = calloc(np, sizeof(double)))) return ac_errf(e, "out of memory");
     for (int l = 0; l < g->L; l++) R->merge |= g->nmc[l] > 0;
-    if (R->merge && (kv_shadow(&R->kvm, &m->a, g, m) ||
-                     (R->cu && (kv_shadow(&R->kvd, &m->a, g, NULL) || kv_shadow(&R->kvg, &m->a, g, NULL)))))
-        return ac_errf(e, "out of memory");
-    if (o->cotrain) { /* train a copy (prune to the same architecture copies every weight) */
+    /* the mixture and gradient shadows serve the CUDA trainer and the frozen CPU trainer (which starts unmerged:
+     * kvd a copy of m's); a co-trained CPU copy takes the mixture into its own K/V */
+    int shadows = R->cu || !o->cotrain;
+    int bad = R->merge && kv_shadow(&R->kvm, &m->a, g, m);
+    bad = bad || (R->merge && shadows &&
+                  (kv_shadow(&R->kvd, &m->a, g, R->cu ? NULL : m) || kv_shadow(&R->kvg, &m->a, g, NULL)));
+    if (bad) return ac_errf(e, "out of memory");
+    R->kv_bytes = R->merge ? kv_shadow_bytes(&m->a, g) : 0;
+    if (o->cotrain) { /* train a copy (prune to the same architecture copies every weight, fp32 from any dtype) */
         if (ac_prune(m, &m->a, p->imp, &R->copy, e)) return -1;
         R->tm = &R->copy;
     }
-    R->restore = R->merge && !R->cu && R->tm == m;
     if (teacher_plan(R, m, n, o, e) || trainers(R, m, o, e)) return -1;
     return teacher_cache(R, ids, o->batch, o->seq_len, e);
 }

@@ -41,7 +41,9 @@
  * and Da_l = m(cbar) - m(cbar without layer l's attention) (Dm_l: FFN).
  *
  * Deterministic for a seed (LCG noise, fixed batch order). Trains on the CPU
- * engine (train.c), or with opts.cuda on the CUDA plugin's trainer
+ * (train.c's frozen-weight trainer: m is read in its dtype, resident BF16/F16
+ * too, one layer at a time, and never written; KV-merge mixtures go to
+ * private fp32 K/V buffers), or with opts.cuda on the CUDA plugin's trainer
  * (ac_cuda_train.h: the same gates on the device; a local cuda target).
  */
 #ifndef AC_DNAS_H
@@ -56,7 +58,8 @@ typedef struct {
     double lr;               /* Adam on log_alpha */
     double mu;               /* augmented-Lagrangian penalty weight */
     double rho;              /* dual ascent step */
-    int cotrain;             /* 1: weights trained too (AdamW, on a copy of the model) */
+    int cotrain;             /* 1: weights trained too (AdamW, on an fp32 copy of the model: 16 bytes per parameter
+                              * with its gradients and two moments) */
     double w_lr;             /* weight learning rate when cotrain */
     int init_surrogate;      /* 1: log_alpha initialised from the surrogate search's result */
     int teacher_cache_mib;   /* teacher logits cached up to this size, else recomputed each step */

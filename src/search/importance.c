@@ -746,6 +746,7 @@ int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, i
         return compute_mode(m, ids, n, ctx, windows, cuda, mode, progress, ud, imp, e);
     ac_model f32;
     if (ac_model_to_f32(m, &f32, e)) return -1;
+    ac_model_drop_pages(m); /* the stage reads only the copy */
     int rc = compute_mode(&f32, ids, n, ctx, windows, cuda, mode, progress, ud, imp, e);
     ac_model_free(&f32);
     return rc;
