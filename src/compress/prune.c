@@ -179,7 +179,7 @@ static int prune_layers(const ac_model *src, const ac_arch *t, const ac_importan
     int rc = 0;
     for (int l = 0; l < a->n_layers && !rc; l++) {
         const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
-        int lw = ac_layer_wdt(src, l);
+        int lw = ac_model_wdt(src);
         if (d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads)
             prune_attn_merge(a, s, d, &src->L[l], lw, &dst->L[l], hk, Ht, row, acc);
         else if (d->n_heads)
@@ -253,7 +253,7 @@ static int repair_layer(const ac_model *src, ac_model *dst, int l, const int *fk
         memcpy(Gk + (size_t)i * F, gr, sizeof(float) * F);
         for (int j = 0; j < Fk; j++) A[(size_t)i * Fk + j] = gr[fk[j]] + (i == j ? lambda : 0);
     }
-    for (int r = 0; r < Ht; r++) ac_row_f32(W + (size_t)r * F, src->L[l].wd, ac_layer_wdt(src, l), (size_t)hk[r], F);
+    for (int r = 0; r < Ht; r++) ac_row_f32(W + (size_t)r * F, src->L[l].wd, ac_model_wdt(src), (size_t)hk[r], F);
     /* Bt[r][i] = sum_c W[r][c] Gk[i][c]: row-major Ht x Fk = column-major Fk x Ht */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Ht, Fk, F, 1.0f, W, F, Gk, F, 0.0f, Bt, Fk);
     for (size_t i = 0; i < (size_t)Fk * Ht; i++) B[i] = Bt[i];

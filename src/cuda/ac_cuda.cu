@@ -241,8 +241,6 @@ static int cv_check_dt(int dt, char *err, size_t errn) {
 
 int acc_model_dt(const ac_model *m) { return m->wdt == ST_BF16 || m->wdt == ST_F16 ? m->wdt : ST_F32; }
 
-int acc_layer_dt(const ac_model *m, int l) { return m->L[l].f32ref > 0 ? (int)ST_F32 : acc_model_dt(m); }
-
 int acc_put_f32(float *dst, const void *src, int dt, size_t n, void *stage, char *err, size_t errn) {
     if (cv_check_dt(dt, err, errn)) return -1;
     if (!n) return 0;
@@ -373,7 +371,7 @@ static int upload_layer(acc_engine *en, const ac_model *m, int l, char *err, siz
     layer_d &d = en->L[l];
     size_t H = en->a.hidden, hd = en->a.head_dim, Q = la->n_heads * hd, KV = la->n_kv_heads * hd, F = la->ffn,
            N = (size_t)en->max_batch * en->max_ctx;
-    int dt = acc_layer_dt(m, l);
+    int dt = acc_model_dt(m);
     if (la->n_heads) {
         if (upload_f32(&d.in_norm, w->in_norm, H, err, errn) || upload_bf16(en, &d.wq, w->wq, dt, Q * H, err, errn) ||
             upload_bf16(en, &d.wk, w->wk, dt, KV * H, err, errn) ||

@@ -16,8 +16,7 @@
  * functions.
  *
  * Weights cross the ABI in their file dtype (ac_model.wdt: ST_F32, or ST_BF16
- * / ST_F16 for a resident model; a resident layer holding fp32 copies, f32ref
- * > 0, is ST_F32): each tensor's raw bytes are copied to the device as they
+ * / ST_F16 for a resident model): each tensor's raw bytes are copied to the device as they
  * are and converted there (k_to_bf16 for the engine's BF16 weights,
  * kt_to_f32 for the trainer's fp32 ones), so the host never holds a
  * converted copy of a tensor, let alone of the model.
@@ -40,7 +39,7 @@ typedef struct acc_engine acc_engine;
 /* Bumped whenever ac_cuda_api, acc_timings or the ac_model fields the plugin
  * reads change. 2: weights in their file dtype (engine_update's dtype,
  * convert). */
-#define ACC_ABI_VERSION 2
+#define ACC_ABI_VERSION 3
 
 /* Raw micro-benchmark timings of one device (measure_timings): the grids
  * the plugin chose and the median microseconds at each point. */

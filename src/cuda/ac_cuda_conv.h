@@ -15,11 +15,9 @@
 
 #include "ac_cuda.h"
 
-/* The dtype (safetensors.h's st_dtype) of m's embed and lm_head, and of
- * layer l's seven matrices (ST_F32 while the layer holds fp32 copies);
- * norms and biases are always fp32. */
+/* The dtype (safetensors.h's st_dtype) of m's embed, lm_head and layer
+ * matrices; norms and biases are always fp32. */
 int acc_model_dt(const ac_model *m);
-int acc_layer_dt(const ac_model *m, int l);
 
 /* n elements of dtype dt at host src into the device's fp32 dst. BF16/F16
  * are copied into stage first (device memory of at least 2n bytes, e.g. the

@@ -448,7 +448,7 @@ static void host_tensors(const ac_model *m, std::vector<const void *> &hp, std::
         const ac_layer_arch *L = &a->layers[l];
         const ac_layer_w *w = &m->L[l];
         size_t Q = L->n_heads * hd, KV = L->n_kv_heads * hd, F = L->ffn;
-        int t = acc_layer_dt(m, l);
+        int t = acc_model_dt(m);
         add(w->in_norm, H, 0, d32), add(w->wq, Q * H, 1, t), add(w->wk, KV * H, 1, t), add(w->wv, KV * H, 1, t);
         add(w->wo, H * Q, 1, t), add(w->bq, Q, 0, d32), add(w->bk, KV, 0, d32), add(w->bv, KV, 0, d32);
         add(w->post_norm, H, 0, d32), add(w->wg, F * H, 1, t), add(w->wu, F * H, 1, t), add(w->wd, H * F, 1, t);

@@ -453,7 +453,7 @@ static int list_tensors(const ac_model *m, int dtype, gg_tensor *t, int *nt, flo
     add_t(t, nt, "token_embd.weight", m->embed, wdt, a->vocab, H, 0, dtype);
     for (int l = 0; l < a->n_layers; l++) {
         gg_layer_tensor lt[GG_LAYER_TENSORS];
-        int k = gg_layer_tensors(a, l, &m->L[l], lt), lw = ac_layer_wdt(m, l); /* read only here */
+        int k = gg_layer_tensors(a, l, &m->L[l], lt), lw = ac_model_wdt(m); /* read only here */
         for (int i = 0; i < k; i++) add_t(t, nt, lt[i].name, *lt[i].w, lw, lt[i].rows, lt[i].cols, lt[i].perm, dtype);
     }
     add_t(t, nt, "output_norm.weight", m->final_norm, ST_F32, H, 0, 0, dtype);

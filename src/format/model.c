@@ -401,8 +401,6 @@ static float *load_tensor(const st_set *s, const char *name, int64_t d0, int64_t
 
 int ac_model_wdt(const ac_model *m) { return m->wdt == ST_BF16 || m->wdt == ST_F16 ? m->wdt : ST_F32; }
 
-int ac_layer_wdt(const ac_model *m, int l) { return m->L[l].f32ref > 0 ? ST_F32 : ac_model_wdt(m); }
-
 /* The seven matrix slots of a layer (q, k, v, o, g, u, d) and their sizes. */
 static void layer_slots(const ac_arch *a, int l, ac_layer_w *w, float **ps[7], size_t n[7]) {
     const ac_layer_arch *L = &a->layers[l];
@@ -411,41 +409,6 @@ static void layer_slots(const ac_arch *a, int l, ac_layer_w *w, float **ps[7], s
     size_t c[7] = {Q * H, KV * H, KV * H, H * Q, F * H, F * H, H * F};
     memcpy(ps, p, sizeof p);
     memcpy(n, c, sizeof c);
-}
-
-int ac_model_layer_f32(ac_model *m, int l, ac_err *e) {
-    int wdt = ac_model_wdt(m);
-    ac_layer_w *w = &m->L[l];
-    if (wdt == ST_F32 || w->f32ref++ > 0) return 0;
-    float **ps[7];
-    size_t n[7];
-    layer_slots(&m->a, l, w, ps, n);
-    int ok = 1;
-    for (int i = 0; i < 7; i++) {
-        w->res[i] = *ps[i];
-        if (!*ps[i] || !n[i]) continue;
-        float *c = ok ? malloc(n[i] * sizeof(float)) : NULL;
-        ok = c != NULL;
-        if (ok) ac_to_f32(c, w->res[i], (st_dtype)wdt, n[i], NULL);
-        *ps[i] = ok ? c : w->res[i];
-    }
-    if (ok) return 0;
-    w->f32ref = 1;
-    ac_model_layer_release(m, l);
-    return ac_errf(e, "out of memory for the fp32 copy of layer %d", l);
-}
-
-void ac_model_layer_release(ac_model *m, int l) {
-    ac_layer_w *w = &m->L[l];
-    if (ac_model_wdt(m) == ST_F32 || w->f32ref <= 0 || --w->f32ref > 0) return;
-    float **ps[7];
-    size_t n[7];
-    layer_slots(&m->a, l, w, ps, n);
-    for (int i = 0; i < 7; i++) {
-        if (*ps[i] != w->res[i]) free(*ps[i]);
-        *ps[i] = w->res[i];
-        w->res[i] = NULL;
-    }
 }
 
 int ac_model_to_f32(const ac_model *src, ac_model *dst, ac_err *e) {
@@ -465,7 +428,7 @@ int ac_model_to_f32(const ac_model *src, ac_model *dst, ac_err *e) {
         layer_slots(a, l, s, ps, n);
         layer_slots(a, l, d, pd, n);
         for (int i = 0; i < 7; i++)
-            if (*ps[i] && n[i]) ac_to_f32(*pd[i], *ps[i], (st_dtype)ac_layer_wdt(src, l), n[i], NULL);
+            if (*ps[i] && n[i]) ac_to_f32(*pd[i], *ps[i], (st_dtype)wdt, n[i], NULL);
         const float *sv[5] = {s->in_norm, s->post_norm, s->bq, s->bk, s->bv};
         float *dv[5] = {d->in_norm, d->post_norm, d->bq, d->bk, d->bv};
         size_t nv[5] = {L->n_heads ? H : 0, L->ffn ? H : 0, Q, KV, KV};
@@ -487,10 +450,6 @@ void ac_model_free(ac_model *m) {
         for (int l = 0; l < m->a.n_layers; l++) {
             ac_layer_w *w = &m->L[l];
             free(w->in_norm), free(w->bq), free(w->bk), free(w->bv), free(w->post_norm);
-            if (!own && w->f32ref > 0) { /* per-layer copies still held */
-                w->f32ref = 1;
-                ac_model_layer_release(m, l);
-            }
             if (!own) continue;
             float *ps[] = {w->wq, w->wk, w->wv, w->wo, w->wg, w->wu, w->wd};
             for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) free(ps[i]);
@@ -650,7 +609,7 @@ int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
         const ac_layer_arch *L = &a->layers[l];
         const ac_layer_w *w = &m->L[l];
         int64_t q = L->n_heads * hd, kv = L->n_kv_heads * hd, F = L->ffn;
-        wdt = (st_dtype)ac_layer_wdt(m, l);
+        wdt = (st_dtype)ac_model_wdt(m);
 #define ADDL(suffix, ptr, d0, d1)                                                                                      \
     snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix);                                                          \
     ADD(nm, ptr, d0, d1)

@@ -64,11 +64,6 @@ typedef struct {
     float *bq, *bk, *bv;      /* biases (qwen2) or NULL */
     float *post_norm;         /* [H] */
     float *wg, *wu, *wd;      /* [F,H] [F,H] [H,F] */
-    /* Resident models only: while f32ref > 0 the seven matrices above are
-     * owned fp32 copies (ac_model_layer_f32) and res[] keeps their mapped
-     * pointers (q, k, v, o, g, u, d). */
-    int f32ref;
-    float *res[7];
 } ac_layer_w;
 
 typedef struct {
@@ -89,17 +84,6 @@ typedef struct {
 
 /* The dtype of the model's matrices: ST_F32 for fp32 weights. */
 int ac_model_wdt(const ac_model *m);
-/* The dtype layer l's matrices are in now: the model's, or ST_F32 while the
- * layer of a resident model holds fp32 copies (ac_model_layer_f32). */
-int ac_layer_wdt(const ac_model *m, int l);
-/* Per-layer copy: make layer l's matrices of a resident model owned fp32
- * copies (code that reads or changes one layer's weights as float, e.g. the
- * calibration's in-place masking), counted: every call needs one
- * ac_model_layer_release, the last of which frees the copies (changes made
- * to them are lost) and points the layer back into the mapping. No-op on
- * fp32 models. Costs the layer's matrices in fp32 while held. */
-int ac_model_layer_f32(ac_model *m, int l, ac_err *e);
-void ac_model_layer_release(ac_model *m, int l);
 /* A whole fp32 copy of src (resident or not) into dst, for what needs
  * fp32 weights of the whole model (the calibration's engine method on CUDA
  * targets, which masks weights in place; the base's latency measurement in
@@ -122,8 +106,8 @@ int ac_model_load(const char *model_dir, ac_model *m, ac_err *e);
  * and biases converted to fp32); otherwise (F32, mixed dtypes, GGUF) the same
  * as ac_model_load. The mapping is read-only: what reads weights as float
  * converts per row or tile (the engine, ac_prune, the CUDA upload, export),
- * what changes them takes per-layer copies (ac_model_layer_f32) or an fp32
- * copy (ac_model_to_f32, training). */
+ * what changes them works on activations (masks), on private buffers or on
+ * an fp32 copy (ac_model_to_f32; trained students are fp32). */
 int ac_model_load_resident(const char *model_dir, ac_model *m, ac_err *e);
 /* Allocate zeroed weights for an arch (for random init and pruning). */
 int ac_model_alloc(ac_model *m, const ac_arch *a, ac_err *e);
@@ -132,7 +116,7 @@ void ac_model_free(ac_model *m);
  * models too: their matrices are converted from wdt). */
 int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e);
 /* Matrix `which` of layer l and its element count (*n), or NULL when the
- * layer has none (attention or FFN removed). Stored in ac_layer_wdt(m, l):
+ * layer has none (attention or FFN removed). Stored in ac_model_wdt(m):
  * read it as float only when that is ST_F32. */
 float *ac_layer_matrix(const ac_model *m, int l, ac_wmat which, size_t *n);
 

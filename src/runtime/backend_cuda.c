@@ -86,7 +86,7 @@ static int cuda_weights_changed(ac_backend_engine *b, int layer, ac_wmat which, 
     size_t n;
     const float *p = ac_layer_matrix(b->m, layer, which, &n); /* in its dtype: the plugin converts */
     char err[512] = "";
-    int rc = !p || b->cu->engine_update(b->gpu, layer, which, p, ac_layer_wdt(b->m, layer), n, err, sizeof err);
+    int rc = !p || b->cu->engine_update(b->gpu, layer, which, p, ac_model_wdt(b->m), n, err, sizeof err);
     return rc ? ac_errf(e, "CUDA weight update: %s", p ? err : "no such matrix") : 0;
 }
 

@@ -124,7 +124,7 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
         const ac_layer_w *w = &m->L[l];
-        int lw = ac_layer_wdt(m, l); /* a resident model's layer may hold fp32 copies */
+        int lw = ac_model_wdt(m);
         if (hk && hk->layer_io) memcpy(en->x0, en->x, (size_t)N * H * 4);
         if (L->n_heads) {
             int Q = L->n_heads * hd, KV = L->n_kv_heads * hd;

@@ -221,7 +221,7 @@ int ac_trainer_init_frozen(ac_trainer *t, ac_model *m, int max_B, int max_T, ac_
 static const ac_layer_w *layer_view(ac_trainer *t, int l) {
     const ac_model *m = t->m;
     const ac_layer_w *src = &m->L[l], *ov = t->ovr ? &t->ovr[l] : NULL;
-    int wdt = ac_layer_wdt(m, l);
+    int wdt = ac_model_wdt(m);
     if (wdt == ST_F32 && !ov) return src;
     if (t->wl_at == l) return &t->wl;
     ac_layer_w *w = &t->wl;
@@ -353,7 +353,7 @@ int ac_train_forward(ac_trainer *t, const int *tokens, int B, int T, ac_err *e) 
             return ac_errf(e, "trainer: token id %d outside vocabulary of %d", tokens[r], a->vocab);
     t->B = B;
     t->T = T;
-    t->wl_at = -1; /* the model's layers may have changed dtype (per-layer copies) since the last call */
+    t->wl_at = -1; /* the weights (or the KV-merge overrides) may have changed since the last call */
     for (int r = 0; r < N; r++) {
         t->tok[r] = tokens[r];
         t->pos[r] = r % T;

@@ -787,7 +787,7 @@ static int kv_shadow(ac_model *sh, const ac_arch *a, const ac_dnas_gates *g, con
         for (int k = 0; k < 4; k++) {
             if (!n[k]) continue;
             if (!(*d[k] = malloc(sizeof(float) * n[k]))) return -1;
-            if (m) ac_to_f32(*d[k], s[k], k < 2 ? (st_dtype)ac_layer_wdt(m, l) : ST_F32, n[k], NULL); /* biases: fp32 */
+            if (m) ac_to_f32(*d[k], s[k], k < 2 ? (st_dtype)ac_model_wdt(m) : ST_F32, n[k], NULL); /* biases: fp32 */
         }
     }
     return 0;
@@ -962,11 +962,11 @@ static int teacher_plan(run_t *R, const ac_model *m, size_t n, const ac_dnas_opt
     if (o->cotrain) need += (R->cu ? 4.0 : 12.0) * ac_arch_params(a); /* the copy (and AdamW's two moments) */
     double have = ac_host_mem_available();
     if (have > 0 && need > 0.9 * have)
-        return ac_errf(
-            e,
-            "dnas: the gate search needs about %.3g GiB (training activations, teacher logits%s) "
-            "but %.3g GiB is available; lower search.dnas_batch or search.dnas_seq_len",
-            need / 1073741824.0, o->cotrain ? ", co-trained copy and its gradients" : "", have / 1073741824.0);
+        return ac_errf(e,
+                       "dnas: the gate search needs about %.3g GiB (training activations, teacher logits%s) "
+                       "but %.3g GiB is available; lower search.dnas_batch or search.dnas_seq_len",
+                       need / 1073741824.0, o->cotrain ? ", co-trained copy and its gradients" : "",
+                       have / 1073741824.0);
     char name[128];
     int sms, cc;
     if (R->cu && !R->cu->device_info(0, name, sizeof name, &dev, &sms, &cc)) {
