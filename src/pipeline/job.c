@@ -56,9 +56,9 @@ static void search_emit(void *ud, json_t *ev) {
  * two fp32 models at a time: the two pruned students (prune, evaluate; each
  * at most the base's size). The CPU DNAS gate search no longer adds any (its
  * trainer reads the resident weights one layer at a time; activations are
- * checked by dnas.c); a CUDA gate search takes one fp32 copy while the
- * mapped pages are dropped. Fail with a clear reason instead of being
- * killed by the kernel's OOM killer. */
+ * checked by dnas.c), nor does the CUDA one (the plugin converts each
+ * tensor on the device). Fail with a clear reason instead of being killed
+ * by the kernel's OOM killer. */
 static int check_host_memory(const char *model_dir, ac_err *e) {
     ac_arch a0;
     if (ac_arch_load(model_dir, &a0, e)) return -1;
