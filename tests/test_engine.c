@@ -10,6 +10,7 @@
 #include "eval.h"
 #include "kernels_amx.h"
 #include "kernels_cpu.h"
+#include "kernels_avx512bf16.h"
 #include "model.h"
 #include "tensor.h"
 
@@ -128,52 +129,64 @@ static void test_resident_exact(void) {
     ac_model_free(&m);
 }
 
-/* BF16 AMX GEMMs for every row count: activations are rounded to BF16
- * (relative error <= 2^-9 each) before exact products and fp32 sums, which
- * is what PyTorch's own BF16 matmul does; through the fixtures' layers this
- * gives 4-5e-3 of the logit scale, so the bound is 1e-2 (100x the fp32 one). */
-static void test_resident_amx(void) {
+/* BF16 GEMM kernels (AMX, AVX512-BF16: each this CPU has) for every row
+ * count: activations are rounded to BF16 (relative error <= 2^-9 each)
+ * before exact products and fp32 sums, which is what PyTorch's own BF16
+ * matmul does; through the fixtures' layers this gives 4-5e-3 of the logit
+ * scale, so the bound is 1e-2 (100x the fp32 one). */
+static void test_resident_bf16_kernels(void) {
     if (!fixtures_present()) SKIP("no fixtures");
-    if (!ac_amx_available()) SKIP("no AMX-BF16 on this CPU");
-    ac_set_bf16_gemm_rows(1);
-    check_model_ex("llama_gqa_bf16", 1, 1e-2);
-    check_model_ex("mistral_sharded", 1, 1e-2);
-    ac_set_bf16_gemm_rows(32);
-    /* the tiny model's perplexity with its prefill on AMX: within 0.1 % of
-     * PyTorch's fp32 reference (seen: 0.011 %) */
+    int ks[2] = {AC_BF16_AMX, AC_BF16_AVX512}, ran = 0;
     char p[1200], tiny[1100], text[1200];
     snprintf(p, sizeof p, "%s/ppl.json", fx);
     json_t *ref = json_load_file(p, 0, NULL), *v = json_object_get(ref, "ctx64_stride0_win6");
     ck_build_path(tiny, sizeof tiny, "models/tiny");
     snprintf(text, sizeof text, "%s/heldout_small.txt", fx);
-    ac_model m;
-    ac_err e = {{0}};
-    int *ids = NULL;
-    size_t n = 0;
-    if (!v || ac_model_load_resident(tiny, &m, &e)) {
-        json_decref(ref);
-        SKIP("no tiny model / ppl.json");
+    for (int i = 0; i < 2; i++) {
+        if (ac_set_bf16_kernel(ks[i])) continue;
+        ran++;
+        ac_set_bf16_gemm_rows(1);
+        check_model_ex("llama_gqa_bf16", 1, 1e-2);
+        check_model_ex("mistral_sharded", 1, 1e-2);
+        ac_set_bf16_gemm_rows(32);
+        /* the tiny model's perplexity with its prefill on the kernel: within
+         * 0.1 % of PyTorch's fp32 reference (seen: 0.011 % on AMX) */
+        ac_model m;
+        ac_err e = {{0}};
+        int *ids = NULL;
+        size_t n = 0;
+        if (!v || ac_model_load_resident(tiny, &m, &e)) {
+            printf("   no tiny model / ppl.json: %s prefill perplexity not checked\n", ac_bf16_kernel_name(ks[i]));
+            continue;
+        }
+        CHECK(ac_model_wdt(&m) == ST_BF16, "tiny model resident in BF16");
+        CHECK(ac_load_text_ids(tiny, text, &ids, &n, m.a.vocab, &e) == 0, "%s", e.msg);
+        ac_ppl_opts o = {.ctx = 64, .stride = 0, .max_windows = 6, .batch = 3};
+        ac_ppl_result r;
+        CHECK(ac_perplexity(&m, ids, n, &o, NULL, NULL, NULL, &r, &e) == 0, "%s", e.msg);
+        double want = json_real_value(json_object_get(v, "ppl"));
+        CHECK(fabs(r.ppl - want) / want < 1e-3, "%s prefill: ppl %.6f vs reference %.6f", ac_bf16_kernel_name(ks[i]),
+              r.ppl, want);
+        printf("   tiny resident, %s prefill: ppl %.4f (reference %.4f)\n", ac_bf16_kernel_name(ks[i]), r.ppl, want);
+        free(ids);
+        ac_model_free(&m);
     }
-    CHECK(ac_model_wdt(&m) == ST_BF16, "tiny model resident in BF16");
-    CHECK(ac_load_text_ids(tiny, text, &ids, &n, m.a.vocab, &e) == 0, "%s", e.msg);
-    ac_ppl_opts o = {.ctx = 64, .stride = 0, .max_windows = 6, .batch = 3};
-    ac_ppl_result r;
-    CHECK(ac_perplexity(&m, ids, n, &o, NULL, NULL, NULL, &r, &e) == 0, "%s", e.msg);
-    double want = json_real_value(json_object_get(v, "ppl"));
-    CHECK(fabs(r.ppl - want) / want < 1e-3, "AMX prefill: ppl %.6f vs reference %.6f", r.ppl, want);
-    printf("   tiny resident, AMX prefill: ppl %.4f (reference %.4f)\n", r.ppl, want);
-    free(ids);
-    ac_model_free(&m);
+    ac_set_bf16_kernel(AC_BF16_AUTO);
     json_decref(ref);
+    if (!ran) SKIP("no BF16 GEMM kernel on this CPU (neither AMX-BF16 nor AVX512-BF16)");
 }
 
-/* ac_linear_w on BF16 weights against the fp32 GEMM of the same values:
- * shapes AMX takes (in % 32, out % 16) and ones it leaves to the tile path;
- * acc and bias. */
+/* ac_linear_w on BF16 weights against the fp32 GEMM of the same values,
+ * with each kernel this CPU has (none: per-tile conversion; AMX; AVX512-
+ * BF16): shapes AMX takes (in % 32, out % 16) and ones it leaves, k tails
+ * (in % 32 != 0), row and column remainders of the AVX512 tiles, acc and
+ * bias; and the AVX512-BF16 kernel directly against a double-precision sum
+ * of the BF16-rounded activations (order only: 1e-5 relative). */
 static void test_linear_bf16(void) {
-    int shapes[][3] = {{37, 96, 48}, {64, 64, 80}, {5, 40, 24}, {33, 64, 17}};
+    int shapes[][3] = {{37, 96, 48}, {64, 64, 80}, {5, 40, 24}, {33, 64, 17}, {41, 200, 29}, {7, 1000, 13}};
+    int ks[3] = {AC_BF16_NONE, AC_BF16_AMX, AC_BF16_AVX512};
     ac_wscratch ws;
-    CHECK(ac_wscratch_alloc(&ws, 64, 96) == 0, "scratch");
+    CHECK(ac_wscratch_alloc(&ws, 64, 1000) == 0, "scratch");
     for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
         int N = shapes[c][0], in = shapes[c][1], out = shapes[c][2];
         float *X = malloc(sizeof(float) * N * in), *W = malloc(sizeof(float) * out * in),
@@ -187,19 +200,40 @@ static void test_linear_bf16(void) {
             W[i] = ac_bf16_to_f32(Wb[i]);
         }
         for (int i = 0; i < out; i++) b[i] = (float)i / out;
-        for (int rows = 0; rows <= 1; rows++) {
-            ac_set_bf16_gemm_rows(rows);
-            for (int i = 0; i < N * out; i++) Y[i] = R[i] = 1.0f;
-            ac_linear_w(Y, X, Wb, ST_BF16, b, N, in, out, 1, &ws);
-            ac_linear_w(R, X, W, ST_F32, b, N, in, out, 1, &ws);
+        for (int ki = 0; ki < 3; ki++) {
+            if (ac_set_bf16_kernel(ks[ki])) continue;
+            for (int rows = 0; rows <= 1; rows++) {
+                ac_set_bf16_gemm_rows(rows);
+                for (int i = 0; i < N * out; i++) Y[i] = R[i] = 1.0f;
+                ac_linear_w(Y, X, Wb, ST_BF16, b, N, in, out, 1, &ws);
+                ac_linear_w(R, X, W, ST_F32, b, N, in, out, 1, &ws);
+                double md = 0;
+                for (int i = 0; i < N * out; i++) md = fmax(md, fabs(Y[i] - R[i]));
+                /* per-tile path: exact up to summation order; BF16 kernels: X in BF16, |x w| <= 0.25, in terms */
+                double tol = rows && ks[ki] != AC_BF16_NONE ? in * 0.25 * 0x1p-8 : 1e-5 * fmax(1.0, in / 64.0);
+                CHECK(md <= tol, "%s N=%d in=%d out=%d rows=%d: max diff %.3g > %.3g", ac_bf16_kernel_name(ks[ki]), N,
+                      in, out, rows, md, tol);
+            }
+        }
+        if (ac_avx512bf16_available()) {
+            uint16_t *xp = malloc(2 * ac_avx512bf16_pack_size(N, in));
+            for (int i = 0; i < N * out; i++) Y[i] = 0.5f;
+            CHECK(ac_avx512bf16_linear(Y, X, Wb, b, N, in, out, 1, xp, 2) == 0, "avx512bf16 kernel refused");
             double md = 0;
-            for (int i = 0; i < N * out; i++) md = fmax(md, fabs(Y[i] - R[i]));
-            /* per-tile path: exact up to summation order; AMX: X in BF16, |x w| <= 0.25, in terms */
-            double tol = rows && ac_amx_available() ? in * 0.25 * 0x1p-8 : 1e-5;
-            CHECK(md <= tol, "N=%d in=%d out=%d rows=%d: max diff %.3g > %.3g", N, in, out, rows, md, tol);
+            for (int r = 0; r < N; r++)
+                for (int j = 0; j < out; j++) {
+                    double s = 0.5 + b[j];
+                    for (int k = 0; k < in; k++)
+                        s += (double)ac_bf16_to_f32(ac_f32_to_bf16(X[(size_t)r * in + k])) * W[(size_t)j * in + k];
+                    md = fmax(md, fabs(Y[(size_t)r * out + j] - s) / (1 + fabs(s)));
+                }
+            CHECK(md < 1e-5, "avx512bf16 N=%d in=%d out=%d: %.3g from the double sum of BF16 activations", N, in, out,
+                  md);
+            free(xp);
         }
         free(X), free(W), free(b), free(Y), free(R), free(Wb);
     }
+    ac_set_bf16_kernel(AC_BF16_AUTO);
     ac_set_bf16_gemm_rows(32);
     ac_wscratch_free(&ws);
 }
@@ -330,7 +364,7 @@ int main(void) {
     RUN(test_mistral_sharded);
     RUN(test_deci_heterogeneous);
     RUN(test_resident_exact);
-    RUN(test_resident_amx);
+    RUN(test_resident_bf16_kernels);
     RUN(test_linear_bf16);
     RUN(test_save_reload_roundtrip);
     RUN(test_config_errors);

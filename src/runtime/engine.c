@@ -113,7 +113,7 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
         ac_row_f32(en->x + (size_t)r * H, m->embed, wdt, (size_t)tok, H);
         en->pos[r] = pos0 + r % n;
     }
-    int blas1 = wdt == ST_BF16 && ac_kernels_threads() > 1 && ac_bf16_amx_rows(N); /* see ac_blas_threads */
+    int blas1 = wdt == ST_BF16 && ac_kernels_threads() > 1 && ac_bf16_fast_rows(N); /* see ac_blas_threads */
     if (blas1) ac_blas_threads(1);
     const ac_engine_hooks *hk = en->hooks;
 #define HOOK(f, ...)                                                                                                   \

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "kernels_amx.h"
+#include "kernels_avx512bf16.h"
 #include "tensor.h"
 
 void openblas_set_num_threads(int);
@@ -23,7 +24,38 @@ int ac_kernels_threads(void) { return n_threads; }
 
 void ac_blas_threads(int n) { openblas_set_num_threads(n > 0 ? n : 1); }
 
-int ac_bf16_amx_rows(int N) { return bf16_rows > 0 && N >= bf16_rows && ac_amx_available(); }
+/* AC_BF16_AUTO until ac_set_bf16_kernel names one */
+static int bf16_kernel = AC_BF16_AUTO;
+
+int ac_bf16_kernel_available(int k) {
+    switch (k) {
+    case AC_BF16_AMX:
+        return ac_amx_available();
+    case AC_BF16_AVX512:
+        return ac_avx512bf16_available();
+    case AC_BF16_NONE:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+int ac_bf16_kernel(void) {
+    if (bf16_kernel != AC_BF16_AUTO) return bf16_kernel;
+    return ac_amx_available() ? AC_BF16_AMX : ac_avx512bf16_available() ? AC_BF16_AVX512 : AC_BF16_NONE;
+}
+
+int ac_set_bf16_kernel(int k) {
+    if (k != AC_BF16_AUTO && !ac_bf16_kernel_available(k)) return -1;
+    bf16_kernel = k;
+    return 0;
+}
+
+const char *ac_bf16_kernel_name(int k) {
+    return k == AC_BF16_AMX ? "amx" : k == AC_BF16_AVX512 ? "avx512bf16" : k == AC_BF16_NONE ? "none" : "auto";
+}
+
+int ac_bf16_fast_rows(int N) { return bf16_rows > 0 && N >= bf16_rows && ac_bf16_kernel() != AC_BF16_NONE; }
 
 void ac_set_bf16_gemm_rows(int rows) { bf16_rows = rows < 0 ? 0 : rows; }
 
@@ -35,10 +67,11 @@ int ac_wscratch_alloc(ac_wscratch *s, int N, int in) {
     memset(s, 0, sizeof *s);
     s->wtile_n = WTILE_FLOATS > (size_t)in ? WTILE_FLOATS : (size_t)in;
     s->wtile = malloc(s->wtile_n * 4);
-    if (ac_amx_available()) {
-        s->xpack_n = ac_amx_pack_size(N, in, n_threads);
-        s->xpack = malloc(s->xpack_n * 2);
-    }
+    /* either BF16 kernel may be chosen later (ac_set_bf16_kernel): room for the larger packing */
+    if (ac_amx_available()) s->xpack_n = ac_amx_pack_size(N, in, n_threads);
+    if (ac_avx512bf16_available() && ac_avx512bf16_pack_size(N, in) > s->xpack_n)
+        s->xpack_n = ac_avx512bf16_pack_size(N, in);
+    if (s->xpack_n) s->xpack = malloc(s->xpack_n * 2);
     if (!s->wtile || (s->xpack_n && !s->xpack)) {
         ac_wscratch_free(s);
         return -1;
@@ -73,10 +106,16 @@ void ac_linear_w(float *Y, const float *X, const void *W, int wdt, const float *
         }
         return;
     }
-    if (wdt == ST_BF16 && bf16_rows > 0 && N >= bf16_rows && s->xpack &&
-        ac_amx_pack_size(N, in, n_threads) <= s->xpack_n &&
-        ac_amx_linear(Y, X, W, b, N, in, out, acc, s->xpack, n_threads) == 0)
-        return;
+    if (wdt == ST_BF16 && s->xpack && ac_bf16_fast_rows(N)) {
+        int k = ac_bf16_kernel();
+        if (k == AC_BF16_AMX && ac_amx_pack_size(N, in, n_threads) <= s->xpack_n &&
+            ac_amx_linear(Y, X, W, b, N, in, out, acc, s->xpack, n_threads) == 0)
+            return;
+        /* shapes AMX leaves (in % 32, out % 16) go to AVX512-BF16 where the CPU has it */
+        if ((k == AC_BF16_AVX512 || ac_avx512bf16_available()) && ac_avx512bf16_pack_size(N, in) <= s->xpack_n &&
+            ac_avx512bf16_linear(Y, X, W, b, N, in, out, acc, s->xpack, n_threads) == 0)
+            return;
+    }
     /* per tile of T weight rows: convert, then Y[:, j0:j0+T] (+)= X W_tile^T */
     int T = (int)(s->wtile_n / (size_t)in);
     if (T > out) T = out;

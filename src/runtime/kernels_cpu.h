@@ -7,8 +7,9 @@
  * checkpoint: ac_linear_w). 16-bit weights are converted to fp32 per tile of
  * rows into a small scratch and multiplied with sgemm (exactly the fp32
  * result of the same weights), except BF16 GEMMs of at least
- * ac_bf16_gemm_rows() rows on a CPU with AMX-BF16 (kernels_amx.h), which
- * round the activations to BF16.
+ * ac_bf16_gemm_rows() rows on a CPU with a BF16 kernel: AMX-BF16
+ * (kernels_amx.h) or else AVX512-BF16 (kernels_avx512bf16.h), which round
+ * the activations to BF16.
  */
 #ifndef AC_KERNELS_CPU_H
 #define AC_KERNELS_CPU_H
@@ -40,24 +41,35 @@ void ac_attention_head(float *out, const float *q, const float *k, const float *
                        int q_stride, int kv_stride, int window, float *scores);
 /* Inverse frequencies for head_dim hd with optional llama3 scaling. */
 void ac_rope_inv_freq(float *inv, int hd, float theta, int llama3, float factor, float lo, float hi, int orig);
-/* Set the number of threads the CPU kernels (OpenBLAS, the AMX GEMM) use. */
+/* Set the number of threads the CPU kernels (OpenBLAS, the BF16 GEMMs) use. */
 void ac_set_threads(int n);
 int ac_kernels_threads(void);
-/* Threads of OpenBLAS alone (the AMX GEMM keeps ac_kernels_threads): the
- * engine runs BLAS on one thread around an AMX prefill, where the only BLAS
- * calls left are the small attention GEMMs and idle BLAS workers spinning
- * would take cycles from the AMX threads. */
+/* Threads of OpenBLAS alone (the BF16 GEMMs keep ac_kernels_threads): the
+ * engine runs BLAS on one thread around a BF16-kernel prefill, where the
+ * only BLAS calls left are the small attention GEMMs and idle BLAS workers
+ * spinning would take cycles from the BF16 kernel's threads. */
 void ac_blas_threads(int n);
-/* 1 when BF16 GEMMs of N rows run on AMX (kernels_amx.h). */
-int ac_bf16_amx_rows(int N);
+/* The BF16 GEMM kernels. AC_BF16_AUTO: AMX where the CPU has it, else
+ * AVX512-BF16, else none (per-tile conversion and sgemm). */
+enum { AC_BF16_AUTO = -1, AC_BF16_NONE = 0, AC_BF16_AMX = 1, AC_BF16_AVX512 = 2 };
+/* The kernel BF16 GEMMs of at least ac_bf16_gemm_rows() rows use now. */
+int ac_bf16_kernel(void);
+/* 1 when this CPU can run kernel k (AC_BF16_NONE always). */
+int ac_bf16_kernel_available(int k);
+/* Choose the kernel (tests, benchmarks); -1 when this CPU lacks it. */
+int ac_set_bf16_kernel(int k);
+const char *ac_bf16_kernel_name(int k);
+/* 1 when BF16 GEMMs of N rows run on a BF16 kernel (activations rounded). */
+int ac_bf16_fast_rows(int N);
 
 /* Scratch of ac_linear_w, owned by the caller (the engine): wtile holds a
- * tile of converted weight rows, xpack the BF16 packing of X for AMX. */
+ * tile of converted weight rows, xpack the BF16 packing of X for the BF16
+ * kernels (room for either kernel the CPU has). */
 typedef struct {
     float *wtile;
     size_t wtile_n; /* floats */
     uint16_t *xpack;
-    size_t xpack_n; /* elements; 0 = no AMX path */
+    size_t xpack_n; /* elements; 0 = no BF16 kernel */
 } ac_wscratch;
 /* Allocate scratch for ac_linear_w of up to N rows of width up to in;
  * 0, or -1 when out of memory. */
@@ -69,8 +81,8 @@ void ac_linear_w(float *Y, const float *X, const void *W, int wdt, const float *
                  ac_wscratch *s);
 /* Row r of a [rows, n] matrix stored in wdt, as fp32, into dst[n]. */
 void ac_row_f32(float *dst, const void *W, int wdt, size_t r, int n);
-/* BF16 GEMMs with at least this many rows use AMX when the CPU has it
- * (default 32: prefill; decode steps stay exact); 0 = never. */
+/* BF16 GEMMs with at least this many rows use the BF16 kernel when the CPU
+ * has one (default 32: prefill; decode steps stay exact); 0 = never. */
 void ac_set_bf16_gemm_rows(int rows);
 int ac_bf16_gemm_rows(void);
 
