@@ -11,8 +11,16 @@
  * the very values the resident model maps; every GEMM is asked to be fp32
  * (ac_set_bf16_gemm_rows(0): no AMX rounding of activations), so a pipeline
  * that reads the mapping through conversions per row, tile, layer or tensor
- * must produce the same bytes as the fp32 pipeline.
+ * must produce the same bytes as the fp32 pipeline - bit for bit where the
+ * BLAS kernel's sums do not depend on how a GEMM's output columns are split
+ * across calls (the resident path multiplies per tile of converted weight
+ * rows, the fp32 one in one call): OpenBLAS's SkylakeX kernels. Others (the
+ * Haswell kernel OpenBLAS picks on AMD EPYC) sum in another order at the
+ * tiles' edges; split_invariant() probes the kernel on the model's shapes,
+ * and without invariance the same checks hold to the stated tolerances of
+ * that summation order (config.json and every unit order stay identical).
  */
+#include <cblas.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -32,9 +40,15 @@
 #include "prune.h"
 #include "safetensors.h"
 #include "synth.h"
+#include "tensor.h"
 #include "train.h"
 
 static char tiny[1100], f32dir[256] = "/tmp/ac_test_resident_job";
+static int exact;    /* split_invariant(): the bit-exact checks are in force */
+#define LM5_ROWS 160 /* the tiny model's LM head (768 rows) in 5 tiles */
+
+/* Relative difference of a and b (b the reference). */
+static double rel(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-300); }
 
 static int have_tiny(void) {
     char p[1200];
@@ -62,6 +76,49 @@ static int same_bytes(const char *a, const char *b, size_t *len) {
     *len = la;
     free(x);
     free(y);
+    return same;
+}
+
+/* 1 when X W^T by cblas_sgemm in one call equals it in column tiles of T,
+ * bit for bit, on random data (N rows, in, out). */
+static int split_same(int N, int in, int out, int T) {
+    float *X = malloc(sizeof(float) * N * in), *W = malloc(sizeof(float) * out * in),
+          *Y1 = malloc(sizeof(float) * N * out), *Y2 = malloc(sizeof(float) * N * out);
+    int same = X && W && Y1 && Y2;
+    unsigned k = 12345u + (unsigned)(N * 7 + in * 3 + T);
+    for (int i = 0; same && i < N * in; i++) X[i] = (float)((k = k * 1103515245u + 12345u) >> 8) / (1 << 23) - 1.0f;
+    for (int i = 0; same && i < out * in; i++) W[i] = (float)((k = k * 1103515245u + 12345u) >> 8) / (1 << 24) - 0.5f;
+    if (same) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, in, 1.0f, X, in, W, in, 0.0f, Y1, out);
+        for (int j0 = 0; j0 < out; j0 += T) {
+            int t = out - j0 < T ? out - j0 : T;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, t, in, 1.0f, X, in, W + (size_t)j0 * in, in, 0.0f,
+                        Y2 + j0, out);
+        }
+        same = memcmp(Y1, Y2, sizeof(float) * N * out) == 0;
+    }
+    free(X), free(W), free(Y1), free(Y2);
+    return same;
+}
+
+/* 1 when cblas_sgemm's sums do not depend on how the output columns are
+ * split across calls for the model's linear layers: one call against the
+ * column tiles ac_linear_w converts (max(64K, in) / in weight rows), and
+ * the LM head in 5 tiles (test_frozen_trainer_on_mapping), for the
+ * trainer's 2x24 rows and the calibration's and evaluation's windows. */
+static int split_invariant(const ac_arch *a) {
+    const ac_layer_arch *la = &a->layers[0];
+    int H = a->hidden, q = la->n_heads * a->head_dim, kv = la->n_kv_heads * a->head_dim, F = la->ffn;
+    const int shapes[][2] = {{H, a->vocab}, {H, q}, {H, kv}, {H, F}, {q, H}, {F, H}}; /* in, out */
+    const int rows[] = {48, 64, 128};
+    int same = 1;
+    for (int ri = 0; ri < 3; ri++) {
+        for (int si = 0; si < 6; si++) {
+            int in = shapes[si][0], out = shapes[si][1], T = (64 * 1024 > in ? 64 * 1024 : in) / in;
+            if (in > 0 && out > T) same = same && split_same(rows[ri], in, out, T);
+        }
+        same = same && split_same(rows[ri], H, a->vocab, LM5_ROWS);
+    }
     return same;
 }
 
@@ -188,7 +245,8 @@ static double max_rel(const float *x, const float *y, size_t n) {
  * (weight gradients too) on the fp32 load, bit for bit; with the LM head
  * in 5 tiles instead of 1 the mapping still equals the copy bit for bit,
  * and the one-tile result to 1e-5 of the largest value (only dxn's
- * summation order over the vocabulary changes). */
+ * summation order over the vocabulary changes) with the same loss (split
+ * invariant kernels; else the loss to 1e-8 and the logits to 1e-5). */
 static void test_frozen_trainer_on_mapping(void) {
     if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
     ac_model r, f, c;
@@ -202,7 +260,7 @@ static void test_frozen_trainer_on_mapping(void) {
     CHECK(ac_trainer_init(&t, &r, 1, 2, &e) != 0 && strstr(e.msg, "fp32"), "a trained resident model is refused");
     tr_out o[5] = {0};
     ac_model *ms[5] = {&r, &c, &f, &r, &c};
-    int fr[5] = {1, 1, 0, 1, 1}, rows[5] = {0, 0, 0, 160, 160}, ok = 1;
+    int fr[5] = {1, 1, 0, 1, 1}, rows[5] = {0, 0, 0, LM5_ROWS, LM5_ROWS}, ok = 1;
     for (int i = 0; i < 5 && ok; i++) ok = tr_run(ms[i], fr[i], rows[i], &o[i], &e) == 0;
     CHECK(ok, "%s", e.msg);
     if (ok) {
@@ -221,7 +279,13 @@ static void test_frozen_trainer_on_mapping(void) {
                "vs 1 tile max rel %.2e (logits %s)\n",
                ng, o[0].loss, same ? "yes" : "NO", dt, memcmp(o[3].logits, o[0].logits, nl * 4) ? "differ" : "same");
         CHECK(same, "5 tiles: mapping vs copy differ");
-        CHECK(dt < 1e-5 && o[3].loss == o[0].loss, "5 tiles vs 1: gate grads differ by %g", dt);
+        double dl = rel(o[3].loss, o[0].loss), dlg = max_rel(o[3].logits, o[0].logits, nl);
+        printf("  5 tiles vs 1: loss rel %.2e, logits max rel %.2e\n", dl, dlg);
+        CHECK(dt < 1e-5, "5 tiles vs 1: gate grads differ by %g", dt);
+        if (exact)
+            CHECK(o[3].loss == o[0].loss, "5 tiles vs 1: loss %.9g vs %.9g", o[3].loss, o[0].loss);
+        else /* tolerance: the 5-tile logits are summed in another order at the tile edges by this BLAS kernel */
+            CHECK(dl <= 1e-8 && dlg <= 1e-5, "5 tiles vs 1: loss rel %g, logits %g", dl, dlg);
     }
     for (int i = 0; i < 5; i++) free(o[i].logits), free(o[i].dg);
     ac_model_free(&r);
@@ -322,7 +386,7 @@ static void test_gguf_from_mapping(void) {
 
 /* Streamed calibration (layer by layer, stream.c) on the resident model
  * equals the one on the fp32 load with fp32 GEMMs: the same unit orders,
- * curves and base loss. */
+ * curves and base loss (to 1e-8 without split invariance). */
 static void test_streamed_calibration(void) {
     if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
     ac_model r, f;
@@ -345,7 +409,10 @@ static void test_streamed_calibration(void) {
     ac_set_bf16_gemm_rows(rows);
     CHECK(ok, "%s", e.msg);
     if (ok) {
-        int same = ir.base_loss == iff.base_loss && memcmp(ir.hid_order, iff.hid_order, sizeof(int) * f.a.hidden) == 0;
+        double dl = rel(ir.base_loss, iff.base_loss);
+        /* tolerance: the logits are summed in another order at the LM head's tile edges by this BLAS kernel */
+        int same = (exact ? ir.base_loss == iff.base_loss : dl <= 1e-8) &&
+                   memcmp(ir.hid_order, iff.hid_order, sizeof(int) * f.a.hidden) == 0;
         for (int l = 0; l < f.a.n_layers; l++) {
             same = same && memcmp(ir.ffn_order[l], iff.ffn_order[l], sizeof(int) * f.a.layers[l].ffn) == 0 &&
                    memcmp(ir.kv_order[l], iff.kv_order[l], sizeof(int) * f.a.layers[l].n_kv_heads) == 0;
@@ -356,7 +423,7 @@ static void test_streamed_calibration(void) {
                        fabs(ir.attn_sens[l][p] - iff.attn_sens[l][p]) <= 1e-5 + 1e-3 * fabs(iff.attn_sens[l][p]) &&
                        fabs(ir.ffn_sens[l][p] - iff.ffn_sens[l][p]) <= 1e-5 + 1e-3 * fabs(iff.ffn_sens[l][p]);
         }
-        printf("  streamed base loss: resident %.9f, fp32 %.9f\n", ir.base_loss, iff.base_loss);
+        printf("  streamed base loss: resident %.9f, fp32 %.9f (rel %.2e)\n", ir.base_loss, iff.base_loss, dl);
         CHECK(same && ir.streamed, "streamed calibration differs between resident and fp32 weights");
         ac_importance_free(&ir);
         ac_importance_free(&iff);
@@ -364,6 +431,45 @@ static void test_streamed_calibration(void) {
     free(ids);
     ac_model_free(&r);
     ac_model_free(&f);
+}
+
+/* Compare two safetensors files tensor by tensor: the same names, dtypes
+ * and shapes; *worst = the largest max |a - b| / max |b| over the tensors
+ * (its name in wname), *ndiff of *nval values differ. Returns 1 when the
+ * tables match. */
+static int st_compare(const char *pa, const char *pb, double *worst, char *wname, size_t wn, size_t *ndiff,
+                      size_t *nval) {
+    st_file a, b;
+    ac_err e;
+    *worst = 0;
+    *ndiff = *nval = 0;
+    snprintf(wname, wn, "-");
+    if (st_open(pa, &a, &e)) return 0;
+    if (st_open(pb, &b, &e)) {
+        st_close(&a);
+        return 0;
+    }
+    int same = a.n == b.n && a.n > 0;
+    for (int i = 0; i < a.n && same; i++) {
+        const st_tensor *x = &a.t[i], *y = st_find(&b, x->name);
+        same = y && x->dtype == y->dtype && x->ndim == y->ndim &&
+               memcmp(x->shape, y->shape, sizeof(int64_t) * (size_t)x->ndim) == 0;
+        size_t n = same ? (size_t)st_numel(x) : 0;
+        float *u = malloc(sizeof(float) * (n + 1)), *v = malloc(sizeof(float) * (n + 1));
+        same = same && u && v && ac_to_f32(u, x->data, x->dtype, n, &e) == 0 &&
+               ac_to_f32(v, y->data, y->dtype, n, &e) == 0;
+        if (same) {
+            double d = max_rel(u, v, n);
+            for (size_t k = 0; k < n; k++) *ndiff += u[k] != v[k];
+            *nval += n;
+            if (d > *worst) *worst = d, snprintf(wname, wn, "%s", x->name);
+        }
+        free(u);
+        free(v);
+    }
+    st_close(&a);
+    st_close(&b);
+    return same;
 }
 
 static void quiet(void *ud, const char *kind, json_t *data) { (void)ud, (void)kind, (void)data; }
@@ -387,7 +493,10 @@ static int run_job(const char *model, const char *out, json_t **res, ac_err *e) 
 /* A whole job (calibration, Minitron and DNAS search, prune with repair,
  * distillation of both arms, evaluation, export) on the resident BF16 tiny
  * model and on its F32 checkpoint: the exported safetensors and config are
- * byte-identical and the reported perplexities equal. */
+ * byte-identical and the reported perplexities equal. Without split
+ * invariance: config.json still byte-identical, the safetensors' tensors
+ * the same with values within 1e-2 of each tensor's max |value| and at
+ * most 0.1 % of them differing, perplexities to 1e-6. */
 static void test_job_resident_equals_fp32(void) {
     if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
     if (make_f32_copy()) {
@@ -415,18 +524,37 @@ static void test_job_resident_equals_fp32(void) {
             snprintf(b, sizeof b, "/tmp/ac_test_resident_job_b/%s", files[i]);
             int same = same_bytes(a, b, &len);
             printf("  %s: %zu bytes, %s\n", files[i], len, same ? "identical" : "DIFFERENT");
-            CHECK(same && len > 0, "%s differs between the resident and the fp32 job", files[i]);
+            if (exact || i == 1) { /* the chosen architecture (config.json) is identical on any kernel */
+                CHECK(same && len > 0, "%s differs between the resident and the fp32 job", files[i]);
+                continue;
+            }
+            double d;
+            char wname[200];
+            size_t nd, nv;
+            int tab = st_compare(a, b, &d, wname, sizeof wname, &nd, &nv);
+            printf(
+                "  model.safetensors tensor by tensor: %zu of %zu values differ, max |diff| / max |value| %.2e (%s)\n",
+                nd, nv, d, wname);
+            /* the job's GEMMs sum in another order at the resident tiles' edges with this BLAS kernel, which
+             * flips BF16 roundings of the exported weights (one step is up to 2^-7 of the tensor's max) */
+            CHECK(tab && d <= 1e-2, "model.safetensors: tables %s, max rel diff %g (%s)", tab ? "same" : "DIFFER", d,
+                  wname);
+            /* a flip needs a value within the summation-order error of a BF16 rounding midpoint: rare */
+            CHECK(nd <= nv / 1000, "model.safetensors: %zu of %zu values differ", nd, nv);
         }
         const char *arms[] = {"autocompress", "minitron"};
         for (int i = 0; i < 2; i++) {
             double pa = json_number_value(json_object_get(json_object_get(ra, arms[i]), "perplexity")),
                    pb = json_number_value(json_object_get(json_object_get(rb, arms[i]), "perplexity"));
-            printf("  %s perplexity: resident %.6f, fp32 %.6f\n", arms[i], pa, pb);
-            CHECK(pa > 1 && pa == pb, "%s perplexity %g vs %g", arms[i], pa, pb);
+            printf("  %s perplexity: resident %.6f, fp32 %.6f (rel %.2e)\n", arms[i], pa, pb, rel(pa, pb));
+            /* tolerance: another summation order of the BLAS kernel at the resident tiles' edges */
+            CHECK(pa > 1 && (exact ? pa == pb : rel(pa, pb) <= 1e-6), "%s perplexity %.9g vs %.9g", arms[i], pa, pb);
         }
         double ba = json_number_value(json_object_get(json_object_get(ra, "baseline"), "perplexity")),
                bb = json_number_value(json_object_get(json_object_get(rb, "baseline"), "perplexity"));
-        CHECK(ba > 1 && ba == bb, "base perplexity %g vs %g", ba, bb);
+        printf("  base perplexity: resident %.6f, fp32 %.6f (rel %.2e)\n", ba, bb, rel(ba, bb));
+        /* the same tolerance */
+        CHECK(ba > 1 && (exact ? ba == bb : rel(ba, bb) <= 1e-6), "base perplexity %.9g vs %.9g", ba, bb);
     }
     json_decref(ra);
     json_decref(rb);
@@ -435,6 +563,14 @@ static void test_job_resident_equals_fp32(void) {
 int main(void) {
     ck_build_path(tiny, sizeof tiny, "models/tiny");
     mkdir(f32dir, 0755);
+    ac_model m;
+    ac_err e;
+    if (have_tiny() && ac_model_load_resident(tiny, &m, &e) == 0) {
+        exact = split_invariant(&m.a);
+        ac_model_free(&m);
+        printf("OpenBLAS core %s: sgemm %s the column split; resident vs fp32 checked %s\n", openblas_get_corename(),
+               exact ? "does not depend on" : "depends on", exact ? "bit for bit" : "to summation-order tolerances");
+    }
     RUN(test_to_f32);
     RUN(test_frozen_trainer_on_mapping);
     RUN(test_prune_from_mapping);
