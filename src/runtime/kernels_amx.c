@@ -12,6 +12,8 @@
  */
 #include "kernels_amx.h"
 
+#include "kthreads.h"
+
 #include <pthread.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -170,22 +172,12 @@ int ac_amx_linear(float *Y, const float *X, const uint16_t *W, const float *b, i
 #ifdef AC_HAVE_AMX
     if (!ac_amx_available() || in % 32 || out % 16 || N <= 0) return -1;
     pack_x(xpack, X, N, in);
-    int S = (out + 31) / 32, T = threads < 1 ? 1 : threads > 16 ? 16 : threads;
+    int S = (out + 31) / 32, T = threads < 1 ? 1 : threads > AC_KTHREADS_MAX ? AC_KTHREADS_MAX : threads;
     if (T > S) T = S;
-    amx_job jobs[16];
-    pthread_t th[16];
-    int started[16] = {0};
-    for (int t = 0; t < T; t++) {
+    amx_job jobs[AC_KTHREADS_MAX];
+    for (int t = 0; t < T; t++)
         jobs[t] = (amx_job){Y, W, xpack, b, N, in, out, acc, (int)((long)S * t / T), (int)((long)S * (t + 1) / T)};
-        if (t > 0) started[t] = pthread_create(&th[t], NULL, amx_run, &jobs[t]) == 0;
-    }
-    amx_run(&jobs[0]);
-    for (int t = 1; t < T; t++) {
-        if (started[t])
-            pthread_join(th[t], NULL);
-        else
-            amx_run(&jobs[t]); /* no thread: do its share here */
-    }
+    ac_kthreads_run(amx_run, jobs, sizeof *jobs, T);
     return 0;
 #else
     (void)Y, (void)X, (void)W, (void)b, (void)N, (void)in, (void)out, (void)acc, (void)xpack, (void)threads;

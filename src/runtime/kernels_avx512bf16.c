@@ -14,6 +14,8 @@
  */
 #include "kernels_avx512bf16.h"
 
+#include "kthreads.h"
+
 #include <pthread.h>
 #include <string.h>
 
@@ -181,22 +183,12 @@ int ac_avx512bf16_linear(float *Y, const float *X, const uint16_t *W, const floa
     if (!ac_avx512bf16_available() || N <= 0 || in <= 0 || out <= 0) return -1;
     int Kp = pad32(in);
     pack_x(xpack, X, N, in, Kp);
-    int G = (out + RN - 1) / RN, T = threads < 1 ? 1 : threads > 16 ? 16 : threads;
+    int G = (out + RN - 1) / RN, T = threads < 1 ? 1 : threads > AC_KTHREADS_MAX ? AC_KTHREADS_MAX : threads;
     if (T > G) T = G;
-    dp_job jobs[16];
-    pthread_t th[16];
-    int started[16] = {0};
-    for (int t = 0; t < T; t++) {
+    dp_job jobs[AC_KTHREADS_MAX];
+    for (int t = 0; t < T; t++)
         jobs[t] = (dp_job){Y, W, xpack, b, N, in, Kp, out, acc, (int)((long)G * t / T), (int)((long)G * (t + 1) / T)};
-        if (t > 0) started[t] = pthread_create(&th[t], NULL, dp_run, &jobs[t]) == 0;
-    }
-    dp_run(&jobs[0]);
-    for (int t = 1; t < T; t++) {
-        if (started[t])
-            pthread_join(th[t], NULL);
-        else
-            dp_run(&jobs[t]); /* no thread: do its share here */
-    }
+    ac_kthreads_run(dp_run, jobs, sizeof *jobs, T);
     return 0;
 #else
     (void)Y, (void)X, (void)W, (void)b, (void)N, (void)in, (void)out, (void)acc, (void)xpack, (void)threads;
