@@ -9,8 +9,8 @@
 #include "engine.h"
 #include "eval.h"
 #include "kernels_amx.h"
-#include "kernels_cpu.h"
 #include "kernels_avx512bf16.h"
+#include "kernels_cpu.h"
 #include "model.h"
 #include "tensor.h"
 

@@ -44,7 +44,8 @@ static void dp_probe(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) return; /* OSXSAVE */
     if ((xcr0() & 0xe6) != 0xe6) return;                             /* SSE, AVX, opmask, ZMM state saved */
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((b >> 16) & 1)) return; /* AVX512F */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((b >> 16) & 1) || !((b >> 30) & 1))
+        return; /* AVX512F, AVX512BW (the masked 16-bit loads) */
     if (a < 1 || !__get_cpuid_count(7, 1, &a, &b, &c, &d)) return;
     dp_ok = (a >> 5) & 1; /* AVX512_BF16 */
 #endif
@@ -87,7 +88,7 @@ DP_TARGET static void pack_x(uint16_t *xp, const float *X, int N, int K, int Kp)
 /* The rm x rn tile at rows m0.., columns n0..: rm, rn are constants where
  * this is inlined (dispatch), so the accumulators stay in registers. */
 DP_TARGET static inline __attribute__((always_inline)) void tile(const dp_job *j, int m0, int n0, const int rm,
-                                                                  const int rn) {
+                                                                 const int rn) {
     __m512 c[RM][RN];
     const uint16_t *w[RN], *x[RM];
 #pragma GCC unroll 8
@@ -135,7 +136,7 @@ DP_TARGET static inline __attribute__((always_inline)) void tile(const dp_job *j
 }
 
 #define TILE_CASE(r, n)                                                                                                \
-    case (r) * 8 + (n):                                                                                                \
+    case (r)*8 + (n):                                                                                                  \
         tile(j, m0, n0, r, n);                                                                                         \
         break
 #define TILE_ROW(r)                                                                                                    \
@@ -152,8 +153,7 @@ DP_TARGET static void dispatch(const dp_job *j, int m0, int n0, int rm, int rn) 
         TILE_ROW(2);
         TILE_ROW(3);
         TILE_ROW(4);
-    default:
-        break;
+    default: break;
     }
 }
 

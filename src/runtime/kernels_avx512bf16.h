@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* 1 when this CPU has AVX512F and AVX512-BF16 and the OS saves the ZMM
+/* 1 when this CPU has AVX512F, AVX512BW and AVX512-BF16 and the OS saves the ZMM
  * state (XCR0); checked once. */
 int ac_avx512bf16_available(void);
 /* Elements (uint16_t) of the scratch ac_avx512bf16_linear needs for X[N,in]:

@@ -29,14 +29,10 @@ static int bf16_kernel = AC_BF16_AUTO;
 
 int ac_bf16_kernel_available(int k) {
     switch (k) {
-    case AC_BF16_AMX:
-        return ac_amx_available();
-    case AC_BF16_AVX512:
-        return ac_avx512bf16_available();
-    case AC_BF16_NONE:
-        return 1;
-    default:
-        return 0;
+    case AC_BF16_AMX: return ac_amx_available();
+    case AC_BF16_AVX512: return ac_avx512bf16_available();
+    case AC_BF16_NONE: return 1;
+    default: return 0;
     }
 }
 
