@@ -3,6 +3,11 @@
 
 #include <pthread.h>
 
+int ac_kthreads_count(int threads, int shares) {
+    int t = threads < 1 ? 1 : threads > AC_KTHREADS_MAX ? AC_KTHREADS_MAX : threads;
+    return t > shares && shares > 0 ? shares : t;
+}
+
 void ac_kthreads_run(void *(*fn)(void *), void *jobs, size_t size, int n) {
     pthread_t th[AC_KTHREADS_MAX];
     int started[AC_KTHREADS_MAX] = {0};

@@ -11,6 +11,9 @@
 
 #define AC_KTHREADS_MAX 16
 
+/* How many jobs to split `shares` units of work over with up to `threads`
+ * threads: at least 1, at most AC_KTHREADS_MAX and at most shares. */
+int ac_kthreads_count(int threads, int shares);
 /* Run fn on jobs[0 .. n) (`size` bytes each), n <= AC_KTHREADS_MAX, and
  * return when all are done; a job whose thread cannot be created runs on
  * the calling thread. */
