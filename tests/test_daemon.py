@@ -108,6 +108,26 @@ def test_job_lifecycle_and_cost_cache():
     assert ct2[0]["cache_hit"] is True and ct2[0]["key"] == ct[0]["key"]
     st, tables = D.req("GET", "/v1/cost-tables")
     assert [t["hits"] for t in tables["tables"] if t["key"] == ct[0]["key"]] == [1]
+    # a cached table measured while a neighbour slowed the CPU (its reference
+    # probe, quiet.h, made 5x slower than it was here) is measured again
+    assert tj["quiet"]["reference_probe_us"] > 0 and tj["quiet"]["disturbed"] >= 0, tj.get("quiet")
+    slow = dict(tj, quiet=dict(tj["quiet"], reference_probe_us=tj["quiet"]["reference_probe_us"] * 5))
+    con = sqlite3.connect(D.db)
+    with con:
+        con.execute("UPDATE cost_tables SET data = ? WHERE key = ?", (json.dumps(slow), ct[0]["key"]))
+    con.close()
+    st, j3 = D.req("POST", "/v1/jobs", body=dict(s, output=os.path.join(D.dir, "out3")))
+    j3 = D.wait_state(j3["id"], {"succeeded", "failed"}, timeout=240)
+    assert j3["state"] == "succeeded", j3
+    st, evs = D.req("GET", f"/v1/jobs/{j3['id']}/events?format=json")
+    ct3 = [e["data"] for e in evs["events"] if e["kind"] == "cost_table"]
+    rs = ct3[0].get("replaced_slow_table")
+    assert ct3[0]["cache_hit"] is False and rs and rs["table_reference_probe_us"] > 4 * rs["reference_probe_us"], ct3
+    st, tj3 = D.req("GET", "/v1/cost-tables/" + ct[0]["key"].replace(" ", "%20").replace("|", "%7C"))
+    assert 0 < tj3["quiet"]["reference_probe_us"] < slow["quiet"]["reference_probe_us"] / 2, tj3["quiet"]
+    st, res3 = D.req("GET", f"/v1/jobs/{j3['id']}/result")
+    q = res3["measured_local"]["quiet"]
+    assert q["reference_probe_us"] > 0 and q["table_reference_probe_us"] == tj3["quiet"]["reference_probe_us"], q
     # estimate API with the cached CPU table and with a profile
     st, est = D.req("POST", "/v1/estimate", body={"model": TINY, "target": {"device": "cpu", "workload": {"batch": 2, "prompt_len": 32, "gen_len": 8}}})
     assert st == 200 and est["figures"]["ttft_ms"] > 0 and est["source"] == "measured", est

@@ -48,6 +48,10 @@ json_t *ac_cost_table_to_json(const ac_cost_table *t) {
                                   darr(t->attn_us, t->nhd * t->naq * t->nas)));
     json_object_set_new(j, "elementwise_ns", json_real(t->elem_ns));
     json_object_set_new(j, "launch_us", json_real(t->launch_us));
+    if (t->ref_us > 0)
+        json_object_set_new(j, "quiet",
+                            json_pack("{s:f,s:i,s:i}", "reference_probe_us", t->ref_us, "remeasured",
+                                      t->quiet_remeasured, "disturbed", t->quiet_disturbed));
     return j;
 }
 
@@ -193,6 +197,15 @@ static int table_parse(const json_t *j, ac_cost_table *t, const char **field, ac
     }
 
     t->measure_s = json_number_value(json_object_get(j, "measure_seconds"));
+    json_t *q = json_object_get(j, "quiet"), *qr = json_object_get(q, "reference_probe_us");
+    *field = "quiet.reference_probe_us";
+    if (q && (!json_is_number(qr) || !(json_number_value(qr) > 0) || !isfinite(json_number_value(qr)))) {
+        ac_cost_table_free(t);
+        return ac_errf(e, "quiet.reference_probe_us must be a positive number");
+    }
+    t->ref_us = q ? json_number_value(qr) : 0;
+    t->quiet_remeasured = (int)json_integer_value(json_object_get(q, "remeasured"));
+    t->quiet_disturbed = (int)json_integer_value(json_object_get(q, "disturbed"));
     return 0;
 }
 

@@ -6,7 +6,9 @@
  * against decode steps of the engine, the decode streaming cost per
  * working-set band (per MiB of weights, batch 1 and 4), the KV cache's own
  * cost per MiB (steps after a long prompt against a short one) and the
- * effective cache size.
+ * effective cache size. Each part (a GEMM row, a head size, the elementwise
+ * pass, a decode probe) is a unit of a quiet measurement (quiet.h): parts
+ * a neighbour slowed are measured again.
  * Also the CUDA plugin's raw timings into a table (ac_cost_table_from_timings).
  */
 #include <math.h>
@@ -19,6 +21,7 @@
 #include "costtimings.h"
 #include "engine.h"
 #include "kernels_cpu.h"
+#include "quiet.h"
 
 /* ---------------------------------------------------------------- measurement */
 
@@ -84,28 +87,35 @@ void ac_cost_cpu_key(int threads, char *key, size_t n, char *device, size_t dn) 
     snprintf(dev, sizeof dev, "%s (%d threads)", d[0].name, threads);
     if (device) snprintf(device, dn, "%s", dev);
     /* "-kv": tables with the decode bands per MiB of weights and the KV
-     * cache's own rate (cached ones without them are measured again rather
-     * than used with the older decode model) */
-    snprintf(key, n, "%s|fp32|autocompress-cpu|v%d-kv", dev, AC_CT_VERSION);
+     * cache's own rate; "q": measured quiet, with the reference probe
+     * (quiet.h). Cached ones without them are measured again rather than
+     * used with the older decode model or without a quiet reference. */
+    snprintf(key, n, "%s|fp32|autocompress-cpu|v%d-kvq", dev, AC_CT_VERSION);
 }
 
-/* A 4-layer model of hidden width H (head_dim 64, FFN 3H, vocab 1024)
- * with arbitrary finite weights (norms 1). */
+/* The probes' 4-layer architecture of hidden width H (head_dim 64, FFN
+ * 3H, vocab 1024); la holds its 4 layers. */
+static void probe_arch(int H, ac_arch *a, ac_layer_arch la[4]) {
+    *a = (ac_arch){0};
+    snprintf(a->model_type, sizeof a->model_type, "llama");
+    a->vocab = 1024;
+    a->hidden = H;
+    a->head_dim = 64;
+    a->n_layers = 4;
+    a->max_pos = 48;
+    a->eps = 1e-5f;
+    a->rope_theta = 10000;
+    a->bos_id = a->eos_id = -1;
+    for (int l = 0; l < 4; l++) la[l] = (ac_layer_arch){H / 64, H / 128 > 0 ? H / 128 : 1, 3 * H};
+    a->layers = la;
+}
+
+/* The probe model of width H with arbitrary finite weights (norms 1). */
 static int probe_model(int H, ac_model *m, ac_err *e) {
     ac_layer_arch la[4];
-    int L = 4, V = 1024;
-    ac_arch a = {0};
-    snprintf(a.model_type, sizeof a.model_type, "llama");
-    a.vocab = V;
-    a.hidden = H;
-    a.head_dim = 64;
-    a.n_layers = L;
-    a.max_pos = 48;
-    a.eps = 1e-5f;
-    a.rope_theta = 10000;
-    a.bos_id = a.eos_id = -1;
-    for (int l = 0; l < L; l++) la[l] = (ac_layer_arch){H / 64, H / 128 > 0 ? H / 128 : 1, 3 * H};
-    a.layers = la;
+    ac_arch a;
+    probe_arch(H, &a, la);
+    int L = a.n_layers, V = a.vocab;
     if (ac_model_alloc(m, &a, e)) return -1;
     unsigned s = 1;
     float *bufs[] = {m->embed, m->lm_head};
@@ -241,22 +251,64 @@ void ac_cost_bands_monotone(double *v, const double *scale, int n) {
         for (int j = 0; j < cnt[b]; j++, i++) v[i] = val[b] > 0 ? val[b] / (scale ? scale[i] : 1) : 0;
 }
 
-/* One probe model of hidden width H: its band point n (working set, batch-1
- * and batch-4 cost per MiB of weights, KV cost per MiB: measured when
- * kv_long, else kv_prev); *wbytes its weights; *cold_closer: its batch-1
- * step is closer to the cold-weights prediction than to the warm one. */
-static int probe_band(ac_cost_table *t, int H, int n, int kv_long, double kv_prev, double *wbytes, double *wmib_out,
-                      int *cold_closer) {
+/* The KV cache's rate is measured on the probes up to KV_PROBE_MAX_H wide
+ * (working sets up to ~30 MiB): on the larger ones the long prompt's KV is a
+ * few % of the bytes a step streams, and a difference of two steps that
+ * size is noise (a run at load 21 gave 7,764 us/MiB at 111 MiB). Beyond,
+ * the last measured rate, at least the weights' own rate there (both then
+ * stream from memory). */
+#define KV_PROBE_MAX_H 384
+/* The decode probes' widths; those up to KV_PROBE_MAX_H also time steps
+ * after a long prompt for the KV cache's rate. */
+static const int HS[] = {128, 192, 256, 384, 512, 768};
+enum { NBANDS = sizeof HS / sizeof *HS };
+
+/* A band's raw timings (ms per decode step): batch 1 and 4 after a short
+ * prompt, batch 1 after a long one (0 where not measured). NAN: the probe
+ * could not run (out of memory), and neither can the wider ones. */
+typedef struct {
+    double m1, m4, ml;
+} band_raw;
+
+/* One probe model of hidden width H timed, each figure the minimum of what
+ * r held and this run (a band may be measured again, quiet.h). */
+static void band_measure(int H, band_raw *r) {
     ac_model m;
     ac_err e;
-    double m1, m4, ml = 0, w1, c1, w4, wl;
-    if (probe_model(H, &m, &e)) return -1;
-    ac_carch c;
+    double m1, m4, ml = 0;
+    int kv_long = H <= KV_PROBE_MAX_H;
+    if (probe_model(H, &m, &e)) {
+        r->m1 = NAN;
+        return;
+    }
     int rc = decode_step_ms(&m, 1, PROBE_SHORT, PROBE_RUNS, &m1, &e) ||
              decode_step_ms(&m, 4, PROBE_SHORT, PROBE_RUNS4, &m4, &e) ||
-             (kv_long && decode_step_ms(&m, 1, PROBE_LONG, PROBE_RUNS, &ml, &e)) || ac_carch_from_arch(&m.a, &c, &e);
+             (kv_long && decode_step_ms(&m, 1, PROBE_LONG, PROBE_RUNS, &ml, &e));
     ac_model_free(&m);
-    if (rc) return -1;
+    if (rc) {
+        r->m1 = NAN;
+        return;
+    }
+    r->m1 = fmin(r->m1, m1);
+    r->m4 = fmin(r->m4, m4);
+    r->ml = kv_long ? fmin(r->ml, ml) : 0;
+}
+
+/* Band point n from the raw timings of the probe of width H (working set,
+ * batch-1 and batch-4 cost per MiB of weights, KV cost per MiB: from the
+ * long prompt where measured, else kv_prev); *wbytes its weights;
+ * *cold_closer: its batch-1 step is closer to the cold-weights prediction
+ * than to the warm one. */
+static int band_derive(ac_cost_table *t, int H, const band_raw *r, int n, double kv_prev, double *wbytes,
+                       double *wmib_out, int *cold_closer) {
+    ac_layer_arch la[4];
+    ac_arch a;
+    ac_err e;
+    ac_carch c;
+    probe_arch(H, &a, la);
+    if (isnan(r->m1) || ac_carch_from_arch(&a, &c, &e)) return -1;
+    int kv_long = H <= KV_PROBE_MAX_H;
+    double m1 = r->m1, m4 = r->m4, ml = r->ml, w1, c1, w4, wl;
     ac_engine_profile p;
     ac_engine_profile_default(&p, 1);
     probe_predict(t, &c, 1, PROBE_SHORT, &w1, &c1);
@@ -277,24 +329,16 @@ static int probe_band(ac_cost_table *t, int H, int n, int kv_long, double kv_pre
     return 0;
 }
 
-/* The KV cache's rate is measured on the probes up to KV_PROBE_MAX_H wide
- * (working sets up to ~30 MiB): on the larger ones the long prompt's KV is a
- * few % of the bytes a step streams, and a difference of two steps that
- * size is noise (a run at load 21 gave 7,764 us/MiB at 111 MiB). Beyond,
- * the last measured rate, at least the weights' own rate there (both then
- * stream from memory). */
-#define KV_PROBE_MAX_H 384
-static void calibrate(ac_cost_table *t) {
-    static const int HS[] = {128, 192, 256, 384, 512, 768};
+/* The decode bands from the bands' raw timings (the grids final). */
+static void calibrate(ac_cost_table *t, const band_raw *raw) {
     int n = 0, cache_done = 0, nkv = 0;
     double wmib[AC_CT_MAXG];
     t->ndec = t->dec_b4 = t->dec_kv = 0;
     t->cache_bytes = 0;
-    for (size_t i = 0; i < sizeof HS / sizeof *HS; i++) {
+    for (int i = 0; i < NBANDS; i++) {
         int cold_closer, kv_long = HS[i] <= KV_PROBE_MAX_H;
         double wbytes;
-        if (probe_band(t, HS[i], n, kv_long, n ? t->dec_kv_us_mib[n - 1] : 0, &wbytes, &wmib[n],
-                       &cold_closer)) break;
+        if (band_derive(t, HS[i], &raw[i], n, n ? t->dec_kv_us_mib[n - 1] : 0, &wbytes, &wmib[n], &cold_closer)) break;
         if (!cache_done && !cold_closer)
             t->cache_bytes = wbytes;
         else
@@ -355,28 +399,30 @@ typedef struct {
     float *a, *w, *c, *sc;
 } bench_bufs;
 
-static void measure_grids(ac_cost_table *t, const bench_bufs *bb, void (*progress)(void *, double), void *ud) {
-    int total = t->nm * t->nn * t->nk + t->nhd * t->naq * t->nas + 1, done = 0;
-    for (int im = 0; im < t->nm; im++)
-        for (int in = 0; in < t->nn; in++) {
-            for (int ik = 0; ik < t->nk; ik++) {
-                gemm_arg g = {bb->a, bb->w, bb->c, (int)GM[im], (int)GNK[in], (int)GNK[ik], 0, 0};
-                size_t at = ((size_t)im * t->nn + in) * t->nk + ik;
-                t->gemm_us[at] = time_us(run_gemm, &g);
-                /* warm weights matter where the GEMM is memory-bound (few rows) */
-                g.span = (size_t)GNK[in] * (size_t)GNK[ik];
-                t->gemm_warm_us[at] = GM[im] <= 16 ? time_us(run_gemm, &g) : t->gemm_us[at];
-                done++;
-            }
-            if (progress) progress(ud, (double)done / total);
+/* One GEMM row of the grid (M = gm[im]), every point the minimum of what
+ * it held and this run. */
+static void measure_gemm_row(ac_cost_table *t, const bench_bufs *bb, int im) {
+    for (int in = 0; in < t->nn; in++)
+        for (int ik = 0; ik < t->nk; ik++) {
+            gemm_arg g = {bb->a, bb->w, bb->c, (int)GM[im], (int)GNK[in], (int)GNK[ik], 0, 0};
+            size_t at = ((size_t)im * t->nn + in) * t->nk + ik;
+            double cold = time_us(run_gemm, &g);
+            t->gemm_us[at] = fmin(t->gemm_us[at], cold);
+            /* warm weights matter where the GEMM is memory-bound (few rows) */
+            g.span = (size_t)GNK[in] * (size_t)GNK[ik];
+            t->gemm_warm_us[at] = fmin(t->gemm_warm_us[at], GM[im] <= 16 ? time_us(run_gemm, &g) : cold);
         }
-    for (int ih = 0; ih < t->nhd; ih++)
-        for (int iq = 0; iq < t->naq; iq++)
-            for (int is = 0; is < t->nas; is++) {
-                int n = (int)AQ[iq], s = n + (int)AS[is] - 1;
-                attn_arg at = {bb->c, bb->a, bb->w, bb->w + (size_t)2048 * 128, bb->sc, n, s, (int)AHD[ih]};
-                t->attn_us[((size_t)ih * t->naq + iq) * t->nas + is] = time_us(run_attn, &at);
-            }
+}
+
+/* One head dimension's attention grid, as measure_gemm_row. */
+static void measure_attn(ac_cost_table *t, const bench_bufs *bb, int ih) {
+    for (int iq = 0; iq < t->naq; iq++)
+        for (int is = 0; is < t->nas; is++) {
+            int n = (int)AQ[iq], s = n + (int)AS[is] - 1;
+            attn_arg at = {bb->c, bb->a, bb->w, bb->w + (size_t)2048 * 128, bb->sc, n, s, (int)AHD[ih]};
+            size_t k = ((size_t)ih * t->naq + iq) * t->nas + is;
+            t->attn_us[k] = fmin(t->attn_us[k], time_us(run_attn, &at));
+        }
 }
 
 /* ns per element of norm + rope + silu over a 256 x 1024 block. */
@@ -392,6 +438,58 @@ static double measure_elementwise(const bench_bufs *bb) {
     return (clk() - t0) / 20 / (3.0 * 256 * 1024) * 1e9;
 }
 
+/* The reference probe (quiet.h): a 128 x 512 x 512 GEMM with its weights
+ * in cache, compute-bound, so it slows as much as anything a neighbour on
+ * the core slows. Microseconds, fastest batch (time_us). */
+double ac_cost_ref_probe_us(void) {
+    enum { M = 128, N = 512, K = 512 };
+    float *a = malloc(sizeof(float) * M * K), *w = malloc(sizeof(float) * N * K), *c = malloc(sizeof(float) * M * N);
+    double us = 0;
+    if (a && w && c) {
+        for (size_t i = 0; i < (size_t)M * K; i++) a[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
+        for (size_t i = 0; i < (size_t)N * K; i++) w[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
+        gemm_arg g = {a, w, c, M, N, K, 0, (size_t)N * K};
+        us = time_us(run_gemm, &g);
+    }
+    free(a);
+    free(w);
+    free(c);
+    return us;
+}
+
+/* The measurement as units for quiet.h: the GEMM rows, the attention head
+ * dimensions, the elementwise pass, the decode probes. */
+typedef struct {
+    ac_cost_table *t;
+    const bench_bufs *bb;
+    band_raw raw[NBANDS];
+    void (*progress)(void *, double);
+    void *ud;
+    int done, total;
+} measure_ctx;
+
+static int measure_unit(void *p, int u) {
+    measure_ctx *x = p;
+    ac_cost_table *t = x->t;
+    int attn = u - t->nm, band = attn - t->nhd - 1;
+    if (u < t->nm)
+        measure_gemm_row(t, x->bb, u);
+    else if (attn < t->nhd)
+        measure_attn(t, x->bb, attn);
+    else if (band < 0)
+        t->elem_ns = fmin(t->elem_ns, measure_elementwise(x->bb));
+    else
+        band_measure(HS[band], &x->raw[band]);
+    /* progress counts the first pass; re-measurement stays below 1 */
+    if (x->progress && x->done < x->total) x->progress(x->ud, 0.99 * ++x->done / x->total);
+    return 0;
+}
+
+static double measure_probe(void *p) {
+    (void)p;
+    return ac_cost_ref_probe_us();
+}
+
 int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud, ac_cost_table *t, ac_err *e) {
     memset(t, 0, sizeof *t);
     ac_set_threads(threads);
@@ -404,8 +502,21 @@ int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud,
     if (!rc) {
         for (size_t i = 0; i < maxe; i++) bb.a[i] = bb.c[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
         for (size_t i = 0; i < POOL_FLOATS; i++) bb.w[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
-        measure_grids(t, &bb, progress, ud);
-        t->elem_ns = measure_elementwise(&bb);
+        int ng = t->nm * t->nn * t->nk, na = t->nhd * t->naq * t->nas;
+        for (int i = 0; i < ng; i++) t->gemm_us[i] = t->gemm_warm_us[i] = INFINITY;
+        for (int i = 0; i < na; i++) t->attn_us[i] = INFINITY;
+        t->elem_ns = INFINITY;
+        measure_ctx x = {.t = t, .bb = &bb, .progress = progress, .ud = ud, .total = t->nm + t->nhd + 1 + NBANDS};
+        for (int i = 0; i < NBANDS; i++) x.raw[i] = (band_raw){INFINITY, INFINITY, INFINITY};
+        /* the first pass takes ~16 s on 2 cores; disturbed units may take
+         * as long again, in up to 3 rounds */
+        ac_quiet q = {measure_unit, measure_probe, &x, x.total, AC_QUIET_TOL, 0, 3, 20};
+        ac_quiet_result qr;
+        ac_quiet_run(&q, &qr);
+        t->ref_us = qr.quiet_us;
+        t->quiet_remeasured = qr.remeasured;
+        t->quiet_disturbed = qr.disturbed;
+        calibrate(t, x.raw);
     }
     free(bb.a);
     free(bb.w);
@@ -415,7 +526,6 @@ int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud,
         ac_cost_table_free(t);
         return -1;
     }
-    calibrate(t);
     if (progress) progress(ud, 1.0);
     t->measure_s = ac_now() - t_start;
     return 0;

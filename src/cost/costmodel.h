@@ -16,7 +16,8 @@
  * interpolant, exact between grid points).
  *
  * Files: costtable.c (the table, interpolating lookups), costroofline.c
- * (tables from datasheet profiles), costmeasure.c (the local CPU's table),
+ * (tables from datasheet profiles), costmeasure.c (the local CPU's table,
+ * measured quiet: quiet.c),
  * costmodel.c (prediction and gradients), costjson.c (tables as JSON),
  * costsource.c (which table a target gets: cache, measurement, roofline).
  * The library knows no database: a cache of tables is an ac_cost_cache the
@@ -66,6 +67,11 @@ typedef struct {
                                    * as[] is the grid of "extra keys" e = keys - queries + 1 */
     double elem_ns;   /* per element of elementwise passes */
     double measure_s; /* seconds the measurement took */
+    /* Measured CPU tables (quiet.h): the reference probe's time when the
+     * machine was quiet (0: not recorded), units measured again because a
+     * neighbour slowed them, units still disturbed at the end. */
+    double ref_us;
+    int quiet_remeasured, quiet_disturbed;
 } ac_cost_table;
 
 void ac_cost_table_free(ac_cost_table *t);
@@ -78,6 +84,9 @@ int ac_cost_table_validate(const json_t *j, const char **field, ac_err *e);
 void ac_cost_cpu_key(int threads, char *key, size_t n, char *device, size_t dn);
 /* Measure the local CPU (the engine's own kernels). progress may be NULL. */
 int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud, ac_cost_table *t, ac_err *e);
+/* The reference probe of quiet measurements (quiet.h): microseconds of a
+ * fixed compute-bound GEMM on the engine's kernels, at the threads set. */
+double ac_cost_ref_probe_us(void);
 /* on = 1: ac_cost_measure_cpu times by the calling thread's CPU time, not
  * the wall clock: a diagnostic for a loaded machine, meaningful at 1 thread
  * only (bench_costmodel's AC_BENCH_CLOCK=thread). Not for tables to keep. */

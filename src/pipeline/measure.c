@@ -9,43 +9,79 @@
 #include "safetensors.h"
 
 #define RUNS 5
+/* Re-measurement of runs a neighbour slowed (quiet.h): up to 4 rounds,
+ * 20 s in all per model. */
+#define QUIET_ROUNDS 4
+#define QUIET_BUDGET_S 20
+
+/* One model's latency runs (a unit of quiet.h each): the prefill and every
+ * decode step keep their fastest time over the runs. */
+typedef struct {
+    ac_scorer *sc;
+    const int *ids;
+    size_t n;
+    int B, P, G;
+    int *tok, *nxt;
+    double *best, tt, run_best;
+    ac_err *e;
+} lat_runs;
+
+static int lat_run(void *p, int i) {
+    (void)i;
+    lat_runs *x = p;
+    double t0 = ac_now();
+    if (ac_scorer_step(x->sc, x->tok, x->B, x->P, 0, x->e)) return -1;
+    double t1 = ac_now();
+    x->tt = fmin(x->tt, (t1 - t0) * 1e3);
+    for (int g = 1; g < x->G; g++) {
+        for (int b = 0; b < x->B; b++) x->nxt[b] = x->ids[(b + g) % x->n];
+        double s0 = ac_now();
+        if (ac_scorer_step(x->sc, x->nxt, x->B, 1, x->P + g - 1, x->e)) return -1;
+        x->best[g] = fmin(x->best[g], (ac_now() - s0) * 1e3);
+    }
+    if (x->G > 1) x->run_best = fmin(x->run_best, (ac_now() - t1) * 1e3 / (x->G - 1));
+    return 0;
+}
+
+static double lat_probe(void *p) {
+    (void)p;
+    return ac_cost_ref_probe_us();
+}
 
 /* TTFT: the fastest of RUNS prefills. TPOT: on the CPU each decode step's
  * fastest of RUNS runs, averaged over the steps (neighbours on a shared
  * machine only add time, and rarely leave a whole run undisturbed); on a GPU,
- * whose steps may run asynchronously, the fastest run's mean step. */
-int ac_measure_latency(const ac_model *m, const int *ids, size_t n, const ac_workload *w, int cuda, double *ttft_ms,
-                       double *tpot_ms, ac_err *e) {
+ * whose steps may run asynchronously, the fastest run's mean step. On the
+ * CPU the runs are quiet measurements (quiet.h) against quiet_ref_us. */
+int ac_measure_latency(const ac_model *m, const int *ids, size_t n, const ac_workload *w, int cuda, double quiet_ref_us,
+                       double *ttft_ms, double *tpot_ms, ac_quiet_result *qr, ac_err *e) {
     int B = w->batch, P = w->prompt_len, G = w->gen_len;
     assert(n > 0 && B > 0 && P > 0);
-    ac_scorer *sc;
-    if (ac_scorer_open(m, B, P + G, cuda, NULL, &sc, e)) return -1;
-    int *tok = malloc(sizeof(int) * B * P), *nxt = malloc(sizeof(int) * B);
-    double *best = malloc(sizeof(double) * (G > 1 ? G : 1)), tt = 1e30, run_best = 1e30;
-    int rc = tok && nxt && best ? 0 : ac_errf(e, "out of memory");
-    for (int i = 0; !rc && i < B * P; i++) tok[i] = ids[i % n];
-    for (int g = 0; !rc && g < G; g++) best[g] = 1e30;
-    for (int rep = 0; rep < RUNS && !rc; rep++) {
-        double t0 = ac_now();
-        rc = ac_scorer_step(sc, tok, B, P, 0, e);
-        double t1 = ac_now();
-        tt = fmin(tt, (t1 - t0) * 1e3);
-        for (int g = 1; g < G && !rc; g++) {
-            for (int b = 0; b < B; b++) nxt[b] = ids[(b + g) % n];
-            double s0 = ac_now();
-            rc = ac_scorer_step(sc, nxt, B, 1, P + g - 1, e);
-            best[g] = fmin(best[g], (ac_now() - s0) * 1e3);
-        }
-        if (G > 1) run_best = fmin(run_best, (ac_now() - t1) * 1e3 / (G - 1));
+    ac_quiet_result qr0 = {0};
+    if (!qr) qr = &qr0;
+    *qr = qr0;
+    lat_runs x = {.ids = ids, .n = n, .B = B, .P = P, .G = G, .tt = 1e30, .run_best = 1e30, .e = e};
+    if (ac_scorer_open(m, B, P + G, cuda, NULL, &x.sc, e)) return -1;
+    x.tok = malloc(sizeof(int) * B * P);
+    x.nxt = malloc(sizeof(int) * B);
+    x.best = malloc(sizeof(double) * (G > 1 ? G : 1));
+    int rc = x.tok && x.nxt && x.best ? 0 : ac_errf(e, "out of memory");
+    for (int i = 0; !rc && i < B * P; i++) x.tok[i] = ids[i % n];
+    for (int g = 0; !rc && g < G; g++) x.best[g] = 1e30;
+    if (!rc && cuda)
+        for (int r = 0; r < RUNS && !rc; r++) rc = lat_run(&x, r);
+    else if (!rc) {
+        ac_quiet q = {lat_run, lat_probe, &x, RUNS, AC_QUIET_TOL, quiet_ref_us, QUIET_ROUNDS, QUIET_BUDGET_S};
+        rc = ac_quiet_run(&q, qr);
     }
     double sum = 0;
-    for (int g = 1; !rc && g < G; g++) sum += best[g];
-    *ttft_ms = tt;
-    *tpot_ms = G < 2 ? 0 : cuda ? run_best : sum / (G - 1);
-    free(tok);
-    free(nxt);
-    free(best);
-    ac_scorer_close(sc);
+    for (int g = 1; !rc && g < G; g++) sum += x.best[g];
+    *ttft_ms = x.tt;
+    *tpot_ms = G < 2 ? 0 : cuda ? x.run_best : sum / (G - 1);
+    free(x.tok);
+    free(x.nxt);
+    free(x.best);
+    ac_scorer_close(x.sc);
     return rc;
 }
 
@@ -56,6 +92,22 @@ static int predict(const ac_cost_table *t, const ac_model *m, const ac_workload 
     ac_cost_predict(t, &c, w, p, 0, k);
     ac_carch_free(&c);
     return 0;
+}
+
+/* How quiet the machine was (quiet.h): the reference probe when the table
+ * was measured and the quietest during these runs, runs measured again,
+ * runs still disturbed; table_measured_slow when the table's reference ran
+ * more than the tolerance slower than now (its figures are then high). */
+static json_t *quiet_json(double table_ref, const ac_quiet_result *a, const ac_quiet_result *b) {
+    double now = fmin(a->ref_us, b->ref_us);
+    json_t *q =
+        json_pack("{s:f,s:i,s:i,s:f}", "reference_probe_us", now, "remeasured_runs", a->remeasured + b->remeasured,
+                  "disturbed_runs", a->disturbed + b->disturbed, "worst_ratio", fmax(a->worst_ratio, b->worst_ratio));
+    if (q && table_ref > 0) {
+        json_object_set_new(q, "table_reference_probe_us", json_real(table_ref));
+        json_object_set_new(q, "table_measured_slow", json_boolean(table_ref > AC_QUIET_TOL * now));
+    }
+    return q;
 }
 
 static int cap(int v, int hi) { return v < hi ? v : hi; }
@@ -72,8 +124,10 @@ int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, 
     int conv = ac_model_wdt(base) != ac_model_wdt(res) && ac_model_wdt(res) == ST_F32;
     if (conv && ac_model_to_f32(base, &f32, e)) return -1;
     if (conv) ac_model_drop_pages(base); /* timed on the copy; pages read back on demand */
-    int rc = ac_measure_latency(conv ? &f32 : base, ids, n, &lw, 0, &bt, &bp, e) ||
-             ac_measure_latency(res, ids, n, &lw, 0, &rt, &rp, e);
+    double ref = cpu_table ? cpu_table->ref_us : 0;
+    ac_quiet_result qb, qres;
+    int rc = ac_measure_latency(conv ? &f32 : base, ids, n, &lw, 0, ref, &bt, &bp, &qb, e) ||
+             ac_measure_latency(res, ids, n, &lw, 0, ref, &rt, &rp, &qres, e);
     if (conv) ac_model_free(&f32);
     if (rc) return -1;
     json_t *o = json_pack("{s:s,s:{s:i,s:i,s:i},s:{s:f,s:f},s:{s:f,s:f}}", "device", "cpu", "workload", "batch",
@@ -84,6 +138,7 @@ int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, 
      * below say as much about the neighbours as about the model */
     double load[1];
     if (getloadavg(load, 1) == 1) json_object_set_new(o, "load_average", json_real(load[0]));
+    json_object_set_new(o, "quiet", quiet_json(ref, &qb, &qres));
     ac_engine_profile cp;
     ac_engine_profile_default(&cp, 1);
     ac_cost k0, k1;
@@ -109,7 +164,8 @@ int ac_measure_on_gpu(const ac_model *base, const ac_model *res, const int *ids,
     ac_workload gw = {cap(wl->batch, 32), cap(wl->prompt_len, 2048), cap(wl->gen_len, 64)};
     double bt, bp, rt, rp;
     *out = NULL;
-    if (ac_measure_latency(base, ids, n, &gw, 1, &bt, &bp, e) || ac_measure_latency(res, ids, n, &gw, 1, &rt, &rp, e))
+    if (ac_measure_latency(base, ids, n, &gw, 1, 0, &bt, &bp, NULL, e) ||
+        ac_measure_latency(res, ids, n, &gw, 1, 0, &rt, &rp, NULL, e))
         return -1;
     ac_engine_profile gp = *p;
     gp.overhead_ms = 0; /* our engine, not a serving framework */

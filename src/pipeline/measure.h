@@ -11,17 +11,22 @@
 
 #include "costmodel.h"
 #include "model.h"
+#include "quiet.h"
 
 /* Best-of-5 TTFT / TPOT (ms) of m for workload w, prompts and decode tokens
  * drawn from ids (on the CPU, TPOT averages each step's fastest of 5). The
  * minimum, like the cost table's measurements: neighbours on a shared
- * machine only add time. */
-int ac_measure_latency(const ac_model *m, const int *ids, size_t n, const ac_workload *w, int cuda, double *ttft_ms,
-                       double *tpot_ms, ac_err *e);
+ * machine only add time. On the CPU the runs are quiet measurements
+ * (quiet.h): runs a neighbour slowed beyond the tolerance of quiet_ref_us
+ * (the cost table's reference probe; 0: the quietest probe seen) are run
+ * again, within 4 rounds and 20 s; *qr (may be NULL) says how it went. */
+int ac_measure_latency(const ac_model *m, const int *ids, size_t n, const ac_workload *w, int cuda, double quiet_ref_us,
+                       double *ttft_ms, double *tpot_ms, ac_quiet_result *qr, ac_err *e);
 
 /* Base and result measured on this CPU for wl capped to batch 4, prompt 128,
  * 32 generated, with the prediction of cpu_table (may be NULL) under the
- * CPU engine profile: the report's "measured_local". */
+ * CPU engine profile: the report's "measured_local", with its "quiet"
+ * object (how disturbed the machine was, against the table's reference). */
 int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,
                      const ac_cost_table *cpu_table, json_t **out, ac_err *e);
 
