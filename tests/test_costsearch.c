@@ -12,6 +12,7 @@
 #include "eval.h"
 #include "importance.h"
 #include "kernels_cpu.h"
+#include "minitron.h"
 #include "prune.h"
 #include "search.h"
 #include "synth.h"
@@ -613,6 +614,75 @@ static void test_repair_reduces_loss(void) {
     ac_model_free(&m);
 }
 
+/* Two arms repaired in one layer-streamed pass (ac_repair_ffn_many) equal
+ * each repaired alone, bit for bit: one arm with its hidden width pruned
+ * too, the other leaving layer 0's FFN whole (not repaired, left as
+ * ac_prune sliced it) and ending its repairs before the last layer. */
+static void test_repair_many(void) {
+    char tiny[1100], text[1200];
+    ck_build_path(tiny, sizeof tiny, "models/tiny");
+    ck_build_path(text, sizeof text, "data/calib.txt");
+    ac_model m;
+    ac_err e;
+    if (ac_model_load(tiny, &m, &e)) SKIP("no tiny model (make tiny-model)");
+    int *ids;
+    size_t n;
+    CHECK(ac_load_text_ids(tiny, text, &ids, &n, m.a.vocab, &e) == 0, "%s", e.msg);
+    if (n > 4096) n = 4096;
+    ac_importance imp;
+    CHECK(ac_importance_compute(&m, ids, n, 64, 16, 0, NULL, NULL, &imp, &e) == 0, "%s", e.msg);
+    int L = m.a.n_layers;
+    ac_arch t1, t2;
+    ac_arch_copy(&t1, &m.a, &e);
+    ac_arch_copy(&t2, &m.a, &e);
+    t1.hidden = m.a.hidden * 3 / 4;
+    for (int l = 0; l < L; l++) {
+        t1.layers[l].ffn = 160;
+        t2.layers[l].ffn = l == 0 || l == L - 1 ? m.a.layers[l].ffn : 96 + 32 * (l % 3);
+    }
+    ac_importance mimp; /* arm 2 keeps channels by Minitron's orders, as in a job */
+    ac_minitron_importance_view(&imp, &mimp);
+    ac_model a1, a2, b1, b2;
+    CHECK(ac_prune(&m, &t1, &imp, &a1, &e) == 0 && ac_prune(&m, &t2, &mimp, &a2, &e) == 0 &&
+              ac_prune(&m, &t1, &imp, &b1, &e) == 0 && ac_prune(&m, &t2, &mimp, &b2, &e) == 0,
+          "%s", e.msg);
+    ac_model *d[2] = {&a1, &a2};
+    const ac_importance *im[2] = {&imp, &mimp};
+    int rep[2] = {-1, -1};
+    CHECK(ac_repair_ffn_many(&m, d, im, 2, ids, n, 64, 16, rep, &e) == 0, "%s", e.msg);
+    int r1 = ac_repair_ffn(&m, &b1, &imp, ids, n, 64, 16, &e), r2 = ac_repair_ffn(&m, &b2, &mimp, ids, n, 64, 16, &e);
+    CHECK(rep[0] == L && rep[1] == L - 2 && r1 == L && r2 == L - 2, "repaired %d %d together, %d %d alone", rep[0],
+          rep[1], r1, r2);
+    for (int l = 0; l < L; l++) {
+        size_t n1 = (size_t)t1.hidden * t1.layers[l].ffn, n2 = (size_t)t2.hidden * t2.layers[l].ffn;
+        CHECK(!memcmp(a1.L[l].wd, b1.L[l].wd, n1 * 4) && !memcmp(a2.L[l].wd, b2.L[l].wd, n2 * 4),
+              "layer %d: together differs from alone", l);
+    }
+    /* layer 0 of arm 2 is ac_prune's slice, untouched; layer 1 was refit */
+    ac_model c2;
+    CHECK(ac_prune(&m, &t2, &mimp, &c2, &e) == 0, "%s", e.msg);
+    CHECK(!memcmp(a2.L[0].wd, c2.L[0].wd, (size_t)t2.hidden * t2.layers[0].ffn * 4), "unpruned layer touched");
+    CHECK(memcmp(a2.L[1].wd, c2.L[1].wd, (size_t)t2.hidden * t2.layers[1].ffn * 4), "pruned layer not refit");
+    /* nothing pruned: nothing to do, no pass */
+    ac_model u;
+    CHECK(ac_prune(&m, &m.a, &imp, &u, &e) == 0, "%s", e.msg);
+    CHECK(ac_repair_ffn(&m, &u, &imp, ids, 10, 64, 16, &e) == 0, "unpruned model: no repair, even on too few tokens");
+    ac_model *dp = &a1;
+    CHECK(ac_repair_ffn_many(&m, &dp, im, 1, ids, 10, 64, 16, rep, &e) != 0 && strstr(e.msg, "fewer than one window"),
+          "too few tokens: %s", e.msg);
+    ac_model_free(&u);
+    ac_model_free(&c2);
+    ac_model_free(&a1);
+    ac_model_free(&a2);
+    ac_model_free(&b1);
+    ac_model_free(&b2);
+    ac_arch_free(&t1);
+    ac_arch_free(&t2);
+    ac_importance_free(&imp);
+    free(ids);
+    ac_model_free(&m);
+}
+
 /* Batch-4 bands are read at the working set of a 4-layer model with this
  * model's bytes per layer: a 2-layer model at ws reads them at 2 ws (here
  * past the last band: its rate, not the first band's). */
@@ -679,5 +749,6 @@ int main(void) {
     RUN(test_prune_equals_masking);
     RUN(test_kv_merge_of_duplicate_heads_is_exact);
     RUN(test_repair_reduces_loss);
+    RUN(test_repair_many);
     return DONE();
 }

@@ -98,6 +98,18 @@ static void test_anchor_holds_units(void) {
           "rounds %d disturbed %d remeasured %d", r.rounds, r.disturbed, r.remeasured);
 }
 
+/* One lucky probe (half the others) does not hold every unit to itself:
+ * the level is the second-quickest probe. */
+static void test_one_lucky_probe(void) {
+    static const double pr[] = {10, 5, 10.2, 10.4};
+    script s;
+    script_init(&s, pr, 4);
+    ac_quiet q = {s_unit, s_probe, &s, 3, 1.10, 0, 3, 60};
+    ac_quiet_result r;
+    CHECK(ac_quiet_run(&q, &r) == 0 && r.remeasured == 0 && r.disturbed == 0 && r.ref_us == 10,
+          "remeasured %d disturbed %d level %g", r.remeasured, r.disturbed, r.ref_us);
+}
+
 /* A unit's error stops the run and is returned; no rounds follow. */
 static void test_unit_error_stops(void) {
     static const double pr[] = {10};
@@ -159,6 +171,7 @@ static void test_table_json(void) {
 int main(void) {
     RUN(test_disturbed_units_measured_again);
     RUN(test_anchor_holds_units);
+    RUN(test_one_lucky_probe);
     RUN(test_unit_error_stops);
     RUN(test_budget);
     RUN(test_real_probe);

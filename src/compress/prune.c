@@ -9,6 +9,7 @@
 #include "eval.h"
 #include "kernels_cpu.h"
 #include "safetensors.h"
+#include "stream.h"
 #include <cblas.h>
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
@@ -275,23 +276,81 @@ out:
     return rc;
 }
 
-int ac_repair_ffn_from(const ac_model *src, ac_model *dst, const ac_importance *imp, const ac_stats *st, ac_err *e) {
-    if (!st->ffn_gram) return 0; /* no Gram (too wide): nothing repaired */
-    const ac_arch *a = &src->a;
-    int Ht = dst->a.hidden, repaired = 0, rc = 0;
-    int *hk = kept(imp->hid_order, Ht);
-    if (!hk) return ac_errf(e, "out of memory");
-    for (int l = 0; l < a->n_layers && !rc; l++) {
-        int F = a->layers[l].ffn, Fk = dst->a.layers[l].ffn;
-        if (Fk <= 0 || Fk >= F) continue;
-        int *fk = kept(imp->ffn_order[l], Fk);
-        int r = fk ? repair_layer(src, dst, l, fk, Fk, hk, Ht, st->ffn_gram[l]) : -1;
+/* The ffn_act hook of the streamed pass: layer l's Gram, G += g^T g. */
+typedef struct {
+    int l;
+    float *G;
+} gram_acc;
+
+static void gram_ffn_act(void *ud, int l, const float *g, int N, int F) {
+    gram_acc *a = ud;
+    if (l == a->l && a->G)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F, F, N, 1.0f, g, F, g, F, 1.0f, a->G, F);
+}
+
+/* Does dst prune layer l's FFN to a width the repair takes? */
+static int prunes_ffn(const ac_model *src, const ac_model *dst, int l) {
+    int F = src->a.layers[l].ffn, Fk = dst->a.layers[l].ffn;
+    return Fk > 0 && Fk < F && F <= AC_REPAIR_MAX_FFN;
+}
+
+/* Repair layer l of every dst that prunes it, from the Gram G. */
+static int repair_layer_all(const ac_model *src, ac_model *const *dst, const ac_importance *const *imp, int ndst, int l,
+                            const float *G, int *repaired, ac_err *e) {
+    for (int i = 0; i < ndst; i++) {
+        if (!prunes_ffn(src, dst[i], l)) continue;
+        int Ht = dst[i]->a.hidden, Fk = dst[i]->a.layers[l].ffn;
+        int *hk = kept(imp[i]->hid_order, Ht), *fk = kept(imp[i]->ffn_order[l], Fk);
+        int r = hk && fk ? repair_layer(src, dst[i], l, fk, Fk, hk, Ht, G) : -1;
+        free(hk);
         free(fk);
-        if (r < 0) rc = ac_errf(e, "out of memory repairing layer %d (FFN %d of %d)", l, Fk, F);
-        repaired += r > 0;
+        if (r < 0) return ac_errf(e, "out of memory repairing layer %d (FFN %d of %d)", l, Fk, src->a.layers[l].ffn);
+        repaired[i] += r;
     }
-    free(hk);
-    return rc ? -1 : repaired;
+    return 0;
+}
+
+int ac_repair_ffn_many(const ac_model *src, ac_model *const *dst, const ac_importance *const *imp, int ndst,
+                       const int *ids, size_t n, int ctx, int windows, int *repaired, ac_err *e) {
+    const ac_arch *a = &src->a;
+    int last = -1; /* the last layer some dst repairs: the pass stops there */
+    for (int i = 0; i < ndst; i++) repaired[i] = 0;
+    for (int l = 0; l < a->n_layers; l++)
+        for (int i = 0; i < ndst; i++)
+            if (prunes_ffn(src, dst[i], l)) last = l;
+    if (last < 0) return 0;
+    if (ctx < 2 || n < (size_t)ctx)
+        return ac_errf(e, "repair: %zu calibration tokens, fewer than one window of %d", n, ctx);
+    long nwin = (long)(n / ctx);
+    if (windows > 0 && nwin > windows) nwin = windows;
+    int B = nwin < 4 ? (int)nwin : 4, H = a->hidden;
+    float *x = malloc(sizeof(float) * nwin * ctx * H);
+    ac_stream st;
+    if (!x) return ac_errf(e, "out of memory for the repair's residual stream (%ld x %d x %d floats)", nwin, ctx, H);
+    if (ac_stream_init(&st, src, B, ctx, e)) {
+        free(x);
+        return -1;
+    }
+    int rc = ac_stream_embed(src, ids, nwin * ctx, x, e);
+    for (int l = 0; l <= last && !rc; l++) {
+        int F = a->layers[l].ffn, need = 0;
+        for (int i = 0; i < ndst; i++) need |= prunes_ffn(src, dst[i], l);
+        gram_acc acc = {l, need ? calloc((size_t)F * F, sizeof(float)) : NULL};
+        if (need && !acc.G) {
+            rc = ac_errf(e, "out of memory for layer %d's FFN Gram (%d x %d floats)", l, F, F);
+            break;
+        }
+        ac_engine_hooks hk = {.ud = &acc, .ffn_act = gram_ffn_act};
+        for (long w = 0; w < nwin; w += B) {
+            int nb = (int)(nwin - w < B ? nwin - w : B);
+            ac_stream_layer(&st, l, x + (size_t)w * ctx * H, nb, NULL, need ? &hk : NULL);
+        }
+        if (need) rc = repair_layer_all(src, dst, imp, ndst, l, acc.G, repaired, e);
+        free(acc.G);
+    }
+    ac_stream_free(&st);
+    free(x);
+    return rc;
 }
 
 int ac_repair_needed(const ac_model *src, const ac_arch *t) {
@@ -304,10 +363,6 @@ int ac_repair_needed(const ac_model *src, const ac_arch *t) {
 
 int ac_repair_ffn(const ac_model *src, ac_model *dst, const ac_importance *imp, const int *ids, size_t n, int ctx,
                   int windows, ac_err *e) {
-    if (!ac_repair_needed(src, &dst->a)) return 0;
-    ac_stats st;
-    if (ac_repair_stats(src, ids, n, ctx, windows, &st, e)) return -1;
-    int r = ac_repair_ffn_from(src, dst, imp, &st, e);
-    ac_stats_free(&st);
-    return r;
+    int repaired;
+    return ac_repair_ffn_many(src, &dst, &imp, 1, ids, n, ctx, windows, &repaired, e) ? -1 : repaired;
 }

@@ -10,10 +10,12 @@
  * So a measurement is split into units, and a reference probe (a fixed
  * compute-bound GEMM, ac_cost_ref_probe_us) is timed before the first unit
  * and after each one. A unit is quiet when both probes around it ran within
- * tol of the quietest probe seen (or of an anchor: the quiet reference of an
- * earlier measurement, such as the cost table's); the disturbed units are
- * measured again, each unit keeping its own minimum, for up to max_rounds
- * rounds and budget_s seconds. What stays disturbed is reported, not hidden.
+ * tol of the machine's quiet level (the second-quickest probe seen, so one
+ * lucky probe does not set it; or an anchor, the quiet reference of an
+ * earlier measurement such as the cost table's, when quicker); the
+ * disturbed units are measured again, each unit keeping its own minimum,
+ * for up to max_rounds rounds and budget_s seconds after the first pass.
+ * What stays disturbed is reported, not hidden.
  *
  * The module knows nothing of what a unit measures: the caller's callbacks
  * time it and keep its minimum (tests script both).
@@ -33,11 +35,11 @@ typedef struct {
     double tol;       /* a unit is quiet when its probes are within tol x the quietest (1.10) */
     double anchor_us; /* > 0: a quiet reference known beforehand */
     int max_rounds;   /* rounds of re-measurement after the first pass */
-    double budget_s;  /* seconds those rounds may take in all */
+    double budget_s;  /* seconds those rounds may take in all (after the first pass) */
 } ac_quiet;
 
 typedef struct {
-    double ref_us;      /* quietest probe seen in this run */
+    double ref_us;      /* the run's quiet level: its second-quickest probe (the quickest below 3 probes) */
     double quiet_us;    /* what units were judged against: min(ref_us, anchor) */
     int remeasured;     /* unit measurements beyond the first pass */
     int disturbed;      /* units still disturbed at the end */

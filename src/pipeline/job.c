@@ -232,39 +232,31 @@ static int stage_search(job_state *s, ac_err *e) {
 
 /* ---------------------------------------------------------------- 5 prune */
 
-/* Slice the base model to arch (keeping the most important channels), then
- * refit pruned FFN down projections when the spec asks, from the FFN Grams
- * of one calibration pass shared by both arms (gathered on first need). */
-static int prune_one(job_state *s, const ac_arch *arch, const ac_importance *imp, ac_model *out, ac_stats *gram,
-                     int *have_gram, int *repaired, ac_err *e) {
-    if (ac_prune(&s->m, arch, imp, out, e)) return -1;
-    if (!s->spec->repair || !ac_repair_needed(&s->m, arch)) return 0;
-    if (!*have_gram) {
-        int win = s->cwin < 16 ? s->cwin : 16;
-        if (ac_repair_stats(&s->m, s->cids, s->nc, s->spec->eval.ctx, win, gram, e)) return -1;
-        *have_gram = 1;
-        progress_cb(s, "repair statistics", 0.25);
-    }
-    *repaired = ac_repair_ffn_from(&s->m, out, imp, gram, e);
-    return *repaired < 0 ? -1 : 0;
-}
-
+/* Slice the base model to each arm's architecture (keeping the most
+ * important channels by that arm's importance), then, when the spec asks,
+ * refit the pruned FFN down projections of both arms in one layer-streamed
+ * pass (ac_repair_ffn_many: one layer's FFN Gram in memory at a time). */
 static int stage_prune(job_state *s, ac_err *e) {
     ac_importance mimp; /* Minitron prunes by its own importance */
     ac_minitron_importance_view(&s->imp, &mimp);
-    ac_stats gram = {0};
-    int have = 0, rc = -1;
-    if (prune_one(s, &s->rm.arch, &mimp, &s->pm, &gram, &have, &s->rep_m, e)) goto out;
-    ac_minitron_compact(&s->pm); /* dropped layers out: a plain Llama */
-    progress_cb(s, "minitron pruned", 0.5);
     const ac_importance *ia = s->imp_d.n_layers ? &s->imp_d : &s->imp; /* dnas: gate-score orders */
-    if (s->chosen == &s->ra && prune_one(s, &s->ra.arch, ia, &s->pa, &gram, &have, &s->rep_a, e)) goto out;
+    int arms = s->chosen == &s->ra ? 2 : 1;
+    if (ac_prune(&s->m, &s->rm.arch, &mimp, &s->pm, e) || (arms == 2 && ac_prune(&s->m, &s->ra.arch, ia, &s->pa, e)))
+        return -1;
+    progress_cb(s, "pruned", 0.25);
+    if (s->spec->repair) {
+        ac_model *dst[2] = {&s->pm, &s->pa};
+        const ac_importance *imps[2] = {&mimp, ia};
+        int rep[2] = {0, 0}, win = s->cwin < 16 ? s->cwin : 16;
+        if (ac_repair_ffn_many(&s->m, dst, imps, arms, s->cids, s->nc, s->spec->eval.ctx, win, rep, e)) return -1;
+        s->rep_m = rep[0];
+        s->rep_a = rep[1];
+        progress_cb(s, "repaired", 0.9);
+    }
+    ac_minitron_compact(&s->pm); /* dropped layers out: a plain Llama */
     progress_cb(s, "pruned", 1.0);
     s->result = s->chosen == &s->ra ? &s->pa : &s->pm;
-    rc = 0;
-out:
-    ac_stats_free(&gram);
-    return rc;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- 5b distill */
