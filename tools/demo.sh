@@ -18,7 +18,7 @@ M="$PWD/$B/models/tiny"
 WL='{"batch": 1, "prompt_len": 128, "gen_len": 64}'
 FRACTION=${AC_DEMO_FRACTION:-0.70}
 curl -sf -XPOST "http://127.0.0.1:$PORT/v1/cost-tables" -H 'Content-Type: application/json' -d '{"measure": {"device": "cpu"}}' >/dev/null
-echo "measuring this CPU's cost table (POST /v1/cost-tables, about 15 s) ..."
+echo "measuring this CPU's cost table (POST /v1/cost-tables, about 30 s) ..."
 EST=""
 for i in $(seq 300); do
   EST=$(curl -sf -XPOST "http://127.0.0.1:$PORT/v1/estimate" -H 'Content-Type: application/json' \
@@ -75,6 +75,13 @@ if pe and pb:
           f"g{m['workload']['gen_len']} (measured_local.prediction_error): {r['chosen']} TTFT {pe['ttft']:+.1%}, "
           f"TPOT {pe['tpot']:+.1%}; baseline TTFT {pb['ttft']:+.1%}, TPOT {pb['tpot']:+.1%} "
           f"(load average {m.get('load_average', float('nan')):.2f})")
+    q, sa, sb = m.get("quiet", {}), m.get("prediction_error_speed_adjusted"), m.get("prediction_error_base_speed_adjusted")
+    if sa and sb:
+        sr = q["speed_ratio"]
+        print(f"  this CPU ran {sr['base']:.2f}x / {sr['result']:.2f}x the table's reference probe time while base / "
+              f"result were timed ({q['remeasured_runs']} runs measured again, {q['disturbed_runs']} still disturbed); "
+              f"with that drift taken out: {r['chosen']} TTFT {sa['ttft']:+.1%}, TPOT {sa['tpot']:+.1%}; "
+              f"baseline TTFT {sb['ttft']:+.1%}, TPOT {sb['tpot']:+.1%}")
 mt = r["minitron"]
 if "candidates" in mt:
     print(f"Minitron (Model-Optimizer's search): {mt['grid_size']} grid points, {mt['grid_feasible']} within the limit, "

@@ -95,9 +95,11 @@ static int predict(const ac_cost_table *t, const ac_model *m, const ac_workload 
 }
 
 /* How quiet the machine was (quiet.h): the reference probe when the table
- * was measured and the quietest during these runs, runs measured again,
+ * was measured and the quiet level during these runs, runs measured again,
  * runs still disturbed; table_measured_slow when the table's reference ran
- * more than the tolerance slower than now (its figures are then high). */
+ * more than the tolerance slower than now (its figures are then high);
+ * speed_ratio: each model's probe level over the table's (above 1: the
+ * machine ran slower while that model was timed than when the table was). */
 static json_t *quiet_json(double table_ref, const ac_quiet_result *a, const ac_quiet_result *b) {
     double now = fmin(a->ref_us, b->ref_us);
     json_t *q =
@@ -106,8 +108,17 @@ static json_t *quiet_json(double table_ref, const ac_quiet_result *a, const ac_q
     if (q && table_ref > 0) {
         json_object_set_new(q, "table_reference_probe_us", json_real(table_ref));
         json_object_set_new(q, "table_measured_slow", json_boolean(table_ref > AC_QUIET_TOL * now));
+        json_object_set_new(q, "speed_ratio",
+                            json_pack("{s:f,s:f}", "base", a->ref_us / table_ref, "result", b->ref_us / table_ref));
     }
     return q;
+}
+
+/* {ttft, tpot} relative errors of predicted k against measured tt, tp, the
+ * prediction first scaled by speed (1: as predicted). */
+static json_t *errors(const ac_cost *k, double tt, double tp, double speed) {
+    return json_pack("{s:f,s:f}", "ttft", k->ttft_ms * speed / tt - 1, "tpot",
+                     tp > 0 ? k->tpot_ms * speed / tp - 1 : 0);
 }
 
 static int cap(int v, int hi) { return v < hi ? v : hi; }
@@ -148,12 +159,17 @@ int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, 
         json_object_set_new(o, "predicted",
                             json_pack("{s:{s:f,s:f},s:{s:f,s:f}}", "base", "ttft_ms", k0.ttft_ms, "tpot_ms", k0.tpot_ms,
                                       "result", "ttft_ms", k1.ttft_ms, "tpot_ms", k1.tpot_ms));
-        json_object_set_new(
-            o, "prediction_error",
-            json_pack("{s:f,s:f}", "ttft", k1.ttft_ms / rt - 1, "tpot", rp > 0 ? k1.tpot_ms / rp - 1 : 0));
-        json_object_set_new(
-            o, "prediction_error_base",
-            json_pack("{s:f,s:f}", "ttft", k0.ttft_ms / bt - 1, "tpot", bp > 0 ? k0.tpot_ms / bp - 1 : 0));
+        json_object_set_new(o, "prediction_error", errors(&k1, rt, rp, 1));
+        json_object_set_new(o, "prediction_error_base", errors(&k0, bt, bp, 1));
+        /* the same with each prediction scaled by how much slower (or
+         * quicker) the reference probe ran while that model was timed than
+         * when the table was measured: the machine's drift taken out, the
+         * cost model's own error left (the probe is compute-bound, so it
+         * tracks a neighbour's share of the cores, less so of memory) */
+        if (ref > 0) {
+            json_object_set_new(o, "prediction_error_speed_adjusted", errors(&k1, rt, rp, qres.ref_us / ref));
+            json_object_set_new(o, "prediction_error_base_speed_adjusted", errors(&k0, bt, bp, qb.ref_us / ref));
+        }
     }
     *out = o;
     return 0;
