@@ -126,8 +126,15 @@ def test_job_lifecycle_and_cost_cache():
     st, tj3 = D.req("GET", "/v1/cost-tables/" + ct[0]["key"].replace(" ", "%20").replace("|", "%7C"))
     assert 0 < tj3["quiet"]["reference_probe_us"] < slow["quiet"]["reference_probe_us"] / 2, tj3["quiet"]
     st, res3 = D.req("GET", f"/v1/jobs/{j3['id']}/result")
-    q = res3["measured_local"]["quiet"]
+    ml = res3["measured_local"]
+    q = ml["quiet"]
     assert q["reference_probe_us"] > 0 and q["table_reference_probe_us"] == tj3["quiet"]["reference_probe_us"], q
+    # the drift-adjusted errors scale each prediction by its model's probe ratio
+    for arm, key, adj in (("result", "prediction_error", "prediction_error_speed_adjusted"),
+                          ("base", "prediction_error_base", "prediction_error_base_speed_adjusted")):
+        for f in ("ttft", "tpot"):
+            p, m, sr = ml["predicted"][arm][f + "_ms"], ml[arm][f + "_ms"], q["speed_ratio"][arm]
+            assert abs(ml[key][f] - (p / m - 1)) < 1e-9 and abs(ml[adj][f] - (p * sr / m - 1)) < 1e-9, (arm, f, ml)
     # estimate API with the cached CPU table and with a profile
     st, est = D.req("POST", "/v1/estimate", body={"model": TINY, "target": {"device": "cpu", "workload": {"batch": 2, "prompt_len": 32, "gen_len": 8}}})
     assert st == 200 and est["figures"]["ttft_ms"] > 0 and est["source"] == "measured", est
