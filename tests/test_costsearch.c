@@ -542,17 +542,27 @@ static void test_kv_merge_of_duplicate_heads_is_exact(void) {
 
 static int cmp_int_asc(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
-static void test_repair_reduces_loss(void) {
+/* The tiny model and at most cap tokens of its calibration text; -1 (the
+ * caller skips) without the model. */
+static int tiny_with_calib(ac_model *m, int **ids, size_t *n, size_t cap) {
     char tiny[1100], text[1200];
+    ac_err e;
     ck_build_path(tiny, sizeof tiny, "models/tiny");
     ck_build_path(text, sizeof text, "data/calib.txt");
+    if (ac_model_load(tiny, m, &e)) return -1;
+    *ids = NULL;
+    *n = 0;
+    CHECK(ac_load_text_ids(tiny, text, ids, n, m->a.vocab, &e) == 0, "%s", e.msg);
+    if (*n > cap) *n = cap;
+    return 0;
+}
+
+static void test_repair_reduces_loss(void) {
     ac_model m;
     ac_err e;
-    if (ac_model_load(tiny, &m, &e)) SKIP("no tiny model (make tiny-model)");
     int *ids;
     size_t n;
-    CHECK(ac_load_text_ids(tiny, text, &ids, &n, m.a.vocab, &e) == 0, "%s", e.msg);
-    if (n > 8192) n = 8192;
+    if (tiny_with_calib(&m, &ids, &n, 8192)) SKIP("no tiny model (make tiny-model)");
     ac_importance imp;
     CHECK(ac_importance_compute(&m, ids, n, 64, 32, 0, NULL, NULL, &imp, &e) == 0, "%s", e.msg);
     for (int l = 0; l < m.a.n_layers; l++)
@@ -619,16 +629,11 @@ static void test_repair_reduces_loss(void) {
  * too, the other leaving layer 0's FFN whole (not repaired, left as
  * ac_prune sliced it) and ending its repairs before the last layer. */
 static void test_repair_many(void) {
-    char tiny[1100], text[1200];
-    ck_build_path(tiny, sizeof tiny, "models/tiny");
-    ck_build_path(text, sizeof text, "data/calib.txt");
     ac_model m;
     ac_err e;
-    if (ac_model_load(tiny, &m, &e)) SKIP("no tiny model (make tiny-model)");
     int *ids;
     size_t n;
-    CHECK(ac_load_text_ids(tiny, text, &ids, &n, m.a.vocab, &e) == 0, "%s", e.msg);
-    if (n > 4096) n = 4096;
+    if (tiny_with_calib(&m, &ids, &n, 4096)) SKIP("no tiny model (make tiny-model)");
     ac_importance imp;
     CHECK(ac_importance_compute(&m, ids, n, 64, 16, 0, NULL, NULL, &imp, &e) == 0, "%s", e.msg);
     int L = m.a.n_layers;
