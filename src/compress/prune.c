@@ -353,14 +353,6 @@ int ac_repair_ffn_many(const ac_model *src, ac_model *const *dst, const ac_impor
     return rc;
 }
 
-int ac_repair_needed(const ac_model *src, const ac_arch *t) {
-    for (int l = 0; l < src->a.n_layers; l++) {
-        int f = t->layers[l].ffn;
-        if (f > 0 && f < src->a.layers[l].ffn) return 1;
-    }
-    return 0;
-}
-
 int ac_repair_ffn(const ac_model *src, ac_model *dst, const ac_importance *imp, const int *ids, size_t n, int ctx,
                   int windows, ac_err *e) {
     int repaired;

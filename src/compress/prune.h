@@ -34,14 +34,12 @@ int ac_prune(const ac_model *src, const ac_arch *target, const ac_importance *im
  * ac_repair_stats gathers every layer's Gram at once through the engine's
  * hooks (one ac_perplexity pass) into *st (the caller frees it with
  * ac_stats_free; left zeroed, i.e. no Gram, when a layer is too wide): the
- * independent reference the tests check the streamed repair against.
- * ac_repair_needed: does t prune any FFN of src? */
+ * independent reference the tests check the streamed repair against. */
 #define AC_REPAIR_MAX_FFN 16384
 int ac_repair_ffn_many(const ac_model *src, ac_model *const *dst, const ac_importance *const *imp, int ndst,
                        const int *ids, size_t n, int ctx, int windows, int *repaired, ac_err *e);
 int ac_repair_ffn(const ac_model *src, ac_model *dst, const ac_importance *imp, const int *ids, size_t n, int ctx,
                   int windows, ac_err *e);
 int ac_repair_stats(const ac_model *src, const int *ids, size_t n, int ctx, int windows, ac_stats *st, ac_err *e);
-int ac_repair_needed(const ac_model *src, const ac_arch *t);
 
 #endif

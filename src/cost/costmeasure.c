@@ -64,15 +64,21 @@ static void run_attn(void *p) {
 /* Per-call microseconds: warm up, then 7 batches of >= 1 ms each; the
  * fastest batch. On a shared machine the minimum is the stable estimate of
  * what the hardware costs (neighbours only ever add time). */
-static double time_us(void (*fn)(void *), void *arg) {
+/* Calls of fn per batch so that a batch lasts at least secs: one call to
+ * warm up, one timed. */
+static int calls_per_batch(void (*fn)(void *), void *arg, double secs) {
     fn(arg);
     double t0 = clk();
     fn(arg);
     double one = clk() - t0;
-    int reps = one > 1e-3 ? 1 : (int)(1e-3 / (one > 1e-7 ? one : 1e-7)) + 1;
+    return one > secs ? 1 : (int)(secs / (one > 1e-7 ? one : 1e-7)) + 1;
+}
+
+static double time_us(void (*fn)(void *), void *arg) {
+    int reps = calls_per_batch(fn, arg, 1e-3);
     double best = 1e30;
     for (int b = 0; b < 7; b++) {
-        t0 = clk();
+        double t0 = clk();
         for (int r = 0; r < reps; r++) fn(arg);
         double us = (clk() - t0) / reps * 1e6;
         if (us < best) best = us;
@@ -455,13 +461,10 @@ double ac_cost_ref_probe_us(void) {
         for (size_t i = 0; i < (size_t)M * K; i++) a[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
         for (size_t i = 0; i < (size_t)N * K; i++) w[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
         gemm_arg g = {a, w, c, M, N, K, 0, (size_t)N * K};
-        run_gemm(&g);
-        double t0 = clk();
-        run_gemm(&g);
-        double one = clk() - t0, b[3];
-        int reps = one > 5e-3 ? 1 : (int)(5e-3 / (one > 1e-7 ? one : 1e-7)) + 1;
+        int reps = calls_per_batch(run_gemm, &g, 5e-3);
+        double b[3];
         for (int k = 0; k < 3; k++) {
-            t0 = clk();
+            double t0 = clk();
             for (int r = 0; r < reps; r++) run_gemm(&g);
             b[k] = (clk() - t0) / reps * 1e6;
         }
@@ -471,6 +474,11 @@ double ac_cost_ref_probe_us(void) {
     free(w);
     free(c);
     return us;
+}
+
+double ac_cost_ref_probe_cb(void *ud) {
+    (void)ud;
+    return ac_cost_ref_probe_us();
 }
 
 /* The measurement as units for quiet.h: the GEMM rows, the attention head
@@ -501,11 +509,6 @@ static int measure_unit(void *p, int u) {
     return 0;
 }
 
-static double measure_probe(void *p) {
-    (void)p;
-    return ac_cost_ref_probe_us();
-}
-
 int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud, ac_cost_table *t, ac_err *e) {
     memset(t, 0, sizeof *t);
     ac_set_threads(threads);
@@ -526,7 +529,7 @@ int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud,
         for (int i = 0; i < NBANDS; i++) x.raw[i] = (band_raw){INFINITY, INFINITY, INFINITY};
         /* the first pass takes ~16 s on 2 cores; disturbed units may take
          * as long again, in up to 3 rounds */
-        ac_quiet q = {measure_unit, measure_probe, &x, x.total, AC_QUIET_TOL, 0, 3, 20};
+        ac_quiet q = {measure_unit, ac_cost_ref_probe_cb, &x, x.total, AC_QUIET_TOL, 0, 3, 20};
         ac_quiet_result qr;
         ac_quiet_run(&q, &qr);
         t->ref_us = qr.quiet_us;

@@ -87,6 +87,8 @@ int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud,
 /* The reference probe of quiet measurements (quiet.h): microseconds of a
  * fixed compute-bound GEMM on the engine's kernels, at the threads set. */
 double ac_cost_ref_probe_us(void);
+/* The same as the probe callback of an ac_quiet (ud unused). */
+double ac_cost_ref_probe_cb(void *ud);
 /* on = 1: ac_cost_measure_cpu times by the calling thread's CPU time, not
  * the wall clock: a diagnostic for a loaded machine, meaningful at 1 thread
  * only (bench_costmodel's AC_BENCH_CLOCK=thread). Not for tables to keep. */

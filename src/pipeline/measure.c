@@ -43,11 +43,6 @@ static int lat_run(void *p, int i) {
     return 0;
 }
 
-static double lat_probe(void *p) {
-    (void)p;
-    return ac_cost_ref_probe_us();
-}
-
 /* TTFT: the fastest of RUNS prefills. TPOT: on the CPU each decode step's
  * fastest of RUNS runs, averaged over the steps (neighbours on a shared
  * machine only add time, and rarely leave a whole run undisturbed); on a GPU,
@@ -71,7 +66,8 @@ int ac_measure_latency(const ac_model *m, const int *ids, size_t n, const ac_wor
     if (!rc && cuda)
         for (int r = 0; r < RUNS && !rc; r++) rc = lat_run(&x, r);
     else if (!rc) {
-        ac_quiet q = {lat_run, lat_probe, &x, RUNS, AC_QUIET_TOL, quiet_ref_us, QUIET_ROUNDS, QUIET_BUDGET_S};
+        ac_quiet q = {lat_run,      ac_cost_ref_probe_cb, &x,           RUNS,
+                      AC_QUIET_TOL, quiet_ref_us,         QUIET_ROUNDS, QUIET_BUDGET_S};
         rc = ac_quiet_run(&q, qr);
     }
     double sum = 0;
