@@ -246,7 +246,10 @@ static double max_rel(const float *x, const float *y, size_t n) {
  * in 5 tiles instead of 1 the mapping still equals the copy bit for bit,
  * and the one-tile result to 1e-5 of the largest value (only dxn's
  * summation order over the vocabulary changes) with the same loss (split
- * invariant kernels; else the loss to 1e-8 and the logits to 1e-5). */
+ * invariant kernels; else the logits to 1e-5 of the largest and the loss to
+ * 1e-6: a CI machine's OpenBLAS gave loss rel 1.05e-8 for logits rel 5.4e-7,
+ * and a loss of fp32 logits moves by a few float ulps, 1.2e-7 each, when
+ * they do). */
 static void test_frozen_trainer_on_mapping(void) {
     if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
     ac_model r, f, c;
@@ -285,7 +288,7 @@ static void test_frozen_trainer_on_mapping(void) {
         if (exact)
             CHECK(o[3].loss == o[0].loss, "5 tiles vs 1: loss %.9g vs %.9g", o[3].loss, o[0].loss);
         else /* tolerance: the 5-tile logits are summed in another order at the tile edges by this BLAS kernel */
-            CHECK(dl <= 1e-8 && dlg <= 1e-5, "5 tiles vs 1: loss rel %g, logits %g", dl, dlg);
+            CHECK(dl <= 1e-6 && dlg <= 1e-5, "5 tiles vs 1: loss rel %g, logits %g", dl, dlg);
     }
     for (int i = 0; i < 5; i++) free(o[i].logits), free(o[i].dg);
     ac_model_free(&r);
