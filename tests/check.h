@@ -1,7 +1,8 @@
 /*
  * check.h - the tiny test harness of the C tests. A test is a function; it
  * passes when none of its CHECKs fail. Each binary ends with a line
- * "RESULT <passed> <failed> <skipped>" that tests/run_all.sh adds up.
+ * "RESULT <passed> <failed> <skipped>" that tests/run_all.sh adds up; each
+ * test's line gives its wall-clock seconds (where the suite's time goes).
  */
 #ifndef AC_CHECK_H
 #define AC_CHECK_H
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int ck_failed_now, ck_pass, ck_fail, ck_skip, ck_skipped_now;
 
@@ -31,19 +33,27 @@ static int ck_failed_now, ck_pass, ck_fail, ck_skip, ck_skipped_now;
         return;                                                                                                        \
     } while (0)
 
+static inline double ck_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 #define RUN(fn)                                                                                                        \
     do {                                                                                                               \
         ck_failed_now = ck_skipped_now = 0;                                                                            \
+        double ck_t0 = ck_now();                                                                                       \
         fn();                                                                                                          \
+        double ck_s = ck_now() - ck_t0;                                                                                \
         if (ck_skipped_now) {                                                                                          \
             ck_skip++;                                                                                                 \
             printf("SKIP %s\n", #fn);                                                                                  \
         } else if (ck_failed_now) {                                                                                    \
             ck_fail++;                                                                                                 \
-            printf("FAIL %s\n", #fn);                                                                                  \
+            printf("FAIL %s (%.1f s)\n", #fn, ck_s);                                                                   \
         } else {                                                                                                       \
             ck_pass++;                                                                                                 \
-            printf("ok   %s\n", #fn);                                                                                  \
+            printf("ok   %s (%.1f s)\n", #fn, ck_s);                                                                   \
         }                                                                                                              \
         fflush(stdout);                                                                                                \
     } while (0)

@@ -138,6 +138,7 @@ class Runner:
         self.passed = self.failed = self.skipped = 0
 
     def run(self, fn):
+        t0 = time.monotonic()
         try:
             r = fn()
             if r == "skip":
@@ -145,10 +146,10 @@ class Runner:
                 print(f"SKIP {fn.__name__}", flush=True)
             else:
                 self.passed += 1
-                print(f"ok   {fn.__name__}", flush=True)
+                print(f"ok   {fn.__name__} ({time.monotonic() - t0:.1f} s)", flush=True)
         except Exception:
             self.failed += 1
-            print(f"FAIL {fn.__name__}", flush=True)
+            print(f"FAIL {fn.__name__} ({time.monotonic() - t0:.1f} s)", flush=True)
             traceback.print_exc(file=sys.stdout)
 
     def done(self):

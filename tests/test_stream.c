@@ -32,12 +32,6 @@ static ac_importance EX, ST, EN, AN;
 static int *IDS, HAVE;
 static size_t NIDS;
 
-static double ck_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 static int setup(void) {
     if (HAVE) return HAVE > 0;
     ac_err e;
