@@ -32,7 +32,7 @@ BENCH_BIN = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/*.c))
 # The CUDA plugin is built when nvcc is found; without it the CPU path alone.
 CUDA_PLUGIN = $(if $(NVCC),$(B)/libac_cuda.so,)
 
-all: $(B)/autocompressd $(B)/autocompress $(TEST_BIN) $(B)/tests/fuzz_parsers $(BENCH_BIN) $(CUDA_PLUGIN) $(B)/tests/libac_cuda_emu.so
+all: $(B)/autocompressd $(B)/autocompress $(TEST_BIN) $(B)/tests/fuzz_parsers $(BENCH_BIN) $(CUDA_PLUGIN) $(B)/tests/libac_cuda_emu.so $(B)/tests/test_cuda_emu
 
 $(B)/libac_cuda.so: $(wildcard src/cuda/*.cu src/cuda/*.h) src/cost/costmodel.h src/format/model.h
 	$(MAKE) -C src/cuda NVCC=$(NVCC) CUDA_HOME=$(CUDA_HOME) B=$(abspath $(B)) all
@@ -41,10 +41,15 @@ $(B)/libac_cuda.so: $(wildcard src/cuda/*.cu src/cuda/*.h) src/cost/costmodel.h 
 # needed): tests/run_all.sh runs test_cuda through it.
 # A 5-key attention tile and 7-row logit chunks so the tests cover the online
 # softmax across tiles and the head in several chunks.
-EMU_CXXFLAGS = $(filter-out -std=c11,$(CFLAGS)) -std=c++17 -DAC_CUDA_EMU -DAC_ATTN_TILE=5 -DAC_LOGIT_ROWS=7 -Itests/cuda_emu
+EMU_CXXFLAGS = $(filter-out -std=c11,$(CFLAGS)) -std=c++17 -DAC_CUDA_EMU -DAC_ATTN_TILE=5 -DAC_LOGIT_ROWS=7 -DAC_TRAIN_TB=64 -Itests/cuda_emu
 $(B)/tests/libac_cuda_emu.so: src/cuda/ac_cuda.cu src/cuda/ac_cuda.h src/cuda/ac_cuda_conv.h src/cuda/ac_cuda_train.cu src/cuda/ac_cuda_train.h tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h src/cost/costmodel.h src/format/model.h src/runtime/train.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -shared -o $@ -x c++ src/cuda/ac_cuda.cu src/cuda/ac_cuda_train.cu -x none tests/cuda_emu/cuda_emu.cc -lopenblas
+
+# The emulator's own test (threads, barriers, shuffles, faults).
+$(B)/tests/test_cuda_emu: tests/cuda_emu/test_cuda_emu.cc tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h tests/check.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -Itests -o $@ tests/cuda_emu/test_cuda_emu.cc tests/cuda_emu/cuda_emu.cc -lopenblas
 
 $(B)/src/%.o: src/%.c $(LIB_HDR)
 	@mkdir -p $(dir $@)
@@ -176,6 +181,7 @@ test-asan: asan fixtures
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_costsearch
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_train
 	AC_BUILD=$(B) build-asan/tests/test_dnas
+	ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_cuda_emu
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 AC_CUDA_PLUGIN=$(abspath build-asan/tests/libac_cuda_emu.so) build-asan/tests/test_cuda
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 AC_TRAIN_CUDA_ONLY=1 AC_CUDA_PLUGIN=$(abspath build-asan/tests/libac_cuda_emu.so) build-asan/tests/test_train
 	ASAN_OPTIONS=detect_leaks=0 build-asan/tests/fuzz_parsers 100000 3

@@ -40,7 +40,15 @@
         }                                                                                                              \
     } while (0)
 
-#define TB 128 // threads per block of the row kernels (a multiple of 32)
+// Threads per block of the row kernels (a multiple of 32; the kernels loop
+// with stride blockDim.x, and head_dim may be up to 4 * TB). The tests build
+// the CPU emulation with 64: half the emulated threads, two warps still
+// reduced through shared memory, and rows of the tiny model's 128 wide
+// hidden state looped over twice.
+#ifndef AC_TRAIN_TB
+#define AC_TRAIN_TB 128
+#endif
+#define TB AC_TRAIN_TB
 
 // ---------------------------------------------------------------- kernels
 

@@ -31,24 +31,37 @@ struct barrier {
 };
 
 struct fiber {
-    jmp_buf jb;
+    jmp_buf jb;           // the _setjmp switch's saved context
+    void *sp = nullptr;   // emu_switch's saved stack pointer
     char *stack = nullptr;
     void *fake = nullptr; // AddressSanitizer's fake-stack handle
-    dim3 tid;
-    bool done = false;
+    int thread = -1;      // the thread it runs, -1 when free
 };
 
-// The block being run: its fibers and barrier state. Barriers count the
-// fibers still alive, so threads that returned early do not block others.
+// The block being run: its threads, the fibers they run on, and barrier
+// state. Barriers count the threads still alive (started or not), so
+// threads that returned early do not block others.
+//
+// Threads start lazily: a fiber that finishes a thread without ever waiting
+// goes straight on to the next thread not yet started, on the same stack
+// and without a switch, so a kernel without barriers runs as a loop of calls
+// on one fiber; a thread that waits keeps its fiber, and the next thread
+// starts on a free one. Any order is a valid schedule of a CUDA block.
 struct block_run {
     fiber f[MAX_THREADS]; // fixed: a parked fiber holds a reference to its own entry
     int nfibers = 0;
+    int free_fibers[MAX_THREADS], nfree = 0; // parked fibers with no thread
     jmp_buf sched;
+    void *sched_sp = nullptr;
     void *sched_fake = nullptr;
     const void *sched_bottom = nullptr;
     size_t sched_size = 0;
     const std::function<void()> *body = nullptr;
-    int cur = 0, live = 0, nthreads = 0;
+    int cur = 0;   // the running fiber
+    int live = 0, nthreads = 0;
+    int next = 0;  // the first thread not yet started
+    int fiber_of[MAX_THREADS];
+    bool done[MAX_THREADS];
     barrier block, warp[MAX_THREADS / 32];
     int warp_live[MAX_THREADS / 32], warp_size[MAX_THREADS / 32];
     float slot[2][MAX_THREADS]; // double-buffered by warp barrier generation
@@ -69,9 +82,25 @@ void kernel_fault(const char *why) {
     sticky = last_error = cudaErrorLaunchFailure;
 }
 
-// Context switches. A fiber's stack is entered once through makecontext;
-// after that fibers and the scheduler switch with _setjmp/_longjmp, which
-// (unlike swapcontext) make no system call: a launch switches ~10^5 times.
+// Context switches; a test run switches ~10^9 times, so each must be cheap.
+// On x86-64 (without AddressSanitizer) emu_switch below: it pushes the
+// callee-saved registers on the running stack, keeps the stack pointer and
+// pops the other context's; a new fiber's stack is laid out so that the
+// first switch to it returns into fiber_main. Elsewhere, and under ASan
+// (whose fiber annotations wrap the switches), a fiber's stack is entered
+// once through makecontext and fibers then switch with _setjmp/_longjmp,
+// which (unlike swapcontext) make no system call (-DEMU_SETJMP_SWITCH
+// picks these on x86-64 too).
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(EMU_SETJMP_SWITCH)
+#define EMU_ASM_SWITCH 1
+extern "C" void emu_switch(void **save_sp, void *to_sp);
+asm(".text\n.globl emu_switch\n.hidden emu_switch\n.type emu_switch, @function\nemu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n  ret\n"
+    ".size emu_switch, .-emu_switch\n");
+#endif
+
 #ifdef __SANITIZE_ADDRESS__
 #define SW_START(fake, bottom, size) __sanitizer_start_switch_fiber(fake, bottom, size)
 #define SW_FINISH(fake, bottom, size) __sanitizer_finish_switch_fiber(fake, bottom, size)
@@ -80,6 +109,10 @@ void kernel_fault(const char *why) {
 #define SW_FINISH(fake, bottom, size) ((void)0)
 #endif
 
+#ifdef EMU_ASM_SWITCH
+void to_scheduler() { emu_switch(&R.f[R.cur].sp, R.sched_sp); }
+void to_fiber(int i) { emu_switch(&R.sched_sp, R.f[i].sp); }
+#else
 void to_scheduler() {
     fiber &f = R.f[R.cur];
     SW_START(&f.fake, R.sched_bottom, R.sched_size);
@@ -92,6 +125,7 @@ void to_fiber(int i) {
     if (!_setjmp(R.sched)) _longjmp(R.f[i].jb, 1);
     SW_FINISH(R.sched_fake, nullptr, nullptr);
 }
+#endif
 
 void yield() { to_scheduler(); }
 
@@ -121,23 +155,59 @@ void release_if_complete() {
     for (int w = 0; w * 32 < R.nthreads; w++) complete_if_all(R.warp[w], R.warp_live[w]);
 }
 
-ucontext_t creator, entry_ctx;
+dim3 thread_coords(int t) {
+    return dim3(t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y));
+}
 
-// A fiber's whole life: park, then run the body once per block it is given.
+// Gives thread t to the running fiber and makes it the current thread.
+void take_thread(int t) {
+    R.f[R.cur].thread = t;
+    R.fiber_of[t] = R.cur;
+    threadIdx = thread_coords(t);
+    R.events++;
+}
+
+// A fiber's whole life: each time the scheduler hands it a thread, run
+// that thread and every thread not yet started after it until one waits (it
+// then keeps this fiber) or none is left; then go back free. Never returns.
 void fiber_main() {
-    int me = R.cur;
-    if (!_setjmp(R.f[me].jb)) setcontext(&creator); // parked; resumed by to_fiber
     SW_FINISH(nullptr, &R.sched_bottom, &R.sched_size);
     for (;;) {
-        me = R.cur;
-        (*R.body)();
-        R.f[me].done = true;
-        R.live--;
-        R.warp_live[me / 32]--;
-        R.events++;
-        release_if_complete();
+        int me = R.cur;
+        for (int t = R.f[me].thread; t >= 0 && !R.failed;) {
+            (*R.body)();
+            R.done[t] = true;
+            R.live--;
+            R.warp_live[t / 32]--;
+            R.events++;
+            release_if_complete();
+            t = -1;
+            if (R.next < R.nthreads && !R.failed) take_thread(t = R.next++);
+        }
+        R.f[me].thread = -1;
+        R.free_fibers[R.nfree++] = me;
         to_scheduler();
     }
+}
+
+#ifdef EMU_ASM_SWITCH
+void new_fiber(int i) {
+    R.f[i].stack = (char *)malloc(STACK_BYTES);
+    // emu_switch pops six registers, then returns into fiber_main with the
+    // stack as a call leaves it (a return address slot, 16-byte aligned above)
+    void **sp = (void **)(((uintptr_t)R.f[i].stack + STACK_BYTES) & ~(uintptr_t)15);
+    *--sp = nullptr;
+    *--sp = (void *)fiber_main;
+    for (int r = 0; r < 6; r++) *--sp = nullptr;
+    R.f[i].sp = sp;
+}
+#else
+ucontext_t creator, entry_ctx;
+
+// Parks (its context saved for to_fiber), then runs fiber_main when resumed.
+void fiber_entry() {
+    if (!_setjmp(R.f[R.cur].jb)) setcontext(&creator);
+    fiber_main();
 }
 
 void new_fiber(int i) {
@@ -146,33 +216,44 @@ void new_fiber(int i) {
     entry_ctx.uc_stack.ss_sp = R.f[i].stack;
     entry_ctx.uc_stack.ss_size = STACK_BYTES;
     entry_ctx.uc_link = nullptr;
-    makecontext(&entry_ctx, fiber_main, 0);
+    makecontext(&entry_ctx, fiber_entry, 0);
     R.cur = i;
     swapcontext(&creator, &entry_ctx);
 }
+#endif
+
+// Starts the next thread on a free fiber (a new one when none is free).
+void start_next_thread() {
+    if (R.nfree == 0) {
+        new_fiber(R.nfibers);
+        R.free_fibers[R.nfree++] = R.nfibers++;
+    }
+    R.cur = R.free_fibers[--R.nfree];
+    take_thread(R.next++);
+    to_fiber(R.cur);
+}
 
 // Runs one block to completion; false on a fault. The fibers of a faulted
-// block stay suspended mid-kernel, and none is resumed again: after a fault
-// every later launch is refused (the sticky error).
+// block stay suspended mid-kernel, and none is resumed again (nor reused):
+// after a fault every later launch is refused (the sticky error).
 bool run_block() {
     R.live = R.nthreads;
+    R.next = 0;
     R.block.arrived = 0;
     for (int w = 0; w * 32 < R.nthreads; w++) {
         R.warp[w].arrived = 0;
         R.warp_size[w] = R.warp_live[w] = std::min(32, R.nthreads - w * 32);
     }
-    for (int i = 0; i < R.nthreads; i++) {
-        R.f[i].done = false;
-        R.f[i].tid = dim3(i % blockDim.x, (i / blockDim.x) % blockDim.y, i / (blockDim.x * blockDim.y));
-    }
+    for (int i = 0; i < R.nthreads; i++) R.done[i] = false, R.fiber_of[i] = -1;
     while (R.live > 0 && !R.failed) {
         unsigned long before = R.events;
-        for (int i = 0; i < R.nthreads && !R.failed; i++) {
-            if (R.f[i].done) continue;
-            R.cur = i;
-            threadIdx = R.f[i].tid;
-            to_fiber(i);
+        for (int i = 0; i < R.next && !R.failed; i++) { // threads waiting at a barrier
+            if (R.done[i]) continue;
+            R.cur = R.fiber_of[i];
+            threadIdx = thread_coords(i);
+            to_fiber(R.cur);
         }
+        while (R.next < R.nthreads && !R.failed) start_next_thread();
         if (R.events == before && R.live > 0) kernel_fault("barrier deadlock: every live thread waits on a barrier the others never reach");
     }
     return !R.failed;
@@ -202,7 +283,6 @@ void emu_launch(const void *fn, dim3 grid, dim3 block, size_t shm, const std::fu
     // Shared memory starts as NaN bytes: a kernel reading what it never wrote shows.
     dynamic_shared = malloc(shm ? shm : 1);
     memset(dynamic_shared, 0xff, shm ? shm : 1);
-    while (R.nfibers < (int)nt) new_fiber(R.nfibers++);
     R.nthreads = (int)nt;
     R.body = &body;
     R.failed = false;

@@ -11,8 +11,12 @@
  * host memory, so AddressSanitizer sees out-of-bounds kernel accesses.
  *
  * How: a launch runs its blocks one after another; the threads of a block
- * are fibers (ucontext) switched at __syncthreads and at warp shuffles,
- * which are real barriers (block-wide and per warp of 32). Launch limits
+ * run on fibers switched at __syncthreads and at warp shuffles, which are
+ * real barriers (block-wide and per warp of 32). A thread starts when the
+ * one before it finishes or waits, on the same fiber if it finished, so a
+ * kernel without barriers costs a call per thread; the switch itself is a
+ * few instructions on x86-64 (_setjmp/_longjmp elsewhere and under ASan).
+ * tests/cuda_emu/test_cuda_emu.cc tests the emulation itself. Launch limits
  * (threads per block, grid size, dynamic shared memory above 48 KiB without
  * cudaFuncSetAttribute) are errors reported by cudaGetLastError, as on a
  * device; a barrier deadlock or a shuffle on a partial warp is an error too.
