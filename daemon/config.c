@@ -23,6 +23,7 @@ void config_defaults(ac_config *c) {
     c->max_attempts = 3;
     c->cancel_grace_s = 1.0;
     c->worker_threads = 2;
+    c->quiet_budget_s = -1;
     c->max_connections_per_client = 64;
     c->max_sse_streams = 1024;
     c->header_timeout_s = 10;
@@ -142,7 +143,7 @@ static int known_keys(json_t *j, ac_err *e) {
         "max_attempts", "cancel_grace_s", "worker_threads", "max_connections_per_client", "max_sse_streams",
         "header_timeout_s", "body_timeout_s", "idle_timeout_s", "http_threads", "allowed_hosts", "max_job_seconds",
         "max_calibration_tokens", "max_search_steps", "max_eval_windows", "max_measurements", "max_distill_tokens",
-        NULL};
+        "quiet_budget_s", NULL};
     // clang-format on
     const char *k;
     json_t *v;
@@ -180,12 +181,16 @@ static int basics_parse(ac_config *c, json_t *j, ac_err *e) {
     c->worker_threads = (int)wt;
     if (strcmp(c->interrupted_policy, "requeue") && strcmp(c->interrupted_policy, "fail"))
         return ac_errf(e, "config: interrupted_policy must be requeue or fail");
-    json_t *g = json_object_get(j, "use_gpus"), *cg = json_object_get(j, "cancel_grace_s");
+    json_t *g = json_object_get(j, "use_gpus"), *cg = json_object_get(j, "cancel_grace_s"),
+           *qb = json_object_get(j, "quiet_budget_s");
     if (g && !json_is_boolean(g)) return ac_errf(e, "config: use_gpus must be a boolean");
     if (g) c->use_gpus = json_is_true(g);
     if (cg && (!json_is_number(cg) || json_number_value(cg) < 0))
         return ac_errf(e, "config: cancel_grace_s must be a number >= 0");
     if (cg) c->cancel_grace_s = json_number_value(cg);
+    if (qb && (!json_is_number(qb) || json_number_value(qb) < 0 || json_number_value(qb) > 3600))
+        return ac_errf(e, "config: quiet_budget_s must be a number in [0, 3600]");
+    if (qb) c->quiet_budget_s = json_number_value(qb);
     return 0;
 }
 

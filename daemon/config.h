@@ -33,6 +33,7 @@ typedef struct {
     int max_attempts;
     double cancel_grace_s;
     int worker_threads;
+    double quiet_budget_s; /* cap on quiet re-measurement (quiet.h) in workers; < 0: the library's own */
     /* Connections (see http.c, conn.c). */
     int max_connections_per_client;    /* per client IP, API and SSE together */
     int max_sse_streams;               /* counted apart from max_connections */

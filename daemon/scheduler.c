@@ -446,9 +446,15 @@ static int start_worker(scheduler *s, slot *sl, long job) {
     snprintf(jobarg, sizeof jobarg, "%ld", job);
     snprintf(thr, sizeof thr, "%d", d->cfg.worker_threads);
     /* the worker applies the path rules again: same roots, same job dir */
-    char *args[12 + 2 * AC_MAX_ROOTS] = {d->exe, "run-job",  jobarg, "--device",   sl->id,     "--threads",
+    char *args[14 + 2 * AC_MAX_ROOTS] = {d->exe, "run-job",  jobarg, "--device",   sl->id,     "--threads",
                                          thr,    "--output", outp,   "--jobs-dir", s->jobs_dir};
     int na = 11;
+    char qb[32];
+    if (d->cfg.quiet_budget_s >= 0) {
+        snprintf(qb, sizeof qb, "%g", d->cfg.quiet_budget_s);
+        args[na++] = "--quiet-budget";
+        args[na++] = qb;
+    }
     for (int i = 0; i < d->cfg.nroots; i++) {
         args[na++] = "--root";
         args[na++] = d->cfg.model_roots[i];
@@ -591,7 +597,9 @@ static void measure_start(scheduler *s, measure *m, slot *sl) {
     ac_daemon *d = s->d;
     char thr[16];
     snprintf(thr, sizeof thr, "%d", m->threads);
-    char *args[] = {d->exe, "measure-table", "--threads", thr, NULL};
+    char qb[32];
+    snprintf(qb, sizeof qb, "%g", d->cfg.quiet_budget_s);
+    char *args[] = {d->exe, "measure-table", "--threads", thr, "--quiet-budget", qb, NULL};
     uv_timer_init(d->loop, &m->kill_timer);
     m->slot = sl;
     sl->running++;

@@ -1,6 +1,6 @@
 /*
  * worker.c - `autocompressd run-job ID [--device D] [--threads N]
- * [--output DIR] [--jobs-dir DIR] [--root DIR]...`: runs one job in its own
+ * [--output DIR] [--jobs-dir DIR] [--root DIR]... [--quiet-budget S]`: runs one job in its own
  * process. The daemon writes {"spec": ..., "cost_tables": {key: table}} on
  * its stdin (the worker never opens the daemon's database), it writes one
  * JSON event per line on stdout for the daemon to store, logs on stderr. Dies with its parent (PR_SET_PDEATHSIG),
@@ -10,8 +10,10 @@
  * roots it is given by --root): the spec's paths are checked before the job
  * starts, and every file the library opens is confined the same way.
  *
- * `autocompressd measure-table --threads N` measures the CPU cost table
- * and prints it as one JSON line (a scheduled measurement's process).
+ * `autocompressd measure-table --threads N [--quiet-budget S]` measures
+ * the CPU cost table and prints it as one JSON line (a scheduled
+ * measurement's process). --quiet-budget: the config's quiet_budget_s, a
+ * cap on quiet re-measurement (quiet.h; absent or < 0: none).
  */
 #include <signal.h>
 #include <stdio.h>
@@ -26,6 +28,7 @@
 #include "device.h"
 #include "fsafe.h"
 #include "job.h"
+#include "quiet.h"
 
 static void emit_line(void *ud, const char *kind, json_t *data) {
     (void)ud;
@@ -81,12 +84,14 @@ typedef struct {
     const char *device, *output, *jobs_dir;
     const char *roots[AC_FSAFE_MAX_ROOTS];
     int nroots, threads;
+    double quiet_budget; /* < 0: none given */
 } worker_args;
 
 static int parse_args(int argc, char **argv, worker_args *a) {
     memset(a, 0, sizeof *a);
     a->device = "cpu";
     a->threads = 2;
+    a->quiet_budget = -1;
     a->id = argc >= 3 ? atol(argv[2]) : 0;
     for (int i = 3; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--root") && a->nroots < AC_FSAFE_MAX_ROOTS)
@@ -99,6 +104,8 @@ static int parse_args(int argc, char **argv, worker_args *a) {
             a->threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--output"))
             a->output = argv[i + 1];
+        else if (!strcmp(argv[i], "--quiet-budget"))
+            ac_quiet_set_budget_cap(a->quiet_budget = atof(argv[i + 1]));
     }
     return a->id > 0 ? 0 : -1;
 }
@@ -153,6 +160,7 @@ int worker_main(int argc, char **argv) {
         return 1;
     }
     fprintf(stderr, "worker for job %ld on %s (pid %d)\n", a.id, a.device, (int)getpid());
+    if (a.quiet_budget >= 0) fprintf(stderr, "worker: quiet re-measurement capped at %g s (quiet_budget_s)\n", a.quiet_budget);
     if (pin_gpu(a.device)) {
         fail("cannot pin the job to its GPU slot (CUDA_VISIBLE_DEVICES)");
         json_decref(in);
@@ -177,7 +185,10 @@ int worker_main(int argc, char **argv) {
 int measure_main(int argc, char **argv) {
     int threads = 2;
     for (int i = 2; i + 1 < argc; i += 2)
-        if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--threads"))
+            threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--quiet-budget"))
+            ac_quiet_set_budget_cap(atof(argv[i + 1]));
     if (threads < 1 || threads > 256) {
         fprintf(stderr, "measure-table: --threads must be in [1, 256]\n");
         return 2;

@@ -10,16 +10,27 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import DATA, TINY, Daemon, Runner, spec, sse_read  # noqa: E402
+from harness import DATA, TINY, Daemon, Runner, sse_read  # noqa: E402
+from harness import spec as full_spec  # noqa: E402
 
 MISTRAL = os.path.join(os.path.dirname(os.path.dirname(TINY)), "fixtures", "models", "mistral_sharded")
 R = Runner()
 D = None
 
 
+def spec(**kw):
+    """harness.spec with a 40-step gate search (300 by default): these tests are about the daemon; test_dnas_api and
+    test_deci_export run the search itself."""
+    s = full_spec(**kw)
+    s["search"] = dict({"dnas_steps": 40}, **s["search"])
+    return s
+
+
 def setup():
     global D
-    D = Daemon(config={"sse_keepalive_s": 1, "cpu_slots": 1, "max_body_bytes": 65536}).start()
+    # quiet_budget_s 2: the cost tables' quiet re-measurement (up to 20 s a table and a model) capped, as a team server
+    # could set it; the tests' own jobs disturb these measurements, so the full allowance would mostly be spent
+    D = Daemon(config={"sse_keepalive_s": 1, "cpu_slots": 1, "max_body_bytes": 65536, "quiet_budget_s": 2}).start()
 
 
 def test_health_devices_metrics():
@@ -169,10 +180,12 @@ def test_log_endpoint():
         return "skip"
     st, log = D.req("GET", f"/v1/jobs/{jobs['jobs'][0]['id']}/log")
     assert st == 200 and "worker for job" in log
+    assert "quiet re-measurement capped at 2 s (quiet_budget_s)" in log, log
 
 
 def long_spec(**kw):
-    return spec(search={"steps": 100000, "seed": 1}, **kw)
+    """A job that runs until cancelled (100000 search steps)."""
+    return spec(search={"steps": 100000, "seed": 1, "dnas_steps": 100000}, **kw)
 
 
 def test_cancel_running_job():
@@ -383,6 +396,11 @@ def test_config_errors():
     from harness import BUILD
     r = subprocess.run([os.path.join(BUILD, "autocompressd"), "--config", cp], capture_output=True, text=True, timeout=10)
     assert r.returncode != 0 and "unknown key bogus" in r.stderr, r.stderr
+    for bad in (-1, "20", 1e9):
+        with open(cp, "w") as f:
+            json.dump({"quiet_budget_s": bad}, f)
+        r = subprocess.run([os.path.join(BUILD, "autocompressd"), "--config", cp], capture_output=True, text=True, timeout=10)
+        assert r.returncode != 0 and "quiet_budget_s must be a number in [0, 3600]" in r.stderr, (bad, r.stderr)
     d4.cleanup()
 
 

@@ -133,6 +133,32 @@ static void test_budget(void) {
           "budget 0: rounds %d disturbed %d", r.rounds, r.disturbed);
 }
 
+/* The process-wide cap (the daemon's quiet_budget_s): 0 keeps the first
+ * pass only, however large q's budget; a cap above the budget changes
+ * nothing; a negative cap removes it. */
+static void test_budget_cap(void) {
+    static const double pr[] = {10, 10, 10.5, 20, 20, 10, 10, 10, 10};
+    int rounds[3], remeasured[3], disturbed[3];
+    double caps[3] = {0, 1e6, -1};
+    for (int c = 0; c < 3; c++) {
+        script s;
+        script_init(&s, pr, sizeof pr / sizeof *pr);
+        s.time[2][0] = 180;
+        s.time[3][0] = 185;
+        ac_quiet q = {s_unit, s_probe, &s, 4, 1.10, 0, 3, 60};
+        ac_quiet_result r;
+        ac_quiet_set_budget_cap(caps[c]);
+        CHECK(ac_quiet_run(&q, &r) == 0, "run");
+        rounds[c] = r.rounds, remeasured[c] = r.remeasured, disturbed[c] = r.disturbed;
+    }
+    ac_quiet_set_budget_cap(-1);
+    CHECK(rounds[0] == 0 && remeasured[0] == 0 && disturbed[0] == 2, "cap 0: rounds %d remeasured %d disturbed %d",
+          rounds[0], remeasured[0], disturbed[0]);
+    for (int c = 1; c < 3; c++)
+        CHECK(rounds[c] == 1 && remeasured[c] == 2 && disturbed[c] == 0,
+              "cap %g: rounds %d remeasured %d disturbed %d", caps[c], rounds[c], remeasured[c], disturbed[c]);
+}
+
 /* The real probe: positive, and repeatable within a factor on an idle or
  * busy machine alike (neighbours may slow one of the two). */
 static void test_real_probe(void) {
@@ -174,6 +200,7 @@ int main(void) {
     RUN(test_one_lucky_probe);
     RUN(test_unit_error_stops);
     RUN(test_budget);
+    RUN(test_budget_cap);
     RUN(test_real_probe);
     RUN(test_table_json);
     return DONE();

@@ -34,8 +34,13 @@ static double quiet_of(const ac_quiet *q, const quickest *k) {
     return q->anchor_us > 0 ? fmin(l, q->anchor_us) : l;
 }
 
+static double budget_cap = -1;
+
+void ac_quiet_set_budget_cap(double seconds) { budget_cap = seconds; }
+
 int ac_quiet_run(const ac_quiet *q, ac_quiet_result *r) {
     *r = (ac_quiet_result){0};
+    double budget = budget_cap >= 0 ? fmin(q->budget_s, budget_cap) : q->budget_s;
     double level[AC_QUIET_MAX_UNITS];
     assert(q->n >= 0 && q->n <= AC_QUIET_MAX_UNITS);
     quickest k = {INFINITY, INFINITY, 0};
@@ -48,14 +53,14 @@ int ac_quiet_run(const ac_quiet *q, ac_quiet_result *r) {
         p = p2;
     }
     double t0 = ac_now(); /* the budget is for the rounds after the first pass */
-    while (!rc && r->rounds < q->max_rounds && ac_now() - t0 < q->budget_s) {
+    while (!rc && r->rounds < q->max_rounds && ac_now() - t0 < budget) {
         double quiet = quiet_of(q, &k);
         int any = 0;
         for (int i = 0; i < q->n; i++) any |= level[i] > q->tol * quiet;
         if (!any) break;
         r->rounds++;
         p = seen(&k, q->probe(q->ud));
-        for (int i = 0; i < q->n && !rc && ac_now() - t0 < q->budget_s; i++) {
+        for (int i = 0; i < q->n && !rc && ac_now() - t0 < budget; i++) {
             if (level[i] <= q->tol * quiet) continue;
             rc = q->unit(q->ud, i);
             r->remeasured++;

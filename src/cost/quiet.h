@@ -51,4 +51,10 @@ typedef struct {
  * may be measured in any order but each at least once. */
 int ac_quiet_run(const ac_quiet *q, ac_quiet_result *r);
 
+/* A process-wide cap on budget_s, in seconds (< 0, the default: none):
+ * ac_quiet_run re-measures for min(q->budget_s, cap). The daemon's
+ * quiet_budget_s, for a machine where a quick cost table matters more than
+ * a quiet one (its test runs); 0 keeps the first pass only. */
+void ac_quiet_set_budget_cap(double seconds);
+
 #endif
