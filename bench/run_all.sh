@@ -11,6 +11,8 @@ echo; echo "== distillation: share of the pruning perplexity gap recovered (tiny
 /usr/bin/python3 bench/bench_distill.py 100000 0.5
 echo; echo "== tokenizer: C vs Python reference BPE and vs sentencepiece"
 /usr/bin/python3 bench/bench_tokenizer.py
+echo; echo "== AVX512-BF16 prefill GEMM: wide inputs in k chunks vs whole rows (skips without AVX512-BF16)"
+"$B"/bench/bench_gemm_bf16 1 5
 echo; echo "== cost model: predicted vs measured latency of the CPU engine"
 "$B"/bench/bench_costmodel "$B"/bench_cost.db
 echo; echo "== AutoCompress vs Minitron under the same constraint"

@@ -181,12 +181,14 @@ static void test_resident_bf16_kernels(void) {
  * BF16): shapes AMX takes (in % 32, out % 16) and ones it leaves, k tails
  * (in % 32 != 0), row and column remainders of the AVX512 tiles, acc and
  * bias; and the AVX512-BF16 kernel directly against a double-precision sum
- * of the BF16-rounded activations (order only: 1e-5 relative). */
+ * of the BF16-rounded activations (order only: 1e-5 relative), with the
+ * same bits whether wide inputs go in k chunks (2500 in chunks of 1024,
+ * every shape in chunks of 64) or in whole rows. */
 static void test_linear_bf16(void) {
-    int shapes[][3] = {{37, 96, 48}, {64, 64, 80}, {5, 40, 24}, {33, 64, 17}, {41, 200, 29}, {7, 1000, 13}};
+    int shapes[][3] = {{37, 96, 48}, {64, 64, 80}, {5, 40, 24}, {33, 64, 17}, {41, 200, 29}, {7, 1000, 13}, {41, 2500, 29}};
     int ks[3] = {AC_BF16_NONE, AC_BF16_AMX, AC_BF16_AVX512};
     ac_wscratch ws;
-    CHECK(ac_wscratch_alloc(&ws, 64, 1000) == 0, "scratch");
+    CHECK(ac_wscratch_alloc(&ws, 64, 2500) == 0, "scratch");
     for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
         int N = shapes[c][0], in = shapes[c][1], out = shapes[c][2];
         float *X = malloc(sizeof(float) * N * in), *W = malloc(sizeof(float) * out * in),
@@ -229,6 +231,17 @@ static void test_linear_bf16(void) {
                 }
             CHECK(md < 1e-5, "avx512bf16 N=%d in=%d out=%d: %.3g from the double sum of BF16 activations", N, in, out,
                   md);
+            float *Y2 = malloc(sizeof(float) * N * out);
+            int chunks[2] = {0, 64}, same = 1;
+            for (int k = 0; k < 2; k++) {
+                ac_avx512bf16_set_kchunk(chunks[k]);
+                for (int i = 0; i < N * out; i++) Y2[i] = 0.5f;
+                ac_avx512bf16_linear(Y2, X, Wb, b, N, in, out, 1, xp, 2);
+                same &= !memcmp(Y, Y2, sizeof(float) * N * out);
+            }
+            ac_avx512bf16_set_kchunk(1024);
+            CHECK(same, "avx512bf16 N=%d in=%d out=%d: k chunks of 1024, whole rows and chunks of 64 differ", N, in, out);
+            free(Y2);
             free(xp);
         }
         free(X), free(W), free(b), free(Y), free(R), free(Wb);

@@ -8,9 +8,19 @@
  * 32 products (a pair per lane) of one X row and one W row, over the whole
  * k range; the 16 lanes are summed when the tile is stored. Cache blocking:
  * rows of X in blocks that fit the L2 (`row_block`), and for each block
- * every RN-row group of W the thread owns, which stays in L1/L2 while the
+ * every RN-row group of W the thread owns, which stays in L1 while the
  * block's rows pass over it. RM = 4, RN = 6: 24 accumulators, 6 weight
  * vectors and one X vector fill 31 of the 32 ZMM registers.
+ *
+ * Wide inputs (K above 2 * KCHUNK, such as down_proj's 8192) go in k
+ * chunks of KCHUNK, and the row block is sized by the chunk: with whole
+ * rows a block of X in L2 held few rows (24 at K = 8192), so the weights,
+ * too large for any cache, were read from memory once per 24 rows, and a
+ * group's 6 weight rows (96 KiB) did not stay in L1 across the block's
+ * tiles either (216 GFLOP/s against 333 at K = 2048 on one Zen 4 thread).
+ * Between chunks a tile's 24 accumulator vectors wait in a scratch buffer,
+ * lane for lane, so every lane adds its products in the same order as
+ * without chunks: the results are the same bits.
  */
 #include "kernels_avx512bf16.h"
 
@@ -27,6 +37,9 @@
 
 #define RM 4
 #define RN 6
+#define KCHUNK 1024 /* multiple of 32 */
+
+static int kchunk = KCHUNK; /* 0: whole rows (ac_avx512bf16_set_kchunk, for bench_gemm_bf16) */
 
 static int dp_ok;
 static pthread_once_t dp_once = PTHREAD_ONCE_INIT;
@@ -85,22 +98,25 @@ DP_TARGET static void pack_x(uint16_t *xp, const float *X, int N, int K, int Kp)
     }
 }
 
-/* The rm x rn tile at rows m0.., columns n0..: rm, rn are constants where
- * this is inlined (dispatch), so the accumulators stay in registers. */
+/* The rm x rn tile at rows m0.., columns n0.., over k in [k0, k1) (k0 a
+ * multiple of 32; k1 = K on the last chunk): rm, rn are constants where
+ * this is inlined (dispatch), so the accumulators stay in registers. acc:
+ * the tile's accumulators between chunks (read unless k0 = 0, written
+ * unless k1 = K, where the tile is summed and stored instead). */
 DP_TARGET static inline __attribute__((always_inline)) void tile(const dp_job *j, int m0, int n0, const int rm,
-                                                                 const int rn) {
+                                                                 const int rn, int k0, int k1, __m512 *acc) {
     __m512 c[RM][RN];
     const uint16_t *w[RN], *x[RM];
 #pragma GCC unroll 8
     for (int i = 0; i < rm; i++) {
         x[i] = j->xp + (size_t)(m0 + i) * j->Kp;
 #pragma GCC unroll 8
-        for (int q = 0; q < rn; q++) c[i][q] = _mm512_setzero_ps();
+        for (int q = 0; q < rn; q++) c[i][q] = k0 ? _mm512_load_ps(&acc[i * RN + q]) : _mm512_setzero_ps();
     }
 #pragma GCC unroll 8
     for (int q = 0; q < rn; q++) w[q] = j->W + (size_t)(n0 + q) * j->K;
-    int K = j->K, kf = K & ~31;
-    for (int k = 0; k < kf; k += 32) {
+    int K = j->K, kf = k1 < K ? k1 : K & ~31;
+    for (int k = k0; k < kf; k += 32) {
         __m512i wv[RN];
 #pragma GCC unroll 8
         for (int q = 0; q < rn; q++) wv[q] = _mm512_loadu_si512((const void *)(w[q] + k));
@@ -110,6 +126,13 @@ DP_TARGET static inline __attribute__((always_inline)) void tile(const dp_job *j
 #pragma GCC unroll 8
             for (int q = 0; q < rn; q++) c[i][q] = _mm512_dpbf16_ps(c[i][q], (__m512bh)xv, (__m512bh)wv[q]);
         }
+    }
+    if (k1 < K) {
+#pragma GCC unroll 8
+        for (int i = 0; i < rm; i++)
+#pragma GCC unroll 8
+            for (int q = 0; q < rn; q++) _mm512_store_ps(&acc[i * RN + q], c[i][q]);
+        return;
     }
     if (kf < K) { /* the last k < 32: W masked (never read past a row), X is zero-padded */
         __mmask32 mk = (__mmask32)((1u << (K - kf)) - 1);
@@ -137,7 +160,7 @@ DP_TARGET static inline __attribute__((always_inline)) void tile(const dp_job *j
 
 #define TILE_CASE(r, n)                                                                                                \
     case (r)*8 + (n):                                                                                                  \
-        tile(j, m0, n0, r, n);                                                                                         \
+        tile(j, m0, n0, r, n, k0, k1, acc);                                                                            \
         break
 #define TILE_ROW(r)                                                                                                    \
     TILE_CASE(r, 1);                                                                                                   \
@@ -147,7 +170,7 @@ DP_TARGET static inline __attribute__((always_inline)) void tile(const dp_job *j
     TILE_CASE(r, 5);                                                                                                   \
     TILE_CASE(r, 6)
 
-DP_TARGET static void dispatch(const dp_job *j, int m0, int n0, int rm, int rn) {
+DP_TARGET static void dispatch(const dp_job *j, int m0, int n0, int rm, int rn, int k0, int k1, __m512 *acc) {
     switch (rm * 8 + rn) {
         TILE_ROW(1);
         TILE_ROW(2);
@@ -163,19 +186,36 @@ static int row_block(int Kp) {
     return mb < RM ? RM : mb;
 }
 
+/* The row tiles of a block when K is chunked: their accumulators wait
+ * between chunks (73.7 KiB on the thread's stack). */
+#define MAX_CHUNKED_TILES (393216 / (2 * KCHUNK) / RM)
+
 static void *dp_run(void *arg) {
     const dp_job *j = arg;
-    int MB = row_block(j->Kp);
+    int K = j->K, KC = kchunk > 0 && K > 2 * kchunk ? kchunk : K;
+    /* the block of X rows fits the L2 by its chunk when chunked, so W,
+     * which fits no cache at these widths, is read once per block: whole
+     * rows of 14336 made blocks of 12 rows, and W was read 43 times for
+     * 512 rows */
+    int MB = row_block(KC < K ? KC : j->Kp);
+    if (KC < K && MB > MAX_CHUNKED_TILES * RM) MB = MAX_CHUNKED_TILES * RM;
+    __m512 acc[MAX_CHUNKED_TILES * RM * RN];
     for (int mb = 0; mb < j->N; mb += MB) {
         int me = mb + MB < j->N ? mb + MB : j->N;
         for (int g = j->g0; g < j->g1; g++) {
             int n0 = g * RN, rn = j->out - n0 < RN ? j->out - n0 : RN;
-            for (int m0 = mb; m0 < me; m0 += RM) dispatch(j, m0, n0, me - m0 < RM ? me - m0 : RM, rn);
+            for (int k0 = 0; k0 < K; k0 += KC) {
+                int k1 = K - k0 > KC ? k0 + KC : K;
+                for (int m0 = mb; m0 < me; m0 += RM)
+                    dispatch(j, m0, n0, me - m0 < RM ? me - m0 : RM, rn, k0, k1, &acc[(m0 - mb) / RM * RM * RN]);
+            }
         }
     }
     return NULL;
 }
 #endif
+
+void ac_avx512bf16_set_kchunk(int k) { kchunk = k > 0 ? (k + 31) / 32 * 32 : 0; }
 
 int ac_avx512bf16_linear(float *Y, const float *X, const uint16_t *W, const float *b, int N, int in, int out, int acc,
                          uint16_t *xpack, int threads) {

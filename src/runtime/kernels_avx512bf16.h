@@ -30,5 +30,10 @@ size_t ac_avx512bf16_pack_size(int N, int in);
  * ac_avx512bf16_pack_size(N, in) elements of scratch. */
 int ac_avx512bf16_linear(float *Y, const float *X, const uint16_t *W, const float *b, int N, int in, int out, int acc,
                          uint16_t *xpack, int threads);
+/* The k chunk of wide inputs (the .c file says why): 0 keeps whole rows;
+ * values above the built-in 1024 also fall back to whole rows where the
+ * chunks' accumulators would not fit. Same results either way, bit for
+ * bit; process-wide, for bench_gemm_bf16's side-by-side run. */
+void ac_avx512bf16_set_kchunk(int k);
 
 #endif
