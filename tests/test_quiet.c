@@ -52,16 +52,21 @@ static void script_init(script *s, const double *probes, int np) {
     }
 }
 
-/* Units 2 and 3 ran while the probe was twice as slow (and took 1.8x as
- * long); one round measures just them again, quiet, and their minima are
- * the quiet times. */
-static void test_disturbed_units_measured_again(void) {
+/* Four units, 2 and 3 run while the probe was twice as slow (and taking
+ * 1.8x as long); 3 rounds and 60 s allowed. */
+static ac_quiet disturbed_pair(script *s) {
     static const double pr[] = {10, 10, 10.5, 20, 20, 10, 10, 10, 10};
+    script_init(s, pr, sizeof pr / sizeof *pr);
+    s->time[2][0] = 180;
+    s->time[3][0] = 185;
+    return (ac_quiet){s_unit, s_probe, s, 4, 1.10, 0, 3, 60};
+}
+
+/* One round measures units 2 and 3 again, quiet, and their minima are the
+ * quiet times. */
+static void test_disturbed_units_measured_again(void) {
     script s;
-    script_init(&s, pr, sizeof pr / sizeof *pr);
-    s.time[2][0] = 180;
-    s.time[3][0] = 185;
-    ac_quiet q = {s_unit, s_probe, &s, 4, 1.10, 0, 3, 60};
+    ac_quiet q = disturbed_pair(&s);
     ac_quiet_result r;
     CHECK(ac_quiet_run(&q, &r) == 0, "run");
     CHECK(s.calls[0] == 1 && s.calls[1] == 1 && s.calls[2] == 2 && s.calls[3] == 2, "calls %d %d %d %d", s.calls[0],
@@ -137,15 +142,11 @@ static void test_budget(void) {
  * pass only, however large q's budget; a cap above the budget changes
  * nothing; a negative cap removes it. */
 static void test_budget_cap(void) {
-    static const double pr[] = {10, 10, 10.5, 20, 20, 10, 10, 10, 10};
     int rounds[3], remeasured[3], disturbed[3];
     double caps[3] = {0, 1e6, -1};
     for (int c = 0; c < 3; c++) {
         script s;
-        script_init(&s, pr, sizeof pr / sizeof *pr);
-        s.time[2][0] = 180;
-        s.time[3][0] = 185;
-        ac_quiet q = {s_unit, s_probe, &s, 4, 1.10, 0, 3, 60};
+        ac_quiet q = disturbed_pair(&s);
         ac_quiet_result r;
         ac_quiet_set_budget_cap(caps[c]);
         CHECK(ac_quiet_run(&q, &r) == 0, "run");
