@@ -44,8 +44,9 @@ int main(int argc, char **argv) {
     }
     static const int shapes[][2] = {{2048, 2048}, {2048, 8192}, {8192, 2048}, {4096, 4096}, {14336, 4096}};
     const int N = 512, ns = sizeof shapes / sizeof *shapes;
-    printf("AVX512-BF16 GEMM, %d rows, %d thread(s), best of %d rounds: k chunks of %d (inputs above %d) vs whole rows\n",
-           N, th, rounds, kc, 2 * kc);
+    printf(
+        "AVX512-BF16 GEMM, %d rows, %d thread(s), best of %d rounds: k chunks of %d (inputs above %d) vs whole rows\n",
+        N, th, rounds, kc, 2 * kc);
     printf("%6s %6s  %10s %10s  %6s  %s\n", "in", "out", "chunked", "whole", "ratio", "same bits");
     for (int s = 0; s < ns; s++) {
         int in = shapes[s][0], out = shapes[s][1];
@@ -57,7 +58,8 @@ int main(int argc, char **argv) {
             return 1;
         }
         unsigned r = 12345;
-        for (size_t i = 0; i < (size_t)N * in; i++) X[i] = (float)((r = r * 1103515245u + 12345u) >> 8) / 16777216.0f - 0.5f;
+        for (size_t i = 0; i < (size_t)N * in; i++)
+            X[i] = (float)((r = r * 1103515245u + 12345u) >> 8) / 16777216.0f - 0.5f;
         for (size_t i = 0; i < (size_t)in * out; i++) {
             float f = (float)((r = r * 1103515245u + 12345u) >> 8) / 16777216.0f - 0.5f;
             uint32_t u;

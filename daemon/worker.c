@@ -1,7 +1,7 @@
 /*
  * worker.c - `autocompressd run-job ID [--device D] [--threads N]
- * [--output DIR] [--jobs-dir DIR] [--root DIR]... [--quiet-budget S]`: runs one job in its own
- * process. The daemon writes {"spec": ..., "cost_tables": {key: table}} on
+ * [--output DIR] [--jobs-dir DIR] [--root DIR]... [--quiet-budget S]`:
+ * runs one job in its own process. The daemon writes {"spec": ..., "cost_tables": {key: table}} on
  * its stdin (the worker never opens the daemon's database), it writes one
  * JSON event per line on stdout for the daemon to store, logs on stderr. Dies with its parent (PR_SET_PDEATHSIG),
  * so a killed daemon leaves no orphan worker behind.
@@ -160,7 +160,8 @@ int worker_main(int argc, char **argv) {
         return 1;
     }
     fprintf(stderr, "worker for job %ld on %s (pid %d)\n", a.id, a.device, (int)getpid());
-    if (a.quiet_budget >= 0) fprintf(stderr, "worker: quiet re-measurement capped at %g s (quiet_budget_s)\n", a.quiet_budget);
+    if (a.quiet_budget >= 0)
+        fprintf(stderr, "worker: quiet re-measurement capped at %g s (quiet_budget_s)\n", a.quiet_budget);
     if (pin_gpu(a.device)) {
         fail("cannot pin the job to its GPU slot (CUDA_VISIBLE_DEVICES)");
         json_decref(in);

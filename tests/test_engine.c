@@ -185,7 +185,8 @@ static void test_resident_bf16_kernels(void) {
  * same bits whether wide inputs go in k chunks (2500 in chunks of 1024,
  * every shape in chunks of 64) or in whole rows. */
 static void test_linear_bf16(void) {
-    int shapes[][3] = {{37, 96, 48}, {64, 64, 80}, {5, 40, 24}, {33, 64, 17}, {41, 200, 29}, {7, 1000, 13}, {41, 2500, 29}};
+    int shapes[][3] = {{37, 96, 48},  {64, 64, 80},  {5, 40, 24},   {33, 64, 17},
+                       {41, 200, 29}, {7, 1000, 13}, {41, 2500, 29}};
     int ks[3] = {AC_BF16_NONE, AC_BF16_AMX, AC_BF16_AVX512};
     ac_wscratch ws;
     CHECK(ac_wscratch_alloc(&ws, 64, 2500) == 0, "scratch");
@@ -240,7 +241,8 @@ static void test_linear_bf16(void) {
                 same &= !memcmp(Y, Y2, sizeof(float) * N * out);
             }
             ac_avx512bf16_set_kchunk(1024);
-            CHECK(same, "avx512bf16 N=%d in=%d out=%d: k chunks of 1024, whole rows and chunks of 64 differ", N, in, out);
+            CHECK(same, "avx512bf16 N=%d in=%d out=%d: k chunks of 1024, whole rows and chunks of 64 differ", N, in,
+                  out);
             free(Y2);
             free(xp);
         }

@@ -156,8 +156,8 @@ static void test_budget_cap(void) {
     CHECK(rounds[0] == 0 && remeasured[0] == 0 && disturbed[0] == 2, "cap 0: rounds %d remeasured %d disturbed %d",
           rounds[0], remeasured[0], disturbed[0]);
     for (int c = 1; c < 3; c++)
-        CHECK(rounds[c] == 1 && remeasured[c] == 2 && disturbed[c] == 0,
-              "cap %g: rounds %d remeasured %d disturbed %d", caps[c], rounds[c], remeasured[c], disturbed[c]);
+        CHECK(rounds[c] == 1 && remeasured[c] == 2 && disturbed[c] == 0, "cap %g: rounds %d remeasured %d disturbed %d",
+              caps[c], rounds[c], remeasured[c], disturbed[c]);
 }
 
 /* The real probe: positive, and repeatable within a factor on an idle or

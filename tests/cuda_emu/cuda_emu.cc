@@ -57,9 +57,9 @@ struct block_run {
     const void *sched_bottom = nullptr;
     size_t sched_size = 0;
     const std::function<void()> *body = nullptr;
-    int cur = 0;   // the running fiber
+    int cur = 0;  // the running fiber
     int live = 0, nthreads = 0;
-    int next = 0;  // the first thread not yet started
+    int next = 0; // the first thread not yet started
     int fiber_of[MAX_THREADS];
     bool done[MAX_THREADS];
     barrier block, warp[MAX_THREADS / 32];

@@ -110,8 +110,10 @@ static int child_launch(int which, int *later_failed) {
     if (p == 0) {
         float *d;
         cudaMalloc(&d, 4096);
-        if (which == 0) AC_LAUNCH(k_deadlock, 1, 32, 0, 0, d);
-        else AC_LAUNCH(k_shuffle, 1, 48, 0, 0, d);
+        if (which == 0)
+            AC_LAUNCH(k_deadlock, 1, 32, 0, 0, d);
+        else
+            AC_LAUNCH(k_shuffle, 1, 48, 0, 0, d);
         int e = cudaGetLastError();
         AC_LAUNCH(k_coords, 1, 1, 0, 0, (int *)d);
         _exit((e == cudaErrorLaunchFailure ? 1 : 0) | (cudaGetLastError() == cudaErrorLaunchFailure ? 2 : 0));
