@@ -186,8 +186,9 @@ static int row_block(int Kp) {
     return mb < RM ? RM : mb;
 }
 
-/* The row tiles of a block when K is chunked: their accumulators wait
- * between chunks (73.7 KiB on the thread's stack). */
+/* The most row tiles of a block when K is chunked (the block is capped to
+ * them for chunks below KCHUNK): their accumulators wait between chunks,
+ * 72 KiB on the thread's stack. */
 #define MAX_CHUNKED_TILES (393216 / (2 * KCHUNK) / RM)
 
 static void *dp_run(void *arg) {

@@ -30,10 +30,10 @@ size_t ac_avx512bf16_pack_size(int N, int in);
  * ac_avx512bf16_pack_size(N, in) elements of scratch. */
 int ac_avx512bf16_linear(float *Y, const float *X, const uint16_t *W, const float *b, int N, int in, int out, int acc,
                          uint16_t *xpack, int threads);
-/* The k chunk of wide inputs (the .c file says why): 0 keeps whole rows;
- * values above the built-in 1024 also fall back to whole rows where the
- * chunks' accumulators would not fit. Same results either way, bit for
- * bit; process-wide, for bench_gemm_bf16's side-by-side run. */
+/* The k chunk of wide inputs (the .c file says why; 1024, rounded up to a
+ * multiple of 32; inputs up to twice the chunk keep whole rows): 0 keeps
+ * whole rows always. Same results either way, bit for bit. Process-wide and
+ * not thread-safe: for bench_gemm_bf16's side-by-side run and the tests. */
 void ac_avx512bf16_set_kchunk(int k);
 
 #endif
