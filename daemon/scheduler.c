@@ -446,15 +446,12 @@ static int start_worker(scheduler *s, slot *sl, long job) {
     snprintf(jobarg, sizeof jobarg, "%ld", job);
     snprintf(thr, sizeof thr, "%d", d->cfg.worker_threads);
     /* the worker applies the path rules again: same roots, same job dir */
-    char *args[14 + 2 * AC_MAX_ROOTS] = {d->exe, "run-job",  jobarg, "--device",   sl->id,     "--threads",
-                                         thr,    "--output", outp,   "--jobs-dir", s->jobs_dir};
-    int na = 11;
-    char qb[32];
-    if (d->cfg.quiet_budget_s >= 0) {
-        snprintf(qb, sizeof qb, "%g", d->cfg.quiet_budget_s);
-        args[na++] = "--quiet-budget";
-        args[na++] = qb;
-    }
+    char qb[32]; /* quiet_budget_s; < 0 (unset): the worker's own allowance, as in measure_start */
+    snprintf(qb, sizeof qb, "%g", d->cfg.quiet_budget_s);
+    char *args[14 + 2 * AC_MAX_ROOTS] = {d->exe, "run-job",  jobarg, "--device",   sl->id,      "--threads",
+                                         thr,    "--output", outp,   "--jobs-dir", s->jobs_dir, "--quiet-budget",
+                                         qb};
+    int na = 13;
     for (int i = 0; i < d->cfg.nroots; i++) {
         args[na++] = "--root";
         args[na++] = d->cfg.model_roots[i];
