@@ -184,6 +184,62 @@ static void test_gpu_calibration(void) {
     ac_model_free(&m);
 }
 
+/* The same calibration on the GPU from a resident model (deci_hetero saved
+ * as BF16, its matrices left in the read-only mapping): each masked matrix
+ * is a private BF16 copy uploaded in its dtype, each pruned model gathered
+ * from the mapping, so the curves equal those from the fp32 load of the
+ * same values (statistics with fp32 GEMMs on both), and every layer
+ * pointer of the resident model is back where it was. */
+static void test_gpu_calibration_resident(void) {
+    if (!cu) SKIP("%s", why);
+    ac_model m, r, f;
+    ac_err e;
+    if (load_fixture("deci_hetero", &m)) SKIP("no fixture deci_hetero (make fixtures)");
+    char dir[] = "/tmp/ac_test_cuda_res_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    CHECK(ac_model_save(&m, dir, ST_BF16, &e) == 0, "%s", e.msg);
+    CHECK(ac_model_load_resident(dir, &r, &e) == 0 && ac_model_load(dir, &f, &e) == 0, "%s", e.msg);
+    CHECK(ac_model_wdt(&r) == ST_BF16, "resident dtype %d", ac_model_wdt(&r));
+    int ids[128], L = r.a.n_layers;
+    for (int i = 0; i < 128; i++) ids[i] = (i * 31 + 7 + i / 5) % r.a.vocab;
+    float *wo[64], *wd[64];
+    for (int l = 0; l < L && l < 64; l++) wo[l] = r.L[l].wo, wd[l] = r.L[l].wd;
+    int rows = ac_bf16_gemm_rows();
+    ac_set_bf16_gemm_rows(0);
+    ac_importance ir, i_f;
+    CHECK(ac_importance_compute(&r, ids, 128, 8, 16, 1, NULL, NULL, &ir, &e) == 0, "resident: %s", e.msg);
+    CHECK(ac_importance_compute(&f, ids, 128, 8, 16, 1, NULL, NULL, &i_f, &e) == 0, "fp32: %s", e.msg);
+    ac_set_bf16_gemm_rows(rows);
+    int moved = 0, bad = 0, n = 0;
+    for (int l = 0; l < L && l < 64; l++) moved += r.L[l].wo != wo[l] || r.L[l].wd != wd[l];
+    CHECK(moved == 0, "%d layers' pointers not restored", moved);
+    CHECK(ir.method == AC_CALIB_ENGINE && i_f.method == AC_CALIB_ENGINE, "methods %d %d", ir.method, i_f.method);
+    for (int l = 0; l < L; l++) {
+        const ac_layer_arch *la = &r.a.layers[l];
+        bad += la->n_heads && memcmp(ir.kv_order[l], i_f.kv_order[l], sizeof(int) * la->n_kv_heads);
+        bad += la->ffn && memcmp(ir.ffn_order[l], i_f.ffn_order[l], sizeof(int) * la->ffn);
+        for (int p = 1; p < AC_SENS_POINTS; p++, n += 2) {
+            bad += fabs(ir.attn_sens[l][p] - i_f.attn_sens[l][p]) > 1e-6 + 1e-4 * fabs(i_f.attn_sens[l][p]);
+            bad += fabs(ir.ffn_sens[l][p] - i_f.ffn_sens[l][p]) > 1e-6 + 1e-4 * fabs(i_f.ffn_sens[l][p]);
+        }
+        for (int k = 0; k < ir.merge_n[l] && k < i_f.merge_n[l]; k++, n++)
+            bad += fabs(ir.merge_sens[l][k] - i_f.merge_sens[l][k]) > 1e-6 + 1e-4 * fabs(i_f.merge_sens[l][k]);
+        bad += ir.merge_n[l] != i_f.merge_n[l];
+    }
+    for (int i = 0; i < 4; i++, n++) bad += fabs(ir.hid_sens[i] - i_f.hid_sens[i]) > 1e-6 + 1e-4 * fabs(i_f.hid_sens[i]);
+    printf("   resident vs fp32 load on the device: base loss %.9f / %.9f, %d of %d values differ\n", ir.base_loss,
+           i_f.base_loss, bad, n);
+    CHECK(bad == 0, "%d of %d curve values or orders differ", bad, n);
+    ac_importance_free(&ir);
+    ac_importance_free(&i_f);
+    ac_model_free(&r);
+    ac_model_free(&f);
+    ac_model_free(&m);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0, "cleanup");
+}
+
 /* The upload's device conversion (ac_cuda_conv.h) against the host's
  * (tensor.c), bit for bit: every BF16 and every F16 pattern (zeros,
  * subnormals, infinities, NaN payloads included) to fp32 (the trainer's
@@ -553,6 +609,7 @@ int main(void) {
     RUN(test_gpu_resident_bf16);
     RUN(test_gpu_resident_f16);
     RUN(test_gpu_calibration);
+    RUN(test_gpu_calibration_resident);
     RUN(test_gpu_job);
     RUN(test_gemm_timings_within_roofline);
     RUN(test_table_from_timings);

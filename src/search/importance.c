@@ -199,30 +199,38 @@ static void monotone(double *p) {
 /* Loss increase when the lowest-ranked SENS_R[p] of a matrix's units are
  * removed: zeroing the W[rows, cols] columns of a unit (width uw columns,
  * units ordered by `order`, best first) is exactly removing it from the
- * layer's output projection. W (matrix `which` of `layer`, scored by sc) is
- * restored before return. */
+ * layer's output projection. *slot is the model's pointer to that matrix
+ * (matrix `which` of `layer`, scored by sc), in the model's weight dtype
+ * (wdt: fp32, or BF16/F16 inside a resident model's read-only mapping). The
+ * matrix is never edited: each point zeroes columns of a private copy in
+ * the same dtype (zero bits are +0 in all three), *slot points at the copy
+ * while the point is scored, and the original pointer is put back before
+ * return, on errors too. One matrix is copied at a time, never the model. */
 static int sens_curve(ac_scorer *sc, int layer, ac_wmat which, const int *ids, size_t n, int ctx, int sw, double base,
-                      float *W, int rows, int cols, const int *order, int units, int uw, double *curve, ac_err *e) {
-    size_t nb = (size_t)rows * cols;
-    float *bk = malloc(nb * 4);
-    if (!bk) return ac_errf(e, "out of memory");
-    memcpy(bk, W, nb * 4);
+                      float **slot, int wdt, int rows, int cols, const int *order, int units, int uw, double *curve,
+                      ac_err *e) {
+    size_t es = st_dtype_size((st_dtype)wdt), nb = (size_t)rows * cols * es;
+    float *orig = *slot;
+    unsigned char *cp = malloc(nb);
+    if (!cp) return ac_errf(e, "out of memory for a copy of layer %d's matrix (%zu bytes)", layer, nb);
     int rc = 0;
     for (int p = 1; p < AC_SENS_POINTS && !rc; p++) {
         int drop = (int)lround(SENS_R[p] * units);
-        memcpy(W, bk, nb * 4);
+        memcpy(cp, orig, nb);
         for (int k = units - drop; k < units; k++)
-            for (int r = 0; r < rows; r++) memset(W + (size_t)r * cols + (size_t)order[k] * uw, 0, (size_t)uw * 4);
+            for (int r = 0; r < rows; r++) memset(cp + ((size_t)r * cols + (size_t)order[k] * uw) * es, 0, uw * es);
         double lo = 0;
+        *slot = (float *)cp;
         rc =
             ac_scorer_weights_changed(sc, layer, which, e) || calib_loss(sc, NULL, 0, ids, n, ctx, sw, &lo, e) ? -1 : 0;
         curve[p] = lo - base;
     }
-    memcpy(W, bk, nb * 4);
-    free(bk);
-    if (!rc) rc = ac_scorer_weights_changed(sc, layer, which, e);
+    *slot = orig;
+    ac_err e2;
+    int rc2 = ac_scorer_weights_changed(sc, layer, which, rc ? &e2 : e); /* the first error is the one reported */
+    free(cp);
     monotone(curve);
-    return rc;
+    return rc || rc2 ? -1 : 0;
 }
 
 /* The passes after the statistics share these. */
@@ -293,12 +301,12 @@ static int masking_sensitivity(calib *c, ac_err *e) {
         if (la->n_heads) {
             /* a KV group's query heads are adjacent: grp*hd o_proj columns */
             int grp = la->n_heads / la->n_kv_heads;
-            rc = sens_curve(sc, l, AC_W_O, c->ids, c->n, c->ctx, c->sw, c->base, w->wo, H, la->n_heads * hd,
+            rc = sens_curve(sc, l, AC_W_O, c->ids, c->n, c->ctx, c->sw, c->base, &w->wo, ac_model_wdt(c->m), H, la->n_heads * hd,
                             c->imp->kv_order[l], la->n_kv_heads, grp * hd, c->imp->attn_sens[l], e);
         }
         if (c->progress) c->progress(c->ud, "sensitivity", (double)++done / total);
         if (la->ffn && !rc)
-            rc = sens_curve(sc, l, AC_W_D, c->ids, c->n, c->ctx, c->sw, c->base, w->wd, H, la->ffn,
+            rc = sens_curve(sc, l, AC_W_D, c->ids, c->n, c->ctx, c->sw, c->base, &w->wd, ac_model_wdt(c->m), H, la->ffn,
                             c->imp->ffn_order[l], la->ffn, 1, c->imp->ffn_sens[l], e);
         if (c->progress) c->progress(c->ud, "sensitivity", (double)++done / total);
     }
@@ -734,26 +742,8 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
     return ac_importance_compute_mode(m, ids, n, ctx, windows, cuda, AC_CALIB_AUTO, progress, ud, imp, e);
 }
 
-static int compute_mode(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda, int mode,
-                        ac_progress_fn progress, void *ud, ac_importance *imp, ac_err *e);
-
 int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda, int mode,
                                ac_progress_fn progress, void *ud, ac_importance *imp, ac_err *e) {
-    /* The engine-based method (the loss passes on the GPU) masks weights in
-     * place: a resident model gets one fp32 copy for this stage. */
-    int engine = mode == AC_CALIB_ENGINE || (cuda && (mode == AC_CALIB_EXACT || mode == AC_CALIB_AUTO));
-    if (!engine || ac_model_wdt(m) == ST_F32)
-        return compute_mode(m, ids, n, ctx, windows, cuda, mode, progress, ud, imp, e);
-    ac_model f32;
-    if (ac_model_to_f32(m, &f32, e)) return -1;
-    ac_model_drop_pages(m); /* the stage reads only the copy */
-    int rc = compute_mode(&f32, ids, n, ctx, windows, cuda, mode, progress, ud, imp, e);
-    ac_model_free(&f32);
-    return rc;
-}
-
-static int compute_mode(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda, int mode,
-                        ac_progress_fn progress, void *ud, ac_importance *imp, ac_err *e) {
     memset(imp, 0, sizeof *imp);
     const ac_arch *a = &m->a;
     int L = a->n_layers;
@@ -768,9 +758,6 @@ static int compute_mode(ac_model *m, const int *ids, size_t n, int ctx, int wind
                    ? AC_CALIB_STREAMED
                    : AC_CALIB_EXACT;
     if (mode == AC_CALIB_EXACT && cuda) mode = AC_CALIB_ENGINE; /* the loss passes on the GPU */
-    if (mode == AC_CALIB_ENGINE && ac_model_wdt(m) != ST_F32)
-        return ac_errf(e, "calibration: the engine-based exact method edits weights; it needs fp32 weights "
-                          "(ac_model_load), not a resident model");
     imp->method = mode;
     imp->streamed = mode == AC_CALIB_STREAMED;
     ac_stats st;

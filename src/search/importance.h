@@ -65,9 +65,11 @@ typedef struct {
 typedef void (*ac_progress_fn)(void *ud, const char *what, double frac);
 
 /* ids: calibration tokens; ctx/windows: the forward-pass protocol.
- * m is only read by the CPU methods (masks act on activations, so it may be
- * resident: ac_model_load_resident); the ENGINE method (the CUDA one)
- * edits its fp32 matrices during the sensitivity passes and restores them.
+ * m is only read (it may be resident: ac_model_load_resident): the CPU
+ * methods mask activations; the ENGINE method (the CUDA one) points one
+ * matrix at a time at a masked private copy in the model's dtype during its
+ * sensitivity passes (m's layer pointers change meanwhile; every one is put
+ * back before return). m's weights are never written or copied whole.
  * Same as ac_importance_compute_mode with AC_CALIB_AUTO. */
 int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda,
                           ac_progress_fn progress, void *ud, ac_importance *imp, ac_err *e);
@@ -93,8 +95,9 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
  * The hidden curve (12.5 / 25 / 50 / 75 %) is exact in all three: one more
  * layer-streamed pass over the S windows with the 4 hidden masks.
  * ENGINE: the statistics in one engine pass, then one full-model loss pass
- *   per point, on the GPU with cuda (weight columns zeroed in place, KV
- *   merges and hidden widths on pruned whole-model copies; fp32 weights).
+ *   per point, on the GPU with cuda (weight columns zeroed in a copy of the
+ *   one matrix, in its dtype; KV merges and hidden widths on pruned fp32
+ *   models, one at a time, gathered from m by ac_prune).
  * AUTO (ac_importance_compute): EXACT (ENGINE with cuda) when the exact
  *   method's passes cost at most AC_CALIB_EXACT_FLOPS (every model of the
  *   tests), else STREAMED. */
