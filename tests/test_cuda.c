@@ -226,7 +226,8 @@ static void test_gpu_calibration_resident(void) {
             bad += fabs(ir.merge_sens[l][k] - i_f.merge_sens[l][k]) > 1e-6 + 1e-4 * fabs(i_f.merge_sens[l][k]);
         bad += ir.merge_n[l] != i_f.merge_n[l];
     }
-    for (int i = 0; i < 4; i++, n++) bad += fabs(ir.hid_sens[i] - i_f.hid_sens[i]) > 1e-6 + 1e-4 * fabs(i_f.hid_sens[i]);
+    for (int i = 0; i < 4; i++, n++)
+        bad += fabs(ir.hid_sens[i] - i_f.hid_sens[i]) > 1e-6 + 1e-4 * fabs(i_f.hid_sens[i]);
     printf("   resident vs fp32 load on the device: base loss %.9f / %.9f, %d of %d values differ\n", ir.base_loss,
            i_f.base_loss, bad, n);
     CHECK(bad == 0, "%d of %d curve values or orders differ", bad, n);

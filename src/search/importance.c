@@ -301,8 +301,8 @@ static int masking_sensitivity(calib *c, ac_err *e) {
         if (la->n_heads) {
             /* a KV group's query heads are adjacent: grp*hd o_proj columns */
             int grp = la->n_heads / la->n_kv_heads;
-            rc = sens_curve(sc, l, AC_W_O, c->ids, c->n, c->ctx, c->sw, c->base, &w->wo, ac_model_wdt(c->m), H, la->n_heads * hd,
-                            c->imp->kv_order[l], la->n_kv_heads, grp * hd, c->imp->attn_sens[l], e);
+            rc = sens_curve(sc, l, AC_W_O, c->ids, c->n, c->ctx, c->sw, c->base, &w->wo, ac_model_wdt(c->m), H,
+                            la->n_heads * hd, c->imp->kv_order[l], la->n_kv_heads, grp * hd, c->imp->attn_sens[l], e);
         }
         if (c->progress) c->progress(c->ud, "sensitivity", (double)++done / total);
         if (la->ffn && !rc)
