@@ -310,6 +310,17 @@ static int write_seeds(const char *dir, const unsigned char *gg, size_t gn) {
     return 0;
 }
 
+/* The scratch directory of target 4 and what the fuzzing left in it. */
+static void remove_scratch(void) {
+    char p2[160];
+    if (!scratch[0]) return;
+    snprintf(p2, sizeof p2, "%s/model.safetensors.index.json", scratch);
+    unlink(p2);
+    snprintf(p2, sizeof p2, "%s/model-00001-of-00001.safetensors", scratch);
+    unlink(p2);
+    rmdir(scratch);
+}
+
 int main(int argc, char **argv) {
     size_t gn = 0;
     unsigned char *gg = gguf_seed(&gn);
@@ -341,6 +352,7 @@ int main(int argc, char **argv) {
         }
         printf("replayed %d inputs\n", argc - 2);
         free(gg);
+        remove_scratch();
         return 0;
     }
     long iters = argc > 1 ? atol(argv[1]) : 20000;
@@ -379,12 +391,7 @@ int main(int argc, char **argv) {
     }
     free(gg);
     printf("fuzzed %ld inputs without a crash\n", iters);
-    char p2[160];
-    snprintf(p2, sizeof p2, "%s/model.safetensors.index.json", scratch);
-    unlink(p2);
-    snprintf(p2, sizeof p2, "%s/model-00001-of-00001.safetensors", scratch);
-    unlink(p2);
-    rmdir(scratch);
+    remove_scratch();
     return 0;
 }
 #endif

@@ -13,6 +13,7 @@ integers; the parser, like before the table existed, wants JSON integers)."""
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -111,6 +112,7 @@ def test_parser_agrees_with_jsonschema():
             assert any(f == t or f.startswith(t + ".") or t.startswith(f + ".") or
                        (f in ("model", "calibration", "target", "constraints") and f not in spec) for t in touched), \
                 (spec, touched, got)
+    shutil.rmtree(os.path.dirname(tmp), ignore_errors=True)
     assert agree_reject > 100 and n - agree_reject > 50, (n, agree_reject)
     print(f"   {n} mutated specs, {agree_reject} rejected by both, {n - agree_reject} accepted by both")
 
