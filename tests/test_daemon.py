@@ -116,9 +116,20 @@ def test_job_lifecycle_and_cost_cache():
     assert j2["state"] == "succeeded", j2
     st, evs = D.req("GET", f"/v1/jobs/{j2['id']}/events?format=json")
     ct2 = [e["data"] for e in evs["events"] if e["kind"] == "cost_table"]
-    assert ct2[0]["cache_hit"] is True and ct2[0]["key"] == ct[0]["key"]
+    assert ct2[0]["key"] == ct[0]["key"], ct2
     st, tables = D.req("GET", "/v1/cost-tables")
-    assert [t["hits"] for t in tables["tables"] if t["key"] == ct[0]["key"]] == [1]
+    hits = [t["hits"] for t in tables["tables"] if t["key"] == ct[0]["key"]]
+    if ct2[0]["cache_hit"] is True:
+        assert hits == [1], hits
+    else:
+        # the one case where a cached table is not reused: job 1 measured it
+        # while a neighbour slowed this VM more than the 10 % tolerance of the
+        # probe now (seen once on the 2-core machine); job 2 measures it
+        # again and says why (the forced case is checked below)
+        rs2 = ct2[0].get("replaced_slow_table")
+        assert rs2 and rs2["table_reference_probe_us"] > 1.10 * rs2["reference_probe_us"], ct2
+        print(f"  job 1's table was measured at a slow moment (reference probe {rs2['table_reference_probe_us']:.1f}"
+              f" us against {rs2['reference_probe_us']:.1f} us now): job 2 measured it again")
     # a cached table measured while a neighbour slowed the CPU (its reference
     # probe, quiet.h, made 100x slower than it was here: no load on the test
     # machine now makes the probe that slow) is measured again
@@ -139,6 +150,8 @@ def test_job_lifecycle_and_cost_cache():
     assert 0 < tj3["quiet"]["reference_probe_us"] < slow["quiet"]["reference_probe_us"] / 2, tj3["quiet"]
     st, res3 = D.req("GET", f"/v1/jobs/{j3['id']}/result")
     ml = res3["measured_local"]
+    # Minitron, not the result here, is timed too (before the base, then freed)
+    assert res3["chosen"] == "autocompress" and ml["minitron"]["ttft_ms"] > 0 and ml["minitron"]["tpot_ms"] > 0, ml
     q = ml["quiet"]
     assert q["reference_probe_us"] > 0 and q["table_reference_probe_us"] == tj3["quiet"]["reference_probe_us"], q
     # the drift-adjusted errors scale each prediction by its model's probe ratio

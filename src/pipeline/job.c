@@ -54,12 +54,15 @@ static void search_emit(void *ud, json_t *ev) {
 
 /* Pre-flight: the CPU engine holds the weights resident in their file dtype
  * (ac_model_load_resident, 2 bytes per parameter when 16-bit) plus at most
- * two fp32 models at a time: the two pruned students (prune, evaluate; each
- * at most the base's size). The CPU DNAS gate search no longer adds any (its
- * trainer reads the resident weights one layer at a time; activations are
- * checked by dnas.c), nor does the CUDA one (the plugin converts each
- * tensor on the device). Fail with a clear reason instead of being killed
- * by the kernel's OOM killer. */
+ * two fp32 models at a time: the two pruned students (prune, distill,
+ * evaluate; each at most the base's size), or, while the evaluate stage
+ * times the base, the result and the base's fp32 timing copy (Minitron is
+ * freed first). The CPU DNAS gate search adds none (its trainer reads the
+ * resident weights one layer at a time; activations are checked by dnas.c),
+ * nor does the CUDA one (the plugin converts each tensor on the device),
+ * nor calibration (the engine method masks a copy of one matrix at a
+ * time). Fail with a clear reason instead of being killed by the kernel's
+ * OOM killer. */
 static int check_host_memory(const char *model_dir, ac_err *e) {
     ac_arch a0;
     if (ac_arch_load(model_dir, &a0, e)) return -1;
@@ -298,20 +301,23 @@ static int stage_evaluate(job_state *s, ac_err *e) {
         ac_cost_cpu_key(s->threads, key, sizeof key, NULL, 0);
         ac_cost_cache_lookup(s->ctx->cache, key, &cpu, &found, &e2);
     }
+    /* Minitron is timed first when it is not the result (the comparison,
+     * same capped workload) and then freed: the base's timing may take an
+     * fp32 copy of the base (ac_measure_local), which then sits beside the
+     * mapping and the result only, as check_host_memory plans. */
+    ac_workload lw = ac_measure_local_workload(&t->workload);
+    double mtt = 0, mtp = 0, ref = found ? (is_cpu ? s->table.ref_us : cpu.ref_us) : 0;
+    int minitron_timed = 0;
+    if (s->chosen == &s->ra) {
+        minitron_timed = ac_measure_latency(&s->pm, s->hids, s->nh, &lw, 0, ref, &mtt, &mtp, NULL, e) == 0;
+        ac_model_free(&s->pm);
+    }
     int rc = ac_measure_local(&s->m, s->result, s->hids, s->nh, &t->workload,
                               found ? (is_cpu ? &s->table : &cpu) : NULL, &s->measured_local, e);
     if (!is_cpu) ac_cost_table_free(&cpu);
     if (rc) return -1;
-    if (s->chosen == &s->ra) { /* Minitron measured too, for the comparison (same capped workload) */
-        json_t *w = json_object_get(s->measured_local, "workload");
-        ac_workload lw = {(int)json_integer_value(json_object_get(w, "batch")),
-                          (int)json_integer_value(json_object_get(w, "prompt_len")),
-                          (int)json_integer_value(json_object_get(w, "gen_len"))};
-        double mtt, mtp;
-        double ref = is_cpu ? s->table.ref_us : 0;
-        if (ac_measure_latency(&s->pm, s->hids, s->nh, &lw, 0, ref, &mtt, &mtp, NULL, e) == 0)
-            json_object_set_new(s->measured_local, "minitron", json_pack("{s:f,s:f}", "ttft_ms", mtt, "tpot_ms", mtp));
-    }
+    if (minitron_timed)
+        json_object_set_new(s->measured_local, "minitron", json_pack("{s:f,s:f}", "ttft_ms", mtt, "tpot_ms", mtp));
     if (t->dev.kind == AC_TARGET_CUDA && ac_cuda(NULL) &&
         ac_measure_on_gpu(&s->m, s->result, s->hids, s->nh, &t->workload, &s->table, &t->engine, &s->measured_on_target,
                           e))

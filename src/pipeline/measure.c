@@ -119,9 +119,13 @@ static json_t *errors(const ac_cost *k, double tt, double tp, double speed) {
 
 static int cap(int v, int hi) { return v < hi ? v : hi; }
 
+ac_workload ac_measure_local_workload(const ac_workload *wl) {
+    return (ac_workload){cap(wl->batch, 4), cap(wl->prompt_len, 128), cap(wl->gen_len, 32)};
+}
+
 int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,
                      const ac_cost_table *cpu_table, json_t **out, ac_err *e) {
-    ac_workload lw = {cap(wl->batch, 4), cap(wl->prompt_len, 128), cap(wl->gen_len, 32)};
+    ac_workload lw = ac_measure_local_workload(wl);
     double bt, bp, rt, rp;
     *out = NULL;
     /* Base and result are timed in the same weight dtype: a resident (BF16)

@@ -23,10 +23,17 @@
 int ac_measure_latency(const ac_model *m, const int *ids, size_t n, const ac_workload *w, int cuda, double quiet_ref_us,
                        double *ttft_ms, double *tpot_ms, ac_quiet_result *qr, ac_err *e);
 
-/* Base and result measured on this CPU for wl capped to batch 4, prompt 128,
- * 32 generated, with the prediction of cpu_table (may be NULL) under the
+/* The workload measured on this CPU: wl capped to batch 4, prompt 128, 32
+ * generated. */
+ac_workload ac_measure_local_workload(const ac_workload *wl);
+
+/* Base and result measured on this CPU for ac_measure_local_workload(wl),
+ * with the prediction of cpu_table (may be NULL) under the
  * CPU engine profile: the report's "measured_local", with its "quiet"
- * object (how disturbed the machine was, against the table's reference). */
+ * object (how disturbed the machine was, against the table's reference).
+ * A resident (BF16/F16) base with an fp32 result is timed on a temporary
+ * fp32 copy (the CPU table's dtype), so the caller should hold nothing else
+ * of the base's size meanwhile (job.c frees the other arm first). */
 int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,
                      const ac_cost_table *cpu_table, json_t **out, ac_err *e);
 
