@@ -141,6 +141,27 @@ static int prune_attn_groups(const ac_arch *a, int l, const ac_layer_arch *s, co
     return rc;
 }
 
+int ac_prune_layer_masks(const ac_arch *a, const ac_arch *t, const ac_importance *imp, int l, float *head_mask,
+                         float *ffn_mask) {
+    const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
+    if (d->n_heads && d->n_kv_heads != s->n_kv_heads) return 1;
+    int grp = s->n_heads ? s->n_heads / s->n_kv_heads : 0, G = s->n_kv_heads, hg = d->n_heads ? d->n_heads / G : 0;
+    for (int h = 0; h < s->n_heads; h++) head_mask[h] = 0;
+    for (int g = 0; g < G && hg > 0; g++) { /* as prune_attn_groups: every group, its best hg heads */
+        const int *order = hg < grp && imp->head_order ? imp->head_order[l] + g * grp : NULL;
+        for (int j = 0; j < hg; j++) head_mask[order ? order[j] : g * grp + j] = 1;
+    }
+    int keep = d->ffn < s->ffn ? d->ffn : s->ffn;
+    for (int c = 0; c < s->ffn; c++) ffn_mask[c] = 0;
+    for (int r = 0; r < keep; r++) ffn_mask[imp->ffn_order[l][r]] = 1;
+    return 0;
+}
+
+void ac_prune_hidden_mask(const ac_arch *a, const ac_arch *t, const ac_importance *imp, float *hid_mask) {
+    for (int c = 0; c < a->hidden; c++) hid_mask[c] = 0;
+    for (int r = 0; r < t->hidden; r++) hid_mask[imp->hid_order[r]] = 1;
+}
+
 /* The FFN's best channels. A target wider than the source (the deci grid)
  * keeps every channel; the extra gate/up rows and down columns stay zero,
  * which adds exactly nothing (silu(0) * 0 = 0). */

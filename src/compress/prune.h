@@ -14,6 +14,18 @@
 
 int ac_prune(const ac_model *src, const ac_arch *target, const ac_importance *imp, ac_model *dst, ac_err *e);
 
+/* What ac_prune(src, target, imp) keeps, as 0/1 masks over src's units, so
+ * that the pruned model's outputs can be computed on src's own weights
+ * (stream.h's masks are exactly removal): head_mask[n_heads] and
+ * ffn_mask[ffn] of layer l (a target layer without attention or FFN: all 0).
+ * Only for layers that keep every KV group (Minitron's head trimming, FFN
+ * and hidden width, layer drop): returns 1, masks untouched, for a layer
+ * that merges or removes KV groups; 0 when done.
+ * ac_prune_hidden_mask: hid_mask[hidden] of the kept hidden channels. */
+int ac_prune_layer_masks(const ac_arch *src, const ac_arch *target, const ac_importance *imp, int l, float *head_mask,
+                         float *ffn_mask);
+void ac_prune_hidden_mask(const ac_arch *src, const ac_arch *target, const ac_importance *imp, float *hid_mask);
+
 /* Least-squares repair of down_proj after FFN pruning: re-fit the kept
  * columns so the layer's output matches the unpruned layer's on calibration
  * activations (ridge-regularised normal equations, solved by LAPACK's

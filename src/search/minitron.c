@@ -7,6 +7,7 @@
 
 #include "eval.h"
 #include "prune.h"
+#include "stream.h"
 
 int ac_minitron_divisor(int max) {
     int d = (int)lround(max / 16.0);
@@ -120,18 +121,80 @@ static json_t *cand_json(const cand_t *c, const ac_search_problem *p, const int 
     return o;
 }
 
-/* Prune candidate c for real and score it on the tail of the calibration
- * tokens (up to 16 windows of p->ctx): mean NLL. */
+/* Mean NLL over nw windows of ctx tokens (ids) of m pruned to a by view,
+ * computed on m's own weights, one layer at a time (stream.h): kept units
+ * by ac_prune's rules as masks (exactly their removal), dropped layers
+ * skipped, hidden channels masked. Holds B windows' activations and the
+ * masks, no pruned copy. *done = 0 (nothing computed) when a layer of a
+ * cannot be expressed by masks (KV groups merged or removed). */
+static int score_view(const ac_model *m, const ac_importance *view, const ac_arch *a, const int *ids, long nw, int ctx,
+                      double *nll, int *done, ac_err *e) {
+    const ac_arch *b = &m->a;
+    int L = b->n_layers, H = b->hidden, B = 4, rc = 0, mh = 1, mf = 1;
+    *done = 0;
+    for (int l = 0; l < L; l++) {
+        if (b->layers[l].n_heads > mh) mh = b->layers[l].n_heads;
+        if (b->layers[l].ffn > mf) mf = b->layers[l].ffn;
+    }
+    ac_stream_mod *mod = calloc(L, sizeof *mod);
+    float *hm = malloc(sizeof(float) * H), *masks = malloc(sizeof(float) * (size_t)L * (mh + mf)),
+          *x = malloc(sizeof(float) * (size_t)B * ctx * H);
+    ac_stream s = {0};
+    if (!mod || !hm || !masks || !x) rc = ac_errf(e, "minitron: out of memory for a candidate's masks");
+    int hidden = a->hidden < H;
+    if (!rc && hidden) ac_prune_hidden_mask(b, a, view, hm);
+    for (int l = 0; l < L && !rc; l++) {
+        float *hmask = masks + (size_t)l * (mh + mf), *fmask = hmask + mh;
+        if (ac_prune_layer_masks(b, a, view, l, hmask, fmask)) goto out; /* not expressible: *done stays 0 */
+        mod[l] = (ac_stream_mod){
+            .head_mask = hmask, .ffn_mask = fmask, .hid_mask = hidden ? hm : NULL, .hid_kept = a->hidden};
+    }
+    if (!rc) rc = ac_stream_init(&s, m, B, ctx, e);
+    double sum = 0;
+    long count = 0;
+    for (long w = 0; w < nw && !rc; w += B) {
+        int nb = (int)(nw - w < B ? nw - w : B);
+        const int *tok = ids + w * ctx;
+        if ((rc = ac_stream_embed(m, tok, (long)nb * ctx, x, e))) break;
+        if (hidden)
+            for (size_t i = 0; i < (size_t)nb * ctx * H; i++) x[i] *= hm[i % H];
+        for (int l = 0; l < L; l++)
+            if (a->layers[l].n_heads || a->layers[l].ffn) ac_stream_layer(&s, l, x, nb, &mod[l], NULL);
+        long c = 0;
+        sum += ac_stream_nll(&s, x, tok, nb, hidden ? &mod[0] : NULL, &c);
+        count += c;
+    }
+    if (!rc) {
+        *nll = count ? sum / count : 0;
+        *done = 1;
+    }
+out:
+    ac_stream_free(&s);
+    free(mod);
+    free(hm);
+    free(masks);
+    free(x);
+    return rc;
+}
+
+/* Score candidate a on the tail of the calibration tokens (up to 16
+ * windows of p->ctx): mean NLL. On the CPU the pruned model is a view of
+ * the source's weights (score_view); on the GPU, or where masks cannot
+ * express it, it is pruned for real (ac_prune) and its perplexity taken. */
 static int score(const ac_search_problem *p, const ac_importance *view, const ac_arch *a, double *nll, ac_err *e) {
     int ctx = p->ctx > 1 ? p->ctx : 128;
     size_t nw = p->n_calib / ctx < 16 ? p->n_calib / ctx : 16;
     if (nw < 1)
         return ac_errf(e, "minitron: calibration text has %zu tokens, fewer than one window of %d", p->n_calib, ctx);
+    const int *ids = p->calib_ids + p->n_calib - nw * ctx;
+    int done = 0;
+    if (!p->cuda && score_view(p->model, view, a, ids, (long)nw, ctx, nll, &done, e)) return -1;
+    if (done) return 0;
     ac_model pm;
     if (ac_prune(p->model, a, view, &pm, e)) return -1;
     ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = (int)nw, .batch = 4, .cuda = p->cuda};
     ac_ppl_result r;
-    int rc = ac_perplexity(&pm, p->calib_ids + p->n_calib - nw * ctx, nw * ctx, &o, NULL, NULL, NULL, &r, e);
+    int rc = ac_perplexity(&pm, ids, nw * ctx, &o, NULL, NULL, NULL, &r, e);
     ac_model_free(&pm);
     if (!rc) *nll = r.nll;
     return rc;
