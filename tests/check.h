@@ -70,6 +70,13 @@ static inline int ck_exists(const char *path) {
     return f != NULL;
 }
 
+/* rm -rf dir (a test's mkdtemp directory); 0 when done. */
+static inline int ck_rmtree(const char *dir) {
+    char cmd[1200];
+    if (snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir) >= (int)sizeof cmd || strchr(dir, '\'')) return -1;
+    return system(cmd);
+}
+
 #define DONE() (printf("RESULT %d %d %d\n", ck_pass, ck_fail, ck_skip), ck_fail ? 1 : 0)
 
 #endif

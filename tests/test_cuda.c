@@ -10,6 +10,7 @@
 #include "device.h"
 #include "engine.h"
 #include "eval.h"
+#include "imp_compare.h"
 #include "importance.h"
 #include "job.h"
 #include "kernels_cpu.h"
@@ -210,24 +211,11 @@ static void test_gpu_calibration_resident(void) {
     CHECK(ac_importance_compute(&r, ids, 128, 8, 16, 1, NULL, NULL, &ir, &e) == 0, "resident: %s", e.msg);
     CHECK(ac_importance_compute(&f, ids, 128, 8, 16, 1, NULL, NULL, &i_f, &e) == 0, "fp32: %s", e.msg);
     ac_set_bf16_gemm_rows(rows);
-    int moved = 0, bad = 0, n = 0;
+    int moved = 0, n = 0;
     for (int l = 0; l < L && l < 64; l++) moved += r.L[l].wo != wo[l] || r.L[l].wd != wd[l];
     CHECK(moved == 0, "%d layers' pointers not restored", moved);
     CHECK(ir.method == AC_CALIB_ENGINE && i_f.method == AC_CALIB_ENGINE, "methods %d %d", ir.method, i_f.method);
-    for (int l = 0; l < L; l++) {
-        const ac_layer_arch *la = &r.a.layers[l];
-        bad += la->n_heads && memcmp(ir.kv_order[l], i_f.kv_order[l], sizeof(int) * la->n_kv_heads);
-        bad += la->ffn && memcmp(ir.ffn_order[l], i_f.ffn_order[l], sizeof(int) * la->ffn);
-        for (int p = 1; p < AC_SENS_POINTS; p++, n += 2) {
-            bad += fabs(ir.attn_sens[l][p] - i_f.attn_sens[l][p]) > 1e-6 + 1e-4 * fabs(i_f.attn_sens[l][p]);
-            bad += fabs(ir.ffn_sens[l][p] - i_f.ffn_sens[l][p]) > 1e-6 + 1e-4 * fabs(i_f.ffn_sens[l][p]);
-        }
-        for (int k = 0; k < ir.merge_n[l] && k < i_f.merge_n[l]; k++, n++)
-            bad += fabs(ir.merge_sens[l][k] - i_f.merge_sens[l][k]) > 1e-6 + 1e-4 * fabs(i_f.merge_sens[l][k]);
-        bad += ir.merge_n[l] != i_f.merge_n[l];
-    }
-    for (int i = 0; i < 4; i++, n++)
-        bad += fabs(ir.hid_sens[i] - i_f.hid_sens[i]) > 1e-6 + 1e-4 * fabs(i_f.hid_sens[i]);
+    int bad = imp_differences(&ir, &i_f, &r.a, 1e-6, 1e-4, &n);
     printf("   resident vs fp32 load on the device: base loss %.9f / %.9f, %d of %d values differ\n", ir.base_loss,
            i_f.base_loss, bad, n);
     CHECK(bad == 0, "%d of %d curve values or orders differ", bad, n);
@@ -236,9 +224,7 @@ static void test_gpu_calibration_resident(void) {
     ac_model_free(&r);
     ac_model_free(&f);
     ac_model_free(&m);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK(system(cmd) == 0, "cleanup");
+    CHECK(ck_rmtree(dir) == 0, "cleanup %s", dir);
 }
 
 /* The upload's device conversion (ac_cuda_conv.h) against the host's

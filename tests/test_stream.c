@@ -20,6 +20,7 @@
 
 #include "check.h"
 #include "eval.h"
+#include "imp_compare.h"
 #include "importance.h"
 #include "kernels_cpu.h"
 #include "prune.h"
@@ -56,8 +57,6 @@ static int setup(void) {
 }
 
 static int close_rel(double a, double b, double tol) { return fabs(a - b) <= tol * fmax(1e-9, fmax(fabs(a), fabs(b))); }
-/* two loss increases (nats) of the same arithmetic up to summation order */
-static int near(double a, double b) { return fabs(a - b) <= 1e-6 + 1e-4 * fabs(b); }
 
 /* The streamed pass (STREAMED) against the engine's (ENGINE). */
 static void test_statistics_match(void) {
@@ -288,17 +287,7 @@ static void test_resident(void) {
     ac_set_bf16_gemm_rows(rows);
     CHECK(r.L[0].wo == wo0 && r.L[r.a.n_layers - 1].wd == wdl, "layer pointers not restored");
     if (ok) {
-        bad = n = 0;
-        for (int l = 0; l < M.a.n_layers; l++) {
-            for (int p = 1; p < AC_SENS_POINTS; p++, n += 2) {
-                bad += !near(c.attn_sens[l][p], d.attn_sens[l][p]);
-                bad += !near(c.ffn_sens[l][p], d.ffn_sens[l][p]);
-            }
-            for (int k = 0; k < d.merge_n[l]; k++, n++) bad += !near(c.merge_sens[l][k], d.merge_sens[l][k]);
-            bad += memcmp(c.ffn_order[l], d.ffn_order[l], sizeof(int) * M.a.layers[l].ffn) != 0;
-            bad += memcmp(c.kv_order[l], d.kv_order[l], sizeof(int) * M.a.layers[l].n_kv_heads) != 0;
-        }
-        for (int i = 0; i < 4; i++, n++) bad += !near(c.hid_sens[i], d.hid_sens[i]);
+        bad = imp_differences(&c, &d, &M.a, 1e-6, 1e-4, &n);
         printf("   engine method, resident vs fp32 load: base loss %.9f / %.9f, o_proj curve of layer 0 at 100 %% "
                "%.9f / %.9f\n",
                c.base_loss, d.base_loss, c.attn_sens[0][AC_SENS_POINTS - 1], d.attn_sens[0][AC_SENS_POINTS - 1]);
@@ -312,9 +301,7 @@ static void test_resident(void) {
     ac_importance_free(&b);
     ac_model_free(&r);
     ac_model_free(&f);
-    char p[128];
-    snprintf(p, sizeof p, "rm -rf '%s'", dir);
-    CHECK(system(p) == 0, "cleanup");
+    CHECK(ck_rmtree(dir) == 0, "cleanup %s", dir);
 }
 
 int main(void) {

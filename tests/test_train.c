@@ -580,9 +580,7 @@ static void test_distill_job(void) {
         json_decref(res);
         json_decref(spec);
     }
-    char rm[1200];
-    snprintf(rm, sizeof rm, "rm -rf '%s'", tmp);
-    CHECK(system(rm) == 0, "cleanup %s", tmp);
+    CHECK(ck_rmtree(tmp) == 0, "cleanup %s", tmp);
 }
 
 /* A gate shared by a KV group's query heads: its gradient (sum over the
