@@ -284,6 +284,14 @@ def test_full_disk_503_degraded_and_recovered():
         st, a = d.req("POST", "/v1/jobs", body=spec(search={"steps": 40, "seed": 1}))
         assert st == 201
         d.wait_state(a["id"], {"running"})
+        # the worker's pid is written just after the state: wait for it, so
+        # that the loop below can watch that worker end (a full disk before
+        # then left it NULL, and the job still running after the wait below)
+        con = __import__("sqlite3").connect(d.db)
+        t0 = time.time()
+        while con.execute("SELECT worker_pid FROM jobs WHERE id=?", (a["id"],)).fetchone()[0] is None:
+            assert time.time() - t0 < 10, "no worker pid recorded"
+            time.sleep(0.05)
         # every write of the daemon now fails with EFBIG, as on a full disk
         set_fsize(d.proc.pid, 1)
         st, r = d.req("POST", "/v1/jobs", body=spec())
@@ -294,7 +302,6 @@ def test_full_disk_503_degraded_and_recovered():
         st, r = d.req("DELETE", f"/v1/jobs/{a['id']}")  # the cancel mark cannot be written either
         assert st == 503, (st, r)
         # the job's worker ends while the disk is full: its end cannot be written, and is retried
-        con = __import__("sqlite3").connect(d.db)
         t0 = time.time()
         while time.time() - t0 < 120:
             pid = con.execute("SELECT worker_pid FROM jobs WHERE id=?", (a["id"],)).fetchone()[0]
