@@ -32,9 +32,9 @@ static void fill(float *w, size_t n, double scale, double offset) {
     for (size_t i = 0; i < n; i++) w[i] = (float)(offset + scale * (2 * urand() - 1));
 }
 
-/* A random model: 3 layers, hidden 16, 8 heads of 4 in 2 KV groups, FFN 24. */
-static int mk_model(ac_model *m, ac_err *e) {
-    ac_arch a = mk_arch(3, 16, 4, 8, 2, 24, 40);
+/* A random model: L layers, hidden 16, 8 heads of 4 in 2 KV groups, FFN 24. */
+static int mk_model_layers(ac_model *m, int L, ac_err *e) {
+    ac_arch a = mk_arch(L, 16, 4, 8, 2, 24, 40);
     int rc = ac_model_alloc(m, &a, e);
     ac_arch_free(&a);
     if (rc) return rc;
@@ -42,7 +42,7 @@ static int mk_model(ac_model *m, ac_err *e) {
     fill(m->embed, (size_t)V * H, 1.0, 0);
     fill(m->lm_head, (size_t)V * H, 0.3, 0);
     fill(m->final_norm, H, 0.2, 1);
-    for (int l = 0; l < 3; l++) {
+    for (int l = 0; l < L; l++) {
         ac_layer_w *w = &m->L[l];
         fill(w->in_norm, H, 0.3, 1);
         fill(w->post_norm, H, 0.3, 1);
@@ -56,6 +56,9 @@ static int mk_model(ac_model *m, ac_err *e) {
     }
     return 0;
 }
+
+/* The 3-layer one most tests use. */
+static int mk_model(ac_model *m, ac_err *e) { return mk_model_layers(m, 3, e); }
 
 /* ---- the direct float64 forward (HF Llama, rotate-half RoPE) ---- */
 
@@ -432,13 +435,15 @@ static void test_search_grid_limits(void) {
     ac_cost_table_free(&t);
 }
 
-/* Scored search on the random model: each candidate scored (on masks over
- * the source's weights, equal to pruning it for real), the lowest
- * calibration NLL kept, all KV groups kept. */
-static void test_scored_search_keeps_best(void) {
+/* Scored search on a random model of L layers: each candidate scored (on
+ * masks over the source's weights, equal to pruning it for real), the
+ * lowest calibration NLL kept, all KV groups kept. cover[0..2] count the
+ * compared candidates with fewer hidden channels, fewer heads, fewer
+ * layers than the model. */
+static void scored_search(int L, int cover[3]) {
     ac_err e;
     ac_model m;
-    CHECK(mk_model(&m, &e) == 0, "%s", e.msg);
+    CHECK(mk_model_layers(&m, L, &e) == 0, "%s", e.msg);
     int W = 6, ids[6 * T_];
     for (int i = 0; i < W * T_; i++) ids[i] = (int)(urand() * 40);
     ac_importance imp;
@@ -475,7 +480,7 @@ static void test_scored_search_keeps_best(void) {
     }
     CHECK(json_integer_value(json_object_get(json_array_get(cands, best), "hidden_size")) == r.arch.hidden,
           "kept the best");
-    for (int l = 0; l < 3; l++)
+    for (int l = 0; l < L; l++)
         CHECK(r.arch.layers[l].n_heads == 0 || r.arch.layers[l].n_kv_heads == 2, "layer %d keeps both KV groups", l);
     /* every candidate's score (masks on the source's weights, one layer at a
      * time) is what the candidate pruned for real (ac_prune) scores: same
@@ -496,6 +501,9 @@ static void test_scored_search_keeps_best(void) {
                 (int)json_integer_value(json_object_get(c, "num_attention_heads")), m.a.layers[0].n_kv_heads,
                 (int)json_integer_value(json_object_get(c, "ffn_hidden_size"))};
         }
+        cover[0] += ca.hidden < m.a.hidden;
+        cover[1] += json_integer_value(json_object_get(c, "num_attention_heads")) < m.a.layers[0].n_heads;
+        cover[2] += json_array_size(json_object_get(c, "layers_kept")) < (size_t)L;
         ac_model cm;
         ac_ppl_result cr;
         double cn = json_real_value(json_object_get(c, "calib_nll"));
@@ -528,6 +536,18 @@ static void test_scored_search_keeps_best(void) {
     ac_cost_table_free(&t);
     ac_importance_free(&imp);
     ac_model_free(&m);
+}
+
+/* 3 layers (no depth choice under Model-Optimizer's 20 % cap) and 10 (9
+ * or 10 kept): between them the candidates compared with their pruned
+ * models narrow the hidden width, trim heads and drop layers. */
+static void test_scored_search_keeps_best(void) {
+    int cover[3] = {0, 0, 0};
+    scored_search(3, cover);
+    scored_search(10, cover);
+    printf("   candidates compared: %d with fewer hidden channels, %d with fewer heads, %d with fewer layers\n",
+           cover[0], cover[1], cover[2]);
+    CHECK(cover[0] > 0 && cover[1] > 0 && cover[2] > 0, "the candidates do not cover every axis");
 }
 
 int main(void) {

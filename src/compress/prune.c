@@ -144,7 +144,10 @@ static int prune_attn_groups(const ac_arch *a, int l, const ac_layer_arch *s, co
 int ac_prune_layer_masks(const ac_arch *a, const ac_arch *t, const ac_importance *imp, int l, float *head_mask,
                          float *ffn_mask) {
     const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
-    if (d->n_heads && d->n_kv_heads != s->n_kv_heads) return 1;
+    /* what ac_prune does otherwise (merge or drop KV groups), or refuses */
+    if (d->n_heads && (d->n_kv_heads != s->n_kv_heads || d->n_heads > s->n_heads || d->n_heads % s->n_kv_heads))
+        return 1;
+    if (d->ffn && !s->ffn) return 1;
     int grp = s->n_heads ? s->n_heads / s->n_kv_heads : 0, G = s->n_kv_heads, hg = d->n_heads ? d->n_heads / G : 0;
     for (int h = 0; h < s->n_heads; h++) head_mask[h] = 0;
     for (int g = 0; g < G && hg > 0; g++) { /* as prune_attn_groups: every group, its best hg heads */

@@ -20,7 +20,9 @@ int ac_prune(const ac_model *src, const ac_arch *target, const ac_importance *im
  * ffn_mask[ffn] of layer l (a target layer without attention or FFN: all 0).
  * Only for layers that keep every KV group (Minitron's head trimming, FFN
  * and hidden width, layer drop): returns 1, masks untouched, for a layer
- * that merges or removes KV groups; 0 when done.
+ * that merges or removes KV groups or that ac_prune refuses; 0 when done.
+ * The caller checks what ac_prune checks of the whole architecture (same
+ * layers, head_dim and vocabulary, hidden width at most the source's).
  * ac_prune_hidden_mask: hid_mask[hidden] of the kept hidden channels. */
 int ac_prune_layer_masks(const ac_arch *src, const ac_arch *target, const ac_importance *imp, int l, float *head_mask,
                          float *ffn_mask);

@@ -140,6 +140,8 @@ static int score_view(const ac_model *m, const ac_importance *view, const ac_arc
     float *hm = malloc(sizeof(float) * H), *masks = malloc(sizeof(float) * (size_t)L * (mh + mf)),
           *x = malloc(sizeof(float) * (size_t)B * ctx * H);
     ac_stream s = {0};
+    if (a->n_layers != L || a->head_dim != b->head_dim || a->vocab != b->vocab || a->hidden > H || a->hidden < 1)
+        goto out; /* not a view of m (ac_prune says why) */
     if (!mod || !hm || !masks || !x) rc = ac_errf(e, "minitron: out of memory for a candidate's masks");
     int hidden = a->hidden < H;
     if (!rc && hidden) ac_prune_hidden_mask(b, a, view, hm);
