@@ -16,7 +16,7 @@
  * group or FFN channel orders differ; *n: how many were compared. */
 static inline int imp_differences(const ac_importance *a, const ac_importance *b, const ac_arch *arch, double abs_tol,
                                   double rel_tol, int *n) {
-#define IMP_FAR(x, y) (fabs((x) - (y)) > abs_tol + rel_tol * fabs(y))
+#define IMP_FAR(x, y) (!(fabs((x) - (y)) <= abs_tol + rel_tol * fabs(y))) /* NaN: far */
     int bad = 0;
     *n = 0;
     for (int l = 0; l < arch->n_layers; l++) {

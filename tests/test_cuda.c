@@ -219,6 +219,8 @@ static void test_gpu_calibration_resident(void) {
     printf("   resident vs fp32 load on the device: base loss %.9f / %.9f, %d of %d values differ\n", ir.base_loss,
            i_f.base_loss, bad, n);
     CHECK(bad == 0, "%d of %d curve values or orders differ", bad, n);
+    CHECK(fabs(ir.base_loss - i_f.base_loss) <= 1e-6 * i_f.base_loss, "base loss %.9f vs %.9f", ir.base_loss,
+          i_f.base_loss);
     ac_importance_free(&ir);
     ac_importance_free(&i_f);
     ac_model_free(&r);

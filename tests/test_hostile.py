@@ -289,7 +289,10 @@ def test_full_disk_503_degraded_and_recovered():
         # then left it NULL, and the job still running after the wait below)
         con = __import__("sqlite3").connect(d.db)
         t0 = time.time()
-        while con.execute("SELECT worker_pid FROM jobs WHERE id=?", (a["id"],)).fetchone()[0] is None:
+        while True:
+            pid, state = con.execute("SELECT worker_pid, state FROM jobs WHERE id=?", (a["id"],)).fetchone()
+            if pid is not None or state != "running":
+                break
             assert time.time() - t0 < 10, "no worker pid recorded"
             time.sleep(0.05)
         # every write of the daemon now fails with EFBIG, as on a full disk
