@@ -59,10 +59,11 @@ static void search_emit(void *ud, json_t *ev) {
  * times the base, the result and the base's fp32 timing copy (Minitron is
  * freed first). The CPU DNAS gate search adds none (its trainer reads the
  * resident weights one layer at a time; activations are checked by dnas.c),
- * nor does the CUDA one (the plugin converts each tensor on the device),
- * nor calibration (the engine method masks a copy of one matrix at a
- * time). Fail with a clear reason instead of being killed by the kernel's
- * OOM killer. */
+ * nor does the CUDA one (the plugin converts each tensor on the device);
+ * calibration's engine method and the Minitron search on a GPU hold one
+ * pruned fp32 model at a time (masks are on a copy of one matrix, and the
+ * CPU search scores masked views). Fail with a clear reason instead of
+ * being killed by the kernel's OOM killer. */
 static int check_host_memory(const char *model_dir, ac_err *e) {
     ac_arch a0;
     if (ac_arch_load(model_dir, &a0, e)) return -1;
@@ -435,7 +436,8 @@ int ac_job_run(const ac_job_spec *spec, ac_job_ctx *ctx, json_t **result, ac_err
             json_object_set_new(s->timings, s->stage, json_real(ac_now() - t0));
         /* give the stage's freed working sets back to the system: glibc keeps
          * freed heap pages (per-tensor buffers below its raised mmap threshold
-         * after the search's fp32 copy), which the next stage's peak would count */
+         * after a stage freed whole fp32 models: pruned students, `cotrain`'s
+         * copy), which the next stage's peak would count */
         malloc_trim(0);
     }
     if (!rc) {

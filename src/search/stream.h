@@ -44,9 +44,9 @@ typedef struct {
     const float *ffn_mask;  /* [ffn]: multiplies silu(g)*u before down_proj */
     int kv_merge;           /* > 0: KV heads mean-pooled to this many (a divisor), as ac_prune merges */
     /* Hidden width: hid_mask[H] is 1 on the hid_kept kept channels, 0 on the
-     * others; the residual stream must be 0 on masked channels (embedding
-     * masked by ac_stream_embed_masked); RMSNorms then average over the kept
-     * channels and each residual add is masked again. */
+     * others; the residual stream must be 0 on masked channels (the caller
+     * multiplies the embedding rows by the mask); RMSNorms then average over
+     * the kept channels and each residual add is masked again. */
     const float *hid_mask;
     int hid_kept;
 } ac_stream_mod;
