@@ -85,7 +85,7 @@ if pe and pb:
 mt = r["minitron"]
 if "candidates" in mt:
     print(f"Minitron (Model-Optimizer's search): {mt['grid_size']} grid points, {mt['grid_feasible']} within the limit, "
-          f"top {len(mt['candidates'])} pruned and scored on calibration text (ppl):",
+          f"top {len(mt['candidates'])} scored on calibration text (ppl):",
           ", ".join(f"h{c['hidden_size']}/f{c['ffn_hidden_size']}/a{c['num_attention_heads']}/L{c['num_layers']}: {c.get('calib_ppl', float('nan')):.1f}"
                     for c in mt["candidates"]), f"; layers dropped: {mt['layers_dropped']}")
 print(f"chosen: {r['chosen']}; exported to {r['export']['dir']} as {r['export']['format']}")

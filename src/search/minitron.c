@@ -337,7 +337,8 @@ int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *
     r->detail = json_pack(
         "{s:s,s:o,s:i,s:i,s:i,s:o,s:o,s:i,s:b,s:o}", "algorithm",
         "NVIDIA Model-Optimizer mcore_minitron: uniform grid on divisor choices (width top 40%, depth top 20%), "
-        "filtered by the cost model's limits, top-k closest to the binding limit pruned and scored",
+        "filtered by the cost model's limits, top-k closest to the binding limit scored as pruned (masked views of the "
+        "base on the CPU)",
         "axes", axes_json(ax), "grid_size", n, "grid_feasible", nf, "top_k", AC_MINITRON_TOP_K,
         "layer_scores_1_minus_cos", ls, "layers_dropped", dropped, "best_candidate", nf ? best : -1, "scored", scoring,
         "candidates", cands);

@@ -59,7 +59,8 @@ void ac_minitron_importance_view(const ac_importance *imp, ac_importance *view);
 void ac_minitron_compact(ac_model *m);
 
 /* Model-Optimizer's Minitron search (above). With p->model and
- * p->calib_ids the top-k candidates are pruned and scored; without them the
+ * p->calib_ids the top-k candidates are scored (on the CPU as masked views
+ * of p->model, layer by layer; on a GPU pruned for real); without them the
  * candidate closest to the limit is taken unscored. r->detail gets the
  * report: axes, grid size, layer scores and `candidates` (architecture,
  * predicted figures, calibration score of each). Infeasible when no grid
