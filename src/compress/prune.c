@@ -100,8 +100,17 @@ static void prune_attn_merge(const ac_arch *a, const ac_layer_arch *s, const ac_
         }
 }
 
+/* Source KV group g's query heads in the order they are kept: when hg of
+ * its grp heads stay (Minitron's trimming) and there is a head ranking, the
+ * ranking's entries for that group, best first (the first hg are kept);
+ * NULL: its heads in index order (g * grp + j). ac_prune and
+ * ac_prune_layer_masks both keep heads by this. */
+static const int *group_head_order(const ac_importance *imp, int l, int g, int grp, int hg) {
+    return hg < grp && imp->head_order ? imp->head_order[l] + (size_t)g * grp : NULL;
+}
+
 /* The kept KV groups with their query heads; when every group is kept with
- * fewer heads each (Minitron), a group's best heads by imp->head_order, in
+ * fewer heads each (Minitron), a group's best heads (group_head_order), in
  * their original order. */
 static int prune_attn_groups(const ac_arch *a, int l, const ac_layer_arch *s, const ac_layer_arch *d,
                              const ac_importance *imp, const ac_layer_w *sw, int wdt, ac_layer_w *dw, const int *hk,
@@ -113,8 +122,9 @@ static int prune_attn_groups(const ac_arch *a, int l, const ac_layer_arch *s, co
     if (!gk || !qrows || !kvrows) rc = ac_errf(e, "out of memory");
     for (int g = 0; !rc && g < G; g++) {
         for (int i = 0; i < hd; i++) kvrows[g * hd + i] = gk[g] * hd + i;
-        int *qk = hg < grp && imp->head_order ? kept(imp->head_order[l] + gk[g] * grp, hg) : NULL;
-        if (hg < grp && imp->head_order && !qk) {
+        const int *go = group_head_order(imp, l, gk[g], grp, hg);
+        int *qk = go ? kept(go, hg) : NULL;
+        if (go && !qk) {
             rc = ac_errf(e, "out of memory");
             break;
         }
@@ -150,9 +160,9 @@ int ac_prune_layer_masks(const ac_arch *a, const ac_arch *t, const ac_importance
     if (d->ffn && !s->ffn) return 1;
     int grp = s->n_heads ? s->n_heads / s->n_kv_heads : 0, G = s->n_kv_heads, hg = d->n_heads ? d->n_heads / G : 0;
     for (int h = 0; h < s->n_heads; h++) head_mask[h] = 0;
-    for (int g = 0; g < G && hg > 0; g++) { /* as prune_attn_groups: every group, its best hg heads */
-        const int *order = hg < grp && imp->head_order ? imp->head_order[l] + g * grp : NULL;
-        for (int j = 0; j < hg; j++) head_mask[order ? order[j] : g * grp + j] = 1;
+    for (int g = 0; g < G && hg > 0; g++) { /* as prune_attn_groups: every group, its first hg heads */
+        const int *go = group_head_order(imp, l, g, grp, hg);
+        for (int j = 0; j < hg; j++) head_mask[go ? go[j] : g * grp + j] = 1;
     }
     int keep = d->ffn < s->ffn ? d->ffn : s->ffn;
     for (int c = 0; c < s->ffn; c++) ffn_mask[c] = 0;
