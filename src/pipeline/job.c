@@ -306,15 +306,15 @@ static int stage_evaluate(job_state *s, ac_err *e) {
      * same capped workload) and then freed: the base's timing may take an
      * fp32 copy of the base (ac_measure_local), which then sits beside the
      * mapping and the result only, as check_host_memory plans. */
+    const ac_cost_table *ct = found ? (is_cpu ? &s->table : &cpu) : NULL; /* the CPU table, if any */
     ac_workload lw = ac_measure_local_workload(&t->workload);
-    double mtt = 0, mtp = 0, ref = found ? (is_cpu ? s->table.ref_us : cpu.ref_us) : 0;
+    double mtt = 0, mtp = 0, ref = ct ? ct->ref_us : 0;
     int minitron_timed = 0;
     if (s->chosen == &s->ra) {
         minitron_timed = ac_measure_latency(&s->pm, s->hids, s->nh, &lw, 0, ref, &mtt, &mtp, NULL, e) == 0;
         ac_model_free(&s->pm);
     }
-    int rc = ac_measure_local(&s->m, s->result, s->hids, s->nh, &t->workload,
-                              found ? (is_cpu ? &s->table : &cpu) : NULL, &s->measured_local, e);
+    int rc = ac_measure_local(&s->m, s->result, s->hids, s->nh, &t->workload, ct, &s->measured_local, e);
     if (!is_cpu) ac_cost_table_free(&cpu);
     if (rc) return -1;
     if (minitron_timed)
