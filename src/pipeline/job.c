@@ -117,18 +117,19 @@ static int stage_calibrate(job_state *s, ac_err *e) {
 
 /* ---------------------------------------------------------------- 3 profile */
 
-/* A cached CPU table measured while a neighbour slowed the machine (its
- * reference probe, quiet.h, slower than the tolerance of the quickest of
- * three probes now) predicts everything slow: *then, *now the two probes.
+/* How this CPU runs now against when table t was measured (quiet.h): 1
+ * when the table's reference probe ran slower than the tolerance allows of
+ * the quickest of three probes now (a neighbour slowed it; its figures are
+ * then high), -1 when the probe now runs that much slower than the table's
+ * (its figures are then low for now), else 0. *then, *now: the two probes.
  * Tables without a reference, or measured elsewhere, are taken as they are. */
-static int table_measured_slow(const ac_cost_table *t, double *then, double *now) {
+static int table_state(const ac_cost_table *t, double *then, double *now) {
     if (t->roofline || t->ref_us <= 0 || strcmp(t->source, "measured")) return 0;
     double p = ac_cost_ref_probe_us();
     for (int i = 0; i < 2; i++) p = fmin(p, ac_cost_ref_probe_us());
-    if (!(t->ref_us > AC_QUIET_TOL * p)) return 0;
     *then = t->ref_us;
     *now = p;
-    return 1;
+    return t->ref_us > AC_QUIET_TOL * p ? 1 : p > AC_QUIET_TOL * t->ref_us ? -1 : 0;
 }
 
 static int stage_profile(job_state *s, ac_err *e) {
@@ -139,8 +140,10 @@ static int stage_profile(job_state *s, ac_err *e) {
                           &s->cache_hit, e))
         return -1;
     double then = 0, now = 0;
-    if (s->cache_hit && t->dev.kind == AC_TARGET_CPU &&
-        table_measured_slow(tb, &then, &now)) { /* measure it again, quiet */
+    /* a cached table measured slower than now: measure it again, quiet (one
+     * measured quicker stays: the search plans for the CPU's quick state) */
+    int replaced = s->cache_hit && t->dev.kind == AC_TARGET_CPU && table_state(tb, &then, &now) == 1;
+    if (replaced) {
         emit(s, "log",
              json_pack("{s:s,s:f,s:f}", "message",
                        "the cached cost table was measured while this CPU ran slower than now: measuring it again",
@@ -152,7 +155,7 @@ static int stage_profile(job_state *s, ac_err *e) {
     int measured = !s->cache_hit && !tb->roofline;
     json_t *ev = json_pack("{s:s,s:s,s:s,s:b,s:f}", "key", tb->key, "device", tb->device, "source", tb->source,
                            "cache_hit", s->cache_hit, "measure_seconds", tb->measure_s);
-    if (then > 0)
+    if (replaced)
         json_object_set_new(ev, "replaced_slow_table",
                             json_pack("{s:f,s:f}", "table_reference_probe_us", then, "reference_probe_us", now));
     if (measured) json_object_set_new(ev, "table", ac_cost_table_to_json(tb));
@@ -307,6 +310,43 @@ static int stage_evaluate(job_state *s, ac_err *e) {
      * fp32 copy of the base (ac_measure_local), which then sits beside the
      * mapping and the result only, as check_host_memory plans. */
     const ac_cost_table *ct = found ? (is_cpu ? &s->table : &cpu) : NULL; /* the CPU table, if any */
+    /* The VM this runs on switches between speeds for tens of seconds at a
+     * time (quiet.h). When the CPU runs now, by the reference probe, more
+     * than the tolerance quicker or slower than when the CPU table was
+     * measured, its predictions would carry that drift into measured_local's
+     * errors: the table is measured again first, in the state the models are
+     * about to be timed in, and cached when quicker than the cached one. A
+     * CPU target's search keeps the table it planned with (s->table). */
+    ac_cost_table fresh = {0};
+    double then = 0, now = 0;
+    int state = ct ? table_state(ct, &then, &now) : 0;
+    if (state) {
+        emit(s, "log",
+             json_pack("{s:s,s:f,s:f}", "message",
+                       state > 0 ? "this CPU runs quicker than when its cost table was measured: measuring it again "
+                                   "before timing base and result"
+                                 : "this CPU runs slower than when its cost table was measured: measuring it again "
+                                   "before timing base and result (not cached)",
+                       "table_reference_probe_us", then, "reference_probe_us", now));
+        const ac_cost_cache *cache = s->ctx->cache;
+        ac_err e2;
+        if (ac_cost_measure_cpu(s->threads, NULL, NULL, &fresh, &e2) == 0) {
+            ct = &fresh;
+            /* cached as the profile stage caches: by put, and for the daemon
+             * (whose workers read the cache only) in the event's table */
+            int keep = fresh.ref_us < then;
+            json_t *ev = json_pack("{s:s,s:s,s:s,s:b,s:f,s:s}", "key", fresh.key, "device", fresh.device, "source",
+                                   fresh.source, "cache_hit", 0, "measure_seconds", fresh.measure_s, "for",
+                                   "measured_local");
+            if (ev && keep) json_object_set_new(ev, "table", ac_cost_table_to_json(&fresh));
+            if (ev) emit(s, "cost_table", ev);
+            if (keep && cache && cache->put && cache->put(cache->ud, &fresh, &e2))
+                emit(s, "log", json_pack("{s:s,s:s}", "message", "caching the CPU cost table failed", "error", e2.msg));
+        } else {
+            state = 0;
+            emit(s, "log", json_pack("{s:s,s:s}", "message", "measuring the CPU cost table failed", "error", e2.msg));
+        }
+    }
     ac_workload lw = ac_measure_local_workload(&t->workload);
     double mtt = 0, mtp = 0, ref = ct ? ct->ref_us : 0;
     int minitron_timed = 0;
@@ -316,7 +356,13 @@ static int stage_evaluate(job_state *s, ac_err *e) {
     }
     int rc = ac_measure_local(&s->m, s->result, s->hids, s->nh, &t->workload, ct, &s->measured_local, e);
     if (!is_cpu) ac_cost_table_free(&cpu);
+    ac_cost_table_free(&fresh);
     if (rc) return -1;
+    if (state)
+        json_object_set_new(s->measured_local, "table_measured_again",
+                            json_pack("{s:s,s:f,s:f,s:f}", "reason", state > 0 ? "table_slower" : "table_quicker",
+                                      "table_reference_probe_us", then, "reference_probe_us", now,
+                                      "new_table_reference_probe_us", ct->ref_us));
     if (minitron_timed)
         json_object_set_new(s->measured_local, "minitron", json_pack("{s:f,s:f}", "ttft_ms", mtt, "tpot_ms", mtp));
     if (t->dev.kind == AC_TARGET_CUDA && ac_cuda(NULL) &&
