@@ -131,11 +131,14 @@ def test_job_lifecycle_and_cost_cache():
     hits = [t["hits"] for t in tables["tables"] if t["key"] == ct[0]["key"]]
     assert hits == [1], hits
     st, res2 = D.req("GET", f"/v1/jobs/{j2['id']}/result")
+    # (a second entry when the CPU changed state again while the models were timed: measured once more after)
     again = res2["measured_local"].get("table_measured_again")
     q2 = res2["measured_local"]["quiet"]
-    assert again and again["reason"] == "table_quicker" and again["table_reference_probe_us"] == quick["quiet"]["reference_probe_us"], again
-    assert again["new_table_reference_probe_us"] > 10 * again["table_reference_probe_us"], again
-    assert q2["table_reference_probe_us"] == again["new_table_reference_probe_us"], (q2, again)
+    assert again and again[0]["reason"] == "table_quicker" and again[0]["when"] == "before_timing", again
+    assert again[0]["table_reference_probe_us"] == quick["quiet"]["reference_probe_us"], again
+    assert again[0]["new_table_reference_probe_us"] > 10 * again[0]["table_reference_probe_us"], again
+    assert len(again) == 1 or again[1]["when"] == "after_timing", again
+    assert q2["table_reference_probe_us"] == again[-1]["new_table_reference_probe_us"], (q2, again)
     st, tj2c = D.req("GET", "/v1/cost-tables/" + ct[0]["key"].replace(" ", "%20").replace("|", "%7C"))
     assert tj2c["quiet"]["reference_probe_us"] == quick["quiet"]["reference_probe_us"], tj2c["quiet"]
     # a cached table measured while a neighbour slowed the CPU (its reference
@@ -163,7 +166,7 @@ def test_job_lifecycle_and_cost_cache():
     q = ml["quiet"]
     # the table the runs were held to: the cached one, or one evaluate measured again (this VM switched speed
     # between the search and the timing) and, when slower, did not cache
-    held = ml["table_measured_again"]["new_table_reference_probe_us"] if "table_measured_again" in ml else tj3["quiet"]["reference_probe_us"]
+    held = ml["table_measured_again"][-1]["new_table_reference_probe_us"] if "table_measured_again" in ml else tj3["quiet"]["reference_probe_us"]
     assert q["reference_probe_us"] > 0 and q["table_reference_probe_us"] == held, (q, ml.get("table_measured_again"))
     # the drift-adjusted errors scale each prediction by its model's probe ratio
     for arm, key, adj in (("result", "prediction_error", "prediction_error_speed_adjusted"),
@@ -186,13 +189,15 @@ def test_job_lifecycle_and_cost_cache():
     assert j4["state"] == "succeeded", j4
     st, res4 = D.req("GET", f"/v1/jobs/{j4['id']}/result")
     again = res4["measured_local"].get("table_measured_again")
-    assert again and again["reason"] == "table_slower" and again["new_table_reference_probe_us"] < again["table_reference_probe_us"] / 10, again
+    assert again and again[0]["reason"] == "table_slower" and again[0]["when"] == "before_timing", again
+    assert again[0]["new_table_reference_probe_us"] < again[0]["table_reference_probe_us"] / 10, again
     st, tj4 = D.req("GET", "/v1/cost-tables/" + ct[0]["key"].replace(" ", "%20").replace("|", "%7C"))
-    assert tj4["quiet"]["reference_probe_us"] == again["new_table_reference_probe_us"], (tj4["quiet"], again)
+    # the cache holds the quickest of the new tables (each cached when quicker than the cached one)
+    assert tj4["quiet"]["reference_probe_us"] == min(a["new_table_reference_probe_us"] for a in again), (tj4["quiet"], again)
     st, evs = D.req("GET", f"/v1/jobs/{j4['id']}/events?format=json")
     ct4 = [e["data"] for e in evs["events"] if e["kind"] == "cost_table" and e["data"].get("for") == "measured_local"]
-    assert len(ct4) == 1 and ct4[0]["key"] == ct[0]["key"] and ct4[0]["cache_hit"] is False, ct4
-    assert res4["measured_local"]["quiet"]["table_reference_probe_us"] == again["new_table_reference_probe_us"]
+    assert len(ct4) == len(again) and ct4[0]["key"] == ct[0]["key"] and ct4[0]["cache_hit"] is False, ct4
+    assert res4["measured_local"]["quiet"]["table_reference_probe_us"] == again[-1]["new_table_reference_probe_us"]
     # estimate API with the cached CPU table and with a profile
     st, est = D.req("POST", "/v1/estimate", body={"model": TINY, "target": {"device": "cpu", "workload": {"batch": 2, "prompt_len": 32, "gen_len": 8}}})
     assert st == 200 and est["figures"]["ttft_ms"] > 0 and est["source"] == "measured", est

@@ -11,6 +11,7 @@
 #include "check.h"
 #include "costmodel.h"
 #include "engine.h"
+#include "measure.h"
 #include "quiet.h"
 #include "synth_cost.h"
 
@@ -195,6 +196,29 @@ static void test_table_json(void) {
     ac_cost_table_free(&t);
 }
 
+/* measure.h's check of the timings' state against the table's: off when
+ * either model's probe level is more than the tolerance quicker or slower
+ * than the table's reference; never without references. */
+static void test_timing_off_table(void) {
+    ac_cost_table t = {0};
+    t.ref_us = 100;
+    ac_local_timing lt = {0};
+    struct {
+        double b, r;
+        int off;
+    } c[] = {{100, 100, 0}, {109, 95, 0}, {92, 108, 0}, {112, 100, 1}, {100, 112, 1},
+             {90, 100, 1},  {100, 85, 1}, {0, 100, 0},  {100, 0, 0}};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        lt.qb.ref_us = c[i].b;
+        lt.qres.ref_us = c[i].r;
+        CHECK(ac_local_timing_off_table(&lt, &t) == c[i].off, "base %g result %g against 100: expected %d", c[i].b,
+              c[i].r, c[i].off);
+    }
+    lt.qb.ref_us = lt.qres.ref_us = 150;
+    t.ref_us = 0;
+    CHECK(!ac_local_timing_off_table(&lt, &t) && !ac_local_timing_off_table(&lt, NULL), "no table reference");
+}
+
 int main(void) {
     RUN(test_disturbed_units_measured_again);
     RUN(test_anchor_holds_units);
@@ -204,5 +228,6 @@ int main(void) {
     RUN(test_budget_cap);
     RUN(test_real_probe);
     RUN(test_table_json);
+    RUN(test_timing_off_table);
     return DONE();
 }

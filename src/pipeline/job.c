@@ -288,6 +288,42 @@ static int want_distill(const job_state *s) { return s->spec->distill.tokens > 0
 /* Held-out perplexity of base, Minitron and AutoCompress; latency of base
  * and result on this CPU against the CPU table (the target's, or a cached
  * one), and on a local CUDA target's GPU against the target's table. */
+/* The CPU table measured again for measured_local (stage_evaluate), into
+ * *out: a log event says why (then, now: the table's reference probe and
+ * the CPU's now), a cost_table event ("for": "measured_local") follows, and
+ * the table is cached (put, and the event's table for the daemon, whose
+ * workers read the cache only) when quicker than *cached_ref, which it then
+ * becomes. A failed measurement is logged and returns -1 (the caller keeps
+ * its table). */
+static int measure_cpu_again(job_state *s, const char *why, double then, double now, double *cached_ref,
+                             ac_cost_table *out) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "%s: measuring it again for the timings on this CPU", why);
+    emit(s, "log",
+         json_pack("{s:s,s:f,s:f}", "message", msg, "table_reference_probe_us", then, "reference_probe_us", now));
+    ac_err e2;
+    if (ac_cost_measure_cpu(s->threads, NULL, NULL, out, &e2)) {
+        emit(s, "log", json_pack("{s:s,s:s}", "message", "measuring the CPU cost table failed", "error", e2.msg));
+        return -1;
+    }
+    int keep = *cached_ref > 0 && out->ref_us < *cached_ref;
+    json_t *ev = json_pack("{s:s,s:s,s:s,s:b,s:f,s:s}", "key", out->key, "device", out->device, "source", out->source,
+                           "cache_hit", 0, "measure_seconds", out->measure_s, "for", "measured_local");
+    if (ev && keep) json_object_set_new(ev, "table", ac_cost_table_to_json(out));
+    if (ev) emit(s, "cost_table", ev);
+    const ac_cost_cache *cache = s->ctx->cache;
+    if (keep && cache && cache->put && cache->put(cache->ud, out, &e2))
+        emit(s, "log", json_pack("{s:s,s:s}", "message", "caching the CPU cost table failed", "error", e2.msg));
+    if (keep) *cached_ref = out->ref_us;
+    return 0;
+}
+
+/* One entry of measured_local.table_measured_again. */
+static json_t *again_json(const char *reason, const char *when, double then, double now, double new_ref) {
+    return json_pack("{s:s,s:s,s:f,s:f,s:f}", "reason", reason, "when", when, "table_reference_probe_us", then,
+                     "reference_probe_us", now, "new_table_reference_probe_us", new_ref);
+}
+
 static int stage_evaluate(job_state *s, ac_err *e) {
     const ac_job_spec *sp = s->spec;
     ac_ppl_opts po = {.ctx = sp->eval.ctx, .stride = 0, .max_windows = sp->eval.windows, .batch = 4, .cuda = s->on_gpu};
@@ -307,45 +343,30 @@ static int stage_evaluate(job_state *s, ac_err *e) {
     }
     /* Minitron is timed first when it is not the result (the comparison,
      * same capped workload) and then freed: the base's timing may take an
-     * fp32 copy of the base (ac_measure_local), which then sits beside the
+     * fp32 copy of the base (ac_measure_local_time), which then sits beside the
      * mapping and the result only, as check_host_memory plans. */
     const ac_cost_table *ct = found ? (is_cpu ? &s->table : &cpu) : NULL; /* the CPU table, if any */
     /* The VM this runs on switches between speeds for tens of seconds at a
-     * time (quiet.h). When the CPU runs now, by the reference probe, more
-     * than the tolerance quicker or slower than when the CPU table was
-     * measured, its predictions would carry that drift into measured_local's
-     * errors: the table is measured again first, in the state the models are
-     * about to be timed in, and cached when quicker than the cached one. A
-     * CPU target's search keeps the table it planned with (s->table). */
-    ac_cost_table fresh = {0};
-    double then = 0, now = 0;
+     * time (quiet.h). When the CPU runs, by the reference probe, more than
+     * the tolerance quicker or slower than when the CPU table was measured,
+     * its predictions would carry that drift into measured_local's errors.
+     * So the table is measured again before the timings when the probe now
+     * says so, and once more after them when the runs' own probe level says
+     * they ran in another state than the table's (the state changed
+     * meanwhile): the report compares timings with a table of the same
+     * state. A new table is cached when quicker than the cached one; a CPU
+     * target's search keeps the table it planned with (s->table). */
+    ac_cost_table fresh[2];
+    memset(fresh, 0, sizeof fresh);
+    double then = 0, now = 0, cached_ref = ct ? ct->ref_us : 0;
+    json_t *again = json_array(); /* table_measured_again: each new table, in order */
     int state = ct ? table_state(ct, &then, &now) : 0;
-    if (state) {
-        emit(s, "log",
-             json_pack("{s:s,s:f,s:f}", "message",
-                       state > 0 ? "this CPU runs quicker than when its cost table was measured: measuring it again "
-                                   "before timing base and result"
-                                 : "this CPU runs slower than when its cost table was measured: measuring it again "
-                                   "before timing base and result (not cached)",
-                       "table_reference_probe_us", then, "reference_probe_us", now));
-        const ac_cost_cache *cache = s->ctx->cache;
-        ac_err e2;
-        if (ac_cost_measure_cpu(s->threads, NULL, NULL, &fresh, &e2) == 0) {
-            ct = &fresh;
-            /* cached as the profile stage caches: by put, and for the daemon
-             * (whose workers read the cache only) in the event's table */
-            int keep = fresh.ref_us < then;
-            json_t *ev = json_pack("{s:s,s:s,s:s,s:b,s:f,s:s}", "key", fresh.key, "device", fresh.device, "source",
-                                   fresh.source, "cache_hit", 0, "measure_seconds", fresh.measure_s, "for",
-                                   "measured_local");
-            if (ev && keep) json_object_set_new(ev, "table", ac_cost_table_to_json(&fresh));
-            if (ev) emit(s, "cost_table", ev);
-            if (keep && cache && cache->put && cache->put(cache->ud, &fresh, &e2))
-                emit(s, "log", json_pack("{s:s,s:s}", "message", "caching the CPU cost table failed", "error", e2.msg));
-        } else {
-            state = 0;
-            emit(s, "log", json_pack("{s:s,s:s}", "message", "measuring the CPU cost table failed", "error", e2.msg));
-        }
+    if (state && measure_cpu_again(s, state > 0 ? "this CPU runs quicker than when its cost table was measured"
+                                                : "this CPU runs slower than when its cost table was measured",
+                                   then, now, &cached_ref, &fresh[0]) == 0) {
+        ct = &fresh[0];
+        json_array_append_new(again, again_json(state > 0 ? "table_slower" : "table_quicker", "before_timing", then,
+                                                now, ct->ref_us));
     }
     ac_workload lw = ac_measure_local_workload(&t->workload);
     double mtt = 0, mtp = 0, ref = ct ? ct->ref_us : 0;
@@ -354,15 +375,27 @@ static int stage_evaluate(job_state *s, ac_err *e) {
         minitron_timed = ac_measure_latency(&s->pm, s->hids, s->nh, &lw, 0, ref, &mtt, &mtp, NULL, e) == 0;
         ac_model_free(&s->pm);
     }
-    int rc = ac_measure_local(&s->m, s->result, s->hids, s->nh, &t->workload, ct, &s->measured_local, e);
+    ac_local_timing lt;
+    int rc = ac_measure_local_time(&s->m, s->result, s->hids, s->nh, &t->workload, ref, &lt, e);
+    if (!rc && ct && ac_local_timing_off_table(&lt, ct)) {
+        double hi = fmax(lt.qb.ref_us, lt.qres.ref_us);
+        then = ct->ref_us;
+        now = hi > AC_QUIET_TOL * then ? hi : fmin(lt.qb.ref_us, lt.qres.ref_us);
+        if (measure_cpu_again(s, "base and result ran in another state of this CPU than its cost table", then, now,
+                              &cached_ref, &fresh[1]) == 0) {
+            ct = &fresh[1];
+            json_array_append_new(again, again_json(now > then ? "timing_slower" : "timing_quicker", "after_timing",
+                                                    then, now, ct->ref_us));
+        }
+    }
+    if (!rc && !(s->measured_local = ac_measure_local_report(&lt, &s->m, s->result, ct)))
+        rc = ac_errf(e, "out of memory");
+    if (!rc && again && json_array_size(again)) json_object_set(s->measured_local, "table_measured_again", again);
+    json_decref(again);
     if (!is_cpu) ac_cost_table_free(&cpu);
-    ac_cost_table_free(&fresh);
+    ac_cost_table_free(&fresh[0]);
+    ac_cost_table_free(&fresh[1]);
     if (rc) return -1;
-    if (state)
-        json_object_set_new(s->measured_local, "table_measured_again",
-                            json_pack("{s:s,s:f,s:f,s:f}", "reason", state > 0 ? "table_slower" : "table_quicker",
-                                      "table_reference_probe_us", then, "reference_probe_us", now,
-                                      "new_table_reference_probe_us", ct->ref_us));
     if (minitron_timed)
         json_object_set_new(s->measured_local, "minitron", json_pack("{s:f,s:f}", "ttft_ms", mtt, "tpot_ms", mtp));
     if (t->dev.kind == AC_TARGET_CUDA && ac_cuda(NULL) &&

@@ -123,11 +123,9 @@ ac_workload ac_measure_local_workload(const ac_workload *wl) {
     return (ac_workload){cap(wl->batch, 4), cap(wl->prompt_len, 128), cap(wl->gen_len, 32)};
 }
 
-int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,
-                     const ac_cost_table *cpu_table, json_t **out, ac_err *e) {
-    ac_workload lw = ac_measure_local_workload(wl);
-    double bt, bp, rt, rp;
-    *out = NULL;
+int ac_measure_local_time(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,
+                          double quiet_ref_us, ac_local_timing *t, ac_err *e) {
+    *t = (ac_local_timing){.w = ac_measure_local_workload(wl)};
     /* Base and result are timed in the same weight dtype: a resident (BF16)
      * base against an fp32 student would compare two engines' GEMM paths, not
      * two architectures, and the CPU table is measured in fp32. */
@@ -135,21 +133,34 @@ int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, 
     int conv = ac_model_wdt(base) != ac_model_wdt(res) && ac_model_wdt(res) == ST_F32;
     if (conv && ac_model_to_f32(base, &f32, e)) return -1;
     if (conv) ac_model_drop_pages(base); /* timed on the copy; pages read back on demand */
-    double ref = cpu_table ? cpu_table->ref_us : 0;
-    ac_quiet_result qb, qres;
-    int rc = ac_measure_latency(conv ? &f32 : base, ids, n, &lw, 0, ref, &bt, &bp, &qb, e) ||
-             ac_measure_latency(res, ids, n, &lw, 0, ref, &rt, &rp, &qres, e);
+    int rc = ac_measure_latency(conv ? &f32 : base, ids, n, &t->w, 0, quiet_ref_us, &t->base_ttft, &t->base_tpot,
+                                &t->qb, e) ||
+             ac_measure_latency(res, ids, n, &t->w, 0, quiet_ref_us, &t->res_ttft, &t->res_tpot, &t->qres, e);
     if (conv) ac_model_free(&f32);
-    if (rc) return -1;
+    return rc ? -1 : 0;
+}
+
+int ac_local_timing_off_table(const ac_local_timing *t, const ac_cost_table *tb) {
+    double r = tb ? tb->ref_us : 0;
+    if (!(r > 0) || !(t->qb.ref_us > 0) || !(t->qres.ref_us > 0)) return 0;
+    double lo = fmin(t->qb.ref_us, t->qres.ref_us) / r, hi = fmax(t->qb.ref_us, t->qres.ref_us) / r;
+    return hi > AC_QUIET_TOL || lo * AC_QUIET_TOL < 1;
+}
+
+json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, const ac_model *res,
+                                const ac_cost_table *cpu_table) {
+    const ac_workload lw = t->w;
+    double bt = t->base_ttft, bp = t->base_tpot, rt = t->res_ttft, rp = t->res_tpot;
     json_t *o = json_pack("{s:s,s:{s:i,s:i,s:i},s:{s:f,s:f},s:{s:f,s:f}}", "device", "cpu", "workload", "batch",
                           lw.batch, "prompt_len", lw.prompt_len, "gen_len", lw.gen_len, "base", "ttft_ms", bt,
                           "tpot_ms", bp, "result", "ttft_ms", rt, "tpot_ms", rp);
-    if (!o) return ac_errf(e, "out of memory");
+    if (!o) return NULL;
     /* the 1-minute load average when measured: on a shared host the errors
      * below say as much about the neighbours as about the model */
     double load[1];
     if (getloadavg(load, 1) == 1) json_object_set_new(o, "load_average", json_real(load[0]));
-    json_object_set_new(o, "quiet", quiet_json(ref, &qb, &qres));
+    double ref = cpu_table ? cpu_table->ref_us : 0;
+    json_object_set_new(o, "quiet", quiet_json(ref, &t->qb, &t->qres));
     ac_engine_profile cp;
     ac_engine_profile_default(&cp, 1);
     ac_cost k0, k1;
@@ -164,15 +175,23 @@ int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, 
         /* the same with each prediction scaled by how much slower (or
          * quicker) the reference probe ran while that model was timed than
          * when the table was measured: the machine's drift taken out, the
-         * cost model's own error left (the probe is compute-bound, so it
-         * tracks a neighbour's share of the cores, less so of memory) */
+         * cost model's own error left (the probe, quiet.h, follows the
+         * engine's prefill between this VM's two speeds) */
         if (ref > 0) {
-            json_object_set_new(o, "prediction_error_speed_adjusted", errors(&k1, rt, rp, qres.ref_us / ref));
-            json_object_set_new(o, "prediction_error_base_speed_adjusted", errors(&k0, bt, bp, qb.ref_us / ref));
+            json_object_set_new(o, "prediction_error_speed_adjusted", errors(&k1, rt, rp, t->qres.ref_us / ref));
+            json_object_set_new(o, "prediction_error_base_speed_adjusted", errors(&k0, bt, bp, t->qb.ref_us / ref));
         }
     }
-    *out = o;
-    return 0;
+    return o;
+}
+
+int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,
+                     const ac_cost_table *cpu_table, json_t **out, ac_err *e) {
+    ac_local_timing t;
+    *out = NULL;
+    if (ac_measure_local_time(base, res, ids, n, wl, cpu_table ? cpu_table->ref_us : 0, &t, e)) return -1;
+    *out = ac_measure_local_report(&t, base, res, cpu_table);
+    return *out ? 0 : ac_errf(e, "out of memory");
 }
 
 int ac_measure_on_gpu(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,

@@ -37,6 +37,24 @@ ac_workload ac_measure_local_workload(const ac_workload *wl);
 int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,
                      const ac_cost_table *cpu_table, json_t **out, ac_err *e);
 
+/* ac_measure_local in two steps, for a caller that may measure the table
+ * again between them: the timings (held to quiet_ref_us, as
+ * ac_measure_latency), then the report against cpu_table (NULL when out of
+ * memory; the caller owns it). */
+typedef struct {
+    ac_workload w; /* ac_measure_local_workload of the job's */
+    double base_ttft, base_tpot, res_ttft, res_tpot;
+    ac_quiet_result qb, qres; /* how quiet the base's and the result's runs were */
+} ac_local_timing;
+int ac_measure_local_time(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,
+                          double quiet_ref_us, ac_local_timing *t, ac_err *e);
+json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, const ac_model *res,
+                                const ac_cost_table *cpu_table);
+/* 1 when either model's runs ran, by their reference probe level (quiet.h),
+ * more than the tolerance quicker or slower than tb's reference: the CPU
+ * was in another state than when tb was measured. 0 without references. */
+int ac_local_timing_off_table(const ac_local_timing *t, const ac_cost_table *tb);
+
 /* Base and result measured on the local GPU for wl capped to batch 32,
  * prompt 2048, 64 generated, against table's prediction for the result
  * with profile p (overhead_ms 0: our engine, not a serving framework):
