@@ -82,6 +82,10 @@ if pe and pb:
               f"result were timed ({q['remeasured_runs']} runs measured again, {q['disturbed_runs']} still disturbed); "
               f"with that drift taken out: {r['chosen']} TTFT {sa['ttft']:+.1%}, TPOT {sa['tpot']:+.1%}; "
               f"baseline TTFT {sb['ttft']:+.1%}, TPOT {sb['tpot']:+.1%}")
+    for a in m.get("table_measured_again", []):
+        print(f"  evaluate measured the CPU table again {a['when'].replace('_', ' ')} ({a['reason'].replace('_', ' ')}: "
+              f"probe {a['reference_probe_us']:.1f} us against the table's {a['table_reference_probe_us']:.1f} us; "
+              f"new table {a['new_table_reference_probe_us']:.1f} us)")
 mt = r["minitron"]
 if "candidates" in mt:
     print(f"Minitron (Model-Optimizer's search): {mt['grid_size']} grid points, {mt['grid_feasible']} within the limit, "
