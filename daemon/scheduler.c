@@ -233,6 +233,25 @@ static int store_measured(ac_daemon *d, const json_t *j, ac_err *e) {
     return rc;
 }
 
+/* A table a job measured again for its timings (a cost_table event "for"
+ * measured_local) replaces the cached one only when its reference probe
+ * (quiet.h) ran quicker: the worker judged against the table it was given
+ * at its start, and a quicker one may have been stored since. */
+static int store_if_quicker(ac_daemon *d, const json_t *j, ac_err *e) {
+    const char *key = json_string_value(json_object_get(j, "key"));
+    double ref = json_number_value(json_object_get(json_object_get(j, "quiet"), "reference_probe_us"));
+    ac_cost_cache c;
+    costcache_db(&c, d->db);
+    ac_cost_table old;
+    int found = 0;
+    if (key && ref > 0 && ac_cost_cache_lookup(&c, key, &old, &found, e) == 0 && found) {
+        int keep_old = old.ref_us > 0 && old.ref_us <= ref;
+        ac_cost_table_free(&old);
+        if (keep_old) return 0;
+    }
+    return store_measured(d, j, e);
+}
+
 /* One line of worker output: {"kind": K, "data": D}. */
 static void handle_line(worker *w, const char *line, size_t len) {
     wevent ev;
@@ -250,7 +269,9 @@ static void handle_line(worker *w, const char *line, size_t len) {
     } else if (!strcmp(ev.kind, "cost_table")) {
         json_t *t = ev.table;
         if (t) {
-            if (store_measured(w->d, t, &e)) log_line("job %ld: cannot store cost table: %s", w->job, e.msg);
+            const char *why = json_string_value(json_object_get(ev.data, "for"));
+            int rc = why && !strcmp(why, "measured_local") ? store_if_quicker(w->d, t, &e) : store_measured(w->d, t, &e);
+            if (rc) log_line("job %ld: cannot store cost table: %s", w->job, e.msg);
         } else if (json_is_true(json_object_get(ev.data, "cache_hit")) &&
                    json_is_string(json_object_get(ev.data, "key"))) {
             if (db_cost_hit(w->d->db, json_string_value(json_object_get(ev.data, "key")), &e))

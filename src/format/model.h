@@ -86,7 +86,7 @@ typedef struct {
 int ac_model_wdt(const ac_model *m);
 /* A whole fp32 copy of src (resident or not) into dst, for what needs
  * fp32 weights of the whole model (the base's latency measurement in the
- * CPU table's dtype, ac_measure_local): the one fp32 copy of the base a
+ * CPU table's dtype, ac_measure_local_time): the one fp32 copy of the base a
  * pipeline stage may hold. The
  * gate trainers read resident weights in place (the CPU one with
  * ac_trainer_init_frozen, the CUDA plugin converting each tensor on the

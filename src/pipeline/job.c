@@ -123,8 +123,11 @@ static int stage_calibrate(job_state *s, ac_err *e) {
  * then high), -1 when the probe now runs that much slower than the table's
  * (its figures are then low for now), else 0. *then, *now: the two probes.
  * Tables without a reference, or measured elsewhere, are taken as they are. */
+static int has_quiet_ref(const ac_cost_table *t) {
+    return !t->roofline && t->ref_us > 0 && !strcmp(t->source, "measured");
+}
 static int table_state(const ac_cost_table *t, double *then, double *now) {
-    if (t->roofline || t->ref_us <= 0 || strcmp(t->source, "measured")) return 0;
+    if (!has_quiet_ref(t)) return 0;
     double p = ac_cost_ref_probe_us();
     for (int i = 0; i < 2; i++) p = fmin(p, ac_cost_ref_probe_us());
     *then = t->ref_us;
@@ -302,7 +305,7 @@ static int measure_cpu_again(job_state *s, const char *why, double then, double 
     emit(s, "log",
          json_pack("{s:s,s:f,s:f}", "message", msg, "table_reference_probe_us", then, "reference_probe_us", now));
     ac_err e2;
-    if (ac_cost_measure_cpu(s->threads, NULL, NULL, out, &e2)) {
+    if (ac_cost_measure_cpu(s->threads, progress_plain, s, out, &e2)) {
         emit(s, "log", json_pack("{s:s,s:s}", "message", "measuring the CPU cost table failed", "error", e2.msg));
         return -1;
     }
@@ -377,7 +380,7 @@ static int stage_evaluate(job_state *s, ac_err *e) {
     }
     ac_local_timing lt;
     int rc = ac_measure_local_time(&s->m, s->result, s->hids, s->nh, &t->workload, ref, &lt, e);
-    if (!rc && ct && ac_local_timing_off_table(&lt, ct)) {
+    if (!rc && ct && has_quiet_ref(ct) && ac_local_timing_off_table(&lt, ct)) {
         double hi = fmax(lt.qb.ref_us, lt.qres.ref_us);
         then = ct->ref_us;
         now = hi > AC_QUIET_TOL * then ? hi : fmin(lt.qb.ref_us, lt.qres.ref_us);

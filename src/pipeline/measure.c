@@ -185,15 +185,6 @@ json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, 
     return o;
 }
 
-int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,
-                     const ac_cost_table *cpu_table, json_t **out, ac_err *e) {
-    ac_local_timing t;
-    *out = NULL;
-    if (ac_measure_local_time(base, res, ids, n, wl, cpu_table ? cpu_table->ref_us : 0, &t, e)) return -1;
-    *out = ac_measure_local_report(&t, base, res, cpu_table);
-    return *out ? 0 : ac_errf(e, "out of memory");
-}
-
 int ac_measure_on_gpu(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,
                       const ac_cost_table *table, const ac_engine_profile *p, json_t **out, ac_err *e) {
     ac_workload gw = {cap(wl->batch, 32), cap(wl->prompt_len, 2048), cap(wl->gen_len, 64)};

@@ -27,20 +27,16 @@ int ac_measure_latency(const ac_model *m, const int *ids, size_t n, const ac_wor
  * generated. */
 ac_workload ac_measure_local_workload(const ac_workload *wl);
 
-/* Base and result measured on this CPU for ac_measure_local_workload(wl),
- * with the prediction of cpu_table (may be NULL) under the
- * CPU engine profile: the report's "measured_local", with its "quiet"
- * object (how disturbed the machine was, against the table's reference).
- * A resident (BF16/F16) base with an fp32 result is timed on a temporary
- * fp32 copy (the CPU table's dtype), so the caller should hold nothing else
- * of the base's size meanwhile (job.c frees the other arm first). */
-int ac_measure_local(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,
-                     const ac_cost_table *cpu_table, json_t **out, ac_err *e);
-
-/* ac_measure_local in two steps, for a caller that may measure the table
- * again between them: the timings (held to quiet_ref_us, as
- * ac_measure_latency), then the report against cpu_table (NULL when out of
- * memory; the caller owns it). */
+/* Base and result timed on this CPU for ac_measure_local_workload(wl), in
+ * two steps, so that the caller may measure the CPU table again between
+ * them (job.c): the timings, held to quiet_ref_us as ac_measure_latency;
+ * then the report's "measured_local" against cpu_table's prediction (may be
+ * NULL) under the CPU engine profile, with its "quiet" object (how
+ * disturbed the machine was, against the table's reference); NULL when out
+ * of memory, else the caller owns it. A resident (BF16/F16) base with an
+ * fp32 result is timed on a temporary fp32 copy (the CPU table's dtype), so
+ * the caller should hold nothing else of the base's size meanwhile (job.c
+ * frees the other arm first). */
 typedef struct {
     ac_workload w; /* ac_measure_local_workload of the job's */
     double base_ttft, base_tpot, res_ttft, res_tpot;
