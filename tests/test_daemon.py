@@ -131,13 +131,12 @@ def test_job_lifecycle_and_cost_cache():
     hits = [t["hits"] for t in tables["tables"] if t["key"] == ct[0]["key"]]
     assert hits == [1], hits
     st, res2 = D.req("GET", f"/v1/jobs/{j2['id']}/result")
-    # (a second entry when the CPU changed state again while the models were timed: measured once more after)
     again = res2["measured_local"].get("table_measured_again")
     q2 = res2["measured_local"]["quiet"]
     assert again and again[0]["reason"] == "table_quicker" and again[0]["when"] == "before_timing", again
     assert again[0]["table_reference_probe_us"] == quick["quiet"]["reference_probe_us"], again
     assert again[0]["new_table_reference_probe_us"] > 10 * again[0]["table_reference_probe_us"], again
-    assert len(again) == 1 or again[1]["when"] == "after_timing", again
+    assert len(again) == 1, again  # once per job at most
     assert q2["table_reference_probe_us"] == again[-1]["new_table_reference_probe_us"], (q2, again)
     st, tj2c = D.req("GET", "/v1/cost-tables/" + ct[0]["key"].replace(" ", "%20").replace("|", "%7C"))
     assert tj2c["quiet"]["reference_probe_us"] == quick["quiet"]["reference_probe_us"], tj2c["quiet"]
@@ -189,11 +188,11 @@ def test_job_lifecycle_and_cost_cache():
     assert j4["state"] == "succeeded", j4
     st, res4 = D.req("GET", f"/v1/jobs/{j4['id']}/result")
     again = res4["measured_local"].get("table_measured_again")
-    assert again and again[0]["reason"] == "table_slower" and again[0]["when"] == "before_timing", again
+    assert again and len(again) == 1 and again[0]["reason"] == "table_slower" and again[0]["when"] == "before_timing", again
     assert again[0]["new_table_reference_probe_us"] < again[0]["table_reference_probe_us"] / 10, again
     st, tj4 = D.req("GET", "/v1/cost-tables/" + ct[0]["key"].replace(" ", "%20").replace("|", "%7C"))
-    # the cache holds the quickest of the new tables (each cached when quicker than the cached one)
-    assert tj4["quiet"]["reference_probe_us"] == min(a["new_table_reference_probe_us"] for a in again), (tj4["quiet"], again)
+    # the new table is cached: quicker than the cached one
+    assert tj4["quiet"]["reference_probe_us"] == again[0]["new_table_reference_probe_us"], (tj4["quiet"], again)
     st, evs = D.req("GET", f"/v1/jobs/{j4['id']}/events?format=json")
     ct4 = [e["data"] for e in evs["events"] if e["kind"] == "cost_table" and e["data"].get("for") == "measured_local"]
     assert len(ct4) == len(again) and ct4[0]["key"] == ct[0]["key"] and ct4[0]["cache_hit"] is False, ct4

@@ -288,9 +288,6 @@ static int want_distill(const job_state *s) { return s->spec->distill.tokens > 0
 
 /* ---------------------------------------------------------------- 6 evaluate */
 
-/* Held-out perplexity of base, Minitron and AutoCompress; latency of base
- * and result on this CPU against the CPU table (the target's, or a cached
- * one), and on a local CUDA target's GPU against the target's table. */
 /* The CPU table measured again for measured_local (stage_evaluate), into
  * *out: a log event says why (then, now: the table's reference probe and
  * the CPU's now), a cost_table event ("for": "measured_local") follows, and
@@ -327,6 +324,9 @@ static json_t *again_json(const char *reason, const char *when, double then, dou
                      "reference_probe_us", now, "new_table_reference_probe_us", new_ref);
 }
 
+/* Held-out perplexity of base, Minitron and AutoCompress; latency of base
+ * and result on this CPU against the CPU table (the target's, or a cached
+ * one), and on a local CUDA target's GPU against the target's table. */
 static int stage_evaluate(job_state *s, ac_err *e) {
     const ac_job_spec *sp = s->spec;
     ac_ppl_opts po = {.ctx = sp->eval.ctx, .stride = 0, .max_windows = sp->eval.windows, .batch = 4, .cuda = s->on_gpu};
@@ -354,11 +354,13 @@ static int stage_evaluate(job_state *s, ac_err *e) {
      * the tolerance quicker or slower than when the CPU table was measured,
      * its predictions would carry that drift into measured_local's errors.
      * So the table is measured again before the timings when the probe now
-     * says so, and once more after them when the runs' own probe level says
-     * they ran in another state than the table's (the state changed
-     * meanwhile): the report compares timings with a table of the same
-     * state. A new table is cached when quicker than the cached one; a CPU
-     * target's search keeps the table it planned with (s->table). */
+     * says so, or else after them when the runs' own probe level says they
+     * ran in another state than the table's (the state changed meanwhile):
+     * the report compares timings with a table of the same state. Once per
+     * job at most (25-35 s each; the test suite's many small jobs on a busy
+     * machine would pay it twice). A new table is cached when quicker than
+     * the cached one; a CPU target's search keeps the table it planned with
+     * (s->table). */
     ac_cost_table fresh[2];
     memset(fresh, 0, sizeof fresh);
     double then = 0, now = 0, cached_ref = ct ? ct->ref_us : 0;
@@ -380,7 +382,7 @@ static int stage_evaluate(job_state *s, ac_err *e) {
     }
     ac_local_timing lt;
     int rc = ac_measure_local_time(&s->m, s->result, s->hids, s->nh, &t->workload, ref, &lt, e);
-    if (!rc && ct && has_quiet_ref(ct) && ac_local_timing_off_table(&lt, ct)) {
+    if (!rc && ct && json_array_size(again) == 0 && has_quiet_ref(ct) && ac_local_timing_off_table(&lt, ct)) {
         double hi = fmax(lt.qb.ref_us, lt.qres.ref_us);
         then = ct->ref_us;
         now = hi > AC_QUIET_TOL * then ? hi : fmin(lt.qb.ref_us, lt.qres.ref_us);
