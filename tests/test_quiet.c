@@ -198,21 +198,21 @@ static void test_table_json(void) {
 
 /* measure.h's check of the timings' state against the table's: off when
  * either model's probe level is more than the tolerance quicker or slower
- * than the table's reference; never without references. */
+ * than the table's reference, giving that level (the slower one's when too
+ * slow); never without references. */
 static void test_timing_off_table(void) {
     ac_cost_table t = {0};
     t.ref_us = 100;
     ac_local_timing lt = {0};
     struct {
-        double b, r;
-        int off;
-    } c[] = {{100, 100, 0}, {109, 95, 0}, {92, 108, 0}, {112, 100, 1}, {100, 112, 1},
-             {90, 100, 1},  {100, 85, 1}, {0, 100, 0},  {100, 0, 0}};
+        double b, r, off;
+    } c[] = {{100, 100, 0}, {109, 95, 0},  {92, 108, 0}, {112, 100, 112}, {100, 112, 112},
+             {90, 100, 90}, {100, 85, 85}, {0, 100, 0},  {100, 0, 0},     {85, 120, 120}};
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         lt.qb.ref_us = c[i].b;
         lt.qres.ref_us = c[i].r;
-        CHECK(ac_local_timing_off_table(&lt, &t) == c[i].off, "base %g result %g against 100: expected %d", c[i].b,
-              c[i].r, c[i].off);
+        double got = ac_local_timing_off_table(&lt, &t);
+        CHECK(got == c[i].off, "base %g result %g against 100: %g, expected %g", c[i].b, c[i].r, got, c[i].off);
     }
     lt.qb.ref_us = lt.qres.ref_us = 150;
     t.ref_us = 0;

@@ -292,10 +292,10 @@ static int want_distill(const job_state *s) { return s->spec->distill.tokens > 0
  * *out: a log event says why (then, now: the table's reference probe and
  * the CPU's now), a cost_table event ("for": "measured_local") follows, and
  * the table is cached (put, and the event's table for the daemon, whose
- * workers read the cache only) when quicker than *cached_ref, which it then
- * becomes. A failed measurement is logged and returns -1 (the caller keeps
- * its table). */
-static int measure_cpu_again(job_state *s, const char *why, double then, double now, double *cached_ref,
+ * workers read the cache only) when quicker than the cached one, whose
+ * reference is cached_ref. A failed measurement is logged and returns -1
+ * (the caller keeps its table). */
+static int measure_cpu_again(job_state *s, const char *why, double then, double now, double cached_ref,
                              ac_cost_table *out) {
     char msg[200];
     snprintf(msg, sizeof msg, "%s: measuring it again for the timings on this CPU", why);
@@ -306,7 +306,7 @@ static int measure_cpu_again(job_state *s, const char *why, double then, double 
         emit(s, "log", json_pack("{s:s,s:s}", "message", "measuring the CPU cost table failed", "error", e2.msg));
         return -1;
     }
-    int keep = *cached_ref > 0 && out->ref_us < *cached_ref;
+    int keep = cached_ref > 0 && out->ref_us < cached_ref;
     json_t *ev = json_pack("{s:s,s:s,s:s,s:b,s:f,s:s}", "key", out->key, "device", out->device, "source", out->source,
                            "cache_hit", 0, "measure_seconds", out->measure_s, "for", "measured_local");
     if (ev && keep) json_object_set_new(ev, "table", ac_cost_table_to_json(out));
@@ -314,7 +314,6 @@ static int measure_cpu_again(job_state *s, const char *why, double then, double 
     const ac_cost_cache *cache = s->ctx->cache;
     if (keep && cache && cache->put && cache->put(cache->ud, out, &e2))
         emit(s, "log", json_pack("{s:s,s:s}", "message", "caching the CPU cost table failed", "error", e2.msg));
-    if (keep) *cached_ref = out->ref_us;
     return 0;
 }
 
@@ -361,17 +360,15 @@ static int stage_evaluate(job_state *s, ac_err *e) {
      * machine would pay it twice). A new table is cached when quicker than
      * the cached one; a CPU target's search keeps the table it planned with
      * (s->table). */
-    ac_cost_table fresh[2];
-    memset(fresh, 0, sizeof fresh);
-    double then = 0, now = 0, cached_ref = ct ? ct->ref_us : 0;
-    json_t *again = json_array(); /* table_measured_again: each new table, in order */
+    ac_cost_table fresh = {0};
+    json_t *again = NULL; /* the one entry of table_measured_again */
+    double then = 0, now = 0;
     int state = ct ? table_state(ct, &then, &now) : 0;
     if (state && measure_cpu_again(s, state > 0 ? "this CPU runs quicker than when its cost table was measured"
                                                 : "this CPU runs slower than when its cost table was measured",
-                                   then, now, &cached_ref, &fresh[0]) == 0) {
-        ct = &fresh[0];
-        json_array_append_new(again, again_json(state > 0 ? "table_slower" : "table_quicker", "before_timing", then,
-                                                now, ct->ref_us));
+                                   then, now, ct->ref_us, &fresh) == 0) {
+        again = again_json(state > 0 ? "table_slower" : "table_quicker", "before_timing", then, now, fresh.ref_us);
+        ct = &fresh;
     }
     ac_workload lw = ac_measure_local_workload(&t->workload);
     double mtt = 0, mtp = 0, ref = ct ? ct->ref_us : 0;
@@ -382,24 +379,19 @@ static int stage_evaluate(job_state *s, ac_err *e) {
     }
     ac_local_timing lt;
     int rc = ac_measure_local_time(&s->m, s->result, s->hids, s->nh, &t->workload, ref, &lt, e);
-    if (!rc && ct && json_array_size(again) == 0 && has_quiet_ref(ct) && ac_local_timing_off_table(&lt, ct)) {
-        double hi = fmax(lt.qb.ref_us, lt.qres.ref_us);
-        then = ct->ref_us;
-        now = hi > AC_QUIET_TOL * then ? hi : fmin(lt.qb.ref_us, lt.qres.ref_us);
-        if (measure_cpu_again(s, "base and result ran in another state of this CPU than its cost table", then, now,
-                              &cached_ref, &fresh[1]) == 0) {
-            ct = &fresh[1];
-            json_array_append_new(again, again_json(now > then ? "timing_slower" : "timing_quicker", "after_timing",
-                                                    then, now, ct->ref_us));
-        }
+    now = !rc && !again && ct && has_quiet_ref(ct) ? ac_local_timing_off_table(&lt, ct) : 0;
+    if (now > 0 && measure_cpu_again(s, "base and result ran in another state of this CPU than its cost table",
+                                     ct->ref_us, now, ct->ref_us, &fresh) == 0) {
+        again = again_json(now > ct->ref_us ? "timing_slower" : "timing_quicker", "after_timing", ct->ref_us, now,
+                           fresh.ref_us);
+        ct = &fresh;
     }
     if (!rc && !(s->measured_local = ac_measure_local_report(&lt, &s->m, s->result, ct)))
         rc = ac_errf(e, "out of memory");
-    if (!rc && again && json_array_size(again)) json_object_set(s->measured_local, "table_measured_again", again);
+    if (!rc && again) json_object_set_new(s->measured_local, "table_measured_again", json_pack("[O]", again));
     json_decref(again);
     if (!is_cpu) ac_cost_table_free(&cpu);
-    ac_cost_table_free(&fresh[0]);
-    ac_cost_table_free(&fresh[1]);
+    ac_cost_table_free(&fresh);
     if (rc) return -1;
     if (minitron_timed)
         json_object_set_new(s->measured_local, "minitron", json_pack("{s:f,s:f}", "ttft_ms", mtt, "tpot_ms", mtp));

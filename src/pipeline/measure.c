@@ -140,11 +140,11 @@ int ac_measure_local_time(const ac_model *base, const ac_model *res, const int *
     return rc ? -1 : 0;
 }
 
-int ac_local_timing_off_table(const ac_local_timing *t, const ac_cost_table *tb) {
+double ac_local_timing_off_table(const ac_local_timing *t, const ac_cost_table *tb) {
     double r = tb ? tb->ref_us : 0;
     if (!(r > 0) || !(t->qb.ref_us > 0) || !(t->qres.ref_us > 0)) return 0;
-    double lo = fmin(t->qb.ref_us, t->qres.ref_us) / r, hi = fmax(t->qb.ref_us, t->qres.ref_us) / r;
-    return hi > AC_QUIET_TOL || lo * AC_QUIET_TOL < 1;
+    double lo = fmin(t->qb.ref_us, t->qres.ref_us), hi = fmax(t->qb.ref_us, t->qres.ref_us);
+    return hi > AC_QUIET_TOL * r ? hi : lo * AC_QUIET_TOL < r ? lo : 0;
 }
 
 json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, const ac_model *res,

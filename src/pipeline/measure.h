@@ -46,10 +46,12 @@ int ac_measure_local_time(const ac_model *base, const ac_model *res, const int *
                           double quiet_ref_us, ac_local_timing *t, ac_err *e);
 json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, const ac_model *res,
                                 const ac_cost_table *cpu_table);
-/* 1 when either model's runs ran, by their reference probe level (quiet.h),
- * more than the tolerance quicker or slower than tb's reference: the CPU
- * was in another state than when tb was measured. 0 without references. */
-int ac_local_timing_off_table(const ac_local_timing *t, const ac_cost_table *tb);
+/* When either model's runs ran, by their reference probe level (quiet.h),
+ * more than the tolerance slower or quicker than tb's reference (the CPU
+ * was in another state than when tb was measured): that level, the slower
+ * model's when it ran too slow, else the quicker one's. 0 when both are
+ * within the tolerance, or without references. */
+double ac_local_timing_off_table(const ac_local_timing *t, const ac_cost_table *tb);
 
 /* Base and result measured on the local GPU for wl capped to batch 32,
  * prompt 2048, 64 generated, against table's prediction for the result
