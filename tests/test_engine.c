@@ -253,6 +253,58 @@ static void test_linear_bf16(void) {
     ac_wscratch_free(&ws);
 }
 
+/* The BF16 decode GEMV (ac_linear_w with N <= 8 rows below the BF16
+ * kernel's rows): against a double-precision sum of the exact (widened)
+ * weights times the fp32 activations, 1e-5 relative (fp32 sums in another
+ * order), for 1-8 rows, inputs with 8-lane tails, bias and acc, and outputs
+ * enough to split over threads (in x out >= 2^19); with BF16 GEMMs off
+ * (rows 0) decode goes per tile, bit for bit sgemm's on the widened weights. */
+static void test_bf16_gemv(void) {
+    int shapes[][3] = {{1, 8, 3}, {2, 13, 33}, {4, 576, 190}, {8, 1000, 700}, {1, 1000, 700}, {3, 2048, 17}};
+    ac_set_threads(2);
+    ac_wscratch ws;
+    CHECK(ac_wscratch_alloc(&ws, 8, 2048) == 0, "scratch");
+    CHECK(ac_bf16_gemv_rows(1) && ac_bf16_gemv_rows(8) && !ac_bf16_gemv_rows(9), "GEMV rows at the default 32");
+    for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
+        int N = shapes[c][0], in = shapes[c][1], out = shapes[c][2];
+        float *X = malloc(sizeof(float) * N * in), *W = malloc(sizeof(float) * out * in), *b = malloc(sizeof(float) * out);
+        float *Y = malloc(sizeof(float) * N * out), *R = malloc(sizeof(float) * N * out);
+        uint16_t *Wb = malloc(2 * (size_t)out * in);
+        uint32_t st = 777 + (uint32_t)c;
+        for (int i = 0; i < N * in; i++) X[i] = ((st = st * 1664525 + 1013904223) >> 8) / 16777216.0f - 0.5f;
+        for (int i = 0; i < out * in; i++) {
+            Wb[i] = ac_f32_to_bf16(((st = st * 1664525 + 1013904223) >> 8) / 16777216.0f - 0.5f);
+            W[i] = ac_bf16_to_f32(Wb[i]);
+        }
+        for (int i = 0; i < out; i++) b[i] = (float)i / out - 0.25f;
+        for (int mode = 0; mode < 4; mode++) { /* bit 0: acc, bit 1: bias */
+            int acc = mode & 1;
+            const float *bb = mode & 2 ? b : NULL;
+            for (int i = 0; i < N * out; i++) Y[i] = 0.75f;
+            ac_linear_w(Y, X, Wb, ST_BF16, bb, N, in, out, acc, &ws);
+            double md = 0;
+            for (int r = 0; r < N; r++)
+                for (int j = 0; j < out; j++) {
+                    double sum = (acc ? 0.75 : 0) + (bb ? bb[j] : 0);
+                    for (int k = 0; k < in; k++) sum += (double)X[(size_t)r * in + k] * W[(size_t)j * in + k];
+                    md = fmax(md, fabs(Y[(size_t)r * out + j] - sum) / (1 + fabs(sum)));
+                }
+            CHECK(md < 1e-5, "GEMV N=%d in=%d out=%d acc=%d bias=%d: %.3g from the double sum", N, in, out, acc, bb != NULL,
+                  md);
+        }
+        /* rows 0: the per-tile path, sgemm on the widened weights bit for bit */
+        ac_set_bf16_gemm_rows(0);
+        CHECK(!ac_bf16_gemv_rows(1), "no GEMV with BF16 GEMMs off");
+        ac_linear_w(Y, X, Wb, ST_BF16, NULL, N, in, out, 0, &ws);
+        ac_linear(R, X, W, NULL, N, in, out);
+        int T = (int)(ws.wtile_n / (size_t)in);
+        if (T >= out) CHECK(!memcmp(Y, R, sizeof(float) * N * out), "per-tile N=%d in=%d out=%d differs from sgemm", N, in, out);
+        ac_set_bf16_gemm_rows(32);
+        free(X), free(W), free(b), free(Y), free(R), free(Wb);
+    }
+    ac_wscratch_free(&ws);
+}
+
 static void test_llama_gqa_bf16(void) {
     if (!fixtures_present()) SKIP("no fixtures (make fixtures)");
     check_model("llama_gqa_bf16");
@@ -381,6 +433,7 @@ int main(void) {
     RUN(test_resident_exact);
     RUN(test_resident_bf16_kernels);
     RUN(test_linear_bf16);
+    RUN(test_bf16_gemv);
     RUN(test_save_reload_roundtrip);
     RUN(test_config_errors);
     RUN(test_perplexity_matches_reference);

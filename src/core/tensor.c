@@ -1,6 +1,10 @@
 /* tensor.c - see tensor.h. */
 #include "tensor.h"
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 #include <math.h>
 #include <string.h>
 
@@ -66,9 +70,19 @@ int ac_to_f32(float *dst, const void *src, st_dtype dt, size_t n, ac_err *e) {
     const uint16_t *h = src;
     switch (dt) {
     case ST_F32: memcpy(dst, src, n * 4); return 0;
-    case ST_BF16:
-        for (size_t i = 0; i < n; i++) dst[i] = ac_bf16_to_f32(h[i]);
+    case ST_BF16: {
+        size_t i = 0;
+#ifdef __SSE2__
+        /* 8 at a time: each value's 16 bits above 16 zero bits (SSE2, baseline on x86-64) */
+        for (__m128i z = _mm_setzero_si128(); i + 8 <= n; i += 8) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(h + i));
+            _mm_storeu_si128((__m128i *)(dst + i), _mm_unpacklo_epi16(z, v));
+            _mm_storeu_si128((__m128i *)(dst + i + 4), _mm_unpackhi_epi16(z, v));
+        }
+#endif
+        for (; i < n; i++) dst[i] = ac_bf16_to_f32(h[i]);
         return 0;
+    }
     case ST_F16:
         for (size_t i = 0; i < n; i++) dst[i] = ac_f16_to_f32(h[i]);
         return 0;

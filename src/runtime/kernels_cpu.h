@@ -9,7 +9,11 @@
  * result of the same weights), except BF16 GEMMs of at least
  * ac_bf16_gemm_rows() rows on a CPU with a BF16 kernel: AMX-BF16
  * (kernels_amx.h) or else AVX512-BF16 (kernels_avx512bf16.h), which round
- * the activations to BF16.
+ * the activations to BF16. BF16 decode steps (up to 8 rows) go to a GEMV
+ * reading the weights in place (AVX2/FMA, fp32 arithmetic on the exact
+ * weights, summed in another order than sgemm) while
+ * ac_bf16_gemm_rows() > 0; with 0 every 16-bit GEMM takes the per-tile
+ * path (the fp32 engine's arithmetic).
  */
 #ifndef AC_KERNELS_CPU_H
 #define AC_KERNELS_CPU_H
@@ -82,8 +86,14 @@ void ac_linear_w(float *Y, const float *X, const void *W, int wdt, const float *
 /* Row r of a [rows, n] matrix stored in wdt, as fp32, into dst[n]. */
 void ac_row_f32(float *dst, const void *W, int wdt, size_t r, int n);
 /* BF16 GEMMs with at least this many rows use the BF16 kernel when the CPU
- * has one (default 32: prefill; decode steps stay exact); 0 = never. */
+ * has one (default 32: prefill; decode steps keep fp32 activations, on the
+ * decode GEMV); 0 = never, and no GEMV either: every 16-bit GEMM per tile,
+ * the fp32 engine's arithmetic bit for bit (`--gemm exact`). */
 void ac_set_bf16_gemm_rows(int rows);
 int ac_bf16_gemm_rows(void);
+/* 1 when BF16 GEMMs of N rows go to the decode GEMV (N <= 8, below the
+ * BF16 kernel's rows, ac_bf16_gemm_rows() > 0; the CPU still needs
+ * AVX2/FMA, else the per-tile path). */
+int ac_bf16_gemv_rows(int N);
 
 #endif
