@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 
 #include "check.h"
+#include "engine.h"
 #include "eval.h"
 #include "fsafe.h"
 #include "gguf.h"
@@ -156,6 +157,97 @@ static void test_to_f32(void) {
         }
     CHECK(same && ac_model_wdt(&c) == ST_F32, "ac_model_to_f32 equals ac_model_load");
     ac_model_free(&c);
+    ac_model_free(&r);
+    ac_model_free(&f);
+}
+
+/* Logits of the engine over 2 x 48 tokens (prefill: BF16 kernel rows where
+ * the CPU has one) into out[2 * vocab] (last rows), 0 on success. */
+static int engine_logits(const ac_model *m, float *out) {
+    ac_engine en;
+    ac_err e;
+    int tok[96];
+    for (int i = 0; i < 96; i++) tok[i] = (i * 37 + 5) % m->a.vocab;
+    if (ac_engine_init(&en, m, 2, 48, &e)) return -1;
+    int rc = ac_engine_forward(&en, tok, 2, 48, 0, 1, &e);
+    if (!rc) memcpy(out, en.logits, sizeof(float) * 2 * m->a.vocab);
+    ac_engine_free(&en);
+    return rc;
+}
+
+/* Every matrix of b (BF16) against want(i) of the source's values. */
+static int bf16_matches(const ac_model *b, const ac_model *src32) {
+    size_t V = (size_t)b->a.vocab * b->a.hidden;
+    const uint16_t *be = (const uint16_t *)b->embed;
+    int ok = 1;
+    for (size_t i = 0; i < V && ok; i++) ok = be[i] == ac_f32_to_bf16(src32->embed[i]);
+    for (int l = 0; ok && l < b->a.n_layers; l++)
+        for (int w = AC_W_Q; ok && w <= AC_W_D; w++) {
+            size_t k, k2;
+            const uint16_t *p = (const uint16_t *)ac_layer_matrix(b, l, (ac_wmat)w, &k);
+            const float *q = ac_layer_matrix(src32, l, (ac_wmat)w, &k2);
+            ok = k == k2;
+            for (size_t i = 0; ok && i < k; i++) ok = p[i] == ac_f32_to_bf16(q[i]);
+        }
+    for (int l = 0; ok && l < b->a.n_layers; l++)
+        ok = !memcmp(b->L[l].in_norm, src32->L[l].in_norm, (size_t)b->a.hidden * 4);
+    return ok;
+}
+
+/* ac_model_to_bf16 (the timings in the BF16 CPU table's dtype, measure.c):
+ * of the resident BF16 model, the mapping's bytes, and the engine's logits
+ * on it bit for bit those on the mapping; of fp32 weights (not all BF16
+ * values), each rounded to nearest even; of an F16 checkpoint, its values
+ * widened then rounded. ac_model_checkpoint_wdt reads each one's dtype from
+ * the headers. */
+static void test_to_bf16(void) {
+    if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
+    ac_model r, f, b, c;
+    ac_err e;
+    if (ac_model_load_resident(tiny, &r, &e) || ac_model_load(tiny, &f, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
+    CHECK(ac_model_to_bf16(&r, &b, &e) == 0, "%s", e.msg);
+    CHECK(ac_model_wdt(&b) == ST_BF16 && b.wown && !b.wmap, "an owned BF16 copy");
+    CHECK(bf16_matches(&b, &f), "BF16 copy of the mapping holds its values");
+    int V = r.a.vocab;
+    float *l1 = malloc(sizeof(float) * 4 * V);
+    CHECK(l1 && engine_logits(&r, l1) == 0 && engine_logits(&b, l1 + 2 * V) == 0, "engine on both");
+    CHECK(l1 && !memcmp(l1, l1 + 2 * V, sizeof(float) * 2 * V), "engine logits on the copy equal the mapping's");
+    ac_model_free(&b);
+    /* fp32 weights off the BF16 grid */
+    unsigned k = 11;
+    for (size_t i = 0; i < (size_t)V * f.a.hidden; i++) {
+        k = k * 1664525u + 1013904223u;
+        f.embed[i] += (float)(k >> 9) * 1e-12f;
+    }
+    for (int l = 0; l < f.a.n_layers; l++) {
+        size_t n;
+        float *q = ac_layer_matrix(&f, l, AC_W_D, &n);
+        for (size_t i = 0; i < n; i++) q[i] *= 1.0f + 1e-3f * (float)(i % 7);
+    }
+    CHECK(ac_model_to_bf16(&f, &b, &e) == 0, "%s", e.msg);
+    CHECK(bf16_matches(&b, &f), "fp32 -> BF16 copy rounds each value to nearest even");
+    ac_model_free(&b);
+    /* F16 checkpoint */
+    char f16dir[300];
+    snprintf(f16dir, sizeof f16dir, "%s_f16", f32dir);
+    mkdir(f16dir, 0755);
+    ac_model h;
+    CHECK(ac_model_save(&f, f16dir, ST_F16, &e) == 0 && ac_model_load_resident(f16dir, &h, &e) == 0, "%s", e.msg);
+    CHECK(ac_model_wdt(&h) == ST_F16, "F16 checkpoint resident in F16");
+    CHECK(ac_model_to_f32(&h, &c, &e) == 0 && ac_model_to_bf16(&h, &b, &e) == 0, "%s", e.msg);
+    CHECK(bf16_matches(&b, &c), "F16 -> BF16 copy: the widened values rounded");
+    CHECK(make_f32_copy() == 0, "the F32 checkpoint");
+    CHECK(ac_model_checkpoint_wdt(tiny) == ST_BF16 && ac_model_checkpoint_wdt(f16dir) == ST_F16 &&
+              ac_model_checkpoint_wdt(f32dir) == ST_F32 && ac_model_checkpoint_wdt("/nonexistent") == ST_F32,
+          "checkpoint dtypes from the headers: %d %d %d", ac_model_checkpoint_wdt(tiny),
+          ac_model_checkpoint_wdt(f16dir), ac_model_checkpoint_wdt(f32dir));
+    ac_model_free(&b);
+    ac_model_free(&c);
+    ac_model_free(&h);
+    free(l1);
     ac_model_free(&r);
     ac_model_free(&f);
 }
@@ -575,6 +667,7 @@ int main(void) {
                exact ? "does not depend on" : "depends on", exact ? "bit for bit" : "to summation-order tolerances");
     }
     RUN(test_to_f32);
+    RUN(test_to_bf16);
     RUN(test_frozen_trainer_on_mapping);
     RUN(test_prune_from_mapping);
     RUN(test_gguf_from_mapping);

@@ -369,6 +369,15 @@ static int matrix_dtype(const st_set *s) {
     return dt == ST_BF16 || dt == ST_F16 ? dt : ST_F32;
 }
 
+int ac_model_checkpoint_wdt(const char *model_dir) {
+    st_set s;
+    ac_err e;
+    if (ac_gguf_is_path(model_dir) || st_set_open(model_dir, &s, &e)) return ST_F32;
+    int dt = matrix_dtype(&s);
+    st_set_close(&s);
+    return dt;
+}
+
 /* A tensor of shape [d0] (d1 == 0) or [d0,d1] as fp32 (malloc'd), or, when
  * keep is BF16/F16 and the tensor is 2-D, the mapped data itself. */
 static float *load_tensor(const st_set *s, const char *name, int64_t d0, int64_t d1, int keep, ac_err *e) {
@@ -438,6 +447,77 @@ int ac_model_to_f32(const ac_model *src, ac_model *dst, ac_err *e) {
     return 0;
 }
 
+/* A matrix of n values stored in wdt as a new BF16 buffer: copied from
+ * BF16, rounded to nearest even from fp32, widened then rounded from F16. */
+static uint16_t *bf16_matrix(const void *src, int wdt, size_t n) {
+    uint16_t *d = malloc(n * 2 + 2);
+    if (!d) return NULL;
+    if (wdt == ST_BF16) {
+        memcpy(d, src, n * 2);
+        return d;
+    }
+    float buf[1024];
+    for (size_t i = 0; i < n; i += 1024) {
+        size_t k = n - i < 1024 ? n - i : 1024;
+        const float *f = buf;
+        if (wdt == ST_F16)
+            ac_to_f32(buf, (const uint16_t *)src + i, ST_F16, k, NULL);
+        else
+            f = (const float *)src + i;
+        for (size_t j = 0; j < k; j++) d[i + j] = ac_f32_to_bf16(f[j]);
+    }
+    return d;
+}
+
+int ac_model_to_bf16(const ac_model *src, ac_model *dst, ac_err *e) {
+    const ac_arch *a = &src->a;
+    if (ac_model_alloc(dst, a, e)) return -1; /* fp32 matrices never touched, replaced below */
+    size_t H = a->hidden, V = a->vocab;
+    int wdt = ac_model_wdt(src), ok = 1;
+    /* from here dst owns BF16 matrices (ac_model_free frees what it holds) */
+    dst->wdt = ST_BF16;
+    dst->wown = 1;
+    float *old = dst->embed;
+    dst->embed = (float *)bf16_matrix(src->embed, wdt, V * H);
+    free(old);
+    if (a->tie_embeddings)
+        dst->lm_head = dst->embed;
+    else {
+        old = dst->lm_head;
+        dst->lm_head = (float *)bf16_matrix(src->lm_head, wdt, V * H);
+        free(old);
+        ok = dst->lm_head != NULL;
+    }
+    ok = ok && dst->embed;
+    memcpy(dst->final_norm, src->final_norm, H * sizeof(float));
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        ac_layer_w *s = (ac_layer_w *)&src->L[l], *d = &dst->L[l]; /* read only */
+        size_t Q = (size_t)L->n_heads * a->head_dim, KV = (size_t)L->n_kv_heads * a->head_dim;
+        float **ps[7], **pd[7];
+        size_t n[7];
+        layer_slots(a, l, s, ps, n);
+        layer_slots(a, l, d, pd, n);
+        for (int i = 0; i < 7; i++) {
+            if (!*pd[i]) continue;
+            old = *pd[i];
+            *pd[i] = *ps[i] && n[i] ? (float *)bf16_matrix(*ps[i], wdt, n[i]) : NULL;
+            free(old);
+            ok = ok && (*pd[i] || !*ps[i] || !n[i]);
+        }
+        const float *sv[5] = {s->in_norm, s->post_norm, s->bq, s->bk, s->bv};
+        float *dv[5] = {d->in_norm, d->post_norm, d->bq, d->bk, d->bv};
+        size_t nv[5] = {L->n_heads ? H : 0, L->ffn ? H : 0, Q, KV, KV};
+        for (int i = 0; i < 5; i++)
+            if (sv[i] && dv[i]) memcpy(dv[i], sv[i], nv[i] * sizeof(float));
+    }
+    if (!ok) {
+        ac_model_free(dst);
+        return ac_errf(e, "out of memory for a BF16 copy of the model");
+    }
+    return 0;
+}
+
 void ac_model_drop_pages(const ac_model *m) {
     st_set *s = m->wmap;
     for (int f = 0; s && f < s->n; f++)
@@ -445,7 +525,8 @@ void ac_model_drop_pages(const ac_model *m) {
 }
 
 void ac_model_free(ac_model *m) {
-    int own = ac_model_wdt(m) == ST_F32; /* else the matrices live in the mapping */
+    /* the model owns fp32 matrices, or 16-bit ones it made (wown); else they live in the mapping */
+    int own = ac_model_wdt(m) == ST_F32 || m->wown;
     if (m->L) {
         for (int l = 0; l < m->a.n_layers; l++) {
             ac_layer_w *w = &m->L[l];

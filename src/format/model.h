@@ -79,6 +79,7 @@ typedef struct {
      * them through ac_model_wdt and the engine's kernels, never as float).
      * Norms and biases are always fp32. */
     int wdt;
+    int wown;   /* 16-bit matrices owned by the model (ac_model_to_bf16), in no mapping */
     void *wmap; /* the st_set kept mapped (resident models), owned */
 } ac_model;
 
@@ -92,6 +93,13 @@ int ac_model_wdt(const ac_model *m);
  * ac_trainer_init_frozen, the CUDA plugin converting each tensor on the
  * device); trained weights are fp32 students. */
 int ac_model_to_f32(const ac_model *src, ac_model *dst, ac_err *e);
+/* A whole BF16 copy of src into dst, owning its matrices (wown): copied
+ * from BF16, rounded to nearest even from fp32 (as ac_model_save's BF16
+ * export), widened then rounded from F16; norms and biases fp32. What a
+ * model is timed on in the BF16 CPU cost table's dtype (measure.c) and the
+ * BF16 table's decode probes (costmeasure.c) run on: the engine reads it
+ * as it reads a resident BF16 model. */
+int ac_model_to_bf16(const ac_model *src, ac_model *dst, ac_err *e);
 /* A resident model: let the kernel drop the mapped pages from this
  * process's memory now (clean file pages: they are read back from the page
  * cache on the next access), e.g. while a stage works on an fp32 copy. */
@@ -109,6 +117,10 @@ int ac_model_load(const char *model_dir, ac_model *m, ac_err *e);
  * what changes them works on activations (masks), on private buffers or on
  * an fp32 copy (ac_model_to_f32; trained students are fp32). */
 int ac_model_load_resident(const char *model_dir, ac_model *m, ac_err *e);
+/* The dtype ac_model_load_resident would keep a checkpoint's matrices in
+ * (ST_BF16, ST_F16, else ST_F32: also for GGUF and unreadable ones), from
+ * the safetensors headers alone. */
+int ac_model_checkpoint_wdt(const char *model_dir);
 /* Allocate zeroed weights for an arch (for random init and pruning). */
 int ac_model_alloc(ac_model *m, const ac_arch *a, ac_err *e);
 void ac_model_free(ac_model *m);
