@@ -8,7 +8,9 @@
  * (AC_BENCH_RUNS: runs per measurement, default 7; AC_BENCH_CASES: only the
  * architectures whose name contains it; AC_BENCH_THREADS: threads, default 2;
  * AC_BENCH_CLOCK=thread: 1 thread, table and cases timed by the thread's CPU
- * time, to see the model's systematic error on a loaded machine.)
+ * time, to see the model's systematic error on a loaded machine;
+ * AC_BENCH_DTYPE=bf16: the BF16 table, and the models as BF16 copies, as
+ * the engine runs a BF16 checkpoint or export.)
  * Times are in ms, each case's line ends with the 1-minute load average
  * after it; the mean signed error per workload shows what is systematic.
  * The table is measured fresh in the same run (this machine's speed drifts by
@@ -142,7 +144,8 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     ac_err e;
     ac_cost_table t;
-    if (ac_cost_measure_cpu(threads, NULL, NULL, &t, &e)) {
+    const char *dt = getenv("AC_BENCH_DTYPE") ? getenv("AC_BENCH_DTYPE") : "fp32";
+    if (ac_cost_measure_cpu(threads, dt, NULL, NULL, &t, &e)) {
         fprintf(stderr, "%s\n", e.msg);
         return 1;
     }
@@ -190,10 +193,20 @@ int main(int argc, char **argv) {
         for (int l = 0; l < ac->L; l++) a.layers[l] = (ac_layer_arch){ac->heads[l], ac->kv[l], ac->ffn[l]};
         ac_model m;
         random_model(&m, &a);
+        if (!strcmp(t.dtype, "bf16")) {
+            ac_model b;
+            if (ac_model_to_bf16(&m, &b, &e)) {
+                fprintf(stderr, "%s\n", e.msg);
+                return 1;
+            }
+            ac_model_free(&m);
+            m = b;
+        }
         ac_carch ca;
         ac_carch_from_arch(&a, &ca, &e);
         ac_engine_profile p;
         ac_engine_profile_default(&p, 1);
+        if (!strcmp(t.dtype, "bf16")) p.w_bytes = 2;
         for (size_t w = 0; w < sizeof work / sizeof *work; w++) {
             ac_workload wl = {work[w][0], work[w][1], work[w][2]};
             double mt, mp;

@@ -84,6 +84,7 @@ typedef struct measure {
     long id;
     char key[512];
     int threads;
+    char dtype[8]; /* the weights' dtype: "fp32" or "bf16" (validated by the API) */
     job_state state;
     char error[300];
     int cancel, exited, pipe_done, closing_handles;
@@ -550,9 +551,13 @@ static void measure_finish(measure *m) {
         m->buf[m->len] = 0;
         json_t *t = json_loads(m->buf, 0, NULL);
         const char *field;
+        const char *key = t ? json_string_value(json_object_get(t, "key")) : NULL;
         if (!t || ac_cost_table_validate(t, &field, &e)) {
             state = JOB_FAILED;
             snprintf(err, sizeof err, "the measurement printed no valid table");
+        } else if (!key || strcmp(key, m->key)) {
+            state = JOB_FAILED;
+            snprintf(err, sizeof err, "the measurement printed a table for another key (%.200s)", key ? key : "none");
         } else if (store_measured(d, t, &e)) {
             state = JOB_FAILED;
             snprintf(err, sizeof err, "cannot store the table: %.250s", e.msg);
@@ -617,7 +622,7 @@ static void measure_start(scheduler *s, measure *m, slot *sl) {
     snprintf(thr, sizeof thr, "%d", m->threads);
     char qb[32];
     snprintf(qb, sizeof qb, "%g", d->cfg.quiet_budget_s);
-    char *args[] = {d->exe, "measure-table", "--threads", thr, "--quiet-budget", qb, NULL};
+    char *args[] = {d->exe, "measure-table", "--threads", thr, "--quiet-budget", qb, "--dtype", m->dtype, NULL};
     uv_timer_init(d->loop, &m->kill_timer);
     m->slot = sl;
     sl->running++;
@@ -678,7 +683,7 @@ static void run_measurements(scheduler *s) {
 int sched_measure(ac_daemon *d, const json_t *req, const char *key, long *id, char *why, size_t n) {
     scheduler *s = d->sched;
     int active = 0, rc = 0;
-    json_t *th = json_object_get(req, "threads");
+    json_t *th = json_object_get(req, "threads"), *dt = json_object_get(req, "dtype");
     pthread_mutex_lock(&s->mu);
     for (measure *m = s->measures; m; m = m->next) {
         int live = m->state == JOB_QUEUED || m->state == JOB_RUNNING;
@@ -702,6 +707,7 @@ int sched_measure(ac_daemon *d, const json_t *req, const char *key, long *id, ch
         m->id = ++s->next_measure;
         snprintf(m->key, sizeof m->key, "%s", key);
         m->threads = th ? (int)json_integer_value(th) : 2;
+        snprintf(m->dtype, sizeof m->dtype, "%s", dt && json_is_string(dt) ? json_string_value(dt) : "fp32");
         m->state = JOB_QUEUED;
         m->queued_at = ac_now();
         m->next = s->measures;
@@ -739,8 +745,9 @@ json_t *sched_measurements(ac_daemon *d) {
     json_t *a = json_array();
     pthread_mutex_lock(&s->mu);
     for (measure *m = s->measures; m && a; m = m->next) {
-        json_t *o = json_pack("{s:I,s:s,s:s,s:i,s:b}", "id", (json_int_t)m->id, "key", m->key, "state",
-                              job_state_name(m->state), "threads", m->threads, "cancel_requested", m->cancel);
+        json_t *o = json_pack("{s:I,s:s,s:s,s:i,s:s,s:b}", "id", (json_int_t)m->id, "key", m->key, "state",
+                              job_state_name(m->state), "threads", m->threads, "dtype", m->dtype, "cancel_requested",
+                              m->cancel);
         if (o && m->error[0]) json_object_set_new(o, "error", json_string(m->error));
         json_array_append_new(a, o);
     }

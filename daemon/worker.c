@@ -10,8 +10,9 @@
  * roots it is given by --root): the spec's paths are checked before the job
  * starts, and every file the library opens is confined the same way.
  *
- * `autocompressd measure-table --threads N [--quiet-budget S]` measures
- * the CPU cost table and prints it as one JSON line (a scheduled
+ * `autocompressd measure-table --threads N [--quiet-budget S] [--dtype
+ * fp32|bf16]` measures the CPU cost table (for the engine on weights of
+ * that dtype) and prints it as one JSON line (a scheduled
  * measurement's process). --quiet-budget: the config's quiet_budget_s, a
  * cap on quiet re-measurement (quiet.h; absent or < 0: none).
  */
@@ -185,18 +186,25 @@ int worker_main(int argc, char **argv) {
 
 int measure_main(int argc, char **argv) {
     int threads = 2;
+    const char *dtype = "fp32";
     for (int i = 2; i + 1 < argc; i += 2)
         if (!strcmp(argv[i], "--threads"))
             threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--dtype"))
+            dtype = argv[i + 1];
         else if (!strcmp(argv[i], "--quiet-budget"))
             ac_quiet_set_budget_cap(atof(argv[i + 1]));
     if (threads < 1 || threads > 256) {
         fprintf(stderr, "measure-table: --threads must be in [1, 256]\n");
         return 2;
     }
+    if (!ac_cost_cpu_dtype_ok(dtype)) {
+        fprintf(stderr, "measure-table: --dtype must be fp32 or bf16\n");
+        return 2;
+    }
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() == 1) return 3;
-    json_t *req = json_pack("{s:s,s:i}", "device", "cpu", "threads", threads), *table = NULL;
+    json_t *req = json_pack("{s:s,s:i,s:s}", "device", "cpu", "threads", threads, "dtype", dtype), *table = NULL;
     ac_err e = {{0}};
     int rc = req ? ac_cost_measure_json(req, &table, &e) : ac_errf(&e, "out of memory");
     json_decref(req);

@@ -89,7 +89,7 @@ static void test_cpu_table_from_cache(void) {
     ac_err e;
     ac_cost_table fake, got;
     CHECK(ac_cost_roofline(ac_device_spec_find("L4"), "fp32", &fake, &e) == 0, "%s", e.msg);
-    ac_cost_cpu_key(2, fake.key, sizeof fake.key, NULL, 0);
+    ac_cost_cpu_key(2, "fp32", fake.key, sizeof fake.key, NULL, 0);
     snprintf(fake.device, sizeof fake.device, "stand-in");
     ac_cost_cache rw;
     costcache_file(&rw, path, 1);

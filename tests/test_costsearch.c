@@ -727,16 +727,24 @@ static void test_b4_band_per_layer(void) {
  * the products: a high rate on a small probe (a per-step cost) survives. */
 static void test_band_monotone(void) {
     double r[4] = {40, 20, 30, 10}, mib[4] = {4, 8, 10, 20}, q[4] = {40, 20, 30, 10};
-    ac_cost_bands_monotone(r, NULL, 4);
+    ac_cost_bands_monotone(r, NULL, 4, 0);
     /* 40,20 -> 30,30; 30 ok; 30,30,30,10 -> 25 x 4 (by hand) */
     for (int i = 0; i < 4; i++) CHECK(fabs(r[i] - 25) < 1e-12, "rate %d: %g vs 25", i, r[i]);
-    ac_cost_bands_monotone(q, mib, 4);
+    ac_cost_bands_monotone(q, mib, 4, 0);
     /* totals 160,160,300,200 -> 160,160,250,250: rates 40, 20, 25, 12.5 */
     double want[4] = {40, 20, 25, 12.5};
     for (int i = 0; i < 4; i++) CHECK(fabs(q[i] - want[i]) < 1e-12, "scaled %d: %g vs %g", i, q[i], want[i]);
     double neg[2] = {-5, 3};
-    ac_cost_bands_monotone(neg, mib, 2);
+    ac_cost_bands_monotone(neg, mib, 2, 0);
     CHECK(neg[0] == 0 && neg[1] == 3, "negative clipped: %g %g", neg[0], neg[1]);
+    /* signed (the weights' rates): kept below 0, still pooled: -5, -9 -> -7, -7 */
+    double sg[3] = {-5, -9, 3};
+    ac_cost_bands_monotone(sg, NULL, 3, 1);
+    CHECK(sg[0] == -7 && sg[1] == -7 && sg[2] == 3, "signed: %g %g %g", sg[0], sg[1], sg[2]);
+    /* with a scale, the totals pooled: -20, -36 (x 4, 4) -> -28 each */
+    double sq[2] = {-5, -9}, m4[2] = {4, 4};
+    ac_cost_bands_monotone(sq, m4, 2, 1);
+    CHECK(sq[0] == -7 && sq[1] == -7, "signed scaled: %g %g", sq[0], sq[1]);
 }
 
 int main(void) {

@@ -99,6 +99,12 @@ def test_job_lifecycle_and_cost_cache():
     assert stages == ["load", "calibrate", "profile", "search", "prune", "evaluate", "export"], stages
     ct = [e["data"] for e in evs["events"] if e["kind"] == "cost_table" and "for" not in e["data"]]
     assert len(ct) == 1 and ct[0]["cache_hit"] is False and "table" not in ct[0]
+    # the tiny model is a BF16 checkpoint: a CPU target whose spec names no weights dtype plans with the BF16
+    # table (the engine's BF16 kernels, as it runs the BF16 export), and times base and result in BF16
+    assert "|bf16|autocompress-cpu|" in ct[0]["key"], ct[0]
+    st, res1 = D.req("GET", f"/v1/jobs/{j['id']}/result")
+    assert res1["target"]["engine"]["weights_dtype"] == "bf16" and res1["target"]["engine"]["weight_bytes"] == 2, res1["target"]
+    assert res1["target"]["cost_table"] == ct[0]["key"] and res1["measured_local"]["weights_dtype"] == "bf16", res1["measured_local"]
     st, tables = D.req("GET", "/v1/cost-tables")
     keys = [t["key"] for t in tables["tables"]]
     assert ct[0]["key"] in keys
@@ -200,6 +206,7 @@ def test_job_lifecycle_and_cost_cache():
     # estimate API with the cached CPU table and with a profile
     st, est = D.req("POST", "/v1/estimate", body={"model": TINY, "target": {"device": "cpu", "workload": {"batch": 2, "prompt_len": 32, "gen_len": 8}}})
     assert st == 200 and est["figures"]["ttft_ms"] > 0 and est["source"] == "measured", est
+    assert est["cost_table"] == ct[0]["key"], est  # the BF16 checkpoint's table, as its jobs
     st, est = D.req("POST", "/v1/estimate", body={"architecture": {"hidden": 4096, "head_dim": 128, "vocab": 128256,
                                                                   "layers": [{"heads": 32, "kv_heads": 8, "ffn": 14336}] * 32},
                                                  "target": {"device": "H100", "workload": {"batch": 1, "prompt_len": 1024, "gen_len": 128}}})
@@ -209,18 +216,25 @@ def test_job_lifecycle_and_cost_cache():
 
 
 def test_measure_cost_table_in_background():
-    st, r = D.req("POST", "/v1/cost-tables", body={"measure": {"device": "cpu", "threads": 1}})
-    assert st == 202 and r["status"] == "measuring" and "(1 threads)" in r["key"], r
+    st, r = D.req("POST", "/v1/cost-tables", body={"measure": {"device": "cpu", "threads": 1, "dtype": "bf16"}})
+    assert st == 202 and r["status"] == "measuring" and "(1 threads)|bf16|" in r["key"], r
+    st, bad = D.req("POST", "/v1/cost-tables", body={"measure": {"device": "cpu", "dtype": "fp8"}})
+    assert st == 400 and bad["error"]["field"] == "measure.dtype", bad
     st, bad = D.req("POST", "/v1/cost-tables", body={"measure": {"device": "tpu"}})
     assert st == 400 and bad["error"]["field"] == "measure.device"
     t0 = time.time()
-    while time.time() - t0 < 90:
+    while time.time() - t0 < 180:
         st, tables = D.req("GET", "/v1/cost-tables")
         if any(t["key"] == r["key"] for t in tables["tables"]):
             break
         time.sleep(0.5)
     else:
         raise AssertionError("measured table never appeared")
+    st, tj = D.req("GET", "/v1/cost-tables/" + r["key"].replace(" ", "%20").replace("|", "%7C"))
+    assert st == 200 and tj["dtype"] == "bf16" and tj["gemm"]["us"], tj.get("dtype")
+    st, ms = D.req("GET", "/v1/cost-tables/measurements")
+    mine = [m for m in ms["measurements"] if m["key"] == r["key"]]
+    assert st == 200 and mine and mine[0]["dtype"] == "bf16" and mine[0]["threads"] == 1, ms
     assert D.req("GET", "/healthz")[0] == 200  # the API stayed responsive meanwhile
 
 

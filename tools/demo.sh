@@ -17,8 +17,10 @@ echo "daemon up: http://127.0.0.1:$PORT/ (dashboard), data in $DIR"
 M="$PWD/$B/models/tiny"
 WL='{"batch": 1, "prompt_len": 128, "gen_len": 64}'
 FRACTION=${AC_DEMO_FRACTION:-0.70}
-curl -sf -XPOST "http://127.0.0.1:$PORT/v1/cost-tables" -H 'Content-Type: application/json' -d '{"measure": {"device": "cpu"}}' >/dev/null
-echo "measuring this CPU's cost table (POST /v1/cost-tables, about 30 s) ..."
+# the tiny model is a BF16 checkpoint: the CPU engine runs it (and its BF16
+# export) on its BF16 kernels, so its CPU target's table is the BF16 one
+curl -sf -XPOST "http://127.0.0.1:$PORT/v1/cost-tables" -H 'Content-Type: application/json' -d '{"measure": {"device": "cpu", "dtype": "bf16"}}' >/dev/null
+echo "measuring this CPU's BF16 cost table (POST /v1/cost-tables, about a minute) ..."
 EST=""
 for i in $(seq 300); do
   EST=$(curl -sf -XPOST "http://127.0.0.1:$PORT/v1/estimate" -H 'Content-Type: application/json' \
@@ -52,7 +54,8 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 m = r["measured_local"]
 print()
-print(f"target {r['target']['device_name']}, workload {r['target']['workload']}, constraints {r['constraints']}")
+print(f"target {r['target']['device_name']}, {r['target']['engine']['weights_dtype']} weights, workload "
+      f"{r['target']['workload']}, constraints {r['constraints']}")
 print(f"held-out perplexity ({r['eval_protocol']['scored_tokens']} tokens); predicted figures on the target; "
       f"measured on this CPU (b{m['workload']['batch']} p{m['workload']['prompt_len']} g{m['workload']['gen_len']}, best of 3)")
 print(f"{'':14} {'ppl':>8} {'pred tpot':>10} {'pred ttft':>10} {'params':>9} {'meas tpot':>10} {'meas ttft':>10}  architecture")

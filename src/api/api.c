@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "jobspec.h"
+#include "model.h"
+#include "safetensors.h"
 
 int ac_cost_measure_validate(const json_t *req, const char **field, ac_err *e) {
     *field = "measure";
@@ -11,30 +13,39 @@ int ac_cost_measure_validate(const json_t *req, const char **field, ac_err *e) {
     const char *k;
     json_t *v;
     json_object_foreach((json_t *)req, k, v) {
-        if (strcmp(k, "device") && strcmp(k, "threads")) {
+        if (strcmp(k, "device") && strcmp(k, "threads") && strcmp(k, "dtype")) {
             *field = "measure";
             return ac_errf(e, "measure: unknown field %s", k);
         }
     }
-    json_t *d = json_object_get(req, "device"), *th = json_object_get(req, "threads");
+    json_t *d = json_object_get(req, "device"), *th = json_object_get(req, "threads"), *dt = json_object_get(req, "dtype");
     *field = "measure.device";
     if (!json_is_string(d) || strcmp(json_string_value(d), "cpu"))
         return ac_errf(e, "measure.device must be \"cpu\" (CUDA tables are measured by the CUDA backend)");
     *field = "measure.threads";
     if (th && (!json_is_integer(th) || json_integer_value(th) < 1 || json_integer_value(th) > 256))
         return ac_errf(e, "measure.threads must be an integer in [1, 256]");
+    *field = "measure.dtype";
+    if (dt && (!json_is_string(dt) || !ac_cost_cpu_dtype_ok(json_string_value(dt))))
+        return ac_errf(e, "measure.dtype must be \"fp32\" or \"bf16\" (the CPU engine's weight dtypes)");
     return 0;
+}
+
+/* The measurement's weight dtype (validated): fp32 unless given. */
+static const char *measure_dtype(const json_t *req) {
+    json_t *dt = json_object_get(req, "dtype");
+    return dt ? json_string_value(dt) : "fp32";
 }
 
 void ac_cost_measure_key(const json_t *req, char *key, size_t n) {
     json_t *th = json_object_get(req, "threads");
-    ac_cost_cpu_key(th ? (int)json_integer_value(th) : 2, key, n, NULL, 0);
+    ac_cost_cpu_key(th ? (int)json_integer_value(th) : 2, measure_dtype(req), key, n, NULL, 0);
 }
 
 int ac_cost_measure_json(const json_t *req, json_t **table, ac_err *e) {
     json_t *th = json_object_get(req, "threads");
     ac_cost_table t;
-    if (ac_cost_measure_cpu(th ? (int)json_integer_value(th) : 2, NULL, NULL, &t, e)) return -1;
+    if (ac_cost_measure_cpu(th ? (int)json_integer_value(th) : 2, measure_dtype(req), NULL, NULL, &t, e)) return -1;
     *table = ac_cost_table_to_json(&t);
     ac_cost_table_free(&t);
     return 0;
@@ -87,8 +98,12 @@ int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, json_t **out
     }
     ac_cost_table t;
     int hit;
+    /* a model's checkpoint dtype, as a job on it (ac_target_engine_for) */
+    json_t *model = json_object_get(req, "model");
+    ac_engine_profile prof;
+    ac_target_engine_for(&tg, model ? ac_model_checkpoint_wdt(json_string_value(model)) : ST_F32, &prof);
     *field = "target.device";
-    if (ac_cost_table_for(&tg.dev, ac_engine_profile_dtype(&tg.engine), cache, 2, 0, NULL, NULL, &t, &hit, e)) {
+    if (ac_cost_table_for(&tg.dev, ac_engine_profile_dtype(&prof), cache, 2, 0, NULL, NULL, &t, &hit, e)) {
         ac_arch_free(&arch);
         return -1;
     }
@@ -100,7 +115,7 @@ int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, json_t **out
     }
     ac_cost r;
     const ac_workload *w = &tg.workload;
-    ac_cost_predict(&t, &c, w, &tg.engine, 0, &r);
+    ac_cost_predict(&t, &c, w, &prof, 0, &r);
     *out = json_pack("{s:s,s:s,s:s,s:o,s:o,s:{s:i,s:i,s:i}}", "device", t.device, "cost_table", t.key, "source",
                      t.source, "figures", ac_cost_to_json(&r), "architecture", ac_arch_to_json(&arch), "workload",
                      "batch", w->batch, "prompt_len", w->prompt_len, "gen_len", w->gen_len);

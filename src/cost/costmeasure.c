@@ -9,6 +9,11 @@
  * effective cache size. Each part (a GEMM row, a head size, the elementwise
  * pass, a decode probe) is a unit of a quiet measurement (quiet.h): parts
  * a neighbour slowed are measured again.
+ * A table is measured for the engine's fp32 weights or for BF16 ones (a
+ * resident BF16 checkpoint, a BF16 export): the GEMMs then run on the BF16
+ * weights as the engine does (the CPU's BF16 kernel from 32 rows, OpenBLAS
+ * on one thread around it; converted per tile below), and the decode probes
+ * are BF16 models (ac_model_to_bf16).
  * Also the CUDA plugin's raw timings into a table (ac_cost_table_from_timings).
  */
 #include <math.h>
@@ -22,6 +27,8 @@
 #include "engine.h"
 #include "kernels_cpu.h"
 #include "quiet.h"
+#include "safetensors.h"
+#include "tensor.h"
 
 /* ---------------------------------------------------------------- measurement */
 
@@ -43,13 +50,32 @@ typedef struct {
     float *a, *pool, *c;
     int m, n, k;
     size_t off, span;
+    uint16_t *pool16;  /* BF16 tables: the pool's BF16 weights (2 x POOL_FLOATS), else NULL */
+    ac_wscratch *ws;   /* BF16 tables: ac_linear_w's scratch */
 } gemm_arg;
 static void run_gemm(void *p) {
     gemm_arg *g = p;
-    size_t nw = (size_t)g->n * g->k, span = g->span ? g->span : POOL_FLOATS;
+    size_t nw = (size_t)g->n * g->k, span = g->span ? g->span : g->pool16 ? 2 * (size_t)POOL_FLOATS : POOL_FLOATS;
     if (g->off + nw > span) g->off = 0;
-    ac_linear(g->c, g->a, g->pool + g->off, NULL, g->m, g->k, g->n);
+    if (g->pool16)
+        ac_linear_w(g->c, g->a, g->pool16 + g->off, ST_BF16, NULL, g->m, g->k, g->n, 0, g->ws);
+    else
+        ac_linear(g->c, g->a, g->pool + g->off, NULL, g->m, g->k, g->n);
     g->off += (nw + 1023) & ~(size_t)1023;
+}
+
+/* What the engine's forward does around a BF16 GEMM of M rows on the BF16
+ * kernel (engine.c): OpenBLAS on one thread, so that its spinning workers
+ * leave the kernel's threads their cycles; attention's per-head GEMMs then
+ * run on that one thread too. Returns whether it did (undo with
+ * blas_restore). */
+static int blas_as_engine(int bf16, int M) {
+    int one = bf16 && ac_kernels_threads() > 1 && ac_bf16_fast_rows(M);
+    if (one) ac_blas_threads(1);
+    return one;
+}
+static void blas_restore(int one) {
+    if (one) ac_blas_threads(ac_kernels_threads());
 }
 
 typedef struct {
@@ -86,7 +112,9 @@ static double time_us(void (*fn)(void *), void *arg) {
     return best;
 }
 
-void ac_cost_cpu_key(int threads, char *key, size_t n, char *device, size_t dn) {
+int ac_cost_cpu_dtype_ok(const char *dtype) { return dtype && (!strcmp(dtype, "fp32") || !strcmp(dtype, "bf16")); }
+
+void ac_cost_cpu_key(int threads, const char *dtype, char *key, size_t n, char *device, size_t dn) {
     ac_local_device d[1];
     ac_devices_local(d, 1);
     char dev[200];
@@ -98,7 +126,8 @@ void ac_cost_cpu_key(int threads, char *key, size_t n, char *device, size_t dn) 
      * microseconds cannot be compared with it). Cached ones without them are
      * measured again rather than used with the older decode model or another
      * probe's reference. */
-    snprintf(key, n, "%s|fp32|autocompress-cpu|v%d-kvq2", dev, AC_CT_VERSION);
+    snprintf(key, n, "%s|%s|autocompress-cpu|v%d-kvq2", dev, dtype && !strcmp(dtype, "bf16") ? "bf16" : "fp32",
+             AC_CT_VERSION);
 }
 
 /* The probes' 4-layer architecture of hidden width H (head_dim 64, FFN
@@ -118,8 +147,18 @@ static void probe_arch(int H, ac_arch *a, ac_layer_arch la[4]) {
     a->layers = la;
 }
 
-/* The probe model of width H with arbitrary finite weights (norms 1). */
-static int probe_model(int H, ac_model *m, ac_err *e) {
+/* The probe model of width H with arbitrary finite weights (norms 1), its
+ * matrices in BF16 when bf16 (a copy, ac_model_to_bf16). */
+static int probe_model_f32(int H, ac_model *m, ac_err *e);
+static int probe_model(int H, int bf16, ac_model *m, ac_err *e) {
+    if (!bf16) return probe_model_f32(H, m, e);
+    ac_model f;
+    if (probe_model_f32(H, &f, e)) return -1;
+    int rc = ac_model_to_bf16(&f, m, e);
+    ac_model_free(&f);
+    return rc;
+}
+static int probe_model_f32(int H, ac_model *m, ac_err *e) {
     ac_layer_arch la[4];
     ac_arch a;
     probe_arch(H, &a, la);
@@ -187,11 +226,18 @@ static int decode_step_ms(const ac_model *m, int B, int P, int runs, double *ms,
     return rc;
 }
 
+/* The CPU engine's profile in t's weight dtype (the bands are per MiB of
+ * weights in it). */
+static void table_profile(const ac_cost_table *t, ac_engine_profile *p) {
+    ac_engine_profile_default(p, 1);
+    if (!strcmp(t->dtype, "bf16")) p->w_bytes = 2;
+}
+
 /* The warm-table and cold-table TPOT (ms) of the probe's decode steps of B
  * sequences after a P-token prompt. */
 static void probe_predict(ac_cost_table *t, const ac_carch *c, int B, int P, double *warm_ms, double *cold_ms) {
     ac_engine_profile p;
-    ac_engine_profile_default(&p, 1);
+    table_profile(t, &p);
     ac_workload w = {B, P, PROBE_STEPS + 1};
     ac_cost warm, cold;
     int nd = t->ndec;
@@ -208,9 +254,9 @@ static void probe_predict(ac_cost_table *t, const ac_carch *c, int B, int P, dou
 }
 
 /* MiB of the probe's KV cache read per step (B sequences, mean context of the steps after a P-token prompt). */
-static double probe_kv_mib(const ac_carch *c, int B, int P) {
+static double probe_kv_mib(const ac_cost_table *t, const ac_carch *c, int B, int P) {
     ac_engine_profile p;
-    ac_engine_profile_default(&p, 1);
+    table_profile(t, &p);
     double S = P + PROBE_STEPS / 2.0;
     return (ac_cost_decode_bytes(c, &p, B, S) - ac_cost_decode_bytes(c, &p, B, 0)) / 1048576.0;
 }
@@ -241,7 +287,7 @@ static double probe_kv_mib(const ac_carch *c, int B, int P) {
  * cannot stream a larger working set faster (nor in less total time), nor
  * faster than the warm tables; single probes that a neighbour slowed (or
  * that caught the warm table slowed) would otherwise bend the bands. */
-void ac_cost_bands_monotone(double *v, const double *scale, int n) {
+void ac_cost_bands_monotone(double *v, const double *scale, int n, int signed_ok) {
     double val[AC_CT_MAXG];
     int cnt[AC_CT_MAXG], k = 0;
     if (n > AC_CT_MAXG) n = AC_CT_MAXG;
@@ -256,7 +302,7 @@ void ac_cost_bands_monotone(double *v, const double *scale, int n) {
         k++;
     }
     for (int b = 0, i = 0; b < k; b++)
-        for (int j = 0; j < cnt[b]; j++, i++) v[i] = val[b] > 0 ? val[b] / (scale ? scale[i] : 1) : 0;
+        for (int j = 0; j < cnt[b]; j++, i++) v[i] = val[b] > 0 || signed_ok ? val[b] / (scale ? scale[i] : 1) : 0;
 }
 
 /* The KV cache's rate is measured on the probes up to KV_PROBE_MAX_H wide
@@ -280,12 +326,12 @@ typedef struct {
 
 /* One probe model of hidden width H timed, each figure the minimum of what
  * r held and this run (a band may be measured again, quiet.h). */
-static void band_measure(int H, band_raw *r) {
+static void band_measure(int H, int bf16, band_raw *r) {
     ac_model m;
     ac_err e;
     double m1, m4, ml = 0;
     int kv_long = H <= KV_PROBE_MAX_H;
-    if (probe_model(H, &m, &e)) {
+    if (probe_model(H, bf16, &m, &e)) {
         r->m1 = NAN;
         return;
     }
@@ -318,18 +364,22 @@ static int band_derive(ac_cost_table *t, int H, const band_raw *r, int n, double
     int kv_long = H <= KV_PROBE_MAX_H;
     double m1 = r->m1, m4 = r->m4, ml = r->ml, w1, c1, w4, wl;
     ac_engine_profile p;
-    ac_engine_profile_default(&p, 1);
+    table_profile(t, &p);
     probe_predict(t, &c, 1, PROBE_SHORT, &w1, &c1);
     probe_predict(t, &c, 4, PROBE_SHORT, &w4, NULL);
     probe_predict(t, &c, 1, PROBE_LONG, &wl, NULL);
     *cold_closer = fabs(m1 - w1) >= fabs(m1 - c1);
-    double wmib = ac_cost_decode_bytes(&c, &p, 1, 0) / 1048576.0, k1 = probe_kv_mib(&c, 1, PROBE_SHORT),
-           k4 = probe_kv_mib(&c, 4, PROBE_SHORT), kl = probe_kv_mib(&c, 1, PROBE_LONG);
+    double wmib = ac_cost_decode_bytes(&c, &p, 1, 0) / 1048576.0, k1 = probe_kv_mib(t, &c, 1, PROBE_SHORT),
+           k4 = probe_kv_mib(t, &c, 4, PROBE_SHORT), kl = probe_kv_mib(t, &c, 1, PROBE_LONG);
     double kv = kv_long ? ((ml - wl) - (m1 - w1)) * 1e3 / (kl - k1) : kv_prev;
     if (kv < 0) kv = 0;
     t->dec_kv_us_mib[n] = kv;
-    t->dec_us_mib[n] = ((m1 - w1) * 1e3 - k1 * kv) / wmib;
-    t->dec_us_mib4[n] = ((m4 - w4) * 1e3 - k4 * kv) / wmib;
+    /* signed (the warm tables may read the step's small GEMMs slower than
+     * it runs them), but a probe a neighbour disturbed must not take more
+     * than half the warm prediction off: a load-17 run (before quiet
+     * measurements) once gave -3,222 us/MiB */
+    t->dec_us_mib[n] = fmax(((m1 - w1) * 1e3 - k1 * kv) / wmib, -0.5 * w1 * 1e3 / wmib);
+    t->dec_us_mib4[n] = fmax(((m4 - w4) * 1e3 - k4 * kv) / wmib, -0.5 * w4 * 1e3 / wmib);
     t->dec_ws[n] = ac_cost_decode_bytes(&c, &p, 1, PROBE_SHORT + PROBE_STEPS / 2.0);
     *wmib_out = wmib;
     *wbytes = ac_carch_params(&c) * p.w_bytes;
@@ -354,18 +404,19 @@ static void calibrate(ac_cost_table *t, const band_raw *raw) {
         nkv += kv_long;
         n++;
     }
-    ac_cost_bands_monotone(t->dec_kv_us_mib, NULL, nkv < n ? nkv : n);
+    ac_cost_bands_monotone(t->dec_kv_us_mib, NULL, nkv < n ? nkv : n, 0);
     for (int i = nkv; i < n; i++)
         t->dec_kv_us_mib[i] = fmax(nkv ? t->dec_kv_us_mib[nkv - 1] : 0, fmax(t->dec_us_mib[i], 0));
-    ac_cost_bands_monotone(t->dec_us_mib, NULL, n);
+    ac_cost_bands_monotone(t->dec_us_mib, NULL, n, 1);
     /* batch 4: a per-step cost the warm M=4 tables miss makes its rate per
      * MiB high on the smallest probes (44 us/MiB at 3.5 MiB, 16-20 from 13
      * MiB), so the total excess (us), not the rate, is made non-decreasing:
      * pooling the rates lifted 13 MiB models ~20% and lowered 4-5 MiB ones */
-    ac_cost_bands_monotone(t->dec_us_mib4, wmib, n);
-    ac_cost_bands_monotone(t->dec_kv_us_mib, NULL, n);
+    ac_cost_bands_monotone(t->dec_us_mib4, wmib, n, 1);
+    ac_cost_bands_monotone(t->dec_kv_us_mib, NULL, n, 0);
     /* four rows stream the weights once; at worst like four one-row steps */
-    for (int i = 0; i < n; i++) t->dec_us_mib4[i] = fmin(t->dec_us_mib4[i], 4 * t->dec_us_mib[i]);
+    for (int i = 0; i < n; i++)
+        if (t->dec_us_mib[i] > 0) t->dec_us_mib4[i] = fmin(t->dec_us_mib4[i], 4 * t->dec_us_mib[i]);
     t->ndec = n >= 2 ? n : 0;
     t->dec_b4 = t->dec_kv = t->ndec > 0;
 }
@@ -375,7 +426,7 @@ static const double GM[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024},
 static const double AQ[] = {1, 4, 16, 64, 256, 1024}, AS[] = {1, 16, 64, 256, 1024, 2048}, AHD[] = {16, 64, 128};
 
 /* The table's identity and grids, its arrays allocated. */
-static int table_init(ac_cost_table *t, int threads, ac_err *e) {
+static int table_init(ac_cost_table *t, int threads, const char *dtype, ac_err *e) {
     t->nm = 11;
     t->nn = t->nk = 8;
     t->naq = 6;
@@ -387,8 +438,8 @@ static int table_init(ac_cost_table *t, int threads, ac_err *e) {
     memcpy(t->aq, AQ, sizeof AQ);
     memcpy(t->as, AS, sizeof AS);
     memcpy(t->ahd, AHD, sizeof AHD);
-    ac_cost_cpu_key(threads, t->key, sizeof t->key, t->device, sizeof t->device);
-    snprintf(t->dtype, sizeof t->dtype, "fp32");
+    ac_cost_cpu_key(threads, dtype, t->key, sizeof t->key, t->device, sizeof t->device);
+    snprintf(t->dtype, sizeof t->dtype, "%s", dtype);
     snprintf(t->engine, sizeof t->engine, "autocompress-cpu");
     snprintf(t->source, sizeof t->source, "measured");
     t->version = AC_CT_VERSION;
@@ -405,6 +456,8 @@ static int table_init(ac_cost_table *t, int threads, ac_err *e) {
  * attention scores sc. */
 typedef struct {
     float *a, *w, *c, *sc;
+    uint16_t *w16;  /* BF16 tables: the weight pool in BF16, else NULL */
+    ac_wscratch ws; /* BF16 tables: ac_linear_w's scratch */
 } bench_bufs;
 
 /* One GEMM row of the grid (M = gm[im]), every point the minimum of what
@@ -412,8 +465,10 @@ typedef struct {
 static void measure_gemm_row(ac_cost_table *t, const bench_bufs *bb, int im) {
     for (int in = 0; in < t->nn; in++)
         for (int ik = 0; ik < t->nk; ik++) {
-            gemm_arg g = {bb->a, bb->w, bb->c, (int)GM[im], (int)GNK[in], (int)GNK[ik], 0, 0};
+            gemm_arg g = {bb->a, bb->w, bb->c, (int)GM[im], (int)GNK[in], (int)GNK[ik], 0, 0, bb->w16,
+                          (ac_wscratch *)&bb->ws};
             size_t at = ((size_t)im * t->nn + in) * t->nk + ik;
+            int one = blas_as_engine(bb->w16 != NULL, g.m);
             t->gemm_us[at] = fmin(t->gemm_us[at], time_us(run_gemm, &g));
             /* weights in cache: at every M, since reading them cold costs
              * 15-25 % of a 128-row GEMM over a 512 x 512 weight, which a
@@ -421,6 +476,7 @@ static void measure_gemm_row(ac_cost_table *t, const bench_bufs *bb, int im) {
              * model's prefill was predicted 5-28 % slow with cold rows) */
             g.span = (size_t)GNK[in] * (size_t)GNK[ik];
             t->gemm_warm_us[at] = fmin(t->gemm_warm_us[at], time_us(run_gemm, &g));
+            blas_restore(one);
         }
 }
 
@@ -431,7 +487,9 @@ static void measure_attn(ac_cost_table *t, const bench_bufs *bb, int ih) {
             int n = (int)AQ[iq], s = n + (int)AS[is] - 1;
             attn_arg at = {bb->c, bb->a, bb->w, bb->w + (size_t)2048 * 128, bb->sc, n, s, (int)AHD[ih]};
             size_t k = ((size_t)ih * t->naq + iq) * t->nas + is;
+            int one = blas_as_engine(bb->w16 != NULL, n);
             t->attn_us[k] = fmin(t->attn_us[k], time_us(run_attn, &at));
+            blas_restore(one);
         }
 }
 
@@ -473,7 +531,7 @@ double ac_cost_ref_probe_us(void) {
     if (a && w && c) {
         for (size_t i = 0; i < (size_t)M * K; i++) a[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
         for (size_t i = 0; i < (size_t)N * K; i++) w[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
-        gemm_arg g = {a, w, c, M, N, K, 0, (size_t)N * K};
+        gemm_arg g = {a, w, c, M, N, K, 0, (size_t)N * K, NULL, NULL};
         int reps = calls_per_batch(run_gemm, &g, 5e-3);
         double b[3];
         for (int k = 0; k < 3; k++) {
@@ -516,24 +574,31 @@ static int measure_unit(void *p, int u) {
     else if (band < 0)
         t->elem_ns = fmin(t->elem_ns, measure_elementwise(x->bb));
     else
-        band_measure(HS[band], &x->raw[band]);
+        band_measure(HS[band], x->bb->w16 != NULL, &x->raw[band]);
     /* progress counts the first pass; re-measurement stays below 1 */
     if (x->progress && x->done < x->total) x->progress(x->ud, 0.99 * ++x->done / x->total);
     return 0;
 }
 
-int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud, ac_cost_table *t, ac_err *e) {
+int ac_cost_measure_cpu(int threads, const char *dtype, void (*progress)(void *, double), void *ud, ac_cost_table *t,
+                        ac_err *e) {
     memset(t, 0, sizeof *t);
+    if (!ac_cost_cpu_dtype_ok(dtype))
+        return ac_errf(e, "the CPU engine's cost tables are fp32 or bf16, not %s", dtype ? dtype : "(none)");
+    int bf16 = !strcmp(dtype, "bf16");
     ac_set_threads(threads);
     double t_start = ac_now();
     size_t maxe = 1024 * 2048;
     bench_bufs bb = {malloc(maxe * 4), malloc((size_t)POOL_FLOATS * 4), malloc(maxe * 4),
-                     malloc((size_t)1024 * 3072 * 4)};
-    int rc = table_init(t, threads, e);
-    if (!rc && (!bb.a || !bb.w || !bb.c || !bb.sc)) rc = ac_errf(e, "out of memory for cost measurement");
+                     malloc((size_t)1024 * 3072 * 4), bf16 ? malloc((size_t)POOL_FLOATS * 4) : NULL, {0}};
+    int rc = table_init(t, threads, dtype, e);
+    if (!rc && (!bb.a || !bb.w || !bb.c || !bb.sc || (bf16 && (!bb.w16 || ac_wscratch_alloc(&bb.ws, 1024, 2048)))))
+        rc = ac_errf(e, "out of memory for cost measurement");
     if (!rc) {
         for (size_t i = 0; i < maxe; i++) bb.a[i] = bb.c[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
         for (size_t i = 0; i < POOL_FLOATS; i++) bb.w[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
+        for (size_t i = 0; bb.w16 && i < 2 * (size_t)POOL_FLOATS; i++)
+            bb.w16[i] = ac_f32_to_bf16((float)((i * 104729) % 1000) * 1e-3f - 0.5f);
         int ng = t->nm * t->nn * t->nk, na = t->nhd * t->naq * t->nas;
         for (int i = 0; i < ng; i++) t->gemm_us[i] = t->gemm_warm_us[i] = INFINITY;
         for (int i = 0; i < na; i++) t->attn_us[i] = INFINITY;
@@ -554,6 +619,8 @@ int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud,
     free(bb.w);
     free(bb.c);
     free(bb.sc);
+    free(bb.w16);
+    ac_wscratch_free(&bb.ws);
     if (rc) {
         ac_cost_table_free(t);
         return -1;

@@ -80,10 +80,21 @@ int ac_cost_table_from_json(const json_t *j, ac_cost_table *t, ac_err *e);
 /* Validate an imported table; *field names the offending field. */
 int ac_cost_table_validate(const json_t *j, const char **field, ac_err *e);
 
-/* The table key of the local CPU for the fp32 autocompress engine. */
-void ac_cost_cpu_key(int threads, char *key, size_t n, char *device, size_t dn);
-/* Measure the local CPU (the engine's own kernels). progress may be NULL. */
-int ac_cost_measure_cpu(int threads, void (*progress)(void *, double), void *ud, ac_cost_table *t, ac_err *e);
+/* The weight dtypes the local CPU's tables are measured in: "fp32" (the
+ * engine's fp32 weights) and "bf16" (BF16 weights, resident or a BF16
+ * copy: the CPU's BF16 kernel from 32 rows, per tile below). */
+int ac_cost_cpu_dtype_ok(const char *dtype);
+/* The CPU table dtype for an engine profile's weight dtype
+ * (ac_engine_profile_dtype): "bf16" for bf16, else "fp32" (fp16 and fp8
+ * have no CPU kernels of their own). */
+const char *ac_cost_cpu_table_dtype(const char *profile_dtype);
+/* The table key of the local CPU for the autocompress engine on weights of
+ * dtype ("bf16", else fp32). */
+void ac_cost_cpu_key(int threads, const char *dtype, char *key, size_t n, char *device, size_t dn);
+/* Measure the local CPU (the engine's own kernels) for weights of dtype
+ * (ac_cost_cpu_dtype_ok). progress may be NULL. */
+int ac_cost_measure_cpu(int threads, const char *dtype, void (*progress)(void *, double), void *ud, ac_cost_table *t,
+                        ac_err *e);
 /* The reference probe of quiet measurements (quiet.h): microseconds of a
  * fixed compute-bound GEMM on the engine's kernels, at the threads set. */
 double ac_cost_ref_probe_us(void);
@@ -158,10 +169,14 @@ void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workloa
  * model's streamed bytes (S = 0: the weights alone). */
 double ac_cost_decode_bytes(const ac_carch *c, const ac_engine_profile *p, double B, double S);
 /* Decode bands made physical (costmeasure.c): v[i] x scale[i] (scale NULL:
- * v[i]) non-decreasing in i and >= 0, by pooling adjacent violators. The
- * batch-4 rates take scale = MiB of weights: their total excess, not their
- * rate per MiB, must not fall as the working set grows. */
-void ac_cost_bands_monotone(double *v, const double *scale, int n);
+ * v[i]) non-decreasing in i, by pooling adjacent violators, and >= 0
+ * unless signed_ok. The batch-4 rates take scale = MiB of weights: their
+ * total excess, not their rate per MiB, must not fall as the working set
+ * grows. The weights' rates are signed: they correct the warm tables,
+ * which may read a decode step's small GEMMs slower than the step runs
+ * them (BF16 tables: -27 to -12 us/MiB up to 14 MiB); the KV cache's rate
+ * is a cost on top (>= 0). */
+void ac_cost_bands_monotone(double *v, const double *scale, int n, int signed_ok);
 /* One decode step (microseconds) of B sequences reading a context of S
  * positions (the new token's included): what ac_cost_predict's TPOT
  * averages over the generated tokens. */

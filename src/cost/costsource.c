@@ -16,18 +16,25 @@ int ac_cost_cache_lookup(const ac_cost_cache *c, const char *key, ac_cost_table 
     return c && c->get ? c->get(c->ud, key, t, found, e) : 0;
 }
 
-static int table_cpu(const ac_cost_cache *cache, int threads, int allow_measure, void (*progress)(void *, double),
-                     void *ud, ac_cost_table *t, int *cache_hit, ac_err *e) {
+/* The CPU tables are fp32 or bf16: a profile in bf16 gets the BF16 table,
+ * any other (fp16, fp8: no such CPU kernels) the fp32 one, as before. */
+const char *ac_cost_cpu_table_dtype(const char *profile_dtype) {
+    return profile_dtype && !strcmp(profile_dtype, "bf16") ? "bf16" : "fp32";
+}
+
+static int table_cpu(const char *dtype, const ac_cost_cache *cache, int threads, int allow_measure,
+                     void (*progress)(void *, double), void *ud, ac_cost_table *t, int *cache_hit, ac_err *e) {
     char key[384];
-    ac_cost_cpu_key(threads, key, sizeof key, NULL, 0);
+    dtype = ac_cost_cpu_table_dtype(dtype);
+    ac_cost_cpu_key(threads, dtype, key, sizeof key, NULL, 0);
     if (ac_cost_cache_lookup(cache, key, t, cache_hit, e)) return -1;
     if (*cache_hit) return 0;
     if (!allow_measure)
         return ac_errf(e,
                        "no measured cost table for this CPU yet (key %s); measure one with POST /v1/cost-tables "
-                       "{\"measure\":{\"device\":\"cpu\"}} or run a job on it",
-                       key);
-    return ac_cost_measure_cpu(threads, progress, ud, t, e);
+                       "{\"measure\":{\"device\":\"cpu\",\"dtype\":\"%s\"}} or run a job on it",
+                       key, dtype);
+    return ac_cost_measure_cpu(threads, dtype, progress, ud, t, e);
 }
 
 static int table_cuda(const ac_target *target, const ac_cost_cache *cache, int allow_measure,
@@ -66,7 +73,7 @@ int ac_cost_table_for(const ac_target *target, const char *dtype, const ac_cost_
                       ac_err *e) {
     *cache_hit = 0;
     switch (target->kind) {
-    case AC_TARGET_CPU: return table_cpu(cache, threads, allow_measure, progress, ud, t, cache_hit, e);
+    case AC_TARGET_CPU: return table_cpu(dtype, cache, threads, allow_measure, progress, ud, t, cache_hit, e);
     case AC_TARGET_CUDA: return table_cuda(target, cache, allow_measure, progress, ud, t, cache_hit, e);
     case AC_TARGET_PROFILE: return ac_cost_roofline(target->profile, dtype, t, e);
     }

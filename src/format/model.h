@@ -86,9 +86,10 @@ typedef struct {
 /* The dtype of the model's matrices: ST_F32 for fp32 weights. */
 int ac_model_wdt(const ac_model *m);
 /* A whole fp32 copy of src (resident or not) into dst, for what needs
- * fp32 weights of the whole model (the base's latency measurement in the
- * CPU table's dtype, ac_measure_local_time): the one fp32 copy of the base a
- * pipeline stage may hold. The
+ * fp32 weights of the whole model (a resident F16 base's latency measured
+ * in the fp32 CPU table's dtype, ac_measure_latency_in; a BF16 base is
+ * timed on its mapping): the one fp32 copy of the base a pipeline stage
+ * may hold. The
  * gate trainers read resident weights in place (the CPU one with
  * ac_trainer_init_frozen, the CUDA plugin converting each tensor on the
  * device); trained weights are fp32 students. */

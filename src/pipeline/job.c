@@ -92,6 +92,11 @@ static int stage_load(job_state *s, ac_err *e) {
         ac_load_text_ids(sp->model, sp->heldout, &s->hids, &s->nh, s->m.a.vocab, e))
         return -1;
     if ((size_t)sp->calibration_tokens < s->nc) s->nc = (size_t)sp->calibration_tokens;
+    /* The engine profile the job predicts with: the spec's; on a CPU target
+     * whose spec names no weights dtype, the checkpoint's: a BF16 one runs
+     * on the CPU engine's BF16 kernels, as the BF16 export will, so its
+     * tables are the BF16 ones (an F16 or fp32 checkpoint keeps fp32). */
+    ac_target_engine_for(&sp->target, ac_model_wdt(&s->m), &s->engine);
     if (s->nc < (size_t)ctxlen * 2)
         return ac_errf(e, "calibration text has %zu tokens; need at least %d (2 windows of eval.ctx)", s->nc,
                        2 * ctxlen);
@@ -139,7 +144,7 @@ static int stage_profile(job_state *s, ac_err *e) {
     const ac_target_spec *t = &s->spec->target;
     const ac_cost_cache *cache = s->ctx->cache;
     ac_cost_table *tb = &s->table;
-    if (ac_cost_table_for(&t->dev, ac_engine_profile_dtype(&t->engine), cache, s->threads, 1, progress_plain, s, tb,
+    if (ac_cost_table_for(&t->dev, ac_engine_profile_dtype(&s->engine), cache, s->threads, 1, progress_plain, s, tb,
                           &s->cache_hit, e))
         return -1;
     double then = 0, now = 0;
@@ -151,8 +156,10 @@ static int stage_profile(job_state *s, ac_err *e) {
              json_pack("{s:s,s:f,s:f}", "message",
                        "the cached cost table was measured while this CPU ran slower than now: measuring it again",
                        "table_reference_probe_us", then, "reference_probe_us", now));
+        char dt[sizeof tb->dtype];
+        snprintf(dt, sizeof dt, "%s", tb->dtype);
         ac_cost_table_free(tb);
-        if (ac_cost_measure_cpu(s->threads, progress_plain, s, tb, e)) return -1;
+        if (ac_cost_measure_cpu(s->threads, dt, progress_plain, s, tb, e)) return -1;
         s->cache_hit = 0;
     }
     int measured = !s->cache_hit && !tb->roofline;
@@ -195,7 +202,7 @@ static int stage_search(job_state *s, ac_err *e) {
     ac_search_problem *P = &s->P;
     *P = (ac_search_problem){.table = &s->table,
                              .workload = &sp->target.workload,
-                             .profile = &sp->target.engine,
+                             .profile = &s->engine,
                              .imp = &s->imp,
                              .base = &s->m.a,
                              .limits = sp->limits,
@@ -295,14 +302,14 @@ static int want_distill(const job_state *s) { return s->spec->distill.tokens > 0
  * workers read the cache only) when quicker than the cached one, whose
  * reference is cached_ref. A failed measurement is logged and returns -1
  * (the caller keeps its table). */
-static int measure_cpu_again(job_state *s, const char *why, double then, double now, double cached_ref,
-                             ac_cost_table *out) {
+static int measure_cpu_again(job_state *s, const char *why, const char *dtype, double then, double now,
+                             double cached_ref, ac_cost_table *out) {
     char msg[200];
     snprintf(msg, sizeof msg, "%s: measuring it again for the timings on this CPU", why);
     emit(s, "log",
          json_pack("{s:s,s:f,s:f}", "message", msg, "table_reference_probe_us", then, "reference_probe_us", now));
     ac_err e2;
-    if (ac_cost_measure_cpu(s->threads, progress_plain, s, out, &e2)) {
+    if (ac_cost_measure_cpu(s->threads, dtype, progress_plain, s, out, &e2)) {
         emit(s, "log", json_pack("{s:s,s:s}", "message", "measuring the CPU cost table failed", "error", e2.msg));
         return -1;
     }
@@ -336,17 +343,22 @@ static int stage_evaluate(job_state *s, ac_err *e) {
     progress_cb(s, "perplexity", 0.5);
     const ac_target_spec *t = &sp->target;
     int is_cpu = t->dev.kind == AC_TARGET_CPU, found = is_cpu;
+    /* The weight dtype of the timings on this CPU, and of the CPU table
+     * that predicts them: a CPU target's (its profile's, stage_load); else
+     * the checkpoint's, BF16 for a BF16 one (the base timed on its mapping,
+     * the students on BF16 copies, as the export writes them), else fp32. */
+    const char *ldt = is_cpu ? s->table.dtype : ac_model_wdt(&s->m) == ST_BF16 ? "bf16" : "fp32";
     ac_cost_table cpu = {0};
     if (!is_cpu) {
         char key[384];
         ac_err e2;
-        ac_cost_cpu_key(s->threads, key, sizeof key, NULL, 0);
+        ac_cost_cpu_key(s->threads, ldt, key, sizeof key, NULL, 0);
         ac_cost_cache_lookup(s->ctx->cache, key, &cpu, &found, &e2);
     }
     /* Minitron is timed first when it is not the result (the comparison,
-     * same capped workload) and then freed: the base's timing may take an
-     * fp32 copy of the base (ac_measure_local_time), which then sits beside the
-     * mapping and the result only, as check_host_memory plans. */
+     * same capped workload) and then freed: a timing may take a copy of a
+     * model in the timings' dtype (ac_measure_latency_in), which then sits
+     * beside the mapping and the result only, as check_host_memory plans. */
     const ac_cost_table *ct = found ? (is_cpu ? &s->table : &cpu) : NULL; /* the CPU table, if any */
     /* The VM this runs on switches between speeds for tens of seconds at a
      * time (quiet.h). When the CPU runs, by the reference probe, more than
@@ -366,7 +378,7 @@ static int stage_evaluate(job_state *s, ac_err *e) {
     int state = ct ? table_state(ct, &then, &now) : 0;
     if (state && measure_cpu_again(s, state > 0 ? "this CPU runs quicker than when its cost table was measured"
                                                 : "this CPU runs slower than when its cost table was measured",
-                                   then, now, ct->ref_us, &fresh) == 0) {
+                                   ldt, then, now, ct->ref_us, &fresh) == 0) {
         again = again_json(state > 0 ? "table_slower" : "table_quicker", "before_timing", then, now, fresh.ref_us);
         ct = &fresh;
     }
@@ -374,13 +386,13 @@ static int stage_evaluate(job_state *s, ac_err *e) {
     double mtt = 0, mtp = 0, ref = ct ? ct->ref_us : 0;
     int minitron_timed = 0;
     if (s->chosen == &s->ra) {
-        minitron_timed = ac_measure_latency(&s->pm, s->hids, s->nh, &lw, 0, ref, &mtt, &mtp, NULL, e) == 0;
+        minitron_timed = ac_measure_latency_in(&s->pm, ldt, s->hids, s->nh, &lw, ref, &mtt, &mtp, NULL, e) == 0;
         ac_model_free(&s->pm);
     }
     ac_local_timing lt;
-    int rc = ac_measure_local_time(&s->m, s->result, s->hids, s->nh, &t->workload, ref, &lt, e);
+    int rc = ac_measure_local_time(&s->m, s->result, ldt, s->hids, s->nh, &t->workload, ref, &lt, e);
     now = !rc && !again && ct && has_quiet_ref(ct) ? ac_local_timing_off_table(&lt, ct) : 0;
-    if (now > 0 && measure_cpu_again(s, "base and result ran in another state of this CPU than its cost table",
+    if (now > 0 && measure_cpu_again(s, "base and result ran in another state of this CPU than its cost table", ldt,
                                      ct->ref_us, now, ct->ref_us, &fresh) == 0) {
         again = again_json(now > ct->ref_us ? "timing_slower" : "timing_quicker", "after_timing", ct->ref_us, now,
                            fresh.ref_us);
@@ -396,7 +408,7 @@ static int stage_evaluate(job_state *s, ac_err *e) {
     if (minitron_timed)
         json_object_set_new(s->measured_local, "minitron", json_pack("{s:f,s:f}", "ttft_ms", mtt, "tpot_ms", mtp));
     if (t->dev.kind == AC_TARGET_CUDA && ac_cuda(NULL) &&
-        ac_measure_on_gpu(&s->m, s->result, s->hids, s->nh, &t->workload, &s->table, &t->engine, &s->measured_on_target,
+        ac_measure_on_gpu(&s->m, s->result, s->hids, s->nh, &t->workload, &s->table, &s->engine, &s->measured_on_target,
                           e))
         emit(s, "log", json_pack("{s:s,s:s}", "message", "measuring on the target GPU failed", "error", e->msg));
     return 0;

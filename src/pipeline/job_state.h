@@ -25,6 +25,7 @@ typedef struct job_state {
     ac_model m;       /* the base model */
     int *cids, *hids; /* calibration and held-out token ids */
     size_t nc, nh;
+    ac_engine_profile engine; /* the target's profile, its CPU weight dtype resolved (stage_load) */
     /* calibrate */
     int on_gpu; /* loss passes on the local GPU */
     int cwin;   /* calibration windows of eval.ctx */

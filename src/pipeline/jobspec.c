@@ -18,6 +18,7 @@
 #include "distill.h"
 #include "gguf.h"
 #include "job.h"
+#include "safetensors.h"
 
 _Static_assert(sizeof(ac_method) == sizeof(int) && sizeof(ac_export_target) == sizeof(int), "enums are stored as int");
 _Static_assert(AC_METHOD_MINITRON == 1 && AC_EXPORT_LLAMA == 1 && AC_EXPORT_GGUF == 2,
@@ -56,7 +57,8 @@ static const char *const EXPORT_ALIASES[] = {"gguf-deci", "gguf", NULL};
 static const ac_field ENGINE[] = {
     STR("name", ac_engine_in, name, 0,
         "serving engine the prediction is for (default: autocompress-cpu on cpu, else vllm)"),
-    ENUM("weights_dtype", ac_engine_in, weights_dtype, DTYPES, -1, ND, "default: fp32 on cpu, else bf16"),
+    ENUM("weights_dtype", ac_engine_in, weights_dtype, DTYPES, -1, ND,
+         "default: on cpu the checkpoint's (bf16 for a BF16 checkpoint, whose BF16 cost table the CPU engine's BF16 kernels are measured in; fp32 for any other), else bf16"),
     ENUM("kv_dtype", ac_engine_in, kv_dtype, DTYPES, -1, ND, "default: fp32 on cpu, else bf16"),
     INT("block_size", ac_engine_in, block_size, 1, 1024, -1, ND,
         "KV-cache block in tokens (default: 1 on cpu, else 16)"),
@@ -292,6 +294,11 @@ static int target_finish(ac_target_spec *t, const char *prefix, const char **fie
     if (!isnan(in->overhead_gib)) p->overhead_gib = in->overhead_gib;
     *fieldp = "";
     return 0;
+}
+
+void ac_target_engine_for(const ac_target_spec *t, int checkpoint_wdt, ac_engine_profile *out) {
+    *out = t->engine;
+    if (t->dev.kind == AC_TARGET_CPU && t->engine_in.weights_dtype < 0 && checkpoint_wdt == ST_BF16) out->w_bytes = 2;
 }
 
 int ac_target_spec_parse(const json_t *j, ac_target_spec *t, const char *prefix, const char **fieldp, ac_err *e) {

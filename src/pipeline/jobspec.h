@@ -114,6 +114,12 @@ const ac_field *ac_target_spec_fields(void);
 int ac_job_spec_parse(const json_t *j, ac_job_spec *s, const char **field, ac_err *e);
 /* The same for a target object alone (POST /v1/estimate); prefix names it in errors. */
 int ac_target_spec_parse(const json_t *j, ac_target_spec *t, const char *prefix, const char **field, ac_err *e);
+/* The engine profile predictions for t use on a checkpoint whose matrices
+ * are in checkpoint_wdt (st_dtype; ac_model_wdt, ac_model_checkpoint_wdt):
+ * t's, except that a CPU target whose spec names no weights dtype takes a
+ * BF16 checkpoint's (its BF16 cost table: the CPU engine runs a BF16
+ * checkpoint, and the BF16 export, on its BF16 kernels). */
+void ac_target_engine_for(const ac_target_spec *t, int checkpoint_wdt, ac_engine_profile *out);
 
 /* "autocompress" / "minitron". */
 const char *ac_method_name(ac_method m);

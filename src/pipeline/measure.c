@@ -3,7 +3,9 @@
 
 #include <assert.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "eval.h"
 #include "safetensors.h"
@@ -123,21 +125,28 @@ ac_workload ac_measure_local_workload(const ac_workload *wl) {
     return (ac_workload){cap(wl->batch, 4), cap(wl->prompt_len, 128), cap(wl->gen_len, 32)};
 }
 
-int ac_measure_local_time(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,
-                          double quiet_ref_us, ac_local_timing *t, ac_err *e) {
+int ac_measure_latency_in(const ac_model *m, const char *dtype, const int *ids, size_t n, const ac_workload *w,
+                          double quiet_ref_us, double *ttft_ms, double *tpot_ms, ac_quiet_result *qr, ac_err *e) {
+    int want = dtype && !strcmp(dtype, "bf16") ? ST_BF16 : ST_F32, wdt = ac_model_wdt(m);
+    if (wdt == want) return ac_measure_latency(m, ids, n, w, 0, quiet_ref_us, ttft_ms, tpot_ms, qr, e);
+    ac_model c;
+    if (want == ST_BF16 ? ac_model_to_bf16(m, &c, e) : ac_model_to_f32(m, &c, e)) return -1;
+    if (m->wmap) ac_model_drop_pages(m); /* timed on the copy; pages read back on demand */
+    int rc = ac_measure_latency(&c, ids, n, w, 0, quiet_ref_us, ttft_ms, tpot_ms, qr, e);
+    ac_model_free(&c);
+    return rc;
+}
+
+int ac_measure_local_time(const ac_model *base, const ac_model *res, const char *dtype, const int *ids, size_t n,
+                          const ac_workload *wl, double quiet_ref_us, ac_local_timing *t, ac_err *e) {
     *t = (ac_local_timing){.w = ac_measure_local_workload(wl)};
-    /* Base and result are timed in the same weight dtype: a resident (BF16)
-     * base against an fp32 student would compare two engines' GEMM paths, not
-     * two architectures, and the CPU table is measured in fp32. */
-    ac_model f32;
-    int conv = ac_model_wdt(base) != ac_model_wdt(res) && ac_model_wdt(res) == ST_F32;
-    if (conv && ac_model_to_f32(base, &f32, e)) return -1;
-    if (conv) ac_model_drop_pages(base); /* timed on the copy; pages read back on demand */
-    int rc = ac_measure_latency(conv ? &f32 : base, ids, n, &t->w, 0, quiet_ref_us, &t->base_ttft, &t->base_tpot,
-                                &t->qb, e) ||
-             ac_measure_latency(res, ids, n, &t->w, 0, quiet_ref_us, &t->res_ttft, &t->res_tpot, &t->qres, e);
-    if (conv) ac_model_free(&f32);
-    return rc ? -1 : 0;
+    snprintf(t->dtype, sizeof t->dtype, "%s", dtype && !strcmp(dtype, "bf16") ? "bf16" : "fp32");
+    return ac_measure_latency_in(base, t->dtype, ids, n, &t->w, quiet_ref_us, &t->base_ttft, &t->base_tpot, &t->qb,
+                                 e) ||
+                   ac_measure_latency_in(res, t->dtype, ids, n, &t->w, quiet_ref_us, &t->res_ttft, &t->res_tpot,
+                                         &t->qres, e)
+               ? -1
+               : 0;
 }
 
 double ac_local_timing_off_table(const ac_local_timing *t, const ac_cost_table *tb) {
@@ -151,9 +160,9 @@ json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, 
                                 const ac_cost_table *cpu_table) {
     const ac_workload lw = t->w;
     double bt = t->base_ttft, bp = t->base_tpot, rt = t->res_ttft, rp = t->res_tpot;
-    json_t *o = json_pack("{s:s,s:{s:i,s:i,s:i},s:{s:f,s:f},s:{s:f,s:f}}", "device", "cpu", "workload", "batch",
-                          lw.batch, "prompt_len", lw.prompt_len, "gen_len", lw.gen_len, "base", "ttft_ms", bt,
-                          "tpot_ms", bp, "result", "ttft_ms", rt, "tpot_ms", rp);
+    json_t *o = json_pack("{s:s,s:s,s:{s:i,s:i,s:i},s:{s:f,s:f},s:{s:f,s:f}}", "device", "cpu", "weights_dtype",
+                          t->dtype, "workload", "batch", lw.batch, "prompt_len", lw.prompt_len, "gen_len", lw.gen_len,
+                          "base", "ttft_ms", bt, "tpot_ms", bp, "result", "ttft_ms", rt, "tpot_ms", rp);
     if (!o) return NULL;
     /* the 1-minute load average when measured: on a shared host the errors
      * below say as much about the neighbours as about the model */
@@ -163,6 +172,7 @@ json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, 
     json_object_set_new(o, "quiet", quiet_json(ref, &t->qb, &t->qres));
     ac_engine_profile cp;
     ac_engine_profile_default(&cp, 1);
+    if (!strcmp(t->dtype, "bf16")) cp.w_bytes = 2; /* the CPU engine on BF16 weights */
     ac_cost k0, k1;
     ac_err e2;
     if (cpu_table && predict(cpu_table, res, &lw, &cp, &k1, &e2) == 0 &&

@@ -23,6 +23,13 @@
 int ac_measure_latency(const ac_model *m, const int *ids, size_t n, const ac_workload *w, int cuda, double quiet_ref_us,
                        double *ttft_ms, double *tpot_ms, ac_quiet_result *qr, ac_err *e);
 
+/* ac_measure_latency on the CPU with the weights in dtype ("bf16", else
+ * fp32): m as it is when it holds them so, else a temporary copy in it
+ * (ac_model_to_bf16 / ac_model_to_f32; a resident m's pages are dropped
+ * meanwhile). */
+int ac_measure_latency_in(const ac_model *m, const char *dtype, const int *ids, size_t n, const ac_workload *w,
+                          double quiet_ref_us, double *ttft_ms, double *tpot_ms, ac_quiet_result *qr, ac_err *e);
+
 /* The workload measured on this CPU: wl capped to batch 4, prompt 128, 32
  * generated. */
 ac_workload ac_measure_local_workload(const ac_workload *wl);
@@ -31,19 +38,23 @@ ac_workload ac_measure_local_workload(const ac_workload *wl);
  * two steps, so that the caller may measure the CPU table again between
  * them (job.c): the timings, held to quiet_ref_us as ac_measure_latency;
  * then the report's "measured_local" against cpu_table's prediction (may be
- * NULL) under the CPU engine profile, with its "quiet" object (how
- * disturbed the machine was, against the table's reference); NULL when out
- * of memory, else the caller owns it. A resident (BF16/F16) base with an
- * fp32 result is timed on a temporary fp32 copy (the CPU table's dtype), so
- * the caller should hold nothing else of the base's size meanwhile (job.c
- * frees the other arm first). */
+ * NULL; it should be of the timings' dtype) under the CPU engine profile in
+ * that dtype, with its "quiet" object (how disturbed the machine was,
+ * against the table's reference); NULL when out of memory, else the caller
+ * owns it. Both models are timed with their weights in dtype ("bf16" or
+ * "fp32", ac_measure_latency_in): a BF16 base on its mapping and fp32
+ * students on BF16 copies (half their size), or, for fp32 timings, a
+ * resident base on an fp32 copy (twice its file), so the caller should
+ * hold nothing else of that size meanwhile (job.c frees the other arm
+ * first). */
 typedef struct {
     ac_workload w; /* ac_measure_local_workload of the job's */
+    char dtype[8]; /* "bf16" or "fp32": the weights the models were timed with */
     double base_ttft, base_tpot, res_ttft, res_tpot;
     ac_quiet_result qb, qres; /* how quiet the base's and the result's runs were */
 } ac_local_timing;
-int ac_measure_local_time(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,
-                          double quiet_ref_us, ac_local_timing *t, ac_err *e);
+int ac_measure_local_time(const ac_model *base, const ac_model *res, const char *dtype, const int *ids, size_t n,
+                          const ac_workload *wl, double quiet_ref_us, ac_local_timing *t, ac_err *e);
 json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, const ac_model *res,
                                 const ac_cost_table *cpu_table);
 /* When either model's runs ran, by their reference probe level (quiet.h),
