@@ -7,9 +7,12 @@
  * target resolution; the path list the daemon's policy walks.
  */
 #include <math.h>
+#include <string.h>
 
 #include "check.h"
+#include "costmodel.h"
 #include "jobspec.h"
+#include "safetensors.h"
 
 static json_t *minimal(const char *device) {
     return json_pack("{s:s,s:s,s:{s:s},s:{s:f}}", "model", "/m", "calibration", "/c.txt", "target", "device", device,
@@ -172,6 +175,44 @@ static void test_errors_and_targets(void) {
     json_decref(j);
 }
 
+/* The weights' dtype a target's predictions are for and its CPU table:
+ * a cpu target without engine.weights_dtype takes a BF16 checkpoint's
+ * (w_bytes 2, the BF16 table), an fp32 or F16 one keeps fp32; a named
+ * fp16 on the CPU is fp16 with the fp32 table (the engine has no F16
+ * kernels); GPU profiles default to bf16. */
+static void test_weights_dtype_for_checkpoint(void) {
+    static ac_job_spec s;
+    ac_err e;
+    ac_engine_profile p;
+    json_t *j = minimal("cpu");
+    CHECK(ac_job_spec_parse(j, &s, NULL, &e) == 0, "%s", e.msg);
+    CHECK(!strcmp(ac_target_weights_dtype(&s.target, ST_BF16), "bf16") &&
+              !strcmp(ac_target_weights_dtype(&s.target, ST_F32), "fp32") &&
+              !strcmp(ac_target_weights_dtype(&s.target, ST_F16), "fp32"),
+          "cpu, unnamed: %s %s %s", ac_target_weights_dtype(&s.target, ST_BF16),
+          ac_target_weights_dtype(&s.target, ST_F32), ac_target_weights_dtype(&s.target, ST_F16));
+    ac_target_engine_for(&s.target, ST_BF16, &p);
+    CHECK(p.w_bytes == 2 && p.act_bytes == 4 && p.kv_bytes == 4, "cpu on BF16: %d %d %d", p.w_bytes, p.act_bytes,
+          p.kv_bytes);
+    ac_target_engine_for(&s.target, ST_F16, &p);
+    CHECK(p.w_bytes == 4, "cpu on F16: %d", p.w_bytes);
+    CHECK(!strcmp(ac_cost_cpu_table_dtype(ac_target_weights_dtype(&s.target, ST_BF16)), "bf16"), "BF16 table");
+    json_decref(j);
+    j = minimal("cpu");
+    json_object_set_new(json_object_get(j, "target"), "engine", json_pack("{s:s}", "weights_dtype", "fp16"));
+    CHECK(ac_job_spec_parse(j, &s, NULL, &e) == 0, "%s", e.msg);
+    CHECK(!strcmp(ac_target_weights_dtype(&s.target, ST_BF16), "fp16") &&
+              !strcmp(ac_cost_cpu_table_dtype(ac_target_weights_dtype(&s.target, ST_BF16)), "fp32"),
+          "cpu fp16: %s", ac_target_weights_dtype(&s.target, ST_BF16));
+    ac_target_engine_for(&s.target, ST_BF16, &p);
+    CHECK(p.w_bytes == 2, "named fp16 stays 2 bytes: %d", p.w_bytes);
+    json_decref(j);
+    j = minimal("H100");
+    CHECK(ac_job_spec_parse(j, &s, NULL, &e) == 0, "%s", e.msg);
+    CHECK(!strcmp(ac_target_weights_dtype(&s.target, ST_F32), "bf16"), "H100 default");
+    json_decref(j);
+}
+
 static void test_paths_for_the_daemon(void) {
     static ac_job_spec s;
     ac_err e;
@@ -201,5 +242,6 @@ int main(void) {
     RUN(test_every_bound_names_its_field);
     RUN(test_errors_and_targets);
     RUN(test_paths_for_the_daemon);
+    RUN(test_weights_dtype_for_checkpoint);
     return DONE();
 }

@@ -229,6 +229,13 @@ static void test_to_bf16(void) {
     }
     CHECK(ac_model_to_bf16(&f, &b, &e) == 0, "%s", e.msg);
     CHECK(bf16_matches(&b, &f), "fp32 -> BF16 copy rounds each value to nearest even");
+    /* in place (Minitron's timing): the same bytes as the copy */
+    ac_model g;
+    CHECK(ac_model_to_f32(&f, &g, &e) == 0 && ac_model_make_bf16(&g, &e) == 0, "%s", e.msg);
+    CHECK(ac_model_wdt(&g) == ST_BF16 && g.wown && bf16_matches(&g, &f), "in-place BF16 equals the rounding");
+    CHECK(ac_model_make_bf16(&g, &e) == 0 && ac_model_make_bf16(&r, &e) == 0 && r.wmap && !r.wown,
+          "BF16 (owned or mapped) left as it is");
+    ac_model_free(&g);
     ac_model_free(&b);
     /* F16 checkpoint */
     char f16dir[300];
@@ -237,6 +244,7 @@ static void test_to_bf16(void) {
     ac_model h;
     CHECK(ac_model_save(&f, f16dir, ST_F16, &e) == 0 && ac_model_load_resident(f16dir, &h, &e) == 0, "%s", e.msg);
     CHECK(ac_model_wdt(&h) == ST_F16, "F16 checkpoint resident in F16");
+    CHECK(ac_model_make_bf16(&h, &e) != 0 && ac_model_wdt(&h) == ST_F16, "a mapped F16 model is not converted in place");
     CHECK(ac_model_to_f32(&h, &c, &e) == 0 && ac_model_to_bf16(&h, &b, &e) == 0, "%s", e.msg);
     CHECK(bf16_matches(&b, &c), "F16 -> BF16 copy: the widened values rounded");
     CHECK(make_f32_copy() == 0, "the F32 checkpoint");

@@ -20,7 +20,7 @@ FRACTION=${AC_DEMO_FRACTION:-0.70}
 # the tiny model is a BF16 checkpoint: the CPU engine runs it (and its BF16
 # export) on its BF16 kernels, so its CPU target's table is the BF16 one
 curl -sf -XPOST "http://127.0.0.1:$PORT/v1/cost-tables" -H 'Content-Type: application/json' -d '{"measure": {"device": "cpu", "dtype": "bf16"}}' >/dev/null
-echo "measuring this CPU's BF16 cost table (POST /v1/cost-tables, about a minute) ..."
+echo "measuring this CPU's BF16 cost table (POST /v1/cost-tables, 20-60 s) ..."
 EST=""
 for i in $(seq 300); do
   EST=$(curl -sf -XPOST "http://127.0.0.1:$PORT/v1/estimate" -H 'Content-Type: application/json' \

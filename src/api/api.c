@@ -101,9 +101,12 @@ int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, json_t **out
     /* a model's checkpoint dtype, as a job on it (ac_target_engine_for) */
     json_t *model = json_object_get(req, "model");
     ac_engine_profile prof;
-    ac_target_engine_for(&tg, model ? ac_model_checkpoint_wdt(json_string_value(model)) : ST_F32, &prof);
+    int cwdt = model ? ac_model_checkpoint_wdt(json_string_value(model)) : ST_F32;
+    ac_target_engine_for(&tg, cwdt, &prof);
+    const char *dt = tg.dev.kind == AC_TARGET_CPU ? ac_cost_cpu_table_dtype(ac_target_weights_dtype(&tg, cwdt))
+                                                  : ac_engine_profile_dtype(&prof);
     *field = "target.device";
-    if (ac_cost_table_for(&tg.dev, ac_engine_profile_dtype(&prof), cache, 2, 0, NULL, NULL, &t, &hit, e)) {
+    if (ac_cost_table_for(&tg.dev, dt, cache, 2, 0, NULL, NULL, &t, &hit, e)) {
         ac_arch_free(&arch);
         return -1;
     }

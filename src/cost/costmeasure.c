@@ -12,8 +12,9 @@
  * A table is measured for the engine's fp32 weights or for BF16 ones (a
  * resident BF16 checkpoint, a BF16 export): the GEMMs then run on the BF16
  * weights as the engine does (the CPU's BF16 kernel from 32 rows, OpenBLAS
- * on one thread around it; converted per tile below), and the decode probes
- * are BF16 models (ac_model_to_bf16).
+ * on one thread around it; the decode GEMV up to 8 rows; converted per tile
+ * between, or where the CPU has neither), and the decode probes are BF16
+ * models (ac_model_to_bf16).
  * Also the CUDA plugin's raw timings into a table (ac_cost_table_from_timings).
  */
 #include <math.h>
@@ -283,10 +284,11 @@ static double probe_kv_mib(const ac_cost_table *t, const ac_carch *c, int B, int
  *   cold one. Micro-probes of the cache alone mislead here: under a VM the
  *   L3 is shared and sysfs reports the host's. */
 /* v[0..n) made such that v[i] x scale[i] (scale NULL: 1) is non-decreasing
- * and >= 0 (pool adjacent violators on the products, equal weights): a step
- * cannot stream a larger working set faster (nor in less total time), nor
- * faster than the warm tables; single probes that a neighbour slowed (or
- * that caught the warm table slowed) would otherwise bend the bands. */
+ * (pool adjacent violators on the products, equal weights), and >= 0
+ * unless signed_ok: a step cannot stream a larger working set faster (nor
+ * in less total time); single probes that a neighbour slowed (or that
+ * caught the warm table slowed) would otherwise bend the bands. The
+ * weights' rates are signed (costmodel.h), the KV rates not. */
 void ac_cost_bands_monotone(double *v, const double *scale, int n, int signed_ok) {
     double val[AC_CT_MAXG];
     int cnt[AC_CT_MAXG], k = 0;

@@ -82,7 +82,8 @@ int ac_cost_table_validate(const json_t *j, const char **field, ac_err *e);
 
 /* The weight dtypes the local CPU's tables are measured in: "fp32" (the
  * engine's fp32 weights) and "bf16" (BF16 weights, resident or a BF16
- * copy: the CPU's BF16 kernel from 32 rows, per tile below). */
+ * copy: the CPU's BF16 kernel from 32 rows, the decode GEMV up to 8, per
+ * tile between). */
 int ac_cost_cpu_dtype_ok(const char *dtype);
 /* The CPU table dtype for an engine profile's weight dtype
  * (ac_engine_profile_dtype): "bf16" for bf16, else "fp32" (fp16 and fp8

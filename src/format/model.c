@@ -420,41 +420,12 @@ static void layer_slots(const ac_arch *a, int l, ac_layer_w *w, float **ps[7], s
     memcpy(n, c, sizeof c);
 }
 
-int ac_model_to_f32(const ac_model *src, ac_model *dst, ac_err *e) {
-    const ac_arch *a = &src->a;
-    if (ac_model_alloc(dst, a, e)) return -1;
-    size_t H = a->hidden, V = a->vocab;
-    int wdt = ac_model_wdt(src);
-    ac_to_f32(dst->embed, src->embed, (st_dtype)wdt, V * H, NULL);
-    if (!a->tie_embeddings) ac_to_f32(dst->lm_head, src->lm_head, (st_dtype)wdt, V * H, NULL);
-    memcpy(dst->final_norm, src->final_norm, H * sizeof(float));
-    for (int l = 0; l < a->n_layers; l++) {
-        const ac_layer_arch *L = &a->layers[l];
-        ac_layer_w *s = (ac_layer_w *)&src->L[l], *d = &dst->L[l]; /* read only */
-        size_t Q = (size_t)L->n_heads * a->head_dim, KV = (size_t)L->n_kv_heads * a->head_dim;
-        float **ps[7], **pd[7];
-        size_t n[7];
-        layer_slots(a, l, s, ps, n);
-        layer_slots(a, l, d, pd, n);
-        for (int i = 0; i < 7; i++)
-            if (*ps[i] && n[i]) ac_to_f32(*pd[i], *ps[i], (st_dtype)wdt, n[i], NULL);
-        const float *sv[5] = {s->in_norm, s->post_norm, s->bq, s->bk, s->bv};
-        float *dv[5] = {d->in_norm, d->post_norm, d->bq, d->bk, d->bv};
-        size_t nv[5] = {L->n_heads ? H : 0, L->ffn ? H : 0, Q, KV, KV};
-        for (int i = 0; i < 5; i++)
-            if (sv[i] && dv[i]) memcpy(dv[i], sv[i], nv[i] * sizeof(float));
-    }
-    return 0;
-}
-
-/* A matrix of n values stored in wdt as a new BF16 buffer: copied from
- * BF16, rounded to nearest even from fp32, widened then rounded from F16. */
-static uint16_t *bf16_matrix(const void *src, int wdt, size_t n) {
-    uint16_t *d = malloc(n * 2 + 2);
-    if (!d) return NULL;
+/* d[n] = BF16 of a matrix of n values stored in wdt: copied from BF16,
+ * rounded to nearest even from fp32, widened then rounded from F16. */
+static void bf16_fill(uint16_t *d, const void *src, int wdt, size_t n) {
     if (wdt == ST_BF16) {
         memcpy(d, src, n * 2);
-        return d;
+        return;
     }
     float buf[1024];
     for (size_t i = 0; i < n; i += 1024) {
@@ -466,29 +437,22 @@ static uint16_t *bf16_matrix(const void *src, int wdt, size_t n) {
             f = (const float *)src + i;
         for (size_t j = 0; j < k; j++) d[i + j] = ac_f32_to_bf16(f[j]);
     }
-    return d;
 }
 
-int ac_model_to_bf16(const ac_model *src, ac_model *dst, ac_err *e) {
+static int model_alloc(ac_model *m, const ac_arch *a, int bf16, ac_err *e);
+
+/* A whole copy of src with its matrices in fp32 or (bf16) BF16, owned by
+ * dst (allocated in that dtype: no fp32 buffers for a BF16 copy); norms and
+ * biases fp32. */
+static int model_copy(const ac_model *src, ac_model *dst, int bf16, ac_err *e) {
     const ac_arch *a = &src->a;
-    if (ac_model_alloc(dst, a, e)) return -1; /* fp32 matrices never touched, replaced below */
+    if (model_alloc(dst, a, bf16, e)) return -1;
     size_t H = a->hidden, V = a->vocab;
-    int wdt = ac_model_wdt(src), ok = 1;
-    /* from here dst owns BF16 matrices (ac_model_free frees what it holds) */
-    dst->wdt = ST_BF16;
-    dst->wown = 1;
-    float *old = dst->embed;
-    dst->embed = (float *)bf16_matrix(src->embed, wdt, V * H);
-    free(old);
-    if (a->tie_embeddings)
-        dst->lm_head = dst->embed;
-    else {
-        old = dst->lm_head;
-        dst->lm_head = (float *)bf16_matrix(src->lm_head, wdt, V * H);
-        free(old);
-        ok = dst->lm_head != NULL;
-    }
-    ok = ok && dst->embed;
+    int wdt = ac_model_wdt(src);
+    const void *sm[2] = {src->embed, a->tie_embeddings ? NULL : src->lm_head};
+    void *dm[2] = {dst->embed, dst->lm_head};
+    for (int i = 0; i < 2; i++)
+        if (sm[i]) bf16 ? bf16_fill(dm[i], sm[i], wdt, V * H) : (void)ac_to_f32(dm[i], sm[i], (st_dtype)wdt, V * H, NULL);
     memcpy(dst->final_norm, src->final_norm, H * sizeof(float));
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
@@ -498,25 +462,58 @@ int ac_model_to_bf16(const ac_model *src, ac_model *dst, ac_err *e) {
         size_t n[7];
         layer_slots(a, l, s, ps, n);
         layer_slots(a, l, d, pd, n);
-        for (int i = 0; i < 7; i++) {
-            if (!*pd[i]) continue;
-            old = *pd[i];
-            *pd[i] = *ps[i] && n[i] ? (float *)bf16_matrix(*ps[i], wdt, n[i]) : NULL;
-            free(old);
-            ok = ok && (*pd[i] || !*ps[i] || !n[i]);
-        }
+        for (int i = 0; i < 7; i++)
+            if (*ps[i] && *pd[i] && n[i])
+                bf16 ? bf16_fill((uint16_t *)*pd[i], *ps[i], wdt, n[i])
+                     : (void)ac_to_f32(*pd[i], *ps[i], (st_dtype)wdt, n[i], NULL);
         const float *sv[5] = {s->in_norm, s->post_norm, s->bq, s->bk, s->bv};
         float *dv[5] = {d->in_norm, d->post_norm, d->bq, d->bk, d->bv};
         size_t nv[5] = {L->n_heads ? H : 0, L->ffn ? H : 0, Q, KV, KV};
         for (int i = 0; i < 5; i++)
             if (sv[i] && dv[i]) memcpy(dv[i], sv[i], nv[i] * sizeof(float));
     }
-    if (!ok) {
-        ac_model_free(dst);
-        return ac_errf(e, "out of memory for a BF16 copy of the model");
-    }
     return 0;
 }
+
+int ac_model_make_bf16(ac_model *m, ac_err *e) {
+    if (ac_model_wdt(m) == ST_BF16) return 0;
+    if (ac_model_wdt(m) != ST_F32 || m->wmap) return ac_errf(e, "ac_model_make_bf16: an owned fp32 model only");
+    const ac_arch *a = &m->a;
+    size_t H = a->hidden, V = a->vocab;
+    float **slot[7];
+    size_t cnt[7];
+    int ns = 0, ok = 1;
+    /* every matrix in turn: a BF16 buffer, then the fp32 one freed; from the
+     * first, the model owns 16-bit matrices (freeing frees either kind) */
+    m->wdt = ST_BF16;
+    m->wown = 1;
+    for (int l = -1; ok && l < a->n_layers; l++) {
+        ns = 0;
+        if (l < 0) {
+            slot[ns] = &m->embed, cnt[ns++] = V * H;
+            if (!a->tie_embeddings) slot[ns] = &m->lm_head, cnt[ns++] = V * H;
+        } else {
+            float **ps[7];
+            size_t n[7];
+            layer_slots(a, l, &m->L[l], ps, n);
+            for (int i = 0; i < 7; i++)
+                if (*ps[i] && n[i]) slot[ns] = ps[i], cnt[ns++] = n[i];
+        }
+        for (int i = 0; ok && i < ns; i++) {
+            uint16_t *b = malloc(cnt[i] * 2);
+            if (!(ok = b != NULL)) break;
+            bf16_fill(b, *slot[i], ST_F32, cnt[i]);
+            free(*slot[i]);
+            *slot[i] = (float *)b;
+        }
+        if (l < 0 && a->tie_embeddings) m->lm_head = m->embed;
+    }
+    return ok ? 0 : ac_errf(e, "out of memory converting the model to BF16 (it holds fp32 and BF16 matrices now: free it)");
+}
+
+int ac_model_to_f32(const ac_model *src, ac_model *dst, ac_err *e) { return model_copy(src, dst, 0, e); }
+
+int ac_model_to_bf16(const ac_model *src, ac_model *dst, ac_err *e) { return model_copy(src, dst, 1, e); }
 
 void ac_model_drop_pages(const ac_model *m) {
     st_set *s = m->wmap;
@@ -622,28 +619,32 @@ int ac_model_load(const char *model_dir, ac_model *m, ac_err *e) { return load_i
 
 int ac_model_load_resident(const char *model_dir, ac_model *m, ac_err *e) { return load_impl(model_dir, m, 1, e); }
 
-int ac_model_alloc(ac_model *m, const ac_arch *a, ac_err *e) {
+int ac_model_alloc(ac_model *m, const ac_arch *a, ac_err *e) { return model_alloc(m, a, 0, e); }
+
+/* Zeroed weights for a, the matrices fp32, or BF16 owned (wown) when bf16. */
+static int model_alloc(ac_model *m, const ac_arch *a, int bf16, ac_err *e) {
     memset(m, 0, sizeof *m);
-    m->wdt = ST_F32;
+    m->wdt = bf16 ? ST_BF16 : ST_F32;
+    m->wown = bf16;
     if (ac_arch_copy(&m->a, a, e)) return -1;
-    size_t H = a->hidden, hd = a->head_dim, V = a->vocab;
+    size_t H = a->hidden, hd = a->head_dim, V = a->vocab, es = bf16 ? 2 : 4;
     m->L = calloc(a->n_layers, sizeof *m->L);
-    m->embed = calloc(V * H, 4);
+    m->embed = calloc(V * H, es);
     m->final_norm = calloc(H, 4);
-    m->lm_head = a->tie_embeddings ? m->embed : calloc(V * H, 4);
+    m->lm_head = a->tie_embeddings ? m->embed : calloc(V * H, es);
     int ok = m->L && m->embed && m->final_norm && m->lm_head;
     for (int l = 0; ok && l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
         ac_layer_w *w = &m->L[l];
         size_t q = L->n_heads * hd, kv = L->n_kv_heads * hd, F = L->ffn;
         if (L->n_heads) {
-            ok = (w->in_norm = calloc(H, 4)) && (w->wq = calloc(q * H, 4)) && (w->wk = calloc(kv * H, 4)) &&
-                 (w->wv = calloc(kv * H, 4)) && (w->wo = calloc(H * q, 4));
+            ok = (w->in_norm = calloc(H, 4)) && (w->wq = calloc(q * H, es)) && (w->wk = calloc(kv * H, es)) &&
+                 (w->wv = calloc(kv * H, es)) && (w->wo = calloc(H * q, es));
             if (ok && a->qkv_bias) ok = (w->bq = calloc(q, 4)) && (w->bk = calloc(kv, 4)) && (w->bv = calloc(kv, 4));
         }
         if (ok && F)
-            ok = (w->post_norm = calloc(H, 4)) && (w->wg = calloc(F * H, 4)) && (w->wu = calloc(F * H, 4)) &&
-                 (w->wd = calloc(H * F, 4));
+            ok = (w->post_norm = calloc(H, 4)) && (w->wg = calloc(F * H, es)) && (w->wu = calloc(F * H, es)) &&
+                 (w->wd = calloc(H * F, es));
     }
     if (!ok) {
         ac_model_free(m);

@@ -76,7 +76,9 @@ typedef struct {
      * ST_F32 (0 in a zeroed model means the same) for fp32 weights, or
      * ST_BF16 / ST_F16 for a resident model, whose matrix pointers then hold
      * uint16_t values of that dtype inside the mapped file (read-only; read
-     * them through ac_model_wdt and the engine's kernels, never as float).
+     * them through ac_model_wdt and the engine's kernels, never as float),
+     * or ST_BF16 with wown for BF16 matrices the model owns
+     * (ac_model_to_bf16, ac_model_make_bf16).
      * Norms and biases are always fp32. */
     int wdt;
     int wown;   /* 16-bit matrices owned by the model (ac_model_to_bf16), in no mapping */
@@ -86,21 +88,28 @@ typedef struct {
 /* The dtype of the model's matrices: ST_F32 for fp32 weights. */
 int ac_model_wdt(const ac_model *m);
 /* A whole fp32 copy of src (resident or not) into dst, for what needs
- * fp32 weights of the whole model (a resident F16 base's latency measured
- * in the fp32 CPU table's dtype, ac_measure_latency_in; a BF16 base is
- * timed on its mapping): the one fp32 copy of the base a pipeline stage
- * may hold. The
+ * fp32 weights of the whole model (a resident base's latency measured in
+ * the fp32 CPU table's dtype, ac_measure_latency_in: an F16 checkpoint, or
+ * a spec naming fp32; a BF16 base is timed on its mapping by default): the
+ * one fp32 copy of the base a pipeline stage may hold. The
  * gate trainers read resident weights in place (the CPU one with
  * ac_trainer_init_frozen, the CUDA plugin converting each tensor on the
  * device); trained weights are fp32 students. */
 int ac_model_to_f32(const ac_model *src, ac_model *dst, ac_err *e);
-/* A whole BF16 copy of src into dst, owning its matrices (wown): copied
+/* A whole BF16 copy of src into dst, owning its matrices (wown, allocated
+ * as BF16: no fp32 buffers on the way): copied
  * from BF16, rounded to nearest even from fp32 (as ac_model_save's BF16
  * export), widened then rounded from F16; norms and biases fp32. What a
  * model is timed on in the BF16 CPU cost table's dtype (measure.c) and the
  * BF16 table's decode probes (costmeasure.c) run on: the engine reads it
  * as it reads a resident BF16 model. */
 int ac_model_to_bf16(const ac_model *src, ac_model *dst, ac_err *e);
+/* An owned fp32 model's matrices turned to BF16 (wown) in place, one at a
+ * time (a BF16 buffer, then the fp32 one freed: at most one matrix more),
+ * for a model timed in BF16 and then freed (Minitron's student in
+ * measure.c's caller). A BF16 model is left as it is; a resident one is
+ * refused. Out of memory: m holds both kinds and may only be freed. */
+int ac_model_make_bf16(ac_model *m, ac_err *e);
 /* A resident model: let the kernel drop the mapped pages from this
  * process's memory now (clean file pages: they are read back from the page
  * cache on the next access), e.g. while a stage works on an fp32 copy. */

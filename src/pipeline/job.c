@@ -97,6 +97,8 @@ static int stage_load(job_state *s, ac_err *e) {
      * on the CPU engine's BF16 kernels, as the BF16 export will, so its
      * tables are the BF16 ones (an F16 or fp32 checkpoint keeps fp32). */
     ac_target_engine_for(&sp->target, ac_model_wdt(&s->m), &s->engine);
+    s->wdtype = ac_target_weights_dtype(&sp->target, ac_model_wdt(&s->m));
+    s->cpu_dtype = ac_cost_cpu_table_dtype(s->wdtype);
     if (s->nc < (size_t)ctxlen * 2)
         return ac_errf(e, "calibration text has %zu tokens; need at least %d (2 windows of eval.ctx)", s->nc,
                        2 * ctxlen);
@@ -144,7 +146,8 @@ static int stage_profile(job_state *s, ac_err *e) {
     const ac_target_spec *t = &s->spec->target;
     const ac_cost_cache *cache = s->ctx->cache;
     ac_cost_table *tb = &s->table;
-    if (ac_cost_table_for(&t->dev, ac_engine_profile_dtype(&s->engine), cache, s->threads, 1, progress_plain, s, tb,
+    const char *dt = t->dev.kind == AC_TARGET_CPU ? s->cpu_dtype : ac_engine_profile_dtype(&s->engine);
+    if (ac_cost_table_for(&t->dev, dt, cache, s->threads, 1, progress_plain, s, tb,
                           &s->cache_hit, e))
         return -1;
     double then = 0, now = 0;
@@ -156,8 +159,6 @@ static int stage_profile(job_state *s, ac_err *e) {
              json_pack("{s:s,s:f,s:f}", "message",
                        "the cached cost table was measured while this CPU ran slower than now: measuring it again",
                        "table_reference_probe_us", then, "reference_probe_us", now));
-        char dt[sizeof tb->dtype];
-        snprintf(dt, sizeof dt, "%s", tb->dtype);
         ac_cost_table_free(tb);
         if (ac_cost_measure_cpu(s->threads, dt, progress_plain, s, tb, e)) return -1;
         s->cache_hit = 0;
@@ -347,7 +348,7 @@ static int stage_evaluate(job_state *s, ac_err *e) {
      * that predicts them: a CPU target's (its profile's, stage_load); else
      * the checkpoint's, BF16 for a BF16 one (the base timed on its mapping,
      * the students on BF16 copies, as the export writes them), else fp32. */
-    const char *ldt = is_cpu ? s->table.dtype : ac_model_wdt(&s->m) == ST_BF16 ? "bf16" : "fp32";
+    const char *ldt = is_cpu ? s->cpu_dtype : ac_model_wdt(&s->m) == ST_BF16 ? "bf16" : "fp32";
     ac_cost_table cpu = {0};
     if (!is_cpu) {
         char key[384];
@@ -356,9 +357,11 @@ static int stage_evaluate(job_state *s, ac_err *e) {
         ac_cost_cache_lookup(s->ctx->cache, key, &cpu, &found, &e2);
     }
     /* Minitron is timed first when it is not the result (the comparison,
-     * same capped workload) and then freed: a timing may take a copy of a
-     * model in the timings' dtype (ac_measure_latency_in), which then sits
-     * beside the mapping and the result only, as check_host_memory plans. */
+     * same capped workload; turned to BF16 in place for BF16 timings) and
+     * then freed: the result's timing may take a copy of it (BF16, half its
+     * size) or of the base (fp32 timings of a resident base) in the timings'
+     * dtype (ac_measure_latency_in), which then sits beside the mapping and
+     * the result only, as check_host_memory plans. */
     const ac_cost_table *ct = found ? (is_cpu ? &s->table : &cpu) : NULL; /* the CPU table, if any */
     /* The VM this runs on switches between speeds for tens of seconds at a
      * time (quiet.h). When the CPU runs, by the reference probe, more than
@@ -386,7 +389,9 @@ static int stage_evaluate(job_state *s, ac_err *e) {
     double mtt = 0, mtp = 0, ref = ct ? ct->ref_us : 0;
     int minitron_timed = 0;
     if (s->chosen == &s->ra) {
-        minitron_timed = ac_measure_latency_in(&s->pm, ldt, s->hids, s->nh, &lw, ref, &mtt, &mtp, NULL, e) == 0;
+        /* in BF16 in place (freed next): no copy beside both students */
+        minitron_timed = (strcmp(ldt, "bf16") || ac_model_make_bf16(&s->pm, e) == 0) &&
+                         ac_measure_latency_in(&s->pm, ldt, s->hids, s->nh, &lw, ref, &mtt, &mtp, NULL, e) == 0;
         ac_model_free(&s->pm);
     }
     ac_local_timing lt;

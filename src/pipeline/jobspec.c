@@ -301,6 +301,12 @@ void ac_target_engine_for(const ac_target_spec *t, int checkpoint_wdt, ac_engine
     if (t->dev.kind == AC_TARGET_CPU && t->engine_in.weights_dtype < 0 && checkpoint_wdt == ST_BF16) out->w_bytes = 2;
 }
 
+const char *ac_target_weights_dtype(const ac_target_spec *t, int checkpoint_wdt) {
+    int d = t->engine_in.weights_dtype;
+    if (d >= 0 && d < (int)(sizeof DTYPES / sizeof *DTYPES) - 1) return DTYPES[d];
+    return t->dev.kind != AC_TARGET_CPU || checkpoint_wdt == ST_BF16 ? "bf16" : "fp32";
+}
+
 int ac_target_spec_parse(const json_t *j, ac_target_spec *t, const char *prefix, const char **fieldp, ac_err *e) {
     const char *dummy;
     char pre[200];

@@ -120,6 +120,11 @@ int ac_target_spec_parse(const json_t *j, ac_target_spec *t, const char *prefix,
  * BF16 checkpoint's (its BF16 cost table: the CPU engine runs a BF16
  * checkpoint, and the BF16 export, on its BF16 kernels). */
 void ac_target_engine_for(const ac_target_spec *t, int checkpoint_wdt, ac_engine_profile *out);
+/* The weights' dtype those predictions are for ("bf16", "fp16", "fp32",
+ * "fp8"): the spec's engine.weights_dtype; unnamed, on a CPU target the
+ * checkpoint's (bf16 for a BF16 one, else fp32), elsewhere bf16. A CPU
+ * target's table is ac_cost_cpu_table_dtype of it (fp16 and fp8: fp32). */
+const char *ac_target_weights_dtype(const ac_target_spec *t, int checkpoint_wdt);
 
 /* "autocompress" / "minitron". */
 const char *ac_method_name(ac_method m);

@@ -26,7 +26,7 @@ static json_t *target_json(const job_state *s) {
                      p->overhead_ms, "overhead_gib", p->overhead_gib, "workload", "batch", w->batch, "prompt_len",
                      w->prompt_len, "gen_len", w->gen_len);
     /* the weights the predictions are for (a CPU target's follow a BF16 checkpoint unless the spec names them) */
-    if (j) json_object_set_new(json_object_get(j, "engine"), "weights_dtype", json_string(ac_engine_profile_dtype(p)));
+    if (j) json_object_set_new(json_object_get(j, "engine"), "weights_dtype", json_string(s->wdtype ? s->wdtype : "fp32"));
     return j;
 }
 

@@ -4,6 +4,7 @@
 #include <cblas.h>
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,12 +82,14 @@ int ac_bf16_gemm_rows(void) { return bf16_rows; }
 #define GEMV_THREAD_WEIGHTS (1 << 19)
 
 #ifdef AC_HAVE_GEMV_AVX2
-static int gemv_ok = -1;
+static int gemv_ok;
+static pthread_once_t gemv_once = PTHREAD_ONCE_INIT;
+static void gemv_probe(void) {
+    __builtin_cpu_init();
+    gemv_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
 static int gemv_available(void) {
-    if (gemv_ok < 0) {
-        __builtin_cpu_init();
-        gemv_ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
+    pthread_once(&gemv_once, gemv_probe);
     return gemv_ok;
 }
 
