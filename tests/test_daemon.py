@@ -207,6 +207,9 @@ def test_job_lifecycle_and_cost_cache():
     st, est = D.req("POST", "/v1/estimate", body={"model": TINY, "target": {"device": "cpu", "workload": {"batch": 2, "prompt_len": 32, "gen_len": 8}}})
     assert st == 200 and est["figures"]["ttft_ms"] > 0 and est["source"] == "measured", est
     assert est["cost_table"] == ct[0]["key"], est  # the BF16 checkpoint's table, as its jobs
+    # a cpu spec naming fp16 gets the fp32 table (the CPU engine has no F16 kernels), not yet measured here
+    st, r16 = D.req("POST", "/v1/estimate", body={"model": TINY, "target": {"device": "cpu", "engine": {"weights_dtype": "fp16"}}})
+    assert st != 200 and "|fp32|autocompress-cpu|" in r16["error"]["message"], (st, r16)
     st, est = D.req("POST", "/v1/estimate", body={"architecture": {"hidden": 4096, "head_dim": 128, "vocab": 128256,
                                                                   "layers": [{"heads": 32, "kv_heads": 8, "ffn": 14336}] * 32},
                                                  "target": {"device": "H100", "workload": {"batch": 1, "prompt_len": 1024, "gen_len": 128}}})

@@ -181,6 +181,11 @@ static int bf16_matches(const ac_model *b, const ac_model *src32) {
     const uint16_t *be = (const uint16_t *)b->embed;
     int ok = 1;
     for (size_t i = 0; i < V && ok; i++) ok = be[i] == ac_f32_to_bf16(src32->embed[i]);
+    if (src32->lm_head == src32->embed)
+        ok = ok && b->lm_head == b->embed; /* tied: one matrix */
+    else
+        for (size_t i = 0; i < V && ok; i++)
+            ok = b->lm_head != b->embed && ((const uint16_t *)b->lm_head)[i] == ac_f32_to_bf16(src32->lm_head[i]);
     for (int l = 0; ok && l < b->a.n_layers; l++)
         for (int w = AC_W_Q; ok && w <= AC_W_D; w++) {
             size_t k, k2;
@@ -189,9 +194,57 @@ static int bf16_matches(const ac_model *b, const ac_model *src32) {
             ok = k == k2;
             for (size_t i = 0; ok && i < k; i++) ok = p[i] == ac_f32_to_bf16(q[i]);
         }
-    for (int l = 0; ok && l < b->a.n_layers; l++)
-        ok = !memcmp(b->L[l].in_norm, src32->L[l].in_norm, (size_t)b->a.hidden * 4);
+    for (int l = 0; ok && l < b->a.n_layers; l++) {
+        const float *n1[2] = {b->L[l].in_norm, b->L[l].post_norm}, *n2[2] = {src32->L[l].in_norm, src32->L[l].post_norm};
+        for (int i = 0; i < 2 && ok; i++) ok = n1[i] && n2[i] ? !memcmp(n1[i], n2[i], (size_t)b->a.hidden * 4) : !n1[i] && !n2[i];
+    }
     return ok;
+}
+
+/* Both conversions on a tied-embedding model with a layer without
+ * attention and one without FFN (ac_model_alloc'd, values off the BF16
+ * grid): the same rounding, lm_head still embed, removed parts NULL. */
+static void tied_and_removed(void) {
+    ac_layer_arch la[3] = {{4, 2, 96}, {0, 0, 96}, {4, 2, 0}};
+    ac_arch a = {.model_type = "llama", .vocab = 100, .hidden = 64, .head_dim = 16, .n_layers = 3, .max_pos = 64,
+                 .eps = 1e-5f, .rope_theta = 10000, .tie_embeddings = 1, .bos_id = -1, .eos_id = -1, .layers = la};
+    ac_model f, b;
+    ac_err e;
+    if (ac_model_alloc(&f, &a, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
+    unsigned k = 5;
+    float *ms[16];
+    size_t ns[16];
+    int nm = 0;
+    ms[nm] = f.embed, ns[nm++] = (size_t)a.vocab * a.hidden;
+    for (int l = 0; l < 3; l++) {
+        for (int w = AC_W_Q; w <= AC_W_D; w++) {
+            size_t n;
+            float *p = ac_layer_matrix(&f, l, (ac_wmat)w, &n);
+            if (p) ms[nm] = p, ns[nm++] = n;
+        }
+        float *nv[2] = {f.L[l].in_norm, f.L[l].post_norm};
+        for (int i = 0; i < 2; i++)
+            for (int h = 0; nv[i] && h < a.hidden; h++) nv[i][h] = 1.0f + 0.01f * h;
+    }
+    for (int m = 0; m < nm; m++)
+        for (size_t i = 0; i < ns[m]; i++) {
+            k = k * 1664525u + 1013904223u;
+            ms[m][i] = ((k >> 8) / 16777216.0f - 0.5f) * 0.1f;
+        }
+    CHECK(nm == 1 + 7 + 3 + 4, "matrices of the test arch: %d", nm);
+    CHECK(ac_model_to_bf16(&f, &b, &e) == 0, "%s", e.msg);
+    CHECK(bf16_matches(&b, &f) && b.lm_head == b.embed && !b.L[1].wq && !b.L[2].wg, "copy: tied, removed parts NULL");
+    ac_model g;
+    CHECK(ac_model_to_f32(&f, &g, &e) == 0 && ac_model_make_bf16(&g, &e) == 0, "%s", e.msg);
+    CHECK(bf16_matches(&g, &f) && g.lm_head == g.embed && !g.L[1].wq && !g.L[2].wg,
+          "in place: tied, removed parts NULL");
+    CHECK(!memcmp(g.embed, b.embed, (size_t)a.vocab * a.hidden * 2), "in place equals the copy");
+    ac_model_free(&g);
+    ac_model_free(&b);
+    ac_model_free(&f);
 }
 
 /* ac_model_to_bf16 (the timings in the BF16 CPU table's dtype, measure.c):
@@ -201,6 +254,7 @@ static int bf16_matches(const ac_model *b, const ac_model *src32) {
  * widened then rounded. ac_model_checkpoint_wdt reads each one's dtype from
  * the headers. */
 static void test_to_bf16(void) {
+    tied_and_removed();
     if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
     ac_model r, f, b, c;
     ac_err e;

@@ -482,7 +482,7 @@ int ac_model_make_bf16(ac_model *m, ac_err *e) {
     size_t H = a->hidden, V = a->vocab;
     float **slot[7];
     size_t cnt[7];
-    int ns = 0, ok = 1;
+    int ns = 0, ok = 1, tied = m->lm_head == m->embed;
     /* every matrix in turn: a BF16 buffer, then the fp32 one freed; from the
      * first, the model owns 16-bit matrices (freeing frees either kind) */
     m->wdt = ST_BF16;
@@ -491,7 +491,7 @@ int ac_model_make_bf16(ac_model *m, ac_err *e) {
         ns = 0;
         if (l < 0) {
             slot[ns] = &m->embed, cnt[ns++] = V * H;
-            if (!a->tie_embeddings) slot[ns] = &m->lm_head, cnt[ns++] = V * H;
+            if (!tied) slot[ns] = &m->lm_head, cnt[ns++] = V * H;
         } else {
             float **ps[7];
             size_t n[7];
@@ -506,9 +506,11 @@ int ac_model_make_bf16(ac_model *m, ac_err *e) {
             free(*slot[i]);
             *slot[i] = (float *)b;
         }
-        if (l < 0 && a->tie_embeddings) m->lm_head = m->embed;
+        if (l < 0 && tied) m->lm_head = m->embed;
     }
-    return ok ? 0 : ac_errf(e, "out of memory converting the model to BF16 (it holds fp32 and BF16 matrices now: free it)");
+    if (ok) return 0;
+    ac_model_free(m); /* fp32 and BF16 matrices mixed: nothing may read it */
+    return ac_errf(e, "out of memory converting the model to BF16 (the model is freed)");
 }
 
 int ac_model_to_f32(const ac_model *src, ac_model *dst, ac_err *e) { return model_copy(src, dst, 0, e); }

@@ -108,7 +108,7 @@ int ac_model_to_bf16(const ac_model *src, ac_model *dst, ac_err *e);
  * time (a BF16 buffer, then the fp32 one freed: at most one matrix more),
  * for a model timed in BF16 and then freed (Minitron's student in
  * measure.c's caller). A BF16 model is left as it is; a resident one is
- * refused. Out of memory: m holds both kinds and may only be freed. */
+ * refused. Out of memory: m is freed (zeroed), and -1. */
 int ac_model_make_bf16(ac_model *m, ac_err *e);
 /* A resident model: let the kernel drop the mapped pages from this
  * process's memory now (clean file pages: they are read back from the page
