@@ -193,20 +193,14 @@ int main(int argc, char **argv) {
         for (int l = 0; l < ac->L; l++) a.layers[l] = (ac_layer_arch){ac->heads[l], ac->kv[l], ac->ffn[l]};
         ac_model m;
         random_model(&m, &a);
-        if (!strcmp(t.dtype, "bf16")) {
-            ac_model b;
-            if (ac_model_to_bf16(&m, &b, &e)) {
-                fprintf(stderr, "%s\n", e.msg);
-                return 1;
-            }
-            ac_model_free(&m);
-            m = b;
+        if (!strcmp(t.dtype, "bf16") && ac_model_make_bf16(&m, &e)) {
+            fprintf(stderr, "%s\n", e.msg);
+            return 1;
         }
         ac_carch ca;
         ac_carch_from_arch(&a, &ca, &e);
         ac_engine_profile p;
-        ac_engine_profile_default(&p, 1);
-        if (!strcmp(t.dtype, "bf16")) p.w_bytes = 2;
+        ac_engine_profile_cpu(&p, t.dtype);
         for (size_t w = 0; w < sizeof work / sizeof *work; w++) {
             ac_workload wl = {work[w][0], work[w][1], work[w][2]};
             double mt, mp;

@@ -176,6 +176,20 @@ static void test_resident_bf16_kernels(void) {
     if (!ran) SKIP("no BF16 GEMM kernel on this CPU (neither AMX-BF16 nor AVX512-BF16)");
 }
 
+/* A GEMM case from seed st: activations X[N,in] in [-0.5, 0.5), BF16
+ * weights Wb[out,in] and W, the same values widened (malloc'd, the
+ * caller's). */
+static void bf16_case(int N, int in, int out, uint32_t st, float **X, float **W, uint16_t **Wb) {
+    *X = malloc(sizeof(float) * N * in);
+    *W = malloc(sizeof(float) * out * in);
+    *Wb = malloc(2 * (size_t)out * in);
+    for (int i = 0; i < N * in; i++) (*X)[i] = ((st = st * 1664525 + 1013904223) >> 8) / 16777216.0f - 0.5f;
+    for (int i = 0; i < out * in; i++) {
+        (*Wb)[i] = ac_f32_to_bf16(((st = st * 1664525 + 1013904223) >> 8) / 16777216.0f - 0.5f);
+        (*W)[i] = ac_bf16_to_f32((*Wb)[i]);
+    }
+}
+
 /* ac_linear_w on BF16 weights against the fp32 GEMM of the same values,
  * with each kernel this CPU has (none: per-tile conversion; AMX; AVX512-
  * BF16): shapes AMX takes (in % 32, out % 16) and ones it leaves, k tails
@@ -192,16 +206,10 @@ static void test_linear_bf16(void) {
     CHECK(ac_wscratch_alloc(&ws, 64, 2500) == 0, "scratch");
     for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
         int N = shapes[c][0], in = shapes[c][1], out = shapes[c][2];
-        float *X = malloc(sizeof(float) * N * in), *W = malloc(sizeof(float) * out * in),
-              *b = malloc(sizeof(float) * out);
+        float *X, *W, *b = malloc(sizeof(float) * out);
         float *Y = malloc(sizeof(float) * N * out), *R = malloc(sizeof(float) * N * out);
-        uint16_t *Wb = malloc(2 * (size_t)out * in);
-        uint32_t st = 12345 + (uint32_t)c;
-        for (int i = 0; i < N * in; i++) X[i] = ((st = st * 1664525 + 1013904223) >> 8) / 16777216.0f - 0.5f;
-        for (int i = 0; i < out * in; i++) {
-            Wb[i] = ac_f32_to_bf16(((st = st * 1664525 + 1013904223) >> 8) / 16777216.0f - 0.5f);
-            W[i] = ac_bf16_to_f32(Wb[i]);
-        }
+        uint16_t *Wb;
+        bf16_case(N, in, out, 12345 + (uint32_t)c, &X, &W, &Wb);
         for (int i = 0; i < out; i++) b[i] = (float)i / out;
         for (int ki = 0; ki < 3; ki++) {
             if (ac_set_bf16_kernel(ks[ki])) continue;
@@ -267,15 +275,10 @@ static void test_bf16_gemv(void) {
     CHECK(ac_bf16_gemv_rows(1) && ac_bf16_gemv_rows(8) && !ac_bf16_gemv_rows(9), "GEMV rows at the default 32");
     for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
         int N = shapes[c][0], in = shapes[c][1], out = shapes[c][2];
-        float *X = malloc(sizeof(float) * N * in), *W = malloc(sizeof(float) * out * in), *b = malloc(sizeof(float) * out);
+        float *X, *W, *b = malloc(sizeof(float) * out);
         float *Y = malloc(sizeof(float) * N * out), *R = malloc(sizeof(float) * N * out);
-        uint16_t *Wb = malloc(2 * (size_t)out * in);
-        uint32_t st = 777 + (uint32_t)c;
-        for (int i = 0; i < N * in; i++) X[i] = ((st = st * 1664525 + 1013904223) >> 8) / 16777216.0f - 0.5f;
-        for (int i = 0; i < out * in; i++) {
-            Wb[i] = ac_f32_to_bf16(((st = st * 1664525 + 1013904223) >> 8) / 16777216.0f - 0.5f);
-            W[i] = ac_bf16_to_f32(Wb[i]);
-        }
+        uint16_t *Wb;
+        bf16_case(N, in, out, 777 + (uint32_t)c, &X, &W, &Wb);
         for (int i = 0; i < out; i++) b[i] = (float)i / out - 0.25f;
         for (int mode = 0; mode < 4; mode++) { /* bit 0: acc, bit 1: bias */
             int acc = mode & 1;

@@ -196,7 +196,9 @@ static void test_weights_dtype_for_checkpoint(void) {
           p.kv_bytes);
     ac_target_engine_for(&s.target, ST_F16, &p);
     CHECK(p.w_bytes == 4, "cpu on F16: %d", p.w_bytes);
-    CHECK(!strcmp(ac_cost_cpu_table_dtype(ac_target_weights_dtype(&s.target, ST_BF16)), "bf16"), "BF16 table");
+    CHECK(!strcmp(ac_target_table_dtype(&s.target, ST_BF16), "bf16") &&
+              !strcmp(ac_target_table_dtype(&s.target, ST_F32), "fp32"),
+          "cpu tables: %s %s", ac_target_table_dtype(&s.target, ST_BF16), ac_target_table_dtype(&s.target, ST_F32));
     json_decref(j);
     j = minimal("cpu");
     json_object_set_new(json_object_get(j, "target"), "engine", json_pack("{s:s}", "weights_dtype", "fp16"));
@@ -204,12 +206,14 @@ static void test_weights_dtype_for_checkpoint(void) {
     CHECK(!strcmp(ac_target_weights_dtype(&s.target, ST_BF16), "fp16") &&
               !strcmp(ac_cost_cpu_table_dtype(ac_target_weights_dtype(&s.target, ST_BF16)), "fp32"),
           "cpu fp16: %s", ac_target_weights_dtype(&s.target, ST_BF16));
+    CHECK(!strcmp(ac_target_table_dtype(&s.target, ST_BF16), "fp32"), "cpu fp16 table");
     ac_target_engine_for(&s.target, ST_BF16, &p);
     CHECK(p.w_bytes == 2, "named fp16 stays 2 bytes: %d", p.w_bytes);
     json_decref(j);
     j = minimal("H100");
     CHECK(ac_job_spec_parse(j, &s, NULL, &e) == 0, "%s", e.msg);
     CHECK(!strcmp(ac_target_weights_dtype(&s.target, ST_F32), "bf16"), "H100 default");
+    CHECK(!strcmp(ac_target_table_dtype(&s.target, ST_F32), "bf16"), "H100 roofline in bf16");
     json_decref(j);
 }
 

@@ -103,10 +103,8 @@ int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, json_t **out
     ac_engine_profile prof;
     int cwdt = model ? ac_model_checkpoint_wdt(json_string_value(model)) : ST_F32;
     ac_target_engine_for(&tg, cwdt, &prof);
-    const char *dt = tg.dev.kind == AC_TARGET_CPU ? ac_cost_cpu_table_dtype(ac_target_weights_dtype(&tg, cwdt))
-                                                  : ac_engine_profile_dtype(&prof);
     *field = "target.device";
-    if (ac_cost_table_for(&tg.dev, dt, cache, 2, 0, NULL, NULL, &t, &hit, e)) {
+    if (ac_cost_table_for(&tg.dev, ac_target_table_dtype(&tg, cwdt), cache, 2, 0, NULL, NULL, &t, &hit, e)) {
         ac_arch_free(&arch);
         return -1;
     }

@@ -65,20 +65,6 @@ static void run_gemm(void *p) {
     g->off += (nw + 1023) & ~(size_t)1023;
 }
 
-/* What the engine's forward does around a BF16 GEMM of M rows on the BF16
- * kernel (engine.c): OpenBLAS on one thread, so that its spinning workers
- * leave the kernel's threads their cycles; attention's per-head GEMMs then
- * run on that one thread too. Returns whether it did (undo with
- * blas_restore). */
-static int blas_as_engine(int bf16, int M) {
-    int one = bf16 && ac_kernels_threads() > 1 && ac_bf16_fast_rows(M);
-    if (one) ac_blas_threads(1);
-    return one;
-}
-static void blas_restore(int one) {
-    if (one) ac_blas_threads(ac_kernels_threads());
-}
-
 typedef struct {
     float *out, *q, *k, *v, *sc;
     int n, s, hd;
@@ -149,17 +135,8 @@ static void probe_arch(int H, ac_arch *a, ac_layer_arch la[4]) {
 }
 
 /* The probe model of width H with arbitrary finite weights (norms 1), its
- * matrices in BF16 when bf16 (a copy, ac_model_to_bf16). */
-static int probe_model_f32(int H, ac_model *m, ac_err *e);
+ * matrices turned to BF16 when bf16 (ac_model_make_bf16). */
 static int probe_model(int H, int bf16, ac_model *m, ac_err *e) {
-    if (!bf16) return probe_model_f32(H, m, e);
-    ac_model f;
-    if (probe_model_f32(H, &f, e)) return -1;
-    int rc = ac_model_to_bf16(&f, m, e);
-    ac_model_free(&f);
-    return rc;
-}
-static int probe_model_f32(int H, ac_model *m, ac_err *e) {
     ac_layer_arch la[4];
     ac_arch a;
     probe_arch(H, &a, la);
@@ -185,7 +162,7 @@ static int probe_model_f32(int H, ac_model *m, ac_err *e) {
         for (int k = 0; k < H; k++) w->in_norm[k] = w->post_norm[k] = 1;
     }
     for (int k = 0; k < H; k++) m->final_norm[k] = 1;
-    return 0;
+    return bf16 ? ac_model_make_bf16(m, e) : 0; /* freed on failure */
 }
 
 /* Mean decode step (ms) of B sequences of m over PROBE_STEPS steps after a
@@ -227,18 +204,11 @@ static int decode_step_ms(const ac_model *m, int B, int P, int runs, double *ms,
     return rc;
 }
 
-/* The CPU engine's profile in t's weight dtype (the bands are per MiB of
- * weights in it). */
-static void table_profile(const ac_cost_table *t, ac_engine_profile *p) {
-    ac_engine_profile_default(p, 1);
-    if (!strcmp(t->dtype, "bf16")) p->w_bytes = 2;
-}
-
 /* The warm-table and cold-table TPOT (ms) of the probe's decode steps of B
  * sequences after a P-token prompt. */
 static void probe_predict(ac_cost_table *t, const ac_carch *c, int B, int P, double *warm_ms, double *cold_ms) {
     ac_engine_profile p;
-    table_profile(t, &p);
+    ac_engine_profile_cpu(&p, t->dtype);
     ac_workload w = {B, P, PROBE_STEPS + 1};
     ac_cost warm, cold;
     int nd = t->ndec;
@@ -257,7 +227,7 @@ static void probe_predict(ac_cost_table *t, const ac_carch *c, int B, int P, dou
 /* MiB of the probe's KV cache read per step (B sequences, mean context of the steps after a P-token prompt). */
 static double probe_kv_mib(const ac_cost_table *t, const ac_carch *c, int B, int P) {
     ac_engine_profile p;
-    table_profile(t, &p);
+    ac_engine_profile_cpu(&p, t->dtype);
     double S = P + PROBE_STEPS / 2.0;
     return (ac_cost_decode_bytes(c, &p, B, S) - ac_cost_decode_bytes(c, &p, B, 0)) / 1048576.0;
 }
@@ -366,7 +336,7 @@ static int band_derive(ac_cost_table *t, int H, const band_raw *r, int n, double
     int kv_long = H <= KV_PROBE_MAX_H;
     double m1 = r->m1, m4 = r->m4, ml = r->ml, w1, c1, w4, wl;
     ac_engine_profile p;
-    table_profile(t, &p);
+    ac_engine_profile_cpu(&p, t->dtype);
     probe_predict(t, &c, 1, PROBE_SHORT, &w1, &c1);
     probe_predict(t, &c, 4, PROBE_SHORT, &w4, NULL);
     probe_predict(t, &c, 1, PROBE_LONG, &wl, NULL);
@@ -470,7 +440,8 @@ static void measure_gemm_row(ac_cost_table *t, const bench_bufs *bb, int im) {
             gemm_arg g = {bb->a, bb->w, bb->c, (int)GM[im], (int)GNK[in], (int)GNK[ik], 0, 0, bb->w16,
                           (ac_wscratch *)&bb->ws};
             size_t at = ((size_t)im * t->nn + in) * t->nk + ik;
-            int one = blas_as_engine(bb->w16 != NULL, g.m);
+            /* as the engine's forward around BF16-kernel rows */
+            int one = ac_blas_one_for_bf16(bb->w16 ? ST_BF16 : ST_F32, g.m);
             t->gemm_us[at] = fmin(t->gemm_us[at], time_us(run_gemm, &g));
             /* weights in cache: at every M, since reading them cold costs
              * 15-25 % of a 128-row GEMM over a 512 x 512 weight, which a
@@ -478,7 +449,7 @@ static void measure_gemm_row(ac_cost_table *t, const bench_bufs *bb, int im) {
              * model's prefill was predicted 5-28 % slow with cold rows) */
             g.span = (size_t)GNK[in] * (size_t)GNK[ik];
             t->gemm_warm_us[at] = fmin(t->gemm_warm_us[at], time_us(run_gemm, &g));
-            blas_restore(one);
+            ac_blas_restore(one);
         }
 }
 
@@ -489,9 +460,9 @@ static void measure_attn(ac_cost_table *t, const bench_bufs *bb, int ih) {
             int n = (int)AQ[iq], s = n + (int)AS[is] - 1;
             attn_arg at = {bb->c, bb->a, bb->w, bb->w + (size_t)2048 * 128, bb->sc, n, s, (int)AHD[ih]};
             size_t k = ((size_t)ih * t->naq + iq) * t->nas + is;
-            int one = blas_as_engine(bb->w16 != NULL, n);
+            int one = ac_blas_one_for_bf16(bb->w16 ? ST_BF16 : ST_F32, n);
             t->attn_us[k] = fmin(t->attn_us[k], time_us(run_attn, &at));
-            blas_restore(one);
+            ac_blas_restore(one);
         }
 }
 

@@ -249,6 +249,11 @@ json_t *ac_cost_to_json(const ac_cost *c) {
                      "max_batch", c->max_batch, "device_memory_gib", c->device_mem_gib);
 }
 
+void ac_engine_profile_cpu(ac_engine_profile *p, const char *dtype) {
+    ac_engine_profile_default(p, 1);
+    if (dtype && !strcmp(dtype, "bf16")) p->w_bytes = 2;
+}
+
 const char *ac_engine_profile_dtype(const ac_engine_profile *p) {
     return p->w_bytes == 4 ? "fp32" : p->w_bytes == 1 ? "fp8" : "bf16";
 }

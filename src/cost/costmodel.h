@@ -151,6 +151,9 @@ typedef struct {
 
 /* Defaults for a device class (jobspec.c then applies a spec's target.engine). */
 void ac_engine_profile_default(ac_engine_profile *p, int is_cpu);
+/* The CPU engine's default profile with its weights in a CPU table's dtype
+ * ("bf16": 2 bytes; else fp32): what a CPU table's bands are per MiB of. */
+void ac_engine_profile_cpu(ac_engine_profile *p, const char *dtype);
 /* The weight dtype a profile's tables are keyed by: fp32, fp8 or bf16. */
 const char *ac_engine_profile_dtype(const ac_engine_profile *p);
 

@@ -98,7 +98,7 @@ static int stage_load(job_state *s, ac_err *e) {
      * tables are the BF16 ones (an F16 or fp32 checkpoint keeps fp32). */
     ac_target_engine_for(&sp->target, ac_model_wdt(&s->m), &s->engine);
     s->wdtype = ac_target_weights_dtype(&sp->target, ac_model_wdt(&s->m));
-    s->cpu_dtype = ac_cost_cpu_table_dtype(s->wdtype);
+    s->table_dtype = ac_target_table_dtype(&sp->target, ac_model_wdt(&s->m));
     if (s->nc < (size_t)ctxlen * 2)
         return ac_errf(e, "calibration text has %zu tokens; need at least %d (2 windows of eval.ctx)", s->nc,
                        2 * ctxlen);
@@ -146,9 +146,7 @@ static int stage_profile(job_state *s, ac_err *e) {
     const ac_target_spec *t = &s->spec->target;
     const ac_cost_cache *cache = s->ctx->cache;
     ac_cost_table *tb = &s->table;
-    const char *dt = t->dev.kind == AC_TARGET_CPU ? s->cpu_dtype : ac_engine_profile_dtype(&s->engine);
-    if (ac_cost_table_for(&t->dev, dt, cache, s->threads, 1, progress_plain, s, tb,
-                          &s->cache_hit, e))
+    if (ac_cost_table_for(&t->dev, s->table_dtype, cache, s->threads, 1, progress_plain, s, tb, &s->cache_hit, e))
         return -1;
     double then = 0, now = 0;
     /* a cached table measured slower than now: measure it again, quiet (one
@@ -160,7 +158,7 @@ static int stage_profile(job_state *s, ac_err *e) {
                        "the cached cost table was measured while this CPU ran slower than now: measuring it again",
                        "table_reference_probe_us", then, "reference_probe_us", now));
         ac_cost_table_free(tb);
-        if (ac_cost_measure_cpu(s->threads, dt, progress_plain, s, tb, e)) return -1;
+        if (ac_cost_measure_cpu(s->threads, s->table_dtype, progress_plain, s, tb, e)) return -1;
         s->cache_hit = 0;
     }
     int measured = !s->cache_hit && !tb->roofline;
@@ -348,7 +346,7 @@ static int stage_evaluate(job_state *s, ac_err *e) {
      * that predicts them: a CPU target's (its profile's, stage_load); else
      * the checkpoint's, BF16 for a BF16 one (the base timed on its mapping,
      * the students on BF16 copies, as the export writes them), else fp32. */
-    const char *ldt = is_cpu ? s->cpu_dtype : ac_model_wdt(&s->m) == ST_BF16 ? "bf16" : "fp32";
+    const char *ldt = is_cpu ? s->table_dtype : ac_model_wdt(&s->m) == ST_BF16 ? "bf16" : "fp32";
     ac_cost_table cpu = {0};
     if (!is_cpu) {
         char key[384];

@@ -27,7 +27,7 @@ typedef struct job_state {
     size_t nc, nh;
     ac_engine_profile engine; /* the target's profile, its CPU weight dtype resolved (stage_load) */
     const char *wdtype;       /* the weights' dtype it is for (ac_target_weights_dtype; static) */
-    const char *cpu_dtype;    /* a CPU target's table dtype: "bf16" or "fp32" */
+    const char *table_dtype;  /* its cost table's (ac_target_table_dtype; static) */
     /* calibrate */
     int on_gpu; /* loss passes on the local GPU */
     int cwin;   /* calibration windows of eval.ctx */

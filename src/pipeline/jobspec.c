@@ -307,6 +307,11 @@ const char *ac_target_weights_dtype(const ac_target_spec *t, int checkpoint_wdt)
     return t->dev.kind != AC_TARGET_CPU || checkpoint_wdt == ST_BF16 ? "bf16" : "fp32";
 }
 
+const char *ac_target_table_dtype(const ac_target_spec *t, int checkpoint_wdt) {
+    return t->dev.kind == AC_TARGET_CPU ? ac_cost_cpu_table_dtype(ac_target_weights_dtype(t, checkpoint_wdt))
+                                        : ac_engine_profile_dtype(&t->engine);
+}
+
 int ac_target_spec_parse(const json_t *j, ac_target_spec *t, const char *prefix, const char **fieldp, ac_err *e) {
     const char *dummy;
     char pre[200];

@@ -125,6 +125,10 @@ void ac_target_engine_for(const ac_target_spec *t, int checkpoint_wdt, ac_engine
  * checkpoint's (bf16 for a BF16 one, else fp32), elsewhere bf16. A CPU
  * target's table is ac_cost_cpu_table_dtype of it (fp16 and fp8: fp32). */
 const char *ac_target_weights_dtype(const ac_target_spec *t, int checkpoint_wdt);
+/* The dtype of t's cost table on that checkpoint (ac_cost_table_for's):
+ * a CPU target's ac_cost_cpu_table_dtype of the weights' dtype ("bf16" or
+ * "fp32"), else the profile's (ac_engine_profile_dtype). */
+const char *ac_target_table_dtype(const ac_target_spec *t, int checkpoint_wdt);
 
 /* "autocompress" / "minitron". */
 const char *ac_method_name(ac_method m);

@@ -171,8 +171,7 @@ json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, 
     double ref = cpu_table ? cpu_table->ref_us : 0;
     json_object_set_new(o, "quiet", quiet_json(ref, &t->qb, &t->qres));
     ac_engine_profile cp;
-    ac_engine_profile_default(&cp, 1);
-    if (!strcmp(t->dtype, "bf16")) cp.w_bytes = 2; /* the CPU engine on BF16 weights */
+    ac_engine_profile_cpu(&cp, t->dtype);
     ac_cost k0, k1;
     ac_err e2;
     if (cpu_table && predict(cpu_table, res, &lw, &cp, &k1, &e2) == 0 &&

@@ -113,8 +113,7 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
         ac_row_f32(en->x + (size_t)r * H, m->embed, wdt, (size_t)tok, H);
         en->pos[r] = pos0 + r % n;
     }
-    int blas1 = wdt == ST_BF16 && ac_kernels_threads() > 1 && ac_bf16_fast_rows(N); /* see ac_blas_threads */
-    if (blas1) ac_blas_threads(1);
+    int blas1 = ac_blas_one_for_bf16(wdt, N); /* see ac_blas_threads */
     const ac_engine_hooks *hk = en->hooks;
 #define HOOK(f, ...)                                                                                                   \
     do {                                                                                                               \
@@ -167,7 +166,7 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
         for (int b = 0; b < B; b++) memmove(en->x + (size_t)b * H, en->x + ((size_t)b * n + n - 1) * H, H * 4);
     ac_rmsnorm(en->xn, en->x, m->final_norm, rows, H, a->eps);
     ac_linear_w(en->logits, en->xn, m->lm_head, wdt, NULL, rows, H, a->vocab, 0, ws);
-    if (blas1) ac_blas_threads(ac_kernels_threads());
+    ac_blas_restore(blas1);
     return 0;
 }
 

@@ -31,6 +31,16 @@ int ac_kernels_threads(void) { return n_threads; }
 
 void ac_blas_threads(int n) { openblas_set_num_threads(n > 0 ? n : 1); }
 
+int ac_blas_one_for_bf16(int wdt, int N) {
+    int one = wdt == ST_BF16 && n_threads > 1 && ac_bf16_fast_rows(N);
+    if (one) ac_blas_threads(1);
+    return one;
+}
+
+void ac_blas_restore(int one) {
+    if (one) ac_blas_threads(n_threads);
+}
+
 /* AC_BF16_AUTO until ac_set_bf16_kernel names one */
 static int bf16_kernel = AC_BF16_AUTO;
 

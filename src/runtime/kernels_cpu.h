@@ -53,6 +53,13 @@ int ac_kernels_threads(void);
  * only BLAS calls left are the small attention GEMMs and idle BLAS workers
  * spinning would take cycles from the BF16 kernel's threads. */
 void ac_blas_threads(int n);
+/* That rule for a call of N rows over weights in wdt (the engine's forward,
+ * the cost table's BF16 GEMM and attention points): OpenBLAS set to one
+ * thread when wdt is BF16, N rows go to the BF16 kernel and the kernels
+ * have more than one thread. Returns whether it did; ac_blas_restore(that)
+ * undoes it. */
+int ac_blas_one_for_bf16(int wdt, int N);
+void ac_blas_restore(int one);
 /* The BF16 GEMM kernels. AC_BF16_AUTO: AMX where the CPU has it, else
  * AVX512-BF16, else none (per-tile conversion and sgemm). */
 enum { AC_BF16_AUTO = -1, AC_BF16_NONE = 0, AC_BF16_AMX = 1, AC_BF16_AVX512 = 2 };
