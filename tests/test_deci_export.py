@@ -382,8 +382,11 @@ def test_job_export_is_deci_on_the_grid():
     if not have_model():
         return "skip"
     out = os.path.join(WORK, "job_out")
+    # the target names fp16 weights: the CPU engine has no F16 kernels, so the job plans with the fp32 CPU table
+    # and times base and result on fp32 copies (test_daemon's CPU jobs take the BF16 checkpoint's BF16 table)
     s = spec(output=out, constraints={"max_params": 0.8e6}, search={"steps": 60, "seed": 1},
-             target={"device": "cpu", "workload": {"batch": 1, "prompt_len": 64, "gen_len": 16}})
+             target={"device": "cpu", "workload": {"batch": 1, "prompt_len": 64, "gen_len": 16},
+                     "engine": {"weights_dtype": "fp16"}})
     sp = os.path.join(WORK, "job.json")
     with open(sp, "w") as f:
         json.dump(s, f)
@@ -391,6 +394,10 @@ def test_job_export_is_deci_on_the_grid():
     r = subprocess.run([CLI, "compress", sp], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     rep = json.load(open(os.path.join(out, "report.json")))
+    eng, ml = rep["target"]["engine"], rep["measured_local"]
+    assert eng["weights_dtype"] == "fp16" and eng["weight_bytes"] == 2, eng
+    assert "|fp32|autocompress-cpu|" in rep["target"]["cost_table"], rep["target"]["cost_table"]
+    assert ml["weights_dtype"] == "fp32" and ml["base"]["ttft_ms"] > 0 and ml["result"]["tpot_ms"] > 0 and "prediction_error" in ml, ml
     res = rep[rep["chosen"]]
     layers = res["architecture"]["layers"]
     assert all(la["ffn"] % 256 == 0 for la in layers), layers

@@ -11,6 +11,7 @@
 #include "kernels_amx.h"
 #include "kernels_avx512bf16.h"
 #include "kernels_cpu.h"
+#include "kthreads.h"
 #include "model.h"
 #include "tensor.h"
 
@@ -213,8 +214,9 @@ static void test_linear_bf16(void) {
         for (int i = 0; i < out; i++) b[i] = (float)i / out;
         for (int ki = 0; ki < 3; ki++) {
             if (ac_set_bf16_kernel(ks[ki])) continue;
-            for (int rows = 0; rows <= 1; rows++) {
-                ac_set_bf16_gemm_rows(rows);
+            for (int rows = 0; rows <= 2; rows++) {
+                ac_set_bf16_gemm_rows(rows > 0);
+                ac_kthreads_set_gemm_min_macs(rows == 2 ? 1 : 0); /* rows 2: the BF16 kernel on 2 threads */
                 for (int i = 0; i < N * out; i++) Y[i] = R[i] = 1.0f;
                 ac_linear_w(Y, X, Wb, ST_BF16, b, N, in, out, 1, &ws);
                 ac_linear_w(R, X, W, ST_F32, b, N, in, out, 1, &ws);
@@ -240,17 +242,22 @@ static void test_linear_bf16(void) {
                 }
             CHECK(md < 1e-5, "avx512bf16 N=%d in=%d out=%d: %.3g from the double sum of BF16 activations", N, in, out,
                   md);
+            /* the same bits in k chunks of 1024 (above: one thread, these
+             * shapes being below ac_kthreads_gemm's threshold), whole rows,
+             * chunks of 64, and with the output columns split over 2 threads */
             float *Y2 = malloc(sizeof(float) * N * out);
-            int chunks[2] = {0, 64}, same = 1;
-            for (int k = 0; k < 2; k++) {
+            int chunks[3] = {0, 64, 1024}, same = 1;
+            for (int k = 0; k < 3; k++) {
                 ac_avx512bf16_set_kchunk(chunks[k]);
+                ac_kthreads_set_gemm_min_macs(k == 2 ? 1 : 0);
                 for (int i = 0; i < N * out; i++) Y2[i] = 0.5f;
                 ac_avx512bf16_linear(Y2, X, Wb, b, N, in, out, 1, xp, 2);
                 same &= !memcmp(Y, Y2, sizeof(float) * N * out);
             }
             ac_avx512bf16_set_kchunk(1024);
-            CHECK(same, "avx512bf16 N=%d in=%d out=%d: k chunks of 1024, whole rows and chunks of 64 differ", N, in,
-                  out);
+            ac_kthreads_set_gemm_min_macs(0);
+            CHECK(same, "avx512bf16 N=%d in=%d out=%d: k chunks of 1024, whole rows, chunks of 64 and 2 threads differ",
+                  N, in, out);
             free(Y2);
             free(xp);
         }
@@ -258,7 +265,25 @@ static void test_linear_bf16(void) {
     }
     ac_set_bf16_kernel(AC_BF16_AUTO);
     ac_set_bf16_gemm_rows(32);
+    ac_kthreads_set_gemm_min_macs(0);
     ac_wscratch_free(&ws);
+}
+
+/* ac_kthreads_gemm: a thread per 2^24 multiply-adds, within the threads and
+ * the shares; at least one. */
+static void test_kthreads_gemm(void) {
+    double m = AC_KTHREADS_GEMM_MIN_MACS;
+    CHECK(ac_kthreads_gemm(2, 100, 2 * m - 1) == 1 && ac_kthreads_gemm(2, 100, 2 * m) == 2 &&
+              ac_kthreads_gemm(2, 100, 0) == 1 && ac_kthreads_gemm(2, 1, 8 * m) == 1 &&
+              ac_kthreads_gemm(16, 100, 5.5 * m) == 5 && ac_kthreads_gemm(64, 100, 1e12) == AC_KTHREADS_MAX &&
+              ac_kthreads_gemm(0, 100, 1e12) == 1,
+          "thread counts: %d %d %d %d %d %d %d", ac_kthreads_gemm(2, 100, 2 * m - 1), ac_kthreads_gemm(2, 100, 2 * m),
+          ac_kthreads_gemm(2, 100, 0), ac_kthreads_gemm(2, 1, 8 * m), ac_kthreads_gemm(16, 100, 5.5 * m),
+          ac_kthreads_gemm(64, 100, 1e12), ac_kthreads_gemm(0, 100, 1e12));
+    ac_kthreads_set_gemm_min_macs(1);
+    CHECK(ac_kthreads_gemm(2, 100, 2) == 2, "test override");
+    ac_kthreads_set_gemm_min_macs(0);
+    CHECK(ac_kthreads_gemm(2, 100, 2) == 1, "override reset");
 }
 
 /* The BF16 decode GEMV (ac_linear_w with N <= 8 rows below the BF16
@@ -436,6 +461,7 @@ int main(void) {
     RUN(test_resident_exact);
     RUN(test_resident_bf16_kernels);
     RUN(test_linear_bf16);
+    RUN(test_kthreads_gemm);
     RUN(test_bf16_gemv);
     RUN(test_save_reload_roundtrip);
     RUN(test_config_errors);

@@ -172,7 +172,7 @@ int ac_amx_linear(float *Y, const float *X, const uint16_t *W, const float *b, i
 #ifdef AC_HAVE_AMX
     if (!ac_amx_available() || in % 32 || out % 16 || N <= 0) return -1;
     pack_x(xpack, X, N, in);
-    int S = (out + 31) / 32, T = ac_kthreads_count(threads, S);
+    int S = (out + 31) / 32, T = ac_kthreads_gemm(threads, S, (double)N * in * out);
     amx_job jobs[AC_KTHREADS_MAX];
     for (int t = 0; t < T; t++)
         jobs[t] = (amx_job){Y, W, xpack, b, N, in, out, acc, (int)((long)S * t / T), (int)((long)S * (t + 1) / T)};

@@ -5,7 +5,8 @@
  * Numerics: the activations X are rounded to BF16 (round-to-nearest-even),
  * products are exact in fp32 and sums accumulate in fp32 (as PyTorch's BF16
  * matmul on CPU and llama.cpp's BF16 path do). Weights are read in place.
- * Threads: the output rows are split over ac_kernels_threads() pthreads.
+ * Threads: the output rows are split over up to ac_kernels_threads() pthreads,
+ * one per 2^24 multiply-adds of the call (ac_kthreads_gemm, kthreads.h).
  */
 #ifndef AC_KERNELS_AMX_H
 #define AC_KERNELS_AMX_H

@@ -224,7 +224,7 @@ int ac_avx512bf16_linear(float *Y, const float *X, const uint16_t *W, const floa
     if (!ac_avx512bf16_available() || N <= 0 || in <= 0 || out <= 0) return -1;
     int Kp = pad32(in);
     pack_x(xpack, X, N, in, Kp);
-    int G = (out + RN - 1) / RN, T = ac_kthreads_count(threads, G);
+    int G = (out + RN - 1) / RN, T = ac_kthreads_gemm(threads, G, (double)N * in * out);
     dp_job jobs[AC_KTHREADS_MAX];
     for (int t = 0; t < T; t++)
         jobs[t] = (dp_job){Y, W, xpack, b, N, in, Kp, out, acc, (int)((long)G * t / T), (int)((long)G * (t + 1) / T)};

@@ -10,7 +10,8 @@
  * at the end (so the order differs from sgemm's, not the precision).
  * Weights are read in place, row by row (a row of W is one output's dot
  * product); only X is converted, once per call, into the caller's scratch.
- * Threads: the output columns are split over `threads` pthreads.
+ * Threads: the output columns are split over up to `threads` pthreads, one
+ * per 2^24 multiply-adds of the call (ac_kthreads_gemm, kthreads.h).
  */
 #ifndef AC_KERNELS_AVX512BF16_H
 #define AC_KERNELS_AVX512BF16_H

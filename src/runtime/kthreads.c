@@ -8,6 +8,16 @@ int ac_kthreads_count(int threads, int shares) {
     return t > shares && shares > 0 ? shares : t;
 }
 
+static double gemm_min_macs = AC_KTHREADS_GEMM_MIN_MACS;
+
+void ac_kthreads_set_gemm_min_macs(double m) { gemm_min_macs = m > 0 ? m : AC_KTHREADS_GEMM_MIN_MACS; }
+
+int ac_kthreads_gemm(int threads, int shares, double macs) {
+    double cap = macs / gemm_min_macs;
+    int t = ac_kthreads_count(threads, shares);
+    return cap < 1 ? 1 : cap < t ? (int)cap : t;
+}
+
 void ac_kthreads_run(void *(*fn)(void *), void *jobs, size_t size, int n) {
     pthread_t th[AC_KTHREADS_MAX];
     int started[AC_KTHREADS_MAX] = {0};
