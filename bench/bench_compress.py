@@ -42,7 +42,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.environ.get("AC_BUILD", os.path.join(ROOT, "build"))
+BUILD = os.path.abspath(os.environ.get("AC_BUILD", os.path.join(ROOT, "build")))
 ENV = dict(os.environ, AC_COST_DB=os.path.join(BUILD, "bench_cost.db"))
 
 # name, device, workload, [(constraint key, metric, (moderate, tight) factor of the unpruned model's figure)].

@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.environ.get("AC_BUILD", os.path.join(ROOT, "build"))
+BUILD = os.path.abspath(os.environ.get("AC_BUILD", os.path.join(ROOT, "build")))
 TINY = os.path.join(BUILD, "models", "tiny")
 DATA = os.path.join(BUILD, "data")
 

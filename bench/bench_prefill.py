@@ -28,7 +28,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-BUILD = os.environ.get("AC_BUILD", os.path.join(ROOT, "build"))
+BUILD = os.path.abspath(os.environ.get("AC_BUILD", os.path.join(ROOT, "build")))
 NODE_MODULES = os.path.join(ROOT, "tests", "llama", "node_modules")
 
 

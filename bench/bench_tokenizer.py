@@ -19,7 +19,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import ref_llama as R  # noqa: E402
 
-BUILD = os.environ.get("AC_BUILD", os.path.join(ROOT, "build"))
+BUILD = os.path.abspath(os.environ.get("AC_BUILD", os.path.join(ROOT, "build")))
 CLI = os.path.join(BUILD, "autocompress")
 
 

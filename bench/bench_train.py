@@ -19,7 +19,7 @@ sys.path.insert(0, HERE)
 import ref_llama as R  # noqa: E402
 from bench_engine import medium_model  # noqa: E402
 
-BUILD = os.environ.get("AC_BUILD", os.path.join(ROOT, "build"))
+BUILD = os.path.abspath(os.environ.get("AC_BUILD", os.path.join(ROOT, "build")))
 
 
 def torch_tps(model, batch, ctx, steps, threads):

@@ -2,7 +2,8 @@
  * synth.h - models the C tests share (header-only, like check.h; include
  * it after check.h): a uniform Llama architecture of given sizes, for tests
  * that need an ac_arch without a checkpoint (the caller frees it with
- * ac_arch_free), and the tiny trained model with its calibration ids.
+ * ac_arch_free), the tiny trained model with its calibration ids, and a
+ * check that a BF16 model is an fp32 one rounded (bf16_matches).
  */
 #ifndef AC_TEST_SYNTH_H
 #define AC_TEST_SYNTH_H
@@ -13,6 +14,7 @@
 
 #include "eval.h"
 #include "model.h"
+#include "tensor.h"
 
 /* L layers of (heads, kv, ffn), hidden H, head size hd, vocab; layers NULL
  * when out of memory (the tests then fail on their first use). */
@@ -46,6 +48,37 @@ static inline int ck_load_tiny(ac_model *m, int **ids, size_t *n, size_t max_ids
     }
     if (*n > max_ids) *n = max_ids;
     return 0;
+}
+
+/* b (BF16 matrices) is src32 (fp32) rounded to nearest even, matrix for
+ * matrix (tied heads tied in both, removed parts removed in both), with
+ * the same norms (fp32). */
+static inline int bf16_matches(const ac_model *b, const ac_model *src32) {
+    size_t V = (size_t)b->a.vocab * b->a.hidden;
+    const uint16_t *be = (const uint16_t *)b->embed;
+    int ok = ac_model_wdt(b) == ST_BF16 && ac_model_wdt(src32) == ST_F32 && b->a.hidden == src32->a.hidden &&
+             b->a.n_layers == src32->a.n_layers && !memcmp(b->final_norm, src32->final_norm, (size_t)b->a.hidden * 4);
+    for (size_t i = 0; i < V && ok; i++) ok = be[i] == ac_f32_to_bf16(src32->embed[i]);
+    if (src32->lm_head == src32->embed)
+        ok = ok && b->lm_head == b->embed; /* tied: one matrix */
+    else
+        for (size_t i = 0; i < V && ok; i++)
+            ok = b->lm_head != b->embed && ((const uint16_t *)b->lm_head)[i] == ac_f32_to_bf16(src32->lm_head[i]);
+    for (int l = 0; ok && l < b->a.n_layers; l++)
+        for (int w = AC_W_Q; ok && w <= AC_W_D; w++) {
+            size_t k, k2;
+            const uint16_t *p = (const uint16_t *)ac_layer_matrix(b, l, (ac_wmat)w, &k);
+            const float *q = ac_layer_matrix(src32, l, (ac_wmat)w, &k2);
+            ok = k == k2 && !p == !q;
+            for (size_t i = 0; ok && i < k; i++) ok = p[i] == ac_f32_to_bf16(q[i]);
+        }
+    for (int l = 0; ok && l < b->a.n_layers; l++) {
+        const float *n1[2] = {b->L[l].in_norm, b->L[l].post_norm},
+                    *n2[2] = {src32->L[l].in_norm, src32->L[l].post_norm};
+        for (int i = 0; i < 2 && ok; i++)
+            ok = n1[i] && n2[i] ? !memcmp(n1[i], n2[i], (size_t)b->a.hidden * 4) : !n1[i] && !n2[i];
+    }
+    return ok;
 }
 
 #endif

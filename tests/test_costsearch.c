@@ -627,7 +627,8 @@ static void test_repair_reduces_loss(void) {
 /* Two arms repaired in one layer-streamed pass (ac_repair_ffn_many) equal
  * each repaired alone, bit for bit: one arm with its hidden width pruned
  * too, the other leaving layer 0's FFN whole (not repaired, left as
- * ac_prune sliced it) and ending its repairs before the last layer. */
+ * ac_prune sliced it) and ending its repairs before the last layer; the
+ * same arms as BF16 students (ac_prune_bf16) get those weights rounded. */
 static void test_repair_many(void) {
     ac_model m;
     ac_err e;
@@ -663,6 +664,17 @@ static void test_repair_many(void) {
         CHECK(!memcmp(a1.L[l].wd, b1.L[l].wd, n1 * 4) && !memcmp(a2.L[l].wd, b2.L[l].wd, n2 * 4),
               "layer %d: together differs from alone", l);
     }
+    /* BF16 students (a job's, ac_prune_bf16) repaired together: the fp32
+     * arms' repair rounded to BF16 */
+    ac_model h1, h2;
+    CHECK(ac_prune_bf16(&m, &t1, &imp, &h1, &e) == 0 && ac_prune_bf16(&m, &t2, &mimp, &h2, &e) == 0, "%s", e.msg);
+    ac_model *dh[2] = {&h1, &h2};
+    int reph[2] = {-1, -1};
+    CHECK(ac_repair_ffn_many(&m, dh, im, 2, ids, n, 64, 16, reph, &e) == 0, "%s", e.msg);
+    CHECK(reph[0] == L && reph[1] == L - 2 && bf16_matches(&h1, &a1) && bf16_matches(&h2, &a2),
+          "BF16 arms' repair is the fp32 one's rounded (repaired %d %d)", reph[0], reph[1]);
+    ac_model_free(&h1);
+    ac_model_free(&h2);
     /* layer 0 of arm 2 is ac_prune's slice, untouched; layer 1 was refit */
     ac_model c2;
     CHECK(ac_prune(&m, &t2, &mimp, &c2, &e) == 0, "%s", e.msg);

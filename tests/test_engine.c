@@ -317,8 +317,8 @@ static void test_bf16_gemv(void) {
                     for (int k = 0; k < in; k++) sum += (double)X[(size_t)r * in + k] * W[(size_t)j * in + k];
                     md = fmax(md, fabs(Y[(size_t)r * out + j] - sum) / (1 + fabs(sum)));
                 }
-            CHECK(md < 1e-5, "GEMV N=%d in=%d out=%d acc=%d bias=%d: %.3g from the double sum", N, in, out, acc, bb != NULL,
-                  md);
+            CHECK(md < 1e-5, "GEMV N=%d in=%d out=%d acc=%d bias=%d: %.3g from the double sum", N, in, out, acc,
+                  bb != NULL, md);
         }
         /* rows 0: the per-tile path, sgemm on the widened weights bit for bit */
         ac_set_bf16_gemm_rows(0);
@@ -326,7 +326,8 @@ static void test_bf16_gemv(void) {
         ac_linear_w(Y, X, Wb, ST_BF16, NULL, N, in, out, 0, &ws);
         ac_linear(R, X, W, NULL, N, in, out);
         int T = (int)(ws.wtile_n / (size_t)in);
-        if (T >= out) CHECK(!memcmp(Y, R, sizeof(float) * N * out), "per-tile N=%d in=%d out=%d differs from sgemm", N, in, out);
+        if (T >= out)
+            CHECK(!memcmp(Y, R, sizeof(float) * N * out), "per-tile N=%d in=%d out=%d differs from sgemm", N, in, out);
         ac_set_bf16_gemm_rows(32);
         free(X), free(W), free(b), free(Y), free(R), free(Wb);
     }

@@ -175,39 +175,23 @@ static int engine_logits(const ac_model *m, float *out) {
     return rc;
 }
 
-/* Every matrix of b (BF16) against want(i) of the source's values. */
-static int bf16_matches(const ac_model *b, const ac_model *src32) {
-    size_t V = (size_t)b->a.vocab * b->a.hidden;
-    const uint16_t *be = (const uint16_t *)b->embed;
-    int ok = 1;
-    for (size_t i = 0; i < V && ok; i++) ok = be[i] == ac_f32_to_bf16(src32->embed[i]);
-    if (src32->lm_head == src32->embed)
-        ok = ok && b->lm_head == b->embed; /* tied: one matrix */
-    else
-        for (size_t i = 0; i < V && ok; i++)
-            ok = b->lm_head != b->embed && ((const uint16_t *)b->lm_head)[i] == ac_f32_to_bf16(src32->lm_head[i]);
-    for (int l = 0; ok && l < b->a.n_layers; l++)
-        for (int w = AC_W_Q; ok && w <= AC_W_D; w++) {
-            size_t k, k2;
-            const uint16_t *p = (const uint16_t *)ac_layer_matrix(b, l, (ac_wmat)w, &k);
-            const float *q = ac_layer_matrix(src32, l, (ac_wmat)w, &k2);
-            ok = k == k2;
-            for (size_t i = 0; ok && i < k; i++) ok = p[i] == ac_f32_to_bf16(q[i]);
-        }
-    for (int l = 0; ok && l < b->a.n_layers; l++) {
-        const float *n1[2] = {b->L[l].in_norm, b->L[l].post_norm}, *n2[2] = {src32->L[l].in_norm, src32->L[l].post_norm};
-        for (int i = 0; i < 2 && ok; i++) ok = n1[i] && n2[i] ? !memcmp(n1[i], n2[i], (size_t)b->a.hidden * 4) : !n1[i] && !n2[i];
-    }
-    return ok;
-}
-
 /* Both conversions on a tied-embedding model with a layer without
  * attention and one without FFN (ac_model_alloc'd, values off the BF16
  * grid): the same rounding, lm_head still embed, removed parts NULL. */
 static void tied_and_removed(void) {
     ac_layer_arch la[3] = {{4, 2, 96}, {0, 0, 96}, {4, 2, 0}};
-    ac_arch a = {.model_type = "llama", .vocab = 100, .hidden = 64, .head_dim = 16, .n_layers = 3, .max_pos = 64,
-                 .eps = 1e-5f, .rope_theta = 10000, .tie_embeddings = 1, .bos_id = -1, .eos_id = -1, .layers = la};
+    ac_arch a = {.model_type = "llama",
+                 .vocab = 100,
+                 .hidden = 64,
+                 .head_dim = 16,
+                 .n_layers = 3,
+                 .max_pos = 64,
+                 .eps = 1e-5f,
+                 .rope_theta = 10000,
+                 .tie_embeddings = 1,
+                 .bos_id = -1,
+                 .eos_id = -1,
+                 .layers = la};
     ac_model f, b;
     ac_err e;
     if (ac_model_alloc(&f, &a, &e)) {
@@ -298,7 +282,8 @@ static void test_to_bf16(void) {
     ac_model h;
     CHECK(ac_model_save(&f, f16dir, ST_F16, &e) == 0 && ac_model_load_resident(f16dir, &h, &e) == 0, "%s", e.msg);
     CHECK(ac_model_wdt(&h) == ST_F16, "F16 checkpoint resident in F16");
-    CHECK(ac_model_make_bf16(&h, &e) != 0 && ac_model_wdt(&h) == ST_F16, "a mapped F16 model is not converted in place");
+    CHECK(ac_model_make_bf16(&h, &e) != 0 && ac_model_wdt(&h) == ST_F16,
+          "a mapped F16 model is not converted in place");
     CHECK(ac_model_to_f32(&h, &c, &e) == 0 && ac_model_to_bf16(&h, &b, &e) == 0, "%s", e.msg);
     CHECK(bf16_matches(&b, &c), "F16 -> BF16 copy: the widened values rounded");
     CHECK(make_f32_copy() == 0, "the F32 checkpoint");
@@ -451,7 +436,8 @@ static void test_frozen_trainer_on_mapping(void) {
 }
 
 /* ac_prune from the mapping (KV groups, KV merging, Minitron head trimming,
- * FFN and hidden width) equals ac_prune from the fp32 load, value for value. */
+ * FFN and hidden width) equals ac_prune from the fp32 load, value for value;
+ * ac_prune_bf16 from either is that student rounded to BF16. */
 static void test_prune_from_mapping(void) {
     if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
     ac_model r, f;
@@ -507,6 +493,12 @@ static void test_prune_from_mapping(void) {
                 same = same && eq;
             }
         CHECK(same, "pruned from the mapping == pruned from the fp32 load");
+        /* BF16 students (a job's): pf rounded, from the mapping and from the fp32 load */
+        ac_model br, bf;
+        CHECK(ac_prune_bf16(&r, &t, &imp, &br, &e) == 0 && ac_prune_bf16(&f, &t, &imp, &bf, &e) == 0, "%s", e.msg);
+        CHECK(bf16_matches(&br, &pf) && bf16_matches(&bf, &pf), "ac_prune_bf16 is ac_prune rounded to BF16");
+        ac_model_free(&br);
+        ac_model_free(&bf);
         ac_model_free(&pr);
         ac_model_free(&pf);
     }

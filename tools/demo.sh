@@ -14,7 +14,8 @@ DPID=$!
 trap 'kill $DPID 2>/dev/null; wait $DPID 2>/dev/null || true' EXIT
 for i in $(seq 100); do curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null && break; sleep 0.1; done
 echo "daemon up: http://127.0.0.1:$PORT/ (dashboard), data in $DIR"
-M="$PWD/$B/models/tiny"
+case "$B" in /*) ;; *) B="$PWD/$B" ;; esac # AC_BUILD may be absolute or relative
+M="$B/models/tiny"
 WL='{"batch": 1, "prompt_len": 128, "gen_len": 64}'
 FRACTION=${AC_DEMO_FRACTION:-0.70}
 # the tiny model is a BF16 checkpoint: the CPU engine runs it (and its BF16
@@ -23,16 +24,17 @@ curl -sf -XPOST "http://127.0.0.1:$PORT/v1/cost-tables" -H 'Content-Type: applic
 echo "measuring this CPU's BF16 cost table (POST /v1/cost-tables, 20-60 s) ..."
 EST=""
 for i in $(seq 300); do
-  EST=$(curl -sf -XPOST "http://127.0.0.1:$PORT/v1/estimate" -H 'Content-Type: application/json' \
+  # a 400 until the table is cached; its message says why
+  EST=$(curl -s -XPOST "http://127.0.0.1:$PORT/v1/estimate" -H 'Content-Type: application/json' \
         -d '{"model": "'"$M"'", "target": {"device": "cpu", "workload": '"$WL"'}}' || true)
-  [ -n "$EST" ] && break
+  case "$EST" in *'"figures"'*) break ;; esac
   sleep 1
 done
-[ -n "$EST" ] || { echo "no estimate: the cost table was not measured"; exit 1; }
+case "$EST" in *'"figures"'*) ;; *) echo "no estimate after 300 s; the last answer: $EST"; exit 1 ;; esac
 LIMIT=$(echo "$EST" | /usr/bin/python3 -c "import json,sys; print('%.6g' % (json.load(sys.stdin)['figures']['tpot_ms'] * $FRACTION))")
 echo "unpruned model's predicted TPOT on this CPU: $(echo "$EST" | /usr/bin/python3 -c "import json,sys; print('%.4f' % json.load(sys.stdin)['figures']['tpot_ms'])") ms; limit ${FRACTION} x = $LIMIT ms"
 cat > "$DIR/spec.json" <<JSON
-{"name": "demo-tiny-cpu", "model": "$M", "calibration": "$PWD/$B/data/calib.txt", "heldout": "$PWD/$B/data/heldout.txt",
+{"name": "demo-tiny-cpu", "model": "$M", "calibration": "$B/data/calib.txt", "heldout": "$B/data/heldout.txt",
  "target": {"device": "cpu", "workload": $WL},
  "constraints": {"max_tpot_ms": $LIMIT}, "search": {"steps": 300, "seed": 0, "export_target": "gguf-deci"},
  "calibration_tokens": 8192, "eval": {"ctx": 128, "windows": 48}}

@@ -300,7 +300,20 @@ int ac_distill_job(const ac_distill_spec *ds, const char *model_dir, const char 
             rc = -1;
             break;
         }
-        if (ac_distill(teacher, arms[i], use, n, &o, job_step, &c, &dr, e)) {
+        /* a BF16 student (ac_prune_bf16) trains on fp32 master weights,
+         * widened exactly, and is rounded back when trained */
+        int bf16 = ac_model_wdt(arms[i]) == ST_BF16;
+        ac_model w32;
+        if (bf16) {
+            if (ac_model_to_f32(arms[i], &w32, e)) {
+                rc = ac_errctx(e, "%s", names[i]);
+                break;
+            }
+            ac_model_free(arms[i]);
+            *arms[i] = w32;
+        }
+        if (ac_distill(teacher, arms[i], use, n, &o, job_step, &c, &dr, e) ||
+            (bf16 && ac_model_make_bf16(arms[i], e))) {
             rc = ac_errctx(e, "%s", names[i]);
             break;
         }

@@ -69,7 +69,10 @@ int ac_distill(const ac_model *teacher, ac_model *student, const int *ids, size_
  * "perplexity_pruned", distils it in place from teacher on the distill text
  * (ds->text, default calibration: the whole calibration file; cids[nc] only
  * when both are empty), emitting "distill" events {arm, step, steps, loss,
- * lr}. *out = {arm name: {"perplexity_pruned": x, "distill": {tokens,
+ * lr}; a BF16 arm (the job's students, ac_prune_bf16) is trained on an
+ * fp32 copy of itself (fp32 master weights for AdamW; the BF16 one freed
+ * first) and rounded back to BF16 in place when trained.
+ * *out = {arm name: {"perplexity_pruned": x, "distill": {tokens,
  * steps, seconds, loss_first, loss_last, lr, seq_len, batch, temperature}}},
  * which report.c merges into the report's arm objects. */
 int ac_distill_job(const ac_distill_spec *ds, const char *model_dir, const char *calibration, const ac_model *teacher,

@@ -10,6 +10,7 @@
 #include "kernels_cpu.h"
 #include "safetensors.h"
 #include "stream.h"
+#include "tensor.h"
 #include <cblas.h>
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
@@ -203,35 +204,74 @@ static size_t widest(const ac_arch *a) {
     return w;
 }
 
-/* Embeddings, final norm and (untied) LM head, then every layer. */
+/* Layer l of t into dw: its attention (merged or cut KV groups) and FFN. */
+static int prune_layer(const ac_model *src, const ac_arch *t, const ac_importance *imp, int l, ac_layer_w *dw,
+                       const int *hk, float *row, double *acc, ac_err *e) {
+    const ac_arch *a = &src->a;
+    const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
+    int Ht = t->hidden, lw = ac_model_wdt(src), rc = 0;
+    if (d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads)
+        prune_attn_merge(a, s, d, &src->L[l], lw, dw, hk, Ht, row, acc);
+    else if (d->n_heads)
+        rc = prune_attn_groups(a, l, s, d, imp, &src->L[l], lw, dw, hk, Ht, row, e);
+    if (d->ffn && !rc) rc = prune_ffn(a, s, d, imp->ffn_order[l], &src->L[l], lw, dw, hk, Ht, row, e);
+    return rc;
+}
+
+/* Embeddings, final norm and (untied) LM head, then every layer: into
+ * dst's own fp32 matrices; or, for a BF16 dst, each matrix gathered in fp32
+ * into a buffer of its own and rounded into dst (one matrix, or one layer's
+ * matrices, in fp32 at a time). */
 static int prune_layers(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, const int *hk,
                         float *row, double *acc, ac_err *e) {
     const ac_arch *a = &src->a;
-    int H = a->hidden, Ht = t->hidden, V = a->vocab, wdt = ac_model_wdt(src);
-    gather(dst->embed, src->embed, wdt, H, NULL, V, hk, Ht, row);
+    int H = a->hidden, Ht = t->hidden, V = a->vocab, wdt = ac_model_wdt(src), bf16 = ac_model_wdt(dst) == ST_BF16;
+    size_t nv = (size_t)V * Ht;
+    float *tmp = bf16 ? malloc(sizeof(float) * nv) : NULL;
+    if (bf16 && !tmp) return ac_errf(e, "out of memory for a %d x %d matrix", V, Ht);
+    float *heads[2] = {dst->embed, t->tie_embeddings ? NULL : dst->lm_head};
+    const float *srcs[2] = {src->embed, src->lm_head};
+    for (int i = 0; i < 2; i++) {
+        if (!heads[i]) continue;
+        gather(bf16 ? tmp : heads[i], srcs[i], wdt, H, NULL, V, hk, Ht, row);
+        if (bf16) ac_from_f32(heads[i], tmp, ST_BF16, nv, NULL);
+    }
+    free(tmp);
     gather(dst->final_norm, src->final_norm, ST_F32, H, NULL, 1, hk, Ht, row);
-    if (!t->tie_embeddings) gather(dst->lm_head, src->lm_head, wdt, H, NULL, V, hk, Ht, row);
     int rc = 0;
     for (int l = 0; l < a->n_layers && !rc; l++) {
-        const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
-        int lw = ac_model_wdt(src);
-        if (d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads)
-            prune_attn_merge(a, s, d, &src->L[l], lw, &dst->L[l], hk, Ht, row, acc);
-        else if (d->n_heads)
-            rc = prune_attn_groups(a, l, s, d, imp, &src->L[l], lw, &dst->L[l], hk, Ht, row, e);
-        if (d->ffn && !rc) rc = prune_ffn(a, s, d, imp->ffn_order[l], &src->L[l], lw, &dst->L[l], hk, Ht, row, e);
+        if (!bf16) {
+            rc = prune_layer(src, t, imp, l, &dst->L[l], hk, row, acc, e);
+            continue;
+        }
+        /* the layer's norms and biases are dst's (fp32); its matrices fp32
+         * buffers of their own, rounded into dst's BF16 ones */
+        ac_layer_w tw = dst->L[l];
+        float **slot[7] = {&tw.wq, &tw.wk, &tw.wv, &tw.wo, &tw.wg, &tw.wu, &tw.wd};
+        size_t n[7];
+        for (int k = 0; k < 7; k++) {
+            float *dm = ac_layer_matrix(dst, l, (ac_wmat)k, &n[k]);
+            *slot[k] = dm && n[k] ? calloc(n[k], sizeof(float)) : NULL;
+            if (dm && n[k] && !*slot[k]) rc = ac_errf(e, "out of memory pruning layer %d", l);
+        }
+        if (!rc) rc = prune_layer(src, t, imp, l, &tw, hk, row, acc, e);
+        for (int k = 0; k < 7; k++) {
+            if (!rc && *slot[k]) ac_from_f32(ac_layer_matrix(dst, l, (ac_wmat)k, &n[k]), *slot[k], ST_BF16, n[k], NULL);
+            free(*slot[k]);
+        }
     }
     return rc;
 }
 
-int ac_prune(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, ac_err *e) {
+static int prune_to(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, int bf16,
+                    ac_err *e) {
     const ac_arch *a = &src->a;
     if (t->n_layers != a->n_layers || t->head_dim != a->head_dim || t->vocab != a->vocab || t->hidden > a->hidden ||
         t->hidden < 1)
         return ac_errf(e, "prune: target architecture does not fit the source model");
     for (int l = 0; l < a->n_layers; l++)
         if (check_layer(a, t, l, e)) return -1;
-    if (ac_model_alloc(dst, t, e)) return -1;
+    if (bf16 ? ac_model_alloc_bf16(dst, t, e) : ac_model_alloc(dst, t, e)) return -1;
     size_t wmax = widest(a);
     int *hk = kept(imp->hid_order, t->hidden);
     float *row = malloc(sizeof(float) * wmax);
@@ -242,6 +282,14 @@ int ac_prune(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac
     free(acc);
     if (rc) ac_model_free(dst);
     return rc;
+}
+
+int ac_prune(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, ac_err *e) {
+    return prune_to(src, t, imp, dst, 0, e);
+}
+
+int ac_prune_bf16(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, ac_err *e) {
+    return prune_to(src, t, imp, dst, 1, e);
 }
 
 /* LAPACK's Cholesky factorisation (OpenBLAS exports it; Debian ships no
@@ -298,8 +346,11 @@ static int repair_layer(const ac_model *src, ac_model *dst, int l, const int *fk
     if (info != 0) goto out;
     cblas_dtrsm(CblasColMajor, CblasLeft, CblasLower, CblasNoTrans, CblasNonUnit, Fk, Ht, 1.0, A, Fk, B, Fk);
     cblas_dtrsm(CblasColMajor, CblasLeft, CblasLower, CblasTrans, CblasNonUnit, Fk, Ht, 1.0, A, Fk, B, Fk);
-    float *Wn = dst->L[l].wd; /* [Ht, Fk] row-major = X column-major */
+    /* [Ht, Fk] row-major = X column-major; a BF16 student's rounded to
+     * nearest even (as the export rounds an fp32 one's) */
+    float *Wn = ac_model_wdt(dst) == ST_BF16 ? Bt : dst->L[l].wd;
     for (size_t i = 0; i < (size_t)Fk * Ht; i++) Wn[i] = (float)B[i];
+    if (Wn == Bt) ac_from_f32(dst->L[l].wd, Bt, ST_BF16, (size_t)Fk * Ht, NULL);
     rc = 1;
 out:
     free(A);

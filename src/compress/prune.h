@@ -13,6 +13,14 @@
 #include "stats.h"
 
 int ac_prune(const ac_model *src, const ac_arch *target, const ac_importance *imp, ac_model *dst, ac_err *e);
+/* The same student with BF16 matrices (wown; norms and biases fp32): each
+ * matrix gathered in fp32 as ac_prune does, then rounded to nearest even,
+ * so it is bit for bit ac_model_to_bf16 of ac_prune's student (and what
+ * ac_model_save's BF16 export of that writes); never more than one layer's
+ * matrices (or the V x H embedding) in fp32 beside it. A job's students
+ * (pipeline/job.c): half the memory of fp32 ones, and the weights its
+ * report measures are the ones it exports. */
+int ac_prune_bf16(const ac_model *src, const ac_arch *target, const ac_importance *imp, ac_model *dst, ac_err *e);
 
 /* What ac_prune(src, target, imp) keeps, as 0/1 masks over src's units, so
  * that the pruned model's outputs can be computed on src's own weights
@@ -43,7 +51,8 @@ void ac_prune_hidden_mask(const ac_arch *src, const ac_arch *target, const ac_im
  * next layer: one ffn^2 Gram in memory, not one per layer. repaired[i]: the
  * layers of dst[i] repaired (a layer whose Gram is not positive definite is
  * left as pruned). ac_repair_ffn does it for one model and returns that
- * count, or -1.
+ * count, or -1. A BF16 dst (ac_prune_bf16) gets the fp32 solution rounded
+ * to nearest even.
  *
  * ac_repair_stats gathers every layer's Gram at once through the engine's
  * hooks (one ac_perplexity pass) into *st (the caller frees it with

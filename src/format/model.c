@@ -452,7 +452,8 @@ static int model_copy(const ac_model *src, ac_model *dst, int bf16, ac_err *e) {
     const void *sm[2] = {src->embed, a->tie_embeddings ? NULL : src->lm_head};
     void *dm[2] = {dst->embed, dst->lm_head};
     for (int i = 0; i < 2; i++)
-        if (sm[i]) bf16 ? bf16_fill(dm[i], sm[i], wdt, V * H) : (void)ac_to_f32(dm[i], sm[i], (st_dtype)wdt, V * H, NULL);
+        if (sm[i])
+            bf16 ? bf16_fill(dm[i], sm[i], wdt, V * H) : (void)ac_to_f32(dm[i], sm[i], (st_dtype)wdt, V * H, NULL);
     memcpy(dst->final_norm, src->final_norm, H * sizeof(float));
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
@@ -622,6 +623,8 @@ int ac_model_load(const char *model_dir, ac_model *m, ac_err *e) { return load_i
 int ac_model_load_resident(const char *model_dir, ac_model *m, ac_err *e) { return load_impl(model_dir, m, 1, e); }
 
 int ac_model_alloc(ac_model *m, const ac_arch *a, ac_err *e) { return model_alloc(m, a, 0, e); }
+
+int ac_model_alloc_bf16(ac_model *m, const ac_arch *a, ac_err *e) { return model_alloc(m, a, 1, e); }
 
 /* Zeroed weights for a, the matrices fp32, or BF16 owned (wown) when bf16. */
 static int model_alloc(ac_model *m, const ac_arch *a, int bf16, ac_err *e) {

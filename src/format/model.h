@@ -91,10 +91,11 @@ int ac_model_wdt(const ac_model *m);
  * fp32 weights of the whole model (a resident base's latency measured in
  * the fp32 CPU table's dtype, ac_measure_latency_in: an F16 checkpoint, or
  * a spec naming fp32; a BF16 base is timed on its mapping by default): the
- * one fp32 copy of the base a pipeline stage may hold. The
+ * one fp32 copy of the base a pipeline stage may hold; and a BF16 student's
+ * fp32 master weights while it is distilled (distill.c). The
  * gate trainers read resident weights in place (the CPU one with
  * ac_trainer_init_frozen, the CUDA plugin converting each tensor on the
- * device); trained weights are fp32 students. */
+ * device); trained weights are fp32. */
 int ac_model_to_f32(const ac_model *src, ac_model *dst, ac_err *e);
 /* A whole BF16 copy of src into dst, owning its matrices (wown, allocated
  * as BF16: no fp32 buffers on the way): copied
@@ -125,7 +126,7 @@ int ac_model_load(const char *model_dir, ac_model *m, ac_err *e);
  * as ac_model_load. The mapping is read-only: what reads weights as float
  * converts per row or tile (the engine, ac_prune, the CUDA upload, export),
  * what changes them works on activations (masks), on private buffers or on
- * an fp32 copy (ac_model_to_f32; trained students are fp32). */
+ * an fp32 copy (ac_model_to_f32; students are trained in fp32). */
 int ac_model_load_resident(const char *model_dir, ac_model *m, ac_err *e);
 /* The dtype ac_model_load_resident would keep a checkpoint's matrices in
  * (ST_BF16, ST_F16, else ST_F32: also for GGUF and unreadable ones), from
@@ -133,6 +134,9 @@ int ac_model_load_resident(const char *model_dir, ac_model *m, ac_err *e);
 int ac_model_checkpoint_wdt(const char *model_dir);
 /* Allocate zeroed weights for an arch (for random init and pruning). */
 int ac_model_alloc(ac_model *m, const ac_arch *a, ac_err *e);
+/* The same with the matrices BF16, owned (wown); norms and biases fp32
+ * (ac_prune_bf16's students). */
+int ac_model_alloc_bf16(ac_model *m, const ac_arch *a, ac_err *e);
 void ac_model_free(ac_model *m);
 /* Write config.json + safetensors (dtype F32/F16/BF16) into dir (resident
  * models too: their matrices are converted from wdt). */

@@ -54,10 +54,11 @@ static void search_emit(void *ud, json_t *ev) {
 
 /* Pre-flight: the CPU engine holds the weights resident in their file dtype
  * (ac_model_load_resident, 2 bytes per parameter when 16-bit) plus at most
- * two fp32 models at a time: the two pruned students (prune, distill,
- * evaluate; each at most the base's size), or, while the evaluate stage
- * times the base, the result and the base's fp32 timing copy (Minitron is
- * freed first). The CPU DNAS gate search adds none (its trainer reads the
+ * 8 bytes per parameter more: the two pruned students (BF16, each at most
+ * the base's size) and at most one fp32 copy (distill's master weights of
+ * one student; in evaluate a resident base's fp32 timing copy, or the
+ * result's; Minitron is freed first). The CPU DNAS gate search adds none
+ * (its trainer reads the
  * resident weights one layer at a time; activations are checked by dnas.c),
  * nor does the CUDA one (the plugin converts each tensor on the device);
  * calibration's engine method and the Minitron search on a GPU hold one
@@ -72,11 +73,10 @@ static int check_host_memory(const char *model_dir, ac_err *e) {
     ac_local_device host[1];
     ac_devices_local(host, 1);
     if (host[0].mem_gib > 0 && need > 0.9 * host[0].mem_gib)
-        return ac_errf(
-            e,
-            "the model needs about %.1f GiB of host memory (its weights and two fp32 pruned students) but this host "
-            "has %.1f GiB",
-            need, host[0].mem_gib);
+        return ac_errf(e,
+                       "the model needs about %.1f GiB of host memory (10 bytes per parameter: its weights, two pruned "
+                       "students and the fp32 copies their training or timing may take) but this host has %.1f GiB",
+                       need, host[0].mem_gib);
     return 0;
 }
 
@@ -251,13 +251,17 @@ static int stage_search(job_state *s, ac_err *e) {
 /* Slice the base model to each arm's architecture (keeping the most
  * important channels by that arm's importance), then, when the spec asks,
  * refit the pruned FFN down projections of both arms in one layer-streamed
- * pass (ac_repair_ffn_many: one layer's FFN Gram in memory at a time). */
+ * pass (ac_repair_ffn_many: one layer's FFN Gram in memory at a time).
+ * The students are BF16 (ac_prune_bf16: half an fp32 student's memory),
+ * rounded as the export writes them, so evaluate measures the weights the
+ * job exports; the distill stage trains each on an fp32 copy. */
 static int stage_prune(job_state *s, ac_err *e) {
     ac_importance mimp; /* Minitron prunes by its own importance */
     ac_minitron_importance_view(&s->imp, &mimp);
     const ac_importance *ia = s->imp_d.n_layers ? &s->imp_d : &s->imp; /* dnas: gate-score orders */
     int arms = s->chosen == &s->ra ? 2 : 1;
-    if (ac_prune(&s->m, &s->rm.arch, &mimp, &s->pm, e) || (arms == 2 && ac_prune(&s->m, &s->ra.arch, ia, &s->pa, e)))
+    if (ac_prune_bf16(&s->m, &s->rm.arch, &mimp, &s->pm, e) ||
+        (arms == 2 && ac_prune_bf16(&s->m, &s->ra.arch, ia, &s->pa, e)))
         return -1;
     progress_cb(s, "pruned", 0.25);
     if (s->spec->repair) {
@@ -345,7 +349,8 @@ static int stage_evaluate(job_state *s, ac_err *e) {
     /* The weight dtype of the timings on this CPU, and of the CPU table
      * that predicts them: a CPU target's (its profile's, stage_load); else
      * the checkpoint's, BF16 for a BF16 one (the base timed on its mapping,
-     * the students on BF16 copies, as the export writes them), else fp32. */
+     * the students as they are: BF16, as the export writes them), else
+     * fp32. */
     const char *ldt = is_cpu ? s->table_dtype : ac_model_wdt(&s->m) == ST_BF16 ? "bf16" : "fp32";
     ac_cost_table cpu = {0};
     if (!is_cpu) {
@@ -355,9 +360,8 @@ static int stage_evaluate(job_state *s, ac_err *e) {
         ac_cost_cache_lookup(s->ctx->cache, key, &cpu, &found, &e2);
     }
     /* Minitron is timed first when it is not the result (the comparison,
-     * same capped workload; turned to BF16 in place for BF16 timings) and
-     * then freed: the result's timing may take a copy of it (BF16, half its
-     * size) or of the base (fp32 timings of a resident base) in the timings'
+     * same capped workload) and then freed: the result's timing may take an
+     * fp32 copy of it or of a resident base (fp32 timings) in the timings'
      * dtype (ac_measure_latency_in), which then sits beside the mapping and
      * the result only, as check_host_memory plans. */
     const ac_cost_table *ct = found ? (is_cpu ? &s->table : &cpu) : NULL; /* the CPU table, if any */
@@ -377,8 +381,9 @@ static int stage_evaluate(job_state *s, ac_err *e) {
     json_t *again = NULL; /* the one entry of table_measured_again */
     double then = 0, now = 0;
     int state = ct ? table_state(ct, &then, &now) : 0;
-    if (state && measure_cpu_again(s, state > 0 ? "this CPU runs quicker than when its cost table was measured"
-                                                : "this CPU runs slower than when its cost table was measured",
+    if (state && measure_cpu_again(s,
+                                   state > 0 ? "this CPU runs quicker than when its cost table was measured"
+                                             : "this CPU runs slower than when its cost table was measured",
                                    ldt, then, now, ct->ref_us, &fresh) == 0) {
         again = again_json(state > 0 ? "table_slower" : "table_quicker", "before_timing", then, now, fresh.ref_us);
         ct = &fresh;
@@ -387,9 +392,7 @@ static int stage_evaluate(job_state *s, ac_err *e) {
     double mtt = 0, mtp = 0, ref = ct ? ct->ref_us : 0;
     int minitron_timed = 0;
     if (s->chosen == &s->ra) {
-        /* in BF16 in place (freed next): no copy beside both students */
-        minitron_timed = (strcmp(ldt, "bf16") || ac_model_make_bf16(&s->pm, e) == 0) &&
-                         ac_measure_latency_in(&s->pm, ldt, s->hids, s->nh, &lw, ref, &mtt, &mtp, NULL, e) == 0;
+        minitron_timed = ac_measure_latency_in(&s->pm, ldt, s->hids, s->nh, &lw, ref, &mtt, &mtp, NULL, e) == 0;
         ac_model_free(&s->pm);
     }
     ac_local_timing lt;
