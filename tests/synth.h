@@ -52,7 +52,7 @@ static inline int ck_load_tiny(ac_model *m, int **ids, size_t *n, size_t max_ids
 
 /* b (BF16 matrices) is src32 (fp32) rounded to nearest even, matrix for
  * matrix (tied heads tied in both, removed parts removed in both), with
- * the same norms (fp32). */
+ * the same norms and biases (fp32). */
 static inline int bf16_matches(const ac_model *b, const ac_model *src32) {
     size_t V = (size_t)b->a.vocab * b->a.hidden;
     const uint16_t *be = (const uint16_t *)b->embed;
@@ -73,10 +73,14 @@ static inline int bf16_matches(const ac_model *b, const ac_model *src32) {
             for (size_t i = 0; ok && i < k; i++) ok = p[i] == ac_f32_to_bf16(q[i]);
         }
     for (int l = 0; ok && l < b->a.n_layers; l++) {
-        const float *n1[2] = {b->L[l].in_norm, b->L[l].post_norm},
-                    *n2[2] = {src32->L[l].in_norm, src32->L[l].post_norm};
-        for (int i = 0; i < 2 && ok; i++)
-            ok = n1[i] && n2[i] ? !memcmp(n1[i], n2[i], (size_t)b->a.hidden * 4) : !n1[i] && !n2[i];
+        const ac_layer_arch *la = &b->a.layers[l];
+        size_t H = b->a.hidden, Q = (size_t)la->n_heads * b->a.head_dim, KV = (size_t)la->n_kv_heads * b->a.head_dim;
+        const float *v1[5] = {b->L[l].in_norm, b->L[l].post_norm, b->L[l].bq, b->L[l].bk, b->L[l].bv},
+                    *v2[5] = {src32->L[l].in_norm, src32->L[l].post_norm, src32->L[l].bq, src32->L[l].bk,
+                              src32->L[l].bv};
+        size_t nv[5] = {H, H, Q, KV, KV};
+        for (int i = 0; i < 5 && ok; i++)
+            ok = v1[i] && v2[i] ? !memcmp(v1[i], v2[i], nv[i] * 4) : !v1[i] && !v2[i];
     }
     return ok;
 }

@@ -666,11 +666,12 @@ static void test_repair_many(void) {
     }
     /* BF16 students (a job's, ac_prune_bf16) repaired together: the fp32
      * arms' repair rounded to BF16 */
-    ac_model h1, h2;
-    CHECK(ac_prune_bf16(&m, &t1, &imp, &h1, &e) == 0 && ac_prune_bf16(&m, &t2, &mimp, &h2, &e) == 0, "%s", e.msg);
+    ac_model h1 = {0}, h2 = {0};
+    int ok16 = ac_prune_bf16(&m, &t1, &imp, &h1, &e) == 0 && ac_prune_bf16(&m, &t2, &mimp, &h2, &e) == 0;
+    CHECK(ok16, "%s", e.msg);
     ac_model *dh[2] = {&h1, &h2};
     int reph[2] = {-1, -1};
-    CHECK(ac_repair_ffn_many(&m, dh, im, 2, ids, n, 64, 16, reph, &e) == 0, "%s", e.msg);
+    CHECK(ok16 && ac_repair_ffn_many(&m, dh, im, 2, ids, n, 64, 16, reph, &e) == 0, "%s", e.msg);
     CHECK(reph[0] == L && reph[1] == L - 2 && bf16_matches(&h1, &a1) && bf16_matches(&h2, &a2),
           "BF16 arms' repair is the fp32 one's rounded (repaired %d %d)", reph[0], reph[1]);
     ac_model_free(&h1);

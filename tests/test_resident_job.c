@@ -175,9 +175,41 @@ static int engine_logits(const ac_model *m, float *out) {
     return rc;
 }
 
-/* Both conversions on a tied-embedding model with a layer without
- * attention and one without FFN (ac_model_alloc'd, values off the BF16
- * grid): the same rounding, lm_head still embed, removed parts NULL. */
+/* Unit orders for a's every layer and the hidden channels, none the
+ * identity: hidden (7c + 3) mod H and FFN (5c + 1) mod F (H and F prime to
+ * 7 and 5), KV groups and query heads reversed. test_orders_free frees
+ * them. */
+static void test_orders(const ac_arch *a, ac_importance *imp) {
+    memset(imp, 0, sizeof *imp);
+    int L = a->n_layers, H = a->hidden;
+    imp->kv_order = calloc(L, sizeof *imp->kv_order);
+    imp->head_order = calloc(L, sizeof *imp->head_order);
+    imp->ffn_order = calloc(L, sizeof *imp->ffn_order);
+    imp->hid_order = malloc(sizeof(int) * H);
+    for (int c = 0; c < H; c++) imp->hid_order[c] = (c * 7 + 3) % H;
+    for (int l = 0; l < L; l++) {
+        const ac_layer_arch *la = &a->layers[l];
+        imp->kv_order[l] = malloc(sizeof(int) * (la->n_kv_heads + 1));
+        imp->head_order[l] = malloc(sizeof(int) * (la->n_heads + 1));
+        imp->ffn_order[l] = malloc(sizeof(int) * (la->ffn + 1));
+        for (int g = 0; g < la->n_kv_heads; g++) imp->kv_order[l][g] = la->n_kv_heads - 1 - g;
+        for (int h = 0; h < la->n_heads; h++) imp->head_order[l][h] = la->n_heads - 1 - h;
+        for (int c = 0; c < la->ffn; c++) imp->ffn_order[l][c] = (c * 5 + 1) % la->ffn;
+    }
+}
+
+static void test_orders_free(const ac_arch *a, ac_importance *imp) {
+    for (int l = 0; l < a->n_layers; l++) free(imp->kv_order[l]), free(imp->head_order[l]), free(imp->ffn_order[l]);
+    free(imp->kv_order), free(imp->head_order), free(imp->ffn_order), free(imp->hid_order);
+}
+
+/* Both conversions on a tied-embedding model with qkv biases, a layer
+ * without attention and one without FFN (ac_model_alloc'd, values off the
+ * BF16 grid): the same rounding, lm_head still embed, removed parts NULL;
+ * and ac_prune_bf16 of it (a KV merge with the FFN widened past the
+ * source's, as on the deci grid; an FFN-only layer narrowed; KV groups cut
+ * in the attention-only layer; the hidden width cut) is ac_prune's student
+ * rounded, biases and ties included. */
 static void tied_and_removed(void) {
     ac_layer_arch la[3] = {{4, 2, 96}, {0, 0, 96}, {4, 2, 0}};
     ac_arch a = {.model_type = "llama",
@@ -189,6 +221,7 @@ static void tied_and_removed(void) {
                  .eps = 1e-5f,
                  .rope_theta = 10000,
                  .tie_embeddings = 1,
+                 .qkv_bias = 1,
                  .bos_id = -1,
                  .eos_id = -1,
                  .layers = la};
@@ -212,6 +245,10 @@ static void tied_and_removed(void) {
         float *nv[2] = {f.L[l].in_norm, f.L[l].post_norm};
         for (int i = 0; i < 2; i++)
             for (int h = 0; nv[i] && h < a.hidden; h++) nv[i][h] = 1.0f + 0.01f * h;
+        float *bv[3] = {f.L[l].bq, f.L[l].bk, f.L[l].bv};
+        int bn[3] = {la[l].n_heads * a.head_dim, la[l].n_kv_heads * a.head_dim, la[l].n_kv_heads * a.head_dim};
+        for (int i = 0; i < 3; i++)
+            for (int h = 0; bv[i] && h < bn[i]; h++) bv[i][h] = 0.001f * (h + 10 * i) - 0.01f;
     }
     for (int m = 0; m < nm; m++)
         for (size_t i = 0; i < ns[m]; i++) {
@@ -228,6 +265,27 @@ static void tied_and_removed(void) {
     CHECK(!memcmp(g.embed, b.embed, (size_t)a.vocab * a.hidden * 2), "in place equals the copy");
     ac_model_free(&g);
     ac_model_free(&b);
+    /* pruned: fp32 and BF16 students */
+    ac_importance imp;
+    test_orders(&a, &imp);
+    ac_layer_arch tl[3] = {{4, 1, 128}, {0, 0, 64}, {2, 1, 0}};
+    ac_arch t = a;
+    t.hidden = 48;
+    t.layers = tl;
+    ac_model p32 = {0}, p16 = {0};
+    int ok = ac_prune(&f, &t, &imp, &p32, &e) == 0 && ac_prune_bf16(&f, &t, &imp, &p16, &e) == 0;
+    CHECK(ok, "%s", e.msg);
+    CHECK(ok && bf16_matches(&p16, &p32) && p16.lm_head == p16.embed && p16.L[0].bk && !p16.L[1].wq && !p16.L[2].wg,
+          "ac_prune_bf16 of the tied, biased model is ac_prune's student rounded");
+    /* the widened FFN's extra gate rows are zero, as in the fp32 student */
+    size_t ng;
+    const uint16_t *wg = (const uint16_t *)ac_layer_matrix(&p16, 0, AC_W_G, &ng);
+    int zero = ok && ng == (size_t)128 * 48;
+    for (size_t i = (size_t)96 * 48; zero && i < ng; i++) zero = wg[i] == 0;
+    CHECK(zero, "widened FFN: rows past the source's are zero");
+    ac_model_free(&p32);
+    ac_model_free(&p16);
+    test_orders_free(&a, &imp);
     ac_model_free(&f);
 }
 
@@ -448,22 +506,8 @@ static void test_prune_from_mapping(void) {
     }
     const ac_arch *a = &f.a;
     ac_importance imp;
-    memset(&imp, 0, sizeof imp);
+    test_orders(a, &imp);
     int L = a->n_layers, H = a->hidden;
-    imp.kv_order = calloc(L, sizeof *imp.kv_order);
-    imp.head_order = calloc(L, sizeof *imp.head_order);
-    imp.ffn_order = calloc(L, sizeof *imp.ffn_order);
-    imp.hid_order = malloc(sizeof(int) * H);
-    for (int c = 0; c < H; c++) imp.hid_order[c] = (c * 7 + 3) % H; /* H is not a multiple of 7 in the tiny model */
-    for (int l = 0; l < L; l++) {
-        const ac_layer_arch *la = &a->layers[l];
-        imp.kv_order[l] = malloc(sizeof(int) * la->n_kv_heads);
-        imp.head_order[l] = malloc(sizeof(int) * la->n_heads);
-        imp.ffn_order[l] = malloc(sizeof(int) * la->ffn);
-        for (int g = 0; g < la->n_kv_heads; g++) imp.kv_order[l][g] = la->n_kv_heads - 1 - g;
-        for (int h = 0; h < la->n_heads; h++) imp.head_order[l][h] = la->n_heads - 1 - h;
-        for (int c = 0; c < la->ffn; c++) imp.ffn_order[l][c] = (c * 5 + 1) % la->ffn;
-    }
     ac_arch t;
     CHECK(ac_arch_copy(&t, a, &e) == 0, "%s", e.msg);
     t.hidden = H - H / 4;
@@ -494,17 +538,17 @@ static void test_prune_from_mapping(void) {
             }
         CHECK(same, "pruned from the mapping == pruned from the fp32 load");
         /* BF16 students (a job's): pf rounded, from the mapping and from the fp32 load */
-        ac_model br, bf;
-        CHECK(ac_prune_bf16(&r, &t, &imp, &br, &e) == 0 && ac_prune_bf16(&f, &t, &imp, &bf, &e) == 0, "%s", e.msg);
-        CHECK(bf16_matches(&br, &pf) && bf16_matches(&bf, &pf), "ac_prune_bf16 is ac_prune rounded to BF16");
+        ac_model br = {0}, bf = {0};
+        int ok16 = ac_prune_bf16(&r, &t, &imp, &br, &e) == 0 && ac_prune_bf16(&f, &t, &imp, &bf, &e) == 0;
+        CHECK(ok16, "%s", e.msg);
+        CHECK(ok16 && bf16_matches(&br, &pf) && bf16_matches(&bf, &pf), "ac_prune_bf16 is ac_prune rounded to BF16");
         ac_model_free(&br);
         ac_model_free(&bf);
         ac_model_free(&pr);
         ac_model_free(&pf);
     }
     ac_arch_free(&t);
-    for (int l = 0; l < L; l++) free(imp.kv_order[l]), free(imp.head_order[l]), free(imp.ffn_order[l]);
-    free(imp.kv_order), free(imp.head_order), free(imp.ffn_order), free(imp.hid_order);
+    test_orders_free(a, &imp);
     ac_model_free(&r);
     ac_model_free(&f);
 }

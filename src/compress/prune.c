@@ -219,22 +219,27 @@ static int prune_layer(const ac_model *src, const ac_arch *t, const ac_importanc
 }
 
 /* Embeddings, final norm and (untied) LM head, then every layer: into
- * dst's own fp32 matrices; or, for a BF16 dst, each matrix gathered in fp32
- * into a buffer of its own and rounded into dst (one matrix, or one layer's
- * matrices, in fp32 at a time). */
+ * dst's own fp32 matrices; or, for a BF16 dst, gathered in fp32 and rounded
+ * into dst: the embedding and LM head a row at a time, each layer's
+ * matrices in fp32 buffers of their own (one layer in fp32 at a time). */
 static int prune_layers(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, const int *hk,
                         float *row, double *acc, ac_err *e) {
     const ac_arch *a = &src->a;
     int H = a->hidden, Ht = t->hidden, V = a->vocab, wdt = ac_model_wdt(src), bf16 = ac_model_wdt(dst) == ST_BF16;
-    size_t nv = (size_t)V * Ht;
-    float *tmp = bf16 ? malloc(sizeof(float) * nv) : NULL;
-    if (bf16 && !tmp) return ac_errf(e, "out of memory for a %d x %d matrix", V, Ht);
+    float *tmp = bf16 ? malloc(sizeof(float) * Ht) : NULL;
+    if (bf16 && !tmp) return ac_errf(e, "out of memory");
     float *heads[2] = {dst->embed, t->tie_embeddings ? NULL : dst->lm_head};
     const float *srcs[2] = {src->embed, src->lm_head};
     for (int i = 0; i < 2; i++) {
         if (!heads[i]) continue;
-        gather(bf16 ? tmp : heads[i], srcs[i], wdt, H, NULL, V, hk, Ht, row);
-        if (bf16) ac_from_f32(heads[i], tmp, ST_BF16, nv, NULL);
+        if (!bf16) {
+            gather(heads[i], srcs[i], wdt, H, NULL, V, hk, Ht, row);
+            continue;
+        }
+        for (int r = 0; r < V; r++) {
+            gather(tmp, srcs[i], wdt, H, &r, 1, hk, Ht, row);
+            ac_from_f32((uint16_t *)heads[i] + (size_t)r * Ht, tmp, ST_BF16, Ht, NULL);
+        }
     }
     free(tmp);
     gather(dst->final_norm, src->final_norm, ST_F32, H, NULL, 1, hk, Ht, row);

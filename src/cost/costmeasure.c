@@ -112,9 +112,13 @@ void ac_cost_cpu_key(int threads, const char *dtype, char *key, size_t n, char *
      * reference probe (quiet.h; "q" had a 128 x 512 x 512 one, whose
      * microseconds cannot be compared with it). Cached ones without them are
      * measured again rather than used with the older decode model or another
-     * probe's reference. */
-    snprintf(key, n, "%s|%s|autocompress-cpu|v%d-kvq2", dev, dtype && !strcmp(dtype, "bf16") ? "bf16" : "fp32",
-             AC_CT_VERSION);
+     * probe's reference. BF16 tables add "-t24": measured since the BF16
+     * GEMM kernels start a thread per 2^24 multiply-adds at most
+     * (ac_kthreads_gemm), which made small prefill GEMMs about twice as
+     * quick; older BF16 tables are measured again. */
+    int bf16 = dtype && !strcmp(dtype, "bf16");
+    snprintf(key, n, "%s|%s|autocompress-cpu|v%d-kvq2%s", dev, bf16 ? "bf16" : "fp32", AC_CT_VERSION,
+             bf16 ? "-t24" : "");
 }
 
 /* The probes' 4-layer architecture of hidden width H (head_dim 64, FFN

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "safetensors.h"
+
 int ac_deci_loader_ffn(double ffn_mult, int hidden) {
     /* int(2 * ffn_mult * n_embd / 3), evaluated left to right in doubles as
      * Python does, then _find_multiple(n, 256) */
@@ -256,6 +258,7 @@ int ac_deci_pad_arch(const ac_arch *req, ac_arch *out, ac_err *e) {
 }
 
 int ac_deci_pad_model(ac_model *m, ac_err *e) {
+    if (ac_model_wdt(m) != ST_F32 || m->wmap) return ac_errf(e, "deci padding: an owned fp32 model only");
     size_t H = m->a.hidden;
     for (int l = 0; l < m->a.n_layers; l++) {
         ac_layer_w *w = &m->L[l];

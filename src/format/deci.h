@@ -65,7 +65,8 @@ int ac_deci_validate_model(int deci, int minitron, const char *model_dir, const 
  * that is off the grid is padded up to it. */
 int ac_deci_pad_arch(const ac_arch *req, ac_arch *out, ac_err *e);
 /* Zero-pad every off-grid FFN of m in place (gate/up rows, down columns) up
- * to the grid: the model computes exactly the same function. */
+ * to the grid: the model computes exactly the same function. An owned fp32
+ * model only (ac_prune's); others are refused. */
 int ac_deci_pad_model(ac_model *m, ac_err *e);
 
 #endif

@@ -81,7 +81,8 @@ typedef struct {
      * (ac_model_to_bf16, ac_model_make_bf16).
      * Norms and biases are always fp32. */
     int wdt;
-    int wown;   /* 16-bit matrices owned by the model (ac_model_to_bf16), in no mapping */
+    int wown;   /* 16-bit matrices owned by the model (ac_model_to_bf16, ac_model_make_bf16,
+                 * ac_model_alloc_bf16), in no mapping */
     void *wmap; /* the st_set kept mapped (resident models), owned */
 } ac_model;
 

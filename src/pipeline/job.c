@@ -53,12 +53,13 @@ static void search_emit(void *ud, json_t *ev) {
 /* ---------------------------------------------------------------- 1 load */
 
 /* Pre-flight: the CPU engine holds the weights resident in their file dtype
- * (ac_model_load_resident, 2 bytes per parameter when 16-bit) plus at most
- * 8 bytes per parameter more: the two pruned students (BF16, each at most
- * the base's size) and at most one fp32 copy (distill's master weights of
- * one student; in evaluate a resident base's fp32 timing copy, or the
- * result's; Minitron is freed first). The CPU DNAS gate search adds none
- * (its trainer reads the
+ * (ac_model_load_resident, 2 bytes per parameter when 16-bit) plus the two
+ * pruned students (BF16, each at most the base's size) and at most one
+ * fp32 copy (in evaluate a resident base's fp32 timing copy, or the
+ * result's; Minitron is freed first): about 10 bytes per parameter.
+ * Distillation (one student's fp32 weights, gradients and AdamW moments)
+ * checks its own memory (distill.c). The CPU DNAS gate search holds no
+ * weights of its own (its trainer reads the
  * resident weights one layer at a time; activations are checked by dnas.c),
  * nor does the CUDA one (the plugin converts each tensor on the device);
  * calibration's engine method and the Minitron search on a GPU hold one
@@ -75,7 +76,7 @@ static int check_host_memory(const char *model_dir, ac_err *e) {
     if (host[0].mem_gib > 0 && need > 0.9 * host[0].mem_gib)
         return ac_errf(e,
                        "the model needs about %.1f GiB of host memory (10 bytes per parameter: its weights, two pruned "
-                       "students and the fp32 copies their training or timing may take) but this host has %.1f GiB",
+                       "students and an fp32 timing copy) but this host has %.1f GiB",
                        need, host[0].mem_gib);
     return 0;
 }
