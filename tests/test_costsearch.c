@@ -100,8 +100,9 @@ static void test_gradients_match_finite_differences(void) {
 
 /* CPU decode bands: a decode step costs the warm tables plus the bytes it
  * streams (weights once, the KV cache read) times the band's cost per MiB
- * at that working set (constant beyond the bands, log-linear between);
- * prefill does not change; the bands survive a JSON round trip. */
+ * at that working set (constant beyond the bands, log-linear between),
+ * never less than half the warm part; prefill does not change; the bands
+ * survive a JSON round trip. */
 static void test_decode_bands(void) {
     ac_cost_table t;
     synth_table(&t);
@@ -158,6 +159,12 @@ static void test_decode_bands(void) {
            x2 = ac_cost_decode_bytes(&c, &p, 2, 17.5) / 1048576.0 * 70 / 1e3;
     CHECK(fabs(b4.tpot_ms - warm4.tpot_ms - x4) < 1e-9, "batch 4: %g vs %g + %g", b4.tpot_ms, warm4.tpot_ms, x4);
     CHECK(fabs(b2.tpot_ms - warm2.tpot_ms - x2) < 1e-9, "batch 2: %g vs %g + %g", b2.tpot_ms, warm2.tpot_ms, x2);
+    /* a negative band never takes a step below half its warm part */
+    t.dec_us_mib4[0] = t.dec_us_mib4[1] = -1e6;
+    ac_cost_predict(&t, &c, &w4, &p, 0, &b4);
+    CHECK(fabs(b4.tpot_ms - 0.5 * warm4.tpot_ms) < 1e-12 * warm4.tpot_ms, "floor: %g vs half of %g", b4.tpot_ms,
+          warm4.tpot_ms);
+    t.dec_us_mib4[0] = t.dec_us_mib4[1] = 90;
     t.dec_b4 = 0;
     t.dec_ws[0] = BYTES(17.5) / 2;
     t.dec_ws[1] = BYTES(17.5) * 2;

@@ -153,10 +153,16 @@ static double step_us(const ac_cost_table *t, const ac_carch *c, const ac_engine
                       double pos0, double fw) {
     if (nq == 1 && t->ndec > 0 && !t->roofline) {
         double bytes = ac_cost_decode_bytes(c, p, B, pos0 + 1), wbytes = ac_cost_decode_bytes(c, p, B, 0),
-               rate = decode_us_mib(t, bytes, B, probe_ws4(c, bytes)), kv_rate = t->dec_kv ? band_interp(t, t->dec_kv_us_mib, bytes) : rate;
-        double us =
-            forward_us(t, c, p, B, 1, pos0, 1, 1) + wbytes / 1048576.0 * rate + (bytes - wbytes) / 1048576.0 * kv_rate;
-        return us > 0 ? us : 0;
+               rate = decode_us_mib(t, bytes, B, probe_ws4(c, bytes)),
+               kv_rate = t->dec_kv ? band_interp(t, t->dec_kv_us_mib, bytes) : rate;
+        double warm = forward_us(t, c, p, B, 1, pos0, 1, 1),
+               us = warm + wbytes / 1048576.0 * rate + (bytes - wbytes) / 1048576.0 * kv_rate;
+        /* a band's rate may be negative down to half its probe's warm
+         * prediction (costmeasure.c); applied to more bytes than the
+         * probe's, it could take more: a step is at least half its warm
+         * part (a BF16 table whose batch-4 band sat at that floor once
+         * predicted a 6-layer model's step at 0.11 ms where it took 0.67) */
+        return us > 0.5 * warm ? us : 0.5 * warm;
     }
     return fw * forward_us(t, c, p, B, nq, pos0, 1, 1) + (1 - fw) * forward_us(t, c, p, B, nq, pos0, 1, 0);
 }
