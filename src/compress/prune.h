@@ -17,7 +17,8 @@ int ac_prune(const ac_model *src, const ac_arch *target, const ac_importance *im
  * matrix gathered in fp32 as ac_prune does, then rounded to nearest even,
  * so it is bit for bit ac_model_to_bf16 of ac_prune's student (and what
  * ac_model_save's BF16 export of that writes); never more than one layer's
- * matrices (or the V x H embedding) in fp32 beside it. A job's students
+ * matrices in fp32 beside it (the embedding and LM head go a row at a
+ * time). A job's students
  * (pipeline/job.c): half the memory of fp32 ones, and the weights its
  * report measures are the ones it exports. */
 int ac_prune_bf16(const ac_model *src, const ac_arch *target, const ac_importance *imp, ac_model *dst, ac_err *e);
