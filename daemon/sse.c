@@ -177,6 +177,10 @@ static void free_sub(void *cls) {
         }
     h->count--;
     if (!s->gone && s->fd >= 0) epoll_ctl(h->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+    /* the connection ended before its stream did (not finished, dropped or
+     * shut down): its client went away, and MHD noticed first (a write
+     * failed) rather than the watcher */
+    if (!s->gone && !s->done && !s->dropped && !h->closing) h->hangups++;
     pthread_mutex_unlock(&h->mu);
     free(s->buf);
     free(s);
@@ -228,6 +232,7 @@ struct MHD_Response *sse_open(sse_hub *h, db *d, struct MHD_Connection *c, long 
     pthread_mutex_unlock(&h->mu);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, reader, s, free_sub);
     if (!r) {
+        s->done = 1; /* not a hang-up */
         free_sub(s);
         return NULL;
     }

@@ -43,7 +43,9 @@ void sse_keepalive(sse_hub *h);
 /* Close every stream (before MHD_stop_daemon). */
 void sse_shutdown(sse_hub *h);
 int sse_count(sse_hub *h);
-/* Streams ended because their client hung up (seen by the watcher). */
+/* Streams ended because their client hung up: seen by the watcher, or by
+ * libmicrohttpd first (a write failed, the stream neither finished,
+ * dropped nor shut down). */
 long sse_hangups(sse_hub *h);
 
 #endif
