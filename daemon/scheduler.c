@@ -36,6 +36,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "api.h"
 #include "costcache.h"
 #include "costmodel.h"
 #include "daemon.h"
@@ -683,7 +684,6 @@ static void run_measurements(scheduler *s) {
 int sched_measure(ac_daemon *d, const json_t *req, const char *key, long *id, char *why, size_t n) {
     scheduler *s = d->sched;
     int active = 0, rc = 0;
-    json_t *th = json_object_get(req, "threads"), *dt = json_object_get(req, "dtype");
     pthread_mutex_lock(&s->mu);
     for (measure *m = s->measures; m; m = m->next) {
         int live = m->state == JOB_QUEUED || m->state == JOB_RUNNING;
@@ -706,8 +706,8 @@ int sched_measure(ac_daemon *d, const json_t *req, const char *key, long *id, ch
         m->s = s;
         m->id = ++s->next_measure;
         snprintf(m->key, sizeof m->key, "%s", key);
-        m->threads = th ? (int)json_integer_value(th) : 2;
-        snprintf(m->dtype, sizeof m->dtype, "%s", dt && json_is_string(dt) ? json_string_value(dt) : "fp32");
+        m->threads = ac_cost_measure_threads(req);
+        snprintf(m->dtype, sizeof m->dtype, "%s", ac_cost_measure_dtype(req));
         m->state = JOB_QUEUED;
         m->queued_at = ac_now();
         m->next = s->measures;

@@ -211,24 +211,20 @@ static void test_orders_free(const ac_arch *a, ac_importance *imp) {
  * in the attention-only layer; the hidden width cut) is ac_prune's student
  * rounded, biases and ties included. */
 static void tied_and_removed(void) {
-    ac_layer_arch la[3] = {{4, 2, 96}, {0, 0, 96}, {4, 2, 0}};
-    ac_arch a = {.model_type = "llama",
-                 .vocab = 100,
-                 .hidden = 64,
-                 .head_dim = 16,
-                 .n_layers = 3,
-                 .max_pos = 64,
-                 .eps = 1e-5f,
-                 .rope_theta = 10000,
-                 .tie_embeddings = 1,
-                 .qkv_bias = 1,
-                 .bos_id = -1,
-                 .eos_id = -1,
-                 .layers = la};
+    ac_arch a = mk_arch(3, 64, 16, 4, 2, 96, 100);
+    ac_layer_arch *la = a.layers;
     ac_model f, b;
     ac_err e;
+    if (!la) {
+        CHECK(0, "out of memory");
+        return;
+    }
+    la[1] = (ac_layer_arch){0, 0, 96}; /* no attention */
+    la[2] = (ac_layer_arch){4, 2, 0};  /* no FFN */
+    a.tie_embeddings = a.qkv_bias = 1;
     if (ac_model_alloc(&f, &a, &e)) {
         CHECK(0, "%s", e.msg);
+        ac_arch_free(&a);
         return;
     }
     unsigned k = 5;
@@ -287,6 +283,7 @@ static void tied_and_removed(void) {
     ac_model_free(&p16);
     test_orders_free(&a, &imp);
     ac_model_free(&f);
+    ac_arch_free(&a);
 }
 
 /* ac_model_to_bf16 (the timings in the BF16 CPU table's dtype, measure.c):

@@ -18,7 +18,8 @@ int ac_cost_measure_validate(const json_t *req, const char **field, ac_err *e) {
             return ac_errf(e, "measure: unknown field %s", k);
         }
     }
-    json_t *d = json_object_get(req, "device"), *th = json_object_get(req, "threads"), *dt = json_object_get(req, "dtype");
+    json_t *d = json_object_get(req, "device"), *th = json_object_get(req, "threads"),
+           *dt = json_object_get(req, "dtype");
     *field = "measure.device";
     if (!json_is_string(d) || strcmp(json_string_value(d), "cpu"))
         return ac_errf(e, "measure.device must be \"cpu\" (CUDA tables are measured by the CUDA backend)");
@@ -31,21 +32,23 @@ int ac_cost_measure_validate(const json_t *req, const char **field, ac_err *e) {
     return 0;
 }
 
-/* The measurement's weight dtype (validated): fp32 unless given. */
-static const char *measure_dtype(const json_t *req) {
+int ac_cost_measure_threads(const json_t *req) {
+    json_t *th = json_object_get(req, "threads");
+    return json_is_integer(th) ? (int)json_integer_value(th) : 2;
+}
+
+const char *ac_cost_measure_dtype(const json_t *req) {
     json_t *dt = json_object_get(req, "dtype");
-    return dt ? json_string_value(dt) : "fp32";
+    return json_is_string(dt) ? json_string_value(dt) : "fp32";
 }
 
 void ac_cost_measure_key(const json_t *req, char *key, size_t n) {
-    json_t *th = json_object_get(req, "threads");
-    ac_cost_cpu_key(th ? (int)json_integer_value(th) : 2, measure_dtype(req), key, n, NULL, 0);
+    ac_cost_cpu_key(ac_cost_measure_threads(req), ac_cost_measure_dtype(req), key, n, NULL, 0);
 }
 
 int ac_cost_measure_json(const json_t *req, json_t **table, ac_err *e) {
-    json_t *th = json_object_get(req, "threads");
     ac_cost_table t;
-    if (ac_cost_measure_cpu(th ? (int)json_integer_value(th) : 2, measure_dtype(req), NULL, NULL, &t, e)) return -1;
+    if (ac_cost_measure_cpu(ac_cost_measure_threads(req), ac_cost_measure_dtype(req), NULL, NULL, &t, e)) return -1;
     *table = ac_cost_table_to_json(&t);
     ac_cost_table_free(&t);
     return 0;

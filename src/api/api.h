@@ -18,8 +18,12 @@
  * offending field on failure. */
 int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, json_t **out, const char **field, ac_err *e);
 
-/* {"device":"cpu","threads":N} -> validate / table key / measure. */
+/* {"device":"cpu","threads":N,"dtype":"fp32"|"bf16"} -> validate / the
+ * threads (2 unless given) / the weights' dtype (fp32 unless given) /
+ * table key / measure. */
 int ac_cost_measure_validate(const json_t *req, const char **field, ac_err *e);
+int ac_cost_measure_threads(const json_t *req);
+const char *ac_cost_measure_dtype(const json_t *req);
 void ac_cost_measure_key(const json_t *req, char *key, size_t n);
 int ac_cost_measure_json(const json_t *req, json_t **table, ac_err *e);
 

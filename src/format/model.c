@@ -420,40 +420,21 @@ static void layer_slots(const ac_arch *a, int l, ac_layer_w *w, float **ps[7], s
     memcpy(n, c, sizeof c);
 }
 
-/* d[n] = BF16 of a matrix of n values stored in wdt: copied from BF16,
- * rounded to nearest even from fp32, widened then rounded from F16. */
-static void bf16_fill(uint16_t *d, const void *src, int wdt, size_t n) {
-    if (wdt == ST_BF16) {
-        memcpy(d, src, n * 2);
-        return;
-    }
-    float buf[1024];
-    for (size_t i = 0; i < n; i += 1024) {
-        size_t k = n - i < 1024 ? n - i : 1024;
-        const float *f = buf;
-        if (wdt == ST_F16)
-            ac_to_f32(buf, (const uint16_t *)src + i, ST_F16, k, NULL);
-        else
-            f = (const float *)src + i;
-        for (size_t j = 0; j < k; j++) d[i + j] = ac_f32_to_bf16(f[j]);
-    }
-}
-
 static int model_alloc(ac_model *m, const ac_arch *a, int bf16, ac_err *e);
 
 /* A whole copy of src with its matrices in fp32 or (bf16) BF16, owned by
- * dst (allocated in that dtype: no fp32 buffers for a BF16 copy); norms and
- * biases fp32. */
+ * dst (allocated in that dtype: no fp32 buffers for a BF16 copy; BF16
+ * copied, fp32 rounded to nearest even, F16 widened then rounded:
+ * ac_convert); norms and biases fp32. */
 static int model_copy(const ac_model *src, ac_model *dst, int bf16, ac_err *e) {
     const ac_arch *a = &src->a;
     if (model_alloc(dst, a, bf16, e)) return -1;
     size_t H = a->hidden, V = a->vocab;
-    int wdt = ac_model_wdt(src);
+    st_dtype wdt = (st_dtype)ac_model_wdt(src), ddt = bf16 ? ST_BF16 : ST_F32;
     const void *sm[2] = {src->embed, a->tie_embeddings ? NULL : src->lm_head};
     void *dm[2] = {dst->embed, dst->lm_head};
     for (int i = 0; i < 2; i++)
-        if (sm[i])
-            bf16 ? bf16_fill(dm[i], sm[i], wdt, V * H) : (void)ac_to_f32(dm[i], sm[i], (st_dtype)wdt, V * H, NULL);
+        if (sm[i]) ac_convert(dm[i], ddt, sm[i], wdt, V * H, NULL);
     memcpy(dst->final_norm, src->final_norm, H * sizeof(float));
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
@@ -464,9 +445,7 @@ static int model_copy(const ac_model *src, ac_model *dst, int bf16, ac_err *e) {
         layer_slots(a, l, s, ps, n);
         layer_slots(a, l, d, pd, n);
         for (int i = 0; i < 7; i++)
-            if (*ps[i] && *pd[i] && n[i])
-                bf16 ? bf16_fill((uint16_t *)*pd[i], *ps[i], wdt, n[i])
-                     : (void)ac_to_f32(*pd[i], *ps[i], (st_dtype)wdt, n[i], NULL);
+            if (*ps[i] && *pd[i] && n[i]) ac_convert(*pd[i], ddt, *ps[i], wdt, n[i], NULL);
         const float *sv[5] = {s->in_norm, s->post_norm, s->bq, s->bk, s->bv};
         float *dv[5] = {d->in_norm, d->post_norm, d->bq, d->bk, d->bv};
         size_t nv[5] = {L->n_heads ? H : 0, L->ffn ? H : 0, Q, KV, KV};
@@ -503,7 +482,7 @@ int ac_model_make_bf16(ac_model *m, ac_err *e) {
         for (int i = 0; ok && i < ns; i++) {
             uint16_t *b = malloc(cnt[i] * 2);
             if (!(ok = b != NULL)) break;
-            bf16_fill(b, *slot[i], ST_F32, cnt[i]);
+            ac_from_f32(b, *slot[i], ST_BF16, cnt[i], NULL);
             free(*slot[i]);
             *slot[i] = (float *)b;
         }
