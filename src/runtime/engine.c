@@ -1,7 +1,7 @@
 /*
  * engine.c - see engine.h. Layout follows llm.c: one forward over flat
- * buffers, shapes in comments. N = B*n rows; H hidden; hd head_dim;
- * Q = n_heads*hd, KV = n_kv_heads*hd, F ffn width, for the current layer.
+ * buffers, shapes in comments. N = B*n rows; H hidden. Each layer is its
+ * block recipe run by the CPU executor (block_cpu.h).
  */
 #include "engine.h"
 
@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "block_cpu.h"
 #include "kernels_cpu.h"
 #include "rope.h"
 #include "safetensors.h"
@@ -38,12 +39,8 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
     en->max_batch = max_batch;
     en->max_ctx = max_ctx;
     size_t N = (size_t)max_batch * max_ctx, H = a->hidden, hd = a->head_dim;
-    size_t maxq = 0, maxf = 0, maxkv = 0;
-    for (int l = 0; l < a->n_layers; l++) {
-        if ((size_t)a->layers[l].n_kv_heads * hd > maxkv) maxkv = a->layers[l].n_kv_heads * hd;
-        if ((size_t)a->layers[l].n_heads * hd > maxq) maxq = a->layers[l].n_heads * hd;
-        if ((size_t)a->layers[l].ffn > maxf) maxf = a->layers[l].ffn;
-    }
+    size_t maxq = ac_block_dim_max(a, AC_DIM_Q), maxf = ac_block_dim_max(a, AC_DIM_F),
+           maxkv = ac_block_dim_max(a, AC_DIM_KV);
     en->x = malloc(N * H * 4);
     en->x0 = malloc(N * H * 4);
     en->xn = malloc(N * H * 4);
@@ -83,28 +80,13 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
     return 0;
 }
 
-/* Causal attention for layer l over the cache. q,att: [N, Q]; cache
- * [B][max_ctx][KV]; GQA: query head h reads KV head h / group. */
-static void attention(ac_engine *en, int l, int B, int n, int pos0) {
-    const ac_arch *a = &en->m->a;
-    const ac_layer_arch *L = &a->layers[l];
-    int hd = a->head_dim, Q = L->n_heads * hd, KV = L->n_kv_heads * hd, grp = L->n_heads / L->n_kv_heads;
-    for (int b = 0; b < B; b++) {
-        const float *kb = en->kc[l] + (size_t)b * en->max_ctx * KV, *vb = en->vc[l] + (size_t)b * en->max_ctx * KV;
-        for (int h = 0; h < L->n_heads; h++)
-            ac_attention_head(en->att + (size_t)b * n * Q + h * hd, en->q + (size_t)b * n * Q + h * hd,
-                              kb + (h / grp) * hd, vb + (h / grp) * hd, n, pos0, hd, Q, KV, a->sliding_window,
-                              en->scores);
-    }
-}
-
 int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, int last_only, ac_err *e) {
     const ac_model *m = en->m;
     const ac_arch *a = &m->a;
     if (B <= 0 || n <= 0 || B > en->max_batch || pos0 < 0 || pos0 + n > en->max_ctx)
         return ac_errf(e, "engine: batch %d, tokens %d at position %d exceed the engine's %d x %d", B, n, pos0,
                        en->max_batch, en->max_ctx);
-    int H = a->hidden, hd = a->head_dim, N = B * n, wdt = ac_model_wdt(m);
+    int H = a->hidden, N = B * n, wdt = ac_model_wdt(m);
     ac_wscratch *ws = &en->ws;
     for (int r = 0; r < N; r++) {
         int tok = tokens[r];
@@ -120,42 +102,22 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
         if (hk && hk->f) hk->f(hk->ud, __VA_ARGS__);                                                                   \
     } while (0)
     HOOK(begin, B, n);
+    ac_block_cpu bc = {.m = m,
+                       .pos = en->pos,
+                       .cos_t = en->cos_t,
+                       .sin_t = en->sin_t,
+                       .kc = en->kc,
+                       .vc = en->vc,
+                       .max_ctx = en->max_ctx,
+                       .scores = en->scores,
+                       .ws = ws,
+                       .hooks = hk};
+    float *slots[AC_T_COUNT] = {[AC_T_X] = en->x,  [AC_T_XN] = en->xn,   [AC_T_Q] = en->q, [AC_T_K] = en->kt,
+                                [AC_T_V] = en->vt, [AC_T_ATT] = en->att, [AC_T_G] = en->g, [AC_T_U] = en->u};
+    memcpy(bc.slot, slots, sizeof slots);
     for (int l = 0; l < a->n_layers; l++) {
-        const ac_layer_arch *L = &a->layers[l];
-        const ac_layer_w *w = &m->L[l];
-        int lw = ac_model_wdt(m);
         if (hk && hk->layer_io) memcpy(en->x0, en->x, (size_t)N * H * 4);
-        if (L->n_heads) {
-            int Q = L->n_heads * hd, KV = L->n_kv_heads * hd;
-            ac_rmsnorm(en->xn, en->x, w->in_norm, N, H, a->eps);
-            HOOK(normed, l, 0, en->xn, N, H);
-            ac_linear_w(en->q, en->xn, w->wq, lw, w->bq, N, H, Q, 0, ws);
-            ac_rope(en->q, N, L->n_heads, hd, en->pos, en->cos_t, en->sin_t);
-            /* k and v for all rows in one GEMM each, then into the cache
-             * rows of their positions. */
-            ac_linear_w(en->kt, en->xn, w->wk, lw, w->bk, N, H, KV, 0, ws);
-            ac_linear_w(en->vt, en->xn, w->wv, lw, w->bv, N, H, KV, 0, ws);
-            ac_rope(en->kt, N, L->n_kv_heads, hd, en->pos, en->cos_t, en->sin_t);
-            for (int b = 0; b < B; b++) {
-                memcpy(en->kc[l] + ((size_t)b * en->max_ctx + pos0) * KV, en->kt + (size_t)b * n * KV,
-                       (size_t)n * KV * 4);
-                memcpy(en->vc[l] + ((size_t)b * en->max_ctx + pos0) * KV, en->vt + (size_t)b * n * KV,
-                       (size_t)n * KV * 4);
-            }
-            attention(en, l, B, n, pos0);
-            HOOK(head_out, l, en->att, N, L->n_heads, hd);
-            ac_linear_w(en->x, en->att, w->wo, lw, NULL, N, Q, H, 1, ws);
-        }
-        if (L->ffn) {
-            int F = L->ffn;
-            ac_rmsnorm(en->xn, en->x, w->post_norm, N, H, a->eps);
-            HOOK(normed, l, 1, en->xn, N, H);
-            ac_linear_w(en->g, en->xn, w->wg, lw, NULL, N, H, F, 0, ws);
-            ac_linear_w(en->u, en->xn, w->wu, lw, NULL, N, H, F, 0, ws);
-            ac_silu_mul(en->g, en->u, (long)N * F);
-            HOOK(ffn_act, l, en->g, N, F);
-            ac_linear_w(en->x, en->g, w->wd, lw, NULL, N, F, H, 1, ws);
-        }
+        ac_block_cpu_forward(&bc, l, B, n, pos0);
         HOOK(layer_io, l, en->x0, en->x, N, H);
     }
     HOOK(rows, N);

@@ -1,0 +1,105 @@
+/* block.c - see block.h. The one place the decoder layer's structure is
+ * written. */
+#include "block.h"
+
+#include <stddef.h>
+
+#define OP(k, o, i, i2, i3, w_, di, do_, hd, ac, hk)                                                                   \
+    { (k), (o), (i), (i2), (i3), (w_), (di), (do_), (hd), (ac), (hk) }
+
+/* Llama / Qwen2 / Mistral decoder layer (pre-norm):
+ *   xn = rmsnorm(x) * in_norm
+ *   q = xn Wq^T + bq;  k = xn Wk^T + bk;  v = xn Wv^T + bv     [N][Q] [N][KV] [N][KV]
+ *   (KV heads merged)   q, k = rope(q), rope(k)
+ *   att = softmax(q k^T / sqrt(hd) + causal) v  per query head, GQA   [N][Q]
+ *   (query heads masked)   x += att Wo^T   (hidden masked)
+ *   xn = rmsnorm(x) * post_norm
+ *   g = xn Wg^T;  u = xn Wu^T;  g = silu(g) * u                       [N][F]
+ *   (FFN channels masked)   x += g Wd^T   (hidden masked) */
+static const ac_op llama_attn[] = {
+    OP(AC_OP_RMSNORM, AC_T_XN, AC_T_X, 0, 0, AC_NORM_IN, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NORMED),
+    OP(AC_OP_LINEAR, AC_T_Q, AC_T_XN, 0, 0, AC_W_Q, AC_DIM_H, AC_DIM_Q, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_LINEAR, AC_T_K, AC_T_XN, 0, 0, AC_W_K, AC_DIM_H, AC_DIM_KV, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_LINEAR, AC_T_V, AC_T_XN, 0, 0, AC_W_V, AC_DIM_H, AC_DIM_KV, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_KV_MERGE, AC_T_K, AC_T_V, 0, 0, -1, AC_DIM_KV, AC_DIM_KV, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_ROPE, AC_T_Q, AC_T_Q, 0, 0, -1, AC_DIM_Q, AC_DIM_Q, AC_DIM_Q, 0, AC_HOOK_NONE),
+    OP(AC_OP_ROPE, AC_T_K, AC_T_K, 0, 0, -1, AC_DIM_KV, AC_DIM_KV, AC_DIM_KV, 0, AC_HOOK_NONE),
+    OP(AC_OP_ATTENTION, AC_T_ATT, AC_T_Q, AC_T_K, AC_T_V, -1, AC_DIM_Q, AC_DIM_Q, 0, 0, AC_HOOK_HEAD_OUT),
+    OP(AC_OP_MASK, AC_T_ATT, AC_T_ATT, 0, 0, -1, AC_DIM_Q, AC_DIM_Q, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_LINEAR, AC_T_X, AC_T_ATT, 0, 0, AC_W_O, AC_DIM_Q, AC_DIM_H, 0, 1, AC_HOOK_NONE),
+    OP(AC_OP_MASK_HIDDEN, AC_T_X, AC_T_X, 0, 0, -1, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NONE),
+};
+static const ac_op llama_ffn[] = {
+    OP(AC_OP_RMSNORM, AC_T_XN, AC_T_X, 0, 0, AC_NORM_POST, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NORMED),
+    OP(AC_OP_LINEAR, AC_T_G, AC_T_XN, 0, 0, AC_W_G, AC_DIM_H, AC_DIM_F, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_LINEAR, AC_T_U, AC_T_XN, 0, 0, AC_W_U, AC_DIM_H, AC_DIM_F, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_SWIGLU, AC_T_G, AC_T_U, 0, 0, -1, AC_DIM_F, AC_DIM_F, 0, 0, AC_HOOK_FFN_ACT),
+    OP(AC_OP_MASK, AC_T_G, AC_T_G, 0, 0, -1, AC_DIM_F, AC_DIM_F, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_LINEAR, AC_T_X, AC_T_G, 0, 0, AC_W_D, AC_DIM_F, AC_DIM_H, 0, 1, AC_HOOK_NONE),
+    OP(AC_OP_MASK_HIDDEN, AC_T_X, AC_T_X, 0, 0, -1, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NONE),
+};
+static const ac_subblock llama_sub[] = {
+    {"attention", AC_DIM_Q, (int)(sizeof llama_attn / sizeof *llama_attn), llama_attn},
+    {"ffn", AC_DIM_F, (int)(sizeof llama_ffn / sizeof *llama_ffn), llama_ffn},
+};
+static const ac_block_recipe llama = {"llama", 2, llama_sub};
+
+const ac_block_recipe *ac_block_recipe_of(const ac_arch *a, int l) {
+    (void)a;
+    (void)l;
+    return &llama;
+}
+
+int ac_block_slot_dim(int slot) {
+    static const unsigned char d[AC_T_COUNT] = {AC_DIM_H,  AC_DIM_H, AC_DIM_Q, AC_DIM_KV,
+                                                AC_DIM_KV, AC_DIM_Q, AC_DIM_F, AC_DIM_F};
+    return slot >= 0 && slot < AC_T_COUNT ? d[slot] : AC_DIM_H;
+}
+
+int ac_block_dim(const ac_arch *a, int l, ac_dim d) {
+    const ac_layer_arch *la = &a->layers[l];
+    switch (d) {
+    case AC_DIM_H: return a->hidden;
+    case AC_DIM_Q: return la->n_heads * a->head_dim;
+    case AC_DIM_KV: return la->n_kv_heads * a->head_dim;
+    case AC_DIM_F: return la->ffn;
+    default: return 0;
+    }
+}
+
+int ac_block_sub_present(const ac_arch *a, int l, const ac_subblock *s) {
+    return ac_block_dim(a, l, (ac_dim)s->present) > 0;
+}
+
+int ac_block_dim_max(const ac_arch *a, ac_dim d) {
+    int mx = 1;
+    for (int l = 0; l < a->n_layers; l++) {
+        int v = ac_block_dim(a, l, d);
+        if (v > mx) mx = v;
+    }
+    return mx;
+}
+
+const void *ac_block_matrix(const ac_layer_w *lw, int w) {
+    switch (w) {
+    case AC_W_Q: return lw->wq;
+    case AC_W_K: return lw->wk;
+    case AC_W_V: return lw->wv;
+    case AC_W_O: return lw->wo;
+    case AC_W_G: return lw->wg;
+    case AC_W_U: return lw->wu;
+    case AC_W_D: return lw->wd;
+    default: return NULL;
+    }
+}
+
+const float *ac_block_bias(const ac_layer_w *lw, int w) {
+    switch (w) {
+    case AC_W_Q: return lw->bq;
+    case AC_W_K: return lw->bk;
+    case AC_W_V: return lw->bv;
+    default: return NULL;
+    }
+}
+
+const float *ac_block_norm(const ac_layer_w *lw, int w) { return w == AC_NORM_IN ? lw->in_norm : lw->post_norm; }

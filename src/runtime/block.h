@@ -1,0 +1,102 @@
+/*
+ * block.h - a block type written once, as a recipe: an ordered list of ops
+ * over named activation slots and the layer's named weights. Every path that
+ * runs a layer (the CPU engine in fp32 and BF16, streamed calibration, ...)
+ * walks the recipe and calls its own implementation of each op
+ * (block_cpu.h for the CPU); none of them spells the layer's structure out
+ * again. docs/blocks.md says what adding a block type costs.
+ *
+ * Shapes: N rows (B sequences of n tokens, sequence-major); the widths of
+ * layer l are named by ac_dim: H hidden, Q = n_heads*head_dim, KV =
+ * n_kv_heads*head_dim, F ffn. A slot holds N rows of its width.
+ *
+ * A recipe is a list of sub-blocks (attention, FFN); a sub-block runs only
+ * when its `present` width is non-zero in the layer (heterogeneous pruning
+ * removes whole sub-blocks). Ops marked as structure points (AC_OP_MASK,
+ * AC_OP_KV_MERGE, AC_OP_MASK_HIDDEN) are where pruning acts: a path that
+ * simulates a pruned layer (masks) or relaxes it (gates) implements them,
+ * a plain forward skips them.
+ *
+ * Recipes are static const data (no ownership).
+ */
+#ifndef AC_BLOCK_H
+#define AC_BLOCK_H
+
+#include "model.h"
+
+/* Activation slots. */
+typedef enum {
+    AC_T_X,   /* [N][H] the residual stream (the block's input and output) */
+    AC_T_XN,  /* [N][H] a normed copy of x */
+    AC_T_Q,   /* [N][Q] */
+    AC_T_K,   /* [N][KV] */
+    AC_T_V,   /* [N][KV] */
+    AC_T_ATT, /* [N][Q] attention output, per query head */
+    AC_T_G,   /* [N][F] gate projection, then silu(gate) * up */
+    AC_T_U,   /* [N][F] up projection */
+    AC_T_COUNT
+} ac_slot;
+
+/* Widths of a layer. */
+typedef enum { AC_DIM_H, AC_DIM_Q, AC_DIM_KV, AC_DIM_F, AC_DIM_COUNT } ac_dim;
+
+/* Norm weights of a layer. */
+typedef enum { AC_NORM_IN, AC_NORM_POST } ac_normw;
+
+typedef enum {
+    AC_OP_RMSNORM,     /* out = rmsnorm(in) * norm weight `w` (ac_normw); in, out: [N][H] */
+    AC_OP_LINEAR,      /* out[N][dout] = in[N][din] W^T (+ b) with W = matrix `w` (ac_wmat) and its
+                        * bias if the layer has one; acc: out += (the residual add of a sub-block) */
+    AC_OP_ROPE,        /* rotate-half RoPE on out in place, over `heads` (ac_dim Q or KV) heads */
+    AC_OP_KV_MERGE,    /* structure point: K and V heads mean-pooled in groups (KV-head merging) */
+    AC_OP_ATTENTION,   /* out[N][Q] = causal GQA attention of in (q) over in2 (k) and in3 (v) */
+    AC_OP_SWIGLU,      /* out = silu(out) * in  (out: gate, in: up), [N][F] */
+    AC_OP_MASK,        /* structure point: the units of out multiplied by masks or gates; unit width
+                        * head_dim when dout is AC_DIM_Q (query heads), else 1 (FFN channels) */
+    AC_OP_MASK_HIDDEN, /* structure point: hidden channels of out ([N][H]) masked after a residual add */
+} ac_op_kind;
+
+/* Observation points after an op (engine hooks, engine.h). */
+typedef enum { AC_HOOK_NONE, AC_HOOK_NORMED, AC_HOOK_HEAD_OUT, AC_HOOK_FFN_ACT } ac_hook_point;
+
+typedef struct {
+    unsigned char kind;              /* ac_op_kind */
+    unsigned char out, in, in2, in3; /* ac_slot */
+    signed char w;                   /* ac_wmat (LINEAR) or ac_normw (RMSNORM); -1 none */
+    unsigned char din, dout;         /* ac_dim of in and out (LINEAR, MASK) */
+    unsigned char heads;             /* ac_dim (ROPE) */
+    unsigned char acc;               /* LINEAR: add into out */
+    unsigned char hook;              /* ac_hook_point */
+} ac_op;
+
+typedef struct {
+    const char *name;      /* "attention", "ffn" */
+    unsigned char present; /* ac_dim that must be > 0 for the sub-block to run */
+    int n_ops;
+    const ac_op *ops;
+} ac_subblock;
+
+typedef struct {
+    const char *name; /* "llama" */
+    int n_sub;
+    const ac_subblock *sub;
+} ac_block_recipe;
+
+/* The recipe of layer l of a (every layer of today's architectures is the
+ * Llama/Qwen2/Mistral decoder layer). */
+const ac_block_recipe *ac_block_recipe_of(const ac_arch *a, int l);
+/* The width (ac_dim) of a slot's rows. */
+int ac_block_slot_dim(int slot);
+/* The width `d` of layer l. */
+int ac_block_dim(const ac_arch *a, int l, ac_dim d);
+/* Whether sub-block s of recipe r runs in layer l. */
+int ac_block_sub_present(const ac_arch *a, int l, const ac_subblock *s);
+/* The widest value of `d` over the layers (at least 1): for sizing slots. */
+int ac_block_dim_max(const ac_arch *a, ac_dim d);
+/* Layer weights by name: matrix `w` (ac_wmat), its bias (NULL when none),
+ * norm weight `w` (ac_normw). */
+const void *ac_block_matrix(const ac_layer_w *lw, int w);
+const float *ac_block_bias(const ac_layer_w *lw, int w);
+const float *ac_block_norm(const ac_layer_w *lw, int w);
+
+#endif

@@ -1,0 +1,122 @@
+/* block_cpu.c - see block_cpu.h. N = B*n rows; hd head_dim; widths per
+ * layer as in block.h. */
+#include "block_cpu.h"
+
+#include <math.h>
+#include <string.h>
+
+void ac_block_cpu_norm(float *out, const float *x, const float *w, int N, int H, float eps, const ac_block_mod *mod) {
+    if (!mod || !mod->hid_mask) {
+        ac_rmsnorm(out, x, w, N, H, eps);
+        return;
+    }
+    for (int r = 0; r < N; r++) {
+        const float *xr = x + (size_t)r * H;
+        float *o = out + (size_t)r * H;
+        double ss = 0;
+        for (int c = 0; c < H; c++) ss += (double)xr[c] * xr[c];
+        float sc = (float)(1.0 / sqrt(ss / mod->hid_kept + eps));
+        for (int c = 0; c < H; c++) o[c] = xr[c] * sc * w[c];
+    }
+}
+
+/* Mean-pool each run of f adjacent KV heads (rows of nkv*hd floats) in
+ * place: what ac_prune's KV merging computes, since k and v are linear in W. */
+static void merge_heads(float *t, int N, int nkv, int hd, int f) {
+    int KV = nkv * hd;
+    for (int r = 0; r < N; r++)
+        for (int j = 0; j < nkv / f; j++)
+            for (int i = 0; i < hd; i++) {
+                float *p = t + (size_t)r * KV + (size_t)j * f * hd + i;
+                double sum = 0;
+                for (int k = 0; k < f; k++) sum += p[k * hd];
+                for (int k = 0; k < f; k++) p[k * hd] = (float)(sum / f);
+            }
+}
+
+/* att = causal GQA attention of q over this call's k, v (appended to the
+ * cache first when there is one). */
+static void attention(const ac_block_cpu *c, int l, float *att, const float *q, const float *k, const float *v, int B,
+                      int n, int pos0) {
+    const ac_arch *a = &c->m->a;
+    const ac_layer_arch *la = &a->layers[l];
+    int hd = a->head_dim, Q = la->n_heads * hd, KV = la->n_kv_heads * hd, grp = la->n_heads / la->n_kv_heads;
+    size_t seq = (size_t)n; /* rows of keys per sequence in k/v */
+    if (c->kc) {
+        for (int b = 0; b < B; b++) {
+            memcpy(c->kc[l] + ((size_t)b * c->max_ctx + pos0) * KV, k + (size_t)b * n * KV, (size_t)n * KV * 4);
+            memcpy(c->vc[l] + ((size_t)b * c->max_ctx + pos0) * KV, v + (size_t)b * n * KV, (size_t)n * KV * 4);
+        }
+        k = c->kc[l];
+        v = c->vc[l];
+        seq = (size_t)c->max_ctx;
+    }
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < la->n_heads; h++)
+            ac_attention_head(att + (size_t)b * n * Q + h * hd, q + (size_t)b * n * Q + h * hd,
+                              k + (size_t)b * seq * KV + (h / grp) * hd, v + (size_t)b * seq * KV + (h / grp) * hd, n,
+                              pos0, hd, Q, KV, a->sliding_window, c->scores);
+}
+
+static void mask(float *t, const ac_block_cpu *c, const ac_op *op, int N, int width, int hd) {
+    const ac_block_mod *mod = c->mod;
+    const float *mk = !mod ? NULL : op->dout == AC_DIM_Q ? mod->head_mask : mod->ffn_mask;
+    if (!mk) return;
+    int unit = op->dout == AC_DIM_Q ? hd : 1;
+    for (size_t i = 0; i < (size_t)N * width; i++) t[i] *= mk[(i % width) / unit];
+}
+
+void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n, int pos0) {
+    const ac_model *m = c->m;
+    const ac_arch *a = &m->a;
+    const ac_layer_w *lw = &m->L[l];
+    const ac_subblock *sub = &ac_block_recipe_of(a, l)->sub[sb];
+    const ac_block_mod *mod = c->mod;
+    const ac_engine_hooks *hk = c->hooks;
+    int N = B * n, hd = a->head_dim, wdt = ac_model_wdt(m);
+    int dim[AC_DIM_COUNT];
+    for (int d = 0; d < AC_DIM_COUNT; d++) dim[d] = ac_block_dim(a, l, (ac_dim)d);
+    float *const *s = c->slot;
+    if (!ac_block_sub_present(a, l, sub)) return;
+    for (int i = 0; i < sub->n_ops; i++) {
+        const ac_op *op = &sub->ops[i];
+        switch ((ac_op_kind)op->kind) {
+        case AC_OP_RMSNORM:
+            ac_block_cpu_norm(s[op->out], s[op->in], ac_block_norm(lw, op->w), N, dim[AC_DIM_H], a->eps, mod);
+            break;
+        case AC_OP_LINEAR:
+            ac_linear_w(s[op->out], s[op->in], ac_block_matrix(lw, op->w), wdt, ac_block_bias(lw, op->w), N,
+                        dim[op->din], dim[op->dout], op->acc, c->ws);
+            break;
+        case AC_OP_ROPE: ac_rope(s[op->out], N, dim[op->heads] / hd, hd, c->pos, c->cos_t, c->sin_t); break;
+        case AC_OP_KV_MERGE: {
+            int nkv = dim[AC_DIM_KV] / hd;
+            if (mod && mod->kv_merge > 0 && mod->kv_merge < nkv) {
+                merge_heads(s[op->out], N, nkv, hd, nkv / mod->kv_merge);
+                merge_heads(s[op->in], N, nkv, hd, nkv / mod->kv_merge);
+            }
+            break;
+        }
+        case AC_OP_ATTENTION: attention(c, l, s[op->out], s[op->in], s[op->in2], s[op->in3], B, n, pos0); break;
+        case AC_OP_SWIGLU: ac_silu_mul(s[op->out], s[op->in], (long)N * dim[AC_DIM_F]); break;
+        case AC_OP_MASK: mask(s[op->out], c, op, N, dim[op->dout], hd); break;
+        case AC_OP_MASK_HIDDEN:
+            if (mod && mod->hid_mask) {
+                float *x = s[op->out];
+                int H = dim[AC_DIM_H];
+                for (size_t j = 0; j < (size_t)N * H; j++) x[j] *= mod->hid_mask[j % H];
+            }
+            break;
+        }
+        if (!hk || op->hook == AC_HOOK_NONE) continue;
+        if (op->hook == AC_HOOK_NORMED && hk->normed) hk->normed(hk->ud, l, sb, s[op->out], N, dim[AC_DIM_H]);
+        if (op->hook == AC_HOOK_HEAD_OUT && hk->head_out)
+            hk->head_out(hk->ud, l, s[op->out], N, dim[AC_DIM_Q] / hd, hd);
+        if (op->hook == AC_HOOK_FFN_ACT && hk->ffn_act) hk->ffn_act(hk->ud, l, s[op->out], N, dim[AC_DIM_F]);
+    }
+}
+
+void ac_block_cpu_forward(const ac_block_cpu *c, int l, int B, int n, int pos0) {
+    const ac_block_recipe *r = ac_block_recipe_of(&c->m->a, l);
+    for (int sb = 0; sb < r->n_sub; sb++) ac_block_cpu_forward_sub(c, l, sb, B, n, pos0);
+}

@@ -1,0 +1,62 @@
+/*
+ * block_cpu.h - the CPU forward of a block recipe (block.h): each op of the
+ * recipe mapped to the CPU kernels (kernels_cpu.h; fp32 activations, weights
+ * fp32 or 16-bit in place through ac_linear_w). Used by the engine (prefill
+ * and decode through a KV cache, fp32 and BF16 models) and by layer-streamed
+ * calibration (windows from position 0, with masks that simulate a pruned
+ * layer).
+ *
+ * Ownership: ac_block_cpu only points at buffers, the model, the masks and
+ * the hooks; its owner (the engine, the stream) allocates and frees them.
+ */
+#ifndef AC_BLOCK_CPU_H
+#define AC_BLOCK_CPU_H
+
+#include "block.h"
+#include "engine.h"
+#include "kernels_cpu.h"
+#include "model.h"
+
+/* What differs from the model's layer in one call (NULL / 0 = nothing): the
+ * structure points of the recipe as masks on activations (never on
+ * weights, so the model may be resident). */
+typedef struct {
+    const float *head_mask; /* [n_heads]: multiplies each query head's attention output before o_proj */
+    const float *ffn_mask;  /* [ffn]: multiplies silu(g)*u before down_proj */
+    int kv_merge;           /* > 0: KV heads mean-pooled to this many (a divisor), as ac_prune merges */
+    /* Hidden width: hid_mask[H] is 1 on the hid_kept kept channels, 0 on the
+     * others; the residual stream must be 0 on masked channels (the caller
+     * multiplies the embedding rows by the mask); RMSNorms then average over
+     * the kept channels and each residual add is masked again. */
+    const float *hid_mask;
+    int hid_kept;
+} ac_block_mod;
+
+typedef struct {
+    const ac_model *m;
+    float *slot[AC_T_COUNT]; /* each sized for N rows of the widest layer (X: the caller's residual) */
+    const int *pos;          /* [N] position of each row */
+    const float *cos_t, *sin_t;
+    /* Keys and values attention reads: with kc (the engine), kc[l] and vc[l]
+     * are [B][max_ctx][KV] caches that each call appends its rows to at pos0;
+     * without (streamed windows), the K and V slots of this call from 0. */
+    float **kc, **vc;
+    int max_ctx;
+    float *scores; /* n * (pos0 + n) floats */
+    ac_wscratch *ws;
+    const ac_block_mod *mod;      /* may be NULL */
+    const ac_engine_hooks *hooks; /* may be NULL */
+} ac_block_cpu;
+
+/* Layer l of c->m over B sequences of n tokens at position pos0 (rows in
+ * the slots, x in c->slot[AC_T_X], updated in place). Calls the hooks'
+ * normed, head_out and ffn_act (not begin, layer_io or rows: the caller's). */
+void ac_block_cpu_forward(const ac_block_cpu *c, int l, int B, int n, int pos0);
+/* Sub-block sb of layer l's recipe alone (nothing when absent in the layer). */
+void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n, int pos0);
+
+/* RMSNorm over the kept hidden channels of mod (plain ac_rmsnorm without a
+ * hidden mask): the final norm before the head uses it too. */
+void ac_block_cpu_norm(float *out, const float *x, const float *w, int N, int H, float eps, const ac_block_mod *mod);
+
+#endif

@@ -1,0 +1,544 @@
+/*
+ * test_block.c - the block recipe and its ops, in the manner of llama.cpp's
+ * test-backend-ops: every CPU op (forward and backward) against a float64
+ * reference written here from the op's definition, on odd shapes; the BF16
+ * weight path against the fp32 op; the recipe's own consistency; and the
+ * CPU executor of the recipe (the engine's and streamed calibration's
+ * layer) on pruned, heterogeneous layers with a KV cache and with masks,
+ * against a float64 layer written from the Hugging Face semantics.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "check.h"
+#include "synth.h"
+
+#include "backward_cpu.h"
+#include "block.h"
+#include "block_cpu.h"
+#include "kernels_cpu.h"
+#include "rope.h"
+
+static unsigned rng = 12345u;
+static float frand(void) { /* uniform in [-1, 1) */
+    rng = rng * 1664525u + 1013904223u;
+    return (float)((rng >> 8) / 8388608.0 - 1.0);
+}
+static float *rnd(size_t n, float scale) {
+    float *p = malloc(n * sizeof *p);
+    for (size_t i = 0; p && i < n; i++) p[i] = frand() * scale;
+    return p;
+}
+/* max |a - b| / (max |b| + tiny) */
+static double relerr(const float *a, const double *b, size_t n) {
+    double mx = 1e-30, d = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (fabs(b[i]) > mx) mx = fabs(b[i]);
+        if (fabs(a[i] - b[i]) > d) d = fabs(a[i] - b[i]);
+    }
+    return d / mx;
+}
+
+/* ---- float64 references of the ops ---- */
+static void ref_rmsnorm(double *y, const float *x, const float *w, int N, int H, double eps) {
+    for (int r = 0; r < N; r++) {
+        double ss = 0;
+        for (int c = 0; c < H; c++) ss += (double)x[r * H + c] * x[r * H + c];
+        double s = 1.0 / sqrt(ss / H + eps);
+        for (int c = 0; c < H; c++) y[r * H + c] = x[r * H + c] * s * w[c];
+    }
+}
+static void ref_linear(double *y, const float *x, const float *W, const float *b, int N, int in, int out) {
+    for (int r = 0; r < N; r++)
+        for (int o = 0; o < out; o++) {
+            double s = b ? b[o] : 0;
+            for (int i = 0; i < in; i++) s += (double)x[r * in + i] * W[o * in + i];
+            y[r * out + o] = s;
+        }
+}
+/* rotate-half RoPE of head rows in double, angles from the float tables */
+static void ref_rope(double *x, int N, int nh, int hd, const int *pos, const float *cs, const float *sn) {
+    int half = hd / 2;
+    for (int r = 0; r < N; r++)
+        for (int h = 0; h < nh; h++) {
+            double *v = x + ((size_t)r * nh + h) * hd;
+            for (int i = 0; i < half; i++) {
+                double c = cs[pos[r] * half + i], s = sn[pos[r] * half + i], a = v[i], b = v[i + half];
+                v[i] = a * c - b * s;
+                v[i + half] = b * c + a * s;
+            }
+        }
+}
+/* one head: q rows t (position pos0+t) over keys 0..pos0+t (window) */
+static void ref_attention(double *out, const double *q, const double *k, const double *v, int n, int pos0, int hd,
+                          int qs, int kvs, int window) {
+    int S = pos0 + n;
+    double *p = malloc(S * sizeof *p);
+    for (int t = 0; t < n; t++) {
+        int vis = pos0 + t + 1, first = window > 0 && vis > window ? vis - window : 0;
+        double mx = -1e300, z = 0;
+        for (int j = first; j < vis; j++) {
+            double s = 0;
+            for (int i = 0; i < hd; i++) s += q[(size_t)t * qs + i] * k[(size_t)j * kvs + i];
+            p[j] = s / sqrt((double)hd);
+            if (p[j] > mx) mx = p[j];
+        }
+        for (int j = first; j < vis; j++) z += p[j] = exp(p[j] - mx);
+        for (int i = 0; i < hd; i++) {
+            double s = 0;
+            for (int j = first; j < vis; j++) s += p[j] / z * v[(size_t)j * kvs + i];
+            out[(size_t)t * qs + i] = s;
+        }
+    }
+    free(p);
+}
+static double silu(double g) { return g / (1 + exp(-g)); }
+
+static ac_arch rope_arch(int hd) {
+    ac_arch a = mk_arch(1, 8, hd, 1, 1, 4, 16);
+    return a;
+}
+
+/* Forward ops on odd shapes against float64. */
+static void test_ops_forward_f64(void) {
+    int shapes[][3] = {{1, 7, 5}, {3, 13, 9}, {17, 33, 65}, {5, 64, 31}};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        int N = shapes[si][0], in = shapes[si][1], out = shapes[si][2];
+        float *x = rnd((size_t)N * in, 1), *W = rnd((size_t)out * in, 0.5f), *b = rnd(out, 0.5f), *w = rnd(in, 1);
+        float *y = malloc((size_t)N * (out > in ? out : in) * 4);
+        double *r = malloc((size_t)N * (out > in ? out : in) * 8);
+        ac_linear(y, x, W, b, N, in, out);
+        ref_linear(r, x, W, b, N, in, out);
+        CHECK(relerr(y, r, (size_t)N * out) < 1e-5, "linear %dx%dx%d: %g", N, in, out, relerr(y, r, (size_t)N * out));
+        for (size_t i = 0; i < (size_t)N * out; i++) y[i] = 0.25f;
+        ac_linear_w(y, x, W, ST_F32, NULL, N, in, out, 1, NULL); /* acc: the residual add */
+        ref_linear(r, x, W, NULL, N, in, out);
+        for (size_t i = 0; i < (size_t)N * out; i++) r[i] += 0.25;
+        CHECK(relerr(y, r, (size_t)N * out) < 1e-5, "linear acc %dx%dx%d", N, in, out);
+        ac_rmsnorm(y, x, w, N, in, 1e-5f);
+        ref_rmsnorm(r, x, w, N, in, 1e-5);
+        CHECK(relerr(y, r, (size_t)N * in) < 1e-6, "rmsnorm %dx%d: %g", N, in, relerr(y, r, (size_t)N * in));
+        float *u = rnd((size_t)N * in, 2);
+        memcpy(y, x, (size_t)N * in * 4);
+        ac_silu_mul(y, u, (long)N * in);
+        for (size_t i = 0; i < (size_t)N * in; i++) r[i] = silu(x[i]) * u[i];
+        CHECK(relerr(y, r, (size_t)N * in) < 1e-6, "swiglu %dx%d", N, in);
+        free(x), free(W), free(b), free(w), free(y), free(r), free(u);
+    }
+    /* RoPE and attention: GQA strides, a window, a continuation at pos0 > 0 */
+    int hd = 6, nh = 3, nkv = 1, n = 5, pos0 = 4, S = pos0 + n, Q = nh * hd, KV = nkv * hd;
+    ac_arch a = rope_arch(hd);
+    float *cs = malloc((size_t)S * hd / 2 * 4), *sn = malloc((size_t)S * hd / 2 * 4);
+    ac_err e = {0};
+    CHECK(ac_rope_tables(&a, S, cs, sn, &e) == 0, "%s", e.msg);
+    int pos[9];
+    for (int i = 0; i < S; i++) pos[i] = i;
+    float *q = rnd((size_t)S * Q, 1), *kv = rnd((size_t)S * KV, 1), *v = rnd((size_t)S * KV, 1);
+    double *rq = malloc((size_t)S * Q * 8), *rk = malloc((size_t)S * KV * 8), *rv = malloc((size_t)S * KV * 8);
+    for (int i = 0; i < S * Q; i++) rq[i] = q[i];
+    for (int i = 0; i < S * KV; i++) rk[i] = kv[i], rv[i] = v[i];
+    ac_rope(q, S, nh, hd, pos, cs, sn);
+    ac_rope(kv, S, nkv, hd, pos, cs, sn);
+    ref_rope(rq, S, nh, hd, pos, cs, sn);
+    ref_rope(rk, S, nkv, hd, pos, cs, sn);
+    CHECK(relerr(q, rq, (size_t)S * Q) < 1e-6 && relerr(kv, rk, (size_t)S * KV) < 1e-6, "rope");
+    for (int window = 0; window <= 3; window += 3) {
+        float *o = calloc((size_t)n * Q, 4), *sc = malloc((size_t)n * S * 4);
+        double *ro = calloc((size_t)n * Q, 8);
+        for (int h = 0; h < nh; h++) {
+            ac_attention_head(o + h * hd, q + (size_t)pos0 * Q + h * hd, kv, v, n, pos0, hd, Q, KV, window, sc);
+            ref_attention(ro + h * hd, rq + (size_t)pos0 * Q + h * hd, rk, rv, n, pos0, hd, Q, KV, window);
+        }
+        CHECK(relerr(o, ro, (size_t)n * Q) < 1e-5, "attention window %d: %g", window, relerr(o, ro, (size_t)n * Q));
+        free(o), free(sc), free(ro);
+    }
+    free(cs), free(sn), free(q), free(kv), free(v), free(rq), free(rk), free(rv);
+    ac_arch_free(&a);
+}
+
+static uint16_t to_bf16(float f) { /* round to nearest even */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+static float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* The BF16 weight path against the fp32 op on the widened weights: bit for
+ * bit on the exact path; within BF16 activation rounding on the kernels. */
+static void test_linear_bf16_vs_f32(void) {
+    int shapes[][3] = {{1, 31, 17}, {4, 64, 33}, {40, 96, 70}, {33, 17, 9}};
+    int saved = ac_bf16_gemm_rows();
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        int N = shapes[si][0], in = shapes[si][1], out = shapes[si][2];
+        float *x = rnd((size_t)N * in, 1), *W = rnd((size_t)out * in, 0.5f), *b = rnd(out, 0.2f);
+        uint16_t *Wb = malloc((size_t)out * in * 2);
+        for (size_t i = 0; i < (size_t)out * in; i++) W[i] = from_bf16(Wb[i] = to_bf16(W[i]));
+        float *y32 = malloc((size_t)N * out * 4), *y16 = malloc((size_t)N * out * 4);
+        ac_wscratch ws = {0};
+        CHECK(ac_wscratch_alloc(&ws, N, in) == 0, "scratch");
+        ac_linear(y32, x, W, b, N, in, out);
+        ac_set_bf16_gemm_rows(0);
+        ac_linear_w(y16, x, Wb, ST_BF16, b, N, in, out, 0, &ws);
+        CHECK(!memcmp(y16, y32, (size_t)N * out * 4), "exact BF16 path %dx%dx%d differs from fp32", N, in, out);
+        ac_set_bf16_gemm_rows(saved);
+        ac_linear_w(y16, x, Wb, ST_BF16, b, N, in, out, 0, &ws);
+        double mx = 0, d = 0;
+        for (size_t i = 0; i < (size_t)N * out; i++) {
+            if (fabs(y32[i]) > mx) mx = fabs(y32[i]);
+            if (fabs(y16[i] - y32[i]) > d) d = fabs(y16[i] - y32[i]);
+        }
+        CHECK(d <= 2e-2 * mx, "BF16 kernel path %dx%dx%d: %g of %g", N, in, out, d, mx);
+        ac_wscratch_free(&ws);
+        free(x), free(W), free(b), free(Wb), free(y32), free(y16);
+    }
+    ac_set_bf16_gemm_rows(saved);
+}
+
+/* Backward ops: <dy, d f(x)/dx . dir> against a float64 central difference
+ * of the op's float64 reference, and parameter gradients likewise. */
+static double dot_f(const float *a, const float *b, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+static void test_ops_backward_f64(void) {
+    int N = 3, H = 11, in = 9, out = 7;
+    double h = 1e-4;
+    /* linear: dX and dW, db */
+    float *x = rnd((size_t)N * in, 1), *W = rnd((size_t)out * in, 0.5f), *dy = rnd((size_t)N * out, 1);
+    float *dx = calloc((size_t)N * in, 4), *dW = calloc((size_t)out * in, 4), *db = calloc(out, 4), *b = rnd(out, 1);
+    ac_linear_backward(dx, dW, db, dy, x, W, N, in, out, 1.0f, 0);
+    float *dir = rnd((size_t)N * in, 1);
+    double *yp = malloc((size_t)N * out * 8), *ym = malloc((size_t)N * out * 8);
+    float *xp = malloc((size_t)N * in * 4), *xm = malloc((size_t)N * in * 4);
+    /* linear is exact in x: (f(x+d) - f(x-d)) / 2 with unit steps */
+    for (size_t i = 0; i < (size_t)N * in; i++) xp[i] = x[i] + dir[i], xm[i] = x[i] - dir[i];
+    ref_linear(yp, xp, W, b, N, in, out);
+    ref_linear(ym, xm, W, b, N, in, out);
+    double fd = 0;
+    for (size_t i = 0; i < (size_t)N * out; i++) fd += dy[i] * (yp[i] - ym[i]) / 2;
+    CHECK(fabs(dot_f(dx, dir, (size_t)N * in) - fd) < 1e-4 * (fabs(fd) + 1), "linear dX");
+    double sdb = 0, rdb = 0;
+    for (int o = 0; o < out; o++) {
+        sdb += db[o];
+        for (int r = 0; r < N; r++) rdb += dy[r * out + o];
+    }
+    CHECK(fabs(sdb - rdb) < 1e-4, "linear db");
+    double rdw = 0; /* dW[o][i] = sum_r dy[r][o] x[r][i] */
+    for (int o = 0; o < out; o++)
+        for (int i = 0; i < in; i++) {
+            double s = 0;
+            for (int r = 0; r < N; r++) s += (double)dy[r * out + o] * x[r * in + i];
+            rdw = fmax(rdw, fabs(s - dW[o * in + i]));
+        }
+    CHECK(rdw < 1e-5, "linear dW: %g", rdw);
+    /* rmsnorm: dx, dw */
+    float *xn = rnd((size_t)N * H, 1), *w = rnd(H, 1), *dyn = rnd((size_t)N * H, 1);
+    float *xh = malloc((size_t)N * H * 4), *rr = malloc(N * 4), *yy = malloc((size_t)N * H * 4);
+    float *dxn = calloc((size_t)N * H, 4), *dwn = calloc(H, 4), *dirn = rnd((size_t)N * H, 1);
+    ac_rmsnorm_fwd(yy, xh, rr, xn, w, NULL, N, H, 1e-5f);
+    ac_rmsnorm_backward(dxn, dwn, NULL, dyn, xh, rr, w, NULL, N, H);
+    double *rp = malloc((size_t)N * H * 8), *rm = malloc((size_t)N * H * 8);
+    float *xnp = malloc((size_t)N * H * 4), *xnm = malloc((size_t)N * H * 4);
+    for (size_t i = 0; i < (size_t)N * H; i++) xnp[i] = xn[i] + h * dirn[i], xnm[i] = xn[i] - h * dirn[i];
+    ref_rmsnorm(rp, xnp, w, N, H, 1e-5);
+    ref_rmsnorm(rm, xnm, w, N, H, 1e-5);
+    fd = 0;
+    for (size_t i = 0; i < (size_t)N * H; i++) fd += dyn[i] * (rp[i] - rm[i]) / (2 * h);
+    CHECK(fabs(dot_f(dxn, dirn, (size_t)N * H) - fd) < 2e-3 * (fabs(fd) + 1), "rmsnorm dx: %g vs %g",
+          dot_f(dxn, dirn, (size_t)N * H), fd);
+    double rdwn = 0;
+    for (int c = 0; c < H; c++) {
+        double s = 0;
+        for (int r = 0; r < N; r++) s += (double)dyn[r * H + c] * xh[r * H + c];
+        rdwn = fmax(rdwn, fabs(s - dwn[c]));
+    }
+    CHECK(rdwn < 1e-5, "rmsnorm dw: %g", rdwn);
+    /* swiglu: dg, du */
+    float *g = rnd(40, 2), *u = rnd(40, 2), *dh = rnd(40, 1), *dg = malloc(160), *du = malloc(160);
+    ac_silu_mul_backward(dg, du, dh, g, u, 40);
+    double e1 = 0, e2 = 0;
+    for (int i = 0; i < 40; i++) {
+        double dsilu = (silu(g[i] + h) - silu(g[i] - h)) / (2 * h);
+        e1 = fmax(e1, fabs(dg[i] - dh[i] * u[i] * dsilu));
+        e2 = fmax(e2, fabs(du[i] - dh[i] * silu(g[i])));
+    }
+    CHECK(e1 < 1e-4 && e2 < 1e-5, "swiglu backward: %g %g", e1, e2);
+    /* rope: the backward is the transposed rotation: <R^T dy, d> == <dy, R d> */
+    int hd = 6, nh = 2, T = 5;
+    ac_arch a = rope_arch(hd);
+    float *cs = malloc((size_t)T * hd / 2 * 4), *sn = malloc((size_t)T * hd / 2 * 4);
+    ac_err e = {0};
+    CHECK(ac_rope_tables(&a, T, cs, sn, &e) == 0, "%s", e.msg);
+    int pos[5] = {0, 1, 2, 3, 4};
+    float *ry = rnd((size_t)T * nh * hd, 1), *rd = rnd((size_t)T * nh * hd, 1);
+    double *rdd = malloc((size_t)T * nh * hd * 8);
+    for (int i = 0; i < T * nh * hd; i++) rdd[i] = rd[i];
+    ref_rope(rdd, T, nh, hd, pos, cs, sn);
+    double lhs = 0, rhs = 0;
+    for (int i = 0; i < T * nh * hd; i++) rhs += ry[i] * rdd[i];
+    ac_rope_backward(ry, T, nh, hd, pos, cs, sn);
+    lhs = dot_f(ry, rd, (size_t)T * nh * hd);
+    CHECK(fabs(lhs - rhs) < 1e-5 * (fabs(rhs) + 1), "rope backward: %g vs %g", lhs, rhs);
+    /* attention head (pos0 0, GQA strides, a window): dq, dk, dv */
+    int n = 6, Qs = 2 * hd, KVs = hd;
+    for (int window = 0; window <= 4; window += 4) {
+        float *q = rnd((size_t)n * Qs, 1), *k = rnd((size_t)n * KVs, 1), *v = rnd((size_t)n * KVs, 1);
+        float *dout = rnd((size_t)n * Qs, 1), *dq = calloc((size_t)n * Qs, 4), *dk = calloc((size_t)n * KVs, 4),
+              *dv = calloc((size_t)n * KVs, 4), *scr = malloc((size_t)2 * n * n * 4);
+        ac_attention_head_backward(dq, dk, dv, dout, q, k, v, n, hd, Qs, KVs, window, scr);
+        float *dirs[3] = {rnd((size_t)n * Qs, 1), rnd((size_t)n * KVs, 1), rnd((size_t)n * KVs, 1)};
+        double *o1 = calloc((size_t)n * Qs, 8), *o2 = calloc((size_t)n * Qs, 8);
+        double *dq64 = malloc((size_t)n * Qs * 8), *dk64 = malloc((size_t)n * KVs * 8),
+               *dv64 = malloc((size_t)n * KVs * 8);
+        for (int sgn = 0; sgn < 2; sgn++) {
+            double s = sgn ? -h : h;
+            for (int i = 0; i < n * Qs; i++) dq64[i] = q[i] + s * dirs[0][i];
+            for (int i = 0; i < n * KVs; i++) dk64[i] = k[i] + s * dirs[1][i], dv64[i] = v[i] + s * dirs[2][i];
+            ref_attention(sgn ? o2 : o1, dq64, dk64, dv64, n, 0, hd, Qs, KVs, window);
+        }
+        fd = 0;
+        for (int t = 0; t < n; t++)
+            for (int i = 0; i < hd; i++) fd += dout[t * Qs + i] * (o1[t * Qs + i] - o2[t * Qs + i]) / (2 * h);
+        double an = 0;
+        for (int t = 0; t < n; t++)
+            for (int i = 0; i < hd; i++) an += (double)dq[t * Qs + i] * dirs[0][t * Qs + i];
+        an += dot_f(dk, dirs[1], (size_t)n * KVs) + dot_f(dv, dirs[2], (size_t)n * KVs);
+        CHECK(fabs(an - fd) < 1e-3 * (fabs(fd) + 1), "attention backward window %d: %g vs %g", window, an, fd);
+        free(q), free(k), free(v), free(dout), free(dq), free(dk), free(dv), free(scr), free(o1), free(o2);
+        free(dq64), free(dk64), free(dv64);
+        for (int i = 0; i < 3; i++) free(dirs[i]);
+    }
+    free(cs), free(sn), free(ry), free(rd), free(rdd);
+    ac_arch_free(&a);
+    free(x), free(W), free(dy), free(dx), free(dW), free(db), free(b), free(dir), free(yp), free(ym), free(xp),
+        free(xm);
+    free(xn), free(w), free(dyn), free(xh), free(rr), free(yy), free(dxn), free(dwn), free(dirn), free(rp), free(rm);
+    free(xnp), free(xnm), free(g), free(u), free(dh), free(dg), free(du);
+}
+
+/* The recipe is consistent: each op reads slots written before it in its
+ * sub-block (or x), each LINEAR's widths are its slots' widths, and every
+ * weight and norm of the layer is used exactly once. */
+static void test_recipe_consistent(void) {
+    ac_arch a = mk_arch(1, 8, 4, 2, 1, 6, 16);
+    const ac_block_recipe *r = ac_block_recipe_of(&a, 0);
+    int width[AC_T_COUNT] = {AC_DIM_H, AC_DIM_H, AC_DIM_Q, AC_DIM_KV, AC_DIM_KV, AC_DIM_Q, AC_DIM_F, AC_DIM_F};
+    int wused[7] = {0}, nused[2] = {0};
+    CHECK(r && r->n_sub == 2, "two sub-blocks");
+    for (int s = 0; r && s < r->n_sub; s++) {
+        int written = 1 << AC_T_X;
+        for (int i = 0; i < r->sub[s].n_ops; i++) {
+            const ac_op *op = &r->sub[s].ops[i];
+            CHECK(written >> op->in & 1, "%s op %d reads slot %d before it is written", r->sub[s].name, i, op->in);
+            if (op->kind == AC_OP_ATTENTION)
+                CHECK((written >> op->in2 & 1) && (written >> op->in3 & 1), "attention reads k, v unwritten");
+            if (op->kind == AC_OP_LINEAR) {
+                CHECK(op->w >= 0 && op->w < 7, "matrix");
+                wused[op->w]++;
+                CHECK(width[op->in] == op->din && width[op->out] == op->dout, "%s op %d widths", r->sub[s].name, i);
+            }
+            if (op->kind == AC_OP_RMSNORM) nused[op->w]++;
+            written |= 1 << op->out;
+        }
+    }
+    for (int i = 0; i < 7; i++) CHECK(wused[i] == 1, "matrix %d used %d times", i, wused[i]);
+    CHECK(nused[0] == 1 && nused[1] == 1, "norms used %d, %d times", nused[0], nused[1]);
+    ac_arch_free(&a);
+}
+
+/* ---- the layer in float64, from the HF semantics (with the masks) ---- */
+typedef struct {
+    const float *hm, *fm, *hid;
+    int merge, kept;
+} ref_mod;
+static void ref_norm(double *y, const double *x, const float *w, int N, int H, double eps, const ref_mod *md) {
+    for (int r = 0; r < N; r++) {
+        double ss = 0;
+        for (int c = 0; c < H; c++) ss += x[r * H + c] * x[r * H + c];
+        double s = 1.0 / sqrt(ss / (md && md->hid ? md->kept : H) + eps);
+        for (int c = 0; c < H; c++) y[r * H + c] = x[r * H + c] * s * w[c];
+    }
+}
+static void ref_lin(double *y, const double *x, const float *W, const float *b, int N, int in, int out, int acc) {
+    for (int r = 0; r < N; r++)
+        for (int o = 0; o < out; o++) {
+            double s = b ? b[o] : 0;
+            for (int i = 0; i < in; i++) s += x[r * in + i] * W[o * in + i];
+            y[r * out + o] = (acc ? y[r * out + o] : 0) + s;
+        }
+}
+/* x[B*n][H] of sequences whose rows sit at positions pos0.. with keys and
+ * values k, v [B][S][KV] filled for positions < pos0 (cache) */
+static void ref_layer(double *x, const ac_model *m, int l, int B, int n, int pos0, double *kc, double *vc, int S,
+                      const float *cs, const float *sn, const ref_mod *md) {
+    const ac_arch *a = &m->a;
+    const ac_layer_arch *la = &a->layers[l];
+    const ac_layer_w *w = &m->L[l];
+    int H = a->hidden, hd = a->head_dim, N = B * n, Q = la->n_heads * hd, KV = la->n_kv_heads * hd, F = la->ffn;
+    double *xn = malloc((size_t)N * H * 8), *q = malloc((size_t)N * (Q + 1) * 8), *k = malloc((size_t)N * (KV + 1) * 8),
+           *v = malloc((size_t)N * (KV + 1) * 8), *att = calloc((size_t)N * (Q + 1), 8),
+           *gg = malloc((size_t)N * (F + 1) * 8), *uu = malloc((size_t)N * (F + 1) * 8);
+    int *pos = malloc(N * sizeof *pos);
+    for (int r = 0; r < N; r++) pos[r] = pos0 + r % n;
+    if (Q) {
+        ref_norm(xn, x, w->in_norm, N, H, a->eps, md);
+        ref_lin(q, xn, w->wq, w->bq, N, H, Q, 0);
+        ref_lin(k, xn, w->wk, w->bk, N, H, KV, 0);
+        ref_lin(v, xn, w->wv, w->bv, N, H, KV, 0);
+        if (md && md->merge) {
+            int nkv = la->n_kv_heads, f = nkv / md->merge;
+            for (double *t = k; t; t = t == k ? v : NULL)
+                for (int r = 0; r < N; r++)
+                    for (int j = 0; j < md->merge; j++)
+                        for (int i = 0; i < hd; i++) {
+                            double s = 0;
+                            for (int z = 0; z < f; z++) s += t[r * KV + (j * f + z) * hd + i];
+                            for (int z = 0; z < f; z++) t[r * KV + (j * f + z) * hd + i] = s / f;
+                        }
+        }
+        ref_rope(q, N, la->n_heads, hd, pos, cs, sn);
+        ref_rope(k, N, la->n_kv_heads, hd, pos, cs, sn);
+        int grp = la->n_heads / la->n_kv_heads;
+        for (int b = 0; b < B; b++) {
+            memcpy(kc + ((size_t)b * S + pos0) * KV, k + (size_t)b * n * KV, (size_t)n * KV * 8);
+            memcpy(vc + ((size_t)b * S + pos0) * KV, v + (size_t)b * n * KV, (size_t)n * KV * 8);
+            for (int hh = 0; hh < la->n_heads; hh++)
+                ref_attention(att + (size_t)b * n * Q + hh * hd, q + (size_t)b * n * Q + hh * hd,
+                              kc + (size_t)b * S * KV + (hh / grp) * hd, vc + (size_t)b * S * KV + (hh / grp) * hd, n,
+                              pos0, hd, Q, KV, a->sliding_window);
+        }
+        if (md && md->hm)
+            for (int i = 0; i < N * Q; i++) att[i] *= md->hm[(i % Q) / hd];
+        ref_lin(x, att, w->wo, NULL, N, Q, H, 1);
+        if (md && md->hid)
+            for (int i = 0; i < N * H; i++) x[i] *= md->hid[i % H];
+    }
+    if (F) {
+        ref_norm(xn, x, w->post_norm, N, H, a->eps, md);
+        ref_lin(gg, xn, w->wg, NULL, N, H, F, 0);
+        ref_lin(uu, xn, w->wu, NULL, N, H, F, 0);
+        for (int i = 0; i < N * F; i++) gg[i] = silu(gg[i]) * uu[i] * (md && md->fm ? md->fm[i % F] : 1);
+        ref_lin(x, gg, w->wd, NULL, N, F, H, 1);
+        if (md && md->hid)
+            for (int i = 0; i < N * H; i++) x[i] *= md->hid[i % H];
+    }
+    free(xn), free(q), free(k), free(v), free(att), free(gg), free(uu), free(pos);
+}
+
+static void fill(float *p, size_t n, float scale) {
+    for (size_t i = 0; p && i < n; i++) p[i] = frand() * scale;
+}
+/* A random model of heterogeneous layers (attention-only, FFN-only, GQA,
+ * qkv biases), odd widths. */
+static int random_model(ac_model *m, ac_err *e) {
+    ac_arch a = mk_arch(4, 13, 6, 3, 1, 7, 11);
+    a.layers[1] = (ac_layer_arch){4, 2, 0};
+    a.layers[2] = (ac_layer_arch){0, 0, 9};
+    a.layers[3] = (ac_layer_arch){2, 2, 5};
+    a.sliding_window = 4; /* a window shorter than the rows */
+    a.qkv_bias = 1;
+    int rc = ac_model_alloc(m, &a, e);
+    ac_arch_free(&a);
+    if (rc) return rc;
+    for (int l = 0; l < m->a.n_layers; l++) {
+        ac_layer_w *w = &m->L[l];
+        const ac_layer_arch *la = &m->a.layers[l];
+        size_t H = m->a.hidden, Q = la->n_heads * 6, KV = la->n_kv_heads * 6, F = la->ffn;
+        fill(w->in_norm, Q ? H : 0, 1), fill(w->post_norm, F ? H : 0, 1);
+        fill(w->wq, Q * H, 0.4f), fill(w->wk, KV * H, 0.4f), fill(w->wv, KV * H, 0.4f), fill(w->wo, H * Q, 0.4f);
+        fill(w->bq, w->bq ? Q : 0, 0.2f), fill(w->bk, w->bk ? KV : 0, 0.2f), fill(w->bv, w->bv ? KV : 0, 0.2f);
+        fill(w->wg, F * H, 0.4f), fill(w->wu, F * H, 0.4f), fill(w->wd, H * F, 0.4f);
+    }
+    return 0;
+}
+
+/* The executor with a KV cache (the engine's prefill, then a continuation)
+ * and with masks (streamed calibration), layer by layer against float64. */
+static void test_executor_vs_f64(void) {
+    ac_model m;
+    ac_err e = {0};
+    if (random_model(&m, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
+    const ac_arch *a = &m.a;
+    int B = 2, n1 = 5, n2 = 3, S = n1 + n2, H = a->hidden, hd = a->head_dim;
+    int mq = ac_block_dim_max(a, AC_DIM_Q), mkv = ac_block_dim_max(a, AC_DIM_KV), mf = ac_block_dim_max(a, AC_DIM_F);
+    size_t N = (size_t)B * n1;
+    float *slot[AC_T_COUNT];
+    int widths[AC_T_COUNT] = {H, H, mq, mkv, mkv, mq, mf, mf};
+    for (int i = 0; i < AC_T_COUNT; i++) slot[i] = calloc(N * widths[i], 4);
+    float *cs = malloc((size_t)S * hd / 2 * 4), *sn = malloc((size_t)S * hd / 2 * 4), *sc = malloc((size_t)S * S * 4);
+    CHECK(ac_rope_tables(a, S, cs, sn, &e) == 0, "%s", e.msg);
+    float **kc = calloc(a->n_layers, sizeof *kc), **vc = calloc(a->n_layers, sizeof *vc);
+    double **rk = calloc(a->n_layers, sizeof *rk), **rv = calloc(a->n_layers, sizeof *rv);
+    for (int l = 0; l < a->n_layers; l++) {
+        kc[l] = calloc((size_t)B * S * mkv, 4), vc[l] = calloc((size_t)B * S * mkv, 4);
+        rk[l] = calloc((size_t)B * S * mkv, 8), rv[l] = calloc((size_t)B * S * mkv, 8);
+    }
+    int pos[16];
+    ac_block_cpu c = {.m = &m, .pos = pos, .cos_t = cs, .sin_t = sn, .kc = kc, .vc = vc, .max_ctx = S, .scores = sc};
+    memcpy(c.slot, slot, sizeof slot);
+    double *rx = malloc(N * H * 8);
+    fill(slot[AC_T_X], N * H, 1);
+    for (size_t i = 0; i < N * H; i++) rx[i] = slot[AC_T_X][i];
+    for (int step = 0; step < 2; step++) {
+        int n = step ? n2 : n1, pos0 = step ? n1 : 0;
+        if (step) { /* the continuation: new rows */
+            fill(slot[AC_T_X], (size_t)B * n * H, 1);
+            for (size_t i = 0; i < (size_t)B * n * H; i++) rx[i] = slot[AC_T_X][i];
+        }
+        for (int r = 0; r < B * n; r++) pos[r] = pos0 + r % n;
+        for (int l = 0; l < a->n_layers; l++) {
+            ac_block_cpu_forward(&c, l, B, n, pos0);
+            ref_layer(rx, &m, l, B, n, pos0, rk[l], rv[l], S, cs, sn, NULL);
+            double err = relerr(slot[AC_T_X], rx, (size_t)B * n * H);
+            CHECK(err < 2e-5, "step %d layer %d: %g", step, l, err);
+        }
+    }
+    /* masks, windows from 0 without a cache: heads, FFN channels, a KV merge, hidden channels */
+    float hm[4] = {1, 0, 1, 0}, fm[9] = {1, 1, 0, 1, 0, 1, 1, 0, 1}, hid[13];
+    for (int i = 0; i < H; i++) hid[i] = i % 4 == 2 ? 0 : 1;
+    int kept = 0;
+    for (int i = 0; i < H; i++) kept += hid[i] != 0;
+    int layers_kvm[4] = {0, 1, 0, 0}; /* a merge of layer 1's two KV heads into one */
+    for (int l = 0; l < a->n_layers; l++) {
+        ac_block_mod mod = {.head_mask = l != 2 ? hm : NULL,
+                            .ffn_mask = a->layers[l].ffn ? fm : NULL,
+                            .kv_merge = layers_kvm[l],
+                            .hid_mask = hid,
+                            .hid_kept = kept};
+        ref_mod md = {mod.head_mask, mod.ffn_mask, hid, layers_kvm[l], kept};
+        c.kc = c.vc = NULL;
+        c.mod = &mod;
+        fill(slot[AC_T_X], N * H, 1);
+        for (size_t i = 0; i < N * H; i++) rx[i] = slot[AC_T_X][i] *= hid[i % H];
+        for (int r = 0; r < (int)N; r++) pos[r] = r % n1;
+        ac_block_cpu_forward(&c, l, B, n1, 0);
+        for (int i = 0; i < a->n_layers; i++) memset(rk[i], 0, (size_t)B * S * mkv * 8);
+        ref_layer(rx, &m, l, B, n1, 0, rk[0], rv[0], n1, cs, sn, &md);
+        double err = relerr(slot[AC_T_X], rx, N * H);
+        CHECK(err < 2e-5, "masked layer %d: %g", l, err);
+    }
+    for (int l = 0; l < a->n_layers; l++) free(kc[l]), free(vc[l]), free(rk[l]), free(rv[l]);
+    for (int i = 0; i < AC_T_COUNT; i++) free(slot[i]);
+    free(kc), free(vc), free(rk), free(rv), free(cs), free(sn), free(sc), free(rx);
+    ac_model_free(&m);
+}
+
+int main(void) {
+    ac_set_threads(1);
+    RUN(test_recipe_consistent);
+    RUN(test_ops_forward_f64);
+    RUN(test_linear_bf16_vs_f32);
+    RUN(test_ops_backward_f64);
+    RUN(test_executor_vs_f64);
+    printf("RESULT %d %d %d\n", ck_pass, ck_fail, ck_skip);
+    return ck_fail ? 1 : 0;
+}
