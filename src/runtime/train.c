@@ -20,24 +20,10 @@
 #include <string.h>
 
 #include "backward_cpu.h"
+#include "block_grad.h"
 #include "kernels_cpu.h"
 #include "safetensors.h"
 #include "tensor.h"
-
-typedef struct {
-    size_t maxq, maxkv, maxf;
-} widths;
-
-static widths arch_widths(const ac_arch *a) {
-    widths w = {1, 1, 1};
-    for (int l = 0; l < a->n_layers; l++) {
-        size_t q = (size_t)a->layers[l].n_heads * a->head_dim, kv = (size_t)a->layers[l].n_kv_heads * a->head_dim;
-        if (q > w.maxq) w.maxq = q;
-        if (kv > w.maxkv) w.maxkv = kv;
-        if ((size_t)a->layers[l].ffn > w.maxf) w.maxf = a->layers[l].ffn;
-    }
-    return w;
-}
 
 /* Floats of layer l's seven matrices. */
 static size_t layer_floats(const ac_arch *a, int l) {
@@ -68,7 +54,6 @@ static size_t scratch_floats(const ac_arch *a) {
 /* Carve the one allocation: with base == NULL only count. Returns floats. */
 static size_t layout(ac_trainer *t, const ac_arch *a, int B, int T, float *base) {
     size_t off = 0, N = (size_t)B * T, H = a->hidden, hd = a->head_dim, V = a->vocab;
-    widths w = arch_widths(a);
     /* TAKE only evaluates ptr when assigning, so base == NULL (t == NULL) counts. */
 #define TAKE(ptr, n)                                                                                                   \
     do {                                                                                                               \
@@ -77,24 +62,14 @@ static size_t layout(ac_trainer *t, const ac_arch *a, int B, int T, float *base)
     } while (0)
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
-        size_t Q = (size_t)L->n_heads * hd, KV = (size_t)L->n_kv_heads * hd, F = L->ffn;
+        TAKE(t->tape[l], ac_block_tape_floats(a, l, N));
         if (L->n_heads) {
-            TAKE(t->xh1[l], N * H);
-            TAKE(t->r1[l], N);
-            TAKE(t->q[l], N * Q);
-            TAKE(t->k[l], N * KV);
-            TAKE(t->v[l], N * KV);
-            TAKE(t->o[l], N * Q);
             TAKE(t->gate.head[l], L->n_heads);
             TAKE(t->dgate.head[l], L->n_heads);
         }
-        if (F) {
-            TAKE(t->xh2[l], N * H);
-            TAKE(t->r2[l], N);
-            TAKE(t->gp[l], N * F);
-            TAKE(t->u[l], N * F);
-            TAKE(t->gate.ffn[l], F);
-            TAKE(t->dgate.ffn[l], F);
+        if (L->ffn) {
+            TAKE(t->gate.ffn[l], L->ffn);
+            TAKE(t->dgate.ffn[l], L->ffn);
         }
     }
     TAKE(t->xhf, N * H);
@@ -105,14 +80,7 @@ static size_t layout(ac_trainer *t, const ac_arch *a, int B, int T, float *base)
     TAKE(t->dx, N * H);
     TAKE(t->xn, N * H);
     TAKE(t->dxn, N * H);
-    TAKE(t->sq, N * w.maxq);
-    TAKE(t->dq, N * w.maxq);
-    TAKE(t->dk, N * w.maxkv);
-    TAKE(t->dv, N * w.maxkv);
-    TAKE(t->sf, N * w.maxf);
-    TAKE(t->df, N * w.maxf);
-    TAKE(t->du, N * w.maxf);
-    TAKE(t->att, 2 * (size_t)T * T);
+    TAKE(t->bscr, ac_block_scratch_floats(a, B, T));
     TAKE(t->cos_t, (size_t)T * hd / 2);
     TAKE(t->sin_t, (size_t)T * hd / 2);
     TAKE(t->gate.hidden, H);
@@ -135,8 +103,7 @@ size_t ac_trainer_bytes_frozen(const ac_arch *a, int B, int T) {
 }
 
 void ac_trainer_free(ac_trainer *t) {
-    float ***ptrs[] = {&t->xh1, &t->r1, &t->q, &t->k,         &t->v,        &t->o,          &t->xh2,
-                       &t->r2,  &t->gp, &t->u, &t->gate.head, &t->gate.ffn, &t->dgate.head, &t->dgate.ffn};
+    float ***ptrs[] = {&t->tape, &t->gate.head, &t->gate.ffn, &t->dgate.head, &t->dgate.ffn};
     for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) free(*ptrs[i]);
     free(t->mem);
     free(t->tok);
@@ -162,8 +129,7 @@ static int trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, int fr
     t->max_B = max_B;
     t->max_T = max_T;
     int nl = a->n_layers;
-    float ***ptrs[] = {&t->xh1, &t->r1, &t->q, &t->k,         &t->v,        &t->o,          &t->xh2,
-                       &t->r2,  &t->gp, &t->u, &t->gate.head, &t->gate.ffn, &t->dgate.head, &t->dgate.ffn};
+    float ***ptrs[] = {&t->tape, &t->gate.head, &t->gate.ffn, &t->dgate.head, &t->dgate.ffn};
     int ok = 1;
     for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++)
         ok = ok && (*ptrs[i] = calloc(nl ? nl : 1, sizeof(float *)));
@@ -296,50 +262,37 @@ void ac_train_zero_grad(ac_trainer *t) {
     }
 }
 
-/* xn[N,H] = xhat * w * gh. */
+/* xn[N,H] = xhat * w * gh (the final norm's output again, for the head's backward). */
 static void renorm(float *xn, const float *xhat, const float *w, const float *gh, int N, int H) {
     for (int r = 0; r < N; r++)
         for (int c = 0; c < H; c++) xn[(size_t)r * H + c] = xhat[(size_t)r * H + c] * w[c] * gh[c];
 }
 
-static void attn_forward(ac_trainer *t, int l, const ac_layer_w *w) {
-    const ac_arch *a = &t->m->a;
-    const ac_layer_arch *L = &a->layers[l];
-    int B = t->B, T = t->T, N = B * T, H = a->hidden, hd = a->head_dim;
-    int Q = L->n_heads * hd, KV = L->n_kv_heads * hd, grp = L->n_heads / L->n_kv_heads;
-    ac_rmsnorm_fwd(t->xn, t->xh1[l], t->r1[l], t->x, w->in_norm, t->gate.hidden, N, H, a->eps);
-    ac_linear(t->q[l], t->xn, w->wq, w->bq, N, H, Q);
-    ac_linear(t->k[l], t->xn, w->wk, w->bk, N, H, KV);
-    ac_linear(t->v[l], t->xn, w->wv, w->bv, N, H, KV);
-    ac_rope(t->q[l], N, L->n_heads, hd, t->pos, t->cos_t, t->sin_t);
-    ac_rope(t->k[l], N, L->n_kv_heads, hd, t->pos, t->cos_t, t->sin_t);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < L->n_heads; h++) {
-            size_t qo = (size_t)b * T * Q + h * hd, ko = (size_t)b * T * KV + (h / grp) * hd;
-            ac_attention_head(t->o[l] + qo, t->q[l] + qo, t->k[l] + ko, t->v[l] + ko, T, 0, hd, Q, KV,
-                              a->sliding_window, t->att);
-        }
-    const float *gh = t->gate.head[l];
-    for (size_t i = 0; i < (size_t)N * Q; i++) t->sq[i] = t->o[l][i] * gh[(i % Q) / hd];
-    /* x[N,H] += s_attn * sq[N,Q] Wo[H,Q]^T */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, H, Q, t->gate.attn[l], t->sq, Q, w->wo, Q, 1.0f, t->x, H);
-}
-
-/* sf[N,F] = silu(gp) * u (ungated). */
-static void ffn_act(float *sf, const float *gp, const float *u, size_t n) {
-    for (size_t i = 0; i < n; i++) sf[i] = gp[i] / (1.0f + expf(-gp[i])) * u[i];
-}
-
-static void ffn_forward(ac_trainer *t, int l, const ac_layer_w *w) {
-    const ac_arch *a = &t->m->a;
-    int N = t->B * t->T, H = a->hidden, F = a->layers[l].ffn;
-    ac_rmsnorm_fwd(t->xn, t->xh2[l], t->r2[l], t->x, w->post_norm, t->gate.hidden, N, H, a->eps);
-    ac_linear(t->gp[l], t->xn, w->wg, NULL, N, H, F);
-    ac_linear(t->u[l], t->xn, w->wu, NULL, N, H, F);
-    ffn_act(t->sf, t->gp[l], t->u[l], (size_t)N * F);
-    const float *gf = t->gate.ffn[l];
-    for (size_t i = 0; i < (size_t)N * F; i++) t->sf[i] *= gf[i % F];
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, H, F, t->gate.mlp[l], t->sf, F, w->wd, F, 1.0f, t->x, H);
+/* Layer l's recipe on the CPU backward executor over t's tape and gates;
+ * sub[2] receives the sub-block gates (attention, FFN) it points at. */
+static ac_block_grad layer_exec(ac_trainer *t, int l, const ac_layer_w *w, float *sub, float *dsub) {
+    ac_block_grad c = {.m = t->m,
+                       .w = w,
+                       .wdt = ST_F32,
+                       .gw = &t->g.L[l],
+                       .B = t->B,
+                       .T = t->T,
+                       .pos = t->pos,
+                       .cos_t = t->cos_t,
+                       .sin_t = t->sin_t,
+                       .tape = t->tape[l],
+                       .scratch = t->bscr,
+                       .sub_gate = sub,
+                       .dsub_gate = dsub};
+    c.gate[AC_DIM_Q] = t->gate.head[l];
+    c.gate[AC_DIM_F] = t->gate.ffn[l];
+    c.gate[AC_DIM_H] = t->gate.hidden;
+    c.dgate[AC_DIM_Q] = t->dgate.head[l];
+    c.dgate[AC_DIM_F] = t->dgate.ffn[l];
+    c.dgate[AC_DIM_H] = t->dgate.hidden;
+    sub[0] = t->gate.attn[l];
+    sub[1] = t->gate.mlp[l];
+    return c;
 }
 
 int ac_train_forward(ac_trainer *t, const int *tokens, int B, int T, ac_err *e) {
@@ -361,9 +314,9 @@ int ac_train_forward(ac_trainer *t, const int *tokens, int B, int T, ac_err *e) 
     }
     for (int l = 0; l < a->n_layers; l++) {
         if (!a->layers[l].n_heads && !a->layers[l].ffn) continue;
-        const ac_layer_w *w = layer_view(t, l);
-        if (a->layers[l].n_heads) attn_forward(t, l, w);
-        if (a->layers[l].ffn) ffn_forward(t, l, w);
+        float sub[2];
+        ac_block_grad c = layer_exec(t, l, layer_view(t, l), sub, NULL);
+        ac_block_grad_forward(&c, l, t->x);
     }
     ac_rmsnorm_fwd(t->xn, t->xhf, t->rf, t->x, m->final_norm, t->gate.hidden, N, H, a->eps);
     /* logits[N,V] = xn W_lm^T, tile by tile of LM-head rows (one tile on small models: ac_linear's call) */
@@ -384,72 +337,6 @@ double ac_train_loss(ac_trainer *t, const int *target, const float *teacher, flo
                      double *ce, double *kd) {
     return ac_loss_backward(t->dlogits, t->logits, target, teacher, t->B * t->T, t->m->a.vocab, tau, kd_weight, scale,
                             ce, kd);
-}
-
-static void ffn_backward(ac_trainer *t, int l, const ac_layer_w *w) {
-    const ac_arch *a = &t->m->a;
-    ac_layer_w *gw = &t->g.L[l];
-    int N = t->B * t->T, H = a->hidden, F = a->layers[l].ffn;
-    float s = t->gate.mlp[l], *gf = t->gate.ffn[l], *dgf = t->dgate.ffn[l];
-    ffn_act(t->sf, t->gp[l], t->u[l], (size_t)N * F); /* h (ungated) */
-    /* df[N,F] = dx[N,H] Wd[H,F]: the gradient of the gated activation, before s */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, F, H, 1.0f, t->dx, H, w->wd, F, 0.0f, t->df, F);
-    double ds = 0;
-    for (size_t i = 0; i < (size_t)N * F; i++) {
-        size_t c = i % F;
-        float d = t->df[i], h = t->sf[i];
-        dgf[c] += s * d * h;
-        ds += (double)d * h * gf[c];
-        t->sf[i] = h * gf[c];
-        t->df[i] = d * s * gf[c];
-    }
-    t->dgate.mlp[l] += (float)ds;
-    /* dWd[H,F] += s dx^T (h*gf) */
-    if (gw->wd) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, F, N, s, t->dx, H, t->sf, F, 1.0f, gw->wd, F);
-    ac_silu_mul_backward(t->df, t->du, t->df, t->gp[l], t->u[l], (long)N * F);
-    renorm(t->xn, t->xh2[l], w->post_norm, t->gate.hidden, N, H);
-    ac_linear_backward(t->dxn, gw->wg, NULL, t->df, t->xn, w->wg, N, H, F, 1.0f, 0);
-    ac_linear_backward(t->dxn, gw->wu, NULL, t->du, t->xn, w->wu, N, H, F, 1.0f, 1);
-    ac_rmsnorm_backward(t->dx, gw->post_norm, t->dgate.hidden, t->dxn, t->xh2[l], t->r2[l], w->post_norm,
-                        t->gate.hidden, N, H);
-}
-
-static void attn_backward(ac_trainer *t, int l, const ac_layer_w *w) {
-    const ac_arch *a = &t->m->a;
-    const ac_layer_arch *L = &a->layers[l];
-    ac_layer_w *gw = &t->g.L[l];
-    int B = t->B, T = t->T, N = B * T, H = a->hidden, hd = a->head_dim;
-    int Q = L->n_heads * hd, KV = L->n_kv_heads * hd, grp = L->n_heads / L->n_kv_heads;
-    float s = t->gate.attn[l], *gh = t->gate.head[l], *dgh = t->dgate.head[l];
-    /* sq[N,Q] = dx Wo: the gradient of the gated attention output, before s */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, Q, H, 1.0f, t->dx, H, w->wo, Q, 0.0f, t->sq, Q);
-    double ds = 0;
-    for (size_t i = 0; i < (size_t)N * Q; i++) {
-        int h = (int)((i % Q) / hd);
-        float d = t->sq[i], o = t->o[l][i];
-        dgh[h] += s * d * o;
-        ds += (double)d * o * gh[h];
-        t->dq[i] = o * gh[h];     /* gated output, for dWo */
-        t->sq[i] = d * s * gh[h]; /* d o */
-    }
-    t->dgate.attn[l] += (float)ds;
-    if (gw->wo) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, Q, N, s, t->dx, H, t->dq, Q, 1.0f, gw->wo, Q);
-    zero(t->dk, (size_t)N * KV);
-    zero(t->dv, (size_t)N * KV);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < L->n_heads; h++) {
-            size_t qo = (size_t)b * T * Q + h * hd, ko = (size_t)b * T * KV + (h / grp) * hd;
-            ac_attention_head_backward(t->dq + qo, t->dk + ko, t->dv + ko, t->sq + qo, t->q[l] + qo, t->k[l] + ko,
-                                       t->v[l] + ko, T, hd, Q, KV, a->sliding_window, t->att);
-        }
-    ac_rope_backward(t->dq, N, L->n_heads, hd, t->pos, t->cos_t, t->sin_t);
-    ac_rope_backward(t->dk, N, L->n_kv_heads, hd, t->pos, t->cos_t, t->sin_t);
-    renorm(t->xn, t->xh1[l], w->in_norm, t->gate.hidden, N, H);
-    ac_linear_backward(t->dxn, gw->wq, gw->bq, t->dq, t->xn, w->wq, N, H, Q, 1.0f, 0);
-    ac_linear_backward(t->dxn, gw->wk, gw->bk, t->dk, t->xn, w->wk, N, H, KV, 1.0f, 1);
-    ac_linear_backward(t->dxn, gw->wv, gw->bv, t->dv, t->xn, w->wv, N, H, KV, 1.0f, 1);
-    ac_rmsnorm_backward(t->dx, gw->in_norm, t->dgate.hidden, t->dxn, t->xh1[l], t->r1[l], w->in_norm, t->gate.hidden, N,
-                        H);
 }
 
 /* dxn[N,H] = dlogits W_lm (tile by tile, accumulated in tile order);
@@ -479,9 +366,11 @@ void ac_train_backward(ac_trainer *t) {
                         N, H);
     for (int l = a->n_layers - 1; l >= 0; l--) {
         if (!a->layers[l].n_heads && !a->layers[l].ffn) continue;
-        const ac_layer_w *w = layer_view(t, l);
-        if (a->layers[l].ffn) ffn_backward(t, l, w);
-        if (a->layers[l].n_heads) attn_backward(t, l, w);
+        float sub[2], dsub[2] = {0, 0};
+        ac_block_grad c = layer_exec(t, l, layer_view(t, l), sub, dsub);
+        ac_block_grad_backward(&c, l, t->dx);
+        t->dgate.attn[l] += dsub[0];
+        t->dgate.mlp[l] += dsub[1];
     }
     for (int r = 0; r < N && t->g.embed; r++) {
         float *ge = t->g.embed + (size_t)t->tok[r] * H;

@@ -59,16 +59,15 @@ typedef struct {
     int B, T;         /* shape of the last forward */
     float *mem;       /* the one allocation (activations, scratch, gates) */
     int *tok, *pos;   /* [max_B*max_T] tokens of the last forward, positions */
-    /* saved per layer (N = B*T rows): normalized input and 1/rms of both
-     * norms, q and k after RoPE, v, attention output before gates, FFN
-     * gate and up projections before the activation */
-    float **xh1, **r1, **q, **k, **v, **o, **xh2, **r2, **gp, **u;
+    /* per layer (N = B*T rows): what the block's backward needs, kept by
+     * its forward (block_grad.h: for the Llama block the normalized inputs
+     * and 1/rms of both norms, q and k after RoPE, v, the attention output
+     * before gates, the FFN gate and up projections) */
+    float **tape;
+    float *bscr;              /* the block executor's scratch (ac_block_scratch_floats) */
     float *xhf, *rf;          /* final norm [N,H], [N] */
     float *logits, *dlogits;  /* [N,V] */
     float *x, *dx, *xn, *dxn; /* [N,H] residual stream and scratch */
-    float *sq, *dq, *dk, *dv; /* [N,maxQ] [N,maxQ] [N,maxKV] [N,maxKV] */
-    float *sf, *df, *du;      /* [N,maxF] */
-    float *att;               /* [2*T*T] attention scratch */
     float *cos_t, *sin_t;     /* [max_T][head_dim/2] */
     int frozen;               /* ac_trainer_init_frozen: no weight gradients unless the caller points g's fields */
     /* Borrowed per-layer fp32 weights read instead of the model's: the

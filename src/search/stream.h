@@ -23,6 +23,7 @@
 #ifndef AC_STREAM_H
 #define AC_STREAM_H
 
+#include "block_cpu.h"
 #include "engine.h"
 #include "err.h"
 #include "model.h"
@@ -33,23 +34,16 @@ typedef struct {
     float *xn, *q, *kt, *vt, *att, *g, *u, *x0, *scores, *cos_t, *sin_t, *logits;
     int *pos;
     ac_wscratch ws; /* 16-bit weights: the GEMMs' scratch */
-    /* backward (ac_stream_want_grad), NULL otherwise */
-    float *xh1, *xh2, *r1, *r2, *x1, *dxn, *dq, *dk, *dv, *dg, *du, *dscr, *dw, *wtile;
+    /* backward (ac_stream_want_grad), NULL otherwise: the final norm's xhat
+     * and 1/rms, a layer's input copy, the block executor's tape (one layer)
+     * and scratch (block_grad.h), a tile of converted weight rows */
+    float *xh1, *r1, *x1, *dxn, *dw, *tape, *bscr, *wtile;
     int wtile_rows;
 } ac_stream;
 
-/* What differs from the model's layer in one call (NULL / 0 = nothing). */
-typedef struct {
-    const float *head_mask; /* [n_heads]: multiplies each query head's attention output before o_proj */
-    const float *ffn_mask;  /* [ffn]: multiplies silu(g)*u before down_proj */
-    int kv_merge;           /* > 0: KV heads mean-pooled to this many (a divisor), as ac_prune merges */
-    /* Hidden width: hid_mask[H] is 1 on the hid_kept kept channels, 0 on the
-     * others; the residual stream must be 0 on masked channels (the caller
-     * multiplies the embedding rows by the mask); RMSNorms then average over
-     * the kept channels and each residual add is masked again. */
-    const float *hid_mask;
-    int hid_kept;
-} ac_stream_mod;
+/* What differs from the model's layer in one call: the recipe's structure
+ * points as masks (block_cpu.h). */
+typedef ac_block_mod ac_stream_mod;
 
 int ac_stream_init(ac_stream *s, const ac_model *m, int B, int n, ac_err *e);
 /* Also allocate what ac_stream_layer_backward and ac_stream_nll_grad need. */

@@ -1,0 +1,285 @@
+/* block_grad.c - see block_grad.h. N = B*T rows; hd head_dim; widths of
+ * layer l by ac_dim (block.h). */
+#include "block_grad.h"
+
+#include <cblas.h>
+#include <string.h>
+
+#include "backward_cpu.h"
+#include "safetensors.h"
+
+#define MAX_OPS 32 /* ops of one sub-block */
+
+/* Ops whose output stays on the tape (the costly ones); the cheap ones
+ * (norm outputs, SwiGLU, masks) are recomputed into the scratch. */
+static int on_tape(const ac_op *op) { return (op->kind == AC_OP_LINEAR && !op->acc) || op->kind == AC_OP_ATTENTION; }
+static int recomputed(const ac_op *op) {
+    return op->kind == AC_OP_RMSNORM || op->kind == AC_OP_SWIGLU || op->kind == AC_OP_MASK;
+}
+
+size_t ac_block_tape_floats(const ac_arch *a, int l, size_t N) {
+    const ac_block_recipe *r = ac_block_recipe_of(a, l);
+    size_t n = 0;
+    for (int s = 0; s < r->n_sub; s++) {
+        if (!ac_block_sub_present(a, l, &r->sub[s])) continue;
+        for (int i = 0; i < r->sub[s].n_ops; i++) {
+            const ac_op *op = &r->sub[s].ops[i];
+            if (op->kind == AC_OP_RMSNORM) n += N * ((size_t)a->hidden + 1);
+            if (on_tape(op)) n += N * (size_t)ac_block_dim(a, l, (ac_dim)op->dout);
+        }
+    }
+    return n;
+}
+
+/* Scratch: the recomputed outputs of one sub-block at the widest layer,
+ * one gradient buffer per slot, the attention backward's 2*T*T. */
+size_t ac_block_scratch_floats(const ac_arch *a, int B, int T) {
+    size_t N = (size_t)B * T, n = 2 * (size_t)T * T, sub = 0;
+    const ac_block_recipe *r = ac_block_recipe_of(a, 0);
+    for (int s = 0; s < r->n_sub; s++) {
+        size_t k = 0;
+        for (int i = 0; i < r->sub[s].n_ops; i++)
+            if (recomputed(&r->sub[s].ops[i]))
+                k += N * (size_t)ac_block_dim_max(
+                             a, (ac_dim)(r->sub[s].ops[i].kind == AC_OP_RMSNORM ? AC_DIM_H : r->sub[s].ops[i].dout));
+        if (k > sub) sub = k;
+    }
+    for (int t = 0; t < AC_T_COUNT; t++) n += N * (size_t)ac_block_dim_max(a, (ac_dim)ac_block_slot_dim(t));
+    return n + sub;
+}
+
+/* One sub-block's walk: the buffer each op read (in, in2, in3) and the
+ * value its output slot held before it (SwiGLU's gate projection). */
+typedef struct {
+    const float *in[MAX_OPS], *in2[MAX_OPS], *in3[MAX_OPS], *pre[MAX_OPS];
+    const float *xhat[MAX_OPS], *r[MAX_OPS];
+} walk;
+
+static void attention_fwd(const ac_block_grad *c, int l, float *out, const float *q, const float *k, const float *v,
+                          float *scr) {
+    const ac_arch *a = &c->m->a;
+    const ac_layer_arch *la = &a->layers[l];
+    int hd = a->head_dim, T = c->T, Q = la->n_heads * hd, KV = la->n_kv_heads * hd, grp = la->n_heads / la->n_kv_heads;
+    for (int b = 0; b < c->B; b++)
+        for (int h = 0; h < la->n_heads; h++) {
+            size_t qo = (size_t)b * T * Q + h * hd, ko = (size_t)b * T * KV + (h / grp) * hd;
+            ac_attention_head(out + qo, q + qo, k + ko, v + ko, T, 0, hd, Q, KV, a->sliding_window, scr);
+        }
+}
+
+static void mask_fwd(float *out, const float *in, const float *g, size_t N, int width, int unit) {
+    if (!g) {
+        memcpy(out, in, N * width * sizeof(float));
+        return;
+    }
+    for (size_t i = 0; i < N * width; i++) out[i] = in[i] * g[(i % width) / unit];
+}
+
+/* Run sub-block sb of layer l over x. With fwd, compute and fill the tape;
+ * without, restore from the tape (recompute only the cheap outputs) and
+ * record what the backward reads in *w. Returns the scratch end. */
+static float *sub_walk(ac_block_grad *c, int l, int sb, float *x, float **tp, float *sc, int fwd, walk *w) {
+    const ac_arch *a = &c->m->a;
+    const ac_subblock *sub = &ac_block_recipe_of(a, l)->sub[sb];
+    int N = c->B * c->T, hd = a->head_dim, dim[AC_DIM_COUNT];
+    for (int d = 0; d < AC_DIM_COUNT; d++) dim[d] = ac_block_dim(a, l, (ac_dim)d);
+    float *cur[AC_T_COUNT] = {0};
+    cur[AC_T_X] = x;
+    float *attscr = c->scratch; /* the first 2*T*T floats */
+    for (int i = 0; i < sub->n_ops; i++) {
+        const ac_op *op = &sub->ops[i];
+        int dout = dim[op->dout];
+        w->in[i] = cur[op->in];
+        w->in2[i] = cur[op->in2];
+        w->in3[i] = cur[op->in3];
+        w->pre[i] = cur[op->out];
+        switch ((ac_op_kind)op->kind) {
+        case AC_OP_RMSNORM: {
+            float *xh = *tp, *r = *tp + (size_t)N * dim[AC_DIM_H];
+            *tp += (size_t)N * (dim[AC_DIM_H] + 1);
+            const float *nw = ac_block_norm(c->w, op->w), *gh = c->gate[AC_DIM_H];
+            if (fwd)
+                ac_rmsnorm_fwd(sc, xh, r, cur[op->in], nw, gh, N, dim[AC_DIM_H], a->eps);
+            else /* xn = xhat * w * gh */
+                for (size_t j = 0; j < (size_t)N * dim[AC_DIM_H]; j++) {
+                    int ch = (int)(j % dim[AC_DIM_H]);
+                    sc[j] = xh[j] * nw[ch] * (gh ? gh[ch] : 1.0f);
+                }
+            w->xhat[i] = xh;
+            w->r[i] = r;
+            cur[op->out] = sc;
+            sc += (size_t)N * dim[AC_DIM_H];
+            break;
+        }
+        case AC_OP_LINEAR:
+            if (op->acc) {
+                float alpha = c->sub_gate ? c->sub_gate[sb] : 1.0f;
+                if (fwd && c->wdt == ST_F32) /* x[N,H] += alpha * in[N,din] W[H,din]^T */
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, dout, dim[op->din], alpha, cur[op->in],
+                                dim[op->din], (const float *)ac_block_matrix(c->w, op->w), dim[op->din], 1.0f,
+                                cur[op->out], dout);
+                else if (fwd)
+                    ac_linear_w(cur[op->out], cur[op->in], ac_block_matrix(c->w, op->w), c->wdt, NULL, N, dim[op->din],
+                                dout, 1, c->ws);
+                break;
+            }
+            if (fwd)
+                ac_linear_w(*tp, cur[op->in], ac_block_matrix(c->w, op->w), c->wdt, ac_block_bias(c->w, op->w), N,
+                            dim[op->din], dout, 0, c->ws);
+            cur[op->out] = *tp;
+            *tp += (size_t)N * dout;
+            break;
+        case AC_OP_ROPE: /* in place on a taped output: the tape keeps the rotated value */
+            if (fwd) ac_rope(cur[op->out], N, dim[op->heads] / hd, hd, c->pos, c->cos_t, c->sin_t);
+            break;
+        case AC_OP_ATTENTION:
+            if (fwd) attention_fwd(c, l, *tp, cur[op->in], cur[op->in2], cur[op->in3], attscr);
+            cur[op->out] = *tp;
+            *tp += (size_t)N * dout;
+            break;
+        case AC_OP_SWIGLU:
+            memcpy(sc, cur[op->out], (size_t)N * dout * sizeof(float));
+            ac_silu_mul(sc, cur[op->in], (long)N * dout);
+            cur[op->out] = sc;
+            sc += (size_t)N * dout;
+            break;
+        case AC_OP_MASK:
+            mask_fwd(sc, cur[op->in], c->gate[op->dout], (size_t)N, dout, op->dout == AC_DIM_Q ? hd : 1);
+            cur[op->out] = sc;
+            sc += (size_t)N * dout;
+            break;
+        case AC_OP_KV_MERGE:
+        case AC_OP_MASK_HIDDEN: break; /* not differentiated here (block_grad.h) */
+        }
+    }
+    return sc;
+}
+
+void ac_block_grad_forward(ac_block_grad *c, int l, float *x) {
+    const ac_block_recipe *r = ac_block_recipe_of(&c->m->a, l);
+    float *tp = c->tape, *sc = c->scratch + 2 * (size_t)c->T * c->T;
+    walk w;
+    for (int s = 0; s < r->n_sub; s++)
+        if (ac_block_sub_present(&c->m->a, l, &r->sub[s])) sub_walk(c, l, s, x, &tp, sc, 1, &w);
+}
+
+/* dX[N,in] (+)= alpha dY[N,out] W[out,in], W in c->wdt: one sgemm for fp32,
+ * else per tile of converted rows. */
+static void lin_dx(const ac_block_grad *c, float *dX, const float *dY, const void *W, int N, int in, int out,
+                   float alpha, int acc) {
+    if (c->wdt == ST_F32) {
+        ac_linear_backward(dX, NULL, NULL, dY, NULL, W, N, in, out, alpha, acc);
+        return;
+    }
+    for (int r0 = 0; r0 < out; r0 += c->wtile_rows) {
+        int rt = out - r0 < c->wtile_rows ? out - r0 : c->wtile_rows;
+        for (int r = 0; r < rt; r++) ac_row_f32(c->wtile + (size_t)r * in, W, c->wdt, (size_t)(r0 + r), in);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, rt, alpha, dY + r0, out, c->wtile, in,
+                    acc || r0 ? 1.0f : 0.0f, dX, in);
+    }
+}
+
+void ac_block_grad_backward(ac_block_grad *c, int l, float *dx) {
+    const ac_arch *a = &c->m->a;
+    const ac_block_recipe *r = ac_block_recipe_of(a, l);
+    int N = c->B * c->T, T = c->T, hd = a->head_dim, dim[AC_DIM_COUNT];
+    for (int d = 0; d < AC_DIM_COUNT; d++) dim[d] = ac_block_dim(a, l, (ac_dim)d);
+    /* the tape offset of each present sub-block, in forward order */
+    float *tps[8], *tp = c->tape;
+    walk w;
+    for (int s = 0; s < r->n_sub; s++) {
+        tps[s] = tp;
+        if (!ac_block_sub_present(a, l, &r->sub[s])) continue;
+        for (int i = 0; i < r->sub[s].n_ops; i++) {
+            const ac_op *op = &r->sub[s].ops[i];
+            if (op->kind == AC_OP_RMSNORM) tp += (size_t)N * (dim[AC_DIM_H] + 1);
+            if (on_tape(op)) tp += (size_t)N * dim[op->dout];
+        }
+    }
+    float *attscr = c->scratch;
+    for (int s = r->n_sub - 1; s >= 0; s--) {
+        const ac_subblock *sub = &r->sub[s];
+        if (!ac_block_sub_present(a, l, sub)) continue;
+        /* restore what the forward of this sub-block left (x is only read for the slot table) */
+        float *stp = tps[s];
+        float *g0 = sub_walk(c, l, s, dx, &stp, c->scratch + 2 * (size_t)T * T, 0, &w);
+        float *dS[AC_T_COUNT];
+        int has[AC_T_COUNT] = {0};
+        for (int t = 0; t < AC_T_COUNT; t++) {
+            dS[t] = g0;
+            g0 += (size_t)N * ac_block_dim_max(a, (ac_dim)ac_block_slot_dim(t));
+        }
+        dS[AC_T_X] = dx;
+        has[AC_T_X] = 1;
+        for (int i = sub->n_ops - 1; i >= 0; i--) {
+            const ac_op *op = &sub->ops[i];
+            int din = dim[op->din], dout = dim[op->dout];
+            float *dO = dS[op->out];
+            switch ((ac_op_kind)op->kind) {
+            case AC_OP_LINEAR: {
+                const void *W = ac_block_matrix(c->w, op->w);
+                float *gW = c->gw ? (float *)ac_block_matrix(c->gw, op->w) : NULL;
+                float *gb = c->gw ? (float *)ac_block_bias(c->gw, op->w) : NULL;
+                float *dI = dS[op->in];
+                if (op->acc) { /* x += alpha * in W^T: dI = alpha * dx W; d alpha = <dx W, in> */
+                    float alpha = c->sub_gate ? c->sub_gate[s] : 1.0f;
+                    lin_dx(c, dI, dO, W, N, din, dout, 1.0f, 0);
+                    if (c->dsub_gate) {
+                        double ds = 0;
+                        for (size_t j = 0; j < (size_t)N * din; j++) ds += (double)dI[j] * w.in[i][j];
+                        c->dsub_gate[s] += (float)ds;
+                    }
+                    if (gW) /* dW[H,din] += alpha dx^T in */
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, dout, din, N, alpha, dO, dout, w.in[i],
+                                    din, 1.0f, gW, din);
+                    if (alpha != 1.0f)
+                        for (size_t j = 0; j < (size_t)N * din; j++) dI[j] *= alpha;
+                } else {
+                    lin_dx(c, dI, dO, W, N, din, dout, 1.0f, has[op->in]);
+                    if (gW || gb) ac_linear_backward(NULL, gW, gb, dO, w.in[i], W, N, din, dout, 1.0f, 0);
+                }
+                has[op->in] = 1;
+                break;
+            }
+            case AC_OP_MASK: { /* out = in * g: dg += sum dout * in; din = dout * g (in place) */
+                const float *g = c->gate[op->dout];
+                float *dg = c->dgate[op->dout];
+                int unit = op->dout == AC_DIM_Q ? hd : 1;
+                for (size_t j = 0; dg && j < (size_t)N * dout; j++) dg[(j % dout) / unit] += dO[j] * w.in[i][j];
+                for (size_t j = 0; g && j < (size_t)N * dout; j++) dO[j] *= g[(j % dout) / unit];
+                dS[op->in] = dO;
+                has[op->in] = 1;
+                break;
+            }
+            case AC_OP_SWIGLU: /* out = silu(pre) * in */
+                ac_silu_mul_backward(dO, dS[op->in], dO, w.pre[i], w.in[i], (long)N * dout);
+                has[op->in] = 1;
+                break;
+            case AC_OP_ROPE: ac_rope_backward(dO, N, dim[op->heads] / hd, hd, c->pos, c->cos_t, c->sin_t); break;
+            case AC_OP_ATTENTION: {
+                const ac_layer_arch *la = &a->layers[l];
+                int Q = dim[AC_DIM_Q], KV = dim[AC_DIM_KV], grp = la->n_heads / la->n_kv_heads;
+                float *dq = dS[op->in], *dk = dS[op->in2], *dv = dS[op->in3];
+                memset(dk, 0, (size_t)N * KV * sizeof(float));
+                memset(dv, 0, (size_t)N * KV * sizeof(float));
+                for (int b = 0; b < c->B; b++)
+                    for (int h = 0; h < la->n_heads; h++) {
+                        size_t qo = (size_t)b * T * Q + h * hd, ko = (size_t)b * T * KV + (h / grp) * hd;
+                        ac_attention_head_backward(dq + qo, dk + ko, dv + ko, dO + qo, w.in[i] + qo, w.in2[i] + ko,
+                                                   w.in3[i] + ko, T, hd, Q, KV, a->sliding_window, attscr);
+                    }
+                has[op->in] = has[op->in2] = has[op->in3] = 1;
+                break;
+            }
+            case AC_OP_RMSNORM: {
+                float *gn = c->gw ? (float *)ac_block_norm(c->gw, op->w) : NULL;
+                ac_rmsnorm_backward(dS[op->in], gn, c->dgate[AC_DIM_H], dO, w.xhat[i], w.r[i],
+                                    ac_block_norm(c->w, op->w), c->gate[AC_DIM_H], N, dim[AC_DIM_H]);
+                break;
+            }
+            case AC_OP_KV_MERGE:
+            case AC_OP_MASK_HIDDEN: break;
+            }
+        }
+    }
+}

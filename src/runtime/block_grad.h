@@ -1,0 +1,65 @@
+/*
+ * block_grad.h - the CPU backward of a block recipe (block.h): a forward
+ * that keeps on a per-layer tape what the backward needs, and the backward
+ * through it, walking the recipe in reverse. Used by the trainer (weights
+ * and gates learn) and by streamed calibration's layer gradients (nothing
+ * learns; weights may be 16-bit in place).
+ *
+ * Structure points are gates (the differentiable search's relaxation):
+ * AC_OP_MASK on width Q multiplies each query head by gate[AC_DIM_Q][h], on
+ * width F each channel by gate[AC_DIM_F][c]; every RMSNorm is the gated one
+ * of backward_cpu.h over gate[AC_DIM_H] (its mean square over the gates'
+ * mass, so gates in {0,1} are the narrower hidden width); the residual add
+ * that ends sub-block s is scaled by sub_gate[s]. NULL gates are 1.
+ * KV merging and hidden masks after residual adds are not differentiated
+ * here (the gate search relaxes KV merges through weight overrides).
+ *
+ * Tape (per layer, ac_block_tape_floats): the outputs of LINEAR (not the
+ * residual add) and ATTENTION ops as the forward leaves them (a ROPE
+ * rotates its LINEAR's output in place there), and each RMSNorm's xhat
+ * [N][H] and 1/rms [N]. The outputs of the cheap ops (norms, SwiGLU, masks)
+ * are recomputed in the backward into the scratch. For the Llama block this
+ * is xhat, r, q, k, v, attention output, gate and up projections.
+ *
+ * Ownership: the caller owns the tape, the scratch, the weights and every
+ * gradient buffer; ac_block_grad only points at them.
+ */
+#ifndef AC_BLOCK_GRAD_H
+#define AC_BLOCK_GRAD_H
+
+#include <stddef.h>
+
+#include "block.h"
+#include "kernels_cpu.h"
+#include "model.h"
+
+typedef struct {
+    const ac_model *m; /* the arch (and nothing else of it is read: weights come from w) */
+    const ac_layer_w *w;
+    int wdt;        /* dtype of w's matrices: ST_F32, or 16-bit (then no weight gradients: gw must be NULL) */
+    ac_layer_w *gw; /* weight gradients, accumulated; NULL, or NULL fields, for none */
+    const float *gate[AC_DIM_COUNT];
+    float *dgate[AC_DIM_COUNT]; /* accumulated; NULL for none */
+    const float *sub_gate;      /* [n_sub] or NULL */
+    float *dsub_gate;           /* [n_sub] accumulated, or NULL */
+    int B, T;                   /* B sequences of T tokens from position 0 */
+    const int *pos;             /* [B*T] */
+    const float *cos_t, *sin_t;
+    float *tape;     /* this layer's: ac_block_tape_floats(a, l, B*T) */
+    float *scratch;  /* ac_block_scratch_floats(a, B, T) */
+    ac_wscratch *ws; /* 16-bit weights: forward GEMMs */
+    float *wtile;    /* 16-bit weights: wtile_rows rows of the widest input, converted for dX */
+    int wtile_rows;
+} ac_block_grad;
+
+size_t ac_block_tape_floats(const ac_arch *a, int l, size_t N);
+size_t ac_block_scratch_floats(const ac_arch *a, int B, int T);
+
+/* x[N][H] = layer l (x), in place, filling c->tape. */
+void ac_block_grad_forward(ac_block_grad *c, int l, float *x);
+/* dx[N][H]: the gradient at layer l's output becomes the gradient at its
+ * input (same tape as the last forward of l); weight and gate gradients
+ * accumulate. */
+void ac_block_grad_backward(ac_block_grad *c, int l, float *dx);
+
+#endif
