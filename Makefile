@@ -2,7 +2,7 @@
 # build/. CUDA objects are added when nvcc is found (see `make cuda-check`).
 CC      ?= gcc
 CFLAGS  ?= -O2 -g
-# The library's layers, one folder each (README, Layout); headers are included by
+# The library's layers, one folder each (docs/architecture.md); headers are included by
 # their bare name from every folder.
 SRC_DIRS = core format runtime cost search compress pipeline api
 SRC_INC  = $(addprefix -Isrc/,$(SRC_DIRS)) -Isrc

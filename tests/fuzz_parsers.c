@@ -10,7 +10,7 @@
  *  10 GGUF file (weights and tokenizer, ac_gguf_load_buf)
  * Built two ways:
  *  - `make fuzz` (clang, -DAC_LIBFUZZER -fsanitize=fuzzer,address,undefined):
- *    build/fuzz/fuzz_parsers, a libFuzzer target; see README for running it;
+ *    build/fuzz/fuzz_parsers, a libFuzzer target; docs/testing.md says how to run it;
  *  - plain (default): `fuzz_parsers N SEED` runs N random mutations of
  *    built-in seeds through every parser (used by the test suite under ASan).
  */

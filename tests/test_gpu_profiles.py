@@ -1,7 +1,7 @@
 """GPU spec profiles against published measurements (issue 16): for each
 public figure below, `build/autocompress estimate` on the same model shape,
 GPU, weight/KV dtype and workload, and its relative error; each error must
-stay within BOUND. Run as a script with --table to print the README table.
+stay within BOUND. Run as a script with --table to print the table in docs/costmodel.md.
 
 Sources (stored copies read with the project's search tools):
 - TRT_OVERVIEW: NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md

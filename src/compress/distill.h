@@ -7,7 +7,7 @@
  * stage (spec section "distill", ac_distill_spec), which job.c runs between
  * prune and evaluate for every arm it reports.
  *
- * Memory of one distillation (ac_distill_mem_bytes, README "Distillation"):
+ * Memory of one distillation (ac_distill_mem_bytes, docs/architecture.md):
  *   student weights + gradients + 2 Adam moments   4 x 4 bytes x P_student
  *   student activations (ac_trainer_bytes)          per layer 4 x N x (2H + 2Q + 2KV + 2F + 2)
  *                                                   + 4 x (2 N V + N (6H + 2Qmax + 2KVmax + 3Fmax) + 2 T^2)

@@ -45,7 +45,7 @@ static double clk(void) {
 
 /* Weights rotate through a pool larger than the last-level cache, so each
  * call reads them from memory as a forward pass over many layers does
- * (COSTMODEL.md: measure cold weights). */
+ * (docs/costmodel.md: measure cold weights). */
 #define POOL_FLOATS (24u << 20) /* 96 MiB */
 typedef struct {
     float *a, *pool, *c;
@@ -236,7 +236,7 @@ static double probe_kv_mib(const ac_cost_table *t, const ac_carch *c, int B, int
     return (ac_cost_decode_bytes(c, &p, B, S) - ac_cost_decode_bytes(c, &p, B, 0)) / 1048576.0;
 }
 
-/* End-to-end calibration (COSTMODEL.md: validate end to end) on decode
+/* End-to-end calibration (docs/costmodel.md: validate end to end) on decode
  * steps of the engine itself, over random 4-layer models of growing weight
  * size (3.6 to 111 MiB of fp32 weights), at batch 1 and 4:
  * - decode bands: what a step costs beyond the warm-weight tables, per MiB

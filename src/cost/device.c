@@ -17,7 +17,8 @@
  * datasheet (121 TFLOPS BF16 dense, 24 GB, 300 GB/s); Ada whitepaper
  * (RTX 4090: 165 TFLOPS BF16 w/ FP32 accumulate, 24 GB, 1008 GB/s); RTX 5080 /
  * 5070 (Blackwell GeForce: 16 GB 960 GB/s, 12 GB 672 GB/s; BF16 with FP32
- * accumulate derived as half the FP16-accumulate rate, see COSTMODEL.md).
+ * accumulate taken as half the FP16-accumulate rate their specs give;
+ * docs/costmodel.md).
  * launch_us: typical per-kernel launch + scheduling cost with CUDA graphs off.
  */
 const ac_device_spec ac_device_specs[] = {

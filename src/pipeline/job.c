@@ -179,10 +179,11 @@ static int stage_profile(job_state *s, ac_err *e) {
 
 /* ---------------------------------------------------------------- 4 search */
 
-/* DNAS gate steps within a FLOP budget (README "Calibration and search cost
- * at scale"): a step is a forward and a backward, about 6 FLOPs per parameter
- * per token, over dnas_batch x dnas_seq_len tokens; at most the steps asked,
- * at least 50. The tiny model (300 steps = 0.65 TFLOP) is unaffected. */
+/* DNAS gate steps within a FLOP budget (docs/search.md, "Differentiable
+ * search through the network"): a step is a forward and a backward, about
+ * 6 FLOPs per parameter per token, over dnas_batch x dnas_seq_len tokens; at
+ * most the steps asked, at least 50. The tiny model (300 steps = 0.65 TFLOP)
+ * is unaffected. */
 #define AC_DNAS_FLOP_BUDGET 2e13
 static int dnas_steps_budgeted(const ac_search_opts *so, const ac_arch *a) {
     double cap = AC_DNAS_FLOP_BUDGET / (6.0 * ac_arch_params(a) * so->dnas_batch * so->dnas_seq_len);

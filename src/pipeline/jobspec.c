@@ -157,7 +157,7 @@ static const ac_field SPEC[] = {
     INT("calibration_tokens", ac_job_spec, calibration_tokens, 256, 1 << 24, 16384, 0, NULL),
     ENUM("calibration_method", ac_job_spec, calibration_method, CMETHODS, 0, 0,
          "sensitivity curves: exact (every point through the rest of the network), streamed (gradient-scored, "
-         "layer by layer; README \"Calibration cost\"), anchored (50/100 % anchors), auto (exact up to 2e12 "
+         "layer by layer; docs/search.md), anchored (50/100 % anchors), auto (exact up to 2e12 "
          "FLOPs or on CUDA)"),
     INT("priority", ac_job_spec, priority, -1000, 1000, 0, 0, NULL),
     OBJ("distill", ac_job_spec, distill, DISTILL, 0, NULL),

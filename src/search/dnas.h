@@ -152,8 +152,8 @@ int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size
 int ac_dnas_train_gates(const ac_search_problem *p, ac_model *m, const int *ids, size_t n, const ac_dnas_opts *o,
                         ac_dnas_gates *g, double *task_grad, ac_err *e);
 
-/* search.method's name ("dnas", the spec default: README "Differentiable
- * search" gives the comparison it was chosen by; or "surrogate"). */
+/* search.method's name ("dnas", the spec default: docs/benchmarks.md,
+ * bench_compress.py, gives the comparison it was chosen by; or "surrogate"). */
 const char *ac_dnas_method(ac_search_method m);
 /* The job's search stage for method autocompress: so->method AC_SEARCH_DNAS
  * (with so->dnas_steps, dnas_lr, dnas_batch, dnas_seq_len, cotrain) or

@@ -74,13 +74,13 @@ typedef void (*ac_progress_fn)(void *ud, const char *what, double frac);
 int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda,
                           ac_progress_fn progress, void *ud, ac_importance *imp, ac_err *e);
 
-/* Calibration methods (README "Calibration cost and scale"). Every CPU
- * method is one layer-streamed pass (stream.h) over the cached residual
- * stream of the windows: activation statistics and unit ranking per layer,
- * then each curve point is layer l alone with the point's units masked (or
- * its KV heads merged) on its cached input over the first S = min(windows,
- * 8) windows; the difference delta of its output from the unmodified one
- * becomes a loss increase:
+/* Calibration methods (docs/search.md, "Calibration methods and their
+ * cost"). Every CPU method is one layer-streamed pass (stream.h) over the
+ * cached residual stream of the windows: activation statistics and unit
+ * ranking per layer, then each curve point is layer l alone with the point's
+ * units masked (or its KV heads merged) on its cached input over the first
+ * S = min(windows, 8) windows; the difference delta of its output from the
+ * unmodified one becomes a loss increase:
  * EXACT: delta carried through the rest of the network and the head (the
  *   exact increase; about L^2 / 2 layer runs per kind of point). With cuda
  *   EXACT means ENGINE.
