@@ -16,6 +16,7 @@
 #include "backward_cpu.h"
 #include "block.h"
 #include "block_cpu.h"
+#include "block_grad.h"
 #include "kernels_cpu.h"
 #include "rope.h"
 
@@ -356,21 +357,26 @@ static void test_recipe_consistent(void) {
 typedef struct {
     const float *hm, *fm, *hid;
     int merge, kept;
+    const float *gh;  /* hidden gates of the gated RMSNorm (block_grad.h), NULL = 1 */
+    const float *sub; /* [2] scales of the sub-blocks' residual adds, NULL = 1 */
 } ref_mod;
 static void ref_norm(double *y, const double *x, const float *w, int N, int H, double eps, const ref_mod *md) {
+    const float *gh = md ? md->gh : NULL;
+    double G = 0;
+    for (int c = 0; c < H; c++) G += gh ? gh[c] : 1;
     for (int r = 0; r < N; r++) {
         double ss = 0;
-        for (int c = 0; c < H; c++) ss += x[r * H + c] * x[r * H + c];
-        double s = 1.0 / sqrt(ss / (md && md->hid ? md->kept : H) + eps);
-        for (int c = 0; c < H; c++) y[r * H + c] = x[r * H + c] * s * w[c];
+        for (int c = 0; c < H; c++) ss += (gh ? gh[c] : 1) * x[r * H + c] * x[r * H + c];
+        double s = 1.0 / sqrt(ss / (md && md->hid ? md->kept : G) + eps);
+        for (int c = 0; c < H; c++) y[r * H + c] = x[r * H + c] * s * w[c] * (gh ? gh[c] : 1);
     }
 }
-static void ref_lin(double *y, const double *x, const float *W, const float *b, int N, int in, int out, int acc) {
+static void ref_lin(double *y, const double *x, const float *W, const float *b, int N, int in, int out, double acc) {
     for (int r = 0; r < N; r++)
         for (int o = 0; o < out; o++) {
             double s = b ? b[o] : 0;
             for (int i = 0; i < in; i++) s += x[r * in + i] * W[o * in + i];
-            y[r * out + o] = (acc ? y[r * out + o] : 0) + s;
+            y[r * out + o] = (acc != 0 ? y[r * out + o] + acc * s : s);
         }
 }
 /* x[B*n][H] of sequences whose rows sit at positions pos0.. with keys and
@@ -415,7 +421,7 @@ static void ref_layer(double *x, const ac_model *m, int l, int B, int n, int pos
         }
         if (md && md->hm)
             for (int i = 0; i < N * Q; i++) att[i] *= md->hm[(i % Q) / hd];
-        ref_lin(x, att, w->wo, NULL, N, Q, H, 1);
+        ref_lin(x, att, w->wo, NULL, N, Q, H, md && md->sub ? md->sub[0] : 1);
         if (md && md->hid)
             for (int i = 0; i < N * H; i++) x[i] *= md->hid[i % H];
     }
@@ -424,7 +430,7 @@ static void ref_layer(double *x, const ac_model *m, int l, int B, int n, int pos
         ref_lin(gg, xn, w->wg, NULL, N, H, F, 0);
         ref_lin(uu, xn, w->wu, NULL, N, H, F, 0);
         for (int i = 0; i < N * F; i++) gg[i] = silu(gg[i]) * uu[i] * (md && md->fm ? md->fm[i % F] : 1);
-        ref_lin(x, gg, w->wd, NULL, N, F, H, 1);
+        ref_lin(x, gg, w->wd, NULL, N, F, H, md && md->sub ? md->sub[1] : 1);
         if (md && md->hid)
             for (int i = 0; i < N * H; i++) x[i] *= md->hid[i % H];
     }
@@ -514,7 +520,7 @@ static void test_executor_vs_f64(void) {
                             .kv_merge = layers_kvm[l],
                             .hid_mask = hid,
                             .hid_kept = kept};
-        ref_mod md = {mod.head_mask, mod.ffn_mask, hid, layers_kvm[l], kept};
+        ref_mod md = {mod.head_mask, mod.ffn_mask, hid, layers_kvm[l], kept, NULL, NULL};
         c.kc = c.vc = NULL;
         c.mod = &mod;
         fill(slot[AC_T_X], N * H, 1);
@@ -532,6 +538,139 @@ static void test_executor_vs_f64(void) {
     ac_model_free(&m);
 }
 
+/* The CPU backward executor on heterogeneous layers with gates: the
+ * gradient at the input, of every gate and of the weights, each along a
+ * random direction, against a central difference of the float64 layer. */
+static double ref_loss(const ac_model *m, int l, const float *x, const float *dy, int B, int n, const float *cs,
+                       const float *sn, const ref_mod *md) {
+    const ac_arch *a = &m->a;
+    size_t N = (size_t)B * n, H = a->hidden, kvw = (size_t)ac_block_dim_max(a, AC_DIM_KV);
+    double *rx = malloc(N * H * 8), *kc = calloc(N * kvw, 8), *vc = calloc(N * kvw, 8), s = 0;
+    for (size_t i = 0; i < N * H; i++) rx[i] = x[i];
+    ref_layer(rx, m, l, B, n, 0, kc, vc, n, cs, sn, md);
+    for (size_t i = 0; i < N * H; i++) s += rx[i] * dy[i];
+    free(rx), free(kc), free(vc);
+    return s;
+}
+
+static void test_grad_executor_vs_f64(void) {
+    ac_model m, gm;
+    ac_err e = {0};
+    if (random_model(&m, &e) || ac_model_alloc(&gm, &m.a, &e)) {
+        CHECK(0, "%s", e.msg);
+        return;
+    }
+    const ac_arch *a = &m.a;
+    int B = 2, T = 5, N = B * T, H = a->hidden, hd = a->head_dim;
+    float *cs = malloc((size_t)T * hd / 2 * 4), *sn = malloc((size_t)T * hd / 2 * 4);
+    CHECK(ac_rope_tables(a, T, cs, sn, &e) == 0, "%s", e.msg);
+    int pos[10];
+    for (int r = 0; r < N; r++) pos[r] = r % T;
+    float *scr = malloc(ac_block_scratch_floats(a, B, T) * 4);
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *la = &a->layers[l];
+        float *tape = malloc((ac_block_tape_floats(a, l, N) + 1) * 4);
+        float *gq = rnd(la->n_heads + 1, 0.5f), *gf = rnd(la->ffn + 1, 0.5f), *gh = rnd(H, 0.3f), sub[2] = {0.7f, 1.3f};
+        for (int i = 0; i < la->n_heads; i++) gq[i] += 1;
+        for (int i = 0; i < la->ffn; i++) gf[i] += 1;
+        for (int i = 0; i < H; i++) gh[i] += 1;
+        float *dq = calloc(la->n_heads + 1, 4), *df = calloc(la->ffn + 1, 4), *dh = calloc(H, 4), dsub[2] = {0, 0};
+        ac_block_grad c = {.m = &m,
+                           .w = &m.L[l],
+                           .wdt = ST_F32,
+                           .gw = &gm.L[l],
+                           .B = B,
+                           .T = T,
+                           .pos = pos,
+                           .cos_t = cs,
+                           .sin_t = sn,
+                           .tape = tape,
+                           .scratch = scr,
+                           .sub_gate = sub,
+                           .dsub_gate = dsub};
+        c.gate[AC_DIM_Q] = gq, c.gate[AC_DIM_F] = gf, c.gate[AC_DIM_H] = gh;
+        c.dgate[AC_DIM_Q] = dq, c.dgate[AC_DIM_F] = df, c.dgate[AC_DIM_H] = dh;
+        float *x = rnd((size_t)N * H, 1), *dy = rnd((size_t)N * H, 1), *xo = malloc((size_t)N * H * 4);
+        float *dx = malloc((size_t)N * H * 4);
+        memcpy(xo, x, (size_t)N * H * 4);
+        memcpy(dx, dy, (size_t)N * H * 4);
+        ac_block_grad_forward(&c, l, xo);
+        ref_mod md = {gq, gf, NULL, 0, 0, gh, sub};
+        /* the forward itself */
+        size_t kvw = (size_t)ac_block_dim_max(a, AC_DIM_KV);
+        double *rx = malloc((size_t)N * H * 8), *kc = calloc(N * kvw, 8), *vc = calloc(N * kvw, 8);
+        for (int i = 0; i < N * H; i++) rx[i] = x[i];
+        ref_layer(rx, &m, l, B, T, 0, kc, vc, T, cs, sn, &md);
+        CHECK(relerr(xo, rx, (size_t)N * H) < 2e-5, "layer %d forward: %g", l, relerr(xo, rx, (size_t)N * H));
+        free(rx), free(kc), free(vc);
+        ac_block_grad_backward(&c, l, dx);
+        double h = 1e-3;
+        /* input: <dx, d> vs (L(x + h d) - L(x - h d)) / 2h */
+        float *d = rnd((size_t)N * H, 1), *xp = malloc((size_t)N * H * 4);
+        for (int i = 0; i < N * H; i++) xp[i] = x[i] + h * d[i];
+        double lp = ref_loss(&m, l, xp, dy, B, T, cs, sn, &md);
+        for (int i = 0; i < N * H; i++) xp[i] = x[i] - h * d[i];
+        double lm = ref_loss(&m, l, xp, dy, B, T, cs, sn, &md), fd = (lp - lm) / (2 * h);
+        double an = dot_f(dx, d, (size_t)N * H);
+        CHECK(fabs(an - fd) < 2e-3 * (fabs(fd) + 1), "layer %d dx: %g vs %g", l, an, fd);
+        /* each gate vector and the sub-block scales, along a random direction */
+        struct {
+            float *g, *dg;
+            int n;
+            const char *what;
+        } gs[] = {{gq, dq, la->n_heads, "head gates"},
+                  {gf, df, la->ffn, "FFN gates"},
+                  {gh, dh, H, "hidden gates"},
+                  {sub, dsub, 2, "sub-block gates"}};
+        for (size_t k = 0; k < sizeof gs / sizeof *gs; k++) {
+            if (!gs[k].n) continue;
+            float *g0 = malloc(gs[k].n * 4), *dd = rnd(gs[k].n, 1);
+            memcpy(g0, gs[k].g, gs[k].n * 4);
+            for (int i = 0; i < gs[k].n; i++) gs[k].g[i] = g0[i] + h * dd[i];
+            lp = ref_loss(&m, l, x, dy, B, T, cs, sn, &md);
+            for (int i = 0; i < gs[k].n; i++) gs[k].g[i] = g0[i] - h * dd[i];
+            lm = ref_loss(&m, l, x, dy, B, T, cs, sn, &md);
+            memcpy(gs[k].g, g0, gs[k].n * 4);
+            fd = (lp - lm) / (2 * h);
+            an = dot_f(gs[k].dg, dd, gs[k].n);
+            if (gs[k].g == sub && !la->n_heads) an -= dsub[0] * dd[0]; /* absent sub-blocks have no gradient */
+            if (gs[k].g == sub && !la->ffn) an -= dsub[1] * dd[1];
+            CHECK(fabs(an - fd) < 2e-3 * (fabs(fd) + 1), "layer %d %s: %g vs %g", l, gs[k].what, an, fd);
+            free(g0), free(dd);
+        }
+        /* every weight matrix and bias of the layer */
+        for (int wi = 0; wi < 10; wi++) {
+            size_t cnt = 0;
+            float *W = NULL, *G = NULL;
+            if (wi < 7) {
+                W = ac_layer_matrix(&m, l, (ac_wmat)wi, &cnt);
+                G = ac_layer_matrix(&gm, l, (ac_wmat)wi, &cnt);
+            } else {
+                W = (float *)ac_block_bias(&m.L[l], wi - 7);
+                G = (float *)ac_block_bias(&gm.L[l], wi - 7);
+                cnt = W ? (size_t)ac_block_dim(a, l, wi == 7 ? AC_DIM_Q : AC_DIM_KV) : 0;
+            }
+            if (!W || !cnt) continue;
+            float *w0 = malloc(cnt * 4), *dd = rnd(cnt, 1);
+            memcpy(w0, W, cnt * 4);
+            for (size_t i = 0; i < cnt; i++) W[i] = w0[i] + h * dd[i];
+            lp = ref_loss(&m, l, x, dy, B, T, cs, sn, &md);
+            for (size_t i = 0; i < cnt; i++) W[i] = w0[i] - h * dd[i];
+            lm = ref_loss(&m, l, x, dy, B, T, cs, sn, &md);
+            memcpy(W, w0, cnt * 4);
+            fd = (lp - lm) / (2 * h);
+            an = dot_f(G, dd, cnt);
+            CHECK(fabs(an - fd) < 2e-3 * (fabs(fd) + 1), "layer %d weight %d: %g vs %g", l, wi, an, fd);
+            free(w0), free(dd);
+        }
+        free(tape), free(gq), free(gf), free(gh), free(dq), free(df), free(dh), free(x), free(dy), free(xo), free(dx);
+        free(d), free(xp);
+    }
+    free(cs), free(sn), free(scr);
+    ac_model_free(&m);
+    ac_model_free(&gm);
+}
+
 int main(void) {
     ac_set_threads(1);
     RUN(test_recipe_consistent);
@@ -539,6 +678,7 @@ int main(void) {
     RUN(test_linear_bf16_vs_f32);
     RUN(test_ops_backward_f64);
     RUN(test_executor_vs_f64);
+    RUN(test_grad_executor_vs_f64);
     printf("RESULT %d %d %d\n", ck_pass, ck_fail, ck_skip);
     return ck_fail ? 1 : 0;
 }

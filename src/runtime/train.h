@@ -20,7 +20,8 @@
  *
  * Memory (llm.c's rule): ac_trainer_init makes one allocation for every
  * activation, scratch buffer and gate (ac_trainer_bytes says how much, see
- * README "Distillation"); the gradients are an ac_model of the same shapes.
+ * docs/architecture.md, "Training engine and distillation"); the gradients
+ * are an ac_model of the same shapes.
  * Forward, loss and backward never allocate. Backward ACCUMULATES into the
  * gradients (micro-batches add up); ac_train_zero_grad clears them.
  *
