@@ -34,7 +34,7 @@ CUDA_PLUGIN = $(if $(NVCC),$(B)/libac_cuda.so,)
 
 all: $(B)/autocompressd $(B)/autocompress $(TEST_BIN) $(B)/tests/fuzz_parsers $(BENCH_BIN) $(CUDA_PLUGIN) $(B)/tests/libac_cuda_emu.so $(B)/tests/test_cuda_emu
 
-$(B)/libac_cuda.so: $(wildcard src/cuda/*.cu src/cuda/*.h) src/cost/costmodel.h src/format/model.h
+$(B)/libac_cuda.so: $(wildcard src/cuda/*.cu src/cuda/*.h) src/cost/costmodel.h src/format/model.h src/runtime/block.c src/runtime/block.h
 	$(MAKE) -C src/cuda NVCC=$(NVCC) CUDA_HOME=$(CUDA_HOME) B=$(abspath $(B)) all
 
 # The CUDA backend compiled for the CPU against tests/cuda_emu (no nvcc
@@ -42,9 +42,9 @@ $(B)/libac_cuda.so: $(wildcard src/cuda/*.cu src/cuda/*.h) src/cost/costmodel.h 
 # A 5-key attention tile and 7-row logit chunks so the tests cover the online
 # softmax across tiles and the head in several chunks.
 EMU_CXXFLAGS = $(filter-out -std=c11,$(CFLAGS)) -std=c++17 -DAC_CUDA_EMU -DAC_ATTN_TILE=5 -DAC_LOGIT_ROWS=7 -DAC_TRAIN_TB=64 -Itests/cuda_emu
-$(B)/tests/libac_cuda_emu.so: src/cuda/ac_cuda.cu src/cuda/ac_cuda.h src/cuda/ac_cuda_conv.h src/cuda/ac_cuda_train.cu src/cuda/ac_cuda_train.h tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h src/cost/costmodel.h src/format/model.h src/runtime/train.h
+$(B)/tests/libac_cuda_emu.so: src/cuda/ac_cuda.cu src/cuda/ac_cuda.h src/cuda/ac_cuda_conv.h src/cuda/ac_cuda_train.cu src/cuda/ac_cuda_train.h tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h src/cost/costmodel.h src/format/model.h src/runtime/train.h src/runtime/block.c src/runtime/block.h
 	@mkdir -p $(dir $@)
-	$(CXX) $(EMU_CXXFLAGS) -shared -o $@ -x c++ src/cuda/ac_cuda.cu src/cuda/ac_cuda_train.cu -x none tests/cuda_emu/cuda_emu.cc -lopenblas
+	$(CXX) $(EMU_CXXFLAGS) -shared -o $@ -x c++ src/cuda/ac_cuda.cu src/cuda/ac_cuda_train.cu src/runtime/block.c -x none tests/cuda_emu/cuda_emu.cc -lopenblas
 
 # The emulator's own test (threads, barriers, shuffles, faults).
 $(B)/tests/test_cuda_emu: tests/cuda_emu/test_cuda_emu.cc tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h tests/check.h

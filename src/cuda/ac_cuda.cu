@@ -4,6 +4,7 @@
 #include "ac_cuda.h"
 #include "ac_cuda_conv.h"
 #include "ac_cuda_train.h"
+#include "block.h"
 
 #ifdef AC_CUDA_EMU
 #include "cuda_emu.h" // tests: the CPU emulation in tests/cuda_emu
@@ -453,13 +454,84 @@ fail:
     return -1;
 }
 
+// Layer l's weights by the recipe's names (block.h).
+static const bf16 *dmat(const layer_d &d, int w) {
+    const bf16 *m[] = {d.wq, d.wk, d.wv, d.wo, d.wg, d.wu, d.wd};
+    return w >= 0 && w < 7 ? m[w] : nullptr;
+}
+static const float *dbias(const layer_d &d, int w) {
+    return w == AC_W_Q ? d.bq : w == AC_W_K ? d.bk : w == AC_W_V ? d.bv : nullptr;
+}
+
+// Layer l of the forward: its block recipe (block.h) with each op on the
+// device. A slot holds fp32 rows, or BF16 ones where the op makes what a
+// GEMM reads next (the norms' output, attention, SwiGLU); KV-merge and mask
+// points are the search's and not run here.
+static int layer_forward(acc_engine *en, int l, int B, int n, int pos0, char *err, size_t errn) {
+    const ac_arch *a = &en->a;
+    const ac_subblock *subs = ac_block_recipe_of(a, l)->sub;
+    int nsub = ac_block_recipe_of(a, l)->n_sub, hd = a->head_dim, N = B * n, dim[AC_DIM_COUNT];
+    layer_d &d = en->L[l];
+    cudaStream_t s = en->st;
+    (void)s; // unused where the launches ignore streams (tests/cuda_emu)
+    for (int i = 0; i < AC_DIM_COUNT; i++) dim[i] = ac_block_dim(a, l, (ac_dim)i);
+    float *fbuf[AC_T_COUNT] = {en->x, nullptr, en->q, en->k, en->v, nullptr, en->g, en->u};
+    float *cf[AC_T_COUNT]; // a slot's current fp32 rows, or
+    bf16 *ch[AC_T_COUNT];  // its current BF16 rows
+    for (int i = 0; i < AC_T_COUNT; i++) cf[i] = fbuf[i], ch[i] = nullptr;
+    for (int sb = 0; sb < nsub; sb++) {
+        if (!ac_block_sub_present(a, l, &subs[sb])) continue;
+        for (int i = 0; i < subs[sb].n_ops; i++) {
+            const ac_op *op = &subs[sb].ops[i];
+            int dout = dim[op->dout];
+            switch ((ac_op_kind)op->kind) {
+            case AC_OP_RMSNORM:
+                AC_LAUNCH(k_rmsnorm, N, 256, 0, s, en->xn, cf[op->in], op->w == AC_NORM_IN ? d.in_norm : d.post_norm,
+                          dim[AC_DIM_H], a->eps);
+                ch[op->out] = en->xn;
+                break;
+            case AC_OP_LINEAR:
+                if (!op->acc) cf[op->out] = fbuf[op->out];
+                CB(gemm(en->blas, cf[op->out], ch[op->in], dmat(d, op->w), N, dim[op->din], dout, op->acc ? 1 : 0));
+                if (dbias(d, op->w))
+                    AC_LAUNCH(k_bias, (N * dout + 255) / 256, 256, 0, s, cf[op->out], dbias(d, op->w), dout, N);
+                break;
+            case AC_OP_ROPE:
+                AC_LAUNCH(k_rope, N, 128, 0, s, cf[op->out], dim[op->heads] / hd, hd, n, pos0, en->cs, en->sn);
+                break;
+            case AC_OP_ATTENTION: {
+                const ac_layer_arch *la = &a->layers[l];
+                AC_LAUNCH(k_store_kv, N, 128, 0, s, d.kc, d.vc, cf[op->in2], cf[op->in3], dim[AC_DIM_KV], n, pos0,
+                          en->max_ctx);
+                AC_LAUNCH(k_attention, dim3(N, la->n_heads), ATTN_THREADS, attn_shared_bytes(hd), s, en->att,
+                          cf[op->in], d.kc, d.vc, la->n_heads, la->n_kv_heads, hd, n, pos0, en->max_ctx,
+                          1.0f / sqrtf((float)hd), a->sliding_window);
+                ch[op->out] = en->att;
+                break;
+            }
+            case AC_OP_SWIGLU:
+                AC_LAUNCH(k_silu_mul, (unsigned)(((size_t)N * dout + 255) / 256), 256, 0, s, en->h, cf[op->out],
+                          cf[op->in], (size_t)N * dout);
+                ch[op->out] = en->h;
+                break;
+            case AC_OP_KV_MERGE:
+            case AC_OP_MASK:
+            case AC_OP_MASK_HIDDEN: break;
+            }
+        }
+    }
+    return 0;
+fail:
+    return -1;
+}
+
 // The forward up to the final norm, left on the device in en->xn (B rows
 // when last_only, else B*n); the head runs in chunks (head_chunk). Returns
 // the number of rows, or -1.
 static int forward_device(acc_engine *en, const int *tokens, int B, int n, int pos0, int last_only, char *err,
                           size_t errn) {
     const ac_arch *a = &en->a;
-    int H = a->hidden, hd = a->head_dim, N = B * n, rows;
+    int H = a->hidden, N = B * n, rows;
     cudaStream_t s = en->st;
     float *xf;
     if (B <= 0 || B > en->max_batch || n <= 0 || pos0 < 0 || pos0 + n > en->max_ctx) {
@@ -470,38 +542,8 @@ static int forward_device(acc_engine *en, const int *tokens, int B, int n, int p
     CK(cudaSetDevice(en->dev));
     CK(cudaMemcpyAsync(en->tok, tokens, N * sizeof(int), cudaMemcpyHostToDevice, s));
     AC_LAUNCH(k_embed, N, 128, 0, s, en->x, en->embed, en->tok, H);
-    for (int l = 0; l < a->n_layers; l++) {
-        const ac_layer_arch *la = &a->layers[l];
-        layer_d &d = en->L[l];
-        if (la->n_heads) {
-            int Q = la->n_heads * hd, KV = la->n_kv_heads * hd;
-            AC_LAUNCH(k_rmsnorm, N, 256, 0, s, en->xn, en->x, d.in_norm, H, a->eps);
-            CB(gemm(en->blas, en->q, en->xn, d.wq, N, H, Q, 0));
-            CB(gemm(en->blas, en->k, en->xn, d.wk, N, H, KV, 0));
-            CB(gemm(en->blas, en->v, en->xn, d.wv, N, H, KV, 0));
-            if (d.bq) {
-                AC_LAUNCH(k_bias, (N * Q + 255) / 256, 256, 0, s, en->q, d.bq, Q, N);
-                AC_LAUNCH(k_bias, (N * KV + 255) / 256, 256, 0, s, en->k, d.bk, KV, N);
-                AC_LAUNCH(k_bias, (N * KV + 255) / 256, 256, 0, s, en->v, d.bv, KV, N);
-            }
-            AC_LAUNCH(k_rope, N, 128, 0, s, en->q, la->n_heads, hd, n, pos0, en->cs, en->sn);
-            AC_LAUNCH(k_rope, N, 128, 0, s, en->k, la->n_kv_heads, hd, n, pos0, en->cs, en->sn);
-            AC_LAUNCH(k_store_kv, N, 128, 0, s, d.kc, d.vc, en->k, en->v, KV, n, pos0, en->max_ctx);
-            AC_LAUNCH(k_attention, dim3(N, la->n_heads), ATTN_THREADS, attn_shared_bytes(hd), s, en->att, en->q, d.kc,
-                      d.vc, la->n_heads, la->n_kv_heads, hd, n, pos0, en->max_ctx, 1.0f / sqrtf((float)hd),
-                      a->sliding_window);
-            CB(gemm(en->blas, en->x, en->att, d.wo, N, Q, H, 1));
-        }
-        if (la->ffn) {
-            int F = la->ffn;
-            AC_LAUNCH(k_rmsnorm, N, 256, 0, s, en->xn, en->x, d.post_norm, H, a->eps);
-            CB(gemm(en->blas, en->g, en->xn, d.wg, N, H, F, 0));
-            CB(gemm(en->blas, en->u, en->xn, d.wu, N, H, F, 0));
-            AC_LAUNCH(k_silu_mul, (unsigned)(((size_t)N * F + 255) / 256), 256, 0, s, en->h, en->g, en->u,
-                      (size_t)N * F);
-            CB(gemm(en->blas, en->x, en->h, d.wd, N, F, H, 1));
-        }
-    }
+    for (int l = 0; l < a->n_layers; l++)
+        if (layer_forward(en, l, B, n, pos0, err, errn)) goto fail;
     rows = last_only ? B : N;
     xf = en->x;
     if (last_only) {

@@ -53,7 +53,7 @@ const ac_block_recipe *ac_block_recipe_of(const ac_arch *a, int l) {
 int ac_block_slot_dim(int slot) {
     static const unsigned char d[AC_T_COUNT] = {AC_DIM_H,  AC_DIM_H, AC_DIM_Q, AC_DIM_KV,
                                                 AC_DIM_KV, AC_DIM_Q, AC_DIM_F, AC_DIM_F};
-    return slot >= 0 && slot < AC_T_COUNT ? d[slot] : AC_DIM_H;
+    return slot >= 0 && slot < AC_T_COUNT ? (int)d[slot] : (int)AC_DIM_H;
 }
 
 int ac_block_dim(const ac_arch *a, int l, ac_dim d) {
