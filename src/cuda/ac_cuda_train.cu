@@ -4,6 +4,7 @@
 // cuBLAS's column-major contract. Kernels are simple (a block per row or per
 // (row, head)) and correct first; the GEMMs carry the cost.
 #include "ac_cuda_train.h"
+#include "block.h"
 
 #include "ac_cuda_conv.h"
 
@@ -141,30 +142,6 @@ __global__ void kt_mul(float *y, const float *a, const float *b, size_t n) {
     if (i < n) y[i] = a[i] * b[i];
 }
 
-// From csum[c] = sum over rows of d * a (d: gradient of the gated
-// activation before the sub-block gate s, a: the ungated activation):
-// dg[k] += s * sum of csum over group k; dsub += sum_c csum[c] g[c / wpg]. One block.
-__global__ void kt_gate_reduce(float *dg, float *dsub, const float *csum, const float *g, int C, int wpg, float s) {
-    float part = 0;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) part += csum[c] * g[c / wpg];
-    part = tr_sum(part);
-    if (threadIdx.x == 0) *dsub += part;
-    for (int k = threadIdx.x; k < C / wpg; k += blockDim.x) {
-        float q = 0;
-        for (int c = k * wpg; c < (k + 1) * wpg; c++) q += csum[c];
-        dg[k] += s * q;
-    }
-}
-
-// d = d * s * g (the gradient of the ungated activation), ag = a * g
-__global__ void kt_gate_apply(float *d, float *ag, const float *a, const float *g, int C, int wpg, float s, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float gi = g[(i % C) / wpg];
-    d[i] *= s * gi;
-    ag[i] = a[i] * gi;
-}
-
 // out[c] += sum over rows of in[r*C + c]
 __global__ void kt_colsum(float *out, const float *in, int rows, int C) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -172,6 +149,28 @@ __global__ void kt_colsum(float *out, const float *in, int rows, int C) {
     float s = 0;
     for (int r = 0; r < rows; r++) s += in[(size_t)r * C + c];
     out[c] += s;
+}
+
+// dg[k] += sum of csum over unit k (wpg columns each). One block.
+__global__ void kt_unit_reduce(float *dg, const float *csum, int C, int wpg) {
+    for (int k = threadIdx.x; k < C / wpg; k += blockDim.x) {
+        float q = 0;
+        for (int c = k * wpg; c < (k + 1) * wpg; c++) q += csum[c];
+        dg[k] += q;
+    }
+}
+
+// *out += sum of in[0..n). One block.
+__global__ void kt_sum_acc(float *out, const float *in, int n) {
+    float part = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) part += in[i];
+    part = tr_sum(part);
+    if (threadIdx.x == 0) *out += part;
+}
+
+__global__ void kt_scale(float *y, float s, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] *= s;
 }
 
 __global__ void kt_add_bias(float *y, const float *b, int C, size_t n) {
@@ -415,9 +414,12 @@ struct acc_trainer {
     std::vector<int> decay;
     int head_idx;              // index of the LM head tensor (== embed's when tied)
     std::vector<float *> bufs; // every other device allocation, freed at the end
-    float **xh1, **r1, **q, **k, **vv, **o, **lse, **xh2, **r2, **gp, **u;
-    float *xhf, *rf, *logits, *dlogits, *teacher, *rowloss, *x, *dx, *xn, *dxn, *sq, *dq, *dk, *dv, *delta, *sf, *df,
-        *du, *prod, *part, *cos_t, *sin_t;
+    // per layer: what the block recipe's backward needs, kept by its forward
+    // (tape_floats: the costly ops' outputs, each norm's xhat and 1/rms,
+    // each attention's log-sum-exp)
+    std::vector<float *> tape;
+    float *bscr; // the recomputed cheap outputs of one sub-block, then one gradient buffer per slot
+    float *xhf, *rf, *logits, *dlogits, *teacher, *rowloss, *x, *dx, *xn, *dxn, *delta, *prod, *part, *cos_t, *sin_t;
     int *tok, *tgt, *csr; // csr: uniq [N], off [N+1], rows [N]
     std::vector<int> host_csr;
     int ntok_uniq;
@@ -496,17 +498,80 @@ extern "C" void acc_trainer_free(acc_trainer *t) {
     cudaFree(t->tgt);
     cudaFree(t->csr);
     if (t->blas) cublasDestroy(t->blas);
-    float ***arr[] = {&t->xh1, &t->r1, &t->q, &t->k, &t->vv, &t->o, &t->lse, &t->xh2, &t->r2, &t->gp, &t->u};
-    for (auto p : arr) free(*p);
     delete t;
+}
+
+// ---------------------------------------------------------------- the block recipe
+
+// The recipe's weight names (block.h) as this trainer's tensor indices.
+static int tw_mat(int w) {
+    static const int m[] = {W_Q, W_K, W_V, W_O, W_G, W_U, W_D};
+    return m[w];
+}
+static int tw_bias(int w) { return w == AC_W_Q ? W_BQ : w == AC_W_K ? W_BK : w == AC_W_V ? W_BV : -1; }
+static int tw_norm(int w) { return w == AC_NORM_IN ? W_IN : W_POST; }
+
+static int tdim(const tarch *a, int l, int d) {
+    const ac_layer_arch *L = &a->layers[l];
+    return d == AC_DIM_H    ? a->hidden
+           : d == AC_DIM_Q  ? L->n_heads * a->head_dim
+           : d == AC_DIM_KV ? L->n_kv_heads * a->head_dim
+           : d == AC_DIM_F  ? L->ffn
+                            : 0;
+}
+static int tdim_max(const tarch *a, int d) {
+    int mx = 1;
+    for (int l = 0; l < a->n_layers; l++) mx = std::max(mx, tdim(a, l, d));
+    return mx;
+}
+// Outputs kept on the tape: the costly ops' (as block_grad.c keeps them).
+static bool on_tape(const ac_op *op) { return (op->kind == AC_OP_LINEAR && !op->acc) || op->kind == AC_OP_ATTENTION; }
+static bool recomputed(const ac_op *op) {
+    return op->kind == AC_OP_RMSNORM || op->kind == AC_OP_SWIGLU || op->kind == AC_OP_MASK;
+}
+// Floats one op adds to layer l's tape for N rows.
+static size_t op_tape(const tarch *a, int l, const ac_op *op, size_t N) {
+    if (op->kind == AC_OP_RMSNORM) return N * (a->hidden + 1);                                 // xhat, 1/rms
+    if (op->kind == AC_OP_ATTENTION) return N * (tdim(a, l, op->dout) + a->layers[l].n_heads); // o, lse
+    return on_tape(op) ? N * tdim(a, l, op->dout) : 0;
+}
+static const ac_block_recipe *trecipe(const tarch *a, int l) {
+    ac_arch v; // the fields ac_block_recipe_of may read
+    memset(&v, 0, sizeof v);
+    v.n_layers = a->n_layers, v.hidden = a->hidden, v.head_dim = a->head_dim;
+    v.layers = const_cast<ac_layer_arch *>(a->layers.data());
+    return ac_block_recipe_of(&v, l);
+}
+static bool tpresent(const tarch *a, int l, const ac_subblock *s) { return tdim(a, l, s->present) > 0; }
+static size_t tape_floats(const acc_trainer *t, int l, size_t N) {
+    const ac_block_recipe *r = trecipe(&t->a, l);
+    size_t n = 0;
+    for (int s = 0; s < r->n_sub; s++)
+        for (int i = 0; tpresent(&t->a, l, &r->sub[s]) && i < r->sub[s].n_ops; i++)
+            n += op_tape(&t->a, l, &r->sub[s].ops[i], N);
+    return n;
+}
+// The recomputed outputs of the largest sub-block, then a gradient buffer per slot.
+static size_t scratch_floats(const acc_trainer *t, size_t N) {
+    const ac_block_recipe *r = trecipe(&t->a, 0);
+    size_t sub = 0, n = 0;
+    for (int s = 0; s < r->n_sub; s++) {
+        size_t k = 0;
+        for (int i = 0; i < r->sub[s].n_ops; i++) {
+            const ac_op *op = &r->sub[s].ops[i];
+            if (recomputed(op)) k += N * tdim_max(&t->a, op->kind == AC_OP_RMSNORM ? (int)AC_DIM_H : (int)op->dout);
+        }
+        sub = std::max(sub, k);
+    }
+    for (int i = 0; i < AC_T_COUNT; i++) n += N * tdim_max(&t->a, ac_block_slot_dim(i));
+    return sub + n;
 }
 
 // rope_cos/rope_sin: the host tables (src/runtime/rope.c), [max_T][head_dim/2], as the inference engine gets them.
 static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, const float *rope_sin, char *err,
                   size_t errn) {
     const tarch *a = &t->a;
-    size_t N = (size_t)t->max_B * t->max_T, H = a->hidden, hd = a->head_dim, V = a->vocab, T = t->max_T, mq = 1,
-           mkv = 1, mf = 1;
+    size_t N = (size_t)t->max_B * t->max_T, H = a->hidden, hd = a->head_dim, V = a->vocab, T = t->max_T, mq = 1, mf = 1;
     std::vector<const void *> hp;
     std::vector<int> dt;
     host_tensors(mdl, hp, t->n, t->decay, dt);
@@ -526,28 +591,16 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
         TCK(cudaMemset(t->v[i], 0, b));
     }
     t->head_idx = a->tie_embeddings ? 0 : 1;
-    float ***arr[] = {&t->xh1, &t->r1, &t->q, &t->k, &t->vv, &t->o, &t->lse, &t->xh2, &t->r2, &t->gp, &t->u};
-    for (auto p : arr)
-        if (!(*p = (float **)calloc(a->n_layers + 1, sizeof(float *)))) {
-            snprintf(err, errn, "out of memory");
-            return -1;
-        }
+    t->tape.assign(a->n_layers, NULL);
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
-        size_t Q = L->n_heads * hd, KV = L->n_kv_heads * hd, F = L->ffn;
-        mq = std::max(mq, Q), mkv = std::max(mkv, KV), mf = std::max(mf, F);
+        size_t Q = L->n_heads * hd, F = L->ffn;
+        mq = std::max(mq, Q), mf = std::max(mf, F);
         if (hd > 4 * TB) {
             snprintf(err, errn, "head_dim %zu above %d", hd, 4 * TB);
             return -1;
         }
-        if (L->n_heads && (dalloc(t, &t->xh1[l], N * H, err, errn) || dalloc(t, &t->r1[l], N, err, errn) ||
-                           dalloc(t, &t->q[l], N * Q, err, errn) || dalloc(t, &t->k[l], N * KV, err, errn) ||
-                           dalloc(t, &t->vv[l], N * KV, err, errn) || dalloc(t, &t->o[l], N * Q, err, errn) ||
-                           dalloc(t, &t->lse[l], N * L->n_heads, err, errn)))
-            return -1;
-        if (F && (dalloc(t, &t->xh2[l], N * H, err, errn) || dalloc(t, &t->r2[l], N, err, errn) ||
-                  dalloc(t, &t->gp[l], N * F, err, errn) || dalloc(t, &t->u[l], N * F, err, errn)))
-            return -1;
+        if (dalloc(t, &t->tape[l], tape_floats(t, l, N), err, errn)) return -1;
     }
     size_t mw = std::max(std::max(H, mq), mf);
     if (dalloc(t, &t->xhf, N * H, err, errn) || dalloc(t, &t->rf, N, err, errn) ||
@@ -555,10 +608,7 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
         dalloc(t, &t->teacher, N * V, err, errn) || dalloc(t, &t->rowloss, 2 * N, err, errn) ||
         dalloc(t, &t->x, N * H, err, errn) || dalloc(t, &t->dx, N * H, err, errn) ||
         dalloc(t, &t->xn, N * H, err, errn) || dalloc(t, &t->dxn, N * H, err, errn) ||
-        dalloc(t, &t->sq, N * mq, err, errn) || dalloc(t, &t->dq, N * mq, err, errn) ||
-        dalloc(t, &t->dk, N * mkv, err, errn) || dalloc(t, &t->dv, N * mkv, err, errn) ||
-        dalloc(t, &t->delta, N * (mq / hd + 1), err, errn) || dalloc(t, &t->sf, N * mf, err, errn) ||
-        dalloc(t, &t->df, N * mf, err, errn) || dalloc(t, &t->du, N * mf, err, errn) ||
+        dalloc(t, &t->bscr, scratch_floats(t, N), err, errn) || dalloc(t, &t->delta, N * (mq / hd + 1), err, errn) ||
         dalloc(t, &t->prod, N * mw, err, errn) || dalloc(t, &t->part, 1024, err, errn) ||
         dalloc(t, &t->cos_t, T * hd / 2, err, errn) || dalloc(t, &t->sin_t, T * hd / 2, err, errn))
         return -1;
@@ -613,43 +663,205 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
     return 0;
 }
 
+// One sub-block of layer l (block.h's recipe, as block_grad.c walks it on
+// the CPU): with fwd, compute it and fill the tape; without, restore what
+// the forward left (the cheap outputs recomputed into the scratch) and
+// record in *w what the backward reads. Returns the scratch's end, or NULL.
+struct twalk {
+    const float *in[32], *in2[32], *in3[32], *pre[32], *xhat[32], *r[32], *lse[32];
+};
+static float sub_alpha(const acc_trainer *t, int l, int sb) { return sb ? t->s_mlp[l] : t->s_attn[l]; }
+static float *gate_of(const acc_trainer *t, int l, int d) {
+    return d == AC_DIM_Q ? GHEAD(t, l) : d == AC_DIM_F ? GFFN(t, l) : GH(t);
+}
+static float *dgate_of(const acc_trainer *t, int l, int d) {
+    return t->dgates + (d == AC_DIM_Q ? t->off_head[l] : d == AC_DIM_F ? t->off_ffn[l] : 0);
+}
+
+static float *sub_walk(acc_trainer *t, int l, int sb, int B, int T, float **tp, float *sc, bool fwd, twalk *w,
+                       char *err, size_t errn) {
+    const tarch *a = &t->a;
+    const ac_subblock *sub = &trecipe(a, l)->sub[sb];
+    const ac_layer_arch *L = &a->layers[l];
+    int N = B * T, H = a->hidden, hd = a->head_dim, dim[AC_DIM_COUNT];
+    for (int d = 0; d < AC_DIM_COUNT; d++) dim[d] = tdim(a, l, d);
+    float *cur[AC_T_COUNT] = {};
+    cur[AC_T_X] = t->x;
+    for (int i = 0; i < sub->n_ops; i++) {
+        const ac_op *op = &sub->ops[i];
+        int din = dim[op->din], dout = dim[op->dout];
+        size_t n = (size_t)N * dout;
+        w->in[i] = cur[op->in], w->in2[i] = cur[op->in2], w->in3[i] = cur[op->in3], w->pre[i] = cur[op->out];
+        switch ((ac_op_kind)op->kind) {
+        case AC_OP_RMSNORM: {
+            float *xh = *tp, *r = *tp + (size_t)N * H, *nw = P(t, l, tw_norm(op->w));
+            *tp += (size_t)N * (H + 1);
+            if (fwd)
+                AC_LAUNCH(kt_rmsnorm, N, TB, 0, 0, sc, xh, r, cur[op->in], nw, GH(t), H, a->eps);
+            else
+                AC_LAUNCH(kt_scale_cols, N, TB, 0, 0, sc, xh, nw, GH(t), H);
+            w->xhat[i] = xh, w->r[i] = r, cur[op->out] = sc;
+            sc += (size_t)N * H;
+            break;
+        }
+        case AC_OP_LINEAR: {
+            const float *W = P(t, l, tw_mat(op->w));
+            if (op->acc) { // x += alpha * in W^T
+                if (fwd && gemm(t, 0, 1, N, dout, din, sub_alpha(t, l, sb), cur[op->in], din, W, din, 1.0f,
+                                cur[op->out], dout, err, errn))
+                    return NULL;
+                break;
+            }
+            if (fwd) {
+                if (gemm(t, 0, 1, N, dout, din, 1.0f, cur[op->in], din, W, din, 0.0f, *tp, dout, err, errn))
+                    return NULL;
+                int bi = tw_bias(op->w);
+                if (bi >= 0 && P(t, l, bi)) AC_LAUNCH(kt_add_bias, blocks(n), 256, 0, 0, *tp, P(t, l, bi), dout, n);
+            }
+            cur[op->out] = *tp;
+            *tp += n;
+            break;
+        }
+        case AC_OP_ROPE: // in place on a taped output
+            if (fwd) AC_LAUNCH(kt_rope, N, TB, 0, 0, cur[op->out], dim[op->heads] / hd, hd, T, t->cos_t, t->sin_t, 0);
+            break;
+        case AC_OP_ATTENTION: {
+            float *o = *tp, *lse = *tp + n;
+            *tp += n + (size_t)N * L->n_heads;
+            if (fwd)
+                AC_LAUNCH(kt_attn_fwd, dim3(N, L->n_heads), TB, T * sizeof(float), 0, o, lse, cur[op->in], cur[op->in2],
+                          cur[op->in3], L->n_heads, L->n_kv_heads, hd, T, 1.0f / sqrtf((float)hd), a->sliding_window);
+            w->lse[i] = lse, cur[op->out] = o;
+            break;
+        }
+        case AC_OP_SWIGLU:
+            AC_LAUNCH(kt_silu_mul, blocks(n), 256, 0, 0, sc, cur[op->out], cur[op->in], n);
+            cur[op->out] = sc;
+            sc += n;
+            break;
+        case AC_OP_MASK:
+            AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, sc, cur[op->in], gate_of(t, l, op->dout), dout,
+                      op->dout == AC_DIM_Q ? hd : 1, n);
+            cur[op->out] = sc;
+            sc += n;
+            break;
+        case AC_OP_KV_MERGE:
+        case AC_OP_MASK_HIDDEN: break; // not differentiated (block_grad.h)
+        }
+    }
+    return sc;
+}
+
+// Layer l's backward: t->dx, the gradient at its output, becomes the one at
+// its input; weight and gate gradients accumulate. The recipe in reverse.
+static int layer_bwd(acc_trainer *t, int l, int B, int T, char *err, size_t errn) {
+    const tarch *a = &t->a;
+    const ac_layer_arch *L = &a->layers[l];
+    const ac_block_recipe *r = trecipe(a, l);
+    int N = B * T, H = a->hidden, hd = a->head_dim, dim[AC_DIM_COUNT];
+    for (int d = 0; d < AC_DIM_COUNT; d++) dim[d] = tdim(a, l, d);
+    float *tps[8], *tp = t->tape[l];
+    for (int s = 0; s < r->n_sub; s++) {
+        tps[s] = tp;
+        for (int i = 0; tpresent(a, l, &r->sub[s]) && i < r->sub[s].n_ops; i++)
+            tp += op_tape(a, l, &r->sub[s].ops[i], N);
+    }
+    for (int s = r->n_sub - 1; s >= 0; s--) {
+        const ac_subblock *sub = &r->sub[s];
+        if (!tpresent(a, l, sub)) continue;
+        twalk w;
+        float *stp = tps[s], *g0 = sub_walk(t, l, s, B, T, &stp, t->bscr, false, &w, err, errn), *dS[AC_T_COUNT];
+        if (!g0) return -1;
+        bool has[AC_T_COUNT] = {};
+        for (int i = 0; i < AC_T_COUNT; i++) {
+            dS[i] = g0;
+            g0 += (size_t)N * tdim_max(a, ac_block_slot_dim(i));
+        }
+        dS[AC_T_X] = t->dx, has[AC_T_X] = true;
+        for (int i = sub->n_ops - 1; i >= 0; i--) {
+            const ac_op *op = &sub->ops[i];
+            int din = dim[op->din], dout = dim[op->dout];
+            size_t n = (size_t)N * dout;
+            float *dO = dS[op->out];
+            switch ((ac_op_kind)op->kind) {
+            case AC_OP_LINEAR: {
+                const float *W = P(t, l, tw_mat(op->w));
+                float *gW = G(t, l, tw_mat(op->w)), *dI = dS[op->in];
+                if (op->acc) { // dI = alpha dx W; d alpha += <dx W, in>; dW += alpha dx^T in
+                    float alpha = sub_alpha(t, l, s);
+                    size_t ni = (size_t)N * din;
+                    if (gemm(t, 0, 0, N, din, dout, 1.0f, dO, dout, W, din, 0.0f, dI, din, err, errn)) return -1;
+                    AC_LAUNCH(kt_mul, blocks(ni), 256, 0, 0, t->prod, dI, w.in[i], ni);
+                    (void)cudaMemset(t->csum, 0, din * sizeof(float)); // errors surface at the step's check
+                    AC_LAUNCH(kt_colsum, blocks(din), 256, 0, 0, t->csum, t->prod, N, din);
+                    AC_LAUNCH(kt_sum_acc, 1, TB, 0, 0, t->dgates + H + (size_t)s * a->n_layers + l, t->csum, din);
+                    if (gemm(t, 1, 0, dout, din, N, alpha, dO, dout, w.in[i], din, 1.0f, gW, din, err, errn)) return -1;
+                    if (alpha != 1.0f) AC_LAUNCH(kt_scale, blocks(ni), 256, 0, 0, dI, alpha, ni);
+                } else {
+                    if (gemm(t, 0, 0, N, din, dout, 1.0f, dO, dout, W, din, has[op->in] ? 1.0f : 0.0f, dI, din, err,
+                             errn) ||
+                        gemm(t, 1, 0, dout, din, N, 1.0f, dO, dout, w.in[i], din, 1.0f, gW, din, err, errn))
+                        return -1;
+                    int bi = tw_bias(op->w);
+                    if (bi >= 0 && G(t, l, bi)) AC_LAUNCH(kt_colsum, blocks(dout), 256, 0, 0, G(t, l, bi), dO, N, dout);
+                }
+                has[op->in] = true;
+                break;
+            }
+            case AC_OP_MASK: { // dg += colsum(dout * in) per unit; din = dout * g
+                int unit = op->dout == AC_DIM_Q ? hd : 1;
+                AC_LAUNCH(kt_mul, blocks(n), 256, 0, 0, t->prod, dO, w.in[i], n);
+                (void)cudaMemset(t->csum, 0, dout * sizeof(float));
+                AC_LAUNCH(kt_colsum, blocks(dout), 256, 0, 0, t->csum, t->prod, N, dout);
+                AC_LAUNCH(kt_unit_reduce, 1, TB, 0, 0, dgate_of(t, l, op->dout), t->csum, dout, unit);
+                AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, dO, dO, gate_of(t, l, op->dout), dout, unit, n);
+                dS[op->in] = dO, has[op->in] = true;
+                break;
+            }
+            case AC_OP_SWIGLU:
+                AC_LAUNCH(kt_silu_mul_bwd, blocks(n), 256, 0, 0, dO, dS[op->in], w.pre[i], w.in[i], n);
+                has[op->in] = true;
+                break;
+            case AC_OP_ROPE:
+                AC_LAUNCH(kt_rope, N, TB, 0, 0, dO, dim[op->heads] / hd, hd, T, t->cos_t, t->sin_t, 1);
+                break;
+            case AC_OP_ATTENTION: {
+                float scale = 1.0f / sqrtf((float)hd);
+                AC_LAUNCH(kt_attn_bwd_q, dim3(N, L->n_heads), TB, 2 * T * sizeof(float), 0, dS[op->in], t->delta, dO,
+                          w.in[i], w.in2[i], w.in3[i], w.lse[i], L->n_heads, L->n_kv_heads, hd, T, scale,
+                          a->sliding_window);
+                AC_LAUNCH(kt_attn_bwd_kv, dim3(N, L->n_kv_heads), TB, 2 * T * sizeof(float), 0, dS[op->in2],
+                          dS[op->in3], dO, w.in[i], w.in2[i], w.in3[i], w.lse[i], t->delta, L->n_heads, L->n_kv_heads,
+                          hd, T, scale, a->sliding_window);
+                has[op->in] = has[op->in2] = has[op->in3] = true;
+                break;
+            }
+            case AC_OP_RMSNORM: {
+                int wi_ = tw_norm(op->w);
+                AC_LAUNCH(kt_rmsnorm_bwd, N, TB, 0, 0, dS[op->in], t->prod, t->prod2, dO, w.xhat[i], w.r[i],
+                          P(t, l, wi_), GH(t), H);
+                AC_LAUNCH(kt_colsum, blocks(H), 256, 0, 0, G(t, l, wi_), t->prod, N, H);
+                AC_LAUNCH(kt_colsum, blocks(H), 256, 0, 0, t->dgates, t->prod2, N, H); // the hidden gates
+                break;
+            }
+            case AC_OP_KV_MERGE:
+            case AC_OP_MASK_HIDDEN: break;
+            }
+        }
+    }
+    return 0;
+}
+
 static int forward(acc_trainer *t, int B, int T, char *err, size_t errn) {
     const tarch *a = &t->a;
-    int N = B * T, H = a->hidden, hd = a->head_dim, V = a->vocab;
-    float scale = 1.0f / sqrtf((float)hd);
+    int N = B * T, H = a->hidden, V = a->vocab;
     AC_LAUNCH(kt_embed, N, TB, 0, 0, t->x, t->p[0], t->tok, H);
     for (int l = 0; l < a->n_layers; l++) {
-        const ac_layer_arch *L = &a->layers[l];
-        int Q = L->n_heads * hd, KV = L->n_kv_heads * hd, F = L->ffn;
-        if (L->n_heads) {
-            AC_LAUNCH(kt_rmsnorm, N, TB, 0, 0, t->xn, t->xh1[l], t->r1[l], t->x, P(t, l, W_IN), GH(t), H, a->eps);
-            float *outs[3] = {t->q[l], t->k[l], t->vv[l]}, *bias[3] = {P(t, l, W_BQ), P(t, l, W_BK), P(t, l, W_BV)};
-            const float *ws[3] = {P(t, l, W_Q), P(t, l, W_K), P(t, l, W_V)};
-            int widths[3] = {Q, KV, KV};
-            for (int i = 0; i < 3; i++) {
-                if (gemm(t, 0, 1, N, widths[i], H, 1.0f, t->xn, H, ws[i], H, 0.0f, outs[i], widths[i], err, errn))
-                    return -1;
-                if (bias[i])
-                    AC_LAUNCH(kt_add_bias, blocks((size_t)N * widths[i]), 256, 0, 0, outs[i], bias[i], widths[i],
-                              (size_t)N * widths[i]);
-            }
-            AC_LAUNCH(kt_rope, N, TB, 0, 0, t->q[l], L->n_heads, hd, T, t->cos_t, t->sin_t, 0);
-            AC_LAUNCH(kt_rope, N, TB, 0, 0, t->k[l], L->n_kv_heads, hd, T, t->cos_t, t->sin_t, 0);
-            AC_LAUNCH(kt_attn_fwd, dim3(N, L->n_heads), TB, T * sizeof(float), 0, t->o[l], t->lse[l], t->q[l], t->k[l],
-                      t->vv[l], L->n_heads, L->n_kv_heads, hd, T, scale, a->sliding_window);
-            AC_LAUNCH(kt_gate_cols, blocks((size_t)N * Q), 256, 0, 0, t->sq, t->o[l], GHEAD(t, l), Q, hd,
-                      (size_t)N * Q);
-            if (gemm(t, 0, 1, N, H, Q, t->s_attn[l], t->sq, Q, P(t, l, W_O), Q, 1.0f, t->x, H, err, errn)) return -1;
-        }
-        if (F) {
-            AC_LAUNCH(kt_rmsnorm, N, TB, 0, 0, t->xn, t->xh2[l], t->r2[l], t->x, P(t, l, W_POST), GH(t), H, a->eps);
-            if (gemm(t, 0, 1, N, F, H, 1.0f, t->xn, H, P(t, l, W_G), H, 0.0f, t->gp[l], F, err, errn) ||
-                gemm(t, 0, 1, N, F, H, 1.0f, t->xn, H, P(t, l, W_U), H, 0.0f, t->u[l], F, err, errn))
-                return -1;
-            AC_LAUNCH(kt_silu_mul, blocks((size_t)N * F), 256, 0, 0, t->sf, t->gp[l], t->u[l], (size_t)N * F);
-            AC_LAUNCH(kt_gate_cols, blocks((size_t)N * F), 256, 0, 0, t->sf, t->sf, GFFN(t, l), F, 1, (size_t)N * F);
-            if (gemm(t, 0, 1, N, H, F, t->s_mlp[l], t->sf, F, P(t, l, W_D), F, 1.0f, t->x, H, err, errn)) return -1;
-        }
+        const ac_block_recipe *r = trecipe(a, l);
+        float *tp = t->tape[l];
+        twalk w;
+        for (int sb = 0; sb < r->n_sub; sb++)
+            if (tpresent(a, l, &r->sub[sb]) && !sub_walk(t, l, sb, B, T, &tp, t->bscr, true, &w, err, errn)) return -1;
     }
     AC_LAUNCH(kt_rmsnorm, N, TB, 0, 0, t->xn, t->xhf, t->rf, t->x, t->p[2], GH(t), H, a->eps);
     return gemm(t, 0, 1, N, V, H, 1.0f, t->xn, H, t->p[t->head_idx], H, 0.0f, t->logits, V, err, errn);
@@ -661,68 +873,6 @@ static void norm_bwd(acc_trainer *t, int N, const float *xhat, const float *rr, 
     AC_LAUNCH(kt_rmsnorm_bwd, N, TB, 0, 0, t->dx, t->prod, t->prod2, t->dxn, xhat, rr, w, GH(t), H);
     AC_LAUNCH(kt_colsum, blocks(H), 256, 0, 0, dw, t->prod, N, H);
     AC_LAUNCH(kt_colsum, blocks(H), 256, 0, 0, t->dgates, t->prod2, N, H); // the hidden gate's gradient
-}
-
-// Gates of a sub-block's output (see train.c): d [N,C] = gradient of the
-// gated activation before the sub-block gate s; a the ungated activation.
-// Accumulates the gate gradients, then d <- d * s * g and ag <- a * g.
-static void gate_bwd(acc_trainer *t, int N, int C, int wpg, float *d, float *ag, const float *a, float *g, float *dg,
-                     float *dsub, float s) {
-    size_t n = (size_t)N * C;
-    AC_LAUNCH(kt_mul, blocks(n), 256, 0, 0, t->prod, d, a, n);
-    (void)cudaMemset(t->csum, 0, C * sizeof(float)); // errors surface at the step's cudaGetLastError
-    AC_LAUNCH(kt_colsum, blocks(C), 256, 0, 0, t->csum, t->prod, N, C);
-    AC_LAUNCH(kt_gate_reduce, 1, TB, 0, 0, dg, dsub, t->csum, g, C, wpg, s);
-    AC_LAUNCH(kt_gate_apply, blocks(n), 256, 0, 0, d, ag, a, g, C, wpg, s, n);
-}
-
-static int ffn_bwd(acc_trainer *t, int l, int N, char *err, size_t errn) {
-    int H = t->a.hidden, F = t->a.layers[l].ffn;
-    size_t nf = (size_t)N * F;
-    AC_LAUNCH(kt_silu_mul, blocks(nf), 256, 0, 0, t->du, t->gp[l], t->u[l],
-              nf); // h, ungated (du is free until silu_mul_bwd)
-    if (gemm(t, 0, 0, N, F, H, 1.0f, t->dx, H, P(t, l, W_D), F, 0.0f, t->df, F, err, errn)) return -1;
-    gate_bwd(t, N, F, 1, t->df, t->sf, t->du, GFFN(t, l), t->dgates + t->off_ffn[l], t->dgates + H + t->a.n_layers + l,
-             t->s_mlp[l]);
-    if (gemm(t, 1, 0, H, F, N, t->s_mlp[l], t->dx, H, t->sf, F, 1.0f, G(t, l, W_D), F, err, errn)) return -1;
-    AC_LAUNCH(kt_silu_mul_bwd, blocks(nf), 256, 0, 0, t->df, t->du, t->gp[l], t->u[l], nf);
-    AC_LAUNCH(kt_scale_cols, N, TB, 0, 0, t->xn, t->xh2[l], P(t, l, W_POST), GH(t), H);
-    if (gemm(t, 0, 0, N, H, F, 1.0f, t->df, F, P(t, l, W_G), H, 0.0f, t->dxn, H, err, errn) ||
-        gemm(t, 0, 0, N, H, F, 1.0f, t->du, F, P(t, l, W_U), H, 1.0f, t->dxn, H, err, errn) ||
-        gemm(t, 1, 0, F, H, N, 1.0f, t->df, F, t->xn, H, 1.0f, G(t, l, W_G), H, err, errn) ||
-        gemm(t, 1, 0, F, H, N, 1.0f, t->du, F, t->xn, H, 1.0f, G(t, l, W_U), H, err, errn))
-        return -1;
-    norm_bwd(t, N, t->xh2[l], t->r2[l], P(t, l, W_POST), G(t, l, W_POST));
-    return 0;
-}
-
-static int attn_bwd(acc_trainer *t, int l, int B, int T, char *err, size_t errn) {
-    const tarch *a = &t->a;
-    const ac_layer_arch *L = &a->layers[l];
-    int N = B * T, H = a->hidden, hd = a->head_dim, Q = L->n_heads * hd, KV = L->n_kv_heads * hd;
-    float scale = 1.0f / sqrtf((float)hd);
-    if (gemm(t, 0, 0, N, Q, H, 1.0f, t->dx, H, P(t, l, W_O), Q, 0.0f, t->sq, Q, err, errn)) return -1;
-    gate_bwd(t, N, Q, hd, t->sq, t->dq, t->o[l], GHEAD(t, l), t->dgates + t->off_head[l], t->dgates + H + l,
-             t->s_attn[l]);
-    if (gemm(t, 1, 0, H, Q, N, t->s_attn[l], t->dx, H, t->dq, Q, 1.0f, G(t, l, W_O), Q, err, errn)) return -1;
-    AC_LAUNCH(kt_attn_bwd_q, dim3(N, L->n_heads), TB, 2 * T * sizeof(float), 0, t->dq, t->delta, t->sq, t->q[l],
-              t->k[l], t->vv[l], t->lse[l], L->n_heads, L->n_kv_heads, hd, T, scale, a->sliding_window);
-    AC_LAUNCH(kt_attn_bwd_kv, dim3(N, L->n_kv_heads), TB, 2 * T * sizeof(float), 0, t->dk, t->dv, t->sq, t->q[l],
-              t->k[l], t->vv[l], t->lse[l], t->delta, L->n_heads, L->n_kv_heads, hd, T, scale, a->sliding_window);
-    AC_LAUNCH(kt_rope, N, TB, 0, 0, t->dq, L->n_heads, hd, T, t->cos_t, t->sin_t, 1);
-    AC_LAUNCH(kt_rope, N, TB, 0, 0, t->dk, L->n_kv_heads, hd, T, t->cos_t, t->sin_t, 1);
-    AC_LAUNCH(kt_scale_cols, N, TB, 0, 0, t->xn, t->xh1[l], P(t, l, W_IN), GH(t), H);
-    float *ds[3] = {t->dq, t->dk, t->dv};
-    int wsel[3] = {W_Q, W_K, W_V}, bsel[3] = {W_BQ, W_BK, W_BV}, widths[3] = {Q, KV, KV};
-    for (int i = 0; i < 3; i++) {
-        if (gemm(t, 0, 0, N, H, widths[i], 1.0f, ds[i], widths[i], P(t, l, wsel[i]), H, i ? 1.0f : 0.0f, t->dxn, H, err,
-                 errn) ||
-            gemm(t, 1, 0, widths[i], H, N, 1.0f, ds[i], widths[i], t->xn, H, 1.0f, G(t, l, wsel[i]), H, err, errn))
-            return -1;
-        if (G(t, l, bsel[i])) AC_LAUNCH(kt_colsum, blocks(widths[i]), 256, 0, 0, G(t, l, bsel[i]), ds[i], N, widths[i]);
-    }
-    norm_bwd(t, N, t->xh1[l], t->r1[l], P(t, l, W_IN), G(t, l, W_IN));
-    return 0;
 }
 
 // Tokens grouped by id for the embedding backward (host side, uploaded).
@@ -820,10 +970,8 @@ extern "C" int acc_trainer_grad(acc_trainer *t, const int *tokens, const int *ta
         return -1;
     TCK(cudaMemset(t->dx, 0, (size_t)N * H * sizeof(float)));
     norm_bwd(t, N, t->xhf, t->rf, t->p[2], t->g[2]);
-    for (int l = a->n_layers - 1; l >= 0; l--) {
-        if (a->layers[l].ffn && ffn_bwd(t, l, N, err, errn)) return -1;
-        if (a->layers[l].n_heads && attn_bwd(t, l, B, T, err, errn)) return -1;
-    }
+    for (int l = a->n_layers - 1; l >= 0; l--)
+        if (layer_bwd(t, l, B, T, err, errn)) return -1;
     if (embed_bwd(t, tokens, N, err, errn)) return -1;
     TCK(cudaGetLastError());
     TCK(cudaStreamSynchronize(0));
