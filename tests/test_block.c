@@ -331,9 +331,10 @@ static void test_recipe_consistent(void) {
     const ac_block_recipe *r = ac_block_recipe_of(&a, 0);
     int width[AC_T_COUNT] = {AC_DIM_H, AC_DIM_H, AC_DIM_Q, AC_DIM_KV, AC_DIM_KV, AC_DIM_Q, AC_DIM_F, AC_DIM_F};
     int wused[7] = {0}, nused[2] = {0};
-    CHECK(r && r->n_sub == 2, "two sub-blocks");
+    CHECK(r && r->n_sub == 2 && r->n_sub <= AC_BLOCK_MAX_SUB, "two sub-blocks");
     for (int s = 0; r && s < r->n_sub; s++) {
         int written = 1 << AC_T_X;
+        CHECK(r->sub[s].n_ops <= AC_BLOCK_MAX_OPS, "%s has %d ops", r->sub[s].name, r->sub[s].n_ops);
         for (int i = 0; i < r->sub[s].n_ops; i++) {
             const ac_op *op = &r->sub[s].ops[i];
             CHECK(written >> op->in & 1, "%s op %d reads slot %d before it is written", r->sub[s].name, i, op->in);

@@ -668,7 +668,8 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
 // the forward left (the cheap outputs recomputed into the scratch) and
 // record in *w what the backward reads. Returns the scratch's end, or NULL.
 struct twalk {
-    const float *in[32], *in2[32], *in3[32], *pre[32], *xhat[32], *r[32], *lse[32];
+    const float *in[AC_BLOCK_MAX_OPS], *in2[AC_BLOCK_MAX_OPS], *in3[AC_BLOCK_MAX_OPS], *pre[AC_BLOCK_MAX_OPS],
+        *xhat[AC_BLOCK_MAX_OPS], *r[AC_BLOCK_MAX_OPS], *lse[AC_BLOCK_MAX_OPS];
 };
 static float sub_alpha(const acc_trainer *t, int l, int sb) { return sb ? t->s_mlp[l] : t->s_attn[l]; }
 static float *gate_of(const acc_trainer *t, int l, int d) {
@@ -760,7 +761,7 @@ static int layer_bwd(acc_trainer *t, int l, int B, int T, char *err, size_t errn
     const ac_block_recipe *r = trecipe(a, l);
     int N = B * T, H = a->hidden, hd = a->head_dim, dim[AC_DIM_COUNT];
     for (int d = 0; d < AC_DIM_COUNT; d++) dim[d] = tdim(a, l, d);
-    float *tps[8], *tp = t->tape[l];
+    float *tps[AC_BLOCK_MAX_SUB], *tp = t->tape[l];
     for (int s = 0; s < r->n_sub; s++) {
         tps[s] = tp;
         for (int i = 0; tpresent(a, l, &r->sub[s]) && i < r->sub[s].n_ops; i++)

@@ -69,6 +69,11 @@ typedef struct {
     unsigned char hook;              /* ac_hook_point */
 } ac_op;
 
+/* Ops of one sub-block, at most (the executors' per-op records). */
+#define AC_BLOCK_MAX_OPS 32
+/* Sub-blocks of one recipe, at most. */
+#define AC_BLOCK_MAX_SUB 8
+
 typedef struct {
     const char *name;      /* "attention", "ffn" */
     unsigned char present; /* ac_dim that must be > 0 for the sub-block to run */

@@ -8,7 +8,6 @@
 #include "backward_cpu.h"
 #include "safetensors.h"
 
-#define MAX_OPS 32 /* ops of one sub-block */
 
 /* Ops whose output stays on the tape (the costly ones); the cheap ones
  * (norm outputs, SwiGLU, masks) are recomputed into the scratch. */
@@ -51,8 +50,8 @@ size_t ac_block_scratch_floats(const ac_arch *a, int B, int T) {
 /* One sub-block's walk: the buffer each op read (in, in2, in3) and the
  * value its output slot held before it (SwiGLU's gate projection). */
 typedef struct {
-    const float *in[MAX_OPS], *in2[MAX_OPS], *in3[MAX_OPS], *pre[MAX_OPS];
-    const float *xhat[MAX_OPS], *r[MAX_OPS];
+    const float *in[AC_BLOCK_MAX_OPS], *in2[AC_BLOCK_MAX_OPS], *in3[AC_BLOCK_MAX_OPS], *pre[AC_BLOCK_MAX_OPS];
+    const float *xhat[AC_BLOCK_MAX_OPS], *r[AC_BLOCK_MAX_OPS];
 } walk;
 
 static void attention_fwd(const ac_block_grad *c, int l, float *out, const float *q, const float *k, const float *v,
@@ -185,7 +184,7 @@ void ac_block_grad_backward(ac_block_grad *c, int l, float *dx) {
     int N = c->B * c->T, T = c->T, hd = a->head_dim, dim[AC_DIM_COUNT];
     for (int d = 0; d < AC_DIM_COUNT; d++) dim[d] = ac_block_dim(a, l, (ac_dim)d);
     /* the tape offset of each present sub-block, in forward order */
-    float *tps[8], *tp = c->tape;
+    float *tps[AC_BLOCK_MAX_SUB], *tp = c->tape;
     walk w;
     for (int s = 0; s < r->n_sub; s++) {
         tps[s] = tp;
