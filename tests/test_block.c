@@ -567,10 +567,10 @@ static void test_grad_executor_vs_f64(void) {
     CHECK(ac_rope_tables(a, T, cs, sn, &e) == 0, "%s", e.msg);
     int pos[10];
     for (int r = 0; r < N; r++) pos[r] = r % T;
-    float *scr = malloc(ac_block_scratch_floats(a, B, T) * 4);
+    float *scr = malloc(ac_block_grad_scratch_floats(a, B, T) * 4);
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *la = &a->layers[l];
-        float *tape = malloc((ac_block_tape_floats(a, l, N) + 1) * 4);
+        float *tape = malloc((ac_block_tape_floats(a, l, N, 0) + 1) * 4);
         float *gq = rnd(la->n_heads + 1, 0.5f), *gf = rnd(la->ffn + 1, 0.5f), *gh = rnd(H, 0.3f), sub[2] = {0.7f, 1.3f};
         for (int i = 0; i < la->n_heads; i++) gq[i] += 1;
         for (int i = 0; i < la->ffn; i++) gf[i] += 1;

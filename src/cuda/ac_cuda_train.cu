@@ -511,60 +511,40 @@ static int tw_mat(int w) {
 static int tw_bias(int w) { return w == AC_W_Q ? W_BQ : w == AC_W_K ? W_BK : w == AC_W_V ? W_BV : -1; }
 static int tw_norm(int w) { return w == AC_NORM_IN ? W_IN : W_POST; }
 
-static int tdim(const tarch *a, int l, int d) {
-    const ac_layer_arch *L = &a->layers[l];
-    return d == AC_DIM_H    ? a->hidden
-           : d == AC_DIM_Q  ? L->n_heads * a->head_dim
-           : d == AC_DIM_KV ? L->n_kv_heads * a->head_dim
-           : d == AC_DIM_F  ? L->ffn
-                            : 0;
-}
-static int tdim_max(const tarch *a, int d) {
-    int mx = 1;
-    for (int l = 0; l < a->n_layers; l++) mx = std::max(mx, tdim(a, l, d));
-    return mx;
-}
-// Outputs kept on the tape: the costly ops' (as block_grad.c keeps them).
-static bool on_tape(const ac_op *op) { return (op->kind == AC_OP_LINEAR && !op->acc) || op->kind == AC_OP_ATTENTION; }
-static bool recomputed(const ac_op *op) {
-    return op->kind == AC_OP_RMSNORM || op->kind == AC_OP_SWIGLU || op->kind == AC_OP_MASK;
-}
-// Floats one op adds to layer l's tape for N rows.
-static size_t op_tape(const tarch *a, int l, const ac_op *op, size_t N) {
-    if (op->kind == AC_OP_RMSNORM) return N * (a->hidden + 1);                                 // xhat, 1/rms
-    if (op->kind == AC_OP_ATTENTION) return N * (tdim(a, l, op->dout) + a->layers[l].n_heads); // o, lse
-    return on_tape(op) ? N * tdim(a, l, op->dout) : 0;
+// The arch as block.h reads it (a view over the trainer's copy: the
+// plugin does not link the library's arch code).
+static ac_arch tview(const tarch *a) {
+    ac_arch v;
+    memset(&v, 0, sizeof v);
+    v.n_layers = a->n_layers, v.hidden = a->hidden, v.head_dim = a->head_dim, v.vocab = a->vocab;
+    v.layers = const_cast<ac_layer_arch *>(a->layers.data());
+    return v;
 }
 static const ac_block_recipe *trecipe(const tarch *a, int l) {
-    ac_arch v; // the fields ac_block_recipe_of may read
-    memset(&v, 0, sizeof v);
-    v.n_layers = a->n_layers, v.hidden = a->hidden, v.head_dim = a->head_dim;
-    v.layers = const_cast<ac_layer_arch *>(a->layers.data());
+    ac_arch v = tview(a);
     return ac_block_recipe_of(&v, l);
 }
-static bool tpresent(const tarch *a, int l, const ac_subblock *s) { return tdim(a, l, s->present) > 0; }
-static size_t tape_floats(const acc_trainer *t, int l, size_t N) {
-    const ac_block_recipe *r = trecipe(&t->a, l);
-    size_t n = 0;
-    for (int s = 0; s < r->n_sub; s++)
-        for (int i = 0; tpresent(&t->a, l, &r->sub[s]) && i < r->sub[s].n_ops; i++)
-            n += op_tape(&t->a, l, &r->sub[s].ops[i], N);
-    return n;
+static int tdim(const tarch *a, int l, int d) {
+    ac_arch v = tview(a);
+    return ac_block_dim(&v, l, (ac_dim)d);
 }
-// The recomputed outputs of the largest sub-block, then a gradient buffer per slot.
+static bool tpresent(const tarch *a, int l, const ac_subblock *s) { return tdim(a, l, s->present) > 0; }
+// Layer l's tape: block.h's rule, each attention also keeping its log-sum-exp per row and head.
+static size_t tape_floats(const acc_trainer *t, int l, size_t N) {
+    ac_arch v = tview(&t->a);
+    return ac_block_tape_floats(&v, l, N, 1);
+}
+static size_t op_tape(const tarch *a, int l, const ac_op *op, size_t N) {
+    ac_arch v = tview(a);
+    return ac_block_op_tape(&v, l, op, N, 1);
+}
 static size_t scratch_floats(const acc_trainer *t, size_t N) {
-    const ac_block_recipe *r = trecipe(&t->a, 0);
-    size_t sub = 0, n = 0;
-    for (int s = 0; s < r->n_sub; s++) {
-        size_t k = 0;
-        for (int i = 0; i < r->sub[s].n_ops; i++) {
-            const ac_op *op = &r->sub[s].ops[i];
-            if (recomputed(op)) k += N * tdim_max(&t->a, op->kind == AC_OP_RMSNORM ? (int)AC_DIM_H : (int)op->dout);
-        }
-        sub = std::max(sub, k);
-    }
-    for (int i = 0; i < AC_T_COUNT; i++) n += N * tdim_max(&t->a, ac_block_slot_dim(i));
-    return sub + n;
+    ac_arch v = tview(&t->a);
+    return ac_block_scratch_floats(&v, N);
+}
+static int tdim_max(const tarch *a, int d) {
+    ac_arch v = tview(a);
+    return ac_block_dim_max(&v, (ac_dim)d);
 }
 
 // rope_cos/rope_sin: the host tables (src/runtime/rope.c), [max_T][head_dim/2], as the inference engine gets them.

@@ -103,3 +103,41 @@ const float *ac_block_bias(const ac_layer_w *lw, int w) {
 }
 
 const float *ac_block_norm(const ac_layer_w *lw, int w) { return w == AC_NORM_IN ? lw->in_norm : lw->post_norm; }
+
+int ac_block_op_taped(const ac_op *op) { return (op->kind == AC_OP_LINEAR && !op->acc) || op->kind == AC_OP_ATTENTION; }
+
+int ac_block_op_recomputed(const ac_op *op) {
+    return op->kind == AC_OP_RMSNORM || op->kind == AC_OP_SWIGLU || op->kind == AC_OP_MASK;
+}
+
+size_t ac_block_op_tape(const ac_arch *a, int l, const ac_op *op, size_t N, int attn_extra) {
+    if (op->kind == AC_OP_RMSNORM) return N * ((size_t)a->hidden + 1);
+    if (op->kind == AC_OP_ATTENTION)
+        return N * ((size_t)ac_block_dim(a, l, (ac_dim)op->dout) + (size_t)attn_extra * a->layers[l].n_heads);
+    return ac_block_op_taped(op) ? N * (size_t)ac_block_dim(a, l, (ac_dim)op->dout) : 0;
+}
+
+size_t ac_block_tape_floats(const ac_arch *a, int l, size_t N, int attn_extra) {
+    const ac_block_recipe *r = ac_block_recipe_of(a, l);
+    size_t n = 0;
+    for (int s = 0; s < r->n_sub; s++)
+        for (int i = 0; ac_block_sub_present(a, l, &r->sub[s]) && i < r->sub[s].n_ops; i++)
+            n += ac_block_op_tape(a, l, &r->sub[s].ops[i], N, attn_extra);
+    return n;
+}
+
+size_t ac_block_scratch_floats(const ac_arch *a, size_t N) {
+    const ac_block_recipe *r = ac_block_recipe_of(a, 0);
+    size_t sub = 0, n = 0;
+    for (int s = 0; s < r->n_sub; s++) {
+        size_t k = 0;
+        for (int i = 0; i < r->sub[s].n_ops; i++) {
+            const ac_op *op = &r->sub[s].ops[i];
+            if (ac_block_op_recomputed(op))
+                k += N * (size_t)ac_block_dim_max(a, op->kind == AC_OP_RMSNORM ? AC_DIM_H : (ac_dim)op->dout);
+        }
+        if (k > sub) sub = k;
+    }
+    for (int t = 0; t < AC_T_COUNT; t++) n += N * (size_t)ac_block_dim_max(a, (ac_dim)ac_block_slot_dim(t));
+    return sub + n;
+}

@@ -22,6 +22,8 @@
 #ifndef AC_BLOCK_H
 #define AC_BLOCK_H
 
+#include <stddef.h>
+
 #include "model.h"
 
 /* Activation slots. */
@@ -98,6 +100,19 @@ int ac_block_dim(const ac_arch *a, int l, ac_dim d);
 int ac_block_sub_present(const ac_arch *a, int l, const ac_subblock *s);
 /* The widest value of `d` over the layers (at least 1): for sizing slots. */
 int ac_block_dim_max(const ac_arch *a, ac_dim d);
+/* The backward executors' tape (block_grad.h, the CUDA trainer): whether
+ * the forward keeps an op's output per layer (the costly ops: LINEAR other
+ * than a residual add, ATTENTION) or the backward recomputes it (RMSNORM,
+ * SWIGLU, MASK); the floats an op adds to layer l's tape for N rows
+ * (RMSNORM: xhat and 1/rms; ATTENTION: its output and attn_extra floats
+ * per row and query head, e.g. a log-sum-exp) and the layer's total; the
+ * scratch an executor needs for N rows: the recomputed outputs of the
+ * largest sub-block, then one gradient buffer per slot. */
+int ac_block_op_taped(const ac_op *op);
+int ac_block_op_recomputed(const ac_op *op);
+size_t ac_block_op_tape(const ac_arch *a, int l, const ac_op *op, size_t N, int attn_extra);
+size_t ac_block_tape_floats(const ac_arch *a, int l, size_t N, int attn_extra);
+size_t ac_block_scratch_floats(const ac_arch *a, size_t N);
 /* Layer weights by name: matrix `w` (ac_wmat), its bias (NULL when none),
  * norm weight `w` (ac_normw). */
 const void *ac_block_matrix(const ac_layer_w *lw, int w);

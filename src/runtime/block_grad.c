@@ -9,42 +9,8 @@
 #include "safetensors.h"
 
 
-/* Ops whose output stays on the tape (the costly ones); the cheap ones
- * (norm outputs, SwiGLU, masks) are recomputed into the scratch. */
-static int on_tape(const ac_op *op) { return (op->kind == AC_OP_LINEAR && !op->acc) || op->kind == AC_OP_ATTENTION; }
-static int recomputed(const ac_op *op) {
-    return op->kind == AC_OP_RMSNORM || op->kind == AC_OP_SWIGLU || op->kind == AC_OP_MASK;
-}
-
-size_t ac_block_tape_floats(const ac_arch *a, int l, size_t N) {
-    const ac_block_recipe *r = ac_block_recipe_of(a, l);
-    size_t n = 0;
-    for (int s = 0; s < r->n_sub; s++) {
-        if (!ac_block_sub_present(a, l, &r->sub[s])) continue;
-        for (int i = 0; i < r->sub[s].n_ops; i++) {
-            const ac_op *op = &r->sub[s].ops[i];
-            if (op->kind == AC_OP_RMSNORM) n += N * ((size_t)a->hidden + 1);
-            if (on_tape(op)) n += N * (size_t)ac_block_dim(a, l, (ac_dim)op->dout);
-        }
-    }
-    return n;
-}
-
-/* Scratch: the recomputed outputs of one sub-block at the widest layer,
- * one gradient buffer per slot, the attention backward's 2*T*T. */
-size_t ac_block_scratch_floats(const ac_arch *a, int B, int T) {
-    size_t N = (size_t)B * T, n = 2 * (size_t)T * T, sub = 0;
-    const ac_block_recipe *r = ac_block_recipe_of(a, 0);
-    for (int s = 0; s < r->n_sub; s++) {
-        size_t k = 0;
-        for (int i = 0; i < r->sub[s].n_ops; i++)
-            if (recomputed(&r->sub[s].ops[i]))
-                k += N * (size_t)ac_block_dim_max(
-                             a, (ac_dim)(r->sub[s].ops[i].kind == AC_OP_RMSNORM ? AC_DIM_H : r->sub[s].ops[i].dout));
-        if (k > sub) sub = k;
-    }
-    for (int t = 0; t < AC_T_COUNT; t++) n += N * (size_t)ac_block_dim_max(a, (ac_dim)ac_block_slot_dim(t));
-    return n + sub;
+size_t ac_block_grad_scratch_floats(const ac_arch *a, int B, int T) {
+    return 2 * (size_t)T * T + ac_block_scratch_floats(a, (size_t)B * T);
 }
 
 /* One sub-block's walk: the buffer each op read (in, in2, in3) and the
@@ -191,8 +157,7 @@ void ac_block_grad_backward(ac_block_grad *c, int l, float *dx) {
         if (!ac_block_sub_present(a, l, &r->sub[s])) continue;
         for (int i = 0; i < r->sub[s].n_ops; i++) {
             const ac_op *op = &r->sub[s].ops[i];
-            if (op->kind == AC_OP_RMSNORM) tp += (size_t)N * (dim[AC_DIM_H] + 1);
-            if (on_tape(op)) tp += (size_t)N * dim[op->dout];
+            tp += ac_block_op_tape(a, l, op, (size_t)N, 0);
         }
     }
     float *attscr = c->scratch;

@@ -14,7 +14,7 @@
  * KV merging and hidden masks after residual adds are not differentiated
  * here (the gate search relaxes KV merges through weight overrides).
  *
- * Tape (per layer, ac_block_tape_floats): the outputs of LINEAR (not the
+ * Tape (per layer, ac_block_tape_floats in block.h): the outputs of LINEAR (not the
  * residual add) and ATTENTION ops as the forward leaves them (a ROPE
  * rotates its LINEAR's output in place there), and each RMSNorm's xhat
  * [N][H] and 1/rms [N]. The outputs of the cheap ops (norms, SwiGLU, masks)
@@ -45,15 +45,16 @@ typedef struct {
     int B, T;                   /* B sequences of T tokens from position 0 */
     const int *pos;             /* [B*T] */
     const float *cos_t, *sin_t;
-    float *tape;     /* this layer's: ac_block_tape_floats(a, l, B*T) */
-    float *scratch;  /* ac_block_scratch_floats(a, B, T) */
+    float *tape;     /* this layer's: ac_block_tape_floats(a, l, B*T, 0) */
+    float *scratch;  /* ac_block_grad_scratch_floats(a, B, T) */
     ac_wscratch *ws; /* 16-bit weights: forward GEMMs */
     float *wtile;    /* 16-bit weights: wtile_rows rows of the widest input, converted for dX */
     int wtile_rows;
 } ac_block_grad;
 
-size_t ac_block_tape_floats(const ac_arch *a, int l, size_t N);
-size_t ac_block_scratch_floats(const ac_arch *a, int B, int T);
+/* The tape of layer l for N rows is ac_block_tape_floats(a, l, N, 0)
+ * (block.h); the scratch for B sequences of T tokens: */
+size_t ac_block_grad_scratch_floats(const ac_arch *a, int B, int T);
 
 /* x[N][H] = layer l (x), in place, filling c->tape. */
 void ac_block_grad_forward(ac_block_grad *c, int l, float *x);

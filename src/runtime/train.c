@@ -62,7 +62,7 @@ static size_t layout(ac_trainer *t, const ac_arch *a, int B, int T, float *base)
     } while (0)
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
-        TAKE(t->tape[l], ac_block_tape_floats(a, l, N));
+        TAKE(t->tape[l], ac_block_tape_floats(a, l, N, 0));
         if (L->n_heads) {
             TAKE(t->gate.head[l], L->n_heads);
             TAKE(t->dgate.head[l], L->n_heads);
@@ -80,7 +80,7 @@ static size_t layout(ac_trainer *t, const ac_arch *a, int B, int T, float *base)
     TAKE(t->dx, N * H);
     TAKE(t->xn, N * H);
     TAKE(t->dxn, N * H);
-    TAKE(t->bscr, ac_block_scratch_floats(a, B, T));
+    TAKE(t->bscr, ac_block_grad_scratch_floats(a, B, T));
     TAKE(t->cos_t, (size_t)T * hd / 2);
     TAKE(t->sin_t, (size_t)T * hd / 2);
     TAKE(t->gate.hidden, H);

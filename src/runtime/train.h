@@ -65,7 +65,7 @@ typedef struct {
      * and 1/rms of both norms, q and k after RoPE, v, the attention output
      * before gates, the FFN gate and up projections) */
     float **tape;
-    float *bscr;              /* the block executor's scratch (ac_block_scratch_floats) */
+    float *bscr;              /* the block executor's scratch (ac_block_grad_scratch_floats) */
     float *xhf, *rf;          /* final norm [N,H], [N] */
     float *logits, *dlogits;  /* [N,V] */
     float *x, *dx, *xn, *dxn; /* [N,H] residual stream and scratch */

@@ -78,9 +78,9 @@ int ac_stream_want_grad(ac_stream *s, ac_err *e) {
     s->wtile_rows = 64;
     size_t tape = 0;
     for (int l = 0; l < a->n_layers; l++)
-        if (ac_block_tape_floats(a, l, N) > tape) tape = ac_block_tape_floats(a, l, N);
+        if (ac_block_tape_floats(a, l, N, 0) > tape) tape = ac_block_tape_floats(a, l, N, 0);
     s->tape = malloc((tape + 1) * 4);
-    s->bscr = malloc(ac_block_scratch_floats(a, s->B, s->n) * 4);
+    s->bscr = malloc(ac_block_grad_scratch_floats(a, s->B, s->n) * 4);
     s->xh1 = malloc(N * H * 4);
     s->x1 = malloc(N * H * 4);
     s->dxn = malloc(N * H * 4);
