@@ -24,6 +24,7 @@
 #include "dnas.h"
 #include "gguf.h"
 #include "job_state.h"
+#include "jobcheck.h"
 #include "kernels_cpu.h"
 #include "measure.h"
 #include "minitron.h"

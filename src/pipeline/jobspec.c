@@ -18,6 +18,7 @@
 #include "distill.h"
 #include "gguf.h"
 #include "job.h"
+#include "jobcheck.h"
 #include "safetensors.h"
 
 _Static_assert(sizeof(ac_method) == sizeof(int) && sizeof(ac_export_target) == sizeof(int), "enums are stored as int");
