@@ -9,7 +9,7 @@
 #include "cuda_plugin.h"
 #include "device.h"
 #include "optim.h"
-#include "prune.h"
+#include "slice.h"
 #include "rope.h"
 #include "tensor.h"
 

@@ -8,7 +8,7 @@
 #include "engine.h"
 #include "eval.h"
 #include "kernels_cpu.h"
-#include "prune.h"
+#include "slice.h"
 #include "safetensors.h"
 #include "stream.h"
 
