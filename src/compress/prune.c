@@ -29,7 +29,9 @@ int ac_repair_stats(const ac_model *src, const int *ids, size_t n, int ctx, int 
     }
     ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = windows, .batch = 4};
     ac_ppl_result pr;
-    if (ac_perplexity(src, ids, n, &o, st, NULL, NULL, &pr, e)) {
+    ac_engine_hooks hk;
+    ac_stats_hooks(st, &hk);
+    if (ac_perplexity(src, ids, n, &o, &hk, NULL, NULL, &pr, e)) {
         ac_stats_free(st);
         return -1;
     }
