@@ -5,10 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtype.h"
 #include "engine.h"
 #include "eval.h"
 #include "kernels_cpu.h"
-#include "safetensors.h"
 #include "stream.h"
 #include "tensor.h"
 #include <cblas.h>

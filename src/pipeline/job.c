@@ -22,6 +22,7 @@
 #include "device.h"
 #include "distill.h"
 #include "dnas.h"
+#include "dtype.h"
 #include "gguf.h"
 #include "job_state.h"
 #include "jobcheck.h"
@@ -29,7 +30,6 @@
 #include "measure.h"
 #include "minitron.h"
 #include "prune.h"
-#include "safetensors.h"
 
 static void emit(job_state *s, const char *kind, json_t *data) {
     if (s->ctx->emit && data) s->ctx->emit(s->ctx->ud, kind, data);

@@ -5,9 +5,9 @@
 #include <unistd.h>
 
 #include "deci.h"
+#include "dtype.h"
 #include "fsafe.h"
 #include "gguf.h"
-#include "safetensors.h"
 
 int ac_job_check_paths(const ac_job_spec *s, const char *jobs_dir, const char **field, ac_err *e) {
     const char *path;

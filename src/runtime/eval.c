@@ -1,7 +1,7 @@
 /* eval.c - see eval.h. */
+#include "dtype.h"
 #include "eval.h"
 #include "fsafe.h"
-#include "safetensors.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -20,8 +20,8 @@
 #include <string.h>
 
 #include "backward_cpu.h"
+#include "dtype.h"
 #include "kernels_cpu.h"
-#include "safetensors.h"
 #include "tensor.h"
 
 typedef struct {

@@ -5,10 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtype.h"
 #include "engine.h"
 #include "eval.h"
 #include "kernels_cpu.h"
-#include "safetensors.h"
 #include "slice.h"
 #include "stats.h"
 #include "stream.h"

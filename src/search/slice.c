@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtype.h"
 #include "kernels_cpu.h"
-#include "safetensors.h"
 #include "tensor.h"
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }

@@ -8,9 +8,9 @@
 #include <string.h>
 
 #include "backward_cpu.h"
+#include "dtype.h"
 #include "kernels_cpu.h"
 #include "rope.h"
-#include "safetensors.h"
 
 void ac_stream_free(ac_stream *s) {
     float *bufs[] = {s->xn,    s->q,     s->kt,     s->vt,  s->att, s->g,    s->u,  s->x0,   s->scores,
