@@ -59,6 +59,7 @@
 #include "fsafe.h"
 #include "gguf.h"
 #include "job.h"
+#include "jobcheck.h"
 #include "pool.h"
 #include "views.h"
 
@@ -309,7 +310,7 @@ static void task_post_job(void *arg) {
     char jobs_dir[1100];
     snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", d->data_dir_abs);
     const ac_job_spec *js = rc->js;
-    if (ac_fsafe_check_job(js, jobs_dir, &field, &e)) {
+    if (ac_job_check_paths(js, jobs_dir, &field, &e)) {
         char msg[600];
         snprintf(msg, sizeof msg, "%s: %s", field, e.msg);
         rep_error(d, r, 400, "invalid_path", msg, field);

@@ -16,9 +16,10 @@
 
 #include "deci.h"
 #include "distill.h"
+#include "dtype.h"
 #include "gguf.h"
 #include "job.h"
-#include "safetensors.h"
+#include "jobcheck.h"
 
 _Static_assert(sizeof(ac_method) == sizeof(int) && sizeof(ac_export_target) == sizeof(int), "enums are stored as int");
 _Static_assert(AC_METHOD_MINITRON == 1 && AC_EXPORT_LLAMA == 1 && AC_EXPORT_GGUF == 2,

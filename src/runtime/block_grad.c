@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "backward_cpu.h"
-#include "safetensors.h"
+#include "dtype.h"
 
 
 /* Ops whose output stays on the tape (the costly ones); the cheap ones

@@ -9,8 +9,8 @@
 #include "cuda_plugin.h"
 #include "device.h"
 #include "optim.h"
-#include "prune.h"
 #include "rope.h"
+#include "slice.h"
 #include "tensor.h"
 
 #define HC_BETA (2.0 / 3.0)
