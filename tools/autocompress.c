@@ -9,6 +9,7 @@
  *   autocompress prune MODEL_DIR ARCH.json OUT_DIR [--deci]
  *   autocompress validate SPEC.json     (parse a job spec: {"ok":true} or the error and its field)
  *   autocompress schema                 (proto/job.schema.json, from the spec's field table)
+ *   autocompress constraints            (web/constraints.js, from the constraint table)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,7 @@ static int usage(void) {
         "  autocompress tokenize TOKENIZER_JSON TEXT_FILE\n"
         "  autocompress validate SPEC.json\n"
         "  autocompress schema\n"
+        "  autocompress constraints\n"
         "  autocompress prune MODEL_DIR ARCH.json OUT_DIR [--deci]\n"
         "      (slice to ARCH keeping the first channels; --deci: pad FFN widths to the deci grid,\n"
         "       fail when the deci target cannot express ARCH)\n");
@@ -318,6 +320,14 @@ static int cmd_schema(void) {
     return 0;
 }
 
+static int cmd_constraints(void) {
+    char *js = ac_constraint_table_js();
+    if (!js) return 1;
+    fputs(js, stdout);
+    free(js);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return usage();
     if (!strcmp(argv[1], "eval")) return cmd_eval(argc, argv);
@@ -328,5 +338,6 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "prune")) return cmd_prune(argc, argv);
     if (!strcmp(argv[1], "validate")) return cmd_validate(argc, argv);
     if (argc == 2 && !strcmp(argv[1], "schema")) return cmd_schema();
+    if (argc == 2 && !strcmp(argv[1], "constraints")) return cmd_constraints();
     return usage();
 }

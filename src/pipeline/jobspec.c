@@ -82,15 +82,13 @@ static const ac_field TARGET[] = {
     OBJ("workload", ac_target_spec, workload, WORKLOAD, 0, NULL),
     END,
 };
+/* The limits: the constraint table's rows (constraints.h), the one list of them. */
+#define CFIELD(nm, mem, metric, unit, m, kind, lo, hi, doc)                                                            \
+    NUM(nm, ac_constraints, mem, lo, hi, 0, ND, AC_CONSTRAINT_DOC(metric, unit, kind, doc)),
 static const ac_field CONSTRAINTS[] = {
-    NUM("max_ttft_ms", ac_constraints, max_ttft_ms, 1e-6, 1e9, 0, ND, NULL),
-    NUM("max_tpot_ms", ac_constraints, max_tpot_ms, 1e-6, 1e9, 0, ND, NULL),
-    NUM("min_tokens_per_s", ac_constraints, min_tokens_per_s, 1e-6, 1e12, 0, ND,
-        "output tokens per second for the workload"),
-    NUM("max_memory_gib", ac_constraints, max_mem_gib, 1e-9, 1e6, 0, ND, "weights + KV cache + activations + overhead"),
-    NUM("max_params", ac_constraints, max_params, 1, 1e15, 0, ND, NULL),
-    END,
+    AC_CONSTRAINT_ROWS(CFIELD) END,
 };
+#undef CFIELD
 static const ac_field SEARCH[] = {
     INT("steps", ac_search_opts, steps, 1, 100000, 300, 0, NULL),
     INT("seed", ac_search_opts, seed, 0, 2147483647, 0, 0, NULL),
@@ -350,9 +348,9 @@ const char *ac_method_name(ac_method m) {
 
 json_t *ac_constraints_json(const ac_constraints *l) {
     json_t *o = json_object();
-    for (const ac_field *f = CONSTRAINTS; o && f->name; f++) {
-        double v = *(const double *)((const char *)l + f->off);
-        if (v > 0) json_object_set_new(o, f->name, json_real(v));
+    for (const ac_constraint *c = ac_constraint_table(); o && c < ac_constraint_table() + AC_NCONSTRAINTS; c++) {
+        double v = ac_constraint_limit(c, l);
+        if (v > 0) json_object_set_new(o, c->name, json_real(v));
     }
     return o;
 }
