@@ -7,7 +7,8 @@
  *   autocompress tokenize TOKENIZER_JSON TEXT_FILE   (ids, one line)
  *   autocompress export-gguf MODEL_DIR OUT.gguf [--f32]  (llama.cpp's format)
  *   autocompress prune MODEL_DIR ARCH.json OUT_DIR [--deci]
- *   autocompress validate SPEC.json     (parse a job spec: {"ok":true} or the error and its field)
+ *   autocompress validate SPEC.json     (what compress checks before it starts: {"ok":true} or the error
+ *                                        and its field)
  *   autocompress schema                 (proto/job.schema.json, from the spec's field table)
  *   autocompress constraints            (web/constraints.js, from the constraint table)
  */
@@ -240,6 +241,9 @@ static void print_event(void *ud, const char *kind, json_t *data) {
     json_decref(ev);
 }
 
+/* What compress and validate check before a job starts (the same function as the daemon's submit). */
+static const ac_job_check_opts CLI_CHECK = {.need_output = 1};
+
 static int cmd_compress(int argc, char **argv) {
     if (argc != 3) return usage();
     ac_err e = {{0}};
@@ -254,9 +258,12 @@ static int cmd_compress(int argc, char **argv) {
     ac_job_ctx ctx = {.emit = print_event, .ud = NULL, .cancelled = NULL, .cache = &cache};
     json_t *result = NULL;
     static ac_job_spec js;
-    int rc = ac_job_spec_parse(spec, &js, NULL, &e) || ac_job_run(&js, &ctx, &result, &e);
-    if (rc)
-        fprintf(stderr, "autocompress: %s\n", e.msg);
+    const char *field = NULL;
+    ac_spec_verdict v = ac_job_spec_check(spec, &js, &CLI_CHECK, &field, &e);
+    int rc = v != AC_SPEC_OK || ac_job_run(&js, &ctx, &result, &e);
+    if (rc) /* a path's error names the field in front, as the daemon's invalid_path does */
+        fprintf(stderr, "autocompress: %s%s%s\n", v == AC_SPEC_BAD_PATH && field ? field : "",
+                v == AC_SPEC_BAD_PATH && field ? ": " : "", e.msg);
     else
         print_event(NULL, "result", result);
     json_decref(result);
@@ -301,7 +308,7 @@ static int cmd_validate(int argc, char **argv) {
     static ac_job_spec js;
     ac_err e = {{0}};
     const char *field = NULL;
-    int rc = ac_job_spec_parse(spec, &js, &field, &e);
+    int rc = ac_job_spec_check(spec, &js, &CLI_CHECK, &field, &e) != AC_SPEC_OK;
     json_t *out = rc ? json_pack("{s:b,s:s,s:s}", "ok", 0, "error", e.msg, "field", field ? field : "")
                      : json_pack("{s:b}", "ok", 1);
     print_json_line(out);

@@ -16,6 +16,7 @@
 
 #include "deci.h"
 #include "distill.h"
+#include "fsafe.h"
 #include "gguf.h"
 #include "job.h"
 #include "safetensors.h"
@@ -339,6 +340,29 @@ int ac_job_spec_parse(const json_t *j, ac_job_spec *s, const char **fieldp, ac_e
                    ac_gguf_check_spec(&s->search, NULL, fieldp, e)
                ? -1
                : 0;
+}
+
+ac_spec_verdict ac_job_spec_check(const json_t *j, ac_job_spec *s, const ac_job_check_opts *opts, const char **fieldp,
+                                  ac_err *e) {
+    static const ac_job_check_opts none = {0};
+    const char *dummy;
+    if (!fieldp) fieldp = &dummy;
+    if (!opts) opts = &none;
+    if (ac_job_spec_parse(j, s, fieldp, e)) return AC_SPEC_INVALID;
+    if (opts->need_output && !s->output[0]) {
+        *fieldp = "output";
+        ac_errf(e, "missing required field output (the directory the pruned checkpoint and report.json go to)");
+        return AC_SPEC_INVALID;
+    }
+    if (opts->rules && opts->rules(opts->ud, s)) return AC_SPEC_REFUSED;
+    if (ac_fsafe_check_job(s, opts->jobs_dir, fieldp, e)) return AC_SPEC_BAD_PATH;
+    *fieldp = NULL;
+    if (ac_deci_validate_model(s->search.target == AC_EXPORT_DECI, s->method == AC_METHOD_MINITRON, s->model, fieldp,
+                               e) ||
+        ac_gguf_check_spec(&s->search, s->model, fieldp, e))
+        return AC_SPEC_INVALID;
+    *fieldp = NULL;
+    return AC_SPEC_OK;
 }
 
 const char *ac_method_name(ac_method m) {
