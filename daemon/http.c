@@ -51,6 +51,7 @@
 #include <unistd.h>
 
 #include "api.h"
+#include "buf.h"
 #include "conn.h"
 #include "costcache.h"
 #include "costmodel.h"
@@ -75,8 +76,7 @@ typedef struct {
 typedef struct req_ctx {
     ac_daemon *d;
     struct MHD_Connection *c;
-    char *body;
-    size_t len, cap;
+    ac_buf body;
     int too_big;
     pthread_mutex_t mu;
     int state; /* 0 new, 1 offloaded, 2 reply ready */
@@ -988,7 +988,7 @@ static int check_rules(req_ctx *rc, int rules, const char *method, json_t **body
     }
     if (strcmp(method, "POST") && strcmp(method, "PUT")) return 0; /* DELETE: no body */
     json_error_t je;
-    *body = json_loadb(rc->body ? rc->body : "", rc->len, JSON_REJECT_DUPLICATES, &je);
+    *body = json_loadb(rc->body.data ? rc->body.data : "", rc->body.len, JSON_REJECT_DUPLICATES, &je);
     if (!*body) {
         char msg[300];
         snprintf(msg, sizeof msg, "malformed JSON: %s (line %d, column %d)", je.text, je.line, je.column);
@@ -1062,16 +1062,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (rc->state == 1) return MHD_YES; /* resumed spuriously; the reply is not ready */
     if (rc->state == 2) return queue_reply(c, &rc->rep);
     if (*data_size) {
-        if (!rc->too_big && rc->len + *data_size <= (size_t)d->cfg.max_body_bytes) {
-            if (rc->len + *data_size > rc->cap) {
-                size_t nc = (rc->len + *data_size) * 2;
-                char *nb = realloc(rc->body, nc);
-                if (!nb) return MHD_NO;
-                rc->body = nb;
-                rc->cap = nc;
-            }
-            memcpy(rc->body + rc->len, data, *data_size);
-            rc->len += *data_size;
+        if (!rc->too_big && rc->body.len + *data_size <= (size_t)d->cfg.max_body_bytes) {
+            if (ac_buf_append(&rc->body, data, *data_size, 0)) return MHD_NO;
         } else
             rc->too_big = 1;
         *data_size = 0;
@@ -1086,7 +1078,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     ac_daemon *d = cls;
     req_ctx *rc = *con_cls;
     if (rc) {
-        free(rc->body);
+        ac_buf_free(&rc->body);
         json_decref(rc->in);
         json_decref(rc->rep.json);
         free(rc->rep.text);
