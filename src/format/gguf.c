@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buf.h"
 #include "fsafe.h"
 #include "gguf_int.h"
 #include "safetensors.h"
@@ -135,27 +136,13 @@ int ac_gguf_check_model_dir(const char *dir, ac_err *e) {
 /* ---- byte buffer of metadata ---- */
 
 typedef struct {
-    unsigned char *p;
-    size_t n, cap;
+    ac_buf b;
     int oom;
     uint64_t nkv;
 } gbuf;
 
 static void gput(gbuf *b, const void *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n > b->cap) {
-        size_t c = b->cap ? b->cap : 4096;
-        while (c < b->n + n) c *= 2;
-        unsigned char *q = realloc(b->p, c);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
+    if (!b->oom && ac_buf_append(&b->b, s, n, 0)) b->oom = 1;
 }
 static void g32(gbuf *b, uint32_t v) { gput(b, &v, 4); }
 static void g64(gbuf *b, uint64_t v) { gput(b, &v, 8); }
@@ -566,8 +553,8 @@ int ac_gguf_write(const ac_model *m, const char *tokenizer_json, const char *pat
     uint32_t ver = 3;
     uint64_t cnt[2] = {(uint64_t)nt, kv.nkv};
     int ok = fwrite("GGUF", 1, 4, f) == 4 && fwrite(&ver, 4, 1, f) == 1 && fwrite(cnt, 8, 2, f) == 2 &&
-             fwrite(kv.p, 1, kv.n, f) == kv.n && fwrite(ti.p, 1, ti.n, f) == ti.n;
-    uint64_t head = 24 + kv.n + ti.n;
+             fwrite(kv.b.data, 1, kv.b.len, f) == kv.b.len && fwrite(ti.b.data, 1, ti.b.len, f) == ti.b.len;
+    uint64_t head = 24 + kv.b.len + ti.b.len;
     static const char zeros[GG_ALIGN];
     if (ok) ok = fwrite(zeros, 1, (size_t)(align_up(head) - head), f) == align_up(head) - head;
     if (!ok) {
@@ -581,8 +568,8 @@ int ac_gguf_write(const ac_model *m, const char *tokenizer_json, const char *pat
 out:
     if (f) fclose(f);
     if (rc) remove(tmp);
-    free(kv.p);
-    free(ti.p);
+    ac_buf_free(&kv.b);
+    ac_buf_free(&ti.b);
     free(t);
     free(freqs);
     if (rc) ac_errctx(e, "gguf %s", path);
