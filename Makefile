@@ -2,8 +2,10 @@
 # build/. CUDA objects are added when nvcc is found (see `make cuda-check`).
 CC      ?= gcc
 CFLAGS  ?= -O2 -g
-# The library's layers, one folder each (docs/architecture.md); headers are included by
-# their bare name from every folder.
+# The library's layers, one folder each, lowest first (docs/layers.md): a folder
+# includes headers of itself and of the folders before it only, which
+# `make check-layers` (tools/check_layers.py, part of `make test`) enforces.
+# Headers are included by their bare name.
 SRC_DIRS = core format runtime cost search compress pipeline api
 SRC_INC  = $(addprefix -Isrc/,$(SRC_DIRS)) -Isrc
 override CFLAGS += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE $(SRC_INC) -Idaemon -fPIC
@@ -26,7 +28,7 @@ D_OBJ    = $(D_SRC:daemon/%.c=$(B)/daemon/%.o) $(B)/daemon/migrations.o
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(B)/tests/%)
 
-.PHONY: all clean test demo bench cuda-check fixtures tiny-model second-model deps asan test-asan web-test-deps llama-test-deps fuzz
+.PHONY: all clean test check-layers demo bench cuda-check fixtures tiny-model second-model deps asan test-asan web-test-deps llama-test-deps fuzz
 
 BENCH_BIN = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/*.c))
 # The CUDA plugin is built when nvcc is found; without it the CPU path alone.
@@ -141,8 +143,12 @@ fixtures: tiny-model
 	PYTHONPATH=tests $(PYTHON) tests/gen_fixtures.py --out $(B)/fixtures
 	PYTHONPATH=tests $(PYTHON) tests/gen_grad_fixtures.py --out $(B)/fixtures
 
-test: all fixtures web-test-deps llama-test-deps
+test: check-layers all fixtures web-test-deps llama-test-deps
 	bash tests/run_all.sh
+
+# No upward include, no include cycle (docs/layers.md).
+check-layers:
+	$(PYTHON) tools/check_layers.py
 
 # playwright-core for the dashboard test (skipped when npm or chromium is absent)
 web-test-deps:

@@ -51,6 +51,7 @@
 #include <unistd.h>
 
 #include "api.h"
+#include "buf.h"
 #include "conn.h"
 #include "costcache.h"
 #include "costmodel.h"
@@ -59,6 +60,7 @@
 #include "fsafe.h"
 #include "gguf.h"
 #include "job.h"
+#include "jobcheck.h"
 #include "pool.h"
 #include "views.h"
 
@@ -75,8 +77,7 @@ typedef struct {
 typedef struct req_ctx {
     ac_daemon *d;
     struct MHD_Connection *c;
-    char *body;
-    size_t len, cap;
+    ac_buf body;
     int too_big;
     pthread_mutex_t mu;
     int state; /* 0 new, 1 offloaded, 2 reply ready */
@@ -298,34 +299,56 @@ static enum MHD_Result offload(req_ctx *rc, pool_fn fn) {
 
 static void rep_job(req_ctx *rc, unsigned status);
 
-/* POST /v1/jobs, after validation: paths, device, insert. Pool thread. */
+/* The daemon's rules in ac_job_spec_check (after the fields, before the
+ * files): its caps, its devices and, on submit, the Idempotency-Key. */
+static int check_limits(ac_daemon *d, const ac_job_spec *js, reply *r);
+static int check_device(ac_daemon *d, const ac_job_spec *js, reply *r);
+static int daemon_rules(void *ud, const ac_job_spec *js) {
+    req_ctx *rc = ud;
+    if (check_limits(rc->d, js, &rc->rep) || check_device(rc->d, js, &rc->rep)) return -1;
+    const char *key = rc->idem_key;
+    if (!key) return 0;
+    size_t kl = strlen(key);
+    int ok = kl >= 1 && kl <= 200;
+    for (size_t i = 0; i < kl && ok; i++) ok = key[i] > 32 && key[i] < 127;
+    if (ok) return 0;
+    rep_error(rc->d, &rc->rep, 400, "bad_request", "Idempotency-Key must be 1 to 200 printable ASCII characters",
+              "Idempotency-Key");
+    return -1;
+}
+
+/* The job spec in rc->in through ac_job_spec_check into rc->js, as submit
+ * and POST /v1/validate both see it: 0, or -1 with the 400 reply. Pool thread. */
+static int check_spec(req_ctx *rc) {
+    ac_daemon *d = rc->d;
+    ac_err e = {{0}};
+    const char *field = NULL;
+    char jobs_dir[1100];
+    snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", d->data_dir_abs);
+    ac_job_check_opts o = {.jobs_dir = jobs_dir, .rules = daemon_rules, .ud = rc};
+    switch (ac_job_spec_check(rc->in, rc->js, &o, &field, &e)) {
+    case AC_SPEC_OK: return 0;
+    case AC_SPEC_INVALID: rep_error(d, &rc->rep, 400, "invalid_spec", e.msg, field); break;
+    case AC_SPEC_BAD_PATH: {
+        char msg[600];
+        snprintf(msg, sizeof msg, "%s: %s", field, e.msg);
+        rep_error(d, &rc->rep, 400, "invalid_path", msg, field);
+        break;
+    }
+    case AC_SPEC_REFUSED: break; /* daemon_rules replied */
+    }
+    return -1;
+}
+
+/* POST /v1/jobs: the spec checked, then inserted. Pool thread. */
 static void task_post_job(void *arg) {
     req_ctx *rc = arg;
     ac_daemon *d = rc->d;
     reply *r = &rc->rep;
     json_t *spec = rc->in;
     ac_err e = {{0}};
-    const char *field = NULL;
-    char jobs_dir[1100];
-    snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", d->data_dir_abs);
     const ac_job_spec *js = rc->js;
-    if (ac_fsafe_check_job(js, jobs_dir, &field, &e)) {
-        char msg[600];
-        snprintf(msg, sizeof msg, "%s: %s", field, e.msg);
-        rep_error(d, r, 400, "invalid_path", msg, field);
-        offload_done(rc);
-        return;
-    }
-    /* Deci exports need a base model the 256-grid can represent (reads config.json, so here, off the poll thread). */
-    if (ac_deci_validate_model(js->search.target == AC_EXPORT_DECI, js->method == AC_METHOD_MINITRON, js->model, &field,
-                               &e)) {
-        rep_error(d, r, 400, "invalid_spec", e.msg, field);
-        offload_done(rc);
-        return;
-    }
-    /* GGUF exports: an architecture and tokenizer llama.cpp can run (reads the model's files too). */
-    if (ac_gguf_check_spec(&js->search, js->model, &field, &e)) {
-        rep_error(d, r, 400, "invalid_spec", e.msg, field);
+    if (check_spec(rc)) {
         offload_done(rc);
         return;
     }
@@ -486,35 +509,34 @@ static int check_device(ac_daemon *d, const ac_job_spec *js, reply *r) {
 static enum MHD_Result r_jobs_post(req_ctx *rc, json_t *spec) {
     ac_daemon *d = rc->d;
     reply *r = &rc->rep;
-    ac_err e = {{0}};
-    const char *field = NULL;
     ac_job_spec *js = rc->js = malloc(sizeof *rc->js);
     if (!js) {
         rep_error(d, r, 503, "busy", "out of memory", NULL);
         return done(rc);
     }
-    if (ac_job_spec_parse(spec, js, &field, &e)) {
-        rep_error(d, r, 400, "invalid_spec", e.msg, field);
-        return done(rc);
-    }
-    if (check_limits(d, js, r) || check_device(d, js, r)) return done(rc);
     const char *key = MHD_lookup_connection_value(rc->c, MHD_HEADER_KIND, "Idempotency-Key");
-    if (key) {
-        size_t kl = strlen(key);
-        int ok = kl >= 1 && kl <= 200;
-        for (size_t i = 0; i < kl && ok; i++) ok = key[i] > 32 && key[i] < 127;
-        if (!ok) {
-            rep_error(d, r, 400, "bad_request", "Idempotency-Key must be 1 to 200 printable ASCII characters",
-                      "Idempotency-Key");
-            return done(rc);
-        }
-        if (!(rc->idem_key = strdup(key))) {
-            rep_error(d, r, 503, "busy", "out of memory", NULL);
-            return done(rc);
-        }
+    if (key && !(rc->idem_key = strdup(key))) { /* checked by daemon_rules, in ac_job_spec_check's order */
+        rep_error(d, r, 503, "busy", "out of memory", NULL);
+        return done(rc);
     }
     rc->in = json_incref(spec);
     return offload(rc, task_post_job);
+}
+
+/* POST /v1/validate: what POST /v1/jobs answers a spec, without the job. Pool thread. */
+static void task_validate(void *arg) {
+    req_ctx *rc = arg;
+    if (!check_spec(rc)) rep_view(rc, 200, json_pack("{s:b}", "ok", 1));
+    offload_done(rc);
+}
+
+static enum MHD_Result r_validate(req_ctx *rc, json_t *spec) {
+    if (!(rc->js = malloc(sizeof *rc->js))) {
+        rep_error(rc->d, &rc->rep, 503, "busy", "out of memory", NULL);
+        return done(rc);
+    }
+    rc->in = json_incref(spec);
+    return offload(rc, task_validate);
 }
 
 static enum MHD_Result r_jobs_list(req_ctx *rc, json_t *body) {
@@ -897,6 +919,7 @@ static const route routes[] = {
     {"*", "/metrics", r_metrics, R_BROWSER},
     {"GET", "/v1/jobs", r_jobs_list, R_API},
     {"POST", "/v1/jobs", r_jobs_post, R_API | R_JSON},
+    {"POST", "/v1/validate", r_validate, R_API | R_JSON},
     {"GET", "/v1/jobs/{id}", r_job_get, R_API},
     {"DELETE", "/v1/jobs/{id}", r_job_cancel, R_API | R_JSON},
     {"GET", "/v1/jobs/{id}/events", r_job_events, R_API | R_QUERY_TOKEN},
@@ -966,7 +989,7 @@ static int check_rules(req_ctx *rc, int rules, const char *method, json_t **body
     }
     if (strcmp(method, "POST") && strcmp(method, "PUT")) return 0; /* DELETE: no body */
     json_error_t je;
-    *body = json_loadb(rc->body ? rc->body : "", rc->len, JSON_REJECT_DUPLICATES, &je);
+    *body = json_loadb(rc->body.data ? rc->body.data : "", rc->body.len, JSON_REJECT_DUPLICATES, &je);
     if (!*body) {
         char msg[300];
         snprintf(msg, sizeof msg, "malformed JSON: %s (line %d, column %d)", je.text, je.line, je.column);
@@ -1040,16 +1063,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (rc->state == 1) return MHD_YES; /* resumed spuriously; the reply is not ready */
     if (rc->state == 2) return queue_reply(c, &rc->rep);
     if (*data_size) {
-        if (!rc->too_big && rc->len + *data_size <= (size_t)d->cfg.max_body_bytes) {
-            if (rc->len + *data_size > rc->cap) {
-                size_t nc = (rc->len + *data_size) * 2;
-                char *nb = realloc(rc->body, nc);
-                if (!nb) return MHD_NO;
-                rc->body = nb;
-                rc->cap = nc;
-            }
-            memcpy(rc->body + rc->len, data, *data_size);
-            rc->len += *data_size;
+        if (!rc->too_big && rc->body.len + *data_size <= (size_t)d->cfg.max_body_bytes) {
+            if (ac_buf_append(&rc->body, data, *data_size, 0)) return MHD_NO;
         } else
             rc->too_big = 1;
         *data_size = 0;
@@ -1064,7 +1079,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     ac_daemon *d = cls;
     req_ctx *rc = *con_cls;
     if (rc) {
-        free(rc->body);
+        ac_buf_free(&rc->body);
         json_decref(rc->in);
         json_decref(rc->rep.json);
         free(rc->rep.text);

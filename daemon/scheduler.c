@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "api.h"
+#include "buf.h"
 #include "costcache.h"
 #include "costmodel.h"
 #include "daemon.h"
@@ -59,8 +60,7 @@ typedef struct worker {
     uv_timer_t kill_timer;
     uv_write_t wr;
     char *input; /* what is written to stdin, until written */
-    char *line;
-    size_t len, cap;
+    ac_buf line;     /* the stdout line being read */
     char *result;    /* JSON text of the result event */
     char error[512]; /* last error event message */
     int cancelling, open_handles, exited, timed_out, skipping;
@@ -93,8 +93,7 @@ typedef struct measure {
     uv_process_t proc;
     uv_pipe_t out;
     uv_timer_t kill_timer;
-    char *buf;
-    size_t len, cap;
+    ac_buf buf; /* its stdout: the table */
     int64_t exit_status;
     double queued_at, started_at, finished_at;
 } measure;
@@ -132,7 +131,7 @@ static void on_handle_closed(uv_handle_t *h) {
     worker *w = h->data;
     if (--w->open_handles > 0) return;
     free(w->input);
-    free(w->line);
+    ac_buf_free(&w->line);
     free(w->result);
     free(w);
 }
@@ -299,29 +298,23 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
             if (ch == '\n') {
                 if (w->skipping) {
                     w->skipping = 0;
-                    w->len = 0;
+                    w->line.len = 0;
                     continue;
                 }
-                if (w->len) {
-                    w->line[w->len] = 0;
-                    handle_line(w, w->line, w->len);
+                if (w->line.len) {
+                    w->line.data[w->line.len] = 0;
+                    handle_line(w, w->line.data, w->line.len);
                 }
-                w->len = 0;
+                w->line.len = 0;
                 continue;
             }
             if (w->skipping) continue;
-            if (w->len + 2 > w->cap) {
-                size_t nc = w->cap ? w->cap * 2 : 4096;
-                char *nl = nc <= (64u << 20) ? realloc(w->line, nc) : NULL;
-                if (!nl) {
-                    w->len = 0;
-                    w->skipping = 1;
-                    continue;
-                } /* an over-long or unallocatable line is dropped whole */
-                w->line = nl;
-                w->cap = nc;
-            }
-            w->line[w->len++] = ch;
+            if (ac_buf_reserve(&w->line, 2, 64u << 20)) {
+                w->line.len = 0;
+                w->skipping = 1;
+                continue;
+            } /* an over-long or unallocatable line is dropped whole */
+            w->line.data[w->line.len++] = ch;
         }
     } else if (n < 0) {
         uv_read_stop(st);
@@ -532,8 +525,7 @@ static slot *find_slot(scheduler *s, const char *dev, char *why, size_t whyn) {
 static void measure_closed(uv_handle_t *h) {
     measure *m = h->data;
     if (--m->closing_handles > 0) return;
-    free(m->buf);
-    m->buf = NULL;
+    ac_buf_free(&m->buf);
 }
 
 /* Both the exit and the end of its output seen: store and release. */
@@ -545,12 +537,12 @@ static void measure_finish(measure *m) {
     char err[300] = "";
     if (m->cancel)
         state = JOB_CANCELLED;
-    else if (m->exit_status != 0 || !m->buf) {
+    else if (m->exit_status != 0 || !m->buf.data) {
         state = JOB_FAILED;
         snprintf(err, sizeof err, "the measurement process exited with status %lld", (long long)m->exit_status);
     } else {
-        m->buf[m->len] = 0;
-        json_t *t = json_loads(m->buf, 0, NULL);
+        m->buf.data[m->buf.len] = 0;
+        json_t *t = json_loads(m->buf.data, 0, NULL);
         const char *field;
         const char *key = t ? json_string_value(json_object_get(t, "key")) : NULL;
         if (!t || ac_cost_table_validate(t, &field, &e)) {
@@ -583,17 +575,9 @@ static void measure_finish(measure *m) {
 static void measure_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
     measure *m = st->data;
     if (n > 0) {
-        if (m->len + (size_t)n + 1 > m->cap && m->cap < (16u << 20)) {
-            size_t nc = (m->len + (size_t)n + 1) * 2;
-            char *nb = realloc(m->buf, nc);
-            if (nb) {
-                m->buf = nb;
-                m->cap = nc;
-            }
-        }
-        if (m->buf && m->len + (size_t)n + 1 <= m->cap) {
-            memcpy(m->buf + m->len, buf->base, (size_t)n);
-            m->len += (size_t)n;
+        if (ac_buf_reserve(&m->buf, (size_t)n + 1, 32u << 20) == 0) { /* + 1: the NUL measure_finish puts */
+            memcpy(m->buf.data + m->buf.len, buf->base, (size_t)n);
+            m->buf.len += (size_t)n;
         } else
             m->exit_status = m->exit_status ? m->exit_status : 99; /* output lost: fail it */
     } else if (n < 0) {
@@ -655,7 +639,7 @@ static void run_measurements(scheduler *s) {
         int ended = m->state != JOB_QUEUED && m->state != JOB_RUNNING;
         if (++kept > 32 && ended && m->closing_handles == 0) {
             *pp = m->next;
-            free(m->buf);
+            ac_buf_free(&m->buf);
             free(m);
             continue;
         }
@@ -945,7 +929,7 @@ void sched_free(ac_daemon *d) {
     if (!d->sched) return;
     for (measure *m = d->sched->measures, *n; m; m = n) {
         n = m->next;
-        free(m->buf);
+        ac_buf_free(&m->buf);
         free(m);
     }
     for (pending_end *p = d->sched->pending, *n; p; p = n) {

@@ -1,6 +1,8 @@
 /* sse.c - see sse.h. */
 #include "sse.h"
 
+#include "buf.h"
+
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -14,8 +16,8 @@ typedef struct sub {
     sse_hub *hub;
     struct MHD_Connection *conn;
     long job, queued_id; /* last event id put into buf */
-    char *buf;
-    size_t len, off, cap;
+    ac_buf buf; /* bytes queued; buf.data[off .. buf.len) not yet read by MHD */
+    size_t off;
     int suspended, done, dropped, gone;
     int fd;               /* the connection's socket, watched for hang-up */
     unsigned long serial; /* epoll tag: a freed sub is never touched */
@@ -97,29 +99,16 @@ void sse_hub_free(sse_hub *h) {
 /* Append bytes to a subscriber's buffer; mark it dropped on overflow. Lock held. */
 static void append(sub *s, const char *p, size_t n) {
     if (s->dropped || s->done) return;
-    if (s->off > 0 && s->off == s->len) s->off = s->len = 0;
-    if (s->len - s->off + n > s->hub->max_buf) {
+    if (s->off > 0 && s->off == s->buf.len) s->off = s->buf.len = 0;
+    if (s->buf.len - s->off + n > s->hub->max_buf) {
         s->dropped = 1;
         return;
     }
-    if (s->len + n > s->cap) {
-        if (s->off) { /* compact first */
-            memmove(s->buf, s->buf + s->off, s->len - s->off);
-            s->len -= s->off;
-            s->off = 0;
-        }
-        size_t nc = s->cap ? s->cap : 4096;
-        while (nc < s->len + n) nc *= 2;
-        char *nb = realloc(s->buf, nc);
-        if (!nb) {
-            s->dropped = 1;
-            return;
-        }
-        s->buf = nb;
-        s->cap = nc;
+    if (s->buf.len + n > s->buf.cap && s->off) { /* compact first */
+        ac_buf_consume(&s->buf, s->off);
+        s->off = 0;
     }
-    memcpy(s->buf + s->len, p, n);
-    s->len += n;
+    if (ac_buf_append(&s->buf, p, n, 0)) s->dropped = 1;
 }
 
 static void append_event(sub *s, long id, const char *kind, const char *data) {
@@ -148,9 +137,9 @@ static ssize_t reader(void *cls, uint64_t pos, char *out, size_t max) {
     sse_hub *h = s->hub;
     pthread_mutex_lock(&h->mu);
     ssize_t r;
-    if (s->len > s->off) {
-        size_t n = s->len - s->off < max ? s->len - s->off : max;
-        memcpy(out, s->buf + s->off, n);
+    if (s->buf.len > s->off) {
+        size_t n = s->buf.len - s->off < max ? s->buf.len - s->off : max;
+        memcpy(out, s->buf.data + s->off, n);
         s->off += n;
         r = (ssize_t)n;
     } else if (s->gone) {
@@ -182,7 +171,7 @@ static void free_sub(void *cls) {
      * failed) rather than the watcher */
     if (!s->gone && !s->done && !s->dropped && !h->closing) h->hangups++;
     pthread_mutex_unlock(&h->mu);
-    free(s->buf);
+    ac_buf_free(&s->buf);
     free(s);
 }
 

@@ -29,6 +29,7 @@
 #include "device.h"
 #include "fsafe.h"
 #include "job.h"
+#include "jobcheck.h"
 #include "quiet.h"
 
 static void emit_line(void *ud, const char *kind, json_t *data) {
@@ -144,8 +145,8 @@ int worker_main(int argc, char **argv) {
     static ac_job_spec js; /* 33 KB: off the stack */
     ac_err pe = {{0}};
     const char *field = NULL;
-    if (ac_job_spec_parse(spec, &js, &field, &pe) || ac_fsafe_set_roots(a.roots, a.nroots, &pe) ||
-        ac_fsafe_check_job(&js, a.jobs_dir, &field, &pe)) {
+    ac_job_check_opts chk = {.jobs_dir = a.jobs_dir}; /* what the daemon checked at submit, again here */
+    if (ac_fsafe_set_roots(a.roots, a.nroots, &pe) || ac_job_spec_check(spec, &js, &chk, &field, &pe) != AC_SPEC_OK) {
         char msg[700];
         snprintf(msg, sizeof msg, "%s: %s", field ? field : "paths", pe.msg);
         fail(msg);

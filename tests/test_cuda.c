@@ -16,6 +16,7 @@
 #include "kernels_cpu.h"
 #include "rope.h"
 #include "safetensors.h"
+#include "stats.h"
 #include "tensor.h"
 
 static const ac_cuda_api *cu;
@@ -134,7 +135,9 @@ static void test_gpu_perplexity(void) {
     ac_ppl_opts og = modes[0];
     og.cuda = 1;
     ac_ppl_result r;
-    CHECK(ac_perplexity(&m, ids, 60, &og, &st, NULL, NULL, &r, &e) != 0 && strstr(e.msg, "CPU engine"),
+    ac_engine_hooks hk;
+    ac_stats_hooks(&st, &hk);
+    CHECK(ac_perplexity(&m, ids, 60, &og, &hk, NULL, NULL, &r, &e) != 0 && strstr(e.msg, "CPU engine"),
           "stats on CUDA: %s", e.msg);
     ac_model_free(&m);
 }

@@ -24,6 +24,7 @@
 #include "gguf.h"
 #include "importance.h"
 #include "job.h"
+#include "jobcheck.h"
 #include "model.h"
 #include "prune.h"
 #include "safetensors.h"

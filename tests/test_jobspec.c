@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "constraints.h"
 #include "costmodel.h"
 #include "jobspec.h"
 #include "safetensors.h"
@@ -29,6 +30,66 @@ static void test_schema_file_is_generated_from_table(void) {
     CHECK(file && json_equal(file, gen), "proto/job.schema.json is stale: regenerate with build/autocompress schema");
     json_decref(file);
     json_decref(gen);
+}
+
+/* The dashboard's constraint list (web/constraints.js) is the table's,
+ * and the spec's constraints section holds exactly the table's rows: each
+ * name parses into the limit the searches read, with the table's bounds. */
+static void test_constraint_table_is_the_one_list(void) {
+    char path[1024];
+    const char *root = getenv("AC_TEST_ROOT");
+    snprintf(path, sizeof path, "%s/web/constraints.js", root ? root : ".");
+    size_t len = 0;
+    ac_err e = {{0}};
+    char *file = ac_read_file(path, 1 << 20, &len, &e), *gen = ac_constraint_table_js();
+    CHECK(file != NULL, "%s: %s", path, e.msg);
+    CHECK(file && gen && !strcmp(file, gen), "web/constraints.js is stale: regenerate with build/autocompress constraints");
+    free(file);
+    free(gen);
+
+    const ac_field *f = ac_job_spec_fields();
+    while (f->name && strcmp(f->name, "constraints")) f++;
+    CHECK(f->name && f->type == AC_F_OBJ, "no constraints section");
+    if (!f->name) return;
+    int n = 0;
+    for (const ac_field *g = f->sub; g->name; g++, n++) {
+        const ac_constraint *c = ac_constraint_table() + n;
+        CHECK(n < AC_NCONSTRAINTS && !strcmp(g->name, c->name) && g->lo == c->lo && g->hi == c->hi,
+              "spec field %d (%s) is not the table's row", n, g->name);
+        if (n >= AC_NCONSTRAINTS) break;
+        json_t *j = minimal("cpu");
+        json_object_set_new(j, "constraints", json_pack("{s:f}", c->name, 1.5 * c->lo + 0.25));
+        ac_job_spec s;
+        CHECK(ac_job_spec_parse(j, &s, NULL, &e) == 0, "%s: %s", c->name, e.msg);
+        for (int k = 0; k < AC_NCONSTRAINTS; k++) {
+            double want = k == n ? 1.5 * c->lo + 0.25 : 0;
+            CHECK(ac_constraint_limit(ac_constraint_table() + k, &s.limits) == want, "%s lands in row %d", c->name, k);
+        }
+        json_t *back = ac_constraints_json(&s.limits);
+        CHECK(json_object_size(back) == 1 && json_real_value(json_object_get(back, c->name)) == 1.5 * c->lo + 0.25,
+              "%s: ac_constraints_json", c->name);
+        json_decref(back);
+        json_decref(j);
+    }
+    CHECK(n == AC_NCONSTRAINTS, "%d spec fields for %d rows", n, AC_NCONSTRAINTS);
+
+    /* the violation: relative, signed by direction, met at <= 1e-9 */
+    const ac_constraint *tpot = NULL, *tps = NULL;
+    for (int k = 0; k < AC_NCONSTRAINTS; k++) {
+        const ac_constraint *c = ac_constraint_table() + k;
+        if (c->m == AC_M_TPOT) tpot = c;
+        if (c->m == AC_M_TOKENS_PER_S) tps = c;
+    }
+    CHECK(tpot && tps && !tpot->ge && tps->ge && !strcmp(tpot->metric, "tpot_ms") && !strcmp(tps->unit, "tokens/s"),
+          "directions and names");
+    if (!tpot || !tps) return;
+    CHECK(ac_constraint_g(tpot, 6, 5) == 6.0 / 5 - 1 && ac_constraint_g(tpot, 4, 5) < 0, "max: %g",
+          ac_constraint_g(tpot, 6, 5));
+    CHECK(ac_constraint_g(tps, 80, 100) == 1 - 80.0 / 100 && ac_constraint_g(tps, 120, 100) < 0, "min: %g",
+          ac_constraint_g(tps, 80, 100));
+    CHECK(ac_constraint_dg(tpot, 5) == 0.2 && ac_constraint_dg(tps, 4) == -0.25, "d g / d value");
+    CHECK(ac_constraint_met(tpot, 5, 5) && !ac_constraint_met(tpot, 5.001, 5) && ac_constraint_met(tps, 100, 100),
+          "met");
 }
 
 static void test_defaults_match_the_old_pipeline(void) {
@@ -242,6 +303,7 @@ static void test_paths_for_the_daemon(void) {
 
 int main(void) {
     RUN(test_schema_file_is_generated_from_table);
+    RUN(test_constraint_table_is_the_one_list);
     RUN(test_defaults_match_the_old_pipeline);
     RUN(test_every_bound_names_its_field);
     RUN(test_errors_and_targets);

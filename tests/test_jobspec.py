@@ -1,10 +1,17 @@
-"""The job-spec parser (src/pipeline/jobspec.c, through `autocompress validate`)
-against an independent validator: the `jsonschema` library (Debian's
-python3-jsonschema, in `make deps`) checking proto/job.schema.json. Random mutations of a
-valid spec (values inside, on and just outside each bound, wrong types,
-unknown and missing fields, unlisted enum values) must be accepted or
-rejected by both alike, and a rejection must name the field the mutation
-touched.
+"""The job-spec validation (ac_job_spec_check, src/pipeline/jobspec.c).
+
+1. Through `autocompress validate`, against an independent validator: the
+`jsonschema` library (Debian's python3-jsonschema, in `make deps`) checking
+proto/job.schema.json. Random mutations of a valid spec (values inside, on
+and just outside each bound, wrong types, unknown and missing fields,
+unlisted enum values) must be accepted or rejected by both alike, and a
+rejection must name the field the mutation touched. validate also checks
+the files a spec names, which no schema can: a path the schema accepts may
+still be refused, naming that (touched) path field.
+
+2. Over HTTP on loopback: `autocompress validate`, `autocompress compress`,
+POST /v1/validate and POST /v1/jobs give one verdict on a spec, naming the
+same field (they all call ac_job_spec_check).
 
 Outside the schema's reach, and so not mutated here: target.device names
 (resolved against the device profiles; tests/test_jobspec.c covers them) and
@@ -19,14 +26,17 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, ROOT, Runner  # noqa: E402
+from harness import BUILD, DATA, ROOT, TINY, Daemon, Runner  # noqa: E402
 
 CLI = os.path.join(BUILD, "autocompress")
 SCHEMA = os.path.join(ROOT, "proto", "job.schema.json")
+MISTRAL = os.path.join(BUILD, "fixtures", "models", "mistral_sharded")  # a sliding window: no deci export
+PATH_FIELDS = {"model", "calibration", "heldout", "output", "distill.text"}
 
 
-def base_spec():
-    return {"model": "/m", "calibration": "/c.txt", "target": {"device": "cpu"}, "constraints": {"max_tpot_ms": 5.0}}
+def base_spec(out="/tmp/acspec_out/never_written"):
+    return {"model": TINY, "calibration": os.path.join(DATA, "calib.txt"), "output": out, "target": {"device": "cpu"},
+            "constraints": {"max_tpot_ms": 5.0}}
 
 
 def leaves(schema, path=()):
@@ -90,7 +100,7 @@ def test_parser_agrees_with_jsonschema():
     fields = [(path, p) for path, p in leaves(schema) if path != ("target", "device")]
     rnd = random.Random(10)
     tmp = os.path.join(tempfile.mkdtemp(prefix="acspec_"), "spec.json")
-    n = agree_reject = 0
+    n = agree_reject = files = 0
     for i in range(400):
         spec = base_spec()
         touched = []
@@ -104,6 +114,10 @@ def test_parser_agrees_with_jsonschema():
         want_ok = validator.is_valid(spec)
         got = cli_validate(spec, tmp)
         n += 1
+        if want_ok and not got["ok"]:  # the files: only a path the mutation touched may fail them
+            assert got["field"] in PATH_FIELDS and got["field"] in touched, (spec, touched, got)
+            files += 1
+            continue
         assert got["ok"] == want_ok, f"spec {spec}: jsonschema says {want_ok}, parser says {got}"
         if not want_ok:
             agree_reject += 1
@@ -113,8 +127,69 @@ def test_parser_agrees_with_jsonschema():
                        (f in ("model", "calibration", "target", "constraints") and f not in spec) for t in touched), \
                 (spec, touched, got)
     shutil.rmtree(os.path.dirname(tmp), ignore_errors=True)
-    assert agree_reject > 100 and n - agree_reject > 50, (n, agree_reject)
-    print(f"   {n} mutated specs, {agree_reject} rejected by both, {n - agree_reject} accepted by both")
+    assert agree_reject > 100 and n - agree_reject - files > 50, (n, agree_reject, files)
+    print(f"   {n} mutated specs, {agree_reject} rejected by both, {n - agree_reject - files} accepted by both, "
+          f"{files} valid by the schema with a path that is not there")
+
+
+def cli(cmd, spec, tmp):
+    with open(tmp, "w") as f:
+        json.dump(spec, f)
+    return subprocess.run([CLI, cmd, tmp], capture_output=True, text=True, timeout=300)
+
+
+def test_one_validation_for_validate_compress_and_submit():
+    """A spec `autocompress validate` used to accept ({"ok": true}: it only parsed) while `compress` and the daemon
+    refuse it: the Mistral fixture (a sliding window) with the default export_target deci, which nemotron-nas cannot
+    express. Now validate, compress, POST /v1/validate and POST /v1/jobs all refuse it naming search.export_target,
+    and agree on a missing model (invalid_path) and on a good spec."""
+    if not os.path.exists(os.path.join(MISTRAL, "config.json")):
+        print("   skip: no fixtures (make fixtures)")
+        return "skip"
+    work = tempfile.mkdtemp(prefix="acval_")
+    tmp = os.path.join(work, "spec.json")
+    D = Daemon(config={"cpu_slots": 1, "model_roots": [BUILD, "/tmp"]}).start()
+    try:
+        cases = [  # spec, the field every front names (None: accepted), the daemon's error code
+            (base_spec(os.path.join(work, "out1")), None, None),
+            (dict(base_spec(os.path.join(work, "out2")), model=MISTRAL), "search.export_target", "invalid_spec"),
+            (dict(base_spec(os.path.join(work, "out3")), model=MISTRAL, search={"export_target": "gguf"}), "model",
+             "invalid_spec"),
+            (dict(base_spec(os.path.join(work, "out4")), model=os.path.join(work, "no_such_model")), "model",
+             "invalid_path"),
+            (dict(base_spec(os.path.join(work, "out5")), calibration=work), "calibration", "invalid_path"),
+        ]
+        for sp, field, code in cases:
+            v = cli_validate(sp, tmp)
+            st, r = D.req("POST", "/v1/validate", body=sp)
+            if field is None:
+                assert v == {"ok": True}, (sp, v)
+                assert st == 200 and r == {"ok": True}, (sp, st, r)
+                continue
+            assert v["ok"] is False and v["field"] == field, (sp, v)
+            assert st == 400 and r["error"]["code"] == code and r["error"]["field"] == field, (sp, st, r)
+            assert v["error"] in r["error"]["message"], (v, r)
+            st2, r2 = D.req("POST", "/v1/jobs", body=sp)
+            assert (st2, r2) == (st, r), (sp, st2, r2, r)
+            c = cli("compress", sp, tmp)
+            assert c.returncode == 1 and v["error"] in c.stderr, (sp, c.returncode, c.stderr[-2000:])
+            assert not os.path.exists(sp["output"]), sp
+        # nothing was queued by the refused submits
+        st, jobs = D.req("GET", "/v1/jobs")
+        assert st == 200 and jobs["jobs"] == [], jobs
+        # the context differs in one rule only: the daemon gives a job its own output directory, the CLI needs one
+        sp = base_spec()
+        del sp["output"]
+        v = cli_validate(sp, tmp)
+        assert v["ok"] is False and v["field"] == "output", v
+        st, r = D.req("POST", "/v1/validate", body=sp)
+        assert st == 200 and r == {"ok": True}, (st, r)
+        # the daemon's own rules come through the same function
+        st, r = D.req("POST", "/v1/validate", body=dict(base_spec(), target={"device": "cuda:0"}))
+        assert st == 400 and r["error"]["code"] == "no_device" and r["error"]["field"] == "target.device", (st, r)
+    finally:
+        D.cleanup()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
@@ -122,6 +197,11 @@ if __name__ == "__main__":
         print("SKIP all: build/autocompress not built")
         print("RESULT 0 0 1")
         sys.exit(0)
+    if not os.path.exists(os.path.join(TINY, "config.json")):
+        print("SKIP all: tiny model not built (make tiny-model)")
+        print("RESULT 0 0 1")
+        sys.exit(0)
     R = Runner()
     R.run(test_parser_agrees_with_jsonschema)
+    R.run(test_one_validation_for_validate_compress_and_submit)
     R.done()

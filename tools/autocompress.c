@@ -7,8 +7,10 @@
  *   autocompress tokenize TOKENIZER_JSON TEXT_FILE   (ids, one line)
  *   autocompress export-gguf MODEL_DIR OUT.gguf [--f32]  (llama.cpp's format)
  *   autocompress prune MODEL_DIR ARCH.json OUT_DIR [--deci]
- *   autocompress validate SPEC.json     (parse a job spec: {"ok":true} or the error and its field)
+ *   autocompress validate SPEC.json     (what compress checks before it starts: {"ok":true} or the error
+ *                                        and its field)
  *   autocompress schema                 (proto/job.schema.json, from the spec's field table)
+ *   autocompress constraints            (web/constraints.js, from the constraint table)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +40,7 @@ static int usage(void) {
         "  autocompress tokenize TOKENIZER_JSON TEXT_FILE\n"
         "  autocompress validate SPEC.json\n"
         "  autocompress schema\n"
+        "  autocompress constraints\n"
         "  autocompress prune MODEL_DIR ARCH.json OUT_DIR [--deci]\n"
         "      (slice to ARCH keeping the first channels; --deci: pad FFN widths to the deci grid,\n"
         "       fail when the deci target cannot express ARCH)\n");
@@ -238,6 +241,9 @@ static void print_event(void *ud, const char *kind, json_t *data) {
     json_decref(ev);
 }
 
+/* What compress and validate check before a job starts (the same function as the daemon's submit). */
+static const ac_job_check_opts CLI_CHECK = {.need_output = 1};
+
 static int cmd_compress(int argc, char **argv) {
     if (argc != 3) return usage();
     ac_err e = {{0}};
@@ -252,9 +258,12 @@ static int cmd_compress(int argc, char **argv) {
     ac_job_ctx ctx = {.emit = print_event, .ud = NULL, .cancelled = NULL, .cache = &cache};
     json_t *result = NULL;
     static ac_job_spec js;
-    int rc = ac_job_spec_parse(spec, &js, NULL, &e) || ac_job_run(&js, &ctx, &result, &e);
-    if (rc)
-        fprintf(stderr, "autocompress: %s\n", e.msg);
+    const char *field = NULL;
+    ac_spec_verdict v = ac_job_spec_check(spec, &js, &CLI_CHECK, &field, &e);
+    int rc = v != AC_SPEC_OK || ac_job_run(&js, &ctx, &result, &e);
+    if (rc) /* a path's error names the field in front, as the daemon's invalid_path does */
+        fprintf(stderr, "autocompress: %s%s%s\n", v == AC_SPEC_BAD_PATH && field ? field : "",
+                v == AC_SPEC_BAD_PATH && field ? ": " : "", e.msg);
     else
         print_event(NULL, "result", result);
     json_decref(result);
@@ -299,7 +308,7 @@ static int cmd_validate(int argc, char **argv) {
     static ac_job_spec js;
     ac_err e = {{0}};
     const char *field = NULL;
-    int rc = ac_job_spec_parse(spec, &js, &field, &e);
+    int rc = ac_job_spec_check(spec, &js, &CLI_CHECK, &field, &e) != AC_SPEC_OK;
     json_t *out = rc ? json_pack("{s:b,s:s,s:s}", "ok", 0, "error", e.msg, "field", field ? field : "")
                      : json_pack("{s:b}", "ok", 1);
     print_json_line(out);
@@ -318,6 +327,14 @@ static int cmd_schema(void) {
     return 0;
 }
 
+static int cmd_constraints(void) {
+    char *js = ac_constraint_table_js();
+    if (!js) return 1;
+    fputs(js, stdout);
+    free(js);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return usage();
     if (!strcmp(argv[1], "eval")) return cmd_eval(argc, argv);
@@ -328,5 +345,6 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "prune")) return cmd_prune(argc, argv);
     if (!strcmp(argv[1], "validate")) return cmd_validate(argc, argv);
     if (argc == 2 && !strcmp(argv[1], "schema")) return cmd_schema();
+    if (argc == 2 && !strcmp(argv[1], "constraints")) return cmd_constraints();
     return usage();
 }

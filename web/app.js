@@ -149,7 +149,8 @@ function onEvent(kind, data) {
     }
     drawLine($("#loss-chart"), series.loss, "#2563eb", null, data.phase === "dnas" ? "distillation KL (gated model)" : "lagrangian");
     drawLine($("#metric-chart"), series.metric, "#059669", series.limit, pick);
-    $("#metric-caption").textContent = `Predicted ${pick} vs limit (dashed)`;
+    const row = AC_CONSTRAINTS.find((c) => c.metric === pick);
+    $("#metric-caption").textContent = `Predicted ${pick}${row ? ` (${row.unit})` : ""} vs limit (dashed)`;
     if (data.architecture && baseLayers) {
       drawArch(data.architecture.layers, baseLayers);
       archHistory.push([data.step, data.architecture.layers]);
@@ -191,9 +192,11 @@ function showResult(r) {
     const d = (k) => (get(k).distill ? `${get(k).distill.tokens} tok, loss ${f(get(k).distill.loss_first, 3)} → ${f(get(k).distill.loss_last, 3)}` : "—");
     rows.push(["distillation", "", d("minitron"), d("autocompress")]);
   }
-  for (const m of ["ttft_ms", "tpot_ms", "tokens_per_s", "memory_gib"])
-    rows.push([m + " (pred.)", f(r.baseline.predicted[m], 3), f((get("minitron").predicted || {})[m], 3), f((get("autocompress").predicted || {})[m], 3)]);
-  rows.push(["params", f(r.baseline.predicted.params, 0), f((get("minitron").predicted || {}).params, 0), f((get("autocompress").predicted || {}).params, 0)]);
+  // one row per figure a limit can bound (the constraint table, constraints.js)
+  for (const c of AC_CONSTRAINTS) {
+    const m = c.metric, d = c.unit === "parameters" ? 0 : 3;
+    rows.push([`${m} (pred., ${c.unit})`, f(r.baseline.predicted[m], d), f((get("minitron").predicted || {})[m], d), f((get("autocompress").predicted || {})[m], d)]);
+  }
   $("#summary tbody").innerHTML = rows.map((row, i) => `<tr>${row.map((c) => (i ? `<td>${esc(c)}</td>` : `<th>${esc(c)}</th>`)).join("")}</tr>`).join("");
 }
 

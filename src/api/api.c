@@ -3,9 +3,9 @@
 
 #include <string.h>
 
+#include "dtype.h"
 #include "jobspec.h"
 #include "model.h"
-#include "safetensors.h"
 
 int ac_cost_measure_validate(const json_t *req, const char **field, ac_err *e) {
     *field = "measure";

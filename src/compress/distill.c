@@ -265,27 +265,15 @@ static int job_step(void *ud, int step, int steps, double loss, double lr) {
     return c->cancelled && *c->cancelled;
 }
 
-int ac_distill_job(const ac_distill_spec *ds, const char *model_dir, const char *calibration, const ac_model *teacher,
+int ac_distill_job(const ac_distill_opts *opts, const char *model_dir, const char *text, const ac_model *teacher,
                    const int *cids, size_t nc, ac_model *const *arms, const char *const *names, int narms,
                    const int *hids, size_t nh, const ac_ppl_opts *po,
                    void (*emit)(void *ud, const char *kind, json_t *data), void *ud, volatile int *cancelled,
                    json_t **out, ac_err *e) {
     *out = NULL;
-    ac_distill_opts o;
-    ac_distill_defaults(&o);
-    o.tokens = ds->tokens;
+    ac_distill_opts o = *opts;
     if (o.tokens <= 0) return 0;
-    o.seq_len = ds->seq_len;
-    o.batch = ds->batch;
-    o.lr = (float)ds->lr;
-    o.min_lr = o.lr / 10;
-    o.temperature = (float)ds->temperature;
-    o.ce_weight = (float)ds->ce_weight;
-    o.seed = (unsigned long long)ds->seed;
-    o.cuda = po->cuda; /* a local CUDA target distils on its GPU, as it evaluates there */
-    /* default: the whole calibration file (the job keeps only its first
-     * calibration_tokens tokens for calibration) */
-    const char *text = ds->text[0] ? ds->text : calibration && calibration[0] ? calibration : NULL;
+    if (text && !text[0]) text = NULL;
     int *ids = NULL;
     size_t n = nc;
     if (text && ac_load_text_ids(model_dir, text, &ids, &n, teacher->a.vocab, e)) return ac_errctx(e, "distill.text");

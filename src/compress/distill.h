@@ -4,7 +4,7 @@
  * trains on tau^2 KL(teacher || student) of temperature-scaled logits,
  * optionally mixed with next-token cross-entropy, with AdamW (optim.h) on
  * its fp32 weights, updated in place. Also the body of the job's distill
- * stage (spec section "distill", ac_distill_spec), which job.c runs between
+ * stage (job.c fills the options from the spec section "distill"), run between
  * prune and evaluate for every arm it reports.
  *
  * Memory of one distillation (ac_distill_mem_bytes, docs/architecture.md):
@@ -26,7 +26,6 @@
 
 #include "err.h"
 #include "eval.h"
-#include "jobspec.h"
 #include "model.h"
 
 #define AC_DISTILL_MAX_TOKENS 1000000000L /* the cap on distill.tokens (a 400 above it) */
@@ -64,18 +63,18 @@ double ac_distill_mem_bytes(const ac_arch *teacher, const ac_arch *student, int 
 int ac_distill(const ac_model *teacher, ac_model *student, const int *ids, size_t n, const ac_distill_opts *o,
                ac_distill_cb cb, void *ud, ac_distill_result *r, ac_err *e);
 
-/* The job's distill stage (job.c calls it when ds->tokens > 0): for each
- * arm i, measures its held-out perplexity (po on hids) as
- * "perplexity_pruned", distils it in place from teacher on the distill text
- * (ds->text, default calibration: the whole calibration file; cids[nc] only
- * when both are empty), emitting "distill" events {arm, step, steps, loss,
+/* The job's distill stage (job.c calls it when o->tokens > 0; nothing is
+ * done otherwise): for each arm i, measures its held-out perplexity (po on
+ * hids) as "perplexity_pruned", distils it in place from teacher with o on
+ * the token ids of the file `text` (tokenized with model_dir's tokenizer;
+ * NULL or "": cids[nc]), emitting "distill" events {arm, step, steps, loss,
  * lr}; a BF16 arm (the job's students, ac_prune_bf16) is trained on an
  * fp32 copy of itself (fp32 master weights for AdamW; the BF16 one freed
  * first) and rounded back to BF16 in place when trained.
  * *out = {arm name: {"perplexity_pruned": x, "distill": {tokens,
  * steps, seconds, loss_first, loss_last, lr, seq_len, batch, temperature}}},
  * which report.c merges into the report's arm objects. */
-int ac_distill_job(const ac_distill_spec *ds, const char *model_dir, const char *calibration, const ac_model *teacher,
+int ac_distill_job(const ac_distill_opts *o, const char *model_dir, const char *text, const ac_model *teacher,
                    const int *cids, size_t nc, ac_model *const *arms, const char *const *names, int narms,
                    const int *hids, size_t nh, const ac_ppl_opts *po,
                    void (*emit)(void *ud, const char *kind, json_t *data), void *ud, volatile int *cancelled,

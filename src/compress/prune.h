@@ -1,41 +1,14 @@
 /*
- * prune.h - slice a model's weights to a smaller architecture, keeping the
- * most important KV groups (with their query heads), FFN channels and hidden
- * channels, and optional least-squares repair of the pruned FFN layers.
- *
- * Ownership: *dst is a new model the caller frees (ac_model_free).
+ * prune.h - pruning: the slicing of search/slice.h (ac_prune, ac_prune_bf16,
+ * the masks) and the optional least-squares repair of the pruned FFN layers.
  */
 #ifndef AC_PRUNE_H
 #define AC_PRUNE_H
 
 #include "importance.h"
 #include "model.h"
+#include "slice.h"
 #include "stats.h"
-
-int ac_prune(const ac_model *src, const ac_arch *target, const ac_importance *imp, ac_model *dst, ac_err *e);
-/* The same student with BF16 matrices (wown; norms and biases fp32): each
- * matrix gathered in fp32 as ac_prune does, then rounded to nearest even,
- * so it is bit for bit ac_model_to_bf16 of ac_prune's student (and what
- * ac_model_save's BF16 export of that writes); never more than one layer's
- * matrices in fp32 beside it (the embedding and LM head go a row at a
- * time). A job's students
- * (pipeline/job.c): half the memory of fp32 ones, and the weights its
- * report measures are the ones it exports. */
-int ac_prune_bf16(const ac_model *src, const ac_arch *target, const ac_importance *imp, ac_model *dst, ac_err *e);
-
-/* What ac_prune(src, target, imp) keeps, as 0/1 masks over src's units, so
- * that the pruned model's outputs can be computed on src's own weights
- * (stream.h's masks are exactly removal): head_mask[n_heads] and
- * ffn_mask[ffn] of layer l (a target layer without attention or FFN: all 0).
- * Only for layers that keep every KV group (Minitron's head trimming, FFN
- * and hidden width, layer drop): returns 1, masks untouched, for a layer
- * that merges or removes KV groups or that ac_prune refuses; 0 when done.
- * The caller checks what ac_prune checks of the whole architecture (same
- * layers, head_dim and vocabulary, hidden width at most the source's).
- * ac_prune_hidden_mask: hid_mask[hidden] of the kept hidden channels. */
-int ac_prune_layer_masks(const ac_arch *src, const ac_arch *target, const ac_importance *imp, int l, float *head_mask,
-                         float *ffn_mask);
-void ac_prune_hidden_mask(const ac_arch *src, const ac_arch *target, const ac_importance *imp, float *hid_mask);
 
 /* Least-squares repair of down_proj after FFN pruning: re-fit the kept
  * columns so the layer's output matches the unpruned layer's on calibration

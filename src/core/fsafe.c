@@ -239,7 +239,7 @@ static int is_model_dir(int dirfd) {
     return 0;
 }
 
-static int check_output(const char *out, const char *model, const char *jobs_dir, ac_err *e) {
+int ac_fsafe_check_outdir(const char *out, const char *model, const char *jobs_dir, ac_err *e) {
     char norm[AC_FSAFE_PATH_MAX], mnorm[AC_FSAFE_PATH_MAX];
     if (ac_fsafe_normalize(out, norm, e)) return -1;
     if (model && ac_fsafe_normalize(model, mnorm, e) == 0 && !strcmp(norm, mnorm))
@@ -276,8 +276,7 @@ static int check_output(const char *out, const char *model, const char *jobs_dir
     return 0;
 }
 
-/* The model directory (AC_F_PATH_DIR): a directory holding a readable config.json. */
-static int check_model_dir(const char *model, ac_err *e) {
+int ac_fsafe_check_model_dir(const char *model, ac_err *e) {
     char cfg[AC_FSAFE_PATH_MAX + 16];
     int fd = ac_fsafe_opendir(model, e);
     if (fd < 0) return -1;
@@ -286,24 +285,5 @@ static int check_model_dir(const char *model, ac_err *e) {
     if ((fd = ac_fsafe_open(cfg, AC_FK_CONFIG, NULL, e)) < 0)
         return ac_errctx(e, "model directory needs a readable config.json");
     close(fd);
-    return 0;
-}
-
-int ac_fsafe_check_job(const ac_job_spec *s, const char *jobs_dir, const char **field, ac_err *e) {
-    const char *path;
-    int flags;
-    for (int i = 0; ac_job_spec_path(s, i, field, &path, &flags); i++) {
-        if (!*path) continue; /* not given */
-        if (flags & AC_F_PATH_DIR) {
-            if (check_model_dir(path, e)) return -1;
-        } else if (flags & AC_F_PATH_FILE) {
-            int fd = ac_fsafe_open(path, AC_FK_TEXT, NULL, e);
-            if (fd < 0) return -1;
-            close(fd);
-        } else if (flags & AC_F_PATH_OUT) {
-            if (check_output(path, s->model[0] ? s->model : NULL, jobs_dir, e)) return ac_errctx(e, "output");
-        }
-    }
-    *field = NULL;
     return 0;
 }

@@ -25,7 +25,6 @@
 #include <stddef.h>
 
 #include "err.h"
-#include "jobspec.h"
 
 #define AC_FSAFE_PATH_MAX 3072
 #define AC_FSAFE_MAX_ROOTS 16
@@ -71,13 +70,12 @@ json_t *ac_fsafe_json(const char *path, ac_fkind kind, ac_err *e);
  * ("near '...'"), into buf (n bytes); returns buf. */
 const char *ac_fsafe_json_why(const char *jansson_text, char *buf, size_t n);
 
-/* A job's paths (every path field of the typed spec, ac_job_spec_path),
- * checked the same way at submit (daemon, in its work pool) and in the
- * worker: the model directory (AC_F_PATH_DIR) with a config.json, the text
- * files (AC_F_PATH_FILE: calibration, heldout, distill.text), and the output
- * directory (AC_F_PATH_OUT). Empty fields (not given) are skipped.
- * `jobs_dir` (may be NULL) is the daemon's data_dir/jobs, where outputs may
- * not point. `field` gets the offending spec field. */
-int ac_fsafe_check_job(const ac_job_spec *s, const char *jobs_dir, const char **field, ac_err *e);
+/* A model directory: a directory holding a readable config.json. */
+int ac_fsafe_check_model_dir(const char *model, ac_err *e);
+/* An output directory: not the model directory `model` (may be NULL), not
+ * inside `jobs_dir` (may be NULL), not a root itself, reached without
+ * symbolic links, and not holding a model; a missing one is fine (the
+ * export creates it). */
+int ac_fsafe_check_outdir(const char *out, const char *model, const char *jobs_dir, ac_err *e);
 
 #endif

@@ -25,10 +25,10 @@
 
 #include "costmodel.h"
 #include "costtimings.h"
+#include "dtype.h"
 #include "engine.h"
 #include "kernels_cpu.h"
 #include "quiet.h"
-#include "safetensors.h"
 #include "tensor.h"
 
 /* ---------------------------------------------------------------- measurement */

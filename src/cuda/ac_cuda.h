@@ -30,8 +30,8 @@
 extern "C" {
 #endif
 
+#include "dtype.h"
 #include "model.h"
-#include "safetensors.h"
 #include "train.h"
 
 typedef struct acc_engine acc_engine;

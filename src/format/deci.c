@@ -208,49 +208,6 @@ int ac_deci_write_module(const char *dir, ac_err *e) {
 }
 
 /* search.export_target, with the default (deci) applied. */
-int ac_deci_validate_spec(int deci, int ffn_multiple, const char **field, ac_err *e) {
-    if (!deci || ffn_multiple % AC_DECI_GRID == 0) return 0;
-    *field = "search.ffn_multiple";
-    return ac_errf(e,
-                   "search.ffn_multiple=%d cannot be exported as deci: vLLM, TensorRT-LLM and Transformers "
-                   "compute every FFN width as a multiple of %d from ffn_mult (use a multiple of %d, or "
-                   "export_target llama/gguf)",
-                   ffn_multiple, AC_DECI_GRID, AC_DECI_GRID);
-}
-
-int ac_deci_validate_base(int deci, int minitron, const ac_arch *base, const char **field, ac_err *e) {
-    if (!deci) return 0;
-    /* minitron keeps a uniform base uniform, and uniform results export as llama/mistral */
-    if (minitron && ac_arch_is_uniform(base)) return 0;
-    *field = "search.export_target";
-    if (base->sliding_window)
-        return ac_errf(e,
-                       "search.export_target deci cannot express this model's sliding window (%d tokens): "
-                       "nemotron_nas loaders have none; use export_target llama",
-                       base->sliding_window);
-    int nh = 0;
-    for (int l = 0; l < base->n_layers; l++) {
-        int h = base->layers[l].n_heads;
-        if (h && nh && h != nh)
-            return ac_errf(e,
-                           "search.export_target deci cannot express this model: its layers have different "
-                           "query-head counts (%d and %d); use export_target gguf",
-                           nh, h);
-        if (h) nh = h;
-    }
-    return 0;
-}
-
-int ac_deci_validate_model(int deci, int minitron, const char *model_dir, const char **field, ac_err *e) {
-    if (!deci || !model_dir || !model_dir[0]) return 0;
-    ac_arch a;
-    ac_err ignore;
-    if (ac_arch_load(model_dir, &a, &ignore)) return 0; /* a bad model fails at load with its own message */
-    int rc = ac_deci_validate_base(deci, minitron, &a, field, e);
-    ac_arch_free(&a);
-    return rc;
-}
-
 int ac_deci_pad_arch(const ac_arch *req, ac_arch *out, ac_err *e) {
     if (ac_arch_copy(out, req, e)) return -1;
     for (int l = 0; l < out->n_layers; l++) out->layers[l].ffn = ac_deci_padded(out->layers[l].ffn);

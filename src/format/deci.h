@@ -17,8 +17,8 @@
  *
  * This module owns those rules: the grid, ffn_mult values that round-trip
  * through the loaders' formula, the block_configs JSON, the configuration
- * module, and the checks that reject an architecture or a job spec the
- * target cannot express.
+ * module, and the check that rejects an architecture the target cannot
+ * express (what a job spec may ask of it: pipeline/jobcheck.h).
  */
 #ifndef AC_DECI_H
 #define AC_DECI_H
@@ -48,18 +48,6 @@ int ac_deci_check_arch(const ac_arch *a, ac_err *e);
 int ac_deci_fill_config(json_t *c, const ac_arch *a, ac_err *e);
 /* Write configuration_decilm.py (the DeciLMConfig the auto_map names). */
 int ac_deci_write_module(const char *dir, ac_err *e);
-
-/* Submit-time checks of a job spec whose search.export_target is deci (the
- * default; `deci` says whether it is). Pure spec rules (no file access):
- * search.ffn_multiple must sit on the loaders' grid. *field names the
- * offending field. */
-int ac_deci_validate_spec(int deci, int ffn_multiple, const char **field, ac_err *e);
-/* Checks against the base model's architecture: features the target cannot
- * express in a heterogeneous result (sliding window, per-layer query heads).
- * minitron: the job's method is minitron (a uniform base stays uniform). */
-int ac_deci_validate_base(int deci, int minitron, const ac_arch *base, const char **field, ac_err *e);
-/* The same, loading model_dir/config.json (for the daemon's submit). */
-int ac_deci_validate_model(int deci, int minitron, const char *model_dir, const char **field, ac_err *e);
 
 /* The exported (padded) architecture for a requested one: each FFN width
  * that is off the grid is padded up to it. */

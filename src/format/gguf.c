@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buf.h"
 #include "fsafe.h"
 #include "gguf_int.h"
 #include "safetensors.h"
@@ -135,27 +136,13 @@ int ac_gguf_check_model_dir(const char *dir, ac_err *e) {
 /* ---- byte buffer of metadata ---- */
 
 typedef struct {
-    unsigned char *p;
-    size_t n, cap;
+    ac_buf b;
     int oom;
     uint64_t nkv;
 } gbuf;
 
 static void gput(gbuf *b, const void *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n > b->cap) {
-        size_t c = b->cap ? b->cap : 4096;
-        while (c < b->n + n) c *= 2;
-        unsigned char *q = realloc(b->p, c);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
+    if (!b->oom && ac_buf_append(&b->b, s, n, 0)) b->oom = 1;
 }
 static void g32(gbuf *b, uint32_t v) { gput(b, &v, 4); }
 static void g64(gbuf *b, uint64_t v) { gput(b, &v, 8); }
@@ -566,8 +553,8 @@ int ac_gguf_write(const ac_model *m, const char *tokenizer_json, const char *pat
     uint32_t ver = 3;
     uint64_t cnt[2] = {(uint64_t)nt, kv.nkv};
     int ok = fwrite("GGUF", 1, 4, f) == 4 && fwrite(&ver, 4, 1, f) == 1 && fwrite(cnt, 8, 2, f) == 2 &&
-             fwrite(kv.p, 1, kv.n, f) == kv.n && fwrite(ti.p, 1, ti.n, f) == ti.n;
-    uint64_t head = 24 + kv.n + ti.n;
+             fwrite(kv.b.data, 1, kv.b.len, f) == kv.b.len && fwrite(ti.b.data, 1, ti.b.len, f) == ti.b.len;
+    uint64_t head = 24 + kv.b.len + ti.b.len;
     static const char zeros[GG_ALIGN];
     if (ok) ok = fwrite(zeros, 1, (size_t)(align_up(head) - head), f) == align_up(head) - head;
     if (!ok) {
@@ -581,47 +568,10 @@ int ac_gguf_write(const ac_model *m, const char *tokenizer_json, const char *pat
 out:
     if (f) fclose(f);
     if (rc) remove(tmp);
-    free(kv.p);
-    free(ti.p);
+    ac_buf_free(&kv.b);
+    ac_buf_free(&ti.b);
     free(t);
     free(freqs);
     if (rc) ac_errctx(e, "gguf %s", path);
     return rc;
-}
-
-/* ---- job hooks ---- */
-
-static int wants_gguf(const ac_search_opts *o) { return o->target == AC_EXPORT_GGUF || o->gguf; }
-
-int ac_gguf_check_spec(const ac_search_opts *o, const char *model_dir, const char **field, ac_err *e) {
-    const char *dummy;
-    if (!field) field = &dummy;
-    if (!wants_gguf(o)) return 0;
-    if (o->target != AC_EXPORT_GGUF && o->target != AC_EXPORT_LLAMA) {
-        *field = "search.gguf";
-        return ac_errf(e, "search.gguf writes a uniform (export_target llama) result as GGUF too (the deci target, "
-                          "the default, keeps layouts llama.cpp mis-runs); for a heterogeneous GGUF use export_target "
-                          "gguf");
-    }
-    *field = "model";
-    return model_dir && model_dir[0] ? ac_gguf_check_model_dir(model_dir, e) : 0;
-}
-
-int ac_gguf_export_job(const ac_search_opts *o, const ac_model *m, const char *model_dir, const char *out_dir,
-                       ac_err *e) {
-    if (!wants_gguf(o)) return 0;
-    char tok[4200], out[4200];
-    snprintf(tok, sizeof tok, "%s/tokenizer.json", model_dir);
-    snprintf(out, sizeof out, "%s/model.gguf", out_dir);
-    return ac_gguf_write(m, tok, out, ST_BF16, e);
-}
-
-void ac_gguf_report(const ac_search_opts *o, const ac_arch *a, const char *out_dir, json_t *export_obj) {
-    if (!export_obj || !wants_gguf(o)) return;
-    char f[4200], serve[4300];
-    snprintf(f, sizeof f, "%s/model.gguf", out_dir);
-    snprintf(serve, sizeof serve, "llama-server -m %s", f);
-    json_object_set_new(export_obj, "gguf",
-                        json_pack("{s:s,s:s,s:s}", "file", f, "architecture", ac_arch_is_uniform(a) ? "llama" : "deci",
-                                  "serve", serve));
 }

@@ -28,7 +28,6 @@
 
 #include "err.h"
 #include "model.h"
-#include "search.h"
 #include "tokenizer.h"
 
 /* True when path names a .gguf file (by its suffix). */
@@ -52,19 +51,6 @@ int ac_gguf_check_model_dir(const char *model_dir, ac_err *e);
  * ST_F32 for the 2-D weights. tokenizer_json NULL: no tokenizer metadata
  * (weights only; llama.cpp then cannot tokenize). */
 int ac_gguf_write(const ac_model *m, const char *tokenizer_json, const char *path, int dtype, ac_err *e);
-
-/* Job hooks, on the typed spec's search section (jobspec.h). A job asks
- * for GGUF with search.export_target "gguf" (its old name "gguf-deci" parses
- * to the same) or with search.gguf true next to export_target "llama".
- * check_spec (at submission and job start): the combination is valid and
- * the model's config and tokenizer can be expressed (*field names the
- * culprit; model_dir NULL: the combination only); export_job (stage
- * export): writes OUT_DIR/model.gguf (BF16) when asked. */
-int ac_gguf_check_spec(const ac_search_opts *o, const char *model_dir, const char **field, ac_err *e);
-int ac_gguf_export_job(const ac_search_opts *o, const ac_model *m, const char *model_dir, const char *out_dir,
-                       ac_err *e);
-/* Adds {"gguf": {"file", "architecture", "serve"}} to the report's export object when a GGUF was written. */
-void ac_gguf_report(const ac_search_opts *o, const ac_arch *a, const char *out_dir, json_t *export_obj);
 
 /* Read a GGUF file written as above (or by llama.cpp's converter for the
  * llama / deci architectures with F32/F16/BF16 tensors). */

@@ -12,33 +12,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dtype.h" /* st_dtype, ST_F32, ... */
 #include "err.h"
 
 #define ST_MAX_DIMS 8
 #define ST_MAX_HEADER 100000000ULL
-
-typedef enum {
-    ST_BOOL,
-    ST_U8,
-    ST_I8,
-    ST_F8_E5M2,
-    ST_F8_E4M3,
-    ST_I16,
-    ST_U16,
-    ST_F16,
-    ST_BF16,
-    ST_I32,
-    ST_U32,
-    ST_F32,
-    ST_F64,
-    ST_I64,
-    ST_U64,
-    ST_NDTYPES
-} st_dtype;
-
-size_t st_dtype_size(st_dtype d);
-const char *st_dtype_name(st_dtype d);
-int st_dtype_parse(const char *s, st_dtype *out);
 
 typedef struct {
     char *name;

@@ -22,13 +22,14 @@
 #include "device.h"
 #include "distill.h"
 #include "dnas.h"
+#include "dtype.h"
 #include "gguf.h"
 #include "job_state.h"
+#include "jobcheck.h"
 #include "kernels_cpu.h"
 #include "measure.h"
 #include "minitron.h"
 #include "prune.h"
-#include "safetensors.h"
 
 static void emit(job_state *s, const char *kind, json_t *data) {
     if (s->ctx->emit && data) s->ctx->emit(s->ctx->ud, kind, data);
@@ -291,7 +292,22 @@ static int stage_distill(job_state *s, ac_err *e) {
     ac_model *arms[2] = {&s->pm, &s->pa};
     const char *names[2] = {"minitron", "autocompress"};
     ac_ppl_opts po = {.ctx = sp->eval.ctx, .stride = 0, .max_windows = sp->eval.windows, .batch = 4, .cuda = s->on_gpu};
-    return ac_distill_job(&sp->distill, sp->model, sp->calibration, &s->m, s->cids, s->nc, arms, names,
+    const ac_distill_spec *ds = &sp->distill;
+    ac_distill_opts o;
+    ac_distill_defaults(&o);
+    o.tokens = ds->tokens;
+    o.seq_len = ds->seq_len;
+    o.batch = ds->batch;
+    o.lr = (float)ds->lr;
+    o.min_lr = o.lr / 10;
+    o.temperature = (float)ds->temperature;
+    o.ce_weight = (float)ds->ce_weight;
+    o.seed = (unsigned long long)ds->seed;
+    o.cuda = po.cuda; /* a local CUDA target distils on its GPU, as it evaluates there */
+    /* the distill text; default: the whole calibration file (the job keeps
+     * only its first calibration_tokens tokens for calibration) */
+    const char *text = ds->text[0] ? ds->text : sp->calibration[0] ? sp->calibration : NULL;
+    return ac_distill_job(&o, sp->model, text, &s->m, s->cids, s->nc, arms, names,
                           s->chosen == &s->ra ? 2 : 1, s->hids, s->nh, &po, s->ctx->emit, s->ctx->ud, s->ctx->cancelled,
                           &s->distill, e);
 }

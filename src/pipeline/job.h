@@ -31,8 +31,9 @@ typedef struct {
     int threads;                /* CPU threads; 0 = 2 */
 } ac_job_ctx;
 
-/* JSON-level helpers for callers that hold the JSON (they parse it with
- * ac_job_spec_parse underneath). *field (if not NULL) names the offending
+/* JSON-level helpers for callers that hold the JSON: the fields only
+ * (ac_job_spec_parse underneath; a job's whole validation, paths and model
+ * included, is ac_job_spec_check). *field (if not NULL) names the offending
  * field (a thread-local string). */
 int ac_job_validate_field(const json_t *spec, const char **field, ac_err *e);
 int ac_job_validate(const json_t *spec, ac_err *e);

@@ -16,9 +16,11 @@
 
 #include "deci.h"
 #include "distill.h"
+#include "dtype.h"
+#include "fsafe.h"
 #include "gguf.h"
 #include "job.h"
-#include "safetensors.h"
+#include "jobcheck.h"
 
 _Static_assert(sizeof(ac_method) == sizeof(int) && sizeof(ac_export_target) == sizeof(int), "enums are stored as int");
 _Static_assert(AC_METHOD_MINITRON == 1 && AC_EXPORT_LLAMA == 1 && AC_EXPORT_GGUF == 2,
@@ -82,15 +84,13 @@ static const ac_field TARGET[] = {
     OBJ("workload", ac_target_spec, workload, WORKLOAD, 0, NULL),
     END,
 };
+/* The limits: the constraint table's rows (constraints.h), the one list of them. */
+#define CFIELD(nm, mem, metric, unit, m, kind, lo, hi, doc)                                                            \
+    NUM(nm, ac_constraints, mem, lo, hi, 0, ND, AC_CONSTRAINT_DOC(metric, unit, kind, doc)),
 static const ac_field CONSTRAINTS[] = {
-    NUM("max_ttft_ms", ac_constraints, max_ttft_ms, 1e-6, 1e9, 0, ND, NULL),
-    NUM("max_tpot_ms", ac_constraints, max_tpot_ms, 1e-6, 1e9, 0, ND, NULL),
-    NUM("min_tokens_per_s", ac_constraints, min_tokens_per_s, 1e-6, 1e12, 0, ND,
-        "output tokens per second for the workload"),
-    NUM("max_memory_gib", ac_constraints, max_mem_gib, 1e-9, 1e6, 0, ND, "weights + KV cache + activations + overhead"),
-    NUM("max_params", ac_constraints, max_params, 1, 1e15, 0, ND, NULL),
-    END,
+    AC_CONSTRAINT_ROWS(CFIELD) END,
 };
+#undef CFIELD
 static const ac_field SEARCH[] = {
     INT("steps", ac_search_opts, steps, 1, 100000, 300, 0, NULL),
     INT("seed", ac_search_opts, seed, 0, 2147483647, 0, 0, NULL),
@@ -343,6 +343,29 @@ int ac_job_spec_parse(const json_t *j, ac_job_spec *s, const char **fieldp, ac_e
                : 0;
 }
 
+ac_spec_verdict ac_job_spec_check(const json_t *j, ac_job_spec *s, const ac_job_check_opts *opts, const char **fieldp,
+                                  ac_err *e) {
+    static const ac_job_check_opts none = {0};
+    const char *dummy;
+    if (!fieldp) fieldp = &dummy;
+    if (!opts) opts = &none;
+    if (ac_job_spec_parse(j, s, fieldp, e)) return AC_SPEC_INVALID;
+    if (opts->need_output && !s->output[0]) {
+        *fieldp = "output";
+        ac_errf(e, "missing required field output (the directory the pruned checkpoint and report.json go to)");
+        return AC_SPEC_INVALID;
+    }
+    if (opts->rules && opts->rules(opts->ud, s)) return AC_SPEC_REFUSED;
+    if (ac_job_check_paths(s, opts->jobs_dir, fieldp, e)) return AC_SPEC_BAD_PATH;
+    *fieldp = NULL;
+    if (ac_deci_validate_model(s->search.target == AC_EXPORT_DECI, s->method == AC_METHOD_MINITRON, s->model, fieldp,
+                               e) ||
+        ac_gguf_check_spec(&s->search, s->model, fieldp, e))
+        return AC_SPEC_INVALID;
+    *fieldp = NULL;
+    return AC_SPEC_OK;
+}
+
 const char *ac_method_name(ac_method m) {
     assert(m >= 0 && m < (int)(sizeof METHODS / sizeof *METHODS) - 1);
     return METHODS[m];
@@ -350,9 +373,9 @@ const char *ac_method_name(ac_method m) {
 
 json_t *ac_constraints_json(const ac_constraints *l) {
     json_t *o = json_object();
-    for (const ac_field *f = CONSTRAINTS; o && f->name; f++) {
-        double v = *(const double *)((const char *)l + f->off);
-        if (v > 0) json_object_set_new(o, f->name, json_real(v));
+    for (const ac_constraint *c = ac_constraint_table(); o && c < ac_constraint_table() + AC_NCONSTRAINTS; c++) {
+        double v = ac_constraint_limit(c, l);
+        if (v > 0) json_object_set_new(o, c->name, json_real(v));
     }
     return o;
 }

@@ -114,6 +114,36 @@ const ac_field *ac_target_spec_fields(void);
 int ac_job_spec_parse(const json_t *j, ac_job_spec *s, const char **field, ac_err *e);
 /* The same for a target object alone (POST /v1/estimate); prefix names it in errors. */
 int ac_target_spec_parse(const json_t *j, ac_target_spec *t, const char *prefix, const char **field, ac_err *e);
+/* ---------------------------------------------------------------- validation */
+
+/* What a spec is checked against beyond its own fields. */
+typedef struct {
+    const char *jobs_dir; /* the daemon's data_dir/jobs, where outputs may not point (NULL: no such rule) */
+    int need_output;      /* output must be given (the CLI; the daemon gives a job a default output) */
+    /* The caller's own rules on the parsed spec (the daemon's caps and devices), run after parsing and before any
+     * file is looked at: 0, or -1 having answered (the verdict is then AC_SPEC_REFUSED). May be NULL. */
+    int (*rules)(void *ud, const ac_job_spec *s);
+    void *ud;
+} ac_job_check_opts;
+
+typedef enum {
+    AC_SPEC_OK,      /* the job can start */
+    AC_SPEC_INVALID, /* a field's value or a rule across fields ("invalid_spec") */
+    AC_SPEC_BAD_PATH, /* a path the spec names, under the file policy (fsafe.h; "invalid_path") */
+    AC_SPEC_REFUSED  /* opts->rules refused it */
+} ac_spec_verdict;
+
+/* THE validation of a job spec: what the daemon's submit (POST /v1/jobs),
+ * POST /v1/validate and the CLI (validate, compress) check before a job
+ * starts. In order: the fields (ac_job_spec_parse), output given when
+ * opts->need_output, opts->rules, the paths (ac_job_check_paths), then the
+ * base model against the export target (ac_deci_validate_model: a deci
+ * export of a model nemotron-nas cannot express; ac_gguf_check_spec: a
+ * GGUF export llama.cpp cannot run). *s gets the parsed spec; *field (may
+ * be NULL) names the offending field ("" or NULL when none). opts may be NULL. */
+ac_spec_verdict ac_job_spec_check(const json_t *j, ac_job_spec *s, const ac_job_check_opts *opts, const char **field,
+                                  ac_err *e);
+
 /* The engine profile predictions for t use on a checkpoint whose matrices
  * are in checkpoint_wdt (st_dtype; ac_model_wdt, ac_model_checkpoint_wdt):
  * t's, except that a CPU target whose spec names no weights dtype takes a

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtype.h"
 #include "eval.h"
-#include "safetensors.h"
 
 #define RUNS 5
 /* Re-measurement of runs a neighbour slowed (quiet.h): up to 4 rounds,

@@ -5,8 +5,8 @@
 #include <jansson.h>
 
 #include "dnas.h"
-#include "gguf.h"
 #include "job_state.h"
+#include "jobcheck.h"
 
 static json_t *arm(const job_state *s, const ac_search_result *r, const ac_ppl_result *pp, int repaired) {
     return json_pack("{s:o,s:o,s:o,s:b,s:f,s:f,s:f,s:i,s:b}", "architecture", ac_arch_to_json(&r->arch), "predicted",

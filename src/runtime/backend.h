@@ -12,16 +12,17 @@
 #include "engine.h"
 #include "err.h"
 #include "model.h"
-#include "stats.h"
 
 typedef struct ac_backend_engine ac_backend_engine;
 
 typedef struct ac_backend {
     const char *name; /* "cpu", "cuda" (static) */
     /* An engine for up to max_batch sequences of max_ctx tokens. The model
-     * must outlive it. stats (activation statistics) may be non-NULL only
-     * for the CPU backend. */
-    int (*open)(const ac_model *m, int max_batch, int max_ctx, ac_stats *stats, ac_backend_engine **out, ac_err *e);
+     * must outlive it. hooks (observers of the activations, engine.h; the
+     * search's statistics fill them: ac_stats_hooks) may be non-NULL only
+     * for the CPU backend; they are copied, their ud must outlive the engine. */
+    int (*open)(const ac_model *m, int max_batch, int max_ctx, const ac_engine_hooks *hooks, ac_backend_engine **out,
+                ac_err *e);
     /* Forward tok[B][n] at position pos0 through the KV cache, only the last
      * position's logits kept: the prefill and decode steps latency times. */
     int (*step)(ac_backend_engine *en, const int *tok, int B, int n, int pos0, ac_err *e);

@@ -5,19 +5,19 @@
 
 struct ac_backend_engine {
     ac_engine en;
-    ac_engine_hooks hooks; /* activation statistics, when asked for */
+    ac_engine_hooks hooks; /* the caller's observers (activation statistics), when given */
 };
 
-static int cpu_open(const ac_model *m, int max_batch, int max_ctx, ac_stats *stats, ac_backend_engine **out,
-                    ac_err *e) {
+static int cpu_open(const ac_model *m, int max_batch, int max_ctx, const ac_engine_hooks *hooks,
+                    ac_backend_engine **out, ac_err *e) {
     ac_backend_engine *b = calloc(1, sizeof *b);
     if (!b) return ac_errf(e, "out of memory");
     if (ac_engine_init(&b->en, m, max_batch, max_ctx, e)) {
         free(b);
         return -1;
     }
-    if (stats) {
-        ac_stats_hooks(stats, &b->hooks);
+    if (hooks) {
+        b->hooks = *hooks;
         b->en.hooks = &b->hooks;
     }
     *out = b;

@@ -28,10 +28,10 @@ static void cuda_close(ac_backend_engine *b) {
     free(b);
 }
 
-static int cuda_open(const ac_model *m, int max_batch, int max_ctx, ac_stats *stats, ac_backend_engine **out,
-                     ac_err *e) {
+static int cuda_open(const ac_model *m, int max_batch, int max_ctx, const ac_engine_hooks *hooks,
+                     ac_backend_engine **out, ac_err *e) {
     const char *why;
-    if (stats) return ac_errf(e, "perplexity: activation statistics are gathered on the CPU engine only");
+    if (hooks) return ac_errf(e, "perplexity: activation statistics are gathered on the CPU engine only");
     const ac_cuda_api *cu = ac_cuda(&why);
     if (!cu) return ac_errf(e, "perplexity on CUDA: %s", why);
     ac_backend_engine *b = calloc(1, sizeof *b);

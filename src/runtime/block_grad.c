@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "backward_cpu.h"
-#include "safetensors.h"
+#include "dtype.h"
 
 
 size_t ac_block_grad_scratch_floats(const ac_arch *a, int B, int T) {

@@ -11,9 +11,9 @@
 #include <string.h>
 
 #include "block_cpu.h"
+#include "dtype.h"
 #include "kernels_cpu.h"
 #include "rope.h"
-#include "safetensors.h"
 
 void ac_engine_free(ac_engine *en) {
     float *bufs[] = {en->x,  en->x0, en->xn,     en->q,      en->att,   en->g,    en->u,

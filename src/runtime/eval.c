@@ -1,7 +1,7 @@
 /* eval.c - see eval.h. */
+#include "dtype.h"
 #include "eval.h"
 #include "fsafe.h"
-#include "safetensors.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -21,7 +21,8 @@ struct ac_scorer {
     ac_backend_engine *en;
 };
 
-int ac_scorer_open(const ac_model *m, int batch, int ctx, int cuda, ac_stats *stats, ac_scorer **out, ac_err *e) {
+int ac_scorer_open(const ac_model *m, int batch, int ctx, int cuda, const ac_engine_hooks *hooks, ac_scorer **out,
+                   ac_err *e) {
     *out = NULL;
     if (batch < 1 || ctx < 2) return ac_errf(e, "scorer: batch must be >= 1 and ctx >= 2");
     const ac_backend *be = ac_backend_get(cuda, e);
@@ -29,7 +30,7 @@ int ac_scorer_open(const ac_model *m, int batch, int ctx, int cuda, ac_stats *st
     ac_scorer *sc = calloc(1, sizeof *sc);
     if (!sc) return ac_errf(e, "out of memory");
     *sc = (ac_scorer){.m = m, .B = batch, .ctx = ctx, .be = be};
-    if (be->open(m, batch, ctx, stats, &sc->en, e)) {
+    if (be->open(m, batch, ctx, hooks, &sc->en, e)) {
         free(sc);
         return -1;
     }
@@ -101,14 +102,14 @@ int ac_scorer_perplexity(ac_scorer *sc, const int *ids, size_t n, const ac_ppl_o
     return 0;
 }
 
-int ac_perplexity(const ac_model *m, const int *ids, size_t n, const ac_ppl_opts *o, ac_stats *stats,
+int ac_perplexity(const ac_model *m, const int *ids, size_t n, const ac_ppl_opts *o, const ac_engine_hooks *hooks,
                   void (*progress)(void *ud, double frac), void *ud, ac_ppl_result *r, ac_err *e) {
     memset(r, 0, sizeof *r);
     long nwin;
     int B;
     if (ppl_plan(o, n, &nwin, &B, e)) return -1;
     ac_scorer *sc;
-    if (ac_scorer_open(m, B, o->ctx, o->cuda, stats, &sc, e)) return -1;
+    if (ac_scorer_open(m, B, o->ctx, o->cuda, hooks, &sc, e)) return -1;
     int rc = ac_scorer_perplexity(sc, ids, n, o, progress, ud, r, e);
     ac_scorer_close(sc);
     return rc;

@@ -10,7 +10,6 @@
 #include <stddef.h>
 
 #include "engine.h"
-#include "stats.h"
 
 typedef struct {
     int ctx;         /* window length in tokens */
@@ -18,8 +17,8 @@ typedef struct {
     int max_windows; /* 0 = all */
     int batch;       /* windows per forward call (non-overlapping mode) */
     int cuda;        /* 1: forward and cross-entropy on CUDA device 0 through
-                         the plugin (an error when it is absent); stats must
-                         then be NULL: they are gathered on the CPU engine */
+                         the plugin (an error when it is absent); hooks must
+                         then be NULL: they watch the CPU engine only */
 } ac_ppl_opts;
 
 typedef struct {
@@ -31,17 +30,19 @@ typedef struct {
     const char *engine; /* "cpu" or "cuda" (static string) */
 } ac_ppl_result;
 
-/* stats may be NULL; when set, activation statistics accumulate into it.
+/* hooks may be NULL; when set, they watch every forward's activations (the
+ * search's activation statistics fill them: ac_stats_hooks, stats.h).
  * progress (may be NULL) is called after each forward with the fraction done. */
-int ac_perplexity(const ac_model *m, const int *ids, size_t n, const ac_ppl_opts *o, ac_stats *stats,
+int ac_perplexity(const ac_model *m, const int *ids, size_t n, const ac_ppl_opts *o, const ac_engine_hooks *hooks,
                   void (*progress)(void *ud, double frac), void *ud, ac_ppl_result *r, ac_err *e);
 
 /* A scorer keeps one engine for one model across perplexity runs and
  * timed steps: the CPU engine, or with cuda the CUDA plugin's on device 0
- * (weights copied there once). batch: most windows per forward; ctx: the window length. stats
+ * (weights copied there once). batch: most windows per forward; ctx: the window length. hooks
  * (CPU only) may be NULL. The model must outlive the scorer. */
 typedef struct ac_scorer ac_scorer;
-int ac_scorer_open(const ac_model *m, int batch, int ctx, int cuda, ac_stats *stats, ac_scorer **out, ac_err *e);
+int ac_scorer_open(const ac_model *m, int batch, int ctx, int cuda, const ac_engine_hooks *hooks, ac_scorer **out,
+                   ac_err *e);
 /* ac_perplexity on the scorer's engine (o->ctx must be its ctx; o->cuda is
  * ignored: the engine was chosen at open). */
 int ac_scorer_perplexity(ac_scorer *sc, const int *ids, size_t n, const ac_ppl_opts *o,

@@ -21,8 +21,8 @@
 
 #include "backward_cpu.h"
 #include "block_grad.h"
+#include "dtype.h"
 #include "kernels_cpu.h"
-#include "safetensors.h"
 #include "tensor.h"
 
 /* Floats of layer l's seven matrices. */

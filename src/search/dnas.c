@@ -9,8 +9,8 @@
 #include "cuda_plugin.h"
 #include "device.h"
 #include "optim.h"
-#include "prune.h"
 #include "rope.h"
+#include "slice.h"
 #include "tensor.h"
 
 #define HC_BETA (2.0 / 3.0)
@@ -693,20 +693,18 @@ int ac_dnas_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_se
 
 /* ---- the search ---- */
 
+/* The limits a problem sets: rows of the constraint table (constraints.h). */
 typedef struct {
-    ac_metric m;
+    const ac_constraint *c;
     double limit;
-    int ge;
-    const char *name;
 } dcons;
 
 static int dcons_list(const ac_constraints *l, dcons *c) {
     int n = 0;
-    if (l->max_ttft_ms > 0) c[n++] = (dcons){AC_M_TTFT, l->max_ttft_ms, 0, "ttft_ms"};
-    if (l->max_tpot_ms > 0) c[n++] = (dcons){AC_M_TPOT, l->max_tpot_ms, 0, "tpot_ms"};
-    if (l->min_tokens_per_s > 0) c[n++] = (dcons){AC_M_TOKENS_PER_S, l->min_tokens_per_s, 1, "tokens_per_s"};
-    if (l->max_mem_gib > 0) c[n++] = (dcons){AC_M_MEM, l->max_mem_gib, 0, "memory_gib"};
-    if (l->max_params > 0) c[n++] = (dcons){AC_M_PARAMS, l->max_params, 0, "params"};
+    for (const ac_constraint *t = ac_constraint_table(); t < ac_constraint_table() + AC_NCONSTRAINTS; t++) {
+        double v = ac_constraint_limit(t, l);
+        if (v > 0) c[n++] = (dcons){t, v};
+    }
     return n;
 }
 
@@ -1010,11 +1008,8 @@ static void emit_step(const ac_search_problem *p, const ac_dnas_gates *g, int s,
                       const dcons *c, int nc, const double *val, const double *lambda, double secs) {
     json_t *met = json_object(), *mul = json_object();
     for (int j = 0; j < nc; j++) {
-        double gj = c[j].ge ? 1 - val[j] / c[j].limit : val[j] / c[j].limit - 1;
-        json_object_set_new(met, c[j].name,
-                            json_pack("{s:f,s:f,s:s,s:b}", "value", val[j], "limit", c[j].limit, "kind",
-                                      c[j].ge ? "min" : "max", "met", gj <= 1e-9));
-        json_object_set_new(mul, c[j].name, json_real(lambda[j]));
+        json_object_set_new(met, c[j].c->metric, ac_constraint_report(c[j].c, val[j], c[j].limit));
+        json_object_set_new(mul, c[j].c->metric, json_real(lambda[j]));
     }
     json_t *ev = json_pack("{s:s,s:i,s:i,s:f,s:f,s:f,s:o,s:o,s:o}", "phase", "dnas", "step", s, "steps", steps,
                            "task_loss", task, "loss", lag, "seconds", secs, "metrics", met, "multipliers", mul,
@@ -1140,9 +1135,9 @@ static int setup(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, ac_mode
  * last step's task gradient. */
 static int train_loop(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, const int *ids, const ac_dnas_opts *o,
                       double *tg, ac_err *e) {
-    dcons c[5];
+    dcons c[AC_NCONSTRAINTS];
     int nc = dcons_list(&p->limits, c), rc = 0, every = (o->steps + 199) / 200; /* at most 200 events */
-    double lambda[5] = {0}, val[5] = {0}, t0 = ac_now(), last = -1e9;
+    double lambda[AC_NCONSTRAINTS] = {0}, val[AC_NCONSTRAINTS] = {0}, t0 = ac_now(), last = -1e9;
     unsigned long long rng = 0x9E3779B97F4A7C15ULL ^ ((unsigned long long)p->opts.seed * 0x100000001B3ULL);
     for (int s = 1; s <= o->steps && !rc; s++) {
         double task = 0;
@@ -1150,9 +1145,8 @@ static int train_loop(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, co
         if (tg) memcpy(tg, R->gl, sizeof(double) * g->np);
         double lag = task;
         for (int j = 0; j < nc; j++) { /* augmented Lagrangian on the expected cost, dual ascent */
-            val[j] = ac_dnas_expected_metric(g, p, c[j].m, R->cg);
-            double gj = c[j].ge ? 1 - val[j] / c[j].limit : val[j] / c[j].limit - 1,
-                   sgn = (c[j].ge ? -1.0 : 1.0) / c[j].limit;
+            val[j] = ac_dnas_expected_metric(g, p, c[j].c->m, R->cg);
+            double gj = ac_constraint_g(c[j].c, val[j], c[j].limit), sgn = ac_constraint_dg(c[j].c, c[j].limit);
             double w = lambda[j] + o->mu * fmax(0, gj);
             lag += lambda[j] * gj + 0.5 * o->mu * fmax(0, gj) * fmax(0, gj);
             for (int i = 0; i < g->np; i++) R->gl[i] += w * sgn * R->cg[i];
@@ -1174,7 +1168,7 @@ static int train_loop(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, co
 }
 
 static int check_args(const ac_search_problem *p, const ac_dnas_opts *o, ac_err *e) {
-    dcons c[5];
+    dcons c[AC_NCONSTRAINTS];
     if (dcons_list(&p->limits, c) == 0) return ac_errf(e, "search: no constraints given");
     if (o->steps < 1 || o->batch < 1 || o->seq_len < 2)
         return ac_errf(e, "dnas: steps, batch and seq_len must be positive");

@@ -5,11 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtype.h"
 #include "engine.h"
 #include "eval.h"
 #include "kernels_cpu.h"
-#include "prune.h"
-#include "safetensors.h"
+#include "slice.h"
+#include "stats.h"
 #include "stream.h"
 
 static const double SENS_R[AC_SENS_POINTS] = {0, 0.25, 0.5, 0.75, 1.0};
@@ -772,7 +773,9 @@ int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, i
         ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = windows, .batch = 4};
         ac_ppl_result pr;
         if (progress) progress(ud, "activation statistics", 0);
-        rc = ac_perplexity(m, ids, n, &o, &st, NULL, NULL, &pr, e);
+        ac_engine_hooks hk;
+        ac_stats_hooks(&st, &hk);
+        rc = ac_perplexity(m, ids, n, &o, &hk, NULL, NULL, &pr, e);
         imp->base_loss = pr.nll;
         imp->tokens = st.tokens;
         if (!rc) rc = rank_units(m, &st, imp, e);

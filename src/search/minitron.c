@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "eval.h"
-#include "prune.h"
+#include "slice.h"
 #include "stream.h"
 
 int ac_minitron_divisor(int max) {

@@ -9,30 +9,27 @@
 #include "deci.h"
 #include "gguf.h"
 
+/* The limits a problem sets: rows of the constraint table (constraints.h). */
 typedef struct {
-    ac_metric m;
+    const ac_constraint *c;
     double limit;
-    int ge;
-    const char *name;
 } cons;
 
 static int constraint_list(const ac_constraints *l, cons *c) {
     int n = 0;
-    if (l->max_ttft_ms > 0) c[n++] = (cons){AC_M_TTFT, l->max_ttft_ms, 0, "ttft_ms"};
-    if (l->max_tpot_ms > 0) c[n++] = (cons){AC_M_TPOT, l->max_tpot_ms, 0, "tpot_ms"};
-    if (l->min_tokens_per_s > 0) c[n++] = (cons){AC_M_TOKENS_PER_S, l->min_tokens_per_s, 1, "tokens_per_s"};
-    if (l->max_mem_gib > 0) c[n++] = (cons){AC_M_MEM, l->max_mem_gib, 0, "memory_gib"};
-    if (l->max_params > 0) c[n++] = (cons){AC_M_PARAMS, l->max_params, 0, "params"};
+    for (const ac_constraint *t = ac_constraint_table(); t < ac_constraint_table() + AC_NCONSTRAINTS; t++) {
+        double v = ac_constraint_limit(t, l);
+        if (v > 0) c[n++] = (cons){t, v};
+    }
     return n;
 }
 
 static double g_of(const cons *c, const ac_cost *k) {
-    double v = ac_cost_metric(k, c->m);
-    return c->ge ? 1 - v / c->limit : v / c->limit - 1;
+    return ac_constraint_g(c->c, ac_cost_metric(k, c->c->m), c->limit);
 }
 
 double ac_constraints_violation(const ac_constraints *l, const ac_cost *k) {
-    cons c[5];
+    cons c[AC_NCONSTRAINTS];
     int n = constraint_list(l, c);
     double worst = -1e30;
     for (int i = 0; i < n; i++) worst = fmax(worst, g_of(&c[i], k));
@@ -46,13 +43,11 @@ static double total_violation(const cons *c, int n, const ac_cost *k) {
 }
 
 json_t *ac_constraints_report(const ac_constraints *l, const ac_cost *k) {
-    cons c[5];
+    cons c[AC_NCONSTRAINTS];
     int n = constraint_list(l, c);
     json_t *o = json_object();
     for (int i = 0; i < n; i++)
-        json_object_set_new(o, c[i].name,
-                            json_pack("{s:f,s:f,s:s,s:b}", "value", ac_cost_metric(k, c[i].m), "limit", c[i].limit,
-                                      "kind", c[i].ge ? "min" : "max", "met", g_of(&c[i], k) <= 1e-9));
+        json_object_set_new(o, c[i].c->metric, ac_constraint_report(c[i].c, ac_cost_metric(k, c[i].c->m), c[i].limit));
     return o;
 }
 
@@ -67,7 +62,7 @@ void ac_search_result_free(ac_search_result *r) {
 typedef struct {
     const ac_search_problem *p;
     int L, nv;
-    cons c[5];
+    cons c[AC_NCONSTRAINTS];
     int nc;
     ac_carch ca;
 } ctx_t;
@@ -313,7 +308,7 @@ static void repair(const ac_search_problem *p, const cons *c, int nc, ac_arch *a
 }
 
 int ac_search_repair(const ac_search_problem *p, ac_arch *a, ac_cost *cost) {
-    cons c[5];
+    cons c[AC_NCONSTRAINTS];
     int nc = constraint_list(&p->limits, c);
     repair(p, c, nc, a, cost);
     return total_violation(c, nc, cost) <= 1e-12;
@@ -324,7 +319,7 @@ int ac_search_repair(const ac_search_problem *p, ac_arch *a, ac_cost *cost) {
  * gh/gk/gf one constraint's per-layer cost gradient. */
 typedef struct {
     double *v, *g, *m1, *m2, *gh, *gk, *gf;
-    double lambda[5];
+    double lambda[AC_NCONSTRAINTS];
 } relax_t;
 
 static void relax_free(relax_t *R) {
@@ -373,8 +368,8 @@ static double relax_grad(ctx_t *x, relax_t *R, const ac_cost *cost, double mu, d
         lag += R->lambda[j] * gj + 0.5 * mu * fmax(0, gj) * fmax(0, gj);
         if (w != 0) {
             double ghid;
-            ac_cost_grad(p->table, &x->ca, p->workload, p->profile, x->c[j].m, R->gh, R->gk, R->gf, &ghid);
-            double sgn = (x->c[j].ge ? -1.0 : 1.0) / x->c[j].limit;
+            ac_cost_grad(p->table, &x->ca, p->workload, p->profile, x->c[j].c->m, R->gh, R->gk, R->gf, &ghid);
+            double sgn = ac_constraint_dg(x->c[j].c, x->c[j].limit);
             for (int l = 0; l < L; l++) {
                 const ac_layer_arch *b = &p->base->layers[l];
                 int grp = b->n_heads ? b->n_heads / b->n_kv_heads : 1;

@@ -17,13 +17,11 @@
 
 #include <jansson.h>
 
+#include "constraints.h"
 #include "costmodel.h"
 #include "importance.h"
 #include "model.h"
 
-typedef struct {
-    double max_ttft_ms, max_tpot_ms, min_tokens_per_s, max_mem_gib, max_params; /* <= 0: none */
-} ac_constraints;
 
 typedef enum { AC_EXPORT_DECI, AC_EXPORT_LLAMA, AC_EXPORT_GGUF } ac_export_target;
 /* search.method: differentiable gates (src/search/dnas.c) or the surrogate relaxation only */

@@ -10,9 +10,9 @@
 #include "backward_cpu.h"
 #include "block_cpu.h"
 #include "block_grad.h"
+#include "dtype.h"
 #include "kernels_cpu.h"
 #include "rope.h"
-#include "safetensors.h"
 
 void ac_stream_free(ac_stream *s) {
     float *bufs[] = {s->xn,    s->q,      s->kt,  s->vt, s->att, s->g,   s->u,    s->x0,   s->scores, s->cos_t,

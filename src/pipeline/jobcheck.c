@@ -1,0 +1,111 @@
+/* jobcheck.c - see jobcheck.h. */
+#include "jobcheck.h"
+
+#include <stdio.h>
+#include <unistd.h>
+
+#include "deci.h"
+#include "dtype.h"
+#include "fsafe.h"
+#include "gguf.h"
+
+int ac_job_check_paths(const ac_job_spec *s, const char *jobs_dir, const char **field, ac_err *e) {
+    const char *path;
+    int flags;
+    for (int i = 0; ac_job_spec_path(s, i, field, &path, &flags); i++) {
+        if (!*path) continue; /* not given */
+        if (flags & AC_F_PATH_DIR) {
+            if (ac_fsafe_check_model_dir(path, e)) return -1;
+        } else if (flags & AC_F_PATH_FILE) {
+            int fd = ac_fsafe_open(path, AC_FK_TEXT, NULL, e);
+            if (fd < 0) return -1;
+            close(fd);
+        } else if (flags & AC_F_PATH_OUT) {
+            if (ac_fsafe_check_outdir(path, s->model[0] ? s->model : NULL, jobs_dir, e)) return ac_errctx(e, "output");
+        }
+    }
+    *field = NULL;
+    return 0;
+}
+
+/* ---- GGUF ---- */
+
+static int wants_gguf(const ac_search_opts *o) { return o->target == AC_EXPORT_GGUF || o->gguf; }
+
+int ac_gguf_check_spec(const ac_search_opts *o, const char *model_dir, const char **field, ac_err *e) {
+    const char *dummy;
+    if (!field) field = &dummy;
+    if (!wants_gguf(o)) return 0;
+    if (o->target != AC_EXPORT_GGUF && o->target != AC_EXPORT_LLAMA) {
+        *field = "search.gguf";
+        return ac_errf(e, "search.gguf writes a uniform (export_target llama) result as GGUF too (the deci target, "
+                          "the default, keeps layouts llama.cpp mis-runs); for a heterogeneous GGUF use export_target "
+                          "gguf");
+    }
+    *field = "model";
+    return model_dir && model_dir[0] ? ac_gguf_check_model_dir(model_dir, e) : 0;
+}
+
+int ac_gguf_export_job(const ac_search_opts *o, const ac_model *m, const char *model_dir, const char *out_dir,
+                       ac_err *e) {
+    if (!wants_gguf(o)) return 0;
+    char tok[4200], out[4200];
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", model_dir);
+    snprintf(out, sizeof out, "%s/model.gguf", out_dir);
+    return ac_gguf_write(m, tok, out, ST_BF16, e);
+}
+
+void ac_gguf_report(const ac_search_opts *o, const ac_arch *a, const char *out_dir, json_t *export_obj) {
+    if (!export_obj || !wants_gguf(o)) return;
+    char f[4200], serve[4300];
+    snprintf(f, sizeof f, "%s/model.gguf", out_dir);
+    snprintf(serve, sizeof serve, "llama-server -m %s", f);
+    json_object_set_new(export_obj, "gguf",
+                        json_pack("{s:s,s:s,s:s}", "file", f, "architecture", ac_arch_is_uniform(a) ? "llama" : "deci",
+                                  "serve", serve));
+}
+
+/* ---- deci ---- */
+
+int ac_deci_validate_spec(int deci, int ffn_multiple, const char **field, ac_err *e) {
+    if (!deci || ffn_multiple % AC_DECI_GRID == 0) return 0;
+    *field = "search.ffn_multiple";
+    return ac_errf(e,
+                   "search.ffn_multiple=%d cannot be exported as deci: vLLM, TensorRT-LLM and Transformers "
+                   "compute every FFN width as a multiple of %d from ffn_mult (use a multiple of %d, or "
+                   "export_target llama/gguf)",
+                   ffn_multiple, AC_DECI_GRID, AC_DECI_GRID);
+}
+
+int ac_deci_validate_base(int deci, int minitron, const ac_arch *base, const char **field, ac_err *e) {
+    if (!deci) return 0;
+    /* minitron keeps a uniform base uniform, and uniform results export as llama/mistral */
+    if (minitron && ac_arch_is_uniform(base)) return 0;
+    *field = "search.export_target";
+    if (base->sliding_window)
+        return ac_errf(e,
+                       "search.export_target deci cannot express this model's sliding window (%d tokens): "
+                       "nemotron_nas loaders have none; use export_target llama",
+                       base->sliding_window);
+    int nh = 0;
+    for (int l = 0; l < base->n_layers; l++) {
+        int h = base->layers[l].n_heads;
+        if (h && nh && h != nh)
+            return ac_errf(e,
+                           "search.export_target deci cannot express this model: its layers have different "
+                           "query-head counts (%d and %d); use export_target gguf",
+                           nh, h);
+        if (h) nh = h;
+    }
+    return 0;
+}
+
+int ac_deci_validate_model(int deci, int minitron, const char *model_dir, const char **field, ac_err *e) {
+    if (!deci || !model_dir || !model_dir[0]) return 0;
+    ac_arch a;
+    ac_err ignore;
+    if (ac_arch_load(model_dir, &a, &ignore)) return 0; /* a bad model fails at load with its own message */
+    int rc = ac_deci_validate_base(deci, minitron, &a, field, e);
+    ac_arch_free(&a);
+    return rc;
+}

@@ -1,0 +1,53 @@
+/*
+ * jobcheck.h - the job's checks against the files and formats it names,
+ * at submission (the daemon), in the CLI and at job start (the worker):
+ * its paths under the file policy (fsafe.h), and the export targets' rules
+ * (GGUF, deci) on the typed spec. The formats below (gguf.h, deci.h) know
+ * files and architectures; what a job spec's fields mean for them is
+ * written here, in the pipeline, where the spec is known (the GGUF and
+ * deci hooks keep their format's name prefix).
+ */
+#ifndef AC_JOBCHECK_H
+#define AC_JOBCHECK_H
+
+#include <jansson.h>
+
+#include "err.h"
+#include "jobspec.h"
+#include "model.h"
+
+/* A job's paths (every path field of the typed spec, ac_job_spec_path),
+ * checked the same way at submit (daemon, in its work pool) and in the
+ * worker: the model directory (AC_F_PATH_DIR) with a config.json, the text
+ * files (AC_F_PATH_FILE: calibration, heldout, distill.text), and the output
+ * directory (AC_F_PATH_OUT). Empty fields (not given) are skipped.
+ * `jobs_dir` (may be NULL) is the daemon's data_dir/jobs, where outputs may
+ * not point. `field` gets the offending spec field. */
+int ac_job_check_paths(const ac_job_spec *s, const char *jobs_dir, const char **field, ac_err *e);
+
+/* GGUF job hooks, on the typed spec's search section (jobspec.h). A job asks
+ * for GGUF with search.export_target "gguf" (its old name "gguf-deci" parses
+ * to the same) or with search.gguf true next to export_target "llama".
+ * check_spec (at submission and job start): the combination is valid and
+ * the model's config and tokenizer can be expressed (*field names the
+ * culprit; model_dir NULL: the combination only); export_job (stage
+ * export): writes OUT_DIR/model.gguf (BF16) when asked. */
+int ac_gguf_check_spec(const ac_search_opts *o, const char *model_dir, const char **field, ac_err *e);
+int ac_gguf_export_job(const ac_search_opts *o, const ac_model *m, const char *model_dir, const char *out_dir,
+                       ac_err *e);
+/* Adds {"gguf": {"file", "architecture", "serve"}} to the report's export object when a GGUF was written. */
+void ac_gguf_report(const ac_search_opts *o, const ac_arch *a, const char *out_dir, json_t *export_obj);
+
+/* Deci: submit-time checks of a job spec whose search.export_target is deci (the
+ * default; `deci` says whether it is). Pure spec rules (no file access):
+ * search.ffn_multiple must sit on the loaders' grid. *field names the
+ * offending field. */
+int ac_deci_validate_spec(int deci, int ffn_multiple, const char **field, ac_err *e);
+/* Checks against the base model's architecture: features the target cannot
+ * express in a heterogeneous result (sliding window, per-layer query heads).
+ * minitron: the job's method is minitron (a uniform base stays uniform). */
+int ac_deci_validate_base(int deci, int minitron, const ac_arch *base, const char **field, ac_err *e);
+/* The same, loading model_dir/config.json (for the daemon's submit). */
+int ac_deci_validate_model(int deci, int minitron, const char *model_dir, const char **field, ac_err *e);
+
+#endif

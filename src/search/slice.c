@@ -1,0 +1,292 @@
+/* slice.c - see slice.h. */
+#include "slice.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtype.h"
+#include "kernels_cpu.h"
+#include "tensor.h"
+
+static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+int *ac_prune_kept(const int *order, int k) {
+    int *v = malloc(sizeof(int) * (k + 1));
+    if (!v) return NULL;
+    memcpy(v, order, sizeof(int) * k);
+    qsort(v, k, sizeof(int), cmp_int);
+    return v;
+}
+
+/* dst[r][c] = src[rows[r]][cols[c]]; rows/cols NULL = identity. src is
+ * stored in wdt (a resident model's BF16/F16 mapping, or fp32): each source
+ * row is converted into row (src_cols floats of scratch) first, so the
+ * student gets exactly the fp32 values an fp32 load would have. */
+static void gather(float *dst, const void *src, int wdt, int src_cols, const int *rows, int nr, const int *cols, int nc,
+                   float *row) {
+    for (int r = 0; r < nr; r++) {
+        size_t sr = (size_t)(rows ? rows[r] : r);
+        const float *s = row;
+        if (wdt == ST_F32)
+            s = (const float *)src + sr * src_cols;
+        else
+            ac_row_f32(row, src, wdt, sr, src_cols);
+        float *d = dst + (size_t)r * nc;
+        for (int c = 0; c < nc; c++) d[c] = s[cols ? cols[c] : c];
+    }
+}
+
+/* Whether layer l of t can be cut from the source's layer. */
+static int check_layer(const ac_arch *a, const ac_arch *t, int l, ac_err *e) {
+    const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
+    int grp = s->n_heads ? s->n_heads / s->n_kv_heads : 0;
+    int merge = d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads && d->n_kv_heads > 0 &&
+                s->n_kv_heads % d->n_kv_heads == 0;
+    /* Minitron: all KV groups kept, heads trimmed within each group */
+    int trim =
+        d->n_heads && d->n_kv_heads == s->n_kv_heads && d->n_heads < s->n_heads && d->n_heads % d->n_kv_heads == 0;
+    if ((d->ffn && !s->ffn) || d->n_kv_heads > s->n_kv_heads ||
+        (d->n_heads && d->n_heads != d->n_kv_heads * grp && !merge && !trim))
+        return ac_errf(e,
+                       "prune: layer %d target (%d heads, %d KV, ffn %d) does not fit source (%d, %d, %d): keep the "
+                       "query heads of a KV group together, keep every query head and merge KV heads by a divisor, "
+                       "or keep every KV group and trim the same number of heads in each",
+                       l, d->n_heads, d->n_kv_heads, d->ffn, s->n_heads, s->n_kv_heads, s->ffn);
+    return 0;
+}
+
+/* KV merging (what DeciLM's per-layer n_heads_in_group expresses): every
+ * query head stays; merged KV head j is the mean of the f adjacent source
+ * heads j*f..j*f+f-1, so query head h still reads the merge of the head it
+ * read. hk: the kept hidden channels (Ht of H). Source matrices in wdt;
+ * sc: scratch of H floats and 2 H doubles. */
+static void prune_attn_merge(const ac_arch *a, const ac_layer_arch *s, const ac_layer_arch *d, const ac_layer_w *sw,
+                             int wdt, ac_layer_w *dw, const int *hk, int Ht, float *row, double *acc) {
+    int H = a->hidden, hd = a->head_dim, G = d->n_kv_heads, f = s->n_kv_heads / G, Q = s->n_heads * hd;
+    gather(dw->in_norm, sw->in_norm, ST_F32, H, NULL, 1, hk, Ht, row);
+    gather(dw->wq, sw->wq, wdt, H, NULL, Q, hk, Ht, row);
+    gather(dw->wo, sw->wo, wdt, Q, hk, Ht, NULL, Q, row);
+    if (a->qkv_bias) memcpy(dw->bq, sw->bq, sizeof(float) * Q);
+    double *ak = acc, *av = acc + H;
+    for (int j = 0; j < G; j++)
+        for (int i = 0; i < hd; i++) {
+            float *dk = dw->wk + ((size_t)j * hd + i) * Ht, *dv = dw->wv + ((size_t)j * hd + i) * Ht;
+            memset(acc, 0, sizeof(double) * 2 * H);
+            for (int m = 0; m < f; m++) { /* sums in double, over the source heads in order */
+                size_t r = (size_t)(j * f + m) * hd + i;
+                ac_row_f32(row, sw->wk, wdt, r, H);
+                for (int c = 0; c < H; c++) ak[c] += row[c];
+                ac_row_f32(row, sw->wv, wdt, r, H);
+                for (int c = 0; c < H; c++) av[c] += row[c];
+            }
+            for (int c = 0; c < Ht; c++) {
+                dk[c] = (float)(ak[hk[c]] / f);
+                dv[c] = (float)(av[hk[c]] / f);
+            }
+            if (a->qkv_bias) {
+                double bk = 0, bv = 0;
+                for (int m = 0; m < f; m++) {
+                    bk += sw->bk[(j * f + m) * hd + i];
+                    bv += sw->bv[(j * f + m) * hd + i];
+                }
+                dw->bk[j * hd + i] = (float)(bk / f);
+                dw->bv[j * hd + i] = (float)(bv / f);
+            }
+        }
+}
+
+/* Source KV group g's query heads in the order they are kept: when hg of
+ * its grp heads stay (Minitron's trimming) and there is a head ranking, the
+ * ranking's entries for that group, best first (the first hg are kept);
+ * NULL: its heads in index order (g * grp + j). ac_prune and
+ * ac_prune_layer_masks both keep heads by this. */
+static const int *group_head_order(const ac_importance *imp, int l, int g, int grp, int hg) {
+    return hg < grp && imp->head_order ? imp->head_order[l] + (size_t)g * grp : NULL;
+}
+
+/* The kept KV groups with their query heads; when every group is kept with
+ * fewer heads each (Minitron), a group's best heads (group_head_order), in
+ * their original order. */
+static int prune_attn_groups(const ac_arch *a, int l, const ac_layer_arch *s, const ac_layer_arch *d,
+                             const ac_importance *imp, const ac_layer_w *sw, int wdt, ac_layer_w *dw, const int *hk,
+                             int Ht, float *row, ac_err *e) {
+    int H = a->hidden, hd = a->head_dim, rc = 0;
+    int grp = s->n_heads / s->n_kv_heads, G = d->n_kv_heads, Qs = s->n_heads * hd, hg = d->n_heads / G;
+    int *gk = ac_prune_kept(imp->kv_order[l], G);
+    int *qrows = malloc(sizeof(int) * G * grp * hd), *kvrows = malloc(sizeof(int) * G * hd);
+    if (!gk || !qrows || !kvrows) rc = ac_errf(e, "out of memory");
+    for (int g = 0; !rc && g < G; g++) {
+        for (int i = 0; i < hd; i++) kvrows[g * hd + i] = gk[g] * hd + i;
+        const int *go = group_head_order(imp, l, gk[g], grp, hg);
+        int *qk = go ? ac_prune_kept(go, hg) : NULL;
+        if (go && !qk) {
+            rc = ac_errf(e, "out of memory");
+            break;
+        }
+        for (int j = 0; j < hg; j++)
+            for (int i = 0; i < hd; i++) qrows[(g * hg + j) * hd + i] = (qk ? qk[j] : gk[g] * grp + j) * hd + i;
+        free(qk);
+    }
+    if (!rc) {
+        int nq = G * hg * hd, nkv = G * hd;
+        gather(dw->in_norm, sw->in_norm, ST_F32, H, NULL, 1, hk, Ht, row);
+        gather(dw->wq, sw->wq, wdt, H, qrows, nq, hk, Ht, row);
+        gather(dw->wk, sw->wk, wdt, H, kvrows, nkv, hk, Ht, row);
+        gather(dw->wv, sw->wv, wdt, H, kvrows, nkv, hk, Ht, row);
+        gather(dw->wo, sw->wo, wdt, Qs, hk, Ht, qrows, nq, row);
+        if (a->qkv_bias) {
+            gather(dw->bq, sw->bq, ST_F32, Qs, NULL, 1, qrows, nq, row);
+            gather(dw->bk, sw->bk, ST_F32, s->n_kv_heads * hd, NULL, 1, kvrows, nkv, row);
+            gather(dw->bv, sw->bv, ST_F32, s->n_kv_heads * hd, NULL, 1, kvrows, nkv, row);
+        }
+    }
+    free(gk);
+    free(qrows);
+    free(kvrows);
+    return rc;
+}
+
+int ac_prune_layer_masks(const ac_arch *a, const ac_arch *t, const ac_importance *imp, int l, float *head_mask,
+                         float *ffn_mask) {
+    const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
+    /* what ac_prune does otherwise (merge or drop KV groups), or refuses */
+    if (d->n_heads && (d->n_kv_heads != s->n_kv_heads || d->n_heads > s->n_heads || d->n_heads % s->n_kv_heads))
+        return 1;
+    if (d->ffn && !s->ffn) return 1;
+    int grp = s->n_heads ? s->n_heads / s->n_kv_heads : 0, G = s->n_kv_heads, hg = d->n_heads ? d->n_heads / G : 0;
+    for (int h = 0; h < s->n_heads; h++) head_mask[h] = 0;
+    for (int g = 0; g < G && hg > 0; g++) { /* as prune_attn_groups: every group, its first hg heads */
+        const int *go = group_head_order(imp, l, g, grp, hg);
+        for (int j = 0; j < hg; j++) head_mask[go ? go[j] : g * grp + j] = 1;
+    }
+    int keep = d->ffn < s->ffn ? d->ffn : s->ffn;
+    for (int c = 0; c < s->ffn; c++) ffn_mask[c] = 0;
+    for (int r = 0; r < keep; r++) ffn_mask[imp->ffn_order[l][r]] = 1;
+    return 0;
+}
+
+void ac_prune_hidden_mask(const ac_arch *a, const ac_arch *t, const ac_importance *imp, float *hid_mask) {
+    for (int c = 0; c < a->hidden; c++) hid_mask[c] = 0;
+    for (int r = 0; r < t->hidden; r++) hid_mask[imp->hid_order[r]] = 1;
+}
+
+/* The FFN's best channels. A target wider than the source (the deci grid)
+ * keeps every channel; the extra gate/up rows and down columns stay zero,
+ * which adds exactly nothing (silu(0) * 0 = 0). */
+static int prune_ffn(const ac_arch *a, const ac_layer_arch *s, const ac_layer_arch *d, const int *order,
+                     const ac_layer_w *sw, int wdt, ac_layer_w *dw, const int *hk, int Ht, float *row, ac_err *e) {
+    int H = a->hidden, keep = d->ffn < s->ffn ? d->ffn : s->ffn;
+    int *fk = ac_prune_kept(order, keep);
+    if (!fk) return ac_errf(e, "out of memory");
+    gather(dw->post_norm, sw->post_norm, ST_F32, H, NULL, 1, hk, Ht, row);
+    gather(dw->wg, sw->wg, wdt, H, fk, keep, hk, Ht, row);
+    gather(dw->wu, sw->wu, wdt, H, fk, keep, hk, Ht, row);
+    /* down_proj [Ht, d->ffn]: the first keep columns */
+    for (int r = 0; r < Ht; r++) gather(dw->wd + (size_t)r * d->ffn, sw->wd, wdt, s->ffn, hk + r, 1, fk, keep, row);
+    free(fk);
+    return 0;
+}
+
+/* The widest row ac_prune converts: hidden, query, KV or FFN width. */
+static size_t widest(const ac_arch *a) {
+    size_t w = (size_t)a->hidden;
+    for (int l = 0; l < a->n_layers; l++) {
+        size_t q = (size_t)a->layers[l].n_heads * a->head_dim, f = (size_t)a->layers[l].ffn;
+        if (q > w) w = q;
+        if (f > w) w = f;
+    }
+    return w;
+}
+
+/* Layer l of t into dw: its attention (merged or cut KV groups) and FFN. */
+static int prune_layer(const ac_model *src, const ac_arch *t, const ac_importance *imp, int l, ac_layer_w *dw,
+                       const int *hk, float *row, double *acc, ac_err *e) {
+    const ac_arch *a = &src->a;
+    const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
+    int Ht = t->hidden, lw = ac_model_wdt(src), rc = 0;
+    if (d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads)
+        prune_attn_merge(a, s, d, &src->L[l], lw, dw, hk, Ht, row, acc);
+    else if (d->n_heads)
+        rc = prune_attn_groups(a, l, s, d, imp, &src->L[l], lw, dw, hk, Ht, row, e);
+    if (d->ffn && !rc) rc = prune_ffn(a, s, d, imp->ffn_order[l], &src->L[l], lw, dw, hk, Ht, row, e);
+    return rc;
+}
+
+/* Embeddings, final norm and (untied) LM head, then every layer: into
+ * dst's own fp32 matrices; or, for a BF16 dst, gathered in fp32 and rounded
+ * into dst: the embedding and LM head a row at a time, each layer's
+ * matrices in fp32 buffers of their own (one layer in fp32 at a time). */
+static int prune_layers(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, const int *hk,
+                        float *row, double *acc, ac_err *e) {
+    const ac_arch *a = &src->a;
+    int H = a->hidden, Ht = t->hidden, V = a->vocab, wdt = ac_model_wdt(src), bf16 = ac_model_wdt(dst) == ST_BF16;
+    float *tmp = bf16 ? malloc(sizeof(float) * Ht) : NULL;
+    if (bf16 && !tmp) return ac_errf(e, "out of memory");
+    float *heads[2] = {dst->embed, t->tie_embeddings ? NULL : dst->lm_head};
+    const float *srcs[2] = {src->embed, src->lm_head};
+    for (int i = 0; i < 2; i++) {
+        if (!heads[i]) continue;
+        if (!bf16) {
+            gather(heads[i], srcs[i], wdt, H, NULL, V, hk, Ht, row);
+            continue;
+        }
+        for (int r = 0; r < V; r++) {
+            gather(tmp, srcs[i], wdt, H, &r, 1, hk, Ht, row);
+            ac_from_f32((uint16_t *)heads[i] + (size_t)r * Ht, tmp, ST_BF16, Ht, NULL);
+        }
+    }
+    free(tmp);
+    gather(dst->final_norm, src->final_norm, ST_F32, H, NULL, 1, hk, Ht, row);
+    int rc = 0;
+    for (int l = 0; l < a->n_layers && !rc; l++) {
+        if (!bf16) {
+            rc = prune_layer(src, t, imp, l, &dst->L[l], hk, row, acc, e);
+            continue;
+        }
+        /* the layer's norms and biases are dst's (fp32); its matrices fp32
+         * buffers of their own, rounded into dst's BF16 ones */
+        ac_layer_w tw = dst->L[l];
+        float **slot[7] = {&tw.wq, &tw.wk, &tw.wv, &tw.wo, &tw.wg, &tw.wu, &tw.wd};
+        size_t n[7];
+        for (int k = 0; k < 7; k++) {
+            float *dm = ac_layer_matrix(dst, l, (ac_wmat)k, &n[k]);
+            *slot[k] = dm && n[k] ? calloc(n[k], sizeof(float)) : NULL;
+            if (dm && n[k] && !*slot[k]) rc = ac_errf(e, "out of memory pruning layer %d", l);
+        }
+        if (!rc) rc = prune_layer(src, t, imp, l, &tw, hk, row, acc, e);
+        for (int k = 0; k < 7; k++) {
+            if (!rc && *slot[k]) ac_from_f32(ac_layer_matrix(dst, l, (ac_wmat)k, &n[k]), *slot[k], ST_BF16, n[k], NULL);
+            free(*slot[k]);
+        }
+    }
+    return rc;
+}
+
+static int prune_to(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, int bf16,
+                    ac_err *e) {
+    const ac_arch *a = &src->a;
+    if (t->n_layers != a->n_layers || t->head_dim != a->head_dim || t->vocab != a->vocab || t->hidden > a->hidden ||
+        t->hidden < 1)
+        return ac_errf(e, "prune: target architecture does not fit the source model");
+    for (int l = 0; l < a->n_layers; l++)
+        if (check_layer(a, t, l, e)) return -1;
+    if (bf16 ? ac_model_alloc_bf16(dst, t, e) : ac_model_alloc(dst, t, e)) return -1;
+    size_t wmax = widest(a);
+    int *hk = ac_prune_kept(imp->hid_order, t->hidden);
+    float *row = malloc(sizeof(float) * wmax);
+    double *acc = malloc(sizeof(double) * 2 * a->hidden);
+    int rc = hk && row && acc ? prune_layers(src, t, imp, dst, hk, row, acc, e) : ac_errf(e, "out of memory");
+    free(hk);
+    free(row);
+    free(acc);
+    if (rc) ac_model_free(dst);
+    return rc;
+}
+
+int ac_prune(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, ac_err *e) {
+    return prune_to(src, t, imp, dst, 0, e);
+}
+
+int ac_prune_bf16(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, ac_err *e) {
+    return prune_to(src, t, imp, dst, 1, e);
+}
