@@ -26,6 +26,7 @@ done
 # tests/cuda_emu (real-GPU runs of test_cuda above skip without a device).
 if [ -f "$AC_BUILD/tests/libac_cuda_emu.so" ]; then
   run "test_cuda (kernels on the CPU emulator)" env AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_cuda"
+  run "test_block (each block op on the CUDA backend, CPU emulator)" env AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_block"
   run "test_train (CUDA trainer on the CPU emulator)" env AC_TRAIN_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_train"
   run "test_dnas (gate search on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas"
 fi

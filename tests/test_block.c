@@ -17,6 +17,7 @@
 #include "block.h"
 #include "block_cpu.h"
 #include "block_grad.h"
+#include "cuda_plugin.h"
 #include "kernels_cpu.h"
 #include "rope.h"
 
@@ -672,6 +673,167 @@ static void test_grad_executor_vs_f64(void) {
     ac_model_free(&gm);
 }
 
+/* max |a - b| / (max |b| + tiny), both float */
+static double relerr_f(const float *a, const float *b, size_t n) {
+    double mx = 1e-30, d = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (fabs(b[i]) > mx) mx = fabs(b[i]);
+        if (fabs((double)a[i] - b[i]) > d) d = fabs((double)a[i] - b[i]);
+    }
+    return d / mx;
+}
+
+/* Every op of the recipe on the CUDA backend (the trainer's op kernels,
+ * through the plugin's op_test: on the CPU emulator here, on the GPU when
+ * there is one), forward and backward, against the CPU f32 op (the kernels
+ * checked against float64 above), on odd widths with GQA and a window. */
+static void test_cuda_ops(void) {
+    const char *why = NULL;
+    const ac_cuda_api *cu = ac_cuda(&why);
+    if (!cu) SKIP("no CUDA: %s", why);
+    ac_arch a = mk_arch(1, 13, 6, 4, 2, 7, 11);
+    a.sliding_window = 4;
+    int B = 2, T = 5, N = B * T, H = a.hidden, hd = a.head_dim;
+    float *cs = malloc((size_t)T * hd / 2 * 4), *sn = malloc((size_t)T * hd / 2 * 4);
+    ac_err e = {0};
+    CHECK(ac_rope_tables(&a, T, cs, sn, &e) == 0, "%s", e.msg);
+    int pos[10];
+    for (int r = 0; r < N; r++) pos[r] = r % T;
+    const ac_block_recipe *rec = ac_block_recipe_of(&a, 0);
+    int dim[AC_DIM_COUNT], ops = 0;
+    for (int d = 0; d < AC_DIM_COUNT; d++) dim[d] = ac_block_dim(&a, 0, (ac_dim)d);
+    for (int sb = 0; sb < rec->n_sub; sb++)
+        for (int i = 0; i < rec->sub[sb].n_ops; i++) {
+            const ac_op *op = &rec->sub[sb].ops[i];
+            if (op->kind == AC_OP_KV_MERGE || op->kind == AC_OP_MASK_HIDDEN) continue;
+            ops++;
+            int din = dim[op->din], dout = dim[op->dout];
+            int unit = op->dout == AC_DIM_Q ? hd : 1, units = dout / unit;
+            float *x[AC_T_COUNT] = {0}, *dx_c[AC_T_COUNT] = {0}, *dx_g[AC_T_COUNT] = {0};
+            int slots[4] = {op->in, op->in2, op->in3, op->out};
+            for (int k = 0; k < 4; k++) {
+                int sl = slots[k], wd = dim[ac_block_slot_dim(sl)];
+                if (x[sl]) continue;
+                x[sl] = rnd((size_t)N * wd, 1);
+                dx_c[sl] = calloc((size_t)N * wd, 4);
+                dx_g[sl] = calloc((size_t)N * wd, 4);
+            }
+            float *W = rnd((size_t)din * dout + H, 0.4f), *bias = rnd(dout, 0.2f), *gate = rnd(units, 0.3f),
+                  *gh = rnd(H, 0.3f), *dy = rnd((size_t)N * dout, 1), *yc = calloc((size_t)N * dout, 4),
+                  *yg = calloc((size_t)N * dout, 4), *dwc = calloc((size_t)din * dout + H, 4),
+                  *dwg = calloc((size_t)din * dout + H, 4), *dbc = calloc(dout, 4), *dbg = calloc(dout, 4),
+                  *dgc = calloc(units > H ? units : H, 4), *dgg = calloc(units > H ? units : H, 4);
+            for (int k = 0; k < units; k++) gate[k] += 1;
+            for (int k = 0; k < H; k++) gh[k] += 1;
+            float alpha = 0.7f, dac = 0, dag = 0;
+            int has_b = op->kind == AC_OP_LINEAR && !op->acc && op->w <= AC_W_V;
+            /* the CPU f32 op */
+            switch ((ac_op_kind)op->kind) {
+            case AC_OP_RMSNORM: {
+                float *xh = malloc((size_t)N * H * 4), *r = malloc(N * 4);
+                ac_rmsnorm_fwd(yc, xh, r, x[op->in], W, gh, N, H, a.eps);
+                ac_rmsnorm_backward(dx_c[op->in], dwc, dgc, dy, xh, r, W, gh, N, H);
+                free(xh), free(r);
+                break;
+            }
+            case AC_OP_LINEAR:
+                if (op->acc) {
+                    float *tmp = malloc((size_t)N * dout * 4);
+                    ac_linear(tmp, x[op->in], W, NULL, N, din, dout);
+                    for (int k = 0; k < N * dout; k++) yc[k] = x[op->out][k] + alpha * tmp[k], dac += dy[k] * tmp[k];
+                    ac_linear_backward(dx_c[op->in], dwc, NULL, dy, x[op->in], W, N, din, dout, alpha, 0);
+                    free(tmp);
+                } else {
+                    ac_linear(yc, x[op->in], W, has_b ? bias : NULL, N, din, dout);
+                    ac_linear_backward(dx_c[op->in], dwc, has_b ? dbc : NULL, dy, x[op->in], W, N, din, dout, 1.0f, 0);
+                }
+                break;
+            case AC_OP_ROPE:
+                memcpy(yc, x[op->out], (size_t)N * dout * 4);
+                ac_rope(yc, N, dim[op->heads] / hd, hd, pos, cs, sn);
+                memcpy(dx_c[op->in], dy, (size_t)N * dout * 4);
+                ac_rope_backward(dx_c[op->in], N, dim[op->heads] / hd, hd, pos, cs, sn);
+                break;
+            case AC_OP_ATTENTION: {
+                int Q = dim[AC_DIM_Q], KV = dim[AC_DIM_KV], grp = a.layers[0].n_heads / a.layers[0].n_kv_heads;
+                float *scr = malloc((size_t)2 * T * T * 4);
+                for (int b = 0; b < B; b++)
+                    for (int h = 0; h < a.layers[0].n_heads; h++) {
+                        size_t qo = (size_t)b * T * Q + h * hd, ko = (size_t)b * T * KV + (h / grp) * hd;
+                        ac_attention_head(yc + qo, x[op->in] + qo, x[op->in2] + ko, x[op->in3] + ko, T, 0, hd, Q, KV,
+                                          a.sliding_window, scr);
+                        ac_attention_head_backward(dx_c[op->in] + qo, dx_c[op->in2] + ko, dx_c[op->in3] + ko, dy + qo,
+                                                   x[op->in] + qo, x[op->in2] + ko, x[op->in3] + ko, T, hd, Q, KV,
+                                                   a.sliding_window, scr);
+                    }
+                free(scr);
+                break;
+            }
+            case AC_OP_SWIGLU:
+                memcpy(yc, x[op->out], (size_t)N * dout * 4);
+                ac_silu_mul(yc, x[op->in], (long)N * dout);
+                ac_silu_mul_backward(dx_c[op->out], dx_c[op->in], dy, x[op->out], x[op->in], (long)N * dout);
+                break;
+            case AC_OP_MASK:
+                for (int k = 0; k < N * dout; k++) {
+                    float g = gate[(k % dout) / unit];
+                    yc[k] = x[op->in][k] * g;
+                    dx_c[op->in][k] = dy[k] * g;
+                    dgc[(k % dout) / unit] += dy[k] * x[op->in][k];
+                }
+                break;
+            default: break;
+            }
+            /* the same op on the device */
+            acc_op_io io = {.y = yg,
+                            .dy = dy,
+                            .w = W,
+                            .b = has_b ? bias : NULL,
+                            .gate = gate,
+                            .gh = gh,
+                            .alpha = alpha,
+                            .dw = dwg,
+                            .db = has_b ? dbg : NULL,
+                            .dalpha = &dag};
+            if (op->kind == AC_OP_MASK) io.dgate = dgg;
+            if (op->kind == AC_OP_RMSNORM) io.dgh = dgg;
+            for (int k = 0; k < AC_T_COUNT; k++) io.x[k] = x[k], io.dx[k] = dx_g[k];
+            char err[300] = "";
+            int rc = cu->op_test(0, &a, op, B, T, cs, sn, &io, err, sizeof err);
+            CHECK(rc == 0, "%s op %d: %s", rec->sub[sb].name, i, err);
+            double tol = 1e-4;
+            CHECK(relerr_f(yg, yc, (size_t)N * dout) < tol, "%s op %d (kind %d) forward: %g", rec->sub[sb].name, i,
+                  op->kind, relerr_f(yg, yc, (size_t)N * dout));
+            for (int k = 0; k < 4; k++) {
+                int sl = slots[k], wd = dim[ac_block_slot_dim(sl)];
+                if (sl == op->out && sl != op->in && op->kind != AC_OP_SWIGLU) continue; /* inputs only */
+                double er = relerr_f(dx_g[sl], dx_c[sl], (size_t)N * wd);
+                CHECK(er < tol, "%s op %d (kind %d) gradient of slot %d: %g", rec->sub[sb].name, i, op->kind, sl, er);
+            }
+            if (op->kind == AC_OP_LINEAR || op->kind == AC_OP_RMSNORM) {
+                size_t nw = op->kind == AC_OP_RMSNORM ? (size_t)H : (size_t)din * dout;
+                CHECK(relerr_f(dwg, dwc, nw) < tol, "%s op %d weight gradient: %g", rec->sub[sb].name, i,
+                      relerr_f(dwg, dwc, nw));
+            }
+            if (has_b) CHECK(relerr_f(dbg, dbc, dout) < tol, "%s op %d bias gradient", rec->sub[sb].name, i);
+            if (op->kind == AC_OP_LINEAR && op->acc)
+                CHECK(fabs(dag - dac) < tol * (fabs(dac) + 1), "%s residual scale gradient: %g vs %g",
+                      rec->sub[sb].name, dag, dac);
+            if (op->kind == AC_OP_MASK || op->kind == AC_OP_RMSNORM) {
+                int ng = op->kind == AC_OP_MASK ? units : H;
+                CHECK(relerr_f(dgg, dgc, ng) < tol, "%s op %d gate gradient: %g", rec->sub[sb].name, i,
+                      relerr_f(dgg, dgc, ng));
+            }
+            for (int k = 0; k < AC_T_COUNT; k++) free(x[k]), free(dx_c[k]), free(dx_g[k]);
+            free(W), free(bias), free(gate), free(gh), free(dy), free(yc), free(yg), free(dwc), free(dwg), free(dbc);
+            free(dbg), free(dgc), free(dgg);
+        }
+    printf("   %d ops of the %s recipe on the CUDA backend (%s) against the CPU\n", ops, rec->name,
+           getenv("AC_CUDA_PLUGIN") ? getenv("AC_CUDA_PLUGIN") : "plugin");
+    free(cs), free(sn);
+    ac_arch_free(&a);
+}
+
 int main(void) {
     ac_set_threads(1);
     RUN(test_recipe_consistent);
@@ -680,6 +842,7 @@ int main(void) {
     RUN(test_ops_backward_f64);
     RUN(test_executor_vs_f64);
     RUN(test_grad_executor_vs_f64);
+    RUN(test_cuda_ops);
     printf("RESULT %d %d %d\n", ck_pass, ck_fail, ck_skip);
     return ck_fail ? 1 : 0;
 }

@@ -18,6 +18,10 @@ fi
 [ -d build/fixtures/models ] || make fixtures >/tmp/ac_fixtures.log 2>&1 || echo "fixtures could not be generated (python3-torch?)"
 echo "== test_cuda"
 ./build/tests/test_cuda
+echo "== test_block (every block op on the GPU against the CPU)"
+./build/tests/test_block
+echo "== test_train (the CUDA trainer on the block recipe against the CPU one)"
+AC_TRAIN_CUDA_ONLY=1 ./build/tests/test_train
 echo "== bench_gpu"
 ./build/bench/bench_gpu build/gpu_cost.db
 echo "== bench_cuda_upload (host memory of the resident upload)"

@@ -877,6 +877,7 @@ extern "C" const ac_cuda_api *acc_api(void) {
                                     acc_engine_nll,       acc_engine_update,     acc_engine_free,   acc_time_gemm,
                                     acc_measure_timings,  acc_trainer_create,    acc_trainer_grad,  acc_trainer_step,
                                     acc_trainer_download, acc_trainer_gates,     acc_trainer_free,  acc_trainer_forward,
-                                    acc_trainer_tensor,   acc_trainer_zero_grad, acc_convert};
+                                    acc_trainer_tensor,   acc_trainer_zero_grad, acc_convert,
+                                    acc_op_test};
     return &api;
 }

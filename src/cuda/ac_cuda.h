@@ -30,6 +30,7 @@
 extern "C" {
 #endif
 
+#include "block.h"
 #include "dtype.h"
 #include "model.h"
 #include "train.h"
@@ -38,8 +39,8 @@ typedef struct acc_engine acc_engine;
 
 /* Bumped whenever ac_cuda_api, acc_timings or the ac_model fields the plugin
  * reads change. 2: weights in their file dtype (engine_update's dtype,
- * convert). */
-#define ACC_ABI_VERSION 3
+ * convert). 4: op_test. */
+#define ACC_ABI_VERSION 4
 
 /* Raw micro-benchmark timings of one device (measure_timings): the grids
  * the plugin chose and the median microseconds at each point. */
@@ -75,6 +76,18 @@ enum {
     ACC_T_N
 };
 typedef struct acc_trainer acc_trainer;
+
+/* op_test's host buffers, N = B*T rows each of its slot's width. */
+typedef struct {
+    const float *x[AC_T_COUNT]; /* the slots the op reads (a residual add and SwiGLU also read their output's) */
+    float *y;                   /* its output (a residual add: x[X] with the add; ROPE: the rotated input) */
+    const float *dy;            /* the output's gradient */
+    float *dx[AC_T_COUNT];      /* the gradients of the slots it reads (RMSNORM: added to dx[X]) */
+    const float *w, *b;         /* LINEAR: W [dout][din] and its bias (NULL: none); RMSNORM: its weight [H] */
+    const float *gate, *gh;     /* MASK: a gate per unit; the hidden gates [H] (NULL: all 1) */
+    float alpha;                /* a residual add's scale */
+    float *dw, *db, *dgate, *dgh, *dalpha; /* added to (NULL: not wanted) */
+} acc_op_io;
 
 /* The plugin's ABI, written once: the table acc_api() returns. Every
  * function returns 0 or -1 with a message in err (errn bytes). */
@@ -131,6 +144,13 @@ typedef struct {
      * dst_dt (ST_BF16: the engine's weights, ST_F32: the trainer's), back
      * into dst. */
     int (*convert)(int dev, void *dst, int dst_dt, const void *src, int src_dt, size_t n, char *err, size_t errn);
+    /* One op of a block recipe alone on the device through the CUDA
+     * trainer's op kernels (fp32), forward then backward, on host buffers
+     * (tests/test_block.c checks every op against the CPU's): widths from
+     * layer 0 of a (its sliding window and eps too), B sequences of T
+     * tokens from position 0, RoPE tables [T][head_dim/2]. */
+    int (*op_test)(int dev, const ac_arch *a, const ac_op *op, int B, int T, const float *rope_cos,
+                   const float *rope_sin, acc_op_io *io, char *err, size_t errn);
 } ac_cuda_api;
 
 /* The plugin's exported entry points. */

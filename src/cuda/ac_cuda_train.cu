@@ -643,15 +643,120 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
     return 0;
 }
 
-// One sub-block of layer l (block.h's recipe, as block_grad.c walks it on
-// the CPU): with fwd, compute it and fill the tape; without, restore what
-// the forward left (the cheap outputs recomputed into the scratch) and
-// record in *w what the backward reads. Returns the scratch's end, or NULL.
-struct twalk {
-    const float *in[AC_BLOCK_MAX_OPS], *in2[AC_BLOCK_MAX_OPS], *in3[AC_BLOCK_MAX_OPS], *pre[AC_BLOCK_MAX_OPS],
-        *xhat[AC_BLOCK_MAX_OPS], *r[AC_BLOCK_MAX_OPS], *lse[AC_BLOCK_MAX_OPS];
+// One op of a block recipe with everything it reads and writes resolved (by
+// the walkers below, or by acc_op_test): the device kernels of each op kind.
+struct top {
+    const ac_op *op;
+    int B, T, N, H, hd, nh, nkv, window, din, dout, heads; // heads: ROPE's head count
+    float eps;
+    const float *in, *in2, *in3, *pre; // the inputs as the op saw them; pre: SwiGLU's gate projection
+    float *out;                        // the output (a residual add: the residual, added to)
+    float *xhat, *r, *lse;             // the op's own tape (RMSNORM, ATTENTION)
+    const float *w, *b, *gate, *gh;    // weight (LINEAR) or norm weight (RMSNORM), bias, MASK gates, hidden gates
+    float alpha;                       // a residual add's scale (the sub-block gate)
+    float *dO, *dI, *dI2, *dI3;        // gradients of the output, of the inputs (written, or added to: acc_dI)
+    bool acc_dI;
+    float *gw, *gb, *dgate, *dgh, *dalpha; // parameter gradients, accumulated (NULL: not wanted)
 };
-static float sub_alpha(const acc_trainer *t, int l, int sb) { return sb ? t->s_mlp[l] : t->s_attn[l]; }
+
+// The forward of o->op; with recompute, only what a backward's replay needs:
+// the cheap outputs again from the tape (the costly ones are on it).
+static int op_fwd(acc_trainer *t, const top *o, bool recompute, char *err, size_t errn) {
+    const ac_op *op = o->op;
+    size_t n = (size_t)o->N * o->dout;
+    switch ((ac_op_kind)op->kind) {
+    case AC_OP_RMSNORM:
+        if (recompute)
+            AC_LAUNCH(kt_scale_cols, o->N, TB, 0, 0, o->out, o->xhat, o->w, o->gh, o->H);
+        else
+            AC_LAUNCH(kt_rmsnorm, o->N, TB, 0, 0, o->out, o->xhat, o->r, o->in, o->w, o->gh, o->H, o->eps);
+        break;
+    case AC_OP_LINEAR:
+        if (recompute) break;
+        if (gemm(t, 0, 1, o->N, o->dout, o->din, op->acc ? o->alpha : 1.0f, o->in, o->din, o->w, o->din,
+                 op->acc ? 1.0f : 0.0f, o->out, o->dout, err, errn))
+            return -1;
+        if (o->b) AC_LAUNCH(kt_add_bias, blocks(n), 256, 0, 0, o->out, o->b, o->dout, n);
+        break;
+    case AC_OP_ROPE:
+        if (!recompute) AC_LAUNCH(kt_rope, o->N, TB, 0, 0, o->out, o->heads, o->hd, o->T, t->cos_t, t->sin_t, 0);
+        break;
+    case AC_OP_ATTENTION:
+        if (!recompute)
+            AC_LAUNCH(kt_attn_fwd, dim3(o->N, o->nh), TB, o->T * sizeof(float), 0, o->out, o->lse, o->in, o->in2,
+                      o->in3, o->nh, o->nkv, o->hd, o->T, 1.0f / sqrtf((float)o->hd), o->window);
+        break;
+    case AC_OP_SWIGLU: AC_LAUNCH(kt_silu_mul, blocks(n), 256, 0, 0, o->out, o->pre, o->in, n); break;
+    case AC_OP_MASK:
+        AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, o->out, o->in, o->gate, o->dout, op->dout == AC_DIM_Q ? o->hd : 1,
+                  n);
+        break;
+    case AC_OP_KV_MERGE:
+    case AC_OP_MASK_HIDDEN: break; // not differentiated (block_grad.h)
+    }
+    return 0;
+}
+
+// The backward of o->op: o->dO is the gradient of its output; the inputs'
+// gradients are written (or added to), the parameters' accumulate.
+static int op_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
+    const ac_op *op = o->op;
+    int N = o->N, din = o->din, dout = o->dout, hd = o->hd;
+    size_t n = (size_t)N * dout;
+    switch ((ac_op_kind)op->kind) {
+    case AC_OP_LINEAR:
+        if (op->acc) { // dI = alpha dx W; d alpha += <dx W, in>; dW += alpha dx^T in
+            size_t ni = (size_t)N * din;
+            if (gemm(t, 0, 0, N, din, dout, 1.0f, o->dO, dout, o->w, din, 0.0f, o->dI, din, err, errn)) return -1;
+            if (o->dalpha) {
+                AC_LAUNCH(kt_mul, blocks(ni), 256, 0, 0, t->prod, o->dI, o->in, ni);
+                (void)cudaMemset(t->csum, 0, din * sizeof(float)); // errors surface at the step's check
+                AC_LAUNCH(kt_colsum, blocks(din), 256, 0, 0, t->csum, t->prod, N, din);
+                AC_LAUNCH(kt_sum_acc, 1, TB, 0, 0, o->dalpha, t->csum, din);
+            }
+            if (o->gw && gemm(t, 1, 0, dout, din, N, o->alpha, o->dO, dout, o->in, din, 1.0f, o->gw, din, err, errn))
+                return -1;
+            if (o->alpha != 1.0f) AC_LAUNCH(kt_scale, blocks(ni), 256, 0, 0, o->dI, o->alpha, ni);
+        } else {
+            if (gemm(t, 0, 0, N, din, dout, 1.0f, o->dO, dout, o->w, din, o->acc_dI ? 1.0f : 0.0f, o->dI, din, err,
+                     errn) ||
+                (o->gw && gemm(t, 1, 0, dout, din, N, 1.0f, o->dO, dout, o->in, din, 1.0f, o->gw, din, err, errn)))
+                return -1;
+            if (o->gb) AC_LAUNCH(kt_colsum, blocks(dout), 256, 0, 0, o->gb, o->dO, N, dout);
+        }
+        break;
+    case AC_OP_MASK: { // dg += colsum(dout * in) per unit; din = dout * g, in place
+        int unit = op->dout == AC_DIM_Q ? hd : 1;
+        if (o->dgate) {
+            AC_LAUNCH(kt_mul, blocks(n), 256, 0, 0, t->prod, o->dO, o->in, n);
+            (void)cudaMemset(t->csum, 0, dout * sizeof(float));
+            AC_LAUNCH(kt_colsum, blocks(dout), 256, 0, 0, t->csum, t->prod, N, dout);
+            AC_LAUNCH(kt_unit_reduce, 1, TB, 0, 0, o->dgate, t->csum, dout, unit);
+        }
+        AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, o->dO, o->dO, o->gate, dout, unit, n);
+        break;
+    }
+    case AC_OP_SWIGLU: AC_LAUNCH(kt_silu_mul_bwd, blocks(n), 256, 0, 0, o->dO, o->dI, o->pre, o->in, n); break;
+    case AC_OP_ROPE: AC_LAUNCH(kt_rope, N, TB, 0, 0, o->dO, o->heads, hd, o->T, t->cos_t, t->sin_t, 1); break;
+    case AC_OP_ATTENTION: {
+        float scale = 1.0f / sqrtf((float)hd);
+        AC_LAUNCH(kt_attn_bwd_q, dim3(N, o->nh), TB, 2 * o->T * sizeof(float), 0, o->dI, t->delta, o->dO, o->in, o->in2,
+                  o->in3, o->lse, o->nh, o->nkv, hd, o->T, scale, o->window);
+        AC_LAUNCH(kt_attn_bwd_kv, dim3(N, o->nkv), TB, 2 * o->T * sizeof(float), 0, o->dI2, o->dI3, o->dO, o->in,
+                  o->in2, o->in3, o->lse, t->delta, o->nh, o->nkv, hd, o->T, scale, o->window);
+        break;
+    }
+    case AC_OP_RMSNORM: // dI += (the residual's gradient); dw, dgh accumulate
+        AC_LAUNCH(kt_rmsnorm_bwd, N, TB, 0, 0, o->dI, t->prod, t->prod2, o->dO, o->xhat, o->r, o->w, o->gh, o->H);
+        if (o->gw) AC_LAUNCH(kt_colsum, blocks(o->H), 256, 0, 0, o->gw, t->prod, N, o->H);
+        if (o->dgh) AC_LAUNCH(kt_colsum, blocks(o->H), 256, 0, 0, o->dgh, t->prod2, N, o->H);
+        break;
+    case AC_OP_KV_MERGE:
+    case AC_OP_MASK_HIDDEN: break;
+    }
+    return 0;
+}
+
 static float *gate_of(const acc_trainer *t, int l, int d) {
     return d == AC_DIM_Q ? GHEAD(t, l) : d == AC_DIM_F ? GFFN(t, l) : GH(t);
 }
@@ -659,76 +764,69 @@ static float *dgate_of(const acc_trainer *t, int l, int d) {
     return t->dgates + (d == AC_DIM_Q ? t->off_head[l] : d == AC_DIM_F ? t->off_ffn[l] : 0);
 }
 
-static float *sub_walk(acc_trainer *t, int l, int sb, int B, int T, float **tp, float *sc, bool fwd, twalk *w,
+// Op i of sub-block sb of layer l with the trainer's weights, gates and
+// gradients (its activations are the walker's to fill).
+static top layer_op(acc_trainer *t, int l, int sb, const ac_op *op, int B, int T) {
+    const tarch *a = &t->a;
+    const ac_layer_arch *L = &a->layers[l];
+    top o = {};
+    o.op = op, o.B = B, o.T = T, o.N = B * T, o.H = a->hidden, o.hd = a->head_dim, o.nh = L->n_heads;
+    o.nkv = L->n_kv_heads, o.window = a->sliding_window, o.eps = a->eps;
+    o.din = tdim(a, l, op->din), o.dout = tdim(a, l, op->dout), o.heads = tdim(a, l, op->heads) / a->head_dim;
+    o.gh = GH(t), o.dgh = t->dgates;
+    o.alpha = sb ? t->s_mlp[l] : t->s_attn[l];
+    o.dalpha = t->dgates + a->hidden + (size_t)sb * a->n_layers + l;
+    if (op->kind == AC_OP_LINEAR) {
+        int bi = tw_bias(op->w);
+        o.w = P(t, l, tw_mat(op->w)), o.gw = G(t, l, tw_mat(op->w));
+        o.b = bi >= 0 ? P(t, l, bi) : NULL, o.gb = bi >= 0 ? G(t, l, bi) : NULL;
+    }
+    if (op->kind == AC_OP_RMSNORM) o.w = P(t, l, tw_norm(op->w)), o.gw = G(t, l, tw_norm(op->w));
+    if (op->kind == AC_OP_MASK) o.gate = gate_of(t, l, op->dout), o.dgate = dgate_of(t, l, op->dout);
+    return o;
+}
+
+// One sub-block of layer l (block.h's recipe, as block_grad.c walks it on
+// the CPU): with fwd, run it and fill the tape; without, restore what the
+// forward left (the cheap outputs recomputed into the scratch from sc) and
+// keep each op, resolved, in ops[] for the backward. Returns the scratch's
+// end, or NULL.
+static float *sub_walk(acc_trainer *t, int l, int sb, int B, int T, float **tp, float *sc, bool fwd, top *ops,
                        char *err, size_t errn) {
     const tarch *a = &t->a;
     const ac_subblock *sub = &trecipe(a, l)->sub[sb];
-    const ac_layer_arch *L = &a->layers[l];
-    int N = B * T, H = a->hidden, hd = a->head_dim, dim[AC_DIM_COUNT];
-    for (int d = 0; d < AC_DIM_COUNT; d++) dim[d] = tdim(a, l, d);
+    size_t N = (size_t)B * T;
     float *cur[AC_T_COUNT] = {};
     cur[AC_T_X] = t->x;
     for (int i = 0; i < sub->n_ops; i++) {
         const ac_op *op = &sub->ops[i];
-        int din = dim[op->din], dout = dim[op->dout];
-        size_t n = (size_t)N * dout;
-        w->in[i] = cur[op->in], w->in2[i] = cur[op->in2], w->in3[i] = cur[op->in3], w->pre[i] = cur[op->out];
+        top o = layer_op(t, l, sb, op, B, T);
+        o.in = cur[op->in], o.in2 = cur[op->in2], o.in3 = cur[op->in3], o.pre = cur[op->out];
+        size_t n = N * o.dout;
         switch ((ac_op_kind)op->kind) {
-        case AC_OP_RMSNORM: {
-            float *xh = *tp, *r = *tp + (size_t)N * H, *nw = P(t, l, tw_norm(op->w));
-            *tp += (size_t)N * (H + 1);
-            if (fwd)
-                AC_LAUNCH(kt_rmsnorm, N, TB, 0, 0, sc, xh, r, cur[op->in], nw, GH(t), H, a->eps);
+        case AC_OP_RMSNORM:
+            o.xhat = *tp, o.r = *tp + N * o.H, o.out = sc;
+            *tp += N * (o.H + 1), sc += N * o.H;
+            break;
+        case AC_OP_LINEAR:
+            if (op->acc)
+                o.out = cur[op->out];
             else
-                AC_LAUNCH(kt_scale_cols, N, TB, 0, 0, sc, xh, nw, GH(t), H);
-            w->xhat[i] = xh, w->r[i] = r, cur[op->out] = sc;
-            sc += (size_t)N * H;
+                o.out = *tp, *tp += n;
             break;
-        }
-        case AC_OP_LINEAR: {
-            const float *W = P(t, l, tw_mat(op->w));
-            if (op->acc) { // x += alpha * in W^T
-                if (fwd && gemm(t, 0, 1, N, dout, din, sub_alpha(t, l, sb), cur[op->in], din, W, din, 1.0f,
-                                cur[op->out], dout, err, errn))
-                    return NULL;
-                break;
-            }
-            if (fwd) {
-                if (gemm(t, 0, 1, N, dout, din, 1.0f, cur[op->in], din, W, din, 0.0f, *tp, dout, err, errn))
-                    return NULL;
-                int bi = tw_bias(op->w);
-                if (bi >= 0 && P(t, l, bi)) AC_LAUNCH(kt_add_bias, blocks(n), 256, 0, 0, *tp, P(t, l, bi), dout, n);
-            }
-            cur[op->out] = *tp;
-            *tp += n;
+        case AC_OP_ROPE: o.out = cur[op->out]; break; // in place on a taped output
+        case AC_OP_ATTENTION:
+            o.out = *tp, o.lse = *tp + n;
+            *tp += n + N * o.nh;
             break;
-        }
-        case AC_OP_ROPE: // in place on a taped output
-            if (fwd) AC_LAUNCH(kt_rope, N, TB, 0, 0, cur[op->out], dim[op->heads] / hd, hd, T, t->cos_t, t->sin_t, 0);
-            break;
-        case AC_OP_ATTENTION: {
-            float *o = *tp, *lse = *tp + n;
-            *tp += n + (size_t)N * L->n_heads;
-            if (fwd)
-                AC_LAUNCH(kt_attn_fwd, dim3(N, L->n_heads), TB, T * sizeof(float), 0, o, lse, cur[op->in], cur[op->in2],
-                          cur[op->in3], L->n_heads, L->n_kv_heads, hd, T, 1.0f / sqrtf((float)hd), a->sliding_window);
-            w->lse[i] = lse, cur[op->out] = o;
-            break;
-        }
         case AC_OP_SWIGLU:
-            AC_LAUNCH(kt_silu_mul, blocks(n), 256, 0, 0, sc, cur[op->out], cur[op->in], n);
-            cur[op->out] = sc;
-            sc += n;
-            break;
-        case AC_OP_MASK:
-            AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, sc, cur[op->in], gate_of(t, l, op->dout), dout,
-                      op->dout == AC_DIM_Q ? hd : 1, n);
-            cur[op->out] = sc;
-            sc += n;
-            break;
+        case AC_OP_MASK: o.out = sc, sc += n; break;
         case AC_OP_KV_MERGE:
-        case AC_OP_MASK_HIDDEN: break; // not differentiated (block_grad.h)
+        case AC_OP_MASK_HIDDEN: o.out = cur[op->out]; break;
         }
+        if (op_fwd(t, &o, !fwd, err, errn)) return NULL;
+        cur[op->out] = o.out;
+        ops[i] = o;
     }
     return sc;
 }
@@ -737,10 +835,8 @@ static float *sub_walk(acc_trainer *t, int l, int sb, int B, int T, float **tp, 
 // its input; weight and gate gradients accumulate. The recipe in reverse.
 static int layer_bwd(acc_trainer *t, int l, int B, int T, char *err, size_t errn) {
     const tarch *a = &t->a;
-    const ac_layer_arch *L = &a->layers[l];
     const ac_block_recipe *r = trecipe(a, l);
-    int N = B * T, H = a->hidden, hd = a->head_dim, dim[AC_DIM_COUNT];
-    for (int d = 0; d < AC_DIM_COUNT; d++) dim[d] = tdim(a, l, d);
+    int N = B * T;
     float *tps[AC_BLOCK_MAX_SUB], *tp = t->tape[l];
     for (int s = 0; s < r->n_sub; s++) {
         tps[s] = tp;
@@ -750,8 +846,8 @@ static int layer_bwd(acc_trainer *t, int l, int B, int T, char *err, size_t errn
     for (int s = r->n_sub - 1; s >= 0; s--) {
         const ac_subblock *sub = &r->sub[s];
         if (!tpresent(a, l, sub)) continue;
-        twalk w;
-        float *stp = tps[s], *g0 = sub_walk(t, l, s, B, T, &stp, t->bscr, false, &w, err, errn), *dS[AC_T_COUNT];
+        top ops[AC_BLOCK_MAX_OPS];
+        float *stp = tps[s], *g0 = sub_walk(t, l, s, B, T, &stp, t->bscr, false, ops, err, errn), *dS[AC_T_COUNT];
         if (!g0) return -1;
         bool has[AC_T_COUNT] = {};
         for (int i = 0; i < AC_T_COUNT; i++) {
@@ -760,74 +856,14 @@ static int layer_bwd(acc_trainer *t, int l, int B, int T, char *err, size_t errn
         }
         dS[AC_T_X] = t->dx, has[AC_T_X] = true;
         for (int i = sub->n_ops - 1; i >= 0; i--) {
-            const ac_op *op = &sub->ops[i];
-            int din = dim[op->din], dout = dim[op->dout];
-            size_t n = (size_t)N * dout;
-            float *dO = dS[op->out];
-            switch ((ac_op_kind)op->kind) {
-            case AC_OP_LINEAR: {
-                const float *W = P(t, l, tw_mat(op->w));
-                float *gW = G(t, l, tw_mat(op->w)), *dI = dS[op->in];
-                if (op->acc) { // dI = alpha dx W; d alpha += <dx W, in>; dW += alpha dx^T in
-                    float alpha = sub_alpha(t, l, s);
-                    size_t ni = (size_t)N * din;
-                    if (gemm(t, 0, 0, N, din, dout, 1.0f, dO, dout, W, din, 0.0f, dI, din, err, errn)) return -1;
-                    AC_LAUNCH(kt_mul, blocks(ni), 256, 0, 0, t->prod, dI, w.in[i], ni);
-                    (void)cudaMemset(t->csum, 0, din * sizeof(float)); // errors surface at the step's check
-                    AC_LAUNCH(kt_colsum, blocks(din), 256, 0, 0, t->csum, t->prod, N, din);
-                    AC_LAUNCH(kt_sum_acc, 1, TB, 0, 0, t->dgates + H + (size_t)s * a->n_layers + l, t->csum, din);
-                    if (gemm(t, 1, 0, dout, din, N, alpha, dO, dout, w.in[i], din, 1.0f, gW, din, err, errn)) return -1;
-                    if (alpha != 1.0f) AC_LAUNCH(kt_scale, blocks(ni), 256, 0, 0, dI, alpha, ni);
-                } else {
-                    if (gemm(t, 0, 0, N, din, dout, 1.0f, dO, dout, W, din, has[op->in] ? 1.0f : 0.0f, dI, din, err,
-                             errn) ||
-                        gemm(t, 1, 0, dout, din, N, 1.0f, dO, dout, w.in[i], din, 1.0f, gW, din, err, errn))
-                        return -1;
-                    int bi = tw_bias(op->w);
-                    if (bi >= 0 && G(t, l, bi)) AC_LAUNCH(kt_colsum, blocks(dout), 256, 0, 0, G(t, l, bi), dO, N, dout);
-                }
+            top &o = ops[i];
+            const ac_op *op = o.op;
+            o.dO = dS[op->out], o.dI = dS[op->in], o.dI2 = dS[op->in2], o.dI3 = dS[op->in3], o.acc_dI = has[op->in];
+            if (op_bwd(t, &o, err, errn)) return -1;
+            if (op->kind == AC_OP_MASK) dS[op->in] = o.dO; // in place
+            if (op->kind != AC_OP_ROPE && op->kind != AC_OP_KV_MERGE && op->kind != AC_OP_MASK_HIDDEN)
                 has[op->in] = true;
-                break;
-            }
-            case AC_OP_MASK: { // dg += colsum(dout * in) per unit; din = dout * g
-                int unit = op->dout == AC_DIM_Q ? hd : 1;
-                AC_LAUNCH(kt_mul, blocks(n), 256, 0, 0, t->prod, dO, w.in[i], n);
-                (void)cudaMemset(t->csum, 0, dout * sizeof(float));
-                AC_LAUNCH(kt_colsum, blocks(dout), 256, 0, 0, t->csum, t->prod, N, dout);
-                AC_LAUNCH(kt_unit_reduce, 1, TB, 0, 0, dgate_of(t, l, op->dout), t->csum, dout, unit);
-                AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, dO, dO, gate_of(t, l, op->dout), dout, unit, n);
-                dS[op->in] = dO, has[op->in] = true;
-                break;
-            }
-            case AC_OP_SWIGLU:
-                AC_LAUNCH(kt_silu_mul_bwd, blocks(n), 256, 0, 0, dO, dS[op->in], w.pre[i], w.in[i], n);
-                has[op->in] = true;
-                break;
-            case AC_OP_ROPE:
-                AC_LAUNCH(kt_rope, N, TB, 0, 0, dO, dim[op->heads] / hd, hd, T, t->cos_t, t->sin_t, 1);
-                break;
-            case AC_OP_ATTENTION: {
-                float scale = 1.0f / sqrtf((float)hd);
-                AC_LAUNCH(kt_attn_bwd_q, dim3(N, L->n_heads), TB, 2 * T * sizeof(float), 0, dS[op->in], t->delta, dO,
-                          w.in[i], w.in2[i], w.in3[i], w.lse[i], L->n_heads, L->n_kv_heads, hd, T, scale,
-                          a->sliding_window);
-                AC_LAUNCH(kt_attn_bwd_kv, dim3(N, L->n_kv_heads), TB, 2 * T * sizeof(float), 0, dS[op->in2],
-                          dS[op->in3], dO, w.in[i], w.in2[i], w.in3[i], w.lse[i], t->delta, L->n_heads, L->n_kv_heads,
-                          hd, T, scale, a->sliding_window);
-                has[op->in] = has[op->in2] = has[op->in3] = true;
-                break;
-            }
-            case AC_OP_RMSNORM: {
-                int wi_ = tw_norm(op->w);
-                AC_LAUNCH(kt_rmsnorm_bwd, N, TB, 0, 0, dS[op->in], t->prod, t->prod2, dO, w.xhat[i], w.r[i],
-                          P(t, l, wi_), GH(t), H);
-                AC_LAUNCH(kt_colsum, blocks(H), 256, 0, 0, G(t, l, wi_), t->prod, N, H);
-                AC_LAUNCH(kt_colsum, blocks(H), 256, 0, 0, t->dgates, t->prod2, N, H); // the hidden gates
-                break;
-            }
-            case AC_OP_KV_MERGE:
-            case AC_OP_MASK_HIDDEN: break;
-            }
+            if (op->kind == AC_OP_ATTENTION) has[op->in2] = has[op->in3] = true;
         }
     }
     return 0;
@@ -840,9 +876,9 @@ static int forward(acc_trainer *t, int B, int T, char *err, size_t errn) {
     for (int l = 0; l < a->n_layers; l++) {
         const ac_block_recipe *r = trecipe(a, l);
         float *tp = t->tape[l];
-        twalk w;
+        top ops[AC_BLOCK_MAX_OPS];
         for (int sb = 0; sb < r->n_sub; sb++)
-            if (tpresent(a, l, &r->sub[sb]) && !sub_walk(t, l, sb, B, T, &tp, t->bscr, true, &w, err, errn)) return -1;
+            if (tpresent(a, l, &r->sub[sb]) && !sub_walk(t, l, sb, B, T, &tp, t->bscr, true, ops, err, errn)) return -1;
     }
     AC_LAUNCH(kt_rmsnorm, N, TB, 0, 0, t->xn, t->xhf, t->rf, t->x, t->p[2], GH(t), H, a->eps);
     return gemm(t, 0, 1, N, V, H, 1.0f, t->xn, H, t->p[t->head_idx], H, 0.0f, t->logits, V, err, errn);
@@ -1042,4 +1078,96 @@ extern "C" int acc_trainer_gates(acc_trainer *t, const ac_gates *g, ac_gates *dg
     }
     if (zero_grad) TCK(cudaMemset(t->dgates, 0, t->ngates * sizeof(float)));
     return 0;
+}
+
+// The CUDA call's error into err: -1, else 0.
+static int cu_ok(cudaError_t e, const char *what, char *err, size_t errn) {
+    if (e == cudaSuccess) return 0;
+    snprintf(err, errn, "%s: %s", what, cudaGetErrorString(e));
+    return -1;
+}
+
+// A device copy of n host floats (zeros when h is NULL, ones with one), freed with t.
+static float *dev_copy(acc_trainer *t, const float *h, size_t n, bool one, char *err, size_t errn) {
+    float *d = NULL;
+    size_t m = n ? n : 1;
+    if (dalloc(t, &d, m, err, errn)) return NULL;
+    std::vector<float> ones(one && !h ? m : 0, 1.0f);
+    cudaError_t e = h     ? cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice)
+                    : one ? cudaMemcpy(d, ones.data(), m * sizeof(float), cudaMemcpyHostToDevice)
+                          : cudaMemset(d, 0, m * sizeof(float));
+    return cu_ok(e, "op_test upload", err, errn) ? NULL : d;
+}
+
+// h[i] (+)= the n device floats at s (nothing when either is NULL).
+static int get_back(float *h, const float *s, size_t n, bool add, char *err, size_t errn) {
+    if (!h || !s) return 0;
+    std::vector<float> v(n);
+    if (cu_ok(cudaMemcpy(v.data(), s, n * sizeof(float), cudaMemcpyDeviceToHost), "op_test download", err, errn))
+        return -1;
+    for (size_t i = 0; i < n; i++) h[i] = add ? h[i] + v[i] : v[i];
+    return 0;
+}
+
+extern "C" int acc_op_test(int dev, const ac_arch *a, const ac_op *op, int B, int T, const float *rope_cos,
+                           const float *rope_sin, acc_op_io *io, char *err, size_t errn) {
+    if (cu_ok(cudaSetDevice(dev), "cudaSetDevice", err, errn)) return -1;
+    acc_trainer *t = new acc_trainer();
+    t->a.n_layers = 1, t->a.hidden = a->hidden, t->a.head_dim = a->head_dim, t->a.vocab = a->vocab;
+    t->a.sliding_window = a->sliding_window, t->a.eps = a->eps;
+    t->a.layers.assign(a->layers, a->layers + 1);
+    size_t N = (size_t)B * T, H = a->hidden, hd = a->head_dim, w[AC_T_COUNT], mw = H;
+    for (int s = 0; s < AC_T_COUNT; s++) w[s] = tdim(&t->a, 0, ac_block_slot_dim(s)), mw = std::max(mw, w[s]);
+    top o = {};
+    o.op = op, o.B = B, o.T = T, o.N = (int)N, o.H = (int)H, o.hd = (int)hd, o.nh = a->layers[0].n_heads;
+    o.nkv = a->layers[0].n_kv_heads, o.window = a->sliding_window, o.eps = a->eps, o.alpha = io->alpha;
+    o.din = tdim(&t->a, 0, op->din), o.dout = tdim(&t->a, 0, op->dout), o.heads = tdim(&t->a, 0, op->heads) / (int)hd;
+    size_t nout = N * o.dout, nin = N * w[op->in], nw = (size_t)o.dout * o.din;
+    size_t units = op->dout == AC_DIM_Q ? (size_t)o.nh : (size_t)o.dout;
+    bool lin = op->kind == AC_OP_LINEAR, att = op->kind == AC_OP_ATTENTION, norm = op->kind == AC_OP_RMSNORM;
+    bool inplace = op->kind == AC_OP_ROPE || op->kind == AC_OP_MASK; // the gradient of the input is dO's buffer
+    bool ok = cublasCreate(&t->blas) == CUBLAS_STATUS_SUCCESS;
+    if (!ok) snprintf(err, errn, "cublasCreate failed");
+    ok = ok && !dalloc(t, &t->prod, N * mw, err, errn) && !dalloc(t, &t->prod2, N * H, err, errn) &&
+         !dalloc(t, &t->csum, mw, err, errn) && !dalloc(t, &t->delta, N * (o.nh + 1), err, errn) &&
+         (t->cos_t = dev_copy(t, rope_cos, (size_t)T * hd / 2, false, err, errn)) &&
+         (t->sin_t = dev_copy(t, rope_sin, (size_t)T * hd / 2, false, err, errn));
+    // inputs, the output buffer (the residual for an add, the rotated slot for RoPE), SwiGLU's gate projection
+    ok = ok && (op->kind == AC_OP_ROPE || (o.in = dev_copy(t, io->x[op->in], nin, false, err, errn)));
+    ok = ok && (!att || ((o.in2 = dev_copy(t, io->x[op->in2], N * w[op->in2], false, err, errn)) &&
+                         (o.in3 = dev_copy(t, io->x[op->in3], N * w[op->in3], false, err, errn)) &&
+                         !dalloc(t, &o.lse, N * o.nh, err, errn)));
+    ok = ok && (o.out = dev_copy(t, (lin && op->acc) || op->kind == AC_OP_ROPE ? io->x[op->out] : NULL, nout, false,
+                                 err, errn));
+    ok = ok && (op->kind != AC_OP_SWIGLU || (o.pre = dev_copy(t, io->x[op->out], nout, false, err, errn)));
+    // parameters and gates, and their gradients when asked for
+    ok = ok && (!norm ||
+                (!dalloc(t, &o.xhat, N * H, err, errn) && !dalloc(t, &o.r, N, err, errn) &&
+                 (o.w = dev_copy(t, io->w, H, false, err, errn)) && (o.gh = dev_copy(t, io->gh, H, true, err, errn)) &&
+                 (!io->dw || (o.gw = dev_copy(t, NULL, H, false, err, errn))) &&
+                 (!io->dgh || (o.dgh = dev_copy(t, NULL, H, false, err, errn)))));
+    ok = ok && (!lin || ((o.w = dev_copy(t, io->w, nw, false, err, errn)) &&
+                         (!io->b || (o.b = dev_copy(t, io->b, o.dout, false, err, errn))) &&
+                         (!io->dw || (o.gw = dev_copy(t, NULL, nw, false, err, errn))) &&
+                         (!io->db || (o.gb = dev_copy(t, NULL, o.dout, false, err, errn))) &&
+                         (!io->dalpha || (o.dalpha = dev_copy(t, NULL, 1, false, err, errn)))));
+    ok = ok && (op->kind != AC_OP_MASK || ((o.gate = dev_copy(t, io->gate, units, true, err, errn)) &&
+                                           (!io->dgate || (o.dgate = dev_copy(t, NULL, units, false, err, errn)))));
+    ok = ok && !op_fwd(t, &o, false, err, errn) && !get_back(io->y, o.out, nout, false, err, errn);
+    // backward
+    ok = ok && (o.dO = dev_copy(t, io->dy, nout, false, err, errn)) &&
+         (inplace || (o.dI = dev_copy(t, NULL, nin, false, err, errn)));
+    ok = ok && (!att || ((o.dI2 = dev_copy(t, NULL, N * w[op->in2], false, err, errn)) &&
+                         (o.dI3 = dev_copy(t, NULL, N * w[op->in3], false, err, errn))));
+    ok = ok && !op_bwd(t, &o, err, errn) && !cu_ok(cudaStreamSynchronize(0), "op_test", err, errn);
+    if (op->kind == AC_OP_SWIGLU) // the gate projection's gradient replaces dO; the up projection's is dI
+        ok = ok && !get_back(io->dx[op->out], o.dO, nout, false, err, errn);
+    ok = ok && !get_back(io->dx[op->in], inplace ? o.dO : o.dI, nin, norm, err, errn);
+    ok = ok && (!att || (!get_back(io->dx[op->in2], o.dI2, N * w[op->in2], false, err, errn) &&
+                         !get_back(io->dx[op->in3], o.dI3, N * w[op->in3], false, err, errn)));
+    ok = ok && !get_back(io->dw, o.gw, norm ? H : nw, true, err, errn) &&
+         !get_back(io->db, o.gb, o.dout, true, err, errn) && !get_back(io->dgh, o.dgh, H, true, err, errn) &&
+         !get_back(io->dalpha, o.dalpha, 1, true, err, errn) && !get_back(io->dgate, o.dgate, units, true, err, errn);
+    acc_trainer_free(t);
+    return ok ? 0 : -1;
 }

@@ -67,6 +67,8 @@ int acc_trainer_tensor(acc_trainer *t, int layer, int which, const float *w, flo
                        size_t errn);
 /* Zero every weight gradient (acc_trainer_step does it after an update). */
 int acc_trainer_zero_grad(acc_trainer *t, char *err, size_t errn);
+int acc_op_test(int dev, const ac_arch *a, const ac_op *op, int B, int T, const float *rope_cos, const float *rope_sin,
+                acc_op_io *io, char *err, size_t errn);
 void acc_trainer_free(acc_trainer *t);
 
 #ifdef __cplusplus

@@ -26,6 +26,10 @@
 
 #include "model.h"
 
+#ifdef __cplusplus
+extern "C" { /* the CUDA plugin compiles block.c as C++ and reads it through ac_cuda.h's C interface too */
+#endif
+
 /* Activation slots. */
 typedef enum {
     AC_T_X,   /* [N][H] the residual stream (the block's input and output) */
@@ -118,5 +122,9 @@ size_t ac_block_scratch_floats(const ac_arch *a, size_t N);
 const void *ac_block_matrix(const ac_layer_w *lw, int w);
 const float *ac_block_bias(const ac_layer_w *lw, int w);
 const float *ac_block_norm(const ac_layer_w *lw, int w);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

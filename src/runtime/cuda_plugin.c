@@ -31,7 +31,7 @@ static const ac_cuda_api *check(void *h, char *why, size_t n) {
     const ac_cuda_api *got = entry ? entry() : NULL;
     if (!got || !got->device_count || !got->device_info || !got->engine_create || !got->engine_forward ||
         !got->engine_nll || !got->engine_update || !got->engine_free || !got->time_gemm || !got->measure_timings ||
-        !got->convert) {
+        !got->convert || !got->op_test) {
         snprintf(why, n, "CUDA plugin has no complete acc_api table (built from other sources?)");
         return NULL;
     }
