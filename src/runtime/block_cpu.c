@@ -63,7 +63,8 @@ static void mask(float *t, const ac_block_cpu *c, const ac_op *op, int N, int wi
     const float *mk = !mod ? NULL : op->dout == AC_DIM_Q ? mod->head_mask : mod->ffn_mask;
     if (!mk) return;
     int unit = op->dout == AC_DIM_Q ? hd : 1;
-    for (size_t i = 0; i < (size_t)N * width; i++) t[i] *= mk[(i % width) / unit];
+    for (size_t r = 0; r < (size_t)N; r++)
+        for (int c = 0; c < width; c++) t[r * width + c] *= mk[c / unit];
 }
 
 void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n, int pos0) {
@@ -104,7 +105,8 @@ void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n
             if (mod && mod->hid_mask) {
                 float *x = s[op->out];
                 int H = dim[AC_DIM_H];
-                for (size_t j = 0; j < (size_t)N * H; j++) x[j] *= mod->hid_mask[j % H];
+                for (size_t r = 0; r < (size_t)N; r++)
+                    for (int c = 0; c < H; c++) x[r * H + c] *= mod->hid_mask[c];
             }
             break;
         }

@@ -8,7 +8,6 @@
 #include "backward_cpu.h"
 #include "dtype.h"
 
-
 size_t ac_block_grad_scratch_floats(const ac_arch *a, int B, int T) {
     return 2 * (size_t)T * T + ac_block_scratch_floats(a, (size_t)B * T);
 }
@@ -37,7 +36,8 @@ static void mask_fwd(float *out, const float *in, const float *g, size_t N, int 
         memcpy(out, in, N * width * sizeof(float));
         return;
     }
-    for (size_t i = 0; i < N * width; i++) out[i] = in[i] * g[(i % width) / unit];
+    for (size_t r = 0; r < N; r++)
+        for (int c = 0; c < width; c++) out[r * width + c] = in[r * width + c] * g[c / unit];
 }
 
 /* Run sub-block sb of layer l over x. With fwd, compute and fill the tape;
@@ -66,10 +66,8 @@ static float *sub_walk(ac_block_grad *c, int l, int sb, float *x, float **tp, fl
             if (fwd)
                 ac_rmsnorm_fwd(sc, xh, r, cur[op->in], nw, gh, N, dim[AC_DIM_H], a->eps);
             else /* xn = xhat * w * gh */
-                for (size_t j = 0; j < (size_t)N * dim[AC_DIM_H]; j++) {
-                    int ch = (int)(j % dim[AC_DIM_H]);
-                    sc[j] = xh[j] * nw[ch] * (gh ? gh[ch] : 1.0f);
-                }
+                for (size_t r = 0, H = dim[AC_DIM_H]; r < (size_t)N; r++)
+                    for (size_t ch = 0; ch < H; ch++) sc[r * H + ch] = xh[r * H + ch] * nw[ch] * (gh ? gh[ch] : 1.0f);
             w->xhat[i] = xh;
             w->r[i] = r;
             cur[op->out] = sc;
@@ -209,8 +207,12 @@ void ac_block_grad_backward(ac_block_grad *c, int l, float *dx) {
                 const float *g = c->gate[op->dout];
                 float *dg = c->dgate[op->dout];
                 int unit = op->dout == AC_DIM_Q ? hd : 1;
-                for (size_t j = 0; dg && j < (size_t)N * dout; j++) dg[(j % dout) / unit] += dO[j] * w.in[i][j];
-                for (size_t j = 0; g && j < (size_t)N * dout; j++) dO[j] *= g[(j % dout) / unit];
+                for (size_t r = 0; r < (size_t)N; r++) {
+                    float *d = dO + r * dout;
+                    const float *in = w.in[i] + r * dout;
+                    for (int ch = 0; dg && ch < dout; ch++) dg[ch / unit] += d[ch] * in[ch];
+                    for (int ch = 0; g && ch < dout; ch++) d[ch] *= g[ch / unit];
+                }
                 dS[op->in] = dO;
                 has[op->in] = 1;
                 break;
