@@ -1,6 +1,6 @@
 /*
- * daemon.h - the state one autocompressd process shares between its HTTP
- * thread (libmicrohttpd) and its scheduler loop (libuv, main thread).
+ * daemon.h - the state of one autocompressd process: its libuv loop (main
+ * thread) runs the scheduler and the HTTP server (libmicrohttpd).
  */
 #ifndef AC_DAEMON_H
 #define AC_DAEMON_H
@@ -36,13 +36,16 @@ typedef struct ac_daemon {
     int ndevices;
     double started_at;
     atomic_long http_requests, http_errors, jobs_submitted, events_stored;
-    atomic_llong http_beat_ms; /* the HTTP polling thread's last request (watchdog.c) */
-    atomic_int http_frozen;    /* test hook (SIGUSR2 with AUTOCOMPRESSD_TEST_HOOKS=1): freeze the HTTP thread */
+    atomic_llong http_beat_ms; /* the HTTP server's last request (watchdog.c) */
 } ac_daemon;
 
 /* HTTP front (http.c). */
 int http_start(ac_daemon *d, ac_err *e);
 void http_stop(ac_daemon *d);
+/* Test hook (SIGUSR2 with AUTOCOMPRESSD_TEST_HOOKS=1): stop / restart
+ * running libmicrohttpd from the loop, so the HTTP side stops answering
+ * while the loop runs on. */
+void http_freeze(ac_daemon *d, int frozen);
 
 /* Scheduler (scheduler.c). Runs on d->loop. */
 int sched_start(ac_daemon *d, ac_err *e);

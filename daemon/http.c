@@ -1,13 +1,13 @@
 /*
  * http.c - the REST API, SSE streams, metrics and the dashboard's static
- * files, on libmicrohttpd (one internal polling thread, epoll,
- * suspend/resume).
+ * files, on libmicrohttpd (epoll, suspend/resume) run from the daemon's
+ * libuv loop: no thread of its own (see "the loop" below).
  *
- * The polling thread never touches the file system outside SQLite: routes
- * that do (POST /v1/jobs checks the paths a spec names, /v1/estimate reads
- * config.json, job logs, static files) suspend their connection and run in
- * a small work pool (pool.c); the connection is resumed with the reply
- * ready. Every path a request names goes through src/core/fsafe.c (confined
+ * Handlers run on the loop and never touch the file system outside SQLite:
+ * routes that do (POST /v1/jobs checks the paths a spec names, /v1/estimate
+ * reads config.json, job logs, static files) suspend their connection and
+ * run in a small work pool (pool.c); the loop resumes the connection with
+ * the reply ready. Every path a request names goes through src/core/fsafe.c (confined
  * under model_roots, regular files, size caps), the same rules the worker
  * applies again.
  *
@@ -78,9 +78,9 @@ typedef struct req_ctx {
     char *body;
     size_t len, cap;
     int too_big;
-    pthread_mutex_t mu;
     int state; /* 0 new, 1 offloaded, 2 reply ready */
-    int suspended;
+    void (*after)(struct req_ctx *rc); /* offloaded work's last step, on the loop */
+    struct req_ctx *next_done;
     reply rep;
     /* inputs of offloaded work, copied off the connection */
     json_t *in;
@@ -265,19 +265,42 @@ static int check_limits(ac_daemon *d, const ac_job_spec *js, reply *r) {
 
 /* ------------------------------------------------------------- work pool */
 
-/* The reply is ready. Once resumed, the connection may complete and free
- * rc at once, so rc is not touched after MHD_resume_connection (resuming
- * under rc->mu once let the unlock hit freed memory). */
+/* Offloaded work ends here (pool thread): the request joins the done list and
+ * the loop is woken; the loop resumes its connection (on_offload_done), so
+ * libmicrohttpd is only ever called from the loop's thread. */
+static pthread_mutex_t done_mu = PTHREAD_MUTEX_INITIALIZER;
+static req_ctx *done_head;
+static uv_async_t done_async;
+static void http_kick(ac_daemon *d);
+
 static void offload_done(req_ctx *rc) {
-    struct MHD_Connection *c = rc->c;
-    pthread_mutex_lock(&rc->mu);
-    rc->state = 2;
-    int resume = rc->suspended;
-    rc->suspended = 0;
-    pthread_mutex_unlock(&rc->mu);
-    if (resume) MHD_resume_connection(c);
+    pthread_mutex_lock(&done_mu);
+    rc->next_done = done_head;
+    done_head = rc;
+    pthread_mutex_unlock(&done_mu);
+    uv_async_send(&done_async);
 }
 
+/* Loop thread: resume every connection whose reply is ready. */
+static void resume_done(ac_daemon *d) {
+    pthread_mutex_lock(&done_mu);
+    req_ctx *rc = done_head;
+    done_head = NULL;
+    pthread_mutex_unlock(&done_mu);
+    while (rc) {
+        req_ctx *next = rc->next_done;
+        if (rc->after) rc->after(rc);
+        rc->state = 2;
+        MHD_resume_connection(rc->c); /* rc may be freed from here on */
+        rc = next;
+    }
+    http_kick(d);
+}
+
+static void on_offload_done(uv_async_t *a) { resume_done(a->data); }
+
+/* Run fn on a pool thread with the connection suspended; the reply is queued
+ * when the loop resumes it. */
 static enum MHD_Result offload(req_ctx *rc, pool_fn fn) {
     rc->state = 1;
     if (pool_submit(rc->d->pool, fn, rc)) {
@@ -285,18 +308,18 @@ static enum MHD_Result offload(req_ctx *rc, pool_fn fn) {
         rep_error(rc->d, &rc->rep, 503, "busy", "too many requests waiting for file access; retry", NULL);
         return queue_reply(rc->c, &rc->rep);
     }
-    pthread_mutex_lock(&rc->mu);
-    if (rc->state == 1) {
-        MHD_suspend_connection(rc->c);
-        rc->suspended = 1;
-        pthread_mutex_unlock(&rc->mu);
-        return MHD_YES;
-    }
-    pthread_mutex_unlock(&rc->mu);
-    return queue_reply(rc->c, &rc->rep);
+    MHD_suspend_connection(rc->c);
+    return MHD_YES;
 }
 
 static void rep_job(req_ctx *rc, unsigned status);
+
+/* POST /v1/jobs, a new job stored: its first event, and the scheduler told. Loop thread. */
+static void post_job_queued(req_ctx *rc) {
+    atomic_fetch_add(&rc->d->jobs_submitted, 1);
+    daemon_event(rc->d, rc->id, "state", json_pack("{s:s}", "state", "queued"));
+    sched_notify(rc->d);
+}
 
 /* POST /v1/jobs, after validation: paths, device, insert. Pool thread. */
 static void task_post_job(void *arg) {
@@ -354,9 +377,7 @@ static void task_post_job(void *arg) {
         r->hdr_name = "Idempotent-Replayed";
         r->hdr_value = "true";
     } else {
-        atomic_fetch_add(&d->jobs_submitted, 1);
-        daemon_event(d, id, "state", json_pack("{s:s}", "state", "queued"));
-        sched_notify(d);
+        rc->after = post_job_queued;
     }
     rc->id = id;
     rep_job(rc, status);
@@ -1019,11 +1040,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     ac_daemon *d = cls;
     req_ctx *rc = *con_cls;
     if (!rc) {
-        atomic_store(&d->http_beat_ms, wd_now_ms());        /* the watchdog's proof that this thread runs */
-        while (atomic_load(&d->http_frozen)) usleep(10000); /* test hook: a stuck HTTP thread */
+        atomic_store(&d->http_beat_ms, wd_now_ms()); /* the watchdog's proof that the HTTP side runs */
         rc = calloc(1, sizeof *rc);
         if (!rc) return MHD_NO;
-        pthread_mutex_init(&rc->mu, NULL);
         rc->d = d;
         rc->c = c;
         *con_cls = rc;
@@ -1071,11 +1090,72 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         if (rc->rep.resp) MHD_destroy_response(rc->rep.resp);
         free(rc->idem_key);
         free(rc->js);
-        pthread_mutex_destroy(&rc->mu);
         free(rc);
     }
     *con_cls = NULL;
     guard_phase(d->guard, c, CONN_HEAD); /* keep-alive: the next request head has its own deadline */
+}
+
+/* ------------------------------------------------------------- the loop
+ *
+ * libmicrohttpd runs without a thread of its own: its epoll descriptor is a
+ * uv_poll on the daemon's loop, and its timeout (idle connections) a
+ * uv_timer re-armed from MHD_get_timeout after every MHD_run. A resumed
+ * connection (SSE publish, offloaded work) wakes the epoll descriptor through
+ * libmicrohttpd's inter-thread channel, so it is run on the next turn. */
+
+static uv_poll_t mhd_poll;
+static uv_timer_t mhd_timer;
+static int mhd_frozen, mhd_kicked;
+
+static void on_mhd_timer(uv_timer_t *t);
+
+static void mhd_arm(ac_daemon *d) {
+    MHD_UNSIGNED_LONG_LONG to;
+    if (MHD_get_timeout(d->mhd, &to) == MHD_YES)
+        uv_timer_start(&mhd_timer, on_mhd_timer, (uint64_t)to, 0);
+    else
+        uv_timer_stop(&mhd_timer);
+}
+
+static void mhd_turn(ac_daemon *d) {
+    if (!d->mhd || mhd_frozen) return;
+    mhd_kicked = 0;
+    MHD_run(d->mhd);
+    if (!d->mhd) return;
+    if (mhd_kicked) /* a connection was resumed during the run */
+        uv_timer_start(&mhd_timer, on_mhd_timer, 0, 0);
+    else
+        mhd_arm(d);
+}
+
+/* A connection was resumed (from the loop): run libmicrohttpd on the next turn. */
+static void http_kick(ac_daemon *d) {
+    if (!d->mhd || mhd_frozen) return;
+    mhd_kicked = 1;
+    uv_timer_start(&mhd_timer, on_mhd_timer, 0, 0);
+}
+
+static void on_sse_resume(void *arg) { http_kick(arg); }
+
+static void on_mhd_poll(uv_poll_t *p, int status, int events) {
+    (void)status;
+    (void)events;
+    mhd_turn(p->data);
+}
+
+static void on_mhd_timer(uv_timer_t *t) { mhd_turn(t->data); }
+
+void http_freeze(ac_daemon *d, int frozen) {
+    if (!d->mhd || frozen == mhd_frozen) return;
+    mhd_frozen = frozen;
+    if (frozen) {
+        uv_poll_stop(&mhd_poll);
+        uv_timer_stop(&mhd_timer);
+    } else {
+        uv_poll_start(&mhd_poll, UV_READABLE, on_mhd_poll);
+        uv_timer_start(&mhd_timer, on_mhd_timer, 0, 0);
+    }
 }
 
 int http_start(ac_daemon *d, ac_err *e) {
@@ -1093,8 +1173,8 @@ int http_start(ac_daemon *d, ac_err *e) {
      * max_sse_streams; the slack lets a newcomer in so the guard can evict. */
     unsigned limit = (unsigned)d->cfg.max_connections + (unsigned)d->cfg.max_sse_streams + 64;
     d->mhd = MHD_start_daemon(
-        MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, (uint16_t)d->cfg.listen_port, NULL,
-        NULL, on_request, d, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, d,
+        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, (uint16_t)d->cfg.listen_port, NULL, NULL,
+        on_request, d, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, d,
         MHD_OPTION_NOTIFY_CONNECTION, guard_notify, d->guard, MHD_OPTION_CONNECTION_LIMIT, limit,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)d->cfg.max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)d->cfg.idle_timeout_s, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
@@ -1104,14 +1184,29 @@ int http_start(ac_daemon *d, ac_err *e) {
         const union MHD_DaemonInfo *info = MHD_get_daemon_info(d->mhd, MHD_DAEMON_INFO_BIND_PORT);
         if (info) d->cfg.listen_port = info->port;
     }
+    const union MHD_DaemonInfo *ep = MHD_get_daemon_info(d->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+    if (!ep || uv_poll_init(d->loop, &mhd_poll, ep->epoll_fd) || uv_timer_init(d->loop, &mhd_timer))
+        return ac_errf(e, "cannot watch the HTTP server from the event loop");
+    mhd_poll.data = mhd_timer.data = d;
+    if (uv_async_init(d->loop, &done_async, on_offload_done))
+        return ac_errf(e, "cannot watch the HTTP work pool from the event loop");
+    done_async.data = d;
+    sse_hub_on_resume(d->hub, on_sse_resume, d);
+    uv_poll_start(&mhd_poll, UV_READABLE, on_mhd_poll);
+    uv_timer_start(&mhd_timer, on_mhd_timer, 0, 0);
     return 0;
 }
 
 void http_stop(ac_daemon *d) {
     if (!d->mhd) return;
     sse_shutdown(d->hub);
-    pool_free(d->pool); /* finishes queued work, which resumes its connections */
+    pool_free(d->pool); /* finishes queued work */
     d->pool = NULL;
+    resume_done(d); /* libmicrohttpd refuses to stop with a connection suspended */
+    /* off the loop before libmicrohttpd closes its epoll descriptor */
+    uv_close((uv_handle_t *)&mhd_poll, NULL);
+    uv_close((uv_handle_t *)&mhd_timer, NULL);
+    uv_close((uv_handle_t *)&done_async, NULL);
     MHD_stop_daemon(d->mhd);
     d->mhd = NULL;
     guard_free(d->guard);

@@ -6,8 +6,8 @@
  * jobs are stopped and re-queued, so a restart picks them up again.
  *
  * Under systemd (Type=notify) it sends READY=1 once it listens, WATCHDOG=1
- * from a timer on the scheduler's loop at half of WatchdogSec while the HTTP
- * thread answers too (so a frozen loop or a frozen HTTP side is restarted;
+ * from a timer on the loop at half of WatchdogSec while the HTTP server
+ * answers too (so a frozen loop or a wedged HTTP side is restarted;
  * watchdog.c), STOPPING=1 on SIGTERM.
  *
  * It refuses to listen on a non-loopback address without tokens: an
@@ -39,13 +39,14 @@ static uv_signal_t sig_term, sig_int;
 static uv_signal_t sig_usr2;
 static uv_timer_t drain_timer;
 
-/* Test hook (AUTOCOMPRESSD_TEST_HOOKS=1): SIGUSR2 freezes / thaws the HTTP thread. */
+/* Test hook (AUTOCOMPRESSD_TEST_HOOKS=1): SIGUSR2 freezes / thaws the HTTP side. */
+static int http_frozen;
 static void on_test_freeze(uv_signal_t *s, int signum) {
     (void)s;
     (void)signum;
-    int frozen = !atomic_load(&D.http_frozen);
-    atomic_store(&D.http_frozen, frozen);
-    fprintf(stderr, "autocompressd: test hook: HTTP thread %s\n", frozen ? "frozen" : "thawed");
+    http_frozen = !http_frozen;
+    http_freeze(&D, http_frozen);
+    fprintf(stderr, "autocompressd: test hook: HTTP side %s\n", http_frozen ? "frozen" : "thawed");
 }
 
 static void on_drain(uv_timer_t *t) {
@@ -63,7 +64,7 @@ static void on_signal(uv_signal_t *s, int signum) {
     if (once++) return;
     fprintf(stderr, "autocompressd: signal %d: stopping (running jobs are re-queued)\n", signum);
     wd_notify("STOPPING=1");
-    atomic_store(&D.http_frozen, 0);
+    http_freeze(&D, 0);
     wd_stop();
     if (sig_usr2.loop) uv_close((uv_handle_t *)&sig_usr2, NULL);
     http_stop(&D);

@@ -29,6 +29,8 @@ struct sse_hub {
     int epfd, stop_pipe[2];
     unsigned long next_serial;
     long hangups;
+    void (*on_resume)(void *);
+    void *on_resume_arg;
     pthread_t watcher;
 };
 
@@ -139,7 +141,13 @@ static void wake(sub *s) {
     if (s->suspended) {
         s->suspended = 0;
         MHD_resume_connection(s->conn);
+        if (s->hub->on_resume) s->hub->on_resume(s->hub->on_resume_arg);
     }
+}
+
+void sse_hub_on_resume(sse_hub *h, void (*fn)(void *), void *arg) {
+    h->on_resume = fn;
+    h->on_resume_arg = arg;
 }
 
 static ssize_t reader(void *cls, uint64_t pos, char *out, size_t max) {

@@ -26,6 +26,8 @@ typedef struct sse_hub sse_hub;
 /* NULL when memory or the watcher thread cannot be had. */
 sse_hub *sse_hub_new(size_t max_buffer_bytes, int max_streams);
 void sse_hub_free(sse_hub *h);
+/* fn(arg) after a stream's connection is resumed, so the HTTP server runs it. */
+void sse_hub_on_resume(sse_hub *h, void (*fn)(void *), void *arg);
 
 /* A streaming response for job `job`, replaying events with id > last_id
  * from the database first. `terminal`: the job has already ended (the
