@@ -1167,7 +1167,7 @@ int http_start(ac_daemon *d, ac_err *e) {
         1)
         return ac_errf(e, "listen host %s is not an IPv4 address", d->cfg.listen_host);
     d->pool = pool_new(d->cfg.http_threads, 256);
-    d->guard = guard_new(d->cfg.header_timeout_s, d->cfg.body_timeout_s, d->cfg.max_connections);
+    d->guard = guard_new(d->loop, d->cfg.header_timeout_s, d->cfg.body_timeout_s, d->cfg.max_connections);
     if (!d->pool || !d->guard) return ac_errf(e, "cannot start the HTTP work threads");
     /* The guard keeps max_connections (evicting slow heads) and the hub
      * max_sse_streams; the slack lets a newcomer in so the guard can evict. */
