@@ -66,7 +66,7 @@ int sched_measure_cancel(ac_daemon *d, long id);
 json_t *sched_measurements(ac_daemon *d);
 /* The worker side of a measurement: `autocompressd measure-table --threads N`. */
 int measure_main(int argc, char **argv);
-/* The event bus (events.c). Thread-safe: store a job's progress event
+/* The event bus (events.c). On the loop's thread: store a job's progress event
  * (data is consumed) and fan it out to the job's SSE subscribers; returns
  * its id, or -1 when it could not be stored. */
 long daemon_event(ac_daemon *d, long job, const char *kind, json_t *data);

@@ -150,9 +150,9 @@ static int start(ac_err *e) {
         fprintf(stderr, "autocompressd: recovered %d interrupted job(s) (policy %s)\n", rec, D.cfg.interrupted_policy);
     D.schema_version = db_schema_version(D.db);
     D.ndevices = ac_devices_local(D.devices, AC_MAX_DEVICES);
-    D.hub = sse_hub_new(D.cfg.sse_buffer_bytes, D.cfg.max_sse_streams);
-    if (!D.hub) return ac_errf(e, "cannot start the event-stream hub");
     D.loop = uv_default_loop();
+    D.hub = sse_hub_new(D.loop, D.cfg.sse_buffer_bytes, D.cfg.max_sse_streams);
+    if (!D.hub) return ac_errf(e, "cannot start the event-stream hub");
     if (sched_start(&D, e) || http_start(&D, e)) return -1;
     for (int i = 0; i < D.ndevices; i++) fprintf(stderr, "autocompressd: device %s\n", D.devices[i].name);
     fprintf(stderr, "autocompressd %s listening on http://%s:%d (db %s, schema v%d, data %s)\n", AC_VERSION,
