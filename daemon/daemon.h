@@ -17,7 +17,6 @@
 #define AC_MAX_DEVICES 17
 
 typedef struct scheduler scheduler;
-typedef struct pool pool;
 typedef struct conn_guard conn_guard;
 
 typedef struct ac_daemon {
@@ -25,7 +24,6 @@ typedef struct ac_daemon {
     db *db;
     sse_hub *hub;
     struct MHD_Daemon *mhd;
-    pool *pool;         /* HTTP work pool (file-touching routes) */
     conn_guard *guard;  /* header / body deadlines */
     int schema_version; /* read once at start: /healthz takes no lock */
     char data_dir_abs[1024];
@@ -41,6 +39,8 @@ typedef struct ac_daemon {
 
 /* HTTP front (http.c). */
 int http_start(ac_daemon *d, ac_err *e);
+/* Stop serving: streams end; libmicrohttpd stops at once, or (offloaded
+ * work still on the thread pool) when the last of it has come back. */
 void http_stop(ac_daemon *d);
 /* Test hook (SIGUSR2 with AUTOCOMPRESSD_TEST_HOOKS=1): stop / restart
  * running libmicrohttpd from the loop, so the HTTP side stops answering

@@ -6,8 +6,8 @@
  * Handlers run on the loop and never touch the file system outside SQLite:
  * routes that do (POST /v1/jobs checks the paths a spec names, /v1/estimate
  * reads config.json, job logs, static files) suspend their connection and
- * run in a small work pool (pool.c); the loop resumes the connection with
- * the reply ready. Every path a request names goes through src/core/fsafe.c (confined
+ * run on libuv's thread pool (uv_queue_work, http_threads threads); the
+ * loop resumes the connection with the reply ready. Every path a request names goes through src/core/fsafe.c (confined
  * under model_roots, regular files, size caps), the same rules the worker
  * applies again.
  *
@@ -43,7 +43,6 @@
 #include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,7 +58,6 @@
 #include "fsafe.h"
 #include "gguf.h"
 #include "job.h"
-#include "pool.h"
 #include "views.h"
 
 typedef struct {
@@ -79,8 +77,9 @@ typedef struct req_ctx {
     size_t len, cap;
     int too_big;
     int state; /* 0 new, 1 offloaded, 2 reply ready */
-    void (*after)(struct req_ctx *rc); /* offloaded work's last step, on the loop */
-    struct req_ctx *next_done;
+    uv_work_t work;                    /* offloaded: fn on libuv's thread pool, */
+    void (*fn)(struct req_ctx *rc);
+    void (*after)(struct req_ctx *rc); /* then after on the loop */
     reply rep;
     /* inputs of offloaded work, copied off the connection */
     json_t *in;
@@ -263,51 +262,46 @@ static int check_limits(ac_daemon *d, const ac_job_spec *js, reply *r) {
     return 0;
 }
 
-/* ------------------------------------------------------------- work pool */
+/* ------------------------------------------------------------- offloaded work */
 
-/* Offloaded work ends here (pool thread): the request joins the done list and
- * the loop is woken; the loop resumes its connection (on_offload_done), so
- * libmicrohttpd is only ever called from the loop's thread. */
-static pthread_mutex_t done_mu = PTHREAD_MUTEX_INITIALIZER;
-static req_ctx *done_head;
-static uv_async_t done_async;
+/* Offloaded work: fn runs on libuv's thread pool with the connection
+ * suspended, touching only rc and the store (db.c locks); the loop then
+ * runs rc->after, resumes the connection and queues the reply. At most
+ * MAX_OFFLOADED wait: past that, an immediate 503. */
+#define MAX_OFFLOADED 256
+static int offloaded, http_stopping;
 static void http_kick(ac_daemon *d);
+static void http_close(ac_daemon *d);
 
-static void offload_done(req_ctx *rc) {
-    pthread_mutex_lock(&done_mu);
-    rc->next_done = done_head;
-    done_head = rc;
-    pthread_mutex_unlock(&done_mu);
-    uv_async_send(&done_async);
+static void work_run(uv_work_t *w) {
+    req_ctx *rc = w->data;
+    rc->fn(rc);
 }
 
-/* Loop thread: resume every connection whose reply is ready. */
-static void resume_done(ac_daemon *d) {
-    pthread_mutex_lock(&done_mu);
-    req_ctx *rc = done_head;
-    done_head = NULL;
-    pthread_mutex_unlock(&done_mu);
-    while (rc) {
-        req_ctx *next = rc->next_done;
-        if (rc->after) rc->after(rc);
-        rc->state = 2;
-        MHD_resume_connection(rc->c); /* rc may be freed from here on */
-        rc = next;
-    }
-    http_kick(d);
+static void work_done(uv_work_t *w, int status) {
+    (void)status;
+    req_ctx *rc = w->data;
+    ac_daemon *d = rc->d;
+    offloaded--;
+    if (rc->after) rc->after(rc);
+    rc->state = 2;
+    MHD_resume_connection(rc->c); /* rc may be freed from here on */
+    if (http_stopping && offloaded == 0)
+        http_close(d); /* the stop waited for this work (libmicrohttpd refuses to stop with a connection suspended) */
+    else
+        http_kick(d);
 }
 
-static void on_offload_done(uv_async_t *a) { resume_done(a->data); }
-
-/* Run fn on a pool thread with the connection suspended; the reply is queued
- * when the loop resumes it. */
-static enum MHD_Result offload(req_ctx *rc, pool_fn fn) {
+static enum MHD_Result offload(req_ctx *rc, void (*fn)(req_ctx *rc)) {
     rc->state = 1;
-    if (pool_submit(rc->d->pool, fn, rc)) {
+    rc->fn = fn;
+    rc->work.data = rc;
+    if (offloaded >= MAX_OFFLOADED || http_stopping || uv_queue_work(rc->d->loop, &rc->work, work_run, work_done)) {
         rc->state = 2;
         rep_error(rc->d, &rc->rep, 503, "busy", "too many requests waiting for file access; retry", NULL);
         return queue_reply(rc->c, &rc->rep);
     }
+    offloaded++;
     MHD_suspend_connection(rc->c);
     return MHD_YES;
 }
@@ -321,9 +315,8 @@ static void post_job_queued(req_ctx *rc) {
     sched_notify(rc->d);
 }
 
-/* POST /v1/jobs, after validation: paths, device, insert. Pool thread. */
-static void task_post_job(void *arg) {
-    req_ctx *rc = arg;
+/* POST /v1/jobs, after validation: paths, device, insert. Thread pool. */
+static void task_post_job(req_ctx *rc) {
     ac_daemon *d = rc->d;
     reply *r = &rc->rep;
     json_t *spec = rc->in;
@@ -336,20 +329,17 @@ static void task_post_job(void *arg) {
         char msg[600];
         snprintf(msg, sizeof msg, "%s: %s", field, e.msg);
         rep_error(d, r, 400, "invalid_path", msg, field);
-        offload_done(rc);
         return;
     }
     /* Deci exports need a base model the 256-grid can represent (reads config.json, so here, off the poll thread). */
     if (ac_deci_validate_model(js->search.target == AC_EXPORT_DECI, js->method == AC_METHOD_MINITRON, js->model, &field,
                                &e)) {
         rep_error(d, r, 400, "invalid_spec", e.msg, field);
-        offload_done(rc);
         return;
     }
     /* GGUF exports: an architecture and tokenizer llama.cpp can run (reads the model's files too). */
     if (ac_gguf_check_spec(&js->search, js->model, &field, &e)) {
         rep_error(d, r, 400, "invalid_spec", e.msg, field);
-        offload_done(rc);
         return;
     }
     char *s = json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER), *existing = NULL;
@@ -358,7 +348,6 @@ static void task_post_job(void *arg) {
     free(s);
     if (id < 0) {
         rep_store(d, r, e.msg);
-        offload_done(rc);
         return;
     }
     unsigned status = 201;
@@ -370,7 +359,6 @@ static void task_post_job(void *arg) {
         if (!same) {
             rep_error(d, r, 409, "idempotency_conflict", "this Idempotency-Key was used for a different job spec",
                       NULL);
-            offload_done(rc);
             return;
         }
         status = 200;
@@ -381,11 +369,9 @@ static void task_post_job(void *arg) {
     }
     rc->id = id;
     rep_job(rc, status);
-    offload_done(rc);
 }
 
-static void task_estimate(void *arg) {
-    req_ctx *rc = arg;
+static void task_estimate(req_ctx *rc) {
     ac_err e = {{0}};
     json_t *out = NULL;
     const char *field = NULL;
@@ -395,11 +381,9 @@ static void task_estimate(void *arg) {
         rep_error(rc->d, &rc->rep, 400, "invalid_request", e.msg, field);
     else
         rep_json(&rc->rep, 200, out);
-    offload_done(rc);
 }
 
-static void task_log(void *arg) {
-    req_ctx *rc = arg;
+static void task_log(req_ctx *rc) {
     char p[2200];
     snprintf(p, sizeof p, "%s/jobs/%ld/worker.log", rc->d->cfg.data_dir, rc->id);
     size_t len = 0;
@@ -413,11 +397,9 @@ static void task_log(void *arg) {
         rep_text(&rc->rep, 200, "text/plain; charset=utf-8", txt, len);
     else
         rep_error(rc->d, &rc->rep, 503, "busy", "out of memory", NULL);
-    offload_done(rc);
 }
 
-static void task_static(void *arg) {
-    req_ctx *rc = arg;
+static void task_static(req_ctx *rc) {
     const char *url = rc->url;
     char p[2048];
     snprintf(p, sizeof p, "%s%s", rc->d->cfg.web_dir, url);
@@ -436,7 +418,6 @@ static void task_static(void *arg) {
                                                    : "application/octet-stream";
         rep_text(&rc->rep, 200, type, data, len);
     }
-    offload_done(rc);
 }
 
 /* ------------------------------------------------------------- routes */
@@ -1138,6 +1119,12 @@ static void http_kick(ac_daemon *d) {
 
 static void on_sse_resume(void *arg) { http_kick(arg); }
 
+static void set_threadpool_size(int n) {
+    char v[16];
+    snprintf(v, sizeof v, "%d", n);
+    setenv("UV_THREADPOOL_SIZE", v, 0); /* read when the pool first starts; the environment wins */
+}
+
 static void on_mhd_poll(uv_poll_t *p, int status, int events) {
     (void)status;
     (void)events;
@@ -1166,9 +1153,9 @@ int http_start(ac_daemon *d, ac_err *e) {
     if (inet_pton(AF_INET, !strcmp(d->cfg.listen_host, "localhost") ? "127.0.0.1" : d->cfg.listen_host, &sa.sin_addr) !=
         1)
         return ac_errf(e, "listen host %s is not an IPv4 address", d->cfg.listen_host);
-    d->pool = pool_new(d->cfg.http_threads, 256);
+    set_threadpool_size(d->cfg.http_threads);
     d->guard = guard_new(d->loop, d->cfg.header_timeout_s, d->cfg.body_timeout_s, d->cfg.max_connections);
-    if (!d->pool || !d->guard) return ac_errf(e, "cannot start the HTTP work threads");
+    if (!d->guard) return ac_errf(e, "cannot start the connection guard");
     /* The guard keeps max_connections (evicting slow heads) and the hub
      * max_sse_streams; the slack lets a newcomer in so the guard can evict. */
     unsigned limit = (unsigned)d->cfg.max_connections + (unsigned)d->cfg.max_sse_streams + 64;
@@ -1188,27 +1175,27 @@ int http_start(ac_daemon *d, ac_err *e) {
     if (!ep || uv_poll_init(d->loop, &mhd_poll, ep->epoll_fd) || uv_timer_init(d->loop, &mhd_timer))
         return ac_errf(e, "cannot watch the HTTP server from the event loop");
     mhd_poll.data = mhd_timer.data = d;
-    if (uv_async_init(d->loop, &done_async, on_offload_done))
-        return ac_errf(e, "cannot watch the HTTP work pool from the event loop");
-    done_async.data = d;
     sse_hub_on_resume(d->hub, on_sse_resume, d);
     uv_poll_start(&mhd_poll, UV_READABLE, on_mhd_poll);
     uv_timer_start(&mhd_timer, on_mhd_timer, 0, 0);
     return 0;
 }
 
-void http_stop(ac_daemon *d) {
+/* libmicrohttpd off the loop and stopped. */
+static void http_close(ac_daemon *d) {
     if (!d->mhd) return;
-    sse_shutdown(d->hub);
-    pool_free(d->pool); /* finishes queued work */
-    d->pool = NULL;
-    resume_done(d); /* libmicrohttpd refuses to stop with a connection suspended */
     /* off the loop before libmicrohttpd closes its epoll descriptor */
     uv_close((uv_handle_t *)&mhd_poll, NULL);
     uv_close((uv_handle_t *)&mhd_timer, NULL);
-    uv_close((uv_handle_t *)&done_async, NULL);
     MHD_stop_daemon(d->mhd);
     d->mhd = NULL;
     guard_free(d->guard);
     d->guard = NULL;
+}
+
+void http_stop(ac_daemon *d) {
+    if (!d->mhd || http_stopping) return;
+    http_stopping = 1; /* no new offloaded work */
+    sse_shutdown(d->hub);
+    if (offloaded == 0) http_close(d); /* else the last work_done closes */
 }

@@ -609,7 +609,7 @@ def test_systemd_unit_exposure():
 
 
 def test_offloaded_requests_under_concurrency():
-    """Routes answered from the work pool (estimate, job submission, logs, static files) from 8 clients at once:
+    """Routes answered from the thread pool (estimate, job submission, logs, static files) from 8 clients at once:
     every request answered, the daemon alive (a resume race once freed a request's state under the pool thread)."""
     import threading
     d = Daemon(config={"cpu_slots": 0, "http_threads": 2}).start()
