@@ -47,17 +47,17 @@ void http_stop(ac_daemon *d);
  * while the loop runs on. */
 void http_freeze(ac_daemon *d, int frozen);
 
-/* Scheduler (scheduler.c). Runs on d->loop. */
+/* Scheduler (scheduler.c). Runs on d->loop; every call below is made from the loop. */
 int sched_start(ac_daemon *d, ac_err *e);
-/* Thread-safe: a job was queued / asked to cancel. */
+/* A job was queued / asked to cancel. */
 void sched_notify(ac_daemon *d);
 void sched_cancel(ac_daemon *d, long job);
-/* Thread-safe snapshot: {"device": {"slots":n,"running":[ids]}} */
+/* Snapshot: {"device": {"slots":n,"running":[ids]}} */
 json_t *sched_status(ac_daemon *d);
-/* Thread-safe: 1 when the scheduler could not record a job's state (the
+/* 1 when the scheduler could not record a job's state (the
  * write is retried each tick), with the reason in msg. */
 int sched_degraded(ac_daemon *d, char *msg, size_t n);
-/* Cost-table measurements, scheduled like jobs on a CPU slot (thread-safe).
+/* Cost-table measurements, scheduled like jobs on a CPU slot.
  * sched_measure: 0 queued (*id), 1 one for that key is already queued or
  * running, 2 too many (why says which). */
 int sched_measure(ac_daemon *d, const json_t *req, const char *key, long *id, char *why, size_t n);
