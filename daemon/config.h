@@ -40,7 +40,7 @@ typedef struct {
     int header_timeout_s;              /* whole request head within this */
     int body_timeout_s;                /* whole body within this */
     int idle_timeout_s;                /* keep-alive idle connections */
-    int http_threads;                  /* work pool for file-touching routes */
+    int http_threads;                  /* libuv's thread pool, for file-touching routes */
     char *allowed_hosts[AC_MAX_ROOTS]; /* Host names accepted besides loopback ones */
     int nallowed_hosts;
     /* Job limits (400 naming the cap at submit; wall clock in the scheduler). */

@@ -1,10 +1,8 @@
 /* conn.c - see conn.h. */
 #include "conn.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 #include <sys/socket.h>
-#include <time.h>
 
 #include "err.h"
 
@@ -15,48 +13,32 @@ typedef struct conn {
 } conn;
 
 struct conn_guard {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    conn head; /* list sentinel */
+    uv_timer_t sweep; /* first: the close callback frees the guard from it */
+    conn head;        /* list sentinel */
     double header_s, body_s;
     int napi, max_api; /* connections not in SSE phase, and their cap */
     long cut;
-    int stopping;
-    pthread_t th;
 };
 
-static void *sweeper(void *arg) {
-    conn_guard *g = arg;
-    pthread_mutex_lock(&g->mu);
-    while (!g->stopping) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 250000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
-        double now = ac_now();
-        for (conn *c = g->head.next; c != &g->head; c = c->next) {
-            double limit = c->phase == CONN_HEAD ? g->header_s : c->phase == CONN_BODY ? g->body_s : 0;
-            if (limit > 0 && now - c->since > limit && c->fd >= 0) {
-                /* The socket stays open (libmicrohttpd owns it); shutdown
-                 * makes its next read fail, and it closes the connection. */
-                shutdown(c->fd, SHUT_RDWR);
-                c->fd = -1;
-                g->cut++;
-            }
+/* The loop's deadline timer, every 250 ms (as Redis's serverCron). */
+static void sweep(uv_timer_t *t) {
+    conn_guard *g = (conn_guard *)t;
+    double now = ac_now();
+    for (conn *c = g->head.next; c != &g->head; c = c->next) {
+        double limit = c->phase == CONN_HEAD ? g->header_s : c->phase == CONN_BODY ? g->body_s : 0;
+        if (limit > 0 && now - c->since > limit && c->fd >= 0) {
+            /* The socket stays open (libmicrohttpd owns it); shutdown
+             * makes its next read fail, and it closes the connection. */
+            shutdown(c->fd, SHUT_RDWR);
+            c->fd = -1;
+            g->cut++;
         }
     }
-    pthread_mutex_unlock(&g->mu);
-    return NULL;
 }
 
 /* Over max_api API connections: cut the one that has waited longest for its
  * request head (a slow-header socket or an idle keep-alive one), never the
- * newcomer, so a client that sends its request at once is always served.
- * Lock held. */
+ * newcomer, so a client that sends its request at once is always served. */
 static void evict_oldest_head(conn_guard *g, const conn *newcomer) {
     conn *old = NULL;
     for (conn *c = g->head.next; c != &g->head; c = c->next)
@@ -67,38 +49,31 @@ static void evict_oldest_head(conn_guard *g, const conn *newcomer) {
     g->cut++;
 }
 
-conn_guard *guard_new(int header_timeout_s, int body_timeout_s, int max_api) {
+conn_guard *guard_new(uv_loop_t *loop, int header_timeout_s, int body_timeout_s, int max_api) {
     conn_guard *g = calloc(1, sizeof *g);
     if (!g) return NULL;
-    pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->cv, NULL);
     g->head.next = g->head.prev = &g->head;
     g->header_s = header_timeout_s;
     g->body_s = body_timeout_s;
     g->max_api = max_api;
-    if (pthread_create(&g->th, NULL, sweeper, g)) {
-        pthread_mutex_destroy(&g->mu);
-        pthread_cond_destroy(&g->cv);
+    if (uv_timer_init(loop, &g->sweep)) {
         free(g);
         return NULL;
     }
+    uv_timer_start(&g->sweep, sweep, 250, 250);
     return g;
 }
 
+static void guard_closed(uv_handle_t *h) { free(h); }
+
 void guard_free(conn_guard *g) {
     if (!g) return;
-    pthread_mutex_lock(&g->mu);
-    g->stopping = 1;
-    pthread_cond_signal(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-    pthread_join(g->th, NULL);
     for (conn *c = g->head.next, *n; c != &g->head; c = n) {
         n = c->next;
         free(c);
     }
-    pthread_mutex_destroy(&g->mu);
-    pthread_cond_destroy(&g->cv);
-    free(g);
+    g->head.next = g->head.prev = &g->head;
+    uv_close((uv_handle_t *)&g->sweep, guard_closed);
 }
 
 void guard_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
@@ -112,21 +87,17 @@ void guard_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
         c->fd = ci ? ci->connect_fd : -1;
         c->phase = CONN_HEAD;
         c->since = ac_now();
-        pthread_mutex_lock(&g->mu);
         c->next = g->head.next;
         c->prev = &g->head;
         g->head.next->prev = c;
         g->head.next = c;
         if (++g->napi > g->max_api) evict_oldest_head(g, c);
-        pthread_mutex_unlock(&g->mu);
     } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
         conn *c = *socket_context;
         if (!c) return;
-        pthread_mutex_lock(&g->mu);
         c->prev->next = c->next;
         c->next->prev = c->prev;
         g->napi -= c->phase != CONN_SSE;
-        pthread_mutex_unlock(&g->mu);
         free(c);
         *socket_context = NULL;
     }
@@ -136,16 +107,9 @@ void guard_phase(conn_guard *g, struct MHD_Connection *mc, int phase) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     conn *c = ci ? ci->socket_context : NULL;
     if (!c) return;
-    pthread_mutex_lock(&g->mu);
     g->napi += (c->phase == CONN_SSE) - (phase == CONN_SSE);
     c->phase = phase;
     c->since = ac_now();
-    pthread_mutex_unlock(&g->mu);
 }
 
-long guard_cut(conn_guard *g) {
-    pthread_mutex_lock(&g->mu);
-    long n = g->cut;
-    pthread_mutex_unlock(&g->mu);
-    return n;
-}
+long guard_cut(conn_guard *g) { return g->cut; }

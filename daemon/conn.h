@@ -4,10 +4,11 @@
  * trickling a byte every few seconds never reaches. Each connection is in a
  * phase with a start time: HEAD (waiting for a complete request head; also
  * an idle keep-alive connection), BODY (receiving the body), BUSY (being
- * answered) or SSE (an event stream, never cut). A sweeper thread shuts
- * down the socket of a connection past header_timeout_s in HEAD or
- * body_timeout_s in BODY; libmicrohttpd then sees the closed socket and
- * frees the slot.
+ * answered) or SSE (an event stream, never cut). A timer on the daemon's
+ * loop (every 250 ms) shuts down the socket of a connection past
+ * header_timeout_s in HEAD or body_timeout_s in BODY; libmicrohttpd then
+ * sees the closed socket and frees the slot. Everything here runs on the
+ * loop's thread (libmicrohttpd is run from it), so there is no lock.
  *
  * The guard also keeps the API's connection cap: past max_api connections
  * that are not event streams, a new one makes it cut the connection that has
@@ -19,12 +20,14 @@
 #define AC_CONN_H
 
 #include <microhttpd.h>
+#include <uv.h>
 
 enum { CONN_HEAD, CONN_BODY, CONN_BUSY, CONN_SSE };
 
 typedef struct conn_guard conn_guard;
 
-conn_guard *guard_new(int header_timeout_s, int body_timeout_s, int max_api);
+conn_guard *guard_new(uv_loop_t *loop, int header_timeout_s, int body_timeout_s, int max_api);
+/* Stops the timer; the guard is freed when its handle has closed. */
 void guard_free(conn_guard *g);
 /* MHD_OPTION_NOTIFY_CONNECTION callback (cls = the guard). */
 void guard_notify(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code);

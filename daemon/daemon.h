@@ -1,6 +1,6 @@
 /*
- * daemon.h - the state one autocompressd process shares between its HTTP
- * thread (libmicrohttpd) and its scheduler loop (libuv, main thread).
+ * daemon.h - the state of one autocompressd process: its libuv loop (main
+ * thread) runs the scheduler and the HTTP server (libmicrohttpd).
  */
 #ifndef AC_DAEMON_H
 #define AC_DAEMON_H
@@ -17,7 +17,6 @@
 #define AC_MAX_DEVICES 17
 
 typedef struct scheduler scheduler;
-typedef struct pool pool;
 typedef struct conn_guard conn_guard;
 
 typedef struct ac_daemon {
@@ -25,7 +24,6 @@ typedef struct ac_daemon {
     db *db;
     sse_hub *hub;
     struct MHD_Daemon *mhd;
-    pool *pool;         /* HTTP work pool (file-touching routes) */
     conn_guard *guard;  /* header / body deadlines */
     int schema_version; /* read once at start: /healthz takes no lock */
     char data_dir_abs[1024];
@@ -36,25 +34,30 @@ typedef struct ac_daemon {
     int ndevices;
     double started_at;
     atomic_long http_requests, http_errors, jobs_submitted, events_stored;
-    atomic_llong http_beat_ms; /* the HTTP polling thread's last request (watchdog.c) */
-    atomic_int http_frozen;    /* test hook (SIGUSR2 with AUTOCOMPRESSD_TEST_HOOKS=1): freeze the HTTP thread */
+    atomic_llong http_beat_ms; /* the HTTP server's last request (watchdog.c) */
 } ac_daemon;
 
 /* HTTP front (http.c). */
 int http_start(ac_daemon *d, ac_err *e);
+/* Stop serving: streams end; libmicrohttpd stops at once, or (offloaded
+ * work still on the thread pool) when the last of it has come back. */
 void http_stop(ac_daemon *d);
+/* Test hook (SIGUSR2 with AUTOCOMPRESSD_TEST_HOOKS=1): stop / restart
+ * running libmicrohttpd from the loop, so the HTTP side stops answering
+ * while the loop runs on. */
+void http_freeze(ac_daemon *d, int frozen);
 
-/* Scheduler (scheduler.c). Runs on d->loop. */
+/* Scheduler (scheduler.c). Runs on d->loop; every call below is made from the loop. */
 int sched_start(ac_daemon *d, ac_err *e);
-/* Thread-safe: a job was queued / asked to cancel. */
+/* A job was queued / asked to cancel. */
 void sched_notify(ac_daemon *d);
 void sched_cancel(ac_daemon *d, long job);
-/* Thread-safe snapshot: {"device": {"slots":n,"running":[ids]}} */
+/* Snapshot: {"device": {"slots":n,"running":[ids]}} */
 json_t *sched_status(ac_daemon *d);
-/* Thread-safe: 1 when the scheduler could not record a job's state (the
+/* 1 when the scheduler could not record a job's state (the
  * write is retried each tick), with the reason in msg. */
 int sched_degraded(ac_daemon *d, char *msg, size_t n);
-/* Cost-table measurements, scheduled like jobs on a CPU slot (thread-safe).
+/* Cost-table measurements, scheduled like jobs on a CPU slot.
  * sched_measure: 0 queued (*id), 1 one for that key is already queued or
  * running, 2 too many (why says which). */
 int sched_measure(ac_daemon *d, const json_t *req, const char *key, long *id, char *why, size_t n);
@@ -63,7 +66,7 @@ int sched_measure_cancel(ac_daemon *d, long id);
 json_t *sched_measurements(ac_daemon *d);
 /* The worker side of a measurement: `autocompressd measure-table --threads N`. */
 int measure_main(int argc, char **argv);
-/* The event bus (events.c). Thread-safe: store a job's progress event
+/* The event bus (events.c). On the loop's thread: store a job's progress event
  * (data is consumed) and fan it out to the job's SSE subscribers; returns
  * its id, or -1 when it could not be stored. */
 long daemon_event(ac_daemon *d, long job, const char *kind, json_t *data);

@@ -2,7 +2,8 @@
  * events.c - the daemon's event bus: a job's progress events (from its
  * worker, the scheduler or the API) are stored in SQLite first, for replay
  * with Last-Event-ID, then fanned out to the job's live SSE subscribers
- * (sse.c). One entry point for every producer, callable from any thread.
+ * (sse.c). One entry point for every producer, all on the daemon's loop
+ * (the scheduler, the HTTP handlers, offloaded work's last step).
  */
 #include <stdio.h>
 #include <stdlib.h>

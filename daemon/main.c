@@ -6,8 +6,8 @@
  * jobs are stopped and re-queued, so a restart picks them up again.
  *
  * Under systemd (Type=notify) it sends READY=1 once it listens, WATCHDOG=1
- * from a timer on the scheduler's loop at half of WatchdogSec while the HTTP
- * thread answers too (so a frozen loop or a frozen HTTP side is restarted;
+ * from a timer on the loop at half of WatchdogSec while the HTTP server
+ * answers too (so a frozen loop or a wedged HTTP side is restarted;
  * watchdog.c), STOPPING=1 on SIGTERM.
  *
  * It refuses to listen on a non-loopback address without tokens: an
@@ -39,13 +39,14 @@ static uv_signal_t sig_term, sig_int;
 static uv_signal_t sig_usr2;
 static uv_timer_t drain_timer;
 
-/* Test hook (AUTOCOMPRESSD_TEST_HOOKS=1): SIGUSR2 freezes / thaws the HTTP thread. */
+/* Test hook (AUTOCOMPRESSD_TEST_HOOKS=1): SIGUSR2 freezes / thaws the HTTP side. */
+static int http_frozen;
 static void on_test_freeze(uv_signal_t *s, int signum) {
     (void)s;
     (void)signum;
-    int frozen = !atomic_load(&D.http_frozen);
-    atomic_store(&D.http_frozen, frozen);
-    fprintf(stderr, "autocompressd: test hook: HTTP thread %s\n", frozen ? "frozen" : "thawed");
+    http_frozen = !http_frozen;
+    http_freeze(&D, http_frozen);
+    fprintf(stderr, "autocompressd: test hook: HTTP side %s\n", http_frozen ? "frozen" : "thawed");
 }
 
 static void on_drain(uv_timer_t *t) {
@@ -63,7 +64,7 @@ static void on_signal(uv_signal_t *s, int signum) {
     if (once++) return;
     fprintf(stderr, "autocompressd: signal %d: stopping (running jobs are re-queued)\n", signum);
     wd_notify("STOPPING=1");
-    atomic_store(&D.http_frozen, 0);
+    http_freeze(&D, 0);
     wd_stop();
     if (sig_usr2.loop) uv_close((uv_handle_t *)&sig_usr2, NULL);
     http_stop(&D);
@@ -149,9 +150,9 @@ static int start(ac_err *e) {
         fprintf(stderr, "autocompressd: recovered %d interrupted job(s) (policy %s)\n", rec, D.cfg.interrupted_policy);
     D.schema_version = db_schema_version(D.db);
     D.ndevices = ac_devices_local(D.devices, AC_MAX_DEVICES);
-    D.hub = sse_hub_new(D.cfg.sse_buffer_bytes, D.cfg.max_sse_streams);
-    if (!D.hub) return ac_errf(e, "cannot start the event-stream hub");
     D.loop = uv_default_loop();
+    D.hub = sse_hub_new(D.loop, D.cfg.sse_buffer_bytes, D.cfg.max_sse_streams);
+    if (!D.hub) return ac_errf(e, "cannot start the event-stream hub");
     if (sched_start(&D, e) || http_start(&D, e)) return -1;
     for (int i = 0; i < D.ndevices; i++) fprintf(stderr, "autocompressd: device %s\n", D.devices[i].name);
     fprintf(stderr, "autocompressd %s listening on http://%s:%d (db %s, schema v%d, data %s)\n", AC_VERSION,

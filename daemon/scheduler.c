@@ -28,7 +28,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,8 +76,7 @@ typedef struct pending_end {
     char *reason, *result;
 } pending_end;
 
-/* A cost-table measurement. Fields other than the handles are guarded by
- * scheduler.mu (the HTTP thread lists and cancels them). */
+/* A cost-table measurement (the HTTP routes list and cancel them, on the loop too). */
 typedef struct measure {
     struct measure *next;
     struct scheduler *s;
@@ -105,14 +103,13 @@ struct scheduler {
     worker *workers;
     uv_async_t wake;
     uv_timer_t tick, keepalive;
-    pthread_mutex_t mu; /* guards cancels[] and the running snapshot */
     long cancels[256];
     int ncancels;
     int stopping;
-    pending_end *pending; /* loop thread only; npending under mu */
+    pending_end *pending;
     int npending;
     char pending_why[256];
-    measure *measures; /* newest first, under mu */
+    measure *measures; /* newest first */
     char jobs_dir[1100];
     long next_measure;
 };
@@ -160,10 +157,8 @@ static void keep_pending(scheduler *s, long job, job_state to, const char *reaso
     }
     p->next = s->pending;
     s->pending = p;
-    pthread_mutex_lock(&s->mu);
     s->npending++;
     snprintf(s->pending_why, sizeof s->pending_why, "job %ld's end could not be recorded: %.200s", job, why);
-    pthread_mutex_unlock(&s->mu);
 }
 
 /* How a worker's job ended, and why. */
@@ -558,11 +553,9 @@ static void measure_finish(measure *m) {
             state = JOB_SUCCEEDED;
         json_decref(t);
     }
-    pthread_mutex_lock(&s->mu);
     m->state = state;
     snprintf(m->error, sizeof m->error, "%s", err);
     m->finished_at = ac_now();
-    pthread_mutex_unlock(&s->mu);
     log_line("cost-table measurement %ld (%s) %s%s%s", m->id, m->key, job_state_name(state), err[0] ? ": " : "", err);
     m->slot->running--;
     m->closing_handles = 3;
@@ -611,10 +604,8 @@ static void measure_start(scheduler *s, measure *m, slot *sl) {
     uv_timer_init(d->loop, &m->kill_timer);
     m->slot = sl;
     sl->running++;
-    pthread_mutex_lock(&s->mu);
     m->state = JOB_RUNNING;
     m->started_at = ac_now();
-    pthread_mutex_unlock(&s->mu);
     int r = spawn_child(d, &m->proc, NULL, &m->out, 2, args, measure_exit);
     m->out.data = m->proc.data = m->kill_timer.data = m;
     if (r) {
@@ -632,7 +623,6 @@ static void measure_start(scheduler *s, measure *m, slot *sl) {
 static void run_measurements(scheduler *s) {
     /* Keep the 32 newest entries; older finished ones whose handles are
      * closed are dropped (loop thread: handle fields are only touched here). */
-    pthread_mutex_lock(&s->mu);
     int kept = 0;
     for (measure **pp = &s->measures; *pp;) {
         measure *m = *pp;
@@ -645,10 +635,8 @@ static void run_measurements(scheduler *s) {
         }
         pp = &m->next;
     }
-    pthread_mutex_unlock(&s->mu);
     for (;;) {
         measure *next = NULL;
-        pthread_mutex_lock(&s->mu);
         for (measure *m = s->measures; m; m = m->next) {
             if (m->state == JOB_RUNNING && m->cancel && !m->exited && !uv_is_active((uv_handle_t *)&m->kill_timer)) {
                 uv_process_kill(&m->proc, SIGTERM);
@@ -656,7 +644,6 @@ static void run_measurements(scheduler *s) {
             }
             if (m->state == JOB_QUEUED) next = m;
         }
-        pthread_mutex_unlock(&s->mu);
         if (!next || s->stopping) return;
         char why[128];
         slot *sl = find_slot(s, "cpu", why, sizeof why);
@@ -668,7 +655,6 @@ static void run_measurements(scheduler *s) {
 int sched_measure(ac_daemon *d, const json_t *req, const char *key, long *id, char *why, size_t n) {
     scheduler *s = d->sched;
     int active = 0, rc = 0;
-    pthread_mutex_lock(&s->mu);
     for (measure *m = s->measures; m; m = m->next) {
         int live = m->state == JOB_QUEUED || m->state == JOB_RUNNING;
         active += live;
@@ -698,7 +684,6 @@ int sched_measure(ac_daemon *d, const json_t *req, const char *key, long *id, ch
         s->measures = m;
         *id = m->id;
     }
-    pthread_mutex_unlock(&s->mu);
     if (m) uv_async_send(&s->wake);
     return rc;
 }
@@ -706,7 +691,6 @@ int sched_measure(ac_daemon *d, const json_t *req, const char *key, long *id, ch
 int sched_measure_cancel(ac_daemon *d, long id) {
     scheduler *s = d->sched;
     int rc = -1;
-    pthread_mutex_lock(&s->mu);
     for (measure *m = s->measures; m; m = m->next) {
         if (m->id != id) continue;
         if (m->state == JOB_QUEUED) {
@@ -719,7 +703,6 @@ int sched_measure_cancel(ac_daemon *d, long id) {
         } else
             rc = 1;
     }
-    pthread_mutex_unlock(&s->mu);
     if (rc == 0) uv_async_send(&s->wake);
     return rc;
 }
@@ -727,7 +710,6 @@ int sched_measure_cancel(ac_daemon *d, long id) {
 json_t *sched_measurements(ac_daemon *d) {
     scheduler *s = d->sched;
     json_t *a = json_array();
-    pthread_mutex_lock(&s->mu);
     for (measure *m = s->measures; m && a; m = m->next) {
         json_t *o = json_pack("{s:I,s:s,s:s,s:i,s:s,s:b}", "id", (json_int_t)m->id, "key", m->key, "state",
                               job_state_name(m->state), "threads", m->threads, "dtype", m->dtype, "cancel_requested",
@@ -735,7 +717,6 @@ json_t *sched_measurements(ac_daemon *d) {
         if (o && m->error[0]) json_object_set_new(o, "error", json_string(m->error));
         json_array_append_new(a, o);
     }
-    pthread_mutex_unlock(&s->mu);
     return a;
 }
 
@@ -758,19 +739,15 @@ static void retry_pending(scheduler *s) {
         free(p->reason);
         free(p->result);
         free(p);
-        pthread_mutex_lock(&s->mu);
         s->npending--;
-        pthread_mutex_unlock(&s->mu);
     }
 }
 
 int sched_degraded(ac_daemon *d, char *msg, size_t n) {
     scheduler *s = d->sched;
     if (!s) return 0;
-    pthread_mutex_lock(&s->mu);
     int deg = s->npending > 0;
     if (deg) snprintf(msg, n, "%s", s->pending_why);
-    pthread_mutex_unlock(&s->mu);
     return deg;
 }
 
@@ -811,11 +788,9 @@ static void schedule(scheduler *s) {
 static void process_cancels(scheduler *s) {
     long ids[256];
     int n;
-    pthread_mutex_lock(&s->mu);
     n = s->ncancels;
     memcpy(ids, s->cancels, sizeof(long) * n);
     s->ncancels = 0;
-    pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < n; i++)
         for (worker *w = s->workers; w; w = w->next)
             if (w->job == ids[i] && !w->cancelling) {
@@ -845,7 +820,6 @@ int sched_start(ac_daemon *d, ac_err *e) {
     if (!s) return ac_errf(e, "out of memory");
     s->d = d;
     d->sched = s;
-    pthread_mutex_init(&s->mu, NULL);
     for (int i = 0; i < d->ndevices && s->nslots < AC_MAX_DEVICES; i++) {
         slot *sl = &s->slots[s->nslots];
         if (d->devices[i].index < 0) {
@@ -877,9 +851,7 @@ void sched_notify(ac_daemon *d) { uv_async_send(&d->sched->wake); }
 
 void sched_cancel(ac_daemon *d, long job) {
     scheduler *s = d->sched;
-    pthread_mutex_lock(&s->mu);
     if (s->ncancels < 256) s->cancels[s->ncancels++] = job;
-    pthread_mutex_unlock(&s->mu);
     uv_async_send(&s->wake);
 }
 
@@ -898,13 +870,11 @@ void sched_stop(ac_daemon *d) {
     scheduler *s = d->sched;
     s->stopping = 1;
     for (worker *w = s->workers; w; w = w->next) uv_process_kill(&w->proc, SIGKILL);
-    pthread_mutex_lock(&s->mu);
     for (measure *m = s->measures; m; m = m->next)
         if (m->state == JOB_RUNNING && !m->exited) {
             m->cancel = 1;
             uv_process_kill(&m->proc, SIGKILL);
         }
-    pthread_mutex_unlock(&s->mu);
     uv_timer_stop(&s->tick);
     uv_timer_stop(&s->keepalive);
 }
@@ -912,9 +882,7 @@ void sched_stop(ac_daemon *d) {
 int sched_busy(ac_daemon *d) {
     scheduler *s = d->sched;
     int busy = s->workers != NULL;
-    pthread_mutex_lock(&s->mu);
     for (measure *m = s->measures; m; m = m->next) busy |= m->state == JOB_RUNNING || m->closing_handles > 0;
-    pthread_mutex_unlock(&s->mu);
     return busy;
 }
 
@@ -938,7 +906,6 @@ void sched_free(ac_daemon *d) {
         free(p->result);
         free(p);
     }
-    pthread_mutex_destroy(&d->sched->mu);
     free(d->sched);
     d->sched = NULL;
 }

@@ -3,13 +3,9 @@
 
 #include "buf.h"
 
-#include <fcntl.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
-#include <unistd.h>
 
 typedef struct sub {
     struct sub *next;
@@ -19,84 +15,54 @@ typedef struct sub {
     ac_buf buf; /* bytes queued; buf.data[off .. buf.len) not yet read by MHD */
     size_t off;
     int suspended, done, dropped, gone;
-    int fd;               /* the connection's socket, watched for hang-up */
-    unsigned long serial; /* epoll tag: a freed sub is never touched */
+    uv_poll_t *watch; /* the connection's socket, watched for hang-up (NULL: not watched) */
 } sub;
 
 struct sse_hub {
-    pthread_mutex_t mu;
+    uv_loop_t *loop;
     sub *subs;
     size_t max_buf;
     int count, closing, max_streams;
-    int epfd, stop_pipe[2];
-    unsigned long next_serial;
     long hangups;
-    pthread_t watcher;
+    void (*on_resume)(void *);
+    void *on_resume_arg;
 };
 
 static void wake(sub *s);
 
-/* The hang-up watcher: a closed client resumes its stream at once. */
-static void *watch(void *arg) {
-    sse_hub *h = arg;
-    struct epoll_event ev[64];
-    for (;;) {
-        int n = epoll_wait(h->epfd, ev, 64, -1);
-        if (n < 0) continue;
-        pthread_mutex_lock(&h->mu);
-        for (int i = 0; i < n; i++) {
-            if (ev[i].data.u64 == 0) {
-                pthread_mutex_unlock(&h->mu);
-                return NULL;
-            } /* stop pipe */
-            for (sub *s = h->subs; s; s = s->next)
-                if (s->serial == ev[i].data.u64 && !s->gone) {
-                    s->gone = 1;
-                    h->hangups++;
-                    epoll_ctl(h->epfd, EPOLL_CTL_DEL, s->fd, NULL);
-                    wake(s);
-                }
-        }
-        pthread_mutex_unlock(&h->mu);
-    }
+static void watch_closed(uv_handle_t *h) { free(h); }
+
+static void unwatch(sub *s) {
+    if (!s->watch) return;
+    uv_close((uv_handle_t *)s->watch, watch_closed);
+    s->watch = NULL;
 }
 
-sse_hub *sse_hub_new(size_t max_buffer_bytes, int max_streams) {
+/* The hang-up watch (a uv_poll on the stream's socket): a closed client
+ * resumes its stream at once. */
+static void on_hangup(uv_poll_t *p, int status, int events) {
+    (void)status;
+    (void)events;
+    sub *s = p->data;
+    if (s->gone) return;
+    s->gone = 1;
+    s->hub->hangups++;
+    unwatch(s);
+    wake(s);
+}
+
+sse_hub *sse_hub_new(uv_loop_t *loop, size_t max_buffer_bytes, int max_streams) {
     sse_hub *h = calloc(1, sizeof *h);
     if (!h) return NULL;
+    h->loop = loop;
     h->max_buf = max_buffer_bytes;
     h->max_streams = max_streams;
-    h->next_serial = 1;
-    h->epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (h->epfd < 0 || pipe2(h->stop_pipe, O_CLOEXEC)) {
-        if (h->epfd >= 0) close(h->epfd);
-        free(h);
-        return NULL;
-    }
-    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 0};
-    pthread_mutex_init(&h->mu, NULL);
-    if (epoll_ctl(h->epfd, EPOLL_CTL_ADD, h->stop_pipe[0], &ev) || pthread_create(&h->watcher, NULL, watch, h)) {
-        close(h->epfd);
-        close(h->stop_pipe[0]);
-        close(h->stop_pipe[1]);
-        pthread_mutex_destroy(&h->mu);
-        free(h);
-        return NULL;
-    }
     return h;
 }
 
-void sse_hub_free(sse_hub *h) {
-    if (!h) return;
-    if (write(h->stop_pipe[1], "x", 1) == 1) pthread_join(h->watcher, NULL);
-    close(h->epfd);
-    close(h->stop_pipe[0]);
-    close(h->stop_pipe[1]);
-    pthread_mutex_destroy(&h->mu);
-    free(h);
-}
+void sse_hub_free(sse_hub *h) { free(h); }
 
-/* Append bytes to a subscriber's buffer; mark it dropped on overflow. Lock held. */
+/* Append bytes to a subscriber's buffer; mark it dropped on overflow. */
 static void append(sub *s, const char *p, size_t n) {
     if (s->dropped || s->done) return;
     if (s->off > 0 && s->off == s->buf.len) s->off = s->buf.len = 0;
@@ -128,14 +94,19 @@ static void wake(sub *s) {
     if (s->suspended) {
         s->suspended = 0;
         MHD_resume_connection(s->conn);
+        if (s->hub->on_resume) s->hub->on_resume(s->hub->on_resume_arg);
     }
+}
+
+void sse_hub_on_resume(sse_hub *h, void (*fn)(void *), void *arg) {
+    h->on_resume = fn;
+    h->on_resume_arg = arg;
 }
 
 static ssize_t reader(void *cls, uint64_t pos, char *out, size_t max) {
     (void)pos;
     sub *s = cls;
     sse_hub *h = s->hub;
-    pthread_mutex_lock(&h->mu);
     ssize_t r;
     if (s->buf.len > s->off) {
         size_t n = s->buf.len - s->off < max ? s->buf.len - s->off : max;
@@ -151,26 +122,23 @@ static ssize_t reader(void *cls, uint64_t pos, char *out, size_t max) {
         MHD_suspend_connection(s->conn);
         r = 0;
     }
-    pthread_mutex_unlock(&h->mu);
     return r;
 }
 
 static void free_sub(void *cls) {
     sub *s = cls;
     sse_hub *h = s->hub;
-    pthread_mutex_lock(&h->mu);
     for (sub **p = &h->subs; *p; p = &(*p)->next)
         if (*p == s) {
             *p = s->next;
             break;
         }
     h->count--;
-    if (!s->gone && s->fd >= 0) epoll_ctl(h->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+    unwatch(s);
     /* the connection ended before its stream did (not finished, dropped or
      * shut down): its client went away, and MHD noticed first (a write
      * failed) rather than the watcher */
     if (!s->gone && !s->done && !s->dropped && !h->closing) h->hangups++;
-    pthread_mutex_unlock(&h->mu);
     ac_buf_free(&s->buf);
     free(s);
 }
@@ -184,25 +152,26 @@ struct MHD_Response *sse_open(sse_hub *h, db *d, struct MHD_Connection *c, long 
     s->conn = c;
     s->job = job;
     s->queued_id = last_id;
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    s->fd = ci ? ci->connect_fd : -1;
-    pthread_mutex_lock(&h->mu);
     if (h->count >= h->max_streams) {
-        pthread_mutex_unlock(&h->mu);
         free(s);
         *full = 1;
         return NULL;
     }
-    s->serial = h->next_serial++;
-    if (s->fd >= 0) {
-        struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLHUP | EPOLLERR, .data.u64 = s->serial};
-        if (epoll_ctl(h->epfd, EPOLL_CTL_ADD, s->fd, &ev)) s->fd = -1;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci && (s->watch = malloc(sizeof *s->watch))) {
+        if (uv_poll_init_socket(h->loop, s->watch, ci->connect_fd)) {
+            free(s->watch); /* unwatched: libmicrohttpd sees the hang-up at the next write */
+            s->watch = NULL;
+        } else {
+            s->watch->data = s;
+            uv_poll_start(s->watch, UV_DISCONNECT, on_hangup);
+        }
     }
     s->next = h->subs;
     h->subs = s;
     h->count++;
-    /* Replay under the lock so a concurrent publish cannot slip between the
-     * query and the registration (ids make the merge exact). */
+    /* Registered before the replay: a publish cannot slip between the query
+     * and the registration (ids make the merge exact). */
     append(s, "retry: 2000\n\n", 13);
     long after = last_id;
     for (;;) {
@@ -218,7 +187,6 @@ struct MHD_Response *sse_open(sse_hub *h, db *d, struct MHD_Connection *c, long 
         if (n < 500 || s->dropped) break;
     }
     if (terminal) s->done = 1;
-    pthread_mutex_unlock(&h->mu);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, reader, s, free_sub);
     if (!r) {
         s->done = 1; /* not a hang-up */
@@ -232,54 +200,36 @@ struct MHD_Response *sse_open(sse_hub *h, db *d, struct MHD_Connection *c, long 
 }
 
 void sse_publish(sse_hub *h, long job, long id, const char *kind, const char *data) {
-    pthread_mutex_lock(&h->mu);
     for (sub *s = h->subs; s; s = s->next)
         if (s->job == job && id > s->queued_id) {
             append_event(s, id, kind, data);
             wake(s);
         }
-    pthread_mutex_unlock(&h->mu);
 }
 
 void sse_finish(sse_hub *h, long job) {
-    pthread_mutex_lock(&h->mu);
     for (sub *s = h->subs; s; s = s->next)
         if (s->job == job) {
             s->done = 1;
             wake(s);
         }
-    pthread_mutex_unlock(&h->mu);
 }
 
 void sse_keepalive(sse_hub *h) {
-    pthread_mutex_lock(&h->mu);
     for (sub *s = h->subs; s; s = s->next) {
         append(s, ": keep-alive\n\n", 14);
         wake(s);
     }
-    pthread_mutex_unlock(&h->mu);
 }
 
 void sse_shutdown(sse_hub *h) {
-    pthread_mutex_lock(&h->mu);
     h->closing = 1;
     for (sub *s = h->subs; s; s = s->next) {
         s->done = 1;
         wake(s);
     }
-    pthread_mutex_unlock(&h->mu);
 }
 
-long sse_hangups(sse_hub *h) {
-    pthread_mutex_lock(&h->mu);
-    long n = h->hangups;
-    pthread_mutex_unlock(&h->mu);
-    return n;
-}
+long sse_hangups(sse_hub *h) { return h->hangups; }
 
-int sse_count(sse_hub *h) {
-    pthread_mutex_lock(&h->mu);
-    int n = h->count;
-    pthread_mutex_unlock(&h->mu);
-    return n;
-}
+int sse_count(sse_hub *h) { return h->count; }

@@ -3,13 +3,14 @@
  * datagram to $NOTIFY_SOCKET) and the watchdog that covers both halves of
  * the daemon.
  *
- * WATCHDOG=1 is sent from a timer on the scheduler's loop every
+ * WATCHDOG=1 is sent from a timer on the daemon's loop every
  * WatchdogSec/2, so a frozen loop stops the pings; and only while the HTTP
- * side is alive: each tick the loop sends GET /healthz to its own listening
- * socket (libuv, non-blocking), and the HTTP polling thread stamps
- * d->http_beat_ms on every request it takes (http.c). A stamp older than
- * WatchdogSec withholds the ping, so systemd restarts a daemon whose HTTP
- * thread is stuck even though its loop still runs.
+ * side answers: each tick the loop sends GET /healthz to its own listening
+ * socket (libuv, non-blocking), and the HTTP server stamps d->http_beat_ms
+ * on every request it takes (http.c). A stamp older than WatchdogSec
+ * withholds the ping, so systemd restarts a daemon whose HTTP server no
+ * longer answers (its listening socket or libmicrohttpd wedged) even though
+ * the loop still runs.
  */
 #include <arpa/inet.h>
 #include <errno.h>

@@ -547,7 +547,8 @@ def test_sd_notify_and_watchdog():
 
 
 def test_watchdog_needs_the_http_side():
-    """A frozen HTTP thread (test hook: SIGUSR2) stops WATCHDOG=1 while the loop runs on; thawed, pings resume."""
+    """A frozen HTTP side (test hook: SIGUSR2, the loop stops running libmicrohttpd) stops WATCHDOG=1 while the loop
+    runs on; thawed, pings resume."""
     tmp = tempfile.mkdtemp(prefix="acwd_")
     sock_path = os.path.join(tmp, "notify")
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -571,10 +572,10 @@ def test_watchdog_needs_the_http_side():
 
     try:
         assert pings(1.5) >= 5  # 0.2 s period while both sides answer
-        p.send_signal(signal.SIGUSR2)  # freeze the HTTP thread
+        p.send_signal(signal.SIGUSR2)  # freeze the HTTP side
         pings(0.6)  # a ping already under way may still come within WatchdogSec
         frozen = pings(1.5)
-        assert frozen == 0, f"{frozen} pings while the HTTP thread was frozen"
+        assert frozen == 0, f"{frozen} pings while the HTTP side was frozen"
         assert p.poll() is None  # the loop runs on: only the pings stop
         p.send_signal(signal.SIGUSR2)  # thaw
         assert pings(1.5) >= 3
@@ -609,7 +610,7 @@ def test_systemd_unit_exposure():
 
 
 def test_offloaded_requests_under_concurrency():
-    """Routes answered from the work pool (estimate, job submission, logs, static files) from 8 clients at once:
+    """Routes answered from the thread pool (estimate, job submission, logs, static files) from 8 clients at once:
     every request answered, the daemon alive (a resume race once freed a request's state under the pool thread)."""
     import threading
     d = Daemon(config={"cpu_slots": 0, "http_threads": 2}).start()

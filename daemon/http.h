@@ -1,0 +1,112 @@
+/*
+ * http.h - the daemon's HTTP framework (http.c) as the route files see it:
+ * a request's context, its reply, the helpers that fill and queue a reply,
+ * offloading to libuv's thread pool, and the route table (routes.c) the
+ * framework dispatches on. Private to daemon/: daemon.h has http_start /
+ * http_stop for the rest.
+ *
+ * Every handler runs on the daemon's loop, fills rc->rep and returns
+ * http_reply(rc) (or http_offload(rc, fn) for work that opens files).
+ */
+#ifndef AC_HTTP_H
+#define AC_HTTP_H
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <uv.h>
+
+#include "buf.h"
+#include "daemon.h"
+#include "job.h"
+
+typedef struct {
+    unsigned status;
+    json_t *json; /* JSON body (owned), or */
+    char *text;   /* text body (owned) */
+    size_t len;
+    const char *ctype;
+    struct MHD_Response *resp; /* a prepared response (SSE) */
+    const char *hdr_name, *hdr_value;
+} reply;
+
+typedef struct req_ctx {
+    ac_daemon *d;
+    struct MHD_Connection *c;
+    ac_buf body;
+    int too_big;
+    int state;      /* 0 new, 1 offloaded, 2 reply ready */
+    uv_work_t work; /* offloaded: fn on libuv's thread pool, */
+    void (*fn)(struct req_ctx *rc);
+    void (*after)(struct req_ctx *rc); /* then after on the loop */
+    reply rep;
+    /* inputs of offloaded work, copied off the connection */
+    json_t *in;
+    ac_job_spec *js; /* POST /v1/jobs: the parsed spec (33 KB, heap) */
+    char *idem_key;
+    char url[512];
+    const char *path; /* the request's path (valid during the MHD callback) */
+    const char *rest; /* a route's {rest} */
+    long id;          /* a route's {id} */
+} req_ctx;
+
+/* Replies: a JSON body (owned), an error {"error":{"code","message","field"}},
+ * a text body (owned), a 503 for a failed read or write of the store, a
+ * view built for the reply (NULL: out of memory, a 503). */
+void rep_json(reply *r, unsigned status, json_t *j);
+void rep_error(ac_daemon *d, reply *r, unsigned status, const char *code, const char *msg, const char *field);
+void rep_text(reply *r, unsigned status, const char *type, char *text, size_t len);
+void rep_store(ac_daemon *d, reply *r, const char *msg);
+void rep_view(req_ctx *rc, unsigned status, json_t *o);
+/* Queue rc->rep on the connection. */
+enum MHD_Result http_reply(req_ctx *rc);
+/* Run fn on libuv's thread pool with the connection suspended (fn touches
+ * only rc and the store); rc->after, when set, then runs on the loop and the
+ * reply is queued. A full queue is an immediate 503. */
+enum MHD_Result http_offload(req_ctx *rc, void (*fn)(req_ctx *rc));
+/* A query argument in [lo, hi] (def when absent; *bad set when malformed). */
+long http_query_long(struct MHD_Connection *c, const char *k, long def, long lo, long hi, int *bad);
+
+enum {
+    R_BROWSER = 1,     /* refuse cross-site requests (Origin / Host / Sec-Fetch-Site) */
+    R_AUTH = 2,        /* a bearer token when tokens are configured */
+    R_QUERY_TOKEN = 4, /* ... or ?access_token= (EventSource cannot set headers) */
+    R_JSON = 8,        /* Content-Type: application/json (POST / PUT / DELETE) */
+    R_API = R_BROWSER | R_AUTH,
+};
+
+typedef enum MHD_Result (*route_fn)(req_ctx *rc, json_t *body);
+
+typedef struct {
+    const char *method; /* "*": any */
+    const char *path;   /* segments; {id} a positive integer, {rest} the remainder */
+    route_fn fn;
+    int rules;
+} route;
+
+/* The route table (routes.c), and the static-file route for other GETs. */
+extern const route http_routes[];
+extern const size_t http_nroutes;
+extern const route http_static_route;
+
+/* Handlers: jobs (routes_jobs.c), cost tables and estimates (routes_cost.c),
+ * the server's own (routes.c). */
+enum MHD_Result r_jobs_post(req_ctx *rc, json_t *body);
+enum MHD_Result r_validate(req_ctx *rc, json_t *body);
+enum MHD_Result r_jobs_list(req_ctx *rc, json_t *body);
+enum MHD_Result r_job_get(req_ctx *rc, json_t *body);
+enum MHD_Result r_job_cancel(req_ctx *rc, json_t *body);
+enum MHD_Result r_job_events(req_ctx *rc, json_t *body);
+enum MHD_Result r_job_result(req_ctx *rc, json_t *body);
+enum MHD_Result r_job_log(req_ctx *rc, json_t *body);
+enum MHD_Result r_estimate(req_ctx *rc, json_t *body);
+enum MHD_Result r_measurements(req_ctx *rc, json_t *body);
+enum MHD_Result r_measure_cancel(req_ctx *rc, json_t *body);
+enum MHD_Result r_cost_list(req_ctx *rc, json_t *body);
+enum MHD_Result r_cost_post(req_ctx *rc, json_t *body);
+enum MHD_Result r_cost_get(req_ctx *rc, json_t *body);
+enum MHD_Result r_devices(req_ctx *rc, json_t *body);
+enum MHD_Result r_metrics(req_ctx *rc, json_t *body);
+enum MHD_Result r_healthz(req_ctx *rc, json_t *body);
+enum MHD_Result r_static(req_ctx *rc, json_t *body);
+
+#endif
