@@ -774,8 +774,9 @@ static top layer_op(acc_trainer *t, int l, int sb, const ac_op *op, int B, int T
     o.nkv = L->n_kv_heads, o.window = a->sliding_window, o.eps = a->eps;
     o.din = tdim(a, l, op->din), o.dout = tdim(a, l, op->dout), o.heads = tdim(a, l, op->heads) / a->head_dim;
     o.gh = GH(t), o.dgh = t->dgates;
-    o.alpha = sb ? t->s_mlp[l] : t->s_attn[l];
-    o.dalpha = t->dgates + a->hidden + (size_t)sb * a->n_layers + l;
+    // the trainer's sub-block gates: attention's and the FFN's (a third sub-block would be unscaled)
+    o.alpha = sb == 0 ? t->s_attn[l] : sb == 1 ? t->s_mlp[l] : 1.0f;
+    o.dalpha = sb < 2 ? t->dgates + a->hidden + (size_t)sb * a->n_layers + l : NULL;
     if (op->kind == AC_OP_LINEAR) {
         int bi = tw_bias(op->w);
         o.w = P(t, l, tw_mat(op->w)), o.gw = G(t, l, tw_mat(op->w));
@@ -1111,6 +1112,10 @@ static int get_back(float *h, const float *s, size_t n, bool add, char *err, siz
 
 extern "C" int acc_op_test(int dev, const ac_arch *a, const ac_op *op, int B, int T, const float *rope_cos,
                            const float *rope_sin, acc_op_io *io, char *err, size_t errn) {
+    if (a->head_dim > 4 * TB || (size_t)2 * T * sizeof(float) > 48 * 1024) { // the trainer's kernels' limits
+        snprintf(err, errn, "op_test: head_dim %d or context %d above the CUDA trainer's", a->head_dim, T);
+        return -1;
+    }
     if (cu_ok(cudaSetDevice(dev), "cudaSetDevice", err, errn)) return -1;
     acc_trainer *t = new acc_trainer();
     t->a.n_layers = 1, t->a.hidden = a->hidden, t->a.head_dim = a->head_dim, t->a.vocab = a->vocab;

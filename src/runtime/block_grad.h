@@ -40,7 +40,7 @@ typedef struct {
     ac_layer_w *gw; /* weight gradients, accumulated; NULL, or NULL fields, for none */
     const float *gate[AC_DIM_COUNT];
     float *dgate[AC_DIM_COUNT]; /* accumulated; NULL for none */
-    const float *sub_gate;      /* [n_sub] or NULL */
+    const float *sub_gate;      /* [n_sub] or NULL; NULL with 16-bit weights (their residual add is unscaled) */
     float *dsub_gate;           /* [n_sub] accumulated, or NULL */
     int B, T;                   /* B sequences of T tokens from position 0 */
     const int *pos;             /* [B*T] */

@@ -269,7 +269,8 @@ static void renorm(float *xn, const float *xhat, const float *w, const float *gh
 }
 
 /* Layer l's recipe on the CPU backward executor over t's tape and gates;
- * sub[2] receives the sub-block gates (attention, FFN) it points at. */
+ * sub[AC_BLOCK_MAX_SUB] receives the sub-block gates it points at (the
+ * trainer has gates for two: attention, FFN; others are 1). */
 static ac_block_grad layer_exec(ac_trainer *t, int l, const ac_layer_w *w, float *sub, float *dsub) {
     ac_block_grad c = {.m = t->m,
                        .w = w,
@@ -290,8 +291,7 @@ static ac_block_grad layer_exec(ac_trainer *t, int l, const ac_layer_w *w, float
     c.dgate[AC_DIM_Q] = t->dgate.head[l];
     c.dgate[AC_DIM_F] = t->dgate.ffn[l];
     c.dgate[AC_DIM_H] = t->dgate.hidden;
-    sub[0] = t->gate.attn[l];
-    sub[1] = t->gate.mlp[l];
+    for (int i = 0; i < AC_BLOCK_MAX_SUB; i++) sub[i] = i == 0 ? t->gate.attn[l] : i == 1 ? t->gate.mlp[l] : 1.0f;
     return c;
 }
 
@@ -314,7 +314,7 @@ int ac_train_forward(ac_trainer *t, const int *tokens, int B, int T, ac_err *e) 
     }
     for (int l = 0; l < a->n_layers; l++) {
         if (!a->layers[l].n_heads && !a->layers[l].ffn) continue;
-        float sub[2];
+        float sub[AC_BLOCK_MAX_SUB];
         ac_block_grad c = layer_exec(t, l, layer_view(t, l), sub, NULL);
         ac_block_grad_forward(&c, l, t->x);
     }
@@ -366,7 +366,7 @@ void ac_train_backward(ac_trainer *t) {
                         N, H);
     for (int l = a->n_layers - 1; l >= 0; l--) {
         if (!a->layers[l].n_heads && !a->layers[l].ffn) continue;
-        float sub[2], dsub[2] = {0, 0};
+        float sub[AC_BLOCK_MAX_SUB], dsub[AC_BLOCK_MAX_SUB] = {0};
         ac_block_grad c = layer_exec(t, l, layer_view(t, l), sub, dsub);
         ac_block_grad_backward(&c, l, t->dx);
         t->dgate.attn[l] += dsub[0];
