@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "dtype.h"
 #include "kernels_cpu.h"
 
 void ac_linear_backward(float *dX, float *dW, float *db, const float *dY, const float *X, const float *W, int N, int in,
@@ -17,6 +18,20 @@ void ac_linear_backward(float *dX, float *dW, float *db, const float *dY, const 
     if (db)
         for (int r = 0; r < N; r++)
             for (int j = 0; j < out; j++) db[j] += alpha * dY[(long)r * out + j];
+}
+
+void ac_linear_dx_w(float *dX, const float *dY, const void *W, int wdt, int N, int in, int out, float alpha, int acc_dx,
+                    float *wtile, int wtile_rows) {
+    if (wdt == ST_F32) {
+        ac_linear_backward(dX, NULL, NULL, dY, NULL, W, N, in, out, alpha, acc_dx);
+        return;
+    }
+    for (int r0 = 0; r0 < out; r0 += wtile_rows) {
+        int rt = out - r0 < wtile_rows ? out - r0 : wtile_rows;
+        for (int r = 0; r < rt; r++) ac_row_f32(wtile + (size_t)r * in, W, wdt, (size_t)(r0 + r), in);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, rt, alpha, dY + r0, out, wtile, in,
+                    acc_dx || r0 ? 1.0f : 0.0f, dX, in);
+    }
 }
 
 void ac_rmsnorm_fwd(float *y, float *xhat, float *r, const float *x, const float *w, const float *gh, int N, int H,

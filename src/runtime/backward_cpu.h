@@ -15,6 +15,13 @@
 void ac_linear_backward(float *dX, float *dW, float *db, const float *dY, const float *X, const float *W, int N, int in,
                         int out, float alpha, int acc_dx);
 
+/* dX[N,in] (+)= alpha dY[N,out] W[out,in] with W stored in wdt (dtype.h):
+ * one sgemm for fp32, else per tile of wtile_rows rows converted into
+ * wtile (wtile_rows * in floats, the caller's) for 16-bit weights read in
+ * place. */
+void ac_linear_dx_w(float *dX, const float *dY, const void *W, int wdt, int N, int in, int out, float alpha, int acc_dx,
+                    float *wtile, int wtile_rows);
+
 /* RMSNorm with per-channel gates gh[H] (NULL: all 1) that average over the
  * gate mass, so gates in {0,1} are exactly the norm of the kept channels:
  *   r[N] = rsqrt(S/G + eps), S = sum_c gh_c x_c^2, G = sum_c gh_c;

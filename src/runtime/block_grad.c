@@ -126,22 +126,6 @@ void ac_block_grad_forward(ac_block_grad *c, int l, float *x) {
         if (ac_block_sub_present(&c->m->a, l, &r->sub[s])) sub_walk(c, l, s, x, &tp, sc, 1, &w);
 }
 
-/* dX[N,in] (+)= alpha dY[N,out] W[out,in], W in c->wdt: one sgemm for fp32,
- * else per tile of converted rows. */
-static void lin_dx(const ac_block_grad *c, float *dX, const float *dY, const void *W, int N, int in, int out,
-                   float alpha, int acc) {
-    if (c->wdt == ST_F32) {
-        ac_linear_backward(dX, NULL, NULL, dY, NULL, W, N, in, out, alpha, acc);
-        return;
-    }
-    for (int r0 = 0; r0 < out; r0 += c->wtile_rows) {
-        int rt = out - r0 < c->wtile_rows ? out - r0 : c->wtile_rows;
-        for (int r = 0; r < rt; r++) ac_row_f32(c->wtile + (size_t)r * in, W, c->wdt, (size_t)(r0 + r), in);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, rt, alpha, dY + r0, out, c->wtile, in,
-                    acc || r0 ? 1.0f : 0.0f, dX, in);
-    }
-}
-
 void ac_block_grad_backward(ac_block_grad *c, int l, float *dx) {
     const ac_arch *a = &c->m->a;
     const ac_block_recipe *r = ac_block_recipe_of(a, l);
@@ -185,7 +169,7 @@ void ac_block_grad_backward(ac_block_grad *c, int l, float *dx) {
                 float *dI = dS[op->in];
                 if (op->acc) { /* x += alpha * in W^T: dI = alpha * dx W; d alpha = <dx W, in> */
                     float alpha = c->sub_gate ? c->sub_gate[s] : 1.0f;
-                    lin_dx(c, dI, dO, W, N, din, dout, 1.0f, 0);
+                    ac_linear_dx_w(dI, dO, W, c->wdt, N, din, dout, 1.0f, 0, c->wtile, c->wtile_rows);
                     if (c->dsub_gate) {
                         double ds = 0;
                         for (size_t j = 0; j < (size_t)N * din; j++) ds += (double)dI[j] * w.in[i][j];
@@ -197,7 +181,7 @@ void ac_block_grad_backward(ac_block_grad *c, int l, float *dx) {
                     if (alpha != 1.0f)
                         for (size_t j = 0; j < (size_t)N * din; j++) dI[j] *= alpha;
                 } else {
-                    lin_dx(c, dI, dO, W, N, din, dout, 1.0f, has[op->in]);
+                    ac_linear_dx_w(dI, dO, W, c->wdt, N, din, dout, 1.0f, has[op->in], c->wtile, c->wtile_rows);
                     if (gW || gb) ac_linear_backward(NULL, gW, gb, dO, w.in[i], W, N, din, dout, 1.0f, 0);
                 }
                 has[op->in] = 1;

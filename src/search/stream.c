@@ -2,7 +2,6 @@
  * hd head_dim, Q = n_heads*hd, KV = n_kv_heads*hd, F ffn width. */
 #include "stream.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,16 +178,7 @@ double ac_stream_nll_grad(ac_stream *s, const float *x, const int *tok, int B, u
             }
             lg[y] -= 1.0f;
         }
-        if (s->wdt == ST_F32)
-            ac_linear_backward(s->dxn, NULL, NULL, s->logits, NULL, m->lm_head, n, H, V, 1.0f, 0);
-        else /* per tile of converted head rows */
-            for (int r0 = 0; r0 < V; r0 += s->wtile_rows) {
-                int rt = V - r0 < s->wtile_rows ? V - r0 : s->wtile_rows;
-                for (int r = 0; r < rt; r++)
-                    ac_row_f32(s->wtile + (size_t)r * H, m->lm_head, s->wdt, (size_t)(r0 + r), H);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, H, rt, 1.0f, s->logits + r0, V, s->wtile, H,
-                            r0 ? 1.0f : 0.0f, s->dxn, H);
-            }
+        ac_linear_dx_w(s->dxn, s->logits, m->lm_head, s->wdt, n, H, V, 1.0f, 0, s->wtile, s->wtile_rows);
         float *db = dx + (size_t)b * n * H;
         memset(db, 0, (size_t)n * H * 4);
         ac_rmsnorm_backward(db, s->dw, NULL, s->dxn, s->xh1, s->r1, m->final_norm, NULL, n, H);
