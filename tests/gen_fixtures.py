@@ -81,6 +81,10 @@ def models(out):
                     {"attention": {"n_heads_in_group": 4, "no_op": False, "replace_with_linear": False},
                      "ffn": {"no_op": True, "replace_with_linear": False}}])
     model_case(out, "deci_hetero", deci, torch.float32, 5)
+    # Qwen3: per-head q/k norms, head_dim 24 unrelated to hidden 64 / 4 heads
+    model_case(out, "qwen3_hd_bf16", dict(BASE, architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=24,
+                                          rope_theta=1000000.0, rms_norm_eps=1e-6, attention_bias=False,
+                                          use_sliding_window=False, sliding_window=None), torch.bfloat16, 6)
 
 
 SAMPLES = [

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Gradient and optimizer fixtures for tests/test_train.c (run by `make fixtures`
-after gen_fixtures.py, whose five checkpoints it reads).
+after gen_fixtures.py, whose six checkpoints it reads).
 
 For each fixture model and each case, PyTorch autograd in float64 on
 tests/ref_train.py's gated forward:
@@ -149,7 +149,8 @@ def main():
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     torch.set_num_threads(2)
-    for i, name in enumerate(["llama_gqa_bf16", "qwen2_tied_f16", "llama3_rope_f32", "mistral_sharded", "deci_hetero"]):
+    for i, name in enumerate(["llama_gqa_bf16", "qwen2_tied_f16", "llama3_rope_f32", "mistral_sharded", "deci_hetero",
+                              "qwen3_hd_bf16"]):
         for j, case in enumerate(CASES):
             grad_case(a.out, name, case, 100 + 10 * i + j)
     optim_case(a.out)

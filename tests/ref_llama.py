@@ -1,7 +1,8 @@
 """Independent PyTorch reference for the AutoCompress engine and formats.
 
-Written from the Hugging Face Llama/Qwen2 semantics (rotate-half RoPE,
-RMSNorm in fp32, GQA, SwiGLU), not from the C code, so the C engine's logits
+Written from the Hugging Face Llama/Qwen2/Qwen3 semantics (rotate-half RoPE,
+RMSNorm in fp32, GQA, SwiGLU; Qwen3's per-head q_norm/k_norm before RoPE),
+not from the C code, so the C engine's logits
 can be checked against it. Also holds a plain safetensors writer/reader and
 a byte-level BPE (train + encode) used to build the tiny model's tokenizer.
 Heterogeneous layers: arch["layers"][l] = {"heads","kv_heads","ffn"}, 0 = removed.
@@ -63,7 +64,7 @@ def load_safetensors(path):
 def arch_from_config(cfg):
     nh = cfg["num_attention_heads"]
     nkv = cfg.get("num_key_value_heads") or nh
-    hd = cfg.get("head_dim") or cfg["hidden_size"] // nh
+    hd = cfg.get("head_dim") or (128 if cfg["model_type"] == "qwen3" else cfg["hidden_size"] // nh)
     layers = [{"heads": nh, "kv_heads": nkv, "ffn": cfg["intermediate_size"]} for _ in range(cfg["num_hidden_layers"])]
     for l, bc in enumerate(cfg.get("block_configs") or []):
         at, ff = bc["attention"], bc["ffn"]
@@ -78,7 +79,9 @@ def arch_from_config(cfg):
         "eps": cfg.get("rms_norm_eps", 1e-6), "theta": cfg.get("rope_theta", 10000.0),
         "rope_scaling": cfg.get("rope_scaling"), "tie": cfg.get("tie_word_embeddings", False),
         "bias": cfg["model_type"] == "qwen2" or cfg.get("attention_bias", False),
-        "window": (cfg.get("sliding_window") or 0) if (cfg["model_type"] != "qwen2" or cfg.get("use_sliding_window")) else 0,
+        "qk_norm": cfg["model_type"] == "qwen3" or bool(cfg.get("qk_norm")),
+        "window": (cfg.get("sliding_window") or 0)
+        if (cfg["model_type"] not in ("qwen2", "qwen3") or cfg.get("use_sliding_window")) else 0,
     }
 
 
@@ -135,6 +138,9 @@ def forward(arch, W, tokens):
             q = q.view(B, T, L["heads"], hd).transpose(1, 2)
             k = k.view(B, T, L["kv_heads"], hd).transpose(1, 2)
             v = v.view(B, T, L["kv_heads"], hd).transpose(1, 2)
+            if arch.get("qk_norm"):  # Qwen3: RMSNorm over head_dim, one weight for all heads, before RoPE
+                q = rmsnorm(q, W[p + "self_attn.q_norm.weight"], arch["eps"])
+                k = rmsnorm(k, W[p + "self_attn.k_norm.weight"], arch["eps"])
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             rep = L["heads"] // L["kv_heads"]
@@ -174,6 +180,9 @@ def random_weights(arch, seed, scale=0.08):
                 W[p + "self_attn.q_proj.bias"] = r(L["heads"] * hd)
                 W[p + "self_attn.k_proj.bias"] = r(L["kv_heads"] * hd)
                 W[p + "self_attn.v_proj.bias"] = r(L["kv_heads"] * hd)
+            if arch.get("qk_norm"):
+                W[p + "self_attn.q_norm.weight"] = 1 + 3 * r(hd)
+                W[p + "self_attn.k_norm.weight"] = 1 + 3 * r(hd)
         if L["ffn"]:
             W[p + "post_attention_layernorm.weight"] = 1 + r(H)
             W[p + "mlp.gate_proj.weight"] = r(L["ffn"], H)

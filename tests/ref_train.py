@@ -52,6 +52,9 @@ def forward_gated(arch, W, tokens, G):
             for s in "qkv":
                 y = Fn.linear(n, W[p + f"self_attn.{s}_proj.weight"], W.get(p + f"self_attn.{s}_proj.bias") if arch["bias"] else None)
                 proj[s] = y.view(B, T, -1, hd).transpose(1, 2)
+            if arch.get("qk_norm"):  # Qwen3: per-head RMSNorm of q and k before RoPE
+                proj["q"] = R.rmsnorm(proj["q"], W[p + "self_attn.q_norm.weight"], eps).to(y.dtype)
+                proj["k"] = R.rmsnorm(proj["k"], W[p + "self_attn.k_norm.weight"], eps).to(y.dtype)
             q = proj["q"] * cos + R.rotate_half(proj["q"]) * sin
             k = proj["k"] * cos + R.rotate_half(proj["k"]) * sin
             rep = L["heads"] // L["kv_heads"]

@@ -156,6 +156,18 @@ static void test_ops_forward_f64(void) {
     }
     free(cs), free(sn), free(q), free(kv), free(v), free(rq), free(rk), free(rv);
     ac_arch_free(&a);
+    /* HEAD_NORM: each hd-wide head of a row normed with one [hd] weight, in place */
+    int hn_shapes[][3] = {{1, 1, 2}, {3, 5, 6}, {4, 3, 24}, {7, 2, 130}};
+    for (size_t si = 0; si < sizeof hn_shapes / sizeof *hn_shapes; si++) {
+        int Nr = hn_shapes[si][0], heads = hn_shapes[si][1], d = hn_shapes[si][2];
+        size_t cnt = (size_t)Nr * heads * d;
+        float *t = rnd(cnt, 2), *w = rnd(d, 1);
+        double *r = malloc(cnt * 8);
+        ref_rmsnorm(r, t, w, Nr * heads, d, 1e-6);
+        ac_rmsnorm(t, t, w, Nr * heads, d, 1e-6f);
+        CHECK(relerr(t, r, cnt) < 1e-6, "head norm %dx%dx%d: %g", Nr, heads, d, relerr(t, r, cnt));
+        free(t), free(w), free(r);
+    }
 }
 
 static uint16_t to_bf16(float f) { /* round to nearest even */
@@ -261,6 +273,34 @@ static void test_ops_backward_f64(void) {
         rdwn = fmax(rdwn, fabs(s - dwn[c]));
     }
     CHECK(rdwn < 1e-5, "rmsnorm dw: %g", rdwn);
+    /* head norm (Qwen3's q_norm / k_norm): dx written in place over dy, dw added */
+    {
+        int rows = 7, d = 10;
+        float *hx = rnd((size_t)rows * d, 1.5f), *hw = rnd(d, 1), *hdy = rnd((size_t)rows * d, 1),
+              *hdir = rnd((size_t)rows * d, 1), *hg = malloc((size_t)rows * d * 4), *hdw = calloc(d, 4);
+        float *hp = malloc((size_t)rows * d * 4), *hm = malloc((size_t)rows * d * 4), *ones = malloc((size_t)d * 4);
+        double *yp2 = malloc((size_t)rows * d * 8), *ym2 = malloc((size_t)rows * d * 8);
+        memcpy(hg, hdy, (size_t)rows * d * 4);
+        ac_head_norm_backward(hg, hdw, hg, hx, hw, rows, d, 1e-6f);
+        for (int i = 0; i < rows * d; i++) hp[i] = hx[i] + h * hdir[i], hm[i] = hx[i] - h * hdir[i];
+        ref_rmsnorm(yp2, hp, hw, rows, d, 1e-6);
+        ref_rmsnorm(ym2, hm, hw, rows, d, 1e-6);
+        double hfd = 0;
+        for (int i = 0; i < rows * d; i++) hfd += hdy[i] * (yp2[i] - ym2[i]) / (2 * h);
+        CHECK(fabs(dot_f(hg, hdir, (size_t)rows * d) - hfd) < 2e-3 * (fabs(hfd) + 1), "head norm dx: %g vs %g",
+              dot_f(hg, hdir, (size_t)rows * d), hfd);
+        for (int c = 0; c < d; c++) ones[c] = 1;
+        ref_rmsnorm(yp2, hx, ones, rows, d, 1e-6); /* xhat: dw[c] = sum_r dy xhat */
+        double rdw2 = 0;
+        for (int c = 0; c < d; c++) {
+            double s2 = 0;
+            for (int r = 0; r < rows; r++) s2 += (double)hdy[r * d + c] * yp2[r * d + c];
+            rdw2 = fmax(rdw2, fabs(s2 - hdw[c]));
+        }
+        CHECK(rdw2 < 1e-5, "head norm dw: %g", rdw2);
+        free(hx), free(hw), free(hdy), free(hdir), free(hg), free(hdw), free(hp), free(hm), free(ones), free(yp2),
+            free(ym2);
+    }
     /* swiglu: dg, du */
     float *g = rnd(40, 2), *u = rnd(40, 2), *dh = rnd(40, 1), *dg = malloc(160), *du = malloc(160);
     ac_silu_mul_backward(dg, du, dh, g, u, 40);
@@ -328,31 +368,43 @@ static void test_ops_backward_f64(void) {
  * sub-block (or x), each LINEAR's widths are its slots' widths, and every
  * weight and norm of the layer is used exactly once. */
 static void test_recipe_consistent(void) {
-    ac_arch a = mk_arch(1, 8, 4, 2, 1, 6, 16);
-    const ac_block_recipe *r = ac_block_recipe_of(&a, 0);
-    int width[AC_T_COUNT] = {AC_DIM_H, AC_DIM_H, AC_DIM_Q, AC_DIM_KV, AC_DIM_KV, AC_DIM_Q, AC_DIM_F, AC_DIM_F};
-    int wused[7] = {0}, nused[2] = {0};
-    CHECK(r && r->n_sub == 2 && r->n_sub <= AC_BLOCK_MAX_SUB, "two sub-blocks");
-    for (int s = 0; r && s < r->n_sub; s++) {
-        int written = 1 << AC_T_X;
-        CHECK(r->sub[s].n_ops <= AC_BLOCK_MAX_OPS, "%s has %d ops", r->sub[s].name, r->sub[s].n_ops);
-        for (int i = 0; i < r->sub[s].n_ops; i++) {
-            const ac_op *op = &r->sub[s].ops[i];
-            CHECK(written >> op->in & 1, "%s op %d reads slot %d before it is written", r->sub[s].name, i, op->in);
-            if (op->kind == AC_OP_ATTENTION)
-                CHECK((written >> op->in2 & 1) && (written >> op->in3 & 1), "attention reads k, v unwritten");
-            if (op->kind == AC_OP_LINEAR) {
-                CHECK(op->w >= 0 && op->w < 7, "matrix");
-                wused[op->w]++;
-                CHECK(width[op->in] == op->din && width[op->out] == op->dout, "%s op %d widths", r->sub[s].name, i);
+    for (int qk = 0; qk < 2; qk++) {
+        ac_arch a = mk_arch(1, 8, 4, 2, 1, 6, 16);
+        a.qk_norm = qk;
+        const ac_block_recipe *r = ac_block_recipe_of(&a, 0);
+        int width[AC_T_COUNT] = {AC_DIM_H, AC_DIM_H, AC_DIM_Q, AC_DIM_KV, AC_DIM_KV, AC_DIM_Q, AC_DIM_F, AC_DIM_F};
+        int wused[7] = {0}, nused[4] = {0};
+        CHECK(r && r->n_sub == 2 && r->n_sub <= AC_BLOCK_MAX_SUB, "two sub-blocks");
+        CHECK(r && !strcmp(r->name, qk ? "qwen3" : "llama"), "recipe %s", r ? r->name : "none");
+        for (int s = 0; r && s < r->n_sub; s++) {
+            int written = 1 << AC_T_X, merged = 0, roped = 0;
+            CHECK(r->sub[s].n_ops <= AC_BLOCK_MAX_OPS, "%s has %d ops", r->sub[s].name, r->sub[s].n_ops);
+            for (int i = 0; i < r->sub[s].n_ops; i++) {
+                const ac_op *op = &r->sub[s].ops[i];
+                CHECK(written >> op->in & 1, "%s op %d reads slot %d before it is written", r->sub[s].name, i, op->in);
+                if (op->kind == AC_OP_ATTENTION)
+                    CHECK((written >> op->in2 & 1) && (written >> op->in3 & 1), "attention reads k, v unwritten");
+                if (op->kind == AC_OP_LINEAR) {
+                    CHECK(op->w >= 0 && op->w < 7, "matrix");
+                    wused[op->w]++;
+                    CHECK(width[op->in] == op->din && width[op->out] == op->dout, "%s op %d widths", r->sub[s].name, i);
+                }
+                if (op->kind == AC_OP_RMSNORM || op->kind == AC_OP_HEAD_NORM) nused[op->w]++;
+                if (op->kind == AC_OP_HEAD_NORM) /* in place on q or k, over its own heads, after a KV merge
+                                                    * (as the merged export norms the pooled head), before RoPE */
+                    CHECK(op->in == op->out && width[op->out] == op->heads && op->dout == op->heads &&
+                              (op->w == AC_NORM_Q) == (op->out == AC_T_Q) && merged && !(roped >> op->out & 1),
+                          "head norm op %d", i);
+                if (op->kind == AC_OP_KV_MERGE) merged = 1;
+                if (op->kind == AC_OP_ROPE) roped |= 1 << op->out;
+                written |= 1 << op->out;
             }
-            if (op->kind == AC_OP_RMSNORM) nused[op->w]++;
-            written |= 1 << op->out;
         }
+        for (int i = 0; i < 7; i++) CHECK(wused[i] == 1, "matrix %d used %d times", i, wused[i]);
+        CHECK(nused[0] == 1 && nused[1] == 1 && nused[2] == qk && nused[3] == qk, "norms used %d, %d, %d, %d times",
+              nused[0], nused[1], nused[2], nused[3]);
+        ac_arch_free(&a);
     }
-    for (int i = 0; i < 7; i++) CHECK(wused[i] == 1, "matrix %d used %d times", i, wused[i]);
-    CHECK(nused[0] == 1 && nused[1] == 1, "norms used %d, %d times", nused[0], nused[1]);
-    ac_arch_free(&a);
 }
 
 /* ---- the layer in float64, from the HF semantics (with the masks) ---- */
@@ -687,12 +739,10 @@ static double relerr_f(const float *a, const float *b, size_t n) {
  * through the plugin's op_test: on the CPU emulator here, on the GPU when
  * there is one), forward and backward, against the CPU f32 op (the kernels
  * checked against float64 above), on odd widths with GQA and a window. */
-static void test_cuda_ops(void) {
-    const char *why = NULL;
-    const ac_cuda_api *cu = ac_cuda(&why);
-    if (!cu) SKIP("no CUDA: %s", why);
+static void cuda_ops(const ac_cuda_api *cu, int qk) {
     ac_arch a = mk_arch(1, 13, 6, 4, 2, 7, 11);
     a.sliding_window = 4;
+    a.qk_norm = qk;
     int B = 2, T = 5, N = B * T, H = a.hidden, hd = a.head_dim;
     float *cs = malloc((size_t)T * hd / 2 * 4), *sn = malloc((size_t)T * hd / 2 * 4);
     ac_err e = {0};
@@ -774,6 +824,12 @@ static void test_cuda_ops(void) {
                 ac_silu_mul(yc, x[op->in], (long)N * dout);
                 ac_silu_mul_backward(dx_c[op->out], dx_c[op->in], dy, x[op->out], x[op->in], (long)N * dout);
                 break;
+            case AC_OP_HEAD_NORM: {
+                int rows = N * (dim[op->heads] / hd);
+                ac_rmsnorm(yc, x[op->in], W, rows, hd, a.eps);
+                ac_head_norm_backward(dx_c[op->in], dwc, dy, x[op->in], W, rows, hd, a.eps);
+                break;
+            }
             case AC_OP_MASK:
                 for (int k = 0; k < N * dout; k++) {
                     float g = gate[(k % dout) / unit];
@@ -811,8 +867,10 @@ static void test_cuda_ops(void) {
                 double er = relerr_f(dx_g[sl], dx_c[sl], (size_t)N * wd);
                 CHECK(er < tol, "%s op %d (kind %d) gradient of slot %d: %g", rec->sub[sb].name, i, op->kind, sl, er);
             }
-            if (op->kind == AC_OP_LINEAR || op->kind == AC_OP_RMSNORM) {
-                size_t nw = op->kind == AC_OP_RMSNORM ? (size_t)H : (size_t)din * dout;
+            if (op->kind == AC_OP_LINEAR || op->kind == AC_OP_RMSNORM || op->kind == AC_OP_HEAD_NORM) {
+                size_t nw = op->kind == AC_OP_RMSNORM     ? (size_t)H
+                            : op->kind == AC_OP_HEAD_NORM ? (size_t)hd
+                                                          : (size_t)din * dout;
                 CHECK(relerr_f(dwg, dwc, nw) < tol, "%s op %d weight gradient: %g", rec->sub[sb].name, i,
                       relerr_f(dwg, dwc, nw));
             }
@@ -833,6 +891,14 @@ static void test_cuda_ops(void) {
            getenv("AC_CUDA_PLUGIN") ? getenv("AC_CUDA_PLUGIN") : "plugin");
     free(cs), free(sn);
     ac_arch_free(&a);
+}
+
+/* Every op of every recipe (Llama's, Qwen3's) on the CUDA backend against the CPU. */
+static void test_cuda_ops(void) {
+    const char *why = NULL;
+    const ac_cuda_api *cu = ac_cuda(&why);
+    if (!cu) SKIP("no CUDA: %s", why);
+    for (int qk = 0; qk < 2; qk++) cuda_ops(cu, qk);
 }
 
 int main(void) {

@@ -342,6 +342,13 @@ static void test_qwen2_tied_f16(void) {
     if (!fixtures_present()) SKIP("no fixtures");
     check_model("qwen2_tied_f16");
 }
+/* Qwen3: q_norm / k_norm per head before RoPE, head_dim 24 with hidden 64
+ * and 4 heads (q is 96 wide); fp32 and resident BF16. */
+static void test_qwen3_hd_bf16(void) {
+    if (!fixtures_present()) SKIP("no fixtures");
+    check_model("qwen3_hd_bf16");
+    check_model_ex("qwen3_hd_bf16", 1, 1e-2);
+}
 static void test_llama3_rope_f32(void) {
     if (!fixtures_present()) SKIP("no fixtures");
     check_model("llama3_rope_f32");
@@ -456,6 +463,7 @@ int main(void) {
     ac_set_threads(2);
     RUN(test_llama_gqa_bf16);
     RUN(test_qwen2_tied_f16);
+    RUN(test_qwen3_hd_bf16);
     RUN(test_llama3_rope_f32);
     RUN(test_mistral_sharded);
     RUN(test_deci_heterogeneous);

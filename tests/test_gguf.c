@@ -129,8 +129,8 @@ static void test_uniform_roundtrip_bf16(void) {
 }
 
 static void test_fixture_roundtrips_f32(void) {
-    const char *names[] = {"llama3_rope_f32", "qwen2_tied_f16", "llama_gqa_bf16"};
-    for (int i = 0; i < 3; i++) {
+    const char *names[] = {"llama3_rope_f32", "qwen2_tied_f16", "llama_gqa_bf16", "qwen3_hd_bf16"};
+    for (int i = 0; i < 4; i++) {
         char d[1200], c[1300];
         ck_build_path(d, sizeof d, "fixtures/models/");
         strcat(d, names[i]);
@@ -385,6 +385,67 @@ static void test_llama_cpp_runs_exports(void) {
     } else
         CHECK(0, "%s", e.msg);
     free(text);
+    free(ids);
+    ac_model_free(&m);
+}
+
+/* A Qwen3 model made from the trained tiny model (its weights, plus per-head
+ * q_norm / k_norm weights near 1: the function changes, its predictions stay
+ * peaked): llama.cpp's qwen3 architecture runs our GGUF export with our
+ * perplexity and greedy tokens, and a safetensors save loads back as Qwen3
+ * with the same weights. */
+static void test_llama_cpp_runs_qwen3(void) {
+    if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
+    ac_model m, back;
+    ac_err e;
+    int *ids = NULL;
+    size_t n = 0, len = 0;
+    CHECK(ac_model_load(tiny, &m, &e) == 0 && ac_load_text_ids(tiny, heldout, &ids, &n, m.a.vocab, &e) == 0, "%s",
+          e.msg);
+    int hd = m.a.head_dim;
+    m.a.qk_norm = 1;
+    snprintf(m.a.model_type, sizeof m.a.model_type, "qwen3");
+    for (int l = 0; l < m.a.n_layers; l++) {
+        m.L[l].q_norm = malloc(sizeof(float) * hd);
+        m.L[l].k_norm = malloc(sizeof(float) * hd);
+        for (int i = 0; i < hd; i++) {
+            m.L[l].q_norm[i] = 1.0f + 0.2f * sinf(0.7f * i + l);
+            m.L[l].k_norm[i] = 0.9f + 0.2f * cosf(1.3f * i - l);
+        }
+    }
+    char dir[300], cfg[400];
+    snprintf(dir, sizeof dir, "%s/qwen3_st", tmpdir);
+    CHECK(ac_model_save(&m, dir, ST_F32, &e) == 0, "%s", e.msg);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    json_t *c = json_load_file(cfg, 0, NULL);
+    CHECK(c && !strcmp(json_string_value(json_object_get(c, "model_type")), "qwen3") &&
+              !strcmp(json_string_value(json_array_get(json_object_get(c, "architectures"), 0)), "Qwen3ForCausalLM") &&
+              json_integer_value(json_object_get(c, "head_dim")) == hd,
+          "qwen3 config.json");
+    json_decref(c);
+    if (ac_model_load(dir, &back, &e) == 0) {
+        CHECK(back.a.qk_norm && !memcmp(back.L[3].q_norm, m.L[3].q_norm, sizeof(float) * hd) &&
+                  !memcmp(back.L[5].k_norm, m.L[5].k_norm, sizeof(float) * hd),
+              "qwen3 safetensors round trip");
+        ac_model_free(&back);
+    } else
+        CHECK(0, "%s", e.msg);
+    /* llama.cpp's qwen3 is uniform: a pruned Qwen3 is refused with the reason */
+    ac_arch het;
+    CHECK(ac_arch_copy(&het, &m.a, &e) == 0, "%s", e.msg);
+    het.layers[2].ffn = 128;
+    CHECK(ac_gguf_check_arch(&het, &e) != 0 && strstr(e.msg, "qwen3"), "heterogeneous qwen3 gguf: %s", e.msg);
+    ac_arch_free(&het);
+    const char *why = llama_missing();
+    if (why) {
+        printf("  skip llama.cpp part: %s\n", why);
+    } else {
+        char *text = ac_read_file(heldout, 1 << 24, &len, &e);
+        size_t tl = len < 3000 ? len : 3000;
+        while (tl > 0 && text[tl - 1] != '\n') tl--;
+        llama_compare(&m, NULL, "qwen3", ids, n, text, tl);
+        free(text);
+    }
     free(ids);
     ac_model_free(&m);
 }
@@ -781,6 +842,7 @@ int main(void) {
     RUN(test_truncated_and_corrupt_files);
     RUN(test_search_keeps_to_llama_cpp);
     RUN(test_llama_cpp_runs_exports);
+    RUN(test_llama_cpp_runs_qwen3);
     RUN(test_spec_checks);
     RUN(test_jobs_write_gguf);
     char cmd[128];

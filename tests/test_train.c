@@ -88,8 +88,10 @@ static float *train_ptr(ac_trainer *t, const char *name) {
     static const char *nm[] = {"input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.k_proj.weight",
                                "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_proj.bias",
                                "self_attn.k_proj.bias",   "self_attn.v_proj.bias",   "post_attention_layernorm.weight",
-                               "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight"};
-    float *ps[] = {w->in_norm, w->wq, w->wk, w->wv, w->wo, w->bq, w->bk, w->bv, w->post_norm, w->wg, w->wu, w->wd};
+                               "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight",
+                               "self_attn.q_norm.weight", "self_attn.k_norm.weight"};
+    float *ps[] = {w->in_norm, w->wq,        w->wk, w->wv, w->wo, w->bq,     w->bk,
+                   w->bv,      w->post_norm, w->wg, w->wu, w->wd, w->q_norm, w->k_norm};
     for (size_t i = 0; i < sizeof nm / sizeof *nm; i++)
         if (!strcmp(rest, nm[i])) return ps[i];
     return NULL;
@@ -197,6 +199,7 @@ GRAD_TEST(test_grad_qwen2_tied_f16, "qwen2_tied_f16")
 GRAD_TEST(test_grad_llama3_rope_f32, "llama3_rope_f32")
 GRAD_TEST(test_grad_mistral_sharded, "mistral_sharded")
 GRAD_TEST(test_grad_deci_hetero, "deci_hetero")
+GRAD_TEST(test_grad_qwen3_hd_bf16, "qwen3_hd_bf16")
 
 /* Two backward passes at scale 1/2 on halves of a batch accumulate to the
  * gradient of the mean over the whole batch (per-row losses normalise by
@@ -651,6 +654,8 @@ static double model_rel_diff(const ac_model *a, const ac_model *b) {
         const ac_layer_w *x = &a->L[l], *y = &b->L[l];
         size_t Q = L->n_heads * hd, KV = L->n_kv_heads * hd, F = L->ffn;
         CMP(x->in_norm, y->in_norm, H);
+        CMP(x->q_norm, y->q_norm, hd);
+        CMP(x->k_norm, y->k_norm, hd);
         CMP(x->wq, y->wq, Q * H);
         CMP(x->wk, y->wk, KV * H);
         CMP(x->wv, y->wv, KV * H);
@@ -691,8 +696,9 @@ static void test_cuda_trainer(void) {
     if (!cu) SKIP("no CUDA: %s", why);
     if (!cu->trainer_create) SKIP("the CUDA plugin has no trainer");
     if (!fixtures_present("grad/llama_gqa_bf16_kd.json")) SKIP("no gradient fixtures (make fixtures)");
-    const char *names[] = {"llama_gqa_bf16", "qwen2_tied_f16", "llama3_rope_f32", "mistral_sharded", "deci_hetero"};
-    for (int mi = 0; mi < 5; mi++) {
+    const char *names[] = {"llama_gqa_bf16",  "qwen2_tied_f16", "llama3_rope_f32",
+                           "mistral_sharded", "deci_hetero",    "qwen3_hd_bf16"};
+    for (int mi = 0; mi < 6; mi++) {
         char dir[1200], base[1300], er[512] = "";
         snprintf(dir, sizeof dir, "%s/models/%s", fx, names[mi]);
         snprintf(base, sizeof base, "%s/grad/%s_kd", fx, names[mi]);
@@ -864,6 +870,7 @@ int main(void) {
     RUN(test_grad_llama3_rope_f32);
     RUN(test_grad_mistral_sharded);
     RUN(test_grad_deci_hetero);
+    RUN(test_grad_qwen3_hd_bf16);
     RUN(test_accumulation);
     RUN(test_kv_group_gate);
     RUN(test_adamw);

@@ -185,6 +185,16 @@ __global__ void k_gather_last(float *dst, const float *x, int H, int n) {
 
 __global__ void k_empty() {}
 
+// In place, each hd-wide row of x (a head of q or k) RMS-normed times w[hd]
+// (Qwen3's q_norm / k_norm); one block per row.
+__global__ void k_head_norm(float *x, const float *w, int hd, float eps) {
+    float *xr = x + (size_t)blockIdx.x * hd;
+    float s = 0;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) s += xr[i] * xr[i];
+    float sc = rsqrtf(block_reduce(s, 0) / hd + eps);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) xr[i] = xr[i] * sc * w[i];
+}
+
 // out[r] = x[r] * rsqrt(mean(x^2) + eps) * w, as bf16 (GEMM input)
 __global__ void k_rmsnorm(bf16 *out, const float *x, const float *w, int H, float eps) {
     int r = blockIdx.x;
@@ -283,7 +293,7 @@ fail:
 
 struct layer_d {
     bf16 *wq, *wk, *wv, *wo, *wg, *wu, *wd;
-    float *in_norm, *post_norm, *bq, *bk, *bv;
+    float *in_norm, *post_norm, *bq, *bk, *bv, *q_norm, *k_norm;
     bf16 *kc, *vc;
 };
 
@@ -352,7 +362,8 @@ static void acc_engine_free(acc_engine *en) {
     if (!en) return;
     cudaSetDevice(en->dev);
     for (auto &l : en->L) {
-        void *ps[] = {l.wq, l.wk, l.wv, l.wo, l.wg, l.wu, l.wd, l.in_norm, l.post_norm, l.bq, l.bk, l.bv, l.kc, l.vc};
+        void *ps[] = {l.wq,        l.wk, l.wv, l.wo, l.wg,     l.wu,     l.wd, l.in_norm,
+                      l.post_norm, l.bq, l.bk, l.bv, l.q_norm, l.k_norm, l.kc, l.vc};
         for (void *p : ps) cudaFree(p);
     }
     void *ps[] = {en->embed, en->lm_head, en->xn,  en->att,    en->h,   en->final_norm, en->x,
@@ -380,6 +391,9 @@ static int upload_layer(acc_engine *en, const ac_model *m, int l, char *err, siz
             return -1;
         if (en->a.qkv_bias && (upload_f32(&d.bq, w->bq, Q, err, errn) || upload_f32(&d.bk, w->bk, KV, err, errn) ||
                                upload_f32(&d.bv, w->bv, KV, err, errn)))
+            return -1;
+        if (en->a.qk_norm &&
+            (upload_f32(&d.q_norm, w->q_norm, hd, err, errn) || upload_f32(&d.k_norm, w->k_norm, hd, err, errn)))
             return -1;
         CK(cudaMalloc(&d.kc, N * KV * sizeof(bf16)));
         CK(cudaMalloc(&d.vc, N * KV * sizeof(bf16)));
@@ -498,6 +512,10 @@ static int layer_forward(acc_engine *en, int l, int B, int n, int pos0, char *er
                 break;
             case AC_OP_ROPE:
                 AC_LAUNCH(k_rope, N, 128, 0, s, cf[op->out], dim[op->heads] / hd, hd, n, pos0, en->cs, en->sn);
+                break;
+            case AC_OP_HEAD_NORM: // in place on the fp32 rows of q or k
+                AC_LAUNCH(k_head_norm, N * (dim[op->heads] / hd), 64, 0, s, cf[op->out],
+                          op->w == AC_NORM_Q ? d.q_norm : d.k_norm, hd, a->eps);
                 break;
             case AC_OP_ATTENTION: {
                 const ac_layer_arch *la = &a->layers[l];
@@ -877,7 +895,6 @@ extern "C" const ac_cuda_api *acc_api(void) {
                                     acc_engine_nll,       acc_engine_update,     acc_engine_free,   acc_time_gemm,
                                     acc_measure_timings,  acc_trainer_create,    acc_trainer_grad,  acc_trainer_step,
                                     acc_trainer_download, acc_trainer_gates,     acc_trainer_free,  acc_trainer_forward,
-                                    acc_trainer_tensor,   acc_trainer_zero_grad, acc_convert,
-                                    acc_op_test};
+                                    acc_trainer_tensor,   acc_trainer_zero_grad, acc_convert,       acc_op_test};
     return &api;
 }

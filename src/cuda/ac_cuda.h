@@ -40,7 +40,7 @@ typedef struct acc_engine acc_engine;
 /* Bumped whenever ac_cuda_api, acc_timings or the ac_model fields the plugin
  * reads change. 2: weights in their file dtype (engine_update's dtype,
  * convert). 4: op_test. */
-#define ACC_ABI_VERSION 4
+#define ACC_ABI_VERSION 5
 
 /* Raw micro-benchmark timings of one device (measure_timings): the grids
  * the plugin chose and the median microseconds at each point. */
@@ -73,6 +73,8 @@ enum {
     ACC_T_G,
     ACC_T_U,
     ACC_T_D,
+    ACC_T_QN, /* q_norm [head_dim] (qk_norm archs; 0 elements otherwise) */
+    ACC_T_KN, /* k_norm */
     ACC_T_N
 };
 typedef struct acc_trainer acc_trainer;
@@ -83,7 +85,8 @@ typedef struct {
     float *y;                   /* its output (a residual add: x[X] with the add; ROPE: the rotated input) */
     const float *dy;            /* the output's gradient */
     float *dx[AC_T_COUNT];      /* the gradients of the slots it reads (RMSNORM: added to dx[X]) */
-    const float *w, *b;         /* LINEAR: W [dout][din] and its bias (NULL: none); RMSNORM: its weight [H] */
+    const float *w, *b;         /* LINEAR: W [dout][din] and its bias (NULL: none); RMSNORM: its weight [H];
+                                 * HEAD_NORM: its weight [head_dim] (its input's gradient is written, in place) */
     const float *gate, *gh;     /* MASK: a gate per unit; the hidden gates [H] (NULL: all 1) */
     float alpha;                /* a residual add's scale */
     float *dw, *db, *dgate, *dgh, *dalpha; /* added to (NULL: not wanted) */

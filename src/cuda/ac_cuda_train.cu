@@ -102,6 +102,34 @@ __global__ void kt_rmsnorm(float *y, float *xhat, float *rr, const float *x, con
     }
 }
 
+// Each hd-wide row (a head of q or k) RMS-normed times w[hd] (Qwen3's
+// q_norm / k_norm): y = x * r * w, r = rsqrt(mean x^2 + eps); one block per row.
+__global__ void kt_head_norm(float *y, const float *x, const float *w, int hd, float eps) {
+    const float *xr = x + (size_t)blockIdx.x * hd;
+    float ss = 0;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += xr[i] * xr[i];
+    float r = rsqrtf(tr_sum(ss) / hd + eps);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) y[(size_t)blockIdx.x * hd + i] = xr[i] * r * w[i];
+}
+
+// Its backward from x: dx = r * (dy*w - xhat * sum(dy w xhat) / hd), written
+// (dx may be dy: each thread reads its own elements before writing them);
+// prod = dy * xhat (for dw).
+__global__ void kt_head_norm_bwd(float *dx, float *prod, const float *dy, const float *x, const float *w, int hd,
+                                 float eps) {
+    size_t o = (size_t)blockIdx.x * hd;
+    float ss = 0;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += x[o + i] * x[o + i];
+    float r = rsqrtf(tr_sum(ss) / hd + eps), dot = 0;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) dot += dy[o + i] * w[i] * x[o + i] * r;
+    float mean = tr_sum(dot) / hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float xh = x[o + i] * r, d = dy[o + i];
+        prod[o + i] = d * xh;
+        dx[o + i] = r * (d * w[i] - xh * mean);
+    }
+}
+
 __global__ void kt_scale_cols(float *y, const float *xhat, const float *w, const float *gh, int H) {
     int r = blockIdx.x;
     for (int i = threadIdx.x; i < H; i += blockDim.x) y[(size_t)r * H + i] = xhat[(size_t)r * H + i] * w[i] * gh[i];
@@ -391,15 +419,15 @@ __global__ void kt_adamw(float *p, float *g, float *m, float *v, size_t n, float
 
 // ---------------------------------------------------------------- trainer
 
-enum { W_IN, W_Q, W_K, W_V, W_O, W_BQ, W_BK, W_BV, W_POST, W_G, W_U, W_D, W_N };
+enum { W_IN, W_Q, W_K, W_V, W_O, W_BQ, W_BK, W_BV, W_POST, W_G, W_U, W_D, W_QN, W_KN, W_N };
 static_assert((int)W_K == (int)ACC_T_K && (int)W_BV == (int)ACC_T_BV && (int)W_D == (int)ACC_T_D &&
-                  (int)W_N == (int)ACC_T_N,
+                  (int)W_KN == (int)ACC_T_KN && (int)W_N == (int)ACC_T_N,
               "ac_cuda.h's ACC_T_* order");
 
 // The arch fields the trainer needs (the plugin does not link the library,
 // so no ac_arch_copy / ac_arch_free here).
 struct tarch {
-    int n_layers, hidden, head_dim, vocab, sliding_window, tie_embeddings;
+    int n_layers, hidden, head_dim, vocab, sliding_window, tie_embeddings, qk_norm;
     float eps;
     std::vector<ac_layer_arch> layers;
 };
@@ -462,6 +490,7 @@ static void host_tensors(const ac_model *m, std::vector<const void *> &hp, std::
         add(w->in_norm, H, 0, d32), add(w->wq, Q * H, 1, t), add(w->wk, KV * H, 1, t), add(w->wv, KV * H, 1, t);
         add(w->wo, H * Q, 1, t), add(w->bq, Q, 0, d32), add(w->bk, KV, 0, d32), add(w->bv, KV, 0, d32);
         add(w->post_norm, H, 0, d32), add(w->wg, F * H, 1, t), add(w->wu, F * H, 1, t), add(w->wd, H * F, 1, t);
+        add(w->q_norm, hd, 0, d32), add(w->k_norm, hd, 0, d32);
     }
 }
 
@@ -509,7 +538,7 @@ static int tw_mat(int w) {
     return m[w];
 }
 static int tw_bias(int w) { return w == AC_W_Q ? W_BQ : w == AC_W_K ? W_BK : w == AC_W_V ? W_BV : -1; }
-static int tw_norm(int w) { return w == AC_NORM_IN ? W_IN : W_POST; }
+static int tw_norm(int w) { return w == AC_NORM_IN ? W_IN : w == AC_NORM_POST ? W_POST : w == AC_NORM_Q ? W_QN : W_KN; }
 
 // The arch as block.h reads it (a view over the trainer's copy: the
 // plugin does not link the library's arch code).
@@ -517,6 +546,7 @@ static ac_arch tview(const tarch *a) {
     ac_arch v;
     memset(&v, 0, sizeof v);
     v.n_layers = a->n_layers, v.hidden = a->hidden, v.head_dim = a->head_dim, v.vocab = a->vocab;
+    v.qk_norm = a->qk_norm;
     v.layers = const_cast<ac_layer_arch *>(a->layers.data());
     return v;
 }
@@ -633,6 +663,7 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
     const ac_arch *a = &m->a;
     t->a.n_layers = a->n_layers, t->a.hidden = a->hidden, t->a.head_dim = a->head_dim, t->a.vocab = a->vocab;
     t->a.sliding_window = a->sliding_window, t->a.tie_embeddings = a->tie_embeddings, t->a.eps = a->eps;
+    t->a.qk_norm = a->qk_norm;
     t->a.layers.assign(a->layers, a->layers + a->n_layers);
     t->max_B = max_B, t->max_T = max_T;
     if (create(t, m, rope_cos, rope_sin, err, errn)) {
@@ -680,6 +711,9 @@ static int op_fwd(acc_trainer *t, const top *o, bool recompute, char *err, size_
         break;
     case AC_OP_ROPE:
         if (!recompute) AC_LAUNCH(kt_rope, o->N, TB, 0, 0, o->out, o->heads, o->hd, o->T, t->cos_t, t->sin_t, 0);
+        break;
+    case AC_OP_HEAD_NORM:
+        if (!recompute) AC_LAUNCH(kt_head_norm, o->N * o->heads, TB, 0, 0, o->out, o->in, o->w, o->hd, o->eps);
         break;
     case AC_OP_ATTENTION:
         if (!recompute)
@@ -738,6 +772,10 @@ static int op_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
     }
     case AC_OP_SWIGLU: AC_LAUNCH(kt_silu_mul_bwd, blocks(n), 256, 0, 0, o->dO, o->dI, o->pre, o->in, n); break;
     case AC_OP_ROPE: AC_LAUNCH(kt_rope, N, TB, 0, 0, o->dO, o->heads, hd, o->T, t->cos_t, t->sin_t, 1); break;
+    case AC_OP_HEAD_NORM: // in place: the slot's gradient becomes its input's; dw accumulates
+        AC_LAUNCH(kt_head_norm_bwd, N * o->heads, TB, 0, 0, o->dO, t->prod, o->dO, o->in, o->w, hd, o->eps);
+        if (o->gw) AC_LAUNCH(kt_colsum, blocks(hd), 256, 0, 0, o->gw, t->prod, N * o->heads, hd);
+        break;
     case AC_OP_ATTENTION: {
         float scale = 1.0f / sqrtf((float)hd);
         AC_LAUNCH(kt_attn_bwd_q, dim3(N, o->nh), TB, 2 * o->T * sizeof(float), 0, o->dI, t->delta, o->dO, o->in, o->in2,
@@ -782,7 +820,8 @@ static top layer_op(acc_trainer *t, int l, int sb, const ac_op *op, int B, int T
         o.w = P(t, l, tw_mat(op->w)), o.gw = G(t, l, tw_mat(op->w));
         o.b = bi >= 0 ? P(t, l, bi) : NULL, o.gb = bi >= 0 ? G(t, l, bi) : NULL;
     }
-    if (op->kind == AC_OP_RMSNORM) o.w = P(t, l, tw_norm(op->w)), o.gw = G(t, l, tw_norm(op->w));
+    if (op->kind == AC_OP_RMSNORM || op->kind == AC_OP_HEAD_NORM)
+        o.w = P(t, l, tw_norm(op->w)), o.gw = G(t, l, tw_norm(op->w));
     if (op->kind == AC_OP_MASK) o.gate = gate_of(t, l, op->dout), o.dgate = dgate_of(t, l, op->dout);
     return o;
 }
@@ -815,7 +854,8 @@ static float *sub_walk(acc_trainer *t, int l, int sb, int B, int T, float **tp, 
             else
                 o.out = *tp, *tp += n;
             break;
-        case AC_OP_ROPE: o.out = cur[op->out]; break; // in place on a taped output
+        case AC_OP_ROPE: o.out = cur[op->out]; break;       // in place on a taped output
+        case AC_OP_HEAD_NORM: o.out = *tp, *tp += n; break; // its input stays taped (the LINEAR's output)
         case AC_OP_ATTENTION:
             o.out = *tp, o.lse = *tp + n;
             *tp += n + N * o.nh;
@@ -1119,7 +1159,7 @@ extern "C" int acc_op_test(int dev, const ac_arch *a, const ac_op *op, int B, in
     if (cu_ok(cudaSetDevice(dev), "cudaSetDevice", err, errn)) return -1;
     acc_trainer *t = new acc_trainer();
     t->a.n_layers = 1, t->a.hidden = a->hidden, t->a.head_dim = a->head_dim, t->a.vocab = a->vocab;
-    t->a.sliding_window = a->sliding_window, t->a.eps = a->eps;
+    t->a.sliding_window = a->sliding_window, t->a.eps = a->eps, t->a.qk_norm = a->qk_norm;
     t->a.layers.assign(a->layers, a->layers + 1);
     size_t N = (size_t)B * T, H = a->hidden, hd = a->head_dim, w[AC_T_COUNT], mw = H;
     for (int s = 0; s < AC_T_COUNT; s++) w[s] = tdim(&t->a, 0, ac_block_slot_dim(s)), mw = std::max(mw, w[s]);
@@ -1130,7 +1170,8 @@ extern "C" int acc_op_test(int dev, const ac_arch *a, const ac_op *op, int B, in
     size_t nout = N * o.dout, nin = N * w[op->in], nw = (size_t)o.dout * o.din;
     size_t units = op->dout == AC_DIM_Q ? (size_t)o.nh : (size_t)o.dout;
     bool lin = op->kind == AC_OP_LINEAR, att = op->kind == AC_OP_ATTENTION, norm = op->kind == AC_OP_RMSNORM;
-    bool inplace = op->kind == AC_OP_ROPE || op->kind == AC_OP_MASK; // the gradient of the input is dO's buffer
+    bool hnorm = op->kind == AC_OP_HEAD_NORM;
+    bool inplace = op->kind == AC_OP_ROPE || op->kind == AC_OP_MASK || hnorm; // the input's gradient is dO's buffer
     bool ok = cublasCreate(&t->blas) == CUBLAS_STATUS_SUCCESS;
     if (!ok) snprintf(err, errn, "cublasCreate failed");
     ok = ok && !dalloc(t, &t->prod, N * mw, err, errn) && !dalloc(t, &t->prod2, N * H, err, errn) &&
@@ -1151,6 +1192,8 @@ extern "C" int acc_op_test(int dev, const ac_arch *a, const ac_op *op, int B, in
                  (o.w = dev_copy(t, io->w, H, false, err, errn)) && (o.gh = dev_copy(t, io->gh, H, true, err, errn)) &&
                  (!io->dw || (o.gw = dev_copy(t, NULL, H, false, err, errn))) &&
                  (!io->dgh || (o.dgh = dev_copy(t, NULL, H, false, err, errn)))));
+    ok = ok && (!hnorm || ((o.w = dev_copy(t, io->w, hd, false, err, errn)) &&
+                           (!io->dw || (o.gw = dev_copy(t, NULL, hd, false, err, errn)))));
     ok = ok && (!lin || ((o.w = dev_copy(t, io->w, nw, false, err, errn)) &&
                          (!io->b || (o.b = dev_copy(t, io->b, o.dout, false, err, errn))) &&
                          (!io->dw || (o.gw = dev_copy(t, NULL, nw, false, err, errn))) &&
@@ -1170,7 +1213,12 @@ extern "C" int acc_op_test(int dev, const ac_arch *a, const ac_op *op, int B, in
     ok = ok && !get_back(io->dx[op->in], inplace ? o.dO : o.dI, nin, norm, err, errn);
     ok = ok && (!att || (!get_back(io->dx[op->in2], o.dI2, N * w[op->in2], false, err, errn) &&
                          !get_back(io->dx[op->in3], o.dI3, N * w[op->in3], false, err, errn)));
-    ok = ok && !get_back(io->dw, o.gw, norm ? H : nw, true, err, errn) &&
+    ok = ok &&
+         !get_back(io->dw, o.gw,
+                   norm    ? H
+                   : hnorm ? hd
+                           : nw,
+                   true, err, errn) &&
          !get_back(io->db, o.gb, o.dout, true, err, errn) && !get_back(io->dgh, o.dgh, H, true, err, errn) &&
          !get_back(io->dalpha, o.dalpha, 1, true, err, errn) && !get_back(io->dgate, o.dgate, units, true, err, errn);
     acc_trainer_free(t);

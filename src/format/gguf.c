@@ -31,11 +31,16 @@ int ac_gguf_is_path(const char *path) {
 }
 
 int ac_gguf_check_arch(const ac_arch *a, ac_err *e) {
+    if (a->qk_norm && !ac_arch_is_uniform(a))
+        return ac_errf(e, "export target gguf: llama.cpp's qwen3 architecture has one head count and one FFN width for "
+                          "every layer, and its deci architecture has no QK-norm: a Qwen3 model exports to GGUF "
+                          "only with uniform layers");
     if (a->sliding_window)
-        return ac_errf(e,
-                       "export target gguf: llama.cpp's llama/deci architectures have no sliding-window attention (the "
-                       "model has a window of %d)",
-                       a->sliding_window);
+        return ac_errf(
+            e,
+            "export target gguf: llama.cpp's llama/deci/qwen3 architectures have no sliding-window attention (the "
+            "model has a window of %d)",
+            a->sliding_window);
     return ac_gguf_check_layers(a, e);
 }
 
@@ -193,7 +198,7 @@ static void write_hparams(gbuf *b, const ac_arch *a, const char *arch, int dtype
     kv_u32(b, ak(arch, "context_length"), (uint32_t)a->max_pos);
     kv_u32(b, ak(arch, "embedding_length"), (uint32_t)a->hidden);
     kv_u32(b, ak(arch, "block_count"), (uint32_t)a->n_layers);
-    if (!strcmp(arch, "llama")) {
+    if (strcmp(arch, "deci")) {
         kv_u32(b, ak(arch, "feed_forward_length"), (uint32_t)a->layers[0].ffn);
         kv_u32(b, ak(arch, "attention.head_count"), (uint32_t)a->layers[0].n_heads);
         kv_u32(b, ak(arch, "attention.head_count_kv"), (uint32_t)a->layers[0].n_kv_heads);
@@ -384,16 +389,22 @@ int gg_layer_tensors(const ac_arch *a, int l, ac_layer_w *w, gg_layer_tensor *ou
 #define T(suffix, ptr, r, c, p)                                                                                        \
     out[n++] = (gg_layer_tensor){.w = &w->ptr, .rows = r, .cols = c, .perm = p};                                       \
     snprintf(out[n - 1].name, sizeof out[n - 1].name, "blk.%d.%s", l, suffix)
+    /* qwen3 rotates NEOX-style (halves), as the checkpoint is: no permutation */
+    int pq = a->qk_norm ? 0 : L->n_heads, pk = a->qk_norm ? 0 : L->n_kv_heads;
     if (L->n_heads) {
         T("attn_norm.weight", in_norm, H, 0, 0);
-        T("attn_q.weight", wq, q, H, L->n_heads);
-        T("attn_k.weight", wk, kv, H, L->n_kv_heads);
+        T("attn_q.weight", wq, q, H, pq);
+        T("attn_k.weight", wk, kv, H, pk);
         T("attn_v.weight", wv, kv, H, 0);
         T("attn_output.weight", wo, H, q, 0);
         if (a->qkv_bias) {
-            T("attn_q.bias", bq, q, 0, L->n_heads);
-            T("attn_k.bias", bk, kv, 0, L->n_kv_heads);
+            T("attn_q.bias", bq, q, 0, pq);
+            T("attn_k.bias", bk, kv, 0, pk);
             T("attn_v.bias", bv, kv, 0, 0);
+        }
+        if (a->qk_norm) {
+            T("attn_q_norm.weight", q_norm, hd, 0, 0);
+            T("attn_k_norm.weight", k_norm, hd, 0, 0);
         }
     }
     if (F) {
@@ -511,9 +522,9 @@ int ac_gguf_write(const ac_model *m, const char *tokenizer_json, const char *pat
     const ac_arch *a = &m->a;
     if (dtype != ST_BF16 && dtype != ST_F32) return ac_errf(e, "gguf: tensors are written as BF16 or F32");
     if (ac_gguf_check_arch(a, e)) return -1;
-    const char *arch = ac_arch_is_uniform(a) ? "llama" : "deci";
+    const char *arch = a->qk_norm ? "qwen3" : ac_arch_is_uniform(a) ? "llama" : "deci";
     gbuf kv = {0}, ti = {0};
-    gg_tensor *t = calloc((size_t)a->n_layers * 12 + 4, sizeof *t);
+    gg_tensor *t = calloc((size_t)a->n_layers * GG_LAYER_TENSORS + 4, sizeof *t);
     float *freqs = NULL;
     int nt = 0, rc = 0;
     FILE *f = NULL;

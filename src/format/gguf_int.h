@@ -50,7 +50,7 @@ typedef struct {
 
 /* The tensors of layer l of an architecture a whose weights are w, in
  * file order; out holds at least GG_LAYER_TENSORS. Returns the count. */
-#define GG_LAYER_TENSORS 12
+#define GG_LAYER_TENSORS 14
 int gg_layer_tensors(const ac_arch *a, int l, ac_layer_w *w, gg_layer_tensor *out);
 
 #endif

@@ -405,9 +405,10 @@ static int read_arch(const gfile *g, ac_arch *a, ac_err *e) {
     if (!an || n >= sizeof arch) return ac_errf(e, "gguf: general.architecture is missing");
     memcpy(arch, an, n);
     arch[n] = 0;
-    if (strcmp(arch, "llama") && strcmp(arch, "deci"))
-        return ac_errf(e, "gguf: architecture %s is not supported (llama, deci)", arch);
-    snprintf(a->model_type, sizeof a->model_type, "%s", strcmp(arch, "deci") ? "llama" : "nemotron-nas");
+    if (strcmp(arch, "llama") && strcmp(arch, "deci") && strcmp(arch, "qwen3"))
+        return ac_errf(e, "gguf: architecture %s is not supported (llama, deci, qwen3)", arch);
+    snprintf(a->model_type, sizeof a->model_type, "%s", !strcmp(arch, "deci") ? "nemotron-nas" : arch);
+    a->qk_norm = !strcmp(arch, "qwen3");
     long long v[6];
     if (read_arch_globals(g, arch, a, v, e)) return -1;
     if (read_arch_layers(g, arch, a, e)) goto fail;

@@ -1,5 +1,5 @@
 /*
- * model.c - config.json parsing (HF llama / mistral / qwen2 and the
+ * model.c - config.json parsing (HF llama / mistral / qwen2 / qwen3 and the
  * nemotron-nas heterogeneous form), architecture helpers, weight loading and
  * saving. See model.h for the contract.
  */
@@ -145,17 +145,21 @@ static int config_extras(const json_t *cfg, const char *mt, ac_arch *a, ac_err *
     a->rope_theta = (float)theta;
     if (parse_rope_scaling(json_is_object(rp) ? rp : json_object_get(cfg, "rope_scaling"), a, e)) return -1;
     a->tie_embeddings = json_is_true(json_object_get(cfg, "tie_word_embeddings"));
+    int qwen = !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3");
+    a->qk_norm = !strcmp(mt, "qwen3") || json_is_true(json_object_get(cfg, "qk_norm"));
+    if (!strcmp(mt, "qwen3") && json_is_true(json_object_get(cfg, "attention_bias")))
+        return ac_errf(e, "config.json: qwen3 attention_bias (an o_proj bias) is not supported");
     a->qkv_bias = strcmp(mt, "qwen2") == 0 || json_is_true(json_object_get(cfg, "attention_bias")) ||
                   json_is_true(json_object_get(cfg, "qkv_bias"));
     if (json_is_true(json_object_get(cfg, "mlp_bias"))) return ac_errf(e, "config.json: mlp_bias is not supported");
     json_t *sw = json_object_get(cfg, "sliding_window");
-    int use_sw = strcmp(mt, "qwen2") ? 1 : json_is_true(json_object_get(cfg, "use_sliding_window"));
+    int use_sw = !qwen ? 1 : json_is_true(json_object_get(cfg, "use_sliding_window"));
     if (sw && !json_is_null(sw) && use_sw) {
         if (!json_is_integer(sw) || json_integer_value(sw) <= 0)
             return ac_errf(e, "config.json: sliding_window must be a positive integer or null");
         a->sliding_window = json_integer_value(sw) > 1 << 30 ? 1 << 30 : (int)json_integer_value(sw);
-        if (!strcmp(mt, "qwen2") && json_is_integer(json_object_get(cfg, "max_window_layers")))
-            return ac_errf(e, "config.json: qwen2 sliding window with max_window_layers is not supported");
+        if (qwen && json_is_integer(json_object_get(cfg, "max_window_layers")))
+            return ac_errf(e, "config.json: %s sliding window with max_window_layers is not supported", mt);
     }
     a->bos_id = first_id(json_object_get(cfg, "bos_token_id"));
     a->eos_id = first_id(json_object_get(cfg, "eos_token_id"));
@@ -168,8 +172,9 @@ int ac_arch_from_config(const json_t *cfg, ac_arch *a, ac_err *e) {
     const char *mt = json_string_value(json_object_get(cfg, "model_type"));
     if (!mt) return ac_errf(e, "config.json: missing model_type");
     int deci = strcmp(mt, "nemotron-nas") == 0 || strcmp(mt, "deci") == 0;
-    if (!deci && strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2"))
-        return ac_errf(e, "config.json: model_type %s is not supported (llama, mistral, qwen2, nemotron-nas)", mt);
+    if (!deci && strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2") && strcmp(mt, "qwen3"))
+        return ac_errf(e, "config.json: model_type %s is not supported (llama, mistral, qwen2, qwen3, nemotron-nas)",
+                       mt);
     snprintf(a->model_type, sizeof a->model_type, "%s", mt);
     int nh = 0, nkv = 0, ffn = 0;
     double eps = 0;
@@ -181,7 +186,7 @@ int ac_arch_from_config(const json_t *cfg, ac_arch *a, ac_err *e) {
     if (!a->vocab || !a->hidden || !a->n_layers || !nh)
         return ac_errf(e, "config.json: vocab_size, hidden_size, num_hidden_layers and num_attention_heads are "
                           "required and > 0");
-    if (get_int(cfg, "head_dim", a->hidden / nh, &a->head_dim, e)) return -1;
+    if (get_int(cfg, "head_dim", strcmp(mt, "qwen3") ? a->hidden / nh : 128, &a->head_dim, e)) return -1;
     if (a->head_dim <= 0 || a->head_dim % 2)
         return ac_errf(e, "config.json: head_dim %d must be even and > 0", a->head_dim);
     a->eps = (float)eps;
@@ -232,7 +237,7 @@ double ac_arch_params(const ac_arch *a) {
         const ac_layer_arch *L = &a->layers[l];
         if (L->n_heads)
             p += H + 2 * H * L->n_heads * hd + 2 * H * L->n_kv_heads * hd +
-                 (a->qkv_bias ? (L->n_heads + 2 * L->n_kv_heads) * hd : 0);
+                 (a->qkv_bias ? (L->n_heads + 2 * L->n_kv_heads) * hd : 0) + (a->qk_norm ? 2 * hd : 0);
         if (L->ffn) p += H + 3 * H * L->ffn;
     }
     return p;
@@ -300,10 +305,15 @@ json_t *ac_arch_to_config(const ac_arch *a) {
     /* q/k/v biases without an o_proj bias are Qwen2's (Llama's attention_bias
      * also means an o_proj bias, which we do not have) */
     const char *arch_name = !uni                ? "DeciLMForCausalLM"
+                            : a->qk_norm        ? "Qwen3ForCausalLM"
                             : a->qkv_bias       ? "Qwen2ForCausalLM"
                             : a->sliding_window ? "MistralForCausalLM"
                                                 : "LlamaForCausalLM";
-    const char *type = !uni ? "nemotron-nas" : a->qkv_bias ? "qwen2" : a->sliding_window ? "mistral" : "llama";
+    const char *type = !uni                ? "nemotron-nas"
+                       : a->qk_norm        ? "qwen3"
+                       : a->qkv_bias       ? "qwen2"
+                       : a->sliding_window ? "mistral"
+                                           : "llama";
     json_object_set_new(c, "architectures", json_pack("[s]", arch_name));
     json_object_set_new(c, "model_type", json_string(type));
     json_object_set_new(c, "vocab_size", json_integer(a->vocab));
@@ -329,13 +339,16 @@ json_t *ac_arch_to_config(const ac_arch *a) {
     json_object_set_new(c, "hidden_act", json_string("silu"));
     json_object_set_new(c, "torch_dtype", json_string("bfloat16"));
     if (a->sliding_window) json_object_set_new(c, "sliding_window", json_integer(a->sliding_window));
-    if (a->sliding_window && uni && a->qkv_bias) json_object_set_new(c, "use_sliding_window", json_true());
+    if (a->sliding_window && uni && (a->qkv_bias || a->qk_norm))
+        json_object_set_new(c, "use_sliding_window", json_true());
     if (uni && a->qkv_bias) json_object_set_new(c, "attention_bias", json_false()); /* implied by qwen2 */
+    if (!uni && a->qk_norm) json_object_set_new(c, "qk_norm", json_true());
     if (a->bos_id >= 0) json_object_set_new(c, "bos_token_id", json_integer(a->bos_id));
     if (a->eos_id >= 0) json_object_set_new(c, "eos_token_id", json_integer(a->eos_id));
     ac_err de;
-    if (!uni && ac_deci_fill_config(c, a, &de) == 0) return c; /* what vLLM / TRT-LLM / Transformers load */
-    if (!uni) { /* our own loader's form: per-block head counts and widths the deci loaders cannot read */
+    if (!uni && !a->qk_norm && ac_deci_fill_config(c, a, &de) == 0)
+        return c; /* what vLLM / TRT-LLM / Transformers load */
+    if (!uni) {   /* our own loader's form: per-block head counts and widths the deci loaders cannot read */
         json_t *bc = json_array();
         for (int l = 0; l < a->n_layers; l++) {
             const ac_layer_arch *L = &a->layers[l];
@@ -446,10 +459,10 @@ static int model_copy(const ac_model *src, ac_model *dst, int bf16, ac_err *e) {
         layer_slots(a, l, d, pd, n);
         for (int i = 0; i < 7; i++)
             if (*ps[i] && *pd[i] && n[i]) ac_convert(*pd[i], ddt, *ps[i], wdt, n[i], NULL);
-        const float *sv[5] = {s->in_norm, s->post_norm, s->bq, s->bk, s->bv};
-        float *dv[5] = {d->in_norm, d->post_norm, d->bq, d->bk, d->bv};
-        size_t nv[5] = {L->n_heads ? H : 0, L->ffn ? H : 0, Q, KV, KV};
-        for (int i = 0; i < 5; i++)
+        const float *sv[7] = {s->in_norm, s->post_norm, s->bq, s->bk, s->bv, s->q_norm, s->k_norm};
+        float *dv[7] = {d->in_norm, d->post_norm, d->bq, d->bk, d->bv, d->q_norm, d->k_norm};
+        size_t nv[7] = {L->n_heads ? H : 0, L->ffn ? H : 0, Q, KV, KV, (size_t)a->head_dim, (size_t)a->head_dim};
+        for (int i = 0; i < 7; i++)
             if (sv[i] && dv[i]) memcpy(dv[i], sv[i], nv[i] * sizeof(float));
     }
     return 0;
@@ -510,6 +523,7 @@ void ac_model_free(ac_model *m) {
         for (int l = 0; l < m->a.n_layers; l++) {
             ac_layer_w *w = &m->L[l];
             free(w->in_norm), free(w->bq), free(w->bk), free(w->bv), free(w->post_norm);
+            free(w->q_norm), free(w->k_norm);
             if (!own) continue;
             float *ps[] = {w->wq, w->wk, w->wv, w->wo, w->wg, w->wu, w->wd};
             for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) free(ps[i]);
@@ -571,6 +585,10 @@ static int load_impl(const char *model_dir, ac_model *m, int resident, ac_err *e
                 LD(bk, "self_attn.k_proj.bias", kv, 0);
                 LD(bv, "self_attn.v_proj.bias", kv, 0);
             }
+            if (a->qk_norm) {
+                LD(q_norm, "self_attn.q_norm.weight", hd, 0);
+                LD(k_norm, "self_attn.k_norm.weight", hd, 0);
+            }
         }
         if (F) {
             LD(post_norm, "post_attention_layernorm.weight", H, 0);
@@ -625,6 +643,7 @@ static int model_alloc(ac_model *m, const ac_arch *a, int bf16, ac_err *e) {
             ok = (w->in_norm = calloc(H, 4)) && (w->wq = calloc(q * H, es)) && (w->wk = calloc(kv * H, es)) &&
                  (w->wv = calloc(kv * H, es)) && (w->wo = calloc(H * q, es));
             if (ok && a->qkv_bias) ok = (w->bq = calloc(q, 4)) && (w->bk = calloc(kv, 4)) && (w->bv = calloc(kv, 4));
+            if (ok && a->qk_norm) ok = (w->q_norm = calloc(hd, 4)) && (w->k_norm = calloc(hd, 4));
         }
         if (ok && F)
             ok = (w->post_norm = calloc(H, 4)) && (w->wg = calloc(F * H, es)) && (w->wu = calloc(F * H, es)) &&
@@ -640,7 +659,7 @@ static int model_alloc(ac_model *m, const ac_arch *a, int bf16, ac_err *e) {
 int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
     const ac_arch *a = &m->a;
     mkdir(dir, 0755);
-    int cap = 3 + a->n_layers * 12, n = 0;
+    int cap = 3 + a->n_layers * 14, n = 0;
     st_wtensor *t = calloc(cap, sizeof *t);
     char **names = calloc(cap, sizeof *names);
     void **bufs = calloc(cap, sizeof *bufs);
@@ -689,6 +708,10 @@ int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
                 ADDL("self_attn.q_proj.bias", w->bq, q, 0);
                 ADDL("self_attn.k_proj.bias", w->bk, kv, 0);
                 ADDL("self_attn.v_proj.bias", w->bv, kv, 0);
+            }
+            if (a->qk_norm) {
+                ADDL("self_attn.q_norm.weight", w->q_norm, hd, 0);
+                ADDL("self_attn.k_norm.weight", w->k_norm, hd, 0);
             }
         }
         if (F) {

@@ -2,7 +2,8 @@
  * model.h - the architecture description (uniform or heterogeneous per
  * layer), Hugging Face config.json parsing, and the fp32 weights of a model.
  *
- * Supported configs: llama, mistral, qwen2 (q/k/v biases), and the
+ * Supported configs: llama, mistral, qwen2 (q/k/v biases), qwen3 (a
+ * per-head RMSNorm of q and k before RoPE, head_dim free of hidden/heads), and the
  * DeciLM / nemotron-nas form AutoCompress exports for heterogeneous results
  * (block_configs, plus explicit per-block head and width fields it writes).
  *
@@ -26,7 +27,7 @@ typedef struct {
 } ac_layer_arch;
 
 typedef struct {
-    char model_type[32]; /* "llama", "mistral", "qwen2", "nemotron-nas" */
+    char model_type[32]; /* "llama", "mistral", "qwen2", "qwen3", "nemotron-nas" */
     int vocab, hidden, head_dim, n_layers, max_pos;
     float eps, rope_theta;
     int rope_llama3; /* llama3 frequency scaling */
@@ -34,6 +35,7 @@ typedef struct {
     int rs_orig;
     int tie_embeddings;
     int qkv_bias;
+    int qk_norm;           /* qwen3: q and k RMS-normed per head (weights q_norm, k_norm [head_dim]) before RoPE */
     int sliding_window;    /* mistral / qwen2: a query sees this many keys (itself included); 0 = all */
     int bos_id, eos_id;    /* -1 when absent */
     ac_layer_arch *layers; /* n_layers entries, owned */
@@ -54,14 +56,17 @@ double ac_arch_params(const ac_arch *a);
 json_t *ac_arch_to_json(const ac_arch *a);
 /* Apply a JSON of that shape (as produced above) on top of a base arch. */
 int ac_arch_from_json(const json_t *j, const ac_arch *base, ac_arch *out, ac_err *e);
-/* HF config.json for this arch: plain LlamaForCausalLM when uniform, a
- * DeciLM / nemotron-nas config with block_configs otherwise. */
+/* HF config.json for this arch: plain LlamaForCausalLM (Qwen2, Qwen3,
+ * Mistral as the arch says) when uniform, a DeciLM / nemotron-nas config
+ * with block_configs otherwise (with "qk_norm": true for a heterogeneous
+ * Qwen3, a form only AutoCompress reads: no deci loader has QK-norm). */
 json_t *ac_arch_to_config(const ac_arch *a);
 
 typedef struct {
     float *in_norm;           /* [H] */
     float *wq, *wk, *wv, *wo; /* [nH*hd,H] [nKV*hd,H] [nKV*hd,H] [H,nH*hd] */
     float *bq, *bk, *bv;      /* biases (qwen2) or NULL */
+    float *q_norm, *k_norm;   /* [hd] per-head RMSNorm weights (qk_norm) or NULL */
     float *post_norm;         /* [H] */
     float *wg, *wu, *wd;      /* [F,H] [F,H] [H,F] */
 } ac_layer_w;

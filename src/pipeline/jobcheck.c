@@ -43,7 +43,22 @@ int ac_gguf_check_spec(const ac_search_opts *o, const char *model_dir, const cha
                           "gguf");
     }
     *field = "model";
-    return model_dir && model_dir[0] ? ac_gguf_check_model_dir(model_dir, e) : 0;
+    if (!model_dir || !model_dir[0]) return 0;
+    if (o->target == AC_EXPORT_GGUF) {
+        ac_arch a;
+        ac_err ignore;
+        if (ac_arch_load(model_dir, &a, &ignore) == 0) { /* a bad model fails later with its own reason */
+            int qk = a.qk_norm;
+            ac_arch_free(&a);
+            *field = "search.export_target";
+            if (qk)
+                return ac_errf(e, "search.export_target gguf writes heterogeneous layers as llama.cpp's deci "
+                                  "architecture, which has no QK-norm, and llama.cpp's qwen3 is uniform: for this "
+                                  "Qwen3 model use export_target llama with search.gguf (a uniform Qwen3 GGUF)");
+            *field = "model";
+        }
+    }
+    return ac_gguf_check_model_dir(model_dir, e);
 }
 
 int ac_gguf_export_job(const ac_search_opts *o, const ac_model *m, const char *model_dir, const char *out_dir,
@@ -61,7 +76,10 @@ void ac_gguf_report(const ac_search_opts *o, const ac_arch *a, const char *out_d
     snprintf(f, sizeof f, "%s/model.gguf", out_dir);
     snprintf(serve, sizeof serve, "llama-server -m %s", f);
     json_object_set_new(export_obj, "gguf",
-                        json_pack("{s:s,s:s,s:s}", "file", f, "architecture", ac_arch_is_uniform(a) ? "llama" : "deci",
+                        json_pack("{s:s,s:s,s:s}", "file", f, "architecture",
+                                  a->qk_norm              ? "qwen3"
+                                  : ac_arch_is_uniform(a) ? "llama"
+                                                          : "deci",
                                   "serve", serve));
 }
 
@@ -82,6 +100,10 @@ int ac_deci_validate_base(int deci, int minitron, const ac_arch *base, const cha
     /* minitron keeps a uniform base uniform, and uniform results export as llama/mistral */
     if (minitron && ac_arch_is_uniform(base)) return 0;
     *field = "search.export_target";
+    if (base->qk_norm)
+        return ac_errf(e, "search.export_target deci cannot express this model's QK-norm (Qwen3): nemotron_nas "
+                          "loaders have none; use export_target llama (a uniform Qwen3 checkpoint; search.gguf adds "
+                          "its GGUF)");
     if (base->sliding_window)
         return ac_errf(e,
                        "search.export_target deci cannot express this model's sliding window (%d tokens): "

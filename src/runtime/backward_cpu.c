@@ -184,3 +184,21 @@ double ac_loss_backward(float *dz, const float *z, const int *target, const floa
     if (kd_out) *kd_out = kd;
     return wkd * kd + wce * ce;
 }
+
+void ac_head_norm_backward(float *dx, float *dw, const float *dy, const float *x, const float *w, long rows, int n,
+                           float eps) {
+    for (long i = 0; i < rows; i++) {
+        const float *xr = x + i * n, *dyr = dy + i * n;
+        float *dxr = dx + i * n;
+        double ss = 0, dot = 0;
+        for (int c = 0; c < n; c++) ss += (double)xr[c] * xr[c];
+        double r = 1.0 / sqrt(ss / n + eps);
+        for (int c = 0; c < n; c++) {
+            double xh = xr[c] * r;
+            dot += (double)dyr[c] * w[c] * xh;
+            if (dw) dw[c] += (float)(dyr[c] * xh);
+        }
+        double mean = dot / n;
+        for (int c = 0; c < n; c++) dxr[c] = (float)(r * ((double)dyr[c] * w[c] - xr[c] * r * mean));
+    }
+}

@@ -35,6 +35,13 @@ void ac_rmsnorm_fwd(float *y, float *xhat, float *r, const float *x, const float
  * dgh[H] += sum dy*xhat*w - dot/(2G) * (xhat^2 - m)   (when dgh). */
 void ac_rmsnorm_backward(float *dx, float *dw, float *dgh, const float *dy, const float *xhat, const float *r,
                          const float *w, const float *gh, int N, int H);
+/* RMSNorm of each of `rows` vectors of width n (a head of q or k, Qwen3's
+ * q_norm / k_norm) with one weight w[n]: y = x * r * w, r = 1/sqrt(mean x^2 + eps).
+ * Backward from x itself (r and xhat recomputed), with dxh = dy*w:
+ * dx = r * (dxh - xhat * sum(dxh xhat) / n), written (not added; dx may be
+ * dy, in place); dw[n] += sum dy * xhat when dw. */
+void ac_head_norm_backward(float *dx, float *dw, const float *dy, const float *x, const float *w, long rows, int n,
+                           float eps);
 
 /* Backward of rotate-half RoPE (ac_rope): the inverse (transposed) rotation
  * applied in place to dx[N, nh*hd]. */

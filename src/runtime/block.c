@@ -44,10 +44,34 @@ static const ac_subblock llama_sub[] = {
 };
 static const ac_block_recipe llama = {"llama", 2, llama_sub};
 
+/* Qwen3 decoder layer: Llama's, with q and k RMS-normed per head (one
+ * [hd] weight each, shared by the heads) after any KV merge and before
+ * RoPE, so a merged model's k_norm sees the pooled head as its export does:
+ *   q = q_norm(q);  k = k_norm(k)   over head_dim-wide heads */
+static const ac_op qwen3_attn[] = {
+    OP(AC_OP_RMSNORM, AC_T_XN, AC_T_X, 0, 0, AC_NORM_IN, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NORMED),
+    OP(AC_OP_LINEAR, AC_T_Q, AC_T_XN, 0, 0, AC_W_Q, AC_DIM_H, AC_DIM_Q, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_LINEAR, AC_T_K, AC_T_XN, 0, 0, AC_W_K, AC_DIM_H, AC_DIM_KV, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_LINEAR, AC_T_V, AC_T_XN, 0, 0, AC_W_V, AC_DIM_H, AC_DIM_KV, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_KV_MERGE, AC_T_K, AC_T_V, 0, 0, -1, AC_DIM_KV, AC_DIM_KV, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_HEAD_NORM, AC_T_Q, AC_T_Q, 0, 0, AC_NORM_Q, AC_DIM_Q, AC_DIM_Q, AC_DIM_Q, 0, AC_HOOK_NONE),
+    OP(AC_OP_HEAD_NORM, AC_T_K, AC_T_K, 0, 0, AC_NORM_K, AC_DIM_KV, AC_DIM_KV, AC_DIM_KV, 0, AC_HOOK_NONE),
+    OP(AC_OP_ROPE, AC_T_Q, AC_T_Q, 0, 0, -1, AC_DIM_Q, AC_DIM_Q, AC_DIM_Q, 0, AC_HOOK_NONE),
+    OP(AC_OP_ROPE, AC_T_K, AC_T_K, 0, 0, -1, AC_DIM_KV, AC_DIM_KV, AC_DIM_KV, 0, AC_HOOK_NONE),
+    OP(AC_OP_ATTENTION, AC_T_ATT, AC_T_Q, AC_T_K, AC_T_V, -1, AC_DIM_Q, AC_DIM_Q, 0, 0, AC_HOOK_HEAD_OUT),
+    OP(AC_OP_MASK, AC_T_ATT, AC_T_ATT, 0, 0, -1, AC_DIM_Q, AC_DIM_Q, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_LINEAR, AC_T_X, AC_T_ATT, 0, 0, AC_W_O, AC_DIM_Q, AC_DIM_H, 0, 1, AC_HOOK_NONE),
+    OP(AC_OP_MASK_HIDDEN, AC_T_X, AC_T_X, 0, 0, -1, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NONE),
+};
+static const ac_subblock qwen3_sub[] = {
+    {"attention", AC_DIM_Q, (int)(sizeof qwen3_attn / sizeof *qwen3_attn), qwen3_attn},
+    {"ffn", AC_DIM_F, (int)(sizeof llama_ffn / sizeof *llama_ffn), llama_ffn},
+};
+static const ac_block_recipe qwen3 = {"qwen3", 2, qwen3_sub};
+
 const ac_block_recipe *ac_block_recipe_of(const ac_arch *a, int l) {
-    (void)a;
     (void)l;
-    return &llama;
+    return a->qk_norm ? &qwen3 : &llama;
 }
 
 int ac_block_slot_dim(int slot) {
@@ -102,9 +126,19 @@ const float *ac_block_bias(const ac_layer_w *lw, int w) {
     }
 }
 
-const float *ac_block_norm(const ac_layer_w *lw, int w) { return w == AC_NORM_IN ? lw->in_norm : lw->post_norm; }
+const float *ac_block_norm(const ac_layer_w *lw, int w) {
+    switch (w) {
+    case AC_NORM_IN: return lw->in_norm;
+    case AC_NORM_POST: return lw->post_norm;
+    case AC_NORM_Q: return lw->q_norm;
+    case AC_NORM_K: return lw->k_norm;
+    default: return NULL;
+    }
+}
 
-int ac_block_op_taped(const ac_op *op) { return (op->kind == AC_OP_LINEAR && !op->acc) || op->kind == AC_OP_ATTENTION; }
+int ac_block_op_taped(const ac_op *op) {
+    return (op->kind == AC_OP_LINEAR && !op->acc) || op->kind == AC_OP_ATTENTION || op->kind == AC_OP_HEAD_NORM;
+}
 
 int ac_block_op_recomputed(const ac_op *op) {
     return op->kind == AC_OP_RMSNORM || op->kind == AC_OP_SWIGLU || op->kind == AC_OP_MASK;

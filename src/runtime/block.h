@@ -47,7 +47,7 @@ typedef enum {
 typedef enum { AC_DIM_H, AC_DIM_Q, AC_DIM_KV, AC_DIM_F, AC_DIM_COUNT } ac_dim;
 
 /* Norm weights of a layer. */
-typedef enum { AC_NORM_IN, AC_NORM_POST } ac_normw;
+typedef enum { AC_NORM_IN, AC_NORM_POST, AC_NORM_Q, AC_NORM_K } ac_normw;
 
 typedef enum {
     AC_OP_RMSNORM,     /* out = rmsnorm(in) * norm weight `w` (ac_normw); in, out: [N][H] */
@@ -60,6 +60,8 @@ typedef enum {
     AC_OP_MASK,        /* structure point: the units of out multiplied by masks or gates; unit width
                         * head_dim when dout is AC_DIM_Q (query heads), else 1 (FFN channels) */
     AC_OP_MASK_HIDDEN, /* structure point: hidden channels of out ([N][H]) masked after a residual add */
+    AC_OP_HEAD_NORM,   /* out = rmsnorm of each head_dim-wide head of in, times norm weight `w` ([hd], shared by
+                        * the heads), over `heads` (ac_dim Q or KV) heads; Qwen3's q_norm / k_norm */
 } ac_op_kind;
 
 /* Observation points after an op (engine hooks, engine.h). */
@@ -93,8 +95,8 @@ typedef struct {
     const ac_subblock *sub;
 } ac_block_recipe;
 
-/* The recipe of layer l of a (every layer of today's architectures is the
- * Llama/Qwen2/Mistral decoder layer). */
+/* The recipe of layer l of a: the Llama/Qwen2/Mistral decoder layer, or
+ * Qwen3's (the same with q and k normed per head before RoPE). */
 const ac_block_recipe *ac_block_recipe_of(const ac_arch *a, int l);
 /* The width (ac_dim) of a slot's rows. */
 int ac_block_slot_dim(int slot);
@@ -106,9 +108,11 @@ int ac_block_sub_present(const ac_arch *a, int l, const ac_subblock *s);
 int ac_block_dim_max(const ac_arch *a, ac_dim d);
 /* The backward executors' tape (block_grad.h, the CUDA trainer): whether
  * the forward keeps an op's output per layer (the costly ops: LINEAR other
- * than a residual add, ATTENTION) or the backward recomputes it (RMSNORM,
+ * than a residual add, ATTENTION; and HEAD_NORM, in place on a taped LINEAR
+ * output that its backward reads) or the backward recomputes it (RMSNORM,
  * SWIGLU, MASK); the floats an op adds to layer l's tape for N rows
- * (RMSNORM: xhat and 1/rms; ATTENTION: its output and attn_extra floats
+ * (RMSNORM: xhat and 1/rms; HEAD_NORM: its output, its input being the
+ * LINEAR's taped one; ATTENTION: its output and attn_extra floats
  * per row and query head, e.g. a log-sum-exp) and the layer's total; the
  * scratch an executor needs for N rows: the recomputed outputs of the
  * largest sub-block, then one gradient buffer per slot. */

@@ -90,6 +90,9 @@ void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n
                         dim[op->din], dim[op->dout], op->acc, c->ws);
             break;
         case AC_OP_ROPE: ac_rope(s[op->out], N, dim[op->heads] / hd, hd, c->pos, c->cos_t, c->sin_t); break;
+        case AC_OP_HEAD_NORM:
+            ac_rmsnorm(s[op->out], s[op->in], ac_block_norm(lw, op->w), N * (dim[op->heads] / hd), hd, a->eps);
+            break;
         case AC_OP_KV_MERGE: {
             int nkv = dim[AC_DIM_KV] / hd;
             if (mod && mod->kv_merge > 0 && mod->kv_merge < nkv) {

@@ -92,6 +92,11 @@ static float *sub_walk(ac_block_grad *c, int l, int sb, float *x, float **tp, fl
             cur[op->out] = *tp;
             *tp += (size_t)N * dout;
             break;
+        case AC_OP_HEAD_NORM: /* taped: its input stays on the tape (the LINEAR's output) */
+            if (fwd) ac_rmsnorm(*tp, cur[op->in], ac_block_norm(c->w, op->w), N * (dim[op->heads] / hd), hd, a->eps);
+            cur[op->out] = *tp;
+            *tp += (size_t)N * dout;
+            break;
         case AC_OP_ROPE: /* in place on a taped output: the tape keeps the rotated value */
             if (fwd) ac_rope(cur[op->out], N, dim[op->heads] / hd, hd, c->pos, c->cos_t, c->sin_t);
             break;
@@ -206,6 +211,10 @@ void ac_block_grad_backward(ac_block_grad *c, int l, float *dx) {
                 has[op->in] = 1;
                 break;
             case AC_OP_ROPE: ac_rope_backward(dO, N, dim[op->heads] / hd, hd, c->pos, c->cos_t, c->sin_t); break;
+            case AC_OP_HEAD_NORM: /* in place: the slot's gradient becomes its input's */
+                ac_head_norm_backward(dO, c->gw ? (float *)ac_block_norm(c->gw, op->w) : NULL, dO, w.in[i],
+                                      ac_block_norm(c->w, op->w), (long)N * (dim[op->heads] / hd), hd, a->eps);
+                break;
             case AC_OP_ATTENTION: {
                 const ac_layer_arch *la = &a->layers[l];
                 int Q = dim[AC_DIM_Q], KV = dim[AC_DIM_KV], grp = la->n_heads / la->n_kv_heads;

@@ -63,7 +63,9 @@ int ac_adamw_add_model(ac_adamw *a, ac_model *m, const ac_model *g, ac_err *e) {
              ac_adamw_add(a, w->bv, d->bv, w->bv ? KV : 0, 0, e) ||
              ac_adamw_add(a, w->post_norm, d->post_norm, F ? H : 0, 0, e) ||
              ac_adamw_add(a, w->wg, d->wg, F * H, 1, e) || ac_adamw_add(a, w->wu, d->wu, F * H, 1, e) ||
-             ac_adamw_add(a, w->wd, d->wd, H * F, 1, e);
+             ac_adamw_add(a, w->wd, d->wd, H * F, 1, e) ||
+             ac_adamw_add(a, w->q_norm, d->q_norm, w->q_norm ? hd : 0, 0, e) ||
+             ac_adamw_add(a, w->k_norm, d->k_norm, w->k_norm ? hd : 0, 0, e);
     }
     return rc ? -1 : 0;
 }

@@ -256,6 +256,8 @@ void ac_train_zero_grad(ac_trainer *t) {
         zero(w->wg, F * H);
         zero(w->wu, F * H);
         zero(w->wd, H * F);
+        zero(w->q_norm, w->q_norm ? hd : 0);
+        zero(w->k_norm, w->k_norm ? hd : 0);
         zero(t->dgate.head[l], L->n_heads);
         zero(t->dgate.ffn[l], F);
         t->dgate.attn[l] = t->dgate.mlp[l] = 0;

@@ -208,6 +208,10 @@ static int prune_layer(const ac_model *src, const ac_arch *t, const ac_importanc
         prune_attn_merge(a, s, d, &src->L[l], lw, dw, hk, Ht, row, acc);
     else if (d->n_heads)
         rc = prune_attn_groups(a, l, s, d, imp, &src->L[l], lw, dw, hk, Ht, row, e);
+    if (d->n_heads && a->qk_norm) { /* one weight per head_dim channel, shared by the heads: kept whole */
+        memcpy(dw->q_norm, src->L[l].q_norm, sizeof(float) * a->head_dim);
+        memcpy(dw->k_norm, src->L[l].k_norm, sizeof(float) * a->head_dim);
+    }
     if (d->ffn && !rc) rc = prune_ffn(a, s, d, imp->ffn_order[l], &src->L[l], lw, dw, hk, Ht, row, e);
     return rc;
 }
