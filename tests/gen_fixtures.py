@@ -85,6 +85,16 @@ def models(out):
     model_case(out, "qwen3_hd_bf16", dict(BASE, architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=24,
                                           rope_theta=1000000.0, rms_norm_eps=1e-6, attention_bias=False,
                                           use_sliding_window=False, sliding_window=None), torch.bfloat16, 6)
+    # Qwen3-MoE: 5 experts (odd), top-2 without renormalisation, layer 1 dense (mlp_only_layers), 3 layers
+    model_case(out, "qwen3moe_mixed_bf16",
+               dict(BASE, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", head_dim=24,
+                    num_hidden_layers=3, num_experts=5, num_experts_per_tok=2, moe_intermediate_size=48,
+                    norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[1], rope_theta=1000000.0,
+                    rms_norm_eps=1e-6, attention_bias=False, use_sliding_window=False), torch.bfloat16, 7)
+    # Mixtral: 3 experts, top-2 renormalised, every layer MoE
+    model_case(out, "mixtral_f32", dict(BASE, architectures=["MixtralForCausalLM"], model_type="mixtral",
+                                        num_local_experts=3, num_experts_per_tok=2, intermediate_size=64,
+                                        sliding_window=None), torch.float32, 8)
 
 
 SAMPLES = [

@@ -64,7 +64,7 @@ def load_safetensors(path):
 def arch_from_config(cfg):
     nh = cfg["num_attention_heads"]
     nkv = cfg.get("num_key_value_heads") or nh
-    hd = cfg.get("head_dim") or (128 if cfg["model_type"] == "qwen3" else cfg["hidden_size"] // nh)
+    hd = cfg.get("head_dim") or (128 if cfg["model_type"].startswith("qwen3") else cfg["hidden_size"] // nh)
     layers = [{"heads": nh, "kv_heads": nkv, "ffn": cfg["intermediate_size"]} for _ in range(cfg["num_hidden_layers"])]
     for l, bc in enumerate(cfg.get("block_configs") or []):
         at, ff = bc["attention"], bc["ffn"]
@@ -74,14 +74,25 @@ def arch_from_config(cfg):
             h = at.get("num_attention_heads", nh)
             layers[l]["heads"], layers[l]["kv_heads"] = h, h // at["n_heads_in_group"]
         layers[l]["ffn"] = 0 if ff.get("no_op") else ff["intermediate_size"]
+    mt = cfg["model_type"]
+    if mt in ("qwen3_moe", "mixtral"):  # mixture-of-experts FFN layers (HF's layer choice)
+        q3 = mt == "qwen3_moe"
+        E = cfg["num_experts"] if q3 else cfg["num_local_experts"]
+        fe = cfg["moe_intermediate_size"] if q3 else cfg["intermediate_size"]
+        step, only = (cfg.get("decoder_sparse_step") or 1, cfg.get("mlp_only_layers") or []) if q3 else (1, [])
+        for l, L in enumerate(layers):
+            if l not in only and E > 0 and (l + 1) % step == 0:
+                L.update(ffn=0, experts=E, expert_ffn=fe)
     return {
+        "family": mt, "top_k": cfg.get("num_experts_per_tok", 0),
+        "norm_topk": mt == "mixtral" or bool(cfg.get("norm_topk_prob")),
         "hidden": cfg["hidden_size"], "head_dim": hd, "vocab": cfg["vocab_size"], "layers": layers,
         "eps": cfg.get("rms_norm_eps", 1e-6), "theta": cfg.get("rope_theta", 10000.0),
         "rope_scaling": cfg.get("rope_scaling"), "tie": cfg.get("tie_word_embeddings", False),
         "bias": cfg["model_type"] == "qwen2" or cfg.get("attention_bias", False),
-        "qk_norm": cfg["model_type"] == "qwen3" or bool(cfg.get("qk_norm")),
+        "qk_norm": cfg["model_type"] in ("qwen3", "qwen3_moe") or bool(cfg.get("qk_norm")),
         "window": (cfg.get("sliding_window") or 0)
-        if (cfg["model_type"] not in ("qwen2", "qwen3") or cfg.get("use_sliding_window")) else 0,
+        if (cfg["model_type"] not in ("qwen2", "qwen3", "qwen3_moe") or cfg.get("use_sliding_window")) else 0,
     }
 
 
@@ -102,6 +113,33 @@ def inv_freq(arch):
 
 
 # ---------------------------------------------------------------- model
+def moe_names(arch, l):
+    """HF tensor names of layer l's router and expert e's gate, up, down (format with e)."""
+    p = f"model.layers.{l}."
+    if arch["family"] == "mixtral":
+        b = p + "block_sparse_moe."
+        return b + "gate.weight", b + "experts.{}.w1.weight", b + "experts.{}.w3.weight", b + "experts.{}.w2.weight"
+    b = p + "mlp."
+    return (b + "gate.weight", b + "experts.{}.gate_proj.weight", b + "experts.{}.up_proj.weight",
+            b + "experts.{}.down_proj.weight")
+
+
+def moe(arch, W, l, L, n):
+    """HF's sparse MoE block (Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock): softmax over the experts,
+    top-k, renormalised when norm_topk; each expert a SwiGLU; the weighted sum."""
+    rn, gn, un, dn = moe_names(arch, l)
+    p = torch.softmax(n @ W[rn].T, dim=-1)
+    topv, topi = torch.topk(p, arch["top_k"], dim=-1)
+    if arch["norm_topk"]:
+        topv = topv / topv.sum(-1, keepdim=True)
+    out = torch.zeros_like(n)
+    for e in range(L["experts"]):
+        w = (topv * (topi == e)).sum(-1, keepdim=True)
+        h = torch.nn.functional.silu(n @ W[gn.format(e)].T) * (n @ W[un.format(e)].T)
+        out = out + w * (h @ W[dn.format(e)].T)
+    return out
+
+
 def rmsnorm(x, w, eps):
     xf = x.to(torch.promote_types(x.dtype, torch.float32))
     return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w
@@ -150,6 +188,8 @@ def forward(arch, W, tokens):
             att = torch.softmax(att.to(torch.promote_types(att.dtype, torch.float32)), dim=-1).to(v.dtype)
             o = (att @ v).transpose(1, 2).reshape(B, T, L["heads"] * hd)
             x = x + o @ W[p + "self_attn.o_proj.weight"].T
+        if L.get("experts"):
+            x = x + moe(arch, W, l, L, rmsnorm(x, W[p + "post_attention_layernorm.weight"], arch["eps"]))
         if L["ffn"]:
             n = rmsnorm(x, W[p + "post_attention_layernorm.weight"], arch["eps"])
             g = n @ W[p + "mlp.gate_proj.weight"].T
@@ -183,6 +223,14 @@ def random_weights(arch, seed, scale=0.08):
             if arch.get("qk_norm"):
                 W[p + "self_attn.q_norm.weight"] = 1 + 3 * r(hd)
                 W[p + "self_attn.k_norm.weight"] = 1 + 3 * r(hd)
+        if L.get("experts"):
+            W[p + "post_attention_layernorm.weight"] = 1 + r(H)
+            rn, gn, un, dn = moe_names(arch, l)
+            W[rn] = 4 * r(L["experts"], H)  # sharper routing than the other weights' scale
+            for e in range(L["experts"]):
+                W[gn.format(e)] = r(L["expert_ffn"], H)
+                W[un.format(e)] = r(L["expert_ffn"], H)
+                W[dn.format(e)] = r(H, L["expert_ffn"])
         if L["ffn"]:
             W[p + "post_attention_layernorm.weight"] = 1 + r(H)
             W[p + "mlp.gate_proj.weight"] = r(L["ffn"], H)

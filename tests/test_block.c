@@ -498,9 +498,9 @@ static void fill(float *p, size_t n, float scale) {
  * qkv biases), odd widths. */
 static int random_model(ac_model *m, ac_err *e) {
     ac_arch a = mk_arch(4, 13, 6, 3, 1, 7, 11);
-    a.layers[1] = (ac_layer_arch){4, 2, 0};
-    a.layers[2] = (ac_layer_arch){0, 0, 9};
-    a.layers[3] = (ac_layer_arch){2, 2, 5};
+    a.layers[1] = (ac_layer_arch){4, 2, 0, 0, 0};
+    a.layers[2] = (ac_layer_arch){0, 0, 9, 0, 0};
+    a.layers[3] = (ac_layer_arch){2, 2, 5, 0, 0};
     a.sliding_window = 4; /* a window shorter than the rows */
     a.qkv_bias = 1;
     int rc = ac_model_alloc(m, &a, e);
@@ -893,6 +893,93 @@ static void cuda_ops(const ac_cuda_api *cu, int qk) {
     ac_arch_free(&a);
 }
 
+/* The mixture-of-experts sub-block (ROUTE, EXPERTS) on the CPU against a
+ * float64 reference written from the Hugging Face modules, with routing
+ * ties: experts 1 and 3 have the same router row (equal probabilities on
+ * every token), and in a second pass every router row is 0 (all experts
+ * tie: the lowest indices win, weights 1/E, or 1/k renormalised). Odd
+ * expert count, top-k 2 and 3, with and without renormalisation. */
+static void test_moe_route_ties(void) {
+    int H = 12, E = 5, Fe = 7, B = 3, n = 4, N = B * n;
+    for (int pass = 0; pass < 4; pass++) {
+        int k = pass % 2 ? 3 : 2, norm = pass >= 2, allzero = pass == 1 || pass == 3;
+        ac_arch a = mk_arch(1, H, 4, 2, 1, 0, 16);
+        a.layers[0].n_experts = E;
+        a.layers[0].expert_ffn = Fe;
+        a.top_k = k;
+        a.norm_topk = norm;
+        ac_model m;
+        ac_err e = {0};
+        CHECK(ac_model_alloc(&m, &a, &e) == 0, "%s", e.msg);
+        ac_layer_w *w = &m.L[0];
+        fill(w->post_norm, H, 1);
+        fill(w->router, (size_t)E * H, 1);
+        memcpy(w->router + 3 * H, w->router + 1 * H, sizeof(float) * H); /* experts 1 and 3 tie */
+        if (allzero) memset(w->router, 0, sizeof(float) * E * H);
+        for (int x = 0; x < E; x++) {
+            fill(w->eg[x], (size_t)Fe * H, 0.5f);
+            fill(w->eu[x], (size_t)Fe * H, 0.5f);
+            fill(w->ed[x], (size_t)H * Fe, 0.5f);
+        }
+        float *slot[AC_T_COUNT];
+        for (int i = 0; i < AC_T_COUNT; i++) {
+            int d = ac_block_dim(&a, 0, (ac_dim)ac_block_slot_dim(i));
+            slot[i] = calloc((size_t)N * (d > 0 ? d : 1), 4);
+        }
+        int rows[64];
+        ac_block_cpu c = {.m = &m, .rows = rows};
+        memcpy(c.slot, slot, sizeof slot);
+        fill(slot[AC_T_X], (size_t)N * H, 1);
+        double *x = malloc(sizeof(double) * N * H), *xn = malloc(sizeof(double) * N * H);
+        for (int i = 0; i < N * H; i++) x[i] = slot[AC_T_X][i];
+        ref_rmsnorm(xn, slot[AC_T_X], w->post_norm, N, H, a.eps);
+        const ac_block_recipe *r = ac_block_recipe_of(&a, 0);
+        CHECK(!strcmp(r->name, "mixtral") && !strcmp(r->sub[1].name, "moe"), "moe recipe");
+        ac_block_cpu_forward_sub(&c, 0, 1, B, n, 0);
+        for (int i = 0; i < N; i++) { /* the reference: softmax, top-k by (probability, lower index), weights */
+            double p[5], mx = -1e300, sum = 0, kept = 0;
+            int sel[5] = {0}, picked[3];
+            for (int x2 = 0; x2 < E; x2++) {
+                p[x2] = 0;
+                for (int ch = 0; ch < H; ch++) p[x2] += xn[i * H + ch] * w->router[x2 * H + ch];
+                mx = fmax(mx, p[x2]);
+            }
+            for (int x2 = 0; x2 < E; x2++) sum += p[x2] = exp(p[x2] - mx);
+            for (int x2 = 0; x2 < E; x2++) p[x2] /= sum;
+            for (int j = 0; j < k; j++) {
+                int b = -1;
+                for (int x2 = 0; x2 < E; x2++)
+                    if (!sel[x2] && (b < 0 || p[x2] > p[b])) b = x2; /* strict: the lower index wins a tie */
+                sel[b] = 1, picked[j] = b, kept += p[b];
+            }
+            if (allzero) CHECK(picked[0] == 0 && picked[1] == 1, "all tied: experts %d, %d picked", picked[0], picked[1]);
+            for (int j = 0; j < k; j++) {
+                int x2 = picked[j];
+                double wt = norm ? p[x2] / kept : p[x2], hbuf[7];
+                for (int f = 0; f < Fe; f++) {
+                    double g = 0, u = 0;
+                    for (int ch = 0; ch < H; ch++) {
+                        g += xn[i * H + ch] * w->eg[x2][f * H + ch];
+                        u += xn[i * H + ch] * w->eu[x2][f * H + ch];
+                    }
+                    hbuf[f] = silu(g) * u;
+                }
+                for (int ch = 0; ch < H; ch++) {
+                    double y = 0;
+                    for (int f = 0; f < Fe; f++) y += hbuf[f] * w->ed[x2][ch * Fe + f];
+                    x[i * H + ch] += wt * y;
+                }
+            }
+        }
+        double er = relerr(slot[AC_T_X], x, (size_t)N * H);
+        CHECK(er < 1e-5, "moe k=%d norm=%d ties=%s: %g", k, norm, allzero ? "all" : "1,3", er);
+        for (int i = 0; i < AC_T_COUNT; i++) free(slot[i]);
+        free(x), free(xn);
+        ac_model_free(&m);
+        ac_arch_free(&a);
+    }
+}
+
 /* Every op of every recipe (Llama's, Qwen3's) on the CUDA backend against the CPU. */
 static void test_cuda_ops(void) {
     const char *why = NULL;
@@ -909,6 +996,7 @@ int main(void) {
     RUN(test_ops_backward_f64);
     RUN(test_executor_vs_f64);
     RUN(test_grad_executor_vs_f64);
+    RUN(test_moe_route_ties);
     RUN(test_cuda_ops);
     printf("RESULT %d %d %d\n", ck_pass, ck_fail, ck_skip);
     return ck_fail ? 1 : 0;

@@ -427,7 +427,7 @@ static void test_gpu_job(void) {
     a.eps = 1e-5f;
     a.rope_theta = 10000;
     a.bos_id = a.eos_id = -1;
-    ac_layer_arch la[2] = {{4, 2, 128}, {4, 2, 128}};
+    ac_layer_arch la[2] = {{4, 2, 128, 0, 0}, {4, 2, 128, 0, 0}};
     a.layers = la;
     ac_model m;
     CHECK(ac_model_alloc(&m, &a, &e) == 0, "%s", e.msg);

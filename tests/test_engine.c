@@ -4,6 +4,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdint.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "engine.h"
@@ -349,6 +350,46 @@ static void test_qwen3_hd_bf16(void) {
     check_model("qwen3_hd_bf16");
     check_model_ex("qwen3_hd_bf16", 1, 1e-2);
 }
+/* Mixture of experts against the Hugging Face semantics: Qwen3-MoE with 5
+ * experts, top-2 without renormalisation and a dense layer between MoE
+ * layers (mlp_only_layers), BF16 (fp32 and resident); Mixtral with 3
+ * experts, top-2 renormalised, fp32. */
+static void test_moe_models(void) {
+    if (!fixtures_present()) SKIP("no fixtures");
+    check_model("qwen3moe_mixed_bf16");
+    check_model_ex("qwen3moe_mixed_bf16", 1, 1e-2);
+    check_model("mixtral_f32");
+    /* saved and loaded back: the family's config and tensor names, the same logits */
+    const char *names[] = {"mixtral_f32", "qwen3moe_mixed_bf16"}, *types[] = {"mixtral", "qwen3_moe"};
+    for (int i = 0; i < 2; i++) {
+        char src[1200], dst[300], cfg[400];
+        snprintf(src, sizeof src, "%s/models/%s", fx, names[i]);
+        snprintf(dst, sizeof dst, "/tmp/ac_moe_rt_%d_%d", (int)getpid(), i);
+        ac_model m, b;
+        ac_err e = {{0}};
+        CHECK(ac_model_load(src, &m, &e) == 0 && ac_model_save(&m, dst, ST_F32, &e) == 0 &&
+                  ac_model_load(dst, &b, &e) == 0,
+              "%s: %s", names[i], e.msg);
+        snprintf(cfg, sizeof cfg, "%s/config.json", dst);
+        json_t *c = json_load_file(cfg, 0, NULL);
+        CHECK(c && !strcmp(json_string_value(json_object_get(c, "model_type")), types[i]), "%s config", names[i]);
+        CHECK(b.a.top_k == m.a.top_k && b.a.norm_topk == m.a.norm_topk && b.a.qk_norm == m.a.qk_norm &&
+                  b.a.layers[1].n_experts == m.a.layers[1].n_experts && b.a.layers[0].expert_ffn == m.a.layers[0].expert_ffn,
+              "%s: arch after the round trip", names[i]);
+        int toks[6] = {1, 5, 9, 33, 2, 7};
+        ac_engine e1, e2;
+        CHECK(ac_engine_init(&e1, &m, 1, 6, &e) == 0 && ac_engine_init(&e2, &b, 1, 6, &e) == 0, "%s", e.msg);
+        CHECK(ac_engine_forward(&e1, toks, 1, 6, 0, 0, &e) == 0 && ac_engine_forward(&e2, toks, 1, 6, 0, 0, &e) == 0,
+              "%s", e.msg);
+        CHECK(!memcmp(e1.logits, e2.logits, sizeof(float) * 6 * m.a.vocab), "%s: logits after the round trip", names[i]);
+        ac_engine_free(&e1), ac_engine_free(&e2);
+        json_decref(c);
+        ac_model_free(&m), ac_model_free(&b);
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dst);
+        CHECK(system(cmd) == 0, "rm");
+    }
+}
 static void test_llama3_rope_f32(void) {
     if (!fixtures_present()) SKIP("no fixtures");
     check_model("llama3_rope_f32");
@@ -464,6 +505,7 @@ int main(void) {
     RUN(test_llama_gqa_bf16);
     RUN(test_qwen2_tied_f16);
     RUN(test_qwen3_hd_bf16);
+    RUN(test_moe_models);
     RUN(test_llama3_rope_f32);
     RUN(test_mistral_sharded);
     RUN(test_deci_heterogeneous);

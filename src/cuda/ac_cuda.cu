@@ -426,6 +426,13 @@ static int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_
         maxf = std::max(maxf, (size_t)a->layers[l].ffn);
     }
     en->stage_n = std::min(STAGE_MAX, std::max(V, std::max(maxq, maxf)) * H);
+    for (int l = 0; l < a->n_layers; l++)
+        if (a->layers[l].n_experts) {
+            snprintf(err, errn, "the CUDA engine has no mixture-of-experts op yet (layer %d): use the CPU", l);
+            free(en->a.layers);
+            delete en;
+            return -1;
+        }
     if (hd > ATTN_MAX_HD || hd % 2) {
         snprintf(err, errn, "head_dim %zu: the attention kernel takes even head dims up to %d", hd, ATTN_MAX_HD);
         free(en->a.layers);
@@ -534,7 +541,9 @@ static int layer_forward(acc_engine *en, int l, int B, int n, int pos0, char *er
                 break;
             case AC_OP_KV_MERGE:
             case AC_OP_MASK:
-            case AC_OP_MASK_HIDDEN: break;
+            case AC_OP_MASK_HIDDEN:
+            case AC_OP_ROUTE: // MoE: refused at engine_create (no device op yet)
+            case AC_OP_EXPERTS: break;
             }
         }
     }

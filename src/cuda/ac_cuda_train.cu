@@ -658,6 +658,11 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
         snprintf(err, errn, "trainer: context %d above the CUDA trainer's 6144", max_T);
         return -1;
     }
+    for (int l = 0; l < m->a.n_layers; l++)
+        if (m->a.layers[l].n_experts) {
+            snprintf(err, errn, "trainer: the CUDA trainer has no mixture-of-experts op yet (layer %d)", l);
+            return -1;
+        }
     TCK(cudaSetDevice(dev));
     acc_trainer *t = new acc_trainer();
     const ac_arch *a = &m->a;
@@ -727,6 +732,10 @@ static int op_fwd(acc_trainer *t, const top *o, bool recompute, char *err, size_
         break;
     case AC_OP_KV_MERGE:
     case AC_OP_MASK_HIDDEN: break; // not differentiated (block_grad.h)
+    case AC_OP_ROUTE:
+    case AC_OP_EXPERTS: // MoE: refused at create and by op_test (no device op yet)
+        snprintf(err, errn, "the CUDA trainer has no mixture-of-experts op yet");
+        return -1;
     }
     return 0;
 }
@@ -791,6 +800,8 @@ static int op_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
         break;
     case AC_OP_KV_MERGE:
     case AC_OP_MASK_HIDDEN: break;
+    case AC_OP_ROUTE:
+    case AC_OP_EXPERTS: snprintf(err, errn, "the CUDA trainer has no mixture-of-experts op yet"); return -1;
     }
     return 0;
 }
@@ -863,7 +874,9 @@ static float *sub_walk(acc_trainer *t, int l, int sb, int B, int T, float **tp, 
         case AC_OP_SWIGLU:
         case AC_OP_MASK: o.out = sc, sc += n; break;
         case AC_OP_KV_MERGE:
-        case AC_OP_MASK_HIDDEN: o.out = cur[op->out]; break;
+        case AC_OP_MASK_HIDDEN:
+        case AC_OP_ROUTE:
+        case AC_OP_EXPERTS: o.out = cur[op->out]; break; // MoE: op_fwd refuses it
         }
         if (op_fwd(t, &o, !fwd, err, errn)) return NULL;
         cur[op->out] = o.out;

@@ -121,7 +121,7 @@ static int config_layers(const json_t *cfg, const char *mt, int deci, int nh, in
         return ac_errf(e, "config.json: %s needs block_configs with one entry per layer", mt);
     for (int l = 0; l < a->n_layers; l++) {
         ac_layer_arch *L = &a->layers[l];
-        *L = (ac_layer_arch){nh, nkv, ffn};
+        *L = (ac_layer_arch){nh, nkv, ffn, 0, 0};
         if (deci && deci_block(json_array_get(bc, l), l, nh, a->hidden, L, e)) return -1;
     }
     for (int l = 0; l < a->n_layers; l++) {
@@ -130,6 +130,42 @@ static int config_layers(const json_t *cfg, const char *mt, int deci, int nh, in
             return ac_errf(e, "config.json: layer %d: %d heads not divisible by %d KV heads", l, L->n_heads,
                            L->n_kv_heads);
         if (!deci && L->ffn <= 0) return ac_errf(e, "config.json: intermediate_size is required");
+    }
+    return 0;
+}
+
+/* Mixture-of-experts layers. qwen3_moe: layer l is MoE when it is not in
+ * mlp_only_layers, num_experts > 0 and (l + 1) % decoder_sparse_step == 0
+ * (else a dense SwiGLU of intermediate_size); each expert is a SwiGLU of
+ * moe_intermediate_size; norm_topk_prob. mixtral: every layer MoE with
+ * num_local_experts experts of intermediate_size, top-k always
+ * renormalised. Both: num_experts_per_tok experts per token. */
+static int config_moe(const json_t *cfg, const char *mt, ac_arch *a, ac_err *e) {
+    int q3 = !strcmp(mt, "qwen3_moe"), mx = !strcmp(mt, "mixtral");
+    if (!q3 && !mx) return 0;
+    int E = 0, k = 0, fe = 0, step = 1;
+    if (get_int(cfg, q3 ? "num_experts" : "num_local_experts", 0, &E, e) ||
+        get_int(cfg, "num_experts_per_tok", 0, &k, e) ||
+        get_int(cfg, q3 ? "moe_intermediate_size" : "intermediate_size", 0, &fe, e) ||
+        (q3 && get_int(cfg, "decoder_sparse_step", 1, &step, e)))
+        return -1;
+    if (E <= 0 || E > 1 << 16) return ac_errf(e, "config.json: %s needs 1..65536 experts (got %d)", mt, E);
+    if (k <= 0 || k > E) return ac_errf(e, "config.json: num_experts_per_tok %d must be 1..%d (the experts)", k, E);
+    if (fe <= 0 || fe > 1 << 20) return ac_errf(e, "config.json: the expert width %d must be positive", fe);
+    if (step <= 0) return ac_errf(e, "config.json: decoder_sparse_step must be positive");
+    a->top_k = k;
+    a->norm_topk = mx || json_is_true(json_object_get(cfg, "norm_topk_prob"));
+    json_t *only = q3 ? json_object_get(cfg, "mlp_only_layers") : NULL;
+    if (only && !json_is_null(only) && !json_is_array(only))
+        return ac_errf(e, "config.json: mlp_only_layers must be a list of layer indices");
+    for (int l = 0; l < a->n_layers; l++) {
+        int dense = (l + 1) % step != 0;
+        for (size_t i = 0; json_is_array(only) && i < json_array_size(only); i++)
+            if (json_integer_value(json_array_get(only, i)) == l) dense = 1;
+        if (dense) continue;
+        a->layers[l].ffn = 0;
+        a->layers[l].n_experts = E;
+        a->layers[l].expert_ffn = fe;
     }
     return 0;
 }
@@ -145,9 +181,9 @@ static int config_extras(const json_t *cfg, const char *mt, ac_arch *a, ac_err *
     a->rope_theta = (float)theta;
     if (parse_rope_scaling(json_is_object(rp) ? rp : json_object_get(cfg, "rope_scaling"), a, e)) return -1;
     a->tie_embeddings = json_is_true(json_object_get(cfg, "tie_word_embeddings"));
-    int qwen = !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3");
-    a->qk_norm = !strcmp(mt, "qwen3") || json_is_true(json_object_get(cfg, "qk_norm"));
-    if (!strcmp(mt, "qwen3") && json_is_true(json_object_get(cfg, "attention_bias")))
+    int qwen3 = !strcmp(mt, "qwen3") || !strcmp(mt, "qwen3_moe"), qwen = qwen3 || !strcmp(mt, "qwen2");
+    a->qk_norm = qwen3 || json_is_true(json_object_get(cfg, "qk_norm"));
+    if (qwen3 && json_is_true(json_object_get(cfg, "attention_bias")))
         return ac_errf(e, "config.json: qwen3 attention_bias (an o_proj bias) is not supported");
     a->qkv_bias = strcmp(mt, "qwen2") == 0 || json_is_true(json_object_get(cfg, "attention_bias")) ||
                   json_is_true(json_object_get(cfg, "qkv_bias"));
@@ -172,8 +208,11 @@ int ac_arch_from_config(const json_t *cfg, ac_arch *a, ac_err *e) {
     const char *mt = json_string_value(json_object_get(cfg, "model_type"));
     if (!mt) return ac_errf(e, "config.json: missing model_type");
     int deci = strcmp(mt, "nemotron-nas") == 0 || strcmp(mt, "deci") == 0;
-    if (!deci && strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2") && strcmp(mt, "qwen3"))
-        return ac_errf(e, "config.json: model_type %s is not supported (llama, mistral, qwen2, qwen3, nemotron-nas)",
+    if (!deci && strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2") && strcmp(mt, "qwen3") &&
+        strcmp(mt, "qwen3_moe") && strcmp(mt, "mixtral"))
+        return ac_errf(e,
+                       "config.json: model_type %s is not supported (llama, mistral, qwen2, qwen3, qwen3_moe, "
+                       "mixtral, nemotron-nas)",
                        mt);
     snprintf(a->model_type, sizeof a->model_type, "%s", mt);
     int nh = 0, nkv = 0, ffn = 0;
@@ -186,12 +225,12 @@ int ac_arch_from_config(const json_t *cfg, ac_arch *a, ac_err *e) {
     if (!a->vocab || !a->hidden || !a->n_layers || !nh)
         return ac_errf(e, "config.json: vocab_size, hidden_size, num_hidden_layers and num_attention_heads are "
                           "required and > 0");
-    if (get_int(cfg, "head_dim", strcmp(mt, "qwen3") ? a->hidden / nh : 128, &a->head_dim, e)) return -1;
+    if (get_int(cfg, "head_dim", strncmp(mt, "qwen3", 5) ? a->hidden / nh : 128, &a->head_dim, e)) return -1;
     if (a->head_dim <= 0 || a->head_dim % 2)
         return ac_errf(e, "config.json: head_dim %d must be even and > 0", a->head_dim);
     a->eps = (float)eps;
     if (config_extras(cfg, mt, a, e)) return -1;
-    if (config_layers(cfg, mt, deci, nh, nkv, ffn, a, e)) {
+    if (config_layers(cfg, mt, deci, nh, nkv, ffn, a, e) || config_moe(cfg, mt, a, e)) {
         ac_arch_free(a);
         return -1;
     }
@@ -225,10 +264,17 @@ void ac_arch_free(ac_arch *a) {
 int ac_arch_is_uniform(const ac_arch *a) {
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l], *F = &a->layers[0];
-        if (!L->n_heads || !L->ffn || L->n_heads != F->n_heads || L->n_kv_heads != F->n_kv_heads || L->ffn != F->ffn)
+        if (!L->n_heads || (!L->ffn && !L->n_experts) || L->n_heads != F->n_heads || L->n_kv_heads != F->n_kv_heads ||
+            L->ffn != F->ffn || L->n_experts != F->n_experts || L->expert_ffn != F->expert_ffn)
             return 0;
     }
     return 1;
+}
+
+int ac_arch_has_moe(const ac_arch *a) {
+    for (int l = 0; l < a->n_layers; l++)
+        if (a->layers[l].n_experts) return 1;
+    return 0;
 }
 
 double ac_arch_params(const ac_arch *a) {
@@ -239,17 +285,26 @@ double ac_arch_params(const ac_arch *a) {
             p += H + 2 * H * L->n_heads * hd + 2 * H * L->n_kv_heads * hd +
                  (a->qkv_bias ? (L->n_heads + 2 * L->n_kv_heads) * hd : 0) + (a->qk_norm ? 2 * hd : 0);
         if (L->ffn) p += H + 3 * H * L->ffn;
+        if (L->n_experts) p += H + (double)L->n_experts * (H + 3 * H * L->expert_ffn);
     }
     return p;
 }
 
 json_t *ac_arch_to_json(const ac_arch *a) {
     json_t *layers = json_array();
-    for (int l = 0; l < a->n_layers; l++)
-        json_array_append_new(layers, json_pack("{s:i,s:i,s:i}", "heads", a->layers[l].n_heads, "kv_heads",
-                                                a->layers[l].n_kv_heads, "ffn", a->layers[l].ffn));
-    return json_pack("{s:i,s:i,s:i,s:o,s:f}", "hidden", a->hidden, "head_dim", a->head_dim, "vocab", a->vocab, "layers",
-                     layers, "params", ac_arch_params(a));
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        json_t *o = json_pack("{s:i,s:i,s:i}", "heads", L->n_heads, "kv_heads", L->n_kv_heads, "ffn", L->ffn);
+        if (L->n_experts) {
+            json_object_set_new(o, "experts", json_integer(L->n_experts));
+            json_object_set_new(o, "expert_ffn", json_integer(L->expert_ffn));
+        }
+        json_array_append_new(layers, o);
+    }
+    json_t *j = json_pack("{s:i,s:i,s:i,s:o,s:f}", "hidden", a->hidden, "head_dim", a->head_dim, "vocab", a->vocab,
+                          "layers", layers, "params", ac_arch_params(a));
+    if (ac_arch_has_moe(a)) json_object_set_new(j, "top_k", json_integer(a->top_k));
+    return j;
 }
 
 int ac_arch_from_json(const json_t *j, const ac_arch *base, ac_arch *out, ac_err *e) {
@@ -280,14 +335,19 @@ int ac_arch_from_json(const json_t *j, const ac_arch *base, ac_arch *out, ac_err
         if (!json_is_integer(a) || !json_is_integer(k) || !json_is_integer(f)) goto bad;
         json_int_t ai = json_integer_value(a), ki = json_integer_value(k), fi = json_integer_value(f);
         if (ai < 0 || ki < 0 || fi < 0 || ai > 4096 || fi > 1 << 20 || (ai && (ki == 0 || ai % ki))) goto bad;
-        out->layers[l] = (ac_layer_arch){(int)ai, ai ? (int)ki : 0, (int)fi};
+        json_t *xe = json_object_get(L, "experts"), *xf = json_object_get(L, "expert_ffn");
+        json_int_t ei = json_is_integer(xe) ? json_integer_value(xe) : 0,
+                   ef = json_is_integer(xf) ? json_integer_value(xf) : 0;
+        if (ei < 0 || ei > 1 << 16 || ef < 0 || ef > 1 << 20 || (ei && (!ef || ei < base->top_k))) goto bad;
+        out->layers[l] = (ac_layer_arch){(int)ai, ai ? (int)ki : 0, (int)fi, (int)ei, ei ? (int)ef : 0};
     }
     return 0;
 bad:
     free(out->layers);
     out->layers = NULL;
     return ac_errf(e, "architecture: each layer needs integer heads, kv_heads, ffn >= 0 with heads divisible by "
-                      "kv_heads; hidden/head_dim/vocab positive");
+                      "kv_heads (and, for a mixture of experts, experts >= top_k with expert_ffn > 0); "
+                      "hidden/head_dim/vocab positive");
 }
 
 json_t *ac_arch_to_config(const ac_arch *a) {
@@ -314,6 +374,11 @@ json_t *ac_arch_to_config(const ac_arch *a) {
                        : a->qkv_bias       ? "qwen2"
                        : a->sliding_window ? "mistral"
                                            : "llama";
+    int moe = ac_arch_has_moe(a), mixtral = moe && !a->qk_norm;
+    if (moe) { /* the family's own config (one expert count and width, as its loaders read) */
+        arch_name = mixtral ? "MixtralForCausalLM" : "Qwen3MoeForCausalLM";
+        type = mixtral ? "mixtral" : "qwen3_moe";
+    }
     json_object_set_new(c, "architectures", json_pack("[s]", arch_name));
     json_object_set_new(c, "model_type", json_string(type));
     json_object_set_new(c, "vocab_size", json_integer(a->vocab));
@@ -345,6 +410,29 @@ json_t *ac_arch_to_config(const ac_arch *a) {
     if (!uni && a->qk_norm) json_object_set_new(c, "qk_norm", json_true());
     if (a->bos_id >= 0) json_object_set_new(c, "bos_token_id", json_integer(a->bos_id));
     if (a->eos_id >= 0) json_object_set_new(c, "eos_token_id", json_integer(a->eos_id));
+    if (moe) {
+        int E = 0, fe = 0;
+        json_t *only = json_array();
+        for (int l = 0; l < a->n_layers; l++)
+            if (a->layers[l].n_experts && !E)
+                E = a->layers[l].n_experts, fe = a->layers[l].expert_ffn;
+            else if (!a->layers[l].n_experts)
+                json_array_append_new(only, json_integer(l));
+        json_object_set_new(c, "num_experts_per_tok", json_integer(a->top_k));
+        if (mixtral) {
+            json_object_set_new(c, "num_local_experts", json_integer(E));
+            json_object_set_new(c, "intermediate_size", json_integer(fe));
+            json_decref(only);
+        } else {
+            json_object_set_new(c, "num_experts", json_integer(E));
+            json_object_set_new(c, "moe_intermediate_size", json_integer(fe));
+            json_object_set_new(c, "norm_topk_prob", json_boolean(a->norm_topk));
+            json_object_set_new(c, "decoder_sparse_step", json_integer(1));
+            json_object_set_new(c, "mlp_only_layers", only);
+            if (!ffn) json_object_set_new(c, "intermediate_size", json_integer(fe));
+        }
+        return c;
+    }
     ac_err de;
     if (!uni && !a->qk_norm && ac_deci_fill_config(c, a, &de) == 0)
         return c; /* what vLLM / TRT-LLM / Transformers load */
@@ -367,6 +455,19 @@ json_t *ac_arch_to_config(const ac_arch *a) {
 }
 
 /* ---- weights ---- */
+
+/* Hugging Face names of a MoE layer's tensors (after "model.layers.N."):
+ * the router, and the expert matrices as formats with the expert index. */
+typedef struct {
+    const char *router, *g, *u, *d;
+} moe_names;
+static moe_names moe_names_of(const ac_arch *a) {
+    if (a->qk_norm) /* Qwen3-MoE */
+        return (moe_names){"mlp.gate.weight", "mlp.experts.%d.gate_proj.weight", "mlp.experts.%d.up_proj.weight",
+                           "mlp.experts.%d.down_proj.weight"};
+    return (moe_names){"block_sparse_moe.gate.weight", "block_sparse_moe.experts.%d.w1.weight", /* Mixtral */
+                       "block_sparse_moe.experts.%d.w3.weight", "block_sparse_moe.experts.%d.w2.weight"};
+}
 
 /* The dtype every 2-D tensor of the set shares when it is BF16 or F16 and
  * each is 2-byte aligned (matrices can then stay in the mapping); else F32. */
@@ -459,9 +560,19 @@ static int model_copy(const ac_model *src, ac_model *dst, int bf16, ac_err *e) {
         layer_slots(a, l, d, pd, n);
         for (int i = 0; i < 7; i++)
             if (*ps[i] && *pd[i] && n[i]) ac_convert(*pd[i], ddt, *ps[i], wdt, n[i], NULL);
+        if (L->n_experts) { /* the router and every expert's matrices */
+            size_t E = L->n_experts, Fe = L->expert_ffn;
+            ac_convert(d->router, ddt, s->router, wdt, E * H, NULL);
+            for (size_t x = 0; x < E; x++) {
+                ac_convert(d->eg[x], ddt, s->eg[x], wdt, Fe * H, NULL);
+                ac_convert(d->eu[x], ddt, s->eu[x], wdt, Fe * H, NULL);
+                ac_convert(d->ed[x], ddt, s->ed[x], wdt, H * Fe, NULL);
+            }
+        }
         const float *sv[7] = {s->in_norm, s->post_norm, s->bq, s->bk, s->bv, s->q_norm, s->k_norm};
         float *dv[7] = {d->in_norm, d->post_norm, d->bq, d->bk, d->bv, d->q_norm, d->k_norm};
-        size_t nv[7] = {L->n_heads ? H : 0, L->ffn ? H : 0, Q, KV, KV, (size_t)a->head_dim, (size_t)a->head_dim};
+        size_t nv[7] = {L->n_heads ? H : 0, L->ffn || L->n_experts ? H : 0, Q, KV, KV, (size_t)a->head_dim,
+                        (size_t)a->head_dim};
         for (int i = 0; i < 7; i++)
             if (sv[i] && dv[i]) memcpy(dv[i], sv[i], nv[i] * sizeof(float));
     }
@@ -472,6 +583,7 @@ int ac_model_make_bf16(ac_model *m, ac_err *e) {
     if (ac_model_wdt(m) == ST_BF16) return 0;
     if (ac_model_wdt(m) != ST_F32 || m->wmap) return ac_errf(e, "ac_model_make_bf16: an owned fp32 model only");
     const ac_arch *a = &m->a;
+    if (ac_arch_has_moe(a)) return ac_errf(e, "ac_model_make_bf16: mixture-of-experts layers are not converted yet");
     size_t H = a->hidden, V = a->vocab;
     float **slot[7];
     size_t cnt[7];
@@ -524,8 +636,14 @@ void ac_model_free(ac_model *m) {
             ac_layer_w *w = &m->L[l];
             free(w->in_norm), free(w->bq), free(w->bk), free(w->bv), free(w->post_norm);
             free(w->q_norm), free(w->k_norm);
+            for (int x = 0; own && x < m->a.layers[l].n_experts; x++) {
+                if (w->eg) free(w->eg[x]);
+                if (w->eu) free(w->eu[x]);
+                if (w->ed) free(w->ed[x]);
+            }
+            free(w->eg), free(w->eu), free(w->ed);
             if (!own) continue;
-            float *ps[] = {w->wq, w->wk, w->wv, w->wo, w->wg, w->wu, w->wd};
+            float *ps[] = {w->wq, w->wk, w->wv, w->wo, w->wg, w->wu, w->wd, w->router};
             for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) free(ps[i]);
         }
     }
@@ -596,6 +714,27 @@ static int load_impl(const char *model_dir, ac_model *m, int resident, ac_err *e
             LD(wu, "mlp.up_proj.weight", F, H);
             LD(wd, "mlp.down_proj.weight", H, F);
         }
+        if (L->n_experts) {
+            int64_t E = L->n_experts, Fe = L->expert_ffn;
+            moe_names mn = moe_names_of(a);
+            LD(post_norm, "post_attention_layernorm.weight", H, 0);
+            LD(router, mn.router, E, H);
+            if (!(w->eg = calloc(E, sizeof *w->eg)) || !(w->eu = calloc(E, sizeof *w->eu)) ||
+                !(w->ed = calloc(E, sizeof *w->ed))) {
+                ac_errf(e, "out of memory");
+                goto fail;
+            }
+            for (int x = 0; x < E; x++) {
+                const char *fm[3] = {mn.g, mn.u, mn.d};
+                float **dst[3] = {&w->eg[x], &w->eu[x], &w->ed[x]};
+                for (int k = 0; k < 3; k++) {
+                    char sfx[128];
+                    snprintf(sfx, sizeof sfx, fm[k], x);
+                    snprintf(n, sizeof n, "model.layers.%d.%s", l, sfx);
+                    if (!(*dst[k] = load_tensor(&s, n, k == 2 ? H : Fe, k == 2 ? Fe : H, keep, e))) goto fail;
+                }
+            }
+        }
 #undef LD
     }
     if (keep != ST_F32) /* read the mapping in now, not during the first forward (best effort) */
@@ -648,6 +787,15 @@ static int model_alloc(ac_model *m, const ac_arch *a, int bf16, ac_err *e) {
         if (ok && F)
             ok = (w->post_norm = calloc(H, 4)) && (w->wg = calloc(F * H, es)) && (w->wu = calloc(F * H, es)) &&
                  (w->wd = calloc(H * F, es));
+        if (ok && L->n_experts) {
+            size_t E = L->n_experts, Fe = L->expert_ffn;
+            ok = (w->post_norm = calloc(H, 4)) && (w->router = calloc(E * H, es)) &&
+                 (w->eg = calloc(E, sizeof *w->eg)) && (w->eu = calloc(E, sizeof *w->eu)) &&
+                 (w->ed = calloc(E, sizeof *w->ed));
+            for (size_t x = 0; ok && x < E; x++)
+                ok = (w->eg[x] = calloc(Fe * H, es)) && (w->eu[x] = calloc(Fe * H, es)) &&
+                     (w->ed[x] = calloc(H * Fe, es));
+        }
     }
     if (!ok) {
         ac_model_free(m);
@@ -659,7 +807,8 @@ static int model_alloc(ac_model *m, const ac_arch *a, int bf16, ac_err *e) {
 int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
     const ac_arch *a = &m->a;
     mkdir(dir, 0755);
-    int cap = 3 + a->n_layers * 14, n = 0;
+    int cap = 3, n = 0;
+    for (int l = 0; l < a->n_layers; l++) cap += 14 + 3 * a->layers[l].n_experts;
     st_wtensor *t = calloc(cap, sizeof *t);
     char **names = calloc(cap, sizeof *names);
     void **bufs = calloc(cap, sizeof *bufs);
@@ -719,6 +868,21 @@ int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
             ADDL("mlp.gate_proj.weight", w->wg, F, H);
             ADDL("mlp.up_proj.weight", w->wu, F, H);
             ADDL("mlp.down_proj.weight", w->wd, H, F);
+        }
+        if (L->n_experts) {
+            moe_names mn = moe_names_of(a);
+            int64_t Fe = L->expert_ffn;
+            ADDL("post_attention_layernorm.weight", w->post_norm, H, 0);
+            ADDL(mn.router, w->router, L->n_experts, H);
+            for (int x = 0; x < L->n_experts; x++) {
+                const char *fm[3] = {mn.g, mn.u, mn.d};
+                const float *src[3] = {w->eg[x], w->eu[x], w->ed[x]};
+                for (int k = 0; k < 3; k++) {
+                    char sfx[128];
+                    snprintf(sfx, sizeof sfx, fm[k], x);
+                    ADDL(sfx, src[k], k == 2 ? H : Fe, k == 2 ? Fe : H);
+                }
+            }
         }
 #undef ADDL
     }

@@ -3,7 +3,10 @@
  * layer), Hugging Face config.json parsing, and the fp32 weights of a model.
  *
  * Supported configs: llama, mistral, qwen2 (q/k/v biases), qwen3 (a
- * per-head RMSNorm of q and k before RoPE, head_dim free of hidden/heads), and the
+ * per-head RMSNorm of q and k before RoPE, head_dim free of hidden/heads),
+ * the mixture-of-experts qwen3_moe (softmax router, top-k, optional
+ * renormalisation, dense layers mixed in by decoder_sparse_step and
+ * mlp_only_layers) and mixtral (every layer MoE, top-k renormalised), and the
  * DeciLM / nemotron-nas form AutoCompress exports for heterogeneous results
  * (block_configs, plus explicit per-block head and width fields it writes).
  *
@@ -23,7 +26,9 @@
 typedef struct {
     int n_heads;    /* query heads; 0 = attention removed */
     int n_kv_heads; /* KV heads; n_heads % n_kv_heads == 0 */
-    int ffn;        /* FFN (intermediate) width; 0 = FFN removed */
+    int ffn;        /* dense FFN (intermediate) width; 0 = no dense FFN */
+    int n_experts;  /* routed experts of a mixture-of-experts FFN; 0 = none (then ffn says the FFN) */
+    int expert_ffn; /* each expert's SwiGLU width (n_experts > 0) */
 } ac_layer_arch;
 
 typedef struct {
@@ -36,6 +41,8 @@ typedef struct {
     int tie_embeddings;
     int qkv_bias;
     int qk_norm;           /* qwen3: q and k RMS-normed per head (weights q_norm, k_norm [head_dim]) before RoPE */
+    int top_k;             /* MoE: experts each token is routed to (1 <= top_k <= every MoE layer's n_experts) */
+    int norm_topk;         /* MoE: the top_k routing weights divided by their sum */
     int sliding_window;    /* mistral / qwen2: a query sees this many keys (itself included); 0 = all */
     int bos_id, eos_id;    /* -1 when absent */
     ac_layer_arch *layers; /* n_layers entries, owned */
@@ -47,6 +54,8 @@ int ac_arch_copy(ac_arch *dst, const ac_arch *src, ac_err *e);
 void ac_arch_free(ac_arch *a);
 /* True when every layer has the same shape and nothing is removed. */
 int ac_arch_is_uniform(const ac_arch *a);
+/* True when some layer has a mixture-of-experts FFN. */
+int ac_arch_has_moe(const ac_arch *a);
 /* A layer's weight matrices, for code that changes one in place. */
 typedef enum { AC_W_Q, AC_W_K, AC_W_V, AC_W_O, AC_W_G, AC_W_U, AC_W_D } ac_wmat;
 
@@ -69,6 +78,11 @@ typedef struct {
     float *q_norm, *k_norm;   /* [hd] per-head RMSNorm weights (qk_norm) or NULL */
     float *post_norm;         /* [H] */
     float *wg, *wu, *wd;      /* [F,H] [F,H] [H,F] */
+    /* Mixture of experts (n_experts E > 0): the router [E,H] and each
+     * expert's gate, up [Fe,H] and down [H,Fe] matrices (the arrays of E
+     * pointers owned; the matrices stored as the other matrices are). */
+    float *router;
+    float **eg, **eu, **ed;
 } ac_layer_w;
 
 typedef struct {

@@ -28,6 +28,21 @@ int ac_job_check_paths(const ac_job_spec *s, const char *jobs_dir, const char **
     return 0;
 }
 
+/* ---- what the pipeline compresses ---- */
+
+int ac_model_check_compressible(const char *model_dir, const char **field, ac_err *e) {
+    ac_arch a;
+    ac_err ignore;
+    if (!model_dir || !model_dir[0] || ac_arch_load(model_dir, &a, &ignore)) return 0; /* fails later with its reason */
+    int moe = ac_arch_has_moe(&a);
+    ac_arch_free(&a);
+    if (!moe) return 0;
+    *field = "model";
+    return ac_errf(e, "model: mixture-of-experts models (%s) load and evaluate (autocompress eval), but their "
+                      "calibration, search, pruning and distillation are not written yet",
+                   "qwen3_moe, mixtral");
+}
+
 /* ---- GGUF ---- */
 
 static int wants_gguf(const ac_search_opts *o) { return o->target == AC_EXPORT_GGUF || o->gguf; }

@@ -358,7 +358,8 @@ ac_spec_verdict ac_job_spec_check(const json_t *j, ac_job_spec *s, const ac_job_
     if (opts->rules && opts->rules(opts->ud, s)) return AC_SPEC_REFUSED;
     if (ac_job_check_paths(s, opts->jobs_dir, fieldp, e)) return AC_SPEC_BAD_PATH;
     *fieldp = NULL;
-    if (ac_deci_validate_model(s->search.target == AC_EXPORT_DECI, s->method == AC_METHOD_MINITRON, s->model, fieldp,
+    if (ac_model_check_compressible(s->model, fieldp, e) ||
+        ac_deci_validate_model(s->search.target == AC_EXPORT_DECI, s->method == AC_METHOD_MINITRON, s->model, fieldp,
                                e) ||
         ac_gguf_check_spec(&s->search, s->model, fieldp, e))
         return AC_SPEC_INVALID;

@@ -69,14 +69,35 @@ static const ac_subblock qwen3_sub[] = {
 };
 static const ac_block_recipe qwen3 = {"qwen3", 2, qwen3_sub};
 
+/* Mixture-of-experts FFN (Mixtral, Qwen3-MoE), in place of the dense one:
+ *   xn = rmsnorm(x) * post_norm
+ *   r = route(xn Wr^T)                 [N][E], top_k weights per row
+ *   x += sum_e r[:,e] * down_e(silu(gate_e(xn)) * up_e(xn))   (hidden masked) */
+static const ac_op moe_ffn[] = {
+    OP(AC_OP_RMSNORM, AC_T_XN, AC_T_X, 0, 0, AC_NORM_POST, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NORMED),
+    OP(AC_OP_ROUTE, AC_T_R, AC_T_XN, 0, 0, -1, AC_DIM_H, AC_DIM_E, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_EXPERTS, AC_T_X, AC_T_XN, AC_T_R, 0, -1, AC_DIM_H, AC_DIM_H, 0, 1, AC_HOOK_NONE),
+    OP(AC_OP_MASK_HIDDEN, AC_T_X, AC_T_X, 0, 0, -1, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NONE),
+};
+static const ac_subblock mixtral_sub[] = {
+    {"attention", AC_DIM_Q, (int)(sizeof llama_attn / sizeof *llama_attn), llama_attn},
+    {"moe", AC_DIM_E, (int)(sizeof moe_ffn / sizeof *moe_ffn), moe_ffn},
+};
+static const ac_block_recipe mixtral = {"mixtral", 2, mixtral_sub};
+static const ac_subblock qwen3_moe_sub[] = {
+    {"attention", AC_DIM_Q, (int)(sizeof qwen3_attn / sizeof *qwen3_attn), qwen3_attn},
+    {"moe", AC_DIM_E, (int)(sizeof moe_ffn / sizeof *moe_ffn), moe_ffn},
+};
+static const ac_block_recipe qwen3_moe = {"qwen3_moe", 2, qwen3_moe_sub};
+
 const ac_block_recipe *ac_block_recipe_of(const ac_arch *a, int l) {
-    (void)l;
+    if (a->layers && l >= 0 && l < a->n_layers && a->layers[l].n_experts) return a->qk_norm ? &qwen3_moe : &mixtral;
     return a->qk_norm ? &qwen3 : &llama;
 }
 
 int ac_block_slot_dim(int slot) {
-    static const unsigned char d[AC_T_COUNT] = {AC_DIM_H,  AC_DIM_H, AC_DIM_Q, AC_DIM_KV,
-                                                AC_DIM_KV, AC_DIM_Q, AC_DIM_F, AC_DIM_F};
+    static const unsigned char d[AC_T_COUNT] = {AC_DIM_H, AC_DIM_H, AC_DIM_Q, AC_DIM_KV, AC_DIM_KV, AC_DIM_Q,
+                                                AC_DIM_F, AC_DIM_F, AC_DIM_E, AC_DIM_H, AC_DIM_FE, AC_DIM_FE};
     return slot >= 0 && slot < AC_T_COUNT ? (int)d[slot] : (int)AC_DIM_H;
 }
 
@@ -87,6 +108,8 @@ int ac_block_dim(const ac_arch *a, int l, ac_dim d) {
     case AC_DIM_Q: return la->n_heads * a->head_dim;
     case AC_DIM_KV: return la->n_kv_heads * a->head_dim;
     case AC_DIM_F: return la->ffn;
+    case AC_DIM_E: return la->n_experts;
+    case AC_DIM_FE: return la->expert_ffn;
     default: return 0;
     }
 }

@@ -8,7 +8,8 @@
  *
  * Shapes: N rows (B sequences of n tokens, sequence-major); the widths of
  * layer l are named by ac_dim: H hidden, Q = n_heads*head_dim, KV =
- * n_kv_heads*head_dim, F ffn. A slot holds N rows of its width.
+ * n_kv_heads*head_dim, F ffn, E routed experts, FE an expert's width. A
+ * slot holds N rows of its width.
  *
  * A recipe is a list of sub-blocks (attention, FFN); a sub-block runs only
  * when its `present` width is non-zero in the layer (heterogeneous pruning
@@ -40,11 +41,15 @@ typedef enum {
     AC_T_ATT, /* [N][Q] attention output, per query head */
     AC_T_G,   /* [N][F] gate projection, then silu(gate) * up */
     AC_T_U,   /* [N][F] up projection */
+    AC_T_R,   /* [N][E] routing weights: each row's top-k experts' weights, 0 elsewhere */
+    AC_T_XE,  /* [N][H] rows routed to one expert, gathered (then that expert's output rows) */
+    AC_T_EG,  /* [N][FE] an expert's gate projection, then silu(gate) * up */
+    AC_T_EU,  /* [N][FE] an expert's up projection */
     AC_T_COUNT
 } ac_slot;
 
 /* Widths of a layer. */
-typedef enum { AC_DIM_H, AC_DIM_Q, AC_DIM_KV, AC_DIM_F, AC_DIM_COUNT } ac_dim;
+typedef enum { AC_DIM_H, AC_DIM_Q, AC_DIM_KV, AC_DIM_F, AC_DIM_E, AC_DIM_FE, AC_DIM_COUNT } ac_dim;
 
 /* Norm weights of a layer. */
 typedef enum { AC_NORM_IN, AC_NORM_POST, AC_NORM_Q, AC_NORM_K } ac_normw;
@@ -62,6 +67,11 @@ typedef enum {
     AC_OP_MASK_HIDDEN, /* structure point: hidden channels of out ([N][H]) masked after a residual add */
     AC_OP_HEAD_NORM,   /* out = rmsnorm of each head_dim-wide head of in, times norm weight `w` ([hd], shared by
                         * the heads), over `heads` (ac_dim Q or KV) heads; Qwen3's q_norm / k_norm */
+    AC_OP_ROUTE,       /* out [N][E] = the routing weights of in [N][H]: p = softmax(in Wr^T) over the E experts,
+                        * the top_k largest kept (equal values: the lower expert index first), divided by their
+                        * sum when norm_topk, every other weight 0 (Qwen3-MoE, Mixtral) */
+    AC_OP_EXPERTS,     /* out [N][H] += sum over experts e of R[:,e] * down_e(silu(gate_e(in)) * up_e(in)), each
+                        * expert run on the rows routed to it (in2: the routing slot R) */
 } ac_op_kind;
 
 /* Observation points after an op (engine hooks, engine.h). */
@@ -96,7 +106,8 @@ typedef struct {
 } ac_block_recipe;
 
 /* The recipe of layer l of a: the Llama/Qwen2/Mistral decoder layer, or
- * Qwen3's (the same with q and k normed per head before RoPE). */
+ * Qwen3's (the same with q and k normed per head before RoPE), each with
+ * a dense SwiGLU FFN or a mixture of experts (Mixtral, Qwen3-MoE). */
 const ac_block_recipe *ac_block_recipe_of(const ac_arch *a, int l);
 /* The width (ac_dim) of a slot's rows. */
 int ac_block_slot_dim(int slot);

@@ -67,6 +67,64 @@ static void mask(float *t, const ac_block_cpu *c, const ac_op *op, int N, int wi
         for (int c = 0; c < width; c++) t[r * width + c] *= mk[c / unit];
 }
 
+/* Routing weights in place: each row of r[N][E] holds router logits and
+ * becomes softmax over the E experts (in double, as HF's fp32 softmax up to
+ * rounding), the top k kept (the larger first; on equal values the lower
+ * expert index), renormalised to sum 1 when norm, every other entry 0.
+ * order: E ints of scratch. */
+static void route(float *r, int N, int E, int k, int norm, int *order) {
+    for (int i = 0; i < N; i++) {
+        float *p = r + (size_t)i * E;
+        double mx = p[0], sum = 0, kept = 0;
+        for (int x = 1; x < E; x++) mx = p[x] > mx ? p[x] : mx;
+        for (int x = 0; x < E; x++) sum += exp((double)p[x] - mx);
+        for (int x = 0; x < E; x++) {
+            p[x] = (float)(exp((double)p[x] - mx) / sum);
+            order[x] = x;
+        }
+        for (int j = 0; j < k; j++) { /* selection: order[j] = the best of order[j..E) */
+            int b = j;
+            for (int x = j + 1; x < E; x++)
+                if (p[order[x]] > p[order[b]] || (p[order[x]] == p[order[b]] && order[x] < order[b])) b = x;
+            int t = order[j];
+            order[j] = order[b];
+            order[b] = t;
+            kept += p[order[j]];
+        }
+        for (int j = k; j < E; j++) p[order[j]] = 0;
+        for (int j = 0; norm && kept > 0 && j < k; j++) p[order[j]] = (float)(p[order[j]] / kept);
+    }
+}
+
+/* x[N][H] += the weighted experts of in[N][H] (routing weights r[N][E]):
+ * each expert on the rows with a non-zero weight for it, gathered into the
+ * XE slot, through its SwiGLU (EG, EU slots), its rows added back scaled. */
+static void experts(const ac_block_cpu *c, int l, float *x, const float *in, const float *r, int N) {
+    const ac_model *m = c->m;
+    const ac_layer_arch *la = &m->a.layers[l];
+    const ac_layer_w *lw = &m->L[l];
+    int H = m->a.hidden, E = la->n_experts, Fe = la->expert_ffn, wdt = ac_model_wdt(m);
+    float *xe = c->slot[AC_T_XE], *g = c->slot[AC_T_EG], *u = c->slot[AC_T_EU];
+    for (int e = 0; e < E; e++) {
+        int ne = 0;
+        for (int i = 0; i < N; i++)
+            if (r[(size_t)i * E + e] != 0) {
+                memcpy(xe + (size_t)ne * H, in + (size_t)i * H, sizeof(float) * H);
+                c->rows[ne++] = i;
+            }
+        if (!ne) continue;
+        ac_linear_w(g, xe, lw->eg[e], wdt, NULL, ne, H, Fe, 0, c->ws);
+        ac_linear_w(u, xe, lw->eu[e], wdt, NULL, ne, H, Fe, 0, c->ws);
+        ac_silu_mul(g, u, (long)ne * Fe);
+        ac_linear_w(xe, g, lw->ed[e], wdt, NULL, ne, Fe, H, 0, c->ws);
+        for (int j = 0; j < ne; j++) {
+            float w = r[(size_t)c->rows[j] * E + e], *xr = x + (size_t)c->rows[j] * H;
+            const float *y = xe + (size_t)j * H;
+            for (int ch = 0; ch < H; ch++) xr[ch] += w * y[ch];
+        }
+    }
+}
+
 void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n, int pos0) {
     const ac_model *m = c->m;
     const ac_arch *a = &m->a;
@@ -93,6 +151,11 @@ void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n
         case AC_OP_HEAD_NORM:
             ac_rmsnorm(s[op->out], s[op->in], ac_block_norm(lw, op->w), N * (dim[op->heads] / hd), hd, a->eps);
             break;
+        case AC_OP_ROUTE:
+            ac_linear_w(s[op->out], s[op->in], lw->router, wdt, NULL, N, dim[AC_DIM_H], dim[AC_DIM_E], 0, c->ws);
+            route(s[op->out], N, dim[AC_DIM_E], a->top_k, a->norm_topk, c->rows);
+            break;
+        case AC_OP_EXPERTS: experts(c, l, s[op->out], s[op->in], s[op->in2], N); break;
         case AC_OP_KV_MERGE: {
             int nkv = dim[AC_DIM_KV] / hd;
             if (mod && mod->kv_merge > 0 && mod->kv_merge < nkv) {

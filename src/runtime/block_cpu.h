@@ -43,6 +43,8 @@ typedef struct {
     float **kc, **vc;
     int max_ctx;
     float *scores; /* n * (pos0 + n) floats */
+    int *rows;     /* max(N, E) ints (models with MoE layers): the experts in routing order, then the rows
+                    * routed to one expert */
     ac_wscratch *ws;
     const ac_block_mod *mod;      /* may be NULL */
     const ac_engine_hooks *hooks; /* may be NULL */

@@ -8,6 +8,13 @@
 #include "backward_cpu.h"
 #include "dtype.h"
 
+int ac_block_grad_supports(const ac_arch *a, ac_err *e) {
+    if (ac_arch_has_moe(a))
+        return ac_errf(e, "the backward of mixture-of-experts layers (router, experts) is not written yet: MoE models "
+                          "load and evaluate, but cannot be trained, calibrated or searched");
+    return 0;
+}
+
 size_t ac_block_grad_scratch_floats(const ac_arch *a, int B, int T) {
     return 2 * (size_t)T * T + ac_block_scratch_floats(a, (size_t)B * T);
 }
@@ -118,6 +125,8 @@ static float *sub_walk(ac_block_grad *c, int l, int sb, float *x, float **tp, fl
             break;
         case AC_OP_KV_MERGE:
         case AC_OP_MASK_HIDDEN: break; /* not differentiated here (block_grad.h) */
+        case AC_OP_ROUTE:
+        case AC_OP_EXPERTS: break; /* no backward yet: the trainers refuse MoE models (ac_block_grad_supports) */
         }
     }
     return sc;
@@ -237,7 +246,9 @@ void ac_block_grad_backward(ac_block_grad *c, int l, float *dx) {
                 break;
             }
             case AC_OP_KV_MERGE:
-            case AC_OP_MASK_HIDDEN: break;
+            case AC_OP_MASK_HIDDEN:
+            case AC_OP_ROUTE:
+            case AC_OP_EXPERTS: break;
             }
         }
     }

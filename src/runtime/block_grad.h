@@ -30,6 +30,7 @@
 #include <stddef.h>
 
 #include "block.h"
+#include "err.h"
 #include "kernels_cpu.h"
 #include "model.h"
 
@@ -51,6 +52,10 @@ typedef struct {
     float *wtile;    /* 16-bit weights: wtile_rows rows of the widest input, converted for dX */
     int wtile_rows;
 } ac_block_grad;
+
+/* 0 when every op of a's recipes has a backward here; else -1 with the
+ * reason (the MoE ops' backward is not written yet). */
+int ac_block_grad_supports(const ac_arch *a, ac_err *e);
 
 /* The tape of layer l for N rows is ac_block_tape_floats(a, l, N, 0)
  * (block.h); the scratch for B sequences of T tokens: */

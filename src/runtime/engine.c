@@ -16,9 +16,10 @@
 #include "rope.h"
 
 void ac_engine_free(ac_engine *en) {
-    float *bufs[] = {en->x,  en->x0, en->xn,     en->q,      en->att,   en->g,    en->u,
-                     en->kt, en->vt, en->scores, en->logits, en->cos_t, en->sin_t};
+    float *bufs[] = {en->x,      en->x0,     en->xn,    en->q,     en->att, en->g,  en->u,  en->kt, en->vt,
+                     en->scores, en->logits, en->cos_t, en->sin_t, en->r,   en->xe, en->eg, en->eu};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+    free(en->rows);
     if (en->kc)
         for (int l = 0; l < en->m->a.n_layers; l++) {
             free(en->kc[l]);
@@ -59,7 +60,18 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
     en->vc = calloc(a->n_layers, sizeof *en->vc);
     size_t maxin = H > maxq ? H : maxq;
     if (maxf > maxin) maxin = maxf;
-    int ok = ac_model_wdt(m) == ST_F32 || ac_wscratch_alloc(&en->ws, (int)N, (int)maxin) == 0;
+    int moe_ok = 1;
+    if (ac_arch_has_moe(a)) { /* the routing weights, an expert's gathered rows and its SwiGLU */
+        size_t E = ac_block_dim_max(a, AC_DIM_E), Fe = ac_block_dim_max(a, AC_DIM_FE);
+        en->r = malloc(N * E * 4);
+        en->xe = malloc(N * H * 4);
+        en->eg = malloc(N * Fe * 4);
+        en->eu = malloc(N * Fe * 4);
+        en->rows = malloc((N > E ? N : E) * sizeof(int));
+        moe_ok = en->r && en->xe && en->eg && en->eu && en->rows;
+        if (Fe > maxin) maxin = Fe;
+    }
+    int ok = moe_ok && (ac_model_wdt(m) == ST_F32 || ac_wscratch_alloc(&en->ws, (int)N, (int)maxin) == 0);
     ok = ok && en->x && en->x0 && en->xn && en->q && en->att && en->g && en->u && en->kt && en->vt && en->scores &&
          en->logits && en->cos_t && en->sin_t && en->pos && en->kc && en->vc;
     for (int l = 0; ok && l < a->n_layers; l++) {
@@ -110,10 +122,12 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
                        .vc = en->vc,
                        .max_ctx = en->max_ctx,
                        .scores = en->scores,
+                       .rows = en->rows,
                        .ws = ws,
                        .hooks = hk};
-    float *slots[AC_T_COUNT] = {[AC_T_X] = en->x,  [AC_T_XN] = en->xn,   [AC_T_Q] = en->q, [AC_T_K] = en->kt,
-                                [AC_T_V] = en->vt, [AC_T_ATT] = en->att, [AC_T_G] = en->g, [AC_T_U] = en->u};
+    float *slots[AC_T_COUNT] = {[AC_T_X] = en->x,   [AC_T_XN] = en->xn,   [AC_T_Q] = en->q,   [AC_T_K] = en->kt,
+                                [AC_T_V] = en->vt,  [AC_T_ATT] = en->att, [AC_T_G] = en->g,   [AC_T_U] = en->u,
+                                [AC_T_R] = en->r,   [AC_T_XE] = en->xe,   [AC_T_EG] = en->eg, [AC_T_EU] = en->eu};
     memcpy(bc.slot, slots, sizeof slots);
     for (int l = 0; l < a->n_layers; l++) {
         if (hk && hk->layer_io) memcpy(en->x0, en->x, (size_t)N * H * 4);

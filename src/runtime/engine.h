@@ -38,6 +38,8 @@ typedef struct {
     const ac_model *m;
     int max_batch, max_ctx;
     float *x, *x0, *xn, *q, *att, *g, *u, *kt, *vt, *scores, *logits;
+    float *r, *xe, *eg, *eu; /* MoE slots (block.h's R, XE, EG, EU); NULL for a dense model */
+    int *rows;               /* MoE: max(N, experts) ints */
     float **kc, **vc;     /* per layer [max_batch][max_ctx][kv_heads*head_dim] */
     float *cos_t, *sin_t; /* [max_ctx][head_dim/2] */
     int *pos;
