@@ -66,7 +66,8 @@ static int arch_same(const ac_arch *x, const ac_arch *y) {
              x->n_layers == y->n_layers && x->max_pos == y->max_pos && x->eps == y->eps &&
              x->rope_theta == y->rope_theta && x->rope_llama3 == y->rope_llama3 &&
              x->tie_embeddings == y->tie_embeddings && x->qkv_bias == y->qkv_bias && x->bos_id == y->bos_id &&
-             x->eos_id == y->eos_id;
+             x->eos_id == y->eos_id && x->qk_norm == y->qk_norm && x->top_k == y->top_k &&
+             x->norm_topk == y->norm_topk;
     if (x->rope_llama3)
         ok &= x->rs_factor == y->rs_factor && x->rs_low == y->rs_low && x->rs_high == y->rs_high &&
               x->rs_orig == y->rs_orig;
@@ -448,6 +449,86 @@ static void test_llama_cpp_runs_qwen3(void) {
     }
     free(ids);
     ac_model_free(&m);
+}
+
+/* A mixture-of-experts model made from the trained tiny model: each layer's
+ * FFN cut into E experts of F/E channels (down scaled by E/k), a random
+ * router, top-k renormalised; with QK-norm (Qwen3-MoE) or without
+ * (Mixtral). */
+static int tiny_moe(const ac_model *t, int qk, int E, int k, ac_model *o, ac_err *e) {
+    ac_arch a;
+    if (ac_arch_copy(&a, &t->a, e)) return -1;
+    int H = a.hidden, F = t->a.layers[0].ffn, Fe = F / E, hd = a.head_dim;
+    a.qk_norm = qk;
+    a.top_k = k;
+    a.norm_topk = 1;
+    snprintf(a.model_type, sizeof a.model_type, "%s", qk ? "qwen3_moe" : "mixtral");
+    for (int l = 0; l < a.n_layers; l++) a.layers[l].ffn = 0, a.layers[l].n_experts = E, a.layers[l].expert_ffn = Fe;
+    int rc = ac_model_alloc(o, &a, e);
+    ac_arch_free(&a);
+    if (rc) return -1;
+    size_t VH = (size_t)t->a.vocab * H;
+    memcpy(o->embed, t->embed, VH * 4);
+    if (!t->a.tie_embeddings) memcpy(o->lm_head, t->lm_head, VH * 4);
+    memcpy(o->final_norm, t->final_norm, (size_t)H * 4);
+    unsigned rng = 99;
+    for (int l = 0; l < o->a.n_layers; l++) {
+        const ac_layer_w *s = &t->L[l];
+        ac_layer_w *d = &o->L[l];
+        size_t Q = (size_t)t->a.layers[l].n_heads * hd, KV = (size_t)t->a.layers[l].n_kv_heads * hd;
+        memcpy(d->in_norm, s->in_norm, (size_t)H * 4), memcpy(d->post_norm, s->post_norm, (size_t)H * 4);
+        memcpy(d->wq, s->wq, Q * H * 4), memcpy(d->wk, s->wk, KV * H * 4), memcpy(d->wv, s->wv, KV * H * 4);
+        memcpy(d->wo, s->wo, Q * H * 4);
+        for (int i = 0; qk && i < hd; i++) d->q_norm[i] = 1.0f + 0.1f * sinf((float)i), d->k_norm[i] = 1.0f;
+        for (size_t i = 0; i < (size_t)E * H; i++) {
+            rng = rng * 1664525u + 1013904223u;
+            d->router[i] = ((float)(rng >> 8) / 16777216.0f - 0.5f) * 0.6f;
+        }
+        for (int x = 0; x < E; x++) {
+            memcpy(d->eg[x], s->wg + (size_t)x * Fe * H, (size_t)Fe * H * 4);
+            memcpy(d->eu[x], s->wu + (size_t)x * Fe * H, (size_t)Fe * H * 4);
+            for (int r = 0; r < H; r++)
+                for (int c = 0; c < Fe; c++) d->ed[x][(size_t)r * Fe + c] = s->wd[(size_t)r * F + x * Fe + c] * E / k;
+        }
+    }
+    return 0;
+}
+
+/* Mixtral (llama.cpp's llama with experts) and Qwen3-MoE (qwen3moe) GGUF
+ * exports: our reader gets the same model back, llama.cpp scores and
+ * continues them as our engine does; what llama.cpp cannot hold (a dense
+ * layer among MoE ones, top-k without renormalisation) is refused. */
+static void test_moe_gguf(void) {
+    if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
+    ac_model t, mo;
+    ac_err e;
+    int *ids = NULL;
+    size_t n = 0, len = 0;
+    CHECK(ac_model_load(tiny, &t, &e) == 0 && ac_load_text_ids(tiny, heldout, &ids, &n, t.a.vocab, &e) == 0, "%s",
+          e.msg);
+    const char *why = llama_missing();
+    char *text = ac_read_file(heldout, 1 << 24, &len, &e);
+    size_t tl = len < 3000 ? len : 3000;
+    while (tl > 0 && text[tl - 1] != '\n') tl--;
+    for (int qk = 0; qk < 2; qk++) {
+        const char *name = qk ? "qwen3moe" : "mixtral";
+        if (tiny_moe(&t, qk, 4, 2, &mo, &e)) {
+            CHECK(0, "%s", e.msg);
+            continue;
+        }
+        CHECK(!strcmp(ac_gguf_arch_name(&mo.a), qk ? "qwen3moe" : "llama"), "%s arch", name);
+        roundtrip(&mo, tiny_tok, ST_F32, name);
+        if (!why) llama_compare(&mo, NULL, name, ids, n, text, tl);
+        mo.a.norm_topk = 0;
+        CHECK(ac_gguf_check_arch(&mo.a, &e) != 0 && strstr(e.msg, "renormalises"), "%s: no renormalisation: %s", name,
+              e.msg);
+        mo.a.norm_topk = 1;
+        ac_model_free(&mo);
+    }
+    if (why) printf("  skip llama.cpp part: %s\n", why);
+    free(text);
+    free(ids);
+    ac_model_free(&t);
 }
 
 /* ---- SentencePiece-style and GPT-2 tokenizers through GGUF metadata ---- */
@@ -843,6 +924,7 @@ int main(void) {
     RUN(test_search_keeps_to_llama_cpp);
     RUN(test_llama_cpp_runs_exports);
     RUN(test_llama_cpp_runs_qwen3);
+    RUN(test_moe_gguf);
     RUN(test_spec_checks);
     RUN(test_jobs_write_gguf);
     char cmd[128];

@@ -30,7 +30,21 @@ int ac_gguf_is_path(const char *path) {
     return n > 5 && !strcmp(path + n - 5, ".gguf");
 }
 
+const char *ac_gguf_arch_name(const ac_arch *a) {
+    if (ac_arch_has_moe(a)) return a->qk_norm ? "qwen3moe" : "llama";
+    return a->qk_norm ? "qwen3" : ac_arch_is_uniform(a) ? "llama" : "deci";
+}
+
 int ac_gguf_check_arch(const ac_arch *a, ac_err *e) {
+    if (ac_arch_has_moe(a)) {
+        if (!ac_arch_is_uniform(a))
+            return ac_errf(e, "export target gguf: llama.cpp's MoE architectures (llama for Mixtral, qwen3moe) have "
+                              "one expert count, expert width and head count for every layer, and no dense layer "
+                              "among MoE ones");
+        if (!a->norm_topk)
+            return ac_errf(e, "export target gguf: llama.cpp renormalises the top-k routing weights, this model "
+                              "does not (norm_topk_prob false)");
+    }
     if (a->qk_norm && !ac_arch_is_uniform(a))
         return ac_errf(e, "export target gguf: llama.cpp's qwen3 architecture has one head count and one FFN width for "
                           "every layer, and its deci architecture has no QK-norm: a Qwen3 model exports to GGUF "
@@ -48,12 +62,12 @@ int ac_gguf_check_layers(const ac_arch *a, ac_err *e) {
     if (a->layers[0].n_heads == 0)
         return ac_errf(e, "export target gguf: llama.cpp needs attention in layer 0 (it reads the head size from it)");
     for (int l = 0; l < a->n_layers; l++)
-        if (a->layers[l].n_heads && !a->layers[l].ffn)
+        if (a->layers[l].n_heads && !a->layers[l].ffn && !a->layers[l].n_experts)
             return ac_errf(e,
                            "export target gguf: layer %d keeps attention but drops its FFN; llama.cpp's deci graph "
                            "drops that attention output",
                            l);
-    if (!a->layers[a->n_layers - 1].ffn)
+    if (!a->layers[a->n_layers - 1].ffn && !a->layers[a->n_layers - 1].n_experts)
         return ac_errf(e, "export target gguf: llama.cpp needs an FFN in the last layer");
     return 0;
 }
@@ -198,8 +212,15 @@ static void write_hparams(gbuf *b, const ac_arch *a, const char *arch, int dtype
     kv_u32(b, ak(arch, "context_length"), (uint32_t)a->max_pos);
     kv_u32(b, ak(arch, "embedding_length"), (uint32_t)a->hidden);
     kv_u32(b, ak(arch, "block_count"), (uint32_t)a->n_layers);
+    if (a->layers[0].n_experts) { /* Mixtral (llama) and qwen3moe: one expert count and width for every layer */
+        kv_u32(b, ak(arch, "expert_count"), (uint32_t)a->layers[0].n_experts);
+        kv_u32(b, ak(arch, "expert_used_count"), (uint32_t)a->top_k);
+        if (!strcmp(arch, "qwen3moe"))
+            kv_u32(b, ak(arch, "expert_feed_forward_length"), (uint32_t)a->layers[0].expert_ffn);
+    }
     if (strcmp(arch, "deci")) {
-        kv_u32(b, ak(arch, "feed_forward_length"), (uint32_t)a->layers[0].ffn);
+        kv_u32(b, ak(arch, "feed_forward_length"),
+               (uint32_t)(a->layers[0].n_experts ? a->layers[0].expert_ffn : a->layers[0].ffn));
         kv_u32(b, ak(arch, "attention.head_count"), (uint32_t)a->layers[0].n_heads);
         kv_u32(b, ak(arch, "attention.head_count_kv"), (uint32_t)a->layers[0].n_kv_heads);
     } else {
@@ -378,7 +399,11 @@ typedef struct {
     int perm;           /* >0: permute rows of this many heads to llama.cpp's RoPE order */
     int type;           /* GGML_F32 / GGML_BF16 */
     uint64_t off;
+    float *const *parts; /* np > 0: a 3-D tensor of np matrices rows x cols, each from its own pointer (experts) */
+    int64_t np;
 } gg_tensor;
+
+const char *const gg_moe_names[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
 
 /* llama.cpp's interleaved RoPE layout (convert_hf_to_gguf.py permute):
  * within each head of hd rows, out row 2i+j = in row j*hd/2 + i. */
@@ -407,12 +432,13 @@ int gg_layer_tensors(const ac_arch *a, int l, ac_layer_w *w, gg_layer_tensor *ou
             T("attn_k_norm.weight", k_norm, hd, 0, 0);
         }
     }
+    if (F || L->n_experts) { T("ffn_norm.weight", post_norm, H, 0, 0); }
     if (F) {
-        T("ffn_norm.weight", post_norm, H, 0, 0);
         T("ffn_gate.weight", wg, F, H, 0);
         T("ffn_up.weight", wu, F, H, 0);
         T("ffn_down.weight", wd, H, F, 0);
     }
+    if (L->n_experts) { T("ffn_gate_inp.weight", router, L->n_experts, H, 0); }
 #undef T
     assert(n <= GG_LAYER_TENSORS);
     return n;
@@ -453,6 +479,16 @@ static int list_tensors(const ac_model *m, int dtype, gg_tensor *t, int *nt, flo
         gg_layer_tensor lt[GG_LAYER_TENSORS];
         int k = gg_layer_tensors(a, l, &m->L[l], lt), lw = ac_model_wdt(m); /* read only here */
         for (int i = 0; i < k; i++) add_t(t, nt, lt[i].name, *lt[i].w, lw, lt[i].rows, lt[i].cols, lt[i].perm, dtype);
+        const ac_layer_arch *L = &a->layers[l];
+        const ac_layer_w *w = &m->L[l];
+        float *const *parts[3] = {w->eg, w->eu, w->ed};
+        for (int x = 0; L->n_experts && x < 3; x++) { /* the experts stacked, expert index outermost */
+            char nm[64];
+            snprintf(nm, sizeof nm, "blk.%d.%s", l, gg_moe_names[x]);
+            add_t(t, nt, nm, NULL, lw, x == 2 ? H : L->expert_ffn, x == 2 ? L->expert_ffn : H, 0, dtype);
+            t[*nt - 1].parts = parts[x];
+            t[*nt - 1].np = L->n_experts;
+        }
     }
     add_t(t, nt, "output_norm.weight", m->final_norm, ST_F32, H, 0, 0, dtype);
     if (!a->tie_embeddings) add_t(t, nt, "output.weight", m->lm_head, wdt, a->vocab, H, 0, dtype);
@@ -480,17 +516,29 @@ static int list_tensors(const ac_model *m, int dtype, gg_tensor *t, int *nt, flo
 static uint64_t align_up(uint64_t x) { return (x + GG_ALIGN - 1) / GG_ALIGN * GG_ALIGN; }
 
 static uint64_t t_bytes(const gg_tensor *t) {
-    return (uint64_t)t->rows * (uint64_t)(t->cols ? t->cols : 1) * (t->type == GGML_F32 ? 4 : 2);
+    return (uint64_t)t->rows * (uint64_t)(t->cols ? t->cols : 1) * (t->type == GGML_F32 ? 4 : 2) *
+           (uint64_t)(t->np ? t->np : 1);
 }
 
-/* Convert (and permute) one tensor and write it, padded. */
+static int write_part(FILE *f, const gg_tensor *t, const float *part, size_t pad, ac_err *e);
+
+/* Convert (and permute) one tensor and write it, padded (a stacked tensor
+ * part by part, padded after the last). */
 static int write_data(FILE *f, const gg_tensor *t, ac_err *e) {
-    size_t n = (size_t)t->rows * (size_t)(t->cols ? t->cols : 1), sz = (size_t)t_bytes(t);
+    size_t pad = (size_t)(align_up(t_bytes(t)) - t_bytes(t));
+    if (!t->np) return write_part(f, t, t->src, pad, e);
+    for (int64_t p = 0; p < t->np; p++)
+        if (write_part(f, t, t->parts[p], p + 1 == t->np ? pad : 0, e)) return -1;
+    return 0;
+}
+
+static int write_part(FILE *f, const gg_tensor *t, const float *part, size_t pad, ac_err *e) {
+    size_t n = (size_t)t->rows * (size_t)(t->cols ? t->cols : 1), sz = n * (t->type == GGML_F32 ? 4 : 2);
     float *tmp = NULL, *conv = NULL;
-    const float *src = t->src;
-    if (t->sdt != ST_F32) { /* this tensor alone in fp32 */
+    const float *src = part;
+    if (t->sdt != ST_F32) { /* this matrix alone in fp32 */
         if (!(conv = malloc(sizeof(float) * n))) return ac_errf(e, "out of memory");
-        ac_to_f32(conv, t->src, (st_dtype)t->sdt, n, NULL);
+        ac_to_f32(conv, part, (st_dtype)t->sdt, n, NULL);
         src = conv;
     }
     if (t->perm) {
@@ -508,7 +556,6 @@ static int write_data(FILE *f, const gg_tensor *t, ac_err *e) {
     else if (ac_from_f32(buf, src, t->type == GGML_F32 ? ST_F32 : ST_BF16, n, e))
         rc = -1;
     else {
-        size_t pad = (size_t)(align_up(sz) - sz);
         memset((char *)buf + sz, 0, pad);
         if (fwrite(buf, 1, sz + pad, f) != sz + pad) rc = ac_errf(e, "write error");
     }
@@ -522,9 +569,9 @@ int ac_gguf_write(const ac_model *m, const char *tokenizer_json, const char *pat
     const ac_arch *a = &m->a;
     if (dtype != ST_BF16 && dtype != ST_F32) return ac_errf(e, "gguf: tensors are written as BF16 or F32");
     if (ac_gguf_check_arch(a, e)) return -1;
-    const char *arch = a->qk_norm ? "qwen3" : ac_arch_is_uniform(a) ? "llama" : "deci";
+    const char *arch = ac_gguf_arch_name(a);
     gbuf kv = {0}, ti = {0};
-    gg_tensor *t = calloc((size_t)a->n_layers * GG_LAYER_TENSORS + 4, sizeof *t);
+    gg_tensor *t = calloc((size_t)a->n_layers * (GG_LAYER_TENSORS + 3) + 4, sizeof *t);
     float *freqs = NULL;
     int nt = 0, rc = 0;
     FILE *f = NULL;
@@ -544,10 +591,11 @@ int ac_gguf_write(const ac_model *m, const char *tokenizer_json, const char *pat
         t[i].off = off;
         off += align_up(t_bytes(&t[i]));
         gstr(&ti, t[i].name);
-        g32(&ti, t[i].cols ? 2 : 1);
+        g32(&ti, t[i].np ? 3 : t[i].cols ? 2 : 1);
         if (t[i].cols) {
             g64(&ti, (uint64_t)t[i].cols);
             g64(&ti, (uint64_t)t[i].rows);
+            if (t[i].np) g64(&ti, (uint64_t)t[i].np);
         } else
             g64(&ti, (uint64_t)t[i].rows);
         g32(&ti, (uint32_t)t[i].type);

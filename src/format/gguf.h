@@ -38,6 +38,9 @@ int ac_gguf_is_path(const char *path);
  * attention but drops its FFN (llama.cpp's deci graph then drops the
  * attention output), an FFN in the last layer, no sliding window. */
 int ac_gguf_check_arch(const ac_arch *a, ac_err *e);
+/* llama.cpp's architecture for a: qwen3moe, llama (Mixtral's MoE too),
+ * qwen3, or deci for a heterogeneous dense model. */
+const char *ac_gguf_arch_name(const ac_arch *a);
 /* The per-layer part of that check (what the search keeps to). */
 int ac_gguf_check_layers(const ac_arch *a, ac_err *e);
 /* Whether a tokenizer.json can be written as a GGUF tokenizer llama.cpp

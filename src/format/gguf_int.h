@@ -49,8 +49,13 @@ typedef struct {
 } gg_layer_tensor;
 
 /* The tensors of layer l of an architecture a whose weights are w, in
- * file order; out holds at least GG_LAYER_TENSORS. Returns the count. */
-#define GG_LAYER_TENSORS 14
+ * file order; out holds at least GG_LAYER_TENSORS. Returns the count. A
+ * mixture-of-experts layer's router is among them; its experts' matrices,
+ * stacked 3-D ({H, Fe, E} as ggml writes shapes) as
+ * blk.L.ffn_{gate,up,down}_exps.weight, are not (gg_moe_names). */
+#define GG_LAYER_TENSORS 15
 int gg_layer_tensors(const ac_arch *a, int l, ac_layer_w *w, gg_layer_tensor *out);
+/* The stacked expert tensors' suffixes, gate, up, down (after "blk.L."). */
+extern const char *const gg_moe_names[3];
 
 #endif

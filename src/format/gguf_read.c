@@ -405,13 +405,33 @@ static int read_arch(const gfile *g, ac_arch *a, ac_err *e) {
     if (!an || n >= sizeof arch) return ac_errf(e, "gguf: general.architecture is missing");
     memcpy(arch, an, n);
     arch[n] = 0;
-    if (strcmp(arch, "llama") && strcmp(arch, "deci") && strcmp(arch, "qwen3"))
-        return ac_errf(e, "gguf: architecture %s is not supported (llama, deci, qwen3)", arch);
-    snprintf(a->model_type, sizeof a->model_type, "%s", !strcmp(arch, "deci") ? "nemotron-nas" : arch);
-    a->qk_norm = !strcmp(arch, "qwen3");
-    long long v[6];
+    if (strcmp(arch, "llama") && strcmp(arch, "deci") && strcmp(arch, "qwen3") && strcmp(arch, "qwen3moe"))
+        return ac_errf(e, "gguf: architecture %s is not supported (llama, deci, qwen3, qwen3moe)", arch);
+    snprintf(a->model_type, sizeof a->model_type, "%s",
+             !strcmp(arch, "deci")       ? "nemotron-nas"
+             : !strcmp(arch, "qwen3moe") ? "qwen3_moe"
+                                         : arch);
+    a->qk_norm = !strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe");
+    long long v[6], ne, nk, fe;
     if (read_arch_globals(g, arch, a, v, e)) return -1;
     if (read_arch_layers(g, arch, a, e)) goto fail;
+    snprintf(k, sizeof k, "%s.expert_count", arch);
+    if (kv_int(g, k, 0, &ne, e)) goto fail;
+    if (ne > 0) { /* every layer MoE, renormalised top-k (llama.cpp's llama and qwen3moe) */
+        snprintf(k, sizeof k, "%s.expert_used_count", arch);
+        if (kv_int(g, k, 0, &nk, e)) goto fail;
+        snprintf(k, sizeof k, "%s.expert_feed_forward_length", arch);
+        if (kv_int(g, k, a->layers[0].ffn, &fe, e)) goto fail; /* Mixtral as llama: feed_forward_length */
+        if (ne > 1 << 16 || nk <= 0 || nk > ne || fe <= 0 || fe > 1 << 20) {
+            ac_errf(e, "gguf: expert_count %lld, expert_used_count %lld or expert width %lld out of range", ne, nk, fe);
+            goto fail;
+        }
+        if (!strcmp(arch, "llama")) snprintf(a->model_type, sizeof a->model_type, "mixtral");
+        a->top_k = (int)nk;
+        a->norm_topk = 1;
+        for (int l = 0; l < a->n_layers; l++)
+            a->layers[l].ffn = 0, a->layers[l].n_experts = (int)ne, a->layers[l].expert_ffn = (int)fe;
+    }
     int nh0 = 0;
     for (int l = 0; l < a->n_layers && !nh0; l++) nh0 = a->layers[l].n_heads;
     a->head_dim = v[4] > 0 ? (int)v[4] : nh0 ? a->hidden / nh0 : 0;
@@ -463,6 +483,30 @@ static int read_t(const gfile *g, const char *name, int64_t rows, int64_t cols, 
     return rc ? ac_errctx(e, "%s", name) : 0;
 }
 
+/* A 3-D tensor of np matrices rows x cols (ggml {cols, rows, np}) into the
+ * np fp32 matrices parts[] (NULL: only checked). */
+static int read_parts(const gfile *g, const char *name, int64_t np, int64_t rows, int64_t cols, float **parts,
+                      ac_err *e) {
+    const rti *t = find_t(g, name);
+    if (!t) return ac_errf(e, "gguf: missing tensor %s", name);
+    if (t->nd != 3 || t->dims[0] != (uint64_t)cols || t->dims[1] != (uint64_t)rows || t->dims[2] != (uint64_t)np)
+        return ac_errf(e, "gguf: tensor %s has the wrong shape (expected {%lld, %lld, %lld})", name, (long long)cols,
+                       (long long)rows, (long long)np);
+    st_dtype dt = t->type == GGML_F32    ? ST_F32
+                  : t->type == GGML_F16  ? ST_F16
+                  : t->type == GGML_BF16 ? ST_BF16
+                                         : ST_NDTYPES;
+    if (dt == ST_NDTYPES)
+        return ac_errf(e, "gguf: tensor %s has ggml type %u (F32, F16 and BF16 are supported)", name, t->type);
+    size_t n = (size_t)rows * (size_t)cols, bytes = n * st_dtype_size(dt) * (size_t)np;
+    size_t avail = g->size - (size_t)(g->data - g->map);
+    if (t->off > avail || bytes > avail - t->off) return ac_errf(e, "gguf: tensor %s lies outside the file", name);
+    for (int64_t p = 0; parts && p < np; p++)
+        if (ac_to_f32(parts[p], g->data + t->off + (size_t)p * n * st_dtype_size(dt), dt, n, e))
+            return ac_errctx(e, "%s", name);
+    return 0;
+}
+
 /* m->L NULL: only check that every tensor is there with its shape and
  * inside the file (before the model is allocated). */
 static int read_weights(const gfile *g, ac_model *m, ac_err *e) {
@@ -480,6 +524,14 @@ static int read_weights(const gfile *g, ac_model *m, ac_err *e) {
         int k = gg_layer_tensors(a, l, w, lt);
         for (int i = 0; i < k; i++)
             if (read_t(g, lt[i].name, lt[i].rows, lt[i].cols, lt[i].perm, *lt[i].w, e)) return -1;
+        const ac_layer_arch *L = &a->layers[l];
+        for (int x = 0; L->n_experts && x < 3; x++) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.%s", l, gg_moe_names[x]);
+            float **parts = chk ? NULL : x == 0 ? w->eg : x == 1 ? w->eu : w->ed;
+            if (read_parts(g, name, L->n_experts, x == 2 ? H : L->expert_ffn, x == 2 ? L->expert_ffn : H, parts, e))
+                return -1;
+        }
     }
     return 0;
 }

@@ -38,8 +38,9 @@ int ac_model_check_compressible(const char *model_dir, const char **field, ac_er
     ac_arch_free(&a);
     if (!moe) return 0;
     *field = "model";
-    return ac_errf(e, "model: mixture-of-experts models (%s) load and evaluate (autocompress eval), but their "
-                      "calibration, search, pruning and distillation are not written yet",
+    return ac_errf(e,
+                   "model: mixture-of-experts models (%s) load and evaluate (autocompress eval), but their "
+                   "calibration, search, pruning and distillation are not written yet",
                    "qwen3_moe, mixtral");
 }
 
@@ -91,11 +92,7 @@ void ac_gguf_report(const ac_search_opts *o, const ac_arch *a, const char *out_d
     snprintf(f, sizeof f, "%s/model.gguf", out_dir);
     snprintf(serve, sizeof serve, "llama-server -m %s", f);
     json_object_set_new(export_obj, "gguf",
-                        json_pack("{s:s,s:s,s:s}", "file", f, "architecture",
-                                  a->qk_norm              ? "qwen3"
-                                  : ac_arch_is_uniform(a) ? "llama"
-                                                          : "deci",
-                                  "serve", serve));
+                        json_pack("{s:s,s:s,s:s}", "file", f, "architecture", ac_gguf_arch_name(a), "serve", serve));
 }
 
 /* ---- deci ---- */
