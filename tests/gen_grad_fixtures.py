@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Gradient and optimizer fixtures for tests/test_train.c (run by `make fixtures`
-after gen_fixtures.py, whose six checkpoints it reads).
+after gen_fixtures.py, whose eight checkpoints it reads).
 
 For each fixture model and each case, PyTorch autograd in float64 on
 tests/ref_train.py's gated forward:
@@ -150,7 +150,7 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(2)
     for i, name in enumerate(["llama_gqa_bf16", "qwen2_tied_f16", "llama3_rope_f32", "mistral_sharded", "deci_hetero",
-                              "qwen3_hd_bf16"]):
+                              "qwen3_hd_bf16", "qwen3moe_mixed_bf16", "mixtral_f32"]):
         for j, case in enumerate(CASES):
             grad_case(a.out, name, case, 100 + 10 * i + j)
     optim_case(a.out)

@@ -65,6 +65,9 @@ def forward_gated(arch, W, tokens, G):
             o = o * G["head"][l].view(1, -1, 1, 1)
             o = o.transpose(1, 2).reshape(B, T, L["heads"] * hd)
             x = x + G["attn"][l] * Fn.linear(o, W[p + "self_attn.o_proj.weight"])
+        if L.get("experts"):  # the MoE FFN (HF's sparse block), its residual add gated like the dense FFN's
+            n = gated_rmsnorm(x, W[p + "post_attention_layernorm.weight"], G["hidden"], eps)
+            x = x + G["mlp"][l] * R.moe(arch, W, l, L, n)
         if L["ffn"]:
             n = gated_rmsnorm(x, W[p + "post_attention_layernorm.weight"], G["hidden"], eps)
             h = Fn.silu(Fn.linear(n, W[p + "mlp.gate_proj.weight"])) * Fn.linear(n, W[p + "mlp.up_proj.weight"])

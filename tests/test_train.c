@@ -94,6 +94,18 @@ static float *train_ptr(ac_trainer *t, const char *name) {
                    w->bv,      w->post_norm, w->wg, w->wu, w->wd, w->q_norm, w->k_norm};
     for (size_t i = 0; i < sizeof nm / sizeof *nm; i++)
         if (!strcmp(rest, nm[i])) return ps[i];
+    /* mixture of experts: Qwen3-MoE's and Mixtral's names */
+    int x;
+    char kind[16];
+    if (!strcmp(rest, "mlp.gate.weight") || !strcmp(rest, "block_sparse_moe.gate.weight")) return w->router;
+    int ne = t->m->a.layers[l].n_experts;
+    if ((sscanf(rest, "mlp.experts.%d.%15[a-z]_proj.weight", &x, kind) == 2 ||
+         sscanf(rest, "block_sparse_moe.experts.%d.%15[a-z0-9].weight", &x, kind) == 2) &&
+        x >= 0 && x < ne) {
+        if (!strcmp(kind, "gate") || !strcmp(kind, "w1")) return w->eg[x];
+        if (!strcmp(kind, "up") || !strcmp(kind, "w3")) return w->eu[x];
+        if (!strcmp(kind, "down") || !strcmp(kind, "w2")) return w->ed[x];
+    }
     return NULL;
 }
 
@@ -200,6 +212,8 @@ GRAD_TEST(test_grad_llama3_rope_f32, "llama3_rope_f32")
 GRAD_TEST(test_grad_mistral_sharded, "mistral_sharded")
 GRAD_TEST(test_grad_deci_hetero, "deci_hetero")
 GRAD_TEST(test_grad_qwen3_hd_bf16, "qwen3_hd_bf16")
+GRAD_TEST(test_grad_qwen3moe_mixed_bf16, "qwen3moe_mixed_bf16")
+GRAD_TEST(test_grad_mixtral_f32, "mixtral_f32")
 
 /* Two backward passes at scale 1/2 on halves of a batch accumulate to the
  * gradient of the mean over the whole batch (per-row losses normalise by
@@ -871,6 +885,8 @@ int main(void) {
     RUN(test_grad_mistral_sharded);
     RUN(test_grad_deci_hetero);
     RUN(test_grad_qwen3_hd_bf16);
+    RUN(test_grad_qwen3moe_mixed_bf16);
+    RUN(test_grad_mixtral_f32);
     RUN(test_accumulation);
     RUN(test_kv_group_gate);
     RUN(test_adamw);

@@ -160,7 +160,8 @@ const float *ac_block_norm(const ac_layer_w *lw, int w) {
 }
 
 int ac_block_op_taped(const ac_op *op) {
-    return (op->kind == AC_OP_LINEAR && !op->acc) || op->kind == AC_OP_ATTENTION || op->kind == AC_OP_HEAD_NORM;
+    return (op->kind == AC_OP_LINEAR && !op->acc) || op->kind == AC_OP_ATTENTION || op->kind == AC_OP_HEAD_NORM ||
+           op->kind == AC_OP_ROUTE;
 }
 
 int ac_block_op_recomputed(const ac_op *op) {
@@ -169,6 +170,7 @@ int ac_block_op_recomputed(const ac_op *op) {
 
 size_t ac_block_op_tape(const ac_arch *a, int l, const ac_op *op, size_t N, int attn_extra) {
     if (op->kind == AC_OP_RMSNORM) return N * ((size_t)a->hidden + 1);
+    if (op->kind == AC_OP_ROUTE) return 2 * N * (size_t)ac_block_dim(a, l, AC_DIM_E); /* softmax, then the weights */
     if (op->kind == AC_OP_ATTENTION)
         return N * ((size_t)ac_block_dim(a, l, (ac_dim)op->dout) + (size_t)attn_extra * a->layers[l].n_heads);
     return ac_block_op_taped(op) ? N * (size_t)ac_block_dim(a, l, (ac_dim)op->dout) : 0;
@@ -196,5 +198,10 @@ size_t ac_block_scratch_floats(const ac_arch *a, size_t N) {
         if (k > sub) sub = k;
     }
     for (int t = 0; t < AC_T_COUNT; t++) n += N * (size_t)ac_block_dim_max(a, (ac_dim)ac_block_slot_dim(t));
-    return sub + n;
+    return sub + n + ac_block_moe_work_floats(a, N);
+}
+
+size_t ac_block_moe_work_floats(const ac_arch *a, size_t N) {
+    if (!ac_arch_has_moe(a)) return 0;
+    return N * (3 * (size_t)a->hidden + 5 * (size_t)ac_block_dim_max(a, AC_DIM_FE));
 }

@@ -123,7 +123,8 @@ int ac_block_dim_max(const ac_arch *a, ac_dim d);
  * output that its backward reads) or the backward recomputes it (RMSNORM,
  * SWIGLU, MASK); the floats an op adds to layer l's tape for N rows
  * (RMSNORM: xhat and 1/rms; HEAD_NORM: its output, its input being the
- * LINEAR's taped one; ATTENTION: its output and attn_extra floats
+ * LINEAR's taped one; ROUTE: the softmax over the experts and the routing
+ * weights; ATTENTION: its output and attn_extra floats
  * per row and query head, e.g. a log-sum-exp) and the layer's total; the
  * scratch an executor needs for N rows: the recomputed outputs of the
  * largest sub-block, then one gradient buffer per slot. */
@@ -132,6 +133,10 @@ int ac_block_op_recomputed(const ac_op *op);
 size_t ac_block_op_tape(const ac_arch *a, int l, const ac_op *op, size_t N, int attn_extra);
 size_t ac_block_tape_floats(const ac_arch *a, int l, size_t N, int attn_extra);
 size_t ac_block_scratch_floats(const ac_arch *a, size_t N);
+/* The part of that scratch (its end) an EXPERTS op works in: three [N][H]
+ * and five [N][FE] buffers (gathered rows, expert outputs and their
+ * gradients); 0 without MoE layers. */
+size_t ac_block_moe_work_floats(const ac_arch *a, size_t N);
 /* Layer weights by name: matrix `w` (ac_wmat), its bias (NULL when none),
  * norm weight `w` (ac_normw). */
 const void *ac_block_matrix(const ac_layer_w *lw, int w);

@@ -67,35 +67,6 @@ static void mask(float *t, const ac_block_cpu *c, const ac_op *op, int N, int wi
         for (int c = 0; c < width; c++) t[r * width + c] *= mk[c / unit];
 }
 
-/* Routing weights in place: each row of r[N][E] holds router logits and
- * becomes softmax over the E experts (in double, as HF's fp32 softmax up to
- * rounding), the top k kept (the larger first; on equal values the lower
- * expert index), renormalised to sum 1 when norm, every other entry 0.
- * order: E ints of scratch. */
-static void route(float *r, int N, int E, int k, int norm, int *order) {
-    for (int i = 0; i < N; i++) {
-        float *p = r + (size_t)i * E;
-        double mx = p[0], sum = 0, kept = 0;
-        for (int x = 1; x < E; x++) mx = p[x] > mx ? p[x] : mx;
-        for (int x = 0; x < E; x++) sum += exp((double)p[x] - mx);
-        for (int x = 0; x < E; x++) {
-            p[x] = (float)(exp((double)p[x] - mx) / sum);
-            order[x] = x;
-        }
-        for (int j = 0; j < k; j++) { /* selection: order[j] = the best of order[j..E) */
-            int b = j;
-            for (int x = j + 1; x < E; x++)
-                if (p[order[x]] > p[order[b]] || (p[order[x]] == p[order[b]] && order[x] < order[b])) b = x;
-            int t = order[j];
-            order[j] = order[b];
-            order[b] = t;
-            kept += p[order[j]];
-        }
-        for (int j = k; j < E; j++) p[order[j]] = 0;
-        for (int j = 0; norm && kept > 0 && j < k; j++) p[order[j]] = (float)(p[order[j]] / kept);
-    }
-}
-
 /* x[N][H] += the weighted experts of in[N][H] (routing weights r[N][E]):
  * each expert on the rows with a non-zero weight for it, gathered into the
  * XE slot, through its SwiGLU (EG, EU slots), its rows added back scaled. */
@@ -153,7 +124,7 @@ void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n
             break;
         case AC_OP_ROUTE:
             ac_linear_w(s[op->out], s[op->in], lw->router, wdt, NULL, N, dim[AC_DIM_H], dim[AC_DIM_E], 0, c->ws);
-            route(s[op->out], N, dim[AC_DIM_E], a->top_k, a->norm_topk, c->rows);
+            ac_moe_route(s[op->out], NULL, N, dim[AC_DIM_E], a->top_k, a->norm_topk, c->rows);
             break;
         case AC_OP_EXPERTS: experts(c, l, s[op->out], s[op->in], s[op->in2], N); break;
         case AC_OP_KV_MERGE: {

@@ -8,11 +8,121 @@
 #include "backward_cpu.h"
 #include "dtype.h"
 
-int ac_block_grad_supports(const ac_arch *a, ac_err *e) {
-    if (ac_arch_has_moe(a))
-        return ac_errf(e, "the backward of mixture-of-experts layers (router, experts) is not written yet: MoE models "
-                          "load and evaluate, but cannot be trained, calibrated or searched");
+int ac_block_grad_supports(const ac_arch *a, int wdt, ac_err *e) {
+    if (ac_arch_has_moe(a) && wdt != ST_F32)
+        return ac_errf(e, "mixture-of-experts layers train on fp32 weights only so far (not in place on 16-bit ones)");
     return 0;
+}
+
+/* The EXPERTS op's work area: the end of the scratch (block.h). */
+static float *moe_work(const ac_block_grad *c) {
+    size_t N = (size_t)c->B * c->T;
+    return c->scratch + ac_block_grad_scratch_floats(&c->m->a, c->B, c->T) - ac_block_moe_work_floats(&c->m->a, N);
+}
+
+/* Expert e of layer l on the rows of xn routed to it (r[N][E] != 0):
+ * gathers them into xe (c->rows gets their indices), computes g, u
+ * ([ne][Fe] gate and up projections), h = silu(g) * u and y = h Wd^T
+ * ([ne][H]). Returns ne. */
+static int expert_fwd(const ac_block_grad *c, int l, int e, const float *xn, const float *r, float *xe, float *g,
+                      float *u, float *h, float *y) {
+    const ac_layer_arch *la = &c->m->a.layers[l];
+    int H = c->m->a.hidden, E = la->n_experts, Fe = la->expert_ffn, N = c->B * c->T, ne = 0;
+    for (int i = 0; i < N; i++)
+        if (r[(size_t)i * E + e] != 0) {
+            memcpy(xe + (size_t)ne * H, xn + (size_t)i * H, sizeof(float) * H);
+            c->rows[ne++] = i;
+        }
+    if (!ne) return 0;
+    ac_linear_w(g, xe, c->w->eg[e], c->wdt, NULL, ne, H, Fe, 0, c->ws);
+    ac_linear_w(u, xe, c->w->eu[e], c->wdt, NULL, ne, H, Fe, 0, c->ws);
+    memcpy(h, g, sizeof(float) * ne * Fe);
+    ac_silu_mul(h, u, (long)ne * Fe);
+    ac_linear_w(y, h, c->w->ed[e], c->wdt, NULL, ne, Fe, H, 0, c->ws);
+    return ne;
+}
+
+/* x[N][H] += alpha * the routed experts of xn (forward). */
+static void experts_fwd(const ac_block_grad *c, int l, float *x, const float *xn, const float *r, float alpha) {
+    const ac_layer_arch *la = &c->m->a.layers[l];
+    int H = c->m->a.hidden, E = la->n_experts;
+    size_t N = (size_t)c->B * c->T, Fe = (size_t)ac_block_dim_max(&c->m->a, AC_DIM_FE);
+    float *xe = moe_work(c), *y = xe + N * H, *g = y + 2 * N * H, *u = g + N * Fe, *h = u + N * Fe;
+    for (int e = 0; e < E; e++) {
+        int ne = expert_fwd(c, l, e, xn, r, xe, g, u, h, y);
+        for (int j = 0; j < ne; j++) {
+            float w = alpha * r[(size_t)c->rows[j] * E + e], *xr = x + (size_t)c->rows[j] * H;
+            for (int ch = 0; ch < H; ch++) xr[ch] += w * y[(size_t)j * H + ch];
+        }
+    }
+}
+
+/* The backward of x += alpha * sum_e r[:,e] * expert_e(xn): dxn (written),
+ * dr (written: alpha * <dx, y_e> where routed), the experts' weight
+ * gradients and d alpha (added). */
+static void experts_bwd(ac_block_grad *c, int l, int s, const float *dx, const float *xn, const float *r, float *dxn,
+                        float *dr) {
+    const ac_layer_arch *la = &c->m->a.layers[l];
+    int H = c->m->a.hidden, E = la->n_experts, Fe = la->expert_ffn;
+    size_t N = (size_t)c->B * c->T, FeM = (size_t)ac_block_dim_max(&c->m->a, AC_DIM_FE);
+    float alpha = c->sub_gate ? c->sub_gate[s] : 1.0f;
+    float *xe = moe_work(c), *y = xe + N * H, *dxe = y + N * H, *g = dxe + N * H, *u = g + N * FeM, *h = u + N * FeM,
+          *dh = h + N * FeM, *du = dh + N * FeM;
+    double dalpha = 0;
+    memset(dxn, 0, sizeof(float) * N * H);
+    memset(dr, 0, sizeof(float) * N * E);
+    for (int e = 0; e < E; e++) {
+        int ne = expert_fwd(c, l, e, xn, r, xe, g, u, h, y);
+        if (!ne) continue;
+        for (int j = 0; j < ne; j++) { /* y becomes dy = alpha r dx on the expert's rows */
+            size_t row = (size_t)c->rows[j];
+            const float *d = dx + row * H;
+            float *yj = y + (size_t)j * H, rw = r[row * E + e];
+            double dot = 0;
+            for (int ch = 0; ch < H; ch++) dot += (double)d[ch] * yj[ch];
+            dr[row * E + e] = (float)(alpha * dot);
+            dalpha += rw * dot;
+            for (int ch = 0; ch < H; ch++) yj[ch] = alpha * rw * d[ch];
+        }
+        ac_linear_dx_w(dh, y, c->w->ed[e], c->wdt, ne, Fe, H, 1.0f, 0, c->wtile, c->wtile_rows); /* dh = dy Wd */
+        if (c->gw && c->gw->ed) /* dWd[H][Fe] += dy^T h */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, Fe, ne, 1.0f, y, H, h, Fe, 1.0f, c->gw->ed[e], Fe);
+        ac_silu_mul_backward(dh, du, dh, g, u, (long)ne * Fe); /* dh becomes dg */
+        ac_linear_dx_w(dxe, dh, c->w->eg[e], c->wdt, ne, H, Fe, 1.0f, 0, c->wtile, c->wtile_rows);
+        ac_linear_dx_w(dxe, du, c->w->eu[e], c->wdt, ne, H, Fe, 1.0f, 1, c->wtile, c->wtile_rows);
+        if (c->gw && c->gw->eg) { /* dWg, dWu [Fe][H] += dg^T xe, du^T xe */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Fe, H, ne, 1.0f, dh, Fe, xe, H, 1.0f, c->gw->eg[e], H);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Fe, H, ne, 1.0f, du, Fe, xe, H, 1.0f, c->gw->eu[e], H);
+        }
+        for (int j = 0; j < ne; j++) {
+            float *o = dxn + (size_t)c->rows[j] * H;
+            const float *d = dxe + (size_t)j * H;
+            for (int ch = 0; ch < H; ch++) o[ch] += d[ch];
+        }
+    }
+    if (c->dsub_gate) c->dsub_gate[s] += (float)dalpha;
+}
+
+/* The backward of r = route(xn Wr^T) from dr (overwritten with the
+ * logits' gradient): dxn and the router's gradient added. p: the softmax
+ * over all experts; r: the routing weights (0 where not routed). */
+static void route_bwd(ac_block_grad *c, int l, const float *p, const float *r, float *dr, const float *xn, float *dxn) {
+    const ac_arch *a = &c->m->a;
+    int H = a->hidden, E = a->layers[l].n_experts, N = c->B * c->T;
+    for (int i = 0; i < N; i++) {
+        const float *pi = p + (size_t)i * E, *ri = r + (size_t)i * E;
+        float *d = dr + (size_t)i * E;
+        double S = 0, rd = 0, pd = 0;
+        for (int x = 0; x < E; x++)
+            if (ri[x] != 0) S += pi[x], rd += (double)d[x] * ri[x];
+        for (int x = 0; x < E; x++) /* d p over the routed experts (through the renormalisation) */
+            d[x] = ri[x] == 0 ? 0.0f : a->norm_topk ? (float)((d[x] - rd) / S) : d[x];
+        for (int x = 0; x < E; x++) pd += (double)d[x] * pi[x];
+        for (int x = 0; x < E; x++) d[x] = (float)(pi[x] * (d[x] - pd)); /* softmax */
+    }
+    ac_linear_dx_w(dxn, dr, c->w->router, c->wdt, N, H, E, 1.0f, 1, c->wtile, c->wtile_rows);
+    if (c->gw && c->gw->router) /* dWr[E][H] += dlogits^T xn */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, E, H, N, 1.0f, dr, E, xn, H, 1.0f, c->gw->router, H);
 }
 
 size_t ac_block_grad_scratch_floats(const ac_arch *a, int B, int T) {
@@ -125,8 +235,22 @@ static float *sub_walk(ac_block_grad *c, int l, int sb, float *x, float **tp, fl
             break;
         case AC_OP_KV_MERGE:
         case AC_OP_MASK_HIDDEN: break; /* not differentiated here (block_grad.h) */
-        case AC_OP_ROUTE:
-        case AC_OP_EXPERTS: break; /* no backward yet: the trainers refuse MoE models (ac_block_grad_supports) */
+        case AC_OP_ROUTE: { /* taped: the softmax over the experts, then the routing weights */
+            int E = dim[AC_DIM_E];
+            float *p = *tp, *r = *tp + (size_t)N * E;
+            if (fwd) {
+                ac_linear_w(r, cur[op->in], c->w->router, c->wdt, NULL, N, dim[AC_DIM_H], E, 0, c->ws);
+                ac_moe_route(r, p, N, E, a->top_k, a->norm_topk, c->rows);
+            }
+            w->xhat[i] = p; /* (the walk's norm fields hold the route's softmax and weights) */
+            w->r[i] = r;
+            cur[op->out] = r;
+            *tp += 2 * (size_t)N * E;
+            break;
+        }
+        case AC_OP_EXPERTS:
+            if (fwd) experts_fwd(c, l, cur[op->out], cur[op->in], cur[op->in2], c->sub_gate ? c->sub_gate[sb] : 1.0f);
+            break;
         }
     }
     return sc;
@@ -245,10 +369,13 @@ void ac_block_grad_backward(ac_block_grad *c, int l, float *dx) {
                                     ac_block_norm(c->w, op->w), c->gate[AC_DIM_H], N, dim[AC_DIM_H]);
                 break;
             }
+            case AC_OP_EXPERTS:
+                experts_bwd(c, l, s, dO, w.in[i], w.in2[i], dS[op->in], dS[op->in2]);
+                has[op->in] = has[op->in2] = 1;
+                break;
+            case AC_OP_ROUTE: route_bwd(c, l, w.xhat[i], w.r[i], dO, w.in[i], dS[op->in]); break;
             case AC_OP_KV_MERGE:
-            case AC_OP_MASK_HIDDEN:
-            case AC_OP_ROUTE:
-            case AC_OP_EXPERTS: break;
+            case AC_OP_MASK_HIDDEN: break;
             }
         }
     }

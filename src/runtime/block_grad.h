@@ -13,6 +13,10 @@
  * that ends sub-block s is scaled by sub_gate[s]. NULL gates are 1.
  * KV merging and hidden masks after residual adds are not differentiated
  * here (the gate search relaxes KV merges through weight overrides).
+ * A mixture-of-experts sub-block differentiates ROUTE (softmax, the
+ * renormalisation of the top-k; the selection itself is piecewise
+ * constant) and EXPERTS (each expert's SwiGLU on its rows, the routing
+ * weights), with the gradients of the router and of every expert.
  *
  * Tape (per layer, ac_block_tape_floats in block.h): the outputs of LINEAR (not the
  * residual add) and ATTENTION ops as the forward leaves them (a ROPE
@@ -51,11 +55,12 @@ typedef struct {
     ac_wscratch *ws; /* 16-bit weights: forward GEMMs */
     float *wtile;    /* 16-bit weights: wtile_rows rows of the widest input, converted for dX */
     int wtile_rows;
+    int *rows; /* MoE layers: max(B*T, experts) ints (routing order, the rows routed to one expert) */
 } ac_block_grad;
 
-/* 0 when every op of a's recipes has a backward here; else -1 with the
- * reason (the MoE ops' backward is not written yet). */
-int ac_block_grad_supports(const ac_arch *a, ac_err *e);
+/* 0 when every op of a's recipes has a backward here for matrices of
+ * dtype wdt; else -1 with the reason (MoE layers: fp32 weights only). */
+int ac_block_grad_supports(const ac_arch *a, int wdt, ac_err *e);
 
 /* The tape of layer l for N rows is ac_block_tape_floats(a, l, N, 0)
  * (block.h); the scratch for B sequences of T tokens: */

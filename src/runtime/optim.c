@@ -66,6 +66,15 @@ int ac_adamw_add_model(ac_adamw *a, ac_model *m, const ac_model *g, ac_err *e) {
              ac_adamw_add(a, w->wd, d->wd, H * F, 1, e) ||
              ac_adamw_add(a, w->q_norm, d->q_norm, w->q_norm ? hd : 0, 0, e) ||
              ac_adamw_add(a, w->k_norm, d->k_norm, w->k_norm ? hd : 0, 0, e);
+        if (!rc && L->n_experts) { /* the MoE FFN: its norm, the router and every expert */
+            size_t E = L->n_experts, Fe = L->expert_ffn;
+            rc = ac_adamw_add(a, w->post_norm, d->post_norm, H, 0, e) ||
+                 ac_adamw_add(a, w->router, d->router, E * H, 1, e);
+            for (size_t x = 0; !rc && x < E; x++)
+                rc = ac_adamw_add(a, w->eg[x], d->eg[x], Fe * H, 1, e) ||
+                     ac_adamw_add(a, w->eu[x], d->eu[x], Fe * H, 1, e) ||
+                     ac_adamw_add(a, w->ed[x], d->ed[x], H * Fe, 1, e);
+        }
     }
     return rc ? -1 : 0;
 }

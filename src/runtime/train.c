@@ -108,6 +108,7 @@ void ac_trainer_free(ac_trainer *t) {
     free(t->mem);
     free(t->tok);
     free(t->pos);
+    free(t->moe_rows);
     free(t->wscr);
     if (t->frozen)
         free(t->g.L); /* its fields are the caller's */
@@ -120,7 +121,7 @@ static int trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, int fr
     memset(t, 0, sizeof *t);
     const ac_arch *a = &m->a;
     if (max_B <= 0 || max_T <= 0) return ac_errf(e, "trainer: batch and context must be positive");
-    if (ac_block_grad_supports(a, e)) return ac_errctx(e, "trainer");
+    if (ac_block_grad_supports(a, ac_model_wdt(m), e)) return ac_errctx(e, "trainer");
     if (!frozen && ac_model_wdt(m) != ST_F32) /* the optimizer updates m in place: fp32 master weights */
         return ac_errf(e, "trainer: trained weights must be fp32 (a resident model needs ac_model_to_f32 first)");
     t->m = m;
@@ -137,6 +138,8 @@ static int trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, int fr
     size_t nf = layout(NULL, a, max_B, max_T, NULL), N = (size_t)max_B * max_T;
     ok = ok && (t->mem = malloc(nf * sizeof(float))) && (t->tok = malloc(N * sizeof(int))) &&
          (t->pos = malloc(N * sizeof(int)));
+    size_t nr = (size_t)ac_block_dim_max(a, AC_DIM_E) > N ? (size_t)ac_block_dim_max(a, AC_DIM_E) : N;
+    ok = ok && (!ac_arch_has_moe(a) || (t->moe_rows = malloc(nr * sizeof(int))));
     if (ok && ac_model_wdt(m) != ST_F32) ok = (t->wscr = malloc(scratch_floats(a) * sizeof(float))) != NULL;
     if (ok && frozen) ok = (t->g.L = calloc(nl ? nl : 1, sizeof(ac_layer_w))) != NULL;
     if (ok && frozen) t->g.a = *a; /* the shapes, for readers of g (borrowed: g.a is never freed here) */
@@ -259,6 +262,12 @@ void ac_train_zero_grad(ac_trainer *t) {
         zero(w->wd, H * F);
         zero(w->q_norm, w->q_norm ? hd : 0);
         zero(w->k_norm, w->k_norm ? hd : 0);
+        if (L->n_experts) {
+            size_t E = L->n_experts, Fe = L->expert_ffn;
+            zero(w->post_norm, H);
+            zero(w->router, E * H);
+            for (size_t x = 0; x < E; x++) zero(w->eg[x], Fe * H), zero(w->eu[x], Fe * H), zero(w->ed[x], H * Fe);
+        }
         zero(t->dgate.head[l], L->n_heads);
         zero(t->dgate.ffn[l], F);
         t->dgate.attn[l] = t->dgate.mlp[l] = 0;
@@ -286,6 +295,7 @@ static ac_block_grad layer_exec(ac_trainer *t, int l, const ac_layer_w *w, float
                        .sin_t = t->sin_t,
                        .tape = t->tape[l],
                        .scratch = t->bscr,
+                       .rows = t->moe_rows,
                        .sub_gate = sub,
                        .dsub_gate = dsub};
     c.gate[AC_DIM_Q] = t->gate.head[l];

@@ -60,6 +60,7 @@ typedef struct {
     int B, T;         /* shape of the last forward */
     float *mem;       /* the one allocation (activations, scratch, gates) */
     int *tok, *pos;   /* [max_B*max_T] tokens of the last forward, positions */
+    int *moe_rows;    /* MoE models: max(max_B*max_T, experts) ints for the block executor */
     /* per layer (N = B*T rows): what the block's backward needs, kept by
      * its forward (block_grad.h: for the Llama block the normalized inputs
      * and 1/rms of both norms, q and k after RoPE, v, the attention output
