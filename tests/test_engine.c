@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <unistd.h>
 
+#include "block_cpu.h"
 #include "check.h"
 #include "engine.h"
 #include "eval.h"
@@ -14,6 +15,9 @@
 #include "kernels_cpu.h"
 #include "kthreads.h"
 #include "model.h"
+#include "moe_importance.h"
+#include "rope.h"
+#include "slice.h"
 #include "tensor.h"
 
 static char fx[1024];
@@ -390,6 +394,112 @@ static void test_moe_models(void) {
         CHECK(system(cmd) == 0, "rm");
     }
 }
+/* Logits of m over B sequences of n tokens with experts removed from the
+ * routing by masks (emask[l][E], NULL: none), through the block executor
+ * (what calibration simulates), final norm and head in fp32. */
+static void masked_logits(const ac_model *m, float *const *emask, const int *tok, int B, int n, float *logits) {
+    const ac_arch *a = &m->a;
+    int N = B * n, H = a->hidden, E = ac_block_dim_max(a, AC_DIM_E), pos[64], rows[64];
+    float *slot[AC_T_COUNT], *cs = malloc(sizeof(float) * n * a->head_dim), *sn = malloc(sizeof(float) * n * a->head_dim),
+          *sc = malloc(sizeof(float) * n * n), *xn = malloc(sizeof(float) * N * H);
+    for (int t = 0; t < AC_T_COUNT; t++)
+        slot[t] = calloc((size_t)N * ac_block_dim_max(a, (ac_dim)ac_block_slot_dim(t)) + 1, sizeof(float));
+    ac_err e;
+    ac_rope_tables(a, n, cs, sn, &e);
+    for (int r = 0; r < N; r++) {
+        pos[r] = r % n;
+        memcpy(slot[AC_T_X] + (size_t)r * H, m->embed + (size_t)tok[r] * H, sizeof(float) * H);
+    }
+    (void)E;
+    for (int l = 0; l < a->n_layers; l++) {
+        ac_block_mod mod = {.expert_mask = emask[l]};
+        ac_block_cpu c = {.m = m, .pos = pos, .cos_t = cs, .sin_t = sn, .scores = sc, .rows = rows, .mod = &mod};
+        memcpy(c.slot, slot, sizeof slot);
+        ac_block_cpu_forward(&c, l, B, n, 0);
+    }
+    ac_rmsnorm(xn, slot[AC_T_X], m->final_norm, N, H, a->eps);
+    ac_linear(logits, xn, m->lm_head, NULL, N, H, a->vocab);
+    for (int t = 0; t < AC_T_COUNT; t++) free(slot[t]);
+    free(cs), free(sn), free(sc), free(xn);
+}
+
+/* Experts ranked by their router-weighted output on calibration tokens, the
+ * least important removed by ac_prune: the pruned model (router rows of the
+ * kept experts, so softmax, top-k and renormalisation run over them alone)
+ * equals the full model with the removed experts masked out of the routing. */
+static void test_moe_prune_experts(void) {
+    if (!fixtures_present()) SKIP("no fixtures");
+    const char *names[] = {"mixtral_f32", "qwen3moe_mixed_bf16"};
+    for (int f = 0; f < 2; f++) {
+        char dir[1200];
+        snprintf(dir, sizeof dir, "%s/models/%s", fx, names[f]);
+        ac_model m, pm;
+        ac_err e = {{0}};
+        if (ac_model_load(dir, &m, &e)) {
+            CHECK(0, "%s: %s", names[f], e.msg);
+            continue;
+        }
+        const ac_arch *a = &m.a;
+        int L = a->n_layers, B = 2, n = 9, ids[64], calib[4 * 11];
+        unsigned rng = 5;
+        for (int i = 0; i < 4 * 11; i++) calib[i] = (int)((rng = rng * 1664525u + 1013904223u) >> 8) % a->vocab;
+        for (int i = 0; i < B * n; i++) ids[i] = (int)((rng = rng * 1664525u + 1013904223u) >> 8) % a->vocab;
+        ac_importance imp = {0}; /* identity orders but for the experts */
+        imp.n_layers = L;
+        imp.hid_order = malloc(sizeof(int) * a->hidden);
+        imp.kv_order = calloc(L, sizeof(int *)), imp.ffn_order = calloc(L, sizeof(int *));
+        imp.kv_score = calloc(L, sizeof(double *)), imp.ffn_score = calloc(L, sizeof(double *));
+        for (int c = 0; c < a->hidden; c++) imp.hid_order[c] = c;
+        for (int l = 0; l < L; l++) {
+            imp.kv_order[l] = malloc(sizeof(int) * (a->layers[l].n_kv_heads + 1));
+            imp.ffn_order[l] = malloc(sizeof(int) * (a->layers[l].ffn + 1));
+            for (int k = 0; k < a->layers[l].n_kv_heads; k++) imp.kv_order[l][k] = k;
+            for (int k = 0; k < a->layers[l].ffn; k++) imp.ffn_order[l][k] = k;
+        }
+        CHECK(ac_expert_importance(&m, calib, 4 * 11, 11, 4, &imp, &e) == 0, "%s", e.msg);
+        ac_arch t;
+        CHECK(ac_arch_copy(&t, a, &e) == 0, "%s", e.msg);
+        float *mask[8] = {0};
+        for (int l = 0; l < L; l++) {
+            int E = a->layers[l].n_experts;
+            if (!E) continue;
+            int seen[8] = {0}, ok = 1;
+            for (int j = 0; j < E; j++) ok &= !seen[imp.expert_order[l][j]]++;
+            for (int j = 0; j + 1 < E; j++)
+                ok &= imp.expert_score[l][imp.expert_order[l][j]] >= imp.expert_score[l][imp.expert_order[l][j + 1]];
+            CHECK(ok && imp.expert_score[l][imp.expert_order[l][0]] > 0, "%s layer %d: expert order", names[f], l);
+            t.layers[l].n_experts = E - 1;
+            mask[l] = calloc(E, sizeof(float));
+            for (int j = 0; j < E - 1; j++) mask[l][imp.expert_order[l][j]] = 1;
+        }
+        CHECK(ac_prune(&m, &t, &imp, &pm, &e) == 0, "%s: %s", names[f], e.msg);
+        float *want = malloc(sizeof(float) * B * n * a->vocab);
+        masked_logits(&m, mask, ids, B, n, want);
+        ac_engine en;
+        CHECK(ac_engine_init(&en, &pm, B, n, &e) == 0 && ac_engine_forward(&en, ids, B, n, 0, 0, &e) == 0, "%s",
+              e.msg);
+        double md = 0, mr = 0;
+        for (size_t i = 0; i < (size_t)B * n * a->vocab; i++)
+            md = fmax(md, fabs(want[i] - en.logits[i])), mr = fmax(mr, fabs(want[i]));
+        printf("   %s: one expert of each MoE layer removed: pruned vs masked logits %.2e (relative)\n", names[f],
+               md / mr);
+        CHECK(md <= 1e-5 * mr, "%s: pruned model differs from the masked one by %g of %g", names[f], md, mr);
+        /* the masks change the model: removing an expert is not a no-op */
+        float *full = malloc(sizeof(float) * B * n * a->vocab), *none[8] = {0};
+        masked_logits(&m, none, ids, B, n, full);
+        double dd = 0;
+        for (size_t i = 0; i < (size_t)B * n * a->vocab; i++) dd = fmax(dd, fabs(full[i] - want[i]));
+        CHECK(dd > 1e-4 * mr, "%s: removing experts changed nothing", names[f]);
+        ac_engine_free(&en);
+        free(want), free(full);
+        for (int l = 0; l < L; l++) free(mask[l]);
+        ac_arch_free(&t);
+        ac_model_free(&pm);
+        ac_importance_free(&imp);
+        ac_model_free(&m);
+    }
+}
+
 static void test_llama3_rope_f32(void) {
     if (!fixtures_present()) SKIP("no fixtures");
     check_model("llama3_rope_f32");
@@ -506,6 +616,7 @@ int main(void) {
     RUN(test_qwen2_tied_f16);
     RUN(test_qwen3_hd_bf16);
     RUN(test_moe_models);
+    RUN(test_moe_prune_experts);
     RUN(test_llama3_rope_f32);
     RUN(test_mistral_sharded);
     RUN(test_deci_heterogeneous);

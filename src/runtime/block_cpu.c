@@ -88,6 +88,7 @@ static void experts(const ac_block_cpu *c, int l, float *x, const float *in, con
         ac_linear_w(u, xe, lw->eu[e], wdt, NULL, ne, H, Fe, 0, c->ws);
         ac_silu_mul(g, u, (long)ne * Fe);
         ac_linear_w(xe, g, lw->ed[e], wdt, NULL, ne, Fe, H, 0, c->ws);
+        if (c->hooks && c->hooks->expert_out) c->hooks->expert_out(c->hooks->ud, l, e, c->rows, ne, r, E, xe, H);
         for (int j = 0; j < ne; j++) {
             float w = r[(size_t)c->rows[j] * E + e], *xr = x + (size_t)c->rows[j] * H;
             const float *y = xe + (size_t)j * H;
@@ -124,6 +125,8 @@ void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n
             break;
         case AC_OP_ROUTE:
             ac_linear_w(s[op->out], s[op->in], lw->router, wdt, NULL, N, dim[AC_DIM_H], dim[AC_DIM_E], 0, c->ws);
+            for (int x = 0; mod && mod->expert_mask && x < dim[AC_DIM_E]; x++)
+                for (int i2 = 0; !mod->expert_mask[x] && i2 < N; i2++) s[op->out][(size_t)i2 * dim[AC_DIM_E] + x] = -INFINITY;
             ac_moe_route(s[op->out], NULL, N, dim[AC_DIM_E], a->top_k, a->norm_topk, c->rows);
             break;
         case AC_OP_EXPERTS: experts(c, l, s[op->out], s[op->in], s[op->in2], N); break;

@@ -30,6 +30,10 @@ typedef struct {
      * the kept channels and each residual add is masked again. */
     const float *hid_mask;
     int hid_kept;
+    /* MoE layers: expert_mask[E] 0 removes an expert from the routing (its
+     * logit -inf: the softmax and top-k run over the others), as ac_prune
+     * removes it */
+    const float *expert_mask;
 } ac_block_mod;
 
 typedef struct {

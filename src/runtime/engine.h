@@ -28,6 +28,10 @@ typedef struct {
     void (*head_out)(void *ud, int layer, const float *att, int N, int n_heads, int hd);
     /* act[N][F]: silu(gate) * up, before down_proj */
     void (*ffn_act)(void *ud, int layer, const float *act, int N, int F);
+    /* MoE: expert e of layer l ran on the n rows rows[] (their routing weights r[rows[j]*E + e]), its outputs
+     * y[n][H] before the weighting */
+    void (*expert_out)(void *ud, int layer, int e, const int *rows, int n, const float *r, int E, const float *y,
+                       int H);
     /* x_in, x_out[N][H]: the residual stream before and after the layer */
     void (*layer_io)(void *ud, int layer, const float *x_in, const float *x_out, int N, int H);
     /* after the last layer: N rows went through */

@@ -17,6 +17,8 @@ static const double SENS_R[AC_SENS_POINTS] = {0, 0.25, 0.5, 0.75, 1.0};
 
 void ac_importance_free(ac_importance *imp) {
     for (int l = 0; l < imp->n_layers; l++) {
+        if (imp->expert_order) free(imp->expert_order[l]);
+        if (imp->expert_score) free(imp->expert_score[l]);
         if (imp->kv_order) {
             free(imp->kv_order[l]);
             free(imp->kv_score[l]);
@@ -26,6 +28,8 @@ void ac_importance_free(ac_importance *imp) {
             free(imp->ffn_score[l]);
         }
     }
+    free(imp->expert_order);
+    free(imp->expert_score);
     free(imp->kv_order);
     free(imp->kv_score);
     free(imp->ffn_order);

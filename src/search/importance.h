@@ -59,6 +59,10 @@ typedef struct {
     int *mt_hid_order;     /* [hidden] */
     double *mt_hid_score;  /* sorted */
     int streamed;          /* curves measured by the STREAMED (gradient) method (below) */
+    /* MoE layers (moe_importance.h; NULL when not measured, NULL rows for
+     * dense layers): experts, most important first, and each expert's score */
+    int **expert_order;
+    double **expert_score;
     int method;            /* the AC_CALIB_* method that measured the curves (never AUTO) */
 } ac_importance;
 

@@ -39,6 +39,15 @@ static void gather(float *dst, const void *src, int wdt, int src_cols, const int
 /* Whether layer l of t can be cut from the source's layer. */
 static int check_layer(const ac_arch *a, const ac_arch *t, int l, ac_err *e) {
     const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
+    if (s->n_experts || d->n_experts) { /* MoE: whole experts removed; their width and the attention as below */
+        if (d->n_experts > s->n_experts || (d->n_experts && d->expert_ffn != s->expert_ffn) ||
+            (d->n_experts && d->n_experts < a->top_k) || d->ffn)
+            return ac_errf(e,
+                           "prune: layer %d target (%d experts of width %d, dense ffn %d) does not fit source (%d "
+                           "experts of width %d): keep at least top_k %d whole experts (expert width pruning is not "
+                           "written yet)",
+                           l, d->n_experts, d->expert_ffn, d->ffn, s->n_experts, s->expert_ffn, a->top_k);
+    }
     int grp = s->n_heads ? s->n_heads / s->n_kv_heads : 0;
     int merge = d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads && d->n_kv_heads > 0 &&
                 s->n_kv_heads % d->n_kv_heads == 0;
@@ -198,6 +207,32 @@ static size_t widest(const ac_arch *a) {
     return w;
 }
 
+/* A mixture-of-experts FFN: the best d->n_experts experts (order: most
+ * important first; NULL: the first ones) kept whole in their original
+ * order, with their router rows, so the router's softmax and top-k run over
+ * the kept experts alone (its renormalisation over what remains); hidden
+ * channels hk as everywhere. */
+static int prune_experts(const ac_arch *a, const ac_layer_arch *s, const ac_layer_arch *d, const int *order,
+                         const ac_layer_w *sw, int wdt, ac_layer_w *dw, const int *hk, int Ht, float *row, ac_err *e) {
+    int H = a->hidden, Fe = s->expert_ffn, *ident = NULL;
+    if (!order) {
+        if (!(ident = malloc(sizeof(int) * s->n_experts))) return ac_errf(e, "out of memory");
+        for (int x = 0; x < s->n_experts; x++) ident[x] = x;
+    }
+    int *ek = ac_prune_kept(order ? order : ident, d->n_experts);
+    free(ident);
+    if (!ek) return ac_errf(e, "out of memory");
+    gather(dw->post_norm, sw->post_norm, ST_F32, H, NULL, 1, hk, Ht, row);
+    gather(dw->router, sw->router, wdt, H, ek, d->n_experts, hk, Ht, row);
+    for (int x = 0; x < d->n_experts; x++) {
+        gather(dw->eg[x], sw->eg[ek[x]], wdt, H, NULL, Fe, hk, Ht, row);
+        gather(dw->eu[x], sw->eu[ek[x]], wdt, H, NULL, Fe, hk, Ht, row);
+        gather(dw->ed[x], sw->ed[ek[x]], wdt, Fe, hk, Ht, NULL, Fe, row);
+    }
+    free(ek);
+    return 0;
+}
+
 /* Layer l of t into dw: its attention (merged or cut KV groups) and FFN. */
 static int prune_layer(const ac_model *src, const ac_arch *t, const ac_importance *imp, int l, ac_layer_w *dw,
                        const int *hk, float *row, double *acc, ac_err *e) {
@@ -213,6 +248,8 @@ static int prune_layer(const ac_model *src, const ac_arch *t, const ac_importanc
         memcpy(dw->k_norm, src->L[l].k_norm, sizeof(float) * a->head_dim);
     }
     if (d->ffn && !rc) rc = prune_ffn(a, s, d, imp->ffn_order[l], &src->L[l], lw, dw, hk, Ht, row, e);
+    if (d->n_experts && !rc) rc = prune_experts(a, s, d, imp->expert_order ? imp->expert_order[l] : NULL, &src->L[l],
+                                                lw, dw, hk, Ht, row, e);
     return rc;
 }
 
@@ -274,6 +311,7 @@ static int prune_to(const ac_model *src, const ac_arch *t, const ac_importance *
         return ac_errf(e, "prune: target architecture does not fit the source model");
     for (int l = 0; l < a->n_layers; l++)
         if (check_layer(a, t, l, e)) return -1;
+    if (bf16 && ac_arch_has_moe(t)) return ac_errf(e, "prune: mixture-of-experts layers are pruned into fp32 only");
     if (bf16 ? ac_model_alloc_bf16(dst, t, e) : ac_model_alloc(dst, t, e)) return -1;
     size_t wmax = widest(a);
     int *hk = ac_prune_kept(imp->hid_order, t->hidden);
