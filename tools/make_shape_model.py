@@ -10,7 +10,10 @@ are about time and memory, not quality).
       [--tokenizer build/models/tiny/tokenizer.json] [--seed 0] [--config-only]
 
 Shapes: smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, llama-3.1-8b, llama-3.1-70b
-(the last two are meant for --config-only: 16 GB and 141 GB of weights).
+(the last two are meant for --config-only: 16 GB and 141 GB of weights), and
+qwen3-30b-a3b-2l: two layers of Qwen3-30B-A3B (mixture of experts: 128
+experts of width 768, top-8, 32 heads / 4 KV groups of 128, vocab 151936;
+3.6 GB).
 Needs only numpy.
 """
 import argparse
@@ -28,13 +31,17 @@ SHAPES = {
     "llama-3.2-1b": (2048, 16, 32, 8, 64, 8192, 128256, True, False, 500000.0, 131072, "llama"),
     "llama-3.1-8b": (4096, 32, 32, 8, 128, 14336, 128256, False, False, 500000.0, 131072, "llama"),
     "llama-3.1-70b": (8192, 80, 64, 8, 128, 28672, 128256, False, False, 500000.0, 131072, "llama"),
+    "qwen3-30b-a3b-2l": (2048, 2, 32, 4, 128, 6144, 151936, False, False, 1000000.0, 40960, "qwen3_moe"),
 }
+# mixture-of-experts shapes: experts, experts per token, expert width
+MOE = {"qwen3-30b-a3b-2l": (128, 8, 768)}
 
 
 def config(shape):
     H, L, nh, kv, hd, F, V, tied, bias, theta, maxpos, family = SHAPES[shape]
+    arch = {"qwen2": "Qwen2ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}.get(family, "LlamaForCausalLM")
     c = {
-        "architectures": ["Qwen2ForCausalLM" if family == "qwen2" else "LlamaForCausalLM"],
+        "architectures": [arch],
         "model_type": family, "vocab_size": V, "hidden_size": H, "num_hidden_layers": L,
         "num_attention_heads": nh, "num_key_value_heads": kv, "head_dim": hd, "intermediate_size": F,
         "max_position_embeddings": maxpos, "rms_norm_eps": 1e-5 if family == "llama" else 1e-6,
@@ -44,6 +51,10 @@ def config(shape):
     if family == "llama":
         c["attention_bias"] = False
         c["mlp_bias"] = False
+    if shape in MOE:
+        E, k, fe = MOE[shape]
+        c.update(num_experts=E, num_experts_per_tok=k, moe_intermediate_size=fe, norm_topk_prob=True,
+                 decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False, use_sliding_window=False)
     return c
 
 
@@ -63,6 +74,15 @@ def tensors(shape):
             out += [(p + "self_attn.q_proj.bias", (nh * hd,), "b"),
                     (p + "self_attn.k_proj.bias", (kv * hd,), "b"),
                     (p + "self_attn.v_proj.bias", (kv * hd,), "b")]
+        if shape in MOE:  # Qwen3-MoE: QK-norm, then the router and the experts
+            E, _, fe = MOE[shape]
+            out += [(p + "self_attn.q_norm.weight", (hd,), "n"), (p + "self_attn.k_norm.weight", (hd,), "n"),
+                    (p + "post_attention_layernorm.weight", (H,), "n"), (p + "mlp.gate.weight", (E, H), "w")]
+            for e in range(E):
+                out += [(p + f"mlp.experts.{e}.gate_proj.weight", (fe, H), "w"),
+                        (p + f"mlp.experts.{e}.up_proj.weight", (fe, H), "w"),
+                        (p + f"mlp.experts.{e}.down_proj.weight", (H, fe), "w")]
+            continue
         out += [(p + "post_attention_layernorm.weight", (H,), "n"),
                 (p + "mlp.gate_proj.weight", (F, H), "w"),
                 (p + "mlp.up_proj.weight", (F, H), "w"),
