@@ -105,6 +105,10 @@ static void compare(const char *name) {
 static void test_gpu_llama_gqa(void) { compare("llama_gqa_bf16"); }
 static void test_gpu_qwen2_bias(void) { compare("qwen2_tied_f16"); }
 static void test_gpu_qwen3_qk_norm(void) { compare("qwen3_hd_bf16"); }
+static void test_gpu_moe(void) {
+    compare("qwen3moe_mixed_bf16");
+    compare("mixtral_f32");
+}
 static void test_gpu_llama3_rope(void) { compare("llama3_rope_f32"); }
 static void test_gpu_heterogeneous(void) { compare("deci_hetero"); }
 static void test_gpu_mistral_sliding_window(void) { compare("mistral_sharded"); }
@@ -595,6 +599,7 @@ int main(void) {
     RUN(test_gpu_llama_gqa);
     RUN(test_gpu_qwen2_bias);
     RUN(test_gpu_qwen3_qk_norm);
+    RUN(test_gpu_moe);
     RUN(test_gpu_llama3_rope);
     RUN(test_gpu_heterogeneous);
     RUN(test_gpu_mistral_sliding_window);

@@ -378,14 +378,16 @@ static void test_moe_models(void) {
         json_t *c = json_load_file(cfg, 0, NULL);
         CHECK(c && !strcmp(json_string_value(json_object_get(c, "model_type")), types[i]), "%s config", names[i]);
         CHECK(b.a.top_k == m.a.top_k && b.a.norm_topk == m.a.norm_topk && b.a.qk_norm == m.a.qk_norm &&
-                  b.a.layers[1].n_experts == m.a.layers[1].n_experts && b.a.layers[0].expert_ffn == m.a.layers[0].expert_ffn,
+                  b.a.layers[1].n_experts == m.a.layers[1].n_experts &&
+                  b.a.layers[0].expert_ffn == m.a.layers[0].expert_ffn,
               "%s: arch after the round trip", names[i]);
         int toks[6] = {1, 5, 9, 33, 2, 7};
         ac_engine e1, e2;
         CHECK(ac_engine_init(&e1, &m, 1, 6, &e) == 0 && ac_engine_init(&e2, &b, 1, 6, &e) == 0, "%s", e.msg);
         CHECK(ac_engine_forward(&e1, toks, 1, 6, 0, 0, &e) == 0 && ac_engine_forward(&e2, toks, 1, 6, 0, 0, &e) == 0,
               "%s", e.msg);
-        CHECK(!memcmp(e1.logits, e2.logits, sizeof(float) * 6 * m.a.vocab), "%s: logits after the round trip", names[i]);
+        CHECK(!memcmp(e1.logits, e2.logits, sizeof(float) * 6 * m.a.vocab), "%s: logits after the round trip",
+              names[i]);
         ac_engine_free(&e1), ac_engine_free(&e2);
         json_decref(c);
         ac_model_free(&m), ac_model_free(&b);
@@ -400,8 +402,9 @@ static void test_moe_models(void) {
 static void masked_logits(const ac_model *m, float *const *emask, const int *tok, int B, int n, float *logits) {
     const ac_arch *a = &m->a;
     int N = B * n, H = a->hidden, E = ac_block_dim_max(a, AC_DIM_E), pos[64], rows[64];
-    float *slot[AC_T_COUNT], *cs = malloc(sizeof(float) * n * a->head_dim), *sn = malloc(sizeof(float) * n * a->head_dim),
-          *sc = malloc(sizeof(float) * n * n), *xn = malloc(sizeof(float) * N * H);
+    float *slot[AC_T_COUNT], *cs = malloc(sizeof(float) * n * a->head_dim),
+                             *sn = malloc(sizeof(float) * n * a->head_dim), *sc = malloc(sizeof(float) * n * n),
+                             *xn = malloc(sizeof(float) * N * H);
     for (int t = 0; t < AC_T_COUNT; t++)
         slot[t] = calloc((size_t)N * ac_block_dim_max(a, (ac_dim)ac_block_slot_dim(t)) + 1, sizeof(float));
     ac_err e;
@@ -476,8 +479,7 @@ static void test_moe_prune_experts(void) {
         float *want = malloc(sizeof(float) * B * n * a->vocab);
         masked_logits(&m, mask, ids, B, n, want);
         ac_engine en;
-        CHECK(ac_engine_init(&en, &pm, B, n, &e) == 0 && ac_engine_forward(&en, ids, B, n, 0, 0, &e) == 0, "%s",
-              e.msg);
+        CHECK(ac_engine_init(&en, &pm, B, n, &e) == 0 && ac_engine_forward(&en, ids, B, n, 0, 0, &e) == 0, "%s", e.msg);
         double md = 0, mr = 0;
         for (size_t i = 0; i < (size_t)B * n * a->vocab; i++)
             md = fmax(md, fabs(want[i] - en.logits[i])), mr = fmax(mr, fabs(want[i]));

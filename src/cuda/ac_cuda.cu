@@ -185,6 +185,18 @@ __global__ void k_gather_last(float *dst, const float *x, int H, int n) {
 
 __global__ void k_empty() {}
 
+// MoE: dst[j] = src[rows[j]] (BF16 rows of H), one block per row.
+__global__ void k_gather_rows(bf16 *dst, const bf16 *src, const int *rows, int H) {
+    for (int c = threadIdx.x; c < H; c += blockDim.x)
+        dst[(size_t)blockIdx.x * H + c] = src[(size_t)rows[blockIdx.x] * H + c];
+}
+
+// MoE: x[rows[j]] += w[j] * y[j] (rows distinct within a launch), one block per row.
+__global__ void k_scatter_add(float *x, const float *y, const int *rows, const float *w, int H) {
+    for (int c = threadIdx.x; c < H; c += blockDim.x)
+        x[(size_t)rows[blockIdx.x] * H + c] += w[blockIdx.x] * y[(size_t)blockIdx.x * H + c];
+}
+
 // In place, each hd-wide row of x (a head of q or k) RMS-normed times w[hd]
 // (Qwen3's q_norm / k_norm); one block per row.
 __global__ void k_head_norm(float *x, const float *w, int hd, float eps) {
@@ -295,6 +307,8 @@ struct layer_d {
     bf16 *wq, *wk, *wv, *wo, *wg, *wu, *wd;
     float *in_norm, *post_norm, *bq, *bk, *bv, *q_norm, *k_norm;
     bf16 *kc, *vc;
+    bf16 *router;                   // MoE [E][H]
+    std::vector<bf16 *> eg, eu, ed; // MoE: each expert's [Fe][H] [Fe][H] [H][Fe]
 };
 
 struct acc_engine {
@@ -308,6 +322,13 @@ struct acc_engine {
     float *stage; // F32 uploads pass through it (stage_n elements)
     size_t stage_n;
     std::vector<layer_d> L;
+    // MoE: an expert's gathered rows and SwiGLU, its output, the router's
+    // logits, the routed rows and weights (device), and their host copies
+    bf16 *mxe, *mh;
+    float *mg, *mu, *my, *mlog, *mw;
+    int *mrows;
+    std::vector<float> hr, hw;
+    std::vector<int> hrows, horder;
 };
 
 // Elements of the F32 upload's staging buffer (acc_put_bf16): 16 MiB at most.
@@ -362,13 +383,16 @@ static void acc_engine_free(acc_engine *en) {
     if (!en) return;
     cudaSetDevice(en->dev);
     for (auto &l : en->L) {
-        void *ps[] = {l.wq,        l.wk, l.wv, l.wo, l.wg,     l.wu,     l.wd, l.in_norm,
-                      l.post_norm, l.bq, l.bk, l.bv, l.q_norm, l.k_norm, l.kc, l.vc};
+        void *ps[] = {l.wq, l.wk, l.wv, l.wo,     l.wg,     l.wu, l.wd, l.in_norm, l.post_norm,
+                      l.bq, l.bk, l.bv, l.q_norm, l.k_norm, l.kc, l.vc, l.router};
         for (void *p : ps) cudaFree(p);
+        for (auto *v : {&l.eg, &l.eu, &l.ed})
+            for (bf16 *p : *v) cudaFree(p);
     }
-    void *ps[] = {en->embed, en->lm_head, en->xn,  en->att,    en->h,   en->final_norm, en->x,
-                  en->x2,    en->q,       en->k,   en->v,      en->g,   en->u,          en->logits,
-                  en->cs,    en->sn,      en->tok, en->target, en->nll, en->stage};
+    void *ps[] = {en->embed, en->lm_head, en->xn,  en->att,    en->h,    en->final_norm, en->x,
+                  en->x2,    en->q,       en->k,   en->v,      en->g,    en->u,          en->logits,
+                  en->cs,    en->sn,      en->tok, en->target, en->nll,  en->stage,      en->mxe,
+                  en->mh,    en->mg,      en->mu,  en->my,     en->mlog, en->mw,         en->mrows};
     for (void *p : ps) cudaFree(p);
     if (en->blas) cublasDestroy(en->blas);
     if (en->st) cudaStreamDestroy(en->st);
@@ -402,6 +426,18 @@ static int upload_layer(acc_engine *en, const ac_model *m, int l, char *err, siz
         (upload_f32(&d.post_norm, w->post_norm, H, err, errn) || upload_bf16(en, &d.wg, w->wg, dt, F * H, err, errn) ||
          upload_bf16(en, &d.wu, w->wu, dt, F * H, err, errn) || upload_bf16(en, &d.wd, w->wd, dt, H * F, err, errn)))
         return -1;
+    if (la->n_experts) {
+        size_t E = la->n_experts, Fe = la->expert_ffn;
+        d.eg.assign(E, nullptr), d.eu.assign(E, nullptr), d.ed.assign(E, nullptr);
+        if (upload_f32(&d.post_norm, w->post_norm, H, err, errn) ||
+            upload_bf16(en, &d.router, w->router, dt, E * H, err, errn))
+            return -1;
+        for (size_t x = 0; x < E; x++)
+            if (upload_bf16(en, &d.eg[x], w->eg[x], dt, Fe * H, err, errn) ||
+                upload_bf16(en, &d.eu[x], w->eu[x], dt, Fe * H, err, errn) ||
+                upload_bf16(en, &d.ed[x], w->ed[x], dt, H * Fe, err, errn))
+                return -1;
+    }
     return 0;
 fail:
     return -1;
@@ -426,13 +462,6 @@ static int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_
         maxf = std::max(maxf, (size_t)a->layers[l].ffn);
     }
     en->stage_n = std::min(STAGE_MAX, std::max(V, std::max(maxq, maxf)) * H);
-    for (int l = 0; l < a->n_layers; l++)
-        if (a->layers[l].n_experts) {
-            snprintf(err, errn, "the CUDA engine has no mixture-of-experts op yet (layer %d): use the CPU", l);
-            free(en->a.layers);
-            delete en;
-            return -1;
-        }
     if (hd > ATTN_MAX_HD || hd % 2) {
         snprintf(err, errn, "head_dim %zu: the attention kernel takes even head dims up to %d", hd, ATTN_MAX_HD);
         free(en->a.layers);
@@ -458,6 +487,18 @@ static int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_
     CK(cudaMalloc(&en->att, N * maxq * 2));
     CK(cudaMalloc(&en->k, N * maxkv * 4));
     CK(cudaMalloc(&en->v, N * maxkv * 4));
+    if (ac_block_dim_max(a, AC_DIM_E) > 1 || a->layers[0].n_experts) { // MoE: an expert's rows, SwiGLU, output
+        size_t E = ac_block_dim_max(a, AC_DIM_E), Fe = ac_block_dim_max(a, AC_DIM_FE);
+        CK(cudaMalloc(&en->mxe, N * H * 2));
+        CK(cudaMalloc(&en->mh, N * Fe * 2));
+        CK(cudaMalloc(&en->mg, N * Fe * 4));
+        CK(cudaMalloc(&en->mu, N * Fe * 4));
+        CK(cudaMalloc(&en->my, N * H * 4));
+        CK(cudaMalloc(&en->mlog, N * E * 4));
+        CK(cudaMalloc(&en->mw, N * 4));
+        CK(cudaMalloc(&en->mrows, N * sizeof(int)));
+        en->hr.resize(N * E), en->hw.resize(N), en->hrows.resize(N), en->horder.resize(std::max(N, E));
+    }
     CK(cudaMalloc(&en->g, N * maxf * 4));
     CK(cudaMalloc(&en->u, N * maxf * 4));
     CK(cudaMalloc(&en->h, N * maxf * 2));
@@ -539,11 +580,36 @@ static int layer_forward(acc_engine *en, int l, int B, int n, int pos0, char *er
                           cf[op->in], (size_t)N * dout);
                 ch[op->out] = en->h;
                 break;
+            case AC_OP_ROUTE: { // the router's logits on the device, the routing rule (block.h) on the host
+                int E = dim[AC_DIM_E];
+                CB(gemm(en->blas, en->mlog, ch[op->in], d.router, N, dim[AC_DIM_H], E, 0));
+                CK(cudaMemcpy(en->hr.data(), en->mlog, (size_t)N * E * 4, cudaMemcpyDeviceToHost));
+                ac_moe_route(en->hr.data(), nullptr, N, E, a->top_k, a->norm_topk, en->horder.data());
+                break;
+            }
+            case AC_OP_EXPERTS: { // each expert on its rows: gather, SwiGLU, down, weighted add into x
+                int E = dim[AC_DIM_E], Fe = dim[AC_DIM_FE], H = dim[AC_DIM_H];
+                for (int e = 0; e < E; e++) {
+                    int ne = 0;
+                    for (int i2 = 0; i2 < N; i2++)
+                        if (en->hr[(size_t)i2 * E + e] != 0)
+                            en->hrows[ne] = i2, en->hw[ne] = en->hr[(size_t)i2 * E + e], ne++;
+                    if (!ne) continue;
+                    CK(cudaMemcpy(en->mrows, en->hrows.data(), ne * sizeof(int), cudaMemcpyHostToDevice));
+                    CK(cudaMemcpy(en->mw, en->hw.data(), ne * sizeof(float), cudaMemcpyHostToDevice));
+                    AC_LAUNCH(k_gather_rows, ne, 128, 0, s, en->mxe, ch[op->in], en->mrows, H);
+                    CB(gemm(en->blas, en->mg, en->mxe, d.eg[e], ne, H, Fe, 0));
+                    CB(gemm(en->blas, en->mu, en->mxe, d.eu[e], ne, H, Fe, 0));
+                    AC_LAUNCH(k_silu_mul, (unsigned)(((size_t)ne * Fe + 255) / 256), 256, 0, s, en->mh, en->mg, en->mu,
+                              (size_t)ne * Fe);
+                    CB(gemm(en->blas, en->my, en->mh, d.ed[e], ne, Fe, H, 0));
+                    AC_LAUNCH(k_scatter_add, ne, 128, 0, s, cf[op->out], en->my, en->mrows, en->mw, H);
+                }
+                break;
+            }
             case AC_OP_KV_MERGE:
             case AC_OP_MASK:
-            case AC_OP_MASK_HIDDEN:
-            case AC_OP_ROUTE: // MoE: refused at engine_create (no device op yet)
-            case AC_OP_EXPERTS: break;
+            case AC_OP_MASK_HIDDEN: break;
             }
         }
     }

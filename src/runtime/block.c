@@ -2,6 +2,7 @@
  * written. */
 #include "block.h"
 
+#include <math.h>
 #include <stddef.h>
 
 #define OP(k, o, i, i2, i3, w_, di, do_, hd, ac, hk)                                                                   \
@@ -97,7 +98,7 @@ const ac_block_recipe *ac_block_recipe_of(const ac_arch *a, int l) {
 
 int ac_block_slot_dim(int slot) {
     static const unsigned char d[AC_T_COUNT] = {AC_DIM_H, AC_DIM_H, AC_DIM_Q, AC_DIM_KV, AC_DIM_KV, AC_DIM_Q,
-                                                AC_DIM_F, AC_DIM_F, AC_DIM_E, AC_DIM_H, AC_DIM_FE, AC_DIM_FE};
+                                                AC_DIM_F, AC_DIM_F, AC_DIM_E, AC_DIM_H,  AC_DIM_FE, AC_DIM_FE};
     return slot >= 0 && slot < AC_T_COUNT ? (int)d[slot] : (int)AC_DIM_H;
 }
 
@@ -202,6 +203,33 @@ size_t ac_block_scratch_floats(const ac_arch *a, size_t N) {
 }
 
 size_t ac_block_moe_work_floats(const ac_arch *a, size_t N) {
-    if (!ac_arch_has_moe(a)) return 0;
+    int moe = 0; /* (block.c is compiled into the CUDA plugin too, without model.c) */
+    for (int l = 0; l < a->n_layers; l++) moe |= a->layers[l].n_experts > 0;
+    if (!moe) return 0;
     return N * (3 * (size_t)a->hidden + 5 * (size_t)ac_block_dim_max(a, AC_DIM_FE));
+}
+
+void ac_moe_route(float *r, float *p, int N, int E, int k, int norm, int *order) {
+    for (int i = 0; i < N; i++) {
+        float *q = r + (size_t)i * E;
+        double mx = q[0], sum = 0, kept = 0;
+        for (int x = 1; x < E; x++) mx = q[x] > mx ? q[x] : mx;
+        for (int x = 0; x < E; x++) sum += exp((double)q[x] - mx);
+        for (int x = 0; x < E; x++) {
+            q[x] = (float)(exp((double)q[x] - mx) / sum);
+            if (p) p[(size_t)i * E + x] = q[x];
+            order[x] = x;
+        }
+        for (int j = 0; j < k; j++) { /* selection: order[j] = the best of order[j..E) */
+            int b = j;
+            for (int x = j + 1; x < E; x++)
+                if (q[order[x]] > q[order[b]] || (q[order[x]] == q[order[b]] && order[x] < order[b])) b = x;
+            int t = order[j];
+            order[j] = order[b];
+            order[b] = t;
+            kept += q[order[j]];
+        }
+        for (int j = k; j < E; j++) q[order[j]] = 0;
+        for (int j = 0; norm && kept > 0 && j < k; j++) q[order[j]] = (float)(q[order[j]] / kept);
+    }
 }

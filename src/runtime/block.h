@@ -137,6 +137,14 @@ size_t ac_block_scratch_floats(const ac_arch *a, size_t N);
  * and five [N][FE] buffers (gathered rows, expert outputs and their
  * gradients); 0 without MoE layers. */
 size_t ac_block_moe_work_floats(const ac_arch *a, size_t N);
+/* The ROUTE op's rule, for every backend (the CUDA engine runs it on the
+ * host): mixture-of-experts routing, in place: each row of r[N][E] holds router
+ * logits and becomes softmax over the E experts (in double), the top k kept
+ * (the larger first; on equal values the lower expert index), divided by
+ * their sum when norm, every other entry 0. p (NULL: not wanted) receives
+ * the softmax of every expert. order: E ints of scratch. */
+void ac_moe_route(float *r, float *p, int N, int E, int k, int norm, int *order);
+
 /* Layer weights by name: matrix `w` (ac_wmat), its bias (NULL when none),
  * norm weight `w` (ac_normw). */
 const void *ac_block_matrix(const ac_layer_w *lw, int w);

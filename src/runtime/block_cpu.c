@@ -126,7 +126,8 @@ void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n
         case AC_OP_ROUTE:
             ac_linear_w(s[op->out], s[op->in], lw->router, wdt, NULL, N, dim[AC_DIM_H], dim[AC_DIM_E], 0, c->ws);
             for (int x = 0; mod && mod->expert_mask && x < dim[AC_DIM_E]; x++)
-                for (int i2 = 0; !mod->expert_mask[x] && i2 < N; i2++) s[op->out][(size_t)i2 * dim[AC_DIM_E] + x] = -INFINITY;
+                for (int i2 = 0; !mod->expert_mask[x] && i2 < N; i2++)
+                    s[op->out][(size_t)i2 * dim[AC_DIM_E] + x] = -INFINITY;
             ac_moe_route(s[op->out], NULL, N, dim[AC_DIM_E], a->top_k, a->norm_topk, c->rows);
             break;
         case AC_OP_EXPERTS: experts(c, l, s[op->out], s[op->in], s[op->in2], N); break;

@@ -235,7 +235,7 @@ static float *sub_walk(ac_block_grad *c, int l, int sb, float *x, float **tp, fl
             break;
         case AC_OP_KV_MERGE:
         case AC_OP_MASK_HIDDEN: break; /* not differentiated here (block_grad.h) */
-        case AC_OP_ROUTE: { /* taped: the softmax over the experts, then the routing weights */
+        case AC_OP_ROUTE: {            /* taped: the softmax over the experts, then the routing weights */
             int E = dim[AC_DIM_E];
             float *p = *tp, *r = *tp + (size_t)N * E;
             if (fwd) {

@@ -433,28 +433,3 @@ void ac_attention_head(float *out, const float *q, const float *k, const float *
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, S, 1.0f, scores, S, v, kv_stride, 0.0f, out,
                 q_stride);
 }
-
-void ac_moe_route(float *r, float *p, int N, int E, int k, int norm, int *order) {
-    for (int i = 0; i < N; i++) {
-        float *q = r + (size_t)i * E;
-        double mx = q[0], sum = 0, kept = 0;
-        for (int x = 1; x < E; x++) mx = q[x] > mx ? q[x] : mx;
-        for (int x = 0; x < E; x++) sum += exp((double)q[x] - mx);
-        for (int x = 0; x < E; x++) {
-            q[x] = (float)(exp((double)q[x] - mx) / sum);
-            if (p) p[(size_t)i * E + x] = q[x];
-            order[x] = x;
-        }
-        for (int j = 0; j < k; j++) { /* selection: order[j] = the best of order[j..E) */
-            int b = j;
-            for (int x = j + 1; x < E; x++)
-                if (q[order[x]] > q[order[b]] || (q[order[x]] == q[order[b]] && order[x] < order[b])) b = x;
-            int t = order[j];
-            order[j] = order[b];
-            order[b] = t;
-            kept += q[order[j]];
-        }
-        for (int j = k; j < E; j++) q[order[j]] = 0;
-        for (int j = 0; norm && kept > 0 && j < k; j++) q[order[j]] = (float)(q[order[j]] / kept);
-    }
-}

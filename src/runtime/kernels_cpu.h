@@ -32,12 +32,6 @@ void ac_rmsnorm(float *out, const float *x, const float *w, int N, int H, float 
 void ac_rope(float *x, int N, int nh, int hd, const int *pos, const float *cos_t, const float *sin_t);
 /* g[i] = silu(g[i]) * u[i]. */
 void ac_silu_mul(float *g, const float *u, long n);
-/* Mixture-of-experts routing, in place: each row of r[N][E] holds router
- * logits and becomes softmax over the E experts (in double), the top k kept
- * (the larger first; on equal values the lower expert index), divided by
- * their sum when norm, every other entry 0. p (NULL: not wanted) receives
- * the softmax of every expert. order: E ints of scratch. */
-void ac_moe_route(float *r, float *p, int N, int E, int k, int norm, int *order);
 /* In-place softmax of a row of n values. */
 void ac_softmax(float *x, int n);
 /* log(sum(e^x[i])) of n values, summed in double. */

@@ -35,10 +35,10 @@ int ac_expert_importance(const ac_model *m, const int *ids, size_t n, int ctx, i
     const ac_arch *a = &m->a;
     int L = a->n_layers;
     moe_acc acc = {a, calloc(L, sizeof(double *)), 0};
-    int rc = acc.sum && (imp->expert_order = calloc(L, sizeof(int *))) &&
-                     (imp->expert_score = calloc(L, sizeof(double *)))
-                 ? 0
-                 : ac_errf(e, "out of memory");
+    int rc =
+        acc.sum && (imp->expert_order = calloc(L, sizeof(int *))) && (imp->expert_score = calloc(L, sizeof(double *)))
+            ? 0
+            : ac_errf(e, "out of memory");
     for (int l = 0; !rc && l < L; l++)
         if (a->layers[l].n_experts && !(acc.sum[l] = calloc(a->layers[l].n_experts, sizeof(double))))
             rc = ac_errf(e, "out of memory");

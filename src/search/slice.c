@@ -248,8 +248,9 @@ static int prune_layer(const ac_model *src, const ac_arch *t, const ac_importanc
         memcpy(dw->k_norm, src->L[l].k_norm, sizeof(float) * a->head_dim);
     }
     if (d->ffn && !rc) rc = prune_ffn(a, s, d, imp->ffn_order[l], &src->L[l], lw, dw, hk, Ht, row, e);
-    if (d->n_experts && !rc) rc = prune_experts(a, s, d, imp->expert_order ? imp->expert_order[l] : NULL, &src->L[l],
-                                                lw, dw, hk, Ht, row, e);
+    if (d->n_experts && !rc)
+        rc =
+            prune_experts(a, s, d, imp->expert_order ? imp->expert_order[l] : NULL, &src->L[l], lw, dw, hk, Ht, row, e);
     return rc;
 }
 
