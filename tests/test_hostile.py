@@ -167,6 +167,47 @@ def test_worker_applies_the_same_rules():
         r.close()
 
 
+def test_export_writes_confined():
+    """A report.json symlink in an existing output directory, and an output parent swapped for a symlink while the job
+    runs: the job fails naming the link, and nothing outside the root is written (issue 36, item 1)."""
+    r = Roots()
+    outside = tempfile.mkdtemp(prefix="acout_")
+    try:
+        d = r.d
+        victim = os.path.join(outside, "victim")
+        with open(victim, "w") as f:
+            f.write("orig")
+        out1 = os.path.join(r.root, "out1")
+        os.makedirs(out1)
+        os.symlink(victim, os.path.join(out1, "report.json"))
+        st, a = d.req("POST", "/v1/jobs", body=r.spec(output=out1, search={"steps": 5}))
+        assert st == 201, a
+        # the second job's output parent exists at submit; swapped once the job runs
+        par = os.path.join(r.root, "par")
+        os.makedirs(par)
+        st, b = d.req("POST", "/v1/jobs", body=r.spec(output=os.path.join(par, "out"), search={"steps": 5}))
+        assert st == 201, b
+        ja = d.wait_state(a["id"], {"failed", "succeeded"}, timeout=180)
+        assert ja["state"] == "failed", ja
+        assert "report.json" in ja["reason"] and "symbolic link" in ja["reason"], ja["reason"]
+        assert open(victim).read() == "orig" and os.path.islink(os.path.join(out1, "report.json"))
+        assert not [f for f in os.listdir(out1) if f.endswith(".tmp")], os.listdir(out1)
+        t0 = time.time()
+        while time.time() - t0 < 120:
+            evs = d.req("GET", f"/v1/jobs/{b['id']}/events?format=json")[1]["events"]
+            if any(e["kind"] == "stage" and e["data"].get("stage") == "calibrate" for e in evs):
+                break
+            time.sleep(0.05)
+        os.rename(par, par + ".old")
+        os.symlink(outside, par)
+        jb = d.wait_state(b["id"], {"failed", "succeeded"}, timeout=180)
+        assert jb["state"] == "failed" and "symbolic link" in jb["reason"] and par in jb["reason"], jb["reason"]
+        assert sorted(os.listdir(outside)) == ["victim"], os.listdir(outside)
+    finally:
+        r.close()
+        shutil.rmtree(outside, ignore_errors=True)
+
+
 def closed_within(s, seconds):
     """Seconds until the server closed s (recv returns b'' or resets), or None."""
     t0 = time.time()
@@ -669,7 +710,7 @@ if __name__ == "__main__":
         print("RESULT 0 0 1")
         sys.exit(0)
     only = sys.argv[1:]
-    for t in [test_paths_confined_and_errors_do_not_leak, test_worker_applies_the_same_rules, test_connection_deadlines_and_limits,
+    for t in [test_paths_confined_and_errors_do_not_leak, test_worker_applies_the_same_rules, test_export_writes_confined, test_connection_deadlines_and_limits,
               test_full_disk_503_degraded_and_recovered, test_idempotency_key, test_job_caps, test_browsers_and_tokens,
               test_cost_measurement_scheduled_and_cancellable, test_import_never_replaces, test_sd_notify_and_watchdog,
               test_watchdog_needs_the_http_side, test_systemd_unit_exposure, test_offloaded_requests_under_concurrency,

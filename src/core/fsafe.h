@@ -78,4 +78,15 @@ int ac_fsafe_check_model_dir(const char *model, ac_err *e);
  * export creates it). */
 int ac_fsafe_check_outdir(const char *out, const char *model, const char *jobs_dir, ac_err *e);
 
+/* For fsafe_write.c: the root holding the normalized path norm (its O_PATH
+ * directory fd, *rel the part below it, "." for the root itself), or -1. */
+int ac_fsafe_root_of(const char *norm, const char **rel);
+/* openat2 with the given resolve flags; where the kernel has no openat2
+ * (ENOSYS), the path is walked one component at a time with O_NOFOLLOW when
+ * resolve has RESOLVE_NO_SYMLINKS (".." never occurs: normalized paths). */
+int ac_fsafe_openat(int dirfd, const char *rel, int flags, unsigned long long resolve);
+/* Name the first symbolic link on rel below dirfd into out ("" if none):
+ * for messages after a refused open. */
+void ac_fsafe_first_link(int dirfd, const char *rel, const char *shown_prefix, char *out, size_t n);
+
 #endif

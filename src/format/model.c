@@ -5,6 +5,7 @@
  */
 #include "model.h"
 #include "fsafe.h"
+#include "fsafe_write.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -639,7 +640,7 @@ static int model_alloc(ac_model *m, const ac_arch *a, int bf16, ac_err *e) {
 
 int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
     const ac_arch *a = &m->a;
-    mkdir(dir, 0755);
+    if (ac_fsafe_mkdirs(dir, e)) return -1;
     int cap = 3 + a->n_layers * 12, n = 0;
     st_wtensor *t = calloc(cap, sizeof *t);
     char **names = calloc(cap, sizeof *names);
@@ -712,8 +713,8 @@ int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
                             json_string(dtype == ST_F32   ? "float32"
                                         : dtype == ST_F16 ? "float16"
                                                           : "bfloat16"));
-        if (json_dump_file(c, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER))
-            rc = ac_errf(e, "cannot write %s", path);
+        if (ac_fsafe_write_json(path, c, JSON_INDENT(2) | JSON_PRESERVE_ORDER, e))
+            rc = -1;
         else if (json_object_get(c, "auto_map"))
             rc = ac_deci_write_module(dir, e);
         json_decref(c);
