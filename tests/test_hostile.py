@@ -208,6 +208,48 @@ def test_export_writes_confined():
         shutil.rmtree(outside, ignore_errors=True)
 
 
+def rss_kb(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_hostile_configs_refused_at_once():
+    """Counts and values in config.json are bounded before anything is sized by them: POST /v1/jobs and /v1/estimate
+    answer 400 naming the entry within a second, and the daemon's memory does not move (issue 36, items 2 and 6)."""
+    r = Roots()
+    try:
+        d = r.d
+        base = json.load(open(os.path.join(r.model, "config.json")))
+        cases = [("num_hidden_layers", 1 << 30), ("num_hidden_layers", 1000000), ("hidden_size", 1 << 28),
+                 ("vocab_size", 1 << 30), ("num_attention_heads", 1 << 20), ("intermediate_size", 1 << 29),
+                 ("max_position_embeddings", 1 << 30), ("rope_theta", -1), ("rope_theta", 1e300), ("rms_norm_eps", -1),
+                 ("num_attention_heads", 0), ("num_key_value_heads", 0)]
+        rss0 = rss_kb(d.proc.pid)
+        for i, (key, val) in enumerate(cases):
+            m = copy_model(os.path.join(r.root, f"hostile{i}"))
+            cfg = dict(base)
+            cfg[key] = val
+            json.dump(cfg, open(os.path.join(m, "config.json"), "w"))
+            for path, body in (("/v1/jobs", r.spec(model=m, output=os.path.join(r.root, f"o{i}"))),
+                               ("/v1/estimate", {"model": m, "target": {"device": "H100"}})):
+                t0 = time.time()
+                e = post_err(d, path, body)
+                took = time.time() - t0
+                assert e["field"] == "model", (key, val, path, e)
+                # the zero head counts are named by the rule they break
+                assert key in e["message"] or "heads" in e["message"], (key, val, path, e)
+                assert took < 1.0, (key, val, path, took)
+        grown = rss_kb(d.proc.pid) - rss0
+        print(f"  {len(cases) * 2} hostile configs refused; daemon RSS grew {grown} KiB")
+        assert grown < 64 * 1024, grown
+        st, j = d.req("GET", "/v1/jobs")
+        assert st == 200 and not j["jobs"], j  # nothing was queued
+    finally:
+        r.close()
+
+
 def closed_within(s, seconds):
     """Seconds until the server closed s (recv returns b'' or resets), or None."""
     t0 = time.time()
@@ -710,7 +752,8 @@ if __name__ == "__main__":
         print("RESULT 0 0 1")
         sys.exit(0)
     only = sys.argv[1:]
-    for t in [test_paths_confined_and_errors_do_not_leak, test_worker_applies_the_same_rules, test_export_writes_confined, test_connection_deadlines_and_limits,
+    for t in [test_paths_confined_and_errors_do_not_leak, test_worker_applies_the_same_rules, test_export_writes_confined,
+              test_hostile_configs_refused_at_once, test_connection_deadlines_and_limits,
               test_full_disk_503_degraded_and_recovered, test_idempotency_key, test_job_caps, test_browsers_and_tokens,
               test_cost_measurement_scheduled_and_cancellable, test_import_never_replaces, test_sd_notify_and_watchdog,
               test_watchdog_needs_the_http_side, test_systemd_unit_exposure, test_offloaded_requests_under_concurrency,
