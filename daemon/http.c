@@ -36,7 +36,8 @@
  * Connections: max_connections API connections plus max_sse_streams event
  * streams (counted apart, so streams never lock out /healthz), at most
  * max_connections_per_client per client address, request heads and bodies
- * within header_timeout_s / body_timeout_s (conn.c).
+ * within header_timeout_s / body_timeout_s, and the watchdog's probe outside
+ * all of these (conn.c).
  */
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -493,7 +494,8 @@ int http_start(ac_daemon *d, ac_err *e) {
         1)
         return ac_errf(e, "listen host %s is not an IPv4 address", d->cfg.listen_host);
     set_threadpool_size(d->cfg.http_threads);
-    d->guard = guard_new(d->loop, d->cfg.header_timeout_s, d->cfg.body_timeout_s, d->cfg.max_connections);
+    d->guard = guard_new(d->loop, d->cfg.header_timeout_s, d->cfg.body_timeout_s, d->cfg.max_connections,
+                         d->cfg.max_connections_per_client);
     if (!d->guard) return ac_errf(e, "cannot start the connection guard");
     /* The guard keeps max_connections (evicting slow heads) and the hub
      * max_sse_streams; the slack lets a newcomer in so the guard can evict. */
@@ -502,7 +504,7 @@ int http_start(ac_daemon *d, ac_err *e) {
         MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, (uint16_t)d->cfg.listen_port, NULL, NULL,
         on_request, d, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, d,
         MHD_OPTION_NOTIFY_CONNECTION, guard_notify, d->guard, MHD_OPTION_CONNECTION_LIMIT, limit,
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)d->cfg.max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
+        MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)d->cfg.idle_timeout_s, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
     if (!d->mhd)
         return ac_errf(e, "cannot listen on %s:%d (%s)", d->cfg.listen_host, d->cfg.listen_port, strerror(errno));

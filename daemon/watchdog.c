@@ -10,7 +10,10 @@
  * on every request it takes (http.c). A stamp older than WatchdogSec
  * withholds the ping, so systemd restarts a daemon whose HTTP server no
  * longer answers (its listening socket or libmicrohttpd wedged) even though
- * the loop still runs.
+ * the loop still runs. The probe is bound before it connects and announced
+ * to the connection guard, which keeps it outside every per-client and
+ * total cap (conn.h): 64 slow-header sockets or 64 event streams from the
+ * probe's own address cannot hold the pings back.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -22,6 +25,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "conn.h"
 #include "daemon.h"
 
 static const char probe_req[] = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
@@ -103,6 +107,16 @@ static void probe_start(void) {
     if (uv_tcp_init(d->loop, &W.tcp)) return;
     W.probing = 1;
     W.probe_started = ac_now();
+    /* Bound first, so the connection guard knows the probe's address and
+     * port and keeps it out of the per-client and total caps (conn.h). */
+    struct sockaddr_in local;
+    int len = sizeof local;
+    if (uv_ip4_addr(h, 0, &local) || uv_tcp_bind(&W.tcp, (const struct sockaddr *)&local, 0) ||
+        uv_tcp_getsockname(&W.tcp, (struct sockaddr *)&local, &len)) {
+        probe_end();
+        return;
+    }
+    if (d->guard) guard_expect(d->guard, &local);
     if (uv_tcp_connect(&W.conn, &W.tcp, (const struct sockaddr *)&sa, probe_connected)) probe_end();
 }
 

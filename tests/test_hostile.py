@@ -672,6 +672,109 @@ def test_watchdog_needs_the_http_side():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_watchdog_not_starved():
+    """300 slow-header sockets, then 300 event streams, 64 of each from the probe's own address (127.0.0.1, its
+    per-client cap): WATCHDOG=1 keeps coming on a real NOTIFY_SOCKET with no gap near WatchdogSec, and /healthz
+    answers from another address (issue 36, item 3)."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    except (ValueError, OSError):
+        pass
+    tmp = tempfile.mkdtemp(prefix="acwd_")
+    sock_path = os.path.join(tmp, "notify")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    srv.bind(sock_path)
+    old = {k: os.environ.get(k) for k in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
+    os.environ.update(NOTIFY_SOCKET=sock_path, WATCHDOG_USEC="1000000")  # WatchdogSec=1s: a ping every 0.5 s
+    d = Daemon(config={"cpu_slots": 1, "header_timeout_s": 120, "max_connections": 400, "sse_keepalive_s": 60})
+    try:
+        d.start()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    def ping_gaps(seconds):
+        times, t0 = [], time.time()
+        while time.time() - t0 < seconds:
+            srv.settimeout(max(0.01, seconds - (time.time() - t0)))
+            try:
+                if srv.recv(256) == b"WATCHDOG=1":
+                    times.append(time.time())
+            except socket.timeout:
+                break
+        edges = [t0] + times + [time.time()]
+        return len(times), max(b - a for a, b in zip(edges, edges[1:]))
+
+    socks = []
+    try:
+        ping_gaps(0.6)  # drain the pings so far
+        for i in range(236):
+            s = raw_conn(d.port, f"127.0.5.{i + 1}")
+            s.sendall(b"GET /v1/jobs HTTP/1.1\r\n")
+            socks.append(s)
+        for _ in range(64):
+            s = raw_conn(d.port, "127.0.0.1")
+            s.sendall(b"GET /v1/jobs HTTP/1.1\r\n")
+            socks.append(s)
+        n, gap = ping_gaps(4)
+        print(f"  300 slow heads: {n} pings in 4 s, longest gap {gap:.2f} s")
+        assert n >= 5 and gap < 0.95, (n, gap)
+
+        def still_open(s):
+            s.setblocking(False)
+            try:
+                return s.recv(1) != b""
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+
+        assert sum(still_open(s) for s in socks) == 300  # none was cut: they all held
+        c = http.client.HTTPConnection("127.0.0.1", d.port, timeout=10, source_address=("127.0.6.1", 0))
+        c.request("GET", "/healthz")
+        assert c.getresponse().status == 200
+        c.close()
+        for s in socks:
+            s.close()
+        socks = []
+        t0 = time.time()
+        while time.time() - t0 < 5:  # until the daemon has seen the hang-ups (127.0.0.1 was at its cap)
+            try:
+                if d.req("GET", "/healthz")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.05)
+        st, j = d.req("POST", "/v1/jobs", body=spec(search={"steps": 100000, "seed": 1}))
+        assert st == 201, j
+        for i in range(300):
+            s = raw_conn(d.port, "127.0.0.1" if i < 64 else f"127.0.{7 + i // 200}.{i % 200 + 1}")
+            s.sendall(f"GET /v1/jobs/{j['id']}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            socks.append(s)
+        for s in socks:
+            assert b" 200 " in s.recv(4096).split(b"\r\n")[0]
+        n, gap = ping_gaps(4)
+        print(f"  300 event streams: {n} pings in 4 s, longest gap {gap:.2f} s")
+        assert n >= 5 and gap < 0.95, (n, gap)
+        # 127.0.0.1 is at its cap (64 streams): ask from another address
+        c = http.client.HTTPConnection("127.0.0.1", d.port, timeout=10, source_address=("127.0.6.2", 0))
+        c.request("GET", "/metrics")
+        m = c.getresponse().read().decode()
+        assert "autocompress_sse_clients 300" in m, [x for x in m.splitlines() if "sse" in x]
+        c.request("DELETE", f"/v1/jobs/{j['id']}", headers={"Content-Type": "application/json"})
+        assert c.getresponse().status in (200, 202), "cancel"
+        c.close()
+    finally:
+        for s in socks:
+            s.close()
+        d.cleanup()
+        srv.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def test_systemd_unit_exposure():
     sa = shutil.which("systemd-analyze")
     if not sa:
@@ -756,7 +859,7 @@ if __name__ == "__main__":
               test_hostile_configs_refused_at_once, test_connection_deadlines_and_limits,
               test_full_disk_503_degraded_and_recovered, test_idempotency_key, test_job_caps, test_browsers_and_tokens,
               test_cost_measurement_scheduled_and_cancellable, test_import_never_replaces, test_sd_notify_and_watchdog,
-              test_watchdog_needs_the_http_side, test_systemd_unit_exposure, test_offloaded_requests_under_concurrency,
+              test_watchdog_needs_the_http_side, test_watchdog_not_starved, test_systemd_unit_exposure, test_offloaded_requests_under_concurrency,
               test_fuzz_regressions]:
         if not only or t.__name__ in only:
             R.run(t)
