@@ -410,6 +410,42 @@ def test_full_disk_503_degraded_and_recovered():
         d.cleanup()
 
 
+def test_database_loss_seen():
+    """A job database deleted, replaced or made immutable under the running daemon: /healthz says degraded with the
+    reason and submissions get 503 instead of 201s that a restart would lose (issue 36, item 4)."""
+    blocked = dict(spec(), search={"steps": 5})
+    for how in ("deleted", "replaced", "immutable"):
+        d = Daemon(config={"cpu_slots": 0}).start()
+        try:
+            st, a = d.req("POST", "/v1/jobs", body=blocked)
+            assert st == 201 and d.req("GET", "/healthz")[0] == 200, (st, a)
+            if how == "deleted":
+                os.remove(d.db)
+            elif how == "replaced":
+                other = d.db + ".other"
+                shutil.copy(d.db, other)
+                os.rename(other, d.db)
+            else:
+                r = subprocess.run(["chattr", "+i", d.db], capture_output=True)
+                if r.returncode != 0:
+                    print("  chattr +i not available here: immutable case not checked")
+                    continue
+            try:
+                st, h = d.req("GET", "/healthz")
+                assert st == 503 and h["status"] == "degraded" and how in h["reason"], (how, st, h)
+                st, j = d.req("POST", "/v1/jobs", body=blocked)
+                assert st == 503 and j["error"]["code"] == "storage_unavailable" and how in j["error"]["message"], (how, st, j)
+                assert d.req("GET", f"/v1/jobs/{a['id']}")[0] == 200  # what was accepted is still served
+            finally:
+                if how == "immutable":
+                    subprocess.run(["chattr", "-i", d.db])
+            if how == "immutable":  # writable again: submissions are taken again, and the store is healthy
+                assert d.req("POST", "/v1/jobs", body=blocked)[0] == 201
+                assert d.req("GET", "/healthz")[0] == 200
+        finally:
+            d.cleanup()
+
+
 def test_idempotency_key():
     d = Daemon(config={"cpu_slots": 0}).start()
     try:
@@ -857,7 +893,7 @@ if __name__ == "__main__":
     only = sys.argv[1:]
     for t in [test_paths_confined_and_errors_do_not_leak, test_worker_applies_the_same_rules, test_export_writes_confined,
               test_hostile_configs_refused_at_once, test_connection_deadlines_and_limits,
-              test_full_disk_503_degraded_and_recovered, test_idempotency_key, test_job_caps, test_browsers_and_tokens,
+              test_full_disk_503_degraded_and_recovered, test_database_loss_seen, test_idempotency_key, test_job_caps, test_browsers_and_tokens,
               test_cost_measurement_scheduled_and_cancellable, test_import_never_replaces, test_sd_notify_and_watchdog,
               test_watchdog_needs_the_http_side, test_watchdog_not_starved, test_systemd_unit_exposure, test_offloaded_requests_under_concurrency,
               test_fuzz_regressions]:
