@@ -45,6 +45,7 @@ typedef struct {
     int nallowed_hosts;
     /* Job limits (400 naming the cap at submit; wall clock in the scheduler). */
     int max_job_seconds;
+    int worker_stopped_s; /* a worker stopped (SIGSTOP, T state) this long is failed */
     long max_calibration_tokens;
     long max_search_steps;
     long max_eval_windows;
