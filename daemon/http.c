@@ -295,6 +295,13 @@ static const route *find_route(req_ctx *rc, const char *url, const char *method,
 static int check_rules(req_ctx *rc, int rules, const char *method, json_t **body) {
     ac_daemon *d = rc->d;
     reply *r = &rc->rep;
+    /* HTTP/1.1 requires Host (RFC 9112 3.2); an HTTP/1.0 request without
+     * one is refused too, so the DNS-rebinding check always has a name */
+    const char *host = MHD_lookup_connection_value(rc->c, MHD_HEADER_KIND, "Host");
+    if (!host || !*host) {
+        rep_error(d, r, 400, "bad_request", "the request has no Host header", "Host");
+        return -1;
+    }
     const char *why = rules & R_BROWSER ? browser_check(d, rc->c) : NULL;
     if (why) {
         rep_error(d, r, 403, "forbidden", why, NULL);

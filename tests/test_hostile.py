@@ -250,6 +250,38 @@ def test_hostile_configs_refused_at_once():
         r.close()
 
 
+def test_special_paths_and_host_without_roots():
+    """Without model_roots: /proc, /sys and /dev paths (by name, or through a symlink on the way) are refused with
+    400 naming the field; a request without Host gets 400 (issue 36, item 7)."""
+    d = Daemon(config={"cpu_slots": 0}).start()
+    tmp = tempfile.mkdtemp(prefix="acsp_")
+    try:
+        os.symlink("/proc/self", os.path.join(tmp, "me"))
+        cases = [("calibration", "/proc/self/environ"), ("calibration", os.path.join(tmp, "me", "environ")),
+                 ("heldout", "/sys/kernel/notes"), ("model", "/sys/kernel"), ("model", "/proc/1/root/tmp"),
+                 ("output", "/dev/shm/ac-out"), ("output", "/proc/self/cwd/x")]
+        for field, path in cases:
+            e = post_err(d, "/v1/jobs", spec(**{field: path}))
+            assert e["field"] == field, (field, path, e)
+        assert not os.path.exists("/dev/shm/ac-out")
+        for req in (b"GET /healthz HTTP/1.0\r\n\r\n", b"GET /v1/jobs HTTP/1.0\r\n\r\n"):
+            s = raw_conn(d.port)
+            s.sendall(req)
+            reply = b""
+            while True:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+            s.close()
+            head, _, body = reply.partition(b"\r\n\r\n")
+            assert b" 400 " in head.split(b"\r\n")[0], reply
+            assert json.loads(body)["error"]["field"] == "Host", body
+    finally:
+        d.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def closed_within(s, seconds):
     """Seconds until the server closed s (recv returns b'' or resets), or None."""
     t0 = time.time()
@@ -954,7 +986,7 @@ if __name__ == "__main__":
         sys.exit(0)
     only = sys.argv[1:]
     for t in [test_paths_confined_and_errors_do_not_leak, test_worker_applies_the_same_rules, test_export_writes_confined,
-              test_hostile_configs_refused_at_once, test_connection_deadlines_and_limits,
+              test_hostile_configs_refused_at_once, test_special_paths_and_host_without_roots, test_connection_deadlines_and_limits,
               test_full_disk_503_degraded_and_recovered, test_database_loss_seen, test_workers_watched, test_idempotency_key, test_job_caps, test_browsers_and_tokens,
               test_cost_measurement_scheduled_and_cancellable, test_import_never_replaces, test_sd_notify_and_watchdog,
               test_watchdog_needs_the_http_side, test_watchdog_not_starved, test_systemd_unit_exposure, test_offloaded_requests_under_concurrency,

@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -184,12 +186,32 @@ void ac_fsafe_first_link(int dirfd, const char *rel, const char *shown_prefix, c
     }
 }
 
+int ac_fsafe_special(const char *norm) {
+    static const char *const tops[] = {"/proc", "/sys", "/dev"};
+    for (size_t i = 0; i < sizeof tops / sizeof *tops; i++) {
+        size_t l = strlen(tops[i]);
+        if (!strncmp(norm, tops[i], l) && (norm[l] == 0 || norm[l] == '/')) return 1;
+    }
+    return 0;
+}
+
+/* An open file on procfs or sysfs (reached through a symlink on the way). */
+static int on_special_fs(int fd) {
+    struct statfs sf;
+    return fstatfs(fd, &sf) == 0 && (sf.f_type == PROC_SUPER_MAGIC || sf.f_type == SYSFS_MAGIC);
+}
+
 /* Resolve and open under the rules. On failure: -1, a message, and errno
  * (EACCES for a path refused by name). */
 static int open_confined(const char *path, int flags, const char *what, ac_err *e) {
     char norm[AC_FSAFE_PATH_MAX];
     if (ac_fsafe_normalize(path, norm, e)) {
         ac_errctx(e, "%s %.300s", what, path);
+        errno = EACCES;
+        return -1;
+    }
+    if (ac_fsafe_special(norm)) {
+        ac_errf(e, "%s %.300s: /proc, /sys and /dev are not read", what, path);
         errno = EACCES;
         return -1;
     }
@@ -205,6 +227,12 @@ static int open_confined(const char *path, int flags, const char *what, ac_err *
         fd = sys_openat2(roots[r].fd, rel, flags, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
     } else {
         fd = sys_openat2(AT_FDCWD, norm, flags | O_NOFOLLOW, RESOLVE_NO_MAGICLINKS);
+    }
+    if (fd >= 0 && on_special_fs(fd)) {
+        close(fd);
+        ac_errf(e, "%s %.300s: a link on the way leads into /proc or /sys, which are not read", what, path);
+        errno = EACCES;
+        return -1;
     }
     if (fd >= 0) return fd;
     int err = errno;
@@ -322,6 +350,7 @@ static int is_model_dir(int dirfd) {
 int ac_fsafe_check_outdir(const char *out, const char *model, const char *jobs_dir, ac_err *e) {
     char norm[AC_FSAFE_PATH_MAX], mnorm[AC_FSAFE_PATH_MAX];
     if (ac_fsafe_normalize(out, norm, e)) return -1;
+    if (ac_fsafe_special(norm)) return ac_errf(e, "must not be under /proc, /sys or /dev");
     if (model && ac_fsafe_normalize(model, mnorm, e) == 0 && !strcmp(norm, mnorm))
         return ac_errf(e, "must not be the model directory");
     if (jobs_dir) {

@@ -11,6 +11,8 @@
  *    is followed, no /proc magic link, nothing escapes;
  *  - without roots (the CLI), the path is opened as named, but never
  *    through a magic link and the last component never through a symlink;
+ *  - never under /proc, /sys or /dev (by name, and by file system after
+ *    opening: procfs and sysfs);
  *  - regular files only, opened O_NONBLOCK and checked with fstat (a FIFO or
  *    a device is refused without blocking), and a size cap per file kind;
  *  - error messages carry the caller's path and a reason, never the file's
@@ -78,6 +80,10 @@ int ac_fsafe_check_model_dir(const char *model, ac_err *e);
  * export creates it). */
 int ac_fsafe_check_outdir(const char *out, const char *model, const char *jobs_dir, ac_err *e);
 
+/* 1 when the normalized path is /proc, /sys or /dev or below them: never
+ * read nor written, with roots or without (a file reached there through a
+ * symlink on the way is refused after opening, by its file system). */
+int ac_fsafe_special(const char *norm);
 /* For fsafe_write.c: the root holding the normalized path norm (its O_PATH
  * directory fd, *rel the part below it, "." for the root itself), or -1. */
 int ac_fsafe_root_of(const char *norm, const char **rel);

@@ -21,6 +21,9 @@ typedef struct {
 } place;
 
 static int locate(const char *path, place *pl, ac_err *e) {
+    char n2[AC_FSAFE_PATH_MAX];
+    if (path && path[0] == '/' && ac_fsafe_normalize(path, n2, NULL) == 0 && ac_fsafe_special(n2))
+        return ac_errf(e, "%.300s: nothing is written under /proc, /sys or /dev", path);
     if (ac_fsafe_nroots()) {
         if (ac_fsafe_normalize(path, pl->norm, e)) return ac_errctx(e, "%.300s", path);
         pl->base = ac_fsafe_root_of(pl->norm, &pl->rel);
@@ -32,6 +35,7 @@ static int locate(const char *path, place *pl, ac_err *e) {
     }
     if (!path || !path[0] || strnlen(path, AC_FSAFE_PATH_MAX) >= AC_FSAFE_PATH_MAX - 64)
         return ac_errf(e, "bad path");
+
     snprintf(pl->norm, sizeof pl->norm, "%s", path);
     pl->base = AT_FDCWD;
     pl->rel = pl->norm;
