@@ -18,6 +18,7 @@ typedef struct {
     char db_path[1024];
     char data_dir[1024];
     char web_dir[1024];
+    char tls_cert[1024], tls_key[1024]; /* PEM files: HTTPS when both are set */
     char *tokens[AC_MAX_TOKENS];
     int ntokens;
     char *model_roots[AC_MAX_ROOTS]; /* paths a job may read from / write to */

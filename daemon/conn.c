@@ -22,6 +22,7 @@ struct conn_guard {
     int napi, max_api; /* connections not in SSE phase, and their cap */
     int max_per_client;
     struct sockaddr_in expect; /* the probe's address (family 0: none) */
+    long probes;
     long cut;
 };
 
@@ -122,6 +123,7 @@ void guard_notify(void *cls, struct MHD_Connection *mc, void **socket_context,
         g->head.next = c;
         if (same_peer(&c->peer, &g->expect, 1)) { /* the watchdog's probe: once */
             c->exempt = 1;
+            g->probes++;
             memset(&g->expect, 0, sizeof g->expect);
             return;
         }
@@ -148,3 +150,4 @@ void guard_phase(conn_guard *g, struct MHD_Connection *mc, int phase) {
 }
 
 long guard_cut(conn_guard *g) { return g->cut; }
+long guard_probes(conn_guard *g) { return g->probes; }

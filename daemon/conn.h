@@ -38,6 +38,9 @@ conn_guard *guard_new(uv_loop_t *loop, int header_timeout_s, int body_timeout_s,
 /* The next connection from sa (the watchdog's probe; its bound local
  * address) is exempt from the caps and deadlines. */
 void guard_expect(conn_guard *g, const struct sockaddr_in *sa);
+/* Probe connections accepted so far: the watchdog's proof that the server
+ * takes connections (with TLS its plain-HTTP probe gets no request through). */
+long guard_probes(conn_guard *g);
 /* Stops the timer; the guard is freed when its handle has closed. */
 void guard_free(conn_guard *g);
 /* MHD_OPTION_NOTIFY_CONNECTION callback (cls = the guard). */

@@ -40,6 +40,7 @@ typedef struct {
     int probing;    /* a probe's socket is open */
     long long usec; /* WATCHDOG_USEC */
     double probe_started;
+    long probes; /* guard_probes at the last tick */
     int withheld; /* pings withheld since the last one sent (logged once) */
 } watchdog;
 
@@ -123,6 +124,11 @@ static void probe_start(void) {
 static void on_tick(uv_timer_t *t) {
     (void)t;
     ac_daemon *d = W.d;
+    long p = d->guard ? guard_probes(d->guard) : 0;
+    if (p != W.probes) { /* the server accepted the probe: with TLS no request of ours gets through */
+        W.probes = p;
+        if (d->cfg.tls_cert[0]) atomic_store(&d->http_beat_ms, wd_now_ms());
+    }
     long long age_ms = wd_now_ms() - atomic_load(&d->http_beat_ms);
     if (age_ms * 1000 < W.usec) {
         wd_notify("WATCHDOG=1");

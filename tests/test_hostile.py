@@ -905,6 +905,59 @@ def test_watchdog_not_starved():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_tls():
+    """tls_cert / tls_key: the daemon speaks HTTPS (curl verifies it against the self-signed certificate), plain
+    HTTP gets no answer, and the watchdog still pings on a real NOTIFY_SOCKET (issue 36, item 8)."""
+    if not shutil.which("openssl") or not shutil.which("curl"):
+        print("  openssl or curl missing")
+        return "skip"
+    tmp = tempfile.mkdtemp(prefix="actls_")
+    cert, key = os.path.join(tmp, "cert.pem"), os.path.join(tmp, "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "2",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    sock_path = os.path.join(tmp, "notify")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    srv.bind(sock_path)
+    srv.settimeout(3)
+    port = __import__("harness").free_port()
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump({"tls_cert": cert, "tls_key": key, "cpu_slots": 0}, f)
+    env = dict(os.environ, NOTIFY_SOCKET=sock_path, WATCHDOG_USEC="400000")
+    log = open(os.path.join(tmp, "log"), "wb")
+    p = subprocess.Popen([os.path.join(BUILD, "autocompressd"), "--config", os.path.join(tmp, "config.json"), "--listen",
+                          f"127.0.0.1:{port}", "--db", os.path.join(tmp, "j.db"), "--data-dir", os.path.join(tmp, "data")],
+                         env=env, stdout=log, stderr=log)
+    try:
+        url = f"https://127.0.0.1:{port}"
+        out = None
+        for _ in range(100):
+            r = subprocess.run(["curl", "-sS", "--cacert", cert, url + "/healthz"], capture_output=True, text=True)
+            if r.returncode == 0:
+                out = json.loads(r.stdout)
+                break
+            time.sleep(0.1)
+        assert out and out["status"] == "ok", open(os.path.join(tmp, "log")).read()
+        r = subprocess.run(["curl", "-sS", "--cacert", cert, "-X", "POST", "-H", "Content-Type: application/json",
+                            "-d", json.dumps(spec()), url + "/v1/jobs"], capture_output=True, text=True)
+        assert r.returncode == 0 and json.loads(r.stdout)["state"] == "queued", r
+        r = subprocess.run(["curl", "-sS", "-m", "5", f"http://127.0.0.1:{port}/healthz"], capture_output=True, text=True)
+        assert r.returncode != 0 or '"ok"' not in r.stdout, r  # plain HTTP is not served
+        pings, t0 = 0, time.time()
+        while time.time() - t0 < 2:
+            try:
+                pings += srv.recv(256) == b"WATCHDOG=1"
+            except socket.timeout:
+                break
+        assert pings >= 4, pings
+        assert "listening on https://" in open(os.path.join(tmp, "log")).read()
+    finally:
+        p.kill()
+        p.wait()
+        srv.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def test_systemd_unit_exposure():
     sa = shutil.which("systemd-analyze")
     if not sa:
@@ -989,7 +1042,7 @@ if __name__ == "__main__":
               test_hostile_configs_refused_at_once, test_special_paths_and_host_without_roots, test_connection_deadlines_and_limits,
               test_full_disk_503_degraded_and_recovered, test_database_loss_seen, test_workers_watched, test_idempotency_key, test_job_caps, test_browsers_and_tokens,
               test_cost_measurement_scheduled_and_cancellable, test_import_never_replaces, test_sd_notify_and_watchdog,
-              test_watchdog_needs_the_http_side, test_watchdog_not_starved, test_systemd_unit_exposure, test_offloaded_requests_under_concurrency,
+              test_watchdog_needs_the_http_side, test_watchdog_not_starved, test_tls, test_systemd_unit_exposure, test_offloaded_requests_under_concurrency,
               test_fuzz_regressions]:
         if not only or t.__name__ in only:
             R.run(t)
