@@ -210,20 +210,20 @@ static int open_confined(const char *path, int flags, const char *what, ac_err *
         errno = EACCES;
         return -1;
     }
+    int fd;
+    const char *rel = NULL;
+    int r = nroots ? find_root(norm, &rel) : -1;
+    if (nroots && r < 0) {
+        ac_errf(e, "%s %.300s is outside the allowed model_roots", what, path);
+        errno = EACCES;
+        return -1;
+    }
     if (ac_fsafe_special(norm)) {
         ac_errf(e, "%s %.300s: /proc, /sys and /dev are not read", what, path);
         errno = EACCES;
         return -1;
     }
-    int fd;
     if (nroots) {
-        const char *rel;
-        int r = find_root(norm, &rel);
-        if (r < 0) {
-            ac_errf(e, "%s %.300s is outside the allowed model_roots", what, path);
-            errno = EACCES;
-            return -1;
-        }
         fd = sys_openat2(roots[r].fd, rel, flags, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
     } else {
         fd = sys_openat2(AT_FDCWD, norm, flags | O_NOFOLLOW, RESOLVE_NO_MAGICLINKS);
@@ -350,6 +350,8 @@ static int is_model_dir(int dirfd) {
 int ac_fsafe_check_outdir(const char *out, const char *model, const char *jobs_dir, ac_err *e) {
     char norm[AC_FSAFE_PATH_MAX], mnorm[AC_FSAFE_PATH_MAX];
     if (ac_fsafe_normalize(out, norm, e)) return -1;
+    const char *orel;
+    if (nroots && find_root(norm, &orel) < 0) return ac_errf(e, "%.300s is outside the allowed model_roots", out);
     if (ac_fsafe_special(norm)) return ac_errf(e, "must not be under /proc, /sys or /dev");
     if (model && ac_fsafe_normalize(model, mnorm, e) == 0 && !strcmp(norm, mnorm))
         return ac_errf(e, "must not be the model directory");
