@@ -31,6 +31,7 @@ void config_defaults(ac_config *c) {
     c->idle_timeout_s = 60;
     c->http_threads = 2;
     c->max_job_seconds = 86400;
+    c->worker_stopped_s = 60;
     c->max_calibration_tokens = 1L << 24;
     c->max_search_steps = 100000;
     c->max_eval_windows = 1L << 20;
@@ -107,6 +108,13 @@ static int limits_parse(ac_config *c, json_t *j, ac_err *e) {
         int_field(j, "max_eval_windows", 1, 1L << 20, &v[9], e) || int_field(j, "max_measurements", 1, 64, &v[10], e) ||
         int_field(j, "max_distill_tokens", 0, 1000000000L, &v[11], e))
         return -1;
+    if (str_field(j, "tls_cert", c->tls_cert, sizeof c->tls_cert, e) ||
+        str_field(j, "tls_key", c->tls_key, sizeof c->tls_key, e))
+        return -1;
+    if (!c->tls_cert[0] != !c->tls_key[0]) return ac_errf(e, "config: tls_cert and tls_key go together");
+    long ws = c->worker_stopped_s;
+    if (int_field(j, "worker_stopped_s", 1, 86400, &ws, e)) return -1;
+    c->worker_stopped_s = (int)ws;
     c->max_distill_tokens = v[11];
     c->max_connections_per_client = (int)v[0];
     c->max_sse_streams = (int)v[1];
@@ -143,7 +151,7 @@ static int known_keys(json_t *j, ac_err *e) {
         "max_attempts", "cancel_grace_s", "worker_threads", "max_connections_per_client", "max_sse_streams",
         "header_timeout_s", "body_timeout_s", "idle_timeout_s", "http_threads", "allowed_hosts", "max_job_seconds",
         "max_calibration_tokens", "max_search_steps", "max_eval_windows", "max_measurements", "max_distill_tokens",
-        "quiet_budget_s", NULL};
+        "quiet_budget_s", "worker_stopped_s", "tls_cert", "tls_key", NULL};
     // clang-format on
     const char *k;
     json_t *v;

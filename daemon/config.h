@@ -18,6 +18,7 @@ typedef struct {
     char db_path[1024];
     char data_dir[1024];
     char web_dir[1024];
+    char tls_cert[1024], tls_key[1024]; /* PEM files: HTTPS when both are set */
     char *tokens[AC_MAX_TOKENS];
     int ntokens;
     char *model_roots[AC_MAX_ROOTS]; /* paths a job may read from / write to */
@@ -45,6 +46,7 @@ typedef struct {
     int nallowed_hosts;
     /* Job limits (400 naming the cap at submit; wall clock in the scheduler). */
     int max_job_seconds;
+    int worker_stopped_s; /* a worker stopped (SIGSTOP, T state) this long is failed */
     long max_calibration_tokens;
     long max_search_steps;
     long max_eval_windows;

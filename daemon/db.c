@@ -1,20 +1,47 @@
 /* db.c - see db.h. */
 #include "db.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 struct db {
     sqlite3 *wr, *rd;
+    char path[4096];
+    int fd; /* the database file as opened, for file_check (-1: none) */
     pthread_mutex_t wmu, rmu, hmu;
     int degraded; /* the last write failed (hmu) */
     long write_failures;
     char last_error[256];
 };
+
+/* Is the open database still the file at its path, and writable? A
+ * database deleted (or replaced) while open takes writes that a restart
+ * loses, so that is refused as a failed write (0 or -1 with a message). */
+static int file_check(db *d, ac_err *e) {
+    if (d->fd < 0) return 0;
+    struct stat open_sb, path_sb;
+    if (fstat(d->fd, &open_sb) != 0) return ac_errf(e, "database %s: %s", d->path, strerror(errno));
+    int at_path = stat(d->path, &path_sb) == 0, err = errno;
+    if (at_path && (path_sb.st_dev != open_sb.st_dev || path_sb.st_ino != open_sb.st_ino))
+        return ac_errf(e, "database %s was replaced by another file while open; restart the daemon", d->path);
+    if (open_sb.st_nlink == 0 || (!at_path && err == ENOENT))
+        return ac_errf(e, "database %s was deleted while open: new writes would be lost at restart; restore it "
+                          "and restart the daemon",
+                       d->path);
+    if (!at_path) return ac_errf(e, "database %s: %s", d->path, strerror(err));
+    if (access(d->path, W_OK) != 0)
+        return ac_errf(e, "database %s is not writable (%s)", d->path,
+                       errno == EPERM ? "immutable" : strerror(errno));
+    return 0;
+}
 
 /* Record the outcome of a write for db_health. */
 static void wr_result(db *d, int ok, const char *msg) {
@@ -30,9 +57,11 @@ static void wr_result(db *d, int ok, const char *msg) {
 }
 
 int db_health(db *d, char *msg, size_t n, long *write_failures) {
+    ac_err fe;
+    int file_bad = file_check(d, &fe);
     pthread_mutex_lock(&d->hmu);
-    int deg = d->degraded;
-    if (msg && n) snprintf(msg, n, "%s", deg ? d->last_error : "");
+    int deg = d->degraded || file_bad;
+    if (msg && n) snprintf(msg, n, "%s", file_bad ? fe.msg : deg ? d->last_error : "");
     if (write_failures) *write_failures = d->write_failures;
     pthread_mutex_unlock(&d->hmu);
     return deg;
@@ -40,6 +69,7 @@ int db_health(db *d, char *msg, size_t n, long *write_failures) {
 
 /* Writer transactions. durable: synchronous=FULL for this commit. */
 static int wbegin(db *d, int durable, ac_err *e) {
+    if (file_check(d, e)) return -1;
     if (durable && sqlite3_exec(d->wr, "PRAGMA synchronous=FULL", NULL, NULL, NULL) != SQLITE_OK)
         return ac_errf(e, "sqlite: %s", sqlite3_errmsg(d->wr));
     if (sqlite3_exec(d->wr, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
@@ -134,6 +164,8 @@ int db_open(const char *path, db **out, ac_err *e) {
     pthread_mutex_init(&d->wmu, NULL);
     pthread_mutex_init(&d->rmu, NULL);
     pthread_mutex_init(&d->hmu, NULL);
+    d->fd = -1;
+    snprintf(d->path, sizeof d->path, "%s", path);
     if (open_conn(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, &d->wr, e)) {
         free(d);
         return -1;
@@ -150,6 +182,11 @@ int db_open(const char *path, db **out, ac_err *e) {
         db_close(d);
         return -1;
     }
+    if (strcmp(path, ":memory:") && (d->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+        ac_errf(e, "database %s: %s", path, strerror(errno));
+        db_close(d);
+        return -1;
+    }
     *out = d;
     return 0;
 }
@@ -158,6 +195,7 @@ void db_close(db *d) {
     if (!d) return;
     sqlite3_close(d->rd);
     sqlite3_close(d->wr);
+    if (d->fd >= 0) close(d->fd);
     pthread_mutex_destroy(&d->wmu);
     pthread_mutex_destroy(&d->rmu);
     pthread_mutex_destroy(&d->hmu);
@@ -205,7 +243,7 @@ static int exec_w(db *d, const char *sql, const arg *a, int n, const char *what,
 /* One statement in autocommit, with the writer lock and the health record. */
 static int write1(db *d, const char *sql, const arg *a, int n, const char *what, long *rowid, ac_err *e) {
     pthread_mutex_lock(&d->wmu);
-    int rc = exec_w(d, sql, a, n, what, rowid, e);
+    int rc = file_check(d, e) ? -1 : exec_w(d, sql, a, n, what, rowid, e);
     wr_result(d, rc == 0, e->msg);
     pthread_mutex_unlock(&d->wmu);
     return rc;

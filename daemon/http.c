@@ -36,7 +36,8 @@
  * Connections: max_connections API connections plus max_sse_streams event
  * streams (counted apart, so streams never lock out /healthz), at most
  * max_connections_per_client per client address, request heads and bodies
- * within header_timeout_s / body_timeout_s (conn.c).
+ * within header_timeout_s / body_timeout_s, and the watchdog's probe outside
+ * all of these (conn.c).
  */
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -294,6 +295,13 @@ static const route *find_route(req_ctx *rc, const char *url, const char *method,
 static int check_rules(req_ctx *rc, int rules, const char *method, json_t **body) {
     ac_daemon *d = rc->d;
     reply *r = &rc->rep;
+    /* HTTP/1.1 requires Host (RFC 9112 3.2); an HTTP/1.0 request without
+     * one is refused too, so the DNS-rebinding check always has a name */
+    const char *host = MHD_lookup_connection_value(rc->c, MHD_HEADER_KIND, "Host");
+    if (!host || !*host) {
+        rep_error(d, r, 400, "bad_request", "the request has no Host header", "Host");
+        return -1;
+    }
     const char *why = rules & R_BROWSER ? browser_check(d, rc->c) : NULL;
     if (why) {
         rep_error(d, r, 403, "forbidden", why, NULL);
@@ -493,19 +501,38 @@ int http_start(ac_daemon *d, ac_err *e) {
         1)
         return ac_errf(e, "listen host %s is not an IPv4 address", d->cfg.listen_host);
     set_threadpool_size(d->cfg.http_threads);
-    d->guard = guard_new(d->loop, d->cfg.header_timeout_s, d->cfg.body_timeout_s, d->cfg.max_connections);
+    d->guard = guard_new(d->loop, d->cfg.header_timeout_s, d->cfg.body_timeout_s, d->cfg.max_connections,
+                         d->cfg.max_connections_per_client);
     if (!d->guard) return ac_errf(e, "cannot start the connection guard");
     /* The guard keeps max_connections (evicting slow heads) and the hub
      * max_sse_streams; the slack lets a newcomer in so the guard can evict. */
     unsigned limit = (unsigned)d->cfg.max_connections + (unsigned)d->cfg.max_sse_streams + 64;
+    /* Optional TLS (libmicrohttpd's GnuTLS): the PEM texts stay in memory
+     * for the server's life, as MHD_OPTION_HTTPS_MEM_* want. */
+    static char *tls_cert_pem, *tls_key_pem;
+    unsigned tls = 0;
+    if (d->cfg.tls_cert[0]) {
+        if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES)
+            return ac_errf(e, "tls_cert is set but this libmicrohttpd has no TLS support");
+        size_t n;
+        free(tls_cert_pem);
+        free(tls_key_pem);
+        tls_key_pem = NULL;
+        if (!(tls_cert_pem = ac_read_file(d->cfg.tls_cert, 1u << 20, &n, e))) return ac_errctx(e, "tls_cert");
+        if (!(tls_key_pem = ac_read_file(d->cfg.tls_key, 1u << 20, &n, e))) return ac_errctx(e, "tls_key");
+        tls = MHD_USE_TLS;
+    }
     d->mhd = MHD_start_daemon(
-        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, (uint16_t)d->cfg.listen_port, NULL, NULL,
+        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | tls, (uint16_t)d->cfg.listen_port, NULL, NULL,
         on_request, d, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, d,
         MHD_OPTION_NOTIFY_CONNECTION, guard_notify, d->guard, MHD_OPTION_CONNECTION_LIMIT, limit,
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)d->cfg.max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)d->cfg.idle_timeout_s, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)d->cfg.idle_timeout_s, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+        tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, tls_cert_pem, MHD_OPTION_HTTPS_MEM_KEY, tls_key_pem,
+        MHD_OPTION_END);
     if (!d->mhd)
-        return ac_errf(e, "cannot listen on %s:%d (%s)", d->cfg.listen_host, d->cfg.listen_port, strerror(errno));
+        return ac_errf(e, "cannot listen on %s:%d (%s%s)", d->cfg.listen_host, d->cfg.listen_port, strerror(errno),
+                       tls ? "; or tls_cert / tls_key are not a PEM certificate and its key" : "");
     if (d->cfg.listen_port == 0) {
         const union MHD_DaemonInfo *info = MHD_get_daemon_info(d->mhd, MHD_DAEMON_INFO_BIND_PORT);
         if (info) d->cfg.listen_port = info->port;

@@ -155,8 +155,8 @@ static int start(ac_err *e) {
     if (!D.hub) return ac_errf(e, "cannot start the event-stream hub");
     if (sched_start(&D, e) || http_start(&D, e)) return -1;
     for (int i = 0; i < D.ndevices; i++) fprintf(stderr, "autocompressd: device %s\n", D.devices[i].name);
-    fprintf(stderr, "autocompressd %s listening on http://%s:%d (db %s, schema v%d, data %s)\n", AC_VERSION,
-            D.cfg.listen_host, D.cfg.listen_port, D.cfg.db_path, db_schema_version(D.db), D.cfg.data_dir);
+    fprintf(stderr, "autocompressd %s listening on %s://%s:%d (db %s, schema v%d, data %s)\n", AC_VERSION,
+            D.cfg.tls_cert[0] ? "https" : "http", D.cfg.listen_host, D.cfg.listen_port, D.cfg.db_path, db_schema_version(D.db), D.cfg.data_dir);
     uv_signal_init(D.loop, &sig_term);
     uv_signal_start(&sig_term, on_signal, SIGTERM);
     uv_signal_init(D.loop, &sig_int);

@@ -21,6 +21,14 @@
  * queued or running, one per table key; the table it prints is stored as
  * "measured".
  *
+ * Each tick every worker's /proc/PID/status is read: its peak resident
+ * memory (VmHWM) and whether it is stopped (SIGSTOP, a debugger). A worker
+ * stopped longer than cfg.worker_stopped_s is killed and its job failed
+ * with that reason, not left "running" until max_job_seconds. A worker
+ * killed by SIGKILL that the daemon did not send, while the kernel's OOM-kill
+ * count (/proc/vmstat oom_kill, which counts cgroup OOM kills too) rose, is
+ * reported as "out of memory at N MiB in stage S".
+ *
  * A job's end that cannot be written (full disk, I/O error) is kept and
  * retried every tick; meanwhile /healthz reports degraded. If the daemon
  * dies first, the job is still "running" in the database and recovery at
@@ -66,6 +74,11 @@ typedef struct worker {
     int64_t exit_status;
     int term_signal;
     double started;
+    char stage[32];            /* the last stage it announced */
+    long peak_kb;              /* its peak resident memory, sampled each tick (VmHWM) */
+    double stopped_since;      /* when it was first seen stopped (T state), 0 while it runs */
+    int stalled;               /* killed for staying stopped past worker_stopped_s */
+    unsigned long long oom0;   /* the OOM-kill count when it started */
 } worker;
 
 /* A job end the database refused, retried every tick. */
@@ -162,6 +175,20 @@ static void keep_pending(scheduler *s, long job, job_state to, const char *reaso
 }
 
 /* How a worker's job ended, and why. */
+/* The kernel's OOM-kill count (/proc/vmstat oom_kill; with the test hooks
+ * on, AC_TEST_OOM_COUNTER names a file of the same form instead). */
+static unsigned long long oom_kills(void) {
+    const char *hooks = getenv("AUTOCOMPRESSD_TEST_HOOKS"), *alt = getenv("AC_TEST_OOM_COUNTER");
+    FILE *f = fopen(hooks && !strcmp(hooks, "1") && alt ? alt : "/proc/vmstat", "r");
+    if (!f) return 0;
+    char line[128];
+    unsigned long long n = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "oom_kill %llu", &n) == 1) break;
+    fclose(f);
+    return n;
+}
+
 static job_state worker_outcome(const worker *w, char *reason, size_t n) {
     const ac_daemon *d = w->d;
     if (d->sched->stopping) {
@@ -180,6 +207,16 @@ static job_state worker_outcome(const worker *w, char *reason, size_t n) {
     if (w->exit_status == 0 && w->result) {
         snprintf(reason, n, "completed");
         return JOB_SUCCEEDED;
+    }
+    if (w->stalled) {
+        snprintf(reason, n, "the worker was stopped (SIGSTOP or a debugger) for over worker_stopped_s=%d s in stage %s; killed",
+                 d->cfg.worker_stopped_s, w->stage[0] ? w->stage : "(none)");
+        return JOB_FAILED;
+    }
+    if (w->term_signal == SIGKILL && oom_kills() > w->oom0) {
+        snprintf(reason, n, "out of memory at %ld MiB in stage %s: the kernel's OOM killer ended the worker",
+                 (w->peak_kb + 512) / 1024, w->stage[0] ? w->stage : "(none)");
+        return JOB_FAILED;
     }
     if (w->error[0])
         snprintf(reason, n, "%s", w->error);
@@ -262,6 +299,8 @@ static void handle_line(worker *w, const char *line, size_t len) {
             snprintf(w->error, sizeof w->error, "the daemon ran out of memory keeping the job's result");
     } else if (!strcmp(ev.kind, "error")) {
         snprintf(w->error, sizeof w->error, "%s", ev.error);
+    } else if (!strcmp(ev.kind, "stage") && json_is_string(json_object_get(ev.data, "stage"))) {
+        snprintf(w->stage, sizeof w->stage, "%s", json_string_value(json_object_get(ev.data, "stage")));
     } else if (!strcmp(ev.kind, "cost_table")) {
         json_t *t = ev.table;
         if (t) {
@@ -450,6 +489,7 @@ static int start_worker(scheduler *s, slot *sl, long job) {
         return -1;
     }
     w->started = ac_now();
+    w->oom0 = oom_kills();
     w->d = d;
     w->job = job;
     w->slot = sl;
@@ -763,6 +803,35 @@ static void enforce_wall_clock(scheduler *s) {
         }
 }
 
+/* Each tick: every worker's peak memory and stopped state (see the top). */
+static void watch_workers(scheduler *s) {
+    double now = ac_now();
+    for (worker *w = s->workers; w; w = w->next) {
+        if (w->exited > 0 || w->stalled || w->proc.pid <= 0) continue;
+        char path[64], line[256];
+        snprintf(path, sizeof path, "/proc/%d/status", w->proc.pid);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        int stopped = 0;
+        long kb;
+        while (fgets(line, sizeof line, f)) {
+            if (!strncmp(line, "State:", 6)) stopped = strchr(line, 'T') || strstr(line, "t (tracing stop)");
+            if (sscanf(line, "VmHWM: %ld kB", &kb) == 1 && kb > w->peak_kb) w->peak_kb = kb;
+        }
+        fclose(f);
+        if (!stopped) {
+            w->stopped_since = 0;
+            continue;
+        }
+        if (!w->stopped_since) w->stopped_since = now;
+        if (now - w->stopped_since > s->d->cfg.worker_stopped_s && !w->cancelling && !w->timed_out) {
+            w->stalled = 1;
+            uv_process_kill(&w->proc, SIGKILL); /* a stopped process takes no SIGTERM */
+            log_line("job %ld: worker stopped for %.0f s; killed", w->job, now - w->stopped_since);
+        }
+    }
+}
+
 static void schedule(scheduler *s) {
     if (s->stopping) return;
     ac_daemon *d = s->d;
@@ -811,6 +880,7 @@ static void on_tick(uv_timer_t *t) {
     scheduler *s = t->data;
     if (s->pending) retry_pending(s);
     enforce_wall_clock(s);
+    watch_workers(s);
     on_wake(&s->wake);
 }
 static void on_keepalive(uv_timer_t *t) { sse_keepalive(((scheduler *)t->data)->d->hub); }

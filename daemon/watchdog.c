@@ -10,7 +10,10 @@
  * on every request it takes (http.c). A stamp older than WatchdogSec
  * withholds the ping, so systemd restarts a daemon whose HTTP server no
  * longer answers (its listening socket or libmicrohttpd wedged) even though
- * the loop still runs.
+ * the loop still runs. The probe is bound before it connects and announced
+ * to the connection guard, which keeps it outside every per-client and
+ * total cap (conn.h): 64 slow-header sockets or 64 event streams from the
+ * probe's own address cannot hold the pings back.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -22,6 +25,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "conn.h"
 #include "daemon.h"
 
 static const char probe_req[] = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
@@ -36,6 +40,7 @@ typedef struct {
     int probing;    /* a probe's socket is open */
     long long usec; /* WATCHDOG_USEC */
     double probe_started;
+    long probes; /* guard_probes at the last tick */
     int withheld; /* pings withheld since the last one sent (logged once) */
 } watchdog;
 
@@ -103,12 +108,27 @@ static void probe_start(void) {
     if (uv_tcp_init(d->loop, &W.tcp)) return;
     W.probing = 1;
     W.probe_started = ac_now();
+    /* Bound first, so the connection guard knows the probe's address and
+     * port and keeps it out of the per-client and total caps (conn.h). */
+    struct sockaddr_in local;
+    int len = sizeof local;
+    if (uv_ip4_addr(h, 0, &local) || uv_tcp_bind(&W.tcp, (const struct sockaddr *)&local, 0) ||
+        uv_tcp_getsockname(&W.tcp, (struct sockaddr *)&local, &len)) {
+        probe_end();
+        return;
+    }
+    if (d->guard) guard_expect(d->guard, &local);
     if (uv_tcp_connect(&W.conn, &W.tcp, (const struct sockaddr *)&sa, probe_connected)) probe_end();
 }
 
 static void on_tick(uv_timer_t *t) {
     (void)t;
     ac_daemon *d = W.d;
+    long p = d->guard ? guard_probes(d->guard) : 0;
+    if (p != W.probes) { /* the server accepted the probe: with TLS no request of ours gets through */
+        W.probes = p;
+        if (d->cfg.tls_cert[0]) atomic_store(&d->http_beat_ms, wd_now_ms());
+    }
     long long age_ms = wd_now_ms() - atomic_load(&d->http_beat_ms);
     if (age_ms * 1000 < W.usec) {
         wd_notify("WATCHDOG=1");

@@ -177,11 +177,44 @@ static void test_half_conversions(void) {
     CHECK(isnan(ac_bf16_to_f32(ac_f32_to_bf16(NAN))), "nan");
 }
 
+/* 16-bit weights at an odd address (a GGUF tensor's offset need not be
+ * even): converted byte-wise, no misaligned load (make test-asan runs this
+ * under UBSan), values against an independent decoding of the bits. */
+static double ref_half(uint16_t h, int bf16) {
+    if (bf16) {
+        uint32_t u = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    int s = h >> 15, ex = (h >> 10) & 31, m = h & 1023;
+    double v = ex == 0 ? ldexp(m, -24) : ex == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, ex - 25);
+    return s ? -v : v;
+}
+
+static void test_unaligned_half_conversion(void) {
+    unsigned char raw[2 * 37 + 1];
+    for (size_t i = 0; i < sizeof raw; i++) raw[i] = (unsigned char)(i * 37 + 11);
+    raw[1 + 2 * 5 + 1] = 0x7c; /* an F16 infinity among them: the exponent's top bits */
+    raw[1 + 2 * 5] = 0;
+    for (int bf = 0; bf < 2; bf++) {
+        float out[37];
+        ac_err e;
+        CHECK(ac_to_f32(out, raw + 1, bf ? ST_BF16 : ST_F16, 37, &e) == 0, "%s", e.msg);
+        for (int i = 0; i < 37; i++) {
+            uint16_t h = (uint16_t)(raw[1 + 2 * i] | raw[2 + 2 * i] << 8);
+            double r = ref_half(h, bf);
+            CHECK((isnan(r) && isnan(out[i])) || (double)out[i] == r, "%s %d: %g vs %g", bf ? "bf16" : "f16", i, out[i], r);
+        }
+    }
+}
+
 int main(void) {
     RUN(test_valid_header);
     RUN(test_corrupt_headers);
     RUN(test_every_truncation);
     RUN(test_write_roundtrip_and_shards);
     RUN(test_half_conversions);
+    RUN(test_unaligned_half_conversion);
     return DONE();
 }

@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -96,12 +98,107 @@ static int find_root(const char *norm, const char **rel) {
     return -1;
 }
 
-static int sys_openat2(int dirfd, const char *p, int flags, unsigned long long resolve) {
-    struct open_how how;
-    memset(&how, 0, sizeof how);
-    how.flags = (unsigned long long)flags;
-    how.resolve = resolve;
-    return (int)syscall(SYS_openat2, dirfd, p, &how, sizeof how);
+int ac_fsafe_root_of(const char *norm, const char **rel) {
+    int r = find_root(norm, rel);
+    return r < 0 ? -1 : roots[r].fd;
+}
+
+/* Test hook: AC_FSAFE_NO_OPENAT2=1 takes the per-component path as on a
+ * kernel without openat2. */
+static int no_openat2(void) {
+    const char *s = getenv("AC_FSAFE_NO_OPENAT2");
+    return s && s[0] == '1';
+}
+
+/* openat2's fallback: each directory component opened O_NOFOLLOW (when
+ * symlinks are refused) relative to the one before; the last with flags. */
+static int walk_open(int dirfd, const char *rel, int flags, unsigned long long resolve) {
+    int nofollow = (resolve & RESOLVE_NO_SYMLINKS) ? O_NOFOLLOW : 0;
+    if (!strcmp(rel, ".")) return openat(dirfd, ".", flags);
+    char buf[AC_FSAFE_PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", rel);
+    char *p = buf;
+    int cur = dirfd, owned = 0;
+    if (*p == '/') { /* absolute (no roots): start at "/" */
+        if ((cur = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) return -1;
+        owned = 1;
+        while (*p == '/') p++;
+    }
+    for (;;) {
+        char *slash = strchr(p, '/');
+        if (slash) *slash = 0;
+        int last = !slash || !slash[1];
+        int fd = *p ? openat(cur, p, last ? flags | nofollow : O_PATH | O_DIRECTORY | O_CLOEXEC | nofollow)
+                    : openat(cur, ".", flags);
+        int err = errno;
+        struct stat lsb; /* O_NOFOLLOW|O_DIRECTORY on a link says ENOTDIR: say ELOOP, as openat2 does */
+        if (fd < 0 && err == ENOTDIR && nofollow && *p && fstatat(cur, p, &lsb, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISLNK(lsb.st_mode))
+            err = ELOOP;
+        if (owned) close(cur);
+        if (fd < 0) {
+            errno = err;
+            return -1;
+        }
+        /* O_PATH|O_NOFOLLOW opens a symlink itself: refuse it here */
+        struct stat sb;
+        if (nofollow && fstat(fd, &sb) == 0 && S_ISLNK(sb.st_mode)) {
+            close(fd);
+            errno = ELOOP;
+            return -1;
+        }
+        if (last) return fd;
+        cur = fd;
+        owned = 1;
+        p = slash + 1;
+    }
+}
+
+int ac_fsafe_openat(int dirfd, const char *p, int flags, unsigned long long resolve) {
+    if (!no_openat2()) {
+        struct open_how how;
+        memset(&how, 0, sizeof how);
+        how.flags = (unsigned long long)flags;
+        how.resolve = resolve;
+        int fd = (int)syscall(SYS_openat2, dirfd, p, &how, sizeof how);
+        if (fd >= 0 || errno != ENOSYS) return fd;
+    }
+    return walk_open(dirfd, p, flags, resolve);
+}
+#define sys_openat2 ac_fsafe_openat
+
+void ac_fsafe_first_link(int dirfd, const char *rel, const char *shown_prefix, char *out, size_t n) {
+    out[0] = 0;
+    char buf[AC_FSAFE_PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", rel);
+    for (char *p = buf + (buf[0] == '/');; p++) {
+        char c = *p;
+        if (c == '/' || c == 0) {
+            *p = 0;
+            struct stat sb;
+            if (buf[0] && fstatat(dirfd, buf, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(sb.st_mode)) {
+                snprintf(out, n, "%s%s%.300s", shown_prefix, shown_prefix[0] && buf[0] != '/' ? "/" : "", buf);
+                return;
+            }
+            *p = c;
+            if (!c) return;
+        }
+    }
+}
+
+int ac_fsafe_special(const char *norm) {
+    static const char *const tops[] = {"/proc", "/sys", "/dev"};
+    for (size_t i = 0; i < sizeof tops / sizeof *tops; i++) {
+        size_t l = strlen(tops[i]);
+        if (!strncmp(norm, tops[i], l) && (norm[l] == 0 || norm[l] == '/')) return 1;
+    }
+    return 0;
+}
+
+/* An open file on procfs or sysfs (reached through a symlink on the way). */
+static int on_special_fs(int fd) {
+    struct statfs sf;
+    return fstatfs(fd, &sf) == 0 && (sf.f_type == PROC_SUPER_MAGIC || sf.f_type == SYSFS_MAGIC);
 }
 
 /* Resolve and open under the rules. On failure: -1, a message, and errno
@@ -114,17 +211,28 @@ static int open_confined(const char *path, int flags, const char *what, ac_err *
         return -1;
     }
     int fd;
+    const char *rel = NULL;
+    int r = nroots ? find_root(norm, &rel) : -1;
+    if (nroots && r < 0) {
+        ac_errf(e, "%s %.300s is outside the allowed model_roots", what, path);
+        errno = EACCES;
+        return -1;
+    }
+    if (ac_fsafe_special(norm)) {
+        ac_errf(e, "%s %.300s: /proc, /sys and /dev are not read", what, path);
+        errno = EACCES;
+        return -1;
+    }
     if (nroots) {
-        const char *rel;
-        int r = find_root(norm, &rel);
-        if (r < 0) {
-            ac_errf(e, "%s %.300s is outside the allowed model_roots", what, path);
-            errno = EACCES;
-            return -1;
-        }
         fd = sys_openat2(roots[r].fd, rel, flags, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
     } else {
         fd = sys_openat2(AT_FDCWD, norm, flags | O_NOFOLLOW, RESOLVE_NO_MAGICLINKS);
+    }
+    if (fd >= 0 && on_special_fs(fd)) {
+        close(fd);
+        ac_errf(e, "%s %.300s: a link on the way leads into /proc or /sys, which are not read", what, path);
+        errno = EACCES;
+        return -1;
     }
     if (fd >= 0) return fd;
     int err = errno;
@@ -242,6 +350,9 @@ static int is_model_dir(int dirfd) {
 int ac_fsafe_check_outdir(const char *out, const char *model, const char *jobs_dir, ac_err *e) {
     char norm[AC_FSAFE_PATH_MAX], mnorm[AC_FSAFE_PATH_MAX];
     if (ac_fsafe_normalize(out, norm, e)) return -1;
+    const char *orel;
+    if (nroots && find_root(norm, &orel) < 0) return ac_errf(e, "%.300s is outside the allowed model_roots", out);
+    if (ac_fsafe_special(norm)) return ac_errf(e, "must not be under /proc, /sys or /dev");
     if (model && ac_fsafe_normalize(model, mnorm, e) == 0 && !strcmp(norm, mnorm))
         return ac_errf(e, "must not be the model directory");
     if (jobs_dir) {

@@ -11,6 +11,8 @@
  *    is followed, no /proc magic link, nothing escapes;
  *  - without roots (the CLI), the path is opened as named, but never
  *    through a magic link and the last component never through a symlink;
+ *  - never under /proc, /sys or /dev (by name, and by file system after
+ *    opening: procfs and sysfs);
  *  - regular files only, opened O_NONBLOCK and checked with fstat (a FIFO or
  *    a device is refused without blocking), and a size cap per file kind;
  *  - error messages carry the caller's path and a reason, never the file's
@@ -77,5 +79,20 @@ int ac_fsafe_check_model_dir(const char *model, ac_err *e);
  * symbolic links, and not holding a model; a missing one is fine (the
  * export creates it). */
 int ac_fsafe_check_outdir(const char *out, const char *model, const char *jobs_dir, ac_err *e);
+
+/* 1 when the normalized path is /proc, /sys or /dev or below them: never
+ * read nor written, with roots or without (a file reached there through a
+ * symlink on the way is refused after opening, by its file system). */
+int ac_fsafe_special(const char *norm);
+/* For fsafe_write.c: the root holding the normalized path norm (its O_PATH
+ * directory fd, *rel the part below it, "." for the root itself), or -1. */
+int ac_fsafe_root_of(const char *norm, const char **rel);
+/* openat2 with the given resolve flags; where the kernel has no openat2
+ * (ENOSYS), the path is walked one component at a time with O_NOFOLLOW when
+ * resolve has RESOLVE_NO_SYMLINKS (".." never occurs: normalized paths). */
+int ac_fsafe_openat(int dirfd, const char *rel, int flags, unsigned long long resolve);
+/* Name the first symbolic link on rel below dirfd into out ("" if none):
+ * for messages after a refused open. */
+void ac_fsafe_first_link(int dirfd, const char *rel, const char *shown_prefix, char *out, size_t n);
 
 #endif

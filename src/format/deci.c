@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fsafe_write.h"
 #include "safetensors.h"
 
 int ac_deci_loader_ffn(double ffn_mult, int hidden) {
@@ -200,11 +201,7 @@ static const char MODULE_PY[] =
 int ac_deci_write_module(const char *dir, ac_err *e) {
     char path[4096];
     snprintf(path, sizeof path, "%s/configuration_decilm.py", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) return ac_errf(e, "cannot write %s", path);
-    size_t n = fwrite(MODULE_PY, 1, sizeof MODULE_PY - 1, f);
-    if (fclose(f) || n != sizeof MODULE_PY - 1) return ac_errf(e, "cannot write %s", path);
-    return 0;
+    return ac_fsafe_write(path, MODULE_PY, sizeof MODULE_PY - 1, e);
 }
 
 /* search.export_target, with the default (deci) applied. */

@@ -21,6 +21,7 @@
 
 #include "buf.h"
 #include "fsafe.h"
+#include "fsafe_write.h"
 #include "gguf_int.h"
 #include "safetensors.h"
 #include "tensor.h"
@@ -575,8 +576,8 @@ int ac_gguf_write(const ac_model *m, const char *tokenizer_json, const char *pat
     float *freqs = NULL;
     int nt = 0, rc = 0;
     FILE *f = NULL;
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    ac_wfile w = {.dirfd = -1}; /* confined, renamed into place (fsafe_write.h) */
+    const char *tmp = path;
     if (!t) {
         rc = ac_errf(e, "out of memory");
         goto out;
@@ -605,10 +606,11 @@ int ac_gguf_write(const ac_model *m, const char *tokenizer_json, const char *pat
         rc = ac_errf(e, "out of memory");
         goto out;
     }
-    if (!(f = fopen(tmp, "wb"))) {
-        rc = ac_errf(e, "cannot create %s", tmp);
+    if (ac_fsafe_create(path, &w, e)) {
+        rc = -1;
         goto out;
     }
+    f = w.f;
     uint32_t ver = 3;
     uint64_t cnt[2] = {(uint64_t)nt, kv.nkv};
     int ok = fwrite("GGUF", 1, 4, f) == 4 && fwrite(&ver, 4, 1, f) == 1 && fwrite(cnt, 8, 2, f) == 2 &&
@@ -621,12 +623,9 @@ int ac_gguf_write(const ac_model *m, const char *tokenizer_json, const char *pat
         goto out;
     }
     for (int i = 0; i < nt && !rc; i++) rc = write_data(f, &t[i], e);
-    if (fclose(f)) rc = rc ? rc : ac_errf(e, "%s: write error", tmp);
-    f = NULL;
-    if (!rc && rename(tmp, path)) rc = ac_errf(e, "cannot rename %s to %s", tmp, path);
+    if (!rc) rc = ac_fsafe_commit(&w, e);
 out:
-    if (f) fclose(f);
-    if (rc) remove(tmp);
+    ac_fsafe_discard(&w);
     ac_buf_free(&kv.b);
     ac_buf_free(&ti.b);
     free(t);

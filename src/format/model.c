@@ -5,6 +5,7 @@
  */
 #include "model.h"
 #include "fsafe.h"
+#include "fsafe_write.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -23,6 +24,35 @@
 #include "safetensors.h"
 #include "tensor.h"
 
+/* The largest value each config.json count may take, checked before
+ * anything is sized by it (a hostile config must not make the daemon
+ * allocate per layer or per head): well above any released model, and the
+ * same bounds as ac_arch_from_json's. Keys not listed: 1 << 30. */
+static const struct {
+    const char *key;
+    int max;
+} INT_MAX_OF[] = {
+    {"num_hidden_layers", 4096},
+    {"hidden_size", 1 << 20},
+    {"num_attention_heads", 4096},
+    {"num_key_value_heads", 4096},
+    {"head_dim", 4096},
+    {"vocab_size", 1 << 22},
+    {"intermediate_size", 1 << 20},
+    {"n_heads_in_group", 4096},
+    {"max_position_embeddings", 1 << 24},
+    {"original_max_position_embeddings", 1 << 24},
+};
+
+/* The range of each real-valued config.json entry: (lo, hi], finite. */
+static const struct {
+    const char *key;
+    double lo, hi;
+} NUM_RANGE_OF[] = {
+    {"rope_theta", 0, 1e12}, {"rms_norm_eps", 0, 1},           {"factor", 0, 1e4},
+    {"low_freq_factor", 0, 1e4}, {"high_freq_factor", 0, 1e4}, {"ffn_mult", 0, 64},
+};
+
 static int get_int(const json_t *o, const char *k, int def, int *out, ac_err *e) {
     json_t *v = json_object_get(o, k);
     if (!v || json_is_null(v)) {
@@ -30,8 +60,11 @@ static int get_int(const json_t *o, const char *k, int def, int *out, ac_err *e)
         return 0;
     }
     if (!json_is_integer(v)) return ac_errf(e, "config.json: %s must be an integer", k);
-    json_int_t x = json_integer_value(v);
-    if (x < 0 || x > 1 << 30) return ac_errf(e, "config.json: %s=%lld out of range", k, (long long)x);
+    json_int_t x = json_integer_value(v), max = 1 << 30;
+    for (size_t i = 0; i < sizeof INT_MAX_OF / sizeof *INT_MAX_OF; i++)
+        if (!strcmp(k, INT_MAX_OF[i].key)) max = INT_MAX_OF[i].max;
+    if (x < 0 || x > max)
+        return ac_errf(e, "config.json: %s=%lld is out of range (0 to %lld)", k, (long long)x, (long long)max);
     *out = (int)x;
     return 0;
 }
@@ -43,7 +76,13 @@ static int get_num(const json_t *o, const char *k, double def, double *out, ac_e
         return 0;
     }
     if (!json_is_number(v)) return ac_errf(e, "config.json: %s must be a number", k);
-    *out = json_number_value(v);
+    double x = json_number_value(v);
+    for (size_t i = 0; i < sizeof NUM_RANGE_OF / sizeof *NUM_RANGE_OF; i++)
+        if (!strcmp(k, NUM_RANGE_OF[i].key) && !(x > NUM_RANGE_OF[i].lo && x <= NUM_RANGE_OF[i].hi))
+            return ac_errf(e, "config.json: %s=%g must be above %g and at most %g", k, x, NUM_RANGE_OF[i].lo,
+                           NUM_RANGE_OF[i].hi);
+    if (!isfinite(x)) return ac_errf(e, "config.json: %s must be a finite number", k);
+    *out = x;
     return 0;
 }
 
@@ -100,13 +139,14 @@ static int deci_block(const json_t *b, int l, int nh, int hidden, ac_layer_arch 
         L->ffn = 0;
     else {
         json_t *is = json_object_get(ff, "intermediate_size");
-        if (json_is_integer(is))
-            L->ffn = (int)json_integer_value(is);
-        else {
+        if (is && !json_is_null(is)) {
+            if (get_int(ff, "intermediate_size", 0, &L->ffn, e)) return ac_errctx(e, "block_configs[%d]", l);
+        } else {
             double m = 0;
             if (get_num(ff, "ffn_mult", 0, &m, e)) return -1;
-            int w = (int)(2 * m * hidden / 3);
+            int w = (int)(2 * m * hidden / 3); /* m <= 64, hidden <= 2^20: fits */
             L->ffn = (w + 255) / 256 * 256;
+            if (L->ffn > 1 << 20) return ac_errf(e, "config.json: block_configs[%d]: ffn_mult %g too large", l, m);
         }
     }
     return 0;
@@ -806,7 +846,7 @@ static int model_alloc(ac_model *m, const ac_arch *a, int bf16, ac_err *e) {
 
 int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
     const ac_arch *a = &m->a;
-    mkdir(dir, 0755);
+    if (ac_fsafe_mkdirs(dir, e)) return -1;
     int cap = 3, n = 0;
     for (int l = 0; l < a->n_layers; l++) cap += 14 + 3 * a->layers[l].n_experts;
     st_wtensor *t = calloc(cap, sizeof *t);
@@ -899,8 +939,8 @@ int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
                             json_string(dtype == ST_F32   ? "float32"
                                         : dtype == ST_F16 ? "float16"
                                                           : "bfloat16"));
-        if (json_dump_file(c, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER))
-            rc = ac_errf(e, "cannot write %s", path);
+        if (ac_fsafe_write_json(path, c, JSON_INDENT(2) | JSON_PRESERVE_ORDER, e))
+            rc = -1;
         else if (json_object_get(c, "auto_map"))
             rc = ac_deci_write_module(dir, e);
         json_decref(c);

@@ -6,6 +6,7 @@
  */
 #include "safetensors.h"
 #include "fsafe.h"
+#include "fsafe_write.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -312,13 +313,12 @@ int st_write(const char *path, const st_wtensor *t, int n, ac_err *e) {
     json_decref(h);
     if (!hs) return ac_errf(e, "out of memory serialising header");
     size_t hl = strlen(hs), padded = (hl + 7) & ~(size_t)7;
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp) {
+    ac_wfile w; /* a temporary beside path, renamed into place (confined: fsafe_write.h) */
+    if (ac_fsafe_create(path, &w, e)) {
         free(hs);
-        return ac_errf(e, "cannot create %s: %s", tmp, strerror(errno));
+        return -1;
     }
+    FILE *fp = w.f;
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
     int ok = fwrite(len8, 1, 8, fp) == 8 && fwrite(hs, 1, hl, fp) == hl;
@@ -328,13 +328,12 @@ int st_write(const char *path, const st_wtensor *t, int n, ac_err *e) {
         uint64_t nb = wt_bytes(&t[i]);
         ok = nb == 0 || fwrite(t[i].data, 1, nb, fp) == nb;
     }
-    ok = ok && fflush(fp) == 0 && fsync(fileno(fp)) == 0;
-    ok = (fclose(fp) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return ac_errf(e, "cannot write %s: %s", path, strerror(errno));
+    if (!ok) {
+        int err = errno;
+        ac_fsafe_discard(&w);
+        return ac_errf(e, "cannot write %s: %s", path, strerror(err));
     }
-    return 0;
+    return ac_fsafe_commit(&w, e);
 }
 
 int st_write_sharded(const char *dir, const st_wtensor *t, int n, uint64_t max_shard_bytes, ac_err *e) {
@@ -375,7 +374,7 @@ int st_write_sharded(const char *dir, const st_wtensor *t, int n, uint64_t max_s
     }
     json_t *idx = json_pack("{s:{s:I},s:o}", "metadata", "total_size", (json_int_t)total, "weight_map", wm);
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    int rc = json_dump_file(idx, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    int rc = ac_fsafe_write_json(path, idx, JSON_INDENT(2) | JSON_PRESERVE_ORDER, e);
     json_decref(idx);
-    return rc ? ac_errf(e, "cannot write %s", path) : 0;
+    return rc;
 }

@@ -7,6 +7,7 @@
  */
 #include "job.h"
 #include "fsafe.h"
+#include "fsafe_write.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -444,28 +445,14 @@ static int copy_file(const char *from, const char *to, ac_err *e) {
     size_t len;
     char *d = ac_fsafe_read(from, AC_FK_TOKENIZER, &len, e); /* the model dir's file, confined */
     if (!d) return -1;
-    FILE *f = fopen(to, "wb");
-    int ok = f && fwrite(d, 1, len, f) == len;
-    if (f) ok = (fclose(f) == 0) && ok;
+    int rc = ac_fsafe_write(to, d, len, e); /* confined like every export file (fsafe_write.h) */
     free(d);
-    return ok ? 0 : ac_errf(e, "cannot write %s: %s", to, strerror(errno));
-}
-
-static int mkdirs(const char *path) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            mkdir(tmp, 0755);
-            *p = '/';
-        }
-    return mkdir(tmp, 0755) == 0 || errno == EEXIST ? 0 : -1;
+    return rc;
 }
 
 static int stage_export(job_state *s, ac_err *e) {
     const ac_job_spec *sp = s->spec;
-    if (mkdirs(sp->output)) return ac_errf(e, "cannot create %s: %s", sp->output, strerror(errno));
+    if (ac_fsafe_mkdirs(sp->output, e)) return -1;
     if (ac_model_save(s->result, sp->output, ST_BF16, e) ||
         ac_gguf_export_job(&sp->search, s->result, sp->model, sp->output, e))
         return -1;
@@ -513,9 +500,9 @@ static int write_report(job_state *s, json_t **result, ac_err *e) {
     if (!report) return ac_errf(e, "stage export: out of memory");
     char dst[4200];
     snprintf(dst, sizeof dst, "%s/report.json", s->spec->output);
-    if (json_dump_file(report, dst, JSON_INDENT(2))) {
+    if (ac_fsafe_write_json(dst, report, JSON_INDENT(2), e)) {
         json_decref(report);
-        return ac_errf(e, "stage export: cannot write %s", dst);
+        return ac_errctx(e, "stage export");
     }
     *result = report;
     return 0;

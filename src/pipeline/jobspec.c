@@ -357,6 +357,12 @@ ac_spec_verdict ac_job_spec_check(const json_t *j, ac_job_spec *s, const ac_job_
     }
     if (opts->rules && opts->rules(opts->ud, s)) return AC_SPEC_REFUSED;
     if (ac_job_check_paths(s, opts->jobs_dir, fieldp, e)) return AC_SPEC_BAD_PATH;
+    /* the model's config (or GGUF header), bounded before anything is sized
+     * by it: a hostile one is refused here, not in the worker */
+    ac_arch arch;
+    *fieldp = "model";
+    if (s->model[0] && ac_arch_load(s->model, &arch, e)) return AC_SPEC_INVALID;
+    if (s->model[0]) ac_arch_free(&arch);
     *fieldp = NULL;
     if (ac_model_check_compressible(s->model, fieldp, e) ||
         ac_deci_validate_model(s->search.target == AC_EXPORT_DECI, s->method == AC_METHOD_MINITRON, s->model, fieldp,
