@@ -15,6 +15,7 @@
 #include "check.h"
 #include "costmodel.h"
 #include "engines.h"
+#include "jobcheck.h"
 #include "jobspec.h"
 #include "serve.h"
 
@@ -496,6 +497,33 @@ static void test_engine_names_in_the_spec(void) {
     json_decref(j);
 }
 
+static void test_tp_divisibility(void) {
+    /* the base model must split tp ways; the FFN grid follows tp */
+    ac_layer_arch ly[2] = {{.n_heads = 32, .n_kv_heads = 8, .ffn = 14336},
+                           {.n_heads = 32, .n_kv_heads = 2, .ffn = 14336}};
+    ac_arch a = {.n_layers = 2, .hidden = 4096, .head_dim = 128, .vocab = 1000, .layers = ly};
+    const char *field = NULL;
+    ac_err e;
+    CHECK(ac_job_check_tp(4, &a, &field, &e) == 0, "tp 4: %s", e.msg); /* KV 2 divides 4: replicated */
+    CHECK(ac_job_check_tp(8, &a, &field, &e) == 0, "tp 8: %s", e.msg);
+    CHECK(ac_job_check_tp(3, &a, &field, &e) != 0 && !strcmp(field, "target.tp") && strstr(e.msg, "query heads"),
+          "tp 3: %s", e.msg);
+    ly[1].n_kv_heads = 6, ly[1].n_heads = 48;
+    CHECK(ac_job_check_tp(4, &a, &field, &e) != 0 && strstr(e.msg, "layer 1") && strstr(e.msg, "KV heads"),
+          "KV 6 on tp 4: %s", e.msg);
+    ly[1] = (ac_layer_arch){.n_heads = 32, .n_kv_heads = 8, .ffn = 14337};
+    CHECK(ac_job_check_tp(2, &a, &field, &e) != 0 && strstr(e.msg, "FFN"), "FFN 14337 on tp 2: %s", e.msg);
+    static ac_job_spec s;
+    json_t *j =
+        json_pack("{s:s,s:s,s:{s:s,s:i},s:{s:f},s:{s:s}}", "model", "/m", "calibration", "/c", "target", "device",
+                  "H100", "tp", 3, "constraints", "max_params", 1e9, "search", "export_target", "gguf");
+    CHECK(ac_job_spec_parse(j, &s, &field, &e) == 0 && s.search.ffn_multiple == 96, "gguf, tp 3: multiple %d (%s)",
+          s.search.ffn_multiple, e.msg);
+    json_object_set_new(json_object_get(j, "search"), "ffn_multiple", json_integer(64));
+    CHECK(ac_job_spec_parse(j, &s, &field, &e) != 0 && !strcmp(field, "search.ffn_multiple"), "64 on tp 3: %s", field);
+    json_decref(j);
+}
+
 int main(void) {
     RUN(test_offline_batch_closed_form);
     RUN(test_chunked_prefill_closed_form);
@@ -510,6 +538,7 @@ int main(void) {
     RUN(test_tensor_parallel);
     RUN(test_fp8_peaks);
     RUN(test_engine_names_in_the_spec);
+    RUN(test_tp_divisibility);
     printf("RESULT %d %d %d\n", ck_pass, ck_fail, ck_skip);
     return ck_fail ? 1 : 0;
 }

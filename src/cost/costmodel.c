@@ -457,6 +457,20 @@ json_t *ac_cost_to_json(const ac_cost *c) {
     return o;
 }
 
+json_t *ac_workload_to_json(const ac_workload *w) {
+    json_t *o = json_pack("{s:i,s:i,s:i}", "batch", w->batch, "prompt_len", w->prompt_len, "gen_len", w->gen_len);
+    if (o && ac_workload_served(w)) {
+        json_object_set_new(o, "served", json_true());
+        if (w->offline) json_object_set_new(o, "offline", json_true());
+        if (w->arrival_rate > 0) json_object_set_new(o, "arrival_rate", json_real(w->arrival_rate));
+        if (w->concurrency > 0) json_object_set_new(o, "concurrency", json_integer(w->concurrency));
+        json_object_set_new(o, "requests", json_integer(w->requests > 0 ? w->requests : AC_SERVE_REQUESTS));
+        json_object_set_new(o, "length_spread", json_real(w->length_spread));
+        json_object_set_new(o, "seed", json_integer(w->seed));
+    }
+    return o;
+}
+
 void ac_engine_profile_cpu(ac_engine_profile *p, const char *dtype) {
     ac_engine_profile_default(p, 1);
     if (dtype && !strcmp(dtype, "bf16")) p->w_bytes = 2;

@@ -242,6 +242,8 @@ double ac_cost_metric(const ac_cost *c, ac_metric m);
 void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
                   ac_metric m, double *g_heads, double *g_kv, double *g_ffn, double *g_hidden);
 json_t *ac_cost_to_json(const ac_cost *c);
+/* {batch, prompt_len, gen_len} and, for a served workload, its serving fields. */
+json_t *ac_workload_to_json(const ac_workload *w);
 
 /* The cost table for a target (costsource.c): the local CPU's or GPU's from
  * the cache, else measured (allow_measure; progress may be NULL); a spec

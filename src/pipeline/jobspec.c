@@ -377,8 +377,18 @@ int ac_job_spec_parse(const json_t *j, ac_job_spec *s, const char **fieldp, ac_e
     if (parse_obj(j, SPEC, (char *)s, "", fieldp, e)) return -1;
     if (target_finish(&s->target, "target.", fieldp, e)) return -1;
     if (!s->heldout[0]) memcpy(s->heldout, s->calibration, sizeof s->heldout);
-    int deci = s->search.target == AC_EXPORT_DECI;
-    if (!s->search.ffn_multiple) s->search.ffn_multiple = deci ? AC_DECI_GRID : 32;
+    int deci = s->search.target == AC_EXPORT_DECI, tp = s->target.tp;
+    if (!s->search.ffn_multiple) { /* a multiple of tp too: each GPU gets an equal FFN share */
+        int m = deci ? AC_DECI_GRID : 32, g = m, b = tp;
+        while (b) { /* g = gcd(m, tp) */
+            int r = g % b;
+            g = b, b = r;
+        }
+        s->search.ffn_multiple = m / g * tp; /* lcm */
+    } else if (tp > 1 && s->search.ffn_multiple % tp) {
+        *fieldp = "search.ffn_multiple";
+        return ac_errf(e, "search.ffn_multiple=%d must be a multiple of target.tp=%d", s->search.ffn_multiple, tp);
+    }
     return ac_deci_validate_spec(deci, s->search.ffn_multiple, fieldp, e) ||
                    ac_gguf_check_spec(&s->search, NULL, fieldp, e)
                ? -1
@@ -402,7 +412,8 @@ ac_spec_verdict ac_job_spec_check(const json_t *j, ac_job_spec *s, const ac_job_
     *fieldp = NULL;
     if (ac_deci_validate_model(s->search.target == AC_EXPORT_DECI, s->method == AC_METHOD_MINITRON, s->model, fieldp,
                                e) ||
-        ac_gguf_check_spec(&s->search, s->model, fieldp, e))
+        ac_gguf_check_spec(&s->search, s->model, fieldp, e) ||
+        ac_job_check_tp_model(s->target.tp, s->model, fieldp, e))
         return AC_SPEC_INVALID;
     *fieldp = NULL;
     return AC_SPEC_OK;
