@@ -73,6 +73,19 @@ for name, shape, dev, tp, figs in OVERVIEW:
         PUBLISHED.append((f"{name} offline {isl}/{osl}", shape, dev, tp, "fp8",
                           {"offline": True, "requests": OVERVIEW_REQUESTS[(isl, osl)], "prompt_len": isl,
                            "gen_len": osl}, {"cuda_graph_max_bs": 8192}, "tokens_per_s", pub, TRT_OVERVIEW))
+# VLLM_4090: Mistral-7B-Instruct-v0.3 (BF16) on one RTX 4090 with vLLM's OpenAI
+# server (version not stated), 256 prompt / 128 output tokens, 300 prompts at an
+# infinite rate under a max concurrency of 4-48 (a third-party blog post,
+# mushfiqrahman.dev/?p=1668, "Full Concurrency Sweep"): output tokens/s and P99
+# TTFT. Its mean and median TTFT are not compared (docs/costmodel.md).
+MISTRAL_7B = (4096, 32, 32, 8, 14336, 32768)
+VLLM_4090 = "mushfiqrahman.dev/?p=1668 (vLLM, RTX 4090)"
+for conc, tok, p99 in [(4, 210, 157), (8, 377, 268), (16, 644, 503), (32, 975, 938), (48, 1190, 1483)]:
+    wl = {"concurrency": conc, "requests": 300, "prompt_len": 256, "gen_len": 128}
+    PUBLISHED.append((f"Mistral-7B concurrency {conc}, 256/128", MISTRAL_7B, "RTX4090", 1, "bf16", wl,
+                      {"name": "vllm"}, "tokens_per_s", tok, VLLM_4090))
+    PUBLISHED.append((f"Mistral-7B concurrency {conc}, 256/128, P99 TTFT", MISTRAL_7B, "RTX4090", 1, "bf16", wl,
+                      {"name": "vllm"}, "p99_ttft_ms", p99, VLLM_4090))
 EAGER = {"cuda_graph_max_bs": 0}
 PUBLISHED += [
     ("Llama-2-7B batch 768, 128/128", LLAMA2_7B, "H100", 1, "fp8", {"batch": 768, "prompt_len": 128, "gen_len": 128},
@@ -117,19 +130,21 @@ def rows():
 
 
 def table():
-    lines = ["| figure | GPU, TP, dtype | workload | published | estimate | error | source |",
+    lines = ["| figure | GPU, TP, dtype | workload | published | estimate | error | source, engine |",
              "|---|---|---|---|---|---|---|"]
     got = rows()
     for row, fig, pred, err in got:
-        label, _, device, tp, dtype, workload, _, metric, pub, src = row
-        if metric == "ttft_ms":
-            pub_s, pred_s = f"TTFT {pub} ms", f"{pred:.1f} ms"
+        label, _, device, tp, dtype, workload, engine, metric, pub, src = row
+        if metric in ("ttft_ms", "p99_ttft_ms"):
+            pub_s, pred_s = f"{'P99 ' if metric != 'ttft_ms' else ''}TTFT {pub} ms", f"{pred:.1f} ms"
         else:
             pub_s, pred_s = f"{pub:,} tok/s", f"{pred:,.0f} tok/s"
         wl = (f"offline, {workload['requests']} requests" if workload.get("offline")
-              else f"batch {workload['batch']}")
+              else f"concurrency {workload['concurrency']}, {workload['requests']} requests"
+              if workload.get("concurrency") else f"batch {workload['batch']}")
+        ref = {TRT_OVERVIEW: "[1]", TRT_PERF_061: "[2]", VLLM_4090: "[3]"}[src]
         lines.append(f"| {label} | {device} TP{tp} {dtype.upper()} | {wl} | {pub_s} | {pred_s} | {100 * err:+.0f}% "
-                     f"| {'[1]' if src == TRT_OVERVIEW else '[2]'} |")
+                     f"| {ref} {engine.get('name', 'trtllm')} |")
     errs = [abs(g[3]) for g in got]
     lines.append("")
     lines.append(f"{len(errs)} rows: median |error| {100 * statistics.median(errs):.1f}%, "
