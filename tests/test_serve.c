@@ -524,6 +524,39 @@ static void test_tp_divisibility(void) {
     json_decref(j);
 }
 
+static void test_served_gradient(void) {
+    /* the served figures' gradient (the static model's at the simulation's
+     * mean batch, scaled to the simulated value) against a central
+     * difference of the simulation itself over a uniform 10 % FFN change */
+    double buf[96], g[96];
+    ac_carch c;
+    arch8b(&c, buf, 32);
+    ac_cost_table t;
+    ac_err e;
+    CHECK(ac_cost_roofline(ac_device_spec_find("H100"), "bf16", &t, &e) == 0, "%s", e.msg);
+    ac_engine_profile p;
+    ac_engine_profile_named(ac_engine_find("vllm"), 0, &p);
+    ac_workload w = {.prompt_len = 1024, .gen_len = 128, .arrival_rate = 8, .requests = 256};
+    ac_metric ms[] = {AC_M_TOKENS_PER_S, AC_M_TPOT, AC_M_P99_TTFT, AC_M_P99_E2E, AC_M_TOKENS_PER_S};
+    const char *names[] = {"tokens/s", "TPOT", "p99 TTFT", "p99 E2E", "offline tokens/s"};
+    for (int i = 0; i < 5; i++) {
+        if (i == 4) w = (ac_workload){.prompt_len = 1024, .gen_len = 128, .offline = 1, .requests = 1024};
+        ac_cost_grad(&t, &c, &w, &p, ms[i], g, g + 32, g + 64, NULL);
+        double d = 0.1 * 14336, pred = 0, a, b;
+        ac_cost k;
+        for (int l = 0; l < 32; l++) pred += g[64 + l] * d;
+        for (int l = 0; l < 32; l++) buf[64 + l] = 14336 + d;
+        ac_cost_predict(&t, &c, &w, &p, 1, &k), a = ac_cost_metric(&k, ms[i]);
+        for (int l = 0; l < 32; l++) buf[64 + l] = 14336 - d;
+        ac_cost_predict(&t, &c, &w, &p, 1, &k), b = ac_cost_metric(&k, ms[i]);
+        for (int l = 0; l < 32; l++) buf[64 + l] = 14336;
+        double fd = (a - b) / 2;
+        printf("   %s: gradient x 10 %% of the FFN %.4g, simulated central difference %.4g\n", names[i], pred, fd);
+        CHECK(fd != 0 && pred / fd > 0.6 && pred / fd < 1.5, "%s: %g vs %g", names[i], pred, fd);
+    }
+    ac_cost_table_free(&t);
+}
+
 int main(void) {
     RUN(test_offline_batch_closed_form);
     RUN(test_chunked_prefill_closed_form);
@@ -539,6 +572,7 @@ int main(void) {
     RUN(test_fp8_peaks);
     RUN(test_engine_names_in_the_spec);
     RUN(test_tp_divisibility);
+    RUN(test_served_gradient);
     printf("RESULT %d %d %d\n", ck_pass, ck_fail, ck_skip);
     return ck_fail ? 1 : 0;
 }

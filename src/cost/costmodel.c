@@ -296,7 +296,7 @@ double ac_cost_served_step_us(const ac_cost_table *t, const ac_carch *c, const a
 
 /* Run the engine simulation of a served workload into o. */
 static void predict_served(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
-                           const ac_engine_rt *rt, double fw, ac_cost *o) {
+                           const ac_engine_rt *rt, double fw, ac_cost *o, double *mean_batch) {
     ac_serve_req *r = NULL;
     int n = 0;
     ac_err e;
@@ -316,6 +316,7 @@ static void predict_served(const ac_cost_table *t, const ac_carch *c, const ac_w
         return;
     }
     free(r);
+    if (mean_batch) *mean_batch = st.mean_batch;
     o->ttft_ms = st.mean_ttft_ms, o->tpot_ms = st.mean_tpot_ms, o->e2e_ms = st.mean_e2e_ms;
     o->p50_ttft_ms = st.p50_ttft_ms, o->p99_ttft_ms = st.p99_ttft_ms;
     o->p50_tpot_ms = st.p50_tpot_ms, o->p99_tpot_ms = st.p99_tpot_ms;
@@ -325,8 +326,17 @@ static void predict_served(const ac_cost_table *t, const ac_carch *c, const ac_w
     o->preempted = st.preemptions;
 }
 
+static void predict_all(const ac_cost_table *t, const ac_carch *c0, const ac_workload *w, const ac_engine_profile *p,
+                        int smooth, ac_cost *o, double *mean_batch);
+
 void ac_cost_predict(const ac_cost_table *t, const ac_carch *c0, const ac_workload *w, const ac_engine_profile *p,
                      int smooth, ac_cost *o) {
+    predict_all(t, c0, w, p, smooth, o, NULL);
+}
+
+/* ac_cost_predict, and a served workload's mean batch (mean_batch may be NULL). */
+static void predict_all(const ac_cost_table *t, const ac_carch *c0, const ac_workload *w, const ac_engine_profile *p,
+                        int smooth, ac_cost *o, double *mean_batch) {
     memset(o, 0, sizeof *o);
     ac_engine_rt rt;
     ac_engine_resolve(p, t->mem_gib, t->device, w, &rt);
@@ -378,7 +388,7 @@ void ac_cost_predict(const ac_cost_table *t, const ac_carch *c0, const ac_worklo
     long per_req = (long)ceil((P + G) / rt.block_size);
     o->kv_concurrency = per_req > 0 ? (int)fmin(o->kv_blocks / per_req, 1e9) : 0;
     if (ac_workload_served(w)) {
-        predict_served(t, c, w, p, &rt, fw, o);
+        predict_served(t, c, w, p, &rt, fw, o, mean_batch);
     } else {
         o->ttft_ms = step_us(t, c, p, &rt, B, P, 0, fw) / 1e3;
         /* Decode steps at context P..P+G-1: the cost is close to linear in the
@@ -410,8 +420,50 @@ double ac_cost_metric(const ac_cost *c, ac_metric m) {
     }
 }
 
+static void grad_fd(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
+                    ac_metric m, double *gh, double *gkv, double *gf, double *ghid);
+
+/* A served workload's figures come from a simulation whose schedule moves
+ * in steps as widths change, and one simulation costs what thousands of
+ * static predictions do: its gradient is the static model's at the
+ * simulation's mean batch (the sequences a step carries, weighted by
+ * time), scaled by the ratio of the simulated figure to that static one.
+ * Exact in value at the point, first-order in direction. */
 void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
                   ac_metric m, double *gh, double *gkv, double *gf, double *ghid) {
+    if (!ac_workload_served(w) || m == AC_M_MEM || m == AC_M_PARAMS) {
+        grad_fd(t, c, w, p, m, gh, gkv, gf, ghid);
+        return;
+    }
+    ac_cost served, base;
+    double mean_batch = 0;
+    predict_all(t, c, w, p, 1, &served, &mean_batch);
+    ac_workload sw = {
+        .batch = mean_batch >= 1 ? (int)lround(mean_batch) : 1, .prompt_len = w->prompt_len, .gen_len = w->gen_len};
+    ac_cost_predict(t, c, &sw, p, 1, &base);
+    /* Under Poisson arrivals the output rate is N G / (last finish - first
+     * send), the last finish the last arrival plus its latency: it moves
+     * with the latency, -rate / duration per millisecond of E2E, not with
+     * the engine's capacity (an unsaturated server serves what arrives). */
+    ac_metric gm = m;
+    double scale = 1;
+    if (m == AC_M_TOKENS_PER_S && w->arrival_rate > 0 && !w->offline && served.requests_per_s > 0) {
+        int n = w->requests > 0 ? w->requests : AC_SERVE_REQUESTS;
+        double duration_ms = n / served.requests_per_s * 1e3;
+        gm = AC_M_P99_E2E; /* a static batch's E2E */
+        scale = -served.tokens_per_s / duration_ms;
+    }
+    double v = gm == AC_M_P99_E2E && gm != m ? served.e2e_ms : ac_cost_metric(&served, gm),
+           b = ac_cost_metric(&base, gm), r = b != 0 && v < 1e11 ? scale * v / b : 0;
+    grad_fd(t, c, &sw, p, gm, gh, gkv, gf, ghid);
+    double *outs[3] = {gh, gkv, gf};
+    for (int k = 0; k < 3; k++)
+        for (int l = 0; outs[k] && l < c->n_layers; l++) outs[k][l] *= r;
+    if (ghid) *ghid *= r;
+}
+
+static void grad_fd(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
+                    ac_metric m, double *gh, double *gkv, double *gf, double *ghid) {
     ac_cost a, b;
     ac_carch x = *c;
     double *vars[3] = {c->heads, c->kv, c->ffn}, *outs[3] = {gh, gkv, gf};

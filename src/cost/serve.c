@@ -102,7 +102,7 @@ int ac_serve_run(const ac_serve_req *req, int n, const ac_serve_policy *pol, ac_
     }
     int nrun = 0, nwait = 0, next = 0, done = 0, inflight = 0;
     long free_blocks = pol->kv_blocks;
-    double t = 0;
+    double t = 0, busy = 0;
     for (;;) {
         /* sends: arrivals up to now, while a concurrency slot is free */
         while (next < n && req[next].arrival <= t) {
@@ -262,7 +262,10 @@ int ac_serve_run(const ac_serve_req *req, int n, const ac_serve_policy *pol, ac_
             s.tokens += r->sched;
         }
         if (nrun > st->peak_running) st->peak_running = nrun;
-        t += cost(ud, &s) * 1e-6;
+        double dt = cost(ud, &s) * 1e-6;
+        t += dt;
+        busy += dt;
+        st->mean_batch += dt * (s.n_decode + s.n_chunks);
         st->steps++;
         /* ---- advance */
         for (int i = 0; i < nrun; i++) {
@@ -301,6 +304,7 @@ int ac_serve_run(const ac_serve_req *req, int n, const ac_serve_policy *pol, ac_
         if (done >= n) break;
     }
     /* ---- metrics */
+    if (busy > 0) st->mean_batch /= busy;
     double first = HUGE_VAL, last = 0, toks = 0;
     int k = 0;
     for (int i = 0; i < n; i++) {

@@ -78,6 +78,7 @@ typedef struct {
     double p50_e2e_ms, p99_e2e_ms, mean_e2e_ms;
     double tokens_per_s, requests_per_s, duration_s;
     int completed, dropped, preemptions, steps, peak_running;
+    double mean_batch; /* sequences in a step (decoding or prefilling), weighted by the step's time */
 } ac_serve_stats;
 
 /* The requests of a served workload (ac_workload_served): w->requests (or
