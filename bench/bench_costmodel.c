@@ -202,7 +202,7 @@ int main(int argc, char **argv) {
         ac_engine_profile p;
         ac_engine_profile_cpu(&p, t.dtype);
         for (size_t w = 0; w < sizeof work / sizeof *work; w++) {
-            ac_workload wl = {work[w][0], work[w][1], work[w][2]};
+            ac_workload wl = {.batch = work[w][0], .prompt_len = work[w][1], .gen_len = work[w][2]};
             double mt, mp;
             measure(&m, wl.batch, wl.prompt_len, wl.gen_len, &mt, &mp);
             ac_cost k;

@@ -149,7 +149,7 @@ int main(int argc, char **argv) {
             ac_engine_profile p;
             ac_engine_profile_default(&p, 0);
             p.overhead_ms = 0;
-            ac_workload wl = {B, P, G};
+            ac_workload wl = {.batch = B, .prompt_len = P, .gen_len = G};
             ac_cost k;
             ac_cost_predict(&t, &ca, &wl, &p, 0, &k);
             errs[ne++] = fabs(k.ttft_ms / ttft - 1);

@@ -98,7 +98,7 @@ static void test_tpot_context_slope(void) {
     ac_cost k0[2], k1[2];
     int P[] = {64, 512};
     for (int i = 0; i < 2; i++) {
-        ac_workload w = {1, P[i], 9};
+        ac_workload w = {.batch = 1, .prompt_len = P[i], .gen_len = 9};
         t.dec_kv = 1;
         t.dec_kv_us_mib[0] = t.dec_kv_us_mib[1] = 0;
         ac_cost_predict(&t, &c, &w, &p, 0, &k0[i]);

@@ -58,7 +58,7 @@ static void test_gradients_match_finite_differences(void) {
     a.layers[2] = (ac_layer_arch){4, 2, 700, 0, 0};
     ac_carch c;
     ac_carch_from_arch(&a, &c, &e);
-    ac_workload w = {4, 300, 50};
+    ac_workload w = {.batch = 4, .prompt_len = 300, .gen_len = 50};
     for (int ti = 0; ti < 2; ti++) {
         ac_engine_profile p;
         ac_engine_profile_default(&p, ti == 1);
@@ -112,7 +112,7 @@ static void test_decode_bands(void) {
     CHECK(ac_carch_from_arch(&a, &c, &e) == 0, "carch");
     ac_engine_profile p;
     ac_engine_profile_default(&p, 1);
-    ac_workload w = {1, 16, 2};
+    ac_workload w = {.batch = 1, .prompt_len = 16, .gen_len = 2};
     /* independent byte count: lm head + per layer q,k,v,o and gate,up,down, fp32; KV fp32 at context S */
     double wb = (256.0 * 64 + 2 * (2 * 64 * (4 + 2) * 16 + 3 * 64 * 128)) * 4;
 #define BYTES(S) (wb + 2 * 2 * 2 * 16 * (S)*4.0)
@@ -145,7 +145,7 @@ static void test_decode_bands(void) {
     t.dec_ws[1] = 2e3;
     t.dec_b4 = 1;
     t.dec_us_mib4[0] = t.dec_us_mib4[1] = 90;
-    ac_workload w4 = {4, 16, 2}, w2 = {2, 16, 2};
+    ac_workload w4 = {.batch = 4, .prompt_len = 16, .gen_len = 2}, w2 = {.batch = 2, .prompt_len = 16, .gen_len = 2};
     ac_cost warm4, b4, warm2, b2;
     t.ndec = 0;
     t.cache_bytes = 1e30;
@@ -205,7 +205,7 @@ static void test_memory_accounting(void) {
     ac_engine_profile p;
     ac_engine_profile_default(&p, 0);
     p.block_size = 16;
-    ac_workload w = {10, 1000, 24}; /* 1024 tokens a sequence, a multiple of 16 */
+    ac_workload w = {.batch = 10, .prompt_len = 1000, .gen_len = 24}; /* 1024 tokens a sequence, a multiple of 16 */
     ac_cost k;
     ac_cost_predict(&t, &c, &w, &p, 0, &k);
     CHECK(fabs(k.kv_gib - 10 * 1024 * 131072.0 / 1073741824.0) < 1e-9, "kv %g", k.kv_gib);
@@ -311,7 +311,7 @@ static void h100_case_init(h100_case *k, int ffn) {
     k->a = mk_arch(8, 1024, 64, 16, 8, ffn, 32000);
     fake_importance(&k->imp, &k->a);
     ac_engine_profile_default(&k->p, 0);
-    k->w = (ac_workload){64, 1024, 128};
+    k->w = (ac_workload){.batch = 64, .prompt_len = 1024, .gen_len = 128};
     ac_carch_from_arch(&k->a, &c, &e);
     ac_cost_predict(&k->t, &c, &k->w, &k->p, 0, &k->base);
     ac_carch_free(&c);
@@ -720,7 +720,7 @@ static void test_b4_band_per_layer(void) {
     CHECK(ac_carch_from_arch(&a, &c, &e) == 0, "carch");
     ac_engine_profile p;
     ac_engine_profile_default(&p, 1);
-    ac_workload w4 = {4, 16, 2};
+    ac_workload w4 = {.batch = 4, .prompt_len = 16, .gen_len = 2};
     ac_cost warm4, b4;
     t.cache_bytes = 1e30;
     ac_cost_predict(&t, &c, &w4, &p, 0, &warm4);

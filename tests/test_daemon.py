@@ -61,6 +61,10 @@ def test_bad_inputs():
         (dict(body=spec(model=DATA)), 400, "invalid_path", "model"),
         (dict(body=spec(target={"device": "TPUv9"})), 400, "invalid_spec", "target.device"),
         (dict(body=spec(target={"device": "cuda:0"})), 400, "no_device", "target.device"),
+        # serving engines (issue 32): a known name; tensor parallelism must split the model's heads
+        (dict(body=spec(target={"device": "H100", "engine": {"name": "tgi"}})), 400, "invalid_spec",
+         "target.engine.name"),
+        (dict(body=spec(target={"device": "H100", "tp": 3})), 400, "invalid_spec", "target.tp"),
         # GGUF: search.gguf only next to the uniform llama target; a sliding window llama.cpp cannot express
         (dict(body=spec(search={"export_target": "deci", "gguf": True})), 400, "invalid_spec", "search.gguf"),
         (dict(body=spec(model=MISTRAL, search={"export_target": "gguf"})), 400, "invalid_spec", "model"),
@@ -69,6 +73,8 @@ def test_bad_inputs():
         st, r = D.req("POST", "/v1/jobs", **kw)
         assert st == status, (kw, st, r)
         assert r["error"]["code"] == code and r["error"]["field"] == field and r["error"]["message"], (kw, r)
+    st, r = D.req("POST", "/v1/jobs", body=spec(target={"device": "H100", "engine": {"name": "tgi"}}))
+    assert "vllm, trtllm, sglang, llamacpp" in r["error"]["message"], r
     st, r = D.req("POST", "/v1/jobs", raw=b"{" + b" " * 200000 + b"}")
     assert st == 413 and r["error"]["code"] == "payload_too_large", (st, r)
     assert D.req("GET", "/v1/jobs/999999")[0] == 404

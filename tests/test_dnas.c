@@ -435,7 +435,7 @@ static void test_merge_sample_is_a_categorical_sample(void) {
 static void problem(ac_search_problem *p, ac_cost_table *t, ac_workload *w, ac_engine_profile *pr, ac_search_opts so) {
     ac_err e;
     ac_cost_roofline(ac_device_spec_find("H100"), "bf16", t, &e);
-    *w = (ac_workload){8, 256, 64};
+    *w = (ac_workload){.batch = 8, .prompt_len = 256, .gen_len = 64};
     ac_engine_profile_default(pr, 0);
     *p = (ac_search_problem){.table = t, .workload = w, .profile = pr, .imp = &IMP, .base = &M.a, .opts = so};
 }
@@ -457,7 +457,8 @@ static void test_constraint_gradient_matches_finite_differences(void) {
             g.la[i] = -2 + 5.0 * (s >> 11) / 9007199254740992.0;
         }
         double *an = malloc(sizeof(double) * g.np), *fd = malloc(sizeof(double) * g.np), h = 1e-4;
-        const char *names[] = {"ttft", "tpot", "tok/s", "memory", "params"};
+        const char *names[] = {"ttft", "tpot", "tok/s", "memory", "params", "p99 ttft", "p99 tpot", "p99 e2e"};
+        _Static_assert(sizeof names / sizeof *names == AC_M_COUNT, "a name per metric");
         for (int m = 0; m < AC_M_COUNT; m++) {
             double v = ac_dnas_expected_metric(&g, &p, (ac_metric)m, an), num = 0, den = 0;
             for (int i = 0; i < g.np; i++) {
@@ -499,7 +500,7 @@ static void test_depth_only_limit_is_met_by_removing_sub_blocks(void) {
     ac_engine_profile pr;
     ac_search_problem p;
     problem(&p, &t, &w, &pr, opts(AC_EXPORT_DECI, 0));
-    w = (ac_workload){1, 64, 16};
+    w = (ac_workload){.batch = 1, .prompt_len = 64, .gen_len = 16};
     /* per-kernel launch overheads dominate a tiny model on an H100: the
      * narrowest architecture that keeps every sub-block is still too slow */
     ac_arch narrow, one;

@@ -730,7 +730,7 @@ static void test_search_keeps_to_llama_cpp(void) {
     skewed_importance(&imp, &a);
     ac_engine_profile p;
     ac_engine_profile_default(&p, 0);
-    ac_workload w = {64, 1024, 128};
+    ac_workload w = {.batch = 64, .prompt_len = 1024, .gen_len = 128};
     int bad = 0, runs = 0, removed = 0;
     for (int tgt = 0; tgt < 2; tgt++)
         for (int k = 0; k < 3; k++) {

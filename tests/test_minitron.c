@@ -334,7 +334,7 @@ static void test_search_grid_limits(void) {
     imp.layer_bi = bi;
     ac_engine_profile p;
     ac_engine_profile_default(&p, 0);
-    ac_workload w = {64, 1024, 128};
+    ac_workload w = {.batch = 64, .prompt_len = 1024, .gen_len = 128};
     ac_cost base;
     predict(&t, &w, &p, &a, &base);
     for (int kind = 0; kind < 3; kind++) {
@@ -452,7 +452,7 @@ static void scored_search(int L, int cover[3]) {
     ac_cost_roofline(ac_device_spec_find("L4"), "bf16", &t, &e);
     ac_engine_profile p;
     ac_engine_profile_default(&p, 0);
-    ac_workload w = {1, 64, 16};
+    ac_workload w = {.batch = 1, .prompt_len = 64, .gen_len = 16};
     ac_search_problem P = {.table = &t,
                            .workload = &w,
                            .profile = &p,

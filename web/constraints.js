@@ -45,5 +45,32 @@ const AC_CONSTRAINTS = [
     "minimum": 1.0,
     "maximum": 1000000000000000.0,
     "description": "at most the predicted params (parameters)"
+  },
+  {
+    "name": "max_p99_ttft_ms",
+    "metric": "p99_ttft_ms",
+    "unit": "ms",
+    "kind": "max",
+    "minimum": 9.9999999999999995e-7,
+    "maximum": 1000000000.0,
+    "description": "at most the predicted p99_ttft_ms (ms): the 99th percentile over a served workload's requests (a static batch: its TTFT)"
+  },
+  {
+    "name": "max_p99_tpot_ms",
+    "metric": "p99_tpot_ms",
+    "unit": "ms",
+    "kind": "max",
+    "minimum": 9.9999999999999995e-7,
+    "maximum": 1000000000.0,
+    "description": "at most the predicted p99_tpot_ms (ms): the 99th percentile over a served workload's requests"
+  },
+  {
+    "name": "max_p99_e2e_ms",
+    "metric": "p99_e2e_ms",
+    "unit": "ms",
+    "kind": "max",
+    "minimum": 9.9999999999999995e-7,
+    "maximum": 1000000000000.0,
+    "description": "at most the predicted p99_e2e_ms (ms): end-to-end latency, the 99th percentile over a served workload's requests"
   }
 ];

@@ -124,9 +124,9 @@ int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, json_t **out
     ac_cost r;
     const ac_workload *w = &tg.workload;
     ac_cost_predict(&t, &c, w, &prof, 0, &r);
-    *out = json_pack("{s:s,s:s,s:s,s:o,s:o,s:{s:i,s:i,s:i}}", "device", t.device, "cost_table", t.key, "source",
+    *out = json_pack("{s:s,s:s,s:s,s:o,s:o,s:o,s:{s:s,s:i}}", "device", t.device, "cost_table", t.key, "source",
                      t.source, "figures", ac_cost_to_json(&r), "architecture", ac_arch_to_json(&arch), "workload",
-                     "batch", w->batch, "prompt_len", w->prompt_len, "gen_len", w->gen_len);
+                     ac_workload_to_json(w), "engine", "name", prof.name, "tp", prof.tp > 1 ? prof.tp : 1);
     ac_carch_free(&c);
     ac_cost_table_free(&t);
     ac_arch_free(&arch);

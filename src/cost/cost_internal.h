@@ -16,6 +16,13 @@ double ac_cost_elem_us(const ac_cost_table *t, double elements, int act_bytes);
 double ac_roofline_gemm_us(const ac_cost_table *t, double m, double n, double k);
 double ac_roofline_attn_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s,
                            int head_dim);
+/* The same with the KV cache in kv_bytes per element (an FP8 KV cache under BF16 weights). */
+double ac_roofline_attn_kv_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s,
+                              int head_dim, double kv_bytes);
+/* Attention through any table: a roofline table reads the KV cache in
+ * kv_bytes per element, a measured one as it was measured. */
+double ac_cost_attn_kv_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s,
+                          int head_dim, int kv_bytes);
 double ac_roofline_elem_us(const ac_cost_table *t, double elements, int act_bytes);
 
 #endif

@@ -213,7 +213,7 @@ static int decode_step_ms(const ac_model *m, int B, int P, int runs, double *ms,
 static void probe_predict(ac_cost_table *t, const ac_carch *c, int B, int P, double *warm_ms, double *cold_ms) {
     ac_engine_profile p;
     ac_engine_profile_cpu(&p, t->dtype);
-    ac_workload w = {B, P, PROBE_STEPS + 1};
+    ac_workload w = {.batch = B, .prompt_len = P, .gen_len = PROBE_STEPS + 1};
     ac_cost warm, cold;
     int nd = t->ndec;
     double cb = t->cache_bytes;

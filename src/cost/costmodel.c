@@ -11,6 +11,8 @@
 
 #include "cost_internal.h"
 #include "costmodel.h"
+#include "engines.h"
+#include "serve.h"
 
 /* ---------------------------------------------------------------- arch */
 
@@ -54,42 +56,88 @@ double ac_carch_params(const ac_carch *c) {
 
 /* ---------------------------------------------------------------- engine profile */
 
-void ac_engine_profile_default(ac_engine_profile *p, int is_cpu) {
-    memset(p, 0, sizeof *p);
-    snprintf(p->name, sizeof p->name, "%s", is_cpu ? "autocompress-cpu" : "vllm");
-    p->w_bytes = is_cpu ? 4 : 2;
-    p->kv_bytes = is_cpu ? 4 : 2;
-    p->act_bytes = is_cpu ? 4 : 2;
-    p->block_size = is_cpu ? 1 : 16;
-    p->mem_util = is_cpu ? 0.8 : 0.9;
-    p->overhead_ms = is_cpu ? 0.0 : 0.3;
-    p->overhead_gib = is_cpu ? 0.0 : 1.5;
+void ac_engine_profile_default(ac_engine_profile *p, int is_cpu) { ac_engine_profile_named(-1, is_cpu, p); }
+
+/* The widths one of tp GPUs holds: query heads, FFN and vocabulary split
+ * tp ways; KV heads split too, or replicated one per GPU when fewer than
+ * tp (vLLM's rule). out owns its arrays. */
+static int carch_shard(const ac_carch *c, int tp, ac_carch *out) {
+    *out = *c;
+    out->heads = malloc(3 * (size_t)(c->n_layers > 0 ? c->n_layers : 1) * sizeof(double));
+    if (!out->heads) return -1;
+    out->kv = out->heads + c->n_layers;
+    out->ffn = out->kv + c->n_layers;
+    for (int l = 0; l < c->n_layers; l++) {
+        out->heads[l] = c->heads[l] / tp;
+        out->kv[l] = c->kv[l] >= tp ? c->kv[l] / tp : c->kv[l] > 0 && c->heads[l] > 0 ? 1 : 0;
+        out->ffn[l] = c->ffn[l] / tp;
+    }
+    out->vocab = (c->vocab + tp - 1) / tp;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- prediction */
 
-/* One forward call of B sequences, nq new tokens each at position pos0. */
-static double forward_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, double B, double nq,
-                         double pos0, int last_only, int warm) {
-    double M = B * nq, S = pos0 + nq, H = c->hidden, hd = c->head_dim, us = 0;
-    int launches = 2;
+/* The token-parallel part of one forward call over M tokens: every
+ * layer's GEMMs and elementwise passes (and, under tensor parallelism, its
+ * two all-reduces of M x hidden activations). */
+static double dense_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, const ac_engine_rt *rt,
+                       double M, int warm) {
+    double H = c->hidden, hd = c->head_dim, us = 0, ar = ac_engine_allreduce_us(rt, M * H * p->act_bytes);
     for (int l = 0; l < c->n_layers; l++) {
         double h = c->heads[l], kv = c->kv[l], F = c->ffn[l];
         if (h > 0) {
             us += ac_cost_gemm_lookup(t, M, h * hd, H, warm) + 2 * ac_cost_gemm_lookup(t, M, kv * hd, H, warm) +
                   ac_cost_gemm_lookup(t, M, H, h * hd, warm);
-            us += ac_cost_attn_us(t, h, kv, B, nq, S, c->head_dim);
-            us += ac_cost_elem_us(t, M * (H + (h + kv) * hd), p->act_bytes);
-            launches += 3;
+            us += ac_cost_elem_us(t, M * (H + (h + kv) * hd), p->act_bytes) + ar;
         }
         if (F > 0) {
             us += 2 * ac_cost_gemm_lookup(t, M, F, H, warm) + ac_cost_gemm_lookup(t, M, H, F, warm);
-            us += ac_cost_elem_us(t, M * (H + 2 * F), p->act_bytes);
-            launches += 2;
+            us += ac_cost_elem_us(t, M * (H + 2 * F), p->act_bytes) + ar;
         }
     }
+    return us;
+}
+
+/* Attention of every layer: B sequences, nq new tokens each, context S. */
+static double attn_all_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, double B, double nq,
+                          double S) {
+    double us = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->heads[l] > 0) us += ac_cost_attn_kv_us(t, c->heads[l], c->kv[l], B, nq, S, c->head_dim, p->kv_bytes);
+    return us;
+}
+
+static int attn_layers(const ac_carch *c) {
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++) n += c->heads[l] > 0;
+    return n;
+}
+
+/* Launch cost of a forward call (0 for CPU tables): every kernel's
+ * launch, or, run as a CUDA graph, one graph launch plus (piecewise
+ * graphs) the attention kernels left outside it. */
+static double launch_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_rt *rt, int graphed) {
+    int launches = 2, na = attn_layers(c);
+    for (int l = 0; l < c->n_layers; l++) launches += 3 * (c->heads[l] > 0) + 2 * (c->ffn[l] > 0);
+    if (graphed) launches = rt->graph_piecewise ? na + 1 : 1;
+    return launches * t->launch_us;
+}
+
+/* One forward call of B sequences, nq new tokens each at position pos0. A
+ * call the engine runs as a CUDA graph (engines.h: by its tokens, or a
+ * decode call by its sequences) computes the padded size and pays one
+ * launch. */
+static double forward_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, const ac_engine_rt *rt,
+                         double B, double nq, double pos0, int last_only, int warm) {
+    double M = B * nq, S = pos0 + nq, H = c->hidden, Mrun = M;
+    int g = rt->graph_tokens ? ac_engine_graph_size(rt, (int)ceil(M))
+            : nq == 1        ? ac_engine_graph_size(rt, (int)ceil(B))
+                             : 0;
+    if (g) Mrun = g;
+    double us = dense_us(t, c, p, rt, Mrun, warm) + attn_all_us(t, c, p, B, nq, S);
     us += ac_cost_gemm_lookup(t, last_only ? B : M, c->vocab, H, warm) + ac_cost_elem_us(t, M * H, p->act_bytes);
-    us += launches * t->launch_us; /* 0 for CPU tables */
+    us += launch_us(t, c, rt, g > 0);
     return us + p->overhead_ms * 1e3;
 }
 
@@ -149,13 +197,13 @@ static double probe_ws4(const ac_carch *c, double ws) {
  * that rate charge it like the weights). Otherwise the share of the weights
  * that fits in the table's effective cache is read warm: the warm and cold
  * GEMM tables blended by it. */
-static double step_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, double B, double nq,
-                      double pos0, double fw) {
+static double step_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, const ac_engine_rt *rt,
+                      double B, double nq, double pos0, double fw) {
     if (nq == 1 && t->ndec > 0 && !t->roofline) {
         double bytes = ac_cost_decode_bytes(c, p, B, pos0 + 1), wbytes = ac_cost_decode_bytes(c, p, B, 0),
                rate = decode_us_mib(t, bytes, B, probe_ws4(c, bytes)),
                kv_rate = t->dec_kv ? band_interp(t, t->dec_kv_us_mib, bytes) : rate;
-        double warm = forward_us(t, c, p, B, 1, pos0, 1, 1),
+        double warm = forward_us(t, c, p, rt, B, 1, pos0, 1, 1),
                us = warm + wbytes / 1048576.0 * rate + (bytes - wbytes) / 1048576.0 * kv_rate;
         /* a band's rate may be negative down to half its probe's warm
          * prediction (costmeasure.c); applied to more bytes than the
@@ -164,31 +212,141 @@ static double step_us(const ac_cost_table *t, const ac_carch *c, const ac_engine
          * predicted a 6-layer model's step at 0.11 ms where it took 0.67) */
         return us > 0.5 * warm ? us : 0.5 * warm;
     }
-    return fw * forward_us(t, c, p, B, nq, pos0, 1, 1) + (1 - fw) * forward_us(t, c, p, B, nq, pos0, 1, 0);
+    return fw * forward_us(t, c, p, rt, B, nq, pos0, 1, 1) + (1 - fw) * forward_us(t, c, p, rt, B, nq, pos0, 1, 0);
+}
+
+static double warm_share(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p) {
+    double wbytes = ac_carch_params(c) * p->w_bytes;
+    return t->cache_bytes > 0 && wbytes > 0 ? fmin(1, t->cache_bytes / wbytes) : 0;
 }
 
 double ac_cost_decode_step_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, double B,
                               double S) {
-    double wbytes = ac_carch_params(c) * p->w_bytes,
-           fw = t->cache_bytes > 0 && wbytes > 0 ? fmin(1, t->cache_bytes / wbytes) : 0;
-    return step_us(t, c, p, B, 1, S - 1, fw);
+    ac_engine_rt rt;
+    ac_engine_resolve(p, t->mem_gib, t->device, NULL, &rt);
+    ac_carch sc;
+    if (rt.tp > 1 && carch_shard(c, rt.tp, &sc) == 0) {
+        double us = step_us(t, &sc, p, &rt, B, 1, S - 1, warm_share(t, &sc, p));
+        free(sc.heads);
+        return us;
+    }
+    return step_us(t, c, p, &rt, B, 1, S - 1, warm_share(t, c, p));
 }
 
-void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
+/* ---------------------------------------------------------------- served workloads */
+
+typedef struct {
+    const ac_cost_table *t;
+    const ac_carch *c; /* one GPU's widths */
+    const ac_engine_profile *p;
+    const ac_engine_rt *rt;
+    double fw;
+} step_ctx;
+
+/* One iteration of the engine (serve.h's callback): the token-parallel
+ * part over all its tokens (padded to the CUDA graph it runs as), the
+ * attention of its decodes (at their mean context: the cost is linear in
+ * it) and of each prompt chunk, the LM head over the rows that produce a
+ * token, the launches and the per-step overhead. Roofline attention pays
+ * one kernel's fixed cost per layer, not one per chunk (a varlen kernel
+ * takes every sequence). A decode-only step on a measured CPU table is the
+ * static model's decode step (its bands). */
+static double served_step_us(void *ud, const ac_serve_step *s) {
+    const step_ctx *x = ud;
+    const ac_cost_table *t = x->t;
+    const ac_carch *c = x->c;
+    const ac_engine_profile *p = x->p;
+    const ac_engine_rt *rt = x->rt;
+    double mean_ctx = s->n_decode ? s->decode_ctx / s->n_decode : 0;
+    if (!s->n_chunks && t->ndec > 0 && !t->roofline) return step_us(t, c, p, rt, s->n_decode, 1, mean_ctx - 1, x->fw);
+    int g = rt->graph_tokens ? ac_engine_graph_size(rt, s->tokens)
+            : !s->n_chunks   ? ac_engine_graph_size(rt, s->n_decode)
+                             : 0;
+    double M = g ? g : s->tokens, H = c->hidden;
+    double us = 0;
+    for (int warm = 0; warm <= 1; warm++) {
+        double share = warm ? x->fw : 1 - x->fw;
+        if (share > 0)
+            us += share * (dense_us(t, c, p, rt, M, warm) + ac_cost_gemm_lookup(t, s->logits, c->vocab, H, warm));
+    }
+    int calls = 0;
+    if (s->n_decode) us += attn_all_us(t, c, p, s->n_decode, 1, mean_ctx), calls++;
+    for (int i = 0; i < s->n_chunks; i++) us += attn_all_us(t, c, p, 1, s->chunk[i], s->chunk_end[i]), calls++;
+    if (t->roofline && calls > 1) us -= (calls - 1) * attn_layers(c) * t->launch_us;
+    us += ac_cost_elem_us(t, (double)s->tokens * H, p->act_bytes) + launch_us(t, c, rt, g > 0);
+    return us + p->overhead_ms * 1e3;
+}
+
+double ac_cost_served_step_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p,
+                              const ac_serve_step *s) {
+    ac_engine_rt rt;
+    ac_engine_resolve(p, t->mem_gib, t->device, NULL, &rt);
+    ac_carch sc;
+    if (rt.tp > 1 && carch_shard(c, rt.tp, &sc) == 0) {
+        step_ctx x = {t, &sc, p, &rt, warm_share(t, &sc, p)};
+        double us = served_step_us(&x, s);
+        free(sc.heads);
+        return us;
+    }
+    step_ctx x = {t, c, p, &rt, warm_share(t, c, p)};
+    return served_step_us(&x, s);
+}
+
+/* ---------------------------------------------------------------- prediction */
+
+/* Run the engine simulation of a served workload into o. */
+static void predict_served(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
+                           const ac_engine_rt *rt, double fw, ac_cost *o, double *mean_batch) {
+    ac_serve_req *r = NULL;
+    int n = 0;
+    ac_err e;
+    ac_serve_stats st;
+    step_ctx x = {t, c, p, rt, fw};
+    ac_serve_policy pol = {
+        rt->budget,      rt->max_seqs,   rt->chunked,  rt->prefill_first,
+        rt->reserve_all, rt->block_size, o->kv_blocks, w->arrival_rate > 0 || w->offline ? 0 : w->concurrency};
+    if (w->arrival_rate > 0 && w->concurrency > 0) pol.concurrency = w->concurrency;
+    o->served = 1;
+    if (ac_serve_requests(w, &r, &n, &e) || ac_serve_run(r, n, &pol, served_step_us, &x, &st, NULL, &e) || st.dropped) {
+        /* cannot be served (the pool holds no request of these lengths) */
+        o->ttft_ms = o->tpot_ms = o->e2e_ms = 1e12;
+        o->p50_ttft_ms = o->p99_ttft_ms = o->p50_tpot_ms = o->p99_tpot_ms = o->p50_e2e_ms = o->p99_e2e_ms = 1e12;
+        o->tokens_per_s = o->requests_per_s = 0;
+        free(r);
+        return;
+    }
+    free(r);
+    if (mean_batch) *mean_batch = st.mean_batch;
+    o->ttft_ms = st.mean_ttft_ms, o->tpot_ms = st.mean_tpot_ms, o->e2e_ms = st.mean_e2e_ms;
+    o->p50_ttft_ms = st.p50_ttft_ms, o->p99_ttft_ms = st.p99_ttft_ms;
+    o->p50_tpot_ms = st.p50_tpot_ms, o->p99_tpot_ms = st.p99_tpot_ms;
+    o->p50_e2e_ms = st.p50_e2e_ms, o->p99_e2e_ms = st.p99_e2e_ms;
+    o->tokens_per_s = st.tokens_per_s;
+    o->requests_per_s = st.requests_per_s;
+    o->preempted = st.preemptions;
+}
+
+static void predict_all(const ac_cost_table *t, const ac_carch *c0, const ac_workload *w, const ac_engine_profile *p,
+                        int smooth, ac_cost *o, double *mean_batch);
+
+void ac_cost_predict(const ac_cost_table *t, const ac_carch *c0, const ac_workload *w, const ac_engine_profile *p,
                      int smooth, ac_cost *o) {
+    predict_all(t, c0, w, p, smooth, o, NULL);
+}
+
+/* ac_cost_predict, and a served workload's mean batch (mean_batch may be NULL). */
+static void predict_all(const ac_cost_table *t, const ac_carch *c0, const ac_workload *w, const ac_engine_profile *p,
+                        int smooth, ac_cost *o, double *mean_batch) {
     memset(o, 0, sizeof *o);
+    ac_engine_rt rt;
+    ac_engine_resolve(p, t->mem_gib, t->device, w, &rt);
+    ac_carch sc;
+    const ac_carch *c = c0;
+    if (rt.tp > 1 && carch_shard(c0, rt.tp, &sc) == 0) c = &sc;
     double B = w->batch, P = w->prompt_len, G = w->gen_len;
-    double wbytes = ac_carch_params(c) * p->w_bytes,
-           fw = t->cache_bytes > 0 && wbytes > 0 ? fmin(1, t->cache_bytes / wbytes) : 0;
-    o->ttft_ms = step_us(t, c, p, B, P, 0, fw) / 1e3;
-    /* Decode steps at context P..P+G-1: the cost is close to linear in the
-     * context, so Simpson's rule over three points is near exact. */
-    double d0 = step_us(t, c, p, B, 1, P, fw), d1 = step_us(t, c, p, B, 1, P + (G - 1) / 2, fw),
-           d2 = step_us(t, c, p, B, 1, P + G - 1, fw);
-    o->tpot_ms = G > 1 ? (d0 + 4 * d1 + d2) / 6 / 1e3 : 0;
-    o->e2e_ms = o->ttft_ms + (G - 1) * o->tpot_ms;
-    o->tokens_per_s = B * G / (o->e2e_ms / 1e3);
-    o->params = ac_carch_params(c);
+    double fw = warm_share(t, c, p);
+    o->params = ac_carch_params(c0);
+    /* memory, per GPU */
     double gib = 1073741824.0, kv_tok = 0, widest = 0;
     for (int l = 0; l < c->n_layers; l++) {
         kv_tok += 2 * c->kv[l] * c->head_dim * p->kv_bytes;
@@ -199,7 +357,7 @@ void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workloa
     double seq_tokens = P + G;
     if (!smooth && p->block_size > 1) seq_tokens = ceil(seq_tokens / p->block_size) * p->block_size;
     double act_seq = P * (c->hidden + widest) * p->act_bytes + (double)c->vocab * 4;
-    o->weights_gib = o->params * p->w_bytes / gib;
+    o->weights_gib = ac_carch_params(c) * p->w_bytes / gib;
     o->kv_gib = B * seq_tokens * kv_tok / gib;
     o->act_gib = B * act_seq / gib;
     o->mem_gib = o->weights_gib + o->kv_gib + o->act_gib + p->overhead_gib;
@@ -207,6 +365,45 @@ void ac_cost_predict(const ac_cost_table *t, const ac_carch *c, const ac_workloa
     double avail = t->mem_gib * p->mem_util - o->weights_gib - p->overhead_gib,
            per_seq = (seq_tokens * kv_tok + act_seq) / gib;
     o->max_batch = avail > 0 && per_seq > 0 ? (int)fmin(floor(avail / per_seq), 1e9) : 0;
+    /* The engine's pool: what it preallocates at start-up, less weights,
+     * the activations of its largest step (the token budget) and its
+     * runtime's own memory, in blocks. */
+    double act_peak = (rt.budget * (c->hidden + widest) * p->act_bytes + (double)rt.max_seqs * c->vocab * 4) / gib,
+           rest = o->weights_gib + act_peak + p->overhead_gib, pool;
+    if (rt.fixed_kv_tokens > 0) {
+        pool = rt.fixed_kv_tokens * kv_tok / gib;
+        o->engine_mem_gib = rest + pool;
+    } else if (rt.pool_of_free > 0) {
+        pool = rt.pool_of_free * (t->mem_gib - rest);
+        o->engine_mem_gib = rest + pool;
+    } else {
+        pool = rt.mem_util * t->mem_gib - rest;
+        o->engine_mem_gib = rt.mem_util * t->mem_gib;
+    }
+    if (pool < 0) pool = 0;
+    double block_bytes = rt.block_size * kv_tok;
+    o->kv_blocks = block_bytes > 0 ? (long)fmin(floor(pool * gib / block_bytes), 1e15) : 0;
+    o->kv_pool_gib = o->kv_blocks * block_bytes / gib;
+    o->kv_tokens = (double)o->kv_blocks * rt.block_size;
+    long per_req = (long)ceil((P + G) / rt.block_size);
+    o->kv_concurrency = per_req > 0 ? (int)fmin(o->kv_blocks / per_req, 1e9) : 0;
+    if (ac_workload_served(w)) {
+        predict_served(t, c, w, p, &rt, fw, o, mean_batch);
+    } else {
+        o->ttft_ms = step_us(t, c, p, &rt, B, P, 0, fw) / 1e3;
+        /* Decode steps at context P..P+G-1: the cost is close to linear in the
+         * context, so Simpson's rule over three points is near exact. */
+        double d0 = step_us(t, c, p, &rt, B, 1, P, fw), d1 = step_us(t, c, p, &rt, B, 1, P + (G - 1) / 2, fw),
+               d2 = step_us(t, c, p, &rt, B, 1, P + G - 1, fw);
+        o->tpot_ms = G > 1 ? (d0 + 4 * d1 + d2) / 6 / 1e3 : 0;
+        o->e2e_ms = o->ttft_ms + (G - 1) * o->tpot_ms;
+        o->tokens_per_s = B * G / (o->e2e_ms / 1e3);
+        o->requests_per_s = B / (o->e2e_ms / 1e3);
+        o->p50_ttft_ms = o->p99_ttft_ms = o->ttft_ms;
+        o->p50_tpot_ms = o->p99_tpot_ms = o->tpot_ms;
+        o->p50_e2e_ms = o->p99_e2e_ms = o->e2e_ms;
+    }
+    if (c != c0) free(sc.heads);
 }
 
 double ac_cost_metric(const ac_cost *c, ac_metric m) {
@@ -216,12 +413,57 @@ double ac_cost_metric(const ac_cost *c, ac_metric m) {
     case AC_M_TOKENS_PER_S: return c->tokens_per_s;
     case AC_M_MEM: return c->mem_gib;
     case AC_M_PARAMS: return c->params;
+    case AC_M_P99_TTFT: return c->p99_ttft_ms;
+    case AC_M_P99_TPOT: return c->p99_tpot_ms;
+    case AC_M_P99_E2E: return c->p99_e2e_ms;
     default: return 0;
     }
 }
 
+static void grad_fd(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
+                    ac_metric m, double *gh, double *gkv, double *gf, double *ghid);
+
+/* A served workload's figures come from a simulation whose schedule moves
+ * in steps as widths change, and one simulation costs what thousands of
+ * static predictions do: its gradient is the static model's at the
+ * simulation's mean batch (the sequences a step carries, weighted by
+ * time), scaled by the ratio of the simulated figure to that static one.
+ * Exact in value at the point, first-order in direction. */
 void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
                   ac_metric m, double *gh, double *gkv, double *gf, double *ghid) {
+    if (!ac_workload_served(w) || m == AC_M_MEM || m == AC_M_PARAMS) {
+        grad_fd(t, c, w, p, m, gh, gkv, gf, ghid);
+        return;
+    }
+    ac_cost served, base;
+    double mean_batch = 0;
+    predict_all(t, c, w, p, 1, &served, &mean_batch);
+    ac_workload sw = {
+        .batch = mean_batch >= 1 ? (int)lround(mean_batch) : 1, .prompt_len = w->prompt_len, .gen_len = w->gen_len};
+    ac_cost_predict(t, c, &sw, p, 1, &base);
+    /* Under Poisson arrivals the output rate is N G / (last finish - first
+     * send), the last finish the last arrival plus its latency: it moves
+     * with the latency, -rate / duration per millisecond of E2E, not with
+     * the engine's capacity (an unsaturated server serves what arrives). */
+    ac_metric gm = m;
+    double scale = 1;
+    if (m == AC_M_TOKENS_PER_S && w->arrival_rate > 0 && !w->offline && served.requests_per_s > 0) {
+        int n = w->requests > 0 ? w->requests : AC_SERVE_REQUESTS;
+        double duration_ms = n / served.requests_per_s * 1e3;
+        gm = AC_M_P99_E2E; /* a static batch's E2E */
+        scale = -served.tokens_per_s / duration_ms;
+    }
+    double v = gm == AC_M_P99_E2E && gm != m ? served.e2e_ms : ac_cost_metric(&served, gm),
+           b = ac_cost_metric(&base, gm), r = b != 0 && v < 1e11 ? scale * v / b : 0;
+    grad_fd(t, c, &sw, p, gm, gh, gkv, gf, ghid);
+    double *outs[3] = {gh, gkv, gf};
+    for (int k = 0; k < 3; k++)
+        for (int l = 0; outs[k] && l < c->n_layers; l++) outs[k][l] *= r;
+    if (ghid) *ghid *= r;
+}
+
+static void grad_fd(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
+                    ac_metric m, double *gh, double *gkv, double *gf, double *ghid) {
     ac_cost a, b;
     ac_carch x = *c;
     double *vars[3] = {c->heads, c->kv, c->ffn}, *outs[3] = {gh, gkv, gf};
@@ -249,10 +491,36 @@ void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *
 }
 
 json_t *ac_cost_to_json(const ac_cost *c) {
-    return json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:i,s:f}", "ttft_ms", c->ttft_ms, "tpot_ms", c->tpot_ms,
-                     "tokens_per_s", c->tokens_per_s, "e2e_ms", c->e2e_ms, "memory_gib", c->mem_gib, "weights_gib",
-                     c->weights_gib, "kv_cache_gib", c->kv_gib, "activations_gib", c->act_gib, "params", c->params,
-                     "max_batch", c->max_batch, "device_memory_gib", c->device_mem_gib);
+    json_t *o = json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:i,s:f}", "ttft_ms", c->ttft_ms, "tpot_ms", c->tpot_ms,
+                          "tokens_per_s", c->tokens_per_s, "e2e_ms", c->e2e_ms, "memory_gib", c->mem_gib, "weights_gib",
+                          c->weights_gib, "kv_cache_gib", c->kv_gib, "activations_gib", c->act_gib, "params", c->params,
+                          "max_batch", c->max_batch, "device_memory_gib", c->device_mem_gib);
+    json_t *x = json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:b,s:i,s:f,s:f,s:I,s:f,s:i}", "p50_ttft_ms", c->p50_ttft_ms,
+                          "p99_ttft_ms", c->p99_ttft_ms, "p50_tpot_ms", c->p50_tpot_ms, "p99_tpot_ms", c->p99_tpot_ms,
+                          "p50_e2e_ms", c->p50_e2e_ms, "p99_e2e_ms", c->p99_e2e_ms, "requests_per_s", c->requests_per_s,
+                          "served", c->served, "preempted", c->preempted, "engine_memory_gib", c->engine_mem_gib,
+                          "kv_pool_gib", c->kv_pool_gib, "kv_blocks", (json_int_t)c->kv_blocks, "kv_tokens",
+                          c->kv_tokens, "kv_concurrency", c->kv_concurrency);
+    if (!o || !x || json_object_update(o, x)) {
+        json_decref(o);
+        o = NULL;
+    }
+    json_decref(x);
+    return o;
+}
+
+json_t *ac_workload_to_json(const ac_workload *w) {
+    json_t *o = json_pack("{s:i,s:i,s:i}", "batch", w->batch, "prompt_len", w->prompt_len, "gen_len", w->gen_len);
+    if (o && ac_workload_served(w)) {
+        json_object_set_new(o, "served", json_true());
+        if (w->offline) json_object_set_new(o, "offline", json_true());
+        if (w->arrival_rate > 0) json_object_set_new(o, "arrival_rate", json_real(w->arrival_rate));
+        if (w->concurrency > 0) json_object_set_new(o, "concurrency", json_integer(w->concurrency));
+        json_object_set_new(o, "requests", json_integer(w->requests > 0 ? w->requests : AC_SERVE_REQUESTS));
+        json_object_set_new(o, "length_spread", json_real(w->length_spread));
+        json_object_set_new(o, "seed", json_integer(w->seed));
+    }
+    return o;
 }
 
 void ac_engine_profile_cpu(ac_engine_profile *p, const char *dtype) {

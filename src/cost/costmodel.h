@@ -19,7 +19,9 @@
  * (tables from datasheet profiles), costmeasure.c (the local CPU's table,
  * measured quiet: quiet.c),
  * costmodel.c (prediction and gradients), costjson.c (tables as JSON),
- * costsource.c (which table a target gets: cache, measurement, roofline).
+ * costsource.c (which table a target gets: cache, measurement, roofline),
+ * engines.c (the serving engines' defaults, engines.h), serve.c (the
+ * engine's scheduler simulation for served workloads, serve.h).
  * The library knows no database: a cache of tables is an ac_cost_cache the
  * caller hands in (the daemon and the CLI back it with SQLite,
  * daemon/costcache.c).
@@ -136,17 +138,41 @@ int ac_carch_from_arch(const ac_arch *a, ac_carch *c, ac_err *e);
 void ac_carch_free(ac_carch *c);
 double ac_carch_params(const ac_carch *c);
 
+/* A workload: a static batch (batch sequences prefilled together, then
+ * decoded together), or a served one (serve.h) when arrival_rate,
+ * concurrency or offline is set: `requests` requests through the engine's
+ * scheduler. */
 typedef struct {
     int batch, prompt_len, gen_len;
+    double arrival_rate;  /* Poisson requests per second; 0 = none */
+    int concurrency;      /* at most this many requests in flight (a closed loop without arrival_rate); 0 = none */
+    int offline;          /* every request queued at time 0 */
+    int requests;         /* requests simulated (0: AC_SERVE_REQUESTS) */
+    double length_spread; /* prompt and output lengths uniform in L (1 +- spread); 0 = fixed */
+    int seed;             /* arrivals and lengths */
 } ac_workload;
 
+/* Whether w is a served workload (the engine simulation) rather than a static batch. */
+static inline int ac_workload_served(const ac_workload *w) {
+    return w->arrival_rate > 0 || w->concurrency > 0 || w->offline;
+}
+
+/* A serving engine's behaviour (engines.h fills it from the engine's name
+ * and the device; 0 in a scheduler field = the engine's default for the
+ * device, resolved at prediction). */
 typedef struct {
     char name[32];
     int w_bytes, kv_bytes, act_bytes;
     int block_size;
-    double mem_util;     /* fraction of device memory the engine may use */
-    double overhead_ms;  /* per forward call (scheduler, sampling, launch not in tables) */
-    double overhead_gib; /* runtime memory outside weights/KV/activations */
+    double mem_util;        /* fraction of device memory the engine may use */
+    double overhead_ms;     /* per forward call (scheduler, sampling, launch not in tables) */
+    double overhead_gib;    /* runtime memory outside weights/KV/activations */
+    int max_batched_tokens; /* tokens one iteration may schedule (the chunked-prefill budget) */
+    int max_seqs;           /* requests running at once */
+    int graph_max;          /* CUDA graphs captured up to this size (-1: none) */
+    int tp;                 /* tensor-parallel GPUs (0 or 1: one) */
+    double link_gbs;        /* all-reduce link bandwidth per direction, GB/s (0: the device's) */
+    double link_us;         /* all-reduce fixed cost per call, us */
 } ac_engine_profile;
 
 /* Defaults for a device class (jobspec.c then applies a spec's target.engine). */
@@ -163,6 +189,19 @@ typedef struct {
     double params;
     int max_batch; /* largest batch that fits (memory) */
     double device_mem_gib;
+    /* Percentiles over the requests (a static batch: all equal the figures above). */
+    double p50_ttft_ms, p99_ttft_ms, p50_tpot_ms, p99_tpot_ms, p50_e2e_ms, p99_e2e_ms;
+    double requests_per_s;
+    int served;    /* 1: the figures come from the engine simulation */
+    int preempted; /* requests the simulation preempted (KV pool full) */
+    /* The engine's view of memory (per GPU under tensor parallelism):
+     * what it preallocates (mem_util of the device), the KV pool in it, its
+     * paged blocks, the tokens they hold, and the requests of the
+     * workload's lengths they sustain at once. */
+    double engine_mem_gib, kv_pool_gib;
+    long kv_blocks;
+    double kv_tokens;
+    int kv_concurrency;
 } ac_cost;
 
 /* smooth = 1 drops tile quantisation (for gradients). */
@@ -187,12 +226,24 @@ void ac_cost_bands_monotone(double *v, const double *scale, int n, int signed_ok
 double ac_cost_decode_step_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, double B,
                               double S);
 /* Metric selector for gradients. */
-typedef enum { AC_M_TTFT, AC_M_TPOT, AC_M_TOKENS_PER_S, AC_M_MEM, AC_M_PARAMS, AC_M_COUNT } ac_metric;
+typedef enum {
+    AC_M_TTFT,
+    AC_M_TPOT,
+    AC_M_TOKENS_PER_S,
+    AC_M_MEM,
+    AC_M_PARAMS,
+    AC_M_P99_TTFT,
+    AC_M_P99_TPOT,
+    AC_M_P99_E2E,
+    AC_M_COUNT
+} ac_metric;
 double ac_cost_metric(const ac_cost *c, ac_metric m);
 /* d metric / d heads[l], kv[l], ffn[l] and d hidden (as grad_hidden). */
 void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
                   ac_metric m, double *g_heads, double *g_kv, double *g_ffn, double *g_hidden);
 json_t *ac_cost_to_json(const ac_cost *c);
+/* {batch, prompt_len, gen_len} and, for a served workload, its serving fields. */
+json_t *ac_workload_to_json(const ac_workload *w);
 
 /* The cost table for a target (costsource.c): the local CPU's or GPU's from
  * the cache, else measured (allow_measure; progress may be NULL); a spec

@@ -24,7 +24,11 @@ double ac_roofline_gemm_us(const ac_cost_table *t, double m, double n, double k)
 
 double ac_roofline_attn_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s,
                            int head_dim) {
-    double kvb = bytes_of(t->dtype);
+    return ac_roofline_attn_kv_us(t, heads, kv_heads, batch, nq, s, head_dim, bytes_of(t->dtype));
+}
+
+double ac_roofline_attn_kv_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s,
+                              int head_dim, double kvb) {
     double flops = batch * heads * 4.0 * head_dim * (nq * s - nq * (nq - 1) / 2);
     double bytes = batch * (kv_heads * 2 * s * head_dim * kvb + 2 * heads * nq * head_dim * 2);
     return roof_us(t, flops, bytes);
@@ -38,7 +42,10 @@ int ac_cost_roofline(const ac_device_spec *s, const char *dtype, ac_cost_table *
     memset(t, 0, sizeof *t);
     if (!s) return ac_errf(e, "unknown device profile");
     t->roofline = 1;
-    t->peak_tflops = s->bf16_tflops * (!strcmp(dtype, "fp32") ? 0.5 : !strcmp(dtype, "fp8") ? 2.0 : 1.0);
+    /* FP8 at twice the BF16 rate on FP8 tensor cores; without them (A100)
+     * FP8 weights are dequantised in the GEMM (weight-only): BF16 compute,
+     * one byte per weight */
+    t->peak_tflops = s->bf16_tflops * (!strcmp(dtype, "fp32") ? 0.5 : !strcmp(dtype, "fp8") && s->fp8 ? 2.0 : 1.0);
     t->bw_gbs = s->bw_gbs;
     t->eta_c = 0.7;
     t->eta_m = 0.85;

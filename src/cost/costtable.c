@@ -108,6 +108,14 @@ double ac_cost_attn_us(const ac_cost_table *t, double heads, double kv_heads, do
     return v * heads * batch;
 }
 
+double ac_cost_attn_kv_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s,
+                          int head_dim, int kv_bytes) {
+    if (heads <= 0 || batch <= 0 || nq <= 0) return 0;
+    if (s < nq) s = nq;
+    if (t->roofline) return ac_roofline_attn_kv_us(t, heads, kv_heads, batch, nq, s, head_dim, kv_bytes);
+    return ac_cost_attn_us(t, heads, kv_heads, batch, nq, s, head_dim);
+}
+
 double ac_cost_elem_us(const ac_cost_table *t, double elements, int act_bytes) {
     if (t->roofline) return ac_roofline_elem_us(t, elements, act_bytes);
     return elements * t->elem_ns * 1e-3;

@@ -46,6 +46,9 @@ typedef struct {
     double bw_gbs;    /* memory bandwidth, GB/s */
     double launch_us; /* kernel launch + scheduling per op */
     const char *source;
+    int fp8;           /* FP8 tensor cores (Ada, Hopper, Blackwell); 0: FP8 weights run weight-only at the BF16 rate */
+    double nvlink_gbs; /* all-reduce bus bandwidth over NVLink, GB/s (0: no NVLink) */
+    double pcie_gbs;   /* the same over PCIe (through the host where there is no peer access) */
 } ac_device_spec;
 
 extern const ac_device_spec ac_device_specs[];

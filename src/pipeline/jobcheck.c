@@ -143,3 +143,35 @@ int ac_deci_validate_model(int deci, int minitron, const char *model_dir, const 
     ac_arch_free(&a);
     return rc;
 }
+
+/* ---------------------------------------------------------------- tensor parallelism */
+
+int ac_job_check_tp(int tp, const ac_arch *a, const char **field, ac_err *e) {
+    if (tp <= 1) return 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *y = &a->layers[l];
+        const char *what = NULL;
+        int v = 0;
+        if (y->n_heads > 0 && y->n_heads % tp)
+            what = "query heads", v = y->n_heads;
+        else if (y->n_heads > 0 && y->n_kv_heads % tp && tp % y->n_kv_heads)
+            what = "KV heads (neither divisible by tp nor dividing it)", v = y->n_kv_heads;
+        else if (y->ffn > 0 && y->ffn % tp)
+            what = "FFN width", v = y->ffn;
+        if (what) {
+            *field = "target.tp";
+            return ac_errf(e, "target.tp=%d does not split layer %d: %d %s", tp, l, v, what);
+        }
+    }
+    return 0;
+}
+
+int ac_job_check_tp_model(int tp, const char *model_dir, const char **field, ac_err *e) {
+    if (tp <= 1 || !model_dir || !model_dir[0]) return 0;
+    ac_arch a;
+    ac_err ignore;
+    if (ac_arch_load(model_dir, &a, &ignore)) return 0;
+    int rc = ac_job_check_tp(tp, &a, field, e);
+    ac_arch_free(&a);
+    return rc;
+}

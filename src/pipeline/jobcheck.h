@@ -55,4 +55,12 @@ int ac_deci_validate_base(int deci, int minitron, const ac_arch *base, const cha
 /* The same, loading model_dir/config.json (for the daemon's submit). */
 int ac_deci_validate_model(int deci, int minitron, const char *model_dir, const char **field, ac_err *e);
 
+/* Tensor parallelism (target.tp > 1): every layer of the base model splits
+ * tp ways: query heads and FFN widths divisible by tp, KV heads divisible
+ * by tp or dividing it (then replicated, one a GPU). tp <= 1: no rule.
+ * *field is "target.tp". _model loads model_dir/config.json (a model that
+ * cannot be read is left to the load's own message). */
+int ac_job_check_tp(int tp, const ac_arch *base, const char **field, ac_err *e);
+int ac_job_check_tp_model(int tp, const char *model_dir, const char **field, ac_err *e);
+
 #endif

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "deci.h"
+#include "engines.h"
 #include "distill.h"
 #include "dtype.h"
 #include "fsafe.h"
@@ -31,6 +32,7 @@ static const char *const DTYPES[] = {"bf16", "fp16", "fp32", "fp8", NULL};
 /* Enum fields store the index of the string: these lists are in the order
  * of ac_method and ac_export_target (search.h). */
 static const char *const EXPORTS[] = {"deci", "llama", "gguf", NULL};
+static const char *const LINKS[] = {"nvlink", "pcie", NULL};
 static const char *const SMETHODS[] = {"dnas", "surrogate", NULL};
 static const char *const CMETHODS[] = {"auto", "exact", "streamed", "anchored", NULL}; /* AC_CALIB_* order (importance.h) */
 _Static_assert(AC_SEARCH_DNAS == 0 && AC_SEARCH_SURROGATE == 1, "SMETHODS order");
@@ -57,24 +59,41 @@ static const char *const EXPORT_ALIASES[] = {"gguf-deci", "gguf", NULL};
 #define ND AC_F_NODEFAULT
 
 static const ac_field ENGINE[] = {
-    STR("name", ac_engine_in, name, 0,
-        "serving engine the prediction is for (default: autocompress-cpu on cpu, else vllm)"),
+    ENUM("name", ac_engine_in, engine, ac_engine_names, -1, ND,
+         "the serving engine whose scheduler, KV blocks, memory preallocation, CUDA graphs and per-step overhead the "
+         "prediction models (docs/costmodel.md; default: autocompress-cpu on cpu, else vllm)"),
     ENUM("weights_dtype", ac_engine_in, weights_dtype, DTYPES, -1, ND,
          "default: on cpu the checkpoint's (bf16 for a BF16 checkpoint, whose BF16 cost table the CPU engine's BF16 kernels are measured in; fp32 for any other), else bf16"),
     ENUM("kv_dtype", ac_engine_in, kv_dtype, DTYPES, -1, ND, "default: fp32 on cpu, else bf16"),
     INT("block_size", ac_engine_in, block_size, 1, 1024, -1, ND,
-        "KV-cache block in tokens (default: 1 on cpu, else 16)"),
-    NUM("gpu_memory_utilization", ac_engine_in, mem_util, 0.05, 1, NAN, ND, "default: 0.8 on cpu, else 0.9"),
+        "KV-cache block in tokens (default: the engine's: vllm 16, trtllm 32, sglang 1, llamacpp 1, cpu 1)"),
+    NUM("gpu_memory_utilization", ac_engine_in, mem_util, 0.05, 1, NAN, ND,
+        "fraction of device memory the engine preallocates (trtllm: of the memory free after weights; default: vllm "
+        "0.9, trtllm 0.9, sglang 0.88 at tp 1, cpu 0.8)"),
     NUM("overhead_ms", ac_engine_in, overhead_ms, 0, 1e4, NAN, ND,
         "per forward call (scheduler, sampling); default: 0 on cpu, else 0.3"),
     NUM("overhead_gib", ac_engine_in, overhead_gib, 0, 1e4, NAN, ND,
-        "runtime memory outside weights, KV cache, activations; default: 0 on cpu, else 1.5"),
+        "runtime memory outside weights, KV cache, activations; default: 0 on cpu, llamacpp 0.5, else 1.5"),
+    INT("max_num_batched_tokens", ac_engine_in, max_batched_tokens, 1, 1 << 20, -1, ND,
+        "tokens one iteration schedules (the chunked-prefill budget); default: the engine's for the device"),
+    INT("max_num_seqs", ac_engine_in, max_seqs, 1, 1 << 20, -1, ND, "requests running at once; default: the engine's"),
+    INT("cuda_graph_max_bs", ac_engine_in, graph_max, 0, 1 << 16, -1, ND,
+        "largest size run as a CUDA graph, 0 = none (eager); default: the engine's"),
     END,
 };
 static const ac_field WORKLOAD[] = {
     INT("batch", ac_workload, batch, 1, 65536, 1, 0, "sequences decoded together"),
     INT("prompt_len", ac_workload, prompt_len, 1, 1 << 22, 512, 0, NULL),
     INT("gen_len", ac_workload, gen_len, 1, 1 << 22, 128, 0, NULL),
+    NUM("arrival_rate", ac_workload, arrival_rate, 0, 1e6, 0, 0,
+        "Poisson requests per second: a served workload through the engine's scheduler (0 = none)"),
+    INT("concurrency", ac_workload, concurrency, 0, 1 << 20, 0, 0,
+        "at most this many requests in flight (alone: a closed loop at that concurrency; 0 = none)"),
+    BOOL("offline", ac_workload, offline, 0, "every request queued at once (the engine's offline throughput)"),
+    INT("requests", ac_workload, requests, 1, 100000, 512, 0, "requests a served workload simulates"),
+    NUM("length_spread", ac_workload, length_spread, 0, 0.99, 0, 0,
+        "served workloads: prompt and output lengths uniform within +-this fraction"),
+    INT("seed", ac_workload, seed, 0, 2147483647, 0, 0, "served workloads: arrivals and lengths"),
     END,
 };
 static const ac_field TARGET[] = {
@@ -82,6 +101,10 @@ static const ac_field TARGET[] = {
         "cpu, cuda, cuda:N, or a spec profile: H100, H200, B200, A100, L4, RTX4090, RTX5080, RTX5070"),
     OBJ("engine", ac_target_spec, engine_in, ENGINE, 0, NULL),
     OBJ("workload", ac_target_spec, workload, WORKLOAD, 0, NULL),
+    INT("tp", ac_target_spec, tp, 1, 64, 1, 0,
+        "tensor-parallel GPUs: heads, KV heads, FFN and vocabulary split tp ways, two all-reduces per layer"),
+    ENUM("interconnect", ac_target_spec, link, LINKS, -1, ND,
+         "the all-reduce link under tp > 1 (default: nvlink where the profile has it, else pcie)"),
     END,
 };
 /* The limits: the constraint table's rows (constraints.h), the one list of them. */
@@ -232,8 +255,12 @@ static int parse_value(const json_t *v, const ac_field *f, char *p, const char *
             if (!strcmp(f->aliases[k], name)) name = f->aliases[k + 1];
         int i = 0;
         while (f->enums[i] && strcmp(f->enums[i], name)) i++;
-        if (!f->enums[i])
-            return ac_errf(e, "%s=\"%s\" is not one of the allowed values", field_buf, json_string_value(v));
+        if (!f->enums[i]) {
+            char names[256] = "";
+            for (int k = 0; f->enums[k]; k++)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "", f->enums[k]);
+            return ac_errf(e, "%s=\"%.64s\" is not one of: %s", field_buf, json_string_value(v), names);
+        }
         *(int *)p = i;
     } else if (f->type == AC_F_BOOL) {
         *(int *)p = json_is_true(v);
@@ -283,8 +310,8 @@ static int target_finish(ac_target_spec *t, const char *prefix, const char **fie
     if (ac_target_resolve(t->device, &t->dev, e)) return -1;
     const ac_engine_in *in = &t->engine_in;
     ac_engine_profile *p = &t->engine;
-    ac_engine_profile_default(p, t->dev.kind == AC_TARGET_CPU);
-    if (in->name[0]) snprintf(p->name, sizeof p->name, "%s", in->name);
+    int cpu = t->dev.kind == AC_TARGET_CPU;
+    ac_engine_profile_named(in->engine, cpu, p);
     if (in->weights_dtype >= 0)
         p->w_bytes = dtype_bytes(in->weights_dtype), p->act_bytes = p->w_bytes < 2 ? 2 : p->w_bytes;
     if (in->kv_dtype >= 0) p->kv_bytes = dtype_bytes(in->kv_dtype);
@@ -292,6 +319,21 @@ static int target_finish(ac_target_spec *t, const char *prefix, const char **fie
     if (!isnan(in->mem_util)) p->mem_util = in->mem_util;
     if (!isnan(in->overhead_ms)) p->overhead_ms = in->overhead_ms;
     if (!isnan(in->overhead_gib)) p->overhead_gib = in->overhead_gib;
+    if (in->max_batched_tokens > 0) p->max_batched_tokens = in->max_batched_tokens;
+    if (in->max_seqs > 0) p->max_seqs = in->max_seqs;
+    if (in->graph_max >= 0) p->graph_max = in->graph_max ? in->graph_max : -1;
+    p->tp = t->tp;
+    const ac_device_spec *d = t->dev.kind == AC_TARGET_PROFILE ? t->dev.profile : NULL;
+    if (t->tp > 1 && cpu) {
+        snprintf(field_buf, sizeof field_buf, "%.120stp", prefix);
+        return ac_errf(e, "%stp=%d needs a GPU target (the cpu engine runs on one device)", prefix, t->tp);
+    }
+    if (t->link == 0 && d && d->nvlink_gbs <= 0) {
+        snprintf(field_buf, sizeof field_buf, "%.120sinterconnect", prefix);
+        return ac_errf(e, "%sinterconnect=nvlink: %s has no NVLink (pcie)", prefix, d->name);
+    }
+    if (t->link >= 0 && d) p->link_gbs = t->link == 0 ? d->nvlink_gbs : d->pcie_gbs;
+    if (t->link == 1 && !d) p->link_gbs = 20;
     *fieldp = "";
     return 0;
 }
@@ -335,8 +377,18 @@ int ac_job_spec_parse(const json_t *j, ac_job_spec *s, const char **fieldp, ac_e
     if (parse_obj(j, SPEC, (char *)s, "", fieldp, e)) return -1;
     if (target_finish(&s->target, "target.", fieldp, e)) return -1;
     if (!s->heldout[0]) memcpy(s->heldout, s->calibration, sizeof s->heldout);
-    int deci = s->search.target == AC_EXPORT_DECI;
-    if (!s->search.ffn_multiple) s->search.ffn_multiple = deci ? AC_DECI_GRID : 32;
+    int deci = s->search.target == AC_EXPORT_DECI, tp = s->target.tp;
+    if (!s->search.ffn_multiple) { /* a multiple of tp too: each GPU gets an equal FFN share */
+        int m = deci ? AC_DECI_GRID : 32, g = m, b = tp;
+        while (b) { /* g = gcd(m, tp) */
+            int r = g % b;
+            g = b, b = r;
+        }
+        s->search.ffn_multiple = m / g * tp; /* lcm */
+    } else if (tp > 1 && s->search.ffn_multiple % tp) {
+        *fieldp = "search.ffn_multiple";
+        return ac_errf(e, "search.ffn_multiple=%d must be a multiple of target.tp=%d", s->search.ffn_multiple, tp);
+    }
     return ac_deci_validate_spec(deci, s->search.ffn_multiple, fieldp, e) ||
                    ac_gguf_check_spec(&s->search, NULL, fieldp, e)
                ? -1
@@ -367,7 +419,8 @@ ac_spec_verdict ac_job_spec_check(const json_t *j, ac_job_spec *s, const ac_job_
     if (ac_model_check_compressible(s->model, fieldp, e) ||
         ac_deci_validate_model(s->search.target == AC_EXPORT_DECI, s->method == AC_METHOD_MINITRON, s->model, fieldp,
                                e) ||
-        ac_gguf_check_spec(&s->search, s->model, fieldp, e))
+        ac_gguf_check_spec(&s->search, s->model, fieldp, e) ||
+        ac_job_check_tp_model(s->target.tp, s->model, fieldp, e))
         return AC_SPEC_INVALID;
     *fieldp = NULL;
     return AC_SPEC_OK;

@@ -22,12 +22,13 @@
 
 typedef enum { AC_METHOD_AUTOCOMPRESS, AC_METHOD_MINITRON } ac_method;
 
-/* target.engine as written; -1, NAN or "" = not given (the default comes from the device class). */
+/* target.engine as written; -1 or NAN = not given (the default comes from the engine and the device class). */
 typedef struct {
-    char name[32];
+    int engine;                  /* index into ac_engine_names (engines.h) */
     int weights_dtype, kv_dtype; /* index into bf16, fp16, fp32, fp8 */
     int block_size;
     double mem_util, overhead_ms, overhead_gib;
+    int max_batched_tokens, max_seqs, graph_max;
 } ac_engine_in;
 
 /* target: where the result will run and how it will be served. */
@@ -37,6 +38,8 @@ typedef struct {
     ac_workload workload;
     ac_engine_profile engine; /* device-class defaults, then the spec's engine overrides */
     ac_engine_in engine_in;
+    int tp;   /* tensor-parallel size */
+    int link; /* -1: the device's; 0 nvlink, 1 pcie */
 } ac_target_spec;
 
 typedef struct {

@@ -122,7 +122,8 @@ static json_t *errors(const ac_cost *k, double tt, double tp, double speed) {
 static int cap(int v, int hi) { return v < hi ? v : hi; }
 
 ac_workload ac_measure_local_workload(const ac_workload *wl) {
-    return (ac_workload){cap(wl->batch, 4), cap(wl->prompt_len, 128), cap(wl->gen_len, 32)};
+    return (ac_workload){
+        .batch = cap(wl->batch, 4), .prompt_len = cap(wl->prompt_len, 128), .gen_len = cap(wl->gen_len, 32)};
 }
 
 int ac_measure_latency_in(const ac_model *m, const char *dtype, const int *ids, size_t n, const ac_workload *w,
@@ -196,7 +197,8 @@ json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, 
 
 int ac_measure_on_gpu(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,
                       const ac_cost_table *table, const ac_engine_profile *p, json_t **out, ac_err *e) {
-    ac_workload gw = {cap(wl->batch, 32), cap(wl->prompt_len, 2048), cap(wl->gen_len, 64)};
+    ac_workload gw = {
+        .batch = cap(wl->batch, 32), .prompt_len = cap(wl->prompt_len, 2048), .gen_len = cap(wl->gen_len, 64)};
     double bt, bp, rt, rp;
     *out = NULL;
     if (ac_measure_latency(base, ids, n, &gw, 1, 0, &bt, &bp, NULL, e) ||

@@ -19,6 +19,7 @@
 
 typedef struct {
     double max_ttft_ms, max_tpot_ms, min_tokens_per_s, max_mem_gib, max_params; /* <= 0: none */
+    double max_p99_ttft_ms, max_p99_tpot_ms, max_p99_e2e_ms;
 } ac_constraints;
 
 /* The rows: X(spec name, ac_constraints member, predicted figure, unit,
@@ -33,7 +34,13 @@ typedef struct {
       ": output tokens per second for the workload")                                                                   \
     X("max_memory_gib", max_mem_gib, "memory_gib", "GiB", AC_M_MEM, max, 1e-9, 1e6,                                    \
       ": weights + KV cache + activations + overhead")                                                                 \
-    X("max_params", max_params, "params", "parameters", AC_M_PARAMS, max, 1, 1e15, "")
+    X("max_params", max_params, "params", "parameters", AC_M_PARAMS, max, 1, 1e15, "")                                 \
+    X("max_p99_ttft_ms", max_p99_ttft_ms, "p99_ttft_ms", "ms", AC_M_P99_TTFT, max, 1e-6, 1e9,                          \
+      ": the 99th percentile over a served workload's requests (a static batch: its TTFT)")                            \
+    X("max_p99_tpot_ms", max_p99_tpot_ms, "p99_tpot_ms", "ms", AC_M_P99_TPOT, max, 1e-6, 1e9,                          \
+      ": the 99th percentile over a served workload's requests")                                                       \
+    X("max_p99_e2e_ms", max_p99_e2e_ms, "p99_e2e_ms", "ms", AC_M_P99_E2E, max, 1e-6, 1e12,                             \
+      ": end-to-end latency, the 99th percentile over a served workload's requests")
 
 #define AC_CONSTRAINT_GE_max 0
 #define AC_CONSTRAINT_GE_min 1
@@ -47,13 +54,13 @@ typedef struct {
     const char *metric; /* the predicted figure it bounds (ac_cost_to_json's name): "tpot_ms" */
     const char *unit;   /* "ms", "tokens/s", "GiB", "parameters" */
     ac_metric m;
-    int ge;             /* 1: a lower bound (value >= limit), 0: an upper bound (value <= limit) */
-    size_t off;         /* of the limit in ac_constraints */
-    double lo, hi;      /* the range a spec may give */
-    const char *doc;    /* the description (AC_CONSTRAINT_DOC) */
+    int ge;          /* 1: a lower bound (value >= limit), 0: an upper bound (value <= limit) */
+    size_t off;      /* of the limit in ac_constraints */
+    double lo, hi;   /* the range a spec may give */
+    const char *doc; /* the description (AC_CONSTRAINT_DOC) */
 } ac_constraint;
 
-#define AC_NCONSTRAINTS 5
+#define AC_NCONSTRAINTS 8
 
 /* The table, AC_NCONSTRAINTS rows in the order the searches visit them. */
 const ac_constraint *ac_constraint_table(void);

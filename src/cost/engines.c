@@ -1,0 +1,136 @@
+/* engines.c - see engines.h; the defaults and where they come from are in docs/costmodel.md. */
+#include "engines.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "device.h"
+
+enum { E_VLLM, E_TRTLLM, E_SGLANG, E_LLAMACPP, E_CPU };
+const char *const ac_engine_names[] = {"vllm", "trtllm", "sglang", "llamacpp", "autocompress-cpu", NULL};
+
+int ac_engine_find(const char *name) {
+    for (int i = 0; ac_engine_names[i]; i++)
+        if (!strcmp(ac_engine_names[i], name)) return i;
+    return -1;
+}
+
+/* Static defaults per engine: KV block (tokens), preallocated fraction,
+ * per-step overhead, memory outside weights/KV/activations. */
+static const struct {
+    int block_size;
+    double mem_util, overhead_ms, overhead_gib;
+} DEF[] = {
+    [E_VLLM] = {16, 0.9, 0.3, 1.5},    /* block_size 16, gpu_memory_utilization 0.9 */
+    [E_TRTLLM] = {32, 0.9, 0.3, 1.5},  /* tokens_per_block 32, free_gpu_memory_fraction 0.9 */
+    [E_SGLANG] = {1, 0.88, 0.3, 1.5},  /* page_size 1, mem_fraction_static 0.88 at TP 1 */
+    [E_LLAMACPP] = {1, 1.0, 0.3, 0.5}, /* contiguous KV of n_ctx per slot */
+    [E_CPU] = {1, 0.8, 0.0, 0.0},
+};
+
+void ac_engine_profile_named(int index, int is_cpu, ac_engine_profile *p) {
+    if (index < 0 || index > E_CPU) index = is_cpu ? E_CPU : E_VLLM;
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", ac_engine_names[index]);
+    p->w_bytes = p->kv_bytes = p->act_bytes = is_cpu ? 4 : 2;
+    p->block_size = DEF[index].block_size;
+    p->mem_util = DEF[index].mem_util;
+    p->overhead_ms = DEF[index].overhead_ms;
+    p->overhead_gib = DEF[index].overhead_gib;
+    p->tp = 1;
+}
+
+/* llama-server: 4 slots (-np auto), n_ctx 4096 per slot, n_batch 2048. */
+#define LLAMACPP_SLOTS 4
+#define LLAMACPP_CTX 4096
+
+void ac_engine_resolve(const ac_engine_profile *p, double mem_gib, const char *device, const ac_workload *w,
+                       ac_engine_rt *rt) {
+    memset(rt, 0, sizeof *rt);
+    int e = ac_engine_find(p->name);
+    if (e < 0) e = E_VLLM;
+    int offline = w && w->offline;
+    rt->tp = p->tp > 1 ? p->tp : 1;
+    rt->block_size = p->block_size > 0 ? p->block_size : 1;
+    rt->mem_util = p->mem_util;
+    rt->chunked = 1;
+    switch (e) {
+    case E_VLLM: {
+        /* EngineArgs.get_batch_defaults: >= 70 GiB and not an A100: 16384
+         * tokens offline (LLM class), 8192 served, 1024 sequences; else
+         * 8192 / 2048 and 256. Graph capture list 1, 2, 4, 8..min(2
+         * max_num_seqs, 512) step 8, piecewise (attention outside) over a
+         * step's tokens. */
+        int big = mem_gib >= 70 && !(device && strcasestr(device, "A100"));
+        rt->budget = big ? (offline ? 16384 : 8192) : (offline ? 8192 : 2048);
+        rt->max_seqs = big ? 1024 : 256;
+        rt->graph_max = 2 * rt->max_seqs < 512 ? 2 * rt->max_seqs : 512;
+        rt->graph_tokens = rt->graph_piecewise = 1;
+        break;
+    }
+    case E_TRTLLM:
+        /* the PyTorch backend (1.0): max_num_tokens 8192, max_batch_size
+         * 2048, chunked prefill off, GUARANTEED_NO_EVICT, the KV pool a
+         * fraction of the free memory; CUDA graphs for decode-only batches
+         * up to 128 */
+        rt->budget = 8192;
+        rt->max_seqs = 2048;
+        rt->chunked = 0;
+        rt->reserve_all = 1;
+        rt->pool_of_free = p->mem_util;
+        rt->mem_util = 0;
+        rt->graph_max = 128;
+        break;
+    case E_SGLANG: {
+        /* chunked_prefill_size 8192 (2048 under 25 GB), cuda_graph_max_bs
+         * 160 (8 under 25 GB), prefill batches before decode (mixed chunks
+         * off); mem_fraction_static 0.88, 0.87, 0.85, 0.81 at TP 1, 2, 4, 8 */
+        int small = mem_gib * 1.073741824 < 25;
+        rt->budget = small ? 2048 : 8192;
+        rt->max_seqs = 4096;
+        rt->prefill_first = 1;
+        rt->graph_max = small ? 8 : 160;
+        if (p->mem_util == DEF[E_SGLANG].mem_util)
+            rt->mem_util = rt->tp >= 8 ? 0.81 : rt->tp >= 4 ? 0.85 : rt->tp >= 2 ? 0.87 : 0.88;
+        break;
+    }
+    case E_LLAMACPP:
+        /* one llama_decode per step over n_batch tokens of prompts and
+         * generations; CUDA graphs for single-sequence decode only */
+        rt->budget = 2048;
+        rt->max_seqs = LLAMACPP_SLOTS;
+        rt->graph_max = 1;
+        rt->fixed_kv_tokens = (long)LLAMACPP_SLOTS * LLAMACPP_CTX;
+        rt->mem_util = 0;
+        break;
+    default:
+        rt->budget = 2048;
+        rt->max_seqs = 256;
+        break;
+    }
+    if (p->max_batched_tokens > 0) rt->budget = p->max_batched_tokens;
+    if (p->max_seqs > 0) rt->max_seqs = p->max_seqs;
+    if (p->graph_max < 0)
+        rt->graph_max = 0;
+    else if (p->graph_max > 0)
+        rt->graph_max = p->graph_max;
+    /* all-reduce link: the profile's, else the device's NVLink, else PCIe */
+    const ac_device_spec *s = device ? ac_device_spec_for_gpu(device) : NULL;
+    rt->link_gbs = p->link_gbs > 0 ? p->link_gbs : s ? (s->nvlink_gbs > 0 ? s->nvlink_gbs : s->pcie_gbs) : 20;
+    rt->link_us = p->link_us > 0 ? p->link_us : rt->link_gbs >= 100 ? 8 : 30;
+}
+
+int ac_engine_graph_size(const ac_engine_rt *rt, int n) {
+    if (rt->graph_max <= 0 || n > rt->graph_max || n < 1) return 0;
+    if (n <= 2) return n;
+    if (n <= 4) return 4;
+    int g = (n + 7) / 8 * 8;
+    return g <= rt->graph_max ? g : rt->graph_max;
+}
+
+double ac_engine_allreduce_us(const ac_engine_rt *rt, double bytes) {
+    if (rt->tp <= 1) return 0;
+    return rt->link_us + 2.0 * (rt->tp - 1) / rt->tp * bytes / (rt->link_gbs * 1e9) * 1e6;
+}

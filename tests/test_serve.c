@@ -1,0 +1,578 @@
+/*
+ * test_serve.c - the serving-engine model (issue 32): the scheduler
+ * simulation (src/cost/serve.c) against closed-form answers and against a
+ * second, independently written simulation of the same policy (ref_run
+ * below: per-request states and priority keys instead of queues), and the
+ * cost model's engine figures (src/cost/engines.c, costmodel.c) against
+ * hand-derived values: paged-KV blocks, CUDA-graph launch savings, tensor
+ * parallelism's shards and all-reduces, FP8 peaks, the job spec's engine
+ * names.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "costmodel.h"
+#include "engines.h"
+#include "jobcheck.h"
+#include "jobspec.h"
+#include "serve.h"
+
+/* ---------------------------------------------------------------- step costs */
+
+typedef struct {
+    double a, per_tok, per_ctx; /* us: fixed, per new token, per key a decode reads */
+} lin;
+
+static double lin_cost(void *ud, const ac_serve_step *s) {
+    const lin *c = ud;
+    return c->a + c->per_tok * s->tokens + c->per_ctx * s->decode_ctx;
+}
+
+static ac_serve_policy vllm_like(int budget, long blocks) {
+    return (ac_serve_policy){.budget = budget, .max_seqs = 256, .chunked = 1, .block_size = 16, .kv_blocks = blocks};
+}
+
+/* ---------------------------------------------------------------- closed forms */
+
+static void test_offline_batch_closed_form(void) {
+    /* N requests, all prompts in one step: TTFT = T, then G - 1 decode
+     * steps of T: E2E = G T, TPOT = T, throughput N G / (G T) */
+    enum { N = 8, P = 100, G = 20 };
+    ac_serve_req r[N];
+    for (int i = 0; i < N; i++) r[i] = (ac_serve_req){0, P, G};
+    lin c = {1000, 0, 0};
+    ac_serve_policy pol = vllm_like(N * P, 1000);
+    ac_serve_stats st;
+    ac_serve_result res[N];
+    ac_err e;
+    CHECK(ac_serve_run(r, N, &pol, lin_cost, &c, &st, res, &e) == 0, "%s", e.msg);
+    CHECK(st.steps == G, "steps %d, want %d", st.steps, G);
+    CHECK(fabs(st.p50_ttft_ms - 1) < 1e-9 && fabs(st.p99_ttft_ms - 1) < 1e-9, "ttft %g", st.p99_ttft_ms);
+    CHECK(fabs(st.p99_tpot_ms - 1) < 1e-9, "tpot %g", st.p99_tpot_ms);
+    CHECK(fabs(st.p99_e2e_ms - G) < 1e-9, "e2e %g", st.p99_e2e_ms);
+    CHECK(fabs(st.tokens_per_s - N * G / (G * 1e-3)) < 1e-6, "tok/s %g", st.tokens_per_s);
+}
+
+static void test_chunked_prefill_closed_form(void) {
+    /* one request of 2.5 budgets: three chunks (B, B, B/2), TTFT = 3a + b P;
+     * decodes at contexts P+1 .. P+G-1: a + b + d ctx each */
+    enum { B = 512, P = 1280, G = 5 };
+    ac_serve_req r = {0, P, G};
+    lin c = {100, 0.5, 0.01};
+    ac_serve_policy pol = vllm_like(B, 1000);
+    ac_serve_stats st;
+    ac_serve_result res;
+    ac_err e;
+    CHECK(ac_serve_run(&r, 1, &pol, lin_cost, &c, &st, &res, &e) == 0, "%s", e.msg);
+    double ttft = (3 * c.a + c.per_tok * P) * 1e-6, dec = 0;
+    for (int k = P + 1; k <= P + G - 1; k++) dec += (c.a + c.per_tok + c.per_ctx * k) * 1e-6;
+    CHECK(fabs(res.ttft - ttft) < 1e-12, "ttft %.9g want %.9g", res.ttft, ttft);
+    CHECK(fabs(res.e2e - ttft - dec) < 1e-12, "e2e %.9g want %.9g", res.e2e, ttft + dec);
+    CHECK(fabs(st.p50_tpot_ms - dec / (G - 1) * 1e3) < 1e-9, "tpot %g", st.p50_tpot_ms);
+}
+
+static void test_isolated_arrivals_closed_form(void) {
+    /* arrivals far apart: each request alone, TTFT = a + b P from its send */
+    enum { N = 5, P = 64, G = 3 };
+    ac_serve_req r[N];
+    for (int i = 0; i < N; i++) r[i] = (ac_serve_req){10.0 * i, P, G};
+    lin c = {200, 1, 0.1};
+    ac_serve_policy pol = vllm_like(2048, 1000);
+    ac_serve_stats st;
+    ac_serve_result res[N];
+    ac_err e;
+    CHECK(ac_serve_run(r, N, &pol, lin_cost, &c, &st, res, &e) == 0, "%s", e.msg);
+    double ttft = (c.a + c.per_tok * P) * 1e-6,
+           e2e = ttft + (2 * (c.a + c.per_tok) + c.per_ctx * ((P + 1) + (P + 2))) * 1e-6;
+    for (int i = 0; i < N; i++) {
+        CHECK(res[i].send == 10.0 * i, "send %g", res[i].send);
+        CHECK(fabs(res[i].ttft - ttft) < 1e-12 && fabs(res[i].e2e - e2e) < 1e-12, "request %d: %g %g", i, res[i].ttft,
+              res[i].e2e);
+    }
+}
+
+static void test_kv_pool_waves(void) {
+    /* TRT-LLM's admission (whole KV reserved, whole prompts): a pool of
+     * exactly K requests serves 2K in two waves; the second wave's prompts
+     * run in the step after the first wave's last token */
+    enum { K = 3, P = 32, G = 10 };
+    ac_serve_req r[2 * K];
+    for (int i = 0; i < 2 * K; i++) r[i] = (ac_serve_req){0, P, G};
+    lin c = {1000, 0, 0};
+    ac_serve_policy pol = {
+        .budget = 8192, .max_seqs = 64, .reserve_all = 1, .block_size = 16, .kv_blocks = K * ((P + G + 15) / 16)};
+    ac_serve_stats st;
+    ac_serve_result res[2 * K];
+    ac_err e;
+    CHECK(ac_serve_run(r, 2 * K, &pol, lin_cost, &c, &st, res, &e) == 0, "%s", e.msg);
+    for (int i = 0; i < 2 * K; i++) {
+        double want_ttft = i < K ? 1e-3 : (G + 1) * 1e-3, want_e2e = i < K ? G * 1e-3 : 2 * G * 1e-3;
+        CHECK(fabs(res[i].ttft - want_ttft) < 1e-12 && fabs(res[i].e2e - want_e2e) < 1e-12, "request %d: %g %g", i,
+              res[i].ttft, res[i].e2e);
+    }
+    CHECK(st.preemptions == 0 && st.peak_running == K, "preemptions %d peak %d", st.preemptions, st.peak_running);
+    /* one block fewer than a request needs: nothing can be served */
+    pol.kv_blocks = (P + G + 15) / 16 - 1;
+    CHECK(ac_serve_run(r, 2 * K, &pol, lin_cost, &c, &st, res, &e) == 0 && st.dropped == 2 * K && st.completed == 0,
+          "dropped %d", st.dropped);
+}
+
+static void test_closed_loop_concurrency(void) {
+    /* concurrency 1, all queued at 0: requests run one after another, each
+     * sent when the previous one finishes */
+    enum { N = 4, P = 10, G = 4 };
+    ac_serve_req r[N];
+    for (int i = 0; i < N; i++) r[i] = (ac_serve_req){0, P, G};
+    lin c = {500, 0, 0};
+    ac_serve_policy pol = vllm_like(2048, 1000);
+    pol.concurrency = 1;
+    ac_serve_stats st;
+    ac_serve_result res[N];
+    ac_err e;
+    CHECK(ac_serve_run(r, N, &pol, lin_cost, &c, &st, res, &e) == 0, "%s", e.msg);
+    for (int i = 0; i < N; i++)
+        CHECK(fabs(res[i].send - i * G * 5e-4) < 1e-12 && fabs(res[i].e2e - G * 5e-4) < 1e-12, "request %d: %g %g", i,
+              res[i].send, res[i].e2e);
+}
+
+/* ---------------------------------------------------------------- an independent reference */
+
+/* The same policy written another way: each request has a state and a
+ * queue key; the waiting order is the key order (a preempted request gets a
+ * key below every other), the running order the admission stamp. */
+enum { QUEUED, RUNNING, FINISHED, UNSENT };
+typedef struct {
+    int st, key, stamp;
+    int prompt, gen, emitted, computed, goal;
+    long held;
+    double send, ttft, e2e;
+} rr;
+
+static long nblk(long tok, int bs) { return tok <= 0 ? 0 : (tok - 1) / bs + 1; }
+
+static int ref_run(const ac_serve_req *rq, int n, const ac_serve_policy *pol, const lin *c, double *ttft, double *e2e) {
+    rr *x = calloc((size_t)n, sizeof *x);
+    int *sched = calloc((size_t)n, sizeof *sched);
+    long freeb = pol->kv_blocks;
+    int stamp = 0, lowkey = 0, finished = 0;
+    double now = 0;
+    for (int i = 0; i < n; i++) x[i] = (rr){.st = UNSENT, .key = i, .prompt = rq[i].prompt, .gen = rq[i].gen};
+    while (finished < n) {
+        int any = 0;
+        for (int i = 0; i < n; i++)
+            if (x[i].st == UNSENT && rq[i].arrival <= now)
+                x[i].st = QUEUED, x[i].send = rq[i].arrival, x[i].goal = x[i].prompt;
+        for (int i = 0; i < n; i++) any |= x[i].st == QUEUED || x[i].st == RUNNING;
+        if (!any) {
+            double nx = HUGE_VAL;
+            for (int i = 0; i < n; i++)
+                if (x[i].st == UNSENT && rq[i].arrival < nx) nx = rq[i].arrival;
+            now = nx;
+            continue;
+        }
+        memset(sched, 0, (size_t)n * sizeof *sched);
+        int left = pol->budget, pre = 0, nrun = 0, count = 0;
+        for (;;) { /* running, by stamp */
+            int best = -1;
+            for (int i = 0; i < n; i++)
+                if (x[i].st == RUNNING && !sched[i] && x[i].stamp >= 0 && (best < 0 || x[i].stamp < x[best].stamp))
+                    best = i;
+            if (best < 0 || left <= 0) break;
+            rr *r = &x[best];
+            int want = r->computed < r->goal ? (r->goal - r->computed < left ? r->goal - r->computed : left) : 1;
+            long need = nblk(r->computed + want, pol->block_size) - r->held;
+            while (need > freeb) { /* preempt the newest running (possibly itself) */
+                int v = -1;
+                for (int i = 0; i < n; i++)
+                    if (x[i].st == RUNNING && !sched[i] && (v < 0 || x[i].stamp > x[v].stamp)) v = i;
+                freeb += x[v].held;
+                x[v].held = 0, x[v].computed = 0, x[v].goal = x[v].prompt + x[v].emitted;
+                x[v].st = QUEUED, x[v].key = --lowkey;
+                pre = 1;
+                if (v == best) break;
+            }
+            if (r->st != RUNNING) continue;
+            freeb -= need, r->held += need;
+            sched[best] = want, left -= want, count++;
+            r->stamp = r->stamp; /* keeps its place */
+        }
+        for (int i = 0; i < n; i++) nrun += x[i].st == RUNNING;
+        while (!pre && left > 0 && nrun < pol->max_seqs) { /* queued, by key */
+            int h = -1;
+            for (int i = 0; i < n; i++)
+                if (x[i].st == QUEUED && (h < 0 || x[i].key < x[h].key)) h = i;
+            if (h < 0) break;
+            int want = x[h].goal < left ? x[h].goal : left;
+            long need = nblk(want, pol->block_size);
+            if (need > freeb) break;
+            freeb -= need, x[h].held = need, x[h].computed = 0;
+            x[h].st = RUNNING, x[h].stamp = ++stamp;
+            sched[h] = want, left -= want, count++, nrun++;
+        }
+        if (!count) {
+            free(x), free(sched);
+            return -1;
+        }
+        ac_serve_step s = {0};
+        for (int i = 0; i < n; i++) {
+            if (!sched[i]) continue;
+            s.tokens += sched[i];
+            if (x[i].computed >= x[i].goal) s.n_decode++, s.decode_ctx += x[i].computed + 1;
+        }
+        now += lin_cost((void *)c, &s) * 1e-6;
+        for (int i = 0; i < n; i++) {
+            if (!sched[i]) continue;
+            rr *r = &x[i];
+            int prefill = r->computed < r->goal;
+            r->computed += sched[i];
+            if (prefill && r->computed < r->goal) continue;
+            if (r->emitted++ == 0) r->ttft = now - r->send;
+            if (r->emitted >= r->gen) {
+                r->e2e = now - r->send, r->st = FINISHED, freeb += r->held, r->held = 0, finished++;
+            }
+        }
+    }
+    for (int i = 0; i < n; i++) ttft[i] = x[i].ttft, e2e[i] = x[i].e2e;
+    free(x), free(sched);
+    return 0;
+}
+
+static void test_matches_independent_simulation(void) {
+    /* Poisson arrivals, spread lengths, a pool small enough to preempt */
+    ac_workload w = {
+        .prompt_len = 300, .gen_len = 60, .arrival_rate = 40, .requests = 150, .length_spread = 0.8, .seed = 7};
+    ac_serve_req *r;
+    int n, preempting = 0;
+    ac_err e;
+    CHECK(ac_serve_requests(&w, &r, &n, &e) == 0, "%s", e.msg);
+    lin c = {3000, 2, 0.05};
+    long pools[] = {4000, 120, 60};
+    int budgets[] = {2048, 512, 256};
+    for (int k = 0; k < 3; k++) {
+        ac_serve_policy pol = vllm_like(budgets[k], pools[k]);
+        pol.max_seqs = 32;
+        ac_serve_stats st;
+        ac_serve_result *res = calloc((size_t)n, sizeof *res);
+        double *t1 = calloc((size_t)n, sizeof *t1), *e1 = calloc((size_t)n, sizeof *e1);
+        CHECK(ac_serve_run(r, n, &pol, lin_cost, &c, &st, res, &e) == 0, "%s", e.msg);
+        CHECK(ref_run(r, n, &pol, &c, t1, e1) == 0, "reference stalled");
+        double worst = 0;
+        for (int i = 0; i < n; i++) {
+            double d = fmax(fabs(res[i].ttft - t1[i]), fabs(res[i].e2e - e1[i]));
+            if (d > worst) worst = d;
+        }
+        printf("   pool %ld blocks, budget %d: %d steps, %d preemptions, p99 TTFT %.1f ms, max |diff| %.2e s\n",
+               pools[k], budgets[k], st.steps, st.preemptions, st.p99_ttft_ms, worst);
+        CHECK(worst < 1e-9, "pool %ld: simulations differ by %g s", pools[k], worst);
+        CHECK(st.completed == n, "completed %d of %d", st.completed, n);
+        preempting += st.preemptions > 0;
+        free(res), free(t1), free(e1);
+    }
+    CHECK(preempting > 0, "no case preempted: the comparison does not cover recompute");
+    free(r);
+}
+
+static void test_poisson_requests(void) {
+    /* mean gap 1 / rate, lengths within the spread, same seed same trace */
+    ac_workload w = {
+        .prompt_len = 100, .gen_len = 50, .arrival_rate = 4, .requests = 4000, .length_spread = 0.5, .seed = 3};
+    ac_serve_req *a, *b;
+    int n, m;
+    ac_err e;
+    CHECK(ac_serve_requests(&w, &a, &n, &e) == 0 && ac_serve_requests(&w, &b, &m, &e) == 0, "%s", e.msg);
+    double mean_gap = a[n - 1].arrival / n;
+    CHECK(fabs(mean_gap - 0.25) < 0.02, "mean gap %g", mean_gap);
+    int lo = 1 << 30, hi = 0;
+    for (int i = 0; i < n; i++) lo = a[i].prompt < lo ? a[i].prompt : lo, hi = a[i].prompt > hi ? a[i].prompt : hi;
+    CHECK(lo == 50 && hi == 150, "prompt range %d..%d", lo, hi);
+    CHECK(!memcmp(a, b, sizeof *a * (size_t)n), "same seed, different trace");
+    free(a), free(b);
+}
+
+/* ---------------------------------------------------------------- the cost model's engine figures */
+
+static void arch8b(ac_carch *c, double *buf, int L) {
+    *c = (ac_carch){.n_layers = L,
+                    .head_dim = 128,
+                    .vocab = 128256,
+                    .hidden = 4096,
+                    .heads = buf,
+                    .kv = buf + L,
+                    .ffn = buf + 2 * L};
+    for (int l = 0; l < L; l++) buf[l] = 32, buf[L + l] = 8, buf[2 * L + l] = 14336;
+}
+
+static void test_static_and_served_agree(void) {
+    /* offline N equal requests whose prompts fit one step is the static
+     * batch of N: the same prefill, decode steps at the same contexts */
+    double buf[96];
+    ac_carch c;
+    arch8b(&c, buf, 32);
+    ac_cost_table t;
+    ac_err e;
+    CHECK(ac_cost_roofline(ac_device_spec_find("H100"), "bf16", &t, &e) == 0, "%s", e.msg);
+    ac_engine_profile p;
+    ac_engine_profile_named(ac_engine_find("trtllm"), 0, &p);
+    p.graph_max = -1; /* eager: the static model pads no batch */
+    ac_workload ws = {.batch = 16, .prompt_len = 256, .gen_len = 64}, wo = ws;
+    wo.offline = 1, wo.requests = 16;
+    ac_cost a, b;
+    ac_cost_predict(&t, &c, &ws, &p, 0, &a);
+    ac_cost_predict(&t, &c, &wo, &p, 0, &b);
+    printf("   static: TTFT %.3f TPOT %.4f %.0f tok/s; served: %.3f %.4f %.0f tok/s\n", a.ttft_ms, a.tpot_ms,
+           a.tokens_per_s, b.ttft_ms, b.tpot_ms, b.tokens_per_s);
+    CHECK(b.served && !a.served, "served flags");
+    CHECK(fabs(b.ttft_ms / a.ttft_ms - 1) < 1e-9, "TTFT %g vs %g", b.ttft_ms, a.ttft_ms);
+    CHECK(fabs(b.tpot_ms / a.tpot_ms - 1) < 2e-3, "TPOT %g vs %g", b.tpot_ms, a.tpot_ms);
+    CHECK(fabs(b.tokens_per_s / a.tokens_per_s - 1) < 2e-3, "tok/s %g vs %g", b.tokens_per_s, a.tokens_per_s);
+    CHECK(a.p99_ttft_ms == a.ttft_ms && a.p99_e2e_ms == a.e2e_ms, "static percentiles");
+    ac_cost_table_free(&t);
+}
+
+static void test_paged_kv_pool(void) {
+    /* vLLM on an H100: blocks = floor((0.9 x memory - weights - activations
+     * of a budget step - overhead) / (16 x KV bytes per token)) */
+    double buf[96];
+    ac_carch c;
+    arch8b(&c, buf, 32);
+    ac_cost_table t;
+    ac_err e;
+    CHECK(ac_cost_roofline(ac_device_spec_find("H100"), "bf16", &t, &e) == 0, "%s", e.msg);
+    ac_engine_profile p;
+    ac_engine_profile_named(ac_engine_find("vllm"), 0, &p);
+    ac_workload w = {.batch = 1, .prompt_len = 1000, .gen_len = 1000};
+    ac_cost k;
+    ac_cost_predict(&t, &c, &w, &p, 0, &k);
+    double gib = 1073741824.0, kv_tok = 32 * 2 * 8 * 128 * 2.0, widest = 2 * 14336;
+    double act = (8192 * (4096 + widest) * 2 + 1024.0 * 128256 * 4) / gib; /* served budget 8192, 1024 sequences */
+    double pool = 0.9 * t.mem_gib - ac_carch_params(&c) * 2 / gib - act - 1.5;
+    long blocks = (long)floor(pool * gib / (16 * kv_tok));
+    CHECK(k.kv_blocks == blocks, "blocks %ld, want %ld", k.kv_blocks, blocks);
+    CHECK(k.kv_concurrency == (int)(blocks / 125), "concurrency %d", k.kv_concurrency); /* 2000 tokens = 125 blocks */
+    CHECK(fabs(k.engine_mem_gib - 0.9 * t.mem_gib) < 1e-9, "engine memory %g", k.engine_mem_gib);
+    printf("   Llama-3.1-8B BF16 on H100, vLLM: %ld blocks, %.0f tokens, %d requests of 1000/1000\n", k.kv_blocks,
+           k.kv_tokens, k.kv_concurrency);
+    ac_cost_table_free(&t);
+}
+
+static void test_cuda_graph_launches(void) {
+    /* a decode step of one sequence: graphed, vLLM pays one launch plus the
+     * attention kernels (piecewise) instead of every kernel's */
+    double buf[96];
+    ac_carch c;
+    arch8b(&c, buf, 32);
+    ac_cost_table t;
+    ac_err e;
+    CHECK(ac_cost_roofline(ac_device_spec_find("H100"), "bf16", &t, &e) == 0, "%s", e.msg);
+    ac_engine_profile p, eager;
+    ac_engine_profile_named(ac_engine_find("vllm"), 0, &p);
+    eager = p;
+    eager.graph_max = -1;
+    int ctx = 100;
+    int ch[1] = {0};
+    ac_serve_step s = {.n_decode = 1, .decode_ctx = ctx, .chunk = ch, .chunk_end = ch, .tokens = 1, .logits = 1};
+    double g = ac_cost_served_step_us(&t, &c, &p, &s), x = ac_cost_served_step_us(&t, &c, &eager, &s);
+    int launches = 2 + 5 * 32;
+    CHECK(fabs((x - g) - (launches - 33) * t.launch_us) < 1e-6, "saved %g us, want %g", x - g,
+          (launches - 33) * t.launch_us);
+    /* beyond the largest captured size (512 tokens) nothing changes */
+    s.n_decode = 600, s.decode_ctx = 600.0 * ctx, s.tokens = 600, s.logits = 600;
+    g = ac_cost_served_step_us(&t, &c, &p, &s), x = ac_cost_served_step_us(&t, &c, &eager, &s);
+    CHECK(fabs(x - g) < 1e-9, "600 tokens: %g vs %g", g, x);
+    ac_engine_rt rt;
+    ac_engine_resolve(&p, t.mem_gib, t.device, NULL, &rt);
+    CHECK(ac_engine_graph_size(&rt, 3) == 4 && ac_engine_graph_size(&rt, 9) == 16 &&
+              ac_engine_graph_size(&rt, 512) == 512 && ac_engine_graph_size(&rt, 513) == 0,
+          "capture sizes");
+    ac_cost_table_free(&t);
+}
+
+static void test_tensor_parallel(void) {
+    /* tp 2 = one GPU's half-width model plus two all-reduces a layer of
+     * M x hidden x 2 bytes over NVLink (8 us + 2 (tp-1)/tp bytes / 360 GB/s) */
+    double buf[96], hb[96];
+    ac_carch c, h;
+    arch8b(&c, buf, 32);
+    arch8b(&h, hb, 32);
+    for (int l = 0; l < 32; l++) hb[l] = 16, hb[32 + l] = 4, hb[64 + l] = 7168;
+    h.vocab = 128256 / 2;
+    ac_cost_table t;
+    ac_err e;
+    CHECK(ac_cost_roofline(ac_device_spec_find("H100"), "bf16", &t, &e) == 0, "%s", e.msg);
+    ac_engine_profile p1, p2;
+    ac_engine_profile_named(ac_engine_find("trtllm"), 0, &p1);
+    p1.graph_max = -1;
+    p2 = p1;
+    p2.tp = 2;
+    int ch[1] = {0};
+    for (int tokens = 1; tokens <= 256; tokens *= 16) {
+        ac_serve_step s = {.n_decode = tokens,
+                           .decode_ctx = 500.0 * tokens,
+                           .chunk = ch,
+                           .chunk_end = ch,
+                           .tokens = tokens,
+                           .logits = tokens};
+        double one = ac_cost_served_step_us(&t, &h, &p1, &s), two = ac_cost_served_step_us(&t, &c, &p2, &s);
+        double ar = 2 * 32 * (8 + 2 * 0.5 * tokens * 4096 * 2 / 360e9 * 1e6);
+        CHECK(fabs(two - one - ar) < 1e-6, "%d tokens: tp2 %g, half model %g + all-reduce %g", tokens, two, one, ar);
+    }
+    ac_workload w = {.batch = 1, .prompt_len = 1000, .gen_len = 1000};
+    ac_cost k1, k2;
+    ac_cost_predict(&t, &c, &w, &p1, 0, &k1);
+    ac_cost_predict(&t, &c, &w, &p2, 0, &k2);
+    CHECK(k1.params == k2.params, "params are the model's");
+    CHECK(k2.weights_gib < 0.51 * k1.weights_gib && k2.weights_gib > 0.49 * k1.weights_gib, "weights per GPU %g of %g",
+          k2.weights_gib, k1.weights_gib);
+    CHECK(k2.kv_concurrency > 2 * k1.kv_concurrency, "tp2 KV concurrency %d vs %d", k2.kv_concurrency,
+          k1.kv_concurrency);
+    ac_cost_table_free(&t);
+}
+
+static void test_fp8_peaks(void) {
+    /* FP8 doubles the peak on FP8 tensor cores (H100), not on the A100
+     * (weight-only FP8: BF16 compute) */
+    ac_cost_table h8, h16, a8, a16;
+    ac_err e;
+    CHECK(!ac_cost_roofline(ac_device_spec_find("H100"), "fp8", &h8, &e) &&
+              !ac_cost_roofline(ac_device_spec_find("H100"), "bf16", &h16, &e) &&
+              !ac_cost_roofline(ac_device_spec_find("A100"), "fp8", &a8, &e) &&
+              !ac_cost_roofline(ac_device_spec_find("A100"), "bf16", &a16, &e),
+          "%s", e.msg);
+    CHECK(h8.peak_tflops == 2 * h16.peak_tflops && a8.peak_tflops == a16.peak_tflops, "peaks %g %g %g %g",
+          h8.peak_tflops, h16.peak_tflops, a8.peak_tflops, a16.peak_tflops);
+    /* an FP8 KV cache halves what decode attention reads under BF16 weights */
+    double buf[96];
+    ac_carch c;
+    arch8b(&c, buf, 32);
+    ac_engine_profile p, q;
+    ac_engine_profile_named(ac_engine_find("trtllm"), 0, &p);
+    q = p;
+    q.kv_bytes = 1;
+    double b1 = ac_cost_decode_step_us(&h16, &c, &p, 256, 4096), b2 = ac_cost_decode_step_us(&h16, &c, &q, 256, 4096);
+    CHECK(b2 < 0.8 * b1, "FP8 KV step %g vs BF16 KV %g", b2, b1);
+    ac_cost_table_free(&h8), ac_cost_table_free(&h16), ac_cost_table_free(&a8), ac_cost_table_free(&a16);
+}
+
+static void test_engine_names_in_the_spec(void) {
+    ac_target_spec t;
+    const char *field;
+    ac_err e;
+    json_t *j = json_pack("{s:s,s:{s:s}}", "device", "H100", "engine", "name", "tgi");
+    CHECK(ac_target_spec_parse(j, &t, "target", &field, &e) != 0, "tgi accepted");
+    CHECK(!strcmp(field, "target.engine.name"), "field %s", field);
+    CHECK(strstr(e.msg, "vllm, trtllm, sglang, llamacpp"), "message does not list the engines: %s", e.msg);
+    json_decref(j);
+    const char *names[] = {"vllm", "trtllm", "sglang", "llamacpp"};
+    int blocks[] = {16, 32, 1, 1};
+    for (int i = 0; i < 4; i++) {
+        j = json_pack("{s:s,s:{s:s}}", "device", "L4", "engine", "name", names[i]);
+        CHECK(ac_target_spec_parse(j, &t, "target", &field, &e) == 0, "%s: %s", names[i], e.msg);
+        CHECK(!strcmp(t.engine.name, names[i]) && t.engine.block_size == blocks[i], "%s: block %d", names[i],
+              t.engine.block_size);
+        json_decref(j);
+    }
+    /* L4 (24 GB): vLLM's small-GPU defaults, SGLang's */
+    ac_engine_profile p;
+    ac_engine_rt rt;
+    ac_workload w = {.offline = 0};
+    ac_engine_profile_named(ac_engine_find("vllm"), 0, &p);
+    ac_engine_resolve(&p, 24e9 / 1073741824.0, "NVIDIA L4 24GB", &w, &rt);
+    CHECK(rt.budget == 2048 && rt.max_seqs == 256 && rt.graph_max == 512, "vllm on L4 %d %d %d", rt.budget, rt.max_seqs,
+          rt.graph_max);
+    ac_engine_resolve(&p, 80e9 / 1073741824.0, "NVIDIA A100 SXM 80GB", &w, &rt);
+    CHECK(rt.budget == 2048, "vllm on A100 keeps the small budget: %d", rt.budget);
+    ac_engine_profile_named(ac_engine_find("sglang"), 0, &p);
+    ac_engine_resolve(&p, 24e9 / 1073741824.0, "NVIDIA L4 24GB", &w, &rt);
+    CHECK(rt.budget == 2048 && rt.graph_max == 8 && rt.prefill_first, "sglang on L4 %d %d", rt.budget, rt.graph_max);
+    /* tp on the CPU, NVLink on an L4: 4xx with the field */
+    j = json_pack("{s:s,s:i}", "device", "cpu", "tp", 2);
+    CHECK(ac_target_spec_parse(j, &t, "target", &field, &e) != 0 && !strcmp(field, "target.tp"), "tp on cpu: %s",
+          field);
+    json_decref(j);
+    j = json_pack("{s:s,s:i,s:s}", "device", "L4", "tp", 2, "interconnect", "nvlink");
+    CHECK(ac_target_spec_parse(j, &t, "target", &field, &e) != 0 && !strcmp(field, "target.interconnect"),
+          "nvlink on L4: %s", field);
+    json_decref(j);
+}
+
+static void test_tp_divisibility(void) {
+    /* the base model must split tp ways; the FFN grid follows tp */
+    ac_layer_arch ly[2] = {{.n_heads = 32, .n_kv_heads = 8, .ffn = 14336},
+                           {.n_heads = 32, .n_kv_heads = 2, .ffn = 14336}};
+    ac_arch a = {.n_layers = 2, .hidden = 4096, .head_dim = 128, .vocab = 1000, .layers = ly};
+    const char *field = NULL;
+    ac_err e;
+    CHECK(ac_job_check_tp(4, &a, &field, &e) == 0, "tp 4: %s", e.msg); /* KV 2 divides 4: replicated */
+    CHECK(ac_job_check_tp(8, &a, &field, &e) == 0, "tp 8: %s", e.msg);
+    CHECK(ac_job_check_tp(3, &a, &field, &e) != 0 && !strcmp(field, "target.tp") && strstr(e.msg, "query heads"),
+          "tp 3: %s", e.msg);
+    ly[1].n_kv_heads = 6, ly[1].n_heads = 48;
+    CHECK(ac_job_check_tp(4, &a, &field, &e) != 0 && strstr(e.msg, "layer 1") && strstr(e.msg, "KV heads"),
+          "KV 6 on tp 4: %s", e.msg);
+    ly[1] = (ac_layer_arch){.n_heads = 32, .n_kv_heads = 8, .ffn = 14337};
+    CHECK(ac_job_check_tp(2, &a, &field, &e) != 0 && strstr(e.msg, "FFN"), "FFN 14337 on tp 2: %s", e.msg);
+    static ac_job_spec s;
+    json_t *j =
+        json_pack("{s:s,s:s,s:{s:s,s:i},s:{s:f},s:{s:s}}", "model", "/m", "calibration", "/c", "target", "device",
+                  "H100", "tp", 3, "constraints", "max_params", 1e9, "search", "export_target", "gguf");
+    CHECK(ac_job_spec_parse(j, &s, &field, &e) == 0 && s.search.ffn_multiple == 96, "gguf, tp 3: multiple %d (%s)",
+          s.search.ffn_multiple, e.msg);
+    json_object_set_new(json_object_get(j, "search"), "ffn_multiple", json_integer(64));
+    CHECK(ac_job_spec_parse(j, &s, &field, &e) != 0 && !strcmp(field, "search.ffn_multiple"), "64 on tp 3: %s", field);
+    json_decref(j);
+}
+
+static void test_served_gradient(void) {
+    /* the served figures' gradient (the static model's at the simulation's
+     * mean batch, scaled to the simulated value) against a central
+     * difference of the simulation itself over a uniform 10 % FFN change */
+    double buf[96], g[96];
+    ac_carch c;
+    arch8b(&c, buf, 32);
+    ac_cost_table t;
+    ac_err e;
+    CHECK(ac_cost_roofline(ac_device_spec_find("H100"), "bf16", &t, &e) == 0, "%s", e.msg);
+    ac_engine_profile p;
+    ac_engine_profile_named(ac_engine_find("vllm"), 0, &p);
+    ac_workload w = {.prompt_len = 1024, .gen_len = 128, .arrival_rate = 8, .requests = 256};
+    ac_metric ms[] = {AC_M_TOKENS_PER_S, AC_M_TPOT, AC_M_P99_TTFT, AC_M_P99_E2E, AC_M_TOKENS_PER_S};
+    const char *names[] = {"tokens/s", "TPOT", "p99 TTFT", "p99 E2E", "offline tokens/s"};
+    for (int i = 0; i < 5; i++) {
+        if (i == 4) w = (ac_workload){.prompt_len = 1024, .gen_len = 128, .offline = 1, .requests = 1024};
+        ac_cost_grad(&t, &c, &w, &p, ms[i], g, g + 32, g + 64, NULL);
+        double d = 0.1 * 14336, pred = 0, a, b;
+        ac_cost k;
+        for (int l = 0; l < 32; l++) pred += g[64 + l] * d;
+        for (int l = 0; l < 32; l++) buf[64 + l] = 14336 + d;
+        ac_cost_predict(&t, &c, &w, &p, 1, &k), a = ac_cost_metric(&k, ms[i]);
+        for (int l = 0; l < 32; l++) buf[64 + l] = 14336 - d;
+        ac_cost_predict(&t, &c, &w, &p, 1, &k), b = ac_cost_metric(&k, ms[i]);
+        for (int l = 0; l < 32; l++) buf[64 + l] = 14336;
+        double fd = (a - b) / 2;
+        printf("   %s: gradient x 10 %% of the FFN %.4g, simulated central difference %.4g\n", names[i], pred, fd);
+        CHECK(fd != 0 && pred / fd > 0.6 && pred / fd < 1.5, "%s: %g vs %g", names[i], pred, fd);
+    }
+    ac_cost_table_free(&t);
+}
+
+int main(void) {
+    RUN(test_offline_batch_closed_form);
+    RUN(test_chunked_prefill_closed_form);
+    RUN(test_isolated_arrivals_closed_form);
+    RUN(test_kv_pool_waves);
+    RUN(test_closed_loop_concurrency);
+    RUN(test_matches_independent_simulation);
+    RUN(test_poisson_requests);
+    RUN(test_static_and_served_agree);
+    RUN(test_paged_kv_pool);
+    RUN(test_cuda_graph_launches);
+    RUN(test_tensor_parallel);
+    RUN(test_fp8_peaks);
+    RUN(test_engine_names_in_the_spec);
+    RUN(test_tp_divisibility);
+    RUN(test_served_gradient);
+    printf("RESULT %d %d %d\n", ck_pass, ck_fail, ck_skip);
+    return ck_fail ? 1 : 0;
+}
