@@ -207,8 +207,9 @@ static void *dp_run(void *arg) {
             int n0 = g * RN, rn = j->out - n0 < RN ? j->out - n0 : RN;
             for (int k0 = 0; k0 < K; k0 += KC) {
                 int k1 = K - k0 > KC ? k0 + KC : K;
-                for (int m0 = mb; m0 < me; m0 += RM)
-                    dispatch(j, m0, n0, me - m0 < RM ? me - m0 : RM, rn, k0, k1, &acc[(m0 - mb) / RM * RM * RN]);
+                for (int m0 = mb; m0 < me; m0 += RM) /* acc is used when K is chunked only (its block is capped) */
+                    dispatch(j, m0, n0, me - m0 < RM ? me - m0 : RM, rn, k0, k1,
+                             KC < K ? &acc[(m0 - mb) / RM * RM * RN] : acc);
             }
         }
     }
