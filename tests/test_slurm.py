@@ -149,7 +149,7 @@ def test_job_runs_on_slurm():
     kinds = [e["kind"] for e in events(i)]
     assert kinds.count("result") == 1 and "slurm" in kinds and "progress" in kinds, kinds
     st, res = D.req("GET", f"/v1/jobs/{i}/result")
-    assert st == 200 and "autocompress" in res and "base" in res, res.keys()
+    assert st == 200 and "autocompress" in res and "baseline" in res, res.keys()
     out = slurm("scontrol", "show", "job", "-o", str(sid)).stdout
     assert "JobState=COMPLETED" in out and f"Name={j['slurm']['name']}" in out, out
     # the worker's stderr is the job's log, as for a local job
