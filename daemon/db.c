@@ -569,7 +569,7 @@ int db_exec_get(db *d, long id, db_exec_job *job, char *executor, size_t n, int 
     free(rows);
     if (*found && read_text(d, "SELECT executor FROM jobs WHERE id = ?", ARGS(A_INT(id)), &ex, "executor", e))
         return -1;
-    snprintf(executor, n, "%s", ex ? ex : "local");
+    snprintf(executor, n, "%s", ex ? ex : "");
     free(ex);
     return 0;
 }

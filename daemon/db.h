@@ -135,7 +135,8 @@ typedef struct {
 } db_exec_job;
 /* Running jobs of that executor, by id (caller frees *jobs). */
 int db_exec_live(db *d, const char *executor, db_exec_job **jobs, int *n, ac_err *e);
-/* One job's executor columns; executor gets "local" when NULL. *found 0 when unknown. */
+/* One job's executor columns; executor gets "" when none was recorded (a local job, or one not
+ * placed yet). *found 0 when unknown. */
 int db_exec_get(db *d, long id, db_exec_job *job, char *executor, size_t n, int *found, ac_err *e);
 /* Before submission: the executor, the batch job's name and the secret (kept when one is set already). */
 int db_exec_prepare(db *d, long id, const char *executor, const char *name, const char *secret, ac_err *e);

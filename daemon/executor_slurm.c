@@ -757,12 +757,15 @@ void exec_job_view(ac_daemon *d, long job, json_t *o) {
     int found = 0;
     ac_err e = {{0}};
     if (db_exec_get(d->db, job, &j, ex, sizeof ex, &found, &e) || !found) return;
+    if (!ex[0]) /* none recorded: a queued job goes to the configured executor, any other ran locally */
+        snprintf(ex, sizeof ex, "%s", j.state == JOB_QUEUED ? exec_kind_name(d->cfg.exec.kind) : "local");
     json_object_set_new(o, "executor", json_string(ex));
     if (strcmp(ex, "slurm")) return;
     json_object_set_new(o, "slurm",
-                        json_pack("{s:o,s:s,s:o}", "job_id",
-                                  j.slurm_job_id > 0 ? json_integer(j.slurm_job_id) : json_null(), "name", j.name,
-                                  "state", j.slurm_state[0] ? json_string(j.slurm_state) : json_null()));
+                        j.name[0] ? json_pack("{s:o,s:s,s:o}", "job_id",
+                                              j.slurm_job_id > 0 ? json_integer(j.slurm_job_id) : json_null(), "name",
+                                              j.name, "state", j.slurm_state[0] ? json_string(j.slurm_state) : json_null())
+                                  : json_null());
 }
 
 /* ------------------------------------------------------------- worker events over HTTP */

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #define POST_MAX_LINES 256
-#define POST_MAX_BYTES (8u << 20)
+#define POST_MAX_BYTES (256u << 10) /* well under the daemon's max_body_bytes (1 MB by default) */
 
 struct wpost {
     FILE *f;          /* the events file, appended */
@@ -127,6 +127,12 @@ static void *poster(void *arg) {
         if (code == 200) {
             p->sent = upto;
             backoff = 0.2;
+        } else if (code == 413) {
+            /* larger than the daemon takes (max_body_bytes): skipped here, the
+             * daemon reads these lines from the file when it sees the gap */
+            fprintf(stderr, "worker: events of %ld bytes are too large to post; the daemon reads them from %s\n",
+                    upto - from, p->path);
+            p->sent = upto;
         } else if (code >= 400 && code < 500) {
             /* 409: the job has ended (cancelled, failed by Slurm); 401 / 404:
              * not ours. The daemon will not take these: the file keeps them. */

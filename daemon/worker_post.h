@@ -7,7 +7,9 @@
  * job's secret), retrying with back-off while the daemon is unreachable.
  * Sequence numbers continue those already in the file (a requeued job).
  * The daemon stores each seq once, so a line posted twice or also read
- * from the file is stored once.
+ * from the file is stored once. Lines too large for the daemon's
+ * max_body_bytes (413) are not posted: the daemon reads them from the file
+ * when the next posted seq shows the gap, or when the batch job ends.
  *
  * Line format: {"seq": N, "kind": K, "data": D}.
  */

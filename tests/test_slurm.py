@@ -135,6 +135,7 @@ def test_config_shown_and_checked():
 
 def test_job_runs_on_slurm():
     i = submit(spec())
+    assert job(i)["executor"] == "slurm"  # queued or submitted: the configured executor
     # the SSE stream of a Slurm job reads as a local one's: stages in order, then the end
     st, evs, _ = sse_read(D.port, f"/v1/jobs/{i}/events",
                           until=lambda e, c: any(x["event"] == "state" and x["data"].get("state") in
@@ -165,8 +166,8 @@ def test_job_runs_on_slurm():
 def test_worker_events_need_the_jobs_secret():
     a = submit(long_spec())
     b = submit(long_spec())
-    wait(a, lambda j: j["slurm"] and j["slurm"]["job_id"], 60, "Slurm job id")
-    wait(b, lambda j: j["slurm"] and j["slurm"]["job_id"], 60, "Slurm job id")
+    wait(a, lambda j: (j.get("slurm") or {}).get("job_id"), 60, "Slurm job id")
+    wait(b, lambda j: (j.get("slurm") or {}).get("job_id"), 60, "Slurm job id")
     ev = {"events": [{"seq": 10 ** 9, "kind": "log", "data": {"message": "forged"}}]}
     assert post_events(a, ev, "0" * 64)[0] == 401
     assert post_events(a, ev, secret(b))[0] == 401  # another job's secret
@@ -189,7 +190,7 @@ def test_worker_events_need_the_jobs_secret():
 
 def test_cancel_is_scancel():
     i = submit(long_spec())
-    j = wait(i, lambda j: (j["slurm"] or {}).get("state") == "RUNNING" and
+    j = wait(i, lambda j: (j.get("slurm") or {}).get("state") == "RUNNING" and
              any(e["kind"] == "stage" for e in events(i)), 120, "RUNNING with events")
     sid = j["slurm"]["job_id"]
     st, _ = D.req("DELETE", f"/v1/jobs/{i}")
@@ -203,10 +204,32 @@ def test_cancel_is_scancel():
 def test_slurm_failure_is_job_failure():
     """A batch job cancelled behind the daemon's back (an admin's scancel) fails the job with Slurm's state."""
     i = submit(long_spec())
-    j = wait(i, lambda j: (j["slurm"] or {}).get("state") == "RUNNING", 120, "RUNNING")
+    j = wait(i, lambda j: (j.get("slurm") or {}).get("state") == "RUNNING", 120, "RUNNING")
     slurm("scancel", str(j["slurm"]["job_id"]))
     j = wait_end(i, 60)
     assert j["state"] == "failed" and "CANCELLED" in j["reason"] and str(j["slurm"]["job_id"]) in j["reason"], j
+
+
+def test_unreachable_daemon_reads_the_job_directory():
+    """Nodes that cannot reach the daemon's HTTP port: the events come from the job's events.jsonl instead."""
+    D.stop()
+    saved = json.loads(json.dumps(D.config))
+    D.config["slurm"]["daemon_url"] = "http://127.0.0.1:9"  # discard port: nothing listens
+    D.start()
+    try:
+        i = submit(spec())
+        j = wait_end(i)
+        assert j["state"] == "succeeded", j["reason"]
+        evs = events(i)
+        st = [e["data"]["stage"] for e in evs if e["kind"] == "stage"]
+        assert st == ["load", "calibrate", "profile", "search", "prune", "evaluate", "export"], st
+        assert [e["kind"] for e in evs].count("result") == 1
+        log = open(os.path.join(D.data, "jobs", str(i), "worker.log")).read()
+        assert "cannot deliver events" in log, log[-2000:]
+    finally:
+        D.stop()
+        D.config = saved
+        D.start()
 
 
 def test_sigkill_daemon_reattaches():
@@ -235,7 +258,7 @@ def test_sigkill_daemon_reattaches():
 
 def test_node_fault_fails_the_running_job():
     i = submit(long_spec())
-    wait(i, lambda j: (j["slurm"] or {}).get("state") == "RUNNING", 120, "RUNNING")
+    wait(i, lambda j: (j.get("slurm") or {}).get("state") == "RUNNING", 120, "RUNNING")
     subprocess.run([SCRIPT, "kill-slurmd", CLUSTER], check=True, timeout=30)
     try:
         j = wait_end(i, 120)
@@ -273,7 +296,8 @@ def main():
     D = Daemon(config=cfg).start()
     try:
         for t in [test_config_shown_and_checked, test_job_runs_on_slurm, test_worker_events_need_the_jobs_secret,
-                  test_cancel_is_scancel, test_slurm_failure_is_job_failure, test_sigkill_daemon_reattaches,
+                  test_cancel_is_scancel, test_slurm_failure_is_job_failure,
+                  test_unreachable_daemon_reads_the_job_directory, test_sigkill_daemon_reattaches,
                   test_node_fault_fails_the_running_job]:
             R.run(t)
     finally:
