@@ -350,6 +350,7 @@ static void hex(char *dst, size_t nbytes) {
 
 static void sbatch_done(cmd *c) {
     S.submitting--;
+    if (!S.stopping) sched_notify(S.d); /* the next queued job may go */
     sjob *sj = find(c->job);
     char *out = c->buf.data ? c->buf.data : "";
     long sid = 0;

@@ -273,6 +273,41 @@ def test_node_fault_fails_the_running_job():
     assert wait_end(k, 300)["state"] == "succeeded", job(k)["reason"]
 
 
+def test_load():
+    """AC_SLURM_LOAD jobs at once (0, the default in make test: skipped): none lost, none run twice."""
+    n = int(os.environ.get("AC_SLURM_LOAD", "0"))
+    if n <= 0:
+        return "skip"
+    t0 = time.time()
+    ids = [submit(spec(search={"steps": 5, "seed": s, "dnas_steps": 5}, eval={"ctx": 64, "windows": 1}))
+           for s in range(n)]
+    t_sub = time.time() - t0
+    ends = {}
+    while len(ends) < n and time.time() - t0 < 60 * 30:
+        for i in ids:
+            if i not in ends:
+                j = job(i)
+                if j["state"] in ("succeeded", "failed", "cancelled"):
+                    ends[i] = (j, time.time() - t0)
+        time.sleep(1)
+    assert len(ends) == n, f"{n - len(ends)} jobs did not end"
+    bad = {i: e[0]["reason"] for i, e in ends.items() if e[0]["state"] != "succeeded"}
+    assert not bad, bad
+    for i in ids:
+        j = ends[i][0]
+        assert len([t for t in j["transitions"] if t["to"] == "running"]) == 1, j["transitions"]
+        assert [e["kind"] for e in events(i)].count("result") == 1
+    time.sleep(1)
+    names = jobcomp_names()
+    per = {i: len([x for x in names if x.startswith(f"ac-{i}-")]) for i in ids}
+    assert all(v == 1 for v in per.values()), per
+    sids = [ends[i][0]["slurm"]["job_id"] for i in ids]
+    assert len(set(sids)) == n
+    wall = max(e[1] for e in ends.values())
+    print(f"load: {n} jobs, submitted over HTTP in {t_sub:.1f} s, all ended in {wall:.1f} s "
+          f"({n / wall * 60:.1f} jobs/min), {n} batch jobs in Slurm's completion log, 0 lost, 0 twice", flush=True)
+
+
 def main():
     global D, CLUSTER
     if not os.path.exists(os.path.join(TINY, "config.json")):
@@ -298,7 +333,7 @@ def main():
         for t in [test_config_shown_and_checked, test_job_runs_on_slurm, test_worker_events_need_the_jobs_secret,
                   test_cancel_is_scancel, test_slurm_failure_is_job_failure,
                   test_unreachable_daemon_reads_the_job_directory, test_sigkill_daemon_reattaches,
-                  test_node_fault_fails_the_running_job]:
+                  test_node_fault_fails_the_running_job, test_load]:
             R.run(t)
     finally:
         if R.failed:
