@@ -328,18 +328,19 @@ def main():
            "model_roots": [os.path.dirname(os.path.dirname(TINY)), "/tmp"],
            "slurm": {"partition": "debug", "time_limit": "00:30:00", "cpus_per_task": 1, "poll_s": 0.5,
                      "post_flush_s": 5, "sbatch_options": ["--nice=0"]}}
-    D = Daemon(config=cfg).start()
     try:
+        D = Daemon(config=cfg).start()
         for t in [test_config_shown_and_checked, test_job_runs_on_slurm, test_worker_events_need_the_jobs_secret,
                   test_cancel_is_scancel, test_slurm_failure_is_job_failure,
                   test_unreachable_daemon_reads_the_job_directory, test_sigkill_daemon_reattaches,
                   test_node_fault_fails_the_running_job, test_load]:
             R.run(t)
     finally:
-        if R.failed:
+        if D and R.failed:
             print("--- daemon log (tail)")
             print(open(os.path.join(D.dir, "daemon.log"), errors="replace").read()[-4000:])
-        D.cleanup()
+        if D:
+            D.cleanup()
         subprocess.run(["scancel", "--user=" + str(os.getuid())], capture_output=True, timeout=30)  # this cluster's
         time.sleep(1)
         subprocess.run([SCRIPT, "stop", CLUSTER], timeout=60)
