@@ -32,7 +32,9 @@
  *
  * Restart. Jobs stay `running` in SQLite across a daemon restart (db_recover
  * leaves them); start() re-attaches them: reads the events they wrote
- * meanwhile, then squeue (by batch-job name) says how each stands. A job
+ * meanwhile, then squeue (by batch-job name) says how each stands; one
+ * squeue no longer lists is judged by its events file, then by sacct
+ * (where the cluster keeps accounting). A job
  * whose sbatch the daemon did not see return is found by its name, so it is
  * never submitted twice; one Slurm has no record of and that wrote no event
  * is submitted again.
@@ -54,7 +56,7 @@ typedef struct sjob {
     struct sjob *next;
     long id, slurm_id, seq;
     char name[64], secret[80], state[32], reason[160];
-    int cancelling, scancel_sent, submitting;
+    int cancelling, scancel_sent, submitting, sacct_running;
     double submitted_at;
     char *result;
     char error[512];
@@ -558,6 +560,34 @@ static void slurm_ended(sjob *sj, const char *state, const char *reason) {
     finish(sj, JOB_FAILED, why);
 }
 
+static void sacct_done(cmd *c) {
+    sjob *sj = find(c->job);
+    if (!sj) return;
+    sj->sacct_running = 0;
+    char st[64] = "", code[32] = "";
+    const char *out = c->buf.data ? c->buf.data : "";
+    if (c->status == 0 && sscanf(out, "%63[^|\n]|%31[^|\n]", st, code) >= 1 && terminal_state(st)) {
+        char why[64];
+        snprintf(why, sizeof why, "exit code %s", code[0] ? code : "?");
+        slurm_ended(sj, st, why);
+    } else /* no accounting (or it does not know the job): the files decided what they could */
+        slurm_ended(sj, NULL, NULL);
+}
+
+/* The batch job's end from Slurm's accounting (sacct), for one squeue no
+ * longer lists. */
+static void ask_sacct(sjob *sj) {
+    if (sj->sacct_running) return;
+    char id[32];
+    snprintf(id, sizeof id, "%ld", sj->slurm_id);
+    char *argv[] = {"sacct", "--noheader", "--parsable2", "--allocations", "--format=State,ExitCode", "--jobs", id,
+                    NULL};
+    if (run_cmd(argv, sj->id, sacct_done) == 0)
+        sj->sacct_running = 1;
+    else
+        slurm_ended(sj, NULL, NULL);
+}
+
 static void poll_done(cmd *c) {
     S.polling = 0;
     double started = c->started;
@@ -606,15 +636,15 @@ static void poll_done(cmd *c) {
     ac_err e = {{0}};
     for (sjob *sj = S.jobs, *next; sj; sj = next) {
         next = sj->next;
-        if (sj->submitting || sj->submitted_at > started) continue; /* not in this answer yet */
+        if (sj->submitting || sj->sacct_running || sj->submitted_at > started) continue; /* not in this answer */
         row *hit = NULL;
         for (int i = 0; i < nrows; i++) /* the newest batch job of that name */
             if (!strcmp(rows[i].name, sj->name) && (!hit || rows[i].id > hit->id) &&
                 (sj->slurm_id <= 0 || rows[i].id == sj->slurm_id))
                 hit = &rows[i];
         if (!hit) {
-            if (sj->slurm_id > 0) {
-                slurm_ended(sj, NULL, NULL);
+            if (sj->slurm_id > 0) { /* Slurm forgot it (MinJobAge): its files, then accounting */
+                if (!ingest_file(sj)) ask_sacct(sj);
                 continue;
             }
             /* never seen by Slurm: sbatch did not get through before the daemon stopped */

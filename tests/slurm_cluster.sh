@@ -5,6 +5,7 @@
 #   tests/slurm_cluster.sh start DIR   # prints SLURM_CONF=DIR/slurm.conf on success
 #   tests/slurm_cluster.sh stop DIR    # stops the daemons it started (by their pid files)
 #   tests/slurm_cluster.sh kill-slurmd DIR   # SIGKILL slurmd (a node fault)
+#   tests/slurm_cluster.sh forget DIR        # restart slurmctld with its job state cleared
 #
 # Needs root, Debian's slurmctld, slurmd, slurm-client and munge. What works
 # in a container: proctrack/linuxproc, task/none, select/cons_tres, no GRES,
@@ -13,7 +14,7 @@
 set -u
 cmd=${1:-}
 dir=${2:-}
-[ -n "$cmd" ] && [ -n "$dir" ] || { echo "usage: $0 start|stop|kill-slurmd DIR" >&2; exit 2; }
+[ -n "$cmd" ] && [ -n "$dir" ] || { echo "usage: $0 start|stop|kill-slurmd|forget DIR" >&2; exit 2; }
 
 stop_pid() { # pid file
     [ -f "$1" ] || return 0
@@ -36,6 +37,15 @@ kill-slurmd)
     p=$(cat "$dir/slurmd.pid" 2>/dev/null) && kill -9 "$p"
     rm -f "$dir/slurmd.pid"
     exit 0
+    ;;
+forget)
+    stop_pid "$dir/slurmctld.pid"
+    SLURM_CONF="$dir/slurm.conf" slurmctld -f "$dir/slurm.conf" -c -i 2>>"$dir/log/slurmctld.err" || exit 1
+    for _ in $(seq 60); do
+        SLURM_CONF="$dir/slurm.conf" sinfo -h >/dev/null 2>&1 && exit 0
+        sleep 0.5
+    done
+    exit 1
     ;;
 start) ;;
 *) echo "unknown command $cmd" >&2; exit 2 ;;

@@ -256,6 +256,35 @@ def test_sigkill_daemon_reattaches():
         assert len(mine) == 1, (i, mine)
 
 
+def test_jobs_slurm_forgot_end_from_their_files():
+    """The daemon was down while its jobs ended and Slurm lost their records (here: slurmctld restarted with its
+    state cleared; on a cluster: MinJobAge passed). squeue does not list them and sacct has no accounting: a job
+    whose events.jsonl holds its result succeeds with every event; one cancelled meanwhile, with no result, fails
+    saying Slurm no longer lists it."""
+    a = submit(spec(search={"steps": 50, "seed": 21, "dnas_steps": 40}))
+    b = submit(long_spec())
+    for i in (a, b):
+        wait(i, lambda j: (j.get("slurm") or {}).get("job_id") and any(e["kind"] == "stage" for e in events(i)), 120,
+             "a stage event")
+    sid_b = job(b)["slurm"]["job_id"]
+    D.kill(signal.SIGKILL)
+    slurm("scancel", str(sid_b))
+    evfile = os.path.join(D.data, "jobs", str(a), "events.jsonl")
+    t0 = time.time()
+    while time.time() - t0 < 240 and '"kind":"result"' not in open(evfile).read():
+        time.sleep(0.5)
+    time.sleep(6)  # the worker gives up posting (post_flush_s 5) and its batch job ends
+    subprocess.run([SCRIPT, "forget", CLUSTER], check=True, timeout=90)
+    D.start()
+    j = wait_end(a, 60)
+    assert j["state"] == "succeeded", j["reason"]
+    st = [e["data"]["stage"] for e in events(a) if e["kind"] == "stage"]
+    assert st == ["load", "calibrate", "profile", "search", "prune", "evaluate", "export"], st
+    assert [e["kind"] for e in events(a)].count("result") == 1
+    j = wait_end(b, 60)
+    assert j["state"] == "failed" and "no longer lists" in j["reason"] and str(sid_b) in j["reason"], j["reason"]
+
+
 def test_node_fault_fails_the_running_job():
     i = submit(long_spec())
     wait(i, lambda j: (j.get("slurm") or {}).get("state") == "RUNNING", 120, "RUNNING")
@@ -333,7 +362,7 @@ def main():
         for t in [test_config_shown_and_checked, test_job_runs_on_slurm, test_worker_events_need_the_jobs_secret,
                   test_cancel_is_scancel, test_slurm_failure_is_job_failure,
                   test_unreachable_daemon_reads_the_job_directory, test_sigkill_daemon_reattaches,
-                  test_node_fault_fails_the_running_job, test_load]:
+                  test_jobs_slurm_forgot_end_from_their_files, test_node_fault_fails_the_running_job, test_load]:
             R.run(t)
     finally:
         if D and R.failed:
