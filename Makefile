@@ -87,7 +87,7 @@ $(B)/tests/%: tests/%.c tests/check.h tests/synth.h tests/synth_cost.h $(B)/liba
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(D_OBJ) $(B)/libautocompress.a $(LDLIBS)
 
-FUZZ_DAEMON = $(B)/daemon/config.o $(B)/daemon/wevent.o
+FUZZ_DAEMON = $(B)/daemon/config.o $(B)/daemon/executor_config.o $(B)/daemon/wevent.o
 $(B)/tests/fuzz_parsers: tests/fuzz_parsers.c $(FUZZ_DAEMON) $(B)/libautocompress.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
@@ -100,7 +100,7 @@ fuzz:
 	@mkdir -p $(B)/fuzz/corpus
 	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -DAC_LIBFUZZER -std=c11 -D_GNU_SOURCE $(SRC_INC) -Idaemon $(PKG_CFLAGS) \
 	  -I/usr/include/x86_64-linux-gnu/openblas-pthread -o $(B)/fuzz/fuzz_parsers tests/fuzz_parsers.c $(LIB_SRC) \
-	  daemon/config.c daemon/wevent.c $(LDLIBS)
+	  daemon/config.c daemon/executor_config.c daemon/wevent.c $(LDLIBS)
 	$(MAKE) $(B)/tests/fuzz_parsers
 	$(B)/tests/fuzz_parsers --seeds $(B)/fuzz/corpus
 	@echo "built $(B)/fuzz/fuzz_parsers; seeds in $(B)/fuzz/corpus"
