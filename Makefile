@@ -9,7 +9,7 @@ CFLAGS  ?= -O2 -g
 SRC_DIRS = core format runtime cost search compress pipeline api
 SRC_INC  = $(addprefix -Isrc/,$(SRC_DIRS)) -Isrc
 override CFLAGS += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE $(SRC_INC) -Idaemon -fPIC
-PKGS     = jansson sqlite3 libuv libmicrohttpd libpcre2-8 libutf8proc
+PKGS     = jansson sqlite3 libuv libmicrohttpd libpcre2-8 libutf8proc libcurl
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 override CFLAGS += $(PKG_CFLAGS) -I/usr/include/x86_64-linux-gnu/openblas-pthread
@@ -87,7 +87,7 @@ $(B)/tests/%: tests/%.c tests/check.h tests/synth.h tests/synth_cost.h $(B)/liba
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(D_OBJ) $(B)/libautocompress.a $(LDLIBS)
 
-FUZZ_DAEMON = $(B)/daemon/config.o $(B)/daemon/wevent.o
+FUZZ_DAEMON = $(B)/daemon/config.o $(B)/daemon/executor_config.o $(B)/daemon/wevent.o
 $(B)/tests/fuzz_parsers: tests/fuzz_parsers.c $(FUZZ_DAEMON) $(B)/libautocompress.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
@@ -100,7 +100,7 @@ fuzz:
 	@mkdir -p $(B)/fuzz/corpus
 	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -DAC_LIBFUZZER -std=c11 -D_GNU_SOURCE $(SRC_INC) -Idaemon $(PKG_CFLAGS) \
 	  -I/usr/include/x86_64-linux-gnu/openblas-pthread -o $(B)/fuzz/fuzz_parsers tests/fuzz_parsers.c $(LIB_SRC) \
-	  daemon/config.c daemon/wevent.c $(LDLIBS)
+	  daemon/config.c daemon/executor_config.c daemon/wevent.c $(LDLIBS)
 	$(MAKE) $(B)/tests/fuzz_parsers
 	$(B)/tests/fuzz_parsers --seeds $(B)/fuzz/corpus
 	@echo "built $(B)/fuzz/fuzz_parsers; seeds in $(B)/fuzz/corpus"
@@ -116,7 +116,7 @@ deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends \
-	    build-essential pkg-config libjansson-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev \
+	    build-essential pkg-config libjansson-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev libcurl4-openssl-dev \
 	    libopenblas-dev python3 python3-torch python3-numpy python3-regex python3-sentencepiece python3-jsonschema fortunes bible-kjv bible-kjv-text curl ca-certificates >/dev/null; \
 	  opt=""; command -v node >/dev/null || opt="$$opt nodejs"; command -v npm >/dev/null || opt="$$opt npm"; \
 	  command -v chromium >/dev/null || opt="$$opt chromium"; \

@@ -37,6 +37,7 @@ void config_defaults(ac_config *c) {
     c->max_eval_windows = 1L << 20;
     c->max_distill_tokens = 10000000;
     c->max_measurements = 4;
+    exec_config_defaults(&c->exec);
 }
 
 int config_is_loopback(const char *h) {
@@ -151,7 +152,7 @@ static int known_keys(json_t *j, ac_err *e) {
         "max_attempts", "cancel_grace_s", "worker_threads", "max_connections_per_client", "max_sse_streams",
         "header_timeout_s", "body_timeout_s", "idle_timeout_s", "http_threads", "allowed_hosts", "max_job_seconds",
         "max_calibration_tokens", "max_search_steps", "max_eval_windows", "max_measurements", "max_distill_tokens",
-        "quiet_budget_s", "worker_stopped_s", "tls_cert", "tls_key", NULL};
+        "quiet_budget_s", "worker_stopped_s", "tls_cert", "tls_key", "executor", "slurm", NULL};
     // clang-format on
     const char *k;
     json_t *v;
@@ -227,7 +228,9 @@ static int lists_parse(ac_config *c, json_t *j, ac_err *e) {
 
 int config_parse(ac_config *c, json_t *j, ac_err *e) {
     if (!json_is_object(j)) return ac_errf(e, "must be a JSON object");
-    if (known_keys(j, e) || basics_parse(c, j, e) || limits_parse(c, j, e) || lists_parse(c, j, e)) return -1;
+    if (known_keys(j, e) || basics_parse(c, j, e) || limits_parse(c, j, e) || lists_parse(c, j, e) ||
+        exec_config_parse(&c->exec, j, e))
+        return -1;
     return 0;
 }
 
@@ -236,4 +239,5 @@ void config_free(ac_config *c) {
     for (int i = 0; i < c->nroots; i++) free(c->model_roots[i]);
     for (int i = 0; i < c->nallowed_hosts; i++) free(c->allowed_hosts[i]);
     c->ntokens = c->nroots = c->nallowed_hosts = 0;
+    exec_config_free(&c->exec);
 }

@@ -8,6 +8,7 @@
 #include <jansson.h>
 
 #include "err.h"
+#include "executor_config.h"
 
 #define AC_MAX_TOKENS 32
 #define AC_MAX_ROOTS 16
@@ -52,6 +53,7 @@ typedef struct {
     long max_eval_windows;
     long max_distill_tokens; /* distill.tokens per pruned model */
     int max_measurements;    /* queued + running cost-table measurements */
+    ac_exec_config exec;     /* "executor" and "slurm" (executor_config.h) */
 } ac_config;
 
 void config_defaults(ac_config *c);

@@ -569,6 +569,89 @@ int db_job_set_cancel(db *d, long id, ac_err *e) {
                   ARGS(A_REAL(now_s()), A_INT(id)), "request cancel", NULL, e);
 }
 
+/* ------------------------------------------------------------- executor columns (003) */
+
+static int exec_row(sqlite3_stmt *st, void *elem) {
+    db_exec_job *j = elem;
+    const char *name = (const char *)sqlite3_column_text(st, 2), *state = (const char *)sqlite3_column_text(st, 3),
+               *secret = (const char *)sqlite3_column_text(st, 4), *js = (const char *)sqlite3_column_text(st, 7);
+    j->id = (long)sqlite3_column_int64(st, 0);
+    j->slurm_job_id = (long)sqlite3_column_int64(st, 1);
+    snprintf(j->name, sizeof j->name, "%s", name ? name : "");
+    snprintf(j->slurm_state, sizeof j->slurm_state, "%s", state ? state : "");
+    snprintf(j->secret, sizeof j->secret, "%s", secret ? secret : "");
+    j->seq = (long)sqlite3_column_int64(st, 5);
+    j->cancel_requested = sqlite3_column_int(st, 6) != 0;
+    return js == NULL || job_state_parse(js, &j->state) ? -1 : 0;
+}
+
+#define EXEC_COLS "id, slurm_job_id, slurm_name, slurm_state, exec_secret, exec_seq, cancel_requested, state"
+
+int db_exec_live(db *d, const char *executor, db_exec_job **jobs, int *n, ac_err *e) {
+    return read_rows(d, "SELECT " EXEC_COLS " FROM jobs WHERE executor = ? AND state = 'running' ORDER BY id",
+                     ARGS(A_TEXT(executor)), exec_row, sizeof **jobs, NULL, (void **)jobs, n, "executor jobs", e);
+}
+
+int db_exec_get(db *d, long id, db_exec_job *job, char *executor, size_t n, int *found, ac_err *e) {
+    db_exec_job *rows;
+    int nr;
+    char *ex = NULL;
+    *found = 0;
+    if (read_rows(d, "SELECT " EXEC_COLS " FROM jobs WHERE id = ?", ARGS(A_INT(id)), exec_row, sizeof *rows, NULL,
+                  (void **)&rows, &nr, "executor job", e))
+        return -1;
+    if (nr > 0) {
+        *job = rows[0];
+        *found = 1;
+    }
+    free(rows);
+    if (*found && read_text(d, "SELECT executor FROM jobs WHERE id = ?", ARGS(A_INT(id)), &ex, "executor", e))
+        return -1;
+    snprintf(executor, n, "%s", ex ? ex : "");
+    free(ex);
+    return 0;
+}
+
+int db_exec_prepare(db *d, long id, const char *executor, const char *name, const char *secret, ac_err *e) {
+    return write1(d,
+                  "UPDATE jobs SET executor = ?, slurm_name = ?, exec_secret = COALESCE(exec_secret, ?),"
+                  " slurm_job_id = NULL, slurm_state = NULL, updated_at = ? WHERE id = ?",
+                  ARGS(A_TEXT(executor), A_TEXT(name), A_TEXT(secret), A_REAL(now_s()), A_INT(id)), "executor prepare",
+                  NULL, e);
+}
+
+int db_exec_set_slurm(db *d, long id, long slurm_id, const char *state, ac_err *e) {
+    return write1(d,
+                  "UPDATE jobs SET slurm_job_id = CASE WHEN ?1 > 0 THEN ?1 ELSE slurm_job_id END,"
+                  " slurm_state = COALESCE(?2, slurm_state), updated_at = ?3 WHERE id = ?4",
+                  ARGS(A_INT(slurm_id), A_TEXT(state), A_REAL(now_s()), A_INT(id)), "executor slurm id", NULL, e);
+}
+
+long db_exec_event(db *d, long job, long seq, const char *kind, const char *data, ac_err *e) {
+    long id = 0;
+    double t = now_s();
+    pthread_mutex_lock(&d->wmu);
+    int rc = wbegin(d, 0, e);
+    sqlite3_stmt *st = NULL;
+    if (rc == 0 && prepare(d->wr, "SELECT exec_seq FROM jobs WHERE id = ?", ARGS(A_INT(job)), &st))
+        rc = sqerr(d->wr, e, "event seq");
+    if (rc == 0) {
+        int sr = sqlite3_step(st);
+        if (sr != SQLITE_ROW) rc = sr == SQLITE_DONE ? ac_errf(e, "job %ld: no such job", job) : sqerr(d->wr, e, "event seq");
+        else if (sqlite3_column_int64(st, 0) >= seq) rc = 1; /* stored already */
+    }
+    if (st) sqlite3_finalize(st);
+    if (rc == 0)
+        rc = exec_w(d, "INSERT INTO events (job_id, kind, data, at) VALUES (?, ?, ?, ?)",
+                    ARGS(A_INT(job), A_TEXT(kind), A_TEXT(data), A_REAL(t)), "insert event", &id, e);
+    if (rc == 0)
+        rc = exec_w(d, "UPDATE jobs SET exec_seq = ? WHERE id = ?", ARGS(A_INT(seq), A_INT(job)), "event seq", NULL, e);
+    if ((rc >= 0 || sqlite3_get_autocommit(d->wr) == 0) && wend(d, rc == 0, 0, e) && rc == 0) rc = -1;
+    if (rc != 1) wr_result(d, rc == 0, e->msg);
+    pthread_mutex_unlock(&d->wmu);
+    return rc == 1 ? 0 : rc < 0 ? -1 : id;
+}
+
 int db_recover(db *d, const char *policy, int max_attempts, ac_err *e) {
     db_job *running;
     int nrun;
@@ -577,6 +660,14 @@ int db_recover(db *d, const char *policy, int max_attempts, ac_err *e) {
     int n = 0;
     for (int i = 0; i < nrun; i++) {
         const db_job *j = &running[i];
+        char *ex = NULL; /* a Slurm job runs on without the daemon: the executor re-attaches it */
+        if (read_text(d, "SELECT executor FROM jobs WHERE id = ?", ARGS(A_INT(j->id)), &ex, "recover", e)) {
+            db_jobs_free(running, nrun);
+            return -1;
+        }
+        int external = ex && strcmp(ex, "local");
+        free(ex);
+        if (external) continue;
         int cancel = j->cancel_requested;
         int requeue = !strcmp(policy, "requeue") && j->attempts < max_attempts && !cancel;
         job_state to = cancel ? JOB_CANCELLED : requeue ? JOB_QUEUED : JOB_FAILED;

@@ -125,6 +125,32 @@ int db_job_set_cancel(db *d, long id, ac_err *e);
 int db_recover(db *d, const char *policy, int max_attempts, ac_err *e);
 int db_job_counts(db *d, long counts[JOB_NSTATES], ac_err *e);
 
+/* Executor columns (migration 003): how a job that an executor other than
+ * the local one runs is tracked. A job with an executor other than "local"
+ * is left running by db_recover: its executor re-attaches it. */
+typedef struct {
+    long id, slurm_job_id; /* slurm_job_id 0: not known (yet) */
+    char name[64];         /* the batch job's name */
+    char slurm_state[32];  /* the last state Slurm reported, "" when none */
+    char secret[80];       /* the per-job secret the worker posts events with */
+    long seq;              /* the last worker event stored */
+    int cancel_requested;
+    job_state state;
+} db_exec_job;
+/* Running jobs of that executor, by id (caller frees *jobs). */
+int db_exec_live(db *d, const char *executor, db_exec_job **jobs, int *n, ac_err *e);
+/* One job's executor columns; executor gets "" when none was recorded (a local job, or one not
+ * placed yet). *found 0 when unknown. */
+int db_exec_get(db *d, long id, db_exec_job *job, char *executor, size_t n, int *found, ac_err *e);
+/* Before submission: the executor, the batch job's name and the secret (kept when one is set already). */
+int db_exec_prepare(db *d, long id, const char *executor, const char *name, const char *secret, ac_err *e);
+/* The Slurm job id (when > 0) and the state Slurm reports (when not NULL). */
+int db_exec_set_slurm(db *d, long id, long slurm_id, const char *state, ac_err *e);
+/* A worker event with its sequence number, stored with the job's exec_seq
+ * in one transaction: its event id, 0 when an event with that seq was
+ * stored already, -1 on error. */
+long db_exec_event(db *d, long job, long seq, const char *kind, const char *data, ac_err *e);
+
 /* Events. Returns the new event id (> 0) or -1. */
 long db_event_insert(db *d, long job, const char *kind, const char *data_json, ac_err *e);
 /* Events of a job with id > after, at most limit (db_events_free). */

@@ -108,5 +108,8 @@ enum MHD_Result r_devices(req_ctx *rc, json_t *body);
 enum MHD_Result r_metrics(req_ctx *rc, json_t *body);
 enum MHD_Result r_healthz(req_ctx *rc, json_t *body);
 enum MHD_Result r_static(req_ctx *rc, json_t *body);
+/* routes_exec.c */
+enum MHD_Result r_config(req_ctx *rc, json_t *body);
+enum MHD_Result r_worker_events(req_ctx *rc, json_t *body);
 
 #endif

@@ -137,6 +137,8 @@ const route http_routes[] = {
     {"GET", "/v1/cost-tables/measurements", r_measurements, R_API},
     {"DELETE", "/v1/cost-tables/measurements/{id}", r_measure_cancel, R_API | R_JSON},
     {"GET", "/v1/cost-tables/{rest}", r_cost_get, R_API},
+    {"GET", "/v1/config", r_config, R_API},
+    {"POST", "/v1/jobs/{id}/worker-events", r_worker_events, R_JSON}, /* the job's own secret */
 };
 
 const size_t http_nroutes = sizeof http_routes / sizeof *http_routes;

@@ -12,6 +12,7 @@
 
 #include "api.h"
 #include "conn.h"
+#include "executor.h"
 #include "http.h"
 #include "views.h"
 
@@ -40,7 +41,7 @@ static int check_limits(ac_daemon *d, const ac_job_spec *js, reply *r) {
 
 /* A device a spec names must be one this server has. */
 static int check_device(ac_daemon *d, const ac_job_spec *js, reply *r) {
-    if (js->target.dev.kind != AC_TARGET_CUDA) return 0;
+    if (js->target.dev.kind != AC_TARGET_CUDA || d->cfg.exec.kind == AC_EXEC_SLURM) return 0; /* nodes' GPUs */
     int gpus = 0;
     for (int i = 0; i < d->ndevices; i++) gpus += d->devices[i].index >= 0;
     if (!gpus || !d->cfg.use_gpus) {
@@ -190,6 +191,7 @@ static void rep_job(req_ctx *rc, unsigned status) {
     if (load_job(rc, &j)) return;
     json_t *o = view_job(&j);
     db_job_clear(&j);
+    if (o) exec_job_view(rc->d, rc->id, o); /* executor, Slurm job id */
     rep_view(rc, status, o);
 }
 

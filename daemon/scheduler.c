@@ -48,6 +48,7 @@
 #include "costcache.h"
 #include "costmodel.h"
 #include "daemon.h"
+#include "executor.h"
 #include "target.h"
 #include "wevent.h"
 
@@ -125,6 +126,7 @@ struct scheduler {
     measure *measures; /* newest first */
     char jobs_dir[1100];
     long next_measure;
+    const ac_executor *exec; /* what runs jobs: local_exec or executor_slurm */
 };
 
 static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -285,6 +287,29 @@ static int store_if_quicker(ac_daemon *d, const json_t *j, ac_err *e) {
     return store_measured(d, j, e);
 }
 
+void exec_worker_event(ac_daemon *d, long job, wevent *ev, char **result, char *error, size_t n) {
+    ac_err e;
+    if (!strcmp(ev->kind, "result")) {
+        free(*result);
+        if (!(*result = json_dumps(ev->data, JSON_COMPACT)))
+            snprintf(error, n, "the daemon ran out of memory keeping the job's result");
+    } else if (!strcmp(ev->kind, "error")) {
+        snprintf(error, n, "%s", ev->error);
+    } else if (!strcmp(ev->kind, "cost_table")) {
+        json_t *t = ev->table;
+        if (t) {
+            const char *why = json_string_value(json_object_get(ev->data, "for"));
+            int rc = why && !strcmp(why, "measured_local") ? store_if_quicker(d, t, &e) : store_measured(d, t, &e);
+            if (rc) log_line("job %ld: cannot store cost table: %s", job, e.msg);
+        } else if (json_is_true(json_object_get(ev->data, "cache_hit")) &&
+                   json_is_string(json_object_get(ev->data, "key"))) {
+            if (db_cost_hit(d->db, json_string_value(json_object_get(ev->data, "key")), &e))
+                log_line("job %ld: %s", job, e.msg);
+        }
+        json_object_del(ev->data, "table"); /* the event keeps the summary */
+    }
+}
+
 /* One line of worker output: {"kind": K, "data": D}. */
 static void handle_line(worker *w, const char *line, size_t len) {
     wevent ev;
@@ -292,28 +317,9 @@ static void handle_line(worker *w, const char *line, size_t len) {
         daemon_event(w->d, w->job, "log", json_pack("{s:s%}", "line", line, len));
         return;
     }
-    ac_err e;
-    if (!strcmp(ev.kind, "result")) {
-        free(w->result);
-        if (!(w->result = json_dumps(ev.data, JSON_COMPACT)))
-            snprintf(w->error, sizeof w->error, "the daemon ran out of memory keeping the job's result");
-    } else if (!strcmp(ev.kind, "error")) {
-        snprintf(w->error, sizeof w->error, "%s", ev.error);
-    } else if (!strcmp(ev.kind, "stage") && json_is_string(json_object_get(ev.data, "stage"))) {
+    exec_worker_event(w->d, w->job, &ev, &w->result, w->error, sizeof w->error);
+    if (!strcmp(ev.kind, "stage") && json_is_string(json_object_get(ev.data, "stage"))) /* named if it dies */
         snprintf(w->stage, sizeof w->stage, "%s", json_string_value(json_object_get(ev.data, "stage")));
-    } else if (!strcmp(ev.kind, "cost_table")) {
-        json_t *t = ev.table;
-        if (t) {
-            const char *why = json_string_value(json_object_get(ev.data, "for"));
-            int rc = why && !strcmp(why, "measured_local") ? store_if_quicker(w->d, t, &e) : store_measured(w->d, t, &e);
-            if (rc) log_line("job %ld: cannot store cost table: %s", w->job, e.msg);
-        } else if (json_is_true(json_object_get(ev.data, "cache_hit")) &&
-                   json_is_string(json_object_get(ev.data, "key"))) {
-            if (db_cost_hit(w->d->db, json_string_value(json_object_get(ev.data, "key")), &e))
-                log_line("job %ld: %s", w->job, e.msg);
-        }
-        json_object_del(ev.data, "table"); /* the event keeps the summary */
-    }
     daemon_event(w->d, w->job, ev.kind, json_incref(ev.data));
     wevent_free(&ev);
 }
@@ -404,7 +410,7 @@ static int spawn_child(ac_daemon *d, uv_process_t *proc, uv_pipe_t *in, uv_pipe_
 /* What a worker reads on stdin: {"spec": the job's spec, "cost_tables":
  * {key: table} (every cached table, so the worker needs no database)}.
  * NULL with e set. */
-static char *worker_input(ac_daemon *d, long job, ac_err *e) {
+char *exec_worker_input(ac_daemon *d, long job, ac_err *e) {
     char *spec_text;
     if (db_job_spec(d->db, job, &spec_text, e)) return NULL;
     if (!spec_text) {
@@ -475,7 +481,7 @@ static int start_worker(scheduler *s, slot *sl, long job) {
         return -1;
     }
     worker *w = calloc(1, sizeof *w);
-    char *input = w ? worker_input(d, job, &e) : NULL;
+    char *input = w ? exec_worker_input(d, job, &e) : NULL;
     if (!input) {
         close(logfd);
         free(w);
@@ -832,6 +838,37 @@ static void watch_workers(scheduler *s) {
     }
 }
 
+/* ------------------------------------------------------- the local executor */
+
+static int local_place(ac_daemon *d, long job, const char *device, char *why, size_t n) {
+    slot *sl = find_slot(d->sched, device, why, n);
+    if (!sl) return 1;
+    return start_worker(d->sched, sl, job) ? -1 : 0;
+}
+
+static void local_cancel(ac_daemon *d, long job) {
+    scheduler *s = d->sched;
+    for (worker *w = s->workers; w; w = w->next)
+        if (w->job == job && !w->cancelling) {
+            w->cancelling = 1;
+            uv_process_kill(&w->proc, SIGTERM);
+            uv_timer_start(&w->kill_timer, on_kill_timer, (uint64_t)(s->d->cfg.cancel_grace_s * 1000), 0);
+            log_line("job %ld: cancelling (SIGTERM to pid %d)", w->job, w->proc.pid);
+        }
+}
+
+static void local_tick(ac_daemon *d) { enforce_wall_clock(d->sched); }
+
+static void local_stop(ac_daemon *d) {
+    for (worker *w = d->sched->workers; w; w = w->next) uv_process_kill(&w->proc, SIGKILL);
+}
+
+static int local_busy(ac_daemon *d) { return d->sched->workers != NULL; }
+
+static const ac_executor local_exec = {
+    .name = "local", .place = local_place, .cancel = local_cancel, .tick = local_tick, .stop = local_stop,
+    .busy = local_busy};
+
 static void schedule(scheduler *s) {
     if (s->stopping) return;
     ac_daemon *d = s->d;
@@ -845,10 +882,7 @@ static void schedule(scheduler *s) {
     }
     for (int i = 0; i < n; i++) {
         char why[256];
-        slot *sl = find_slot(s, queue[i].device, why, sizeof why);
-        if (sl)
-            start_worker(s, sl, queue[i].id);
-        else if (strcmp(queue[i].reason, why))
+        if (s->exec->place(d, queue[i].id, queue[i].device, why, sizeof why) == 1 && strcmp(queue[i].reason, why))
             db_job_set_reason(d->db, queue[i].id, why, &e);
     }
     free(queue);
@@ -860,14 +894,7 @@ static void process_cancels(scheduler *s) {
     n = s->ncancels;
     memcpy(ids, s->cancels, sizeof(long) * n);
     s->ncancels = 0;
-    for (int i = 0; i < n; i++)
-        for (worker *w = s->workers; w; w = w->next)
-            if (w->job == ids[i] && !w->cancelling) {
-                w->cancelling = 1;
-                uv_process_kill(&w->proc, SIGTERM);
-                uv_timer_start(&w->kill_timer, on_kill_timer, (uint64_t)(s->d->cfg.cancel_grace_s * 1000), 0);
-                log_line("job %ld: cancelling (SIGTERM to pid %d)", w->job, w->proc.pid);
-            }
+    for (int i = 0; i < n; i++) s->exec->cancel(s->d, ids[i]);
 }
 
 static void on_wake(uv_async_t *a) {
@@ -879,7 +906,7 @@ static void on_wake(uv_async_t *a) {
 static void on_tick(uv_timer_t *t) {
     scheduler *s = t->data;
     if (s->pending) retry_pending(s);
-    enforce_wall_clock(s);
+    s->exec->tick(s->d); /* the local executor's: wall-clock limits */
     watch_workers(s);
     on_wake(&s->wake);
 }
@@ -890,6 +917,12 @@ int sched_start(ac_daemon *d, ac_err *e) {
     if (!s) return ac_errf(e, "out of memory");
     s->d = d;
     d->sched = s;
+    s->exec = d->cfg.exec.kind == AC_EXEC_SLURM ? &executor_slurm : &local_exec;
+    if (s->exec->start && s->exec->start(d, e)) {
+        d->sched = NULL;
+        free(s);
+        return -1;
+    }
     for (int i = 0; i < d->ndevices && s->nslots < AC_MAX_DEVICES; i++) {
         slot *sl = &s->slots[s->nslots];
         if (d->devices[i].index < 0) {
@@ -932,6 +965,8 @@ json_t *sched_status(ac_daemon *d) {
     for (int i = 0; i < s->nslots; i++)
         json_object_set_new(o, s->slots[i].id,
                             json_pack("{s:i,s:i}", "slots", s->slots[i].capacity, "running", s->slots[i].running));
+    json_t *x = s->exec->status ? s->exec->status(d) : NULL;
+    if (x) json_object_set_new(o, s->exec->name, x);
     return o;
 }
 
@@ -939,7 +974,7 @@ json_t *sched_status(ac_daemon *d) {
 void sched_stop(ac_daemon *d) {
     scheduler *s = d->sched;
     s->stopping = 1;
-    for (worker *w = s->workers; w; w = w->next) uv_process_kill(&w->proc, SIGKILL);
+    s->exec->stop(d);
     for (measure *m = s->measures; m; m = m->next)
         if (m->state == JOB_RUNNING && !m->exited) {
             m->cancel = 1;
@@ -951,7 +986,7 @@ void sched_stop(ac_daemon *d) {
 
 int sched_busy(ac_daemon *d) {
     scheduler *s = d->sched;
-    int busy = s->workers != NULL;
+    int busy = s->exec->busy(d);
     for (measure *m = s->measures; m; m = m->next) busy |= m->state == JOB_RUNNING || m->closing_handles > 0;
     return busy;
 }

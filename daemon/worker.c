@@ -31,12 +31,18 @@
 #include "job.h"
 #include "jobcheck.h"
 #include "quiet.h"
+#include "worker_post.h"
+
+/* Where events go when the worker runs on another host (--events, --post):
+ * the job's events file and the daemon over HTTP (worker_post.h). */
+static wpost *remote;
 
 static void emit_line(void *ud, const char *kind, json_t *data) {
     (void)ud;
-    json_t *ev = json_pack("{s:s,s:O}", "kind", kind, "data", data);
-    char *s = json_dumps(ev, JSON_COMPACT);
+    json_t *ev = remote ? NULL : json_pack("{s:s,s:O}", "kind", kind, "data", data);
+    char *s = ev ? json_dumps(ev, JSON_COMPACT) : NULL;
     json_decref(ev);
+    if (remote) wpost_emit(remote, kind, data);
     if (s) {
         fputs(s, stdout);
         fputc('\n', stdout);
@@ -87,6 +93,10 @@ typedef struct {
     const char *roots[AC_FSAFE_MAX_ROOTS];
     int nroots, threads;
     double quiet_budget; /* < 0: none given */
+    /* a worker away from the daemon (executor_slurm.c): its input in a file,
+     * its events to the events file and the daemon (worker_post.h) */
+    const char *input, *events, *post, *secret_file;
+    double flush_s;
 } worker_args;
 
 static int parse_args(int argc, char **argv, worker_args *a) {
@@ -108,6 +118,16 @@ static int parse_args(int argc, char **argv, worker_args *a) {
             a->output = argv[i + 1];
         else if (!strcmp(argv[i], "--quiet-budget"))
             ac_quiet_set_budget_cap(a->quiet_budget = atof(argv[i + 1]));
+        else if (!strcmp(argv[i], "--input"))
+            a->input = argv[i + 1];
+        else if (!strcmp(argv[i], "--events"))
+            a->events = argv[i + 1];
+        else if (!strcmp(argv[i], "--post"))
+            a->post = argv[i + 1];
+        else if (!strcmp(argv[i], "--secret-file"))
+            a->secret_file = argv[i + 1];
+        else if (!strcmp(argv[i], "--flush"))
+            a->flush_s = atof(argv[i + 1]);
     }
     return a->id > 0 ? 0 : -1;
 }
@@ -123,22 +143,44 @@ static int pin_gpu(const char *device) {
     return 0;
 }
 
-int worker_main(int argc, char **argv) {
-    worker_args a;
-    if (parse_args(argc, argv, &a)) {
-        fprintf(stderr,
-                "usage: autocompressd run-job ID [--device D] [--threads N] [--output DIR] (the spec on stdin)\n");
-        return 2;
+/* A file's text (at most max bytes), NUL-terminated; NULL when unreadable or too long. */
+static char *read_file(const char *path, size_t max, size_t *len) {
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t cap = 0;
+    *len = 0;
+    for (;;) {
+        if (*len + 1 >= cap) {
+            char *nb = cap <= max ? realloc(buf, cap ? cap * 2 : 1 << 16) : NULL;
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = nb;
+            cap = cap ? cap * 2 : 1 << 16;
+        }
+        size_t r = fread(buf + *len, 1, cap - *len - 1, f);
+        *len += r;
+        if (r == 0) break;
     }
+    fclose(f);
+    buf[*len] = 0;
+    return buf;
+}
+
+static int run_job(worker_args *ap) {
+    worker_args a = *ap;
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() == 1) return 3; /* parent already gone */
     size_t len;
-    char *text = read_stdin(1u << 30, &len);
+    char *text = a.input ? read_file(a.input, 1u << 30, &len) : read_stdin(1u << 30, &len);
     json_t *in = text ? json_loadb(text, len, 0, NULL) : NULL;
     free(text);
     json_t *spec = json_object_get(in, "spec"), *tables = json_object_get(in, "cost_tables");
     if (!json_is_object(spec)) {
-        fail("no job spec on stdin");
+        fail(a.input ? "no job spec in --input" : "no job spec on stdin");
         json_decref(in);
         return 1;
     }
@@ -183,6 +225,35 @@ int worker_main(int argc, char **argv) {
     emit_line(NULL, "result", result);
     json_decref(result);
     return 0;
+}
+
+int worker_main(int argc, char **argv) {
+    worker_args a;
+    if (parse_args(argc, argv, &a)) {
+        fprintf(stderr, "usage: autocompressd run-job ID [--device D] [--threads N] [--output DIR] (the spec on stdin)\n"
+                        "       autocompressd run-job ID --input FILE --events FILE [--post URL --secret-file FILE]\n");
+        return 2;
+    }
+    if (a.events) {
+        char secret[128] = "";
+        size_t n = 0;
+        char *sec = a.secret_file ? read_file(a.secret_file, 4096, &n) : NULL;
+        if (sec) snprintf(secret, sizeof secret, "%.*s", (int)strcspn(sec, "\r\n"), sec);
+        free(sec);
+        if (a.post && !secret[0]) {
+            fprintf(stderr, "worker: --post needs the job's secret in --secret-file\n");
+            return 2;
+        }
+        ac_err e = {{0}};
+        if (!(remote = wpost_open(a.events, a.post, a.id, secret, a.flush_s > 0 ? a.flush_s : 30, &e))) {
+            fprintf(stderr, "worker: %s\n", e.msg);
+            return 1;
+        }
+    }
+    int rc = run_job(&a);
+    wpost_close(remote);
+    remote = NULL;
+    return rc;
 }
 
 int measure_main(int argc, char **argv) {

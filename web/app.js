@@ -165,6 +165,8 @@ function onEvent(kind, data) {
     $("#distill-fig").hidden = false;
     $("#distill-caption").textContent = `Distillation loss (${data.arm}, step ${data.step} of ${data.steps})`;
     drawLine($("#distill-chart"), series.distill[data.arm], "#9333ea", null, data.arm + " KL");
+  } else if (kind === "slurm") {
+    showExecutor("slurm", data);
   } else if (kind === "result") {
     showResult(data);
   } else if (kind === "state") {
@@ -213,13 +215,22 @@ async function openJob(id) {
   if (r.status !== 200) { $("#job-reason").textContent = r.data && r.data.error ? r.data.error.message : "HTTP " + r.status; return; }
   $("#job-state").textContent = r.data.state; $("#job-state").className = "state " + r.data.state;
   $("#job-reason").textContent = r.data.reason || "";
+  showExecutor(r.data.executor, r.data.slurm);
   $("#cancel").hidden = ["succeeded", "failed", "cancelled"].includes(r.data.state);
   $("#cancel").onclick = async () => { const c = await api("DELETE", "/v1/jobs/" + id); $("#job-reason").textContent = c.status === 202 ? "cancelling…" : (c.data.error || {}).message; };
   const q = token() ? "?access_token=" + encodeURIComponent(token()) : "";
   source = new EventSource(`/v1/jobs/${id}/events${q}`);
-  for (const k of ["state", "stage", "progress", "search", "distill", "log", "cost_table", "result", "error", "infeasible"])
+  for (const k of ["state", "stage", "progress", "search", "distill", "log", "cost_table", "result", "error", "infeasible", "slurm"])
     source.addEventListener(k, (e) => { if (e.data !== undefined) onEvent(k, JSON.parse(e.data)); });
   source.onerror = () => { /* the browser reconnects with Last-Event-ID */ };
+}
+
+// Where the job runs: the daemon's own workers, or a Slurm batch job (its id and state).
+function showExecutor(executor, slurm) {
+  const el = $("#job-exec");
+  if (executor !== "slurm") { el.textContent = executor ? " · " + executor : ""; return; }
+  el.textContent = " · Slurm" + (slurm && slurm.job_id ? ` job ${slurm.job_id}` : "") +
+    (slurm && slurm.state ? ` (${slurm.state})` : "");
 }
 
 function route() {

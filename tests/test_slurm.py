@@ -1,0 +1,382 @@
+#!/usr/bin/env python3
+"""The Slurm executor against a real one-node Slurm cluster on localhost
+(tests/slurm_cluster.sh: munged, slurmctld, slurmd, configs in a temp dir),
+the daemon over real HTTP with a real SQLite file: jobs run as batch jobs of
+the same worker binary, their events arrive over HTTP with the job's secret,
+cancel is scancel, a SIGKILLed daemon re-attaches and loses nothing, a
+node fault fails the running job with Slurm's reason. Skips, saying why,
+where Slurm cannot be started (not root, packages missing)."""
+import glob
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import BUILD, ROOT, TINY, Daemon, Runner, sse_read  # noqa: E402
+from harness import spec as full_spec  # noqa: E402
+
+R = Runner()
+D = None
+CLUSTER = None
+SCRIPT = os.path.join(ROOT, "tests", "slurm_cluster.sh")
+
+
+def spec(**kw):
+    s = full_spec(**kw)
+    s["search"] = dict({"dnas_steps": 40}, **s["search"])
+    return s
+
+
+def long_spec():
+    """A job that runs until it is stopped."""
+    return spec(search={"steps": 100000, "seed": 1, "dnas_steps": 100000})
+
+
+def slurm(*args):
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=30)
+
+
+def job(i):
+    st, j = D.req("GET", f"/v1/jobs/{i}")
+    assert st == 200, (st, j)
+    return j
+
+
+def wait(i, pred, timeout=180, what="condition"):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        j = job(i)
+        if pred(j):
+            return j
+        time.sleep(0.25)
+    raise AssertionError(f"job {i}: no {what} after {timeout}s: {j['state']} ({j.get('reason')}) {j.get('slurm')}")
+
+
+def wait_end(i, timeout=240):
+    return wait(i, lambda j: j["state"] in ("succeeded", "failed", "cancelled"), timeout, "end")
+
+
+def submit(body):
+    st, j = D.req("POST", "/v1/jobs", body=body)
+    assert st == 201, (st, j)
+    return j["id"]
+
+
+def events(i):
+    st, e = D.req("GET", f"/v1/jobs/{i}/events?format=json&limit=10000")
+    assert st == 200, (st, e)
+    return e["events"]
+
+
+def jobcomp_names():
+    """Names of the batch jobs Slurm's job completion log recorded (one line a batch job that ended)."""
+    try:
+        lines = open(os.path.join(CLUSTER, "log", "jobcomp.txt")).read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for ln in lines:
+        for f in ln.split():
+            if f.startswith("Name="):
+                out.append(f[5:])
+    return out
+
+
+def secret(i):
+    return open(os.path.join(D.data, "jobs", str(i), "secret")).read().strip()
+
+
+def post_events(i, body, sec):
+    return D.req("POST", f"/v1/jobs/{i}/worker-events", body=body, headers={"Authorization": "Bearer " + sec})
+
+
+def stop_strays(i):
+    """Stop the worker of job i if it outlived its batch job (a killed slurmd leaves it running): by its pid only."""
+    jobdir = os.path.join(D.data, "jobs", str(i))
+    for p in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            cmd = open(p, "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"run-job" in cmd and os.path.join(jobdir, "input.json").encode() in cmd:
+            try:
+                os.kill(int(p.split("/")[2]), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+# ------------------------------------------------------------------ tests
+
+def test_config_shown_and_checked():
+    st, c = D.req("GET", "/v1/config")
+    assert st == 200, c
+    assert c["executor"] == "slurm", c
+    s = c["slurm"]
+    assert s["partition"] == "debug" and s["time_limit"] == "00:30:00" and s["cpus_per_task"] == 1, s
+    assert s["sbatch_options"] == ["--nice=0"], s
+    assert s["daemon_url"] == f"http://127.0.0.1:{D.port}", s
+    assert "tokens" not in c and c["auth"] is False
+    # bad executor configs: the daemon refuses to start and says which key
+    for bad, word in [({"executor": "pbs"}, "executor"), ({"slurm": {"partition": "a b"}}, "slurm.partition"),
+                      ({"slurm": {"sbatch_options": ["--output=/tmp/x"]}}, "--output"),
+                      ({"slurm": {"surprise": 1}}, "slurm.surprise"), ({"slurm": {"poll_s": 0}}, "slurm.poll_s")]:
+        d = tempfile.mkdtemp(prefix="acs_")
+        cp = os.path.join(d, "c.json")
+        json.dump(bad, open(cp, "w"))
+        r = subprocess.run([os.path.join(BUILD, "autocompressd"), "--config", cp, "--db", os.path.join(d, "db"),
+                            "--data-dir", d, "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=30)
+        assert r.returncode != 0 and word in r.stderr, (bad, r.returncode, r.stderr)
+
+
+def test_job_runs_on_slurm():
+    i = submit(spec())
+    assert job(i)["executor"] == "slurm"  # queued or submitted: the configured executor
+    # the SSE stream of a Slurm job reads as a local one's: stages in order, then the end
+    st, evs, _ = sse_read(D.port, f"/v1/jobs/{i}/events",
+                          until=lambda e, c: any(x["event"] == "state" and x["data"].get("state") in
+                                                 ("succeeded", "failed") for x in e), max_s=240)
+    assert st == 200
+    j = wait_end(i)
+    assert j["state"] == "succeeded", (j["reason"], open(os.path.join(D.data, "jobs", str(i), "worker.log")).read())
+    sid = j["slurm"]["job_id"]
+    assert j["executor"] == "slurm" and isinstance(sid, int) and sid > 0 and j["device"] == "slurm", j
+    stages = [x["data"]["stage"] for x in evs if x["event"] == "stage"]
+    assert stages == ["load", "calibrate", "profile", "search", "prune", "evaluate", "export"], stages
+    kinds = [e["kind"] for e in events(i)]
+    assert kinds.count("result") == 1 and "slurm" in kinds and "progress" in kinds, kinds
+    st, res = D.req("GET", f"/v1/jobs/{i}/result")
+    assert st == 200 and "autocompress" in res and "baseline" in res, res.keys()
+    out = slurm("scontrol", "show", "job", "-o", str(sid)).stdout
+    assert "JobState=COMPLETED" in out and f"Name={j['slurm']['name']}" in out, out
+    # the worker's stderr is the job's log, as for a local job
+    st, log = D.req("GET", f"/v1/jobs/{i}/log")
+    assert st == 200 and "worker for job" in log, log[:300]
+    # the SQLite row holds the Slurm job id
+    con = sqlite3.connect(D.db)
+    row = con.execute("SELECT executor, slurm_job_id FROM jobs WHERE id = ?", (i,)).fetchone()
+    con.close()
+    assert row == ("slurm", sid), row
+
+
+def test_worker_events_need_the_jobs_secret():
+    a = submit(long_spec())
+    b = submit(long_spec())
+    wait(a, lambda j: (j.get("slurm") or {}).get("job_id"), 60, "Slurm job id")
+    wait(b, lambda j: (j.get("slurm") or {}).get("job_id"), 60, "Slurm job id")
+    ev = {"events": [{"seq": 10 ** 9, "kind": "log", "data": {"message": "forged"}}]}
+    assert post_events(a, ev, "0" * 64)[0] == 401
+    assert post_events(a, ev, secret(b))[0] == 401  # another job's secret
+    st, r = D.req("POST", f"/v1/jobs/{a}/worker-events", body=ev)  # none
+    assert st == 401, (st, r)
+    st, r = post_events(a, {"events": "x"}, secret(a))
+    assert st == 400 and r["error"]["field"] == "events", r
+    st, r = post_events(a, {"events": [{"seq": 5, "kind": "log", "data": {}}, {"seq": 4, "kind": "log", "data": {}}]},
+                        secret(a))
+    assert st == 400, r
+    assert all(e["data"].get("message") != "forged" for e in events(a))
+    for i in (a, b):
+        assert D.req("DELETE", f"/v1/jobs/{i}")[0] == 202
+    for i in (a, b):
+        assert wait_end(i)["state"] == "cancelled"
+    # an ended job takes no more events, even with its own secret
+    st, r = post_events(a, ev, secret(a))
+    assert st == 409, (st, r)
+
+
+def test_cancel_is_scancel():
+    i = submit(long_spec())
+    j = wait(i, lambda j: (j.get("slurm") or {}).get("state") == "RUNNING" and
+             any(e["kind"] == "stage" for e in events(i)), 120, "RUNNING with events")
+    sid = j["slurm"]["job_id"]
+    st, _ = D.req("DELETE", f"/v1/jobs/{i}")
+    assert st == 202
+    j = wait_end(i, 60)
+    assert j["state"] == "cancelled" and j["reason"] == "cancelled by user", j["reason"]
+    out = slurm("scontrol", "show", "job", "-o", str(sid)).stdout
+    assert "JobState=CANCELLED" in out, out
+
+
+def test_slurm_failure_is_job_failure():
+    """A batch job cancelled behind the daemon's back (an admin's scancel) fails the job with Slurm's state."""
+    i = submit(long_spec())
+    j = wait(i, lambda j: (j.get("slurm") or {}).get("state") == "RUNNING", 120, "RUNNING")
+    slurm("scancel", str(j["slurm"]["job_id"]))
+    j = wait_end(i, 60)
+    assert j["state"] == "failed" and "CANCELLED" in j["reason"] and str(j["slurm"]["job_id"]) in j["reason"], j
+
+
+def test_unreachable_daemon_reads_the_job_directory():
+    """Nodes that cannot reach the daemon's HTTP port: the events come from the job's events.jsonl instead."""
+    D.stop()
+    saved = json.loads(json.dumps(D.config))
+    D.config["slurm"]["daemon_url"] = "http://127.0.0.1:9"  # discard port: nothing listens
+    D.start()
+    try:
+        i = submit(spec())
+        j = wait_end(i)
+        assert j["state"] == "succeeded", j["reason"]
+        evs = events(i)
+        st = [e["data"]["stage"] for e in evs if e["kind"] == "stage"]
+        assert st == ["load", "calibrate", "profile", "search", "prune", "evaluate", "export"], st
+        assert [e["kind"] for e in evs].count("result") == 1
+        log = open(os.path.join(D.data, "jobs", str(i), "worker.log")).read()
+        assert "cannot deliver events" in log, log[-2000:]
+    finally:
+        D.stop()
+        D.config = saved
+        D.start()
+
+
+def test_sigkill_daemon_reattaches():
+    ids = [submit(spec(search={"steps": 50, "seed": s, "dnas_steps": 40})) for s in (11, 12, 13)]
+    wait(ids[0], lambda j: any(e["kind"] == "stage" for e in events(ids[0])), 120, "first stage event")
+    D.kill(signal.SIGKILL)
+    time.sleep(6)  # the batch jobs run on; workers cannot post meanwhile
+    D.start()
+    for i in ids:
+        j = wait_end(i)
+        assert j["state"] == "succeeded", (i, j["reason"])
+        evs = events(i)
+        kinds = [e["kind"] for e in evs]
+        assert kinds.count("result") == 1, kinds
+        st = [e["data"]["stage"] for e in evs if e["kind"] == "stage"]
+        assert st == ["load", "calibrate", "profile", "search", "prune", "evaluate", "export"], (i, st)
+        running = [t for t in j["transitions"] if t["to"] == "running"]
+        assert len(running) == 1, j["transitions"]  # never re-queued nor submitted twice
+    # Slurm saw each exactly once
+    time.sleep(1)
+    names = jobcomp_names()
+    for i in ids:
+        mine = [n for n in names if n.startswith(f"ac-{i}-")]
+        assert len(mine) == 1, (i, mine)
+
+
+def test_jobs_slurm_forgot_end_from_their_files():
+    """The daemon was down while its jobs ended and Slurm lost their records (here: slurmctld restarted with its
+    state cleared; on a cluster: MinJobAge passed). squeue does not list them and sacct has no accounting: a job
+    whose events.jsonl holds its result succeeds with every event; one cancelled meanwhile, with no result, fails
+    saying Slurm no longer lists it."""
+    a = submit(spec(search={"steps": 50, "seed": 21, "dnas_steps": 40}))
+    b = submit(long_spec())
+    for i in (a, b):
+        wait(i, lambda j: (j.get("slurm") or {}).get("job_id") and any(e["kind"] == "stage" for e in events(i)), 120,
+             "a stage event")
+    sid_b = job(b)["slurm"]["job_id"]
+    D.kill(signal.SIGKILL)
+    slurm("scancel", str(sid_b))
+    evfile = os.path.join(D.data, "jobs", str(a), "events.jsonl")
+    t0 = time.time()
+    while time.time() - t0 < 240 and '"kind":"result"' not in open(evfile).read():
+        time.sleep(0.5)
+    time.sleep(6)  # the worker gives up posting (post_flush_s 5) and its batch job ends
+    subprocess.run([SCRIPT, "forget", CLUSTER], check=True, timeout=90)
+    D.start()
+    j = wait_end(a, 60)
+    assert j["state"] == "succeeded", j["reason"]
+    st = [e["data"]["stage"] for e in events(a) if e["kind"] == "stage"]
+    assert st == ["load", "calibrate", "profile", "search", "prune", "evaluate", "export"], st
+    assert [e["kind"] for e in events(a)].count("result") == 1
+    j = wait_end(b, 60)
+    assert j["state"] == "failed" and "no longer lists" in j["reason"] and str(sid_b) in j["reason"], j["reason"]
+
+
+def test_node_fault_fails_the_running_job():
+    i = submit(long_spec())
+    wait(i, lambda j: (j.get("slurm") or {}).get("state") == "RUNNING", 120, "RUNNING")
+    subprocess.run([SCRIPT, "kill-slurmd", CLUSTER], check=True, timeout=30)
+    try:
+        j = wait_end(i, 120)
+        assert j["state"] == "failed" and "NODE_FAIL" in j["reason"], j["reason"]
+    finally:
+        stop_strays(i)
+        r = subprocess.run(["slurmd", "-f", os.path.join(CLUSTER, "slurm.conf"), "-N", os.uname().nodename.split(".")[0]],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+    # the node returns (ReturnToService=2) and the next job runs
+    k = submit(spec())
+    assert wait_end(k, 300)["state"] == "succeeded", job(k)["reason"]
+
+
+def test_load():
+    """AC_SLURM_LOAD jobs at once (0, the default in make test: skipped): none lost, none run twice."""
+    n = int(os.environ.get("AC_SLURM_LOAD", "0"))
+    if n <= 0:
+        return "skip"
+    t0 = time.time()
+    ids = [submit(spec(search={"steps": 5, "seed": s, "dnas_steps": 5}, eval={"ctx": 64, "windows": 1}))
+           for s in range(n)]
+    t_sub = time.time() - t0
+    ends = {}
+    while len(ends) < n and time.time() - t0 < 60 * 30:
+        for i in ids:
+            if i not in ends:
+                j = job(i)
+                if j["state"] in ("succeeded", "failed", "cancelled"):
+                    ends[i] = (j, time.time() - t0)
+        time.sleep(1)
+    assert len(ends) == n, f"{n - len(ends)} jobs did not end"
+    bad = {i: e[0]["reason"] for i, e in ends.items() if e[0]["state"] != "succeeded"}
+    assert not bad, bad
+    for i in ids:
+        j = ends[i][0]
+        assert len([t for t in j["transitions"] if t["to"] == "running"]) == 1, j["transitions"]
+        assert [e["kind"] for e in events(i)].count("result") == 1
+    time.sleep(1)
+    names = jobcomp_names()
+    per = {i: len([x for x in names if x.startswith(f"ac-{i}-")]) for i in ids}
+    assert all(v == 1 for v in per.values()), per
+    sids = [ends[i][0]["slurm"]["job_id"] for i in ids]
+    assert len(set(sids)) == n
+    wall = max(e[1] for e in ends.values())
+    print(f"load: {n} jobs, submitted over HTTP in {t_sub:.1f} s, all ended in {wall:.1f} s "
+          f"({n / wall * 60:.1f} jobs/min), {n} batch jobs in Slurm's completion log, 0 lost, 0 twice", flush=True)
+
+
+def main():
+    global D, CLUSTER
+    if not os.path.exists(os.path.join(TINY, "config.json")):
+        print("SKIP all: tiny model not built (make tiny-model)")
+        print("RESULT 0 0 1")
+        return 0
+    CLUSTER = tempfile.mkdtemp(prefix="acslurm_")
+    t0 = time.time()
+    r = subprocess.run([SCRIPT, "start", CLUSTER], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        print("SKIP all: cannot start a one-node Slurm cluster here: " + (r.stderr.strip() or r.stdout.strip())[-400:])
+        subprocess.run([SCRIPT, "stop", CLUSTER], timeout=60)
+        print("RESULT 0 0 1")
+        return 0
+    os.environ["SLURM_CONF"] = os.path.join(CLUSTER, "slurm.conf")
+    print(f"cluster up in {time.time() - t0:.1f} s ({CLUSTER})", flush=True)
+    cfg = {"executor": "slurm", "cpu_slots": 1, "quiet_budget_s": 2,
+           "model_roots": [os.path.dirname(os.path.dirname(TINY)), "/tmp"],
+           "slurm": {"partition": "debug", "time_limit": "00:30:00", "cpus_per_task": 1, "poll_s": 0.5,
+                     "post_flush_s": 5, "sbatch_options": ["--nice=0"]}}
+    try:
+        D = Daemon(config=cfg).start()
+        for t in [test_config_shown_and_checked, test_job_runs_on_slurm, test_worker_events_need_the_jobs_secret,
+                  test_cancel_is_scancel, test_slurm_failure_is_job_failure,
+                  test_unreachable_daemon_reads_the_job_directory, test_sigkill_daemon_reattaches,
+                  test_jobs_slurm_forgot_end_from_their_files, test_node_fault_fails_the_running_job, test_load]:
+            R.run(t)
+    finally:
+        if D and R.failed:
+            print("--- daemon log (tail)")
+            print(open(os.path.join(D.dir, "daemon.log"), errors="replace").read()[-4000:])
+        if D:
+            D.cleanup()
+        subprocess.run(["scancel", "--user=" + str(os.getuid())], capture_output=True, timeout=30)  # this cluster's
+        time.sleep(1)
+        subprocess.run([SCRIPT, "stop", CLUSTER], timeout=60)
+        import shutil
+        shutil.rmtree(CLUSTER, ignore_errors=True)
+    R.done()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
