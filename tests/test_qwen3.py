@@ -105,7 +105,7 @@ def test_job_exports_qwen3():
     make_qwen3()
     out = os.path.join(WORK, "job_out")
     s = spec(model=QWEN3, output=out, constraints={"max_params": 0.75e6},
-             search={"steps": 40, "seed": 1, "export_target": "llama", "gguf": True},
+             search={"steps": 40, "seed": 1, "export_target": "llama", "gguf": True, "dnas_steps": 20},
              target={"device": "cpu", "workload": {"batch": 1, "prompt_len": 64, "gen_len": 16}})
     sp = os.path.join(WORK, "job.json")
     with open(sp, "w") as f:
