@@ -80,8 +80,13 @@ $(B)/daemon/main.o: daemon/main.c $(wildcard daemon/*.h) $(LIB_HDR)
 
 # The CLI and the benchmarks link the daemon's objects for the SQLite cost
 # cache (daemon/costcache.c over the migrations' schema).
-$(B)/autocompress: tools/autocompress.c $(D_OBJ) $(B)/libautocompress.a
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+# The CLI's daemon client (tools/remote.c, tools/http_client.c) uses libcurl;
+# nothing else links it.
+CURL_CFLAGS := $(shell pkg-config --cflags libcurl 2>/dev/null)
+CURL_LIBS   := $(shell pkg-config --libs libcurl 2>/dev/null || echo -lcurl)
+CLI_SRC = tools/autocompress.c tools/remote.c tools/http_client.c
+$(B)/autocompress: $(CLI_SRC) tools/remote.h tools/http_client.h $(D_OBJ) $(B)/libautocompress.a
+	$(CC) $(CFLAGS) $(CURL_CFLAGS) -Itools -o $@ $(CLI_SRC) $(D_OBJ) $(B)/libautocompress.a $(LDLIBS) $(CURL_LIBS)
 
 $(B)/tests/%: tests/%.c tests/check.h tests/synth.h tests/synth_cost.h $(B)/libautocompress.a $(D_OBJ)
 	@mkdir -p $(dir $@)
@@ -117,7 +122,7 @@ deps:
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends \
 	    build-essential pkg-config libjansson-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev \
-	    libopenblas-dev python3 python3-torch python3-numpy python3-regex python3-sentencepiece python3-jsonschema fortunes bible-kjv bible-kjv-text curl ca-certificates >/dev/null; \
+	    libopenblas-dev libcurl4-openssl-dev python3 python3-torch python3-numpy python3-regex python3-sentencepiece python3-jsonschema fortunes bible-kjv bible-kjv-text curl ca-certificates >/dev/null; \
 	  opt=""; command -v node >/dev/null || opt="$$opt nodejs"; command -v npm >/dev/null || opt="$$opt npm"; \
 	  command -v chromium >/dev/null || opt="$$opt chromium"; \
 	  if [ -n "$$opt" ]; then apt-get install -y -qq --no-install-recommends $$opt >/dev/null || \

@@ -98,6 +98,8 @@ enum MHD_Result r_job_cancel(req_ctx *rc, json_t *body);
 enum MHD_Result r_job_events(req_ctx *rc, json_t *body);
 enum MHD_Result r_job_result(req_ctx *rc, json_t *body);
 enum MHD_Result r_job_log(req_ctx *rc, json_t *body);
+enum MHD_Result r_job_files(req_ctx *rc, json_t *body); /* routes_files.c */
+enum MHD_Result r_job_file(req_ctx *rc, json_t *body);
 enum MHD_Result r_estimate(req_ctx *rc, json_t *body);
 enum MHD_Result r_measurements(req_ctx *rc, json_t *body);
 enum MHD_Result r_measure_cancel(req_ctx *rc, json_t *body);
