@@ -110,5 +110,6 @@ enum MHD_Result r_devices(req_ctx *rc, json_t *body);
 enum MHD_Result r_metrics(req_ctx *rc, json_t *body);
 enum MHD_Result r_healthz(req_ctx *rc, json_t *body);
 enum MHD_Result r_static(req_ctx *rc, json_t *body);
+enum MHD_Result r_openapi(req_ctx *rc, json_t *body); /* openapi.c */
 
 #endif

@@ -122,6 +122,7 @@ enum MHD_Result r_static(req_ctx *rc, json_t *body) {
 const route http_routes[] = {
     {"*", "/healthz", r_healthz, 0},
     {"*", "/metrics", r_metrics, R_BROWSER},
+    {"GET", "/openapi.json", r_openapi, R_BROWSER}, /* openapi.c */
     {"GET", "/v1/jobs", r_jobs_list, R_API},
     {"POST", "/v1/jobs", r_jobs_post, R_API | R_JSON},
     {"POST", "/v1/validate", r_validate, R_API | R_JSON},
