@@ -140,6 +140,15 @@ def test_submit_errors_name_the_field():
 
 def test_idempotency_key():
     p = write_spec(spec(name="idem"), "idem.json")
+    # 201 Created with Location (the client's Location header seen over real HTTP)
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", D.port, timeout=30)
+    with open(write_spec(spec(name="loc"), "loc.json")) as fh:
+        conn.request("POST", "/v1/jobs", body=fh.read(), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    created = json.loads(resp.read())
+    assert resp.status == 201 and resp.getheader("Location") == f"/v1/jobs/{created['id']}", resp.getheaders()
+    conn.close()
     rc, out1, _ = cli("submit", p, "--idempotency-key", "k-123", "--json")
     rc2, out2, _ = cli("submit", p, "--idempotency-key", "k-123")
     j1 = json.loads(out1)
