@@ -29,6 +29,7 @@
 #include "kernels_cpu.h"
 #include "measure.h"
 #include "minitron.h"
+#include "modelcard.h"
 #include "prune.h"
 
 static void emit(job_state *s, const char *kind, json_t *data) {
@@ -516,6 +517,10 @@ static int write_report(job_state *s, json_t **result, ac_err *e) {
     if (json_dump_file(report, dst, JSON_INDENT(2))) {
         json_decref(report);
         return ac_errf(e, "stage export: cannot write %s", dst);
+    }
+    if (ac_model_card_write(report, s->spec->output, e)) { /* README.md, the export's model card */
+        json_decref(report);
+        return ac_errctx(e, "stage export");
     }
     *result = report;
     return 0;
