@@ -61,7 +61,7 @@ def test_help_and_version():
     rc, out, _ = cli("--version")
     assert rc == 0 and re.fullmatch(r"autocompress \d+\.\d+\.\d+\n", out), out
     for cmd in ["submit", "status", "list", "logs", "cancel", "wait", "report", "download", "eval", "compress",
-                "estimate", "validate", "schema", "tokenize", "prune", "export-gguf", "constraints"]:
+                "estimate", "validate", "schema", "tokenize", "prune", "export-gguf", "constraints", "model-card"]:
         rc, out, _ = cli(cmd, "--help")
         assert rc == 0 and out.startswith(f"usage: autocompress {cmd}"), (cmd, rc, out)
     rc, out, _ = cli("--help")

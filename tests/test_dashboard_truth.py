@@ -73,7 +73,10 @@ def test_succeeded_job_page_states_the_report():
     note = re.search(r'<p id="choice">(.*?)</p>', dom, re.S).group(1)
     other = "minitron" if r["chosen"] == "autocompress" else "autocompress"
     better = r[other]["feasible"] and r[other]["perplexity"] < r[r["chosen"]]["perplexity"]
-    assert note.startswith(f"Exported: the {r['chosen']} arm") and (f"The {other} arm also met" in note) == better, note
+    assert note.startswith(f"Exported: the {r['chosen']} arm ({html.escape(r['chosen_reason'], quote=False)})"), note
+    assert (f"The {other} arm also met" in note) == better, note
+    feas = [a for a in ("minitron", "autocompress") if r[a]["feasible"]]
+    assert r["chosen"] == min(feas, key=lambda a: (r[a]["nll"], a != r["method"])) and not better, r["chosen"]
 
 
 def test_failed_job_page_shows_its_error():

@@ -59,8 +59,31 @@ def table(text):
     return [[c.strip() for c in ln.strip("|").split("|")] for ln in rows[2:]]
 
 
+def check_rule(rep):
+    """The export is the arm with the lower held-out loss among those that meet every limit (a tie: the method's)."""
+    feas = [a for a in ("minitron", "autocompress") if a in rep and rep[a]["feasible"]]
+    assert feas and rep["chosen"] == min(feas, key=lambda a: (rep[a]["nll"], a != rep["method"])), \
+        (rep["chosen"], {a: (rep[a]["feasible"], rep[a]["nll"]) for a in ("minitron", "autocompress") if a in rep})
+
+
+def check_export_is_chosen(rep, out):
+    """The exported checkpoint's held-out perplexity, measured again from its files, is the chosen arm's."""
+    ep = rep["eval_protocol"]
+    r = subprocess.run([os.path.join(BUILD, "autocompress"), "eval", out, ep["text"], "--ctx", str(ep["ctx"]),
+                        "--windows", str(ep["windows"]), "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    ppl = json.loads(r.stdout)["ppl"]
+    want = rep[rep["chosen"]]["perplexity"]
+    assert abs(ppl - want) <= 2e-3 * want, (ppl, want)
+    other = "minitron" if rep["chosen"] == "autocompress" else "autocompress"
+    if other in rep and abs(rep[other]["perplexity"] - want) > 1e-2 * want:
+        assert abs(ppl - rep[other]["perplexity"]) > 5e-3 * want
+
+
 def check_common(rep, card):
+    check_rule(rep)
     chosen = rep["chosen"]
+    assert f"Why this arm: {rep['chosen_reason']}." in card
     h = header(card)
     if h is not None:
         assert h["base_model"] == os.path.basename(TINY) and h["library_name"] == "transformers", h
@@ -107,17 +130,53 @@ def check_common(rep, card):
 def test_deci_export_with_gguf():
     rep, card, out = run_job("deci", export_target="gguf")
     check_common(rep, card)
+    check_export_is_chosen(rep, out)
     load = section(card, "How to load it")
-    assert "vllm serve /path/to/this/folder --trust-remote-code" in load and "trust_remote_code=True" in load
+    # a per-layer result is a DeciLM export (trust_remote_code); Minitron's (layers dropped, then uniform), plain Llama
+    deci = "DeciLM" in rep["export"]["format"]
+    assert ("vllm serve /path/to/this/folder --trust-remote-code" in load) == deci
+    assert ("trust_remote_code=True" in load) == deci
     assert "llama-server -m /path/to/this/folder/model.gguf" in load and os.path.exists(os.path.join(out, "model.gguf"))
     h = header(card)
-    assert h is None or {"gguf", "nemotron-nas"} <= set(h["tags"])
+    assert h is None or {"gguf", "nemotron-nas" if deci else "llama"} <= set(h["tags"])
+
+
+def test_card_from_report_branches():
+    """`autocompress model-card REPORT.json` is the card the job wrote; the loading text of each export format, and
+    the note a report whose other arm was better gets, from edited copies of a real report."""
+    rep, card, out = run_job("branches")
+    cli = os.path.join(BUILD, "autocompress")
+
+    def card_of(r):
+        p = os.path.join(WORK, "edited.json")
+        with open(p, "w") as f:
+            json.dump(r, f)
+        x = subprocess.run([cli, "model-card", p], capture_output=True, text=True, check=True)
+        return x.stdout
+    assert card_of(rep) == card
+    deci = json.loads(json.dumps(rep))
+    deci["export"] = {"dir": out, "format": "DeciLMForCausalLM (nemotron-nas block_configs)", "dtype": "bf16"}
+    load = section(card_of(deci), "How to load it")
+    assert "vllm serve /path/to/this/folder --trust-remote-code" in load and "trust_remote_code=True" in load
+    assert "a job with `search.export_target` `gguf` writes one" in load
+    llama = json.loads(json.dumps(deci))
+    llama["export"]["format"] = "LlamaForCausalLM"
+    load = section(card_of(llama), "How to load it")
+    assert "--trust-remote-code" not in load and "autocompress export-gguf" in load
+    # a report whose arm not exported met the limits with a lower perplexity (an older job's rule) says so
+    worse = json.loads(json.dumps(rep))
+    other = "minitron" if rep["chosen"] == "autocompress" else "autocompress"
+    worse[other]["feasible"] = True
+    worse[other]["perplexity"] = rep[rep["chosen"]]["perplexity"] * 0.9
+    assert f"Note: the {other} arm of the same job also met every limit" in card_of(worse)
+    assert "Note: the" not in card
 
 
 def test_uniform_llama_export():
     rep, card, out = run_job("llama", export_target="llama")
     assert "DeciLM" not in rep["export"]["format"], rep["export"]
     check_common(rep, card)
+    check_export_is_chosen(rep, out)
     load = section(card, "How to load it")
     assert "vllm serve /path/to/this/folder\n" in load and "trust_remote_code" not in load, load
     assert "autocompress export-gguf" in load and not os.path.exists(os.path.join(out, "model.gguf"))
@@ -130,7 +189,7 @@ def main():
         sys.exit(0)
     r = Runner()
     try:
-        for t in (test_deci_export_with_gguf, test_uniform_llama_export):
+        for t in (test_deci_export_with_gguf, test_card_from_report_branches, test_uniform_llama_export):
             r.run(t)
     finally:
         subprocess.run(["rm", "-rf", WORK])

@@ -29,6 +29,7 @@
 #include "job.h"
 #include "kernels_cpu.h"
 #include "model.h"
+#include "modelcard.h"
 #include "prune.h"
 #include "remote.h"
 #include "safetensors.h"
@@ -52,6 +53,7 @@ static const struct {
                  "its field)"},
     {"schema", "schema\n      (the job spec's JSON schema, proto/job.schema.json)"},
     {"constraints", "constraints\n      (web/constraints.js, from the constraint table)"},
+    {"model-card", "model-card REPORT.json\n      (the export's README.md from a job's report.json, as the job writes it)"},
     {"export-gguf", "export-gguf MODEL_DIR OUT.gguf [--f32]\n      (llama.cpp's format)"},
     {"prune", "prune MODEL_DIR ARCH.json OUT_DIR [--deci]\n      (slice to ARCH keeping the first channels; --deci: "
               "pad FFN widths to the deci grid,\n       fail when the deci target cannot express ARCH)"},
@@ -363,6 +365,22 @@ static int cmd_schema(void) {
     return 0;
 }
 
+static int cmd_model_card(int argc, char **argv) {
+    if (argc != 3) return usage();
+    json_error_t je;
+    json_t *r = json_load_file(argv[2], 0, &je);
+    if (!r) {
+        fprintf(stderr, "autocompress: %s: %s (line %d)\n", argv[2], je.text, je.line);
+        return 1;
+    }
+    char *card = ac_model_card(r);
+    json_decref(r);
+    if (!card) return 1;
+    fputs(card, stdout);
+    free(card);
+    return 0;
+}
+
 static int cmd_constraints(void) {
     char *js = ac_constraint_table_js();
     if (!js) return 1;
@@ -401,6 +419,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "export-gguf")) return cmd_export_gguf(argc, argv);
     if (!strcmp(argv[1], "prune")) return cmd_prune(argc, argv);
     if (!strcmp(argv[1], "validate")) return cmd_validate(argc, argv);
+    if (!strcmp(argv[1], "model-card")) return cmd_model_card(argc, argv);
     if (argc == 2 && !strcmp(argv[1], "schema")) return cmd_schema();
     if (argc == 2 && !strcmp(argv[1], "constraints")) return cmd_constraints();
     return usage();

@@ -103,9 +103,9 @@ if "candidates" in mt:
           f"top {len(mt['candidates'])} scored on calibration text (ppl):",
           ", ".join(f"h{c['hidden_size']}/f{c['ffn_hidden_size']}/a{c['num_attention_heads']}/L{c['num_layers']}: {c.get('calib_ppl', float('nan')):.1f}"
                     for c in mt["candidates"]), f"; layers dropped: {mt['layers_dropped']}")
-print(f"chosen (*): {r['chosen']} (job method {r['method']}); exported to {r['export']['dir']} as {r['export']['format']}")
+print(f"chosen (*): {r['chosen']} ({r.get('chosen_reason', 'job method ' + r['method'])}); exported to {r['export']['dir']} as {r['export']['format']}")
 o = "minitron" if r["chosen"] == "autocompress" else "autocompress"
 if o in r and r[o]["feasible"] and r[o]["perplexity"] < r[r["chosen"]]["perplexity"]:
     print(f"note: the {o} arm also met every limit with the lower perplexity ({r[o]['perplexity']:.2f} against "
-          f"{r[r['chosen']]['perplexity']:.2f}); the export is the {r['chosen']} arm because of the job's method")
+          f"{r[r['chosen']]['perplexity']:.2f})")
 PY

@@ -221,10 +221,10 @@ function showResult(r) {
   }
   const ml = r.measured_local;
   if (ml && ml.base && ml.result) {
-    const other = r.chosen === "autocompress" ? ml.minitron : null;
+    const other = ml[r.chosen === "autocompress" ? "minitron" : "autocompress"];
     for (const k of ["ttft_ms", "tpot_ms"]) {
       const res = f(ml.result[k], 3), oth = other ? f(other[k], 3) : "—";
-      rows.push([`${k} measured on this CPU (${ml.weights_dtype})`, f(ml.base[k], 3), r.chosen === "minitron" ? res : oth, r.chosen === "autocompress" ? res : "—"]);
+      rows.push([`${k} measured on this CPU (${ml.weights_dtype})`, f(ml.base[k], 3), r.chosen === "minitron" ? res : oth, r.chosen === "autocompress" ? res : oth]);
     }
   }
   $("#summary tbody").innerHTML = rows.map((row, i) => `<tr>${row.map((c) => {
@@ -233,7 +233,7 @@ function showResult(r) {
   }).join("")}</tr>`).join("");
   // the choice, stated: and when the arm not exported met every limit with a lower perplexity, that too
   const other = r.chosen === "autocompress" ? "minitron" : "autocompress", o = get(other), c = get(r.chosen);
-  let note = `Exported: the ${r.chosen} arm (job method ${r.method}).`;
+  let note = `Exported: the ${r.chosen} arm` + (r.chosen_reason ? ` (${r.chosen_reason}).` : ".");
   if (o.feasible && o.perplexity < c.perplexity)
     note += ` The ${other} arm also met every limit with a lower perplexity (${f(o.perplexity)} vs ${f(c.perplexity)}).`;
   $("#choice").textContent = note;

@@ -72,18 +72,20 @@ static void put_tag(out_t *o, const char *prefix, const char *s) {
     put(o, "\n");
 }
 
-/* When the arm not exported met every limit with a lower held-out
- * perplexity, say so: the card never lets the export look like the better one. */
-static void put_other_arm(out_t *o, const json_t *r, const char *chosen) {
+/* Why this arm (report chosen_reason), and, should the arm not exported
+ * have met every limit with a lower perplexity, that too: the card never
+ * lets the export look like the better one. */
+static void put_choice(out_t *o, const json_t *r, const char *chosen) {
     const char *other = !strcmp(chosen, "autocompress") ? "minitron" : "autocompress";
     const json_t *a = json_object_get(r, chosen), *b = json_object_get(r, other);
+    if (str(r, "chosen_reason")[0]) put(o, "Why this arm: %s.\n\n", str(r, "chosen_reason"));
     if (!json_is_object(b) || !json_is_true(json_object_get(b, "feasible")) ||
         !(num(b, "perplexity") < num(a, "perplexity")))
         return;
     put(o,
         "Note: the %s arm of the same job also met every limit and had the lower held-out perplexity (%.4f against "
-        "this model's %.4f); this export is the %s arm because the job's method was `%s`.\n\n",
-        other, num(b, "perplexity"), num(a, "perplexity"), chosen, str(r, "method"));
+        "this model's %.4f).\n\n",
+        other, num(b, "perplexity"), num(a, "perplexity"));
 }
 
 /* The layer's figure k ("heads", "kv_heads", "ffn") or -1. */
@@ -225,7 +227,7 @@ char *ac_model_card(const json_t *r) {
     put_params(&o, num(json_object_get(arm, "predicted"), "params"));
     put(&o, " parameters now. The job ran method `%s`; this export is its **%s** arm. Base model: `%s`.\n\n",
         str(r, "method"), chosen, mpath);
-    put_other_arm(&o, r, chosen);
+    put_choice(&o, r, chosen);
     put_limits(&o, r, arm, chosen);
     put_quality(&o, r, chosen);
     put_structure(&o, json_object_get(model, "architecture"), json_object_get(arm, "architecture"));
