@@ -24,7 +24,7 @@ LIB_SRC  = $(foreach d,$(SRC_DIRS),$(wildcard src/$(d)/*.c))
 LIB_HDR  = $(foreach d,$(SRC_DIRS),$(wildcard src/$(d)/*.h))
 LIB_OBJ  = $(LIB_SRC:src/%.c=$(B)/src/%.o)
 D_SRC    = $(filter-out daemon/main.c,$(wildcard daemon/*.c))
-D_OBJ    = $(D_SRC:daemon/%.c=$(B)/daemon/%.o) $(B)/daemon/migrations.o
+D_OBJ    = $(D_SRC:daemon/%.c=$(B)/daemon/%.o) $(B)/daemon/migrations.o $(B)/daemon/openapi_doc.o
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(B)/tests/%)
 
@@ -68,6 +68,14 @@ $(B)/daemon/migrations.c: $(wildcard migrations/*.sql) tools/embed_sql.sh
 $(B)/daemon/migrations.o: $(B)/daemon/migrations.c daemon/db.h
 	$(CC) $(CFLAGS) -c $< -o $@
 
+# proto/openapi.json, served at GET /openapi.json (daemon/openapi.c).
+$(B)/daemon/openapi_doc.c: proto/openapi.json tools/embed_text.sh
+	@mkdir -p $(dir $@)
+	sh tools/embed_text.sh $@ openapi_json_text proto/openapi.json
+
+$(B)/daemon/openapi_doc.o: $(B)/daemon/openapi_doc.c
+	$(CC) $(CFLAGS) -c $< -o $@
+
 $(B)/libautocompress.a: $(LIB_OBJ)
 	ar rcs $@ $^
 
@@ -80,8 +88,13 @@ $(B)/daemon/main.o: daemon/main.c $(wildcard daemon/*.h) $(LIB_HDR)
 
 # The CLI and the benchmarks link the daemon's objects for the SQLite cost
 # cache (daemon/costcache.c over the migrations' schema).
-$(B)/autocompress: tools/autocompress.c $(D_OBJ) $(B)/libautocompress.a
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+# The CLI's daemon client (tools/remote.c, tools/http_client.c) uses libcurl;
+# nothing else links it.
+CURL_CFLAGS := $(shell pkg-config --cflags libcurl 2>/dev/null)
+CURL_LIBS   := $(shell pkg-config --libs libcurl 2>/dev/null || echo -lcurl)
+CLI_SRC = tools/autocompress.c tools/remote.c tools/http_client.c
+$(B)/autocompress: $(CLI_SRC) tools/remote.h tools/http_client.h $(D_OBJ) $(B)/libautocompress.a
+	$(CC) $(CFLAGS) $(CURL_CFLAGS) -Itools -o $@ $(CLI_SRC) $(D_OBJ) $(B)/libautocompress.a $(LDLIBS) $(CURL_LIBS)
 
 $(B)/tests/%: tests/%.c tests/check.h tests/synth.h tests/synth_cost.h $(B)/libautocompress.a $(D_OBJ)
 	@mkdir -p $(dir $@)
@@ -116,8 +129,8 @@ deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends \
-	    build-essential pkg-config libjansson-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev libcurl4-openssl-dev \
-	    libopenblas-dev python3 python3-torch python3-numpy python3-regex python3-sentencepiece python3-jsonschema fortunes bible-kjv bible-kjv-text curl ca-certificates >/dev/null; \
+	    build-essential pkg-config libjansson-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev \
+	    libopenblas-dev libcurl4-openssl-dev python3 python3-torch python3-numpy python3-regex python3-sentencepiece python3-jsonschema python3-yaml fortunes bible-kjv bible-kjv-text curl ca-certificates >/dev/null; \
 	  opt=""; command -v node >/dev/null || opt="$$opt nodejs"; command -v npm >/dev/null || opt="$$opt npm"; \
 	  command -v chromium >/dev/null || opt="$$opt chromium"; \
 	  if [ -n "$$opt" ]; then apt-get install -y -qq --no-install-recommends $$opt >/dev/null || \

@@ -98,6 +98,8 @@ enum MHD_Result r_job_cancel(req_ctx *rc, json_t *body);
 enum MHD_Result r_job_events(req_ctx *rc, json_t *body);
 enum MHD_Result r_job_result(req_ctx *rc, json_t *body);
 enum MHD_Result r_job_log(req_ctx *rc, json_t *body);
+enum MHD_Result r_job_files(req_ctx *rc, json_t *body); /* routes_files.c */
+enum MHD_Result r_job_file(req_ctx *rc, json_t *body);
 enum MHD_Result r_estimate(req_ctx *rc, json_t *body);
 enum MHD_Result r_measurements(req_ctx *rc, json_t *body);
 enum MHD_Result r_measure_cancel(req_ctx *rc, json_t *body);
@@ -111,5 +113,6 @@ enum MHD_Result r_static(req_ctx *rc, json_t *body);
 /* routes_exec.c */
 enum MHD_Result r_config(req_ctx *rc, json_t *body);
 enum MHD_Result r_worker_events(req_ctx *rc, json_t *body);
+enum MHD_Result r_openapi(req_ctx *rc, json_t *body); /* openapi.c */
 
 #endif

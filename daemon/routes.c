@@ -122,6 +122,7 @@ enum MHD_Result r_static(req_ctx *rc, json_t *body) {
 const route http_routes[] = {
     {"*", "/healthz", r_healthz, 0},
     {"*", "/metrics", r_metrics, R_BROWSER},
+    {"GET", "/openapi.json", r_openapi, R_BROWSER}, /* openapi.c */
     {"GET", "/v1/jobs", r_jobs_list, R_API},
     {"POST", "/v1/jobs", r_jobs_post, R_API | R_JSON},
     {"POST", "/v1/validate", r_validate, R_API | R_JSON},
@@ -130,6 +131,8 @@ const route http_routes[] = {
     {"GET", "/v1/jobs/{id}/events", r_job_events, R_API | R_QUERY_TOKEN},
     {"GET", "/v1/jobs/{id}/result", r_job_result, R_API},
     {"GET", "/v1/jobs/{id}/log", r_job_log, R_API},
+    {"GET", "/v1/jobs/{id}/files", r_job_files, R_API},
+    {"GET", "/v1/jobs/{id}/files/{rest}", r_job_file, R_API},
     {"POST", "/v1/estimate", r_estimate, R_API | R_JSON},
     {"GET", "/v1/devices", r_devices, R_API},
     {"GET", "/v1/cost-tables", r_cost_list, R_API},

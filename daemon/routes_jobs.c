@@ -162,8 +162,11 @@ static void task_post_job(req_ctx *rc) {
         status = 200;
         r->hdr_name = "Idempotent-Replayed";
         r->hdr_value = "true";
-    } else {
+    } else { /* 201 Created with the job's Location */
         rc->after = post_job_queued;
+        snprintf(rc->url, sizeof rc->url, "/v1/jobs/%ld", id);
+        r->hdr_name = "Location";
+        r->hdr_value = rc->url;
     }
     rc->id = id;
     rep_job(rc, status);

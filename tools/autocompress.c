@@ -1,5 +1,7 @@
 /*
- * autocompress - the command-line front of the library (no daemon):
+ * autocompress - the command-line front: the daemon's client (remote.c:
+ * submit, status, list, logs, cancel, wait, report, download; see remote.h)
+ * and the library without a daemon:
  *   autocompress eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N]
  *                     [--batch N] [--threads N] [--device cpu|cuda] [--gemm bf16|exact] [--json]
  *   autocompress compress SPEC.json     (same code path as the daemon's worker)
@@ -12,6 +14,7 @@
  *   autocompress schema                 (proto/job.schema.json, from the spec's field table)
  *   autocompress constraints            (web/constraints.js, from the constraint table)
  */
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,32 +22,67 @@
 #include "api.h"
 #include "costcache.h"
 #include "costmodel.h"
+#include "daemon.h"
 #include "deci.h"
 #include "eval.h"
 #include "gguf.h"
 #include "job.h"
 #include "kernels_cpu.h"
 #include "model.h"
+#include "modelcard.h"
 #include "prune.h"
+#include "remote.h"
 #include "safetensors.h"
 #include "tokenizer.h"
 
+#ifndef AC_VERSION
+#define AC_VERSION "0.1.0"
+#endif
+
+/* The commands that run the library here (each answers --help with its line below). */
+static const struct {
+    const char *name, *line;
+} LOCAL_CMDS[] = {
+    {"eval", "eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N] [--batch N] [--threads N] "
+             "[--device cpu|cuda] [--gemm bf16|exact] [--json]\n      (held-out perplexity and tokens/s on this host)"},
+    {"compress", "compress SPEC.json\n      (the job here, without a daemon; AC_COST_DB=FILE caches measured cost "
+                 "tables)"},
+    {"estimate", "estimate REQUEST.json\n      ({\"model\"|\"architecture\", \"target\"}, as POST /v1/estimate)"},
+    {"tokenize", "tokenize TOKENIZER_JSON TEXT_FILE\n      (token ids, one line)"},
+    {"validate", "validate SPEC.json\n      (what compress checks before it starts: {\"ok\":true} or the error and "
+                 "its field)"},
+    {"schema", "schema\n      (the job spec's JSON schema, proto/job.schema.json)"},
+    {"constraints", "constraints\n      (web/constraints.js, from the constraint table)"},
+    {"model-card", "model-card REPORT.json\n      (the export's README.md from a job's report.json, as the job writes it)"},
+    {"export-gguf", "export-gguf MODEL_DIR OUT.gguf [--f32]\n      (llama.cpp's format)"},
+    {"prune", "prune MODEL_DIR ARCH.json OUT_DIR [--deci]\n      (slice to ARCH keeping the first channels; --deci: "
+              "pad FFN widths to the deci grid,\n       fail when the deci target cannot express ARCH)"},
+};
+
+static void usage_to(FILE *f) {
+    fprintf(f,
+            "usage: autocompress [--server URL] [--token T] [--json] COMMAND [ARGS]   (--help after any command)\n"
+            "       autocompress --version\n"
+            "The daemon's client:\n%s"
+            "Here, without a daemon:\n",
+            remote_usage);
+    for (size_t i = 0; i < sizeof LOCAL_CMDS / sizeof *LOCAL_CMDS; i++)
+        fprintf(f, "  autocompress %s\n", LOCAL_CMDS[i].line);
+}
+
 static int usage(void) {
-    fprintf(
-        stderr,
-        "usage:\n"
-        "  autocompress eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N] [--batch N] [--threads N] "
-        "[--device cpu|cuda] [--gemm bf16|exact] [--json]\n"
-        "  autocompress compress SPEC.json        (AC_COST_DB=FILE caches measured cost tables)\n"
-        "  autocompress estimate REQUEST.json     ({\"model\"|\"architecture\", \"target\"}, as POST /v1/estimate)\n"
-        "  autocompress tokenize TOKENIZER_JSON TEXT_FILE\n"
-        "  autocompress validate SPEC.json\n"
-        "  autocompress schema\n"
-        "  autocompress constraints\n"
-        "  autocompress prune MODEL_DIR ARCH.json OUT_DIR [--deci]\n"
-        "      (slice to ARCH keeping the first channels; --deci: pad FFN widths to the deci grid,\n"
-        "       fail when the deci target cannot express ARCH)\n");
+    usage_to(stderr);
     return 2;
+}
+
+/* `autocompress CMD --help` for a local command: its line, exit 0. */
+static int local_help(const char *cmd) {
+    for (size_t i = 0; i < sizeof LOCAL_CMDS / sizeof *LOCAL_CMDS; i++)
+        if (!strcmp(LOCAL_CMDS[i].name, cmd)) {
+            printf("usage: autocompress %s\n", LOCAL_CMDS[i].line);
+            return 0;
+        }
+    return usage();
 }
 
 static int cmd_eval(int argc, char **argv) {
@@ -327,6 +365,22 @@ static int cmd_schema(void) {
     return 0;
 }
 
+static int cmd_model_card(int argc, char **argv) {
+    if (argc != 3) return usage();
+    json_error_t je;
+    json_t *r = json_load_file(argv[2], 0, &je);
+    if (!r) {
+        fprintf(stderr, "autocompress: %s: %s (line %d)\n", argv[2], je.text, je.line);
+        return 1;
+    }
+    char *card = ac_model_card(r);
+    json_decref(r);
+    if (!card) return 1;
+    fputs(card, stdout);
+    free(card);
+    return 0;
+}
+
 static int cmd_constraints(void) {
     char *js = ac_constraint_table_js();
     if (!js) return 1;
@@ -336,7 +390,28 @@ static int cmd_constraints(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) return usage();
+    /* options before the command: the daemon client's, --version and --help */
+    remote_globals g = {0};
+    static const struct option gopts[] = {
+        {"server", required_argument, 0, 's'}, {"token", required_argument, 0, 't'}, {"json", no_argument, 0, 'j'},
+        {"version", no_argument, 0, 'V'},      {"help", no_argument, 0, 'h'},        {0, 0, 0, 0},
+    };
+    int o;
+    while ((o = getopt_long(argc, argv, "+h", gopts, NULL)) != -1) switch (o) {
+        case 's': g.server = optarg; break;
+        case 't': g.token = optarg; break;
+        case 'j': g.json = 1; break;
+        case 'V': printf("autocompress %s\n", AC_VERSION); return 0;
+        case 'h': usage_to(stdout); return 0;
+        default: return usage();
+        }
+    if (optind >= argc) return usage();
+    /* the local commands below read argv[1] as the command */
+    argv += optind - 1;
+    argc -= optind - 1;
+    if (remote_is_command(argv[1])) return remote_main(&g, argc - 1, argv + 1);
+    for (int i = 2; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return local_help(argv[1]);
     if (!strcmp(argv[1], "eval")) return cmd_eval(argc, argv);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc, argv);
     if (!strcmp(argv[1], "compress")) return cmd_compress(argc, argv);
@@ -344,6 +419,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "export-gguf")) return cmd_export_gguf(argc, argv);
     if (!strcmp(argv[1], "prune")) return cmd_prune(argc, argv);
     if (!strcmp(argv[1], "validate")) return cmd_validate(argc, argv);
+    if (!strcmp(argv[1], "model-card")) return cmd_model_card(argc, argv);
     if (argc == 2 && !strcmp(argv[1], "schema")) return cmd_schema();
     if (argc == 2 && !strcmp(argv[1], "constraints")) return cmd_constraints();
     return usage();

@@ -60,7 +60,13 @@ print(f"target {r['target']['device_name']}, {r['target']['engine']['weights_dty
       f"{r['target']['workload']}, constraints {r['constraints']}")
 print(f"held-out perplexity ({r['eval_protocol']['scored_tokens']} tokens); predicted figures on the target; "
       f"measured on this CPU (b{m['workload']['batch']} p{m['workload']['prompt_len']} g{m['workload']['gen_len']}, best of 3)")
-print(f"{'':14} {'ppl':>8} {'pred tpot':>10} {'pred ttft':>10} {'params':>9} {'meas tpot':>10} {'meas ttft':>10}  architecture")
+print(f"{'':14} {'ppl':>8} {'limits':>7} {'pred tpot':>10} {'pred ttft':>10} {'params':>9} {'meas tpot':>10} {'meas ttft':>10}  architecture")
+lims = r[r["chosen"]]["constraints"]
+def met(k):  # every limit met (an arm's own verdicts; the base's from its predicted figures)
+    if k != "baseline":
+        return "met" if r[k]["feasible"] else "MISSED"
+    p = r[k]["predicted"]
+    return "met" if all((p[n] >= c["limit"]) if c["kind"] == "min" else (p[n] <= c["limit"]) for n, c in lims.items()) else "MISSED"
 def arch(a):
     L = [l for l in a["layers"] if l["heads"] or l["ffn"]]
     s = {(l["heads"], l["kv_heads"], l["ffn"]) for l in L}
@@ -73,7 +79,7 @@ for k in ("baseline", "minitron", "autocompress"):
     meas = m["base"] if k == "baseline" else m["result"] if k == r["chosen"] else m.get(k)
     mt = f"{meas['tpot_ms']:10.4f} {meas['ttft_ms']:10.3f}" if meas else f"{'-':>10} {'-':>10}"
     a = arch(x["architecture"]) if "architecture" in x else arch(r["model"]["architecture"])
-    print(f"{k:14} {x['perplexity']:8.2f} {p['tpot_ms']:10.4f} {p['ttft_ms']:10.3f} {p['params']:9.0f} {mt}  {a}")
+    print(f"{k + (' *' if k == r['chosen'] else ''):14} {x['perplexity']:8.2f} {met(k):>7} {p['tpot_ms']:10.4f} {p['ttft_ms']:10.3f} {p['params']:9.0f} {mt}  {a}")
 pe, pb = m.get("prediction_error"), m.get("prediction_error_base")
 if pe and pb:
     print(f"cost model vs this CPU at b{m['workload']['batch']} p{m['workload']['prompt_len']} "
@@ -97,5 +103,9 @@ if "candidates" in mt:
           f"top {len(mt['candidates'])} scored on calibration text (ppl):",
           ", ".join(f"h{c['hidden_size']}/f{c['ffn_hidden_size']}/a{c['num_attention_heads']}/L{c['num_layers']}: {c.get('calib_ppl', float('nan')):.1f}"
                     for c in mt["candidates"]), f"; layers dropped: {mt['layers_dropped']}")
-print(f"chosen: {r['chosen']}; exported to {r['export']['dir']} as {r['export']['format']}")
+print(f"chosen (*): {r['chosen']} ({r.get('chosen_reason', 'job method ' + r['method'])}); exported to {r['export']['dir']} as {r['export']['format']}")
+o = "minitron" if r["chosen"] == "autocompress" else "autocompress"
+if o in r and r[o]["feasible"] and r[o]["perplexity"] < r[r["chosen"]]["perplexity"]:
+    print(f"note: the {o} arm also met every limit with the lower perplexity ({r[o]['perplexity']:.2f} against "
+          f"{r[r['chosen']]['perplexity']:.2f})")
 PY

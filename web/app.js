@@ -167,6 +167,10 @@ function onEvent(kind, data) {
     drawLine($("#distill-chart"), series.distill[data.arm], "#9333ea", null, data.arm + " KL");
   } else if (kind === "slurm") {
     showExecutor("slurm", data);
+  } else if (kind === "error" || kind === "infeasible") {
+    $("#job-error").hidden = false;
+    $("#job-error").textContent = kind === "error" ? `Failed: ${data.message}` :
+      `Infeasible: the limits cannot be met; closest reachable ${JSON.stringify(data.closest)}`;
   } else if (kind === "result") {
     showResult(data);
   } else if (kind === "state") {
@@ -179,27 +183,62 @@ function onEvent(kind, data) {
   }
 }
 
+// A limit's verdict for a figure: "met" or "missed" (kind max: value <= limit; min: value >= limit).
+function verdict(c, v) { return v == null ? null : (c.kind === "min" ? v >= c.limit : v <= c.limit) ? "met" : "missed"; }
+
 function showResult(r) {
   const pick = r[r.chosen];
   if (pick && pick.architecture) {
     drawArch(pick.architecture.layers, r.model.architecture.layers);
     $("#arch-caption").textContent = `Result (${r.chosen}): kept fraction of KV heads (blue) and FFN width (orange) per layer; hidden ${pick.architecture.hidden}/${r.model.architecture.hidden}.`;
   }
-  const rows = [["", "baseline", "minitron", "autocompress"]];
+  const arms = ["baseline", "minitron", "autocompress"];
   const f = (x, d = 2) => (x == null ? "—" : (+x).toFixed(d));
   const get = (k) => r[k] || {};
+  // rows of cells; a cell is text or {text, cls}
+  const rows = [["", ...arms.map((a) => (a === r.chosen ? { text: a + " (chosen, exported)", cls: "chosen" } : a))]];
   rows.push(["perplexity", f(r.baseline.perplexity), f(get("minitron").perplexity), f(get("autocompress").perplexity)]);
   if (get("minitron").distill || get("autocompress").distill) {
     rows.push(["perplexity before distillation", "", f(get("minitron").perplexity_pruned), f(get("autocompress").perplexity_pruned)]);
     const d = (k) => (get(k).distill ? `${get(k).distill.tokens} tok, loss ${f(get(k).distill.loss_first, 3)} → ${f(get(k).distill.loss_last, 3)}` : "—");
     rows.push(["distillation", "", d("minitron"), d("autocompress")]);
   }
+  // every limit the job set: each arm's predicted figure, met or missed
+  const lim = get(r.chosen).constraints || get("minitron").constraints || {};
+  for (const [name, c] of Object.entries(lim)) {
+    const row = AC_CONSTRAINTS.find((x) => x.metric === name) || {};
+    const cells = arms.map((a) => {
+      const ac = (get(a).constraints || {})[name];
+      const v = ac ? ac.value : a === "baseline" ? r.baseline.predicted[name] : null;
+      const ok = ac ? (ac.met ? "met" : "missed") : verdict(c, v);
+      return v == null ? "—" : { text: `${f(v, row.unit === "parameters" ? 0 : 3)} ${ok}`, cls: ok };
+    });
+    rows.push([`limit ${name} ${c.kind === "min" ? "≥" : "≤"} ${c.limit} (predicted)`, ...cells]);
+  }
+  rows.push(["all limits met", "", ...["minitron", "autocompress"].map((a) => (r[a] ? { text: r[a].feasible ? "yes" : "no", cls: r[a].feasible ? "met" : "missed" } : "—"))]);
   // one row per figure a limit can bound (the constraint table, constraints.js)
   for (const c of AC_CONSTRAINTS) {
     const m = c.metric, d = c.unit === "parameters" ? 0 : 3;
     rows.push([`${m} (pred., ${c.unit})`, f(r.baseline.predicted[m], d), f((get("minitron").predicted || {})[m], d), f((get("autocompress").predicted || {})[m], d)]);
   }
-  $("#summary tbody").innerHTML = rows.map((row, i) => `<tr>${row.map((c) => (i ? `<td>${esc(c)}</td>` : `<th>${esc(c)}</th>`)).join("")}</tr>`).join("");
+  const ml = r.measured_local;
+  if (ml && ml.base && ml.result) {
+    const other = ml[r.chosen === "autocompress" ? "minitron" : "autocompress"];
+    for (const k of ["ttft_ms", "tpot_ms"]) {
+      const res = f(ml.result[k], 3), oth = other ? f(other[k], 3) : "—";
+      rows.push([`${k} measured on this CPU (${ml.weights_dtype})`, f(ml.base[k], 3), r.chosen === "minitron" ? res : oth, r.chosen === "autocompress" ? res : oth]);
+    }
+  }
+  $("#summary tbody").innerHTML = rows.map((row, i) => `<tr>${row.map((c) => {
+    const t = typeof c === "object" && c ? c : { text: c, cls: "" };
+    return i ? `<td class="${t.cls}">${esc(t.text)}</td>` : `<th class="${t.cls}">${esc(t.text)}</th>`;
+  }).join("")}</tr>`).join("");
+  // the choice, stated: and when the arm not exported met every limit with a lower perplexity, that too
+  const other = r.chosen === "autocompress" ? "minitron" : "autocompress", o = get(other), c = get(r.chosen);
+  let note = `Exported: the ${r.chosen} arm` + (r.chosen_reason ? ` (${r.chosen_reason}).` : ".");
+  if (o.feasible && o.perplexity < c.perplexity)
+    note += ` The ${other} arm also met every limit with a lower perplexity (${f(o.perplexity)} vs ${f(c.perplexity)}).`;
+  $("#choice").textContent = note;
 }
 
 async function openJob(id) {
@@ -207,6 +246,7 @@ async function openJob(id) {
   $("#list-view").hidden = true; $("#job-view").hidden = false;
   $("#job-title").textContent = "Job " + id;
   $("#events").textContent = ""; $("#arch").innerHTML = ""; archHistory.length = 0; $("#summary tbody").innerHTML = "";
+  $("#choice").textContent = ""; $("#job-error").hidden = true; $("#job-error").textContent = "";
   series.loss = []; series.metric = []; series.limit = null; series.distill = {}; baseLayers = null;
   $("#distill-fig").hidden = true;
   stages = STAGES;
@@ -216,6 +256,7 @@ async function openJob(id) {
   $("#job-state").textContent = r.data.state; $("#job-state").className = "state " + r.data.state;
   $("#job-reason").textContent = r.data.reason || "";
   showExecutor(r.data.executor, r.data.slurm);
+  if (r.data.state === "failed") { $("#job-error").hidden = false; $("#job-error").textContent = "Failed: " + (r.data.reason || ""); }
   $("#cancel").hidden = ["succeeded", "failed", "cancelled"].includes(r.data.state);
   $("#cancel").onclick = async () => { const c = await api("DELETE", "/v1/jobs/" + id); $("#job-reason").textContent = c.status === 202 ? "cancelling…" : (c.data.error || {}).message; };
   const q = token() ? "?access_token=" + encodeURIComponent(token()) : "";

@@ -30,6 +30,7 @@
 #include "kernels_cpu.h"
 #include "measure.h"
 #include "minitron.h"
+#include "modelcard.h"
 #include "prune.h"
 
 static void emit(job_state *s, const char *kind, json_t *data) {
@@ -234,8 +235,16 @@ static int stage_search(job_state *s, ac_err *e) {
              json_pack("{s:s,s:i,s:i}", "message", "dnas steps scaled to the FLOP budget", "dnas_steps", so.dnas_steps,
                        "asked", sp->search.dnas_steps));
     if (autoc && dnas_search(s, &so, e)) return -1;
-    s->chosen = autoc ? &s->ra : &s->rm;
+    s->two_arms = autoc;
+    s->chosen = autoc ? &s->ra : &s->rm; /* provisional: evaluate picks the best arm that meets every limit */
     if (s->chosen->feasible) return 0;
+    if (autoc && s->rm.feasible) { /* Minitron's arm meets every limit: the job goes on and will export it */
+        emit(s, "log",
+             json_pack("{s:s}", "message",
+                       "the autocompress arm misses a limit and the minitron arm meets every limit: minitron's "
+                       "will be exported"));
+        return 0;
+    }
     const ac_cost *k = &s->chosen->cost;
     json_t *closest = ac_constraints_report(&P->limits, k);
     char *cs = json_dumps(closest, JSON_COMPACT);
@@ -263,7 +272,7 @@ static int stage_prune(job_state *s, ac_err *e) {
     ac_importance mimp; /* Minitron prunes by its own importance */
     ac_minitron_importance_view(&s->imp, &mimp);
     const ac_importance *ia = s->imp_d.n_layers ? &s->imp_d : &s->imp; /* dnas: gate-score orders */
-    int arms = s->chosen == &s->ra ? 2 : 1;
+    int arms = s->two_arms ? 2 : 1;
     if (ac_prune_bf16(&s->m, &s->rm.arch, &mimp, &s->pm, e) ||
         (arms == 2 && ac_prune_bf16(&s->m, &s->ra.arch, ia, &s->pa, e)))
         return -1;
@@ -309,7 +318,7 @@ static int stage_distill(job_state *s, ac_err *e) {
      * only its first calibration_tokens tokens for calibration) */
     const char *text = ds->text[0] ? ds->text : sp->calibration[0] ? sp->calibration : NULL;
     return ac_distill_job(&o, sp->model, text, &s->m, s->cids, s->nc, arms, names,
-                          s->chosen == &s->ra ? 2 : 1, s->hids, s->nh, &po, s->ctx->emit, s->ctx->ud, s->ctx->cancelled,
+                          s->two_arms ? 2 : 1, s->hids, s->nh, &po, s->ctx->emit, s->ctx->ud, s->ctx->cancelled,
                           &s->distill, e);
 }
 
@@ -352,6 +361,31 @@ static json_t *again_json(const char *reason, const char *when, double then, dou
                      "reference_probe_us", now, "new_table_reference_probe_us", new_ref);
 }
 
+/* The exported arm: of the arms that meet every limit, the one with the
+ * lower held-out loss (nll); a tie goes to the method's arm. With one arm,
+ * or one feasible arm, that one. Sets chosen, result and chosen_reason. */
+static void choose_arm(job_state *s) {
+    if (!s->two_arms) {
+        snprintf(s->chosen_reason, sizeof s->chosen_reason, "the job's method (%s) has one arm",
+                 ac_method_name(s->spec->method));
+        return;
+    }
+    int fa = s->ra.feasible, fm = s->rm.feasible;
+    if (fa && fm) {
+        int mini = s->pmr.nll < s->par.nll;
+        s->chosen = mini ? &s->rm : &s->ra;
+        snprintf(s->chosen_reason, sizeof s->chosen_reason,
+                 "both arms meet every limit; %s has the lower held-out loss (nll %.6f against %.6f%s)",
+                 mini ? "minitron" : "autocompress", mini ? s->pmr.nll : s->par.nll, mini ? s->par.nll : s->pmr.nll,
+                 s->pmr.nll == s->par.nll ? ", a tie: the method's arm" : "");
+    } else {
+        s->chosen = fa ? &s->ra : &s->rm;
+        snprintf(s->chosen_reason, sizeof s->chosen_reason, "only the %s arm meets every limit",
+                 fa ? "autocompress" : "minitron");
+    }
+    s->result = s->chosen == &s->ra ? &s->pa : &s->pm;
+}
+
 /* Held-out perplexity of base, Minitron and AutoCompress; latency of base
  * and result on this CPU against the CPU table (the target's, or a cached
  * one), and on a local CUDA target's GPU against the target's table. */
@@ -360,9 +394,10 @@ static int stage_evaluate(job_state *s, ac_err *e) {
     ac_ppl_opts po = {.ctx = sp->eval.ctx, .stride = 0, .max_windows = sp->eval.windows, .batch = 4, .cuda = s->on_gpu};
     if (ac_perplexity(&s->m, s->hids, s->nh, &po, NULL, NULL, NULL, &s->pb, e) ||
         ac_perplexity(&s->pm, s->hids, s->nh, &po, NULL, NULL, NULL, &s->pmr, e) ||
-        (s->chosen == &s->ra && ac_perplexity(&s->pa, s->hids, s->nh, &po, NULL, NULL, NULL, &s->par, e)))
+        (s->two_arms && ac_perplexity(&s->pa, s->hids, s->nh, &po, NULL, NULL, NULL, &s->par, e)))
         return -1;
     progress_cb(s, "perplexity", 0.5);
+    choose_arm(s);
     const ac_target_spec *t = &sp->target;
     int is_cpu = t->dev.kind == AC_TARGET_CPU, found = is_cpu;
     /* The weight dtype of the timings on this CPU, and of the CPU table
@@ -409,10 +444,11 @@ static int stage_evaluate(job_state *s, ac_err *e) {
     }
     ac_workload lw = ac_measure_local_workload(&t->workload);
     double mtt = 0, mtp = 0, ref = ct ? ct->ref_us : 0;
-    int minitron_timed = 0;
-    if (s->chosen == &s->ra) {
-        minitron_timed = ac_measure_latency_in(&s->pm, ldt, s->hids, s->nh, &lw, ref, &mtt, &mtp, NULL, e) == 0;
-        ac_model_free(&s->pm);
+    int other_timed = 0;
+    ac_model *other = s->chosen == &s->ra ? &s->pm : &s->pa; /* the arm not exported, when there are two */
+    if (s->two_arms) {
+        other_timed = ac_measure_latency_in(other, ldt, s->hids, s->nh, &lw, ref, &mtt, &mtp, NULL, e) == 0;
+        ac_model_free(other);
     }
     ac_local_timing lt;
     int rc = ac_measure_local_time(&s->m, s->result, ldt, s->hids, s->nh, &t->workload, ref, &lt, e);
@@ -430,8 +466,9 @@ static int stage_evaluate(job_state *s, ac_err *e) {
     if (!is_cpu) ac_cost_table_free(&cpu);
     ac_cost_table_free(&fresh);
     if (rc) return -1;
-    if (minitron_timed)
-        json_object_set_new(s->measured_local, "minitron", json_pack("{s:f,s:f}", "ttft_ms", mtt, "tpot_ms", mtp));
+    if (other_timed)
+        json_object_set_new(s->measured_local, s->chosen == &s->ra ? "minitron" : "autocompress",
+                            json_pack("{s:f,s:f}", "ttft_ms", mtt, "tpot_ms", mtp));
     if (t->dev.kind == AC_TARGET_CUDA && ac_cuda(NULL) &&
         ac_measure_on_gpu(&s->m, s->result, s->hids, s->nh, &t->workload, &s->table, &s->engine, &s->measured_on_target,
                           e))
@@ -501,6 +538,10 @@ static int write_report(job_state *s, json_t **result, ac_err *e) {
     char dst[4200];
     snprintf(dst, sizeof dst, "%s/report.json", s->spec->output);
     if (ac_fsafe_write_json(dst, report, JSON_INDENT(2), e)) {
+        json_decref(report);
+        return ac_errctx(e, "stage export");
+    }
+    if (ac_model_card_write(report, s->spec->output, e)) { /* README.md, the export's model card */
         json_decref(report);
         return ac_errctx(e, "stage export");
     }

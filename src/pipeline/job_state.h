@@ -40,10 +40,13 @@ typedef struct job_state {
     ac_search_problem P;
     ac_cost base_cost;
     ac_search_result ra, rm; /* AutoCompress (method autocompress), Minitron (always) */
+    int two_arms;            /* method autocompress: both arms are pruned, evaluated and reported */
+    /* the exported arm: the method's until evaluate picks the best feasible one (choose_arm) */
     ac_search_result *chosen;
+    char chosen_reason[256];
     /* prune */
     ac_model pa, pm;
-    const ac_model *result; /* &pa or &pm */
+    const ac_model *result; /* &pa or &pm: the chosen arm's (set again by evaluate's choice) */
     int rep_a, rep_m;       /* layers refit by the least-squares repair */
     /* distill (only with spec distill): {arm: {perplexity_pruned, distill}} (owned) */
     json_t *distill;

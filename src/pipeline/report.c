@@ -41,7 +41,7 @@ json_t *ac_report_build(const job_state *s) {
     if (!r) return NULL;
     json_object_set_new(r, "minitron", arm(s, &s->rm, &s->pmr, s->rep_m));
     if (s->rm.detail) json_object_update(json_object_get(r, "minitron"), s->rm.detail);
-    if (ac) {
+    if (s->two_arms) {
         json_object_set_new(r, "autocompress", arm(s, &s->ra, &s->par, s->rep_a));
         json_object_set_new(r, "search",
                             json_pack("{s:i,s:i,s:f,s:s}", "steps", s->ra.steps_run, "seed", (int)s->P.opts.seed, "lr",
@@ -54,6 +54,7 @@ json_t *ac_report_build(const job_state *s) {
         if (json_is_object(a)) json_object_update(a, v);
     }
     json_object_set_new(r, "chosen", json_string(ac ? "autocompress" : "minitron"));
+    json_object_set_new(r, "chosen_reason", json_string(s->chosen_reason));
     json_object_set_new(r, "measured_local", json_incref(s->measured_local));
     if (s->measured_on_target) json_object_set_new(r, "measured_on_target", json_incref(s->measured_on_target));
     json_object_set_new(r, "eval_protocol",

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""What the dashboard's job page states, read from the DOM Debian's chromium renders headless (--dump-dom) against
+a live daemon: the chosen arm marked, every limit met or missed per arm as the report says (the base computed from
+its predicted figure), "all limits met" as each arm's feasibility, the perplexities, the note when the arm not
+exported met the limits with a lower perplexity, and a failed job's error on its page."""
+import html
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import TINY, run_with_daemon  # noqa: E402
+from harness import spec as full_spec  # noqa: E402
+
+D = None
+CHROMIUM = shutil.which("chromium")
+
+
+def spec(**kw):
+    s = full_spec(**kw)
+    s["search"] = dict({"dnas_steps": 40}, **s["search"])
+    return s
+
+
+def page(job):
+    """The job page's DOM once its scripts ran (virtual time: the event stream replays the stored events)."""
+    p = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
+                        "--dump-dom", f"http://127.0.0.1:{D.port}/#job/{job}"], capture_output=True, text=True,
+                       timeout=180)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return p.stdout
+
+
+def summary_rows(dom):
+    m = re.search(r'<table id="summary"><tbody>(.*?)</tbody></table>', dom, re.S)
+    assert m, dom[:2000]
+    rows = []
+    for tr in re.findall(r"<tr>(.*?)</tr>", m.group(1), re.S):
+        rows.append([(cls, html.unescape(txt)) for cls, txt in re.findall(r'<t[hd] class="([^"]*)">(.*?)</t[hd]>', tr)])
+    return rows
+
+
+def test_succeeded_job_page_states_the_report():
+    if not CHROMIUM:
+        return "skip"
+    st, j = D.req("POST", "/v1/jobs", body=spec(constraints={"max_params": 1.0e6, "max_tpot_ms": 0.6}))
+    job = D.wait_state(j["id"], {"succeeded", "failed"}, timeout=240)
+    assert job["state"] == "succeeded", job
+    st, r = D.req("GET", f"/v1/jobs/{j['id']}/result")
+    rows = summary_rows(page(j["id"]))
+    arms = ["baseline", "minitron", "autocompress"]
+    head = rows[0][1:]
+    assert [t.split()[0] for _, t in head] == arms, head
+    chosen = [arms[i] for i, (cls, t) in enumerate(head) if cls == "chosen"]
+    assert chosen == [r["chosen"]] and "(chosen, exported)" in head[arms.index(r["chosen"])][1], head
+    by = {cells[0][1]: cells[1:] for cells in rows[1:]}
+    assert [t for _, t in by["perplexity"]] == [f"{r[a]['perplexity']:.2f}" for a in arms]
+    for name, c in r[r["chosen"]]["constraints"].items():
+        key = next(k for k in by if k.startswith(f"limit {name} "))
+        for a, (cls, txt) in zip(arms, by[key]):
+            if a == "baseline":
+                v = r["baseline"]["predicted"][name]
+                want = "met" if (v >= c["limit"] if c["kind"] == "min" else v <= c["limit"]) else "missed"
+            else:
+                want = "met" if r[a]["constraints"][name]["met"] else "missed"
+            assert cls == want and txt.endswith(want), (name, a, cls, txt)
+    assert [t for _, t in by["all limits met"][1:]] == ["yes" if r[a]["feasible"] else "no" for a in arms[1:]]
+    # the base misses max_params (1.38 M > 1 M): shown as missed, not silently
+    assert by[next(k for k in by if k.startswith("limit params"))][0][0] == "missed"
+    dom = page(j["id"])
+    note = re.search(r'<p id="choice">(.*?)</p>', dom, re.S).group(1)
+    other = "minitron" if r["chosen"] == "autocompress" else "autocompress"
+    better = r[other]["feasible"] and r[other]["perplexity"] < r[r["chosen"]]["perplexity"]
+    assert note.startswith(f"Exported: the {r['chosen']} arm ({html.escape(r['chosen_reason'], quote=False)})"), note
+    assert (f"The {other} arm also met" in note) == better, note
+    feas = [a for a in ("minitron", "autocompress") if r[a]["feasible"]]
+    assert r["chosen"] == min(feas, key=lambda a: (r[a]["nll"], a != r["method"])) and not better, r["chosen"]
+
+
+def test_failed_job_page_shows_its_error():
+    if not CHROMIUM:
+        return "skip"
+    mdir = os.path.join("/tmp", f"ac_dash_model_{os.getpid()}")
+    shutil.copytree(TINY, mdir)
+    try:
+        # queued behind a running job, then its weights vanish: the worker fails it
+        st, hold = D.req("POST", "/v1/jobs", body=full_spec(search={"steps": 100000, "seed": 1, "dnas_steps": 100000}))
+        D.wait_state(hold["id"], {"running"}, timeout=60)
+        st, j = D.req("POST", "/v1/jobs", body=spec(model=mdir))
+        os.remove(os.path.join(mdir, "model.safetensors"))
+        D.req("DELETE", f"/v1/jobs/{hold['id']}")
+        job = D.wait_state(j["id"], {"failed", "succeeded"}, timeout=120)
+        assert job["state"] == "failed", job
+    finally:
+        shutil.rmtree(mdir, ignore_errors=True)
+    dom = page(j["id"])
+    m = re.search(r'<p id="job-error" class="err"( hidden="")?>(.*?)</p>', dom, re.S)
+    assert m and not m.group(1) and m.group(2).startswith("Failed: "), m and m.group(0)
+    assert html.unescape(m.group(2))[len("Failed: "):].strip() in (job["reason"], ) or \
+        job["reason"].split(":")[0] in html.unescape(m.group(2)), (m.group(2), job["reason"])
+
+
+if __name__ == "__main__":
+    run_with_daemon([test_succeeded_job_page_states_the_report, test_failed_job_page_shows_its_error], globals())

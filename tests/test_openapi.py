@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""GET /openapi.json against a live daemon on loopback: the document served is proto/openapi.json with the job
+spec's generated schema; every documented operation answers on the live daemon (never "no such route" or 405) with
+a status the document lists; the answers of a real job's life (submit, get, list, events, result, files, errors) are
+valid against the document's schemas (jsonschema, draft 2020-12); the error codes the daemon's sources can send are
+the document's enum. tests/test_openapi.c checks the route table against the document in the other direction."""
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import BUILD, ROOT, TINY, run_with_daemon  # noqa: E402
+from harness import spec as full_spec  # noqa: E402
+
+try:
+    import jsonschema
+except ImportError:  # python3-jsonschema (make deps)
+    jsonschema = None
+
+D = None
+DOC = None
+
+
+def spec(**kw):
+    s = full_spec(**kw)
+    s["search"] = dict({"dnas_steps": 40}, **s["search"])
+    return s
+
+
+def get_doc():
+    global DOC
+    if DOC is None:
+        st, DOC = D.req("GET", "/openapi.json")
+        assert st == 200 and isinstance(DOC, dict), (st, DOC)
+    return DOC
+
+
+def validate(schema_ref, value):
+    """value against the document's schema at schema_ref (a JSON pointer into the document, or a schema)."""
+    doc = get_doc()
+    root = {"$schema": "https://json-schema.org/draft/2020-12/schema", "components": doc["components"]}
+    root.update(schema_ref if isinstance(schema_ref, dict) else {"$ref": schema_ref})
+    jsonschema.Draft202012Validator(root).validate(value)
+
+
+def operation(template, method):
+    op = get_doc()["paths"][template][method.lower()]
+    return op
+
+
+def check_answer(template, method, status, body):
+    """status is documented for the operation; a JSON body is valid against the documented schema."""
+    op = operation(template, method)
+    resp = op["responses"].get(str(status))
+    assert resp is not None, f"{method} {template} answered {status}, not documented: {list(op['responses'])} {body}"
+    if "$ref" in resp:
+        resp = get_doc()["components"]["responses"][resp["$ref"].split("/")[-1]]
+    schema = resp.get("content", {}).get("application/json", {}).get("schema")
+    if schema is not None and isinstance(body, (dict, list)):
+        validate(schema, body)
+
+
+def call(method, template, path=None, **kw):
+    st, body = D.req(method, path or template, **kw)
+    check_answer(template, method, st, body)
+    return st, body
+
+
+def test_served_document_is_the_file_plus_generated_schema():
+    doc = get_doc()
+    assert doc["openapi"].startswith("3.1"), doc["openapi"]
+    with open(os.path.join(ROOT, "proto", "openapi.json")) as f:
+        file_doc = json.load(f)
+    served = json.loads(json.dumps(doc))
+    gen = served["components"]["schemas"].pop("JobSpec")
+    file_doc["components"]["schemas"].pop("JobSpec")
+    assert served["info"].pop("x-server-version") == D.req("GET", "/healthz")[1]["version"]
+    assert served == file_doc, "the served document is not proto/openapi.json"
+    out = subprocess.run([os.path.join(BUILD, "autocompress"), "schema"], capture_output=True, text=True, check=True)
+    assert gen == json.loads(out.stdout)
+    with open(os.path.join(ROOT, "proto", "job.schema.json")) as f:
+        assert gen == json.load(f)
+    if jsonschema is None:
+        return "skip"
+    jsonschema.Draft202012Validator.check_schema({"$ref": "#/components/schemas/Job", "components": doc["components"]})
+
+
+def test_error_codes_are_the_documented_enum():
+    codes = set()
+    for f in glob.glob(os.path.join(ROOT, "daemon", "*.c")):
+        with open(f) as fh:
+            codes |= set(re.findall(r'rep_error\([^"]*"([a-z_]+)"', fh.read()))
+    enum = set(get_doc()["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]["enum"])
+    assert codes and codes <= enum, codes - enum
+    assert enum - codes <= {"internal"}, enum - codes
+
+
+def test_every_documented_operation_answers():
+    # a finished job to point the {id} routes at
+    st, j = D.req("POST", "/v1/jobs", body=spec())
+    job = D.wait_state(j["id"], {"succeeded", "failed"}, timeout=240)
+    assert job["state"] == "succeeded", job
+    fill = {"id": str(job["id"]), "name": "report.json", "key": "no-such-table"}
+    n = 0
+    for template, item in get_doc()["paths"].items():
+        for method in item:
+            if method not in ("get", "post", "delete", "put", "patch", "head"):
+                continue
+            path = re.sub(r"\{(\w+)\}", lambda m: fill[m.group(1)], template)
+            if template == "/v1/cost-tables/measurements/{id}":
+                path = "/v1/cost-tables/measurements/999999"
+            kw = {"body": {}} if method == "post" else {}
+            if template.endswith("/events"):
+                path += "?format=json"
+            st, body = D.req(method.upper(), path, **kw)
+            assert not (st == 404 and isinstance(body, dict) and body["error"]["message"] == "no such route"), path
+            assert st != 405, (method, path, body)
+            check_answer(template, method, st, body)
+            n += 1
+    assert n >= 20, n
+
+
+def test_a_job_life_validates_against_the_document():
+    if jsonschema is None:
+        return "skip"
+    s = spec(name="openapi")
+    validate("#/components/schemas/JobSpec", s)  # the request example
+    st, j = call("POST", "/v1/jobs", body=s, headers={"Idempotency-Key": "oa-1"})
+    assert st == 201
+    st, j2 = call("POST", "/v1/jobs", body=s, headers={"Idempotency-Key": "oa-1"})
+    assert st == 200 and j2["id"] == j["id"]
+    call("POST", "/v1/jobs", body=spec(constraints={"max_tpot_ms": "fast"}))  # 400 Error
+    call("POST", "/v1/validate", body=s)
+    call("GET", "/v1/jobs/{id}", f"/v1/jobs/{j['id']}")
+    D.wait_state(j["id"], {"succeeded", "failed"}, timeout=240)
+    call("GET", "/v1/jobs/{id}", f"/v1/jobs/{j['id']}")
+    call("GET", "/v1/jobs", "/v1/jobs?limit=1")
+    call("GET", "/v1/jobs", "/v1/jobs?state=weird")  # 400
+    st, evs = call("GET", "/v1/jobs/{id}/events", f"/v1/jobs/{j['id']}/events?format=json")
+    assert st == 200 and evs["events"]
+    st, rep = call("GET", "/v1/jobs/{id}/result", f"/v1/jobs/{j['id']}/result")
+    assert st == 200, rep
+    st, files = call("GET", "/v1/jobs/{id}/files", f"/v1/jobs/{j['id']}/files")
+    assert st == 200 and "report.json" in [f["name"] for f in files["files"]]
+    call("DELETE", "/v1/jobs/{id}", f"/v1/jobs/{j['id']}")  # 409: ended
+    call("GET", "/v1/jobs/{id}", "/v1/jobs/999999")  # 404 Error
+    call("GET", "/healthz")
+    # a queued job cancelled: 202 with the job
+    st, q = call("POST", "/v1/jobs", body=spec(search={"steps": 100000, "seed": 1, "dnas_steps": 100000}))
+    st, c = call("DELETE", "/v1/jobs/{id}", f"/v1/jobs/{q['id']}")
+    assert st == 202 and c["cancel_requested"], c
+    D.wait_state(q["id"], {"cancelled"}, timeout=60)
+    call("GET", "/v1/jobs/{id}/files", f"/v1/jobs/{q['id']}/files")  # 409: nothing exported
+
+
+if __name__ == "__main__":
+    run_with_daemon([test_served_document_is_the_file_plus_generated_schema, test_error_codes_are_the_documented_enum,
+                     test_every_documented_operation_answers, test_a_job_life_validates_against_the_document],
+                    globals())
