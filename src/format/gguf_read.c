@@ -453,6 +453,18 @@ fail:
     return -1;
 }
 
+/* *dt: tensor t's dtype (F32, F16 or BF16), its n elements checked to lie
+ * inside the file. */
+static int tensor_dtype_in_file(const gfile *g, const rti *t, const char *name, size_t n, st_dtype *dt, ac_err *e) {
+    *dt = t->type == GGML_F32 ? ST_F32 : t->type == GGML_F16 ? ST_F16 : t->type == GGML_BF16 ? ST_BF16 : ST_NDTYPES;
+    if (*dt == ST_NDTYPES)
+        return ac_errf(e, "gguf: tensor %s has ggml type %u (F32, F16 and BF16 are supported)", name, t->type);
+    size_t avail = g->size - (size_t)(g->data - g->map);
+    if (t->off > avail || n > (avail - t->off) / st_dtype_size(*dt))
+        return ac_errf(e, "gguf: tensor %s lies outside the file", name);
+    return 0;
+}
+
 /* Tensor `name` of shape [rows, cols] (cols 0: 1-D) into dst as fp32;
  * perm > 0 puts Q/K rows of perm heads back in rotate-half order. */
 static int read_t(const gfile *g, const char *name, int64_t rows, int64_t cols, int perm, float *dst, ac_err *e) {
@@ -463,15 +475,9 @@ static int read_t(const gfile *g, const char *name, int64_t rows, int64_t cols, 
     if (!ok)
         return ac_errf(e, "gguf: tensor %s has the wrong shape (expected [%lld, %lld])", name, (long long)rows,
                        (long long)cols);
-    st_dtype dt = t->type == GGML_F32    ? ST_F32
-                  : t->type == GGML_F16  ? ST_F16
-                  : t->type == GGML_BF16 ? ST_BF16
-                                         : ST_NDTYPES;
-    if (dt == ST_NDTYPES)
-        return ac_errf(e, "gguf: tensor %s has ggml type %u (F32, F16 and BF16 are supported)", name, t->type);
-    size_t n = (size_t)rows * (size_t)(cols ? cols : 1), bytes = n * st_dtype_size(dt);
-    size_t avail = g->size - (size_t)(g->data - g->map);
-    if (t->off > avail || bytes > avail - t->off) return ac_errf(e, "gguf: tensor %s lies outside the file", name);
+    st_dtype dt;
+    size_t n = (size_t)rows * (size_t)(cols ? cols : 1);
+    if (tensor_dtype_in_file(g, t, name, n, &dt, e)) return -1;
     if (!dst) return 0; /* the check before allocation */
     float *tmp = perm ? malloc(n * sizeof *tmp) : dst;
     if (!tmp) return ac_errf(e, "out of memory");
@@ -492,15 +498,9 @@ static int read_parts(const gfile *g, const char *name, int64_t np, int64_t rows
     if (t->nd != 3 || t->dims[0] != (uint64_t)cols || t->dims[1] != (uint64_t)rows || t->dims[2] != (uint64_t)np)
         return ac_errf(e, "gguf: tensor %s has the wrong shape (expected {%lld, %lld, %lld})", name, (long long)cols,
                        (long long)rows, (long long)np);
-    st_dtype dt = t->type == GGML_F32    ? ST_F32
-                  : t->type == GGML_F16  ? ST_F16
-                  : t->type == GGML_BF16 ? ST_BF16
-                                         : ST_NDTYPES;
-    if (dt == ST_NDTYPES)
-        return ac_errf(e, "gguf: tensor %s has ggml type %u (F32, F16 and BF16 are supported)", name, t->type);
-    size_t n = (size_t)rows * (size_t)cols, bytes = n * st_dtype_size(dt) * (size_t)np;
-    size_t avail = g->size - (size_t)(g->data - g->map);
-    if (t->off > avail || bytes > avail - t->off) return ac_errf(e, "gguf: tensor %s lies outside the file", name);
+    st_dtype dt;
+    size_t n = (size_t)rows * (size_t)cols;
+    if (tensor_dtype_in_file(g, t, name, n * (size_t)np, &dt, e)) return -1;
     for (int64_t p = 0; parts && p < np; p++)
         if (ac_to_f32(parts[p], g->data + t->off + (size_t)p * n * st_dtype_size(dt), dt, n, e))
             return ac_errctx(e, "%s", name);

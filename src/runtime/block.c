@@ -17,19 +17,22 @@
  *   xn = rmsnorm(x) * post_norm
  *   g = xn Wg^T;  u = xn Wu^T;  g = silu(g) * u                       [N][F]
  *   (FFN channels masked)   x += g Wd^T   (hidden masked) */
-static const ac_op llama_attn[] = {
-    OP(AC_OP_RMSNORM, AC_T_XN, AC_T_X, 0, 0, AC_NORM_IN, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NORMED),
-    OP(AC_OP_LINEAR, AC_T_Q, AC_T_XN, 0, 0, AC_W_Q, AC_DIM_H, AC_DIM_Q, 0, 0, AC_HOOK_NONE),
-    OP(AC_OP_LINEAR, AC_T_K, AC_T_XN, 0, 0, AC_W_K, AC_DIM_H, AC_DIM_KV, 0, 0, AC_HOOK_NONE),
-    OP(AC_OP_LINEAR, AC_T_V, AC_T_XN, 0, 0, AC_W_V, AC_DIM_H, AC_DIM_KV, 0, 0, AC_HOOK_NONE),
-    OP(AC_OP_KV_MERGE, AC_T_K, AC_T_V, 0, 0, -1, AC_DIM_KV, AC_DIM_KV, 0, 0, AC_HOOK_NONE),
-    OP(AC_OP_ROPE, AC_T_Q, AC_T_Q, 0, 0, -1, AC_DIM_Q, AC_DIM_Q, AC_DIM_Q, 0, AC_HOOK_NONE),
-    OP(AC_OP_ROPE, AC_T_K, AC_T_K, 0, 0, -1, AC_DIM_KV, AC_DIM_KV, AC_DIM_KV, 0, AC_HOOK_NONE),
-    OP(AC_OP_ATTENTION, AC_T_ATT, AC_T_Q, AC_T_K, AC_T_V, -1, AC_DIM_Q, AC_DIM_Q, 0, 0, AC_HOOK_HEAD_OUT),
-    OP(AC_OP_MASK, AC_T_ATT, AC_T_ATT, 0, 0, -1, AC_DIM_Q, AC_DIM_Q, 0, 0, AC_HOOK_NONE),
-    OP(AC_OP_LINEAR, AC_T_X, AC_T_ATT, 0, 0, AC_W_O, AC_DIM_Q, AC_DIM_H, 0, 1, AC_HOOK_NONE),
-    OP(AC_OP_MASK_HIDDEN, AC_T_X, AC_T_X, 0, 0, -1, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NONE),
-};
+/* The attention sub-block's projections (and KV merge), then its RoPE,
+ * attention and output: shared by the Llama and Qwen3 recipes. */
+#define ATTN_PROJECT                                                                                                   \
+    OP(AC_OP_RMSNORM, AC_T_XN, AC_T_X, 0, 0, AC_NORM_IN, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NORMED),                    \
+        OP(AC_OP_LINEAR, AC_T_Q, AC_T_XN, 0, 0, AC_W_Q, AC_DIM_H, AC_DIM_Q, 0, 0, AC_HOOK_NONE),                       \
+        OP(AC_OP_LINEAR, AC_T_K, AC_T_XN, 0, 0, AC_W_K, AC_DIM_H, AC_DIM_KV, 0, 0, AC_HOOK_NONE),                      \
+        OP(AC_OP_LINEAR, AC_T_V, AC_T_XN, 0, 0, AC_W_V, AC_DIM_H, AC_DIM_KV, 0, 0, AC_HOOK_NONE),                      \
+        OP(AC_OP_KV_MERGE, AC_T_K, AC_T_V, 0, 0, -1, AC_DIM_KV, AC_DIM_KV, 0, 0, AC_HOOK_NONE)
+#define ATTN_ATTEND                                                                                                    \
+    OP(AC_OP_ROPE, AC_T_Q, AC_T_Q, 0, 0, -1, AC_DIM_Q, AC_DIM_Q, AC_DIM_Q, 0, AC_HOOK_NONE),                           \
+        OP(AC_OP_ROPE, AC_T_K, AC_T_K, 0, 0, -1, AC_DIM_KV, AC_DIM_KV, AC_DIM_KV, 0, AC_HOOK_NONE),                    \
+        OP(AC_OP_ATTENTION, AC_T_ATT, AC_T_Q, AC_T_K, AC_T_V, -1, AC_DIM_Q, AC_DIM_Q, 0, 0, AC_HOOK_HEAD_OUT),         \
+        OP(AC_OP_MASK, AC_T_ATT, AC_T_ATT, 0, 0, -1, AC_DIM_Q, AC_DIM_Q, 0, 0, AC_HOOK_NONE),                          \
+        OP(AC_OP_LINEAR, AC_T_X, AC_T_ATT, 0, 0, AC_W_O, AC_DIM_Q, AC_DIM_H, 0, 1, AC_HOOK_NONE),                      \
+        OP(AC_OP_MASK_HIDDEN, AC_T_X, AC_T_X, 0, 0, -1, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NONE)
+static const ac_op llama_attn[] = {ATTN_PROJECT, ATTN_ATTEND};
 static const ac_op llama_ffn[] = {
     OP(AC_OP_RMSNORM, AC_T_XN, AC_T_X, 0, 0, AC_NORM_POST, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NORMED),
     OP(AC_OP_LINEAR, AC_T_G, AC_T_XN, 0, 0, AC_W_G, AC_DIM_H, AC_DIM_F, 0, 0, AC_HOOK_NONE),
@@ -50,19 +53,10 @@ static const ac_block_recipe llama = {"llama", 2, llama_sub};
  * RoPE, so a merged model's k_norm sees the pooled head as its export does:
  *   q = q_norm(q);  k = k_norm(k)   over head_dim-wide heads */
 static const ac_op qwen3_attn[] = {
-    OP(AC_OP_RMSNORM, AC_T_XN, AC_T_X, 0, 0, AC_NORM_IN, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NORMED),
-    OP(AC_OP_LINEAR, AC_T_Q, AC_T_XN, 0, 0, AC_W_Q, AC_DIM_H, AC_DIM_Q, 0, 0, AC_HOOK_NONE),
-    OP(AC_OP_LINEAR, AC_T_K, AC_T_XN, 0, 0, AC_W_K, AC_DIM_H, AC_DIM_KV, 0, 0, AC_HOOK_NONE),
-    OP(AC_OP_LINEAR, AC_T_V, AC_T_XN, 0, 0, AC_W_V, AC_DIM_H, AC_DIM_KV, 0, 0, AC_HOOK_NONE),
-    OP(AC_OP_KV_MERGE, AC_T_K, AC_T_V, 0, 0, -1, AC_DIM_KV, AC_DIM_KV, 0, 0, AC_HOOK_NONE),
+    ATTN_PROJECT,
     OP(AC_OP_HEAD_NORM, AC_T_Q, AC_T_Q, 0, 0, AC_NORM_Q, AC_DIM_Q, AC_DIM_Q, AC_DIM_Q, 0, AC_HOOK_NONE),
     OP(AC_OP_HEAD_NORM, AC_T_K, AC_T_K, 0, 0, AC_NORM_K, AC_DIM_KV, AC_DIM_KV, AC_DIM_KV, 0, AC_HOOK_NONE),
-    OP(AC_OP_ROPE, AC_T_Q, AC_T_Q, 0, 0, -1, AC_DIM_Q, AC_DIM_Q, AC_DIM_Q, 0, AC_HOOK_NONE),
-    OP(AC_OP_ROPE, AC_T_K, AC_T_K, 0, 0, -1, AC_DIM_KV, AC_DIM_KV, AC_DIM_KV, 0, AC_HOOK_NONE),
-    OP(AC_OP_ATTENTION, AC_T_ATT, AC_T_Q, AC_T_K, AC_T_V, -1, AC_DIM_Q, AC_DIM_Q, 0, 0, AC_HOOK_HEAD_OUT),
-    OP(AC_OP_MASK, AC_T_ATT, AC_T_ATT, 0, 0, -1, AC_DIM_Q, AC_DIM_Q, 0, 0, AC_HOOK_NONE),
-    OP(AC_OP_LINEAR, AC_T_X, AC_T_ATT, 0, 0, AC_W_O, AC_DIM_Q, AC_DIM_H, 0, 1, AC_HOOK_NONE),
-    OP(AC_OP_MASK_HIDDEN, AC_T_X, AC_T_X, 0, 0, -1, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NONE),
+    ATTN_ATTEND,
 };
 static const ac_subblock qwen3_sub[] = {
     {"attention", AC_DIM_Q, (int)(sizeof qwen3_attn / sizeof *qwen3_attn), qwen3_attn},
