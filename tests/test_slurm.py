@@ -248,12 +248,17 @@ def test_sigkill_daemon_reattaches():
         assert st == ["load", "calibrate", "profile", "search", "prune", "evaluate", "export"], (i, st)
         running = [t for t in j["transitions"] if t["to"] == "running"]
         assert len(running) == 1, j["transitions"]  # never re-queued nor submitted twice
-    # Slurm saw each exactly once
-    time.sleep(1)
-    names = jobcomp_names()
+    # Slurm saw each exactly once (slurmctld appends to its completion log a moment after a job ends: wait for
+    # every job's line, then check there is exactly one)
+    deadline = time.time() + 30
+    while True:
+        names = jobcomp_names()
+        counts = {i: len([n for n in names if n.startswith(f"ac-{i}-")]) for i in ids}
+        if all(c >= 1 for c in counts.values()) or time.time() > deadline:
+            break
+        time.sleep(0.5)
     for i in ids:
-        mine = [n for n in names if n.startswith(f"ac-{i}-")]
-        assert len(mine) == 1, (i, mine)
+        assert counts[i] == 1, (i, counts)
 
 
 def test_jobs_slurm_forgot_end_from_their_files():
