@@ -66,8 +66,7 @@ static int arch_same(const ac_arch *x, const ac_arch *y) {
              x->n_layers == y->n_layers && x->max_pos == y->max_pos && x->eps == y->eps &&
              x->rope_theta == y->rope_theta && x->rope_llama3 == y->rope_llama3 &&
              x->tie_embeddings == y->tie_embeddings && x->qkv_bias == y->qkv_bias && x->bos_id == y->bos_id &&
-             x->eos_id == y->eos_id && x->qk_norm == y->qk_norm && x->top_k == y->top_k &&
-             x->norm_topk == y->norm_topk;
+             x->eos_id == y->eos_id && x->qk_norm == y->qk_norm && x->top_k == y->top_k && x->norm_topk == y->norm_topk;
     if (x->rope_llama3)
         ok &= x->rs_factor == y->rs_factor && x->rs_low == y->rs_low && x->rs_high == y->rs_high &&
               x->rs_orig == y->rs_orig;
@@ -288,6 +287,17 @@ static void our_greedy(const ac_model *m, const int *prompt, int np, int ngen, i
     ac_engine_free(&en);
 }
 
+/* The held-out text (malloc'd) and *tl, the length of its first whole lines
+ * up to 3000 bytes (no UTF-8 character cut): what llama_compare tokenizes. */
+static char *heldout_lines(size_t *tl) {
+    size_t len = 0;
+    ac_err e;
+    char *text = ac_read_file(heldout, 1 << 24, &len, &e);
+    *tl = text ? (len < 3000 ? len : 3000) : 0;
+    while (*tl > 0 && text[*tl - 1] != '\n') --*tl;
+    return text;
+}
+
 /* Export m, run it in llama.cpp over held-out windows, compare. */
 /* given: a GGUF file of m already written (a job's export), else m is exported here. */
 static void llama_compare(const ac_model *m, const char *given, const char *name, const int *ids, size_t nids,
@@ -373,12 +383,11 @@ static void test_llama_cpp_runs_exports(void) {
     ac_model m, pm;
     ac_err e;
     int *ids = NULL;
-    size_t n = 0, len = 0;
+    size_t n = 0;
     CHECK(ac_model_load(tiny, &m, &e) == 0 && ac_load_text_ids(tiny, heldout, &ids, &n, m.a.vocab, &e) == 0, "%s",
           e.msg);
-    char *text = ac_read_file(heldout, 1 << 24, &len, &e);
-    size_t tl = len < 3000 ? len : 3000;
-    while (tl > 0 && text[tl - 1] != '\n') tl--; /* whole lines: no UTF-8 character cut */
+    size_t tl;
+    char *text = heldout_lines(&tl);
     /* the uniform case is test_jobs_write_gguf's llama + search.gguf job */
     if (tiny_hetero(&m, &pm, &e) == 0) {
         llama_compare(&pm, NULL, "llama_deci", ids, n, text, tl);
@@ -400,7 +409,7 @@ static void test_llama_cpp_runs_qwen3(void) {
     ac_model m, back;
     ac_err e;
     int *ids = NULL;
-    size_t n = 0, len = 0;
+    size_t n = 0;
     CHECK(ac_model_load(tiny, &m, &e) == 0 && ac_load_text_ids(tiny, heldout, &ids, &n, m.a.vocab, &e) == 0, "%s",
           e.msg);
     int hd = m.a.head_dim;
@@ -441,9 +450,8 @@ static void test_llama_cpp_runs_qwen3(void) {
     if (why) {
         printf("  skip llama.cpp part: %s\n", why);
     } else {
-        char *text = ac_read_file(heldout, 1 << 24, &len, &e);
-        size_t tl = len < 3000 ? len : 3000;
-        while (tl > 0 && text[tl - 1] != '\n') tl--;
+        size_t tl;
+        char *text = heldout_lines(&tl);
         llama_compare(&m, NULL, "qwen3", ids, n, text, tl);
         free(text);
     }
@@ -503,13 +511,12 @@ static void test_moe_gguf(void) {
     ac_model t, mo;
     ac_err e;
     int *ids = NULL;
-    size_t n = 0, len = 0;
+    size_t n = 0;
     CHECK(ac_model_load(tiny, &t, &e) == 0 && ac_load_text_ids(tiny, heldout, &ids, &n, t.a.vocab, &e) == 0, "%s",
           e.msg);
     const char *why = llama_missing();
-    char *text = ac_read_file(heldout, 1 << 24, &len, &e);
-    size_t tl = len < 3000 ? len : 3000;
-    while (tl > 0 && text[tl - 1] != '\n') tl--;
+    size_t tl;
+    char *text = heldout_lines(&tl);
     for (int qk = 0; qk < 2; qk++) {
         const char *name = qk ? "qwen3moe" : "mixtral";
         if (tiny_moe(&t, qk, 4, 2, &mo, &e)) {
@@ -894,10 +901,8 @@ static void test_jobs_write_gguf(void) {
               "job %d: model.gguf perplexity %g, safetensors %g, report %g", k, r.ppl, rs.ppl, want);
         ac_model_free(&st);
         if (!why) {
-            size_t len;
-            char *text = ac_read_file(heldout, 1 << 24, &len, &e);
-            size_t tl = len < 3000 ? len : 3000;
-            while (tl > 0 && text[tl - 1] != '\n') tl--;
+            size_t tl;
+            char *text = heldout_lines(&tl);
             llama_compare(&m, g, k ? "job_llama" : "job_gguf", ids, n, text, tl);
             free(text);
         }
