@@ -3,10 +3,11 @@ what the pipeline compresses.
 
 The engine's MoE forward is checked against the Hugging Face semantics in
 test_engine (logits of the Qwen3-MoE and Mixtral fixtures) and test_block
-(routing ties); here a job or an estimate on an MoE checkpoint must get a
-400 that names the field and says what is missing, over real HTTP with the
-daemon's SQLite file, and nothing is queued.
+(routing ties); here a job on an MoE checkpoint must get a 400 that names
+the field and says what is missing, over real HTTP with the daemon's SQLite
+file, and nothing is queued; an estimate on one holds every expert.
 """
+import json
 import os
 import shutil
 import sys
@@ -34,7 +35,7 @@ def have():
             os.path.exists(os.path.join(BUILD, "autocompressd")))
 
 
-def test_jobs_and_estimates_refused_with_the_reason():
+def test_jobs_refused_estimates_answered():
     if not have():
         return "skip"
     d = Daemon(config={"cpu_slots": 1, "model_roots": [BUILD, "/tmp"]}).start()
@@ -46,8 +47,24 @@ def test_jobs_and_estimates_refused_with_the_reason():
             assert "mixture-of-experts" in j["error"]["message"], j
             st, j = d.req("POST", "/v1/validate", spec(model=m))  # the one spec check: the same answer
             assert st == 400 and j["error"]["field"] == "model" and j["error"]["code"] == "invalid_spec", (st, j)
+            # the cost model holds every expert and reads the routed ones
             st, j = d.req("POST", "/v1/estimate", {"model": m, "target": {"device": "H100"}})
-            assert st == 400 and j["error"]["field"] == "model" and "mixture-of-experts" in j["error"]["message"], j
+            assert st == 200, (name, st, j)
+            cfg = json.load(open(os.path.join(m, "config.json")))
+            E = cfg.get("num_local_experts", cfg.get("num_experts"))
+            arch = j["architecture"]
+            assert arch["top_k"] == cfg["num_experts_per_tok"], arch
+            assert any(L.get("experts") == E for L in arch["layers"]), arch
+            assert abs(j["figures"]["params"] - arch["params"]) < 1, (j["figures"]["params"], arch["params"])
+            # fewer experts: fewer parameters, the same per-token work at batch 1
+            fewer = {"top_k": arch["top_k"], "layers": [dict(L, experts=max(arch["top_k"], L["experts"] - 1))
+                                                        if L.get("experts") else L for L in arch["layers"]]}
+            st, k = d.req("POST", "/v1/estimate", {"model": m, "architecture": fewer, "target": {"device": "H100"}})
+            assert st == 200 and k["figures"]["params"] < j["figures"]["params"], (st, k)
+        # a dense model's architecture may not name experts
+        st, j = d.req("POST", "/v1/estimate", {"model": TINY, "target": {"device": "H100"}, "architecture": {
+            "top_k": 1, "layers": [{"heads": 4, "kv_heads": 2, "ffn": 0, "experts": 2, "expert_ffn": 8}]}})
+        assert st == 400 and j["error"]["field"] == "architecture" and "dense model" in j["error"]["message"], j
         st, j = d.req("GET", "/v1/jobs")
         assert st == 200 and j["jobs"] == [], j  # nothing queued
     finally:
@@ -57,7 +74,7 @@ def test_jobs_and_estimates_refused_with_the_reason():
 if __name__ == "__main__":
     r = Runner()
     try:
-        r.run(test_jobs_and_estimates_refused_with_the_reason)
+        r.run(test_jobs_refused_estimates_answered)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
     r.done()

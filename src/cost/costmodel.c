@@ -23,10 +23,18 @@ int ac_carch_from_arch(const ac_arch *a, ac_carch *c, ac_err *e) {
     c->vocab = a->vocab;
     c->tie = a->tie_embeddings;
     c->hidden = a->hidden;
+    c->qkv_bias = a->qkv_bias;
+    c->qk_norm = a->qk_norm;
     c->heads = calloc(a->n_layers, sizeof(double));
     c->kv = calloc(a->n_layers, sizeof(double));
     c->ffn = calloc(a->n_layers, sizeof(double));
-    if (!c->heads || !c->kv || !c->ffn) {
+    int moe = ac_arch_has_moe(a);
+    if (moe) {
+        c->experts = calloc(a->n_layers, sizeof(double));
+        c->effn = calloc(a->n_layers, sizeof(double));
+        c->top_k = a->top_k;
+    }
+    if (!c->heads || !c->kv || !c->ffn || (moe && (!c->experts || !c->effn))) {
         ac_carch_free(c);
         return ac_errf(e, "out of memory");
     }
@@ -34,22 +42,41 @@ int ac_carch_from_arch(const ac_arch *a, ac_carch *c, ac_err *e) {
         c->heads[l] = a->layers[l].n_heads;
         c->kv[l] = a->layers[l].n_kv_heads;
         c->ffn[l] = a->layers[l].ffn;
+        if (moe) {
+            c->experts[l] = a->layers[l].n_experts;
+            c->effn[l] = a->layers[l].n_experts ? a->layers[l].expert_ffn : 0;
+        }
     }
     return 0;
 }
+
+double ac_moe_active_experts(double E, double k, double T) {
+    if (E <= 0 || k <= 0 || T <= 0) return 0;
+    if (k >= E) return E;
+    return E * (1 - pow(1 - k / E, T));
+}
+
+/* Layer l's experts (0: a dense layer or none), each effn wide. */
+static double experts_of(const ac_carch *c, int l) { return c->experts && c->effn[l] > 0 ? c->experts[l] : 0; }
 
 void ac_carch_free(ac_carch *c) {
     free(c->heads);
     free(c->kv);
     free(c->ffn);
-    c->heads = c->kv = c->ffn = NULL;
+    free(c->experts);
+    free(c->effn);
+    c->heads = c->kv = c->ffn = c->experts = c->effn = NULL;
 }
 
 double ac_carch_params(const ac_carch *c) {
     double H = c->hidden, hd = c->head_dim, p = (double)c->vocab * H * (c->tie ? 1 : 2) + H;
     for (int l = 0; l < c->n_layers; l++) {
-        if (c->heads[l] > 0) p += H + 2 * H * c->heads[l] * hd + 2 * H * c->kv[l] * hd;
+        if (c->heads[l] > 0)
+            p += H + 2 * H * c->heads[l] * hd + 2 * H * c->kv[l] * hd +
+                 (c->qkv_bias ? (c->heads[l] + 2 * c->kv[l]) * hd : 0) + (c->qk_norm ? 2 * hd : 0);
         if (c->ffn[l] > 0) p += H + 3 * H * c->ffn[l];
+        double E = experts_of(c, l);
+        if (E > 0) p += H + H * E + 3 * H * c->effn[l] * E; /* norm, router, every expert */
     }
     return p;
 }
@@ -60,23 +87,55 @@ void ac_engine_profile_default(ac_engine_profile *p, int is_cpu) { ac_engine_pro
 
 /* The widths one of tp GPUs holds: query heads, FFN and vocabulary split
  * tp ways; KV heads split too, or replicated one per GPU when fewer than
- * tp (vLLM's rule). out owns its arrays. */
+ * tp (vLLM's rule); every expert on every GPU with its FFN width split tp
+ * ways (vLLM's tensor-parallel MoE, without expert parallelism). out owns
+ * its arrays, all in one block at out->heads. */
 static int carch_shard(const ac_carch *c, int tp, ac_carch *out) {
     *out = *c;
-    out->heads = malloc(3 * (size_t)(c->n_layers > 0 ? c->n_layers : 1) * sizeof(double));
+    size_t n = (size_t)(c->n_layers > 0 ? c->n_layers : 1);
+    out->heads = malloc(5 * n * sizeof(double));
     if (!out->heads) return -1;
-    out->kv = out->heads + c->n_layers;
-    out->ffn = out->kv + c->n_layers;
+    out->kv = out->heads + n;
+    out->ffn = out->kv + n;
+    if (c->experts) {
+        out->experts = out->ffn + n;
+        out->effn = out->experts + n;
+    }
     for (int l = 0; l < c->n_layers; l++) {
         out->heads[l] = c->heads[l] / tp;
         out->kv[l] = c->kv[l] >= tp ? c->kv[l] / tp : c->kv[l] > 0 && c->heads[l] > 0 ? 1 : 0;
         out->ffn[l] = c->ffn[l] / tp;
+        if (c->experts) {
+            out->experts[l] = c->experts[l];
+            out->effn[l] = c->effn[l] / tp;
+        }
     }
     out->vocab = (c->vocab + tp - 1) / tp;
     return 0;
 }
 
 /* ---------------------------------------------------------------- prediction */
+
+/* A mixture-of-experts layer over M tokens: the router's GEMM, then each
+ * expert that receives rows (ac_moe_active_experts of them, d) runs its
+ * SwiGLU on its share M k / d of the rows, as the engines run it: the CPU
+ * engine one GEMM per expert on its gathered rows; a GPU engine's fused
+ * MoE kernel one grouped GEMM over the d experts (priced as one GEMM of
+ * M k / d rows by d x Fe columns: the same FLOPs and weight bytes, one
+ * kernel's fixed cost). Then the elementwise passes (norm, softmax over
+ * the experts, each routed row's gate, scatter-add). */
+static double moe_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, int l, double M, int warm,
+                     double ar) {
+    double E = experts_of(c, l), H = c->hidden, Fe = c->effn ? c->effn[l] : 0, k = fmin(c->top_k, E);
+    if (E <= 0 || Fe <= 0 || k <= 0) return 0;
+    double d = ac_moe_active_experts(E, k, M), m = M * k / d;
+    double us = ac_cost_gemm_lookup(t, M, E, H, warm);
+    if (t->launch_us > 0) /* a GPU's fused MoE kernel: one grouped GEMM over the d experts' weights */
+        us += 2 * ac_cost_gemm_lookup(t, m, d * Fe, H, warm) + ac_cost_gemm_lookup(t, m, H, d * Fe, warm);
+    else
+        us += d * (2 * ac_cost_gemm_lookup(t, m, Fe, H, warm) + ac_cost_gemm_lookup(t, m, H, Fe, warm));
+    return us + ac_cost_elem_us(t, M * (2 * H + E + k * (2 * Fe + H)), p->act_bytes) + ar;
+}
 
 /* The token-parallel part of one forward call over M tokens: every
  * layer's GEMMs and elementwise passes (and, under tensor parallelism, its
@@ -95,6 +154,7 @@ static double dense_us(const ac_cost_table *t, const ac_carch *c, const ac_engin
             us += 2 * ac_cost_gemm_lookup(t, M, F, H, warm) + ac_cost_gemm_lookup(t, M, H, F, warm);
             us += ac_cost_elem_us(t, M * (H + 2 * F), p->act_bytes) + ar;
         }
+        us += moe_us(t, c, p, l, M, warm, ar);
     }
     return us;
 }
@@ -119,7 +179,8 @@ static int attn_layers(const ac_carch *c) {
  * graphs) the attention kernels left outside it. */
 static double launch_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_rt *rt, int graphed) {
     int launches = 2, na = attn_layers(c);
-    for (int l = 0; l < c->n_layers; l++) launches += 3 * (c->heads[l] > 0) + 2 * (c->ffn[l] > 0);
+    for (int l = 0; l < c->n_layers; l++) /* an MoE layer: router, top-k, two grouped GEMMs, the sum */
+        launches += 3 * (c->heads[l] > 0) + 2 * (c->ffn[l] > 0) + 5 * (experts_of(c, l) > 0);
     if (graphed) launches = rt->graph_piecewise ? na + 1 : 1;
     return launches * t->launch_us;
 }
@@ -149,6 +210,8 @@ double ac_cost_decode_bytes(const ac_carch *c, const ac_engine_profile *p, doubl
             kvb += 2 * c->kv[l] * hd * S;
         }
         if (c->ffn[l] > 0) wb += 3 * H * c->ffn[l];
+        double E = experts_of(c, l); /* the router and the experts the step's B tokens reach */
+        if (E > 0) wb += H * E + 3 * H * c->effn[l] * ac_moe_active_experts(E, fmin(c->top_k, E), B);
     }
     return wb * p->w_bytes + B * kvb * p->kv_bytes;
 }
@@ -184,7 +247,7 @@ static double decode_us_mib(const ac_cost_table *t, double ws, double B, double 
 #define PROBE_LAYERS 4.0
 static double probe_ws4(const ac_carch *c, double ws) {
     int n = 0;
-    for (int l = 0; l < c->n_layers; l++) n += c->heads[l] > 0 || c->ffn[l] > 0;
+    for (int l = 0; l < c->n_layers; l++) n += c->heads[l] > 0 || c->ffn[l] > 0 || experts_of(c, l) > 0;
     return n > 0 ? ws * PROBE_LAYERS / n : ws;
 }
 
@@ -351,6 +414,7 @@ static void predict_all(const ac_cost_table *t, const ac_carch *c0, const ac_wor
     for (int l = 0; l < c->n_layers; l++) {
         kv_tok += 2 * c->kv[l] * c->head_dim * p->kv_bytes;
         double a = (c->heads[l] + 2 * c->kv[l]) * c->head_dim, f = 2 * c->ffn[l];
+        if (experts_of(c, l) > 0) f = fmax(f, experts_of(c, l) + 2 * fmin(c->top_k, experts_of(c, l)) * c->effn[l]);
         if (a > widest) widest = a;
         if (f > widest) widest = f;
     }

@@ -127,16 +127,28 @@ double ac_cost_gemm_us(const ac_cost_table *t, double m, double n, double k);
 double ac_cost_attn_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s,
                        int head_dim);
 
-/* Continuous architecture: per-layer widths as reals (0 = removed). */
+/* Continuous architecture: per-layer widths as reals (0 = removed).
+ * Mixture-of-experts layers (experts != NULL, in a model with any): a layer
+ * with experts[l] > 0 has that many experts of effn[l] channels each, of
+ * which each token is routed to top_k (its dense ffn[l] is 0). */
 typedef struct {
     int n_layers, head_dim, vocab, tie;
     double hidden;
     double *heads, *kv, *ffn; /* n_layers each, owned */
+    double *experts, *effn;   /* n_layers each, owned; NULL in a dense model */
+    int top_k;
+    int qkv_bias, qk_norm; /* the attention's biases and per-head norms (parameters only) */
 } ac_carch;
 
 int ac_carch_from_arch(const ac_arch *a, ac_carch *c, ac_err *e);
 void ac_carch_free(ac_carch *c);
+/* Every parameter held (all experts, not only the active ones). */
 double ac_carch_params(const ac_carch *c);
+/* Experts with at least one of T tokens routed to them, in expectation, in
+ * a layer of E experts with top-k routing, each token's k experts drawn
+ * uniformly: E (1 - (1 - k/E)^T). A decode step of B sequences (T = B)
+ * reads these experts' weights; a prefill of many tokens reads all E. */
+double ac_moe_active_experts(double E, double k, double T);
 
 /* A workload: a static batch (batch sequences prefilled together, then
  * decoded together), or a served one (serve.h) when arrival_rate,

@@ -369,6 +369,12 @@ int ac_arch_from_json(const json_t *j, const ac_arch *base, ac_arch *out, ac_err
         if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > 1 << 22) goto bad;
         out->vocab = (int)json_integer_value(v);
     }
+    json_t *tk = json_object_get(j, "top_k"); /* experts each token is routed to (mixture-of-experts layers) */
+    if (tk) {
+        if (!json_is_integer(tk) || json_integer_value(tk) <= 0 || json_integer_value(tk) > 1 << 16) goto bad;
+        out->top_k = (int)json_integer_value(tk);
+    }
+    int moe_base = ac_arch_has_moe(base), any_moe = 0;
     for (int l = 0; l < out->n_layers; l++) {
         json_t *L = json_array_get(layers, l);
         json_t *a = json_object_get(L, "heads"), *k = json_object_get(L, "kv_heads"), *f = json_object_get(L, "ffn");
@@ -378,16 +384,24 @@ int ac_arch_from_json(const json_t *j, const ac_arch *base, ac_arch *out, ac_err
         json_t *xe = json_object_get(L, "experts"), *xf = json_object_get(L, "expert_ffn");
         json_int_t ei = json_is_integer(xe) ? json_integer_value(xe) : 0,
                    ef = json_is_integer(xf) ? json_integer_value(xf) : 0;
-        if (ei < 0 || ei > 1 << 16 || ef < 0 || ef > 1 << 20 || (ei && (!ef || ei < base->top_k))) goto bad;
+        if (ei < 0 || ei > 1 << 16 || ef < 0 || ef > 1 << 20 || (ei && (!ef || ei < out->top_k || fi))) goto bad;
         out->layers[l] = (ac_layer_arch){(int)ai, ai ? (int)ki : 0, (int)fi, (int)ei, ei ? (int)ef : 0};
+        any_moe |= ei > 0;
     }
+    if (any_moe && base->n_layers > 0 && !moe_base) {
+        free(out->layers);
+        out->layers = NULL;
+        return ac_errf(e, "architecture: experts named for a dense model (it has no mixture-of-experts layers)");
+    }
+    if (any_moe && out->top_k <= 0) goto bad;
+    if (!any_moe) out->top_k = 0, out->norm_topk = 0;
     return 0;
 bad:
     free(out->layers);
     out->layers = NULL;
     return ac_errf(e, "architecture: each layer needs integer heads, kv_heads, ffn >= 0 with heads divisible by "
-                      "kv_heads (and, for a mixture of experts, experts >= top_k with expert_ffn > 0); "
-                      "hidden/head_dim/vocab positive");
+                      "kv_heads (and, for a mixture of experts, top_k >= 1, experts >= top_k with expert_ffn > 0 and "
+                      "ffn 0); hidden/head_dim/vocab positive");
 }
 
 json_t *ac_arch_to_config(const ac_arch *a) {
