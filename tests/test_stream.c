@@ -304,6 +304,58 @@ static void test_resident(void) {
     CHECK(ck_rmtree(dir) == 0, "cleanup %s", dir);
 }
 
+/* Mixture-of-experts layers streamed (the fixtures: Mixtral, 3 experts;
+ * Qwen3-MoE, 5 experts, a dense layer between): EXACT's base loss is the
+ * engine's, experts are ranked, and each MoE layer's last curve point
+ * (all experts but top_k removed from the routing by the stream's mask)
+ * equals the engine's loss on the model ac_prune slices those experts out
+ * of (renormalised routing over the kept ones). */
+static void test_moe_layers(void) {
+    const char *names[] = {"mixtral_f32", "qwen3moe_mixed_bf16"};
+    for (int f = 0; f < 2; f++) {
+        char dir[1200], rel[256];
+        snprintf(rel, sizeof rel, "fixtures/models/%s", names[f]);
+        ck_build_path(dir, sizeof dir, rel);
+        ac_model m;
+        ac_err e = {{0}};
+        if (ac_model_load(dir, &m, &e)) SKIP("no MoE fixture %s (make fixtures): %s", names[f], e.msg);
+        const ac_arch *a = &m.a;
+        enum { CTX = 11, NW = 4 };
+        int ids[CTX * NW];
+        unsigned rng = 11 + f;
+        for (int i = 0; i < CTX * NW; i++) ids[i] = (int)((rng = rng * 1664525u + 1013904223u) >> 8) % a->vocab;
+        ac_importance imp;
+        CHECK(ac_importance_compute_mode(&m, ids, CTX * NW, CTX, NW, 0, AC_CALIB_EXACT, NULL, NULL, &imp, &e) == 0,
+              "%s: %s", names[f], e.msg);
+        ac_ppl_opts o = {.ctx = CTX, .max_windows = NW, .batch = 2};
+        ac_ppl_result base;
+        CHECK(ac_perplexity(&m, ids, CTX * NW, &o, NULL, NULL, NULL, &base, &e) == 0, "%s", e.msg);
+        CHECK(close_rel(imp.base_loss, base.nll, 1e-5), "%s: base loss %.8f vs engine %.8f", names[f], imp.base_loss,
+              base.nll);
+        for (int l = 0; l < a->n_layers; l++) {
+            int E = a->layers[l].n_experts;
+            if (!E) continue;
+            CHECK(imp.expert_order && imp.expert_order[l], "%s layer %d: experts not ranked", names[f], l);
+            ac_arch t;
+            ac_model pm;
+            CHECK(ac_arch_copy(&t, a, &e) == 0, "%s", e.msg);
+            t.layers[l].n_experts = a->top_k;
+            CHECK(ac_prune(&m, &t, &imp, &pm, &e) == 0, "%s: %s", names[f], e.msg);
+            ac_ppl_result pr;
+            CHECK(ac_perplexity(&pm, ids, CTX * NW, &o, NULL, NULL, NULL, &pr, &e) == 0, "%s", e.msg);
+            /* the curve is monotone and >= 0 (a random model may gain from a removal) */
+            double want = fmax(0, fmax(pr.nll - base.nll, imp.ffn_sens[l][3])), got = imp.ffn_sens[l][4];
+            printf("   %s layer %d: %d of %d experts kept: +%.5f nats (streamed mask) vs +%.5f (pruned copy)\n",
+                   names[f], l, a->top_k, E, got, pr.nll - base.nll);
+            CHECK(fabs(got - want) < 1e-5 + 1e-4 * fabs(want), "%s layer %d: %.6f vs %.6f", names[f], l, got, want);
+            ac_model_free(&pm);
+            ac_arch_free(&t);
+        }
+        ac_importance_free(&imp);
+        ac_model_free(&m);
+    }
+}
+
 int main(void) {
     RUN(test_statistics_match);
     RUN(test_exact_is_engine);
@@ -311,6 +363,7 @@ int main(void) {
     RUN(test_merge_layer);
     RUN(test_proxy_ranking);
     RUN(test_resident);
+    RUN(test_moe_layers);
     ac_importance_free(&EX);
     ac_importance_free(&ST);
     ac_importance_free(&EN);

@@ -9,6 +9,7 @@
 #include "engine.h"
 #include "eval.h"
 #include "kernels_cpu.h"
+#include "moe_importance.h"
 #include "slice.h"
 #include "stats.h"
 #include "stream.h"
@@ -90,6 +91,12 @@ static double curve(const double *pts, double r) {
 
 double ac_sens_attn(const ac_importance *imp, int l, double r) { return curve(imp->attn_sens[l], r); }
 double ac_sens_ffn(const ac_importance *imp, int l, double r) { return curve(imp->ffn_sens[l], r); }
+double ac_sens_experts(const ac_importance *imp, const ac_arch *base, int l, double kept) {
+    double removable = base->layers[l].n_experts - base->top_k;
+    if (removable <= 0) return 0;
+    double r = (base->layers[l].n_experts - kept) / removable;
+    return curve(imp->ffn_sens[l], r < 0 ? 0 : r > 1 ? 1 : r);
+}
 
 double ac_sens_hidden(const ac_importance *imp, double r) {
     if (r <= 0) return 0;
@@ -417,6 +424,7 @@ typedef struct {
     float *D;       /* [S][H] gradient at the current layer's output (STREAMED) */
     float *D2;      /* [FISHER_SAMPLES][S][H] the same for labels drawn from the model (STREAMED) */
     float *hm, *fm; /* head and FFN masks (widest layer) */
+    float *xm;      /* an expert mask (most experts) */
     long nwin, sw;
     double (*ea)[AC_SENS_POINTS], (*ef)[AC_SENS_POINTS], (*em)[8]; /* [l][point] |delta|^2 */
     /* [l][point] propagated summed loss (EXACT, ANCHORED) or estimated summed increase (STREAMED) */
@@ -494,6 +502,22 @@ static void mask_points(streamer *t, int l, int ffn, const int *order, int units
     }
 }
 
+/* A mixture-of-experts layer's curve (its ffn_sens): point p removes the
+ * lowest-ranked SENS_R[p] of the experts that can go (all but top_k:
+ * ac_sens_experts), from the routing, as ac_prune removes them. */
+static void expert_points(streamer *t, int l) {
+    const ac_arch *a = &t->c->m->a;
+    int E = a->layers[l].n_experts, removable = E - a->top_k;
+    const int *order = t->c->imp->expert_order[l];
+    for (int p = 1; p < AC_SENS_POINTS; p++) {
+        int drop = (int)lround(SENS_R[p] * removable);
+        for (int x = 0; x < E; x++) t->xm[x] = 1;
+        for (int k = E - drop; k < E; k++) t->xm[order[k]] = 0;
+        ac_stream_mod mod = {.expert_mask = t->xm};
+        t->ef[l][p] = point(t, l, &mod, propagated(t, p), &t->lf[l][p]);
+    }
+}
+
 /* Every point of layer l (its units ranked). */
 static void layer_points(streamer *t, int l) {
     calib *c = t->c;
@@ -510,6 +534,7 @@ static void layer_points(streamer *t, int l) {
         }
     }
     if (la->ffn) mask_points(t, l, 1, c->imp->ffn_order[l], la->ffn, 1, t->ef[l], t->lf[l]);
+    if (la->n_experts) expert_points(t, l);
 }
 
 /* One layer of the forward pass: statistics, ranking, and (EXACT,
@@ -636,6 +661,7 @@ static void streamer_free(streamer *t) {
     free(t->D2);
     free(t->hm);
     free(t->fm);
+    free(t->xm);
     free(t->ea);
     free(t->ef);
     free(t->em);
@@ -672,6 +698,7 @@ static int streamer_init(streamer *t, calib *c, int how, long nwin, ac_err *e) {
     t->D2 = how == AC_CALIB_STREAMED ? malloc(FISHER_SAMPLES * S * 4) : malloc(4);
     t->hm = malloc(mh * 4);
     t->fm = malloc(mf * 4);
+    t->xm = malloc((ac_block_dim_max(a, AC_DIM_E) + 1) * 4);
     t->ea = calloc(L, sizeof *t->ea);
     t->ef = calloc(L, sizeof *t->ef);
     t->em = calloc(L, sizeof *t->em);
@@ -681,7 +708,7 @@ static int streamer_init(streamer *t, calib *c, int how, long nwin, ac_err *e) {
     c->imp->merge_n = calloc(L, sizeof(int));
     c->imp->merge_r = calloc(L, sizeof *c->imp->merge_r);
     c->imp->merge_sens = calloc(L, sizeof *c->imp->merge_sens);
-    int ok = t->X && t->Xin && t->Y && t->D && t->D2 && t->hm && t->fm && t->ea && t->ef && t->em && t->la && t->lf &&
+    int ok = t->X && t->Xin && t->Y && t->D && t->D2 && t->hm && t->fm && t->xm && t->ea && t->ef && t->em && t->la && t->lf &&
              t->lm && c->imp->merge_n && c->imp->merge_r && c->imp->merge_sens;
     for (int l = 0; ok && l <= L; l++) ok = t->Xin[l] != NULL;
     if (!ok) {
@@ -763,11 +790,17 @@ int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, i
                    ? AC_CALIB_STREAMED
                    : AC_CALIB_EXACT;
     if (mode == AC_CALIB_EXACT && cuda) mode = AC_CALIB_ENGINE; /* the loss passes on the GPU */
+    if (ac_arch_has_moe(a)) { /* the expert curves are streamed (CPU); the backward needs fp32 weights */
+        if (mode == AC_CALIB_ENGINE) mode = AC_CALIB_EXACT;
+        if (mode == AC_CALIB_STREAMED && ac_model_wdt(m) != ST_F32) mode = AC_CALIB_ANCHORED;
+    }
     imp->method = mode;
     imp->streamed = mode == AC_CALIB_STREAMED;
     ac_stats st;
     if (ac_stats_init(&st, a, e)) return -1;
     int rc = ac_stats_want_minitron(&st, a, e) || alloc_importance(imp, L, e) ? -1 : 0;
+    /* experts ranked first (one engine pass): the streamed curves remove the lowest-ranked */
+    if (!rc && ac_arch_has_moe(a)) rc = ac_expert_importance(m, ids, n, ctx, windows, imp, e);
     if (!rc && mode != AC_CALIB_ENGINE) {
         rc = streamed_calibration(&c, &st, mode, nwin, e);
         imp->tokens = st.tokens;

@@ -8,7 +8,9 @@
  * (1 - cos(input, output), "block influence").
  * Sensitivity: the calibration-loss increase when the lowest-scored 25, 50,
  * 75 and 100 % of a layer's attention (KV groups) or FFN channels are
- * removed, one layer at a time, when 12.5 / 25 / 50 / 75 % of the hidden
+ * removed, one layer at a time (a mixture-of-experts layer: the lowest-ranked
+ * 25 .. 100 % of the experts that can go, all but top_k, by
+ * moe_importance.h's order), when 12.5 / 25 / 50 / 75 % of the hidden
  * channels are, and when a layer's KV heads are merged (mean-pooled) down to
  * each divisor of their count with every query head kept. The search's quality term interpolates these curves.
  *
@@ -113,6 +115,10 @@ void ac_importance_free(ac_importance *imp);
 /* Interpolated loss increase for removing fraction r of a component. */
 double ac_sens_attn(const ac_importance *imp, int l, double r);
 double ac_sens_ffn(const ac_importance *imp, int l, double r);
+/* A mixture-of-experts layer l of base (its ffn_sens curve is over the
+ * experts that can go, all but top_k, lowest-ranked first): the loss
+ * increase with `kept` experts (real; top_k..n_experts). */
+double ac_sens_experts(const ac_importance *imp, const ac_arch *base, int l, double kept);
 double ac_sens_hidden(const ac_importance *imp, double r);
 double ac_sens_merge(const ac_importance *imp, int l, double r);
 json_t *ac_importance_to_json(const ac_importance *imp);

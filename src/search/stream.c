@@ -15,9 +15,11 @@
 
 void ac_stream_free(ac_stream *s) {
     float *bufs[] = {s->xn,    s->q,      s->kt,  s->vt, s->att, s->g,   s->u,    s->x0,   s->scores, s->cos_t,
-                     s->sin_t, s->logits, s->xh1, s->r1, s->x1,  s->dxn, s->tape, s->bscr, s->dw,     s->wtile};
+                     s->sin_t, s->logits, s->xh1, s->r1, s->x1,  s->dxn, s->tape, s->bscr, s->dw,     s->wtile,
+                     s->r,     s->xe,     s->eg,  s->eu};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(s->pos);
+    free(s->rows);
     ac_wscratch_free(&s->ws);
     memset(s, 0, sizeof *s);
 }
@@ -33,8 +35,6 @@ int ac_stream_init(ac_stream *s, const ac_model *m, int B, int n, ac_err *e) {
     memset(s, 0, sizeof *s);
     const ac_arch *a = &m->a;
     if (B < 1 || n < 2) return ac_errf(e, "stream: batch must be >= 1 and window >= 2");
-    if (ac_arch_has_moe(a))
-        return ac_errf(e, "stream: layer-streamed calibration of mixture-of-experts layers is not written yet");
     s->m = m;
     s->B = B;
     s->n = n;
@@ -56,8 +56,19 @@ int ac_stream_init(ac_stream *s, const ac_model *m, int B, int n, ac_err *e) {
     s->sin_t = malloc((size_t)n * (hd / 2 + 1) * 4);
     s->logits = malloc((size_t)n * a->vocab * 4); /* one window at a time */
     s->pos = malloc(N * sizeof(int));
+    int moe_ok = 1;
+    if (ac_arch_has_moe(a)) { /* as the engine's (engine.c) */
+        size_t E = ac_block_dim_max(a, AC_DIM_E), Fe = ac_block_dim_max(a, AC_DIM_FE);
+        s->r = malloc(N * E * 4);
+        s->xe = malloc(N * H * 4);
+        s->eg = malloc(N * Fe * 4);
+        s->eu = malloc(N * Fe * 4);
+        s->rows = malloc((N > E ? N : E) * sizeof(int));
+        moe_ok = s->r && s->xe && s->eg && s->eu && s->rows;
+        if (Fe > maxin) maxin = Fe;
+    }
     int ws_ok = s->wdt == ST_F32 || ac_wscratch_alloc(&s->ws, (int)N, (int)maxin) == 0;
-    if (!ws_ok || !s->xn || !s->x0 || !s->q || !s->att || !s->kt || !s->vt || !s->g || !s->u || !s->scores ||
+    if (!moe_ok || !ws_ok || !s->xn || !s->x0 || !s->q || !s->att || !s->kt || !s->vt || !s->g || !s->u || !s->scores ||
         !s->cos_t || !s->sin_t || !s->logits || !s->pos) {
         ac_stream_free(s);
         return ac_errf(e, "stream: out of memory for %d windows of %d tokens", B, n);
@@ -72,6 +83,7 @@ int ac_stream_init(ac_stream *s, const ac_model *m, int B, int n, ac_err *e) {
 
 int ac_stream_want_grad(ac_stream *s, ac_err *e) {
     const ac_arch *a = &s->m->a;
+    if (ac_block_grad_supports(a, s->wdt, e)) return ac_errctx(e, "stream backward");
     size_t N = (size_t)s->B * s->n, H = a->hidden, mq, mkv, mf;
     widths(a, &mq, &mkv, &mf);
     size_t maxin = H > mq ? H : mq;
@@ -110,11 +122,13 @@ static ac_block_cpu executor(ac_stream *s, float *x, const ac_stream_mod *mod, c
                       .cos_t = s->cos_t,
                       .sin_t = s->sin_t,
                       .scores = s->scores,
+                      .rows = s->rows,
                       .ws = &s->ws,
                       .mod = mod,
                       .hooks = hk};
-    float *slots[AC_T_COUNT] = {[AC_T_X] = x,     [AC_T_XN] = s->xn,   [AC_T_Q] = s->q, [AC_T_K] = s->kt,
-                                [AC_T_V] = s->vt, [AC_T_ATT] = s->att, [AC_T_G] = s->g, [AC_T_U] = s->u};
+    float *slots[AC_T_COUNT] = {[AC_T_X] = x,     [AC_T_XN] = s->xn,   [AC_T_Q] = s->q,   [AC_T_K] = s->kt,
+                                [AC_T_V] = s->vt, [AC_T_ATT] = s->att, [AC_T_G] = s->g,   [AC_T_U] = s->u,
+                                [AC_T_R] = s->r,  [AC_T_XE] = s->xe,   [AC_T_EG] = s->eg, [AC_T_EU] = s->eu};
     memcpy(c.slot, slots, sizeof slots);
     return c;
 }
@@ -205,7 +219,8 @@ static void layer_backward(ac_stream *s, int l, const float *x_in, float *dx, in
                        .scratch = s->bscr,
                        .ws = &s->ws,
                        .wtile = s->wtile,
-                       .wtile_rows = s->wtile_rows};
+                       .wtile_rows = s->wtile_rows,
+                       .rows = s->rows};
     memcpy(s->x1, x_in, N * H * 4);
     ac_block_grad_forward(&c, l, s->x1);
     ac_block_grad_backward(&c, l, dx);

@@ -10,6 +10,11 @@
  * loss; and the backward of a layer and of the loss with respect to the
  * residual stream (no weight gradients), for gradient-based sensitivity.
  *
+ * Mixture-of-experts layers run as in the engine; their experts can be
+ * masked (ac_block_mod.expert_mask: removed from the routing, as ac_prune
+ * removes them). The backward of MoE layers needs fp32 weights
+ * (block_grad.h).
+ *
  * Masks act on activations, never on weights: the model is only read, so
  * it may be resident (BF16/F16 matrices in the mapped checkpoint,
  * ac_model_load_resident); the GEMMs go through ac_linear_w as in the
@@ -33,6 +38,10 @@ typedef struct {
     int B, n, wdt; /* at most B windows of n tokens per call; the model's matrix dtype */
     float *xn, *q, *kt, *vt, *att, *g, *u, *x0, *scores, *cos_t, *sin_t, *logits;
     int *pos;
+    /* mixture-of-experts layers (NULL in a dense model): routing weights,
+     * an expert's gathered rows and SwiGLU, the routing order's ints */
+    float *r, *xe, *eg, *eu;
+    int *rows;
     ac_wscratch ws; /* 16-bit weights: the GEMMs' scratch */
     /* backward (ac_stream_want_grad), NULL otherwise: the final norm's xhat
      * and 1/rms, a layer's input copy, the block executor's tape (one layer)
