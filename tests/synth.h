@@ -81,6 +81,16 @@ static inline int bf16_matches(const ac_model *b, const ac_model *src32) {
         size_t nv[5] = {H, H, Q, KV, KV};
         for (int i = 0; i < 5 && ok; i++)
             ok = v1[i] && v2[i] ? !memcmp(v1[i], v2[i], nv[i] * 4) : !v1[i] && !v2[i];
+        /* mixture-of-experts layers: the router and every expert's matrices */
+        size_t E = la->n_experts, ne = (size_t)la->expert_ffn * H;
+        for (size_t i = 0; ok && E && i < E * H; i++)
+            ok = ((const uint16_t *)b->L[l].router)[i] == ac_f32_to_bf16(src32->L[l].router[i]);
+        for (size_t x = 0; ok && x < E; x++) {
+            const float *m1[3] = {b->L[l].eg[x], b->L[l].eu[x], b->L[l].ed[x]},
+                        *m2[3] = {src32->L[l].eg[x], src32->L[l].eu[x], src32->L[l].ed[x]};
+            for (int k = 0; k < 3; k++)
+                for (size_t i = 0; ok && i < ne; i++) ok = ((const uint16_t *)m1[k])[i] == ac_f32_to_bf16(m2[k][i]);
+        }
     }
     return ok;
 }

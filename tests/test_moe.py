@@ -1,20 +1,31 @@
-"""Mixture-of-experts models at the daemon: what loads is told apart from
-what the pipeline compresses.
+"""Mixture-of-experts models through the pipeline.
 
 The engine's MoE forward is checked against the Hugging Face semantics in
 test_engine (logits of the Qwen3-MoE and Mixtral fixtures) and test_block
-(routing ties); here a job on an MoE checkpoint must get a 400 that names
-the field and says what is missing, over real HTTP with the daemon's SQLite
-file, and nothing is queued; an estimate on one holds every expert.
+(routing ties), the streamed calibration in test_stream, the cost model in
+test_costmoe. Here: a Mixtral made from the trained tiny model (each layer's
+FFN copied into 4 experts with noise, a random router) is compressed by a
+whole job (calibration, Minitron's expert axis, the surrogate search,
+pruning, distillation, export as Mixtral safetensors and a GGUF) whose
+export's float64 reference perplexity is what the engine reads; estimates
+on MoE checkpoints hold every expert; and the specs the pipeline cannot
+serve get a 400 naming the field, over real HTTP with the daemon's SQLite
+file.
 """
 import json
+import math
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import BUILD, TINY, Daemon, Runner, spec  # noqa: E402
+
+CLI = os.path.join(BUILD, "autocompress")
+TEXT = os.path.join(BUILD, "fixtures", "heldout_small.txt")
+CTX, WINDOWS = 64, 4
 
 FIX = os.path.join(BUILD, "fixtures", "models")
 WORK = tempfile.mkdtemp(prefix="ac_moe_")
@@ -35,18 +46,126 @@ def have():
             os.path.exists(os.path.join(BUILD, "autocompressd")))
 
 
-def test_jobs_refused_estimates_answered():
+def make_mixtral():
+    """The tiny model upcycled into a Mixtral: 4 experts per layer, each the
+    layer's FFN plus 5% noise, top-2 over a random router (BF16)."""
+    import torch
+    import ref_llama as R
+    d = os.path.join(WORK, "mixtral")
+    if os.path.exists(os.path.join(d, "config.json")):
+        return d
+    os.makedirs(d, exist_ok=True)
+    cfg = json.load(open(os.path.join(TINY, "config.json")))
+    E, H = 4, cfg["hidden_size"]
+    cfg.update(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=E,
+               num_experts_per_tok=2, sliding_window=None)
+    W = R.load_safetensors(os.path.join(TINY, "model.safetensors"))
+    g = torch.Generator().manual_seed(3)
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        mats = {n: W.pop(p + f"mlp.{n}_proj.weight").float() for n in ("gate", "up", "down")}
+        for x in range(E):
+            for n, w in zip(("w1", "w3", "w2"), ("gate", "up", "down")):
+                m = mats[w]
+                W[p + f"block_sparse_moe.experts.{x}.{n}.weight"] = m + 0.05 * m.std() * torch.randn(m.shape, generator=g)
+        W[p + "block_sparse_moe.gate.weight"] = 0.5 * torch.randn(E, H, generator=g)
+    R.save_safetensors(os.path.join(d, "model.safetensors"), {k: v.to(torch.bfloat16) for k, v in W.items()},
+                       {"format": "pt"})
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    shutil.copy(os.path.join(TINY, "tokenizer.json"), d)
+    return d
+
+
+def engine_ppl(d):
+    out = subprocess.run([CLI, "eval", d, TEXT, "--ctx", str(CTX), "--windows", str(WINDOWS), "--gemm", "exact",
+                          "--json"], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["ppl"]
+
+
+def ref_ppl(d):
+    """float64 reference (tests/ref_llama.py's Mixtral) over our protocol."""
+    import torch
+    import ref_llama as R
+    out = subprocess.run([CLI, "tokenize", os.path.join(d, "tokenizer.json"), TEXT], capture_output=True, text=True,
+                         check=True).stdout
+    ids = [int(x) for x in out.split()]
+    arch = R.arch_from_config(json.load(open(os.path.join(d, "config.json"))))
+    W = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".safetensors"):
+            W.update({k: v.double() for k, v in R.load_safetensors(os.path.join(d, f)).items()})
+    nll, cnt = 0.0, 0
+    for w in range(WINDOWS):
+        x = torch.tensor([ids[w * CTX:(w + 1) * CTX]])
+        with torch.no_grad():
+            lp = torch.log_softmax(R.forward(arch, W, x)[0], -1)
+        for t in range(CTX - 1):
+            nll -= lp[t, x[0, t + 1]].item()
+            cnt += 1
+    return math.exp(nll / cnt)
+
+
+def test_job_compresses_mixtral():
+    """A parameter limit only expert removal (with heads and depth) can meet:
+    both arms meet it, the result keeps one expert count in every layer, and
+    the export is a Mixtral whose reference perplexity the engine reads."""
+    if not (have() and os.path.exists(TEXT)):
+        return "skip"
+    m = make_mixtral()
+    base = json.load(open(os.path.join(m, "config.json")))
+    out = os.path.join(WORK, "job_out")
+    s = spec(model=m, output=out, constraints={"max_params": 2.6e6},
+             search={"steps": 40, "seed": 1, "export_target": "llama", "gguf": True},
+             distill={"tokens": 8192, "seq_len": 64, "batch": 4},
+             target={"device": "H100", "workload": {"batch": 1, "prompt_len": 64, "gen_len": 16}})
+    sp = os.path.join(WORK, "job.json")
+    with open(sp, "w") as f:
+        json.dump(s, f)
+    env = dict(os.environ, AC_COST_DB=os.path.join(WORK, "cost.db"))
+    r = subprocess.run([CLI, "compress", sp], capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.load(open(os.path.join(out, "report.json")))
+    assert rep["search"]["method"] == "surrogate", rep["search"]
+    for arm in ("minitron", "autocompress"):
+        a = rep[arm]
+        ex = {L.get("experts") for L in a["architecture"]["layers"] if L.get("experts")}
+        print(f"   {arm}: experts {sorted(ex)}, params {a['predicted']['params']:.0f}, feasible {a['feasible']}, "
+              f"ppl pruned {a.get('perplexity_pruned')}, after distillation {a.get('perplexity')}")
+        assert a["feasible"] and a["predicted"]["params"] <= 2.6e6, (arm, a["predicted"])
+        assert len(ex) == 1 and 2 <= min(ex) <= 4, (arm, ex)  # one count, never below top_k
+    assert any(c.get("num_moe_experts") for c in rep["minitron"]["candidates"]), rep["minitron"]["candidates"][:2]
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    res = rep[rep["chosen"]]
+    kept = {L.get("experts") for L in res["architecture"]["layers"] if L.get("experts")}
+    assert cfg["architectures"] == ["MixtralForCausalLM"] and {cfg["num_local_experts"]} == kept, (cfg, kept)
+    assert cfg["num_experts_per_tok"] == base["num_experts_per_tok"], cfg
+    pr, pe = ref_ppl(out), engine_ppl(out)
+    print(f"   exported Mixtral ({cfg['num_local_experts']} experts): reference ppl {pr:.4f}, engine {pe:.4f}")
+    assert abs(pr / pe - 1) < 2e-4, (pr, pe)
+    assert rep["export"]["gguf"]["architecture"] == "llama", rep["export"]
+    pg = engine_ppl(os.path.join(out, "model.gguf"))  # llama.cpp runs Mixtral GGUFs in test_gguf
+    assert abs(pg / pe - 1) < 5e-3, (pg, pe)
+
+
+def test_specs_refused_estimates_answered():
     if not have():
         return "skip"
     d = Daemon(config={"cpu_slots": 1, "model_roots": [BUILD, "/tmp"]}).start()
     try:
         for name in ("mixtral_f32", "qwen3moe_mixed_bf16"):
             m = moe_dir(name)
-            st, j = d.req("POST", "/v1/jobs", spec(model=m))
-            assert st == 400 and j["error"]["field"] == "model", (name, st, j)
-            assert "mixture-of-experts" in j["error"]["message"], j
-            st, j = d.req("POST", "/v1/validate", spec(model=m))  # the one spec check: the same answer
-            assert st == 400 and j["error"]["field"] == "model" and j["error"]["code"] == "invalid_spec", (st, j)
+            # the deci loaders know dense layers only (an MoE model's default target is llama)
+            st, j = d.req("POST", "/v1/jobs", spec(model=m, search={"export_target": "deci"}))
+            assert st == 400 and j["error"]["field"] == "search.export_target", (name, st, j)
+            assert "dense layers only" in j["error"]["message"], j
+            st, j = d.req("POST", "/v1/validate", spec(model=m, search={"export_target": "deci"}))  # the same check
+            assert st == 400 and j["error"]["field"] == "search.export_target", (st, j)
+            st, j = d.req("POST", "/v1/validate", spec(model=m, search={"export_target": "gguf"}))  # llama + gguf
+            assert st == 400 and j["error"]["field"] == "search.export_target" and "search.gguf" in j["error"][
+                "message"], (st, j)
+            st, j = d.req("POST", "/v1/validate", spec(model=m))
+            assert st == 200, (name, st, j)
             # the cost model holds every expert and reads the routed ones
             st, j = d.req("POST", "/v1/estimate", {"model": m, "target": {"device": "H100"}})
             assert st == 200, (name, st, j)
@@ -61,6 +180,9 @@ def test_jobs_refused_estimates_answered():
                                                         if L.get("experts") else L for L in arch["layers"]]}
             st, k = d.req("POST", "/v1/estimate", {"model": m, "architecture": fewer, "target": {"device": "H100"}})
             assert st == 200 and k["figures"]["params"] < j["figures"]["params"], (st, k)
+        # a dense model's spec may not name an MoE axis
+        st, j = d.req("POST", "/v1/jobs", spec(search={"prune_experts": False}))
+        assert st == 400 and j["error"]["field"] == "search.prune_experts", (st, j)
         # a dense model's architecture may not name experts
         st, j = d.req("POST", "/v1/estimate", {"model": TINY, "target": {"device": "H100"}, "architecture": {
             "top_k": 1, "layers": [{"heads": 4, "kv_heads": 2, "ffn": 0, "experts": 2, "expert_ffn": 8}]}})
@@ -74,7 +196,8 @@ def test_jobs_refused_estimates_answered():
 if __name__ == "__main__":
     r = Runner()
     try:
-        r.run(test_jobs_refused_estimates_answered)
+        r.run(test_job_compresses_mixtral)
+        r.run(test_specs_refused_estimates_answered)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
     r.done()

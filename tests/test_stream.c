@@ -341,6 +341,10 @@ static void test_moe_layers(void) {
             CHECK(ac_arch_copy(&t, a, &e) == 0, "%s", e.msg);
             t.layers[l].n_experts = a->top_k;
             CHECK(ac_prune(&m, &t, &imp, &pm, &e) == 0, "%s: %s", names[f], e.msg);
+            ac_model pb; /* the job's BF16 students: the same weights rounded */
+            CHECK(ac_prune_bf16(&m, &t, &imp, &pb, &e) == 0, "%s: %s", names[f], e.msg);
+            CHECK(bf16_matches(&pb, &pm), "%s layer %d: BF16 prune differs from the fp32 one rounded", names[f], l);
+            ac_model_free(&pb);
             ac_ppl_result pr;
             CHECK(ac_perplexity(&pm, ids, CTX * NW, &o, NULL, NULL, NULL, &pr, &e) == 0, "%s", e.msg);
             /* the curve is monotone and >= 0 (a random model may gain from a removal) */

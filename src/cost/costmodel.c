@@ -485,7 +485,9 @@ double ac_cost_metric(const ac_cost *c, ac_metric m) {
 }
 
 static void grad_fd(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
-                    ac_metric m, double *gh, double *gkv, double *gf, double *ghid);
+                    ac_metric m, double *gh, double *gkv, double *gf, double *ghid, double *ge);
+static void grad_all(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
+                     ac_metric m, double *gh, double *gkv, double *gf, double *ghid, double *ge);
 
 /* A served workload's figures come from a simulation whose schedule moves
  * in steps as widths change, and one simulation costs what thousands of
@@ -495,8 +497,19 @@ static void grad_fd(const ac_cost_table *t, const ac_carch *c, const ac_workload
  * Exact in value at the point, first-order in direction. */
 void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
                   ac_metric m, double *gh, double *gkv, double *gf, double *ghid) {
+    grad_all(t, c, w, p, m, gh, gkv, gf, ghid, NULL);
+}
+
+void ac_cost_grad_experts(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
+                          ac_metric m, double *g_experts) {
+    for (int l = 0; l < c->n_layers; l++) g_experts[l] = 0;
+    if (c->experts) grad_all(t, c, w, p, m, NULL, NULL, NULL, NULL, g_experts);
+}
+
+static void grad_all(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
+                     ac_metric m, double *gh, double *gkv, double *gf, double *ghid, double *ge) {
     if (!ac_workload_served(w) || m == AC_M_MEM || m == AC_M_PARAMS) {
-        grad_fd(t, c, w, p, m, gh, gkv, gf, ghid);
+        grad_fd(t, c, w, p, m, gh, gkv, gf, ghid, ge);
         return;
     }
     ac_cost served, base;
@@ -519,21 +532,27 @@ void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *
     }
     double v = gm == AC_M_P99_E2E && gm != m ? served.e2e_ms : ac_cost_metric(&served, gm),
            b = ac_cost_metric(&base, gm), r = b != 0 && v < 1e11 ? scale * v / b : 0;
-    grad_fd(t, c, &sw, p, gm, gh, gkv, gf, ghid);
-    double *outs[3] = {gh, gkv, gf};
-    for (int k = 0; k < 3; k++)
+    grad_fd(t, c, &sw, p, gm, gh, gkv, gf, ghid, ge);
+    double *outs[4] = {gh, gkv, gf, ge};
+    for (int k = 0; k < 4; k++)
         for (int l = 0; outs[k] && l < c->n_layers; l++) outs[k][l] *= r;
     if (ghid) *ghid *= r;
 }
 
+/* Central differences: heads and KV heads by 0.25, FFN widths by 2
+ * channels, experts by 0.25 expert (layers without experts: 0). */
 static void grad_fd(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
-                    ac_metric m, double *gh, double *gkv, double *gf, double *ghid) {
+                    ac_metric m, double *gh, double *gkv, double *gf, double *ghid, double *ge) {
     ac_cost a, b;
     ac_carch x = *c;
-    double *vars[3] = {c->heads, c->kv, c->ffn}, *outs[3] = {gh, gkv, gf};
-    for (int v = 0; v < 3; v++) {
+    double *vars[4] = {c->heads, c->kv, c->ffn, c->experts}, *outs[4] = {gh, gkv, gf, c->experts ? ge : NULL};
+    for (int v = 0; v < 4; v++) {
         if (!outs[v]) continue;
         for (int l = 0; l < c->n_layers; l++) {
+            if (v == 3 && c->experts[l] <= 0) {
+                outs[v][l] = 0;
+                continue;
+            }
             double orig = vars[v][l], step = v == 2 ? 2.0 : 0.25;
             double lo = orig - step < 0 ? 0 : orig - step, hi = orig + step;
             vars[v][l] = hi;

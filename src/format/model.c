@@ -633,39 +633,38 @@ static int model_copy(const ac_model *src, ac_model *dst, int bf16, ac_err *e) {
     return 0;
 }
 
+/* *p (n floats, malloc'd) replaced by its BF16 rounding; 0 when out of memory (*p kept). */
+static int to_bf16_slot(float **p, size_t n) {
+    if (!*p || !n) return 1;
+    uint16_t *b = malloc(n * 2);
+    if (!b) return 0;
+    ac_from_f32(b, *p, ST_BF16, n, NULL);
+    free(*p);
+    *p = (float *)b;
+    return 1;
+}
+
 int ac_model_make_bf16(ac_model *m, ac_err *e) {
     if (ac_model_wdt(m) == ST_BF16) return 0;
     if (ac_model_wdt(m) != ST_F32 || m->wmap) return ac_errf(e, "ac_model_make_bf16: an owned fp32 model only");
     const ac_arch *a = &m->a;
-    if (ac_arch_has_moe(a)) return ac_errf(e, "ac_model_make_bf16: mixture-of-experts layers are not converted yet");
     size_t H = a->hidden, V = a->vocab;
-    float **slot[7];
-    size_t cnt[7];
-    int ns = 0, ok = 1, tied = m->lm_head == m->embed;
+    int ok = 1, tied = m->lm_head == m->embed;
     /* every matrix in turn: a BF16 buffer, then the fp32 one freed; from the
      * first, the model owns 16-bit matrices (freeing frees either kind) */
     m->wdt = ST_BF16;
     m->wown = 1;
-    for (int l = -1; ok && l < a->n_layers; l++) {
-        ns = 0;
-        if (l < 0) {
-            slot[ns] = &m->embed, cnt[ns++] = V * H;
-            if (!tied) slot[ns] = &m->lm_head, cnt[ns++] = V * H;
-        } else {
-            float **ps[7];
-            size_t n[7];
-            layer_slots(a, l, &m->L[l], ps, n);
-            for (int i = 0; i < 7; i++)
-                if (*ps[i] && n[i]) slot[ns] = ps[i], cnt[ns++] = n[i];
-        }
-        for (int i = 0; ok && i < ns; i++) {
-            uint16_t *b = malloc(cnt[i] * 2);
-            if (!(ok = b != NULL)) break;
-            ac_from_f32(b, *slot[i], ST_BF16, cnt[i], NULL);
-            free(*slot[i]);
-            *slot[i] = (float *)b;
-        }
-        if (l < 0 && tied) m->lm_head = m->embed;
+    ok = to_bf16_slot(&m->embed, V * H) && (tied || to_bf16_slot(&m->lm_head, V * H));
+    if (tied) m->lm_head = m->embed;
+    for (int l = 0; ok && l < a->n_layers; l++) {
+        float **ps[7];
+        size_t n[7], E = a->layers[l].n_experts, ne = (size_t)a->layers[l].expert_ffn * H;
+        layer_slots(a, l, &m->L[l], ps, n);
+        for (int i = 0; ok && i < 7; i++) ok = to_bf16_slot(ps[i], n[i]);
+        if (ok && E) ok = to_bf16_slot(&m->L[l].router, E * H); /* mixture of experts: router and experts */
+        for (size_t x = 0; ok && x < E; x++)
+            ok = to_bf16_slot(&m->L[l].eg[x], ne) && to_bf16_slot(&m->L[l].eu[x], ne) &&
+                 to_bf16_slot(&m->L[l].ed[x], ne);
     }
     if (ok) return 0;
     ac_model_free(m); /* fp32 and BF16 matrices mixed: nothing may read it */

@@ -234,6 +234,12 @@ static int stage_search(job_state *s, ac_err *e) {
         emit(s, "log",
              json_pack("{s:s,s:i,s:i}", "message", "dnas steps scaled to the FLOP budget", "dnas_steps", so.dnas_steps,
                        "asked", sp->search.dnas_steps));
+    if (autoc && so.method == AC_SEARCH_DNAS && ac_arch_has_moe(&s->m.a))
+        emit(s, "log",
+             json_pack("{s:s}", "message",
+                       "mixture-of-experts model: the trainer has no expert gates yet, so the autocompress arm runs the "
+                       "surrogate search (relaxed widths and expert counts on the measured curves, augmented "
+                       "Lagrangian on the cost model)"));
     if (autoc && dnas_search(s, &so, e)) return -1;
     s->two_arms = autoc;
     s->chosen = autoc ? &s->ra : &s->rm; /* provisional: evaluate picks the best arm that meets every limit */
@@ -313,7 +319,9 @@ static int stage_distill(job_state *s, ac_err *e) {
     o.temperature = (float)ds->temperature;
     o.ce_weight = (float)ds->ce_weight;
     o.seed = (unsigned long long)ds->seed;
-    o.cuda = po.cuda; /* a local CUDA target distils on its GPU, as it evaluates there */
+    /* a local CUDA target distils on its GPU, as it evaluates there; the CUDA
+     * trainer has no mixture-of-experts ops yet: those distil on the CPU */
+    o.cuda = po.cuda && !ac_arch_has_moe(&s->m.a);
     /* the distill text; default: the whole calibration file (the job keeps
      * only its first calibration_tokens tokens for calibration) */
     const char *text = ds->text[0] ? ds->text : sp->calibration[0] ? sp->calibration : NULL;

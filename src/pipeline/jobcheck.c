@@ -30,18 +30,28 @@ int ac_job_check_paths(const ac_job_spec *s, const char *jobs_dir, const char **
 
 /* ---- what the pipeline compresses ---- */
 
-int ac_model_check_compressible(const char *model_dir, const char **field, ac_err *e) {
+int ac_model_check_compressible(const ac_job_spec *s, const json_t *j, const char **field, ac_err *e) {
     ac_arch a;
     ac_err ignore;
-    if (!model_dir || !model_dir[0] || ac_arch_load(model_dir, &a, &ignore)) return 0; /* fails later with its reason */
+    if (!s->model[0] || ac_arch_load(s->model, &a, &ignore)) return 0; /* fails later with its reason */
     int moe = ac_arch_has_moe(&a);
     ac_arch_free(&a);
-    if (!moe) return 0;
-    *field = "model";
-    return ac_errf(e,
-                   "model: mixture-of-experts models (%s) load and evaluate (autocompress eval), but their "
-                   "calibration, search, pruning and distillation are not written yet",
-                   "qwen3_moe, mixtral");
+    if (moe && s->search.target == AC_EXPORT_DECI) {
+        *field = "search.export_target";
+        return ac_errf(e, "search.export_target deci: the DeciLM (nemotron-nas) loaders know dense layers only; a "
+                          "mixture-of-experts model exports as gguf or llama (its own Hugging Face layout)");
+    }
+    if (moe && s->search.target == AC_EXPORT_GGUF) {
+        *field = "search.export_target";
+        return ac_errf(e, "search.export_target gguf: llama.cpp's MoE architectures hold one head count, expert count "
+                          "and width for every layer; use export_target llama with search.gguf true (uniform layers, "
+                          "written as model.gguf too)");
+    }
+    if (!moe && json_object_get(json_object_get(j, "search"), "prune_experts")) {
+        *field = "search.prune_experts";
+        return ac_errf(e, "search.prune_experts names a mixture-of-experts axis, and this model is dense");
+    }
+    return 0;
 }
 
 /* ---- GGUF ---- */

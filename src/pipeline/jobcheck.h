@@ -25,10 +25,13 @@
  * not point. `field` gets the offending spec field. */
 int ac_job_check_paths(const ac_job_spec *s, const char *jobs_dir, const char **field, ac_err *e);
 
-/* 0 when the pipeline can compress the checkpoint in model_dir (or it
- * does not load: its own error comes later); -1 with *field "model" and the
- * reason for what it only loads and evaluates (mixture-of-experts models). */
-int ac_model_check_compressible(const char *model_dir, const char **field, ac_err *e);
+/* 0 when the pipeline can compress s's model with s's options (or the
+ * model does not load: its own error comes later); -1 with *field and the
+ * reason: a mixture-of-experts model to the deci target (its loaders know
+ * dense layers only) or the gguf target (llama.cpp's MoE architectures are
+ * uniform: llama with search.gguf writes the GGUF); a mixture-of-experts option (search.prune_experts)
+ * named in j, the spec's JSON, for a dense model. */
+int ac_model_check_compressible(const ac_job_spec *s, const json_t *j, const char **field, ac_err *e);
 
 /* GGUF job hooks, on the typed spec's search section (jobspec.h). A job asks
  * for GGUF with search.export_target "gguf" (its old name "gguf-deci" parses

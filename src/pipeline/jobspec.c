@@ -123,11 +123,14 @@ static const ac_field SEARCH[] = {
                  "KV heads merged to a divisor, or is removed); gguf: model.gguf for llama.cpp (arch llama when "
                  "uniform, deci otherwise; per-layer KV groups pruned with their query heads; layer 0 keeps "
                  "attention, no layer keeps attention without its FFN, the last layer keeps its FFN); gguf-deci: "
-                 "old name of gguf; llama: uniform layers"),
+                 "old name of gguf; llama: uniform layers. Default deci, llama for a mixture-of-experts model"),
     INT("ffn_multiple", ac_search_opts, ffn_multiple, 1, 4096, 0, ND,
         "FFN width step; default: 256 for deci (the loaders' grid; other values must be multiples of it), else 32"),
     INT("hidden_multiple", ac_search_opts, hidden_multiple, 1, 4096, 16, 0, NULL),
     BOOL("prune_hidden", ac_search_opts, prune_hidden, 1, NULL),
+    BOOL("prune_experts", ac_search_opts, prune_experts, 1,
+         "mixture-of-experts models: whole experts may be removed (one count for every MoE layer); a dense model's spec "
+         "may not name it"),
     BOOL("gguf", ac_search_opts, gguf, 0, "with export_target llama: also write the uniform result as model.gguf"),
     ENUM("method", ac_search_opts, method, SMETHODS, AC_SEARCH_DNAS, 0,
          "dnas: hard-concrete gates trained through the network with the distillation loss and the expected-cost "
@@ -367,6 +370,17 @@ int ac_target_spec_parse(const json_t *j, ac_target_spec *t, const char *prefix,
     return target_finish(t, pre, fieldp, e);
 }
 
+/* Whether the checkpoint in dir (its config.json) has mixture-of-experts
+ * layers; 0 when it does not load (its error comes later). */
+static int model_has_moe(const char *dir) {
+    ac_arch a;
+    ac_err ignore;
+    if (!dir[0] || ac_arch_load(dir, &a, &ignore)) return 0;
+    int moe = ac_arch_has_moe(&a);
+    ac_arch_free(&a);
+    return moe;
+}
+
 int ac_job_spec_parse(const json_t *j, ac_job_spec *s, const char **fieldp, ac_err *e) {
     const char *dummy;
     if (!fieldp) fieldp = &dummy;
@@ -377,6 +391,10 @@ int ac_job_spec_parse(const json_t *j, ac_job_spec *s, const char **fieldp, ac_e
     if (parse_obj(j, SPEC, (char *)s, "", fieldp, e)) return -1;
     if (target_finish(&s->target, "target.", fieldp, e)) return -1;
     if (!s->heldout[0]) memcpy(s->heldout, s->calibration, sizeof s->heldout);
+    /* a mixture-of-experts model's default target is its family's own
+     * Hugging Face layout: the deci loaders know dense layers only */
+    if (!json_object_get(json_object_get(j, "search"), "export_target") && model_has_moe(s->model))
+        s->search.target = AC_EXPORT_LLAMA;
     int deci = s->search.target == AC_EXPORT_DECI, tp = s->target.tp;
     if (!s->search.ffn_multiple) { /* a multiple of tp too: each GPU gets an equal FFN share */
         int m = deci ? AC_DECI_GRID : 32, g = m, b = tp;
@@ -416,7 +434,7 @@ ac_spec_verdict ac_job_spec_check(const json_t *j, ac_job_spec *s, const ac_job_
     if (s->model[0] && ac_arch_load(s->model, &arch, e)) return AC_SPEC_INVALID;
     if (s->model[0]) ac_arch_free(&arch);
     *fieldp = NULL;
-    if (ac_model_check_compressible(s->model, fieldp, e) ||
+    if (ac_model_check_compressible(s, j, fieldp, e) ||
         ac_deci_validate_model(s->search.target == AC_EXPORT_DECI, s->method == AC_METHOD_MINITRON, s->model, fieldp,
                                e) ||
         ac_gguf_check_spec(&s->search, s->model, fieldp, e) ||

@@ -45,7 +45,8 @@ json_t *ac_report_build(const job_state *s) {
         json_object_set_new(r, "autocompress", arm(s, &s->ra, &s->par, s->rep_a));
         json_object_set_new(r, "search",
                             json_pack("{s:i,s:i,s:f,s:s}", "steps", s->ra.steps_run, "seed", (int)s->P.opts.seed, "lr",
-                                      s->P.opts.lr, "method", ac_dnas_method(s->P.opts.method)));
+                                      s->P.opts.lr, "method",
+                                      ac_dnas_method(ac_arch_has_moe(&s->m.a) ? AC_SEARCH_SURROGATE : s->P.opts.method)));
     }
     const char *k;
     json_t *v;

@@ -1211,7 +1211,9 @@ const char *ac_dnas_method(ac_search_method m) { return m == AC_SEARCH_SURROGATE
 int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const ac_search_opts *so, const int *ids, size_t n,
                        ac_search_result *r, ac_importance *orders, ac_err *e) {
     memset(orders, 0, sizeof *orders);
-    if (so->method != AC_SEARCH_DNAS) return ac_search_autocompress(p, r, e);
+    /* mixture-of-experts models: no expert gates in the trainer yet, so the
+     * surrogate search (measured expert curves) runs (job.c says so) */
+    if (so->method != AC_SEARCH_DNAS || ac_arch_has_moe(&m->a)) return ac_search_autocompress(p, r, e);
     ac_dnas_opts o;
     ac_dnas_defaults(&o);
     if (so->dnas_steps > 0) o.steps = so->dnas_steps;

@@ -52,7 +52,7 @@ void ac_minitron_compact(ac_model *m) {
     int k = 0, L = m->a.n_layers;
     for (int l = 0; l < L; l++) {
         const ac_layer_arch *la = &m->a.layers[l];
-        if ((la->n_heads || la->ffn) || (k == 0 && l == L - 1)) {
+        if ((la->n_heads || la->ffn || la->n_experts) || (k == 0 && l == L - 1)) {
             m->a.layers[k] = m->a.layers[l];
             m->L[k++] = m->L[l];
         }
@@ -67,8 +67,9 @@ typedef struct {
     int max, divisor, n_all, start, *all;
 } axis_t;
 
+#define NAX 5 /* hidden, ffn, heads, layers, experts */
 typedef struct {
-    int v[4]; /* hidden, ffn, heads, layers */
+    int v[NAX]; /* hidden, ffn, heads, layers, experts (0 in a dense model) */
     ac_cost cost;
     double viol, nll;
     int scored, index;
@@ -85,13 +86,17 @@ static int axis_init(axis_t *x, const char *name, int max, int divisor, double m
     return 0;
 }
 
-/* The uniform architecture of a grid point; the lowest-ranked layers beyond
- * v[3] become identity layers. */
+/* The uniform architecture of a grid point (a mixture-of-experts layer
+ * keeps v[4] experts of its width, a dense one an FFN of v[1]); the
+ * lowest-ranked layers beyond v[3] become identity layers. */
 static int cand_arch(const ac_arch *base, const int *layer_order, const int *v, ac_arch *a, ac_err *e) {
     if (ac_arch_copy(a, base, e)) return -1;
     int G = base->layers[0].n_kv_heads;
     a->hidden = v[0];
-    for (int l = 0; l < base->n_layers; l++) a->layers[l] = (ac_layer_arch){v[2], G, v[1], 0, 0};
+    for (int l = 0; l < base->n_layers; l++) {
+        const ac_layer_arch *b = &base->layers[l];
+        a->layers[l] = b->n_experts ? (ac_layer_arch){v[2], G, 0, v[4], b->expert_ffn} : (ac_layer_arch){v[2], G, v[1], 0, 0};
+    }
     for (int r = v[3]; r < base->n_layers; r++) a->layers[layer_order[r]] = (ac_layer_arch){0, 0, 0, 0, 0};
     return 0;
 }
@@ -114,6 +119,7 @@ static json_t *cand_json(const cand_t *c, const ac_search_problem *p, const int 
                           "num_attention_heads", c->v[2], "num_layers", c->v[3], "layers_kept", kept, "predicted",
                           ac_cost_to_json(&c->cost), "constraints", ac_constraints_report(&p->limits, &c->cost),
                           "violation", c->viol, "params", c->cost.params);
+    if (c->v[4]) json_object_set_new(o, "num_moe_experts", json_integer(c->v[4]));
     if (c->scored) {
         json_object_set_new(o, "calib_nll", json_real(c->nll));
         json_object_set_new(o, "calib_ppl", json_real(exp(c->nll)));
@@ -135,6 +141,7 @@ static int score_view(const ac_model *m, const ac_importance *view, const ac_arc
     for (int l = 0; l < L; l++) {
         if (b->layers[l].n_heads > mh) mh = b->layers[l].n_heads;
         if (b->layers[l].ffn > mf) mf = b->layers[l].ffn;
+        if (b->layers[l].n_experts > mf) mf = b->layers[l].n_experts; /* an MoE layer's expert mask */
     }
     ac_stream_mod *mod = calloc(L, sizeof *mod);
     float *hm = malloc(sizeof(float) * H), *masks = malloc(sizeof(float) * (size_t)L * (mh + mf)),
@@ -150,6 +157,11 @@ static int score_view(const ac_model *m, const ac_importance *view, const ac_arc
         if (ac_prune_layer_masks(b, a, view, l, hmask, fmask)) goto out; /* not expressible: *done stays 0 */
         mod[l] = (ac_stream_mod){
             .head_mask = hmask, .ffn_mask = fmask, .hid_mask = hidden ? hm : NULL, .hid_kept = a->hidden};
+        if (b->layers[l].n_experts && a->layers[l].n_experts) { /* experts removed from the routing */
+            if (ac_prune_expert_mask(b, a, view, l, fmask)) goto out;
+            mod[l].ffn_mask = NULL;
+            mod[l].expert_mask = fmask;
+        }
     }
     if (!rc) rc = ac_stream_init(&s, m, B, ctx, e);
     double sum = 0;
@@ -161,7 +173,8 @@ static int score_view(const ac_model *m, const ac_importance *view, const ac_arc
         if (hidden)
             for (size_t i = 0; i < (size_t)nb * ctx * H; i++) x[i] *= hm[i % H];
         for (int l = 0; l < L; l++)
-            if (a->layers[l].n_heads || a->layers[l].ffn) ac_stream_layer(&s, l, x, nb, &mod[l], NULL);
+            if (a->layers[l].n_heads || a->layers[l].ffn || a->layers[l].n_experts)
+                ac_stream_layer(&s, l, x, nb, &mod[l], NULL);
         long c = 0;
         sum += ac_stream_nll(&s, x, tok, nb, hidden ? &mod[0] : NULL, &c);
         count += c;
@@ -204,7 +217,8 @@ static int score(const ac_search_problem *p, const ac_importance *view, const ac
 
 static json_t *axes_json(const axis_t *ax) {
     json_t *o = json_object();
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < NAX; k++) {
+        if (!ax[k].max) continue; /* no experts in a dense model */
         json_t *all = json_array(), *sv = json_array();
         for (int i = 0; i < ax[k].n_all; i++) {
             json_array_append_new(all, json_integer(ax[k].all[i]));
@@ -216,14 +230,25 @@ static json_t *axes_json(const axis_t *ax) {
     return o;
 }
 
-/* Checks that Minitron's uniform axes apply to the base model. */
-static int check_base(const ac_arch *b, ac_err *e) {
+/* Checks that Minitron's uniform axes apply to the base model: the same
+ * attention in every layer; the same FFN in every dense layer and the
+ * same experts in every mixture-of-experts layer (Qwen3-MoE's
+ * mlp_only_layers mix the two). *ffn, *experts: their widths (0: none). */
+static int check_base(const ac_arch *b, int *ffn, int *experts, ac_err *e) {
     const ac_layer_arch *f = &b->layers[0];
-    if (!f->n_heads || !f->ffn || f->n_heads % f->n_kv_heads)
-        return ac_errf(e, "minitron: layer 0 has no attention or no FFN");
-    for (int l = 1; l < b->n_layers; l++)
-        if (memcmp(&b->layers[l], f, sizeof *f))
+    *ffn = *experts = 0;
+    if (!f->n_heads || f->n_heads % f->n_kv_heads) return ac_errf(e, "minitron: layer 0 has no attention");
+    const ac_layer_arch *dense = NULL, *moe = NULL;
+    for (int l = 0; l < b->n_layers; l++) {
+        const ac_layer_arch *x = &b->layers[l];
+        const ac_layer_arch **same = x->n_experts ? &moe : &dense;
+        if (x->n_heads != f->n_heads || x->n_kv_heads != f->n_kv_heads || (!x->ffn && !x->n_experts) ||
+            (*same && memcmp(x, *same, sizeof *x)))
             return ac_errf(e, "minitron: the base model must be uniform (layer %d differs)", l);
+        *same = x;
+    }
+    *ffn = dense ? dense->ffn : 0;
+    *experts = moe ? moe->n_experts : 0;
     return 0;
 }
 
@@ -232,18 +257,18 @@ static int check_base(const ac_arch *b, ac_err *e) {
 static int grid(const ac_search_problem *p, const axis_t *ax, const int *order, cand_t **out, int *n, int *nf,
                 ac_err *e) {
     int total = 1;
-    for (int k = 0; k < 4; k++) total *= ax[k].n_all - ax[k].start;
+    for (int k = 0; k < NAX; k++) total *= ax[k].n_all - ax[k].start;
     cand_t *c = calloc(total, sizeof *c);
     if (!c) return ac_errf(e, "out of memory");
-    int idx[4] = {0}, f = 0;
+    int idx[NAX] = {0}, f = 0;
     for (int i = 0; i < total; i++) {
         int rem = i;
-        for (int k = 3; k >= 0; k--) {
+        for (int k = NAX - 1; k >= 0; k--) {
             int w = ax[k].n_all - ax[k].start;
             idx[k] = rem % w;
             rem /= w;
         }
-        for (int k = 0; k < 4; k++) c[i].v[k] = ax[k].all[ax[k].start + idx[k]];
+        for (int k = 0; k < NAX; k++) c[i].v[k] = ax[k].all[ax[k].start + idx[k]];
         c[i].index = i;
         ac_arch a;
         ac_carch ca;
@@ -284,10 +309,11 @@ static int grid(const ac_search_problem *p, const axis_t *ax, const int *order, 
 int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *e) {
     memset(r, 0, sizeof *r);
     const ac_arch *b = p->base;
-    if (check_base(b, e)) return -1;
+    int ffn, experts;
+    if (check_base(b, &ffn, &experts, e)) return -1;
     int L = b->n_layers, G = b->layers[0].n_kv_heads, grp = b->layers[0].n_heads / G;
     int *order = malloc(sizeof(int) * L);
-    axis_t ax[4] = {{0}};
+    axis_t ax[NAX] = {{0}};
     cand_t *c = NULL;
     int n = 0, nf = 0, rc = 0;
     if (!order) return ac_errf(e, "out of memory");
@@ -295,12 +321,17 @@ int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *
     /* heads: choices h x G (NumAttentionHeadsHp), i.e. a divisor grid of step G */
     if (axis_init(&ax[0], "hidden_size", b->hidden, ac_minitron_divisor(b->hidden), AC_MINITRON_MAX_WIDTH_PRUNING,
                   p->opts.prune_hidden) ||
-        axis_init(&ax[1], "ffn_hidden_size", b->layers[0].ffn, ac_minitron_divisor(b->layers[0].ffn),
-                  AC_MINITRON_MAX_WIDTH_PRUNING, 1) ||
+        axis_init(&ax[1], "ffn_hidden_size", ffn, ffn ? ac_minitron_divisor(ffn) : 1, AC_MINITRON_MAX_WIDTH_PRUNING,
+                  1) ||
         axis_init(&ax[2], "num_attention_heads", grp * G, G, AC_MINITRON_MAX_WIDTH_PRUNING, 1) ||
-        axis_init(&ax[3], "num_layers", L, ac_minitron_divisor(L), AC_MINITRON_MAX_DEPTH_PRUNING, 1)) {
+        axis_init(&ax[3], "num_layers", L, ac_minitron_divisor(L), AC_MINITRON_MAX_DEPTH_PRUNING, 1) ||
+        /* Model-Optimizer's num_moe_experts: divisor 1 (its GPT default), a width axis; never below top_k */
+        axis_init(&ax[4], "num_moe_experts", experts, 1, AC_MINITRON_MAX_WIDTH_PRUNING, p->opts.prune_experts)) {
         rc = ac_errf(e, "out of memory");
         goto out;
+    }
+    if (experts) { /* the searched choices start at top_k at least */
+        while (ax[4].start < ax[4].n_all - 1 && ax[4].all[ax[4].start] < b->top_k) ax[4].start++;
     }
     if ((rc = grid(p, ax, order, &c, &n, &nf, e))) goto out;
     int k = nf < AC_MINITRON_TOP_K ? nf : AC_MINITRON_TOP_K, best = 0;
@@ -350,7 +381,7 @@ int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *
         json_decref(ev);
     }
 out:
-    for (int i = 0; i < 4; i++) free(ax[i].all);
+    for (int i = 0; i < NAX; i++) free(ax[i].all);
     free(c);
     free(order);
     if (rc) ac_search_result_free(r);

@@ -67,6 +67,14 @@ typedef struct {
     ac_carch ca;
 } ctx_t;
 
+/* A mixture-of-experts layer's FFN variable v is the kept share of the
+ * experts that can go (all but top_k): v = 1 keeps every expert, 0 keeps
+ * top_k (ac_sens_experts's axis). */
+static double experts_at(const ac_arch *a, int l, double v) {
+    const ac_layer_arch *b = &a->layers[l];
+    return a->top_k + v * (b->n_experts - a->top_k);
+}
+
 static void apply_x(ctx_t *x, const double *v) {
     const ac_arch *a = x->p->base;
     for (int l = 0; l < x->L; l++) {
@@ -75,13 +83,17 @@ static void apply_x(ctx_t *x, const double *v) {
         x->ca.kv[l] = v[l] * b->n_kv_heads;
         x->ca.heads[l] = x->ca.kv[l] * grp;
         x->ca.ffn[l] = v[x->L + l] * b->ffn;
+        if (b->n_experts) x->ca.experts[l] = experts_at(a, l, v[x->L + l]);
     }
     x->ca.hidden = v[2 * x->L] * a->hidden;
 }
 
 static double quality(const ac_search_problem *p, const double *v, int L) {
     double q = 0;
-    for (int l = 0; l < L; l++) q += ac_sens_attn(p->imp, l, 1 - v[l]) + ac_sens_ffn(p->imp, l, 1 - v[L + l]);
+    for (int l = 0; l < L; l++)
+        q += ac_sens_attn(p->imp, l, 1 - v[l]) +
+             (p->base->layers[l].n_experts ? ac_sens_experts(p->imp, p->base, l, experts_at(p->base, l, v[L + l]))
+                                           : ac_sens_ffn(p->imp, l, 1 - v[L + l]));
     return q + ac_sens_hidden(p->imp, 1 - v[2 * L]);
 }
 
@@ -96,6 +108,7 @@ double ac_search_pred_loss(const ac_search_problem *p, const ac_arch *a) {
         else if (bl->n_kv_heads)
             q += ac_sens_attn(p->imp, l, r);
         if (bl->ffn) q += ac_sens_ffn(p->imp, l, 1 - fmin(al->ffn, bl->ffn) / bl->ffn); /* padding keeps nothing more */
+        if (bl->n_experts) q += ac_sens_experts(p->imp, b, l, al->n_experts ? al->n_experts : b->top_k);
     }
     return q + ac_sens_hidden(p->imp, 1 - (double)a->hidden / b->hidden);
 }
@@ -174,6 +187,21 @@ static int deci_kv_step(int base_kv, int kv, int dir) {
     return -1;
 }
 
+/* One expert more or fewer (dir) in every mixture-of-experts layer: the
+ * export targets (llama.cpp's GGUF, Hugging Face's configs) hold one
+ * expert count for the whole model. Between top_k and the base's count. */
+static int move_experts(const ac_search_problem *p, ac_arch *a, int dir) {
+    const ac_arch *b = p->base;
+    for (int i = 0; i < b->n_layers; i++) {
+        int n = a->layers[i].n_experts + dir;
+        if (b->layers[i].n_experts && (!p->opts.prune_experts || n < b->top_k || n > b->layers[i].n_experts))
+            return 0;
+    }
+    for (int i = 0; i < b->n_layers; i++)
+        if (b->layers[i].n_experts) a->layers[i].n_experts += dir;
+    return 1;
+}
+
 /* Apply a move of sign dir (-1 shrink, +1 grow) to a; returns 0 if not possible. */
 static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int dir) {
     const ac_arch *b = p->base;
@@ -187,8 +215,10 @@ static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int di
         a->hidden = h;
         return 1;
     }
+    if (k == MV_FFN && b->layers[l].n_experts) return move_experts(p, a, dir);
     /* check all first, then apply (uniform moves are all-or-nothing) */
     for (int i = l0; i < l1; i++) {
+        if (k == MV_FFN && b->layers[i].n_experts) continue; /* a uniform FFN move leaves MoE layers */
         const ac_layer_arch *bl = &b->layers[i];
         ac_layer_arch *al = &a->layers[i];
         if (k == MV_ATTN) {
@@ -206,6 +236,7 @@ static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int di
         const ac_layer_arch *bl = &b->layers[i];
         ac_layer_arch *al = &a->layers[i];
         int grp = bl->n_heads ? bl->n_heads / bl->n_kv_heads : 1;
+        if (k == MV_FFN && bl->n_experts) continue;
         if (k == MV_ATTN) {
             if (p->opts.target == AC_EXPORT_DECI) { /* every query head stays while KV heads merge */
                 al->n_kv_heads = deci_kv_step(bl->n_kv_heads, al->n_kv_heads, dir);
@@ -245,7 +276,7 @@ static void gguf_fixup(const ac_search_problem *p, ac_arch *a) {
             al->n_kv_heads = 1;
             al->n_heads = bl->n_heads / bl->n_kv_heads;
         }
-        if ((al->n_heads || l == a->n_layers - 1) && !al->ffn) al->ffn = step;
+        if ((al->n_heads || l == a->n_layers - 1) && !al->ffn && !al->n_experts) al->ffn = step;
     }
 }
 
@@ -318,7 +349,7 @@ int ac_search_repair(const ac_search_problem *p, ac_arch *a, ac_cost *cost) {
  * layer, FFN per layer, hidden), g their gradient, m1/m2 Adam's moments,
  * gh/gk/gf one constraint's per-layer cost gradient. */
 typedef struct {
-    double *v, *g, *m1, *m2, *gh, *gk, *gf;
+    double *v, *g, *m1, *m2, *gh, *gk, *gf, *ge; /* ge: the cost gradient per expert (MoE layers) */
     double lambda[AC_NCONSTRAINTS];
 } relax_t;
 
@@ -330,6 +361,7 @@ static void relax_free(relax_t *R) {
     free(R->gh);
     free(R->gk);
     free(R->gf);
+    free(R->ge);
 }
 
 static int relax_alloc(relax_t *R, int L, ac_err *e) {
@@ -337,10 +369,21 @@ static int relax_alloc(relax_t *R, int L, ac_err *e) {
     memset(R, 0, sizeof *R);
     R->v = calloc(nv, sizeof(double)), R->g = calloc(nv, sizeof(double)), R->m1 = calloc(nv, sizeof(double));
     R->m2 = calloc(nv, sizeof(double)), R->gh = calloc(L, sizeof(double)), R->gk = calloc(L, sizeof(double));
-    R->gf = calloc(L, sizeof(double));
-    if (R->v && R->g && R->m1 && R->m2 && R->gh && R->gk && R->gf) return 0;
+    R->gf = calloc(L, sizeof(double)), R->ge = calloc(L, sizeof(double));
+    if (R->v && R->g && R->m1 && R->m2 && R->gh && R->gk && R->gf && R->ge) return 0;
     relax_free(R);
     return ac_errf(e, "out of memory");
+}
+
+/* The mixture-of-experts layers' FFN variables share one value (their
+ * mean): the export targets hold one expert count per model. */
+static void share_experts(const ac_arch *b, double *vf) {
+    double avg = 0;
+    int n = 0;
+    for (int l = 0; l < b->n_layers; l++)
+        if (b->layers[l].n_experts) avg += vf[l], n++;
+    for (int l = 0; n && l < b->n_layers; l++)
+        if (b->layers[l].n_experts) vf[l] = avg / n;
 }
 
 /* The augmented Lagrangian at v (x.ca already set from v) and its gradient
@@ -369,25 +412,32 @@ static double relax_grad(ctx_t *x, relax_t *R, const ac_cost *cost, double mu, d
         if (w != 0) {
             double ghid;
             ac_cost_grad(p->table, &x->ca, p->workload, p->profile, x->c[j].c->m, R->gh, R->gk, R->gf, &ghid);
+            ac_cost_grad_experts(p->table, &x->ca, p->workload, p->profile, x->c[j].c->m, R->ge);
             double sgn = ac_constraint_dg(x->c[j].c, x->c[j].limit);
             for (int l = 0; l < L; l++) {
                 const ac_layer_arch *b = &p->base->layers[l];
                 int grp = b->n_heads ? b->n_heads / b->n_kv_heads : 1;
                 g[l] += w * sgn * (R->gk[l] * b->n_kv_heads + R->gh[l] * b->n_kv_heads * grp);
-                g[L + l] += w * sgn * R->gf[l] * b->ffn;
+                g[L + l] += w * sgn * (b->n_experts ? R->ge[l] * (b->n_experts - p->base->top_k) : R->gf[l] * b->ffn);
             }
             g[2 * L] += w * sgn * ghid * p->base->hidden;
         }
         R->lambda[j] = fmax(0, R->lambda[j] + rho * gj);
     }
-    if (p->opts.target == AC_EXPORT_LLAMA) { /* uniform: one shared value per component */
+    if (p->opts.target == AC_EXPORT_LLAMA) { /* uniform: one shared value per component (dense FFNs apart) */
         for (int blk = 0; blk < 2; blk++) {
             double avg = 0;
-            for (int l = 0; l < L; l++) avg += g[blk * L + l];
-            for (int l = 0; l < L; l++) g[blk * L + l] = avg / L;
+            int n = 0;
+            for (int l = 0; l < L; l++)
+                if (!blk || !p->base->layers[l].n_experts) avg += g[blk * L + l], n++;
+            for (int l = 0; n && l < L; l++)
+                if (!blk || !p->base->layers[l].n_experts) g[blk * L + l] = avg / n;
         }
     }
+    share_experts(p->base, g + L); /* every target: one expert count */
     if (!p->opts.prune_hidden) g[2 * L] = 0;
+    for (int l = 0; !p->opts.prune_experts && l < L; l++)
+        if (p->base->layers[l].n_experts) g[L + l] = 0;
     return lag;
 }
 
@@ -406,8 +456,11 @@ static void relax_emit(const ctx_t *x, int s, int steps, double lag, double q, d
     const ac_search_problem *p = x->p;
     json_t *arch = json_array();
     for (int l = 0; l < x->L; l++)
-        json_array_append_new(
-            arch, json_pack("{s:f,s:f,s:f}", "kv_heads", x->ca.kv[l], "heads", x->ca.heads[l], "ffn", x->ca.ffn[l]));
+    {
+        json_t *o = json_pack("{s:f,s:f,s:f}", "kv_heads", x->ca.kv[l], "heads", x->ca.heads[l], "ffn", x->ca.ffn[l]);
+        if (x->ca.experts && x->ca.experts[l] > 0) json_object_set_new(o, "experts", json_real(x->ca.experts[l]));
+        json_array_append_new(arch, o);
+    }
     json_t *ev =
         json_pack("{s:s,s:i,s:i,s:f,s:f,s:f,s:o,s:o,s:{s:f,s:o}}", "phase", "autocompress", "step", s, "steps", steps,
                   "loss", lag, "quality_loss", q, "seconds", now, "metrics", ac_constraints_report(&p->limits, cost),
@@ -432,10 +485,19 @@ static void relax_discretise(const ac_search_problem *p, const double *v, ac_arc
                                                  : round_mult(v[L + l] * b->ffn, p->opts.ffn_multiple, b->ffn);
         if (p->opts.target == AC_EXPORT_LLAMA && f < 1)
             f = b->ffn < p->opts.ffn_multiple ? b->ffn : p->opts.ffn_multiple;
-        a->layers[l].ffn = f;
+        a->layers[l].ffn = b->n_experts ? 0 : f;
+        if (b->n_experts) /* one count for the model (share_experts keeps v equal across MoE layers) */
+            a->layers[l].n_experts = p->opts.prune_experts ? (int)lround(experts_at(p->base, l, v[L + l])) : b->n_experts;
     }
-    if (p->opts.target == AC_EXPORT_LLAMA) /* enforce exact uniformity */
-        for (int l = 1; l < L; l++) a->layers[l] = a->layers[0];
+    if (p->opts.target == AC_EXPORT_LLAMA) /* enforce exact uniformity: attention, dense FFNs, experts apart */
+        for (int l = 1; l < L; l++) {
+            int same = -1;
+            for (int k = 0; k < l && same < 0; k++)
+                if (!p->base->layers[k].n_experts == !p->base->layers[l].n_experts) same = k;
+            a->layers[l].n_heads = a->layers[0].n_heads;
+            a->layers[l].n_kv_heads = a->layers[0].n_kv_heads;
+            if (same >= 0) a->layers[l].ffn = a->layers[same].ffn, a->layers[l].n_experts = a->layers[same].n_experts;
+        }
     if (p->opts.prune_hidden) {
         int h = (int)lround(v[2 * L] * p->base->hidden / p->opts.hidden_multiple) * p->opts.hidden_multiple;
         a->hidden = h < p->opts.hidden_multiple ? p->opts.hidden_multiple : h > p->base->hidden ? p->base->hidden : h;
@@ -474,6 +536,7 @@ int ac_search_autocompress(const ac_search_problem *p, ac_search_result *r, ac_e
     unsigned seed = p->opts.seed * 2654435761u + 12345;
     for (int i = 0; i < nv; i++) R.v[i] = 1.0 - 0.02 * (lcg(&seed) >> 8) / 16777216.0;
     if (!p->opts.prune_hidden) R.v[2 * L] = 1.0;
+    share_experts(p->base, R.v + L);
     int steps = p->opts.steps, every = steps / 30 > 0 ? steps / 30 : 1;
     double mu = 10.0, rho = 0.5, t0 = ac_now(), last_emit = 0;
     for (int s = 1; s <= steps; s++) {

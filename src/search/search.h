@@ -33,6 +33,7 @@ typedef struct {
     double lr;
     int ffn_multiple, hidden_multiple;
     int prune_hidden;
+    int prune_experts; /* mixture-of-experts models: 0 keeps every expert */
     ac_export_target target;
     int gguf;                                 /* with AC_EXPORT_LLAMA: also write model.gguf (gguf.h) */
     ac_search_method method;                  /* method autocompress: dnas or surrogate */

@@ -155,6 +155,15 @@ static int prune_attn_groups(const ac_arch *a, int l, const ac_layer_arch *s, co
     return rc;
 }
 
+int ac_prune_expert_mask(const ac_arch *a, const ac_arch *t, const ac_importance *imp, int l, float *mask) {
+    const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
+    if (!d->n_experts || d->n_experts > s->n_experts || d->expert_ffn != s->expert_ffn) return 1;
+    const int *order = imp->expert_order ? imp->expert_order[l] : NULL;
+    for (int x = 0; x < s->n_experts; x++) mask[x] = 0;
+    for (int r = 0; r < d->n_experts; r++) mask[order ? order[r] : r] = 1;
+    return 0;
+}
+
 int ac_prune_layer_masks(const ac_arch *a, const ac_arch *t, const ac_importance *imp, int l, float *head_mask,
                          float *ffn_mask) {
     const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
@@ -200,9 +209,11 @@ static int prune_ffn(const ac_arch *a, const ac_layer_arch *s, const ac_layer_ar
 static size_t widest(const ac_arch *a) {
     size_t w = (size_t)a->hidden;
     for (int l = 0; l < a->n_layers; l++) {
-        size_t q = (size_t)a->layers[l].n_heads * a->head_dim, f = (size_t)a->layers[l].ffn;
+        size_t q = (size_t)a->layers[l].n_heads * a->head_dim, f = (size_t)a->layers[l].ffn,
+               fe = (size_t)a->layers[l].expert_ffn;
         if (q > w) w = q;
         if (f > w) w = f;
+        if (fe > w) w = fe;
     }
     return w;
 }
@@ -254,6 +265,38 @@ static int prune_layer(const ac_model *src, const ac_arch *t, const ac_importanc
     return rc;
 }
 
+/* A BF16 destination's mixture-of-experts matrices of layer l as fp32
+ * buffers (tw's router and expert pointers, which are dst's until then):
+ * make = 1 allocates them; 0 rounds them into dw's BF16 matrices and
+ * frees them; -1 frees them only. */
+static int expert_buffers(const ac_arch *t, int l, const ac_layer_w *dw, ac_layer_w *tw, int make, ac_err *e) {
+    size_t E = t->layers[l].n_experts, H = t->hidden, nr = E * H, ne = (size_t)t->layers[l].expert_ffn * H;
+    float **mats[3] = {NULL, NULL, NULL};
+    if (make == 1) {
+        tw->router = calloc(nr, sizeof(float));
+        tw->eg = calloc(E, sizeof(float *)), tw->eu = calloc(E, sizeof(float *)), tw->ed = calloc(E, sizeof(float *));
+        int ok = tw->router && tw->eg && tw->eu && tw->ed;
+        for (size_t x = 0; ok && x < E; x++)
+            ok = (tw->eg[x] = calloc(ne, 4)) && (tw->eu[x] = calloc(ne, 4)) && (tw->ed[x] = calloc(ne, 4));
+        if (ok) return 0;
+        expert_buffers(t, l, dw, tw, -1, e);
+        return ac_errf(e, "out of memory pruning the experts of layer %d", l);
+    }
+    if (make == 0 && tw->router) ac_from_f32((uint16_t *)dw->router, tw->router, ST_BF16, nr, NULL);
+    free(tw->router);
+    mats[0] = tw->eg, mats[1] = tw->eu, mats[2] = tw->ed;
+    float **dst[3] = {dw->eg, dw->eu, dw->ed};
+    for (int k = 0; k < 3; k++) {
+        for (size_t x = 0; mats[k] && x < E; x++) {
+            if (make == 0 && mats[k][x]) ac_from_f32((uint16_t *)dst[k][x], mats[k][x], ST_BF16, ne, NULL);
+            free(mats[k][x]);
+        }
+        free(mats[k]);
+    }
+    tw->router = NULL, tw->eg = tw->eu = tw->ed = NULL;
+    return 0;
+}
+
 /* Embeddings, final norm and (untied) LM head, then every layer: into
  * dst's own fp32 matrices; or, for a BF16 dst, gathered in fp32 and rounded
  * into dst: the embedding and LM head a row at a time, each layer's
@@ -295,11 +338,13 @@ static int prune_layers(const ac_model *src, const ac_arch *t, const ac_importan
             *slot[k] = dm && n[k] ? calloc(n[k], sizeof(float)) : NULL;
             if (dm && n[k] && !*slot[k]) rc = ac_errf(e, "out of memory pruning layer %d", l);
         }
+        if (!rc && t->layers[l].n_experts) rc = expert_buffers(t, l, &dst->L[l], &tw, 1, e);
         if (!rc) rc = prune_layer(src, t, imp, l, &tw, hk, row, acc, e);
         for (int k = 0; k < 7; k++) {
             if (!rc && *slot[k]) ac_from_f32(ac_layer_matrix(dst, l, (ac_wmat)k, &n[k]), *slot[k], ST_BF16, n[k], NULL);
             free(*slot[k]);
         }
+        if (t->layers[l].n_experts) expert_buffers(t, l, &dst->L[l], &tw, rc ? -1 : 0, e);
     }
     return rc;
 }
@@ -312,7 +357,6 @@ static int prune_to(const ac_model *src, const ac_arch *t, const ac_importance *
         return ac_errf(e, "prune: target architecture does not fit the source model");
     for (int l = 0; l < a->n_layers; l++)
         if (check_layer(a, t, l, e)) return -1;
-    if (bf16 && ac_arch_has_moe(t)) return ac_errf(e, "prune: mixture-of-experts layers are pruned into fp32 only");
     if (bf16 ? ac_model_alloc_bf16(dst, t, e) : ac_model_alloc(dst, t, e)) return -1;
     size_t wmax = widest(a);
     int *hk = ac_prune_kept(imp->hid_order, t->hidden);

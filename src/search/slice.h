@@ -37,6 +37,12 @@ int ac_prune_bf16(const ac_model *src, const ac_arch *target, const ac_importanc
 int ac_prune_layer_masks(const ac_arch *src, const ac_arch *target, const ac_importance *imp, int l, float *head_mask,
                          float *ffn_mask);
 void ac_prune_hidden_mask(const ac_arch *src, const ac_arch *target, const ac_importance *imp, float *hid_mask);
+/* A mixture-of-experts layer l: expert_mask[src experts] 1 on the experts
+ * ac_prune keeps (imp->expert_order's best, or the first without it), 0 on
+ * the others (stream.h removes those from the routing, as ac_prune does).
+ * Returns 1 (mask untouched) where masks cannot express the target layer
+ * (its expert width differs, or it has no experts while src has). */
+int ac_prune_expert_mask(const ac_arch *src, const ac_arch *target, const ac_importance *imp, int l, float *expert_mask);
 
 /* The first k entries of order, ascending (the kept units in their
  * original order); malloc'd (k + 1 ints), NULL when out of memory. */
