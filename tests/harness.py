@@ -115,6 +115,41 @@ def spec(**kw):
     return s
 
 
+def engine_ppl(d, text, ctx, windows):
+    """Our engine's perplexity of the checkpoint (or GGUF) d on text: `autocompress eval` with exact GEMMs,
+    non-overlapping windows of ctx tokens, the first `windows` of them."""
+    out = subprocess.run([os.path.join(BUILD, "autocompress"), "eval", d, text, "--ctx", str(ctx), "--windows",
+                          str(windows), "--gemm", "exact", "--json"], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["ppl"]
+
+
+def ref_ppl(d, text, ctx, windows):
+    """The float64 PyTorch reference's perplexity (tests/ref_llama.py: every family it knows) of the safetensors
+    checkpoint d over the engine_ppl protocol (text tokenised by d's tokenizer.json with our tokenizer)."""
+    import math
+
+    import torch
+
+    import ref_llama as R
+    out = subprocess.run([os.path.join(BUILD, "autocompress"), "tokenize", os.path.join(d, "tokenizer.json"), text],
+                         capture_output=True, text=True, check=True).stdout
+    ids = [int(x) for x in out.split()]
+    arch = R.arch_from_config(json.load(open(os.path.join(d, "config.json"))))
+    W = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".safetensors"):
+            W.update({k: v.double() for k, v in R.load_safetensors(os.path.join(d, f)).items()})
+    nll, cnt = 0.0, 0
+    for w in range(windows):
+        x = torch.tensor([ids[w * ctx:(w + 1) * ctx]])
+        with torch.no_grad():
+            lp = torch.log_softmax(R.forward(arch, W, x)[0], -1)
+        for t in range(ctx - 1):
+            nll -= lp[t, x[0, t + 1]].item()
+            cnt += 1
+    return math.exp(nll / cnt)
+
+
 def run_with_daemon(tests, module_globals, config=None):
     """The main of a test file whose tests share one daemon (its global D): skip all without the tiny model, else start
     the daemon (one CPU slot, model_roots the build folder and /tmp), run the tests, clean up, print RESULT."""

@@ -13,7 +13,6 @@ serve get a 400 naming the field, over real HTTP with the daemon's SQLite
 file.
 """
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -21,6 +20,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness as H  # noqa: E402
 from harness import BUILD, TINY, Daemon, Runner, spec  # noqa: E402
 
 CLI = os.path.join(BUILD, "autocompress")
@@ -78,32 +78,11 @@ def make_mixtral():
 
 
 def engine_ppl(d):
-    out = subprocess.run([CLI, "eval", d, TEXT, "--ctx", str(CTX), "--windows", str(WINDOWS), "--gemm", "exact",
-                          "--json"], capture_output=True, text=True, check=True).stdout
-    return json.loads(out)["ppl"]
+    return H.engine_ppl(d, TEXT, CTX, WINDOWS)
 
 
 def ref_ppl(d):
-    """float64 reference (tests/ref_llama.py's Mixtral) over our protocol."""
-    import torch
-    import ref_llama as R
-    out = subprocess.run([CLI, "tokenize", os.path.join(d, "tokenizer.json"), TEXT], capture_output=True, text=True,
-                         check=True).stdout
-    ids = [int(x) for x in out.split()]
-    arch = R.arch_from_config(json.load(open(os.path.join(d, "config.json"))))
-    W = {}
-    for f in sorted(os.listdir(d)):
-        if f.endswith(".safetensors"):
-            W.update({k: v.double() for k, v in R.load_safetensors(os.path.join(d, f)).items()})
-    nll, cnt = 0.0, 0
-    for w in range(WINDOWS):
-        x = torch.tensor([ids[w * CTX:(w + 1) * CTX]])
-        with torch.no_grad():
-            lp = torch.log_softmax(R.forward(arch, W, x)[0], -1)
-        for t in range(CTX - 1):
-            nll -= lp[t, x[0, t + 1]].item()
-            cnt += 1
-    return math.exp(nll / cnt)
+    return H.ref_ppl(d, TEXT, CTX, WINDOWS)
 
 
 def test_job_compresses_mixtral():
@@ -143,6 +122,9 @@ def test_job_compresses_mixtral():
     pr, pe = ref_ppl(out), engine_ppl(out)
     print(f"   exported Mixtral ({cfg['num_local_experts']} experts): reference ppl {pr:.4f}, engine {pe:.4f}")
     assert abs(pr / pe - 1) < 2e-4, (pr, pe)
+    card = open(os.path.join(out, "README.md")).read()  # the model card shows the experts per layer
+    assert "| layer | heads | KV heads | FFN width | experts |" in card, card[:1500]
+    assert f"| 4 -> {cfg['num_local_experts']} |" in card or cfg["num_local_experts"] == 4, card[:2500]
     assert rep["export"]["gguf"]["architecture"] == "llama", rep["export"]
     pg = engine_ppl(os.path.join(out, "model.gguf"))  # llama.cpp runs Mixtral GGUFs in test_gguf
     assert abs(pg / pe - 1) < 5e-3, (pg, pe)

@@ -10,7 +10,6 @@ perplexity is what the report says; and the targets that cannot hold
 QK-norm (deci, heterogeneous gguf) are refused with a 400 naming the field.
 """
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -21,7 +20,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ref_llama as R  # noqa: E402
-from harness import BUILD, DATA, TINY, Daemon, Runner, spec  # noqa: E402
+import harness as H  # noqa: E402
+from harness import BUILD, TINY, Daemon, Runner, spec  # noqa: E402
 
 CLI = os.path.join(BUILD, "autocompress")
 TEXT = os.path.join(BUILD, "fixtures", "heldout_small.txt")
@@ -54,43 +54,19 @@ def make_qwen3():
     shutil.copy(os.path.join(TINY, "tokenizer.json"), QWEN3)
 
 
-def token_ids(model_dir):
-    out = subprocess.run([CLI, "tokenize", os.path.join(model_dir, "tokenizer.json"), TEXT], capture_output=True,
-                         text=True, check=True).stdout
-    return [int(x) for x in out.split()]
-
-
-def ref_ppl(d, ids):
-    """float64 reference over our protocol: non-overlapping windows, every target scored."""
-    cfg = json.load(open(os.path.join(d, "config.json")))
-    arch = R.arch_from_config(cfg)
-    W = {}
-    for f in sorted(os.listdir(d)):
-        if f.endswith(".safetensors"):
-            W.update({k: v.double() for k, v in R.load_safetensors(os.path.join(d, f)).items()})
-    nll, cnt = 0.0, 0
-    for w in range(WINDOWS):
-        x = torch.tensor([ids[w * CTX:(w + 1) * CTX]])
-        with torch.no_grad():
-            lp = torch.log_softmax(R.forward(arch, W, x)[0], -1)
-        for t in range(CTX - 1):
-            nll -= lp[t, x[0, t + 1]].item()
-            cnt += 1
-    return math.exp(nll / cnt)
-
-
 def engine_ppl(d):
-    out = subprocess.run([CLI, "eval", d, TEXT, "--ctx", str(CTX), "--windows", str(WINDOWS), "--gemm", "exact",
-                          "--json"], capture_output=True, text=True, check=True).stdout
-    return json.loads(out)["ppl"]
+    return H.engine_ppl(d, TEXT, CTX, WINDOWS)
+
+
+def ref_ppl(d):
+    return H.ref_ppl(d, TEXT, CTX, WINDOWS)
 
 
 def test_engine_matches_reference():
     if not have_model():
         return "skip"
     make_qwen3()
-    ids = token_ids(QWEN3)
-    pr, pe = ref_ppl(QWEN3, ids), engine_ppl(QWEN3)
+    pr, pe = ref_ppl(QWEN3), engine_ppl(QWEN3)
     print(f"   qwen3 checkpoint: reference ppl {pr:.5f}, our engine {pe:.5f}")
     assert abs(pr / pe - 1) < 2e-4, (pr, pe)
     # the QK-norm matters: the same weights as a Llama score otherwise
@@ -126,8 +102,7 @@ def test_job_exports_qwen3():
             W.update(R.load_safetensors(os.path.join(out, f)))
     assert all(f"model.layers.{l}.self_attn.{n}.weight" in W for l in range(cfg["num_hidden_layers"])
                for n in ("q_norm", "k_norm")), "q_norm/k_norm missing from the export"
-    ids = token_ids(out)
-    pr, pe = ref_ppl(out, ids), engine_ppl(out)
+    pr, pe = ref_ppl(out), engine_ppl(out)
     print(f"   exported qwen3 ({res['predicted']['params']:.0f} params): reference ppl {pr:.4f}, engine {pe:.4f}")
     assert abs(pr / pe - 1) < 2e-4, (pr, pe)
     assert rep["export"]["gguf"]["architecture"] == "qwen3", rep["export"]

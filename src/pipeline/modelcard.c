@@ -145,17 +145,25 @@ static void put_quality(out_t *o, const json_t *r, const char *chosen) {
 static void put_structure(out_t *o, const json_t *before, const json_t *after) {
     size_t nb = json_array_size(json_object_get(before, "layers")),
            na = json_array_size(json_object_get(after, "layers"));
+    int moe = json_is_number(json_object_get(before, "top_k")), nk = moe ? 4 : 3;
     put(o, "## What was pruned\n\n");
     put(o,
-        "Hidden size %.0f -> %.0f; %zu layers -> %zu. Per layer (query heads, KV heads, FFN width; 0: the "
+        "Hidden size %.0f -> %.0f; %zu layers -> %zu. Per layer (query heads, KV heads, FFN width%s; 0: the "
         "sub-block was removed):\n\n",
-        num(before, "hidden"), num(after, "hidden"), nb, na);
-    put(o, "| layer | heads | KV heads | FFN width |\n|---|---|---|---|\n");
+        num(before, "hidden"), num(after, "hidden"), nb, na, moe ? ", experts" : "");
+    if (moe)
+        put(o, "Each token is routed to %.0f experts of %.0f channels.\n\n", num(before, "top_k"),
+            (double)layer_fig(before, 0, "expert_ffn") > 0 ? (double)layer_fig(before, 0, "expert_ffn")
+                                                           : (double)layer_fig(before, nb - 1, "expert_ffn"));
+    put(o, moe ? "| layer | heads | KV heads | FFN width | experts |\n|---|---|---|---|---|\n"
+               : "| layer | heads | KV heads | FFN width |\n|---|---|---|---|\n");
     for (size_t l = 0; l < nb || l < na; l++) {
         put(o, "| %zu |", l);
-        const char *ks[] = {"heads", "kv_heads", "ffn"};
-        for (int i = 0; i < 3; i++) {
+        const char *ks[] = {"heads", "kv_heads", "ffn", "experts"};
+        for (int i = 0; i < nk; i++) {
             long b = layer_fig(before, l, ks[i]), a = layer_fig(after, l, ks[i]);
+            if (i == 3 && b < 0 && l < nb) b = 0; /* a dense layer, or experts removed, has no "experts" */
+            if (i == 3 && a < 0 && l < na) a = 0;
             if (b == a)
                 put(o, " %ld |", a);
             else if (a < 0)
