@@ -4,7 +4,8 @@ naming the field (a path outside model_roots, a task file with a bad line,
 a name used twice), and a job with two tasks and distillation reports, for
 every arm, tasks.NAME = {acc, acc_norm, n, stderr} after distillation and
 tasks_pruned.NAME before it, the exported arm's figures agreeing with
-`autocompress tasks` run on the exported checkpoint."""
+`autocompress tasks` run on the exported checkpoint and the model card
+showing them."""
 import json
 import math
 import os
@@ -92,6 +93,10 @@ def test_job_reports_tasks_for_every_arm():
         (cli, rep)
     with open(os.path.join(out, "report.json")) as f:
         assert json.load(f)[res["chosen"]]["tasks"] == res[res["chosen"]]["tasks"]
+    # the model card's task table: a column per task, a row per arm, the chosen arm's figures in it
+    card = open(os.path.join(out, "README.md")).read()
+    assert "| fortunes (n = 60) | tiny (n = 2) |" in card, card
+    assert f"{rep['acc']:.3f}, {rep['acc_norm']:.3f} +- {rep['stderr']:.3f} (" in card, card
     print(f"   fortunes acc: base {res['baseline']['tasks']['fortunes']['acc']:.3f}, "
           f"minitron {res['minitron']['tasks_pruned']['fortunes']['acc']:.3f} -> "
           f"{res['minitron']['tasks']['fortunes']['acc']:.3f}, autocompress "
