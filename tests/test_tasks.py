@@ -70,7 +70,7 @@ def requests(doc):
     return [(doc["context"], d + ch, ch) for ch in doc["choices"]]
 
 
-def reference(docs):
+def reference(docs, max_len=0):
     cfg = json.load(open(os.path.join(TINY, "config.json")))
     arch = R.arch_from_config(cfg)
     W = {k: v.double() for k, v in R.load_safetensors(os.path.join(TINY, "model.safetensors")).items()}
@@ -81,11 +81,13 @@ def reference(docs):
         row, nrow = [], []
         for ctx, cont, norm in requests(doc):
             c, k = encode_pair(enc, ctx, cont, prefix)
-            toks = torch.tensor([c + k])
+            whole = c + k
+            # the harness's input: (context + continuation)[-(max_length + 1):][:-1]
+            inp = whole[-(max_len + 1):][:-1] if max_len else whole[:-1]
             with torch.no_grad():
-                logits = R.forward(arch, W, toks[:, :-1])[0]
+                logits = R.forward(arch, W, torch.tensor([inp]))[0]
             lp = torch.log_softmax(logits, dim=-1)
-            row.append(sum(float(lp[len(c) - 1 + i, t]) for i, t in enumerate(k)))
+            row.append(sum(float(lp[len(inp) - len(k) + i, t]) for i, t in enumerate(k)))
             nrow.append(float(len(norm)))
         lls.append(row)
         norms.append(nrow)
@@ -118,11 +120,11 @@ def small_task():
     return make_fortune_task.make_task(text, 14, 4, 4, 5) + EDGE
 
 
-def check_against_reference(gemm, tol):
+def check_against_reference(gemm, tol, max_len=0):
     docs = small_task()
     path = write("small_" + gemm, docs)
-    got = run_cli(path, "--gemm", gemm, "--batch", "4")
-    lls, norms, acc, accn = reference(docs)
+    got = run_cli(path, "--gemm", gemm, "--batch", "4", "--max-len", str(max_len))
+    lls, norms, acc, accn = reference(docs, max_len)
     worst = 0.0
     for i, (a, b) in enumerate(zip(got["lls"], lls)):
         assert len(a) == len(b), (i, a, b)
@@ -163,6 +165,18 @@ def test_bf16_gemms_match_float64_reference():
     check_against_reference("bf16", 5e-2)
 
 
+def test_long_inputs_keep_their_last_tokens():
+    """Inputs longer than the context lose their first tokens, as the harness truncates: a context just above
+    the longest continuation, so most requests are cut."""
+    enc, prefix = ref_tokenizer(), json.load(open(os.path.join(TINY, "config.json")))["bos_token_id"]
+    pairs = [encode_pair(enc, c, k, prefix) for d in small_task() for c, k, _ in requests(d)]
+    max_len = max(len(k) for _, k in pairs) + 2
+    cut = sum(len(c) + len(k) - 1 > max_len for c, k in pairs)
+    assert cut >= len(pairs) // 2, (cut, len(pairs))
+    check_against_reference("exact", 1e-4, max_len=max_len)
+    print(f"   --max-len {max_len}: {cut} of {len(pairs)} requests cut")
+
+
 def test_bad_lines_name_the_line():
     cases = [
         ('{"context": "a", "choices": ["b", "c"], "gold": 2}', "line 2: gold 2 is outside the 2 choices"),
@@ -199,7 +213,7 @@ def main():
     r = Runner()
     try:
         for t in (test_exact_gemms_match_float64_reference, test_bf16_gemms_match_float64_reference,
-                  test_bad_lines_name_the_line, test_fortune_task_above_chance):
+                  test_long_inputs_keep_their_last_tokens, test_bad_lines_name_the_line, test_fortune_task_above_chance):
             r.run(t)
     finally:
         subprocess.run(["rm", "-rf", WORK])

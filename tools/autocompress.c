@@ -4,7 +4,7 @@
  * and the library without a daemon:
  *   autocompress eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N]
  *                     [--batch N] [--threads N] [--device cpu|cuda] [--gemm bf16|exact] [--json]
- *   autocompress tasks MODEL_DIR TASK.jsonl... [--batch N] [--threads N] [--gemm bf16|exact] [--lls]
+ *   autocompress tasks MODEL_DIR TASK.jsonl... [--batch N] [--max-len N] [--threads N] [--gemm bf16|exact] [--lls]
  *                                       (multiple-choice accuracy, as a job's eval.tasks; docs/tasks.md)
  *   autocompress compress SPEC.json     (same code path as the daemon's worker)
  *   autocompress estimate REQUEST.json  (as POST /v1/estimate)
@@ -48,7 +48,7 @@ static const struct {
 } LOCAL_CMDS[] = {
     {"eval", "eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N] [--batch N] [--threads N] "
              "[--device cpu|cuda] [--gemm bf16|exact] [--json]\n      (held-out perplexity and tokens/s on this host)"},
-    {"tasks", "tasks MODEL_DIR TASK.jsonl... [--batch N] [--threads N] [--gemm bf16|exact] [--lls]\n      "
+    {"tasks", "tasks MODEL_DIR TASK.jsonl... [--batch N] [--max-len N] [--threads N] [--gemm bf16|exact] [--lls]\n      "
               "(multiple-choice accuracy as lm-evaluation-harness scores it, JSON by file name; --lls: each "
               "choice's log-likelihood)"},
     {"compress", "compress SPEC.json\n      (the job here, without a daemon; AC_COST_DB=FILE caches measured cost "
@@ -158,7 +158,7 @@ static int cmd_eval(int argc, char **argv) {
  * {"NAME": {acc, acc_norm, n, stderr, ...}} with NAME the file's base name. */
 static int cmd_tasks(int argc, char **argv) {
     if (argc < 4) return usage();
-    int threads = 2, batch = 8, lls = 0;
+    int threads = 2, batch = 8, lls = 0, max_len = 0;
     const char *files[64];
     int nf = 0;
     for (int i = 3; i < argc; i++) {
@@ -166,6 +166,8 @@ static int cmd_tasks(int argc, char **argv) {
             lls = 1;
         else if (i + 1 < argc && !strcmp(argv[i], "--batch"))
             batch = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--max-len"))
+            max_len = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--threads"))
             threads = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--gemm")) {
@@ -177,7 +179,7 @@ static int cmd_tasks(int argc, char **argv) {
         else
             return usage();
     }
-    if (!nf || batch < 1) return usage();
+    if (!nf || batch < 1 || max_len < 0) return usage();
     ac_set_threads(threads);
     ac_err e = {{0}};
     ac_model m;
@@ -195,7 +197,7 @@ static int cmd_tasks(int argc, char **argv) {
             break;
         }
         double *ll = malloc(sizeof(double) * (t.nreq ? t.nreq : 1));
-        rc = !ll || ac_mc_score(&m, &t, batch, 0, ll, &r, &e);
+        rc = !ll || ac_mc_score(&m, &t, batch, max_len, ll, &r, &e);
         if (!rc) {
             json_t *j = ac_mc_result_json(&r);
             if (lls && j) {

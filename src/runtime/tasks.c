@@ -305,8 +305,11 @@ int ac_mc_score(const ac_model *m, const ac_mc_task *t, int batch, int max_len, 
         int n = input_len(t, q, max_len, &s);
         if (n > longest) longest = n;
     }
-    /* the logits of a forward are batch x longest x vocab floats: at most 256 MiB */
-    while (batch > 1 && (double)batch * longest * V * 4 > 256.0 * 1048576) batch /= 2;
+    /* at most 4096 tokens a forward (the engine's activations and KV cache
+     * scale with them, as a perplexity batch of 4 x 1024 does), and the
+     * logits, batch x longest x vocab floats, at most 256 MiB */
+    while (batch > 1 && ((double)batch * longest > 4096 || (double)batch * longest * V * 4 > 256.0 * 1048576))
+        batch /= 2;
     by_len *order = malloc(sizeof *order * t->nreq);
     int *buf = malloc(sizeof(int) * (size_t)batch * longest);
     double *ll = lls ? lls : malloc(sizeof(double) * t->nreq);

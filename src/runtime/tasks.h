@@ -70,7 +70,8 @@ typedef struct {
 } ac_mc_result;
 
 /* Score every request on the CPU engine (engine.h) over m: requests sorted
- * by length, up to `batch` (>= 1) a forward, right-padded (causal attention
+ * by length, up to `batch` (>= 1) a forward (halved while a forward would
+ * exceed 4096 tokens or 256 MiB of logits), right-padded (causal attention
  * leaves the real positions untouched). max_len: the longest input (0: the
  * model's max_position_embeddings, else 2048). lls (may be NULL) gets each
  * request's log-likelihood in nats [nreq]. */
