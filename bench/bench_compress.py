@@ -9,8 +9,12 @@ model's own predicted figure on that target (`autocompress estimate`).
   latency-sensitive chat     RTX 5080, batch 1, short prompt TPOT limit
   memory-bound serving       L4, batch 512                   memory limit
 
-Prints held-out perplexity of base, Minitron and AutoCompress, their
-predicted figures against the limit, and the win count. The columns "after
+Prints held-out perplexity of base, Minitron and AutoCompress, whether each
+arm met every limit, and the win count: quality wins count only where both
+arms met the limit; cases only AutoCompress can meet (beyond Minitron's
+capped grid) are counted apart as "only AutoCompress feasible", never as
+wins. AC_BENCH_TASKS=NAME=PATH[,...] adds eval.tasks (docs/tasks.md) to
+every job and prints each arm's task accuracy. The columns "after
 equal distillation" are filled when AC_BENCH_DISTILL=N is set: every job
 then distils both arms with the same budget of N tokens (spec "distill",
 on the model's training split, train.txt, when its data directory has one,
@@ -101,6 +105,9 @@ def job(tmp, name, mname, mdir, ddir, dev, wl, cons):
                        "dnas_steps": int(os.environ.get("AC_DNAS_STEPS", "300")),
                        "cotrain": os.environ.get("AC_COTRAIN", "0") == "1"},
             "calibration_tokens": 8192, "eval": {"ctx": 128, "windows": 48}}
+    if os.environ.get("AC_BENCH_TASKS"):  # NAME=PATH[,NAME=PATH]: eval.tasks of every job
+        spec["eval"]["tasks"] = [dict(zip(("name", "path"), t.split("=", 1)))
+                                 for t in os.environ["AC_BENCH_TASKS"].split(",")]
     if distill_tokens(mname):
         spec["distill"] = {"tokens": distill_tokens(mname)}
         if os.path.exists(os.path.join(ddir, "train.txt")):
@@ -159,6 +166,7 @@ def row_json(mn, sn, lim, c, r):
     """One job as written to AC_BENCH_JSON (and read back by --from)."""
     arm = lambda x: {"perplexity": x["perplexity"], "perplexity_pruned": x.get("perplexity_pruned"),
                      "distilled": "distill" in x, "feasible": x.get("feasible", True),
+                     "tasks": x.get("tasks"), "tasks_pruned": x.get("tasks_pruned"),
                      "architecture": arch_str(x["architecture"]) if "architecture" in x else None}
     return {"model": mn, "scenario": sn, "limits": lim, "constraints": c, "seconds": r["_seconds"],
             "timings_s": {k: round(v, 1) for k, v in r.get("timings_s", {}).items()},
@@ -166,27 +174,39 @@ def row_json(mn, sn, lim, c, r):
             **{k: arm(r[k]) for k in ("baseline", "minitron", "autocompress")}}
 
 
+def verdict(m_ok, a_ok):
+    """Which arms met every limit: 'both', 'only AutoCompress', 'only Minitron' or 'neither'."""
+    return {(1, 1): "both", (0, 1): "only AutoCompress", (1, 0): "only Minitron", (0, 0): "neither"}[(m_ok, a_ok)]
+
+
 def print_table(rows):
-    """The comparison table and the win count, from row_json() rows."""
+    """The comparison table and the win counts, from row_json() rows. Quality
+    wins count only where both arms met every limit; a case beyond Minitron's
+    capped grid is reported as "only AutoCompress feasible", never as a win."""
     dist = lambda x: x["perplexity"] if x.get("distilled", x.get("perplexity_pruned") is not None) else None
     pre = lambda x: x["perplexity_pruned"] if x.get("perplexity_pruned") is not None else x["perplexity"]
     fmt = lambda v: f"{v:8.2f}" if isinstance(v, (int, float)) else f"{'-':>8}"
-    print(f"{'model':14} {'scenario':31} {'limit (x unpruned)':28} {'base':>8} | {'Minitron':>8} {'AutoC':>8} | "
-          f"{'Mt+dist':>8} {'AC+dist':>8} | Minitron arch / AutoCompress arch")
-    wins = wins_d = nd = both = wins_both = 0
-    losses = []
+    met = lambda x: "met" if x["feasible"] else "MISSED"
+    print(f"{'model':14} {'scenario':31} {'limit (x unpruned)':28} {'base':>8} | {'Minitron':>8} {'':6} {'AutoC':>8} "
+          f"{'':6} | {'Mt+dist':>8} {'AC+dist':>8} | Minitron arch / AutoCompress arch")
+    wins = wins_d = nd = 0
+    kinds = {"both": 0, "only AutoCompress": 0, "only Minitron": 0, "neither": 0}
+    losses, tasks = [], []
     for r in rows:
         mname, sname, limits, m, a = r["model"], r["scenario"], r["limits"], r["minitron"], r["autocompress"]
         lim = ", ".join(f"{k.split('_', 1)[1]} {f:.2f}" for k, _, f in limits)
-        mf = "" if m["feasible"] else "*"
-        print(f"{mname:14} {sname:31} {lim:28} {r['baseline']['perplexity']:8.2f} | {pre(m):7.2f}{mf or ' '} "
-              f"{pre(a):8.2f} | {fmt(dist(m))} {fmt(dist(a))} | {m['architecture']} / {a['architecture']}")
-        win = pre(a) < pre(m) or not m["feasible"]
-        wins += win
-        if m["feasible"]:
-            both += 1
-            wins_both += pre(a) < pre(m)
-        if not win:
+        print(f"{mname:14} {sname:31} {lim:28} {r['baseline']['perplexity']:8.2f} | {pre(m):8.2f} {met(m):6} "
+              f"{pre(a):8.2f} {met(a):6} | {fmt(dist(m))} {fmt(dist(a))} | {m['architecture']} / {a['architecture']}")
+        for k in ("baseline", "minitron", "autocompress"):
+            for t, v in (r[k].get("tasks") or {}).items():
+                tasks.append(f"  {mname}/{sname}/{lim} {k} {t}: acc {v['acc']:.3f} acc_norm {v['acc_norm']:.3f} "
+                             f"+- {v['stderr'] or 0:.3f} (n {v['n']})")
+        kind = verdict(bool(m["feasible"]), bool(a["feasible"]))
+        kinds[kind] += 1
+        if kind != "both":
+            continue
+        wins += pre(a) < pre(m)
+        if pre(a) >= pre(m):
             losses.append(f"{mname}/{sname}/{lim}: Minitron {pre(m):.2f} vs AutoCompress {pre(a):.2f}")
         if dist(m) is not None and dist(a) is not None:
             nd += 1
@@ -194,13 +214,19 @@ def print_table(rows):
             if dist(a) >= dist(m):
                 losses.append(f"{mname}/{sname}/{lim} after distillation: Minitron {dist(m):.2f} vs "
                               f"AutoCompress {dist(a):.2f}")
-    print("* Minitron infeasible: no point of its capped grid meets the limit (the closest one is shown)")
-    print(f"AutoCompress reaches lower held-out perplexity than Minitron under the same limit in {wins} of {len(rows)} "
-          f"cases ({wins_both} of the {both} where Minitron's grid meets the limit)"
-          + (f"; after equal distillation in {wins_d} of {nd}" if nd
+    print("MISSED: the arm does not meet every limit (for Minitron: no point of its capped grid does; the closest "
+          "one is shown)")
+    print(f"Both arms met every limit in {kinds['both']} of {len(rows)} cases; there AutoCompress reaches lower held-out "
+          f"perplexity than Minitron in {wins} of {kinds['both']}"
+          + (f", after equal distillation in {wins_d} of {nd}" if nd
              else "; after equal distillation: not run (set AC_BENCH_DISTILL)"))
+    print(f"Only AutoCompress feasible (beyond Minitron's reach; no quality comparison): {kinds['only AutoCompress']}; "
+          f"only Minitron feasible: {kinds['only Minitron']}; neither: {kinds['neither']}")
     for l in losses:
         print("  lost:", l)
+    if tasks:
+        print("Task accuracy (eval.tasks, AC_BENCH_TASKS):")
+        print("\n".join(tasks))
 
 
 if __name__ == "__main__":

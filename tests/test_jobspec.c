@@ -301,6 +301,50 @@ static void test_paths_for_the_daemon(void) {
     json_decref(j);
 }
 
+/* eval.tasks: an array of objects in the field table; each path is a path
+ * field for the daemon's policy, and a bad entry names its index. */
+static void test_eval_tasks(void) {
+    static ac_job_spec s;
+    ac_err e;
+    const char *field;
+    json_t *j = minimal("cpu");
+    json_object_set_new(j, "eval", json_pack("{s:i,s:[{s:s,s:s},{s:s,s:s}]}", "ctx", 64, "tasks", "name", "hella",
+                                             "path", "/h.jsonl", "name", "arc_e", "path", "/a.jsonl"));
+    CHECK(ac_job_spec_parse(j, &s, NULL, &e) == 0, "%s", e.msg);
+    CHECK(s.eval.ntasks == 2 && !strcmp(s.eval.tasks[1].name, "arc_e") && s.eval.ctx == 64, "tasks parsed");
+    const char *f, *p;
+    int fl, found = 0;
+    for (int i = 0; ac_job_spec_path(&s, i, &f, &p, &fl); i++)
+        if (!strncmp(f, "eval.tasks", 10)) {
+            const char *want = found ? "eval.tasks[1].path" : "eval.tasks[0].path";
+            CHECK(!strcmp(f, want) && !strcmp(p, found ? "/a.jsonl" : "/h.jsonl") && fl == AC_F_PATH_FILE,
+                  "path %s=%s", f, p);
+            found++;
+        }
+    CHECK(found == 2, "%d task paths", found);
+    json_decref(j);
+    struct {
+        const char *eval, *field;
+    } bad[] = {
+        {"{\"tasks\": [{\"name\": \"a\"}]}", "eval.tasks[0].path"},
+        {"{\"tasks\": [{\"name\": \"a\", \"path\": \"/a\"}, {\"name\": \"a\", \"path\": \"/b\"}]}",
+         "eval.tasks[1].name"},
+        {"{\"tasks\": [{\"name\": \"a b\", \"path\": \"/a\"}]}", "eval.tasks[0].name"},
+        {"{\"tasks\": [{\"name\": \"a\", \"path\": \"/a\", \"split\": 1}]}", "eval.tasks[0].split"},
+        {"{\"tasks\": [\"/a\"]}", "eval.tasks[0]"},
+        {"{\"tasks\": {\"name\": \"a\"}}", "eval.tasks"},
+        {"{\"tasks\": [{},{},{},{},{},{},{},{},{}]}", "eval.tasks"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        j = minimal("cpu");
+        json_object_set_new(j, "eval", json_loads(bad[i].eval, 0, NULL));
+        field = NULL;
+        CHECK(ac_job_spec_parse(j, &s, &field, &e) != 0 && field && !strcmp(field, bad[i].field), "%s: field %s (%s)",
+              bad[i].eval, field ? field : "(null)", e.msg);
+        json_decref(j);
+    }
+}
+
 int main(void) {
     RUN(test_schema_file_is_generated_from_table);
     RUN(test_constraint_table_is_the_one_list);
@@ -308,6 +352,7 @@ int main(void) {
     RUN(test_every_bound_names_its_field);
     RUN(test_errors_and_targets);
     RUN(test_paths_for_the_daemon);
+    RUN(test_eval_tasks);
     RUN(test_weights_dtype_for_checkpoint);
     return DONE();
 }

@@ -4,6 +4,8 @@
  * and the library without a daemon:
  *   autocompress eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N]
  *                     [--batch N] [--threads N] [--device cpu|cuda] [--gemm bf16|exact] [--json]
+ *   autocompress tasks MODEL_DIR TASK.jsonl... [--batch N] [--max-len N] [--threads N] [--gemm bf16|exact] [--lls]
+ *                                       (multiple-choice accuracy, as a job's eval.tasks; docs/tasks.md)
  *   autocompress compress SPEC.json     (same code path as the daemon's worker)
  *   autocompress estimate REQUEST.json  (as POST /v1/estimate)
  *   autocompress tokenize TOKENIZER_JSON TEXT_FILE   (ids, one line)
@@ -33,6 +35,7 @@
 #include "prune.h"
 #include "remote.h"
 #include "safetensors.h"
+#include "tasks.h"
 #include "tokenizer.h"
 
 #ifndef AC_VERSION
@@ -45,6 +48,9 @@ static const struct {
 } LOCAL_CMDS[] = {
     {"eval", "eval MODEL_DIR TEXT_FILE [--ctx N] [--windows N] [--stride N] [--batch N] [--threads N] "
              "[--device cpu|cuda] [--gemm bf16|exact] [--json]\n      (held-out perplexity and tokens/s on this host)"},
+    {"tasks", "tasks MODEL_DIR TASK.jsonl... [--batch N] [--max-len N] [--threads N] [--gemm bf16|exact] [--lls]\n      "
+              "(multiple-choice accuracy as lm-evaluation-harness scores it, JSON by file name; --lls: each "
+              "choice's log-likelihood)"},
     {"compress", "compress SPEC.json\n      (the job here, without a daemon; AC_COST_DB=FILE caches measured cost "
                  "tables)"},
     {"estimate", "estimate REQUEST.json\n      ({\"model\"|\"architecture\", \"target\"}, as POST /v1/estimate)"},
@@ -146,6 +152,83 @@ static int cmd_eval(int argc, char **argv) {
     free(ids);
     ac_model_free(&m);
     return rc ? 1 : 0;
+}
+
+/* Each TASK.jsonl scored on the CPU engine, as a job's eval.tasks are:
+ * {"NAME": {acc, acc_norm, n, stderr, ...}} with NAME the file's base name. */
+static int cmd_tasks(int argc, char **argv) {
+    if (argc < 4) return usage();
+    int threads = 2, batch = 8, lls = 0, max_len = 0;
+    const char *files[64];
+    int nf = 0;
+    for (int i = 3; i < argc; i++) {
+        if (!strcmp(argv[i], "--lls"))
+            lls = 1;
+        else if (i + 1 < argc && !strcmp(argv[i], "--batch"))
+            batch = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--max-len"))
+            max_len = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--threads"))
+            threads = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--gemm")) {
+            const char *g = argv[++i];
+            if (strcmp(g, "bf16") && strcmp(g, "exact")) return usage();
+            ac_set_bf16_gemm_rows(strcmp(g, "exact") ? 32 : 0);
+        } else if (argv[i][0] != '-' && nf < 64)
+            files[nf++] = argv[i];
+        else
+            return usage();
+    }
+    if (!nf || batch < 1 || max_len < 0) return usage();
+    ac_set_threads(threads);
+    ac_err e = {{0}};
+    ac_model m;
+    if (ac_model_load_resident(argv[2], &m, &e)) {
+        fprintf(stderr, "autocompress: %s\n", e.msg);
+        return 1;
+    }
+    json_t *out = json_object();
+    int rc = 0;
+    for (int f = 0; f < nf && !rc; f++) {
+        ac_mc_task t;
+        ac_mc_result r;
+        if (ac_mc_load_for(argv[2], &m.a, files[f], &t, &e)) {
+            rc = 1;
+            break;
+        }
+        double *ll = malloc(sizeof(double) * (t.nreq ? t.nreq : 1));
+        rc = !ll || ac_mc_score(&m, &t, batch, max_len, ll, &r, &e);
+        if (!rc) {
+            json_t *j = ac_mc_result_json(&r);
+            if (lls && j) {
+                json_t *a = json_array();
+                for (int d = 0; d < t.ndocs; d++) {
+                    json_t *row = json_array();
+                    for (int q = t.first[d]; q < t.first[d + 1]; q++) json_array_append_new(row, json_real(ll[q]));
+                    json_array_append_new(a, row);
+                }
+                json_object_set_new(j, "lls", a);
+            }
+            const char *base = strrchr(files[f], '/') ? strrchr(files[f], '/') + 1 : files[f];
+            char name[256];
+            snprintf(name, sizeof name, "%s", base);
+            char *dot = strstr(name, ".jsonl");
+            if (dot && !dot[6]) *dot = 0;
+            json_object_set_new(out, name, j);
+        }
+        free(ll);
+        ac_mc_free(&t);
+    }
+    if (rc)
+        fprintf(stderr, "autocompress: %s\n", e.msg[0] ? e.msg : "out of memory");
+    else {
+        char *s = json_dumps(out, JSON_COMPACT | JSON_REAL_PRECISION(17));
+        if (s) puts(s);
+        free(s);
+    }
+    json_decref(out);
+    ac_model_free(&m);
+    return rc;
 }
 
 static int cmd_export_gguf(int argc, char **argv) {
@@ -413,6 +496,7 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return local_help(argv[1]);
     if (!strcmp(argv[1], "eval")) return cmd_eval(argc, argv);
+    if (!strcmp(argv[1], "tasks")) return cmd_tasks(argc, argv);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc, argv);
     if (!strcmp(argv[1], "compress")) return cmd_compress(argc, argv);
     if (!strcmp(argv[1], "estimate")) return cmd_estimate(argc, argv);

@@ -33,11 +33,15 @@ done
 case "$EST" in *'"figures"'*) ;; *) echo "no estimate after 300 s; the last answer: $EST"; exit 1 ;; esac
 LIMIT=$(echo "$EST" | /usr/bin/python3 -c "import json,sys; print('%.6g' % (json.load(sys.stdin)['figures']['tpot_ms'] * $FRACTION))")
 echo "unpruned model's predicted TPOT on this CPU: $(echo "$EST" | /usr/bin/python3 -c "import json,sys; print('%.4f' % json.load(sys.stdin)['figures']['tpot_ms'])") ms; limit ${FRACTION} x = $LIMIT ms"
+# a multiple-choice task from the held-out fortunes (the first half of a
+# fortune, its next four words against four words of three others; docs/tasks.md)
+/usr/bin/python3 tools/make_fortune_task.py --text "$B/data/heldout.txt" --out "$B/data/fortunes-mc.jsonl" --n 200
 cat > "$DIR/spec.json" <<JSON
 {"name": "demo-tiny-cpu", "model": "$M", "calibration": "$B/data/calib.txt", "heldout": "$B/data/heldout.txt",
  "target": {"device": "cpu", "workload": $WL},
  "constraints": {"max_tpot_ms": $LIMIT}, "search": {"steps": 300, "seed": 0, "export_target": "gguf-deci"},
- "calibration_tokens": 8192, "eval": {"ctx": 128, "windows": 48}}
+ "calibration_tokens": 8192,
+ "eval": {"ctx": 128, "windows": 48, "tasks": [{"name": "fortunes", "path": "$B/data/fortunes-mc.jsonl"}]}}
 JSON
 JOB=$(curl -sf -XPOST "http://127.0.0.1:$PORT/v1/jobs" -H 'Content-Type: application/json' --data @"$DIR/spec.json" | sed 's/.*"id":\([0-9]*\).*/\1/;q')
 echo "submitted job $JOB; streaming events (curl -N .../v1/jobs/$JOB/events):"
@@ -58,9 +62,13 @@ m = r["measured_local"]
 print()
 print(f"target {r['target']['device_name']}, {r['target']['engine']['weights_dtype']} weights, workload "
       f"{r['target']['workload']}, constraints {r['constraints']}")
+ft = r["baseline"].get("tasks", {}).get("fortunes")
+if ft:
+    print(f"acc: the fortune task's accuracy ({ft['n']} questions, 4 choices: chance 0.25, standard error about "
+          f"{ft['stderr']:.3f}; tools/make_fortune_task.py, scored as lm-evaluation-harness does)")
 print(f"held-out perplexity ({r['eval_protocol']['scored_tokens']} tokens); predicted figures on the target; "
       f"measured on this CPU (b{m['workload']['batch']} p{m['workload']['prompt_len']} g{m['workload']['gen_len']}, best of 3)")
-print(f"{'':14} {'ppl':>8} {'limits':>7} {'pred tpot':>10} {'pred ttft':>10} {'params':>9} {'meas tpot':>10} {'meas ttft':>10}  architecture")
+print(f"{'':14} {'ppl':>8} {'acc':>6} {'limits':>7} {'pred tpot':>10} {'pred ttft':>10} {'params':>9} {'meas tpot':>10} {'meas ttft':>10}  architecture")
 lims = r[r["chosen"]]["constraints"]
 def met(k):  # every limit met (an arm's own verdicts; the base's from its predicted figures)
     if k != "baseline":
@@ -79,7 +87,9 @@ for k in ("baseline", "minitron", "autocompress"):
     meas = m["base"] if k == "baseline" else m["result"] if k == r["chosen"] else m.get(k)
     mt = f"{meas['tpot_ms']:10.4f} {meas['ttft_ms']:10.3f}" if meas else f"{'-':>10} {'-':>10}"
     a = arch(x["architecture"]) if "architecture" in x else arch(r["model"]["architecture"])
-    print(f"{k + (' *' if k == r['chosen'] else ''):14} {x['perplexity']:8.2f} {met(k):>7} {p['tpot_ms']:10.4f} {p['ttft_ms']:10.3f} {p['params']:9.0f} {mt}  {a}")
+    acc = x.get("tasks", {}).get("fortunes", {}).get("acc")
+    acc = f"{acc:6.3f}" if acc is not None else f"{'-':>6}"
+    print(f"{k + (' *' if k == r['chosen'] else ''):14} {x['perplexity']:8.2f} {acc} {met(k):>7} {p['tpot_ms']:10.4f} {p['ttft_ms']:10.3f} {p['params']:9.0f} {mt}  {a}")
 pe, pb = m.get("prediction_error"), m.get("prediction_error_base")
 if pe and pb:
     print(f"cost model vs this CPU at b{m['workload']['batch']} p{m['workload']['prompt_len']} "

@@ -203,6 +203,14 @@ function showResult(r) {
     const d = (k) => (get(k).distill ? `${get(k).distill.tokens} tok, loss ${f(get(k).distill.loss_first, 3)} → ${f(get(k).distill.loss_last, 3)}` : "—");
     rows.push(["distillation", "", d("minitron"), d("autocompress")]);
   }
+  // eval.tasks (docs/tasks.md): accuracy per task, acc_norm and the stderr of acc; before distillation in brackets
+  for (const t of Object.keys(r.baseline.tasks || {})) {
+    const acc = (k) => {
+      const x = (get(k).tasks || {})[t], y = (get(k).tasks_pruned || {})[t];
+      return x ? `${f(x.acc, 3)} ± ${f(x.stderr, 3)} (norm ${f(x.acc_norm, 3)})` + (y ? ` [${f(y.acc, 3)}]` : "") : "—";
+    };
+    rows.push([`task ${t} acc (n ${r.baseline.tasks[t].n})`, ...arms.map(acc)]);
+  }
   // every limit the job set: each arm's predicted figure, met or missed
   const lim = get(r.chosen).constraints || get("minitron").constraints || {};
   for (const [name, c] of Object.entries(lim)) {

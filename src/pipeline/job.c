@@ -96,6 +96,7 @@ static int stage_load(job_state *s, ac_err *e) {
         ac_load_text_ids(sp->model, sp->heldout, &s->hids, &s->nh, s->m.a.vocab, e))
         return -1;
     if ((size_t)sp->calibration_tokens < s->nc) s->nc = (size_t)sp->calibration_tokens;
+    if (ac_job_tasks_load(&sp->eval, sp->model, &s->m.a, &s->tasks, e)) return -1;
     /* The engine profile the job predicts with: the spec's; on a CPU target
      * whose spec names no weights dtype, the checkpoint's: a BF16 one runs
      * on the CPU engine's BF16 kernels, as the BF16 export will, so its
@@ -300,6 +301,23 @@ static int stage_prune(job_state *s, ac_err *e) {
 
 /* ---------------------------------------------------------------- 5b distill */
 
+/* eval.tasks on the reported arms (and the base with with_base) into (*out)[arm]. */
+static int score_tasks(job_state *s, int with_base, json_t **out, ac_err *e) {
+    const struct {
+        const char *name;
+        const ac_model *m;
+        int on;
+    } arms[] = {{"baseline", &s->m, with_base}, {"minitron", &s->pm, 1}, {"autocompress", &s->pa, s->two_arms}};
+    if (!*out && !(*out = json_object())) return ac_errf(e, "out of memory");
+    for (int i = 0; i < 3; i++) {
+        if (!arms[i].on) continue;
+        json_t *j = ac_job_tasks_score(&s->tasks, arms[i].m, e);
+        if (!j) return ac_errctx(e, "%s", arms[i].name);
+        json_object_set_new(*out, arms[i].name, j);
+    }
+    return 0;
+}
+
 /* Every reported arm (the compacted Minitron model and AutoCompress's) is
  * distilled from the base model with the same budget (distill.c); held-out
  * perplexity before it goes into the report as perplexity_pruned. */
@@ -325,6 +343,7 @@ static int stage_distill(job_state *s, ac_err *e) {
     /* the distill text; default: the whole calibration file (the job keeps
      * only its first calibration_tokens tokens for calibration) */
     const char *text = ds->text[0] ? ds->text : sp->calibration[0] ? sp->calibration : NULL;
+    if (s->tasks.n && score_tasks(s, 0, &s->tasks_pruned, e)) return -1;
     return ac_distill_job(&o, sp->model, text, &s->m, s->cids, s->nc, arms, names,
                           s->two_arms ? 2 : 1, s->hids, s->nh, &po, s->ctx->emit, s->ctx->ud, s->ctx->cancelled,
                           &s->distill, e);
@@ -405,6 +424,7 @@ static int stage_evaluate(job_state *s, ac_err *e) {
         (s->two_arms && ac_perplexity(&s->pa, s->hids, s->nh, &po, NULL, NULL, NULL, &s->par, e)))
         return -1;
     progress_cb(s, "perplexity", 0.5);
+    if (s->tasks.n && score_tasks(s, 1, &s->task_scores, e)) return -1;
     choose_arm(s);
     const ac_target_spec *t = &sp->target;
     int is_cpu = t->dev.kind == AC_TARGET_CPU, found = is_cpu;
@@ -525,6 +545,9 @@ enum { N_STAGES = sizeof STAGES / sizeof *STAGES };
 
 static void state_free(job_state *s) {
     json_decref(s->distill);
+    json_decref(s->tasks_pruned);
+    json_decref(s->task_scores);
+    ac_job_tasks_free(&s->tasks);
     json_decref(s->measured_on_target);
     json_decref(s->measured_local);
     json_decref(s->timings);

@@ -12,6 +12,7 @@
 #include "eval.h"
 #include "importance.h"
 #include "job.h"
+#include "jobtasks.h"
 #include "search.h"
 
 typedef struct job_state {
@@ -25,6 +26,7 @@ typedef struct job_state {
     ac_model m;       /* the base model */
     int *cids, *hids; /* calibration and held-out token ids */
     size_t nc, nh;
+    ac_job_tasks tasks; /* eval.tasks, tokenised (n = 0: none) */
     ac_engine_profile engine; /* the target's profile, its CPU weight dtype resolved (stage_load) */
     const char *wdtype;       /* the weights' dtype it is for (ac_target_weights_dtype; static) */
     const char *table_dtype;  /* its cost table's (ac_target_table_dtype; static) */
@@ -50,9 +52,11 @@ typedef struct job_state {
     int rep_a, rep_m;       /* layers refit by the least-squares repair */
     /* distill (only with spec distill): {arm: {perplexity_pruned, distill}} (owned) */
     json_t *distill;
+    json_t *tasks_pruned; /* eval.tasks before distillation: {arm: {NAME: {...}}} (owned; NULL: none) */
     /* evaluate */
     ac_ppl_result pb, pmr, par;                  /* base, Minitron, AutoCompress */
     json_t *measured_local, *measured_on_target; /* owned; on_target may be NULL */
+    json_t *task_scores; /* eval.tasks: {"baseline"|"minitron"|"autocompress": {NAME: {...}}} (owned; NULL: none) */
 } job_state;
 
 /* The report (proto/events.md): built from a finished state (report.c). */

@@ -22,6 +22,7 @@
 #include "gguf.h"
 #include "job.h"
 #include "jobcheck.h"
+#include "tasks.h"
 
 _Static_assert(sizeof(ac_method) == sizeof(int) && sizeof(ac_export_target) == sizeof(int), "enums are stored as int");
 _Static_assert(AC_METHOD_MINITRON == 1 && AC_EXPORT_LLAMA == 1 && AC_EXPORT_GGUF == 2,
@@ -54,6 +55,11 @@ static const char *const EXPORT_ALIASES[] = {"gguf-deci", "gguf", NULL};
     { .name = nm, .type = AC_F_ENUM, .flags = fl, .def = df, .enums = en, .aliases = al, AT(st, m), .doc = d }
 #define OBJ(nm, st, m, sb, fl, d)                                                                                      \
     { .name = nm, .type = AC_F_OBJ, .flags = fl, .sub = sb, AT(st, m), .doc = d }
+#define ARR(nm, st, m, cnt, sb, maxn, d)                                                                               \
+    {                                                                                                                  \
+        .name = nm, .type = AC_F_ARR, .hi = maxn, .sub = sb, AT(st, m), .count_off = offsetof(st, cnt),                \
+        .item_size = sizeof(((st *)0)->m[0]), .doc = d                                                                 \
+    }
 #define END                                                                                                            \
     { .name = NULL }
 #define ND AC_F_NODEFAULT
@@ -144,9 +150,18 @@ static const ac_field SEARCH[] = {
          "train the weights (a copy, AdamW) with the gates; the result is still sliced from the original weights"),
     END,
 };
+static const ac_field TASK[] = {
+    STR("name", ac_eval_task, name, AC_F_REQUIRED, "the report's key: letters, digits, '_', '.', '-'; unique"),
+    STR("path", ac_eval_task, path, AC_F_REQUIRED | AC_F_PATH_FILE,
+        "JSONL, one question a line: {\"context\", \"choices\", \"gold\"} (docs/tasks.md)"),
+    END,
+};
 static const ac_field EVAL[] = {
     INT("ctx", ac_eval_spec, ctx, 8, 1 << 16, 128, 0, NULL),
     INT("windows", ac_eval_spec, windows, 0, 1 << 20, 32, 0, "0 = every window of the held-out text"),
+    ARR("tasks", ac_eval_spec, tasks, ntasks, TASK, AC_MAX_TASKS,
+        "multiple-choice tasks scored on every arm as lm-evaluation-harness scores them (acc, acc_norm; "
+        "docs/tasks.md)"),
     END,
 };
 static const ac_field DISTILL[] = {
@@ -217,13 +232,18 @@ static void set_defaults(const ac_field *fs, char *base) {
         case AC_F_BOOL:
         case AC_F_ENUM: *(int *)p = (int)f->def; break;
         case AC_F_OBJ: set_defaults(f->sub, p); break;
+        case AC_F_ARR:
+            *(int *)(base + f->count_off) = 0;
+            for (int i = 0; i < (int)f->hi; i++) set_defaults(f->sub, p + i * f->item_size);
+            break;
         default: assert(!"field type");
         }
     }
 }
 
 static const char *const TYPE_NAMES[] = {"a non-empty string", "an integer",         "a number",
-                                         "a boolean",          "a non-empty string", "an object"};
+                                         "a boolean",          "a non-empty string", "an object",
+                                         "an array of objects"};
 
 static int parse_obj(const json_t *o, const ac_field *fs, char *base, const char *prefix, const char **fieldp,
                      ac_err *e);
@@ -238,6 +258,7 @@ static int parse_value(const json_t *v, const ac_field *f, char *p, const char *
     case AC_F_NUM: ok = json_is_number(v) && isfinite(json_number_value(v)); break;
     case AC_F_BOOL: ok = json_is_boolean(v); break;
     case AC_F_OBJ: ok = json_is_object(v); break;
+    case AC_F_ARR: ok = json_is_array(v); break;
     }
     *fieldp = field_buf;
     if (!ok) return ac_errf(e, "%s must be %s", field_buf, TYPE_NAMES[f->type]);
@@ -267,6 +288,22 @@ static int parse_value(const json_t *v, const ac_field *f, char *p, const char *
         *(int *)p = i;
     } else if (f->type == AC_F_BOOL) {
         *(int *)p = json_is_true(v);
+    } else if (f->type == AC_F_ARR) {
+        if (json_array_size(v) > (size_t)f->hi)
+            return ac_errf(e, "%s has %zu entries; at most %d", field_buf, json_array_size(v), (int)f->hi);
+        char name[256];
+        snprintf(name, sizeof name, "%s", field_buf);
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            char pre[300];
+            snprintf(pre, sizeof pre, "%.250s[%zu].", name, i);
+            json_t *it = json_array_get(v, i);
+            if (!json_is_object(it)) {
+                snprintf(field_buf, sizeof field_buf, "%.200s[%zu]", name, i);
+                return ac_errf(e, "%s must be an object", field_buf);
+            }
+            if (parse_obj(it, f->sub, p + i * f->item_size, pre, fieldp, e)) return -1;
+        }
+        *(int *)(p - f->off + f->count_off) = (int)json_array_size(v);
     } else {
         char pre[300];
         snprintf(pre, sizeof pre, "%.250s.", field_buf);
@@ -341,6 +378,22 @@ static int target_finish(ac_target_spec *t, const char *prefix, const char **fie
     return 0;
 }
 
+/* eval.tasks: names the report can key on, each once. */
+static int check_tasks(const ac_eval_spec *ev, const char **fieldp, ac_err *e) {
+    for (int i = 0; i < ev->ntasks; i++) {
+        const char *n = ev->tasks[i].name;
+        snprintf(field_buf, sizeof field_buf, "eval.tasks[%d].name", i);
+        *fieldp = field_buf;
+        if (strspn(n, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") != strlen(n))
+            return ac_errf(e, "%s=\"%.63s\" may hold only letters, digits, '_', '.' and '-'", field_buf, n);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(ev->tasks[j].name, n))
+                return ac_errf(e, "%s=\"%.63s\" is also eval.tasks[%d].name", field_buf, n, j);
+    }
+    *fieldp = "";
+    return 0;
+}
+
 void ac_target_engine_for(const ac_target_spec *t, int checkpoint_wdt, ac_engine_profile *out) {
     *out = t->engine;
     if (t->dev.kind == AC_TARGET_CPU && t->engine_in.weights_dtype < 0 && checkpoint_wdt == ST_BF16) out->w_bytes = 2;
@@ -389,7 +442,7 @@ int ac_job_spec_parse(const json_t *j, ac_job_spec *s, const char **fieldp, ac_e
     set_defaults(SPEC, (char *)s);
     if (!json_is_object(j)) return ac_errf(e, "job spec must be a JSON object");
     if (parse_obj(j, SPEC, (char *)s, "", fieldp, e)) return -1;
-    if (target_finish(&s->target, "target.", fieldp, e)) return -1;
+    if (target_finish(&s->target, "target.", fieldp, e) || check_tasks(&s->eval, fieldp, e)) return -1;
     if (!s->heldout[0]) memcpy(s->heldout, s->calibration, sizeof s->heldout);
     /* a mixture-of-experts model's default target is its family's own
      * Hugging Face layout: the deci loaders know dense layers only */
@@ -427,6 +480,12 @@ ac_spec_verdict ac_job_spec_check(const json_t *j, ac_job_spec *s, const ac_job_
     }
     if (opts->rules && opts->rules(opts->ud, s)) return AC_SPEC_REFUSED;
     if (ac_job_check_paths(s, opts->jobs_dir, fieldp, e)) return AC_SPEC_BAD_PATH;
+    for (int i = 0; i < s->eval.ntasks; i++) /* each task file's lines, for shape (tasks.h) */
+        if (ac_mc_check_file(s->eval.tasks[i].path, NULL, e)) {
+            snprintf(field_buf, sizeof field_buf, "eval.tasks[%d].path", i);
+            *fieldp = field_buf;
+            return AC_SPEC_INVALID;
+        }
     /* the model's config (or GGUF header), bounded before anything is sized
      * by it: a hostile one is refused here, not in the worker */
     ac_arch arch;
@@ -482,12 +541,24 @@ int ac_job_spec_path(const ac_job_spec *s, int i, const char **field, const char
             return 1;
         }
         if (f->type != AC_F_OBJ) continue;
-        for (const ac_field *g = f->sub; g->name; g++)
+        for (const ac_field *g = f->sub; g->name; g++) {
             if (g->type == AC_F_STR && (g->flags & PATHS) && k++ == i) {
                 snprintf(field_buf, sizeof field_buf, "%s.%s", f->name, g->name);
                 *field = field_buf, *path = (const char *)s + f->off + g->off, *flags = g->flags & PATHS;
                 return 1;
             }
+            if (g->type != AC_F_ARR) continue; /* eval.tasks[j].path */
+            int n = *(const int *)((const char *)s + f->off + g->count_off);
+            for (int j = 0; j < n; j++)
+                for (const ac_field *h = g->sub; h->name; h++)
+                    if (h->type == AC_F_STR && (h->flags & PATHS) && k++ == i) {
+                        snprintf(field_buf, sizeof field_buf, "%s.%s[%d].%s", f->name, g->name, j, h->name);
+                        *field = field_buf;
+                        *path = (const char *)s + f->off + g->off + j * g->item_size + h->off;
+                        *flags = h->flags & PATHS;
+                        return 1;
+                    }
+        }
     }
     return 0;
 }
@@ -530,6 +601,11 @@ static json_t *field_schema(const ac_field *f) {
     case AC_F_OBJ:
         json_decref(p);
         p = obj_schema(f->sub, f->flags);
+        break;
+    case AC_F_ARR:
+        json_object_set_new(p, "type", json_string("array"));
+        json_object_set_new(p, "maxItems", json_integer((json_int_t)f->hi));
+        json_object_set_new(p, "items", obj_schema(f->sub, 0));
         break;
     }
     if (f->doc) json_object_set_new(p, "description", json_string(f->doc));

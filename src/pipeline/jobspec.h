@@ -42,8 +42,18 @@ typedef struct {
     int link; /* -1: the device's; 0 nvlink, 1 pcie */
 } ac_target_spec;
 
+#define AC_MAX_TASKS 8 /* eval.tasks entries */
+
+/* eval.tasks[i]: a multiple-choice task file (JSONL, src/runtime/tasks.h). */
+typedef struct {
+    char name[64]; /* [A-Za-z0-9_.-]+, unique: the report's key */
+    char path[AC_SPEC_STR];
+} ac_eval_task;
+
 typedef struct {
     int ctx, windows;
+    int ntasks;
+    ac_eval_task tasks[AC_MAX_TASKS];
 } ac_eval_spec;
 
 /* distill: knowledge distillation of every reported arm from the unpruned
@@ -81,7 +91,8 @@ typedef enum {
     AC_F_NUM,
     AC_F_BOOL,
     AC_F_ENUM,
-    AC_F_OBJ
+    AC_F_OBJ,
+    AC_F_ARR /* an array of objects: up to hi items of item_size bytes from off, their count at count_off */
 } ac_ftype; /* AC_F_INT: int or int64 by size */
 
 enum {
@@ -102,7 +113,8 @@ typedef struct ac_field {
     const char *const *enums;   /* AC_F_ENUM: allowed strings, NULL-terminated */
     const char *const *aliases; /* AC_F_ENUM: old names still accepted, pairs {old, current}, NULL-terminated */
     size_t off, size;           /* where the value goes in the section's struct */
-    const struct ac_field *sub; /* AC_F_OBJ: the section's fields (offsets relative to off) */
+    const struct ac_field *sub; /* AC_F_OBJ: the section's fields (offsets relative to off); AC_F_ARR: an item's */
+    size_t count_off, item_size; /* AC_F_ARR: where the item count (int) goes; one item's size */
     const char *doc;
 } ac_field;
 

@@ -120,6 +120,39 @@ static void put_limits(out_t *o, const json_t *r, const json_t *arm, const char 
     put(o, "\nThe figures are the cost model's predictions for the target (docs/costmodel.md in AutoCompress).\n\n");
 }
 
+/* eval.tasks: accuracy of each arm per task (acc_norm beside it; before
+ * distillation in brackets), or a line saying none was measured. */
+static void put_tasks(out_t *o, const json_t *r, const char *const *arms, const char *const *label,
+                      const char *chosen) {
+    const json_t *names = json_object_get(json_object_get(r, "baseline"), "tasks");
+    if (!json_object_size(names)) {
+        put(o, "\nTask accuracy: not measured by this job (no eval.tasks; held-out perplexity only).\n\n");
+        return;
+    }
+    put(o, "\nMultiple-choice accuracy, zero-shot, scored as lm-evaluation-harness scores it (acc, acc_norm +- the "
+           "standard error of acc; before distillation in brackets):\n\n| model |");
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)names, k, v) put(o, " %s (n = %.0f) |", k, num(v, "n"));
+    put(o, "\n|---|");
+    json_object_foreach((json_t *)names, k, v) put(o, "---|");
+    put(o, "\n");
+    for (int i = 0; i < 3; i++) {
+        const json_t *a = json_object_get(r, arms[i]);
+        const json_t *t = json_object_get(a, "tasks"), *tp = json_object_get(a, "tasks_pruned");
+        if (!json_is_object(t)) continue;
+        put(o, "| %s%s |", label[i], !strcmp(arms[i], chosen) ? " (**this model**)" : "");
+        json_object_foreach((json_t *)names, k, v) {
+            const json_t *x = json_object_get(t, k), *y = json_object_get(tp, k);
+            put(o, " %.3f, %.3f +- %.3f", num(x, "acc"), num(x, "acc_norm"), num(x, "stderr"));
+            if (json_is_object(y)) put(o, " (%.3f, %.3f)", num(y, "acc"), num(y, "acc_norm"));
+            put(o, " |");
+        }
+        put(o, "\n");
+    }
+    put(o, "\n");
+}
+
 static void put_quality(out_t *o, const json_t *r, const char *chosen) {
     const json_t *ev = json_object_get(r, "eval_protocol");
     put(o, "## Quality\n\n");
@@ -139,7 +172,7 @@ static void put_quality(out_t *o, const json_t *r, const char *chosen) {
         const json_t *f = json_object_get(a, "feasible");
         put(o, " | %s |\n", !json_is_boolean(f) ? "-" : json_is_true(f) ? "yes" : "**no**");
     }
-    put(o, "\nTask accuracy: not measured by this job (held-out perplexity only).\n\n");
+    put_tasks(o, r, arms, label, chosen);
 }
 
 static void put_structure(out_t *o, const json_t *before, const json_t *after) {

@@ -54,6 +54,14 @@ json_t *ac_report_build(const job_state *s) {
         json_t *a = json_object_get(r, k);
         if (json_is_object(a)) json_object_update(a, v);
     }
+    /* eval.tasks: each arm's "tasks" (after distillation, when it ran) and "tasks_pruned" (before it) */
+    const char *keys[2] = {"tasks", "tasks_pruned"};
+    json_t *scores[2] = {s->task_scores, s->tasks_pruned};
+    for (int i = 0; i < 2; i++)
+        json_object_foreach(scores[i], k, v) {
+            json_t *a = json_object_get(r, k);
+            if (json_is_object(a)) json_object_set(a, keys[i], v);
+        }
     json_object_set_new(r, "chosen", json_string(ac ? "autocompress" : "minitron"));
     json_object_set_new(r, "chosen_reason", json_string(s->chosen_reason));
     json_object_set_new(r, "measured_local", json_incref(s->measured_local));

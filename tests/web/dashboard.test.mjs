@@ -48,8 +48,12 @@ async function main() {
     const spec = {
       name: "from-the-dashboard", model: path.join(build, "models/tiny"), calibration: path.join(build, "data/calib.txt"),
       heldout: path.join(build, "data/heldout.txt"), target: { device: "H100", workload: { batch: 1, prompt_len: 512, gen_len: 64 } },
-      constraints: { max_params: 1.0e6 }, search: { steps: 120, seed: 2 }, calibration_tokens: 2048, eval: { ctx: 64, windows: 4 },
+      constraints: { max_params: 1.0e6 }, search: { steps: 120, seed: 2 }, calibration_tokens: 2048,
+      eval: { ctx: 64, windows: 4, tasks: [{ name: "mc", path: path.join(dir, "mc.jsonl") }] },
     };
+    // a two-question task (docs/tasks.md): the result table gets a row of each arm's accuracy
+    fs.writeFileSync(path.join(dir, "mc.jsonl"), '{"context": "A penny saved is a penny", "choices": ["earned.", "lost."], "gold": 0}\n' +
+      '{"context": "Look before you", "choices": ["leap.", "sleep."], "gold": 0}\n');
     await check("submitted_job_appears_and_streams", async () => {
       await page.fill("#spec", JSON.stringify(spec));
       await page.click("#submit-btn");
@@ -57,6 +61,8 @@ async function main() {
       await page.waitForFunction(() => document.querySelector("#events").textContent.includes("search:"), null, { timeout: 120000 });
       await page.waitForFunction(() => document.querySelector("#job-state").textContent === "succeeded", null, { timeout: 120000 });
       await page.waitForFunction(() => document.querySelectorAll("#summary tr").length >= 6, null, { timeout: 10000 });
+      const taskRow = await page.$$eval("#summary tr", (rs) => rs.map((r) => r.textContent).find((t) => t.startsWith("task mc acc (n 2)")) || "");
+      if ((taskRow.match(/±/g) || []).length !== 3) throw new Error("task row: " + taskRow);
       const bars = await page.$$eval("#arch .layer", (ls) => ls.length);
       if (bars !== 6) throw new Error("expected 6 layer bars, got " + bars);
       const stagesDone = await page.$$eval("#stages span.done", (s) => s.length);
