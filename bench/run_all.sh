@@ -15,6 +15,8 @@ echo; echo "== AVX512-BF16 prefill GEMM: wide inputs in k chunks vs whole rows (
 "$B"/bench/bench_gemm_bf16 1 5
 echo; echo "== cost model: predicted vs measured latency of the CPU engine"
 "$B"/bench/bench_costmodel "$B"/bench_cost.db
+echo; echo "== cost model of mixture-of-experts layers: predicted vs measured CPU decode at batch 1-64 (thread clock)"
+AC_BENCH_CLOCK=thread "$B"/bench/bench_moe_cost
 echo; echo "== AutoCompress vs Minitron under the same constraint"
 /usr/bin/python3 bench/bench_compress.py
 echo; echo "== daemon load (loopback)"
