@@ -164,7 +164,7 @@ static int tiny_hetero(const ac_model *m, ac_model *pm, ac_err *e) {
         return -1;
     }
     const int kv[6] = {4, 2, 0, 1, 0, 3}, ffn[6] = {384, 256, 320, 160, 0, 224};
-    for (int l = 0; l < 6; l++) t.layers[l] = (ac_layer_arch){2 * kv[l], kv[l], ffn[l], 0, 0};
+    for (int l = 0; l < 6; l++) t.layers[l] = (ac_layer_arch){2 * kv[l], kv[l], ffn[l], 0, 0, 0};
     rc = ac_prune(m, &t, &imp, pm, e);
     ac_arch_free(&t);
     ac_importance_free(&imp);
@@ -197,28 +197,28 @@ static void test_llama_cpp_rules(void) {
                  .rope_theta = 1e4f,
                  .bos_id = -1,
                  .eos_id = -1};
-    ac_layer_arch L[3] = {{2, 1, 8, 0, 0}, {0, 0, 8, 0, 0}, {2, 2, 8, 0, 0}};
+    ac_layer_arch L[3] = {{2, 1, 8, 0, 0, 0}, {0, 0, 8, 0, 0, 0}, {2, 2, 8, 0, 0, 0}};
     a.layers = L;
     ac_err e;
     CHECK(ac_gguf_check_arch(&a, &e) == 0, "valid: %s", e.msg);
-    L[1] = (ac_layer_arch){0, 0, 0, 0, 0};
+    L[1] = (ac_layer_arch){0, 0, 0, 0, 0, 0};
     CHECK(ac_gguf_check_arch(&a, &e) == 0, "a whole layer removed in the middle is fine: %s", e.msg);
-    L[1] = (ac_layer_arch){2, 1, 0, 0, 0};
+    L[1] = (ac_layer_arch){2, 1, 0, 0, 0, 0};
     CHECK(ac_gguf_check_arch(&a, &e) != 0 && strstr(e.msg, "layer 1 keeps attention"), "attention without FFN: %s",
           e.msg);
-    L[1] = (ac_layer_arch){2, 1, 8, 0, 0};
-    L[0] = (ac_layer_arch){0, 0, 8, 0, 0};
+    L[1] = (ac_layer_arch){2, 1, 8, 0, 0, 0};
+    L[0] = (ac_layer_arch){0, 0, 8, 0, 0, 0};
     CHECK(ac_gguf_check_arch(&a, &e) != 0 && strstr(e.msg, "layer 0"), "layer 0 without attention: %s", e.msg);
-    L[0] = (ac_layer_arch){2, 1, 8, 0, 0};
-    L[2] = (ac_layer_arch){0, 0, 0, 0, 0};
+    L[0] = (ac_layer_arch){2, 1, 8, 0, 0, 0};
+    L[2] = (ac_layer_arch){0, 0, 0, 0, 0, 0};
     CHECK(ac_gguf_check_arch(&a, &e) != 0 && strstr(e.msg, "last layer"), "last layer without FFN: %s", e.msg);
-    L[2] = (ac_layer_arch){2, 2, 8, 0, 0};
+    L[2] = (ac_layer_arch){2, 2, 8, 0, 0, 0};
     a.sliding_window = 32;
     CHECK(ac_gguf_check_arch(&a, &e) != 0 && strstr(e.msg, "sliding"), "sliding window: %s", e.msg);
     a.sliding_window = 0;
     /* the writer refuses what llama.cpp would mis-run */
     ac_model m;
-    L[1] = (ac_layer_arch){2, 1, 0, 0, 0};
+    L[1] = (ac_layer_arch){2, 1, 0, 0, 0, 0};
     CHECK(ac_model_alloc(&m, &a, &e) == 0, "%s", e.msg);
     char path[200];
     snprintf(path, sizeof path, "%s/bad.gguf", tmpdir);
@@ -559,7 +559,7 @@ static int tok_cases(const char *name, int vocab) {
                  .rope_theta = 1e4f,
                  .bos_id = 1,
                  .eos_id = 2};
-    ac_layer_arch L = {2, 1, 8, 0, 0};
+    ac_layer_arch L = {2, 1, 8, 0, 0, 0};
     a.layers = &L;
     ac_model m;
     ac_err e;
@@ -732,7 +732,7 @@ static void test_search_keeps_to_llama_cpp(void) {
                  .bos_id = -1,
                  .eos_id = -1};
     a.layers = calloc(8, sizeof *a.layers);
-    for (int l = 0; l < 8; l++) a.layers[l] = (ac_layer_arch){16, 8, 4096, 0, 0};
+    for (int l = 0; l < 8; l++) a.layers[l] = (ac_layer_arch){16, 8, 4096, 0, 0, 0};
     ac_importance imp;
     skewed_importance(&imp, &a);
     ac_engine_profile p;

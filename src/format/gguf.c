@@ -37,6 +37,9 @@ const char *ac_gguf_arch_name(const ac_arch *a) {
 }
 
 int ac_gguf_check_arch(const ac_arch *a, ac_err *e) {
+    if (a->hybrid)
+        return ac_errf(e, "export target gguf: the hybrid Mamba-Transformer (nemotron_h) GGUF writer is not written "
+                          "yet");
     if (ac_arch_has_moe(a)) {
         if (!ac_arch_is_uniform(a))
             return ac_errf(e, "export target gguf: llama.cpp's MoE architectures (llama for Mixtral, qwen3moe) have "

@@ -34,10 +34,13 @@ int ac_model_check_compressible(const char *model_dir, const char **field, ac_er
     ac_arch a;
     ac_err ignore;
     if (!model_dir || !model_dir[0] || ac_arch_load(model_dir, &a, &ignore)) return 0; /* fails later with its reason */
-    int moe = ac_arch_has_moe(&a);
+    int moe = ac_arch_has_moe(&a), hybrid = ac_arch_is_hybrid(&a);
     ac_arch_free(&a);
-    if (!moe) return 0;
+    if (!moe && !hybrid) return 0;
     *field = "model";
+    if (hybrid)
+        return ac_errf(e, "model: hybrid Mamba-Transformer models (nemotron_h) load and evaluate (autocompress eval), "
+                          "but their cost model, calibration, search and pruning are not written yet");
     return ac_errf(e,
                    "model: mixture-of-experts models (%s) load and evaluate (autocompress eval), but their "
                    "calibration, search, pruning and distillation are not written yet",

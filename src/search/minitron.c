@@ -91,8 +91,8 @@ static int cand_arch(const ac_arch *base, const int *layer_order, const int *v, 
     if (ac_arch_copy(a, base, e)) return -1;
     int G = base->layers[0].n_kv_heads;
     a->hidden = v[0];
-    for (int l = 0; l < base->n_layers; l++) a->layers[l] = (ac_layer_arch){v[2], G, v[1], 0, 0};
-    for (int r = v[3]; r < base->n_layers; r++) a->layers[layer_order[r]] = (ac_layer_arch){0, 0, 0, 0, 0};
+    for (int l = 0; l < base->n_layers; l++) a->layers[l] = (ac_layer_arch){v[2], G, v[1], 0, 0, 0};
+    for (int r = v[3]; r < base->n_layers; r++) a->layers[layer_order[r]] = (ac_layer_arch){0, 0, 0, 0, 0, 0};
     return 0;
 }
 
