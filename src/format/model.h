@@ -8,7 +8,9 @@
  * renormalisation, dense layers mixed in by decoder_sparse_step and
  * mlp_only_layers) and mixtral (every layer MoE, top-k renormalised), and the
  * DeciLM / nemotron-nas form AutoCompress exports for heterogeneous results
- * (block_configs, plus explicit per-block head and width fields it writes).
+ * (block_configs, plus explicit per-block head and width fields it writes),
+ * and the hybrid Mamba-Transformer nemotron_h (hybrid_override_pattern:
+ * Mamba-2, attention and squared-ReLU MLP layers; docs/hybrid.md).
  *
  * Ownership: ac_arch owns its layers array (ac_arch_free). ac_model owns its
  * arch and every weight buffer (ac_model_free); a model loaded resident
