@@ -190,7 +190,7 @@ int main(int argc, char **argv) {
         a.rope_theta = 10000;
         a.bos_id = a.eos_id = -1;
         a.layers = calloc(ac->L, sizeof *a.layers);
-        for (int l = 0; l < ac->L; l++) a.layers[l] = (ac_layer_arch){ac->heads[l], ac->kv[l], ac->ffn[l], 0, 0};
+        for (int l = 0; l < ac->L; l++) a.layers[l] = (ac_layer_arch){ac->heads[l], ac->kv[l], ac->ffn[l], 0, 0, 0};
         ac_model m;
         random_model(&m, &a);
         if (!strcmp(t.dtype, "bf16") && ac_model_make_bf16(&m, &e)) {

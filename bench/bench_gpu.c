@@ -35,8 +35,8 @@ static int mk_model(ac_model *m, int H, int L, int heads, int kv, int F, int V) 
     a.rope_theta = 10000;
     a.bos_id = a.eos_id = -1;
     a.layers = calloc(L, sizeof *a.layers);
-    for (int l = 0; l < L; l++) a.layers[l] = (ac_layer_arch){heads, kv, F, 0, 0};
-    if (L > 3) a.layers[1] = (ac_layer_arch){heads / 2, kv / 2, F / 2, 0, 0}; /* one heterogeneous layer */
+    for (int l = 0; l < L; l++) a.layers[l] = (ac_layer_arch){heads, kv, F, 0, 0, 0};
+    if (L > 3) a.layers[1] = (ac_layer_arch){heads / 2, kv / 2, F / 2, 0, 0, 0}; /* one heterogeneous layer */
     ac_err e;
     int rc = ac_model_alloc(m, &a, &e);
     free(a.layers);

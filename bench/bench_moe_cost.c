@@ -198,7 +198,7 @@ int main(int argc, char **argv) {
         a.norm_topk = 1;
         a.layers = calloc(mc->L, sizeof *a.layers);
         if (!a.layers) return 1;
-        for (int l = 0; l < mc->L; l++) a.layers[l] = (ac_layer_arch){mc->heads, mc->kv, 0, mc->E, mc->Fe};
+        for (int l = 0; l < mc->L; l++) a.layers[l] = (ac_layer_arch){mc->heads, mc->kv, 0, mc->E, mc->Fe, 0};
         ac_model m;
         random_model(&m, &a);
         ac_carch ca;

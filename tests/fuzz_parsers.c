@@ -254,7 +254,7 @@ static unsigned char *gguf_seed(size_t *n) {
     if (!f) return NULL;
     fputs(seeds[3] + 1, f);
     fclose(f);
-    ac_layer_arch L = {2, 1, 4, 0, 0};
+    ac_layer_arch L = {2, 1, 4, 0, 0, 0};
     ac_arch a = {.vocab = 8,
                  .hidden = 4,
                  .head_dim = 2,

@@ -18,13 +18,14 @@ import unicodedata
 import torch
 
 import ref_llama as R
+import ref_mamba as M
 
 
-def model_case(out, name, cfg, dtype, seed, B=2, T=11, shard=False):
+def model_case(out, name, cfg, dtype, seed, B=2, T=11, shard=False, ref=R):
     d = os.path.join(out, "models", name)
     os.makedirs(d, exist_ok=True)
-    arch = R.arch_from_config(cfg)
-    W = R.random_weights(arch, seed)
+    arch = ref.arch_from_config(cfg)
+    W = ref.random_weights(arch, seed)
     W = {k: v.to(dtype) for k, v in W.items()}  # what is stored
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
@@ -48,7 +49,7 @@ def model_case(out, name, cfg, dtype, seed, B=2, T=11, shard=False):
     toks = torch.randint(0, cfg["vocab_size"], (B, T), generator=g)
     Wd = {k: v.double() for k, v in W.items()}
     with torch.no_grad():
-        logits = R.forward(arch, Wd, toks).float()
+        logits = ref.forward(arch, Wd, toks).float()
     with open(os.path.join(d, "tokens.json"), "w") as f:
         json.dump({"B": B, "T": T, "ids": toks.flatten().tolist()}, f)
     logits.numpy().astype("<f4").tofile(os.path.join(d, "logits.bin"))
@@ -95,6 +96,41 @@ def models(out):
     model_case(out, "mixtral_f32", dict(BASE, architectures=["MixtralForCausalLM"], model_type="mixtral",
                                         num_local_experts=3, num_experts_per_tok=2, intermediate_size=64,
                                         sliding_window=None), torch.float32, 8)
+    hybrid_models(out)
+
+
+# Nemotron-H (hybrid Mamba-2 / attention / MLP): odd widths, 2 groups of 3 Mamba heads of width 5, state 7,
+# attention head_dim 12 beside hidden 40
+NEMOTRON_H = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 300,
+              "hidden_size": 40, "num_hidden_layers": 5, "hybrid_override_pattern": "M-M*-",
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12, "intermediate_size": 70,
+              "mlp_hidden_act": "relu2", "mamba_num_heads": 6, "mamba_head_dim": 5, "ssm_state_size": 7,
+              "n_groups": 2, "conv_kernel": 4, "use_conv_bias": True, "use_bias": False, "mlp_bias": False,
+              "attention_bias": False, "layer_norm_epsilon": 1e-5, "max_position_embeddings": 256,
+              "tie_word_embeddings": False}
+
+
+def hybrid_models(out):
+    """The nemotron_h fixture (logits of 2 x 11 tokens, ref_mamba.py in float64) and ppl.json beside it:
+    perplexity over 3 windows of 32 random tokens (ids in ppl_ids.json), each window from position 0."""
+    name = "nemotronh_bf16"
+    model_case(out, name, NEMOTRON_H, torch.bfloat16, 11, ref=M)
+    d = os.path.join(out, "models", name)
+    arch = M.arch_from_config(NEMOTRON_H)
+    W = {k: v.double() for k, v in R.load_safetensors(os.path.join(d, "model.safetensors")).items()}
+    g = torch.Generator().manual_seed(12)
+    ctx, nwin = 32, 3
+    ids = torch.randint(0, NEMOTRON_H["vocab_size"], (ctx * nwin,), generator=g).tolist()
+    nll, cnt = 0.0, 0
+    for w in range(nwin):
+        x = torch.tensor([ids[w * ctx:(w + 1) * ctx]])
+        with torch.no_grad():
+            lp = torch.log_softmax(M.forward(arch, W, x)[0], -1)
+        for t in range(ctx - 1):
+            nll -= lp[t, ids[w * ctx + t + 1]].item()
+            cnt += 1
+    with open(os.path.join(d, "ppl.json"), "w") as f:
+        json.dump({"ids": ids, "ctx": ctx, "windows": nwin, "scored": cnt, "ppl": math.exp(nll / cnt)}, f)
 
 
 SAMPLES = [

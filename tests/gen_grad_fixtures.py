@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Gradient and optimizer fixtures for tests/test_train.c (run by `make fixtures`
-after gen_fixtures.py, whose eight checkpoints it reads).
+after gen_fixtures.py, whose nine checkpoints it reads; the nemotron_h one
+through tests/ref_mamba.py).
 
 For each fixture model and each case, PyTorch autograd in float64 on
 tests/ref_train.py's gated forward:
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 import ref_llama as R
+import ref_mamba as M
 import ref_train as RT
 
 CASES = {"ce": dict(gates=False, tau=1.0, kd_weight=0.0), "kd": dict(gates=True, tau=2.0, kd_weight=0.7)}
@@ -48,7 +50,8 @@ class Blob:
 def grad_case(out, name, case, seed):
     d = os.path.join(out, "models", name)
     cfg = json.load(open(os.path.join(d, "config.json")))
-    arch = R.arch_from_config(cfg)
+    hybrid = cfg["model_type"] == "nemotron_h"  # ref_mamba.py's model, with the same gates
+    arch = (M if hybrid else R).arch_from_config(cfg)
     W = {}
     for fn in sorted(os.listdir(d)):
         if fn.endswith(".safetensors"):
@@ -59,7 +62,7 @@ def grad_case(out, name, case, seed):
     toks = torch.tensor(tj["ids"]).view(B, T)
     c = CASES[case]
     g = torch.Generator().manual_seed(seed)
-    G = RT.ones_gates(arch)
+    G = (M if hybrid else RT).ones_gates(arch)
     blob = Blob()
     teacher = None
     if c["gates"]:
@@ -82,7 +85,7 @@ def grad_case(out, name, case, seed):
         blob.add("teacher", teacher)
     inputs = dict(blob.index)
     blob.index = {}
-    logits = RT.forward_gated(arch, W, toks, G)
+    logits = (M if hybrid else RT).forward_gated(arch, W, toks, G)
     loss, ce, kd = RT.losses(logits, toks, teacher, c["tau"], c["kd_weight"])
     loss.backward()
     for k, v in W.items():
@@ -150,7 +153,7 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(2)
     for i, name in enumerate(["llama_gqa_bf16", "qwen2_tied_f16", "llama3_rope_f32", "mistral_sharded", "deci_hetero",
-                              "qwen3_hd_bf16", "qwen3moe_mixed_bf16", "mixtral_f32"]):
+                              "qwen3_hd_bf16", "qwen3moe_mixed_bf16", "mixtral_f32", "nemotronh_bf16"]):
         for j, case in enumerate(CASES):
             grad_case(a.out, name, case, 100 + 10 * i + j)
     optim_case(a.out)

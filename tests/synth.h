@@ -31,7 +31,7 @@ static inline ac_arch mk_arch(int L, int H, int hd, int heads, int kv, int ffn, 
     a.rope_theta = 10000;
     a.bos_id = a.eos_id = -1;
     a.layers = calloc(L, sizeof *a.layers);
-    for (int l = 0; a.layers && l < L; l++) a.layers[l] = (ac_layer_arch){heads, kv, ffn, 0, 0};
+    for (int l = 0; a.layers && l < L; l++) a.layers[l] = (ac_layer_arch){heads, kv, ffn, 0, 0, 0};
     return a;
 }
 

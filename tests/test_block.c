@@ -20,6 +20,7 @@
 #include "cuda_plugin.h"
 #include "kernels_cpu.h"
 #include "rope.h"
+#include "ssm_cpu.h"
 
 static unsigned rng = 12345u;
 static float frand(void) { /* uniform in [-1, 1) */
@@ -407,6 +408,239 @@ static void test_recipe_consistent(void) {
     }
 }
 
+/* ---- the Mamba-2 ops (nemotron_h), float64 from their definitions ---- */
+typedef struct {
+    int B, n, nh, P, Ns, G, K;
+    double *zx, *xbc, *y, *cw, *cb, *dtb, *alog, *d, *nw, *dout; /* the op's inputs, parameters, output weights */
+    int op; /* 0 conv, 1 scan, 2 gated norm */
+} ssm_ref;
+static int sr_di(const ssm_ref *r) { return r->nh * r->P; }
+static int sr_c(const ssm_ref *r) { return sr_di(r) + 2 * r->G * r->Ns; }
+static int sr_si(const ssm_ref *r) { return sr_di(r) + sr_c(r) + r->nh; }
+static double sr_sig(double x) { return 1 / (1 + exp(-x)); }
+/* out[B*n][C] = silu(b + sum_k w[c][k] xBC[t-K+1+k][c]) */
+static void sr_conv(const ssm_ref *r, double *out) {
+    int di = sr_di(r), C = sr_c(r), SI = sr_si(r);
+    for (int b = 0; b < r->B; b++)
+        for (int t = 0; t < r->n; t++)
+            for (int c = 0; c < C; c++) {
+                double p = r->cb[c];
+                for (int k = 0; k < r->K; k++) {
+                    int j = t - r->K + 1 + k;
+                    if (j >= 0) p += r->cw[c * r->K + k] * r->zx[((size_t)b * r->n + j) * SI + di + c];
+                }
+                out[((size_t)b * r->n + t) * C + c] = p * sr_sig(p);
+            }
+}
+/* S = exp(dt A) S + dt x B^T, y = S C + D x per head, A = -exp(A_log), dt = softplus(dt + dt_bias) */
+static void sr_scan(const ssm_ref *r, double *out) {
+    int di = sr_di(r), C = sr_c(r), SI = sr_si(r), P = r->P, Ns = r->Ns;
+    double *S = malloc(sizeof(double) * P * Ns);
+    for (int b = 0; b < r->B; b++)
+        for (int h = 0; h < r->nh; h++) {
+            int g = h / (r->nh / r->G);
+            memset(S, 0, sizeof(double) * P * Ns);
+            for (int t = 0; t < r->n; t++) {
+                size_t row = (size_t)b * r->n + t;
+                const double *x = r->xbc + row * C + h * P, *Bv = r->xbc + row * C + di + g * Ns,
+                             *Cv = r->xbc + row * C + di + r->G * Ns + g * Ns;
+                double dt = log1p(exp(r->zx[row * SI + di + C + h] + r->dtb[h])), a = exp(-dt * exp(r->alog[h]));
+                for (int p = 0; p < P; p++) {
+                    double acc = 0;
+                    for (int k = 0; k < Ns; k++) {
+                        S[p * Ns + k] = a * S[p * Ns + k] + dt * x[p] * Bv[k];
+                        acc += S[p * Ns + k] * Cv[k];
+                    }
+                    out[row * di + h * P + p] = acc + r->d[h] * x[p];
+                }
+            }
+        }
+    free(S);
+}
+/* out = rmsnorm per group of (y * silu(z)) * w */
+static void sr_gnorm(const ssm_ref *r, double *out) {
+    int di = sr_di(r), SI = sr_si(r), gs = di / r->G;
+    for (size_t row = 0; row < (size_t)r->B * r->n; row++)
+        for (int g = 0; g < r->G; g++) {
+            double ss = 0, v[64];
+            for (int c = 0; c < gs; c++) {
+                double z = r->zx[row * SI + g * gs + c];
+                v[c] = r->y[row * di + g * gs + c] * z * sr_sig(z);
+                ss += v[c] * v[c];
+            }
+            for (int c = 0; c < gs; c++) out[row * di + g * gs + c] = v[c] / sqrt(ss / gs + 1e-5) * r->nw[g * gs + c];
+        }
+}
+/* L = <dout, op(...)> */
+static double sr_loss(const ssm_ref *r) {
+    size_t N = (size_t)r->B * r->n, w = r->op == 0 ? (size_t)sr_c(r) : (size_t)sr_di(r);
+    double *o = malloc(sizeof(double) * N * w), L = 0;
+    if (r->op == 0) sr_conv(r, o);
+    if (r->op == 1) sr_scan(r, o);
+    if (r->op == 2) sr_gnorm(r, o);
+    for (size_t i = 0; i < N * w; i++) L += r->dout[i] * o[i];
+    free(o);
+    return L;
+}
+/* (L(p + h dir) - L(p - h dir)) / 2h against <grad, dir>, relative */
+static double sr_fd(ssm_ref *r, double *p, const float *grad, size_t n, double h) {
+    double *dir = malloc(sizeof(double) * n), an = 0;
+    for (size_t i = 0; i < n; i++) dir[i] = frand(), an += dir[i] * grad[i];
+    for (size_t i = 0; i < n; i++) p[i] += h * dir[i];
+    double lp = sr_loss(r);
+    for (size_t i = 0; i < n; i++) p[i] -= 2 * h * dir[i];
+    double lm = sr_loss(r);
+    for (size_t i = 0; i < n; i++) p[i] += h * dir[i];
+    free(dir);
+    double fd = (lp - lm) / (2 * h);
+    return fabs(an - fd) / (fabs(fd) + 1e-3);
+}
+static double *sr_dbl(const float *f, size_t n) {
+    double *d = malloc(sizeof(double) * n);
+    for (size_t i = 0; i < n; i++) d[i] = f[i];
+    return d;
+}
+
+/* The Mamba-2 ops and the squared ReLU: forward against float64 references
+ * of their definitions (odd shapes: 4 heads of width 3 in 2 groups, state
+ * 5, kernel 4); the conv and scan continued from their decode state equal
+ * one call over all rows; every backward (inputs and parameters) against
+ * central differences of the float64 references; the nemotron_h recipe's
+ * consistency. */
+static void test_ssm_ops_f64(void) {
+    int B = 2, n = 6, nh = 4, P = 3, Ns = 5, G = 2, K = 4;
+    int di = nh * P, C = di + 2 * G * Ns, SI = di + C + nh;
+    size_t N = (size_t)B * n;
+    float *zx = rnd(N * SI, 1), *cw = rnd((size_t)C * K, 0.6f), *cb = rnd(C, 0.3f), *dtb = rnd(nh, 1),
+          *alog = rnd(nh, 1), *dd = rnd(nh, 1), *nw = rnd(di, 1);
+    ac_ssm s = {nh, P, Ns, G, K, cw, cb, dtb, alog, dd, nw, 1e-5f};
+    float *xbc = malloc(N * C * 4), *y = malloc(N * di * 4), *yn = malloc(N * di * 4), *work = malloc(4096 * 4);
+    ac_ssm_conv_fwd(&s, xbc, zx, B, n, NULL, 0);
+    ac_ssm_scan_fwd(&s, y, xbc, zx, B, n, NULL, 0, work);
+    ac_ssm_gated_norm_fwd(&s, yn, y, zx, (int)N);
+    ssm_ref r = {B, n, nh, P, Ns, G, K, sr_dbl(zx, N * SI), sr_dbl(xbc, N * C), sr_dbl(y, N * di), sr_dbl(cw, C * K),
+                 sr_dbl(cb, C), sr_dbl(dtb, nh), sr_dbl(alog, nh), sr_dbl(dd, nh), sr_dbl(nw, di), NULL, 0};
+    double *ref = malloc(sizeof(double) * N * C);
+    sr_conv(&r, ref);
+    CHECK(relerr(xbc, ref, N * C) < 1e-6, "ssm conv: %g", relerr(xbc, ref, N * C));
+    sr_scan(&r, ref);
+    CHECK(relerr(y, ref, N * di) < 1e-5, "ssm scan: %g", relerr(y, ref, N * di));
+    sr_gnorm(&r, ref);
+    CHECK(relerr(yn, ref, N * di) < 1e-5, "gated norm: %g", relerr(yn, ref, N * di));
+    /* decode state: rows [0, 4) then [4, 6) of each sequence equal one call */
+    {
+        int n1 = 4, n2 = n - n1;
+        float *cst = malloc((size_t)B * (K - 1) * C * 4), *sst = malloc((size_t)B * nh * P * Ns * 4);
+        float *z1 = malloc((size_t)B * n1 * SI * 4), *z2 = malloc((size_t)B * n2 * SI * 4);
+        float *x1 = malloc((size_t)B * n1 * C * 4), *x2 = malloc((size_t)B * n2 * C * 4);
+        float *y1 = malloc((size_t)B * n1 * di * 4), *y2 = malloc((size_t)B * n2 * di * 4);
+        for (int b = 0; b < B; b++) {
+            memcpy(z1 + (size_t)b * n1 * SI, zx + (size_t)b * n * SI, (size_t)n1 * SI * 4);
+            memcpy(z2 + (size_t)b * n2 * SI, zx + ((size_t)b * n + n1) * SI, (size_t)n2 * SI * 4);
+        }
+        ac_ssm_conv_fwd(&s, x1, z1, B, n1, cst, 0);
+        ac_ssm_scan_fwd(&s, y1, x1, z1, B, n1, sst, 0, NULL);
+        ac_ssm_conv_fwd(&s, x2, z2, B, n2, cst, 1);
+        ac_ssm_scan_fwd(&s, y2, x2, z2, B, n2, sst, 1, NULL);
+        double dx = 0, dy = 0;
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < n2; t++) {
+                for (int c = 0; c < C; c++)
+                    dx = fmax(dx, fabs(x2[((size_t)b * n2 + t) * C + c] - xbc[((size_t)b * n + n1 + t) * C + c]));
+                for (int c = 0; c < di; c++)
+                    dy = fmax(dy, fabs(y2[((size_t)b * n2 + t) * di + c] - y[((size_t)b * n + n1 + t) * di + c]));
+            }
+        CHECK(dx < 1e-6 && dy < 1e-5, "ssm state continuation: conv %g, scan %g", dx, dy);
+        free(cst), free(sst), free(z1), free(z2), free(x1), free(x2), free(y1), free(y2);
+    }
+    /* backward, each op against central differences (h = 1e-5 in float64) */
+    float *g_out = rnd(N * C, 1), *dzx = calloc(N * SI, 4), *dxbc = calloc(N * C, 4), *dy = calloc(N * di, 4);
+    float *gcw = calloc((size_t)C * K, 4), *gcb = calloc(C, 4), *gdtb = calloc(nh, 4), *gal = calloc(nh, 4),
+          *gd = calloc(nh, 4), *gnw = calloc(di, 4), *swork = malloc(ac_ssm_scan_work(&s, n) * 4);
+    r.dout = sr_dbl(g_out, N * C);
+    double h = 1e-5, tol = 1e-4;
+    /* gated norm: dy, dz, dw */
+    r.op = 2;
+    ac_ssm_gated_norm_bwd(&s, dy, dzx, gnw, g_out, y, zx, (int)N);
+    {
+        float *dzc = calloc(N * SI, 4); /* the z columns only: the direction lives there */
+        for (size_t i = 0; i < N; i++) memcpy(dzc + i * SI, dzx + i * SI, di * 4);
+        double *zs = r.zx;
+        double e1 = sr_fd(&r, r.y, dy, N * di, h), e2 = sr_fd(&r, zs, dzc, N * SI, h), e3 = sr_fd(&r, r.nw, gnw, di, h);
+        CHECK(e1 < tol && e2 < tol && e3 < tol, "gated norm backward: dy %g, dz %g, dw %g", e1, e2, e3);
+        free(dzc);
+    }
+    /* scan: dxbc, d dt (zx's dt columns), d dt_bias, d A_log, dD */
+    r.op = 1;
+    memset(dzx, 0, N * SI * 4);
+    ac_ssm_scan_bwd(&s, dxbc, dzx, gdtb, gal, gd, g_out, xbc, zx, B, n, swork);
+    {
+        double e1 = sr_fd(&r, r.xbc, dxbc, N * C, h), e2 = sr_fd(&r, r.zx, dzx, N * SI, h),
+               e3 = sr_fd(&r, r.dtb, gdtb, nh, h), e4 = sr_fd(&r, r.alog, gal, nh, h), e5 = sr_fd(&r, r.d, gd, nh, h);
+        CHECK(e1 < tol && e2 < tol && e3 < tol && e4 < tol && e5 < tol,
+              "scan backward: dxbc %g, ddt %g, ddt_bias %g, dA_log %g, dD %g", e1, e2, e3, e4, e5);
+    }
+    /* conv: zx's xBC columns, dw, db */
+    r.op = 0;
+    memset(dzx, 0, N * SI * 4);
+    ac_ssm_conv_bwd(&s, dzx, gcw, gcb, g_out, zx, B, n);
+    {
+        double e1 = sr_fd(&r, r.zx, dzx, N * SI, h), e2 = sr_fd(&r, r.cw, gcw, (size_t)C * K, h),
+               e3 = sr_fd(&r, r.cb, gcb, C, h);
+        CHECK(e1 < tol && e2 < tol && e3 < tol, "conv backward: dx %g, dw %g, db %g", e1, e2, e3);
+    }
+    /* relu^2 */
+    {
+        float *u = rnd(40, 1), *o = malloc(40 * 4), *du = malloc(40 * 4);
+        ac_relu2_fwd(o, u, 40);
+        ac_relu2_bwd(du, g_out, u, 40);
+        double md = 0;
+        for (int i = 0; i < 40; i++) {
+            double want = u[i] > 0 ? (double)u[i] * u[i] : 0, dwant = u[i] > 0 ? 2.0 * u[i] * g_out[i] : 0;
+            md = fmax(md, fabs(o[i] - want) + fabs(du[i] - dwant));
+        }
+        CHECK(md < 1e-6, "relu2: %g", md);
+        free(u), free(o), free(du);
+    }
+    /* the recipe: every slot written before it is read, each op's widths those of its slots */
+    {
+        ac_arch a = mk_arch(3, 8, 4, 2, 1, 6, 16);
+        a.hybrid = 1, a.ssm_head_dim = P, a.ssm_state = Ns, a.ssm_groups = G, a.ssm_conv = K;
+        a.layers[0] = (ac_layer_arch){0, 0, 0, 0, 0, nh};
+        a.layers[1] = (ac_layer_arch){0, 0, 6, 0, 0, 0};
+        a.layers[2] = (ac_layer_arch){2, 1, 0, 0, 0, 0};
+        const ac_block_recipe *rc = ac_block_recipe_of(&a, 0);
+        CHECK(rc && !strcmp(rc->name, "nemotron_h") && rc->n_sub == 3, "nemotron_h recipe");
+        for (int l = 0; rc && l < 3; l++) {
+            int present = 0;
+            for (int sb = 0; sb < rc->n_sub; sb++) {
+                present += ac_block_sub_present(&a, l, &rc->sub[sb]);
+                int written = 1 << AC_T_X;
+                for (int i = 0; i < rc->sub[sb].n_ops; i++) {
+                    const ac_op *op = &rc->sub[sb].ops[i];
+                    CHECK(written >> op->in & 1, "%s op %d reads slot %d unwritten", rc->sub[sb].name, i, op->in);
+                    if (op->kind == AC_OP_SSM_SCAN || op->kind == AC_OP_GATED_NORM)
+                        CHECK(written >> op->in2 & 1 && op->in2 == AC_T_ZX, "%s op %d reads zx", rc->sub[sb].name, i);
+                    if (op->kind == AC_OP_LINEAR || op->kind >= AC_OP_RELU2)
+                        CHECK(ac_block_slot_dim(op->in) == op->din && ac_block_slot_dim(op->out) == op->dout,
+                              "%s op %d widths", rc->sub[sb].name, i);
+                    written |= 1 << op->out;
+                }
+            }
+            CHECK(present == 1, "layer %d runs %d sub-blocks", l, present);
+        }
+        CHECK(ac_block_dim(&a, 0, AC_DIM_SI) == SI && ac_block_dim(&a, 0, AC_DIM_SC) == C &&
+                  ac_block_dim(&a, 1, AC_DIM_SSM) == 0,
+              "ssm widths");
+        ac_arch_free(&a);
+    }
+    free(zx), free(cw), free(cb), free(dtb), free(alog), free(dd), free(nw), free(xbc), free(y), free(yn), free(work);
+    free(ref), free(g_out), free(dzx), free(dxbc), free(dy), free(gcw), free(gcb), free(gdtb), free(gal), free(gd);
+    free(gnw), free(swork);
+    double *dbl[] = {r.zx, r.xbc, r.y, r.cw, r.cb, r.dtb, r.alog, r.d, r.nw, r.dout};
+    for (size_t i = 0; i < sizeof dbl / sizeof *dbl; i++) free(dbl[i]);
+}
+
 /* ---- the layer in float64, from the HF semantics (with the masks) ---- */
 typedef struct {
     const float *hm, *fm, *hid;
@@ -498,9 +732,9 @@ static void fill(float *p, size_t n, float scale) {
  * qkv biases), odd widths. */
 static int random_model(ac_model *m, ac_err *e) {
     ac_arch a = mk_arch(4, 13, 6, 3, 1, 7, 11);
-    a.layers[1] = (ac_layer_arch){4, 2, 0, 0, 0};
-    a.layers[2] = (ac_layer_arch){0, 0, 9, 0, 0};
-    a.layers[3] = (ac_layer_arch){2, 2, 5, 0, 0};
+    a.layers[1] = (ac_layer_arch){4, 2, 0, 0, 0, 0};
+    a.layers[2] = (ac_layer_arch){0, 0, 9, 0, 0, 0};
+    a.layers[3] = (ac_layer_arch){2, 2, 5, 0, 0, 0};
     a.sliding_window = 4; /* a window shorter than the rows */
     a.qkv_bias = 1;
     int rc = ac_model_alloc(m, &a, e);
@@ -997,6 +1231,7 @@ int main(void) {
     RUN(test_executor_vs_f64);
     RUN(test_grad_executor_vs_f64);
     RUN(test_moe_route_ties);
+    RUN(test_ssm_ops_f64);
     RUN(test_cuda_ops);
     printf("RESULT %d %d %d\n", ck_pass, ck_fail, ck_skip);
     return ck_fail ? 1 : 0;

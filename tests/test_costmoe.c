@@ -15,7 +15,7 @@
 static ac_arch moe_arch(int L, int H, int hd, int heads, int kv, int E, int Fe, int k, int vocab) {
     ac_arch a = mk_arch(L, H, hd, heads, kv, 0, vocab);
     snprintf(a.model_type, sizeof a.model_type, "mixtral");
-    for (int l = 0; a.layers && l < L; l++) a.layers[l] = (ac_layer_arch){heads, kv, 0, E, Fe};
+    for (int l = 0; a.layers && l < L; l++) a.layers[l] = (ac_layer_arch){heads, kv, 0, E, Fe, 0};
     a.top_k = k;
     a.norm_topk = 1;
     return a;
@@ -68,7 +68,7 @@ static void test_active_experts_match_simulated_routing(void) {
 static void test_params_hold_every_expert(void) {
     ac_err e;
     ac_arch a = moe_arch(3, 96, 16, 6, 2, 5, 40, 2, 300);
-    a.layers[1] = (ac_layer_arch){6, 2, 80, 0, 0}; /* a dense layer among MoE ones */
+    a.layers[1] = (ac_layer_arch){6, 2, 80, 0, 0, 0}; /* a dense layer among MoE ones */
     ac_carch c;
     CHECK(ac_carch_from_arch(&a, &c, &e) == 0, "%s", e.msg);
     CHECK(c.experts && c.top_k == 2 && c.experts[1] == 0 && c.effn[0] == 40, "experts read");

@@ -55,7 +55,7 @@ static void test_gradients_match_finite_differences(void) {
     CHECK(ac_cost_roofline(ac_device_spec_find("H100"), "bf16", &tabs[0], &e) == 0, "%s", e.msg);
     synth_table(&tabs[1]);
     ac_arch a = mk_arch(4, 512, 64, 8, 4, 1536, 2000);
-    a.layers[2] = (ac_layer_arch){4, 2, 700, 0, 0};
+    a.layers[2] = (ac_layer_arch){4, 2, 700, 0, 0, 0};
     ac_carch c;
     ac_carch_from_arch(&a, &c, &e);
     ac_workload w = {.batch = 4, .prompt_len = 300, .gen_len = 50};

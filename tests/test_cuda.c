@@ -109,6 +109,23 @@ static void test_gpu_moe(void) {
     compare("qwen3moe_mixed_bf16");
     compare("mixtral_f32");
 }
+/* Hybrid (nemotron_h) models: the plugin has no Mamba-2 op, so its engine
+ * and trainer refuse them with the reason (they run on the CPU). */
+static void test_gpu_hybrid_refused(void) {
+    if (!cu) SKIP("%s", why);
+    ac_model m;
+    if (load_fixture("nemotronh_bf16", &m)) SKIP("no fixture nemotronh_bf16 (make fixtures)");
+    float cs[64] = {0}, sn[64] = {0};
+    acc_engine *g = NULL;
+    acc_trainer *t = NULL;
+    char err[512] = "";
+    CHECK(cu->engine_create(0, &m, 1, 4, cs, sn, &g, err, sizeof err) != 0 && !g && strstr(err, "Mamba-2"), "engine: %s",
+          err);
+    err[0] = 0;
+    CHECK(cu->trainer_create(0, &m, 1, 4, cs, sn, &t, err, sizeof err) != 0 && !t && strstr(err, "Mamba-2"),
+          "trainer: %s", err);
+    ac_model_free(&m);
+}
 static void test_gpu_llama3_rope(void) { compare("llama3_rope_f32"); }
 static void test_gpu_heterogeneous(void) { compare("deci_hetero"); }
 static void test_gpu_mistral_sliding_window(void) { compare("mistral_sharded"); }
@@ -431,7 +448,7 @@ static void test_gpu_job(void) {
     a.eps = 1e-5f;
     a.rope_theta = 10000;
     a.bos_id = a.eos_id = -1;
-    ac_layer_arch la[2] = {{4, 2, 128, 0, 0}, {4, 2, 128, 0, 0}};
+    ac_layer_arch la[2] = {{4, 2, 128, 0, 0, 0}, {4, 2, 128, 0, 0, 0}};
     a.layers = la;
     ac_model m;
     CHECK(ac_model_alloc(&m, &a, &e) == 0, "%s", e.msg);
@@ -600,6 +617,7 @@ int main(void) {
     RUN(test_gpu_qwen2_bias);
     RUN(test_gpu_qwen3_qk_norm);
     RUN(test_gpu_moe);
+    RUN(test_gpu_hybrid_refused);
     RUN(test_gpu_llama3_rope);
     RUN(test_gpu_heterogeneous);
     RUN(test_gpu_mistral_sliding_window);

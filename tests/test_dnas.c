@@ -122,11 +122,11 @@ static void hard_zero_case(int hid) {
     CHECK(ac_dnas_orders(&g, &IMP, &M.a, &ord, &e) == 0, "%s", e.msg);
     ac_arch t;
     ac_arch_copy(&t, &M.a, &e);
-    t.layers[0] = (ac_layer_arch){6, 3, 384, 0, 0};
-    t.layers[1] = (ac_layer_arch){4, 2, 320, 0, 0};
-    t.layers[2] = (ac_layer_arch){0, 0, 384, 0, 0};
-    t.layers[3] = (ac_layer_arch){8, 4, 0, 0, 0};
-    t.layers[4] = (ac_layer_arch){8, 4, 96, 0, 0};
+    t.layers[0] = (ac_layer_arch){6, 3, 384, 0, 0, 0};
+    t.layers[1] = (ac_layer_arch){4, 2, 320, 0, 0, 0};
+    t.layers[2] = (ac_layer_arch){0, 0, 384, 0, 0, 0};
+    t.layers[3] = (ac_layer_arch){8, 4, 0, 0, 0, 0};
+    t.layers[4] = (ac_layer_arch){8, 4, 96, 0, 0, 0};
     if (hid) t.hidden = M.a.hidden - 32;
     ac_model pm;
     CHECK(ac_prune(&M, &t, &ord, &pm, &e) == 0, "%s", e.msg);
@@ -507,7 +507,7 @@ static void test_depth_only_limit_is_met_by_removing_sub_blocks(void) {
     ac_err e;
     ac_arch_copy(&narrow, &M.a, &e);
     ac_arch_copy(&one, &M.a, &e);
-    for (int l = 0; l < M.a.n_layers; l++) narrow.layers[l] = (ac_layer_arch){8, 1, 32, 0, 0};
+    for (int l = 0; l < M.a.n_layers; l++) narrow.layers[l] = (ac_layer_arch){8, 1, 32, 0, 0, 0};
     one.layers[5].ffn = 0;
     double full = tpot_of(&p, &M.a), nar = tpot_of(&p, &narrow), sub = full - tpot_of(&p, &one);
     p.limits.max_tpot_ms = nar - 0.5 * sub;

@@ -396,6 +396,104 @@ static void test_moe_models(void) {
         CHECK(system(cmd) == 0, "rm");
     }
 }
+/* Nemotron-H (hybrid Mamba-2 / attention without RoPE / squared-ReLU MLP,
+ * pattern M-M*-, odd widths, 2 groups) against tests/ref_mamba.py's float64
+ * sequential recurrence: logits fp32 and resident BF16, a decode step
+ * continuing the Mamba layers' conv and SSM states, the checkpoint saved and
+ * loaded back, perplexity within 0.1% of the reference; configs refused
+ * with their reason. */
+static void test_nemotron_h(void) {
+    if (!fixtures_present()) SKIP("no fixtures");
+    char dir[1200], p[1300], dst[300];
+    snprintf(dir, sizeof dir, "%s/models/nemotronh_bf16", fx);
+    snprintf(p, sizeof p, "%s/ppl.json", dir);
+    if (!ck_exists(p)) SKIP("no nemotron_h fixture (make fixtures)");
+    check_model("nemotronh_bf16");
+    check_model_ex("nemotronh_bf16", 1, 1e-2);
+    ac_model m, b;
+    ac_err e = {{0}};
+    CHECK(ac_model_load(dir, &m, &e) == 0, "%s", e.msg);
+    CHECK(m.a.hybrid && m.a.layers[0].ssm_heads == 6 && m.a.layers[1].ffn == 70 && m.a.layers[3].n_heads == 4 &&
+              !m.a.layers[3].ffn && m.a.ssm_groups == 2 && m.a.ssm_state == 7 && m.a.ssm_head_dim == 5,
+          "nemotron_h arch");
+    /* round trip: nemotron_h's config and backbone.* names, bit-identical logits */
+    snprintf(dst, sizeof dst, "/tmp/ac_nemoh_rt_%d", (int)getpid());
+    CHECK(ac_model_save(&m, dst, ST_F32, &e) == 0 && ac_model_load(dst, &b, &e) == 0, "%s", e.msg);
+    snprintf(p, sizeof p, "%s/config.json", dst);
+    json_t *c = json_load_file(p, 0, NULL);
+    CHECK(c && !strcmp(json_string_value(json_object_get(c, "model_type")), "nemotron_h") &&
+              !strcmp(json_string_value(json_object_get(c, "hybrid_override_pattern")), "M-M*-"),
+          "nemotron_h config after the round trip");
+    json_decref(c);
+    int toks[7] = {1, 5, 9, 33, 2, 7, 250};
+    ac_engine e1, e2;
+    CHECK(ac_engine_init(&e1, &m, 1, 7, &e) == 0 && ac_engine_init(&e2, &b, 1, 7, &e) == 0, "%s", e.msg);
+    CHECK(ac_engine_forward(&e1, toks, 1, 7, 0, 0, &e) == 0 && ac_engine_forward(&e2, toks, 1, 7, 0, 0, &e) == 0,
+          "%s", e.msg);
+    CHECK(!memcmp(e1.logits, e2.logits, sizeof(float) * 7 * m.a.vocab), "nemotron_h: logits after the round trip");
+    /* decode one token at a time from the states equals the prefill */
+    float *full = malloc(sizeof(float) * 7 * m.a.vocab);
+    memcpy(full, e1.logits, sizeof(float) * 7 * m.a.vocab);
+    double dd = 0, mx = 0;
+    for (int t = 0; t < 7; t++) {
+        CHECK(ac_engine_forward(&e1, toks + t, 1, 1, t, 0, &e) == 0, "%s", e.msg);
+        for (int v = 0; v < m.a.vocab; v++) {
+            dd = fmax(dd, fabs(e1.logits[v] - full[(size_t)t * m.a.vocab + v]));
+            mx = fmax(mx, fabs(full[(size_t)t * m.a.vocab + v]));
+        }
+    }
+    CHECK(dd <= 1e-5 * mx, "nemotron_h: token-by-token decode differs by %.3g (max %.3g)", dd, mx);
+    ac_engine_free(&e1), ac_engine_free(&e2);
+    free(full);
+    ac_model_free(&b);
+    snprintf(p, sizeof p, "rm -rf %s", dst);
+    CHECK(system(p) == 0, "rm");
+    /* perplexity through eval */
+    snprintf(p, sizeof p, "%s/ppl.json", dir);
+    json_t *pj = json_load_file(p, 0, NULL), *ids = json_object_get(pj, "ids");
+    size_t n = json_array_size(ids);
+    int *tk = malloc(sizeof(int) * n);
+    for (size_t i = 0; i < n; i++) tk[i] = (int)json_integer_value(json_array_get(ids, i));
+    ac_ppl_opts o = {.ctx = (int)json_integer_value(json_object_get(pj, "ctx")),
+                     .max_windows = (int)json_integer_value(json_object_get(pj, "windows")),
+                     .batch = 2};
+    ac_ppl_result r;
+    CHECK(ac_perplexity(&m, tk, n, &o, NULL, NULL, NULL, &r, &e) == 0, "%s", e.msg);
+    double want = json_real_value(json_object_get(pj, "ppl"));
+    CHECK(r.scored == json_integer_value(json_object_get(pj, "scored")), "nemotron_h: scored %ld", r.scored);
+    CHECK(fabs(r.ppl - want) / want < 1e-3, "nemotron_h: ppl %.6f vs reference %.6f", r.ppl, want);
+    printf("   nemotronh_bf16: ppl %.5f (reference %.5f, %.2e relative)\n", r.ppl, want, fabs(r.ppl - want) / want);
+    free(tk);
+    json_decref(pj);
+    ac_model_free(&m);
+    /* refused with the reason */
+    const char *bad[][2] = {
+        {"{\"model_type\":\"nemotron_h\",\"vocab_size\":10,\"hidden_size\":8,\"num_attention_heads\":2,"
+         "\"hybrid_override_pattern\":\"M*E\",\"mamba_num_heads\":2,\"mamba_head_dim\":4,\"ssm_state_size\":4,"
+         "\"intermediate_size\":8}",
+         "mixture of experts"},
+        {"{\"model_type\":\"nemotron_h\",\"vocab_size\":10,\"hidden_size\":8,\"num_attention_heads\":2,"
+         "\"hybrid_override_pattern\":\"M-\",\"mamba_num_heads\":3,\"n_groups\":2,\"mamba_head_dim\":4,"
+         "\"ssm_state_size\":4,\"intermediate_size\":8}",
+         "divisible by n_groups"},
+        {"{\"model_type\":\"nemotron_h\",\"vocab_size\":10,\"hidden_size\":8,\"num_attention_heads\":2,"
+         "\"hybrid_override_pattern\":\"M-\",\"mamba_num_heads\":2,\"mamba_head_dim\":4,\"ssm_state_size\":4,"
+         "\"intermediate_size\":8,\"num_hidden_layers\":3}",
+         "num_hidden_layers says 3"},
+        {"{\"model_type\":\"nemotron_h\",\"vocab_size\":10,\"hidden_size\":8,\"num_attention_heads\":2,"
+         "\"hybrid_override_pattern\":\"M-\",\"mamba_num_heads\":2,\"mamba_head_dim\":4,\"ssm_state_size\":4,"
+         "\"intermediate_size\":8,\"mlp_hidden_act\":\"silu\"}",
+         "relu2"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        json_t *cj = json_loads(bad[i][0], 0, NULL);
+        ac_arch a;
+        ac_err e2 = {{0}};
+        CHECK(cj && ac_arch_from_config(cj, &a, &e2) != 0 && strstr(e2.msg, bad[i][1]), "config %zu: %s", i,
+              e2.msg);
+        json_decref(cj);
+    }
+}
 /* Logits of m over B sequences of n tokens with experts removed from the
  * routing by masks (emask[l][E], NULL: none), through the block executor
  * (what calibration simulates), final norm and head in fp32. */
@@ -630,5 +728,6 @@ int main(void) {
     RUN(test_save_reload_roundtrip);
     RUN(test_config_errors);
     RUN(test_perplexity_matches_reference);
+    RUN(test_nemotron_h);
     return DONE();
 }

@@ -164,7 +164,7 @@ static int tiny_hetero(const ac_model *m, ac_model *pm, ac_err *e) {
         return -1;
     }
     const int kv[6] = {4, 2, 0, 1, 0, 3}, ffn[6] = {384, 256, 320, 160, 0, 224};
-    for (int l = 0; l < 6; l++) t.layers[l] = (ac_layer_arch){2 * kv[l], kv[l], ffn[l], 0, 0};
+    for (int l = 0; l < 6; l++) t.layers[l] = (ac_layer_arch){2 * kv[l], kv[l], ffn[l], 0, 0, 0};
     rc = ac_prune(m, &t, &imp, pm, e);
     ac_arch_free(&t);
     ac_importance_free(&imp);
@@ -197,28 +197,28 @@ static void test_llama_cpp_rules(void) {
                  .rope_theta = 1e4f,
                  .bos_id = -1,
                  .eos_id = -1};
-    ac_layer_arch L[3] = {{2, 1, 8, 0, 0}, {0, 0, 8, 0, 0}, {2, 2, 8, 0, 0}};
+    ac_layer_arch L[3] = {{2, 1, 8, 0, 0, 0}, {0, 0, 8, 0, 0, 0}, {2, 2, 8, 0, 0, 0}};
     a.layers = L;
     ac_err e;
     CHECK(ac_gguf_check_arch(&a, &e) == 0, "valid: %s", e.msg);
-    L[1] = (ac_layer_arch){0, 0, 0, 0, 0};
+    L[1] = (ac_layer_arch){0, 0, 0, 0, 0, 0};
     CHECK(ac_gguf_check_arch(&a, &e) == 0, "a whole layer removed in the middle is fine: %s", e.msg);
-    L[1] = (ac_layer_arch){2, 1, 0, 0, 0};
+    L[1] = (ac_layer_arch){2, 1, 0, 0, 0, 0};
     CHECK(ac_gguf_check_arch(&a, &e) != 0 && strstr(e.msg, "layer 1 keeps attention"), "attention without FFN: %s",
           e.msg);
-    L[1] = (ac_layer_arch){2, 1, 8, 0, 0};
-    L[0] = (ac_layer_arch){0, 0, 8, 0, 0};
+    L[1] = (ac_layer_arch){2, 1, 8, 0, 0, 0};
+    L[0] = (ac_layer_arch){0, 0, 8, 0, 0, 0};
     CHECK(ac_gguf_check_arch(&a, &e) != 0 && strstr(e.msg, "layer 0"), "layer 0 without attention: %s", e.msg);
-    L[0] = (ac_layer_arch){2, 1, 8, 0, 0};
-    L[2] = (ac_layer_arch){0, 0, 0, 0, 0};
+    L[0] = (ac_layer_arch){2, 1, 8, 0, 0, 0};
+    L[2] = (ac_layer_arch){0, 0, 0, 0, 0, 0};
     CHECK(ac_gguf_check_arch(&a, &e) != 0 && strstr(e.msg, "last layer"), "last layer without FFN: %s", e.msg);
-    L[2] = (ac_layer_arch){2, 2, 8, 0, 0};
+    L[2] = (ac_layer_arch){2, 2, 8, 0, 0, 0};
     a.sliding_window = 32;
     CHECK(ac_gguf_check_arch(&a, &e) != 0 && strstr(e.msg, "sliding"), "sliding window: %s", e.msg);
     a.sliding_window = 0;
     /* the writer refuses what llama.cpp would mis-run */
     ac_model m;
-    L[1] = (ac_layer_arch){2, 1, 0, 0, 0};
+    L[1] = (ac_layer_arch){2, 1, 0, 0, 0, 0};
     CHECK(ac_model_alloc(&m, &a, &e) == 0, "%s", e.msg);
     char path[200];
     snprintf(path, sizeof path, "%s/bad.gguf", tmpdir);
@@ -538,6 +538,90 @@ static void test_moe_gguf(void) {
     ac_model_free(&t);
 }
 
+/* A Nemotron-H hybrid made from the tiny model: pattern M*-M*-, the
+ * attention layers the tiny model's (no RoPE now), the MLP layers its
+ * up/down under relu^2, the Mamba-2 layers deterministic random (8 heads
+ * of 16 in 2 groups, state 16, kernel 4; out_proj small, so the trained
+ * layers dominate the output). */
+static int tiny_hybrid(const ac_model *t, ac_model *o, ac_err *e) {
+    ac_arch a;
+    if (ac_arch_copy(&a, &t->a, e)) return -1;
+    static const char pat[] = "M*-M*-";
+    int H = a.hidden, hd = a.head_dim;
+    snprintf(a.model_type, sizeof a.model_type, "nemotron_h");
+    a.hybrid = 1, a.ssm_head_dim = 16, a.ssm_state = 16, a.ssm_groups = 2, a.ssm_conv = 4, a.ssm_conv_bias = 1;
+    for (int l = 0; l < a.n_layers; l++) {
+        ac_layer_arch *L = &a.layers[l], T = t->a.layers[l];
+        *L = (ac_layer_arch){pat[l] == '*' ? T.n_heads : 0, pat[l] == '*' ? T.n_kv_heads : 0, pat[l] == '-' ? T.ffn : 0,
+                             0, 0, pat[l] == 'M' ? 8 : 0};
+    }
+    int rc = ac_model_alloc(o, &a, e);
+    ac_arch_free(&a);
+    if (rc) return -1;
+    size_t VH = (size_t)t->a.vocab * H;
+    memcpy(o->embed, t->embed, VH * 4);
+    memcpy(o->lm_head, t->lm_head, VH * 4);
+    memcpy(o->final_norm, t->final_norm, (size_t)H * 4);
+    unsigned rng = 11;
+#define RND(scale) ((rng = rng * 1664525u + 1013904223u), ((float)(rng >> 8) / 16777216.0f - 0.5f) * 2 * (scale))
+    for (int l = 0; l < o->a.n_layers; l++) {
+        const ac_layer_w *s = &t->L[l];
+        ac_layer_w *d = &o->L[l];
+        const ac_layer_arch *L = &o->a.layers[l];
+        size_t Q = (size_t)L->n_heads * hd, KV = (size_t)L->n_kv_heads * hd, F = L->ffn;
+        if (L->n_heads) {
+            memcpy(d->in_norm, s->in_norm, (size_t)H * 4);
+            memcpy(d->wq, s->wq, Q * H * 4), memcpy(d->wk, s->wk, KV * H * 4), memcpy(d->wv, s->wv, KV * H * 4);
+            memcpy(d->wo, s->wo, Q * H * 4);
+        } else if (F) {
+            memcpy(d->post_norm, s->post_norm, (size_t)H * 4);
+            memcpy(d->wu, s->wu, F * H * 4);
+            for (size_t i = 0; i < F * H; i++) d->wd[i] = 0.05f * s->wd[i];
+        } else {
+            int nh = L->ssm_heads, di = nh * 16, C = di + 2 * 2 * 16, SI = di + C + nh;
+            for (int c = 0; c < H; c++) d->in_norm[c] = s->in_norm[c];
+            for (size_t i = 0; i < (size_t)SI * H; i++) d->ssm_in[i] = RND(0.2f);
+            for (size_t i = 0; i < (size_t)C * 4; i++) d->conv_w[i] = RND(0.5f);
+            for (int c = 0; c < C; c++) d->conv_b[c] = RND(0.1f);
+            for (int h = 0; h < nh; h++)
+                d->dt_bias[h] = logf(expm1f(0.1f + 0.05f * h)), d->a_log[h] = logf(0.2f + 0.2f * h), d->ssm_d[h] = 0.1f;
+            for (int c = 0; c < di; c++) d->ssm_norm[c] = 1.0f + RND(0.1f);
+            for (size_t i = 0; i < (size_t)H * di; i++) d->ssm_out[i] = RND(0.5f);
+        }
+    }
+#undef RND
+    return 0;
+}
+
+/* llama.cpp's nemotron_h (Mamba-2, attention without RoPE, relu^2 MLP)
+ * runs our GGUF export as our engine does (perplexity, tokenization,
+ * greedy tokens); what it cannot hold is refused. */
+static void test_nemotron_h_gguf(void) {
+    if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
+    ac_model t, hy;
+    ac_err e;
+    int *ids = NULL;
+    size_t n = 0;
+    CHECK(ac_model_load(tiny, &t, &e) == 0 && ac_load_text_ids(tiny, heldout, &ids, &n, t.a.vocab, &e) == 0, "%s",
+          e.msg);
+    CHECK(tiny_hybrid(&t, &hy, &e) == 0, "%s", e.msg);
+    CHECK(!strcmp(ac_gguf_arch_name(&hy.a), "nemotron_h") && ac_gguf_check_arch(&hy.a, &e) == 0, "nemotron_h arch");
+    const char *why = llama_missing();
+    size_t tl;
+    char *text = heldout_lines(&tl);
+    if (!why)
+        llama_compare(&hy, NULL, "nemotron_h", ids, n, text, tl);
+    else
+        printf("  skip llama.cpp part: %s\n", why);
+    hy.a.layers[0].ssm_heads = 4; /* one Mamba-head count in llama.cpp's nemotron_h */
+    CHECK(ac_gguf_check_arch(&hy.a, &e) != 0 && strstr(e.msg, "Mamba-head count"), "mixed Mamba heads: %s", e.msg);
+    hy.a.layers[0].ssm_heads = 8;
+    free(text);
+    free(ids);
+    ac_model_free(&hy);
+    ac_model_free(&t);
+}
+
 /* ---- SentencePiece-style and GPT-2 tokenizers through GGUF metadata ---- */
 
 /* Encode every case of fixtures/tok/NAME through a GGUF written with its
@@ -559,7 +643,7 @@ static int tok_cases(const char *name, int vocab) {
                  .rope_theta = 1e4f,
                  .bos_id = 1,
                  .eos_id = 2};
-    ac_layer_arch L = {2, 1, 8, 0, 0};
+    ac_layer_arch L = {2, 1, 8, 0, 0, 0};
     a.layers = &L;
     ac_model m;
     ac_err e;
@@ -732,7 +816,7 @@ static void test_search_keeps_to_llama_cpp(void) {
                  .bos_id = -1,
                  .eos_id = -1};
     a.layers = calloc(8, sizeof *a.layers);
-    for (int l = 0; l < 8; l++) a.layers[l] = (ac_layer_arch){16, 8, 4096, 0, 0};
+    for (int l = 0; l < 8; l++) a.layers[l] = (ac_layer_arch){16, 8, 4096, 0, 0, 0};
     ac_importance imp;
     skewed_importance(&imp, &a);
     ac_engine_profile p;
@@ -930,6 +1014,7 @@ int main(void) {
     RUN(test_llama_cpp_runs_exports);
     RUN(test_llama_cpp_runs_qwen3);
     RUN(test_moe_gguf);
+    RUN(test_nemotron_h_gguf);
     RUN(test_spec_checks);
     RUN(test_jobs_write_gguf);
     char cmd[128];

@@ -254,7 +254,7 @@ static void test_head_trim_equals_masking(void) {
     ac_minitron_importance_view(&imp, &view);
     ac_arch t;
     ac_arch_copy(&t, &m.a, &e);
-    for (int l = 0; l < 3; l++) t.layers[l] = (ac_layer_arch){4, 2, 24, 0, 0}; /* 2 of 4 heads in each of the 2 groups */
+    for (int l = 0; l < 3; l++) t.layers[l] = (ac_layer_arch){4, 2, 24, 0, 0, 0}; /* 2 of 4 heads in each of the 2 groups */
     CHECK(ac_prune(&m, &t, &view, &pm, &e) == 0, "%s", e.msg);
     CHECK(ac_model_alloc(&mm, &m.a, &e) == 0, "%s", e.msg);
     /* the masked copy */
@@ -389,9 +389,9 @@ static void test_search_grid_limits(void) {
             ac_arch_copy(&c, &a, NULL);
             c.hidden = (int)json_integer_value(h);
             for (int l = 0; l < 8; l++)
-                c.layers[l] = (ac_layer_arch){(int)json_integer_value(hh), 4, (int)json_integer_value(f), 0, 0};
+                c.layers[l] = (ac_layer_arch){(int)json_integer_value(hh), 4, (int)json_integer_value(f), 0, 0, 0};
             int drop = 8 - (int)json_integer_value(nl); /* bi sorted: 0.02 (3), 0.04 (6), ... */
-            if (drop >= 1) c.layers[3] = (ac_layer_arch){0, 0, 0, 0, 0};
+            if (drop >= 1) c.layers[3] = (ac_layer_arch){0, 0, 0, 0, 0, 0};
             ac_cost k;
             predict(&t, &w, &p, &c, &k);
             double v = ac_constraints_violation(&P.limits, &k);
@@ -493,13 +493,13 @@ static void scored_search(int L, int cover[3]) {
         ac_arch ca;
         CHECK(ac_arch_copy(&ca, &m.a, &e) == 0, "%s", e.msg);
         ca.hidden = (int)json_integer_value(json_object_get(c, "hidden_size"));
-        for (int l = 0; l < ca.n_layers; l++) ca.layers[l] = (ac_layer_arch){0, 0, 0, 0, 0};
+        for (int l = 0; l < ca.n_layers; l++) ca.layers[l] = (ac_layer_arch){0, 0, 0, 0, 0, 0};
         size_t k;
         json_t *lk;
         json_array_foreach(json_object_get(c, "layers_kept"), k, lk) {
             ca.layers[json_integer_value(lk)] = (ac_layer_arch){
                 (int)json_integer_value(json_object_get(c, "num_attention_heads")), m.a.layers[0].n_kv_heads,
-                (int)json_integer_value(json_object_get(c, "ffn_hidden_size")), 0, 0};
+                (int)json_integer_value(json_object_get(c, "ffn_hidden_size")), 0, 0, 0};
         }
         cover[0] += ca.hidden < m.a.hidden;
         cover[1] += json_integer_value(json_object_get(c, "num_attention_heads")) < m.a.layers[0].n_heads;

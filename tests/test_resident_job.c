@@ -219,8 +219,8 @@ static void tied_and_removed(void) {
         CHECK(0, "out of memory");
         return;
     }
-    la[1] = (ac_layer_arch){0, 0, 96, 0, 0}; /* no attention */
-    la[2] = (ac_layer_arch){4, 2, 0, 0, 0};  /* no FFN */
+    la[1] = (ac_layer_arch){0, 0, 96, 0, 0, 0}; /* no attention */
+    la[2] = (ac_layer_arch){4, 2, 0, 0, 0, 0};  /* no FFN */
     a.tie_embeddings = a.qkv_bias = 1;
     if (ac_model_alloc(&f, &a, &e)) {
         CHECK(0, "%s", e.msg);
@@ -264,7 +264,7 @@ static void tied_and_removed(void) {
     /* pruned: fp32 and BF16 students */
     ac_importance imp;
     test_orders(&a, &imp);
-    ac_layer_arch tl[3] = {{4, 1, 128, 0, 0}, {0, 0, 64, 0, 0}, {2, 1, 0, 0, 0}};
+    ac_layer_arch tl[3] = {{4, 1, 128, 0, 0, 0}, {0, 0, 64, 0, 0, 0}, {2, 1, 0, 0, 0, 0}};
     ac_arch t = a;
     t.hidden = 48;
     t.layers = tl;

@@ -80,7 +80,24 @@ static float *train_ptr(ac_trainer *t, const char *name) {
         if (sscanf(gn, "ffn.%d", &l) == 1) return G->ffn[l];
         return NULL;
     }
-    if (!strcmp(name, "model.embed_tokens.weight")) return t->g.embed;
+    if (!strcmp(name, "model.embed_tokens.weight") || !strcmp(name, "backbone.embeddings.weight")) return t->g.embed;
+    if (!strcmp(name, "backbone.norm_f.weight")) return t->g.final_norm;
+    if (sscanf(name, "backbone.layers.%d.%199s", &l, rest) == 2 && l >= 0 && l < t->m->a.n_layers) {
+        /* nemotron_h: one norm and one mixer a layer */
+        ac_layer_w *w = &t->g.L[l];
+        const ac_layer_arch *L = &t->m->a.layers[l];
+        static const char *hn[] = {"mixer.q_proj.weight", "mixer.k_proj.weight", "mixer.v_proj.weight",
+                                   "mixer.o_proj.weight", "mixer.up_proj.weight", "mixer.down_proj.weight",
+                                   "mixer.in_proj.weight", "mixer.out_proj.weight", "mixer.conv1d.weight",
+                                   "mixer.conv1d.bias", "mixer.dt_bias", "mixer.A_log",
+                                   "mixer.D", "mixer.norm.weight"};
+        float *hp[] = {w->wq,     w->wk,     w->wv,      w->wo,    w->wu,    w->wd,    w->ssm_in,
+                       w->ssm_out, w->conv_w, w->conv_b, w->dt_bias, w->a_log, w->ssm_d, w->ssm_norm};
+        if (!strcmp(rest, "norm.weight")) return L->ffn ? w->post_norm : w->in_norm;
+        for (size_t i = 0; i < sizeof hn / sizeof *hn; i++)
+            if (!strcmp(rest, hn[i])) return hp[i];
+        return NULL;
+    }
     if (!strcmp(name, "lm_head.weight")) return t->g.lm_head;
     if (!strcmp(name, "model.norm.weight")) return t->g.final_norm;
     if (sscanf(name, "model.layers.%d.%199s", &l, rest) != 2 || l < 0 || l >= t->m->a.n_layers) return NULL;
@@ -214,6 +231,7 @@ GRAD_TEST(test_grad_deci_hetero, "deci_hetero")
 GRAD_TEST(test_grad_qwen3_hd_bf16, "qwen3_hd_bf16")
 GRAD_TEST(test_grad_qwen3moe_mixed_bf16, "qwen3moe_mixed_bf16")
 GRAD_TEST(test_grad_mixtral_f32, "mixtral_f32")
+GRAD_TEST(test_grad_nemotronh_bf16, "nemotronh_bf16")
 
 /* Two backward passes at scale 1/2 on halves of a batch accumulate to the
  * gradient of the mean over the whole batch (per-row losses normalise by
@@ -941,6 +959,7 @@ int main(void) {
     RUN(test_grad_qwen3_hd_bf16);
     RUN(test_grad_qwen3moe_mixed_bf16);
     RUN(test_grad_mixtral_f32);
+    RUN(test_grad_nemotronh_bf16);
     RUN(test_accumulation);
     RUN(test_kv_group_gate);
     RUN(test_adamw);

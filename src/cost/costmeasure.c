@@ -134,7 +134,7 @@ static void probe_arch(int H, ac_arch *a, ac_layer_arch la[4]) {
     a->eps = 1e-5f;
     a->rope_theta = 10000;
     a->bos_id = a->eos_id = -1;
-    for (int l = 0; l < 4; l++) la[l] = (ac_layer_arch){H / 64, H / 128 > 0 ? H / 128 : 1, 3 * H, 0, 0};
+    for (int l = 0; l < 4; l++) la[l] = (ac_layer_arch){H / 64, H / 128 > 0 ? H / 128 : 1, 3 * H, 0, 0, 0};
     a->layers = la;
 }
 

@@ -446,6 +446,10 @@ fail:
 static int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_ctx, const float *rope_cos,
                              const float *rope_sin, acc_engine **out, char *err, size_t errn) {
     const ac_arch *a = &m->a;
+    if (a->hybrid) {
+        snprintf(err, errn, "the CUDA engine has no Mamba-2 op yet (hybrid nemotron_h models run on the CPU engine)");
+        return -1;
+    }
     acc_engine *en = new acc_engine();
     memset(&en->a, 0, sizeof en->a);
     en->dev = dev;
@@ -610,6 +614,12 @@ static int layer_forward(acc_engine *en, int l, int B, int n, int pos0, char *er
             case AC_OP_KV_MERGE:
             case AC_OP_MASK:
             case AC_OP_MASK_HIDDEN: break;
+            case AC_OP_RELU2:
+            case AC_OP_SSM_CONV:
+            case AC_OP_SSM_SCAN:
+            case AC_OP_GATED_NORM: // hybrid models: refused at create
+                snprintf(err, errn, "the CUDA engine has no Mamba-2 / squared-ReLU op yet");
+                return -1;
             }
         }
     }

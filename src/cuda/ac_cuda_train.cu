@@ -658,6 +658,11 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
         snprintf(err, errn, "trainer: context %d above the CUDA trainer's 6144", max_T);
         return -1;
     }
+    if (m->a.hybrid) {
+        snprintf(err, errn, "trainer: the CUDA trainer has no Mamba-2 op yet (hybrid nemotron_h models train on the "
+                            "CPU)");
+        return -1;
+    }
     for (int l = 0; l < m->a.n_layers; l++)
         if (m->a.layers[l].n_experts) {
             snprintf(err, errn, "trainer: the CUDA trainer has no mixture-of-experts op yet (layer %d)", l);
@@ -736,6 +741,12 @@ static int op_fwd(acc_trainer *t, const top *o, bool recompute, char *err, size_
     case AC_OP_EXPERTS: // MoE: refused at create and by op_test (no device op yet)
         snprintf(err, errn, "the CUDA trainer has no mixture-of-experts op yet");
         return -1;
+    case AC_OP_RELU2:
+    case AC_OP_SSM_CONV:
+    case AC_OP_SSM_SCAN:
+    case AC_OP_GATED_NORM: // hybrid models: refused at create and by op_test
+        snprintf(err, errn, "the CUDA trainer has no Mamba-2 / squared-ReLU op yet");
+        return -1;
     }
     return 0;
 }
@@ -802,6 +813,10 @@ static int op_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
     case AC_OP_MASK_HIDDEN: break;
     case AC_OP_ROUTE:
     case AC_OP_EXPERTS: snprintf(err, errn, "the CUDA trainer has no mixture-of-experts op yet"); return -1;
+    case AC_OP_RELU2:
+    case AC_OP_SSM_CONV:
+    case AC_OP_SSM_SCAN:
+    case AC_OP_GATED_NORM: snprintf(err, errn, "the CUDA trainer has no Mamba-2 / squared-ReLU op yet"); return -1;
     }
     return 0;
 }
@@ -876,7 +891,11 @@ static float *sub_walk(acc_trainer *t, int l, int sb, int B, int T, float **tp, 
         case AC_OP_KV_MERGE:
         case AC_OP_MASK_HIDDEN:
         case AC_OP_ROUTE:
-        case AC_OP_EXPERTS: o.out = cur[op->out]; break; // MoE: op_fwd refuses it
+        case AC_OP_EXPERTS:
+        case AC_OP_RELU2:
+        case AC_OP_SSM_CONV:
+        case AC_OP_SSM_SCAN:
+        case AC_OP_GATED_NORM: o.out = cur[op->out]; break; // MoE, hybrid: op_fwd refuses them
         }
         if (op_fwd(t, &o, !fwd, err, errn)) return NULL;
         cur[op->out] = o.out;

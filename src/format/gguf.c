@@ -32,11 +32,26 @@ int ac_gguf_is_path(const char *path) {
 }
 
 const char *ac_gguf_arch_name(const ac_arch *a) {
+    if (a->hybrid) return "nemotron_h";
     if (ac_arch_has_moe(a)) return a->qk_norm ? "qwen3moe" : "llama";
     return a->qk_norm ? "qwen3" : ac_arch_is_uniform(a) ? "llama" : "deci";
 }
 
 int ac_gguf_check_arch(const ac_arch *a, ac_err *e) {
+    if (a->hybrid) { /* llama.cpp's nemotron_h: per-layer KV heads and MLP widths, one query-head and Mamba-head count */
+        int nh = 0, mh = 0;
+        for (int l = 0; l < a->n_layers; l++) {
+            const ac_layer_arch *L = &a->layers[l];
+            if ((L->n_heads && nh && L->n_heads != nh) || (L->ssm_heads && mh && L->ssm_heads != mh))
+                return ac_errf(e, "export target gguf: llama.cpp's nemotron_h has one query-head count and one "
+                                  "Mamba-head count for every layer (layer %d differs)",
+                               l);
+            if (!L->n_heads + !L->ffn + !L->ssm_heads != 2)
+                return ac_errf(e, "export target gguf: nemotron_h layer %d must hold exactly one mixer", l);
+            nh = L->n_heads ? L->n_heads : nh, mh = L->ssm_heads ? L->ssm_heads : mh;
+        }
+        return 0;
+    }
     if (ac_arch_has_moe(a)) {
         if (!ac_arch_is_uniform(a))
             return ac_errf(e, "export target gguf: llama.cpp's MoE architectures (llama for Mixtral, qwen3moe) have "
@@ -219,7 +234,24 @@ static void write_hparams(gbuf *b, const ac_arch *a, const char *arch, int dtype
         if (!strcmp(arch, "qwen3moe"))
             kv_u32(b, ak(arch, "expert_feed_forward_length"), (uint32_t)a->layers[0].expert_ffn);
     }
-    if (strcmp(arch, "deci")) {
+    if (a->hybrid) { /* nemotron_h: a layer is Mamba when its KV heads and FFN width are both 0 */
+        int nh = 1, mh = 0;
+        const char *names[2] = {"feed_forward_length", "attention.head_count_kv"};
+        for (int k = 0; k < 2; k++) {
+            kv_arr(b, ak(arch, names[k]), GG_I32, (uint64_t)a->n_layers);
+            for (int l = 0; l < a->n_layers; l++) g32(b, (uint32_t)(k ? a->layers[l].n_kv_heads : a->layers[l].ffn));
+        }
+        for (int l = 0; l < a->n_layers; l++) {
+            if (a->layers[l].n_heads) nh = a->layers[l].n_heads;
+            if (a->layers[l].ssm_heads) mh = a->layers[l].ssm_heads;
+        }
+        kv_u32(b, ak(arch, "attention.head_count"), (uint32_t)nh);
+        kv_u32(b, ak(arch, "ssm.conv_kernel"), (uint32_t)a->ssm_conv);
+        kv_u32(b, ak(arch, "ssm.state_size"), (uint32_t)a->ssm_state);
+        kv_u32(b, ak(arch, "ssm.group_count"), (uint32_t)a->ssm_groups);
+        kv_u32(b, ak(arch, "ssm.inner_size"), (uint32_t)(mh * a->ssm_head_dim));
+        kv_u32(b, ak(arch, "ssm.time_step_rank"), (uint32_t)mh); /* the Mamba heads, not a dt rank */
+    } else if (strcmp(arch, "deci")) {
         kv_u32(b, ak(arch, "feed_forward_length"),
                (uint32_t)(a->layers[0].n_experts ? a->layers[0].expert_ffn : a->layers[0].ffn));
         kv_u32(b, ak(arch, "attention.head_count"), (uint32_t)a->layers[0].n_heads);
@@ -236,6 +268,7 @@ static void write_hparams(gbuf *b, const ac_arch *a, const char *arch, int dtype
     }
     kv_f32(b, ak(arch, "rope.freq_base"), a->rope_theta);
     kv_f32(b, ak(arch, "attention.layer_norm_rms_epsilon"), a->eps);
+    if (a->hybrid) kv_f32(b, ak(arch, "attention.layer_norm_epsilon"), a->eps); /* what llama.cpp's nemotron_h reads */
     kv_u32(b, ak(arch, "attention.key_length"), (uint32_t)a->head_dim);
     kv_u32(b, ak(arch, "attention.value_length"), (uint32_t)a->head_dim);
     kv_u32(b, ak(arch, "rope.dimension_count"), (uint32_t)a->head_dim);
@@ -476,12 +509,51 @@ static int list_tensors(const ac_model *m, int dtype, gg_tensor *t, int *nt, flo
     *nt = 0;
     int wdt = ac_model_wdt(m);
     add_t(t, nt, "token_embd.weight", m->embed, wdt, a->vocab, H, 0, dtype);
+    float *aneg = *freqs; /* nemotron_h: -exp(A_log) of every Mamba layer, llama.cpp's ssm_a */
     for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        const ac_layer_w *w = &m->L[l];
+        if (a->hybrid) { /* llama.cpp's nemotron_h names; the conv, A, D and the gated norm in F32 */
+            char nm[64];
+            int lw = ac_model_wdt(m);
+#define HT(sfx, src, sdt, r, c)                                                                                        \
+    snprintf(nm, sizeof nm, "blk.%d.%s", l, sfx);                                                                      \
+    add_t(t, nt, nm, src, sdt, r, c, 0, dtype)
+            HT("attn_norm.weight", L->ffn ? w->post_norm : w->in_norm, ST_F32, H, 0);
+            if (L->ffn) {
+                HT("ffn_up.weight", w->wu, lw, L->ffn, H);
+                HT("ffn_down.weight", w->wd, lw, H, L->ffn);
+            } else if (L->n_heads) {
+                int64_t q = (int64_t)L->n_heads * hd, kv = (int64_t)L->n_kv_heads * hd; /* no RoPE: no permutation */
+                HT("attn_q.weight", w->wq, lw, q, H);
+                HT("attn_k.weight", w->wk, lw, kv, H);
+                HT("attn_v.weight", w->wv, lw, kv, H);
+                HT("attn_output.weight", w->wo, lw, H, q);
+            } else {
+                int64_t nh = L->ssm_heads, di = nh * a->ssm_head_dim, C = di + 2 * (int64_t)a->ssm_groups * a->ssm_state;
+                for (int64_t h = 0; h < nh; h++) aneg[h] = -expf(w->a_log[h]);
+                HT("ssm_in.weight", w->ssm_in, lw, di + C + nh, H);
+                HT("ssm_conv1d.weight", w->conv_w, ST_F32, C, a->ssm_conv);
+                t[*nt - 1].type = GGML_F32;
+                if (w->conv_b) {
+                    HT("ssm_conv1d.bias", w->conv_b, ST_F32, C, 0);
+                }
+                HT("ssm_dt.bias", w->dt_bias, ST_F32, nh, 0);
+                HT("ssm_a", aneg, ST_F32, nh, 1);
+                t[*nt - 1].type = GGML_F32;
+                HT("ssm_d", w->ssm_d, ST_F32, nh, 1);
+                t[*nt - 1].type = GGML_F32;
+                HT("ssm_norm.weight", w->ssm_norm, ST_F32, a->ssm_groups, di / a->ssm_groups);
+                t[*nt - 1].type = GGML_F32;
+                HT("ssm_out.weight", w->ssm_out, lw, H, di);
+                aneg += nh;
+            }
+#undef HT
+            continue;
+        }
         gg_layer_tensor lt[GG_LAYER_TENSORS];
         int k = gg_layer_tensors(a, l, &m->L[l], lt), lw = ac_model_wdt(m); /* read only here */
         for (int i = 0; i < k; i++) add_t(t, nt, lt[i].name, *lt[i].w, lw, lt[i].rows, lt[i].cols, lt[i].perm, dtype);
-        const ac_layer_arch *L = &a->layers[l];
-        const ac_layer_w *w = &m->L[l];
         float *const *parts[3] = {w->eg, w->eu, w->ed};
         for (int x = 0; L->n_experts && x < 3; x++) { /* the experts stacked, expert index outermost */
             char nm[64];
@@ -493,6 +565,7 @@ static int list_tensors(const ac_model *m, int dtype, gg_tensor *t, int *nt, flo
     }
     add_t(t, nt, "output_norm.weight", m->final_norm, ST_F32, H, 0, 0, dtype);
     if (!a->tie_embeddings) add_t(t, nt, "output.weight", m->lm_head, wdt, a->vocab, H, 0, dtype);
+    if (a->hybrid) return 0; /* *freqs: the -exp(A_log) buffer; no RoPE */
     *freqs = NULL;
     if (a->rope_llama3) { /* convert_hf_to_gguf.py's rope_freqs: the divisor of each frequency */
         n = hd / 2;
@@ -583,6 +656,14 @@ int ac_gguf_write(const ac_model *m, const char *tokenizer_json, const char *pat
         goto out;
     }
     write_hparams(&kv, a, arch, dtype);
+    if (a->hybrid) { /* list_tensors fills it with each Mamba layer's -exp(A_log) */
+        size_t na = 1;
+        for (int l = 0; l < a->n_layers; l++) na += (size_t)a->layers[l].ssm_heads;
+        if (!(freqs = malloc(sizeof(float) * na))) {
+            rc = ac_errf(e, "out of memory");
+            goto out;
+        }
+    }
     if ((tokenizer_json && write_tokenizer(&kv, a, tokenizer_json, e)) || list_tensors(m, dtype, t, &nt, &freqs, e)) {
         rc = -1;
         goto out;

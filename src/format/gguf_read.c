@@ -334,7 +334,7 @@ static int read_arch_layers(const gfile *g, const char *arch, ac_arch *a, ac_err
     }
     for (int l = 0; l < a->n_layers && !rc; l++) {
         ac_layer_arch *L = &a->layers[l];
-        *L = (ac_layer_arch){tmp[l], tmp[a->n_layers + l], tmp[2 * a->n_layers + l], 0, 0};
+        *L = (ac_layer_arch){tmp[l], tmp[a->n_layers + l], tmp[2 * a->n_layers + l], 0, 0, 0};
         if (L->n_heads && (L->n_kv_heads <= 0 || L->n_heads % L->n_kv_heads))
             rc = ac_errf(e,
                          "gguf: layer %d has %d heads and %d KV heads (llama.cpp's linear attention is not supported)",

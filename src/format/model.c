@@ -42,6 +42,11 @@ static const struct {
     {"n_heads_in_group", 4096},
     {"max_position_embeddings", 1 << 24},
     {"original_max_position_embeddings", 1 << 24},
+    {"mamba_num_heads", 1 << 16},
+    {"mamba_head_dim", 4096},
+    {"ssm_state_size", 4096},
+    {"n_groups", 4096},
+    {"conv_kernel", 64},
 };
 
 /* The range of each real-valued config.json entry: (lo, hi], finite. */
@@ -51,6 +56,7 @@ static const struct {
 } NUM_RANGE_OF[] = {
     {"rope_theta", 0, 1e12}, {"rms_norm_eps", 0, 1},           {"factor", 0, 1e4},
     {"low_freq_factor", 0, 1e4}, {"high_freq_factor", 0, 1e4}, {"ffn_mult", 0, 64},
+    {"layer_norm_epsilon", 0, 1},
 };
 
 static int get_int(const json_t *o, const char *k, int def, int *out, ac_err *e) {
@@ -161,7 +167,7 @@ static int config_layers(const json_t *cfg, const char *mt, int deci, int nh, in
         return ac_errf(e, "config.json: %s needs block_configs with one entry per layer", mt);
     for (int l = 0; l < a->n_layers; l++) {
         ac_layer_arch *L = &a->layers[l];
-        *L = (ac_layer_arch){nh, nkv, ffn, 0, 0};
+        *L = (ac_layer_arch){nh, nkv, ffn, 0, 0, 0};
         if (deci && deci_block(json_array_get(bc, l), l, nh, a->hidden, L, e)) return -1;
     }
     for (int l = 0; l < a->n_layers; l++) {
@@ -210,6 +216,78 @@ static int config_moe(const json_t *cfg, const char *mt, ac_arch *a, ac_err *e) 
     return 0;
 }
 
+/* nemotron_h: the layer pattern (hybrid_override_pattern, one character a
+ * layer: M Mamba-2, * attention, - MLP; or layers_block_type, a list of
+ * "mamba" / "attention" / "mlp") and the Mamba-2 shapes. One mixer a
+ * layer: a layer holds attention (heads), an MLP (ffn) or a Mamba-2 mixer
+ * (ssm_heads), never two. MoE layers (E / "moe") are refused for now. */
+static int config_hybrid(const json_t *cfg, int nh, int nkv, int ffn, ac_arch *a, ac_err *e) {
+    json_t *pat = json_object_get(cfg, "hybrid_override_pattern"), *lbt = json_object_get(cfg, "layers_block_type");
+    int n = 0;
+    char kinds[4097];
+    if (json_is_string(pat)) {
+        const char *p = json_string_value(pat);
+        if (strlen(p) > 4096) return ac_errf(e, "config.json: hybrid_override_pattern is longer than 4096 layers");
+        for (; p[n]; n++) kinds[n] = p[n];
+    } else if (json_is_array(lbt) && json_array_size(lbt) <= 4096) {
+        static const char *names[] = {"mamba", "attention", "mlp", "moe"}, ch[] = "M*-E";
+        for (; n < (int)json_array_size(lbt); n++) {
+            const char *k = json_string_value(json_array_get(lbt, n));
+            kinds[n] = '?';
+            for (int i = 0; k && i < 4; i++)
+                if (!strcmp(k, names[i])) kinds[n] = ch[i];
+        }
+    } else
+        return ac_errf(e, "config.json: nemotron_h needs hybrid_override_pattern (a string) or layers_block_type");
+    if (n == 0) return ac_errf(e, "config.json: nemotron_h's layer pattern is empty");
+    if (json_is_integer(json_object_get(cfg, "num_hidden_layers")) && a->n_layers != n)
+        return ac_errf(e, "config.json: hybrid_override_pattern has %d layers, num_hidden_layers says %d", n,
+                       a->n_layers);
+    a->n_layers = n;
+    int P = 0, N = 0, G = 0, K = 0, mh = 0;
+    json_t *ng = json_object_get(cfg, "n_groups"), *ck = json_object_get(cfg, "conv_kernel");
+    if (get_int(cfg, "mamba_num_heads", 0, &mh, e) || get_int(cfg, "mamba_head_dim", 0, &P, e) ||
+        get_int(cfg, "ssm_state_size", 0, &N, e) || get_int(cfg, ng ? "n_groups" : "mamba_n_groups", 1, &G, e) ||
+        get_int(cfg, ck ? "conv_kernel" : "mamba_d_conv", 4, &K, e))
+        return -1;
+    const char *act = json_string_value(json_object_get(cfg, "mlp_hidden_act"));
+    const char *mact = json_string_value(json_object_get(cfg, "mamba_hidden_act"));
+    if (act && strcmp(act, "relu2"))
+        return ac_errf(e, "config.json: nemotron_h mlp_hidden_act %s is not supported (relu2)", act);
+    if (mact && strcmp(mact, "silu"))
+        return ac_errf(e, "config.json: nemotron_h mamba_hidden_act %s is not supported (silu)", mact);
+    if (json_is_true(json_object_get(cfg, "use_bias")) || json_is_true(json_object_get(cfg, "mamba_proj_bias")))
+        return ac_errf(e, "config.json: nemotron_h in_proj/out_proj biases (use_bias) are not supported");
+    a->layers = calloc(n, sizeof *a->layers);
+    if (!a->layers) return ac_errf(e, "out of memory");
+    for (int l = 0; l < n; l++) {
+        ac_layer_arch *L = &a->layers[l];
+        switch (kinds[l]) {
+        case 'M': L->ssm_heads = mh; break;
+        case '*': L->n_heads = nh, L->n_kv_heads = nkv; break;
+        case '-': L->ffn = ffn; break;
+        case 'E':
+            return ac_errf(e, "config.json: nemotron_h layer %d is a mixture of experts (E): Nemotron-H MoE layers "
+                              "(sigmoid router, shared expert, relu2 experts) are not supported yet",
+                           l);
+        default: return ac_errf(e, "config.json: nemotron_h layer %d has an unknown type", l);
+        }
+        if (kinds[l] == 'M' && (mh <= 0 || P <= 0 || N <= 0 || G <= 0 || K <= 0 || mh % G))
+            return ac_errf(e, "config.json: nemotron_h Mamba layers need mamba_num_heads, mamba_head_dim, "
+                              "ssm_state_size > 0 and mamba_num_heads (%d) divisible by n_groups (%d)",
+                           mh, G);
+        if (kinds[l] == '*' && (nkv <= 0 || nh % nkv))
+            return ac_errf(e, "config.json: nemotron_h attention: %d heads not divisible by %d KV heads", nh, nkv);
+        if (kinds[l] == '-' && ffn <= 0) return ac_errf(e, "config.json: nemotron_h MLP layers need intermediate_size");
+    }
+    if (a->qkv_bias) return ac_errf(e, "config.json: nemotron_h attention biases are not supported");
+    a->hybrid = 1;
+    a->ssm_head_dim = P, a->ssm_state = N, a->ssm_groups = G, a->ssm_conv = K;
+    a->ssm_conv_bias = !json_is_false(json_object_get(cfg, "use_conv_bias")) &&
+                       !json_is_false(json_object_get(cfg, "mamba_conv_bias"));
+    return 0;
+}
+
 /* RoPE base and scaling, biases, the sliding window, BOS/EOS. */
 static int config_extras(const json_t *cfg, const char *mt, ac_arch *a, ac_err *e) {
     double theta = 0;
@@ -247,12 +325,12 @@ int ac_arch_from_config(const json_t *cfg, ac_arch *a, ac_err *e) {
     if (!json_is_object(cfg)) return ac_errf(e, "config.json is not a JSON object");
     const char *mt = json_string_value(json_object_get(cfg, "model_type"));
     if (!mt) return ac_errf(e, "config.json: missing model_type");
-    int deci = strcmp(mt, "nemotron-nas") == 0 || strcmp(mt, "deci") == 0;
-    if (!deci && strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2") && strcmp(mt, "qwen3") &&
+    int deci = strcmp(mt, "nemotron-nas") == 0 || strcmp(mt, "deci") == 0, hyb = strcmp(mt, "nemotron_h") == 0;
+    if (!deci && !hyb && strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2") && strcmp(mt, "qwen3") &&
         strcmp(mt, "qwen3_moe") && strcmp(mt, "mixtral"))
         return ac_errf(e,
                        "config.json: model_type %s is not supported (llama, mistral, qwen2, qwen3, qwen3_moe, "
-                       "mixtral, nemotron-nas)",
+                       "mixtral, nemotron-nas, nemotron_h)",
                        mt);
     snprintf(a->model_type, sizeof a->model_type, "%s", mt);
     int nh = 0, nkv = 0, ffn = 0;
@@ -260,8 +338,10 @@ int ac_arch_from_config(const json_t *cfg, ac_arch *a, ac_err *e) {
     if (get_int(cfg, "vocab_size", 0, &a->vocab, e) || get_int(cfg, "hidden_size", 0, &a->hidden, e) ||
         get_int(cfg, "num_hidden_layers", 0, &a->n_layers, e) || get_int(cfg, "num_attention_heads", 0, &nh, e) ||
         get_int(cfg, "num_key_value_heads", nh, &nkv, e) || get_int(cfg, "intermediate_size", 0, &ffn, e) ||
-        get_int(cfg, "max_position_embeddings", 2048, &a->max_pos, e) || get_num(cfg, "rms_norm_eps", 1e-6, &eps, e))
+        get_int(cfg, "max_position_embeddings", 2048, &a->max_pos, e) ||
+        get_num(cfg, hyb ? "layer_norm_epsilon" : "rms_norm_eps", 1e-6, &eps, e))
         return -1;
+    if (hyb && !a->n_layers) a->n_layers = 1; /* the pattern's length (config_hybrid) */
     if (!a->vocab || !a->hidden || !a->n_layers || !nh)
         return ac_errf(e, "config.json: vocab_size, hidden_size, num_hidden_layers and num_attention_heads are "
                           "required and > 0");
@@ -270,7 +350,8 @@ int ac_arch_from_config(const json_t *cfg, ac_arch *a, ac_err *e) {
         return ac_errf(e, "config.json: head_dim %d must be even and > 0", a->head_dim);
     a->eps = (float)eps;
     if (config_extras(cfg, mt, a, e)) return -1;
-    if (config_layers(cfg, mt, deci, nh, nkv, ffn, a, e) || config_moe(cfg, mt, a, e)) {
+    if (hyb ? config_hybrid(cfg, nh, nkv, ffn, a, e)
+            : (config_layers(cfg, mt, deci, nh, nkv, ffn, a, e) || config_moe(cfg, mt, a, e))) {
         ac_arch_free(a);
         return -1;
     }
@@ -311,6 +392,18 @@ int ac_arch_is_uniform(const ac_arch *a) {
     return 1;
 }
 
+int ac_arch_is_hybrid(const ac_arch *a) { return a->hybrid != 0; }
+
+int ac_ssm_inner(const ac_arch *a, int l) { return a->layers[l].ssm_heads * a->ssm_head_dim; }
+
+int ac_ssm_conv_dim(const ac_arch *a, int l) {
+    return a->layers[l].ssm_heads ? ac_ssm_inner(a, l) + 2 * a->ssm_groups * a->ssm_state : 0;
+}
+
+int ac_ssm_in_dim(const ac_arch *a, int l) {
+    return a->layers[l].ssm_heads ? ac_ssm_inner(a, l) + ac_ssm_conv_dim(a, l) + a->layers[l].ssm_heads : 0;
+}
+
 int ac_arch_has_moe(const ac_arch *a) {
     for (int l = 0; l < a->n_layers; l++)
         if (a->layers[l].n_experts) return 1;
@@ -324,7 +417,10 @@ double ac_arch_params(const ac_arch *a) {
         if (L->n_heads)
             p += H + 2 * H * L->n_heads * hd + 2 * H * L->n_kv_heads * hd +
                  (a->qkv_bias ? (L->n_heads + 2 * L->n_kv_heads) * hd : 0) + (a->qk_norm ? 2 * hd : 0);
-        if (L->ffn) p += H + 3 * H * L->ffn;
+        if (L->ffn) p += H + (a->hybrid ? 2 : 3) * H * L->ffn; /* nemotron_h's MLP: up, down */
+        if (L->ssm_heads) /* norm, in_proj, conv (+ bias), dt_bias, A_log, D, gated norm, out_proj */
+            p += H + (double)ac_ssm_in_dim(a, l) * H + (double)ac_ssm_conv_dim(a, l) * (a->ssm_conv + 1) +
+                 3.0 * L->ssm_heads + 2.0 * ac_ssm_inner(a, l) + H * (double)ac_ssm_inner(a, l);
         if (L->n_experts) p += H + (double)L->n_experts * (H + 3 * H * L->expert_ffn);
     }
     return p;
@@ -338,6 +434,10 @@ json_t *ac_arch_to_json(const ac_arch *a) {
         if (L->n_experts) {
             json_object_set_new(o, "experts", json_integer(L->n_experts));
             json_object_set_new(o, "expert_ffn", json_integer(L->expert_ffn));
+        }
+        if (a->hybrid) {
+            json_object_set_new(o, "type", json_string(L->ssm_heads ? "mamba" : L->n_heads ? "attention" : "mlp"));
+            if (L->ssm_heads) json_object_set_new(o, "ssm_heads", json_integer(L->ssm_heads));
         }
         json_array_append_new(layers, o);
     }
@@ -385,7 +485,10 @@ int ac_arch_from_json(const json_t *j, const ac_arch *base, ac_arch *out, ac_err
         json_int_t ei = json_is_integer(xe) ? json_integer_value(xe) : 0,
                    ef = json_is_integer(xf) ? json_integer_value(xf) : 0;
         if (ei < 0 || ei > 1 << 16 || ef < 0 || ef > 1 << 20 || (ei && (!ef || ei < out->top_k || fi))) goto bad;
-        out->layers[l] = (ac_layer_arch){(int)ai, ai ? (int)ki : 0, (int)fi, (int)ei, ei ? (int)ef : 0};
+        json_t *xs = json_object_get(L, "ssm_heads");
+        json_int_t si = json_is_integer(xs) ? json_integer_value(xs) : 0;
+        if (si < 0 || si > 1 << 16 || (si && (!base->hybrid || si % base->ssm_groups))) goto bad;
+        out->layers[l] = (ac_layer_arch){(int)ai, ai ? (int)ki : 0, (int)fi, (int)ei, ei ? (int)ef : 0, (int)si};
         any_moe |= ei > 0;
     }
     if (any_moe && base->n_layers > 0 && !moe_base) {
@@ -404,7 +507,54 @@ bad:
                       "ffn 0); hidden/head_dim/vocab positive");
 }
 
+/* nemotron_h's config: the pattern from each layer's mixer, one width per
+ * layer type (the first layer's of that type; ac_model_save refuses a
+ * hybrid whose layers of one type differ). */
+static json_t *hybrid_config(const ac_arch *a) {
+    int nh = 0, nkv = 0, ffn = 0, mh = 0;
+    char *pat = malloc((size_t)a->n_layers + 1);
+    for (int l = 0; pat && l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        pat[l] = L->ssm_heads ? 'M' : L->n_heads ? '*' : '-';
+        if (L->ssm_heads && !mh) mh = L->ssm_heads;
+        if (L->n_heads && !nh) nh = L->n_heads, nkv = L->n_kv_heads;
+        if (L->ffn && !ffn) ffn = L->ffn;
+    }
+    if (pat) pat[a->n_layers] = 0;
+    json_t *c = json_object();
+    json_object_set_new(c, "architectures", json_pack("[s]", "NemotronHForCausalLM"));
+    json_object_set_new(c, "model_type", json_string("nemotron_h"));
+    json_object_set_new(c, "vocab_size", json_integer(a->vocab));
+    json_object_set_new(c, "hidden_size", json_integer(a->hidden));
+    json_object_set_new(c, "num_hidden_layers", json_integer(a->n_layers));
+    json_object_set_new(c, "hybrid_override_pattern", json_string(pat ? pat : ""));
+    json_object_set_new(c, "num_attention_heads", json_integer(nh ? nh : 1));
+    json_object_set_new(c, "num_key_value_heads", json_integer(nkv ? nkv : 1));
+    json_object_set_new(c, "head_dim", json_integer(a->head_dim));
+    json_object_set_new(c, "intermediate_size", json_integer(ffn));
+    json_object_set_new(c, "mlp_hidden_act", json_string("relu2"));
+    json_object_set_new(c, "mamba_hidden_act", json_string("silu"));
+    json_object_set_new(c, "mamba_num_heads", json_integer(mh));
+    json_object_set_new(c, "mamba_head_dim", json_integer(a->ssm_head_dim));
+    json_object_set_new(c, "ssm_state_size", json_integer(a->ssm_state));
+    json_object_set_new(c, "n_groups", json_integer(a->ssm_groups));
+    json_object_set_new(c, "conv_kernel", json_integer(a->ssm_conv));
+    json_object_set_new(c, "use_conv_bias", json_boolean(a->ssm_conv_bias));
+    json_object_set_new(c, "use_bias", json_false());
+    json_object_set_new(c, "mlp_bias", json_false());
+    json_object_set_new(c, "attention_bias", json_false());
+    json_object_set_new(c, "layer_norm_epsilon", json_real(a->eps));
+    json_object_set_new(c, "max_position_embeddings", json_integer(a->max_pos));
+    json_object_set_new(c, "tie_word_embeddings", json_boolean(a->tie_embeddings));
+    json_object_set_new(c, "torch_dtype", json_string("bfloat16"));
+    if (a->bos_id >= 0) json_object_set_new(c, "bos_token_id", json_integer(a->bos_id));
+    if (a->eos_id >= 0) json_object_set_new(c, "eos_token_id", json_integer(a->eos_id));
+    free(pat);
+    return c;
+}
+
 json_t *ac_arch_to_config(const ac_arch *a) {
+    if (a->hybrid) return hybrid_config(a);
     int nh = 0, nkv = 0, ffn = 0;
     for (int l = 0; l < a->n_layers; l++) {
         if (a->layers[l].n_heads > nh) {
@@ -576,6 +726,31 @@ static float *load_tensor(const st_set *s, const char *name, int64_t d0, int64_t
     return p;
 }
 
+/* A depthwise conv's weight [C,1,K] (or [C,K]) as fp32 [C][K] (malloc'd). */
+static float *load_conv(const st_set *s, const char *name, int64_t C, int64_t K, ac_err *e) {
+    const st_tensor *t = st_set_find(s, name);
+    if (!t) {
+        ac_errf(e, "missing tensor %s", name);
+        return NULL;
+    }
+    if (!((t->ndim == 3 && t->shape[0] == C && t->shape[1] == 1 && t->shape[2] == K) ||
+          (t->ndim == 2 && t->shape[0] == C && t->shape[1] == K))) {
+        ac_errf(e, "tensor %s must have shape [%lld,1,%lld]", name, (long long)C, (long long)K);
+        return NULL;
+    }
+    float *p = malloc(sizeof(float) * (size_t)(C * K));
+    if (!p) {
+        ac_errf(e, "out of memory loading %s", name);
+        return NULL;
+    }
+    if (ac_to_f32(p, t->data, t->dtype, (size_t)(C * K), e)) {
+        free(p);
+        ac_errctx(e, "%s", name);
+        return NULL;
+    }
+    return p;
+}
+
 int ac_model_wdt(const ac_model *m) { return m->wdt == ST_BF16 || m->wdt == ST_F16 ? m->wdt : ST_F32; }
 
 /* The seven matrix slots of a layer (q, k, v, o, g, u, d) and their sizes. */
@@ -623,10 +798,20 @@ static int model_copy(const ac_model *src, ac_model *dst, int bf16, ac_err *e) {
                 ac_convert(d->ed[x], ddt, s->ed[x], wdt, H * Fe, NULL);
             }
         }
+        if (L->ssm_heads) { /* Mamba-2: in_proj, out_proj; the fp32 conv and per-head vectors */
+            size_t di = ac_ssm_inner(a, l), C = ac_ssm_conv_dim(a, l), nh = L->ssm_heads;
+            ac_convert(d->ssm_in, ddt, s->ssm_in, wdt, (size_t)ac_ssm_in_dim(a, l) * H, NULL);
+            ac_convert(d->ssm_out, ddt, s->ssm_out, wdt, H * di, NULL);
+            const float *sm2[6] = {s->conv_w, s->conv_b, s->dt_bias, s->a_log, s->ssm_d, s->ssm_norm};
+            float *dm2[6] = {d->conv_w, d->conv_b, d->dt_bias, d->a_log, d->ssm_d, d->ssm_norm};
+            size_t nm2[6] = {C * a->ssm_conv, C, nh, nh, nh, di};
+            for (int i = 0; i < 6; i++)
+                if (sm2[i] && dm2[i]) memcpy(dm2[i], sm2[i], nm2[i] * sizeof(float));
+        }
         const float *sv[7] = {s->in_norm, s->post_norm, s->bq, s->bk, s->bv, s->q_norm, s->k_norm};
         float *dv[7] = {d->in_norm, d->post_norm, d->bq, d->bk, d->bv, d->q_norm, d->k_norm};
-        size_t nv[7] = {L->n_heads ? H : 0, L->ffn || L->n_experts ? H : 0, Q, KV, KV, (size_t)a->head_dim,
-                        (size_t)a->head_dim};
+        size_t nv[7] = {L->n_heads || L->ssm_heads ? H : 0, L->ffn || L->n_experts ? H : 0, Q, KV, KV,
+                        (size_t)a->head_dim, (size_t)a->head_dim};
         for (int i = 0; i < 7; i++)
             if (sv[i] && dv[i]) memcpy(dv[i], sv[i], nv[i] * sizeof(float));
     }
@@ -648,6 +833,7 @@ int ac_model_make_bf16(ac_model *m, ac_err *e) {
     if (ac_model_wdt(m) == ST_BF16) return 0;
     if (ac_model_wdt(m) != ST_F32 || m->wmap) return ac_errf(e, "ac_model_make_bf16: an owned fp32 model only");
     const ac_arch *a = &m->a;
+    if (a->hybrid) return ac_errf(e, "ac_model_make_bf16: hybrid (nemotron_h) Mamba layers are not converted yet");
     size_t H = a->hidden, V = a->vocab;
     int ok = 1, tied = m->lm_head == m->embed;
     /* every matrix in turn: a BF16 buffer, then the fp32 one freed; from the
@@ -689,6 +875,7 @@ void ac_model_free(ac_model *m) {
             ac_layer_w *w = &m->L[l];
             free(w->in_norm), free(w->bq), free(w->bk), free(w->bv), free(w->post_norm);
             free(w->q_norm), free(w->k_norm);
+            free(w->conv_w), free(w->conv_b), free(w->dt_bias), free(w->a_log), free(w->ssm_d), free(w->ssm_norm);
             for (int x = 0; own && x < m->a.layers[l].n_experts; x++) {
                 if (w->eg) free(w->eg[x]);
                 if (w->eu) free(w->eu[x]);
@@ -696,7 +883,7 @@ void ac_model_free(ac_model *m) {
             }
             free(w->eg), free(w->eu), free(w->ed);
             if (!own) continue;
-            float *ps[] = {w->wq, w->wk, w->wv, w->wo, w->wg, w->wu, w->wd, w->router};
+            float *ps[] = {w->wq, w->wk, w->wv, w->wo, w->wg, w->wu, w->wd, w->router, w->ssm_in, w->ssm_out};
             for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) free(ps[i]);
         }
     }
@@ -732,8 +919,12 @@ static int load_impl(const char *model_dir, ac_model *m, int resident, ac_err *e
         goto fail;
     }
     m->wdt = keep; /* before any matrix lands: ac_model_free must know who owns them */
-    if (!(m->embed = load_tensor(&s, "model.embed_tokens.weight", V, H, keep, e))) goto fail;
-    if (!(m->final_norm = load_tensor(&s, "model.norm.weight", H, 0, keep, e))) goto fail;
+    /* nemotron_h checkpoints name the body backbone. (model. in newer transformers) */
+    const char *pre = !a->hybrid ? "model." : st_set_find(&s, "backbone.embeddings.weight") ? "backbone." : "model.";
+    snprintf(n, sizeof n, "%s%s", pre, a->hybrid ? "embeddings.weight" : "embed_tokens.weight");
+    if (!(m->embed = load_tensor(&s, n, V, H, keep, e))) goto fail;
+    snprintf(n, sizeof n, "%s%s", pre, a->hybrid ? "norm_f.weight" : "norm.weight");
+    if (!(m->final_norm = load_tensor(&s, n, H, 0, keep, e))) goto fail;
     if (a->tie_embeddings && !st_set_find(&s, "lm_head.weight"))
         m->lm_head = m->embed;
     else if (!(m->lm_head = load_tensor(&s, "lm_head.weight", V, H, keep, e)))
@@ -743,8 +934,37 @@ static int load_impl(const char *model_dir, ac_model *m, int resident, ac_err *e
         ac_layer_w *w = &m->L[l];
         int64_t q = L->n_heads * hd, kv = L->n_kv_heads * hd, F = L->ffn;
 #define LD(field, suffix, d0, d1)                                                                                      \
-    snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                                                            \
+    snprintf(n, sizeof n, "%slayers.%d.%s", pre, l, suffix);                                                           \
     if (!(w->field = load_tensor(&s, n, d0, d1, keep, e))) goto fail;
+        if (a->hybrid) { /* one norm and one mixer (model.h) */
+            int64_t di = ac_ssm_inner(a, l), C = ac_ssm_conv_dim(a, l), nh = L->ssm_heads;
+            if (L->ffn) {
+                LD(post_norm, "norm.weight", H, 0);
+                LD(wu, "mixer.up_proj.weight", F, H);
+                LD(wd, "mixer.down_proj.weight", H, F);
+                continue;
+            }
+            LD(in_norm, "norm.weight", H, 0);
+            if (L->n_heads) {
+                LD(wq, "mixer.q_proj.weight", q, H);
+                LD(wk, "mixer.k_proj.weight", kv, H);
+                LD(wv, "mixer.v_proj.weight", kv, H);
+                LD(wo, "mixer.o_proj.weight", H, q);
+                continue;
+            }
+            LD(ssm_in, "mixer.in_proj.weight", ac_ssm_in_dim(a, l), H);
+            LD(ssm_out, "mixer.out_proj.weight", H, di);
+            snprintf(n, sizeof n, "%slayers.%d.mixer.conv1d.weight", pre, l);
+            if (!(w->conv_w = load_conv(&s, n, C, a->ssm_conv, e))) goto fail;
+            if (a->ssm_conv_bias) {
+                LD(conv_b, "mixer.conv1d.bias", C, 0);
+            }
+            LD(dt_bias, "mixer.dt_bias", nh, 0);
+            LD(a_log, "mixer.A_log", nh, 0);
+            LD(ssm_d, "mixer.D", nh, 0);
+            LD(ssm_norm, "mixer.norm.weight", di, 0);
+            continue;
+        }
         if (L->n_heads) {
             LD(in_norm, "input_layernorm.weight", H, 0);
             LD(wq, "self_attn.q_proj.weight", q, H);
@@ -838,8 +1058,15 @@ static int model_alloc(ac_model *m, const ac_arch *a, int bf16, ac_err *e) {
             if (ok && a->qk_norm) ok = (w->q_norm = calloc(hd, 4)) && (w->k_norm = calloc(hd, 4));
         }
         if (ok && F)
-            ok = (w->post_norm = calloc(H, 4)) && (w->wg = calloc(F * H, es)) && (w->wu = calloc(F * H, es)) &&
-                 (w->wd = calloc(H * F, es));
+            ok = (w->post_norm = calloc(H, 4)) && (a->hybrid || (w->wg = calloc(F * H, es))) &&
+                 (w->wu = calloc(F * H, es)) && (w->wd = calloc(H * F, es));
+        if (ok && L->ssm_heads) {
+            size_t di = ac_ssm_inner(a, l), C = ac_ssm_conv_dim(a, l), nh = L->ssm_heads;
+            ok = (w->in_norm = calloc(H, 4)) && (w->ssm_in = calloc((size_t)ac_ssm_in_dim(a, l) * H, es)) &&
+                 (w->ssm_out = calloc(H * di, es)) && (w->conv_w = calloc(C * a->ssm_conv, 4)) &&
+                 (!a->ssm_conv_bias || (w->conv_b = calloc(C, 4))) && (w->dt_bias = calloc(nh, 4)) &&
+                 (w->a_log = calloc(nh, 4)) && (w->ssm_d = calloc(nh, 4)) && (w->ssm_norm = calloc(di, 4));
+        }
         if (ok && L->n_experts) {
             size_t E = L->n_experts, Fe = L->expert_ffn;
             ok = (w->post_norm = calloc(H, 4)) && (w->router = calloc(E * H, es)) &&
@@ -857,8 +1084,30 @@ static int model_alloc(ac_model *m, const ac_arch *a, int bf16, ac_err *e) {
     return 0;
 }
 
+/* 0 when every layer of one type has the same width (what nemotron_h's
+ * config.json can say), else -1 with the reason. */
+static int hybrid_savable(const ac_arch *a, ac_err *e) {
+    int nh = 0, nkv = 0, ffn = 0, mh = 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        int *want[3] = {&nh, &ffn, &mh}, got[3] = {L->n_heads, L->ffn, L->ssm_heads};
+        for (int k = 0; k < 3; k++) {
+            if (got[k] && !*want[k]) *want[k] = got[k];
+            if (got[k] && got[k] != *want[k])
+                return ac_errf(e, "save: nemotron_h's config holds one width per layer type (layer %d differs)", l);
+        }
+        if (L->n_heads && !nkv) nkv = L->n_kv_heads;
+        if (L->n_heads && L->n_kv_heads != nkv)
+            return ac_errf(e, "save: nemotron_h's config holds one KV-head count (layer %d differs)", l);
+        if (!L->n_heads + !L->ffn + !L->ssm_heads != 2)
+            return ac_errf(e, "save: nemotron_h layer %d must hold exactly one mixer", l);
+    }
+    return 0;
+}
+
 int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
     const ac_arch *a = &m->a;
+    if (a->hybrid && hybrid_savable(a, e)) return -1;
     if (ac_fsafe_mkdirs(dir, e)) return -1;
     int cap = 3, n = 0;
     for (int l = 0; l < a->n_layers; l++) cap += 14 + 3 * a->layers[l].n_experts;
@@ -890,16 +1139,44 @@ int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
         t[n] = (st_wtensor){names[n], (st_dtype)dtype, (d1) ? 2 : 1, {(d0), (d1)}, bufs[n]};                           \
         n++;                                                                                                           \
     } while (0)
-    ADD("model.embed_tokens.weight", m->embed, a->vocab, H);
+    const char *pre = a->hybrid ? "backbone." : "model.";
     char nm[256];
+    snprintf(nm, sizeof nm, "%s%s", pre, a->hybrid ? "embeddings.weight" : "embed_tokens.weight");
+    ADD(nm, m->embed, a->vocab, H);
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
         const ac_layer_w *w = &m->L[l];
         int64_t q = L->n_heads * hd, kv = L->n_kv_heads * hd, F = L->ffn;
         wdt = (st_dtype)ac_model_wdt(m);
 #define ADDL(suffix, ptr, d0, d1)                                                                                      \
-    snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix);                                                          \
+    snprintf(nm, sizeof nm, "%slayers.%d.%s", pre, l, suffix);                                                         \
     ADD(nm, ptr, d0, d1)
+        if (a->hybrid) { /* nemotron_h: one norm and one mixer */
+            int64_t di = ac_ssm_inner(a, l), C = ac_ssm_conv_dim(a, l), nh = L->ssm_heads;
+            ADDL("norm.weight", L->ffn ? w->post_norm : w->in_norm, H, 0);
+            if (L->ffn) {
+                ADDL("mixer.up_proj.weight", w->wu, F, H);
+                ADDL("mixer.down_proj.weight", w->wd, H, F);
+            } else if (L->n_heads) {
+                ADDL("mixer.q_proj.weight", w->wq, q, H);
+                ADDL("mixer.k_proj.weight", w->wk, kv, H);
+                ADDL("mixer.v_proj.weight", w->wv, kv, H);
+                ADDL("mixer.o_proj.weight", w->wo, H, q);
+            } else {
+                ADDL("mixer.in_proj.weight", w->ssm_in, ac_ssm_in_dim(a, l), H);
+                ADDL("mixer.conv1d.weight", w->conv_w, C * a->ssm_conv, 0); /* fp32 [C*K], then shaped [C,1,K] */
+                t[n - 1].ndim = 3, t[n - 1].shape[0] = C, t[n - 1].shape[1] = 1, t[n - 1].shape[2] = a->ssm_conv;
+                if (w->conv_b) {
+                    ADDL("mixer.conv1d.bias", w->conv_b, C, 0);
+                }
+                ADDL("mixer.dt_bias", w->dt_bias, nh, 0);
+                ADDL("mixer.A_log", w->a_log, nh, 0);
+                ADDL("mixer.D", w->ssm_d, nh, 0);
+                ADDL("mixer.norm.weight", w->ssm_norm, di, 0);
+                ADDL("mixer.out_proj.weight", w->ssm_out, H, di);
+            }
+            continue;
+        }
         if (L->n_heads) {
             ADDL("input_layernorm.weight", w->in_norm, H, 0);
             ADDL("self_attn.q_proj.weight", w->wq, q, H);
@@ -940,7 +1217,8 @@ int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
 #undef ADDL
     }
     wdt = (st_dtype)ac_model_wdt(m);
-    ADD("model.norm.weight", m->final_norm, H, 0);
+    snprintf(nm, sizeof nm, "%s%s", pre, a->hybrid ? "norm_f.weight" : "norm.weight");
+    ADD(nm, m->final_norm, H, 0);
     if (!a->tie_embeddings) ADD("lm_head.weight", m->lm_head, a->vocab, H);
 #undef ADD
     rc = st_write_sharded(dir, t, n, 2ULL << 30, e);
@@ -1004,6 +1282,14 @@ float *ac_layer_matrix(const ac_model *m, int l, ac_wmat which, size_t *n) {
     case AC_W_D:
         p = w->wd;
         *n = H * F;
+        break;
+    case AC_W_SSM_IN:
+        p = w->ssm_in;
+        *n = (size_t)ac_ssm_in_dim(&m->a, l) * H;
+        break;
+    case AC_W_SSM_OUT:
+        p = w->ssm_out;
+        *n = H * (size_t)ac_ssm_inner(&m->a, l);
         break;
     }
     return *n ? p : NULL;

@@ -8,7 +8,9 @@
  * renormalisation, dense layers mixed in by decoder_sparse_step and
  * mlp_only_layers) and mixtral (every layer MoE, top-k renormalised), and the
  * DeciLM / nemotron-nas form AutoCompress exports for heterogeneous results
- * (block_configs, plus explicit per-block head and width fields it writes).
+ * (block_configs, plus explicit per-block head and width fields it writes),
+ * and the hybrid Mamba-Transformer nemotron_h (hybrid_override_pattern:
+ * Mamba-2, attention and squared-ReLU MLP layers; docs/hybrid.md).
  *
  * Ownership: ac_arch owns its layers array (ac_arch_free). ac_model owns its
  * arch and every weight buffer (ac_model_free); a model loaded resident
@@ -29,6 +31,7 @@ typedef struct {
     int ffn;        /* dense FFN (intermediate) width; 0 = no dense FFN */
     int n_experts;  /* routed experts of a mixture-of-experts FFN; 0 = none (then ffn says the FFN) */
     int expert_ffn; /* each expert's SwiGLU width (n_experts > 0) */
+    int ssm_heads;  /* Mamba-2 mixer heads (nemotron_h `M` layers); 0 = none */
 } ac_layer_arch;
 
 typedef struct {
@@ -44,6 +47,14 @@ typedef struct {
     int top_k;             /* MoE: experts each token is routed to (1 <= top_k <= every MoE layer's n_experts) */
     int norm_topk;         /* MoE: the top_k routing weights divided by their sum */
     int sliding_window;    /* mistral / qwen2: a query sees this many keys (itself included); 0 = all */
+    /* nemotron_h (hybrid): each layer one mixer after one RMSNorm: Mamba-2
+     * (ssm_heads > 0), attention without RoPE (n_heads > 0, no FFN) or an
+     * MLP down(relu(up x)^2) (ffn > 0, no gate matrix). The Mamba-2 shapes
+     * are model-wide: ssm_head_dim P, ssm_state N, ssm_groups G (B and C
+     * shared by ssm_heads/G heads), ssm_conv K (depthwise causal conv). */
+    int hybrid;
+    int ssm_head_dim, ssm_state, ssm_groups, ssm_conv;
+    int ssm_conv_bias; /* the conv has a bias (use_conv_bias) */
     int bos_id, eos_id;    /* -1 when absent */
     ac_layer_arch *layers; /* n_layers entries, owned */
 } ac_arch;
@@ -56,8 +67,16 @@ void ac_arch_free(ac_arch *a);
 int ac_arch_is_uniform(const ac_arch *a);
 /* True when some layer has a mixture-of-experts FFN. */
 int ac_arch_has_moe(const ac_arch *a);
+/* True for a hybrid Mamba-Transformer (nemotron_h). */
+int ac_arch_is_hybrid(const ac_arch *a);
+/* Mamba-2 widths of layer l (0 without a Mamba mixer): d_inner = heads * P,
+ * the conv channels d_inner + 2GN (x, B, C) and in_proj's rows
+ * 2 d_inner + 2GN + heads (z, xBC, dt). */
+int ac_ssm_inner(const ac_arch *a, int l);
+int ac_ssm_conv_dim(const ac_arch *a, int l);
+int ac_ssm_in_dim(const ac_arch *a, int l);
 /* A layer's weight matrices, for code that changes one in place. */
-typedef enum { AC_W_Q, AC_W_K, AC_W_V, AC_W_O, AC_W_G, AC_W_U, AC_W_D } ac_wmat;
+typedef enum { AC_W_Q, AC_W_K, AC_W_V, AC_W_O, AC_W_G, AC_W_U, AC_W_D, AC_W_SSM_IN, AC_W_SSM_OUT } ac_wmat;
 
 /* Parameter count (embeddings and head included). */
 double ac_arch_params(const ac_arch *a);
@@ -83,6 +102,12 @@ typedef struct {
      * pointers owned; the matrices stored as the other matrices are). */
     float *router;
     float **eg, **eu, **ed;
+    /* Mamba-2 mixer (ssm_heads > 0; its block norm is in_norm): in_proj
+     * [2*di+2GN+nh, H] and out_proj [H, di] stored as the other matrices;
+     * fp32: the depthwise conv [C][K] and its bias [C] (C = di + 2GN), per
+     * head dt_bias, A_log and D [nh], the gated RMSNorm's weight [di]. */
+    float *ssm_in, *ssm_out;
+    float *conv_w, *conv_b, *dt_bias, *a_log, *ssm_d, *ssm_norm;
 } ac_layer_w;
 
 typedef struct {

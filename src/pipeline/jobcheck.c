@@ -34,8 +34,13 @@ int ac_model_check_compressible(const ac_job_spec *s, const json_t *j, const cha
     ac_arch a;
     ac_err ignore;
     if (!s->model[0] || ac_arch_load(s->model, &a, &ignore)) return 0; /* fails later with its reason */
-    int moe = ac_arch_has_moe(&a);
+    int moe = ac_arch_has_moe(&a), hybrid = ac_arch_is_hybrid(&a);
     ac_arch_free(&a);
+    if (hybrid) {
+        *field = "model";
+        return ac_errf(e, "model: hybrid Mamba-Transformer models (nemotron_h) load and evaluate (autocompress eval), "
+                          "but their cost model, calibration, search and pruning are not written yet");
+    }
     if (moe && s->search.target == AC_EXPORT_DECI) {
         *field = "search.export_target";
         return ac_errf(e, "search.export_target deci: the DeciLM (nemotron-nas) loaders know dense layers only; a "

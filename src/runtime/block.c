@@ -85,14 +85,58 @@ static const ac_subblock qwen3_moe_sub[] = {
 };
 static const ac_block_recipe qwen3_moe = {"qwen3_moe", 2, qwen3_moe_sub};
 
+/* Nemotron-H hybrid layer: one RMSNorm and one mixer, x += mixer(rmsnorm(x)),
+ * the mixer by which width the layer has (sub-blocks in the trainer's gate
+ * order: attention, MLP, then Mamba, whose residual add has no gate):
+ *   attention: Llama's without RoPE
+ *   MLP:       u = xn Wu^T;  g = relu(u)^2;  (channels masked)  x += g Wd^T
+ *   Mamba-2:   zx = xn Win^T                     [N][SI]: z, xBC, dt
+ *              xbc = silu(causal_conv(xBC) + b)  [N][SC]: x, B, C
+ *              y = scan(x, B, C, dt)             [N][SSM]
+ *              yn = groupnorm(y * silu(z)) * w   [N][SSM]
+ *              x += yn Wout^T */
+static const ac_op hybrid_attn[] = {
+    ATTN_PROJECT,
+    OP(AC_OP_ATTENTION, AC_T_ATT, AC_T_Q, AC_T_K, AC_T_V, -1, AC_DIM_Q, AC_DIM_Q, 0, 0, AC_HOOK_HEAD_OUT),
+    OP(AC_OP_MASK, AC_T_ATT, AC_T_ATT, 0, 0, -1, AC_DIM_Q, AC_DIM_Q, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_LINEAR, AC_T_X, AC_T_ATT, 0, 0, AC_W_O, AC_DIM_Q, AC_DIM_H, 0, 1, AC_HOOK_NONE),
+    OP(AC_OP_MASK_HIDDEN, AC_T_X, AC_T_X, 0, 0, -1, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NONE),
+};
+static const ac_op hybrid_mlp[] = {
+    OP(AC_OP_RMSNORM, AC_T_XN, AC_T_X, 0, 0, AC_NORM_POST, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NORMED),
+    OP(AC_OP_LINEAR, AC_T_U, AC_T_XN, 0, 0, AC_W_U, AC_DIM_H, AC_DIM_F, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_RELU2, AC_T_G, AC_T_U, 0, 0, -1, AC_DIM_F, AC_DIM_F, 0, 0, AC_HOOK_FFN_ACT),
+    OP(AC_OP_MASK, AC_T_G, AC_T_G, 0, 0, -1, AC_DIM_F, AC_DIM_F, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_LINEAR, AC_T_X, AC_T_G, 0, 0, AC_W_D, AC_DIM_F, AC_DIM_H, 0, 1, AC_HOOK_NONE),
+    OP(AC_OP_MASK_HIDDEN, AC_T_X, AC_T_X, 0, 0, -1, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NONE),
+};
+static const ac_op hybrid_mamba[] = {
+    OP(AC_OP_RMSNORM, AC_T_XN, AC_T_X, 0, 0, AC_NORM_IN, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NORMED),
+    OP(AC_OP_LINEAR, AC_T_ZX, AC_T_XN, 0, 0, AC_W_SSM_IN, AC_DIM_H, AC_DIM_SI, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_SSM_CONV, AC_T_XBC, AC_T_ZX, 0, 0, -1, AC_DIM_SI, AC_DIM_SC, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_SSM_SCAN, AC_T_Y, AC_T_XBC, AC_T_ZX, 0, -1, AC_DIM_SC, AC_DIM_SSM, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_GATED_NORM, AC_T_YN, AC_T_Y, AC_T_ZX, 0, AC_NORM_SSM, AC_DIM_SSM, AC_DIM_SSM, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_LINEAR, AC_T_X, AC_T_YN, 0, 0, AC_W_SSM_OUT, AC_DIM_SSM, AC_DIM_H, 0, 1, AC_HOOK_NONE),
+    OP(AC_OP_MASK_HIDDEN, AC_T_X, AC_T_X, 0, 0, -1, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NONE),
+};
+static const ac_subblock hybrid_sub[] = {
+    {"attention", AC_DIM_Q, (int)(sizeof hybrid_attn / sizeof *hybrid_attn), hybrid_attn},
+    {"mlp", AC_DIM_F, (int)(sizeof hybrid_mlp / sizeof *hybrid_mlp), hybrid_mlp},
+    {"mamba", AC_DIM_SSM, (int)(sizeof hybrid_mamba / sizeof *hybrid_mamba), hybrid_mamba},
+};
+static const ac_block_recipe nemotron_h = {"nemotron_h", 3, hybrid_sub};
+
 const ac_block_recipe *ac_block_recipe_of(const ac_arch *a, int l) {
+    if (a->hybrid) return &nemotron_h;
     if (a->layers && l >= 0 && l < a->n_layers && a->layers[l].n_experts) return a->qk_norm ? &qwen3_moe : &mixtral;
     return a->qk_norm ? &qwen3 : &llama;
 }
 
 int ac_block_slot_dim(int slot) {
-    static const unsigned char d[AC_T_COUNT] = {AC_DIM_H, AC_DIM_H, AC_DIM_Q, AC_DIM_KV, AC_DIM_KV, AC_DIM_Q,
-                                                AC_DIM_F, AC_DIM_F, AC_DIM_E, AC_DIM_H,  AC_DIM_FE, AC_DIM_FE};
+    static const unsigned char d[AC_T_COUNT] = {AC_DIM_H,  AC_DIM_H,  AC_DIM_Q,  AC_DIM_KV, AC_DIM_KV,
+                                                AC_DIM_Q,  AC_DIM_F,  AC_DIM_F,  AC_DIM_E,  AC_DIM_H,
+                                                AC_DIM_FE, AC_DIM_FE, AC_DIM_SI, AC_DIM_SC, AC_DIM_SSM,
+                                                AC_DIM_SSM};
     return slot >= 0 && slot < AC_T_COUNT ? (int)d[slot] : (int)AC_DIM_H;
 }
 
@@ -105,6 +149,12 @@ int ac_block_dim(const ac_arch *a, int l, ac_dim d) {
     case AC_DIM_F: return la->ffn;
     case AC_DIM_E: return la->n_experts;
     case AC_DIM_FE: return la->expert_ffn;
+    /* (inline rather than model.c's ac_ssm_*: block.c is compiled into the CUDA plugin without model.c) */
+    case AC_DIM_SSM: return la->ssm_heads * a->ssm_head_dim;
+    case AC_DIM_SC: return la->ssm_heads ? la->ssm_heads * a->ssm_head_dim + 2 * a->ssm_groups * a->ssm_state : 0;
+    case AC_DIM_SI:
+        return la->ssm_heads ? 2 * la->ssm_heads * a->ssm_head_dim + 2 * a->ssm_groups * a->ssm_state + la->ssm_heads
+                             : 0;
     default: return 0;
     }
 }
@@ -131,6 +181,8 @@ const void *ac_block_matrix(const ac_layer_w *lw, int w) {
     case AC_W_G: return lw->wg;
     case AC_W_U: return lw->wu;
     case AC_W_D: return lw->wd;
+    case AC_W_SSM_IN: return lw->ssm_in;
+    case AC_W_SSM_OUT: return lw->ssm_out;
     default: return NULL;
     }
 }
@@ -150,17 +202,19 @@ const float *ac_block_norm(const ac_layer_w *lw, int w) {
     case AC_NORM_POST: return lw->post_norm;
     case AC_NORM_Q: return lw->q_norm;
     case AC_NORM_K: return lw->k_norm;
+    case AC_NORM_SSM: return lw->ssm_norm;
     default: return NULL;
     }
 }
 
 int ac_block_op_taped(const ac_op *op) {
     return (op->kind == AC_OP_LINEAR && !op->acc) || op->kind == AC_OP_ATTENTION || op->kind == AC_OP_HEAD_NORM ||
-           op->kind == AC_OP_ROUTE;
+           op->kind == AC_OP_ROUTE || op->kind == AC_OP_SSM_CONV || op->kind == AC_OP_SSM_SCAN;
 }
 
 int ac_block_op_recomputed(const ac_op *op) {
-    return op->kind == AC_OP_RMSNORM || op->kind == AC_OP_SWIGLU || op->kind == AC_OP_MASK;
+    return op->kind == AC_OP_RMSNORM || op->kind == AC_OP_SWIGLU || op->kind == AC_OP_MASK ||
+           op->kind == AC_OP_RELU2 || op->kind == AC_OP_GATED_NORM;
 }
 
 size_t ac_block_op_tape(const ac_arch *a, int l, const ac_op *op, size_t N, int attn_extra) {
@@ -193,7 +247,13 @@ size_t ac_block_scratch_floats(const ac_arch *a, size_t N) {
         if (k > sub) sub = k;
     }
     for (int t = 0; t < AC_T_COUNT; t++) n += N * (size_t)ac_block_dim_max(a, (ac_dim)ac_block_slot_dim(t));
-    return sub + n + ac_block_moe_work_floats(a, N);
+    return sub + n + ac_block_moe_work_floats(a, N) + ac_block_ssm_work_floats(a, N);
+}
+
+size_t ac_block_ssm_work_floats(const ac_arch *a, size_t N) {
+    if (!a->hybrid) return 0;
+    size_t st = (size_t)a->ssm_head_dim * a->ssm_state;
+    return (N + 2) * st + 2 * N; /* every step's state of one sequence and head, a state's gradient, the steps */
 }
 
 size_t ac_block_moe_work_floats(const ac_arch *a, size_t N) {

@@ -45,14 +45,32 @@ typedef enum {
     AC_T_XE,  /* [N][H] rows routed to one expert, gathered (then that expert's output rows) */
     AC_T_EG,  /* [N][FE] an expert's gate projection, then silu(gate) * up */
     AC_T_EU,  /* [N][FE] an expert's up projection */
+    AC_T_ZX,  /* [N][SI] Mamba-2 in_proj output: z [SSM], xBC [SC], dt [ssm heads] */
+    AC_T_XBC, /* [N][SC] silu(causal depthwise conv of xBC): x [SSM], B [G*Ns], C [G*Ns] */
+    AC_T_Y,   /* [N][SSM] the SSM scan's output */
+    AC_T_YN,  /* [N][SSM] the gated RMSNorm's output */
     AC_T_COUNT
 } ac_slot;
 
 /* Widths of a layer. */
-typedef enum { AC_DIM_H, AC_DIM_Q, AC_DIM_KV, AC_DIM_F, AC_DIM_E, AC_DIM_FE, AC_DIM_COUNT } ac_dim;
+/* SSM: a Mamba-2 mixer's inner width (heads * head dim), SC its conv
+ * channels (SSM + 2 * groups * state), SI its in_proj rows (SSM + SC +
+ * heads); 0 in a layer without one. */
+typedef enum {
+    AC_DIM_H,
+    AC_DIM_Q,
+    AC_DIM_KV,
+    AC_DIM_F,
+    AC_DIM_E,
+    AC_DIM_FE,
+    AC_DIM_SSM,
+    AC_DIM_SC,
+    AC_DIM_SI,
+    AC_DIM_COUNT
+} ac_dim;
 
 /* Norm weights of a layer. */
-typedef enum { AC_NORM_IN, AC_NORM_POST, AC_NORM_Q, AC_NORM_K } ac_normw;
+typedef enum { AC_NORM_IN, AC_NORM_POST, AC_NORM_Q, AC_NORM_K, AC_NORM_SSM } ac_normw;
 
 typedef enum {
     AC_OP_RMSNORM,     /* out = rmsnorm(in) * norm weight `w` (ac_normw); in, out: [N][H] */
@@ -72,6 +90,14 @@ typedef enum {
                         * sum when norm_topk, every other weight 0 (Qwen3-MoE, Mixtral) */
     AC_OP_EXPERTS,     /* out [N][H] += sum over experts e of R[:,e] * down_e(silu(gate_e(in)) * up_e(in)), each
                         * expert run on the rows routed to it (in2: the routing slot R) */
+    AC_OP_RELU2,       /* out = relu(in)^2  (out: G, in: U, [N][F]); nemotron_h's MLP */
+    AC_OP_SSM_CONV,    /* out [N][SC] = silu(conv_b + sum_k conv_w[:,k] * xbc[t-K+1+k]) per sequence, xbc the
+                        * columns [SSM, SSM+SC) of in (ZX), zero (or the cached state) before the first row */
+    AC_OP_SSM_SCAN,    /* out [N][SSM] = the Mamba-2 selective scan of in (XBC: x, B, C) with dt the last heads
+                        * columns of in2 (ZX): per head h (group g), dt = softplus(dt + dt_bias[h]),
+                        * S = exp(-dt exp(A_log[h])) S + dt x_h B_g^T, y_h = S C_g + D[h] x_h */
+    AC_OP_GATED_NORM,  /* out [N][SSM] = rmsnorm per group of (in * silu(z)) * ssm_norm, z the first SSM
+                        * columns of in2 (ZX); groups of SSM / ssm_groups channels */
 } ac_op_kind;
 
 /* Observation points after an op (engine hooks, engine.h). */
@@ -107,7 +133,9 @@ typedef struct {
 
 /* The recipe of layer l of a: the Llama/Qwen2/Mistral decoder layer, or
  * Qwen3's (the same with q and k normed per head before RoPE), each with
- * a dense SwiGLU FFN or a mixture of experts (Mixtral, Qwen3-MoE). */
+ * a dense SwiGLU FFN or a mixture of experts (Mixtral, Qwen3-MoE); or
+ * nemotron_h's hybrid layer (one of attention without RoPE, a squared-ReLU
+ * MLP and a Mamba-2 mixer, by which width is non-zero). */
 const ac_block_recipe *ac_block_recipe_of(const ac_arch *a, int l);
 /* The width (ac_dim) of a slot's rows. */
 int ac_block_slot_dim(int slot);
@@ -137,6 +165,11 @@ size_t ac_block_scratch_floats(const ac_arch *a, size_t N);
  * and five [N][FE] buffers (gathered rows, expert outputs and their
  * gradients); 0 without MoE layers. */
 size_t ac_block_moe_work_floats(const ac_arch *a, size_t N);
+/* The scan's backward work area (block_grad.c): the SSM states of one
+ * sequence and head at every step, then one state's gradient and the
+ * step sizes; 0 without Mamba layers. It follows the MoE work area at the
+ * end of ac_block_scratch_floats. */
+size_t ac_block_ssm_work_floats(const ac_arch *a, size_t N);
 /* The ROUTE op's rule, for every backend (the CUDA engine runs it on the
  * host): mixture-of-experts routing, in place: each row of r[N][E] holds router
  * logits and becomes softmax over the E experts (in double), the top k kept

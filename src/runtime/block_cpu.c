@@ -5,6 +5,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "ssm_cpu.h"
+
 void ac_block_cpu_norm(float *out, const float *x, const float *w, int N, int H, float eps, const ac_block_mod *mod) {
     if (!mod || !mod->hid_mask) {
         ac_rmsnorm(out, x, w, N, H, eps);
@@ -141,6 +143,22 @@ void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n
         }
         case AC_OP_ATTENTION: attention(c, l, s[op->out], s[op->in], s[op->in2], s[op->in3], B, n, pos0); break;
         case AC_OP_SWIGLU: ac_silu_mul(s[op->out], s[op->in], (long)N * dim[AC_DIM_F]); break;
+        case AC_OP_RELU2: ac_relu2_fwd(s[op->out], s[op->in], (size_t)N * dim[AC_DIM_F]); break;
+        case AC_OP_SSM_CONV: {
+            ac_ssm ss = ac_ssm_of(a, lw, l);
+            ac_ssm_conv_fwd(&ss, s[op->out], s[op->in], B, n, c->conv_s[l], pos0 > 0);
+            break;
+        }
+        case AC_OP_SSM_SCAN: {
+            ac_ssm ss = ac_ssm_of(a, lw, l);
+            ac_ssm_scan_fwd(&ss, s[op->out], s[op->in], s[op->in2], B, n, c->ssm_s[l], pos0 > 0, NULL);
+            break;
+        }
+        case AC_OP_GATED_NORM: {
+            ac_ssm ss = ac_ssm_of(a, lw, l);
+            ac_ssm_gated_norm_fwd(&ss, s[op->out], s[op->in], s[op->in2], N);
+            break;
+        }
         case AC_OP_MASK: mask(s[op->out], c, op, N, dim[op->dout], hd); break;
         case AC_OP_MASK_HIDDEN:
             if (mod && mod->hid_mask) {

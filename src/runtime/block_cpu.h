@@ -46,6 +46,11 @@ typedef struct {
      * without (streamed windows), the K and V slots of this call from 0. */
     float **kc, **vc;
     int max_ctx;
+    /* Mamba-2 layers: per layer l the decode state ([B][K-1][SC] conv
+     * inputs, [B][heads][P][Ns] SSM states, ssm_cpu.h), continued when
+     * pos0 > 0 and restarted at 0. Required for hybrid models (the
+     * engine's); callers without one refuse them. */
+    float **conv_s, **ssm_s;
     float *scores; /* n * (pos0 + n) floats */
     int *rows;     /* max(N, E) ints (models with MoE layers): the experts in routing order, then the rows
                     * routed to one expert */

@@ -7,17 +7,26 @@
 
 #include "backward_cpu.h"
 #include "dtype.h"
+#include "ssm_cpu.h"
 
 int ac_block_grad_supports(const ac_arch *a, int wdt, ac_err *e) {
     if (ac_arch_has_moe(a) && wdt != ST_F32)
         return ac_errf(e, "mixture-of-experts layers train on fp32 weights only so far (not in place on 16-bit ones)");
+    if (a->hybrid && wdt != ST_F32)
+        return ac_errf(e, "hybrid (nemotron_h) Mamba layers train on fp32 weights only so far (not in place on 16-bit "
+                          "ones)");
     return 0;
 }
 
-/* The EXPERTS op's work area: the end of the scratch (block.h). */
-static float *moe_work(const ac_block_grad *c) {
+/* The scan's work area: the end of the scratch (block.h). */
+static float *ssm_work(const ac_block_grad *c) {
     size_t N = (size_t)c->B * c->T;
-    return c->scratch + ac_block_grad_scratch_floats(&c->m->a, c->B, c->T) - ac_block_moe_work_floats(&c->m->a, N);
+    return c->scratch + ac_block_grad_scratch_floats(&c->m->a, c->B, c->T) - ac_block_ssm_work_floats(&c->m->a, N);
+}
+
+/* The EXPERTS op's work area: before the scan's (block.h). */
+static float *moe_work(const ac_block_grad *c) {
+    return ssm_work(c) - ac_block_moe_work_floats(&c->m->a, (size_t)c->B * c->T);
 }
 
 /* Expert e of layer l on the rows of xn routed to it (r[N][E] != 0):
@@ -251,6 +260,30 @@ static float *sub_walk(ac_block_grad *c, int l, int sb, float *x, float **tp, fl
         case AC_OP_EXPERTS:
             if (fwd) experts_fwd(c, l, cur[op->out], cur[op->in], cur[op->in2], c->sub_gate ? c->sub_gate[sb] : 1.0f);
             break;
+        case AC_OP_RELU2:
+            ac_relu2_fwd(sc, cur[op->in], (size_t)N * dout);
+            cur[op->out] = sc;
+            sc += (size_t)N * dout;
+            break;
+        case AC_OP_GATED_NORM: {
+            ac_ssm ss = ac_ssm_of(a, c->w, l);
+            ac_ssm_gated_norm_fwd(&ss, sc, cur[op->in], cur[op->in2], N);
+            cur[op->out] = sc;
+            sc += (size_t)N * dout;
+            break;
+        }
+        case AC_OP_SSM_CONV: /* taped: silu(conv); the backward recomputes the pre-activation */
+        case AC_OP_SSM_SCAN: /* taped: y; the backward recomputes the states */
+            if (fwd) {
+                ac_ssm ss = ac_ssm_of(a, c->w, l);
+                if (op->kind == AC_OP_SSM_CONV)
+                    ac_ssm_conv_fwd(&ss, *tp, cur[op->in], c->B, c->T, NULL, 0);
+                else
+                    ac_ssm_scan_fwd(&ss, *tp, cur[op->in], cur[op->in2], c->B, c->T, NULL, 0, ssm_work(c));
+            }
+            cur[op->out] = *tp;
+            *tp += (size_t)N * dout;
+            break;
         }
     }
     return sc;
@@ -374,6 +407,27 @@ void ac_block_grad_backward(ac_block_grad *c, int l, float *dx) {
                 has[op->in] = has[op->in2] = 1;
                 break;
             case AC_OP_ROUTE: route_bwd(c, l, w.xhat[i], w.r[i], dO, w.in[i], dS[op->in]); break;
+            case AC_OP_RELU2:
+                ac_relu2_bwd(dS[op->in], dO, w.in[i], (size_t)N * dout);
+                has[op->in] = 1;
+                break;
+            case AC_OP_GATED_NORM: /* dy written, z's columns of dzx written */
+            case AC_OP_SSM_SCAN:   /* dxbc written, dt's columns of dzx written */
+            case AC_OP_SSM_CONV: { /* xBC's columns of dzx written */
+                ac_ssm ss = ac_ssm_of(a, c->w, l);
+                ac_layer_w *g = c->gw;
+                if (op->kind == AC_OP_GATED_NORM)
+                    ac_ssm_gated_norm_bwd(&ss, dS[op->in], dS[op->in2], g ? g->ssm_norm : NULL, dO, w.in[i], w.in2[i],
+                                          N);
+                else if (op->kind == AC_OP_SSM_SCAN)
+                    ac_ssm_scan_bwd(&ss, dS[op->in], dS[op->in2], g ? g->dt_bias : NULL, g ? g->a_log : NULL,
+                                    g ? g->ssm_d : NULL, dO, w.in[i], w.in2[i], c->B, c->T, ssm_work(c));
+                else
+                    ac_ssm_conv_bwd(&ss, dS[op->in], g ? g->conv_w : NULL, g ? g->conv_b : NULL, dO, w.in[i], c->B,
+                                    c->T);
+                has[op->in] = 1;
+                break;
+            }
             case AC_OP_KV_MERGE:
             case AC_OP_MASK_HIDDEN: break;
             }

@@ -17,7 +17,8 @@
 
 void ac_engine_free(ac_engine *en) {
     float *bufs[] = {en->x,      en->x0,     en->xn,    en->q,     en->att, en->g,  en->u,  en->kt, en->vt,
-                     en->scores, en->logits, en->cos_t, en->sin_t, en->r,   en->xe, en->eg, en->eu};
+                     en->scores, en->logits, en->cos_t, en->sin_t, en->r,   en->xe, en->eg, en->eu,
+                     en->zx,     en->xbc,    en->y,     en->yn};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(en->rows);
     if (en->kc)
@@ -27,6 +28,12 @@ void ac_engine_free(ac_engine *en) {
         }
     free(en->kc);
     free(en->vc);
+    for (int l = 0; en->conv_s && l < en->m->a.n_layers; l++) {
+        free(en->conv_s[l]);
+        free(en->ssm_s[l]);
+    }
+    free(en->conv_s);
+    free(en->ssm_s);
     free(en->pos);
     ac_wscratch_free(&en->ws);
     memset(en, 0, sizeof *en);
@@ -70,6 +77,25 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
         en->rows = malloc((N > E ? N : E) * sizeof(int));
         moe_ok = en->r && en->xe && en->eg && en->eu && en->rows;
         if (Fe > maxin) maxin = Fe;
+    }
+    if (a->hybrid) { /* the Mamba-2 slots and each Mamba layer's decode state */
+        size_t SI = ac_block_dim_max(a, AC_DIM_SI), SC = ac_block_dim_max(a, AC_DIM_SC),
+               di = ac_block_dim_max(a, AC_DIM_SSM);
+        en->zx = malloc(N * SI * 4);
+        en->xbc = malloc(N * SC * 4);
+        en->y = malloc(N * di * 4);
+        en->yn = malloc(N * di * 4);
+        en->conv_s = calloc(a->n_layers, sizeof *en->conv_s);
+        en->ssm_s = calloc(a->n_layers, sizeof *en->ssm_s);
+        moe_ok = moe_ok && en->zx && en->xbc && en->y && en->yn && en->conv_s && en->ssm_s;
+        for (int l = 0; moe_ok && l < a->n_layers; l++) {
+            size_t nh = a->layers[l].ssm_heads, K = a->ssm_conv > 1 ? a->ssm_conv - 1 : 1;
+            if (!nh) continue;
+            en->conv_s[l] = malloc((size_t)max_batch * K * ac_block_dim(a, l, AC_DIM_SC) * 4);
+            en->ssm_s[l] = malloc((size_t)max_batch * nh * a->ssm_head_dim * a->ssm_state * 4);
+            moe_ok = en->conv_s[l] && en->ssm_s[l];
+        }
+        if (SI > maxin) maxin = SI;
     }
     int ok = moe_ok && (ac_model_wdt(m) == ST_F32 || ac_wscratch_alloc(&en->ws, (int)N, (int)maxin) == 0);
     ok = ok && en->x && en->x0 && en->xn && en->q && en->att && en->g && en->u && en->kt && en->vt && en->scores &&
@@ -120,6 +146,8 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
                        .sin_t = en->sin_t,
                        .kc = en->kc,
                        .vc = en->vc,
+                       .conv_s = en->conv_s,
+                       .ssm_s = en->ssm_s,
                        .max_ctx = en->max_ctx,
                        .scores = en->scores,
                        .rows = en->rows,
@@ -127,7 +155,8 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
                        .hooks = hk};
     float *slots[AC_T_COUNT] = {[AC_T_X] = en->x,   [AC_T_XN] = en->xn,   [AC_T_Q] = en->q,   [AC_T_K] = en->kt,
                                 [AC_T_V] = en->vt,  [AC_T_ATT] = en->att, [AC_T_G] = en->g,   [AC_T_U] = en->u,
-                                [AC_T_R] = en->r,   [AC_T_XE] = en->xe,   [AC_T_EG] = en->eg, [AC_T_EU] = en->eu};
+                                [AC_T_R] = en->r,   [AC_T_XE] = en->xe,   [AC_T_EG] = en->eg, [AC_T_EU] = en->eu,
+                                [AC_T_ZX] = en->zx, [AC_T_XBC] = en->xbc, [AC_T_Y] = en->y,   [AC_T_YN] = en->yn};
     memcpy(bc.slot, slots, sizeof slots);
     for (int l = 0; l < a->n_layers; l++) {
         if (hk && hk->layer_io) memcpy(en->x0, en->x, (size_t)N * H * 4);

@@ -45,6 +45,10 @@ typedef struct {
     float *r, *xe, *eg, *eu; /* MoE slots (block.h's R, XE, EG, EU); NULL for a dense model */
     int *rows;               /* MoE: max(N, experts) ints */
     float **kc, **vc;     /* per layer [max_batch][max_ctx][kv_heads*head_dim] */
+    /* Hybrid (nemotron_h) models: the Mamba-2 slots (block.h's ZX, XBC, Y,
+     * YN) and per Mamba layer its decode state (block_cpu.h); NULL else */
+    float *zx, *xbc, *y, *yn;
+    float **conv_s, **ssm_s;
     float *cos_t, *sin_t; /* [max_ctx][head_dim/2] */
     int *pos;
     ac_wscratch ws;               /* GEMMs over 16-bit weights (resident models) */

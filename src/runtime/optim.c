@@ -66,6 +66,16 @@ int ac_adamw_add_model(ac_adamw *a, ac_model *m, const ac_model *g, ac_err *e) {
              ac_adamw_add(a, w->wd, d->wd, H * F, 1, e) ||
              ac_adamw_add(a, w->q_norm, d->q_norm, w->q_norm ? hd : 0, 0, e) ||
              ac_adamw_add(a, w->k_norm, d->k_norm, w->k_norm ? hd : 0, 0, e);
+        if (!rc && L->ssm_heads) { /* Mamba-2: its norm, in_proj, conv, per-head vectors, gated norm, out_proj */
+            size_t di = ac_ssm_inner(ar, l), C = ac_ssm_conv_dim(ar, l), nh = L->ssm_heads;
+            rc = ac_adamw_add(a, w->in_norm, d->in_norm, H, 0, e) ||
+                 ac_adamw_add(a, w->ssm_in, d->ssm_in, (size_t)ac_ssm_in_dim(ar, l) * H, 1, e) ||
+                 ac_adamw_add(a, w->ssm_out, d->ssm_out, H * di, 1, e) ||
+                 ac_adamw_add(a, w->conv_w, d->conv_w, C * ar->ssm_conv, 1, e) ||
+                 ac_adamw_add(a, w->conv_b, d->conv_b, w->conv_b ? C : 0, 0, e) ||
+                 ac_adamw_add(a, w->dt_bias, d->dt_bias, nh, 0, e) || ac_adamw_add(a, w->a_log, d->a_log, nh, 0, e) ||
+                 ac_adamw_add(a, w->ssm_d, d->ssm_d, nh, 0, e) || ac_adamw_add(a, w->ssm_norm, d->ssm_norm, di, 0, e);
+        }
         if (!rc && L->n_experts) { /* the MoE FFN: its norm, the router and every expert */
             size_t E = L->n_experts, Fe = L->expert_ffn;
             rc = ac_adamw_add(a, w->post_norm, d->post_norm, H, 0, e) ||

@@ -268,6 +268,15 @@ void ac_train_zero_grad(ac_trainer *t) {
             zero(w->router, E * H);
             for (size_t x = 0; x < E; x++) zero(w->eg[x], Fe * H), zero(w->eu[x], Fe * H), zero(w->ed[x], H * Fe);
         }
+        if (L->ssm_heads) { /* Mamba-2: its norm, in_proj, conv, per-head vectors, gated norm, out_proj */
+            size_t di = ac_ssm_inner(a, l), C = ac_ssm_conv_dim(a, l), nh = L->ssm_heads;
+            zero(w->in_norm, H);
+            zero(w->ssm_in, (size_t)ac_ssm_in_dim(a, l) * H);
+            zero(w->ssm_out, H * di);
+            zero(w->conv_w, C * a->ssm_conv);
+            zero(w->conv_b, w->conv_b ? C : 0);
+            zero(w->dt_bias, nh), zero(w->a_log, nh), zero(w->ssm_d, nh), zero(w->ssm_norm, di);
+        }
         zero(t->dgate.head[l], L->n_heads);
         zero(t->dgate.ffn[l], F);
         t->dgate.attn[l] = t->dgate.mlp[l] = 0;
@@ -326,7 +335,7 @@ int ac_train_forward(ac_trainer *t, const int *tokens, int B, int T, ac_err *e) 
         ac_row_f32(t->x + (size_t)r * H, m->embed, ac_model_wdt(m), (size_t)tokens[r], H);
     }
     for (int l = 0; l < a->n_layers; l++) {
-        if (!a->layers[l].n_heads && !a->layers[l].ffn) continue;
+        if (!a->layers[l].n_heads && !a->layers[l].ffn && !a->layers[l].n_experts && !a->layers[l].ssm_heads) continue;
         float sub[AC_BLOCK_MAX_SUB];
         ac_block_grad c = layer_exec(t, l, layer_view(t, l), sub, NULL);
         ac_block_grad_forward(&c, l, t->x);
@@ -378,7 +387,7 @@ void ac_train_backward(ac_trainer *t) {
     ac_rmsnorm_backward(t->dx, t->g.final_norm, t->dgate.hidden, t->dxn, t->xhf, t->rf, m->final_norm, t->gate.hidden,
                         N, H);
     for (int l = a->n_layers - 1; l >= 0; l--) {
-        if (!a->layers[l].n_heads && !a->layers[l].ffn) continue;
+        if (!a->layers[l].n_heads && !a->layers[l].ffn && !a->layers[l].n_experts && !a->layers[l].ssm_heads) continue;
         float sub[AC_BLOCK_MAX_SUB], dsub[AC_BLOCK_MAX_SUB] = {0};
         ac_block_grad c = layer_exec(t, l, layer_view(t, l), sub, dsub);
         ac_block_grad_backward(&c, l, t->dx);

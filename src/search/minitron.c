@@ -95,9 +95,10 @@ static int cand_arch(const ac_arch *base, const int *layer_order, const int *v, 
     a->hidden = v[0];
     for (int l = 0; l < base->n_layers; l++) {
         const ac_layer_arch *b = &base->layers[l];
-        a->layers[l] = b->n_experts ? (ac_layer_arch){v[2], G, 0, v[4], b->expert_ffn} : (ac_layer_arch){v[2], G, v[1], 0, 0};
+        a->layers[l] = b->n_experts ? (ac_layer_arch){v[2], G, 0, v[4], b->expert_ffn, 0}
+                                    : (ac_layer_arch){v[2], G, v[1], 0, 0, 0};
     }
-    for (int r = v[3]; r < base->n_layers; r++) a->layers[layer_order[r]] = (ac_layer_arch){0, 0, 0, 0, 0};
+    for (int r = v[3]; r < base->n_layers; r++) a->layers[layer_order[r]] = (ac_layer_arch){0, 0, 0, 0, 0, 0};
     return 0;
 }
 

@@ -355,6 +355,7 @@ static int prune_to(const ac_model *src, const ac_arch *t, const ac_importance *
     if (t->n_layers != a->n_layers || t->head_dim != a->head_dim || t->vocab != a->vocab || t->hidden > a->hidden ||
         t->hidden < 1)
         return ac_errf(e, "prune: target architecture does not fit the source model");
+    if (a->hybrid) return ac_errf(e, "prune: hybrid (nemotron_h) Mamba layers are not pruned yet");
     for (int l = 0; l < a->n_layers; l++)
         if (check_layer(a, t, l, e)) return -1;
     if (bf16 ? ac_model_alloc_bf16(dst, t, e) : ac_model_alloc(dst, t, e)) return -1;

@@ -35,6 +35,8 @@ int ac_stream_init(ac_stream *s, const ac_model *m, int B, int n, ac_err *e) {
     memset(s, 0, sizeof *s);
     const ac_arch *a = &m->a;
     if (B < 1 || n < 2) return ac_errf(e, "stream: batch must be >= 1 and window >= 2");
+    if (ac_arch_is_hybrid(a))
+        return ac_errf(e, "stream: layer-streamed calibration of hybrid (nemotron_h) Mamba layers is not written yet");
     s->m = m;
     s->B = B;
     s->n = n;
