@@ -85,12 +85,14 @@ class Daemon:
         if self.token and "Authorization" not in h:
             h["Authorization"] = "Bearer " + self.token
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        if data is not None or method == "DELETE":  # the API wants a JSON content type on POST and DELETE
+        if data is not None:  # the API wants a JSON content type on POST (DELETE needs none)
             h.setdefault("Content-Type", "application/json")
         c.request(method, path, body=data, headers=h)
         r = c.getresponse()
         payload = r.read()
         c.close()
+        if method == "HEAD":  # headers only: (status, the headers)
+            return r.status, {k.lower(): v for k, v in r.getheaders()}
         ctype = r.getheader("Content-Type") or ""
         if "json" in ctype:
             return r.status, json.loads(payload)

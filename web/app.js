@@ -15,7 +15,7 @@ function headers(extra) {
   return h;
 }
 async function api(method, path, body) {
-  const r = await fetch(path, { method, headers: headers(body || method === "DELETE" ? { "Content-Type": "application/json" } : {}), body: body ? JSON.stringify(body) : undefined });
+  const r = await fetch(path, { method, headers: headers(body ? { "Content-Type": "application/json" } : {}), body: body ? JSON.stringify(body) : undefined });
   const text = await r.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch (e) { data = text; }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "buf.h"
+#include "fsafe_write.h"
 
 typedef struct {
     ac_buf b;
@@ -17,16 +18,8 @@ static void put(out_t *o, const char *fmt, ...) __attribute__((format(printf, 2,
 static void put(out_t *o, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
+    if (!o->oom && ac_buf_vprintf(&o->b, 0, fmt, ap)) o->oom = 1;
     va_end(ap);
-    if (o->oom || n < 0 || ac_buf_reserve(&o->b, (size_t)n + 1, 0)) {
-        o->oom = 1;
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(o->b.data + o->b.len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    o->b.len += (size_t)n;
 }
 
 static const char *str(const json_t *o, const char *k) {
@@ -244,11 +237,9 @@ char *ac_model_card(const json_t *r) {
 int ac_model_card_write(const json_t *report, const char *dir, ac_err *e) {
     char *card = ac_model_card(report);
     if (!card) return ac_errf(e, "model card: out of memory");
-    char p[4200];
+    char p[AC_FSAFE_PATH_MAX + 16];
     snprintf(p, sizeof p, "%s/README.md", dir);
-    FILE *f = fopen(p, "w");
-    int ok = f && fputs(card, f) >= 0;
-    if (f && fclose(f)) ok = 0;
+    int rc = ac_fsafe_write(p, card, strlen(card), e);
     free(card);
-    return ok ? 0 : ac_errf(e, "cannot write %s", p);
+    return rc;
 }
