@@ -138,6 +138,23 @@ def test_submit_errors_name_the_field():
     assert rc == 4 and "400 invalid_spec" in err and "(field constraints.max_tpot_ms)" in err, (rc, err)
     rc, out, err = cli("submit", p, "--json")
     assert rc == 4 and json.loads(out)["error"]["field"] == "constraints.max_tpot_ms", out
+    # what the worker would refuse later, refused at submit (and by /v1/validate) naming the field
+    foreign = os.path.join(D.dir, "someone-elses")
+    os.makedirs(foreign, exist_ok=True)
+    with open(os.path.join(foreign, "notes.txt"), "w") as f:
+        f.write("x")
+    bad = [(spec(constraints={"max_params": 20000}), "constraints.max_params", "24592"),  # 768 x 16 x 2 + 16
+           (spec(constraints={"max_params": 190000}, search={"steps": 5, "prune_hidden": False}),
+            "constraints.max_params", "196736"),  # 768 x 128 x 2 + 128
+           (spec(output=foreign), "output", "notes.txt"),
+           (spec(target={"device": "Z9000"}), "target.device", "Z9000")]
+    for s, field, said in bad:
+        st, r = D.req("POST", "/v1/validate", body=s)
+        assert st == 400 and r["error"]["field"] == field and said in r["error"]["message"], (field, st, r)
+        rc, out, err = cli("submit", write_spec(s, "refused.json"))
+        assert rc == 4 and f"(field {field})" in err and said in err, (field, rc, err)
+    assert D.req("POST", "/v1/validate", body=spec(constraints={"max_params": 30000}))[0] == 200  # reachable: not refused
+    assert D.req("POST", "/v1/validate", body=spec(output=os.path.join(foreign, "new")))[0] == 200
     with open(os.path.join(D.dir, "broken.json"), "w") as f:
         f.write("{not json")
     rc, _, err = cli("submit", os.path.join(D.dir, "broken.json"))
