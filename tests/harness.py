@@ -117,6 +117,16 @@ def spec(**kw):
     return s
 
 
+def limit_verdict(report, arm, name):
+    """"met" or "missed": the arm's verdict on limit name as the report says it (the base's from its predicted
+    figure, which the report does not judge), what every page showing the report must state."""
+    c = report[report["chosen"]]["constraints"][name]
+    if arm != "baseline":
+        return "met" if report[arm]["constraints"][name]["met"] else "missed"
+    v = report["baseline"]["predicted"][name]
+    return "met" if (v >= c["limit"] if c["kind"] == "min" else v <= c["limit"]) else "missed"
+
+
 def run_with_daemon(tests, module_globals, config=None):
     """The main of a test file whose tests share one daemon (its global D): skip all without the tiny model, else start
     the daemon (one CPU slot, model_roots the build folder and /tmp), run the tests, clean up, print RESULT."""

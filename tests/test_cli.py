@@ -17,7 +17,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, TINY, run_with_daemon  # noqa: E402
+from harness import BUILD, TINY, limit_verdict, run_with_daemon  # noqa: E402
 from harness import spec as full_spec  # noqa: E402
 
 CLI = os.path.join(BUILD, "autocompress")
@@ -388,15 +388,10 @@ def check_report_page(page, rep):
     assert [x.split()[0] for _, x in head] == arms, head
     assert [a for a, (_, x) in zip(arms, head) if "(chosen, exported)" in x] == [rep["chosen"]], head
     rows = {r[0][1]: r[1:] for r in t.tables["limits"][1:]}
-    for name, c in rep[rep["chosen"]]["constraints"].items():
+    for name in rep[rep["chosen"]]["constraints"]:
         cells = next(v for k, v in rows.items() if k.startswith(name + " "))
         for a, (cls, txt) in zip(arms, cells):
-            if a == "baseline":
-                v = rep["baseline"]["predicted"][name]
-                met = v >= c["limit"] if c["kind"] == "min" else v <= c["limit"]
-            else:
-                met = rep[a]["constraints"][name]["met"]
-            want = "met" if met else "missed"
+            want = limit_verdict(rep, a, name)
             assert want in cls.split() and txt.endswith(want), (name, a, cls, txt)
     assert [x for _, x in rows["all limits met"][1:]] == ["yes" if rep[a]["feasible"] else "no" for a in arms[1:]]
     q = {r[0][1]: r[1:] for r in t.tables["quality"][1:]}

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import TINY, run_with_daemon  # noqa: E402
+from harness import TINY, limit_verdict, run_with_daemon  # noqa: E402
 from harness import spec as full_spec  # noqa: E402
 
 D = None
@@ -62,11 +62,7 @@ def test_succeeded_job_page_states_the_report():
     for name, c in r[r["chosen"]]["constraints"].items():
         key = next(k for k in by if k.startswith(f"limit {name} "))
         for a, (cls, txt) in zip(arms, by[key]):
-            if a == "baseline":
-                v = r["baseline"]["predicted"][name]
-                want = "met" if (v >= c["limit"] if c["kind"] == "min" else v <= c["limit"]) else "missed"
-            else:
-                want = "met" if r[a]["constraints"][name]["met"] else "missed"
+            want = limit_verdict(r, a, name)
             assert cls == want and txt.endswith(want), (name, a, cls, txt)
     assert [t for _, t in by["all limits met"][1:]] == ["yes" if r[a]["feasible"] else "no" for a in arms[1:]]
     # the base misses max_params (1.38 M > 1 M): shown as missed, not silently
@@ -124,16 +120,11 @@ def test_compare_view_never_calls_a_missed_limit_a_win():
     assert [a for a, (cls, _) in zip(arms, rows[1][1:]) if cls == "chosen"] == [r["chosen"]]
     by = {cells[0][1]: cells[1:] for cells in rows[2:]}
     assert html.unescape(by["target"][3][1]).startswith("failed: "), by["target"][3]
-    feasible = {"baseline": all((r["baseline"]["predicted"][n] >= c["limit"]) if c["kind"] == "min" else
-                                (r["baseline"]["predicted"][n] <= c["limit"])
-                                for n, c in r[r["chosen"]]["constraints"].items())}
-    for name, c in r[r["chosen"]]["constraints"].items():
+    limits = r[r["chosen"]]["constraints"]
+    feasible = {"baseline": all(limit_verdict(r, "baseline", n) == "met" for n in limits)}
+    for name in limits:
         for a, (cls, txt) in zip(arms, by[f"limit {name}"][:3]):
-            if a == "baseline":
-                v = r["baseline"]["predicted"][name]
-                want = "met" if (v >= c["limit"] if c["kind"] == "min" else v <= c["limit"]) else "missed"
-            else:
-                want = "met" if r[a]["constraints"][name]["met"] else "missed"
+            want = limit_verdict(r, a, name)
             assert cls == want and txt.endswith(want), (name, a, cls, txt)
     feasible.update({a: r[a]["feasible"] for a in arms[1:]})
     assert not feasible["baseline"], "the base should miss max_params"

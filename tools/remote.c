@@ -119,6 +119,20 @@ static int api_error(const ctx *c, const hc_resp *r) {
     return RC_API;
 }
 
+/* GET path whose 200 answer is text (a log, a page): 0 with *r filled (hc_resp_free), else RC_API after
+ * printing why. */
+static int get_text(const ctx *c, const char *path, hc_resp *r) {
+    ac_err e = {{0}};
+    if (hc_request(&c->conn, "GET", path, NULL, NULL, r, &e)) {
+        fprintf(stderr, "autocompress: %s\n", e.msg);
+        return RC_API;
+    }
+    if (r->status == 200) return RC_OK;
+    int rc = api_error(c, r);
+    hc_resp_free(r);
+    return rc;
+}
+
 /* A request whose 2xx answer is JSON: 0 with *out (owned), else RC_API after printing why. */
 static int call_json(const ctx *c, const char *method, const char *path, const char *body, const char *idem,
                      json_t **out, long *status) {
@@ -552,14 +566,10 @@ static int cmd_logs(const ctx *c, long id, int follow, int worker) {
     if (worker) {
         snprintf(path, sizeof path, "/v1/jobs/%ld/log", id);
         hc_resp r;
-        ac_err e = {{0}};
-        if (hc_request(&c->conn, "GET", path, NULL, NULL, &r, &e)) {
-            fprintf(stderr, "autocompress: %s\n", e.msg);
-            return RC_API;
-        }
-        int rc = r.status == 200 ? (fwrite(r.body, 1, r.len, stdout), RC_OK) : api_error(c, &r);
+        if (get_text(c, path, &r)) return RC_API;
+        fwrite(r.body, 1, r.len, stdout);
         hc_resp_free(&r);
-        return rc;
+        return RC_OK;
     }
     if (follow) {
         follow_st f = {.mode = c->json ? SHOW_JSON : SHOW_EVENTS, .job = id, .t_start = mono()};
@@ -623,16 +633,7 @@ static int open_report_html(const ctx *c, long id) {
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%ld/report.html", id);
     hc_resp r;
-    ac_err e = {{0}};
-    if (hc_request(&c->conn, "GET", path, NULL, NULL, &r, &e)) {
-        fprintf(stderr, "autocompress: %s\n", e.msg);
-        return RC_API;
-    }
-    if (r.status != 200) {
-        int rc = api_error(c, &r);
-        hc_resp_free(&r);
-        return rc;
-    }
+    if (get_text(c, path, &r)) return RC_API;
     const char *tmp = getenv("TMPDIR");
     char file[4096];
     snprintf(file, sizeof file, "%s/autocompress-job-%ld-XXXXXX.html", tmp && *tmp ? tmp : "/tmp", id);

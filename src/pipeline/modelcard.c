@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsafe_write.h"
 #include "textout.h"
 
 static const char *base_name(const char *p) {
@@ -223,11 +222,5 @@ char *ac_model_card(const json_t *r) {
 }
 
 int ac_model_card_write(const json_t *report, const char *dir, ac_err *e) {
-    char *card = ac_model_card(report);
-    if (!card) return ac_errf(e, "model card: out of memory");
-    char p[AC_FSAFE_PATH_MAX + 16];
-    snprintf(p, sizeof p, "%s/README.md", dir);
-    int rc = ac_fsafe_write(p, card, strlen(card), e);
-    free(card);
-    return rc;
+    return ac_text_write(ac_model_card(report), dir, "README.md", e);
 }

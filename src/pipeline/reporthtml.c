@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsafe_write.h"
 #include "textout.h"
 
 /* s, HTML-escaped (text and attribute values). */
@@ -436,11 +435,5 @@ char *ac_report_html(const json_t *r, const json_t *curves) {
 }
 
 int ac_report_html_write(const json_t *report, const char *dir, ac_err *e) {
-    char *page = ac_report_html(report, NULL);
-    if (!page) return ac_errf(e, "report.html: out of memory");
-    char p[AC_FSAFE_PATH_MAX + 16];
-    snprintf(p, sizeof p, "%s/report.html", dir);
-    int rc = ac_fsafe_write(p, page, strlen(page), e);
-    free(page);
-    return rc;
+    return ac_text_write(ac_report_html(report, NULL), dir, "report.html", e);
 }

@@ -2,7 +2,11 @@
 #include "textout.h"
 
 #include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "fsafe_write.h"
 
 void ac_text_put(ac_text *t, const char *fmt, ...) {
     va_list ap;
@@ -19,6 +23,15 @@ char *ac_text_take(ac_text *t) {
     char *s = t->b.data;
     t->b = (ac_buf){0};
     return s;
+}
+
+int ac_text_write(char *text, const char *dir, const char *name, ac_err *e) {
+    if (!text) return ac_errf(e, "%s: out of memory", name);
+    char p[AC_FSAFE_PATH_MAX + 64];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    int rc = ac_fsafe_write(p, text, strlen(text), e);
+    free(text);
+    return rc;
 }
 
 const char *ac_jstr(const json_t *o, const char *k) {

@@ -11,6 +11,7 @@
 #include <jansson.h>
 
 #include "buf.h"
+#include "err.h"
 
 typedef struct {
     ac_buf b;
@@ -22,6 +23,9 @@ void ac_text_put(ac_text *t, const char *fmt, ...) __attribute__((format(printf,
 /* The text (owned by the caller), or NULL when an append ran out of memory
  * (the buffer is freed either way). */
 char *ac_text_take(ac_text *t);
+/* Write text (a page; freed here, NULL meaning out of memory) as DIR/NAME,
+ * confined (fsafe_write.h): 0, or -1 with e. */
+int ac_text_write(char *text, const char *dir, const char *name, ac_err *e);
 
 /* o[k] as a string ("" when absent) and as a number (0 when absent). */
 const char *ac_jstr(const json_t *o, const char *k);
