@@ -22,14 +22,19 @@
  * Every handler fills a `reply`; errors are JSON {"error":{"code","message",
  * "field"}} with the right status: 400 naming the field (or the cap a job
  * exceeds), 401/403 (token, cross-site), 409, 413 (max_body_bytes), 415
- * (POST/DELETE without a JSON content type), 503 (the job store cannot write, or
- * too many streams/pending requests).
+ * (POST without a JSON content type), 503 (the job store cannot write, or
+ * too many streams/pending requests). HEAD is answered wherever GET is (the
+ * GET route runs; libmicrohttpd sends its headers without the body; the
+ * event stream answers its headers without opening a stream). DELETE takes
+ * no body and needs no content type.
  *
  * Browsers: a request whose Origin is not this server's own, or whose Host
  * is not a loopback name (or one of allowed_hosts) while the server listens
- * on loopback (DNS rebinding), is refused with 403; POST and DELETE need
+ * on loopback (DNS rebinding), is refused with 403; POST needs
  * Content-Type: application/json, which a cross-site form cannot send
- * without a CORS preflight this server never grants. With tokens
+ * without a CORS preflight this server never grants (DELETE needs none: no
+ * form can send it, and a cross-site script's DELETE needs that preflight
+ * too). With tokens
  * configured, /v1 routes need "Authorization: Bearer T"; ?access_token=T is
  * accepted on the SSE route only (EventSource cannot set headers).
  *
@@ -292,7 +297,7 @@ static const route *find_route(req_ctx *rc, const char *url, const char *method,
 }
 
 /* The rules before any handler: 0, or -1 with the error reply made. */
-static int check_rules(req_ctx *rc, int rules, const char *method, json_t **body) {
+static int check_rules(req_ctx *rc, int rules, json_t **body) {
     ac_daemon *d = rc->d;
     reply *r = &rc->rep;
     /* HTTP/1.1 requires Host (RFC 9112 3.2); an HTTP/1.0 request without
@@ -315,11 +320,9 @@ static int check_rules(req_ctx *rc, int rules, const char *method, json_t **body
     }
     if (!(rules & R_JSON)) return 0;
     if (!json_content_type(rc->c)) {
-        rep_error(d, r, 415, "unsupported_media_type", "POST, PUT and DELETE need Content-Type: application/json",
-                  NULL);
+        rep_error(d, r, 415, "unsupported_media_type", "POST and PUT need Content-Type: application/json", NULL);
         return -1;
     }
-    if (strcmp(method, "POST") && strcmp(method, "PUT")) return 0; /* DELETE: no body */
     json_error_t je;
     *body = json_loadb(rc->body.data ? rc->body.data : "", rc->body.len, JSON_REJECT_DUPLICATES, &je);
     if (!*body) {
@@ -342,16 +345,16 @@ static enum MHD_Result handle(req_ctx *rc, const char *url, const char *method) 
         rep_error(d, &rc->rep, 413, "payload_too_large", "request body exceeds max_body_bytes", NULL);
         return http_reply(rc);
     }
-    int known, api = !strncmp(url, "/v1/", 4),
-               writes = !strcmp(method, "POST") || !strcmp(method, "PUT") || !strcmp(method, "DELETE");
-    const route *rt = find_route(rc, url, method, &known);
+    int known, api = !strncmp(url, "/v1/", 4), writes = !strcmp(method, "POST") || !strcmp(method, "PUT");
+    rc->head = !strcmp(method, "HEAD");
+    const route *rt = find_route(rc, url, rc->head ? "GET" : method, &known); /* HEAD: the GET route */
     if (!rt && !api && !known && (!strcmp(method, "GET") || !strcmp(method, "HEAD"))) rt = &http_static_route;
     /* An unknown route or method is answered after the same checks an API route gets. */
     int rules = rt ? rt->rules : api ? R_API | (writes ? R_JSON : 0) : R_BROWSER;
     json_t *body = NULL;
     enum MHD_Result ret;
     rc->path = url;
-    if (check_rules(rc, rules, method, &body))
+    if (check_rules(rc, rules, &body))
         ret = http_reply(rc);
     else if (rt)
         ret = rt->fn(rc, body);

@@ -47,6 +47,7 @@ typedef struct req_ctx {
     const char *path; /* the request's path (valid during the MHD callback) */
     const char *rest; /* a route's {rest} */
     long id;          /* a route's {id} */
+    int head;         /* a HEAD request (served by the GET route) */
 } req_ctx;
 
 /* Replies: a JSON body (owned), an error {"error":{"code","message","field"}},
@@ -70,7 +71,7 @@ enum {
     R_BROWSER = 1,     /* refuse cross-site requests (Origin / Host / Sec-Fetch-Site) */
     R_AUTH = 2,        /* a bearer token when tokens are configured */
     R_QUERY_TOKEN = 4, /* ... or ?access_token= (EventSource cannot set headers) */
-    R_JSON = 8,        /* Content-Type: application/json (POST / PUT / DELETE) */
+    R_JSON = 8,        /* Content-Type: application/json and a JSON object body (POST / PUT) */
     R_API = R_BROWSER | R_AUTH,
 };
 
@@ -100,6 +101,7 @@ enum MHD_Result r_job_result(req_ctx *rc, json_t *body);
 enum MHD_Result r_job_log(req_ctx *rc, json_t *body);
 enum MHD_Result r_job_files(req_ctx *rc, json_t *body); /* routes_files.c */
 enum MHD_Result r_job_file(req_ctx *rc, json_t *body);
+enum MHD_Result r_job_report_html(req_ctx *rc, json_t *body);
 enum MHD_Result r_estimate(req_ctx *rc, json_t *body);
 enum MHD_Result r_measurements(req_ctx *rc, json_t *body);
 enum MHD_Result r_measure_cancel(req_ctx *rc, json_t *body);

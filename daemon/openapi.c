@@ -69,6 +69,8 @@ int openapi_check_routes(const json_t *doc, const route *routes, size_t n, ac_er
         json_t *p = doc_path(paths, routes[i].path);
         if (!p || !json_is_object(json_object_get(p, m)))
             return ac_errf(e, "route %s %s is not in the OpenAPI document", routes[i].method, routes[i].path);
+        if (!strcmp(routes[i].method, "GET") && !json_is_object(json_object_get(p, "head"))) /* HEAD where GET is */
+            return ac_errf(e, "route HEAD %s (served by its GET) is not in the OpenAPI document", routes[i].path);
     }
     const char *k;
     json_t *v;
@@ -80,9 +82,9 @@ int openapi_check_routes(const json_t *doc, const route *routes, size_t n, ac_er
             int found = 0;
             for (size_t i = 0; i < n && !found; i++) {
                 shape(routes[i].path, want, sizeof want);
-                found = !strcmp(have, want) &&
-                        (!strcmp(routes[i].method, "*") ? !strcmp(METHODS[mi], "get")
-                                                        : !strcasecmp(routes[i].method, METHODS[mi]));
+                int head = !strcmp(METHODS[mi], "head");
+                found = !strcmp(have, want) && (!strcmp(routes[i].method, "*") ? !strcmp(METHODS[mi], "get") || head
+                                                : !strcasecmp(routes[i].method, head ? "GET" : METHODS[mi]));
             }
             if (!found) return ac_errf(e, "the OpenAPI document has %s %s but no route serves it", METHODS[mi], k);
         }

@@ -22,7 +22,8 @@ json_t *openapi_doc(ac_err *e);
 
 /* Every route (method, path) is an operation of doc and every operation of
  * doc a route: 0, or -1 with e naming the first difference. A "*" route is
- * the document's "get"; path parameters compare by position, not by name
+ * the document's "get" (its "head" optional); a GET route needs its "head"
+ * too (HEAD is served wherever GET is); path parameters compare by position, not by name
  * ({id} and {rest} against any {name}). */
 int openapi_check_routes(const json_t *doc, const route *routes, size_t n, ac_err *e);
 

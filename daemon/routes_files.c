@@ -4,7 +4,9 @@
  * report's export directory (export.dir), GET /v1/jobs/{id}/files/{name}
  * sends one. Only plain names ([A-Za-z0-9._-], not starting with a dot) are
  * served, opened beneath the directory without following a symbolic link;
- * anything else is a 404. Both run on the thread pool. See http.h.
+ * anything else is a 404. GET /v1/jobs/{id}/report.html renders the
+ * report (reporthtml.h) from the stored result with the loss curves of the
+ * job's events. All run on the thread pool. See http.h.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -16,6 +18,7 @@
 #include <unistd.h>
 
 #include "http.h"
+#include "reporthtml.h"
 
 static int plain_name(const char *s) {
     if (!*s || *s == '.' || strlen(s) > 255) return 0;
@@ -24,43 +27,55 @@ static int plain_name(const char *s) {
     return 1;
 }
 
-/* The export directory of the path's job, opened: the fd, or -1 with the reply made. */
-static int open_export_dir(req_ctx *rc, char *dir, size_t n) {
+/* The report of the path's job once it ended (owned), or NULL with the
+ * reply made: 404 unknown, 409 not ended or no report (failed, cancelled). */
+static json_t *ended_report(req_ctx *rc) {
     ac_daemon *d = rc->d;
     ac_err e = {{0}};
     db_job j;
     int found;
     if (db_job_get(d->db, rc->id, &j, &found, &e)) {
         rep_store(d, &rc->rep, e.msg);
-        return -1;
+        return NULL;
     }
     if (!found) {
         rep_error(d, &rc->rep, 404, "not_found", "no such job", NULL);
-        return -1;
+        return NULL;
     }
     int ended = job_state_terminal(j.state);
     db_job_clear(&j);
     if (!ended) {
         rep_error(d, &rc->rep, 409, "not_finished", "job has not finished", NULL);
-        return -1;
+        return NULL;
     }
     char *res = NULL;
     if (db_job_result(d->db, rc->id, &res, &e)) {
         rep_store(d, &rc->rep, e.msg);
-        return -1;
+        return NULL;
     }
     json_t *r = res ? json_loads(res, 0, NULL) : NULL;
     free(res);
+    if (!json_is_object(r)) {
+        json_decref(r);
+        rep_error(d, &rc->rep, 409, "no_result", "job did not succeed; see its reason and events", NULL);
+    }
+    return r;
+}
+
+/* The export directory of the path's job, opened: the fd, or -1 with the reply made. */
+static int open_export_dir(req_ctx *rc, char *dir, size_t n) {
+    json_t *r = ended_report(rc);
+    if (!r) return -1;
     const char *ed = json_string_value(json_object_get(json_object_get(r, "export"), "dir"));
     if (!ed) {
         json_decref(r);
-        rep_error(d, &rc->rep, 409, "no_result", "job did not succeed; it exported nothing", NULL);
+        rep_error(rc->d, &rc->rep, 409, "no_result", "job did not succeed; it exported nothing", NULL);
         return -1;
     }
     snprintf(dir, n, "%s", ed);
     json_decref(r);
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) rep_error(d, &rc->rep, 404, "not_found", "the job's export directory is gone", NULL);
+    if (fd < 0) rep_error(rc->d, &rc->rep, 404, "not_found", "the job's export directory is gone", NULL);
     return fd;
 }
 
@@ -121,6 +136,70 @@ static void task_file(req_ctx *rc) {
     MHD_add_response_header(resp, "Content-Type", "application/octet-stream");
     rc->rep.status = 200;
     rc->rep.resp = resp;
+}
+
+/* The curves report.html draws from the job's events: the search loss
+ * (the gate trainer's task loss with dnas, else the Lagrangian) and each
+ * arm's distillation loss per step. NULL when the store cannot be read. */
+static json_t *event_curves(req_ctx *rc) {
+    json_t *search = json_array(), *distill = json_object(), *c = NULL;
+    const char *label = "search loss";
+    long after = 0;
+    for (;;) {
+        db_event *ev = NULL;
+        int n = 0;
+        ac_err e = {{0}};
+        if (db_events(rc->d->db, rc->id, after, 1000, &ev, &n, &e)) break;
+        for (int i = 0; i < n; i++) {
+            after = ev[i].id;
+            int se = !strcmp(ev[i].kind, "search"), di = !strcmp(ev[i].kind, "distill");
+            if (!se && !di) continue;
+            json_t *d = json_loads(ev[i].data, 0, NULL);
+            const char *ph = json_string_value(json_object_get(d, "phase"));
+            json_t *step = json_object_get(d, "step");
+            if (se && ph && (!strcmp(ph, "dnas") || !strcmp(ph, "autocompress")) && json_is_number(step)) {
+                json_t *v = json_object_get(d, !strcmp(ph, "dnas") ? "task_loss" : "loss");
+                label = !strcmp(ph, "dnas") ? "search: distillation KL of the gated model" : "search: Lagrangian";
+                if (json_is_number(v)) json_array_append_new(search, json_pack("[O,O]", step, v));
+            } else if (di && json_is_string(json_object_get(d, "arm")) && json_is_number(step) &&
+                       json_is_number(json_object_get(d, "loss"))) {
+                const char *arm = json_string_value(json_object_get(d, "arm"));
+                json_t *a = json_object_get(distill, arm);
+                if (!a) json_object_set_new(distill, arm, a = json_array());
+                json_array_append_new(a, json_pack("[O,O]", step, json_object_get(d, "loss")));
+            }
+            json_decref(d);
+        }
+        db_events_free(ev, n);
+        if (n < 1000) {
+            c = json_pack("{s:O,s:s,s:O}", "search", search, "search_label", label, "distill", distill);
+            break;
+        }
+    }
+    json_decref(search);
+    json_decref(distill);
+    return c;
+}
+
+static void task_report_html(req_ctx *rc) {
+    json_t *r = ended_report(rc);
+    if (!r) return;
+    json_t *curves = event_curves(rc);
+    char *page = ac_report_html(r, curves);
+    json_decref(curves);
+    json_decref(r);
+    if (!page)
+        rep_error(rc->d, &rc->rep, 503, "busy", "out of memory", NULL);
+    else { /* no script, nothing fetched: the page needs only its inline style */
+        rep_text(&rc->rep, 200, "text/html; charset=utf-8", page, strlen(page));
+        rc->rep.hdr_name = "Content-Security-Policy";
+        rc->rep.hdr_value = "default-src 'none'; style-src 'unsafe-inline'";
+    }
+}
+
+enum MHD_Result r_job_report_html(req_ctx *rc, json_t *body) {
+    (void)body;
+    return http_offload(rc, task_report_html);
 }
 
 enum MHD_Result r_job_files(req_ctx *rc, json_t *body) {

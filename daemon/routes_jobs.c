@@ -322,6 +322,14 @@ enum MHD_Result r_job_events(req_ctx *rc, json_t *body) {
         return http_reply(rc);
     }
     const char *fmt = MHD_lookup_connection_value(rc->c, MHD_GET_ARGUMENT_KIND, "format");
+    if (rc->head && !(fmt && !strcmp(fmt, "json"))) { /* the stream's headers, no stream */
+        char *empty = strdup("");
+        if (empty)
+            rep_text(r, 200, "text/event-stream", empty, 0);
+        else
+            rep_error(d, r, 503, "busy", "out of memory", NULL);
+        return http_reply(rc);
+    }
     if (fmt && !strcmp(fmt, "json")) {
         long limit = http_query_long(rc->c, "limit", 1000, 1, 10000, &bad);
         if (bad) {

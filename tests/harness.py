@@ -85,12 +85,14 @@ class Daemon:
         if self.token and "Authorization" not in h:
             h["Authorization"] = "Bearer " + self.token
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        if data is not None or method == "DELETE":  # the API wants a JSON content type on POST and DELETE
+        if data is not None:  # the API wants a JSON content type on POST (DELETE needs none)
             h.setdefault("Content-Type", "application/json")
         c.request(method, path, body=data, headers=h)
         r = c.getresponse()
         payload = r.read()
         c.close()
+        if method == "HEAD":  # headers only: (status, the headers)
+            return r.status, {k.lower(): v for k, v in r.getheaders()}
         ctype = r.getheader("Content-Type") or ""
         if "json" in ctype:
             return r.status, json.loads(payload)
@@ -148,6 +150,16 @@ def ref_ppl(d, text, ctx, windows):
             nll -= lp[t, x[0, t + 1]].item()
             cnt += 1
     return math.exp(nll / cnt)
+
+
+def limit_verdict(report, arm, name):
+    """"met" or "missed": the arm's verdict on limit name as the report says it (the base's from its predicted
+    figure, which the report does not judge), what every page showing the report must state."""
+    c = report[report["chosen"]]["constraints"][name]
+    if arm != "baseline":
+        return "met" if report[arm]["constraints"][name]["met"] else "missed"
+    v = report["baseline"]["predicted"][name]
+    return "met" if (v >= c["limit"] if c["kind"] == "min" else v <= c["limit"]) else "missed"
 
 
 def run_with_daemon(tests, module_globals, config=None):

@@ -4,6 +4,8 @@ daemon on loopback with its own SQLite file: exit statuses, --json, errors namin
 progress bar on a pseudo-terminal and plain lines otherwise, an event stream resumed with Last-Event-ID after the
 daemon was killed and restarted, and a download checked byte for byte against the export directory."""
 import hashlib
+import html.parser
+import http.client
 import json
 import os
 import pty
@@ -15,11 +17,14 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, TINY, Daemon, Runner  # noqa: E402
+from harness import BUILD, TINY, limit_verdict, run_with_daemon  # noqa: E402
 from harness import spec as full_spec  # noqa: E402
 
 CLI = os.path.join(BUILD, "autocompress")
 D = None
+CONFIG = {"sse_keepalive_s": 1, "cpu_slots": 1, "quiet_budget_s": 2,
+          "model_roots": [os.path.dirname(os.path.dirname(TINY)), "/tmp"]}
+DONE = []  # a succeeded job (test_submit_follow_plain_lines)
 
 
 def spec(**kw):
@@ -89,6 +94,7 @@ def test_submit_follow_plain_lines():
     m = re.match(r"job (\d+) queued\n", out)
     assert m, out
     job = int(m.group(1))
+    DONE.append(job)
     assert re.search(rf"job {job}: stage 4/7 search \(43%\)", out), out
     assert "\r" not in out and "ETA" not in out, "a progress bar on a pipe"
     st, res = D.req("GET", f"/v1/jobs/{job}/result")
@@ -132,6 +138,23 @@ def test_submit_errors_name_the_field():
     assert rc == 4 and "400 invalid_spec" in err and "(field constraints.max_tpot_ms)" in err, (rc, err)
     rc, out, err = cli("submit", p, "--json")
     assert rc == 4 and json.loads(out)["error"]["field"] == "constraints.max_tpot_ms", out
+    # what the worker would refuse later, refused at submit (and by /v1/validate) naming the field
+    foreign = os.path.join(D.dir, "someone-elses")
+    os.makedirs(foreign, exist_ok=True)
+    with open(os.path.join(foreign, "notes.txt"), "w") as f:
+        f.write("x")
+    bad = [(spec(constraints={"max_params": 20000}), "constraints.max_params", "24592"),  # 768 x 16 x 2 + 16
+           (spec(constraints={"max_params": 190000}, search={"steps": 5, "prune_hidden": False}),
+            "constraints.max_params", "196736"),  # 768 x 128 x 2 + 128
+           (spec(output=foreign), "output", "notes.txt"),
+           (spec(target={"device": "Z9000"}), "target.device", "Z9000")]
+    for s, field, said in bad:
+        st, r = D.req("POST", "/v1/validate", body=s)
+        assert st == 400 and r["error"]["field"] == field and said in r["error"]["message"], (field, st, r)
+        rc, out, err = cli("submit", write_spec(s, "refused.json"))
+        assert rc == 4 and f"(field {field})" in err and said in err, (field, rc, err)
+    assert D.req("POST", "/v1/validate", body=spec(constraints={"max_params": 30000}))[0] == 200  # reachable: not refused
+    assert D.req("POST", "/v1/validate", body=spec(output=os.path.join(foreign, "new")))[0] == 200
     with open(os.path.join(D.dir, "broken.json"), "w") as f:
         f.write("{not json")
     rc, _, err = cli("submit", os.path.join(D.dir, "broken.json"))
@@ -321,24 +344,159 @@ def test_download():
     D.wait_state(j2, {"cancelled"})
 
 
+class Tables(html.parser.HTMLParser):
+    """The tables of a page by id: rows of (class, text) cells; and whether it has a script or fetches anything."""
+
+    def __init__(self, page):
+        super().__init__()
+        self.tables, self.cur, self.cell, self.fetches, self.polylines = {}, None, None, [], []
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "script" or any(k in ("src", "href") for k in a) or "url(" in a.get("style", ""):
+            self.fetches.append((tag, attrs))
+        if tag == "table":
+            self.cur = self.tables.setdefault(a.get("id"), [])
+        elif tag == "tr" and self.cur is not None:
+            self.cur.append([])
+        elif tag in ("td", "th") and self.cur is not None:
+            self.cell = [a.get("class") or "", ""]
+        elif tag == "polyline":
+            self.polylines.append(a["points"].split())
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.cell is not None:
+            self.cur[-1].append((self.cell[0], self.cell[1].strip()))
+            self.cell = None
+        elif tag == "table":
+            self.cur = None
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell[1] += data
+
+
+def check_report_page(page, rep):
+    """What report.html states against report.json: the chosen arm marked, every limit met or missed per arm (the
+    base's from its predicted figure), all limits met as each arm's feasibility, the perplexities (an arm that missed a
+    limit says so), the structure per layer."""
+    t = Tables(page)
+    assert not t.fetches, t.fetches  # self-contained: no script, nothing fetched
+    arms = ["baseline", "minitron", "autocompress"]
+    head = t.tables["limits"][0][1:]
+    assert [x.split()[0] for _, x in head] == arms, head
+    assert [a for a, (_, x) in zip(arms, head) if "(chosen, exported)" in x] == [rep["chosen"]], head
+    rows = {r[0][1]: r[1:] for r in t.tables["limits"][1:]}
+    for name in rep[rep["chosen"]]["constraints"]:
+        cells = next(v for k, v in rows.items() if k.startswith(name + " "))
+        for a, (cls, txt) in zip(arms, cells):
+            want = limit_verdict(rep, a, name)
+            assert want in cls.split() and txt.endswith(want), (name, a, cls, txt)
+    assert [x for _, x in rows["all limits met"][1:]] == ["yes" if rep[a]["feasible"] else "no" for a in arms[1:]]
+    q = {r[0][1]: r[1:] for r in t.tables["quality"][1:]}
+    for a, (cls, txt) in zip(arms, q["perplexity"]):
+        assert txt.startswith(f"{rep[a]['perplexity']:.4f}"), (a, txt)
+        assert ("missed a limit" in txt) == (a != "baseline" and not rep[a]["feasible"]), (a, txt)
+    layers = [r[1:] for r in t.tables["structure"][1:]]
+    base = rep["model"]["architecture"]["layers"]
+    assert len(layers) == len(base)
+    for i, cells in enumerate(layers):
+        nums = [int(x) for x in re.findall(r"\d+", cells[2][1])]
+        assert nums == [base[i]["ffn"], rep["minitron"]["architecture"]["layers"][i]["ffn"],
+                        rep["autocompress"]["architecture"]["layers"][i]["ffn"]], (i, cells[2])
+    return t
+
+
+def test_report_html_served_written_and_opened():
+    job = DONE[0] if DONE else json.loads(cli("submit", write_spec(spec(), "rh.json"), "--follow", "--json")[1]
+                                          .splitlines()[-1])["id"]
+    st, rep = D.req("GET", f"/v1/jobs/{job}/result")
+    c = http.client.HTTPConnection("127.0.0.1", D.port, timeout=30)
+    c.request("GET", f"/v1/jobs/{job}/report.html")
+    resp = c.getresponse()
+    page = resp.read().decode()
+    c.close()
+    assert resp.status == 200 and resp.getheader("Content-Type") == "text/html; charset=utf-8", resp.getheaders()
+    assert "default-src 'none'" in resp.getheader("Content-Security-Policy")
+    t = check_report_page(page, rep)
+    # the daemon's copy draws the search loss from the job's events: one point per search event of the gate trainer
+    st, evs = D.req("GET", f"/v1/jobs/{job}/events?format=json&limit=10000")
+    steps = [e for e in evs["events"] if e["kind"] == "search" and e["data"].get("phase") in ("dnas", "autocompress")]
+    assert t.polylines and len(t.polylines[0]) == len(steps) >= 2, (len(t.polylines), len(steps))
+    # the job's own file: the same page without the curves, as `autocompress report-html report.json` makes it
+    out = rep["export"]["dir"]
+    with open(os.path.join(out, "report.html")) as f:
+        own = f.read()
+    check_report_page(own, rep)
+    assert "Not in this file" in own and "<polyline" not in own
+    r = subprocess.run([CLI, "report-html", os.path.join(out, "report.json")], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == own
+    # --open: saved to a new file, handed to xdg-open (a stand-in on PATH that records its argument)
+    bindir = os.path.join(D.dir, "bin")
+    os.makedirs(bindir, exist_ok=True)
+    seen = os.path.join(D.dir, "xdg-open.arg")
+    with open(os.path.join(bindir, "xdg-open"), "w") as f:
+        f.write(f"#!/bin/sh\nprintf '%s' \"$1\" > {seen}\n")
+    os.chmod(os.path.join(bindir, "xdg-open"), 0o755)
+    rc, outp, err = cli("report", str(job), "--open", PATH=bindir, TMPDIR=D.dir)
+    path = outp.splitlines()[0]
+    assert rc == 0 and outp.splitlines()[1] == "opened with xdg-open", (rc, outp, err)
+    with open(seen) as f:
+        assert f.read() == path
+    with open(path) as f:
+        assert os.path.dirname(path) == D.dir and f.read() == page
+    rc, outp, _ = cli("report", str(job), "--open", "--json", PATH=os.path.join(D.dir, "nothing"), TMPDIR=D.dir)
+    j = json.loads(outp)
+    assert rc == 0 and j["opened"] is False and j["path"] != path and open(j["path"]).read() == page, j
+    rc, outp, _ = cli("report", str(job), "--open", PATH=os.path.join(D.dir, "nothing"), TMPDIR=D.dir)
+    assert rc == 0 and "no xdg-open" in outp.splitlines()[1], outp
+    rc, _, err = cli("report", "999999", "--open")
+    assert rc == 4 and "404 not_found" in err, err
+
+
+def test_head_and_delete_without_content_type():
+    job = DONE[0] if DONE else 1
+    for path, ctype in ((f"/v1/jobs/{job}", "application/json"), (f"/v1/jobs/{job}/report.html", "text/html"),
+                        (f"/v1/jobs/{job}/events", "text/event-stream"), ("/openapi.json", "application/json"),
+                        ("/", "text/html")):
+        c = http.client.HTTPConnection("127.0.0.1", D.port, timeout=10)
+        c.request("GET", path)
+        g = c.getresponse()
+        body = g.read()
+        c.request("HEAD", path)  # the same connection: an answer without its body keeps it usable
+        h = c.getresponse()
+        assert h.status == 200 and h.read() == b"" and h.getheader("Content-Type").startswith(ctype), (path, h.status)
+        if not path.endswith("/events"):
+            assert int(h.getheader("Content-Length")) == len(body), path
+        c.close()
+    assert D.req("HEAD", "/v1/jobs/999999")[0] == 404
+    assert D.req("HEAD", "/v1/validate")[0] == 405  # POST only
+    rc, out, _ = cli("submit", write_spec(long_spec(), "del.json"), "--json")
+    j = json.loads(out)["id"]
+    c = http.client.HTTPConnection("127.0.0.1", D.port, timeout=10)
+    c.request("DELETE", f"/v1/jobs/{j}")  # no body, no Content-Type
+    resp = c.getresponse()
+    got = json.loads(resp.read())
+    assert resp.status == 202 and got["cancel_requested"] is True, (resp.status, got)
+    c.request("DELETE", f"/v1/jobs/{j}", headers={"Origin": "http://evil.example"})  # still no cross-site cancel
+    resp = c.getresponse()
+    assert resp.status == 403, resp.status
+    resp.read()
+    c.close()
+    D.wait_state(j, {"cancelled"})
+
+
 def main():
-    global D
-    if not os.path.exists(os.path.join(TINY, "config.json")) or not os.path.exists(CLI):
-        print("SKIP all: tiny model or build/autocompress not built")
+    if not os.path.exists(CLI):
+        print("SKIP all: build/autocompress not built")
         print("RESULT 0 0 1")
         sys.exit(0)
-    r = Runner()
-    D = Daemon(config={"sse_keepalive_s": 1, "cpu_slots": 1, "quiet_budget_s": 2,
-                       "model_roots": [os.path.dirname(os.path.dirname(TINY)), "/tmp"]}).start()
-    try:
-        for t in [test_help_and_version, test_unreachable_server, test_submit_follow_plain_lines, test_list_pages,
-                  test_submit_errors_name_the_field, test_idempotency_key, test_follow_json_matches_the_store,
-                  test_progress_bar_on_a_tty, test_failed_job_exit_status, test_cancel_and_wait_timeout,
-                  test_logs_follow_resumes_after_daemon_restart, test_download]:
-            r.run(t)
-    finally:
-        D.cleanup()
-    r.done()
+    run_with_daemon([test_help_and_version, test_unreachable_server, test_submit_follow_plain_lines, test_list_pages,
+                     test_report_html_served_written_and_opened, test_head_and_delete_without_content_type,
+                     test_submit_errors_name_the_field, test_idempotency_key, test_follow_json_matches_the_store,
+                     test_progress_bar_on_a_tty, test_failed_job_exit_status, test_cancel_and_wait_timeout,
+                     test_logs_follow_resumes_after_daemon_restart, test_download], globals(), config=CONFIG)
 
 
 if __name__ == "__main__":

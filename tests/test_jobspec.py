@@ -114,8 +114,11 @@ def test_parser_agrees_with_jsonschema():
         want_ok = validator.is_valid(spec)
         got = cli_validate(spec, tmp)
         n += 1
-        if want_ok and not got["ok"]:  # the files: only a path the mutation touched may fail them
-            assert got["field"] in PATH_FIELDS and got["field"] in touched, (spec, touched, got)
+        if want_ok and not got["ok"]:  # the files: only a path the mutation touched may fail them, or a max_params
+            # below what any structure of the model reaches (its embeddings and output head: at most 768 x 128 x 2 + 128)
+            small = got["field"] == "constraints.max_params" and spec["constraints"]["max_params"] < 196736 and \
+                "below what any structure of this model reaches" in got["error"]
+            assert (got["field"] in PATH_FIELDS or small) and got["field"] in touched, (spec, touched, got)
             files += 1
             continue
         assert got["ok"] == want_ok, f"spec {spec}: jsonschema says {want_ok}, parser says {got}"

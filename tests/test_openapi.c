@@ -51,6 +51,12 @@ static void test_check_catches_drift(void) {
     CHECK(openapi_check_routes(doc, http_routes, http_nroutes, &e) == 0, "%s", e.msg);
     json_object_set(paths, "/v1/jobs/{job}/files/{file}/more", p);
     CHECK(openapi_check_routes(doc, http_routes, http_nroutes, &e) == -1, "an extra path passed");
+    json_object_del(paths, "/v1/jobs/{job}/files/{file}/more");
+    /* HEAD is served wherever GET is: a GET route whose head is not documented */
+    json_t *log = json_object_get(paths, "/v1/jobs/{id}/log");
+    CHECK(json_object_del(log, "head") == 0, "no head on the log route");
+    CHECK(openapi_check_routes(doc, http_routes, http_nroutes, &e) == -1 && strstr(e.msg, "HEAD /v1/jobs/{id}/log"),
+          "%s", e.msg);
     free(more);
     json_decref(doc);
 }

@@ -116,6 +116,10 @@ def test_every_documented_operation_answers():
             if template.endswith("/events"):
                 path += "?format=json"
             st, body = D.req(method.upper(), path, **kw)
+            if method == "head":  # the headers the GET answers: same status, same content type, no body
+                gst, _ = D.req("GET", path)
+                assert st == gst and "content-type" in body, (path, st, gst, body)
+                body = None
             assert not (st == 404 and isinstance(body, dict) and body["error"]["message"] == "no such route"), path
             assert st != 405, (method, path, body)
             check_answer(template, method, st, body)

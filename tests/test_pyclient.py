@@ -15,7 +15,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, TINY, Daemon, Runner  # noqa: E402
+from harness import ROOT, TINY, run_with_daemon  # noqa: E402
 from harness import spec as full_spec  # noqa: E402
 
 D = None
@@ -78,6 +78,8 @@ def test_submit_wait_report_download():
     rep = c.report(job["id"])
     st, want = D.req("GET", f"/v1/jobs/{job['id']}/result")
     assert rep == want and rep["chosen"] in ("minitron", "autocompress")
+    st, page = D.req("GET", f"/v1/jobs/{job['id']}/report.html")
+    assert st == 200 and c.report_html(job["id"]) == page and "(chosen, exported)" in page
     # events() after the end: the whole stream again, then it stops
     assert [e.id for e in c.events(job["id"])] == [e.id for e in seen]
     assert [e.id for e in c.events(job["id"], after=seen[3].id)] == [e.id for e in seen[4:]]
@@ -210,22 +212,11 @@ def test_events_resume_after_daemon_restart():
 
 
 def main():
-    global D
-    if not os.path.exists(os.path.join(TINY, "config.json")):
-        print("SKIP all: tiny model not built (make tiny-model)")
-        print("RESULT 0 0 1")
-        sys.exit(0)
-    r = Runner()
-    D = Daemon(config={"sse_keepalive_s": 1, "cpu_slots": 1, "quiet_budget_s": 2,
-                       "model_roots": [os.path.dirname(os.path.dirname(TINY)), "/tmp"]}).start()
-    try:
-        for t in [test_installs_offline, test_submit_wait_report_download, test_errors_carry_status_and_field,
-                  test_idempotency_jobs_estimate_devices, test_failed_cancelled_and_timeout,
-                  test_events_resume_after_daemon_restart]:
-            r.run(t)
-    finally:
-        D.cleanup()
-    r.done()
+    run_with_daemon([test_installs_offline, test_submit_wait_report_download, test_errors_carry_status_and_field,
+                     test_idempotency_jobs_estimate_devices, test_failed_cancelled_and_timeout,
+                     test_events_resume_after_daemon_restart], globals(),
+                    config={"sse_keepalive_s": 1, "cpu_slots": 1, "quiet_budget_s": 2,
+                            "model_roots": [os.path.dirname(os.path.dirname(TINY)), "/tmp"]})
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@
 #include "kernels_cpu.h"
 #include "model.h"
 #include "modelcard.h"
+#include "reporthtml.h"
 #include "prune.h"
 #include "remote.h"
 #include "safetensors.h"
@@ -60,6 +61,7 @@ static const struct {
     {"schema", "schema\n      (the job spec's JSON schema, proto/job.schema.json)"},
     {"constraints", "constraints\n      (web/constraints.js, from the constraint table)"},
     {"model-card", "model-card REPORT.json\n      (the export's README.md from a job's report.json, as the job writes it)"},
+    {"report-html", "report-html REPORT.json\n      (the export's report.html from a job's report.json, as the job writes it)"},
     {"export-gguf", "export-gguf MODEL_DIR OUT.gguf [--f32]\n      (llama.cpp's format)"},
     {"prune", "prune MODEL_DIR ARCH.json OUT_DIR [--deci]\n      (slice to ARCH keeping the first channels; --deci: "
               "pad FFN widths to the deci grid,\n       fail when the deci target cannot express ARCH)"},
@@ -448,7 +450,10 @@ static int cmd_schema(void) {
     return 0;
 }
 
-static int cmd_model_card(int argc, char **argv) {
+static char *report_html(const json_t *r) { return ac_report_html(r, NULL); }
+
+/* model-card and report-html: a page made from a report.json, on stdout. */
+static int cmd_render(int argc, char **argv, char *(*render)(const json_t *r)) {
     if (argc != 3) return usage();
     json_error_t je;
     json_t *r = json_load_file(argv[2], 0, &je);
@@ -456,11 +461,11 @@ static int cmd_model_card(int argc, char **argv) {
         fprintf(stderr, "autocompress: %s: %s (line %d)\n", argv[2], je.text, je.line);
         return 1;
     }
-    char *card = ac_model_card(r);
+    char *page = render(r);
     json_decref(r);
-    if (!card) return 1;
-    fputs(card, stdout);
-    free(card);
+    if (!page) return 1;
+    fputs(page, stdout);
+    free(page);
     return 0;
 }
 
@@ -503,7 +508,8 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "export-gguf")) return cmd_export_gguf(argc, argv);
     if (!strcmp(argv[1], "prune")) return cmd_prune(argc, argv);
     if (!strcmp(argv[1], "validate")) return cmd_validate(argc, argv);
-    if (!strcmp(argv[1], "model-card")) return cmd_model_card(argc, argv);
+    if (!strcmp(argv[1], "model-card")) return cmd_render(argc, argv, ac_model_card);
+    if (!strcmp(argv[1], "report-html")) return cmd_render(argc, argv, report_html);
     if (argc == 2 && !strcmp(argv[1], "schema")) return cmd_schema();
     if (argc == 2 && !strcmp(argv[1], "constraints")) return cmd_constraints();
     return usage();

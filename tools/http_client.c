@@ -93,8 +93,8 @@ int hc_request(const hc_conn *c, const char *method, const char *path, const cha
                hc_resp *r, ac_err *e) {
     memset(r, 0, sizeof *r);
     struct curl_slist *hl = NULL;
-    /* the API wants a JSON content type on POST and DELETE */
-    int ctype = json_body || !strcmp(method, "POST") || !strcmp(method, "DELETE");
+    /* the API wants a JSON content type on POST; DELETE has no body and needs none */
+    int ctype = json_body || !strcmp(method, "POST");
     CURL *h = open_handle(c, path, "application/json", ctype, idem_key, &hl, e);
     if (!h) return -1;
     ac_buf b = {0};

@@ -8,6 +8,7 @@
 #include "remote.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -35,7 +37,7 @@ const char remote_usage[] = "  autocompress submit SPEC.json [--follow] [--idemp
                             "  autocompress logs ID [--follow] [--worker]\n"
                             "  autocompress cancel ID\n"
                             "  autocompress wait ID [--timeout S]\n"
-                            "  autocompress report ID\n"
+                            "  autocompress report ID [--open]\n"
                             "  autocompress download ID DIR\n"
                             "      (each takes --server URL, default $AUTOCOMPRESS_SERVER else " DEFAULT_SERVER
                             ";\n       --token T, default $AUTOCOMPRESS_TOKEN; --json; --help)\n";
@@ -58,7 +60,10 @@ static const struct {
      "Wait for the job to end: a progress bar (stage, percent, ETA) on a terminal, plain lines otherwise\n"
      "(--json: only the final job). Exit 0 when it succeeded, 1 failed, 3 cancelled, 5 when --timeout S seconds ran "
      "out."},
-    {"report", "ID", "The report of a succeeded job (GET /v1/jobs/ID/result): the arms side by side."},
+    {"report", "ID [--open]",
+     "The report of a succeeded job (GET /v1/jobs/ID/result): the arms side by side; --json: report.json.\n"
+     "--open: its HTML page (GET /v1/jobs/ID/report.html) saved to a new file in $TMPDIR (else /tmp) and\n"
+     "opened with xdg-open when there is one; the file's path is printed either way."},
     {"download", "ID DIR",
      "Copy a succeeded job's exported files (GET /v1/jobs/ID/files) into DIR (created if missing)."},
 };
@@ -112,6 +117,20 @@ static int api_error(const ctx *c, const hc_resp *r) {
         fprintf(stderr, "autocompress: HTTP %ld: %.300s\n", r->status, r->body ? r->body : "");
     json_decref(j);
     return RC_API;
+}
+
+/* GET path whose 200 answer is text (a log, a page): 0 with *r filled (hc_resp_free), else RC_API after
+ * printing why. */
+static int get_text(const ctx *c, const char *path, hc_resp *r) {
+    ac_err e = {{0}};
+    if (hc_request(&c->conn, "GET", path, NULL, NULL, r, &e)) {
+        fprintf(stderr, "autocompress: %s\n", e.msg);
+        return RC_API;
+    }
+    if (r->status == 200) return RC_OK;
+    int rc = api_error(c, r);
+    hc_resp_free(r);
+    return rc;
 }
 
 /* A request whose 2xx answer is JSON: 0 with *out (owned), else RC_API after printing why. */
@@ -547,14 +566,10 @@ static int cmd_logs(const ctx *c, long id, int follow, int worker) {
     if (worker) {
         snprintf(path, sizeof path, "/v1/jobs/%ld/log", id);
         hc_resp r;
-        ac_err e = {{0}};
-        if (hc_request(&c->conn, "GET", path, NULL, NULL, &r, &e)) {
-            fprintf(stderr, "autocompress: %s\n", e.msg);
-            return RC_API;
-        }
-        int rc = r.status == 200 ? (fwrite(r.body, 1, r.len, stdout), RC_OK) : api_error(c, &r);
+        if (get_text(c, path, &r)) return RC_API;
+        fwrite(r.body, 1, r.len, stdout);
         hc_resp_free(&r);
-        return rc;
+        return RC_OK;
     }
     if (follow) {
         follow_st f = {.mode = c->json ? SHOW_JSON : SHOW_EVENTS, .job = id, .t_start = mono()};
@@ -612,7 +627,47 @@ static void print_arm_row(const char *name, json_t *arm, int chosen) {
            chosen ? "  <- chosen" : "");
 }
 
-static int cmd_report(const ctx *c, long id) {
+/* report --open: the page saved to a new file, then xdg-open FILE (when
+ * present); prints the path. */
+static int open_report_html(const ctx *c, long id) {
+    char path[64];
+    snprintf(path, sizeof path, "/v1/jobs/%ld/report.html", id);
+    hc_resp r;
+    if (get_text(c, path, &r)) return RC_API;
+    const char *tmp = getenv("TMPDIR");
+    char file[4096];
+    snprintf(file, sizeof file, "%s/autocompress-job-%ld-XXXXXX.html", tmp && *tmp ? tmp : "/tmp", id);
+    int fd = mkstemps(file, 5); /* a new file of ours (O_EXCL), never one planted in a shared /tmp */
+    int ok = fd >= 0 && write(fd, r.body, r.len) == (ssize_t)r.len;
+    if (fd >= 0 && close(fd)) ok = 0;
+    hc_resp_free(&r);
+    if (!ok) {
+        fprintf(stderr, "autocompress: cannot write %s: %s\n", file, strerror(errno));
+        if (fd >= 0) unlink(file);
+        return RC_USAGE;
+    }
+    fflush(stdout);
+    int opened = 0;
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_RDWR);
+        if (null >= 0) dup2(null, STDOUT_FILENO), dup2(null, STDERR_FILENO); /* the browser's chatter */
+        execlp("xdg-open", "xdg-open", file, (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    if (pid > 0 && waitpid(pid, &st, 0) == pid) opened = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    if (c->json) {
+        json_t *o = json_pack("{s:I,s:s,s:b}", "id", (json_int_t)id, "path", file, "opened", opened);
+        print_json(o, 0);
+        json_decref(o);
+    } else
+        printf("%s\n%s\n", file, opened ? "opened with xdg-open" : "open it in a browser (no xdg-open here)");
+    return RC_OK;
+}
+
+static int cmd_report(const ctx *c, long id, int open_html) {
+    if (open_html) return open_report_html(c, id);
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%ld/result", id);
     json_t *r;
@@ -702,16 +757,16 @@ int remote_main(const remote_globals *g, int argc, char **argv) {
     const char *cmd = argv[0];
     ctx c = {.json = g->json};
     const char *server = g->server, *token = g->token, *state = NULL, *idem = NULL;
-    int follow = 0, worker = 0;
+    int follow = 0, worker = 0, open_html = 0;
     long limit = 0;
     double timeout_s = 0;
-    enum { O_SERVER = 256, O_TOKEN, O_JSON, O_FOLLOW, O_IDEM, O_STATE, O_LIMIT, O_WORKER, O_TIMEOUT };
+    enum { O_SERVER = 256, O_TOKEN, O_JSON, O_FOLLOW, O_IDEM, O_STATE, O_LIMIT, O_WORKER, O_TIMEOUT, O_OPEN };
     /* the options each command accepts besides the common ones */
     const struct {
         const char *cmd;
         int opt;
     } allowed[] = {{"submit", O_FOLLOW}, {"submit", O_IDEM}, {"list", O_STATE},  {"list", O_LIMIT},
-                   {"logs", O_FOLLOW},   {"logs", O_WORKER}, {"wait", O_TIMEOUT}};
+                   {"logs", O_FOLLOW},   {"logs", O_WORKER}, {"wait", O_TIMEOUT}, {"report", O_OPEN}};
     static const struct option lopts[] = {
         {"server", required_argument, 0, O_SERVER},
         {"token", required_argument, 0, O_TOKEN},
@@ -723,6 +778,7 @@ int remote_main(const remote_globals *g, int argc, char **argv) {
         {"limit", required_argument, 0, O_LIMIT},
         {"worker", no_argument, 0, O_WORKER},
         {"timeout", required_argument, 0, O_TIMEOUT},
+        {"open", no_argument, 0, O_OPEN},
         {0, 0, 0, 0},
     };
     optind = 0; /* glibc: a full re-initialisation (main may have parsed global options) */
@@ -746,6 +802,7 @@ int remote_main(const remote_globals *g, int argc, char **argv) {
         case O_IDEM: idem = optarg; break;
         case O_STATE: state = optarg; break;
         case O_WORKER: worker = 1; break;
+        case O_OPEN: open_html = 1; break;
         case O_LIMIT:
             limit = strtol(optarg, &end, 10);
             if (*end || limit <= 0) return cmd_help(cmd, stderr);
@@ -795,7 +852,7 @@ int remote_main(const remote_globals *g, int argc, char **argv) {
     else if (!strcmp(cmd, "wait"))
         rc = follow_job(&c, id, c.json ? SHOW_QUIET : isatty(STDOUT_FILENO) ? SHOW_BAR : SHOW_LINES, timeout_s);
     else if (!strcmp(cmd, "report"))
-        rc = cmd_report(&c, id);
+        rc = cmd_report(&c, id, open_html);
     else
         rc = cmd_help(cmd, stderr);
     hc_global_cleanup();

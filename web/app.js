@@ -15,7 +15,7 @@ function headers(extra) {
   return h;
 }
 async function api(method, path, body) {
-  const r = await fetch(path, { method, headers: headers(body || method === "DELETE" ? { "Content-Type": "application/json" } : {}), body: body ? JSON.stringify(body) : undefined });
+  const r = await fetch(path, { method, headers: headers(body ? { "Content-Type": "application/json" } : {}), body: body ? JSON.stringify(body) : undefined });
   const text = await r.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch (e) { data = text; }
@@ -27,11 +27,11 @@ function fmtTime(t) { return t ? new Date(t * 1000).toLocaleString() : ""; }
 async function loadJobs() {
   const r = await api("GET", "/v1/jobs?limit=1000");
   const tb = $("#jobs tbody");
-  if (r.status !== 200) { tb.innerHTML = `<tr><td colspan="7">${esc(r.data && r.data.error ? r.data.error.message : r.status)}</td></tr>`; return; }
+  if (r.status !== 200) { tb.innerHTML = `<tr><td colspan="8">${esc(r.data && r.data.error ? r.data.error.message : r.status)}</td></tr>`; return; }
   tb.innerHTML = r.data.jobs.slice().reverse().map((j) =>
-    `<tr class="job" data-id="${j.id}"><td>${j.id}</td><td>${esc(j.name)}</td><td><span class="state ${j.state}">${j.state}</span></td>` +
+    `<tr class="job" data-id="${j.id}"><td><input type="checkbox" class="pick" value="${j.id}" aria-label="compare job ${j.id}"></td><td>${j.id}</td><td>${esc(j.name)}</td><td><span class="state ${j.state}">${j.state}</span></td>` +
     `<td>${esc(j.device)}</td><td>${esc(j.reason)}</td><td>${fmtTime(j.created_at)}</td><td><a href="#job/${j.id}">open</a></td></tr>`).join("");
-  tb.querySelectorAll("tr.job").forEach((tr) => tr.addEventListener("click", () => { location.hash = "job/" + tr.dataset.id; }));
+  tb.querySelectorAll("tr.job").forEach((tr) => tr.addEventListener("click", (e) => { if (!e.target.classList.contains("pick")) location.hash = "job/" + tr.dataset.id; }));
 }
 
 async function health() {
@@ -249,9 +249,84 @@ function showResult(r) {
   $("#choice").textContent = note;
 }
 
+// ---- comparison of jobs: every arm side by side ----
+const ARMS = ["baseline", "minitron", "autocompress"];
+
+/* One column per arm of each succeeded job (a job that did not succeed: one column with its state and reason).
+ * A column's limits: the arm's own verdicts from the report (the base's computed from its predicted figure),
+ * against its job's limits; feasible only when it met every one. */
+function compareColumns(jobs) {
+  const cols = [];
+  for (const x of jobs) {
+    const r = x.report;
+    if (!r) { cols.push({ x, arm: null }); continue; }
+    const defs = (r[r.chosen] || r.minitron || r.autocompress || {}).constraints || {};
+    for (const a of ARMS) {
+      if (!r[a]) continue;
+      const lim = {};
+      for (const [name, c] of Object.entries(defs)) {
+        const ac = (r[a].constraints || {})[name];
+        const v = ac ? ac.value : (r[a].predicted || {})[name];
+        lim[name] = { c, v, ok: ac ? (ac.met ? "met" : "missed") : verdict(c, v) };
+      }
+      const feasible = a === "baseline" ? Object.values(lim).every((l) => l.ok === "met") : !!r[a].feasible;
+      cols.push({ x, arm: a, r, lim, feasible, ppl: r[a].perplexity });
+    }
+  }
+  return cols;
+}
+
+async function openCompare(ids) {
+  if (source) { source.close(); source = null; }
+  $("#list-view").hidden = true; $("#job-view").hidden = true; $("#compare-view").hidden = false;
+  $("#compare-title").textContent = "Compare jobs " + ids.join(", ");
+  const jobs = await Promise.all(ids.map(async (id) => {
+    const j = await api("GET", "/v1/jobs/" + id);
+    const res = j.status === 200 && j.data.state === "succeeded" ? await api("GET", `/v1/jobs/${id}/result`) : null;
+    return { id, job: j.status === 200 ? j.data : null, error: j.status === 200 ? null : (j.data && j.data.error ? j.data.error.message : "HTTP " + j.status),
+      report: res && res.status === 200 ? res.data : null };
+  }));
+  const cols = compareColumns(jobs);
+  const f = (x, d = 3) => (x == null ? "—" : (+x).toFixed(d));
+  // the best perplexity among arms that met every limit of their job (the base included when it did)
+  const ok = cols.filter((c) => c.arm && c.feasible && c.ppl != null);
+  const best = ok.length ? Math.min(...ok.map((c) => c.ppl)) : null;
+  const head1 = `<tr><th class=""></th>${cols.map((c) => `<th class="job">job ${c.x.id}${c.x.job && c.x.job.name ? " " + esc(c.x.job.name) : ""}</th>`).join("")}</tr>`;
+  const head2 = `<tr><th class=""></th>${cols.map((c) => !c.arm ? `<th class="">${esc(c.x.job ? c.x.job.state : "unknown")}</th>` :
+    `<th class="${c.arm === c.r.chosen ? "chosen" : ""}">${c.arm}${c.arm === c.r.chosen ? " (chosen, exported)" : ""}</th>`).join("")}</tr>`;
+  $("#compare thead").innerHTML = head1 + head2;
+  const rows = [];
+  const cell = (text, cls = "") => ({ text, cls });
+  rows.push(["target", ...cols.map((c) => (c.arm ? cell(`${c.r.target.device_name} · batch ${c.r.target.workload.batch}`) : cell(c.x.error || `${c.x.job.state}: ${c.x.job.reason || ""}`, c.x.job && c.x.job.state === "failed" ? "missed" : "")))]);
+  const names = [...new Set(cols.flatMap((c) => (c.lim ? Object.keys(c.lim) : [])))];
+  for (const n of names) {
+    const row = AC_CONSTRAINTS.find((x) => x.metric === n) || {};
+    rows.push([`limit ${n}`, ...cols.map((c) => {
+      const l = c.lim && c.lim[n];
+      if (!l) return cell(c.arm ? "no such limit" : "—");
+      return cell(`${f(l.v, row.unit === "parameters" ? 0 : 3)} ${l.c.kind === "min" ? "≥" : "≤"} ${l.c.limit} ${l.ok}`, l.ok);
+    })]);
+  }
+  rows.push(["all limits met", ...cols.map((c) => (c.arm ? cell(c.feasible ? "yes" : "no", c.feasible ? "met" : "missed") : cell("—")))]);
+  rows.push(["perplexity", ...cols.map((c) => {
+    if (!c.arm || c.ppl == null) return cell("—");
+    if (!c.feasible) return cell(`${f(c.ppl)} (missed a limit)`, "missed");
+    return c.ppl === best ? cell(`${f(c.ppl)} (best that met every limit)`, "best") : cell(f(c.ppl));
+  })]);
+  for (const m of ["params", "ttft_ms", "tpot_ms", "tokens_per_s", "memory_gib"])
+    rows.push([`${m} (predicted)`, ...cols.map((c) => cell(c.arm ? f((c.r[c.arm].predicted || {})[m], m === "params" ? 0 : 3) : "—"))]);
+  $("#compare tbody").innerHTML = rows.map((row) => `<tr>${row.map((c, i) => (i ? `<td class="${c.cls}">${esc(c.text)}</td>` : `<th class="">${esc(c)}</th>`)).join("")}</tr>`).join("");
+  // stated in words: the lowest perplexity of an arm that missed a limit is no win
+  const missed = cols.filter((c) => c.arm && !c.feasible && c.ppl != null && (best == null || c.ppl < best));
+  let note = best == null ? "No arm met every limit of its job." :
+    `Lowest perplexity among the arms that met every limit of their job: ${f(best)} (${ok.filter((c) => c.ppl === best).map((c) => `job ${c.x.id} ${c.arm}`).join(", ")}).`;
+  for (const c of missed) note += ` Job ${c.x.id} ${c.arm} has a lower perplexity (${f(c.ppl)}) but missed ${Object.entries(c.lim).filter(([, l]) => l.ok !== "met").map(([k]) => k).join(", ")}: not a win.`;
+  $("#compare-note").textContent = note;
+}
+
 async function openJob(id) {
   if (source) { source.close(); source = null; }
-  $("#list-view").hidden = true; $("#job-view").hidden = false;
+  $("#list-view").hidden = true; $("#compare-view").hidden = true; $("#job-view").hidden = false;
   $("#job-title").textContent = "Job " + id;
   $("#events").textContent = ""; $("#arch").innerHTML = ""; archHistory.length = 0; $("#summary tbody").innerHTML = "";
   $("#choice").textContent = ""; $("#job-error").hidden = true; $("#job-error").textContent = "";
@@ -283,9 +358,10 @@ function showExecutor(executor, slurm) {
 }
 
 function route() {
-  const m = location.hash.match(/^#job\/(\d+)$/);
+  const m = location.hash.match(/^#job\/(\d+)$/), cmp = location.hash.match(/^#compare\/(\d+(?:,\d+)*)$/);
   if (m) openJob(m[1]);
-  else { if (source) { source.close(); source = null; } $("#job-view").hidden = true; $("#list-view").hidden = false; loadJobs(); }
+  else if (cmp) openCompare(cmp[1].split(","));
+  else { if (source) { source.close(); source = null; } $("#job-view").hidden = true; $("#compare-view").hidden = true; $("#list-view").hidden = false; loadJobs(); }
 }
 
 $("#token").value = token();
@@ -293,6 +369,11 @@ $("#token").addEventListener("change", (e) => { localStorage.setItem("ac_token",
 $("#refresh").addEventListener("click", loadJobs);
 $("#submit").addEventListener("submit", submit);
 $("#back").addEventListener("click", (e) => { e.preventDefault(); location.hash = ""; });
+$("#compare-back").addEventListener("click", (e) => { e.preventDefault(); location.hash = ""; });
+$("#compare-btn").addEventListener("click", () => {
+  const ids = [...document.querySelectorAll("input.pick:checked")].map((x) => x.value).reverse();
+  if (ids.length) location.hash = "compare/" + ids.join(",");
+});
 $("#spec").value = exampleSpec();
 window.addEventListener("hashchange", route);
 health(); setInterval(health, 10000);

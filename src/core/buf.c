@@ -1,6 +1,7 @@
 /* buf.c - see buf.h. */
 #include "buf.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,6 +24,25 @@ int ac_buf_append(ac_buf *b, const void *p, size_t n, size_t max) {
     if (n) memcpy(b->data + b->len, p, n);
     b->len += n;
     return 0;
+}
+
+int ac_buf_vprintf(ac_buf *b, size_t max, const char *fmt, va_list ap) {
+    va_list aq;
+    va_copy(aq, ap);
+    int n = vsnprintf(NULL, 0, fmt, aq);
+    va_end(aq);
+    if (n < 0 || ac_buf_reserve(b, (size_t)n + 1, max)) return -1;
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    b->len += (size_t)n;
+    return 0;
+}
+
+int ac_buf_printf(ac_buf *b, size_t max, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = ac_buf_vprintf(b, max, fmt, ap);
+    va_end(ap);
+    return rc;
 }
 
 void ac_buf_consume(ac_buf *b, size_t n) {

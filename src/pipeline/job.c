@@ -31,6 +31,7 @@
 #include "measure.h"
 #include "minitron.h"
 #include "modelcard.h"
+#include "reporthtml.h"
 #include "prune.h"
 
 static void emit(job_state *s, const char *kind, json_t *data) {
@@ -572,7 +573,8 @@ static int write_report(job_state *s, json_t **result, ac_err *e) {
         json_decref(report);
         return ac_errctx(e, "stage export");
     }
-    if (ac_model_card_write(report, s->spec->output, e)) { /* README.md, the export's model card */
+    if (ac_model_card_write(report, s->spec->output, e) || /* README.md, the export's model card */
+        ac_report_html_write(report, s->spec->output, e)) { /* report.html, the page a person opens */
         json_decref(report);
         return ac_errctx(e, "stage export");
     }

@@ -1,13 +1,57 @@
 /* jobcheck.c - see jobcheck.h. */
 #include "jobcheck.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <fnmatch.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "deci.h"
 #include "dtype.h"
 #include "fsafe.h"
 #include "gguf.h"
+
+/* The names a job's export writes (job.c, the model card, report.html, the
+ * deci and GGUF writers) and fsafe_write's temporaries. */
+static int export_name(const char *n) {
+    static const char *const NAMES[] = {"config.json",  "configuration_decilm.py", "model.safetensors",
+                                        "model.safetensors.index.json", "model-*-of-*.safetensors",
+                                        "tokenizer.json", "model.gguf", "report.json", "report.html",
+                                        "README.md", ".*.tmp"};
+    for (size_t i = 0; i < sizeof NAMES / sizeof *NAMES; i++)
+        if (!fnmatch(NAMES[i], n, FNM_PERIOD)) return 1;
+    return 0;
+}
+
+/* An output directory that exists must be empty or hold only what an export
+ * writes (a model there is refused by ac_fsafe_check_outdir): anything else
+ * is someone else's directory, which the export would write into. */
+static int check_output_ours(const char *out, ac_err *e) {
+    ac_err ignore;
+    int pfd = ac_fsafe_opendir(out, &ignore); /* missing: created by the export (checked above) */
+    if (pfd < 0) return 0;
+    int fd = openat(pfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    close(pfd);
+    DIR *dp = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!dp) {
+        if (fd >= 0) close(fd);
+        return ac_errf(e, "%.300s cannot be listed", out);
+    }
+    struct dirent *de;
+    char other[256] = "";
+    while ((de = readdir(dp)) && !other[0])
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && !export_name(de->d_name))
+            snprintf(other, sizeof other, "%s", de->d_name);
+    closedir(dp);
+    if (other[0])
+        return ac_errf(e,
+                       "%.300s exists and holds %.200s, which no export writes: it is not an output directory of "
+                       "ours; name a new or empty directory",
+                       out, other);
+    return 0;
+}
 
 int ac_job_check_paths(const ac_job_spec *s, const char *jobs_dir, const char **field, ac_err *e) {
     const char *path;
@@ -21,7 +65,8 @@ int ac_job_check_paths(const ac_job_spec *s, const char *jobs_dir, const char **
             if (fd < 0) return -1;
             close(fd);
         } else if (flags & AC_F_PATH_OUT) {
-            if (ac_fsafe_check_outdir(path, s->model[0] ? s->model : NULL, jobs_dir, e)) return ac_errctx(e, "output");
+            if (ac_fsafe_check_outdir(path, s->model[0] ? s->model : NULL, jobs_dir, e) || check_output_ours(path, e))
+                return ac_errctx(e, "output");
         }
     }
     *field = NULL;
@@ -29,6 +74,25 @@ int ac_job_check_paths(const ac_job_spec *s, const char *jobs_dir, const char **
 }
 
 /* ---- what the pipeline compresses ---- */
+
+int ac_job_check_reachable(const ac_job_spec *s, const ac_arch *a, const char **field, ac_err *e) {
+    double lim = s->limits.max_params;
+    if (!(lim > 0)) return 0;
+    /* every structure keeps the embeddings (and an untied output head) and
+     * the final norm at its hidden size, which the search lowers at most to
+     * search.hidden_multiple (prune_hidden), else keeps: a lower bound of
+     * what any structure reaches, with every layer removed */
+    int hm = s->search.hidden_multiple > 0 ? s->search.hidden_multiple : 1;
+    double h = s->search.prune_hidden && hm < a->hidden ? hm : a->hidden;
+    double floor = (double)a->vocab * h * (a->tie_embeddings ? 1 : 2) + h;
+    if (lim >= floor) return 0;
+    *field = "constraints.max_params";
+    return ac_errf(e,
+                   "constraints.max_params=%.0f is below what any structure of this model reaches: its embeddings%s "
+                   "alone keep %.0f parameters (vocabulary %d x hidden %.0f%s, every layer removed)",
+                   lim, a->tie_embeddings ? "" : " and output head", floor, a->vocab, h,
+                   h < a->hidden ? ", the smallest search.hidden_multiple allows" : "");
+}
 
 int ac_model_check_compressible(const ac_job_spec *s, const json_t *j, const char **field, ac_err *e) {
     ac_arch a;

@@ -20,10 +20,17 @@
  * checked the same way at submit (daemon, in its work pool) and in the
  * worker: the model directory (AC_F_PATH_DIR) with a config.json, the text
  * files (AC_F_PATH_FILE: calibration, heldout, distill.text), and the output
- * directory (AC_F_PATH_OUT). Empty fields (not given) are skipped.
+ * directory (AC_F_PATH_OUT: missing, or empty, or holding only names an
+ * export writes; a model there is refused too). Empty fields (not given)
+ * are skipped.
  * `jobs_dir` (may be NULL) is the daemon's data_dir/jobs, where outputs may
  * not point. `field` gets the offending spec field. */
 int ac_job_check_paths(const ac_job_spec *s, const char *jobs_dir, const char **field, ac_err *e);
+
+/* Limits no structure of the model a reaches, refused before the job runs:
+ * constraints.max_params below the embeddings' (and output head's) count at
+ * the smallest hidden size the search allows. 0, or -1 with *field. */
+int ac_job_check_reachable(const ac_job_spec *s, const ac_arch *a, const char **field, ac_err *e);
 
 /* 0 when the pipeline can compress s's model with s's options (or the
  * model does not load: its own error comes later); -1 with *field and the

@@ -491,7 +491,11 @@ ac_spec_verdict ac_job_spec_check(const json_t *j, ac_job_spec *s, const ac_job_
     ac_arch arch;
     *fieldp = "model";
     if (s->model[0] && ac_arch_load(s->model, &arch, e)) return AC_SPEC_INVALID;
-    if (s->model[0]) ac_arch_free(&arch);
+    if (s->model[0]) {
+        int unreachable = ac_job_check_reachable(s, &arch, fieldp, e); /* jobcheck.h */
+        ac_arch_free(&arch);
+        if (unreachable) return AC_SPEC_INVALID;
+    }
     *fieldp = NULL;
     if (ac_model_check_compressible(s, j, fieldp, e) ||
         ac_deci_validate_model(s->search.target == AC_EXPORT_DECI, s->method == AC_METHOD_MINITRON, s->model, fieldp,

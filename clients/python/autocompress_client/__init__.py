@@ -85,7 +85,7 @@ class Client:
         data = None
         if body is not None:
             data = json.dumps(body).encode()
-        if body is not None or method in ("POST", "DELETE"):  # the API wants a JSON content type there
+        if body is not None or method == "POST":  # the API wants a JSON content type there (DELETE: none)
             h["Content-Type"] = "application/json"
         h.update(headers or {})
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=h)
@@ -142,6 +142,13 @@ class Client:
         return self._json("GET", f"/v1/jobs/{int(job_id)}/result")
 
     result = report
+
+    def report_html(self, job_id: int) -> str:
+        """The report of a succeeded job as one self-contained HTML page (GET /v1/jobs/ID/report.html): the arms
+        side by side, every limit met or missed, quality before and after, predicted and measured cost, the
+        structure per layer and the loss curves. Write it to a file to open or attach it."""
+        with self._open("GET", f"/v1/jobs/{int(job_id)}/report.html") as r:
+            return r.read().decode()
 
     def log(self, job_id: int) -> str:
         """The worker's text log (GET /v1/jobs/ID/log)."""
