@@ -95,9 +95,12 @@ function drawArch(layers, base) {
   const el = $("#arch");
   el.innerHTML = layers.map((l, i) => {
     const b = base && base[i] ? base[i] : null;
-    const kv = b ? l.kv_heads / b.kv_heads : l.kv_frac, ff = b ? l.ffn / b.ffn : l.ffn_frac;
+    // a mixture-of-experts layer: its FFN bar is the experts kept (of the base's)
+    const moe = b && b.experts, kv = b ? l.kv_heads / b.kv_heads : l.kv_frac,
+      ff = moe ? (l.experts || 0) / b.experts : b ? l.ffn / b.ffn : l.ffn_frac,
+      ftitle = moe ? `experts ${(+(l.experts || 0)).toFixed(1)} of ${b.experts}` : `FFN ${(+l.ffn).toFixed(0)}`;
     return `<div class="layer" data-layer="${i}"><div class="bars"><div class="bar kv" style="height:${Math.round(100 * (kv || 0))}px" title="KV heads ${(+l.kv_heads).toFixed(1)}"></div>` +
-      `<div class="bar ffn" style="height:${Math.round(100 * (ff || 0))}px" title="FFN ${(+l.ffn).toFixed(0)}"></div></div>L${i}</div>`;
+      `<div class="bar ffn" style="height:${Math.round(100 * (ff || 0))}px" title="${ftitle}"></div></div>L${i}</div>`;
   }).join("");
 }
 
@@ -114,7 +117,8 @@ function drawArchHistory(cv, hist, base) {
   const left = 34, rowH = (H - 16) / (2 * L), colW = (W - left) / n;
   c.font = "10px sans-serif"; c.fillStyle = "#374151";
   hist.forEach(([, layers], j) => layers.forEach((l, i) => {
-    const b = base[i] || {}, kv = b.kv_heads ? l.kv_heads / b.kv_heads : 0, ff = b.ffn ? l.ffn / b.ffn : 0;
+    const b = base[i] || {}, kv = b.kv_heads ? l.kv_heads / b.kv_heads : 0,
+      ff = b.experts ? (l.experts || 0) / b.experts : b.ffn ? l.ffn / b.ffn : 0;
     [kv, ff].forEach((v, r) => {
       const g = Math.round(235 - 200 * Math.max(0, Math.min(1, v)));
       c.fillStyle = r ? `rgb(250,${g},${Math.round(g * 0.6)})` : `rgb(${Math.round(g * 0.6)},${g},250)`;
