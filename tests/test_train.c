@@ -397,6 +397,20 @@ static double heldout_kl(const ac_model *teacher, ac_model *student, unsigned se
     return kd;
 }
 
+/* The distillation tests' options: `steps` steps of 4 x 32 tokens at peak
+ * rate lr (cosine to lr / 10), temperature 1. */
+static ac_distill_opts distill_opts(int steps, float lr) {
+    ac_distill_opts o;
+    ac_distill_defaults(&o);
+    o.tokens = 4 * 32 * steps;
+    o.batch = 4;
+    o.seq_len = 32;
+    o.lr = lr;
+    o.min_lr = lr / 10;
+    o.temperature = 1.0f;
+    return o;
+}
+
 /* Damage a copy of a model (FFN down projections halved, noise on q) and
  * distil it back: the training loss falls and the KL on unseen tokens too;
  * a second run is bit-identical; an undamaged student starts at KL 0. */
@@ -414,15 +428,7 @@ static void test_distill(void) {
     int *ids = malloc(sizeof(int) * n);
     unsigned r = 7;
     for (size_t i = 0; i < n; i++) ids[i] = (int)((r = r * 1103515245u + 12345u) >> 8) % t.a.vocab;
-    ac_distill_opts o;
-    ac_distill_defaults(&o);
-    o.tokens = 4 * 32 * 60;
-    o.batch = 4;
-    o.seq_len = 32;
-    o.lr = 1e-3f;
-    o.min_lr = o.lr / 10;
-    o.temperature = 1.0f;
-    o.tokens = 4 * 32 * 2;
+    ac_distill_opts o = distill_opts(2, 1e-3f);
     ac_distill_result res;
     CHECK(ac_distill(&t, &s, ids, n, &o, NULL, NULL, &res, &e) == 0, "%s", e.msg);
     CHECK(res.loss_first < 1e-6, "an undamaged student starts at KL %.3g", res.loss_first);
@@ -503,14 +509,7 @@ static void test_distill_moe(void) {
                 s.L[l].router[i] += 0.05f * ((float)((q = q * 1103515245u + 12345u) >> 16 & 1023) / 512.0f - 1.0f);
         }
         double kl0 = heldout_kl(&t, &s, 12345);
-        ac_distill_opts o;
-        ac_distill_defaults(&o);
-        o.tokens = 4 * 32 * 150;
-        o.batch = 4;
-        o.seq_len = 32;
-        o.lr = 3e-4f;
-        o.min_lr = o.lr / 10;
-        o.temperature = 1.0f;
+        ac_distill_opts o = distill_opts(150, 3e-4f);
         ac_distill_result res;
         CHECK(ac_distill(&t, &s, ids, n, &o, NULL, NULL, &res, &e) == 0, "%s: %s", names[f], e.msg);
         double kl1 = heldout_kl(&t, &s, 12345);
