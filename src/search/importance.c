@@ -271,7 +271,7 @@ static int rank_layer(const ac_model *m, const ac_stats *st, int l, ac_importanc
     double *wn = calloc(F + 1, sizeof(double));
     float *row = malloc(sizeof(float) * (F + 1));
     rc = rc || !wn || !row ? -1 : 0;
-    for (int r = 0; !rc && r < H; r++) { /* down_proj [H][F] row by row, in its dtype (resident models) */
+    for (int r = 0; !rc && F > 0 && r < H; r++) { /* down_proj [H][F] row by row, in its dtype (resident models) */
         ac_row_f32(row, m->L[l].wd, ac_model_wdt(m), (size_t)r, F);
         for (int c = 0; c < F; c++) wn[c] += (double)row[c] * row[c];
     }
