@@ -644,7 +644,8 @@ json_t *ac_job_spec_schema(void) {
     json_decref(o);
     /* The rules across fields: with export_target deci (the default),
      * ffn_multiple sits on the loaders' grid (ac_deci_validate_spec);
-     * search.gguf needs export_target llama or gguf (ac_gguf_check_spec). */
+     * search.gguf needs export_target llama or gguf (ac_gguf_check_spec);
+     * a cpu target runs on one device. */
     json_object_set_new(s, "allOf",
                         json_pack("[{s:{s:{s:{s:{s:{s:[s]}}}}},s:{s:{s:{s:{s:{s:i}}}}}},"
                                   "{s:{s:{s:{s:{s:{s:b}},s:[s]}},s:[s]},s:{s:{s:{s:{s:{s:[s,s,s]}},s:[s]}}}}]",
@@ -653,5 +654,10 @@ json_t *ac_job_spec_schema(void) {
                                   "if", "properties", "search", "properties", "gguf", "const", 1, "required", "gguf",
                                   "required", "search", "then", "properties", "search", "properties", "export_target",
                                   "enum", "llama", "gguf", "gguf-deci", "required", "export_target"));
+    /* target.tp > 1 needs a GPU target (target_finish) */
+    json_array_append_new(json_object_get(s, "allOf"),
+                          json_pack("{s:{s:{s:{s:{s:{s:s}},s:[s]}},s:[s]},s:{s:{s:{s:{s:{s:i}}}}}}", "if", "properties",
+                                    "target", "properties", "device", "const", "cpu", "required", "device", "required",
+                                    "target", "then", "properties", "target", "properties", "tp", "maximum", 1));
     return s;
 }
