@@ -509,9 +509,9 @@ void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *
 }
 
 void ac_cost_grad_experts(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
-                          ac_metric m, double *g_experts) {
+                          ac_metric m, double *gh, double *gkv, double *gf, double *ghid, double *g_experts) {
     for (int l = 0; l < c->n_layers; l++) g_experts[l] = 0;
-    if (c->experts) grad_all(t, c, w, p, m, NULL, NULL, NULL, NULL, g_experts);
+    grad_all(t, c, w, p, m, gh, gkv, gf, ghid, g_experts);
 }
 
 static void grad_all(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,

@@ -253,10 +253,11 @@ double ac_cost_metric(const ac_cost *c, ac_metric m);
 /* d metric / d heads[l], kv[l], ffn[l] and d hidden (as grad_hidden). */
 void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
                   ac_metric m, double *g_heads, double *g_kv, double *g_ffn, double *g_hidden);
-/* d metric / d experts[l] (0 on layers without experts, and everywhere in
- * a dense model), as ac_cost_grad. */
+/* ac_cost_grad, and d metric / d experts[l] into g_experts (0 on layers
+ * without experts, and everywhere in a dense model), from one pass (a
+ * served workload's simulation runs once). */
 void ac_cost_grad_experts(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
-                          ac_metric m, double *g_experts);
+                          ac_metric m, double *gh, double *gkv, double *gf, double *ghid, double *g_experts);
 json_t *ac_cost_to_json(const ac_cost *c);
 /* {batch, prompt_len, gen_len} and, for a served workload, its serving fields. */
 json_t *ac_workload_to_json(const ac_workload *w);

@@ -411,8 +411,8 @@ static double relax_grad(ctx_t *x, relax_t *R, const ac_cost *cost, double mu, d
         lag += R->lambda[j] * gj + 0.5 * mu * fmax(0, gj) * fmax(0, gj);
         if (w != 0) {
             double ghid;
-            ac_cost_grad(p->table, &x->ca, p->workload, p->profile, x->c[j].c->m, R->gh, R->gk, R->gf, &ghid);
-            ac_cost_grad_experts(p->table, &x->ca, p->workload, p->profile, x->c[j].c->m, R->ge);
+            ac_cost_grad_experts(p->table, &x->ca, p->workload, p->profile, x->c[j].c->m, R->gh, R->gk, R->gf, &ghid,
+                                 R->ge);
             double sgn = ac_constraint_dg(x->c[j].c, x->c[j].limit);
             for (int l = 0; l < L; l++) {
                 const ac_layer_arch *b = &p->base->layers[l];
