@@ -450,6 +450,139 @@ static void test_search_deci_grid(void) {
     h100_case_free(&k);
 }
 
+/* vLLM's tensor-parallel rule, written here apart from engines.c: query
+ * heads divisible by tp; KV heads divisible by tp, or, fewer than tp, a
+ * divisor of it (replicated); FFN widths divisible by tp. */
+static int tp_splits(int tp, const ac_layer_arch *y) {
+    if (y->n_heads && (y->n_heads % tp || (y->n_kv_heads >= tp ? y->n_kv_heads % tp : tp % y->n_kv_heads)))
+        return 0;
+    return y->ffn % tp == 0;
+}
+
+static int arch_splits(int tp, const ac_arch *a) {
+    for (int l = 0; l < a->n_layers; l++)
+        if (!tp_splits(tp, &a->layers[l])) return 0;
+    return 1;
+}
+
+/* Tensor parallelism: the search picks only KV counts (and query heads)
+ * the engine splits tp ways, at every target and limit, where the same
+ * problem without tp picks some it would not (the rule binds); Minitron's
+ * FFN axis keeps tp's multiples; a DNAS architecture handed to repair
+ * moves to the nearest count that splits; a base model or FFN grid that
+ * does not split is refused. */
+static void test_search_tp(void) {
+    h100_case k;
+    h100_case_init(&k, 4096); /* 16 heads, 8 KV heads a layer */
+    ac_err e;
+    int unsplit_without_tp = 0, results = 0;
+    for (int target = 0; target < 3; target++)
+        for (int lim = 0; lim < 3; lim++)
+            for (int tp = 1; tp <= 8; tp *= 2) {
+                if (tp == 2) continue; /* 1, 4, 8 */
+                ac_engine_profile prof = k.p;
+                prof.tp = tp;
+                ac_search_problem P = {.table = &k.t, .workload = &k.w, .profile = &prof, .imp = &k.imp, .base = &k.a};
+                ac_carch bc;
+                ac_cost kb;
+                ac_carch_from_arch(&k.a, &bc, &e);
+                ac_cost_predict(&k.t, &bc, &k.w, &prof, 0, &kb);
+                ac_carch_free(&bc);
+                P.limits.max_tpot_ms = (0.5 + 0.15 * lim) * kb.tpot_ms;
+                P.opts = (ac_search_opts){.steps = 80,
+                                          .seed = 5,
+                                          .lr = 0.03,
+                                          .ffn_multiple = 64,
+                                          .hidden_multiple = 64,
+                                          .prune_hidden = 0,
+                                          .target = (ac_export_target)target};
+                ac_search_result r;
+                CHECK(ac_search_autocompress(&P, &r, &e) == 0, "target %d tp %d: %s", target, tp, e.msg);
+                if (tp == 1) {
+                    unsplit_without_tp += !arch_splits(4, &r.arch) || !arch_splits(8, &r.arch);
+                } else {
+                    results++;
+                    CHECK(arch_splits(tp, &r.arch), "target %d limit %d tp %d: a layer the engine cannot split",
+                          target, lim, tp);
+                    for (int l = 0; l < 8 && !arch_splits(tp, &r.arch); l++)
+                        printf("   layer %d: %d heads, %d KV, FFN %d\n", l, r.arch.layers[l].n_heads,
+                               r.arch.layers[l].n_kv_heads, r.arch.layers[l].ffn);
+                }
+                ac_search_result_free(&r);
+            }
+    printf("   %d searches without tp picked KV counts tp 4 or 8 cannot split; %d with tp checked\n",
+           unsplit_without_tp, results);
+    CHECK(unsplit_without_tp > 0, "the rule never bound: every search without tp split anyway");
+
+    /* repair snaps a discretisation that knows no tp (DNAS's) to the nearest
+     * count that splits; the limit is the snapped architecture's parameters,
+     * so that refilling cannot grow it */
+    ac_engine_profile prof = k.p;
+    prof.tp = 4;
+    ac_search_problem P = {.table = &k.t, .workload = &k.w, .profile = &prof, .imp = &k.imp, .base = &k.a};
+    P.opts = (ac_search_opts){.steps = 1, .lr = 0.03, .ffn_multiple = 64, .hidden_multiple = 64,
+                              .target = AC_EXPORT_GGUF};
+    ac_arch a, want;
+    ac_arch_copy(&a, &k.a, &e);
+    a.layers[1].n_kv_heads = 3, a.layers[1].n_heads = 6;  /* 2 and 4 split: a tie goes up */
+    a.layers[2].n_kv_heads = 1, a.layers[2].n_heads = 2;  /* 2 heads on 4 GPUs: up to 2 KV */
+    a.layers[3].n_kv_heads = 7, a.layers[3].n_heads = 14; /* 8 */
+    a.layers[4].n_kv_heads = 5, a.layers[4].n_heads = 10; /* 4 */
+    ac_arch_copy(&want, &a, &e);
+    int wk[5] = {8, 4, 2, 8, 4};
+    for (int l = 1; l < 5; l++) want.layers[l].n_kv_heads = wk[l], want.layers[l].n_heads = 2 * wk[l];
+    ac_carch wc;
+    ac_cost c;
+    ac_carch_from_arch(&want, &wc, &e);
+    ac_cost_predict(&k.t, &wc, &k.w, &prof, 0, &c);
+    ac_carch_free(&wc);
+    P.limits.max_params = c.params;
+    CHECK(ac_search_repair(&P, &a, &c) == 1, "the snapped architecture meets its own parameter count");
+    for (int l = 1; l < 5; l++)
+        CHECK(a.layers[l].n_kv_heads == wk[l] && a.layers[l].n_heads == 2 * wk[l], "layer %d: %d/%d, want %d KV", l,
+              a.layers[l].n_kv_heads, a.layers[l].n_heads, wk[l]);
+    CHECK(arch_splits(4, &a), "repaired architecture splits");
+    ac_arch_free(&a);
+    ac_arch_free(&want);
+
+    /* Minitron: FFN choices on tp's multiples (base FFN 1000: Model-Optimizer's divisor 63) */
+    h100_case m;
+    h100_case_init(&m, 1000);
+    ac_engine_profile p2 = m.p;
+    p2.tp = 2;
+    ac_search_problem M = {.table = &m.t, .workload = &m.w, .profile = &p2, .imp = &m.imp, .base = &m.a};
+    M.limits.max_tpot_ms = 0.6 * m.base.tpot_ms;
+    M.opts = (ac_search_opts){.steps = 1, .ffn_multiple = 64, .hidden_multiple = 64};
+    ac_search_result r;
+    CHECK(ac_search_minitron(&M, &r, &e) == 0, "%s", e.msg);
+    CHECK(arch_splits(2, &r.arch) && r.arch.layers[0].ffn < 1000, "minitron FFN %d", r.arch.layers[0].ffn);
+    json_t *ch = json_object_get(json_object_get(json_object_get(r.detail, "axes"), "ffn_hidden_size"), "choices");
+    size_t i;
+    json_t *v;
+    int odd = 0;
+    json_array_foreach(ch, i, v) odd += json_integer_value(v) % 2;
+    CHECK(json_array_size(ch) > 4 && !odd, "%zu FFN choices, %d odd", json_array_size(ch), odd);
+    ac_search_result_free(&r);
+    h100_case_free(&m);
+
+    /* refusals: KV heads 6 over 4 GPUs (neither divides the other), an FFN grid of 33 on 2 GPUs */
+    ac_arch b6 = mk_arch(2, 1024, 64, 12, 6, 4096, 32000);
+    ac_importance i6;
+    fake_importance(&i6, &b6);
+    P.base = &b6, P.imp = &i6;
+    P.opts.steps = 5;
+    CHECK(ac_search_autocompress(&P, &r, &e) != 0 && strstr(e.msg, "layer 0") && strstr(e.msg, "6 KV heads"),
+          "kv 6 on tp 4: %s", e.msg);
+    P.base = &k.a, P.imp = &k.imp;
+    prof.tp = 2, P.opts.ffn_multiple = 33;
+    CHECK(ac_search_autocompress(&P, &r, &e) != 0 && strstr(e.msg, "ffn_multiple 33"), "grid 33 on tp 2: %s", e.msg);
+    M.base = &b6, M.imp = &i6, p2.tp = 4;
+    CHECK(ac_search_minitron(&M, &r, &e) != 0 && strstr(e.msg, "KV heads"), "minitron kv 6 on tp 4: %s", e.msg);
+    ac_importance_free(&i6);
+    ac_arch_free(&b6);
+    h100_case_free(&k);
+}
+
 static char fx[1100];
 static int have_fixture(void) {
     ck_build_path(fx, sizeof fx, "fixtures/models/llama_gqa_bf16");
@@ -779,6 +912,7 @@ int main(void) {
     RUN(test_search_feasible_deterministic_heterogeneous);
     RUN(test_deci_ffn_mult);
     RUN(test_search_deci_grid);
+    RUN(test_search_tp);
     RUN(test_prune_equals_masking);
     RUN(test_kv_merge_of_duplicate_heads_is_exact);
     RUN(test_repair_reduces_loss);

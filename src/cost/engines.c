@@ -134,3 +134,17 @@ double ac_engine_allreduce_us(const ac_engine_rt *rt, double bytes) {
     if (rt->tp <= 1) return 0;
     return rt->link_us + 2.0 * (rt->tp - 1) / rt->tp * bytes / (rt->link_gbs * 1e9) * 1e6;
 }
+
+int ac_tp_attn_splits(int tp, int heads, int kv) {
+    if (tp <= 1 || heads <= 0) return 1;
+    return kv > 0 && heads % tp == 0 && (kv >= tp ? kv % tp == 0 : tp % kv == 0);
+}
+
+const char *ac_tp_layer_unsplit(int tp, const ac_layer_arch *y, int *v) {
+    if (tp <= 1) return NULL;
+    if (y->n_heads > 0 && y->n_heads % tp) return *v = y->n_heads, "query heads";
+    if (!ac_tp_attn_splits(tp, y->n_heads, y->n_kv_heads))
+        return *v = y->n_kv_heads, "KV heads (neither divisible by tp nor dividing it)";
+    if (y->ffn > 0 && y->ffn % tp) return *v = y->ffn, "FFN width";
+    return NULL;
+}

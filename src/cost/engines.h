@@ -61,4 +61,16 @@ int ac_engine_graph_size(const ac_engine_rt *rt, int n);
  * of the bytes over the link, plus a fixed cost); 0 at tp <= 1. */
 double ac_engine_allreduce_us(const ac_engine_rt *rt, double bytes);
 
+/* Tensor parallelism over tp GPUs as vLLM shards a layer (QKVParallelLinear,
+ * MergedColumnParallelLinear, RowParallelLinear): the query heads split tp
+ * ways; the KV heads too, or, when there are no more of them than GPUs,
+ * each GPU holds one and tp must be a multiple of them (replicas); the FFN
+ * splits tp ways. A layer without attention (heads 0) or without an FFN
+ * has nothing to split there.
+ * ac_tp_attn_splits: 1 when heads query and kv KV heads split tp ways.
+ * ac_tp_layer_unsplit: NULL when layer y splits tp ways, else what does
+ * not ("query heads", "KV heads (...)", "FFN width") with its count in *v. */
+int ac_tp_attn_splits(int tp, int heads, int kv);
+const char *ac_tp_layer_unsplit(int tp, const ac_layer_arch *y, int *v);
+
 #endif

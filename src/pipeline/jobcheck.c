@@ -10,6 +10,7 @@
 
 #include "deci.h"
 #include "dtype.h"
+#include "engines.h"
 #include "fsafe.h"
 #include "gguf.h"
 
@@ -226,17 +227,9 @@ int ac_deci_validate_model(int deci, int minitron, const char *model_dir, const 
 /* ---------------------------------------------------------------- tensor parallelism */
 
 int ac_job_check_tp(int tp, const ac_arch *a, const char **field, ac_err *e) {
-    if (tp <= 1) return 0;
     for (int l = 0; l < a->n_layers; l++) {
-        const ac_layer_arch *y = &a->layers[l];
-        const char *what = NULL;
         int v = 0;
-        if (y->n_heads > 0 && y->n_heads % tp)
-            what = "query heads", v = y->n_heads;
-        else if (y->n_heads > 0 && y->n_kv_heads % tp && tp % y->n_kv_heads)
-            what = "KV heads (neither divisible by tp nor dividing it)", v = y->n_kv_heads;
-        else if (y->ffn > 0 && y->ffn % tp)
-            what = "FFN width", v = y->ffn;
+        const char *what = ac_tp_layer_unsplit(tp, &a->layers[l], &v);
         if (what) {
             *field = "target.tp";
             return ac_errf(e, "target.tp=%d does not split layer %d: %d %s", tp, l, v, what);

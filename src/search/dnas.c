@@ -1191,7 +1191,7 @@ int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size
                    ac_search_result *r, ac_importance *orders, ac_err *e) {
     memset(r, 0, sizeof *r);
     memset(orders, 0, sizeof *orders);
-    if (check_args(p, o, e)) return -1;
+    if (check_args(p, o, e) || ac_search_check_tp(p, 1, e)) return -1;
     run_t R = {0};
     ac_dnas_gates g = {0};
     int rc = setup(&R, &g, p, m, ids, n, o, e);

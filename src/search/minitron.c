@@ -231,6 +231,18 @@ static json_t *axes_json(const axis_t *ax) {
     return o;
 }
 
+/* Tensor parallelism: the axis keeps only the choices divisible by tp (FFN
+ * widths, query heads: search.h, ac_search_check_tp), its search still
+ * starting at the smallest value it searched before. */
+static void axis_keep_multiples(axis_t *x, int tp) {
+    if (tp <= 1 || !x->max) return;
+    int lo = x->all[x->start], n = 0;
+    for (int i = 0; i < x->n_all; i++)
+        if (x->all[i] % tp == 0) x->all[n++] = x->all[i];
+    x->n_all = n; /* the base's width is one (ac_search_check_tp) */
+    for (x->start = 0; x->start < n - 1 && x->all[x->start] < lo;) x->start++;
+}
+
 /* Checks that Minitron's uniform axes apply to the base model: the same
  * attention in every layer; the same FFN in every dense layer and the
  * same experts in every mixture-of-experts layer (Qwen3-MoE's
@@ -331,6 +343,13 @@ int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *
         rc = ac_errf(e, "out of memory");
         goto out;
     }
+    if (ac_search_check_tp(p, 0, e)) {
+        rc = -1;
+        goto out;
+    }
+    int tp = p->profile && p->profile->tp > 1 ? p->profile->tp : 1;
+    axis_keep_multiples(&ax[1], tp); /* KV groups stay whole in Minitron (G, the base's: it splits) */
+    axis_keep_multiples(&ax[2], tp);
     if (experts) { /* the searched choices start at top_k at least */
         while (ax[4].start < ax[4].n_all - 1 && ax[4].all[ax[4].start] < b->top_k) ax[4].start++;
     }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "deci.h"
+#include "engines.h"
 #include "gguf.h"
 
 /* The limits a problem sets: rows of the constraint table (constraints.h). */
@@ -171,20 +172,74 @@ static int deci_round_ffn(const ac_search_problem *p, double want, int base_ffn)
     return best;
 }
 
-/* DeciLM attention steps: KV heads move between the divisors of the base
- * count (merging, query heads kept), and below one KV head the attention is
- * removed. Returns the next KV count in direction dir, or -1. */
-static int deci_kv_step(int base_kv, int kv, int dir) {
-    if (dir < 0) {
-        if (kv <= 0) return -1;
-        for (int d = kv - 1; d >= 1; d--)
-            if (base_kv % d == 0) return d;
-        return 0;
-    }
-    if (kv >= base_kv) return -1;
-    for (int d = kv + 1; d <= base_kv; d++)
-        if (base_kv % d == 0) return d;
+/* ---- KV counts a layer may take ---- */
+
+static int tp_of(const ac_search_problem *p) { return p->profile && p->profile->tp > 1 ? p->profile->tp : 1; }
+
+/* Query heads a layer keeps with kv KV heads: deci merges KV heads and keeps
+ * every query head; the other targets keep whole groups. */
+static int heads_with(const ac_search_problem *p, const ac_layer_arch *bl, int kv) {
+    if (kv <= 0) return 0;
+    if (p->opts.target == AC_EXPORT_DECI) return bl->n_heads;
+    return kv * (bl->n_heads ? bl->n_heads / bl->n_kv_heads : 1);
+}
+
+/* A KV count layer bl of the base may be pruned to: 0 (no attention) or
+ * up to the base count; for deci a divisor of it (n_heads_in_group stays
+ * whole); under tensor parallelism one the serving engine splits tp ways
+ * (ac_tp_attn_splits, vLLM's rule). */
+static int kv_ok(const ac_search_problem *p, const ac_layer_arch *bl, int kv) {
+    if (kv < 0 || kv > bl->n_kv_heads) return 0;
+    if (kv == 0) return 1;
+    if (p->opts.target == AC_EXPORT_DECI && bl->n_kv_heads % kv) return 0;
+    return ac_tp_attn_splits(tp_of(p), heads_with(p, bl, kv), kv);
+}
+
+/* The next KV count kv_ok allows from kv in direction dir, or -1. (deci:
+ * KV heads move between the divisors of the base count, query heads kept,
+ * and below one KV head the attention is removed.) */
+static int kv_step(const ac_search_problem *p, const ac_layer_arch *bl, int kv, int dir) {
+    for (int k = kv + dir; k >= 0 && k <= bl->n_kv_heads; k += dir)
+        if (kv_ok(p, bl, k)) return k;
     return -1;
+}
+
+/* The allowed KV count of at least one nearest to want (a tie: the larger);
+ * the base count is always allowed (ac_search_check_tp). */
+static int kv_nearest(const ac_search_problem *p, const ac_layer_arch *bl, double want) {
+    int best = bl->n_kv_heads;
+    for (int k = bl->n_kv_heads - 1; k >= 1; k--)
+        if (kv_ok(p, bl, k) && fabs(k - want) < fabs(best - want)) best = k;
+    return best;
+}
+
+/* Layers whose KV count the rules above do not allow (a DNAS discretisation
+ * knows no tp) move to the nearest allowed count. */
+static void kv_snap(const ac_search_problem *p, ac_arch *a) {
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *bl = &p->base->layers[l];
+        ac_layer_arch *al = &a->layers[l];
+        if (!al->n_kv_heads || kv_ok(p, bl, al->n_kv_heads)) continue;
+        int deci_merge = al->n_heads == bl->n_heads; /* query heads kept while KV heads merge */
+        al->n_kv_heads = kv_nearest(p, bl, al->n_kv_heads);
+        al->n_heads = deci_merge ? bl->n_heads : heads_with(p, bl, al->n_kv_heads);
+    }
+}
+
+int ac_search_check_tp(const ac_search_problem *p, int check_grid, ac_err *e) {
+    int tp = tp_of(p);
+    if (tp <= 1) return 0;
+    for (int l = 0; l < p->base->n_layers; l++) {
+        int v = 0;
+        const char *what = ac_tp_layer_unsplit(tp, &p->base->layers[l], &v);
+        if (what)
+            return ac_errf(e, "search: tensor parallelism over %d GPUs does not split layer %d of the base model: %d %s",
+                           tp, l, v, what);
+    }
+    if (check_grid && (p->opts.ffn_multiple <= 0 || p->opts.ffn_multiple % tp))
+        return ac_errf(e, "search: the FFN grid (ffn_multiple %d) is not a multiple of tp %d", p->opts.ffn_multiple,
+                       tp);
+    return 0;
 }
 
 /* One expert more or fewer (dir) in every mixture-of-experts layer: the
@@ -222,9 +277,8 @@ static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int di
         const ac_layer_arch *bl = &b->layers[i];
         ac_layer_arch *al = &a->layers[i];
         if (k == MV_ATTN) {
-            int kv = p->opts.target == AC_EXPORT_DECI ? deci_kv_step(bl->n_kv_heads, al->n_kv_heads, dir)
-                                                      : al->n_kv_heads + dir;
-            if (kv < 0 || kv > bl->n_kv_heads || (uniform && kv == 0)) return 0;
+            int kv = kv_step(p, bl, al->n_kv_heads, dir);
+            if (kv < 0 || (uniform && kv == 0)) return 0;
         } else {
             int cap = ffn_cap(p, bl->ffn), step = cap <= mult ? cap : mult;
             int f = al->ffn + dir * step;
@@ -235,16 +289,10 @@ static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int di
     for (int i = l0; i < l1; i++) {
         const ac_layer_arch *bl = &b->layers[i];
         ac_layer_arch *al = &a->layers[i];
-        int grp = bl->n_heads ? bl->n_heads / bl->n_kv_heads : 1;
         if (k == MV_FFN && bl->n_experts) continue;
         if (k == MV_ATTN) {
-            if (p->opts.target == AC_EXPORT_DECI) { /* every query head stays while KV heads merge */
-                al->n_kv_heads = deci_kv_step(bl->n_kv_heads, al->n_kv_heads, dir);
-                al->n_heads = al->n_kv_heads ? bl->n_heads : 0;
-            } else {
-                al->n_kv_heads += dir;
-                al->n_heads = al->n_kv_heads * grp;
-            }
+            al->n_kv_heads = kv_step(p, bl, al->n_kv_heads, dir);
+            al->n_heads = heads_with(p, bl, al->n_kv_heads);
         } else {
             int cap = ffn_cap(p, bl->ffn), step = cap <= mult ? cap : mult;
             if (dir > 0 && al->ffn + step > cap)
@@ -273,8 +321,8 @@ static void gguf_fixup(const ac_search_problem *p, ac_arch *a) {
         ac_layer_arch *al = &a->layers[l];
         int step = bl->ffn <= p->opts.ffn_multiple ? bl->ffn : p->opts.ffn_multiple;
         if (l == 0 && !al->n_heads && bl->n_heads) {
-            al->n_kv_heads = 1;
-            al->n_heads = bl->n_heads / bl->n_kv_heads;
+            al->n_kv_heads = kv_nearest(p, bl, 1);
+            al->n_heads = heads_with(p, bl, al->n_kv_heads);
         }
         if ((al->n_heads || l == a->n_layers - 1) && !al->ffn && !al->n_experts) al->ffn = step;
     }
@@ -285,6 +333,7 @@ static void gguf_fixup(const ac_search_problem *p, ac_arch *a) {
 static void repair(const ac_search_problem *p, const cons *c, int nc, ac_arch *a, ac_cost *cost) {
     int L = a->n_layers;
     ac_arch t;
+    kv_snap(p, a);
     predict_arch(p, a, cost);
     for (int it = 0; it < 100000; it++) {
         double viol = total_violation(c, nc, cost);
@@ -479,6 +528,7 @@ static void relax_discretise(const ac_search_problem *p, const double *v, ac_arc
         int kv =
             p->opts.target == AC_EXPORT_DECI ? (v[l] >= 0.5 ? b->n_kv_heads : 0) : (int)lround(v[l] * b->n_kv_heads);
         if (p->opts.target == AC_EXPORT_LLAMA && kv < 1) kv = 1;
+        if (kv > 0 && !kv_ok(p, b, kv)) kv = kv_nearest(p, b, fmax(1, v[l] * b->n_kv_heads)); /* one tp splits */
         a->layers[l].n_kv_heads = kv;
         a->layers[l].n_heads = kv * grp;
         int f = p->opts.target == AC_EXPORT_DECI ? deci_round_ffn(p, v[L + l] * b->ffn, b->ffn)
@@ -526,6 +576,7 @@ int ac_search_autocompress(const ac_search_problem *p, ac_search_result *r, ac_e
     ctx_t x = {.p = p, .L = p->base->n_layers};
     x.nc = constraint_list(&p->limits, x.c);
     if (x.nc == 0) return ac_errf(e, "search: no constraints given");
+    if (ac_search_check_tp(p, 1, e)) return -1;
     int L = x.L, nv = 2 * L + 1;
     relax_t R;
     if (relax_alloc(&R, L, e)) return -1;

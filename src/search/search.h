@@ -78,6 +78,13 @@ json_t *ac_constraints_report(const ac_constraints *l, const ac_cost *c);
 /* The exact feasibility repair and refill on a discrete architecture a
  * (in place); cost gets its prediction. Returns 1 when a meets every limit. */
 int ac_search_repair(const ac_search_problem *p, ac_arch *a, ac_cost *cost);
+/* Tensor parallelism (p->profile->tp > 1): refuses a base model whose
+ * layers the serving engine cannot split tp ways (engines.h,
+ * ac_tp_layer_unsplit) and, with check_grid, an FFN grid (ffn_multiple)
+ * that is not a multiple of tp. The searches then keep every pruned layer
+ * splittable: KV counts (and with them query heads) only on the counts
+ * ac_tp_attn_splits allows, FFN widths on the grid. */
+int ac_search_check_tp(const ac_search_problem *p, int check_grid, ac_err *e);
 /* Predicted loss increase of a discrete architecture. */
 double ac_search_pred_loss(const ac_search_problem *p, const ac_arch *a);
 
