@@ -14,10 +14,14 @@
 
 #include "check.h"
 #include "costmodel.h"
+#include "costtimings.h"
+#include "device.h"
 #include "engines.h"
 #include "jobcheck.h"
 #include "jobspec.h"
+#include "provenance.h"
 #include "serve.h"
+#include "synth_cost.h"
 
 /* ---------------------------------------------------------------- step costs */
 
@@ -557,6 +561,100 @@ static void test_served_gradient(void) {
     ac_cost_table_free(&t);
 }
 
+static double fig(const json_t *prov, const char *name, const char *which) {
+    return json_real_value(json_object_get(json_object_get(json_object_get(prov, "figures"), name), which));
+}
+
+static void test_provenance(void) {
+    /* where a prediction's inputs come from, and how far overlapping sources
+     * disagree (provenance.h): a roofline has no second source; a table
+     * measured on an "H100" is compared with the H100 profile's roofline; a
+     * CPU table's decode bands with its operator grids alone */
+    double buf[96];
+    ac_carch c;
+    arch8b(&c, buf, 32);
+    ac_cost_table roof, gpu, cpu;
+    ac_err e;
+    CHECK(ac_cost_roofline(ac_device_spec_find("H100"), "bf16", &roof, &e) == 0, "%s", e.msg);
+    ac_engine_profile p;
+    ac_engine_profile_named(ac_engine_find("vllm"), 0, &p);
+    ac_workload w = {.batch = 1, .prompt_len = 1024, .gen_len = 128}; /* decode reads the weights, not the KV */
+    json_t *j = ac_cost_provenance(&roof, &c, &w, &p);
+    CHECK(j && !strcmp(json_string_value(json_object_get(j, "table")), "roofline") && !json_object_get(j, "figures"),
+          "roofline: no second source");
+    json_decref(j);
+
+    /* timings 1.5x the H100 roofline's at every grid point */
+    acc_timings *tm = calloc(1, sizeof *tm);
+    snprintf(tm->name, sizeof tm->name, "NVIDIA H100 80GB HBM3");
+    tm->sms = 132, tm->cc = 90, tm->mem_gib = 79.2;
+    tm->nm = 8, tm->nn = tm->nk = 7, tm->nhd = 2, tm->naq = tm->nas = 4;
+    for (int i = 0; i < 8; i++) tm->gm[i] = 1 << (2 * i);
+    for (int i = 0; i < 7; i++) tm->gn[i] = tm->gk[i] = 128 << (i + i / 2);
+    for (int i = 0; i < 4; i++) tm->aq[i] = 1 << (4 * i), tm->as[i] = 1 << (4 * i);
+    tm->ahd[0] = 64, tm->ahd[1] = 128;
+    for (int a = 0; a < 8; a++)
+        for (int b = 0; b < 7; b++)
+            for (int k = 0; k < 7; k++)
+                tm->gemm_us[(a * 7 + b) * 7 + k] = 1.5 * ac_cost_gemm_us(&roof, tm->gm[a], tm->gn[b], tm->gk[k]);
+    for (int h = 0; h < 2; h++)
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < 4; b++)
+                tm->attn_us[(h * 4 + a) * 4 + b] =
+                    1.5 * (ac_cost_attn_us(&roof, 1, 1, 1, tm->aq[a], tm->aq[a] + tm->as[b] - 1, (int)tm->ahd[h]) -
+                           roof.launch_us); /* one head's work, not one launch per head */
+    tm->launch_us = 1.5 * roof.launch_us;
+    tm->elem_ns = 1.5 * 2 * 2 / (roof.eta_m * roof.bw_gbs); /* the roofline's ns per BF16 element, read and written */
+    CHECK(ac_cost_table_from_timings(tm, &gpu, &e) == 0, "%s", e.msg);
+    free(tm);
+    ac_cost kg, kr;
+    ac_cost_predict(&gpu, &c, &w, &p, 0, &kg);
+    ac_cost_predict(&roof, &c, &w, &p, 0, &kr);
+    j = ac_cost_provenance(&gpu, &c, &w, &p);
+    const char *cw = json_string_value(json_object_get(j, "compared_with"));
+    CHECK(cw && strstr(cw, "H100"), "compared with %s", cw ? cw : "nothing");
+    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(json_object_get(j, "inputs"), "launch_us"),
+                                                    "source")),
+                  "measured"),
+          "a measured table's launch cost is measured");
+    CHECK(fig(j, "ttft_ms", "used") == kg.ttft_ms && fig(j, "ttft_ms", "other") == kr.ttft_ms &&
+              fig(j, "ttft_ms", "ratio") == kg.ttft_ms / kr.ttft_ms && fig(j, "tpot_ms", "other") == kr.tpot_ms,
+          "figures: used %g other %g", fig(j, "ttft_ms", "used"), fig(j, "ttft_ms", "other"));
+    double rt = fig(j, "ttft_ms", "ratio"), rp = fig(j, "tpot_ms", "ratio");
+    printf("   measured 'H100' at 1.5x the roofline: TTFT x%.3f, TPOT x%.3f of the profile's\n", rt, rp);
+    CHECK(rt > 1.3 && rt < 1.55 && rp > 1.2 && rp < 1.55, "ratios %g %g", rt, rp);
+    json_decref(j);
+
+    /* a CPU table: the decode bands against the operator grids; prefill uses no bands */
+    synth_table(&cpu);
+    cpu.ndec = 2;
+    cpu.dec_ws[0] = 1 << 20, cpu.dec_ws[1] = 1 << 30;
+    cpu.dec_us_mib[0] = cpu.dec_us_mib[1] = 300;
+    ac_engine_profile pc;
+    ac_engine_profile_default(&pc, 1);
+    ac_workload w1 = {.batch = 1, .prompt_len = 128, .gen_len = 32};
+    double small[24];
+    ac_carch cs = {.n_layers = 8, .head_dim = 32, .vocab = 1000, .hidden = 256, .heads = small, .kv = small + 8,
+                   .ffn = small + 16};
+    for (int l = 0; l < 8; l++) small[l] = 8, small[8 + l] = 4, small[16 + l] = 768;
+    j = ac_cost_provenance(&cpu, &cs, &w1, &pc);
+    cw = json_string_value(json_object_get(j, "compared_with"));
+    CHECK(cw && strstr(cw, "decode bands"), "compared with %s", cw ? cw : "nothing");
+    ac_cost_table ops = cpu;
+    ops.ndec = 0;
+    ac_cost kb, ko;
+    ac_cost_predict(&cpu, &cs, &w1, &pc, 0, &kb);
+    ac_cost_predict(&ops, &cs, &w1, &pc, 0, &ko);
+    printf("   CPU table: TPOT %.4g ms with its bands, %.4g ms from its operator grids\n", kb.tpot_ms, ko.tpot_ms);
+    CHECK(fig(j, "ttft_ms", "ratio") == 1, "prefill uses no decode band: ratio %g", fig(j, "ttft_ms", "ratio"));
+    CHECK(fig(j, "tpot_ms", "used") == kb.tpot_ms && fig(j, "tpot_ms", "other") == ko.tpot_ms && kb.tpot_ms != ko.tpot_ms,
+          "TPOT %g / %g", fig(j, "tpot_ms", "used"), fig(j, "tpot_ms", "other"));
+    json_decref(j);
+    ac_cost_table_free(&cpu);
+    ac_cost_table_free(&gpu);
+    ac_cost_table_free(&roof);
+}
+
 int main(void) {
     RUN(test_offline_batch_closed_form);
     RUN(test_chunked_prefill_closed_form);
@@ -573,6 +671,7 @@ int main(void) {
     RUN(test_engine_names_in_the_spec);
     RUN(test_tp_divisibility);
     RUN(test_served_gradient);
+    RUN(test_provenance);
     printf("RESULT %d %d %d\n", ck_pass, ck_fail, ck_skip);
     return ck_fail ? 1 : 0;
 }

@@ -7,6 +7,7 @@
 #include "dnas.h"
 #include "job_state.h"
 #include "jobcheck.h"
+#include "provenance.h"
 
 static json_t *arm(const job_state *s, const ac_search_result *r, const ac_ppl_result *pp, int repaired) {
     return json_pack("{s:o,s:o,s:o,s:b,s:f,s:f,s:f,s:i,s:b}", "architecture", ac_arch_to_json(&r->arch), "predicted",
@@ -27,6 +28,13 @@ static json_t *target_json(const job_state *s) {
                      t->tp > 1 ? t->tp : 1);
     /* the weights the predictions are for (a CPU target's follow a BF16 checkpoint unless the spec names them) */
     if (j) json_object_set_new(json_object_get(j, "engine"), "weights_dtype", json_string(s->wdtype ? s->wdtype : "fp32"));
+    /* where the predictions' inputs come from, and the base model's figures under a second source (provenance.h) */
+    ac_carch c;
+    ac_err e;
+    if (j && ac_carch_from_arch(&s->m.a, &c, &e) == 0) {
+        json_object_set_new(j, "cost_inputs", ac_cost_provenance(&s->table, &c, w, p));
+        ac_carch_free(&c);
+    }
     return j;
 }
 
