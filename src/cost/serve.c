@@ -79,6 +79,18 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* A request leaves at t (finished or dropped): in a closed loop of C
+ * clients its client's slot frees (its next request is sent at t). */
+static void leave(int *done, int *inflight, double *slot, int C, double t) {
+    (*done)++;
+    (*inflight)--;
+    for (int j = 0; j < C; j++)
+        if (slot[j] == HUGE_VAL) {
+            slot[j] = t;
+            break;
+        }
+}
+
 int ac_serve_run(const ac_serve_req *req, int n, const ac_serve_policy *pol, ac_serve_cost_fn cost, void *ud,
                  ac_serve_stats *st, ac_serve_result *res, ac_err *e) {
     memset(st, 0, sizeof *st);
@@ -232,14 +244,7 @@ int ac_serve_run(const ac_serve_req *req, int n, const ac_serve_policy *pol, ac_
             h->e2e = -1;
             memmove(wait, wait + 1, (size_t)(--nwait) * sizeof *wait);
             st->dropped++;
-            done++;
-            inflight--;
-            if (C)
-                for (int j = 0; j < C; j++)
-                    if (slot[j] == HUGE_VAL) {
-                        slot[j] = t;
-                        break;
-                    }
+            leave(&done, &inflight, slot, C, t);
             continue;
         }
         /* ---- cost it */
@@ -287,14 +292,7 @@ int ac_serve_run(const ac_serve_req *req, int n, const ac_serve_policy *pol, ac_
                 free_blocks += r->blocks;
                 r->blocks = 0;
                 r->sched = -1; /* finished: removed below */
-                done++;
-                inflight--;
-                if (C)
-                    for (int j = 0; j < C; j++)
-                        if (slot[j] == HUGE_VAL) {
-                            slot[j] = t;
-                            break;
-                        }
+                leave(&done, &inflight, slot, C, t);
             }
         }
         int m = 0;
