@@ -12,6 +12,7 @@ Every figure must agree to 1e-12 (the same function on the same inputs; the simu
 layers must split over the two GPUs as vLLM requires."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import BUILD, TINY, Runner  # noqa: E402
 from harness import spec as full_spec  # noqa: E402
 
-WORK = tempfile.mkdtemp(prefix="ac_predicted_")
+WORK = tempfile.mkdtemp(prefix="ac_predicted_")  # removed when every test passed
 TARGET = {"device": "H100", "tp": 2, "engine": {"name": "vllm"},
           "workload": {"concurrency": 4, "prompt_len": 256, "gen_len": 32, "requests": 48, "length_spread": 0.25}}
 RUN = {}
@@ -67,6 +68,11 @@ def test_baseline_is_the_base_models_cost():
     est = estimate({"model": TINY})
     same_figures(rep["baseline"]["predicted"], est, "baseline")
     assert est["engine"] == {"name": "vllm", "tp": 2}, est["engine"]
+    # where the inputs came from: the H100 profile's roofline, no second source to compare with
+    ci = rep["target"]["cost_inputs"]
+    assert ci["table"] == "roofline" and "figures" not in ci, ci
+    assert ci["inputs"]["launch_us"]["source"] == "spec profile" and ci["inputs"]["allreduce_link"]["device"] == "H100", ci
+    assert ci["inputs"]["step_overhead_ms"]["value"] == rep["target"]["engine"]["overhead_ms"], ci
 
 
 def test_each_arm_is_its_architectures_cost():
@@ -103,4 +109,6 @@ if __name__ == "__main__":
     for t in (test_baseline_is_the_base_models_cost, test_each_arm_is_its_architectures_cost,
               test_export_is_the_chosen_arms_cost):
         R.run(t)
+    if not R.failed:
+        shutil.rmtree(WORK, ignore_errors=True)
     R.done()
