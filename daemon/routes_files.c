@@ -138,46 +138,28 @@ static void task_file(req_ctx *rc) {
     rc->rep.resp = resp;
 }
 
-/* The curves report.html draws from the job's events: the search loss
- * (the gate trainer's task loss with dnas, else the Lagrangian) and each
- * arm's distillation loss per step. NULL when the store cannot be read. */
+/* The curves report.html draws from the job's stored events
+ * (ac_report_curves_add: the same the job gathered for its own file). NULL
+ * when the store cannot be read. */
 static json_t *event_curves(req_ctx *rc) {
-    json_t *search = json_array(), *distill = json_object(), *c = NULL;
-    const char *label = "search loss";
+    json_t *c = ac_report_curves_new();
     long after = 0;
-    for (;;) {
+    for (int n = 1000; c && n == 1000;) {
         db_event *ev = NULL;
-        int n = 0;
         ac_err e = {{0}};
-        if (db_events(rc->d->db, rc->id, after, 1000, &ev, &n, &e)) break;
+        if (db_events(rc->d->db, rc->id, after, 1000, &ev, &n, &e)) {
+            json_decref(c);
+            return NULL;
+        }
         for (int i = 0; i < n; i++) {
             after = ev[i].id;
-            int se = !strcmp(ev[i].kind, "search"), di = !strcmp(ev[i].kind, "distill");
-            if (!se && !di) continue;
+            if (strcmp(ev[i].kind, "search") && strcmp(ev[i].kind, "distill")) continue;
             json_t *d = json_loads(ev[i].data, 0, NULL);
-            const char *ph = json_string_value(json_object_get(d, "phase"));
-            json_t *step = json_object_get(d, "step");
-            if (se && ph && (!strcmp(ph, "dnas") || !strcmp(ph, "autocompress")) && json_is_number(step)) {
-                json_t *v = json_object_get(d, !strcmp(ph, "dnas") ? "task_loss" : "loss");
-                label = !strcmp(ph, "dnas") ? "search: distillation KL of the gated model" : "search: Lagrangian";
-                if (json_is_number(v)) json_array_append_new(search, json_pack("[O,O]", step, v));
-            } else if (di && json_is_string(json_object_get(d, "arm")) && json_is_number(step) &&
-                       json_is_number(json_object_get(d, "loss"))) {
-                const char *arm = json_string_value(json_object_get(d, "arm"));
-                json_t *a = json_object_get(distill, arm);
-                if (!a) json_object_set_new(distill, arm, a = json_array());
-                json_array_append_new(a, json_pack("[O,O]", step, json_object_get(d, "loss")));
-            }
+            ac_report_curves_add(c, ev[i].kind, d);
             json_decref(d);
         }
         db_events_free(ev, n);
-        if (n < 1000) {
-            c = json_pack("{s:O,s:s,s:O}", "search", search, "search_label", label, "distill", distill);
-            break;
-        }
     }
-    json_decref(search);
-    json_decref(distill);
     return c;
 }
 

@@ -117,10 +117,18 @@ static int check_spec(req_ctx *rc) {
     const char *field = NULL;
     char jobs_dir[1100];
     snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", d->data_dir_abs);
-    ac_job_check_opts o = {.jobs_dir = jobs_dir, .rules = daemon_rules, .ud = rc};
+    ac_limit_bound b = {0};
+    ac_job_check_opts o = {.jobs_dir = jobs_dir, .rules = daemon_rules, .ud = rc, .bound = &b};
     switch (ac_job_spec_check(rc->in, rc->js, &o, &field, &e)) {
     case AC_SPEC_OK: return 0;
-    case AC_SPEC_INVALID: rep_error(d, &rc->rep, 400, "invalid_spec", e.msg, field); break;
+    case AC_SPEC_INVALID:
+        rep_error(d, &rc->rep, 400, "invalid_spec", e.msg, field);
+        if (b.constraint) /* a limit no structure reaches: the limit and the best any structure reaches */
+            json_object_set_new(json_object_get(rc->rep.json, "error"), "bound",
+                                json_pack("{s:s,s:s,s:s,s:s,s:f,s:f}", "constraint", b.constraint, "metric", b.metric,
+                                          "unit", b.unit, "kind", b.ge ? "min" : "max", "limit", b.limit,
+                                          "reachable", b.reachable));
+        break;
     case AC_SPEC_BAD_PATH: {
         char msg[600];
         snprintf(msg, sizeof msg, "%s: %s", field, e.msg);

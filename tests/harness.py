@@ -1,9 +1,11 @@
 """Shared helpers for the Python tests: a test runner that prints one line
 per test and the RESULT line tests/run_all.sh adds up, and a Daemon that runs
 build/autocompressd on a free loopback port with its own SQLite file."""
+import html.parser
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -275,3 +277,124 @@ def _parse_sse(text):
         if "id" in ev and "data" in ev:
             events.append(ev)
     return events, comments
+
+
+class Tables(html.parser.HTMLParser):
+    """A report.html page: its tables by id as rows of (class, text) cells, its curves as {figcaption: [points]} (each
+    polyline's points, as "x,y" strings), and whatever it would fetch or run (a script, src, href, url())."""
+
+    def __init__(self, page):
+        super().__init__()
+        self.tables, self.cur, self.cell, self.fetches, self.curves = {}, None, None, [], {}
+        self.caption = self.last_caption = None
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "script" or any(k in ("src", "href") for k in a) or "url(" in a.get("style", ""):
+            self.fetches.append((tag, attrs))
+        if tag == "table":
+            self.cur = self.tables.setdefault(a.get("id"), [])
+        elif tag == "tr" and self.cur is not None:
+            self.cur.append([])
+        elif tag in ("td", "th") and self.cur is not None:
+            self.cell = [a.get("class") or "", ""]
+        elif tag == "figcaption":
+            self.caption = ""
+        elif tag == "polyline":
+            self.curves[self.last_caption] = a["points"].split()
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.cell is not None:
+            self.cur[-1].append((self.cell[0], self.cell[1].strip()))
+            self.cell = None
+        elif tag == "table":
+            self.cur = None
+        elif tag == "figcaption":
+            self.last_caption, self.caption = self.caption, None
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell[1] += data
+        if self.caption is not None:
+            self.caption += data
+
+
+def curve_points(pts):
+    """Where report.html draws the curve through pts ([(step, loss), ...]): a 500 x 200 plot, 46 px left and 20 px
+    bottom margins, 4 px top and right; steps across, the loss up, each over its range; at most 400 points (every
+    k-th). As (x, y) pairs, to compare with a polyline's points within their 0.1 px rounding."""
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+    x1 = x1 if x1 > x0 else x0 + 1
+    y1 = y1 if y1 > y0 else y0 + 1
+    k = -(-len(pts) // 400) if len(pts) > 400 else 1
+    return [(46 + 450 * (x - x0) / (x1 - x0), 4 + 176 * (1 - (y - y0) / (y1 - y0))) for x, y in pts[::k]]
+
+
+def same_curve(drawn, pts):
+    """A polyline's points (Tables.curves) are curve_points(pts), each within 0.06 px."""
+    want = curve_points(pts)
+    got = [tuple(float(v) for v in p.split(",")) for p in drawn]
+    return len(got) == len(want) and all(abs(a - c) < 0.06 and abs(b - d) < 0.06 for (a, b), (c, d) in zip(got, want))
+
+
+def job_curves(d, job):
+    """The loss curves in job's stored events (daemon d): the search loss [(step, loss)] of the gate trainer (phase
+    dnas: its task_loss) or the Lagrangian search (phase autocompress: its loss), {arm: [(step, loss)]} of
+    distillation, and the search curve's caption."""
+    st, evs = d.req("GET", f"/v1/jobs/{job}/events?format=json&limit=10000")
+    assert st == 200, evs
+    search, distill, label = [], {}, "search loss"
+    for e in evs["events"]:
+        x = e["data"]
+        if e["kind"] == "search" and x.get("phase") in ("dnas", "autocompress"):
+            dnas = x["phase"] == "dnas"
+            search.append((x["step"], x["task_loss" if dnas else "loss"]))
+            label = "search: distillation KL of the gated model" if dnas else "search: Lagrangian"
+        elif e["kind"] == "distill":
+            distill.setdefault(x["arm"], []).append((x["step"], x["loss"]))
+    return search, distill, label
+
+
+def check_report_page(page, rep):
+    """What report.html states against report.json: the chosen arm marked, every limit met or missed per arm (the
+    base's from its predicted figure), all limits met as each arm's feasibility, the perplexities (an arm that missed a
+    limit says so), the structure per layer."""
+    t = Tables(page)
+    assert not t.fetches, t.fetches  # self-contained: no script, nothing fetched
+    arms = ["baseline", "minitron", "autocompress"]
+    head = t.tables["limits"][0][1:]
+    assert [x.split()[0] for _, x in head] == arms, head
+    assert [a for a, (_, x) in zip(arms, head) if "(chosen, exported)" in x] == [rep["chosen"]], head
+    rows = {r[0][1]: r[1:] for r in t.tables["limits"][1:]}
+    for name in rep[rep["chosen"]]["constraints"]:
+        cells = next(v for k, v in rows.items() if k.startswith(name + " "))
+        for a, (cls, txt) in zip(arms, cells):
+            want = limit_verdict(rep, a, name)
+            assert want in cls.split() and txt.endswith(want), (name, a, cls, txt)
+    assert [x for _, x in rows["all limits met"][1:]] == ["yes" if rep[a]["feasible"] else "no" for a in arms[1:]]
+    q = {r[0][1]: r[1:] for r in t.tables["quality"][1:]}
+    for a, (cls, txt) in zip(arms, q["perplexity"]):
+        assert txt.startswith(f"{rep[a]['perplexity']:.4f}"), (a, txt)
+        assert ("missed a limit" in txt) == (a != "baseline" and not rep[a]["feasible"]), (a, txt)
+    layers = [r[1:] for r in t.tables["structure"][1:]]
+    base = rep["model"]["architecture"]["layers"]
+    assert len(layers) == len(base)
+    for i, cells in enumerate(layers):
+        nums = [int(x) for x in re.findall(r"\d+", cells[2][1])]
+        assert nums == [base[i]["ffn"], rep["minitron"]["architecture"]["layers"][i]["ffn"],
+                        rep["autocompress"]["architecture"]["layers"][i]["ffn"]], (i, cells[2])
+    # eval.tasks: a row per task, each arm's acc +- stderr and acc_norm (and before distillation, where it ran)
+    names = rep["baseline"].get("tasks", {})
+    assert ("tasks" in t.tables) == bool(names), (list(t.tables), names)
+    rows = {r[0][1]: r[1:] for r in t.tables.get("tasks", [])[1:]}
+    assert sorted(rows) == sorted(f"{k} (n = {v['n']})" for k, v in names.items()), (list(rows), names)
+    for k, v in names.items():
+        for a, (_, txt) in zip(arms, rows[f"{k} (n = {v['n']})"]):
+            x, y = rep[a]["tasks"][k], rep[a].get("tasks_pruned", {}).get(k)
+            want = f"{x['acc']:.4f} \u00b1 {x['stderr']:.4f}, acc_norm {x['acc_norm']:.4f}"
+            if y:
+                want += f" (before distillation {y['acc']:.4f}, acc_norm {y['acc_norm']:.4f})"
+            assert txt == want, (k, a, txt, want)
+    return t

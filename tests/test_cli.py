@@ -4,7 +4,6 @@ daemon on loopback with its own SQLite file: exit statuses, --json, errors namin
 progress bar on a pseudo-terminal and plain lines otherwise, an event stream resumed with Last-Event-ID after the
 daemon was killed and restarted, and a download checked byte for byte against the export directory."""
 import hashlib
-import html.parser
 import http.client
 import json
 import os
@@ -17,7 +16,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, TINY, limit_verdict, run_with_daemon  # noqa: E402
+from harness import BUILD, TINY, check_report_page, job_curves, run_with_daemon, same_curve  # noqa: E402
 from harness import spec as full_spec  # noqa: E402
 
 CLI = os.path.join(BUILD, "autocompress")
@@ -344,70 +343,6 @@ def test_download():
     D.wait_state(j2, {"cancelled"})
 
 
-class Tables(html.parser.HTMLParser):
-    """The tables of a page by id: rows of (class, text) cells; and whether it has a script or fetches anything."""
-
-    def __init__(self, page):
-        super().__init__()
-        self.tables, self.cur, self.cell, self.fetches, self.polylines = {}, None, None, [], []
-        self.feed(page)
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        if tag == "script" or any(k in ("src", "href") for k in a) or "url(" in a.get("style", ""):
-            self.fetches.append((tag, attrs))
-        if tag == "table":
-            self.cur = self.tables.setdefault(a.get("id"), [])
-        elif tag == "tr" and self.cur is not None:
-            self.cur.append([])
-        elif tag in ("td", "th") and self.cur is not None:
-            self.cell = [a.get("class") or "", ""]
-        elif tag == "polyline":
-            self.polylines.append(a["points"].split())
-
-    def handle_endtag(self, tag):
-        if tag in ("td", "th") and self.cell is not None:
-            self.cur[-1].append((self.cell[0], self.cell[1].strip()))
-            self.cell = None
-        elif tag == "table":
-            self.cur = None
-
-    def handle_data(self, data):
-        if self.cell is not None:
-            self.cell[1] += data
-
-
-def check_report_page(page, rep):
-    """What report.html states against report.json: the chosen arm marked, every limit met or missed per arm (the
-    base's from its predicted figure), all limits met as each arm's feasibility, the perplexities (an arm that missed a
-    limit says so), the structure per layer."""
-    t = Tables(page)
-    assert not t.fetches, t.fetches  # self-contained: no script, nothing fetched
-    arms = ["baseline", "minitron", "autocompress"]
-    head = t.tables["limits"][0][1:]
-    assert [x.split()[0] for _, x in head] == arms, head
-    assert [a for a, (_, x) in zip(arms, head) if "(chosen, exported)" in x] == [rep["chosen"]], head
-    rows = {r[0][1]: r[1:] for r in t.tables["limits"][1:]}
-    for name in rep[rep["chosen"]]["constraints"]:
-        cells = next(v for k, v in rows.items() if k.startswith(name + " "))
-        for a, (cls, txt) in zip(arms, cells):
-            want = limit_verdict(rep, a, name)
-            assert want in cls.split() and txt.endswith(want), (name, a, cls, txt)
-    assert [x for _, x in rows["all limits met"][1:]] == ["yes" if rep[a]["feasible"] else "no" for a in arms[1:]]
-    q = {r[0][1]: r[1:] for r in t.tables["quality"][1:]}
-    for a, (cls, txt) in zip(arms, q["perplexity"]):
-        assert txt.startswith(f"{rep[a]['perplexity']:.4f}"), (a, txt)
-        assert ("missed a limit" in txt) == (a != "baseline" and not rep[a]["feasible"]), (a, txt)
-    layers = [r[1:] for r in t.tables["structure"][1:]]
-    base = rep["model"]["architecture"]["layers"]
-    assert len(layers) == len(base)
-    for i, cells in enumerate(layers):
-        nums = [int(x) for x in re.findall(r"\d+", cells[2][1])]
-        assert nums == [base[i]["ffn"], rep["minitron"]["architecture"]["layers"][i]["ffn"],
-                        rep["autocompress"]["architecture"]["layers"][i]["ffn"]], (i, cells[2])
-    return t
-
-
 def test_report_html_served_written_and_opened():
     job = DONE[0] if DONE else json.loads(cli("submit", write_spec(spec(), "rh.json"), "--follow", "--json")[1]
                                           .splitlines()[-1])["id"]
@@ -420,18 +355,19 @@ def test_report_html_served_written_and_opened():
     assert resp.status == 200 and resp.getheader("Content-Type") == "text/html; charset=utf-8", resp.getheaders()
     assert "default-src 'none'" in resp.getheader("Content-Security-Policy")
     t = check_report_page(page, rep)
-    # the daemon's copy draws the search loss from the job's events: one point per search event of the gate trainer
-    st, evs = D.req("GET", f"/v1/jobs/{job}/events?format=json&limit=10000")
-    steps = [e for e in evs["events"] if e["kind"] == "search" and e["data"].get("phase") in ("dnas", "autocompress")]
-    assert t.polylines and len(t.polylines[0]) == len(steps) >= 2, (len(t.polylines), len(steps))
-    # the job's own file: the same page without the curves, as `autocompress report-html report.json` makes it
+    # the search loss drawn through every search event of the gate trainer, as the job's events hold them
+    search, distill, label = job_curves(D, job)
+    assert len(search) >= 2 and not distill and list(t.curves) == [label], (len(search), list(t.curves))
+    assert same_curve(t.curves[label], search), (t.curves[label][:3], search[:3])
+    # the job's own file is the same page: the job drew it from the events it emitted
     out = rep["export"]["dir"]
     with open(os.path.join(out, "report.html")) as f:
         own = f.read()
-    check_report_page(own, rep)
-    assert "Not in this file" in own and "<polyline" not in own
+    assert own == page
+    # from report.json alone: the same tables, no curve (report.json keeps no per-step loss)
     r = subprocess.run([CLI, "report-html", os.path.join(out, "report.json")], capture_output=True, text=True)
-    assert r.returncode == 0 and r.stdout == own
+    assert r.returncode == 0 and "Not drawn here" in r.stdout and "<polyline" not in r.stdout
+    check_report_page(r.stdout, rep)
     # --open: saved to a new file, handed to xdg-open (a stand-in on PATH that records its argument)
     bindir = os.path.join(D.dir, "bin")
     os.makedirs(bindir, exist_ok=True)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, DATA, ROOT, run_with_daemon, spec  # noqa: E402
+from harness import BUILD, DATA, ROOT, check_report_page, job_curves, run_with_daemon, same_curve, spec  # noqa: E402
 
 D = None
 DIST = {"tokens": 2048, "seq_len": 32, "batch": 4, "lr": 0.001}
@@ -97,6 +97,19 @@ def test_job_reports_tasks_for_every_arm():
     card = open(os.path.join(out, "README.md")).read()
     assert "| fortunes (n = 60) | tiny (n = 2) |" in card, card
     assert f"{rep['acc']:.3f}, {rep['acc_norm']:.3f} +- {rep['stderr']:.3f} (" in card, card
+    # report.html (the job's own file, and the daemon's copy, the same page): the task table (check_report_page
+    # reads each cell against the result) and a distillation curve per arm through its distill events
+    with open(os.path.join(out, "report.html")) as f:
+        own = f.read()
+    st, page = D.req("GET", f"/v1/jobs/{j['id']}/report.html")
+    assert st == 200 and page == own
+    t = check_report_page(own, res)
+    assert {"tasks", "limits", "quality"} <= set(t.tables), list(t.tables)
+    search, distill, label = job_curves(D, j["id"])
+    assert sorted(distill) == ["autocompress", "minitron"] and same_curve(t.curves[label], search), list(t.curves)
+    for arm, pts in distill.items():
+        assert len(pts) >= 2 and pts[-1][0] == res[arm]["distill"]["steps"], (arm, pts[-1], res[arm]["distill"])
+        assert same_curve(t.curves[f"distillation loss, {arm} arm"], pts), arm
     print(f"   fortunes acc: base {res['baseline']['tasks']['fortunes']['acc']:.3f}, "
           f"minitron {res['minitron']['tasks_pruned']['fortunes']['acc']:.3f} -> "
           f"{res['minitron']['tasks']['fortunes']['acc']:.3f}, autocompress "

@@ -197,6 +197,67 @@ def test_one_validation_for_validate_compress_and_submit():
         shutil.rmtree(work, ignore_errors=True)
 
 
+def test_unreachable_limits_refused_with_the_bound():
+    """A limit no structure of the model reaches is refused at submit (POST /v1/jobs and /v1/validate, 400
+    invalid_spec naming constraints.NAME) with error.bound: the limit and the best figure any structure reaches. That
+    floor is the model with every layer removed at the smallest hidden size search.hidden_multiple allows; the test
+    gets it from POST /v1/estimate on that architecture (and max_params from config.json), and checks that limits
+    just past it are accepted. Checked on a spec profile (a roofline table) with a static batch; a served workload and
+    the local CPU are left to the search (its infeasible event, test_daemon.py)."""
+    cfg = json.load(open(os.path.join(TINY, "config.json")))
+    L, H = cfg["num_hidden_layers"], 32  # hidden_multiple 32: the search may narrow hidden down to 32
+    head = 1 if cfg.get("tie_word_embeddings") else 2
+    work = tempfile.mkdtemp(prefix="acreach_")
+    D = Daemon(config={"cpu_slots": 1, "model_roots": [BUILD, "/tmp"]}).start()
+    try:
+        target = {"device": "H100", "workload": {"batch": 1, "prompt_len": 256, "gen_len": 64}}
+        floor_arch = {"hidden": H, "layers": [{"heads": 0, "kv_heads": 0, "ffn": 0}] * L}
+        st, fl = D.req("POST", "/v1/estimate", body={"model": TINY, "architecture": floor_arch, "target": target})
+        assert st == 200 and fl["source"] == "roofline", fl
+        F = fl["figures"]
+        st, base = D.req("POST", "/v1/estimate", body={"model": TINY, "target": target})
+        assert st == 200, base
+        B = base["figures"]  # the base model is a structure too: the floor is no worse in any figure
+        assert B["tpot_ms"] > F["tpot_ms"] and B["ttft_ms"] > F["ttft_ms"] and B["memory_gib"] > F["memory_gib"]
+        assert B["tokens_per_s"] < F["tokens_per_s"]
+        params = cfg["vocab_size"] * H * head + H
+        assert F["params"] == params, (F["params"], params)
+
+        def sp(limits, **tg):
+            return dict(base_spec(os.path.join(work, "out")), constraints=limits, target=dict(target, **tg),
+                        search={"prune_hidden": True, "hidden_multiple": H})
+        cases = [("max_ttft_ms", "ttft_ms", "max", 0.9), ("max_tpot_ms", "tpot_ms", "max", 0.9),
+                 ("max_memory_gib", "memory_gib", "max", 0.9), ("min_tokens_per_s", "tokens_per_s", "min", 1.1),
+                 ("max_params", "params", "max", (params - 1) / params)]
+        for name, metric, kind, f in cases:
+            lim = F[metric] * f
+            for path in ("/v1/validate", "/v1/jobs"):
+                st, r = D.req("POST", path, body=sp({name: lim}))
+                err = r.get("error", {})
+                assert st == 400 and err["code"] == "invalid_spec" and err["field"] == f"constraints.{name}", (path, r)
+                b = err["bound"]
+                assert (b["constraint"], b["metric"], b["kind"]) == (name, metric, kind), b
+                assert abs(b["limit"] - lim) <= 1e-9 * lim and abs(b["reachable"] - F[metric]) <= 1e-9 * F[metric], \
+                    (b, F[metric])
+                assert "what any structure of this model reaches" in err["message"], err
+            # just past the floor: reachable, accepted (every limit at once: the floor meets them all)
+            past = F[metric] * (1.001 if kind == "max" else 0.999)
+            st, r = D.req("POST", "/v1/validate", body=sp({name: past}))
+            assert st == 200 and r == {"ok": True}, (name, past, st, r)
+        st, r = D.req("POST", "/v1/validate", body=sp({n: F[m] * (1.001 if k == "max" else 0.999)
+                                                        for n, m, k, _ in cases}))
+        assert st == 200, r
+        # not judged at submit: a served workload (its scheduler trades one figure for another) and a measured table
+        served = {"concurrency": 1, "requests": 8, "prompt_len": 256, "gen_len": 64}
+        assert D.req("POST", "/v1/validate", body=sp({"max_tpot_ms": F["tpot_ms"] * 0.5}, workload=served))[0] == 200
+        assert D.req("POST", "/v1/validate", body=dict(sp({"max_tpot_ms": 1e-6}), target={"device": "cpu"}))[0] == 200
+        st, jobs = D.req("GET", "/v1/jobs")
+        assert st == 200 and jobs["jobs"] == [], jobs  # nothing was queued by the refused submits
+    finally:
+        D.cleanup()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 if __name__ == "__main__":
     if not os.path.exists(CLI):
         print("SKIP all: build/autocompress not built")
@@ -209,4 +270,5 @@ if __name__ == "__main__":
     R = Runner()
     R.run(test_parser_agrees_with_jsonschema)
     R.run(test_one_validation_for_validate_compress_and_submit)
+    R.run(test_unreachable_limits_refused_with_the_bound)
     R.done()

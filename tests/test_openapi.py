@@ -137,6 +137,8 @@ def test_a_job_life_validates_against_the_document():
     st, j2 = call("POST", "/v1/jobs", body=s, headers={"Idempotency-Key": "oa-1"})
     assert st == 200 and j2["id"] == j["id"]
     call("POST", "/v1/jobs", body=spec(constraints={"max_tpot_ms": "fast"}))  # 400 Error
+    st, r = call("POST", "/v1/jobs", body=spec(constraints={"max_tpot_ms": 1e-6}))  # 400 Error with its bound
+    assert st == 400 and r["error"]["bound"]["constraint"] == "max_tpot_ms", r
     call("POST", "/v1/validate", body=s)
     call("GET", "/v1/jobs/{id}", f"/v1/jobs/{j['id']}")
     D.wait_state(j["id"], {"succeeded", "failed"}, timeout=240)

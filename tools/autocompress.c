@@ -61,7 +61,7 @@ static const struct {
     {"schema", "schema\n      (the job spec's JSON schema, proto/job.schema.json)"},
     {"constraints", "constraints\n      (web/constraints.js, from the constraint table)"},
     {"model-card", "model-card REPORT.json\n      (the export's README.md from a job's report.json, as the job writes it)"},
-    {"report-html", "report-html REPORT.json\n      (the export's report.html from a job's report.json, as the job writes it)"},
+    {"report-html", "report-html REPORT.json\n      (report.html from a job's report.json: the job's own page without its loss curves, which report.json does not keep)"},
     {"export-gguf", "export-gguf MODEL_DIR OUT.gguf [--f32]\n      (llama.cpp's format)"},
     {"prune", "prune MODEL_DIR ARCH.json OUT_DIR [--deci]\n      (slice to ARCH keeping the first channels; --deci: "
               "pad FFN widths to the deci grid,\n       fail when the deci target cannot express ARCH)"},

@@ -24,14 +24,18 @@ async function api(method, path, body) {
 function esc(s) { return String(s == null ? "" : s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c])); }
 function fmtTime(t) { return t ? new Date(t * 1000).toLocaleString() : ""; }
 
+// the jobs ticked for comparison: kept across the list's refreshes (every 3 s), which redraw its rows
+const picked = new Set();
+
 async function loadJobs() {
   const r = await api("GET", "/v1/jobs?limit=1000");
   const tb = $("#jobs tbody");
   if (r.status !== 200) { tb.innerHTML = `<tr><td colspan="8">${esc(r.data && r.data.error ? r.data.error.message : r.status)}</td></tr>`; return; }
   tb.innerHTML = r.data.jobs.slice().reverse().map((j) =>
-    `<tr class="job" data-id="${j.id}"><td><input type="checkbox" class="pick" value="${j.id}" aria-label="compare job ${j.id}"></td><td>${j.id}</td><td>${esc(j.name)}</td><td><span class="state ${j.state}">${j.state}</span></td>` +
+    `<tr class="job" data-id="${j.id}"><td><input type="checkbox" class="pick" value="${j.id}"${picked.has(String(j.id)) ? " checked" : ""} aria-label="compare job ${j.id}"></td><td>${j.id}</td><td>${esc(j.name)}</td><td><span class="state ${j.state}">${j.state}</span></td>` +
     `<td>${esc(j.device)}</td><td>${esc(j.reason)}</td><td>${fmtTime(j.created_at)}</td><td><a href="#job/${j.id}">open</a></td></tr>`).join("");
   tb.querySelectorAll("tr.job").forEach((tr) => tr.addEventListener("click", (e) => { if (!e.target.classList.contains("pick")) location.hash = "job/" + tr.dataset.id; }));
+  tb.querySelectorAll("input.pick").forEach((b) => b.addEventListener("change", () => { if (b.checked) picked.add(b.value); else picked.delete(b.value); }));
 }
 
 async function health() {
@@ -317,6 +321,13 @@ async function openCompare(ids) {
     if (!c.feasible) return cell(`${f(c.ppl)} (missed a limit)`, "missed");
     return c.ppl === best ? cell(`${f(c.ppl)} (best that met every limit)`, "best") : cell(f(c.ppl));
   })]);
+  // eval.tasks: a row per task any job scored (acc ± its stderr, acc_norm; "not scored" where the job had no such task)
+  const tasks = [...new Set(cols.flatMap((c) => (c.arm ? Object.keys(c.r.baseline.tasks || {}) : [])))];
+  for (const t of tasks)
+    rows.push([`task ${t} acc`, ...cols.map((c) => {
+      const x = c.arm && (c.r[c.arm].tasks || {})[t];
+      return cell(x ? `${f(x.acc)} ± ${f(x.stderr)} (norm ${f(x.acc_norm)}, n ${x.n})` : c.arm ? "not scored" : "—");
+    })]);
   for (const m of ["params", "ttft_ms", "tpot_ms", "tokens_per_s", "memory_gib"])
     rows.push([`${m} (predicted)`, ...cols.map((c) => cell(c.arm ? f((c.r[c.arm].predicted || {})[m], m === "params" ? 0 : 3) : "—"))]);
   $("#compare tbody").innerHTML = rows.map((row) => `<tr>${row.map((c, i) => (i ? `<td class="${c.cls}">${esc(c.text)}</td>` : `<th class="">${esc(c)}</th>`)).join("")}</tr>`).join("");
@@ -375,7 +386,7 @@ $("#submit").addEventListener("submit", submit);
 $("#back").addEventListener("click", (e) => { e.preventDefault(); location.hash = ""; });
 $("#compare-back").addEventListener("click", (e) => { e.preventDefault(); location.hash = ""; });
 $("#compare-btn").addEventListener("click", () => {
-  const ids = [...document.querySelectorAll("input.pick:checked")].map((x) => x.value).reverse();
+  const ids = [...document.querySelectorAll("input.pick:checked")].map((x) => x.value).sort((a, b) => a - b);
   if (ids.length) location.hash = "compare/" + ids.join(",");
 });
 $("#spec").value = exampleSpec();

@@ -34,8 +34,17 @@
 #include "reporthtml.h"
 #include "prune.h"
 
+/* Every event of the job passes here (data borrowed): its loss points are
+ * kept for report.html (ac_report_curves_add), then it goes to ctx->emit. */
+static void job_emit(void *ud, const char *kind, json_t *data) {
+    job_state *s = ud;
+    if (!data) return;
+    ac_report_curves_add(s->curves, kind, data);
+    if (s->ctx->emit) s->ctx->emit(s->ctx->ud, kind, data);
+}
+
 static void emit(job_state *s, const char *kind, json_t *data) {
-    if (s->ctx->emit && data) s->ctx->emit(s->ctx->ud, kind, data);
+    job_emit(s, kind, data);
     json_decref(data);
 }
 
@@ -346,7 +355,7 @@ static int stage_distill(job_state *s, ac_err *e) {
     const char *text = ds->text[0] ? ds->text : sp->calibration[0] ? sp->calibration : NULL;
     if (s->tasks.n && score_tasks(s, 0, &s->tasks_pruned, e)) return -1;
     return ac_distill_job(&o, sp->model, text, &s->m, s->cids, s->nc, arms, names,
-                          s->two_arms ? 2 : 1, s->hids, s->nh, &po, s->ctx->emit, s->ctx->ud, s->ctx->cancelled,
+                          s->two_arms ? 2 : 1, s->hids, s->nh, &po, job_emit, s, s->ctx->cancelled,
                           &s->distill, e);
 }
 
@@ -545,6 +554,7 @@ static const struct {
 enum { N_STAGES = sizeof STAGES / sizeof *STAGES };
 
 static void state_free(job_state *s) {
+    json_decref(s->curves);
     json_decref(s->distill);
     json_decref(s->tasks_pruned);
     json_decref(s->task_scores);
@@ -574,7 +584,7 @@ static int write_report(job_state *s, json_t **result, ac_err *e) {
         return ac_errctx(e, "stage export");
     }
     if (ac_model_card_write(report, s->spec->output, e) || /* README.md, the export's model card */
-        ac_report_html_write(report, s->spec->output, e)) { /* report.html, the page a person opens */
+        ac_report_html_write(report, s->curves, s->spec->output, e)) { /* report.html, the page a person opens */
         json_decref(report);
         return ac_errctx(e, "stage export");
     }
@@ -589,7 +599,8 @@ int ac_job_run(const ac_job_spec *spec, ac_job_ctx *ctx, json_t **result, ac_err
     job_state *s = calloc(1, sizeof *s);
     if (!s) return ac_errf(e, "out of memory");
     *s =
-        (job_state){.spec = spec, .ctx = ctx, .threads = ctx->threads > 0 ? ctx->threads : 2, .timings = json_object()};
+        (job_state){.spec = spec, .ctx = ctx, .threads = ctx->threads > 0 ? ctx->threads : 2, .timings = json_object(),
+                    .curves = ac_report_curves_new()};
     ac_set_threads(s->threads);
     double t_job = ac_now();
     int rc = 0, of = 0, index = 0;

@@ -22,6 +22,7 @@ typedef struct job_state {
     double last_progress; /* ac_now() of the last progress event */
     int threads;
     json_t *timings; /* stage -> seconds */
+    json_t *curves;  /* the loss per step from the job's events, for report.html (reporthtml.h; owned) */
     /* load */
     ac_model m;       /* the base model */
     int *cids, *hids; /* calibration and held-out token ids */

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "constraints.h"
+#include "costmodel.h"
 #include "deci.h"
 #include "dtype.h"
 #include "engines.h"
@@ -76,23 +78,72 @@ int ac_job_check_paths(const ac_job_spec *s, const char *jobs_dir, const char **
 
 /* ---- what the pipeline compresses ---- */
 
-int ac_job_check_reachable(const ac_job_spec *s, const ac_arch *a, const char **field, ac_err *e) {
-    double lim = s->limits.max_params;
-    if (!(lim > 0)) return 0;
-    /* every structure keeps the embeddings (and an untied output head) and
-     * the final norm at its hidden size, which the search lowers at most to
-     * search.hidden_multiple (prune_hidden), else keeps: a lower bound of
-     * what any structure reaches, with every layer removed */
+/* The floor's figures (see jobcheck.h) on a spec profile's roofline for a
+ * static batch into *out: 0, or -1 when the target's table is no roofline
+ * or cannot be made (nothing then is checked against it). */
+static int floor_cost(const ac_job_spec *s, const ac_arch *a, double h, ac_cost *out) {
+    if (s->target.dev.kind != AC_TARGET_PROFILE || ac_workload_served(&s->target.workload)) return -1;
+    int cwdt = ac_model_checkpoint_wdt(s->model);
+    ac_engine_profile prof;
+    ac_target_engine_for(&s->target, cwdt, &prof);
+    ac_cost_table t;
+    ac_carch c;
+    ac_err ignore;
+    int hit;
+    if (ac_cost_table_for(&s->target.dev, ac_target_table_dtype(&s->target, cwdt), NULL, 1, 0, NULL, NULL, &t, &hit,
+                          &ignore))
+        return -1;
+    if (ac_carch_from_arch(a, &c, &ignore)) {
+        ac_cost_table_free(&t);
+        return -1;
+    }
+    c.hidden = h;
+    for (int l = 0; l < c.n_layers; l++) {
+        c.heads[l] = c.kv[l] = c.ffn[l] = 0;
+        if (c.experts) c.experts[l] = c.effn[l] = 0;
+    }
+    ac_cost_predict(&t, &c, &s->target.workload, &prof, 0, out);
+    ac_carch_free(&c);
+    ac_cost_table_free(&t);
+    return 0;
+}
+
+int ac_job_check_reachable(const ac_job_spec *s, const ac_arch *a, const char **field, ac_limit_bound *bound,
+                           ac_err *e) {
     int hm = s->search.hidden_multiple > 0 ? s->search.hidden_multiple : 1;
     double h = s->search.prune_hidden && hm < a->hidden ? hm : a->hidden;
-    double floor = (double)a->vocab * h * (a->tie_embeddings ? 1 : 2) + h;
-    if (lim >= floor) return 0;
-    *field = "constraints.max_params";
-    return ac_errf(e,
-                   "constraints.max_params=%.0f is below what any structure of this model reaches: its embeddings%s "
-                   "alone keep %.0f parameters (vocabulary %d x hidden %.0f%s, every layer removed)",
-                   lim, a->tie_embeddings ? "" : " and output head", floor, a->vocab, h,
-                   h < a->hidden ? ", the smallest search.hidden_multiple allows" : "");
+    ac_cost fc;
+    int have_cost = -1; /* the floor's predicted figures: -1 not yet made, 0 made, 1 not available */
+    for (const ac_constraint *c = ac_constraint_table(); c < ac_constraint_table() + AC_NCONSTRAINTS; c++) {
+        double lim = ac_constraint_limit(c, &s->limits), best;
+        if (!(lim > 0)) continue;
+        if (c->m == AC_M_PARAMS) /* exact: the embeddings (and an untied head) and the final norm */
+            best = (double)a->vocab * h * (a->tie_embeddings ? 1 : 2) + h;
+        else {
+            if (have_cost < 0) have_cost = floor_cost(s, a, h, &fc) ? 1 : 0;
+            if (have_cost) continue;
+            best = ac_cost_metric(&fc, c->m);
+        }
+        if (ac_constraint_met(c, best, lim)) continue;
+        static _Thread_local char fname[64];
+        snprintf(fname, sizeof fname, "constraints.%s", c->name);
+        *field = fname;
+        if (bound) *bound = (ac_limit_bound){c->name, c->metric, c->unit, c->ge, lim, best};
+        if (c->m == AC_M_PARAMS)
+            return ac_errf(e,
+                           "constraints.max_params=%.0f is below what any structure of this model reaches: its "
+                           "embeddings%s alone keep %.0f parameters (vocabulary %d x hidden %.0f%s, every layer "
+                           "removed)",
+                           lim, a->tie_embeddings ? "" : " and output head", best, a->vocab, h,
+                           h < a->hidden ? ", the smallest search.hidden_multiple allows" : "");
+        return ac_errf(e,
+                       "constraints.%s=%.6g is %s what any structure of this model reaches on %s: %s %.6g %s "
+                       "predicted with every layer removed (the embeddings%s at hidden %.0f%s)",
+                       c->name, lim, c->ge ? "above" : "below", s->target.device, c->metric, best, c->unit,
+                       a->tie_embeddings ? "" : " and output head", h,
+                       h < a->hidden ? ", the smallest search.hidden_multiple allows" : "");
+    }
+    return 0;
 }
 
 int ac_model_check_compressible(const ac_job_spec *s, const json_t *j, const char **field, ac_err *e) {

@@ -27,10 +27,21 @@
  * not point. `field` gets the offending spec field. */
 int ac_job_check_paths(const ac_job_spec *s, const char *jobs_dir, const char **field, ac_err *e);
 
-/* Limits no structure of the model a reaches, refused before the job runs:
- * constraints.max_params below the embeddings' (and output head's) count at
- * the smallest hidden size the search allows. 0, or -1 with *field. */
-int ac_job_check_reachable(const ac_job_spec *s, const ac_arch *a, const char **field, ac_err *e);
+/* Limits no structure of the model a reaches, refused before the job runs.
+ * Every structure keeps the embeddings (and an untied output head) at a
+ * hidden size no smaller than the search allows (search.hidden_multiple
+ * with prune_hidden, else the base's): that structure with every layer
+ * removed is the floor. Checked against it:
+ *  - constraints.max_params, always (a count);
+ *  - on a spec-profile target (a roofline table, monotone in every width)
+ *    and a static-batch workload, every other limit: the floor's predicted
+ *    TTFT, TPOT, memory and throughput are the best any structure reaches.
+ *    A measured table (the local CPU or GPU) is not read at submit, and a
+ *    served workload's scheduler can trade one figure for another: the
+ *    search reports those (the job's infeasible event).
+ * 0, or -1 with *field ("constraints.NAME"), e and *bound (may be NULL). */
+int ac_job_check_reachable(const ac_job_spec *s, const ac_arch *a, const char **field, ac_limit_bound *bound,
+                           ac_err *e);
 
 /* 0 when the pipeline can compress s's model with s's options (or the
  * model does not load: its own error comes later); -1 with *field and the

@@ -492,7 +492,7 @@ ac_spec_verdict ac_job_spec_check(const json_t *j, ac_job_spec *s, const ac_job_
     *fieldp = "model";
     if (s->model[0] && ac_arch_load(s->model, &arch, e)) return AC_SPEC_INVALID;
     if (s->model[0]) {
-        int unreachable = ac_job_check_reachable(s, &arch, fieldp, e); /* jobcheck.h */
+        int unreachable = ac_job_check_reachable(s, &arch, fieldp, opts->bound, e); /* jobcheck.h */
         ac_arch_free(&arch);
         if (unreachable) return AC_SPEC_INVALID;
     }

@@ -131,6 +131,16 @@ int ac_job_spec_parse(const json_t *j, ac_job_spec *s, const char **field, ac_er
 int ac_target_spec_parse(const json_t *j, ac_target_spec *t, const char *prefix, const char **field, ac_err *e);
 /* ---------------------------------------------------------------- validation */
 
+/* An unreachable limit (ac_job_check_reachable, jobcheck.h): its spec name
+ * ("max_tpot_ms"; NULL: none), the predicted figure it bounds ("tpot_ms")
+ * and its unit, the limit given, and the best figure any structure of the
+ * model reaches (the reachable bound). */
+typedef struct {
+    const char *constraint, *metric, *unit;
+    int ge; /* 1: a lower bound (min_...), the reachable figure the highest any structure reaches */
+    double limit, reachable;
+} ac_limit_bound;
+
 /* What a spec is checked against beyond its own fields. */
 typedef struct {
     const char *jobs_dir; /* the daemon's data_dir/jobs, where outputs may not point (NULL: no such rule) */
@@ -139,6 +149,7 @@ typedef struct {
      * file is looked at: 0, or -1 having answered (the verdict is then AC_SPEC_REFUSED). May be NULL. */
     int (*rules)(void *ud, const ac_job_spec *s);
     void *ud;
+    ac_limit_bound *bound; /* may be NULL: set when a limit is refused as unreachable (its constraint non-NULL) */
 } ac_job_check_opts;
 
 typedef enum {

@@ -153,6 +153,40 @@ static void put_limits(ac_text *o, const json_t *r, const int *idx, int n) {
     ac_text_put(o, "</tr>\n</table>\n");
 }
 
+/* eval.tasks: a row per task (the base's names), a column per arm: acc +- its
+ * standard error, acc_norm, and the figures before distillation. */
+static void put_tasks(ac_text *o, const json_t *r, const int *idx, int n) {
+    const json_t *names = obj(obj(r, "baseline"), "tasks");
+    if (!json_object_size(names)) {
+        ac_text_put(o, "<p class=\"muted\">Task accuracy: not measured by this job (no eval.tasks).</p>\n");
+        return;
+    }
+    ac_text_put(o, "<p>Multiple-choice accuracy, zero-shot, scored as lm-evaluation-harness scores it: acc &plusmn; its "
+                   "standard error, acc_norm, and both before distillation where it ran.</p>\n<table id=\"tasks\">\n");
+    put_head_row(o, r, "task", idx, n);
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)names, k, v) {
+        ac_text_put(o, "<tr><th>");
+        esc(o, k);
+        ac_text_put(o, " (n = %.0f)</th>", ac_jnum(v, "n"));
+        for (int i = 0; i < n; i++) {
+            const json_t *a = obj(r, ARMS[idx[i]]), *t = obj(obj(a, "tasks"), k), *tp = obj(obj(a, "tasks_pruned"), k);
+            if (!json_is_object(t)) {
+                ac_text_put(o, "<td>&mdash;</td>");
+                continue;
+            }
+            ac_text_put(o, "<td class=\"n\">%.4f &plusmn; %.4f, acc_norm %.4f", ac_jnum(t, "acc"), ac_jnum(t, "stderr"),
+                        ac_jnum(t, "acc_norm"));
+            if (json_is_object(tp))
+                ac_text_put(o, " (before distillation %.4f, acc_norm %.4f)", ac_jnum(tp, "acc"), ac_jnum(tp, "acc_norm"));
+            ac_text_put(o, "</td>");
+        }
+        ac_text_put(o, "</tr>\n");
+    }
+    ac_text_put(o, "</table>\n");
+}
+
 static void put_quality(ac_text *o, const json_t *r, const int *idx, int n) {
     const json_t *ev = obj(r, "eval_protocol");
     ac_text_put(o, "<h2>Quality before and after</h2>\n<p class=\"muted\">Held-out perplexity on %.0f tokens of <code>",
@@ -186,7 +220,8 @@ static void put_quality(ac_text *o, const json_t *r, const int *idx, int n) {
         else
             ac_text_put(o, "<td>&mdash;</td>");
     }
-    ac_text_put(o, "</tr>\n</table>\n<p class=\"muted\">Task accuracy: not measured by this job.</p>\n");
+    ac_text_put(o, "</tr>\n</table>\n");
+    put_tasks(o, r, idx, n);
 }
 
 /* Predicted figures for the target, then what was measured against the cost table's prediction. */
@@ -369,9 +404,9 @@ static void put_curve(ac_text *o, const json_t *pts, const char *caption, const 
 static void put_curves(ac_text *o, const json_t *curves) {
     ac_text_put(o, "<h2>Loss curves</h2>\n");
     if (!json_is_object(curves)) {
-        ac_text_put(
-            o, "<p class=\"muted\">Not in this file: the daemon's copy (GET /v1/jobs/ID/report.html) draws the search "
-               "and distillation losses from the job's events.</p>\n");
+        ac_text_put(o, "<p class=\"muted\">Not drawn here: report.json holds no per-step loss. The job's own "
+                       "report.html and the daemon's copy (GET /v1/jobs/ID/report.html) draw the search and "
+                       "distillation losses from the job's events.</p>\n");
         return;
     }
     const json_t *s = obj(curves, "search"), *d = obj(curves, "distill");
@@ -389,6 +424,28 @@ static void put_curves(ac_text *o, const json_t *curves) {
         drawn = 1;
     }
     if (!drawn) ac_text_put(o, "<p class=\"muted\">The job's events hold no loss curve.</p>\n");
+}
+
+json_t *ac_report_curves_new(void) {
+    return json_pack("{s:[],s:s,s:{}}", "search", "search_label", "search loss", "distill");
+}
+
+void ac_report_curves_add(json_t *curves, const char *kind, const json_t *d) {
+    if (!json_is_object(curves) || !kind) return;
+    const char *ph = json_string_value(obj(d, "phase")), *arm = json_string_value(obj(d, "arm"));
+    json_t *step = json_object_get(d, "step"), *v;
+    if (!json_is_number(step)) return;
+    if (!strcmp(kind, "search") && ph && (!strcmp(ph, "dnas") || !strcmp(ph, "autocompress"))) {
+        int dnas = !strcmp(ph, "dnas");
+        if (!json_is_number(v = json_object_get(d, dnas ? "task_loss" : "loss"))) return;
+        json_object_set_new(curves, "search_label",
+                            json_string(dnas ? "search: distillation KL of the gated model" : "search: Lagrangian"));
+        json_array_append_new(json_object_get(curves, "search"), json_pack("[O,O]", step, v));
+    } else if (!strcmp(kind, "distill") && arm && json_is_number(v = json_object_get(d, "loss"))) {
+        json_t *dist = json_object_get(curves, "distill"), *a = json_object_get(dist, arm);
+        if (!a) json_object_set_new(dist, arm, a = json_array());
+        json_array_append_new(a, json_pack("[O,O]", step, v));
+    }
 }
 
 char *ac_report_html(const json_t *r, const json_t *curves) {
@@ -434,6 +491,6 @@ char *ac_report_html(const json_t *r, const json_t *curves) {
     return ac_text_take(&o);
 }
 
-int ac_report_html_write(const json_t *report, const char *dir, ac_err *e) {
-    return ac_text_write(ac_report_html(report, NULL), dir, "report.html", e);
+int ac_report_html_write(const json_t *report, const json_t *curves, const char *dir, ac_err *e) {
+    return ac_text_write(ac_report_html(report, curves), dir, "report.html", e);
 }
