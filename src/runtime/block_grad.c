@@ -12,6 +12,9 @@
 int ac_block_grad_supports(const ac_arch *a, int wdt, ac_err *e) {
     if (ac_arch_has_moe(a) && wdt != ST_F32)
         return ac_errf(e, "mixture-of-experts layers train on fp32 weights only so far (not in place on 16-bit ones)");
+    if (a->hybrid && ac_arch_has_moe(a))
+        return ac_errf(e, "hybrid (nemotron_h) mixture-of-experts layers have no backward yet (sigmoid router, "
+                          "squared-ReLU and shared experts): they run forward only");
     if (a->hybrid && wdt != ST_F32)
         return ac_errf(e, "hybrid (nemotron_h) Mamba layers train on fp32 weights only so far (not in place on 16-bit "
                           "ones)");
