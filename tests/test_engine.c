@@ -398,6 +398,45 @@ static void test_moe_models(void) {
         CHECK(system(cmd) == 0, "rm");
     }
 }
+/* A hybrid model saved (F32) and loaded back: the config it wrote
+ * (*cfg, the caller's) and bit-identical logits on 7 tokens; then decoding
+ * them one at a time from the Mamba layers' states equals the prefill.
+ * Returns the prefill logits (7 x vocab, the caller's) and *mx their
+ * largest magnitude. */
+static float *hybrid_roundtrip_decode(const ac_model *m, const char *tag, json_t **cfg, double *mx) {
+    char dst[300], p[400];
+    ac_model b;
+    ac_err e = {{0}};
+    size_t V = (size_t)m->a.vocab;
+    snprintf(dst, sizeof dst, "/tmp/ac_%s_rt_%d", tag, (int)getpid());
+    CHECK(ac_model_save(m, dst, ST_F32, &e) == 0 && ac_model_load(dst, &b, &e) == 0, "%s", e.msg);
+    snprintf(p, sizeof p, "%s/config.json", dst);
+    *cfg = json_load_file(p, 0, NULL);
+    int toks[7] = {1, 5, 9, 33, 2, 7, 250};
+    ac_engine e1, e2;
+    CHECK(ac_engine_init(&e1, m, 1, 7, &e) == 0 && ac_engine_init(&e2, &b, 1, 7, &e) == 0, "%s", e.msg);
+    CHECK(ac_engine_forward(&e1, toks, 1, 7, 0, 0, &e) == 0 && ac_engine_forward(&e2, toks, 1, 7, 0, 0, &e) == 0,
+          "%s", e.msg);
+    CHECK(!memcmp(e1.logits, e2.logits, sizeof(float) * 7 * V), "%s: logits after the round trip", tag);
+    float *full = malloc(sizeof(float) * 7 * V);
+    memcpy(full, e1.logits, sizeof(float) * 7 * V);
+    double dd = 0;
+    *mx = 0;
+    for (int t = 0; t < 7; t++) {
+        CHECK(ac_engine_forward(&e1, toks + t, 1, 1, t, 0, &e) == 0, "%s", e.msg);
+        for (size_t v = 0; v < V; v++) {
+            dd = fmax(dd, fabs(e1.logits[v] - full[(size_t)t * V + v]));
+            *mx = fmax(*mx, fabs(full[(size_t)t * V + v]));
+        }
+    }
+    CHECK(dd <= 1e-5 * *mx, "%s: token-by-token decode differs by %.3g (max %.3g)", tag, dd, *mx);
+    ac_engine_free(&e1), ac_engine_free(&e2);
+    ac_model_free(&b);
+    snprintf(p, sizeof p, "rm -rf %s", dst);
+    CHECK(system(p) == 0, "rm");
+    return full;
+}
+
 /* Nemotron-H (hybrid Mamba-2 / attention without RoPE / squared-ReLU MLP,
  * pattern M-M*-, odd widths, 2 groups) against tests/ref_mamba.py's float64
  * sequential recurrence: logits fp32 and resident BF16, a decode step
@@ -406,50 +445,26 @@ static void test_moe_models(void) {
  * with their reason. */
 static void test_nemotron_h(void) {
     if (!fixtures_present()) SKIP("no fixtures");
-    char dir[1200], p[1300], dst[300];
+    char dir[1200], p[1300];
     snprintf(dir, sizeof dir, "%s/models/nemotronh_bf16", fx);
     snprintf(p, sizeof p, "%s/ppl.json", dir);
     if (!ck_exists(p)) SKIP("no nemotron_h fixture (make fixtures)");
     check_model("nemotronh_bf16");
     check_model_ex("nemotronh_bf16", 1, 1e-2);
-    ac_model m, b;
+    ac_model m;
     ac_err e = {{0}};
     CHECK(ac_model_load(dir, &m, &e) == 0, "%s", e.msg);
     CHECK(m.a.hybrid && m.a.layers[0].ssm_heads == 6 && m.a.layers[1].ffn == 70 && m.a.layers[3].n_heads == 4 &&
               !m.a.layers[3].ffn && m.a.ssm_groups == 2 && m.a.ssm_state == 7 && m.a.ssm_head_dim == 5,
           "nemotron_h arch");
-    /* round trip: nemotron_h's config and backbone.* names, bit-identical logits */
-    snprintf(dst, sizeof dst, "/tmp/ac_nemoh_rt_%d", (int)getpid());
-    CHECK(ac_model_save(&m, dst, ST_F32, &e) == 0 && ac_model_load(dst, &b, &e) == 0, "%s", e.msg);
-    snprintf(p, sizeof p, "%s/config.json", dst);
-    json_t *c = json_load_file(p, 0, NULL);
+    /* round trip: nemotron_h's config and backbone.* names, bit-identical logits; decode */
+    json_t *c;
+    double mx;
+    free(hybrid_roundtrip_decode(&m, "nemoh", &c, &mx));
     CHECK(c && !strcmp(json_string_value(json_object_get(c, "model_type")), "nemotron_h") &&
               !strcmp(json_string_value(json_object_get(c, "hybrid_override_pattern")), "M-M*-"),
           "nemotron_h config after the round trip");
     json_decref(c);
-    int toks[7] = {1, 5, 9, 33, 2, 7, 250};
-    ac_engine e1, e2;
-    CHECK(ac_engine_init(&e1, &m, 1, 7, &e) == 0 && ac_engine_init(&e2, &b, 1, 7, &e) == 0, "%s", e.msg);
-    CHECK(ac_engine_forward(&e1, toks, 1, 7, 0, 0, &e) == 0 && ac_engine_forward(&e2, toks, 1, 7, 0, 0, &e) == 0,
-          "%s", e.msg);
-    CHECK(!memcmp(e1.logits, e2.logits, sizeof(float) * 7 * m.a.vocab), "nemotron_h: logits after the round trip");
-    /* decode one token at a time from the states equals the prefill */
-    float *full = malloc(sizeof(float) * 7 * m.a.vocab);
-    memcpy(full, e1.logits, sizeof(float) * 7 * m.a.vocab);
-    double dd = 0, mx = 0;
-    for (int t = 0; t < 7; t++) {
-        CHECK(ac_engine_forward(&e1, toks + t, 1, 1, t, 0, &e) == 0, "%s", e.msg);
-        for (int v = 0; v < m.a.vocab; v++) {
-            dd = fmax(dd, fabs(e1.logits[v] - full[(size_t)t * m.a.vocab + v]));
-            mx = fmax(mx, fabs(full[(size_t)t * m.a.vocab + v]));
-        }
-    }
-    CHECK(dd <= 1e-5 * mx, "nemotron_h: token-by-token decode differs by %.3g (max %.3g)", dd, mx);
-    ac_engine_free(&e1), ac_engine_free(&e2);
-    free(full);
-    ac_model_free(&b);
-    snprintf(p, sizeof p, "rm -rf %s", dst);
-    CHECK(system(p) == 0, "rm");
     /* perplexity through eval */
     snprintf(p, sizeof p, "%s/ppl.json", dir);
     json_t *pj = json_load_file(p, 0, NULL), *ids = json_object_get(pj, "ids");
@@ -486,116 +501,7 @@ static void test_nemotron_h(void) {
          "\"hybrid_override_pattern\":\"M-\",\"mamba_num_heads\":2,\"mamba_head_dim\":4,\"ssm_state_size\":4,"
          "\"intermediate_size\":8,\"mlp_hidden_act\":\"silu\"}",
          "relu2"},
-    };
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        json_t *cj = json_loads(bad[i][0], 0, NULL);
-        ac_arch a;
-        ac_err e2 = {{0}};
-        CHECK(cj && ac_arch_from_config(cj, &a, &e2) != 0 && strstr(e2.msg, bad[i][1]), "config %zu: %s", i,
-              e2.msg);
-        json_decref(cj);
-    }
-}
-/* Nemotron-H MoE (E layers: the sigmoid router with its score-correction
- * bias, squared-ReLU experts, a shared expert, routed scaling) against
- * tests/ref_mamba.py in float64: nemotronh_moe_bf16 (MEM*E, top-2
- * renormalised, scale 2.5) fp32 and resident, nemotronh_moe_nonorm_f32
- * (E*E, top-3 not renormalised, the config's defaults); token-by-token
- * decode equal to the prefill; the save round trip (config keys, the bias
- * kept fp32, logits bit-identical); and the checks that make the fixture
- * fail when the bias or the scale were ignored. Configs refused with the
- * reason. */
-static void test_nemotron_h_moe(void) {
-    if (!fixtures_present()) SKIP("no fixtures");
-    char dir[1200], p[1300], dst[300];
-    snprintf(dir, sizeof dir, "%s/models/nemotronh_moe_bf16", fx);
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    if (!ck_exists(p)) SKIP("no nemotron_h MoE fixture (make fixtures)");
-    check_model("nemotronh_moe_bf16");
-    check_model_ex("nemotronh_moe_bf16", 1, 1e-2);
-    check_model("nemotronh_moe_nonorm_f32");
-    ac_model m, b;
-    ac_err e = {{0}};
-    CHECK(ac_model_load(dir, &m, &e) == 0, "%s", e.msg);
-    CHECK(m.a.hybrid && m.a.router_sigmoid && m.a.layers[1].n_experts == 6 && m.a.layers[1].expert_ffn == 24 &&
-              m.a.shared_ffn == 36 && m.a.top_k == 2 && m.a.norm_topk && fabsf(m.a.routed_scale - 2.5f) < 1e-6 &&
-              m.a.layers[0].ssm_heads && m.a.layers[3].n_heads && !m.a.layers[3].n_experts && m.L[1].router_bias &&
-              !m.L[1].eg[0],
-          "nemotron_h MoE arch");
-    double want_p = 0; /* parameters from the checkpoint's own tensors */
-    {
-        st_set ss;
-        CHECK(st_set_open(dir, &ss, &e) == 0, "%s", e.msg);
-        for (int f = 0; f < ss.n; f++)
-            for (int t = 0; t < ss.files[f].n; t++) {
-                double c = 1;
-                for (int d = 0; d < ss.files[f].t[t].ndim; d++) c *= (double)ss.files[f].t[t].shape[d];
-                want_p += c;
-            }
-        st_set_close(&ss);
-    }
-    CHECK(ac_arch_params(&m.a) == want_p, "nemotron_h MoE params %.0f, the checkpoint holds %.0f",
-          ac_arch_params(&m.a), want_p);
-    /* round trip: E in the pattern, the MoE keys, the bias F32 in a BF16 save; bit-identical logits */
-    snprintf(dst, sizeof dst, "/tmp/ac_nemoh_moe_rt_%d", (int)getpid());
-    CHECK(ac_model_save(&m, dst, ST_F32, &e) == 0 && ac_model_load(dst, &b, &e) == 0, "%s", e.msg);
-    snprintf(p, sizeof p, "%s/config.json", dst);
-    json_t *c = json_load_file(p, 0, NULL);
-    CHECK(c && !strcmp(json_string_value(json_object_get(c, "hybrid_override_pattern")), "MEM*E") &&
-              json_integer_value(json_object_get(c, "n_routed_experts")) == 6 &&
-              json_integer_value(json_object_get(c, "moe_shared_expert_intermediate_size")) == 36 &&
-              json_real_value(json_object_get(c, "routed_scaling_factor")) == 2.5 &&
-              json_is_true(json_object_get(c, "norm_topk_prob")),
-          "nemotron_h MoE config after the round trip");
-    json_decref(c);
-    int toks[7] = {1, 5, 9, 33, 2, 7, 250};
-    ac_engine e1, e2;
-    CHECK(ac_engine_init(&e1, &m, 1, 7, &e) == 0 && ac_engine_init(&e2, &b, 1, 7, &e) == 0, "%s", e.msg);
-    CHECK(ac_engine_forward(&e1, toks, 1, 7, 0, 0, &e) == 0 && ac_engine_forward(&e2, toks, 1, 7, 0, 0, &e) == 0,
-          "%s", e.msg);
-    CHECK(!memcmp(e1.logits, e2.logits, sizeof(float) * 7 * m.a.vocab), "nemotron_h MoE: logits after the round trip");
-    float *full = malloc(sizeof(float) * 7 * m.a.vocab);
-    memcpy(full, e1.logits, sizeof(float) * 7 * m.a.vocab);
-    double dd = 0, mx = 0;
-    for (int t = 0; t < 7; t++) {
-        CHECK(ac_engine_forward(&e1, toks + t, 1, 1, t, 0, &e) == 0, "%s", e.msg);
-        for (int v = 0; v < m.a.vocab; v++) {
-            dd = fmax(dd, fabs(e1.logits[v] - full[(size_t)t * m.a.vocab + v]));
-            mx = fmax(mx, fabs(full[(size_t)t * m.a.vocab + v]));
-        }
-    }
-    CHECK(dd <= 1e-5 * mx, "nemotron_h MoE: token-by-token decode differs by %.3g (max %.3g)", dd, mx);
-    /* the reference would catch an engine that ignored the bias or the scale: each changes the logits */
-    for (int k = 0; k < 2; k++) {
-        float *bias0 = m.L[1].router_bias, scale0 = m.a.routed_scale;
-        if (k == 0) m.L[1].router_bias = NULL;
-        if (k == 1) m.a.routed_scale = 1;
-        CHECK(ac_engine_forward(&e1, toks, 1, 7, 0, 0, &e) == 0, "%s", e.msg);
-        double d = 0;
-        for (size_t i = 0; i < (size_t)7 * m.a.vocab; i++) d = fmax(d, fabs(e1.logits[i] - full[i]));
-        CHECK(d > 1e-3 * mx, "nemotron_h MoE: without the %s the logits move only %.3g", k ? "scale" : "bias", d);
-        m.L[1].router_bias = bias0, m.a.routed_scale = scale0;
-    }
-    ac_engine_free(&e1), ac_engine_free(&e2);
-    free(full);
-    ac_model_free(&b);
-    snprintf(p, sizeof p, "rm -rf %s", dst);
-    CHECK(system(p) == 0, "rm");
-    /* a BF16 save keeps the correction bias F32, as Hugging Face does */
-    CHECK(ac_model_save(&m, dst, ST_BF16, &e) == 0, "%s", e.msg);
-    {
-        st_set ss;
-        CHECK(st_set_open(dst, &ss, &e) == 0, "%s", e.msg);
-        const st_tensor *bt = st_set_find(&ss, "backbone.layers.1.mixer.gate.e_score_correction_bias"),
-                        *ut = st_set_find(&ss, "backbone.layers.1.mixer.experts.5.up_proj.weight");
-        CHECK(bt && bt->dtype == ST_F32 && ut && ut->dtype == ST_BF16 && !memcmp(bt->data, m.L[1].router_bias, 6 * 4),
-              "nemotron_h MoE BF16 save: bias F32 and exact, experts BF16");
-        st_set_close(&ss);
-    }
-    snprintf(p, sizeof p, "rm -rf %s", dst);
-    CHECK(system(p) == 0, "rm");
-    ac_model_free(&m);
-    const char *bad[][2] = {
+        /* MoE (E) layers */
         {"{\"model_type\":\"nemotron_h\",\"vocab_size\":10,\"hidden_size\":8,\"num_attention_heads\":2,"
          "\"hybrid_override_pattern\":\"E*\",\"n_routed_experts\":4,\"num_experts_per_tok\":2,"
          "\"moe_intermediate_size\":8,\"moe_shared_expert_intermediate_size\":8,\"moe_latent_size\":4}",
@@ -617,10 +523,93 @@ static void test_nemotron_h_moe(void) {
         json_t *cj = json_loads(bad[i][0], 0, NULL);
         ac_arch a;
         ac_err e2 = {{0}};
-        CHECK(cj && ac_arch_from_config(cj, &a, &e2) != 0 && strstr(e2.msg, bad[i][1]), "MoE config %zu: %s", i,
+        CHECK(cj && ac_arch_from_config(cj, &a, &e2) != 0 && strstr(e2.msg, bad[i][1]), "config %zu: %s", i,
               e2.msg);
         json_decref(cj);
     }
+}
+/* Nemotron-H MoE (E layers: the sigmoid router with its score-correction
+ * bias, squared-ReLU experts, a shared expert, routed scaling) against
+ * tests/ref_mamba.py in float64: nemotronh_moe_bf16 (MEM*E, top-2
+ * renormalised, scale 2.5) fp32 and resident, nemotronh_moe_nonorm_f32
+ * (E*E, top-3 not renormalised, the config's defaults); token-by-token
+ * decode equal to the prefill; the save round trip (config keys, the bias
+ * kept fp32, logits bit-identical); and the checks that make the fixture
+ * fail when the bias or the scale were ignored; the trainer refuses (its
+ * refused configs are test_nemotron_h's). */
+static void test_nemotron_h_moe(void) {
+    if (!fixtures_present()) SKIP("no fixtures");
+    char dir[1200], p[1300], dst[300];
+    snprintf(dir, sizeof dir, "%s/models/nemotronh_moe_bf16", fx);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    if (!ck_exists(p)) SKIP("no nemotron_h MoE fixture (make fixtures)");
+    check_model("nemotronh_moe_bf16");
+    check_model_ex("nemotronh_moe_bf16", 1, 1e-2);
+    check_model("nemotronh_moe_nonorm_f32");
+    ac_model m;
+    ac_err e = {{0}};
+    CHECK(ac_model_load(dir, &m, &e) == 0, "%s", e.msg);
+    CHECK(m.a.hybrid && m.a.router_sigmoid && m.a.layers[1].n_experts == 6 && m.a.layers[1].expert_ffn == 24 &&
+              m.a.shared_ffn == 36 && m.a.top_k == 2 && m.a.norm_topk && fabsf(m.a.routed_scale - 2.5f) < 1e-6 &&
+              m.a.layers[0].ssm_heads && m.a.layers[3].n_heads && !m.a.layers[3].n_experts && m.L[1].router_bias &&
+              !m.L[1].eg[0],
+          "nemotron_h MoE arch");
+    double want_p = 0; /* parameters from the checkpoint's own tensors */
+    {
+        st_set ss;
+        CHECK(st_set_open(dir, &ss, &e) == 0, "%s", e.msg);
+        for (int f = 0; f < ss.n; f++)
+            for (int t = 0; t < ss.files[f].n; t++) {
+                double c = 1;
+                for (int d = 0; d < ss.files[f].t[t].ndim; d++) c *= (double)ss.files[f].t[t].shape[d];
+                want_p += c;
+            }
+        st_set_close(&ss);
+    }
+    CHECK(ac_arch_params(&m.a) == want_p, "nemotron_h MoE params %.0f, the checkpoint holds %.0f",
+          ac_arch_params(&m.a), want_p);
+    /* round trip: E in the pattern, the MoE keys; bit-identical logits; decode */
+    json_t *c;
+    double mx;
+    float *full = hybrid_roundtrip_decode(&m, "nemoh_moe", &c, &mx);
+    CHECK(c && !strcmp(json_string_value(json_object_get(c, "hybrid_override_pattern")), "MEM*E") &&
+              json_integer_value(json_object_get(c, "n_routed_experts")) == 6 &&
+              json_integer_value(json_object_get(c, "moe_shared_expert_intermediate_size")) == 36 &&
+              json_real_value(json_object_get(c, "routed_scaling_factor")) == 2.5 &&
+              json_is_true(json_object_get(c, "norm_topk_prob")),
+          "nemotron_h MoE config after the round trip");
+    json_decref(c);
+    int toks[7] = {1, 5, 9, 33, 2, 7, 250};
+    ac_engine e1;
+    CHECK(ac_engine_init(&e1, &m, 1, 7, &e) == 0, "%s", e.msg);
+    /* the reference would catch an engine that ignored the bias or the scale: each changes the logits */
+    for (int k = 0; k < 2; k++) {
+        float *bias0 = m.L[1].router_bias, scale0 = m.a.routed_scale;
+        if (k == 0) m.L[1].router_bias = NULL;
+        if (k == 1) m.a.routed_scale = 1;
+        CHECK(ac_engine_forward(&e1, toks, 1, 7, 0, 0, &e) == 0, "%s", e.msg);
+        double d = 0;
+        for (size_t i = 0; i < (size_t)7 * m.a.vocab; i++) d = fmax(d, fabs(e1.logits[i] - full[i]));
+        CHECK(d > 1e-3 * mx, "nemotron_h MoE: without the %s the logits move only %.3g", k ? "scale" : "bias", d);
+        m.L[1].router_bias = bias0, m.a.routed_scale = scale0;
+    }
+    ac_engine_free(&e1);
+    free(full);
+    /* a BF16 save keeps the correction bias F32, as Hugging Face does */
+    snprintf(dst, sizeof dst, "/tmp/ac_nemoh_moe_bf16_%d", (int)getpid());
+    CHECK(ac_model_save(&m, dst, ST_BF16, &e) == 0, "%s", e.msg);
+    {
+        st_set ss;
+        CHECK(st_set_open(dst, &ss, &e) == 0, "%s", e.msg);
+        const st_tensor *bt = st_set_find(&ss, "backbone.layers.1.mixer.gate.e_score_correction_bias"),
+                        *ut = st_set_find(&ss, "backbone.layers.1.mixer.experts.5.up_proj.weight");
+        CHECK(bt && bt->dtype == ST_F32 && ut && ut->dtype == ST_BF16 && !memcmp(bt->data, m.L[1].router_bias, 6 * 4),
+              "nemotron_h MoE BF16 save: bias F32 and exact, experts BF16");
+        st_set_close(&ss);
+    }
+    snprintf(p, sizeof p, "rm -rf %s", dst);
+    CHECK(system(p) == 0, "rm");
+    ac_model_free(&m);
     /* the trainer refuses (no backward of the sigmoid router yet) */
     {
         ac_model t;

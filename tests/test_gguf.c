@@ -538,18 +538,14 @@ static void test_moe_gguf(void) {
     ac_model_free(&t);
 }
 
-/* A Nemotron-H hybrid made from the tiny model: pattern M*-M*-, the
- * attention layers the tiny model's (no RoPE now), the MLP layers its
- * up/down under relu^2, the Mamba-2 layers deterministic random (8 heads
- * of 16 in 2 groups, state 16, kernel 4; out_proj small, so the trained
- * layers dominate the output). */
-static int tiny_hybrid_as(const ac_model *t, const char *pat, ac_model *o, ac_err *e);
-static int tiny_hybrid(const ac_model *t, ac_model *o, ac_err *e) { return tiny_hybrid_as(t, "M*-M*-", o, e); }
-
-/* The same with E layers in place of the MLP ones (pattern M*EM*E,
- * Nemotron 3 Nano's kinds): 4 experts of 32, top-2 renormalised, scaled by
- * 2.5, a random score-correction bias; each expert random, the shared expert
- * the tiny model's up/down (as the MLP layers above). */
+/* A Nemotron-H hybrid made from the tiny model, one layer a pattern
+ * character (pat: e.g. M*-M*-): the attention layers the tiny model's (no
+ * RoPE now), the MLP layers its up/down under relu^2, the Mamba-2 layers
+ * deterministic random (8 heads of 16 in 2 groups, state 16, kernel 4;
+ * out_proj small, so the trained layers dominate the output); MoE (E)
+ * layers 4 random experts of 32, top-2 renormalised, scaled by 2.5, a
+ * random score-correction bias, the shared expert the tiny model's up/down
+ * (as the MLP layers). */
 static int tiny_hybrid_as(const ac_model *t, const char *pat, ac_model *o, ac_err *e) {
     ac_arch a;
     if (ac_arch_copy(&a, &t->a, e)) return -1;
@@ -611,33 +607,47 @@ static int tiny_hybrid_as(const ac_model *t, const char *pat, ac_model *o, ac_er
     return 0;
 }
 
+/* A hybrid of pattern pat made from the tiny model (tiny_hybrid_as),
+ * exported as llama.cpp's architecture arch and run there as our engine
+ * runs it (llama_compare: perplexity, tokenization, greedy tokens; skipped
+ * without node-llama-cpp). Returns 0 with *hy the caller's. */
+static int tiny_hybrid_in_llama(const char *pat, const char *arch, ac_model *hy) {
+    ac_model t;
+    ac_err e;
+    int *ids = NULL;
+    size_t n = 0;
+    if (ac_model_load(tiny, &t, &e) || ac_load_text_ids(tiny, heldout, &ids, &n, t.a.vocab, &e) ||
+        tiny_hybrid_as(&t, pat, hy, &e)) {
+        CHECK(0, "%s: %s", arch, e.msg);
+        return -1;
+    }
+    CHECK(!strcmp(ac_gguf_arch_name(&hy->a), arch) && ac_gguf_check_arch(&hy->a, &e) == 0, "%s arch: %s", arch,
+          e.msg);
+    const char *why = llama_missing();
+    size_t tl;
+    char *text = heldout_lines(&tl);
+    if (!why)
+        llama_compare(hy, NULL, arch, ids, n, text, tl);
+    else
+        printf("  skip llama.cpp part: %s\n", why);
+    free(text);
+    free(ids);
+    ac_model_free(&t);
+    return 0;
+}
+
 /* llama.cpp's nemotron_h (Mamba-2, attention without RoPE, relu^2 MLP)
  * runs our GGUF export as our engine does (perplexity, tokenization,
  * greedy tokens); what it cannot hold is refused. */
 static void test_nemotron_h_gguf(void) {
     if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
-    ac_model t, hy;
+    ac_model hy;
     ac_err e;
-    int *ids = NULL;
-    size_t n = 0;
-    CHECK(ac_model_load(tiny, &t, &e) == 0 && ac_load_text_ids(tiny, heldout, &ids, &n, t.a.vocab, &e) == 0, "%s",
-          e.msg);
-    CHECK(tiny_hybrid(&t, &hy, &e) == 0, "%s", e.msg);
-    CHECK(!strcmp(ac_gguf_arch_name(&hy.a), "nemotron_h") && ac_gguf_check_arch(&hy.a, &e) == 0, "nemotron_h arch");
-    const char *why = llama_missing();
-    size_t tl;
-    char *text = heldout_lines(&tl);
-    if (!why)
-        llama_compare(&hy, NULL, "nemotron_h", ids, n, text, tl);
-    else
-        printf("  skip llama.cpp part: %s\n", why);
+    if (tiny_hybrid_in_llama("M*-M*-", "nemotron_h", &hy)) return;
     hy.a.layers[0].ssm_heads = 4; /* one Mamba-head count in llama.cpp's nemotron_h */
     CHECK(ac_gguf_check_arch(&hy.a, &e) != 0 && strstr(e.msg, "Mamba-head count"), "mixed Mamba heads: %s", e.msg);
     hy.a.layers[0].ssm_heads = 8;
-    free(text);
-    free(ids);
     ac_model_free(&hy);
-    ac_model_free(&t);
 }
 
 /* A GGUF file's scalar keys and tensor infos, read with nothing of ours
@@ -777,29 +787,13 @@ static void test_nemotron_h_moe_gguf_keys(void) {
  * model as our engine does; mixed expert widths are refused. */
 static void test_nemotron_h_moe_gguf(void) {
     if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
-    ac_model t, hy;
+    ac_model hy;
     ac_err e;
-    int *ids = NULL;
-    size_t n = 0;
-    CHECK(ac_model_load(tiny, &t, &e) == 0 && ac_load_text_ids(tiny, heldout, &ids, &n, t.a.vocab, &e) == 0, "%s",
-          e.msg);
-    CHECK(tiny_hybrid_as(&t, "M*EM*E", &hy, &e) == 0, "%s", e.msg);
-    CHECK(!strcmp(ac_gguf_arch_name(&hy.a), "nemotron_h_moe") && ac_gguf_check_arch(&hy.a, &e) == 0,
-          "nemotron_h_moe arch: %s", e.msg);
-    const char *why = llama_missing();
-    size_t tl;
-    char *text = heldout_lines(&tl);
-    if (!why)
-        llama_compare(&hy, NULL, "nemotron_h_moe", ids, n, text, tl);
-    else
-        printf("  skip llama.cpp part: %s\n", why);
+    if (tiny_hybrid_in_llama("M*EM*E", "nemotron_h_moe", &hy)) return;
     hy.a.layers[2].expert_ffn = 16; /* one expert width in llama.cpp */
     CHECK(ac_gguf_check_arch(&hy.a, &e) != 0 && strstr(e.msg, "one expert count"), "mixed expert widths: %s", e.msg);
     hy.a.layers[2].expert_ffn = 32;
-    free(text);
-    free(ids);
     ac_model_free(&hy);
-    ac_model_free(&t);
 }
 
 /* ---- SentencePiece-style and GPT-2 tokenizers through GGUF metadata ---- */
