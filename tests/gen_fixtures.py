@@ -120,6 +120,9 @@ NEMOTRON_H_MOE = dict(NEMOTRON_H, hybrid_override_pattern="MEM*E", n_routed_expe
 NEMOTRON_H_MOE_NONORM = dict(NEMOTRON_H, hybrid_override_pattern="E*E", num_hidden_layers=3, n_routed_experts=5,
                              num_experts_per_tok=3, moe_intermediate_size=20, moe_shared_expert_intermediate_size=28,
                              norm_topk_prob=False)
+# LatentMoE (Nemotron 3 Super's MoE): the routed experts in a latent width of 24 beside hidden 40
+NEMOTRON_H_LATENT = dict(NEMOTRON_H_MOE, hybrid_override_pattern="ME*E", num_hidden_layers=4, moe_latent_size=24,
+                         moe_intermediate_size=20, moe_shared_expert_intermediate_size=32, routed_scaling_factor=2.0)
 
 
 def moe_case(out, name, cfg, dtype, seed):
@@ -143,6 +146,7 @@ def hybrid_models(out):
     perplexity over 3 windows of 32 random tokens (ids in ppl_ids.json), each window from position 0."""
     moe_case(out, "nemotronh_moe_bf16", NEMOTRON_H_MOE, torch.bfloat16, 13)
     moe_case(out, "nemotronh_moe_nonorm_f32", NEMOTRON_H_MOE_NONORM, torch.float32, 14)
+    moe_case(out, "nemotronh_latent_bf16", NEMOTRON_H_LATENT, torch.bfloat16, 15)
     name = "nemotronh_bf16"
     model_case(out, name, NEMOTRON_H, torch.bfloat16, 11, ref=M)
     d = os.path.join(out, "models", name)

@@ -14,7 +14,9 @@ Layer l, by its pattern character (hybrid_override_pattern):
       s = sigmoid(x Wr^T); the top_k experts by s + e_score_correction_bias;
       w = s at those experts (no bias), / (sum w + 1e-20) when norm_topk_prob,
       * routed_scaling_factor; out = sum_j w_j down_j(relu(up_j x)^2)
-      + shared_down(relu(shared_up x)^2)
+      + shared_down(relu(shared_up x)^2); LatentMoE (moe_latent_size Lt): the routed
+      experts run on fc1_latent_proj(x) [Lt] and their sum goes through fc2_latent_proj
+      (router and shared expert on x)
   "M" Mamba-2: zxbcdt = in_proj(x) split into z [di], xBC [di + 2GN], dt [nh];
       xBC = silu(causal depthwise conv1d(xBC) + bias); x, B, C = split(xBC);
       dt = softplus(dt + dt_bias); A = -exp(A_log);
@@ -50,7 +52,7 @@ def arch_from_config(cfg):
     if "E" in pat:  # NemotronHConfig's defaults where a key is absent
         a.update(E=cfg["n_routed_experts"], k=cfg["num_experts_per_tok"], Fe=cfg["moe_intermediate_size"],
                  Fs=cfg["moe_shared_expert_intermediate_size"], norm=cfg.get("norm_topk_prob", True),
-                 scale=cfg.get("routed_scaling_factor", 1.0))
+                 scale=cfg.get("routed_scaling_factor", 1.0), Lt=cfg.get("moe_latent_size"))
     return a
 
 
@@ -86,9 +88,13 @@ def random_weights(a, seed, scale=0.08):
         elif L["type"] == "E":
             W[m + "gate.weight"] = r(a["E"], H, s=0.15)
             W[m + "gate.e_score_correction_bias"] = r(a["E"], s=0.1)  # stored fp32, as HF keeps it
+            Hin = a["Lt"] or H
+            if a["Lt"]:
+                W[m + "fc1_latent_proj.weight"] = r(Hin, H, s=0.2)
+                W[m + "fc2_latent_proj.weight"] = r(H, Hin, s=0.2)
             for e in range(a["E"]):
-                W[m + f"experts.{e}.up_proj.weight"] = r(a["Fe"], H, s=0.15)
-                W[m + f"experts.{e}.down_proj.weight"] = r(H, a["Fe"])
+                W[m + f"experts.{e}.up_proj.weight"] = r(a["Fe"], Hin, s=0.15)
+                W[m + f"experts.{e}.down_proj.weight"] = r(Hin, a["Fe"])
             W[m + "shared_experts.up_proj.weight"] = r(a["Fs"], H, s=0.15)
             W[m + "shared_experts.down_proj.weight"] = r(H, a["Fs"])
         else:
@@ -161,13 +167,16 @@ def moe(a, W, m, x):
     if a["norm"]:
         w = w / (w.sum(-1, keepdim=True) + 1e-20)
     w = w * a["scale"]
-    out = torch.zeros_like(xf)
+    xr = Fn.linear(xf, W[m + "fc1_latent_proj.weight"]) if a["Lt"] else xf
+    out = torch.zeros_like(xr)
     for e in range(a["E"]):
         rows, pos = (idx == e).nonzero(as_tuple=True)
         if rows.numel() == 0:
             continue
-        h = torch.relu(Fn.linear(xf[rows], W[m + f"experts.{e}.up_proj.weight"])).pow(2)
+        h = torch.relu(Fn.linear(xr[rows], W[m + f"experts.{e}.up_proj.weight"])).pow(2)
         out = out.index_add(0, rows, Fn.linear(h, W[m + f"experts.{e}.down_proj.weight"]) * w[rows, pos, None])
+    if a["Lt"]:
+        out = Fn.linear(out, W[m + "fc2_latent_proj.weight"])
     h = torch.relu(Fn.linear(xf, W[m + "shared_experts.up_proj.weight"])).pow(2)
     out = out + Fn.linear(h, W[m + "shared_experts.down_proj.weight"])
     return out.reshape(shp)

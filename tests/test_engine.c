@@ -504,8 +504,8 @@ static void test_nemotron_h(void) {
         /* MoE (E) layers */
         {"{\"model_type\":\"nemotron_h\",\"vocab_size\":10,\"hidden_size\":8,\"num_attention_heads\":2,"
          "\"hybrid_override_pattern\":\"E*\",\"n_routed_experts\":4,\"num_experts_per_tok\":2,"
-         "\"moe_intermediate_size\":8,\"moe_shared_expert_intermediate_size\":8,\"moe_latent_size\":4}",
-         "moe_latent_size"},
+         "\"moe_intermediate_size\":8,\"moe_shared_expert_intermediate_size\":8,\"moe_latent_size\":16}",
+         "moe_latent_size 16 must be 1..hidden_size (8)"},
         {"{\"model_type\":\"nemotron_h\",\"vocab_size\":10,\"hidden_size\":8,\"num_attention_heads\":2,"
          "\"hybrid_override_pattern\":\"E*\",\"n_routed_experts\":4,\"num_experts_per_tok\":2,"
          "\"moe_intermediate_size\":8,\"moe_shared_expert_intermediate_size\":8,\"n_group\":2,\"topk_group\":1}",
@@ -528,6 +528,22 @@ static void test_nemotron_h(void) {
         json_decref(cj);
     }
 }
+/* The parameters a checkpoint's safetensors hold (every tensor's elements). */
+static double checkpoint_params(const char *dir) {
+    st_set ss;
+    ac_err e = {{0}};
+    double n = 0;
+    if (st_set_open(dir, &ss, &e)) return -1;
+    for (int f = 0; f < ss.n; f++)
+        for (int t = 0; t < ss.files[f].n; t++) {
+            double c = 1;
+            for (int d = 0; d < ss.files[f].t[t].ndim; d++) c *= (double)ss.files[f].t[t].shape[d];
+            n += c;
+        }
+    st_set_close(&ss);
+    return n;
+}
+
 /* Nemotron-H MoE (E layers: the sigmoid router with its score-correction
  * bias, squared-ReLU experts, a shared expert, routed scaling) against
  * tests/ref_mamba.py in float64: nemotronh_moe_bf16 (MEM*E, top-2
@@ -535,8 +551,9 @@ static void test_nemotron_h(void) {
  * (E*E, top-3 not renormalised, the config's defaults); token-by-token
  * decode equal to the prefill; the save round trip (config keys, the bias
  * kept fp32, logits bit-identical); and the checks that make the fixture
- * fail when the bias or the scale were ignored; the trainer refuses (its
- * refused configs are test_nemotron_h's). */
+ * fail when the bias or the scale were ignored; LatentMoE
+ * (nemotronh_latent_bf16: ME*E, latent 24 beside hidden 40) likewise; the
+ * trainer refuses (the refused configs are test_nemotron_h's). */
 static void test_nemotron_h_moe(void) {
     if (!fixtures_present()) SKIP("no fixtures");
     char dir[1200], p[1300], dst[300];
@@ -554,20 +571,8 @@ static void test_nemotron_h_moe(void) {
               m.a.layers[0].ssm_heads && m.a.layers[3].n_heads && !m.a.layers[3].n_experts && m.L[1].router_bias &&
               !m.L[1].eg[0],
           "nemotron_h MoE arch");
-    double want_p = 0; /* parameters from the checkpoint's own tensors */
-    {
-        st_set ss;
-        CHECK(st_set_open(dir, &ss, &e) == 0, "%s", e.msg);
-        for (int f = 0; f < ss.n; f++)
-            for (int t = 0; t < ss.files[f].n; t++) {
-                double c = 1;
-                for (int d = 0; d < ss.files[f].t[t].ndim; d++) c *= (double)ss.files[f].t[t].shape[d];
-                want_p += c;
-            }
-        st_set_close(&ss);
-    }
-    CHECK(ac_arch_params(&m.a) == want_p, "nemotron_h MoE params %.0f, the checkpoint holds %.0f",
-          ac_arch_params(&m.a), want_p);
+    CHECK(ac_arch_params(&m.a) == checkpoint_params(dir), "nemotron_h MoE params %.0f, the checkpoint holds %.0f",
+          ac_arch_params(&m.a), checkpoint_params(dir));
     /* round trip: E in the pattern, the MoE keys; bit-identical logits; decode */
     json_t *c;
     double mx;
@@ -610,6 +615,21 @@ static void test_nemotron_h_moe(void) {
     snprintf(p, sizeof p, "rm -rf %s", dst);
     CHECK(system(p) == 0, "rm");
     ac_model_free(&m);
+    /* LatentMoE (Nemotron 3 Super): nemotronh_latent_bf16 (ME*E, latent 24 beside hidden 40) */
+    snprintf(dir, sizeof dir, "%s/models/nemotronh_latent_bf16", fx);
+    check_model("nemotronh_latent_bf16");
+    check_model_ex("nemotronh_latent_bf16", 1, 1e-2);
+    CHECK(ac_model_load(dir, &m, &e) == 0, "%s", e.msg);
+    CHECK(m.a.moe_latent == 24 && m.L[1].lat_down && m.L[3].lat_up && ac_block_dim(&m.a, 1, AC_DIM_LT) == 24 &&
+              ac_block_dim(&m.a, 0, AC_DIM_LT) == 0,
+          "LatentMoE arch");
+    CHECK(ac_arch_params(&m.a) == checkpoint_params(dir), "LatentMoE params %.0f, the checkpoint holds %.0f",
+          ac_arch_params(&m.a), checkpoint_params(dir));
+    free(hybrid_roundtrip_decode(&m, "nemoh_latent", &c, &mx));
+    CHECK(c && json_integer_value(json_object_get(c, "moe_latent_size")) == 24, "LatentMoE config after the round trip");
+    json_decref(c);
+    ac_model_free(&m);
+    snprintf(dir, sizeof dir, "%s/models/nemotronh_moe_bf16", fx);
     /* the trainer refuses (no backward of the sigmoid router yet) */
     {
         ac_model t;

@@ -545,8 +545,9 @@ static void test_moe_gguf(void) {
  * out_proj small, so the trained layers dominate the output); MoE (E)
  * layers 4 random experts of 32, top-2 renormalised, scaled by 2.5, a
  * random score-correction bias, the shared expert the tiny model's up/down
- * (as the MLP layers). */
-static int tiny_hybrid_as(const ac_model *t, const char *pat, ac_model *o, ac_err *e) {
+ * (as the MLP layers), the experts on a latent width when latent > 0
+ * (LatentMoE, random projections). */
+static int tiny_hybrid_as(const ac_model *t, const char *pat, int latent, ac_model *o, ac_err *e) {
     ac_arch a;
     if (ac_arch_copy(&a, &t->a, e)) return -1;
     int H = a.hidden, hd = a.head_dim;
@@ -558,7 +559,7 @@ static int tiny_hybrid_as(const ac_model *t, const char *pat, ac_model *o, ac_er
                              pat[l] == 'E' ? 4 : 0, pat[l] == 'E' ? 32 : 0, pat[l] == 'M' ? 8 : 0};
         if (pat[l] == 'E') a.shared_ffn = T.ffn;
     }
-    a.top_k = 2, a.norm_topk = 1, a.router_sigmoid = 1, a.routed_scale = 2.5f;
+    a.top_k = 2, a.norm_topk = 1, a.router_sigmoid = 1, a.routed_scale = 2.5f, a.moe_latent = latent;
     int rc = ac_model_alloc(o, &a, e);
     ac_arch_free(&a);
     if (rc) return -1;
@@ -578,15 +579,16 @@ static int tiny_hybrid_as(const ac_model *t, const char *pat, ac_model *o, ac_er
             memcpy(d->wq, s->wq, Q * H * 4), memcpy(d->wk, s->wk, KV * H * 4), memcpy(d->wv, s->wv, KV * H * 4);
             memcpy(d->wo, s->wo, Q * H * 4);
         } else if (L->n_experts) {
-            size_t Fs = o->a.shared_ffn, Fe = L->expert_ffn;
+            size_t Fs = o->a.shared_ffn, Fe = L->expert_ffn, Hin = latent ? (size_t)latent : (size_t)H;
             memcpy(d->post_norm, s->post_norm, (size_t)H * 4);
             memcpy(d->sh_u, s->wu, Fs * H * 4);
             for (size_t i = 0; i < Fs * H; i++) d->sh_d[i] = 0.05f * s->wd[i];
             for (size_t i = 0; i < (size_t)L->n_experts * H; i++) d->router[i] = RND(0.5f);
             for (int x = 0; x < L->n_experts; x++) {
                 d->router_bias[x] = RND(0.1f);
-                for (size_t i = 0; i < Fe * H; i++) d->eu[x][i] = RND(0.3f), d->ed[x][i] = RND(0.05f);
+                for (size_t i = 0; i < Fe * Hin; i++) d->eu[x][i] = RND(0.3f), d->ed[x][i] = RND(0.05f);
             }
+            for (size_t i = 0; latent && i < Hin * H; i++) d->lat_down[i] = RND(0.3f), d->lat_up[i] = RND(0.3f);
         } else if (F) {
             memcpy(d->post_norm, s->post_norm, (size_t)H * 4);
             memcpy(d->wu, s->wu, F * H * 4);
@@ -611,13 +613,13 @@ static int tiny_hybrid_as(const ac_model *t, const char *pat, ac_model *o, ac_er
  * exported as llama.cpp's architecture arch and run there as our engine
  * runs it (llama_compare: perplexity, tokenization, greedy tokens; skipped
  * without node-llama-cpp). Returns 0 with *hy the caller's. */
-static int tiny_hybrid_in_llama(const char *pat, const char *arch, ac_model *hy) {
+static int tiny_hybrid_in_llama(const char *pat, int latent, const char *arch, ac_model *hy) {
     ac_model t;
     ac_err e;
     int *ids = NULL;
     size_t n = 0;
     if (ac_model_load(tiny, &t, &e) || ac_load_text_ids(tiny, heldout, &ids, &n, t.a.vocab, &e) ||
-        tiny_hybrid_as(&t, pat, hy, &e)) {
+        tiny_hybrid_as(&t, pat, latent, hy, &e)) {
         CHECK(0, "%s: %s", arch, e.msg);
         return -1;
     }
@@ -643,7 +645,7 @@ static void test_nemotron_h_gguf(void) {
     if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
     ac_model hy;
     ac_err e;
-    if (tiny_hybrid_in_llama("M*-M*-", "nemotron_h", &hy)) return;
+    if (tiny_hybrid_in_llama("M*-M*-", 0, "nemotron_h", &hy)) return;
     hy.a.layers[0].ssm_heads = 4; /* one Mamba-head count in llama.cpp's nemotron_h */
     CHECK(ac_gguf_check_arch(&hy.a, &e) != 0 && strstr(e.msg, "Mamba-head count"), "mixed Mamba heads: %s", e.msg);
     hy.a.layers[0].ssm_heads = 8;
@@ -779,20 +781,45 @@ static void test_nemotron_h_moe_gguf_keys(void) {
     CHECK(ac_gguf_check_arch(&m.a, &e) != 0 && strstr(e.msg, "dense MLP"), "dense MLP in nemotron_h_moe: %s", e.msg);
     m.a.layers[3] = (ac_layer_arch){4, 2, 0, 0, 0, 0};
     ac_model_free(&m);
+    /* LatentMoE (ME*E, latent 24): moe_latent_size, ffn_latent_down/up, the experts on the latent width */
+    ck_build_path(dir, sizeof dir, "fixtures/models/nemotronh_latent_bf16");
+    CHECK(ac_model_load(dir, &m, &e) == 0 && ac_gguf_write(&m, NULL, path, ST_BF16, &e) == 0, "%s", e.msg);
+    if (gguf_head_read(path, &g) == 0) {
+        const gguf_item *kl = gguf_item_find(&g, "nemotron_h_moe.moe_latent_size"),
+                        *ld = gguf_item_find(&g, "blk.1.ffn_latent_down.weight"),
+                        *lu = gguf_item_find(&g, "blk.3.ffn_latent_up.weight"),
+                        *up = gguf_item_find(&g, "blk.1.ffn_up_exps.weight"),
+                        *dn = gguf_item_find(&g, "blk.3.ffn_down_exps.weight");
+        CHECK(kl && kl->v == 24 && ld && ld->ne[0] == 40 && ld->ne[1] == 24 && lu && lu->ne[0] == 24 &&
+                  lu->ne[1] == 40 && up && up->ne[0] == 24 && up->ne[1] == 20 && up->ne[2] == 6 && dn &&
+                  dn->ne[0] == 20 && dn->ne[1] == 24,
+              "LatentMoE keys and tensors");
+        free(g.items);
+    } else
+        CHECK(0, "cannot read back %s", path);
+    ac_model_free(&m);
 }
 
 /* llama.cpp's nemotron_h_moe (the same with MoE layers: sigmoid router
  * with the correction bias, relu^2 experts and shared expert, scale,
- * renormalisation) runs our GGUF export of a hybrid made from the tiny
- * model as our engine does; mixed expert widths are refused. */
+ * renormalisation; and with LatentMoE's projections) runs our GGUF export
+ * of a hybrid made from the tiny model as our engine does; mixed expert
+ * widths are refused. */
 static void test_nemotron_h_moe_gguf(void) {
     if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
     ac_model hy;
     ac_err e;
-    if (tiny_hybrid_in_llama("M*EM*E", "nemotron_h_moe", &hy)) return;
+    if (tiny_hybrid_in_llama("M*EM*E", 0, "nemotron_h_moe", &hy)) return;
     hy.a.layers[2].expert_ffn = 16; /* one expert width in llama.cpp */
     CHECK(ac_gguf_check_arch(&hy.a, &e) != 0 && strstr(e.msg, "one expert count"), "mixed expert widths: %s", e.msg);
     hy.a.layers[2].expert_ffn = 32;
+    ac_model_free(&hy);
+    /* LatentMoE: the experts on half the hidden width */
+    ac_model t;
+    CHECK(ac_model_load(tiny, &t, &e) == 0, "%s", e.msg);
+    int lt = t.a.hidden / 2;
+    ac_model_free(&t);
+    if (tiny_hybrid_in_llama("M*EM*E", lt, "nemotron_h_moe", &hy)) return;
     ac_model_free(&hy);
 }
 

@@ -270,6 +270,7 @@ static void write_hparams(gbuf *b, const ac_arch *a, const char *arch, int dtype
             kv_bool(b, ak(arch, "expert_weights_norm"), a->norm_topk);
             kv_f32(b, ak(arch, "expert_weights_scale"), a->routed_scale);
             kv_u32(b, ak(arch, "expert_group_count"), 1);
+            if (a->moe_latent) kv_u32(b, ak(arch, "moe_latent_size"), (uint32_t)a->moe_latent);
         }
         kv_u32(b, ak(arch, "attention.head_count"), (uint32_t)nh);
         kv_u32(b, ak(arch, "ssm.conv_kernel"), (uint32_t)a->ssm_conv);
@@ -546,11 +547,17 @@ static int list_tensors(const ac_model *m, int dtype, gg_tensor *t, int *nt, flo
     snprintf(nm, sizeof nm, "blk.%d.%s", l, sfx);                                                                      \
     add_t(t, nt, nm, src, sdt, r, c, 0, dtype)
             HT("attn_norm.weight", L->ffn || L->n_experts ? w->post_norm : w->in_norm, ST_F32, H, 0);
-            if (L->n_experts) { /* router, correction bias, the experts stacked, the shared expert */
+            if (L->n_experts) { /* router, correction bias, (LatentMoE's projections,) the experts stacked, the shared
+                                 * expert */
+                int64_t Hin = a->moe_latent ? a->moe_latent : H;
                 HT("ffn_gate_inp.weight", w->router, lw, L->n_experts, H);
                 HT("exp_probs_b.bias", w->router_bias, ST_F32, L->n_experts, 0);
+                if (a->moe_latent) {
+                    HT("ffn_latent_down.weight", w->lat_down, lw, Hin, H);
+                    HT("ffn_latent_up.weight", w->lat_up, lw, H, Hin);
+                }
                 for (int x = 1; x < 3; x++) { /* up, down: no gate */
-                    HT(gg_moe_names[x], NULL, lw, x == 2 ? H : L->expert_ffn, x == 2 ? L->expert_ffn : H);
+                    HT(gg_moe_names[x], NULL, lw, x == 2 ? Hin : L->expert_ffn, x == 2 ? L->expert_ffn : Hin);
                     t[*nt - 1].parts = x == 1 ? w->eu : w->ed;
                     t[*nt - 1].np = L->n_experts;
                 }

@@ -294,19 +294,19 @@ static int config_hybrid(const json_t *cfg, int nh, int nkv, int ffn, ac_arch *a
 /* nemotron_h's MoE keys (Hugging Face NemotronHConfig and its defaults):
  * n_routed_experts E, num_experts_per_tok, moe_intermediate_size (each
  * expert), moe_shared_expert_intermediate_size (the shared expert),
- * norm_topk_prob (true), routed_scaling_factor (1). Refused: group-limited
- * routing (n_group > 1 with topk_group < n_group), more than one shared
- * expert (readers disagree on its width), the latent projection of
- * LatentMoE (moe_latent_size). */
+ * norm_topk_prob (true), routed_scaling_factor (1), moe_latent_size
+ * (LatentMoE; null: none). Refused: group-limited routing (n_group > 1
+ * with topk_group < n_group), more than one shared expert (readers
+ * disagree on its width), a latent width above the hidden one. */
 static int config_hybrid_moe(const json_t *cfg, ac_arch *a, int *E, int *fe, int *fs, ac_err *e) {
-    int k = 0, ng = 1, tg = 1, ns = 1;
+    int k = 0, ng = 1, tg = 1, ns = 1, lt = 0;
     double scale = 1;
     json_t *lat = json_object_get(cfg, "moe_latent_size"), *nt = json_object_get(cfg, "norm_topk_prob");
     if (get_int(cfg, "n_routed_experts", 0, E, e) || get_int(cfg, "num_experts_per_tok", 0, &k, e) ||
         get_int(cfg, "moe_intermediate_size", 0, fe, e) ||
         get_int(cfg, "moe_shared_expert_intermediate_size", 0, fs, e) || get_int(cfg, "n_group", 1, &ng, e) ||
         get_int(cfg, "topk_group", 1, &tg, e) || get_int(cfg, "n_shared_experts", 1, &ns, e) ||
-        get_num(cfg, "routed_scaling_factor", 1, &scale, e))
+        get_num(cfg, "routed_scaling_factor", 1, &scale, e) || get_int(cfg, "moe_latent_size", 0, &lt, e))
         return -1;
     if (*E <= 0 || *E > 1 << 16) return ac_errf(e, "config.json: nemotron_h MoE needs 1..65536 n_routed_experts");
     if (k <= 0 || k > *E)
@@ -314,9 +314,8 @@ static int config_hybrid_moe(const json_t *cfg, ac_arch *a, int *E, int *fe, int
     if (*fe <= 0 || *fe > 1 << 20 || *fs <= 0 || *fs > 1 << 20)
         return ac_errf(e, "config.json: nemotron_h MoE needs moe_intermediate_size and "
                           "moe_shared_expert_intermediate_size > 0");
-    if (lat && !json_is_null(lat))
-        return ac_errf(e, "config.json: moe_latent_size: the latent projection of LatentMoE (Nemotron 3 Super) is "
-                          "not supported yet");
+    if (lat && !json_is_null(lat) && (lt <= 0 || lt > a->hidden))
+        return ac_errf(e, "config.json: moe_latent_size %d must be 1..hidden_size (%d)", lt, a->hidden);
     if (ng > 1 && tg < ng)
         return ac_errf(e, "config.json: n_group %d with topk_group %d: group-limited expert routing is not supported",
                        ng, tg);
@@ -327,6 +326,7 @@ static int config_hybrid_moe(const json_t *cfg, ac_arch *a, int *E, int *fe, int
     a->router_sigmoid = 1;
     a->routed_scale = (float)scale;
     a->shared_ffn = *fs;
+    a->moe_latent = lt;
     return 0;
 }
 
@@ -463,9 +463,12 @@ double ac_arch_params(const ac_arch *a) {
         if (L->ssm_heads) /* norm, in_proj, conv (+ bias), dt_bias, A_log, D, gated norm, out_proj */
             p += H + (double)ac_ssm_in_dim(a, l) * H + (double)ac_ssm_conv_dim(a, l) * (a->ssm_conv + 1) +
                  3.0 * L->ssm_heads + ac_ssm_inner(a, l) + H * (double)ac_ssm_inner(a, l);
-        if (L->n_experts) /* norm, router, experts (nemotron_h: no gate, a correction bias, a shared expert) */
-            p += H + (double)L->n_experts * (H + (a->hybrid ? 2 : 3) * H * L->expert_ffn) +
-                 (a->hybrid ? L->n_experts + 2 * H * a->shared_ffn : 0);
+        if (L->n_experts) { /* norm, router, experts (nemotron_h: no gate, a correction bias, a shared expert, a
+                             * latent projection down and up) */
+            double Hin = a->hybrid && a->moe_latent ? a->moe_latent : H;
+            p += H + (double)L->n_experts * (H + (a->hybrid ? 2 : 3) * Hin * L->expert_ffn) +
+                 (a->hybrid ? L->n_experts + 2 * H * a->shared_ffn + (a->moe_latent ? 2 * H * Hin : 0) : 0);
+        }
     }
     return p;
 }
@@ -600,7 +603,7 @@ static json_t *hybrid_config(const ac_arch *a) {
         json_object_set_new(c, "routed_scaling_factor", json_real(a->routed_scale));
         json_object_set_new(c, "n_group", json_integer(1));
         json_object_set_new(c, "topk_group", json_integer(1));
-        json_object_set_new(c, "moe_latent_size", json_null());
+        json_object_set_new(c, "moe_latent_size", a->moe_latent ? json_integer(a->moe_latent) : json_null());
     }
     json_object_set_new(c, "use_bias", json_false());
     json_object_set_new(c, "mlp_bias", json_false());
@@ -851,13 +854,17 @@ static int model_copy(const ac_model *src, ac_model *dst, int bf16, ac_err *e) {
         layer_slots(a, l, d, pd, n);
         for (int i = 0; i < 7; i++)
             if (*ps[i] && *pd[i] && n[i]) ac_convert(*pd[i], ddt, *ps[i], wdt, n[i], NULL);
-        if (L->n_experts) { /* the router and every expert's matrices */
-            size_t E = L->n_experts, Fe = L->expert_ffn;
+        if (L->n_experts) { /* the router and every expert's matrices (LatentMoE: on the latent width) */
+            size_t E = L->n_experts, Fe = L->expert_ffn, Hin = a->hybrid && a->moe_latent ? (size_t)a->moe_latent : H;
             ac_convert(d->router, ddt, s->router, wdt, E * H, NULL);
             for (size_t x = 0; x < E; x++) {
                 if (s->eg[x]) ac_convert(d->eg[x], ddt, s->eg[x], wdt, Fe * H, NULL);
-                ac_convert(d->eu[x], ddt, s->eu[x], wdt, Fe * H, NULL);
-                ac_convert(d->ed[x], ddt, s->ed[x], wdt, H * Fe, NULL);
+                ac_convert(d->eu[x], ddt, s->eu[x], wdt, Fe * Hin, NULL);
+                ac_convert(d->ed[x], ddt, s->ed[x], wdt, Hin * Fe, NULL);
+            }
+            if (s->lat_down) {
+                ac_convert(d->lat_down, ddt, s->lat_down, wdt, Hin * H, NULL);
+                ac_convert(d->lat_up, ddt, s->lat_up, wdt, H * Hin, NULL);
             }
             if (s->router_bias) memcpy(d->router_bias, s->router_bias, E * sizeof(float));
             if (a->shared_ffn) { /* nemotron_h's shared expert */
@@ -951,8 +958,8 @@ void ac_model_free(ac_model *m) {
             }
             free(w->eg), free(w->eu), free(w->ed);
             if (!own) continue;
-            float *ps[] = {w->wq,     w->wk,     w->wv,      w->wo,   w->wg,  w->wu,
-                           w->wd,     w->router, w->ssm_in, w->ssm_out, w->sh_u, w->sh_d};
+            float *ps[] = {w->wq,     w->wk,     w->wv,      w->wo,   w->wg,  w->wu,       w->wd,
+                           w->router, w->ssm_in, w->ssm_out, w->sh_u, w->sh_d, w->lat_down, w->lat_up};
             for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) free(ps[i]);
         }
     }
@@ -1014,8 +1021,12 @@ static int load_impl(const char *model_dir, ac_model *m, int resident, ac_err *e
                 continue;
             }
             if (L->n_experts) { /* MoE: router, correction bias, experts up/down, shared expert */
-                int64_t E = L->n_experts, Fe = L->expert_ffn, Fs = a->shared_ffn;
+                int64_t E = L->n_experts, Fe = L->expert_ffn, Fs = a->shared_ffn, Hin = a->moe_latent ? a->moe_latent : H;
                 LD(post_norm, "norm.weight", H, 0);
+                if (a->moe_latent) {
+                    LD(lat_down, "mixer.fc1_latent_proj.weight", Hin, H);
+                    LD(lat_up, "mixer.fc2_latent_proj.weight", H, Hin);
+                }
                 LD(router, "mixer.gate.weight", E, H);
                 LD(router_bias, "mixer.gate.e_score_correction_bias", E, 0);
                 LD(sh_u, "mixer.shared_experts.up_proj.weight", Fs, H);
@@ -1028,9 +1039,9 @@ static int load_impl(const char *model_dir, ac_model *m, int resident, ac_err *e
                 for (int x = 0; x < E; x++) {
                     char sfx[96];
                     snprintf(sfx, sizeof sfx, "mixer.experts.%d.up_proj.weight", x);
-                    LD(eu[x], sfx, Fe, H);
+                    LD(eu[x], sfx, Fe, Hin);
                     snprintf(sfx, sizeof sfx, "mixer.experts.%d.down_proj.weight", x);
-                    LD(ed[x], sfx, H, Fe);
+                    LD(ed[x], sfx, Hin, Fe);
                 }
                 continue;
             }
@@ -1158,16 +1169,18 @@ static int model_alloc(ac_model *m, const ac_arch *a, int bf16, ac_err *e) {
                  (w->a_log = calloc(nh, 4)) && (w->ssm_d = calloc(nh, 4)) && (w->ssm_norm = calloc(di, 4));
         }
         if (ok && L->n_experts) {
-            size_t E = L->n_experts, Fe = L->expert_ffn;
+            size_t E = L->n_experts, Fe = L->expert_ffn, Hin = a->hybrid && a->moe_latent ? (size_t)a->moe_latent : H;
             ok = (w->post_norm = calloc(H, 4)) && (w->router = calloc(E * H, es)) &&
                  (w->eg = calloc(E, sizeof *w->eg)) && (w->eu = calloc(E, sizeof *w->eu)) &&
                  (w->ed = calloc(E, sizeof *w->ed));
             for (size_t x = 0; ok && x < E; x++) /* nemotron_h's experts have no gate */
-                ok = (a->hybrid || (w->eg[x] = calloc(Fe * H, es))) && (w->eu[x] = calloc(Fe * H, es)) &&
-                     (w->ed[x] = calloc(H * Fe, es));
+                ok = (a->hybrid || (w->eg[x] = calloc(Fe * H, es))) && (w->eu[x] = calloc(Fe * Hin, es)) &&
+                     (w->ed[x] = calloc(Hin * Fe, es));
             if (ok && a->hybrid) /* the correction bias and the shared expert */
                 ok = (w->router_bias = calloc(E, 4)) && (w->sh_u = calloc((size_t)a->shared_ffn * H, es)) &&
                      (w->sh_d = calloc(H * a->shared_ffn, es));
+            if (ok && a->hybrid && a->moe_latent) /* LatentMoE's projections */
+                ok = (w->lat_down = calloc(Hin * H, es)) && (w->lat_up = calloc(H * Hin, es));
         }
     }
     if (!ok) {
@@ -1265,15 +1278,19 @@ int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
             int64_t di = ac_ssm_inner(a, l), C = ac_ssm_conv_dim(a, l), nh = L->ssm_heads;
             ADDL("norm.weight", L->ffn || L->n_experts ? w->post_norm : w->in_norm, H, 0);
             if (L->n_experts) { /* the router, its fp32 correction bias, the experts, the shared expert */
-                int64_t Fe = L->expert_ffn, Fs = a->shared_ffn;
+                int64_t Fe = L->expert_ffn, Fs = a->shared_ffn, Hin = a->moe_latent ? a->moe_latent : H;
                 ADDL("mixer.gate.weight", w->router, L->n_experts, H);
+                if (a->moe_latent) {
+                    ADDL("mixer.fc1_latent_proj.weight", w->lat_down, Hin, H);
+                    ADDL("mixer.fc2_latent_proj.weight", w->lat_up, H, Hin);
+                }
                 ADDL32("mixer.gate.e_score_correction_bias", w->router_bias, L->n_experts);
                 for (int x = 0; x < L->n_experts; x++) {
                     char sfx[96];
                     snprintf(sfx, sizeof sfx, "mixer.experts.%d.up_proj.weight", x);
-                    ADDL(sfx, w->eu[x], Fe, H);
+                    ADDL(sfx, w->eu[x], Fe, Hin);
                     snprintf(sfx, sizeof sfx, "mixer.experts.%d.down_proj.weight", x);
-                    ADDL(sfx, w->ed[x], H, Fe);
+                    ADDL(sfx, w->ed[x], Hin, Fe);
                 }
                 ADDL("mixer.shared_experts.up_proj.weight", w->sh_u, Fs, H);
                 ADDL("mixer.shared_experts.down_proj.weight", w->sh_d, H, Fs);
@@ -1420,6 +1437,11 @@ float *ac_layer_matrix(const ac_model *m, int l, ac_wmat which, size_t *n) {
     case AC_W_SH_D:
         p = which == AC_W_SH_U ? w->sh_u : w->sh_d;
         *n = la->n_experts ? H * (size_t)m->a.shared_ffn : 0;
+        break;
+    case AC_W_LAT_DOWN:
+    case AC_W_LAT_UP:
+        p = which == AC_W_LAT_DOWN ? w->lat_down : w->lat_up;
+        *n = la->n_experts ? H * (size_t)m->a.moe_latent : 0;
         break;
     }
     return *n ? p : NULL;

@@ -124,25 +124,45 @@ static const ac_op hybrid_mamba[] = {
  *   r = route_sigmoid(xn Wr^T)                         [N][E]
  *   x += sum_e r[:,e] * down_e(relu(up_e(xn))^2)
  *   su = xn Wsu^T;  sg = relu(su)^2;  x += sg Wsd^T     [N][FS]   (hidden masked) */
+/* the router, then the shared expert after the routed ones */
+#define HYBRID_ROUTE                                                                                                   \
+    OP(AC_OP_RMSNORM, AC_T_XN, AC_T_X, 0, 0, AC_NORM_POST, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NORMED),                  \
+        OP(AC_OP_ROUTE, AC_T_R, AC_T_XN, 0, 0, -1, AC_DIM_H, AC_DIM_E, 0, 0, AC_HOOK_NONE)
+#define HYBRID_SHARED                                                                                                  \
+    OP(AC_OP_LINEAR, AC_T_SU, AC_T_XN, 0, 0, AC_W_SH_U, AC_DIM_H, AC_DIM_FS, 0, 0, AC_HOOK_NONE),                      \
+        OP(AC_OP_RELU2, AC_T_SG, AC_T_SU, 0, 0, -1, AC_DIM_FS, AC_DIM_FS, 0, 0, AC_HOOK_NONE),                         \
+        OP(AC_OP_LINEAR, AC_T_X, AC_T_SG, 0, 0, AC_W_SH_D, AC_DIM_FS, AC_DIM_H, 0, 1, AC_HOOK_NONE),                   \
+        OP(AC_OP_MASK_HIDDEN, AC_T_X, AC_T_X, 0, 0, -1, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NONE)
 static const ac_op hybrid_moe[] = {
-    OP(AC_OP_RMSNORM, AC_T_XN, AC_T_X, 0, 0, AC_NORM_POST, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NORMED),
-    OP(AC_OP_ROUTE, AC_T_R, AC_T_XN, 0, 0, -1, AC_DIM_H, AC_DIM_E, 0, 0, AC_HOOK_NONE),
+    HYBRID_ROUTE,
     OP(AC_OP_EXPERTS, AC_T_X, AC_T_XN, AC_T_R, 0, -1, AC_DIM_H, AC_DIM_H, 0, 1, AC_HOOK_NONE),
-    OP(AC_OP_LINEAR, AC_T_SU, AC_T_XN, 0, 0, AC_W_SH_U, AC_DIM_H, AC_DIM_FS, 0, 0, AC_HOOK_NONE),
-    OP(AC_OP_RELU2, AC_T_SG, AC_T_SU, 0, 0, -1, AC_DIM_FS, AC_DIM_FS, 0, 0, AC_HOOK_NONE),
-    OP(AC_OP_LINEAR, AC_T_X, AC_T_SG, 0, 0, AC_W_SH_D, AC_DIM_FS, AC_DIM_H, 0, 1, AC_HOOK_NONE),
-    OP(AC_OP_MASK_HIDDEN, AC_T_X, AC_T_X, 0, 0, -1, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NONE),
+    HYBRID_SHARED,
 };
-static const ac_subblock hybrid_sub[] = {
-    {"attention", AC_DIM_Q, (int)(sizeof hybrid_attn / sizeof *hybrid_attn), hybrid_attn},
-    {"mlp", AC_DIM_F, (int)(sizeof hybrid_mlp / sizeof *hybrid_mlp), hybrid_mlp},
-    {"mamba", AC_DIM_SSM, (int)(sizeof hybrid_mamba / sizeof *hybrid_mamba), hybrid_mamba},
-    {"moe", AC_DIM_E, (int)(sizeof hybrid_moe / sizeof *hybrid_moe), hybrid_moe},
-};
+/* the sub-blocks of either hybrid recipe, its MoE ops moe */
+#define HYBRID_SUB(moe)                                                                                                \
+    {"attention", AC_DIM_Q, (int)(sizeof hybrid_attn / sizeof *hybrid_attn), hybrid_attn},                           \
+        {"mlp", AC_DIM_F, (int)(sizeof hybrid_mlp / sizeof *hybrid_mlp), hybrid_mlp},                                 \
+        {"mamba", AC_DIM_SSM, (int)(sizeof hybrid_mamba / sizeof *hybrid_mamba), hybrid_mamba},                       \
+    {                                                                                                                  \
+        "moe", AC_DIM_E, (int)(sizeof moe / sizeof *moe), moe                                                          \
+    }
+static const ac_subblock hybrid_sub[] = {HYBRID_SUB(hybrid_moe)};
 static const ac_block_recipe nemotron_h = {"nemotron_h", 4, hybrid_sub};
+/* LatentMoE (Nemotron 3 Super): the routed experts between a down and an
+ * up projection; the router and the shared expert on the hidden width:
+ *   xl = xn Wld^T;  yl = sum_e r[:,e] * down_e(relu(up_e(xl))^2);  x += yl Wlu^T   [N][LT] */
+static const ac_op hybrid_moe_latent[] = {
+    HYBRID_ROUTE,
+    OP(AC_OP_LINEAR, AC_T_XL, AC_T_XN, 0, 0, AC_W_LAT_DOWN, AC_DIM_H, AC_DIM_LT, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_EXPERTS, AC_T_YL, AC_T_XL, AC_T_R, 0, -1, AC_DIM_LT, AC_DIM_LT, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_LINEAR, AC_T_X, AC_T_YL, 0, 0, AC_W_LAT_UP, AC_DIM_LT, AC_DIM_H, 0, 1, AC_HOOK_NONE),
+    HYBRID_SHARED,
+};
+static const ac_subblock hybrid_latent_sub[] = {HYBRID_SUB(hybrid_moe_latent)};
+static const ac_block_recipe nemotron_h_latent = {"nemotron_h", 4, hybrid_latent_sub};
 
 const ac_block_recipe *ac_block_recipe_of(const ac_arch *a, int l) {
-    if (a->hybrid) return &nemotron_h;
+    if (a->hybrid) return a->moe_latent ? &nemotron_h_latent : &nemotron_h;
     if (a->layers && l >= 0 && l < a->n_layers && a->layers[l].n_experts) return a->qk_norm ? &qwen3_moe : &mixtral;
     return a->qk_norm ? &qwen3 : &llama;
 }
@@ -151,7 +171,7 @@ int ac_block_slot_dim(int slot) {
     static const unsigned char d[AC_T_COUNT] = {AC_DIM_H,  AC_DIM_H,  AC_DIM_Q,  AC_DIM_KV, AC_DIM_KV,
                                                 AC_DIM_Q,  AC_DIM_F,  AC_DIM_F,  AC_DIM_E,  AC_DIM_H,
                                                 AC_DIM_FE, AC_DIM_FE, AC_DIM_SI, AC_DIM_SC, AC_DIM_SSM,
-                                                AC_DIM_SSM, AC_DIM_FS, AC_DIM_FS};
+                                                AC_DIM_SSM, AC_DIM_FS, AC_DIM_FS, AC_DIM_LT, AC_DIM_LT};
     return slot >= 0 && slot < AC_T_COUNT ? (int)d[slot] : (int)AC_DIM_H;
 }
 
@@ -165,6 +185,7 @@ int ac_block_dim(const ac_arch *a, int l, ac_dim d) {
     case AC_DIM_E: return la->n_experts;
     case AC_DIM_FE: return la->expert_ffn;
     case AC_DIM_FS: return a->hybrid && la->n_experts ? a->shared_ffn : 0;
+    case AC_DIM_LT: return a->hybrid && la->n_experts ? a->moe_latent : 0;
     /* (inline rather than model.c's ac_ssm_*: block.c is compiled into the CUDA plugin without model.c) */
     case AC_DIM_SSM: return la->ssm_heads * a->ssm_head_dim;
     case AC_DIM_SC: return la->ssm_heads ? la->ssm_heads * a->ssm_head_dim + 2 * a->ssm_groups * a->ssm_state : 0;
@@ -201,6 +222,8 @@ const void *ac_block_matrix(const ac_layer_w *lw, int w) {
     case AC_W_SSM_OUT: return lw->ssm_out;
     case AC_W_SH_U: return lw->sh_u;
     case AC_W_SH_D: return lw->sh_d;
+    case AC_W_LAT_DOWN: return lw->lat_down;
+    case AC_W_LAT_UP: return lw->lat_up;
     default: return NULL;
     }
 }

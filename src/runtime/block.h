@@ -51,6 +51,8 @@ typedef enum {
     AC_T_YN,  /* [N][SSM] the gated RMSNorm's output */
     AC_T_SU,  /* [N][FS] the shared expert's up projection (nemotron_h MoE) */
     AC_T_SG,  /* [N][FS] relu(up)^2 of the shared expert */
+    AC_T_XL,  /* [N][LT] LatentMoE: the normed input projected to the latent width */
+    AC_T_YL,  /* [N][LT] LatentMoE: the routed experts' weighted sum, in the latent width */
     AC_T_COUNT
 } ac_slot;
 
@@ -69,6 +71,7 @@ typedef enum {
     AC_DIM_SC,
     AC_DIM_SI,
     AC_DIM_FS, /* the shared expert's width (nemotron_h MoE layers); 0 without one */
+    AC_DIM_LT, /* LatentMoE: the routed experts' latent width; 0 without */
     AC_DIM_COUNT
 } ac_dim;
 
@@ -92,9 +95,10 @@ typedef enum {
                         * the top_k largest kept (equal values: the lower expert index first), divided by their
                         * sum when norm_topk, every other weight 0 (Qwen3-MoE, Mixtral); with the arch's
                         * router_sigmoid (nemotron_h) the sigmoid router of ac_moe_route_sigmoid instead */
-    AC_OP_EXPERTS,     /* out [N][H] += sum over experts e of R[:,e] * down_e(silu(gate_e(in)) * up_e(in)), each
-                        * expert run on the rows routed to it (in2: the routing slot R); in a hybrid
-                        * (nemotron_h) model each expert is down_e(relu(up_e(in))^2), no gate */
+    AC_OP_EXPERTS,     /* out [N][din] += sum over experts e of R[:,e] * down_e(silu(gate_e(in)) * up_e(in)),
+                        * each expert run on the rows routed to it (in2: the routing slot R); in a hybrid
+                        * (nemotron_h) model each expert is down_e(relu(up_e(in))^2), no gate; din H, or LT
+                        * in a LatentMoE layer; without acc out is zeroed first */
     AC_OP_RELU2,       /* out = relu(in)^2  ([N][dout]: G from U, F wide, in nemotron_h's MLP; SG from SU, FS
                         * wide, in its shared expert) */
     AC_OP_SSM_CONV,    /* out [N][SC] = silu(conv_b + sum_k conv_w[:,k] * xbc[t-K+1+k]) per sequence, xbc the

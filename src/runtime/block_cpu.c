@@ -69,15 +69,18 @@ static void mask(float *t, const ac_block_cpu *c, const ac_op *op, int N, int wi
         for (int c = 0; c < width; c++) t[r * width + c] *= mk[c / unit];
 }
 
-/* x[N][H] += the weighted experts of in[N][H] (routing weights r[N][E]):
+/* x[N][W] += the weighted experts of in[N][W] (routing weights r[N][E];
+ * W the hidden width, or a LatentMoE layer's latent one; x zeroed first
+ * unless acc):
  * each expert on the rows with a non-zero weight for it, gathered into the
  * XE slot, through its SwiGLU (EG, EU slots) or, in a hybrid (nemotron_h)
  * model, its relu(up)^2 (EU, then EG), its rows added back scaled. */
-static void experts(const ac_block_cpu *c, int l, float *x, const float *in, const float *r, int N) {
+static void experts(const ac_block_cpu *c, int l, float *x, const float *in, const float *r, int N, int H, int acc) {
     const ac_model *m = c->m;
     const ac_layer_arch *la = &m->a.layers[l];
     const ac_layer_w *lw = &m->L[l];
-    int H = m->a.hidden, E = la->n_experts, Fe = la->expert_ffn, wdt = ac_model_wdt(m);
+    int E = la->n_experts, Fe = la->expert_ffn, wdt = ac_model_wdt(m);
+    if (!acc) memset(x, 0, sizeof(float) * (size_t)N * H);
     float *xe = c->slot[AC_T_XE], *g = c->slot[AC_T_EG], *u = c->slot[AC_T_EU];
     for (int e = 0; e < E; e++) {
         int ne = 0;
@@ -141,7 +144,7 @@ void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n
             else
                 ac_moe_route(s[op->out], NULL, N, dim[AC_DIM_E], a->top_k, a->norm_topk, c->rows);
             break;
-        case AC_OP_EXPERTS: experts(c, l, s[op->out], s[op->in], s[op->in2], N); break;
+        case AC_OP_EXPERTS: experts(c, l, s[op->out], s[op->in], s[op->in2], N, dim[op->din], op->acc); break;
         case AC_OP_KV_MERGE: {
             int nkv = dim[AC_DIM_KV] / hd;
             if (mod && mod->kv_merge > 0 && mod->kv_merge < nkv) {

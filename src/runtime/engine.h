@@ -49,6 +49,7 @@ typedef struct {
      * YN) and per Mamba layer its decode state (block_cpu.h); NULL else */
     float *zx, *xbc, *y, *yn;
     float *su, *sg; /* nemotron_h MoE: the shared expert's slots (SU, SG); NULL without one */
+    float *xl, *yl; /* LatentMoE: the latent slots (XL, YL); NULL without */
     float **conv_s, **ssm_s;
     float *cos_t, *sin_t; /* [max_ctx][head_dim/2] */
     int *pos;
