@@ -250,7 +250,8 @@ const float *ac_block_norm(const ac_layer_w *lw, int w) {
 
 int ac_block_op_taped(const ac_op *op) {
     return (op->kind == AC_OP_LINEAR && !op->acc) || op->kind == AC_OP_ATTENTION || op->kind == AC_OP_HEAD_NORM ||
-           op->kind == AC_OP_ROUTE || op->kind == AC_OP_SSM_CONV || op->kind == AC_OP_SSM_SCAN;
+           op->kind == AC_OP_ROUTE || op->kind == AC_OP_SSM_CONV || op->kind == AC_OP_SSM_SCAN ||
+           (op->kind == AC_OP_EXPERTS && !op->acc);
 }
 
 int ac_block_op_recomputed(const ac_op *op) {
