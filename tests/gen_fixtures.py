@@ -139,22 +139,18 @@ def moe_case(out, name, cfg, dtype, seed):
         changed += (a != b).any(-1).sum().item()
     assert changed > 0 and margin > 1e-4, (name, changed, margin)
     print(f"{name}: the bias changes the choice of {changed} rows; smallest top-k margin {margin:.4f}")
+    hybrid_ppl(out, name, cfg)
 
 
-def hybrid_models(out):
-    """The nemotron_h fixture (logits of 2 x 11 tokens, ref_mamba.py in float64) and ppl.json beside it:
-    perplexity over 3 windows of 32 random tokens (ids in ppl_ids.json), each window from position 0."""
-    moe_case(out, "nemotronh_moe_bf16", NEMOTRON_H_MOE, torch.bfloat16, 13)
-    moe_case(out, "nemotronh_moe_nonorm_f32", NEMOTRON_H_MOE_NONORM, torch.float32, 14)
-    moe_case(out, "nemotronh_latent_bf16", NEMOTRON_H_LATENT, torch.bfloat16, 15)
-    name = "nemotronh_bf16"
-    model_case(out, name, NEMOTRON_H, torch.bfloat16, 11, ref=M)
+def hybrid_ppl(out, name, cfg):
+    """ppl.json beside a nemotron_h fixture: ref_mamba.py's perplexity in float64 over 3 windows of 32 random
+    tokens (their ids in it), each window from position 0."""
     d = os.path.join(out, "models", name)
-    arch = M.arch_from_config(NEMOTRON_H)
+    arch = M.arch_from_config(cfg)
     W = {k: v.double() for k, v in R.load_safetensors(os.path.join(d, "model.safetensors")).items()}
     g = torch.Generator().manual_seed(12)
     ctx, nwin = 32, 3
-    ids = torch.randint(0, NEMOTRON_H["vocab_size"], (ctx * nwin,), generator=g).tolist()
+    ids = torch.randint(0, cfg["vocab_size"], (ctx * nwin,), generator=g).tolist()
     nll, cnt = 0.0, 0
     for w in range(nwin):
         x = torch.tensor([ids[w * ctx:(w + 1) * ctx]])
@@ -165,6 +161,15 @@ def hybrid_models(out):
             cnt += 1
     with open(os.path.join(d, "ppl.json"), "w") as f:
         json.dump({"ids": ids, "ctx": ctx, "windows": nwin, "scored": cnt, "ppl": math.exp(nll / cnt)}, f)
+
+
+def hybrid_models(out):
+    """The nemotron_h fixtures (logits of 2 x 11 tokens, ref_mamba.py in float64) and ppl.json beside each."""
+    moe_case(out, "nemotronh_moe_bf16", NEMOTRON_H_MOE, torch.bfloat16, 13)
+    moe_case(out, "nemotronh_moe_nonorm_f32", NEMOTRON_H_MOE_NONORM, torch.float32, 14)
+    moe_case(out, "nemotronh_latent_bf16", NEMOTRON_H_LATENT, torch.bfloat16, 15)
+    model_case(out, "nemotronh_bf16", NEMOTRON_H, torch.bfloat16, 11, ref=M)
+    hybrid_ppl(out, "nemotronh_bf16", NEMOTRON_H)
 
 
 SAMPLES = [

@@ -436,6 +436,29 @@ static float *hybrid_roundtrip_decode(const ac_model *m, const char *tag, json_t
     return full;
 }
 
+/* Perplexity of hybrid m through eval (windows of ppl.json's ids from
+ * position 0, beside the fixture in dir) within 0.1% of tests/ref_mamba.py's. */
+static void hybrid_ppl(const ac_model *m, const char *dir, const char *tag) {
+    char p[1300];
+    ac_err e = {{0}};
+    snprintf(p, sizeof p, "%s/ppl.json", dir);
+    json_t *pj = json_load_file(p, 0, NULL), *ids = json_object_get(pj, "ids");
+    size_t n = json_array_size(ids);
+    int *tk = malloc(sizeof(int) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) tk[i] = (int)json_integer_value(json_array_get(ids, i));
+    ac_ppl_opts o = {.ctx = (int)json_integer_value(json_object_get(pj, "ctx")),
+                     .max_windows = (int)json_integer_value(json_object_get(pj, "windows")),
+                     .batch = 2};
+    ac_ppl_result r;
+    CHECK(pj && ac_perplexity(m, tk, n, &o, NULL, NULL, NULL, &r, &e) == 0, "%s: %s", tag, e.msg);
+    double want = json_real_value(json_object_get(pj, "ppl"));
+    CHECK(r.scored == json_integer_value(json_object_get(pj, "scored")), "%s: scored %ld", tag, r.scored);
+    CHECK(fabs(r.ppl - want) / want < 1e-3, "%s: ppl %.6f vs reference %.6f", tag, r.ppl, want);
+    printf("   %s: ppl %.5f (reference %.5f, %.2e relative)\n", tag, r.ppl, want, fabs(r.ppl - want) / want);
+    free(tk);
+    json_decref(pj);
+}
+
 /* Nemotron-H (hybrid Mamba-2 / attention without RoPE / squared-ReLU MLP,
  * pattern M-M*-, odd widths, 2 groups) against tests/ref_mamba.py's float64
  * sequential recurrence: logits fp32 and resident BF16, a decode step
@@ -464,23 +487,7 @@ static void test_nemotron_h(void) {
               !strcmp(json_string_value(json_object_get(c, "hybrid_override_pattern")), "M-M*-"),
           "nemotron_h config after the round trip");
     json_decref(c);
-    /* perplexity through eval */
-    snprintf(p, sizeof p, "%s/ppl.json", dir);
-    json_t *pj = json_load_file(p, 0, NULL), *ids = json_object_get(pj, "ids");
-    size_t n = json_array_size(ids);
-    int *tk = malloc(sizeof(int) * n);
-    for (size_t i = 0; i < n; i++) tk[i] = (int)json_integer_value(json_array_get(ids, i));
-    ac_ppl_opts o = {.ctx = (int)json_integer_value(json_object_get(pj, "ctx")),
-                     .max_windows = (int)json_integer_value(json_object_get(pj, "windows")),
-                     .batch = 2};
-    ac_ppl_result r;
-    CHECK(ac_perplexity(&m, tk, n, &o, NULL, NULL, NULL, &r, &e) == 0, "%s", e.msg);
-    double want = json_real_value(json_object_get(pj, "ppl"));
-    CHECK(r.scored == json_integer_value(json_object_get(pj, "scored")), "nemotron_h: scored %ld", r.scored);
-    CHECK(fabs(r.ppl - want) / want < 1e-3, "nemotron_h: ppl %.6f vs reference %.6f", r.ppl, want);
-    printf("   nemotronh_bf16: ppl %.5f (reference %.5f, %.2e relative)\n", r.ppl, want, fabs(r.ppl - want) / want);
-    free(tk);
-    json_decref(pj);
+    hybrid_ppl(&m, dir, "nemotronh_bf16");
     ac_model_free(&m);
     /* refused with the reason */
     const char *bad[][2] = {
@@ -572,6 +579,7 @@ static void test_nemotron_h_moe(void) {
           "nemotron_h MoE arch");
     CHECK(ac_arch_params(&m.a) == checkpoint_params(dir), "nemotron_h MoE params %.0f, the checkpoint holds %.0f",
           ac_arch_params(&m.a), checkpoint_params(dir));
+    hybrid_ppl(&m, dir, "nemotronh_moe_bf16");
     /* round trip: E in the pattern, the MoE keys; bit-identical logits; decode */
     json_t *c;
     double mx;
@@ -624,6 +632,7 @@ static void test_nemotron_h_moe(void) {
           "LatentMoE arch");
     CHECK(ac_arch_params(&m.a) == checkpoint_params(dir), "LatentMoE params %.0f, the checkpoint holds %.0f",
           ac_arch_params(&m.a), checkpoint_params(dir));
+    hybrid_ppl(&m, dir, "nemotronh_latent_bf16");
     free(hybrid_roundtrip_decode(&m, "nemoh_latent", &c, &mx));
     CHECK(c && json_integer_value(json_object_get(c, "moe_latent_size")) == 24, "LatentMoE config after the round trip");
     json_decref(c);
