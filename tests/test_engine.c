@@ -636,6 +636,21 @@ static void test_nemotron_h_moe(void) {
     free(hybrid_roundtrip_decode(&m, "nemoh_latent", &c, &mx));
     CHECK(c && json_integer_value(json_object_get(c, "moe_latent_size")) == 24, "LatentMoE config after the round trip");
     json_decref(c);
+    /* ac_model_make_bf16 on the fp32 load (its values BF16-exact) runs as the resident load does, bit for bit */
+    {
+        ac_model r;
+        ac_engine e1, e2;
+        int toks[7] = {1, 5, 9, 33, 2, 7, 250};
+        CHECK(ac_model_load_resident(dir, &r, &e) == 0 && ac_model_make_bf16(&m, &e) == 0 && m.wown &&
+                  ac_model_wdt(&m) == ST_BF16,
+              "%s", e.msg);
+        CHECK(ac_engine_init(&e1, &m, 1, 7, &e) == 0 && ac_engine_init(&e2, &r, 1, 7, &e) == 0, "%s", e.msg);
+        CHECK(ac_engine_forward(&e1, toks, 1, 7, 0, 0, &e) == 0 && ac_engine_forward(&e2, toks, 1, 7, 0, 0, &e) == 0,
+              "%s", e.msg);
+        CHECK(!memcmp(e1.logits, e2.logits, sizeof(float) * 7 * m.a.vocab), "LatentMoE: make_bf16 vs resident logits");
+        ac_engine_free(&e1), ac_engine_free(&e2);
+        ac_model_free(&r);
+    }
     ac_model_free(&m);
 }
 /* Logits of m over B sequences of n tokens with experts removed from the

@@ -907,7 +907,6 @@ int ac_model_make_bf16(ac_model *m, ac_err *e) {
     if (ac_model_wdt(m) == ST_BF16) return 0;
     if (ac_model_wdt(m) != ST_F32 || m->wmap) return ac_errf(e, "ac_model_make_bf16: an owned fp32 model only");
     const ac_arch *a = &m->a;
-    if (a->hybrid) return ac_errf(e, "ac_model_make_bf16: hybrid (nemotron_h) Mamba layers are not converted yet");
     size_t H = a->hidden, V = a->vocab;
     int ok = 1, tied = m->lm_head == m->embed;
     /* every matrix in turn: a BF16 buffer, then the fp32 one freed; from the
@@ -918,13 +917,22 @@ int ac_model_make_bf16(ac_model *m, ac_err *e) {
     if (tied) m->lm_head = m->embed;
     for (int l = 0; ok && l < a->n_layers; l++) {
         float **ps[7];
-        size_t n[7], E = a->layers[l].n_experts, ne = (size_t)a->layers[l].expert_ffn * H;
-        layer_slots(a, l, &m->L[l], ps, n);
+        ac_layer_w *w = &m->L[l];
+        size_t Hin = a->hybrid && a->moe_latent ? (size_t)a->moe_latent : H, Fs = a->hybrid ? (size_t)a->shared_ffn : 0;
+        size_t n[7], E = a->layers[l].n_experts, ne = (size_t)a->layers[l].expert_ffn * Hin;
+        layer_slots(a, l, w, ps, n);
         for (int i = 0; ok && i < 7; i++) ok = to_bf16_slot(ps[i], n[i]);
-        if (ok && E) ok = to_bf16_slot(&m->L[l].router, E * H); /* mixture of experts: router and experts */
-        for (size_t x = 0; ok && x < E; x++)
-            ok = to_bf16_slot(&m->L[l].eg[x], ne) && to_bf16_slot(&m->L[l].eu[x], ne) &&
-                 to_bf16_slot(&m->L[l].ed[x], ne);
+        if (ok && E) ok = to_bf16_slot(&w->router, E * H); /* mixture of experts: router and experts */
+        for (size_t x = 0; ok && x < E; x++) /* (nemotron_h's have no gate: a NULL slot is left) */
+            ok = to_bf16_slot(&w->eg[x], ne) && to_bf16_slot(&w->eu[x], ne) && to_bf16_slot(&w->ed[x], ne);
+        /* nemotron_h: the Mamba projections, the shared expert, LatentMoE's projections (the conv, the per-head
+         * vectors and the correction bias stay fp32) */
+        if (ok && a->layers[l].ssm_heads)
+            ok = to_bf16_slot(&w->ssm_in, (size_t)ac_ssm_in_dim(a, l) * H) &&
+                 to_bf16_slot(&w->ssm_out, H * (size_t)ac_ssm_inner(a, l));
+        if (ok && E && a->hybrid)
+            ok = to_bf16_slot(&w->sh_u, Fs * H) && to_bf16_slot(&w->sh_d, H * Fs) &&
+                 to_bf16_slot(&w->lat_down, Hin * H) && to_bf16_slot(&w->lat_up, H * Hin);
     }
     if (ok) return 0;
     ac_model_free(m); /* fp32 and BF16 matrices mixed: nothing may read it */
