@@ -26,7 +26,8 @@ def model_case(out, name, cfg, dtype, seed, B=2, T=11, shard=False, ref=R):
     os.makedirs(d, exist_ok=True)
     arch = ref.arch_from_config(cfg)
     W = ref.random_weights(arch, seed)
-    W = {k: v.to(dtype) for k, v in W.items()}  # what is stored
+    # what is stored (nemotron_h's router correction bias stays fp32, as Hugging Face keeps it)
+    W = {k: v.to(torch.float32 if k.endswith("e_score_correction_bias") else dtype) for k, v in W.items()}
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     if shard:
@@ -110,17 +111,46 @@ NEMOTRON_H = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron
               "tie_word_embeddings": False}
 
 
-def hybrid_models(out):
-    """The nemotron_h fixture (logits of 2 x 11 tokens, ref_mamba.py in float64) and ppl.json beside it:
-    perplexity over 3 windows of 32 random tokens (ids in ppl_ids.json), each window from position 0."""
-    name = "nemotronh_bf16"
-    model_case(out, name, NEMOTRON_H, torch.bfloat16, 11, ref=M)
+# Nemotron-H MoE (Nemotron 3 Nano's layer kinds): 6 squared-ReLU experts of 24, top-2 renormalised and scaled by
+# 2.5, a shared expert of 36, the sigmoid router with a random score-correction bias; and an fp32 one with the
+# defaults NemotronHConfig fills in where keys are absent (scale 1) but norm_topk_prob false and top-3
+NEMOTRON_H_MOE = dict(NEMOTRON_H, hybrid_override_pattern="MEM*E", n_routed_experts=6, num_experts_per_tok=2,
+                      moe_intermediate_size=24, moe_shared_expert_intermediate_size=36, norm_topk_prob=True,
+                      routed_scaling_factor=2.5, n_group=1, topk_group=1, n_shared_experts=1, moe_latent_size=None)
+NEMOTRON_H_MOE_NONORM = dict(NEMOTRON_H, hybrid_override_pattern="E*E", num_hidden_layers=3, n_routed_experts=5,
+                             num_experts_per_tok=3, moe_intermediate_size=20, moe_shared_expert_intermediate_size=28,
+                             norm_topk_prob=False)
+# LatentMoE (Nemotron 3 Super's MoE): the routed experts in a latent width of 24 beside hidden 40
+NEMOTRON_H_LATENT = dict(NEMOTRON_H_MOE, hybrid_override_pattern="ME*E", num_hidden_layers=4, moe_latent_size=24,
+                         moe_intermediate_size=20, moe_shared_expert_intermediate_size=32, routed_scaling_factor=2.0)
+
+
+def moe_case(out, name, cfg, dtype, seed):
+    """A nemotron_h MoE fixture, checked to be one where the test can fail: the correction bias changes which
+    experts some rows choose, and no row's k-th and (k+1)-th choices are within 1e-4 (a flip of the C code's fp32
+    arithmetic would not be a real difference)."""
+    M.ROUTES.clear()
+    model_case(out, name, cfg, dtype, seed, ref=M)
+    k, changed, margin = cfg["num_experts_per_tok"], 0, 1.0
+    for choice, sig in M.ROUTES:
+        top = torch.sort(choice, -1, descending=True).values
+        margin = min(margin, (top[:, k - 1] - top[:, k]).min().item())
+        a, b = torch.topk(choice, k).indices.sort(-1).values, torch.topk(sig, k).indices.sort(-1).values
+        changed += (a != b).any(-1).sum().item()
+    assert changed > 0 and margin > 1e-4, (name, changed, margin)
+    print(f"{name}: the bias changes the choice of {changed} rows; smallest top-k margin {margin:.4f}")
+    hybrid_ppl(out, name, cfg)
+
+
+def hybrid_ppl(out, name, cfg):
+    """ppl.json beside a nemotron_h fixture: ref_mamba.py's perplexity in float64 over 3 windows of 32 random
+    tokens (their ids in it), each window from position 0."""
     d = os.path.join(out, "models", name)
-    arch = M.arch_from_config(NEMOTRON_H)
+    arch = M.arch_from_config(cfg)
     W = {k: v.double() for k, v in R.load_safetensors(os.path.join(d, "model.safetensors")).items()}
     g = torch.Generator().manual_seed(12)
     ctx, nwin = 32, 3
-    ids = torch.randint(0, NEMOTRON_H["vocab_size"], (ctx * nwin,), generator=g).tolist()
+    ids = torch.randint(0, cfg["vocab_size"], (ctx * nwin,), generator=g).tolist()
     nll, cnt = 0.0, 0
     for w in range(nwin):
         x = torch.tensor([ids[w * ctx:(w + 1) * ctx]])
@@ -131,6 +161,15 @@ def hybrid_models(out):
             cnt += 1
     with open(os.path.join(d, "ppl.json"), "w") as f:
         json.dump({"ids": ids, "ctx": ctx, "windows": nwin, "scored": cnt, "ppl": math.exp(nll / cnt)}, f)
+
+
+def hybrid_models(out):
+    """The nemotron_h fixtures (logits of 2 x 11 tokens, ref_mamba.py in float64) and ppl.json beside each."""
+    moe_case(out, "nemotronh_moe_bf16", NEMOTRON_H_MOE, torch.bfloat16, 13)
+    moe_case(out, "nemotronh_moe_nonorm_f32", NEMOTRON_H_MOE_NONORM, torch.float32, 14)
+    moe_case(out, "nemotronh_latent_bf16", NEMOTRON_H_LATENT, torch.bfloat16, 15)
+    model_case(out, "nemotronh_bf16", NEMOTRON_H, torch.bfloat16, 11, ref=M)
+    hybrid_ppl(out, "nemotronh_bf16", NEMOTRON_H)
 
 
 SAMPLES = [

@@ -10,6 +10,13 @@ Layer l, by its pattern character (hybrid_override_pattern):
   x += mixer(rmsnorm(x) * norm_w)
   "*" attention: q/k/v/o without bias, GQA, causal, no RoPE, scale hd^-0.5
   "-" MLP: down(relu(up(x))^2)
+  "E" MoE (HF NemotronHMoE.route_tokens_to_experts with n_group 1):
+      s = sigmoid(x Wr^T); the top_k experts by s + e_score_correction_bias;
+      w = s at those experts (no bias), / (sum w + 1e-20) when norm_topk_prob,
+      * routed_scaling_factor; out = sum_j w_j down_j(relu(up_j x)^2)
+      + shared_down(relu(shared_up x)^2); LatentMoE (moe_latent_size Lt): the routed
+      experts run on fc1_latent_proj(x) [Lt] and their sum goes through fc2_latent_proj
+      (router and shared expert on x)
   "M" Mamba-2: zxbcdt = in_proj(x) split into z [di], xBC [di + 2GN], dt [nh];
       xBC = silu(causal depthwise conv1d(xBC) + bias); x, B, C = split(xBC);
       dt = softplus(dt + dt_bias); A = -exp(A_log);
@@ -42,6 +49,10 @@ def arch_from_config(cfg):
          "G": cfg.get("n_groups", 1), "K": cfg.get("conv_kernel", 4), "conv_bias": cfg.get("use_conv_bias", True)}
     a["layers"] = [{"type": c, "heads": nh if c == "*" else 0, "kv_heads": cfg["num_key_value_heads"] if c == "*" else 0,
                     "ffn": cfg["intermediate_size"] if c == "-" else 0} for c in pat]
+    if "E" in pat:  # NemotronHConfig's defaults where a key is absent
+        a.update(E=cfg["n_routed_experts"], k=cfg["num_experts_per_tok"], Fe=cfg["moe_intermediate_size"],
+                 Fs=cfg["moe_shared_expert_intermediate_size"], norm=cfg.get("norm_topk_prob", True),
+                 scale=cfg.get("routed_scaling_factor", 1.0), Lt=cfg.get("moe_latent_size"))
     return a
 
 
@@ -74,6 +85,18 @@ def random_weights(a, seed, scale=0.08):
         elif L["type"] == "-":
             W[m + "up_proj.weight"] = r(L["ffn"], H, s=0.15)
             W[m + "down_proj.weight"] = r(H, L["ffn"])
+        elif L["type"] == "E":
+            W[m + "gate.weight"] = r(a["E"], H, s=0.15)
+            W[m + "gate.e_score_correction_bias"] = r(a["E"], s=0.1)  # stored fp32, as HF keeps it
+            Hin = a["Lt"] or H
+            if a["Lt"]:
+                W[m + "fc1_latent_proj.weight"] = r(Hin, H, s=0.2)
+                W[m + "fc2_latent_proj.weight"] = r(H, Hin, s=0.2)
+            for e in range(a["E"]):
+                W[m + f"experts.{e}.up_proj.weight"] = r(a["Fe"], Hin, s=0.15)
+                W[m + f"experts.{e}.down_proj.weight"] = r(Hin, a["Fe"])
+            W[m + "shared_experts.up_proj.weight"] = r(a["Fs"], H, s=0.15)
+            W[m + "shared_experts.down_proj.weight"] = r(H, a["Fs"])
         else:
             W[m + "in_proj.weight"] = r(SI, H, s=0.15)
             W[m + "conv1d.weight"] = r(C, 1, a["K"], s=0.4)
@@ -129,6 +152,36 @@ def mamba(a, W, m, x):
     return Fn.linear(y, W[m + "out_proj.weight"])
 
 
+ROUTES = []  # moe() appends (choice with the bias, sigmoid without) per call; the fixture generator reads it
+
+
+def moe(a, W, m, x):
+    """The MoE mixer on x [B,T,H]: sigmoid router with the score-correction bias (selection only)."""
+    shp = x.shape
+    xf = x.reshape(-1, shp[-1])
+    s = torch.sigmoid(Fn.linear(xf, W[m + "gate.weight"]))
+    choice = s + W[m + "gate.e_score_correction_bias"].to(s.dtype)
+    idx = torch.topk(choice, a["k"], dim=-1).indices
+    ROUTES.append((choice.detach(), s.detach()))
+    w = s.gather(1, idx)
+    if a["norm"]:
+        w = w / (w.sum(-1, keepdim=True) + 1e-20)
+    w = w * a["scale"]
+    xr = Fn.linear(xf, W[m + "fc1_latent_proj.weight"]) if a["Lt"] else xf
+    out = torch.zeros_like(xr)
+    for e in range(a["E"]):
+        rows, pos = (idx == e).nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            continue
+        h = torch.relu(Fn.linear(xr[rows], W[m + f"experts.{e}.up_proj.weight"])).pow(2)
+        out = out.index_add(0, rows, Fn.linear(h, W[m + f"experts.{e}.down_proj.weight"]) * w[rows, pos, None])
+    if a["Lt"]:
+        out = Fn.linear(out, W[m + "fc2_latent_proj.weight"])
+    h = torch.relu(Fn.linear(xf, W[m + "shared_experts.up_proj.weight"])).pow(2)
+    out = out + Fn.linear(h, W[m + "shared_experts.down_proj.weight"])
+    return out.reshape(shp)
+
+
 def forward_gated(a, W, tokens, G):
     """tokens [B,T] -> logits [B,T,V]."""
     B, T = tokens.shape
@@ -152,6 +205,8 @@ def forward_gated(a, W, tokens, G):
         elif L["type"] == "-":
             h = torch.relu(Fn.linear(n, W[m + "up_proj.weight"])).pow(2)
             x = x + G["mlp"][l] * Fn.linear(h * G["ffn"][l], W[m + "down_proj.weight"])
+        elif L["type"] == "E":
+            x = x + moe(a, W, m, n)
         else:
             x = x + mamba(a, W, m, n)
     n = gated_rmsnorm(x, W[P + "norm_f.weight"], G["hidden"], eps)

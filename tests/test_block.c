@@ -610,7 +610,7 @@ static void test_ssm_ops_f64(void) {
         a.layers[1] = (ac_layer_arch){0, 0, 6, 0, 0, 0};
         a.layers[2] = (ac_layer_arch){2, 1, 0, 0, 0, 0};
         const ac_block_recipe *rc = ac_block_recipe_of(&a, 0);
-        CHECK(rc && !strcmp(rc->name, "nemotron_h") && rc->n_sub == 3, "nemotron_h recipe");
+        CHECK(rc && !strcmp(rc->name, "nemotron_h") && rc->n_sub == 4, "nemotron_h recipe");
         for (int l = 0; rc && l < 3; l++) {
             int present = 0;
             for (int sb = 0; sb < rc->n_sub; sb++) {
@@ -1133,6 +1133,28 @@ static void cuda_ops(const ac_cuda_api *cu, int qk) {
  * every token), and in a second pass every router row is 0 (all experts
  * tie: the lowest indices win, weights 1/E, or 1/k renormalised). Odd
  * expert count, top-k 2 and 3, with and without renormalisation. */
+/* nemotron_h's sigmoid router, by hand: chosen on sigmoid + bias, weighted
+ * by the sigmoid alone, renormalised (+1e-20) or not, scaled; a masked
+ * (-inf) expert never chosen; ties to the lower index. */
+static void test_moe_route_sigmoid(void) {
+    int order[4];
+    double s0 = 0.5, s3 = 1 / (1 + exp(-2.0));
+    for (int norm = 0; norm < 2; norm++) {
+        /* choice = s + bias: 1.0, 0.731, 0.869, 0.881: experts 0 and 3 (without the bias: 3 and 1) */
+        float r[4] = {0, 1, -1, 2}, bias[4] = {0.5f, 0, 0.6f, 0};
+        ac_moe_route_sigmoid(r, bias, 1, 4, 2, norm, 2.0f, order);
+        double d = norm ? s0 + s3 + 1e-20 : 1;
+        CHECK(fabs(r[0] - 2 * s0 / d) < 1e-6 && r[1] == 0 && r[2] == 0 && fabs(r[3] - 2 * s3 / d) < 1e-6,
+              "sigmoid route (norm %d): %g %g %g %g", norm, r[0], r[1], r[2], r[3]);
+    }
+    float m[4] = {-INFINITY, 1, -1, 1}, t[4] = {0, 0, 0, 0};
+    ac_moe_route_sigmoid(m, NULL, 1, 4, 2, 0, 1.0f, order);
+    CHECK(m[0] == 0 && m[1] > 0.73f && m[2] == 0 && m[3] > 0.73f, "masked expert chosen: %g %g %g %g", m[0], m[1],
+          m[2], m[3]);
+    ac_moe_route_sigmoid(t, NULL, 1, 4, 2, 1, 1.0f, order);
+    CHECK(t[0] == 0.5f && t[1] == 0.5f && t[2] == 0 && t[3] == 0, "sigmoid ties: %g %g %g %g", t[0], t[1], t[2], t[3]);
+}
+
 static void test_moe_route_ties(void) {
     int H = 12, E = 5, Fe = 7, B = 3, n = 4, N = B * n;
     for (int pass = 0; pass < 4; pass++) {
@@ -1231,6 +1253,7 @@ int main(void) {
     RUN(test_executor_vs_f64);
     RUN(test_grad_executor_vs_f64);
     RUN(test_moe_route_ties);
+    RUN(test_moe_route_sigmoid);
     RUN(test_ssm_ops_f64);
     RUN(test_cuda_ops);
     printf("RESULT %d %d %d\n", ck_pass, ck_fail, ck_skip);

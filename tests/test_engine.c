@@ -17,6 +17,7 @@
 #include "model.h"
 #include "moe_importance.h"
 #include "rope.h"
+#include "safetensors.h"
 #include "slice.h"
 #include "tensor.h"
 
@@ -396,6 +397,68 @@ static void test_moe_models(void) {
         CHECK(system(cmd) == 0, "rm");
     }
 }
+/* A hybrid model saved (F32) and loaded back: the config it wrote
+ * (*cfg, the caller's) and bit-identical logits on 7 tokens; then decoding
+ * them one at a time from the Mamba layers' states equals the prefill.
+ * Returns the prefill logits (7 x vocab, the caller's) and *mx their
+ * largest magnitude. */
+static float *hybrid_roundtrip_decode(const ac_model *m, const char *tag, json_t **cfg, double *mx) {
+    char dst[300], p[400];
+    ac_model b;
+    ac_err e = {{0}};
+    size_t V = (size_t)m->a.vocab;
+    snprintf(dst, sizeof dst, "/tmp/ac_%s_rt_%d", tag, (int)getpid());
+    CHECK(ac_model_save(m, dst, ST_F32, &e) == 0 && ac_model_load(dst, &b, &e) == 0, "%s", e.msg);
+    snprintf(p, sizeof p, "%s/config.json", dst);
+    *cfg = json_load_file(p, 0, NULL);
+    int toks[7] = {1, 5, 9, 33, 2, 7, 250};
+    ac_engine e1, e2;
+    CHECK(ac_engine_init(&e1, m, 1, 7, &e) == 0 && ac_engine_init(&e2, &b, 1, 7, &e) == 0, "%s", e.msg);
+    CHECK(ac_engine_forward(&e1, toks, 1, 7, 0, 0, &e) == 0 && ac_engine_forward(&e2, toks, 1, 7, 0, 0, &e) == 0,
+          "%s", e.msg);
+    CHECK(!memcmp(e1.logits, e2.logits, sizeof(float) * 7 * V), "%s: logits after the round trip", tag);
+    float *full = malloc(sizeof(float) * 7 * V);
+    memcpy(full, e1.logits, sizeof(float) * 7 * V);
+    double dd = 0;
+    *mx = 0;
+    for (int t = 0; t < 7; t++) {
+        CHECK(ac_engine_forward(&e1, toks + t, 1, 1, t, 0, &e) == 0, "%s", e.msg);
+        for (size_t v = 0; v < V; v++) {
+            dd = fmax(dd, fabs(e1.logits[v] - full[(size_t)t * V + v]));
+            *mx = fmax(*mx, fabs(full[(size_t)t * V + v]));
+        }
+    }
+    CHECK(dd <= 1e-5 * *mx, "%s: token-by-token decode differs by %.3g (max %.3g)", tag, dd, *mx);
+    ac_engine_free(&e1), ac_engine_free(&e2);
+    ac_model_free(&b);
+    snprintf(p, sizeof p, "rm -rf %s", dst);
+    CHECK(system(p) == 0, "rm");
+    return full;
+}
+
+/* Perplexity of hybrid m through eval (windows of ppl.json's ids from
+ * position 0, beside the fixture in dir) within 0.1% of tests/ref_mamba.py's. */
+static void hybrid_ppl(const ac_model *m, const char *dir, const char *tag) {
+    char p[1300];
+    ac_err e = {{0}};
+    snprintf(p, sizeof p, "%s/ppl.json", dir);
+    json_t *pj = json_load_file(p, 0, NULL), *ids = json_object_get(pj, "ids");
+    size_t n = json_array_size(ids);
+    int *tk = malloc(sizeof(int) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) tk[i] = (int)json_integer_value(json_array_get(ids, i));
+    ac_ppl_opts o = {.ctx = (int)json_integer_value(json_object_get(pj, "ctx")),
+                     .max_windows = (int)json_integer_value(json_object_get(pj, "windows")),
+                     .batch = 2};
+    ac_ppl_result r;
+    CHECK(pj && ac_perplexity(m, tk, n, &o, NULL, NULL, NULL, &r, &e) == 0, "%s: %s", tag, e.msg);
+    double want = json_real_value(json_object_get(pj, "ppl"));
+    CHECK(r.scored == json_integer_value(json_object_get(pj, "scored")), "%s: scored %ld", tag, r.scored);
+    CHECK(fabs(r.ppl - want) / want < 1e-3, "%s: ppl %.6f vs reference %.6f", tag, r.ppl, want);
+    printf("   %s: ppl %.5f (reference %.5f, %.2e relative)\n", tag, r.ppl, want, fabs(r.ppl - want) / want);
+    free(tk);
+    json_decref(pj);
+}
+
 /* Nemotron-H (hybrid Mamba-2 / attention without RoPE / squared-ReLU MLP,
  * pattern M-M*-, odd widths, 2 groups) against tests/ref_mamba.py's float64
  * sequential recurrence: logits fp32 and resident BF16, a decode step
@@ -404,74 +467,34 @@ static void test_moe_models(void) {
  * with their reason. */
 static void test_nemotron_h(void) {
     if (!fixtures_present()) SKIP("no fixtures");
-    char dir[1200], p[1300], dst[300];
+    char dir[1200], p[1300];
     snprintf(dir, sizeof dir, "%s/models/nemotronh_bf16", fx);
     snprintf(p, sizeof p, "%s/ppl.json", dir);
     if (!ck_exists(p)) SKIP("no nemotron_h fixture (make fixtures)");
     check_model("nemotronh_bf16");
     check_model_ex("nemotronh_bf16", 1, 1e-2);
-    ac_model m, b;
+    ac_model m;
     ac_err e = {{0}};
     CHECK(ac_model_load(dir, &m, &e) == 0, "%s", e.msg);
     CHECK(m.a.hybrid && m.a.layers[0].ssm_heads == 6 && m.a.layers[1].ffn == 70 && m.a.layers[3].n_heads == 4 &&
               !m.a.layers[3].ffn && m.a.ssm_groups == 2 && m.a.ssm_state == 7 && m.a.ssm_head_dim == 5,
           "nemotron_h arch");
-    /* round trip: nemotron_h's config and backbone.* names, bit-identical logits */
-    snprintf(dst, sizeof dst, "/tmp/ac_nemoh_rt_%d", (int)getpid());
-    CHECK(ac_model_save(&m, dst, ST_F32, &e) == 0 && ac_model_load(dst, &b, &e) == 0, "%s", e.msg);
-    snprintf(p, sizeof p, "%s/config.json", dst);
-    json_t *c = json_load_file(p, 0, NULL);
+    /* round trip: nemotron_h's config and backbone.* names, bit-identical logits; decode */
+    json_t *c;
+    double mx;
+    free(hybrid_roundtrip_decode(&m, "nemoh", &c, &mx));
     CHECK(c && !strcmp(json_string_value(json_object_get(c, "model_type")), "nemotron_h") &&
               !strcmp(json_string_value(json_object_get(c, "hybrid_override_pattern")), "M-M*-"),
           "nemotron_h config after the round trip");
     json_decref(c);
-    int toks[7] = {1, 5, 9, 33, 2, 7, 250};
-    ac_engine e1, e2;
-    CHECK(ac_engine_init(&e1, &m, 1, 7, &e) == 0 && ac_engine_init(&e2, &b, 1, 7, &e) == 0, "%s", e.msg);
-    CHECK(ac_engine_forward(&e1, toks, 1, 7, 0, 0, &e) == 0 && ac_engine_forward(&e2, toks, 1, 7, 0, 0, &e) == 0,
-          "%s", e.msg);
-    CHECK(!memcmp(e1.logits, e2.logits, sizeof(float) * 7 * m.a.vocab), "nemotron_h: logits after the round trip");
-    /* decode one token at a time from the states equals the prefill */
-    float *full = malloc(sizeof(float) * 7 * m.a.vocab);
-    memcpy(full, e1.logits, sizeof(float) * 7 * m.a.vocab);
-    double dd = 0, mx = 0;
-    for (int t = 0; t < 7; t++) {
-        CHECK(ac_engine_forward(&e1, toks + t, 1, 1, t, 0, &e) == 0, "%s", e.msg);
-        for (int v = 0; v < m.a.vocab; v++) {
-            dd = fmax(dd, fabs(e1.logits[v] - full[(size_t)t * m.a.vocab + v]));
-            mx = fmax(mx, fabs(full[(size_t)t * m.a.vocab + v]));
-        }
-    }
-    CHECK(dd <= 1e-5 * mx, "nemotron_h: token-by-token decode differs by %.3g (max %.3g)", dd, mx);
-    ac_engine_free(&e1), ac_engine_free(&e2);
-    free(full);
-    ac_model_free(&b);
-    snprintf(p, sizeof p, "rm -rf %s", dst);
-    CHECK(system(p) == 0, "rm");
-    /* perplexity through eval */
-    snprintf(p, sizeof p, "%s/ppl.json", dir);
-    json_t *pj = json_load_file(p, 0, NULL), *ids = json_object_get(pj, "ids");
-    size_t n = json_array_size(ids);
-    int *tk = malloc(sizeof(int) * n);
-    for (size_t i = 0; i < n; i++) tk[i] = (int)json_integer_value(json_array_get(ids, i));
-    ac_ppl_opts o = {.ctx = (int)json_integer_value(json_object_get(pj, "ctx")),
-                     .max_windows = (int)json_integer_value(json_object_get(pj, "windows")),
-                     .batch = 2};
-    ac_ppl_result r;
-    CHECK(ac_perplexity(&m, tk, n, &o, NULL, NULL, NULL, &r, &e) == 0, "%s", e.msg);
-    double want = json_real_value(json_object_get(pj, "ppl"));
-    CHECK(r.scored == json_integer_value(json_object_get(pj, "scored")), "nemotron_h: scored %ld", r.scored);
-    CHECK(fabs(r.ppl - want) / want < 1e-3, "nemotron_h: ppl %.6f vs reference %.6f", r.ppl, want);
-    printf("   nemotronh_bf16: ppl %.5f (reference %.5f, %.2e relative)\n", r.ppl, want, fabs(r.ppl - want) / want);
-    free(tk);
-    json_decref(pj);
+    hybrid_ppl(&m, dir, "nemotronh_bf16");
     ac_model_free(&m);
     /* refused with the reason */
     const char *bad[][2] = {
         {"{\"model_type\":\"nemotron_h\",\"vocab_size\":10,\"hidden_size\":8,\"num_attention_heads\":2,"
          "\"hybrid_override_pattern\":\"M*E\",\"mamba_num_heads\":2,\"mamba_head_dim\":4,\"ssm_state_size\":4,"
          "\"intermediate_size\":8}",
-         "mixture of experts"},
+         "n_routed_experts"},
         {"{\"model_type\":\"nemotron_h\",\"vocab_size\":10,\"hidden_size\":8,\"num_attention_heads\":2,"
          "\"hybrid_override_pattern\":\"M-\",\"mamba_num_heads\":3,\"n_groups\":2,\"mamba_head_dim\":4,"
          "\"ssm_state_size\":4,\"intermediate_size\":8}",
@@ -484,6 +507,23 @@ static void test_nemotron_h(void) {
          "\"hybrid_override_pattern\":\"M-\",\"mamba_num_heads\":2,\"mamba_head_dim\":4,\"ssm_state_size\":4,"
          "\"intermediate_size\":8,\"mlp_hidden_act\":\"silu\"}",
          "relu2"},
+        /* MoE (E) layers */
+        {"{\"model_type\":\"nemotron_h\",\"vocab_size\":10,\"hidden_size\":8,\"num_attention_heads\":2,"
+         "\"hybrid_override_pattern\":\"E*\",\"n_routed_experts\":4,\"num_experts_per_tok\":2,"
+         "\"moe_intermediate_size\":8,\"moe_shared_expert_intermediate_size\":8,\"moe_latent_size\":16}",
+         "moe_latent_size 16 must be 1..hidden_size (8)"},
+        {"{\"model_type\":\"nemotron_h\",\"vocab_size\":10,\"hidden_size\":8,\"num_attention_heads\":2,"
+         "\"hybrid_override_pattern\":\"E*\",\"n_routed_experts\":4,\"num_experts_per_tok\":2,"
+         "\"moe_intermediate_size\":8,\"moe_shared_expert_intermediate_size\":8,\"n_group\":2,\"topk_group\":1}",
+         "group-limited"},
+        {"{\"model_type\":\"nemotron_h\",\"vocab_size\":10,\"hidden_size\":8,\"num_attention_heads\":2,"
+         "\"hybrid_override_pattern\":\"E*\",\"n_routed_experts\":4,\"num_experts_per_tok\":5,"
+         "\"moe_intermediate_size\":8,\"moe_shared_expert_intermediate_size\":8}",
+         "num_experts_per_tok 5"},
+        {"{\"model_type\":\"nemotron_h\",\"vocab_size\":10,\"hidden_size\":8,\"num_attention_heads\":2,"
+         "\"hybrid_override_pattern\":\"E*\",\"n_routed_experts\":4,\"num_experts_per_tok\":2,"
+         "\"moe_intermediate_size\":8,\"moe_shared_expert_intermediate_size\":8,\"n_shared_experts\":2}",
+         "n_shared_experts 2"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         json_t *cj = json_loads(bad[i][0], 0, NULL);
@@ -493,6 +533,125 @@ static void test_nemotron_h(void) {
               e2.msg);
         json_decref(cj);
     }
+}
+/* The parameters a checkpoint's safetensors hold (every tensor's elements). */
+static double checkpoint_params(const char *dir) {
+    st_set ss;
+    ac_err e = {{0}};
+    double n = 0;
+    if (st_set_open(dir, &ss, &e)) return -1;
+    for (int f = 0; f < ss.n; f++)
+        for (int t = 0; t < ss.files[f].n; t++) {
+            double c = 1;
+            for (int d = 0; d < ss.files[f].t[t].ndim; d++) c *= (double)ss.files[f].t[t].shape[d];
+            n += c;
+        }
+    st_set_close(&ss);
+    return n;
+}
+
+/* Nemotron-H MoE (E layers: the sigmoid router with its score-correction
+ * bias, squared-ReLU experts, a shared expert, routed scaling) against
+ * tests/ref_mamba.py in float64: nemotronh_moe_bf16 (MEM*E, top-2
+ * renormalised, scale 2.5) fp32 and resident, nemotronh_moe_nonorm_f32
+ * (E*E, top-3 not renormalised, the config's defaults); token-by-token
+ * decode equal to the prefill; the save round trip (config keys, the bias
+ * kept fp32, logits bit-identical); and the checks that make the fixture
+ * fail when the bias or the scale were ignored; LatentMoE
+ * (nemotronh_latent_bf16: ME*E, latent 24 beside hidden 40) likewise (the
+ * refused configs are test_nemotron_h's; gradients are test_train's). */
+static void test_nemotron_h_moe(void) {
+    if (!fixtures_present()) SKIP("no fixtures");
+    char dir[1200], p[1300], dst[300];
+    snprintf(dir, sizeof dir, "%s/models/nemotronh_moe_bf16", fx);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    if (!ck_exists(p)) SKIP("no nemotron_h MoE fixture (make fixtures)");
+    check_model("nemotronh_moe_bf16");
+    check_model_ex("nemotronh_moe_bf16", 1, 1e-2);
+    check_model("nemotronh_moe_nonorm_f32");
+    ac_model m;
+    ac_err e = {{0}};
+    CHECK(ac_model_load(dir, &m, &e) == 0, "%s", e.msg);
+    CHECK(m.a.hybrid && m.a.router_sigmoid && m.a.layers[1].n_experts == 6 && m.a.layers[1].expert_ffn == 24 &&
+              m.a.shared_ffn == 36 && m.a.top_k == 2 && m.a.norm_topk && fabsf(m.a.routed_scale - 2.5f) < 1e-6 &&
+              m.a.layers[0].ssm_heads && m.a.layers[3].n_heads && !m.a.layers[3].n_experts && m.L[1].router_bias &&
+              !m.L[1].eg[0],
+          "nemotron_h MoE arch");
+    CHECK(ac_arch_params(&m.a) == checkpoint_params(dir), "nemotron_h MoE params %.0f, the checkpoint holds %.0f",
+          ac_arch_params(&m.a), checkpoint_params(dir));
+    hybrid_ppl(&m, dir, "nemotronh_moe_bf16");
+    /* round trip: E in the pattern, the MoE keys; bit-identical logits; decode */
+    json_t *c;
+    double mx;
+    float *full = hybrid_roundtrip_decode(&m, "nemoh_moe", &c, &mx);
+    CHECK(c && !strcmp(json_string_value(json_object_get(c, "hybrid_override_pattern")), "MEM*E") &&
+              json_integer_value(json_object_get(c, "n_routed_experts")) == 6 &&
+              json_integer_value(json_object_get(c, "moe_shared_expert_intermediate_size")) == 36 &&
+              json_real_value(json_object_get(c, "routed_scaling_factor")) == 2.5 &&
+              json_is_true(json_object_get(c, "norm_topk_prob")),
+          "nemotron_h MoE config after the round trip");
+    json_decref(c);
+    int toks[7] = {1, 5, 9, 33, 2, 7, 250};
+    ac_engine e1;
+    CHECK(ac_engine_init(&e1, &m, 1, 7, &e) == 0, "%s", e.msg);
+    /* the reference would catch an engine that ignored the bias or the scale: each changes the logits */
+    for (int k = 0; k < 2; k++) {
+        float *bias0 = m.L[1].router_bias, scale0 = m.a.routed_scale;
+        if (k == 0) m.L[1].router_bias = NULL;
+        if (k == 1) m.a.routed_scale = 1;
+        CHECK(ac_engine_forward(&e1, toks, 1, 7, 0, 0, &e) == 0, "%s", e.msg);
+        double d = 0;
+        for (size_t i = 0; i < (size_t)7 * m.a.vocab; i++) d = fmax(d, fabs(e1.logits[i] - full[i]));
+        CHECK(d > 1e-3 * mx, "nemotron_h MoE: without the %s the logits move only %.3g", k ? "scale" : "bias", d);
+        m.L[1].router_bias = bias0, m.a.routed_scale = scale0;
+    }
+    ac_engine_free(&e1);
+    free(full);
+    /* a BF16 save keeps the correction bias F32, as Hugging Face does */
+    snprintf(dst, sizeof dst, "/tmp/ac_nemoh_moe_bf16_%d", (int)getpid());
+    CHECK(ac_model_save(&m, dst, ST_BF16, &e) == 0, "%s", e.msg);
+    {
+        st_set ss;
+        CHECK(st_set_open(dst, &ss, &e) == 0, "%s", e.msg);
+        const st_tensor *bt = st_set_find(&ss, "backbone.layers.1.mixer.gate.e_score_correction_bias"),
+                        *ut = st_set_find(&ss, "backbone.layers.1.mixer.experts.5.up_proj.weight");
+        CHECK(bt && bt->dtype == ST_F32 && ut && ut->dtype == ST_BF16 && !memcmp(bt->data, m.L[1].router_bias, 6 * 4),
+              "nemotron_h MoE BF16 save: bias F32 and exact, experts BF16");
+        st_set_close(&ss);
+    }
+    snprintf(p, sizeof p, "rm -rf %s", dst);
+    CHECK(system(p) == 0, "rm");
+    ac_model_free(&m);
+    /* LatentMoE (Nemotron 3 Super): nemotronh_latent_bf16 (ME*E, latent 24 beside hidden 40) */
+    snprintf(dir, sizeof dir, "%s/models/nemotronh_latent_bf16", fx);
+    check_model("nemotronh_latent_bf16");
+    check_model_ex("nemotronh_latent_bf16", 1, 1e-2);
+    CHECK(ac_model_load(dir, &m, &e) == 0, "%s", e.msg);
+    CHECK(m.a.moe_latent == 24 && m.L[1].lat_down && m.L[3].lat_up && ac_block_dim(&m.a, 1, AC_DIM_LT) == 24 &&
+              ac_block_dim(&m.a, 0, AC_DIM_LT) == 0,
+          "LatentMoE arch");
+    CHECK(ac_arch_params(&m.a) == checkpoint_params(dir), "LatentMoE params %.0f, the checkpoint holds %.0f",
+          ac_arch_params(&m.a), checkpoint_params(dir));
+    hybrid_ppl(&m, dir, "nemotronh_latent_bf16");
+    free(hybrid_roundtrip_decode(&m, "nemoh_latent", &c, &mx));
+    CHECK(c && json_integer_value(json_object_get(c, "moe_latent_size")) == 24, "LatentMoE config after the round trip");
+    json_decref(c);
+    /* ac_model_make_bf16 on the fp32 load (its values BF16-exact) runs as the resident load does, bit for bit */
+    {
+        ac_model r;
+        ac_engine e1, e2;
+        int toks[7] = {1, 5, 9, 33, 2, 7, 250};
+        CHECK(ac_model_load_resident(dir, &r, &e) == 0 && ac_model_make_bf16(&m, &e) == 0 && m.wown &&
+                  ac_model_wdt(&m) == ST_BF16,
+              "%s", e.msg);
+        CHECK(ac_engine_init(&e1, &m, 1, 7, &e) == 0 && ac_engine_init(&e2, &r, 1, 7, &e) == 0, "%s", e.msg);
+        CHECK(ac_engine_forward(&e1, toks, 1, 7, 0, 0, &e) == 0 && ac_engine_forward(&e2, toks, 1, 7, 0, 0, &e) == 0,
+              "%s", e.msg);
+        CHECK(!memcmp(e1.logits, e2.logits, sizeof(float) * 7 * m.a.vocab), "LatentMoE: make_bf16 vs resident logits");
+        ac_engine_free(&e1), ac_engine_free(&e2);
+        ac_model_free(&r);
+    }
+    ac_model_free(&m);
 }
 /* Logits of m over B sequences of n tokens with experts removed from the
  * routing by masks (emask[l][E], NULL: none), through the block executor
@@ -729,5 +888,6 @@ int main(void) {
     RUN(test_config_errors);
     RUN(test_perplexity_matches_reference);
     RUN(test_nemotron_h);
+    RUN(test_nemotron_h_moe);
     return DONE();
 }

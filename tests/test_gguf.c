@@ -538,23 +538,28 @@ static void test_moe_gguf(void) {
     ac_model_free(&t);
 }
 
-/* A Nemotron-H hybrid made from the tiny model: pattern M*-M*-, the
- * attention layers the tiny model's (no RoPE now), the MLP layers its
- * up/down under relu^2, the Mamba-2 layers deterministic random (8 heads
- * of 16 in 2 groups, state 16, kernel 4; out_proj small, so the trained
- * layers dominate the output). */
-static int tiny_hybrid(const ac_model *t, ac_model *o, ac_err *e) {
+/* A Nemotron-H hybrid made from the tiny model, one layer a pattern
+ * character (pat: e.g. M*-M*-): the attention layers the tiny model's (no
+ * RoPE now), the MLP layers its up/down under relu^2, the Mamba-2 layers
+ * deterministic random (8 heads of 16 in 2 groups, state 16, kernel 4;
+ * out_proj small, so the trained layers dominate the output); MoE (E)
+ * layers 4 random experts of 32, top-2 renormalised, scaled by 2.5, a
+ * random score-correction bias, the shared expert the tiny model's up/down
+ * (as the MLP layers), the experts on a latent width when latent > 0
+ * (LatentMoE, random projections). */
+static int tiny_hybrid_as(const ac_model *t, const char *pat, int latent, ac_model *o, ac_err *e) {
     ac_arch a;
     if (ac_arch_copy(&a, &t->a, e)) return -1;
-    static const char pat[] = "M*-M*-";
     int H = a.hidden, hd = a.head_dim;
     snprintf(a.model_type, sizeof a.model_type, "nemotron_h");
     a.hybrid = 1, a.ssm_head_dim = 16, a.ssm_state = 16, a.ssm_groups = 2, a.ssm_conv = 4, a.ssm_conv_bias = 1;
     for (int l = 0; l < a.n_layers; l++) {
         ac_layer_arch *L = &a.layers[l], T = t->a.layers[l];
         *L = (ac_layer_arch){pat[l] == '*' ? T.n_heads : 0, pat[l] == '*' ? T.n_kv_heads : 0, pat[l] == '-' ? T.ffn : 0,
-                             0, 0, pat[l] == 'M' ? 8 : 0};
+                             pat[l] == 'E' ? 4 : 0, pat[l] == 'E' ? 32 : 0, pat[l] == 'M' ? 8 : 0};
+        if (pat[l] == 'E') a.shared_ffn = T.ffn;
     }
+    a.top_k = 2, a.norm_topk = 1, a.router_sigmoid = 1, a.routed_scale = 2.5f, a.moe_latent = latent;
     int rc = ac_model_alloc(o, &a, e);
     ac_arch_free(&a);
     if (rc) return -1;
@@ -573,6 +578,17 @@ static int tiny_hybrid(const ac_model *t, ac_model *o, ac_err *e) {
             memcpy(d->in_norm, s->in_norm, (size_t)H * 4);
             memcpy(d->wq, s->wq, Q * H * 4), memcpy(d->wk, s->wk, KV * H * 4), memcpy(d->wv, s->wv, KV * H * 4);
             memcpy(d->wo, s->wo, Q * H * 4);
+        } else if (L->n_experts) {
+            size_t Fs = o->a.shared_ffn, Fe = L->expert_ffn, Hin = latent ? (size_t)latent : (size_t)H;
+            memcpy(d->post_norm, s->post_norm, (size_t)H * 4);
+            memcpy(d->sh_u, s->wu, Fs * H * 4);
+            for (size_t i = 0; i < Fs * H; i++) d->sh_d[i] = 0.05f * s->wd[i];
+            for (size_t i = 0; i < (size_t)L->n_experts * H; i++) d->router[i] = RND(0.5f);
+            for (int x = 0; x < L->n_experts; x++) {
+                d->router_bias[x] = RND(0.1f);
+                for (size_t i = 0; i < Fe * Hin; i++) d->eu[x][i] = RND(0.3f), d->ed[x][i] = RND(0.05f);
+            }
+            for (size_t i = 0; latent && i < Hin * H; i++) d->lat_down[i] = RND(0.3f), d->lat_up[i] = RND(0.3f);
         } else if (F) {
             memcpy(d->post_norm, s->post_norm, (size_t)H * 4);
             memcpy(d->wu, s->wu, F * H * 4);
@@ -593,33 +609,227 @@ static int tiny_hybrid(const ac_model *t, ac_model *o, ac_err *e) {
     return 0;
 }
 
+/* A hybrid of pattern pat made from the tiny model (tiny_hybrid_as),
+ * exported as llama.cpp's architecture arch with dtype's tensors and run
+ * there as our engine runs it (llama_compare: perplexity, tokenization,
+ * greedy tokens; skipped without node-llama-cpp). Returns 0 with *hy the
+ * caller's. */
+static int tiny_hybrid_in_llama(const char *pat, int latent, const char *arch, int dtype, ac_model *hy) {
+    ac_model t;
+    ac_err e;
+    int *ids = NULL;
+    size_t n = 0;
+    if (ac_model_load(tiny, &t, &e) || ac_load_text_ids(tiny, heldout, &ids, &n, t.a.vocab, &e) ||
+        tiny_hybrid_as(&t, pat, latent, hy, &e)) {
+        CHECK(0, "%s: %s", arch, e.msg);
+        return -1;
+    }
+    CHECK(!strcmp(ac_gguf_arch_name(&hy->a), arch) && ac_gguf_check_arch(&hy->a, &e) == 0, "%s arch: %s", arch,
+          e.msg);
+    const char *why = llama_missing();
+    size_t tl;
+    char *text = heldout_lines(&tl);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s_%d.gguf", tmpdir, arch, latent);
+    CHECK(ac_gguf_write(hy, tiny_tok, path, dtype, &e) == 0, "%s", e.msg);
+    if (!why)
+        llama_compare(hy, path, arch, ids, n, text, tl);
+    else
+        printf("  skip llama.cpp part: %s\n", why);
+    free(text);
+    free(ids);
+    ac_model_free(&t);
+    return 0;
+}
+
 /* llama.cpp's nemotron_h (Mamba-2, attention without RoPE, relu^2 MLP)
  * runs our GGUF export as our engine does (perplexity, tokenization,
  * greedy tokens); what it cannot hold is refused. */
 static void test_nemotron_h_gguf(void) {
     if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
-    ac_model t, hy;
+    ac_model hy;
     ac_err e;
-    int *ids = NULL;
-    size_t n = 0;
-    CHECK(ac_model_load(tiny, &t, &e) == 0 && ac_load_text_ids(tiny, heldout, &ids, &n, t.a.vocab, &e) == 0, "%s",
-          e.msg);
-    CHECK(tiny_hybrid(&t, &hy, &e) == 0, "%s", e.msg);
-    CHECK(!strcmp(ac_gguf_arch_name(&hy.a), "nemotron_h") && ac_gguf_check_arch(&hy.a, &e) == 0, "nemotron_h arch");
-    const char *why = llama_missing();
-    size_t tl;
-    char *text = heldout_lines(&tl);
-    if (!why)
-        llama_compare(&hy, NULL, "nemotron_h", ids, n, text, tl);
-    else
-        printf("  skip llama.cpp part: %s\n", why);
+    if (tiny_hybrid_in_llama("M*-M*-", 0, "nemotron_h", ST_BF16, &hy)) return;
     hy.a.layers[0].ssm_heads = 4; /* one Mamba-head count in llama.cpp's nemotron_h */
     CHECK(ac_gguf_check_arch(&hy.a, &e) != 0 && strstr(e.msg, "Mamba-head count"), "mixed Mamba heads: %s", e.msg);
     hy.a.layers[0].ssm_heads = 8;
-    free(text);
-    free(ids);
     ac_model_free(&hy);
+}
+
+/* A GGUF file's scalar keys and tensor infos, read with nothing of ours
+ * (the format as ggml documents it): a key's number (bools and integers
+ * as is, floats widened), a tensor's dims and ggml type. */
+typedef struct {
+    char name[96];
+    int tensor, ndim, type;
+    long long ne[4];
+    double v;
+} gguf_item;
+typedef struct {
+    int n;
+    gguf_item *items;
+} gguf_head;
+static int gg_rd(FILE *f, void *p, size_t n) { return fread(p, 1, n, f) == n ? 0 : -1; }
+static int gg_rdstr(FILE *f, char *out, size_t cap) {
+    uint64_t n;
+    if (gg_rd(f, &n, 8) || n > 1u << 20) return -1;
+    for (uint64_t i = 0; i < n; i++) {
+        int c = fgetc(f);
+        if (c == EOF) return -1;
+        if (i + 1 < cap) out[i] = (char)c, out[i + 1] = 0;
+    }
+    if (!n && cap) out[0] = 0;
+    return 0;
+}
+/* one value of type ty into *v (strings skipped) */
+static int gg_rdval(FILE *f, uint32_t ty, double *v) {
+    static const int sz[13] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+    unsigned char b[8] = {0};
+    char skip[8];
+    if (ty == 8) return gg_rdstr(f, skip, sizeof skip);
+    if (ty == 9) {
+        uint32_t et;
+        uint64_t n;
+        if (gg_rd(f, &et, 4) || gg_rd(f, &n, 8) || et == 9) return -1;
+        for (uint64_t i = 0; i < n; i++)
+            if (gg_rdval(f, et, v)) return -1;
+        return 0;
+    }
+    if (ty > 12 || gg_rd(f, b, (size_t)sz[ty])) return -1;
+    float fl;
+    double db;
+    memcpy(&fl, b, 4), memcpy(&db, b, 8);
+    *v = ty == 6 ? fl : ty == 12 ? db : ty == 5 ? *(int32_t *)(void *)b : (double)*(uint64_t *)(void *)b;
+    return 0;
+}
+static int gguf_head_read(const char *path, gguf_head *g) {
+    FILE *f = fopen(path, "rb");
+    uint32_t magic, ver;
+    uint64_t nt, nkv;
+    int rc = -1;
+    g->n = 0, g->items = NULL;
+    if (!f || gg_rd(f, &magic, 4) || gg_rd(f, &ver, 4) || gg_rd(f, &nt, 8) || gg_rd(f, &nkv, 8) || nt + nkv > 100000)
+        goto out;
+    if (!(g->items = calloc(nt + nkv + 1, sizeof *g->items))) goto out;
+    for (uint64_t i = 0; i < nkv; i++) {
+        gguf_item *it = &g->items[g->n++];
+        uint32_t ty;
+        if (gg_rdstr(f, it->name, sizeof it->name) || gg_rd(f, &ty, 4) || gg_rdval(f, ty, &it->v)) goto out;
+    }
+    for (uint64_t i = 0; i < nt; i++) {
+        gguf_item *it = &g->items[g->n++];
+        uint32_t nd, ty;
+        uint64_t off;
+        it->tensor = 1;
+        if (gg_rdstr(f, it->name, sizeof it->name) || gg_rd(f, &nd, 4) || nd > 4) goto out;
+        it->ndim = (int)nd;
+        for (uint32_t d = 0; d < nd; d++)
+            if (gg_rd(f, &it->ne[d], 8)) goto out;
+        if (gg_rd(f, &ty, 4) || gg_rd(f, &off, 8)) goto out;
+        it->type = (int)ty;
+    }
+    rc = magic == 0x46554747u ? 0 : -1; /* "GGUF" */
+out:
+    if (f) fclose(f);
+    if (rc) free(g->items), g->items = NULL;
+    return rc;
+}
+static const gguf_item *gguf_item_find(const gguf_head *g, const char *name) {
+    for (int i = 0; i < g->n; i++)
+        if (!strcmp(g->items[i].name, name)) return &g->items[i];
+    return NULL;
+}
+
+/* The nemotron_h_moe export of the MoE fixture (MEM*E, 6 experts of 24,
+ * top-2, scale 2.5, shared 36), read back with gguf_head_read: the keys
+ * llama.cpp's loader reads, the stacked experts without a gate, the
+ * correction bias F32 and equal to the model's; a dense MLP layer beside
+ * MoE ones refused. */
+static void test_nemotron_h_moe_gguf_keys(void) {
+    char dir[1100], path[1200];
+    ck_build_path(dir, sizeof dir, "fixtures/models/nemotronh_moe_bf16");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (!ck_exists(path)) SKIP("no nemotron_h MoE fixture (make fixtures)");
+    ac_model m;
+    ac_err e;
+    CHECK(ac_model_load(dir, &m, &e) == 0, "%s", e.msg);
+    CHECK(!strcmp(ac_gguf_arch_name(&m.a), "nemotron_h_moe") && ac_gguf_check_arch(&m.a, &e) == 0,
+          "nemotron_h_moe arch: %s", e.msg);
+    snprintf(path, sizeof path, "%s/nemotron_h_moe_keys.gguf", tmpdir);
+    CHECK(ac_gguf_write(&m, NULL, path, ST_BF16, &e) == 0, "%s", e.msg);
+    gguf_head g;
+    if (gguf_head_read(path, &g) == 0) {
+        const gguf_item *kc = gguf_item_find(&g, "nemotron_h_moe.expert_count"),
+                        *ku = gguf_item_find(&g, "nemotron_h_moe.expert_used_count"),
+                        *kfe = gguf_item_find(&g, "nemotron_h_moe.expert_feed_forward_length"),
+                        *ks = gguf_item_find(&g, "nemotron_h_moe.expert_weights_scale"),
+                        *kn = gguf_item_find(&g, "nemotron_h_moe.expert_weights_norm"),
+                        *kf = gguf_item_find(&g, "nemotron_h_moe.expert_shared_feed_forward_length"),
+                        *up = gguf_item_find(&g, "blk.1.ffn_up_exps.weight"),
+                        *dn = gguf_item_find(&g, "blk.4.ffn_down_exps.weight"),
+                        *gi = gguf_item_find(&g, "blk.1.ffn_gate_inp.weight"),
+                        *pb = gguf_item_find(&g, "blk.1.exp_probs_b.bias");
+        CHECK(kc && kc->v == 6 && ku && ku->v == 2 && kfe && kfe->v == 24 && ks && ks->v == 2.5 && kn && kn->v == 1 &&
+                  kf && kf->v == 36,
+              "nemotron_h_moe keys");
+        CHECK(up && up->ndim == 3 && up->ne[0] == 40 && up->ne[1] == 24 && up->ne[2] == 6 && up->type == 30 && dn &&
+                  dn->ne[0] == 24 && dn->ne[1] == 40 && dn->ne[2] == 6 && gi && gi->ne[0] == 40 && gi->ne[1] == 6 &&
+                  pb && pb->ndim == 1 && pb->ne[0] == 6 && pb->type == 0 &&
+                  !gguf_item_find(&g, "blk.1.ffn_gate_exps.weight") &&
+                  gguf_item_find(&g, "blk.1.ffn_up_shexp.weight") && gguf_item_find(&g, "blk.4.ffn_down_shexp.weight"),
+              "nemotron_h_moe tensors");
+        free(g.items);
+    } else
+        CHECK(0, "cannot read back %s", path);
+    m.a.layers[3] = (ac_layer_arch){0, 0, 8, 0, 0, 0}; /* a dense MLP beside MoE layers */
+    CHECK(ac_gguf_check_arch(&m.a, &e) != 0 && strstr(e.msg, "dense MLP"), "dense MLP in nemotron_h_moe: %s", e.msg);
+    m.a.layers[3] = (ac_layer_arch){4, 2, 0, 0, 0, 0};
+    ac_model_free(&m);
+    /* LatentMoE (ME*E, latent 24): moe_latent_size, ffn_latent_down/up, the experts on the latent width */
+    ck_build_path(dir, sizeof dir, "fixtures/models/nemotronh_latent_bf16");
+    CHECK(ac_model_load(dir, &m, &e) == 0 && ac_gguf_write(&m, NULL, path, ST_BF16, &e) == 0, "%s", e.msg);
+    if (gguf_head_read(path, &g) == 0) {
+        const gguf_item *kl = gguf_item_find(&g, "nemotron_h_moe.moe_latent_size"),
+                        *ld = gguf_item_find(&g, "blk.1.ffn_latent_down.weight"),
+                        *lu = gguf_item_find(&g, "blk.3.ffn_latent_up.weight"),
+                        *up = gguf_item_find(&g, "blk.1.ffn_up_exps.weight"),
+                        *dn = gguf_item_find(&g, "blk.3.ffn_down_exps.weight");
+        CHECK(kl && kl->v == 24 && ld && ld->ne[0] == 40 && ld->ne[1] == 24 && lu && lu->ne[0] == 24 &&
+                  lu->ne[1] == 40 && up && up->ne[0] == 24 && up->ne[1] == 20 && up->ne[2] == 6 && dn &&
+                  dn->ne[0] == 20 && dn->ne[1] == 24,
+              "LatentMoE keys and tensors");
+        free(g.items);
+    } else
+        CHECK(0, "cannot read back %s", path);
+    ac_model_free(&m);
+}
+
+/* llama.cpp's nemotron_h_moe (the same with MoE layers: sigmoid router
+ * with the correction bias, relu^2 experts and shared expert, scale,
+ * renormalisation; and with LatentMoE's projections) runs our GGUF export
+ * of a hybrid made from the tiny model as our engine does; mixed expert
+ * widths are refused. The export is F32: on this near-random model (its
+ * Mamba and MoE layers random, perplexity about 1300) BF16 rounding flips
+ * the expert choice of rows near a tie, which moves the flat logits enough
+ * to change greedy tokens; in F32 llama.cpp agrees to 2e-7 in perplexity,
+ * where dropping the scale, the renormalisation or the correction bias
+ * moves ours by 5.8%, 4.3% and 0.3%. */
+static void test_nemotron_h_moe_gguf(void) {
+    if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
+    ac_model hy;
+    ac_err e;
+    if (tiny_hybrid_in_llama("M*EM*E", 0, "nemotron_h_moe", ST_F32, &hy)) return;
+    hy.a.layers[2].expert_ffn = 16; /* one expert width in llama.cpp */
+    CHECK(ac_gguf_check_arch(&hy.a, &e) != 0 && strstr(e.msg, "one expert count"), "mixed expert widths: %s", e.msg);
+    hy.a.layers[2].expert_ffn = 32;
+    ac_model_free(&hy);
+    /* LatentMoE: the experts on half the hidden width */
+    ac_model t;
+    CHECK(ac_model_load(tiny, &t, &e) == 0, "%s", e.msg);
+    int lt = t.a.hidden / 2;
     ac_model_free(&t);
+    if (tiny_hybrid_in_llama("M*EM*E", lt, "nemotron_h_moe", ST_F32, &hy)) return;
+    ac_model_free(&hy);
 }
 
 /* ---- SentencePiece-style and GPT-2 tokenizers through GGUF metadata ---- */
@@ -1015,6 +1225,8 @@ int main(void) {
     RUN(test_llama_cpp_runs_qwen3);
     RUN(test_moe_gguf);
     RUN(test_nemotron_h_gguf);
+    RUN(test_nemotron_h_moe_gguf_keys);
+    RUN(test_nemotron_h_moe_gguf);
     RUN(test_spec_checks);
     RUN(test_jobs_write_gguf);
     char cmd[128];

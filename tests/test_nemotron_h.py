@@ -15,21 +15,22 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import BUILD, TINY, Daemon, Runner, spec  # noqa: E402
 
-FIX = os.path.join(BUILD, "fixtures", "models", "nemotronh_bf16")
+FIXTURES = [os.path.join(BUILD, "fixtures", "models", n) for n in ("nemotronh_bf16", "nemotronh_moe_bf16")]
 WORK = tempfile.mkdtemp(prefix="ac_nemoh_")
 
 
-def model_dir():
-    """The fixture checkpoint with a tokenizer beside it (as a job needs)."""
-    d = os.path.join(WORK, "nemotronh")
+def model_dir(fix):
+    """A fixture checkpoint with a tokenizer beside it (as a job needs)."""
+    d = os.path.join(WORK, os.path.basename(fix))
     if not os.path.exists(d):
-        shutil.copytree(FIX, d)
+        shutil.copytree(fix, d)
         shutil.copy(os.path.join(TINY, "tokenizer.json"), d)
     return d
 
 
 def have():
-    return (os.path.exists(os.path.join(FIX, "config.json")) and os.path.exists(os.path.join(TINY, "tokenizer.json"))
+    return (all(os.path.exists(os.path.join(f, "config.json")) for f in FIXTURES)
+            and os.path.exists(os.path.join(TINY, "tokenizer.json"))
             and os.path.exists(os.path.join(BUILD, "autocompressd")))
 
 
@@ -38,14 +39,15 @@ def test_jobs_and_estimates_refused_with_the_reason():
         return "skip"
     d = Daemon(config={"cpu_slots": 1, "model_roots": [BUILD, "/tmp"]}).start()
     try:
-        m = model_dir()
-        st, j = d.req("POST", "/v1/jobs", spec(model=m))
-        assert st == 400 and j["error"]["field"] == "model", (st, j)
-        assert "nemotron_h" in j["error"]["message"] and "evaluate" in j["error"]["message"], j
-        st, j = d.req("POST", "/v1/validate", spec(model=m))  # the one spec check: the same answer
-        assert st == 400 and j["error"]["field"] == "model" and j["error"]["code"] == "invalid_spec", (st, j)
-        st, j = d.req("POST", "/v1/estimate", {"model": m, "target": {"device": "H100"}})
-        assert st == 400 and j["error"]["field"] == "model" and "nemotron_h" in j["error"]["message"], (st, j)
+        for fix in FIXTURES:  # the dense hybrid and the one with MoE layers
+            m = model_dir(fix)
+            st, j = d.req("POST", "/v1/jobs", spec(model=m))
+            assert st == 400 and j["error"]["field"] == "model", (fix, st, j)
+            assert "nemotron_h" in j["error"]["message"] and "evaluate" in j["error"]["message"], j
+            st, j = d.req("POST", "/v1/validate", spec(model=m))  # the one spec check: the same answer
+            assert st == 400 and j["error"]["field"] == "model" and j["error"]["code"] == "invalid_spec", (st, j)
+            st, j = d.req("POST", "/v1/estimate", {"model": m, "target": {"device": "H100"}})
+            assert st == 400 and j["error"]["field"] == "model" and "nemotron_h" in j["error"]["message"], (st, j)
         st, j = d.req("GET", "/v1/jobs")
         assert st == 200 and j["jobs"] == [], j  # nothing queued
     finally:

@@ -93,9 +93,20 @@ static float *train_ptr(ac_trainer *t, const char *name) {
                                    "mixer.D", "mixer.norm.weight"};
         float *hp[] = {w->wq,     w->wk,     w->wv,      w->wo,    w->wu,    w->wd,    w->ssm_in,
                        w->ssm_out, w->conv_w, w->conv_b, w->dt_bias, w->a_log, w->ssm_d, w->ssm_norm};
-        if (!strcmp(rest, "norm.weight")) return L->ffn ? w->post_norm : w->in_norm;
+        if (!strcmp(rest, "norm.weight")) return L->ffn || L->n_experts ? w->post_norm : w->in_norm;
         for (size_t i = 0; i < sizeof hn / sizeof *hn; i++)
             if (!strcmp(rest, hn[i])) return hp[i];
+        /* MoE layers: router, experts (no gate), shared expert, LatentMoE's projections */
+        static const char *mn[] = {"mixer.gate.weight", "mixer.shared_experts.up_proj.weight",
+                                   "mixer.shared_experts.down_proj.weight", "mixer.fc1_latent_proj.weight",
+                                   "mixer.fc2_latent_proj.weight"};
+        float *mp[] = {w->router, w->sh_u, w->sh_d, w->lat_down, w->lat_up};
+        for (size_t i = 0; i < sizeof mn / sizeof *mn; i++)
+            if (!strcmp(rest, mn[i])) return mp[i];
+        int x;
+        char kind[16];
+        if (sscanf(rest, "mixer.experts.%d.%15[a-z]_proj.weight", &x, kind) == 2 && x >= 0 && x < L->n_experts)
+            return !strcmp(kind, "up") ? w->eu[x] : !strcmp(kind, "down") ? w->ed[x] : NULL;
         return NULL;
     }
     if (!strcmp(name, "lm_head.weight")) return t->g.lm_head;
@@ -232,6 +243,8 @@ GRAD_TEST(test_grad_qwen3_hd_bf16, "qwen3_hd_bf16")
 GRAD_TEST(test_grad_qwen3moe_mixed_bf16, "qwen3moe_mixed_bf16")
 GRAD_TEST(test_grad_mixtral_f32, "mixtral_f32")
 GRAD_TEST(test_grad_nemotronh_bf16, "nemotronh_bf16")
+GRAD_TEST(test_grad_nemotronh_moe_bf16, "nemotronh_moe_bf16")
+GRAD_TEST(test_grad_nemotronh_latent_bf16, "nemotronh_latent_bf16")
 
 /* Two backward passes at scale 1/2 on halves of a batch accumulate to the
  * gradient of the mean over the whole batch (per-row losses normalise by
@@ -959,6 +972,8 @@ int main(void) {
     RUN(test_grad_qwen3moe_mixed_bf16);
     RUN(test_grad_mixtral_f32);
     RUN(test_grad_nemotronh_bf16);
+    RUN(test_grad_nemotronh_moe_bf16);
+    RUN(test_grad_nemotronh_latent_bf16);
     RUN(test_accumulation);
     RUN(test_kv_group_gate);
     RUN(test_adamw);

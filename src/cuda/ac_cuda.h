@@ -39,8 +39,9 @@ typedef struct acc_engine acc_engine;
 
 /* Bumped whenever ac_cuda_api, acc_timings or the ac_model fields the plugin
  * reads change. 2: weights in their file dtype (engine_update's dtype,
- * convert).  4: op_test. 6: ac_arch/ac_layer_arch/ac_layer_w gained the hybrid (Mamba-2) fields. */
-#define ACC_ABI_VERSION 6
+ * convert).  4: op_test. 6: ac_arch/ac_layer_arch/ac_layer_w gained the hybrid (Mamba-2) fields. 7: ac_arch and ac_layer_w
+ * gained nemotron_h's MoE fields (sigmoid router, correction bias, shared expert). */
+#define ACC_ABI_VERSION 7
 
 /* Raw micro-benchmark timings of one device (measure_timings): the grids
  * the plugin chose and the median microseconds at each point. */

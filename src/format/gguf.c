@@ -32,23 +32,33 @@ int ac_gguf_is_path(const char *path) {
 }
 
 const char *ac_gguf_arch_name(const ac_arch *a) {
-    if (a->hybrid) return "nemotron_h";
+    if (a->hybrid) return ac_arch_has_moe(a) ? "nemotron_h_moe" : "nemotron_h";
     if (ac_arch_has_moe(a)) return a->qk_norm ? "qwen3moe" : "llama";
     return a->qk_norm ? "qwen3" : ac_arch_is_uniform(a) ? "llama" : "deci";
 }
 
 int ac_gguf_check_arch(const ac_arch *a, ac_err *e) {
-    if (a->hybrid) { /* llama.cpp's nemotron_h: per-layer KV heads and MLP widths, one query-head and Mamba-head count */
-        int nh = 0, mh = 0;
+    if (a->hybrid) { /* llama.cpp's nemotron_h: per-layer KV heads and MLP widths, one query-head and Mamba-head count;
+                      * nemotron_h_moe: one expert count and width, and every FFN layer MoE */
+        int nh = 0, mh = 0, ne = 0, fe = 0, moe = ac_arch_has_moe(a);
         for (int l = 0; l < a->n_layers; l++) {
             const ac_layer_arch *L = &a->layers[l];
             if ((L->n_heads && nh && L->n_heads != nh) || (L->ssm_heads && mh && L->ssm_heads != mh))
                 return ac_errf(e, "export target gguf: llama.cpp's nemotron_h has one query-head count and one "
                                   "Mamba-head count for every layer (layer %d differs)",
                                l);
-            if (!L->n_heads + !L->ffn + !L->ssm_heads != 2)
+            if (!L->n_heads + !L->ffn + !L->ssm_heads + !L->n_experts != 3)
                 return ac_errf(e, "export target gguf: nemotron_h layer %d must hold exactly one mixer", l);
+            if (moe && L->ffn)
+                return ac_errf(e, "export target gguf: llama.cpp's nemotron_h_moe makes every FFN layer a mixture of "
+                                  "experts (layer %d is a dense MLP)",
+                               l);
+            if (L->n_experts && ne && (L->n_experts != ne || L->expert_ffn != fe))
+                return ac_errf(e, "export target gguf: llama.cpp's nemotron_h_moe has one expert count and expert "
+                                  "width for every layer (layer %d differs)",
+                               l);
             nh = L->n_heads ? L->n_heads : nh, mh = L->ssm_heads ? L->ssm_heads : mh;
+            if (L->n_experts) ne = L->n_experts, fe = L->expert_ffn;
         }
         return 0;
     }
@@ -234,16 +244,33 @@ static void write_hparams(gbuf *b, const ac_arch *a, const char *arch, int dtype
         if (!strcmp(arch, "qwen3moe"))
             kv_u32(b, ak(arch, "expert_feed_forward_length"), (uint32_t)a->layers[0].expert_ffn);
     }
-    if (a->hybrid) { /* nemotron_h: a layer is Mamba when its KV heads and FFN width are both 0 */
+    if (a->hybrid) { /* nemotron_h: a layer is Mamba when its KV heads and FFN width are both 0; an MoE layer's
+                      * FFN width is its expert width (nemotron_h_moe) */
         int nh = 1, mh = 0;
+        const ac_layer_arch *moe = NULL;
         const char *names[2] = {"feed_forward_length", "attention.head_count_kv"};
         for (int k = 0; k < 2; k++) {
             kv_arr(b, ak(arch, names[k]), GG_I32, (uint64_t)a->n_layers);
-            for (int l = 0; l < a->n_layers; l++) g32(b, (uint32_t)(k ? a->layers[l].n_kv_heads : a->layers[l].ffn));
+            for (int l = 0; l < a->n_layers; l++) {
+                const ac_layer_arch *L = &a->layers[l];
+                g32(b, (uint32_t)(k ? L->n_kv_heads : L->n_experts ? L->expert_ffn : L->ffn));
+            }
         }
         for (int l = 0; l < a->n_layers; l++) {
             if (a->layers[l].n_heads) nh = a->layers[l].n_heads;
             if (a->layers[l].ssm_heads) mh = a->layers[l].ssm_heads;
+            if (a->layers[l].n_experts && !moe) moe = &a->layers[l];
+        }
+        if (moe) { /* the converter's nemotron_h_moe keys; the graph's router is the sigmoid one */
+            kv_u32(b, ak(arch, "expert_count"), (uint32_t)moe->n_experts);
+            kv_u32(b, ak(arch, "expert_used_count"), (uint32_t)a->top_k);
+            kv_u32(b, ak(arch, "expert_feed_forward_length"), (uint32_t)moe->expert_ffn);
+            kv_u32(b, ak(arch, "expert_shared_feed_forward_length"), (uint32_t)a->shared_ffn);
+            kv_u32(b, ak(arch, "expert_shared_count"), 1);
+            kv_bool(b, ak(arch, "expert_weights_norm"), a->norm_topk);
+            kv_f32(b, ak(arch, "expert_weights_scale"), a->routed_scale);
+            kv_u32(b, ak(arch, "expert_group_count"), 1);
+            if (a->moe_latent) kv_u32(b, ak(arch, "moe_latent_size"), (uint32_t)a->moe_latent);
         }
         kv_u32(b, ak(arch, "attention.head_count"), (uint32_t)nh);
         kv_u32(b, ak(arch, "ssm.conv_kernel"), (uint32_t)a->ssm_conv);
@@ -519,8 +546,24 @@ static int list_tensors(const ac_model *m, int dtype, gg_tensor *t, int *nt, flo
 #define HT(sfx, src, sdt, r, c)                                                                                        \
     snprintf(nm, sizeof nm, "blk.%d.%s", l, sfx);                                                                      \
     add_t(t, nt, nm, src, sdt, r, c, 0, dtype)
-            HT("attn_norm.weight", L->ffn ? w->post_norm : w->in_norm, ST_F32, H, 0);
-            if (L->ffn) {
+            HT("attn_norm.weight", L->ffn || L->n_experts ? w->post_norm : w->in_norm, ST_F32, H, 0);
+            if (L->n_experts) { /* router, correction bias, (LatentMoE's projections,) the experts stacked, the shared
+                                 * expert */
+                int64_t Hin = a->moe_latent ? a->moe_latent : H;
+                HT("ffn_gate_inp.weight", w->router, lw, L->n_experts, H);
+                HT("exp_probs_b.bias", w->router_bias, ST_F32, L->n_experts, 0);
+                if (a->moe_latent) {
+                    HT("ffn_latent_down.weight", w->lat_down, lw, Hin, H);
+                    HT("ffn_latent_up.weight", w->lat_up, lw, H, Hin);
+                }
+                for (int x = 1; x < 3; x++) { /* up, down: no gate */
+                    HT(gg_moe_names[x], NULL, lw, x == 2 ? Hin : L->expert_ffn, x == 2 ? L->expert_ffn : Hin);
+                    t[*nt - 1].parts = x == 1 ? w->eu : w->ed;
+                    t[*nt - 1].np = L->n_experts;
+                }
+                HT("ffn_up_shexp.weight", w->sh_u, lw, a->shared_ffn, H);
+                HT("ffn_down_shexp.weight", w->sh_d, lw, H, a->shared_ffn);
+            } else if (L->ffn) {
                 HT("ffn_up.weight", w->wu, lw, L->ffn, H);
                 HT("ffn_down.weight", w->wd, lw, H, L->ffn);
             } else if (L->n_heads) {

@@ -220,7 +220,10 @@ static int config_moe(const json_t *cfg, const char *mt, ac_arch *a, ac_err *e) 
  * layer: M Mamba-2, * attention, - MLP; or layers_block_type, a list of
  * "mamba" / "attention" / "mlp") and the Mamba-2 shapes. One mixer a
  * layer: a layer holds attention (heads), an MLP (ffn) or a Mamba-2 mixer
- * (ssm_heads), never two. MoE layers (E / "moe") are refused for now. */
+ * (ssm_heads), never two; E ("moe") a mixture of squared-ReLU experts with a
+ * shared expert and the sigmoid router (config_hybrid_moe). Newer configs
+ * name Mamba and attention layers linear_attention / full_attention. */
+static int config_hybrid_moe(const json_t *cfg, ac_arch *a, int *E, int *fe, int *fs, ac_err *e);
 static int config_hybrid(const json_t *cfg, int nh, int nkv, int ffn, ac_arch *a, ac_err *e) {
     json_t *pat = json_object_get(cfg, "hybrid_override_pattern"), *lbt = json_object_get(cfg, "layers_block_type");
     int n = 0;
@@ -230,11 +233,12 @@ static int config_hybrid(const json_t *cfg, int nh, int nkv, int ffn, ac_arch *a
         if (strlen(p) > 4096) return ac_errf(e, "config.json: hybrid_override_pattern is longer than 4096 layers");
         for (; p[n]; n++) kinds[n] = p[n];
     } else if (json_is_array(lbt) && json_array_size(lbt) <= 4096) {
-        static const char *names[] = {"mamba", "attention", "mlp", "moe"}, ch[] = "M*-E";
+        static const char *names[] = {"mamba", "attention", "mlp", "moe", "linear_attention", "full_attention"},
+                          ch[] = "M*-EM*";
         for (; n < (int)json_array_size(lbt); n++) {
             const char *k = json_string_value(json_array_get(lbt, n));
             kinds[n] = '?';
-            for (int i = 0; k && i < 4; i++)
+            for (int i = 0; k && i < 6; i++)
                 if (!strcmp(k, names[i])) kinds[n] = ch[i];
         }
     } else
@@ -258,6 +262,8 @@ static int config_hybrid(const json_t *cfg, int nh, int nkv, int ffn, ac_arch *a
         return ac_errf(e, "config.json: nemotron_h mamba_hidden_act %s is not supported (silu)", mact);
     if (json_is_true(json_object_get(cfg, "use_bias")) || json_is_true(json_object_get(cfg, "mamba_proj_bias")))
         return ac_errf(e, "config.json: nemotron_h in_proj/out_proj biases (use_bias) are not supported");
+    int E = 0, fe = 0, fs = 0;
+    if (memchr(kinds, 'E', (size_t)n) && config_hybrid_moe(cfg, a, &E, &fe, &fs, e)) return -1;
     a->layers = calloc(n, sizeof *a->layers);
     if (!a->layers) return ac_errf(e, "out of memory");
     for (int l = 0; l < n; l++) {
@@ -266,10 +272,7 @@ static int config_hybrid(const json_t *cfg, int nh, int nkv, int ffn, ac_arch *a
         case 'M': L->ssm_heads = mh; break;
         case '*': L->n_heads = nh, L->n_kv_heads = nkv; break;
         case '-': L->ffn = ffn; break;
-        case 'E':
-            return ac_errf(e, "config.json: nemotron_h layer %d is a mixture of experts (E): Nemotron-H MoE layers "
-                              "(sigmoid router, shared expert, relu2 experts) are not supported yet",
-                           l);
+        case 'E': L->n_experts = E, L->expert_ffn = fe; break;
         default: return ac_errf(e, "config.json: nemotron_h layer %d has an unknown type", l);
         }
         if (kinds[l] == 'M' && (mh <= 0 || P <= 0 || N <= 0 || G <= 0 || K <= 0 || mh % G))
@@ -285,6 +288,45 @@ static int config_hybrid(const json_t *cfg, int nh, int nkv, int ffn, ac_arch *a
     a->ssm_head_dim = P, a->ssm_state = N, a->ssm_groups = G, a->ssm_conv = K;
     a->ssm_conv_bias = !json_is_false(json_object_get(cfg, "use_conv_bias")) &&
                        !json_is_false(json_object_get(cfg, "mamba_conv_bias"));
+    return 0;
+}
+
+/* nemotron_h's MoE keys (Hugging Face NemotronHConfig and its defaults):
+ * n_routed_experts E, num_experts_per_tok, moe_intermediate_size (each
+ * expert), moe_shared_expert_intermediate_size (the shared expert),
+ * norm_topk_prob (true), routed_scaling_factor (1), moe_latent_size
+ * (LatentMoE; null: none). Refused: group-limited routing (n_group > 1
+ * with topk_group < n_group), more than one shared expert (readers
+ * disagree on its width), a latent width above the hidden one. */
+static int config_hybrid_moe(const json_t *cfg, ac_arch *a, int *E, int *fe, int *fs, ac_err *e) {
+    int k = 0, ng = 1, tg = 1, ns = 1, lt = 0;
+    double scale = 1;
+    json_t *lat = json_object_get(cfg, "moe_latent_size"), *nt = json_object_get(cfg, "norm_topk_prob");
+    if (get_int(cfg, "n_routed_experts", 0, E, e) || get_int(cfg, "num_experts_per_tok", 0, &k, e) ||
+        get_int(cfg, "moe_intermediate_size", 0, fe, e) ||
+        get_int(cfg, "moe_shared_expert_intermediate_size", 0, fs, e) || get_int(cfg, "n_group", 1, &ng, e) ||
+        get_int(cfg, "topk_group", 1, &tg, e) || get_int(cfg, "n_shared_experts", 1, &ns, e) ||
+        get_num(cfg, "routed_scaling_factor", 1, &scale, e) || get_int(cfg, "moe_latent_size", 0, &lt, e))
+        return -1;
+    if (*E <= 0 || *E > 1 << 16) return ac_errf(e, "config.json: nemotron_h MoE needs 1..65536 n_routed_experts");
+    if (k <= 0 || k > *E)
+        return ac_errf(e, "config.json: num_experts_per_tok %d must be 1..%d (n_routed_experts)", k, *E);
+    if (*fe <= 0 || *fe > 1 << 20 || *fs <= 0 || *fs > 1 << 20)
+        return ac_errf(e, "config.json: nemotron_h MoE needs moe_intermediate_size and "
+                          "moe_shared_expert_intermediate_size > 0");
+    if (lat && !json_is_null(lat) && (lt <= 0 || lt > a->hidden))
+        return ac_errf(e, "config.json: moe_latent_size %d must be 1..hidden_size (%d)", lt, a->hidden);
+    if (ng > 1 && tg < ng)
+        return ac_errf(e, "config.json: n_group %d with topk_group %d: group-limited expert routing is not supported",
+                       ng, tg);
+    if (ns != 1) return ac_errf(e, "config.json: n_shared_experts %d: one shared expert is supported", ns);
+    if (!(scale > 0)) return ac_errf(e, "config.json: routed_scaling_factor must be positive");
+    a->top_k = k;
+    a->norm_topk = !nt || json_is_null(nt) || json_is_true(nt);
+    a->router_sigmoid = 1;
+    a->routed_scale = (float)scale;
+    a->shared_ffn = *fs;
+    a->moe_latent = lt;
     return 0;
 }
 
@@ -420,8 +462,13 @@ double ac_arch_params(const ac_arch *a) {
         if (L->ffn) p += H + (a->hybrid ? 2 : 3) * H * L->ffn; /* nemotron_h's MLP: up, down */
         if (L->ssm_heads) /* norm, in_proj, conv (+ bias), dt_bias, A_log, D, gated norm, out_proj */
             p += H + (double)ac_ssm_in_dim(a, l) * H + (double)ac_ssm_conv_dim(a, l) * (a->ssm_conv + 1) +
-                 3.0 * L->ssm_heads + 2.0 * ac_ssm_inner(a, l) + H * (double)ac_ssm_inner(a, l);
-        if (L->n_experts) p += H + (double)L->n_experts * (H + 3 * H * L->expert_ffn);
+                 3.0 * L->ssm_heads + ac_ssm_inner(a, l) + H * (double)ac_ssm_inner(a, l);
+        if (L->n_experts) { /* norm, router, experts (nemotron_h: no gate, a correction bias, a shared expert, a
+                             * latent projection down and up) */
+            double Hin = a->hybrid && a->moe_latent ? a->moe_latent : H;
+            p += H + (double)L->n_experts * (H + (a->hybrid ? 2 : 3) * Hin * L->expert_ffn) +
+                 (a->hybrid ? L->n_experts + 2 * H * a->shared_ffn + (a->moe_latent ? 2 * H * Hin : 0) : 0);
+        }
     }
     return p;
 }
@@ -436,8 +483,12 @@ json_t *ac_arch_to_json(const ac_arch *a) {
             json_object_set_new(o, "expert_ffn", json_integer(L->expert_ffn));
         }
         if (a->hybrid) {
-            json_object_set_new(o, "type", json_string(L->ssm_heads ? "mamba" : L->n_heads ? "attention" : "mlp"));
+            json_object_set_new(o, "type", json_string(L->ssm_heads     ? "mamba"
+                                                       : L->n_heads   ? "attention"
+                                                       : L->n_experts ? "moe"
+                                                                      : "mlp"));
             if (L->ssm_heads) json_object_set_new(o, "ssm_heads", json_integer(L->ssm_heads));
+            if (L->n_experts) json_object_set_new(o, "shared_ffn", json_integer(a->shared_ffn));
         }
         json_array_append_new(layers, o);
     }
@@ -512,10 +563,12 @@ bad:
  * hybrid whose layers of one type differ). */
 static json_t *hybrid_config(const ac_arch *a) {
     int nh = 0, nkv = 0, ffn = 0, mh = 0;
+    const ac_layer_arch *moe = NULL;
     char *pat = malloc((size_t)a->n_layers + 1);
     for (int l = 0; pat && l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
-        pat[l] = L->ssm_heads ? 'M' : L->n_heads ? '*' : '-';
+        pat[l] = L->ssm_heads ? 'M' : L->n_heads ? '*' : L->n_experts ? 'E' : '-';
+        if (L->n_experts && !moe) moe = L;
         if (L->ssm_heads && !mh) mh = L->ssm_heads;
         if (L->n_heads && !nh) nh = L->n_heads, nkv = L->n_kv_heads;
         if (L->ffn && !ffn) ffn = L->ffn;
@@ -540,6 +593,18 @@ static json_t *hybrid_config(const ac_arch *a) {
     json_object_set_new(c, "n_groups", json_integer(a->ssm_groups));
     json_object_set_new(c, "conv_kernel", json_integer(a->ssm_conv));
     json_object_set_new(c, "use_conv_bias", json_boolean(a->ssm_conv_bias));
+    if (moe) { /* the MoE layers' one shape */
+        json_object_set_new(c, "n_routed_experts", json_integer(moe->n_experts));
+        json_object_set_new(c, "num_experts_per_tok", json_integer(a->top_k));
+        json_object_set_new(c, "moe_intermediate_size", json_integer(moe->expert_ffn));
+        json_object_set_new(c, "moe_shared_expert_intermediate_size", json_integer(a->shared_ffn));
+        json_object_set_new(c, "n_shared_experts", json_integer(1));
+        json_object_set_new(c, "norm_topk_prob", json_boolean(a->norm_topk));
+        json_object_set_new(c, "routed_scaling_factor", json_real(a->routed_scale));
+        json_object_set_new(c, "n_group", json_integer(1));
+        json_object_set_new(c, "topk_group", json_integer(1));
+        json_object_set_new(c, "moe_latent_size", a->moe_latent ? json_integer(a->moe_latent) : json_null());
+    }
     json_object_set_new(c, "use_bias", json_false());
     json_object_set_new(c, "mlp_bias", json_false());
     json_object_set_new(c, "attention_bias", json_false());
@@ -789,13 +854,22 @@ static int model_copy(const ac_model *src, ac_model *dst, int bf16, ac_err *e) {
         layer_slots(a, l, d, pd, n);
         for (int i = 0; i < 7; i++)
             if (*ps[i] && *pd[i] && n[i]) ac_convert(*pd[i], ddt, *ps[i], wdt, n[i], NULL);
-        if (L->n_experts) { /* the router and every expert's matrices */
-            size_t E = L->n_experts, Fe = L->expert_ffn;
+        if (L->n_experts) { /* the router and every expert's matrices (LatentMoE: on the latent width) */
+            size_t E = L->n_experts, Fe = L->expert_ffn, Hin = a->hybrid && a->moe_latent ? (size_t)a->moe_latent : H;
             ac_convert(d->router, ddt, s->router, wdt, E * H, NULL);
             for (size_t x = 0; x < E; x++) {
-                ac_convert(d->eg[x], ddt, s->eg[x], wdt, Fe * H, NULL);
-                ac_convert(d->eu[x], ddt, s->eu[x], wdt, Fe * H, NULL);
-                ac_convert(d->ed[x], ddt, s->ed[x], wdt, H * Fe, NULL);
+                if (s->eg[x]) ac_convert(d->eg[x], ddt, s->eg[x], wdt, Fe * H, NULL);
+                ac_convert(d->eu[x], ddt, s->eu[x], wdt, Fe * Hin, NULL);
+                ac_convert(d->ed[x], ddt, s->ed[x], wdt, Hin * Fe, NULL);
+            }
+            if (s->lat_down) {
+                ac_convert(d->lat_down, ddt, s->lat_down, wdt, Hin * H, NULL);
+                ac_convert(d->lat_up, ddt, s->lat_up, wdt, H * Hin, NULL);
+            }
+            if (s->router_bias) memcpy(d->router_bias, s->router_bias, E * sizeof(float));
+            if (a->shared_ffn) { /* nemotron_h's shared expert */
+                ac_convert(d->sh_u, ddt, s->sh_u, wdt, (size_t)a->shared_ffn * H, NULL);
+                ac_convert(d->sh_d, ddt, s->sh_d, wdt, H * a->shared_ffn, NULL);
             }
         }
         if (L->ssm_heads) { /* Mamba-2: in_proj, out_proj; the fp32 conv and per-head vectors */
@@ -833,7 +907,6 @@ int ac_model_make_bf16(ac_model *m, ac_err *e) {
     if (ac_model_wdt(m) == ST_BF16) return 0;
     if (ac_model_wdt(m) != ST_F32 || m->wmap) return ac_errf(e, "ac_model_make_bf16: an owned fp32 model only");
     const ac_arch *a = &m->a;
-    if (a->hybrid) return ac_errf(e, "ac_model_make_bf16: hybrid (nemotron_h) Mamba layers are not converted yet");
     size_t H = a->hidden, V = a->vocab;
     int ok = 1, tied = m->lm_head == m->embed;
     /* every matrix in turn: a BF16 buffer, then the fp32 one freed; from the
@@ -844,13 +917,22 @@ int ac_model_make_bf16(ac_model *m, ac_err *e) {
     if (tied) m->lm_head = m->embed;
     for (int l = 0; ok && l < a->n_layers; l++) {
         float **ps[7];
-        size_t n[7], E = a->layers[l].n_experts, ne = (size_t)a->layers[l].expert_ffn * H;
-        layer_slots(a, l, &m->L[l], ps, n);
+        ac_layer_w *w = &m->L[l];
+        size_t Hin = a->hybrid && a->moe_latent ? (size_t)a->moe_latent : H, Fs = a->hybrid ? (size_t)a->shared_ffn : 0;
+        size_t n[7], E = a->layers[l].n_experts, ne = (size_t)a->layers[l].expert_ffn * Hin;
+        layer_slots(a, l, w, ps, n);
         for (int i = 0; ok && i < 7; i++) ok = to_bf16_slot(ps[i], n[i]);
-        if (ok && E) ok = to_bf16_slot(&m->L[l].router, E * H); /* mixture of experts: router and experts */
-        for (size_t x = 0; ok && x < E; x++)
-            ok = to_bf16_slot(&m->L[l].eg[x], ne) && to_bf16_slot(&m->L[l].eu[x], ne) &&
-                 to_bf16_slot(&m->L[l].ed[x], ne);
+        if (ok && E) ok = to_bf16_slot(&w->router, E * H); /* mixture of experts: router and experts */
+        for (size_t x = 0; ok && x < E; x++) /* (nemotron_h's have no gate: a NULL slot is left) */
+            ok = to_bf16_slot(&w->eg[x], ne) && to_bf16_slot(&w->eu[x], ne) && to_bf16_slot(&w->ed[x], ne);
+        /* nemotron_h: the Mamba projections, the shared expert, LatentMoE's projections (the conv, the per-head
+         * vectors and the correction bias stay fp32) */
+        if (ok && a->layers[l].ssm_heads)
+            ok = to_bf16_slot(&w->ssm_in, (size_t)ac_ssm_in_dim(a, l) * H) &&
+                 to_bf16_slot(&w->ssm_out, H * (size_t)ac_ssm_inner(a, l));
+        if (ok && E && a->hybrid)
+            ok = to_bf16_slot(&w->sh_u, Fs * H) && to_bf16_slot(&w->sh_d, H * Fs) &&
+                 to_bf16_slot(&w->lat_down, Hin * H) && to_bf16_slot(&w->lat_up, H * Hin);
     }
     if (ok) return 0;
     ac_model_free(m); /* fp32 and BF16 matrices mixed: nothing may read it */
@@ -876,6 +958,7 @@ void ac_model_free(ac_model *m) {
             free(w->in_norm), free(w->bq), free(w->bk), free(w->bv), free(w->post_norm);
             free(w->q_norm), free(w->k_norm);
             free(w->conv_w), free(w->conv_b), free(w->dt_bias), free(w->a_log), free(w->ssm_d), free(w->ssm_norm);
+            free(w->router_bias);
             for (int x = 0; own && x < m->a.layers[l].n_experts; x++) {
                 if (w->eg) free(w->eg[x]);
                 if (w->eu) free(w->eu[x]);
@@ -883,7 +966,8 @@ void ac_model_free(ac_model *m) {
             }
             free(w->eg), free(w->eu), free(w->ed);
             if (!own) continue;
-            float *ps[] = {w->wq, w->wk, w->wv, w->wo, w->wg, w->wu, w->wd, w->router, w->ssm_in, w->ssm_out};
+            float *ps[] = {w->wq,     w->wk,     w->wv,      w->wo,   w->wg,  w->wu,       w->wd,
+                           w->router, w->ssm_in, w->ssm_out, w->sh_u, w->sh_d, w->lat_down, w->lat_up};
             for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) free(ps[i]);
         }
     }
@@ -942,6 +1026,31 @@ static int load_impl(const char *model_dir, ac_model *m, int resident, ac_err *e
                 LD(post_norm, "norm.weight", H, 0);
                 LD(wu, "mixer.up_proj.weight", F, H);
                 LD(wd, "mixer.down_proj.weight", H, F);
+                continue;
+            }
+            if (L->n_experts) { /* MoE: router, correction bias, experts up/down, shared expert */
+                int64_t E = L->n_experts, Fe = L->expert_ffn, Fs = a->shared_ffn, Hin = a->moe_latent ? a->moe_latent : H;
+                LD(post_norm, "norm.weight", H, 0);
+                if (a->moe_latent) {
+                    LD(lat_down, "mixer.fc1_latent_proj.weight", Hin, H);
+                    LD(lat_up, "mixer.fc2_latent_proj.weight", H, Hin);
+                }
+                LD(router, "mixer.gate.weight", E, H);
+                LD(router_bias, "mixer.gate.e_score_correction_bias", E, 0);
+                LD(sh_u, "mixer.shared_experts.up_proj.weight", Fs, H);
+                LD(sh_d, "mixer.shared_experts.down_proj.weight", H, Fs);
+                if (!(w->eg = calloc(E, sizeof *w->eg)) || !(w->eu = calloc(E, sizeof *w->eu)) ||
+                    !(w->ed = calloc(E, sizeof *w->ed))) {
+                    ac_errf(e, "out of memory");
+                    goto fail;
+                }
+                for (int x = 0; x < E; x++) {
+                    char sfx[96];
+                    snprintf(sfx, sizeof sfx, "mixer.experts.%d.up_proj.weight", x);
+                    LD(eu[x], sfx, Fe, Hin);
+                    snprintf(sfx, sizeof sfx, "mixer.experts.%d.down_proj.weight", x);
+                    LD(ed[x], sfx, Hin, Fe);
+                }
                 continue;
             }
             LD(in_norm, "norm.weight", H, 0);
@@ -1068,13 +1177,18 @@ static int model_alloc(ac_model *m, const ac_arch *a, int bf16, ac_err *e) {
                  (w->a_log = calloc(nh, 4)) && (w->ssm_d = calloc(nh, 4)) && (w->ssm_norm = calloc(di, 4));
         }
         if (ok && L->n_experts) {
-            size_t E = L->n_experts, Fe = L->expert_ffn;
+            size_t E = L->n_experts, Fe = L->expert_ffn, Hin = a->hybrid && a->moe_latent ? (size_t)a->moe_latent : H;
             ok = (w->post_norm = calloc(H, 4)) && (w->router = calloc(E * H, es)) &&
                  (w->eg = calloc(E, sizeof *w->eg)) && (w->eu = calloc(E, sizeof *w->eu)) &&
                  (w->ed = calloc(E, sizeof *w->ed));
-            for (size_t x = 0; ok && x < E; x++)
-                ok = (w->eg[x] = calloc(Fe * H, es)) && (w->eu[x] = calloc(Fe * H, es)) &&
-                     (w->ed[x] = calloc(H * Fe, es));
+            for (size_t x = 0; ok && x < E; x++) /* nemotron_h's experts have no gate */
+                ok = (a->hybrid || (w->eg[x] = calloc(Fe * H, es))) && (w->eu[x] = calloc(Fe * Hin, es)) &&
+                     (w->ed[x] = calloc(Hin * Fe, es));
+            if (ok && a->hybrid) /* the correction bias and the shared expert */
+                ok = (w->router_bias = calloc(E, 4)) && (w->sh_u = calloc((size_t)a->shared_ffn * H, es)) &&
+                     (w->sh_d = calloc(H * a->shared_ffn, es));
+            if (ok && a->hybrid && a->moe_latent) /* LatentMoE's projections */
+                ok = (w->lat_down = calloc(Hin * H, es)) && (w->lat_up = calloc(H * Hin, es));
         }
     }
     if (!ok) {
@@ -1087,11 +1201,11 @@ static int model_alloc(ac_model *m, const ac_arch *a, int bf16, ac_err *e) {
 /* 0 when every layer of one type has the same width (what nemotron_h's
  * config.json can say), else -1 with the reason. */
 static int hybrid_savable(const ac_arch *a, ac_err *e) {
-    int nh = 0, nkv = 0, ffn = 0, mh = 0;
+    int nh = 0, nkv = 0, ffn = 0, mh = 0, ne = 0, fe = 0;
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
-        int *want[3] = {&nh, &ffn, &mh}, got[3] = {L->n_heads, L->ffn, L->ssm_heads};
-        for (int k = 0; k < 3; k++) {
+        int *want[5] = {&nh, &ffn, &mh, &ne, &fe}, got[5] = {L->n_heads, L->ffn, L->ssm_heads, L->n_experts, L->expert_ffn};
+        for (int k = 0; k < 5; k++) {
             if (got[k] && !*want[k]) *want[k] = got[k];
             if (got[k] && got[k] != *want[k])
                 return ac_errf(e, "save: nemotron_h's config holds one width per layer type (layer %d differs)", l);
@@ -1099,7 +1213,7 @@ static int hybrid_savable(const ac_arch *a, ac_err *e) {
         if (L->n_heads && !nkv) nkv = L->n_kv_heads;
         if (L->n_heads && L->n_kv_heads != nkv)
             return ac_errf(e, "save: nemotron_h's config holds one KV-head count (layer %d differs)", l);
-        if (!L->n_heads + !L->ffn + !L->ssm_heads != 2)
+        if (!L->n_heads + !L->ffn + !L->ssm_heads + !L->n_experts != 3)
             return ac_errf(e, "save: nemotron_h layer %d must hold exactly one mixer", l);
     }
     return 0;
@@ -1139,6 +1253,20 @@ int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
         t[n] = (st_wtensor){names[n], (st_dtype)dtype, (d1) ? 2 : 1, {(d0), (d1)}, bufs[n]};                           \
         n++;                                                                                                           \
     } while (0)
+    /* an fp32 vector kept fp32 whatever dtype says (Hugging Face keeps nemotron_h's e_score_correction_bias fp32) */
+#define ADD32(nm, ptr, d0)                                                                                             \
+    do {                                                                                                               \
+        names[n] = strdup(nm);                                                                                         \
+        bufs[n] = malloc((size_t)(d0) * sizeof(float));                                                                \
+        if (!names[n] || !bufs[n]) {                                                                                   \
+            n++;                                                                                                       \
+            rc = ac_errf(e, "out of memory");                                                                          \
+            goto out;                                                                                                  \
+        }                                                                                                              \
+        memcpy(bufs[n], ptr, (size_t)(d0) * sizeof(float));                                                            \
+        t[n] = (st_wtensor){names[n], ST_F32, 1, {(d0), 0}, bufs[n]};                                                  \
+        n++;                                                                                                           \
+    } while (0)
     const char *pre = a->hybrid ? "backbone." : "model.";
     char nm[256];
     snprintf(nm, sizeof nm, "%s%s", pre, a->hybrid ? "embeddings.weight" : "embed_tokens.weight");
@@ -1151,10 +1279,30 @@ int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
 #define ADDL(suffix, ptr, d0, d1)                                                                                      \
     snprintf(nm, sizeof nm, "%slayers.%d.%s", pre, l, suffix);                                                         \
     ADD(nm, ptr, d0, d1)
+#define ADDL32(suffix, ptr, d0)                                                                                        \
+    snprintf(nm, sizeof nm, "%slayers.%d.%s", pre, l, suffix);                                                         \
+    ADD32(nm, ptr, d0)
         if (a->hybrid) { /* nemotron_h: one norm and one mixer */
             int64_t di = ac_ssm_inner(a, l), C = ac_ssm_conv_dim(a, l), nh = L->ssm_heads;
-            ADDL("norm.weight", L->ffn ? w->post_norm : w->in_norm, H, 0);
-            if (L->ffn) {
+            ADDL("norm.weight", L->ffn || L->n_experts ? w->post_norm : w->in_norm, H, 0);
+            if (L->n_experts) { /* the router, its fp32 correction bias, the experts, the shared expert */
+                int64_t Fe = L->expert_ffn, Fs = a->shared_ffn, Hin = a->moe_latent ? a->moe_latent : H;
+                ADDL("mixer.gate.weight", w->router, L->n_experts, H);
+                if (a->moe_latent) {
+                    ADDL("mixer.fc1_latent_proj.weight", w->lat_down, Hin, H);
+                    ADDL("mixer.fc2_latent_proj.weight", w->lat_up, H, Hin);
+                }
+                ADDL32("mixer.gate.e_score_correction_bias", w->router_bias, L->n_experts);
+                for (int x = 0; x < L->n_experts; x++) {
+                    char sfx[96];
+                    snprintf(sfx, sizeof sfx, "mixer.experts.%d.up_proj.weight", x);
+                    ADDL(sfx, w->eu[x], Fe, Hin);
+                    snprintf(sfx, sizeof sfx, "mixer.experts.%d.down_proj.weight", x);
+                    ADDL(sfx, w->ed[x], Hin, Fe);
+                }
+                ADDL("mixer.shared_experts.up_proj.weight", w->sh_u, Fs, H);
+                ADDL("mixer.shared_experts.down_proj.weight", w->sh_d, H, Fs);
+            } else if (L->ffn) {
                 ADDL("mixer.up_proj.weight", w->wu, F, H);
                 ADDL("mixer.down_proj.weight", w->wd, H, F);
             } else if (L->n_heads) {
@@ -1215,12 +1363,14 @@ int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
             }
         }
 #undef ADDL
+#undef ADDL32
     }
     wdt = (st_dtype)ac_model_wdt(m);
     snprintf(nm, sizeof nm, "%s%s", pre, a->hybrid ? "norm_f.weight" : "norm.weight");
     ADD(nm, m->final_norm, H, 0);
     if (!a->tie_embeddings) ADD("lm_head.weight", m->lm_head, a->vocab, H);
 #undef ADD
+#undef ADD32
     rc = st_write_sharded(dir, t, n, 2ULL << 30, e);
     if (!rc) {
         char path[4096];
@@ -1290,6 +1440,16 @@ float *ac_layer_matrix(const ac_model *m, int l, ac_wmat which, size_t *n) {
     case AC_W_SSM_OUT:
         p = w->ssm_out;
         *n = H * (size_t)ac_ssm_inner(&m->a, l);
+        break;
+    case AC_W_SH_U:
+    case AC_W_SH_D:
+        p = which == AC_W_SH_U ? w->sh_u : w->sh_d;
+        *n = la->n_experts ? H * (size_t)m->a.shared_ffn : 0;
+        break;
+    case AC_W_LAT_DOWN:
+    case AC_W_LAT_UP:
+        p = which == AC_W_LAT_DOWN ? w->lat_down : w->lat_up;
+        *n = la->n_experts ? H * (size_t)m->a.moe_latent : 0;
         break;
     }
     return *n ? p : NULL;

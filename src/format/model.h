@@ -55,6 +55,19 @@ typedef struct {
     int hybrid;
     int ssm_head_dim, ssm_state, ssm_groups, ssm_conv;
     int ssm_conv_bias; /* the conv has a bias (use_conv_bias) */
+    /* nemotron_h MoE layers (`E`: n_experts > 0): experts down(relu(up x)^2)
+     * without a gate, a shared expert of that form (shared_ffn), and the
+     * sigmoid router: top_k chosen on sigmoid(logit) + the score-correction
+     * bias, weighted by the sigmoid alone, divided by their sum when
+     * norm_topk, then multiplied by routed_scale. shared_ffn: the shared
+     * expert's width, one for every MoE layer (as the config holds it).
+     * moe_latent > 0: the routed experts work in that latent width, between
+     * a down projection of the normed input and an up projection back (the
+     * router and the shared expert stay on the hidden width). */
+    int router_sigmoid;
+    float routed_scale;
+    int shared_ffn;
+    int moe_latent; /* LatentMoE (Nemotron 3 Super): the experts' width in and out (moe_latent_size); 0 = hidden */
     int bos_id, eos_id;    /* -1 when absent */
     ac_layer_arch *layers; /* n_layers entries, owned */
 } ac_arch;
@@ -76,7 +89,21 @@ int ac_ssm_inner(const ac_arch *a, int l);
 int ac_ssm_conv_dim(const ac_arch *a, int l);
 int ac_ssm_in_dim(const ac_arch *a, int l);
 /* A layer's weight matrices, for code that changes one in place. */
-typedef enum { AC_W_Q, AC_W_K, AC_W_V, AC_W_O, AC_W_G, AC_W_U, AC_W_D, AC_W_SSM_IN, AC_W_SSM_OUT } ac_wmat;
+typedef enum {
+    AC_W_Q,
+    AC_W_K,
+    AC_W_V,
+    AC_W_O,
+    AC_W_G,
+    AC_W_U,
+    AC_W_D,
+    AC_W_SSM_IN,
+    AC_W_SSM_OUT,
+    AC_W_SH_U, /* nemotron_h MoE: the shared expert's up [shared_ffn, H] and down [H, shared_ffn] */
+    AC_W_SH_D,
+    AC_W_LAT_DOWN, /* LatentMoE: fc1_latent_proj [moe_latent, H] and fc2_latent_proj [H, moe_latent] */
+    AC_W_LAT_UP
+} ac_wmat;
 
 /* Parameter count (embeddings and head included). */
 double ac_arch_params(const ac_arch *a);
@@ -101,7 +128,15 @@ typedef struct {
      * expert's gate, up [Fe,H] and down [H,Fe] matrices (the arrays of E
      * pointers owned; the matrices stored as the other matrices are). */
     float *router;
-    float **eg, **eu, **ed;
+    float **eg, **eu, **ed; /* eg NULL in nemotron_h's experts (no gate) */
+    /* nemotron_h MoE: the router's score-correction bias [E] (fp32, used
+     * to choose the experts only) and the shared expert's up [Fs,H] and
+     * down [H,Fs] matrices (stored as the other matrices are). */
+    float *router_bias;
+    float *sh_u, *sh_d;
+    /* LatentMoE: the latent down [Lt,H] and up [H,Lt] projections around
+     * the routed experts (whose matrices are then [Fe,Lt] and [Lt,Fe]). */
+    float *lat_down, *lat_up;
     /* Mamba-2 mixer (ssm_heads > 0; its block norm is in_norm): in_proj
      * [2*di+2GN+nh, H] and out_proj [H, di] stored as the other matrices;
      * fp32: the depthwise conv [C][K] and its bias [C] (C = di + 2GN), per

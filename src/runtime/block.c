@@ -119,15 +119,50 @@ static const ac_op hybrid_mamba[] = {
     OP(AC_OP_LINEAR, AC_T_X, AC_T_YN, 0, 0, AC_W_SSM_OUT, AC_DIM_SSM, AC_DIM_H, 0, 1, AC_HOOK_NONE),
     OP(AC_OP_MASK_HIDDEN, AC_T_X, AC_T_X, 0, 0, -1, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NONE),
 };
-static const ac_subblock hybrid_sub[] = {
-    {"attention", AC_DIM_Q, (int)(sizeof hybrid_attn / sizeof *hybrid_attn), hybrid_attn},
-    {"mlp", AC_DIM_F, (int)(sizeof hybrid_mlp / sizeof *hybrid_mlp), hybrid_mlp},
-    {"mamba", AC_DIM_SSM, (int)(sizeof hybrid_mamba / sizeof *hybrid_mamba), hybrid_mamba},
+/* MoE (`E` layers): the sigmoid router, squared-ReLU experts, then the
+ * shared expert on the same normed input:
+ *   r = route_sigmoid(xn Wr^T)                         [N][E]
+ *   x += sum_e r[:,e] * down_e(relu(up_e(xn))^2)
+ *   su = xn Wsu^T;  sg = relu(su)^2;  x += sg Wsd^T     [N][FS]   (hidden masked) */
+/* the router, then the shared expert after the routed ones */
+#define HYBRID_ROUTE                                                                                                   \
+    OP(AC_OP_RMSNORM, AC_T_XN, AC_T_X, 0, 0, AC_NORM_POST, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NORMED),                  \
+        OP(AC_OP_ROUTE, AC_T_R, AC_T_XN, 0, 0, -1, AC_DIM_H, AC_DIM_E, 0, 0, AC_HOOK_NONE)
+#define HYBRID_SHARED                                                                                                  \
+    OP(AC_OP_LINEAR, AC_T_SU, AC_T_XN, 0, 0, AC_W_SH_U, AC_DIM_H, AC_DIM_FS, 0, 0, AC_HOOK_NONE),                      \
+        OP(AC_OP_RELU2, AC_T_SG, AC_T_SU, 0, 0, -1, AC_DIM_FS, AC_DIM_FS, 0, 0, AC_HOOK_NONE),                         \
+        OP(AC_OP_LINEAR, AC_T_X, AC_T_SG, 0, 0, AC_W_SH_D, AC_DIM_FS, AC_DIM_H, 0, 1, AC_HOOK_NONE),                   \
+        OP(AC_OP_MASK_HIDDEN, AC_T_X, AC_T_X, 0, 0, -1, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NONE)
+static const ac_op hybrid_moe[] = {
+    HYBRID_ROUTE,
+    OP(AC_OP_EXPERTS, AC_T_X, AC_T_XN, AC_T_R, 0, -1, AC_DIM_H, AC_DIM_H, 0, 1, AC_HOOK_NONE),
+    HYBRID_SHARED,
 };
-static const ac_block_recipe nemotron_h = {"nemotron_h", 3, hybrid_sub};
+/* the sub-blocks of either hybrid recipe, its MoE ops moe */
+#define HYBRID_SUB(moe)                                                                                                \
+    {"attention", AC_DIM_Q, (int)(sizeof hybrid_attn / sizeof *hybrid_attn), hybrid_attn},                           \
+        {"mlp", AC_DIM_F, (int)(sizeof hybrid_mlp / sizeof *hybrid_mlp), hybrid_mlp},                                 \
+        {"mamba", AC_DIM_SSM, (int)(sizeof hybrid_mamba / sizeof *hybrid_mamba), hybrid_mamba},                       \
+    {                                                                                                                  \
+        "moe", AC_DIM_E, (int)(sizeof moe / sizeof *moe), moe                                                          \
+    }
+static const ac_subblock hybrid_sub[] = {HYBRID_SUB(hybrid_moe)};
+static const ac_block_recipe nemotron_h = {"nemotron_h", 4, hybrid_sub};
+/* LatentMoE (Nemotron 3 Super): the routed experts between a down and an
+ * up projection; the router and the shared expert on the hidden width:
+ *   xl = xn Wld^T;  yl = sum_e r[:,e] * down_e(relu(up_e(xl))^2);  x += yl Wlu^T   [N][LT] */
+static const ac_op hybrid_moe_latent[] = {
+    HYBRID_ROUTE,
+    OP(AC_OP_LINEAR, AC_T_XL, AC_T_XN, 0, 0, AC_W_LAT_DOWN, AC_DIM_H, AC_DIM_LT, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_EXPERTS, AC_T_YL, AC_T_XL, AC_T_R, 0, -1, AC_DIM_LT, AC_DIM_LT, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_LINEAR, AC_T_X, AC_T_YL, 0, 0, AC_W_LAT_UP, AC_DIM_LT, AC_DIM_H, 0, 1, AC_HOOK_NONE),
+    HYBRID_SHARED,
+};
+static const ac_subblock hybrid_latent_sub[] = {HYBRID_SUB(hybrid_moe_latent)};
+static const ac_block_recipe nemotron_h_latent = {"nemotron_h", 4, hybrid_latent_sub};
 
 const ac_block_recipe *ac_block_recipe_of(const ac_arch *a, int l) {
-    if (a->hybrid) return &nemotron_h;
+    if (a->hybrid) return a->moe_latent ? &nemotron_h_latent : &nemotron_h;
     if (a->layers && l >= 0 && l < a->n_layers && a->layers[l].n_experts) return a->qk_norm ? &qwen3_moe : &mixtral;
     return a->qk_norm ? &qwen3 : &llama;
 }
@@ -136,7 +171,7 @@ int ac_block_slot_dim(int slot) {
     static const unsigned char d[AC_T_COUNT] = {AC_DIM_H,  AC_DIM_H,  AC_DIM_Q,  AC_DIM_KV, AC_DIM_KV,
                                                 AC_DIM_Q,  AC_DIM_F,  AC_DIM_F,  AC_DIM_E,  AC_DIM_H,
                                                 AC_DIM_FE, AC_DIM_FE, AC_DIM_SI, AC_DIM_SC, AC_DIM_SSM,
-                                                AC_DIM_SSM};
+                                                AC_DIM_SSM, AC_DIM_FS, AC_DIM_FS, AC_DIM_LT, AC_DIM_LT};
     return slot >= 0 && slot < AC_T_COUNT ? (int)d[slot] : (int)AC_DIM_H;
 }
 
@@ -149,6 +184,8 @@ int ac_block_dim(const ac_arch *a, int l, ac_dim d) {
     case AC_DIM_F: return la->ffn;
     case AC_DIM_E: return la->n_experts;
     case AC_DIM_FE: return la->expert_ffn;
+    case AC_DIM_FS: return a->hybrid && la->n_experts ? a->shared_ffn : 0;
+    case AC_DIM_LT: return a->hybrid && la->n_experts ? a->moe_latent : 0;
     /* (inline rather than model.c's ac_ssm_*: block.c is compiled into the CUDA plugin without model.c) */
     case AC_DIM_SSM: return la->ssm_heads * a->ssm_head_dim;
     case AC_DIM_SC: return la->ssm_heads ? la->ssm_heads * a->ssm_head_dim + 2 * a->ssm_groups * a->ssm_state : 0;
@@ -183,6 +220,10 @@ const void *ac_block_matrix(const ac_layer_w *lw, int w) {
     case AC_W_D: return lw->wd;
     case AC_W_SSM_IN: return lw->ssm_in;
     case AC_W_SSM_OUT: return lw->ssm_out;
+    case AC_W_SH_U: return lw->sh_u;
+    case AC_W_SH_D: return lw->sh_d;
+    case AC_W_LAT_DOWN: return lw->lat_down;
+    case AC_W_LAT_UP: return lw->lat_up;
     default: return NULL;
     }
 }
@@ -209,7 +250,8 @@ const float *ac_block_norm(const ac_layer_w *lw, int w) {
 
 int ac_block_op_taped(const ac_op *op) {
     return (op->kind == AC_OP_LINEAR && !op->acc) || op->kind == AC_OP_ATTENTION || op->kind == AC_OP_HEAD_NORM ||
-           op->kind == AC_OP_ROUTE || op->kind == AC_OP_SSM_CONV || op->kind == AC_OP_SSM_SCAN;
+           op->kind == AC_OP_ROUTE || op->kind == AC_OP_SSM_CONV || op->kind == AC_OP_SSM_SCAN ||
+           (op->kind == AC_OP_EXPERTS && !op->acc);
 }
 
 int ac_block_op_recomputed(const ac_op *op) {
@@ -285,5 +327,32 @@ void ac_moe_route(float *r, float *p, int N, int E, int k, int norm, int *order)
         }
         for (int j = k; j < E; j++) q[order[j]] = 0;
         for (int j = 0; norm && kept > 0 && j < k; j++) q[order[j]] = (float)(q[order[j]] / kept);
+    }
+}
+
+void ac_moe_route_sigmoid(float *r, const float *bias, int N, int E, int k, int norm, float scale, int *order) {
+    for (int i = 0; i < N; i++) {
+        float *q = r + (size_t)i * E;
+        double kept = 0;
+        for (int x = 0; x < E; x++) order[x] = x;
+        for (int j = 0; j < k; j++) { /* selection on s + bias: order[j] = the best of order[j..E) */
+            int b = j;
+            double cb = 0;
+            for (int x = j; x < E; x++) {
+                float lg = q[order[x]];
+                double c = lg == -INFINITY ? -INFINITY : 1.0 / (1.0 + exp(-(double)lg)) + (bias ? bias[order[x]] : 0);
+                if (x == j || c > cb || (c == cb && order[x] < order[b])) b = x, cb = c;
+            }
+            int t = order[j];
+            order[j] = order[b];
+            order[b] = t;
+        }
+        for (int j = k; j < E; j++) q[order[j]] = 0;
+        for (int j = 0; j < k; j++) { /* the chosen experts' sigmoid, without the bias */
+            float lg = q[order[j]];
+            q[order[j]] = lg == -INFINITY ? 0.0f : (float)(1.0 / (1.0 + exp(-(double)lg)));
+            kept += q[order[j]];
+        }
+        for (int j = 0; j < k; j++) q[order[j]] = (float)((norm ? q[order[j]] / (kept + 1e-20) : q[order[j]]) * scale);
     }
 }

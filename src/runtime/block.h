@@ -49,6 +49,10 @@ typedef enum {
     AC_T_XBC, /* [N][SC] silu(causal depthwise conv of xBC): x [SSM], B [G*Ns], C [G*Ns] */
     AC_T_Y,   /* [N][SSM] the SSM scan's output */
     AC_T_YN,  /* [N][SSM] the gated RMSNorm's output */
+    AC_T_SU,  /* [N][FS] the shared expert's up projection (nemotron_h MoE) */
+    AC_T_SG,  /* [N][FS] relu(up)^2 of the shared expert */
+    AC_T_XL,  /* [N][LT] LatentMoE: the normed input projected to the latent width */
+    AC_T_YL,  /* [N][LT] LatentMoE: the routed experts' weighted sum, in the latent width */
     AC_T_COUNT
 } ac_slot;
 
@@ -66,6 +70,8 @@ typedef enum {
     AC_DIM_SSM,
     AC_DIM_SC,
     AC_DIM_SI,
+    AC_DIM_FS, /* the shared expert's width (nemotron_h MoE layers); 0 without one */
+    AC_DIM_LT, /* LatentMoE: the routed experts' latent width; 0 without */
     AC_DIM_COUNT
 } ac_dim;
 
@@ -87,10 +93,14 @@ typedef enum {
                         * the heads), over `heads` (ac_dim Q or KV) heads; Qwen3's q_norm / k_norm */
     AC_OP_ROUTE,       /* out [N][E] = the routing weights of in [N][H]: p = softmax(in Wr^T) over the E experts,
                         * the top_k largest kept (equal values: the lower expert index first), divided by their
-                        * sum when norm_topk, every other weight 0 (Qwen3-MoE, Mixtral) */
-    AC_OP_EXPERTS,     /* out [N][H] += sum over experts e of R[:,e] * down_e(silu(gate_e(in)) * up_e(in)), each
-                        * expert run on the rows routed to it (in2: the routing slot R) */
-    AC_OP_RELU2,       /* out = relu(in)^2  (out: G, in: U, [N][F]); nemotron_h's MLP */
+                        * sum when norm_topk, every other weight 0 (Qwen3-MoE, Mixtral); with the arch's
+                        * router_sigmoid (nemotron_h) the sigmoid router of ac_moe_route_sigmoid instead */
+    AC_OP_EXPERTS,     /* out [N][din] += sum over experts e of R[:,e] * down_e(silu(gate_e(in)) * up_e(in)),
+                        * each expert run on the rows routed to it (in2: the routing slot R); in a hybrid
+                        * (nemotron_h) model each expert is down_e(relu(up_e(in))^2), no gate; din H, or LT
+                        * in a LatentMoE layer; without acc out is zeroed first */
+    AC_OP_RELU2,       /* out = relu(in)^2  ([N][dout]: G from U, F wide, in nemotron_h's MLP; SG from SU, FS
+                        * wide, in its shared expert) */
     AC_OP_SSM_CONV,    /* out [N][SC] = silu(conv_b + sum_k conv_w[:,k] * xbc[t-K+1+k]) per sequence, xbc the
                         * columns [SSM, SSM+SC) of in (ZX), zero (or the cached state) before the first row */
     AC_OP_SSM_SCAN,    /* out [N][SSM] = the Mamba-2 selective scan of in (XBC: x, B, C) with dt the last heads
@@ -135,7 +145,8 @@ typedef struct {
  * Qwen3's (the same with q and k normed per head before RoPE), each with
  * a dense SwiGLU FFN or a mixture of experts (Mixtral, Qwen3-MoE); or
  * nemotron_h's hybrid layer (one of attention without RoPE, a squared-ReLU
- * MLP and a Mamba-2 mixer, by which width is non-zero). */
+ * MLP, a Mamba-2 mixer and a mixture of squared-ReLU experts with a shared
+ * expert, by which width is non-zero). */
 const ac_block_recipe *ac_block_recipe_of(const ac_arch *a, int l);
 /* The width (ac_dim) of a slot's rows. */
 int ac_block_slot_dim(int slot);
@@ -177,6 +188,15 @@ size_t ac_block_ssm_work_floats(const ac_arch *a, size_t N);
  * their sum when norm, every other entry 0. p (NULL: not wanted) receives
  * the softmax of every expert. order: E ints of scratch. */
 void ac_moe_route(float *r, float *p, int N, int E, int k, int norm, int *order);
+/* The sigmoid router of nemotron_h's MoE layers (Hugging Face
+ * NemotronHMoE.route_tokens_to_experts with one expert group), in place:
+ * each row of r[N][E] holds router logits; s = sigmoid(logit) in double;
+ * the k experts with the largest s + bias[e] are chosen (equal values: the
+ * lower expert index; a logit of -inf, a masked expert, is never chosen
+ * while k others are left); the chosen weights are s (without the bias),
+ * divided by (their sum + 1e-20) when norm, then multiplied by scale;
+ * every other entry 0. bias NULL: none. order: E ints of scratch. */
+void ac_moe_route_sigmoid(float *r, const float *bias, int N, int E, int k, int norm, float scale, int *order);
 
 /* Layer weights by name: matrix `w` (ac_wmat), its bias (NULL when none),
  * norm weight `w` (ac_normw). */

@@ -69,14 +69,18 @@ static void mask(float *t, const ac_block_cpu *c, const ac_op *op, int N, int wi
         for (int c = 0; c < width; c++) t[r * width + c] *= mk[c / unit];
 }
 
-/* x[N][H] += the weighted experts of in[N][H] (routing weights r[N][E]):
+/* x[N][W] += the weighted experts of in[N][W] (routing weights r[N][E];
+ * W the hidden width, or a LatentMoE layer's latent one; x zeroed first
+ * unless acc):
  * each expert on the rows with a non-zero weight for it, gathered into the
- * XE slot, through its SwiGLU (EG, EU slots), its rows added back scaled. */
-static void experts(const ac_block_cpu *c, int l, float *x, const float *in, const float *r, int N) {
+ * XE slot, through its SwiGLU (EG, EU slots) or, in a hybrid (nemotron_h)
+ * model, its relu(up)^2 (EU, then EG), its rows added back scaled. */
+static void experts(const ac_block_cpu *c, int l, float *x, const float *in, const float *r, int N, int H, int acc) {
     const ac_model *m = c->m;
     const ac_layer_arch *la = &m->a.layers[l];
     const ac_layer_w *lw = &m->L[l];
-    int H = m->a.hidden, E = la->n_experts, Fe = la->expert_ffn, wdt = ac_model_wdt(m);
+    int E = la->n_experts, Fe = la->expert_ffn, wdt = ac_model_wdt(m);
+    if (!acc) memset(x, 0, sizeof(float) * (size_t)N * H);
     float *xe = c->slot[AC_T_XE], *g = c->slot[AC_T_EG], *u = c->slot[AC_T_EU];
     for (int e = 0; e < E; e++) {
         int ne = 0;
@@ -86,9 +90,13 @@ static void experts(const ac_block_cpu *c, int l, float *x, const float *in, con
                 c->rows[ne++] = i;
             }
         if (!ne) continue;
-        ac_linear_w(g, xe, lw->eg[e], wdt, NULL, ne, H, Fe, 0, c->ws);
         ac_linear_w(u, xe, lw->eu[e], wdt, NULL, ne, H, Fe, 0, c->ws);
-        ac_silu_mul(g, u, (long)ne * Fe);
+        if (m->a.hybrid)
+            ac_relu2_fwd(g, u, (size_t)ne * Fe);
+        else {
+            ac_linear_w(g, xe, lw->eg[e], wdt, NULL, ne, H, Fe, 0, c->ws);
+            ac_silu_mul(g, u, (long)ne * Fe);
+        }
         ac_linear_w(xe, g, lw->ed[e], wdt, NULL, ne, Fe, H, 0, c->ws);
         if (c->hooks && c->hooks->expert_out) c->hooks->expert_out(c->hooks->ud, l, e, c->rows, ne, r, E, xe, H);
         for (int j = 0; j < ne; j++) {
@@ -130,9 +138,13 @@ void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n
             for (int x = 0; mod && mod->expert_mask && x < dim[AC_DIM_E]; x++)
                 for (int i2 = 0; !mod->expert_mask[x] && i2 < N; i2++)
                     s[op->out][(size_t)i2 * dim[AC_DIM_E] + x] = -INFINITY;
-            ac_moe_route(s[op->out], NULL, N, dim[AC_DIM_E], a->top_k, a->norm_topk, c->rows);
+            if (a->router_sigmoid)
+                ac_moe_route_sigmoid(s[op->out], lw->router_bias, N, dim[AC_DIM_E], a->top_k, a->norm_topk,
+                                     a->routed_scale, c->rows);
+            else
+                ac_moe_route(s[op->out], NULL, N, dim[AC_DIM_E], a->top_k, a->norm_topk, c->rows);
             break;
-        case AC_OP_EXPERTS: experts(c, l, s[op->out], s[op->in], s[op->in2], N); break;
+        case AC_OP_EXPERTS: experts(c, l, s[op->out], s[op->in], s[op->in2], N, dim[op->din], op->acc); break;
         case AC_OP_KV_MERGE: {
             int nkv = dim[AC_DIM_KV] / hd;
             if (mod && mod->kv_merge > 0 && mod->kv_merge < nkv) {
@@ -143,7 +155,7 @@ void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n
         }
         case AC_OP_ATTENTION: attention(c, l, s[op->out], s[op->in], s[op->in2], s[op->in3], B, n, pos0); break;
         case AC_OP_SWIGLU: ac_silu_mul(s[op->out], s[op->in], (long)N * dim[AC_DIM_F]); break;
-        case AC_OP_RELU2: ac_relu2_fwd(s[op->out], s[op->in], (size_t)N * dim[AC_DIM_F]); break;
+        case AC_OP_RELU2: ac_relu2_fwd(s[op->out], s[op->in], (size_t)N * dim[op->dout]); break;
         case AC_OP_SSM_CONV: {
             ac_ssm ss = ac_ssm_of(a, lw, l);
             ac_ssm_conv_fwd(&ss, s[op->out], s[op->in], B, n, c->conv_s[l], pos0 > 0);

@@ -3,6 +3,7 @@
 #include "block_grad.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <string.h>
 
 #include "backward_cpu.h"
@@ -29,36 +30,41 @@ static float *moe_work(const ac_block_grad *c) {
     return ssm_work(c) - ac_block_moe_work_floats(&c->m->a, (size_t)c->B * c->T);
 }
 
-/* Expert e of layer l on the rows of xn routed to it (r[N][E] != 0):
- * gathers them into xe (c->rows gets their indices), computes g, u
- * ([ne][Fe] gate and up projections), h = silu(g) * u and y = h Wd^T
+/* Expert e of layer l on the rows of xn ([N][H], H the experts' input
+ * width) routed to it (r[N][E] != 0): gathers them into xe (c->rows gets
+ * their indices), computes g, u ([ne][Fe] gate and up projections), h =
+ * silu(g) * u, or relu(u)^2 without a gate (nemotron_h), and y = h Wd^T
  * ([ne][H]). Returns ne. */
-static int expert_fwd(const ac_block_grad *c, int l, int e, const float *xn, const float *r, float *xe, float *g,
-                      float *u, float *h, float *y) {
+static int expert_fwd(const ac_block_grad *c, int l, int e, const float *xn, const float *r, int H, float *xe,
+                      float *g, float *u, float *h, float *y) {
     const ac_layer_arch *la = &c->m->a.layers[l];
-    int H = c->m->a.hidden, E = la->n_experts, Fe = la->expert_ffn, N = c->B * c->T, ne = 0;
+    int E = la->n_experts, Fe = la->expert_ffn, N = c->B * c->T, ne = 0;
     for (int i = 0; i < N; i++)
         if (r[(size_t)i * E + e] != 0) {
             memcpy(xe + (size_t)ne * H, xn + (size_t)i * H, sizeof(float) * H);
             c->rows[ne++] = i;
         }
     if (!ne) return 0;
-    ac_linear_w(g, xe, c->w->eg[e], c->wdt, NULL, ne, H, Fe, 0, c->ws);
     ac_linear_w(u, xe, c->w->eu[e], c->wdt, NULL, ne, H, Fe, 0, c->ws);
-    memcpy(h, g, sizeof(float) * ne * Fe);
-    ac_silu_mul(h, u, (long)ne * Fe);
+    if (c->w->eg[e]) {
+        ac_linear_w(g, xe, c->w->eg[e], c->wdt, NULL, ne, H, Fe, 0, c->ws);
+        memcpy(h, g, sizeof(float) * ne * Fe);
+        ac_silu_mul(h, u, (long)ne * Fe);
+    } else
+        ac_relu2_fwd(h, u, (size_t)ne * Fe);
     ac_linear_w(y, h, c->w->ed[e], c->wdt, NULL, ne, Fe, H, 0, c->ws);
     return ne;
 }
 
-/* x[N][H] += alpha * the routed experts of xn (forward). */
-static void experts_fwd(const ac_block_grad *c, int l, float *x, const float *xn, const float *r, float alpha) {
+/* x[N][H] += alpha * the routed experts of xn (forward; H the experts'
+ * width). */
+static void experts_fwd(const ac_block_grad *c, int l, float *x, const float *xn, const float *r, int H, float alpha) {
     const ac_layer_arch *la = &c->m->a.layers[l];
-    int H = c->m->a.hidden, E = la->n_experts;
-    size_t N = (size_t)c->B * c->T, Fe = (size_t)ac_block_dim_max(&c->m->a, AC_DIM_FE);
-    float *xe = moe_work(c), *y = xe + N * H, *g = y + 2 * N * H, *u = g + N * Fe, *h = u + N * Fe;
+    int E = la->n_experts;
+    size_t N = (size_t)c->B * c->T, Fe = (size_t)ac_block_dim_max(&c->m->a, AC_DIM_FE), Hm = (size_t)c->m->a.hidden;
+    float *xe = moe_work(c), *y = xe + N * Hm, *g = y + 2 * N * Hm, *u = g + N * Fe, *h = u + N * Fe;
     for (int e = 0; e < E; e++) {
-        int ne = expert_fwd(c, l, e, xn, r, xe, g, u, h, y);
+        int ne = expert_fwd(c, l, e, xn, r, H, xe, g, u, h, y);
         for (int j = 0; j < ne; j++) {
             float w = alpha * r[(size_t)c->rows[j] * E + e], *xr = x + (size_t)c->rows[j] * H;
             for (int ch = 0; ch < H; ch++) xr[ch] += w * y[(size_t)j * H + ch];
@@ -66,22 +72,24 @@ static void experts_fwd(const ac_block_grad *c, int l, float *x, const float *xn
     }
 }
 
-/* The backward of x += alpha * sum_e r[:,e] * expert_e(xn): dxn (written),
- * dr (written: alpha * <dx, y_e> where routed), the experts' weight
- * gradients and d alpha (added). */
+/* The backward of x += alpha * sum_e r[:,e] * expert_e(xn) (H the
+ * experts' width; alpha the sub-block's gate when it is a residual add,
+ * gated, else 1): dxn (written, or added when acc_dxn), dr (written: alpha
+ * * <dx, y_e> where routed), the experts' weight gradients and d alpha
+ * (added, gated only). */
 static void experts_bwd(ac_block_grad *c, int l, int s, const float *dx, const float *xn, const float *r, float *dxn,
-                        float *dr) {
+                        float *dr, int H, int gated, int acc_dxn) {
     const ac_layer_arch *la = &c->m->a.layers[l];
-    int H = c->m->a.hidden, E = la->n_experts, Fe = la->expert_ffn;
-    size_t N = (size_t)c->B * c->T, FeM = (size_t)ac_block_dim_max(&c->m->a, AC_DIM_FE);
-    float alpha = c->sub_gate ? c->sub_gate[s] : 1.0f;
-    float *xe = moe_work(c), *y = xe + N * H, *dxe = y + N * H, *g = dxe + N * H, *u = g + N * FeM, *h = u + N * FeM,
-          *dh = h + N * FeM, *du = dh + N * FeM;
+    int E = la->n_experts, Fe = la->expert_ffn;
+    size_t N = (size_t)c->B * c->T, FeM = (size_t)ac_block_dim_max(&c->m->a, AC_DIM_FE), Hm = (size_t)c->m->a.hidden;
+    float alpha = gated && c->sub_gate ? c->sub_gate[s] : 1.0f;
+    float *xe = moe_work(c), *y = xe + N * Hm, *dxe = y + N * Hm, *g = dxe + N * Hm, *u = g + N * FeM,
+          *h = u + N * FeM, *dh = h + N * FeM, *du = dh + N * FeM;
     double dalpha = 0;
-    memset(dxn, 0, sizeof(float) * N * H);
+    if (!acc_dxn) memset(dxn, 0, sizeof(float) * N * H);
     memset(dr, 0, sizeof(float) * N * E);
     for (int e = 0; e < E; e++) {
-        int ne = expert_fwd(c, l, e, xn, r, xe, g, u, h, y);
+        int ne = expert_fwd(c, l, e, xn, r, H, xe, g, u, h, y);
         if (!ne) continue;
         for (int j = 0; j < ne; j++) { /* y becomes dy = alpha r dx on the expert's rows */
             size_t row = (size_t)c->rows[j];
@@ -96,20 +104,25 @@ static void experts_bwd(ac_block_grad *c, int l, int s, const float *dx, const f
         ac_linear_dx_w(dh, y, c->w->ed[e], c->wdt, ne, Fe, H, 1.0f, 0, c->wtile, c->wtile_rows); /* dh = dy Wd */
         if (c->gw && c->gw->ed) /* dWd[H][Fe] += dy^T h */
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, Fe, ne, 1.0f, y, H, h, Fe, 1.0f, c->gw->ed[e], Fe);
-        ac_silu_mul_backward(dh, du, dh, g, u, (long)ne * Fe); /* dh becomes dg */
-        ac_linear_dx_w(dxe, dh, c->w->eg[e], c->wdt, ne, H, Fe, 1.0f, 0, c->wtile, c->wtile_rows);
-        ac_linear_dx_w(dxe, du, c->w->eu[e], c->wdt, ne, H, Fe, 1.0f, 1, c->wtile, c->wtile_rows);
-        if (c->gw && c->gw->eg) { /* dWg, dWu [Fe][H] += dg^T xe, du^T xe */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Fe, H, ne, 1.0f, dh, Fe, xe, H, 1.0f, c->gw->eg[e], H);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Fe, H, ne, 1.0f, du, Fe, xe, H, 1.0f, c->gw->eu[e], H);
+        if (!c->w->eg[e]) { /* relu(u)^2 (nemotron_h): du = dh * 2 relu(u) */
+            ac_relu2_bwd(du, dh, u, (size_t)ne * Fe);
+            ac_linear_dx_w(dxe, du, c->w->eu[e], c->wdt, ne, H, Fe, 1.0f, 0, c->wtile, c->wtile_rows);
+        } else {
+            ac_silu_mul_backward(dh, du, dh, g, u, (long)ne * Fe); /* dh becomes dg */
+            ac_linear_dx_w(dxe, dh, c->w->eg[e], c->wdt, ne, H, Fe, 1.0f, 0, c->wtile, c->wtile_rows);
+            ac_linear_dx_w(dxe, du, c->w->eu[e], c->wdt, ne, H, Fe, 1.0f, 1, c->wtile, c->wtile_rows);
         }
+        if (c->gw && c->gw->eg && c->gw->eg[e]) /* dWg [Fe][H] += dg^T xe */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Fe, H, ne, 1.0f, dh, Fe, xe, H, 1.0f, c->gw->eg[e], H);
+        if (c->gw && c->gw->eu) /* dWu [Fe][H] += du^T xe */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Fe, H, ne, 1.0f, du, Fe, xe, H, 1.0f, c->gw->eu[e], H);
         for (int j = 0; j < ne; j++) {
             float *o = dxn + (size_t)c->rows[j] * H;
             const float *d = dxe + (size_t)j * H;
             for (int ch = 0; ch < H; ch++) o[ch] += d[ch];
         }
     }
-    if (c->dsub_gate) c->dsub_gate[s] += (float)dalpha;
+    if (gated && c->dsub_gate) c->dsub_gate[s] += (float)dalpha;
 }
 
 /* The backward of r = route(xn Wr^T) from dr (overwritten with the
@@ -118,7 +131,18 @@ static void experts_bwd(ac_block_grad *c, int l, int s, const float *dx, const f
 static void route_bwd(ac_block_grad *c, int l, const float *p, const float *r, float *dr, const float *xn, float *dxn) {
     const ac_arch *a = &c->m->a;
     int H = a->hidden, E = a->layers[l].n_experts, N = c->B * c->T;
-    for (int i = 0; i < N; i++) {
+    for (int i = 0; a->router_sigmoid && i < N; i++) { /* p: the sigmoid s; r = scale s / (S + 1e-20) or scale s */
+        const float *pi = p + (size_t)i * E, *ri = r + (size_t)i * E;
+        float *d = dr + (size_t)i * E;
+        double S = 0, rd = 0, sc = a->routed_scale;
+        for (int x = 0; x < E; x++)
+            if (ri[x] != 0) S += pi[x], rd += (double)d[x] * ri[x];
+        for (int x = 0; x < E; x++) {
+            double ds = ri[x] == 0 ? 0 : a->norm_topk ? (sc * d[x] - rd) / (S + 1e-20) : sc * d[x];
+            d[x] = (float)(ds * pi[x] * (1 - pi[x])); /* sigmoid */
+        }
+    }
+    for (int i = 0; !a->router_sigmoid && i < N; i++) {
         const float *pi = p + (size_t)i * E, *ri = r + (size_t)i * E;
         float *d = dr + (size_t)i * E;
         double S = 0, rd = 0, pd = 0;
@@ -249,7 +273,12 @@ static float *sub_walk(ac_block_grad *c, int l, int sb, float *x, float **tp, fl
             float *p = *tp, *r = *tp + (size_t)N * E;
             if (fwd) {
                 ac_linear_w(r, cur[op->in], c->w->router, c->wdt, NULL, N, dim[AC_DIM_H], E, 0, c->ws);
-                ac_moe_route(r, p, N, E, a->top_k, a->norm_topk, c->rows);
+                if (a->router_sigmoid) { /* nemotron_h: p keeps the sigmoid of every logit */
+                    for (size_t j = 0; j < (size_t)N * E; j++) p[j] = (float)(1.0 / (1.0 + exp(-(double)r[j])));
+                    ac_moe_route_sigmoid(r, c->w->router_bias, N, E, a->top_k, a->norm_topk, a->routed_scale,
+                                         c->rows);
+                } else
+                    ac_moe_route(r, p, N, E, a->top_k, a->norm_topk, c->rows);
             }
             w->xhat[i] = p; /* (the walk's norm fields hold the route's softmax and weights) */
             w->r[i] = r;
@@ -258,7 +287,16 @@ static float *sub_walk(ac_block_grad *c, int l, int sb, float *x, float **tp, fl
             break;
         }
         case AC_OP_EXPERTS:
-            if (fwd) experts_fwd(c, l, cur[op->out], cur[op->in], cur[op->in2], c->sub_gate ? c->sub_gate[sb] : 1.0f);
+            if (!op->acc) { /* LatentMoE: into its own (taped) slot, not a residual add */
+                if (fwd) {
+                    memset(*tp, 0, sizeof(float) * (size_t)N * dout);
+                    experts_fwd(c, l, *tp, cur[op->in], cur[op->in2], dim[op->din], 1.0f);
+                }
+                cur[op->out] = *tp;
+                *tp += (size_t)N * dout;
+            } else if (fwd)
+                experts_fwd(c, l, cur[op->out], cur[op->in], cur[op->in2], dim[op->din],
+                            c->sub_gate ? c->sub_gate[sb] : 1.0f);
             break;
         case AC_OP_RELU2:
             ac_relu2_fwd(sc, cur[op->in], (size_t)N * dout);
@@ -403,7 +441,7 @@ void ac_block_grad_backward(ac_block_grad *c, int l, float *dx) {
                 break;
             }
             case AC_OP_EXPERTS:
-                experts_bwd(c, l, s, dO, w.in[i], w.in2[i], dS[op->in], dS[op->in2]);
+                experts_bwd(c, l, s, dO, w.in[i], w.in2[i], dS[op->in], dS[op->in2], din, op->acc, has[op->in]);
                 has[op->in] = has[op->in2] = 1;
                 break;
             case AC_OP_ROUTE: route_bwd(c, l, w.xhat[i], w.r[i], dO, w.in[i], dS[op->in]); break;

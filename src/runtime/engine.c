@@ -18,7 +18,7 @@
 void ac_engine_free(ac_engine *en) {
     float *bufs[] = {en->x,      en->x0,     en->xn,    en->q,     en->att, en->g,  en->u,  en->kt, en->vt,
                      en->scores, en->logits, en->cos_t, en->sin_t, en->r,   en->xe, en->eg, en->eu,
-                     en->zx,     en->xbc,    en->y,     en->yn};
+                     en->zx,     en->xbc,    en->y,     en->yn,  en->su, en->sg, en->xl, en->yl};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(en->rows);
     if (en->kc)
@@ -77,6 +77,18 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
         en->rows = malloc((N > E ? N : E) * sizeof(int));
         moe_ok = en->r && en->xe && en->eg && en->eu && en->rows;
         if (Fe > maxin) maxin = Fe;
+        size_t Fs = ac_block_dim_max(a, AC_DIM_FS); /* a nemotron_h shared expert */
+        if (a->hybrid) {
+            en->su = malloc(N * Fs * 4);
+            en->sg = malloc(N * Fs * 4);
+            moe_ok = moe_ok && en->su && en->sg;
+        }
+        if (a->moe_latent) { /* LatentMoE: the experts' input and output in the latent width */
+            en->xl = malloc(N * a->moe_latent * 4);
+            en->yl = malloc(N * a->moe_latent * 4);
+            moe_ok = moe_ok && en->xl && en->yl;
+        }
+        if (Fs > maxin) maxin = Fs;
     }
     if (a->hybrid) { /* the Mamba-2 slots and each Mamba layer's decode state */
         size_t SI = ac_block_dim_max(a, AC_DIM_SI), SC = ac_block_dim_max(a, AC_DIM_SC),
@@ -156,7 +168,8 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
     float *slots[AC_T_COUNT] = {[AC_T_X] = en->x,   [AC_T_XN] = en->xn,   [AC_T_Q] = en->q,   [AC_T_K] = en->kt,
                                 [AC_T_V] = en->vt,  [AC_T_ATT] = en->att, [AC_T_G] = en->g,   [AC_T_U] = en->u,
                                 [AC_T_R] = en->r,   [AC_T_XE] = en->xe,   [AC_T_EG] = en->eg, [AC_T_EU] = en->eu,
-                                [AC_T_ZX] = en->zx, [AC_T_XBC] = en->xbc, [AC_T_Y] = en->y,   [AC_T_YN] = en->yn};
+                                [AC_T_ZX] = en->zx, [AC_T_XBC] = en->xbc, [AC_T_Y] = en->y,   [AC_T_YN] = en->yn,
+                                [AC_T_SU] = en->su, [AC_T_SG] = en->sg,   [AC_T_XL] = en->xl, [AC_T_YL] = en->yl};
     memcpy(bc.slot, slots, sizeof slots);
     for (int l = 0; l < a->n_layers; l++) {
         if (hk && hk->layer_io) memcpy(en->x0, en->x, (size_t)N * H * 4);

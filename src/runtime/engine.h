@@ -48,6 +48,8 @@ typedef struct {
     /* Hybrid (nemotron_h) models: the Mamba-2 slots (block.h's ZX, XBC, Y,
      * YN) and per Mamba layer its decode state (block_cpu.h); NULL else */
     float *zx, *xbc, *y, *yn;
+    float *su, *sg; /* nemotron_h MoE: the shared expert's slots (SU, SG); NULL without one */
+    float *xl, *yl; /* LatentMoE: the latent slots (XL, YL); NULL without */
     float **conv_s, **ssm_s;
     float *cos_t, *sin_t; /* [max_ctx][head_dim/2] */
     int *pos;

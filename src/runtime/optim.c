@@ -76,14 +76,19 @@ int ac_adamw_add_model(ac_adamw *a, ac_model *m, const ac_model *g, ac_err *e) {
                  ac_adamw_add(a, w->dt_bias, d->dt_bias, nh, 0, e) || ac_adamw_add(a, w->a_log, d->a_log, nh, 0, e) ||
                  ac_adamw_add(a, w->ssm_d, d->ssm_d, nh, 0, e) || ac_adamw_add(a, w->ssm_norm, d->ssm_norm, di, 0, e);
         }
-        if (!rc && L->n_experts) { /* the MoE FFN: its norm, the router and every expert */
-            size_t E = L->n_experts, Fe = L->expert_ffn;
+        if (!rc && L->n_experts) { /* the MoE FFN: its norm, the router and every expert (nemotron_h: no gate, the
+                                    * shared expert, LatentMoE's projections; the correction bias is not trained) */
+            size_t E = L->n_experts, Fe = L->expert_ffn, Fs = ar->hybrid ? (size_t)ar->shared_ffn : 0,
+                   Hin = ar->hybrid && ar->moe_latent ? (size_t)ar->moe_latent : H;
             rc = ac_adamw_add(a, w->post_norm, d->post_norm, H, 0, e) ||
-                 ac_adamw_add(a, w->router, d->router, E * H, 1, e);
+                 ac_adamw_add(a, w->router, d->router, E * H, 1, e) ||
+                 ac_adamw_add(a, w->sh_u, d->sh_u, Fs * H, 1, e) || ac_adamw_add(a, w->sh_d, d->sh_d, H * Fs, 1, e) ||
+                 ac_adamw_add(a, w->lat_down, d->lat_down, w->lat_down ? Hin * H : 0, 1, e) ||
+                 ac_adamw_add(a, w->lat_up, d->lat_up, w->lat_up ? H * Hin : 0, 1, e);
             for (size_t x = 0; !rc && x < E; x++)
                 rc = ac_adamw_add(a, w->eg[x], d->eg[x], Fe * H, 1, e) ||
-                     ac_adamw_add(a, w->eu[x], d->eu[x], Fe * H, 1, e) ||
-                     ac_adamw_add(a, w->ed[x], d->ed[x], H * Fe, 1, e);
+                     ac_adamw_add(a, w->eu[x], d->eu[x], Fe * Hin, 1, e) ||
+                     ac_adamw_add(a, w->ed[x], d->ed[x], Hin * Fe, 1, e);
         }
     }
     return rc ? -1 : 0;

@@ -266,7 +266,10 @@ void ac_train_zero_grad(ac_trainer *t) {
             size_t E = L->n_experts, Fe = L->expert_ffn;
             zero(w->post_norm, H);
             zero(w->router, E * H);
-            for (size_t x = 0; x < E; x++) zero(w->eg[x], Fe * H), zero(w->eu[x], Fe * H), zero(w->ed[x], H * Fe);
+            size_t Hin = a->hybrid && a->moe_latent ? (size_t)a->moe_latent : H, Fs = a->hybrid ? (size_t)a->shared_ffn : 0;
+            for (size_t x = 0; x < E; x++) zero(w->eg[x], Fe * H), zero(w->eu[x], Fe * Hin), zero(w->ed[x], Hin * Fe);
+            zero(w->sh_u, Fs * H), zero(w->sh_d, H * Fs); /* nemotron_h: the shared expert, LatentMoE's projections */
+            zero(w->lat_down, w->lat_down ? Hin * H : 0), zero(w->lat_up, w->lat_up ? H * Hin : 0);
         }
         if (L->ssm_heads) { /* Mamba-2: its norm, in_proj, conv, per-head vectors, gated norm, out_proj */
             size_t di = ac_ssm_inner(a, l), C = ac_ssm_conv_dim(a, l), nh = L->ssm_heads;
