@@ -15,7 +15,8 @@
  * The job's directory, DATA_DIR/jobs/ID, is on a file system the nodes
  * share. Before sbatch the daemon writes there: input.json (the spec and the
  * cached cost tables: what a local worker gets on stdin), secret (mode 0600:
- * the per-job secret, never on a command line) and job.sh (the batch script:
+ * the per-job secret, never on a command line; the daemon keeps only its
+ * SHA-256, jobsecret.h) and job.sh (the batch script:
  * exec autocompressd run-job ...). The worker writes events.jsonl (each event
  * with a sequence number) and posts the same lines to
  * POST /v1/jobs/ID/worker-events with that secret (worker_post.h); Slurm
@@ -50,12 +51,13 @@
 
 #include "buf.h"
 #include "executor.h"
+#include "jobsecret.h"
 #include "target.h"
 
 typedef struct sjob {
     struct sjob *next;
     long id, slurm_id, seq;
-    char name[64], secret[80], state[32], reason[160];
+    char name[64], secret_sha256[80], state[32], reason[160];
     int cancelling, scancel_sent, submitting, sacct_running;
     double submitted_at;
     char *result;
@@ -416,30 +418,32 @@ static int slurm_place(ac_daemon *d, long job, const char *device, char *why, si
     int gpu = ac_target_resolve(device, &tg, &te) == 0 && tg.kind == AC_TARGET_CUDA;
     sjob *sj = calloc(1, sizeof *sj);
     char *input = sj ? exec_worker_input(d, job, &e) : NULL, *script = NULL;
+    char secret[JOBSECRET_LEN + 1] = "";
     if (sj) {
         sj->id = job;
         char r[17] = "";
         hex(r, 4);
         snprintf(sj->name, sizeof sj->name, "ac-%ld-%s", job, r);
-        hex(sj->secret, 32);
         script = batch_script(d, job, dir, gpu ? "cuda:0" : "cpu");
     }
     int rc = !sj || !input || !script ? ac_errf(&e, "%s", e.msg[0] ? e.msg : "out of memory") : 0;
+    if (rc == 0) rc = jobsecret_new(secret, sizeof secret, &e) || jobsecret_hash(secret, sj->secret_sha256, &e);
     if (rc == 0) {
         snprintf(p, sizeof p, "%s/input.json", dir);
         rc = write_file(p, input, 0600, &e);
     }
-    if (rc == 0) {
+    if (rc == 0) { /* the worker's copy; the daemon keeps only the hash */
         snprintf(p, sizeof p, "%s/secret", dir);
-        rc = write_file(p, sj->secret, 0600, &e);
+        rc = write_file(p, secret, 0600, &e);
     }
+    explicit_bzero(secret, sizeof secret);
     if (rc == 0) {
         snprintf(p, sizeof p, "%s/job.sh", dir);
         rc = write_file(p, script, 0700, &e);
     }
     free(input);
     free(script);
-    if (rc == 0) rc = db_exec_prepare(d->db, job, "slurm", sj->name, sj->secret, &e);
+    if (rc == 0) rc = db_exec_prepare(d->db, job, "slurm", sj->name, sj->secret_sha256, &e);
     if (rc == 0) {
         int t = db_job_transition(d->db, job, JOB_QUEUED, JOB_RUNNING, "submitting to Slurm", "slurm", NULL, &e);
         if (t) { /* cancelled meanwhile, or the store refused */
@@ -738,7 +742,7 @@ static int slurm_start(ac_daemon *d, ac_err *e) {
         sj->seq = live[i].seq;
         sj->cancelling = live[i].cancel_requested;
         snprintf(sj->name, sizeof sj->name, "%s", live[i].name);
-        snprintf(sj->secret, sizeof sj->secret, "%s", live[i].secret);
+        snprintf(sj->secret_sha256, sizeof sj->secret_sha256, "%s", live[i].secret_sha256);
         snprintf(sj->state, sizeof sj->state, "%s", live[i].slurm_state);
         sj->next = S.jobs;
         S.jobs = sj;
@@ -801,14 +805,6 @@ void exec_job_view(ac_daemon *d, long job, json_t *o) {
 
 /* ------------------------------------------------------------- worker events over HTTP */
 
-/* Constant-time comparison of two NUL-terminated secrets. */
-static int same_secret(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    unsigned char diff = la != lb || la == 0;
-    for (size_t i = 0; i < la && i < lb; i++) diff |= (unsigned char)(a[i] ^ b[i]);
-    return diff == 0;
-}
-
 int exec_worker_post(ac_daemon *d, long job, const char *secret, json_t *body, char *msg, size_t n, const char **field,
                      long *last_seq) {
     *field = NULL;
@@ -820,12 +816,12 @@ int exec_worker_post(ac_daemon *d, long job, const char *secret, json_t *body, c
         int found = 0;
         ac_err e = {{0}};
         if (db_exec_get(d->db, job, &j, ex, sizeof ex, &found, &e)) return snprintf(msg, n, "%s", e.msg), 503;
-        if (!found || !j.secret[0] || !secret || !same_secret(secret, j.secret))
+        if (!found || !jobsecret_matches(secret, j.secret_sha256))
             return snprintf(msg, n, "no such job, or not this job's secret"), 401;
         *last_seq = j.seq;
         return snprintf(msg, n, "job %ld is %s: it takes no more events", job, job_state_name(j.state)), 409;
     }
-    if (!secret || !same_secret(secret, sj->secret)) return snprintf(msg, n, "not this job's secret"), 401;
+    if (!jobsecret_matches(secret, sj->secret_sha256)) return snprintf(msg, n, "not this job's secret"), 401;
     json_t *evs = json_object_get(body, "events"), *ev;
     if (!json_is_array(evs)) {
         *field = "events";

@@ -7,6 +7,7 @@ cancel is scancel, a SIGKILLed daemon re-attaches and loses nothing, a
 node fault fails the running job with Slurm's reason. Skips, saying why,
 where Slurm cannot be started (not root, packages missing)."""
 import glob
+import hashlib
 import json
 import os
 import signal
@@ -179,6 +180,20 @@ def test_worker_events_need_the_jobs_secret():
                         secret(a))
     assert st == 400, r
     assert all(e["data"].get("message") != "forged" for e in events(a))
+    # a wrong secret is refused with the API's JSON error, the right one accepted (an empty batch: the daemon
+    # answers with the last event it has from that worker)
+    st, r = post_events(a, {"events": []}, secret(a)[:-1] + ("0" if secret(a)[-1] != "0" else "1"))
+    assert st == 401 and r["error"]["code"] == "unauthorized" and "secret" in r["error"]["message"], (st, r)
+    st, r = post_events(a, {"events": []}, secret(a))
+    assert st == 200 and isinstance(r["last_seq"], int), (st, r)
+    # the store keeps only each secret's SHA-256: neither secret is anywhere in the database's files
+    con = sqlite3.connect(D.db)
+    rows = dict((i, (p, h)) for i, p, h in con.execute(
+        "SELECT id, exec_secret, exec_secret_sha256 FROM jobs WHERE id IN (?, ?)", (a, b)))
+    con.close()
+    for i in (a, b):
+        assert rows[i] == (None, hashlib.sha256(secret(i).encode()).hexdigest()), (i, rows[i])
+    assert_not_in_db_files([secret(a), secret(b)])
     for i in (a, b):
         assert D.req("DELETE", f"/v1/jobs/{i}")[0] == 202
     for i in (a, b):
@@ -186,6 +201,31 @@ def test_worker_events_need_the_jobs_secret():
     # an ended job takes no more events, even with its own secret
     st, r = post_events(a, ev, secret(a))
     assert st == 409, (st, r)
+    # a secret an older daemon stored in plain text (migration 003) is hashed and cleared when the daemon opens
+    # the database: the old secret still identifies its job, and the plain text is gone from the files
+    D.stop()
+    legacy = "legacy-plain-secret-" + os.urandom(8).hex()
+    con = sqlite3.connect(D.db)
+    con.execute("UPDATE jobs SET exec_secret = ?, exec_secret_sha256 = NULL WHERE id = ?", (legacy, a))
+    con.commit()
+    con.close()
+    D.start()
+    con = sqlite3.connect(D.db)
+    row = con.execute("SELECT exec_secret, exec_secret_sha256 FROM jobs WHERE id = ?", (a,)).fetchone()
+    con.close()
+    assert row == (None, hashlib.sha256(legacy.encode()).hexdigest()), row
+    assert post_events(a, ev, legacy)[0] == 409  # its own secret: the job ended
+    assert post_events(a, ev, legacy + "x")[0] == 401
+    assert_not_in_db_files([legacy])
+
+
+def assert_not_in_db_files(secrets):
+    """No secret appears in the SQLite database file or its WAL / shared-memory files."""
+    for f in (D.db, D.db + "-wal", D.db + "-shm"):
+        if os.path.exists(f):
+            data = open(f, "rb").read()
+            for sec in secrets:
+                assert sec.encode() not in data, f"{sec[:8]}... found in {f}"
 
 
 def test_cancel_is_scancel():
