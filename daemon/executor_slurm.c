@@ -314,8 +314,8 @@ static char *batch_script(ac_daemon *d, long job, const char *dir, const char *d
     shq(&b, d->exe);
     ac_buf_append(&b, "run-job ", 8, 1u << 24);
     shq(&b, id);
-    const char *kv[][2] = {{"--device", device}, {"--output", "output"},      {"--input", "input.json"},
-                           {"--events", "events.jsonl"}, {"--secret-file", "secret"}};
+    const char *kv[][2] = {{"--device", device},         {"--output", "output"},      {"--input", "input.json"},
+                           {"--events", "events.jsonl"}, {"--secret-file", "secret"}, {"--checkpoint", "checkpoint"}};
     for (size_t i = 0; i < sizeof kv / sizeof *kv; i++) {
         shq(&b, kv[i][0]);
         if (i == 0)
@@ -540,10 +540,35 @@ static int terminal_state(const char *st) {
     return 0;
 }
 
-/* The batch job ended (or is gone): decide the job's end. */
-static void slurm_ended(sjob *sj, const char *state, const char *reason) {
+/* What a batch job's end state means for the job, in words: Slurm's state
+ * (and squeue's reason, or sacct's exit code, in detail) always named. */
+static void end_reason(long sid, const char *state, const char *detail, char *out, size_t n) {
+    static const struct {
+        const char *state, *words;
+    } W[] = {
+        {"TIMEOUT", "reached its time limit before the job finished (raise slurm.time_limit or the partition's limit)"},
+        {"NODE_FAIL", "lost its node"},
+        {"OUT_OF_MEMORY", "ran out of memory on its node (raise slurm.mem)"},
+        {"PREEMPTED", "was preempted by another job"},
+        {"DEADLINE", "passed its deadline"},
+        {"BOOT_FAIL", "could not boot its node"},
+        {"CANCELLED", "was cancelled outside the daemon"},
+    };
+    const char *words = "ended";
+    for (size_t i = 0; i < sizeof W / sizeof *W; i++)
+        if (!strncmp(state, W[i].state, strlen(W[i].state))) words = W[i].words;
+    int has = detail && detail[0] && strcmp(detail, "None");
+    snprintf(out, n, "Slurm job %ld %s: %s%s%s%s, without a result", sid, words, state, has ? " (" : "",
+             has ? detail : "", has ? ")" : "");
+}
+
+/* The batch job ended (or is gone): decide the job's end. state: Slurm's
+ * end state (NULL: not known); detail: squeue's reason or sacct's exit code;
+ * source: where the state came from when not squeue ("sacct", "the job
+ * completion log"). */
+static void slurm_ended(sjob *sj, const char *state, const char *detail, const char *source) {
     if (ingest_file(sj)) return; /* a result or error in the file ended it */
-    char why[600];
+    char why[800], r[600];
     if (sj->cancelling) {
         finish(sj, JOB_CANCELLED, "cancelled by user");
         return;
@@ -552,45 +577,78 @@ static void slurm_ended(sjob *sj, const char *state, const char *reason) {
         finish(sj, JOB_FAILED, sj->error);
         return;
     }
-    if (state)
-        snprintf(why, sizeof why, "Slurm job %ld ended %s%s%s%s without a result", sj->slurm_id, state,
-                 reason && reason[0] && strcmp(reason, "None") ? " (" : "", reason && strcmp(reason, "None") ? reason : "",
-                 reason && reason[0] && strcmp(reason, "None") ? ")" : "");
+    if (state) end_reason(sj->slurm_id, state, detail, r, sizeof r);
+    if (state && source)
+        snprintf(why, sizeof why, "%s (from %s: squeue no longer lists it)", r, source);
+    else if (state)
+        snprintf(why, sizeof why, "%s", r);
     else
         snprintf(why, sizeof why,
-                 "Slurm no longer lists job %ld (it ended while the daemon was not watching) and its events hold no "
-                 "result",
+                 "Slurm no longer lists job %ld (it ended while the daemon was not watching), has no accounting record "
+                 "of it, and its events hold no result",
                  sj->slurm_id);
     finish(sj, JOB_FAILED, why);
 }
 
-static void sacct_done(cmd *c) {
+/* The last terminal "JobName|State|ExitCode" line of sacct's output for
+ * the batch job of that name into st, code: 1 when there is one. (The job
+ * completion log has a line per end of the batch job, a requeue's included:
+ * the last is its final end; the name guards against a job id Slurm gave
+ * again after its state was lost.) */
+static int sacct_state(const char *out, const char *name, char st[64], char code[32]) {
+    int found = 0;
+    for (const char *ln = out; *ln;) {
+        char n1[64] = "", s1[64] = "", c1[32] = "";
+        if (sscanf(ln, "%63[^|\n]|%63[^|\n]|%31[^|\n]", n1, s1, c1) >= 2 && !strcmp(n1, name) && terminal_state(s1)) {
+            snprintf(st, 64, "%s", s1);
+            snprintf(code, 32, "%s", c1);
+            found = 1;
+        }
+        const char *nl = strchr(ln, '\n');
+        if (!nl) break;
+        ln = nl + 1;
+    }
+    return found;
+}
+
+static void ask_sacct_mode(sjob *sj, int completion);
+
+static void sacct_done_mode(cmd *c, int completion) {
     sjob *sj = find(c->job);
     if (!sj) return;
     sj->sacct_running = 0;
     char st[64] = "", code[32] = "";
     const char *out = c->buf.data ? c->buf.data : "";
-    if (c->status == 0 && sscanf(out, "%63[^|\n]|%31[^|\n]", st, code) >= 1 && terminal_state(st)) {
+    if (c->status == 0 && sacct_state(out, sj->name, st, code)) {
         char why[64];
         snprintf(why, sizeof why, "exit code %s", code[0] ? code : "?");
-        slurm_ended(sj, st, why);
-    } else /* no accounting (or it does not know the job): the files decided what they could */
-        slurm_ended(sj, NULL, NULL);
+        slurm_ended(sj, st, why, completion ? "sacct --completion, Slurm's job completion log" : "sacct");
+    } else if (!completion) /* no accounting, or it does not know the job: the job completion log */
+        ask_sacct_mode(sj, 1);
+    else /* neither knows it: the files decided what they could */
+        slurm_ended(sj, NULL, NULL, NULL);
 }
+static void sacct_done(cmd *c) { sacct_done_mode(c, 0); }
+static void sacct_completion_done(cmd *c) { sacct_done_mode(c, 1); }
 
 /* The batch job's end from Slurm's accounting (sacct), for one squeue no
- * longer lists. */
-static void ask_sacct(sjob *sj) {
+ * longer lists; where the cluster keeps no accounting (sacct: "accounting
+ * storage is disabled"), from its job completion log (sacct --completion,
+ * JobCompType). */
+static void ask_sacct_mode(sjob *sj, int completion) {
     if (sj->sacct_running) return;
     char id[32];
     snprintf(id, sizeof id, "%ld", sj->slurm_id);
-    char *argv[] = {"sacct", "--noheader", "--parsable2", "--allocations", "--format=State,ExitCode", "--jobs", id,
+    char *acct[] = {"sacct", "--noheader", "--parsable2", "--allocations", "--format=JobName,State,ExitCode",
+                    "--jobs", id, NULL};
+    char *comp[] = {"sacct", "--completion", "--noheader", "--parsable2", "--format=JobName,State,ExitCode", "--jobs", id,
                     NULL};
-    if (run_cmd(argv, sj->id, sacct_done) == 0)
+    if (run_cmd(completion ? comp : acct, sj->id, completion ? sacct_completion_done : sacct_done) == 0)
         sj->sacct_running = 1;
     else
-        slurm_ended(sj, NULL, NULL);
+        slurm_ended(sj, NULL, NULL, NULL);
 }
+static void ask_sacct(sjob *sj) { ask_sacct_mode(sj, 0); }
 
 static void poll_done(cmd *c) {
     S.polling = 0;
@@ -655,7 +713,7 @@ static void poll_done(cmd *c) {
             char ev[1300];
             snprintf(ev, sizeof ev, "%s/%ld/events.jsonl", S.jobs_dir, sj->id);
             if (access(ev, F_OK) == 0) {
-                slurm_ended(sj, NULL, NULL);
+                slurm_ended(sj, NULL, NULL, NULL);
                 continue;
             }
             const char *why = "re-queued: Slurm has no batch job of this name (sbatch was interrupted)";
@@ -683,7 +741,7 @@ static void poll_done(cmd *c) {
                          json_pack("{s:I,s:s,s:s,s:s}", "job_id", (json_int_t)hit->id, "name", sj->name, "state",
                                    hit->state, "reason", hit->reason));
         }
-        if (terminal_state(hit->state)) slurm_ended(sj, hit->state, hit->reason);
+        if (terminal_state(hit->state)) slurm_ended(sj, hit->state, hit->reason, NULL);
     }
     free(rows);
 }
