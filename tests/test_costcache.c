@@ -86,20 +86,29 @@ static void test_file_cache_round_trip(void) {
     cleanup();
 }
 
-/* The local CPU's table comes from the cache (no measurement: a stand-in
- * table under the CPU's key, which a measurement would never produce). */
+/* A stand-in table (the L4 datasheet's, fp32; a measurement would never
+ * produce it) under key, put into a writable file cache at path; cpu: the
+ * local CPU as a target. */
+static void put_stand_in(const char *key, ac_cost_table *t, ac_cost_cache *rw, ac_target *cpu) {
+    ac_err e;
+    CHECK(ac_cost_roofline(ac_device_spec_find("L4"), "fp32", t, &e) == 0, "%s", e.msg);
+    snprintf(t->key, sizeof t->key, "%s", key);
+    snprintf(t->device, sizeof t->device, "stand-in");
+    costcache_file(rw, path, 1);
+    CHECK(rw->put(rw->ud, t, &e) == 0, "%s", e.msg);
+    CHECK(ac_target_resolve("cpu", cpu, &e) == 0, "%s", e.msg);
+}
+
+/* The local CPU's table comes from the cache (no measurement). */
 static void test_cpu_table_from_cache(void) {
     fresh();
     ac_err e;
     ac_cost_table fake, got;
-    CHECK(ac_cost_roofline(ac_device_spec_find("L4"), "fp32", &fake, &e) == 0, "%s", e.msg);
-    ac_cost_cpu_key(2, "fp32", fake.key, sizeof fake.key, NULL, 0);
-    snprintf(fake.device, sizeof fake.device, "stand-in");
+    char key[384];
+    ac_cost_cpu_key(2, "fp32", key, sizeof key, NULL, 0);
     ac_cost_cache rw;
-    costcache_file(&rw, path, 1);
-    CHECK(rw.put(rw.ud, &fake, &e) == 0, "%s", e.msg);
     ac_target cpu;
-    CHECK(ac_target_resolve("cpu", &cpu, &e) == 0, "%s", e.msg);
+    put_stand_in(key, &fake, &rw, &cpu);
     int hit = 0;
     double t0 = ac_now();
     CHECK(ac_cost_table_for(&cpu, "fp32", &rw, 2, 0, NULL, NULL, &got, &hit, &e) == 0 && hit, "cache hit: %s", e.msg);
@@ -149,16 +158,13 @@ static void test_keys_by_node_kind(void) {
     CHECK(!strncmp(key, want, strlen(want)), "key %s, expected it to start %s", key, want);
     /* a host of another kind with the same CPU model name: a VM that hides its vector units */
     ac_cost_table other, got;
-    CHECK(ac_cost_roofline(ac_device_spec_find("L4"), "fp32", &other, &e) == 0, "%s", e.msg);
-    char *open = strchr(key, '[');
+    char okey[384] = "", *open = strchr(key, '[');
     CHECK(open != NULL, "no node kind in %s", key);
-    if (open) snprintf(other.key, sizeof other.key, "%.*s[none]%s", (int)(open - key), key, strchr(open, ']') + 1);
-    CHECK(strcmp(other.key, key) != 0 || !list[0], "same key %s", other.key);
+    if (open) snprintf(okey, sizeof okey, "%.*s[none]%s", (int)(open - key), key, strchr(open, ']') + 1);
+    CHECK(strcmp(okey, key) != 0 || !list[0], "same key %s", okey);
     ac_cost_cache rw;
-    costcache_file(&rw, path, 1);
-    CHECK(rw.put(rw.ud, &other, &e) == 0, "%s", e.msg);
     ac_target cpu;
-    CHECK(ac_target_resolve("cpu", &cpu, &e) == 0, "%s", e.msg);
+    put_stand_in(okey, &other, &rw, &cpu);
     int hit = 1;
     if (list[0]) /* not this host's table: nothing cached for this kind, and no measuring asked */
         CHECK(ac_cost_table_for(&cpu, "fp32", &rw, 2, 0, NULL, NULL, &got, &hit, &e) != 0 && !hit &&
