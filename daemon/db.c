@@ -12,6 +12,8 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include "jobsecret.h"
+
 struct db {
     sqlite3 *wr, *rd;
     char path[4096];
@@ -158,6 +160,8 @@ static int migrate(db *d, ac_err *e) {
     return 0;
 }
 
+static int hash_legacy_secrets(db *d, ac_err *e);
+
 int db_open(const char *path, db **out, ac_err *e) {
     db *d = calloc(1, sizeof *d);
     if (!d) return ac_errf(e, "out of memory");
@@ -178,7 +182,7 @@ int db_open(const char *path, db **out, ac_err *e) {
         db_close(d);
         return -1;
     }
-    if (migrate(d, e) || open_conn(path, SQLITE_OPEN_READONLY, &d->rd, e)) {
+    if (migrate(d, e) || hash_legacy_secrets(d, e) || open_conn(path, SQLITE_OPEN_READONLY, &d->rd, e)) {
         db_close(d);
         return -1;
     }
@@ -579,13 +583,13 @@ static int exec_row(sqlite3_stmt *st, void *elem) {
     j->slurm_job_id = (long)sqlite3_column_int64(st, 1);
     snprintf(j->name, sizeof j->name, "%s", name ? name : "");
     snprintf(j->slurm_state, sizeof j->slurm_state, "%s", state ? state : "");
-    snprintf(j->secret, sizeof j->secret, "%s", secret ? secret : "");
+    snprintf(j->secret_sha256, sizeof j->secret_sha256, "%s", secret ? secret : "");
     j->seq = (long)sqlite3_column_int64(st, 5);
     j->cancel_requested = sqlite3_column_int(st, 6) != 0;
     return js == NULL || job_state_parse(js, &j->state) ? -1 : 0;
 }
 
-#define EXEC_COLS "id, slurm_job_id, slurm_name, slurm_state, exec_secret, exec_seq, cancel_requested, state"
+#define EXEC_COLS "id, slurm_job_id, slurm_name, slurm_state, exec_secret_sha256, exec_seq, cancel_requested, state"
 
 int db_exec_live(db *d, const char *executor, db_exec_job **jobs, int *n, ac_err *e) {
     return read_rows(d, "SELECT " EXEC_COLS " FROM jobs WHERE executor = ? AND state = 'running' ORDER BY id",
@@ -612,12 +616,42 @@ int db_exec_get(db *d, long id, db_exec_job *job, char *executor, size_t n, int 
     return 0;
 }
 
-int db_exec_prepare(db *d, long id, const char *executor, const char *name, const char *secret, ac_err *e) {
+int db_exec_prepare(db *d, long id, const char *executor, const char *name, const char *secret_sha256, ac_err *e) {
     return write1(d,
-                  "UPDATE jobs SET executor = ?, slurm_name = ?, exec_secret = COALESCE(exec_secret, ?),"
+                  "UPDATE jobs SET executor = ?, slurm_name = ?, exec_secret_sha256 = ?, exec_secret = NULL,"
                   " slurm_job_id = NULL, slurm_state = NULL, updated_at = ? WHERE id = ?",
-                  ARGS(A_TEXT(executor), A_TEXT(name), A_TEXT(secret), A_REAL(now_s()), A_INT(id)), "executor prepare",
-                  NULL, e);
+                  ARGS(A_TEXT(executor), A_TEXT(name), A_TEXT(secret_sha256), A_REAL(now_s()), A_INT(id)),
+                  "executor prepare", NULL, e);
+}
+
+/* After the migrations (005): a secret 003 kept in plain text (a job
+ * submitted by an older daemon, still running) is replaced by its SHA-256;
+ * secure_delete overwrites the freed plain text in the file. */
+static int hash_legacy_secrets(db *d, ac_err *e) {
+    sqlite3_stmt *st = NULL;
+    int rc = 0, n = 0;
+    if (sqlite3_prepare_v2(d->wr, "SELECT id, exec_secret FROM jobs WHERE exec_secret IS NOT NULL", -1, &st, NULL))
+        return sqerr(d->wr, e, "legacy secrets");
+    sqlite3_exec(d->wr, "PRAGMA secure_delete = ON; BEGIN IMMEDIATE", NULL, NULL, NULL);
+    while (rc == 0 && sqlite3_step(st) == SQLITE_ROW) {
+        char hash[JOBSECRET_HASH_LEN + 1];
+        const char *sec = (const char *)sqlite3_column_text(st, 1);
+        sqlite3_stmt *up = NULL;
+        if (jobsecret_hash(sec ? sec : "", hash, e)) rc = -1;
+        else if (sqlite3_prepare_v2(d->wr, "UPDATE jobs SET exec_secret_sha256 = ?, exec_secret = NULL WHERE id = ?", -1,
+                                    &up, NULL) ||
+                 sqlite3_bind_text(up, 1, hash, -1, SQLITE_TRANSIENT) ||
+                 sqlite3_bind_int64(up, 2, sqlite3_column_int64(st, 0)) || sqlite3_step(up) != SQLITE_DONE)
+            rc = sqerr(d->wr, e, "legacy secrets");
+        sqlite3_finalize(up);
+        n++;
+    }
+    sqlite3_finalize(st);
+    if (sqlite3_exec(d->wr, rc ? "ROLLBACK" : "COMMIT", NULL, NULL, NULL) && !rc) rc = sqerr(d->wr, e, "legacy secrets");
+    /* the old pages (in the file, and in the log) are overwritten now, not at the next checkpoint */
+    if (rc == 0 && n > 0) sqlite3_exec(d->wr, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL);
+    sqlite3_exec(d->wr, "PRAGMA secure_delete = OFF", NULL, NULL, NULL);
+    return rc;
 }
 
 int db_exec_set_slurm(db *d, long id, long slurm_id, const char *state, ac_err *e) {

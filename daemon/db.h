@@ -132,7 +132,7 @@ typedef struct {
     long id, slurm_job_id; /* slurm_job_id 0: not known (yet) */
     char name[64];         /* the batch job's name */
     char slurm_state[32];  /* the last state Slurm reported, "" when none */
-    char secret[80];       /* the per-job secret the worker posts events with */
+    char secret_sha256[80]; /* the SHA-256 (hex) of the per-job secret the worker posts events with, "" when none */
     long seq;              /* the last worker event stored */
     int cancel_requested;
     job_state state;
@@ -142,8 +142,9 @@ int db_exec_live(db *d, const char *executor, db_exec_job **jobs, int *n, ac_err
 /* One job's executor columns; executor gets "" when none was recorded (a local job, or one not
  * placed yet). *found 0 when unknown. */
 int db_exec_get(db *d, long id, db_exec_job *job, char *executor, size_t n, int *found, ac_err *e);
-/* Before submission: the executor, the batch job's name and the secret (kept when one is set already). */
-int db_exec_prepare(db *d, long id, const char *executor, const char *name, const char *secret, ac_err *e);
+/* Before submission: the executor, the batch job's name and the SHA-256 of
+ * the job's new secret (jobsecret.h; the secret itself is never stored). */
+int db_exec_prepare(db *d, long id, const char *executor, const char *name, const char *secret_sha256, ac_err *e);
 /* The Slurm job id (when > 0) and the state Slurm reports (when not NULL). */
 int db_exec_set_slurm(db *d, long id, long slurm_id, const char *state, ac_err *e);
 /* A worker event with its sequence number, stored with the job's exec_seq

@@ -15,7 +15,8 @@
  * The job's directory, DATA_DIR/jobs/ID, is on a file system the nodes
  * share. Before sbatch the daemon writes there: input.json (the spec and the
  * cached cost tables: what a local worker gets on stdin), secret (mode 0600:
- * the per-job secret, never on a command line) and job.sh (the batch script:
+ * the per-job secret, never on a command line; the daemon keeps only its
+ * SHA-256, jobsecret.h) and job.sh (the batch script:
  * exec autocompressd run-job ...). The worker writes events.jsonl (each event
  * with a sequence number) and posts the same lines to
  * POST /v1/jobs/ID/worker-events with that secret (worker_post.h); Slurm
@@ -50,12 +51,13 @@
 
 #include "buf.h"
 #include "executor.h"
+#include "jobsecret.h"
 #include "target.h"
 
 typedef struct sjob {
     struct sjob *next;
     long id, slurm_id, seq;
-    char name[64], secret[80], state[32], reason[160];
+    char name[64], secret_sha256[80], state[32], reason[160];
     int cancelling, scancel_sent, submitting, sacct_running;
     double submitted_at;
     char *result;
@@ -312,8 +314,8 @@ static char *batch_script(ac_daemon *d, long job, const char *dir, const char *d
     shq(&b, d->exe);
     ac_buf_append(&b, "run-job ", 8, 1u << 24);
     shq(&b, id);
-    const char *kv[][2] = {{"--device", device}, {"--output", "output"},      {"--input", "input.json"},
-                           {"--events", "events.jsonl"}, {"--secret-file", "secret"}};
+    const char *kv[][2] = {{"--device", device},         {"--output", "output"},      {"--input", "input.json"},
+                           {"--events", "events.jsonl"}, {"--secret-file", "secret"}, {"--checkpoint", "checkpoint"}};
     for (size_t i = 0; i < sizeof kv / sizeof *kv; i++) {
         shq(&b, kv[i][0]);
         if (i == 0)
@@ -416,30 +418,32 @@ static int slurm_place(ac_daemon *d, long job, const char *device, char *why, si
     int gpu = ac_target_resolve(device, &tg, &te) == 0 && tg.kind == AC_TARGET_CUDA;
     sjob *sj = calloc(1, sizeof *sj);
     char *input = sj ? exec_worker_input(d, job, &e) : NULL, *script = NULL;
+    char secret[JOBSECRET_LEN + 1] = "";
     if (sj) {
         sj->id = job;
         char r[17] = "";
         hex(r, 4);
         snprintf(sj->name, sizeof sj->name, "ac-%ld-%s", job, r);
-        hex(sj->secret, 32);
         script = batch_script(d, job, dir, gpu ? "cuda:0" : "cpu");
     }
     int rc = !sj || !input || !script ? ac_errf(&e, "%s", e.msg[0] ? e.msg : "out of memory") : 0;
+    if (rc == 0) rc = jobsecret_new(secret, sizeof secret, &e) || jobsecret_hash(secret, sj->secret_sha256, &e);
     if (rc == 0) {
         snprintf(p, sizeof p, "%s/input.json", dir);
         rc = write_file(p, input, 0600, &e);
     }
-    if (rc == 0) {
+    if (rc == 0) { /* the worker's copy; the daemon keeps only the hash */
         snprintf(p, sizeof p, "%s/secret", dir);
-        rc = write_file(p, sj->secret, 0600, &e);
+        rc = write_file(p, secret, 0600, &e);
     }
+    explicit_bzero(secret, sizeof secret);
     if (rc == 0) {
         snprintf(p, sizeof p, "%s/job.sh", dir);
         rc = write_file(p, script, 0700, &e);
     }
     free(input);
     free(script);
-    if (rc == 0) rc = db_exec_prepare(d->db, job, "slurm", sj->name, sj->secret, &e);
+    if (rc == 0) rc = db_exec_prepare(d->db, job, "slurm", sj->name, sj->secret_sha256, &e);
     if (rc == 0) {
         int t = db_job_transition(d->db, job, JOB_QUEUED, JOB_RUNNING, "submitting to Slurm", "slurm", NULL, &e);
         if (t) { /* cancelled meanwhile, or the store refused */
@@ -536,10 +540,35 @@ static int terminal_state(const char *st) {
     return 0;
 }
 
-/* The batch job ended (or is gone): decide the job's end. */
-static void slurm_ended(sjob *sj, const char *state, const char *reason) {
+/* What a batch job's end state means for the job, in words: Slurm's state
+ * (and squeue's reason, or sacct's exit code, in detail) always named. */
+static void end_reason(long sid, const char *state, const char *detail, char *out, size_t n) {
+    static const struct {
+        const char *state, *words;
+    } W[] = {
+        {"TIMEOUT", "reached its time limit before the job finished (raise slurm.time_limit or the partition's limit)"},
+        {"NODE_FAIL", "lost its node"},
+        {"OUT_OF_MEMORY", "ran out of memory on its node (raise slurm.mem)"},
+        {"PREEMPTED", "was preempted by another job"},
+        {"DEADLINE", "passed its deadline"},
+        {"BOOT_FAIL", "could not boot its node"},
+        {"CANCELLED", "was cancelled outside the daemon"},
+    };
+    const char *words = "ended";
+    for (size_t i = 0; i < sizeof W / sizeof *W; i++)
+        if (!strncmp(state, W[i].state, strlen(W[i].state))) words = W[i].words;
+    int has = detail && detail[0] && strcmp(detail, "None");
+    snprintf(out, n, "Slurm job %ld %s: %s%s%s%s, without a result", sid, words, state, has ? " (" : "",
+             has ? detail : "", has ? ")" : "");
+}
+
+/* The batch job ended (or is gone): decide the job's end. state: Slurm's
+ * end state (NULL: not known); detail: squeue's reason or sacct's exit code;
+ * source: where the state came from when not squeue ("sacct", "the job
+ * completion log"). */
+static void slurm_ended(sjob *sj, const char *state, const char *detail, const char *source) {
     if (ingest_file(sj)) return; /* a result or error in the file ended it */
-    char why[600];
+    char why[800], r[600];
     if (sj->cancelling) {
         finish(sj, JOB_CANCELLED, "cancelled by user");
         return;
@@ -548,45 +577,78 @@ static void slurm_ended(sjob *sj, const char *state, const char *reason) {
         finish(sj, JOB_FAILED, sj->error);
         return;
     }
-    if (state)
-        snprintf(why, sizeof why, "Slurm job %ld ended %s%s%s%s without a result", sj->slurm_id, state,
-                 reason && reason[0] && strcmp(reason, "None") ? " (" : "", reason && strcmp(reason, "None") ? reason : "",
-                 reason && reason[0] && strcmp(reason, "None") ? ")" : "");
+    if (state) end_reason(sj->slurm_id, state, detail, r, sizeof r);
+    if (state && source)
+        snprintf(why, sizeof why, "%s (from %s: squeue no longer lists it)", r, source);
+    else if (state)
+        snprintf(why, sizeof why, "%s", r);
     else
         snprintf(why, sizeof why,
-                 "Slurm no longer lists job %ld (it ended while the daemon was not watching) and its events hold no "
-                 "result",
+                 "Slurm no longer lists job %ld (it ended while the daemon was not watching), has no accounting record "
+                 "of it, and its events hold no result",
                  sj->slurm_id);
     finish(sj, JOB_FAILED, why);
 }
 
-static void sacct_done(cmd *c) {
+/* The last terminal "JobName|State|ExitCode" line of sacct's output for
+ * the batch job of that name into st, code: 1 when there is one. (The job
+ * completion log has a line per end of the batch job, a requeue's included:
+ * the last is its final end; the name guards against a job id Slurm gave
+ * again after its state was lost.) */
+static int sacct_state(const char *out, const char *name, char st[64], char code[32]) {
+    int found = 0;
+    for (const char *ln = out; *ln;) {
+        char n1[64] = "", s1[64] = "", c1[32] = "";
+        if (sscanf(ln, "%63[^|\n]|%63[^|\n]|%31[^|\n]", n1, s1, c1) >= 2 && !strcmp(n1, name) && terminal_state(s1)) {
+            snprintf(st, 64, "%s", s1);
+            snprintf(code, 32, "%s", c1);
+            found = 1;
+        }
+        const char *nl = strchr(ln, '\n');
+        if (!nl) break;
+        ln = nl + 1;
+    }
+    return found;
+}
+
+static void ask_sacct_mode(sjob *sj, int completion);
+
+static void sacct_done_mode(cmd *c, int completion) {
     sjob *sj = find(c->job);
     if (!sj) return;
     sj->sacct_running = 0;
     char st[64] = "", code[32] = "";
     const char *out = c->buf.data ? c->buf.data : "";
-    if (c->status == 0 && sscanf(out, "%63[^|\n]|%31[^|\n]", st, code) >= 1 && terminal_state(st)) {
+    if (c->status == 0 && sacct_state(out, sj->name, st, code)) {
         char why[64];
         snprintf(why, sizeof why, "exit code %s", code[0] ? code : "?");
-        slurm_ended(sj, st, why);
-    } else /* no accounting (or it does not know the job): the files decided what they could */
-        slurm_ended(sj, NULL, NULL);
+        slurm_ended(sj, st, why, completion ? "sacct --completion, Slurm's job completion log" : "sacct");
+    } else if (!completion) /* no accounting, or it does not know the job: the job completion log */
+        ask_sacct_mode(sj, 1);
+    else /* neither knows it: the files decided what they could */
+        slurm_ended(sj, NULL, NULL, NULL);
 }
+static void sacct_done(cmd *c) { sacct_done_mode(c, 0); }
+static void sacct_completion_done(cmd *c) { sacct_done_mode(c, 1); }
 
 /* The batch job's end from Slurm's accounting (sacct), for one squeue no
- * longer lists. */
-static void ask_sacct(sjob *sj) {
+ * longer lists; where the cluster keeps no accounting (sacct: "accounting
+ * storage is disabled"), from its job completion log (sacct --completion,
+ * JobCompType). */
+static void ask_sacct_mode(sjob *sj, int completion) {
     if (sj->sacct_running) return;
     char id[32];
     snprintf(id, sizeof id, "%ld", sj->slurm_id);
-    char *argv[] = {"sacct", "--noheader", "--parsable2", "--allocations", "--format=State,ExitCode", "--jobs", id,
+    char *acct[] = {"sacct", "--noheader", "--parsable2", "--allocations", "--format=JobName,State,ExitCode",
+                    "--jobs", id, NULL};
+    char *comp[] = {"sacct", "--completion", "--noheader", "--parsable2", "--format=JobName,State,ExitCode", "--jobs", id,
                     NULL};
-    if (run_cmd(argv, sj->id, sacct_done) == 0)
+    if (run_cmd(completion ? comp : acct, sj->id, completion ? sacct_completion_done : sacct_done) == 0)
         sj->sacct_running = 1;
     else
-        slurm_ended(sj, NULL, NULL);
+        slurm_ended(sj, NULL, NULL, NULL);
 }
+static void ask_sacct(sjob *sj) { ask_sacct_mode(sj, 0); }
 
 static void poll_done(cmd *c) {
     S.polling = 0;
@@ -651,7 +713,7 @@ static void poll_done(cmd *c) {
             char ev[1300];
             snprintf(ev, sizeof ev, "%s/%ld/events.jsonl", S.jobs_dir, sj->id);
             if (access(ev, F_OK) == 0) {
-                slurm_ended(sj, NULL, NULL);
+                slurm_ended(sj, NULL, NULL, NULL);
                 continue;
             }
             const char *why = "re-queued: Slurm has no batch job of this name (sbatch was interrupted)";
@@ -679,7 +741,7 @@ static void poll_done(cmd *c) {
                          json_pack("{s:I,s:s,s:s,s:s}", "job_id", (json_int_t)hit->id, "name", sj->name, "state",
                                    hit->state, "reason", hit->reason));
         }
-        if (terminal_state(hit->state)) slurm_ended(sj, hit->state, hit->reason);
+        if (terminal_state(hit->state)) slurm_ended(sj, hit->state, hit->reason, NULL);
     }
     free(rows);
 }
@@ -738,7 +800,7 @@ static int slurm_start(ac_daemon *d, ac_err *e) {
         sj->seq = live[i].seq;
         sj->cancelling = live[i].cancel_requested;
         snprintf(sj->name, sizeof sj->name, "%s", live[i].name);
-        snprintf(sj->secret, sizeof sj->secret, "%s", live[i].secret);
+        snprintf(sj->secret_sha256, sizeof sj->secret_sha256, "%s", live[i].secret_sha256);
         snprintf(sj->state, sizeof sj->state, "%s", live[i].slurm_state);
         sj->next = S.jobs;
         S.jobs = sj;
@@ -801,14 +863,6 @@ void exec_job_view(ac_daemon *d, long job, json_t *o) {
 
 /* ------------------------------------------------------------- worker events over HTTP */
 
-/* Constant-time comparison of two NUL-terminated secrets. */
-static int same_secret(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    unsigned char diff = la != lb || la == 0;
-    for (size_t i = 0; i < la && i < lb; i++) diff |= (unsigned char)(a[i] ^ b[i]);
-    return diff == 0;
-}
-
 int exec_worker_post(ac_daemon *d, long job, const char *secret, json_t *body, char *msg, size_t n, const char **field,
                      long *last_seq) {
     *field = NULL;
@@ -820,12 +874,12 @@ int exec_worker_post(ac_daemon *d, long job, const char *secret, json_t *body, c
         int found = 0;
         ac_err e = {{0}};
         if (db_exec_get(d->db, job, &j, ex, sizeof ex, &found, &e)) return snprintf(msg, n, "%s", e.msg), 503;
-        if (!found || !j.secret[0] || !secret || !same_secret(secret, j.secret))
+        if (!found || !jobsecret_matches(secret, j.secret_sha256))
             return snprintf(msg, n, "no such job, or not this job's secret"), 401;
         *last_seq = j.seq;
         return snprintf(msg, n, "job %ld is %s: it takes no more events", job, job_state_name(j.state)), 409;
     }
-    if (!secret || !same_secret(secret, sj->secret)) return snprintf(msg, n, "not this job's secret"), 401;
+    if (!jobsecret_matches(secret, sj->secret_sha256)) return snprintf(msg, n, "not this job's secret"), 401;
     json_t *evs = json_object_get(body, "events"), *ev;
     if (!json_is_array(evs)) {
         *field = "events";

@@ -1,6 +1,7 @@
 /*
  * worker.c - `autocompressd run-job ID [--device D] [--threads N]
- * [--output DIR] [--jobs-dir DIR] [--root DIR]... [--quiet-budget S]`:
+ * [--output DIR] [--jobs-dir DIR] [--root DIR]... [--quiet-budget S]
+ * [--checkpoint DIR]`:
  * runs one job in its own process. The daemon writes {"spec": ..., "cost_tables": {key: table}} on
  * its stdin (the worker never opens the daemon's database), it writes one
  * JSON event per line on stdout for the daemon to store, logs on stderr. Dies with its parent (PR_SET_PDEATHSIG),
@@ -16,11 +17,13 @@
  * measurement's process). --quiet-budget: the config's quiet_budget_s, a
  * cap on quiet re-measurement (quiet.h; absent or < 0: none).
  */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "api.h"
@@ -30,6 +33,7 @@
 #include "fsafe.h"
 #include "job.h"
 #include "jobcheck.h"
+#include "jobsecret.h"
 #include "quiet.h"
 #include "worker_post.h"
 
@@ -97,6 +101,7 @@ typedef struct {
      * its events to the events file and the daemon (worker_post.h) */
     const char *input, *events, *post, *secret_file;
     double flush_s;
+    const char *checkpoint; /* stage checkpoints' directory (checkpoint.h), NULL: none */
 } worker_args;
 
 static int parse_args(int argc, char **argv, worker_args *a) {
@@ -128,6 +133,8 @@ static int parse_args(int argc, char **argv, worker_args *a) {
             a->secret_file = argv[i + 1];
         else if (!strcmp(argv[i], "--flush"))
             a->flush_s = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--checkpoint"))
+            a->checkpoint = argv[i + 1];
     }
     return a->id > 0 ? 0 : -1;
 }
@@ -214,6 +221,18 @@ static int run_job(worker_args *ap) {
     ac_cost_cache cache;
     costcache_json(&cache, tables); /* read-only: the daemon stores tables from the cost_table event */
     ac_job_ctx ctx = {.emit = emit_line, .ud = NULL, .cancelled = NULL, .cache = &cache, .threads = a.threads};
+    /* A job run again (a requeued batch job) resumes after its checkpointed
+     * stages; the key ties them to this spec (its SHA-256). */
+    char key[JOBSECRET_HASH_LEN + 1] = "";
+    char *spec_text = a.checkpoint ? json_dumps(spec, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    ac_err ke = {{0}};
+    if (spec_text && (mkdir(a.checkpoint, 0700) == 0 || errno == EEXIST) && jobsecret_hash(spec_text, key, &ke) == 0) {
+        ctx.checkpoint_dir = a.checkpoint;
+        ctx.checkpoint_key = key;
+        fprintf(stderr, "worker: stage checkpoints in %s\n", a.checkpoint);
+    } else if (a.checkpoint)
+        fprintf(stderr, "worker: no stage checkpoints (%s: %s)\n", a.checkpoint, ke.msg[0] ? ke.msg : strerror(errno));
+    free(spec_text);
     json_t *result = NULL;
     ac_err e = {{0}};
     int rc = ac_job_run(&js, &ctx, &result, &e);

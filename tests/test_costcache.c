@@ -5,15 +5,19 @@
  * migrations made; it comes back equal through a read-only file cache and
  * through the daemon's db; absent keys, files and caches find nothing; and
  * ac_cost_table_for takes the local CPU's table from the cache without
- * measuring.
+ * measuring; tables are keyed by node kind: a table of a host with the same
+ * CPU model name but other instruction sets (or of a GPU under another
+ * driver) is not this host's.
  */
 #include <math.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "check.h"
 #include "costcache.h"
 #include "costmodel.h"
 #include "db.h"
+#include "device.h"
 
 static char dir[512], path[600];
 
@@ -82,20 +86,29 @@ static void test_file_cache_round_trip(void) {
     cleanup();
 }
 
-/* The local CPU's table comes from the cache (no measurement: a stand-in
- * table under the CPU's key, which a measurement would never produce). */
+/* A stand-in table (the L4 datasheet's, fp32; a measurement would never
+ * produce it) under key, put into a writable file cache at path; cpu: the
+ * local CPU as a target. */
+static void put_stand_in(const char *key, ac_cost_table *t, ac_cost_cache *rw, ac_target *cpu) {
+    ac_err e;
+    CHECK(ac_cost_roofline(ac_device_spec_find("L4"), "fp32", t, &e) == 0, "%s", e.msg);
+    snprintf(t->key, sizeof t->key, "%s", key);
+    snprintf(t->device, sizeof t->device, "stand-in");
+    costcache_file(rw, path, 1);
+    CHECK(rw->put(rw->ud, t, &e) == 0, "%s", e.msg);
+    CHECK(ac_target_resolve("cpu", cpu, &e) == 0, "%s", e.msg);
+}
+
+/* The local CPU's table comes from the cache (no measurement). */
 static void test_cpu_table_from_cache(void) {
     fresh();
     ac_err e;
     ac_cost_table fake, got;
-    CHECK(ac_cost_roofline(ac_device_spec_find("L4"), "fp32", &fake, &e) == 0, "%s", e.msg);
-    ac_cost_cpu_key(2, "fp32", fake.key, sizeof fake.key, NULL, 0);
-    snprintf(fake.device, sizeof fake.device, "stand-in");
+    char key[384];
+    ac_cost_cpu_key(2, "fp32", key, sizeof key, NULL, 0);
     ac_cost_cache rw;
-    costcache_file(&rw, path, 1);
-    CHECK(rw.put(rw.ud, &fake, &e) == 0, "%s", e.msg);
     ac_target cpu;
-    CHECK(ac_target_resolve("cpu", &cpu, &e) == 0, "%s", e.msg);
+    put_stand_in(key, &fake, &rw, &cpu);
     int hit = 0;
     double t0 = ac_now();
     CHECK(ac_cost_table_for(&cpu, "fp32", &rw, 2, 0, NULL, NULL, &got, &hit, &e) == 0 && hit, "cache hit: %s", e.msg);
@@ -111,8 +124,69 @@ static void test_cpu_table_from_cache(void) {
     cleanup();
 }
 
+/* The kernel's flags for the first CPU in /proc/cpuinfo, and its model name
+ * (the test's own reading, not the library's). */
+static void cpuinfo(char *model, size_t mn, char *flags, size_t fn) {
+    char line[8192];
+    model[0] = flags[0] = 0;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f) && !(model[0] && flags[0])) {
+        char *c = strchr(line, ':');
+        if (!c) continue;
+        c[strcspn(c, "\n")] = 0;
+        if (!strncmp(line, "model name", 10) && !model[0]) snprintf(model, mn, "%s", c + 2);
+        if (!strncmp(line, "flags", 5) && !flags[0]) snprintf(flags, fn, " %s ", c + 2);
+    }
+    if (f) fclose(f);
+}
+
+static void test_keys_by_node_kind(void) {
+    fresh();
+    ac_err e;
+    char model[256], flags[8192], key[384], want[512];
+    cpuinfo(model, sizeof model, flags, sizeof flags);
+    /* the key names the CPU model and exactly the listed instruction sets this CPU has */
+    const char *isa[] = {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"};
+    char list[128] = "";
+    for (int i = 0; i < 5; i++) {
+        char w[40];
+        snprintf(w, sizeof w, " %s ", isa[i]);
+        if (strstr(flags, w)) snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? " " : "", isa[i]);
+    }
+    ac_cost_cpu_key(2, "fp32", key, sizeof key, NULL, 0);
+    snprintf(want, sizeof want, "cpu: %s [%s] (2 threads)|fp32|", model, list[0] ? list : "none");
+    CHECK(!strncmp(key, want, strlen(want)), "key %s, expected it to start %s", key, want);
+    /* a host of another kind with the same CPU model name: a VM that hides its vector units */
+    ac_cost_table other, got;
+    char okey[384] = "", *open = strchr(key, '[');
+    CHECK(open != NULL, "no node kind in %s", key);
+    if (open) snprintf(okey, sizeof okey, "%.*s[none]%s", (int)(open - key), key, strchr(open, ']') + 1);
+    CHECK(strcmp(okey, key) != 0 || !list[0], "same key %s", okey);
+    ac_cost_cache rw;
+    ac_target cpu;
+    put_stand_in(okey, &other, &rw, &cpu);
+    int hit = 1;
+    if (list[0]) /* not this host's table: nothing cached for this kind, and no measuring asked */
+        CHECK(ac_cost_table_for(&cpu, "fp32", &rw, 2, 0, NULL, NULL, &got, &hit, &e) != 0 && !hit &&
+                  strstr(e.msg, "no measured"),
+              "another node kind's table was used: %s", e.msg);
+    /* the same table under this host's key is its own */
+    snprintf(other.key, sizeof other.key, "%s", key);
+    CHECK(rw.put(rw.ud, &other, &e) == 0, "%s", e.msg);
+    CHECK(ac_cost_table_for(&cpu, "fp32", &rw, 2, 0, NULL, NULL, &got, &hit, &e) == 0 && hit, "%s", e.msg);
+    if (hit) ac_cost_table_free(&got);
+    ac_cost_table_free(&other);
+    /* a GPU's key: the model, its compute capability and the driver's version */
+    int drv = ac_cuda_driver_version();
+    ac_cost_cuda_key("NVIDIA H100 80GB HBM3", 90, key, sizeof key);
+    snprintf(want, sizeof want, "cuda:NVIDIA H100 80GB HBM3 [sm_90, driver %d]|bf16|cublas|v", drv);
+    CHECK(!strncmp(key, want, strlen(want)), "key %s", key);
+    cleanup();
+}
+
 int main(void) {
     RUN(test_file_cache_round_trip);
     RUN(test_cpu_table_from_cache);
+    RUN(test_keys_by_node_kind);
     return DONE();
 }

@@ -486,7 +486,7 @@ static void test_gpu_job(void) {
     if (!strcmp(name, "CUDA emulator (CPU)")) {
         ac_cost_table t;
         CHECK(ac_cost_roofline(ac_device_spec_find("L4"), "bf16", &t, &e) == 0, "%s", e.msg);
-        snprintf(t.key, sizeof t.key, "cuda:%s|bf16|cublas|v%d", name, AC_CT_VERSION);
+        ac_cost_cuda_key(name, cc, t.key, sizeof t.key);
         snprintf(t.device, sizeof t.device, "%s (L4 datasheet table)", name);
         ac_cost_cache wc;
         costcache_file(&wc, db, 1);
@@ -584,7 +584,9 @@ static void test_table_from_timings(void) {
             }
     printf("   table from timings: key %s, grid points back within %.2e\n", t.key, worst);
     CHECK(worst < 1e-9, "grid points differ by %g", worst);
-    CHECK(strstr(t.key, "cuda:Test GPU|bf16|cublas") == t.key && t.launch_us == 2.5 && !strcmp(t.source, "measured"),
+    char want[160]; /* keyed by node kind: the GPU, its compute capability, the driver (costmodel.h) */
+    snprintf(want, sizeof want, "cuda:Test GPU [sm_90, driver %d]|bf16|cublas", ac_cuda_driver_version());
+    CHECK(strstr(t.key, want) == t.key && t.launch_us == 2.5 && !strcmp(t.source, "measured"),
           "identity %s / launch %g / source %s", t.key, t.launch_us, t.source);
     json_t *j = ac_cost_table_to_json(&t);
     const char *field = NULL;

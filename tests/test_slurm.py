@@ -7,6 +7,7 @@ cancel is scancel, a SIGKILLed daemon re-attaches and loses nothing, a
 node fault fails the running job with Slurm's reason. Skips, saying why,
 where Slurm cannot be started (not root, packages missing)."""
 import glob
+import hashlib
 import json
 import os
 import signal
@@ -95,9 +96,10 @@ def post_events(i, body, sec):
     return D.req("POST", f"/v1/jobs/{i}/worker-events", body=body, headers={"Authorization": "Bearer " + sec})
 
 
-def stop_strays(i):
-    """Stop the worker of job i if it outlived its batch job (a killed slurmd leaves it running): by its pid only."""
+def signal_worker(i, sig):
+    """Send sig to the worker process(es) of job i, found by pid from their command line. The count signalled."""
     jobdir = os.path.join(D.data, "jobs", str(i))
+    n = 0
     for p in glob.glob("/proc/[0-9]*/cmdline"):
         try:
             cmd = open(p, "rb").read().split(b"\0")
@@ -105,9 +107,16 @@ def stop_strays(i):
             continue
         if b"run-job" in cmd and os.path.join(jobdir, "input.json").encode() in cmd:
             try:
-                os.kill(int(p.split("/")[2]), signal.SIGKILL)
+                os.kill(int(p.split("/")[2]), sig)
+                n += 1
             except OSError:
                 pass
+    return n
+
+
+def stop_strays(i):
+    """Stop the worker of job i if it outlived its batch job (a killed slurmd leaves it running)."""
+    signal_worker(i, signal.SIGKILL)
 
 
 # ------------------------------------------------------------------ tests
@@ -133,6 +142,35 @@ def test_config_shown_and_checked():
         assert r.returncode != 0 and word in r.stderr, (bad, r.returncode, r.stderr)
 
 
+TIMED = {}
+
+
+def test_time_limit_start():
+    """A job whose batch job reaches its time limit. Slurm's least limit is one minute, checked every 30 s, so
+    this job starts before the others and test_time_limit_fails_the_job checks its end later; its worker is
+    stopped (SIGSTOP) once it runs, so it holds no CPU meanwhile. The limit is lowered as an admin would, with
+    scontrol."""
+    i = submit(long_spec())
+    j = wait(i, lambda j: (j.get("slurm") or {}).get("state") == "RUNNING" and
+             any(e["kind"] == "stage" for e in events(i)), 120, "RUNNING with a stage event")
+    sid = j["slurm"]["job_id"]
+    r = slurm("scontrol", "update", f"JobId={sid}", "TimeLimit=1")
+    assert r.returncode == 0, r.stderr
+    assert signal_worker(i, signal.SIGSTOP) == 1
+    TIMED.update(id=i, sid=sid)
+
+
+def test_time_limit_fails_the_job():
+    assert TIMED, "test_time_limit_start did not run"
+    i, sid = TIMED["id"], TIMED["sid"]
+    j = wait_end(i, 180)
+    assert j["state"] == "failed", j
+    assert f"Slurm job {sid} reached its time limit" in j["reason"] and "TIMEOUT" in j["reason"], j["reason"]
+    assert j["slurm"]["state"] == "TIMEOUT", j["slurm"]
+    kinds = [e["kind"] for e in events(i)]
+    assert "result" not in kinds and kinds.count("stage") >= 1, kinds
+
+
 def test_job_runs_on_slurm():
     i = submit(spec())
     assert job(i)["executor"] == "slurm"  # queued or submitted: the configured executor
@@ -151,7 +189,14 @@ def test_job_runs_on_slurm():
     assert kinds.count("result") == 1 and "slurm" in kinds and "progress" in kinds, kinds
     st, res = D.req("GET", f"/v1/jobs/{i}/result")
     assert st == 200 and "autocompress" in res and "baseline" in res, res.keys()
-    out = slurm("scontrol", "show", "job", "-o", str(sid)).stdout
+    assert "resumed_stages" not in res, res["resumed_stages"]  # a job run once restores nothing
+    assert sorted(os.listdir(os.path.join(D.data, "jobs", str(i), "checkpoint"))) == \
+        ["calibrate.ckpt", "profile.ckpt", "search.ckpt"]
+    REF["result"] = res
+    t0 = time.time()  # the job ends on its result event; Slurm's batch job may still be COMPLETING a moment
+    while "JobState=COMPLETING" in (out := slurm("scontrol", "show", "job", "-o", str(sid)).stdout) and \
+            time.time() - t0 < 30:
+        time.sleep(0.2)
     assert "JobState=COMPLETED" in out and f"Name={j['slurm']['name']}" in out, out
     # the worker's stderr is the job's log, as for a local job
     st, log = D.req("GET", f"/v1/jobs/{i}/log")
@@ -161,6 +206,71 @@ def test_job_runs_on_slurm():
     row = con.execute("SELECT executor, slurm_job_id FROM jobs WHERE id = ?", (i,)).fetchone()
     con.close()
     assert row == ("slurm", sid), row
+
+
+REF = {}
+
+
+def file_events(i):
+    """The job's events.jsonl as the worker wrote it (read directly: quicker than the daemon's copy)."""
+    try:
+        return [json.loads(ln) for ln in open(os.path.join(D.data, "jobs", str(i), "events.jsonl")) if ln.endswith("\n")]
+    except OSError:
+        return []
+
+
+def same_outcome(a, b):
+    """The fields of two reports of the same spec that do not depend on timing: calibration curves, both arms'
+    architectures, predictions, feasibility and held-out perplexities, the baseline's and the chosen arm."""
+    assert a["importance"] == b["importance"], "calibration curves differ"
+    for arm in ("minitron", "autocompress"):
+        for k in ("architecture", "predicted", "feasible", "predicted_loss_increase", "perplexity", "nll"):
+            assert a[arm][k] == b[arm][k], (arm, k, a[arm][k], b[arm][k])
+    assert a["baseline"]["perplexity"] == b["baseline"]["perplexity"]
+    assert a["chosen"] == b["chosen"]
+
+
+def test_requeue_resumes_after_its_last_stage():
+    """A batch job requeued once its search finished (scontrol requeue, as Slurm does after a lost node or a
+    preemption): the job stays running, its worker runs again on the node, restores calibrate, profile and
+    search from their checkpoints instead of computing them again, then prunes, evaluates and exports. Its
+    result is the result of the same spec run without interruption (test_job_runs_on_slurm's job)."""
+    if "result" not in REF:  # run alone (AC_SLURM_ONLY): the uninterrupted reference first
+        test_job_runs_on_slurm()
+    i = submit(spec())
+    t0 = time.time()
+    stages = []
+    while time.time() - t0 < 240:  # the first stage after search: freeze the worker there
+        stages = [e["data"]["stage"] for e in file_events(i) if e["kind"] == "stage"]
+        if "prune" in stages:
+            assert signal_worker(i, signal.SIGSTOP) == 1
+            break
+        time.sleep(0.02)
+    assert "prune" in stages, stages
+    assert not any(e["kind"] == "result" for e in file_events(i)), "the job ended before it could be requeued"
+    sid = job(i)["slurm"]["job_id"]
+    assert slurm("scontrol", "update", f"JobId={sid}", "Requeue=1").returncode == 0  # the daemon submits --no-requeue
+    r = slurm("scontrol", "requeue", str(sid))
+    assert r.returncode == 0, r.stderr
+    wait(i, lambda j: (j.get("slurm") or {}).get("state") == "PENDING", 60, "PENDING after the requeue")
+    assert slurm("scontrol", "update", f"JobId={sid}", "StartTime=now").returncode == 0  # no requeue delay
+    j = wait_end(i)
+    assert j["state"] == "succeeded", j["reason"]
+    assert len([t for t in j["transitions"] if t["to"] == "running"]) == 1, j["transitions"]  # one job, requeued
+    assert "Restarts=1" in slurm("scontrol", "show", "job", "-o", str(sid)).stdout
+    evs = events(i)
+    st = [(e["data"]["stage"], bool(e["data"].get("resumed"))) for e in evs if e["kind"] == "stage"]
+    k = st.index(("load", False), 1)  # the second run starts over at load
+    assert [x[0] for x in st[:k]][:5] == ["load", "calibrate", "profile", "search", "prune"], st
+    assert st[k:] == [("load", False), ("calibrate", True), ("profile", True), ("search", True), ("prune", False),
+                      ("evaluate", False), ("export", False)], st
+    assert [e["kind"] for e in evs].count("result") == 1
+    # no search ran in the second run: its search progress events all came before the requeue
+    second = [n for n, e in enumerate(evs) if e["kind"] == "stage" and e["data"]["stage"] == "load"][1]
+    assert any(e["kind"] == "search" for e in evs[:second]) and not any(e["kind"] == "search" for e in evs[second:])
+    st_, res = D.req("GET", f"/v1/jobs/{i}/result")
+    assert res["resumed_stages"] == ["calibrate", "profile", "search"], res.get("resumed_stages")
+    same_outcome(res, REF["result"])
 
 
 def test_worker_events_need_the_jobs_secret():
@@ -179,6 +289,20 @@ def test_worker_events_need_the_jobs_secret():
                         secret(a))
     assert st == 400, r
     assert all(e["data"].get("message") != "forged" for e in events(a))
+    # a wrong secret is refused with the API's JSON error, the right one accepted (an empty batch: the daemon
+    # answers with the last event it has from that worker)
+    st, r = post_events(a, {"events": []}, secret(a)[:-1] + ("0" if secret(a)[-1] != "0" else "1"))
+    assert st == 401 and r["error"]["code"] == "unauthorized" and "secret" in r["error"]["message"], (st, r)
+    st, r = post_events(a, {"events": []}, secret(a))
+    assert st == 200 and isinstance(r["last_seq"], int), (st, r)
+    # the store keeps only each secret's SHA-256: neither secret is anywhere in the database's files
+    con = sqlite3.connect(D.db)
+    rows = dict((i, (p, h)) for i, p, h in con.execute(
+        "SELECT id, exec_secret, exec_secret_sha256 FROM jobs WHERE id IN (?, ?)", (a, b)))
+    con.close()
+    for i in (a, b):
+        assert rows[i] == (None, hashlib.sha256(secret(i).encode()).hexdigest()), (i, rows[i])
+    assert_not_in_db_files([secret(a), secret(b)])
     for i in (a, b):
         assert D.req("DELETE", f"/v1/jobs/{i}")[0] == 202
     for i in (a, b):
@@ -186,6 +310,31 @@ def test_worker_events_need_the_jobs_secret():
     # an ended job takes no more events, even with its own secret
     st, r = post_events(a, ev, secret(a))
     assert st == 409, (st, r)
+    # a secret an older daemon stored in plain text (migration 003) is hashed and cleared when the daemon opens
+    # the database: the old secret still identifies its job, and the plain text is gone from the files
+    D.stop()
+    legacy = "legacy-plain-secret-" + os.urandom(8).hex()
+    con = sqlite3.connect(D.db)
+    con.execute("UPDATE jobs SET exec_secret = ?, exec_secret_sha256 = NULL WHERE id = ?", (legacy, a))
+    con.commit()
+    con.close()
+    D.start()
+    con = sqlite3.connect(D.db)
+    row = con.execute("SELECT exec_secret, exec_secret_sha256 FROM jobs WHERE id = ?", (a,)).fetchone()
+    con.close()
+    assert row == (None, hashlib.sha256(legacy.encode()).hexdigest()), row
+    assert post_events(a, ev, legacy)[0] == 409  # its own secret: the job ended
+    assert post_events(a, ev, legacy + "x")[0] == 401
+    assert_not_in_db_files([legacy])
+
+
+def assert_not_in_db_files(secrets):
+    """No secret appears in the SQLite database file or its WAL / shared-memory files."""
+    for f in (D.db, D.db + "-wal", D.db + "-shm"):
+        if os.path.exists(f):
+            data = open(f, "rb").read()
+            for sec in secrets:
+                assert sec.encode() not in data, f"{sec[:8]}... found in {f}"
 
 
 def test_cancel_is_scancel():
@@ -263,9 +412,9 @@ def test_sigkill_daemon_reattaches():
 
 def test_jobs_slurm_forgot_end_from_their_files():
     """The daemon was down while its jobs ended and Slurm lost their records (here: slurmctld restarted with its
-    state cleared; on a cluster: MinJobAge passed). squeue does not list them and sacct has no accounting: a job
-    whose events.jsonl holds its result succeeds with every event; one cancelled meanwhile, with no result, fails
-    saying Slurm no longer lists it."""
+    state cleared; on a cluster: MinJobAge passed). squeue does not list them: a job whose events.jsonl holds its
+    result succeeds with every event; one cancelled meanwhile, with no result, fails with the state Slurm's records
+    keep (here no accounting database: sacct --completion reads the job completion log)."""
     a = submit(spec(search={"steps": 50, "seed": 21, "dnas_steps": 40}))
     b = submit(long_spec())
     for i in (a, b):
@@ -286,8 +435,11 @@ def test_jobs_slurm_forgot_end_from_their_files():
     st = [e["data"]["stage"] for e in events(a) if e["kind"] == "stage"]
     assert st == ["load", "calibrate", "profile", "search", "prune", "evaluate", "export"], st
     assert [e["kind"] for e in events(a)].count("result") == 1
+    # b's end is read from Slurm's records: this cluster keeps no accounting database, so sacct --completion
+    # (its job completion log) says the batch job was CANCELLED
     j = wait_end(b, 60)
     assert j["state"] == "failed" and "no longer lists" in j["reason"] and str(sid_b) in j["reason"], j["reason"]
+    assert "CANCELLED" in j["reason"] and "job completion log" in j["reason"], j["reason"]
 
 
 def test_node_fault_fails_the_running_job():
@@ -362,12 +514,17 @@ def main():
            "model_roots": [os.path.dirname(os.path.dirname(TINY)), "/tmp"],
            "slurm": {"partition": "debug", "time_limit": "00:30:00", "cpus_per_task": 1, "poll_s": 0.5,
                      "post_flush_s": 5, "sbatch_options": ["--nice=0"]}}
+    # AC_SLURM_ONLY=name,name: only those tests (and the config check), while working on one
+    only = [x for x in os.environ.get("AC_SLURM_ONLY", "").split(",") if x]
     try:
         D = Daemon(config=cfg).start()
-        for t in [test_config_shown_and_checked, test_job_runs_on_slurm, test_worker_events_need_the_jobs_secret,
-                  test_cancel_is_scancel, test_slurm_failure_is_job_failure,
+        for t in [test_config_shown_and_checked, test_time_limit_start, test_job_runs_on_slurm,
+                  test_worker_events_need_the_jobs_secret, test_cancel_is_scancel, test_slurm_failure_is_job_failure,
                   test_unreachable_daemon_reads_the_job_directory, test_sigkill_daemon_reattaches,
+                  test_requeue_resumes_after_its_last_stage, test_time_limit_fails_the_job,
                   test_jobs_slurm_forgot_end_from_their_files, test_node_fault_fails_the_running_job, test_load]:
+            if only and t.__name__ not in only and t is not test_config_shown_and_checked:
+                continue
             R.run(t)
     finally:
         if D and R.failed:

@@ -104,9 +104,15 @@ int ac_cost_cpu_dtype_ok(const char *dtype) { return dtype && (!strcmp(dtype, "f
 void ac_cost_cpu_key(int threads, const char *dtype, char *key, size_t n, char *device, size_t dn) {
     ac_local_device d[1];
     ac_devices_local(d, 1);
-    char dev[200];
+    char dev[200], isa[96], kind[320];
     snprintf(dev, sizeof dev, "%s (%d threads)", d[0].name, threads);
     if (device) snprintf(device, dn, "%s", dev);
+    /* The node kind (docs/operations.md, "Cost tables per node kind"): the
+     * model name and the instruction sets the kernels choose between, so
+     * hosts that share a model name but not those (a VM hiding AVX-512 or
+     * AMX) keep tables of their own. */
+    ac_cpu_isa(isa, sizeof isa);
+    snprintf(kind, sizeof kind, "%s [%s] (%d threads)", d[0].name, isa, threads);
     /* "-kv": tables with the decode bands per MiB of weights and the KV
      * cache's own rate; "q2": measured quiet, with the 128 x 256 x 256
      * reference probe (quiet.h; "q" had a 128 x 512 x 512 one, whose
@@ -117,8 +123,13 @@ void ac_cost_cpu_key(int threads, const char *dtype, char *key, size_t n, char *
      * (ac_kthreads_gemm), which made small prefill GEMMs about twice as
      * quick; older BF16 tables are measured again. */
     int bf16 = dtype && !strcmp(dtype, "bf16");
-    snprintf(key, n, "%s|%s|autocompress-cpu|v%d-kvq2%s", dev, bf16 ? "bf16" : "fp32", AC_CT_VERSION,
+    snprintf(key, n, "%s|%s|autocompress-cpu|v%d-kvq2%s", kind, bf16 ? "bf16" : "fp32", AC_CT_VERSION,
              bf16 ? "-t24" : "");
+}
+
+void ac_cost_cuda_key(const char *gpu_name, int cc, char *key, size_t n) {
+    snprintf(key, n, "cuda:%s [sm_%d, driver %d]|bf16|cublas|v%d", gpu_name, cc, ac_cuda_driver_version(),
+             AC_CT_VERSION);
 }
 
 /* The probes' 4-layer architecture of hidden width H (head_dim 64, FFN
@@ -629,7 +640,7 @@ int ac_cost_table_from_timings(const acc_timings *tm, ac_cost_table *t, ac_err *
     snprintf(t->engine, sizeof t->engine, "cublas");
     snprintf(t->source, sizeof t->source, "measured");
     t->version = AC_CT_VERSION;
-    snprintf(t->key, sizeof t->key, "cuda:%s|bf16|cublas|v%d", name, AC_CT_VERSION);
+    ac_cost_cuda_key(name, tm->cc, t->key, sizeof t->key);
     t->mem_gib = tm->mem_gib;
     t->launch_us = tm->launch_us;
     t->elem_ns = tm->elem_ns;

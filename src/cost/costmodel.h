@@ -92,8 +92,17 @@ int ac_cost_cpu_dtype_ok(const char *dtype);
  * have no CPU kernels of their own). */
 const char *ac_cost_cpu_table_dtype(const char *profile_dtype);
 /* The table key of the local CPU for the autocompress engine on weights of
- * dtype ("bf16", else fp32). */
+ * dtype ("bf16", else fp32): the node kind (the CPU model, the instruction
+ * sets its kernels choose between, ac_cpu_isa, and the threads), so a table
+ * serves every host of that kind and no other. device (when not NULL): the
+ * host in words, "cpu: MODEL (N threads)". */
 void ac_cost_cpu_key(int threads, const char *dtype, char *key, size_t n, char *device, size_t dn);
+/* The table key of a CUDA GPU (name and compute capability as the plugin
+ * reports them, major*10+minor) for the cuBLAS engine: the node kind is the
+ * GPU model, its compute capability and the driver's version
+ * (ac_cuda_driver_version), so tables measured under another driver are
+ * measured again rather than shared. */
+void ac_cost_cuda_key(const char *gpu_name, int cc, char *key, size_t n);
 /* Measure the local CPU (the engine's own kernels) for weights of dtype
  * (ac_cost_cpu_dtype_ok). progress may be NULL. */
 int ac_cost_measure_cpu(int threads, const char *dtype, void (*progress)(void *, double), void *ud, ac_cost_table *t,

@@ -50,7 +50,7 @@ static int table_cuda(const ac_target *target, const ac_cost_cache *cache, int a
     int sms, cc;
     if (cu->device_info(dev, name, sizeof name, &mem, &sms, &cc))
         return ac_errf(e, "target %s: no such CUDA device", device);
-    snprintf(key, sizeof key, "cuda:%s|bf16|cublas|v%d", name, AC_CT_VERSION);
+    ac_cost_cuda_key(name, cc, key, sizeof key);
     if (ac_cost_cache_lookup(cache, key, t, cache_hit, e)) return -1;
     if (*cache_hit) return 0;
     if (!allow_measure) return ac_errf(e, "no measured cost table for %s yet (key %s)", device, key);

@@ -159,6 +159,36 @@ int ac_devices_local(ac_local_device *out, int max) {
     return 1 + cuda_devices(out + 1, max - 1);
 }
 
+void ac_cpu_isa(char *out, size_t n) {
+    static const char *const isa[] = {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"};
+    char line[8192];
+    int have[sizeof isa / sizeof *isa] = {0};
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "flags", 5)) continue;
+        for (char *save = NULL, *w = strtok_r(strchr(line, ':') ? strchr(line, ':') + 1 : line, " \t\n", &save); w;
+             w = strtok_r(NULL, " \t\n", &save))
+            for (size_t i = 0; i < sizeof isa / sizeof *isa; i++) have[i] |= !strcmp(w, isa[i]);
+        break; /* the first CPU's: they are alike */
+    }
+    if (f) fclose(f);
+    size_t k = 0;
+    if (n) out[0] = 0;
+    for (size_t i = 0; i < sizeof isa / sizeof *isa; i++)
+        if (have[i] && k < n) k += (size_t)snprintf(out + k, n - k, "%s%s", k ? " " : "", isa[i]);
+    if (n && !out[0]) snprintf(out, n, "none");
+}
+
+int ac_cuda_driver_version(void) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) return 0;
+    cu_ip drv = (cu_ip)dlsym(h, "cuDriverGetVersion");
+    int v = 0;
+    if (!drv || drv(&v) != 0) v = 0;
+    dlclose(h);
+    return v;
+}
+
 json_t *ac_local_device_json(const ac_local_device *d) {
     if (d->index < 0)
         return json_pack("{s:s,s:s,s:s,s:i,s:f,s:f}", "id", "cpu", "kind", "cpu", "name", d->name, "cores", d->cores,

@@ -26,6 +26,15 @@ typedef struct {
  * it), as nvidia-smi numbers them. */
 int ac_devices_local(ac_local_device *out, int max);
 
+/* What makes two hosts with the same CPU model name different kinds of node
+ * for measured cost tables (costmeasure.c keys): the instruction sets the
+ * CPU kernels choose between (avx2, fma, avx512f, avx512_bf16, amx_bf16),
+ * as the kernel reports them in /proc/cpuinfo (a VM can hide some), as a
+ * space-separated list into out ("none" when it has none of them). */
+void ac_cpu_isa(char *out, size_t n);
+/* The CUDA driver's version (cuDriverGetVersion, e.g. 12040), 0 without one. */
+int ac_cuda_driver_version(void);
+
 /* The host memory a new allocation can count on: MemAvailable of
  * /proc/meminfo in bytes, else 0 (unknown). */
 double ac_host_mem_available(void);

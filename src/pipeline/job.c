@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "checkpoint.h"
 #include "cuda_plugin.h"
 #include "deci.h"
 #include "device.h"
@@ -127,12 +128,17 @@ static int stage_load(job_state *s, ac_err *e) {
 
 /* ---------------------------------------------------------------- 2 calibrate */
 
-static int stage_calibrate(job_state *s, ac_err *e) {
-    int ctxlen = s->spec->eval.ctx;
-    s->cwin = (int)(s->nc / ctxlen);
+/* What calibrate decides besides the importance (also for a restored one). */
+static void calibrate_setup(job_state *s) {
+    s->cwin = (int)(s->nc / s->spec->eval.ctx);
     /* On a local CUDA target the loss passes (calibration sensitivity and
      * held-out perplexity) run on the GPU; activation statistics on the CPU. */
     s->on_gpu = s->spec->target.dev.kind == AC_TARGET_CUDA && ac_cuda(NULL);
+}
+
+static int stage_calibrate(job_state *s, ac_err *e) {
+    int ctxlen = s->spec->eval.ctx;
+    calibrate_setup(s);
     return ac_importance_compute_mode(&s->m, s->cids, s->nc, ctxlen, s->cwin, s->on_gpu, s->spec->calibration_method,
                                       progress_cb, s, &s->imp, e);
 }
@@ -212,7 +218,8 @@ static int dnas_search(job_state *s, const ac_search_opts *so, ac_err *e) {
     return ac_dnas_job_search(&s->P, &s->m, so, s->cids, s->nc, &s->ra, &s->imp_d, e);
 }
 
-static int stage_search(job_state *s, ac_err *e) {
+/* The search problem and the base model's prediction (also for restored results). */
+static int search_setup(job_state *s, ac_err *e) {
     const ac_job_spec *sp = s->spec;
     ac_search_problem *P = &s->P;
     *P = (ac_search_problem){.table = &s->table,
@@ -237,6 +244,13 @@ static int stage_search(job_state *s, ac_err *e) {
     emit(s, "log",
          json_pack("{s:s,s:o,s:o}", "message", "baseline prediction", "predicted", ac_cost_to_json(&s->base_cost),
                    "constraints", ac_constraints_report(&P->limits, &s->base_cost)));
+    return 0;
+}
+
+static int stage_search(job_state *s, ac_err *e) {
+    const ac_job_spec *sp = s->spec;
+    ac_search_problem *P = &s->P;
+    if (search_setup(s, e)) return -1;
     int autoc = sp->method == AC_METHOD_AUTOCOMPRESS;
     if (ac_search_minitron(P, &s->rm, e)) return -1;
     ac_search_opts so = sp->search;
@@ -553,8 +567,24 @@ static const struct {
 };
 enum { N_STAGES = sizeof STAGES / sizeof *STAGES };
 
+/* A stage restored from its checkpoint (checkpoint.h): what the stage sets
+ * besides the outputs the file held. */
+static int stage_restored(job_state *s, const char *stage, ac_err *e) {
+    if (!strcmp(stage, "calibrate")) calibrate_setup(s);
+    if (!strcmp(stage, "search")) {
+        if (search_setup(s, e)) return -1;
+        s->chosen = s->two_arms ? &s->ra : &s->rm; /* as stage_search leaves it */
+    }
+    return 0;
+}
+
+/* Run stage i, or restore it from the job's checkpoints while every
+ * checkpointed stage before it was restored (*resuming). */
+static int run_stage(job_state *s, int i, int index, int of, int *resuming, ac_err *e);
+
 static void state_free(job_state *s) {
     json_decref(s->curves);
+    json_decref(s->resumed);
     json_decref(s->distill);
     json_decref(s->tasks_pruned);
     json_decref(s->task_scores);
@@ -603,7 +633,7 @@ int ac_job_run(const ac_job_spec *spec, ac_job_ctx *ctx, json_t **result, ac_err
                     .curves = ac_report_curves_new()};
     ac_set_threads(s->threads);
     double t_job = ac_now();
-    int rc = 0, of = 0, index = 0;
+    int rc = 0, of = 0, index = 0, resuming = ctx->checkpoint_dir && ctx->checkpoint_dir[0];
     for (int i = 0; i < N_STAGES; i++) of += !STAGES[i].wanted || STAGES[i].wanted(s);
     for (int i = 0; i < N_STAGES && !rc; i++) {
         if (STAGES[i].wanted && !STAGES[i].wanted(s)) continue;
@@ -611,13 +641,7 @@ int ac_job_run(const ac_job_spec *spec, ac_job_ctx *ctx, json_t **result, ac_err
             rc = ac_errf(e, "cancelled");
             break;
         }
-        s->stage = STAGES[i].name;
-        emit(s, "stage", json_pack("{s:s,s:i,s:i}", "stage", s->stage, "index", ++index, "of", of));
-        double t0 = ac_now();
-        if ((rc = STAGES[i].run(s, e)))
-            ac_errctx(e, "stage %s", s->stage);
-        else
-            json_object_set_new(s->timings, s->stage, json_real(ac_now() - t0));
+        if ((rc = run_stage(s, i, ++index, of, &resuming, e))) ac_errctx(e, "stage %s", s->stage);
         /* give the stage's freed working sets back to the system: glibc keeps
          * freed heap pages (per-tensor buffers below its raised mmap threshold
          * after a stage freed whole fp32 models: pruned students, `cotrain`'s
@@ -632,4 +656,43 @@ int ac_job_run(const ac_job_spec *spec, ac_job_ctx *ctx, json_t **result, ac_err
     state_free(s);
     free(s);
     return rc;
+}
+
+static int run_stage(job_state *s, int i, int index, int of, int *resuming, ac_err *e) {
+    const ac_job_ctx *ctx = s->ctx;
+    const char *dir = ctx->checkpoint_dir, *key = ctx->checkpoint_key ? ctx->checkpoint_key : "";
+    s->stage = STAGES[i].name;
+    int ck = dir && dir[0] && ac_ckpt_stage(s->stage);
+    if (ck && !ac_ckpt_supported(s)) {
+        if (!strcmp(s->stage, "calibrate"))
+            emit(s, "log", json_pack("{s:s}", "message",
+                                     "no stage checkpoints: mixture-of-experts and hybrid models are not checkpointed"));
+        ck = 0;
+    }
+    if (ck && *resuming) {
+        double secs = 0;
+        char why[600];
+        int r = ac_ckpt_load(s, dir, key, s->stage, &secs, why, sizeof why);
+        if (r == 1) {
+            emit(s, "stage", json_pack("{s:s,s:i,s:i,s:b}", "stage", s->stage, "index", index, "of", of, "resumed", 1));
+            emit(s, "log", json_pack("{s:s,s:s,s:f}", "message", "stage restored from its checkpoint", "stage",
+                                     s->stage, "first_run_seconds", secs));
+            if (!s->resumed) s->resumed = json_array();
+            json_array_append_new(s->resumed, json_string(s->stage));
+            json_object_set_new(s->timings, s->stage, json_real(secs));
+            return stage_restored(s, s->stage, e);
+        }
+        if (why[0]) emit(s, "log", json_pack("{s:s,s:s}", "message", "checkpoint not used", "why", why));
+        *resuming = 0;
+    } else if (ck)
+        *resuming = 0;
+    emit(s, "stage", json_pack("{s:s,s:i,s:i}", "stage", s->stage, "index", index, "of", of));
+    double t0 = ac_now();
+    if (STAGES[i].run(s, e)) return -1;
+    double secs = ac_now() - t0;
+    json_object_set_new(s->timings, s->stage, json_real(secs));
+    ac_err e2 = {{0}};
+    if (ck && ac_ckpt_save(s, dir, key, s->stage, secs, &e2)) /* the job goes on; a rerun computes the stage */
+        emit(s, "log", json_pack("{s:s,s:s}", "message", "cannot write the stage checkpoint", "error", e2.msg));
+    return 0;
 }

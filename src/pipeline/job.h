@@ -29,6 +29,12 @@ typedef struct {
                                     there when the cache has put (the CLI); the daemon's worker
                                     gets a read-only one and the daemon stores from the event */
     int threads;                /* CPU threads; 0 = 2 */
+    /* Stage checkpoints (checkpoint.h): a directory the job's finished
+     * calibrate, profile and search stages are kept in, and restored from
+     * when the job runs again (a requeued batch job); NULL: none. key: the
+     * caller's fingerprint of the job (its spec), which a checkpoint must
+     * carry to be used. */
+    const char *checkpoint_dir, *checkpoint_key;
 } ac_job_ctx;
 
 /* JSON-level helpers for callers that hold the JSON: the fields only

@@ -1,6 +1,7 @@
 /*
  * job_state.h - what the stages of one job (job.c) hand each other, and
- * what the report (report.c) is built from. Private to those two files.
+ * what the report (report.c) is built from. Private to those two files and
+ * checkpoint.c (which keeps stage outputs on disk).
  * Filled in stage order: each group below is written by the stage named.
  */
 #ifndef AC_JOB_STATE_H
@@ -23,6 +24,7 @@ typedef struct job_state {
     int threads;
     json_t *timings; /* stage -> seconds */
     json_t *curves;  /* the loss per step from the job's events, for report.html (reporthtml.h; owned) */
+    json_t *resumed; /* names of the stages restored from checkpoints (owned; NULL: none) */
     /* load */
     ac_model m;       /* the base model */
     int *cids, *hids; /* calibration and held-out token ids */

@@ -86,5 +86,6 @@ json_t *ac_report_build(const job_state *s) {
                                   "dtype", "bf16"));
     ac_gguf_report(&sp->search, &s->result->a, sp->output, json_object_get(r, "export"));
     json_object_set_new(r, "timings_s", json_deep_copy(s->timings));
+    if (s->resumed) json_object_set_new(r, "resumed_stages", json_deep_copy(s->resumed)); /* restored from checkpoints */
     return r;
 }

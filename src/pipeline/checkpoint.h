@@ -1,0 +1,47 @@
+/*
+ * checkpoint.h - a job's finished stages kept on disk, so that a job run
+ * again from the start (a Slurm batch job requeued after a node was lost or
+ * preempted) resumes after its last finished stage instead of computing it
+ * all again (job.c, ac_job_ctx.checkpoint_dir).
+ *
+ * What is kept, one file per stage in the directory (STAGE.ckpt, written
+ * to a temporary name, synced, then renamed):
+ *   calibrate  the importance (every order, score and loss curve);
+ *   profile    the cost table and whether it came from the cache;
+ *   search     both arms' results (architecture, predicted cost, loss,
+ *              feasibility, steps, the method's report fields) and the
+ *              DNAS gate-score orders.
+ * load is cheap and run again (the model is mapped, the texts read); the
+ * stages after search (prune, distill, evaluate, export) are run again
+ * from the restored state: their outputs are whole models.
+ *
+ * A file holds a header (format version, the stage, the caller's key, the
+ * base model's shape, the sizes of the structs written as bytes) checked on
+ * reading: a file from another job, another spec, another model or another
+ * build of this program is not used (the stage runs). The files are for the
+ * same program on the same kind of machine (doubles and structs as bytes).
+ * Mixture-of-experts and hybrid (Mamba) models are not checkpointed
+ * (ac_ckpt_supported): their importance holds per-expert orders this
+ * format does not describe.
+ *
+ * Private to the pipeline (job_state.h).
+ */
+#ifndef AC_CHECKPOINT_H
+#define AC_CHECKPOINT_H
+
+#include "err.h"
+#include "job_state.h"
+
+/* 1 when stage is one this module keeps. */
+int ac_ckpt_stage(const char *stage);
+/* 1 when the job's model can be checkpointed (a dense model). */
+int ac_ckpt_supported(const job_state *s);
+/* Write stage's outputs (from s) and its run time to DIR/STAGE.ckpt. */
+int ac_ckpt_save(const job_state *s, const char *dir, const char *key, const char *stage, double seconds, ac_err *e);
+/* Restore stage's outputs into s from DIR/STAGE.ckpt: 1 restored (*seconds:
+ * the stage's first run time), 0 none usable (why says why when there was a
+ * file; s is then unchanged). */
+int ac_ckpt_load(job_state *s, const char *dir, const char *key, const char *stage, double *seconds, char *why,
+                 size_t n);
+
+#endif
