@@ -1051,6 +1051,7 @@ static int task_step(run_t *R, const ac_dnas_gates *g, const ac_search_problem *
         for (int c = 0; c < g->nmc[l]; c++) zdz += R->q[o0 + c] * R->dz[o0 + c];
         for (int c = 0; c < g->nmc[l]; c++) R->gl[o0 + c] = R->q[o0 + c] * (R->dz[o0 + c] - zdz) / tau;
     }
+    if (o->zero_task_grad) memset(R->gl, 0, sizeof(double) * g->np);
     if (o->cotrain && weight_step(R, s - 1, e)) return -1;
     return 0;
 }

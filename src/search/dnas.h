@@ -69,6 +69,8 @@ typedef struct {
     double mc_init_off;      /* initial logit of the merge choices the surrogate did not pick (its pick: 2) */
     int cuda;                /* 1: gate training on CUDA device 0 (the plugin's trainer); the job sets it
                             * when its target is a local cuda device (ac_search_problem.cuda) */
+    int zero_task_grad;      /* test only (tests/test_dnas_gain.c's mutation check): the gates get no gradient from
+                              * the network, only the limits' cost gradient; 0 in every job */
 } ac_dnas_opts;
 
 void ac_dnas_defaults(ac_dnas_opts *o);
