@@ -26,7 +26,6 @@
 #include "slice.h"
 #include "synth.h"
 
-
 static ac_model M;
 static ac_importance IMP;
 static int *IDS, *HIDS, HAVE;
@@ -87,7 +86,8 @@ static int make_problem(problem_t *P, const gain_case *c, unsigned seed) {
                          .hidden_multiple = 16,
                          .prune_hidden = 1,
                          .target = c->target};
-    P->p = (ac_search_problem){.table = &P->t, .workload = &P->w, .profile = &P->pr, .imp = &IMP, .base = &M.a, .opts = so};
+    P->p = (ac_search_problem){
+        .table = &P->t, .workload = &P->w, .profile = &P->pr, .imp = &IMP, .base = &M.a, .opts = so};
     ac_carch ca;
     ac_cost k;
     ac_carch_from_arch(&M.a, &ca, NULL);
@@ -155,8 +155,14 @@ static int claim_holds(const gain_case *c, int seeds, int steps, int zero, doubl
  * case); the deci target (the job's default, its FFN grid 256) under a
  * parameter limit. */
 static const gain_case CASES[] = {
-    {"memory 0.85x, L4 batch 512, gguf", AC_EXPORT_GGUF, 32, "L4", {.batch = 512, .prompt_len = 1024, .gen_len = 256}, 0,
-     0.85, 0.005},
+    {"memory 0.85x, L4 batch 512, gguf",
+     AC_EXPORT_GGUF,
+     32,
+     "L4",
+     {.batch = 512, .prompt_len = 1024, .gen_len = 256},
+     0,
+     0.85,
+     0.005},
     {"params 0.7x, deci", AC_EXPORT_DECI, 256, "H100", {.batch = 8, .prompt_len = 256, .gen_len = 64}, 0.7, 0, 0.02},
 };
 
@@ -174,8 +180,7 @@ static void test_dnas_beats_its_start(void) {
         printf("   %s, %d seeds, %d gate steps\n", c->name, seeds, steps);
         int ok = claim_holds(c, seeds, steps, 0, &mean);
         printf("   mean gain %+.5f nats (margin %.3f)\n", mean, c->margin);
-        CHECK(ok == 1, "%s: the search does not beat its start by %.3f nats: mean gain %.5f", c->name, c->margin,
-              mean);
+        CHECK(ok == 1, "%s: the search does not beat its start by %.3f nats: mean gain %.5f", c->name, c->margin, mean);
         int mut = claim_holds(c, seeds, steps, 1, &mmean);
         printf("   mutation (no task gradient): mean gain %+.5f nats\n", mmean);
         CHECK(mut == 0, "%s: with the gates' task gradient zeroed the claim still holds (mean gain %.5f)", c->name,

@@ -202,6 +202,9 @@ static int move_experts(const ac_search_problem *p, ac_arch *a, int dir) {
     return 1;
 }
 
+/* A layer with nothing left (dnas's depth gate on the llama target drops whole layers). */
+static int dropped(const ac_layer_arch *al) { return !al->n_heads && !al->ffn && !al->n_experts; }
+
 /* Apply a move of sign dir (-1 shrink, +1 grow) to a; returns 0 if not possible. */
 static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int dir) {
     const ac_arch *b = p->base;
@@ -221,6 +224,7 @@ static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int di
         if (k == MV_FFN && b->layers[i].n_experts) continue; /* a uniform FFN move leaves MoE layers */
         const ac_layer_arch *bl = &b->layers[i];
         ac_layer_arch *al = &a->layers[i];
+        if (uniform && dropped(al)) continue; /* llama: a layer dnas dropped whole stays dropped */
         if (k == MV_ATTN) {
             int kv = p->opts.target == AC_EXPORT_DECI ? deci_kv_step(bl->n_kv_heads, al->n_kv_heads, dir)
                                                       : al->n_kv_heads + dir;
@@ -237,6 +241,7 @@ static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int di
         ac_layer_arch *al = &a->layers[i];
         int grp = bl->n_heads ? bl->n_heads / bl->n_kv_heads : 1;
         if (k == MV_FFN && bl->n_experts) continue;
+        if (uniform && dropped(al)) continue;
         if (k == MV_ATTN) {
             if (p->opts.target == AC_EXPORT_DECI) { /* every query head stays while KV heads merge */
                 al->n_kv_heads = deci_kv_step(bl->n_kv_heads, al->n_kv_heads, dir);
