@@ -373,7 +373,7 @@ static void test_hard_merge_choice_equals_merging(void) {
     double rel = sqrt(num / (den + 1e-300));
     printf("   merge-choice gradient (layers 0, 1): |grad| %.4g, relative error vs finite differences %.2e\n",
            sqrt(den), rel);
-    CHECK(den > 0 && rel < 2e-2, "merge gradient relative error %g", rel);
+    CHECK(den > 0 && rel < 2e-3, "merge gradient relative error %g", rel); /* docs/testing.md */
     ac_trainer_free(&tr);
     free(an);
     free(teacher);
@@ -478,7 +478,8 @@ static void test_constraint_gradient_matches_finite_differences(void) {
             double rel = sqrt(num / (den + 1e-300));
             printf("   %s %-7s E=%.5g |grad|=%.4g relative error vs finite differences %.2e\n", tgt ? "deci" : "gguf",
                    names[m], v, sqrt(den), rel);
-            CHECK(isfinite(v) && den > 0 && rel < 0.03, "%s gradient relative error %g", names[m], rel);
+            CHECK(isfinite(v) && den > 0 && rel < 1e-6, "%s gradient relative error %g", names[m],
+                  rel); /* docs/testing.md */
         }
         free(an);
         free(fd);
