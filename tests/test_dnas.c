@@ -27,6 +27,8 @@
 #include "deci.h"
 #include "dnas.h"
 #include "eval.h"
+#include "job.h"
+#include "jobspec.h"
 #include "kernels_cpu.h"
 #include "minitron.h"
 #include "prune.h"
@@ -499,9 +501,9 @@ static double tpot_of(const ac_search_problem *p, const ac_arch *a) {
 
 /* A TPOT limit at batch 1, prompt 64 (per-kernel launch overheads
  * dominate a tiny model on an H100) that the narrowest architecture, every
- * layer as nl, misses by half of what cutting layer L-1 down to cut saves:
- * only removing sub-blocks meets it. 1 when so (printed). */
-static int depth_only_limit(ac_search_problem *p, ac_workload *w, ac_layer_arch nl, ac_layer_arch cut,
+ * layer as nl, misses by f times what cutting layer L-1 down to cut
+ * saves: only removing sub-blocks meets it. 1 when so (printed). */
+static int depth_only_limit(ac_search_problem *p, ac_workload *w, ac_layer_arch nl, ac_layer_arch cut, double f,
                             const char *what) {
     ac_arch narrow, less;
     ac_err e;
@@ -512,7 +514,7 @@ static int depth_only_limit(ac_search_problem *p, ac_workload *w, ac_layer_arch 
     for (int l = 0; l < L; l++) narrow.layers[l] = nl;
     less.layers[L - 1] = cut;
     double full = tpot_of(p, &M.a), nar = tpot_of(p, &narrow), sub = full - tpot_of(p, &less);
-    p->limits.max_tpot_ms = nar - 0.5 * sub;
+    p->limits.max_tpot_ms = nar - f * sub;
     printf("   tpot full %.4f ms, narrowest %.4f ms, %s %.4f ms; limit %.4f ms\n", full, nar, what, sub,
            p->limits.max_tpot_ms);
     ac_arch_free(&narrow);
@@ -530,7 +532,7 @@ static void test_depth_only_limit_is_met_by_removing_sub_blocks(void) {
     problem(&p, &t, &w, &pr, opts(AC_EXPORT_DECI, 0));
     ac_layer_arch cut = M.a.layers[M.a.n_layers - 1];
     cut.ffn = 0;
-    CHECK(depth_only_limit(&p, &w, (ac_layer_arch){8, 1, 32, 0, 0, 0}, cut, "one FFN sub-block"),
+    CHECK(depth_only_limit(&p, &w, (ac_layer_arch){8, 1, 32, 0, 0, 0}, cut, 0.5, "one FFN sub-block"),
           "the limit is not depth-only");
     ac_dnas_opts o;
     ac_dnas_defaults(&o);
@@ -620,7 +622,8 @@ static void test_llama_limit_is_met_by_dropping_layers(void) {
     problem(&p, &t, &w, &pr, opts(AC_EXPORT_LLAMA, 0));
     int L = M.a.n_layers;
     /* the narrowest uniform model: one KV group, 32 FFN channels per layer */
-    CHECK(depth_only_limit(&p, &w, (ac_layer_arch){2, 1, 32, 0, 0, 0}, (ac_layer_arch){0, 0, 0, 0, 0, 0}, "one layer"),
+    CHECK(depth_only_limit(&p, &w, (ac_layer_arch){2, 1, 32, 0, 0, 0}, (ac_layer_arch){0, 0, 0, 0, 0, 0}, 0.5,
+                           "one layer"),
           "the limit does not need a layer dropped");
     ac_dnas_opts o;
     ac_dnas_defaults(&o);
@@ -680,6 +683,89 @@ static void test_llama_limit_is_met_by_dropping_layers(void) {
     ac_search_result_free(&r);
     ac_importance_free(&ord);
     ac_cost_table_free(&t);
+}
+
+static void quiet(void *ud, const char *kind, json_t *data) { (void)ud, (void)kind, (void)data; }
+
+/* The same through a whole job (export_target llama, the job's own cost
+ * table and engine profile), with a limit that needs two layers dropped
+ * (beyond Minitron's depth cap of 20 %, so AutoCompress's arm is the one
+ * exported): the report's AutoCompress arm drops whole layers and meets
+ * the limit, and the export is a Llama with that many fewer layers whose
+ * perplexity is the report's. */
+static void test_llama_job_drops_layers(void) {
+    if (!setup()) SKIP("no tiny model or calibration text (make tiny-model)");
+    static ac_job_spec spec; /* large: off the stack */
+    char tiny[1100], calib[1100], held[1100], out[] = "/tmp/ac_test_dnas_job_XXXXXX", path[300];
+    ck_build_path(tiny, sizeof tiny, "models/tiny");
+    ck_build_path(calib, sizeof calib, "data/calib.txt");
+    ck_build_path(held, sizeof held, "data/heldout.txt");
+    CHECK(mkdtemp(out) != NULL, "mkdtemp");
+    json_t *js =
+        json_pack("{s:s,s:s,s:s,s:s,s:{s:s,s:{s:i,s:i,s:i}},s:{s:f},s:{s:s,s:i,s:i},s:i,s:{s:i,s:i}}", "model", tiny,
+                  "calibration", calib, "heldout", held, "output", out, "target", "device", "H100", "workload", "batch",
+                  1, "prompt_len", 64, "gen_len", 16, "constraints", "max_tpot_ms", 1.0, "search", "export_target",
+                  "llama", "steps", 60, "dnas_steps", 40, "calibration_tokens", 2048, "eval", "ctx", 128, "windows", 8);
+    ac_err e;
+    ac_cost_table t;
+    ac_engine_profile pr;
+    ac_workload w;
+    int hit = 0;
+    CHECK(ac_job_spec_parse(js, &spec, NULL, &e) == 0, "%s", e.msg);
+    CHECK(ac_cost_table_for(&spec.target.dev, ac_target_table_dtype(&spec.target, ST_BF16), NULL, 2, 0, NULL, NULL, &t,
+                            &hit, &e) == 0,
+          "%s", e.msg);
+    ac_target_engine_for(&spec.target, ST_BF16, &pr);
+    ac_search_problem p = {.table = &t, .workload = &w, .profile = &pr, .imp = &IMP, .base = &M.a};
+    CHECK(depth_only_limit(&p, &w, (ac_layer_arch){2, 1, 32, 0, 0, 0}, (ac_layer_arch){0, 0, 0, 0, 0, 0}, 1.5,
+                           "one layer"),
+          "the limit does not need a layer dropped");
+    ac_cost_table_free(&t);
+    json_object_set_new(json_object_get(js, "constraints"), "max_tpot_ms", json_real(p.limits.max_tpot_ms));
+    json_t *res = NULL;
+    ac_job_ctx ctx = {.emit = quiet};
+    int rc = ac_job_spec_parse(js, &spec, NULL, &e) || ac_job_run(&spec, &ctx, &res, &e);
+    CHECK(rc == 0, "job: %s", e.msg);
+    json_decref(js);
+    if (rc) return;
+    json_t *ac = json_object_get(res, "autocompress"),
+           *layers = json_object_get(json_object_get(ac, "architecture"), "layers");
+    int L = (int)json_array_size(layers), dropped = 0;
+    for (int l = 0; l < L; l++) {
+        json_t *x = json_array_get(layers, l);
+        dropped += !json_integer_value(json_object_get(x, "heads")) && !json_integer_value(json_object_get(x, "ffn"));
+    }
+    const char *chosen = json_string_value(json_object_get(res, "chosen"));
+    printf("   job: autocompress drops %d of %d layers (feasible %d), chosen %s\n", dropped, L,
+           json_is_true(json_object_get(ac, "feasible")), chosen ? chosen : "?");
+    CHECK(L == M.a.n_layers && dropped >= 2 && json_is_true(json_object_get(ac, "feasible")),
+          "autocompress arm: %d of %d layers dropped", dropped, L);
+    CHECK(chosen && !strcmp(chosen, "autocompress"), "exported arm %s: Minitron met a limit past its depth cap?",
+          chosen ? chosen : "(none)");
+    if (chosen && !strcmp(chosen, "autocompress")) {
+        ac_model back;
+        ac_ppl_opts po = {.ctx = 128, .max_windows = 8, .batch = 4};
+        ac_ppl_result r = {0};
+        int *ids = NULL;
+        size_t n = 0;
+        CHECK(ac_model_load(out, &back, &e) == 0, "%s", e.msg);
+        snprintf(path, sizeof path, "%s/config.json", out);
+        json_t *cfg = json_load_file(path, 0, NULL);
+        const char *a0 = json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0));
+        CHECK(a0 && !strcmp(a0, "LlamaForCausalLM") && back.a.n_layers == L - dropped, "export: %s, %d layers",
+              a0 ? a0 : "?", back.a.n_layers);
+        json_decref(cfg);
+        CHECK(ac_load_text_ids(tiny, held, &ids, &n, back.a.vocab, &e) == 0 &&
+                  ac_perplexity(&back, ids, n, &po, NULL, NULL, NULL, &r, &e) == 0,
+              "%s", e.msg);
+        double want = json_number_value(json_object_get(ac, "perplexity"));
+        printf("   export: %d layers, perplexity %.4f, report %.4f\n", back.a.n_layers, r.ppl, want);
+        CHECK(fabs(r.ppl / want - 1) < 1e-3, "export perplexity %g, report %g", r.ppl, want);
+        free(ids);
+        ac_model_free(&back);
+    }
+    json_decref(res);
+    CHECK(ck_rmtree(out) == 0, "rm %s", out);
 }
 
 /* The gate search on the CUDA plugin's trainer (o.cuda, what a local cuda
@@ -901,6 +987,7 @@ int main(void) {
     RUN(test_merge_sample_is_a_categorical_sample);
     RUN(test_depth_only_limit_is_met_by_removing_sub_blocks);
     RUN(test_llama_limit_is_met_by_dropping_layers);
+    RUN(test_llama_job_drops_layers);
     RUN(test_resident_search_equals_fp32);
     RUN(test_cuda_gate_search_matches_cpu);
     if (HAVE > 0) {

@@ -195,6 +195,5 @@ int main(void) {
     ac_model_free(&M);
     free(IDS);
     free(HIDS);
-    printf("RESULT %d %d %d\n", ck_pass, ck_fail, ck_skip);
-    return ck_fail != 0;
+    return DONE();
 }
