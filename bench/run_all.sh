@@ -17,6 +17,8 @@ echo; echo "== cost model: predicted vs measured latency of the CPU engine"
 "$B"/bench/bench_costmodel "$B"/bench_cost.db
 echo; echo "== cost model of mixture-of-experts layers: predicted vs measured CPU decode at batch 1-64 (thread clock)"
 AC_BENCH_CLOCK=thread "$B"/bench/bench_moe_cost
+echo; echo "== differentiable search against its own start (held-out loss, 5 seeds x 300 gate steps, and with the task gradient zeroed)"
+AC_DNAS_GAIN_FULL=1 "$B"/tests/test_dnas_gain
 echo; echo "== AutoCompress vs Minitron under the same constraint"
 /usr/bin/python3 bench/bench_compress.py
 echo; echo "== daemon load (loopback)"

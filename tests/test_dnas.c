@@ -6,7 +6,9 @@
  * gated RMSNorm's gradient (x, w, gates) matches float64 central
  * differences; the expected-cost gradient
  * matches central finite differences of the expected cost; a limit that
- * only removing sub-blocks can meet is met by removing sub-blocks.
+ * only removing sub-blocks can meet is met by removing sub-blocks; on the
+ * llama target (one gate per layer) a limit only dropping whole layers can
+ * meet is met so, and the compacted export reloads as a Llama.
  * deci: a one-hot KV-merge choice is ac_prune's merged model, the merge
  * gradient matches finite differences, the search's result exports.
  * The search on the resident BF16 model equals the search on its fp32 load.
@@ -25,7 +27,10 @@
 #include "deci.h"
 #include "dnas.h"
 #include "eval.h"
+#include "job.h"
+#include "jobspec.h"
 #include "kernels_cpu.h"
+#include "minitron.h"
 #include "prune.h"
 #include "safetensors.h"
 #include "synth.h"
@@ -370,7 +375,7 @@ static void test_hard_merge_choice_equals_merging(void) {
     double rel = sqrt(num / (den + 1e-300));
     printf("   merge-choice gradient (layers 0, 1): |grad| %.4g, relative error vs finite differences %.2e\n",
            sqrt(den), rel);
-    CHECK(den > 0 && rel < 2e-2, "merge gradient relative error %g", rel);
+    CHECK(den > 0 && rel < 2e-3, "merge gradient relative error %g", rel); /* docs/testing.md */
     ac_trainer_free(&tr);
     free(an);
     free(teacher);
@@ -475,7 +480,8 @@ static void test_constraint_gradient_matches_finite_differences(void) {
             double rel = sqrt(num / (den + 1e-300));
             printf("   %s %-7s E=%.5g |grad|=%.4g relative error vs finite differences %.2e\n", tgt ? "deci" : "gguf",
                    names[m], v, sqrt(den), rel);
-            CHECK(isfinite(v) && den > 0 && rel < 0.03, "%s gradient relative error %g", names[m], rel);
+            CHECK(isfinite(v) && den > 0 && rel < 1e-6, "%s gradient relative error %g", names[m],
+                  rel); /* docs/testing.md */
         }
         free(an);
         free(fd);
@@ -493,27 +499,41 @@ static double tpot_of(const ac_search_problem *p, const ac_arch *a) {
     return k.tpot_ms;
 }
 
+/* A TPOT limit at batch 1, prompt 64 (per-kernel launch overheads
+ * dominate a tiny model on an H100) that the narrowest architecture, every
+ * layer as nl, misses by f times what cutting layer L-1 down to cut
+ * saves: only removing sub-blocks meets it. 1 when so (printed). */
+static int depth_only_limit(ac_search_problem *p, ac_workload *w, ac_layer_arch nl, ac_layer_arch cut, double f,
+                            const char *what) {
+    ac_arch narrow, less;
+    ac_err e;
+    int L = M.a.n_layers;
+    *w = (ac_workload){.batch = 1, .prompt_len = 64, .gen_len = 16};
+    ac_arch_copy(&narrow, &M.a, &e);
+    ac_arch_copy(&less, &M.a, &e);
+    for (int l = 0; l < L; l++) narrow.layers[l] = nl;
+    less.layers[L - 1] = cut;
+    double full = tpot_of(p, &M.a), nar = tpot_of(p, &narrow), sub = full - tpot_of(p, &less);
+    p->limits.max_tpot_ms = nar - f * sub;
+    printf("   tpot full %.4f ms, narrowest %.4f ms, %s %.4f ms; limit %.4f ms\n", full, nar, what, sub,
+           p->limits.max_tpot_ms);
+    ac_arch_free(&narrow);
+    ac_arch_free(&less);
+    return nar > p->limits.max_tpot_ms && sub > 0;
+}
+
 static void test_depth_only_limit_is_met_by_removing_sub_blocks(void) {
     if (!setup()) SKIP("no tiny model or calibration text (make tiny-model)");
     ac_cost_table t;
     ac_workload w;
     ac_engine_profile pr;
     ac_search_problem p;
-    problem(&p, &t, &w, &pr, opts(AC_EXPORT_DECI, 0));
-    w = (ac_workload){.batch = 1, .prompt_len = 64, .gen_len = 16};
-    /* per-kernel launch overheads dominate a tiny model on an H100: the
-     * narrowest architecture that keeps every sub-block is still too slow */
-    ac_arch narrow, one;
     ac_err e;
-    ac_arch_copy(&narrow, &M.a, &e);
-    ac_arch_copy(&one, &M.a, &e);
-    for (int l = 0; l < M.a.n_layers; l++) narrow.layers[l] = (ac_layer_arch){8, 1, 32, 0, 0, 0};
-    one.layers[5].ffn = 0;
-    double full = tpot_of(&p, &M.a), nar = tpot_of(&p, &narrow), sub = full - tpot_of(&p, &one);
-    p.limits.max_tpot_ms = nar - 0.5 * sub;
-    printf("   tpot full %.4f ms, narrowest %.4f ms, one FFN sub-block %.4f ms; limit %.4f ms\n", full, nar, sub,
-           p.limits.max_tpot_ms);
-    CHECK(nar > p.limits.max_tpot_ms && sub > 0, "the limit is not depth-only");
+    problem(&p, &t, &w, &pr, opts(AC_EXPORT_DECI, 0));
+    ac_layer_arch cut = M.a.layers[M.a.n_layers - 1];
+    cut.ffn = 0;
+    CHECK(depth_only_limit(&p, &w, (ac_layer_arch){8, 1, 32, 0, 0, 0}, cut, 0.5, "one FFN sub-block"),
+          "the limit is not depth-only");
     ac_dnas_opts o;
     ac_dnas_defaults(&o);
     o.steps = 40;
@@ -582,9 +602,170 @@ static void test_depth_only_limit_is_met_by_removing_sub_blocks(void) {
     ac_search_result_free(&r2);
     ac_importance_free(&ord);
     ac_importance_free(&ord2);
-    ac_arch_free(&narrow);
-    ac_arch_free(&one);
     ac_cost_table_free(&t);
+}
+
+/* llama (uniform) target: one depth gate per layer (attention and FFN
+ * together). A TPOT limit below the narrowest uniform model that keeps
+ * every layer can only be met by dropping whole layers: the search drops
+ * at least one, never half a layer, keeps one width in the layers it keeps,
+ * and meets the limit. The pruned model, compacted as the job exports it
+ * (ac_minitron_compact), saves as a plain Llama, loads back with fewer
+ * layers and gives the in-memory model's perplexity. */
+static void test_llama_limit_is_met_by_dropping_layers(void) {
+    if (!setup()) SKIP("no tiny model or calibration text (make tiny-model)");
+    ac_cost_table t;
+    ac_workload w;
+    ac_engine_profile pr;
+    ac_search_problem p;
+    ac_err e;
+    problem(&p, &t, &w, &pr, opts(AC_EXPORT_LLAMA, 0));
+    int L = M.a.n_layers;
+    /* the narrowest uniform model: one KV group, 32 FFN channels per layer */
+    CHECK(depth_only_limit(&p, &w, (ac_layer_arch){2, 1, 32, 0, 0, 0}, (ac_layer_arch){0, 0, 0, 0, 0, 0}, 0.5,
+                           "one layer"),
+          "the limit does not need a layer dropped");
+    ac_dnas_opts o;
+    ac_dnas_defaults(&o);
+    o.steps = 40;
+    ac_search_result r;
+    ac_importance ord;
+    CHECK(ac_search_dnas(&p, &M, IDS, NIDS, &o, &r, &ord, &e) == 0, "%s", e.msg);
+    json_t *aj = ac_arch_to_json(&r.arch);
+    char *js = json_dumps(aj, JSON_COMPACT);
+    printf("   dnas (%d steps): tpot %.4f ms: %s\n", r.steps_run, r.cost.tpot_ms, js);
+    free(js);
+    json_decref(aj);
+    CHECK(r.feasible && r.cost.tpot_ms <= p.limits.max_tpot_ms * (1 + 1e-9), "infeasible: %g > %g", r.cost.tpot_ms,
+          p.limits.max_tpot_ms);
+    int dropped = 0, first = -1, half = 0, same = 1;
+    for (int l = 0; l < L; l++) {
+        const ac_layer_arch *al = &r.arch.layers[l];
+        if (!al->n_heads && !al->ffn) {
+            dropped++;
+            continue;
+        }
+        half |= !al->n_heads || !al->ffn;
+        if (first < 0) first = l;
+        same &= al->n_heads == r.arch.layers[first].n_heads && al->n_kv_heads == r.arch.layers[first].n_kv_heads &&
+                al->ffn == r.arch.layers[first].ffn;
+    }
+    CHECK(dropped >= 1 && dropped < L, "%d of %d layers dropped", dropped, L);
+    CHECK(!half && same, "a half layer or differing widths in the kept layers");
+    ac_model pm, back;
+    char dir[] = "/tmp/ac_test_dnas_llama_XXXXXX", path[300];
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    CHECK(ac_prune(&M, &r.arch, &ord, &pm, &e) == 0, "%s", e.msg);
+    ac_minitron_compact(&pm);
+    CHECK(pm.a.n_layers == L - dropped && ac_arch_is_uniform(&pm.a), "compacted: %d layers, uniform %d", pm.a.n_layers,
+          ac_arch_is_uniform(&pm.a));
+    CHECK(ac_model_save(&pm, dir, ST_F32, &e) == 0, "%s", e.msg);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    const char *arch0 = json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0));
+    CHECK(arch0 && !strcmp(arch0, "LlamaForCausalLM") && !json_object_get(cfg, "block_configs") &&
+              json_integer_value(json_object_get(cfg, "num_hidden_layers")) == L - dropped,
+          "config.json: %s, %lld layers", arch0 ? arch0 : "(none)",
+          json_integer_value(json_object_get(cfg, "num_hidden_layers")));
+    json_decref(cfg);
+    CHECK(ac_model_load(dir, &back, &e) == 0, "%s", e.msg);
+    ac_ppl_opts po = {.ctx = 64, .max_windows = 16, .batch = 4};
+    ac_ppl_result ra, rb;
+    CHECK(ac_perplexity(&pm, IDS, NIDS, &po, NULL, NULL, NULL, &ra, &e) == 0, "%s", e.msg);
+    CHECK(ac_perplexity(&back, IDS, NIDS, &po, NULL, NULL, NULL, &rb, &e) == 0, "%s", e.msg);
+    printf("   exported Llama: %d layers, perplexity %.5f in memory, %.5f loaded back\n", back.a.n_layers, ra.ppl,
+           rb.ppl);
+    CHECK(back.a.n_layers == L - dropped && isfinite(ra.ppl) && ra.ppl == rb.ppl, "reloaded: %d layers, ppl %g vs %g",
+          back.a.n_layers, rb.ppl, ra.ppl);
+    ac_model_free(&back);
+    ac_model_free(&pm);
+    CHECK(ck_rmtree(dir) == 0, "rm %s", dir);
+    ac_search_result_free(&r);
+    ac_importance_free(&ord);
+    ac_cost_table_free(&t);
+}
+
+static void quiet(void *ud, const char *kind, json_t *data) { (void)ud, (void)kind, (void)data; }
+
+/* The same through a whole job (export_target llama, the job's own cost
+ * table and engine profile), with a limit that needs two layers dropped
+ * (beyond Minitron's depth cap of 20 %, so AutoCompress's arm is the one
+ * exported): the report's AutoCompress arm drops whole layers and meets
+ * the limit, and the export is a Llama with that many fewer layers whose
+ * perplexity is the report's. */
+static void test_llama_job_drops_layers(void) {
+    if (!setup()) SKIP("no tiny model or calibration text (make tiny-model)");
+    static ac_job_spec spec; /* large: off the stack */
+    char tiny[1100], calib[1100], held[1100], out[] = "/tmp/ac_test_dnas_job_XXXXXX", path[300];
+    ck_build_path(tiny, sizeof tiny, "models/tiny");
+    ck_build_path(calib, sizeof calib, "data/calib.txt");
+    ck_build_path(held, sizeof held, "data/heldout.txt");
+    CHECK(mkdtemp(out) != NULL, "mkdtemp");
+    json_t *js =
+        json_pack("{s:s,s:s,s:s,s:s,s:{s:s,s:{s:i,s:i,s:i}},s:{s:f},s:{s:s,s:i,s:i},s:i,s:{s:i,s:i}}", "model", tiny,
+                  "calibration", calib, "heldout", held, "output", out, "target", "device", "H100", "workload", "batch",
+                  1, "prompt_len", 64, "gen_len", 16, "constraints", "max_tpot_ms", 1.0, "search", "export_target",
+                  "llama", "steps", 60, "dnas_steps", 40, "calibration_tokens", 2048, "eval", "ctx", 128, "windows", 8);
+    ac_err e;
+    ac_cost_table t;
+    ac_engine_profile pr;
+    ac_workload w;
+    int hit = 0;
+    CHECK(ac_job_spec_parse(js, &spec, NULL, &e) == 0, "%s", e.msg);
+    CHECK(ac_cost_table_for(&spec.target.dev, ac_target_table_dtype(&spec.target, ST_BF16), NULL, 2, 0, NULL, NULL, &t,
+                            &hit, &e) == 0,
+          "%s", e.msg);
+    ac_target_engine_for(&spec.target, ST_BF16, &pr);
+    ac_search_problem p = {.table = &t, .workload = &w, .profile = &pr, .imp = &IMP, .base = &M.a};
+    CHECK(depth_only_limit(&p, &w, (ac_layer_arch){2, 1, 32, 0, 0, 0}, (ac_layer_arch){0, 0, 0, 0, 0, 0}, 1.5,
+                           "one layer"),
+          "the limit does not need a layer dropped");
+    ac_cost_table_free(&t);
+    json_object_set_new(json_object_get(js, "constraints"), "max_tpot_ms", json_real(p.limits.max_tpot_ms));
+    json_t *res = NULL;
+    ac_job_ctx ctx = {.emit = quiet};
+    int rc = ac_job_spec_parse(js, &spec, NULL, &e) || ac_job_run(&spec, &ctx, &res, &e);
+    CHECK(rc == 0, "job: %s", e.msg);
+    json_decref(js);
+    if (rc) return;
+    json_t *ac = json_object_get(res, "autocompress"),
+           *layers = json_object_get(json_object_get(ac, "architecture"), "layers");
+    int L = (int)json_array_size(layers), dropped = 0;
+    for (int l = 0; l < L; l++) {
+        json_t *x = json_array_get(layers, l);
+        dropped += !json_integer_value(json_object_get(x, "heads")) && !json_integer_value(json_object_get(x, "ffn"));
+    }
+    const char *chosen = json_string_value(json_object_get(res, "chosen"));
+    printf("   job: autocompress drops %d of %d layers (feasible %d), chosen %s\n", dropped, L,
+           json_is_true(json_object_get(ac, "feasible")), chosen ? chosen : "?");
+    CHECK(L == M.a.n_layers && dropped >= 2 && json_is_true(json_object_get(ac, "feasible")),
+          "autocompress arm: %d of %d layers dropped", dropped, L);
+    CHECK(chosen && !strcmp(chosen, "autocompress"), "exported arm %s: Minitron met a limit past its depth cap?",
+          chosen ? chosen : "(none)");
+    if (chosen && !strcmp(chosen, "autocompress")) {
+        ac_model back;
+        ac_ppl_opts po = {.ctx = 128, .max_windows = 8, .batch = 4};
+        ac_ppl_result r = {0};
+        int *ids = NULL;
+        size_t n = 0;
+        CHECK(ac_model_load(out, &back, &e) == 0, "%s", e.msg);
+        snprintf(path, sizeof path, "%s/config.json", out);
+        json_t *cfg = json_load_file(path, 0, NULL);
+        const char *a0 = json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0));
+        CHECK(a0 && !strcmp(a0, "LlamaForCausalLM") && back.a.n_layers == L - dropped, "export: %s, %d layers",
+              a0 ? a0 : "?", back.a.n_layers);
+        json_decref(cfg);
+        CHECK(ac_load_text_ids(tiny, held, &ids, &n, back.a.vocab, &e) == 0 &&
+                  ac_perplexity(&back, ids, n, &po, NULL, NULL, NULL, &r, &e) == 0,
+              "%s", e.msg);
+        double want = json_number_value(json_object_get(ac, "perplexity"));
+        printf("   export: %d layers, perplexity %.4f, report %.4f\n", back.a.n_layers, r.ppl, want);
+        CHECK(fabs(r.ppl / want - 1) < 1e-3, "export perplexity %g, report %g", r.ppl, want);
+        free(ids);
+        ac_model_free(&back);
+    }
+    json_decref(res);
+    CHECK(ck_rmtree(out) == 0, "rm %s", out);
 }
 
 /* The gate search on the CUDA plugin's trainer (o.cuda, what a local cuda
@@ -805,6 +986,8 @@ int main(void) {
     RUN(test_hard_merge_choice_equals_merging);
     RUN(test_merge_sample_is_a_categorical_sample);
     RUN(test_depth_only_limit_is_met_by_removing_sub_blocks);
+    RUN(test_llama_limit_is_met_by_dropping_layers);
+    RUN(test_llama_job_drops_layers);
     RUN(test_resident_search_equals_fp32);
     RUN(test_cuda_gate_search_matches_cpu);
     if (HAVE > 0) {

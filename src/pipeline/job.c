@@ -318,6 +318,8 @@ static int stage_prune(job_state *s, ac_err *e) {
         progress_cb(s, "repaired", 0.9);
     }
     ac_minitron_compact(&s->pm); /* dropped layers out: a plain Llama */
+    if (arms == 2 && s->spec->search.target == AC_EXPORT_LLAMA)
+        ac_minitron_compact(&s->pa); /* dnas's whole-layer gates: the same */
     progress_cb(s, "pruned", 1.0);
     s->result = s->chosen == &s->ra ? &s->pa : &s->pm;
     return 0;

@@ -62,7 +62,8 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
     g->fm = so->ffn_multiple > 0 ? so->ffn_multiple : 1;
     g->hm = so->hidden_multiple > 0 ? so->hidden_multiple : 1;
     g->gate_kv = so->target != AC_EXPORT_DECI;
-    g->gate_depth = so->target != AC_EXPORT_LLAMA;
+    g->gate_depth = 1;
+    g->tie_depth = so->target == AC_EXPORT_LLAMA; /* a uniform Llama drops whole layers only */
     g->gate_hid = so->prune_hidden;
     g->nkv = calloc(L, sizeof(int));
     g->nfg = calloc(L, sizeof(int));
@@ -88,8 +89,8 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
     }
     g->attn_off = n;
     n += g->gate_depth ? L : 0;
-    g->mlp_off = n;
-    n += g->gate_depth ? L : 0;
+    g->mlp_off = g->tie_depth ? g->attn_off : n;
+    n += g->gate_depth && !g->tie_depth ? L : 0;
     g->hid_off = n;
     g->nhg = g->gate_hid ? (g->H + g->hm - 1) / g->hm : 0;
     n += g->nhg;
@@ -158,7 +159,7 @@ void ac_dnas_gate_grads_of(const ac_dnas_gates *g, const ac_arch *b, const ac_ga
             dz[g->kv_off[l] + h / grp_of(bl)] += dg->head[l][h];
         for (int r = 0; r < bl->ffn; r++) dz[g->ffn_off[l] + r / g->fm] += dg->ffn[l][imp->ffn_order[l][r]];
         if (g->gate_depth && bl->n_heads) dz[g->attn_off + l] = dg->attn[l];
-        if (g->gate_depth && bl->ffn) dz[g->mlp_off + l] = dg->mlp[l];
+        if (g->gate_depth && bl->ffn) dz[g->mlp_off + l] += dg->mlp[l]; /* tied: the layer's gate gets both */
     }
     if (g->gate_hid)
         for (int r = 0; r < g->H; r++) dz[g->hid_off + r / g->hm] += dg->hidden[imp->hid_order[r]];
@@ -429,7 +430,7 @@ static void chain(const ac_dnas_gates *g, const ac_arch *b, const expect_t *x, c
                 grad[g->mc_off[l] + c] = gk[l] * pc[c] * (g->mkv[g->mc_off[l] + c] - kbar);
         }
         if (g->gate_depth && bl->n_heads) grad[g->attn_off + l] = D[l] * x->pa[l] * (1 - x->pa[l]);
-        if (g->gate_depth && bl->ffn) grad[g->mlp_off + l] = D[L + l] * x->pm[l] * (1 - x->pm[l]);
+        if (g->gate_depth && bl->ffn) grad[g->mlp_off + l] += D[L + l] * x->pm[l] * (1 - x->pm[l]);
     }
 }
 
@@ -622,7 +623,7 @@ static void discrete_arch(const ac_dnas_gates *g, const ac_search_problem *p, co
         al->n_kv_heads = k;
         al->n_heads = g->gate_kv ? k * grp_of(bl) : k ? bl->n_heads : 0;
         int fw = x->pm[l] < 0.5 ? 0 : round_grid(f, g->fm, bl->ffn);
-        if (uni && fw < 1) fw = bl->ffn < g->fm ? bl->ffn : g->fm;
+        if (uni && fw < 1 && x->pm[l] >= 0.5) fw = bl->ffn < g->fm ? bl->ffn : g->fm; /* llama: a kept layer's FFN */
         al->ffn = fw;
     }
     if (g->gate_hid) {
@@ -640,6 +641,7 @@ static void discrete_arch(const ac_dnas_gates *g, const ac_search_problem *p, co
         const ac_layer_arch *bl = &b->layers[best];
         a->layers[best].n_kv_heads = g->gate_kv ? 1 : (int)g->kv_on[best];
         a->layers[best].n_heads = g->gate_kv ? grp_of(bl) : bl->n_heads;
+        if (uni && !a->layers[best].ffn) a->layers[best].ffn = bl->ffn < g->fm ? bl->ffn : g->fm; /* the whole layer */
     }
     /* and mis-runs a layer that keeps attention without its FFN, or a last layer without one (search.c) */
     for (int l = 0; gguf && l < L; l++)
@@ -662,6 +664,21 @@ int ac_dnas_orders(const ac_dnas_gates *g, const ac_importance *imp, const ac_ar
         return ac_errf(e, "out of memory");
     }
     return 0;
+}
+
+/* Drop the kept layer of a with the lowest depth gate (never the last one
+ * kept); 0 when none can go. */
+static int drop_weakest_layer(const ac_dnas_gates *g, ac_arch *a) {
+    int kept = 0, worst = -1;
+    for (int l = 0; l < g->L; l++) {
+        const ac_layer_arch *al = &a->layers[l];
+        if (!al->n_heads && !al->ffn) continue;
+        kept++;
+        if (worst < 0 || g->la[g->attn_off + l] < g->la[g->attn_off + worst]) worst = l;
+    }
+    if (kept < 2) return 0;
+    a->layers[worst].n_heads = a->layers[worst].n_kv_heads = a->layers[worst].ffn = 0;
+    return 1;
 }
 
 int ac_dnas_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_search_result *r, ac_importance *orders,
@@ -687,6 +704,10 @@ int ac_dnas_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_se
     /* repair scores moves with the surrogate curves; which units a move
      * removes is the gate order above */
     r->feasible = ac_search_repair(p, &r->arch, &r->cost);
+    /* llama: when no uniform width meets the limits with the layers kept,
+     * whole layers go, the lowest layer gate first (repair then refills) */
+    while (!r->feasible && g->tie_depth && drop_weakest_layer(g, &r->arch))
+        r->feasible = ac_search_repair(p, &r->arch, &r->cost);
     r->pred_loss = ac_search_pred_loss(p, &r->arch);
     return 0;
 }
@@ -1051,6 +1072,7 @@ static int task_step(run_t *R, const ac_dnas_gates *g, const ac_search_problem *
         for (int c = 0; c < g->nmc[l]; c++) zdz += R->q[o0 + c] * R->dz[o0 + c];
         for (int c = 0; c < g->nmc[l]; c++) R->gl[o0 + c] = R->q[o0 + c] * (R->dz[o0 + c] - zdz) / tau;
     }
+    if (o->zero_task_grad) memset(R->gl, 0, sizeof(double) * g->np);
     if (o->cotrain && weight_step(R, s - 1, e)) return -1;
     return 0;
 }

@@ -29,8 +29,10 @@
  *   hid[j]     a group of hidden_multiple hidden channels, shared by all
  *              layers (applied to every RMSNorm output; only when
  *              prune_hidden);
- *   attn[l], mlp[l]  the attention / FFN sub-block (depth; not on the
- *              uniform llama target).
+ *   attn[l], mlp[l]  the attention / FFN sub-block (depth); on the
+ *              uniform llama target one gate per layer serves both (the
+ *              whole layer kept or dropped, as Minitron's depth axis; the
+ *              job compacts dropped layers out of the export).
  * P(z > 0) = sigmoid(log_alpha - beta log(-gamma/zeta)) is a unit's keep
  * probability; the expected architecture is the sum of those.
  *
@@ -69,6 +71,8 @@ typedef struct {
     double mc_init_off;      /* initial logit of the merge choices the surrogate did not pick (its pick: 2) */
     int cuda;                /* 1: gate training on CUDA device 0 (the plugin's trainer); the job sets it
                             * when its target is a local cuda device (ac_search_problem.cuda) */
+    int zero_task_grad;      /* test only (tests/test_dnas_gain.c's mutation check): the gates get no gradient from
+                              * the network, only the limits' cost gradient; 0 in every job */
 } ac_dnas_opts;
 
 void ac_dnas_defaults(ac_dnas_opts *o);
@@ -77,7 +81,8 @@ void ac_dnas_defaults(ac_dnas_opts *o);
 typedef struct {
     int L, H, hm, fm; /* layers, hidden, hidden/ffn group sizes */
     int gate_kv;      /* KV groups gated (not on deci) */
-    int gate_depth;   /* attn/mlp gated (not on llama) */
+    int gate_depth;   /* attn/mlp gated */
+    int tie_depth;    /* llama (uniform): one gate per layer for both sub-blocks (mlp_off == attn_off) */
     int gate_hid;
     int *nkv, *nfg; /* [L] gates per layer */
     int nhg;
@@ -134,7 +139,9 @@ json_t *ac_dnas_expected_arch_json(const ac_dnas_gates *g, const ac_arch *base);
 int ac_dnas_orders(const ac_dnas_gates *g, const ac_importance *imp, const ac_arch *base, ac_importance *orders,
                    ac_err *e);
 /* Discretise: round expected counts to the export grid, keep the units
- * with the highest log_alpha, repair to feasibility (search.c). orders
+ * with the highest log_alpha, repair to feasibility (search.c; on llama,
+ * when no uniform width is feasible, whole layers go, the lowest depth gate
+ * first). orders
  * gets imp's arrays with kv/ffn/hidden orders by gate score (for ac_prune). */
 int ac_dnas_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_search_result *r, ac_importance *orders,
                        ac_err *e);

@@ -257,6 +257,9 @@ static int move_experts(const ac_search_problem *p, ac_arch *a, int dir) {
     return 1;
 }
 
+/* A layer with nothing left (dnas's depth gate on the llama target drops whole layers). */
+static int dropped(const ac_layer_arch *al) { return !al->n_heads && !al->ffn && !al->n_experts; }
+
 /* Apply a move of sign dir (-1 shrink, +1 grow) to a; returns 0 if not possible. */
 static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int dir) {
     const ac_arch *b = p->base;
@@ -276,6 +279,7 @@ static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int di
         if (k == MV_FFN && b->layers[i].n_experts) continue; /* a uniform FFN move leaves MoE layers */
         const ac_layer_arch *bl = &b->layers[i];
         ac_layer_arch *al = &a->layers[i];
+        if (uniform && dropped(al)) continue; /* llama: a layer dnas dropped whole stays dropped */
         if (k == MV_ATTN) {
             int kv = kv_step(p, bl, al->n_kv_heads, dir);
             if (kv < 0 || (uniform && kv == 0)) return 0;
@@ -290,6 +294,7 @@ static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int di
         const ac_layer_arch *bl = &b->layers[i];
         ac_layer_arch *al = &a->layers[i];
         if (k == MV_FFN && bl->n_experts) continue;
+        if (uniform && dropped(al)) continue;
         if (k == MV_ATTN) {
             al->n_kv_heads = kv_step(p, bl, al->n_kv_heads, dir);
             al->n_heads = heads_with(p, bl, al->n_kv_heads);
