@@ -196,6 +196,7 @@ asan:
 test-asan: asan fixtures
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_safetensors
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_tokenizer
+	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_gguf_bounds
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_engine
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_costsearch
 	AC_BUILD=$(B) ASAN_OPTIONS=detect_leaks=0 build-asan/tests/test_train
