@@ -9,7 +9,7 @@ CFLAGS  ?= -O2 -g
 SRC_DIRS = core format runtime cost search compress pipeline api
 SRC_INC  = $(addprefix -Isrc/,$(SRC_DIRS)) -Isrc
 override CFLAGS += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE $(SRC_INC) -Idaemon -fPIC
-PKGS     = jansson sqlite3 libuv libmicrohttpd libpcre2-8 libutf8proc libcurl
+PKGS     = jansson sqlite3 libuv libmicrohttpd libpcre2-8 libutf8proc libcurl gnutls
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 override CFLAGS += $(PKG_CFLAGS) -I/usr/include/x86_64-linux-gnu/openblas-pthread

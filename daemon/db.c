@@ -327,8 +327,8 @@ static int idem_lookup(db *d, const char *k, long *id, char **spec, ac_err *e) {
     return rc;
 }
 
-long db_job_insert(db *d, const char *spec, const char *name, int priority, const char *idem_key, char **existing_spec,
-                   ac_err *e) {
+long db_job_insert(db *d, const char *spec, const char *name, int priority, const char *owner, const char *idem_key,
+                   char **existing_spec, ac_err *e) {
     long id = -1;
     double t = now_s();
     char *existing = NULL;
@@ -337,9 +337,10 @@ long db_job_insert(db *d, const char *spec, const char *name, int priority, cons
     if (rc == 0 && idem_key) rc = idem_lookup(d, idem_key, &id, &existing, e);
     if (rc == 0 && !existing) /* else a retry: no new job */
         rc = exec_w(d,
-                    "INSERT INTO jobs (name, state, priority, spec, reason, created_at, updated_at, idempotency_key)"
-                    " VALUES (?, 'queued', ?, ?, 'waiting for the scheduler', ?, ?, ?)",
-                    ARGS(A_TEXT(name), A_INT(priority), A_TEXT(spec), A_REAL(t), A_REAL(t), A_TEXT(idem_key)),
+                    "INSERT INTO jobs (name, state, priority, spec, reason, created_at, updated_at, idempotency_key,"
+                    " owner) VALUES (?, 'queued', ?, ?, 'waiting for the scheduler', ?, ?, ?, ?)",
+                    ARGS(A_TEXT(name), A_INT(priority), A_TEXT(spec), A_REAL(t), A_REAL(t), A_TEXT(idem_key),
+                         A_TEXT(owner)),
                     "insert job", &id, e);
     if (rc == 0 && !existing)
         rc = exec_w(d,
@@ -398,6 +399,7 @@ void db_job_clear(db_job *j) {
     free(j->device);
     free(j->reason);
     free(j->spec);
+    free(j->owner);
     for (int i = 0; i < j->ntransitions; i++) free(j->transitions[i].reason);
     free(j->transitions);
     memset(j, 0, sizeof *j);
@@ -412,9 +414,9 @@ void db_jobs_free(db_job *jobs, int n) {
 
 #define JOB_COLS                                                                                                       \
     "id, name, state, priority, device, reason, attempts, cancel_requested, created_at, updated_at, started_at, "      \
-    "finished_at, result IS NOT NULL"
+    "finished_at, result IS NOT NULL, owner"
 
-/* One row of JOB_COLS (and the spec, when selected as column 13). */
+/* One row of JOB_COLS (and the spec, when selected as column 14). */
 static int job_row(sqlite3_stmt *st, void *elem) {
     db_job *j = elem;
     int bad = 0, has;
@@ -431,7 +433,8 @@ static int job_row(sqlite3_stmt *st, void *elem) {
     j->started_at = col_time(st, 10, &j->has_started);
     j->finished_at = col_time(st, 11, &j->has_finished);
     j->has_result = sqlite3_column_int(st, 12) != 0;
-    if (sqlite3_column_count(st) > 13) j->spec = col_text(st, 13, &bad);
+    j->owner = col_text(st, 13, &bad);
+    if (sqlite3_column_count(st) > 14) j->spec = col_text(st, 14, &bad);
     if (bad) db_job_clear(j);
     return bad ? -1 : 0;
 }
@@ -473,14 +476,34 @@ int db_job_get(db *d, long id, db_job *job, int *found, ac_err *e) {
     return 0;
 }
 
-int db_job_list(db *d, const job_state *state, long after, int limit, db_job **jobs, int *n, ac_err *e) {
-    if (state)
-        return read_rows(d, "SELECT " JOB_COLS " FROM jobs WHERE id > ? AND state = ? ORDER BY id LIMIT ?",
-                         ARGS(A_INT(after), A_TEXT(job_state_name(*state)), A_INT(limit)), job_row, sizeof **jobs,
-                         job_clear, (void **)jobs, n, "list jobs", e);
-    return read_rows(d, "SELECT " JOB_COLS " FROM jobs WHERE id > ? ORDER BY id LIMIT ?",
-                     ARGS(A_INT(after), A_INT(limit)), job_row, sizeof **jobs, job_clear, (void **)jobs, n, "list jobs",
-                     e);
+int db_job_list(db *d, const job_state *state, const char *owner, long after, int limit, db_job **jobs, int *n,
+                ac_err *e) {
+    /* a NULL parameter matches every row: ? IS NULL */
+    const char *sn = state ? job_state_name(*state) : NULL;
+    return read_rows(d,
+                     "SELECT " JOB_COLS " FROM jobs WHERE id > ? AND (?2 IS NULL OR state = ?2)"
+                     " AND (?3 IS NULL OR owner = ?3) ORDER BY id LIMIT ?4",
+                     ARGS(A_INT(after), A_TEXT(sn), A_TEXT(owner), A_INT(limit)), job_row, sizeof **jobs, job_clear,
+                     (void **)jobs, n, "list jobs", e);
+}
+
+int db_job_owner(db *d, long id, char *owner, size_t n, int *found, ac_err *e) {
+    sqlite3_stmt *st = NULL;
+    int rc = 0, sr;
+    *found = 0;
+    owner[0] = 0;
+    pthread_mutex_lock(&d->rmu);
+    if (prepare(d->rd, "SELECT owner FROM jobs WHERE id = ?", ARGS(A_INT(id)), &st))
+        rc = sqerr(d->rd, e, "job owner");
+    else if ((sr = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *o = (const char *)sqlite3_column_text(st, 0);
+        snprintf(owner, n, "%s", o ? o : "");
+        *found = 1;
+    } else if (sr != SQLITE_DONE)
+        rc = sqerr(d->rd, e, "job owner");
+    if (st) sqlite3_finalize(st);
+    pthread_mutex_unlock(&d->rmu);
+    return rc;
 }
 
 int db_job_spec(db *d, long id, char **spec, ac_err *e) {
@@ -656,7 +679,7 @@ int db_recover(db *d, const char *policy, int max_attempts, ac_err *e) {
     db_job *running;
     int nrun;
     job_state st = JOB_RUNNING;
-    if (db_job_list(d, &st, 0, 1000000, &running, &nrun, e)) return -1;
+    if (db_job_list(d, &st, NULL, 0, 1000000, &running, &nrun, e)) return -1;
     int n = 0;
     for (int i = 0; i < nrun; i++) {
         const db_job *j = &running[i];
@@ -789,4 +812,70 @@ int db_cost_source(db *d, const char *key, char *src, size_t n, ac_err *e) {
     if (s) snprintf(src, n, "%s", s);
     free(s);
     return 0;
+}
+
+/* ------------------------------------------------------------- users, tokens, audit (004) */
+
+static int token_row(sqlite3_stmt *st, void *elem) {
+    db_token *t = elem;
+    t->id = (long)sqlite3_column_int64(st, 0);
+    snprintf(t->user, sizeof t->user, "%s", (const char *)sqlite3_column_text(st, 1));
+    snprintf(t->role, sizeof t->role, "%s", (const char *)sqlite3_column_text(st, 2));
+    snprintf(t->prefix, sizeof t->prefix, "%s", (const char *)sqlite3_column_text(st, 3));
+    t->created_at = sqlite3_column_double(st, 4);
+    t->revoked_at = col_time(st, 5, &t->revoked);
+    return 0;
+}
+
+#define TOKEN_COLS "id, user, role, prefix, created_at, revoked_at"
+
+int db_token_add(db *d, const char *user, const char *role, const char *hash, const char *prefix, long *id,
+                 ac_err *e) {
+    return write1(d, "INSERT INTO api_tokens (user, role, hash, prefix, created_at) VALUES (?, ?, ?, ?, ?)",
+                  ARGS(A_TEXT(user), A_TEXT(role), A_TEXT(hash), A_TEXT(prefix), A_REAL(now_s())), "add token", id,
+                  e);
+}
+
+int db_token_find(db *d, const char *hash, db_token *t, ac_err *e) {
+    db_token *rows;
+    int n;
+    if (read_rows(d, "SELECT " TOKEN_COLS " FROM api_tokens WHERE hash = ? AND revoked_at IS NULL",
+                  ARGS(A_TEXT(hash)), token_row, sizeof *rows, NULL, (void **)&rows, &n, "find token", e))
+        return -1;
+    if (n) *t = rows[0];
+    free(rows);
+    return n > 0;
+}
+
+int db_token_list(db *d, db_token **rows, int *n, ac_err *e) {
+    return read_rows(d, "SELECT " TOKEN_COLS " FROM api_tokens ORDER BY id", NULL, 0, token_row, sizeof **rows, NULL,
+                     (void **)rows, n, "list tokens", e);
+}
+
+int db_token_revoke(db *d, long id, ac_err *e) {
+    pthread_mutex_lock(&d->wmu);
+    int rc = file_check(d, e) ? -1
+                              : exec_w(d, "UPDATE api_tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+                                       ARGS(A_REAL(now_s()), A_INT(id)), "revoke token", NULL, e);
+    int changed = rc == 0 ? sqlite3_changes(d->wr) : 0;
+    wr_result(d, rc == 0, e->msg);
+    pthread_mutex_unlock(&d->wmu);
+    return rc ? -1 : changed ? 0 : 1;
+}
+
+int db_tokens_live(db *d, ac_err *e) {
+    char *v;
+    if (read_text(d, "SELECT EXISTS (SELECT 1 FROM api_tokens WHERE revoked_at IS NULL)", NULL, 0, &v, "count tokens",
+                  e))
+        return -1;
+    int live = v && v[0] == '1';
+    free(v);
+    return live;
+}
+
+int db_audit(db *d, const char *user, const char *role, const char *action, const char *target, int status,
+             ac_err *e) {
+    return write1(d, "INSERT INTO audit_log (at, user, role, action, target, status) VALUES (?, ?, ?, ?, ?, ?)",
+                  ARGS(A_REAL(now_s()), A_TEXT(user), A_TEXT(role), A_TEXT(action), A_TEXT(target), A_INT(status)),
+                  "audit", NULL, e);
 }
