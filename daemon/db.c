@@ -22,9 +22,62 @@ struct db {
     char last_error[256];
 };
 
+static int open_conn(const char *path, int flags, sqlite3 **c, ac_err *e);
+static int open_files(db *d, const char *path, ac_err *e);
+static void close_files(db *d);
+
+/* The open database written back to its path after the file was deleted
+ * there (the jobs it holds would be lost at the next start): an online
+ * backup of the open connection into PATH.restore, the old connections
+ * closed (SQLite removes their WAL and shared-memory files by name), the
+ * copy linked into place (never over a file that appeared meanwhile) and
+ * the connections opened on it. Writer lock held. 0, or -1 (the path
+ * cannot take a file now: retried at the next write or health check). */
+static int rewrite_deleted(db *d, ac_err *e) {
+    char tmp[sizeof d->path + 16];
+    snprintf(tmp, sizeof tmp, "%s.restore", d->path);
+    unlink(tmp);
+    sqlite3 *dst = NULL;
+    int rc = open_conn(tmp, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, &dst, e);
+    if (rc == 0) {
+        sqlite3_backup *b = sqlite3_backup_init(dst, "main", d->wr, "main");
+        int st = b ? sqlite3_backup_step(b, -1) : SQLITE_ERROR;
+        if (sqlite3_backup_finish(b) != SQLITE_OK || st != SQLITE_DONE ||
+            sqlite3_exec(dst, "PRAGMA journal_mode=WAL", NULL, NULL, NULL) != SQLITE_OK)
+            rc = ac_errf(e, "database %s was deleted while open and cannot be written back: %s", d->path,
+                         sqlite3_errmsg(dst));
+    }
+    if (dst && sqlite3_close(dst) != SQLITE_OK && rc == 0)
+        rc = ac_errf(e, "database %s was deleted while open and cannot be written back", d->path);
+    struct stat sb;
+    if (rc == 0 && stat(d->path, &sb) == 0)
+        rc = ac_errf(e, "database %s was replaced by another file while open; restart the daemon", d->path);
+    if (rc) {
+        unlink(tmp);
+        if (!strstr(e->msg, "deleted") && !strstr(e->msg, "replaced"))
+            ac_errctx(e, "database %s was deleted while open and cannot be written back yet", d->path);
+        return -1;
+    }
+    pthread_mutex_lock(&d->rmu);
+    close_files(d);
+    int linked = link(tmp, d->path) == 0, why = errno;
+    if (linked) unlink(tmp);
+    /* a file put at the path in between is left alone: the jobs stay in PATH.restore, and the check says "replaced" */
+    rc = open_files(d, linked ? d->path : tmp, e);
+    pthread_mutex_unlock(&d->rmu);
+    if (rc == 0 && !linked)
+        rc = ac_errf(e, "database %s: a file appeared at its path (%s); the daemon's jobs are in %s", d->path,
+                     strerror(why), tmp);
+    if (rc == 0)
+        fprintf(stderr, "autocompressd: database %s was deleted while open; written back from the open copy\n",
+                d->path);
+    return rc;
+}
+
 /* Is the open database still the file at its path, and writable? A
- * database deleted (or replaced) while open takes writes that a restart
- * loses, so that is refused as a failed write (0 or -1 with a message). */
+ * database deleted while open is written back from the open copy (held:
+ * the writer lock); one replaced or not writable is refused as a failed
+ * write (0 or -1 with a message). */
 static int file_check(db *d, ac_err *e) {
     if (d->fd < 0) return 0;
     struct stat open_sb, path_sb;
@@ -32,10 +85,7 @@ static int file_check(db *d, ac_err *e) {
     int at_path = stat(d->path, &path_sb) == 0, err = errno;
     if (at_path && (path_sb.st_dev != open_sb.st_dev || path_sb.st_ino != open_sb.st_ino))
         return ac_errf(e, "database %s was replaced by another file while open; restart the daemon", d->path);
-    if (open_sb.st_nlink == 0 || (!at_path && err == ENOENT))
-        return ac_errf(e, "database %s was deleted while open: new writes would be lost at restart; restore it "
-                          "and restart the daemon",
-                       d->path);
+    if (open_sb.st_nlink == 0 || (!at_path && err == ENOENT)) return rewrite_deleted(d, e);
     if (!at_path) return ac_errf(e, "database %s: %s", d->path, strerror(err));
     if (access(d->path, W_OK) != 0)
         return ac_errf(e, "database %s is not writable (%s)", d->path,
@@ -58,7 +108,9 @@ static void wr_result(db *d, int ok, const char *msg) {
 
 int db_health(db *d, char *msg, size_t n, long *write_failures) {
     ac_err fe;
+    pthread_mutex_lock(&d->wmu);
     int file_bad = file_check(d, &fe);
+    pthread_mutex_unlock(&d->wmu);
     pthread_mutex_lock(&d->hmu);
     int deg = d->degraded || file_bad;
     if (msg && n) snprintf(msg, n, "%s", file_bad ? fe.msg : deg ? d->last_error : "");
@@ -113,19 +165,26 @@ static int open_conn(const char *path, int flags, sqlite3 **c, ac_err *e) {
     return 0;
 }
 
-int db_schema_version(db *d) {
+/* PRAGMA user_version of the writer connection (the caller holds it alone). */
+static int user_version(db *d) {
     sqlite3_stmt *st;
     int v = -1;
-    pthread_mutex_lock(&d->wmu);
     if (sqlite3_prepare_v2(d->wr, "PRAGMA user_version", -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
         v = sqlite3_column_int(st, 0);
     sqlite3_finalize(st);
+    return v;
+}
+
+int db_schema_version(db *d) {
+    pthread_mutex_lock(&d->wmu);
+    int v = user_version(d);
     pthread_mutex_unlock(&d->wmu);
     return v;
 }
 
+/* Writer connection held alone (at open, or under the writer lock). */
 static int migrate(db *d, ac_err *e) {
-    int cur = db_schema_version(d);
+    int cur = user_version(d);
     char *err = NULL;
     if (sqlite3_exec(d->wr,
                      "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
@@ -158,6 +217,31 @@ static int migrate(db *d, ac_err *e) {
     return 0;
 }
 
+/* The writer connection (WAL, migrations run), the reader and the file
+ * descriptor of file_check, on path. */
+static int open_files(db *d, const char *path, ac_err *e) {
+    if (open_conn(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, &d->wr, e)) return -1;
+    char *err = NULL;
+    if (sqlite3_exec(d->wr, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;", NULL, NULL,
+                     &err) != SQLITE_OK) {
+        ac_errf(e, "database %s: %s", path, err);
+        sqlite3_free(err);
+        return -1;
+    }
+    if (migrate(d, e) || open_conn(path, SQLITE_OPEN_READONLY, &d->rd, e)) return -1;
+    if (strcmp(path, ":memory:") && (d->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return ac_errf(e, "database %s: %s", path, strerror(errno));
+    return 0;
+}
+
+static void close_files(db *d) {
+    sqlite3_close(d->rd);
+    sqlite3_close(d->wr);
+    if (d->fd >= 0) close(d->fd);
+    d->rd = d->wr = NULL;
+    d->fd = -1;
+}
+
 int db_open(const char *path, db **out, ac_err *e) {
     db *d = calloc(1, sizeof *d);
     if (!d) return ac_errf(e, "out of memory");
@@ -166,24 +250,7 @@ int db_open(const char *path, db **out, ac_err *e) {
     pthread_mutex_init(&d->hmu, NULL);
     d->fd = -1;
     snprintf(d->path, sizeof d->path, "%s", path);
-    if (open_conn(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, &d->wr, e)) {
-        free(d);
-        return -1;
-    }
-    char *err = NULL;
-    if (sqlite3_exec(d->wr, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;", NULL, NULL,
-                     &err) != SQLITE_OK) {
-        ac_errf(e, "database %s: %s", path, err);
-        sqlite3_free(err);
-        db_close(d);
-        return -1;
-    }
-    if (migrate(d, e) || open_conn(path, SQLITE_OPEN_READONLY, &d->rd, e)) {
-        db_close(d);
-        return -1;
-    }
-    if (strcmp(path, ":memory:") && (d->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
-        ac_errf(e, "database %s: %s", path, strerror(errno));
+    if (open_files(d, path, e)) {
         db_close(d);
         return -1;
     }
@@ -193,9 +260,7 @@ int db_open(const char *path, db **out, ac_err *e) {
 
 void db_close(db *d) {
     if (!d) return;
-    sqlite3_close(d->rd);
-    sqlite3_close(d->wr);
-    if (d->fd >= 0) close(d->fd);
+    close_files(d);
     pthread_mutex_destroy(&d->wmu);
     pthread_mutex_destroy(&d->rmu);
     pthread_mutex_destroy(&d->hmu);

@@ -12,11 +12,15 @@
  * Every statement's result is checked, BEGIN and COMMIT included. A failed
  * write (a full disk, an I/O error) returns -1 and marks the store
  * degraded until the next write succeeds; db_health reports it (for
- * /healthz). So does a database file deleted, replaced or made read-only
- * (immutable) while open: db_health and every write check that the open
- * database is still the file at its path (device, inode, link count) and
- * writable, and a write is refused (-1, a failed write: 503) rather than
- * taken by an unlinked file that a restart would lose. Job inserts and state transitions commit with
+ * /healthz). db_health and every write check that the open database is
+ * still the file at its path (device, inode, link count) and writable. A
+ * database file deleted while open is written back to its path from the
+ * open copy (SQLite's online backup, then the connections reopened on it),
+ * so the jobs accepted before the deletion survive a restart; until that
+ * succeeds (the directory cannot take a file) writes are refused (-1, a
+ * failed write: 503) and it is tried again at each write and health check.
+ * A file replaced or made read-only (immutable) while open is refused the
+ * same way rather than taking writes a restart would lose. Job inserts and state transitions commit with
  * synchronous=FULL (the WAL is fsynced at each of those commits); progress
  * events and cache hits with NORMAL.
  */
