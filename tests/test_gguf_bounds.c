@@ -271,19 +271,19 @@ static void kv_f32(gb *b, const char *k, float v) {
     put(b, &v, 4);
 }
 
-/* A llama header of 1 layer, hidden 64, 4 heads, vocab 64, and one more
- * entry written by fn. */
-static gb arch_with(void (*fn)(gb *b)) {
-    gb b = header(0, 8);
+/* A llama header of nt tensor infos (written by the caller after it),
+ * `layers` layers, hidden 64, `heads` heads and KV heads 4, vocab 64, and
+ * one more entry written by fn (none when NULL). */
+static gb llama_header(uint64_t nt, int layers, int heads, void (*fn)(gb *b)) {
+    gb b = header(nt, fn ? 8 : 7);
     kv_str(&b, "general.architecture", "llama");
     kv_u32(&b, "llama.embedding_length", 64);
-    kv_u32(&b, "llama.block_count", 1);
+    kv_u32(&b, "llama.block_count", (uint32_t)layers);
     kv_u32(&b, "llama.vocab_size", 64);
-    kv_u32(&b, "llama.attention.head_count", 4);
+    kv_u32(&b, "llama.attention.head_count", (uint32_t)heads);
     kv_u32(&b, "llama.attention.head_count_kv", 4);
     kv_u32(&b, "llama.feed_forward_length", 128);
-    fn(&b);
-    pad(&b, 64 - b.n % 32);
+    if (fn) fn(&b);
     return b;
 }
 static void key_length(gb *b) { kv_u32(b, "llama.attention.key_length", 1u << 31); }
@@ -310,19 +310,13 @@ static void test_value_bounds(void) {
         {ffn_twice, "feed_forward_length given twice", "feed_forward_length is given twice"},
     };
     for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
-        gb b = arch_with(c[i].fn);
+        gb b = llama_header(0, 1, 4, c[i].fn);
+        pad(&b, 64 - b.n % 32);
         refused(&b, c[i].what, c[i].want, 4096);
         free(b.p);
     }
     /* 5000 heads: over config.json's 4096 */
-    gb b = header(0, 7);
-    kv_str(&b, "general.architecture", "llama");
-    kv_u32(&b, "llama.embedding_length", 64);
-    kv_u32(&b, "llama.block_count", 1);
-    kv_u32(&b, "llama.vocab_size", 64);
-    kv_u32(&b, "llama.attention.head_count", 5000);
-    kv_u32(&b, "llama.attention.head_count_kv", 4);
-    kv_u32(&b, "llama.feed_forward_length", 128);
+    gb b = llama_header(0, 1, 5000, NULL);
     pad(&b, 64);
     refused(&b, "5000 heads", "head_count is missing or out of range [0, 4096]", 4096);
     free(b.p);
@@ -414,14 +408,7 @@ static void test_parse_budget(void) {
  * missing embedding at once. */
 static void test_many_tensors_fast(void) {
     int nt = 200000;
-    gb b = header(nt, 7);
-    kv_str(&b, "general.architecture", "llama");
-    kv_u32(&b, "llama.attention.head_count_kv", 4);
-    kv_u32(&b, "llama.feed_forward_length", 64);
-    kv_u32(&b, "llama.embedding_length", 64);
-    kv_u32(&b, "llama.block_count", 4096);
-    kv_u32(&b, "llama.vocab_size", 64);
-    kv_u32(&b, "llama.attention.head_count", 4);
+    gb b = llama_header((uint64_t)nt, 4096, 4, NULL);
     uint64_t d1[1] = {1};
     char name[32];
     for (int i = 0; i < nt; i++) {
