@@ -157,6 +157,7 @@ static int check_caller(req_ctx *rc, int rules) {
         r->hdr_value = "Bearer realm=\"autocompress\"";
         return -1;
     }
+    rc->identified = 1; /* what it does is logged from here on (an unidentified flood fills no log) */
     auth_role need = rules & R_ADMIN ? ROLE_ADMIN : rules & R_SUBMIT ? ROLE_SUBMIT : ROLE_READ;
     if (rc->who.role < need) {
         char msg[200];
@@ -439,7 +440,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     (void)toe;
     ac_daemon *d = cls;
     req_ctx *rc = *con_cls;
-    if (rc && rc->audit) {
+    if (rc && rc->audit && rc->identified) {
         char target[32]; /* the path's {id}, or the job a submission created */
         ac_err e = {{0}};
         snprintf(target, sizeof target, "%ld", rc->id);

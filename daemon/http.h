@@ -50,7 +50,8 @@ typedef struct req_ctx {
     long id;          /* a route's {id} */
     int head;         /* a HEAD request (served by the GET route) */
     auth_ident who;   /* the caller (R_AUTH routes) */
-    int audit;        /* logged when done: action, the caller, the status */
+    int identified;   /* the caller's token (or the lack of one) was accepted */
+    int audit;        /* logged when done (if identified): action, the caller, the status */
     char action[300]; /* "METHOD /path" */
 } req_ctx;
 

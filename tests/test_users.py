@@ -128,6 +128,7 @@ def test_roles_owners_and_audit():
         # cancelling: one's own, and an admin anyone's
         assert call(port, "DELETE", f"/v1/jobs/{a['id']}", token=toks["alice"])[0] == 202
         assert call(port, "DELETE", f"/v1/jobs/{b['id']}", token=toks["root"])[0] == 202
+        err(*call(port, "POST", "/v1/jobs", body=spec())[:2], 401, "unauthorized")
         # revoked: refused from the next request on; revoking twice is an error
         assert revoke(d.db, token_id(d.db, "alice"))[0] == 0
         err(*call(port, "GET", "/v1/jobs", token=toks["alice"])[:2], 401, "unauthorized")
@@ -144,6 +145,7 @@ def test_roles_owners_and_audit():
         assert ("root", "admin", f"DELETE /v1/jobs/{b['id']}", str(b["id"]), 202) in log, log
         assert ("alice", "submit", "POST /v1/jobs", str(ka["id"]), 200) in log, log  # the replayed submission
         assert not any(a_[2].startswith("GET ") for a_ in log), log
+        assert not any(a_[4] == 401 for a_ in log), log  # unidentified callers fill no log
         cli = [r for r in log if r[2].startswith("token ")]
         assert [r[2] for r in cli] == ["token add"] * 4 + ["token revoke"], cli
         assert all(r[0].startswith("cli:") for r in cli), cli
