@@ -24,9 +24,62 @@ struct db {
     char last_error[256];
 };
 
+static int open_conn(const char *path, int flags, sqlite3 **c, ac_err *e);
+static int open_files(db *d, const char *path, ac_err *e);
+static void close_files(db *d);
+
+/* The open database written back to its path after the file was deleted
+ * there (the jobs it holds would be lost at the next start): an online
+ * backup of the open connection into PATH.restore, the old connections
+ * closed (SQLite removes their WAL and shared-memory files by name), the
+ * copy linked into place (never over a file that appeared meanwhile) and
+ * the connections opened on it. Writer lock held. 0, or -1 (the path
+ * cannot take a file now: retried at the next write or health check). */
+static int rewrite_deleted(db *d, ac_err *e) {
+    char tmp[sizeof d->path + 16];
+    snprintf(tmp, sizeof tmp, "%s.restore", d->path);
+    unlink(tmp);
+    sqlite3 *dst = NULL;
+    int rc = open_conn(tmp, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, &dst, e);
+    if (rc == 0) {
+        sqlite3_backup *b = sqlite3_backup_init(dst, "main", d->wr, "main");
+        int st = b ? sqlite3_backup_step(b, -1) : SQLITE_ERROR;
+        if (sqlite3_backup_finish(b) != SQLITE_OK || st != SQLITE_DONE ||
+            sqlite3_exec(dst, "PRAGMA journal_mode=WAL", NULL, NULL, NULL) != SQLITE_OK)
+            rc = ac_errf(e, "database %s was deleted while open and cannot be written back: %s", d->path,
+                         sqlite3_errmsg(dst));
+    }
+    if (dst && sqlite3_close(dst) != SQLITE_OK && rc == 0)
+        rc = ac_errf(e, "database %s was deleted while open and cannot be written back", d->path);
+    struct stat sb;
+    if (rc == 0 && stat(d->path, &sb) == 0)
+        rc = ac_errf(e, "database %s was replaced by another file while open; restart the daemon", d->path);
+    if (rc) {
+        unlink(tmp);
+        if (!strstr(e->msg, "deleted") && !strstr(e->msg, "replaced"))
+            ac_errctx(e, "database %s was deleted while open and cannot be written back yet", d->path);
+        return -1;
+    }
+    pthread_mutex_lock(&d->rmu);
+    close_files(d);
+    int linked = link(tmp, d->path) == 0, why = errno;
+    if (linked) unlink(tmp);
+    /* a file put at the path in between is left alone: the jobs stay in PATH.restore, and the check says "replaced" */
+    rc = open_files(d, linked ? d->path : tmp, e);
+    pthread_mutex_unlock(&d->rmu);
+    if (rc == 0 && !linked)
+        rc = ac_errf(e, "database %s: a file appeared at its path (%s); the daemon's jobs are in %s", d->path,
+                     strerror(why), tmp);
+    if (rc == 0)
+        fprintf(stderr, "autocompressd: database %s was deleted while open; written back from the open copy\n",
+                d->path);
+    return rc;
+}
+
 /* Is the open database still the file at its path, and writable? A
- * database deleted (or replaced) while open takes writes that a restart
- * loses, so that is refused as a failed write (0 or -1 with a message). */
+ * database deleted while open is written back from the open copy (held:
+ * the writer lock); one replaced or not writable is refused as a failed
+ * write (0 or -1 with a message). */
 static int file_check(db *d, ac_err *e) {
     if (d->fd < 0) return 0;
     struct stat open_sb, path_sb;
@@ -34,10 +87,7 @@ static int file_check(db *d, ac_err *e) {
     int at_path = stat(d->path, &path_sb) == 0, err = errno;
     if (at_path && (path_sb.st_dev != open_sb.st_dev || path_sb.st_ino != open_sb.st_ino))
         return ac_errf(e, "database %s was replaced by another file while open; restart the daemon", d->path);
-    if (open_sb.st_nlink == 0 || (!at_path && err == ENOENT))
-        return ac_errf(e, "database %s was deleted while open: new writes would be lost at restart; restore it "
-                          "and restart the daemon",
-                       d->path);
+    if (open_sb.st_nlink == 0 || (!at_path && err == ENOENT)) return rewrite_deleted(d, e);
     if (!at_path) return ac_errf(e, "database %s: %s", d->path, strerror(err));
     if (access(d->path, W_OK) != 0)
         return ac_errf(e, "database %s is not writable (%s)", d->path,
@@ -60,7 +110,9 @@ static void wr_result(db *d, int ok, const char *msg) {
 
 int db_health(db *d, char *msg, size_t n, long *write_failures) {
     ac_err fe;
+    pthread_mutex_lock(&d->wmu);
     int file_bad = file_check(d, &fe);
+    pthread_mutex_unlock(&d->wmu);
     pthread_mutex_lock(&d->hmu);
     int deg = d->degraded || file_bad;
     if (msg && n) snprintf(msg, n, "%s", file_bad ? fe.msg : deg ? d->last_error : "");
@@ -115,19 +167,26 @@ static int open_conn(const char *path, int flags, sqlite3 **c, ac_err *e) {
     return 0;
 }
 
-int db_schema_version(db *d) {
+/* PRAGMA user_version of the writer connection (the caller holds it alone). */
+static int user_version(db *d) {
     sqlite3_stmt *st;
     int v = -1;
-    pthread_mutex_lock(&d->wmu);
     if (sqlite3_prepare_v2(d->wr, "PRAGMA user_version", -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
         v = sqlite3_column_int(st, 0);
     sqlite3_finalize(st);
+    return v;
+}
+
+int db_schema_version(db *d) {
+    pthread_mutex_lock(&d->wmu);
+    int v = user_version(d);
     pthread_mutex_unlock(&d->wmu);
     return v;
 }
 
+/* Writer connection held alone (at open, or under the writer lock). */
 static int migrate(db *d, ac_err *e) {
-    int cur = db_schema_version(d);
+    int cur = user_version(d);
     char *err = NULL;
     if (sqlite3_exec(d->wr,
                      "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
@@ -162,6 +221,31 @@ static int migrate(db *d, ac_err *e) {
 
 static int hash_legacy_secrets(db *d, ac_err *e);
 
+/* The writer connection (WAL, migrations run), the reader and the file
+ * descriptor of file_check, on path. */
+static int open_files(db *d, const char *path, ac_err *e) {
+    if (open_conn(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, &d->wr, e)) return -1;
+    char *err = NULL;
+    if (sqlite3_exec(d->wr, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;", NULL, NULL,
+                     &err) != SQLITE_OK) {
+        ac_errf(e, "database %s: %s", path, err);
+        sqlite3_free(err);
+        return -1;
+    }
+    if (migrate(d, e) || hash_legacy_secrets(d, e) || open_conn(path, SQLITE_OPEN_READONLY, &d->rd, e)) return -1;
+    if (strcmp(path, ":memory:") && (d->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return ac_errf(e, "database %s: %s", path, strerror(errno));
+    return 0;
+}
+
+static void close_files(db *d) {
+    sqlite3_close(d->rd);
+    sqlite3_close(d->wr);
+    if (d->fd >= 0) close(d->fd);
+    d->rd = d->wr = NULL;
+    d->fd = -1;
+}
+
 int db_open(const char *path, db **out, ac_err *e) {
     db *d = calloc(1, sizeof *d);
     if (!d) return ac_errf(e, "out of memory");
@@ -170,24 +254,7 @@ int db_open(const char *path, db **out, ac_err *e) {
     pthread_mutex_init(&d->hmu, NULL);
     d->fd = -1;
     snprintf(d->path, sizeof d->path, "%s", path);
-    if (open_conn(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, &d->wr, e)) {
-        free(d);
-        return -1;
-    }
-    char *err = NULL;
-    if (sqlite3_exec(d->wr, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;", NULL, NULL,
-                     &err) != SQLITE_OK) {
-        ac_errf(e, "database %s: %s", path, err);
-        sqlite3_free(err);
-        db_close(d);
-        return -1;
-    }
-    if (migrate(d, e) || hash_legacy_secrets(d, e) || open_conn(path, SQLITE_OPEN_READONLY, &d->rd, e)) {
-        db_close(d);
-        return -1;
-    }
-    if (strcmp(path, ":memory:") && (d->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
-        ac_errf(e, "database %s: %s", path, strerror(errno));
+    if (open_files(d, path, e)) {
         db_close(d);
         return -1;
     }
@@ -197,9 +264,7 @@ int db_open(const char *path, db **out, ac_err *e) {
 
 void db_close(db *d) {
     if (!d) return;
-    sqlite3_close(d->rd);
-    sqlite3_close(d->wr);
-    if (d->fd >= 0) close(d->fd);
+    close_files(d);
     pthread_mutex_destroy(&d->wmu);
     pthread_mutex_destroy(&d->rmu);
     pthread_mutex_destroy(&d->hmu);
@@ -331,8 +396,8 @@ static int idem_lookup(db *d, const char *k, long *id, char **spec, ac_err *e) {
     return rc;
 }
 
-long db_job_insert(db *d, const char *spec, const char *name, int priority, const char *idem_key, char **existing_spec,
-                   ac_err *e) {
+long db_job_insert(db *d, const char *spec, const char *name, int priority, const char *owner, const char *idem_key,
+                   char **existing_spec, ac_err *e) {
     long id = -1;
     double t = now_s();
     char *existing = NULL;
@@ -341,9 +406,10 @@ long db_job_insert(db *d, const char *spec, const char *name, int priority, cons
     if (rc == 0 && idem_key) rc = idem_lookup(d, idem_key, &id, &existing, e);
     if (rc == 0 && !existing) /* else a retry: no new job */
         rc = exec_w(d,
-                    "INSERT INTO jobs (name, state, priority, spec, reason, created_at, updated_at, idempotency_key)"
-                    " VALUES (?, 'queued', ?, ?, 'waiting for the scheduler', ?, ?, ?)",
-                    ARGS(A_TEXT(name), A_INT(priority), A_TEXT(spec), A_REAL(t), A_REAL(t), A_TEXT(idem_key)),
+                    "INSERT INTO jobs (name, state, priority, spec, reason, created_at, updated_at, idempotency_key,"
+                    " owner) VALUES (?, 'queued', ?, ?, 'waiting for the scheduler', ?, ?, ?, ?)",
+                    ARGS(A_TEXT(name), A_INT(priority), A_TEXT(spec), A_REAL(t), A_REAL(t), A_TEXT(idem_key),
+                         A_TEXT(owner)),
                     "insert job", &id, e);
     if (rc == 0 && !existing)
         rc = exec_w(d,
@@ -402,6 +468,7 @@ void db_job_clear(db_job *j) {
     free(j->device);
     free(j->reason);
     free(j->spec);
+    free(j->owner);
     for (int i = 0; i < j->ntransitions; i++) free(j->transitions[i].reason);
     free(j->transitions);
     memset(j, 0, sizeof *j);
@@ -416,9 +483,9 @@ void db_jobs_free(db_job *jobs, int n) {
 
 #define JOB_COLS                                                                                                       \
     "id, name, state, priority, device, reason, attempts, cancel_requested, created_at, updated_at, started_at, "      \
-    "finished_at, result IS NOT NULL"
+    "finished_at, result IS NOT NULL, owner"
 
-/* One row of JOB_COLS (and the spec, when selected as column 13). */
+/* One row of JOB_COLS (and the spec, when selected as column 14). */
 static int job_row(sqlite3_stmt *st, void *elem) {
     db_job *j = elem;
     int bad = 0, has;
@@ -435,7 +502,8 @@ static int job_row(sqlite3_stmt *st, void *elem) {
     j->started_at = col_time(st, 10, &j->has_started);
     j->finished_at = col_time(st, 11, &j->has_finished);
     j->has_result = sqlite3_column_int(st, 12) != 0;
-    if (sqlite3_column_count(st) > 13) j->spec = col_text(st, 13, &bad);
+    j->owner = col_text(st, 13, &bad);
+    if (sqlite3_column_count(st) > 14) j->spec = col_text(st, 14, &bad);
     if (bad) db_job_clear(j);
     return bad ? -1 : 0;
 }
@@ -477,14 +545,34 @@ int db_job_get(db *d, long id, db_job *job, int *found, ac_err *e) {
     return 0;
 }
 
-int db_job_list(db *d, const job_state *state, long after, int limit, db_job **jobs, int *n, ac_err *e) {
-    if (state)
-        return read_rows(d, "SELECT " JOB_COLS " FROM jobs WHERE id > ? AND state = ? ORDER BY id LIMIT ?",
-                         ARGS(A_INT(after), A_TEXT(job_state_name(*state)), A_INT(limit)), job_row, sizeof **jobs,
-                         job_clear, (void **)jobs, n, "list jobs", e);
-    return read_rows(d, "SELECT " JOB_COLS " FROM jobs WHERE id > ? ORDER BY id LIMIT ?",
-                     ARGS(A_INT(after), A_INT(limit)), job_row, sizeof **jobs, job_clear, (void **)jobs, n, "list jobs",
-                     e);
+int db_job_list(db *d, const job_state *state, const char *owner, long after, int limit, db_job **jobs, int *n,
+                ac_err *e) {
+    /* a NULL parameter matches every row: ? IS NULL */
+    const char *sn = state ? job_state_name(*state) : NULL;
+    return read_rows(d,
+                     "SELECT " JOB_COLS " FROM jobs WHERE id > ? AND (?2 IS NULL OR state = ?2)"
+                     " AND (?3 IS NULL OR owner = ?3) ORDER BY id LIMIT ?4",
+                     ARGS(A_INT(after), A_TEXT(sn), A_TEXT(owner), A_INT(limit)), job_row, sizeof **jobs, job_clear,
+                     (void **)jobs, n, "list jobs", e);
+}
+
+int db_job_owner(db *d, long id, char *owner, size_t n, int *found, ac_err *e) {
+    sqlite3_stmt *st = NULL;
+    int rc = 0, sr;
+    *found = 0;
+    owner[0] = 0;
+    pthread_mutex_lock(&d->rmu);
+    if (prepare(d->rd, "SELECT owner FROM jobs WHERE id = ?", ARGS(A_INT(id)), &st))
+        rc = sqerr(d->rd, e, "job owner");
+    else if ((sr = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *o = (const char *)sqlite3_column_text(st, 0);
+        snprintf(owner, n, "%s", o ? o : "");
+        *found = 1;
+    } else if (sr != SQLITE_DONE)
+        rc = sqerr(d->rd, e, "job owner");
+    if (st) sqlite3_finalize(st);
+    pthread_mutex_unlock(&d->rmu);
+    return rc;
 }
 
 int db_job_spec(db *d, long id, char **spec, ac_err *e) {
@@ -690,7 +778,7 @@ int db_recover(db *d, const char *policy, int max_attempts, ac_err *e) {
     db_job *running;
     int nrun;
     job_state st = JOB_RUNNING;
-    if (db_job_list(d, &st, 0, 1000000, &running, &nrun, e)) return -1;
+    if (db_job_list(d, &st, NULL, 0, 1000000, &running, &nrun, e)) return -1;
     int n = 0;
     for (int i = 0; i < nrun; i++) {
         const db_job *j = &running[i];
@@ -823,4 +911,70 @@ int db_cost_source(db *d, const char *key, char *src, size_t n, ac_err *e) {
     if (s) snprintf(src, n, "%s", s);
     free(s);
     return 0;
+}
+
+/* ------------------------------------------------------------- users, tokens, audit (004) */
+
+static int token_row(sqlite3_stmt *st, void *elem) {
+    db_token *t = elem;
+    t->id = (long)sqlite3_column_int64(st, 0);
+    snprintf(t->user, sizeof t->user, "%s", (const char *)sqlite3_column_text(st, 1));
+    snprintf(t->role, sizeof t->role, "%s", (const char *)sqlite3_column_text(st, 2));
+    snprintf(t->prefix, sizeof t->prefix, "%s", (const char *)sqlite3_column_text(st, 3));
+    t->created_at = sqlite3_column_double(st, 4);
+    t->revoked_at = col_time(st, 5, &t->revoked);
+    return 0;
+}
+
+#define TOKEN_COLS "id, user, role, prefix, created_at, revoked_at"
+
+int db_token_add(db *d, const char *user, const char *role, const char *hash, const char *prefix, long *id,
+                 ac_err *e) {
+    return write1(d, "INSERT INTO api_tokens (user, role, hash, prefix, created_at) VALUES (?, ?, ?, ?, ?)",
+                  ARGS(A_TEXT(user), A_TEXT(role), A_TEXT(hash), A_TEXT(prefix), A_REAL(now_s())), "add token", id,
+                  e);
+}
+
+int db_token_find(db *d, const char *hash, db_token *t, ac_err *e) {
+    db_token *rows;
+    int n;
+    if (read_rows(d, "SELECT " TOKEN_COLS " FROM api_tokens WHERE hash = ? AND revoked_at IS NULL",
+                  ARGS(A_TEXT(hash)), token_row, sizeof *rows, NULL, (void **)&rows, &n, "find token", e))
+        return -1;
+    if (n) *t = rows[0];
+    free(rows);
+    return n > 0;
+}
+
+int db_token_list(db *d, db_token **rows, int *n, ac_err *e) {
+    return read_rows(d, "SELECT " TOKEN_COLS " FROM api_tokens ORDER BY id", NULL, 0, token_row, sizeof **rows, NULL,
+                     (void **)rows, n, "list tokens", e);
+}
+
+int db_token_revoke(db *d, long id, ac_err *e) {
+    pthread_mutex_lock(&d->wmu);
+    int rc = file_check(d, e) ? -1
+                              : exec_w(d, "UPDATE api_tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+                                       ARGS(A_REAL(now_s()), A_INT(id)), "revoke token", NULL, e);
+    int changed = rc == 0 ? sqlite3_changes(d->wr) : 0;
+    wr_result(d, rc == 0, e->msg);
+    pthread_mutex_unlock(&d->wmu);
+    return rc ? -1 : changed ? 0 : 1;
+}
+
+int db_tokens_live(db *d, ac_err *e) {
+    char *v;
+    if (read_text(d, "SELECT EXISTS (SELECT 1 FROM api_tokens WHERE revoked_at IS NULL)", NULL, 0, &v, "count tokens",
+                  e))
+        return -1;
+    int live = v && v[0] == '1';
+    free(v);
+    return live;
+}
+
+int db_audit(db *d, const char *user, const char *role, const char *action, const char *target, int status,
+             ac_err *e) {
+    return write1(d, "INSERT INTO audit_log (at, user, role, action, target, status) VALUES (?, ?, ?, ?, ?, ?)",
+                  ARGS(A_REAL(now_s()), A_TEXT(user), A_TEXT(role), A_TEXT(action), A_TEXT(target), A_INT(status)),
+                  "audit", NULL, e);
 }

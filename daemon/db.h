@@ -12,11 +12,15 @@
  * Every statement's result is checked, BEGIN and COMMIT included. A failed
  * write (a full disk, an I/O error) returns -1 and marks the store
  * degraded until the next write succeeds; db_health reports it (for
- * /healthz). So does a database file deleted, replaced or made read-only
- * (immutable) while open: db_health and every write check that the open
- * database is still the file at its path (device, inode, link count) and
- * writable, and a write is refused (-1, a failed write: 503) rather than
- * taken by an unlinked file that a restart would lose. Job inserts and state transitions commit with
+ * /healthz). db_health and every write check that the open database is
+ * still the file at its path (device, inode, link count) and writable. A
+ * database file deleted while open is written back to its path from the
+ * open copy (SQLite's online backup, then the connections reopened on it),
+ * so the jobs accepted before the deletion survive a restart; until that
+ * succeeds (the directory cannot take a file) writes are refused (-1, a
+ * failed write: 503) and it is tried again at each write and health check.
+ * A file replaced or made read-only (immutable) while open is refused the
+ * same way rather than taking writes a restart would lose. Job inserts and state transitions commit with
  * synchronous=FULL (the WAL is fsynced at each of those commits); progress
  * events and cache hits with NORMAL.
  */
@@ -67,6 +71,7 @@ typedef struct {
     int priority, cancel_requested, has_result, has_started, has_finished;
     long attempts;
     double created_at, updated_at, started_at, finished_at;
+    char *owner;                /* the user who submitted it (migration 004); NULL: none recorded */
     char *spec;                 /* db_job_get only: the spec JSON text */
     db_transition *transitions; /* db_job_get only */
     int ntransitions;
@@ -100,16 +105,20 @@ typedef struct {
 /* idem_key (may be NULL): when a job with that Idempotency-Key exists, no
  * job is inserted; its id is returned and *existing_spec (caller frees) is
  * set to its spec so the caller can tell a retry from a conflict. */
-long db_job_insert(db *d, const char *spec_json, const char *name, int priority, const char *idem_key,
-                   char **existing_spec, ac_err *e);
+long db_job_insert(db *d, const char *spec_json, const char *name, int priority, const char *owner,
+                   const char *idem_key, char **existing_spec, ac_err *e);
 /* *found = 0 when the id is unknown; else *job filled (db_job_clear). */
 int db_job_get(db *d, long id, db_job *job, int *found, ac_err *e);
 /* The spec JSON text of a job (caller frees), NULL when unknown. */
 int db_job_spec(db *d, long id, char **spec, ac_err *e);
 /* *result = the result JSON text (caller frees), NULL when none. */
 int db_job_result(db *d, long id, char **result, ac_err *e);
-/* Jobs with id > after (in state *state when state is not NULL), at most limit. */
-int db_job_list(db *d, const job_state *state, long after, int limit, db_job **jobs, int *n, ac_err *e);
+/* Jobs with id > after (in state *state when state is not NULL, of that
+ * owner when owner is not NULL), at most limit. */
+int db_job_list(db *d, const job_state *state, const char *owner, long after, int limit, db_job **jobs, int *n,
+                ac_err *e);
+/* The owner of job id into owner ("" when none is recorded); *found 0 when the id is unknown. */
+int db_job_owner(db *d, long id, char *owner, size_t n, int *found, ac_err *e);
 /* Move a job to state `to` if it is in `from` (JOB_ANY_LIVE = any non-terminal).
  * Returns 1 when the job was not in that state (nothing changed). Optional
  * fields (NULL = unchanged): reason, device, result JSON. */
@@ -168,6 +177,31 @@ int db_cost_list(db *d, db_cost_row **rows, int *n, ac_err *e);
 /* The source of the cached table under key ("measured", "imported", ...)
  * into src (n bytes), "" when absent. */
 int db_cost_source(db *d, const char *key, char *src, size_t n, ac_err *e);
+
+/* API tokens (migration 004): stored as the SHA-256 of the token (hex),
+ * with its first characters (prefix) to tell them apart; role is read,
+ * submit or admin. */
+typedef struct {
+    long id;
+    char user[64], role[16], prefix[16];
+    double created_at, revoked_at;
+    int revoked;
+} db_token;
+int db_token_add(db *d, const char *user, const char *role, const char *hash, const char *prefix, long *id,
+                 ac_err *e);
+/* The live (not revoked) token with that hash: 1 and *t, 0 none, -1 error. */
+int db_token_find(db *d, const char *hash, db_token *t, ac_err *e);
+/* Every token, revoked ones too, by id (caller frees *rows). */
+int db_token_list(db *d, db_token **rows, int *n, ac_err *e);
+/* Revoke token id: 0, 1 when no live token has that id, -1 error. */
+int db_token_revoke(db *d, long id, ac_err *e);
+/* 1 when some token is live, 0 when none, -1 error. */
+int db_tokens_live(db *d, ac_err *e);
+/* One line of the audit log: who (user and role, NULL without tokens),
+ * what (action, e.g. "POST /v1/jobs"), on what (target, may be NULL), and
+ * the HTTP status (0 for a command). */
+int db_audit(db *d, const char *user, const char *role, const char *action, const char *target, int status,
+             ac_err *e);
 
 /* 1 when the last write failed (message in msg), else 0. */
 int db_health(db *d, char *msg, size_t n, long *write_failures);

@@ -34,9 +34,12 @@
  * Content-Type: application/json, which a cross-site form cannot send
  * without a CORS preflight this server never grants (DELETE needs none: no
  * form can send it, and a cross-site script's DELETE needs that preflight
- * too). With tokens
- * configured, /v1 routes need "Authorization: Bearer T"; ?access_token=T is
- * accepted on the SSE route only (EventSource cannot set headers).
+ * too). When tokens are needed (auth.h), /v1 routes need "Authorization:
+ * Bearer T" (401 without a known, live one); ?access_token=T is accepted on
+ * the SSE route only (EventSource cannot set headers). A route's rules name
+ * the role it needs (403 for less) and whether its {id} is a job only its
+ * owner and admins see (404 for others). Requests that change something,
+ * and refusals for a role, go to the audit log with the caller and status.
  *
  * Connections: max_connections API connections plus max_sse_streams event
  * streams (counted apart, so streams never lock out /healthz), at most
@@ -56,6 +59,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "conn.h"
 #include "http.h"
 
@@ -129,24 +133,52 @@ void rep_view(req_ctx *rc, unsigned status, json_t *o) {
 
 /* ------------------------------------------------------------- checks */
 
-static int authorized(ac_daemon *d, struct MHD_Connection *c, int query_token_ok) {
-    if (d->cfg.ntokens == 0) return 1;
+/* The request's bearer token (or ?access_token= where allowed), NULL when none. */
+static const char *bearer(struct MHD_Connection *c, int query_token_ok) {
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    const char *tok = NULL;
-    if (h && !strncmp(h, "Bearer ", 7)) tok = h + 7;
-    if (!tok && query_token_ok) tok = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "access_token");
-    if (!tok) return 0;
-    size_t tl = strlen(tok);
-    int ok = 0;
-    for (int i = 0; i < d->cfg.ntokens; i++) {
-        const char *t = d->cfg.tokens[i];
-        size_t n = strlen(t);
-        unsigned char diff = (unsigned char)(n != tl);
-        for (size_t k = 0; k < n; k++)
-            diff |= (unsigned char)(t[k] ^ (k < tl ? tok[k] : 0)); /* constant time in token length */
-        ok |= diff == 0;
+    if (h && !strncmp(h, "Bearer ", 7)) return h + 7;
+    return query_token_ok ? MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "access_token") : NULL;
+}
+
+/* Who the caller is and whether its role and the job's owner let it through:
+ * 0, or -1 with the 401 / 403 / 404 / 503 reply made. */
+static int check_caller(req_ctx *rc, int rules) {
+    ac_daemon *d = rc->d;
+    reply *r = &rc->rep;
+    ac_err e = {{0}};
+    int who = auth_identify(d, bearer(rc->c, rules & R_QUERY_TOKEN), &rc->who, &e);
+    if (who < 0) {
+        rep_store(d, r, e.msg);
+        return -1;
     }
-    return ok;
+    if (who > 0) {
+        rep_error(d, r, 401, "unauthorized", "missing, unknown or revoked bearer token", NULL);
+        r->hdr_name = "WWW-Authenticate";
+        r->hdr_value = "Bearer realm=\"autocompress\"";
+        return -1;
+    }
+    rc->identified = 1; /* what it does is logged from here on (an unidentified flood fills no log) */
+    auth_role need = rules & R_ADMIN ? ROLE_ADMIN : rules & R_SUBMIT ? ROLE_SUBMIT : ROLE_READ;
+    if (rc->who.role < need) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "user %s has role %s; this needs role %s", rc->who.user,
+                 auth_role_name(rc->who.role), auth_role_name(need));
+        rep_error(d, r, 403, "forbidden", msg, NULL);
+        rc->audit = 1;
+        return -1;
+    }
+    if (!(rules & R_OWNED) || rc->who.role == ROLE_ADMIN) return 0;
+    char owner[64];
+    int found;
+    if (db_job_owner(d->db, rc->id, owner, sizeof owner, &found, &e)) {
+        rep_store(d, r, e.msg);
+        return -1;
+    }
+    if (!found || strcmp(owner, rc->who.user)) { /* another user's job is not there for this caller */
+        rep_error(d, r, 404, "not_found", "no such job", NULL);
+        return -1;
+    }
+    return 0;
 }
 
 /* The host name of a Host header value, without the port. */
@@ -312,12 +344,7 @@ static int check_rules(req_ctx *rc, int rules, json_t **body) {
         rep_error(d, r, 403, "forbidden", why, NULL);
         return -1;
     }
-    if ((rules & R_AUTH) && !authorized(d, rc->c, rules & R_QUERY_TOKEN)) {
-        rep_error(d, r, 401, "unauthorized", "missing or invalid bearer token", NULL);
-        r->hdr_name = "WWW-Authenticate";
-        r->hdr_value = "Bearer realm=\"autocompress\"";
-        return -1;
-    }
+    if ((rules & R_AUTH) && check_caller(rc, rules)) return -1;
     if (!(rules & R_JSON)) return 0;
     if (!json_content_type(rc->c)) {
         rep_error(d, r, 415, "unsupported_media_type", "POST and PUT need Content-Type: application/json", NULL);
@@ -354,6 +381,8 @@ static enum MHD_Result handle(req_ctx *rc, const char *url, const char *method) 
     json_t *body = NULL;
     enum MHD_Result ret;
     rc->path = url;
+    rc->audit = (rules & R_AUTH) && strcmp(method, "GET") && !rc->head; /* what changes something is logged */
+    snprintf(rc->action, sizeof rc->action, "%s %.250s", method, url);
     if (check_rules(rc, rules, &body))
         ret = http_reply(rc);
     else if (rt)
@@ -411,6 +440,14 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     (void)toe;
     ac_daemon *d = cls;
     req_ctx *rc = *con_cls;
+    if (rc && rc->audit && rc->identified) {
+        char target[32]; /* the path's {id}, or the job a submission created */
+        ac_err e = {{0}};
+        snprintf(target, sizeof target, "%ld", rc->id);
+        int anon = rc->who.anonymous || !rc->who.user[0];
+        db_audit(d->db, anon ? NULL : rc->who.user, anon ? NULL : auth_role_name(rc->who.role), rc->action,
+                 rc->id > 0 ? target : NULL, (int)rc->rep.status, &e);
+    }
     if (rc) {
         ac_buf_free(&rc->body);
         json_decref(rc->in);

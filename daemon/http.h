@@ -15,6 +15,7 @@
 #include <microhttpd.h>
 #include <uv.h>
 
+#include "auth.h"
 #include "buf.h"
 #include "daemon.h"
 #include "job.h"
@@ -48,6 +49,10 @@ typedef struct req_ctx {
     const char *rest; /* a route's {rest} */
     long id;          /* a route's {id} */
     int head;         /* a HEAD request (served by the GET route) */
+    auth_ident who;   /* the caller (R_AUTH routes) */
+    int identified;   /* the caller's token (or the lack of one) was accepted */
+    int audit;        /* logged when done (if identified): action, the caller, the status */
+    char action[300]; /* "METHOD /path" */
 } req_ctx;
 
 /* Replies: a JSON body (owned), an error {"error":{"code","message","field"}},
@@ -72,6 +77,9 @@ enum {
     R_AUTH = 2,        /* a bearer token when tokens are configured */
     R_QUERY_TOKEN = 4, /* ... or ?access_token= (EventSource cannot set headers) */
     R_JSON = 8,        /* Content-Type: application/json and a JSON object body (POST / PUT) */
+    R_SUBMIT = 16,     /* the caller's role is submit or admin (else read is enough) */
+    R_ADMIN = 32,      /* the caller's role is admin */
+    R_OWNED = 64,      /* {id} is a job: 404 unless the caller owns it or is an admin */
     R_API = R_BROWSER | R_AUTH,
 };
 

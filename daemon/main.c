@@ -2,6 +2,7 @@
  * autocompressd - the AutoCompress daemon.
  *   autocompressd [--config FILE] [--listen HOST:PORT] [--db PATH] [--data-dir DIR] [--web-dir DIR]
  *   autocompressd run-job ID ...                (the worker, its spec on stdin; see worker.c)
+ *   autocompressd token add USER --role ROLE | list | revoke ID   (users' API tokens; see auth.h)
  * Runs in the foreground, logs to stderr; SIGTERM/SIGINT stop it: running
  * jobs are stopped and re-queued, so a restart picks them up again.
  *
@@ -10,8 +11,10 @@
  * answers too (so a frozen loop or a wedged HTTP side is restarted;
  * watchdog.c), STOPPING=1 on SIGTERM.
  *
- * It refuses to listen on a non-loopback address without tokens: an
- * unauthenticated API is only ever reachable from this host.
+ * It refuses to listen on a non-loopback address without tokens (in the
+ * config or the store): an unauthenticated API is only ever reachable from
+ * this host, and off loopback every request needs a token even when all of
+ * the store's are revoked.
  * AUTOCOMPRESS_TOKEN (environment) adds a token, for containers.
  */
 #include <errno.h>
@@ -26,6 +29,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "daemon.h"
 #include "fsafe.h"
 
@@ -76,7 +80,8 @@ static void on_signal(uv_signal_t *s, int signum) {
 static int usage(void) {
     fprintf(stderr,
             "usage: autocompressd [--config FILE] [--listen HOST:PORT] [--db PATH] [--data-dir DIR] [--web-dir DIR]\n"
-            "       autocompressd run-job ID [--device D] [--threads N] [--output DIR] < input.json\n");
+            "       autocompressd run-job ID [--device D] [--threads N] [--output DIR] < input.json\n"
+            "       autocompressd token add USER --role read|submit|admin | list | revoke ID [--config FILE] [--db PATH]\n");
     return 2;
 }
 
@@ -120,12 +125,6 @@ static int configure(int argc, char **argv, ac_err *e) {
             return ac_errf(e, "AUTOCOMPRESS_TOKEN must have at least 16 characters"), 1;
         if (!(D.cfg.tokens[D.cfg.ntokens++] = strdup(envtok))) return ac_errf(e, "out of memory"), 1;
     }
-    if (!config_is_loopback(D.cfg.listen_host) && D.cfg.ntokens == 0)
-        return ac_errf(e,
-                       "refusing to serve an unauthenticated API on %s: set \"tokens\" in the config (or "
-                       "AUTOCOMPRESS_TOKEN), or listen on 127.0.0.1",
-                       D.cfg.listen_host),
-               1;
     return ac_fsafe_set_roots((const char *const *)D.cfg.model_roots, D.cfg.nroots, e) ? 1 : 0;
 }
 
@@ -144,6 +143,13 @@ static int start(ac_err *e) {
     free(abs);
     D.started_at = ac_now();
     if (db_open(D.cfg.db_path, &D.db, e)) return -1;
+    int live = db_tokens_live(D.db, e);
+    if (live < 0) return -1;
+    if (!config_is_loopback(D.cfg.listen_host) && D.cfg.ntokens == 0 && !live)
+        return ac_errf(e,
+                       "refusing to serve an unauthenticated API on %s: set \"tokens\" in the config (or "
+                       "AUTOCOMPRESS_TOKEN), add one with `autocompressd token add`, or listen on 127.0.0.1",
+                       D.cfg.listen_host);
     int rec = db_recover(D.db, D.cfg.interrupted_policy, D.cfg.max_attempts, e);
     if (rec < 0) return -1;
     if (rec > 0)
@@ -176,6 +182,7 @@ static int start(ac_err *e) {
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "run-job")) return worker_main(argc, argv);
     if (argc > 1 && !strcmp(argv[1], "measure-table")) return measure_main(argc, argv);
+    if (argc > 1 && !strcmp(argv[1], "token")) return token_main(argc, argv);
     ac_err e = {{0}};
     int rc = configure(argc, argv, &e);
     if (rc == 2) return usage();

@@ -148,8 +148,12 @@ static void task_post_job(req_ctx *rc) {
     ac_err e = {{0}};
     const ac_job_spec *js = rc->js;
     if (check_spec(rc)) return;
-    char *s = json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER), *existing = NULL;
-    long id = s ? db_job_insert(d->db, s, js->name[0] ? js->name : NULL, js->priority, rc->idem_key, &existing, &e)
+    char *s = json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER), *existing = NULL, key[300];
+    const char *owner = rc->who.user[0] ? rc->who.user : NULL;
+    if (rc->idem_key && owner) /* one user's Idempotency-Key never finds another's job */
+        snprintf(key, sizeof key, "%s\x1f%s", owner, rc->idem_key);
+    const char *k = rc->idem_key && owner ? key : rc->idem_key;
+    long id = s ? db_job_insert(d->db, s, js->name[0] ? js->name : NULL, js->priority, owner, k, &existing, &e)
                 : ac_errf(&e, "out of memory");
     free(s);
     if (id < 0) {
@@ -257,7 +261,8 @@ enum MHD_Result r_jobs_list(req_ctx *rc, json_t *body) {
     }
     db_job *jobs;
     int n;
-    if (db_job_list(d->db, state ? &st : NULL, after, (int)limit, &jobs, &n, &e)) {
+    const char *owner = rc->who.role == ROLE_ADMIN ? NULL : rc->who.user; /* admins see every user's jobs */
+    if (db_job_list(d->db, state ? &st : NULL, owner, after, (int)limit, &jobs, &n, &e)) {
         rep_store(d, r, e.msg);
         return http_reply(rc);
     }

@@ -27,6 +27,10 @@ json_t *view_job(const db_job *j) {
                           "cancel_requested", j->cancel_requested, "created_at", j->created_at, "updated_at",
                           j->updated_at, "started_at", time_or_null(j->has_started, j->started_at), "finished_at",
                           time_or_null(j->has_finished, j->finished_at));
+    if (o && json_object_set_new(o, "owner", str_or_null(j->owner))) {
+        json_decref(o);
+        return NULL;
+    }
     if (!o || !j->spec) return o;
     json_t *spec = json_loads(j->spec, 0, NULL), *tr = view_transitions(j);
     if (!tr || json_object_set_new(o, "spec", spec ? spec : json_null()) ||

@@ -8,6 +8,8 @@
  *   4 sharded index JSON          9 tokenizer encoding of arbitrary text
  *     (model.safetensors.index.json, through st_set_open on a scratch dir)
  *  10 GGUF file (weights and tokenizer, ac_gguf_load_buf)
+ * `fuzz_parsers --extremes` runs every JSON seed with each of its numbers
+ * replaced by values that overflow conversions (see run_extremes).
  * Built two ways:
  *  - `make fuzz` (clang, -DAC_LIBFUZZER -fsanitize=fuzzer,address,undefined):
  *    build/fuzz/fuzz_parsers, a libFuzzer target; docs/testing.md says how to run it;
@@ -238,6 +240,27 @@ static const char *seeds[] = {
     "\"cancel_grace_s\":1.5,\"use_gpus\":false,\"interrupted_policy\":\"fail\"}",
     "\10{\"kind\":\"cost_table\",\"data\":{\"key\":\"k\",\"cache_hit\":true,\"table\":{\"key\":\"k\"}}}",
     "\11hello world 123 \xc3\xa9\xe2\x82\xac 's\r\n\t  x",
+    /* numbers deeper in: a DeciLM config (ffn_mult, n_heads_in_group), a
+     * Qwen3-MoE config, a job spec with search / eval / workload values, a
+     * served-workload estimate */
+    "\1{\"model_type\":\"nemotron-nas\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":2,"
+    "\"num_attention_heads\":2,\"rope_theta\":10000,\"rms_norm_eps\":1e-5,\"max_position_embeddings\":64,"
+    "\"block_configs\":[{\"attention\":{\"n_heads_in_group\":2},\"ffn\":{\"ffn_mult\":3.75}},"
+    "{\"attention\":{\"no_op\":true},\"ffn\":{\"ffn_mult\":1.5}}]}",
+    "\1{\"model_type\":\"qwen3_moe\",\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":2,"
+    "\"num_attention_heads\":2,\"num_key_value_heads\":1,\"head_dim\":4,\"intermediate_size\":16,"
+    "\"moe_intermediate_size\":8,\"num_experts\":4,\"num_experts_per_tok\":2,\"decoder_sparse_step\":1,"
+    "\"mlp_only_layers\":[0],\"rope_theta\":1000000,\"rms_norm_eps\":1e-6}",
+    "\3{\"model\":\"/m\",\"calibration\":\"/c.txt\",\"output\":\"/o\",\"priority\":1,\"calibration_tokens\":4096,"
+    "\"target\":{\"device\":\"H100\",\"tp\":1,\"workload\":{\"batch\":4,\"prompt_len\":128,\"gen_len\":32,"
+    "\"arrival_rate\":2.5,\"requests\":16,\"concurrency\":4,\"length_spread\":0.5,\"seed\":3}},"
+    "\"constraints\":{\"max_params\":1e6,\"max_tpot_ms\":5,\"min_tokens_per_s\":100,\"max_p99_ttft_ms\":50},"
+    "\"search\":{\"steps\":50,\"seed\":3,\"lr\":0.1,\"ffn_multiple\":256},\"eval\":{\"ctx\":64,\"windows\":4},"
+    "\"distill\":{\"tokens\":1000,\"lr\":0.0001}}",
+    "\6{\"architecture\":{\"hidden\":64,\"head_dim\":16,\"vocab\":100,\"layers\":[{\"heads\":4,\"kv_heads\":2,"
+    "\"ffn\":128},{\"heads\":4,\"kv_heads\":1,\"ffn\":0,\"experts\":4,\"expert_ffn\":32}],\"top_k\":2},"
+    "\"target\":{\"device\":\"H100\",\"tp\":1,\"workload\":{\"batch\":2,\"prompt_len\":32,\"gen_len\":8,"
+    "\"arrival_rate\":1.5,\"requests\":8,\"length_spread\":0.25}}}",
 };
 
 #define NSEEDS (sizeof seeds / sizeof *seeds)
@@ -310,6 +333,41 @@ static int write_seeds(const char *dir, const unsigned char *gg, size_t gn) {
     return 0;
 }
 
+/* Every number of every JSON seed replaced, one at a time, by each value
+ * that overflows or underflows a conversion to an integer or a float
+ * (1e300, 1e19, 2^32 + 0.5, ...) and run through its parser: what
+ * `make test-asan` runs under UBSan's float-cast-overflow, so a value used
+ * before it is ranged stops the program. Returns the number of inputs. */
+static long run_extremes(void) {
+    static const char *const ext[] = {"1e300", "-1e300", "1e19",  "-1e19", "4294967296.5", "2147483648",
+                                      "-2147483649", "1e-300", "-0.0", "0", "1e38", "3.5e38"};
+    char buf[8192];
+    long runs = 0;
+    for (size_t s = 1; s < NSEEDS; s++) {
+        const char *sd = seeds[s];
+        size_t len = strlen(sd + 1) + 1;
+        if (sd[0] == 2 || sd[0] == 9) continue; /* tokenizers, text: numbers there are ids, not sizes */
+        for (size_t at = 1; at < len; at++) {
+            /* a number starts at a digit or '-' not inside a word or a string value's letters */
+            int start = (sd[at] == '-' || (sd[at] >= '0' && sd[at] <= '9')) &&
+                        (sd[at - 1] == ':' || sd[at - 1] == '[' || sd[at - 1] == ',');
+            if (!start) continue;
+            size_t end = at + 1;
+            while (end < len && strchr("0123456789.eE+-", sd[end])) end++;
+            for (size_t x = 0; x < sizeof ext / sizeof *ext; x++) {
+                size_t el = strlen(ext[x]), n = at + el + (len - end);
+                if (n > sizeof buf) continue;
+                memcpy(buf, sd, at);
+                memcpy(buf + at, ext[x], el);
+                memcpy(buf + at + el, sd + end, len - end);
+                LLVMFuzzerTestOneInput((const uint8_t *)buf, n);
+                runs++;
+            }
+        }
+    }
+    return runs;
+}
+
 /* The scratch directory of target 4 and what the fuzzing left in it. */
 static void remove_scratch(void) {
     char p2[160];
@@ -351,6 +409,13 @@ int main(int argc, char **argv) {
             free(d);
         }
         printf("replayed %d inputs\n", argc - 2);
+        free(gg);
+        remove_scratch();
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--extremes")) {
+        long n = run_extremes();
+        printf("ran %ld inputs with extreme numbers without a crash\n", n);
         free(gg);
         remove_scratch();
         return 0;

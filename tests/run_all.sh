@@ -31,6 +31,7 @@ if [ -f "$AC_BUILD/tests/libac_cuda_emu.so" ]; then
   run "test_dnas (gate search on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas"
 fi
 run fuzz_parsers bash -c '"$AC_BUILD"/tests/fuzz_parsers 30000 7 && echo "RESULT 1 0 0" || echo "RESULT 0 1 0"'
+run "fuzz_parsers --extremes" bash -c '"$AC_BUILD"/tests/fuzz_parsers --extremes && echo "RESULT 1 0 0" || echo "RESULT 0 1 0"'
 for t in tests/test_*.py; do
   [ -f "$t" ] || continue
   run "$(basename "$t")" /usr/bin/python3 "$t"

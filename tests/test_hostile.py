@@ -443,16 +443,24 @@ def test_full_disk_503_degraded_and_recovered():
 
 
 def test_database_loss_seen():
-    """A job database deleted, replaced or made immutable under the running daemon: /healthz says degraded with the
-    reason and submissions get 503 instead of 201s that a restart would lose (issue 36, item 4)."""
+    """A job database replaced or made immutable under the running daemon: /healthz says degraded with the reason and
+    submissions get 503 instead of 201s that a restart would lose. A deleted one is written back from the daemon's
+    open copy, so the jobs accepted before the deletion survive a restart; where its directory cannot take the file
+    (immutable), degraded and 503 until it can, then written back (issue 36, item 4)."""
     blocked = dict(spec(), search={"steps": 5})
-    for how in ("deleted", "replaced", "immutable"):
+    for how in ("deleted", "deleted, directory immutable", "replaced", "immutable"):
         d = Daemon(config={"cpu_slots": 0}).start()
         try:
             st, a = d.req("POST", "/v1/jobs", body=blocked)
             assert st == 201 and d.req("GET", "/healthz")[0] == 200, (st, a)
-            if how == "deleted":
+            locked = None
+            if how.startswith("deleted"):
                 os.remove(d.db)
+                if how != "deleted":
+                    locked = os.path.dirname(d.db)
+                    if subprocess.run(["chattr", "+i", locked], capture_output=True).returncode != 0:
+                        print("  chattr +i not available here: the immutable directory case is not checked")
+                        continue
             elif how == "replaced":
                 other = d.db + ".other"
                 shutil.copy(d.db, other)
@@ -462,18 +470,33 @@ def test_database_loss_seen():
                 if r.returncode != 0:
                     print("  chattr +i not available here: immutable case not checked")
                     continue
-            try:
+                locked = d.db
+            if how == "deleted":  # written back at the next check: healthy, and the file is there again
                 st, h = d.req("GET", "/healthz")
-                assert st == 503 and h["status"] == "degraded" and how in h["reason"], (how, st, h)
-                st, j = d.req("POST", "/v1/jobs", body=blocked)
-                assert st == 503 and j["error"]["code"] == "storage_unavailable" and how in j["error"]["message"], (how, st, j)
-                assert d.req("GET", f"/v1/jobs/{a['id']}")[0] == 200  # what was accepted is still served
-            finally:
-                if how == "immutable":
-                    subprocess.run(["chattr", "-i", d.db])
-            if how == "immutable":  # writable again: submissions are taken again, and the store is healthy
-                assert d.req("POST", "/v1/jobs", body=blocked)[0] == 201
-                assert d.req("GET", "/healthz")[0] == 200
+                assert st == 200, (how, st, h)
+                assert os.path.exists(d.db)
+            else:
+                try:
+                    st, h = d.req("GET", "/healthz")
+                    word = "deleted" if how.startswith("deleted") else how
+                    assert st == 503 and h["status"] == "degraded" and word in h["reason"], (how, st, h)
+                    st, j = d.req("POST", "/v1/jobs", body=blocked)
+                    assert st == 503 and j["error"]["code"] == "storage_unavailable" and word in j["error"]["message"], (how, st, j)
+                    assert d.req("GET", f"/v1/jobs/{a['id']}")[0] == 200  # what was accepted is still served
+                finally:
+                    if locked:
+                        subprocess.run(["chattr", "-i", locked])
+                if how == "replaced":
+                    continue
+            # writable again (or written back): submissions are taken, the store is healthy, and a restart has them all
+            st, b = d.req("POST", "/v1/jobs", body=blocked)
+            assert st == 201, (how, st, b)
+            assert d.req("GET", "/healthz")[0] == 200
+            d.kill()
+            d.start()
+            for job in (a, b):
+                st, j = d.req("GET", f"/v1/jobs/{job['id']}")
+                assert st == 200 and j["spec"]["search"]["steps"] == 5, (how, job["id"], st, j)
         finally:
             d.cleanup()
 

@@ -64,4 +64,15 @@ int ac_gguf_tokenizer(const char *path, ac_tokenizer **t, ac_err *e);
  * the tokenizer when t is not NULL. */
 int ac_gguf_load_buf(const void *data, size_t n, ac_model *m, ac_tokenizer **t, ac_err *e);
 
+/* Reading is bounded before anything is allocated: the header's tensor and
+ * metadata counts by what the file's size can hold, every string length,
+ * array count and tensor dimension by the bytes left, and the memory the
+ * header tables and the tokenizer take to parse by the parse budget (bytes;
+ * AC_GGUF_PARSE_BUDGET unless changed). A file over it is refused, saying
+ * how much it needs. The weights are checked to lie inside the file before
+ * the model is allocated. ac_gguf_parse_budget sets the budget (0: left as
+ * it is) and returns the one before. */
+#define AC_GGUF_PARSE_BUDGET ((size_t)512 << 20)
+size_t ac_gguf_parse_budget(size_t bytes);
+
 #endif

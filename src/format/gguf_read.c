@@ -53,6 +53,12 @@ typedef struct {
     const unsigned char *data;
 } gfile;
 
+/* The least bytes a metadata entry (key length, type, a 1-byte value) and a
+ * tensor info (name length, n_dims, one dimension, type, offset) take. */
+#define GG_MIN_KV 13
+#define GG_MIN_TI 32
+#define GG_MAX_KEY 65535
+
 static const size_t TSIZE[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8}; /* scalar sizes by GGUF value type */
 
 typedef struct {
@@ -82,6 +88,9 @@ static uint32_t u32(cur *c) {
     return v;
 }
 
+/* Skip one value of `type`; arrays of strings or arrays are first checked
+ * to fit their count in what is left (8 and 12 bytes at least each), so no
+ * loop runs longer than the file is. */
 static void skip_value(cur *c, uint32_t type, int depth) {
     if (type == GG_STR) {
         uint64_t n = u64(c);
@@ -91,10 +100,12 @@ static void skip_value(cur *c, uint32_t type, int depth) {
     if (type == GG_ARR && depth < 2) {
         uint32_t et = u32(c);
         uint64_t n = u64(c);
+        uint64_t left = c->bad ? 0 : (uint64_t)(c->end - c->p);
         if (et == GG_STR || et == GG_ARR) {
+            if (n > left / (et == GG_STR ? 8 : 12)) c->bad = 1;
             for (uint64_t i = 0; i < n && !c->bad; i++) skip_value(c, et, depth + 1);
         } else if (et < 13) {
-            if (n > (uint64_t)(c->end - c->p) / TSIZE[et])
+            if (n > left / TSIZE[et])
                 c->bad = 1;
             else
                 take(c, n * TSIZE[et]);
@@ -116,11 +127,115 @@ static void gclose(gfile *g) {
     memset(g, 0, sizeof *g);
 }
 
+static int by_key(const void *x, const void *y) {
+    const rkv *a = x, *b = y;
+    size_t n = a->kl < b->kl ? a->kl : b->kl;
+    int c = memcmp(a->k, b->k, n);
+    return c ? c : (a->kl > b->kl) - (a->kl < b->kl);
+}
+static int by_tname(const void *x, const void *y) {
+    const rti *a = x, *b = y;
+    size_t n = a->nl < b->nl ? a->nl : b->nl;
+    int c = memcmp(a->name, b->name, n);
+    return c ? c : (a->nl > b->nl) - (a->nl < b->nl);
+}
+
 static const rkv *find_kv(const gfile *g, const char *k) {
-    size_t kl = strlen(k);
-    for (uint64_t i = 0; i < g->nkv; i++)
-        if (g->kv[i].kl == kl && !memcmp(g->kv[i].k, k, kl)) return &g->kv[i];
-    return NULL;
+    rkv key = {.k = k, .kl = strlen(k)};
+    return g->nkv ? bsearch(&key, g->kv, g->nkv, sizeof *g->kv, by_key) : NULL;
+}
+
+static _Atomic size_t parse_budget = AC_GGUF_PARSE_BUDGET;
+
+size_t ac_gguf_parse_budget(size_t bytes) {
+    size_t old = parse_budget;
+    if (bytes) parse_budget = bytes;
+    return old;
+}
+
+/* The counts in the header's first 24 bytes, checked against the file's
+ * size (every entry takes GG_MIN_KV or GG_MIN_TI bytes at least) and the
+ * parse budget before the tables are allocated. */
+static int check_counts(const gfile *g, const char *path, ac_err *e) {
+    uint64_t room = g->size - 24;
+    size_t budget = parse_budget;
+    if (g->nkv > room / GG_MIN_KV || g->nt > room / GG_MIN_TI || g->nkv * GG_MIN_KV + g->nt * GG_MIN_TI > room)
+        return ac_errf(e,
+                       "%s: the header claims %llu metadata entries and %llu tensors, more than its %zu bytes can "
+                       "hold (at least %d bytes an entry, %d a tensor)",
+                       path, (unsigned long long)g->nkv, (unsigned long long)g->nt, g->size, GG_MIN_KV, GG_MIN_TI);
+    uint64_t need = (g->nkv + 1) * sizeof(rkv) + (g->nt + 1) * sizeof(rti);
+    if (need > budget)
+        return ac_errf(e, "%s: the header's %llu metadata entries and %llu tensors need %llu bytes to parse, over the "
+                          "parse budget of %zu bytes",
+                       path, (unsigned long long)g->nkv, (unsigned long long)g->nt, (unsigned long long)need, budget);
+    return 0;
+}
+
+/* The metadata entries; a message naming the first one that does not fit. */
+static int parse_kvs(gfile *g, cur *c, const char *path, ac_err *e) {
+    for (uint64_t i = 0; i < g->nkv; i++) {
+        rkv *k = &g->kv[i];
+        uint64_t kl = u64(c);
+        if (c->bad || kl > (uint64_t)(c->end - c->p) || kl > GG_MAX_KEY)
+            return ac_errf(e, "%s: metadata entry %llu: key length %llu is over %d or past the end of the file", path,
+                           (unsigned long long)i, (unsigned long long)kl, GG_MAX_KEY);
+        k->kl = (size_t)kl;
+        k->k = (const char *)take(c, kl);
+        k->type = u32(c);
+        k->v = c->p;
+        skip_value(c, k->type, 0);
+        if (c->bad)
+            return ac_errf(e,
+                           "%s: metadata %.*s: value of type %u is malformed or runs past the end of the file (a "
+                           "string length or array count larger than the bytes left)",
+                           path, (int)k->kl, k->k, k->type);
+    }
+    return 0;
+}
+
+/* The tensor infos: names under 64 bytes, 1-4 dimensions whose product
+ * cannot overflow or exceed 8 elements a byte of the file. */
+static int parse_tensor_infos(gfile *g, cur *c, const char *path, ac_err *e) {
+    for (uint64_t i = 0; i < g->nt; i++) {
+        rti *t = &g->t[i];
+        uint64_t nl = u64(c);
+        if (c->bad || nl > (uint64_t)(c->end - c->p) || nl >= 64)
+            return ac_errf(e, "%s: tensor info %llu: name length %llu is 64 or more, or past the end of the file", path,
+                           (unsigned long long)i, (unsigned long long)nl);
+        t->nl = (size_t)nl;
+        t->name = (const char *)take(c, nl);
+        t->nd = u32(c);
+        if (c->bad || t->nd < 1 || t->nd > 4)
+            return ac_errf(e, "%s: tensor %.*s: %u dimensions (1 to 4)", path, (int)t->nl, t->name, t->nd);
+        uint64_t elems = 1, most = (uint64_t)g->size * 8;
+        for (uint32_t d = 0; d < t->nd; d++) {
+            t->dims[d] = u64(c);
+            if (t->dims[d] && elems > most / t->dims[d])
+                return ac_errf(e, "%s: tensor %.*s: dimension %u of %llu makes it larger than the file", path,
+                               (int)t->nl, t->name, d, (unsigned long long)t->dims[d]);
+            elems *= t->dims[d];
+        }
+        t->type = u32(c);
+        t->off = u64(c);
+        if (c->bad || t->off > g->size)
+            return ac_errf(e, "%s: tensor %.*s: offset %llu is past the end of the file", path, (int)t->nl, t->name,
+                           (unsigned long long)t->off);
+    }
+    return 0;
+}
+
+/* Sorted by key and by name for bsearch; a key or name given twice is refused. */
+static int sort_unique(gfile *g, const char *path, ac_err *e) {
+    qsort(g->kv, g->nkv, sizeof *g->kv, by_key);
+    qsort(g->t, g->nt, sizeof *g->t, by_tname);
+    for (uint64_t i = 1; i < g->nkv; i++)
+        if (!by_key(&g->kv[i - 1], &g->kv[i]))
+            return ac_errf(e, "%s: metadata key %.*s is given twice", path, (int)g->kv[i].kl, g->kv[i].k);
+    for (uint64_t i = 1; i < g->nt; i++)
+        if (!by_tname(&g->t[i - 1], &g->t[i]))
+            return ac_errf(e, "%s: tensor %.*s is given twice", path, (int)g->t[i].nl, g->t[i].name);
+    return 0;
 }
 
 /* Parse the header, metadata and tensor infos of g->map[0..g->size). */
@@ -137,9 +252,9 @@ static int gparse(gfile *g, const char *path, ac_err *e) {
     }
     g->nt = u64(&c);
     g->nkv = u64(&c);
-    if (g->nt > 1u << 20 || g->nkv > 1u << 20) {
+    if (check_counts(g, path, e)) {
         gclose(g);
-        return ac_errf(e, "%s: implausible tensor or metadata count", path);
+        return -1;
     }
     g->kv = calloc(g->nkv + 1, sizeof *g->kv);
     g->t = calloc(g->nt + 1, sizeof *g->t);
@@ -147,30 +262,9 @@ static int gparse(gfile *g, const char *path, ac_err *e) {
         gclose(g);
         return ac_errf(e, "out of memory");
     }
-    for (uint64_t i = 0; i < g->nkv && !c.bad; i++) {
-        rkv *k = &g->kv[i];
-        k->kl = (size_t)u64(&c);
-        k->k = (const char *)take(&c, k->kl);
-        k->type = u32(&c);
-        k->v = c.p;
-        skip_value(&c, k->type, 0);
-    }
-    for (uint64_t i = 0; i < g->nt && !c.bad; i++) {
-        rti *t = &g->t[i];
-        t->nl = (size_t)u64(&c);
-        t->name = (const char *)take(&c, t->nl);
-        t->nd = u32(&c);
-        if (t->nd < 1 || t->nd > 4) {
-            c.bad = 1;
-            break;
-        }
-        for (uint32_t d = 0; d < t->nd; d++) t->dims[d] = u64(&c);
-        t->type = u32(&c);
-        t->off = u64(&c);
-    }
-    if (c.bad) {
+    if (parse_kvs(g, &c, path, e) || parse_tensor_infos(g, &c, path, e) || sort_unique(g, path, e)) {
         gclose(g);
-        return ac_errf(e, "%s: truncated or malformed GGUF header", path);
+        return -1;
     }
     const rkv *al = find_kv(g, "general.alignment");
     uint32_t align = GG_ALIGN;
@@ -289,7 +383,7 @@ static int kv_array(const gfile *g, const char *k, uint32_t *et, uint64_t *n, cu
 }
 
 /* Per-layer integers: an array of n integers, or one integer for every layer. */
-static int kv_layers(const gfile *g, const char *k, int n, int *out, ac_err *e) {
+static int kv_layers(const gfile *g, const char *k, int n, uint32_t max, int *out, ac_err *e) {
     uint32_t et;
     uint64_t cnt;
     cur c;
@@ -298,23 +392,21 @@ static int kv_layers(const gfile *g, const char *k, int n, int *out, ac_err *e) 
             return ac_errf(e, "gguf: %s must hold %d 32-bit integers", k, n);
         for (int i = 0; i < n; i++) {
             uint32_t v = u32(&c);
-            if (v > 1u << 20) return ac_errf(e, "gguf: %s[%d] = %u is out of range", k, i, v);
+            if (v > max) return ac_errf(e, "gguf: %s[%d] = %u is over %u", k, i, v, max);
             out[i] = (int)v;
         }
         return 0;
     }
     long long v;
     if (kv_int(g, k, -1, &v, e)) return -1;
-    if (v < 0 || v > 1 << 20) return ac_errf(e, "gguf: %s is missing or out of range", k);
+    if (v < 0 || v > max) return ac_errf(e, "gguf: %s is missing or out of range [0, %u]", k, max);
     for (int i = 0; i < n; i++) out[i] = (int)v;
     return 0;
 }
 
 static const rti *find_t(const gfile *g, const char *name) {
-    size_t nl = strlen(name);
-    for (uint64_t i = 0; i < g->nt; i++)
-        if (g->t[i].nl == nl && !memcmp(g->t[i].name, name, nl)) return &g->t[i];
-    return NULL;
+    rti key = {.name = name, .nl = strlen(name)};
+    return g->nt ? bsearch(&key, g->t, g->nt, sizeof *g->t, by_tname) : NULL;
 }
 
 /* The per-layer head, KV-head and FFN counts (arrays or one value each). */
@@ -327,10 +419,11 @@ static int read_arch_layers(const gfile *g, const char *arch, ac_arch *a, ac_err
         return ac_errf(e, "out of memory");
     }
     const char *lk[3] = {"attention.head_count", "attention.head_count_kv", "feed_forward_length"};
+    const uint32_t most[3] = {4096, 4096, 1u << 20}; /* config.json's limits (model.c) */
     int rc = 0;
     for (int i = 0; i < 3 && !rc; i++) {
         snprintf(k, sizeof k, "%s.%s", arch, lk[i]);
-        rc = kv_layers(g, k, a->n_layers, tmp + i * a->n_layers, e);
+        rc = kv_layers(g, k, a->n_layers, most[i], tmp + i * a->n_layers, e);
     }
     for (int l = 0; l < a->n_layers && !rc; l++) {
         ac_layer_arch *L = &a->layers[l];
@@ -353,6 +446,9 @@ static int read_arch_rope_tokens(const gfile *g, ac_arch *a, ac_err *e) {
         kv_float(g, "autocompress.rope_llama3.high_freq_factor", 4, &rh, e) ||
         kv_int(g, "autocompress.rope_llama3.original_context_length", 8192, &ro, e))
         return -1;
+    if (!(rf <= 1e4 && rl > 0 && rl <= 1e4 && rh > 0 && rh <= 1e4 && ro > 0 && ro <= 1 << 24)) /* NaN too */
+        return ac_errf(e, "gguf: autocompress.rope_llama3 factors must lie in (0, 1e4] and its context length in "
+                          "[1, 2^24]");
     if (rf > 0) {
         a->rope_llama3 = 1;
         a->rs_factor = (float)rf;
@@ -364,6 +460,8 @@ static int read_arch_rope_tokens(const gfile *g, ac_arch *a, ac_err *e) {
     }
     if (kv_int(g, "tokenizer.ggml.bos_token_id", -1, &bos, e) || kv_int(g, "tokenizer.ggml.eos_token_id", -1, &eos, e))
         return -1;
+    if (bos < -1 || bos >= a->vocab || eos < -1 || eos >= a->vocab)
+        return ac_errf(e, "gguf: bos_token_id %lld or eos_token_id %lld is not a token of the %d", bos, eos, a->vocab);
     a->bos_id = (int)bos;
     a->eos_id = (int)eos;
     return 0;
@@ -388,9 +486,16 @@ static int read_arch_globals(const gfile *g, const char *arch, ac_arch *a, long 
     if (v[3] < 0 && emb && emb->nd == 2) v[3] = (long long)emb->dims[1];
     if (v[0] <= 0 || v[1] <= 0 || v[3] <= 0 || v[0] > 1 << 20 || v[1] > 4096 || v[3] > 1 << 22)
         return ac_errf(e, "gguf: embedding_length, block_count and vocab_size must be present and plausible");
+    if (v[2] > 1 << 24 || v[4] > 4096 || v[5] > 4096)
+        return ac_errf(e, "gguf: context_length %lld over 2^24, or key_length %lld or rope.dimension_count %lld over "
+                          "4096",
+                       v[2], v[4], v[5]);
+    if (!(theta > 0 && theta <= 1e12) || !(eps > 0 && eps <= 1)) /* NaN too */
+        return ac_errf(e, "gguf: rope.freq_base %g must lie in (0, 1e12] and layer_norm_rms_epsilon %g in (0, 1]",
+                       theta, eps);
     a->hidden = (int)v[0];
     a->n_layers = (int)v[1];
-    a->max_pos = v[2] > 0 && v[2] < 1 << 30 ? (int)v[2] : 2048;
+    a->max_pos = v[2] > 0 ? (int)v[2] : 2048;
     a->vocab = (int)v[3];
     a->eps = (float)eps;
     a->rope_theta = (float)theta;
@@ -657,6 +762,32 @@ static int gpt2_finish(const gfile *g, json_t *root, json_t *merges, const char 
     return 0;
 }
 
+/* Bytes of metadata value k in the file (0 when absent). */
+static uint64_t value_bytes(const gfile *g, const char *k) {
+    const rkv *x = find_kv(g, k);
+    if (!x) return 0;
+    cur c = {x->v, g->map + g->size, 0};
+    skip_value(&c, x->type, 0);
+    return (uint64_t)(c.p - x->v);
+}
+
+/* What rebuilding the tokenizer of V tokens takes, about: the arrays, a
+ * JSON entry a token and a merge (SentencePiece merges: at most one a byte
+ * of the tokens), the strings; twice (the JSON text and the tokenizer made
+ * from it). Over the parse budget: refused before anything is allocated. */
+#define GG_JSON_ENTRY 128
+static int tokenizer_budget(const gfile *g, uint64_t V, int sp, ac_err *e) {
+    uint64_t tb = value_bytes(g, "tokenizer.ggml.tokens"), mb = value_bytes(g, "tokenizer.ggml.merges");
+    uint64_t nm = sp ? tb : mb / 8;
+    uint64_t need = 2 * (V * (sizeof(char *) + 8 + GG_JSON_ENTRY) + nm * GG_JSON_ENTRY + tb + mb);
+    size_t budget = parse_budget;
+    if (need > budget)
+        return ac_errf(e, "gguf: the tokenizer's %llu tokens need about %llu bytes to parse, over the parse budget of "
+                          "%zu bytes",
+                       (unsigned long long)V, (unsigned long long)need, budget);
+    return 0;
+}
+
 static json_t *tokenizer_json(const gfile *g, ac_err *e) {
     size_t mn = 0, pn = 0;
     const char *model = kv_str(g, "tokenizer.ggml.model", &mn), *pre = kv_str(g, "tokenizer.ggml.pre", &pn);
@@ -674,6 +805,7 @@ static json_t *tokenizer_json(const gfile *g, ac_err *e) {
         ac_errf(e, "gguf: tokenizer tokens, token_type%s arrays are missing or inconsistent", sp ? " and scores" : "");
         return NULL;
     }
+    if (tokenizer_budget(g, V, sp, e)) return NULL;
     char **tok = calloc(V, sizeof *tok);
     int *type = calloc(V, sizeof *type);
     float *score = calloc(V, sizeof *score);
