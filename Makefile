@@ -5,10 +5,16 @@ CFLAGS  ?= -O2 -g
 # The library's layers, one folder each, lowest first (docs/layers.md): a folder
 # includes headers of itself and of the folders before it only, which
 # `make check-layers` (tools/check_layers.py, part of `make test`) enforces.
-# Headers are included by their bare name.
+# Public headers are included by folder path ("core/err.h"), a folder's
+# private ones (*_int.h) by bare name from that folder only. Each folder is
+# compiled against $(B)/inc/<dir> (tools/make_views.sh), which holds only the
+# public headers of the folders it may use; daemon/ and tools/ against
+# $(B)/inc/public, the one public header src/autocompress.h and what it names.
+# tests/ and bench/ are white-box: -Isrc.
 SRC_DIRS = core format runtime cost search compress pipeline api
-SRC_INC  = $(addprefix -Isrc/,$(SRC_DIRS)) -Isrc
-override CFLAGS += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE $(SRC_INC) -Idaemon -fPIC
+# The folders the CUDA plugin (src/cuda) may use; it sits in the last one's layer.
+CUDA_USES = core format runtime
+override CFLAGS += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -fPIC
 PKGS     = jansson sqlite3 libuv libmicrohttpd libpcre2-8 libutf8proc libcurl libcrypto gnutls
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
@@ -27,6 +33,9 @@ D_SRC    = $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 D_OBJ    = $(D_SRC:daemon/%.c=$(B)/daemon/%.o) $(B)/daemon/migrations.o $(B)/daemon/openapi_doc.o
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(B)/tests/%)
+VIEWS    = $(B)/inc/.stamp
+PUB_INC  = -Idaemon -I$(B)/inc/public
+WB_INC   = -Isrc -Idaemon
 
 .PHONY: all clean test check-layers demo bench cuda-check fixtures tiny-model second-model deps asan test-asan web-test-deps llama-test-deps fuzz
 
@@ -36,7 +45,11 @@ CUDA_PLUGIN = $(if $(NVCC),$(B)/libac_cuda.so,)
 
 all: $(B)/autocompressd $(B)/autocompress $(TEST_BIN) $(B)/tests/fuzz_parsers $(BENCH_BIN) $(CUDA_PLUGIN) $(B)/tests/libac_cuda_emu.so $(B)/tests/test_cuda_emu
 
-$(B)/libac_cuda.so: $(wildcard src/cuda/*.cu src/cuda/*.h) src/cost/costmodel.h src/format/model.h src/runtime/block.c src/runtime/block.h
+$(VIEWS): $(LIB_HDR) $(wildcard src/cuda/*.h) src/autocompress.h tools/make_views.sh Makefile
+	sh tools/make_views.sh $(B)/inc "$(SRC_DIRS)" "$(CUDA_USES)"
+	@touch $@
+
+$(B)/libac_cuda.so: $(wildcard src/cuda/*.cu src/cuda/*.h) src/cost/costmodel.h src/format/model.h src/runtime/block.c src/runtime/block.h $(VIEWS)
 	$(MAKE) -C src/cuda NVCC=$(NVCC) CUDA_HOME=$(CUDA_HOME) B=$(abspath $(B)) all
 
 # The CUDA backend compiled for the CPU against tests/cuda_emu (no nvcc
@@ -44,37 +57,39 @@ $(B)/libac_cuda.so: $(wildcard src/cuda/*.cu src/cuda/*.h) src/cost/costmodel.h 
 # A 5-key attention tile and 7-row logit chunks so the tests cover the online
 # softmax across tiles and the head in several chunks.
 EMU_CXXFLAGS = $(filter-out -std=c11,$(CFLAGS)) -std=c++17 -DAC_CUDA_EMU -DAC_ATTN_TILE=5 -DAC_LOGIT_ROWS=7 -DAC_TRAIN_TB=64 -Itests/cuda_emu
-$(B)/tests/libac_cuda_emu.so: src/cuda/ac_cuda.cu src/cuda/ac_cuda.h src/cuda/ac_cuda_conv.h src/cuda/ac_cuda_train.cu src/cuda/ac_cuda_train.h tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h src/cost/costmodel.h src/format/model.h src/runtime/train.h src/runtime/block.c src/runtime/block.h
+$(B)/tests/libac_cuda_emu.so: src/cuda/ac_cuda.cu src/cuda/ac_cuda.h src/cuda/ac_cuda_conv_int.h src/cuda/ac_cuda_train.cu src/cuda/ac_cuda_train_int.h tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h src/cost/costmodel.h src/format/model.h src/runtime/train.h src/runtime/block.c src/runtime/block.h $(VIEWS)
 	@mkdir -p $(dir $@)
-	$(CXX) $(EMU_CXXFLAGS) -shared -o $@ -x c++ src/cuda/ac_cuda.cu src/cuda/ac_cuda_train.cu src/runtime/block.c -x none tests/cuda_emu/cuda_emu.cc -lopenblas
+	$(CXX) $(EMU_CXXFLAGS) -I$(B)/inc/cuda -shared -o $@ -x c++ src/cuda/ac_cuda.cu src/cuda/ac_cuda_train.cu src/runtime/block.c -x none tests/cuda_emu/cuda_emu.cc -lopenblas
 
 # The emulator's own test (threads, barriers, shuffles, faults).
 $(B)/tests/test_cuda_emu: tests/cuda_emu/test_cuda_emu.cc tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h tests/check.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -Itests -o $@ tests/cuda_emu/test_cuda_emu.cc tests/cuda_emu/cuda_emu.cc -lopenblas
 
-$(B)/src/%.o: src/%.c $(LIB_HDR)
+# A library file sees its own folder's private headers (next to it) and the
+# view of its folder: $* is dir/name, its first part the folder.
+$(B)/src/%.o: src/%.c $(LIB_HDR) | $(VIEWS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) -I$(B)/inc/$(firstword $(subst /, ,$*)) -c $< -o $@
 
-$(B)/daemon/%.o: daemon/%.c $(wildcard daemon/*.h) $(LIB_HDR)
+$(B)/daemon/%.o: daemon/%.c $(wildcard daemon/*.h) $(LIB_HDR) | $(VIEWS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(PUB_INC) -c $< -o $@
 
 $(B)/daemon/migrations.c: $(wildcard migrations/*.sql) tools/embed_sql.sh
 	@mkdir -p $(dir $@)
 	sh tools/embed_sql.sh $@ $(sort $(wildcard migrations/*.sql))
 
-$(B)/daemon/migrations.o: $(B)/daemon/migrations.c daemon/db.h
-	$(CC) $(CFLAGS) -c $< -o $@
+$(B)/daemon/migrations.o: $(B)/daemon/migrations.c daemon/db.h | $(VIEWS)
+	$(CC) $(CFLAGS) $(PUB_INC) -c $< -o $@
 
 # proto/openapi.json, served at GET /openapi.json (daemon/openapi.c).
 $(B)/daemon/openapi_doc.c: proto/openapi.json tools/embed_text.sh
 	@mkdir -p $(dir $@)
 	sh tools/embed_text.sh $@ openapi_json_text proto/openapi.json
 
-$(B)/daemon/openapi_doc.o: $(B)/daemon/openapi_doc.c
-	$(CC) $(CFLAGS) -c $< -o $@
+$(B)/daemon/openapi_doc.o: $(B)/daemon/openapi_doc.c | $(VIEWS)
+	$(CC) $(CFLAGS) $(PUB_INC) -c $< -o $@
 
 $(B)/libautocompress.a: $(LIB_OBJ)
 	ar rcs $@ $^
@@ -82,9 +97,9 @@ $(B)/libautocompress.a: $(LIB_OBJ)
 $(B)/autocompressd: $(B)/daemon/main.o $(D_OBJ) $(B)/libautocompress.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(B)/daemon/main.o: daemon/main.c $(wildcard daemon/*.h) $(LIB_HDR)
+$(B)/daemon/main.o: daemon/main.c $(wildcard daemon/*.h) $(LIB_HDR) | $(VIEWS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(PUB_INC) -c $< -o $@
 
 # The CLI and the benchmarks link the daemon's objects for the SQLite cost
 # cache (daemon/costcache.c over the migrations' schema).
@@ -93,17 +108,17 @@ $(B)/daemon/main.o: daemon/main.c $(wildcard daemon/*.h) $(LIB_HDR)
 CURL_CFLAGS := $(shell pkg-config --cflags libcurl 2>/dev/null)
 CURL_LIBS   := $(shell pkg-config --libs libcurl 2>/dev/null || echo -lcurl)
 CLI_SRC = tools/autocompress.c tools/remote.c tools/http_client.c
-$(B)/autocompress: $(CLI_SRC) tools/remote.h tools/http_client.h $(D_OBJ) $(B)/libautocompress.a
-	$(CC) $(CFLAGS) $(CURL_CFLAGS) -Itools -o $@ $(CLI_SRC) $(D_OBJ) $(B)/libautocompress.a $(LDLIBS) $(CURL_LIBS)
+$(B)/autocompress: $(CLI_SRC) tools/remote.h tools/http_client.h $(D_OBJ) $(B)/libautocompress.a | $(VIEWS)
+	$(CC) $(CFLAGS) $(CURL_CFLAGS) -Itools $(PUB_INC) -o $@ $(CLI_SRC) $(D_OBJ) $(B)/libautocompress.a $(LDLIBS) $(CURL_LIBS)
 
 $(B)/tests/%: tests/%.c tests/check.h tests/synth.h tests/synth_cost.h $(B)/libautocompress.a $(D_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests -o $@ $< $(D_OBJ) $(B)/libautocompress.a $(LDLIBS)
+	$(CC) $(CFLAGS) -Itests $(WB_INC) -o $@ $< $(D_OBJ) $(B)/libautocompress.a $(LDLIBS)
 
 FUZZ_DAEMON = $(B)/daemon/config.o $(B)/daemon/executor_config.o $(B)/daemon/wevent.o
 $(B)/tests/fuzz_parsers: tests/fuzz_parsers.c $(FUZZ_DAEMON) $(B)/libautocompress.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) $(WB_INC) -o $@ $^ $(LDLIBS)
 
 # The same entry as a libFuzzer target (clang): build/fuzz/fuzz_parsers.
 # Run one parser for N minutes: build/fuzz/fuzz_parsers -max_total_time=$$((N*60)) build/fuzz/corpus
@@ -111,7 +126,7 @@ $(B)/tests/fuzz_parsers: tests/fuzz_parsers.c $(FUZZ_DAEMON) $(B)/libautocompres
 FUZZ_CC ?= clang
 fuzz:
 	@mkdir -p $(B)/fuzz/corpus
-	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -DAC_LIBFUZZER -std=c11 -D_GNU_SOURCE $(SRC_INC) -Idaemon $(PKG_CFLAGS) \
+	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -DAC_LIBFUZZER -std=c11 -D_GNU_SOURCE $(WB_INC) $(PKG_CFLAGS) \
 	  -I/usr/include/x86_64-linux-gnu/openblas-pthread -o $(B)/fuzz/fuzz_parsers tests/fuzz_parsers.c $(LIB_SRC) \
 	  daemon/config.c daemon/executor_config.c daemon/wevent.c $(LDLIBS)
 	$(MAKE) $(B)/tests/fuzz_parsers
@@ -120,7 +135,7 @@ fuzz:
 
 $(B)/bench/%: bench/%.c $(D_OBJ) $(B)/libautocompress.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(D_OBJ) $(B)/libautocompress.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(WB_INC) -o $@ $< $(D_OBJ) $(B)/libautocompress.a $(LDLIBS)
 
 # Debian packages the build, the tests and the demo need; Node.js, npm and
 # Chromium (dashboard test) only when missing, and failure there only skips

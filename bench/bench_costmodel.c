@@ -27,9 +27,9 @@
 #include <unistd.h>
 
 #include "costcache.h"
-#include "costmodel.h"
-#include "engine.h"
-#include "kernels_cpu.h"
+#include "cost/costmodel.h"
+#include "runtime/engine.h"
+#include "runtime/kernels_cpu.h"
 
 static void fill(float *p, size_t n, unsigned *s) {
     for (size_t i = 0; i < n; i++) {

@@ -15,9 +15,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "cuda_plugin.h"
-#include "rope.h"
-#include "safetensors.h"
+#include "runtime/cuda_plugin.h"
+#include "runtime/rope.h"
+#include "format/safetensors.h"
 
 static long status_kib(const char *key) {
     FILE *f = fopen("/proc/self/status", "r");

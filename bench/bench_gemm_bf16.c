@@ -15,7 +15,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "kernels_avx512bf16.h"
+#include "runtime/kernels_avx512bf16.h"
 
 static double now(void) {
     struct timespec t;

@@ -11,10 +11,10 @@
 #include <string.h>
 
 #include "costcache.h"
-#include "costmodel.h"
-#include "cuda_plugin.h"
-#include "device.h"
-#include "rope.h"
+#include "cost/costmodel.h"
+#include "runtime/cuda_plugin.h"
+#include "cost/device.h"
+#include "runtime/rope.h"
 
 static void fill(float *p, size_t n, unsigned *s) {
     for (size_t i = 0; i < n; i++) {

@@ -7,11 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cuda_plugin.h"
-#include "kernels_cpu.h"
-#include "model.h"
-#include "rope.h"
-#include "train.h"
+#include "runtime/cuda_plugin.h"
+#include "runtime/kernels_cpu.h"
+#include "format/model.h"
+#include "runtime/rope.h"
+#include "runtime/train.h"
 
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

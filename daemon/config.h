@@ -7,7 +7,7 @@
 
 #include <jansson.h>
 
-#include "err.h"
+#include "autocompress.h"
 #include "executor_config.h"
 
 #define AC_MAX_TOKENS 32

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "err.h"
+#include "autocompress.h"
 
 typedef struct conn {
     struct conn *prev, *next;

@@ -6,7 +6,7 @@
 #ifndef AC_COSTCACHE_H
 #define AC_COSTCACHE_H
 
-#include "costmodel.h"
+#include "autocompress.h"
 #include "db.h"
 
 /* Over the daemon's open database (reads through its reader connection). */

@@ -10,7 +10,7 @@
 
 #include "config.h"
 #include "db.h"
-#include "device.h"
+#include "autocompress.h"
 #include "sse.h"
 
 #define AC_VERSION "0.1.0"

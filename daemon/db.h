@@ -29,7 +29,7 @@
 
 #include <jansson.h>
 
-#include "err.h"
+#include "autocompress.h"
 
 typedef struct {
     int version;

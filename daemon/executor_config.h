@@ -10,7 +10,7 @@
 
 #include <jansson.h>
 
-#include "err.h"
+#include "autocompress.h"
 
 #define AC_SLURM_MAX_OPTS 16
 

@@ -49,10 +49,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "buf.h"
+#include "autocompress.h"
 #include "executor.h"
 #include "jobsecret.h"
-#include "target.h"
 
 typedef struct sjob {
     struct sjob *next;

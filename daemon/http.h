@@ -16,9 +16,8 @@
 #include <uv.h>
 
 #include "auth.h"
-#include "buf.h"
+#include "autocompress.h"
 #include "daemon.h"
-#include "job.h"
 
 typedef struct {
     unsigned status;

@@ -12,7 +12,7 @@
 
 #include <stddef.h>
 
-#include "err.h"
+#include "autocompress.h"
 
 #define JOBSECRET_BYTES 32                       /* random bytes in a secret */
 #define JOBSECRET_LEN (2 * JOBSECRET_BYTES)      /* its length as lowercase hex */

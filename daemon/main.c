@@ -31,7 +31,7 @@
 
 #include "auth.h"
 #include "daemon.h"
-#include "fsafe.h"
+#include "autocompress.h"
 
 void sched_stop(ac_daemon *d);
 int sched_busy(ac_daemon *d);

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "job.h"
+#include "autocompress.h"
 
 json_t *openapi_doc(ac_err *e) {
     json_error_t je;

@@ -11,7 +11,7 @@
 
 #include <jansson.h>
 
-#include "err.h"
+#include "autocompress.h"
 #include "http.h"
 
 /* The embedded proto/openapi.json (build/daemon/openapi_doc.c). */

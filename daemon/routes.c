@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "conn.h"
-#include "fsafe.h"
+#include "autocompress.h"
 #include "http.h"
 
 static void task_static(req_ctx *rc) {

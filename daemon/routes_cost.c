@@ -7,9 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api.h"
+#include "autocompress.h"
 #include "costcache.h"
-#include "costmodel.h"
 #include "http.h"
 #include "views.h"
 

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "http.h"
-#include "reporthtml.h"
+#include "autocompress.h"
 
 static int plain_name(const char *s) {
     if (!*s || *s == '.' || strlen(s) > 255) return 0;

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api.h"
+#include "autocompress.h"
 #include "conn.h"
 #include "executor.h"
 #include "http.h"

@@ -43,13 +43,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "api.h"
-#include "buf.h"
+#include "autocompress.h"
 #include "costcache.h"
-#include "costmodel.h"
 #include "daemon.h"
 #include "executor.h"
-#include "target.h"
 #include "wevent.h"
 
 typedef struct slot {

@@ -1,7 +1,7 @@
 /* sse.c - see sse.h. */
 #include "sse.h"
 
-#include "buf.h"
+#include "autocompress.h"
 
 #include <stdio.h>
 #include <stdlib.h>

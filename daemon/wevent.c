@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "costmodel.h"
+#include "autocompress.h"
 
 int wevent_parse(const char *line, size_t len, wevent *w) {
     memset(w, 0, sizeof *w);

@@ -26,15 +26,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "api.h"
+#include "autocompress.h"
 #include "costcache.h"
 #include "daemon.h"
-#include "device.h"
-#include "fsafe.h"
-#include "job.h"
-#include "jobcheck.h"
 #include "jobsecret.h"
-#include "quiet.h"
 #include "worker_post.h"
 
 /* Where events go when the worker runs on another host (--events, --post):
@@ -101,7 +96,7 @@ typedef struct {
      * its events to the events file and the daemon (worker_post.h) */
     const char *input, *events, *post, *secret_file;
     double flush_s;
-    const char *checkpoint; /* stage checkpoints' directory (checkpoint.h), NULL: none */
+    const char *checkpoint; /* stage checkpoints' directory (checkpoint_int.h), NULL: none */
 } worker_args;
 
 static int parse_args(int argc, char **argv, worker_args *a) {

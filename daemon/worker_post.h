@@ -18,7 +18,7 @@
 
 #include <jansson.h>
 
-#include "err.h"
+#include "autocompress.h"
 
 typedef struct wpost wpost;
 

@@ -25,15 +25,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "api.h"
+#include "api/api.h"
 #include "config.h"
-#include "costmodel.h"
-#include "fsafe.h"
-#include "gguf.h"
-#include "job.h"
-#include "model.h"
-#include "safetensors.h"
-#include "tokenizer.h"
+#include "cost/costmodel.h"
+#include "core/fsafe.h"
+#include "format/gguf.h"
+#include "pipeline/job.h"
+#include "format/model.h"
+#include "format/safetensors.h"
+#include "format/tokenizer.h"
 #include "wevent.h"
 
 #define NTARGETS 11

@@ -8,8 +8,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "importance.h"
-#include "model.h"
+#include "search/importance.h"
+#include "format/model.h"
 
 /* How many of a's curve points (attention, FFN, KV merges, hidden) differ
  * from b's by more than abs_tol + rel_tol x |b|, plus the layers whose KV

@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "eval.h"
-#include "model.h"
-#include "tensor.h"
+#include "runtime/eval.h"
+#include "format/model.h"
+#include "core/tensor.h"
 
 /* L layers of (heads, kv, ffn), hidden H, head size hd, vocab; layers NULL
  * when out of memory (the tests then fail on their first use). */

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "costmodel.h"
+#include "cost/costmodel.h"
 
 static void synth_table(ac_cost_table *t) {
     memset(t, 0, sizeof *t);

@@ -13,14 +13,14 @@
 #include "check.h"
 #include "synth.h"
 
-#include "backward_cpu.h"
-#include "block.h"
-#include "block_cpu.h"
-#include "block_grad.h"
-#include "cuda_plugin.h"
-#include "kernels_cpu.h"
-#include "rope.h"
-#include "ssm_cpu.h"
+#include "runtime/backward_cpu.h"
+#include "runtime/block.h"
+#include "runtime/block_cpu.h"
+#include "runtime/block_grad.h"
+#include "runtime/cuda_plugin.h"
+#include "runtime/kernels_cpu.h"
+#include "runtime/rope.h"
+#include "runtime/ssm_cpu_int.h"
 
 static unsigned rng = 12345u;
 static float frand(void) { /* uniform in [-1, 1) */

@@ -1,5 +1,5 @@
 /*
- * test_checkpoint.c - stage checkpoints (src/pipeline/checkpoint.h) on the
+ * test_checkpoint.c - stage checkpoints (src/pipeline/checkpoint_int.h) on the
  * tiny model, without Slurm (tests/test_slurm.py requeues a real batch
  * job): a job run with a checkpoint directory keeps calibrate, profile and
  * search; run again with the same key it restores the three (their "stage"
@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "job.h"
+#include "pipeline/job.h"
 
 static char tiny[1100], dir[64] = "/tmp/ac_test_ckpt_XXXXXX", ckdir[128], out[128];
 

@@ -9,8 +9,8 @@
 #include <math.h>
 
 #include "check.h"
-#include "costmodel.h"
-#include "kernels_cpu.h"
+#include "cost/costmodel.h"
+#include "runtime/kernels_cpu.h"
 #include "synth.h"
 #include "synth_cost.h"
 

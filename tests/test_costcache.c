@@ -15,9 +15,9 @@
 
 #include "check.h"
 #include "costcache.h"
-#include "costmodel.h"
+#include "cost/costmodel.h"
 #include "db.h"
-#include "device.h"
+#include "cost/device.h"
 
 static char dir[512], path[600];
 

@@ -7,8 +7,8 @@
 #include <math.h>
 
 #include "check.h"
-#include "costmodel.h"
-#include "device.h"
+#include "cost/costmodel.h"
+#include "cost/device.h"
 #include "synth.h"
 
 /* A model of L MoE layers: E experts of Fe channels, top-k routing. */

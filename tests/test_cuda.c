@@ -5,19 +5,19 @@
 
 #include "check.h"
 #include "costcache.h"
-#include "costtimings.h"
-#include "cuda_plugin.h"
-#include "device.h"
-#include "engine.h"
-#include "eval.h"
+#include "cost/costtimings_int.h"
+#include "runtime/cuda_plugin.h"
+#include "cost/device.h"
+#include "runtime/engine.h"
+#include "runtime/eval.h"
 #include "imp_compare.h"
-#include "importance.h"
-#include "job.h"
-#include "kernels_cpu.h"
-#include "rope.h"
-#include "safetensors.h"
-#include "stats.h"
-#include "tensor.h"
+#include "search/importance.h"
+#include "pipeline/job.h"
+#include "runtime/kernels_cpu.h"
+#include "runtime/rope.h"
+#include "format/safetensors.h"
+#include "search/stats.h"
+#include "core/tensor.h"
 
 static const ac_cuda_api *cu;
 static const char *why;
@@ -254,7 +254,7 @@ static void test_gpu_calibration_resident(void) {
     CHECK(ck_rmtree(dir) == 0, "cleanup %s", dir);
 }
 
-/* The upload's device conversion (ac_cuda_conv.h) against the host's
+/* The upload's device conversion (ac_cuda_conv_int.h) against the host's
  * (tensor.c), bit for bit: every BF16 and every F16 pattern (zeros,
  * subnormals, infinities, NaN payloads included) to fp32 (the trainer's
  * weights) and to BF16 (the engine's: F16 rounded to nearest even, BF16

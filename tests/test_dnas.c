@@ -21,18 +21,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backward_cpu.h"
+#include "runtime/backward_cpu.h"
 #include "check.h"
-#include "cuda_plugin.h"
-#include "deci.h"
-#include "dnas.h"
-#include "eval.h"
-#include "job.h"
-#include "jobspec.h"
-#include "kernels_cpu.h"
-#include "minitron.h"
-#include "prune.h"
-#include "safetensors.h"
+#include "runtime/cuda_plugin.h"
+#include "format/deci.h"
+#include "search/dnas.h"
+#include "runtime/eval.h"
+#include "pipeline/job.h"
+#include "pipeline/jobspec.h"
+#include "runtime/kernels_cpu.h"
+#include "search/minitron.h"
+#include "compress/prune.h"
+#include "format/safetensors.h"
 #include "synth.h"
 
 static ac_model M;

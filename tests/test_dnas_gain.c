@@ -20,10 +20,10 @@
 #include <string.h>
 
 #include "check.h"
-#include "dnas.h"
-#include "eval.h"
-#include "kernels_cpu.h"
-#include "slice.h"
+#include "search/dnas.h"
+#include "runtime/eval.h"
+#include "runtime/kernels_cpu.h"
+#include "search/slice.h"
 #include "synth.h"
 
 static ac_model M;

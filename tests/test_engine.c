@@ -6,20 +6,20 @@
 #include <stdint.h>
 #include <unistd.h>
 
-#include "block_cpu.h"
+#include "runtime/block_cpu.h"
 #include "check.h"
-#include "engine.h"
-#include "eval.h"
-#include "kernels_amx.h"
-#include "kernels_avx512bf16.h"
-#include "kernels_cpu.h"
-#include "kthreads.h"
-#include "model.h"
-#include "moe_importance.h"
-#include "rope.h"
-#include "safetensors.h"
-#include "slice.h"
-#include "tensor.h"
+#include "runtime/engine.h"
+#include "runtime/eval.h"
+#include "runtime/kernels_amx_int.h"
+#include "runtime/kernels_avx512bf16.h"
+#include "runtime/kernels_cpu.h"
+#include "runtime/kthreads_int.h"
+#include "format/model.h"
+#include "search/moe_importance_int.h"
+#include "runtime/rope.h"
+#include "format/safetensors.h"
+#include "search/slice.h"
+#include "core/tensor.h"
 
 static char fx[1024];
 

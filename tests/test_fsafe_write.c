@@ -11,9 +11,9 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "fsafe.h"
-#include "fsafe_write.h"
-#include "safetensors.h"
+#include "core/fsafe.h"
+#include "core/fsafe_write.h"
+#include "format/safetensors.h"
 
 static char root[256], outside[256];
 

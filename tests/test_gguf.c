@@ -18,18 +18,18 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "costmodel.h"
-#include "engine.h"
-#include "eval.h"
-#include "gguf.h"
-#include "importance.h"
-#include "job.h"
-#include "jobcheck.h"
-#include "model.h"
-#include "prune.h"
-#include "safetensors.h"
-#include "search.h"
-#include "tokenizer.h"
+#include "cost/costmodel.h"
+#include "runtime/engine.h"
+#include "runtime/eval.h"
+#include "format/gguf.h"
+#include "search/importance.h"
+#include "pipeline/job.h"
+#include "pipeline/jobcheck.h"
+#include "format/model.h"
+#include "compress/prune.h"
+#include "format/safetensors.h"
+#include "search/search.h"
+#include "format/tokenizer.h"
 
 static char tmpdir[64];
 static char tiny[1100], tiny_tok[1200], heldout[1100], calib[1100];

@@ -21,8 +21,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "gguf.h"
-#include "tokenizer.h"
+#include "format/gguf.h"
+#include "format/tokenizer.h"
 
 /* ---- the largest allocation made while `tracking` ---- */
 

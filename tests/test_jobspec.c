@@ -10,10 +10,10 @@
 #include <string.h>
 
 #include "check.h"
-#include "constraints.h"
-#include "costmodel.h"
-#include "jobspec.h"
-#include "safetensors.h"
+#include "search/constraints.h"
+#include "cost/costmodel.h"
+#include "pipeline/jobspec.h"
+#include "format/safetensors.h"
 
 static json_t *minimal(const char *device) {
     return json_pack("{s:s,s:s,s:{s:s},s:{s:f}}", "model", "/m", "calibration", "/c.txt", "target", "device", device,

@@ -13,13 +13,13 @@
 #include <string.h>
 
 #include "check.h"
-#include "costmodel.h"
-#include "engine.h"
-#include "eval.h"
-#include "importance.h"
-#include "kernels_cpu.h"
-#include "minitron.h"
-#include "prune.h"
+#include "cost/costmodel.h"
+#include "runtime/engine.h"
+#include "runtime/eval.h"
+#include "search/importance.h"
+#include "runtime/kernels_cpu.h"
+#include "search/minitron.h"
+#include "compress/prune.h"
 #include "synth.h"
 
 static unsigned seed_ = 12345;

@@ -6,7 +6,7 @@
  * added without its documentation and a documented operation without a route.
  */
 #include "check.h"
-#include "job.h"
+#include "pipeline/job.h"
 #include "openapi.h"
 
 static void test_document_matches_route_table(void) {

@@ -9,10 +9,10 @@
 #include <string.h>
 
 #include "check.h"
-#include "costmodel.h"
-#include "engine.h"
-#include "measure.h"
-#include "quiet.h"
+#include "cost/costmodel.h"
+#include "runtime/engine.h"
+#include "pipeline/measure_int.h"
+#include "cost/quiet.h"
 #include "synth_cost.h"
 
 /* Probes answer from a script (its last value repeats); unit i's k-th
@@ -196,7 +196,7 @@ static void test_table_json(void) {
     ac_cost_table_free(&t);
 }
 
-/* measure.h's check of the timings' state against the table's: off when
+/* measure_int.h's check of the timings' state against the table's: off when
  * either model's probe level is more than the tolerance quicker or slower
  * than the table's reference, giving that level (the slower one's when too
  * slow); never without references. */

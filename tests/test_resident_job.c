@@ -29,20 +29,20 @@
 #include <sys/stat.h>
 
 #include "check.h"
-#include "engine.h"
-#include "eval.h"
-#include "fsafe.h"
-#include "gguf.h"
-#include "importance.h"
-#include "job.h"
-#include "jobspec.h"
-#include "kernels_cpu.h"
-#include "model.h"
-#include "prune.h"
-#include "safetensors.h"
+#include "runtime/engine.h"
+#include "runtime/eval.h"
+#include "core/fsafe.h"
+#include "format/gguf.h"
+#include "search/importance.h"
+#include "pipeline/job.h"
+#include "pipeline/jobspec.h"
+#include "runtime/kernels_cpu.h"
+#include "format/model.h"
+#include "compress/prune.h"
+#include "format/safetensors.h"
 #include "synth.h"
-#include "tensor.h"
-#include "train.h"
+#include "core/tensor.h"
+#include "runtime/train.h"
 
 static char tiny[1100], f32dir[256] = "/tmp/ac_test_resident_job";
 static int exact;    /* split_invariant(): the bit-exact checks are in force */

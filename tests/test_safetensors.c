@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "safetensors.h"
-#include "tensor.h"
+#include "format/safetensors.h"
+#include "core/tensor.h"
 
 /* Build an image from a header string and n data bytes. */
 static size_t mk(unsigned char *buf, const char *hdr, size_t ndata) {

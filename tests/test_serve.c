@@ -13,14 +13,14 @@
 #include <string.h>
 
 #include "check.h"
-#include "costmodel.h"
-#include "costtimings.h"
-#include "device.h"
-#include "engines.h"
-#include "jobcheck.h"
-#include "jobspec.h"
-#include "provenance.h"
-#include "serve.h"
+#include "cost/costmodel.h"
+#include "cost/costtimings_int.h"
+#include "cost/device.h"
+#include "cost/engines.h"
+#include "pipeline/jobcheck.h"
+#include "pipeline/jobspec.h"
+#include "cost/provenance.h"
+#include "cost/serve_int.h"
 #include "synth_cost.h"
 
 /* ---------------------------------------------------------------- step costs */

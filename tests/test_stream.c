@@ -19,13 +19,13 @@
 #include <time.h>
 
 #include "check.h"
-#include "eval.h"
+#include "runtime/eval.h"
 #include "imp_compare.h"
-#include "importance.h"
-#include "kernels_cpu.h"
-#include "prune.h"
-#include "safetensors.h"
-#include "stream.h"
+#include "search/importance.h"
+#include "runtime/kernels_cpu.h"
+#include "compress/prune.h"
+#include "format/safetensors.h"
+#include "search/stream.h"
 #include "synth.h"
 
 static ac_model M;

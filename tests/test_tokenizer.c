@@ -4,7 +4,7 @@
 #include <jansson.h>
 
 #include "check.h"
-#include "tokenizer.h"
+#include "format/tokenizer.h"
 
 static char fx[1024];
 

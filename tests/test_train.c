@@ -8,14 +8,14 @@
 #include <math.h>
 
 #include "check.h"
-#include "cuda_plugin.h"
-#include "distill.h"
-#include "engine.h"
-#include "job.h"
-#include "model.h"
-#include "optim.h"
-#include "rope.h"
-#include "train.h"
+#include "runtime/cuda_plugin.h"
+#include "compress/distill.h"
+#include "runtime/engine.h"
+#include "pipeline/job.h"
+#include "format/model.h"
+#include "runtime/optim.h"
+#include "runtime/rope.h"
+#include "runtime/train.h"
 
 static char fx[1024];
 

@@ -21,23 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api.h"
+#include "autocompress.h"
 #include "costcache.h"
-#include "costmodel.h"
 #include "daemon.h"
-#include "deci.h"
-#include "eval.h"
-#include "gguf.h"
-#include "job.h"
-#include "kernels_cpu.h"
-#include "model.h"
-#include "modelcard.h"
-#include "reporthtml.h"
-#include "prune.h"
 #include "remote.h"
-#include "safetensors.h"
-#include "tasks.h"
-#include "tokenizer.h"
 
 #ifndef AC_VERSION
 #define AC_VERSION "0.1.0"

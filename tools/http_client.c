@@ -7,7 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "buf.h"
+#include "autocompress.h"
 
 #define HC_MAX_BODY ((size_t)1 << 30)
 

@@ -11,7 +11,7 @@
 
 #include <stddef.h>
 
-#include "err.h"
+#include "autocompress.h"
 
 typedef struct {
     const char *base;  /* "http://127.0.0.1:8321" (no trailing slash) */

@@ -1,11 +1,11 @@
 /* api.c - see api.h. */
-#include "api.h"
+#include "api/api.h"
 
 #include <string.h>
 
-#include "dtype.h"
-#include "jobspec.h"
-#include "model.h"
+#include "core/dtype.h"
+#include "pipeline/jobspec.h"
+#include "format/model.h"
 
 int ac_cost_measure_validate(const json_t *req, const char **field, ac_err *e) {
     *field = "measure";

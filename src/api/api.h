@@ -9,8 +9,8 @@
 
 #include <jansson.h>
 
-#include "costmodel.h"
-#include "err.h"
+#include "cost/costmodel.h"
+#include "core/err.h"
 
 /* {"model": dir | "architecture": {...}, "target": {...}} -> predicted
  * figures. The target is parsed by jobspec.c's target table. Only cached or

@@ -1,17 +1,17 @@
 /* distill.c - see distill.h. */
-#include "distill.h"
+#include "compress/distill.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_plugin.h"
-#include "device.h"
-#include "engine.h"
-#include "optim.h"
-#include "rope.h"
-#include "train.h"
+#include "runtime/cuda_plugin.h"
+#include "cost/device.h"
+#include "runtime/engine.h"
+#include "runtime/optim.h"
+#include "runtime/rope.h"
+#include "runtime/train.h"
 
 void ac_distill_defaults(ac_distill_opts *o) {
     *o = (ac_distill_opts){.tokens = 0,

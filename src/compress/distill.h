@@ -24,9 +24,9 @@
 #include <jansson.h>
 #include <stddef.h>
 
-#include "err.h"
-#include "eval.h"
-#include "model.h"
+#include "core/err.h"
+#include "runtime/eval.h"
+#include "format/model.h"
 
 #define AC_DISTILL_MAX_TOKENS 1000000000L /* the cap on distill.tokens (a 400 above it) */
 

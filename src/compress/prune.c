@@ -1,16 +1,16 @@
 /* prune.c - see prune.h. */
-#include "prune.h"
+#include "compress/prune.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dtype.h"
-#include "engine.h"
-#include "eval.h"
-#include "kernels_cpu.h"
-#include "stream.h"
-#include "tensor.h"
+#include "core/dtype.h"
+#include "runtime/engine.h"
+#include "runtime/eval.h"
+#include "runtime/kernels_cpu.h"
+#include "search/stream.h"
+#include "core/tensor.h"
 #include <cblas.h>
 
 /* LAPACK's Cholesky factorisation (OpenBLAS exports it; Debian ships no

@@ -5,10 +5,10 @@
 #ifndef AC_PRUNE_H
 #define AC_PRUNE_H
 
-#include "importance.h"
-#include "model.h"
-#include "slice.h"
-#include "stats.h"
+#include "search/importance.h"
+#include "format/model.h"
+#include "search/slice.h"
+#include "search/stats.h"
 
 /* Least-squares repair of down_proj after FFN pruning: re-fit the kept
  * columns so the layer's output matches the unpruned layer's on calibration

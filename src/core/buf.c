@@ -1,5 +1,5 @@
 /* buf.c - see buf.h. */
-#include "buf.h"
+#include "core/buf.h"
 
 #include <stdio.h>
 #include <stdlib.h>

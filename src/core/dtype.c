@@ -1,5 +1,5 @@
 /* dtype.c - see dtype.h. */
-#include "dtype.h"
+#include "core/dtype.h"
 
 #include <string.h>
 

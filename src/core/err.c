@@ -1,5 +1,5 @@
 /* err.c - error formatting and small checked helpers (see err.h). */
-#include "err.h"
+#include "core/err.h"
 
 #include <errno.h>
 #include <fcntl.h>

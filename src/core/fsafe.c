@@ -1,5 +1,5 @@
 /* fsafe.c - see fsafe.h. */
-#include "fsafe.h"
+#include "core/fsafe.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -26,7 +26,7 @@
 #include <jansson.h>
 #include <stddef.h>
 
-#include "err.h"
+#include "core/err.h"
 
 #define AC_FSAFE_PATH_MAX 3072
 #define AC_FSAFE_MAX_ROOTS 16

@@ -1,5 +1,5 @@
 /* fsafe_write.c - see fsafe_write.h. */
-#include "fsafe_write.h"
+#include "core/fsafe_write.h"
 
 #include <errno.h>
 #include <fcntl.h>

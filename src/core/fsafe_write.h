@@ -26,8 +26,8 @@
 #include <jansson.h>
 #include <stdio.h>
 
-#include "err.h"
-#include "fsafe.h"
+#include "core/err.h"
+#include "core/fsafe.h"
 
 typedef struct {
     FILE *f;       /* write the contents here */

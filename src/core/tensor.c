@@ -1,5 +1,5 @@
 /* tensor.c - see tensor.h. */
-#include "tensor.h"
+#include "core/tensor.h"
 
 #ifdef __SSE2__
 #include <emmintrin.h>

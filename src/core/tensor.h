@@ -11,8 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dtype.h"
-#include "err.h"
+#include "core/dtype.h"
+#include "core/err.h"
 
 float ac_bf16_to_f32(uint16_t h);
 uint16_t ac_f32_to_bf16(float f);

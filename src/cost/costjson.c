@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "costmodel.h"
+#include "cost/costmodel.h"
 
 static json_t *darr(const double *v, int n) {
     json_t *a = json_array();

@@ -23,13 +23,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "costmodel.h"
-#include "costtimings.h"
-#include "dtype.h"
-#include "engine.h"
-#include "kernels_cpu.h"
-#include "quiet.h"
-#include "tensor.h"
+#include "cost/costmodel.h"
+#include "costtimings_int.h"
+#include "core/dtype.h"
+#include "runtime/engine.h"
+#include "runtime/kernels_cpu.h"
+#include "cost/quiet.h"
+#include "core/tensor.h"
 
 /* ---------------------------------------------------------------- measurement */
 

@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cost_internal.h"
-#include "costmodel.h"
-#include "engines.h"
-#include "serve.h"
+#include "cost_int.h"
+#include "cost/costmodel.h"
+#include "cost/engines.h"
+#include "serve_int.h"
 
 /* ---------------------------------------------------------------- arch */
 
@@ -314,7 +314,7 @@ typedef struct {
     double fw;
 } step_ctx;
 
-/* One iteration of the engine (serve.h's callback): the token-parallel
+/* One iteration of the engine (serve_int.h's callback): the token-parallel
  * part over all its tokens (padded to the CUDA graph it runs as), the
  * attention of its decodes (at their mean context: the cost is linear in
  * it) and of each prompt chunk, the LM head over the rows that produce a

@@ -21,7 +21,7 @@
  * costmodel.c (prediction and gradients), costjson.c (tables as JSON),
  * costsource.c (which table a target gets: cache, measurement, roofline),
  * engines.c (the serving engines' defaults, engines.h), serve.c (the
- * engine's scheduler simulation for served workloads, serve.h).
+ * engine's scheduler simulation for served workloads, serve_int.h).
  * The library knows no database: a cache of tables is an ac_cost_cache the
  * caller hands in (the daemon and the CLI back it with SQLite,
  * daemon/costcache.c).
@@ -33,10 +33,10 @@
 
 #include <jansson.h>
 
-#include "device.h"
-#include "err.h"
-#include "model.h"
-#include "target.h"
+#include "cost/device.h"
+#include "core/err.h"
+#include "format/model.h"
+#include "cost/target.h"
 
 #define AC_CT_VERSION 4
 #define AC_CT_MAXG 16
@@ -160,7 +160,7 @@ double ac_carch_params(const ac_carch *c);
 double ac_moe_active_experts(double E, double k, double T);
 
 /* A workload: a static batch (batch sequences prefilled together, then
- * decoded together), or a served one (serve.h) when arrival_rate,
+ * decoded together), or a served one (serve_int.h) when arrival_rate,
  * concurrency or offline is set: `requests` requests through the engine's
  * scheduler. */
 typedef struct {

@@ -7,8 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cost_internal.h"
-#include "costmodel.h"
+#include "cost_int.h"
+#include "cost/costmodel.h"
 
 static double bytes_of(const char *dtype) { return !strcmp(dtype, "fp32") ? 4 : !strcmp(dtype, "fp8") ? 1 : 2; }
 

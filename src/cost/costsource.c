@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "costmodel.h"
-#include "costtimings.h"
-#include "cuda_plugin.h"
+#include "cost/costmodel.h"
+#include "costtimings_int.h"
+#include "runtime/cuda_plugin.h"
 
 int ac_cost_cache_lookup(const ac_cost_cache *c, const char *key, ac_cost_table *t, int *found, ac_err *e) {
     *found = 0;

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cost_internal.h"
-#include "costmodel.h"
+#include "cost_int.h"
+#include "cost/costmodel.h"
 
 void ac_cost_table_free(ac_cost_table *t) {
     free(t->gemm_us);

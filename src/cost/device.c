@@ -1,5 +1,5 @@
 /* device.c - see device.h. */
-#include "device.h"
+#include "cost/device.h"
 
 #include <dlfcn.h>
 #include <stdio.h>

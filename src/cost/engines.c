@@ -1,12 +1,12 @@
 /* engines.c - see engines.h; the defaults and where they come from are in docs/costmodel.md. */
-#include "engines.h"
+#include "cost/engines.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
-#include "device.h"
+#include "cost/device.h"
 
 enum { E_VLLM, E_TRTLLM, E_SGLANG, E_LLAMACPP, E_CPU };
 const char *const ac_engine_names[] = {"vllm", "trtllm", "sglang", "llamacpp", "autocompress-cpu", NULL};

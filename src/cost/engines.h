@@ -16,8 +16,8 @@
 #ifndef AC_ENGINES_H
 #define AC_ENGINES_H
 
-#include "costmodel.h"
-#include "err.h"
+#include "cost/costmodel.h"
+#include "core/err.h"
 
 /* The known names, NULL-terminated: vllm, trtllm, sglang, llamacpp,
  * autocompress-cpu (the local CPU engine). */

@@ -1,9 +1,9 @@
 /* provenance.c - see provenance.h. */
-#include "provenance.h"
+#include "cost/provenance.h"
 
 #include <string.h>
 
-#include "device.h"
+#include "cost/device.h"
 
 static int is_cuda(const ac_cost_table *t) { return !strncmp(t->key, "cuda:", 5); }
 

@@ -20,7 +20,7 @@
 
 #include <jansson.h>
 
-#include "costmodel.h"
+#include "cost/costmodel.h"
 
 /* {"table": ..., "inputs": {...}, "compared_with": ..., "figures": {name:
  * {"used", "other", "ratio"}}} for architecture c (the base model, in a

@@ -1,10 +1,10 @@
 /* quiet.c - see quiet.h. */
-#include "quiet.h"
+#include "cost/quiet.h"
 
 #include <assert.h>
 #include <math.h>
 
-#include "err.h"
+#include "core/err.h"
 
 /* The probes around a unit: it was only as quiet as the slower of the two. */
 static double around(double before, double after) { return before > after ? before : after; }

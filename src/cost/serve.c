@@ -1,5 +1,5 @@
-/* serve.c - see serve.h. */
-#include "serve.h"
+/* serve.c - see serve_int.h. */
+#include "serve_int.h"
 
 #include <math.h>
 #include <stdint.h>

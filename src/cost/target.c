@@ -1,5 +1,5 @@
 /* target.c - see target.h. */
-#include "target.h"
+#include "cost/target.h"
 
 #include <string.h>
 

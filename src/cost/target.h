@@ -6,8 +6,8 @@
 #ifndef AC_TARGET_H
 #define AC_TARGET_H
 
-#include "device.h"
-#include "err.h"
+#include "cost/device.h"
+#include "core/err.h"
 
 typedef enum { AC_TARGET_CPU, AC_TARGET_CUDA, AC_TARGET_PROFILE } ac_target_kind;
 

@@ -1,10 +1,10 @@
 // ac_cuda.cu - see ac_cuda.h. Kernels are deliberately simple and correct
 // first (one block per row / per (row, head)); cuBLAS carries the GEMMs,
 // which dominate the cost.
-#include "ac_cuda.h"
-#include "ac_cuda_conv.h"
-#include "ac_cuda_train.h"
-#include "block.h"
+#include "cuda/ac_cuda.h"
+#include "ac_cuda_conv_int.h"
+#include "ac_cuda_train_int.h"
+#include "runtime/block.h"
 
 #ifdef AC_CUDA_EMU
 #include "cuda_emu.h" // tests: the CPU emulation in tests/cuda_emu
@@ -217,7 +217,7 @@ __global__ void k_rmsnorm(bf16 *out, const float *x, const float *w, int H, floa
     for (int i = threadIdx.x; i < H; i += blockDim.x) out[(size_t)r * H + i] = __float2bfloat16(xr[i] * sc * w[i]);
 }
 
-// ---------------------------------------------------------------- weight upload (ac_cuda_conv.h)
+// ---------------------------------------------------------------- weight upload (ac_cuda_conv_int.h)
 
 // The host's conversions (src/core/tensor.c), bit for bit.
 __device__ inline float cv_f16_to_f32(unsigned h) {

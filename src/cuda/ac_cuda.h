@@ -30,10 +30,10 @@
 extern "C" {
 #endif
 
-#include "block.h"
-#include "dtype.h"
-#include "model.h"
-#include "train.h"
+#include "runtime/block.h"
+#include "core/dtype.h"
+#include "format/model.h"
+#include "runtime/train.h"
 
 typedef struct acc_engine acc_engine;
 
@@ -122,7 +122,7 @@ typedef struct {
     /* Time the cost model's micro-benchmarks on device dev (raw points;
      * ac_cost_table_from_timings builds the table). */
     int (*measure_timings)(int dev, acc_timings *t, char *err, size_t errn);
-    /* Training (ac_cuda_train.h, whose acc_trainer_* functions these are):
+    /* Training (ac_cuda_train_int.h, whose acc_trainer_* functions these are):
      * the training pass of train.c and the AdamW step of optim.c on the
      * device, for distillation on a local GPU. rope_cos/rope_sin as for
      * engine_create ([max_T][head_dim/2]); m's matrices in any of

@@ -1,12 +1,12 @@
-// ac_cuda_train.cu - see ac_cuda_train.h. Shapes as in src/runtime/train.c: N = B*T
+// ac_cuda_train.cu - see ac_cuda_train_int.h. Shapes as in src/runtime/train.c: N = B*T
 // rows, H hidden, hd head_dim, Q/KV/F the current layer's widths, V vocab.
 // Row-major buffers throughout; gemm() maps row-major products onto
 // cuBLAS's column-major contract. Kernels are simple (a block per row or per
 // (row, head)) and correct first; the GEMMs carry the cost.
-#include "ac_cuda_train.h"
-#include "block.h"
+#include "ac_cuda_train_int.h"
+#include "runtime/block.h"
 
-#include "ac_cuda_conv.h"
+#include "ac_cuda_conv_int.h"
 
 #ifdef AC_CUDA_EMU
 #include "cuda_emu.h"

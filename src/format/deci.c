@@ -1,13 +1,13 @@
 /* deci.c - the deci export target's rules; see deci.h. */
-#include "deci.h"
+#include "format/deci.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsafe_write.h"
-#include "safetensors.h"
+#include "core/fsafe_write.h"
+#include "format/safetensors.h"
 
 int ac_deci_loader_ffn(double ffn_mult, int hidden) {
     /* int(2 * ffn_mult * n_embd / 3), evaluated left to right in doubles as

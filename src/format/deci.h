@@ -25,8 +25,8 @@
 
 #include <jansson.h>
 
-#include "err.h"
-#include "model.h"
+#include "core/err.h"
+#include "format/model.h"
 
 #define AC_DECI_GRID 256
 

@@ -9,7 +9,7 @@
  * The metadata is gathered in memory; tensor data is converted and streamed
  * one tensor at a time.
  */
-#include "gguf.h"
+#include "format/gguf.h"
 
 #include <assert.h>
 #include <jansson.h>
@@ -19,12 +19,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "buf.h"
-#include "fsafe.h"
-#include "fsafe_write.h"
+#include "core/buf.h"
+#include "core/fsafe.h"
+#include "core/fsafe_write.h"
 #include "gguf_int.h"
-#include "safetensors.h"
-#include "tensor.h"
+#include "format/safetensors.h"
+#include "core/tensor.h"
 
 int ac_gguf_is_path(const char *path) {
     size_t n = strlen(path);

@@ -26,9 +26,9 @@
 
 #include <jansson.h>
 
-#include "err.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "core/err.h"
+#include "format/model.h"
+#include "format/tokenizer.h"
 
 /* True when path names a .gguf file (by its suffix). */
 int ac_gguf_is_path(const char *path);

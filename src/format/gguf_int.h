@@ -9,8 +9,8 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#include "err.h"
-#include "model.h"
+#include "core/err.h"
+#include "format/model.h"
 
 enum { GG_U8, GG_I8, GG_U16, GG_I16, GG_U32, GG_I32, GG_F32, GG_BOOL, GG_STR, GG_ARR, GG_U64, GG_I64, GG_F64 };
 enum { GGML_F32 = 0, GGML_F16 = 1, GGML_BF16 = 30 };

@@ -22,11 +22,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "fsafe.h"
-#include "gguf.h"
+#include "core/fsafe.h"
+#include "format/gguf.h"
 #include "gguf_int.h"
-#include "safetensors.h"
-#include "tensor.h"
+#include "format/safetensors.h"
+#include "core/tensor.h"
 
 typedef struct {
     const char *k;

@@ -3,9 +3,9 @@
  * nemotron-nas heterogeneous form), architecture helpers, weight loading and
  * saving. See model.h for the contract.
  */
-#include "model.h"
-#include "fsafe.h"
-#include "fsafe_write.h"
+#include "format/model.h"
+#include "core/fsafe.h"
+#include "core/fsafe_write.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -19,10 +19,10 @@
 #define MADV_POPULATE_READ 22 /* Linux 5.14 */
 #endif
 
-#include "deci.h"
-#include "gguf.h"
-#include "safetensors.h"
-#include "tensor.h"
+#include "format/deci.h"
+#include "format/gguf.h"
+#include "format/safetensors.h"
+#include "core/tensor.h"
 
 /* The largest value each config.json count may take, checked before
  * anything is sized by it (a hostile config must not make the daemon

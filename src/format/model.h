@@ -23,7 +23,7 @@
 
 #include <jansson.h>
 
-#include "err.h"
+#include "core/err.h"
 
 typedef struct {
     int n_heads;    /* query heads; 0 = attention removed */

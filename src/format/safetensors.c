@@ -4,9 +4,9 @@
  * contiguous coverage of the data buffer, no duplicates) before a tensor
  * pointer is handed out. Fuzzed by tests/fuzz_safetensors.c.
  */
-#include "safetensors.h"
-#include "fsafe.h"
-#include "fsafe_write.h"
+#include "format/safetensors.h"
+#include "core/fsafe.h"
+#include "core/fsafe_write.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -12,8 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dtype.h" /* st_dtype, ST_F32, ... */
-#include "err.h"
+#include "core/dtype.h" /* st_dtype, ST_F32, ... */
+#include "core/err.h"
 
 #define ST_MAX_DIMS 8
 #define ST_MAX_HEADER 100000000ULL

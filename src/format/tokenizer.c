@@ -16,8 +16,8 @@
  * tokens or to the unknown token).
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "tokenizer.h"
-#include "fsafe.h"
+#include "format/tokenizer.h"
+#include "core/fsafe.h"
 
 #include <assert.h>
 #include <jansson.h>

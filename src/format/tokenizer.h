@@ -20,7 +20,7 @@
 
 #include <stddef.h>
 
-#include "err.h"
+#include "core/err.h"
 
 typedef struct ac_tokenizer ac_tokenizer;
 

@@ -1,7 +1,7 @@
 /*
- * checkpoint.c - stage outputs on disk (checkpoint.h).
+ * checkpoint.c - stage outputs on disk (checkpoint_int.h).
  */
-#include "checkpoint.h"
+#include "checkpoint_int.h"
 
 #include <errno.h>
 #include <stdio.h>

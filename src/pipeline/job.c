@@ -1,13 +1,13 @@
 /*
  * job.c - the compression pipeline (see job.h): a table of stage functions
- * run in order over one job_state (job_state.h). Each stage announces
+ * run in order over one job_state (job_state_int.h). Each stage announces
  * itself with a "stage" event, reports progress, and on failure its error
  * is prefixed with "stage NAME". The report is built by report.c, latency
  * measured by measure.c.
  */
-#include "job.h"
-#include "fsafe.h"
-#include "fsafe_write.h"
+#include "pipeline/job.h"
+#include "core/fsafe.h"
+#include "core/fsafe_write.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -18,22 +18,22 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "checkpoint.h"
-#include "cuda_plugin.h"
-#include "deci.h"
-#include "device.h"
-#include "distill.h"
-#include "dnas.h"
-#include "dtype.h"
-#include "gguf.h"
-#include "job_state.h"
-#include "jobcheck.h"
-#include "kernels_cpu.h"
-#include "measure.h"
-#include "minitron.h"
-#include "modelcard.h"
-#include "reporthtml.h"
-#include "prune.h"
+#include "checkpoint_int.h"
+#include "runtime/cuda_plugin.h"
+#include "format/deci.h"
+#include "cost/device.h"
+#include "compress/distill.h"
+#include "search/dnas.h"
+#include "core/dtype.h"
+#include "format/gguf.h"
+#include "job_state_int.h"
+#include "pipeline/jobcheck.h"
+#include "runtime/kernels_cpu.h"
+#include "measure_int.h"
+#include "search/minitron.h"
+#include "pipeline/modelcard.h"
+#include "pipeline/reporthtml.h"
+#include "compress/prune.h"
 
 /* Every event of the job passes here (data borrowed): its loss points are
  * kept for report.html (ac_report_curves_add), then it goes to ctx->emit. */
@@ -569,7 +569,7 @@ static const struct {
 };
 enum { N_STAGES = sizeof STAGES / sizeof *STAGES };
 
-/* A stage restored from its checkpoint (checkpoint.h): what the stage sets
+/* A stage restored from its checkpoint (checkpoint_int.h): what the stage sets
  * besides the outputs the file held. */
 static int stage_restored(job_state *s, const char *stage, ac_err *e) {
     if (!strcmp(stage, "calibrate")) calibrate_setup(s);

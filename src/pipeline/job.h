@@ -17,9 +17,9 @@
 
 #include <jansson.h>
 
-#include "costmodel.h"
-#include "err.h"
-#include "jobspec.h"
+#include "cost/costmodel.h"
+#include "core/err.h"
+#include "pipeline/jobspec.h"
 
 typedef struct {
     void (*emit)(void *ud, const char *kind, json_t *data); /* data borrowed */
@@ -29,7 +29,7 @@ typedef struct {
                                     there when the cache has put (the CLI); the daemon's worker
                                     gets a read-only one and the daemon stores from the event */
     int threads;                /* CPU threads; 0 = 2 */
-    /* Stage checkpoints (checkpoint.h): a directory the job's finished
+    /* Stage checkpoints (checkpoint_int.h): a directory the job's finished
      * calibrate, profile and search stages are kept in, and restored from
      * when the job runs again (a requeued batch job); NULL: none. key: the
      * caller's fingerprint of the job (its spec), which a checkpoint must

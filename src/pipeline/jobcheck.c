@@ -1,5 +1,5 @@
 /* jobcheck.c - see jobcheck.h. */
-#include "jobcheck.h"
+#include "pipeline/jobcheck.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -8,13 +8,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "constraints.h"
-#include "costmodel.h"
-#include "deci.h"
-#include "dtype.h"
-#include "engines.h"
-#include "fsafe.h"
-#include "gguf.h"
+#include "search/constraints.h"
+#include "cost/costmodel.h"
+#include "format/deci.h"
+#include "core/dtype.h"
+#include "cost/engines.h"
+#include "core/fsafe.h"
+#include "format/gguf.h"
 
 /* The names a job's export writes (job.c, the model card, report.html, the
  * deci and GGUF writers) and fsafe_write's temporaries. */

@@ -12,9 +12,9 @@
 
 #include <jansson.h>
 
-#include "err.h"
-#include "jobspec.h"
-#include "model.h"
+#include "core/err.h"
+#include "pipeline/jobspec.h"
+#include "format/model.h"
 
 /* A job's paths (every path field of the typed spec, ac_job_spec_path),
  * checked the same way at submit (daemon, in its work pool) and in the

@@ -5,7 +5,7 @@
  * error's field name and the JSON schema all come from those lines.
  * Unknown fields are errors, as the design asks.
  */
-#include "jobspec.h"
+#include "pipeline/jobspec.h"
 
 #include <assert.h>
 #include <math.h>
@@ -14,15 +14,15 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "deci.h"
-#include "engines.h"
-#include "distill.h"
-#include "dtype.h"
-#include "fsafe.h"
-#include "gguf.h"
-#include "job.h"
-#include "jobcheck.h"
-#include "tasks.h"
+#include "format/deci.h"
+#include "cost/engines.h"
+#include "compress/distill.h"
+#include "core/dtype.h"
+#include "core/fsafe.h"
+#include "format/gguf.h"
+#include "pipeline/job.h"
+#include "pipeline/jobcheck.h"
+#include "runtime/tasks.h"
 
 _Static_assert(sizeof(ac_method) == sizeof(int) && sizeof(ac_export_target) == sizeof(int), "enums are stored as int");
 _Static_assert(AC_METHOD_MINITRON == 1 && AC_EXPORT_LLAMA == 1 && AC_EXPORT_GGUF == 2,

@@ -13,10 +13,10 @@
 
 #include <jansson.h>
 
-#include "costmodel.h"
-#include "err.h"
-#include "search.h"
-#include "target.h"
+#include "cost/costmodel.h"
+#include "core/err.h"
+#include "search/search.h"
+#include "cost/target.h"
 
 #define AC_SPEC_STR 4096 /* strings in a spec are shorter than this */
 

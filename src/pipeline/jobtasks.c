@@ -1,5 +1,5 @@
-/* jobtasks.c - see jobtasks.h. */
-#include "jobtasks.h"
+/* jobtasks.c - see jobtasks_int.h. */
+#include "jobtasks_int.h"
 
 #include <string.h>
 

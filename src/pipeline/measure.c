@@ -1,5 +1,5 @@
-/* measure.c - see measure.h. */
-#include "measure.h"
+/* measure.c - see measure_int.h. */
+#include "measure_int.h"
 
 #include <assert.h>
 #include <math.h>
@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dtype.h"
-#include "eval.h"
+#include "core/dtype.h"
+#include "runtime/eval.h"
 
 #define RUNS 5
 /* Re-measurement of runs a neighbour slowed (quiet.h): up to 4 rounds,

@@ -1,12 +1,12 @@
 /* modelcard.c - see modelcard.h. */
-#include "modelcard.h"
+#include "pipeline/modelcard.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "textout.h"
+#include "textout_int.h"
 
 static const char *base_name(const char *p) {
     size_t n = strlen(p);

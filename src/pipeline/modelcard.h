@@ -13,7 +13,7 @@
 
 #include <jansson.h>
 
-#include "err.h"
+#include "core/err.h"
 
 /* The card's text (owned by the caller), or NULL when out of memory. */
 char *ac_model_card(const json_t *report);

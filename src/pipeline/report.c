@@ -4,10 +4,10 @@
  */
 #include <jansson.h>
 
-#include "dnas.h"
-#include "job_state.h"
-#include "jobcheck.h"
-#include "provenance.h"
+#include "search/dnas.h"
+#include "job_state_int.h"
+#include "pipeline/jobcheck.h"
+#include "cost/provenance.h"
 
 static json_t *arm(const job_state *s, const ac_search_result *r, const ac_ppl_result *pp, int repaired) {
     return json_pack("{s:o,s:o,s:o,s:b,s:f,s:f,s:f,s:i,s:b}", "architecture", ac_arch_to_json(&r->arch), "predicted",

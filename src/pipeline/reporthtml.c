@@ -1,5 +1,5 @@
 /* reporthtml.c - see reporthtml.h. */
-#include "reporthtml.h"
+#include "pipeline/reporthtml.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "textout.h"
+#include "textout_int.h"
 
 /* s, HTML-escaped (text and attribute values). */
 static void esc(ac_text *o, const char *s) {

@@ -29,7 +29,7 @@
 
 #include <jansson.h>
 
-#include "err.h"
+#include "core/err.h"
 
 /* Empty curves: {"search": [], "search_label": "search loss", "distill":
  * {}} (owned by the caller), or NULL when out of memory. */

@@ -1,12 +1,12 @@
-/* textout.c - see textout.h. */
-#include "textout.h"
+/* textout.c - see textout_int.h. */
+#include "textout_int.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsafe_write.h"
+#include "core/fsafe_write.h"
 
 void ac_text_put(ac_text *t, const char *fmt, ...) {
     va_list ap;

@@ -1,7 +1,7 @@
-/* backend_cpu.c - the CPU engine (engine.c) behind the backend interface (backend.h). */
+/* backend_cpu.c - the CPU engine (engine.c) behind the backend interface (backend_int.h). */
 #include <stdlib.h>
 
-#include "backend.h"
+#include "backend_int.h"
 
 struct ac_backend_engine {
     ac_engine en;

@@ -1,15 +1,15 @@
 /*
  * backend_cuda.c - the CUDA plugin's engine (src/cuda, loaded by
- * cuda_plugin.c) behind the backend interface (backend.h), on device 0 of
+ * cuda_plugin.c) behind the backend interface (backend_int.h), on device 0 of
  * this process. The cross-entropy runs on the device: only one float per
  * position comes back. RoPE tables come from the host (rope.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "backend.h"
-#include "cuda_plugin.h"
-#include "rope.h"
+#include "backend_int.h"
+#include "runtime/cuda_plugin.h"
+#include "runtime/rope.h"
 
 struct ac_backend_engine {
     const ac_cuda_api *cu;

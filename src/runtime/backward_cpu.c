@@ -1,12 +1,12 @@
 /* backward_cpu.c - see backward_cpu.h. */
-#include "backward_cpu.h"
+#include "runtime/backward_cpu.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
-#include "dtype.h"
-#include "kernels_cpu.h"
+#include "core/dtype.h"
+#include "runtime/kernels_cpu.h"
 
 void ac_linear_backward(float *dX, float *dW, float *db, const float *dY, const float *X, const float *W, int N, int in,
                         int out, float alpha, int acc_dx) {

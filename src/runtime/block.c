@@ -1,6 +1,6 @@
 /* block.c - see block.h. The one place the decoder layer's structure is
  * written. */
-#include "block.h"
+#include "runtime/block.h"
 
 #include <math.h>
 #include <stddef.h>

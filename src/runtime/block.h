@@ -25,7 +25,7 @@
 
 #include <stddef.h>
 
-#include "model.h"
+#include "format/model.h"
 
 #ifdef __cplusplus
 extern "C" { /* the CUDA plugin compiles block.c as C++ and reads it through ac_cuda.h's C interface too */

@@ -1,11 +1,11 @@
 /* block_cpu.c - see block_cpu.h. N = B*n rows; hd head_dim; widths per
  * layer as in block.h. */
-#include "block_cpu.h"
+#include "runtime/block_cpu.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "ssm_cpu.h"
+#include "ssm_cpu_int.h"
 
 void ac_block_cpu_norm(float *out, const float *x, const float *w, int N, int H, float eps, const ac_block_mod *mod) {
     if (!mod || !mod->hid_mask) {

@@ -12,10 +12,10 @@
 #ifndef AC_BLOCK_CPU_H
 #define AC_BLOCK_CPU_H
 
-#include "block.h"
-#include "engine.h"
-#include "kernels_cpu.h"
-#include "model.h"
+#include "runtime/block.h"
+#include "runtime/engine.h"
+#include "runtime/kernels_cpu.h"
+#include "format/model.h"
 
 /* What differs from the model's layer in one call (NULL / 0 = nothing): the
  * structure points of the recipe as masks on activations (never on
@@ -47,7 +47,7 @@ typedef struct {
     float **kc, **vc;
     int max_ctx;
     /* Mamba-2 layers: per layer l the decode state ([B][K-1][SC] conv
-     * inputs, [B][heads][P][Ns] SSM states, ssm_cpu.h), continued when
+     * inputs, [B][heads][P][Ns] SSM states, ssm_cpu_int.h), continued when
      * pos0 > 0 and restarted at 0. Required for hybrid models (the
      * engine's); callers without one refuse them. */
     float **conv_s, **ssm_s;

@@ -1,14 +1,14 @@
 /* block_grad.c - see block_grad.h. N = B*T rows; hd head_dim; widths of
  * layer l by ac_dim (block.h). */
-#include "block_grad.h"
+#include "runtime/block_grad.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
-#include "backward_cpu.h"
-#include "dtype.h"
-#include "ssm_cpu.h"
+#include "runtime/backward_cpu.h"
+#include "core/dtype.h"
+#include "ssm_cpu_int.h"
 
 int ac_block_grad_supports(const ac_arch *a, int wdt, ac_err *e) {
     if (ac_arch_has_moe(a) && wdt != ST_F32)

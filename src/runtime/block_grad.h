@@ -33,10 +33,10 @@
 
 #include <stddef.h>
 
-#include "block.h"
-#include "err.h"
-#include "kernels_cpu.h"
-#include "model.h"
+#include "runtime/block.h"
+#include "core/err.h"
+#include "runtime/kernels_cpu.h"
+#include "format/model.h"
 
 typedef struct {
     const ac_model *m; /* the arch (and nothing else of it is read: weights come from w) */

@@ -1,5 +1,5 @@
 /* cuda_plugin.c - see cuda_plugin.h. */
-#include "cuda_plugin.h"
+#include "runtime/cuda_plugin.h"
 
 #include <dlfcn.h>
 #include <pthread.h>

@@ -7,7 +7,7 @@
  * the loader path. A plugin whose acc_abi_version is not ACC_ABI_VERSION (or
  * that has none: built before versioning) is refused, *why saying so.
  * Weights go to the plugin in their file dtype (resident BF16/F16 too): it
- * converts each tensor on the device (src/cuda/ac_cuda_conv.h).
+ * converts each tensor on the device (src/cuda/ac_cuda_conv_int.h).
  */
 #ifndef AC_CUDA_PLUGIN_H
 #define AC_CUDA_PLUGIN_H
@@ -15,7 +15,7 @@
 #include <stddef.h>
 
 #include "cuda/ac_cuda.h" /* ac_cuda_api: the plugin ABI */
-#include "model.h"
+#include "format/model.h"
 
 const ac_cuda_api *ac_cuda(const char **why);
 /* Whether the library at path (a dlopen name) is a plugin this build can

@@ -3,17 +3,17 @@
  * buffers, shapes in comments. N = B*n rows; H hidden. Each layer is its
  * block recipe run by the CPU executor (block_cpu.h).
  */
-#include "engine.h"
+#include "runtime/engine.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "block_cpu.h"
-#include "dtype.h"
-#include "kernels_cpu.h"
-#include "rope.h"
+#include "runtime/block_cpu.h"
+#include "core/dtype.h"
+#include "runtime/kernels_cpu.h"
+#include "runtime/rope.h"
 
 void ac_engine_free(ac_engine *en) {
     float *bufs[] = {en->x,      en->x0,     en->xn,    en->q,     en->att, en->g,  en->u,  en->kt, en->vt,

@@ -12,9 +12,9 @@
 #ifndef AC_ENGINE_H
 #define AC_ENGINE_H
 
-#include "err.h"
-#include "kernels_cpu.h"
-#include "model.h"
+#include "core/err.h"
+#include "runtime/kernels_cpu.h"
+#include "format/model.h"
 
 /* Observation points of the forward pass, for whoever watches activations
  * (activation statistics: stats.c); any may be NULL. N rows of this call. */

@@ -1,19 +1,19 @@
 /* eval.c - see eval.h. */
-#include "dtype.h"
-#include "eval.h"
-#include "fsafe.h"
+#include "core/dtype.h"
+#include "runtime/eval.h"
+#include "core/fsafe.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "gguf.h"
-#include "tokenizer.h"
+#include "backend_int.h"
+#include "format/gguf.h"
+#include "format/tokenizer.h"
 
 /* The engine that scores windows and times steps, on the backend chosen
- * once at open (backend.h). */
+ * once at open (backend_int.h). */
 struct ac_scorer {
     const ac_model *m;
     int B, ctx;

@@ -9,7 +9,7 @@
 
 #include <stddef.h>
 
-#include "engine.h"
+#include "runtime/engine.h"
 
 typedef struct {
     int ctx;         /* window length in tokens */

@@ -1,5 +1,5 @@
 /*
- * kernels_amx.c - see kernels_amx.h.
+ * kernels_amx.c - see kernels_amx_int.h.
  *
  * Layout: we compute Y^T tile by tile, C[n][m] = sum_k W[n][k] X[m][k], so
  * that the weight tile (16 rows of W, 32 k) is loaded straight from the
@@ -10,9 +10,9 @@
  * four C tiles accumulating over k; each C tile (16 n x 16 m) is transposed
  * in AVX-512 registers on its way into rows of Y.
  */
-#include "kernels_amx.h"
+#include "kernels_amx_int.h"
 
-#include "kthreads.h"
+#include "kthreads_int.h"
 
 #include <pthread.h>
 #include <string.h>

@@ -22,9 +22,9 @@
  * lane for lane, so every lane adds its products in the same order as
  * without chunks: the results are the same bits.
  */
-#include "kernels_avx512bf16.h"
+#include "runtime/kernels_avx512bf16.h"
 
-#include "kthreads.h"
+#include "kthreads_int.h"
 
 #include <pthread.h>
 #include <string.h>

@@ -2,16 +2,16 @@
  * kernels_avx512bf16.h - the BF16 GEMM on AVX512-BF16 dot products
  * (VDPBF16PS): the prefill GEMMs of a model whose weights stay BF16 in their
  * mapped file, on CPUs that have AVX512-BF16 but no AMX (AMD Zen 4 and
- * later, Intel Cooper Lake; kernels_amx.h takes Sapphire Rapids and later).
+ * later, Intel Cooper Lake; kernels_amx_int.h takes Sapphire Rapids and later).
  *
- * Numerics: as kernels_amx.h. The activations X are rounded to BF16
+ * Numerics: as kernels_amx_int.h. The activations X are rounded to BF16
  * (round-to-nearest-even), each product of two BF16 values is exact in
  * fp32 and the sums accumulate in fp32, 16 partial sums per output added
  * at the end (so the order differs from sgemm's, not the precision).
  * Weights are read in place, row by row (a row of W is one output's dot
  * product); only X is converted, once per call, into the caller's scratch.
  * Threads: the output columns are split over up to `threads` pthreads, one
- * per 2^24 multiply-adds of the call (ac_kthreads_gemm, kthreads.h).
+ * per 2^24 multiply-adds of the call (ac_kthreads_gemm, kthreads_int.h).
  */
 #ifndef AC_KERNELS_AVX512BF16_H
 #define AC_KERNELS_AVX512BF16_H

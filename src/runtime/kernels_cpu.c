@@ -1,5 +1,5 @@
 /* kernels_cpu.c - see kernels_cpu.h. */
-#include "kernels_cpu.h"
+#include "runtime/kernels_cpu.h"
 
 #include <cblas.h>
 #include <float.h>
@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels_amx.h"
-#include "kernels_avx512bf16.h"
-#include "kthreads.h"
-#include "tensor.h"
+#include "kernels_amx_int.h"
+#include "runtime/kernels_avx512bf16.h"
+#include "kthreads_int.h"
+#include "core/tensor.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

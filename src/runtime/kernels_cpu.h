@@ -8,7 +8,7 @@
  * rows into a small scratch and multiplied with sgemm (exactly the fp32
  * result of the same weights), except BF16 GEMMs of at least
  * ac_bf16_gemm_rows() rows on a CPU with a BF16 kernel: AMX-BF16
- * (kernels_amx.h) or else AVX512-BF16 (kernels_avx512bf16.h), which round
+ * (kernels_amx_int.h) or else AVX512-BF16 (kernels_avx512bf16.h), which round
  * the activations to BF16. BF16 decode steps (up to 8 rows) go to a GEMV
  * reading the weights in place (AVX2/FMA, fp32 arithmetic on the exact
  * weights, summed in another order than sgemm) while

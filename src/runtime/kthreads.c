@@ -1,5 +1,5 @@
-/* kthreads.c - see kthreads.h. */
-#include "kthreads.h"
+/* kthreads.c - see kthreads_int.h. */
+#include "kthreads_int.h"
 
 #include <pthread.h>
 

@@ -1,6 +1,6 @@
 /* optim.c - see optim.h. The update follows torch.optim.AdamW's
  * single-tensor code path operation by operation, so both round alike. */
-#include "optim.h"
+#include "runtime/optim.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -15,8 +15,8 @@
 
 #include <stddef.h>
 
-#include "err.h"
-#include "model.h"
+#include "core/err.h"
+#include "format/model.h"
 
 typedef struct {
     float lr, min_lr; /* peak and final learning rate */

@@ -1,10 +1,10 @@
 /* rope.c - see rope.h. */
-#include "rope.h"
+#include "runtime/rope.h"
 
 #include <math.h>
 #include <stdlib.h>
 
-#include "kernels_cpu.h"
+#include "runtime/kernels_cpu.h"
 
 int ac_rope_tables(const ac_arch *a, int max_ctx, float *cos_t, float *sin_t, ac_err *e) {
     size_t hd = a->head_dim;

@@ -7,8 +7,8 @@
 #ifndef AC_ROPE_H
 #define AC_ROPE_H
 
-#include "err.h"
-#include "model.h"
+#include "core/err.h"
+#include "format/model.h"
 
 /* cos_t, sin_t: [max_ctx][head_dim/2] each, allocated by the caller. */
 int ac_rope_tables(const ac_arch *a, int max_ctx, float *cos_t, float *sin_t, ac_err *e);

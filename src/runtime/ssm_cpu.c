@@ -1,7 +1,7 @@
-/* ssm_cpu.c - see ssm_cpu.h. Notation: di = nh*P inner width, C = di + 2GN
+/* ssm_cpu.c - see ssm_cpu_int.h. Notation: di = nh*P inner width, C = di + 2GN
  * conv channels, SI = di + C + nh in_proj rows; head h reads group
  * g = h / (nh/G) of B and C. */
-#include "ssm_cpu.h"
+#include "ssm_cpu_int.h"
 
 #include <math.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /* tasks.c - see tasks.h. */
-#include "tasks.h"
+#include "runtime/tasks.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
-#include "fsafe.h"
-#include "gguf.h"
+#include "runtime/engine.h"
+#include "core/fsafe.h"
+#include "format/gguf.h"
 
 /* ---------------------------------------------------------------- parsing */
 

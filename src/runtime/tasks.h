@@ -32,9 +32,9 @@
 #include <jansson.h>
 #include <stddef.h>
 
-#include "err.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "core/err.h"
+#include "format/model.h"
+#include "format/tokenizer.h"
 
 #define AC_MC_MAX_CHOICES 64
 

@@ -12,18 +12,18 @@
  * gated one of backward_cpu.h: its mean square is over the hidden gates'
  * mass, sum gh x^2 / sum gh, so hidden gates in {0,1} are the pruned model.
  */
-#include "train.h"
+#include "runtime/train.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backward_cpu.h"
-#include "block_grad.h"
-#include "dtype.h"
-#include "kernels_cpu.h"
-#include "tensor.h"
+#include "runtime/backward_cpu.h"
+#include "runtime/block_grad.h"
+#include "core/dtype.h"
+#include "runtime/kernels_cpu.h"
+#include "core/tensor.h"
 
 /* Floats of layer l's seven matrices. */
 static size_t layer_floats(const ac_arch *a, int l) {

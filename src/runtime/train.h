@@ -41,8 +41,8 @@
 
 #include <stddef.h>
 
-#include "err.h"
-#include "model.h"
+#include "core/err.h"
+#include "format/model.h"
 
 typedef struct {
     float **head;  /* [l][n_heads] (NULL when the layer has no attention) */

@@ -1,5 +1,5 @@
 /* constraints.c - see constraints.h. */
-#include "constraints.h"
+#include "search/constraints.h"
 
 #include <stdlib.h>
 #include <string.h>

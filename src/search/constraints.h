@@ -15,7 +15,7 @@
 #include <jansson.h>
 #include <stddef.h>
 
-#include "costmodel.h"
+#include "cost/costmodel.h"
 
 typedef struct {
     double max_ttft_ms, max_tpot_ms, min_tokens_per_s, max_mem_gib, max_params; /* <= 0: none */

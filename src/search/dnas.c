@@ -1,17 +1,17 @@
 /* dnas.c - see dnas.h. */
-#include "dnas.h"
+#include "search/dnas.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_plugin.h"
-#include "device.h"
-#include "optim.h"
-#include "rope.h"
-#include "slice.h"
-#include "tensor.h"
+#include "runtime/cuda_plugin.h"
+#include "cost/device.h"
+#include "runtime/optim.h"
+#include "runtime/rope.h"
+#include "search/slice.h"
+#include "core/tensor.h"
 
 #define HC_BETA (2.0 / 3.0)
 #define HC_GAMMA (-0.1)

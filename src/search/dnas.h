@@ -46,13 +46,13 @@
  * (train.c's frozen-weight trainer: m is read in its dtype, resident BF16/F16
  * too, one layer at a time, and never written; KV-merge mixtures go to
  * private fp32 K/V buffers), or with opts.cuda on the CUDA plugin's trainer
- * (ac_cuda_train.h: the same gates on the device; a local cuda target).
+ * (ac_cuda_train_int.h: the same gates on the device; a local cuda target).
  */
 #ifndef AC_DNAS_H
 #define AC_DNAS_H
 
-#include "search.h"
-#include "train.h"
+#include "search/search.h"
+#include "runtime/train.h"
 
 typedef struct {
     int steps;               /* gate-training steps */

@@ -1,18 +1,18 @@
 /* importance.c - see importance.h. */
-#include "importance.h"
+#include "search/importance.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dtype.h"
-#include "engine.h"
-#include "eval.h"
-#include "kernels_cpu.h"
-#include "moe_importance.h"
-#include "slice.h"
-#include "stats.h"
-#include "stream.h"
+#include "core/dtype.h"
+#include "runtime/engine.h"
+#include "runtime/eval.h"
+#include "runtime/kernels_cpu.h"
+#include "moe_importance_int.h"
+#include "search/slice.h"
+#include "search/stats.h"
+#include "search/stream.h"
 
 static const double SENS_R[AC_SENS_POINTS] = {0, 0.25, 0.5, 0.75, 1.0};
 

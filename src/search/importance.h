@@ -10,7 +10,7 @@
  * 75 and 100 % of a layer's attention (KV groups) or FFN channels are
  * removed, one layer at a time (a mixture-of-experts layer: the lowest-ranked
  * 25 .. 100 % of the experts that can go, all but top_k, by
- * moe_importance.h's order), when 12.5 / 25 / 50 / 75 % of the hidden
+ * moe_importance_int.h's order), when 12.5 / 25 / 50 / 75 % of the hidden
  * channels are, and when a layer's KV heads are merged (mean-pooled) down to
  * each divisor of their count with every query head kept. The search's quality term interpolates these curves.
  *
@@ -29,7 +29,7 @@
 
 #include <jansson.h>
 
-#include "model.h"
+#include "format/model.h"
 
 #define AC_SENS_POINTS 5 /* removed fractions 0, .25, .5, .75, 1 */
 
@@ -61,7 +61,7 @@ typedef struct {
     int *mt_hid_order;     /* [hidden] */
     double *mt_hid_score;  /* sorted */
     int streamed;          /* curves measured by the STREAMED (gradient) method (below) */
-    /* MoE layers (moe_importance.h; NULL when not measured, NULL rows for
+    /* MoE layers (moe_importance_int.h; NULL when not measured, NULL rows for
      * dense layers): experts, most important first, and each expert's score */
     int **expert_order;
     double **expert_score;

@@ -1,13 +1,13 @@
 /* minitron.c - see minitron.h. */
-#include "minitron.h"
+#include "search/minitron.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "eval.h"
-#include "slice.h"
-#include "stream.h"
+#include "runtime/eval.h"
+#include "search/slice.h"
+#include "search/stream.h"
 
 int ac_minitron_divisor(int max) {
     int d = (int)lround(max / 16.0);

@@ -34,7 +34,7 @@
 #ifndef AC_MINITRON_H
 #define AC_MINITRON_H
 
-#include "search.h"
+#include "search/search.h"
 
 #define AC_MINITRON_TOP_K 10
 #define AC_MINITRON_MAX_WIDTH_PRUNING 0.40

@@ -1,12 +1,12 @@
-/* moe_importance.c - see moe_importance.h. */
-#include "moe_importance.h"
+/* moe_importance.c - see moe_importance_int.h. */
+#include "moe_importance_int.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
-#include "eval.h"
+#include "runtime/engine.h"
+#include "runtime/eval.h"
 
 typedef struct {
     const ac_arch *a;

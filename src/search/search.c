@@ -1,14 +1,14 @@
 /* search.c - see search.h. */
-#include "search.h"
+#include "search/search.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "deci.h"
-#include "engines.h"
-#include "gguf.h"
+#include "format/deci.h"
+#include "cost/engines.h"
+#include "format/gguf.h"
 
 /* The limits a problem sets: rows of the constraint table (constraints.h). */
 typedef struct {

@@ -17,10 +17,10 @@
 
 #include <jansson.h>
 
-#include "constraints.h"
-#include "costmodel.h"
-#include "importance.h"
-#include "model.h"
+#include "search/constraints.h"
+#include "cost/costmodel.h"
+#include "search/importance.h"
+#include "format/model.h"
 
 
 typedef enum { AC_EXPORT_DECI, AC_EXPORT_LLAMA, AC_EXPORT_GGUF } ac_export_target;

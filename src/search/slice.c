@@ -1,12 +1,12 @@
 /* slice.c - see slice.h. */
-#include "slice.h"
+#include "search/slice.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "dtype.h"
-#include "kernels_cpu.h"
-#include "tensor.h"
+#include "core/dtype.h"
+#include "runtime/kernels_cpu.h"
+#include "core/tensor.h"
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 

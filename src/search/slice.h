@@ -10,8 +10,8 @@
 #ifndef AC_SLICE_H
 #define AC_SLICE_H
 
-#include "importance.h"
-#include "model.h"
+#include "search/importance.h"
+#include "format/model.h"
 
 int ac_prune(const ac_model *src, const ac_arch *target, const ac_importance *imp, ac_model *dst, ac_err *e);
 /* The same student with BF16 matrices (wown; norms and biases fp32): each

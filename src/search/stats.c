@@ -1,5 +1,5 @@
 /* stats.c - see stats.h. */
-#include "stats.h"
+#include "search/stats.h"
 
 #include <assert.h>
 #include <cblas.h>

@@ -9,9 +9,9 @@
 #ifndef AC_STATS_H
 #define AC_STATS_H
 
-#include "engine.h"
-#include "err.h"
-#include "model.h"
+#include "runtime/engine.h"
+#include "core/err.h"
+#include "format/model.h"
 
 typedef struct {
     int n_layers, hidden;

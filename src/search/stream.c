@@ -1,17 +1,17 @@
 /* stream.c - see stream.h. Shapes as in engine.c: N = B*n rows, H hidden,
  * hd head_dim, Q = n_heads*hd, KV = n_kv_heads*hd, F ffn width. */
-#include "stream.h"
+#include "search/stream.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backward_cpu.h"
-#include "block_cpu.h"
-#include "block_grad.h"
-#include "dtype.h"
-#include "kernels_cpu.h"
-#include "rope.h"
+#include "runtime/backward_cpu.h"
+#include "runtime/block_cpu.h"
+#include "runtime/block_grad.h"
+#include "core/dtype.h"
+#include "runtime/kernels_cpu.h"
+#include "runtime/rope.h"
 
 void ac_stream_free(ac_stream *s) {
     float *bufs[] = {s->xn,    s->q,      s->kt,  s->vt, s->att, s->g,   s->u,    s->x0,   s->scores, s->cos_t,

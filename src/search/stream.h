@@ -28,10 +28,10 @@
 #ifndef AC_STREAM_H
 #define AC_STREAM_H
 
-#include "block_cpu.h"
-#include "engine.h"
-#include "err.h"
-#include "model.h"
+#include "runtime/block_cpu.h"
+#include "runtime/engine.h"
+#include "core/err.h"
+#include "format/model.h"
 
 typedef struct {
     const ac_model *m;

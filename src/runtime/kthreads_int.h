@@ -1,5 +1,5 @@
 /*
- * kthreads.h - fork/join of a kernel's shares over pthreads: the BF16 GEMMs
+ * kthreads_int.h - fork/join of a kernel's shares over pthreads: the BF16 GEMMs
  * (kernels_amx.c, kernels_avx512bf16.c) split their output columns into
  * `n` jobs and run job 0 on the calling thread, the others on threads
  * created for the call. Owns nothing; the jobs are the caller's.

@@ -1,5 +1,5 @@
 /*
- * ac_cuda_conv.h - the plugin's weight upload in the file dtype (internal to
+ * ac_cuda_conv_int.h - the plugin's weight upload in the file dtype (internal to
  * src/cuda; defined in ac_cuda.cu, used by ac_cuda_train.cu too). A tensor's
  * raw host bytes (ST_F32, ST_BF16 or ST_F16, as the checkpoint stores them)
  * go to the device unchanged and a kernel converts them there: the host
@@ -13,7 +13,7 @@
 
 #include <stddef.h>
 
-#include "ac_cuda.h"
+#include "cuda/ac_cuda.h"
 
 /* The dtype (safetensors.h's st_dtype) of m's embed, lm_head and layer
  * matrices; norms and biases are always fp32. */

@@ -1,5 +1,5 @@
 /*
- * measure.h - measured latency of a model (the evaluation's counterpart of
+ * measure_int.h - measured latency of a model (the evaluation's counterpart of
  * the cost model): best-of-5 TTFT and TPOT on the CPU engine or the CUDA
  * plugin's device 0, and the comparisons the report carries of base and
  * result measured against the cost table's prediction.
@@ -9,9 +9,9 @@
 
 #include <jansson.h>
 
-#include "costmodel.h"
-#include "model.h"
-#include "quiet.h"
+#include "cost/costmodel.h"
+#include "format/model.h"
+#include "cost/quiet.h"
 
 /* Best-of-5 TTFT / TPOT (ms) of m for workload w, prompts and decode tokens
  * drawn from ids (on the CPU, TPOT averages each step's fastest of 5). The

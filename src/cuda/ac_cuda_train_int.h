@@ -1,5 +1,5 @@
 /*
- * ac_cuda_train.h - the training pass on CUDA (part of the plugin
+ * ac_cuda_train_int.h - the training pass on CUDA (part of the plugin
  * libac_cuda.so; src/cuda/ac_cuda_train.cu): the same forward with kept
  * activations, losses (next-token CE, temperature-scaled distillation KL)
  * and backward as src/runtime/train.c, and the AdamW update of src/runtime/optim.c, on
@@ -28,9 +28,9 @@
 extern "C" {
 #endif
 
-#include "ac_cuda.h"
-#include "model.h"
-#include "train.h"
+#include "cuda/ac_cuda.h"
+#include "format/model.h"
+#include "runtime/train.h"
 
 typedef struct acc_trainer acc_trainer;
 
@@ -38,7 +38,7 @@ typedef struct acc_trainer acc_trainer;
  * [max_T][head_dim/2], ac_rope_tables) and allocate gradients, moments,
  * activations for batch max_B x context max_T. m may be resident (BF16/F16
  * matrices): each tensor goes up in its file dtype and is widened to fp32 on
- * the device (ac_cuda_conv.h), exactly; the host holds no fp32 copy. */
+ * the device (ac_cuda_conv_int.h), exactly; the host holds no fp32 copy. */
 int acc_trainer_create(int dev, const ac_model *m, int max_B, int max_T, const float *rope_cos, const float *rope_sin,
                        acc_trainer **out, char *err, size_t errn);
 /* Forward tokens[B*T] from position 0, loss (as ac_loss_backward: targets

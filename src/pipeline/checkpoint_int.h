@@ -1,5 +1,5 @@
 /*
- * checkpoint.h - a job's finished stages kept on disk, so that a job run
+ * checkpoint_int.h - a job's finished stages kept on disk, so that a job run
  * again from the start (a Slurm batch job requeued after a node was lost or
  * preempted) resumes after its last finished stage instead of computing it
  * all again (job.c, ac_job_ctx.checkpoint_dir).
@@ -24,13 +24,13 @@
  * (ac_ckpt_supported): their importance holds per-expert orders this
  * format does not describe.
  *
- * Private to the pipeline (job_state.h).
+ * Private to the pipeline (job_state_int.h).
  */
 #ifndef AC_CHECKPOINT_H
 #define AC_CHECKPOINT_H
 
-#include "err.h"
-#include "job_state.h"
+#include "core/err.h"
+#include "job_state_int.h"
 
 /* 1 when stage is one this module keeps. */
 int ac_ckpt_stage(const char *stage);

@@ -1,5 +1,5 @@
 /*
- * backend.h - the one compute-backend interface: an engine over a model
+ * backend_int.h - the one compute-backend interface: an engine over a model
  * that runs forward passes through a KV cache, for timed steps and for
  * scoring windows. Implemented by the CPU engine (backend_cpu.c over
  * engine.c) and by the CUDA plugin (backend_cuda.c over the table the
@@ -9,9 +9,9 @@
 #ifndef AC_BACKEND_H
 #define AC_BACKEND_H
 
-#include "engine.h"
-#include "err.h"
-#include "model.h"
+#include "runtime/engine.h"
+#include "core/err.h"
+#include "format/model.h"
 
 typedef struct ac_backend_engine ac_backend_engine;
 

@@ -1,5 +1,5 @@
 /*
- * textout.h - text built piece by piece, for the pages made from a job's
+ * textout_int.h - text built piece by piece, for the pages made from a job's
  * report (the model card, report.html): printf-style appends that remember
  * running out of memory, then the whole text or NULL; and the report's JSON
  * read leniently (a missing string reads "", a missing number 0), as a page
@@ -10,8 +10,8 @@
 
 #include <jansson.h>
 
-#include "buf.h"
-#include "err.h"
+#include "core/buf.h"
+#include "core/err.h"
 
 typedef struct {
     ac_buf b;

@@ -1,5 +1,5 @@
 /*
- * jobtasks.h - a job's eval.tasks (jobspec.h): each task file tokenised once
+ * jobtasks_int.h - a job's eval.tasks (jobspec.h): each task file tokenised once
  * for the base model, then scored on any model of the job (the base, the
  * pruned and the distilled arms; they share the base's tokenizer) as
  * lm-evaluation-harness scores multiple choice (runtime/tasks.h).
@@ -12,8 +12,8 @@
 
 #include <jansson.h>
 
-#include "jobspec.h"
-#include "tasks.h"
+#include "pipeline/jobspec.h"
+#include "runtime/tasks.h"
 
 typedef struct {
     int n;

@@ -1,5 +1,5 @@
 /*
- * moe_importance.h - which experts of a mixture-of-experts model matter:
+ * moe_importance_int.h - which experts of a mixture-of-experts model matter:
  * Model-Optimizer's Minitron score, the mean over the calibration tokens of
  * the L2 norm of each expert's routed output, here weighted by the token's
  * routing weight for that expert (what the expert adds to the residual
@@ -13,9 +13,9 @@
 
 #include <stddef.h>
 
-#include "err.h"
-#include "importance.h"
-#include "model.h"
+#include "core/err.h"
+#include "search/importance.h"
+#include "format/model.h"
 
 /* imp->expert_order[l] / expert_score[l] for every MoE layer of m (NULL for
  * dense ones) over ids (windows of ctx tokens, at most `windows`); other

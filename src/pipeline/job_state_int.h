@@ -1,5 +1,5 @@
 /*
- * job_state.h - what the stages of one job (job.c) hand each other, and
+ * job_state_int.h - what the stages of one job (job.c) hand each other, and
  * what the report (report.c) is built from. Private to those two files and
  * checkpoint.c (which keeps stage outputs on disk).
  * Filled in stage order: each group below is written by the stage named.
@@ -9,12 +9,12 @@
 
 #include <jansson.h>
 
-#include "costmodel.h"
-#include "eval.h"
-#include "importance.h"
-#include "job.h"
-#include "jobtasks.h"
-#include "search.h"
+#include "cost/costmodel.h"
+#include "runtime/eval.h"
+#include "search/importance.h"
+#include "pipeline/job.h"
+#include "jobtasks_int.h"
+#include "search/search.h"
 
 typedef struct job_state {
     const ac_job_spec *spec;

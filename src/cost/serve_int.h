@@ -1,5 +1,5 @@
 /*
- * serve.h - a discrete-event simulation of a serving engine's
+ * serve_int.h - a discrete-event simulation of a serving engine's
  * iteration-level scheduler (continuous batching): requests arrive (all
  * at once, Poisson, or a closed loop of a fixed concurrency), wait, are
  * admitted while the KV pool has blocks for them, and every iteration
@@ -37,8 +37,8 @@
 #ifndef AC_SERVE_H
 #define AC_SERVE_H
 
-#include "costmodel.h"
-#include "err.h"
+#include "cost/costmodel.h"
+#include "core/err.h"
 
 #define AC_SERVE_REQUESTS 512 /* requests simulated when the workload names none */
 

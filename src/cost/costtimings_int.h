@@ -1,14 +1,14 @@
 /*
- * costtimings.h - a measured cost table from the CUDA plugin's raw timings
+ * costtimings_int.h - a measured cost table from the CUDA plugin's raw timings
  * (acc_timings, src/cuda/ac_cuda.h): the plugin only times its micro-
  * benchmarks, this layer owns the table (implemented in costmeasure.c).
  */
 #ifndef AC_COSTTIMINGS_H
 #define AC_COSTTIMINGS_H
 
-#include "costmodel.h"
+#include "cost/costmodel.h"
 #include "cuda/ac_cuda.h"
-#include "err.h"
+#include "core/err.h"
 
 /* Checks the grids (2..ACC_TM_MAXG points per axis, 1.. head dims) and that
  * every point is positive and finite; t gets the device's identity (key

@@ -1,12 +1,12 @@
 /*
- * kernels_amx.h - the BF16 GEMM on Intel AMX tiles (AMX-BF16): the prefill
+ * kernels_amx_int.h - the BF16 GEMM on Intel AMX tiles (AMX-BF16): the prefill
  * GEMMs of a model whose weights stay BF16 in their mapped file.
  *
  * Numerics: the activations X are rounded to BF16 (round-to-nearest-even),
  * products are exact in fp32 and sums accumulate in fp32 (as PyTorch's BF16
  * matmul on CPU and llama.cpp's BF16 path do). Weights are read in place.
  * Threads: the output rows are split over up to ac_kernels_threads() pthreads,
- * one per 2^24 multiply-adds of the call (ac_kthreads_gemm, kthreads.h).
+ * one per 2^24 multiply-adds of the call (ac_kthreads_gemm, kthreads_int.h).
  */
 #ifndef AC_KERNELS_AMX_H
 #define AC_KERNELS_AMX_H

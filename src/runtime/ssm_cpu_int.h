@@ -1,5 +1,5 @@
 /*
- * ssm_cpu.h - the Mamba-2 mixer's ops on the CPU, forward and backward,
+ * ssm_cpu_int.h - the Mamba-2 mixer's ops on the CPU, forward and backward,
  * fp32 with the recurrence run step by step (no chunked SSD): the causal
  * depthwise conv with SiLU, the selective scan, the grouped gated RMSNorm,
  * and nemotron_h's squared ReLU. block_cpu.c (forward) and block_grad.c
@@ -23,7 +23,7 @@
 
 #include <stddef.h>
 
-#include "model.h"
+#include "format/model.h"
 
 /* The shapes of one Mamba-2 mixer and the per-head / per-channel
  * parameters (not owned). */

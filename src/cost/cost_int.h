@@ -1,11 +1,11 @@
 /*
- * cost_internal.h - what the cost model's files share among themselves
+ * cost_int.h - what the cost model's files share among themselves
  * (costtable.c, costroofline.c, costpredict.c) and nobody else calls.
  */
 #ifndef AC_COST_INTERNAL_H
 #define AC_COST_INTERNAL_H
 
-#include "costmodel.h"
+#include "cost/costmodel.h"
 
 /* GEMM of (m x k) by (k x n): warm = weights in cache (the warm grid when the table has one). */
 double ac_cost_gemm_lookup(const ac_cost_table *t, double m, double n, double k, int warm);
