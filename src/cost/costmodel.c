@@ -28,13 +28,20 @@ int ac_carch_from_arch(const ac_arch *a, ac_carch *c, ac_err *e) {
     c->heads = calloc(a->n_layers, sizeof(double));
     c->kv = calloc(a->n_layers, sizeof(double));
     c->ffn = calloc(a->n_layers, sizeof(double));
-    int moe = ac_arch_has_moe(a);
+    c->ffn_mats = a->hybrid ? 2 : 3;
+    int moe = ac_arch_has_moe(a), ssm = 0;
+    for (int l = 0; l < a->n_layers; l++) ssm |= a->layers[l].ssm_heads > 0;
+    if (ssm) {
+        c->ssm = calloc(a->n_layers, sizeof(double));
+        c->ssm_head_dim = a->ssm_head_dim, c->ssm_state = a->ssm_state, c->ssm_groups = a->ssm_groups;
+        c->ssm_conv = a->ssm_conv, c->ssm_conv_bias = a->ssm_conv_bias;
+    }
     if (moe) {
         c->experts = calloc(a->n_layers, sizeof(double));
         c->effn = calloc(a->n_layers, sizeof(double));
         c->top_k = a->top_k;
     }
-    if (!c->heads || !c->kv || !c->ffn || (moe && (!c->experts || !c->effn))) {
+    if (!c->heads || !c->kv || !c->ffn || (moe && (!c->experts || !c->effn)) || (ssm && !c->ssm)) {
         ac_carch_free(c);
         return ac_errf(e, "out of memory");
     }
@@ -42,6 +49,7 @@ int ac_carch_from_arch(const ac_arch *a, ac_carch *c, ac_err *e) {
         c->heads[l] = a->layers[l].n_heads;
         c->kv[l] = a->layers[l].n_kv_heads;
         c->ffn[l] = a->layers[l].ffn;
+        if (ssm) c->ssm[l] = a->layers[l].ssm_heads;
         if (moe) {
             c->experts[l] = a->layers[l].n_experts;
             c->effn[l] = a->layers[l].n_experts ? a->layers[l].expert_ffn : 0;
@@ -59,13 +67,67 @@ double ac_moe_active_experts(double E, double k, double T) {
 /* Layer l's experts (0: a dense layer or none), each effn wide. */
 static double experts_of(const ac_carch *c, int l) { return c->experts && c->effn[l] > 0 ? c->experts[l] : 0; }
 
+static double ffn_mats(const ac_carch *c) { return c->ffn_mats == 2 ? 2 : 3; }
+
+/* ---------------------------------------------------------------- Mamba-2 layers */
+
+/* Layer l's Mamba heads (0: none) and its widths: the inner width (heads x
+ * head_dim), the conv channels (inner + 2 G N: x, B, C) and in_proj's rows
+ * (z, xBC, dt: inner + channels + heads), as format/model.h's ac_ssm_*. */
+static double ssm_of(const ac_carch *c, int l) { return c->ssm ? c->ssm[l] : 0; }
+static double ssm_inner(const ac_carch *c, int l) { return ssm_of(c, l) * c->ssm_head_dim; }
+static double ssm_chans(const ac_carch *c, int l) {
+    return ssm_of(c, l) > 0 ? ssm_inner(c, l) + 2.0 * c->ssm_groups * c->ssm_state : 0;
+}
+static double ssm_in_rows(const ac_carch *c, int l) { return ssm_inner(c, l) + ssm_chans(c, l) + ssm_of(c, l); }
+
+/* Parameters of layer l's mixer: its norm, in_proj, the conv (and bias),
+ * dt_bias, A_log and D per head, the gated norm, out_proj. */
+static double ssm_params(const ac_carch *c, int l) {
+    double H = c->hidden, di = ssm_inner(c, l), C = ssm_chans(c, l), K = c->ssm_conv;
+    if (ssm_of(c, l) <= 0) return 0;
+    return H + ssm_in_rows(c, l) * H + C * (K + (c->ssm_conv_bias ? 1 : 0)) + 3 * ssm_of(c, l) + di + H * di;
+}
+
+/* Floats of one sequence's state in layer l: the conv's last K - 1 inputs
+ * of every channel and the SSM state (heads x head_dim x state). */
+static double ssm_state_floats(const ac_carch *c, int l) {
+    if (ssm_of(c, l) <= 0) return 0;
+    return ssm_chans(c, l) * (c->ssm_conv > 1 ? c->ssm_conv - 1 : 0) + ssm_inner(c, l) * c->ssm_state;
+}
+
+double ac_carch_state_bytes(const ac_carch *c) {
+    double f = 0;
+    for (int l = 0; l < c->n_layers; l++) f += ssm_state_floats(c, l);
+    return 4 * f;
+}
+
+/* One Mamba layer over M tokens, as the engines run it: in_proj's and
+ * out_proj's GEMMs, then elementwise passes over what the recurrence
+ * touches: the conv (each channel, K taps), the selective scan (each
+ * token reads and writes every head's state, head_dim x state floats,
+ * in fp32, linear in the tokens: the chunked scan of a prefill does the
+ * same work in matrix form), the gated norm. The scan is priced as the
+ * elementwise passes it makes, not from a measured table of its own
+ * (docs/costmodel.md says what that leaves out). */
+static double ssm_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, int l, double M, int warm,
+                     double ar) {
+    double H = c->hidden, di = ssm_inner(c, l), C = ssm_chans(c, l);
+    if (ssm_of(c, l) <= 0) return 0;
+    double us = ac_cost_gemm_lookup(t, M, ssm_in_rows(c, l), H, warm) + ac_cost_gemm_lookup(t, M, H, di, warm);
+    us += ac_cost_elem_us(t, M * (H + ssm_in_rows(c, l) + C * c->ssm_conv + 2 * di + H), p->act_bytes);
+    us += ac_cost_elem_us(t, M * 2 * di * c->ssm_state, 4);
+    return us + ar;
+}
+
 void ac_carch_free(ac_carch *c) {
     free(c->heads);
     free(c->kv);
     free(c->ffn);
     free(c->experts);
     free(c->effn);
-    c->heads = c->kv = c->ffn = c->experts = c->effn = NULL;
+    free(c->ssm);
+    c->heads = c->kv = c->ffn = c->experts = c->effn = c->ssm = NULL;
 }
 
 double ac_carch_params(const ac_carch *c) {
@@ -74,9 +136,10 @@ double ac_carch_params(const ac_carch *c) {
         if (c->heads[l] > 0)
             p += H + 2 * H * c->heads[l] * hd + 2 * H * c->kv[l] * hd +
                  (c->qkv_bias ? (c->heads[l] + 2 * c->kv[l]) * hd : 0) + (c->qk_norm ? 2 * hd : 0);
-        if (c->ffn[l] > 0) p += H + 3 * H * c->ffn[l];
+        if (c->ffn[l] > 0) p += H + ffn_mats(c) * H * c->ffn[l];
         double E = experts_of(c, l);
-        if (E > 0) p += H + H * E + 3 * H * c->effn[l] * E; /* norm, router, every expert */
+        if (E > 0) p += H + H * E + ffn_mats(c) * H * c->effn[l] * E; /* norm, router, every expert */
+        p += ssm_params(c, l);
     }
     return p;
 }
@@ -85,7 +148,8 @@ double ac_carch_params(const ac_carch *c) {
 
 void ac_engine_profile_default(ac_engine_profile *p, int is_cpu) { ac_engine_profile_named(-1, is_cpu, p); }
 
-/* The widths one of tp GPUs holds: query heads, FFN and vocabulary split
+/* The widths one of tp GPUs holds: query heads, FFN, Mamba heads (vLLM's
+ * MambaMixer2 splits heads and their groups tp ways) and vocabulary split
  * tp ways; KV heads split too, or replicated one per GPU when fewer than
  * tp (vLLM's rule); every expert on every GPU with its FFN width split tp
  * ways (vLLM's tensor-parallel MoE, without expert parallelism). out owns
@@ -93,7 +157,7 @@ void ac_engine_profile_default(ac_engine_profile *p, int is_cpu) { ac_engine_pro
 static int carch_shard(const ac_carch *c, int tp, ac_carch *out) {
     *out = *c;
     size_t n = (size_t)(c->n_layers > 0 ? c->n_layers : 1);
-    out->heads = malloc(5 * n * sizeof(double));
+    out->heads = malloc(6 * n * sizeof(double));
     if (!out->heads) return -1;
     out->kv = out->heads + n;
     out->ffn = out->kv + n;
@@ -101,6 +165,7 @@ static int carch_shard(const ac_carch *c, int tp, ac_carch *out) {
         out->experts = out->ffn + n;
         out->effn = out->experts + n;
     }
+    if (c->ssm) out->ssm = out->ffn + 3 * n;
     for (int l = 0; l < c->n_layers; l++) {
         out->heads[l] = c->heads[l] / tp;
         out->kv[l] = c->kv[l] >= tp ? c->kv[l] / tp : c->kv[l] > 0 && c->heads[l] > 0 ? 1 : 0;
@@ -109,7 +174,9 @@ static int carch_shard(const ac_carch *c, int tp, ac_carch *out) {
             out->experts[l] = c->experts[l];
             out->effn[l] = c->effn[l] / tp;
         }
+        if (c->ssm) out->ssm[l] = c->ssm[l] / tp;
     }
+    if (c->ssm) out->ssm_groups = c->ssm_groups >= tp ? c->ssm_groups / tp : 1;
     out->vocab = (c->vocab + tp - 1) / tp;
     return 0;
 }
@@ -138,15 +205,17 @@ static double moe_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_
     double us = ac_cost_gemm_lookup(t, M, E, H, warm);
     if (t->launch_us > 0) { /* a GPU's fused MoE kernel: one grouped GEMM over the d experts' weights */
         double mg = AC_MOE_GROUPED_FLOPS * m;
-        us += 2 * ac_cost_gemm_lookup(t, mg, d * Fe, H, warm) + ac_cost_gemm_lookup(t, mg, H, d * Fe, warm);
+        us += (ffn_mats(c) - 1) * ac_cost_gemm_lookup(t, mg, d * Fe, H, warm) +
+              ac_cost_gemm_lookup(t, mg, H, d * Fe, warm);
     }
     else
-        us += d * (2 * ac_cost_gemm_lookup(t, m, Fe, H, warm) + ac_cost_gemm_lookup(t, m, H, Fe, warm));
+        us += d * ((ffn_mats(c) - 1) * ac_cost_gemm_lookup(t, m, Fe, H, warm) + ac_cost_gemm_lookup(t, m, H, Fe, warm));
     return us + ac_cost_elem_us(t, M * (2 * H + E + k * (2 * Fe + H)), p->act_bytes) + ar;
 }
 
 /* The token-parallel part of one forward call over M tokens: every
- * layer's GEMMs and elementwise passes (and, under tensor parallelism, its
+ * layer's GEMMs and elementwise passes (a Mamba layer's recurrence with
+ * them: it is linear in the tokens, as they are) (and, under tensor parallelism, its
  * two all-reduces of M x hidden activations). */
 static double dense_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, const ac_engine_rt *rt,
                        double M, int warm) {
@@ -159,10 +228,11 @@ static double dense_us(const ac_cost_table *t, const ac_carch *c, const ac_engin
             us += ac_cost_elem_us(t, M * (H + (h + kv) * hd), p->act_bytes) + ar;
         }
         if (F > 0) {
-            us += 2 * ac_cost_gemm_lookup(t, M, F, H, warm) + ac_cost_gemm_lookup(t, M, H, F, warm);
-            us += ac_cost_elem_us(t, M * (H + 2 * F), p->act_bytes) + ar;
+            us += (ffn_mats(c) - 1) * ac_cost_gemm_lookup(t, M, F, H, warm) + ac_cost_gemm_lookup(t, M, H, F, warm);
+            us += ac_cost_elem_us(t, M * (H + (ffn_mats(c) - 1) * F), p->act_bytes) + ar;
         }
         us += moe_us(t, c, p, l, M, warm, ar);
+        us += ssm_us(t, c, p, l, M, warm, ar);
     }
     return us;
 }
@@ -188,7 +258,8 @@ static int attn_layers(const ac_carch *c) {
 static double launch_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_rt *rt, int graphed) {
     int launches = 2, na = attn_layers(c);
     for (int l = 0; l < c->n_layers; l++) /* an MoE layer: router, top-k, two grouped GEMMs, the sum */
-        launches += 3 * (c->heads[l] > 0) + 2 * (c->ffn[l] > 0) + 5 * (experts_of(c, l) > 0);
+        launches += 3 * (c->heads[l] > 0) + 2 * (c->ffn[l] > 0) + 5 * (experts_of(c, l) > 0) +
+                    5 * (ssm_of(c, l) > 0); /* a Mamba layer: in_proj, conv, scan, gated norm, out_proj */
     if (graphed) launches = rt->graph_piecewise ? na + 1 : 1;
     return launches * t->launch_us;
 }
@@ -217,11 +288,13 @@ double ac_cost_decode_bytes(const ac_carch *c, const ac_engine_profile *p, doubl
             wb += 2 * H * (c->heads[l] + c->kv[l]) * hd;
             kvb += 2 * c->kv[l] * hd * S;
         }
-        if (c->ffn[l] > 0) wb += 3 * H * c->ffn[l];
+        if (c->ffn[l] > 0) wb += ffn_mats(c) * H * c->ffn[l];
         double E = experts_of(c, l); /* the router and the experts the step's B tokens reach */
-        if (E > 0) wb += H * E + 3 * H * c->effn[l] * ac_moe_active_experts(E, fmin(c->top_k, E), B);
+        if (E > 0) wb += H * E + ffn_mats(c) * H * c->effn[l] * ac_moe_active_experts(E, fmin(c->top_k, E), B);
+        wb += ssm_params(c, l);
     }
-    return wb * p->w_bytes + B * kvb * p->kv_bytes;
+    /* each sequence's Mamba state read and written back, whatever S */
+    return wb * p->w_bytes + B * kvb * p->kv_bytes + 2 * B * ac_carch_state_bytes(c);
 }
 
 /* Log-linear interpolation of v over the table's working-set bands,
@@ -255,7 +328,8 @@ static double decode_us_mib(const ac_cost_table *t, double ws, double B, double 
 #define PROBE_LAYERS 4.0
 static double probe_ws4(const ac_carch *c, double ws) {
     int n = 0;
-    for (int l = 0; l < c->n_layers; l++) n += c->heads[l] > 0 || c->ffn[l] > 0 || experts_of(c, l) > 0;
+    for (int l = 0; l < c->n_layers; l++)
+        n += c->heads[l] > 0 || c->ffn[l] > 0 || experts_of(c, l) > 0 || ssm_of(c, l) > 0;
     return n > 0 ? ws * PROBE_LAYERS / n : ws;
 }
 
@@ -425,22 +499,28 @@ static void predict_all(const ac_cost_table *t, const ac_carch *c0, const ac_wor
         if (experts_of(c, l) > 0) f = fmax(f, experts_of(c, l) + 2 * fmin(c->top_k, experts_of(c, l)) * c->effn[l]);
         if (a > widest) widest = a;
         if (f > widest) widest = f;
+        if (ssm_in_rows(c, l) > widest) widest = ssm_in_rows(c, l);
     }
+    /* a Mamba layer's state: per sequence, whatever its length */
+    double state_seq = ac_carch_state_bytes(c);
     double seq_tokens = P + G;
     if (!smooth && p->block_size > 1) seq_tokens = ceil(seq_tokens / p->block_size) * p->block_size;
     double act_seq = P * (c->hidden + widest) * p->act_bytes + (double)c->vocab * 4;
     o->weights_gib = ac_carch_params(c) * p->w_bytes / gib;
     o->kv_gib = B * seq_tokens * kv_tok / gib;
+    o->state_gib = B * state_seq / gib;
     o->act_gib = B * act_seq / gib;
-    o->mem_gib = o->weights_gib + o->kv_gib + o->act_gib + p->overhead_gib;
+    o->mem_gib = o->weights_gib + o->kv_gib + o->state_gib + o->act_gib + p->overhead_gib;
     o->device_mem_gib = t->mem_gib;
     double avail = t->mem_gib * p->mem_util - o->weights_gib - p->overhead_gib,
-           per_seq = (seq_tokens * kv_tok + act_seq) / gib;
+           per_seq = (seq_tokens * kv_tok + state_seq + act_seq) / gib;
     o->max_batch = avail > 0 && per_seq > 0 ? (int)fmin(floor(avail / per_seq), 1e9) : 0;
     /* The engine's pool: what it preallocates at start-up, less weights,
      * the activations of its largest step (the token budget) and its
      * runtime's own memory, in blocks. */
-    double act_peak = (rt.budget * (c->hidden + widest) * p->act_bytes + (double)rt.max_seqs * c->vocab * 4) / gib,
+    /* (and the Mamba state of its max_seqs sequences, allocated up front) */
+    double act_peak = (rt.budget * (c->hidden + widest) * p->act_bytes + (double)rt.max_seqs * c->vocab * 4 +
+                       (double)rt.max_seqs * state_seq) / gib,
            rest = o->weights_gib + act_peak + p->overhead_gib, pool;
     if (rt.fixed_kv_tokens > 0) {
         pool = rt.fixed_kv_tokens * kv_tok / gib;
@@ -586,6 +666,7 @@ json_t *ac_cost_to_json(const ac_cost *c) {
                           "tokens_per_s", c->tokens_per_s, "e2e_ms", c->e2e_ms, "memory_gib", c->mem_gib, "weights_gib",
                           c->weights_gib, "kv_cache_gib", c->kv_gib, "activations_gib", c->act_gib, "params", c->params,
                           "max_batch", c->max_batch, "device_memory_gib", c->device_mem_gib);
+    if (o && c->state_gib > 0) json_object_set_new(o, "ssm_state_gib", json_real(c->state_gib));
     json_t *x = json_pack("{s:f,s:f,s:f,s:f,s:f,s:f,s:f,s:b,s:i,s:f,s:f,s:I,s:f,s:i}", "p50_ttft_ms", c->p50_ttft_ms,
                           "p99_ttft_ms", c->p99_ttft_ms, "p50_tpot_ms", c->p50_tpot_ms, "p99_tpot_ms", c->p99_tpot_ms,
                           "p50_e2e_ms", c->p50_e2e_ms, "p99_e2e_ms", c->p99_e2e_ms, "requests_per_s", c->requests_per_s,

@@ -147,12 +147,27 @@ typedef struct {
     double *experts, *effn;   /* n_layers each, owned; NULL in a dense model */
     int top_k;
     int qkv_bias, qk_norm; /* the attention's biases and per-head norms (parameters only) */
+    /* Matrices of a dense FFN and of each expert: 3 (SwiGLU: gate, up,
+     * down) or 2 (nemotron_h's squared-ReLU MLP: up, down); 0 reads as 3. */
+    int ffn_mats;
+    /* Mamba-2 mixers (nemotron_h): ssm[l] heads in layer l (0: none; NULL
+     * in a model without them), each ssm_head_dim wide; ssm_groups groups
+     * share B and C of ssm_state each; a depthwise causal conv of ssm_conv
+     * taps (with a bias when ssm_conv_bias). A mixer keeps, per sequence,
+     * its conv window and its SSM state, in fp32 whatever the weights are
+     * (ac_carch_state_bytes): memory that does not grow with the context. */
+    double *ssm; /* n_layers, owned */
+    int ssm_head_dim, ssm_state, ssm_groups, ssm_conv, ssm_conv_bias;
 } ac_carch;
 
 int ac_carch_from_arch(const ac_arch *a, ac_carch *c, ac_err *e);
 void ac_carch_free(ac_carch *c);
 /* Every parameter held (all experts, not only the active ones). */
 double ac_carch_params(const ac_carch *c);
+/* Bytes one sequence's Mamba state takes (every Mamba layer's conv window,
+ * ssm_conv - 1 rows of its conv channels, and SSM state, heads x head_dim
+ * x ssm_state, in fp32); 0 without Mamba layers. */
+double ac_carch_state_bytes(const ac_carch *c);
 /* Experts with at least one of T tokens routed to them, in expectation, in
  * a layer of E experts with top-k routing, each token's k experts drawn
  * uniformly: E (1 - (1 - k/E)^T). A decode step of B sequences (T = B)
@@ -207,6 +222,7 @@ const char *ac_engine_profile_dtype(const ac_engine_profile *p);
 typedef struct {
     double ttft_ms, tpot_ms, tokens_per_s, e2e_ms;
     double mem_gib, weights_gib, kv_gib, act_gib;
+    double state_gib; /* the Mamba layers' per-sequence state of the batch (ac_carch_state_bytes) */
     double params;
     int max_batch; /* largest batch that fits (memory) */
     double device_mem_gib;

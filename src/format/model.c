@@ -461,8 +461,9 @@ double ac_arch_params(const ac_arch *a) {
                  (a->qkv_bias ? (L->n_heads + 2 * L->n_kv_heads) * hd : 0) + (a->qk_norm ? 2 * hd : 0);
         if (L->ffn) p += H + (a->hybrid ? 2 : 3) * H * L->ffn; /* nemotron_h's MLP: up, down */
         if (L->ssm_heads) /* norm, in_proj, conv (+ bias), dt_bias, A_log, D, gated norm, out_proj */
-            p += H + (double)ac_ssm_in_dim(a, l) * H + (double)ac_ssm_conv_dim(a, l) * (a->ssm_conv + 1) +
-                 3.0 * L->ssm_heads + ac_ssm_inner(a, l) + H * (double)ac_ssm_inner(a, l);
+            p += H + (double)ac_ssm_in_dim(a, l) * H +
+                 (double)ac_ssm_conv_dim(a, l) * (a->ssm_conv + (a->ssm_conv_bias ? 1 : 0)) + 3.0 * L->ssm_heads +
+                 ac_ssm_inner(a, l) + H * (double)ac_ssm_inner(a, l);
         if (L->n_experts) { /* norm, router, experts (nemotron_h: no gate, a correction bias, a shared expert, a
                              * latent projection down and up) */
             double Hin = a->hybrid && a->moe_latent ? a->moe_latent : H;
