@@ -64,10 +64,6 @@ static int estimate_arch(const json_t *req, ac_arch *arch, const char **field, a
         *field = "model";
         if (!json_is_string(model)) return ac_errf(e, "model must be a path string");
         if (ac_arch_load(json_string_value(model), &base, e)) return -1;
-        if (ac_arch_is_hybrid(&base)) { /* no Mamba state or scan in the cost model yet */
-            ac_arch_free(&base);
-            return ac_errf(e, "model: the cost model does not cover hybrid Mamba-Transformer (nemotron_h) layers yet");
-        }
     } else {
         *field = "architecture";
         if (!aj) return ac_errf(e, "need model (a model directory) or architecture");

@@ -102,22 +102,44 @@ double ac_carch_state_bytes(const ac_carch *c) {
     return 4 * f;
 }
 
-/* One Mamba layer over M tokens, as the engines run it: in_proj's and
- * out_proj's GEMMs, then elementwise passes over what the recurrence
- * touches: the conv (each channel, K taps), the selective scan (each
- * token reads and writes every head's state, head_dim x state floats,
- * in fp32, linear in the tokens: the chunked scan of a prefill does the
- * same work in matrix form), the gated norm. The scan is priced as the
- * elementwise passes it makes, not from a measured table of its own
- * (docs/costmodel.md says what that leaves out). */
+/* One Mamba layer over M tokens, its token-parallel part: in_proj's and
+ * out_proj's GEMMs and the elementwise passes around the scan (the conv,
+ * K taps per channel; the gated norm). The scan itself is scan_all_us. */
 static double ssm_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, int l, double M, int warm,
                      double ar) {
     double H = c->hidden, di = ssm_inner(c, l), C = ssm_chans(c, l);
     if (ssm_of(c, l) <= 0) return 0;
     double us = ac_cost_gemm_lookup(t, M, ssm_in_rows(c, l), H, warm) + ac_cost_gemm_lookup(t, M, H, di, warm);
-    us += ac_cost_elem_us(t, M * (H + ssm_in_rows(c, l) + C * c->ssm_conv + 2 * di + H), p->act_bytes);
-    us += ac_cost_elem_us(t, M * 2 * di * c->ssm_state, 4);
-    return us + ar;
+    return us + ac_cost_elem_us(t, M * (H + ssm_in_rows(c, l) + C * c->ssm_conv + 2 * di + H), p->act_bytes) + ar;
+}
+
+/* The chunk of the prefill scan (Mamba-2's SSD: the tokens of a chunk
+ * attend to each other through C B^T; chunks pass the state on). */
+#define AC_SSD_CHUNK 256.0
+
+/* The selective scan of every Mamba layer: B sequences, nq new tokens
+ * each. A decode step (nq 1) reads and writes each sequence's state
+ * (conv window and SSM state, fp32): memory-bound on the state, whatever
+ * the context. A prefill runs the chunked scan, linear in the tokens: per
+ * chunk of Q tokens and head, C B^T (Q x Q over the state N), those scores
+ * times x (Q x P over Q), the chunk's state B^T x and its output C S (P x
+ * N each), priced as GEMMs of those shapes over all the tokens, plus the
+ * chunk states written and read once. */
+static double scan_all_us(const ac_cost_table *t, const ac_carch *c, double B, double nq, int warm) {
+    double us = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        double h = ssm_of(c, l), di = ssm_inner(c, l), N = c->ssm_state;
+        if (h <= 0) continue;
+        if (nq <= 1) {
+            us += ac_cost_elem_us(t, 2 * B * ssm_state_floats(c, l), 4);
+            continue;
+        }
+        double M = B * nq, Q = fmin(AC_SSD_CHUNK, nq);
+        us += ac_cost_gemm_lookup(t, M, h * Q, N, warm) + ac_cost_gemm_lookup(t, M, di, Q, warm) +
+              2 * ac_cost_gemm_lookup(t, M, di, N, warm);
+        us += ac_cost_elem_us(t, 2 * B * ceil(nq / Q) * di * N, 4);
+    }
+    return us;
 }
 
 void ac_carch_free(ac_carch *c) {
@@ -214,8 +236,7 @@ static double moe_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_
 }
 
 /* The token-parallel part of one forward call over M tokens: every
- * layer's GEMMs and elementwise passes (a Mamba layer's recurrence with
- * them: it is linear in the tokens, as they are) (and, under tensor parallelism, its
+ * layer's GEMMs and elementwise passes (and, under tensor parallelism, its
  * two all-reduces of M x hidden activations). */
 static double dense_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, const ac_engine_rt *rt,
                        double M, int warm) {
@@ -275,7 +296,7 @@ static double forward_us(const ac_cost_table *t, const ac_carch *c, const ac_eng
             : nq == 1        ? ac_engine_graph_size(rt, (int)ceil(B))
                              : 0;
     if (g) Mrun = g;
-    double us = dense_us(t, c, p, rt, Mrun, warm) + attn_all_us(t, c, p, B, nq, S);
+    double us = dense_us(t, c, p, rt, Mrun, warm) + attn_all_us(t, c, p, B, nq, S) + scan_all_us(t, c, B, nq, warm);
     us += ac_cost_gemm_lookup(t, last_only ? B : M, c->vocab, H, warm) + ac_cost_elem_us(t, M * H, p->act_bytes);
     us += launch_us(t, c, rt, g > 0);
     return us + p->overhead_ms * 1e3;
@@ -415,8 +436,9 @@ static double served_step_us(void *ud, const ac_serve_step *s) {
             us += share * (dense_us(t, c, p, rt, M, warm) + ac_cost_gemm_lookup(t, s->logits, c->vocab, H, warm));
     }
     int calls = 0;
-    if (s->n_decode) us += attn_all_us(t, c, p, s->n_decode, 1, mean_ctx), calls++;
-    for (int i = 0; i < s->n_chunks; i++) us += attn_all_us(t, c, p, 1, s->chunk[i], s->chunk_end[i]), calls++;
+    if (s->n_decode) us += attn_all_us(t, c, p, s->n_decode, 1, mean_ctx) + scan_all_us(t, c, s->n_decode, 1, 1), calls++;
+    for (int i = 0; i < s->n_chunks; i++)
+        us += attn_all_us(t, c, p, 1, s->chunk[i], s->chunk_end[i]) + scan_all_us(t, c, 1, s->chunk[i], 1), calls++;
     if (t->roofline && calls > 1) us -= (calls - 1) * attn_layers(c) * t->launch_us;
     us += ac_cost_elem_us(t, (double)s->tokens * H, p->act_bytes) + launch_us(t, c, rt, g > 0);
     return us + p->overhead_ms * 1e3;
