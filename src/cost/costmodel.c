@@ -41,7 +41,8 @@ int ac_carch_from_arch(const ac_arch *a, ac_carch *c, ac_err *e) {
         c->effn = calloc(a->n_layers, sizeof(double));
         c->top_k = a->top_k;
     }
-    if (!c->heads || !c->kv || !c->ffn || (moe && (!c->experts || !c->effn)) || (ssm && !c->ssm)) {
+    c->recipe = calloc(a->n_layers > 0 ? a->n_layers : 1, sizeof *c->recipe);
+    if (!c->heads || !c->kv || !c->ffn || !c->recipe || (moe && (!c->experts || !c->effn)) || (ssm && !c->ssm)) {
         ac_carch_free(c);
         return ac_errf(e, "out of memory");
     }
@@ -50,6 +51,7 @@ int ac_carch_from_arch(const ac_arch *a, ac_carch *c, ac_err *e) {
         c->kv[l] = a->layers[l].n_kv_heads;
         c->ffn[l] = a->layers[l].ffn;
         if (ssm) c->ssm[l] = a->layers[l].ssm_heads;
+        c->recipe[l] = ac_block_recipe_of(a, l);
         if (moe) {
             c->experts[l] = a->layers[l].n_experts;
             c->effn[l] = a->layers[l].n_experts ? a->layers[l].expert_ffn : 0;
@@ -102,17 +104,6 @@ double ac_carch_state_bytes(const ac_carch *c) {
     return 4 * f;
 }
 
-/* One Mamba layer over M tokens, its token-parallel part: in_proj's and
- * out_proj's GEMMs and the elementwise passes around the scan (the conv,
- * K taps per channel; the gated norm). The scan itself is scan_all_us. */
-static double ssm_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, int l, double M, int warm,
-                     double ar) {
-    double H = c->hidden, di = ssm_inner(c, l), C = ssm_chans(c, l);
-    if (ssm_of(c, l) <= 0) return 0;
-    double us = ac_cost_gemm_lookup(t, M, ssm_in_rows(c, l), H, warm) + ac_cost_gemm_lookup(t, M, H, di, warm);
-    return us + ac_cost_elem_us(t, M * (H + ssm_in_rows(c, l) + C * c->ssm_conv + 2 * di + H), p->act_bytes) + ar;
-}
-
 /* The chunk of the prefill scan (Mamba-2's SSD: the tokens of a chunk
  * attend to each other through C B^T; chunks pass the state on). */
 #define AC_SSD_CHUNK 256.0
@@ -149,7 +140,9 @@ void ac_carch_free(ac_carch *c) {
     free(c->experts);
     free(c->effn);
     free(c->ssm);
+    free((void *)c->recipe);
     c->heads = c->kv = c->ffn = c->experts = c->effn = c->ssm = NULL;
+    c->recipe = NULL;
 }
 
 double ac_carch_params(const ac_carch *c) {
@@ -219,8 +212,7 @@ static int carch_shard(const ac_carch *c, int tp, ac_carch *out) {
  * Mixtral-8x7B FP8 rows (H100/H200, tests/test_gpu_profiles.py): their
  * median error 14.6 % at 1.0, 8.3 % at 1.3 (docs/costmodel.md). */
 #define AC_MOE_GROUPED_FLOPS 1.3
-static double moe_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, int l, double M, int warm,
-                     double ar) {
+static double moe_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, int l, double M, int warm) {
     double E = experts_of(c, l), H = c->hidden, Fe = c->effn ? c->effn[l] : 0, k = fmin(c->top_k, E);
     if (E <= 0 || Fe <= 0 || k <= 0) return 0;
     double d = ac_moe_active_experts(E, k, M), m = M * k / d;
@@ -232,28 +224,131 @@ static double moe_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_
     }
     else
         us += d * ((ffn_mats(c) - 1) * ac_cost_gemm_lookup(t, m, Fe, H, warm) + ac_cost_gemm_lookup(t, m, H, Fe, warm));
-    return us + ac_cost_elem_us(t, M * (2 * H + E + k * (2 * Fe + H)), p->act_bytes) + ar;
+    return us + ac_cost_elem_us(t, M * (2 * H + E + k * (2 * Fe + H)), p->act_bytes);
 }
 
-/* The token-parallel part of one forward call over M tokens: every
- * layer's GEMMs and elementwise passes (and, under tensor parallelism, its
- * two all-reduces of M x hidden activations). */
+/* ---------------------------------------------------------------- a layer, from its recipe */
+
+/* The width `d` (ac_dim, runtime/block.h) of layer l. */
+static double carch_dim(const ac_carch *c, int l, int d) {
+    switch (d) {
+    case AC_DIM_H: return c->hidden;
+    case AC_DIM_Q: return c->heads[l] * c->head_dim;
+    case AC_DIM_KV: return c->kv[l] * c->head_dim;
+    case AC_DIM_F: return c->ffn[l];
+    case AC_DIM_E: return experts_of(c, l);
+    case AC_DIM_FE: return c->effn ? c->effn[l] : 0;
+    case AC_DIM_SSM: return ssm_inner(c, l);
+    case AC_DIM_SC: return ssm_chans(c, l);
+    case AC_DIM_SI: return ssm_in_rows(c, l);
+    default: return 0;
+    }
+}
+
+/* Layer l's recipe (the one description of its computation, block.h); a
+ * carch filled by hand without recipes is a Llama-family dense model (as
+ * its ffn_mats 0 reads 3): the recipe of such an arch. */
+static const ac_block_recipe *recipe_of(const ac_carch *c, int l) {
+    if (c->recipe && c->recipe[l]) return c->recipe[l];
+    static const ac_arch dense; /* no layers, no MoE, no Mamba, no QK norm */
+    return ac_block_recipe_of(&dense, l);
+}
+
+static int sub_present(const ac_carch *c, int l, const ac_subblock *sb) { return carch_dim(c, l, sb->present) > 0; }
+
+/* Values per token an elementwise op passes over: its output's width; two
+ * operands' for SwiGLU and the gated norm; each conv tap. Structure points
+ * (masks, KV merging) are not in a served model; attention and the scan
+ * are priced with their context (attn_all_us, scan_all_us). */
+static double op_elems(const ac_carch *c, int l, const ac_op *op) {
+    double w = carch_dim(c, l, op->dout);
+    switch (op->kind) {
+    case AC_OP_MASK:
+    case AC_OP_KV_MERGE:
+    case AC_OP_MASK_HIDDEN:
+    case AC_OP_ATTENTION:
+    case AC_OP_SSM_SCAN: return 0;
+    case AC_OP_SWIGLU:
+    case AC_OP_GATED_NORM: return 2 * w;
+    case AC_OP_SSM_CONV: return w * c->ssm_conv;
+    default: return w;
+    }
+}
+
+/* Kernels a serving engine launches for layer l: one GEMM for the LINEARs
+ * that read the same input in a row (q, k and v; gate and up), attention,
+ * the conv, the scan and the gated norm one each, a router two (its GEMM,
+ * top-k) and the experts three (two grouped GEMMs, the weighted sum); norms
+ * fuse with the residual add, RoPE with attention, activations with their
+ * GEMM. */
+static int layer_launches(const ac_carch *c, int l) {
+    const ac_block_recipe *r = recipe_of(c, l);
+    int n = 0;
+    for (int s = 0; r && s < r->n_sub; s++) {
+        if (!sub_present(c, l, &r->sub[s])) continue;
+        int prev_in = -1;
+        for (int i = 0; i < r->sub[s].n_ops; i++) {
+            const ac_op *op = &r->sub[s].ops[i];
+            if (op->kind == AC_OP_LINEAR) {
+                n += op->in != prev_in;
+                prev_in = op->in;
+                continue;
+            }
+            prev_in = -1;
+            n += op->kind == AC_OP_ATTENTION || op->kind == AC_OP_SSM_CONV || op->kind == AC_OP_SSM_SCAN ||
+                 op->kind == AC_OP_GATED_NORM;
+            n += op->kind == AC_OP_ROUTE ? 2 : op->kind == AC_OP_EXPERTS ? 3 : 0;
+        }
+    }
+    return n;
+}
+
+/* The weights a decode step of B sequences reads in layer l: every
+ * LINEAR's matrix, a router's, and the experts the B tokens reach. */
+static double layer_decode_weights(const ac_carch *c, int l, double B) {
+    const ac_block_recipe *r = recipe_of(c, l);
+    double wb = 0, H = c->hidden;
+    for (int s = 0; r && s < r->n_sub; s++) {
+        if (!sub_present(c, l, &r->sub[s])) continue;
+        for (int i = 0; i < r->sub[s].n_ops; i++) {
+            const ac_op *op = &r->sub[s].ops[i];
+            double E = experts_of(c, l);
+            if (op->kind == AC_OP_LINEAR) wb += carch_dim(c, l, op->din) * carch_dim(c, l, op->dout);
+            if (op->kind == AC_OP_ROUTE) wb += H * E;
+            if (op->kind == AC_OP_EXPERTS && E > 0)
+                wb += ffn_mats(c) * H * c->effn[l] * ac_moe_active_experts(E, fmin(c->top_k, E), B);
+        }
+    }
+    return wb;
+}
+
+/* The token-parallel part of one forward call over M tokens: each layer's
+ * recipe walked, its LINEARs through the GEMM tables, its elementwise ops
+ * by the values they pass over, a mixture of experts as moe_us prices it;
+ * under tensor parallelism, one all-reduce of M x hidden activations per
+ * sub-block (its output projection's). */
 static double dense_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, const ac_engine_rt *rt,
                        double M, int warm) {
-    double H = c->hidden, hd = c->head_dim, us = 0, ar = ac_engine_allreduce_us(rt, M * H * p->act_bytes);
+    double us = 0, ar = ac_engine_allreduce_us(rt, M * c->hidden * p->act_bytes);
     for (int l = 0; l < c->n_layers; l++) {
-        double h = c->heads[l], kv = c->kv[l], F = c->ffn[l];
-        if (h > 0) {
-            us += ac_cost_gemm_lookup(t, M, h * hd, H, warm) + 2 * ac_cost_gemm_lookup(t, M, kv * hd, H, warm) +
-                  ac_cost_gemm_lookup(t, M, H, h * hd, warm);
-            us += ac_cost_elem_us(t, M * (H + (h + kv) * hd), p->act_bytes) + ar;
+        const ac_block_recipe *r = recipe_of(c, l);
+        for (int s = 0; r && s < r->n_sub; s++) {
+            const ac_subblock *sb = &r->sub[s];
+            if (!sub_present(c, l, sb)) continue;
+            double elems = 0;
+            int moe = 0;
+            for (int i = 0; i < sb->n_ops; i++) {
+                const ac_op *op = &sb->ops[i];
+                if (op->kind == AC_OP_LINEAR)
+                    us += ac_cost_gemm_lookup(t, M, carch_dim(c, l, op->dout), carch_dim(c, l, op->din), warm);
+                else if (op->kind == AC_OP_ROUTE || op->kind == AC_OP_EXPERTS)
+                    moe = 1;
+                else
+                    elems += op_elems(c, l, op);
+            }
+            /* a mixture of experts: its router, experts and their passes (its norm with them) */
+            us += (moe ? moe_us(t, c, p, l, M, warm) : ac_cost_elem_us(t, M * elems, p->act_bytes)) + ar;
         }
-        if (F > 0) {
-            us += (ffn_mats(c) - 1) * ac_cost_gemm_lookup(t, M, F, H, warm) + ac_cost_gemm_lookup(t, M, H, F, warm);
-            us += ac_cost_elem_us(t, M * (H + (ffn_mats(c) - 1) * F), p->act_bytes) + ar;
-        }
-        us += moe_us(t, c, p, l, M, warm, ar);
-        us += ssm_us(t, c, p, l, M, warm, ar);
     }
     return us;
 }
@@ -278,9 +373,7 @@ static int attn_layers(const ac_carch *c) {
  * graphs) the attention kernels left outside it. */
 static double launch_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_rt *rt, int graphed) {
     int launches = 2, na = attn_layers(c);
-    for (int l = 0; l < c->n_layers; l++) /* an MoE layer: router, top-k, two grouped GEMMs, the sum */
-        launches += 3 * (c->heads[l] > 0) + 2 * (c->ffn[l] > 0) + 5 * (experts_of(c, l) > 0) +
-                    5 * (ssm_of(c, l) > 0); /* a Mamba layer: in_proj, conv, scan, gated norm, out_proj */
+    for (int l = 0; l < c->n_layers; l++) launches += layer_launches(c, l);
     if (graphed) launches = rt->graph_piecewise ? na + 1 : 1;
     return launches * t->launch_us;
 }
@@ -305,14 +398,8 @@ static double forward_us(const ac_cost_table *t, const ac_carch *c, const ac_eng
 double ac_cost_decode_bytes(const ac_carch *c, const ac_engine_profile *p, double B, double S) {
     double H = c->hidden, hd = c->head_dim, wb = (double)c->vocab * H, kvb = 0;
     for (int l = 0; l < c->n_layers; l++) {
-        if (c->heads[l] > 0) {
-            wb += 2 * H * (c->heads[l] + c->kv[l]) * hd;
-            kvb += 2 * c->kv[l] * hd * S;
-        }
-        if (c->ffn[l] > 0) wb += ffn_mats(c) * H * c->ffn[l];
-        double E = experts_of(c, l); /* the router and the experts the step's B tokens reach */
-        if (E > 0) wb += H * E + ffn_mats(c) * H * c->effn[l] * ac_moe_active_experts(E, fmin(c->top_k, E), B);
-        wb += ssm_params(c, l);
+        if (c->heads[l] > 0) kvb += 2 * c->kv[l] * hd * S;
+        wb += layer_decode_weights(c, l, B);
     }
     /* each sequence's Mamba state read and written back, whatever S */
     return wb * p->w_bytes + B * kvb * p->kv_bytes + 2 * B * ac_carch_state_bytes(c);

@@ -36,6 +36,7 @@
 #include "cost/device.h"
 #include "core/err.h"
 #include "format/model.h"
+#include "runtime/block.h"
 #include "cost/target.h"
 
 #define AC_CT_VERSION 4
@@ -158,6 +159,11 @@ typedef struct {
      * (ac_carch_state_bytes): memory that does not grow with the context. */
     double *ssm; /* n_layers, owned */
     int ssm_head_dim, ssm_state, ssm_groups, ssm_conv, ssm_conv_bias;
+    /* Each layer's block recipe (runtime/block.h): the layer's computation,
+     * which the model walks (its LINEARs are its GEMMs); n_layers, the
+     * array owned, the recipes static. NULL (a carch filled by hand): the
+     * Llama recipe. */
+    const ac_block_recipe **recipe;
 } ac_carch;
 
 int ac_carch_from_arch(const ac_arch *a, ac_carch *c, ac_err *e);
