@@ -419,10 +419,10 @@ __global__ void kt_adamw(float *p, float *g, float *m, float *v, size_t n, float
 
 // ---------------------------------------------------------------- trainer
 
-enum { W_IN, W_Q, W_K, W_V, W_O, W_BQ, W_BK, W_BV, W_POST, W_G, W_U, W_D, W_QN, W_KN, W_N };
-static_assert((int)W_K == (int)ACC_T_K && (int)W_BV == (int)ACC_T_BV && (int)W_D == (int)ACC_T_D &&
-                  (int)W_KN == (int)ACC_T_KN && (int)W_N == (int)ACC_T_N,
-              "ac_cuda.h's ACC_T_* order");
+// A layer's parameter tensors by name: ac_cuda.h's ACC_T_* (what the
+// library reads and writes through acc_trainer_tensor), then the Mamba
+// mixer's, which have no ACC_T_ name (the trainer refuses hybrid models).
+enum { T_SSM_IN = ACC_T_N, T_SSM_OUT, T_SSM_NORM, T_NAMES };
 
 // The arch fields the trainer needs (the plugin does not link the library,
 // so no ac_arch_copy / ac_arch_free here).
@@ -440,6 +440,7 @@ struct acc_trainer {
     std::vector<float *> p, g, m, v;
     std::vector<size_t> n;
     std::vector<int> decay;
+    std::vector<int> tix; // [n_layers][T_NAMES]: the tensor index of each layer's named tensor, -1 none
     int head_idx;              // index of the LM head tensor (== embed's when tied)
     std::vector<float *> bufs; // every other device allocation, freed at the end
     // per layer: what the block recipe's backward needs, kept by its forward
@@ -459,39 +460,73 @@ struct acc_trainer {
     std::vector<float> s_attn, s_mlp; // host copies of the sub-block gates (GEMM alphas)
 };
 
-static int wi(int l, int w) { return 3 + l * W_N + w; } // tensor index of layer weight
+static int wi(const acc_trainer *t, int l, int w) { return t->tix[(size_t)l * T_NAMES + w]; } // -1: none
 static float *GH(const acc_trainer *t) { return t->gates; }
 static float *GHEAD(const acc_trainer *t, int l) { return t->gates + t->off_head[l]; }
 static float *GFFN(const acc_trainer *t, int l) { return t->gates + t->off_ffn[l]; }
-static float *P(const acc_trainer *t, int l, int w) { return t->p[wi(l, w)]; }
-static float *G(const acc_trainer *t, int l, int w) { return t->g[wi(l, w)]; }
+static float *P(const acc_trainer *t, int l, int w) { return wi(t, l, w) >= 0 ? t->p[wi(t, l, w)] : NULL; }
+static float *G(const acc_trainer *t, int l, int w) { return wi(t, l, w) >= 0 ? t->g[wi(t, l, w)] : NULL; }
+
+// The recipe's weight names (block.h) as the trainer's tensor names.
+static int tw_mat(int w) {
+    static const int m[] = {ACC_T_Q, ACC_T_K, ACC_T_V, ACC_T_O, ACC_T_G, ACC_T_U, ACC_T_D, T_SSM_IN, T_SSM_OUT};
+    return w >= 0 && w < (int)(sizeof m / sizeof *m) ? m[w] : -1;
+}
+static int tw_bias(int w) { return w == AC_W_Q ? ACC_T_BQ : w == AC_W_K ? ACC_T_BK : w == AC_W_V ? ACC_T_BV : -1; }
+static int tw_norm(int w) {
+    return w == AC_NORM_IN     ? ACC_T_IN
+           : w == AC_NORM_POST ? ACC_T_POST
+           : w == AC_NORM_Q    ? ACC_T_QN
+           : w == AC_NORM_K    ? ACC_T_KN
+           : w == AC_NORM_SSM  ? T_SSM_NORM
+                               : -1;
+}
 
 // Host pointers of m's tensors in the trainer's order, with sizes, decay and
-// stored dtype (matrices: m's file dtype, or fp32; norms and biases fp32).
+// stored dtype (matrices: m's file dtype, or fp32; norms and biases fp32):
+// the embedding, the LM head, the final norm, then each layer's tensors as
+// its block recipe (block.h) names them, in the order its ops use them:
+// each LINEAR's matrix and bias (n 0 where the layer has none), each norm's
+// weight, once each. tix (may be NULL) receives each layer's index of every
+// named tensor ([n_layers][T_NAMES], -1 where the recipe has none).
 static void host_tensors(const ac_model *m, std::vector<const void *> &hp, std::vector<size_t> &n,
-                         std::vector<int> &decay, std::vector<int> &dt) {
+                         std::vector<int> &decay, std::vector<int> &dt, std::vector<int> *tix) {
     const ac_arch *a = &m->a;
     size_t H = a->hidden, hd = a->head_dim, V = a->vocab;
-    int d32 = ST_F32;
-    auto add = [&](const float *p, size_t c, int d, int t) {
+    int d32 = ST_F32, t = acc_model_dt(m);
+    auto add = [&](const void *p, size_t c, int d, int ty) {
         hp.push_back(p);
         n.push_back(p ? c : 0);
         decay.push_back(d);
-        dt.push_back(t);
+        dt.push_back(ty);
     };
-    add(m->embed, V * H, 1, acc_model_dt(m));
-    add(a->tie_embeddings ? NULL : m->lm_head, V * H, 1, acc_model_dt(m));
+    add(m->embed, V * H, 1, t);
+    add(a->tie_embeddings ? NULL : m->lm_head, V * H, 1, t);
     add(m->final_norm, H, 0, d32);
+    std::vector<int> ix((size_t)a->n_layers * T_NAMES, -1);
     for (int l = 0; l < a->n_layers; l++) {
-        const ac_layer_arch *L = &a->layers[l];
+        const ac_block_recipe *r = ac_block_recipe_of(a, l);
         const ac_layer_w *w = &m->L[l];
-        size_t Q = L->n_heads * hd, KV = L->n_kv_heads * hd, F = L->ffn;
-        int t = acc_model_dt(m);
-        add(w->in_norm, H, 0, d32), add(w->wq, Q * H, 1, t), add(w->wk, KV * H, 1, t), add(w->wv, KV * H, 1, t);
-        add(w->wo, H * Q, 1, t), add(w->bq, Q, 0, d32), add(w->bk, KV, 0, d32), add(w->bv, KV, 0, d32);
-        add(w->post_norm, H, 0, d32), add(w->wg, F * H, 1, t), add(w->wu, F * H, 1, t), add(w->wd, H * F, 1, t);
-        add(w->q_norm, hd, 0, d32), add(w->k_norm, hd, 0, d32);
+        int *li = &ix[(size_t)l * T_NAMES];
+        auto name = [&](int id, const void *p, size_t c, int d, int ty) {
+            if (id < 0 || li[id] >= 0) return; // no name, or already listed
+            li[id] = (int)hp.size();
+            add(p, c, d, ty);
+        };
+        for (int s = 0; s < r->n_sub; s++)
+            for (int i = 0; i < r->sub[s].n_ops; i++) {
+                const ac_op *op = &r->sub[s].ops[i];
+                size_t din = (size_t)ac_block_dim(a, l, (ac_dim)op->din), dout = (size_t)ac_block_dim(a, l, (ac_dim)op->dout);
+                if (op->kind == AC_OP_LINEAR) {
+                    name(tw_mat(op->w), ac_block_matrix(w, op->w), dout * din, 1, t);
+                    name(tw_bias(op->w), ac_block_bias(w, op->w), dout, 0, d32);
+                } else if (op->kind == AC_OP_RMSNORM)
+                    name(tw_norm(op->w), ac_block_norm(w, op->w), H, 0, d32);
+                else if (op->kind == AC_OP_HEAD_NORM)
+                    name(tw_norm(op->w), ac_block_norm(w, op->w), hd, 0, d32);
+            }
     }
+    if (tix) *tix = ix;
 }
 
 static int dalloc(acc_trainer *t, float **p, size_t n, char *err, size_t errn) {
@@ -531,14 +566,6 @@ extern "C" void acc_trainer_free(acc_trainer *t) {
 }
 
 // ---------------------------------------------------------------- the block recipe
-
-// The recipe's weight names (block.h) as this trainer's tensor indices.
-static int tw_mat(int w) {
-    static const int m[] = {W_Q, W_K, W_V, W_O, W_G, W_U, W_D};
-    return m[w];
-}
-static int tw_bias(int w) { return w == AC_W_Q ? W_BQ : w == AC_W_K ? W_BK : w == AC_W_V ? W_BV : -1; }
-static int tw_norm(int w) { return w == AC_NORM_IN ? W_IN : w == AC_NORM_POST ? W_POST : w == AC_NORM_Q ? W_QN : W_KN; }
 
 // The arch as block.h reads it (a view over the trainer's copy: the
 // plugin does not link the library's arch code).
@@ -584,7 +611,7 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
     size_t N = (size_t)t->max_B * t->max_T, H = a->hidden, hd = a->head_dim, V = a->vocab, T = t->max_T, mq = 1, mf = 1;
     std::vector<const void *> hp;
     std::vector<int> dt;
-    host_tensors(mdl, hp, t->n, t->decay, dt);
+    host_tensors(mdl, hp, t->n, t->decay, dt, &t->tix);
     t->nt = (int)hp.size();
     t->p.assign(t->nt, NULL), t->g.assign(t->nt, NULL), t->m.assign(t->nt, NULL), t->v.assign(t->nt, NULL);
     for (int i = 0; i < t->nt; i++) {
@@ -1013,9 +1040,10 @@ extern "C" int acc_trainer_forward(acc_trainer *t, const int *tokens, int B, int
 
 extern "C" int acc_trainer_tensor(acc_trainer *t, int layer, int which, const float *w, float *grad, size_t n,
                                   char *err, size_t errn) {
-    if (layer < 0 || layer >= t->a.n_layers || which < 0 || which >= W_N || t->n[wi(layer, which)] != n || !n) {
-        snprintf(err, errn, "trainer: layer %d tensor %d has %zu elements, not %zu", layer, which,
-                 layer >= 0 && layer < t->a.n_layers && which >= 0 && which < W_N ? t->n[wi(layer, which)] : 0, n);
+    int i = layer >= 0 && layer < t->a.n_layers && which >= 0 && which < ACC_T_N ? wi(t, layer, which) : -1;
+    if (i < 0 || t->n[i] != n || !n) {
+        snprintf(err, errn, "trainer: layer %d tensor %d has %zu elements, not %zu", layer, which, i >= 0 ? t->n[i] : 0,
+                 n);
         return -1;
     }
     if (w) TCK(cudaMemcpy(P(t, layer, which), w, n * sizeof(float), cudaMemcpyHostToDevice));
@@ -1102,7 +1130,7 @@ extern "C" int acc_trainer_download(acc_trainer *t, ac_model *w, ac_model *g, ch
         std::vector<const void *> hp;
         std::vector<size_t> n;
         std::vector<int> d, dt;
-        host_tensors(ms[k], hp, n, d, dt);
+        host_tensors(ms[k], hp, n, d, dt, NULL);
         if ((int)hp.size() != t->nt) {
             snprintf(err, errn, "trainer: download into a model of another architecture");
             return -1;
