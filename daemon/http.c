@@ -263,10 +263,28 @@ static void http_kick(ac_daemon *d);
 
 static void http_close(ac_daemon *d);
 
+/* Test hook (AUTOCOMPRESSD_TEST_HOOKS=1): AC_TEST_OFFLOAD_DELAY_MS holds
+ * each offloaded task that long first, so a test can stop the daemon while
+ * work is on the pool. Read once, at the first offload. */
+static int offload_delay_ms(void) {
+    static int ms = -1;
+    if (ms < 0) {
+        const char *hooks = getenv("AUTOCOMPRESSD_TEST_HOOKS"), *v = getenv("AC_TEST_OFFLOAD_DELAY_MS");
+        ms = hooks && !strcmp(hooks, "1") && v ? atoi(v) : 0;
+        if (ms < 0) ms = 0;
+    }
+    return ms;
+}
+
 static void work_run(uv_work_t *w) {
     req_ctx *rc = w->data;
+    if (rc->delay_ms > 0) usleep((useconds_t)rc->delay_ms * 1000);
     rc->fn(rc);
 }
+
+/* Replies of offloaded work resumed but not yet sent (on_completed has not
+ * run for them); the stop waits for them, then closes from mhd_turn. */
+static int owed, close_due;
 
 static void work_done(uv_work_t *w, int status) {
     (void)status;
@@ -275,17 +293,17 @@ static void work_done(uv_work_t *w, int status) {
     offloaded--;
     if (rc->after) rc->after(rc);
     rc->state = 2;
+    rc->owed = 1;
+    owed++;
     MHD_resume_connection(rc->c); /* rc may be freed from here on */
-    if (http_stopping && offloaded == 0)
-        http_close(d); /* the stop waited for this work (libmicrohttpd refuses to stop with a connection suspended) */
-    else
-        http_kick(d);
+    http_kick(d); /* a stop closes once this reply has gone (on_completed, mhd_turn) */
 }
 
 enum MHD_Result http_offload(req_ctx *rc, void (*fn)(req_ctx *rc)) {
     rc->state = 1;
     rc->fn = fn;
     rc->work.data = rc;
+    rc->delay_ms = offload_delay_ms(); /* read on the loop: the pool's threads only see the copy */
     if (offloaded >= MAX_OFFLOADED || http_stopping || uv_queue_work(rc->d->loop, &rc->work, work_run, work_done)) {
         rc->state = 2;
         rep_error(rc->d, &rc->rep, 503, "busy", "too many requests waiting for file access; retry", NULL);
@@ -433,6 +451,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     guard_phase(d->guard, c, CONN_BUSY);
+    if (http_stopping) { /* the stop only finishes what it took in before */
+        rc->state = 2;
+        rep_error(d, &rc->rep, 503, "shutting_down", "the server is shutting down; retry when it is back", NULL);
+        return queue_reply(c, &rc->rep);
+    }
     return handle(rc, url, method);
 }
 
@@ -448,6 +471,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         db_audit(d->db, anon ? NULL : rc->who.user, anon ? NULL : auth_role_name(rc->who.role), rc->action,
                  rc->id > 0 ? target : NULL, (int)rc->rep.status, &e);
     }
+    if (rc && rc->owed && --owed == 0 && http_stopping && offloaded == 0)
+        close_due = 1; /* the last reply the stop waited for is out (or its client gone) */
     if (rc) {
         ac_buf_free(&rc->body);
         json_decref(rc->in);
@@ -476,6 +501,12 @@ static uv_timer_t mhd_timer;
 
 static int mhd_frozen, mhd_kicked;
 
+/* The stop's deadline: replies still owed to clients that do not read them
+ * after STOP_GRACE_MS are dropped (work still on the pool is waited for:
+ * libmicrohttpd refuses to stop with a connection suspended). */
+#define STOP_GRACE_MS 10000
+static uv_timer_t stop_timer;
+
 static void on_mhd_timer(uv_timer_t *t);
 
 static void mhd_arm(ac_daemon *d) {
@@ -491,6 +522,10 @@ static void mhd_turn(ac_daemon *d) {
     mhd_kicked = 0;
     MHD_run(d->mhd);
     if (!d->mhd) return;
+    if (close_due) { /* a stop's last owed reply went out in this run */
+        http_close(d);
+        return;
+    }
     if (mhd_kicked) /* a connection was resumed during the run */
         uv_timer_start(&mhd_timer, on_mhd_timer, 0, 0);
     else
@@ -580,7 +615,8 @@ int http_start(ac_daemon *d, ac_err *e) {
     const union MHD_DaemonInfo *ep = MHD_get_daemon_info(d->mhd, MHD_DAEMON_INFO_EPOLL_FD);
     if (!ep || uv_poll_init(d->loop, &mhd_poll, ep->epoll_fd) || uv_timer_init(d->loop, &mhd_timer))
         return ac_errf(e, "cannot watch the HTTP server from the event loop");
-    mhd_poll.data = mhd_timer.data = d;
+    if (uv_timer_init(d->loop, &stop_timer)) return ac_errf(e, "cannot watch the HTTP server from the event loop");
+    mhd_poll.data = mhd_timer.data = stop_timer.data = d;
     sse_hub_on_resume(d->hub, on_sse_resume, d);
     uv_poll_start(&mhd_poll, UV_READABLE, on_mhd_poll);
     uv_timer_start(&mhd_timer, on_mhd_timer, 0, 0);
@@ -593,15 +629,31 @@ static void http_close(ac_daemon *d) {
     /* off the loop before libmicrohttpd closes its epoll descriptor */
     uv_close((uv_handle_t *)&mhd_poll, NULL);
     uv_close((uv_handle_t *)&mhd_timer, NULL);
+    uv_close((uv_handle_t *)&stop_timer, NULL);
     MHD_stop_daemon(d->mhd);
     d->mhd = NULL;
     guard_free(d->guard);
     d->guard = NULL;
 }
 
+static void on_stop_deadline(uv_timer_t *t) {
+    ac_daemon *d = t->data;
+    if (offloaded == 0)
+        http_close(d); /* replies nobody read */
+    else
+        uv_timer_start(&stop_timer, on_stop_deadline, 500, 0);
+}
+
+/* The stop: no new request is taken in (503 shutting_down); work on the
+ * pool is waited for and its replies sent, then libmicrohttpd stops. */
 void http_stop(ac_daemon *d) {
     if (!d->mhd || http_stopping) return;
     http_stopping = 1; /* no new offloaded work */
     sse_shutdown(d->hub);
-    if (offloaded == 0) http_close(d); /* else the last work_done closes */
+    if (offloaded == 0 && owed == 0) {
+        http_close(d);
+        return;
+    }
+    uv_timer_start(&stop_timer, on_stop_deadline, STOP_GRACE_MS, 0);
+    http_kick(d);
 }

@@ -37,6 +37,8 @@ typedef struct req_ctx {
     int state;      /* 0 new, 1 offloaded, 2 reply ready */
     uv_work_t work; /* offloaded: fn on libuv's thread pool, */
     void (*fn)(struct req_ctx *rc);
+    int delay_ms; /* the test hook's hold before fn (http.c), 0 normally */
+    int owed;     /* offloaded work came back: its reply is owed (a stop waits for it) */
     void (*after)(struct req_ctx *rc); /* then after on the loop */
     reply rep;
     /* inputs of offloaded work, copied off the connection */
