@@ -162,10 +162,22 @@ static void test_budget_cap(void) {
 }
 
 /* The real probe: positive, and repeatable within a factor on an idle or
- * busy machine alike (neighbours may slow one of the two). */
+ * busy machine alike: each figure the least of three probes (as the quiet
+ * runner reads a reference), since a neighbour may deschedule any one of
+ * them (on a 2-core machine at load 17, one single probe took 1.3 ms where
+ * the next took 0.17). */
+static double probe_min3(void) {
+    double m = ac_cost_ref_probe_us();
+    for (int i = 0; i < 2; i++) {
+        double v = ac_cost_ref_probe_us();
+        if (v < m) m = v;
+    }
+    return m;
+}
+
 static void test_real_probe(void) {
     ac_set_threads(1);
-    double a = ac_cost_ref_probe_us(), b = ac_cost_ref_probe_us();
+    double a = probe_min3(), b = probe_min3();
     CHECK(a > 0 && b > 0 && isfinite(a) && isfinite(b), "probe %g %g us", a, b);
     CHECK(a < 4 * b && b < 4 * a, "two probes %g and %g us", a, b);
     /* 128 x 256 x 256 multiply-adds: not faster than 10 TFLOP/s on a CPU thread */
