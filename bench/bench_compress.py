@@ -146,6 +146,10 @@ def main():
             req = os.path.join(tmp, "est.json")
             json.dump({"model": mdir, "target": {"device": dev, "workload": wl}}, open(req, "w"))
             base = json.loads(run([os.path.join(BUILD, "autocompress"), "estimate", req]))["figures"]
+            # the base model's predicted latency that is launches and engine overhead (no structure moves it)
+            print(f"  {mname} / {sname}: fixed overhead {base['overhead_share']:.0%} of the predicted latency"
+                  + (" (over 30%: width, heads and depth hardly move this scenario's cost)"
+                     if base["overhead_share"] > 0.3 else ""), file=sys.stderr, flush=True)
             for level in [int(x) for x in os.environ.get("AC_BENCH_LEVELS", "0,1").split(",")]:
                 lim = [(k, m, f[level]) for k, m, f in limits]
                 cons = {k: base[m] * f for k, m, f in lim}

@@ -11,6 +11,7 @@
 #include "cost/cost_int.h"
 #include "cost/costmodel.h"
 #include "cost/device.h"
+#include "cost/engines.h"
 #include "synth.h"
 
 static double ttft(const ac_cost_table *t, const ac_arch *a, const ac_engine_profile *p, int prompt) {
@@ -54,7 +55,43 @@ static void test_qwen3_pays_its_head_norms(void) {
     ac_cost_table_free(&t);
 }
 
+/* ac_cost_overhead_share: on a table without launch costs, the fixed part
+ * is the engine's per-call overhead once per forward call (the prefill and
+ * G - 1 decode steps), written out here; with a GPU's launches it is
+ * larger, and it falls as the batch grows (more work per launch). */
+static void test_overhead_share(void) {
+    ac_err e;
+    ac_cost_table t;
+    CHECK(ac_cost_roofline(ac_device_spec_find("H100"), "bf16", &t, &e) == 0, "%s", e.msg);
+    double launch = t.launch_us;
+    ac_arch a = mk_arch(8, 2048, 128, 16, 4, 5632, 32000);
+    ac_carch c;
+    CHECK(ac_carch_from_arch(&a, &c, &e) == 0, "%s", e.msg);
+    ac_engine_profile p;
+    ac_engine_profile_named(ac_engine_find("vllm"), 0, &p);
+    p.overhead_ms = 0.5;
+    ac_workload w = {.batch = 4, .prompt_len = 512, .gen_len = 64};
+    ac_cost k;
+    t.launch_us = 0;
+    ac_cost_predict(&t, &c, &w, &p, 0, &k);
+    double s0 = ac_cost_overhead_share(&t, &c, &w, &p), want = 64 * 0.5 / k.e2e_ms;
+    CHECK(fabs(s0 - want) < 1e-9, "no launches: share %.6f, 64 calls x 0.5 ms / %.3f ms = %.6f", s0, k.e2e_ms, want);
+    t.launch_us = launch;
+    double s4 = ac_cost_overhead_share(&t, &c, &w, &p);
+    w.batch = 64;
+    double s64 = ac_cost_overhead_share(&t, &c, &w, &p);
+    ac_workload wo = {.batch = 4, .prompt_len = 512, .gen_len = 64, .offline = 1, .requests = 16};
+    double so = ac_cost_overhead_share(&t, &c, &wo, &p);
+    fprintf(stderr, "  overhead share: no launches %.4f; with H100 launches batch 4 %.4f, batch 64 %.4f; served %.4f\n",
+            s0, s4, s64, so);
+    CHECK(s4 > s0 && s64 < s4 && so > 0 && so < 1, "launches add to the share, a larger batch lowers it");
+    ac_carch_free(&c);
+    ac_arch_free(&a);
+    ac_cost_table_free(&t);
+}
+
 int main(void) {
     RUN(test_qwen3_pays_its_head_norms);
+    RUN(test_overhead_share);
     return DONE();
 }

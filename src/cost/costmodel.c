@@ -382,12 +382,16 @@ static double launch_us(const ac_cost_table *t, const ac_carch *c, const ac_engi
  * call the engine runs as a CUDA graph (engines.h: by its tokens, or a
  * decode call by its sequences) computes the padded size and pays one
  * launch. */
+static int graph_of(const ac_engine_rt *rt, double B, double nq) {
+    return rt->graph_tokens ? ac_engine_graph_size(rt, (int)ceil(B * nq))
+           : nq == 1        ? ac_engine_graph_size(rt, (int)ceil(B))
+                            : 0;
+}
+
 static double forward_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, const ac_engine_rt *rt,
                          double B, double nq, double pos0, int last_only, int warm) {
     double M = B * nq, S = pos0 + nq, H = c->hidden, Mrun = M;
-    int g = rt->graph_tokens ? ac_engine_graph_size(rt, (int)ceil(M))
-            : nq == 1        ? ac_engine_graph_size(rt, (int)ceil(B))
-                             : 0;
+    int g = graph_of(rt, B, nq);
     if (g) Mrun = g;
     double us = dense_us(t, c, p, rt, Mrun, warm) + attn_all_us(t, c, p, B, nq, S) + scan_all_us(t, c, B, nq, warm);
     us += ac_cost_gemm_lookup(t, last_only ? B : M, c->vocab, H, warm) + ac_cost_elem_us(t, M * H, p->act_bytes);
@@ -665,6 +669,18 @@ static void predict_all(const ac_cost_table *t, const ac_carch *c0, const ac_wor
         o->p50_e2e_ms = o->p99_e2e_ms = o->e2e_ms;
     }
     if (c != c0) free(sc.heads);
+}
+
+double ac_cost_overhead_share(const ac_cost_table *t, const ac_carch *c, const ac_workload *w,
+                              const ac_engine_profile *p) {
+    ac_cost_table t0 = *t; /* read only: shares t's arrays */
+    ac_engine_profile p0 = *p;
+    t0.launch_us = 0;
+    p0.overhead_ms = 0;
+    ac_cost a, b;
+    ac_cost_predict(t, c, w, p, 0, &a);
+    ac_cost_predict(&t0, c, w, &p0, 0, &b);
+    return a.e2e_ms > 0 && a.e2e_ms < 1e11 ? fmax(0, fmin(1, 1 - b.e2e_ms / a.e2e_ms)) : 0;
 }
 
 double ac_cost_metric(const ac_cost *c, ac_metric m) {

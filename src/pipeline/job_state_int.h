@@ -44,6 +44,7 @@ typedef struct job_state {
     /* search */
     ac_search_problem P;
     ac_cost base_cost;
+    double base_overhead_share; /* of base_cost's latency: fixed launches and engine overhead (costmodel.h) */
     ac_search_result ra, rm; /* AutoCompress (method autocompress), Minitron (always) */
     int two_arms;            /* method autocompress: both arms are pruned, evaluated and reported */
     /* the exported arm: the method's until evaluate picks the best feasible one (choose_arm) */

@@ -35,6 +35,8 @@ static json_t *target_json(const job_state *s) {
         json_object_set_new(j, "cost_inputs", ac_cost_provenance(&s->table, &c, w, p));
         ac_carch_free(&c);
     }
+    /* how much of the base model's predicted latency no structure moves (launches, engine overhead) */
+    if (j) json_object_set_new(j, "overhead_share", json_real(s->base_overhead_share));
     return j;
 }
 
