@@ -68,7 +68,7 @@ $(B)/tests/test_cuda_emu: tests/cuda_emu/test_cuda_emu.cc tests/cuda_emu/cuda_em
 
 # A library file sees its own folder's private headers (next to it) and the
 # view of its folder: $* is dir/name, its first part the folder.
-$(B)/src/%.o: src/%.c $(LIB_HDR) | $(VIEWS)
+$(B)/src/%.o: src/%.c $(LIB_HDR) $(wildcard src/cuda/*.h) | $(VIEWS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I$(B)/inc/$(firstword $(subst /, ,$*)) -c $< -o $@
 
