@@ -29,6 +29,8 @@ int ac_carch_from_arch(const ac_arch *a, ac_carch *c, ac_err *e) {
     c->kv = calloc(a->n_layers, sizeof(double));
     c->ffn = calloc(a->n_layers, sizeof(double));
     c->ffn_mats = a->hybrid ? 2 : 3;
+    c->shared_ffn = a->hybrid ? a->shared_ffn : 0;
+    c->moe_latent = a->hybrid ? a->moe_latent : 0;
     int moe = ac_arch_has_moe(a), ssm = 0;
     for (int l = 0; l < a->n_layers; l++) ssm |= a->layers[l].ssm_heads > 0;
     if (ssm) {
@@ -70,6 +72,10 @@ double ac_moe_active_experts(double E, double k, double T) {
 static double experts_of(const ac_carch *c, int l) { return c->experts && c->effn[l] > 0 ? c->experts[l] : 0; }
 
 static double ffn_mats(const ac_carch *c) { return c->ffn_mats == 2 ? 2 : 3; }
+
+/* The width experts read and write: the hidden width, or a LatentMoE
+ * model's latent width. */
+static double expert_io(const ac_carch *c) { return c->moe_latent > 0 ? c->moe_latent : c->hidden; }
 
 /* ---------------------------------------------------------------- Mamba-2 layers */
 
@@ -153,7 +159,9 @@ double ac_carch_params(const ac_carch *c) {
                  (c->qkv_bias ? (c->heads[l] + 2 * c->kv[l]) * hd : 0) + (c->qk_norm ? 2 * hd : 0);
         if (c->ffn[l] > 0) p += H + ffn_mats(c) * H * c->ffn[l];
         double E = experts_of(c, l);
-        if (E > 0) p += H + H * E + ffn_mats(c) * H * c->effn[l] * E; /* norm, router, every expert */
+        if (E > 0) /* norm, router, every expert; nemotron_h's correction bias, shared expert, latent projections */
+            p += H + H * E + ffn_mats(c) * expert_io(c) * c->effn[l] * E +
+                 (c->ffn_mats == 2 ? E + 2 * H * c->shared_ffn + (c->moe_latent > 0 ? 2 * H * c->moe_latent : 0) : 0);
         p += ssm_params(c, l);
     }
     return p;
@@ -213,10 +221,12 @@ static int carch_shard(const ac_carch *c, int tp, ac_carch *out) {
  * median error 14.6 % at 1.0, 8.3 % at 1.3 (docs/costmodel.md). */
 #define AC_MOE_GROUPED_FLOPS 1.3
 static double moe_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, int l, double M, int warm) {
-    double E = experts_of(c, l), H = c->hidden, Fe = c->effn ? c->effn[l] : 0, k = fmin(c->top_k, E);
+    /* H: the experts' input and output width (a LatentMoE layer's latent width; its projections
+     * down and up are LINEARs of the recipe); the router reads the hidden width */
+    double E = experts_of(c, l), H = expert_io(c), Fe = c->effn ? c->effn[l] : 0, k = fmin(c->top_k, E);
     if (E <= 0 || Fe <= 0 || k <= 0) return 0;
     double d = ac_moe_active_experts(E, k, M), m = M * k / d;
-    double us = ac_cost_gemm_lookup(t, M, E, H, warm);
+    double us = ac_cost_gemm_lookup(t, M, E, c->hidden, warm);
     if (t->launch_us > 0) { /* a GPU's fused MoE kernel: one grouped GEMM over the d experts' weights */
         double mg = AC_MOE_GROUPED_FLOPS * m;
         us += (ffn_mats(c) - 1) * ac_cost_gemm_lookup(t, mg, d * Fe, H, warm) +
@@ -241,6 +251,8 @@ static double carch_dim(const ac_carch *c, int l, int d) {
     case AC_DIM_SSM: return ssm_inner(c, l);
     case AC_DIM_SC: return ssm_chans(c, l);
     case AC_DIM_SI: return ssm_in_rows(c, l);
+    case AC_DIM_FS: return experts_of(c, l) > 0 ? c->shared_ffn : 0;
+    case AC_DIM_LT: return experts_of(c, l) > 0 ? c->moe_latent : 0;
     default: return 0;
     }
 }
@@ -316,10 +328,16 @@ static double layer_decode_weights(const ac_carch *c, int l, double B) {
             if (op->kind == AC_OP_LINEAR) wb += carch_dim(c, l, op->din) * carch_dim(c, l, op->dout);
             if (op->kind == AC_OP_ROUTE) wb += H * E;
             if (op->kind == AC_OP_EXPERTS && E > 0)
-                wb += ffn_mats(c) * H * c->effn[l] * ac_moe_active_experts(E, fmin(c->top_k, E), B);
+                wb += ffn_mats(c) * expert_io(c) * c->effn[l] * ac_moe_active_experts(E, fmin(c->top_k, E), B);
         }
     }
     return wb;
+}
+
+static int sb_has_moe(const ac_subblock *sb) {
+    for (int i = 0; i < sb->n_ops; i++)
+        if (sb->ops[i].kind == AC_OP_EXPERTS) return 1;
+    return 0;
 }
 
 /* The token-parallel part of one forward call over M tokens: each layer's
@@ -343,11 +361,12 @@ static double dense_us(const ac_cost_table *t, const ac_carch *c, const ac_engin
                     us += ac_cost_gemm_lookup(t, M, carch_dim(c, l, op->dout), carch_dim(c, l, op->din), warm);
                 else if (op->kind == AC_OP_ROUTE || op->kind == AC_OP_EXPERTS)
                     moe = 1;
-                else
+                else if (op->kind != AC_OP_RMSNORM || !sb_has_moe(sb))
                     elems += op_elems(c, l, op);
             }
-            /* a mixture of experts: its router, experts and their passes (its norm with them) */
-            us += (moe ? moe_us(t, c, p, l, M, warm) : ac_cost_elem_us(t, M * elems, p->act_bytes)) + ar;
+            /* a mixture of experts: its router, experts and their passes, its norm with them (a shared
+             * expert's GEMMs and activation are the sub-block's own ops) */
+            us += (moe ? moe_us(t, c, p, l, M, warm) : 0) + ac_cost_elem_us(t, M * elems, p->act_bytes) + ar;
         }
     }
     return us;

@@ -151,6 +151,10 @@ typedef struct {
     /* Matrices of a dense FFN and of each expert: 3 (SwiGLU: gate, up,
      * down) or 2 (nemotron_h's squared-ReLU MLP: up, down); 0 reads as 3. */
     int ffn_mats;
+    /* nemotron_h MoE layers: the shared expert's width (up, down) and, in
+     * a LatentMoE model, the latent width the experts read and write
+     * between a down and an up projection; 0 without. */
+    double shared_ffn, moe_latent;
     /* Mamba-2 mixers (nemotron_h): ssm[l] heads in layer l (0: none; NULL
      * in a model without them), each ssm_head_dim wide; ssm_groups groups
      * share B and C of ssm_state each; a depthwise causal conv of ssm_conv
