@@ -110,6 +110,20 @@ class Daemon:
         raise AssertionError(f"job {job} not in {states} after {timeout}s: {j['state']} ({j.get('reason')})")
 
 
+def cli_estimate(req, timeout=120):
+    """`autocompress estimate` on the request (a dict, written to a scratch
+    file): its parsed answer; asserts the command succeeded."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(req, f)
+    try:
+        out = subprocess.run([os.path.join(BUILD, "autocompress"), "estimate", f.name], capture_output=True, text=True,
+                             timeout=timeout)
+    finally:
+        os.unlink(f.name)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)
+
+
 def spec(**kw):
     s = {"model": TINY, "calibration": os.path.join(DATA, "calib.txt"), "heldout": os.path.join(DATA, "heldout.txt"),
          "target": {"device": "H100", "workload": {"batch": 1, "prompt_len": 256, "gen_len": 64}},

@@ -11,12 +11,11 @@ checkpoint with the state in its figures."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, Daemon, Runner  # noqa: E402
+from harness import BUILD, Daemon, Runner, cli_estimate  # noqa: E402
 
 CLI = os.path.join(BUILD, "autocompress")
 FIX = os.path.join(BUILD, "fixtures", "models", "nemotronh_bf16")
@@ -32,14 +31,7 @@ GIB = 2.0 ** 30
 
 
 def estimate(req):
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(req, f)
-    try:
-        p = subprocess.run([CLI, "estimate", f.name], capture_output=True, text=True, timeout=60)
-    finally:
-        os.unlink(f.name)
-    assert p.returncode == 0, p.stdout + p.stderr
-    return json.loads(p.stdout)
+    return cli_estimate(req, timeout=60)
 
 
 def target(prompt, gen=1, batch=1):

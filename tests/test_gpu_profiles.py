@@ -54,15 +54,12 @@ docs/costmodel.md). TRT_OVERVIEW's B200 MoE rows (and those of the page's
 later release/1.2 version) are FP4 (NVFP4 or MXFP4), a dtype no profile
 models; the v0.17 page has no B200.
 """
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, Runner  # noqa: E402
+from harness import BUILD, Runner, cli_estimate  # noqa: E402
 
 CLI = os.path.join(BUILD, "autocompress")
 BOUND = 0.35  # |predicted / published - 1| of every row
@@ -180,14 +177,7 @@ def estimate(shape, device, tp, dtype, workload, engine):
            "target": {"device": device, "tp": tp,
                       "engine": dict({"name": "trtllm", "weights_dtype": dtype, "kv_dtype": dtype}, **engine),
                       "workload": workload}}
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(req, f)
-    try:
-        out = subprocess.run([CLI, "estimate", f.name], capture_output=True, text=True, timeout=120)
-    finally:
-        os.unlink(f.name)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return json.loads(out.stdout)["figures"]
+    return cli_estimate(req)["figures"]
 
 
 def rows(published=None):
