@@ -340,6 +340,50 @@ static int sb_has_moe(const ac_subblock *sb) {
     return 0;
 }
 
+/* Layer l's widths, for telling a layer that repeats the one before it
+ * (same recipe, same widths: the same price) from one that does not. */
+typedef struct {
+    const ac_block_recipe *r;
+    double w[6];
+} layer_key;
+
+static layer_key key_of(const ac_carch *c, int l) {
+    layer_key k = {recipe_of(c, l), {c->heads[l], c->kv[l], c->ffn[l], experts_of(c, l), c->effn ? c->effn[l] : 0,
+                                     ssm_of(c, l)}};
+    return k;
+}
+
+static int same_key(const layer_key *a, const layer_key *b) {
+    return a->r == b->r && !memcmp(a->w, b->w, sizeof a->w);
+}
+
+/* One layer's token-parallel part (dense_us). Consecutive LINEARs of the
+ * same shape (k and v; gate and up) read one lookup. */
+static double layer_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, int l, double M, int warm,
+                       double ar) {
+    const ac_block_recipe *r = recipe_of(c, l);
+    double us = 0;
+    for (int s = 0; r && s < r->n_sub; s++) {
+        const ac_subblock *sb = &r->sub[s];
+        if (!sub_present(c, l, sb)) continue;
+        double elems = 0, pn = -1, pk = -1, pv = 0;
+        int moe = sb_has_moe(sb);
+        for (int i = 0; i < sb->n_ops; i++) {
+            const ac_op *op = &sb->ops[i];
+            if (op->kind == AC_OP_LINEAR) {
+                double n = carch_dim(c, l, op->dout), k = carch_dim(c, l, op->din);
+                if (n != pn || k != pk) pv = ac_cost_gemm_lookup(t, M, n, k, warm), pn = n, pk = k;
+                us += pv;
+            } else if (op->kind != AC_OP_ROUTE && op->kind != AC_OP_EXPERTS && (op->kind != AC_OP_RMSNORM || !moe))
+                elems += op_elems(c, l, op);
+        }
+        /* a mixture of experts: its router, experts and their passes, its norm with them (a shared
+         * expert's GEMMs and activation are the sub-block's own ops) */
+        us += (moe ? moe_us(t, c, p, l, M, warm) : 0) + ac_cost_elem_us(t, M * elems, p->act_bytes) + ar;
+    }
+    return us;
+}
+
 /* The token-parallel part of one forward call over M tokens: each layer's
  * recipe walked, its LINEARs through the GEMM tables, its elementwise ops
  * by the values they pass over, a mixture of experts as moe_us prices it;
@@ -347,27 +391,12 @@ static int sb_has_moe(const ac_subblock *sb) {
  * sub-block (its output projection's). */
 static double dense_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, const ac_engine_rt *rt,
                        double M, int warm) {
-    double us = 0, ar = ac_engine_allreduce_us(rt, M * c->hidden * p->act_bytes);
+    double us = 0, ar = ac_engine_allreduce_us(rt, M * c->hidden * p->act_bytes), last = 0;
+    layer_key prev = {0};
     for (int l = 0; l < c->n_layers; l++) {
-        const ac_block_recipe *r = recipe_of(c, l);
-        for (int s = 0; r && s < r->n_sub; s++) {
-            const ac_subblock *sb = &r->sub[s];
-            if (!sub_present(c, l, sb)) continue;
-            double elems = 0;
-            int moe = 0;
-            for (int i = 0; i < sb->n_ops; i++) {
-                const ac_op *op = &sb->ops[i];
-                if (op->kind == AC_OP_LINEAR)
-                    us += ac_cost_gemm_lookup(t, M, carch_dim(c, l, op->dout), carch_dim(c, l, op->din), warm);
-                else if (op->kind == AC_OP_ROUTE || op->kind == AC_OP_EXPERTS)
-                    moe = 1;
-                else if (op->kind != AC_OP_RMSNORM || !sb_has_moe(sb))
-                    elems += op_elems(c, l, op);
-            }
-            /* a mixture of experts: its router, experts and their passes, its norm with them (a shared
-             * expert's GEMMs and activation are the sub-block's own ops) */
-            us += (moe ? moe_us(t, c, p, l, M, warm) : 0) + ac_cost_elem_us(t, M * elems, p->act_bytes) + ar;
-        }
+        layer_key k = key_of(c, l);
+        if (l == 0 || !same_key(&k, &prev)) last = layer_us(t, c, p, l, M, warm, ar), prev = k;
+        us += last;
     }
     return us;
 }
@@ -391,9 +420,15 @@ static int attn_layers(const ac_carch *c) {
  * launch, or, run as a CUDA graph, one graph launch plus (piecewise
  * graphs) the attention kernels left outside it. */
 static double launch_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_rt *rt, int graphed) {
-    int launches = 2, na = attn_layers(c);
-    for (int l = 0; l < c->n_layers; l++) launches += layer_launches(c, l);
-    if (graphed) launches = rt->graph_piecewise ? na + 1 : 1;
+    if (t->launch_us == 0) return 0; /* a CPU table */
+    if (graphed) return (rt->graph_piecewise ? attn_layers(c) + 1 : 1) * t->launch_us;
+    int launches = 2, last = 0;
+    layer_key prev = {0};
+    for (int l = 0; l < c->n_layers; l++) {
+        layer_key k = key_of(c, l);
+        if (l == 0 || !same_key(&k, &prev)) last = layer_launches(c, l), prev = k;
+        launches += last;
+    }
     return launches * t->launch_us;
 }
 
@@ -420,9 +455,13 @@ static double forward_us(const ac_cost_table *t, const ac_carch *c, const ac_eng
 
 double ac_cost_decode_bytes(const ac_carch *c, const ac_engine_profile *p, double B, double S) {
     double H = c->hidden, hd = c->head_dim, wb = (double)c->vocab * H, kvb = 0;
+    double last = 0;
+    layer_key prev = {0};
     for (int l = 0; l < c->n_layers; l++) {
         if (c->heads[l] > 0) kvb += 2 * c->kv[l] * hd * S;
-        wb += layer_decode_weights(c, l, B);
+        layer_key k = key_of(c, l);
+        if (l == 0 || !same_key(&k, &prev)) last = layer_decode_weights(c, l, B), prev = k;
+        wb += last;
     }
     /* each sequence's Mamba state read and written back, whatever S */
     return wb * p->w_bytes + B * kvb * p->kv_bytes + 2 * B * ac_carch_state_bytes(c);
