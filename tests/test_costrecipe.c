@@ -59,6 +59,13 @@ static void test_qwen3_pays_its_head_norms(void) {
  * is the engine's per-call overhead once per forward call (the prefill and
  * G - 1 decode steps), written out here; with a GPU's launches it is
  * larger, and it falls as the batch grows (more work per launch). */
+/* ac_cost_overhead_share of the prediction it takes, made here as callers make it. */
+static double share_of(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p) {
+    ac_cost a;
+    ac_cost_predict(t, c, w, p, 0, &a);
+    return ac_cost_overhead_share(t, c, w, p, &a);
+}
+
 static void test_overhead_share(void) {
     ac_err e;
     ac_cost_table t;
@@ -74,14 +81,14 @@ static void test_overhead_share(void) {
     ac_cost k;
     t.launch_us = 0;
     ac_cost_predict(&t, &c, &w, &p, 0, &k);
-    double s0 = ac_cost_overhead_share(&t, &c, &w, &p), want = 64 * 0.5 / k.e2e_ms;
+    double s0 = ac_cost_overhead_share(&t, &c, &w, &p, &k), want = 64 * 0.5 / k.e2e_ms;
     CHECK(fabs(s0 - want) < 1e-9, "no launches: share %.6f, 64 calls x 0.5 ms / %.3f ms = %.6f", s0, k.e2e_ms, want);
     t.launch_us = launch;
-    double s4 = ac_cost_overhead_share(&t, &c, &w, &p);
+    double s4 = share_of(&t, &c, &w, &p);
     w.batch = 64;
-    double s64 = ac_cost_overhead_share(&t, &c, &w, &p);
+    double s64 = share_of(&t, &c, &w, &p);
     ac_workload wo = {.batch = 4, .prompt_len = 512, .gen_len = 64, .offline = 1, .requests = 16};
-    double so = ac_cost_overhead_share(&t, &c, &wo, &p);
+    double so = share_of(&t, &c, &wo, &p);
     fprintf(stderr, "  overhead share: no launches %.4f; with H100 launches batch 4 %.4f, batch 64 %.4f; served %.4f\n",
             s0, s4, s64, so);
     CHECK(s4 > s0 && s64 < s4 && so > 0 && so < 1, "launches add to the share, a larger batch lowers it");

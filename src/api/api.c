@@ -120,7 +120,7 @@ int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, json_t **out
     ac_cost r;
     const ac_workload *w = &tg.workload;
     ac_cost_predict(&t, &c, w, &prof, 0, &r);
-    double share = ac_cost_overhead_share(&t, &c, w, &prof);
+    double share = ac_cost_overhead_share(&t, &c, w, &prof, &r);
     *out = json_pack("{s:s,s:s,s:s,s:o,s:o,s:o,s:{s:s,s:i}}", "device", t.device, "cost_table", t.key, "source",
                      t.source, "figures", ac_cost_to_json(&r), "architecture", ac_arch_to_json(&arch), "workload",
                      ac_workload_to_json(w), "engine", "name", prof.name, "tp", prof.tp > 1 ? prof.tp : 1);

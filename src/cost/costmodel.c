@@ -730,15 +730,14 @@ static void predict_all(const ac_cost_table *t, const ac_carch *c0, const ac_wor
 }
 
 double ac_cost_overhead_share(const ac_cost_table *t, const ac_carch *c, const ac_workload *w,
-                              const ac_engine_profile *p) {
+                              const ac_engine_profile *p, const ac_cost *a) {
     ac_cost_table t0 = *t; /* read only: shares t's arrays */
     ac_engine_profile p0 = *p;
     t0.launch_us = 0;
     p0.overhead_ms = 0;
-    ac_cost a, b;
-    ac_cost_predict(t, c, w, p, 0, &a);
+    ac_cost b;
     ac_cost_predict(&t0, c, w, &p0, 0, &b);
-    return a.e2e_ms > 0 && a.e2e_ms < 1e11 ? fmax(0, fmin(1, 1 - b.e2e_ms / a.e2e_ms)) : 0;
+    return a->e2e_ms > 0 && a->e2e_ms < 1e11 ? fmax(0, fmin(1, 1 - b.e2e_ms / a->e2e_ms)) : 0;
 }
 
 double ac_cost_metric(const ac_cost *c, ac_metric m) {

@@ -289,11 +289,12 @@ double ac_cost_metric(const ac_cost *c, ac_metric m);
  * each kernel's launch and fixed latency (the table's launch_us) and the
  * engine's per-call overhead (the profile's overhead_ms), which no width,
  * head or layer moves: 1 - E2E with both set to zero / E2E (0..1). A
- * workload where it is high cannot tell architectures apart by cost. Two
- * predictions (two simulations for a served workload): for reports, not
- * for a search's inner loop. */
+ * workload where it is high cannot tell architectures apart by cost. a
+ * is the caller's prediction of (t, c, w, p) (ac_cost_predict, smooth 0);
+ * one more prediction (one more simulation for a served workload) gives
+ * the zero-overhead E2E: for reports, not for a search's inner loop. */
 double ac_cost_overhead_share(const ac_cost_table *t, const ac_carch *c, const ac_workload *w,
-                              const ac_engine_profile *p);
+                              const ac_engine_profile *p, const ac_cost *a);
 /* d metric / d heads[l], kv[l], ffn[l] and d hidden (as grad_hidden). */
 void ac_cost_grad(const ac_cost_table *t, const ac_carch *c, const ac_workload *w, const ac_engine_profile *p,
                   ac_metric m, double *g_heads, double *g_kv, double *g_ffn, double *g_hidden);

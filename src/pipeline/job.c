@@ -240,7 +240,7 @@ static int search_setup(job_state *s, ac_err *e) {
     ac_carch base_c;
     if (ac_carch_from_arch(&s->m.a, &base_c, e)) return -1;
     ac_cost_predict(&s->table, &base_c, P->workload, P->profile, 0, &s->base_cost);
-    s->base_overhead_share = ac_cost_overhead_share(&s->table, &base_c, P->workload, P->profile);
+    s->base_overhead_share = ac_cost_overhead_share(&s->table, &base_c, P->workload, P->profile, &s->base_cost);
     ac_carch_free(&base_c);
     emit(s, "log",
          json_pack("{s:s,s:o,s:o}", "message", "baseline prediction", "predicted", ac_cost_to_json(&s->base_cost),
