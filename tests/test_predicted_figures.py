@@ -81,6 +81,8 @@ def test_baseline_is_the_base_models_cost():
     assert ci["table"] == "roofline" and "figures" not in ci, ci
     assert ci["inputs"]["launch_us"]["source"] == "spec profile" and ci["inputs"]["allreduce_link"]["device"] == "H100", ci
     assert ci["inputs"]["step_overhead_ms"]["value"] == rep["target"]["engine"]["overhead_ms"], ci
+    # the estimate says the same of its inputs (POST /v1/estimate's cost_inputs)
+    assert est["cost_inputs"] == ci, (est["cost_inputs"], ci)
 
 
 def test_each_arm_is_its_architectures_cost():

@@ -6,6 +6,7 @@
 #include "core/dtype.h"
 #include "pipeline/jobspec.h"
 #include "format/model.h"
+#include "cost/provenance.h"
 
 int ac_cost_measure_validate(const json_t *req, const char **field, ac_err *e) {
     *field = "measure";
@@ -124,7 +125,15 @@ int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, json_t **out
     *out = json_pack("{s:s,s:s,s:s,s:o,s:o,s:o,s:{s:s,s:i}}", "device", t.device, "cost_table", t.key, "source",
                      t.source, "figures", ac_cost_to_json(&r), "architecture", ac_arch_to_json(&arch), "workload",
                      ac_workload_to_json(w), "engine", "name", prof.name, "tp", prof.tp > 1 ? prof.tp : 1);
-    if (*out) json_object_set_new(json_object_get(*out, "figures"), "overhead_share", json_real(share));
+    if (*out) {
+        json_object_set_new(json_object_get(*out, "figures"), "overhead_share", json_real(share));
+        /* where the inputs came from, as a job's report.target.cost_inputs */
+        json_t *ci = ac_cost_provenance(&t, &c, w, &prof);
+        if (!ci || json_object_set_new(*out, "cost_inputs", ci)) {
+            json_decref(*out);
+            *out = NULL;
+        }
+    }
     ac_carch_free(&c);
     ac_cost_table_free(&t);
     ac_arch_free(&arch);
