@@ -23,6 +23,13 @@ enum MHD_Result r_config(req_ctx *rc, json_t *body) {
                           "interrupted_policy", c->interrupted_policy, "max_attempts", c->max_attempts,
                           "cancel_grace_s", c->cancel_grace_s, "max_job_seconds", c->max_job_seconds,
                           "max_measurements", c->max_measurements, "auth", c->ntokens > 0);
+    long mib = 0;
+    const char *how = sched_worker_memory(rc->d, &mib);
+    if (o) {
+        json_object_set_new(o, "worker_silence_s", json_integer(c->worker_silence_s));
+        json_object_set_new(o, "worker_memory_mib", json_integer(mib));
+        json_object_set_new(o, "worker_memory_limit", json_string(how));
+    }
     json_t *x = exec_config_json(&c->exec);
     if (o && x && c->exec.kind == AC_EXEC_SLURM) { /* the URL workers use, as resolved */
         json_t *st = sched_status(rc->d);
