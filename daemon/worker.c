@@ -39,7 +39,7 @@
 #include "autocompress.h"
 #include "costcache.h"
 #include "daemon.h"
-#include "jobsecret.h"
+#include "digest.h"
 #include "worker_post.h"
 
 /* Where events go when the worker runs on another host (--events, --post):
@@ -285,10 +285,10 @@ static int run_job(worker_args *ap) {
     ac_job_ctx ctx = {.emit = emit_line, .ud = NULL, .cancelled = NULL, .cache = &cache, .threads = a.threads};
     /* A job run again (a requeued batch job) resumes after its checkpointed
      * stages; the key ties them to this spec (its SHA-256). */
-    char key[JOBSECRET_HASH_LEN + 1] = "";
+    char key[DIGEST_HEX_LEN + 1] = "";
     char *spec_text = a.checkpoint ? json_dumps(spec, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     ac_err ke = {{0}};
-    if (spec_text && (mkdir(a.checkpoint, 0700) == 0 || errno == EEXIST) && jobsecret_hash(spec_text, key, &ke) == 0) {
+    if (spec_text && (mkdir(a.checkpoint, 0700) == 0 || errno == EEXIST) && digest_sha256_hex(spec_text, strlen(spec_text), key, &ke) == 0) {
         ctx.checkpoint_dir = a.checkpoint;
         ctx.checkpoint_key = key;
         fprintf(stderr, "worker: stage checkpoints in %s\n", a.checkpoint);
