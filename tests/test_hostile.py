@@ -911,17 +911,9 @@ def test_watchdog_not_starved():
     sock_path = os.path.join(tmp, "notify")
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     srv.bind(sock_path)
-    old = {k: os.environ.get(k) for k in ("NOTIFY_SOCKET", "WATCHDOG_USEC")}
-    os.environ.update(NOTIFY_SOCKET=sock_path, WATCHDOG_USEC="1000000")  # WatchdogSec=1s: a ping every 0.5 s
     d = Daemon(config={"cpu_slots": 1, "header_timeout_s": 120, "max_connections": 400, "sse_keepalive_s": 60})
-    try:
+    with hook_env(NOTIFY_SOCKET=sock_path, WATCHDOG_USEC="1000000"):  # WatchdogSec=1s: a ping every 0.5 s
         d.start()
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
     def ping_gaps(seconds):
         times, t0 = [], time.time()
