@@ -575,9 +575,9 @@ static int start_worker(scheduler *s, slot *sl, long job) {
     w->open_handles = 4;
     close(logfd);
     if (r) {
-        char why[256];
         snprintf(why, sizeof why, "cannot start worker: %s", uv_strerror(r));
         fail_start(d, job, JOB_RUNNING, why);
+        wlimit_release(&w->lim);
         close_worker_handles(w); /* a failed uv_spawn still initialised the process handle */
         return -1;
     }
