@@ -4,7 +4,8 @@ loopback with a real SQLite file: confined paths (symlinks, FIFOs, devices,
 /proc links, outside roots, long paths, outputs), connection deadlines and
 limits, event streams counted apart and freed on hang-up, a full disk
 (RLIMIT_FSIZE set on the running daemon) with 503s, /healthz degraded and
-the job's end retried, Idempotency-Key, job caps, cross-site requests,
+the job's end retried, workers watched (heartbeat silence, memory limits),
+Idempotency-Key, job caps, cross-site requests,
 cost-table measurements as cancellable scheduled units, the systemd unit's
 sd_notify protocol and its security exposure."""
 import contextlib
