@@ -1,10 +1,8 @@
 /*
  * auth.c - users, roles and API tokens (see auth.h): hashing and making
- * tokens (SHA-256 through GnuTLS, which libmicrohttpd's TLS already brings;
- * getrandom for the bytes), identifying a request's bearer token, and the
+ * tokens (SHA-256 from digest.h; getrandom for the bytes), identifying a request's bearer token, and the
  * `autocompressd token` commands.
  */
-#include <gnutls/crypto.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +11,7 @@
 #include <unistd.h>
 
 #include "auth.h"
+#include "digest.h"
 
 static const char *const role_names[ROLE_N] = {"read", "submit", "admin"};
 
@@ -33,13 +32,6 @@ int auth_user_ok(const char *user) {
     for (size_t i = 0; i < n; i++)
         if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._@-", user[i])) return 0;
     return 1;
-}
-
-int auth_hash(const char *token, char hex[65], ac_err *e) {
-    unsigned char dig[32];
-    if (gnutls_hash_fast(GNUTLS_DIG_SHA256, token, strlen(token), dig) < 0) return ac_errf(e, "SHA-256 failed");
-    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", dig[i]);
-    return 0;
 }
 
 int auth_new_token(char out[64], ac_err *e) {
@@ -82,7 +74,7 @@ int auth_identify(ac_daemon *d, const char *tok, auth_ident *id, ac_err *e) {
     if (tok) {
         char hex[65];
         db_token t;
-        int found = auth_hash(tok, hex, e) ? -1 : db_token_find(d->db, hex, &t, e);
+        int found = digest_sha256_hex(tok, strlen(tok), hex, e) ? -1 : db_token_find(d->db, hex, &t, e);
         if (found < 0) return -1;
         if (!found || auth_role_parse(t.role, &id->role)) return 1;
         snprintf(id->user, sizeof id->user, "%s", t.user);
@@ -120,7 +112,7 @@ static int token_add(db *s, const char *user, const char *role, ac_err *e) {
     if (auth_role_parse(role, &r)) return ac_errf(e, "--role must be read, submit or admin");
     char tok[64], hex[65], prefix[16], who[64], target[128];
     long id;
-    if (auth_new_token(tok, e) || auth_hash(tok, hex, e)) return -1;
+    if (auth_new_token(tok, e) || digest_sha256_hex(tok, strlen(tok), hex, e)) return -1;
     snprintf(prefix, sizeof prefix, "%.12s", tok);
     if (db_token_add(s, user, role, hex, prefix, &id, e)) return -1;
     cli_user(who, sizeof who);

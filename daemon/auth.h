@@ -36,8 +36,6 @@ const char *auth_role_name(auth_role r);
 int auth_role_parse(const char *s, auth_role *r);
 /* A user name: 1 to 63 of [A-Za-z0-9._@-]. */
 int auth_user_ok(const char *user);
-/* The SHA-256 of token as 64 lowercase hex digits (and a NUL). */
-int auth_hash(const char *token, char hex[65], ac_err *e);
 /* A new token: "act_" and 43 base64url characters of 32 random bytes. */
 int auth_new_token(char out[64], ac_err *e);
 

@@ -31,7 +31,8 @@ void config_defaults(ac_config *c) {
     c->idle_timeout_s = 60;
     c->http_threads = 2;
     c->max_job_seconds = 86400;
-    c->worker_stopped_s = 60;
+    c->worker_silence_s = 60;
+    c->worker_memory_mib = -1;
     c->max_calibration_tokens = 1L << 24;
     c->max_search_steps = 100000;
     c->max_eval_windows = 1L << 20;
@@ -113,9 +114,12 @@ static int limits_parse(ac_config *c, json_t *j, ac_err *e) {
         str_field(j, "tls_key", c->tls_key, sizeof c->tls_key, e))
         return -1;
     if (!c->tls_cert[0] != !c->tls_key[0]) return ac_errf(e, "config: tls_cert and tls_key go together");
-    long ws = c->worker_stopped_s;
-    if (int_field(j, "worker_stopped_s", 1, 86400, &ws, e)) return -1;
-    c->worker_stopped_s = (int)ws;
+    long ws = c->worker_silence_s, wm = c->worker_memory_mib;
+    if (int_field(j, "worker_silence_s", 1, 86400, &ws, e) || int_field(j, "worker_memory_mib", 0, 1L << 30, &wm, e))
+        return -1;
+    if (wm > 0 && wm < 16) return ac_errf(e, "config: worker_memory_mib must be 0 (no limit) or at least 16");
+    c->worker_silence_s = (int)ws;
+    c->worker_memory_mib = wm;
     c->max_distill_tokens = v[11];
     c->max_connections_per_client = (int)v[0];
     c->max_sse_streams = (int)v[1];
@@ -152,7 +156,7 @@ static int known_keys(json_t *j, ac_err *e) {
         "max_attempts", "cancel_grace_s", "worker_threads", "max_connections_per_client", "max_sse_streams",
         "header_timeout_s", "body_timeout_s", "idle_timeout_s", "http_threads", "allowed_hosts", "max_job_seconds",
         "max_calibration_tokens", "max_search_steps", "max_eval_windows", "max_measurements", "max_distill_tokens",
-        "quiet_budget_s", "worker_stopped_s", "tls_cert", "tls_key", "executor", "slurm", NULL};
+        "quiet_budget_s", "worker_silence_s", "worker_memory_mib", "tls_cert", "tls_key", "executor", "slurm", NULL};
     // clang-format on
     const char *k;
     json_t *v;

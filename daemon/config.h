@@ -47,7 +47,8 @@ typedef struct {
     int nallowed_hosts;
     /* Job limits (400 naming the cap at submit; wall clock in the scheduler). */
     int max_job_seconds;
-    int worker_stopped_s; /* a worker stopped (SIGSTOP, T state) this long is failed */
+    int worker_silence_s;   /* a worker not heard from (no heartbeat) this long is failed */
+    long worker_memory_mib; /* each worker's memory limit (wlimit.h); 0: none; < 0: 90% of the host's */
     long max_calibration_tokens;
     long max_search_steps;
     long max_eval_windows;

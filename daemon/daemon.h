@@ -54,6 +54,8 @@ void sched_notify(ac_daemon *d);
 void sched_cancel(ac_daemon *d, long job);
 /* Snapshot: {"device": {"slots":n,"running":[ids]}} */
 json_t *sched_status(ac_daemon *d);
+/* How workers' memory is limited ("cgroup", "rlimit", "none"), *mib each (wlimit.h). */
+const char *sched_worker_memory(ac_daemon *d, long *mib);
 /* 1 when the scheduler could not record a job's state (the
  * write is retried each tick), with the reason in msg. */
 int sched_degraded(ac_daemon *d, char *msg, size_t n);

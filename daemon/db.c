@@ -972,6 +972,34 @@ int db_tokens_live(db *d, ac_err *e) {
     return live;
 }
 
+/* A text column into a fixed buffer ("" and *has 0 for NULL). */
+static void col_copy(sqlite3_stmt *st, int i, char *out, size_t n, int *has) {
+    const char *t = (const char *)sqlite3_column_text(st, i);
+    *has = t != NULL;
+    snprintf(out, n, "%s", t ? t : "");
+}
+
+static int audit_row(sqlite3_stmt *st, void *elem) {
+    db_audit_row *r = elem;
+    int has;
+    r->id = (long)sqlite3_column_int64(st, 0);
+    r->at = sqlite3_column_double(st, 1);
+    col_copy(st, 2, r->user, sizeof r->user, &r->has_user);
+    col_copy(st, 3, r->role, sizeof r->role, &r->has_role);
+    col_copy(st, 4, r->action, sizeof r->action, &has);
+    col_copy(st, 5, r->target, sizeof r->target, &r->has_target);
+    r->status = sqlite3_column_int(st, 6);
+    return 0;
+}
+
+int db_audit_list(db *d, const char *user, long after, int limit, db_audit_row **rows, int *n, ac_err *e) {
+    return read_rows(d,
+                     "SELECT id, at, user, role, action, target, status FROM audit_log WHERE id > ?"
+                     " AND (?2 IS NULL OR user = ?2) ORDER BY id LIMIT ?3",
+                     ARGS(A_INT(after), A_TEXT(user), A_INT(limit)), audit_row, sizeof **rows, NULL, (void **)rows, n,
+                     "list the audit log", e);
+}
+
 int db_audit(db *d, const char *user, const char *role, const char *action, const char *target, int status,
              ac_err *e) {
     return write1(d, "INSERT INTO audit_log (at, user, role, action, target, status) VALUES (?, ?, ?, ?, ?, ?)",

@@ -202,6 +202,16 @@ int db_tokens_live(db *d, ac_err *e);
  * the HTTP status (0 for a command). */
 int db_audit(db *d, const char *user, const char *role, const char *action, const char *target, int status,
              ac_err *e);
+/* One audit row as read back; a NULL column is "" with its has_ flag 0. */
+typedef struct {
+    long id;
+    double at;
+    char user[64], role[16], action[300], target[160];
+    int has_user, has_role, has_target, status;
+} db_audit_row;
+/* Audit rows with id > after, oldest first, of that user when user is not
+ * NULL, at most limit (caller frees *rows). */
+int db_audit_list(db *d, const char *user, long after, int limit, db_audit_row **rows, int *n, ac_err *e);
 
 /* 1 when the last write failed (message in msg), else 0. */
 int db_health(db *d, char *msg, size_t n, long *write_failures);

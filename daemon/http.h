@@ -123,6 +123,7 @@ enum MHD_Result r_healthz(req_ctx *rc, json_t *body);
 enum MHD_Result r_static(req_ctx *rc, json_t *body);
 /* routes_exec.c */
 enum MHD_Result r_config(req_ctx *rc, json_t *body);
+enum MHD_Result r_audit(req_ctx *rc, json_t *body);
 enum MHD_Result r_worker_events(req_ctx *rc, json_t *body);
 enum MHD_Result r_openapi(req_ctx *rc, json_t *body); /* openapi.c */
 

@@ -4,11 +4,11 @@
 #include "jobsecret.h"
 
 #include <errno.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
+
+#include "digest.h"
 
 static void to_hex(const unsigned char *b, size_t n, char *out) {
     static const char digits[] = "0123456789abcdef";
@@ -34,12 +34,7 @@ int jobsecret_new(char *out, size_t n, ac_err *e) {
 }
 
 int jobsecret_hash(const char *secret, char hash[JOBSECRET_HASH_LEN + 1], ac_err *e) {
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int len = 0;
-    if (!EVP_Digest(secret, strlen(secret), md, &len, EVP_sha256(), NULL) || len != JOBSECRET_HASH_LEN / 2)
-        return ac_errf(e, "job secret: SHA-256 failed");
-    to_hex(md, len, hash);
-    return 0;
+    return digest_sha256_hex(secret, strlen(secret), hash, e);
 }
 
 int jobsecret_matches(const char *secret, const char *hash) {
@@ -47,5 +42,5 @@ int jobsecret_matches(const char *secret, const char *hash) {
     ac_err e;
     if (!secret || !secret[0] || !hash || strlen(hash) != JOBSECRET_HASH_LEN || jobsecret_hash(secret, h, &e))
         return 0;
-    return CRYPTO_memcmp(h, hash, JOBSECRET_HASH_LEN) == 0;
+    return digest_equal(h, hash, JOBSECRET_HASH_LEN);
 }

@@ -2,10 +2,9 @@
  * jobsecret.h - the per-job secret a worker on another host (a Slurm node)
  * posts its events with (executor_slurm.c): made from the kernel's random
  * source, handed to the worker in a mode-0600 file in the job's directory,
- * and kept by the daemon only as its SHA-256 (OpenSSL's libcrypto), so a
- * copy of the database (a backup, a leaked file) posts nothing. A presented
- * secret is checked by hashing it and comparing the digests in constant
- * time (CRYPTO_memcmp).
+ * and kept by the daemon only as its SHA-256 (digest.h), so a copy of the
+ * database (a backup, a leaked file) posts nothing. A presented secret is
+ * checked by hashing it and comparing the digests in constant time.
  */
 #ifndef AC_JOBSECRET_H
 #define AC_JOBSECRET_H

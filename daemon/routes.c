@@ -142,6 +142,7 @@ const route http_routes[] = {
     {"DELETE", "/v1/cost-tables/measurements/{id}", r_measure_cancel, R_API | R_ADMIN},
     {"GET", "/v1/cost-tables/{rest}", r_cost_get, R_API},
     {"GET", "/v1/config", r_config, R_API},
+    {"GET", "/v1/audit", r_audit, R_API | R_ADMIN},
     {"POST", "/v1/jobs/{id}/worker-events", r_worker_events, R_JSON}, /* the job's own secret */
 };
 

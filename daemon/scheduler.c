@@ -21,13 +21,19 @@
  * queued or running, one per table key; the table it prints is stored as
  * "measured".
  *
- * Each tick every worker's /proc/PID/status is read: its peak resident
- * memory (VmHWM) and whether it is stopped (SIGSTOP, a debugger). A worker
- * stopped longer than cfg.worker_stopped_s is killed and its job failed
- * with that reason, not left "running" until max_job_seconds. A worker
- * killed by SIGKILL that the daemon did not send, while the kernel's OOM-kill
- * count (/proc/vmstat oom_kill, which counts cgroup OOM kills too) rose, is
- * reported as "out of memory at N MiB in stage S".
+ * Workers are watched: each sends a heartbeat line every worker_silence_s/4
+ * (at most every 5 s; not stored as an event); a worker not heard from for
+ * cfg.worker_silence_s (stopped by SIGSTOP or a debugger, or hung so that
+ * its heartbeat thread cannot run or write) is killed and its job failed
+ * with that reason, not left "running" until max_job_seconds. Each tick
+ * every worker's /proc/PID/status gives its peak resident memory (VmHWM)
+ * and whether it is stopped, for the reason. Each worker runs under a
+ * memory limit, cfg.worker_memory_mib (wlimit.h: its own cgroup, or a
+ * watch of its resident memory); a worker the limit ended is reported as
+ * "out of memory at N MiB in stage S" (S: its last "stage" event), as is a
+ * worker killed by a
+ * SIGKILL the daemon did not send while the kernel's OOM-kill count
+ * (/proc/vmstat oom_kill, which counts cgroup OOM kills too) rose.
  *
  * A job's end that cannot be written (full disk, I/O error) is kept and
  * retried every tick; meanwhile /healthz reports degraded. If the daemon
@@ -48,6 +54,7 @@
 #include "daemon.h"
 #include "executor.h"
 #include "wevent.h"
+#include "wlimit.h"
 
 typedef struct slot {
     char id[32]; /* "cpu" or "cuda:N" */
@@ -74,8 +81,12 @@ typedef struct worker {
     double started;
     char stage[32];            /* the last stage it announced */
     long peak_kb;              /* its peak resident memory, sampled each tick (VmHWM) */
-    double stopped_since;      /* when it was first seen stopped (T state), 0 while it runs */
-    int stalled;               /* killed for staying stopped past worker_stopped_s */
+    double heard;              /* when its last line (event or heartbeat) came */
+    int stopped;               /* it was seen stopped (T state) at the last tick */
+    int silent;                /* killed for staying silent past worker_silence_s */
+    double silent_for;         /* how long it had been silent then */
+    wlimit lim;                /* its memory limit's cgroup (wlimit.h) */
+    long over_mib;             /* resident MiB past its limit (its "oom" event, or seen here); 0: not */
     unsigned long long oom0;   /* the OOM-kill count when it started */
 } worker;
 
@@ -124,6 +135,8 @@ struct scheduler {
     char jobs_dir[1100];
     long next_measure;
     const ac_executor *exec; /* what runs jobs: local_exec or executor_slurm */
+    wlimit_base lim;         /* the workers' memory limit (wlimit.h) */
+    double last_watch;       /* the last watch_workers pass */
 };
 
 static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -188,6 +201,8 @@ static unsigned long long oom_kills(void) {
     return n;
 }
 
+static long s_mib(const ac_daemon *d) { return d->sched->lim.mib; }
+
 static job_state worker_outcome(const worker *w, char *reason, size_t n) {
     const ac_daemon *d = w->d;
     if (d->sched->stopping) {
@@ -207,14 +222,32 @@ static job_state worker_outcome(const worker *w, char *reason, size_t n) {
         snprintf(reason, n, "completed");
         return JOB_SUCCEEDED;
     }
-    if (w->stalled) {
-        snprintf(reason, n, "the worker was stopped (SIGSTOP or a debugger) for over worker_stopped_s=%d s in stage %s; killed",
-                 d->cfg.worker_stopped_s, w->stage[0] ? w->stage : "(none)");
+    const char *stage = w->stage[0] ? w->stage : "(none)";
+    if (w->silent) {
+        snprintf(reason, n,
+                 "the worker sent no heartbeat for %.0f s (worker_silence_s=%d) in stage %s: %s; killed", w->silent_for,
+                 d->cfg.worker_silence_s, stage,
+                 w->stopped ? "it was stopped (SIGSTOP or a debugger)" : "it was hung (not running its heartbeat)");
+        return JOB_FAILED;
+    }
+    long peak = (w->peak_kb + 512) / 1024;
+    if (wlimit_oom_killed(&w->lim, &peak)) {
+        snprintf(reason, n,
+                 "out of memory at %ld MiB in stage %s: the worker reached its cgroup's limit worker_memory_mib=%ld "
+                 "and the kernel's OOM killer ended it",
+                 peak, stage, s_mib(d));
+        return JOB_FAILED;
+    }
+    if (w->over_mib) {
+        snprintf(reason, n,
+                 "out of memory at %ld MiB in stage %s: the worker passed its memory limit worker_memory_mib=%ld "
+                 "(resident memory) and was stopped",
+                 w->over_mib, stage, s_mib(d));
         return JOB_FAILED;
     }
     if (w->term_signal == SIGKILL && oom_kills() > w->oom0) {
-        snprintf(reason, n, "out of memory at %ld MiB in stage %s: the kernel's OOM killer ended the worker",
-                 (w->peak_kb + 512) / 1024, w->stage[0] ? w->stage : "(none)");
+        snprintf(reason, n, "out of memory at %ld MiB in stage %s: the kernel's OOM killer ended the worker", peak,
+                 stage);
         return JOB_FAILED;
     }
     if (w->error[0])
@@ -232,6 +265,7 @@ static void finish_worker(worker *w) {
     ac_err e = {{0}};
     char reason[700];
     job_state to = worker_outcome(w, reason, sizeof reason);
+    wlimit_release(&w->lim);
     const char *result = to == JOB_SUCCEEDED ? w->result : NULL, *name = job_state_name(to);
     if (db_job_transition(d->db, w->job, JOB_RUNNING, to, reason, NULL, result, &e) < 0) {
         log_line("job %ld: cannot record end (%s): %s; retrying", w->job, name, e.msg);
@@ -314,7 +348,13 @@ static void handle_line(worker *w, const char *line, size_t len) {
         daemon_event(w->d, w->job, "log", json_pack("{s:s%}", "line", line, len));
         return;
     }
+    if (!strcmp(ev.kind, "heartbeat")) { /* heard (on_read); not an event to keep */
+        wevent_free(&ev);
+        return;
+    }
     exec_worker_event(w->d, w->job, &ev, &w->result, w->error, sizeof w->error);
+    if (!strcmp(ev.kind, "oom") && json_integer_value(json_object_get(ev.data, "rss_mib")) > 0)
+        w->over_mib = (long)json_integer_value(json_object_get(ev.data, "rss_mib"));
     if (!strcmp(ev.kind, "stage") && json_is_string(json_object_get(ev.data, "stage"))) /* named if it dies */
         snprintf(w->stage, sizeof w->stage, "%s", json_string_value(json_object_get(ev.data, "stage")));
     daemon_event(w->d, w->job, ev.kind, json_incref(ev.data));
@@ -330,6 +370,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
 static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
     worker *w = st->data;
     if (n > 0) {
+        w->heard = ac_now();
         for (ssize_t i = 0; i < n; i++) {
             char ch = buf->base[i];
             if (ch == '\n') {
@@ -491,7 +532,15 @@ static int start_worker(scheduler *s, slot *sl, long job) {
         free(w);
         return -1;
     }
-    w->started = ac_now();
+    char why[300];
+    if (wlimit_prepare(&s->lim, job, &w->lim, why, sizeof why)) {
+        close(logfd);
+        free(input);
+        free(w);
+        fail_start(d, job, JOB_RUNNING, why);
+        return -1;
+    }
+    w->started = w->heard = ac_now();
     w->oom0 = oom_kills();
     w->d = d;
     w->job = job;
@@ -502,10 +551,19 @@ static int start_worker(scheduler *s, slot *sl, long job) {
     /* the worker applies the path rules again: same roots, same job dir */
     char qb[32]; /* quiet_budget_s; < 0 (unset): the worker's own allowance, as in measure_start */
     snprintf(qb, sizeof qb, "%g", d->cfg.quiet_budget_s);
-    char *args[14 + 2 * AC_MAX_ROOTS] = {d->exe, "run-job",  jobarg, "--device",   sl->id,      "--threads",
-                                         thr,    "--output", outp,   "--jobs-dir", s->jobs_dir, "--quiet-budget",
-                                         qb};
-    int na = 13;
+    char hb[32]; /* heartbeat: four within worker_silence_s, at most 5 s apart */
+    double beat = d->cfg.worker_silence_s * 1000.0 / 4;
+    snprintf(hb, sizeof hb, "%d", beat > 5000 ? 5000 : (int)beat);
+    char *args[18 + 2 * AC_MAX_ROOTS] = {d->exe,         "run-job",      jobarg, "--device", sl->id,     "--threads",
+                                         thr,            "--output",     outp,   "--jobs-dir", s->jobs_dir,
+                                         "--quiet-budget", qb,           "--heartbeat-ms", hb};
+    int na = 15;
+    char mem[32]; /* the resident limit it watches itself (wlimit.h) */
+    snprintf(mem, sizeof mem, "%ld", wlimit_self_mib(&s->lim));
+    if (wlimit_self_mib(&s->lim) > 0) {
+        args[na++] = "--memory-mib";
+        args[na++] = mem;
+    }
     for (int i = 0; i < d->cfg.nroots; i++) {
         args[na++] = "--root";
         args[na++] = d->cfg.model_roots[i];
@@ -517,9 +575,9 @@ static int start_worker(scheduler *s, slot *sl, long job) {
     w->open_handles = 4;
     close(logfd);
     if (r) {
-        char why[256];
         snprintf(why, sizeof why, "cannot start worker: %s", uv_strerror(r));
         fail_start(d, job, JOB_RUNNING, why);
+        wlimit_release(&w->lim);
         close_worker_handles(w); /* a failed uv_spawn still initialised the process handle */
         return -1;
     }
@@ -527,7 +585,10 @@ static int start_worker(scheduler *s, slot *sl, long job) {
     w->next = s->workers;
     s->workers = w;
     uv_buf_t buf = uv_buf_init(w->input, (unsigned)strlen(w->input));
-    if (uv_write(&w->wr, (uv_stream_t *)&w->in, &buf, 1, on_input_written)) {
+    if (wlimit_apply(&w->lim, w->proc.pid, why, sizeof why)) { /* before it has its job */
+        snprintf(w->error, sizeof w->error, "%s", why);
+        uv_process_kill(&w->proc, SIGKILL);
+    } else if (uv_write(&w->wr, (uv_stream_t *)&w->in, &buf, 1, on_input_written)) {
         snprintf(w->error, sizeof w->error, "cannot send the job's spec to its worker");
         uv_process_kill(&w->proc, SIGKILL);
     }
@@ -806,31 +867,40 @@ static void enforce_wall_clock(scheduler *s) {
         }
 }
 
-/* Each tick: every worker's peak memory and stopped state (see the top). */
+/* Each tick: every worker's peak memory and stopped state, and whether it
+ * has been silent past worker_silence_s (see the top). A tick that comes
+ * late (the loop itself was held up, reading no pipe meanwhile) moves the
+ * workers' last-heard times on by the delay: their silence was the
+ * daemon's. */
 static void watch_workers(scheduler *s) {
-    double now = ac_now();
+    double now = ac_now(), late = s->last_watch > 0 ? now - s->last_watch - 1.0 : 0;
+    s->last_watch = now;
     for (worker *w = s->workers; w; w = w->next) {
-        if (w->exited > 0 || w->stalled || w->proc.pid <= 0) continue;
+        if (w->exited > 0 || w->silent || w->proc.pid <= 0) continue;
+        if (late > 0.5) w->heard += late;
         char path[64], line[256];
         snprintf(path, sizeof path, "/proc/%d/status", w->proc.pid);
         FILE *f = fopen(path, "r");
         if (!f) continue;
-        int stopped = 0;
-        long kb;
+        long kb, rss_kb = 0, self = wlimit_self_mib(&s->lim);
         while (fgets(line, sizeof line, f)) {
-            if (!strncmp(line, "State:", 6)) stopped = strchr(line, 'T') || strstr(line, "t (tracing stop)");
+            if (!strncmp(line, "State:", 6)) w->stopped = strchr(line, 'T') || strstr(line, "t (tracing stop)");
             if (sscanf(line, "VmHWM: %ld kB", &kb) == 1 && kb > w->peak_kb) w->peak_kb = kb;
+            if (sscanf(line, "VmRSS: %ld kB", &kb) == 1) rss_kb = kb;
         }
         fclose(f);
-        if (!stopped) {
-            w->stopped_since = 0;
+        if (self > 0 && rss_kb > self * 1024 && !w->over_mib && !w->cancelling) { /* the worker did not stop itself */
+            w->over_mib = (rss_kb + 1023) / 1024;
+            uv_process_kill(&w->proc, SIGKILL);
+            log_line("job %ld: worker at %ld MiB resident, over worker_memory_mib=%ld; killed", w->job, w->over_mib, self);
             continue;
         }
-        if (!w->stopped_since) w->stopped_since = now;
-        if (now - w->stopped_since > s->d->cfg.worker_stopped_s && !w->cancelling && !w->timed_out) {
-            w->stalled = 1;
+        if (now - w->heard > s->d->cfg.worker_silence_s && !w->cancelling && !w->timed_out) {
+            w->silent = 1;
+            w->silent_for = now - w->heard;
             uv_process_kill(&w->proc, SIGKILL); /* a stopped process takes no SIGTERM */
-            log_line("job %ld: worker stopped for %.0f s; killed", w->job, now - w->stopped_since);
+            log_line("job %ld: no heartbeat from its worker for %.0f s (%s); killed", w->job, w->silent_for,
+                     w->stopped ? "stopped" : "hung");
         }
     }
 }
@@ -915,6 +985,11 @@ int sched_start(ac_daemon *d, ac_err *e) {
     s->d = d;
     d->sched = s;
     s->exec = d->cfg.exec.kind == AC_EXEC_SLURM ? &executor_slurm : &local_exec;
+    if (s->exec == &local_exec) {
+        char note[1400];
+        wlimit_init(&s->lim, d->cfg.worker_memory_mib, note, sizeof note);
+        log_line("%s", note);
+    }
     if (s->exec->start && s->exec->start(d, e)) {
         d->sched = NULL;
         free(s);
@@ -945,6 +1020,11 @@ int sched_start(ac_daemon *d, ac_err *e) {
     uv_timer_start(&s->keepalive, on_keepalive, (uint64_t)d->cfg.sse_keepalive_s * 1000,
                    (uint64_t)d->cfg.sse_keepalive_s * 1000);
     return 0;
+}
+
+const char *sched_worker_memory(ac_daemon *d, long *mib) {
+    *mib = d->sched ? d->sched->lim.mib : 0;
+    return wlimit_mode_name(d->sched ? d->sched->lim.mode : WLIMIT_NONE);
 }
 
 void sched_notify(ac_daemon *d) { uv_async_send(&d->sched->wake); }

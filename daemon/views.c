@@ -42,6 +42,12 @@ json_t *view_job(const db_job *j) {
     return o;
 }
 
+/* {key: a, "next_after": last when the page is full, else null}; consumes a (NULL: out of memory). */
+static json_t *page(const char *key, json_t *a, int n, int limit, long last) {
+    if (!a) return NULL;
+    return json_pack("{s:o,s:o}", key, a, "next_after", n == limit && n > 0 ? json_integer(last) : json_null());
+}
+
 json_t *view_job_page(const db_job *jobs, int n, int limit) {
     json_t *a = json_array();
     for (int i = 0; a && i < n; i++) {
@@ -51,9 +57,23 @@ json_t *view_job_page(const db_job *jobs, int n, int limit) {
             a = NULL;
         }
     }
-    if (!a) return NULL;
-    json_t *next = n == limit && n > 0 ? json_integer(jobs[n - 1].id) : json_null();
-    return json_pack("{s:o,s:o}", "jobs", a, "next_after", next);
+    return page("jobs", a, n, limit, n > 0 ? jobs[n - 1].id : 0);
+}
+
+json_t *view_audit_page(const db_audit_row *rows, int n, int limit) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++) {
+        const db_audit_row *r = &rows[i];
+        json_t *o = json_pack("{s:I,s:f,s:o,s:o,s:s,s:o,s:i}", "id", (json_int_t)r->id, "at", r->at, "user",
+                              str_or_null(r->has_user ? r->user : NULL), "role",
+                              str_or_null(r->has_role ? r->role : NULL), "action", r->action, "target",
+                              str_or_null(r->has_target ? r->target : NULL), "status", r->status);
+        if (!o || json_array_append_new(a, o)) {
+            json_decref(a);
+            a = NULL;
+        }
+    }
+    return page("entries", a, n, limit, n > 0 ? rows[n - 1].id : 0);
 }
 
 json_t *view_events(const db_event *evs, int n) {

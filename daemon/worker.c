@@ -1,11 +1,19 @@
 /*
  * worker.c - `autocompressd run-job ID [--device D] [--threads N]
  * [--output DIR] [--jobs-dir DIR] [--root DIR]... [--quiet-budget S]
- * [--checkpoint DIR]`:
+ * [--checkpoint DIR] [--heartbeat-ms N] [--memory-mib N]`:
  * runs one job in its own process. The daemon writes {"spec": ..., "cost_tables": {key: table}} on
  * its stdin (the worker never opens the daemon's database), it writes one
  * JSON event per line on stdout for the daemon to store, logs on stderr. Dies with its parent (PR_SET_PDEATHSIG),
  * so a killed daemon leaves no orphan worker behind.
+ *
+ * With --heartbeat-ms, a thread of its own writes {"kind": "heartbeat"} every
+ * N ms, so the daemon can tell a worker that does not run (stopped, hung)
+ * from one busy in a long stage (scheduler.c, worker_silence_s). With
+ * --memory-mib (the daemon's worker_memory_mib where it has no cgroup to
+ * enforce it, wlimit.h) the same thread reads the worker's resident memory
+ * every 0.1 s and, past the limit, writes {"kind": "oom", "data":
+ * {"rss_mib": N, "limit_mib": L}} and kills the worker.
  *
  * The worker applies the daemon's path rules again (src/core/fsafe.c, with the
  * roots it is given by --root): the spec's paths are checked before the job
@@ -18,18 +26,20 @@
  * cap on quiet re-measurement (quiet.h; absent or < 0: none).
  */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "autocompress.h"
 #include "costcache.h"
 #include "daemon.h"
-#include "jobsecret.h"
+#include "digest.h"
 #include "worker_post.h"
 
 /* Where events go when the worker runs on another host (--events, --post):
@@ -43,9 +53,11 @@ static void emit_line(void *ud, const char *kind, json_t *data) {
     json_decref(ev);
     if (remote) wpost_emit(remote, kind, data);
     if (s) {
+        flockfile(stdout); /* one whole line at a time: the heartbeat thread writes too */
         fputs(s, stdout);
         fputc('\n', stdout);
         fflush(stdout);
+        funlockfile(stdout);
         free(s);
     }
     if (!strcmp(kind, "stage") || !strcmp(kind, "log"))
@@ -54,6 +66,54 @@ static void emit_line(void *ud, const char *kind, json_t *data) {
                 : json_string_value(json_object_get(data, "message"))
                     ? json_string_value(json_object_get(data, "message"))
                     : "");
+}
+
+/* The worker's resident memory in MiB (/proc/self/statm), or -1. */
+static long resident_mib(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long size, res = -1;
+    if (f && fscanf(f, "%ld %ld", &size, &res) != 2) res = -1;
+    if (f) fclose(f);
+    return res < 0 ? -1 : (long)((double)res * (double)sysconf(_SC_PAGESIZE) / 1048576.0);
+}
+
+static struct {
+    int period_ms; /* heartbeat */
+    long mib;      /* resident limit; 0: none */
+} watch;
+
+static void *heartbeat(void *arg) {
+    (void)arg;
+    const int step = 100; /* ms between memory checks */
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = step * 1000000L};
+    for (int since = watch.period_ms;; since += step) {
+        long rss = watch.mib > 0 ? resident_mib() : -1;
+        if (rss > watch.mib) {
+            flockfile(stdout);
+            printf("{\"kind\":\"oom\",\"data\":{\"rss_mib\":%ld,\"limit_mib\":%ld}}\n", rss, watch.mib);
+            fflush(stdout);
+            fprintf(stderr, "worker: %ld MiB resident, over its limit of %ld MiB; stopping\n", rss, watch.mib);
+            raise(SIGKILL); /* stdout stays locked: nothing else is written after it */
+        }
+        if (since >= watch.period_ms) {
+            since = 0;
+            flockfile(stdout);
+            fputs("{\"kind\":\"heartbeat\",\"data\":{}}\n", stdout);
+            fflush(stdout);
+            funlockfile(stdout);
+        }
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+/* The heartbeat thread (local workers only: their stdout is the daemon's pipe). */
+static void start_heartbeat(int ms, long mib) {
+    pthread_t t;
+    if ((ms <= 0 && mib <= 0) || remote) return;
+    watch.period_ms = ms > 0 ? ms : 1 << 30;
+    watch.mib = mib;
+    if (pthread_create(&t, NULL, heartbeat, NULL) == 0) pthread_detach(t);
 }
 
 static void fail(const char *msg) {
@@ -97,6 +157,8 @@ typedef struct {
     const char *input, *events, *post, *secret_file;
     double flush_s;
     const char *checkpoint; /* stage checkpoints' directory (checkpoint_int.h), NULL: none */
+    int heartbeat_ms;       /* 0: no heartbeat */
+    long memory_mib;        /* resident limit it watches itself; 0: none */
 } worker_args;
 
 static int parse_args(int argc, char **argv, worker_args *a) {
@@ -130,6 +192,10 @@ static int parse_args(int argc, char **argv, worker_args *a) {
             a->flush_s = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--checkpoint"))
             a->checkpoint = argv[i + 1];
+        else if (!strcmp(argv[i], "--heartbeat-ms"))
+            a->heartbeat_ms = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--memory-mib"))
+            a->memory_mib = atol(argv[i + 1]);
     }
     return a->id > 0 ? 0 : -1;
 }
@@ -176,6 +242,7 @@ static int run_job(worker_args *ap) {
     worker_args a = *ap;
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() == 1) return 3; /* parent already gone */
+    start_heartbeat(a.heartbeat_ms, a.memory_mib);
     size_t len;
     char *text = a.input ? read_file(a.input, 1u << 30, &len) : read_stdin(1u << 30, &len);
     json_t *in = text ? json_loadb(text, len, 0, NULL) : NULL;
@@ -218,10 +285,10 @@ static int run_job(worker_args *ap) {
     ac_job_ctx ctx = {.emit = emit_line, .ud = NULL, .cancelled = NULL, .cache = &cache, .threads = a.threads};
     /* A job run again (a requeued batch job) resumes after its checkpointed
      * stages; the key ties them to this spec (its SHA-256). */
-    char key[JOBSECRET_HASH_LEN + 1] = "";
+    char key[DIGEST_HEX_LEN + 1] = "";
     char *spec_text = a.checkpoint ? json_dumps(spec, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     ac_err ke = {{0}};
-    if (spec_text && (mkdir(a.checkpoint, 0700) == 0 || errno == EEXIST) && jobsecret_hash(spec_text, key, &ke) == 0) {
+    if (spec_text && (mkdir(a.checkpoint, 0700) == 0 || errno == EEXIST) && digest_sha256_hex(spec_text, strlen(spec_text), key, &ke) == 0) {
         ctx.checkpoint_dir = a.checkpoint;
         ctx.checkpoint_key = key;
         fprintf(stderr, "worker: stage checkpoints in %s\n", a.checkpoint);

@@ -1,7 +1,8 @@
 """Users, roles and API tokens over real HTTP with a real SQLite file: tokens made with `autocompressd token add`
 while the daemon runs, stored only as their SHA-256 (checked against hashlib), 401 without a live token and 403 for a
 role that is too low (JSON bodies), another user's job answering 404 on every job route exactly as an unknown id does,
-admins seeing everyone's, Idempotency-Keys per user, revocation taking effect at once, the audit log in the database,
+admins seeing everyone's, Idempotency-Keys per user, revocation taking effect at once, the audit log in the database
+and served to admins only by GET /v1/audit (page by page, equal to the table's rows),
 the config's single token working as the admin, and a daemon off loopback never serving without a token."""
 import hashlib
 import http.client
@@ -149,6 +150,30 @@ def test_roles_owners_and_audit():
         cli = [r for r in log if r[2].startswith("token ")]
         assert [r[2] for r in cli] == ["token add"] * 4 + ["token revoke"], cli
         assert all(r[0].startswith("cli:") for r in cli), cli
+        # GET /v1/audit: admins only (403 JSON for the others, logged as refusals), the database's rows page by page
+        for u in ("bob", "carol"):
+            err(*call(port, "GET", "/v1/audit", token=toks[u])[:2], 403, "forbidden")
+        err(*call(port, "GET", "/v1/audit")[:2], 401, "unauthorized")
+        err(*call(port, "GET", "/v1/audit?limit=0", token=toks["root"])[:2], 400, "bad_request")
+        with sqlite3.connect(d.db) as c:
+            rows = c.execute("SELECT id, at, user, role, action, target, status FROM audit_log ORDER BY id").fetchall()
+        assert ("bob", "submit", "GET /v1/audit", None, 403) in [r[2:] for r in rows], rows
+        want = [dict(zip(("id", "at", "user", "role", "action", "target", "status"), r)) for r in rows]
+        got, after = [], 0
+        while True:
+            st, page, _ = call(port, "GET", f"/v1/audit?limit=4&after={after}", token=toks["root"])
+            assert st == 200 and len(page["entries"]) <= 4, page
+            got += page["entries"]
+            if page["next_after"] is None:
+                break
+            assert page["next_after"] == page["entries"][-1]["id"], page
+            after = page["next_after"]
+        assert len(got) == len(want) and len(want) > 8, (len(got), len(want))
+        for g, w in zip(got, want):
+            assert g == dict(w, at=g["at"]) and abs(g["at"] - w["at"]) < 1e-3, (g, w)
+        st, page, _ = call(port, "GET", "/v1/audit?user=bob", token=toks["root"])
+        assert st == 200 and [e["id"] for e in page["entries"]] == [w["id"] for w in want if w["user"] == "bob"], page
+        assert page["next_after"] is None and page["entries"], page
     finally:
         d.cleanup()
 
