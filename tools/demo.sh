@@ -109,9 +109,13 @@ if pe and pb:
               f"new table {a['new_table_reference_probe_us']:.1f} us)")
 mt = r["minitron"]
 if "candidates" in mt:
+    by_task = isinstance(mt.get("score"), dict)  # spec minitron.score "task": candidates by task accuracy
     print(f"Minitron (Model-Optimizer's search): {mt['grid_size']} grid points, {mt['grid_feasible']} within the limit, "
-          f"top {len(mt['candidates'])} scored on calibration text (ppl):",
-          ", ".join(f"h{c['hidden_size']}/f{c['ffn_hidden_size']}/a{c['num_attention_heads']}/L{c['num_layers']}: {c.get('calib_ppl', float('nan')):.1f}"
+          f"top {len(mt['candidates'])} scored "
+          + (f"by {mt['score']['task']} {mt['score']['metric']}:" if by_task else "on calibration text (ppl):"),
+          ", ".join(f"h{c['hidden_size']}/f{c['ffn_hidden_size']}/a{c['num_attention_heads']}/L{c['num_layers']}: "
+                    + (f"{c.get('task_' + mt['score']['metric'], float('nan')):.3f}" if by_task
+                       else f"{c.get('calib_ppl', float('nan')):.1f}")
                     for c in mt["candidates"]), f"; layers dropped: {mt['layers_dropped']}")
 print(f"chosen (*): {r['chosen']} ({r.get('chosen_reason', 'job method ' + r['method'])}); exported to {r['export']['dir']} as {r['export']['format']}")
 o = "minitron" if r["chosen"] == "autocompress" else "autocompress"
