@@ -441,30 +441,71 @@ static void test_search_grid_limits(void) {
  * lowest calibration NLL kept, all KV groups kept. cover[0..2] count the
  * compared candidates with fewer hidden channels, fewer heads, fewer
  * layers than the model. */
+/* A random model of L layers, its importance on 6 random windows, the L4
+ * roofline, and a scored Minitron problem under a 0.9x parameter limit
+ * (P points into the struct: it stays where it is). */
+typedef struct {
+    ac_model m;
+    int ids[6 * T_];
+    ac_importance imp;
+    ac_cost_table t;
+    ac_engine_profile p;
+    ac_workload w;
+    ac_search_problem P;
+} scored_env;
+
+static void scored_env_init(scored_env *s, int L) {
+    ac_err e;
+    int W = 6;
+    CHECK(mk_model_layers(&s->m, L, &e) == 0, "%s", e.msg);
+    for (int i = 0; i < W * T_; i++) s->ids[i] = (int)(urand() * 40);
+    CHECK(ac_importance_compute(&s->m, s->ids, W * T_, T_, W, 0, NULL, NULL, &s->imp, &e) == 0, "%s", e.msg);
+    ac_cost_roofline(ac_device_spec_find("L4"), "bf16", &s->t, &e);
+    ac_engine_profile_default(&s->p, 0);
+    s->w = (ac_workload){.batch = 1, .prompt_len = 64, .gen_len = 16};
+    s->P = (ac_search_problem){.table = &s->t,
+                               .workload = &s->w,
+                               .profile = &s->p,
+                               .imp = &s->imp,
+                               .base = &s->m.a,
+                               .model = &s->m,
+                               .calib_ids = s->ids,
+                               .n_calib = W * T_,
+                               .ctx = T_};
+    s->P.opts.prune_hidden = 1;
+    s->P.limits.max_params = 0.9 * ac_arch_params(&s->m.a);
+}
+
+static void scored_env_free(scored_env *s) {
+    ac_cost_table_free(&s->t);
+    ac_importance_free(&s->imp);
+    ac_model_free(&s->m);
+}
+
+/* A candidate of the report (its JSON) as an architecture of m. */
+static void cand_arch_json(const ac_model *m, const json_t *c, ac_arch *ca) {
+    ac_err e;
+    CHECK(ac_arch_copy(ca, &m->a, &e) == 0, "%s", e.msg);
+    ca->hidden = (int)json_integer_value(json_object_get(c, "hidden_size"));
+    for (int l = 0; l < ca->n_layers; l++) ca->layers[l] = (ac_layer_arch){0, 0, 0, 0, 0, 0};
+    size_t k;
+    json_t *lk;
+    json_array_foreach(json_object_get(c, "layers_kept"), k, lk) {
+        ca->layers[json_integer_value(lk)] =
+            (ac_layer_arch){(int)json_integer_value(json_object_get(c, "num_attention_heads")),
+                            m->a.layers[0].n_kv_heads, (int)json_integer_value(json_object_get(c, "ffn_hidden_size")),
+                            0, 0, 0};
+    }
+}
+
 static void scored_search(int L, int cover[3]) {
     ac_err e;
-    ac_model m;
-    CHECK(mk_model_layers(&m, L, &e) == 0, "%s", e.msg);
-    int W = 6, ids[6 * T_];
-    for (int i = 0; i < W * T_; i++) ids[i] = (int)(urand() * 40);
-    ac_importance imp;
-    CHECK(ac_importance_compute(&m, ids, W * T_, T_, W, 0, NULL, NULL, &imp, &e) == 0, "%s", e.msg);
-    ac_cost_table t;
-    ac_cost_roofline(ac_device_spec_find("L4"), "bf16", &t, &e);
-    ac_engine_profile p;
-    ac_engine_profile_default(&p, 0);
-    ac_workload w = {.batch = 1, .prompt_len = 64, .gen_len = 16};
-    ac_search_problem P = {.table = &t,
-                           .workload = &w,
-                           .profile = &p,
-                           .imp = &imp,
-                           .base = &m.a,
-                           .model = &m,
-                           .calib_ids = ids,
-                           .n_calib = W * T_,
-                           .ctx = T_};
-    P.opts.prune_hidden = 1;
-    P.limits.max_params = 0.9 * ac_arch_params(&m.a);
+    static scored_env env;
+    scored_env_init(&env, L);
+    ac_model m = env.m; /* a shallow view (freed with env) */
+    int W = 6, *ids = env.ids;
+    ac_importance imp = env.imp;
+    ac_search_problem P = env.P;
     ac_search_result r;
     CHECK(ac_search_minitron(&P, &r, &e) == 0, "%s", e.msg);
     json_t *cands = json_object_get(r.detail, "candidates");
@@ -492,16 +533,7 @@ static void scored_search(int L, int cover[3]) {
     double worst = 0;
     json_array_foreach(cands, i, c) {
         ac_arch ca;
-        CHECK(ac_arch_copy(&ca, &m.a, &e) == 0, "%s", e.msg);
-        ca.hidden = (int)json_integer_value(json_object_get(c, "hidden_size"));
-        for (int l = 0; l < ca.n_layers; l++) ca.layers[l] = (ac_layer_arch){0, 0, 0, 0, 0, 0};
-        size_t k;
-        json_t *lk;
-        json_array_foreach(json_object_get(c, "layers_kept"), k, lk) {
-            ca.layers[json_integer_value(lk)] = (ac_layer_arch){
-                (int)json_integer_value(json_object_get(c, "num_attention_heads")), m.a.layers[0].n_kv_heads,
-                (int)json_integer_value(json_object_get(c, "ffn_hidden_size")), 0, 0, 0};
-        }
+        cand_arch_json(&m, c, &ca);
         cover[0] += ca.hidden < m.a.hidden;
         cover[1] += json_integer_value(json_object_get(c, "num_attention_heads")) < m.a.layers[0].n_heads;
         cover[2] += json_array_size(json_object_get(c, "layers_kept")) < (size_t)L;
@@ -534,25 +566,7 @@ static void scored_search(int L, int cover[3]) {
           "compacted model is the same function");
     ac_model_free(&pm);
     ac_search_result_free(&r);
-    ac_cost_table_free(&t);
-    ac_importance_free(&imp);
-    ac_model_free(&m);
-}
-
-/* A candidate of the report (its JSON) as an architecture of m. */
-static void cand_arch_json(const ac_model *m, const json_t *c, ac_arch *ca) {
-    ac_err e;
-    CHECK(ac_arch_copy(ca, &m->a, &e) == 0, "%s", e.msg);
-    ca->hidden = (int)json_integer_value(json_object_get(c, "hidden_size"));
-    for (int l = 0; l < ca->n_layers; l++) ca->layers[l] = (ac_layer_arch){0, 0, 0, 0, 0, 0};
-    size_t k;
-    json_t *lk;
-    json_array_foreach(json_object_get(c, "layers_kept"), k, lk) {
-        ca->layers[json_integer_value(lk)] =
-            (ac_layer_arch){(int)json_integer_value(json_object_get(c, "num_attention_heads")),
-                            m->a.layers[0].n_kv_heads, (int)json_integer_value(json_object_get(c, "ffn_hidden_size")),
-                            0, 0, 0};
-    }
+    scored_env_free(&env);
 }
 
 /* Q questions of NC choices: a context of 5 random tokens, each choice 2. */
@@ -598,28 +612,11 @@ static int argmax_choice(const double *ll) {
  * pruned candidate's log-likelihoods. */
 static void test_task_scored_search(void) {
     ac_err e;
-    ac_model m;
-    CHECK(mk_model_layers(&m, 3, &e) == 0, "%s", e.msg);
-    int W = 6, ids[6 * T_];
-    for (int i = 0; i < W * T_; i++) ids[i] = (int)(urand() * 40);
-    ac_importance imp;
-    CHECK(ac_importance_compute(&m, ids, W * T_, T_, W, 0, NULL, NULL, &imp, &e) == 0, "%s", e.msg);
-    ac_cost_table t;
-    ac_cost_roofline(ac_device_spec_find("L4"), "bf16", &t, &e);
-    ac_engine_profile p;
-    ac_engine_profile_default(&p, 0);
-    ac_workload w = {.batch = 1, .prompt_len = 64, .gen_len = 16};
-    ac_search_problem P = {.table = &t,
-                           .workload = &w,
-                           .profile = &p,
-                           .imp = &imp,
-                           .base = &m.a,
-                           .model = &m,
-                           .calib_ids = ids,
-                           .n_calib = W * T_,
-                           .ctx = T_};
-    P.opts.prune_hidden = 1;
-    P.limits.max_params = 0.9 * ac_arch_params(&m.a);
+    static scored_env env;
+    scored_env_init(&env, 3);
+    ac_model m = env.m; /* a shallow view (freed with env) */
+    ac_importance imp = env.imp;
+    ac_search_problem P = env.P;
     ac_search_result rl;
     CHECK(ac_search_minitron(&P, &rl, &e) == 0, "%s", e.msg);
     json_t *cl = json_object_get(rl.detail, "candidates");
@@ -706,9 +703,7 @@ static void test_task_scored_search(void) {
     free(ll);
     ac_search_result_free(&rt);
     ac_search_result_free(&rl);
-    ac_cost_table_free(&t);
-    ac_importance_free(&imp);
-    ac_model_free(&m);
+    scored_env_free(&env);
 }
 
 /* Caps, divisors and top_k as options: Model-Optimizer's defaults when

@@ -33,6 +33,9 @@ done
 case "$EST" in *'"figures"'*) ;; *) echo "no estimate after 300 s; the last answer: $EST"; exit 1 ;; esac
 LIMIT=$(echo "$EST" | /usr/bin/python3 -c "import json,sys; print('%.6g' % (json.load(sys.stdin)['figures']['tpot_ms'] * $FRACTION))")
 echo "unpruned model's predicted TPOT on this CPU: $(echo "$EST" | /usr/bin/python3 -c "import json,sys; print('%.4f' % json.load(sys.stdin)['figures']['tpot_ms'])") ms; limit ${FRACTION} x = $LIMIT ms"
+# the part of the predicted latency no structure moves (docs/costmodel.md): a CPU table's operator
+# times are measured whole, call overhead included, so on the CPU it is 0 and every op scales with its shape
+echo "fixed overhead share of that prediction: $(echo "$EST" | /usr/bin/python3 -c "import json,sys; print('%.2f' % json.load(sys.stdin)['figures']['overhead_share'])") (launches and per-call time; the rest is the model's own compute and bytes)"
 # a multiple-choice task from the held-out fortunes (the first half of a
 # fortune, its next four words against four words of three others; docs/tasks.md)
 /usr/bin/python3 tools/make_fortune_task.py --text "$B/data/heldout.txt" --out "$B/data/fortunes-mc.jsonl" --n 200
