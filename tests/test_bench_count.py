@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
 """bench/bench_compress.py's summary counts quality wins only where both
 arms met every limit: a case Minitron's grid cannot meet is "only
-AutoCompress feasible", never a win, and a loss where both met is listed."""
+AutoCompress feasible", never a win, and a loss where both met is listed.
+Its scenarios are ones where structure moves the cost: on the tiny model the
+fixed overhead (launches, the engine's per-call time) is under 30 % of the
+predicted latency, dropping a layer and halving the KV groups each move
+every bounded figure by 5 % or more, and the moderate limits are within
+Minitron's capped grid while the tight ones are beyond it (`autocompress
+estimate` on architectures written here)."""
 import contextlib
 import io
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, Runner  # noqa: E402
+from harness import ROOT, TINY, Runner, cli_estimate  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import bench_compress as B  # noqa: E402
@@ -43,7 +49,58 @@ def test_wins_only_where_both_met():
     assert s.count(" MISSED ") >= 4, s
 
 
+def tiny_arch(layers=6, hidden=128, heads=8, kv=4, ffn=384):
+    return {"hidden": hidden, "head_dim": 16, "vocab": 768,
+            "layers": [{"heads": heads, "kv_heads": kv, "ffn": ffn} for _ in range(layers)]}
+
+
+def capped(n_max, divisor, cap):
+    """Model-Optimizer's choices (multiples of divisor up to n_max, and n_max) kept from int((1 - cap) n)."""
+    v = sorted(set(list(range(divisor, n_max + 1, divisor)) + [n_max]))
+    return v[int((1 - cap) * len(v)):]
+
+
+def test_scenarios_are_compute_bound():
+    if not os.path.exists(os.path.join(TINY, "config.json")):
+        print(f"   skip: no tiny model at {TINY} (make)")
+        return "skip"
+    # Minitron's smallest grid point on the tiny model: divisors round(base / 16), width cap 0.40, depth 0.20
+    floor = tiny_arch(layers=capped(6, 1, 0.20)[0], hidden=capped(128, 8, 0.40)[0], heads=capped(8, 4, 0.40)[0],
+                      ffn=capped(384, 24, 0.40)[0])
+    assert floor == tiny_arch(layers=5, hidden=80, heads=8, ffn=240), floor
+    moves = {"depth-1": tiny_arch(layers=5), "kv/2": tiny_arch(heads=4, kv=2)}
+    for name, dev, wl, limits in B.SCENARIOS:
+        est = lambda a=None: cli_estimate({("architecture" if a else "model"): a or TINY,
+                                           "target": {"device": dev, "workload": wl}})["figures"]
+        base, mt = est(), est(floor)
+        share = base["overhead_share"]
+        assert share < 0.30, (name, share)
+        line = [f"{name}: fixed {share:.2f}"]
+        for k, a in moves.items():
+            f = est(a)
+            for _, metric, _ in limits:
+                rel = f[metric] / base[metric] - 1
+                line.append(f"{k} {metric} {rel:+.3f}")
+                assert abs(rel) >= 0.05, (name, k, metric, rel)
+        for _, metric, (moderate, tight) in limits:
+            reach = mt[metric] / base[metric]
+            line.append(f"Minitron floor {metric} {reach:.3f} (limits {moderate}, {tight})")
+            if metric == "tokens_per_s":
+                assert tight > reach >= moderate, (name, metric, reach)
+            else:
+                assert tight < reach <= moderate, (name, metric, reach)
+        print("   " + "; ".join(line))
+    # the bench stops on a scenario at or over the bound
+    try:
+        B.overhead_check("m", "s", 0.30)
+        raise AssertionError("a 30 % share passed")
+    except SystemExit:
+        pass
+    B.overhead_check("m", "s", 0.29)
+
+
 if __name__ == "__main__":
     r = Runner()
     r.run(test_wins_only_where_both_met)
+    r.run(test_scenarios_are_compute_bound)
     r.done()

@@ -3,8 +3,12 @@ architectures given as JSON (no weights) are estimated by
 `build/autocompress estimate` in under a second and 100 MB of peak RSS each;
 the parameter count matches the published one (Hugging Face model cards:
 8,030,261,248 and 70,553,706,496), the BF16 weight memory is 2 bytes a
-parameter, and batch-1 TPOT on the H100 profile is no faster than streaming
-the weights once at the datasheet bandwidth (3.35 TB/s)."""
+parameter, and batch-1 TPOT on the H100 profile is at most 1.5x the time of
+streaming the weights once at the datasheet bandwidth (3.35 TB/s): a
+batch-1 decode of these models is bandwidth-bound, so a step priced well
+above that floor has something else in it (a compute-bound price, launches
+or KV reads out of scale). That TPOT is at least the floor holds by the
+roofline's construction and is not asserted."""
 import json
 import os
 import subprocess
@@ -54,7 +58,7 @@ def check_shape(name):
     assert abs(fig["params"] - params) / params < 1e-4, (fig["params"], params)
     assert abs(fig["weights_gib"] - params * 2 / 2**30) / (params * 2 / 2**30) < 0.01, fig["weights_gib"]
     floor_ms = params * 2 / 3.35e12 * 1e3
-    assert fig["tpot_ms"] >= floor_ms, (fig["tpot_ms"], floor_ms)
+    assert fig["tpot_ms"] <= 1.5 * floor_ms, (fig["tpot_ms"], floor_ms)
     print(f"   {name}: {wall * 1e3:.0f} ms, peak RSS {rss:.1f} MiB, TPOT {fig['tpot_ms']:.2f} ms "
           f"(weight-streaming floor {floor_ms:.2f} ms), TTFT {fig['ttft_ms']:.1f} ms", flush=True)
     assert wall < 1.0, wall

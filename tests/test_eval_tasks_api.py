@@ -65,7 +65,8 @@ def test_job_reports_tasks_for_every_arm():
     out = os.path.join(D.dir, "out")
     body = spec(output=out, distill=DIST,
                 eval={"ctx": 64, "windows": 4, "tasks": [{"name": "fortunes", "path": fort},
-                                                         {"name": "tiny", "path": tiny}]})
+                                                         {"name": "tiny", "path": tiny}]},
+                minitron={"score": "task", "task": "fortunes"})
     st, j = D.req("POST", "/v1/jobs", body=body)
     assert st == 201, j
     j = D.wait_state(j["id"], {"succeeded", "failed"}, timeout=300)
@@ -81,6 +82,13 @@ def test_job_reports_tasks_for_every_arm():
         else:
             check_score(a["tasks_pruned"]["fortunes"], 60)
             check_score(a["tasks_pruned"]["tiny"], 2)
+    # minitron.score task: Minitron's top-k candidates scored by the fortune task's accuracy, the highest kept
+    # (the first of equals, as Model-Optimizer's max over its score_func)
+    mt = res["minitron"]
+    assert mt["score"] == {"task": "fortunes", "metric": "acc"}, mt["score"]
+    accs = [c["task_acc"] for c in mt["candidates"]]
+    assert all(c["task_n"] == 60 and "calib_nll" not in c for c in mt["candidates"]), mt["candidates"][0]
+    assert mt["best_candidate"] == accs.index(max(accs)), (mt["best_candidate"], accs)
     # the base model is scored above chance on the fortune task
     assert res["baseline"]["tasks"]["fortunes"]["acc"] > 0.25, res["baseline"]["tasks"]
     # the exported checkpoint, scored apart by the CLI, gives the chosen arm's figures

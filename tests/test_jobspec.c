@@ -345,6 +345,57 @@ static void test_eval_tasks(void) {
     }
 }
 
+/* minitron: Model-Optimizer's defaults; score task resolves to an
+ * eval.tasks entry (the named one, else the first), and a task the spec
+ * does not list, or task scoring without eval.tasks, names its field. */
+static void test_minitron_section(void) {
+    static ac_job_spec s;
+    ac_err e;
+    const char *field;
+    json_t *j = minimal("cpu");
+    CHECK(ac_job_spec_parse(j, &s, NULL, &e) == 0, "%s", e.msg);
+    CHECK(s.minitron.score == 0 && s.minitron.task_index == -1 && s.minitron.opts.top_k == 10 &&
+              s.minitron.opts.max_width_pruning == 0.40 && s.minitron.opts.max_depth_pruning == 0.20 &&
+              s.minitron.opts.hidden_divisor <= 0 && s.minitron.opts.score_norm == 0,
+          "defaults: loss, top_k 10, caps 0.40 / 0.20, divisors automatic");
+    json_decref(j);
+    const char *eval = "{\"tasks\": [{\"name\": \"hella\", \"path\": \"/h\"}, {\"name\": \"mmlu\", \"path\": \"/m\"}]}";
+    struct {
+        const char *minitron;
+        int with_tasks, index;
+        const char *field;
+    } cases[] = {
+        {"{\"score\": \"task\"}", 1, 0, NULL},
+        {"{\"score\": \"task\", \"task\": \"mmlu\", \"metric\": \"acc_norm\"}", 1, 1, NULL},
+        {"{\"score\": \"loss\", \"top_k\": 4, \"ffn_hidden_size_divisor\": 512}", 1, -1, NULL},
+        {"{\"score\": \"task\", \"task\": \"arc\"}", 1, -1, "minitron.task"},
+        {"{\"score\": \"task\"}", 0, -1, "minitron.score"},
+        {"{\"task\": \"mmlu\"}", 1, -1, NULL}, /* read with score task only */
+        {"{\"score\": \"mmlu\"}", 1, -1, "minitron.score"},
+        {"{\"max_width_pruning\": 1.0}", 1, -1, "minitron.max_width_pruning"},
+        {"{\"num_layers_divisor\": 0}", 1, -1, "minitron.num_layers_divisor"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        j = minimal("cpu");
+        if (cases[i].with_tasks) json_object_set_new(j, "eval", json_loads(eval, 0, NULL));
+        json_object_set_new(j, "minitron", json_loads(cases[i].minitron, 0, NULL));
+        field = NULL;
+        int rc = ac_job_spec_parse(j, &s, &field, &e);
+        if (cases[i].field)
+            CHECK(rc != 0 && field && !strcmp(field, cases[i].field), "%s: field %s (%s)", cases[i].minitron,
+                  field ? field : "(null)", e.msg);
+        else
+            CHECK(rc == 0 && s.minitron.task_index == cases[i].index, "%s: %s, task %d", cases[i].minitron,
+                  rc ? e.msg : "ok", s.minitron.task_index);
+        json_decref(j);
+    }
+    j = minimal("cpu");
+    json_object_set_new(j, "eval", json_loads(eval, 0, NULL));
+    json_object_set_new(j, "minitron", json_loads(cases[1].minitron, 0, NULL));
+    CHECK(ac_job_spec_parse(j, &s, NULL, &e) == 0 && s.minitron.opts.score_norm == 1, "metric acc_norm");
+    json_decref(j);
+}
+
 int main(void) {
     RUN(test_schema_file_is_generated_from_table);
     RUN(test_constraint_table_is_the_one_list);
@@ -353,6 +404,7 @@ int main(void) {
     RUN(test_errors_and_targets);
     RUN(test_paths_for_the_daemon);
     RUN(test_eval_tasks);
+    RUN(test_minitron_section);
     RUN(test_weights_dtype_for_checkpoint);
     return DONE();
 }

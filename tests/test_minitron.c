@@ -18,6 +18,7 @@
 #include "runtime/eval.h"
 #include "search/importance.h"
 #include "runtime/kernels_cpu.h"
+#include "runtime/tasks.h"
 #include "search/minitron.h"
 #include "compress/prune.h"
 #include "synth.h"
@@ -320,6 +321,9 @@ static void predict(const ac_cost_table *t, const ac_workload *w, const ac_engin
     ac_carch_free(&ca);
 }
 
+static void check_options_grid(const ac_cost_table *t, const ac_workload *w, const ac_engine_profile *p,
+                               const ac_importance *imp, const ac_arch *a);
+
 /* The search on an 8-layer, 16-head / 4-KV-group model, H100 roofline, for a
  * TPOT, a throughput and a memory limit (unscored: no model given). */
 static void test_search_grid_limits(void) {
@@ -431,6 +435,7 @@ static void test_search_grid_limits(void) {
     ac_search_result r;
     CHECK(ac_search_minitron(&P, &r, &e) == 0 && !r.feasible, "infeasible");
     ac_search_result_free(&r);
+    check_options_grid(&t, &w, &p, &imp, &a);
     ac_arch_free(&a);
     ac_cost_table_free(&t);
 }
@@ -440,30 +445,71 @@ static void test_search_grid_limits(void) {
  * lowest calibration NLL kept, all KV groups kept. cover[0..2] count the
  * compared candidates with fewer hidden channels, fewer heads, fewer
  * layers than the model. */
+/* A random model of L layers, its importance on 6 random windows, the L4
+ * roofline, and a scored Minitron problem under a 0.9x parameter limit
+ * (P points into the struct: it stays where it is). */
+typedef struct {
+    ac_model m;
+    int ids[6 * T_];
+    ac_importance imp;
+    ac_cost_table t;
+    ac_engine_profile p;
+    ac_workload w;
+    ac_search_problem P;
+} scored_env;
+
+static void scored_env_init(scored_env *s, int L) {
+    ac_err e;
+    int W = 6;
+    CHECK(mk_model_layers(&s->m, L, &e) == 0, "%s", e.msg);
+    for (int i = 0; i < W * T_; i++) s->ids[i] = (int)(urand() * 40);
+    CHECK(ac_importance_compute(&s->m, s->ids, W * T_, T_, W, 0, NULL, NULL, &s->imp, &e) == 0, "%s", e.msg);
+    ac_cost_roofline(ac_device_spec_find("L4"), "bf16", &s->t, &e);
+    ac_engine_profile_default(&s->p, 0);
+    s->w = (ac_workload){.batch = 1, .prompt_len = 64, .gen_len = 16};
+    s->P = (ac_search_problem){.table = &s->t,
+                               .workload = &s->w,
+                               .profile = &s->p,
+                               .imp = &s->imp,
+                               .base = &s->m.a,
+                               .model = &s->m,
+                               .calib_ids = s->ids,
+                               .n_calib = W * T_,
+                               .ctx = T_};
+    s->P.opts.prune_hidden = 1;
+    s->P.limits.max_params = 0.9 * ac_arch_params(&s->m.a);
+}
+
+static void scored_env_free(scored_env *s) {
+    ac_cost_table_free(&s->t);
+    ac_importance_free(&s->imp);
+    ac_model_free(&s->m);
+}
+
+/* A candidate of the report (its JSON) as an architecture of m. */
+static void cand_arch_json(const ac_model *m, const json_t *c, ac_arch *ca) {
+    ac_err e;
+    CHECK(ac_arch_copy(ca, &m->a, &e) == 0, "%s", e.msg);
+    ca->hidden = (int)json_integer_value(json_object_get(c, "hidden_size"));
+    for (int l = 0; l < ca->n_layers; l++) ca->layers[l] = (ac_layer_arch){0, 0, 0, 0, 0, 0};
+    size_t k;
+    json_t *lk;
+    json_array_foreach(json_object_get(c, "layers_kept"), k, lk) {
+        ca->layers[json_integer_value(lk)] =
+            (ac_layer_arch){(int)json_integer_value(json_object_get(c, "num_attention_heads")),
+                            m->a.layers[0].n_kv_heads, (int)json_integer_value(json_object_get(c, "ffn_hidden_size")),
+                            0, 0, 0};
+    }
+}
+
 static void scored_search(int L, int cover[3]) {
     ac_err e;
-    ac_model m;
-    CHECK(mk_model_layers(&m, L, &e) == 0, "%s", e.msg);
-    int W = 6, ids[6 * T_];
-    for (int i = 0; i < W * T_; i++) ids[i] = (int)(urand() * 40);
-    ac_importance imp;
-    CHECK(ac_importance_compute(&m, ids, W * T_, T_, W, 0, NULL, NULL, &imp, &e) == 0, "%s", e.msg);
-    ac_cost_table t;
-    ac_cost_roofline(ac_device_spec_find("L4"), "bf16", &t, &e);
-    ac_engine_profile p;
-    ac_engine_profile_default(&p, 0);
-    ac_workload w = {.batch = 1, .prompt_len = 64, .gen_len = 16};
-    ac_search_problem P = {.table = &t,
-                           .workload = &w,
-                           .profile = &p,
-                           .imp = &imp,
-                           .base = &m.a,
-                           .model = &m,
-                           .calib_ids = ids,
-                           .n_calib = W * T_,
-                           .ctx = T_};
-    P.opts.prune_hidden = 1;
-    P.limits.max_params = 0.9 * ac_arch_params(&m.a);
+    static scored_env env;
+    scored_env_init(&env, L);
+    ac_model m = env.m; /* a shallow view (freed with env) */
+    int W = 6, *ids = env.ids;
+    ac_importance imp = env.imp;
+    ac_search_problem P = env.P;
     ac_search_result r;
     CHECK(ac_search_minitron(&P, &r, &e) == 0, "%s", e.msg);
     json_t *cands = json_object_get(r.detail, "candidates");
@@ -491,16 +537,7 @@ static void scored_search(int L, int cover[3]) {
     double worst = 0;
     json_array_foreach(cands, i, c) {
         ac_arch ca;
-        CHECK(ac_arch_copy(&ca, &m.a, &e) == 0, "%s", e.msg);
-        ca.hidden = (int)json_integer_value(json_object_get(c, "hidden_size"));
-        for (int l = 0; l < ca.n_layers; l++) ca.layers[l] = (ac_layer_arch){0, 0, 0, 0, 0, 0};
-        size_t k;
-        json_t *lk;
-        json_array_foreach(json_object_get(c, "layers_kept"), k, lk) {
-            ca.layers[json_integer_value(lk)] = (ac_layer_arch){
-                (int)json_integer_value(json_object_get(c, "num_attention_heads")), m.a.layers[0].n_kv_heads,
-                (int)json_integer_value(json_object_get(c, "ffn_hidden_size")), 0, 0, 0};
-        }
+        cand_arch_json(&m, c, &ca);
         cover[0] += ca.hidden < m.a.hidden;
         cover[1] += json_integer_value(json_object_get(c, "num_attention_heads")) < m.a.layers[0].n_heads;
         cover[2] += json_array_size(json_object_get(c, "layers_kept")) < (size_t)L;
@@ -533,9 +570,197 @@ static void scored_search(int L, int cover[3]) {
           "compacted model is the same function");
     ac_model_free(&pm);
     ac_search_result_free(&r);
-    ac_cost_table_free(&t);
-    ac_importance_free(&imp);
-    ac_model_free(&m);
+    scored_env_free(&env);
+}
+
+/* Q questions of NC choices: a context of 5 random tokens, each choice 2. */
+#define TQ 240
+#define TNC 3
+static void mk_task(ac_mc_task *t, int nq, const int (*toks)[TNC][7], const int *gold) {
+    t->ndocs = nq;
+    t->nreq = nq * TNC;
+    t->gold = malloc(sizeof(int) * nq);
+    t->first = malloc(sizeof(int) * (nq + 1));
+    t->tok = malloc(sizeof(int) * t->nreq * 7);
+    t->off = malloc(sizeof(size_t) * (t->nreq + 1));
+    t->ncont = malloc(sizeof(int) * t->nreq);
+    t->chars = malloc(sizeof(double) * t->nreq);
+    for (int d = 0; d < nq; d++) {
+        t->gold[d] = gold[d];
+        t->first[d] = d * TNC;
+        for (int c = 0; c < TNC; c++) {
+            int r = d * TNC + c;
+            memcpy(t->tok + (size_t)r * 7, toks[d][c], sizeof(int) * 7);
+            t->off[r] = (size_t)r * 7;
+            t->ncont[r] = 2;
+            t->chars[r] = 2;
+        }
+    }
+    t->first[nq] = t->nreq;
+    t->off[t->nreq] = (size_t)t->nreq * 7;
+}
+
+static int argmax_choice(const double *ll) {
+    int b = 0;
+    for (int c = 1; c < TNC; c++)
+        if (ll[c] > ll[b]) b = c;
+    return b;
+}
+
+/* minitron score task: the candidates are the same as under loss scoring,
+ * each gets its task accuracy, and the kept one is the highest accuracy
+ * (the first of equals), not the lowest loss. The task is built so the two
+ * disagree: its golds are the answers of the candidate with the worst loss,
+ * on questions where the lowest-loss candidate answers otherwise (that one
+ * scores 0, the worst-loss one 1). Accuracies are recomputed here from each
+ * pruned candidate's log-likelihoods. */
+static void test_task_scored_search(void) {
+    ac_err e;
+    static scored_env env;
+    scored_env_init(&env, 3);
+    ac_model m = env.m; /* a shallow view (freed with env) */
+    ac_importance imp = env.imp;
+    ac_search_problem P = env.P;
+    ac_search_result rl;
+    CHECK(ac_search_minitron(&P, &rl, &e) == 0, "%s", e.msg);
+    json_t *cl = json_object_get(rl.detail, "candidates");
+    int nc = (int)json_array_size(cl), bl = (int)json_integer_value(json_object_get(rl.detail, "best_candidate"));
+    CHECK(nc > 2 && json_equal(json_object_get(rl.detail, "score"), json_string("loss")), "%d candidates", nc);
+    int worst = bl == 0 ? 1 : 0;
+    for (int i = 0; i < nc; i++)
+        if (json_real_value(json_object_get(json_array_get(cl, i), "calib_nll")) >
+            json_real_value(json_object_get(json_array_get(cl, worst), "calib_nll")))
+            worst = i;
+    /* every candidate's log-likelihoods on the random questions */
+    static int toks[TQ][TNC][7];
+    int gold0[TQ] = {0};
+    for (int d = 0; d < TQ; d++) {
+        int ctx[5];
+        for (int k = 0; k < 5; k++) ctx[k] = (int)(urand() * 40); /* one context per question */
+        for (int c = 0; c < TNC; c++)
+            for (int k = 0; k < 7; k++) toks[d][c][k] = k < 5 ? ctx[k] : (int)(urand() * 40);
+    }
+    ac_mc_task all;
+    mk_task(&all, TQ, (const int(*)[TNC][7])toks, gold0);
+    double *ll = malloc(sizeof(double) * nc * TQ * TNC);
+    ac_importance view;
+    ac_minitron_importance_view(&imp, &view);
+    for (int i = 0; i < nc; i++) {
+        ac_arch ca;
+        cand_arch_json(&m, json_array_get(cl, i), &ca);
+        ac_model cm;
+        ac_mc_result mr;
+        CHECK(ac_prune(&m, &ca, &view, &cm, &e) == 0 && ac_mc_score(&cm, &all, 4, 0, ll + (size_t)i * TQ * TNC, &mr, &e) == 0,
+              "candidate %d: %s", i, e.msg);
+        ac_model_free(&cm);
+        ac_arch_free(&ca);
+    }
+    /* the questions where the worst-loss and the lowest-loss candidates answer differently */
+    static int sel[TQ][TNC][7];
+    int gold[TQ], nq = 0, qi[TQ];
+    for (int d = 0; d < TQ; d++) {
+        int aw = argmax_choice(ll + ((size_t)worst * TQ + d) * TNC), ab = argmax_choice(ll + ((size_t)bl * TQ + d) * TNC);
+        if (aw == ab) continue;
+        memcpy(sel[nq], toks[d], sizeof toks[d]);
+        gold[nq] = aw;
+        qi[nq++] = d;
+    }
+    CHECK(nq >= 10, "only %d questions where the candidates disagree", nq);
+    double acc[64], top = -1;
+    int expect = -1;
+    for (int i = 0; i < nc && i < 64; i++) {
+        int right = 0;
+        for (int q = 0; q < nq; q++) right += argmax_choice(ll + ((size_t)i * TQ + qi[q]) * TNC) == gold[q];
+        acc[i] = (double)right / nq;
+        if (acc[i] > top) top = acc[i], expect = i;
+    }
+    CHECK(acc[worst] == 1 && acc[bl] == 0 && expect != bl, "acc worst %g, lowest-loss %g", acc[worst], acc[bl]);
+    ac_mc_task task;
+    mk_task(&task, nq, (const int(*)[TNC][7])sel, gold);
+    P.score_task = &task;
+    P.score_name = "disagree";
+    ac_search_result rt;
+    CHECK(ac_search_minitron(&P, &rt, &e) == 0, "%s", e.msg);
+    json_t *ct = json_object_get(rt.detail, "candidates");
+    int bt = (int)json_integer_value(json_object_get(rt.detail, "best_candidate"));
+    printf("   %d candidates, %d questions: loss keeps %d (acc %.3f), task keeps %d (acc %.3f, expected %d)\n", nc, nq, bl,
+           acc[bl], bt, bt >= 0 && bt < 64 ? acc[bt] : -1, expect);
+    CHECK((int)json_array_size(ct) == nc, "the same candidates");
+    for (int i = 0; i < nc; i++) {
+        json_t *a = json_array_get(cl, i), *b = json_array_get(ct, i);
+        CHECK(json_equal(json_object_get(a, "layers_kept"), json_object_get(b, "layers_kept")) &&
+                  json_integer_value(json_object_get(a, "hidden_size")) ==
+                      json_integer_value(json_object_get(b, "hidden_size")),
+              "candidate %d differs", i);
+        CHECK(fabs(json_real_value(json_object_get(b, "task_acc")) - acc[i]) < 1e-12 &&
+                  json_integer_value(json_object_get(b, "task_n")) == nq && !json_object_get(b, "calib_nll"),
+              "candidate %d: task_acc %g, recomputed %g", i, json_real_value(json_object_get(b, "task_acc")), acc[i]);
+    }
+    CHECK(bt == expect, "kept candidate %d, the highest accuracy is %d", bt, expect);
+    json_t *kept = json_array_get(ct, expect);
+    CHECK(rt.arch.hidden == json_integer_value(json_object_get(kept, "hidden_size")), "the result is the kept one");
+    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(rt.detail, "score"), "task")), "disagree") &&
+              !strcmp(json_string_value(json_object_get(json_object_get(rt.detail, "score"), "metric")), "acc"),
+          "the report names the task and metric");
+    ac_mc_free(&task);
+    ac_mc_free(&all);
+    free(ll);
+    ac_search_result_free(&rt);
+    ac_search_result_free(&rl);
+    scored_env_free(&env);
+}
+
+/* The default divisors are Model-Optimizer's on 8B-class axes and about
+ * 16 choices on small ones (the given ones: check_options_grid). */
+static void test_default_divisors(void) {
+    CHECK(ac_minitron_default_divisor(AC_MINITRON_HIDDEN_DIVISOR, 4096) == 256 &&
+              ac_minitron_default_divisor(AC_MINITRON_FFN_DIVISOR, 14336) == 512 &&
+              ac_minitron_default_divisor(AC_MINITRON_LAYERS_DIVISOR, 32) == 2 &&
+              ac_minitron_default_divisor(AC_MINITRON_EXPERTS_DIVISOR, 128) == 8 &&
+              ac_minitron_default_divisor(AC_MINITRON_HIDDEN_DIVISOR, 8192) == 256,
+          "Model-Optimizer's divisors on 8B-class and larger axes");
+    CHECK(ac_minitron_default_divisor(AC_MINITRON_HIDDEN_DIVISOR, 128) == 8 &&
+              ac_minitron_default_divisor(AC_MINITRON_FFN_DIVISOR, 384) == 24 &&
+              ac_minitron_default_divisor(AC_MINITRON_LAYERS_DIVISOR, 6) == 1,
+          "small axes keep about 16 choices");
+}
+
+/* The given caps, divisors and top_k on test_search_grid_limits' problem
+ * (Model-Optimizer's defaults are what that test checks). */
+static void check_options_grid(const ac_cost_table *t, const ac_workload *w, const ac_engine_profile *p,
+                               const ac_importance *imp, const ac_arch *a) {
+    ac_err e;
+    ac_search_problem P = {.table = t, .workload = w, .profile = p, .imp = imp, .base = a};
+    P.opts.prune_hidden = 1;
+    P.limits.max_params = 0.5 * ac_arch_params(a);
+    P.minitron = (ac_minitron_opts){.max_width_pruning = 0.6, .max_depth_pruning = 0.5, .top_k = 3,
+                                    .hidden_divisor = 256, .ffn_divisor = 512, .layers_divisor = 2};
+    ac_search_result r;
+    CHECK(ac_search_minitron(&P, &r, &e) == 0, "%s", e.msg);
+    json_t *ax = json_object_get(r.detail, "axes");
+    json_t *h = json_object_get(ax, "hidden_size"), *f = json_object_get(ax, "ffn_hidden_size"),
+           *l = json_object_get(ax, "num_layers");
+    /* hidden 256..1024: 4 choices, from int(0.4 * 4) = 1; ffn 512..4096: 8, from int(0.4 * 8) = 3;
+     * layers 2..8: 4, from int(0.5 * 4) = 2 */
+    CHECK(json_integer_value(json_object_get(h, "divisor")) == 256 &&
+              json_array_size(json_object_get(h, "choices")) == 4 &&
+              json_integer_value(json_array_get(json_object_get(h, "searched"), 0)) == 512,
+          "hidden divisor 256, cap 0.6");
+    CHECK(json_integer_value(json_object_get(f, "divisor")) == 512 &&
+              json_array_size(json_object_get(f, "choices")) == 8 &&
+              json_integer_value(json_array_get(json_object_get(f, "searched"), 0)) == 2048,
+          "ffn divisor 512, cap 0.6");
+    CHECK(json_integer_value(json_object_get(l, "divisor")) == 2 &&
+              json_integer_value(json_array_get(json_object_get(l, "searched"), 0)) == 6,
+          "layers divisor 2, cap 0.5");
+    CHECK(json_integer_value(json_object_get(r.detail, "top_k")) == 3 &&
+              (json_int_t)json_array_size(json_object_get(r.detail, "candidates")) ==
+                  (json_integer_value(json_object_get(r.detail, "grid_feasible")) < 3
+                       ? json_integer_value(json_object_get(r.detail, "grid_feasible"))
+                       : 3) &&
+              json_real_value(json_object_get(r.detail, "max_width_pruning")) == 0.6,
+          "top_k 3 and the caps reported");
+    ac_search_result_free(&r);
 }
 
 /* 3 layers (no depth choice under Model-Optimizer's 20 % cap) and 10 (9
@@ -557,5 +782,7 @@ int main(void) {
     RUN(test_head_trim_equals_masking);
     RUN(test_search_grid_limits);
     RUN(test_scored_search_keeps_best);
+    RUN(test_task_scored_search);
+    RUN(test_default_divisors);
     return DONE();
 }

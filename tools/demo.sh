@@ -33,6 +33,9 @@ done
 case "$EST" in *'"figures"'*) ;; *) echo "no estimate after 300 s; the last answer: $EST"; exit 1 ;; esac
 LIMIT=$(echo "$EST" | /usr/bin/python3 -c "import json,sys; print('%.6g' % (json.load(sys.stdin)['figures']['tpot_ms'] * $FRACTION))")
 echo "unpruned model's predicted TPOT on this CPU: $(echo "$EST" | /usr/bin/python3 -c "import json,sys; print('%.4f' % json.load(sys.stdin)['figures']['tpot_ms'])") ms; limit ${FRACTION} x = $LIMIT ms"
+# the part of the predicted latency no structure moves (docs/costmodel.md): a CPU table's operator
+# times are measured whole, call overhead included, so on the CPU it is 0 and every op scales with its shape
+echo "fixed overhead share of that prediction: $(echo "$EST" | /usr/bin/python3 -c "import json,sys; print('%.2f' % json.load(sys.stdin)['figures']['overhead_share'])") (launches and per-call time; the rest is the model's own compute and bytes)"
 # a multiple-choice task from the held-out fortunes (the first half of a
 # fortune, its next four words against four words of three others; docs/tasks.md)
 /usr/bin/python3 tools/make_fortune_task.py --text "$B/data/heldout.txt" --out "$B/data/fortunes-mc.jsonl" --n 200
@@ -109,9 +112,13 @@ if pe and pb:
               f"new table {a['new_table_reference_probe_us']:.1f} us)")
 mt = r["minitron"]
 if "candidates" in mt:
+    by_task = isinstance(mt.get("score"), dict)  # spec minitron.score "task": candidates by task accuracy
     print(f"Minitron (Model-Optimizer's search): {mt['grid_size']} grid points, {mt['grid_feasible']} within the limit, "
-          f"top {len(mt['candidates'])} scored on calibration text (ppl):",
-          ", ".join(f"h{c['hidden_size']}/f{c['ffn_hidden_size']}/a{c['num_attention_heads']}/L{c['num_layers']}: {c.get('calib_ppl', float('nan')):.1f}"
+          f"top {len(mt['candidates'])} scored "
+          + (f"by {mt['score']['task']} {mt['score']['metric']}:" if by_task else "on calibration text (ppl):"),
+          ", ".join(f"h{c['hidden_size']}/f{c['ffn_hidden_size']}/a{c['num_attention_heads']}/L{c['num_layers']}: "
+                    + (f"{c.get('task_' + mt['score']['metric'], float('nan')):.3f}" if by_task
+                       else f"{c.get('calib_ppl', float('nan')):.1f}")
                     for c in mt["candidates"]), f"; layers dropped: {mt['layers_dropped']}")
 print(f"chosen (*): {r['chosen']} ({r.get('chosen_reason', 'job method ' + r['method'])}); exported to {r['export']['dir']} as {r['export']['format']}")
 o = "minitron" if r["chosen"] == "autocompress" else "autocompress"

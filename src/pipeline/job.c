@@ -236,7 +236,12 @@ static int search_setup(job_state *s, ac_err *e) {
                              .calib_ids = s->cids,
                              .n_calib = s->nc,
                              .ctx = sp->eval.ctx,
-                             .cuda = s->on_gpu};
+                             .cuda = s->on_gpu,
+                             .minitron = sp->minitron.opts};
+    if (sp->minitron.task_index >= 0) { /* minitron.score task: candidates by that task's accuracy */
+        P->score_task = &s->tasks.t[sp->minitron.task_index];
+        P->score_name = s->tasks.names[sp->minitron.task_index];
+    }
     ac_carch base_c;
     if (ac_carch_from_arch(&s->m.a, &base_c, e)) return -1;
     ac_cost_predict(&s->table, &base_c, P->workload, P->profile, 0, &s->base_cost);

@@ -177,6 +177,29 @@ static const ac_field DISTILL[] = {
     INT("seed", ac_distill_spec, seed, 0, 2147483647, 1, 0, "window sampling"),
     END,
 };
+static const char *const MSCORES[] = {"loss", "task", NULL};
+static const char *const MMETRICS[] = {"acc", "acc_norm", NULL};
+static const ac_field MINITRON[] = {
+    ENUM("score", ac_minitron_spec, score, MSCORES, 0, 0,
+         "how the top-k candidates are compared: loss (calibration perplexity, the lowest kept) or task (an "
+         "eval.tasks entry's accuracy, the highest kept, as Model-Optimizer scores them with MMLU)"),
+    STR("task", ac_minitron_spec, task, 0, "with score task: the eval.tasks name scored (default: the first)"),
+    ENUM("metric", ac_minitron_spec, opts.score_norm, MMETRICS, 0, 0, "with score task: acc or acc_norm"),
+    INT("top_k", ac_minitron_spec, opts.top_k, 1, 1000, 10, 0, "candidates scored (Model-Optimizer's top_k)"),
+    NUM("max_width_pruning", ac_minitron_spec, opts.max_width_pruning, 0.01, 0.99, 0.40, 0,
+        "width axes keep their choices from int((1 - this) n) up (Model-Optimizer's cap)"),
+    NUM("max_depth_pruning", ac_minitron_spec, opts.max_depth_pruning, 0.01, 0.99, 0.20, 0,
+        "num_layers keeps its choices from int((1 - this) n) up (Model-Optimizer's cap)"),
+    INT("hidden_size_divisor", ac_minitron_spec, opts.hidden_divisor, 1, 1 << 20, -1, ND,
+        "default: min(256, round(hidden / 16)), Model-Optimizer's 256 on 8B-class models"),
+    INT("ffn_hidden_size_divisor", ac_minitron_spec, opts.ffn_divisor, 1, 1 << 20, -1, ND,
+        "default: min(512, round(ffn / 16))"),
+    INT("num_layers_divisor", ac_minitron_spec, opts.layers_divisor, 1, 1024, -1, ND,
+        "default: min(2, round(layers / 16))"),
+    INT("num_moe_experts_divisor", ac_minitron_spec, opts.experts_divisor, 1, 1 << 16, -1, ND,
+        "default: min(8, round(experts / 16))"),
+    END,
+};
 static const ac_field SPEC[] = {
     STR("name", ac_job_spec, name, 0, NULL),
     STR("model", ac_job_spec, model, AC_F_REQUIRED | AC_F_PATH_DIR,
@@ -202,6 +225,9 @@ static const ac_field SPEC[] = {
          "FLOPs or on CUDA)"),
     INT("priority", ac_job_spec, priority, -1000, 1000, 0, 0, NULL),
     OBJ("distill", ac_job_spec, distill, DISTILL, 0, NULL),
+    OBJ("minitron", ac_job_spec, minitron, MINITRON, 0,
+        "the Minitron arm (NVIDIA Model-Optimizer's mcore_minitron search; docs/search.md): caps, divisors, top_k "
+        "and candidate scoring, Model-Optimizer's defaults"),
     END,
 };
 
@@ -434,6 +460,24 @@ static int model_has_moe(const char *dir) {
     return moe;
 }
 
+/* minitron.score task: the task it names (or the first) must be one of eval.tasks. */
+static int minitron_finish(ac_job_spec *s, const char **fieldp, ac_err *e) {
+    ac_minitron_spec *m = &s->minitron;
+    m->task_index = -1;
+    if (!m->score) return 0; /* minitron.task is read with score task only */
+    if (!s->eval.ntasks) {
+        *fieldp = "minitron.score";
+        return ac_errf(e, "minitron.score task needs eval.tasks");
+    }
+    for (int i = 0; i < s->eval.ntasks && m->task_index < 0; i++)
+        if (!m->task[0] || !strcmp(m->task, s->eval.tasks[i].name)) m->task_index = i;
+    if (m->task_index < 0) {
+        *fieldp = "minitron.task";
+        return ac_errf(e, "minitron.task %s is not one of eval.tasks", m->task);
+    }
+    return 0;
+}
+
 int ac_job_spec_parse(const json_t *j, ac_job_spec *s, const char **fieldp, ac_err *e) {
     const char *dummy;
     if (!fieldp) fieldp = &dummy;
@@ -442,7 +486,9 @@ int ac_job_spec_parse(const json_t *j, ac_job_spec *s, const char **fieldp, ac_e
     set_defaults(SPEC, (char *)s);
     if (!json_is_object(j)) return ac_errf(e, "job spec must be a JSON object");
     if (parse_obj(j, SPEC, (char *)s, "", fieldp, e)) return -1;
-    if (target_finish(&s->target, "target.", fieldp, e) || check_tasks(&s->eval, fieldp, e)) return -1;
+    if (target_finish(&s->target, "target.", fieldp, e) || check_tasks(&s->eval, fieldp, e) ||
+        minitron_finish(s, fieldp, e))
+        return -1;
     if (!s->heldout[0]) memcpy(s->heldout, s->calibration, sizeof s->heldout);
     /* a mixture-of-experts model's default target is its family's own
      * Hugging Face layout: the deci loaders know dense layers only */
@@ -659,5 +705,11 @@ json_t *ac_job_spec_schema(void) {
                           json_pack("{s:{s:{s:{s:{s:{s:s}},s:[s]}},s:[s]},s:{s:{s:{s:{s:{s:i}}}}}}", "if", "properties",
                                     "target", "properties", "device", "const", "cpu", "required", "device", "required",
                                     "target", "then", "properties", "target", "properties", "tp", "maximum", 1));
+    /* minitron.score task needs eval.tasks (minitron_finish; that minitron.task names one of them no schema can say) */
+    json_array_append_new(json_object_get(s, "allOf"),
+                          json_pack("{s:{s:{s:{s:{s:{s:s}},s:[s]}},s:[s]},s:{s:{s:{s:{s:{s:i}},s:[s]}},s:[s]}}", "if",
+                                    "properties", "minitron", "properties", "score", "const", "task", "required",
+                                    "score", "required", "minitron", "then", "properties", "eval", "properties", "tasks",
+                                    "minItems", 1, "required", "tasks", "required", "eval"));
     return s;
 }

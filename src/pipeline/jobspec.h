@@ -68,6 +68,15 @@ typedef struct {
     int seed;         /* window sampling */
 } ac_distill_spec;
 
+/* minitron: the Minitron arm's search (search.h, ac_minitron_opts; every
+ * default Model-Optimizer's) and how it scores its top-k candidates. */
+typedef struct {
+    ac_minitron_opts opts;
+    int score;      /* 0: calibration loss; 1: a task of eval.tasks */
+    char task[64];  /* with score task: its name ("" = the first of eval.tasks) */
+    int task_index; /* resolved: the eval.tasks index scored (-1: loss) */
+} ac_minitron_spec;
+
 typedef struct {
     char name[AC_SPEC_STR];
     char model[AC_SPEC_STR], calibration[AC_SPEC_STR], heldout[AC_SPEC_STR], output[AC_SPEC_STR];
@@ -81,6 +90,7 @@ typedef struct {
     int calibration_method; /* AC_CALIB_AUTO / EXACT / STREAMED (importance.h) */
     int priority;
     ac_distill_spec distill;
+    ac_minitron_spec minitron;
 } ac_job_spec;
 
 /* ---------------------------------------------------------------- the field table */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "runtime/eval.h"
+#include "runtime/tasks.h"
 #include "search/slice.h"
 #include "search/stream.h"
 
@@ -21,7 +22,15 @@ int ac_minitron_choices(int max, int divisor, int *out) {
     return n;
 }
 
-int ac_minitron_cap_start(int n, double max_pruning) { return (int)((1.0 - max_pruning) * n); }
+int ac_minitron_default_divisor(int mo, int max) {
+    int d = ac_minitron_divisor(max);
+    return d < mo ? d : mo;
+}
+
+int ac_minitron_cap_start(int n, double max_pruning) {
+    int k = (int)((1.0 - max_pruning) * n);
+    return k < n - 1 ? k : n - 1;
+}
 
 static const double *g_bi;
 static int by_bi_desc(const void *a, const void *b) {
@@ -72,6 +81,7 @@ typedef struct {
     int v[NAX]; /* hidden, ffn, heads, layers, experts (0 in a dense model) */
     ac_cost cost;
     double viol, nll;
+    ac_mc_result task; /* with a score task */
     int scored, index;
 } cand_t;
 
@@ -121,7 +131,11 @@ static json_t *cand_json(const cand_t *c, const ac_search_problem *p, const int 
                           ac_cost_to_json(&c->cost), "constraints", ac_constraints_report(&p->limits, &c->cost),
                           "violation", c->viol, "params", c->cost.params);
     if (c->v[4]) json_object_set_new(o, "num_moe_experts", json_integer(c->v[4]));
-    if (c->scored) {
+    if (c->scored && p->score_task) {
+        json_object_set_new(o, "task_acc", json_real(c->task.acc));
+        json_object_set_new(o, "task_acc_norm", json_real(c->task.acc_norm));
+        json_object_set_new(o, "task_n", json_integer(c->task.n));
+    } else if (c->scored) {
         json_object_set_new(o, "calib_nll", json_real(c->nll));
         json_object_set_new(o, "calib_ppl", json_real(exp(c->nll)));
     }
@@ -191,6 +205,18 @@ out:
     free(masks);
     free(x);
     return rc;
+}
+
+/* Candidate a pruned for real (ac_prune with Minitron's importance) and
+ * scored on p->score_task on the CPU engine, as lm-evaluation-harness
+ * scores multiple choice (tasks.h). */
+static int score_task(const ac_search_problem *p, const ac_importance *view, const ac_arch *a, ac_mc_result *r,
+                      ac_err *e) {
+    ac_model pm;
+    if (ac_prune(p->model, a, view, &pm, e)) return -1;
+    int rc = ac_mc_score(&pm, p->score_task, 8, 0, NULL, r, e);
+    ac_model_free(&pm);
+    return rc ? ac_errctx(e, "minitron: scoring a candidate on task %s", p->score_name ? p->score_name : "?") : 0;
 }
 
 /* Score candidate a on the tail of the calibration tokens (up to 16
@@ -331,15 +357,23 @@ int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *
     int n = 0, nf = 0, rc = 0;
     if (!order) return ac_errf(e, "out of memory");
     ac_minitron_layer_order(p->imp, order);
+    const ac_minitron_opts *mo = &p->minitron;
+    double wcap = mo->max_width_pruning > 0 ? mo->max_width_pruning : AC_MINITRON_MAX_WIDTH_PRUNING,
+           dcap = mo->max_depth_pruning > 0 ? mo->max_depth_pruning : AC_MINITRON_MAX_DEPTH_PRUNING;
+    int top_k = mo->top_k > 0 ? mo->top_k : AC_MINITRON_TOP_K;
+    int dh = mo->hidden_divisor > 0 ? mo->hidden_divisor
+                                    : ac_minitron_default_divisor(AC_MINITRON_HIDDEN_DIVISOR, b->hidden),
+        df = mo->ffn_divisor > 0 ? mo->ffn_divisor : ac_minitron_default_divisor(AC_MINITRON_FFN_DIVISOR, ffn),
+        dl = mo->layers_divisor > 0 ? mo->layers_divisor : ac_minitron_default_divisor(AC_MINITRON_LAYERS_DIVISOR, L),
+        de = mo->experts_divisor > 0 ? mo->experts_divisor
+                                     : ac_minitron_default_divisor(AC_MINITRON_EXPERTS_DIVISOR, experts);
     /* heads: choices h x G (NumAttentionHeadsHp), i.e. a divisor grid of step G */
-    if (axis_init(&ax[0], "hidden_size", b->hidden, ac_minitron_divisor(b->hidden), AC_MINITRON_MAX_WIDTH_PRUNING,
-                  p->opts.prune_hidden) ||
-        axis_init(&ax[1], "ffn_hidden_size", ffn, ffn ? ac_minitron_divisor(ffn) : 1, AC_MINITRON_MAX_WIDTH_PRUNING,
-                  1) ||
-        axis_init(&ax[2], "num_attention_heads", grp * G, G, AC_MINITRON_MAX_WIDTH_PRUNING, 1) ||
-        axis_init(&ax[3], "num_layers", L, ac_minitron_divisor(L), AC_MINITRON_MAX_DEPTH_PRUNING, 1) ||
-        /* Model-Optimizer's num_moe_experts: divisor 1 (its GPT default), a width axis; never below top_k */
-        axis_init(&ax[4], "num_moe_experts", experts, 1, AC_MINITRON_MAX_WIDTH_PRUNING, p->opts.prune_experts)) {
+    if (axis_init(&ax[0], "hidden_size", b->hidden, dh, wcap, p->opts.prune_hidden) ||
+        axis_init(&ax[1], "ffn_hidden_size", ffn, ffn ? df : 1, wcap, 1) ||
+        axis_init(&ax[2], "num_attention_heads", grp * G, G, wcap, 1) ||
+        axis_init(&ax[3], "num_layers", L, dl, dcap, 1) ||
+        /* Model-Optimizer's num_moe_experts: a width axis; never below top_k */
+        axis_init(&ax[4], "num_moe_experts", experts, experts ? de : 1, wcap, p->opts.prune_experts)) {
         rc = ac_errf(e, "out of memory");
         goto out;
     }
@@ -354,18 +388,23 @@ int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *
         while (ax[4].start < ax[4].n_all - 1 && ax[4].all[ax[4].start] < b->top_k) ax[4].start++;
     }
     if ((rc = grid(p, ax, order, &c, &n, &nf, e))) goto out;
-    int k = nf < AC_MINITRON_TOP_K ? nf : AC_MINITRON_TOP_K, best = 0;
+    int k = nf < top_k ? nf : top_k, best = 0;
     ac_importance view;
     ac_minitron_importance_view(p->imp, &view);
-    int scoring = p->model && p->calib_ids && k > 0;
+    int scoring = p->model && (p->calib_ids || p->score_task) && k > 0;
     for (int i = 0; scoring && i < k && !rc; i++) {
         ac_arch a;
         if ((rc = cand_arch(b, order, c[i].v, &a, e))) break;
-        rc = score(p, &view, &a, &c[i].nll, e);
+        rc = p->score_task ? score_task(p, &view, &a, &c[i].task, e) : score(p, &view, &a, &c[i].nll, e);
         ac_arch_free(&a);
         if (rc) break;
         c[i].scored = 1;
-        if (c[i].nll < c[best].nll) best = i;
+        if (p->score_task) { /* the highest accuracy, the first of equals (Python's max) */
+            double s = mo->score_norm ? c[i].task.acc_norm : c[i].task.acc,
+                   sb = mo->score_norm ? c[best].task.acc_norm : c[best].task.acc;
+            if (s > sb) best = i;
+        } else if (c[i].nll < c[best].nll)
+            best = i;
         if (p->emit) {
             json_t *ev = json_pack("{s:s,s:i,s:i,s:o}", "phase", "minitron", "candidate", i + 1, "of", k, "scored",
                                    cand_json(&c[i], p, order));
@@ -385,14 +424,17 @@ int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *
     for (int i = 0; i < (nf ? k : 1); i++) json_array_append_new(cands, cand_json(&c[i], p, order));
     for (int l = 0; l < L; l++) json_array_append_new(ls, json_real(p->imp->layer_bi[l]));
     for (int ri = c[best].v[3]; ri < L; ri++) json_array_append_new(dropped, json_integer(order[ri]));
+    json_t *sc = p->score_task ? json_pack("{s:s,s:s}", "task", p->score_name ? p->score_name : "",
+                                           "metric", mo->score_norm ? "acc_norm" : "acc")
+                               : json_string("loss");
     r->detail = json_pack(
-        "{s:s,s:o,s:i,s:i,s:i,s:o,s:o,s:i,s:b,s:o}", "algorithm",
-        "NVIDIA Model-Optimizer mcore_minitron: uniform grid on divisor choices (width top 40%, depth top 20%), "
-        "filtered by the cost model's limits, top-k closest to the binding limit scored as pruned (masked views of the "
-        "base on the CPU)",
-        "axes", axes_json(ax), "grid_size", n, "grid_feasible", nf, "top_k", AC_MINITRON_TOP_K,
-        "layer_scores_1_minus_cos", ls, "layers_dropped", dropped, "best_candidate", nf ? best : -1, "scored", scoring,
-        "candidates", cands);
+        "{s:s,s:o,s:i,s:i,s:i,s:f,s:f,s:o,s:o,s:o,s:i,s:b,s:o}", "algorithm",
+        "NVIDIA Model-Optimizer mcore_minitron: uniform grid on divisor choices (width and depth capped), "
+        "filtered by the cost model's limits, top-k closest to the binding limit scored as pruned (calibration loss on "
+        "masked views of the base on the CPU, or a task's accuracy)",
+        "axes", axes_json(ax), "grid_size", n, "grid_feasible", nf, "top_k", top_k, "max_width_pruning", wcap,
+        "max_depth_pruning", dcap, "score", sc, "layer_scores_1_minus_cos", ls, "layers_dropped", dropped,
+        "best_candidate", nf ? best : -1, "scored", scoring, "candidates", cands);
     if (p->emit) {
         json_t *ev = json_pack("{s:s,s:b,s:i,s:i,s:o,s:o}", "phase", "minitron", "feasible", r->feasible, "grid_size",
                                n, "grid_feasible", nf, "metrics", ac_constraints_report(&p->limits, &r->cost),

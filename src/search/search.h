@@ -21,6 +21,7 @@
 #include "cost/costmodel.h"
 #include "search/importance.h"
 #include "format/model.h"
+#include "runtime/tasks.h"
 
 
 typedef enum { AC_EXPORT_DECI, AC_EXPORT_LLAMA, AC_EXPORT_GGUF } ac_export_target;
@@ -42,6 +43,16 @@ typedef struct {
     int cotrain; /* dnas: weights (a copy) trained with the gates */
 } ac_search_opts;
 
+/* The Minitron arm's options (minitron.h; the spec's "minitron" section).
+ * A value <= 0 takes Model-Optimizer's default: caps 0.40 (width) and 0.20
+ * (depth), top_k 10, divisors as ac_minitron_default_divisor gives them. */
+typedef struct {
+    double max_width_pruning, max_depth_pruning;
+    int top_k;
+    int hidden_divisor, ffn_divisor, layers_divisor, experts_divisor;
+    int score_norm; /* with a score task: 0 acc, 1 acc_norm */
+} ac_minitron_opts;
+
 typedef struct {
     const ac_cost_table *table;
     const ac_workload *workload;
@@ -59,6 +70,12 @@ typedef struct {
     const int *calib_ids;
     size_t n_calib;
     int ctx, cuda;
+    ac_minitron_opts minitron;
+    /* Minitron's score: NULL, calibration loss (lowest wins); else this
+     * task's accuracy (minitron.score_norm: acc_norm), highest wins, as
+     * Model-Optimizer's score_func (MMLU) does. score_name: its report name. */
+    const ac_mc_task *score_task;
+    const char *score_name;
 } ac_search_problem;
 
 typedef struct {
