@@ -72,7 +72,10 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
     g->kv_on = calloc(L, sizeof(double));
     g->nmc = calloc(L, sizeof(int));
     g->mc_off = calloc(L, sizeof(int));
-    if (!g->nkv || !g->nfg || !g->kv_off || !g->ffn_off || !g->kv_on || !g->nmc || !g->mc_off) {
+    g->nex = calloc(L, sizeof(int));
+    g->ex_off = calloc(L, sizeof(int));
+    if (!g->nkv || !g->nfg || !g->kv_off || !g->ffn_off || !g->kv_on || !g->nmc || !g->mc_off || !g->nex ||
+        !g->ex_off) {
         ac_dnas_gates_free(g);
         return ac_errf(e, "out of memory");
     }
@@ -102,6 +105,11 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
         g->mc_off[l] = n;
         n += g->nmc[l];
     }
+    for (int l = 0; l < L; l++) { /* experts (softmax routers: the sigmoid router has no expert gate) */
+        g->nex[l] = so->prune_experts && !b->router_sigmoid ? b->layers[l].n_experts : 0;
+        g->ex_off[l] = n;
+        n += g->nex[l];
+    }
     g->np = n;
     g->la = calloc(n + 1, sizeof(double));
     g->mkv = calloc(n + 1, sizeof(int));
@@ -130,6 +138,8 @@ void ac_dnas_gates_free(ac_dnas_gates *g) {
     free(g->nmc);
     free(g->mc_off);
     free(g->mkv);
+    free(g->nex);
+    free(g->ex_off);
     free(g->la);
     memset(g, 0, sizeof *g);
 }
@@ -143,6 +153,8 @@ void ac_dnas_set_gates(const ac_dnas_gates *g, const double *z, ac_gates *tg, co
                 tg->head[l][h] = g->nkv[l] ? (float)z[g->kv_off[l] + h / grp_of(bl)] : 1.0f;
         if (tg->ffn[l])
             for (int r = 0; r < bl->ffn; r++) tg->ffn[l][imp->ffn_order[l][r]] = (float)z[g->ffn_off[l] + r / g->fm];
+        for (int x = 0; tg->expert && tg->expert[l] && x < bl->n_experts; x++)
+            tg->expert[l][x] = g->nex[l] ? (float)z[g->ex_off[l] + x] : 1.0f;
         tg->attn[l] = g->gate_depth && bl->n_heads ? (float)z[g->attn_off + l] : 1.0f;
         tg->mlp[l] = g->gate_depth && bl->ffn ? (float)z[g->mlp_off + l] : 1.0f;
     }
@@ -158,6 +170,7 @@ void ac_dnas_gate_grads_of(const ac_dnas_gates *g, const ac_arch *b, const ac_ga
         for (int h = 0; g->nkv[l] && h < bl->n_heads; h++) /* a KV group's gate: the sum over its query heads */
             dz[g->kv_off[l] + h / grp_of(bl)] += dg->head[l][h];
         for (int r = 0; r < bl->ffn; r++) dz[g->ffn_off[l] + r / g->fm] += dg->ffn[l][imp->ffn_order[l][r]];
+        for (int x = 0; x < g->nex[l]; x++) dz[g->ex_off[l] + x] = dg->expert[l][x];
         if (g->gate_depth && bl->n_heads) dz[g->attn_off + l] = dg->attn[l];
         if (g->gate_depth && bl->ffn) dz[g->mlp_off + l] += dg->mlp[l]; /* tied: the layer's gate gets both */
     }
@@ -274,8 +287,11 @@ static double merge_expect(const ac_dnas_gates *g, int l, double *p) {
 
 typedef struct {
     double *kv, *ffn, *pa, *pm; /* [L] expected widths given kept; keep probabilities */
+    double *ex;                 /* [L] expected experts (gated MoE layers; else the base's count) */
     double hidden;
 } expect_t;
+
+#define EXPECT_FLOATS 5 /* expect()'s doubles per layer */
 
 static void expect(const ac_dnas_gates *g, const ac_arch *b, double *buf, expect_t *x) {
     int L = g->L;
@@ -283,8 +299,12 @@ static void expect(const ac_dnas_gates *g, const ac_arch *b, double *buf, expect
     x->ffn = buf + L;
     x->pa = buf + 2 * L;
     x->pm = buf + 3 * L;
+    x->ex = buf + 4 * L;
     for (int l = 0; l < L; l++) {
         const ac_layer_arch *bl = &b->layers[l];
+        x->ex[l] = bl->n_experts;
+        if (g->nex[l]) x->ex[l] = 0;
+        for (int k = 0; k < g->nex[l]; k++) x->ex[l] += ac_dnas_keep_prob(g->la[g->ex_off[l] + k]);
         double kv = g->kv_on[l], pc[64];
         if (g->nmc[l] && g->nmc[l] <= 64) kv = merge_expect(g, l, pc);
         if (g->nkv[l]) {
@@ -311,6 +331,7 @@ static void fill_carch(const ac_dnas_gates *g, const ac_arch *b, const expect_t 
         c->kv[l] = x->kv[l];
         c->heads[l] = g->gate_kv ? x->kv[l] * grp_of(bl) : bl->n_heads;
         c->ffn[l] = x->ffn[l];
+        if (c->experts && g->nex[l]) c->experts[l] = x->ex[l];
     }
     c->hidden = x->hidden;
 }
@@ -372,14 +393,16 @@ static double expected_value(const ac_search_problem *p, ac_metric m, ac_carch *
  * (the widest layer sets the activation memory, the cache share of the
  * weights is shared, throughput is a ratio). Returns -1 out of memory. */
 static int width_grads(const ac_dnas_gates *g, const ac_search_problem *p, ac_metric m, ac_carch *c, const expect_t *x,
-                       const double *D, double *gh, double *gk, double *gf, double *ghid) {
+                       const double *D, double *gh, double *gk, double *gf, double *ge, double *ghid) {
     int L = g->L;
-    ac_cost_grad(p->table, c, p->workload, p->profile, m, gh, gk, gf, NULL);
-    double *xh = calloc(6 * L + 1, sizeof(double)), *xk = xh + L, *xf = xh + 2 * L, *g0 = xh + 3 * L, save[2];
+    ac_cost_grad_experts(p->table, c, p->workload, p->profile, m, gh, gk, gf, NULL, ge);
+    double *xh = calloc(8 * L + 1, sizeof(double)), *xk = xh + L, *xf = xh + 2 * L, *xe = xh + 3 * L, *g0 = xh + 4 * L,
+           save[2];
     if (!xh) return -1;
     memcpy(g0, gh, sizeof(double) * L);
     memcpy(g0 + L, gk, sizeof(double) * L);
     memcpy(g0 + 2 * L, gf, sizeof(double) * L);
+    memcpy(g0 + 3 * L, ge, sizeof(double) * L);
     double d0 = g->gate_hid ? hid_slope(p, c, m) : 0;
     *ghid = d0;
     for (int k = 0; k < L; k++)
@@ -387,7 +410,7 @@ static int width_grads(const ac_dnas_gates *g, const ac_search_problem *p, ac_me
             double pk = s ? x->pm[k] : x->pa[k];
             if (D[s * L + k] == 0 || pk >= 1) continue;
             block_off(c, k, s, save);
-            ac_cost_grad(p->table, c, p->workload, p->profile, m, xh, xk, xf, NULL);
+            ac_cost_grad_experts(p->table, c, p->workload, p->profile, m, xh, xk, xf, NULL, xe);
             if (s)
                 xf[k] = 0; /* a removed block's own width no longer counts */
             else
@@ -396,6 +419,7 @@ static int width_grads(const ac_dnas_gates *g, const ac_search_problem *p, ac_me
                 gh[l] -= (1 - pk) * (g0[l] - xh[l]);
                 gk[l] -= (1 - pk) * (g0[L + l] - xk[l]);
                 gf[l] -= (1 - pk) * (g0[2 * L + l] - xf[l]);
+                ge[l] -= (1 - pk) * (g0[3 * L + l] - xe[l]);
             }
             if (g->gate_hid) *ghid -= (1 - pk) * (d0 - hid_slope(p, c, m));
             block_on(c, k, s, save);
@@ -406,7 +430,7 @@ static int width_grads(const ac_dnas_gates *g, const ac_search_problem *p, ac_me
 
 /* Chain rule to log_alpha: dP/dla = P (1 - P). */
 static void chain(const ac_dnas_gates *g, const ac_arch *b, const expect_t *x, const double *D, const double *gh,
-                  const double *gk, const double *gf, double ghid, double *grad) {
+                  const double *gk, const double *gf, const double *ge, double ghid, double *grad) {
     int L = g->L;
     memset(grad, 0, sizeof(double) * g->np);
     for (int j = 0; j < g->nhg; j++) {
@@ -424,6 +448,10 @@ static void chain(const ac_dnas_gates *g, const ac_arch *b, const expect_t *x, c
             double q = ac_dnas_keep_prob(g->la[g->ffn_off[l] + j]);
             grad[g->ffn_off[l] + j] = gf[l] * gsize(bl->ffn, g->fm, j) * q * (1 - q);
         }
+        for (int k = 0; k < g->nex[l]; k++) {
+            double q = ac_dnas_keep_prob(g->la[g->ex_off[l] + k]);
+            grad[g->ex_off[l] + k] = ge[l] * q * (1 - q);
+        }
         if (g->nmc[l] && g->nmc[l] <= 64) { /* d kbar / d theta_c = P(c) (d_c - kbar); heads fixed on deci */
             double pc[64], kbar = merge_expect(g, l, pc);
             for (int c = 0; c < g->nmc[l]; c++)
@@ -439,27 +467,27 @@ double ac_dnas_expected_metric(const ac_dnas_gates *g, const ac_search_problem *
     int L = g->L;
     ac_carch c;
     if (ac_carch_from_arch(b, &c, NULL)) return NAN;
-    double *buf = calloc(9 * L + 4, sizeof(double));
+    double *buf = calloc((EXPECT_FLOATS + 6) * L + 4, sizeof(double));
     if (!buf) {
         ac_carch_free(&c);
         return NAN;
     }
     expect_t x;
     expect(g, b, buf, &x);
-    double *D = buf + 4 * L, *gh = buf + 6 * L, *gk = buf + 7 * L, *gf = buf + 8 * L, ghid = 0;
+    double *D = buf + EXPECT_FLOATS * L, *gh = D + 2 * L, *gk = gh + L, *gf = gk + L, *ge = gf + L, ghid = 0;
     fill_carch(g, b, &x, &c);
     double v = expected_value(p, m, &c, &x, D);
-    if (grad && width_grads(g, p, m, &c, &x, D, gh, gk, gf, &ghid))
+    if (grad && width_grads(g, p, m, &c, &x, D, gh, gk, gf, ge, &ghid))
         v = NAN;
     else if (grad)
-        chain(g, b, &x, D, gh, gk, gf, ghid, grad);
+        chain(g, b, &x, D, gh, gk, gf, ge, ghid, grad);
     free(buf);
     ac_carch_free(&c);
     return v;
 }
 
 json_t *ac_dnas_expected_arch_json(const ac_dnas_gates *g, const ac_arch *b) {
-    double *buf = calloc(4 * g->L + 1, sizeof(double));
+    double *buf = calloc(EXPECT_FLOATS * g->L + 1, sizeof(double));
     if (!buf) return NULL;
     expect_t x;
     expect(g, b, buf, &x);
@@ -467,9 +495,10 @@ json_t *ac_dnas_expected_arch_json(const ac_dnas_gates *g, const ac_arch *b) {
     for (int l = 0; l < g->L; l++) {
         const ac_layer_arch *bl = &b->layers[l];
         double heads = g->gate_kv ? x.kv[l] * grp_of(bl) : bl->n_heads;
-        json_array_append_new(layers, json_pack("{s:f,s:f,s:f,s:f,s:f}", "kv_heads", x.pa[l] * x.kv[l], "heads",
-                                                x.pa[l] * heads, "ffn", x.pm[l] * x.ffn[l], "attn_keep", x.pa[l],
-                                                "ffn_keep", x.pm[l]));
+        json_t *o = json_pack("{s:f,s:f,s:f,s:f,s:f}", "kv_heads", x.pa[l] * x.kv[l], "heads", x.pa[l] * heads, "ffn",
+                              x.pm[l] * x.ffn[l], "attn_keep", x.pa[l], "ffn_keep", x.pm[l]);
+        if (bl->n_experts) json_object_set_new(o, "experts", json_real(x.ex[l]));
+        json_array_append_new(layers, o);
     }
     json_t *o = json_pack("{s:f,s:o}", "hidden", x.hidden, "layers", layers);
     free(buf);
@@ -529,6 +558,37 @@ static int mt_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) {
     return bad ? -1 : 0;
 }
 
+/* d's expert orders and scores: s's (NULL rows of dense layers stay NULL), or,
+ * with s == NULL, the identity order of every MoE layer; and s's expert
+ * channel orders when it has them. */
+static int experts_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) {
+    int L = b->n_layers, bad = 0;
+    d->expert_order = calloc(L, sizeof(int *));
+    d->expert_score = calloc(L, sizeof(double *));
+    if (!d->expert_order || !d->expert_score) return -1;
+    if (s && s->echan_order && s->echan_score) {
+        if (!(d->echan_order = calloc(L, sizeof(int *))) || !(d->echan_score = calloc(L, sizeof(double *)))) return -1;
+        for (int l = 0; l < L && !bad; l++) {
+            int n = b->layers[l].n_experts * b->layers[l].expert_ffn;
+            if (n && s->echan_order[l])
+                bad |= copy_ints(&d->echan_order[l], s->echan_order[l], n) ||
+                       copy_dbls(&d->echan_score[l], s->echan_score[l], n);
+        }
+    }
+    for (int l = 0; l < L && !bad; l++) {
+        int E = b->layers[l].n_experts;
+        if (!E || (s && !s->expert_order[l])) continue;
+        if (s)
+            bad |= copy_ints(&d->expert_order[l], s->expert_order[l], E) ||
+                   (s->expert_score && s->expert_score[l] && copy_dbls(&d->expert_score[l], s->expert_score[l], E));
+        else {
+            bad |= !(d->expert_order[l] = malloc(sizeof(int) * E));
+            for (int x = 0; !bad && x < E; x++) d->expert_order[l][x] = x;
+        }
+    }
+    return bad ? -1 : 0;
+}
+
 static int imp_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) {
     int L = s->n_layers;
     *d = *s;
@@ -548,7 +608,12 @@ static int imp_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) 
     d->head_score = d->mt_ffn_score = NULL;
     d->mt_hid_order = NULL;
     d->mt_hid_score = NULL;
-    int bad = !d->kv_order || !d->kv_score || !d->ffn_order || !d->ffn_score || mt_copy(d, s, b);
+    d->expert_order = NULL; /* (deep-copied below, with the expert channel orders) */
+    d->expert_score = NULL;
+    d->echan_order = NULL;
+    d->echan_score = NULL;
+    int bad = !d->kv_order || !d->kv_score || !d->ffn_order || !d->ffn_score || mt_copy(d, s, b) ||
+              (s->expert_order && experts_copy(d, s, b));
     for (int l = 0; l < L && !bad; l++) {
         int nkv = b->layers[l].n_kv_heads, F = b->layers[l].ffn;
         bad |= copy_ints(&d->kv_order[l], s->kv_order[l], nkv) || copy_dbls(&d->kv_score[l], s->kv_score[l], nkv);
@@ -626,6 +691,16 @@ static void discrete_arch(const ac_dnas_gates *g, const ac_search_problem *p, co
         if (uni && fw < 1 && x->pm[l] >= 0.5) fw = bl->ffn < g->fm ? bl->ffn : g->fm; /* llama: a kept layer's FFN */
         al->ffn = fw;
     }
+    /* experts: one count for the model (every export target holds one), the mean of the expected counts */
+    double ex = 0;
+    int nmoe = 0;
+    for (int l = 0; l < L; l++)
+        if (g->nex[l]) ex += x->ex[l], nmoe++;
+    for (int l = 0; nmoe && l < L; l++)
+        if (g->nex[l]) {
+            int k = (int)lround(ex / nmoe);
+            a->layers[l].n_experts = k < b->top_k ? b->top_k : k > b->layers[l].n_experts ? b->layers[l].n_experts : k;
+        }
     if (g->gate_hid) {
         int h = (int)lround(x->hidden / g->hm) * g->hm;
         a->hidden = h < g->hm ? g->hm : h > b->hidden ? b->hidden : h;
@@ -659,6 +734,12 @@ int ac_dnas_orders(const ac_dnas_gates *g, const ac_importance *imp, const ac_ar
             rc = order_blocks(imp->ffn_order[l], b->layers[l].ffn, g->fm, g->la + g->ffn_off[l], orders->ffn_order[l]);
     }
     if (!rc && g->gate_hid) rc = order_blocks(imp->hid_order, g->H, g->hm, g->la + g->hid_off, orders->hid_order);
+    for (int l = 0; l < g->L && !rc; l++) { /* experts by gate score (every MoE layer has an order row then) */
+        if (!g->nex[l]) continue;
+        if (!orders->expert_order) rc = experts_copy(orders, NULL, b);
+        if (!rc && !orders->expert_order[l]) rc = !(orders->expert_order[l] = malloc(sizeof(int) * g->nex[l]));
+        if (!rc) rank_by(g->la + g->ex_off[l], g->nex[l], orders->expert_order[l]);
+    }
     if (rc) {
         ac_importance_free(orders);
         return ac_errf(e, "out of memory");
@@ -687,7 +768,7 @@ int ac_dnas_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_se
     int L = g->L;
     memset(r, 0, sizeof *r);
     memset(orders, 0, sizeof *orders);
-    double *buf = calloc(4 * L + 1, sizeof(double));
+    double *buf = calloc(EXPECT_FLOATS * L + 1, sizeof(double));
     if (!buf) return ac_errf(e, "out of memory");
     expect_t x;
     expect(g, b, buf, &x);
@@ -749,6 +830,10 @@ static void init_from_arch(ac_dnas_gates *g, const ac_arch *b, const ac_arch *a,
             int want = al->n_kv_heads ? al->n_kv_heads : bl->n_kv_heads;
             g->la[g->mc_off[l] + c] = g->mkv[g->mc_off[l] + c] == want ? on : mc_off;
         }
+        for (int k = 0; k < g->nex[l]; k++) /* the surrogate's experts (the most important ones) on */
+            g->la[g->ex_off[l] + k] = k < al->n_experts ? on : off;
+        for (int k = 0; k < g->nex[l] && imp->expert_order && imp->expert_order[l]; k++)
+            g->la[g->ex_off[l] + imp->expert_order[l][k]] = k < al->n_experts ? on : off;
         int kf = (al->ffn + g->fm / 2) / g->fm;
         for (int j = 0; j < g->nfg[l]; j++) g->la[g->ffn_off[l] + j] = j < kf || al->ffn == bl->ffn ? on : off;
         if (g->gate_depth) {

@@ -29,6 +29,14 @@
  *   hid[j]     a group of hidden_multiple hidden channels, shared by all
  *              layers (applied to every RMSNorm output; only when
  *              prune_hidden);
+ *   ex[l][e]   a routed expert of a mixture-of-experts layer (softmax
+ *              routers; when search.prune_experts): train.h's expert gate,
+ *              on the expert's softmax numerator in the router, so a gate
+ *              at 0 is the expert removed and the routing renormalised over
+ *              the others exactly as the pruned model routes; the export
+ *              targets hold one expert count for the model, so the
+ *              discrete count is the mean over the MoE layers (at least
+ *              top_k), each layer keeping its highest-scored experts;
  *   attn[l], mlp[l]  the attention / FFN sub-block (depth); on the
  *              uniform llama target one gate per layer serves both (the
  *              whole layer kept or dropped, as Minitron's depth axis; the
@@ -92,6 +100,7 @@ typedef struct {
     double *kv_on;     /* [L] deci: the KV count of a kept attention without merge choices */
     int *nmc, *mc_off; /* [L] deci: merge choices per layer (0: none), offset of their logits */
     int *mkv;          /* [np] the KV count of a merge-choice logit, 0 for every other log_alpha */
+    int *nex, *ex_off; /* [L] expert gates per layer (0: none), offset of their log_alphas */
 } ac_dnas_gates;
 
 int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *base, const ac_search_opts *so, ac_err *e);
