@@ -6,8 +6,12 @@
  * PyTorch in float64 by test_train (gen_grad_fixtures.py's expert gates).
  *
  * 1. Gates in {0,1} are the pruned model: the trainer with some expert
- *    gates at 0 gives the logits of ac_prune's model without those experts
- *    (the router's softmax, top-k and renormalisation over the kept ones).
+ *    gates at 0, and each expert's channel gates at 0 on its 16 last
+ *    channels by a ranking of its own, gives the logits of ac_prune's model
+ *    without those experts (the router's softmax, top-k and
+ *    renormalisation over the kept ones) and with experts 16 channels
+ *    narrower (imp->echan_order: each expert's channels sliced by its own
+ *    ranking).
  * 2. ac_search_dnas (150 gate steps from the surrogate's structure, as a
  *    job starts it) under a parameter limit that needs experts removed
  *    reaches a feasible structure with fewer experts, one count for every
@@ -30,6 +34,7 @@
 #include "runtime/kernels_cpu.h"
 #include "runtime/train.h"
 #include "search/dnas.h"
+#include "search/minitron.h"
 #include "search/slice.h"
 
 static char fx[1024];
@@ -97,7 +102,7 @@ static double mean_kl(const float *p, const float *q, int N, int V) {
  * for KV groups, FFN and hidden channels, and the expert orders given. */
 typedef struct {
     ac_importance imp;
-    int *kv[8], *ffn[8], *hid, *ex[8];
+    int *kv[8], *ffn[8], *hid, *ex[8], *ch[8];
 } orders_t;
 
 static void orders_init(orders_t *o, const ac_arch *a) {
@@ -107,6 +112,7 @@ static void orders_init(orders_t *o, const ac_arch *a) {
     o->imp.kv_order = o->kv;
     o->imp.ffn_order = o->ffn;
     o->imp.expert_order = o->ex;
+    o->imp.echan_order = o->ch;
     o->hid = malloc(sizeof(int) * a->hidden);
     for (int c = 0; c < a->hidden; c++) o->hid[c] = c;
     o->imp.hid_order = o->hid;
@@ -115,6 +121,8 @@ static void orders_init(orders_t *o, const ac_arch *a) {
         o->kv[l] = malloc(sizeof(int) * (L->n_kv_heads + 1));
         o->ffn[l] = malloc(sizeof(int) * (L->ffn + 1));
         o->ex[l] = malloc(sizeof(int) * (L->n_experts + 1));
+        o->ch[l] = malloc(sizeof(int) * ((size_t)L->n_experts * L->expert_ffn + 1));
+        for (int i = 0; i < L->n_experts * L->expert_ffn; i++) o->ch[l][i] = i % L->expert_ffn;
         for (int i = 0; i < L->n_kv_heads; i++) o->kv[l][i] = i;
         for (int i = 0; i < L->ffn; i++) o->ffn[l][i] = i;
         for (int i = 0; i < L->n_experts; i++) o->ex[l][i] = i;
@@ -123,7 +131,7 @@ static void orders_init(orders_t *o, const ac_arch *a) {
 
 static void orders_free(orders_t *o) {
     free(o->hid);
-    for (int l = 0; l < o->imp.n_layers; l++) free(o->kv[l]), free(o->ffn[l]), free(o->ex[l]);
+    for (int l = 0; l < o->imp.n_layers; l++) free(o->kv[l]), free(o->ffn[l]), free(o->ex[l]), free(o->ch[l]);
 }
 
 /* expert order of layer l: the experts of mask (bit x set: kept) first, ascending, then the others. */
@@ -135,12 +143,34 @@ static void order_from_mask(int *order, int E, unsigned mask) {
         if (!(mask >> x & 1)) order[k++] = x;
 }
 
+/* Logits with expert gates and channel gates (NULL rows: all 1). */
+static float *logits_gated(ac_model *m, const int *tok, int B, int T, float *const *eg, float *const *cg) {
+    ac_trainer t;
+    ac_err e;
+    if (ac_trainer_init_frozen(&t, m, B, T, &e)) {
+        CHECK(0, "%s", e.msg);
+        return NULL;
+    }
+    for (int l = 0; l < m->a.n_layers; l++) {
+        const ac_layer_arch *L = &m->a.layers[l];
+        if (eg[l]) memcpy(t.gate.expert[l], eg[l], sizeof(float) * L->n_experts);
+        if (cg[l]) memcpy(t.gate.echan[l], cg[l], sizeof(float) * L->n_experts * L->expert_ffn);
+    }
+    float *out = NULL;
+    if (ac_train_forward(&t, tok, B, T, &e) == 0 && (out = malloc(sizeof(float) * B * T * m->a.vocab)))
+        memcpy(out, t.logits, sizeof(float) * B * T * m->a.vocab);
+    CHECK(out, "forward: %s", e.msg);
+    ac_trainer_free(&t);
+    return out;
+}
+
 static void gates_equal_pruned(const char *name) {
     ac_model m, pm;
     ac_err e;
     if (load(name, &m)) SKIP("no fixture %s (make fixtures)", name);
     int B = 2, T = 24, L = m.a.n_layers, *tok = rand_ids((size_t)B * T, m.a.vocab, 11);
-    float *gates[8] = {0};
+    float *gates[8] = {0}, *chans[8] = {0};
+    int cut = 16; /* each expert loses 16 channels (its own worst by a random order) */
     orders_t o;
     orders_init(&o, &m.a);
     ac_arch ta;
@@ -155,8 +185,22 @@ static void gates_equal_pruned(const char *name) {
         for (int x = 0; x < E; x++) gates[l][x] = (float)(mask >> x & 1);
         order_from_mask(o.ex[l], E, mask);
         ta.layers[l].n_experts = __builtin_popcount(mask);
+        int Fe = m.a.layers[l].expert_ffn;
+        chans[l] = malloc(sizeof(float) * E * Fe);
+        unsigned long long s = 77 + l;
+        for (int x = 0; x < E; x++) { /* expert x's ranking: a random permutation, its last `cut` gated off */
+            int *ord = o.ch[l] + (size_t)x * Fe;
+            for (int c = 0; c < Fe; c++) ord[c] = c;
+            for (int c = Fe - 1; c > 0; c--) {
+                s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+                int j = (int)((s >> 33) % (unsigned long long)(c + 1)), tmp = ord[c];
+                ord[c] = ord[j], ord[j] = tmp;
+            }
+            for (int r = 0; r < Fe; r++) chans[l][(size_t)x * Fe + ord[r]] = r < Fe - cut ? 1.0f : 0.0f;
+        }
+        ta.layers[l].expert_ffn = Fe - cut;
     }
-    float *full = logits_of(&m, tok, B, T, NULL), *gated = logits_of(&m, tok, B, T, (const float *const *)gates);
+    float *full = logits_of(&m, tok, B, T, NULL), *gated = logits_gated(&m, tok, B, T, gates, chans);
     CHECK(ac_prune(&m, &ta, &o.imp, &pm, &e) == 0, "prune: %s", e.msg);
     float *pruned = logits_of(&pm, tok, B, T, NULL);
     double md = 0, mr = 0, moved = 0;
@@ -171,7 +215,7 @@ static void gates_equal_pruned(const char *name) {
     CHECK(md <= 2e-6 * mr, "%s: expert gates at 0 are not the pruned model (%.3g)", name, md);
     CHECK(moved > 1e3 * md, "%s: removing the experts changed nothing measurable (%.3g)", name, moved);
     free(full), free(gated), free(pruned), free(tok);
-    for (int l = 0; l < L; l++) free(gates[l]);
+    for (int l = 0; l < L; l++) free(gates[l]), free(chans[l]);
     orders_free(&o);
     ac_arch_free(&ta);
     ac_model_free(&pm);
@@ -373,11 +417,89 @@ static void test_dnas_removes_experts(void) {
     ac_importance_free(&ord);
 }
 
+/* Minitron's expert width (Model-Optimizer's moe_ffn_hidden_size): under a
+ * parameter limit that its other axes cannot meet at full expert width,
+ * the arm cuts every expert to one searched width, and the student keeps
+ * each expert's best channels by the expert-width score (checked here by
+ * sorting imp->echan_score independently: the pruned gate/up rows and
+ * down columns are the source's at those channels). */
+static void test_minitron_expert_width(void) {
+    if (!setup()) SKIP("no fixture qwen3moe_mixed_bf16 (make fixtures)");
+    CHECK(IMP.echan_order && IMP.echan_score, "calibration gave no expert-channel ranking");
+    if (!IMP.echan_order) return;
+    problem_t P;
+    ac_err e;
+    make_problem(&P, 3);
+    P.p.model = &M;
+    P.p.calib_ids = IDS;
+    P.p.n_calib = NIDS;
+    P.p.ctx = 32;
+    ac_arch a;
+    ac_arch_copy(&a, &M.a, &e);
+    double pw[2];
+    for (int k = 0; k < 2; k++) { /* the smallest searched grid point but the expert width: 48, then 42 */
+        for (int l = 0; l < a.n_layers; l++) {
+            if (a.layers[l].n_experts) a.layers[l].n_experts = 4, a.layers[l].expert_ffn = k ? 42 : 48;
+            if (a.layers[l].ffn) a.layers[l].ffn = 100;
+        }
+        pw[k] = ac_arch_params(&a);
+    }
+    ac_arch_free(&a);
+    P.p.limits.max_params = 0.5 * (pw[0] + pw[1]);
+    ac_search_result r;
+    CHECK(ac_search_minitron(&P.p, &r, &e) == 0, "minitron: %s", e.msg);
+    json_t *ax = json_object_get(json_object_get(r.detail, "axes"), "moe_ffn_hidden_size");
+    char *s = json_dumps(ax, JSON_COMPACT);
+    printf("   minitron: params %.0f (limit %.0f), feasible %d; moe_ffn_hidden_size axis %s\n", r.cost.params,
+           P.p.limits.max_params, r.feasible, s ? s : "(none)");
+    free(s);
+    CHECK(ax && json_integer_value(json_object_get(ax, "divisor")) == 3, "no moe_ffn_hidden_size axis of divisor 3");
+    int w = -1, uniform = 1;
+    for (int l = 0; l < M.a.n_layers; l++)
+        if (M.a.layers[l].n_experts)
+            uniform &= w < 0 || r.arch.layers[l].expert_ffn == w, w = r.arch.layers[l].expert_ffn;
+    CHECK(r.feasible && uniform && w < 48 && w >= 30 && w % 3 == 0, "expert width %d: not one searched width under 48",
+          w);
+    ac_importance view;
+    ac_minitron_importance_view(&IMP, &view);
+    ac_model pm;
+    CHECK(ac_prune(&M, &r.arch, &view, &pm, &e) == 0, "prune: %s", e.msg);
+    int bad = 0, H = M.a.hidden;
+    for (int l = 0; l < M.a.n_layers && w > 0 && pm.L; l++) {
+        int E = M.a.layers[l].n_experts, Fe = M.a.layers[l].expert_ffn;
+        if (!E) continue;
+        int *ek = ac_prune_kept(IMP.expert_order[l], r.arch.layers[l].n_experts);
+        for (int x = 0; ek && x < r.arch.layers[l].n_experts; x++) {
+            const double *sc = IMP.echan_score[l] + (size_t)ek[x] * Fe;
+            int keep[64] = {0}, k = 0; /* the w best-scored channels (lower index first on equal scores), ascending */
+            for (int c = 0; c < Fe; c++) {
+                int better = 0;
+                for (int d = 0; d < Fe; d++) better += sc[d] > sc[c] || (sc[d] == sc[c] && d < c);
+                keep[c] = better < w;
+            }
+            for (int c = 0; c < Fe; c++) {
+                if (!keep[c]) continue;
+                bad |= memcmp(pm.L[l].eg[x] + (size_t)k * H, M.L[l].eg[ek[x]] + (size_t)c * H, sizeof(float) * H);
+                bad |= memcmp(pm.L[l].eu[x] + (size_t)k * H, M.L[l].eu[ek[x]] + (size_t)c * H, sizeof(float) * H);
+                for (int h = 0; h < H; h++)
+                    bad |= pm.L[l].ed[x][(size_t)h * w + k] != M.L[l].ed[ek[x]][(size_t)h * Fe + c];
+                k++;
+            }
+            bad |= k != w;
+        }
+        free(ek);
+    }
+    CHECK(!bad, "the student's experts are not the source's best-scored channels");
+    if (pm.L) ac_model_free(&pm);
+    ac_search_result_free(&r);
+}
+
 int main(void) {
     ac_set_threads(2);
     RUN(test_gates_equal_pruned_qwen3moe);
     RUN(test_gates_equal_pruned_mixtral);
     RUN(test_dnas_removes_experts);
+    RUN(test_minitron_expert_width);
     if (HAVE > 0) {
         ac_importance_free(&IMP);
         ac_model_free(&M);
