@@ -341,11 +341,12 @@ static double rank_choice(const ac_search_result *r, ac_importance *ord, const f
 /* The search (from the surrogate's structure, as a job starts it); *frac,
  * *kl, *best from rank_choice, *start the held-out KL of the surrogate's
  * structure pruned in importance order (where the gates start). */
-static int run_search(int zero_task, ac_search_result *r, ac_importance *ord, double *frac, double *kl, double *best,
-                      double *start) {
+static int run_search(int zero_task, int width, ac_search_result *r, ac_importance *ord, double *frac, double *kl,
+                      double *best, double *start) {
     problem_t P;
     ac_err e;
     make_problem(&P, 3);
+    P.p.opts.prune_expert_ffn = width;
     ac_dnas_opts o;
     ac_dnas_defaults(&o);
     o.steps = 150;
@@ -396,7 +397,7 @@ static void test_dnas_removes_experts(void) {
     ac_search_result r;
     ac_importance ord;
     double frac, kl, best, start, t0 = ac_now();
-    if (run_search(0, &r, &ord, &frac, &kl, &best, &start)) return;
+    if (run_search(0, 0, &r, &ord, &frac, &kl, &best, &start)) return;
     print_arch("dnas", &r, ac_now() - t0);
     printf("   held-out KL to the unpruned model: start (surrogate) %.5f, dnas %.5f; best expert choice of its count "
            "%.5f, %.0f%% of the choices better than the gates'\n",
@@ -408,13 +409,87 @@ static void test_dnas_removes_experts(void) {
     ac_importance_free(&ord);
     /* mutation: no gradient from the network (every expert gate of a layer then moves alike) */
     t0 = ac_now();
-    if (run_search(1, &r, &ord, &frac, &kl, &best, &start)) return;
+    if (run_search(1, 0, &r, &ord, &frac, &kl, &best, &start)) return;
     print_arch("zero task gradients", &r, ac_now() - t0);
     printf("   zero task gradients: held-out KL %.5f (start %.5f)\n", kl, start);
     CHECK(!(experts_removed(&r) && kl <= start && frac <= 0.2),
           "without task gradients the claim still holds (it cannot fail)");
     ac_search_result_free(&r);
     ac_importance_free(&ord);
+}
+
+/* With search.prune_expert_ffn the gates on each expert's channel groups
+ * (the same rank groups in every expert, each expert ranked on its own)
+ * cut the expert width instead (under the same limit): one width below the
+ * base's for every MoE layer, on the group grid (3 channels), feasible, and
+ * no worse than the start on held-out KL; with zero task gradients not so. */
+static void test_dnas_cuts_expert_width(void) {
+    if (!setup()) SKIP("no fixture qwen3moe_mixed_bf16 (make fixtures)");
+    for (int z = 0; z < 2; z++) {
+        ac_search_result r;
+        ac_importance ord;
+        double frac, kl, best, start, t0 = ac_now();
+        if (run_search(z, 1, &r, &ord, &frac, &kl, &best, &start)) return;
+        print_arch(z ? "zero task gradients" : "dnas, expert width gated", &r, ac_now() - t0);
+        int w = -1, uniform = 1;
+        for (int l = 0; l < M.a.n_layers; l++)
+            if (M.a.layers[l].n_experts)
+                uniform &= w < 0 || r.arch.layers[l].expert_ffn == w, w = r.arch.layers[l].expert_ffn;
+        int claim = r.feasible && uniform && w < 48 && w % 3 == 0 && kl <= start;
+        printf("   expert width %d; held-out KL %.5f (start %.5f)\n", w, kl, start);
+        if (!z)
+            CHECK(claim, "not one expert width under the base's, feasible and no worse than the start");
+        else
+            CHECK(!claim, "without task gradients the claim still holds (it cannot fail)");
+        ac_search_result_free(&r);
+        ac_importance_free(&ord);
+    }
+}
+
+/* The limits' gradient through the expert and expert-width gates (the
+ * cost model's expert-count derivative; the width's central difference at
+ * the expected architecture) against central differences of the expected
+ * metric, at random log_alphas, for params, memory and TPOT. */
+static void test_expert_cost_gradient(void) {
+    if (!setup()) SKIP("no fixture qwen3moe_mixed_bf16 (make fixtures)");
+    problem_t P;
+    ac_err e;
+    make_problem(&P, 3);
+    P.p.opts.prune_expert_ffn = 1;
+    ac_dnas_gates g;
+    CHECK(ac_dnas_gates_init(&g, &M.a, &P.p.opts, &e) == 0, "%s", e.msg);
+    unsigned long long s = 3;
+    for (int i = 0; i < g.np; i++) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        g.la[i] = -2 + 5.0 * (s >> 11) / 9007199254740992.0;
+    }
+    double *an = malloc(sizeof(double) * g.np), h = 1e-4, worst = 0;
+    ac_metric ms[] = {AC_M_PARAMS, AC_M_MEM, AC_M_TPOT};
+    const char *names[] = {"params", "memory", "tpot"};
+    for (int k = 0; k < 3; k++) {
+        ac_dnas_expected_metric(&g, &P.p, ms[k], an);
+        double num = 0, den = 0;
+        for (int l = 0; l < g.L; l++)
+            for (int i = g.ex_off[l]; i < g.xg_off[l] + g.nxg[l]; i++) { /* the layer's expert then width gates */
+                if (i >= g.ex_off[l] + g.nex[l] && i < g.xg_off[l]) continue;
+                double o = g.la[i];
+                g.la[i] = o + h;
+                double a = ac_dnas_expected_metric(&g, &P.p, ms[k], NULL);
+                g.la[i] = o - h;
+                double b = ac_dnas_expected_metric(&g, &P.p, ms[k], NULL);
+                g.la[i] = o;
+                double fd = (a - b) / (2 * h);
+                num = fmax(num, fabs(fd - an[i]));
+                den = fmax(den, fabs(fd));
+            }
+        double rel = den > 0 ? num / den : num;
+        printf("   %s: expert and width gates, max|grad - fd| / max|fd| %.2e (max|fd| %.3g)\n", names[k], rel, den);
+        CHECK(den > 0, "%s: no gradient through the expert gates", names[k]);
+        worst = fmax(worst, rel);
+    }
+    CHECK(worst <= 1e-5, "expert gates' cost gradient off by %.3g", worst);
+    free(an);
+    ac_dnas_gates_free(&g);
 }
 
 /* Minitron's expert width (Model-Optimizer's moe_ffn_hidden_size): under a
@@ -434,6 +509,7 @@ static void test_minitron_expert_width(void) {
     P.p.calib_ids = IDS;
     P.p.n_calib = NIDS;
     P.p.ctx = 32;
+    P.p.opts.prune_expert_ffn = 1;
     ac_arch a;
     ac_arch_copy(&a, &M.a, &e);
     double pw[2];
@@ -499,6 +575,8 @@ int main(void) {
     RUN(test_gates_equal_pruned_qwen3moe);
     RUN(test_gates_equal_pruned_mixtral);
     RUN(test_dnas_removes_experts);
+    RUN(test_expert_cost_gradient);
+    RUN(test_dnas_cuts_expert_width);
     RUN(test_minitron_expert_width);
     if (HAVE > 0) {
         ac_importance_free(&IMP);

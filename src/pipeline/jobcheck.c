@@ -172,6 +172,10 @@ int ac_model_check_compressible(const ac_job_spec *s, const json_t *j, const cha
         *field = "search.prune_experts";
         return ac_errf(e, "search.prune_experts names a mixture-of-experts axis, and this model is dense");
     }
+    if (!moe && json_object_get(json_object_get(j, "search"), "prune_expert_ffn")) {
+        *field = "search.prune_expert_ffn";
+        return ac_errf(e, "search.prune_expert_ffn names a mixture-of-experts axis, and this model is dense");
+    }
     return 0;
 }
 

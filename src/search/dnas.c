@@ -74,8 +74,11 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
     g->mc_off = calloc(L, sizeof(int));
     g->nex = calloc(L, sizeof(int));
     g->ex_off = calloc(L, sizeof(int));
+    g->nxg = calloc(L, sizeof(int));
+    g->xg_off = calloc(L, sizeof(int));
+    g->xfm = calloc(L, sizeof(int));
     if (!g->nkv || !g->nfg || !g->kv_off || !g->ffn_off || !g->kv_on || !g->nmc || !g->mc_off || !g->nex ||
-        !g->ex_off) {
+        !g->ex_off || !g->nxg || !g->xg_off || !g->xfm) {
         ac_dnas_gates_free(g);
         return ac_errf(e, "out of memory");
     }
@@ -110,6 +113,14 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
         g->ex_off[l] = n;
         n += g->nex[l];
     }
+    for (int l = 0; l < L; l++) { /* expert width: about 16 groups of each expert's ranking */
+        int Fe = b->layers[l].expert_ffn;
+        g->xfm[l] = Fe >= 24 ? (Fe + 8) / 16 : 1;
+        g->nxg[l] =
+            so->prune_expert_ffn && !b->router_sigmoid && b->layers[l].n_experts ? (Fe + g->xfm[l] - 1) / g->xfm[l] : 0;
+        g->xg_off[l] = n;
+        n += g->nxg[l];
+    }
     g->np = n;
     g->la = calloc(n + 1, sizeof(double));
     g->mkv = calloc(n + 1, sizeof(int));
@@ -140,8 +151,16 @@ void ac_dnas_gates_free(ac_dnas_gates *g) {
     free(g->mkv);
     free(g->nex);
     free(g->ex_off);
+    free(g->nxg);
+    free(g->xg_off);
+    free(g->xfm);
     free(g->la);
     memset(g, 0, sizeof *g);
+}
+
+/* The channel of expert x (of Fe) at rank r of its ranking (identity without one). */
+static int echan_at(const ac_importance *imp, int l, int x, int Fe, int r) {
+    return imp->echan_order && imp->echan_order[l] ? imp->echan_order[l][(size_t)x * Fe + r] : r;
 }
 
 void ac_dnas_set_gates(const ac_dnas_gates *g, const double *z, ac_gates *tg, const ac_arch *b,
@@ -155,6 +174,9 @@ void ac_dnas_set_gates(const ac_dnas_gates *g, const double *z, ac_gates *tg, co
             for (int r = 0; r < bl->ffn; r++) tg->ffn[l][imp->ffn_order[l][r]] = (float)z[g->ffn_off[l] + r / g->fm];
         for (int x = 0; tg->expert && tg->expert[l] && x < bl->n_experts; x++)
             tg->expert[l][x] = g->nex[l] ? (float)z[g->ex_off[l] + x] : 1.0f;
+        for (int x = 0; g->nxg[l] && tg->echan && tg->echan[l] && x < bl->n_experts; x++)
+            for (int r = 0, Fe = bl->expert_ffn; r < Fe; r++)
+                tg->echan[l][x * Fe + echan_at(imp, l, x, Fe, r)] = (float)z[g->xg_off[l] + r / g->xfm[l]];
         tg->attn[l] = g->gate_depth && bl->n_heads ? (float)z[g->attn_off + l] : 1.0f;
         tg->mlp[l] = g->gate_depth && bl->ffn ? (float)z[g->mlp_off + l] : 1.0f;
     }
@@ -171,6 +193,9 @@ void ac_dnas_gate_grads_of(const ac_dnas_gates *g, const ac_arch *b, const ac_ga
             dz[g->kv_off[l] + h / grp_of(bl)] += dg->head[l][h];
         for (int r = 0; r < bl->ffn; r++) dz[g->ffn_off[l] + r / g->fm] += dg->ffn[l][imp->ffn_order[l][r]];
         for (int x = 0; x < g->nex[l]; x++) dz[g->ex_off[l] + x] = dg->expert[l][x];
+        for (int x = 0; g->nxg[l] && x < bl->n_experts; x++)
+            for (int r = 0, Fe = bl->expert_ffn; r < Fe; r++)
+                dz[g->xg_off[l] + r / g->xfm[l]] += dg->echan[l][x * Fe + echan_at(imp, l, x, Fe, r)];
         if (g->gate_depth && bl->n_heads) dz[g->attn_off + l] = dg->attn[l];
         if (g->gate_depth && bl->ffn) dz[g->mlp_off + l] += dg->mlp[l]; /* tied: the layer's gate gets both */
     }
@@ -288,10 +313,11 @@ static double merge_expect(const ac_dnas_gates *g, int l, double *p) {
 typedef struct {
     double *kv, *ffn, *pa, *pm; /* [L] expected widths given kept; keep probabilities */
     double *ex;                 /* [L] expected experts (gated MoE layers; else the base's count) */
+    double *ew;                 /* [L] expected expert width (else the base's) */
     double hidden;
 } expect_t;
 
-#define EXPECT_FLOATS 5 /* expect()'s doubles per layer */
+#define EXPECT_FLOATS 6 /* expect()'s doubles per layer */
 
 static void expect(const ac_dnas_gates *g, const ac_arch *b, double *buf, expect_t *x) {
     int L = g->L;
@@ -300,11 +326,15 @@ static void expect(const ac_dnas_gates *g, const ac_arch *b, double *buf, expect
     x->pa = buf + 2 * L;
     x->pm = buf + 3 * L;
     x->ex = buf + 4 * L;
+    x->ew = buf + 5 * L;
     for (int l = 0; l < L; l++) {
         const ac_layer_arch *bl = &b->layers[l];
         x->ex[l] = bl->n_experts;
         if (g->nex[l]) x->ex[l] = 0;
         for (int k = 0; k < g->nex[l]; k++) x->ex[l] += ac_dnas_keep_prob(g->la[g->ex_off[l] + k]);
+        x->ew[l] = g->nxg[l] ? 0 : bl->expert_ffn;
+        for (int j = 0; j < g->nxg[l]; j++)
+            x->ew[l] += gsize(bl->expert_ffn, g->xfm[l], j) * ac_dnas_keep_prob(g->la[g->xg_off[l] + j]);
         double kv = g->kv_on[l], pc[64];
         if (g->nmc[l] && g->nmc[l] <= 64) kv = merge_expect(g, l, pc);
         if (g->nkv[l]) {
@@ -332,6 +362,7 @@ static void fill_carch(const ac_dnas_gates *g, const ac_arch *b, const expect_t 
         c->heads[l] = g->gate_kv ? x->kv[l] * grp_of(bl) : bl->n_heads;
         c->ffn[l] = x->ffn[l];
         if (c->experts && g->nex[l]) c->experts[l] = x->ex[l];
+        if (c->effn && g->nxg[l]) c->effn[l] = x->ew[l];
     }
     c->hidden = x->hidden;
 }
@@ -425,6 +456,16 @@ static int width_grads(const ac_dnas_gates *g, const ac_search_problem *p, ac_me
             block_on(c, k, s, save);
         }
     free(xh);
+    for (int l = 0; l < L; l++) { /* the expert width's slope at cbar (central difference; first order) */
+        ge[L + l] = 0;
+        if (!g->nxg[l] || !c->effn) continue;
+        double w = c->effn[l];
+        c->effn[l] = w + 0.5;
+        double a = metric_at(p, c, m);
+        c->effn[l] = w - 0.5;
+        ge[L + l] = a - metric_at(p, c, m);
+        c->effn[l] = w;
+    }
     return 0;
 }
 
@@ -452,6 +493,10 @@ static void chain(const ac_dnas_gates *g, const ac_arch *b, const expect_t *x, c
             double q = ac_dnas_keep_prob(g->la[g->ex_off[l] + k]);
             grad[g->ex_off[l] + k] = ge[l] * q * (1 - q);
         }
+        for (int j = 0; j < g->nxg[l]; j++) { /* gw: d metric / d expert width (set by width_grads) */
+            double q = ac_dnas_keep_prob(g->la[g->xg_off[l] + j]);
+            grad[g->xg_off[l] + j] = ge[L + l] * gsize(bl->expert_ffn, g->xfm[l], j) * q * (1 - q);
+        }
         if (g->nmc[l] && g->nmc[l] <= 64) { /* d kbar / d theta_c = P(c) (d_c - kbar); heads fixed on deci */
             double pc[64], kbar = merge_expect(g, l, pc);
             for (int c = 0; c < g->nmc[l]; c++)
@@ -467,7 +512,7 @@ double ac_dnas_expected_metric(const ac_dnas_gates *g, const ac_search_problem *
     int L = g->L;
     ac_carch c;
     if (ac_carch_from_arch(b, &c, NULL)) return NAN;
-    double *buf = calloc((EXPECT_FLOATS + 6) * L + 4, sizeof(double));
+    double *buf = calloc((EXPECT_FLOATS + 7) * L + 4, sizeof(double));
     if (!buf) {
         ac_carch_free(&c);
         return NAN;
@@ -498,6 +543,7 @@ json_t *ac_dnas_expected_arch_json(const ac_dnas_gates *g, const ac_arch *b) {
         json_t *o = json_pack("{s:f,s:f,s:f,s:f,s:f}", "kv_heads", x.pa[l] * x.kv[l], "heads", x.pa[l] * heads, "ffn",
                               x.pm[l] * x.ffn[l], "attn_keep", x.pa[l], "ffn_keep", x.pm[l]);
         if (bl->n_experts) json_object_set_new(o, "experts", json_real(x.ex[l]));
+        if (bl->n_experts) json_object_set_new(o, "expert_ffn", json_real(x.ew[l]));
         json_array_append_new(layers, o);
     }
     json_t *o = json_pack("{s:f,s:o}", "hidden", x.hidden, "layers", layers);
@@ -701,6 +747,15 @@ static void discrete_arch(const ac_dnas_gates *g, const ac_search_problem *p, co
             int k = (int)lround(ex / nmoe);
             a->layers[l].n_experts = k < b->top_k ? b->top_k : k > b->layers[l].n_experts ? b->layers[l].n_experts : k;
         }
+    double ew = 0; /* one expert width: the mean kept share, on each layer's group grid */
+    int nw = 0;
+    for (int l = 0; l < L; l++)
+        if (g->nxg[l]) ew += x->ew[l] / b->layers[l].expert_ffn, nw++;
+    for (int l = 0; nw && l < L; l++)
+        if (g->nxg[l]) {
+            int Fe = b->layers[l].expert_ffn, m = g->xfm[l], w = (int)lround(ew / nw * Fe / m) * m;
+            a->layers[l].expert_ffn = w < m ? m : w > Fe ? Fe : w;
+        }
     if (g->gate_hid) {
         int h = (int)lround(x->hidden / g->hm) * g->hm;
         a->hidden = h < g->hm ? g->hm : h > b->hidden ? b->hidden : h;
@@ -735,10 +790,25 @@ int ac_dnas_orders(const ac_dnas_gates *g, const ac_importance *imp, const ac_ar
     }
     if (!rc && g->gate_hid) rc = order_blocks(imp->hid_order, g->H, g->hm, g->la + g->hid_off, orders->hid_order);
     for (int l = 0; l < g->L && !rc; l++) { /* experts by gate score (every MoE layer has an order row then) */
-        if (!g->nex[l]) continue;
+        if (!g->nex[l] && !g->nxg[l]) continue;
         if (!orders->expert_order) rc = experts_copy(orders, NULL, b);
-        if (!rc && !orders->expert_order[l]) rc = !(orders->expert_order[l] = malloc(sizeof(int) * g->nex[l]));
-        if (!rc) rank_by(g->la + g->ex_off[l], g->nex[l], orders->expert_order[l]);
+        if (!rc && g->nex[l] && !orders->expert_order[l])
+            rc = !(orders->expert_order[l] = malloc(sizeof(int) * g->nex[l]));
+        if (!rc && g->nex[l]) rank_by(g->la + g->ex_off[l], g->nex[l], orders->expert_order[l]);
+        int E = b->layers[l].n_experts, Fe = b->layers[l].expert_ffn;
+        if (rc || !g->nxg[l]) continue;
+        /* expert width: each expert's rank blocks by gate score (every expert alike), each block in its own order */
+        int *base = malloc(sizeof(int) * ((size_t)E * Fe + 1));
+        if (!orders->echan_order && !(orders->echan_order = calloc(g->L, sizeof(int *)))) rc = -1;
+        if (!rc && !orders->echan_order[l] && !(orders->echan_order[l] = malloc(sizeof(int) * ((size_t)E * Fe + 1))))
+            rc = -1;
+        for (int x = 0; !rc && base && x < E; x++)
+            for (int r = 0; r < Fe; r++) base[(size_t)x * Fe + r] = echan_at(imp, l, x, Fe, r);
+        for (int x = 0; !rc && base && x < E; x++)
+            rc = order_blocks(base + (size_t)x * Fe, Fe, g->xfm[l], g->la + g->xg_off[l],
+                              orders->echan_order[l] + (size_t)x * Fe);
+        rc |= !base;
+        free(base);
     }
     if (rc) {
         ac_importance_free(orders);
@@ -834,6 +904,8 @@ static void init_from_arch(ac_dnas_gates *g, const ac_arch *b, const ac_arch *a,
             g->la[g->ex_off[l] + k] = k < al->n_experts ? on : off;
         for (int k = 0; k < g->nex[l] && imp->expert_order && imp->expert_order[l]; k++)
             g->la[g->ex_off[l] + imp->expert_order[l][k]] = k < al->n_experts ? on : off;
+        for (int j = 0; j < g->nxg[l]; j++) /* the surrogate's expert width (its best channels) */
+            g->la[g->xg_off[l] + j] = j * g->xfm[l] < al->expert_ffn ? on : off;
         int kf = (al->ffn + g->fm / 2) / g->fm;
         for (int j = 0; j < g->nfg[l]; j++) g->la[g->ffn_off[l] + j] = j < kf || al->ffn == bl->ffn ? on : off;
         if (g->gate_depth) {

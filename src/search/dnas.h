@@ -37,6 +37,13 @@
  *              targets hold one expert count for the model, so the
  *              discrete count is the mean over the MoE layers (at least
  *              top_k), each layer keeping its highest-scored experts;
+ *   xw[l][j]   a group of xfm[l] channels of every expert of an MoE layer
+ *              (with ex; about 16 groups: xfm = round(expert_ffn / 16)):
+ *              group j holds, in each expert e, the channels at ranks
+ *              j*xfm .. of e's own ranking (imp->echan_order), through
+ *              train.h's expert channel gates; one width for the model
+ *              (the targets hold one moe_intermediate_size), the mean over
+ *              the MoE layers' expected widths on the group grid;
  *   attn[l], mlp[l]  the attention / FFN sub-block (depth); on the
  *              uniform llama target one gate per layer serves both (the
  *              whole layer kept or dropped, as Minitron's depth axis; the
@@ -101,6 +108,7 @@ typedef struct {
     int *nmc, *mc_off; /* [L] deci: merge choices per layer (0: none), offset of their logits */
     int *mkv;          /* [np] the KV count of a merge-choice logit, 0 for every other log_alpha */
     int *nex, *ex_off; /* [L] expert gates per layer (0: none), offset of their log_alphas */
+    int *nxg, *xg_off, *xfm; /* [L] expert-width groups per layer (0: none), their offset, channels per group */
 } ac_dnas_gates;
 
 int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *base, const ac_search_opts *so, ac_err *e);

@@ -343,9 +343,9 @@ int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *
         /* Model-Optimizer's num_moe_experts: divisor 1 (its GPT default), a width axis; never below top_k */
         axis_init(&ax[4], "num_moe_experts", experts, 1, AC_MINITRON_MAX_WIDTH_PRUNING, p->opts.prune_experts) ||
         /* its moe_ffn_hidden_size: every expert's width, on the FFN's divisor rule (ffn_hidden_size_divisor),
-         * each expert's channels ranked on their own (imp->echan_order); searched with the experts */
+         * each expert's channels ranked on their own (imp->echan_order); searched with search.prune_expert_ffn */
         axis_init(&ax[5], "moe_ffn_hidden_size", effn, effn ? ac_minitron_divisor(effn) : 1,
-                  AC_MINITRON_MAX_WIDTH_PRUNING, p->opts.prune_experts)) {
+                  AC_MINITRON_MAX_WIDTH_PRUNING, p->opts.prune_expert_ffn)) {
         rc = ac_errf(e, "out of memory");
         goto out;
     }
