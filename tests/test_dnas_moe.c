@@ -36,6 +36,7 @@
 #include "search/dnas.h"
 #include "search/minitron.h"
 #include "search/slice.h"
+#include "search/topk.h"
 
 static char fx[1024];
 
@@ -570,6 +571,68 @@ static void test_minitron_expert_width(void) {
     ac_search_result_free(&r);
 }
 
+/* Top-k as a global choice (search.min_top_k 1 on the top-2 fixture): the
+ * measured loss increase of routing to 1 expert equals the mean
+ * next-token cross-entropy difference computed independently (the trainer's
+ * forward on the same windows); the job's search runs at k = 2 and 1 and
+ * keeps the feasible result with the least search prediction + increase. */
+static void test_top_k_choice(void) {
+    if (!setup()) SKIP("no fixture qwen3moe_mixed_bf16 (make fixtures)");
+    problem_t P;
+    ac_err e;
+    make_problem(&P, 3);
+    P.p.calib_ids = IDS;
+    P.p.n_calib = NIDS;
+    P.p.ctx = 32;
+    double dl;
+    CHECK(ac_top_k_loss_increase(&P.p, &M, 1, &dl, &e) == 0, "%s", e.msg);
+    int nw = 16, T = 32, *tgt = malloc(sizeof(int) * nw * T);
+    const int *tok = IDS + NIDS - (size_t)nw * T;
+    ac_next_token_targets(tgt, tok, nw, T);
+    double ce[2];
+    for (int k = 0; k < 2; k++) {
+        ac_model v = M;
+        v.a.top_k = k ? 1 : M.a.top_k;
+        ac_trainer t;
+        CHECK(ac_trainer_init_frozen(&t, &v, nw, T, &e) == 0, "%s", e.msg);
+        CHECK(ac_train_forward(&t, tok, nw, T, &e) == 0, "%s", e.msg);
+        ac_train_loss(&t, tgt, NULL, 1.0f, 0.0f, 1.0f, &ce[k], NULL);
+        ac_trainer_free(&t);
+    }
+    free(tgt);
+    printf("   top_k 2 -> 1: loss increase %.6f (independent cross-entropy difference %.6f)\n", dl, ce[1] - ce[0]);
+    CHECK(dl > 0 && fabs(dl - (ce[1] - ce[0])) <= 1e-5, "loss increase %.6g vs %.6g", dl, ce[1] - ce[0]);
+    ac_search_opts so = P.p.opts;
+    so.method = AC_SEARCH_SURROGATE;
+    so.min_top_k = 1;
+    ac_search_result r;
+    ac_importance ord;
+    CHECK(ac_dnas_job_search(&P.p, &M, &so, IDS, NIDS, &r, &ord, &e) == 0, "%s", e.msg);
+    json_t *ch = json_object_get(r.detail, "top_k_choices");
+    size_t i;
+    json_t *c;
+    int want = 0, nf = 0;
+    double best = INFINITY;
+    json_array_foreach(ch, i, c) {
+        int f = json_is_true(json_object_get(c, "feasible"));
+        double sc = json_number_value(json_object_get(c, "score"));
+        printf("   top_k %lld: search prediction %.5f + increase %.5f = %.5f, feasible %d\n",
+               json_integer_value(json_object_get(c, "top_k")),
+               json_number_value(json_object_get(c, "search_pred_loss")),
+               json_number_value(json_object_get(c, "loss_increase")), sc, f);
+        if (f && sc < best) best = sc, want = (int)json_integer_value(json_object_get(c, "top_k"));
+        nf += f;
+    }
+    CHECK(json_array_size(ch) == 2 && nf > 0, "top_k choices: %zu, %d feasible", json_array_size(ch), nf);
+    CHECK(r.arch.top_k == want && r.feasible, "chose top_k %d, the rule says %d", r.arch.top_k, want);
+    ac_model pm;
+    CHECK(ac_prune(&M, &r.arch, &IMP, &pm, &e) == 0, "prune: %s", e.msg);
+    CHECK(pm.a.top_k == want, "the student routes to %d experts", pm.a.top_k);
+    ac_model_free(&pm);
+    ac_search_result_free(&r);
+    ac_importance_free(&ord);
+}
+
 int main(void) {
     ac_set_threads(2);
     RUN(test_gates_equal_pruned_qwen3moe);
@@ -578,6 +641,7 @@ int main(void) {
     RUN(test_expert_cost_gradient);
     RUN(test_dnas_cuts_expert_width);
     RUN(test_minitron_expert_width);
+    RUN(test_top_k_choice);
     if (HAVE > 0) {
         ac_importance_free(&IMP);
         ac_model_free(&M);

@@ -6,12 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/cuda_plugin.h"
+#include "core/tensor.h"
 #include "cost/device.h"
+#include "runtime/cuda_plugin.h"
 #include "runtime/optim.h"
 #include "runtime/rope.h"
 #include "search/slice.h"
-#include "core/tensor.h"
+#include "search/topk.h"
 
 #define HC_BETA (2.0 / 3.0)
 #define HC_GAMMA (-0.1)
@@ -1387,8 +1388,18 @@ int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size
 
 const char *ac_dnas_method(ac_search_method m) { return m == AC_SEARCH_SURROGATE ? "surrogate" : "dnas"; }
 
-int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const ac_search_opts *so, const int *ids, size_t n,
-                       ac_search_result *r, ac_importance *orders, ac_err *e) {
+typedef struct {
+    const ac_search_opts *so;
+    const int *ids;
+    size_t n;
+} job_args;
+
+static int job_search_one(const ac_search_problem *p, ac_model *m, void *ud, ac_search_result *r, ac_importance *orders,
+                          ac_err *e) {
+    const job_args *ja = ud;
+    const ac_search_opts *so = ja->so;
+    const int *ids = ja->ids;
+    size_t n = ja->n;
     memset(orders, 0, sizeof *orders);
     /* mixture-of-experts models: no expert gates in the trainer yet, so the
      * surrogate search (measured expert curves) runs (job.c says so) */
@@ -1402,4 +1413,12 @@ int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const ac_search_
     o.cotrain = so->cotrain;
     o.cuda = p->cuda; /* a local cuda target: the gates train on its GPU */
     return ac_search_dnas(p, m, ids, n, &o, r, orders, e);
+}
+
+int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const ac_search_opts *so, const int *ids, size_t n,
+                       ac_search_result *r, ac_importance *orders, ac_err *e) {
+    job_args ja = {so, ids, n};
+    ac_search_problem q = *p; /* the top-k choices' loss passes read the calibration text */
+    if (!q.calib_ids) q.calib_ids = ids, q.n_calib = n;
+    return ac_search_top_k(&q, m, so->min_top_k, job_search_one, &ja, r, orders, e);
 }

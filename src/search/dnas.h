@@ -182,7 +182,8 @@ const char *ac_dnas_method(ac_search_method m);
 /* The job's search stage for method autocompress: so->method AC_SEARCH_DNAS
  * (with so->dnas_steps, dnas_lr, dnas_batch, dnas_seq_len, cotrain) or
  * AC_SEARCH_SURROGATE (ac_search_autocompress; orders stays empty,
- * n_layers 0: prune with the importance orders). */
+ * n_layers 0: prune with the importance orders); once per top-k choice
+ * with so->min_top_k (topk.h). */
 int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const ac_search_opts *so, const int *ids, size_t n,
                        ac_search_result *r, ac_importance *orders, ac_err *e);
 
