@@ -75,6 +75,11 @@ int ac_search_top_k(const ac_search_problem *p, ac_model *m, int min_top_k, ac_t
         memset(orders, 0, sizeof *orders);
         return rc;
     }
+    if (p->emit) { /* the job's events show the choices */
+        json_t *ev = json_pack("{s:s,s:i,s:O}", "phase", "top_k", "chosen", r->arch.top_k, "choices", choices);
+        p->emit(p->ud, ev);
+        json_decref(ev);
+    }
     if (!r->detail) r->detail = json_object();
     json_object_set_new(r->detail, "top_k_choices", choices);
     return 0;

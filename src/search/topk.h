@@ -12,7 +12,8 @@
  * has no top-k hyper-parameter.
  *
  * Ownership: r and orders as the per-choice search gives them (the
- * losers are freed); r->detail gains "top_k_choices".
+ * losers are freed); r->detail gains "top_k_choices", and p->emit gets
+ * one event {"phase": "top_k", "chosen", "choices"}.
  */
 #ifndef AC_TOPK_H
 #define AC_TOPK_H
