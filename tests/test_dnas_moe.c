@@ -276,7 +276,10 @@ static void make_problem(problem_t *P, int keep) {
                                         .ffn_multiple = 32,
                                         .hidden_multiple = 16,
                                         .prune_experts = 1,
-                                        .target = AC_EXPORT_LLAMA}};
+                                        .target = AC_EXPORT_LLAMA},
+                               .calib_ids = IDS, /* (Minitron's scoring and the top-k loss passes) */
+                               .n_calib = NIDS,
+                               .ctx = 32};
     ac_arch a;
     ac_arch_copy(&a, &M.a, &e);
     for (int l = 0; l < a.n_layers; l++)
@@ -507,9 +510,6 @@ static void test_minitron_expert_width(void) {
     ac_err e;
     make_problem(&P, 3);
     P.p.model = &M;
-    P.p.calib_ids = IDS;
-    P.p.n_calib = NIDS;
-    P.p.ctx = 32;
     P.p.opts.prune_expert_ffn = 1;
     ac_arch a;
     ac_arch_copy(&a, &M.a, &e);
@@ -581,9 +581,6 @@ static void test_top_k_choice(void) {
     problem_t P;
     ac_err e;
     make_problem(&P, 3);
-    P.p.calib_ids = IDS;
-    P.p.n_calib = NIDS;
-    P.p.ctx = 32;
     double dl;
     CHECK(ac_top_k_loss_increase(&P.p, &M, 1, &dl, &e) == 0, "%s", e.msg);
     int nw = 16, T = 32, *tgt = malloc(sizeof(int) * nw * T);
