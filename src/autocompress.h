@@ -48,7 +48,7 @@
 #include "cost/quiet.h"
 #include "cost/target.h"
 
-/* search: statistics, importance, slicing, Minitron, DNAS, the architecture search */
+/* search: statistics, importance, slicing, Minitron, DNAS, the architecture search, top-k choices */
 #include "search/constraints.h"
 #include "search/dnas.h"
 #include "search/importance.h"
@@ -57,6 +57,7 @@
 #include "search/slice.h"
 #include "search/stats.h"
 #include "search/stream.h"
+#include "search/topk.h"
 
 /* compress: pruning with repair, distillation */
 #include "compress/distill.h"

@@ -8,6 +8,10 @@ tests/ref_train.py's gated forward:
   ce: all gates 1, next-token cross-entropy;
   kd: random gates in [0.5, 1.5], random teacher logits, loss =
       0.7 * tau^2 KL(teacher || student) + 0.3 * CE with tau = 2.
+      Mixture-of-experts layers (not nemotron_h's) also get expert gates
+      on the router (1 in ce; random in kd, with the last expert of the
+      first MoE layer at exactly 0: removed, the routing renormalised over
+      the others) and expert channel gates.
 Written to grad/<model>_<case>.json (loss, index) + .bin (float32: the
 inputs (gates, teacher logits) then the gradient of every weight and gate).
 
@@ -63,15 +67,24 @@ def grad_case(out, name, case, seed):
     c = CASES[case]
     g = torch.Generator().manual_seed(seed)
     G = (M if hybrid else RT).ones_gates(arch)
+    moe = not hybrid and any(x.get("experts") for x in arch["layers"])
+    if moe:  # expert and expert-channel gates (empty on dense layers)
+        G["expert"] = [torch.ones(x.get("experts", 0), dtype=torch.float64) for x in arch["layers"]]
+        G["echan"] = [torch.ones(x.get("experts", 0) * x.get("expert_ffn", 0), dtype=torch.float64)
+                      for x in arch["layers"]]
     blob = Blob()
     teacher = None
     if c["gates"]:
         def rnd(n):
             return (0.5 + torch.rand(n, generator=g)).float().double()  # float32-representable
         G = {"head": [rnd(len(x)) for x in G["head"]], "ffn": [rnd(len(x)) for x in G["ffn"]], "hidden": rnd(arch["hidden"]),
-             "attn": rnd(len(arch["layers"])), "mlp": rnd(len(arch["layers"]))}
+             "attn": rnd(len(arch["layers"])), "mlp": rnd(len(arch["layers"])),
+             **({"expert": [rnd(len(x)) for x in G["expert"]], "echan": [rnd(len(x)) for x in G["echan"]]} if moe else {})}
+        first = next((x for x in G.get("expert", []) if len(x)), None)
+        if first is not None:
+            first[-1] = 0.0  # a removed expert
         teacher = (torch.randn(B, T, arch["vocab"], generator=g) * 3).float().double()
-    leaves = [G["hidden"], G["attn"], G["mlp"]] + G["head"] + G["ffn"]
+    leaves = [G["hidden"], G["attn"], G["mlp"]] + G["head"] + G["ffn"] + G.get("expert", []) + G.get("echan", [])
     for t in leaves:
         t.requires_grad_(True)
     # inputs first, so the C test can read them
@@ -81,6 +94,9 @@ def grad_case(out, name, case, seed):
     for l in range(len(arch["layers"])):
         blob.add(f"gate.head.{l}", G["head"][l])
         blob.add(f"gate.ffn.{l}", G["ffn"][l])
+        if moe:
+            blob.add(f"gate.expert.{l}", G["expert"][l])
+            blob.add(f"gate.echan.{l}", G["echan"][l])
     if teacher is not None:
         blob.add("teacher", teacher)
     inputs = dict(blob.index)
@@ -89,8 +105,8 @@ def grad_case(out, name, case, seed):
     loss, ce, kd = RT.losses(logits, toks, teacher, c["tau"], c["kd_weight"])
     loss.backward()
     for k, v in W.items():
-        if v.grad is None and (k.endswith("e_score_correction_bias") or ".experts." in k):
-            continue  # nemotron_h's router bias only chooses the experts, and an expert no row reached: no gradient
+        if (v.grad is None or not v.grad.any()) and (k.endswith("e_score_correction_bias") or ".experts." in k):
+            continue  # nemotron_h's router bias only chooses the experts, and an expert no row reached (or removed)
         blob.add(k, v.grad)
     blob.add("dgate.hidden", G["hidden"].grad)
     for k in ("attn", "mlp"):
@@ -99,6 +115,9 @@ def grad_case(out, name, case, seed):
     for l in range(len(arch["layers"])):
         blob.add(f"dgate.head.{l}", G["head"][l].grad, G["head"][l])
         blob.add(f"dgate.ffn.{l}", G["ffn"][l].grad, G["ffn"][l])
+        if moe:
+            blob.add(f"dgate.expert.{l}", G["expert"][l].grad, G["expert"][l])
+            blob.add(f"dgate.echan.{l}", G["echan"][l].grad, G["echan"][l])
     grads = blob.index
     blob.index = dict(inputs, **grads)
     os.makedirs(os.path.join(out, "grad"), exist_ok=True)
@@ -153,14 +172,17 @@ def optim_case(out, seed=7):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", nargs="*", help="these fixture models only (and no optimizer case)")
     a = ap.parse_args()
     torch.set_num_threads(2)
     for i, name in enumerate(["llama_gqa_bf16", "qwen2_tied_f16", "llama3_rope_f32", "mistral_sharded", "deci_hetero",
                               "qwen3_hd_bf16", "qwen3moe_mixed_bf16", "mixtral_f32", "nemotronh_bf16",
                               "nemotronh_moe_bf16", "nemotronh_latent_bf16"]):
         for j, case in enumerate(CASES):
-            grad_case(a.out, name, case, 100 + 10 * i + j)
-    optim_case(a.out)
+            if not a.only or name in a.only:
+                grad_case(a.out, name, case, 100 + 10 * i + j)
+    if not a.only:
+        optim_case(a.out)
     print("gradient fixtures written to", a.out)
 
 

@@ -10,6 +10,12 @@ Gates G (tensors, requires_grad where wanted):
                          norm averages over the gate mass, rms = sqrt(sum g x^2 / sum g + eps),
                          so gates in {0,1} are the RMSNorm of the kept channels
   G["attn"][l], G["mlp"][l]  scalars on each sub-block's output
+  G["expert"][l] [experts]  (optional; MoE layers) on each expert's softmax numerator in the
+                         router: p_e = z_e exp(s_e) / sum_j z_j exp(s_j), then HF's top-k and
+                         renormalisation on p, so z in {0,1} routes as the model whose
+                         experts at 0 are removed (its router's softmax over the others)
+  G["echan"][l] [experts * expert_ffn]  (optional) on expert e's silu(gate) * up channel c
+                         (at e * expert_ffn + c) before its down projection
 """
 import math
 
@@ -67,13 +73,33 @@ def forward_gated(arch, W, tokens, G):
             x = x + G["attn"][l] * Fn.linear(o, W[p + "self_attn.o_proj.weight"])
         if L.get("experts"):  # the MoE FFN (HF's sparse block), its residual add gated like the dense FFN's
             n = gated_rmsnorm(x, W[p + "post_attention_layernorm.weight"], G["hidden"], eps)
-            x = x + G["mlp"][l] * R.moe(arch, W, l, L, n)
+            ge = G.get("expert")
+            moe = moe_gated(arch, W, l, L, n, ge[l], G["echan"][l]) if ge and ge[l].numel() else R.moe(arch, W, l, L, n)
+            x = x + G["mlp"][l] * moe
         if L["ffn"]:
             n = gated_rmsnorm(x, W[p + "post_attention_layernorm.weight"], G["hidden"], eps)
             h = Fn.silu(Fn.linear(n, W[p + "mlp.gate_proj.weight"])) * Fn.linear(n, W[p + "mlp.up_proj.weight"])
             x = x + G["mlp"][l] * Fn.linear(h * G["ffn"][l], W[p + "mlp.down_proj.weight"])
     n = gated_rmsnorm(x, W["model.norm.weight"], G["hidden"], eps)
     return Fn.linear(n, W.get("lm_head.weight", W["model.embed_tokens.weight"]))
+
+
+def moe_gated(arch, W, l, L, n, z, gc):
+    """The MoE FFN with expert gates z [E] on the router's softmax numerators and channel gates gc [E*Fe]."""
+    rn, gn, un, dn = R.moe_names(arch, l)
+    s = n @ W[rn].T
+    num = z * torch.exp(s - s.max(-1, keepdim=True).values.detach())
+    p = num / num.sum(-1, keepdim=True)
+    topv, topi = torch.topk(p, arch["top_k"], dim=-1)
+    if arch["norm_topk"]:
+        topv = topv / topv.sum(-1, keepdim=True)
+    Fe = L["expert_ffn"]
+    out = torch.zeros_like(n)
+    for e in range(L["experts"]):
+        w = (topv * (topi == e)).sum(-1, keepdim=True)
+        h = Fn.silu(n @ W[gn.format(e)].T) * (n @ W[un.format(e)].T) * gc[e * Fe:(e + 1) * Fe]
+        out = out + w * (h @ W[dn.format(e)].T)
+    return out
 
 
 def losses(logits, tokens, teacher=None, tau=1.0, kd_weight=0.0):

@@ -165,6 +165,10 @@ def test_specs_refused_estimates_answered():
         # a dense model's spec may not name an MoE axis
         st, j = d.req("POST", "/v1/jobs", spec(search={"prune_experts": False}))
         assert st == 400 and j["error"]["field"] == "search.prune_experts", (st, j)
+        st, j = d.req("POST", "/v1/jobs", spec(search={"prune_expert_ffn": True}))
+        assert st == 400 and j["error"]["field"] == "search.prune_expert_ffn", (st, j)
+        st, j = d.req("POST", "/v1/jobs", spec(search={"min_top_k": 1}))
+        assert st == 400 and j["error"]["field"] == "search.min_top_k", (st, j)
         # a dense model's architecture may not name experts
         st, j = d.req("POST", "/v1/estimate", {"model": TINY, "target": {"device": "H100"}, "architecture": {
             "top_k": 1, "layers": [{"heads": 4, "kv_heads": 2, "ffn": 0, "experts": 2, "expert_ffn": 8}]}})

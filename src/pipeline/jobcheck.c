@@ -150,7 +150,7 @@ int ac_model_check_compressible(const ac_job_spec *s, const json_t *j, const cha
     ac_arch a;
     ac_err ignore;
     if (!s->model[0] || ac_arch_load(s->model, &a, &ignore)) return 0; /* fails later with its reason */
-    int moe = ac_arch_has_moe(&a), hybrid = ac_arch_is_hybrid(&a);
+    int moe = ac_arch_has_moe(&a), hybrid = ac_arch_is_hybrid(&a), top_k = a.top_k;
     ac_arch_free(&a);
     if (hybrid) {
         *field = "model";
@@ -171,6 +171,18 @@ int ac_model_check_compressible(const ac_job_spec *s, const json_t *j, const cha
     if (!moe && json_object_get(json_object_get(j, "search"), "prune_experts")) {
         *field = "search.prune_experts";
         return ac_errf(e, "search.prune_experts names a mixture-of-experts axis, and this model is dense");
+    }
+    if (!moe && json_object_get(json_object_get(j, "search"), "min_top_k")) {
+        *field = "search.min_top_k";
+        return ac_errf(e, "search.min_top_k names a mixture-of-experts axis, and this model is dense");
+    }
+    if (moe && s->search.min_top_k > top_k) {
+        *field = "search.min_top_k";
+        return ac_errf(e, "search.min_top_k %d is more than the model's top_k %d", s->search.min_top_k, top_k);
+    }
+    if (!moe && json_object_get(json_object_get(j, "search"), "prune_expert_ffn")) {
+        *field = "search.prune_expert_ffn";
+        return ac_errf(e, "search.prune_expert_ffn names a mixture-of-experts axis, and this model is dense");
     }
     return 0;
 }

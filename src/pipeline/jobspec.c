@@ -134,9 +134,19 @@ static const ac_field SEARCH[] = {
         "FFN width step; default: 256 for deci (the loaders' grid; other values must be multiples of it), else 32"),
     INT("hidden_multiple", ac_search_opts, hidden_multiple, 1, 4096, 16, 0, NULL),
     BOOL("prune_hidden", ac_search_opts, prune_hidden, 1, NULL),
-    BOOL("prune_experts", ac_search_opts, prune_experts, 1,
-         "mixture-of-experts models: whole experts may be removed (one count for every MoE layer); a dense model's spec "
-         "may not name it"),
+    BOOL(
+        "prune_experts", ac_search_opts, prune_experts, 1,
+        "mixture-of-experts models: whole experts may be removed (one count for every MoE layer); a dense model's spec "
+        "may not name it"),
+    BOOL("prune_expert_ffn", ac_search_opts, prune_expert_ffn, 0,
+         "mixture-of-experts models: every expert's width may be cut (one width for every MoE layer, each expert "
+         "keeping its own best channels; Minitron's moe_ffn_hidden_size axis and dnas's expert-width gates; the "
+         "surrogate search keeps the width); a dense model's spec may not name it"),
+    INT("min_top_k", ac_search_opts, min_top_k, 0, 1 << 16, 0, 0,
+        "mixture-of-experts models: top-k (experts per token, one for the model) searched from this to the model's: "
+        "the autocompress arm searches at each and keeps the feasible result with the least predicted loss (its "
+        "search's prediction plus the measured loss of routing to fewer experts); Minitron keeps the model's; 0: the "
+        "model's top-k; a dense model's spec may not name it"),
     BOOL("gguf", ac_search_opts, gguf, 0, "with export_target llama: also write the uniform result as model.gguf"),
     ENUM("method", ac_search_opts, method, SMETHODS, AC_SEARCH_DNAS, 0,
          "dnas: hard-concrete gates trained through the network with the distillation loss and the expected-cost "

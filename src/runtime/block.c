@@ -306,14 +306,22 @@ size_t ac_block_moe_work_floats(const ac_arch *a, size_t N) {
 }
 
 void ac_moe_route(float *r, float *p, int N, int E, int k, int norm, int *order) {
+    ac_moe_route_gated(r, p, NULL, N, E, k, norm, order);
+}
+
+void ac_moe_route_gated(float *r, float *p, const float *z, int N, int E, int k, int norm, int *order) {
     for (int i = 0; i < N; i++) {
         float *q = r + (size_t)i * E;
-        double mx = q[0], sum = 0, kept = 0;
-        for (int x = 1; x < E; x++) mx = q[x] > mx ? q[x] : mx;
-        for (int x = 0; x < E; x++) sum += exp((double)q[x] - mx);
+        double mx = -INFINITY, sum = 0, kept = 0;
+        for (int x = 0; x < E; x++)
+            if ((!z || z[x] > 0) && q[x] > mx) mx = q[x];
+        for (int x = 0; x < E; x++)
+            if (!z || z[x] > 0) sum += (z ? z[x] : 1.0) * exp((double)q[x] - mx);
         for (int x = 0; x < E; x++) {
-            q[x] = (float)(exp((double)q[x] - mx) / sum);
-            if (p) p[(size_t)i * E + x] = q[x];
+            /* a gated-off expert's p too (its gate's gradient reads it): bounded where its logit is far above the rest */
+            double w = sum > 0 ? exp(fmin((double)q[x] - mx, 80.0)) / sum : 0;
+            q[x] = z && !(z[x] > 0) ? 0.0f : (float)((z ? z[x] : 1.0) * w);
+            if (p) p[(size_t)i * E + x] = (float)w;
             order[x] = x;
         }
         for (int j = 0; j < k; j++) { /* selection: order[j] = the best of order[j..E) */

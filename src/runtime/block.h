@@ -188,6 +188,15 @@ size_t ac_block_ssm_work_floats(const ac_arch *a, size_t N);
  * their sum when norm, every other entry 0. p (NULL: not wanted) receives
  * the softmax of every expert. order: E ints of scratch. */
 void ac_moe_route(float *r, float *p, int N, int E, int k, int norm, int *order);
+/* The same with expert gates z[E] (NULL: all 1; the differentiable
+ * search's relaxation of removing experts, block_grad.h): each expert's
+ * softmax numerator is multiplied by z[e], so z in {0,1} is exactly the
+ * routing of the model without the experts at 0 (a softmax and top-k over
+ * the kept ones, as ac_prune's router rows and the engine's -inf masks
+ * give); a row whose gates are all 0 routes to nothing (all 0). p then
+ * receives exp(logit - max) / sum_e z[e] exp(logit_e - max), so the
+ * expert's probability is z[e] p[e] (with z NULL: the softmax). */
+void ac_moe_route_gated(float *r, float *p, const float *z, int N, int E, int k, int norm, int *order);
 /* The sigmoid router of nemotron_h's MoE layers (Hugging Face
  * NemotronHMoE.route_tokens_to_experts with one expert group), in place:
  * each row of r[N][E] holds router logits; s = sigmoid(logit) in double;

@@ -97,6 +97,7 @@ static void experts(const ac_block_cpu *c, int l, float *x, const float *in, con
             ac_linear_w(g, xe, lw->eg[e], wdt, NULL, ne, H, Fe, 0, c->ws);
             ac_silu_mul(g, u, (long)ne * Fe);
         }
+        if (c->hooks && c->hooks->expert_act) c->hooks->expert_act(c->hooks->ud, l, e, g, ne, Fe);
         ac_linear_w(xe, g, lw->ed[e], wdt, NULL, ne, Fe, H, 0, c->ws);
         if (c->hooks && c->hooks->expert_out) c->hooks->expert_out(c->hooks->ud, l, e, c->rows, ne, r, E, xe, H);
         for (int j = 0; j < ne; j++) {

@@ -52,6 +52,9 @@ static int expert_fwd(const ac_block_grad *c, int l, int e, const float *xn, con
         ac_silu_mul(h, u, (long)ne * Fe);
     } else
         ac_relu2_fwd(h, u, (size_t)ne * Fe);
+    const float *gc = c->gate[AC_DIM_FE] ? c->gate[AC_DIM_FE] + (size_t)e * Fe : NULL; /* the channel gates */
+    for (size_t j = 0; gc && j < (size_t)ne; j++)
+        for (int ch = 0; ch < Fe; ch++) h[j * Fe + ch] *= gc[ch];
     ac_linear_w(y, h, c->w->ed[e], c->wdt, NULL, ne, Fe, H, 0, c->ws);
     return ne;
 }
@@ -70,6 +73,24 @@ static void experts_fwd(const ac_block_grad *c, int l, float *x, const float *xn
             for (int ch = 0; ch < H; ch++) xr[ch] += w * y[(size_t)j * H + ch];
         }
     }
+}
+
+/* Expert e's channel gates (gate[AC_DIM_FE] at e*Fe: h = act * gate
+ * before the down projection) in the backward: d gate += sum over its ne
+ * rows of dh * act (act recomputed from the projections g, u), then dh
+ * becomes the gradient at act. */
+static void channel_gates_bwd(ac_block_grad *c, int e, int ne, int Fe, const float *g, const float *u, float *dh) {
+    const float *gc = c->gate[AC_DIM_FE] ? c->gate[AC_DIM_FE] + (size_t)e * Fe : NULL;
+    float *dgc = c->dgate[AC_DIM_FE] ? c->dgate[AC_DIM_FE] + (size_t)e * Fe : NULL;
+    for (size_t j = 0; (gc || dgc) && j < (size_t)ne; j++)
+        for (int ch = 0; ch < Fe; ch++) {
+            size_t o = j * Fe + ch;
+            if (dgc) {
+                float act = c->w->eg[e] ? g[o] / (1.0f + expf(-g[o])) * u[o] : (u[o] > 0 ? u[o] * u[o] : 0.0f);
+                dgc[ch] += dh[o] * act;
+            }
+            if (gc) dh[o] *= gc[ch];
+        }
 }
 
 /* The backward of x += alpha * sum_e r[:,e] * expert_e(xn) (H the
@@ -104,6 +125,7 @@ static void experts_bwd(ac_block_grad *c, int l, int s, const float *dx, const f
         ac_linear_dx_w(dh, y, c->w->ed[e], c->wdt, ne, Fe, H, 1.0f, 0, c->wtile, c->wtile_rows); /* dh = dy Wd */
         if (c->gw && c->gw->ed) /* dWd[H][Fe] += dy^T h */
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, Fe, ne, 1.0f, y, H, h, Fe, 1.0f, c->gw->ed[e], Fe);
+        channel_gates_bwd(c, e, ne, Fe, g, u, dh);
         if (!c->w->eg[e]) { /* relu(u)^2 (nemotron_h): du = dh * 2 relu(u) */
             ac_relu2_bwd(du, dh, u, (size_t)ne * Fe);
             ac_linear_dx_w(dxe, du, c->w->eu[e], c->wdt, ne, H, Fe, 1.0f, 0, c->wtile, c->wtile_rows);
@@ -142,16 +164,20 @@ static void route_bwd(ac_block_grad *c, int l, const float *p, const float *r, f
             d[x] = (float)(ds * pi[x] * (1 - pi[x])); /* sigmoid */
         }
     }
+    /* softmax, with expert gates z (ac_moe_route_gated): q = z p the experts' probabilities; d z += p (dq - pd) */
+    const float *z = c->gate[AC_DIM_E];
+    float *dz = c->dgate[AC_DIM_E];
     for (int i = 0; !a->router_sigmoid && i < N; i++) {
         const float *pi = p + (size_t)i * E, *ri = r + (size_t)i * E;
         float *d = dr + (size_t)i * E;
         double S = 0, rd = 0, pd = 0;
         for (int x = 0; x < E; x++)
-            if (ri[x] != 0) S += pi[x], rd += (double)d[x] * ri[x];
-        for (int x = 0; x < E; x++) /* d p over the routed experts (through the renormalisation) */
+            if (ri[x] != 0) S += (z ? z[x] : 1.0f) * pi[x], rd += (double)d[x] * ri[x];
+        for (int x = 0; x < E; x++) /* d q over the routed experts (through the renormalisation) */
             d[x] = ri[x] == 0 ? 0.0f : a->norm_topk ? (float)((d[x] - rd) / S) : d[x];
-        for (int x = 0; x < E; x++) pd += (double)d[x] * pi[x];
-        for (int x = 0; x < E; x++) d[x] = (float)(pi[x] * (d[x] - pd)); /* softmax */
+        for (int x = 0; x < E; x++) pd += (double)d[x] * (z ? z[x] : 1.0f) * pi[x];
+        for (int x = 0; dz && x < E; x++) dz[x] += (float)(pi[x] * (d[x] - pd));
+        for (int x = 0; x < E; x++) d[x] = (float)((z ? z[x] : 1.0f) * pi[x] * (d[x] - pd)); /* softmax */
     }
     ac_linear_dx_w(dxn, dr, c->w->router, c->wdt, N, H, E, 1.0f, 1, c->wtile, c->wtile_rows);
     if (c->gw && c->gw->router) /* dWr[E][H] += dlogits^T xn */
@@ -278,7 +304,7 @@ static float *sub_walk(ac_block_grad *c, int l, int sb, float *x, float **tp, fl
                     ac_moe_route_sigmoid(r, c->w->router_bias, N, E, a->top_k, a->norm_topk, a->routed_scale,
                                          c->rows);
                 } else
-                    ac_moe_route(r, p, N, E, a->top_k, a->norm_topk, c->rows);
+                    ac_moe_route_gated(r, p, c->gate[AC_DIM_E], N, E, a->top_k, a->norm_topk, c->rows);
             }
             w->xhat[i] = p; /* (the walk's norm fields hold the route's softmax and weights) */
             w->r[i] = r;

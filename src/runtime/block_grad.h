@@ -17,6 +17,12 @@
  * renormalisation of the top-k; the selection itself is piecewise
  * constant) and EXPERTS (each expert's SwiGLU on its rows, the routing
  * weights), with the gradients of the router and of every expert.
+ * Its gates: gate[AC_DIM_E] [E] multiplies each expert's softmax numerator
+ * (ac_moe_route_gated: 0 is the expert removed, the softmax, top-k and
+ * renormalisation then over the others, as in the pruned model; softmax
+ * routers only, the sigmoid router ignores it); gate[AC_DIM_FE] [E][FE]
+ * (expert e's channels at e*FE) multiplies each expert's silu(gate) * up
+ * (relu(up)^2) channel before its down projection.
  *
  * Tape (per layer, ac_block_tape_floats in block.h): the outputs of LINEAR (not the
  * residual add) and ATTENTION ops as the forward leaves them (a ROPE

@@ -32,6 +32,8 @@ typedef struct {
      * y[n][H] before the weighting */
     void (*expert_out)(void *ud, int layer, int e, const int *rows, int n, const float *r, int E, const float *y,
                        int H);
+    /* MoE: the same expert's act[n][Fe], silu(gate) * up (relu(up)^2 in nemotron_h), before its down projection */
+    void (*expert_act)(void *ud, int layer, int e, const float *act, int n, int Fe);
     /* x_in, x_out[N][H]: the residual stream before and after the layer */
     void (*layer_io)(void *ud, int layer, const float *x_in, const float *x_out, int N, int H);
     /* after the last layer: N rows went through */

@@ -71,6 +71,13 @@ static size_t layout(ac_trainer *t, const ac_arch *a, int B, int T, float *base)
             TAKE(t->gate.ffn[l], L->ffn);
             TAKE(t->dgate.ffn[l], L->ffn);
         }
+        if (L->n_experts) {
+            size_t ne = L->n_experts, nc = ne * L->expert_ffn;
+            TAKE(t->gate.expert[l], ne);
+            TAKE(t->dgate.expert[l], ne);
+            TAKE(t->gate.echan[l], nc);
+            TAKE(t->dgate.echan[l], nc);
+        }
     }
     TAKE(t->xhf, N * H);
     TAKE(t->rf, N);
@@ -103,7 +110,8 @@ size_t ac_trainer_bytes_frozen(const ac_arch *a, int B, int T) {
 }
 
 void ac_trainer_free(ac_trainer *t) {
-    float ***ptrs[] = {&t->tape, &t->gate.head, &t->gate.ffn, &t->dgate.head, &t->dgate.ffn};
+    float ***ptrs[] = {&t->tape,        &t->gate.head,  &t->gate.ffn,     &t->dgate.head, &t->dgate.ffn,
+                       &t->gate.expert, &t->gate.echan, &t->dgate.expert, &t->dgate.echan};
     for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) free(*ptrs[i]);
     free(t->mem);
     free(t->tok);
@@ -131,7 +139,8 @@ static int trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, int fr
     t->max_B = max_B;
     t->max_T = max_T;
     int nl = a->n_layers;
-    float ***ptrs[] = {&t->tape, &t->gate.head, &t->gate.ffn, &t->dgate.head, &t->dgate.ffn};
+    float ***ptrs[] = {&t->tape,        &t->gate.head,  &t->gate.ffn,     &t->dgate.head, &t->dgate.ffn,
+                       &t->gate.expert, &t->gate.echan, &t->dgate.expert, &t->dgate.echan};
     int ok = 1;
     for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++)
         ok = ok && (*ptrs[i] = calloc(nl ? nl : 1, sizeof(float *)));
@@ -156,6 +165,8 @@ static int trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, int fr
     for (int l = 0; l < nl; l++) {
         for (int h = 0; h < a->layers[l].n_heads; h++) t->gate.head[l][h] = 1;
         for (int c = 0; c < a->layers[l].ffn; c++) t->gate.ffn[l][c] = 1;
+        for (int x = 0; x < a->layers[l].n_experts; x++) t->gate.expert[l][x] = 1;
+        for (int c = 0; c < a->layers[l].n_experts * a->layers[l].expert_ffn; c++) t->gate.echan[l][c] = 1;
         t->gate.attn[l] = t->gate.mlp[l] = 1;
     }
     for (int c = 0; c < a->hidden; c++) t->gate.hidden[c] = 1;
@@ -267,7 +278,9 @@ void ac_train_zero_grad(ac_trainer *t) {
             zero(w->post_norm, H);
             zero(w->router, E * H);
             size_t Hin = a->hybrid && a->moe_latent ? (size_t)a->moe_latent : H, Fs = a->hybrid ? (size_t)a->shared_ffn : 0;
-            for (size_t x = 0; x < E; x++) zero(w->eg[x], Fe * H), zero(w->eu[x], Fe * Hin), zero(w->ed[x], Hin * Fe);
+            for (size_t x = 0; x < E; x++) /* (a frozen trainer's arrays are NULL: no expert gradient) */
+                zero(w->eg ? w->eg[x] : NULL, Fe * H), zero(w->eu ? w->eu[x] : NULL, Fe * Hin),
+                    zero(w->ed ? w->ed[x] : NULL, Hin * Fe);
             zero(w->sh_u, Fs * H), zero(w->sh_d, H * Fs); /* nemotron_h: the shared expert, LatentMoE's projections */
             zero(w->lat_down, w->lat_down ? Hin * H : 0), zero(w->lat_up, w->lat_up ? H * Hin : 0);
         }
@@ -282,6 +295,8 @@ void ac_train_zero_grad(ac_trainer *t) {
         }
         zero(t->dgate.head[l], L->n_heads);
         zero(t->dgate.ffn[l], F);
+        zero(t->dgate.expert[l], L->n_experts);
+        zero(t->dgate.echan[l], (size_t)L->n_experts * L->expert_ffn);
         t->dgate.attn[l] = t->dgate.mlp[l] = 0;
     }
 }
@@ -316,6 +331,10 @@ static ac_block_grad layer_exec(ac_trainer *t, int l, const ac_layer_w *w, float
     c.dgate[AC_DIM_Q] = t->dgate.head[l];
     c.dgate[AC_DIM_F] = t->dgate.ffn[l];
     c.dgate[AC_DIM_H] = t->dgate.hidden;
+    c.gate[AC_DIM_E] = t->gate.expert[l];
+    c.gate[AC_DIM_FE] = t->gate.echan[l];
+    c.dgate[AC_DIM_E] = t->dgate.expert[l];
+    c.dgate[AC_DIM_FE] = t->dgate.echan[l];
     for (int i = 0; i < AC_BLOCK_MAX_SUB; i++) sub[i] = i == 0 ? t->gate.attn[l] : i == 1 ? t->gate.mlp[l] : 1.0f;
     return c;
 }

@@ -16,7 +16,13 @@
  *               post-attention and final norm), the activations hidden-
  *               channel importance is measured on;
  *   attn[l], mlp[l]  multiply the attention / FFN sub-block output before
- *               it is added to the residual stream.
+ *               it is added to the residual stream (mlp[l]: the MoE sub-block
+ *               of a mixture-of-experts layer);
+ *   expert[l][e] multiplies expert e's softmax numerator in the router
+ *               (block_grad.h: 0 is the expert removed, with the routing
+ *               renormalised over the others as in the pruned model);
+ *   echan[l][e*Fe + c]  multiplies channel c of expert e (silu(gate) * up)
+ *               before its down projection.
  *
  * Memory (llm.c's rule): ac_trainer_init makes one allocation for every
  * activation, scratch buffer and gate (ac_trainer_bytes says how much, see
@@ -50,6 +56,8 @@ typedef struct {
     float *hidden; /* [H] */
     float *attn;   /* [l] */
     float *mlp;    /* [l] */
+    float **expert; /* [l][n_experts] (NULL without experts; may be NULL as a whole, e.g. the CUDA trainer's) */
+    float **echan;  /* [l][n_experts * expert_ffn]: expert e's channels at e * expert_ffn */
 } ac_gates;
 
 typedef struct {

@@ -6,12 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/cuda_plugin.h"
+#include "core/tensor.h"
 #include "cost/device.h"
+#include "runtime/cuda_plugin.h"
 #include "runtime/optim.h"
 #include "runtime/rope.h"
 #include "search/slice.h"
-#include "core/tensor.h"
+#include "search/topk.h"
 
 #define HC_BETA (2.0 / 3.0)
 #define HC_GAMMA (-0.1)
@@ -72,7 +73,13 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
     g->kv_on = calloc(L, sizeof(double));
     g->nmc = calloc(L, sizeof(int));
     g->mc_off = calloc(L, sizeof(int));
-    if (!g->nkv || !g->nfg || !g->kv_off || !g->ffn_off || !g->kv_on || !g->nmc || !g->mc_off) {
+    g->nex = calloc(L, sizeof(int));
+    g->ex_off = calloc(L, sizeof(int));
+    g->nxg = calloc(L, sizeof(int));
+    g->xg_off = calloc(L, sizeof(int));
+    g->xfm = calloc(L, sizeof(int));
+    if (!g->nkv || !g->nfg || !g->kv_off || !g->ffn_off || !g->kv_on || !g->nmc || !g->mc_off || !g->nex ||
+        !g->ex_off || !g->nxg || !g->xg_off || !g->xfm) {
         ac_dnas_gates_free(g);
         return ac_errf(e, "out of memory");
     }
@@ -102,6 +109,19 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
         g->mc_off[l] = n;
         n += g->nmc[l];
     }
+    for (int l = 0; l < L; l++) { /* experts (softmax routers: the sigmoid router has no expert gate) */
+        g->nex[l] = so->prune_experts && !b->router_sigmoid ? b->layers[l].n_experts : 0;
+        g->ex_off[l] = n;
+        n += g->nex[l];
+    }
+    for (int l = 0; l < L; l++) { /* expert width: about 16 groups of each expert's ranking */
+        int Fe = b->layers[l].expert_ffn;
+        g->xfm[l] = Fe >= 24 ? (Fe + 8) / 16 : 1;
+        g->nxg[l] =
+            so->prune_expert_ffn && !b->router_sigmoid && b->layers[l].n_experts ? (Fe + g->xfm[l] - 1) / g->xfm[l] : 0;
+        g->xg_off[l] = n;
+        n += g->nxg[l];
+    }
     g->np = n;
     g->la = calloc(n + 1, sizeof(double));
     g->mkv = calloc(n + 1, sizeof(int));
@@ -130,8 +150,18 @@ void ac_dnas_gates_free(ac_dnas_gates *g) {
     free(g->nmc);
     free(g->mc_off);
     free(g->mkv);
+    free(g->nex);
+    free(g->ex_off);
+    free(g->nxg);
+    free(g->xg_off);
+    free(g->xfm);
     free(g->la);
     memset(g, 0, sizeof *g);
+}
+
+/* The channel of expert x (of Fe) at rank r of its ranking (identity without one). */
+static int echan_at(const ac_importance *imp, int l, int x, int Fe, int r) {
+    return imp->echan_order && imp->echan_order[l] ? imp->echan_order[l][(size_t)x * Fe + r] : r;
 }
 
 void ac_dnas_set_gates(const ac_dnas_gates *g, const double *z, ac_gates *tg, const ac_arch *b,
@@ -143,6 +173,11 @@ void ac_dnas_set_gates(const ac_dnas_gates *g, const double *z, ac_gates *tg, co
                 tg->head[l][h] = g->nkv[l] ? (float)z[g->kv_off[l] + h / grp_of(bl)] : 1.0f;
         if (tg->ffn[l])
             for (int r = 0; r < bl->ffn; r++) tg->ffn[l][imp->ffn_order[l][r]] = (float)z[g->ffn_off[l] + r / g->fm];
+        for (int x = 0; tg->expert && tg->expert[l] && x < bl->n_experts; x++)
+            tg->expert[l][x] = g->nex[l] ? (float)z[g->ex_off[l] + x] : 1.0f;
+        for (int x = 0; g->nxg[l] && tg->echan && tg->echan[l] && x < bl->n_experts; x++)
+            for (int r = 0, Fe = bl->expert_ffn; r < Fe; r++)
+                tg->echan[l][x * Fe + echan_at(imp, l, x, Fe, r)] = (float)z[g->xg_off[l] + r / g->xfm[l]];
         tg->attn[l] = g->gate_depth && bl->n_heads ? (float)z[g->attn_off + l] : 1.0f;
         tg->mlp[l] = g->gate_depth && bl->ffn ? (float)z[g->mlp_off + l] : 1.0f;
     }
@@ -158,6 +193,10 @@ void ac_dnas_gate_grads_of(const ac_dnas_gates *g, const ac_arch *b, const ac_ga
         for (int h = 0; g->nkv[l] && h < bl->n_heads; h++) /* a KV group's gate: the sum over its query heads */
             dz[g->kv_off[l] + h / grp_of(bl)] += dg->head[l][h];
         for (int r = 0; r < bl->ffn; r++) dz[g->ffn_off[l] + r / g->fm] += dg->ffn[l][imp->ffn_order[l][r]];
+        for (int x = 0; x < g->nex[l]; x++) dz[g->ex_off[l] + x] = dg->expert[l][x];
+        for (int x = 0; g->nxg[l] && x < bl->n_experts; x++)
+            for (int r = 0, Fe = bl->expert_ffn; r < Fe; r++)
+                dz[g->xg_off[l] + r / g->xfm[l]] += dg->echan[l][x * Fe + echan_at(imp, l, x, Fe, r)];
         if (g->gate_depth && bl->n_heads) dz[g->attn_off + l] = dg->attn[l];
         if (g->gate_depth && bl->ffn) dz[g->mlp_off + l] += dg->mlp[l]; /* tied: the layer's gate gets both */
     }
@@ -274,8 +313,12 @@ static double merge_expect(const ac_dnas_gates *g, int l, double *p) {
 
 typedef struct {
     double *kv, *ffn, *pa, *pm; /* [L] expected widths given kept; keep probabilities */
+    double *ex;                 /* [L] expected experts (gated MoE layers; else the base's count) */
+    double *ew;                 /* [L] expected expert width (else the base's) */
     double hidden;
 } expect_t;
+
+#define EXPECT_FLOATS 6 /* expect()'s doubles per layer */
 
 static void expect(const ac_dnas_gates *g, const ac_arch *b, double *buf, expect_t *x) {
     int L = g->L;
@@ -283,8 +326,16 @@ static void expect(const ac_dnas_gates *g, const ac_arch *b, double *buf, expect
     x->ffn = buf + L;
     x->pa = buf + 2 * L;
     x->pm = buf + 3 * L;
+    x->ex = buf + 4 * L;
+    x->ew = buf + 5 * L;
     for (int l = 0; l < L; l++) {
         const ac_layer_arch *bl = &b->layers[l];
+        x->ex[l] = bl->n_experts;
+        if (g->nex[l]) x->ex[l] = 0;
+        for (int k = 0; k < g->nex[l]; k++) x->ex[l] += ac_dnas_keep_prob(g->la[g->ex_off[l] + k]);
+        x->ew[l] = g->nxg[l] ? 0 : bl->expert_ffn;
+        for (int j = 0; j < g->nxg[l]; j++)
+            x->ew[l] += gsize(bl->expert_ffn, g->xfm[l], j) * ac_dnas_keep_prob(g->la[g->xg_off[l] + j]);
         double kv = g->kv_on[l], pc[64];
         if (g->nmc[l] && g->nmc[l] <= 64) kv = merge_expect(g, l, pc);
         if (g->nkv[l]) {
@@ -311,6 +362,8 @@ static void fill_carch(const ac_dnas_gates *g, const ac_arch *b, const expect_t 
         c->kv[l] = x->kv[l];
         c->heads[l] = g->gate_kv ? x->kv[l] * grp_of(bl) : bl->n_heads;
         c->ffn[l] = x->ffn[l];
+        if (c->experts && g->nex[l]) c->experts[l] = x->ex[l];
+        if (c->effn && g->nxg[l]) c->effn[l] = x->ew[l];
     }
     c->hidden = x->hidden;
 }
@@ -372,14 +425,16 @@ static double expected_value(const ac_search_problem *p, ac_metric m, ac_carch *
  * (the widest layer sets the activation memory, the cache share of the
  * weights is shared, throughput is a ratio). Returns -1 out of memory. */
 static int width_grads(const ac_dnas_gates *g, const ac_search_problem *p, ac_metric m, ac_carch *c, const expect_t *x,
-                       const double *D, double *gh, double *gk, double *gf, double *ghid) {
+                       const double *D, double *gh, double *gk, double *gf, double *ge, double *ghid) {
     int L = g->L;
-    ac_cost_grad(p->table, c, p->workload, p->profile, m, gh, gk, gf, NULL);
-    double *xh = calloc(6 * L + 1, sizeof(double)), *xk = xh + L, *xf = xh + 2 * L, *g0 = xh + 3 * L, save[2];
+    ac_cost_grad_experts(p->table, c, p->workload, p->profile, m, gh, gk, gf, NULL, ge);
+    double *xh = calloc(8 * L + 1, sizeof(double)), *xk = xh + L, *xf = xh + 2 * L, *xe = xh + 3 * L, *g0 = xh + 4 * L,
+           save[2];
     if (!xh) return -1;
     memcpy(g0, gh, sizeof(double) * L);
     memcpy(g0 + L, gk, sizeof(double) * L);
     memcpy(g0 + 2 * L, gf, sizeof(double) * L);
+    memcpy(g0 + 3 * L, ge, sizeof(double) * L);
     double d0 = g->gate_hid ? hid_slope(p, c, m) : 0;
     *ghid = d0;
     for (int k = 0; k < L; k++)
@@ -387,7 +442,7 @@ static int width_grads(const ac_dnas_gates *g, const ac_search_problem *p, ac_me
             double pk = s ? x->pm[k] : x->pa[k];
             if (D[s * L + k] == 0 || pk >= 1) continue;
             block_off(c, k, s, save);
-            ac_cost_grad(p->table, c, p->workload, p->profile, m, xh, xk, xf, NULL);
+            ac_cost_grad_experts(p->table, c, p->workload, p->profile, m, xh, xk, xf, NULL, xe);
             if (s)
                 xf[k] = 0; /* a removed block's own width no longer counts */
             else
@@ -396,17 +451,28 @@ static int width_grads(const ac_dnas_gates *g, const ac_search_problem *p, ac_me
                 gh[l] -= (1 - pk) * (g0[l] - xh[l]);
                 gk[l] -= (1 - pk) * (g0[L + l] - xk[l]);
                 gf[l] -= (1 - pk) * (g0[2 * L + l] - xf[l]);
+                ge[l] -= (1 - pk) * (g0[3 * L + l] - xe[l]);
             }
             if (g->gate_hid) *ghid -= (1 - pk) * (d0 - hid_slope(p, c, m));
             block_on(c, k, s, save);
         }
     free(xh);
+    for (int l = 0; l < L; l++) { /* the expert width's slope at cbar (central difference; first order) */
+        ge[L + l] = 0;
+        if (!g->nxg[l] || !c->effn) continue;
+        double w = c->effn[l];
+        c->effn[l] = w + 0.5;
+        double a = metric_at(p, c, m);
+        c->effn[l] = w - 0.5;
+        ge[L + l] = a - metric_at(p, c, m);
+        c->effn[l] = w;
+    }
     return 0;
 }
 
 /* Chain rule to log_alpha: dP/dla = P (1 - P). */
 static void chain(const ac_dnas_gates *g, const ac_arch *b, const expect_t *x, const double *D, const double *gh,
-                  const double *gk, const double *gf, double ghid, double *grad) {
+                  const double *gk, const double *gf, const double *ge, double ghid, double *grad) {
     int L = g->L;
     memset(grad, 0, sizeof(double) * g->np);
     for (int j = 0; j < g->nhg; j++) {
@@ -424,6 +490,14 @@ static void chain(const ac_dnas_gates *g, const ac_arch *b, const expect_t *x, c
             double q = ac_dnas_keep_prob(g->la[g->ffn_off[l] + j]);
             grad[g->ffn_off[l] + j] = gf[l] * gsize(bl->ffn, g->fm, j) * q * (1 - q);
         }
+        for (int k = 0; k < g->nex[l]; k++) {
+            double q = ac_dnas_keep_prob(g->la[g->ex_off[l] + k]);
+            grad[g->ex_off[l] + k] = ge[l] * q * (1 - q);
+        }
+        for (int j = 0; j < g->nxg[l]; j++) { /* gw: d metric / d expert width (set by width_grads) */
+            double q = ac_dnas_keep_prob(g->la[g->xg_off[l] + j]);
+            grad[g->xg_off[l] + j] = ge[L + l] * gsize(bl->expert_ffn, g->xfm[l], j) * q * (1 - q);
+        }
         if (g->nmc[l] && g->nmc[l] <= 64) { /* d kbar / d theta_c = P(c) (d_c - kbar); heads fixed on deci */
             double pc[64], kbar = merge_expect(g, l, pc);
             for (int c = 0; c < g->nmc[l]; c++)
@@ -439,27 +513,27 @@ double ac_dnas_expected_metric(const ac_dnas_gates *g, const ac_search_problem *
     int L = g->L;
     ac_carch c;
     if (ac_carch_from_arch(b, &c, NULL)) return NAN;
-    double *buf = calloc(9 * L + 4, sizeof(double));
+    double *buf = calloc((EXPECT_FLOATS + 7) * L + 4, sizeof(double));
     if (!buf) {
         ac_carch_free(&c);
         return NAN;
     }
     expect_t x;
     expect(g, b, buf, &x);
-    double *D = buf + 4 * L, *gh = buf + 6 * L, *gk = buf + 7 * L, *gf = buf + 8 * L, ghid = 0;
+    double *D = buf + EXPECT_FLOATS * L, *gh = D + 2 * L, *gk = gh + L, *gf = gk + L, *ge = gf + L, ghid = 0;
     fill_carch(g, b, &x, &c);
     double v = expected_value(p, m, &c, &x, D);
-    if (grad && width_grads(g, p, m, &c, &x, D, gh, gk, gf, &ghid))
+    if (grad && width_grads(g, p, m, &c, &x, D, gh, gk, gf, ge, &ghid))
         v = NAN;
     else if (grad)
-        chain(g, b, &x, D, gh, gk, gf, ghid, grad);
+        chain(g, b, &x, D, gh, gk, gf, ge, ghid, grad);
     free(buf);
     ac_carch_free(&c);
     return v;
 }
 
 json_t *ac_dnas_expected_arch_json(const ac_dnas_gates *g, const ac_arch *b) {
-    double *buf = calloc(4 * g->L + 1, sizeof(double));
+    double *buf = calloc(EXPECT_FLOATS * g->L + 1, sizeof(double));
     if (!buf) return NULL;
     expect_t x;
     expect(g, b, buf, &x);
@@ -467,9 +541,11 @@ json_t *ac_dnas_expected_arch_json(const ac_dnas_gates *g, const ac_arch *b) {
     for (int l = 0; l < g->L; l++) {
         const ac_layer_arch *bl = &b->layers[l];
         double heads = g->gate_kv ? x.kv[l] * grp_of(bl) : bl->n_heads;
-        json_array_append_new(layers, json_pack("{s:f,s:f,s:f,s:f,s:f}", "kv_heads", x.pa[l] * x.kv[l], "heads",
-                                                x.pa[l] * heads, "ffn", x.pm[l] * x.ffn[l], "attn_keep", x.pa[l],
-                                                "ffn_keep", x.pm[l]));
+        json_t *o = json_pack("{s:f,s:f,s:f,s:f,s:f}", "kv_heads", x.pa[l] * x.kv[l], "heads", x.pa[l] * heads, "ffn",
+                              x.pm[l] * x.ffn[l], "attn_keep", x.pa[l], "ffn_keep", x.pm[l]);
+        if (bl->n_experts) json_object_set_new(o, "experts", json_real(x.ex[l]));
+        if (bl->n_experts) json_object_set_new(o, "expert_ffn", json_real(x.ew[l]));
+        json_array_append_new(layers, o);
     }
     json_t *o = json_pack("{s:f,s:o}", "hidden", x.hidden, "layers", layers);
     free(buf);
@@ -529,6 +605,37 @@ static int mt_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) {
     return bad ? -1 : 0;
 }
 
+/* d's expert orders and scores: s's (NULL rows of dense layers stay NULL), or,
+ * with s == NULL, the identity order of every MoE layer; and s's expert
+ * channel orders when it has them. */
+static int experts_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) {
+    int L = b->n_layers, bad = 0;
+    d->expert_order = calloc(L, sizeof(int *));
+    d->expert_score = calloc(L, sizeof(double *));
+    if (!d->expert_order || !d->expert_score) return -1;
+    if (s && s->echan_order && s->echan_score) {
+        if (!(d->echan_order = calloc(L, sizeof(int *))) || !(d->echan_score = calloc(L, sizeof(double *)))) return -1;
+        for (int l = 0; l < L && !bad; l++) {
+            int n = b->layers[l].n_experts * b->layers[l].expert_ffn;
+            if (n && s->echan_order[l])
+                bad |= copy_ints(&d->echan_order[l], s->echan_order[l], n) ||
+                       copy_dbls(&d->echan_score[l], s->echan_score[l], n);
+        }
+    }
+    for (int l = 0; l < L && !bad; l++) {
+        int E = b->layers[l].n_experts;
+        if (!E || (s && !s->expert_order[l])) continue;
+        if (s)
+            bad |= copy_ints(&d->expert_order[l], s->expert_order[l], E) ||
+                   (s->expert_score && s->expert_score[l] && copy_dbls(&d->expert_score[l], s->expert_score[l], E));
+        else {
+            bad |= !(d->expert_order[l] = malloc(sizeof(int) * E));
+            for (int x = 0; !bad && x < E; x++) d->expert_order[l][x] = x;
+        }
+    }
+    return bad ? -1 : 0;
+}
+
 static int imp_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) {
     int L = s->n_layers;
     *d = *s;
@@ -548,7 +655,12 @@ static int imp_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) 
     d->head_score = d->mt_ffn_score = NULL;
     d->mt_hid_order = NULL;
     d->mt_hid_score = NULL;
-    int bad = !d->kv_order || !d->kv_score || !d->ffn_order || !d->ffn_score || mt_copy(d, s, b);
+    d->expert_order = NULL; /* (deep-copied below, with the expert channel orders) */
+    d->expert_score = NULL;
+    d->echan_order = NULL;
+    d->echan_score = NULL;
+    int bad = !d->kv_order || !d->kv_score || !d->ffn_order || !d->ffn_score || mt_copy(d, s, b) ||
+              (s->expert_order && experts_copy(d, s, b));
     for (int l = 0; l < L && !bad; l++) {
         int nkv = b->layers[l].n_kv_heads, F = b->layers[l].ffn;
         bad |= copy_ints(&d->kv_order[l], s->kv_order[l], nkv) || copy_dbls(&d->kv_score[l], s->kv_score[l], nkv);
@@ -626,6 +738,25 @@ static void discrete_arch(const ac_dnas_gates *g, const ac_search_problem *p, co
         if (uni && fw < 1 && x->pm[l] >= 0.5) fw = bl->ffn < g->fm ? bl->ffn : g->fm; /* llama: a kept layer's FFN */
         al->ffn = fw;
     }
+    /* experts: one count for the model (every export target holds one), the mean of the expected counts */
+    double ex = 0;
+    int nmoe = 0;
+    for (int l = 0; l < L; l++)
+        if (g->nex[l]) ex += x->ex[l], nmoe++;
+    for (int l = 0; nmoe && l < L; l++)
+        if (g->nex[l]) {
+            int k = (int)lround(ex / nmoe);
+            a->layers[l].n_experts = k < b->top_k ? b->top_k : k > b->layers[l].n_experts ? b->layers[l].n_experts : k;
+        }
+    double ew = 0; /* one expert width: the mean kept share, on each layer's group grid */
+    int nw = 0;
+    for (int l = 0; l < L; l++)
+        if (g->nxg[l]) ew += x->ew[l] / b->layers[l].expert_ffn, nw++;
+    for (int l = 0; nw && l < L; l++)
+        if (g->nxg[l]) {
+            int Fe = b->layers[l].expert_ffn, m = g->xfm[l], w = (int)lround(ew / nw * Fe / m) * m;
+            a->layers[l].expert_ffn = w < m ? m : w > Fe ? Fe : w;
+        }
     if (g->gate_hid) {
         int h = (int)lround(x->hidden / g->hm) * g->hm;
         a->hidden = h < g->hm ? g->hm : h > b->hidden ? b->hidden : h;
@@ -659,6 +790,27 @@ int ac_dnas_orders(const ac_dnas_gates *g, const ac_importance *imp, const ac_ar
             rc = order_blocks(imp->ffn_order[l], b->layers[l].ffn, g->fm, g->la + g->ffn_off[l], orders->ffn_order[l]);
     }
     if (!rc && g->gate_hid) rc = order_blocks(imp->hid_order, g->H, g->hm, g->la + g->hid_off, orders->hid_order);
+    for (int l = 0; l < g->L && !rc; l++) { /* experts by gate score (every MoE layer has an order row then) */
+        if (!g->nex[l] && !g->nxg[l]) continue;
+        if (!orders->expert_order) rc = experts_copy(orders, NULL, b);
+        if (!rc && g->nex[l] && !orders->expert_order[l])
+            rc = !(orders->expert_order[l] = malloc(sizeof(int) * g->nex[l]));
+        if (!rc && g->nex[l]) rank_by(g->la + g->ex_off[l], g->nex[l], orders->expert_order[l]);
+        int E = b->layers[l].n_experts, Fe = b->layers[l].expert_ffn;
+        if (rc || !g->nxg[l]) continue;
+        /* expert width: each expert's rank blocks by gate score (every expert alike), each block in its own order */
+        int *base = malloc(sizeof(int) * ((size_t)E * Fe + 1));
+        if (!orders->echan_order && !(orders->echan_order = calloc(g->L, sizeof(int *)))) rc = -1;
+        if (!rc && !orders->echan_order[l] && !(orders->echan_order[l] = malloc(sizeof(int) * ((size_t)E * Fe + 1))))
+            rc = -1;
+        for (int x = 0; !rc && base && x < E; x++)
+            for (int r = 0; r < Fe; r++) base[(size_t)x * Fe + r] = echan_at(imp, l, x, Fe, r);
+        for (int x = 0; !rc && base && x < E; x++)
+            rc = order_blocks(base + (size_t)x * Fe, Fe, g->xfm[l], g->la + g->xg_off[l],
+                              orders->echan_order[l] + (size_t)x * Fe);
+        rc |= !base;
+        free(base);
+    }
     if (rc) {
         ac_importance_free(orders);
         return ac_errf(e, "out of memory");
@@ -687,7 +839,7 @@ int ac_dnas_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_se
     int L = g->L;
     memset(r, 0, sizeof *r);
     memset(orders, 0, sizeof *orders);
-    double *buf = calloc(4 * L + 1, sizeof(double));
+    double *buf = calloc(EXPECT_FLOATS * L + 1, sizeof(double));
     if (!buf) return ac_errf(e, "out of memory");
     expect_t x;
     expect(g, b, buf, &x);
@@ -749,6 +901,12 @@ static void init_from_arch(ac_dnas_gates *g, const ac_arch *b, const ac_arch *a,
             int want = al->n_kv_heads ? al->n_kv_heads : bl->n_kv_heads;
             g->la[g->mc_off[l] + c] = g->mkv[g->mc_off[l] + c] == want ? on : mc_off;
         }
+        for (int k = 0; k < g->nex[l]; k++) /* the surrogate's experts (the most important ones) on */
+            g->la[g->ex_off[l] + k] = k < al->n_experts ? on : off;
+        for (int k = 0; k < g->nex[l] && imp->expert_order && imp->expert_order[l]; k++)
+            g->la[g->ex_off[l] + imp->expert_order[l][k]] = k < al->n_experts ? on : off;
+        for (int j = 0; j < g->nxg[l]; j++) /* the surrogate's expert width (its best channels) */
+            g->la[g->xg_off[l] + j] = j * g->xfm[l] < al->expert_ffn ? on : off;
         int kf = (al->ffn + g->fm / 2) / g->fm;
         for (int j = 0; j < g->nfg[l]; j++) g->la[g->ffn_off[l] + j] = j < kf || al->ffn == bl->ffn ? on : off;
         if (g->gate_depth) {
@@ -1230,8 +1388,18 @@ int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size
 
 const char *ac_dnas_method(ac_search_method m) { return m == AC_SEARCH_SURROGATE ? "surrogate" : "dnas"; }
 
-int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const ac_search_opts *so, const int *ids, size_t n,
-                       ac_search_result *r, ac_importance *orders, ac_err *e) {
+typedef struct {
+    const ac_search_opts *so;
+    const int *ids;
+    size_t n;
+} job_args;
+
+static int job_search_one(const ac_search_problem *p, ac_model *m, void *ud, ac_search_result *r, ac_importance *orders,
+                          ac_err *e) {
+    const job_args *ja = ud;
+    const ac_search_opts *so = ja->so;
+    const int *ids = ja->ids;
+    size_t n = ja->n;
     memset(orders, 0, sizeof *orders);
     /* mixture-of-experts models: no expert gates in the trainer yet, so the
      * surrogate search (measured expert curves) runs (job.c says so) */
@@ -1245,4 +1413,12 @@ int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const ac_search_
     o.cotrain = so->cotrain;
     o.cuda = p->cuda; /* a local cuda target: the gates train on its GPU */
     return ac_search_dnas(p, m, ids, n, &o, r, orders, e);
+}
+
+int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const ac_search_opts *so, const int *ids, size_t n,
+                       ac_search_result *r, ac_importance *orders, ac_err *e) {
+    job_args ja = {so, ids, n};
+    ac_search_problem q = *p; /* the top-k choices' loss passes read the calibration text */
+    if (!q.calib_ids) q.calib_ids = ids, q.n_calib = n;
+    return ac_search_top_k(&q, m, so->min_top_k, job_search_one, &ja, r, orders, e);
 }

@@ -29,6 +29,21 @@
  *   hid[j]     a group of hidden_multiple hidden channels, shared by all
  *              layers (applied to every RMSNorm output; only when
  *              prune_hidden);
+ *   ex[l][e]   a routed expert of a mixture-of-experts layer (softmax
+ *              routers; when search.prune_experts): train.h's expert gate,
+ *              on the expert's softmax numerator in the router, so a gate
+ *              at 0 is the expert removed and the routing renormalised over
+ *              the others exactly as the pruned model routes; the export
+ *              targets hold one expert count for the model, so the
+ *              discrete count is the mean over the MoE layers (at least
+ *              top_k), each layer keeping its highest-scored experts;
+ *   xw[l][j]   a group of xfm[l] channels of every expert of an MoE layer
+ *              (with ex; about 16 groups: xfm = round(expert_ffn / 16)):
+ *              group j holds, in each expert e, the channels at ranks
+ *              j*xfm .. of e's own ranking (imp->echan_order), through
+ *              train.h's expert channel gates; one width for the model
+ *              (the targets hold one moe_intermediate_size), the mean over
+ *              the MoE layers' expected widths on the group grid;
  *   attn[l], mlp[l]  the attention / FFN sub-block (depth); on the
  *              uniform llama target one gate per layer serves both (the
  *              whole layer kept or dropped, as Minitron's depth axis; the
@@ -92,6 +107,8 @@ typedef struct {
     double *kv_on;     /* [L] deci: the KV count of a kept attention without merge choices */
     int *nmc, *mc_off; /* [L] deci: merge choices per layer (0: none), offset of their logits */
     int *mkv;          /* [np] the KV count of a merge-choice logit, 0 for every other log_alpha */
+    int *nex, *ex_off; /* [L] expert gates per layer (0: none), offset of their log_alphas */
+    int *nxg, *xg_off, *xfm; /* [L] expert-width groups per layer (0: none), their offset, channels per group */
 } ac_dnas_gates;
 
 int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *base, const ac_search_opts *so, ac_err *e);
@@ -165,7 +182,8 @@ const char *ac_dnas_method(ac_search_method m);
 /* The job's search stage for method autocompress: so->method AC_SEARCH_DNAS
  * (with so->dnas_steps, dnas_lr, dnas_batch, dnas_seq_len, cotrain) or
  * AC_SEARCH_SURROGATE (ac_search_autocompress; orders stays empty,
- * n_layers 0: prune with the importance orders). */
+ * n_layers 0: prune with the importance orders); once per top-k choice
+ * with so->min_top_k (topk.h). */
 int ac_dnas_job_search(const ac_search_problem *p, ac_model *m, const ac_search_opts *so, const int *ids, size_t n,
                        ac_search_result *r, ac_importance *orders, ac_err *e);
 

@@ -20,6 +20,8 @@ void ac_importance_free(ac_importance *imp) {
     for (int l = 0; l < imp->n_layers; l++) {
         if (imp->expert_order) free(imp->expert_order[l]);
         if (imp->expert_score) free(imp->expert_score[l]);
+        if (imp->echan_order) free(imp->echan_order[l]);
+        if (imp->echan_score) free(imp->echan_score[l]);
         if (imp->kv_order) {
             free(imp->kv_order[l]);
             free(imp->kv_score[l]);
@@ -31,6 +33,8 @@ void ac_importance_free(ac_importance *imp) {
     }
     free(imp->expert_order);
     free(imp->expert_score);
+    free(imp->echan_order);
+    free(imp->echan_score);
     free(imp->kv_order);
     free(imp->kv_score);
     free(imp->ffn_order);

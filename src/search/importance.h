@@ -65,6 +65,12 @@ typedef struct {
      * dense layers): experts, most important first, and each expert's score */
     int **expert_order;
     double **expert_score;
+    /* MoE layers: each expert's channels (Model-Optimizer's expert-width
+     * score, moe_importance_int.h): echan_order[l][e*Fe + r] the channel (of
+     * 0..Fe-1) of expert e at rank r, most important first; echan_score
+     * [l][e*Fe + c] channel c's score (unsorted). NULL as expert_order. */
+    int **echan_order;
+    double **echan_score;
     int method;            /* the AC_CALIB_* method that measured the curves (never AUTO) */
 } ac_importance;
 

@@ -76,9 +76,9 @@ typedef struct {
     int max, divisor, n_all, start, *all;
 } axis_t;
 
-#define NAX 5 /* hidden, ffn, heads, layers, experts */
+#define NAX 6 /* hidden, ffn, heads, layers, experts, expert width */
 typedef struct {
-    int v[NAX]; /* hidden, ffn, heads, layers, experts (0 in a dense model) */
+    int v[NAX]; /* hidden, ffn, heads, layers, experts, expert width (the last two 0 in a dense model) */
     ac_cost cost;
     double viol, nll;
     ac_mc_result task; /* with a score task */
@@ -97,7 +97,7 @@ static int axis_init(axis_t *x, const char *name, int max, int divisor, double m
 }
 
 /* The uniform architecture of a grid point (a mixture-of-experts layer
- * keeps v[4] experts of its width, a dense one an FFN of v[1]); the
+ * keeps v[4] experts of width v[5], a dense one an FFN of v[1]); the
  * lowest-ranked layers beyond v[3] become identity layers. */
 static int cand_arch(const ac_arch *base, const int *layer_order, const int *v, ac_arch *a, ac_err *e) {
     if (ac_arch_copy(a, base, e)) return -1;
@@ -105,8 +105,8 @@ static int cand_arch(const ac_arch *base, const int *layer_order, const int *v, 
     a->hidden = v[0];
     for (int l = 0; l < base->n_layers; l++) {
         const ac_layer_arch *b = &base->layers[l];
-        a->layers[l] = b->n_experts ? (ac_layer_arch){v[2], G, 0, v[4], b->expert_ffn, 0}
-                                    : (ac_layer_arch){v[2], G, v[1], 0, 0, 0};
+        a->layers[l] =
+            b->n_experts ? (ac_layer_arch){v[2], G, 0, v[4], v[5], 0} : (ac_layer_arch){v[2], G, v[1], 0, 0, 0};
     }
     for (int r = v[3]; r < base->n_layers; r++) a->layers[layer_order[r]] = (ac_layer_arch){0, 0, 0, 0, 0, 0};
     return 0;
@@ -131,6 +131,7 @@ static json_t *cand_json(const cand_t *c, const ac_search_problem *p, const int 
                           ac_cost_to_json(&c->cost), "constraints", ac_constraints_report(&p->limits, &c->cost),
                           "violation", c->viol, "params", c->cost.params);
     if (c->v[4]) json_object_set_new(o, "num_moe_experts", json_integer(c->v[4]));
+    if (c->v[5]) json_object_set_new(o, "moe_ffn_hidden_size", json_integer(c->v[5]));
     if (c->scored && p->score_task) {
         json_object_set_new(o, "task_acc", json_real(c->task.acc));
         json_object_set_new(o, "task_acc_norm", json_real(c->task.acc_norm));
@@ -273,9 +274,9 @@ static void axis_keep_multiples(axis_t *x, int tp) {
  * attention in every layer; the same FFN in every dense layer and the
  * same experts in every mixture-of-experts layer (Qwen3-MoE's
  * mlp_only_layers mix the two). *ffn, *experts: their widths (0: none). */
-static int check_base(const ac_arch *b, int *ffn, int *experts, ac_err *e) {
+static int check_base(const ac_arch *b, int *ffn, int *experts, int *effn, ac_err *e) {
     const ac_layer_arch *f = &b->layers[0];
-    *ffn = *experts = 0;
+    *ffn = *experts = *effn = 0;
     if (!f->n_heads || f->n_heads % f->n_kv_heads) return ac_errf(e, "minitron: layer 0 has no attention");
     const ac_layer_arch *dense = NULL, *moe = NULL;
     for (int l = 0; l < b->n_layers; l++) {
@@ -288,6 +289,7 @@ static int check_base(const ac_arch *b, int *ffn, int *experts, ac_err *e) {
     }
     *ffn = dense ? dense->ffn : 0;
     *experts = moe ? moe->n_experts : 0;
+    *effn = moe ? moe->expert_ffn : 0;
     return 0;
 }
 
@@ -348,8 +350,8 @@ static int grid(const ac_search_problem *p, const axis_t *ax, const int *order, 
 int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *e) {
     memset(r, 0, sizeof *r);
     const ac_arch *b = p->base;
-    int ffn, experts;
-    if (check_base(b, &ffn, &experts, e)) return -1;
+    int ffn, experts, effn;
+    if (check_base(b, &ffn, &experts, &effn, e)) return -1;
     int L = b->n_layers, G = b->layers[0].n_kv_heads, grp = b->layers[0].n_heads / G;
     int *order = malloc(sizeof(int) * L);
     axis_t ax[NAX] = {{0}};
@@ -373,7 +375,12 @@ int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *
         axis_init(&ax[2], "num_attention_heads", grp * G, G, wcap, 1) ||
         axis_init(&ax[3], "num_layers", L, dl, dcap, 1) ||
         /* Model-Optimizer's num_moe_experts: a width axis; never below top_k */
-        axis_init(&ax[4], "num_moe_experts", experts, experts ? de : 1, wcap, p->opts.prune_experts)) {
+        axis_init(&ax[4], "num_moe_experts", experts, experts ? de : 1, wcap, p->opts.prune_experts) ||
+        /* its moe_ffn_hidden_size: every expert's width, on the FFN's divisor rule (ffn_hidden_size_divisor),
+         * each expert's channels ranked on their own (imp->echan_order); searched with search.prune_expert_ffn */
+        axis_init(&ax[5], "moe_ffn_hidden_size", effn,
+                  effn ? (mo->ffn_divisor > 0 ? mo->ffn_divisor : ac_minitron_default_divisor(AC_MINITRON_FFN_DIVISOR, effn)) : 1,
+                  wcap, p->opts.prune_expert_ffn)) {
         rc = ac_errf(e, "out of memory");
         goto out;
     }
@@ -384,6 +391,7 @@ int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *
     int tp = p->profile && p->profile->tp > 1 ? p->profile->tp : 1;
     axis_keep_multiples(&ax[1], tp); /* KV groups stay whole in Minitron (G, the base's: it splits) */
     axis_keep_multiples(&ax[2], tp);
+    axis_keep_multiples(&ax[5], tp); /* each expert's width is split under TP */
     if (experts) { /* the searched choices start at top_k at least */
         while (ax[4].start < ax[4].n_all - 1 && ax[4].all[ax[4].start] < b->top_k) ax[4].start++;
     }

@@ -35,6 +35,9 @@ typedef struct {
     int ffn_multiple, hidden_multiple;
     int prune_hidden;
     int prune_experts; /* mixture-of-experts models: 0 keeps every expert */
+    int prune_expert_ffn; /* mixture-of-experts models: 1 lets every expert's width be cut (one width for the model;
+                           * Minitron's moe_ffn_hidden_size, dnas's expert-width gates) */
+    int min_top_k;        /* mixture-of-experts models: top_k searched in [min_top_k, the model's] (topk.h); 0: kept */
     ac_export_target target;
     int gguf;                                 /* with AC_EXPORT_LLAMA: also write model.gguf (gguf.h) */
     ac_search_method method;                  /* method autocompress: dnas or surrogate */

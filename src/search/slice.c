@@ -39,14 +39,15 @@ static void gather(float *dst, const void *src, int wdt, int src_cols, const int
 /* Whether layer l of t can be cut from the source's layer. */
 static int check_layer(const ac_arch *a, const ac_arch *t, int l, ac_err *e) {
     const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
-    if (s->n_experts || d->n_experts) { /* MoE: whole experts removed; their width and the attention as below */
-        if (d->n_experts > s->n_experts || (d->n_experts && d->expert_ffn != s->expert_ffn) ||
-            (d->n_experts && d->n_experts < a->top_k) || d->ffn)
+    if (s->n_experts || d->n_experts) { /* MoE: experts removed, each one's channels cut; the attention as below */
+        if (d->n_experts > s->n_experts ||
+            (d->n_experts && (d->expert_ffn < 1 || d->expert_ffn > s->expert_ffn || d->n_experts < t->top_k)) ||
+            t->top_k > a->top_k || d->ffn)
             return ac_errf(e,
-                           "prune: layer %d target (%d experts of width %d, dense ffn %d) does not fit source (%d "
-                           "experts of width %d): keep at least top_k %d whole experts (expert width pruning is not "
-                           "written yet)",
-                           l, d->n_experts, d->expert_ffn, d->ffn, s->n_experts, s->expert_ffn, a->top_k);
+                           "prune: layer %d target (%d experts of width %d, top_k %d, dense ffn %d) does not fit "
+                           "source (%d experts of width %d, top_k %d): keep at least top_k experts, each at most as "
+                           "wide as the source's",
+                           l, d->n_experts, d->expert_ffn, t->top_k, d->ffn, s->n_experts, s->expert_ffn, a->top_k);
     }
     int grp = s->n_heads ? s->n_heads / s->n_kv_heads : 0;
     int merge = d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads && d->n_kv_heads > 0 &&
@@ -219,13 +220,16 @@ static size_t widest(const ac_arch *a) {
 }
 
 /* A mixture-of-experts FFN: the best d->n_experts experts (order: most
- * important first; NULL: the first ones) kept whole in their original
- * order, with their router rows, so the router's softmax and top-k run over
- * the kept experts alone (its renormalisation over what remains); hidden
- * channels hk as everywhere. */
+ * important first; NULL: the first ones) kept in their original order,
+ * with their router rows, so the router's softmax and top-k run over the
+ * kept experts alone (its renormalisation over what remains); each kept
+ * expert's best d->expert_ffn channels (chan: imp->echan_order[l], expert
+ * x's ranking at x*Fe; NULL: the first ones) in their original order;
+ * hidden channels hk as everywhere. */
 static int prune_experts(const ac_arch *a, const ac_layer_arch *s, const ac_layer_arch *d, const int *order,
-                         const ac_layer_w *sw, int wdt, ac_layer_w *dw, const int *hk, int Ht, float *row, ac_err *e) {
-    int H = a->hidden, Fe = s->expert_ffn, *ident = NULL;
+                         const int *chan, const ac_layer_w *sw, int wdt, ac_layer_w *dw, const int *hk, int Ht,
+                         float *row, ac_err *e) {
+    int H = a->hidden, Fe = s->expert_ffn, Fd = d->expert_ffn, *ident = NULL;
     if (!order) {
         if (!(ident = malloc(sizeof(int) * s->n_experts))) return ac_errf(e, "out of memory");
         for (int x = 0; x < s->n_experts; x++) ident[x] = x;
@@ -235,13 +239,20 @@ static int prune_experts(const ac_arch *a, const ac_layer_arch *s, const ac_laye
     if (!ek) return ac_errf(e, "out of memory");
     gather(dw->post_norm, sw->post_norm, ST_F32, H, NULL, 1, hk, Ht, row);
     gather(dw->router, sw->router, wdt, H, ek, d->n_experts, hk, Ht, row);
-    for (int x = 0; x < d->n_experts; x++) {
-        gather(dw->eg[x], sw->eg[ek[x]], wdt, H, NULL, Fe, hk, Ht, row);
-        gather(dw->eu[x], sw->eu[ek[x]], wdt, H, NULL, Fe, hk, Ht, row);
-        gather(dw->ed[x], sw->ed[ek[x]], wdt, Fe, hk, Ht, NULL, Fe, row);
+    int rc = 0;
+    for (int x = 0; x < d->n_experts && !rc; x++) {
+        int *ck = Fd < Fe && chan ? ac_prune_kept(chan + (size_t)ek[x] * Fe, Fd) : NULL; /* NULL: the first Fd */
+        if (Fd < Fe && chan && !ck) {
+            rc = ac_errf(e, "out of memory");
+            break;
+        }
+        gather(dw->eg[x], sw->eg[ek[x]], wdt, H, ck, Fd, hk, Ht, row);
+        gather(dw->eu[x], sw->eu[ek[x]], wdt, H, ck, Fd, hk, Ht, row);
+        gather(dw->ed[x], sw->ed[ek[x]], wdt, Fe, hk, Ht, ck, Fd, row);
+        free(ck);
     }
     free(ek);
-    return 0;
+    return rc;
 }
 
 /* Layer l of t into dw: its attention (merged or cut KV groups) and FFN. */
@@ -260,8 +271,8 @@ static int prune_layer(const ac_model *src, const ac_arch *t, const ac_importanc
     }
     if (d->ffn && !rc) rc = prune_ffn(a, s, d, imp->ffn_order[l], &src->L[l], lw, dw, hk, Ht, row, e);
     if (d->n_experts && !rc)
-        rc =
-            prune_experts(a, s, d, imp->expert_order ? imp->expert_order[l] : NULL, &src->L[l], lw, dw, hk, Ht, row, e);
+        rc = prune_experts(a, s, d, imp->expert_order ? imp->expert_order[l] : NULL,
+                           imp->echan_order ? imp->echan_order[l] : NULL, &src->L[l], lw, dw, hk, Ht, row, e);
     return rc;
 }
 

@@ -1,7 +1,9 @@
 // Runs a GGUF file in llama.cpp (node-llama-cpp's prebuilt CPU binaries) for
 // tests/test_gguf.c. Usage: node llama_check.mjs MODEL.gguf JOB.json
 // JOB: {"windows": [[ids..], ..], "text": "...", "prompt": [ids..], "gen": N,
-//       "texts": ["...", ..] (optional: tokenized each, as "texts_tokens")}
+//       "texts": ["...", ..] (optional: tokenized each, as "texts_tokens"),
+//       "through_eog": true (optional: generation goes on through end-of-generation
+//       tokens, each fed back as the next input, so exactly N tokens)}
 // Prints one JSON line: per window the summed next-token NLL (nats) and the
 // count scored (every position but the last), llama.cpp's tokenization of
 // "text", and N greedily generated tokens after "prompt" with their text.
@@ -35,7 +37,7 @@ for (const w of job.windows) {
 }
 await seq.clearHistory();
 const gen = [];
-for await (const t of seq.evaluate(job.prompt, {temperature: 0})) {
+for await (const t of seq.evaluate(job.prompt, {temperature: 0, yieldEogToken: job.through_eog === true})) {
     gen.push(t);
     if (gen.length >= job.gen) break;
 }

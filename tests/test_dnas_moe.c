@@ -1,0 +1,649 @@
+/*
+ * test_dnas_moe.c - expert gates in the differentiable search (issue 30,
+ * item 3), on the random-init fixture Qwen3-MoE (layers 0 and 2: 5 experts,
+ * top-2 without renormalisation; layer 1 dense) and Mixtral (3 experts,
+ * top-2 renormalised). The gate gradients themselves are checked against
+ * PyTorch in float64 by test_train (gen_grad_fixtures.py's expert gates).
+ *
+ * 1. Gates in {0,1} are the pruned model: the trainer with some expert
+ *    gates at 0, and each expert's channel gates at 0 on its 16 last
+ *    channels by a ranking of its own, gives the logits of ac_prune's model
+ *    without those experts (the router's softmax, top-k and
+ *    renormalisation over the kept ones) and with experts 16 channels
+ *    narrower (imp->echan_order: each expert's channels sliced by its own
+ *    ranking).
+ * 2. ac_search_dnas (150 gate steps from the surrogate's structure, as a
+ *    job starts it) under a parameter limit that needs experts removed
+ *    reaches a feasible structure with fewer experts, one count for every
+ *    MoE layer (what the export targets hold), at least top_k; its
+ *    held-out KL to the unpruned model is no more than its start's (the
+ *    surrogate's structure in importance order); and among every choice of
+ *    that many experts in each MoE layer (on the structure the search
+ *    picked) the gates' choice is in the best fifth.
+ *    Mutation check (as test_dnas_gain): with ac_dnas_opts.zero_task_grad
+ *    the gates see only the limit's cost gradient, the same for every expert
+ *    of a layer, and the claim fails.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "cost/device.h"
+#include "runtime/kernels_cpu.h"
+#include "runtime/train.h"
+#include "search/dnas.h"
+#include "search/minitron.h"
+#include "search/slice.h"
+#include "search/topk.h"
+
+static char fx[1024];
+
+static int load(const char *name, ac_model *m) {
+    char dir[1200], cfg[1300];
+    ac_err e;
+    ck_build_path(fx, sizeof fx, "fixtures");
+    snprintf(dir, sizeof dir, "%s/models/%s", fx, name);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    if (!ck_exists(cfg)) return -1;
+    if (ac_model_load(dir, m, &e)) {
+        CHECK(0, "%s: %s", name, e.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* n random token ids of vocabulary V (an LCG from seed). */
+static int *rand_ids(size_t n, int V, unsigned long long s) {
+    int *ids = malloc(sizeof(int) * n);
+    for (size_t i = 0; ids && i < n; i++) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        ids[i] = (int)((s >> 33) % (unsigned long long)V);
+    }
+    return ids;
+}
+
+/* Logits [B*T][V] of m on tok with the trainer's gates set by fill (may be NULL). */
+static float *logits_of(ac_model *m, const int *tok, int B, int T, const float *const *expert_gates) {
+    ac_trainer t;
+    ac_err e;
+    if (ac_trainer_init_frozen(&t, m, B, T, &e)) {
+        CHECK(0, "%s", e.msg);
+        return NULL;
+    }
+    for (int l = 0; expert_gates && l < m->a.n_layers; l++)
+        if (expert_gates[l]) memcpy(t.gate.expert[l], expert_gates[l], sizeof(float) * m->a.layers[l].n_experts);
+    float *out = NULL;
+    if (ac_train_forward(&t, tok, B, T, &e) == 0 && (out = malloc(sizeof(float) * B * T * m->a.vocab)))
+        memcpy(out, t.logits, sizeof(float) * B * T * m->a.vocab);
+    CHECK(out, "forward: %s", e.msg);
+    ac_trainer_free(&t);
+    return out;
+}
+
+/* Mean KL(p || q) per row of two logit sets [N][V]. */
+static double mean_kl(const float *p, const float *q, int N, int V) {
+    double kl = 0;
+    for (int i = 0; i < N; i++) {
+        const float *a = p + (size_t)i * V, *b = q + (size_t)i * V;
+        double ma = a[0], mb = b[0], sa = 0, sb = 0, k = 0;
+        for (int v = 1; v < V; v++) ma = fmax(ma, a[v]), mb = fmax(mb, b[v]);
+        for (int v = 0; v < V; v++) sa += exp(a[v] - ma), sb += exp(b[v] - mb);
+        for (int v = 0; v < V; v++) {
+            double la = a[v] - ma - log(sa), lb = b[v] - mb - log(sb);
+            k += exp(la) * (la - lb);
+        }
+        kl += k;
+    }
+    return kl / N;
+}
+
+/* An importance whose only content ac_prune reads here: identity orders
+ * for KV groups, FFN and hidden channels, and the expert orders given. */
+typedef struct {
+    ac_importance imp;
+    int *kv[8], *ffn[8], *hid, *ex[8], *ch[8];
+} orders_t;
+
+static void orders_init(orders_t *o, const ac_arch *a) {
+    memset(o, 0, sizeof *o);
+    o->imp.n_layers = a->n_layers;
+    o->imp.hidden = a->hidden;
+    o->imp.kv_order = o->kv;
+    o->imp.ffn_order = o->ffn;
+    o->imp.expert_order = o->ex;
+    o->imp.echan_order = o->ch;
+    o->hid = malloc(sizeof(int) * a->hidden);
+    for (int c = 0; c < a->hidden; c++) o->hid[c] = c;
+    o->imp.hid_order = o->hid;
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        o->kv[l] = malloc(sizeof(int) * (L->n_kv_heads + 1));
+        o->ffn[l] = malloc(sizeof(int) * (L->ffn + 1));
+        o->ex[l] = malloc(sizeof(int) * (L->n_experts + 1));
+        o->ch[l] = malloc(sizeof(int) * ((size_t)L->n_experts * L->expert_ffn + 1));
+        for (int i = 0; i < L->n_experts * L->expert_ffn; i++) o->ch[l][i] = i % L->expert_ffn;
+        for (int i = 0; i < L->n_kv_heads; i++) o->kv[l][i] = i;
+        for (int i = 0; i < L->ffn; i++) o->ffn[l][i] = i;
+        for (int i = 0; i < L->n_experts; i++) o->ex[l][i] = i;
+    }
+}
+
+static void orders_free(orders_t *o) {
+    free(o->hid);
+    for (int l = 0; l < o->imp.n_layers; l++) free(o->kv[l]), free(o->ffn[l]), free(o->ex[l]), free(o->ch[l]);
+}
+
+/* expert order of layer l: the experts of mask (bit x set: kept) first, ascending, then the others. */
+static void order_from_mask(int *order, int E, unsigned mask) {
+    int k = 0;
+    for (int x = 0; x < E; x++)
+        if (mask >> x & 1) order[k++] = x;
+    for (int x = 0; x < E; x++)
+        if (!(mask >> x & 1)) order[k++] = x;
+}
+
+/* Logits with expert gates and channel gates (NULL rows: all 1). */
+static float *logits_gated(ac_model *m, const int *tok, int B, int T, float *const *eg, float *const *cg) {
+    ac_trainer t;
+    ac_err e;
+    if (ac_trainer_init_frozen(&t, m, B, T, &e)) {
+        CHECK(0, "%s", e.msg);
+        return NULL;
+    }
+    for (int l = 0; l < m->a.n_layers; l++) {
+        const ac_layer_arch *L = &m->a.layers[l];
+        if (eg[l]) memcpy(t.gate.expert[l], eg[l], sizeof(float) * L->n_experts);
+        if (cg[l]) memcpy(t.gate.echan[l], cg[l], sizeof(float) * L->n_experts * L->expert_ffn);
+    }
+    float *out = NULL;
+    if (ac_train_forward(&t, tok, B, T, &e) == 0 && (out = malloc(sizeof(float) * B * T * m->a.vocab)))
+        memcpy(out, t.logits, sizeof(float) * B * T * m->a.vocab);
+    CHECK(out, "forward: %s", e.msg);
+    ac_trainer_free(&t);
+    return out;
+}
+
+static void gates_equal_pruned(const char *name) {
+    ac_model m, pm;
+    ac_err e;
+    if (load(name, &m)) SKIP("no fixture %s (make fixtures)", name);
+    int B = 2, T = 24, L = m.a.n_layers, *tok = rand_ids((size_t)B * T, m.a.vocab, 11);
+    float *gates[8] = {0}, *chans[8] = {0};
+    int cut = 16; /* each expert loses 16 channels (its own worst by a random order) */
+    orders_t o;
+    orders_init(&o, &m.a);
+    ac_arch ta;
+    ac_arch_copy(&ta, &m.a, &e);
+    for (int l = 0; l < L; l++) { /* layer l keeps every expert but one (a different one per layer) ... */
+        int E = m.a.layers[l].n_experts;
+        if (!E) continue;
+        unsigned mask = (1u << E) - 1;
+        mask &= ~(1u << ((l + 1) % E));
+        if (E - m.a.top_k >= 2) mask &= ~(1u << ((l + 3) % E)); /* ... or two, where top_k allows */
+        gates[l] = malloc(sizeof(float) * E);
+        for (int x = 0; x < E; x++) gates[l][x] = (float)(mask >> x & 1);
+        order_from_mask(o.ex[l], E, mask);
+        ta.layers[l].n_experts = __builtin_popcount(mask);
+        int Fe = m.a.layers[l].expert_ffn;
+        chans[l] = malloc(sizeof(float) * E * Fe);
+        unsigned long long s = 77 + l;
+        for (int x = 0; x < E; x++) { /* expert x's ranking: a random permutation, its last `cut` gated off */
+            int *ord = o.ch[l] + (size_t)x * Fe;
+            for (int c = 0; c < Fe; c++) ord[c] = c;
+            for (int c = Fe - 1; c > 0; c--) {
+                s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+                int j = (int)((s >> 33) % (unsigned long long)(c + 1)), tmp = ord[c];
+                ord[c] = ord[j], ord[j] = tmp;
+            }
+            for (int r = 0; r < Fe; r++) chans[l][(size_t)x * Fe + ord[r]] = r < Fe - cut ? 1.0f : 0.0f;
+        }
+        ta.layers[l].expert_ffn = Fe - cut;
+    }
+    float *full = logits_of(&m, tok, B, T, NULL), *gated = logits_gated(&m, tok, B, T, gates, chans);
+    CHECK(ac_prune(&m, &ta, &o.imp, &pm, &e) == 0, "prune: %s", e.msg);
+    float *pruned = logits_of(&pm, tok, B, T, NULL);
+    double md = 0, mr = 0, moved = 0;
+    size_t n = (size_t)B * T * m.a.vocab;
+    for (size_t i = 0; full && gated && pruned && i < n; i++) {
+        md = fmax(md, fabs(gated[i] - pruned[i]));
+        mr = fmax(mr, fabs(pruned[i]));
+        moved = fmax(moved, fabs(full[i] - pruned[i]));
+    }
+    printf("   %s: gated vs pruned max|diff| %.3g of max|logit| %.3g (removing the experts moved them %.3g)\n", name,
+           md, mr, moved);
+    CHECK(md <= 2e-6 * mr, "%s: expert gates at 0 are not the pruned model (%.3g)", name, md);
+    CHECK(moved > 1e3 * md, "%s: removing the experts changed nothing measurable (%.3g)", name, moved);
+    free(full), free(gated), free(pruned), free(tok);
+    for (int l = 0; l < L; l++) free(gates[l]), free(chans[l]);
+    orders_free(&o);
+    ac_arch_free(&ta);
+    ac_model_free(&pm);
+    ac_model_free(&m);
+}
+
+static void test_gates_equal_pruned_qwen3moe(void) { gates_equal_pruned("qwen3moe_mixed_bf16"); }
+static void test_gates_equal_pruned_mixtral(void) { gates_equal_pruned("mixtral_f32"); }
+
+/* ---- the search ---- */
+
+static ac_model M;
+static ac_importance IMP;
+static int *IDS, *HIDS, HAVE;
+static size_t NIDS, NH;
+#define HB 8
+#define HT 32
+
+static int setup(void) {
+    if (HAVE) return HAVE > 0;
+    ac_err e;
+    HAVE = -1;
+    if (load("qwen3moe_mixed_bf16", &M)) return 0;
+    NIDS = 64 * 32;
+    IDS = rand_ids(NIDS, M.a.vocab, 5);
+    NH = HB * HT;
+    HIDS = rand_ids(NH, M.a.vocab, 99);
+    if (ac_importance_compute(&M, IDS, NIDS, 32, 64, 0, NULL, NULL, &IMP, &e)) {
+        CHECK(0, "importance: %s", e.msg);
+        return 0;
+    }
+    HAVE = 1;
+    return 1;
+}
+
+typedef struct {
+    ac_cost_table t;
+    ac_engine_profile pr;
+    ac_workload w;
+    ac_search_problem p;
+} problem_t;
+
+/* A parameter limit that every MoE layer down to `keep` experts meets, with a margin under one expert more. */
+static void make_problem(problem_t *P, int keep) {
+    ac_err e;
+    ac_cost_roofline(ac_device_spec_find("H100"), "bf16", &P->t, &e);
+    P->w = (ac_workload){.batch = 1, .prompt_len = 64, .gen_len = 16};
+    ac_engine_profile_default(&P->pr, 0);
+    P->p = (ac_search_problem){.table = &P->t,
+                               .workload = &P->w,
+                               .profile = &P->pr,
+                               .imp = &IMP,
+                               .base = &M.a,
+                               .opts = {.steps = 200,
+                                        .seed = 1,
+                                        .lr = 0.03,
+                                        .ffn_multiple = 32,
+                                        .hidden_multiple = 16,
+                                        .prune_experts = 1,
+                                        .target = AC_EXPORT_LLAMA},
+                               .calib_ids = IDS, /* (Minitron's scoring and the top-k loss passes) */
+                               .n_calib = NIDS,
+                               .ctx = 32};
+    ac_arch a;
+    ac_arch_copy(&a, &M.a, &e);
+    for (int l = 0; l < a.n_layers; l++)
+        if (a.layers[l].n_experts) a.layers[l].n_experts = keep;
+    double pk = ac_arch_params(&a);
+    for (int l = 0; l < a.n_layers; l++)
+        if (a.layers[l].n_experts) a.layers[l].n_experts = keep + 1;
+    P->p.limits.max_params = pk + 0.25 * (ac_arch_params(&a) - pk);
+    ac_arch_free(&a);
+}
+
+/* Held-out KL of M pruned to a with imp's orders, against M. */
+static double heldout_kl(const ac_arch *a, const ac_importance *imp, const float *teacher) {
+    ac_model pm;
+    ac_err e;
+    if (ac_prune(&M, a, imp, &pm, &e)) {
+        CHECK(0, "prune: %s", e.msg);
+        return NAN;
+    }
+    float *lg = logits_of(&pm, HIDS, HB, HT, NULL);
+    double kl = lg ? mean_kl(teacher, lg, HB * HT, M.a.vocab) : NAN;
+    free(lg);
+    ac_model_free(&pm);
+    return kl;
+}
+
+/* The search's expert choice ranked among every choice of the same count
+ * in each MoE layer (same structure, same other orders): returns the
+ * fraction of choices strictly better. */
+static double rank_choice(const ac_search_result *r, ac_importance *ord, const float *teacher, double *kl_self,
+                          double *kl_best) {
+    int moe[8], nm = 0, E = 0, k = 0;
+    for (int l = 0; l < M.a.n_layers; l++)
+        if (M.a.layers[l].n_experts) moe[nm++] = l, E = M.a.layers[l].n_experts, k = r->arch.layers[l].n_experts;
+    int *keep[8];
+    for (int i = 0; i < nm; i++) {
+        keep[i] = malloc(sizeof(int) * E);
+        memcpy(keep[i], ord->expert_order[moe[i]], sizeof(int) * E);
+    }
+    *kl_self = heldout_kl(&r->arch, ord, teacher);
+    /* every k-subset per layer: masks of popcount k */
+    unsigned subs[64];
+    int ns = 0;
+    for (unsigned s = 0; s < (1u << E); s++)
+        if (__builtin_popcount(s) == k) subs[ns++] = s;
+    long total = 1, better = 0;
+    for (int i = 0; i < nm; i++) total *= ns;
+    *kl_best = INFINITY;
+    for (long c = 0; c < total; c++) {
+        long q = c;
+        for (int i = 0; i < nm; i++, q /= ns) order_from_mask(ord->expert_order[moe[i]], E, subs[q % ns]);
+        double kl = heldout_kl(&r->arch, ord, teacher);
+        better += kl < *kl_self - 1e-12;
+        *kl_best = fmin(*kl_best, kl);
+    }
+    for (int i = 0; i < nm; i++) {
+        memcpy(ord->expert_order[moe[i]], keep[i], sizeof(int) * E);
+        free(keep[i]);
+    }
+    return (double)better / total;
+}
+
+/* The search (from the surrogate's structure, as a job starts it); *frac,
+ * *kl, *best from rank_choice, *start the held-out KL of the surrogate's
+ * structure pruned in importance order (where the gates start). */
+static int run_search(int zero_task, int width, ac_search_result *r, ac_importance *ord, double *frac, double *kl,
+                      double *best, double *start) {
+    problem_t P;
+    ac_err e;
+    make_problem(&P, 3);
+    P.p.opts.prune_expert_ffn = width;
+    ac_dnas_opts o;
+    ac_dnas_defaults(&o);
+    o.steps = 150;
+    o.batch = 4;
+    o.seq_len = 32;
+    o.zero_task_grad = zero_task;
+    if (ac_search_dnas(&P.p, &M, IDS, NIDS, &o, r, ord, &e)) {
+        CHECK(0, "dnas: %s", e.msg);
+        return -1;
+    }
+    float *teacher = logits_of(&M, HIDS, HB, HT, NULL);
+    *frac = rank_choice(r, ord, teacher, kl, best);
+    ac_search_result sr;
+    if (ac_search_autocompress(&P.p, &sr, &e) == 0) {
+        *start = heldout_kl(&sr.arch, &IMP, teacher);
+        ac_search_result_free(&sr);
+    } else
+        CHECK(0, "surrogate: %s", e.msg);
+    free(teacher);
+    return 0;
+}
+
+/* The search's structure: feasible, one expert count below the base's (at
+ * least top_k) in every MoE layer; 1 when so. */
+static int experts_removed(const ac_search_result *r) {
+    int kept = -1, uniform = 1, fewer = 1;
+    for (int l = 0; l < M.a.n_layers; l++) {
+        int n = r->arch.layers[l].n_experts, E = M.a.layers[l].n_experts;
+        if (!E) continue;
+        uniform &= kept < 0 || n == kept;
+        kept = n;
+        fewer &= n < E && n >= M.a.top_k;
+    }
+    return r->feasible && uniform && fewer;
+}
+
+static void print_arch(const char *what, const ac_search_result *r, double secs) {
+    json_t *aj = ac_arch_to_json(&r->arch);
+    char *s = json_dumps(aj, JSON_COMPACT);
+    printf("   %s (%d steps, %.1f s): params %.0f, feasible %d: %s\n", what, r->steps_run, secs, r->cost.params,
+           r->feasible, s);
+    free(s);
+    json_decref(aj);
+}
+
+static void test_dnas_removes_experts(void) {
+    if (!setup()) SKIP("no fixture qwen3moe_mixed_bf16 (make fixtures)");
+    ac_search_result r;
+    ac_importance ord;
+    double frac, kl, best, start, t0 = ac_now();
+    if (run_search(0, 0, &r, &ord, &frac, &kl, &best, &start)) return;
+    print_arch("dnas", &r, ac_now() - t0);
+    printf("   held-out KL to the unpruned model: start (surrogate) %.5f, dnas %.5f; best expert choice of its count "
+           "%.5f, %.0f%% of the choices better than the gates'\n",
+           start, kl, best, 100 * frac);
+    CHECK(experts_removed(&r), "not a feasible structure with one expert count below the base's (>= top_k)");
+    CHECK(kl <= start, "the search does not beat its start: KL %.5f vs %.5f", kl, start);
+    CHECK(frac <= 0.2, "the gates' expert choice is not among the best fifth (%.0f%% better)", 100 * frac);
+    ac_search_result_free(&r);
+    ac_importance_free(&ord);
+    /* mutation: no gradient from the network (every expert gate of a layer then moves alike) */
+    t0 = ac_now();
+    if (run_search(1, 0, &r, &ord, &frac, &kl, &best, &start)) return;
+    print_arch("zero task gradients", &r, ac_now() - t0);
+    printf("   zero task gradients: held-out KL %.5f (start %.5f)\n", kl, start);
+    CHECK(!(experts_removed(&r) && kl <= start && frac <= 0.2),
+          "without task gradients the claim still holds (it cannot fail)");
+    ac_search_result_free(&r);
+    ac_importance_free(&ord);
+}
+
+/* With search.prune_expert_ffn the gates on each expert's channel groups
+ * (the same rank groups in every expert, each expert ranked on its own)
+ * cut the expert width instead (under the same limit): one width below the
+ * base's for every MoE layer, on the group grid (3 channels), feasible, and
+ * no worse than the start on held-out KL; with zero task gradients not so. */
+static void test_dnas_cuts_expert_width(void) {
+    if (!setup()) SKIP("no fixture qwen3moe_mixed_bf16 (make fixtures)");
+    for (int z = 0; z < 2; z++) {
+        ac_search_result r;
+        ac_importance ord;
+        double frac, kl, best, start, t0 = ac_now();
+        if (run_search(z, 1, &r, &ord, &frac, &kl, &best, &start)) return;
+        print_arch(z ? "zero task gradients" : "dnas, expert width gated", &r, ac_now() - t0);
+        int w = -1, uniform = 1;
+        for (int l = 0; l < M.a.n_layers; l++)
+            if (M.a.layers[l].n_experts)
+                uniform &= w < 0 || r.arch.layers[l].expert_ffn == w, w = r.arch.layers[l].expert_ffn;
+        int claim = r.feasible && uniform && w < 48 && w % 3 == 0 && kl <= start;
+        printf("   expert width %d; held-out KL %.5f (start %.5f)\n", w, kl, start);
+        if (!z)
+            CHECK(claim, "not one expert width under the base's, feasible and no worse than the start");
+        else
+            CHECK(!claim, "without task gradients the claim still holds (it cannot fail)");
+        ac_search_result_free(&r);
+        ac_importance_free(&ord);
+    }
+}
+
+/* The limits' gradient through the expert and expert-width gates (the
+ * cost model's expert-count derivative; the width's central difference at
+ * the expected architecture) against central differences of the expected
+ * metric, at random log_alphas, for params, memory and TPOT. */
+static void test_expert_cost_gradient(void) {
+    if (!setup()) SKIP("no fixture qwen3moe_mixed_bf16 (make fixtures)");
+    problem_t P;
+    ac_err e;
+    make_problem(&P, 3);
+    P.p.opts.prune_expert_ffn = 1;
+    ac_dnas_gates g;
+    CHECK(ac_dnas_gates_init(&g, &M.a, &P.p.opts, &e) == 0, "%s", e.msg);
+    unsigned long long s = 3;
+    for (int i = 0; i < g.np; i++) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        g.la[i] = -2 + 5.0 * (s >> 11) / 9007199254740992.0;
+    }
+    double *an = malloc(sizeof(double) * g.np), h = 1e-4, worst = 0;
+    ac_metric ms[] = {AC_M_PARAMS, AC_M_MEM, AC_M_TPOT};
+    const char *names[] = {"params", "memory", "tpot"};
+    for (int k = 0; k < 3; k++) {
+        ac_dnas_expected_metric(&g, &P.p, ms[k], an);
+        double num = 0, den = 0;
+        for (int l = 0; l < g.L; l++)
+            for (int i = g.ex_off[l]; i < g.xg_off[l] + g.nxg[l]; i++) { /* the layer's expert then width gates */
+                if (i >= g.ex_off[l] + g.nex[l] && i < g.xg_off[l]) continue;
+                double o = g.la[i];
+                g.la[i] = o + h;
+                double a = ac_dnas_expected_metric(&g, &P.p, ms[k], NULL);
+                g.la[i] = o - h;
+                double b = ac_dnas_expected_metric(&g, &P.p, ms[k], NULL);
+                g.la[i] = o;
+                double fd = (a - b) / (2 * h);
+                num = fmax(num, fabs(fd - an[i]));
+                den = fmax(den, fabs(fd));
+            }
+        double rel = den > 0 ? num / den : num;
+        printf("   %s: expert and width gates, max|grad - fd| / max|fd| %.2e (max|fd| %.3g)\n", names[k], rel, den);
+        CHECK(den > 0, "%s: no gradient through the expert gates", names[k]);
+        worst = fmax(worst, rel);
+    }
+    CHECK(worst <= 1e-5, "expert gates' cost gradient off by %.3g", worst);
+    free(an);
+    ac_dnas_gates_free(&g);
+}
+
+/* Minitron's expert width (Model-Optimizer's moe_ffn_hidden_size): under a
+ * parameter limit that its other axes cannot meet at full expert width,
+ * the arm cuts every expert to one searched width, and the student keeps
+ * each expert's best channels by the expert-width score (checked here by
+ * sorting imp->echan_score independently: the pruned gate/up rows and
+ * down columns are the source's at those channels). */
+static void test_minitron_expert_width(void) {
+    if (!setup()) SKIP("no fixture qwen3moe_mixed_bf16 (make fixtures)");
+    CHECK(IMP.echan_order && IMP.echan_score, "calibration gave no expert-channel ranking");
+    if (!IMP.echan_order) return;
+    problem_t P;
+    ac_err e;
+    make_problem(&P, 3);
+    P.p.model = &M;
+    P.p.opts.prune_expert_ffn = 1;
+    ac_arch a;
+    ac_arch_copy(&a, &M.a, &e);
+    double pw[2];
+    for (int k = 0; k < 2; k++) { /* the smallest searched grid point but the expert width: 48, then 42 */
+        for (int l = 0; l < a.n_layers; l++) {
+            if (a.layers[l].n_experts) a.layers[l].n_experts = 4, a.layers[l].expert_ffn = k ? 42 : 48;
+            if (a.layers[l].ffn) a.layers[l].ffn = 100;
+        }
+        pw[k] = ac_arch_params(&a);
+    }
+    ac_arch_free(&a);
+    P.p.limits.max_params = 0.5 * (pw[0] + pw[1]);
+    ac_search_result r;
+    CHECK(ac_search_minitron(&P.p, &r, &e) == 0, "minitron: %s", e.msg);
+    json_t *ax = json_object_get(json_object_get(r.detail, "axes"), "moe_ffn_hidden_size");
+    char *s = json_dumps(ax, JSON_COMPACT);
+    printf("   minitron: params %.0f (limit %.0f), feasible %d; moe_ffn_hidden_size axis %s\n", r.cost.params,
+           P.p.limits.max_params, r.feasible, s ? s : "(none)");
+    free(s);
+    CHECK(ax && json_integer_value(json_object_get(ax, "divisor")) == 3, "no moe_ffn_hidden_size axis of divisor 3");
+    int w = -1, uniform = 1;
+    for (int l = 0; l < M.a.n_layers; l++)
+        if (M.a.layers[l].n_experts)
+            uniform &= w < 0 || r.arch.layers[l].expert_ffn == w, w = r.arch.layers[l].expert_ffn;
+    CHECK(r.feasible && uniform && w < 48 && w >= 30 && w % 3 == 0, "expert width %d: not one searched width under 48",
+          w);
+    ac_importance view;
+    ac_minitron_importance_view(&IMP, &view);
+    ac_model pm;
+    CHECK(ac_prune(&M, &r.arch, &view, &pm, &e) == 0, "prune: %s", e.msg);
+    int bad = 0, H = M.a.hidden;
+    for (int l = 0; l < M.a.n_layers && w > 0 && pm.L; l++) {
+        int E = M.a.layers[l].n_experts, Fe = M.a.layers[l].expert_ffn;
+        if (!E) continue;
+        int *ek = ac_prune_kept(IMP.expert_order[l], r.arch.layers[l].n_experts);
+        for (int x = 0; ek && x < r.arch.layers[l].n_experts; x++) {
+            const double *sc = IMP.echan_score[l] + (size_t)ek[x] * Fe;
+            int keep[64] = {0}, k = 0; /* the w best-scored channels (lower index first on equal scores), ascending */
+            for (int c = 0; c < Fe; c++) {
+                int better = 0;
+                for (int d = 0; d < Fe; d++) better += sc[d] > sc[c] || (sc[d] == sc[c] && d < c);
+                keep[c] = better < w;
+            }
+            for (int c = 0; c < Fe; c++) {
+                if (!keep[c]) continue;
+                bad |= memcmp(pm.L[l].eg[x] + (size_t)k * H, M.L[l].eg[ek[x]] + (size_t)c * H, sizeof(float) * H);
+                bad |= memcmp(pm.L[l].eu[x] + (size_t)k * H, M.L[l].eu[ek[x]] + (size_t)c * H, sizeof(float) * H);
+                for (int h = 0; h < H; h++)
+                    bad |= pm.L[l].ed[x][(size_t)h * w + k] != M.L[l].ed[ek[x]][(size_t)h * Fe + c];
+                k++;
+            }
+            bad |= k != w;
+        }
+        free(ek);
+    }
+    CHECK(!bad, "the student's experts are not the source's best-scored channels");
+    if (pm.L) ac_model_free(&pm);
+    ac_search_result_free(&r);
+}
+
+/* Top-k as a global choice (search.min_top_k 1 on the top-2 fixture): the
+ * measured loss increase of routing to 1 expert equals the mean
+ * next-token cross-entropy difference computed independently (the trainer's
+ * forward on the same windows); the job's search runs at k = 2 and 1 and
+ * keeps the feasible result with the least search prediction + increase. */
+static void test_top_k_choice(void) {
+    if (!setup()) SKIP("no fixture qwen3moe_mixed_bf16 (make fixtures)");
+    problem_t P;
+    ac_err e;
+    make_problem(&P, 3);
+    double dl;
+    CHECK(ac_top_k_loss_increase(&P.p, &M, 1, &dl, &e) == 0, "%s", e.msg);
+    int nw = 16, T = 32, *tgt = malloc(sizeof(int) * nw * T);
+    const int *tok = IDS + NIDS - (size_t)nw * T;
+    ac_next_token_targets(tgt, tok, nw, T);
+    double ce[2];
+    for (int k = 0; k < 2; k++) {
+        ac_model v = M;
+        v.a.top_k = k ? 1 : M.a.top_k;
+        ac_trainer t;
+        CHECK(ac_trainer_init_frozen(&t, &v, nw, T, &e) == 0, "%s", e.msg);
+        CHECK(ac_train_forward(&t, tok, nw, T, &e) == 0, "%s", e.msg);
+        ac_train_loss(&t, tgt, NULL, 1.0f, 0.0f, 1.0f, &ce[k], NULL);
+        ac_trainer_free(&t);
+    }
+    free(tgt);
+    printf("   top_k 2 -> 1: loss increase %.6f (independent cross-entropy difference %.6f)\n", dl, ce[1] - ce[0]);
+    CHECK(dl > 0 && fabs(dl - (ce[1] - ce[0])) <= 1e-5, "loss increase %.6g vs %.6g", dl, ce[1] - ce[0]);
+    ac_search_opts so = P.p.opts;
+    so.method = AC_SEARCH_SURROGATE;
+    so.min_top_k = 1;
+    ac_search_result r;
+    ac_importance ord;
+    CHECK(ac_dnas_job_search(&P.p, &M, &so, IDS, NIDS, &r, &ord, &e) == 0, "%s", e.msg);
+    json_t *ch = json_object_get(r.detail, "top_k_choices");
+    size_t i;
+    json_t *c;
+    int want = 0, nf = 0;
+    double best = INFINITY;
+    json_array_foreach(ch, i, c) {
+        int f = json_is_true(json_object_get(c, "feasible"));
+        double sc = json_number_value(json_object_get(c, "score"));
+        printf("   top_k %lld: search prediction %.5f + increase %.5f = %.5f, feasible %d\n",
+               json_integer_value(json_object_get(c, "top_k")),
+               json_number_value(json_object_get(c, "search_pred_loss")),
+               json_number_value(json_object_get(c, "loss_increase")), sc, f);
+        if (f && sc < best) best = sc, want = (int)json_integer_value(json_object_get(c, "top_k"));
+        nf += f;
+    }
+    CHECK(json_array_size(ch) == 2 && nf > 0, "top_k choices: %zu, %d feasible", json_array_size(ch), nf);
+    CHECK(r.arch.top_k == want && r.feasible, "chose top_k %d, the rule says %d", r.arch.top_k, want);
+    ac_model pm;
+    CHECK(ac_prune(&M, &r.arch, &IMP, &pm, &e) == 0, "prune: %s", e.msg);
+    CHECK(pm.a.top_k == want, "the student routes to %d experts", pm.a.top_k);
+    ac_model_free(&pm);
+    ac_search_result_free(&r);
+    ac_importance_free(&ord);
+}
+
+int main(void) {
+    ac_set_threads(2);
+    RUN(test_gates_equal_pruned_qwen3moe);
+    RUN(test_gates_equal_pruned_mixtral);
+    RUN(test_dnas_removes_experts);
+    RUN(test_expert_cost_gradient);
+    RUN(test_dnas_cuts_expert_width);
+    RUN(test_minitron_expert_width);
+    RUN(test_top_k_choice);
+    if (HAVE > 0) {
+        ac_importance_free(&IMP);
+        ac_model_free(&M);
+    }
+    free(IDS);
+    free(HIDS);
+    return DONE();
+}
