@@ -312,6 +312,7 @@ static int cmd_prune(int argc, char **argv) {
         goto out;
     }
     if (ac_prune(&m, &req, &imp, &pm, &e) || (argc == 6 && ac_deci_pad_model(&pm, &e))) goto out;
+    if (ac_arch_is_hybrid(&pm.a)) ac_minitron_compact(&pm); /* removed layers out of hybrid_override_pattern */
     if (ac_model_save(&pm, argv[4], ST_BF16, &e)) goto out;
     char src[4200], dst[4200];
     snprintf(src, sizeof src, "%s/tokenizer.json", argv[2]);

@@ -487,7 +487,8 @@ json_t *ac_arch_to_json(const ac_arch *a) {
             json_object_set_new(o, "type", json_string(L->ssm_heads     ? "mamba"
                                                        : L->n_heads   ? "attention"
                                                        : L->n_experts ? "moe"
-                                                                      : "mlp"));
+                                                       : L->ffn       ? "mlp"
+                                                                      : "removed"));
             if (L->ssm_heads) json_object_set_new(o, "ssm_heads", json_integer(L->ssm_heads));
             if (L->n_experts) json_object_set_new(o, "shared_ffn", json_integer(a->shared_ffn));
         }

@@ -186,6 +186,8 @@ void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n
         if (op->hook == AC_HOOK_HEAD_OUT && hk->head_out)
             hk->head_out(hk->ud, l, s[op->out], N, dim[AC_DIM_Q] / hd, hd);
         if (op->hook == AC_HOOK_FFN_ACT && hk->ffn_act) hk->ffn_act(hk->ud, l, s[op->out], N, dim[AC_DIM_F]);
+        if (op->hook == AC_HOOK_SSM_IN && hk->ssm_in)
+            hk->ssm_in(hk->ud, l, s[op->out], N, dim[AC_DIM_SSM], dim[AC_DIM_SI]);
     }
 }
 

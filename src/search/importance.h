@@ -66,6 +66,13 @@ typedef struct {
     int **expert_order;
     double **expert_score;
     int method;            /* the AC_CALIB_* method that measured the curves (never AUTO) */
+    /* nemotron_h Mamba layers (search/ssm_prune.h; NULL rows elsewhere):
+     * for each of the ssm_groups groups g, entries g*hpg .. g*hpg+hpg-1 are
+     * its heads (hpg = heads / groups), most important first; each head's
+     * score. A hybrid model's calibration is the activation statistics
+     * alone: its loss curves stay zero (docs/hybrid.md). */
+    int **ssm_head_order;
+    double **ssm_head_score;
 } ac_importance;
 
 typedef void (*ac_progress_fn)(void *ud, const char *what, double frac);

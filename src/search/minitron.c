@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "minitron_int.h"
 #include "runtime/eval.h"
 #include "search/slice.h"
 #include "search/stream.h"
@@ -52,7 +53,7 @@ void ac_minitron_compact(ac_model *m) {
     int k = 0, L = m->a.n_layers;
     for (int l = 0; l < L; l++) {
         const ac_layer_arch *la = &m->a.layers[l];
-        if ((la->n_heads || la->ffn || la->n_experts) || (k == 0 && l == L - 1)) {
+        if ((la->n_heads || la->ffn || la->n_experts || la->ssm_heads) || (k == 0 && l == L - 1)) {
             m->a.layers[k] = m->a.layers[l];
             m->L[k++] = m->L[l];
         }
@@ -320,6 +321,7 @@ static int grid(const ac_search_problem *p, const axis_t *ax, const int *order, 
 }
 
 int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *e) {
+    if (ac_arch_is_hybrid(p->base)) return ac_minitron_hybrid(p, r, e); /* minitron_hybrid.c */
     memset(r, 0, sizeof *r);
     const ac_arch *b = p->base;
     int ffn, experts;

@@ -1,0 +1,232 @@
+/* ssm_prune.c - see ssm_prune.h. */
+#include "search/ssm_prune.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "search/slice.h"
+#include "slice_int.h"
+
+int ac_ssm_rank_heads(const double *const *mt_ssm, const ac_arch *a, ac_importance *imp, ac_err *e) {
+    int L = a->n_layers, P = a->ssm_head_dim, G = a->ssm_groups > 0 ? a->ssm_groups : 1;
+    imp->ssm_head_order = calloc(L, sizeof(int *));
+    imp->ssm_head_score = calloc(L, sizeof(double *));
+    if (!imp->ssm_head_order || !imp->ssm_head_score) return ac_errf(e, "out of memory");
+    for (int l = 0; l < L; l++) {
+        int nh = a->layers[l].ssm_heads, hpg = nh / G;
+        if (!nh || !mt_ssm[l]) continue;
+        int *o = imp->ssm_head_order[l] = malloc(sizeof(int) * nh);
+        double *s = imp->ssm_head_score[l] = malloc(sizeof(double) * nh);
+        if (!o || !s) return ac_errf(e, "out of memory");
+        for (int h = 0; h < nh; h++) { /* L2 over the head's channels of each channel's sqrt(sum) */
+            double q = 0;
+            for (int i = 0; i < P; i++) q += mt_ssm[l][(size_t)h * P + i];
+            s[h] = sqrt(q);
+        }
+        for (int g = 0; g < G; g++) { /* within the group: best first, ties by index (insertion sort) */
+            int *og = o + g * hpg;
+            for (int j = 0; j < hpg; j++) {
+                int h = g * hpg + j, k = j;
+                while (k > 0 && s[og[k - 1]] < s[h]) {
+                    og[k] = og[k - 1];
+                    k--;
+                }
+                og[k] = h;
+            }
+        }
+    }
+    return 0;
+}
+
+static int cmp_int(const void *x, const void *y) { return *(const int *)x - *(const int *)y; }
+
+int ac_ssm_kept_heads(const ac_arch *src, const ac_arch *t, const ac_importance *imp, int l, int *kept) {
+    int nh = src->layers[l].ssm_heads, d = t->layers[l].ssm_heads, G = src->ssm_groups > 0 ? src->ssm_groups : 1;
+    if (d > nh || d < 0 || d % G || nh % G) return -1;
+    int hpg = nh / G, ht = d / G, n = 0;
+    for (int g = 0; g < G; g++) {
+        const int *o = imp && imp->ssm_head_order && imp->ssm_head_order[l] ? imp->ssm_head_order[l] + g * hpg : NULL;
+        for (int j = 0; j < ht; j++) kept[n + j] = o ? o[j] : g * hpg + j;
+        qsort(kept + n, ht, sizeof(int), cmp_int);
+        n += ht;
+    }
+    return n;
+}
+
+/* Whether layer l of t can be cut from the source's: the same mixer, or removed. */
+static int check_layer(const ac_arch *a, const ac_arch *t, int l, ac_err *e) {
+    const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
+    int mixers = !!d->n_heads + !!d->ffn + !!d->ssm_heads + !!d->n_experts;
+    if (mixers == 0) return 0; /* removed: the identity */
+    int same = mixers == 1 && !!d->n_heads == !!s->n_heads && !!d->ffn == !!s->ffn &&
+               !!d->ssm_heads == !!s->ssm_heads && !!d->n_experts == !!s->n_experts;
+    if (!same)
+        return ac_errf(e, "prune: nemotron_h layer %d keeps its one mixer (%s) or is removed", l,
+                       s->ssm_heads ? "Mamba" : s->n_heads ? "attention" : s->n_experts ? "MoE" : "MLP");
+    if (s->ssm_heads && (d->ssm_heads > s->ssm_heads || d->ssm_heads % (a->ssm_groups > 0 ? a->ssm_groups : 1)))
+        return ac_errf(e,
+                       "prune: layer %d keeps %d of %d Mamba heads: keep the same number in each of the %d groups "
+                       "(a multiple of n_groups, at most the source's)",
+                       l, d->ssm_heads, s->ssm_heads, a->ssm_groups);
+    if (s->ffn && d->ffn > s->ffn)
+        return ac_errf(e, "prune: layer %d MLP width %d is wider than the source's %d", l, d->ffn, s->ffn);
+    if (s->n_experts && (d->n_experts > s->n_experts || d->n_experts < a->top_k || d->expert_ffn != s->expert_ffn))
+        return ac_errf(e,
+                       "prune: layer %d keeps %d experts of width %d from %d of width %d: whole experts, at least "
+                       "top_k %d (expert width is not cut in nemotron_h yet)",
+                       l, d->n_experts, d->expert_ffn, s->n_experts, s->expert_ffn, a->top_k);
+    return s->n_heads ? ac_slice_check_layer(a, t, l, e) : 0;
+}
+
+/* A Mamba layer: the kept heads' channels of z, x and dt (B and C whole). */
+static int cut_mamba(const ac_model *src, const ac_arch *t, const ac_importance *imp, int l, ac_layer_w *dw,
+                     const int *hk, float *row, ac_err *e) {
+    const ac_arch *a = &src->a;
+    const ac_layer_w *sw = &src->L[l];
+    int wdt = ac_model_wdt(src), H = a->hidden, Ht = t->hidden, P = a->ssm_head_dim, K = a->ssm_conv;
+    int nh = a->layers[l].ssm_heads, di = nh * P, GN = 2 * a->ssm_groups * a->ssm_state;
+    int *kh = malloc(sizeof(int) * nh), *ch = malloc(sizeof(int) * di), *rin = malloc(sizeof(int) * (2 * di + GN + nh));
+    int k = kh ? ac_ssm_kept_heads(a, t, imp, l, kh) : -1;
+    if (!kh || !ch || !rin || k < 0) {
+        free(kh), free(ch), free(rin);
+        return ac_errf(e, k < 0 && kh ? "prune: layer %d: Mamba heads do not split into the groups" : "out of memory",
+                       l);
+    }
+    int dt = k * P;
+    for (int j = 0; j < k; j++)
+        for (int i = 0; i < P; i++) ch[j * P + i] = kh[j] * P + i;
+    /* in_proj rows: z, x (the kept channels), B and C (whole), dt (the kept heads); the conv's: x, B, C */
+    for (int c = 0; c < dt; c++) rin[c] = ch[c], rin[dt + c] = di + ch[c];
+    for (int c = 0; c < GN; c++) rin[2 * dt + c] = 2 * di + c;
+    for (int j = 0; j < k; j++) rin[2 * dt + GN + j] = 2 * di + GN + kh[j];
+    const int *crow = rin + dt; /* x's kept channels then B, C: di + ch, 2 di + c; as conv rows minus di */
+    int *cr = malloc(sizeof(int) * (dt + GN + 1));
+    if (!cr) {
+        free(kh), free(ch), free(rin);
+        return ac_errf(e, "out of memory");
+    }
+    for (int c = 0; c < dt + GN; c++) cr[c] = crow[c] - di;
+    ac_slice_gather(dw->in_norm, sw->in_norm, ST_F32, H, NULL, 1, hk, Ht, row);
+    ac_slice_gather(dw->ssm_in, sw->ssm_in, wdt, H, rin, 2 * dt + GN + k, hk, Ht, row);
+    ac_slice_gather(dw->ssm_out, sw->ssm_out, wdt, di, hk, Ht, ch, dt, row);
+    ac_slice_gather(dw->conv_w, sw->conv_w, ST_F32, K, cr, dt + GN, NULL, K, row);
+    if (sw->conv_b && dw->conv_b) ac_slice_gather(dw->conv_b, sw->conv_b, ST_F32, di + GN, NULL, 1, cr, dt + GN, row);
+    ac_slice_gather(dw->dt_bias, sw->dt_bias, ST_F32, nh, NULL, 1, kh, k, row);
+    ac_slice_gather(dw->a_log, sw->a_log, ST_F32, nh, NULL, 1, kh, k, row);
+    ac_slice_gather(dw->ssm_d, sw->ssm_d, ST_F32, nh, NULL, 1, kh, k, row);
+    ac_slice_gather(dw->ssm_norm, sw->ssm_norm, ST_F32, di, NULL, 1, ch, dt, row);
+    free(kh), free(ch), free(rin), free(cr);
+    return 0;
+}
+
+/* An MLP layer (up, relu^2, down): its best channels. */
+static int cut_mlp(const ac_model *src, const ac_arch *t, const ac_importance *imp, int l, ac_layer_w *dw,
+                   const int *hk, float *row, ac_err *e) {
+    const ac_arch *a = &src->a;
+    const ac_layer_w *sw = &src->L[l];
+    int wdt = ac_model_wdt(src), H = a->hidden, Ht = t->hidden, F = a->layers[l].ffn, Ft = t->layers[l].ffn;
+    int *fk = ac_prune_kept(imp->ffn_order[l], Ft);
+    if (!fk) return ac_errf(e, "out of memory");
+    ac_slice_gather(dw->post_norm, sw->post_norm, ST_F32, H, NULL, 1, hk, Ht, row);
+    ac_slice_gather(dw->wu, sw->wu, wdt, H, fk, Ft, hk, Ht, row);
+    ac_slice_gather(dw->wd, sw->wd, wdt, F, hk, Ht, fk, Ft, row);
+    free(fk);
+    return 0;
+}
+
+/* An MoE layer: whole experts with their router rows and correction bias;
+ * the shared expert and the latent projections on the kept hidden channels. */
+static int cut_moe(const ac_model *src, const ac_arch *t, const ac_importance *imp, int l, ac_layer_w *dw,
+                   const int *hk, float *row, ac_err *e) {
+    const ac_arch *a = &src->a;
+    const ac_layer_w *sw = &src->L[l];
+    int wdt = ac_model_wdt(src), H = a->hidden, Ht = t->hidden, E = a->layers[l].n_experts,
+        Et = t->layers[l].n_experts, Fe = a->layers[l].expert_ffn, Lt = a->moe_latent, Fs = a->shared_ffn;
+    int *ek = malloc(sizeof(int) * (E + 1));
+    if (!ek) return ac_errf(e, "out of memory");
+    for (int x = 0; x < Et; x++) ek[x] = imp->expert_order && imp->expert_order[l] ? imp->expert_order[l][x] : x;
+    qsort(ek, Et, sizeof(int), cmp_int);
+    ac_slice_gather(dw->post_norm, sw->post_norm, ST_F32, H, NULL, 1, hk, Ht, row);
+    ac_slice_gather(dw->router, sw->router, wdt, H, ek, Et, hk, Ht, row);
+    if (sw->router_bias) ac_slice_gather(dw->router_bias, sw->router_bias, ST_F32, E, NULL, 1, ek, Et, row);
+    for (int x = 0; x < Et; x++) {
+        if (Lt) { /* the experts live on the latent width: whole */
+            ac_slice_gather(dw->eu[x], sw->eu[ek[x]], wdt, Lt, NULL, Fe, NULL, Lt, row);
+            ac_slice_gather(dw->ed[x], sw->ed[ek[x]], wdt, Fe, NULL, Lt, NULL, Fe, row);
+        } else {
+            ac_slice_gather(dw->eu[x], sw->eu[ek[x]], wdt, H, NULL, Fe, hk, Ht, row);
+            ac_slice_gather(dw->ed[x], sw->ed[ek[x]], wdt, Fe, hk, Ht, NULL, Fe, row);
+        }
+    }
+    if (Lt) {
+        ac_slice_gather(dw->lat_down, sw->lat_down, wdt, H, NULL, Lt, hk, Ht, row);
+        ac_slice_gather(dw->lat_up, sw->lat_up, wdt, Lt, hk, Ht, NULL, Lt, row);
+    }
+    if (Fs && sw->sh_u) {
+        ac_slice_gather(dw->sh_u, sw->sh_u, wdt, H, NULL, Fs, hk, Ht, row);
+        ac_slice_gather(dw->sh_d, sw->sh_d, wdt, Fs, hk, Ht, NULL, Fs, row);
+    }
+    free(ek);
+    return 0;
+}
+
+/* The widest source row a gather converts. */
+static size_t widest(const ac_arch *a) {
+    size_t w = (size_t)a->hidden;
+    size_t fixed[3] = {(size_t)a->moe_latent, (size_t)a->shared_ffn, (size_t)a->ssm_conv};
+    for (int i = 0; i < 3; i++) w = fixed[i] > w ? fixed[i] : w;
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        size_t v[5] = {(size_t)L->n_heads * a->head_dim, (size_t)L->ffn, (size_t)L->expert_ffn, (size_t)L->n_experts,
+                       (size_t)ac_ssm_conv_dim(a, l)};
+        for (int i = 0; i < 5; i++) w = v[i] > w ? v[i] : w;
+    }
+    return w;
+}
+
+static int cut_all(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *f, const int *hk,
+                   float *row, double *acc, ac_err *e) {
+    const ac_arch *a = &src->a;
+    int H = a->hidden, Ht = t->hidden, V = a->vocab, wdt = ac_model_wdt(src);
+    ac_slice_gather(f->embed, src->embed, wdt, H, NULL, V, hk, Ht, row);
+    if (!t->tie_embeddings) ac_slice_gather(f->lm_head, src->lm_head, wdt, H, NULL, V, hk, Ht, row);
+    ac_slice_gather(f->final_norm, src->final_norm, ST_F32, H, NULL, 1, hk, Ht, row);
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *d = &t->layers[l];
+        int rc = d->ssm_heads   ? cut_mamba(src, t, imp, l, &f->L[l], hk, row, e)
+                 : d->n_heads   ? ac_slice_layer(src, t, imp, l, &f->L[l], hk, row, acc, e)
+                 : d->ffn       ? cut_mlp(src, t, imp, l, &f->L[l], hk, row, e)
+                 : d->n_experts ? cut_moe(src, t, imp, l, &f->L[l], hk, row, e)
+                                : 0;
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+int ac_prune_hybrid(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, int bf16,
+                    ac_err *e) {
+    const ac_arch *a = &src->a;
+    if (!t->hybrid || t->ssm_head_dim != a->ssm_head_dim || t->ssm_state != a->ssm_state ||
+        t->ssm_groups != a->ssm_groups || t->ssm_conv != a->ssm_conv || t->moe_latent != a->moe_latent ||
+        t->shared_ffn != a->shared_ffn)
+        return ac_errf(e, "prune: the target changes nemotron_h's model-wide Mamba or MoE shapes");
+    for (int l = 0; l < a->n_layers; l++)
+        if (check_layer(a, t, l, e)) return -1;
+    ac_model f;
+    if (ac_model_alloc(&f, t, e)) return -1;
+    int *hk = ac_prune_kept(imp->hid_order, t->hidden);
+    float *row = malloc(sizeof(float) * widest(a));
+    double *acc = malloc(sizeof(double) * 2 * a->hidden);
+    int rc = hk && row && acc ? cut_all(src, t, imp, &f, hk, row, acc, e) : ac_errf(e, "out of memory");
+    free(hk), free(row), free(acc);
+    if (!rc && bf16) {
+        rc = ac_model_to_bf16(&f, dst, e);
+        ac_model_free(&f);
+    } else if (!rc)
+        *dst = f;
+    else
+        ac_model_free(&f);
+    return rc;
+}

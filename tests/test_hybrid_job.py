@@ -1,0 +1,316 @@
+"""A compression job on a hybrid Mamba-Transformer (nemotron_h) checkpoint.
+
+A random-init checkpoint with Nemotron-H's layer pattern shrunk (M-M-M*-M-:
+Mamba-2, squared-ReLU MLP and one attention layer; 2 groups of 4 Mamba
+heads) goes through `autocompress compress` with the minitron method:
+calibration, the hybrid Minitron grid (Mamba heads by group, per-type layer
+removal, MLP width, attention KV groups / heads), pruning, distillation and
+export as safetensors + config.json (nemotron_h) and GGUF (llama.cpp's
+nemotron_h). The parameter limit is below what the grid reaches without
+cutting Mamba heads, so every feasible structure cuts them.
+
+- Without distillation the exported Mamba layers are checked tensor by
+  tensor against the base's weights sliced here (in_proj's z, x and dt rows
+  and B, C whole, conv channels, dt_bias, A_log, D, gated-norm weight,
+  out_proj columns), keeping per group the heads Model-Optimizer's rule
+  ranks best, computed here in float64 (tests/ref_mamba.py) from in_proj's
+  x outputs over the job's calibration windows.
+- With distillation the export's hybrid_override_pattern is the base's with
+  the removed layers taken out, its float64 reference perplexity (this
+  test's forward) is what the engine reads, and llama.cpp (node-llama-cpp,
+  tests/llama) scores the GGUF within 0.5 % of the report's perplexity.
+- A hybrid spec with method autocompress or export_target deci is refused
+  naming the field (`autocompress validate`).
+"""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import BUILD, DATA, ROOT, TINY, Runner  # noqa: E402
+
+CLI = os.path.join(BUILD, "autocompress")
+WORK = tempfile.mkdtemp(prefix="ac_hyb_")
+CTX, WINDOWS, CALIB = 64, 4, 2048
+CFG = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 768,
+       "hidden_size": 64, "num_hidden_layers": 9, "hybrid_override_pattern": "M-M-M*-M-",
+       "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+       "mlp_hidden_act": "relu2", "mamba_num_heads": 8, "mamba_head_dim": 8, "ssm_state_size": 16,
+       "n_groups": 2, "conv_kernel": 4, "use_conv_bias": True, "use_bias": False, "mlp_bias": False,
+       "attention_bias": False, "layer_norm_epsilon": 1e-5, "max_position_embeddings": 1024,
+       "tie_word_embeddings": False, "bos_token_id": 767, "eos_token_id": 767}
+PX = "backbone."
+
+
+def have():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return os.path.exists(os.path.join(TINY, "tokenizer.json")) and os.path.exists(CLI)
+
+
+def make_base():
+    """The random-init BF16 checkpoint (ref_mamba.random_weights) with the tiny model's tokenizer."""
+    import torch
+    import ref_llama as R
+    import ref_mamba as M
+    d = os.path.join(WORK, "base")
+    if os.path.exists(os.path.join(d, "config.json")):
+        return d
+    os.makedirs(d)
+    W = M.random_weights(M.arch_from_config(CFG), 7)
+    R.save_safetensors(os.path.join(d, "model.safetensors"), {k: v.to(torch.bfloat16) for k, v in W.items()},
+                       {"format": "pt"})
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(CFG, f, indent=1)
+    shutil.copy(os.path.join(TINY, "tokenizer.json"), d)
+    return d
+
+
+def params_of(cfg):
+    out = subprocess.run([CLI, "estimate", write(os.path.join(WORK, "est.json"), {
+        "model": cfg, "target": {"device": "H100"}})], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["figures"]["params"]
+
+
+def write(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+    return path
+
+
+def job_spec(model, out, distill_tokens, limit, **kw):
+    s = {"model": model, "output": out, "method": "minitron", "calibration": os.path.join(DATA, "calib.txt"),
+         "heldout": os.path.join(DATA, "heldout.txt"),
+         "target": {"device": "H100", "workload": {"batch": 1, "prompt_len": 64, "gen_len": 16}},
+         "constraints": {"max_params": limit}, "search": {"export_target": "gguf", "seed": 1, "prune_hidden": False},
+         "distill": {"tokens": distill_tokens, "seq_len": 64, "batch": 4}, "calibration_tokens": CALIB,
+         "eval": {"ctx": CTX, "windows": WINDOWS}}
+    s.update(kw)
+    return s
+
+
+def run_job(spec, name):
+    """`autocompress compress` on spec: (report, wall seconds, peak RSS of the child in MiB)."""
+    sp = write(os.path.join(WORK, name + ".json"), spec)
+    timer = ["/usr/bin/time", "-f", "AC_RSS_KB %M"] if os.path.exists("/usr/bin/time") else []
+    t0 = time.time()
+    r = subprocess.run(timer + [CLI, "compress", sp], capture_output=True, text=True, timeout=900,
+                       env=dict(os.environ, AC_COST_DB=os.path.join(WORK, "cost.db")))
+    wall = time.time() - t0
+    assert r.returncode == 0, r.stderr[-3000:]
+    kb = [int(x.split()[1]) for x in r.stderr.splitlines() if x.startswith("AC_RSS_KB ")]
+    return json.load(open(os.path.join(spec["output"], "report.json"))), wall, kb[-1] / 1024.0 if kb else float("nan")
+
+
+def ids_of(tok_dir, text):
+    out = subprocess.run([CLI, "tokenize", os.path.join(tok_dir, "tokenizer.json"), text], capture_output=True,
+                         text=True, check=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def load(d):
+    import ref_llama as R
+    return {k: v.double() for k, v in R.load_safetensors(os.path.join(d, "model.safetensors")).items()}
+
+
+def mamba_ranking(d, ids):
+    """Model-Optimizer's group-aware Mamba head ranking of checkpoint d over the windows of ids (float64):
+    per x channel of in_proj sum over windows (mean_t |x|)^2, a head's score the L2 of the channels' sqrt,
+    heads sorted best first within each group. {layer: [heads of group 0 best first, then group 1, ...]}."""
+    import torch
+    import ref_mamba as M
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    a, W = M.arch_from_config(cfg), load(d)
+    nh, P, G = a["mh"], a["P"], a["G"]
+    di = nh * P
+    acc = {}
+    orig = M.mamba
+
+    def hooked(a_, W_, m, x):
+        zx = torch.nn.functional.linear(x, W_[m + "in_proj.weight"])
+        s = zx[..., di:2 * di].abs().mean(1).pow(2).sum(0)  # [di]
+        acc[m] = acc.get(m, 0) + s
+        return orig(a_, W_, m, x)
+
+    M.mamba = hooked
+    try:
+        x = torch.tensor([ids[w * CTX:(w + 1) * CTX] for w in range(len(ids) // CTX)])
+        with torch.no_grad():
+            M.forward(a, W, x)
+    finally:
+        M.mamba = orig
+    rank, margin = {}, 1.0
+    for m, s in acc.items():
+        score = s.view(nh, P).sum(1).sqrt()
+        per = nh // G
+        order = []
+        for g in range(G):
+            sc = score[g * per:(g + 1) * per]
+            o = torch.argsort(sc, descending=True).tolist()
+            srt = sorted(sc.tolist(), reverse=True)
+            margin = min(margin, min((srt[i] - srt[i + 1]) / srt[0] for i in range(per - 1)))
+            order += [g * per + j for j in o]
+        rank[int(m.split(".")[2])] = order
+    return rank, margin
+
+
+def slice_mamba(W, l, keep, a):
+    """Layer l's Mamba tensors of W keeping heads `keep` (ascending within groups), as the ssm_prune.h rule says."""
+    import torch
+    nh, P, G, N = a["mh"], a["P"], a["G"], a["Ns"]
+    di, GN = nh * P, 2 * G * N
+    ch = torch.tensor([h * P + i for h in keep for i in range(P)])
+    kh = torch.tensor(keep)
+    m = f"{PX}layers.{l}.mixer."
+    rows = torch.cat([ch, di + ch, 2 * di + torch.arange(GN), 2 * di + GN + kh])
+    crow = torch.cat([ch, di + torch.arange(GN)])
+    return {"in_proj.weight": W[m + "in_proj.weight"][rows], "out_proj.weight": W[m + "out_proj.weight"][:, ch],
+            "conv1d.weight": W[m + "conv1d.weight"][crow], "conv1d.bias": W[m + "conv1d.bias"][crow],
+            "dt_bias": W[m + "dt_bias"][kh], "A_log": W[m + "A_log"][kh], "D": W[m + "D"][kh],
+            "norm.weight": W[m + "norm.weight"][ch]}
+
+
+def kept_layers(rep):
+    dropped = set(rep["minitron"]["layers_dropped"])
+    return [l for l in range(CFG["num_hidden_layers"]) if l not in dropped]
+
+
+def check_structure(rep, base_pattern):
+    """The result cuts Mamba heads equally per group and the export's pattern drops exactly the removed layers."""
+    res = rep[rep["chosen"]]
+    layers = res["architecture"]["layers"]
+    mh = {L["ssm_heads"] for L in layers if L["type"] == "mamba"}
+    assert len(mh) == 1 and list(mh)[0] < CFG["mamba_num_heads"] and list(mh)[0] % CFG["n_groups"] == 0, layers
+    assert res["feasible"] and res["predicted"]["params"] <= rep["constraints"]["max_params"] + 0.5, res
+    for l in rep["minitron"]["layers_dropped"]:
+        assert layers[l]["type"] == "removed", (l, layers[l])
+    cfg = json.load(open(os.path.join(rep["export"]["dir"], "config.json")))
+    want = "".join(base_pattern[l] for l in kept_layers(rep))
+    assert cfg["hybrid_override_pattern"] == want and cfg["num_hidden_layers"] == len(want), (cfg, want)
+    assert cfg["mamba_num_heads"] == list(mh)[0], cfg
+    assert rep["export"]["format"].startswith("NemotronHForCausalLM"), rep["export"]
+    assert rep["export"]["gguf"]["architecture"] == "nemotron_h", rep["export"]
+    return cfg
+
+
+def ref_ppl(d, ids):
+    """tests/ref_mamba.py's float64 perplexity of the exported checkpoint d over WINDOWS windows of CTX."""
+    import torch
+    import ref_mamba as M
+    a, W = M.arch_from_config(json.load(open(os.path.join(d, "config.json")))), load(d)
+    x = torch.tensor([ids[w * CTX:(w + 1) * CTX] for w in range(WINDOWS)])
+    with torch.no_grad():
+        lp = torch.log_softmax(M.forward(a, W, x), -1)
+    nll = -lp[:, :-1].gather(-1, x[:, 1:, None]).sum().item()
+    return math.exp(nll / (WINDOWS * (CTX - 1)))
+
+
+def engine_ppl(d):
+    out = subprocess.run([CLI, "eval", d, os.path.join(DATA, "heldout.txt"), "--ctx", str(CTX), "--windows",
+                          str(WINDOWS), "--gemm", "exact", "--json"], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["ppl"]
+
+
+def llama_ppl(gguf, ids):
+    """llama.cpp's perplexity of the GGUF over the same windows (tests/llama/llama_check.mjs); None without node."""
+    ldir = os.path.join(ROOT, "tests", "llama")
+    if not shutil.which("node") or not os.path.isdir(os.path.join(ldir, "node_modules", "node-llama-cpp")):
+        return None
+    job = write(os.path.join(WORK, "llama_job.json"), {
+        "windows": [ids[w * CTX:(w + 1) * CTX] for w in range(WINDOWS)], "text": "", "prompt": ids[:8], "gen": 8})
+    r = subprocess.run(["node", "llama_check.mjs", gguf, job], cwd=ldir, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return math.exp(sum(out["nll"]) / sum(out["count"]))
+
+
+def base_limit(base):
+    """0.745 of the base's parameters: beyond what every other axis cut to its cap reaches without Mamba heads."""
+    return 0.745 * params_of(base)
+
+
+def test_group_aware_heads_as_model_optimizer_ranks_them():
+    if not have():
+        return "skip"
+    import torch
+    import ref_mamba as M
+    base = make_base()
+    rep, wall, rss = run_job(job_spec(base, os.path.join(WORK, "out_a"), 0, base_limit(base)), "job_a")
+    print(f"   job without distillation: {wall:.1f} s, peak RSS {rss:.0f} MiB")
+    check_structure(rep, CFG["hybrid_override_pattern"])
+    ids = ids_of(base, os.path.join(DATA, "calib.txt"))[:CALIB]
+    rank, margin = mamba_ranking(base, ids)
+    assert margin > 1e-6, margin  # no near-tie the fp32 statistics could order differently
+    a = M.arch_from_config(CFG)
+    Wb, We = load(base), load(rep["export"]["dir"])
+    res = rep[rep["chosen"]]["architecture"]["layers"]
+    k = [L for L in res if L["type"] == "mamba"][0]["ssm_heads"]
+    per, kg = CFG["mamba_num_heads"] // CFG["n_groups"], k // CFG["n_groups"]
+    checked = 0
+    for j, l in enumerate(kept_layers(rep)):
+        if CFG["hybrid_override_pattern"][l] != "M":
+            continue
+        keep = sorted(h for g in range(CFG["n_groups"]) for h in rank[l][g * per:g * per + kg])
+        want = slice_mamba(Wb, l, keep, a)
+        for name, t in want.items():
+            got = We[f"{PX}layers.{j}.mixer.{name}"]
+            assert got.shape == t.shape and torch.equal(got, t), (l, name, got.shape, t.shape)
+        checked += 1
+    assert checked >= 3, checked
+    print(f"   {checked} Mamba layers keep {kg} of {per} heads per group, Model-Optimizer's best (smallest score "
+          f"margin {margin:.2e})")
+
+
+def test_job_distils_and_exports_nemotron_h():
+    if not have():
+        return "skip"
+    base = make_base()
+    rep, wall, rss = run_job(job_spec(base, os.path.join(WORK, "out_b"), 8192, base_limit(base)), "job_b")
+    print(f"   job with distillation: {wall:.1f} s wall, peak RSS {rss:.0f} MiB, stages {rep['timings_s']}")
+    cfg = check_structure(rep, CFG["hybrid_override_pattern"])
+    res = rep[rep["chosen"]]
+    assert res.get("distill", {}).get("steps", 0) > 0 or "perplexity_pruned" in res, res.keys()
+    out = rep["export"]["dir"]
+    ids = ids_of(out, os.path.join(DATA, "heldout.txt"))
+    pr, pe, rp = ref_ppl(out, ids), engine_ppl(out), res["perplexity"]
+    print(f"   export {cfg['hybrid_override_pattern']} (Mamba heads {cfg['mamba_num_heads']}): reference ppl "
+          f"{pr:.4f}, engine {pe:.4f}, report {rp:.4f} (before distillation {res.get('perplexity_pruned')})")
+    assert abs(pr / pe - 1) < 2e-4, (pr, pe)
+    assert abs(pe / rp - 1) < 2e-3, (pe, rp)
+    pl = llama_ppl(os.path.join(out, "model.gguf"), ids)
+    if pl is None:
+        print("   SKIP llama.cpp check: node or tests/llama/node_modules missing")
+        return
+    print(f"   llama.cpp on model.gguf: ppl {pl:.4f} ({100 * (pl / rp - 1):+.3f} % of the report)")
+    assert abs(pl / rp - 1) < 5e-3, (pl, rp)
+
+
+def test_specs_refused_with_the_field():
+    if not have():
+        return "skip"
+    base = make_base()
+    for kw, field in (({"method": "autocompress"}, "method"),
+                      ({"search": {"export_target": "deci"}}, "search.export_target")):
+        s = job_spec(base, os.path.join(WORK, "out_x"), 0, 2e5, **kw)
+        r = subprocess.run([CLI, "validate", write(os.path.join(WORK, "v.json"), s)], capture_output=True, text=True)
+        j = json.loads(r.stdout or r.stderr)
+        assert r.returncode != 0 and j.get("field") == field, (kw, r.returncode, r.stdout, r.stderr)
+        print(f"   {field}: {j.get('error', j)}"[:200])
+
+
+if __name__ == "__main__":
+    r = Runner()
+    try:
+        r.run(test_specs_refused_with_the_field)
+        r.run(test_group_aware_heads_as_model_optimizer_ranks_them)
+        r.run(test_job_distils_and_exports_nemotron_h)
+    finally:
+        shutil.rmtree(WORK, ignore_errors=True)
+    r.done()
