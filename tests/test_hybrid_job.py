@@ -44,6 +44,12 @@ CFG = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "v
        "n_groups": 2, "conv_kernel": 4, "use_conv_bias": True, "use_bias": False, "mlp_bias": False,
        "attention_bias": False, "layer_norm_epsilon": 1e-5, "max_position_embeddings": 1024,
        "tie_word_embeddings": False, "bos_token_id": 767, "eos_token_id": 767}
+# Nemotron 3 Nano's layer kinds shrunk: Mamba-2, MoE (6 squared-ReLU experts, top-2, a shared expert, the sigmoid
+# router with its correction bias) and one attention layer
+CFG_MOE = dict(CFG, hybrid_override_pattern="MEMEM*E", num_hidden_layers=7, n_routed_experts=6,
+               num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
+               norm_topk_prob=True, routed_scaling_factor=2.5, n_group=1, topk_group=1, n_shared_experts=1,
+               moe_latent_size=None)
 PX = "backbone."
 
 
@@ -55,20 +61,21 @@ def have():
     return os.path.exists(os.path.join(TINY, "tokenizer.json")) and os.path.exists(CLI)
 
 
-def make_base():
-    """The random-init BF16 checkpoint (ref_mamba.random_weights) with the tiny model's tokenizer."""
+def make_base(cfg=CFG, name="base"):
+    """A random-init BF16 checkpoint (ref_mamba.random_weights; the correction bias fp32 as Hugging Face keeps it)
+    with the tiny model's tokenizer."""
     import torch
     import ref_llama as R
     import ref_mamba as M
-    d = os.path.join(WORK, "base")
+    d = os.path.join(WORK, name)
     if os.path.exists(os.path.join(d, "config.json")):
         return d
     os.makedirs(d)
-    W = M.random_weights(M.arch_from_config(CFG), 7)
-    R.save_safetensors(os.path.join(d, "model.safetensors"), {k: v.to(torch.bfloat16) for k, v in W.items()},
-                       {"format": "pt"})
+    W = M.random_weights(M.arch_from_config(cfg), 7)
+    W = {k: v.to(torch.float32 if k.endswith("e_score_correction_bias") else torch.bfloat16) for k, v in W.items()}
+    R.save_safetensors(os.path.join(d, "model.safetensors"), W, {"format": "pt"})
     with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(CFG, f, indent=1)
+        json.dump(cfg, f, indent=1)
     shutil.copy(os.path.join(TINY, "tokenizer.json"), d)
     return d
 
@@ -179,15 +186,17 @@ def slice_mamba(W, l, keep, a):
 
 def kept_layers(rep):
     dropped = set(rep["minitron"]["layers_dropped"])
-    return [l for l in range(CFG["num_hidden_layers"]) if l not in dropped]
+    return [l for l in range(len(rep["minitron"]["architecture"]["layers"])) if l not in dropped]
 
 
-def check_structure(rep, base_pattern):
-    """The result cuts Mamba heads equally per group and the export's pattern drops exactly the removed layers."""
+def check_structure(rep, base_pattern, cut_heads=True):
+    """The result keeps one Mamba head count, a multiple of the groups (below the base's when cut_heads), and the
+    export's pattern drops exactly the removed layers."""
     res = rep[rep["chosen"]]
     layers = res["architecture"]["layers"]
     mh = {L["ssm_heads"] for L in layers if L["type"] == "mamba"}
-    assert len(mh) == 1 and list(mh)[0] < CFG["mamba_num_heads"] and list(mh)[0] % CFG["n_groups"] == 0, layers
+    assert len(mh) == 1 and list(mh)[0] % CFG["n_groups"] == 0, layers
+    assert list(mh)[0] < CFG["mamba_num_heads"] or not cut_heads, layers
     assert res["feasible"] and res["predicted"]["params"] <= rep["constraints"]["max_params"] + 0.5, res
     for l in rep["minitron"]["layers_dropped"]:
         assert layers[l]["type"] == "removed", (l, layers[l])
@@ -196,7 +205,7 @@ def check_structure(rep, base_pattern):
     assert cfg["hybrid_override_pattern"] == want and cfg["num_hidden_layers"] == len(want), (cfg, want)
     assert cfg["mamba_num_heads"] == list(mh)[0], cfg
     assert rep["export"]["format"].startswith("NemotronHForCausalLM"), rep["export"]
-    assert rep["export"]["gguf"]["architecture"] == "nemotron_h", rep["export"]
+    assert rep["export"]["gguf"]["architecture"].startswith("nemotron_h"), rep["export"]
     return cfg
 
 
@@ -292,6 +301,37 @@ def test_job_distils_and_exports_nemotron_h():
     assert abs(pl / rp - 1) < 5e-3, (pl, rp)
 
 
+def test_moe_hybrid_job_exports_nemotron_h_moe():
+    """Nemotron 3 Nano's layer kinds: the MoE layers keep whole experts (never below top_k) with their router rows
+    and correction bias; the export is read alike by the reference, the engine and llama.cpp (nemotron_h_moe)."""
+    if not have():
+        return "skip"
+    base = make_base(CFG_MOE, "base_moe")
+    spec = job_spec(base, os.path.join(WORK, "out_moe"), 4096, 0.8 * params_of(base))
+    spec["search"]["prune_experts"] = True
+    rep, wall, rss = run_job(spec, "job_moe")
+    print(f"   MoE hybrid job: {wall:.1f} s wall, peak RSS {rss:.0f} MiB")
+    cfg = check_structure(rep, CFG_MOE["hybrid_override_pattern"], cut_heads=False)
+    res = rep[rep["chosen"]]
+    ex = {L["experts"] for L in res["architecture"]["layers"] if L["type"] == "moe"}
+    assert len(ex) == 1 and CFG_MOE["num_experts_per_tok"] <= min(ex) <= CFG_MOE["n_routed_experts"], ex
+    assert cfg["n_routed_experts"] == min(ex) and cfg["num_experts_per_tok"] == CFG_MOE["num_experts_per_tok"], cfg
+    assert rep["export"]["gguf"]["architecture"] == "nemotron_h_moe", rep["export"]
+    out = rep["export"]["dir"]
+    ids = ids_of(out, os.path.join(DATA, "heldout.txt"))
+    pr, pe, rp = ref_ppl(out, ids), engine_ppl(out), res["perplexity"]
+    print(f"   export {cfg['hybrid_override_pattern']} ({min(ex)} experts, Mamba heads {cfg['mamba_num_heads']}): "
+          f"reference ppl {pr:.4f}, engine {pe:.4f}, report {rp:.4f}")
+    assert abs(pr / pe - 1) < 2e-4, (pr, pe)
+    assert abs(pe / rp - 1) < 2e-3, (pe, rp)
+    pl = llama_ppl(os.path.join(out, "model.gguf"), ids)
+    if pl is None:
+        print("   SKIP llama.cpp check: node or tests/llama/node_modules missing")
+        return
+    print(f"   llama.cpp on model.gguf: ppl {pl:.4f} ({100 * (pl / rp - 1):+.3f} % of the report)")
+    assert abs(pl / rp - 1) < 5e-3, (pl, rp)
+
+
 def test_specs_refused_with_the_field():
     if not have():
         return "skip"
@@ -311,6 +351,7 @@ if __name__ == "__main__":
         r.run(test_specs_refused_with_the_field)
         r.run(test_group_aware_heads_as_model_optimizer_ranks_them)
         r.run(test_job_distils_and_exports_nemotron_h)
+        r.run(test_moe_hybrid_job_exports_nemotron_h_moe)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
     r.done()
