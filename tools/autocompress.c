@@ -41,7 +41,8 @@ static const struct {
               "choice's log-likelihood)"},
     {"compress", "compress SPEC.json\n      (the job here, without a daemon; AC_COST_DB=FILE caches measured cost "
                  "tables)"},
-    {"estimate", "estimate REQUEST.json\n      ({\"model\"|\"architecture\", \"target\"}, as POST /v1/estimate)"},
+    {"estimate", "estimate REQUEST.json\n      ({\"model\"|\"architecture\", \"target\"}, as POST /v1/estimate; with "
+                 "\"constraints\" on a\n       nemotron_h model: the structures that fit, config only)"},
     {"tokenize", "tokenize TOKENIZER_JSON TEXT_FILE\n      (token ids, one line)"},
     {"validate", "validate SPEC.json\n      (what compress checks before it starts: {\"ok\":true} or the error and "
                  "its field)"},

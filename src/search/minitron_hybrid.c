@@ -26,6 +26,7 @@
 #include "search/minitron.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -209,6 +210,25 @@ static json_t *cand_json(const ac_search_problem *p, const hbase *hb, const hcan
     for (int t = 0; t < N_TYPES; t++)
         if (hb->count[t]) json_object_set_new(layers, TYPE_NAME[t], json_integer(c->v[5 + t]));
     json_object_set_new(o, "layers_kept_per_type", layers);
+    /* how far each axis is cut: the removed fraction of the base's value (layers: of that type's count) */
+    const ac_arch *b = p->base;
+    json_t *cut = json_object();
+    double base_v[NHX] = {b->hidden, hb->first[T_MLP] ? hb->first[T_MLP]->ffn : 0,
+                          hb->first[T_ATTN] ? hb->first[T_ATTN]->n_heads : 0,
+                          hb->first[T_MAMBA] ? hb->first[T_MAMBA]->ssm_heads : 0,
+                          hb->first[T_MOE] ? hb->first[T_MOE]->n_experts : 0};
+    double kept_v[NHX] = {c->v[0], c->v[1], hb->pairs_q[c->v[2]], c->v[3], c->v[4]};
+    static const char *CUT[5] = {"hidden_size", "ffn_hidden_size", "num_attention_heads", "mamba_num_heads",
+                                 "num_moe_experts"};
+    for (int k = 0; k < 5; k++)
+        if (base_v[k] > 0) json_object_set_new(cut, CUT[k], json_real(1 - kept_v[k] / base_v[k]));
+    for (int t = 0; t < N_TYPES; t++)
+        if (hb->count[t]) {
+            char name[32];
+            snprintf(name, sizeof name, "%s_layers", TYPE_NAME[t]);
+            json_object_set_new(cut, name, json_real(1 - (double)c->v[5 + t] / hb->count[t]));
+        }
+    json_object_set_new(o, "removed_fraction", cut);
     if (c->scored) {
         json_object_set_new(o, "calib_nll", json_real(c->nll));
         json_object_set_new(o, "calib_ppl", json_real(exp(c->nll)));
@@ -231,6 +251,27 @@ static json_t *axes_json(const hax *ax, const hbase *hb) {
         json_object_set_new(o, ax[k].name, json_pack("{s:o,s:o}", "choices", all, "searched", sv));
     }
     return o;
+}
+
+/* The grid's size; above AC_MINITRON_HYBRID_MAX_GRID points the width axis
+ * with the most searched choices loses every other interior one (its
+ * smallest and its base value stay) until the grid fits. */
+static int thin(hax *ax) {
+    for (;;) {
+        long total = 1;
+        int widest = -1;
+        for (int k = 0; k < NHX; k++) {
+            total *= ax[k].n - ax[k].start;
+            if (k < 5 && ax[k].n - ax[k].start > 2 && (widest < 0 || ax[k].n - ax[k].start > ax[widest].n - ax[widest].start))
+                widest = k;
+        }
+        if (total <= AC_MINITRON_HYBRID_MAX_GRID || widest < 0) return (int)total;
+        hax *x = &ax[widest];
+        int n = x->start, last = x->n - 1;
+        for (int i = x->start; i <= last; i++)
+            if (i == x->start || i == last || (i - x->start) % 2 == 0) x->v[n++] = x->v[i];
+        x->n = n;
+    }
 }
 
 /* Keep only the choices divisible by tp (widths split by the serving engine). */
@@ -259,7 +300,8 @@ int ac_minitron_hybrid(const ac_search_problem *p, ac_search_result *r, ac_err *
         width_axis(&ax[1], "ffn_hidden_size", F ? F->ffn : 0, F ? ac_minitron_divisor(F->ffn) : 1, 1) ||
         attn_axis(&ax[2], &hb) ||
         width_axis(&ax[3], "mamba_num_heads", M ? M->ssm_heads : 0, G * ac_minitron_divisor(hpg ? hpg : 1), 1) ||
-        width_axis(&ax[4], "num_moe_experts", X ? X->n_experts : 0, 1, p->opts.prune_experts)) {
+        width_axis(&ax[4], "num_moe_experts", X ? X->n_experts : 0, X ? ac_minitron_divisor(X->n_experts) : 1,
+                   p->opts.prune_experts)) {
         rc = ac_errf(e, "out of memory");
         goto out;
     }
@@ -276,8 +318,11 @@ int ac_minitron_hybrid(const ac_search_problem *p, ac_search_result *r, ac_err *
     int tp = p->profile && p->profile->tp > 1 ? p->profile->tp : 1;
     keep_multiples(&ax[1], tp);
     keep_multiples(&ax[3], tp);
-    ac_minitron_layer_order(p->imp, hb.order);
-    for (int k = 0; k < NHX; k++) total *= ax[k].n - ax[k].start;
+    if (p->imp)
+        ac_minitron_layer_order(p->imp, hb.order);
+    else /* config only: no scores; the cost model prices any layer of a type alike */
+        for (int l = 0; l < L; l++) hb.order[l] = l;
+    total = thin(ax);
     if (!(c = calloc(total, sizeof *c))) {
         rc = ac_errf(e, "out of memory");
         goto out;
@@ -297,8 +342,8 @@ int ac_minitron_hybrid(const ac_search_problem *p, ac_search_result *r, ac_err *
     qsort(c, total, sizeof *c, cmp_cand);
     int k = nf < AC_MINITRON_TOP_K ? nf : AC_MINITRON_TOP_K, best = 0;
     ac_importance view;
-    ac_minitron_importance_view(p->imp, &view);
-    int scoring = p->model && p->calib_ids && k > 0;
+    int scoring = p->imp && p->model && p->calib_ids && k > 0;
+    if (scoring) ac_minitron_importance_view(p->imp, &view);
     for (int i = 0; scoring && i < k && !rc; i++) {
         ac_arch a;
         if ((rc = cand_arch(b, &hb, c[i].v, &a, e))) break;
@@ -321,7 +366,7 @@ int ac_minitron_hybrid(const ac_search_problem *p, ac_search_result *r, ac_err *
     json_t *cands = json_array(), *ls = json_array(), *dropped = json_array();
     for (int i = 0; i < (nf ? k : 1); i++) json_array_append_new(cands, cand_json(p, &hb, &c[i]));
     for (int l = 0; l < L; l++) {
-        json_array_append_new(ls, json_real(p->imp->layer_bi[l]));
+        if (p->imp) json_array_append_new(ls, json_real(p->imp->layer_bi[l]));
         const ac_layer_arch *x = &r->arch.layers[l];
         if (!x->n_heads && !x->ffn && !x->ssm_heads && !x->n_experts) json_array_append_new(dropped, json_integer(l));
     }

@@ -7,6 +7,10 @@
 
 #include "search/search.h"
 
+/* Grids above this many points are thinned (minitron_hybrid.c, thin). */
+#define AC_MINITRON_HYBRID_MAX_GRID 20000
+/* p->imp NULL: config only (no weights): layers of a type dropped from the
+ * last, nothing scored, the point closest to the binding limit taken. */
 int ac_minitron_hybrid(const ac_search_problem *p, ac_search_result *r, ac_err *e);
 
 #endif
