@@ -205,6 +205,14 @@ def check_structure(rep, base_pattern, cut_heads=True):
     assert cfg["hybrid_override_pattern"] == want and cfg["num_hidden_layers"] == len(want), (cfg, want)
     assert cfg["mamba_num_heads"] == list(mh)[0], cfg
     assert rep["export"]["format"].startswith("NemotronHForCausalLM"), rep["export"]
+    card = open(os.path.join(rep["export"]["dir"], "README.md")).read()  # the model card shows each layer's mixer
+    assert "| layer | type | heads | KV heads | MLP width | Mamba heads | experts |" in card, card[:2000]
+    kinds = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+    for l in rep["minitron"]["layers_dropped"]:
+        assert f"| {l} | {kinds[base_pattern[l]]} (removed) |" in card, (l, card[:3000])
+    m0 = base_pattern.index("M")
+    assert f"| {m0} | mamba | 0 | 0 | 0 | {CFG['mamba_num_heads']} -> {list(mh)[0]} |" in card or \
+        list(mh)[0] == CFG["mamba_num_heads"], card[:3000]
     assert rep["export"]["gguf"]["architecture"].startswith("nemotron_h"), rep["export"]
     return cfg
 

@@ -118,6 +118,7 @@ static int estimate_fit(const json_t *req, const ac_arch *arch, const ac_cost_ta
     P.opts.prune_hidden = P.opts.prune_experts = 1;
     if (sj) {
         *field = "search";
+        if (!json_is_object(sj)) return ac_errf(e, "search must be an object");
         const char *k;
         json_t *v;
         json_object_foreach(sj, k, v) {
