@@ -248,6 +248,25 @@ def llama_ppl(gguf, ids):
     return math.exp(sum(out["nll"]) / sum(out["count"]))
 
 
+def check_export(rep, label):
+    """The export read alike by the float64 reference (within 2e-4), our engine (the report's perplexity within
+    0.2 %) and llama.cpp (its GGUF within 0.5 % of the report)."""
+    out, rp = rep["export"]["dir"], rep[rep["chosen"]]["perplexity"]
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    ids = ids_of(out, os.path.join(DATA, "heldout.txt"))
+    pr, pe = ref_ppl(out, ids), engine_ppl(out)
+    print(f"   export {cfg['hybrid_override_pattern']} ({label}): reference ppl {pr:.4f}, engine {pe:.4f}, report "
+          f"{rp:.4f}")
+    assert abs(pr / pe - 1) < 2e-4, (pr, pe)
+    assert abs(pe / rp - 1) < 2e-3, (pe, rp)
+    pl = llama_ppl(os.path.join(out, "model.gguf"), ids)
+    if pl is None:
+        print("   SKIP llama.cpp check: node or tests/llama/node_modules missing")
+        return
+    print(f"   llama.cpp on model.gguf: ppl {pl:.4f} ({100 * (pl / rp - 1):+.3f} % of the report)")
+    assert abs(pl / rp - 1) < 5e-3, (pl, rp)
+
+
 def base_limit(base):
     """0.745 of the base's parameters: beyond what every other axis cut to its cap reaches without Mamba heads."""
     return 0.745 * params_of(base)
@@ -294,19 +313,7 @@ def test_job_distils_and_exports_nemotron_h():
     cfg = check_structure(rep, CFG["hybrid_override_pattern"])
     res = rep[rep["chosen"]]
     assert res.get("distill", {}).get("steps", 0) > 0 or "perplexity_pruned" in res, res.keys()
-    out = rep["export"]["dir"]
-    ids = ids_of(out, os.path.join(DATA, "heldout.txt"))
-    pr, pe, rp = ref_ppl(out, ids), engine_ppl(out), res["perplexity"]
-    print(f"   export {cfg['hybrid_override_pattern']} (Mamba heads {cfg['mamba_num_heads']}): reference ppl "
-          f"{pr:.4f}, engine {pe:.4f}, report {rp:.4f} (before distillation {res.get('perplexity_pruned')})")
-    assert abs(pr / pe - 1) < 2e-4, (pr, pe)
-    assert abs(pe / rp - 1) < 2e-3, (pe, rp)
-    pl = llama_ppl(os.path.join(out, "model.gguf"), ids)
-    if pl is None:
-        print("   SKIP llama.cpp check: node or tests/llama/node_modules missing")
-        return
-    print(f"   llama.cpp on model.gguf: ppl {pl:.4f} ({100 * (pl / rp - 1):+.3f} % of the report)")
-    assert abs(pl / rp - 1) < 5e-3, (pl, rp)
+    check_export(rep, f"Mamba heads {cfg['mamba_num_heads']}, before distillation {res.get('perplexity_pruned')}")
 
 
 def test_moe_hybrid_job_exports_nemotron_h_moe():
@@ -325,19 +332,7 @@ def test_moe_hybrid_job_exports_nemotron_h_moe():
     assert len(ex) == 1 and CFG_MOE["num_experts_per_tok"] <= min(ex) <= CFG_MOE["n_routed_experts"], ex
     assert cfg["n_routed_experts"] == min(ex) and cfg["num_experts_per_tok"] == CFG_MOE["num_experts_per_tok"], cfg
     assert rep["export"]["gguf"]["architecture"] == "nemotron_h_moe", rep["export"]
-    out = rep["export"]["dir"]
-    ids = ids_of(out, os.path.join(DATA, "heldout.txt"))
-    pr, pe, rp = ref_ppl(out, ids), engine_ppl(out), res["perplexity"]
-    print(f"   export {cfg['hybrid_override_pattern']} ({min(ex)} experts, Mamba heads {cfg['mamba_num_heads']}): "
-          f"reference ppl {pr:.4f}, engine {pe:.4f}, report {rp:.4f}")
-    assert abs(pr / pe - 1) < 2e-4, (pr, pe)
-    assert abs(pe / rp - 1) < 2e-3, (pe, rp)
-    pl = llama_ppl(os.path.join(out, "model.gguf"), ids)
-    if pl is None:
-        print("   SKIP llama.cpp check: node or tests/llama/node_modules missing")
-        return
-    print(f"   llama.cpp on model.gguf: ppl {pl:.4f} ({100 * (pl / rp - 1):+.3f} % of the report)")
-    assert abs(pl / rp - 1) < 5e-3, (pl, rp)
+    check_export(rep, f"{min(ex)} experts, Mamba heads {cfg['mamba_num_heads']}")
 
 
 def test_specs_refused_with_the_field():

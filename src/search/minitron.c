@@ -320,6 +320,21 @@ static int grid(const ac_search_problem *p, const axis_t *ax, const int *order, 
     return 0;
 }
 
+void ac_minitron_emit_candidate(const ac_search_problem *p, int i, int k, json_t *cand) {
+    json_t *ev = json_pack("{s:s,s:i,s:i,s:o}", "phase", "minitron", "candidate", i + 1, "of", k, "scored", cand);
+    p->emit(p->ud, ev);
+    json_decref(ev);
+}
+
+void ac_minitron_emit_result(const ac_search_problem *p, const ac_search_result *r, int grid, int feasible) {
+    if (!p->emit) return;
+    json_t *ev = json_pack("{s:s,s:b,s:i,s:i,s:o,s:o}", "phase", "minitron", "feasible", r->feasible, "grid_size", grid,
+                           "grid_feasible", feasible, "metrics", ac_constraints_report(&p->limits, &r->cost),
+                           "predicted", ac_cost_to_json(&r->cost));
+    p->emit(p->ud, ev);
+    json_decref(ev);
+}
+
 int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *e) {
     if (ac_arch_is_hybrid(p->base)) return ac_minitron_hybrid(p, r, e); /* minitron_hybrid.c */
     memset(r, 0, sizeof *r);
@@ -368,12 +383,7 @@ int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *
         if (rc) break;
         c[i].scored = 1;
         if (c[i].nll < c[best].nll) best = i;
-        if (p->emit) {
-            json_t *ev = json_pack("{s:s,s:i,s:i,s:o}", "phase", "minitron", "candidate", i + 1, "of", k, "scored",
-                                   cand_json(&c[i], p, order));
-            p->emit(p->ud, ev);
-            json_decref(ev);
-        }
+        if (p->emit) ac_minitron_emit_candidate(p, i, k, cand_json(&c[i], p, order));
     }
     if (rc) goto out;
     /* the result: the best scored candidate, or the closest infeasible point */
@@ -395,13 +405,7 @@ int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *
         "axes", axes_json(ax), "grid_size", n, "grid_feasible", nf, "top_k", AC_MINITRON_TOP_K,
         "layer_scores_1_minus_cos", ls, "layers_dropped", dropped, "best_candidate", nf ? best : -1, "scored", scoring,
         "candidates", cands);
-    if (p->emit) {
-        json_t *ev = json_pack("{s:s,s:b,s:i,s:i,s:o,s:o}", "phase", "minitron", "feasible", r->feasible, "grid_size",
-                               n, "grid_feasible", nf, "metrics", ac_constraints_report(&p->limits, &r->cost),
-                               "predicted", ac_cost_to_json(&r->cost));
-        p->emit(p->ud, ev);
-        json_decref(ev);
-    }
+    ac_minitron_emit_result(p, r, n, nf);
 out:
     for (int i = 0; i < NAX; i++) free(ax[i].all);
     free(c);

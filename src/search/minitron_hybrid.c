@@ -352,12 +352,7 @@ int ac_minitron_hybrid(const ac_search_problem *p, ac_search_result *r, ac_err *
         if (rc) break;
         c[i].scored = 1;
         if (c[i].nll < c[best].nll) best = i;
-        if (p->emit) {
-            json_t *ev = json_pack("{s:s,s:i,s:i,s:o}", "phase", "minitron", "candidate", i + 1, "of", k, "scored",
-                                   cand_json(p, &hb, &c[i]));
-            p->emit(p->ud, ev);
-            json_decref(ev);
-        }
+        if (p->emit) ac_minitron_emit_candidate(p, i, k, cand_json(p, &hb, &c[i]));
     }
     if (rc || (rc = cand_arch(b, &hb, c[best].v, &r->arch, e))) goto out;
     r->cost = c[best].cost;
@@ -378,13 +373,7 @@ int ac_minitron_hybrid(const ac_search_problem *p, ac_search_result *r, ac_err *
         "axes", axes_json(ax, &hb), "grid_size", total, "grid_feasible", nf, "top_k", AC_MINITRON_TOP_K,
         "layer_scores_1_minus_cos", ls, "layers_dropped", dropped, "best_candidate", nf ? best : -1, "scored",
         scoring, "candidates", cands);
-    if (p->emit) {
-        json_t *ev = json_pack("{s:s,s:b,s:i,s:i,s:o,s:o}", "phase", "minitron", "feasible", r->feasible, "grid_size",
-                               total, "grid_feasible", nf, "metrics", ac_constraints_report(&p->limits, &r->cost),
-                               "predicted", ac_cost_to_json(&r->cost));
-        p->emit(p->ud, ev);
-        json_decref(ev);
-    }
+    ac_minitron_emit_result(p, r, total, nf);
 out:
     for (int i = 0; i < NHX; i++) free(ax[i].v);
     free(hb.pairs_kv), free(hb.pairs_q), free(hb.order);
