@@ -68,10 +68,12 @@ def grad_case(out, name, case, seed):
     if c["gates"]:
         def rnd(n):
             return (0.5 + torch.rand(n, generator=g)).float().double()  # float32-representable
-        G = {"head": [rnd(len(x)) for x in G["head"]], "ffn": [rnd(len(x)) for x in G["ffn"]], "hidden": rnd(arch["hidden"]),
-             "attn": rnd(len(arch["layers"])), "mlp": rnd(len(arch["layers"]))}
+        G = dict(G, head=[rnd(len(x)) for x in G["head"]], ffn=[rnd(len(x)) for x in G["ffn"]], hidden=rnd(arch["hidden"]),
+                 attn=rnd(len(arch["layers"])), mlp=rnd(len(arch["layers"])))
+        if hybrid:  # the Mamba head gates
+            G["ssm"] = [rnd(len(x)) for x in G["ssm"]]
         teacher = (torch.randn(B, T, arch["vocab"], generator=g) * 3).float().double()
-    leaves = [G["hidden"], G["attn"], G["mlp"]] + G["head"] + G["ffn"]
+    leaves = [G["hidden"], G["attn"], G["mlp"]] + G["head"] + G["ffn"] + G.get("ssm", [])
     for t in leaves:
         t.requires_grad_(True)
     # inputs first, so the C test can read them
@@ -81,6 +83,8 @@ def grad_case(out, name, case, seed):
     for l in range(len(arch["layers"])):
         blob.add(f"gate.head.{l}", G["head"][l])
         blob.add(f"gate.ffn.{l}", G["ffn"][l])
+        if hybrid:
+            blob.add(f"gate.ssm.{l}", G["ssm"][l])
     if teacher is not None:
         blob.add("teacher", teacher)
     inputs = dict(blob.index)
@@ -99,6 +103,8 @@ def grad_case(out, name, case, seed):
     for l in range(len(arch["layers"])):
         blob.add(f"dgate.head.{l}", G["head"][l].grad, G["head"][l])
         blob.add(f"dgate.ffn.{l}", G["ffn"][l].grad, G["ffn"][l])
+        if hybrid:
+            blob.add(f"dgate.ssm.{l}", G["ssm"][l].grad, G["ssm"][l])
     grads = blob.index
     blob.index = dict(inputs, **grads)
     os.makedirs(os.path.join(out, "grad"), exist_ok=True)

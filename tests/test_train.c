@@ -78,6 +78,7 @@ static float *train_ptr(ac_trainer *t, const char *name) {
         if (!strcmp(gn, "mlp")) return G->mlp;
         if (sscanf(gn, "head.%d", &l) == 1) return G->head[l];
         if (sscanf(gn, "ffn.%d", &l) == 1) return G->ffn[l];
+        if (sscanf(gn, "ssm.%d", &l) == 1) return G->ssm[l]; /* nemotron_h's Mamba heads */
         return NULL;
     }
     if (!strcmp(name, "model.embed_tokens.weight") || !strcmp(name, "backbone.embeddings.weight")) return t->g.embed;

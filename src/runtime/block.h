@@ -172,6 +172,9 @@ int ac_block_op_recomputed(const ac_op *op);
 size_t ac_block_op_tape(const ac_arch *a, int l, const ac_op *op, size_t N, int attn_extra);
 size_t ac_block_tape_floats(const ac_arch *a, int l, size_t N, int attn_extra);
 size_t ac_block_scratch_floats(const ac_arch *a, size_t N);
+/* Channels per unit of an AC_OP_MASK on width d: a query head's head_dim
+ * (Q), a Mamba head's ssm_head_dim (SSM), else 1 (FFN channels). */
+int ac_block_mask_unit(const ac_arch *a, ac_dim d);
 /* The part of that scratch (its end) an EXPERTS op works in: three [N][H]
  * and five [N][FE] buffers (gathered rows, expert outputs and their
  * gradients); 0 without MoE layers. */

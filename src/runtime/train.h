@@ -16,7 +16,11 @@
  *               post-attention and final norm), the activations hidden-
  *               channel importance is measured on;
  *   attn[l], mlp[l]  multiply the attention / FFN sub-block output before
- *               it is added to the residual stream.
+ *               it is added to the residual stream;
+ *   ssm[l][h]   multiplies Mamba head h's gated-norm output (its
+ *               ssm_head_dim channels) before out_proj (nemotron_h; the
+ *               norm's group statistics still include the head: a gate of
+ *               0 is the head's removal up to that normalisation).
  *
  * Memory (llm.c's rule): ac_trainer_init makes one allocation for every
  * activation, scratch buffer and gate (ac_trainer_bytes says how much, see
@@ -50,6 +54,7 @@ typedef struct {
     float *hidden; /* [H] */
     float *attn;   /* [l] */
     float *mlp;    /* [l] */
+    float **ssm;   /* [l][ssm_heads]: nemotron_h Mamba heads (NULL when the layer has none) */
 } ac_gates;
 
 typedef struct {
