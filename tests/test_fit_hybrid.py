@@ -55,7 +55,7 @@ def architecture(s):
                        "kv_heads": s["num_query_groups"] if t == "attention" else 0,
                        "ffn": s["ffn_hidden_size"] if t == "mlp" else 0,
                        "ssm_heads": s["mamba_num_heads"] if t == "mamba" else 0})
-    return {"hidden": s["hidden_size"], "layers": layers}
+    return {"hidden": s["hidden_size"], "ssm_head_dim": s["mamba_head_dim"], "layers": layers}
 
 
 def check_fits(d, tg, limits, metric):
@@ -64,7 +64,8 @@ def check_fits(d, tg, limits, metric):
     assert f["feasible"] and f["grid_feasible"] > 0 and f["structures"], f.keys()
     name, lim = next(iter(limits.items()))
     base = {"hidden_size": NH8["hidden_size"], "ffn_hidden_size": NH8["intermediate_size"],
-            "num_attention_heads": NH8["num_attention_heads"], "mamba_num_heads": NH8["mamba_num_heads"]}
+            "num_attention_heads": NH8["num_attention_heads"], "mamba_num_heads": NH8["mamba_num_heads"],
+            "mamba_head_dim": NH8["mamba_head_dim"]}
     prev = None
     for s in f["structures"]:
         assert s["mamba_num_heads"] % NH8["n_groups"] == 0, s

@@ -7,14 +7,16 @@ calibration, the hybrid Minitron grid (Mamba heads by group, per-type layer
 removal, MLP width, attention KV groups / heads), pruning, distillation and
 export as safetensors + config.json (nemotron_h) and GGUF (llama.cpp's
 nemotron_h). The parameter limit is below what the grid reaches without
-cutting Mamba heads, so every feasible structure cuts them.
+cutting Mamba heads or without narrowing them, so every feasible structure
+does both.
 
 - Without distillation the exported Mamba layers are checked tensor by
   tensor against the base's weights sliced here (in_proj's z, x and dt rows
   and B, C whole, conv channels, dt_bias, A_log, D, gated-norm weight,
-  out_proj columns), keeping per group the heads Model-Optimizer's rule
-  ranks best, computed here in float64 (tests/ref_mamba.py) from in_proj's
-  x outputs over the job's calibration windows.
+  out_proj columns), keeping the head dims and then, per group, the heads
+  Model-Optimizer's rule ranks best, computed here in float64
+  (tests/ref_mamba.py) from in_proj's x outputs over the job's calibration
+  windows.
 - With distillation the export's hybrid_override_pattern is the base's with
   the removed layers taken out, its float64 reference perplexity (this
   test's forward) is what the engine reads, and llama.cpp (node-llama-cpp,
@@ -127,10 +129,9 @@ def load(d):
     return {k: v.double() for k, v in R.load_safetensors(os.path.join(d, "model.safetensors")).items()}
 
 
-def mamba_ranking(d, ids):
-    """Model-Optimizer's group-aware Mamba head ranking of checkpoint d over the windows of ids (float64):
-    per x channel of in_proj sum over windows (mean_t |x|)^2, a head's score the L2 of the channels' sqrt,
-    heads sorted best first within each group. {layer: [heads of group 0 best first, then group 1, ...]}."""
+def mamba_scores(d, ids):
+    """Model-Optimizer's Mamba statistic of checkpoint d over the windows of ids (float64): per x channel of
+    in_proj the sum over windows of (mean_t |x|)^2, its sqrt; {layer: [heads][head_dim]}."""
     import torch
     import ref_mamba as M
     cfg = json.load(open(os.path.join(d, "config.json")))
@@ -140,11 +141,11 @@ def mamba_ranking(d, ids):
     acc = {}
     orig = M.mamba
 
-    def hooked(a_, W_, m, x):
+    def hooked(a_, W_, m, x, gate=None):
         zx = torch.nn.functional.linear(x, W_[m + "in_proj.weight"])
         s = zx[..., di:2 * di].abs().mean(1).pow(2).sum(0)  # [di]
         acc[m] = acc.get(m, 0) + s
-        return orig(a_, W_, m, x)
+        return orig(a_, W_, m, x, gate)
 
     M.mamba = hooked
     try:
@@ -153,27 +154,38 @@ def mamba_ranking(d, ids):
             M.forward(a, W, x)
     finally:
         M.mamba = orig
-    rank, margin = {}, 1.0
-    for m, s in acc.items():
-        score = s.view(nh, P).sum(1).sqrt()
-        per = nh // G
-        order = []
-        for g in range(G):
-            sc = score[g * per:(g + 1) * per]
-            o = torch.argsort(sc, descending=True).tolist()
-            srt = sorted(sc.tolist(), reverse=True)
-            margin = min(margin, min((srt[i] - srt[i + 1]) / srt[0] for i in range(per - 1)))
-            order += [g * per + j for j in o]
-        rank[int(m.split(".")[2])] = order
-    return rank, margin
+    return {int(m.split(".")[2]): v.sqrt().view(nh, P) for m, v in acc.items()}
 
 
-def slice_mamba(W, l, keep, a):
-    """Layer l's Mamba tensors of W keeping heads `keep` (ascending within groups), as the ssm_prune.h rule says."""
+def margin_of(v):
+    """The smallest gap between consecutive sorted values, relative to the largest."""
+    srt = sorted(v.tolist(), reverse=True)
+    return min((srt[i] - srt[i + 1]) / srt[0] for i in range(len(srt) - 1)) if len(srt) > 1 else 1.0
+
+
+def mamba_keep(score, G, k, Pt):
+    """Model-Optimizer's choice for k heads of head dim Pt: the Pt dims with the largest L2 over the heads, then per
+    group the k / G heads with the largest L2 over those dims. (kept heads ascending, kept dims ascending, margin)."""
+    import torch
+    nh, P = score.shape
+    dim_imp = torch.linalg.vector_norm(score, dim=0)
+    dims = torch.argsort(dim_imp, descending=True)[:Pt]
+    head_imp = torch.linalg.vector_norm(score[:, dims], dim=1)
+    per, kg, heads, margin = nh // G, k // G, [], margin_of(dim_imp) if Pt < P else 1.0
+    for g in range(G):
+        sc = head_imp[g * per:(g + 1) * per]
+        heads += [g * per + j for j in torch.argsort(sc, descending=True)[:kg].tolist()]
+        margin = min(margin, margin_of(sc))
+    return sorted(heads), sorted(dims.tolist()), margin
+
+
+def slice_mamba(W, l, keep, dims, a):
+    """Layer l's Mamba tensors of W keeping heads `keep` (ascending within groups) and head dims `dims` in each, as
+    the ssm_prune.h rule says."""
     import torch
     nh, P, G, N = a["mh"], a["P"], a["G"], a["Ns"]
     di, GN = nh * P, 2 * G * N
-    ch = torch.tensor([h * P + i for h in keep for i in range(P)])
+    ch = torch.tensor([h * P + i for h in keep for i in dims])
     kh = torch.tensor(keep)
     m = f"{PX}layers.{l}.mixer."
     rows = torch.cat([ch, di + ch, 2 * di + torch.arange(GN), 2 * di + GN + kh])
@@ -194,16 +206,16 @@ def check_structure(rep, base_pattern, cut_heads=True):
     export's pattern drops exactly the removed layers."""
     res = rep[rep["chosen"]]
     layers = res["architecture"]["layers"]
-    mh = {L["ssm_heads"] for L in layers if L["type"] == "mamba"}
+    mh, mp = {L["ssm_heads"] for L in layers if L["type"] == "mamba"}, res["architecture"]["ssm_head_dim"]
     assert len(mh) == 1 and list(mh)[0] % CFG["n_groups"] == 0, layers
-    assert list(mh)[0] < CFG["mamba_num_heads"] or not cut_heads, layers
+    assert (list(mh)[0] < CFG["mamba_num_heads"] and mp < CFG["mamba_head_dim"]) or not cut_heads, (mh, mp)
     assert res["feasible"] and res["predicted"]["params"] <= rep["constraints"]["max_params"] + 0.5, res
     for l in rep["minitron"]["layers_dropped"]:
         assert layers[l]["type"] == "removed", (l, layers[l])
     cfg = json.load(open(os.path.join(rep["export"]["dir"], "config.json")))
     want = "".join(base_pattern[l] for l in kept_layers(rep))
     assert cfg["hybrid_override_pattern"] == want and cfg["num_hidden_layers"] == len(want), (cfg, want)
-    assert cfg["mamba_num_heads"] == list(mh)[0], cfg
+    assert cfg["mamba_num_heads"] == list(mh)[0] and cfg["mamba_head_dim"] == mp, cfg
     assert rep["export"]["format"].startswith("NemotronHForCausalLM"), rep["export"]
     card = open(os.path.join(rep["export"]["dir"], "README.md")).read()  # the model card shows each layer's mixer
     assert "| layer | type | heads | KV heads | MLP width | Mamba heads | experts |" in card, card[:2000]
@@ -268,8 +280,9 @@ def check_export(rep, label):
 
 
 def base_limit(base):
-    """0.745 of the base's parameters: beyond what every other axis cut to its cap reaches without Mamba heads."""
-    return 0.745 * params_of(base)
+    """0.69 of the base's parameters: every other axis at its cap, no structure reaches it without cutting Mamba
+    heads (0.705 at most) nor without cutting their head dims (0.722 at most): both are cut."""
+    return 0.69 * params_of(base)
 
 
 def test_group_aware_heads_as_model_optimizer_ranks_them():
@@ -282,26 +295,27 @@ def test_group_aware_heads_as_model_optimizer_ranks_them():
     print(f"   job without distillation: {wall:.1f} s, peak RSS {rss:.0f} MiB")
     check_structure(rep, CFG["hybrid_override_pattern"])
     ids = ids_of(base, os.path.join(DATA, "calib.txt"))[:CALIB]
-    rank, margin = mamba_ranking(base, ids)
-    assert margin > 1e-6, margin  # no near-tie the fp32 statistics could order differently
+    scores = mamba_scores(base, ids)
     a = M.arch_from_config(CFG)
     Wb, We = load(base), load(rep["export"]["dir"])
-    res = rep[rep["chosen"]]["architecture"]["layers"]
-    k = [L for L in res if L["type"] == "mamba"][0]["ssm_heads"]
+    arch = rep[rep["chosen"]]["architecture"]
+    k, Pt = [L for L in arch["layers"] if L["type"] == "mamba"][0]["ssm_heads"], arch["ssm_head_dim"]
     per, kg = CFG["mamba_num_heads"] // CFG["n_groups"], k // CFG["n_groups"]
-    checked = 0
+    checked, margin = 0, 1.0
     for j, l in enumerate(kept_layers(rep)):
         if CFG["hybrid_override_pattern"][l] != "M":
             continue
-        keep = sorted(h for g in range(CFG["n_groups"]) for h in rank[l][g * per:g * per + kg])
-        want = slice_mamba(Wb, l, keep, a)
+        keep, dims, mg = mamba_keep(scores[l], CFG["n_groups"], k, Pt)
+        margin = min(margin, mg)
+        want = slice_mamba(Wb, l, keep, dims, a)
         for name, t in want.items():
             got = We[f"{PX}layers.{j}.mixer.{name}"]
             assert got.shape == t.shape and torch.equal(got, t), (l, name, got.shape, t.shape)
         checked += 1
     assert checked >= 3, checked
-    print(f"   {checked} Mamba layers keep {kg} of {per} heads per group, Model-Optimizer's best (smallest score "
-          f"margin {margin:.2e})")
+    assert margin > 1e-6, margin  # no near-tie the fp32 statistics could order differently
+    print(f"   {checked} Mamba layers keep {kg} of {per} heads per group and {Pt} of {CFG['mamba_head_dim']} head dims, "
+          f"Model-Optimizer's best (smallest score margin {margin:.2e})")
 
 
 def test_job_distils_and_exports_nemotron_h():

@@ -57,9 +57,11 @@ void ac_importance_free(ac_importance *imp) {
     for (int l = 0; imp->ssm_head_order && l < imp->n_layers; l++) {
         free(imp->ssm_head_order[l]);
         free(imp->ssm_head_score[l]);
+        if (imp->ssm_chan_score) free(imp->ssm_chan_score[l]);
     }
     free(imp->ssm_head_order);
     free(imp->ssm_head_score);
+    free(imp->ssm_chan_score);
     free(imp->head_order);
     free(imp->head_score);
     free(imp->mt_ffn_order);

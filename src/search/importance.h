@@ -73,6 +73,8 @@ typedef struct {
      * alone: its loss curves stay zero (docs/hybrid.md). */
     int **ssm_head_order;
     double **ssm_head_score;
+    double **ssm_chan_score; /* [l][d_inner]: each x channel's score (the sqrt of its statistic), from which a
+                              * narrower mamba_head_dim ranks the head dims and then the heads (ssm_prune.h) */
 } ac_importance;
 
 typedef void (*ac_progress_fn)(void *ud, const char *what, double frac);

@@ -8,7 +8,9 @@
  *   of their choices, as the dense arm;
  * - mamba_num_heads: multiples of n_groups (MambaNumHeadsHp's choices, the
  *   same number kept in every group), divisor n_groups x the dense rule's
- *   divisor of heads per group, top 40 %;
+ *   divisor of heads per group, top 40 %; mamba_head_dim (the same head
+ *   dims kept in every head of a layer, ranked by the L2 over the heads),
+ *   top 40 %;
  * - attention: Model-Optimizer's num_attention_heads (heads trimmed within
  *   every KV group) and num_query_groups (whole KV groups kept with their
  *   heads) as one axis of the pairs slice.c can cut (one of the two moves at
@@ -41,8 +43,11 @@ static int type_of(const ac_layer_arch *L) {
     return L->ssm_heads ? T_MAMBA : L->n_heads ? T_ATTN : L->n_experts ? T_MOE : T_MLP;
 }
 
-/* axes: 0 hidden, 1 ffn, 2 attention pair, 3 mamba heads, 4 experts, 5.. 8 layers kept per type */
-#define NHX (5 + N_TYPES)
+/* axes: 0 hidden, 1 ffn, 2 attention pair, 3 mamba heads, 4 experts, 5 mamba head dim (the NW width axes), then the
+ * layers kept per type */
+#define NW 6
+#define AX_D NW
+#define NHX (NW + N_TYPES)
 typedef struct {
     const char *name;
     int n, start, *v; /* choices ascending; the grid takes v[start..n) */
@@ -139,11 +144,12 @@ static int attn_axis(hax *x, hbase *hb) {
 static int cand_arch(const ac_arch *base, const hbase *hb, const int *v, ac_arch *a, ac_err *e) {
     if (ac_arch_copy(a, base, e)) return -1;
     a->hidden = v[0];
+    if (v[5] > 0) a->ssm_head_dim = v[5]; /* model-wide, as nemotron_h's config holds it */
     int kept[N_TYPES] = {0};
-    for (int r = 0; r < base->n_layers; r++) { /* by block influence: each type keeps its best v[5 + t] */
+    for (int r = 0; r < base->n_layers; r++) { /* by block influence: each type keeps its best v[AX_D + t] */
         int l = hb->order[r], t = type_of(&base->layers[l]);
         ac_layer_arch *L = &a->layers[l];
-        if (kept[t]++ >= v[5 + t]) {
+        if (kept[t]++ >= v[AX_D + t]) {
             *L = (ac_layer_arch){0};
             continue;
         }
@@ -205,28 +211,30 @@ static json_t *cand_json(const ac_search_problem *p, const hbase *hb, const hcan
         json_object_set_new(o, "num_query_groups", json_integer(hb->pairs_kv[c->v[2]]));
     }
     if (hb->first[T_MAMBA]) json_object_set_new(o, "mamba_num_heads", json_integer(c->v[3]));
+    if (hb->first[T_MAMBA]) json_object_set_new(o, "mamba_head_dim", json_integer(c->v[5]));
     if (hb->first[T_MOE]) json_object_set_new(o, "num_moe_experts", json_integer(c->v[4]));
     json_t *layers = json_object();
     for (int t = 0; t < N_TYPES; t++)
-        if (hb->count[t]) json_object_set_new(layers, TYPE_NAME[t], json_integer(c->v[5 + t]));
+        if (hb->count[t]) json_object_set_new(layers, TYPE_NAME[t], json_integer(c->v[AX_D + t]));
     json_object_set_new(o, "layers_kept_per_type", layers);
     /* how far each axis is cut: the removed fraction of the base's value (layers: of that type's count) */
     const ac_arch *b = p->base;
     json_t *cut = json_object();
-    double base_v[NHX] = {b->hidden, hb->first[T_MLP] ? hb->first[T_MLP]->ffn : 0,
-                          hb->first[T_ATTN] ? hb->first[T_ATTN]->n_heads : 0,
-                          hb->first[T_MAMBA] ? hb->first[T_MAMBA]->ssm_heads : 0,
-                          hb->first[T_MOE] ? hb->first[T_MOE]->n_experts : 0};
-    double kept_v[NHX] = {c->v[0], c->v[1], hb->pairs_q[c->v[2]], c->v[3], c->v[4]};
-    static const char *CUT[5] = {"hidden_size", "ffn_hidden_size", "num_attention_heads", "mamba_num_heads",
-                                 "num_moe_experts"};
-    for (int k = 0; k < 5; k++)
+    double base_v[NW] = {b->hidden, hb->first[T_MLP] ? hb->first[T_MLP]->ffn : 0,
+                         hb->first[T_ATTN] ? hb->first[T_ATTN]->n_heads : 0,
+                         hb->first[T_MAMBA] ? hb->first[T_MAMBA]->ssm_heads : 0,
+                         hb->first[T_MOE] ? hb->first[T_MOE]->n_experts : 0,
+                         hb->first[T_MAMBA] ? b->ssm_head_dim : 0};
+    double kept_v[NW] = {c->v[0], c->v[1], hb->pairs_q[c->v[2]], c->v[3], c->v[4], c->v[5]};
+    static const char *CUT[NW] = {"hidden_size",     "ffn_hidden_size", "num_attention_heads",
+                                  "mamba_num_heads", "num_moe_experts", "mamba_head_dim"};
+    for (int k = 0; k < NW; k++)
         if (base_v[k] > 0) json_object_set_new(cut, CUT[k], json_real(1 - kept_v[k] / base_v[k]));
     for (int t = 0; t < N_TYPES; t++)
         if (hb->count[t]) {
             char name[32];
             snprintf(name, sizeof name, "%s_layers", TYPE_NAME[t]);
-            json_object_set_new(cut, name, json_real(1 - (double)c->v[5 + t] / hb->count[t]));
+            json_object_set_new(cut, name, json_real(1 - (double)c->v[AX_D + t] / hb->count[t]));
         }
     json_object_set_new(o, "removed_fraction", cut);
     if (c->scored) {
@@ -262,7 +270,7 @@ static int thin(hax *ax) {
         int widest = -1;
         for (int k = 0; k < NHX; k++) {
             total *= ax[k].n - ax[k].start;
-            if (k < 5 && ax[k].n - ax[k].start > 2 && (widest < 0 || ax[k].n - ax[k].start > ax[widest].n - ax[widest].start))
+            if (k < NW && ax[k].n - ax[k].start > 2 && (widest < 0 || ax[k].n - ax[k].start > ax[widest].n - ax[widest].start))
                 widest = k;
         }
         if (total <= AC_MINITRON_HYBRID_MAX_GRID || widest < 0) return (int)total;
@@ -301,14 +309,16 @@ int ac_minitron_hybrid(const ac_search_problem *p, ac_search_result *r, ac_err *
         attn_axis(&ax[2], &hb) ||
         width_axis(&ax[3], "mamba_num_heads", M ? M->ssm_heads : 0, G * ac_minitron_divisor(hpg ? hpg : 1), 1) ||
         width_axis(&ax[4], "num_moe_experts", X ? X->n_experts : 0, X ? ac_minitron_divisor(X->n_experts) : 1,
-                   p->opts.prune_experts)) {
+                   p->opts.prune_experts) ||
+        /* Model-Optimizer's mamba_head_dim: the same head dims kept in every head (ssm_prune.h) */
+        width_axis(&ax[5], "mamba_head_dim", M ? b->ssm_head_dim : 0, ac_minitron_divisor(b->ssm_head_dim), 1)) {
         rc = ac_errf(e, "out of memory");
         goto out;
     }
     static const char *DEPTH[N_TYPES] = {"num_mamba_layers", "num_attention_layers", "num_mlp_layers",
                                          "num_moe_layers"};
     for (int t = 0; t < N_TYPES; t++)
-        if (depth_axis(&ax[5 + t], DEPTH[t], hb.count[t])) {
+        if (depth_axis(&ax[AX_D + t], DEPTH[t], hb.count[t])) {
             rc = ac_errf(e, "out of memory");
             goto out;
         }

@@ -13,13 +13,16 @@ int ac_ssm_rank_heads(const double *const *mt_ssm, const ac_arch *a, ac_importan
     int L = a->n_layers, P = a->ssm_head_dim, G = a->ssm_groups > 0 ? a->ssm_groups : 1;
     imp->ssm_head_order = calloc(L, sizeof(int *));
     imp->ssm_head_score = calloc(L, sizeof(double *));
-    if (!imp->ssm_head_order || !imp->ssm_head_score) return ac_errf(e, "out of memory");
+    imp->ssm_chan_score = calloc(L, sizeof(double *));
+    if (!imp->ssm_head_order || !imp->ssm_head_score || !imp->ssm_chan_score) return ac_errf(e, "out of memory");
     for (int l = 0; l < L; l++) {
         int nh = a->layers[l].ssm_heads, hpg = nh / G;
         if (!nh || !mt_ssm[l]) continue;
         int *o = imp->ssm_head_order[l] = malloc(sizeof(int) * nh);
         double *s = imp->ssm_head_score[l] = malloc(sizeof(double) * nh);
-        if (!o || !s) return ac_errf(e, "out of memory");
+        double *cs = imp->ssm_chan_score[l] = malloc(sizeof(double) * nh * P);
+        if (!o || !s || !cs) return ac_errf(e, "out of memory");
+        for (int c = 0; c < nh * P; c++) cs[c] = sqrt(mt_ssm[l][c]);
         for (int h = 0; h < nh; h++) { /* L2 over the head's channels of each channel's sqrt(sum) */
             double q = 0;
             for (int i = 0; i < P; i++) q += mt_ssm[l][(size_t)h * P + i];
@@ -42,16 +45,68 @@ int ac_ssm_rank_heads(const double *const *mt_ssm, const ac_arch *a, ac_importan
 
 static int cmp_int(const void *x, const void *y) { return *(const int *)x - *(const int *)y; }
 
+/* Indices 0..n-1 of score, best first (ties: the lower index), into idx. */
+static void rank_desc(const double *score, int n, int *idx) {
+    for (int j = 0; j < n; j++) {
+        int k = j;
+        while (k > 0 && score[idx[k - 1]] < score[j]) {
+            idx[k] = idx[k - 1];
+            k--;
+        }
+        idx[k] = j;
+    }
+}
+
+int ac_ssm_kept_dims(const ac_arch *src, const ac_arch *t, const ac_importance *imp, int l, int *dims) {
+    int P = src->ssm_head_dim, Pt = t->ssm_head_dim, nh = src->layers[l].ssm_heads;
+    if (Pt > P || Pt < 1) return -1;
+    const double *cs = imp && imp->ssm_chan_score ? imp->ssm_chan_score[l] : NULL;
+    if (Pt == P || !cs) {
+        for (int d = 0; d < Pt; d++) dims[d] = d;
+        return Pt;
+    }
+    double *ds = calloc(P, sizeof(double));
+    if (!ds) return -1;
+    for (int h = 0; h < nh; h++) /* a dim's score: the L2 over the heads of its channels' scores */
+        for (int d = 0; d < P; d++) ds[d] += cs[(size_t)h * P + d] * cs[(size_t)h * P + d];
+    rank_desc(ds, P, dims);
+    free(ds);
+    qsort(dims, Pt, sizeof(int), cmp_int);
+    return Pt;
+}
+
 int ac_ssm_kept_heads(const ac_arch *src, const ac_arch *t, const ac_importance *imp, int l, int *kept) {
     int nh = src->layers[l].ssm_heads, d = t->layers[l].ssm_heads, G = src->ssm_groups > 0 ? src->ssm_groups : 1;
-    if (d > nh || d < 0 || d % G || nh % G) return -1;
+    int P = src->ssm_head_dim, Pt = t->ssm_head_dim;
+    if (d > nh || d < 0 || d % G || nh % G || Pt > P || Pt < 1) return -1;
     int hpg = nh / G, ht = d / G, n = 0;
+    const double *cs = imp && imp->ssm_chan_score ? imp->ssm_chan_score[l] : NULL;
+    int *dims = Pt < P && cs ? malloc(sizeof(int) * P) : NULL, *o2 = dims ? malloc(sizeof(int) * hpg) : NULL;
+    double *hs = o2 ? malloc(sizeof(double) * hpg) : NULL;
+    if (Pt < P && cs && (!hs || ac_ssm_kept_dims(src, t, imp, l, dims) < 0)) {
+        free(dims), free(o2), free(hs);
+        return -1;
+    }
     for (int g = 0; g < G; g++) {
         const int *o = imp && imp->ssm_head_order && imp->ssm_head_order[l] ? imp->ssm_head_order[l] + g * hpg : NULL;
+        if (hs) { /* a narrower head: the heads ranked on the kept dims' channels alone (Model-Optimizer's order) */
+            for (int j = 0; j < hpg; j++) {
+                double q = 0;
+                for (int k = 0; k < Pt; k++) {
+                    double c = cs[(size_t)(g * hpg + j) * P + dims[k]];
+                    q += c * c;
+                }
+                hs[j] = sqrt(q);
+            }
+            rank_desc(hs, hpg, o2);
+            for (int j = 0; j < hpg; j++) o2[j] += g * hpg;
+            o = o2;
+        }
         for (int j = 0; j < ht; j++) kept[n + j] = o ? o[j] : g * hpg + j;
         qsort(kept + n, ht, sizeof(int), cmp_int);
         n += ht;
     }
+    free(dims), free(o2), free(hs);
     return n;
 }
 
@@ -65,6 +120,8 @@ static int check_layer(const ac_arch *a, const ac_arch *t, int l, ac_err *e) {
     if (!same)
         return ac_errf(e, "prune: nemotron_h layer %d keeps its one mixer (%s) or is removed", l,
                        s->ssm_heads ? "Mamba" : s->n_heads ? "attention" : s->n_experts ? "MoE" : "MLP");
+    if (s->ssm_heads && (t->ssm_head_dim > a->ssm_head_dim || t->ssm_head_dim < 1))
+        return ac_errf(e, "prune: mamba_head_dim %d: at most the source's %d", t->ssm_head_dim, a->ssm_head_dim);
     if (s->ssm_heads && (d->ssm_heads > s->ssm_heads || d->ssm_heads % (a->ssm_groups > 0 ? a->ssm_groups : 1)))
         return ac_errf(e,
                        "prune: layer %d keeps %d of %d Mamba heads: keep the same number in each of the %d groups "
@@ -86,17 +143,20 @@ static int cut_mamba(const ac_model *src, const ac_arch *t, const ac_importance 
     const ac_arch *a = &src->a;
     const ac_layer_w *sw = &src->L[l];
     int wdt = ac_model_wdt(src), H = a->hidden, Ht = t->hidden, P = a->ssm_head_dim, K = a->ssm_conv;
-    int nh = a->layers[l].ssm_heads, di = nh * P, GN = 2 * a->ssm_groups * a->ssm_state;
+    int nh = a->layers[l].ssm_heads, di = nh * P, GN = 2 * a->ssm_groups * a->ssm_state, Pt = t->ssm_head_dim;
     int *kh = malloc(sizeof(int) * nh), *ch = malloc(sizeof(int) * di), *rin = malloc(sizeof(int) * (2 * di + GN + nh));
-    int k = kh ? ac_ssm_kept_heads(a, t, imp, l, kh) : -1;
-    if (!kh || !ch || !rin || k < 0) {
-        free(kh), free(ch), free(rin);
-        return ac_errf(e, k < 0 && kh ? "prune: layer %d: Mamba heads do not split into the groups" : "out of memory",
+    int *dims = malloc(sizeof(int) * P);
+    int k = kh && dims && ac_ssm_kept_dims(a, t, imp, l, dims) == Pt ? ac_ssm_kept_heads(a, t, imp, l, kh) : -1;
+    if (!kh || !ch || !rin || !dims || k < 0) {
+        free(kh), free(ch), free(rin), free(dims);
+        return ac_errf(e, k < 0 && kh && dims ? "prune: layer %d: Mamba heads do not split into the groups"
+                                              : "out of memory",
                        l);
     }
-    int dt = k * P;
-    for (int j = 0; j < k; j++)
-        for (int i = 0; i < P; i++) ch[j * P + i] = kh[j] * P + i;
+    int dt = k * Pt;
+    for (int j = 0; j < k; j++) /* the kept heads' kept dims: the same dims in every head */
+        for (int i = 0; i < Pt; i++) ch[j * Pt + i] = kh[j] * P + dims[i];
+    free(dims);
     /* in_proj rows: z, x (the kept channels), B and C (whole), dt (the kept heads); the conv's: x, B, C */
     for (int c = 0; c < dt; c++) rin[c] = ch[c], rin[dt + c] = di + ch[c];
     for (int c = 0; c < GN; c++) rin[2 * dt + c] = 2 * di + c;
@@ -208,10 +268,11 @@ static int cut_all(const ac_model *src, const ac_arch *t, const ac_importance *i
 int ac_prune_hybrid(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, int bf16,
                     ac_err *e) {
     const ac_arch *a = &src->a;
-    if (!t->hybrid || t->ssm_head_dim != a->ssm_head_dim || t->ssm_state != a->ssm_state ||
+    if (!t->hybrid || t->ssm_head_dim > a->ssm_head_dim || t->ssm_head_dim < 1 || t->ssm_state != a->ssm_state ||
         t->ssm_groups != a->ssm_groups || t->ssm_conv != a->ssm_conv || t->moe_latent != a->moe_latent ||
         t->shared_ffn != a->shared_ffn)
-        return ac_errf(e, "prune: the target changes nemotron_h's model-wide Mamba or MoE shapes");
+        return ac_errf(e, "prune: the target changes nemotron_h's model-wide Mamba or MoE shapes (only mamba_head_dim "
+                          "may narrow)");
     for (int l = 0; l < a->n_layers; l++)
         if (check_layer(a, t, l, e)) return -1;
     ac_model f;

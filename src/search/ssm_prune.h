@@ -3,7 +3,7 @@
  * importance and slicing: Mamba heads ranked and removed group-aware, and
  * a hybrid model sliced to a smaller one layer type by layer type.
  *
- * Mamba heads, as Model-Optimizer's Minitron ranks them for Nemotron-H
+ * Mamba heads (and head dims), as Model-Optimizer's Minitron ranks them for Nemotron-H
  * (modelopt's MambaNumHeadsHp and its in_proj hook): per channel of
  * in_proj's x output, per sequence the mean over tokens of |x|, its square
  * summed over sequences (stats.h, mt_ssm); a head's score is the L2 over
@@ -39,8 +39,16 @@ int ac_ssm_rank_heads(const double *const *mt_ssm, const ac_arch *a, ac_importan
 /* The kept heads of Mamba layer l when t keeps t->layers[l].ssm_heads of
  * src's: per group its best (imp->ssm_head_order; NULL: the first), in
  * ascending order, into kept (room for src's heads). Returns the count, or
- * -1 when the target is not a multiple of the groups or exceeds the source. */
+ * -1 when the target is not a multiple of the groups or exceeds the source.
+ * With a narrower t->ssm_head_dim the heads are ranked on the kept dims'
+ * channels (ac_ssm_kept_dims) as Model-Optimizer ranks them. */
 int ac_ssm_kept_heads(const ac_arch *src, const ac_arch *t, const ac_importance *imp, int l, int *kept);
+/* The head dims Mamba layer l keeps when t->ssm_head_dim is narrower than
+ * src's: the dims with the largest L2 over the heads of their channel
+ * scores (imp->ssm_chan_score; NULL: the first), ascending, into dims (room
+ * for src's head dim); the same dims in every head of the layer
+ * (Model-Optimizer's mamba_head_dim ranking). Returns the count or -1. */
+int ac_ssm_kept_dims(const ac_arch *src, const ac_arch *t, const ac_importance *imp, int l, int *dims);
 /* src sliced to t (see above); bf16: the student's matrices BF16 (wown). */
 int ac_prune_hybrid(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, int bf16,
                     ac_err *e);
