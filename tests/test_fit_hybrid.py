@@ -10,7 +10,8 @@ keeps them without importance scores) and meets the limit with the figures
 the search printed; its Mamba heads are a multiple of n_groups, its removed
 fractions are its values against the base's, and the structures come
 closest to the binding limit first. A dense model's estimate with
-constraints is refused naming the field.
+constraints is refused naming the field. Over real HTTP the daemon's
+POST /v1/estimate answers the same fits for the nemotron_h fixture.
 """
 import json
 import os
@@ -20,7 +21,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, TINY, Runner, cli_estimate  # noqa: E402
+from harness import BUILD, TINY, Daemon, Runner, cli_estimate  # noqa: E402
 from test_estimate_hybrid import NH8  # noqa: E402
 
 CLI = os.path.join(BUILD, "autocompress")
@@ -95,6 +96,22 @@ def test_nemotron_h_8b_fits_a_b200_at_128k():
     check_fits(d, target(131071, batch=8), {"max_memory_gib": 0.8 * full}, "memory_gib")
 
 
+def test_daemon_answers_fits():
+    fix = os.path.join(BUILD, "fixtures", "models", "nemotronh_bf16")
+    if not (os.path.exists(os.path.join(fix, "config.json")) and os.path.exists(os.path.join(BUILD, "autocompressd"))):
+        return "skip"
+    req = {"model": fix, "target": target(512), "constraints": {"max_params": 0.85 * cli_estimate(
+        {"model": fix, "target": target(512)})["figures"]["params"]}}
+    d = Daemon(config={"cpu_slots": 1, "model_roots": [BUILD, "/tmp"]}).start()
+    try:
+        st, j = d.req("POST", "/v1/estimate", req)
+    finally:
+        d.cleanup()
+    assert st == 200 and j["fits"]["feasible"], (st, j)
+    assert j["fits"] == cli_estimate(req)["fits"], "the daemon and the CLI answer alike"
+    print(f"   daemon: {j['fits']['grid_feasible']} of {j['fits']['grid_size']} structures of the fixture fit")
+
+
 def test_dense_refused():
     if not os.path.exists(os.path.join(TINY, "config.json")):
         return "skip"
@@ -109,6 +126,7 @@ if __name__ == "__main__":
     r = Runner()
     try:
         r.run(test_nemotron_h_8b_fits_a_b200_at_128k)
+        r.run(test_daemon_answers_fits)
         r.run(test_dense_refused)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
