@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cost/engines.h"
 #include "runtime/eval.h"
 #include "search/slice.h"
 #include "minitron_int.h"
@@ -328,6 +329,13 @@ int ac_minitron_hybrid(const ac_search_problem *p, ac_search_result *r, ac_err *
     int tp = p->profile && p->profile->tp > 1 ? p->profile->tp : 1;
     keep_multiples(&ax[1], tp);
     keep_multiples(&ax[3], tp);
+    if (tp > 1 && hb.first[T_ATTN]) { /* attention pairs the serving engine splits tp ways (engines.h) */
+        int n = 0, lo = ax[2].v[ax[2].start];
+        for (int i = 0; i < ax[2].n; i++)
+            if (ac_tp_attn_splits(tp, hb.pairs_q[ax[2].v[i]], hb.pairs_kv[ax[2].v[i]])) ax[2].v[n++] = ax[2].v[i];
+        ax[2].n = n ? n : 1; /* the base's pair splits (ac_search_check_tp) */
+        for (ax[2].start = 0; ax[2].start < ax[2].n - 1 && ax[2].v[ax[2].start] < lo;) ax[2].start++;
+    }
     if (p->imp)
         ac_minitron_layer_order(p->imp, hb.order);
     else /* config only: no scores; the cost model prices any layer of a type alike */
