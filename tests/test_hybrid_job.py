@@ -52,6 +52,8 @@ CFG_MOE = dict(CFG, hybrid_override_pattern="MEMEM*E", num_hidden_layers=7, n_ro
                num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
                norm_topk_prob=True, routed_scaling_factor=2.5, n_group=1, topk_group=1, n_shared_experts=1,
                moe_latent_size=None)
+# LatentMoE (Nemotron 3 Super's MoE): the experts on a latent width of 48 beside hidden 64
+CFG_LATENT = dict(CFG_MOE, moe_latent_size=48, moe_intermediate_size=24, moe_shared_expert_intermediate_size=40)
 PX = "backbone."
 
 
@@ -349,6 +351,22 @@ def test_moe_hybrid_job_exports_nemotron_h_moe():
     check_export(rep, f"{min(ex)} experts, Mamba heads {cfg['mamba_num_heads']}")
 
 
+def test_latent_moe_hybrid_job_with_hidden_pruning():
+    """Nemotron 3 Super's LatentMoE layers with the hidden size searched too: the latent projections, the router,
+    the shared expert and every Mamba and attention matrix keep the same hidden channels; the export reads alike
+    in the reference, the engine and llama.cpp."""
+    if not have():
+        return "skip"
+    base = make_base(CFG_LATENT, "base_latent")
+    spec = job_spec(base, os.path.join(WORK, "out_latent"), 4096, 0.8 * params_of(base))
+    spec["search"].update(prune_experts=True, prune_hidden=True)
+    rep, wall, rss = run_job(spec, "job_latent")
+    print(f"   LatentMoE hybrid job: {wall:.1f} s wall, peak RSS {rss:.0f} MiB")
+    cfg = check_structure(rep, CFG_LATENT["hybrid_override_pattern"], cut_heads=False)
+    assert cfg["moe_latent_size"] == CFG_LATENT["moe_latent_size"], cfg
+    check_export(rep, f"hidden {cfg['hidden_size']}, {cfg['n_routed_experts']} experts, latent {cfg['moe_latent_size']}")
+
+
 def test_specs_refused_with_the_field():
     if not have():
         return "skip"
@@ -369,6 +387,7 @@ if __name__ == "__main__":
         r.run(test_group_aware_heads_as_model_optimizer_ranks_them)
         r.run(test_job_distils_and_exports_nemotron_h)
         r.run(test_moe_hybrid_job_exports_nemotron_h_moe)
+        r.run(test_latent_moe_hybrid_job_with_hidden_pruning)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
     r.done()
