@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/dtype.h"
+#include "core/tensor.h"
 #include "search/slice.h"
 #include "slice_int.h"
 
@@ -246,22 +247,55 @@ static size_t widest(const ac_arch *a) {
     return w;
 }
 
-static int cut_all(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *f, const int *hk,
-                   float *row, double *acc, ac_err *e) {
+/* Layer l of t into dw (fp32 buffers of t's layer l shapes). */
+static int cut_layer(const ac_model *src, const ac_arch *t, const ac_importance *imp, int l, ac_layer_w *dw,
+                     const int *hk, float *row, double *acc, ac_err *e) {
+    const ac_layer_arch *d = &t->layers[l];
+    return d->ssm_heads   ? cut_mamba(src, t, imp, l, dw, hk, row, e)
+           : d->n_heads   ? ac_slice_layer(src, t, imp, l, dw, hk, row, acc, e)
+           : d->ffn       ? cut_mlp(src, t, imp, l, dw, hk, row, e)
+           : d->n_experts ? cut_moe(src, t, imp, l, dw, hk, row, e)
+                          : 0;
+}
+
+/* The embedding and (untied) LM head of dst (fp32, or BF16 a row at a
+ * time), and its final norm. */
+static void cut_ends(const ac_model *src, const ac_arch *t, ac_model *dst, const int *hk, float *row, float *tmp) {
     const ac_arch *a = &src->a;
-    int H = a->hidden, Ht = t->hidden, V = a->vocab, wdt = ac_model_wdt(src);
-    ac_slice_gather(f->embed, src->embed, wdt, H, NULL, V, hk, Ht, row);
-    if (!t->tie_embeddings) ac_slice_gather(f->lm_head, src->lm_head, wdt, H, NULL, V, hk, Ht, row);
-    ac_slice_gather(f->final_norm, src->final_norm, ST_F32, H, NULL, 1, hk, Ht, row);
-    for (int l = 0; l < a->n_layers; l++) {
-        const ac_layer_arch *d = &t->layers[l];
-        int rc = d->ssm_heads   ? cut_mamba(src, t, imp, l, &f->L[l], hk, row, e)
-                 : d->n_heads   ? ac_slice_layer(src, t, imp, l, &f->L[l], hk, row, acc, e)
-                 : d->ffn       ? cut_mlp(src, t, imp, l, &f->L[l], hk, row, e)
-                 : d->n_experts ? cut_moe(src, t, imp, l, &f->L[l], hk, row, e)
-                                : 0;
-        if (rc) return -1;
+    int H = a->hidden, Ht = t->hidden, V = a->vocab, wdt = ac_model_wdt(src), bf16 = ac_model_wdt(dst) == ST_BF16;
+    float *mats[2] = {dst->embed, t->tie_embeddings ? NULL : dst->lm_head};
+    const float *srcs[2] = {src->embed, src->lm_head};
+    for (int i = 0; i < 2; i++) {
+        if (!mats[i]) continue;
+        if (!bf16) {
+            ac_slice_gather(mats[i], srcs[i], wdt, H, NULL, V, hk, Ht, row);
+            continue;
+        }
+        for (int r = 0; r < V; r++) {
+            ac_slice_gather(tmp, srcs[i], wdt, H, &r, 1, hk, Ht, row);
+            ac_from_f32((uint16_t *)mats[i] + (size_t)r * Ht, tmp, ST_BF16, Ht, NULL);
+        }
     }
+    ac_slice_gather(dst->final_norm, src->final_norm, ST_F32, H, NULL, 1, hk, Ht, row);
+}
+
+/* A BF16 dst's layer l: cut into a one-layer fp32 model of its shapes,
+ * rounded to BF16 (ac_model_to_bf16, as an fp32 student's export), and
+ * swapped into dst (dst's zeroed buffers of that layer freed with the
+ * scratch models). */
+static int cut_layer_bf16(const ac_model *src, const ac_arch *t, const ac_importance *imp, int l, ac_model *dst,
+                          const int *hk, float *row, double *acc, ac_err *e) {
+    ac_arch one = *t;
+    one.n_layers = 1, one.vocab = 1, one.layers = (ac_layer_arch *)&t->layers[l]; /* borrowed by the copies */
+    ac_model f, b;
+    if (ac_model_alloc(&f, &one, e)) return -1;
+    int rc = cut_layer(src, t, imp, l, &f.L[0], hk, row, acc, e) || ac_model_to_bf16(&f, &b, e) ? -1 : 0;
+    ac_model_free(&f);
+    if (rc) return -1;
+    ac_layer_w w = dst->L[l];
+    dst->L[l] = b.L[0];
+    b.L[0] = w;
+    ac_model_free(&b);
     return 0;
 }
 
@@ -275,19 +309,16 @@ int ac_prune_hybrid(const ac_model *src, const ac_arch *t, const ac_importance *
                           "may narrow)");
     for (int l = 0; l < a->n_layers; l++)
         if (check_layer(a, t, l, e)) return -1;
-    ac_model f;
-    if (ac_model_alloc(&f, t, e)) return -1;
+    if (bf16 ? ac_model_alloc_bf16(dst, t, e) : ac_model_alloc(dst, t, e)) return -1;
     int *hk = ac_prune_kept(imp->hid_order, t->hidden);
-    float *row = malloc(sizeof(float) * widest(a));
+    float *row = malloc(sizeof(float) * widest(a)), *tmp = malloc(sizeof(float) * (t->hidden + 1));
     double *acc = malloc(sizeof(double) * 2 * a->hidden);
-    int rc = hk && row && acc ? cut_all(src, t, imp, &f, hk, row, acc, e) : ac_errf(e, "out of memory");
-    free(hk), free(row), free(acc);
-    if (!rc && bf16) {
-        rc = ac_model_to_bf16(&f, dst, e);
-        ac_model_free(&f);
-    } else if (!rc)
-        *dst = f;
-    else
-        ac_model_free(&f);
+    int rc = hk && row && tmp && acc ? 0 : ac_errf(e, "out of memory");
+    if (!rc) cut_ends(src, t, dst, hk, row, tmp);
+    for (int l = 0; !rc && l < a->n_layers; l++)
+        rc = bf16 ? cut_layer_bf16(src, t, imp, l, dst, hk, row, acc, e)
+                  : cut_layer(src, t, imp, l, &dst->L[l], hk, row, acc, e);
+    free(hk), free(row), free(tmp), free(acc);
+    if (rc) ac_model_free(dst);
     return rc;
 }

@@ -22,8 +22,9 @@
  * channels (relu^2: up rows, down columns), MoE layers keep whole experts
  * (the router's rows and correction bias with them) and their shared
  * expert and latent projections; every matrix keeps the hidden channels
- * imp->hid_order ranks best. A BF16 student is sliced in fp32 and rounded
- * (one fp32 copy of the student in memory meanwhile).
+ * imp->hid_order ranks best. A BF16 student is sliced one layer at a time
+ * in fp32 and rounded (as ac_model_to_bf16 rounds; the embedding and LM
+ * head a row at a time): one layer in fp32 beside it at most.
  *
  * Ownership: *dst is a new model the caller frees; imp is borrowed.
  */
