@@ -55,6 +55,7 @@
 #include "search/minitron.h"
 #include "search/search.h"
 #include "search/slice.h"
+#include "search/ssm_prune.h"
 #include "search/stats.h"
 #include "search/stream.h"
 #include "search/topk.h"

@@ -77,14 +77,18 @@ def grad_case(out, name, case, seed):
     if c["gates"]:
         def rnd(n):
             return (0.5 + torch.rand(n, generator=g)).float().double()  # float32-representable
-        G = {"head": [rnd(len(x)) for x in G["head"]], "ffn": [rnd(len(x)) for x in G["ffn"]], "hidden": rnd(arch["hidden"]),
-             "attn": rnd(len(arch["layers"])), "mlp": rnd(len(arch["layers"])),
-             **({"expert": [rnd(len(x)) for x in G["expert"]], "echan": [rnd(len(x)) for x in G["echan"]]} if moe else {})}
-        first = next((x for x in G.get("expert", []) if len(x)), None)
-        if first is not None:
-            first[-1] = 0.0  # a removed expert
+        G = dict(G, head=[rnd(len(x)) for x in G["head"]], ffn=[rnd(len(x)) for x in G["ffn"]], hidden=rnd(arch["hidden"]),
+                 attn=rnd(len(arch["layers"])), mlp=rnd(len(arch["layers"])))
+        if moe:
+            G["expert"] = [rnd(len(x)) for x in G["expert"]]
+            G["echan"] = [rnd(len(x)) for x in G["echan"]]
+            first = next((x for x in G["expert"] if len(x)), None)
+            if first is not None:
+                first[-1] = 0.0  # a removed expert
+        if hybrid:  # the Mamba head gates
+            G["ssm"] = [rnd(len(x)) for x in G["ssm"]]
         teacher = (torch.randn(B, T, arch["vocab"], generator=g) * 3).float().double()
-    leaves = [G["hidden"], G["attn"], G["mlp"]] + G["head"] + G["ffn"] + G.get("expert", []) + G.get("echan", [])
+    leaves = [G["hidden"], G["attn"], G["mlp"]] + G["head"] + G["ffn"] + G.get("expert", []) + G.get("echan", []) + G.get("ssm", [])
     for t in leaves:
         t.requires_grad_(True)
     # inputs first, so the C test can read them
@@ -97,6 +101,8 @@ def grad_case(out, name, case, seed):
         if moe:
             blob.add(f"gate.expert.{l}", G["expert"][l])
             blob.add(f"gate.echan.{l}", G["echan"][l])
+        if hybrid:
+            blob.add(f"gate.ssm.{l}", G["ssm"][l])
     if teacher is not None:
         blob.add("teacher", teacher)
     inputs = dict(blob.index)
@@ -118,6 +124,8 @@ def grad_case(out, name, case, seed):
         if moe:
             blob.add(f"dgate.expert.{l}", G["expert"][l].grad, G["expert"][l])
             blob.add(f"dgate.echan.{l}", G["echan"][l].grad, G["echan"][l])
+        if hybrid:
+            blob.add(f"dgate.ssm.{l}", G["ssm"][l].grad, G["ssm"][l])
     grads = blob.index
     blob.index = dict(inputs, **grads)
     os.makedirs(os.path.join(out, "grad"), exist_ok=True)

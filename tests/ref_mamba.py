@@ -115,7 +115,8 @@ def ones_gates(a, dtype=torch.float64):
     L = a["layers"]
     return {"head": [torch.ones(x["heads"], dtype=dtype) for x in L], "ffn": [torch.ones(x["ffn"], dtype=dtype) for x in L],
             "hidden": torch.ones(a["hidden"], dtype=dtype), "attn": torch.ones(len(L), dtype=dtype),
-            "mlp": torch.ones(len(L), dtype=dtype)}
+            "mlp": torch.ones(len(L), dtype=dtype),
+            "ssm": [torch.ones(a["mh"] if x["type"] == "M" else 0, dtype=dtype) for x in L]}
 
 
 def gated_rmsnorm(x, w, g, eps):
@@ -124,8 +125,9 @@ def gated_rmsnorm(x, w, g, eps):
     return x * torch.rsqrt(ms + eps) * w * g
 
 
-def mamba(a, W, m, x):
-    """The Mamba-2 mixer on x [B,T,H] (HF torch_forward's order, the scan sequential)."""
+def mamba(a, W, m, x, gate=None):
+    """The Mamba-2 mixer on x [B,T,H] (HF torch_forward's order, the scan sequential); gate [nh] (the trainer's
+    Mamba head gates) multiplies each head's gated-norm output before out_proj."""
     B, T, _ = x.shape
     nh, Pd, Ns, G, K = a["mh"], a["P"], a["Ns"], a["G"], a["K"]
     di, C, _ = dims(a)
@@ -149,6 +151,8 @@ def mamba(a, W, m, x):
     v = (y * Fn.silu(z)).reshape(B, T, G, di // G)
     v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + a["eps"])
     y = v.reshape(B, T, di) * W[m + "norm.weight"]
+    if gate is not None:
+        y = y * gate.repeat_interleave(Pd)
     return Fn.linear(y, W[m + "out_proj.weight"])
 
 
@@ -208,7 +212,7 @@ def forward_gated(a, W, tokens, G):
         elif L["type"] == "E":
             x = x + moe(a, W, m, n)
         else:
-            x = x + mamba(a, W, m, n)
+            x = x + mamba(a, W, m, n, G["ssm"][l] if "ssm" in G else None)
     n = gated_rmsnorm(x, W[P + "norm_f.weight"], G["hidden"], eps)
     return Fn.linear(n, W.get("lm_head.weight", W[P + "embeddings.weight"]))
 

@@ -1,12 +1,14 @@
-"""Hybrid Mamba-Transformer (nemotron_h) models at the daemon: what loads is
-told apart from what the pipeline compresses.
+"""Hybrid Mamba-Transformer (nemotron_h) models at the daemon: what the
+pipeline compresses is told apart from what it does not yet.
 
 The engine's hybrid forward and the trainer's backward are checked against
-tests/ref_mamba.py in test_engine, test_train and test_block; here a job or
-a validation on a Nemotron-H checkpoint must get a 400 that names the field
-`model` and says what is missing, over real HTTP with the daemon's SQLite
-file, and nothing is queued; an estimate is answered (the cost model prices
-Mamba layers: test_estimate_hybrid.py checks its figures).
+tests/ref_mamba.py in test_engine, test_train and test_block, and a whole
+minitron job in test_hybrid_job.py; here a job or a validation on a
+Nemotron-H checkpoint with the autocompress method (the default) must get a
+400 that names the field `method` and says which method compresses it, over
+real HTTP with the daemon's SQLite file, and nothing is queued; the same spec
+with method minitron validates; an estimate is answered (the cost model
+prices Mamba layers: test_estimate_hybrid.py checks its figures).
 """
 import os
 import shutil
@@ -43,10 +45,13 @@ def test_jobs_and_estimates_refused_with_the_reason():
         for fix in FIXTURES:  # the dense hybrid and the one with MoE layers
             m = model_dir(fix)
             st, j = d.req("POST", "/v1/jobs", spec(model=m))
-            assert st == 400 and j["error"]["field"] == "model", (fix, st, j)
-            assert "nemotron_h" in j["error"]["message"] and "evaluate" in j["error"]["message"], j
+            assert st == 400 and j["error"]["field"] == "method", (fix, st, j)
+            assert "nemotron_h" in j["error"]["message"] and "minitron" in j["error"]["message"], j
             st, j = d.req("POST", "/v1/validate", spec(model=m))  # the one spec check: the same answer
-            assert st == 400 and j["error"]["field"] == "model" and j["error"]["code"] == "invalid_spec", (st, j)
+            assert st == 400 and j["error"]["field"] == "method" and j["error"]["code"] == "invalid_spec", (st, j)
+            st, j = d.req("POST", "/v1/validate", spec(model=m, method="minitron",
+                                                      search={"export_target": "gguf"}))
+            assert st == 200, (fix, st, j)
             st, j = d.req("POST", "/v1/estimate", {"model": m, "target": {"device": "H100"}})
             assert st == 200 and j["figures"]["ssm_state_gib"] > 0, (fix, st, j)
         st, j = d.req("GET", "/v1/jobs")

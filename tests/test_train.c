@@ -80,6 +80,7 @@ static float *train_ptr(ac_trainer *t, const char *name) {
         if (sscanf(gn, "ffn.%d", &l) == 1) return G->ffn[l];
         if (sscanf(gn, "expert.%d", &l) == 1) return G->expert[l]; /* MoE: the router's expert gates */
         if (sscanf(gn, "echan.%d", &l) == 1) return G->echan[l];
+        if (sscanf(gn, "ssm.%d", &l) == 1) return G->ssm[l]; /* nemotron_h's Mamba heads */
         return NULL;
     }
     if (!strcmp(name, "model.embed_tokens.weight") || !strcmp(name, "backbone.embeddings.weight")) return t->g.embed;

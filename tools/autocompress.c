@@ -41,7 +41,8 @@ static const struct {
               "choice's log-likelihood)"},
     {"compress", "compress SPEC.json\n      (the job here, without a daemon; AC_COST_DB=FILE caches measured cost "
                  "tables)"},
-    {"estimate", "estimate REQUEST.json\n      ({\"model\"|\"architecture\", \"target\"}, as POST /v1/estimate)"},
+    {"estimate", "estimate REQUEST.json\n      ({\"model\"|\"architecture\", \"target\"}, as POST /v1/estimate; with "
+                 "\"constraints\" on a\n       nemotron_h model: the structures that fit, config only)"},
     {"tokenize", "tokenize TOKENIZER_JSON TEXT_FILE\n      (token ids, one line)"},
     {"validate", "validate SPEC.json\n      (what compress checks before it starts: {\"ok\":true} or the error and "
                  "its field)"},
@@ -312,6 +313,7 @@ static int cmd_prune(int argc, char **argv) {
         goto out;
     }
     if (ac_prune(&m, &req, &imp, &pm, &e) || (argc == 6 && ac_deci_pad_model(&pm, &e))) goto out;
+    if (ac_arch_is_hybrid(&pm.a)) ac_minitron_compact(&pm); /* removed layers out of hybrid_override_pattern */
     if (ac_model_save(&pm, argv[4], ST_BF16, &e)) goto out;
     char src[4200], dst[4200];
     snprintf(src, sizeof src, "%s/tokenizer.json", argv[2]);

@@ -95,10 +95,23 @@ function drawLine(canvas, pts, color, limit, label) {
   if (label) c.fillText(label, pad + 4, H - 12);
 }
 
+/* A hybrid (nemotron_h) layer has one mixer, named by its type: one bar, its
+ * width kept against the base's (Mamba heads, KV heads, MLP width or
+ * experts); a removed layer none. */
+function hybridLayer(l, b, i) {
+  const t = l.type, k = {mamba: ["ssm_heads", "Mamba heads"], attention: ["kv_heads", "KV heads"],
+    mlp: ["ffn", "MLP width"], moe: ["experts", "experts"]}[t === "removed" ? b.type : t];
+  const v = t === "removed" ? 0 : +(l[k[0]] || 0), of = +(b[k[0]] || 0);
+  const title = t === "removed" ? `${b.type} layer removed` : `${k[1]} ${v.toFixed(0)} of ${of}`;
+  return `<div class="layer" data-layer="${i}" title="${title}"><div class="bars"><div class="bar ${t === "mamba" || b.type === "mamba" ? "ssm" : t === "attention" ? "kv" : "ffn"}" ` +
+    `style="height:${Math.round(100 * (of ? v / of : 0))}px" title="${title}"></div></div>L${i} ${{mamba: "M", attention: "*", mlp: "-", moe: "E"}[b.type] || ""}</div>`;
+}
+
 function drawArch(layers, base) {
   const el = $("#arch");
   el.innerHTML = layers.map((l, i) => {
     const b = base && base[i] ? base[i] : null;
+    if (b && b.type && l.type) return hybridLayer(l, b, i);
     // a mixture-of-experts layer: its FFN bar is the experts kept (of the base's)
     const moe = b && b.experts, kv = b ? l.kv_heads / b.kv_heads : l.kv_frac,
       ff = moe ? (l.experts || 0) / b.experts : b ? l.ffn / b.ffn : l.ffn_frac,

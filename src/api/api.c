@@ -7,6 +7,7 @@
 #include "pipeline/jobspec.h"
 #include "format/model.h"
 #include "cost/provenance.h"
+#include "search/minitron.h"
 
 int ac_cost_measure_validate(const json_t *req, const char **field, ac_err *e) {
     *field = "measure";
@@ -83,12 +84,78 @@ static int estimate_arch(const json_t *req, ac_arch *arch, const char **field, a
     return rc;
 }
 
+/* The estimate's "constraints" (the job spec's names) into *l. */
+static int fit_limits(const json_t *cj, ac_constraints *l, const char **field, ac_err *e) {
+    memset(l, 0, sizeof *l);
+    *field = "constraints";
+    if (!json_is_object(cj)) return ac_errf(e, "constraints must be an object of limits");
+    const char *k;
+    json_t *v;
+    int n = 0;
+    json_object_foreach((json_t *)cj, k, v) {
+        const ac_constraint *c = ac_constraint_table(), *end = c + AC_NCONSTRAINTS;
+        while (c < end && strcmp(c->name, k)) c++;
+        if (c == end) return ac_errf(e, "constraints: unknown limit %s", k);
+        if (!json_is_number(v) || json_number_value(v) < c->lo || json_number_value(v) > c->hi)
+            return ac_errf(e, "constraints.%s must be a number in [%g, %g]", k, c->lo, c->hi);
+        *(double *)((char *)l + c->off) = json_number_value(v);
+        n++;
+    }
+    return n ? 0 : ac_errf(e, "constraints: name at least one limit");
+}
+
+/* The config-only search (a hybrid model's Minitron grid priced by the cost
+ * model, no weights; docs/hybrid.md): the structures that meet the limits,
+ * closest to the binding one first, as "fits" in the estimate's answer. */
+static int estimate_fit(const json_t *req, const ac_arch *arch, const ac_cost_table *t, const ac_workload *w,
+                        const ac_engine_profile *prof, json_t *out, const char **field, ac_err *e) {
+    json_t *cj = json_object_get(req, "constraints"), *sj = json_object_get(req, "search");
+    if (!cj && !sj) return 0;
+    if (!arch->hybrid) {
+        *field = cj ? "constraints" : "search";
+        return ac_errf(e, "%s: the config-only search answers for hybrid (nemotron_h) models", *field);
+    }
+    ac_search_problem P = {.table = t, .workload = w, .profile = prof, .base = arch};
+    P.opts.prune_hidden = P.opts.prune_experts = 1;
+    if (sj) {
+        *field = "search";
+        if (!json_is_object(sj)) return ac_errf(e, "search must be an object");
+        const char *k;
+        json_t *v;
+        json_object_foreach(sj, k, v) {
+            if ((strcmp(k, "prune_hidden") && strcmp(k, "prune_experts")) || !json_is_boolean(v))
+                return ac_errf(e, "search: only prune_hidden and prune_experts (booleans) apply here");
+            *(strcmp(k, "prune_hidden") ? &P.opts.prune_experts : &P.opts.prune_hidden) = json_is_true(v);
+        }
+    }
+    if (!cj) {
+        *field = "constraints";
+        return ac_errf(e, "search needs constraints (the limits the structures must meet)");
+    }
+    if (fit_limits(cj, &P.limits, field, e)) return -1;
+    ac_search_result r;
+    *field = "model";
+    if (ac_search_minitron(&P, &r, e)) return -1;
+    json_t *d = r.detail;
+    json_t *fits = json_pack("{s:b,s:O,s:O,s:O,s:O,s:o}", "feasible", r.feasible, "grid_size",
+                             json_object_get(d, "grid_size"), "grid_feasible", json_object_get(d, "grid_feasible"),
+                             "axes", json_object_get(d, "axes"), "structures", json_object_get(d, "candidates"),
+                             "limits", ac_constraints_json(&P.limits));
+    if (fits) {
+        json_object_set_new(fits, "architecture", ac_arch_to_json(&r.arch));
+        json_object_set_new(out, "fits", fits);
+    }
+    ac_search_result_free(&r);
+    return fits ? 0 : ac_errf(e, "out of memory");
+}
+
 int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, json_t **out, const char **field, ac_err *e) {
     *field = NULL;
     const char *k;
     json_t *v;
     json_object_foreach((json_t *)req, k, v) {
-        if (strcmp(k, "model") && strcmp(k, "architecture") && strcmp(k, "target")) {
+        if (strcmp(k, "model") && strcmp(k, "architecture") && strcmp(k, "target") && strcmp(k, "constraints") &&
+            strcmp(k, "search")) {
             *field = k;
             return ac_errf(e, "unknown field %s", k);
         }
@@ -134,9 +201,15 @@ int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, json_t **out
             *out = NULL;
         }
     }
+    int rc = *out ? estimate_fit(req, &arch, &t, w, &prof, *out, field, e) : 0;
+    if (rc) {
+        json_decref(*out);
+        *out = NULL;
+    }
     ac_carch_free(&c);
     ac_cost_table_free(&t);
     ac_arch_free(&arch);
+    if (rc) return -1;
     *field = NULL;
     return *out ? 0 : ac_errf(e, "out of memory");
 }

@@ -487,7 +487,8 @@ json_t *ac_arch_to_json(const ac_arch *a) {
             json_object_set_new(o, "type", json_string(L->ssm_heads     ? "mamba"
                                                        : L->n_heads   ? "attention"
                                                        : L->n_experts ? "moe"
-                                                                      : "mlp"));
+                                                       : L->ffn       ? "mlp"
+                                                                      : "removed"));
             if (L->ssm_heads) json_object_set_new(o, "ssm_heads", json_integer(L->ssm_heads));
             if (L->n_experts) json_object_set_new(o, "shared_ffn", json_integer(a->shared_ffn));
         }
@@ -496,6 +497,7 @@ json_t *ac_arch_to_json(const ac_arch *a) {
     json_t *j = json_pack("{s:i,s:i,s:i,s:o,s:f}", "hidden", a->hidden, "head_dim", a->head_dim, "vocab", a->vocab,
                           "layers", layers, "params", ac_arch_params(a));
     if (ac_arch_has_moe(a)) json_object_set_new(j, "top_k", json_integer(a->top_k));
+    if (a->hybrid) json_object_set_new(j, "ssm_head_dim", json_integer(a->ssm_head_dim)); /* model-wide */
     return j;
 }
 
@@ -520,6 +522,12 @@ int ac_arch_from_json(const json_t *j, const ac_arch *base, ac_arch *out, ac_err
     if (v) {
         if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > 1 << 22) goto bad;
         out->vocab = (int)json_integer_value(v);
+    }
+    json_t *sd = json_object_get(j, "ssm_head_dim"); /* nemotron_h: Mamba heads' width, model-wide */
+    if (sd) {
+        if (!json_is_integer(sd) || !base->hybrid || json_integer_value(sd) <= 0 || json_integer_value(sd) > 4096)
+            goto bad;
+        out->ssm_head_dim = (int)json_integer_value(sd);
     }
     json_t *tk = json_object_get(j, "top_k"); /* experts each token is routed to (mixture-of-experts layers) */
     if (tk) {
@@ -556,7 +564,7 @@ bad:
     out->layers = NULL;
     return ac_errf(e, "architecture: each layer needs integer heads, kv_heads, ffn >= 0 with heads divisible by "
                       "kv_heads (and, for a mixture of experts, top_k >= 1, experts >= top_k with expert_ffn > 0 and "
-                      "ffn 0); hidden/head_dim/vocab positive");
+                      "ffn 0); hidden/head_dim/vocab positive; ssm_head_dim (nemotron_h only) positive");
 }
 
 /* nemotron_h's config: the pattern from each layer's mixer, one width per

@@ -314,7 +314,9 @@ static int stage_prune(job_state *s, ac_err *e) {
         (arms == 2 && ac_prune_bf16(&s->m, &s->ra.arch, ia, &s->pa, e)))
         return -1;
     progress_cb(s, "pruned", 0.25);
-    if (s->spec->repair) {
+    if (s->spec->repair && ac_arch_is_hybrid(&s->m.a)) /* the repair's layer stream has no Mamba layers yet */
+        emit(s, "log", json_pack("{s:s}", "message", "hybrid (nemotron_h) model: the least-squares FFN repair is skipped"));
+    else if (s->spec->repair) {
         ac_model *dst[2] = {&s->pm, &s->pa};
         const ac_importance *imps[2] = {&mimp, ia};
         int rep[2] = {0, 0}, win = s->cwin < 16 ? s->cwin : 16;

@@ -152,17 +152,24 @@ int ac_model_check_compressible(const ac_job_spec *s, const json_t *j, const cha
     if (!s->model[0] || ac_arch_load(s->model, &a, &ignore)) return 0; /* fails later with its reason */
     int moe = ac_arch_has_moe(&a), hybrid = ac_arch_is_hybrid(&a), top_k = a.top_k;
     ac_arch_free(&a);
-    if (hybrid) {
-        *field = "model";
-        return ac_errf(e, "model: hybrid Mamba-Transformer models (nemotron_h) load and evaluate (autocompress eval), "
-                          "but their cost model, calibration, search and pruning are not written yet");
+    if (hybrid && s->method != AC_METHOD_MINITRON) {
+        *field = "method";
+        return ac_errf(e, "method: a hybrid Mamba-Transformer model (nemotron_h) is compressed by the minitron method "
+                          "(Mamba heads by group, per-type layer removal, widths, KV groups, hidden size); the "
+                          "autocompress arm's gates and loss curves for Mamba layers are not written yet");
+    }
+    if (hybrid && s->search.target == AC_EXPORT_DECI) {
+        *field = "search.export_target";
+        return ac_errf(e, "search.export_target deci: a hybrid (nemotron_h) model exports in its own layout: "
+                          "export_target llama (safetensors + config.json as nemotron_h) or gguf (llama.cpp's "
+                          "nemotron_h / nemotron_h_moe, with the safetensors beside it)");
     }
     if (moe && s->search.target == AC_EXPORT_DECI) {
         *field = "search.export_target";
         return ac_errf(e, "search.export_target deci: the DeciLM (nemotron-nas) loaders know dense layers only; a "
                           "mixture-of-experts model exports as gguf or llama (its own Hugging Face layout)");
     }
-    if (moe && s->search.target == AC_EXPORT_GGUF) {
+    if (moe && !hybrid && s->search.target == AC_EXPORT_GGUF) { /* nemotron_h_moe: one shape per layer type */
         *field = "search.export_target";
         return ac_errf(e, "search.export_target gguf: llama.cpp's MoE architectures hold one head count, expert count "
                           "and width for every layer; use export_target llama with search.gguf true (uniform layers, "

@@ -188,6 +188,39 @@ static void put_structure(ac_text *o, const json_t *before, const json_t *after)
     ac_text_put(o, "\n");
 }
 
+/* A hybrid (nemotron_h: layers with a "type"): each layer's mixer and its
+ * widths before -> after; a removed layer says so (the export's
+ * hybrid_override_pattern has it no more). */
+static void put_hybrid_structure(ac_text *o, const json_t *before, const json_t *after) {
+    const json_t *bl = json_object_get(before, "layers"), *al = json_object_get(after, "layers");
+    size_t nb = json_array_size(bl), kept = 0;
+    for (size_t l = 0; l < json_array_size(al); l++)
+        kept += strcmp(ac_jstr(json_array_get(al, l), "type"), "removed") != 0;
+    ac_text_put(o, "## What was pruned\n\n");
+    ac_text_put(o,
+                "Hidden size %.0f -> %.0f; %zu layers -> %zu (hybrid Mamba-Transformer: one mixer per layer). Per "
+                "layer its type and widths (query heads, KV heads, MLP width, Mamba heads, experts):\n\n",
+                ac_jnum(before, "hidden"), ac_jnum(after, "hidden"), nb, kept);
+    ac_text_put(o, "| layer | type | heads | KV heads | MLP width | Mamba heads | experts |\n"
+                   "|---|---|---|---|---|---|---|\n");
+    const char *ks[] = {"heads", "kv_heads", "ffn", "ssm_heads", "experts"};
+    for (size_t l = 0; l < nb; l++) {
+        const char *tb = ac_jstr(json_array_get(bl, l), "type"), *ta = ac_jstr(json_array_get(al, l), "type");
+        int removed = !strcmp(ta, "removed");
+        ac_text_put(o, "| %zu | %s%s |", l, tb, removed ? " (removed)" : "");
+        for (int i = 0; i < 5; i++) {
+            long b = layer_fig(before, l, ks[i]), a = layer_fig(after, l, ks[i]);
+            b = b < 0 ? 0 : b, a = a < 0 || removed ? 0 : a;
+            if (b == a)
+                ac_text_put(o, " %ld |", a);
+            else
+                ac_text_put(o, " %ld -> %ld |", b, a);
+        }
+        ac_text_put(o, "\n");
+    }
+    ac_text_put(o, "\n");
+}
+
 static void put_measured(ac_text *o, const json_t *r) {
     const json_t *m = json_object_get(r, "measured_local");
     if (!json_is_object(m)) return;
@@ -231,14 +264,15 @@ char *ac_model_card(const json_t *r) {
     const json_t *arm = json_object_get(r, chosen), *model = json_object_get(r, "model");
     const json_t *tg = json_object_get(r, "target"), *ex = json_object_get(r, "export");
     const char *mpath = ac_jstr(model, "path"), *mname = base_name(mpath);
-    int deci = strstr(ac_jstr(ex, "format"), "DeciLM") != NULL;
+    int deci = strstr(ac_jstr(ex, "format"), "DeciLM") != NULL,
+        hybrid = strstr(ac_jstr(ex, "format"), "NemotronH") != NULL;
     /* the YAML header */
     ac_text_put(&o, "---\nbase_model: ");
     put_yaml_str(&o, mname, strlen(mname));
     ac_text_put(&o,
                 "\nlibrary_name: transformers\npipeline_tag: text-generation\ntags:\n- autocompress\n- pruned\n"
                 "- structured-pruning\n- %s\n",
-                deci ? "nemotron-nas" : "llama");
+                deci ? "nemotron-nas" : hybrid ? "nemotron-h" : "llama");
     if (json_is_object(json_object_get(ex, "gguf"))) ac_text_put(&o, "- gguf\n");
     put_tag(&o, "target-", ac_jstr(tg, "device"));
     ac_text_put(&o, "---\n\n");
@@ -254,7 +288,10 @@ char *ac_model_card(const json_t *r) {
     put_choice(&o, r, chosen);
     put_limits(&o, r, arm, chosen);
     put_quality(&o, r, chosen);
-    put_structure(&o, json_object_get(model, "architecture"), json_object_get(arm, "architecture"));
+    if (hybrid)
+        put_hybrid_structure(&o, json_object_get(model, "architecture"), json_object_get(arm, "architecture"));
+    else
+        put_structure(&o, json_object_get(model, "architecture"), json_object_get(arm, "architecture"));
     put_measured(&o, r);
     put_loading(&o, r, deci);
     ac_text_put(

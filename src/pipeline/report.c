@@ -83,8 +83,9 @@ json_t *ac_report_build(const job_state *s) {
     json_object_set_new(r, "importance", ac_importance_to_json(&s->imp));
     json_object_set_new(r, "export",
                         json_pack("{s:s,s:s,s:s}", "dir", sp->output, "format",
-                                  ac_arch_is_uniform(&s->result->a) ? "LlamaForCausalLM"
-                                                                    : "DeciLMForCausalLM (nemotron-nas block_configs)",
+                                  ac_arch_is_hybrid(&s->result->a)    ? "NemotronHForCausalLM (hybrid_override_pattern)"
+                                  : ac_arch_is_uniform(&s->result->a) ? "LlamaForCausalLM"
+                                                                      : "DeciLMForCausalLM (nemotron-nas block_configs)",
                                   "dtype", "bf16"));
     ac_gguf_report(&sp->search, &s->result->a, sp->output, json_object_get(r, "export"));
     json_object_set_new(r, "timings_s", json_deep_copy(s->timings));

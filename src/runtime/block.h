@@ -111,7 +111,7 @@ typedef enum {
 } ac_op_kind;
 
 /* Observation points after an op (engine hooks, engine.h). */
-typedef enum { AC_HOOK_NONE, AC_HOOK_NORMED, AC_HOOK_HEAD_OUT, AC_HOOK_FFN_ACT } ac_hook_point;
+typedef enum { AC_HOOK_NONE, AC_HOOK_NORMED, AC_HOOK_HEAD_OUT, AC_HOOK_FFN_ACT, AC_HOOK_SSM_IN } ac_hook_point;
 
 typedef struct {
     unsigned char kind;              /* ac_op_kind */
@@ -172,6 +172,9 @@ int ac_block_op_recomputed(const ac_op *op);
 size_t ac_block_op_tape(const ac_arch *a, int l, const ac_op *op, size_t N, int attn_extra);
 size_t ac_block_tape_floats(const ac_arch *a, int l, size_t N, int attn_extra);
 size_t ac_block_scratch_floats(const ac_arch *a, size_t N);
+/* Channels per unit of an AC_OP_MASK on width d: a query head's head_dim
+ * (Q), a Mamba head's ssm_head_dim (SSM), else 1 (FFN channels). */
+int ac_block_mask_unit(const ac_arch *a, ac_dim d);
 /* The part of that scratch (its end) an EXPERTS op works in: three [N][H]
  * and five [N][FE] buffers (gathered rows, expert outputs and their
  * gradients); 0 without MoE layers. */

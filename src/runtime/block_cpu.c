@@ -60,11 +60,14 @@ static void attention(const ac_block_cpu *c, int l, float *att, const float *q, 
                               pos0, hd, Q, KV, a->sliding_window, c->scores);
 }
 
-static void mask(float *t, const ac_block_cpu *c, const ac_op *op, int N, int width, int hd) {
+static void mask(float *t, const ac_block_cpu *c, const ac_op *op, int N, int width) {
     const ac_block_mod *mod = c->mod;
-    const float *mk = !mod ? NULL : op->dout == AC_DIM_Q ? mod->head_mask : mod->ffn_mask;
+    const float *mk = !mod                      ? NULL
+                      : op->dout == AC_DIM_Q   ? mod->head_mask
+                      : op->dout == AC_DIM_SSM ? mod->ssm_mask
+                                               : mod->ffn_mask;
     if (!mk) return;
-    int unit = op->dout == AC_DIM_Q ? hd : 1;
+    int unit = ac_block_mask_unit(&c->m->a, (ac_dim)op->dout);
     for (size_t r = 0; r < (size_t)N; r++)
         for (int c = 0; c < width; c++) t[r * width + c] *= mk[c / unit];
 }
@@ -172,7 +175,7 @@ void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n
             ac_ssm_gated_norm_fwd(&ss, s[op->out], s[op->in], s[op->in2], N);
             break;
         }
-        case AC_OP_MASK: mask(s[op->out], c, op, N, dim[op->dout], hd); break;
+        case AC_OP_MASK: mask(s[op->out], c, op, N, dim[op->dout]); break;
         case AC_OP_MASK_HIDDEN:
             if (mod && mod->hid_mask) {
                 float *x = s[op->out];
@@ -187,6 +190,8 @@ void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n
         if (op->hook == AC_HOOK_HEAD_OUT && hk->head_out)
             hk->head_out(hk->ud, l, s[op->out], N, dim[AC_DIM_Q] / hd, hd);
         if (op->hook == AC_HOOK_FFN_ACT && hk->ffn_act) hk->ffn_act(hk->ud, l, s[op->out], N, dim[AC_DIM_F]);
+        if (op->hook == AC_HOOK_SSM_IN && hk->ssm_in)
+            hk->ssm_in(hk->ud, l, s[op->out], N, dim[AC_DIM_SSM], dim[AC_DIM_SI]);
     }
 }
 

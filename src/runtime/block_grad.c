@@ -288,7 +288,7 @@ static float *sub_walk(ac_block_grad *c, int l, int sb, float *x, float **tp, fl
             sc += (size_t)N * dout;
             break;
         case AC_OP_MASK:
-            mask_fwd(sc, cur[op->in], c->gate[op->dout], (size_t)N, dout, op->dout == AC_DIM_Q ? hd : 1);
+            mask_fwd(sc, cur[op->in], c->gate[op->dout], (size_t)N, dout, ac_block_mask_unit(a, (ac_dim)op->dout));
             cur[op->out] = sc;
             sc += (size_t)N * dout;
             break;
@@ -425,7 +425,7 @@ void ac_block_grad_backward(ac_block_grad *c, int l, float *dx) {
             case AC_OP_MASK: { /* out = in * g: dg += sum dout * in; din = dout * g (in place) */
                 const float *g = c->gate[op->dout];
                 float *dg = c->dgate[op->dout];
-                int unit = op->dout == AC_DIM_Q ? hd : 1;
+                int unit = ac_block_mask_unit(a, (ac_dim)op->dout);
                 for (size_t r = 0; r < (size_t)N; r++) {
                     float *d = dO + r * dout;
                     const float *in = w.in[i] + r * dout;

@@ -7,7 +7,8 @@
  *
  * Structure points are gates (the differentiable search's relaxation):
  * AC_OP_MASK on width Q multiplies each query head by gate[AC_DIM_Q][h], on
- * width F each channel by gate[AC_DIM_F][c]; every RMSNorm is the gated one
+ * width F each channel by gate[AC_DIM_F][c], on width SSM (nemotron_h) each
+ * Mamba head by gate[AC_DIM_SSM][h]; every RMSNorm is the gated one
  * of backward_cpu.h over gate[AC_DIM_H] (its mean square over the gates'
  * mass, so gates in {0,1} are the narrower hidden width); the residual add
  * that ends sub-block s is scaled by sub_gate[s]. NULL gates are 1.

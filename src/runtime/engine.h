@@ -38,6 +38,9 @@ typedef struct {
     void (*layer_io)(void *ud, int layer, const float *x_in, const float *x_out, int N, int H);
     /* after the last layer: N rows went through */
     void (*rows)(void *ud, int N);
+    /* nemotron_h Mamba-2 layer: zx[N][width], in_proj's output (z, x, B, C,
+     * dt; x is channels d_inner .. 2 d_inner), before the conv */
+    void (*ssm_in)(void *ud, int layer, const float *zx, int N, int d_inner, int width);
 } ac_engine_hooks;
 
 typedef struct {

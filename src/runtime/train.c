@@ -78,6 +78,10 @@ static size_t layout(ac_trainer *t, const ac_arch *a, int B, int T, float *base)
             TAKE(t->gate.echan[l], nc);
             TAKE(t->dgate.echan[l], nc);
         }
+        if (L->ssm_heads) {
+            TAKE(t->gate.ssm[l], L->ssm_heads);
+            TAKE(t->dgate.ssm[l], L->ssm_heads);
+        }
     }
     TAKE(t->xhf, N * H);
     TAKE(t->rf, N);
@@ -111,7 +115,8 @@ size_t ac_trainer_bytes_frozen(const ac_arch *a, int B, int T) {
 
 void ac_trainer_free(ac_trainer *t) {
     float ***ptrs[] = {&t->tape,        &t->gate.head,  &t->gate.ffn,     &t->dgate.head, &t->dgate.ffn,
-                       &t->gate.expert, &t->gate.echan, &t->dgate.expert, &t->dgate.echan};
+                       &t->gate.expert, &t->gate.echan, &t->dgate.expert, &t->dgate.echan, &t->gate.ssm,
+                       &t->dgate.ssm};
     for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) free(*ptrs[i]);
     free(t->mem);
     free(t->tok);
@@ -140,7 +145,8 @@ static int trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, int fr
     t->max_T = max_T;
     int nl = a->n_layers;
     float ***ptrs[] = {&t->tape,        &t->gate.head,  &t->gate.ffn,     &t->dgate.head, &t->dgate.ffn,
-                       &t->gate.expert, &t->gate.echan, &t->dgate.expert, &t->dgate.echan};
+                       &t->gate.expert, &t->gate.echan, &t->dgate.expert, &t->dgate.echan, &t->gate.ssm,
+                       &t->dgate.ssm};
     int ok = 1;
     for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++)
         ok = ok && (*ptrs[i] = calloc(nl ? nl : 1, sizeof(float *)));
@@ -167,6 +173,7 @@ static int trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, int fr
         for (int c = 0; c < a->layers[l].ffn; c++) t->gate.ffn[l][c] = 1;
         for (int x = 0; x < a->layers[l].n_experts; x++) t->gate.expert[l][x] = 1;
         for (int c = 0; c < a->layers[l].n_experts * a->layers[l].expert_ffn; c++) t->gate.echan[l][c] = 1;
+        for (int h = 0; h < a->layers[l].ssm_heads; h++) t->gate.ssm[l][h] = 1;
         t->gate.attn[l] = t->gate.mlp[l] = 1;
     }
     for (int c = 0; c < a->hidden; c++) t->gate.hidden[c] = 1;
@@ -297,6 +304,7 @@ void ac_train_zero_grad(ac_trainer *t) {
         zero(t->dgate.ffn[l], F);
         zero(t->dgate.expert[l], L->n_experts);
         zero(t->dgate.echan[l], (size_t)L->n_experts * L->expert_ffn);
+        zero(t->dgate.ssm[l], L->ssm_heads);
         t->dgate.attn[l] = t->dgate.mlp[l] = 0;
     }
 }
@@ -335,6 +343,8 @@ static ac_block_grad layer_exec(ac_trainer *t, int l, const ac_layer_w *w, float
     c.gate[AC_DIM_FE] = t->gate.echan[l];
     c.dgate[AC_DIM_E] = t->dgate.expert[l];
     c.dgate[AC_DIM_FE] = t->dgate.echan[l];
+    c.gate[AC_DIM_SSM] = t->gate.ssm[l];
+    c.dgate[AC_DIM_SSM] = t->dgate.ssm[l];
     for (int i = 0; i < AC_BLOCK_MAX_SUB; i++) sub[i] = i == 0 ? t->gate.attn[l] : i == 1 ? t->gate.mlp[l] : 1.0f;
     return c;
 }

@@ -22,7 +22,11 @@
  *               (block_grad.h: 0 is the expert removed, with the routing
  *               renormalised over the others as in the pruned model);
  *   echan[l][e*Fe + c]  multiplies channel c of expert e (silu(gate) * up)
- *               before its down projection.
+ *               before its down projection;
+ *   ssm[l][h]   multiplies Mamba head h's gated-norm output (its
+ *               ssm_head_dim channels) before out_proj (nemotron_h; the
+ *               norm's group statistics still include the head: a gate of
+ *               0 is the head's removal up to that normalisation).
  *
  * Memory (llm.c's rule): ac_trainer_init makes one allocation for every
  * activation, scratch buffer and gate (ac_trainer_bytes says how much, see
@@ -58,6 +62,7 @@ typedef struct {
     float *mlp;    /* [l] */
     float **expert; /* [l][n_experts] (NULL without experts; may be NULL as a whole, e.g. the CUDA trainer's) */
     float **echan;  /* [l][n_experts * expert_ffn]: expert e's channels at e * expert_ffn */
+    float **ssm;   /* [l][ssm_heads]: nemotron_h Mamba heads (NULL when the layer has none) */
 } ac_gates;
 
 typedef struct {

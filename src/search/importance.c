@@ -12,6 +12,7 @@
 #include "moe_importance_int.h"
 #include "search/slice.h"
 #include "search/stats.h"
+#include "search/ssm_prune.h"
 #include "search/stream.h"
 
 static const double SENS_R[AC_SENS_POINTS] = {0, 0.25, 0.5, 0.75, 1.0};
@@ -57,6 +58,14 @@ void ac_importance_free(ac_importance *imp) {
             free(imp->mt_ffn_score[l]);
         }
     }
+    for (int l = 0; imp->ssm_head_order && l < imp->n_layers; l++) {
+        free(imp->ssm_head_order[l]);
+        free(imp->ssm_head_score[l]);
+        if (imp->ssm_chan_score) free(imp->ssm_chan_score[l]);
+    }
+    free(imp->ssm_head_order);
+    free(imp->ssm_head_score);
+    free(imp->ssm_chan_score);
     free(imp->head_order);
     free(imp->head_score);
     free(imp->mt_ffn_order);
@@ -173,8 +182,10 @@ static int minitron_scores(const ac_stats *st, const ac_arch *a, ac_importance *
             free(hs);
             return ac_errf(e, "out of memory");
         }
-        for (int c = 0; c < H; c++) /* only the norms that feed a sub-block are hooked */
-            hs[c] += (nh ? sqrt(st->mt_norm[2 * l][c]) : 0) + (F ? sqrt(st->mt_norm[2 * l + 1][c]) : 0);
+        /* only the norms that feed a sub-block are hooked (nemotron_h: a Mamba layer's in slot 0, an MoE's in 1) */
+        int in = nh || la->ssm_heads, post = F || (a->hybrid && la->n_experts);
+        for (int c = 0; c < H; c++)
+            hs[c] += (in ? sqrt(st->mt_norm[2 * l][c]) : 0) + (post ? sqrt(st->mt_norm[2 * l + 1][c]) : 0);
     }
     int rc = rank(hs, H, &imp->mt_hid_order, &imp->mt_hid_score);
     free(hs);
@@ -798,6 +809,8 @@ int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, i
         if (mode == AC_CALIB_ENGINE) mode = AC_CALIB_EXACT;
         if (mode == AC_CALIB_STREAMED && ac_model_wdt(m) != ST_F32) mode = AC_CALIB_ANCHORED;
     }
+    int hybrid = ac_arch_is_hybrid(a);
+    if (hybrid) mode = AC_CALIB_ENGINE; /* the statistics in one engine pass (CPU); no loss curves yet */
     imp->method = mode;
     imp->streamed = mode == AC_CALIB_STREAMED;
     ac_stats st;
@@ -821,8 +834,9 @@ int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, i
         imp->tokens = st.tokens;
         if (!rc) rc = rank_units(m, &st, imp, e);
         if (!rc) rc = minitron_scores(&st, a, imp, e);
+        if (!rc && hybrid) rc = ac_ssm_rank_heads((const double *const *)st.mt_ssm, a, imp, e);
         ac_stats_free(&st);
-        if (!rc) rc = masking_sensitivity(&c, e) || hidden_sensitivity(&c, e) || merge_sensitivity(&c, e) ? -1 : 0;
+        if (!rc && !hybrid) rc = masking_sensitivity(&c, e) || hidden_sensitivity(&c, e) || merge_sensitivity(&c, e) ? -1 : 0;
     } else
         ac_stats_free(&st);
     if (!rc && progress) progress(ud, "sensitivity", 1.0);
@@ -852,6 +866,9 @@ json_t *ac_importance_to_json(const ac_importance *imp) {
     json_t *hs = json_array();
     for (int i = 0; i < 4; i++) json_array_append_new(hs, json_pack("[f,f]", imp->hid_frac[i], imp->hid_sens[i]));
     return json_pack("{s:f,s:I,s:s,s:o,s:o,s:[f,f,f,f,f]}", "base_loss", imp->base_loss, "tokens",
-                     (json_int_t)imp->tokens, "sensitivity_method", method_name(imp->method), "layers", layers,
+                     (json_int_t)imp->tokens, "sensitivity_method",
+                     imp->ssm_head_order ? "none (hybrid: activation statistics only, the curves are zero)"
+                                         : method_name(imp->method),
+                     "layers", layers,
                      "hidden_loss_curve", hs, "removed_fractions", 0.0, 0.25, 0.5, 0.75, 1.0);
 }

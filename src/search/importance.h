@@ -72,6 +72,15 @@ typedef struct {
     int **echan_order;
     double **echan_score;
     int method;            /* the AC_CALIB_* method that measured the curves (never AUTO) */
+    /* nemotron_h Mamba layers (search/ssm_prune.h; NULL rows elsewhere):
+     * for each of the ssm_groups groups g, entries g*hpg .. g*hpg+hpg-1 are
+     * its heads (hpg = heads / groups), most important first; each head's
+     * score. A hybrid model's calibration is the activation statistics
+     * alone: its loss curves stay zero (docs/hybrid.md). */
+    int **ssm_head_order;
+    double **ssm_head_score;
+    double **ssm_chan_score; /* [l][d_inner]: each x channel's score (the sqrt of its statistic), from which a
+                              * narrower mamba_head_dim ranks the head dims and then the heads (ssm_prune.h) */
 } ac_importance;
 
 typedef void (*ac_progress_fn)(void *ud, const char *what, double frac);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "minitron_int.h"
 #include "runtime/eval.h"
 #include "runtime/tasks.h"
 #include "search/slice.h"
@@ -61,7 +62,7 @@ void ac_minitron_compact(ac_model *m) {
     int k = 0, L = m->a.n_layers;
     for (int l = 0; l < L; l++) {
         const ac_layer_arch *la = &m->a.layers[l];
-        if ((la->n_heads || la->ffn || la->n_experts) || (k == 0 && l == L - 1)) {
+        if ((la->n_heads || la->ffn || la->n_experts || la->ssm_heads) || (k == 0 && l == L - 1)) {
             m->a.layers[k] = m->a.layers[l];
             m->L[k++] = m->L[l];
         }
@@ -347,7 +348,23 @@ static int grid(const ac_search_problem *p, const axis_t *ax, const int *order, 
     return 0;
 }
 
+void ac_minitron_emit_candidate(const ac_search_problem *p, int i, int k, json_t *cand) {
+    json_t *ev = json_pack("{s:s,s:i,s:i,s:o}", "phase", "minitron", "candidate", i + 1, "of", k, "scored", cand);
+    p->emit(p->ud, ev);
+    json_decref(ev);
+}
+
+void ac_minitron_emit_result(const ac_search_problem *p, const ac_search_result *r, int grid, int feasible) {
+    if (!p->emit) return;
+    json_t *ev = json_pack("{s:s,s:b,s:i,s:i,s:o,s:o}", "phase", "minitron", "feasible", r->feasible, "grid_size", grid,
+                           "grid_feasible", feasible, "metrics", ac_constraints_report(&p->limits, &r->cost),
+                           "predicted", ac_cost_to_json(&r->cost));
+    p->emit(p->ud, ev);
+    json_decref(ev);
+}
+
 int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *e) {
+    if (ac_arch_is_hybrid(p->base)) return ac_minitron_hybrid(p, r, e); /* minitron_hybrid.c */
     memset(r, 0, sizeof *r);
     const ac_arch *b = p->base;
     int ffn, experts, effn;
@@ -413,12 +430,7 @@ int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *
             if (s > sb) best = i;
         } else if (c[i].nll < c[best].nll)
             best = i;
-        if (p->emit) {
-            json_t *ev = json_pack("{s:s,s:i,s:i,s:o}", "phase", "minitron", "candidate", i + 1, "of", k, "scored",
-                                   cand_json(&c[i], p, order));
-            p->emit(p->ud, ev);
-            json_decref(ev);
-        }
+        if (p->emit) ac_minitron_emit_candidate(p, i, k, cand_json(&c[i], p, order));
     }
     if (rc) goto out;
     /* the result: the best scored candidate, or the closest infeasible point */
@@ -443,13 +455,7 @@ int ac_search_minitron(const ac_search_problem *p, ac_search_result *r, ac_err *
         "axes", axes_json(ax), "grid_size", n, "grid_feasible", nf, "top_k", top_k, "max_width_pruning", wcap,
         "max_depth_pruning", dcap, "score", sc, "layer_scores_1_minus_cos", ls, "layers_dropped", dropped,
         "best_candidate", nf ? best : -1, "scored", scoring, "candidates", cands);
-    if (p->emit) {
-        json_t *ev = json_pack("{s:s,s:b,s:i,s:i,s:o,s:o}", "phase", "minitron", "feasible", r->feasible, "grid_size",
-                               n, "grid_feasible", nf, "metrics", ac_constraints_report(&p->limits, &r->cost),
-                               "predicted", ac_cost_to_json(&r->cost));
-        p->emit(p->ud, ev);
-        json_decref(ev);
-    }
+    ac_minitron_emit_result(p, r, n, nf);
 out:
     for (int i = 0; i < NAX; i++) free(ax[i].all);
     free(c);

@@ -32,6 +32,9 @@
  *   max(candidates, key=score) with its score_func (MMLU accuracy).
  * Importance is ac_importance's Minitron part (importance.h).
  *
+ * A hybrid (nemotron_h) base runs minitron_hybrid.c's grid instead (Mamba
+ * heads by group, per-type depth; docs/hybrid.md).
+ *
  * A dropped layer is a layer with neither attention nor FFN in the
  * architecture (n_heads = n_kv_heads = ffn = 0), which the engine, the cost
  * model and ac_prune already treat as the identity; ac_minitron_compact

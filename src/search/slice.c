@@ -1,5 +1,6 @@
 /* slice.c - see slice.h. */
 #include "search/slice.h"
+#include "slice_int.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 #include "core/dtype.h"
 #include "runtime/kernels_cpu.h"
 #include "core/tensor.h"
+#include "search/ssm_prune.h"
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
@@ -366,7 +368,7 @@ static int prune_to(const ac_model *src, const ac_arch *t, const ac_importance *
     if (t->n_layers != a->n_layers || t->head_dim != a->head_dim || t->vocab != a->vocab || t->hidden > a->hidden ||
         t->hidden < 1)
         return ac_errf(e, "prune: target architecture does not fit the source model");
-    if (a->hybrid) return ac_errf(e, "prune: hybrid (nemotron_h) Mamba layers are not pruned yet");
+    if (a->hybrid) return ac_prune_hybrid(src, t, imp, dst, bf16, e); /* ssm_prune.c */
     for (int l = 0; l < a->n_layers; l++)
         if (check_layer(a, t, l, e)) return -1;
     if (bf16 ? ac_model_alloc_bf16(dst, t, e) : ac_model_alloc(dst, t, e)) return -1;
@@ -388,4 +390,18 @@ int ac_prune(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac
 
 int ac_prune_bf16(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, ac_err *e) {
     return prune_to(src, t, imp, dst, 1, e);
+}
+
+/* ---- for ssm_prune.c (slice_int.h) ---- */
+
+void ac_slice_gather(float *dst, const void *src, int wdt, int src_cols, const int *rows, int nr, const int *cols,
+                     int nc, float *row) {
+    gather(dst, src, wdt, src_cols, rows, nr, cols, nc, row);
+}
+
+int ac_slice_check_layer(const ac_arch *src, const ac_arch *t, int l, ac_err *e) { return check_layer(src, t, l, e); }
+
+int ac_slice_layer(const ac_model *src, const ac_arch *t, const ac_importance *imp, int l, ac_layer_w *dw,
+                   const int *hk, float *row, double *acc, ac_err *e) {
+    return prune_layer(src, t, imp, l, dw, hk, row, acc, e);
 }

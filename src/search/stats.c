@@ -44,9 +44,12 @@ int ac_stats_want_minitron(ac_stats *s, const ac_arch *a, ac_err *e) {
     s->mt_attn = calloc(L, sizeof *s->mt_attn);
     s->mt_ffn = calloc(L, sizeof *s->mt_ffn);
     s->mt_norm = calloc(2 * L, sizeof *s->mt_norm);
-    if (!s->mt_attn || !s->mt_ffn || !s->mt_norm) return ac_errf(e, "out of memory");
+    s->mt_ssm = calloc(L, sizeof *s->mt_ssm);
+    if (!s->mt_attn || !s->mt_ffn || !s->mt_norm || !s->mt_ssm) return ac_errf(e, "out of memory");
     for (int l = 0; l < L; l++) {
-        int Q = a->layers[l].n_heads * a->head_dim, F = a->layers[l].ffn;
+        int Q = a->layers[l].n_heads * a->head_dim, F = a->layers[l].ffn, D = ac_ssm_inner(a, l);
+        wide = D > wide ? D : wide;
+        if (D && !(s->mt_ssm[l] = calloc(D, sizeof(double)))) return ac_errf(e, "out of memory");
         wide = Q > wide ? Q : wide;
         wide = F > wide ? F : wide;
         s->mt_attn[l] = calloc(Q + 1, sizeof(double));
@@ -67,6 +70,7 @@ void ac_stats_free(ac_stats *s) {
         if (s->ffn_gram) free(s->ffn_gram[l]);
         if (s->mt_attn) free(s->mt_attn[l]);
         if (s->mt_ffn) free(s->mt_ffn[l]);
+        if (s->mt_ssm) free(s->mt_ssm[l]);
         if (s->mt_norm) {
             free(s->mt_norm[2 * l]);
             free(s->mt_norm[2 * l + 1]);
@@ -75,6 +79,7 @@ void ac_stats_free(ac_stats *s) {
     free(s->mt_attn);
     free(s->mt_ffn);
     free(s->mt_norm);
+    free(s->mt_ssm);
     free(s->mt_tmp);
     free(s->ffn_gram);
     free(s->head);
@@ -103,11 +108,32 @@ static void on_begin(void *ud, int B, int n) {
     st->cur_n = n;
 }
 
+/* mt_acc over a column slice: channels off .. off+C-1 of rows of width W. */
+static void mt_acc_cols(double *acc, double *tmp, const float *x, int B, int n, int W, int off, int C) {
+    for (int b = 0; b < B; b++) {
+        memset(tmp, 0, sizeof(double) * C);
+        for (int t = 0; t < n; t++) {
+            const float *r = x + ((size_t)b * n + t) * W + off;
+            for (int c = 0; c < C; c++) tmp[c] += fabsf(r[c]);
+        }
+        for (int c = 0; c < C; c++) acc[c] += (tmp[c] / n) * (tmp[c] / n);
+    }
+}
+
 static void on_normed(void *ud, int l, int block, const float *xn, int N, int H) {
     ac_stats *st = ud;
     for (long i = 0; i < (long)N * H; i++) st->hidden_a[i % H] += fabsf(xn[i]);
     assert(st->cur_B * st->cur_n == N);
-    if (st->mt_norm) mt_acc(st->mt_norm[2 * l + block], st->mt_tmp, xn, st->cur_B, st->cur_n, H);
+    /* nemotron_h's sub-blocks 2 (Mamba: the input norm) and 3 (MoE: the post norm) share 0's and 1's slot */
+    if (st->mt_norm) mt_acc(st->mt_norm[2 * l + block % 2], st->mt_tmp, xn, st->cur_B, st->cur_n, H);
+}
+
+/* Model-Optimizer ranks Mamba heads by in_proj's x channels (its ablation's choice over z and dt). */
+static void on_ssm_in(void *ud, int l, const float *zx, int N, int d_inner, int width) {
+    ac_stats *st = ud;
+    assert(st->cur_B * st->cur_n == N);
+    if (st->mt_ssm && st->mt_ssm[l])
+        mt_acc_cols(st->mt_ssm[l], st->mt_tmp, zx, st->cur_B, st->cur_n, width, d_inner, d_inner);
 }
 
 static void on_head_out(void *ud, int l, const float *att, int N, int n_heads, int hd) {
@@ -154,5 +180,6 @@ void ac_stats_hooks(ac_stats *s, ac_engine_hooks *h) {
                            .head_out = on_head_out,
                            .ffn_act = on_ffn_act,
                            .layer_io = on_layer_io,
-                           .rows = on_rows};
+                           .rows = on_rows,
+                           .ssm_in = on_ssm_in};
 }

@@ -26,6 +26,8 @@ typedef struct {
     double **mt_attn; /* [l][n_heads*head_dim]: o_proj input */
     double **mt_ffn;  /* [l][ffn]: down_proj input */
     double **mt_norm; /* [2l] input_layernorm, [2l+1] post_attention_layernorm outputs, [H] */
+    double **mt_ssm;  /* [l][d_inner]: a Mamba layer's x (in_proj's output, channels d_inner .. 2 d_inner),
+                       * NULL rows elsewhere */
     double *mt_tmp;   /* scratch, widest of the above */
     int cur_B, cur_n; /* shape of the forward in progress */
     long tokens;

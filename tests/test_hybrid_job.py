@@ -1,0 +1,393 @@
+"""A compression job on a hybrid Mamba-Transformer (nemotron_h) checkpoint.
+
+A random-init checkpoint with Nemotron-H's layer pattern shrunk (M-M-M*-M-:
+Mamba-2, squared-ReLU MLP and one attention layer; 2 groups of 4 Mamba
+heads) goes through `autocompress compress` with the minitron method:
+calibration, the hybrid Minitron grid (Mamba heads by group, per-type layer
+removal, MLP width, attention KV groups / heads), pruning, distillation and
+export as safetensors + config.json (nemotron_h) and GGUF (llama.cpp's
+nemotron_h). The parameter limit is below what the grid reaches without
+cutting Mamba heads or without narrowing them, so every feasible structure
+does both.
+
+- Without distillation the exported Mamba layers are checked tensor by
+  tensor against the base's weights sliced here (in_proj's z, x and dt rows
+  and B, C whole, conv channels, dt_bias, A_log, D, gated-norm weight,
+  out_proj columns), keeping the head dims and then, per group, the heads
+  Model-Optimizer's rule ranks best, computed here in float64
+  (tests/ref_mamba.py) from in_proj's x outputs over the job's calibration
+  windows.
+- With distillation the export's hybrid_override_pattern is the base's with
+  the removed layers taken out, its float64 reference perplexity (this
+  test's forward) is what the engine reads, and llama.cpp (node-llama-cpp,
+  tests/llama) scores the GGUF within 0.5 % of the report's perplexity.
+- A hybrid spec with method autocompress or export_target deci is refused
+  naming the field (`autocompress validate`).
+"""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import BUILD, DATA, ROOT, TINY, Runner  # noqa: E402
+
+CLI = os.path.join(BUILD, "autocompress")
+WORK = tempfile.mkdtemp(prefix="ac_hyb_")
+CTX, WINDOWS, CALIB = 64, 4, 2048
+CFG = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 768,
+       "hidden_size": 64, "num_hidden_layers": 9, "hybrid_override_pattern": "M-M-M*-M-",
+       "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+       "mlp_hidden_act": "relu2", "mamba_num_heads": 8, "mamba_head_dim": 8, "ssm_state_size": 16,
+       "n_groups": 2, "conv_kernel": 4, "use_conv_bias": True, "use_bias": False, "mlp_bias": False,
+       "attention_bias": False, "layer_norm_epsilon": 1e-5, "max_position_embeddings": 1024,
+       "tie_word_embeddings": False, "bos_token_id": 767, "eos_token_id": 767}
+# Nemotron 3 Nano's layer kinds shrunk: Mamba-2, MoE (6 squared-ReLU experts, top-2, a shared expert, the sigmoid
+# router with its correction bias) and one attention layer
+CFG_MOE = dict(CFG, hybrid_override_pattern="MEMEM*E", num_hidden_layers=7, n_routed_experts=6,
+               num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
+               norm_topk_prob=True, routed_scaling_factor=2.5, n_group=1, topk_group=1, n_shared_experts=1,
+               moe_latent_size=None)
+# LatentMoE (Nemotron 3 Super's MoE): the experts on a latent width of 48 beside hidden 64
+CFG_LATENT = dict(CFG_MOE, moe_latent_size=48, moe_intermediate_size=24, moe_shared_expert_intermediate_size=40)
+PX = "backbone."
+
+
+def have():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return os.path.exists(os.path.join(TINY, "tokenizer.json")) and os.path.exists(CLI)
+
+
+def make_base(cfg=CFG, name="base"):
+    """A random-init BF16 checkpoint (ref_mamba.random_weights; the correction bias fp32 as Hugging Face keeps it)
+    with the tiny model's tokenizer."""
+    import torch
+    import ref_llama as R
+    import ref_mamba as M
+    d = os.path.join(WORK, name)
+    if os.path.exists(os.path.join(d, "config.json")):
+        return d
+    os.makedirs(d)
+    W = M.random_weights(M.arch_from_config(cfg), 7)
+    W = {k: v.to(torch.float32 if k.endswith("e_score_correction_bias") else torch.bfloat16) for k, v in W.items()}
+    R.save_safetensors(os.path.join(d, "model.safetensors"), W, {"format": "pt"})
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    shutil.copy(os.path.join(TINY, "tokenizer.json"), d)
+    return d
+
+
+def params_of(cfg):
+    out = subprocess.run([CLI, "estimate", write(os.path.join(WORK, "est.json"), {
+        "model": cfg, "target": {"device": "H100"}})], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["figures"]["params"]
+
+
+def write(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+    return path
+
+
+def job_spec(model, out, distill_tokens, limit, **kw):
+    s = {"model": model, "output": out, "method": "minitron", "calibration": os.path.join(DATA, "calib.txt"),
+         "heldout": os.path.join(DATA, "heldout.txt"),
+         "target": {"device": "H100", "workload": {"batch": 1, "prompt_len": 64, "gen_len": 16}},
+         "constraints": {"max_params": limit}, "search": {"export_target": "gguf", "seed": 1, "prune_hidden": False},
+         "distill": {"tokens": distill_tokens, "seq_len": 64, "batch": 4}, "calibration_tokens": CALIB,
+         "eval": {"ctx": CTX, "windows": WINDOWS}}
+    s.update(kw)
+    return s
+
+
+def run_job(spec, name):
+    """`autocompress compress` on spec: (report, wall seconds, peak RSS of the child in MiB)."""
+    sp = write(os.path.join(WORK, name + ".json"), spec)
+    timer = ["/usr/bin/time", "-f", "AC_RSS_KB %M"] if os.path.exists("/usr/bin/time") else []
+    t0 = time.time()
+    r = subprocess.run(timer + [CLI, "compress", sp], capture_output=True, text=True, timeout=900,
+                       env=dict(os.environ, AC_COST_DB=os.path.join(WORK, "cost.db")))
+    wall = time.time() - t0
+    assert r.returncode == 0, r.stderr[-3000:]
+    kb = [int(x.split()[1]) for x in r.stderr.splitlines() if x.startswith("AC_RSS_KB ")]
+    return json.load(open(os.path.join(spec["output"], "report.json"))), wall, kb[-1] / 1024.0 if kb else float("nan")
+
+
+def ids_of(tok_dir, text):
+    out = subprocess.run([CLI, "tokenize", os.path.join(tok_dir, "tokenizer.json"), text], capture_output=True,
+                         text=True, check=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def load(d):
+    import ref_llama as R
+    return {k: v.double() for k, v in R.load_safetensors(os.path.join(d, "model.safetensors")).items()}
+
+
+def mamba_scores(d, ids):
+    """Model-Optimizer's Mamba statistic of checkpoint d over the windows of ids (float64): per x channel of
+    in_proj the sum over windows of (mean_t |x|)^2, its sqrt; {layer: [heads][head_dim]}."""
+    import torch
+    import ref_mamba as M
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    a, W = M.arch_from_config(cfg), load(d)
+    nh, P, G = a["mh"], a["P"], a["G"]
+    di = nh * P
+    acc = {}
+    orig = M.mamba
+
+    def hooked(a_, W_, m, x, gate=None):
+        zx = torch.nn.functional.linear(x, W_[m + "in_proj.weight"])
+        s = zx[..., di:2 * di].abs().mean(1).pow(2).sum(0)  # [di]
+        acc[m] = acc.get(m, 0) + s
+        return orig(a_, W_, m, x, gate)
+
+    M.mamba = hooked
+    try:
+        x = torch.tensor([ids[w * CTX:(w + 1) * CTX] for w in range(len(ids) // CTX)])
+        with torch.no_grad():
+            M.forward(a, W, x)
+    finally:
+        M.mamba = orig
+    return {int(m.split(".")[2]): v.sqrt().view(nh, P) for m, v in acc.items()}
+
+
+def margin_of(v):
+    """The smallest gap between consecutive sorted values, relative to the largest."""
+    srt = sorted(v.tolist(), reverse=True)
+    return min((srt[i] - srt[i + 1]) / srt[0] for i in range(len(srt) - 1)) if len(srt) > 1 else 1.0
+
+
+def mamba_keep(score, G, k, Pt):
+    """Model-Optimizer's choice for k heads of head dim Pt: the Pt dims with the largest L2 over the heads, then per
+    group the k / G heads with the largest L2 over those dims. (kept heads ascending, kept dims ascending, margin)."""
+    import torch
+    nh, P = score.shape
+    dim_imp = torch.linalg.vector_norm(score, dim=0)
+    dims = torch.argsort(dim_imp, descending=True)[:Pt]
+    head_imp = torch.linalg.vector_norm(score[:, dims], dim=1)
+    per, kg, heads, margin = nh // G, k // G, [], margin_of(dim_imp) if Pt < P else 1.0
+    for g in range(G):
+        sc = head_imp[g * per:(g + 1) * per]
+        heads += [g * per + j for j in torch.argsort(sc, descending=True)[:kg].tolist()]
+        margin = min(margin, margin_of(sc))
+    return sorted(heads), sorted(dims.tolist()), margin
+
+
+def slice_mamba(W, l, keep, dims, a):
+    """Layer l's Mamba tensors of W keeping heads `keep` (ascending within groups) and head dims `dims` in each, as
+    the ssm_prune.h rule says."""
+    import torch
+    nh, P, G, N = a["mh"], a["P"], a["G"], a["Ns"]
+    di, GN = nh * P, 2 * G * N
+    ch = torch.tensor([h * P + i for h in keep for i in dims])
+    kh = torch.tensor(keep)
+    m = f"{PX}layers.{l}.mixer."
+    rows = torch.cat([ch, di + ch, 2 * di + torch.arange(GN), 2 * di + GN + kh])
+    crow = torch.cat([ch, di + torch.arange(GN)])
+    return {"in_proj.weight": W[m + "in_proj.weight"][rows], "out_proj.weight": W[m + "out_proj.weight"][:, ch],
+            "conv1d.weight": W[m + "conv1d.weight"][crow], "conv1d.bias": W[m + "conv1d.bias"][crow],
+            "dt_bias": W[m + "dt_bias"][kh], "A_log": W[m + "A_log"][kh], "D": W[m + "D"][kh],
+            "norm.weight": W[m + "norm.weight"][ch]}
+
+
+def kept_layers(rep):
+    dropped = set(rep["minitron"]["layers_dropped"])
+    return [l for l in range(len(rep["minitron"]["architecture"]["layers"])) if l not in dropped]
+
+
+def check_structure(rep, base_pattern, cut_heads=True):
+    """The result keeps one Mamba head count, a multiple of the groups (below the base's when cut_heads), and the
+    export's pattern drops exactly the removed layers."""
+    res = rep[rep["chosen"]]
+    layers = res["architecture"]["layers"]
+    mh, mp = {L["ssm_heads"] for L in layers if L["type"] == "mamba"}, res["architecture"]["ssm_head_dim"]
+    assert len(mh) == 1 and list(mh)[0] % CFG["n_groups"] == 0, layers
+    assert (list(mh)[0] < CFG["mamba_num_heads"] and mp < CFG["mamba_head_dim"]) or not cut_heads, (mh, mp)
+    assert res["feasible"] and res["predicted"]["params"] <= rep["constraints"]["max_params"] + 0.5, res
+    for l in rep["minitron"]["layers_dropped"]:
+        assert layers[l]["type"] == "removed", (l, layers[l])
+    cfg = json.load(open(os.path.join(rep["export"]["dir"], "config.json")))
+    want = "".join(base_pattern[l] for l in kept_layers(rep))
+    assert cfg["hybrid_override_pattern"] == want and cfg["num_hidden_layers"] == len(want), (cfg, want)
+    assert cfg["mamba_num_heads"] == list(mh)[0] and cfg["mamba_head_dim"] == mp, cfg
+    assert rep["export"]["format"].startswith("NemotronHForCausalLM"), rep["export"]
+    card = open(os.path.join(rep["export"]["dir"], "README.md")).read()  # the model card shows each layer's mixer
+    assert "| layer | type | heads | KV heads | MLP width | Mamba heads | experts |" in card, card[:2000]
+    kinds = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+    for l in rep["minitron"]["layers_dropped"]:
+        assert f"| {l} | {kinds[base_pattern[l]]} (removed) |" in card, (l, card[:3000])
+    m0 = base_pattern.index("M")
+    assert f"| {m0} | mamba | 0 | 0 | 0 | {CFG['mamba_num_heads']} -> {list(mh)[0]} |" in card or \
+        list(mh)[0] == CFG["mamba_num_heads"], card[:3000]
+    assert rep["export"]["gguf"]["architecture"].startswith("nemotron_h"), rep["export"]
+    return cfg
+
+
+def ref_ppl(d, ids):
+    """tests/ref_mamba.py's float64 perplexity of the exported checkpoint d over WINDOWS windows of CTX."""
+    import torch
+    import ref_mamba as M
+    a, W = M.arch_from_config(json.load(open(os.path.join(d, "config.json")))), load(d)
+    x = torch.tensor([ids[w * CTX:(w + 1) * CTX] for w in range(WINDOWS)])
+    with torch.no_grad():
+        lp = torch.log_softmax(M.forward(a, W, x), -1)
+    nll = -lp[:, :-1].gather(-1, x[:, 1:, None]).sum().item()
+    return math.exp(nll / (WINDOWS * (CTX - 1)))
+
+
+def engine_ppl(d):
+    out = subprocess.run([CLI, "eval", d, os.path.join(DATA, "heldout.txt"), "--ctx", str(CTX), "--windows",
+                          str(WINDOWS), "--gemm", "exact", "--json"], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["ppl"]
+
+
+def llama_ppl(gguf, ids):
+    """llama.cpp's perplexity of the GGUF over the same windows (tests/llama/llama_check.mjs); None without node."""
+    ldir = os.path.join(ROOT, "tests", "llama")
+    if not shutil.which("node") or not os.path.isdir(os.path.join(ldir, "node_modules", "node-llama-cpp")):
+        return None
+    job = write(os.path.join(WORK, "llama_job.json"), {
+        "windows": [ids[w * CTX:(w + 1) * CTX] for w in range(WINDOWS)], "text": "", "prompt": ids[:8], "gen": 8})
+    r = subprocess.run(["node", "llama_check.mjs", gguf, job], cwd=ldir, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return math.exp(sum(out["nll"]) / sum(out["count"]))
+
+
+def check_export(rep, label):
+    """The export read alike by the float64 reference (within 2e-4), our engine (the report's perplexity within
+    0.2 %) and llama.cpp (its GGUF within 0.5 % of the report)."""
+    out, rp = rep["export"]["dir"], rep[rep["chosen"]]["perplexity"]
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    ids = ids_of(out, os.path.join(DATA, "heldout.txt"))
+    pr, pe = ref_ppl(out, ids), engine_ppl(out)
+    print(f"   export {cfg['hybrid_override_pattern']} ({label}): reference ppl {pr:.4f}, engine {pe:.4f}, report "
+          f"{rp:.4f}")
+    assert abs(pr / pe - 1) < 2e-4, (pr, pe)
+    assert abs(pe / rp - 1) < 2e-3, (pe, rp)
+    pl = llama_ppl(os.path.join(out, "model.gguf"), ids)
+    if pl is None:
+        print("   SKIP llama.cpp check: node or tests/llama/node_modules missing")
+        return
+    print(f"   llama.cpp on model.gguf: ppl {pl:.4f} ({100 * (pl / rp - 1):+.3f} % of the report)")
+    assert abs(pl / rp - 1) < 5e-3, (pl, rp)
+
+
+def base_limit(base):
+    """0.69 of the base's parameters: every other axis at its cap, no structure reaches it without cutting Mamba
+    heads (0.705 at most) nor without cutting their head dims (0.722 at most): both are cut."""
+    return 0.69 * params_of(base)
+
+
+def test_group_aware_heads_as_model_optimizer_ranks_them():
+    if not have():
+        return "skip"
+    import torch
+    import ref_mamba as M
+    base = make_base()
+    rep, wall, rss = run_job(job_spec(base, os.path.join(WORK, "out_a"), 0, base_limit(base)), "job_a")
+    print(f"   job without distillation: {wall:.1f} s, peak RSS {rss:.0f} MiB")
+    check_structure(rep, CFG["hybrid_override_pattern"])
+    ids = ids_of(base, os.path.join(DATA, "calib.txt"))[:CALIB]
+    scores = mamba_scores(base, ids)
+    a = M.arch_from_config(CFG)
+    Wb, We = load(base), load(rep["export"]["dir"])
+    arch = rep[rep["chosen"]]["architecture"]
+    k, Pt = [L for L in arch["layers"] if L["type"] == "mamba"][0]["ssm_heads"], arch["ssm_head_dim"]
+    per, kg = CFG["mamba_num_heads"] // CFG["n_groups"], k // CFG["n_groups"]
+    checked, margin = 0, 1.0
+    for j, l in enumerate(kept_layers(rep)):
+        if CFG["hybrid_override_pattern"][l] != "M":
+            continue
+        keep, dims, mg = mamba_keep(scores[l], CFG["n_groups"], k, Pt)
+        margin = min(margin, mg)
+        want = slice_mamba(Wb, l, keep, dims, a)
+        for name, t in want.items():
+            got = We[f"{PX}layers.{j}.mixer.{name}"]
+            assert got.shape == t.shape and torch.equal(got, t), (l, name, got.shape, t.shape)
+        checked += 1
+    assert checked >= 3, checked
+    assert margin > 1e-6, margin  # no near-tie the fp32 statistics could order differently
+    print(f"   {checked} Mamba layers keep {kg} of {per} heads per group and {Pt} of {CFG['mamba_head_dim']} head dims, "
+          f"Model-Optimizer's best (smallest score margin {margin:.2e})")
+
+
+def test_job_distils_and_exports_nemotron_h():
+    if not have():
+        return "skip"
+    base = make_base()
+    rep, wall, rss = run_job(job_spec(base, os.path.join(WORK, "out_b"), 8192, base_limit(base)), "job_b")
+    print(f"   job with distillation: {wall:.1f} s wall, peak RSS {rss:.0f} MiB, stages {rep['timings_s']}")
+    cfg = check_structure(rep, CFG["hybrid_override_pattern"])
+    res = rep[rep["chosen"]]
+    assert res.get("distill", {}).get("steps", 0) > 0 or "perplexity_pruned" in res, res.keys()
+    check_export(rep, f"Mamba heads {cfg['mamba_num_heads']}, before distillation {res.get('perplexity_pruned')}")
+
+
+def test_moe_hybrid_job_exports_nemotron_h_moe():
+    """Nemotron 3 Nano's layer kinds: the MoE layers keep whole experts (never below top_k) with their router rows
+    and correction bias; the export is read alike by the reference, the engine and llama.cpp (nemotron_h_moe)."""
+    if not have():
+        return "skip"
+    base = make_base(CFG_MOE, "base_moe")
+    spec = job_spec(base, os.path.join(WORK, "out_moe"), 4096, 0.8 * params_of(base))
+    spec["search"]["prune_experts"] = True
+    rep, wall, rss = run_job(spec, "job_moe")
+    print(f"   MoE hybrid job: {wall:.1f} s wall, peak RSS {rss:.0f} MiB")
+    cfg = check_structure(rep, CFG_MOE["hybrid_override_pattern"], cut_heads=False)
+    res = rep[rep["chosen"]]
+    ex = {L["experts"] for L in res["architecture"]["layers"] if L["type"] == "moe"}
+    assert len(ex) == 1 and CFG_MOE["num_experts_per_tok"] <= min(ex) <= CFG_MOE["n_routed_experts"], ex
+    assert cfg["n_routed_experts"] == min(ex) and cfg["num_experts_per_tok"] == CFG_MOE["num_experts_per_tok"], cfg
+    assert rep["export"]["gguf"]["architecture"] == "nemotron_h_moe", rep["export"]
+    check_export(rep, f"{min(ex)} experts, Mamba heads {cfg['mamba_num_heads']}")
+
+
+def test_latent_moe_hybrid_job_with_hidden_pruning():
+    """Nemotron 3 Super's LatentMoE layers with the hidden size searched too: the latent projections, the router,
+    the shared expert and every Mamba and attention matrix keep the same hidden channels; the export reads alike
+    in the reference, the engine and llama.cpp."""
+    if not have():
+        return "skip"
+    base = make_base(CFG_LATENT, "base_latent")
+    spec = job_spec(base, os.path.join(WORK, "out_latent"), 4096, 0.8 * params_of(base))
+    spec["search"].update(prune_experts=True, prune_hidden=True)
+    rep, wall, rss = run_job(spec, "job_latent")
+    print(f"   LatentMoE hybrid job: {wall:.1f} s wall, peak RSS {rss:.0f} MiB")
+    cfg = check_structure(rep, CFG_LATENT["hybrid_override_pattern"], cut_heads=False)
+    assert cfg["moe_latent_size"] == CFG_LATENT["moe_latent_size"], cfg
+    check_export(rep, f"hidden {cfg['hidden_size']}, {cfg['n_routed_experts']} experts, latent {cfg['moe_latent_size']}")
+
+
+def test_specs_refused_with_the_field():
+    if not have():
+        return "skip"
+    base = make_base()
+    for kw, field in (({"method": "autocompress"}, "method"),
+                      ({"search": {"export_target": "deci"}}, "search.export_target")):
+        s = job_spec(base, os.path.join(WORK, "out_x"), 0, 2e5, **kw)
+        r = subprocess.run([CLI, "validate", write(os.path.join(WORK, "v.json"), s)], capture_output=True, text=True)
+        j = json.loads(r.stdout or r.stderr)
+        assert r.returncode != 0 and j.get("field") == field, (kw, r.returncode, r.stdout, r.stderr)
+        print(f"   {field}: {j.get('error', j)}"[:200])
+
+
+if __name__ == "__main__":
+    r = Runner()
+    try:
+        r.run(test_specs_refused_with_the_field)
+        r.run(test_group_aware_heads_as_model_optimizer_ranks_them)
+        r.run(test_job_distils_and_exports_nemotron_h)
+        r.run(test_moe_hybrid_job_exports_nemotron_h_moe)
+        r.run(test_latent_moe_hybrid_job_with_hidden_pruning)
+    finally:
+        shutil.rmtree(WORK, ignore_errors=True)
+    r.done()
