@@ -291,6 +291,18 @@ static void test_job_three_arms(void) {
     CHECK(bld > 0 && bld + dist == 8192, "budget %ld + %ld", bld, dist);
     long trained = (long)json_integer_value(json_object_get(json_object_get(pz, "distill"), "tokens"));
     CHECK(trained > 0 && trained <= dist, "distilled %ld tokens of its %ld", trained, dist);
+    /* the report page and the model card list the arm */
+    const char *files[2] = {"report.html", "README.md"}, *want[2] = {"arm<sub>p</sub> (puzzle)", "Puzzle block library"};
+    for (int i = 0; i < 2; i++) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/%s", out, files[i]);
+        FILE *f = fopen(path, "r");
+        static char buf[1 << 20];
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f) fclose(f);
+        buf[n] = 0;
+        CHECK(strstr(buf, want[i]) != NULL, "%s does not name the puzzle arm", files[i]);
+    }
     json_decref(res);
     ck_rmtree(out);
 }
