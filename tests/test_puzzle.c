@@ -17,6 +17,7 @@
 
 #include "check.h"
 #include "cost/costmodel.h"
+#include "cost/engines.h"
 #include "pipeline/job.h"
 #include "pipeline/jobspec.h"
 #include "search/importance.h"
@@ -246,6 +247,126 @@ static void test_search_meets_limit(void) {
     ac_cost_table_free(&t);
 }
 
+/* A served workload (arrivals, a simulated engine) is not additive over
+ * layers: the first program's structure misses some limits by the whole
+ * cost model, each is tightened and solved again until it is met. The
+ * library is made up (scores growing with what a block removes) on an
+ * 8-layer 2048-wide architecture: the search needs no weights. */
+static ac_puzzle_library made_up_library(const ac_arch *A) {
+    ac_puzzle_opts o;
+    ac_puzzle_opts_default(&o);
+    int L = A->n_layers;
+    ac_puzzle_library lib = {.n_layers = L};
+    lib.kv = calloc(L, sizeof *lib.kv), lib.ffn = calloc(L, sizeof *lib.ffn);
+    lib.na = calloc(L, sizeof(int)), lib.nf = calloc(L, sizeof(int));
+    lib.score = calloc(L, sizeof *lib.score);
+    lib.attn_loss = calloc(L, sizeof *lib.attn_loss), lib.ffn_loss = calloc(L, sizeof *lib.ffn_loss);
+    for (int l = 0; l < L; l++) {
+        ac_puzzle_variants(A, l, &o, lib.kv[l], &lib.na[l], lib.ffn[l], &lib.nf[l]);
+        for (int a = 0; a < lib.na[l]; a++)
+            for (int f = 0; f < lib.nf[l]; f++) {
+                double ra = 1 - (double)lib.kv[l][a] / A->layers[l].n_kv_heads,
+                       rf = 1 - (double)lib.ffn[l][f] / A->layers[l].ffn;
+                lib.score[l][a * lib.nf[l] + f] = (ra * ra + rf * rf) * (1 + 0.5 * urand());
+            }
+    }
+    return lib;
+}
+
+static void test_search_tightens_missed_limits(void) {
+    ac_arch A = mk_arch(8, 2048, 128, 16, 8, 5632, 32000);
+    ac_puzzle_library lib = made_up_library(&A);
+    ac_err e;
+    ac_target_spec ts;
+    json_t *tj = json_pack("{s:s,s:{s:f,s:i,s:i,s:i,s:f}}", "device", "L4", "workload", "arrival_rate", 6.0,
+                           "prompt_len", 1024, "gen_len", 256, "requests", 64, "length_spread", 0.5);
+    CHECK(ac_target_spec_parse(tj, &ts, NULL, NULL, &e) == 0, "%s", e.msg);
+    json_decref(tj);
+    ac_cost_table t;
+    int hit = 0;
+    CHECK(ac_cost_table_for(&ts.dev, ac_target_table_dtype(&ts, ST_BF16), NULL, 2, 0, NULL, NULL, &t, &hit, &e) == 0,
+          "%s", e.msg);
+    ac_engine_profile pr;
+    ac_target_engine_for(&ts, ST_BF16, &pr);
+    ac_search_problem p = {.table = &t, .workload = &ts.workload, .profile = &pr, .base = &A};
+    ac_carch c;
+    ac_cost base;
+    CHECK(ac_carch_from_arch(&A, &c, &e) == 0, "%s", e.msg);
+    ac_cost_predict(&t, &c, &ts.workload, &pr, 0, &base);
+    ac_carch_free(&c);
+    int tightened = 0;
+    for (int i = 0; i < 4; i++) {
+        memset(&p.limits, 0, sizeof p.limits);
+        double fr = 0.5 + 0.12 * i;
+        p.limits.max_tpot_ms = fr * base.tpot_ms;
+        p.limits.max_p99_e2e_ms = fr * base.p99_e2e_ms;
+        ac_search_result r;
+        CHECK(ac_search_puzzle(&p, &lib, &r, NULL, &e) == 0, "%s", e.msg);
+        json_t *its = json_object_get(json_object_get(r.detail, "mip"), "iterations");
+        size_t n = json_array_size(its);
+        ac_cost k;
+        CHECK(ac_carch_from_arch(&r.arch, &c, &e) == 0, "%s", e.msg);
+        ac_cost_predict(&t, &c, &ts.workload, &pr, 0, &k);
+        ac_carch_free(&c);
+        printf("   limits at %.2f of the base: %zu solve(s), feasible %d (tpot %.3f <= %.3f, p99 e2e %.1f <= %.1f)\n",
+               fr, n, r.feasible, k.tpot_ms, p.limits.max_tpot_ms, k.p99_e2e_ms, p.limits.max_p99_e2e_ms);
+        if (r.feasible)
+            CHECK(ac_constraints_violation(&p.limits, &k) <= 1e-9, "feasible but the whole model says %g",
+                  ac_constraints_violation(&p.limits, &k));
+        if (n > 1 && r.feasible) {
+            tightened++;
+            CHECK(!json_is_true(json_object_get(json_array_get(its, 0), "met")) &&
+                      json_object_size(json_object_get(json_array_get(its, 0), "limits_tightened_to")) > 0,
+                  "solve 1 of %zu met its limits or tightened none", n);
+        }
+        ac_search_result_free(&r);
+    }
+    CHECK(tightened >= 1, "no case needed a tightened limit: the served workload was additive after all");
+    ac_cost_table_free(&t);
+    ac_arch_free(&A);
+    ac_puzzle_library_free(&lib);
+}
+
+/* Tensor parallelism over 2 GPUs: only blocks the engine splits are
+ * chosen (the 1/10 FFN width, 563, is odd), and the choice maps back to
+ * the library's blocks. */
+static void test_search_tensor_parallel(void) {
+    ac_arch A = mk_arch(8, 2048, 128, 16, 8, 5632, 32000);
+    ac_puzzle_library lib = made_up_library(&A);
+    ac_err e;
+    ac_target_spec ts;
+    json_t *tj = json_pack("{s:s,s:i,s:{s:i,s:i,s:i}}", "device", "H100", "tp", 2, "workload", "batch", 8,
+                           "prompt_len", 512, "gen_len", 128);
+    CHECK(ac_target_spec_parse(tj, &ts, NULL, NULL, &e) == 0, "%s", e.msg);
+    json_decref(tj);
+    ac_cost_table t;
+    int hit = 0;
+    CHECK(ac_cost_table_for(&ts.dev, ac_target_table_dtype(&ts, ST_BF16), NULL, 2, 0, NULL, NULL, &t, &hit, &e) == 0,
+          "%s", e.msg);
+    ac_engine_profile pr;
+    ac_target_engine_for(&ts, ST_BF16, &pr);
+    CHECK(pr.tp == 2, "profile tp %d", pr.tp);
+    ac_search_problem p = {.table = &t, .workload = &ts.workload, .profile = &pr, .base = &A};
+    p.limits.max_params = 0.3 * ac_arch_params(&A);
+    ac_search_result r;
+    int ch[8];
+    CHECK(ac_search_puzzle(&p, &lib, &r, ch, &e) == 0, "%s", e.msg);
+    int odd = 0;
+    for (int l = 0; l < 8; l++) {
+        int v = 0, nf = lib.nf[l];
+        const char *what = ac_tp_layer_unsplit(2, &r.arch.layers[l], &v);
+        CHECK(!what, "layer %d: %d %s do not split", l, v, what ? what : "");
+        CHECK(lib.kv[l][ch[l] / nf] == r.arch.layers[l].n_kv_heads && lib.ffn[l][ch[l] % nf] == r.arch.layers[l].ffn,
+              "layer %d: choice %d is not the structure's block", l, ch[l]);
+        for (int f = 0; f < nf; f++) odd += lib.ffn[l][f] % 2;
+    }
+    CHECK(r.feasible && odd > 0, "feasible %d, odd widths in the library %d", r.feasible, odd);
+    ac_search_result_free(&r);
+    ac_cost_table_free(&t);
+    ac_arch_free(&A);
+    ac_puzzle_library_free(&lib);
+}
+
 /* ---- the job ---- */
 
 static void quiet(void *ud, const char *kind, json_t *data) { (void)ud, (void)kind, (void)data; }
@@ -312,6 +433,8 @@ int main(void) {
     RUN(test_bld_score_of_removed_ffn);
     RUN(test_bld_ranks_variants);
     RUN(test_search_meets_limit);
+    RUN(test_search_tightens_missed_limits);
+    RUN(test_search_tensor_parallel);
     RUN(test_job_three_arms);
     ac_puzzle_library_free(&LIB);
     ac_importance_free(&IMP);

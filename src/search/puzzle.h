@@ -91,8 +91,11 @@ void ac_puzzle_library_free(ac_puzzle_library *lib);
  * minimise sum obj[j] x[j] subject to sum_j coef[c][j] x[j] <= rhs[c] for
  * each of n_cons rows (j runs over every group's choices in order;
  * coef is [n_cons][total]). choice[g] gets the chosen index in group g,
- * *objval its objective. Returns 0 when solved, 1 when infeasible, -1 on
- * an error (GLPK's). */
+ * *objval its objective. gap: the relative optimality gap at which the
+ * branch and bound may stop (0: proven optimal); time_limit_s (0: none):
+ * past it the best solution found is returned. Returns 0 when solved, 1
+ * when infeasible (or no solution within the time), -1 on an error
+ * (GLPK's). */
 typedef struct {
     int n_groups;
     const int *n_choices;
@@ -100,7 +103,11 @@ typedef struct {
     int n_cons;
     const double *coef;
     const double *rhs;
+    double gap, time_limit_s;
 } ac_puzzle_mip;
+/* The search's: python-mip's default gap (Model-Optimizer's solver), 30 s. */
+#define AC_PUZZLE_MIP_GAP 1e-4
+#define AC_PUZZLE_MIP_SECONDS 30
 int ac_puzzle_mip_solve(const ac_puzzle_mip *p, int *choice, double *objval, ac_err *e);
 
 /* The search: per-layer costs of every block predicted with p's cost

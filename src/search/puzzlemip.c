@@ -5,6 +5,7 @@
  * whole cost model (tightening a missed limit and solving again).
  */
 #include <glpk.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 
 #include "search/constraints.h"
 #include "search/puzzle.h"
+#include "cost/engines.h"
 
 int ac_puzzle_mip_solve(const ac_puzzle_mip *p, int *choice, double *objval, ac_err *e) {
     int G = p->n_groups, total = 0;
@@ -58,11 +60,16 @@ int ac_puzzle_mip_solve(const ac_puzzle_mip *p, int *choice, double *objval, ac_
     glp_init_iocp(&parm);
     parm.presolve = GLP_ON;
     parm.msg_lev = GLP_MSG_OFF;
-    parm.tm_lim = 60000;
+    parm.tm_lim = p->time_limit_s > 0 ? (int)(p->time_limit_s * 1000) : INT_MAX;
+    parm.mip_gap = p->gap > 0 ? p->gap : 0;
+    parm.br_tech = GLP_BR_PCH;
+    parm.fp_heur = GLP_ON;
+    parm.gmi_cuts = GLP_ON, parm.mir_cuts = GLP_ON, parm.cov_cuts = GLP_ON, parm.clq_cuts = GLP_ON;
     int ret = glp_intopt(lp, &parm), st = glp_mip_status(lp), rc = 0;
-    if (ret == GLP_ENOPFS || ret == GLP_ENODFS || st == GLP_NOFEAS) {
+    if (ret == GLP_ENOPFS || ret == GLP_ENODFS || st == GLP_NOFEAS ||
+        (ret == GLP_ETMLIM && st != GLP_OPT && st != GLP_FEAS)) { /* or nothing found in the time */
         rc = 1;
-    } else if ((ret != 0 && ret != GLP_ETMLIM) || (st != GLP_OPT && st != GLP_FEAS)) {
+    } else if ((ret != 0 && ret != GLP_ETMLIM && ret != GLP_EMIPGAP) || (st != GLP_OPT && st != GLP_FEAS)) {
         rc = ac_errf(e, "puzzle mip: GLPK failed (glp_intopt %d, status %d)", ret, st);
     } else {
         double ov = 0;
@@ -207,8 +214,8 @@ static int solve_verify(const ac_search_problem *p, const ac_puzzle_library *lib
     return rc;
 }
 
-int ac_search_puzzle(const ac_search_problem *p, const ac_puzzle_library *lib, ac_search_result *r, int *choice,
-                     ac_err *e) {
+static int search_lib(const ac_search_problem *p, const ac_puzzle_library *lib, ac_search_result *r, int *choice,
+                      ac_err *e) {
     memset(r, 0, sizeof *r);
     const ac_arch *b = p->base;
     if (lib->n_layers != b->n_layers) return ac_errf(e, "puzzle: the library is for another model");
@@ -230,7 +237,14 @@ int ac_search_puzzle(const ac_search_problem *p, const ac_puzzle_library *lib, a
     json_t *iters = json_array();
     if (!rc) {
         memcpy(rhs0, rhs, sizeof(double) * act.n);
-        ac_puzzle_mip mip = {.n_groups = L, .n_choices = nch, .obj = obj, .n_cons = act.n, .coef = coef, .rhs = rhs};
+        ac_puzzle_mip mip = {.n_groups = L,
+                             .n_choices = nch,
+                             .obj = obj,
+                             .n_cons = act.n,
+                             .coef = coef,
+                             .rhs = rhs,
+                             .gap = AC_PUZZLE_MIP_GAP,
+                             .time_limit_s = AC_PUZZLE_MIP_SECONDS};
         rc = solve_verify(p, lib, &act, &cb, &mip, rhs, rhs0, ch, r, iters, e);
     }
     if (!rc && !r->arch.layers) { /* the first program was infeasible: the base, reported as missing */
@@ -252,5 +266,57 @@ int ac_search_puzzle(const ac_search_problem *p, const ac_puzzle_library *lib, a
     json_decref(iters);
     if (rc) ac_search_result_free(r);
     free(nch), free(ch), free(obj), free(coef), free(rhs), free(rhs0);
+    return rc;
+}
+
+/* Tensor parallelism: the blocks the serving engine splits tp ways only
+ * (ac_tp_attn_splits; FFN widths that are multiples of tp; removals
+ * always), as a view of lib whose layer l keeps attention variants
+ * am[l][..] and FFN variants fm[l][..] of lib's. */
+static int tp_view(const ac_puzzle_library *lib, const ac_arch *b, int tp, ac_puzzle_library *v,
+                   int (*am)[AC_PUZZLE_MAX_V], int (*fm)[AC_PUZZLE_MAX_V]) {
+    int L = lib->n_layers;
+    memset(v, 0, sizeof *v);
+    v->n_layers = L;
+    v->kv = calloc(L, sizeof *v->kv), v->ffn = calloc(L, sizeof *v->ffn);
+    v->na = calloc(L, sizeof(int)), v->nf = calloc(L, sizeof(int));
+    v->score = calloc(L, sizeof *v->score);
+    v->attn_loss = calloc(L, sizeof *v->attn_loss), v->ffn_loss = calloc(L, sizeof *v->ffn_loss);
+    if (!v->kv || !v->ffn || !v->na || !v->nf || !v->score || !v->attn_loss || !v->ffn_loss) return -1;
+    v->tokens = lib->tokens, v->train_tokens = lib->train_tokens, v->seconds = lib->seconds;
+    for (int l = 0; l < L; l++) {
+        for (int a = 0; a < lib->na[l]; a++) {
+            int kv = lib->kv[l][a];
+            if (kv && !ac_tp_attn_splits(tp, b->layers[l].n_heads, kv)) continue;
+            am[l][v->na[l]] = a, v->kv[l][v->na[l]] = kv, v->attn_loss[l][v->na[l]++] = lib->attn_loss[l][a];
+        }
+        for (int f = 0; f < lib->nf[l]; f++) {
+            int w = lib->ffn[l][f];
+            if (w % tp) continue;
+            fm[l][v->nf[l]] = f, v->ffn[l][v->nf[l]] = w, v->ffn_loss[l][v->nf[l]++] = lib->ffn_loss[l][f];
+        }
+        for (int a = 0; a < v->na[l]; a++)
+            for (int f = 0; f < v->nf[l]; f++)
+                v->score[l][a * v->nf[l] + f] = lib->score[l][am[l][a] * lib->nf[l] + fm[l][f]];
+    }
+    return 0;
+}
+
+int ac_search_puzzle(const ac_search_problem *p, const ac_puzzle_library *lib, ac_search_result *r, int *choice,
+                     ac_err *e) {
+    int tp = p->profile && p->profile->tp > 1 ? p->profile->tp : 1;
+    if (tp == 1) return search_lib(p, lib, r, choice, e);
+    memset(r, 0, sizeof *r);
+    if (lib->n_layers != p->base->n_layers) return ac_errf(e, "puzzle: the library is for another model");
+    if (ac_search_check_tp(p, 0, e)) return -1;
+    int L = lib->n_layers, (*am)[AC_PUZZLE_MAX_V] = calloc(L, sizeof *am), (*fm)[AC_PUZZLE_MAX_V] = calloc(L, sizeof *fm),
+        *ch = calloc(L, sizeof(int));
+    ac_puzzle_library v = {0};
+    int rc = am && fm && ch && tp_view(lib, p->base, tp, &v, am, fm) == 0 ? search_lib(p, &v, r, ch, e)
+                                                                         : ac_errf(e, "out of memory");
+    for (int l = 0; !rc && choice && l < L; l++) /* back to lib's block indexes */
+        choice[l] = am[l][ch[l] / v.nf[l]] * lib->nf[l] + fm[l][ch[l] % v.nf[l]];
+    ac_puzzle_library_free(&v);
+    free(am), free(fm), free(ch);
     return rc;
 }
