@@ -403,9 +403,11 @@ static void test_job_three_arms(void) {
     json_t *bud = json_object_get(pz, "budget");
     long bld = (long)json_integer_value(json_object_get(bud, "bld_tokens")),
          dist = (long)json_integer_value(json_object_get(bud, "distill_tokens"));
-    printf("   puzzle: params %.0f (limit %.0f), perplexity %.3f after distillation (%.3f before), %ld BLD + %ld "
-           "distillation tokens\n",
-           params, limit, ppl, pre, bld, dist);
+    printf("   puzzle: params %.0f (limit %.0f), perplexity %.3f after distillation (%.3f before; base %.3f, minitron "
+           "%.3f, autocompress %.3f), %ld BLD + %ld distillation tokens\n",
+           params, limit, ppl, pre, json_number_value(json_object_get(json_object_get(res, "baseline"), "perplexity")),
+           json_number_value(json_object_get(json_object_get(res, "minitron"), "perplexity")),
+           json_number_value(json_object_get(json_object_get(res, "autocompress"), "perplexity")), bld, dist);
     CHECK(json_is_true(json_object_get(pz, "feasible")) && params <= limit && params > 0, "params %g, limit %g", params,
           limit);
     CHECK(isfinite(ppl) && ppl > 1 && ppl < pre, "perplexity %g after distillation, %g before", ppl, pre);

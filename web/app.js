@@ -4,6 +4,7 @@
 const $ = (s) => document.querySelector(s);
 const STAGES = ["load", "calibrate", "profile", "search", "prune", "evaluate", "export"];
 // the bar shown: STAGES, with "distill" after prune when the job distils (its stage events count one more)
+// and "puzzle" (spec puzzle.enabled) after it
 let stages = STAGES;
 function drawStages() { $("#stages").innerHTML = stages.map((s) => `<span>${s}</span>`).join(""); }
 let source = null;
@@ -140,8 +141,14 @@ function onEvent(kind, data) {
   pre.textContent += `${kind}: ${JSON.stringify(data).slice(0, 300)}\n`;
   pre.scrollTop = pre.scrollHeight;
   if (kind === "stage") {
-    const want = data.of > STAGES.length ? [...STAGES.slice(0, 5), "distill", ...STAGES.slice(5)] : STAGES;
-    if (want.length !== stages.length) { stages = want; drawStages(); }
+    // the optional stages between prune and evaluate: both when the events count two more; one more is
+    // distill until a puzzle stage shows it was the puzzle arm's
+    const extra = data.of - STAGES.length;
+    let want = stages;
+    if (extra === 2) want = [...STAGES.slice(0, 5), "distill", "puzzle", ...STAGES.slice(5)];
+    else if (extra === 1 && stages === STAGES) want = [...STAGES.slice(0, 5), data.stage === "puzzle" ? "puzzle" : "distill", ...STAGES.slice(5)];
+    if (data.stage === "puzzle" && !want.includes("puzzle")) want = want.map((x) => (x === "distill" ? "puzzle" : x));
+    if (want.join() !== stages.join()) { stages = want; drawStages(); }
     const idx = stages.indexOf(data.stage);
     document.querySelectorAll("#stages span").forEach((s, i) => { s.className = i < idx ? "done" : i === idx ? "now" : ""; });
   } else if (kind === "log" && data.architecture) {
