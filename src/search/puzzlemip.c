@@ -62,9 +62,12 @@ int ac_puzzle_mip_solve(const ac_puzzle_mip *p, int *choice, double *objval, ac_
     parm.msg_lev = GLP_MSG_OFF;
     parm.tm_lim = p->time_limit_s > 0 ? (int)(p->time_limit_s * 1000) : INT_MAX;
     parm.mip_gap = p->gap > 0 ? p->gap : 0;
-    parm.br_tech = GLP_BR_PCH;
+    parm.br_tech = GLP_BR_PCH; /* pseudo-costs */
     parm.fp_heur = GLP_ON;
-    parm.gmi_cuts = GLP_ON, parm.mir_cuts = GLP_ON, parm.cov_cuts = GLP_ON, parm.clq_cuts = GLP_ON;
+    /* cuts that close the gap of a multiple-choice knapsack quickly; not the
+     * cover cuts, which abort the process in GLPK 5.0 on some knapsack rows
+     * (glp_cov_init: "ncs = 0; invalid number of columns") */
+    parm.gmi_cuts = GLP_ON, parm.mir_cuts = GLP_ON, parm.clq_cuts = GLP_ON;
     int ret = glp_intopt(lp, &parm), st = glp_mip_status(lp), rc = 0;
     if (ret == GLP_ENOPFS || ret == GLP_ENODFS || st == GLP_NOFEAS ||
         (ret == GLP_ETMLIM && st != GLP_OPT && st != GLP_FEAS)) { /* or nothing found in the time */
