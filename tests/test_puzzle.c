@@ -122,6 +122,19 @@ static void test_mip_never_aborts(void) {
         CHECK(rc >= 0, "case %d: %s", t, e.msg);
     }
     printf("   %d solved, %d infeasible\n", st[1], st[2]);
+    /* NaN and infinite entries: those choices are left out, never chosen */
+    int nch[3] = {3, 3, 2};
+    double obj[8] = {0.5, NAN, 0.9, 0.1, 0.4, 0.2, 0.3, 0.05}, coef[8] = {1, 0, 0, INFINITY, 1, 1, 0, 1}, rhs = 1.5;
+    ac_puzzle_mip p = {.n_groups = 3, .n_choices = nch, .obj = obj, .n_cons = 1, .coef = coef, .rhs = &rhs};
+    int ch[3];
+    double v = 0;
+    ac_err e;
+    int rc = ac_puzzle_mip_solve(&p, ch, &v, &e);
+    /* brute force over the finite choices: group 0 {0: .5 c1, 2: .9 c0}, group 1 {4: .4 c1, 5: .2 c1},
+     * group 2 {6: .3 c0, 7: .05 c1}; cost <= 1.5 allows one c1 at most: best 0.9 + 0.2 + 0.3 = 1.4
+     * against 0.5 + ... (two c1) infeasible */
+    CHECK(rc == 0 && ch[0] == 2 && ch[1] == 2 && ch[2] == 0 && fabs(v - 1.4) < 1e-12,
+          "rc %d, choice %d %d %d, objective %g", rc, ch[0], ch[1], ch[2], v);
 }
 
 /* ---- the library on the tiny model ---- */
@@ -228,6 +241,17 @@ static void test_bld_ranks_variants(void) {
     free(rev);
 }
 
+/* The target spec tj (decref'd), its cost table and engine profile; 0 when ready. */
+static int target_of(json_t *tj, ac_target_spec *ts, ac_cost_table *t, ac_engine_profile *pr) {
+    ac_err e;
+    int hit = 0, rc = ac_target_spec_parse(tj, ts, NULL, NULL, &e);
+    json_decref(tj);
+    if (!rc) rc = ac_cost_table_for(&ts->dev, ac_target_table_dtype(ts, ST_BF16), NULL, 2, 0, NULL, NULL, t, &hit, &e);
+    CHECK(rc == 0, "%s", e.msg);
+    if (!rc) ac_target_engine_for(ts, ST_BF16, pr);
+    return rc;
+}
+
 /* The search under a latency limit on an H100 table: the chosen structure
  * meets it by the whole cost model, its objective is the sum of its
  * blocks' scores, and it is heterogeneous where the limit bites. */
@@ -235,16 +259,10 @@ static void test_search_meets_limit(void) {
     if (!setup()) SKIP("no tiny model or calibration text (make tiny-model)");
     ac_err e;
     ac_target_spec ts;
-    json_t *tj = json_pack("{s:s,s:{s:i,s:i,s:i}}", "device", "H100", "workload", "batch", 8, "prompt_len", 64,
-                           "gen_len", 16);
-    CHECK(ac_target_spec_parse(tj, &ts, NULL, NULL, &e) == 0, "%s", e.msg);
-    json_decref(tj);
     ac_cost_table t;
-    int hit = 0;
-    CHECK(ac_cost_table_for(&ts.dev, ac_target_table_dtype(&ts, ST_BF16), NULL, 2, 0, NULL, NULL, &t, &hit, &e) == 0,
-          "%s", e.msg);
     ac_engine_profile pr;
-    ac_target_engine_for(&ts, ST_BF16, &pr);
+    if (target_of(json_pack("{s:s,s:{s:i,s:i,s:i}}", "device", "H100", "workload", "batch", 8, "prompt_len", 64,
+                           "gen_len", 16), &ts, &t, &pr)) return;
     ac_search_problem p = {.table = &t, .workload = &ts.workload, .profile = &pr, .imp = &IMP, .base = &M.a};
     ac_carch c;
     ac_cost base;
@@ -307,16 +325,10 @@ static void test_search_tightens_missed_limits(void) {
     ac_puzzle_library lib = made_up_library(&A);
     ac_err e;
     ac_target_spec ts;
-    json_t *tj = json_pack("{s:s,s:{s:f,s:i,s:i,s:i,s:f}}", "device", "L4", "workload", "arrival_rate", 6.0,
-                           "prompt_len", 1024, "gen_len", 256, "requests", 64, "length_spread", 0.5);
-    CHECK(ac_target_spec_parse(tj, &ts, NULL, NULL, &e) == 0, "%s", e.msg);
-    json_decref(tj);
     ac_cost_table t;
-    int hit = 0;
-    CHECK(ac_cost_table_for(&ts.dev, ac_target_table_dtype(&ts, ST_BF16), NULL, 2, 0, NULL, NULL, &t, &hit, &e) == 0,
-          "%s", e.msg);
     ac_engine_profile pr;
-    ac_target_engine_for(&ts, ST_BF16, &pr);
+    if (target_of(json_pack("{s:s,s:{s:f,s:i,s:i,s:i,s:f}}", "device", "L4", "workload", "arrival_rate", 6.0,
+                           "prompt_len", 1024, "gen_len", 256, "requests", 64, "length_spread", 0.5), &ts, &t, &pr)) return;
     ac_search_problem p = {.table = &t, .workload = &ts.workload, .profile = &pr, .base = &A};
     ac_carch c;
     ac_cost base;
@@ -364,16 +376,10 @@ static void test_search_tensor_parallel(void) {
     ac_puzzle_library lib = made_up_library(&A);
     ac_err e;
     ac_target_spec ts;
-    json_t *tj = json_pack("{s:s,s:i,s:{s:i,s:i,s:i}}", "device", "H100", "tp", 2, "workload", "batch", 8,
-                           "prompt_len", 512, "gen_len", 128);
-    CHECK(ac_target_spec_parse(tj, &ts, NULL, NULL, &e) == 0, "%s", e.msg);
-    json_decref(tj);
     ac_cost_table t;
-    int hit = 0;
-    CHECK(ac_cost_table_for(&ts.dev, ac_target_table_dtype(&ts, ST_BF16), NULL, 2, 0, NULL, NULL, &t, &hit, &e) == 0,
-          "%s", e.msg);
     ac_engine_profile pr;
-    ac_target_engine_for(&ts, ST_BF16, &pr);
+    if (target_of(json_pack("{s:s,s:i,s:{s:i,s:i,s:i}}", "device", "H100", "tp", 2, "workload", "batch", 8,
+                           "prompt_len", 512, "gen_len", 128), &ts, &t, &pr)) return;
     CHECK(pr.tp == 2, "profile tp %d", pr.tp);
     ac_search_problem p = {.table = &t, .workload = &ts.workload, .profile = &pr, .base = &A};
     p.limits.max_params = 0.3 * ac_arch_params(&A);

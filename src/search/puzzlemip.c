@@ -15,14 +15,27 @@
 #include "search/puzzle.h"
 #include "cost/engines.h"
 
+/* A choice with a NaN or infinite objective or cost is left out (its
+ * variable fixed at 0), as Model-Optimizer drops such replacements: GLPK
+ * would abort the process on a non-finite coefficient. */
+static int usable(const ac_puzzle_mip *p, int total, int j) {
+    if (!isfinite(p->obj[j])) return 0;
+    for (int c = 0; c < p->n_cons; c++)
+        if (!isfinite(p->coef[(size_t)c * total + j])) return 0;
+    return 1;
+}
+
 int ac_puzzle_mip_solve(const ac_puzzle_mip *p, int *choice, double *objval, ac_err *e) {
     int G = p->n_groups, total = 0;
     for (int g = 0; g < G; g++) {
         if (p->n_choices[g] < 1) return ac_errf(e, "puzzle mip: group %d has no choice", g);
         total += p->n_choices[g];
     }
+    for (int c = 0; c < p->n_cons; c++)
+        if (!isfinite(p->rhs[c])) return ac_errf(e, "puzzle mip: the bound of row %d is not finite", c);
     double oscale = 0;
-    for (int j = 0; j < total; j++) oscale = fmax(oscale, fabs(p->obj[j]));
+    for (int j = 0; j < total; j++)
+        if (usable(p, total, j)) oscale = fmax(oscale, fabs(p->obj[j]));
     oscale = oscale > 0 ? 1 / oscale : 1;
     size_t cap = (size_t)total * (1 + p->n_cons) + 1;
     int *ia = malloc(cap * sizeof(int)), *ja = malloc(cap * sizeof(int));
@@ -41,18 +54,22 @@ int ac_puzzle_mip_solve(const ac_puzzle_mip *p, int *choice, double *objval, ac_
         glp_set_row_bnds(lp, g + 1, GLP_FX, 1, 1);
         for (int k = 0; k < p->n_choices[g]; k++, j++) {
             glp_set_col_kind(lp, j + 1, GLP_BV);
-            glp_set_obj_coef(lp, j + 1, p->obj[j] * oscale);
+            if (usable(p, total, j))
+                glp_set_obj_coef(lp, j + 1, p->obj[j] * oscale);
+            else
+                glp_set_col_bnds(lp, j + 1, GLP_FX, 0, 0);
             ne++, ia[ne] = g + 1, ja[ne] = j + 1, ar[ne] = 1;
         }
     }
     for (int c = 0; c < p->n_cons; c++) { /* each row scaled by its largest magnitude */
         const double *row = p->coef + (size_t)c * total;
         double s = fabs(p->rhs[c]);
-        for (int j = 0; j < total; j++) s = fmax(s, fabs(row[j]));
+        for (int j = 0; j < total; j++)
+            if (usable(p, total, j)) s = fmax(s, fabs(row[j]));
         s = s > 0 ? 1 / s : 1;
         glp_set_row_bnds(lp, G + c + 1, GLP_UP, 0, p->rhs[c] * s);
         for (int j = 0; j < total; j++)
-            if (row[j] != 0) ne++, ia[ne] = G + c + 1, ja[ne] = j + 1, ar[ne] = row[j] * s;
+            if (row[j] != 0 && usable(p, total, j)) ne++, ia[ne] = G + c + 1, ja[ne] = j + 1, ar[ne] = row[j] * s;
     }
     glp_load_matrix(lp, ne, ia, ja, ar);
     free(ia), free(ja), free(ar);
