@@ -8,7 +8,7 @@
 #     -v /srv/models:/srv/models autocompress
 FROM debian:12 AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      build-essential pkg-config libjansson-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev libopenblas-dev libcurl4-openssl-dev libgnutls28-dev \
+      build-essential pkg-config libjansson-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev libopenblas-dev libglpk-dev libcurl4-openssl-dev libgnutls28-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -16,7 +16,7 @@ RUN make -j"$(nproc)" build/autocompressd build/autocompress
 
 FROM debian:12
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      libjansson4 libsqlite3-0 libuv1 libmicrohttpd12 libpcre2-8-0 libutf8proc2 libopenblas0-pthread libcurl4 libgnutls30 ca-certificates \
+      libjansson4 libsqlite3-0 libuv1 libmicrohttpd12 libpcre2-8-0 libutf8proc2 libopenblas0-pthread libglpk40 libcurl4 libgnutls30 ca-certificates \
     && rm -rf /var/lib/apt/lists/* && useradd --system --home /var/lib/autocompress autocompress \
     && mkdir -p /var/lib/autocompress /srv/models && chown autocompress /var/lib/autocompress
 COPY --from=build /src/build/autocompressd /src/build/autocompress /usr/local/bin/

@@ -19,7 +19,7 @@ PKGS     = jansson sqlite3 libuv libmicrohttpd libpcre2-8 libutf8proc libcurl gn
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 override CFLAGS += $(PKG_CFLAGS) -I/usr/include/x86_64-linux-gnu/openblas-pthread
-LDLIBS  += $(PKG_LIBS) -lopenblas -lm -lpthread
+LDLIBS  += $(PKG_LIBS) -lglpk -lopenblas -lm -lpthread
 PYTHON  ?= /usr/bin/python3
 
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -145,7 +145,7 @@ deps:
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends \
 	    build-essential pkg-config libjansson-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev \
-	    libopenblas-dev libcurl4-openssl-dev libgnutls28-dev python3 python3-torch python3-numpy python3-regex python3-sentencepiece python3-jsonschema python3-yaml fortunes bible-kjv bible-kjv-text curl ca-certificates >/dev/null; \
+	    libopenblas-dev libglpk-dev libcurl4-openssl-dev libgnutls28-dev python3 python3-torch python3-numpy python3-regex python3-sentencepiece python3-jsonschema python3-yaml fortunes bible-kjv bible-kjv-text curl ca-certificates >/dev/null; \
 	  opt=""; command -v node >/dev/null || opt="$$opt nodejs"; command -v npm >/dev/null || opt="$$opt npm"; \
 	  command -v chromium >/dev/null || opt="$$opt chromium"; \
 	  if [ -n "$$opt" ]; then apt-get install -y -qq --no-install-recommends $$opt >/dev/null || \

@@ -6,7 +6,9 @@ fixed distillation budget (spec "distill"), which distils every arm
 Prints, per arm, held-out perplexity of the unpruned model, of the pruned
 model and after distillation, and the share of the gap closed:
 (ppl_pruned - ppl_distilled) / (ppl_pruned - ppl_base). Goal: >= 0.5 at
-100k tokens. Usage: bench_distill.py [TOKENS] [LIMIT_FRACTION]."""
+100k tokens. With a third argument `puzzle` the job also runs the puzzle
+arm (docs/puzzle.md), whose block-local distillation comes out of the same
+budget. Usage: bench_distill.py [TOKENS] [LIMIT_FRACTION] [puzzle]."""
 import json
 import os
 import subprocess
@@ -33,6 +35,9 @@ def main():
             "constraints": {"max_params": base_params * frac}, "search": {"steps": 300, "seed": 0}, "calibration_tokens": 16384,
             "eval": {"ctx": 128, "windows": 48},
             "distill": {"tokens": tokens, "text": os.path.join(DATA, "train.txt"), "lr": 2e-3, "seq_len": 128, "batch": 8, "temperature": 1}}
+    puzzle = len(sys.argv) > 3 and sys.argv[3] == "puzzle"
+    if puzzle:
+        spec["puzzle"] = {"enabled": True}
     sp = os.path.join(tmp, "spec.json")
     json.dump(spec, open(sp, "w"))
     out = subprocess.run([os.path.join(BUILD, "autocompress"), "compress", sp], capture_output=True, text=True, check=True).stdout
@@ -42,7 +47,7 @@ def main():
     print(f"{'arm':13} {'params':>8} {'base ppl':>9} {'pruned ppl':>11} {'distilled ppl':>14} {'gap closed':>11} {'KL first':>9} "
           f"{'KL last':>8} {'seconds':>8}")
     shares = []
-    for arm in ("minitron", "autocompress"):
+    for arm in ("minitron", "autocompress", "puzzle"):
         a = r.get(arm)
         if not a or "distill" not in a:
             continue
@@ -51,6 +56,10 @@ def main():
         shares.append(share)
         print(f"{arm:13} {a['predicted']['params']:8.0f} {base:9.2f} {pp:11.2f} {pd:14.2f} {share:11.2f} {d['loss_first']:9.4f} "
               f"{d['loss_last']:8.4f} {d['seconds']:8.1f}")
+        if arm == "puzzle":
+            b = a["budget"]
+            print(f"{'':13} budget: {b['bld_tokens']} BLD + {b['distill_tokens']} distillation tokens; BLD {a['bld']['seconds']:.1f} s, "
+                  f"{len(a['mip']['iterations'])} solve(s), feasible {a['feasible']}")
     print(f"share of the perplexity gap closed by {tokens} tokens: " + ", ".join(f"{s:.2f}" for s in shares) + " (goal: >= 0.5)")
 
 

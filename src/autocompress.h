@@ -53,6 +53,7 @@
 #include "search/dnas.h"
 #include "search/importance.h"
 #include "search/minitron.h"
+#include "search/puzzle.h"
 #include "search/search.h"
 #include "search/slice.h"
 #include "search/ssm_prune.h"

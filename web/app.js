@@ -4,6 +4,7 @@
 const $ = (s) => document.querySelector(s);
 const STAGES = ["load", "calibrate", "profile", "search", "prune", "evaluate", "export"];
 // the bar shown: STAGES, with "distill" after prune when the job distils (its stage events count one more)
+// and "puzzle" (spec puzzle.enabled) after it
 let stages = STAGES;
 function drawStages() { $("#stages").innerHTML = stages.map((s) => `<span>${s}</span>`).join(""); }
 let source = null;
@@ -153,8 +154,14 @@ function onEvent(kind, data) {
   pre.textContent += `${kind}: ${JSON.stringify(data).slice(0, 300)}\n`;
   pre.scrollTop = pre.scrollHeight;
   if (kind === "stage") {
-    const want = data.of > STAGES.length ? [...STAGES.slice(0, 5), "distill", ...STAGES.slice(5)] : STAGES;
-    if (want.length !== stages.length) { stages = want; drawStages(); }
+    // the optional stages between prune and evaluate: both when the events count two more; one more is
+    // distill until a puzzle stage shows it was the puzzle arm's
+    const extra = data.of - STAGES.length;
+    let want = stages;
+    if (extra === 2) want = [...STAGES.slice(0, 5), "distill", "puzzle", ...STAGES.slice(5)];
+    else if (extra === 1 && stages === STAGES) want = [...STAGES.slice(0, 5), data.stage === "puzzle" ? "puzzle" : "distill", ...STAGES.slice(5)];
+    if (data.stage === "puzzle" && !want.includes("puzzle")) want = want.map((x) => (x === "distill" ? "puzzle" : x));
+    if (want.join() !== stages.join()) { stages = want; drawStages(); }
     const idx = stages.indexOf(data.stage);
     document.querySelectorAll("#stages span").forEach((s, i) => { s.className = i < idx ? "done" : i === idx ? "now" : ""; });
   } else if (kind === "log" && data.architecture) {
@@ -213,16 +220,17 @@ function showResult(r) {
     drawArch(pick.architecture.layers, r.model.architecture.layers);
     $("#arch-caption").textContent = `Result (${r.chosen}): kept fraction of KV heads (blue) and FFN width (orange) per layer; hidden ${pick.architecture.hidden}/${r.model.architecture.hidden}.`;
   }
-  const arms = ["baseline", "minitron", "autocompress"];
+  // the puzzle arm (spec puzzle.enabled) is a third pruned arm, reported for comparison
+  const arms = ["baseline", "minitron", "autocompress", ...(r.puzzle ? ["puzzle"] : [])], pruned = arms.slice(1);
   const f = (x, d = 2) => (x == null ? "—" : (+x).toFixed(d));
   const get = (k) => r[k] || {};
   // rows of cells; a cell is text or {text, cls}
   const rows = [["", ...arms.map((a) => (a === r.chosen ? { text: a + " (chosen, exported)", cls: "chosen" } : a))]];
-  rows.push(["perplexity", f(r.baseline.perplexity), f(get("minitron").perplexity), f(get("autocompress").perplexity)]);
-  if (get("minitron").distill || get("autocompress").distill) {
-    rows.push(["perplexity before distillation", "", f(get("minitron").perplexity_pruned), f(get("autocompress").perplexity_pruned)]);
+  rows.push(["perplexity", f(r.baseline.perplexity), ...pruned.map((a) => f(get(a).perplexity))]);
+  if (pruned.some((a) => get(a).distill)) {
+    rows.push(["perplexity before distillation", "", ...pruned.map((a) => f(get(a).perplexity_pruned))]);
     const d = (k) => (get(k).distill ? `${get(k).distill.tokens} tok, loss ${f(get(k).distill.loss_first, 3)} → ${f(get(k).distill.loss_last, 3)}` : "—");
-    rows.push(["distillation", "", d("minitron"), d("autocompress")]);
+    rows.push(["distillation", "", ...pruned.map(d)]);
   }
   // eval.tasks (docs/tasks.md): accuracy per task, acc_norm and the stderr of acc; before distillation in brackets
   for (const t of Object.keys(r.baseline.tasks || {})) {
@@ -244,18 +252,18 @@ function showResult(r) {
     });
     rows.push([`limit ${name} ${c.kind === "min" ? "≥" : "≤"} ${c.limit} (predicted)`, ...cells]);
   }
-  rows.push(["all limits met", "", ...["minitron", "autocompress"].map((a) => (r[a] ? { text: r[a].feasible ? "yes" : "no", cls: r[a].feasible ? "met" : "missed" } : "—"))]);
+  rows.push(["all limits met", "", ...pruned.map((a) => (r[a] ? { text: r[a].feasible ? "yes" : "no", cls: r[a].feasible ? "met" : "missed" } : "—"))]);
   // one row per figure a limit can bound (the constraint table, constraints.js)
   for (const c of AC_CONSTRAINTS) {
     const m = c.metric, d = c.unit === "parameters" ? 0 : 3;
-    rows.push([`${m} (pred., ${c.unit})`, f(r.baseline.predicted[m], d), f((get("minitron").predicted || {})[m], d), f((get("autocompress").predicted || {})[m], d)]);
+    rows.push([`${m} (pred., ${c.unit})`, f(r.baseline.predicted[m], d), ...pruned.map((a) => f((get(a).predicted || {})[m], d))]);
   }
   const ml = r.measured_local;
   if (ml && ml.base && ml.result) {
     const other = ml[r.chosen === "autocompress" ? "minitron" : "autocompress"];
     for (const k of ["ttft_ms", "tpot_ms"]) {
       const res = f(ml.result[k], 3), oth = other ? f(other[k], 3) : "—";
-      rows.push([`${k} measured on this CPU (${ml.weights_dtype})`, f(ml.base[k], 3), r.chosen === "minitron" ? res : oth, r.chosen === "autocompress" ? res : oth]);
+      rows.push([`${k} measured on this CPU (${ml.weights_dtype})`, f(ml.base[k], 3), r.chosen === "minitron" ? res : oth, r.chosen === "autocompress" ? res : oth, ...(r.puzzle ? ["—"] : [])]);
     }
   }
   $("#summary tbody").innerHTML = rows.map((row, i) => `<tr>${row.map((c) => {
@@ -271,7 +279,7 @@ function showResult(r) {
 }
 
 // ---- comparison of jobs: every arm side by side ----
-const ARMS = ["baseline", "minitron", "autocompress"];
+const ARMS = ["baseline", "minitron", "autocompress", "puzzle"];
 
 /* One column per arm of each succeeded job (a job that did not succeed: one column with its state and reason).
  * A column's limits: the arm's own verdicts from the report (the base's computed from its predicted figure),

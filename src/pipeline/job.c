@@ -29,6 +29,7 @@
 #include "job_state_int.h"
 #include "pipeline/jobcheck.h"
 #include "runtime/kernels_cpu.h"
+#include "jobpuzzle_int.h"
 #include "measure_int.h"
 #include "search/minitron.h"
 #include "pipeline/modelcard.h"
@@ -573,6 +574,7 @@ static const struct {
 } STAGES[] = {
     {"load", stage_load, NULL},         {"calibrate", stage_calibrate, NULL}, {"profile", stage_profile, NULL},
     {"search", stage_search, NULL},     {"prune", stage_prune, NULL},         {"distill", stage_distill, want_distill},
+    {"puzzle", ac_job_stage_puzzle, ac_job_want_puzzle}, /* the opt-in third arm (jobpuzzle.c) */
     {"evaluate", stage_evaluate, NULL}, {"export", stage_export, NULL},
 };
 enum { N_STAGES = sizeof STAGES / sizeof *STAGES };
@@ -593,6 +595,7 @@ static int stage_restored(job_state *s, const char *stage, ac_err *e) {
 static int run_stage(job_state *s, int i, int index, int of, int *resuming, ac_err *e);
 
 static void state_free(job_state *s) {
+    ac_job_puzzle_free(s);
     json_decref(s->curves);
     json_decref(s->resumed);
     json_decref(s->distill);

@@ -61,6 +61,14 @@ typedef struct job_state {
     ac_ppl_result pb, pmr, par;                  /* base, Minitron, AutoCompress */
     json_t *measured_local, *measured_on_target; /* owned; on_target may be NULL */
     json_t *task_scores; /* eval.tasks: {"baseline"|"minitron"|"autocompress": {NAME: {...}}} (owned; NULL: none) */
+    /* puzzle (spec puzzle.enabled; jobpuzzle.c, after distill): the third
+     * arm's search result, its student (distilled), held-out perplexity,
+     * and its report fields besides arm()'s (budget split; owned) */
+    int puzzle_ran;
+    ac_search_result rz;
+    ac_model pz;
+    ac_ppl_result pzr;
+    json_t *puzzle_extra;
 } job_state;
 
 /* The report (proto/events.md): built from a finished state (report.c). */

@@ -210,6 +210,17 @@ static const ac_field MINITRON[] = {
         "default: min(8, round(experts / 16))"),
     END,
 };
+static const ac_field PUZZLE[] = {
+    BOOL("enabled", ac_puzzle_spec, enabled, 0,
+         "run the puzzle arm too: a library of block variants per layer scored by block-local distillation, one "
+         "per layer chosen by a mixed-integer program under the limits, distilled as the other arms"),
+    INT("steps", ac_puzzle_spec, steps, 0, 100000, 40, 0, "block-local distillation steps per block variant"),
+    INT("windows", ac_puzzle_spec, windows, 2, 1 << 16, 32, 0,
+        "calibration windows (of eval.ctx tokens) for block-local distillation; a quarter held out for the scores"),
+    INT("batch", ac_puzzle_spec, batch, 1, 4096, 4, 0, "windows per block-local distillation step"),
+    NUM("lr", ac_puzzle_spec, lr, 1e-8, 1, 1e-3, 0, "AdamW peak rate of block-local distillation, cosine to lr/10"),
+    END,
+};
 static const ac_field SPEC[] = {
     STR("name", ac_job_spec, name, 0, NULL),
     STR("model", ac_job_spec, model, AC_F_REQUIRED | AC_F_PATH_DIR,
@@ -238,6 +249,7 @@ static const ac_field SPEC[] = {
     OBJ("minitron", ac_job_spec, minitron, MINITRON, 0,
         "the Minitron arm (NVIDIA Model-Optimizer's mcore_minitron search; docs/search.md): caps, divisors, top_k "
         "and candidate scoring, Model-Optimizer's defaults"),
+    OBJ("puzzle", ac_job_spec, puzzle, PUZZLE, 0, NULL),
     END,
 };
 

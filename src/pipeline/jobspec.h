@@ -77,6 +77,17 @@ typedef struct {
     int task_index; /* resolved: the eval.tasks index scored (-1: loss) */
 } ac_minitron_spec;
 
+/* puzzle: the opt-in third arm, Puzzle's block library scored by
+ * block-local distillation and chosen by a mixed-integer program
+ * (src/search/puzzle.h; docs/puzzle.md), then distilled as the others. */
+typedef struct {
+    int enabled;
+    int steps;   /* BLD steps per trained variant */
+    int windows; /* calibration windows of eval.ctx for BLD (a quarter held out for the scores) */
+    int batch;   /* windows per BLD step */
+    double lr;
+} ac_puzzle_spec;
+
 typedef struct {
     char name[AC_SPEC_STR];
     char model[AC_SPEC_STR], calibration[AC_SPEC_STR], heldout[AC_SPEC_STR], output[AC_SPEC_STR];
@@ -91,6 +102,7 @@ typedef struct {
     int priority;
     ac_distill_spec distill;
     ac_minitron_spec minitron;
+    ac_puzzle_spec puzzle;
 } ac_job_spec;
 
 /* ---------------------------------------------------------------- the field table */

@@ -8,6 +8,9 @@
 
 #include "textout_int.h"
 
+
+/* The arms a report can have (the puzzle arm with spec puzzle.enabled). */
+#define AC_CARD_ARMS 4
 static const char *base_name(const char *p) {
     size_t n = strlen(p);
     while (n > 1 && p[n - 1] == '/') n--;
@@ -115,7 +118,7 @@ static void put_tasks(ac_text *o, const json_t *r, const char *const *arms, cons
     ac_text_put(o, "\n|---|");
     json_object_foreach((json_t *)names, k, v) ac_text_put(o, "---|");
     ac_text_put(o, "\n");
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < AC_CARD_ARMS; i++) {
         const json_t *a = json_object_get(r, arms[i]);
         const json_t *t = json_object_get(a, "tasks"), *tp = json_object_get(a, "tasks_pruned");
         if (!json_is_object(t)) continue;
@@ -138,9 +141,11 @@ static void put_quality(ac_text *o, const json_t *r, const char *chosen) {
                 ac_jnum(ev, "scored_tokens"), base_name(ac_jstr(ev, "text")), ac_jnum(ev, "ctx"),
                 ac_jstr(ev, "engine"));
     ac_text_put(o, "| model | parameters | perplexity | limits met |\n|---|---|---|---|\n");
-    const char *arms[] = {"baseline", "minitron", "autocompress"};
-    const char *label[] = {"base (before pruning)", "Minitron-style uniform pruning", "AutoCompress per-layer search"};
-    for (int i = 0; i < 3; i++) {
+    const char *arms[AC_CARD_ARMS] = {"baseline", "minitron", "autocompress", "puzzle"};
+    const char *label[AC_CARD_ARMS] = {"base (before pruning)", "Minitron-style uniform pruning",
+                                       "AutoCompress per-layer search",
+                                       "Puzzle block library (block-local distillation + mixed-integer choice; not exported)"};
+    for (int i = 0; i < AC_CARD_ARMS; i++) {
         const json_t *a = json_object_get(r, arms[i]);
         if (!json_is_object(a)) continue;
         ac_text_put(o, "| %s%s | ", label[i], !strcmp(arms[i], chosen) ? " (**this model**)" : "");

@@ -58,6 +58,16 @@ json_t *ac_report_build(const job_state *s) {
                                       s->P.opts.lr, "method",
                                       ac_dnas_method(ac_arch_has_moe(&s->m.a) ? AC_SEARCH_SURROGATE : s->P.opts.method)));
     }
+    if (s->puzzle_ran) { /* the third arm (jobpuzzle.c): its library, program and budget split */
+        json_object_set_new(r, "puzzle", arm(s, &s->rz, &s->pzr, 0));
+        if (s->rz.detail) json_object_update(json_object_get(r, "puzzle"), s->rz.detail);
+        if (s->puzzle_extra) json_object_update(json_object_get(r, "puzzle"), s->puzzle_extra);
+    }
+    json_t *arms = json_array(); /* the arms this report has, in the dashboard's order */
+    json_array_append_new(arms, json_string("minitron"));
+    if (s->two_arms) json_array_append_new(arms, json_string("autocompress"));
+    if (s->puzzle_ran) json_array_append_new(arms, json_string("puzzle"));
+    json_object_set_new(r, "arms", arms);
     const char *k;
     json_t *v;
     json_object_foreach(s->distill, k, v) { /* perplexity_pruned, distill {...} per distilled arm */

@@ -25,8 +25,8 @@ static const json_t *obj(const json_t *o, const char *k) { return json_object_ge
 
 static int has(const json_t *o, const char *k) { return json_is_number(json_object_get(o, k)); }
 
-static const char *const ARMS[] = {"baseline", "minitron", "autocompress"};
-enum { NARMS = 3 };
+static const char *const ARMS[] = {"baseline", "minitron", "autocompress", "puzzle"};
+enum { NARMS = 4 };
 
 /* A figure in a cell: "—" when absent; parameters as integers. */
 static void cell_num(ac_text *o, const json_t *v, const char *metric) {
@@ -50,7 +50,7 @@ static const char CSS[] =
     ".note{background:#fef3c7;padding:.4em .7em;border-left:4px solid #d97706}"
     "figure{display:inline-block;margin:.4em 1em .4em 0}figcaption{font-size:.9em;color:#374151}"
     ".k0{fill:#9ca3af}.k1{fill:#f59e0b}.k2{fill:#2563eb}.lk0{background:#9ca3af}.lk1{background:#f59e0b}"
-    ".lk2{background:#2563eb}.key{display:inline-block;width:.9em;height:.9em;margin:0 .3em 0 1em}";
+    ".lk2{background:#2563eb}.k3{fill:#10b981}.lk3{background:#10b981}.key{display:inline-block;width:.9em;height:.9em;margin:0 .3em 0 1em}";
 
 /* The arms present in the report, as indexes into ARMS. */
 static int arms_present(const json_t *r, int idx[NARMS]) {
@@ -99,6 +99,10 @@ static void put_choice(ac_text *o, const json_t *r) {
                 "candidate for export.</p>\n",
                 ARMS[i]);
     }
+    if (json_is_object(obj(r, "puzzle")))
+        ac_text_put(o, "<p class=\"note\">The puzzle arm (Puzzle's block library scored by block-local "
+                       "distillation, one block per layer chosen by a mixed-integer program) is reported for "
+                       "comparison; it is not exported.</p>\n");
 }
 
 /* Every limit any arm reports, with each arm's predicted figure, met or missed. */
@@ -363,7 +367,8 @@ static void put_structure(ac_text *o, const json_t *r, const int *idx, int n) {
         ac_text_put(o, "</tr>\n");
     }
     ac_text_put(o, "</table>\n<p class=\"muted\">base &rarr; arm<sub>m</sub> (minitron) &rarr; arm<sub>a</sub> "
-                   "(autocompress); 0: the sub-block was removed.</p>\n");
+                   "(autocompress)%s; 0: the sub-block was removed.</p>\n",
+                json_is_object(obj(r, "puzzle")) ? " &rarr; arm<sub>p</sub> (puzzle)" : "");
 }
 
 /* A polyline of [[x, y], ...] (at most 400 points drawn). */
