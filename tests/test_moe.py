@@ -46,12 +46,12 @@ def have():
             os.path.exists(os.path.join(BUILD, "autocompressd")))
 
 
-def make_mixtral():
+def make_mixtral(dtype="bf16"):
     """The tiny model upcycled into a Mixtral: 4 experts per layer, each the
-    layer's FFN plus 5% noise, top-2 over a random router (BF16)."""
+    layer's FFN plus 5% noise, top-2 over a random router (BF16, or fp32)."""
     import torch
     import ref_llama as R
-    d = os.path.join(WORK, "mixtral")
+    d = os.path.join(WORK, "mixtral" if dtype == "bf16" else "mixtral_" + dtype)
     if os.path.exists(os.path.join(d, "config.json")):
         return d
     os.makedirs(d, exist_ok=True)
@@ -69,7 +69,7 @@ def make_mixtral():
                 m = mats[w]
                 W[p + f"block_sparse_moe.experts.{x}.{n}.weight"] = m + 0.05 * m.std() * torch.randn(m.shape, generator=g)
         W[p + "block_sparse_moe.gate.weight"] = 0.5 * torch.randn(E, H, generator=g)
-    R.save_safetensors(os.path.join(d, "model.safetensors"), {k: v.to(torch.bfloat16) for k, v in W.items()},
+    R.save_safetensors(os.path.join(d, "model.safetensors"), {k: v.to(torch.bfloat16 if dtype == "bf16" else torch.float32) for k, v in W.items()},
                        {"format": "pt"})
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
@@ -105,6 +105,7 @@ def test_job_compresses_mixtral():
     r = subprocess.run([CLI, "compress", sp], capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.load(open(os.path.join(out, "report.json")))
+    # a BF16 checkpoint stays resident in BF16, where the gate trainer has no MoE layers: the surrogate search
     assert rep["search"]["method"] == "surrogate", rep["search"]
     for arm in ("minitron", "autocompress"):
         a = rep[arm]
@@ -128,6 +129,41 @@ def test_job_compresses_mixtral():
     assert rep["export"]["gguf"]["architecture"] == "llama", rep["export"]
     pg = engine_ppl(os.path.join(out, "model.gguf"))  # llama.cpp runs Mixtral GGUFs in test_gguf
     assert abs(pg / pe - 1) < 5e-3, (pg, pe)
+
+
+def test_gate_search_job_on_fp32_moe():
+    """An fp32 mixture-of-experts checkpoint: the autocompress arm trains
+    expert gates (search.method dnas, not the surrogate fallback) and meets
+    a parameter limit only expert removal with the other axes reaches; one
+    expert count in every MoE layer, never below top_k; the export is the
+    family's layout, read alike by the float64 reference and the engine."""
+    if not (have() and os.path.exists(TEXT)):
+        return "skip"
+    m = make_mixtral("f32")
+    cfg0 = json.load(open(os.path.join(m, "config.json")))
+    est = H.cli_estimate({"model": m, "target": {"device": "H100"}})
+    limit = 0.8 * est["figures"]["params"]
+    out = os.path.join(WORK, "job_f32_out")
+    s = spec(model=m, output=out, constraints={"max_params": limit},
+             search={"steps": 40, "dnas_steps": 60, "seed": 1, "export_target": "llama"},
+             target={"device": "H100", "workload": {"batch": 1, "prompt_len": 64, "gen_len": 16}})
+    sp = os.path.join(WORK, "job_f32.json")
+    with open(sp, "w") as f:
+        json.dump(s, f)
+    env = dict(os.environ, AC_COST_DB=os.path.join(WORK, "cost.db"))
+    r = subprocess.run([CLI, "compress", sp], capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.load(open(os.path.join(out, "report.json")))
+    assert rep["search"]["method"] == "dnas", rep["search"]
+    a = rep["autocompress"]
+    ex = {L.get("experts") for L in a["architecture"]["layers"] if L.get("experts")}
+    print(f"   autocompress (gates): experts {sorted(ex)} of {cfg0['num_local_experts']}, params "
+          f"{a['predicted']['params']:.0f} (limit {limit:.0f}), perplexity {a.get('perplexity')}")
+    assert a["feasible"] and a["predicted"]["params"] <= limit, a["predicted"]
+    assert len(ex) == 1 and cfg0["num_experts_per_tok"] <= min(ex) <= cfg0["num_local_experts"], ex
+    pr, pe = ref_ppl(out), engine_ppl(out)
+    print(f"   exported ({rep['chosen']}): reference ppl {pr:.4f}, engine {pe:.4f}")
+    assert abs(pr / pe - 1) < 2e-4, (pr, pe)
 
 
 def test_specs_refused_estimates_answered():
@@ -183,6 +219,7 @@ if __name__ == "__main__":
     r = Runner()
     try:
         r.run(test_job_compresses_mixtral)
+        r.run(test_gate_search_job_on_fp32_moe)
         r.run(test_specs_refused_estimates_answered)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)

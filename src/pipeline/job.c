@@ -266,12 +266,13 @@ static int stage_search(job_state *s, ac_err *e) {
         emit(s, "log",
              json_pack("{s:s,s:i,s:i}", "message", "dnas steps scaled to the FLOP budget", "dnas_steps", so.dnas_steps,
                        "asked", sp->search.dnas_steps));
-    if (autoc && so.method == AC_SEARCH_DNAS && ac_arch_has_moe(&s->m.a))
+    if (autoc && so.method == AC_SEARCH_DNAS && !ac_dnas_gates_ok(P, &s->m))
         emit(s, "log",
              json_pack("{s:s}", "message",
-                       "mixture-of-experts model: the trainer has no expert gates yet, so the autocompress arm runs the "
-                       "surrogate search (relaxed widths and expert counts on the measured curves, augmented "
-                       "Lagrangian on the cost model)"));
+                       "mixture-of-experts model the gate trainer cannot train here (resident 16-bit weights, a "
+                       "sigmoid router or a GPU target: its expert gates train on fp32 weights on the CPU), so the "
+                       "autocompress arm runs the surrogate search (relaxed widths and expert counts on the measured "
+                       "curves, augmented Lagrangian on the cost model)"));
     if (autoc && dnas_search(s, &so, e)) return -1;
     s->two_arms = autoc;
     s->chosen = autoc ? &s->ra : &s->rm; /* provisional: evaluate picks the best arm that meets every limit */

@@ -56,7 +56,7 @@ json_t *ac_report_build(const job_state *s) {
         json_object_set_new(r, "search",
                             json_pack("{s:i,s:i,s:f,s:s}", "steps", s->ra.steps_run, "seed", (int)s->P.opts.seed, "lr",
                                       s->P.opts.lr, "method",
-                                      ac_dnas_method(ac_arch_has_moe(&s->m.a) ? AC_SEARCH_SURROGATE : s->P.opts.method)));
+                                      ac_dnas_method(ac_dnas_gates_ok(&s->P, &s->m) ? s->P.opts.method : AC_SEARCH_SURROGATE)));
     }
     if (s->puzzle_ran) { /* the third arm (jobpuzzle.c): its library, program and budget split */
         json_object_set_new(r, "puzzle", arm(s, &s->rz, &s->pzr, 0));

@@ -8,6 +8,7 @@
 
 #include "core/tensor.h"
 #include "cost/device.h"
+#include "runtime/block_grad.h"
 #include "runtime/cuda_plugin.h"
 #include "runtime/optim.h"
 #include "runtime/rope.h"
@@ -1388,6 +1389,12 @@ int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size
 
 const char *ac_dnas_method(ac_search_method m) { return m == AC_SEARCH_SURROGATE ? "surrogate" : "dnas"; }
 
+int ac_dnas_gates_ok(const ac_search_problem *p, const ac_model *m) {
+    if (!ac_arch_has_moe(&m->a)) return 1;
+    ac_err e;
+    return !ac_arch_is_hybrid(&m->a) && !p->cuda && !ac_block_grad_supports(&m->a, ac_model_wdt(m), &e);
+}
+
 typedef struct {
     const ac_search_opts *so;
     const int *ids;
@@ -1401,9 +1408,9 @@ static int job_search_one(const ac_search_problem *p, ac_model *m, void *ud, ac_
     const int *ids = ja->ids;
     size_t n = ja->n;
     memset(orders, 0, sizeof *orders);
-    /* mixture-of-experts models: no expert gates in the trainer yet, so the
-     * surrogate search (measured expert curves) runs (job.c says so) */
-    if (so->method != AC_SEARCH_DNAS || ac_arch_has_moe(&m->a)) return ac_search_autocompress(p, r, e);
+    /* a model the gate trainer cannot train here: the surrogate search
+     * (measured curves) runs (job.c says so) */
+    if (so->method != AC_SEARCH_DNAS || !ac_dnas_gates_ok(p, m)) return ac_search_autocompress(p, r, e);
     ac_dnas_opts o;
     ac_dnas_defaults(&o);
     if (so->dnas_steps > 0) o.steps = so->dnas_steps;
