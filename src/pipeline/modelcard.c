@@ -139,7 +139,9 @@ static void put_quality(ac_text *o, const json_t *r, const char *chosen) {
                 ac_jstr(ev, "engine"));
     ac_text_put(o, "| model | parameters | perplexity | limits met |\n|---|---|---|---|\n");
     const char *arms[] = {"baseline", "minitron", "autocompress"};
-    const char *label[] = {"base (before pruning)", "Minitron-style uniform pruning", "AutoCompress per-layer search"};
+    /* each row starts with the arm's one name, as in report.json, the API, the dashboard and the CLI */
+    const char *label[] = {"baseline (before pruning)", "minitron (Minitron-style uniform pruning)",
+                           "autocompress (AutoCompress per-layer search)"};
     for (int i = 0; i < 3; i++) {
         const json_t *a = json_object_get(r, arms[i]);
         if (!json_is_object(a)) continue;
