@@ -435,6 +435,9 @@ def check_report_page(page, rep):
     limit says so), the structure per layer."""
     t = Tables(page)
     assert not t.fetches, t.fetches  # self-contained: no script, nothing fetched
+    # no address of the network anywhere in it (a stylesheet's @import or url() included); the SVG namespace is a name
+    urls = set(re.findall(r"\w+://[^\s\"'<>)]*", page)) - {"http://www.w3.org/2000/svg"}
+    assert not urls and "@import" not in page, urls
     arms = ["baseline", "minitron", "autocompress"]
     head = t.tables["limits"][0][1:]
     assert [x.split()[0] for _, x in head] == arms, head

@@ -64,12 +64,16 @@ def wait_running(job):
 def test_help_and_version():
     rc, out, _ = cli("--version")
     assert rc == 0 and re.fullmatch(r"autocompress \d+\.\d+\.\d+\n", out), out
-    for cmd in ["submit", "status", "list", "logs", "cancel", "wait", "report", "download", "eval", "compress",
-                "estimate", "validate", "schema", "tokenize", "prune", "export-gguf", "constraints", "model-card"]:
-        rc, out, _ = cli(cmd, "--help")
-        assert rc == 0 and out.startswith(f"usage: autocompress {cmd}"), (cmd, rc, out)
     rc, out, _ = cli("--help")
     assert rc == 0 and "submit SPEC.json" in out and "eval MODEL_DIR" in out
+    # every command the usage lists answers --help (a command added later included)
+    listed = re.findall(r"^  autocompress ([a-z][a-z-]*)", out, re.M)
+    assert set(listed) >= {"submit", "status", "list", "logs", "cancel", "wait", "report", "download", "eval", "tasks",
+                           "compress", "estimate", "validate", "schema", "tokenize", "prune", "export-gguf",
+                           "constraints", "model-card", "report-html"}, listed
+    for cmd in listed:
+        rc, out, _ = cli(cmd, "--help")
+        assert rc == 0 and out.startswith(f"usage: autocompress {cmd}"), (cmd, rc, out)
     rc, _, err = cli("list", "--follow")  # an option of another command
     assert rc == 2 and "usage: autocompress list" in err, err
     rc, _, err = cli("status", "abc")
@@ -195,6 +199,9 @@ def test_follow_json_matches_the_store():
     assert evs[-1]["kind"] == "state" and evs[-1]["data"]["state"] == "succeeded"
     rc, out, _ = cli("logs", str(final["id"]), "--json")
     assert [json.loads(ln)["id"] for ln in out.splitlines()] == [e["id"] for e in stored["events"]]
+    # logs --follow on an ended job: every event from the stream, then exit 0 with the outcome
+    rc, out, err = cli("logs", str(final["id"]), "--follow")
+    assert rc == 0 and [int(ln.split()[0]) for ln in out.splitlines()] == [e["id"] for e in stored["events"]], (rc, err)
 
 
 def run_pty(args, timeout=240):
@@ -255,6 +262,8 @@ def test_failed_job_exit_status():
         assert rc == 1 and f"job {job} failed: " in err, (rc, out, err)
         st, j = D.req("GET", f"/v1/jobs/{job}")
         assert j["state"] == "failed" and j["reason"] in err
+        rc, out, err = cli("logs", str(job), "--follow")  # a pipeline following the log sees the failure too
+        assert rc == 1 and f"job {job} failed: {j['reason']}" in err, (rc, err)
     finally:
         subprocess.run(["rm", "-rf", mdir])
     rc, out, err = cli("wait", str(hold))
@@ -296,7 +305,7 @@ def test_logs_follow_resumes_after_daemon_restart():
     time.sleep(2)
     assert cli("cancel", str(job))[0] == 0
     out, err = f.communicate(timeout=90)
-    assert f.returncode == 0, (f.returncode, err)
+    assert f.returncode == 3 and f"job {job} cancelled" in err, (f.returncode, err)  # the outcome, as wait's
     ids = [int(ln.split()[0]) for ln in out.splitlines()]
     st, stored = D.req("GET", f"/v1/jobs/{job}/events?format=json&limit=10000")
     # every stored event once, in order: nothing lost across the drop, nothing replayed twice
@@ -339,7 +348,9 @@ def test_download():
     j2 = json.loads(out)["id"]
     rc, _, err = cli("download", str(j2), dst)
     assert rc == 4 and "409 not_finished" in err, err
-    cli("cancel", str(j2))
+    rc, out, _ = cli("cancel", str(j2), "--json")  # the API's answer as it is
+    got = json.loads(out)
+    assert rc == 0 and got["id"] == j2 and got["cancel_requested"] is True, got
     D.wait_state(j2, {"cancelled"})
 
 

@@ -73,6 +73,9 @@ def test_job_reports_tasks_for_every_arm():
     assert j["state"] == "succeeded", j
     st, res = D.req("GET", f"/v1/jobs/{j['id']}/result")
     assert st == 200, res
+    # the choice says the accuracies did not decide it
+    assert res["chosen_reason"].endswith("; task accuracy is reported, not weighed (held-out loss decides, a tie goes "
+                                         "to the method's arm)"), res["chosen_reason"]
     for arm in ("baseline", "minitron", "autocompress"):
         a = res[arm]
         check_score(a["tasks"]["fortunes"], 60)

@@ -84,6 +84,7 @@ def check_common(rep, card):
     check_rule(rep)
     chosen = rep["chosen"]
     assert f"Why this arm: {rep['chosen_reason']}." in card
+    assert ("task accuracy is reported" in rep["chosen_reason"]) == bool(rep["baseline"].get("tasks")), rep
     h = header(card)
     if h is not None:
         assert h["base_model"] == os.path.basename(TINY) and h["library_name"] == "transformers", h
@@ -104,6 +105,7 @@ def check_common(rep, card):
     arms = [a for a in ("baseline", "minitron", "autocompress") if a in rep]
     assert len(rows) == len(arms), rows
     for r, a in zip(rows, arms):
+        assert r[0].split()[0] == a, (r, a)  # the arm's one name, as in report.json
         assert r[2].split()[0] == f"{rep[a]['perplexity']:.4f}", (r, a)
         assert ("**this model**" in r[0]) == (a == chosen), r
         if a != "baseline":

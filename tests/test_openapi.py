@@ -98,6 +98,37 @@ def test_error_codes_are_the_documented_enum():
     assert enum - codes <= {"internal"}, enum - codes
 
 
+def media_examples(node, where=""):
+    """(where, schema, example) for every media type object of the document that carries an example."""
+    if isinstance(node, dict):
+        if "example" in node and "schema" in node:
+            yield where, node["schema"], node["example"]
+        for k, v in node.items():
+            yield from media_examples(v, f"{where}/{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from media_examples(v, f"{where}/{i}")
+
+
+def test_examples_are_valid():
+    # the examples code generators and Postman show are valid against their own schemas (the spec's generated one)
+    found = {w: (schema, example) for w, schema, example in media_examples(get_doc())}
+    req = "/paths//v1/jobs/post/requestBody/content/application/json"
+    assert {req, "/paths//v1/jobs/post/responses/201/content/application/json",
+            "/components/responses/Error/content/application/json"} <= set(found), list(found)
+    if jsonschema is None:
+        return "skip"
+    for schema, example in found.values():
+        validate(schema, example)
+    # the check can fail: the request example with a field the spec does not have
+    try:
+        validate(found[req][0], dict(found[req][1], colour="red"))
+    except jsonschema.ValidationError:
+        pass
+    else:
+        raise AssertionError("an unknown spec field passed the JobSpec schema")
+
+
 def test_every_documented_operation_answers():
     # a finished job to point the {id} routes at
     st, j = D.req("POST", "/v1/jobs", body=spec())
@@ -164,5 +195,5 @@ def test_a_job_life_validates_against_the_document():
 
 if __name__ == "__main__":
     run_with_daemon([test_served_document_is_the_file_plus_generated_schema, test_error_codes_are_the_documented_enum,
-                     test_every_documented_operation_answers, test_a_job_life_validates_against_the_document],
+                     test_examples_are_valid, test_every_documented_operation_answers, test_a_job_life_validates_against_the_document],
                     globals())

@@ -37,12 +37,13 @@ def client(**kw):
 
 
 def install(target):
-    """pip install ./clients/python into target without the network; the module from there (or from the source tree
+    """pip install ./clients/python into target without the network, as a user types it (pip's isolated build
+    environment: the in-tree backend needs nothing from an index); the module from there (or from the source tree
     when pip is missing: 'skip' for that part)."""
     src = os.path.join(ROOT, "clients", "python")
     work = tempfile.mkdtemp(prefix="acpy_src_")
     shutil.copytree(src, os.path.join(work, "python"))  # pip builds in the tree: a copy keeps the checkout clean
-    p = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-build-isolation", "--no-deps",
+    p = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps",
                         "--quiet", "--target", target, os.path.join(work, "python")], capture_output=True, text=True)
     shutil.rmtree(work, ignore_errors=True)
     if p.returncode != 0 and "No module named pip" in p.stderr:
@@ -62,6 +63,9 @@ def test_installs_offline():
     if r is None:
         assert os.path.dirname(ac.__file__) == os.path.join(target, "autocompress_client"), ac.__file__
         assert os.path.exists(os.path.join(target, "autocompress_client", "py.typed"))
+        with open(os.path.join(target, f"autocompress_client-{ac.__version__}.dist-info", "METADATA")) as f:
+            meta = f.read()
+        assert f"\nName: autocompress-client\nVersion: {ac.__version__}\n" in meta, meta[:300]
     return r
 
 

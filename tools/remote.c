@@ -54,7 +54,8 @@ static const struct {
      "--limit N: at most N jobs."},
     {"logs", "ID [--follow] [--worker]",
      "The job's events (GET /v1/jobs/ID/events). --follow: stream them (server-sent events) until the job\n"
-     "ends, resuming with Last-Event-ID after a dropped connection. --worker: the worker's text log instead."},
+     "ends, resuming with Last-Event-ID after a dropped connection, and exit with its outcome as `wait` does.\n"
+     "--worker: the worker's text log instead."},
     {"cancel", "ID", "Cancel a queued or running job (DELETE /v1/jobs/ID)."},
     {"wait", "ID [--timeout S]",
      "Wait for the job to end: a progress bar (stage, percent, ETA) on a terminal, plain lines otherwise\n"
@@ -414,6 +415,14 @@ static void print_outcome(const follow_st *f) {
     printf("\n");
 }
 
+/* A followed job that ended failed or cancelled: its reason on stderr and
+ * the exit status (RC_JOB_FAILED, RC_CANCELLED); 0 when it succeeded. */
+static int ended_badly(const follow_st *f) {
+    if (!strcmp(f->state, "succeeded")) return RC_OK;
+    fprintf(stderr, "autocompress: job %ld %s: %s\n", f->job, f->state, f->reason[0] ? f->reason : "(no reason)");
+    return !strcmp(f->state, "cancelled") ? RC_CANCELLED : RC_JOB_FAILED;
+}
+
 /* Follow job id to its end: the exit status of its outcome. */
 static int follow_job(const ctx *c, long id, show_mode mode, double timeout_s) {
     follow_st f = {.mode = mode, .job = id, .t_start = mono(), .last_line = -1e9};
@@ -435,10 +444,8 @@ static int follow_job(const ctx *c, long id, show_mode mode, double timeout_s) {
         }
         if (!strcmp(f.state, "succeeded")) {
             if (!c->json) print_outcome(&f);
-        } else {
-            fprintf(stderr, "autocompress: job %ld %s: %s\n", id, f.state, f.reason[0] ? f.reason : "(no reason)");
-            rc = !strcmp(f.state, "cancelled") ? RC_CANCELLED : RC_JOB_FAILED;
-        }
+        } else
+            rc = ended_badly(&f);
     }
     json_decref(f.result);
     return rc;
@@ -574,6 +581,7 @@ static int cmd_logs(const ctx *c, long id, int follow, int worker) {
     if (follow) {
         follow_st f = {.mode = c->json ? SHOW_JSON : SHOW_EVENTS, .job = id, .t_start = mono()};
         int rc = stream_events(c, &f, 0);
+        if (!rc) rc = ended_badly(&f); /* exit with the job's outcome, as `wait` does */
         json_decref(f.result);
         return rc;
     }

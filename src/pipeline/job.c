@@ -446,6 +446,11 @@ static void choose_arm(job_state *s) {
         snprintf(s->chosen_reason, sizeof s->chosen_reason, "only the %s arm meets every limit",
                  fa ? "autocompress" : "minitron");
     }
+    if (s->tasks.n) { /* the tasks' accuracies are in the report: say they did not decide */
+        size_t n = strlen(s->chosen_reason);
+        snprintf(s->chosen_reason + n, sizeof s->chosen_reason - n,
+                 "; task accuracy is reported, not weighed (held-out loss decides, a tie goes to the method's arm)");
+    }
     s->result = s->chosen == &s->ra ? &s->pa : &s->pm;
 }
 

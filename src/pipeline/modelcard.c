@@ -142,9 +142,11 @@ static void put_quality(ac_text *o, const json_t *r, const char *chosen) {
                 ac_jstr(ev, "engine"));
     ac_text_put(o, "| model | parameters | perplexity | limits met |\n|---|---|---|---|\n");
     const char *arms[AC_CARD_ARMS] = {"baseline", "minitron", "autocompress", "puzzle"};
-    const char *label[AC_CARD_ARMS] = {"base (before pruning)", "Minitron-style uniform pruning",
-                                       "AutoCompress per-layer search",
-                                       "Puzzle block library (block-local distillation + mixed-integer choice; not exported)"};
+    /* each row starts with the arm's one name, as in report.json, the API, the dashboard and the CLI */
+    const char *label[AC_CARD_ARMS] = {
+        "baseline (before pruning)", "minitron (Minitron-style uniform pruning)",
+        "autocompress (AutoCompress per-layer search)",
+        "puzzle (Puzzle block library: block-local distillation + mixed-integer choice; not exported)"};
     for (int i = 0; i < AC_CARD_ARMS; i++) {
         const json_t *a = json_object_get(r, arms[i]);
         if (!json_is_object(a)) continue;
