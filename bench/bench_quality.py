@@ -103,7 +103,9 @@ def arm_row(x):
     t, tp = (x.get("tasks") or {}).get("fortunes"), (x.get("tasks_pruned") or {}).get("fortunes")
     return {"feasible": bool(x.get("feasible", True)), "ppl_pruned": x.get("perplexity_pruned", x["perplexity"]),
             "ppl": x["perplexity"], "acc_pruned": tp["acc"] if tp else None, "acc": t["acc"] if t else None,
-            "budget": x.get("budget"), "candidates": len(x.get("candidates") or []) or None,
+            "budget": x.get("budget"), "perplexity_ranked": x.get("perplexity_ranked"),
+            "candidates": [{k: c.get(k) for k in ("source", "chosen", "loss_before", "loss_after")}
+                           for c in x.get("candidates") or []] or None,
             "arch": [(l["heads"], l["kv_heads"], l["ffn"]) for l in x["architecture"]["layers"]]
             if "architecture" in x else None}
 
@@ -154,6 +156,18 @@ def print_table(rows):
           f"more than 2 standard errors in {wins_acc}, and not worse than Minitron by more than 1 standard error "
           f"(either metric) in {never_worse}")
     print("\n".join(diffs))
+    ranked = [r for r in rows if any("loss_after" in c and c["loss_after"] is not None
+                                     for c in (r["autocompress"].get("candidates") or []))]
+    if ranked:  # the KD-aware choice: which candidate won, and would the zero-shot ranking have agreed
+        agree = 0
+        for r in ranked:
+            cs = [c for c in r["autocompress"]["candidates"] if c["loss_after"] is not None]
+            kd, zs = min(cs, key=lambda c: c["loss_after"]), min(cs, key=lambda c: c["loss_before"])
+            agree += kd is zs
+            print(f"  {r['target']} seed {r['seed']}: chosen {kd['source']} (" + ", ".join(
+                f"{c['source']} {c['loss_before']:.4f} -> {c['loss_after']:.4f}" for c in cs) + ")")
+        print(f"Candidate ranking ran in {len(ranked)} jobs; the zero-shot ranking would have chosen the same "
+              f"candidate in {agree}")
 
 
 def main():
