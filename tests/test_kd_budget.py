@@ -61,7 +61,7 @@ def check_budget(r, total):
 def test_ranked_choice():
     tmp = tempfile.mkdtemp(prefix="ackd_")
     total = 24576
-    r = job(tmp, "ranked", {"tokens": total, "ranking_tokens": 12288, "candidate_steps": 4})
+    r = job(tmp, "ranked", {"tokens": total, "candidates": 3, "ranking_tokens": 12288, "candidate_steps": 4})
     check_budget(r, total)
     a = r["autocompress"]
     cands = a["candidates"]
@@ -89,7 +89,7 @@ def test_ranked_choice():
 def test_no_room_for_ranking():
     tmp = tempfile.mkdtemp(prefix="ackd_")
     total = 8192  # a quarter is 2048 tokens: under 4 steps of 1024 for each candidate
-    r = job(tmp, "unranked", {"tokens": total}, dnas_steps=30, windows=4)
+    r = job(tmp, "unranked", {"tokens": total, "candidates": 3}, dnas_steps=30, windows=4)
     check_budget(r, total)
     a = r["autocompress"]
     assert a["budget"]["ranking"] == 0 and a["budget"]["final"] == total, a["budget"]

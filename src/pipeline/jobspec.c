@@ -177,9 +177,10 @@ static const ac_field DISTILL[] = {
         "loss tau^2 KL(softmax(teacher/tau) || softmax(student/tau))"),
     NUM("ce_weight", ac_distill_spec, ce_weight, 0, 1, 0, 0, "weight of next-token cross-entropy mixed into the loss"),
     INT("seed", ac_distill_spec, seed, 0, 2147483647, 1, 0, "window sampling"),
-    INT("candidates", ac_distill_spec, candidates, 1, 8, 3, 0,
+    INT("candidates", ac_distill_spec, candidates, 1, 8, 1, 0,
         "autocompress arm: feasible structures ranked by their held-out loss after a short distillation (the search's, "
-        "the surrogate's, the best uniform one, then further search seeds); 1 = the search's, no ranking"),
+        "the surrogate's, the best uniform one, then further search seeds; 3 ranks the first three); 1 = the "
+        "search's, no ranking (the default: on the tiny model the ranking did not help, docs/benchmarks.md)"),
     INT("candidate_steps", ac_distill_spec, candidate_steps, 1, 100000, 8, 0,
         "distillation steps of each candidate's short distillation (at most ranking_tokens allows)"),
     INT("ranking_tokens", ac_distill_spec, ranking_tokens, 0, AC_DISTILL_MAX_TOKENS, 0, 0,

@@ -68,7 +68,7 @@ typedef struct {
     double ce_weight; /* loss = (1 - ce_weight) KL + ce_weight CE */
     int seed;         /* window sampling */
     /* the autocompress arm's KD-aware choice (candidates.c; docs/search.md) */
-    int candidates;      /* structures ranked (1: none) */
+    int candidates;      /* structures ranked (1, the default: none) */
     int candidate_steps; /* steps of each one's short distillation */
     long ranking_tokens; /* the ranking's share of tokens (0: tokens / 4) */
 } ac_distill_spec;
