@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "candidates_int.h"
 #include "checkpoint_int.h"
 #include "runtime/cuda_plugin.h"
 #include "format/deci.h"
@@ -355,12 +356,11 @@ static int score_tasks(job_state *s, int with_base, json_t **out, ac_err *e) {
 }
 
 /* Every reported arm (the compacted Minitron model and AutoCompress's) is
- * distilled from the base model with the same budget (distill.c); held-out
- * perplexity before it goes into the report as perplexity_pruned. */
+ * distilled from the base model with the same total budget (distill.c,
+ * candidates_int.h); held-out perplexity before it goes into the report as
+ * perplexity_pruned. */
 static int stage_distill(job_state *s, ac_err *e) {
     const ac_job_spec *sp = s->spec;
-    ac_model *arms[2] = {&s->pm, &s->pa};
-    const char *names[2] = {"minitron", "autocompress"};
     ac_ppl_opts po = {.ctx = sp->eval.ctx, .stride = 0, .max_windows = sp->eval.windows, .batch = 4, .cuda = s->on_gpu};
     const ac_distill_spec *ds = &sp->distill;
     ac_distill_opts o;
@@ -379,10 +379,14 @@ static int stage_distill(job_state *s, ac_err *e) {
     /* the distill text; default: the whole calibration file (the job keeps
      * only its first calibration_tokens tokens for calibration) */
     const char *text = ds->text[0] ? ds->text : sp->calibration[0] ? sp->calibration : NULL;
-    if (s->tasks.n && score_tasks(s, 0, &s->tasks_pruned, e)) return -1;
-    return ac_distill_job(&o, sp->model, text, &s->m, s->cids, s->nc, arms, names,
-                          s->two_arms ? 2 : 1, s->hids, s->nh, &po, job_emit, s, s->ctx->cancelled,
-                          &s->distill, e);
+    /* distill.tokens is each arm's total budget; the autocompress arm's
+     * structure is chosen by its loss after a short distillation (candidates_int.h) */
+    ac_kd_choice kc;
+    int rc = ac_kd_choose(s, &o, text, &kc, e);
+    if (!rc && s->tasks.n) rc = score_tasks(s, 0, &s->tasks_pruned, e);
+    if (!rc) rc = ac_kd_distill_arms(s, &o, text, &po, &kc, job_emit, e);
+    ac_kd_choice_free(&kc);
+    return rc;
 }
 
 static int want_distill(const job_state *s) { return s->spec->distill.tokens > 0; }

@@ -176,7 +176,9 @@ static const ac_field EVAL[] = {
 };
 static const ac_field DISTILL[] = {
     INT("tokens", ac_distill_spec, tokens, 0, AC_DISTILL_MAX_TOKENS, 0, 0,
-        "student training tokens per pruned model (batch x seq_len per step); 0 = no distillation"),
+        "each arm's total training-token budget (batch x seq_len per step): the autocompress arm's candidate ranking, "
+        "co-trained gate search (search.cotrain) and final distillation together, the minitron arm's final "
+        "distillation; 0 = no distillation"),
     STR("text", ac_distill_spec, text, AC_F_PATH_FILE, "UTF-8 training text (default: the whole calibration file)"),
     NUM("lr", ac_distill_spec, lr, 1e-8, 1, 1e-3, 0, "AdamW peak rate; 5 % linear warmup, cosine to lr/10"),
     INT("seq_len", ac_distill_spec, seq_len, 8, 1 << 16, 128, 0, NULL),
@@ -185,6 +187,14 @@ static const ac_field DISTILL[] = {
         "loss tau^2 KL(softmax(teacher/tau) || softmax(student/tau))"),
     NUM("ce_weight", ac_distill_spec, ce_weight, 0, 1, 0, 0, "weight of next-token cross-entropy mixed into the loss"),
     INT("seed", ac_distill_spec, seed, 0, 2147483647, 1, 0, "window sampling"),
+    INT("candidates", ac_distill_spec, candidates, 1, 8, 1, 0,
+        "autocompress arm: feasible structures ranked by their held-out loss after a short distillation (the search's, "
+        "the surrogate's, the best uniform one, then further search seeds; 3 ranks the first three); 1 = the "
+        "search's, no ranking (the default: on the tiny model the ranking did not help, docs/benchmarks.md)"),
+    INT("candidate_steps", ac_distill_spec, candidate_steps, 1, 100000, 8, 0,
+        "distillation steps of each candidate's short distillation (at most ranking_tokens allows)"),
+    INT("ranking_tokens", ac_distill_spec, ranking_tokens, 0, AC_DISTILL_MAX_TOKENS, 0, 0,
+        "tokens of distill.tokens the ranking may spend; 0 = a quarter of distill.tokens"),
     END,
 };
 static const char *const MSCORES[] = {"loss", "task", NULL};

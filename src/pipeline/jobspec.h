@@ -57,7 +57,8 @@ typedef struct {
 } ac_eval_spec;
 
 /* distill: knowledge distillation of every reported arm from the unpruned
- * model, between prune and evaluate (src/compress/distill.c; tokens = 0 is off). */
+ * model, between prune and evaluate (src/compress/distill.c; tokens = 0 is
+ * off). tokens is each arm's total training budget (pipeline/candidates.c). */
 typedef struct {
     long tokens;
     char text[AC_SPEC_STR]; /* training text ("" = the whole calibration file) */
@@ -66,6 +67,10 @@ typedef struct {
     double temperature;
     double ce_weight; /* loss = (1 - ce_weight) KL + ce_weight CE */
     int seed;         /* window sampling */
+    /* the autocompress arm's KD-aware choice (candidates.c; docs/search.md) */
+    int candidates;      /* structures ranked (1, the default: none) */
+    int candidate_steps; /* steps of each one's short distillation */
+    long ranking_tokens; /* the ranking's share of tokens (0: tokens / 4) */
 } ac_distill_spec;
 
 /* minitron: the Minitron arm's search (search.h, ac_minitron_opts; every
