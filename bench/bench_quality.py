@@ -17,14 +17,14 @@ on every seed, the difference after distillation (AutoCompress - Minitron)
 and whether it exceeds twice its standard error. Each arm's token split
 (report "budget": ranking, gates, final) is printed when the report has it.
 
-  python3 bench/bench_quality.py                 # default: 5 targets x 3 seeds, 16k tokens (tens of minutes on 2 cores)
+  python3 bench/bench_quality.py                 # default: 5 targets x 3 seeds, 16k tokens (15 jobs of 5-13 min on the shared 2-core machine)
   python3 bench/bench_quality.py --full          # 5 seeds, 100k tokens, the 11 M model too when built
   python3 bench/bench_quality.py --from FILE.json   # the table of a saved run (--json FILE writes it)
 
-Options: --seeds N, --tokens N, --targets 0,1,.. (indices into TARGETS),
+Options: --seeds N (seeds --first-seed, default 1, onwards), --tokens N, --targets 0,1,.. (indices into TARGETS),
 --dnas-steps N (search.dnas_steps, default the job's 300), --model NAME=MODEL_DIR=DATA_DIR
 (instead of the tiny model), --spec JSON (merged into every job's spec, e.g.
-'{"distill": {"candidates": 1}}'), --json FILE (rows written after every job).
+'{"distill": {"candidates": 3}}' (the KD-aware choice)), --json FILE (rows written after every job).
 AC_BUILD names the build folder; the cost tables go to AC_BUILD/bench_cost.db.
 """
 import argparse
@@ -142,7 +142,7 @@ def print_table(rows):
             print(f"{(mn + ' / ' + tn)[:38]:38} {k[:9]:9} {met:2}/{len(xs):<2} | "
                   f"{fmt(*ms([x['ppl_pruned'] for x in xs]))} {fmt(*ms([x['ppl'] for x in xs]))} | "
                   f"{fmt(*ms([x['acc_pruned'] for x in xs]), d=3)} {fmt(*ms([x['acc'] for x in xs]), d=3)} | {bs}")
-        if all(r["minitron"]["feasible"] and r["autocompress"]["feasible"] for r in rs):
+        if len(rs) >= 2 and all(r["minitron"]["feasible"] and r["autocompress"]["feasible"] for r in rs):
             both_cases += 1
             dp = ms([r["autocompress"]["ppl"] - r["minitron"]["ppl"] for r in rs])
             da = ms([(r["autocompress"]["acc"] or 0) - (r["minitron"]["acc"] or 0) for r in rs])
@@ -151,7 +151,7 @@ def print_table(rows):
             never_worse += not (dp[0] > 0 and dp[0] > dp[1]) and not (da[0] < 0 and -da[0] > da[1])
             diffs.append(f"  {mn} / {tn} (base {base:.2f}): AutoCompress - Minitron after distillation: perplexity "
                          f"{dp[0]:+.3f} +- {dp[1]:.3f}, accuracy {da[0]:+.4f} +- {da[1]:.4f}")
-    print(f"Both arms met the limit on every seed in {both_cases} of {len(by)} cases; there, after distillation, "
+    print(f"Both arms met the limit on every seed (of at least 2) in {both_cases} of {len(by)} cases; there, after distillation, "
           f"AutoCompress is lower in perplexity by more than 2 standard errors in {wins_ppl}, higher in accuracy by "
           f"more than 2 standard errors in {wins_acc}, and not worse than Minitron by more than 1 standard error "
           f"(either metric) in {never_worse}")
@@ -174,6 +174,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--seeds", type=int)
+    ap.add_argument("--first-seed", type=int, default=1)
     ap.add_argument("--tokens", type=int)
     ap.add_argument("--targets", default="")
     ap.add_argument("--dnas-steps", type=int, default=0)
@@ -211,7 +212,7 @@ def main():
                     cons[k] = f * params_of(arch)
                 else:
                     cons[k] = base_figures(tmp, mdir, dev, wl)[metric] * f
-            for seed in range(1, args.seeds + 1):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 t0 = time.time()
                 r = job(tmp, f"{mname}-{ti}-{seed}", mdir, ddir, task, dev, wl, cons, seed, args)
                 row = {"model": mname, "target": tname, "seed": seed, "constraints": cons, "tokens": args.tokens,
