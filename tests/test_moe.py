@@ -85,6 +85,20 @@ def ref_ppl(d):
     return H.ref_ppl(d, TEXT, CTX, WINDOWS)
 
 
+def compress(m, name, **kw):
+    """`autocompress compress` on model m for the H100 profile (spec fields kw) into WORK/name_out: (out, report)."""
+    out = os.path.join(WORK, name + "_out")
+    s = spec(model=m, output=out, target={"device": "H100", "workload": {"batch": 1, "prompt_len": 64, "gen_len": 16}},
+             **kw)
+    sp = os.path.join(WORK, name + ".json")
+    with open(sp, "w") as f:
+        json.dump(s, f)
+    env = dict(os.environ, AC_COST_DB=os.path.join(WORK, "cost.db"))
+    r = subprocess.run([CLI, "compress", sp], capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out, json.load(open(os.path.join(out, "report.json")))
+
+
 def test_job_compresses_mixtral():
     """A parameter limit only expert removal (with heads and depth) can meet:
     both arms meet it, the result keeps one expert count in every layer, and
@@ -93,18 +107,9 @@ def test_job_compresses_mixtral():
         return "skip"
     m = make_mixtral()
     base = json.load(open(os.path.join(m, "config.json")))
-    out = os.path.join(WORK, "job_out")
-    s = spec(model=m, output=out, constraints={"max_params": 2.6e6},
-             search={"steps": 40, "seed": 1, "export_target": "llama", "gguf": True},
-             distill={"tokens": 8192, "seq_len": 64, "batch": 4},
-             target={"device": "H100", "workload": {"batch": 1, "prompt_len": 64, "gen_len": 16}})
-    sp = os.path.join(WORK, "job.json")
-    with open(sp, "w") as f:
-        json.dump(s, f)
-    env = dict(os.environ, AC_COST_DB=os.path.join(WORK, "cost.db"))
-    r = subprocess.run([CLI, "compress", sp], capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rep = json.load(open(os.path.join(out, "report.json")))
+    out, rep = compress(m, "job", constraints={"max_params": 2.6e6},
+                        search={"steps": 40, "seed": 1, "export_target": "llama", "gguf": True},
+                        distill={"tokens": 8192, "seq_len": 64, "batch": 4})
     # a BF16 checkpoint stays resident in BF16, where the gate trainer has no MoE layers: the surrogate search
     assert rep["search"]["method"] == "surrogate", rep["search"]
     for arm in ("minitron", "autocompress"):
@@ -143,17 +148,8 @@ def test_gate_search_job_on_fp32_moe():
     cfg0 = json.load(open(os.path.join(m, "config.json")))
     est = H.cli_estimate({"model": m, "target": {"device": "H100"}})
     limit = 0.8 * est["figures"]["params"]
-    out = os.path.join(WORK, "job_f32_out")
-    s = spec(model=m, output=out, constraints={"max_params": limit},
-             search={"steps": 40, "dnas_steps": 60, "seed": 1, "export_target": "llama"},
-             target={"device": "H100", "workload": {"batch": 1, "prompt_len": 64, "gen_len": 16}})
-    sp = os.path.join(WORK, "job_f32.json")
-    with open(sp, "w") as f:
-        json.dump(s, f)
-    env = dict(os.environ, AC_COST_DB=os.path.join(WORK, "cost.db"))
-    r = subprocess.run([CLI, "compress", sp], capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    rep = json.load(open(os.path.join(out, "report.json")))
+    out, rep = compress(m, "job_f32", constraints={"max_params": limit},
+                        search={"steps": 40, "dnas_steps": 60, "seed": 1, "export_target": "llama"})
     assert rep["search"]["method"] == "dnas", rep["search"]
     a = rep["autocompress"]
     ex = {L.get("experts") for L in a["architecture"]["layers"] if L.get("experts")}
