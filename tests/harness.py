@@ -38,33 +38,8 @@ def raw_conn(port, src="127.0.0.1", timeout=10):
     return s
 
 
-# The suite's measured CPU cost tables (tests/run_all.sh sets the folder and
-# empties it first): a daemon a test starts imports them, and leaves there the
-# ones its jobs measured. Measuring a table is most of a minute of this
-# machine and every test's database starts empty, so without this each test
-# file's first job measured the same table again; the daemon's own cache
-# shares tables between jobs the same way. Tests of the cache itself start
-# their daemon with share_tables=False.
-SHARED_TABLES = os.environ.get("AC_TEST_SHARED_TABLES")
-
-
-def _shared_tables():
-    if not SHARED_TABLES or not os.path.isdir(SHARED_TABLES):
-        return []
-    out = []
-    for n in sorted(os.listdir(SHARED_TABLES)):
-        if n.endswith(".json"):
-            try:
-                with open(os.path.join(SHARED_TABLES, n)) as f:
-                    out.append(json.load(f))
-            except (OSError, ValueError):
-                pass
-    return out
-
-
 class Daemon:
-    def __init__(self, config=None, workdir=None, share_tables=True):
-        self.share_tables = share_tables and bool(SHARED_TABLES)
+    def __init__(self, config=None, workdir=None):
         self.dir = workdir or tempfile.mkdtemp(prefix="acd_")
         self.port = free_port()
         self.db = os.path.join(self.dir, "jobs.db")
@@ -87,7 +62,6 @@ class Daemon:
             try:
                 st, _ = self.req("GET", "/healthz")
                 if st == 200:
-                    self._import_shared_tables()
                     return self
             except OSError:
                 pass
@@ -105,39 +79,7 @@ class Daemon:
 
     def cleanup(self):
         self.kill()
-        self._export_shared_tables()
         shutil.rmtree(self.dir, ignore_errors=True)
-
-    def _import_shared_tables(self):
-        if not self.share_tables:
-            return
-        for t in _shared_tables():
-            try:  # a table already there (a restart) answers 409; a daemon with tokens may refuse: both left as they are
-                self.req("POST", "/v1/cost-tables", body={"table": t})
-            except OSError:
-                pass
-
-    def _export_shared_tables(self):
-        """The CPU tables this daemon's jobs measured, into the suite's folder (written whole, then renamed)."""
-        if not self.share_tables or not os.path.exists(self.db):
-            return
-        import sqlite3
-        try:
-            con = sqlite3.connect(self.db)
-            rows = con.execute("SELECT key, data FROM cost_tables WHERE source = 'measured' AND key LIKE '%autocompress-cpu%'").fetchall()
-            con.close()
-        except sqlite3.Error:
-            return
-        os.makedirs(SHARED_TABLES, exist_ok=True)
-        for key, data in rows:
-            name = re.sub(r"[^A-Za-z0-9_.-]", "_", key) + ".json"
-            path = os.path.join(SHARED_TABLES, name)
-            if os.path.exists(path):
-                continue
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                f.write(data if isinstance(data, str) else data.decode())
-            os.replace(tmp, path)
 
     def req(self, method, path, body=None, headers=None, raw=None, timeout=30):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)

@@ -4,9 +4,6 @@
 set -u
 cd "$(dirname "$0")/.."
 export AC_TEST_ROOT="$PWD" AC_BUILD="${AC_BUILD:-$PWD/build}"
-# measured CPU cost tables shared between the tests' daemons (tests/harness.py)
-export AC_TEST_SHARED_TABLES="$AC_BUILD/test-cost-tables"
-rm -rf "$AC_TEST_SHARED_TABLES"
 pass=0; fail=0; skip=0
 run() {
   local name="$1"; shift

@@ -31,8 +31,7 @@ def setup():
     global D
     # quiet_budget_s 2: the cost tables' quiet re-measurement (up to 20 s a table and a model) capped, as a team server
     # could set it; the tests' own jobs disturb these measurements, so the full allowance would mostly be spent
-    D = Daemon(config={"sse_keepalive_s": 1, "cpu_slots": 1, "max_body_bytes": 65536, "quiet_budget_s": 2},
-               share_tables=False).start()  # these tests are about the cache: it starts empty
+    D = Daemon(config={"sse_keepalive_s": 1, "cpu_slots": 1, "max_body_bytes": 65536, "quiet_budget_s": 2}).start()
 
 
 def test_health_devices_metrics():
