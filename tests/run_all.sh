@@ -18,12 +18,11 @@ run() {
   pass=$((pass+$2)); fail=$((fail+$3)); skip=$((skip+$4))
   if [ "$rc" != 0 ] && [ "$3" = 0 ]; then echo "   (exit $rc)"; fail=$((fail+1)); fi
 }
-# A second lane beside the others: test_slurm mostly waits (on Slurm's
-# scheduler and its node timeouts), and the tests after it fill the time the
-# first lane's daemon tests spend polling and waiting, so the two cores are
-# busy; none of them asserts a latency. Their output follows the first
-# lane's. AC_TEST_SERIAL=1 runs everything in one lane.
-LANE2="test_slurm.py test_kd_budget.py test_qwen3.py test_cli.py test_pyclient.py"
+# The tests that mostly wait (on Slurm's scheduler and its node timeouts, on
+# sockets held open and their timeouts) run in a second lane beside the
+# others: on two cores the suite would otherwise sit idle for minutes. Their
+# output follows the first lane's. AC_TEST_SERIAL=1 runs everything in one.
+LANE2="test_slurm.py"
 lane2_dir=""
 if [ "${AC_TEST_SERIAL:-0}" != 1 ]; then
   lane2_dir=$(mktemp -d)
