@@ -1392,7 +1392,7 @@ const char *ac_dnas_method(ac_search_method m) { return m == AC_SEARCH_SURROGATE
 int ac_dnas_gates_ok(const ac_search_problem *p, const ac_model *m) {
     if (!ac_arch_has_moe(&m->a)) return 1;
     ac_err e;
-    return !ac_arch_is_hybrid(&m->a) && !p->cuda && !ac_block_grad_supports(&m->a, ac_model_wdt(m), &e);
+    return !m->a.router_sigmoid && !p->cuda && !ac_block_grad_supports(&m->a, ac_model_wdt(m), &e);
 }
 
 typedef struct {
