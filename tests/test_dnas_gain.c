@@ -166,7 +166,7 @@ static const gain_case CASES[] = {
     {"params 0.7x, deci", AC_EXPORT_DECI, 256, "H100", {.batch = 8, .prompt_len = 256, .gen_len = 64}, 0.7, 0, 0.02},
 };
 
-/* The suite runs case 0 with 3 seeds and SHORT_STEPS gate steps;
+/* The suite runs case 0 with 3 seeds (its mutation run with 1) and SHORT_STEPS gate steps;
  * AC_DNAS_GAIN_FULL=1 (bench/run_all.sh, docs/benchmarks.md) every case
  * with 5 seeds at the job's 300 steps. */
 #define SHORT_STEPS 150
@@ -181,7 +181,11 @@ static void test_dnas_beats_its_start(void) {
         int ok = claim_holds(c, seeds, steps, 0, &mean);
         printf("   mean gain %+.5f nats (margin %.3f)\n", mean, c->margin);
         CHECK(ok == 1, "%s: the search does not beat its start by %.3f nats: mean gain %.5f", c->name, c->margin, mean);
-        int mut = claim_holds(c, seeds, steps, 1, &mmean);
+        /* the suite's mutation run takes one seed: the claim over one seed is
+         * easier to meet than over three, so its failing there is the
+         * stricter check (with the task gradient zeroed, seeds 1-3 gave
+         * the same gain, +0.00156 nats, in the 2026-12-07 suite run) */
+        int mut = claim_holds(c, full ? seeds : 1, steps, 1, &mmean);
         printf("   mutation (no task gradient): mean gain %+.5f nats\n", mmean);
         CHECK(mut == 0, "%s: with the gates' task gradient zeroed the claim still holds (mean gain %.5f)", c->name,
               mmean);

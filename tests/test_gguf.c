@@ -1096,13 +1096,14 @@ static int check_json_spec(const json_t *s, const char **field, ac_err *e) {
     return ac_job_spec_parse(s, &spec_buf, field, e) || ac_gguf_check_spec(&spec_buf.search, spec_buf.model, field, e);
 }
 
+/* A 40-step gate search (the service default is 300): these jobs check exports, not the search. */
 static json_t *tiny_spec(const char *target, int gguf_flag, const char *out) {
     char d[1100];
     ck_build_path(d, sizeof d, "data");
-    json_t *s = json_pack("{s:s,s:s,s:s,s:s,s:{s:s,s:{s:i,s:i,s:i}},s:{s:i},s:{s:i},s:i,s:{s:i,s:i}}", "model", tiny,
+    json_t *s = json_pack("{s:s,s:s,s:s,s:s,s:{s:s,s:{s:i,s:i,s:i}},s:{s:i},s:{s:i,s:i},s:i,s:{s:i,s:i}}", "model", tiny,
                           "calibration", calib, "heldout", heldout, "output", out, "target", "device", "H100",
                           "workload", "batch", 8, "prompt_len", 256, "gen_len", 64, "constraints", "max_params", 900000,
-                          "search", "steps", 60, "calibration_tokens", 2048, "eval", "ctx", 128, "windows", 8);
+                          "search", "steps", 60, "dnas_steps", 40, "calibration_tokens", 2048, "eval", "ctx", 128, "windows", 8);
     if (target) json_object_set_new(json_object_get(s, "search"), "export_target", json_string(target));
     if (gguf_flag) json_object_set_new(json_object_get(s, "search"), "gguf", json_true());
     return s;

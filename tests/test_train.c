@@ -650,7 +650,7 @@ static void test_distill_job(void) {
         snprintf(
             spec_s, sizeof spec_s,
             "{\"model\":\"%s\",\"calibration\":\"%s/calib.txt\",\"heldout\":\"%s/heldout.txt\",\"output\":\"%s/out\","
-            "\"target\":{\"device\":\"H100\"},\"constraints\":{\"max_params\":800000},\"search\":{\"steps\":30},"
+            "\"target\":{\"device\":\"H100\"},\"constraints\":{\"max_params\":800000},\"search\":{\"steps\":30,\"dnas_steps\":40},"
             "\"calibration_tokens\":2048,\"eval\":{\"ctx\":64,\"windows\":4},"
             "\"distill\":{\"tokens\":1024,\"seq_len\":32,\"batch\":4,\"lr\":0.001%s%s%s}}",
             tiny, data, data, tmp, bad ? ",\"text\":\"" : "", bad ? shortf : "", bad ? "\"" : "");
