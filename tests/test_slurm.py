@@ -569,8 +569,22 @@ def test_load():
     sids = [ends[i][0]["slurm"]["job_id"] for i in ids]
     assert len(set(sids)) == n
     wall = max(e[1] for e in ends.values())
+    # queue wait: from the job's creation to its batch job RUNNING (the daemon's first "slurm" event saying so);
+    # submit: from creation to the Slurm job id (the daemon's sbatch, one at a time)
+    waits, subs = [], []
+    for i in ids:
+        evs = events(i)
+        created = ends[i][0]["created_at"]
+        run = [e["at"] for e in evs if e["kind"] == "slurm" and e["data"].get("state") == "RUNNING"]
+        sub = [e["at"] for e in evs if e["kind"] == "slurm"]
+        assert run and sub, (i, [e["kind"] for e in evs])
+        waits.append(run[0] - created)
+        subs.append(sub[0] - created)
+    waits.sort()
     print(f"load: {n} jobs, submitted over HTTP in {t_sub:.1f} s, all ended in {wall:.1f} s "
-          f"({n / wall * 60:.1f} jobs/min), {n} batch jobs in Slurm's completion log, 0 lost, 0 twice", flush=True)
+          f"({n / wall * 60:.1f} jobs/min), {n} batch jobs in Slurm's completion log, 0 lost, 0 twice; "
+          f"queue wait (created to RUNNING) median {waits[n // 2]:.1f} s, max {waits[-1]:.1f} s; "
+          f"sbatch done after at most {max(subs):.1f} s", flush=True)
 
 
 def main():
