@@ -177,7 +177,9 @@ static void test_resume_from_checkpoints(void) {
  * restores the three stages and the autocompress arm (its distillation
  * fields as the first run reported them, its run time included), distils
  * the minitron arm alone, and has the same outcome and the same
- * distillation losses. */
+ * distillation losses. Released (ac_job_release_checkpoints, as the
+ * worker does after its result), the students are gone and the stage
+ * files stay. */
 static void test_resume_distilled_arms(void) {
     struct stat st;
     if (stat(tiny, &st)) SKIP("no tiny model (make tiny-model)");
@@ -223,6 +225,16 @@ static void test_resume_distilled_arms(void) {
                          json_object_get(json_object_get(m2, "distill"), "loss_last")),
               "the distilled-again arm's last loss differs");
     }
+    /* what the worker does once the job has its result: the students go, the stage files stay */
+    ac_job_release_checkpoints(ckdir);
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/distill.%s.model", ckdir, arms[i]);
+        CHECK(stat(p, &st) != 0, "%s is still there", p);
+        snprintf(p, sizeof p, "%s/distill.%s.ckpt", ckdir, arms[i]);
+        CHECK(stat(p, &st) != 0, "%s is still there", p);
+    }
+    snprintf(p, sizeof p, "%s/search.ckpt", ckdir);
+    CHECK(stat(p, &st) == 0, "the release removed %s", p);
     json_decref(r1);
     json_decref(r2);
     char cmd[200];

@@ -453,3 +453,16 @@ int ac_ckpt_load_arm(const job_state *s, const char *dir, const char *key, const
     *report = rep;
     return 1;
 }
+
+void ac_ckpt_release_arms(const char *dir) {
+    static const char *arms[] = {"minitron", "autocompress"};
+    char p[4200];
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/distill.%s.ckpt", dir, arms[i]);
+        unlink(p);
+        snprintf(p, sizeof p, "%s/distill.%s.model", dir, arms[i]);
+        rm_flat(p);
+        snprintf(p, sizeof p, "%s/distill.%s.model.tmp", dir, arms[i]);
+        rm_flat(p);
+    }
+}

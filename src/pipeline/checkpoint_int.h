@@ -60,5 +60,7 @@ int ac_ckpt_save_arm(const job_state *s, const char *dir, const char *key, const
  * (why says why when there was a file; m unchanged). */
 int ac_ckpt_load_arm(const job_state *s, const char *dir, const char *key, const char *arm, ac_model *m,
                      json_t **report, char *why, size_t n);
+/* Remove DIR's distilled arms (their .ckpt first, then the students). */
+void ac_ckpt_release_arms(const char *dir);
 
 #endif
