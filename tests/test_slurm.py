@@ -107,19 +107,24 @@ def one_batch_job(i, sid, ends):
     return rows
 
 
-def freeze_after_search(i, timeout=240):
-    """Wait for job i's first stage after search (prune), then SIGSTOP its worker there: its search checkpoint
-    is on disk and it has not ended."""
+def freeze_at(i, pred, what, timeout=240):
+    """Wait until job i's events.jsonl holds an event pred accepts, then SIGSTOP its worker there (before it
+    ended)."""
     t0 = time.time()
-    stages = []
-    while time.time() - t0 < timeout:
-        stages = [e["data"]["stage"] for e in file_events(i) if e["kind"] == "stage"]
-        if "prune" in stages:
+    seen = False
+    while time.time() - t0 < timeout and not seen:
+        seen = any(pred(e) for e in file_events(i))
+        if seen:
             assert signal_worker(i, signal.SIGSTOP) == 1
             break
         time.sleep(0.02)
-    assert "prune" in stages, stages
+    assert seen, f"job {i}: no {what} after {timeout}s"
     assert not any(e["kind"] == "result" for e in file_events(i)), "the job ended before it could be requeued"
+
+
+def freeze_after_search(i):
+    """Stop job i's worker at its first stage after search (prune): its search checkpoint is on disk."""
+    freeze_at(i, lambda e: e["kind"] == "stage" and e["data"]["stage"] == "prune", "prune stage")
 
 
 def assert_resumed(i):
@@ -293,16 +298,16 @@ def same_outcome(a, b):
 
 
 def test_requeue_resumes_after_its_last_stage():
-    """A running batch job requeued once its search finished (scontrol requeue by an admin, as Slurm does itself
-    after a lost node or a preemption; the daemon submits with --requeue): the job stays running, Slurm kills its
-    worker and runs the same batch job again, and the new worker restores calibrate, profile and search from
-    their checkpoints instead of computing them again, then prunes, evaluates and exports. Its result is the
-    result of the same spec run without interruption (test_job_runs_on_slurm's job), and Slurm saw one batch job
-    (one id, ended twice), not a second submission."""
-    if "result" not in REF:  # run alone (AC_SLURM_ONLY): the uninterrupted reference first
-        test_job_runs_on_slurm()
-    i = submit(spec())
-    freeze_after_search(i)
+    """A running batch job requeued once its Minitron arm was distilled (scontrol requeue by an admin, as Slurm
+    does itself after a lost node or a preemption; the daemon submits with --requeue): the job stays running,
+    Slurm kills its worker and runs the same batch job again, and the new worker restores calibrate, profile,
+    search and the distilled Minitron arm from their checkpoints instead of computing them again, then distils
+    the autocompress arm, evaluates and exports. Slurm saw one batch job (one id, ended twice), not a second
+    submission. (test_node_fault_requeues_or_fails requeues a job after its search and compares its result with
+    the same spec run without interruption; test_checkpoint.c does so for the arms.)"""
+    i = submit(spec(distill={"tokens": 2048}))
+    freeze_at(i, lambda e: e["kind"] == "distill" and e["data"].get("arm") == "autocompress",
+              "distillation of the autocompress arm (the Minitron arm's is done and kept)")
     sid = job(i)["slurm"]["job_id"]
     assert "Requeue=1" in slurm("scontrol", "show", "job", "-o", str(sid)).stdout  # submitted --requeue
     r = slurm("scontrol", "requeue", str(sid))
@@ -310,9 +315,27 @@ def test_requeue_resumes_after_its_last_stage():
     wait(i, lambda j: (j.get("slurm") or {}).get("state") == "PENDING", 60, "PENDING after the requeue")
     assert "requeued" in job(i)["reason"], job(i)["reason"]
     assert slurm("scontrol", "update", f"JobId={sid}", "StartTime=now").returncode == 0  # no requeue delay
-    assert_resumed(i)
+    j = wait_end(i)
+    assert j["state"] == "succeeded", j["reason"]
+    assert len([t for t in j["transitions"] if t["to"] == "running"]) == 1, j["transitions"]  # one job, requeued
+    evs = events(i)
+    second = [n for n, e in enumerate(evs) if e["kind"] == "stage" and e["data"]["stage"] == "load"][1]
+    st = [(e["data"]["stage"], bool(e["data"].get("resumed"))) for e in evs[second:] if e["kind"] == "stage"]
+    assert st == [("load", False), ("calibrate", True), ("profile", True), ("search", True), ("prune", False),
+                  ("distill", False), ("evaluate", False), ("export", False)], st
+    arms = lambda evs: {e["data"]["arm"] for e in evs if e["kind"] == "distill"}  # noqa: E731
+    assert arms(evs[:second]) == {"minitron", "autocompress"} and arms(evs[second:]) == {"autocompress"}
+    assert not any(e["kind"] == "search" for e in evs[second:])
+    assert any(e["kind"] == "log" and e["data"].get("arm") == "minitron" and "restored" in e["data"]["message"]
+               for e in evs[second:])
+    st_, res = D.req("GET", f"/v1/jobs/{i}/result")
+    assert res["resumed_stages"] == ["calibrate", "profile", "search", "distill.minitron"], res.get("resumed_stages")
+    assert res["minitron"]["distill"]["loss_last"] and res["autocompress"]["distill"]["loss_last"]
     assert "Restarts=1" in slurm("scontrol", "show", "job", "-o", str(sid)).stdout
     one_batch_job(i, sid, 2)
+    # the worker removed the distilled students once it had the result; the stage files stay
+    assert sorted(os.listdir(os.path.join(D.data, "jobs", str(i), "checkpoint"))) == \
+        ["calibrate.ckpt", "profile.ckpt", "search.ckpt"]
 
 
 def test_worker_events_need_the_jobs_secret():
