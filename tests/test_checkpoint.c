@@ -59,7 +59,8 @@ static int run_spec(const char *key, int stop_on_refusal, long distill_tokens, s
                              "H100", "workload", "batch", 1, "prompt_len", 256, "gen_len", 64, "constraints",
                              "max_params", 1.0e6, "search", "steps", 50, "seed", 3, "dnas_steps", 40,
                              "calibration_tokens", 2048, "eval", "ctx", 64, "windows", 4);
-    if (distill_tokens > 0) json_object_set_new(spec, "distill", json_pack("{s:I}", "tokens", (json_int_t)distill_tokens));
+    if (distill_tokens > 0)
+        json_object_set_new(spec, "distill", json_pack("{s:I}", "tokens", (json_int_t)distill_tokens));
     static ac_job_spec sp;
     memset(s, 0, sizeof *s);
     s->stop_on_refusal = stop_on_refusal;

@@ -550,7 +550,8 @@ def test_node_fault_requeues_or_fails():
         assert job(b)["state"] == "running", job(b)
     finally:
         stop_strays(a)
-        r = subprocess.run(["slurmd", "-f", os.path.join(CLUSTER, "slurm.conf"), "-N", os.uname().nodename.split(".")[0]],
+        node = os.uname().nodename.split(".")[0]
+        r = subprocess.run(["slurmd", "-f", os.path.join(CLUSTER, "slurm.conf"), "-N", node],
                            capture_output=True, text=True, timeout=30)
         assert r.returncode == 0, r.stderr
     # the node returns (ReturnToService=2) and the requeued job runs again

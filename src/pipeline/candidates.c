@@ -358,7 +358,8 @@ static void arm_save(job_state *s, const char *name, const ac_model *m, const js
     ac_err e2 = {{0}};
     json_t *ev;
     if (ac_ckpt_save_arm(s, c->checkpoint_dir, c->checkpoint_key ? c->checkpoint_key : "", name, m, fields, &e2) &&
-        (ev = json_pack("{s:s,s:s,s:s}", "message", "cannot write the stage checkpoint", "arm", name, "error", e2.msg))) {
+        (ev = json_pack("{s:s,s:s,s:s}", "message", "cannot write the stage checkpoint", "arm", name, "error",
+                        e2.msg))) {
         emit(s, "log", ev);
         json_decref(ev);
     }
