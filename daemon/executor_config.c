@@ -10,6 +10,7 @@ void exec_config_defaults(ac_exec_config *c) {
     c->kind = AC_EXEC_LOCAL;
     c->poll_s = 5;
     c->post_flush_s = 30;
+    c->requeue = 1;
 }
 
 const char *exec_kind_name(ac_exec_kind k) { return k == AC_EXEC_SLURM ? "slurm" : "local"; }
@@ -41,10 +42,10 @@ static int num_key(json_t *o, const char *k, double lo, double hi, double *dst, 
 
 /* Options that would take the job's files, name or output away from the daemon. */
 static int reserved_option(const char *o) {
-    static const char *bad[] = {"--output",   "--error",   "--job-name", "--chdir",  "--parsable", "--wrap",
-                                "--open-mode", "--export", "--input",    "--array",  "--wait",     "-o",
-                                "-e",          "-J",       "-D",         "-i",       "-a",         "-W",
-                                NULL};
+    static const char *bad[] = {"--output",     "--error",  "--job-name", "--chdir", "--parsable", "--wrap",
+                                "--open-mode",  "--export", "--input",    "--array", "--wait",     "--requeue",
+                                "--no-requeue", "-o",       "-e",         "-J",      "-D",         "-i",
+                                "-a",           "-W",       NULL};
     for (int i = 0; bad[i]; i++) {
         size_t n = strlen(bad[i]);
         if (!strncmp(o, bad[i], n) && (o[n] == 0 || o[n] == '=')) return 1;
@@ -53,8 +54,9 @@ static int reserved_option(const char *o) {
 }
 
 static int slurm_parse(ac_exec_config *c, json_t *s, ac_err *e) {
-    static const char *known[] = {"partition", "account",        "qos",        "time_limit", "gres",         "mem",
-                                  "cpus_per_task", "sbatch_options", "daemon_url", "poll_s",     "post_flush_s", NULL};
+    static const char *known[] = {
+        "partition",      "account",    "qos",    "time_limit",   "gres",    "mem", "cpus_per_task",
+        "sbatch_options", "daemon_url", "poll_s", "post_flush_s", "requeue", NULL};
     const char *k;
     json_t *v;
     if (!json_is_object(s)) return ac_errf(e, "config: slurm must be an object");
@@ -73,6 +75,9 @@ static int slurm_parse(ac_exec_config *c, json_t *s, ac_err *e) {
         num_key(s, "post_flush_s", 0, 3600, &c->post_flush_s, e))
         return -1;
     c->cpus_per_task = (int)cpt;
+    json_t *rq = json_object_get(s, "requeue");
+    if (rq && !json_is_boolean(rq)) return ac_errf(e, "config: slurm.requeue must be true or false");
+    if (rq) c->requeue = json_is_true(rq);
     if (c->daemon_url[0] && strncmp(c->daemon_url, "http://", 7) && strncmp(c->daemon_url, "https://", 8))
         return ac_errf(e, "config: slurm.daemon_url must start with http:// or https://");
     json_t *opts = json_object_get(s, "sbatch_options");
@@ -86,7 +91,8 @@ static int slurm_parse(ac_exec_config *c, json_t *s, ac_err *e) {
                 return ac_errf(e, "config: slurm.sbatch_options[%zu] must be one option (\"--name=value\", no spaces)",
                                i);
             if (reserved_option(o))
-                return ac_errf(e, "config: slurm.sbatch_options[%zu] (%s) is set by the daemon itself", i, o);
+                return ac_errf(e, "config: slurm.sbatch_options[%zu] (%s) is set by the daemon itself%s", i, o,
+                               strstr(o, "requeue") ? " (use slurm.requeue)" : "");
             if (!(c->sbatch_options[c->nsbatch_options++] = strdup(o))) return ac_errf(e, "out of memory");
         }
     }
@@ -117,10 +123,10 @@ json_t *exec_config_json(const ac_exec_config *c) {
     if (!o || c->kind != AC_EXEC_SLURM) return o;
     json_t *opts = json_array();
     for (int i = 0; opts && i < c->nsbatch_options; i++) json_array_append_new(opts, json_string(c->sbatch_options[i]));
-    json_t *s = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:o,s:s,s:f,s:f}", "partition", c->partition, "account",
+    json_t *s = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:o,s:s,s:f,s:f,s:b}", "partition", c->partition, "account",
                           c->account, "qos", c->qos, "time_limit", c->time_limit, "gres", c->gres, "mem", c->mem,
-                          "cpus_per_task", c->cpus_per_task, "sbatch_options", opts ? opts : json_array(),
-                          "daemon_url", c->daemon_url, "poll_s", c->poll_s, "post_flush_s", c->post_flush_s);
+                          "cpus_per_task", c->cpus_per_task, "sbatch_options", opts ? opts : json_array(), "daemon_url",
+                          c->daemon_url, "poll_s", c->poll_s, "post_flush_s", c->post_flush_s, "requeue", c->requeue);
     if (!s || json_object_set_new(o, "slurm", s)) {
         json_decref(o);
         return NULL;

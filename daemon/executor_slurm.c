@@ -58,6 +58,7 @@ typedef struct sjob {
     long id, slurm_id, seq;
     char name[64], secret_sha256[80], state[32], reason[160];
     int cancelling, scancel_sent, submitting, sacct_running;
+    int requeued; /* pending again after it ran (until it runs again) */
     double submitted_at;
     char *result;
     char error[512];
@@ -472,7 +473,7 @@ static int slurm_place(ac_daemon *d, long job, const char *device, char *why, si
     int na = 0;
     argv[na++] = "sbatch";
     argv[na++] = "--parsable";
-    argv[na++] = "--no-requeue";
+    argv[na++] = x->requeue ? "--requeue" : "--no-requeue"; /* slurm.requeue: executor_config.h, operations.md */
     sbatch_opt(argv, &na, o_name, sizeof o_name, "--job-name", sj->name);
     snprintf(p, sizeof p, "%s/worker.log", dir);
     sbatch_opt(argv, &na, o_out, sizeof o_out, "--output", p);
@@ -727,10 +728,16 @@ static void poll_done(cmd *c) {
             slog("job %ld: re-attached to Slurm job %ld by its name %s", sj->id, hit->id, sj->name);
         }
         if (strcmp(sj->state, hit->state) || strcmp(sj->reason, hit->reason)) {
+            /* back to PENDING after it ran: Slurm requeued it (a lost node, a preemption, scontrol requeue); the
+             * same batch job runs again and its worker resumes from the stage checkpoints */
+            int requeued = (sj->requeued || !strcmp(sj->state, "RUNNING") || !strcmp(sj->state, "COMPLETING")) &&
+                           (!strcmp(hit->state, "PENDING") || !strncmp(hit->state, "REQUEUE", 7));
+            if (requeued && !sj->requeued) slog("job %ld: Slurm requeued job %ld", sj->id, hit->id);
+            sj->requeued = requeued;
             snprintf(sj->state, sizeof sj->state, "%s", hit->state);
             snprintf(sj->reason, sizeof sj->reason, "%s", hit->reason);
             char why[300];
-            snprintf(why, sizeof why, "Slurm job %ld %s%s%s%s", hit->id, hit->state,
+            snprintf(why, sizeof why, "Slurm job %ld %s%s%s%s%s", hit->id, requeued ? "requeued, " : "", hit->state,
                      strcmp(hit->reason, "None") && hit->reason[0] ? " (" : "",
                      strcmp(hit->reason, "None") ? hit->reason : "", strcmp(hit->reason, "None") && hit->reason[0] ? ")" : "");
             if (db_exec_set_slurm(S.d->db, sj->id, hit->id, hit->state, &e) ||

@@ -305,6 +305,8 @@ static int run_job(worker_args *ap) {
     }
     emit_line(NULL, "result", result);
     json_decref(result);
+    /* the job has its report: the distilled students kept for a rerun go (a whole fp32 model each) */
+    ac_job_release_checkpoints(ctx.checkpoint_dir);
     return 0;
 }
 

@@ -8,7 +8,8 @@
  * perplexities, and exports the same config.json, as the first run; a cut
  * search checkpoint is not used (calibrate and profile are restored, search
  * runs again) and the outcome is the same again; under another key nothing
- * is restored (that run is cancelled once it said why).
+ * is restored (that run is cancelled once it said why). A job with
+ * distillation also keeps each distilled arm (test_resume_distilled_arms).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,8 @@ static char tiny[1100], dir[64] = "/tmp/ac_test_ckpt_XXXXXX", ckdir[128], out[12
 
 typedef struct {
     int nstages, nsearch, nresumed;
+    int ndistill[2];   /* "distill" step events of the minitron, autocompress arm */
+    int narms_restored; /* "distilled arm restored" logs */
     volatile int cancel; /* set once a checkpoint was refused, when stop_on_refusal */
     int stop_on_refusal;
     char stages[16][16];
@@ -37,14 +40,17 @@ static void on_event(void *ud, const char *kind, json_t *data) {
         s->nstages++;
     }
     if (!strcmp(kind, "search")) s->nsearch++;
+    const char *arm = json_string_value(json_object_get(data, "arm"));
+    if (!strcmp(kind, "distill") && arm) s->ndistill[strcmp(arm, "minitron") != 0]++;
     const char *msg = json_string_value(json_object_get(data, "message"));
+    if (!strcmp(kind, "log") && msg && !strcmp(msg, "distilled arm restored from its checkpoint")) s->narms_restored++;
     if (!strcmp(kind, "log") && msg && !strcmp(msg, "checkpoint not used")) {
         snprintf(s->why, sizeof s->why, "%s", json_string_value(json_object_get(data, "why")));
         if (s->stop_on_refusal) s->cancel = 1;
     }
 }
 
-static int run(const char *key, int stop_on_refusal, seen *s, json_t **res, ac_err *e) {
+static int run_spec(const char *key, int stop_on_refusal, long distill_tokens, seen *s, json_t **res, ac_err *e) {
     char calib[1100], held[1100];
     ck_build_path(calib, sizeof calib, "data/calib.txt");
     ck_build_path(held, sizeof held, "data/heldout.txt");
@@ -53,6 +59,8 @@ static int run(const char *key, int stop_on_refusal, seen *s, json_t **res, ac_e
                              "H100", "workload", "batch", 1, "prompt_len", 256, "gen_len", 64, "constraints",
                              "max_params", 1.0e6, "search", "steps", 50, "seed", 3, "dnas_steps", 40,
                              "calibration_tokens", 2048, "eval", "ctx", 64, "windows", 4);
+    if (distill_tokens > 0)
+        json_object_set_new(spec, "distill", json_pack("{s:I}", "tokens", (json_int_t)distill_tokens));
     static ac_job_spec sp;
     memset(s, 0, sizeof *s);
     s->stop_on_refusal = stop_on_refusal;
@@ -61,6 +69,10 @@ static int run(const char *key, int stop_on_refusal, seen *s, json_t **res, ac_e
     int rc = ac_job_spec_parse(spec, &sp, NULL, e) || ac_job_run(&sp, &ctx, res, e);
     json_decref(spec);
     return rc ? -1 : 0;
+}
+
+static int run(const char *key, int stop_on_refusal, seen *s, json_t **res, ac_err *e) {
+    return run_spec(key, stop_on_refusal, 0, s, res, e);
 }
 
 static char *slurp(const char *path) {
@@ -161,8 +173,79 @@ static void test_resume_from_checkpoints(void) {
     if (system(cmd)) fprintf(stderr, "cannot remove %s\n", dir);
 }
 
+/* Both arms' distilled students are kept (distill.ARM.ckpt and its model
+ * directory). With the minitron arm's checkpoint removed, a run again
+ * restores the three stages and the autocompress arm (its distillation
+ * fields as the first run reported them, its run time included), distils
+ * the minitron arm alone, and has the same outcome and the same
+ * distillation losses. Released (ac_job_release_checkpoints, as the
+ * worker does after its result), the students are gone and the stage
+ * files stay. */
+static void test_resume_distilled_arms(void) {
+    struct stat st;
+    if (stat(tiny, &st)) SKIP("no tiny model (make tiny-model)");
+    snprintf(dir, sizeof dir, "/tmp/ac_test_ckpt_XXXXXX");
+    if (!mkdtemp(dir)) SKIP("no temp dir");
+    snprintf(ckdir, sizeof ckdir, "%s/checkpoint", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    mkdir(ckdir, 0700);
+    ac_err e = {{0}};
+    seen s1, s2;
+    json_t *r1 = NULL, *r2 = NULL;
+    const char *what = "";
+    CHECK(run_spec("spec-d", 0, 4096, &s1, &r1, &e) == 0, "first run: %s", e.msg);
+    if (!r1) return;
+    CHECK(s1.ndistill[0] > 0 && s1.ndistill[1] > 0 && s1.narms_restored == 0, "first run: distill events %d, %d",
+          s1.ndistill[0], s1.ndistill[1]);
+    const char *arms[] = {"minitron", "autocompress"};
+    char p[200];
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/distill.%s.ckpt", ckdir, arms[i]);
+        CHECK(stat(p, &st) == 0, "no checkpoint %s", p);
+        snprintf(p, sizeof p, "%s/distill.%s.model/config.json", ckdir, arms[i]);
+        CHECK(stat(p, &st) == 0, "no student %s", p);
+    }
+    json_t *m1 = json_object_get(r1, "minitron"), *a1 = json_object_get(r1, "autocompress");
+    CHECK(json_object_get(m1, "distill") && json_object_get(a1, "distill"), "the first run's arms have no distill");
+    snprintf(p, sizeof p, "%s/distill.minitron.ckpt", ckdir);
+    CHECK(unlink(p) == 0, "cannot remove %s", p);
+    CHECK(run_spec("spec-d", 0, 4096, &s2, &r2, &e) == 0, "second run: %s", e.msg);
+    if (r2) {
+        json_t *rs = json_object_get(r2, "resumed_stages"), *m2 = json_object_get(r2, "minitron"),
+               *a2 = json_object_get(r2, "autocompress");
+        char *t = json_dumps(rs, JSON_COMPACT);
+        CHECK(s2.ndistill[0] > 0 && s2.ndistill[1] == 0 && s2.narms_restored == 1 && json_array_size(rs) == 4 &&
+                  !strcmp(json_string_value(json_array_get(rs, 3)), "distill.autocompress"),
+              "second run: distill events %d, %d; resumed %s", s2.ndistill[0], s2.ndistill[1], t ? t : "?");
+        free(t);
+        CHECK(same_outcome(r1, r2, &what), "the resumed run's %s differs", what);
+        CHECK(json_equal(json_object_get(a1, "distill"), json_object_get(a2, "distill")) &&
+                  json_equal(json_object_get(a1, "perplexity_pruned"), json_object_get(a2, "perplexity_pruned")),
+              "the restored arm's distill fields differ");
+        CHECK(json_equal(json_object_get(json_object_get(m1, "distill"), "loss_last"),
+                         json_object_get(json_object_get(m2, "distill"), "loss_last")),
+              "the distilled-again arm's last loss differs");
+    }
+    /* what the worker does once the job has its result: the students go, the stage files stay */
+    ac_job_release_checkpoints(ckdir);
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/distill.%s.model", ckdir, arms[i]);
+        CHECK(stat(p, &st) != 0, "%s is still there", p);
+        snprintf(p, sizeof p, "%s/distill.%s.ckpt", ckdir, arms[i]);
+        CHECK(stat(p, &st) != 0, "%s is still there", p);
+    }
+    snprintf(p, sizeof p, "%s/search.ckpt", ckdir);
+    CHECK(stat(p, &st) == 0, "the release removed %s", p);
+    json_decref(r1);
+    json_decref(r2);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd)) fprintf(stderr, "cannot remove %s\n", dir);
+}
+
 int main(void) {
     ck_build_path(tiny, sizeof tiny, "models/tiny");
     RUN(test_resume_from_checkpoints);
+    RUN(test_resume_distilled_arms);
     return DONE();
 }

@@ -74,18 +74,83 @@ def events(i):
     return e["events"]
 
 
-def jobcomp_names():
-    """Names of the batch jobs Slurm's job completion log recorded (one line a batch job that ended)."""
+def jobcomp():
+    """(JobId, Name, JobState) of each line of Slurm's job completion log: one line each time a batch job ended,
+    a requeue's end included."""
     try:
         lines = open(os.path.join(CLUSTER, "log", "jobcomp.txt")).read().splitlines()
     except OSError:
         return []
     out = []
     for ln in lines:
-        for f in ln.split():
-            if f.startswith("Name="):
-                out.append(f[5:])
+        f = dict(x.split("=", 1) for x in ln.split() if "=" in x)
+        out.append((int(f.get("JobId", "0")), f.get("Name", ""), f.get("JobState", "")))
     return out
+
+
+def jobcomp_names():
+    """Names of the batch jobs Slurm's job completion log recorded."""
+    return [n for _, n, _ in jobcomp()]
+
+
+def one_batch_job(i, sid, ends):
+    """Slurm knew job i as one batch job, sid, that ended `ends` times (requeues included): every completion-log
+    line of its batch-job name has that id (the daemon submitted it once), and squeue lists one job of the name."""
+    name = job(i)["slurm"]["name"]
+    deadline = time.time() + 30  # slurmctld writes the line a moment after the end
+    while len([r for r in jobcomp() if r[1] == name]) < ends and time.time() < deadline:
+        time.sleep(0.5)
+    rows = [r for r in jobcomp() if r[1] == name]
+    assert len(rows) == ends and {r[0] for r in rows} == {sid}, (name, sid, rows)
+    out = slurm("squeue", "--noheader", "--states=all", "--format=%i", f"--name={name}").stdout.split()
+    assert out == [str(sid)], out
+    return rows
+
+
+def freeze_at(i, pred, what, timeout=240):
+    """Wait until job i's events.jsonl holds an event pred accepts, then SIGSTOP its worker there (before it
+    ended)."""
+    t0 = time.time()
+    seen = False
+    while time.time() - t0 < timeout and not seen:
+        seen = any(pred(e) for e in file_events(i))
+        if seen:
+            assert signal_worker(i, signal.SIGSTOP) == 1
+            break
+        time.sleep(0.02)
+    assert seen, f"job {i}: no {what} after {timeout}s"
+    assert not any(e["kind"] == "result" for e in file_events(i)), "the job ended before it could be requeued"
+
+
+def freeze_after_search(i):
+    """Stop job i's worker at its first stage after search (prune): its search checkpoint is on disk."""
+    freeze_at(i, lambda e: e["kind"] == "stage" and e["data"]["stage"] == "prune", "prune stage")
+
+
+def assert_resumed(i):
+    """Job i ran twice in one batch job and the second run restored calibrate, profile and search instead of
+    computing them: its stage events, its search progress (none after the second load) and its report, whose
+    result equals the same spec's uninterrupted run."""
+    j = wait_end(i)
+    assert j["state"] == "succeeded", j["reason"]
+    assert len([t for t in j["transitions"] if t["to"] == "running"]) == 1, j["transitions"]  # one job, requeued
+    evs = events(i)
+    st = [(e["data"]["stage"], bool(e["data"].get("resumed"))) for e in evs if e["kind"] == "stage"]
+    k = st.index(("load", False), 1)  # the second run starts over at load
+    assert [x[0] for x in st[:k]][:5] == ["load", "calibrate", "profile", "search", "prune"], st
+    assert st[k:] == [("load", False), ("calibrate", True), ("profile", True), ("search", True), ("prune", False),
+                      ("evaluate", False), ("export", False)], st
+    assert [e["kind"] for e in evs].count("result") == 1
+    second = [n for n, e in enumerate(evs) if e["kind"] == "stage" and e["data"]["stage"] == "load"][1]
+    assert any(e["kind"] == "search" for e in evs[:second]) and not any(e["kind"] == "search" for e in evs[second:])
+    states = [e["data"]["state"] for e in evs if e["kind"] == "slurm"]  # as the daemon saw the batch job go
+    r = states.index("RUNNING")
+    p = states.index("PENDING", r)
+    assert "RUNNING" in states[p:], states  # submitted, ran, requeued (pending again), ran again
+    st_, res = D.req("GET", f"/v1/jobs/{i}/result")
+    assert res["resumed_stages"] == ["calibrate", "profile", "search"], res.get("resumed_stages")
+    same_outcome(res, REF["result"])
+    return j
 
 
 def secret(i):
@@ -127,13 +192,15 @@ def test_config_shown_and_checked():
     assert c["executor"] == "slurm", c
     s = c["slurm"]
     assert s["partition"] == "debug" and s["time_limit"] == "00:30:00" and s["cpus_per_task"] == 1, s
-    assert s["sbatch_options"] == ["--nice=0"], s
+    assert s["sbatch_options"] == ["--nice=0"] and s["requeue"] is True, s
     assert s["daemon_url"] == f"http://127.0.0.1:{D.port}", s
     assert "tokens" not in c and c["auth"] is False
     # bad executor configs: the daemon refuses to start and says which key
     for bad, word in [({"executor": "pbs"}, "executor"), ({"slurm": {"partition": "a b"}}, "slurm.partition"),
                       ({"slurm": {"sbatch_options": ["--output=/tmp/x"]}}, "--output"),
-                      ({"slurm": {"surprise": 1}}, "slurm.surprise"), ({"slurm": {"poll_s": 0}}, "slurm.poll_s")]:
+                      ({"slurm": {"surprise": 1}}, "slurm.surprise"), ({"slurm": {"poll_s": 0}}, "slurm.poll_s"),
+                      ({"slurm": {"requeue": "yes"}}, "slurm.requeue"),
+                      ({"slurm": {"sbatch_options": ["--no-requeue"]}}, "use slurm.requeue")]:
         d = tempfile.mkdtemp(prefix="acs_")
         cp = os.path.join(d, "c.json")
         json.dump(bad, open(cp, "w"))
@@ -231,46 +298,44 @@ def same_outcome(a, b):
 
 
 def test_requeue_resumes_after_its_last_stage():
-    """A batch job requeued once its search finished (scontrol requeue, as Slurm does after a lost node or a
-    preemption): the job stays running, its worker runs again on the node, restores calibrate, profile and
-    search from their checkpoints instead of computing them again, then prunes, evaluates and exports. Its
-    result is the result of the same spec run without interruption (test_job_runs_on_slurm's job)."""
-    if "result" not in REF:  # run alone (AC_SLURM_ONLY): the uninterrupted reference first
-        test_job_runs_on_slurm()
-    i = submit(spec())
-    t0 = time.time()
-    stages = []
-    while time.time() - t0 < 240:  # the first stage after search: freeze the worker there
-        stages = [e["data"]["stage"] for e in file_events(i) if e["kind"] == "stage"]
-        if "prune" in stages:
-            assert signal_worker(i, signal.SIGSTOP) == 1
-            break
-        time.sleep(0.02)
-    assert "prune" in stages, stages
-    assert not any(e["kind"] == "result" for e in file_events(i)), "the job ended before it could be requeued"
+    """A running batch job requeued once its Minitron arm was distilled (scontrol requeue by an admin, as Slurm
+    does itself after a lost node or a preemption; the daemon submits with --requeue): the job stays running,
+    Slurm kills its worker and runs the same batch job again, and the new worker restores calibrate, profile,
+    search and the distilled Minitron arm from their checkpoints instead of computing them again, then distils
+    the autocompress arm, evaluates and exports. Slurm saw one batch job (one id, ended twice), not a second
+    submission. (test_node_fault_requeues_or_fails requeues a job after its search and compares its result with
+    the same spec run without interruption; test_checkpoint.c does so for the arms.)"""
+    i = submit(spec(distill={"tokens": 2048}))
+    freeze_at(i, lambda e: e["kind"] == "distill" and e["data"].get("arm") == "autocompress",
+              "distillation of the autocompress arm (the Minitron arm's is done and kept)")
     sid = job(i)["slurm"]["job_id"]
-    assert slurm("scontrol", "update", f"JobId={sid}", "Requeue=1").returncode == 0  # the daemon submits --no-requeue
+    assert "Requeue=1" in slurm("scontrol", "show", "job", "-o", str(sid)).stdout  # submitted --requeue
     r = slurm("scontrol", "requeue", str(sid))
     assert r.returncode == 0, r.stderr
     wait(i, lambda j: (j.get("slurm") or {}).get("state") == "PENDING", 60, "PENDING after the requeue")
+    assert "requeued" in job(i)["reason"], job(i)["reason"]
     assert slurm("scontrol", "update", f"JobId={sid}", "StartTime=now").returncode == 0  # no requeue delay
     j = wait_end(i)
     assert j["state"] == "succeeded", j["reason"]
     assert len([t for t in j["transitions"] if t["to"] == "running"]) == 1, j["transitions"]  # one job, requeued
-    assert "Restarts=1" in slurm("scontrol", "show", "job", "-o", str(sid)).stdout
     evs = events(i)
-    st = [(e["data"]["stage"], bool(e["data"].get("resumed"))) for e in evs if e["kind"] == "stage"]
-    k = st.index(("load", False), 1)  # the second run starts over at load
-    assert [x[0] for x in st[:k]][:5] == ["load", "calibrate", "profile", "search", "prune"], st
-    assert st[k:] == [("load", False), ("calibrate", True), ("profile", True), ("search", True), ("prune", False),
-                      ("evaluate", False), ("export", False)], st
-    assert [e["kind"] for e in evs].count("result") == 1
-    # no search ran in the second run: its search progress events all came before the requeue
     second = [n for n, e in enumerate(evs) if e["kind"] == "stage" and e["data"]["stage"] == "load"][1]
-    assert any(e["kind"] == "search" for e in evs[:second]) and not any(e["kind"] == "search" for e in evs[second:])
+    st = [(e["data"]["stage"], bool(e["data"].get("resumed"))) for e in evs[second:] if e["kind"] == "stage"]
+    assert st == [("load", False), ("calibrate", True), ("profile", True), ("search", True), ("prune", False),
+                  ("distill", False), ("evaluate", False), ("export", False)], st
+    arms = lambda evs: {e["data"]["arm"] for e in evs if e["kind"] == "distill"}  # noqa: E731
+    assert arms(evs[:second]) == {"minitron", "autocompress"} and arms(evs[second:]) == {"autocompress"}
+    assert not any(e["kind"] == "search" for e in evs[second:])
+    assert any(e["kind"] == "log" and e["data"].get("arm") == "minitron" and "restored" in e["data"]["message"]
+               for e in evs[second:])
     st_, res = D.req("GET", f"/v1/jobs/{i}/result")
-    assert res["resumed_stages"] == ["calibrate", "profile", "search"], res.get("resumed_stages")
-    same_outcome(res, REF["result"])
+    assert res["resumed_stages"] == ["calibrate", "profile", "search", "distill.minitron"], res.get("resumed_stages")
+    assert res["minitron"]["distill"]["loss_last"] and res["autocompress"]["distill"]["loss_last"]
+    assert "Restarts=1" in slurm("scontrol", "show", "job", "-o", str(sid)).stdout
+    one_batch_job(i, sid, 2)
+    # the worker removed the distilled students once it had the result; the stage files stay
+    assert sorted(os.listdir(os.path.join(D.data, "jobs", str(i), "checkpoint"))) == \
+        ["calibrate.ckpt", "profile.ckpt", "search.ckpt"]
 
 
 def test_worker_events_need_the_jobs_secret():
@@ -442,21 +507,59 @@ def test_jobs_slurm_forgot_end_from_their_files():
     assert "CANCELLED" in j["reason"] and "job completion log" in j["reason"], j["reason"]
 
 
-def test_node_fault_fails_the_running_job():
-    i = submit(long_spec())
-    wait(i, lambda j: (j.get("slurm") or {}).get("state") == "RUNNING", 120, "RUNNING")
+def slurm_stepd_pids(sid):
+    """The slurmstepd processes of Slurm job sid (their command line: "slurmstepd: [SID.batch]")."""
+    out = []
+    for p in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            cmd = open(p, "rb").read()
+        except OSError:
+            continue
+        if cmd.startswith(b"slurmstepd") and f"[{sid}.".encode() in cmd:
+            out.append(int(p.split("/")[2]))
+    return out
+
+
+def test_node_fault_requeues_or_fails():
+    """The node dies (slurmd, the jobs' slurmstepd and workers SIGKILLed) under two running jobs. The one
+    submitted as the daemon does by default (--requeue), frozen after its search, is requeued by Slurm: when the
+    node is back it runs again in the same batch job, resumes from its checkpoints and succeeds. The one not
+    requeueable (here made so with scontrol, as slurm.requeue false submits it) fails with NODE_FAIL and Slurm's
+    words."""
+    if "result" not in REF:
+        test_job_runs_on_slurm()
+    a = submit(long_spec())
+    b = submit(spec())
+    wait(a, lambda j: (j.get("slurm") or {}).get("state") == "RUNNING" and
+         any(e["kind"] == "stage" for e in file_events(a)), 120, "RUNNING with a stage event")
+    sid_a = job(a)["slurm"]["job_id"]
+    assert slurm("scontrol", "update", f"JobId={sid_a}", "Requeue=0").returncode == 0
+    assert signal_worker(a, signal.SIGSTOP) == 1
+    freeze_after_search(b)
+    sid_b = job(b)["slurm"]["job_id"]
     subprocess.run([SCRIPT, "kill-slurmd", CLUSTER], check=True, timeout=30)
     try:
-        j = wait_end(i, 120)
-        assert j["state"] == "failed" and "NODE_FAIL" in j["reason"], j["reason"]
+        for sid in (sid_a, sid_b):
+            for p in slurm_stepd_pids(sid):
+                os.kill(p, signal.SIGKILL)
+        for i in (a, b):
+            signal_worker(i, signal.SIGKILL)
+        j = wait_end(a, 120)
+        assert j["state"] == "failed" and "NODE_FAIL" in j["reason"] and "lost its node" in j["reason"], j["reason"]
+        wait(b, lambda j: (j.get("slurm") or {}).get("state") == "PENDING", 60, "PENDING after the node failed")
+        assert job(b)["state"] == "running", job(b)
     finally:
-        stop_strays(i)
-        r = subprocess.run(["slurmd", "-f", os.path.join(CLUSTER, "slurm.conf"), "-N", os.uname().nodename.split(".")[0]],
+        stop_strays(a)
+        node = os.uname().nodename.split(".")[0]
+        r = subprocess.run(["slurmd", "-f", os.path.join(CLUSTER, "slurm.conf"), "-N", node],
                            capture_output=True, text=True, timeout=30)
         assert r.returncode == 0, r.stderr
-    # the node returns (ReturnToService=2) and the next job runs
-    k = submit(spec())
-    assert wait_end(k, 300)["state"] == "succeeded", job(k)["reason"]
+    # the node returns (ReturnToService=2) and the requeued job runs again
+    assert slurm("scontrol", "update", f"JobId={sid_b}", "StartTime=now").returncode == 0  # no requeue delay
+    assert_resumed(b)
+    assert "Restarts=1" in slurm("scontrol", "show", "job", "-o", str(sid_b)).stdout
+    one_batch_job(b, sid_b, 2)
+    one_batch_job(a, sid_a, 1)
 
 
 def test_load():
@@ -490,8 +593,22 @@ def test_load():
     sids = [ends[i][0]["slurm"]["job_id"] for i in ids]
     assert len(set(sids)) == n
     wall = max(e[1] for e in ends.values())
+    # queue wait: from the job's creation to its batch job RUNNING (the daemon's first "slurm" event saying so);
+    # submit: from creation to the Slurm job id (the daemon's sbatch, one at a time)
+    waits, subs = [], []
+    for i in ids:
+        evs = events(i)
+        created = ends[i][0]["created_at"]
+        run = [e["at"] for e in evs if e["kind"] == "slurm" and e["data"].get("state") == "RUNNING"]
+        sub = [e["at"] for e in evs if e["kind"] == "slurm"]
+        assert run and sub, (i, [e["kind"] for e in evs])
+        waits.append(run[0] - created)
+        subs.append(sub[0] - created)
+    waits.sort()
     print(f"load: {n} jobs, submitted over HTTP in {t_sub:.1f} s, all ended in {wall:.1f} s "
-          f"({n / wall * 60:.1f} jobs/min), {n} batch jobs in Slurm's completion log, 0 lost, 0 twice", flush=True)
+          f"({n / wall * 60:.1f} jobs/min), {n} batch jobs in Slurm's completion log, 0 lost, 0 twice; "
+          f"queue wait (created to RUNNING) median {waits[n // 2]:.1f} s, max {waits[-1]:.1f} s; "
+          f"sbatch done after at most {max(subs):.1f} s", flush=True)
 
 
 def main():
@@ -522,7 +639,7 @@ def main():
                   test_worker_events_need_the_jobs_secret, test_cancel_is_scancel, test_slurm_failure_is_job_failure,
                   test_unreachable_daemon_reads_the_job_directory, test_sigkill_daemon_reattaches,
                   test_requeue_resumes_after_its_last_stage, test_time_limit_fails_the_job,
-                  test_jobs_slurm_forgot_end_from_their_files, test_node_fault_fails_the_running_job, test_load]:
+                  test_jobs_slurm_forgot_end_from_their_files, test_node_fault_requeues_or_fails, test_load]:
             if only and t.__name__ not in only and t is not test_config_shown_and_checked:
                 continue
             R.run(t)

@@ -39,10 +39,23 @@ async function loadJobs() {
   tb.querySelectorAll("input.pick").forEach((b) => b.addEventListener("change", () => { if (b.checked) picked.add(b.value); else picked.delete(b.value); }));
 }
 
+// the executor jobs go to (GET /v1/config): "local" or "slurm" with its partition; asked again after a restart
+let executorText = "", lastUptime = Infinity;
+async function executorLabel(uptime) {
+  if (executorText && uptime >= lastUptime) return executorText;
+  lastUptime = uptime;
+  const c = await api("GET", "/v1/config");
+  if (c.status !== 200 || !c.data.executor) return "";
+  const p = c.data.slurm && c.data.slurm.partition;
+  executorText = ` · executor ${c.data.executor}` + (p ? ` (partition ${p})` : "");
+  return executorText;
+}
+
 async function health() {
   try {
     const r = await api("GET", "/healthz");
-    $("#health").textContent = r.status === 200 ? `v${r.data.version} · up ${Math.round(r.data.uptime_s)} s` : "unhealthy";
+    $("#health").textContent = r.status === 200 ?
+      `v${r.data.version} · up ${Math.round(r.data.uptime_s)} s` + await executorLabel(r.data.uptime_s) : "unhealthy";
   } catch (e) { $("#health").textContent = "unreachable"; }
 }
 

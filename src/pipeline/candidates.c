@@ -1,5 +1,6 @@
 /* candidates.c - see candidates_int.h. */
 #include "candidates_int.h"
+#include "checkpoint_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -314,21 +315,75 @@ static json_t *budget_json(long ranking, long gates, long final, long total) {
                      (json_int_t)final, "total", (json_int_t)total);
 }
 
+typedef void (*emit_fn)(void *ud, const char *kind, json_t *data);
+
+/* An arm distilled in an earlier run of this job (checkpoint_int.h), used
+ * only when this run restored the search (everything the student was
+ * pruned from came from the same checkpoints): 1 restored into *m, its
+ * report fields into all[name]. */
+static int arm_restore(job_state *s, const char *name, ac_model *m, json_t *all, emit_fn emit) {
+    const ac_job_ctx *c = s->ctx;
+    int searched = 0;
+    size_t i;
+    json_t *v;
+    json_array_foreach(s->resumed, i, v) searched |= !strcmp(json_string_value(v), "search");
+    if (!c->checkpoint_dir || !c->checkpoint_dir[0] || !searched || !ac_ckpt_supported(s)) return 0;
+    json_t *fields = NULL, *ev;
+    char why[600];
+    if (!ac_ckpt_load_arm(s, c->checkpoint_dir, c->checkpoint_key ? c->checkpoint_key : "", name, m, &fields, why,
+                          sizeof why)) {
+        if (why[0] && (ev = json_pack("{s:s,s:s,s:s}", "message", "checkpoint not used", "arm", name, "why", why))) {
+            emit(s, "log", ev);
+            json_decref(ev);
+        }
+        return 0;
+    }
+    json_object_set_new(all, name, fields);
+    char tag[64];
+    snprintf(tag, sizeof tag, "distill.%s", name);
+    json_array_append_new(s->resumed, json_string(tag));
+    if ((ev = json_pack("{s:s,s:s,s:O}", "message", "distilled arm restored from its checkpoint", "arm", name,
+                        "first_run_seconds", json_object_get(json_object_get(fields, "distill"), "seconds")))) {
+        emit(s, "log", ev);
+        json_decref(ev);
+    }
+    return 1;
+}
+
+/* Keep a distilled arm for a run of this job again (a requeued batch job);
+ * a failure is said and the job goes on. */
+static void arm_save(job_state *s, const char *name, const ac_model *m, const json_t *fields, emit_fn emit) {
+    const ac_job_ctx *c = s->ctx;
+    if (!c->checkpoint_dir || !c->checkpoint_dir[0] || !fields || !ac_ckpt_supported(s)) return;
+    ac_err e2 = {{0}};
+    json_t *ev;
+    if (ac_ckpt_save_arm(s, c->checkpoint_dir, c->checkpoint_key ? c->checkpoint_key : "", name, m, fields, &e2) &&
+        (ev = json_pack("{s:s,s:s,s:s}", "message", "cannot write the stage checkpoint", "arm", name, "error",
+                        e2.msg))) {
+        emit(s, "log", ev);
+        json_decref(ev);
+    }
+}
+
 int ac_kd_distill_arms(job_state *s, const ac_distill_opts *o, const char *text, const ac_ppl_opts *po,
                        ac_kd_choice *kc, void (*emit)(void *ud, const char *kind, json_t *data), ac_err *e) {
     json_t *all = json_object(), *one = NULL;
     if (!all) return ac_errf(e, "out of memory");
     ac_model *pm = &s->pm, *pa = &s->pa;
     const char *nm = "minitron", *na = "autocompress";
-    int rc = ac_distill_job(o, s->spec->model, text, &s->m, s->cids, s->nc, &pm, &nm, 1, s->hids, s->nh, po, emit, s,
+    int rc = 0;
+    if (!arm_restore(s, nm, pm, all, emit)) {
+        rc = ac_distill_job(o, s->spec->model, text, &s->m, s->cids, s->nc, &pm, &nm, 1, s->hids, s->nh, po, emit, s,
                             s->ctx->cancelled, &one, e);
-    if (!rc) {
-        json_object_update(all, one);
-        json_object_set_new(json_object_get(all, nm), "budget", budget_json(0, 0, o->tokens, o->tokens));
+        if (!rc) {
+            json_object_update(all, one);
+            json_object_set_new(json_object_get(all, nm), "budget", budget_json(0, 0, o->tokens, o->tokens));
+            arm_save(s, nm, pm, json_object_get(all, nm), emit);
+        }
+        json_decref(one);
+        one = NULL;
     }
-    json_decref(one);
-    one = NULL;
-    if (!rc && s->two_arms) {
+    if (!rc && s->two_arms && !arm_restore(s, na, pa, all, emit)) {
         ac_ppl_result pp = {0};
         int won = kc->won.a.n_layers > 0;
         /* the winner's perplexity before any distillation; its short-distilled weights go on */
@@ -352,6 +407,7 @@ int ac_kd_distill_arms(job_state *s, const ac_distill_opts *o, const char *text,
             if (kc->candidates) json_object_set(a, "candidates", kc->candidates);
             if (kc->protocol) json_object_set(a, "ranking", kc->protocol);
             json_object_update(all, one);
+            arm_save(s, na, pa, a, emit);
         }
         json_decref(one);
     }

@@ -3,11 +3,14 @@
  */
 #include "checkpoint_int.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "core/dtype.h"
 
 #define CKPT_MAGIC "ACCKPT01"
 
@@ -242,6 +245,44 @@ static void header(wr *w, const job_state *s, const char *key, const char *stage
     w_i64(w, AC_SENS_POINTS);
 }
 
+/* Open DIR/STAGE.ckpt and check its header: 1 (r open, at the stage's
+ * run time), 0 none usable (why says why when there was a file). */
+static int open_checked(rd *r, const job_state *s, const char *dir, const char *key, const char *stage, char *path,
+                        size_t pn, char *why, size_t n) {
+    snprintf(path, pn, "%s/%s.ckpt", dir, stage);
+    why[0] = 0;
+    *r = (rd){fopen(path, "rb"), 0};
+    if (!r->f) return 0;
+    char magic[8];
+    r_bytes(r, magic, 8);
+    char *st = r_str(r), *k = r_str(r);
+    long long L = r_i64(r), H = r_i64(r), V = r_i64(r), cs = r_i64(r), sp = r_i64(r);
+    int same = !r->bad && !memcmp(magic, CKPT_MAGIC, 8) && st && !strcmp(st, stage) && k && !strcmp(k, key) &&
+               L == s->m.a.n_layers && H == s->m.a.hidden && V == s->m.a.vocab && cs == (long long)sizeof(ac_cost) &&
+               sp == AC_SENS_POINTS;
+    free(st);
+    free(k);
+    if (!same) {
+        fclose(r->f);
+        snprintf(why, n, "%s is from another job, spec, model or build", path);
+        return 0;
+    }
+    return 1;
+}
+
+/* Write w's file: the end mark, flushed and synced, renamed from tmp to path. */
+static int commit(wr *w, const char *tmp, const char *path, ac_err *e) {
+    w_bytes(w, CKPT_MAGIC, 8); /* the end: a cut file is not read */
+    int bad = w->bad || fflush(w->f) || fsync(fileno(w->f));
+    if (fclose(w->f)) bad = 1;
+    if (bad || rename(tmp, path)) {
+        int err = errno;
+        unlink(tmp);
+        return ac_errf(e, "checkpoint %s: %s", path, bad ? "write failed" : strerror(err));
+    }
+    return 0;
+}
+
 int ac_ckpt_save(const job_state *s, const char *dir, const char *key, const char *stage, double seconds, ac_err *e) {
     char path[4200], tmp[4300];
     snprintf(path, sizeof path, "%s/%s.ckpt", dir, stage);
@@ -263,38 +304,15 @@ int ac_ckpt_save(const job_state *s, const char *dir, const char *key, const cha
         w_result(&w, &s->ra);
         w_importance(&w, &s->imp_d, &s->m.a);
     }
-    w_bytes(&w, CKPT_MAGIC, 8); /* the end: a cut file is not read */
-    int bad = w.bad || fflush(w.f) || fsync(fileno(w.f));
-    if (fclose(w.f)) bad = 1;
-    if (bad || rename(tmp, path)) {
-        int err = errno;
-        unlink(tmp);
-        return ac_errf(e, "checkpoint %s: %s", path, bad ? "write failed" : strerror(err));
-    }
-    return 0;
+    return commit(&w, tmp, path, e);
 }
 
 int ac_ckpt_load(job_state *s, const char *dir, const char *key, const char *stage, double *seconds, char *why,
                  size_t n) {
     char path[4200];
-    snprintf(path, sizeof path, "%s/%s.ckpt", dir, stage);
-    why[0] = 0;
-    rd r = {fopen(path, "rb"), 0};
-    if (!r.f) return 0;
+    rd r;
+    if (!open_checked(&r, s, dir, key, stage, path, sizeof path, why, n)) return 0;
     char magic[8];
-    r_bytes(&r, magic, 8);
-    char *st = r_str(&r), *k = r_str(&r);
-    long long L = r_i64(&r), H = r_i64(&r), V = r_i64(&r), cs = r_i64(&r), sp = r_i64(&r);
-    int same = !r.bad && !memcmp(magic, CKPT_MAGIC, 8) && st && !strcmp(st, stage) && k && !strcmp(k, key) &&
-               L == s->m.a.n_layers && H == s->m.a.hidden && V == s->m.a.vocab && cs == (long long)sizeof(ac_cost) &&
-               sp == AC_SENS_POINTS;
-    free(st);
-    free(k);
-    if (!same) {
-        fclose(r.f);
-        snprintf(why, n, "%s is from another job, spec, model or build", path);
-        return 0;
-    }
     *seconds = r_f64(&r);
     ac_importance imp = {0};
     ac_cost_table table = {0};
@@ -340,4 +358,111 @@ int ac_ckpt_load(job_state *s, const char *dir, const char *key, const char *sta
         s->imp_d = imp;
     }
     return 1;
+}
+
+/* ------------------------------------------------------------- distilled arms */
+
+/* A flat directory (what ac_model_save writes: files only) removed. */
+static void rm_flat(const char *d) {
+    DIR *dp = opendir(d);
+    if (dp) {
+        struct dirent *de;
+        char p[4400];
+        while ((de = readdir(dp)))
+            if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+                snprintf(p, sizeof p, "%s/%s", d, de->d_name);
+                unlink(p);
+            }
+        closedir(dp);
+    }
+    rmdir(d);
+}
+
+static int arch_json_equal(const ac_arch *a, const json_t *j) {
+    json_t *x = ac_arch_to_json(a);
+    int eq = x && j && json_equal(x, j);
+    json_decref(x);
+    return eq;
+}
+
+int ac_ckpt_save_arm(const job_state *s, const char *dir, const char *key, const char *arm, const ac_model *m,
+                     const json_t *report, ac_err *e) {
+    char stage[64], path[4200], tmp[4300], mdir[4200], mtmp[4300];
+    snprintf(stage, sizeof stage, "distill.%s", arm);
+    snprintf(path, sizeof path, "%s/%s.ckpt", dir, stage);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    snprintf(mdir, sizeof mdir, "%s/%s.model", dir, stage);
+    snprintf(mtmp, sizeof mtmp, "%s.tmp", mdir);
+    unlink(path); /* the .ckpt commits the model directory: none while it changes */
+    rm_flat(mtmp);
+    /* fp32: norms and biases as trained (a BF16 file would round them), matrices widened exactly */
+    if (ac_model_save(m, mtmp, ST_F32, e)) {
+        rm_flat(mtmp);
+        return ac_errctx(e, "checkpoint %s", mtmp);
+    }
+    rm_flat(mdir);
+    if (rename(mtmp, mdir)) {
+        int err = errno;
+        rm_flat(mtmp);
+        return ac_errf(e, "checkpoint %s: %s", mdir, strerror(err));
+    }
+    wr w = {fopen(tmp, "wb"), 0};
+    if (!w.f) return ac_errf(e, "checkpoint %s: %s", tmp, strerror(errno));
+    header(&w, s, key, stage);
+    json_t *a = ac_arch_to_json(&m->a);
+    w_json(&w, a);
+    json_decref(a);
+    w_i64(&w, ac_model_wdt(m));
+    w_json(&w, report);
+    return commit(&w, tmp, path, e);
+}
+
+int ac_ckpt_load_arm(const job_state *s, const char *dir, const char *key, const char *arm, ac_model *m,
+                     json_t **report, char *why, size_t n) {
+    char stage[64], path[4200], mdir[4200];
+    snprintf(stage, sizeof stage, "distill.%s", arm);
+    snprintf(mdir, sizeof mdir, "%s/%s.model", dir, stage);
+    *report = NULL;
+    rd r;
+    if (!open_checked(&r, s, dir, key, stage, path, sizeof path, why, n)) return 0;
+    char magic[8];
+    json_t *a = r_json(&r);
+    int wdt = (int)r_i64(&r);
+    json_t *rep = r_json(&r);
+    r_bytes(&r, magic, 8);
+    int ok = !r.bad && !memcmp(magic, CKPT_MAGIC, 8) && fgetc(r.f) == EOF && json_is_object(rep);
+    fclose(r.f);
+    ac_model got = {0};
+    ac_err e2 = {{0}};
+    if (!ok)
+        snprintf(why, n, "%s cannot be read back", path);
+    else if (!arch_json_equal(&m->a, a) || wdt != ac_model_wdt(m))
+        snprintf(why, n, "%s is for another student (this run pruned a different structure)", path), ok = 0;
+    else if (ac_model_load(mdir, &got, &e2) || (wdt == ST_BF16 && ac_model_make_bf16(&got, &e2)))
+        snprintf(why, n, "%s cannot be read back: %s", mdir, e2.msg), ok = 0;
+    else if (!arch_json_equal(&got.a, a) || ac_model_wdt(&got) != wdt)
+        snprintf(why, n, "%s does not hold the student %s describes", mdir, path), ok = 0;
+    json_decref(a);
+    if (!ok) {
+        ac_model_free(&got);
+        json_decref(rep);
+        return 0;
+    }
+    ac_model_free(m);
+    *m = got;
+    *report = rep;
+    return 1;
+}
+
+void ac_ckpt_release_arms(const char *dir) {
+    static const char *arms[] = {"minitron", "autocompress"};
+    char p[4200];
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/distill.%s.ckpt", dir, arms[i]);
+        unlink(p);
+        snprintf(p, sizeof p, "%s/distill.%s.model", dir, arms[i]);
+        rm_flat(p);
+        snprintf(p, sizeof p, "%s/distill.%s.model.tmp", dir, arms[i]);
+        rm_flat(p);
+    }
 }

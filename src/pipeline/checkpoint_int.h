@@ -11,9 +11,16 @@
  *   search     both arms' results (architecture, predicted cost, loss,
  *              feasibility, steps, the method's report fields) and the
  *              DNAS gate-score orders.
- * load is cheap and run again (the model is mapped, the texts read); the
- * stages after search (prune, distill, evaluate, export) are run again
- * from the restored state: their outputs are whole models.
+ * and, within the distill stage, each arm once distilled (candidates.c):
+ *   distill.ARM       its report fields and the student's structure, and
+ *   distill.ARM.model/ the distilled student (ac_model_save, fp32 so that
+ *                      norms and biases are kept as trained; BF16 matrices
+ *                      widen exactly and are narrowed back on reading), the
+ *                      directory written first, the .ckpt committing it.
+ * load is cheap and run again (the model is mapped, the texts read); prune
+ * runs again from the restored search (its students are sliced, not
+ * trained), and an arm whose checkpoint is usable is not distilled again;
+ * puzzle, evaluate and export run again.
  *
  * A file holds a header (format version, the stage, the caller's key, the
  * base model's shape, the sizes of the structs written as bytes) checked on
@@ -43,5 +50,17 @@ int ac_ckpt_save(const job_state *s, const char *dir, const char *key, const cha
  * file; s is then unchanged). */
 int ac_ckpt_load(job_state *s, const char *dir, const char *key, const char *stage, double *seconds, char *why,
                  size_t n);
+/* A distilled arm: its student m and its report fields (borrowed) to
+ * DIR/distill.ARM.ckpt and DIR/distill.ARM.model/. */
+int ac_ckpt_save_arm(const job_state *s, const char *dir, const char *key, const char *arm, const ac_model *m,
+                     const json_t *report, ac_err *e);
+/* Restore arm's distilled student into m, which holds the student pruned
+ * in this run (it must have the same structure and dtype; it is freed and
+ * replaced), and its report fields into *report (owned): 1 restored, 0 not
+ * (why says why when there was a file; m unchanged). */
+int ac_ckpt_load_arm(const job_state *s, const char *dir, const char *key, const char *arm, ac_model *m,
+                     json_t **report, char *why, size_t n);
+/* Remove DIR's distilled arms (their .ckpt first, then the students). */
+void ac_ckpt_release_arms(const char *dir);
 
 #endif

@@ -30,8 +30,9 @@ typedef struct {
                                     gets a read-only one and the daemon stores from the event */
     int threads;                /* CPU threads; 0 = 2 */
     /* Stage checkpoints (checkpoint_int.h): a directory the job's finished
-     * calibrate, profile and search stages are kept in, and restored from
-     * when the job runs again (a requeued batch job); NULL: none. key: the
+     * calibrate, profile and search stages and distilled arms are kept in,
+     * and restored from when the job runs again (a requeued batch job);
+     * NULL: none. key: the
      * caller's fingerprint of the job (its spec), which a checkpoint must
      * carry to be used. */
     const char *checkpoint_dir, *checkpoint_key;
@@ -48,5 +49,9 @@ const char *ac_job_path(const json_t *spec, const char *which);
 
 /* Run the job. spec->output must be set (the daemon sets a default). */
 int ac_job_run(const ac_job_spec *spec, ac_job_ctx *ctx, json_t **result, ac_err *e);
+/* Remove the distilled students kept in a checkpoint directory (the
+ * largest checkpoint files: a whole fp32 model per arm) once the job that
+ * wrote them has its result; the small stage files stay. */
+void ac_job_release_checkpoints(const char *checkpoint_dir);
 
 #endif

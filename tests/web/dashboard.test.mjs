@@ -39,6 +39,8 @@ async function main() {
       await page.waitForSelector("#jobs");
       const h = await page.textContent("#health");
       if (!/^v\d/.test(h.trim()) && h !== "…") throw new Error("health: " + h);
+      // the executor jobs go to, as GET /v1/config says (this daemon: the default, local)
+      await page.waitForFunction(() => document.querySelector("#health").textContent.includes("executor local"));
     });
     await check("bad_spec_shows_error", async () => {
       await page.fill("#spec", '{"model": 5}');
