@@ -82,7 +82,9 @@ def test_job_exports_qwen3():
     out = os.path.join(WORK, "job_out")
     s = spec(model=QWEN3, output=out, constraints={"max_params": 0.75e6},
              search={"steps": 40, "seed": 1, "export_target": "llama", "gguf": True, "dnas_steps": 20},
-             target={"device": "cpu", "workload": {"batch": 1, "prompt_len": 64, "gen_len": 16}})
+             target={"device": "H100", "workload": {"batch": 1, "prompt_len": 64, "gen_len": 16}})
+    # a GPU profile: a CPU target would measure this CPU's cost table first (about 20 s; test_daemon and
+    # test_deci_export measure theirs), and the export is what this test is about
     sp = os.path.join(WORK, "job.json")
     with open(sp, "w") as f:
         json.dump(s, f)
