@@ -5,12 +5,19 @@ set -u
 cd "$(dirname "$0")/.."
 export AC_TEST_ROOT="$PWD" AC_BUILD="${AC_BUILD:-$PWD/build}"
 pass=0; fail=0; skip=0
+# CPU: the CPU seconds (user + system) of this shell's finished children so
+# far (bash's `times`, run in this shell: in a $(...) it would count the
+# subshell's children only). Each test prints its wall and CPU seconds: a
+# test with far fewer CPU- than wall-seconds mostly waits.
+cpu_f=$(mktemp)
+cpu_now() { times > "$cpu_f"; CPU=$(tail -1 "$cpu_f" | awk '{ t = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); t += a[1] * 60 + a[2] } printf "%.2f", t }'); }
 run() {
   local name="$1"; shift
   echo "== $name"
-  local t0=$SECONDS
+  local t0=$SECONDS c0; cpu_now; c0=$CPU
   local out; out=$("$@" 2>&1); local rc=$?
-  echo "   ($((SECONDS - t0)) s)"
+  cpu_now
+  echo "   ($((SECONDS - t0)) s, $(awk -v a="$CPU" -v b="$c0" 'BEGIN { printf "%.0f", a - b }') CPU-s)"
   echo "$out" | grep -v '^RESULT ' | sed 's/^/   /'
   local res; res=$(echo "$out" | grep '^RESULT ' | tail -1)
   if [ -z "$res" ]; then echo "   (no RESULT line, exit $rc: counted as 1 failure)"; fail=$((fail+1)); return; fi
@@ -18,16 +25,30 @@ run() {
   pass=$((pass+$2)); fail=$((fail+$3)); skip=$((skip+$4))
   if [ "$rc" != 0 ] && [ "$3" = 0 ]; then echo "   (exit $rc)"; fail=$((fail+1)); fi
 }
+# The CUDA backend's kernels and engine again, compiled for the CPU against
+# tests/cuda_emu (real-GPU runs of test_cuda skip without a device).
+emu_tests() {
+  [ -f "$AC_BUILD/tests/libac_cuda_emu.so" ] || return 0
+  run "test_cuda (kernels on the CPU emulator)" env AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_cuda"
+  run "test_block (each block op on the CUDA backend, CPU emulator)" env AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_block"
+  run "test_train (CUDA trainer on the CPU emulator)" env AC_TRAIN_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_train"
+  run "test_dnas (gate search on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas"
+}
 # The tests that mostly wait (on Slurm's scheduler and its node timeouts, on
 # sockets held open and their timeouts) run in a second lane beside the
-# others: on two cores the suite would otherwise sit idle for minutes. Their
-# output follows the first lane's. AC_TEST_SERIAL=1 runs everything in one.
+# others: on two cores the suite would otherwise sit idle for minutes. The
+# emulator's tests run there first: the first lane's C tests, which they
+# overlap, time nothing, and the lane is done before the first lane reaches
+# the Python tests, whose cost-table measurements a busy neighbour makes
+# measure again. Their output follows the first lane's. AC_TEST_SERIAL=1
+# runs everything in one.
 LANE2="test_slurm.py"
 lane2_dir=""
 if [ "${AC_TEST_SERIAL:-0}" != 1 ]; then
   lane2_dir=$(mktemp -d)
   (
-    pass=0; fail=0; skip=0
+    pass=0; fail=0; skip=0; cpu_f="$lane2_dir/cpu"
+    emu_tests
     for t in $LANE2; do [ -f "tests/$t" ] && run "$t (second lane)" /usr/bin/python3 "tests/$t"; done
     echo "$pass $fail $skip" > "$lane2_dir/counts"
   ) > "$lane2_dir/out" 2>&1 &
@@ -38,14 +59,7 @@ for t in "$AC_BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
   run "$(basename "$t")" "$t"
 done
-# The CUDA backend's kernels and engine again, compiled for the CPU against
-# tests/cuda_emu (real-GPU runs of test_cuda above skip without a device).
-if [ -f "$AC_BUILD/tests/libac_cuda_emu.so" ]; then
-  run "test_cuda (kernels on the CPU emulator)" env AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_cuda"
-  run "test_block (each block op on the CUDA backend, CPU emulator)" env AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_block"
-  run "test_train (CUDA trainer on the CPU emulator)" env AC_TRAIN_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_train"
-  run "test_dnas (gate search on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas"
-fi
+[ -z "$lane2_dir" ] && emu_tests
 run fuzz_parsers bash -c '"$AC_BUILD"/tests/fuzz_parsers 30000 7 && echo "RESULT 1 0 0" || echo "RESULT 0 1 0"'
 run "fuzz_parsers --extremes" bash -c '"$AC_BUILD"/tests/fuzz_parsers --extremes && echo "RESULT 1 0 0" || echo "RESULT 0 1 0"'
 for t in tests/test_*.py; do
@@ -68,6 +82,8 @@ if [ -n "$lane2_dir" ]; then
   fi
   rm -rf "$lane2_dir"
 fi
-echo "suite: $SECONDS s"
+cpu_now
+echo "suite: $SECONDS s, ${CPU%.*} CPU-s (both lanes)"
+rm -f "$cpu_f"
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" = 0 ]
