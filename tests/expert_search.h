@@ -208,4 +208,38 @@ static inline double es_rank_experts(ac_model *m, const ac_arch *r, ac_importanc
     return (double)better / total;
 }
 
+/* Whether student pm (m pruned to arch a with imp's expert orders) holds, in every kept expert of every MoE layer
+ * (without a hidden cut), the source expert's w best channels by imp->echan_score (lower index first on equal
+ * scores), ascending: its gate and up rows and its down columns equal the source's there. *checked gets the count
+ * of experts compared. Returns 1 when every one matches. */
+static inline int es_experts_hold_best_channels(const ac_model *m, const ac_model *pm, const ac_arch *a,
+                                                const ac_importance *imp, int w, int *checked) {
+    int bad = 0, H = m->a.hidden;
+    *checked = 0;
+    for (int l = 0; l < m->a.n_layers && w > 0 && pm->L; l++) {
+        int E = m->a.layers[l].n_experts, Fe = m->a.layers[l].expert_ffn, Et = a->layers[l].n_experts;
+        if (!E || !Et) continue;
+        int *ek = ac_prune_kept(imp->expert_order[l], Et);
+        for (int x = 0; ek && x < Et; x++) {
+            const double *sc = imp->echan_score[l] + (size_t)ek[x] * Fe;
+            const ac_layer_w *d = &pm->L[l], *s = &m->L[l];
+            int k = 0;
+            for (int c = 0; c < Fe; c++) {
+                int better = 0;
+                for (int o = 0; o < Fe; o++) better += sc[o] > sc[c] || (sc[o] == sc[c] && o < c);
+                if (better >= w) continue;
+                if (s->eg && s->eg[ek[x]])
+                    bad |= memcmp(d->eg[x] + (size_t)k * H, s->eg[ek[x]] + (size_t)c * H, sizeof(float) * H);
+                bad |= memcmp(d->eu[x] + (size_t)k * H, s->eu[ek[x]] + (size_t)c * H, sizeof(float) * H);
+                for (int h = 0; h < H; h++) bad |= d->ed[x][(size_t)h * w + k] != s->ed[ek[x]][(size_t)h * Fe + c];
+                k++;
+            }
+            bad |= k != w;
+            ++*checked;
+        }
+        free(ek);
+    }
+    return !bad;
+}
+
 #endif

@@ -29,6 +29,9 @@
  *    structure it picked) the gates' choice is in the best fifth. Mutation
  *    check (as test_dnas_moe): with ac_dnas_opts.zero_task_grad the gates
  *    see only the limit's cost gradient and the claim fails.
+ * 5. Minitron's expert width on the hybrid (moe_ffn_hidden_size): needed
+ *    to meet the limit, one width for every expert, each expert sliced to
+ *    its own best channels by the expert-width score.
  */
 #include <math.h>
 #include <stdio.h>
@@ -375,6 +378,54 @@ static void test_dnas_hybrid_removes_experts(void) {
     }
 }
 
+/* Minitron's expert width on the hybrid (Model-Optimizer's moe_ffn_hidden_size, search.prune_expert_ffn; experts
+ * not removed): under a parameter limit of 0.62 of the base (the grid reaches 0.646 at best without the axis: no point
+ * meets the limit without it), the arm cuts every expert to one searched width, and the student keeps each kept
+ * expert's best channels by the expert-width score (checked by sorting imp->echan_score here: the pruned up rows and
+ * down columns are the source's at those channels). */
+static void test_minitron_hybrid_expert_width(void) {
+    if (!setup()) SKIP("no fixture nemotronh_moe_bf16 (make fixtures)");
+    CHECK(IMP.echan_order && IMP.echan_score, "calibration gave no expert-channel ranking");
+    if (!IMP.echan_order) return;
+    problem_t P;
+    ac_err e;
+    make_problem(&P, 3);
+    P.p.model = &M;
+    P.p.opts.prune_experts = 0;
+    P.p.opts.prune_expert_ffn = 1;
+    P.p.limits.max_params = 0.62 * ac_arch_params(&M.a);
+    ac_search_result r;
+    CHECK(ac_search_minitron(&P.p, &r, &e) == 0, "minitron: %s", e.msg);
+    json_t *ax = json_object_get(json_object_get(r.detail, "axes"), "moe_ffn_hidden_size");
+    char *js = json_dumps(ax, JSON_COMPACT);
+    json_t *aj = ac_arch_to_json(&r.arch);
+    char *as = json_dumps(aj, JSON_COMPACT);
+    printf("   minitron: params %.0f (limit %.0f), feasible %d; moe_ffn_hidden_size axis %s\n   %s\n", r.cost.params,
+           P.p.limits.max_params, r.feasible, js ? js : "(none)", as);
+    free(js), free(as);
+    json_decref(aj);
+    int w = -1, uniform = 1;
+    for (int l = 0; l < M.a.n_layers; l++)
+        if (M.a.layers[l].n_experts && r.arch.layers[l].n_experts)
+            uniform &= w < 0 || r.arch.layers[l].expert_ffn == w, w = r.arch.layers[l].expert_ffn;
+    CHECK(ax && r.feasible && uniform && w > 0 && w < 24, "expert width %d: not one searched width under 24", w);
+    ac_search_result r0; /* without the axis, no point of the grid meets the limit */
+    P.p.opts.prune_expert_ffn = 0;
+    CHECK(ac_search_minitron(&P.p, &r0, &e) == 0, "minitron: %s", e.msg);
+    printf("   without moe_ffn_hidden_size: feasible %d (params %.0f)\n", r0.feasible, r0.cost.params);
+    CHECK(!r0.feasible, "the limit is met without cutting the expert width");
+    ac_search_result_free(&r0);
+    ac_importance view;
+    ac_minitron_importance_view(&IMP, &view);
+    ac_model pm;
+    CHECK(ac_prune(&M, &r.arch, &view, &pm, &e) == 0, "prune: %s", e.msg);
+    int checked, good = es_experts_hold_best_channels(&M, &pm, &r.arch, &IMP, w, &checked);
+    printf("   %d experts checked channel by channel\n", checked);
+    CHECK(good && checked > 0, "the student's experts are not the source's best-scored channels");
+    if (pm.L) ac_model_free(&pm);
+    ac_search_result_free(&r);
+}
+
 int main(void) {
     ac_set_threads(2);
     RUN(test_sigmoid_expert_gates_equal_pruned);
@@ -383,6 +434,7 @@ int main(void) {
     RUN(test_gate_gradients_in_dnas_layout);
     RUN(test_hybrid_cost_gradient);
     RUN(test_dnas_hybrid_removes_experts);
+    RUN(test_minitron_hybrid_expert_width);
     if (HAVE > 0) {
         ac_importance_free(&IMP);
         ac_model_free(&M);

@@ -358,32 +358,9 @@ static void test_minitron_expert_width(void) {
     ac_minitron_importance_view(&IMP, &view);
     ac_model pm;
     CHECK(ac_prune(&M, &r.arch, &view, &pm, &e) == 0, "prune: %s", e.msg);
-    int bad = 0, H = M.a.hidden;
-    for (int l = 0; l < M.a.n_layers && w > 0 && pm.L; l++) {
-        int E = M.a.layers[l].n_experts, Fe = M.a.layers[l].expert_ffn;
-        if (!E) continue;
-        int *ek = ac_prune_kept(IMP.expert_order[l], r.arch.layers[l].n_experts);
-        for (int x = 0; ek && x < r.arch.layers[l].n_experts; x++) {
-            const double *sc = IMP.echan_score[l] + (size_t)ek[x] * Fe;
-            int keep[64] = {0}, k = 0; /* the w best-scored channels (lower index first on equal scores), ascending */
-            for (int c = 0; c < Fe; c++) {
-                int better = 0;
-                for (int d = 0; d < Fe; d++) better += sc[d] > sc[c] || (sc[d] == sc[c] && d < c);
-                keep[c] = better < w;
-            }
-            for (int c = 0; c < Fe; c++) {
-                if (!keep[c]) continue;
-                bad |= memcmp(pm.L[l].eg[x] + (size_t)k * H, M.L[l].eg[ek[x]] + (size_t)c * H, sizeof(float) * H);
-                bad |= memcmp(pm.L[l].eu[x] + (size_t)k * H, M.L[l].eu[ek[x]] + (size_t)c * H, sizeof(float) * H);
-                for (int h = 0; h < H; h++)
-                    bad |= pm.L[l].ed[x][(size_t)h * w + k] != M.L[l].ed[ek[x]][(size_t)h * Fe + c];
-                k++;
-            }
-            bad |= k != w;
-        }
-        free(ek);
-    }
-    CHECK(!bad, "the student's experts are not the source's best-scored channels");
+    int checked;
+    int good = es_experts_hold_best_channels(&M, &pm, &r.arch, &IMP, w, &checked);
+    CHECK(good && checked > 0, "the student's experts are not the source's best-scored channels");
     if (pm.L) ac_model_free(&pm);
     ac_search_result_free(&r);
 }

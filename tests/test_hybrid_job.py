@@ -372,7 +372,8 @@ def test_latent_moe_hybrid_job_with_hidden_pruning():
 
 
 def test_autocompress_arm_on_moe_hybrid():
-    """method autocompress on Nemotron 3 Nano's layer kinds: both arms run, the autocompress arm is the gate search
+    """method autocompress on Nemotron 3 Nano's layer kinds (experts and, in the Minitron arm, their width searched):
+    both arms run, the autocompress arm is the gate search
     (report.search.method dnas, its gate steps run), one width per layer type, within the limit; the chosen arm is
     the feasible one with the lower perplexity, and its export reads alike in the reference, the engine and
     llama.cpp."""
@@ -380,13 +381,17 @@ def test_autocompress_arm_on_moe_hybrid():
         return "skip"
     base = make_base(CFG_MOE, "base_moe")
     spec = job_spec(base, os.path.join(WORK, "out_ac"), 2048, 0.8 * params_of(base), method="autocompress")
-    spec["search"].update(prune_experts=True, dnas_steps=60, dnas_batch=2, dnas_seq_len=32)
+    spec["search"].update(prune_experts=True, prune_expert_ffn=True, dnas_steps=60, dnas_batch=2, dnas_seq_len=32)
     rep, wall, rss = run_job(spec, "job_ac")
     print(f"   autocompress hybrid job: {wall:.1f} s wall, peak RSS {rss:.0f} MiB")
     assert rep["arms"] == ["minitron", "autocompress"], rep["arms"]
     assert rep["search"]["method"] == "dnas" and rep["search"]["steps"] > 0, rep["search"]
     a, lim = rep["autocompress"], rep["constraints"]["max_params"]
     layers = a["architecture"]["layers"]
+    ew = {L["expert_ffn"] for k in rep["arms"] for L in rep[k]["architecture"]["layers"] if L["type"] == "moe"}
+    assert all(0 < w <= CFG_MOE["moe_intermediate_size"] for w in ew), ew
+    print(f"   expert widths of the arms: {sorted(ew)}; minitron's moe_ffn_hidden_size axis "
+          f"{rep['minitron']['axes'].get('moe_ffn_hidden_size', {}).get('searched')}")
     print(f"   autocompress arm: params {a['predicted']['params']:.0f} (limit {lim:.0f}), perplexity "
           f"{a['perplexity']:.4f} (minitron {rep['minitron']['perplexity']:.4f}); layers "
           + " ".join(f"{L['type']}:{L.get('ssm_heads', L.get('experts', L.get('kv_heads', '')))}" for L in layers))
@@ -406,6 +411,8 @@ def test_autocompress_arm_on_moe_hybrid():
                    if L["type"] != "removed")
     assert cfg["hybrid_override_pattern"] == want, (cfg["hybrid_override_pattern"], want)
     assert rep["export"]["gguf"]["architecture"] == "nemotron_h_moe", rep["export"]
+    moe_w = {L["expert_ffn"] for L in res["architecture"]["layers"] if L["type"] == "moe"}
+    assert cfg["moe_intermediate_size"] == min(moe_w), (cfg["moe_intermediate_size"], moe_w)
     # the report's perplexity is the job's evaluation (its default GEMMs on the BF16 student), this test's engine
     # figure exact GEMMs on the export (equal to the float64 reference): 0.18 % apart on the Minitron MoE job above,
     # 0.21 % measured here
