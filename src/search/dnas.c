@@ -1385,6 +1385,12 @@ static int setup(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, ac_mode
         R->tm = &R->copy;
     } else if (g->hyb && ac_block_grad_supports(&m->a, ac_model_wdt(m), NULL)) {
         /* Mamba and MoE layers train on fp32 weights only (block_grad.h): a frozen fp32 copy */
+        double need = 4.0 * ac_arch_params(&m->a), have = ac_host_mem_available();
+        if (have > 0 && need > 0.9 * have)
+            return ac_errf(e,
+                           "dnas: a 16-bit hybrid's gates train on an fp32 copy of the model (%.3g GiB) but %.3g GiB "
+                           "is available; use method minitron",
+                           need / 1073741824.0, have / 1073741824.0);
         if (ac_model_to_f32(m, &R->copy, e)) return -1;
         R->tm = R->src = &R->copy;
     }

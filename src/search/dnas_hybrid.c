@@ -173,12 +173,13 @@ json_t *ac_dnas_hyb_expected_json(const ac_dnas_gates *g, const ac_arch *b) {
     for (int l = 0; l < g->L; l++) {
         const ac_layer_arch *bl = &b->layers[l];
         double p = layer_expect(g, b, l, &c);
+        /* the expected widths, the layer's keep probability included (as the dense search reports them) */
         json_t *o = json_pack("{s:s,s:f}", "type", TYPE_NAME[type_of(bl)], "keep", p);
-        if (bl->ssm_heads && c.ssm) json_object_set_new(o, "ssm_heads", json_real(c.ssm[l]));
-        if (bl->n_heads) json_object_set_new(o, "kv_heads", json_real(c.kv[l]));
-        if (bl->n_heads) json_object_set_new(o, "heads", json_real(c.heads[l]));
-        if (bl->ffn) json_object_set_new(o, "ffn", json_real(c.ffn[l]));
-        if (bl->n_experts && c.experts) json_object_set_new(o, "experts", json_real(c.experts[l]));
+        if (bl->ssm_heads && c.ssm) json_object_set_new(o, "ssm_heads", json_real(p * c.ssm[l]));
+        if (bl->n_heads) json_object_set_new(o, "kv_heads", json_real(p * c.kv[l]));
+        if (bl->n_heads) json_object_set_new(o, "heads", json_real(p * c.heads[l]));
+        if (bl->ffn) json_object_set_new(o, "ffn", json_real(p * c.ffn[l]));
+        if (bl->n_experts && c.experts) json_object_set_new(o, "experts", json_real(p * c.experts[l]));
         json_array_append_new(layers, o);
     }
     json_t *o = json_pack("{s:f,s:o}", "hidden", hidden_expect(g), "layers", layers);
