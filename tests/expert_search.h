@@ -28,6 +28,42 @@ typedef struct {
     ac_search_problem p;
 } problem_t;
 
+/* An importance whose only content ac_prune reads in these tests: identity orders for KV groups, FFN and hidden
+ * channels and each expert's channels, and the expert orders (identity until a test sets them). */
+typedef struct {
+    ac_importance imp;
+    int *kv[16], *ffn[16], *hid, *ex[16], *ch[16];
+} orders_t;
+
+static inline void es_orders_init(orders_t *o, const ac_arch *a) {
+    memset(o, 0, sizeof *o);
+    o->imp.n_layers = a->n_layers;
+    o->imp.hidden = a->hidden;
+    o->imp.kv_order = o->kv;
+    o->imp.ffn_order = o->ffn;
+    o->imp.expert_order = o->ex;
+    o->imp.echan_order = o->ch;
+    o->hid = malloc(sizeof(int) * a->hidden);
+    for (int c = 0; c < a->hidden; c++) o->hid[c] = c;
+    o->imp.hid_order = o->hid;
+    for (int l = 0; l < a->n_layers && l < 16; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        o->kv[l] = malloc(sizeof(int) * (L->n_kv_heads + 1));
+        o->ffn[l] = malloc(sizeof(int) * (L->ffn + 1));
+        o->ex[l] = malloc(sizeof(int) * (L->n_experts + 1));
+        o->ch[l] = malloc(sizeof(int) * ((size_t)L->n_experts * L->expert_ffn + 1));
+        for (int i = 0; i < L->n_experts * L->expert_ffn; i++) o->ch[l][i] = i % L->expert_ffn;
+        for (int i = 0; i < L->n_kv_heads; i++) o->kv[l][i] = i;
+        for (int i = 0; i < L->ffn; i++) o->ffn[l][i] = i;
+        for (int i = 0; i < L->n_experts; i++) o->ex[l][i] = i;
+    }
+}
+
+static inline void es_orders_free(orders_t *o) {
+    free(o->hid);
+    for (int l = 0; l < o->imp.n_layers && l < 16; l++) free(o->kv[l]), free(o->ffn[l]), free(o->ex[l]), free(o->ch[l]);
+}
+
 /* Fixture model `name` (build/fixtures/models) loaded as fp32 into m; -1 when absent (or failing: a CHECK). */
 static inline int es_load(const char *name, ac_model *m) {
     char fx[1024], dir[1200], cfg[1300];

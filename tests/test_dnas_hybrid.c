@@ -47,41 +47,6 @@
 #include "search/minitron.h"
 #include "search/slice.h"
 
-
-
-/* Identity orders for KV groups, FFN and hidden channels; expert orders given per layer. */
-typedef struct {
-    ac_importance imp;
-    int *kv[16], *ffn[16], *hid, *ex[16];
-} orders_t;
-
-static void orders_init(orders_t *o, const ac_arch *a) {
-    memset(o, 0, sizeof *o);
-    o->imp.n_layers = a->n_layers;
-    o->imp.hidden = a->hidden;
-    o->imp.kv_order = o->kv;
-    o->imp.ffn_order = o->ffn;
-    o->imp.expert_order = o->ex;
-    o->hid = malloc(sizeof(int) * a->hidden);
-    for (int c = 0; c < a->hidden; c++) o->hid[c] = c;
-    o->imp.hid_order = o->hid;
-    for (int l = 0; l < a->n_layers; l++) {
-        const ac_layer_arch *L = &a->layers[l];
-        o->kv[l] = malloc(sizeof(int) * (L->n_kv_heads + 1));
-        o->ffn[l] = malloc(sizeof(int) * (L->ffn + 1));
-        o->ex[l] = malloc(sizeof(int) * (L->n_experts + 1));
-        for (int i = 0; i < L->n_kv_heads; i++) o->kv[l][i] = i;
-        for (int i = 0; i < L->ffn; i++) o->ffn[l][i] = i;
-        for (int i = 0; i < L->n_experts; i++) o->ex[l][i] = i;
-    }
-}
-
-static void orders_free(orders_t *o) {
-    free(o->hid);
-    for (int l = 0; l < o->imp.n_layers; l++) free(o->kv[l]), free(o->ffn[l]), free(o->ex[l]);
-}
-
-
 static void gates_equal_pruned(const char *name) {
     ac_model m, pm;
     ac_err e;
@@ -89,7 +54,7 @@ static void gates_equal_pruned(const char *name) {
     int B = 2, T = 24, L = m.a.n_layers, *tok = es_rand_ids((size_t)B * T, m.a.vocab, 11);
     float *gates[16] = {0};
     orders_t o;
-    orders_init(&o, &m.a);
+    es_orders_init(&o, &m.a);
     ac_arch ta;
     ac_arch_copy(&ta, &m.a, &e);
     for (int l = 0; l < L; l++) { /* each MoE layer loses one expert (a different one per layer), or two */
@@ -122,7 +87,7 @@ static void gates_equal_pruned(const char *name) {
           moved);
     free(full), free(gated), free(pruned), free(tok);
     for (int l = 0; l < L; l++) free(gates[l]);
-    orders_free(&o);
+    es_orders_free(&o);
     ac_arch_free(&ta);
     ac_model_free(&pm);
     ac_model_free(&m);
@@ -135,7 +100,7 @@ static void test_depth_gates_equal_removed_layers(void) {
     if (es_load("nemotronh_moe_bf16", &m)) SKIP("no fixture nemotronh_moe_bf16 (make fixtures)");
     int B = 2, T = 24, L = m.a.n_layers, *tok = es_rand_ids((size_t)B * T, m.a.vocab, 12), seen[4] = {0};
     orders_t o;
-    orders_init(&o, &m.a);
+    es_orders_init(&o, &m.a);
     ac_arch ta;
     ac_arch_copy(&ta, &m.a, &e);
     ac_trainer t;
@@ -159,7 +124,7 @@ static void test_depth_gates_equal_removed_layers(void) {
     CHECK(gated && pruned && md <= 2e-6 * mr, "depth gates at 0 are not the layers removed (%.3g)", md);
     free(gated), free(pruned), free(tok);
     ac_trainer_free(&t);
-    orders_free(&o);
+    es_orders_free(&o);
     ac_arch_free(&ta);
     ac_model_free(&pm);
     ac_model_free(&m);
@@ -292,8 +257,6 @@ static void test_hybrid_cost_gradient(void) {
     free(an);
     ac_dnas_gates_free(&g);
 }
-
-
 
 /* Feasible, one width per layer type, experts below the base's and at least top_k in every kept MoE layer, the
  * same Mamba heads in each group; 1 when so. */

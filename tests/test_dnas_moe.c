@@ -39,44 +39,6 @@
 #include "search/slice.h"
 #include "search/topk.h"
 
-/* An importance whose only content ac_prune reads here: identity orders
- * for KV groups, FFN and hidden channels, and the expert orders given. */
-typedef struct {
-    ac_importance imp;
-    int *kv[8], *ffn[8], *hid, *ex[8], *ch[8];
-} orders_t;
-
-static void orders_init(orders_t *o, const ac_arch *a) {
-    memset(o, 0, sizeof *o);
-    o->imp.n_layers = a->n_layers;
-    o->imp.hidden = a->hidden;
-    o->imp.kv_order = o->kv;
-    o->imp.ffn_order = o->ffn;
-    o->imp.expert_order = o->ex;
-    o->imp.echan_order = o->ch;
-    o->hid = malloc(sizeof(int) * a->hidden);
-    for (int c = 0; c < a->hidden; c++) o->hid[c] = c;
-    o->imp.hid_order = o->hid;
-    for (int l = 0; l < a->n_layers; l++) {
-        const ac_layer_arch *L = &a->layers[l];
-        o->kv[l] = malloc(sizeof(int) * (L->n_kv_heads + 1));
-        o->ffn[l] = malloc(sizeof(int) * (L->ffn + 1));
-        o->ex[l] = malloc(sizeof(int) * (L->n_experts + 1));
-        o->ch[l] = malloc(sizeof(int) * ((size_t)L->n_experts * L->expert_ffn + 1));
-        for (int i = 0; i < L->n_experts * L->expert_ffn; i++) o->ch[l][i] = i % L->expert_ffn;
-        for (int i = 0; i < L->n_kv_heads; i++) o->kv[l][i] = i;
-        for (int i = 0; i < L->ffn; i++) o->ffn[l][i] = i;
-        for (int i = 0; i < L->n_experts; i++) o->ex[l][i] = i;
-    }
-}
-
-static void orders_free(orders_t *o) {
-    free(o->hid);
-    for (int l = 0; l < o->imp.n_layers; l++) free(o->kv[l]), free(o->ffn[l]), free(o->ex[l]), free(o->ch[l]);
-}
-
-
-
 static void gates_equal_pruned(const char *name) {
     ac_model m, pm;
     ac_err e;
@@ -85,7 +47,7 @@ static void gates_equal_pruned(const char *name) {
     float *gates[8] = {0}, *chans[8] = {0};
     int cut = 16; /* each expert loses 16 channels (its own worst by a random order) */
     orders_t o;
-    orders_init(&o, &m.a);
+    es_orders_init(&o, &m.a);
     ac_arch ta;
     ac_arch_copy(&ta, &m.a, &e);
     for (int l = 0; l < L; l++) { /* layer l keeps every expert but one (a different one per layer) ... */
@@ -130,7 +92,7 @@ static void gates_equal_pruned(const char *name) {
     CHECK(moved > 1e3 * md, "%s: removing the experts changed nothing measurable (%.3g)", name, moved);
     free(full), free(gated), free(pruned), free(tok);
     for (int l = 0; l < L; l++) free(gates[l]), free(chans[l]);
-    orders_free(&o);
+    es_orders_free(&o);
     ac_arch_free(&ta);
     ac_model_free(&pm);
     ac_model_free(&m);
@@ -156,8 +118,6 @@ static int setup(void) {
 }
 
 static void make_problem(problem_t *P, int keep) { es_make_problem(P, &M, &IMP, IDS, NIDS, keep, 32, 16); }
-
-
 
 /* The search (from the surrogate's structure, as a job starts it); *frac,
  * *kl, *best from es_rank_experts, *start the held-out KL of the surrogate's
