@@ -8,10 +8,12 @@ tests/ref_train.py's gated forward:
   ce: all gates 1, next-token cross-entropy;
   kd: random gates in [0.5, 1.5], random teacher logits, loss =
       0.7 * tau^2 KL(teacher || student) + 0.3 * CE with tau = 2.
-      Mixture-of-experts layers (not nemotron_h's) also get expert gates
-      on the router (1 in ce; random in kd, with the last expert of the
-      first MoE layer at exactly 0: removed, the routing renormalised over
-      the others) and expert channel gates.
+      Mixture-of-experts layers also get expert gates on the router (1 in
+      ce; random in kd, with the last expert of the first MoE layer at
+      exactly 0: removed, the routing renormalised over the others; on
+      nemotron_h's sigmoid router, never chosen) and, but nemotron_h's,
+      expert channel gates. nemotron_h's Mamba and MoE layers' residual adds
+      take the mlp gates (the trainer's residual scale of that mixer).
 Written to grad/<model>_<case>.json (loss, index) + .bin (float32: the
 inputs (gates, teacher logits) then the gradient of every weight and gate).
 
@@ -68,10 +70,13 @@ def grad_case(out, name, case, seed):
     g = torch.Generator().manual_seed(seed)
     G = (M if hybrid else RT).ones_gates(arch)
     moe = not hybrid and any(x.get("experts") for x in arch["layers"])
+    hmoe = hybrid and any(x["type"] == "E" for x in arch["layers"])  # the sigmoid router's expert gates
     if moe:  # expert and expert-channel gates (empty on dense layers)
         G["expert"] = [torch.ones(x.get("experts", 0), dtype=torch.float64) for x in arch["layers"]]
         G["echan"] = [torch.ones(x.get("experts", 0) * x.get("expert_ffn", 0), dtype=torch.float64)
                       for x in arch["layers"]]
+    if hmoe:
+        G["expert"] = [torch.ones(arch["E"] if x["type"] == "E" else 0, dtype=torch.float64) for x in arch["layers"]]
     blob = Blob()
     teacher = None
     if c["gates"]:
@@ -79,9 +84,10 @@ def grad_case(out, name, case, seed):
             return (0.5 + torch.rand(n, generator=g)).float().double()  # float32-representable
         G = dict(G, head=[rnd(len(x)) for x in G["head"]], ffn=[rnd(len(x)) for x in G["ffn"]], hidden=rnd(arch["hidden"]),
                  attn=rnd(len(arch["layers"])), mlp=rnd(len(arch["layers"])))
-        if moe:
+        if moe or hmoe:
             G["expert"] = [rnd(len(x)) for x in G["expert"]]
-            G["echan"] = [rnd(len(x)) for x in G["echan"]]
+            if moe:
+                G["echan"] = [rnd(len(x)) for x in G["echan"]]
             first = next((x for x in G["expert"] if len(x)), None)
             if first is not None:
                 first[-1] = 0.0  # a removed expert
@@ -101,6 +107,8 @@ def grad_case(out, name, case, seed):
         if moe:
             blob.add(f"gate.expert.{l}", G["expert"][l])
             blob.add(f"gate.echan.{l}", G["echan"][l])
+        if hmoe and len(G["expert"][l]):
+            blob.add(f"gate.expert.{l}", G["expert"][l])
         if hybrid:
             blob.add(f"gate.ssm.{l}", G["ssm"][l])
     if teacher is not None:
@@ -124,6 +132,8 @@ def grad_case(out, name, case, seed):
         if moe:
             blob.add(f"dgate.expert.{l}", G["expert"][l].grad, G["expert"][l])
             blob.add(f"dgate.echan.{l}", G["echan"][l].grad, G["echan"][l])
+        if hmoe and len(G["expert"][l]):
+            blob.add(f"dgate.expert.{l}", G["expert"][l].grad, G["expert"][l])
         if hybrid:
             blob.add(f"dgate.ssm.{l}", G["ssm"][l].grad, G["ssm"][l])
     grads = blob.index

@@ -28,8 +28,11 @@ backbone.layers.N.mixer.*, backbone.norm_f.weight, lm_head.weight.
 
 Gates (as ref_train.py's, for the trainer's fixtures): G["head"][l] on each
 attention head's output, G["ffn"][l] on the MLP's relu^2 channels,
-G["hidden"] on every block RMSNorm (gated_rmsnorm), G["attn"][l] / G["mlp"][l]
-on an attention / MLP layer's residual add; a Mamba layer's add has none.
+G["hidden"] on every block RMSNorm (gated_rmsnorm), G["attn"][l] on an
+attention layer's residual add, G["mlp"][l] on an MLP, Mamba or MoE layer's;
+G["ssm"][l] on each Mamba head's gated-norm output; G["expert"][l] (when
+given) on the MoE router: an expert whose gate is 0 is never chosen, a
+chosen one weighs gate * sigmoid before the renormalisation.
 """
 import math
 
@@ -159,15 +162,18 @@ def mamba(a, W, m, x, gate=None):
 ROUTES = []  # moe() appends (choice with the bias, sigmoid without) per call; the fixture generator reads it
 
 
-def moe(a, W, m, x):
-    """The MoE mixer on x [B,T,H]: sigmoid router with the score-correction bias (selection only)."""
+def moe(a, W, m, x, z=None):
+    """The MoE mixer on x [B,T,H]: sigmoid router with the score-correction bias (selection only); z [E] expert
+    gates (None: all 1): a gate of 0 is never chosen, a chosen expert weighs z * s."""
     shp = x.shape
     xf = x.reshape(-1, shp[-1])
     s = torch.sigmoid(Fn.linear(xf, W[m + "gate.weight"]))
     choice = s + W[m + "gate.e_score_correction_bias"].to(s.dtype)
+    if z is not None:
+        choice = choice.masked_fill((z <= 0).view(1, -1), float("-inf"))
     idx = torch.topk(choice, a["k"], dim=-1).indices
     ROUTES.append((choice.detach(), s.detach()))
-    w = s.gather(1, idx)
+    w = (s * z.view(1, -1) if z is not None else s).gather(1, idx)
     if a["norm"]:
         w = w / (w.sum(-1, keepdim=True) + 1e-20)
     w = w * a["scale"]
@@ -210,9 +216,9 @@ def forward_gated(a, W, tokens, G):
             h = torch.relu(Fn.linear(n, W[m + "up_proj.weight"])).pow(2)
             x = x + G["mlp"][l] * Fn.linear(h * G["ffn"][l], W[m + "down_proj.weight"])
         elif L["type"] == "E":
-            x = x + moe(a, W, m, n)
+            x = x + G["mlp"][l] * moe(a, W, m, n, G["expert"][l] if "expert" in G else None)
         else:
-            x = x + mamba(a, W, m, n, G["ssm"][l] if "ssm" in G else None)
+            x = x + G["mlp"][l] * mamba(a, W, m, n, G["ssm"][l] if "ssm" in G else None)
     n = gated_rmsnorm(x, W[P + "norm_f.weight"], G["hidden"], eps)
     return Fn.linear(n, W.get("lm_head.weight", W[P + "embeddings.weight"]))
 

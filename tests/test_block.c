@@ -1142,16 +1142,16 @@ static void test_moe_route_sigmoid(void) {
     for (int norm = 0; norm < 2; norm++) {
         /* choice = s + bias: 1.0, 0.731, 0.869, 0.881: experts 0 and 3 (without the bias: 3 and 1) */
         float r[4] = {0, 1, -1, 2}, bias[4] = {0.5f, 0, 0.6f, 0};
-        ac_moe_route_sigmoid(r, bias, 1, 4, 2, norm, 2.0f, order);
+        ac_moe_route_sigmoid(r, bias, NULL, 1, 4, 2, norm, 2.0f, order);
         double d = norm ? s0 + s3 + 1e-20 : 1;
         CHECK(fabs(r[0] - 2 * s0 / d) < 1e-6 && r[1] == 0 && r[2] == 0 && fabs(r[3] - 2 * s3 / d) < 1e-6,
               "sigmoid route (norm %d): %g %g %g %g", norm, r[0], r[1], r[2], r[3]);
     }
     float m[4] = {-INFINITY, 1, -1, 1}, t[4] = {0, 0, 0, 0};
-    ac_moe_route_sigmoid(m, NULL, 1, 4, 2, 0, 1.0f, order);
+    ac_moe_route_sigmoid(m, NULL, NULL, 1, 4, 2, 0, 1.0f, order);
     CHECK(m[0] == 0 && m[1] > 0.73f && m[2] == 0 && m[3] > 0.73f, "masked expert chosen: %g %g %g %g", m[0], m[1],
           m[2], m[3]);
-    ac_moe_route_sigmoid(t, NULL, 1, 4, 2, 1, 1.0f, order);
+    ac_moe_route_sigmoid(t, NULL, NULL, 1, 4, 2, 1, 1.0f, order);
     CHECK(t[0] == 0.5f && t[1] == 0.5f && t[2] == 0 && t[3] == 0, "sigmoid ties: %g %g %g %g", t[0], t[1], t[2], t[3]);
 }
 

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "expert_search.h"
 #include "search/dnas.h"
 #include "runtime/eval.h"
 #include "runtime/kernels_cpu.h"
@@ -67,12 +68,6 @@ typedef struct {
     double margin;      /* nats: the least mean gain the claim asks for */
 } gain_case;
 
-typedef struct {
-    ac_cost_table t;
-    ac_engine_profile pr;
-    ac_workload w;
-    ac_search_problem p;
-} problem_t;
 
 static int make_problem(problem_t *P, const gain_case *c, unsigned seed) {
     ac_err e;

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "expert_search.h"
 #include "cost/device.h"
 #include "runtime/kernels_cpu.h"
 #include "runtime/train.h"
@@ -38,142 +39,15 @@
 #include "search/slice.h"
 #include "search/topk.h"
 
-static char fx[1024];
-
-static int load(const char *name, ac_model *m) {
-    char dir[1200], cfg[1300];
-    ac_err e;
-    ck_build_path(fx, sizeof fx, "fixtures");
-    snprintf(dir, sizeof dir, "%s/models/%s", fx, name);
-    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-    if (!ck_exists(cfg)) return -1;
-    if (ac_model_load(dir, m, &e)) {
-        CHECK(0, "%s: %s", name, e.msg);
-        return -1;
-    }
-    return 0;
-}
-
-/* n random token ids of vocabulary V (an LCG from seed). */
-static int *rand_ids(size_t n, int V, unsigned long long s) {
-    int *ids = malloc(sizeof(int) * n);
-    for (size_t i = 0; ids && i < n; i++) {
-        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-        ids[i] = (int)((s >> 33) % (unsigned long long)V);
-    }
-    return ids;
-}
-
-/* Logits [B*T][V] of m on tok with the trainer's gates set by fill (may be NULL). */
-static float *logits_of(ac_model *m, const int *tok, int B, int T, const float *const *expert_gates) {
-    ac_trainer t;
-    ac_err e;
-    if (ac_trainer_init_frozen(&t, m, B, T, &e)) {
-        CHECK(0, "%s", e.msg);
-        return NULL;
-    }
-    for (int l = 0; expert_gates && l < m->a.n_layers; l++)
-        if (expert_gates[l]) memcpy(t.gate.expert[l], expert_gates[l], sizeof(float) * m->a.layers[l].n_experts);
-    float *out = NULL;
-    if (ac_train_forward(&t, tok, B, T, &e) == 0 && (out = malloc(sizeof(float) * B * T * m->a.vocab)))
-        memcpy(out, t.logits, sizeof(float) * B * T * m->a.vocab);
-    CHECK(out, "forward: %s", e.msg);
-    ac_trainer_free(&t);
-    return out;
-}
-
-/* Mean KL(p || q) per row of two logit sets [N][V]. */
-static double mean_kl(const float *p, const float *q, int N, int V) {
-    double kl = 0;
-    for (int i = 0; i < N; i++) {
-        const float *a = p + (size_t)i * V, *b = q + (size_t)i * V;
-        double ma = a[0], mb = b[0], sa = 0, sb = 0, k = 0;
-        for (int v = 1; v < V; v++) ma = fmax(ma, a[v]), mb = fmax(mb, b[v]);
-        for (int v = 0; v < V; v++) sa += exp(a[v] - ma), sb += exp(b[v] - mb);
-        for (int v = 0; v < V; v++) {
-            double la = a[v] - ma - log(sa), lb = b[v] - mb - log(sb);
-            k += exp(la) * (la - lb);
-        }
-        kl += k;
-    }
-    return kl / N;
-}
-
-/* An importance whose only content ac_prune reads here: identity orders
- * for KV groups, FFN and hidden channels, and the expert orders given. */
-typedef struct {
-    ac_importance imp;
-    int *kv[8], *ffn[8], *hid, *ex[8], *ch[8];
-} orders_t;
-
-static void orders_init(orders_t *o, const ac_arch *a) {
-    memset(o, 0, sizeof *o);
-    o->imp.n_layers = a->n_layers;
-    o->imp.hidden = a->hidden;
-    o->imp.kv_order = o->kv;
-    o->imp.ffn_order = o->ffn;
-    o->imp.expert_order = o->ex;
-    o->imp.echan_order = o->ch;
-    o->hid = malloc(sizeof(int) * a->hidden);
-    for (int c = 0; c < a->hidden; c++) o->hid[c] = c;
-    o->imp.hid_order = o->hid;
-    for (int l = 0; l < a->n_layers; l++) {
-        const ac_layer_arch *L = &a->layers[l];
-        o->kv[l] = malloc(sizeof(int) * (L->n_kv_heads + 1));
-        o->ffn[l] = malloc(sizeof(int) * (L->ffn + 1));
-        o->ex[l] = malloc(sizeof(int) * (L->n_experts + 1));
-        o->ch[l] = malloc(sizeof(int) * ((size_t)L->n_experts * L->expert_ffn + 1));
-        for (int i = 0; i < L->n_experts * L->expert_ffn; i++) o->ch[l][i] = i % L->expert_ffn;
-        for (int i = 0; i < L->n_kv_heads; i++) o->kv[l][i] = i;
-        for (int i = 0; i < L->ffn; i++) o->ffn[l][i] = i;
-        for (int i = 0; i < L->n_experts; i++) o->ex[l][i] = i;
-    }
-}
-
-static void orders_free(orders_t *o) {
-    free(o->hid);
-    for (int l = 0; l < o->imp.n_layers; l++) free(o->kv[l]), free(o->ffn[l]), free(o->ex[l]), free(o->ch[l]);
-}
-
-/* expert order of layer l: the experts of mask (bit x set: kept) first, ascending, then the others. */
-static void order_from_mask(int *order, int E, unsigned mask) {
-    int k = 0;
-    for (int x = 0; x < E; x++)
-        if (mask >> x & 1) order[k++] = x;
-    for (int x = 0; x < E; x++)
-        if (!(mask >> x & 1)) order[k++] = x;
-}
-
-/* Logits with expert gates and channel gates (NULL rows: all 1). */
-static float *logits_gated(ac_model *m, const int *tok, int B, int T, float *const *eg, float *const *cg) {
-    ac_trainer t;
-    ac_err e;
-    if (ac_trainer_init_frozen(&t, m, B, T, &e)) {
-        CHECK(0, "%s", e.msg);
-        return NULL;
-    }
-    for (int l = 0; l < m->a.n_layers; l++) {
-        const ac_layer_arch *L = &m->a.layers[l];
-        if (eg[l]) memcpy(t.gate.expert[l], eg[l], sizeof(float) * L->n_experts);
-        if (cg[l]) memcpy(t.gate.echan[l], cg[l], sizeof(float) * L->n_experts * L->expert_ffn);
-    }
-    float *out = NULL;
-    if (ac_train_forward(&t, tok, B, T, &e) == 0 && (out = malloc(sizeof(float) * B * T * m->a.vocab)))
-        memcpy(out, t.logits, sizeof(float) * B * T * m->a.vocab);
-    CHECK(out, "forward: %s", e.msg);
-    ac_trainer_free(&t);
-    return out;
-}
-
 static void gates_equal_pruned(const char *name) {
     ac_model m, pm;
     ac_err e;
-    if (load(name, &m)) SKIP("no fixture %s (make fixtures)", name);
-    int B = 2, T = 24, L = m.a.n_layers, *tok = rand_ids((size_t)B * T, m.a.vocab, 11);
+    if (es_load(name, &m)) SKIP("no fixture %s (make fixtures)", name);
+    int B = 2, T = 24, L = m.a.n_layers, *tok = es_rand_ids((size_t)B * T, m.a.vocab, 11);
     float *gates[8] = {0}, *chans[8] = {0};
     int cut = 16; /* each expert loses 16 channels (its own worst by a random order) */
     orders_t o;
-    orders_init(&o, &m.a);
+    es_orders_init(&o, &m.a);
     ac_arch ta;
     ac_arch_copy(&ta, &m.a, &e);
     for (int l = 0; l < L; l++) { /* layer l keeps every expert but one (a different one per layer) ... */
@@ -184,7 +58,7 @@ static void gates_equal_pruned(const char *name) {
         if (E - m.a.top_k >= 2) mask &= ~(1u << ((l + 3) % E)); /* ... or two, where top_k allows */
         gates[l] = malloc(sizeof(float) * E);
         for (int x = 0; x < E; x++) gates[l][x] = (float)(mask >> x & 1);
-        order_from_mask(o.ex[l], E, mask);
+        es_order_from_mask(o.ex[l], E, mask);
         ta.layers[l].n_experts = __builtin_popcount(mask);
         int Fe = m.a.layers[l].expert_ffn;
         chans[l] = malloc(sizeof(float) * E * Fe);
@@ -201,9 +75,10 @@ static void gates_equal_pruned(const char *name) {
         }
         ta.layers[l].expert_ffn = Fe - cut;
     }
-    float *full = logits_of(&m, tok, B, T, NULL), *gated = logits_gated(&m, tok, B, T, gates, chans);
+    float *full = es_logits(&m, tok, B, T, NULL);
+    float *gated = es_logits_gated(&m, tok, B, T, (const float *const *)gates, (const float *const *)chans);
     CHECK(ac_prune(&m, &ta, &o.imp, &pm, &e) == 0, "prune: %s", e.msg);
-    float *pruned = logits_of(&pm, tok, B, T, NULL);
+    float *pruned = es_logits(&pm, tok, B, T, NULL);
     double md = 0, mr = 0, moved = 0;
     size_t n = (size_t)B * T * m.a.vocab;
     for (size_t i = 0; full && gated && pruned && i < n; i++) {
@@ -217,7 +92,7 @@ static void gates_equal_pruned(const char *name) {
     CHECK(moved > 1e3 * md, "%s: removing the experts changed nothing measurable (%.3g)", name, moved);
     free(full), free(gated), free(pruned), free(tok);
     for (int l = 0; l < L; l++) free(gates[l]), free(chans[l]);
-    orders_free(&o);
+    es_orders_free(&o);
     ac_arch_free(&ta);
     ac_model_free(&pm);
     ac_model_free(&m);
@@ -237,113 +112,15 @@ static size_t NIDS, NH;
 
 static int setup(void) {
     if (HAVE) return HAVE > 0;
-    ac_err e;
-    HAVE = -1;
-    if (load("qwen3moe_mixed_bf16", &M)) return 0;
-    NIDS = 64 * 32;
-    IDS = rand_ids(NIDS, M.a.vocab, 5);
     NH = HB * HT;
-    HIDS = rand_ids(NH, M.a.vocab, 99);
-    if (ac_importance_compute(&M, IDS, NIDS, 32, 64, 0, NULL, NULL, &IMP, &e)) {
-        CHECK(0, "importance: %s", e.msg);
-        return 0;
-    }
-    HAVE = 1;
-    return 1;
+    HAVE = es_setup("qwen3moe_mixed_bf16", &M, &IMP, &IDS, &NIDS, &HIDS, NH) ? 1 : -1;
+    return HAVE > 0;
 }
 
-typedef struct {
-    ac_cost_table t;
-    ac_engine_profile pr;
-    ac_workload w;
-    ac_search_problem p;
-} problem_t;
-
-/* A parameter limit that every MoE layer down to `keep` experts meets, with a margin under one expert more. */
-static void make_problem(problem_t *P, int keep) {
-    ac_err e;
-    ac_cost_roofline(ac_device_spec_find("H100"), "bf16", &P->t, &e);
-    P->w = (ac_workload){.batch = 1, .prompt_len = 64, .gen_len = 16};
-    ac_engine_profile_default(&P->pr, 0);
-    P->p = (ac_search_problem){.table = &P->t,
-                               .workload = &P->w,
-                               .profile = &P->pr,
-                               .imp = &IMP,
-                               .base = &M.a,
-                               .opts = {.steps = 200,
-                                        .seed = 1,
-                                        .lr = 0.03,
-                                        .ffn_multiple = 32,
-                                        .hidden_multiple = 16,
-                                        .prune_experts = 1,
-                                        .target = AC_EXPORT_LLAMA},
-                               .calib_ids = IDS, /* (Minitron's scoring and the top-k loss passes) */
-                               .n_calib = NIDS,
-                               .ctx = 32};
-    ac_arch a;
-    ac_arch_copy(&a, &M.a, &e);
-    for (int l = 0; l < a.n_layers; l++)
-        if (a.layers[l].n_experts) a.layers[l].n_experts = keep;
-    double pk = ac_arch_params(&a);
-    for (int l = 0; l < a.n_layers; l++)
-        if (a.layers[l].n_experts) a.layers[l].n_experts = keep + 1;
-    P->p.limits.max_params = pk + 0.25 * (ac_arch_params(&a) - pk);
-    ac_arch_free(&a);
-}
-
-/* Held-out KL of M pruned to a with imp's orders, against M. */
-static double heldout_kl(const ac_arch *a, const ac_importance *imp, const float *teacher) {
-    ac_model pm;
-    ac_err e;
-    if (ac_prune(&M, a, imp, &pm, &e)) {
-        CHECK(0, "prune: %s", e.msg);
-        return NAN;
-    }
-    float *lg = logits_of(&pm, HIDS, HB, HT, NULL);
-    double kl = lg ? mean_kl(teacher, lg, HB * HT, M.a.vocab) : NAN;
-    free(lg);
-    ac_model_free(&pm);
-    return kl;
-}
-
-/* The search's expert choice ranked among every choice of the same count
- * in each MoE layer (same structure, same other orders): returns the
- * fraction of choices strictly better. */
-static double rank_choice(const ac_search_result *r, ac_importance *ord, const float *teacher, double *kl_self,
-                          double *kl_best) {
-    int moe[8], nm = 0, E = 0, k = 0;
-    for (int l = 0; l < M.a.n_layers; l++)
-        if (M.a.layers[l].n_experts) moe[nm++] = l, E = M.a.layers[l].n_experts, k = r->arch.layers[l].n_experts;
-    int *keep[8];
-    for (int i = 0; i < nm; i++) {
-        keep[i] = malloc(sizeof(int) * E);
-        memcpy(keep[i], ord->expert_order[moe[i]], sizeof(int) * E);
-    }
-    *kl_self = heldout_kl(&r->arch, ord, teacher);
-    /* every k-subset per layer: masks of popcount k */
-    unsigned subs[64];
-    int ns = 0;
-    for (unsigned s = 0; s < (1u << E); s++)
-        if (__builtin_popcount(s) == k) subs[ns++] = s;
-    long total = 1, better = 0;
-    for (int i = 0; i < nm; i++) total *= ns;
-    *kl_best = INFINITY;
-    for (long c = 0; c < total; c++) {
-        long q = c;
-        for (int i = 0; i < nm; i++, q /= ns) order_from_mask(ord->expert_order[moe[i]], E, subs[q % ns]);
-        double kl = heldout_kl(&r->arch, ord, teacher);
-        better += kl < *kl_self - 1e-12;
-        *kl_best = fmin(*kl_best, kl);
-    }
-    for (int i = 0; i < nm; i++) {
-        memcpy(ord->expert_order[moe[i]], keep[i], sizeof(int) * E);
-        free(keep[i]);
-    }
-    return (double)better / total;
-}
+static void make_problem(problem_t *P, int keep) { es_make_problem(P, &M, &IMP, IDS, NIDS, keep, 32, 16); }
 
 /* The search (from the surrogate's structure, as a job starts it); *frac,
- * *kl, *best from rank_choice, *start the held-out KL of the surrogate's
+ * *kl, *best from es_rank_experts, *start the held-out KL of the surrogate's
  * structure pruned in importance order (where the gates start). */
 static int run_search(int zero_task, int width, ac_search_result *r, ac_importance *ord, double *frac, double *kl,
                       double *best, double *start) {
@@ -361,11 +138,11 @@ static int run_search(int zero_task, int width, ac_search_result *r, ac_importan
         CHECK(0, "dnas: %s", e.msg);
         return -1;
     }
-    float *teacher = logits_of(&M, HIDS, HB, HT, NULL);
-    *frac = rank_choice(r, ord, teacher, kl, best);
+    float *teacher = es_logits(&M, HIDS, HB, HT, NULL);
+    *frac = es_rank_experts(&M, &r->arch, ord, teacher, HIDS, HB, HT, kl, best);
     ac_search_result sr;
     if (ac_search_autocompress(&P.p, &sr, &e) == 0) {
-        *start = heldout_kl(&sr.arch, &IMP, teacher);
+        *start = es_heldout_kl(&M, &sr.arch, &IMP, teacher, HIDS, HB, HT);
         ac_search_result_free(&sr);
     } else
         CHECK(0, "surrogate: %s", e.msg);
@@ -541,32 +318,9 @@ static void test_minitron_expert_width(void) {
     ac_minitron_importance_view(&IMP, &view);
     ac_model pm;
     CHECK(ac_prune(&M, &r.arch, &view, &pm, &e) == 0, "prune: %s", e.msg);
-    int bad = 0, H = M.a.hidden;
-    for (int l = 0; l < M.a.n_layers && w > 0 && pm.L; l++) {
-        int E = M.a.layers[l].n_experts, Fe = M.a.layers[l].expert_ffn;
-        if (!E) continue;
-        int *ek = ac_prune_kept(IMP.expert_order[l], r.arch.layers[l].n_experts);
-        for (int x = 0; ek && x < r.arch.layers[l].n_experts; x++) {
-            const double *sc = IMP.echan_score[l] + (size_t)ek[x] * Fe;
-            int keep[64] = {0}, k = 0; /* the w best-scored channels (lower index first on equal scores), ascending */
-            for (int c = 0; c < Fe; c++) {
-                int better = 0;
-                for (int d = 0; d < Fe; d++) better += sc[d] > sc[c] || (sc[d] == sc[c] && d < c);
-                keep[c] = better < w;
-            }
-            for (int c = 0; c < Fe; c++) {
-                if (!keep[c]) continue;
-                bad |= memcmp(pm.L[l].eg[x] + (size_t)k * H, M.L[l].eg[ek[x]] + (size_t)c * H, sizeof(float) * H);
-                bad |= memcmp(pm.L[l].eu[x] + (size_t)k * H, M.L[l].eu[ek[x]] + (size_t)c * H, sizeof(float) * H);
-                for (int h = 0; h < H; h++)
-                    bad |= pm.L[l].ed[x][(size_t)h * w + k] != M.L[l].ed[ek[x]][(size_t)h * Fe + c];
-                k++;
-            }
-            bad |= k != w;
-        }
-        free(ek);
-    }
-    CHECK(!bad, "the student's experts are not the source's best-scored channels");
+    int checked;
+    int good = es_experts_hold_best_channels(&M, &pm, &r.arch, &IMP, w, &checked);
+    CHECK(good && checked > 0, "the student's experts are not the source's best-scored channels");
     if (pm.L) ac_model_free(&pm);
     ac_search_result_free(&r);
 }

@@ -3,12 +3,14 @@ pipeline compresses is told apart from what it does not yet.
 
 The engine's hybrid forward and the trainer's backward are checked against
 tests/ref_mamba.py in test_engine, test_train and test_block, and a whole
-minitron job in test_hybrid_job.py; here a job or a validation on a
-Nemotron-H checkpoint with the autocompress method (the default) must get a
-400 that names the field `method` and says which method compresses it, over
-real HTTP with the daemon's SQLite file, and nothing is queued; the same spec
-with method minitron validates; an estimate is answered (the cost model
-prices Mamba layers: test_estimate_hybrid.py checks its figures).
+minitron job and an autocompress one in test_hybrid_job.py; here a job or a
+validation on a Nemotron-H checkpoint with the autocompress method and the
+surrogate search (which has no loss curves for hybrids) must get a 400 that
+names the field `search.method` and says which search runs, over real HTTP
+with the daemon's SQLite file, and nothing is queued; the same spec with the
+gate search (dnas, the default) or with method minitron validates; an
+estimate is answered (the cost model prices Mamba layers:
+test_estimate_hybrid.py checks its figures).
 """
 import os
 import shutil
@@ -44,14 +46,17 @@ def test_jobs_and_estimates_refused_with_the_reason():
     try:
         for fix in FIXTURES:  # the dense hybrid and the one with MoE layers
             m = model_dir(fix)
-            st, j = d.req("POST", "/v1/jobs", spec(model=m))
-            assert st == 400 and j["error"]["field"] == "method", (fix, st, j)
-            assert "nemotron_h" in j["error"]["message"] and "minitron" in j["error"]["message"], j
-            st, j = d.req("POST", "/v1/validate", spec(model=m))  # the one spec check: the same answer
-            assert st == 400 and j["error"]["field"] == "method" and j["error"]["code"] == "invalid_spec", (st, j)
-            st, j = d.req("POST", "/v1/validate", spec(model=m, method="minitron",
-                                                      search={"export_target": "gguf"}))
-            assert st == 200, (fix, st, j)
+            surrogate = spec(model=m, search={"export_target": "gguf", "method": "surrogate"})
+            st, j = d.req("POST", "/v1/jobs", surrogate)
+            assert st == 400 and j["error"]["field"] == "search.method", (fix, st, j)
+            assert "nemotron_h" in j["error"]["message"] and "dnas" in j["error"]["message"], j
+            st, j = d.req("POST", "/v1/validate", surrogate)  # the one spec check: the same answer
+            assert st == 400 and j["error"]["field"] == "search.method" and j["error"]["code"] == "invalid_spec", \
+                (st, j)
+            for ok in (spec(model=m, method="minitron", search={"export_target": "gguf"}),
+                       spec(model=m, search={"export_target": "gguf"})):  # autocompress with the gate search
+                st, j = d.req("POST", "/v1/validate", ok)
+                assert st == 200, (fix, st, j)
             st, j = d.req("POST", "/v1/estimate", {"model": m, "target": {"device": "H100"}})
             assert st == 200 and j["figures"]["ssm_state_gib"] > 0, (fix, st, j)
         st, j = d.req("GET", "/v1/jobs")

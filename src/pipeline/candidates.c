@@ -148,7 +148,7 @@ static int prune(job_state *s, const cand *c, ac_model *out, int *rep, ac_err *e
         int win = s->cwin < 16 ? s->cwin : 16;
         if (ac_repair_ffn_many(&s->m, dst, imps, 1, s->cids, s->nc, s->spec->eval.ctx, win, rep, e)) return -1;
     }
-    if (s->spec->search.target == AC_EXPORT_LLAMA) ac_minitron_compact(out);
+    if (s->spec->search.target == AC_EXPORT_LLAMA || ac_arch_is_hybrid(&s->m.a)) ac_minitron_compact(out);
     return 0;
 }
 

@@ -271,7 +271,8 @@ static int stage_search(job_state *s, ac_err *e) {
         emit(s, "log",
              json_pack("{s:s}", "message",
                        "mixture-of-experts model the gate trainer cannot train here (resident 16-bit weights, a "
-                       "sigmoid router or a GPU target: its expert gates train on fp32 weights on the CPU), so the "
+                       "dense model's sigmoid router or a GPU target: its expert gates train on fp32 weights on the "
+                       "CPU), so the "
                        "autocompress arm runs the surrogate search (relaxed widths and expert counts on the measured "
                        "curves, augmented Lagrangian on the cost model)"));
     if (autoc && dnas_search(s, &so, e)) return -1;
@@ -329,8 +330,8 @@ static int stage_prune(job_state *s, ac_err *e) {
         progress_cb(s, "repaired", 0.9);
     }
     ac_minitron_compact(&s->pm); /* dropped layers out: a plain Llama */
-    if (arms == 2 && s->spec->search.target == AC_EXPORT_LLAMA)
-        ac_minitron_compact(&s->pa); /* dnas's whole-layer gates: the same */
+    if (arms == 2 && (s->spec->search.target == AC_EXPORT_LLAMA || ac_arch_is_hybrid(&s->m.a)))
+        ac_minitron_compact(&s->pa); /* dnas's whole-layer gates (a hybrid's per type): the same */
     progress_cb(s, "pruned", 1.0);
     s->result = s->chosen == &s->ra ? &s->pa : &s->pm;
     return 0;

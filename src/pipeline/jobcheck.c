@@ -152,11 +152,11 @@ int ac_model_check_compressible(const ac_job_spec *s, const json_t *j, const cha
     if (!s->model[0] || ac_arch_load(s->model, &a, &ignore)) return 0; /* fails later with its reason */
     int moe = ac_arch_has_moe(&a), hybrid = ac_arch_is_hybrid(&a), top_k = a.top_k;
     ac_arch_free(&a);
-    if (hybrid && s->method != AC_METHOD_MINITRON) {
-        *field = "method";
-        return ac_errf(e, "method: a hybrid Mamba-Transformer model (nemotron_h) is compressed by the minitron method "
-                          "(Mamba heads by group, per-type layer removal, widths, KV groups, hidden size); the "
-                          "autocompress arm's gates and loss curves for Mamba layers are not written yet");
+    if (hybrid && s->method == AC_METHOD_AUTOCOMPRESS && s->search.method == AC_SEARCH_SURROGATE) {
+        *field = "search.method";
+        return ac_errf(e, "search.method surrogate: a hybrid Mamba-Transformer model (nemotron_h) has no loss curves "
+                          "for the surrogate search (its calibration is activation statistics only); its autocompress "
+                          "arm is the gate search, search.method dnas");
     }
     if (hybrid && s->search.target == AC_EXPORT_DECI) {
         *field = "search.export_target";

@@ -343,11 +343,14 @@ void ac_moe_route_gated(float *r, float *p, const float *z, int N, int E, int k,
     }
 }
 
-void ac_moe_route_sigmoid(float *r, const float *bias, int N, int E, int k, int norm, float scale, int *order) {
+void ac_moe_route_sigmoid(float *r, const float *bias, const float *z, int N, int E, int k, int norm, float scale,
+                          int *order) {
     for (int i = 0; i < N; i++) {
         float *q = r + (size_t)i * E;
         double kept = 0;
         for (int x = 0; x < E; x++) order[x] = x;
+        for (int x = 0; z && x < E; x++) /* a gate at 0 is the expert removed: never chosen, as a masked one */
+            if (!(z[x] > 0)) q[x] = -INFINITY;
         for (int j = 0; j < k; j++) { /* selection on s + bias: order[j] = the best of order[j..E) */
             int b = j;
             double cb = 0;
@@ -361,9 +364,10 @@ void ac_moe_route_sigmoid(float *r, const float *bias, int N, int E, int k, int 
             order[b] = t;
         }
         for (int j = k; j < E; j++) q[order[j]] = 0;
-        for (int j = 0; j < k; j++) { /* the chosen experts' sigmoid, without the bias */
+        for (int j = 0; j < k; j++) { /* the chosen experts' sigmoid (times the gate), without the bias */
             float lg = q[order[j]];
-            q[order[j]] = lg == -INFINITY ? 0.0f : (float)(1.0 / (1.0 + exp(-(double)lg)));
+            double zx = z ? z[order[j]] : 1.0;
+            q[order[j]] = lg == -INFINITY ? 0.0f : (float)(zx * (1.0 / (1.0 + exp(-(double)lg))));
             kept += q[order[j]];
         }
         for (int j = 0; j < k; j++) q[order[j]] = (float)((norm ? q[order[j]] / (kept + 1e-20) : q[order[j]]) * scale);

@@ -207,8 +207,15 @@ void ac_moe_route_gated(float *r, float *p, const float *z, int N, int E, int k,
  * lower expert index; a logit of -inf, a masked expert, is never chosen
  * while k others are left); the chosen weights are s (without the bias),
  * divided by (their sum + 1e-20) when norm, then multiplied by scale;
- * every other entry 0. bias NULL: none. order: E ints of scratch. */
-void ac_moe_route_sigmoid(float *r, const float *bias, int N, int E, int k, int norm, float scale, int *order);
+ * every other entry 0. bias NULL: none. order: E ints of scratch.
+ * z[E] (NULL: all 1): expert gates of the differentiable search
+ * (block_grad.h): an expert whose gate is 0 is never chosen (as a masked
+ * one) and a chosen expert's weight is z[e] s, the sum divided by running
+ * over those products; so gates in {0,1} are exactly the routing of the
+ * model without the experts at 0 (ac_prune keeps the kept experts' router
+ * rows and correction bias: the same choice among them, the same sum). */
+void ac_moe_route_sigmoid(float *r, const float *bias, const float *z, int N, int E, int k, int norm, float scale,
+                          int *order);
 
 /* Layer weights by name: matrix `w` (ac_wmat), its bias (NULL when none),
  * norm weight `w` (ac_normw). */

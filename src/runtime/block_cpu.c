@@ -143,7 +143,7 @@ void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n
                 for (int i2 = 0; !mod->expert_mask[x] && i2 < N; i2++)
                     s[op->out][(size_t)i2 * dim[AC_DIM_E] + x] = -INFINITY;
             if (a->router_sigmoid)
-                ac_moe_route_sigmoid(s[op->out], lw->router_bias, N, dim[AC_DIM_E], a->top_k, a->norm_topk,
+                ac_moe_route_sigmoid(s[op->out], lw->router_bias, NULL, N, dim[AC_DIM_E], a->top_k, a->norm_topk,
                                      a->routed_scale, c->rows);
             else
                 ac_moe_route(s[op->out], NULL, N, dim[AC_DIM_E], a->top_k, a->norm_topk, c->rows);

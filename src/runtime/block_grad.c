@@ -153,20 +153,23 @@ static void experts_bwd(ac_block_grad *c, int l, int s, const float *dx, const f
 static void route_bwd(ac_block_grad *c, int l, const float *p, const float *r, float *dr, const float *xn, float *dxn) {
     const ac_arch *a = &c->m->a;
     int H = a->hidden, E = a->layers[l].n_experts, N = c->B * c->T;
-    for (int i = 0; a->router_sigmoid && i < N; i++) { /* p: the sigmoid s; r = scale s / (S + 1e-20) or scale s */
+    /* expert gates z: the sigmoid router weighs a chosen expert by q = z s (ac_moe_route_sigmoid), the softmax
+     * router's probabilities are q = z p (ac_moe_route_gated) */
+    const float *z = c->gate[AC_DIM_E];
+    float *dz = c->dgate[AC_DIM_E];
+    for (int i = 0; a->router_sigmoid && i < N; i++) { /* p: the sigmoid s; r = scale q / (Q + 1e-20) or scale q */
         const float *pi = p + (size_t)i * E, *ri = r + (size_t)i * E;
         float *d = dr + (size_t)i * E;
         double S = 0, rd = 0, sc = a->routed_scale;
         for (int x = 0; x < E; x++)
-            if (ri[x] != 0) S += pi[x], rd += (double)d[x] * ri[x];
+            if (ri[x] != 0) S += (z ? z[x] : 1.0f) * pi[x], rd += (double)d[x] * ri[x];
         for (int x = 0; x < E; x++) {
-            double ds = ri[x] == 0 ? 0 : a->norm_topk ? (sc * d[x] - rd) / (S + 1e-20) : sc * d[x];
-            d[x] = (float)(ds * pi[x] * (1 - pi[x])); /* sigmoid */
+            double dq = ri[x] == 0 ? 0 : a->norm_topk ? (sc * d[x] - rd) / (S + 1e-20) : sc * d[x];
+            if (dz) dz[x] += (float)(dq * pi[x]); /* d q / d z = s (only where chosen: the choice is discrete) */
+            d[x] = (float)(dq * (z ? z[x] : 1.0f) * pi[x] * (1 - pi[x])); /* sigmoid */
         }
     }
-    /* softmax, with expert gates z (ac_moe_route_gated): q = z p the experts' probabilities; d z += p (dq - pd) */
-    const float *z = c->gate[AC_DIM_E];
-    float *dz = c->dgate[AC_DIM_E];
+    /* softmax: d z += p (dq - pd) */
     for (int i = 0; !a->router_sigmoid && i < N; i++) {
         const float *pi = p + (size_t)i * E, *ri = r + (size_t)i * E;
         float *d = dr + (size_t)i * E;
@@ -301,7 +304,7 @@ static float *sub_walk(ac_block_grad *c, int l, int sb, float *x, float **tp, fl
                 ac_linear_w(r, cur[op->in], c->w->router, c->wdt, NULL, N, dim[AC_DIM_H], E, 0, c->ws);
                 if (a->router_sigmoid) { /* nemotron_h: p keeps the sigmoid of every logit */
                     for (size_t j = 0; j < (size_t)N * E; j++) p[j] = (float)(1.0 / (1.0 + exp(-(double)r[j])));
-                    ac_moe_route_sigmoid(r, c->w->router_bias, N, E, a->top_k, a->norm_topk, a->routed_scale,
+                    ac_moe_route_sigmoid(r, c->w->router_bias, c->gate[AC_DIM_E], N, E, a->top_k, a->norm_topk, a->routed_scale,
                                          c->rows);
                 } else
                     ac_moe_route_gated(r, p, c->gate[AC_DIM_E], N, E, a->top_k, a->norm_topk, c->rows);

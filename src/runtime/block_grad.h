@@ -20,8 +20,10 @@
  * weights), with the gradients of the router and of every expert.
  * Its gates: gate[AC_DIM_E] [E] multiplies each expert's softmax numerator
  * (ac_moe_route_gated: 0 is the expert removed, the softmax, top-k and
- * renormalisation then over the others, as in the pruned model; softmax
- * routers only, the sigmoid router ignores it); gate[AC_DIM_FE] [E][FE]
+ * renormalisation then over the others, as in the pruned model; with the
+ * sigmoid router, ac_moe_route_sigmoid's gates: a chosen expert weighs
+ * z s, a gate of 0 is never chosen, and d z = s dq on the rows that chose
+ * the expert); gate[AC_DIM_FE] [E][FE]
  * (expert e's channels at e*FE) multiplies each expert's silu(gate) * up
  * (relu(up)^2) channel before its down projection.
  *

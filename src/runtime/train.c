@@ -317,7 +317,8 @@ static void renorm(float *xn, const float *xhat, const float *w, const float *gh
 
 /* Layer l's recipe on the CPU backward executor over t's tape and gates;
  * sub[AC_BLOCK_MAX_SUB] receives the sub-block gates it points at (the
- * trainer has gates for two: attention, FFN; others are 1). */
+ * trainer has gates for two: attention, FFN (on nemotron_h also its Mamba
+ * and MoE mixers); others are 1). */
 static ac_block_grad layer_exec(ac_trainer *t, int l, const ac_layer_w *w, float *sub, float *dsub) {
     ac_block_grad c = {.m = t->m,
                        .w = w,
@@ -345,7 +346,8 @@ static ac_block_grad layer_exec(ac_trainer *t, int l, const ac_layer_w *w, float
     c.dgate[AC_DIM_FE] = t->dgate.echan[l];
     c.gate[AC_DIM_SSM] = t->gate.ssm[l];
     c.dgate[AC_DIM_SSM] = t->dgate.ssm[l];
-    for (int i = 0; i < AC_BLOCK_MAX_SUB; i++) sub[i] = i == 0 ? t->gate.attn[l] : i == 1 ? t->gate.mlp[l] : 1.0f;
+    for (int i = 0; i < AC_BLOCK_MAX_SUB; i++) /* nemotron_h: its Mamba (2) and MoE (3) mixers on the mlp gate */
+        sub[i] = i == 0 ? t->gate.attn[l] : i == 1 || (t->m->a.hybrid && i <= 3) ? t->gate.mlp[l] : 1.0f;
     return c;
 }
 
@@ -424,7 +426,7 @@ void ac_train_backward(ac_trainer *t) {
         ac_block_grad c = layer_exec(t, l, layer_view(t, l), sub, dsub);
         ac_block_grad_backward(&c, l, t->dx);
         t->dgate.attn[l] += dsub[0];
-        t->dgate.mlp[l] += dsub[1];
+        t->dgate.mlp[l] += dsub[1] + (t->m->a.hybrid ? dsub[2] + dsub[3] : 0.0f);
     }
     for (int r = 0; r < N && t->g.embed; r++) {
         float *ge = t->g.embed + (size_t)t->tok[r] * H;

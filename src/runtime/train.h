@@ -17,10 +17,14 @@
  *               channel importance is measured on;
  *   attn[l], mlp[l]  multiply the attention / FFN sub-block output before
  *               it is added to the residual stream (mlp[l]: the MoE sub-block
- *               of a mixture-of-experts layer);
+ *               of a mixture-of-experts layer; on nemotron_h also a Mamba or
+ *               MoE layer's mixer: 0 is the layer removed);
  *   expert[l][e] multiplies expert e's softmax numerator in the router
  *               (block_grad.h: 0 is the expert removed, with the routing
- *               renormalised over the others as in the pruned model);
+ *               renormalised over the others as in the pruned model); with
+ *               nemotron_h's sigmoid router, the chosen expert's sigmoid
+ *               weight, a gate of 0 never chosen (ac_moe_route_sigmoid: the
+ *               pruned model's routing too);
  *   echan[l][e*Fe + c]  multiplies channel c of expert e (silu(gate) * up)
  *               before its down projection;
  *   ssm[l][h]   multiplies Mamba head h's gated-norm output (its

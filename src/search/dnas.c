@@ -12,8 +12,10 @@
 #include "runtime/cuda_plugin.h"
 #include "runtime/optim.h"
 #include "runtime/rope.h"
+#include "search/minitron.h"
 #include "search/slice.h"
 #include "search/topk.h"
+#include "dnas_int.h"
 
 #define HC_BETA (2.0 / 3.0)
 #define HC_GAMMA (-0.1)
@@ -53,8 +55,8 @@ double ac_dnas_sample(double la, double u, double *dz) {
 }
 
 static int grp_of(const ac_layer_arch *b) { return b->n_heads ? b->n_heads / b->n_kv_heads : 1; }
-/* Size of group j of n units in groups of m (the last one is the remainder). */
-static int gsize(int n, int m, int j) { return (j + 1) * m <= n ? m : n - j * m; }
+int ac_dnas_gsize(int n, int m, int j) { return (j + 1) * m <= n ? m : n - j * m; }
+#define gsize ac_dnas_gsize
 
 int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts *so, ac_err *e) {
     memset(g, 0, sizeof *g);
@@ -65,7 +67,9 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
     g->hm = so->hidden_multiple > 0 ? so->hidden_multiple : 1;
     g->gate_kv = so->target != AC_EXPORT_DECI;
     g->gate_depth = 1;
-    g->tie_depth = so->target == AC_EXPORT_LLAMA; /* a uniform Llama drops whole layers only */
+    g->hyb = b->hybrid;
+    /* a uniform Llama drops whole layers only; a hybrid's layer is one mixer */
+    g->tie_depth = so->target == AC_EXPORT_LLAMA || g->hyb;
     g->gate_hid = so->prune_hidden;
     g->nkv = calloc(L, sizeof(int));
     g->nfg = calloc(L, sizeof(int));
@@ -79,7 +83,9 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
     g->nxg = calloc(L, sizeof(int));
     g->xg_off = calloc(L, sizeof(int));
     g->xfm = calloc(L, sizeof(int));
-    if (!g->nkv || !g->nfg || !g->kv_off || !g->ffn_off || !g->kv_on || !g->nmc || !g->mc_off || !g->nex ||
+    g->nsg = calloc(L, sizeof(int));
+    g->sg_off = calloc(L, sizeof(int));
+    if (!g->nsg || !g->sg_off || !g->nkv || !g->nfg || !g->kv_off || !g->ffn_off || !g->kv_on || !g->nmc || !g->mc_off || !g->nex ||
         !g->ex_off || !g->nxg || !g->xg_off || !g->xfm) {
         ac_dnas_gates_free(g);
         return ac_errf(e, "out of memory");
@@ -110,8 +116,8 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
         g->mc_off[l] = n;
         n += g->nmc[l];
     }
-    for (int l = 0; l < L; l++) { /* experts (softmax routers: the sigmoid router has no expert gate) */
-        g->nex[l] = so->prune_experts && !b->router_sigmoid ? b->layers[l].n_experts : 0;
+    for (int l = 0; l < L; l++) { /* experts (a dense model's sigmoid router has none; nemotron_h's has) */
+        g->nex[l] = so->prune_experts && (!b->router_sigmoid || g->hyb) ? b->layers[l].n_experts : 0;
         g->ex_off[l] = n;
         n += g->nex[l];
     }
@@ -122,6 +128,12 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
             so->prune_expert_ffn && !b->router_sigmoid && b->layers[l].n_experts ? (Fe + g->xfm[l] - 1) / g->xfm[l] : 0;
         g->xg_off[l] = n;
         n += g->nxg[l];
+    }
+    for (int l = 0; l < L; l++) { /* Mamba head slots: slot j is the head at rank j of every group */
+        int G = b->ssm_groups > 0 ? b->ssm_groups : 1, nh = b->layers[l].ssm_heads;
+        g->nsg[l] = nh && nh % G == 0 ? nh / G : 0;
+        g->sg_off[l] = n;
+        n += g->nsg[l];
     }
     g->np = n;
     g->la = calloc(n + 1, sizeof(double));
@@ -156,6 +168,8 @@ void ac_dnas_gates_free(ac_dnas_gates *g) {
     free(g->nxg);
     free(g->xg_off);
     free(g->xfm);
+    free(g->nsg);
+    free(g->sg_off);
     free(g->la);
     memset(g, 0, sizeof *g);
 }
@@ -179,8 +193,11 @@ void ac_dnas_set_gates(const ac_dnas_gates *g, const double *z, ac_gates *tg, co
         for (int x = 0; g->nxg[l] && tg->echan && tg->echan[l] && x < bl->n_experts; x++)
             for (int r = 0, Fe = bl->expert_ffn; r < Fe; r++)
                 tg->echan[l][x * Fe + echan_at(imp, l, x, Fe, r)] = (float)z[g->xg_off[l] + r / g->xfm[l]];
-        tg->attn[l] = g->gate_depth && bl->n_heads ? (float)z[g->attn_off + l] : 1.0f;
-        tg->mlp[l] = g->gate_depth && bl->ffn ? (float)z[g->mlp_off + l] : 1.0f;
+        for (int gr = 0; g->nsg[l] && tg->ssm && tg->ssm[l] && gr * g->nsg[l] < bl->ssm_heads; gr++)
+            for (int j = 0; j < g->nsg[l]; j++)
+                tg->ssm[l][ac_dnas_ssm_head(imp, b, l, gr, j)] = (float)z[g->sg_off[l] + j];
+        tg->attn[l] = g->gate_depth && (bl->n_heads || g->hyb) ? (float)z[g->attn_off + l] : 1.0f;
+        tg->mlp[l] = g->gate_depth && (bl->ffn || g->hyb) ? (float)z[g->mlp_off + l] : 1.0f;
     }
     for (int r = 0; r < g->H; r++)
         tg->hidden[imp->hid_order[r]] = g->gate_hid ? (float)z[g->hid_off + r / g->hm] : 1.0f;
@@ -198,8 +215,11 @@ void ac_dnas_gate_grads_of(const ac_dnas_gates *g, const ac_arch *b, const ac_ga
         for (int x = 0; g->nxg[l] && x < bl->n_experts; x++)
             for (int r = 0, Fe = bl->expert_ffn; r < Fe; r++)
                 dz[g->xg_off[l] + r / g->xfm[l]] += dg->echan[l][x * Fe + echan_at(imp, l, x, Fe, r)];
-        if (g->gate_depth && bl->n_heads) dz[g->attn_off + l] = dg->attn[l];
-        if (g->gate_depth && bl->ffn) dz[g->mlp_off + l] += dg->mlp[l]; /* tied: the layer's gate gets both */
+        for (int gr = 0; g->nsg[l] && gr * g->nsg[l] < bl->ssm_heads; gr++) /* a slot: the sum over the groups */
+            for (int j = 0; j < g->nsg[l]; j++) dz[g->sg_off[l] + j] += dg->ssm[l][ac_dnas_ssm_head(imp, b, l, gr, j)];
+        if (g->gate_depth && (bl->n_heads || g->hyb)) dz[g->attn_off + l] = dg->attn[l];
+        /* tied: the layer's gate gets both (a hybrid layer's one mixer is one of the two sub-block gates) */
+        if (g->gate_depth && (bl->ffn || g->hyb)) dz[g->mlp_off + l] += dg->mlp[l];
     }
     if (g->gate_hid)
         for (int r = 0; r < g->H; r++) dz[g->hid_off + r / g->hm] += dg->hidden[imp->hid_order[r]];
@@ -369,7 +389,7 @@ static void fill_carch(const ac_dnas_gates *g, const ac_arch *b, const expect_t 
     c->hidden = x->hidden;
 }
 
-static double metric_at(const ac_search_problem *p, const ac_carch *c, ac_metric m) {
+double ac_dnas_metric_at(const ac_search_problem *p, const ac_carch *c, ac_metric m) {
     ac_cost k;
     ac_cost_predict(p->table, c, p->workload, p->profile, 1, &k);
     return ac_cost_metric(&k, m);
@@ -378,9 +398,9 @@ static double metric_at(const ac_search_problem *p, const ac_carch *c, ac_metric
 static double hid_slope(const ac_search_problem *p, ac_carch *c, ac_metric m) {
     double h = c->hidden;
     c->hidden = h + 4;
-    double a = metric_at(p, c, m);
+    double a = ac_dnas_metric_at(p, c, m);
     c->hidden = h - 4;
-    double v = (a - metric_at(p, c, m)) / 8;
+    double v = (a - ac_dnas_metric_at(p, c, m)) / 8;
     c->hidden = h;
     return v;
 }
@@ -408,13 +428,13 @@ static void block_on(ac_carch *c, int k, int s, const double *save) {
  * m(cbar) - m(cbar - block). */
 static double expected_value(const ac_search_problem *p, ac_metric m, ac_carch *c, const expect_t *x, double *D) {
     int L = c->n_layers;
-    double m0 = metric_at(p, c, m), v = m0, save[2];
+    double m0 = ac_dnas_metric_at(p, c, m), v = m0, save[2];
     for (int l = 0; l < L; l++)
         for (int s = 0; s < 2; s++) {
             D[s * L + l] = 0;
             if (s ? c->ffn[l] == 0 : c->kv[l] == 0 && c->heads[l] == 0) continue;
             block_off(c, l, s, save);
-            D[s * L + l] = m0 - metric_at(p, c, m);
+            D[s * L + l] = m0 - ac_dnas_metric_at(p, c, m);
             block_on(c, l, s, save);
             v -= (1 - (s ? x->pm[l] : x->pa[l])) * D[s * L + l];
         }
@@ -463,9 +483,9 @@ static int width_grads(const ac_dnas_gates *g, const ac_search_problem *p, ac_me
         if (!g->nxg[l] || !c->effn) continue;
         double w = c->effn[l];
         c->effn[l] = w + 0.5;
-        double a = metric_at(p, c, m);
+        double a = ac_dnas_metric_at(p, c, m);
         c->effn[l] = w - 0.5;
-        ge[L + l] = a - metric_at(p, c, m);
+        ge[L + l] = a - ac_dnas_metric_at(p, c, m);
         c->effn[l] = w;
     }
     return 0;
@@ -510,6 +530,7 @@ static void chain(const ac_dnas_gates *g, const ac_arch *b, const expect_t *x, c
 }
 
 double ac_dnas_expected_metric(const ac_dnas_gates *g, const ac_search_problem *p, ac_metric m, double *grad) {
+    if (g->hyb) return ac_dnas_hyb_expected_metric(g, p, m, grad); /* dnas_hybrid.c */
     const ac_arch *b = p->base;
     int L = g->L;
     ac_carch c;
@@ -534,6 +555,7 @@ double ac_dnas_expected_metric(const ac_dnas_gates *g, const ac_search_problem *
 }
 
 json_t *ac_dnas_expected_arch_json(const ac_dnas_gates *g, const ac_arch *b) {
+    if (g->hyb) return ac_dnas_hyb_expected_json(g, b);
     double *buf = calloc(EXPECT_FLOATS * g->L + 1, sizeof(double));
     if (!buf) return NULL;
     expect_t x;
@@ -637,6 +659,25 @@ static int experts_copy(ac_importance *d, const ac_importance *s, const ac_arch 
     return bad ? -1 : 0;
 }
 
+/* d's Mamba head orders and scores: copies of s's (NULL rows stay NULL). */
+static int ssm_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) {
+    int L = b->n_layers, bad = 0;
+    if (!s->ssm_head_order) return 0;
+    d->ssm_head_order = calloc(L, sizeof(int *));
+    d->ssm_head_score = calloc(L, sizeof(double *));
+    d->ssm_chan_score = calloc(L, sizeof(double *));
+    if (!d->ssm_head_order || !d->ssm_head_score || !d->ssm_chan_score) return -1;
+    for (int l = 0; l < L && !bad; l++) {
+        int nh = b->layers[l].ssm_heads;
+        if (!nh || !s->ssm_head_order[l]) continue;
+        bad |= copy_ints(&d->ssm_head_order[l], s->ssm_head_order[l], nh) ||
+               copy_dbls(&d->ssm_head_score[l], s->ssm_head_score[l], nh) ||
+               (s->ssm_chan_score && s->ssm_chan_score[l] &&
+                copy_dbls(&d->ssm_chan_score[l], s->ssm_chan_score[l], nh * b->ssm_head_dim));
+    }
+    return bad ? -1 : 0;
+}
+
 static int imp_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) {
     int L = s->n_layers;
     *d = *s;
@@ -660,7 +701,9 @@ static int imp_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) 
     d->expert_score = NULL;
     d->echan_order = NULL;
     d->echan_score = NULL;
-    int bad = !d->kv_order || !d->kv_score || !d->ffn_order || !d->ffn_score || mt_copy(d, s, b) ||
+    d->ssm_head_order = NULL; /* (deep-copied below) */
+    d->ssm_head_score = d->ssm_chan_score = NULL;
+    int bad = ssm_copy(d, s, b) || !d->kv_order || !d->kv_score || !d->ffn_order || !d->ffn_score || mt_copy(d, s, b) ||
               (s->expert_order && experts_copy(d, s, b));
     for (int l = 0; l < L && !bad; l++) {
         int nkv = b->layers[l].n_kv_heads, F = b->layers[l].ffn;
@@ -672,10 +715,13 @@ static int imp_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) 
         bad |= copy_dbls(&d->layer_bi, s->layer_bi, L);
         d->attn_sens = malloc(sizeof *d->attn_sens * L);
         d->ffn_sens = malloc(sizeof *d->ffn_sens * L);
-        d->merge_n = malloc(sizeof(int) * L);
-        d->merge_r = malloc(sizeof *d->merge_r * L);
-        d->merge_sens = malloc(sizeof *d->merge_sens * L);
-        bad |= !d->attn_sens || !d->ffn_sens || !d->merge_n || !d->merge_r || !d->merge_sens;
+        if (s->merge_n) { /* (none in a hybrid's: no loss curves) */
+            d->merge_n = malloc(sizeof(int) * L);
+            d->merge_r = malloc(sizeof *d->merge_r * L);
+            d->merge_sens = malloc(sizeof *d->merge_sens * L);
+            bad |= !d->merge_n || !d->merge_r || !d->merge_sens;
+        }
+        bad |= !d->attn_sens || !d->ffn_sens;
     }
     if (bad) {
         ac_importance_free(d);
@@ -683,6 +729,7 @@ static int imp_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) 
     }
     memcpy(d->attn_sens, s->attn_sens, sizeof *d->attn_sens * L);
     memcpy(d->ffn_sens, s->ffn_sens, sizeof *d->ffn_sens * L);
+    if (!s->merge_n) return 0;
     memcpy(d->merge_n, s->merge_n, sizeof(int) * L);
     memcpy(d->merge_r, s->merge_r, sizeof *d->merge_r * L);
     memcpy(d->merge_sens, s->merge_sens, sizeof *d->merge_sens * L);
@@ -703,7 +750,7 @@ static int order_blocks(const int *rank_order, int n, int m, const double *la, i
     return 0;
 }
 
-static int round_grid(double v, int mult, int max) {
+int ac_dnas_round_grid(double v, int mult, int max) {
     if (max <= mult) return v >= 0.5 * max ? max : 0;
     int r = (int)lround(v / mult) * mult;
     return r < 0 ? 0 : r > max ? max : r;
@@ -735,7 +782,7 @@ static void discrete_arch(const ac_dnas_gates *g, const ac_search_problem *p, co
         if (x->pa[l] < 0.5 || !bl->n_heads) k = 0;
         al->n_kv_heads = k;
         al->n_heads = g->gate_kv ? k * grp_of(bl) : k ? bl->n_heads : 0;
-        int fw = x->pm[l] < 0.5 ? 0 : round_grid(f, g->fm, bl->ffn);
+        int fw = x->pm[l] < 0.5 ? 0 : ac_dnas_round_grid(f, g->fm, bl->ffn);
         if (uni && fw < 1 && x->pm[l] >= 0.5) fw = bl->ffn < g->fm ? bl->ffn : g->fm; /* llama: a kept layer's FFN */
         al->ffn = fw;
     }
@@ -791,6 +838,20 @@ int ac_dnas_orders(const ac_dnas_gates *g, const ac_importance *imp, const ac_ar
             rc = order_blocks(imp->ffn_order[l], b->layers[l].ffn, g->fm, g->la + g->ffn_off[l], orders->ffn_order[l]);
     }
     if (!rc && g->gate_hid) rc = order_blocks(imp->hid_order, g->H, g->hm, g->la + g->hid_off, orders->hid_order);
+    for (int l = 0; l < g->L && !rc; l++) { /* Mamba heads: in every group the slots by gate score */
+        int hpg = g->nsg[l], *base = hpg ? malloc(sizeof(int) * hpg) : NULL;
+        if (!hpg) continue;
+        if (!orders->ssm_head_order && !(orders->ssm_head_order = calloc(g->L, sizeof(int *)))) rc = -1;
+        if (!rc && !orders->ssm_head_order[l] &&
+            !(orders->ssm_head_order[l] = malloc(sizeof(int) * b->layers[l].ssm_heads)))
+            rc = -1;
+        for (int gr = 0; !rc && base && gr * hpg < b->layers[l].ssm_heads; gr++) {
+            for (int j = 0; j < hpg; j++) base[j] = ac_dnas_ssm_head(imp, b, l, gr, j);
+            rc = order_blocks(base, hpg, 1, g->la + g->sg_off[l], orders->ssm_head_order[l] + gr * hpg);
+        }
+        rc |= !base;
+        free(base);
+    }
     for (int l = 0; l < g->L && !rc; l++) { /* experts by gate score (every MoE layer has an order row then) */
         if (!g->nex[l] && !g->nxg[l]) continue;
         if (!orders->expert_order) rc = experts_copy(orders, NULL, b);
@@ -848,11 +909,16 @@ int ac_dnas_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_se
         free(buf);
         return -1;
     }
-    discrete_arch(g, p, &x, &r->arch);
+    if (!g->hyb) discrete_arch(g, p, &x, &r->arch);
     free(buf);
     if (ac_dnas_orders(g, p->imp, b, orders, e)) {
         ac_search_result_free(r);
         return -1;
+    }
+    if (g->hyb) { /* one width per layer type, its own repair (dnas_hybrid.c); no loss curves */
+        ac_dnas_hyb_discretise(g, p, r);
+        r->pred_loss = ac_search_pred_loss(p, &r->arch);
+        return 0;
     }
     /* repair scores moves with the surrogate curves; which units a move
      * removes is the gate order above */
@@ -934,7 +1000,7 @@ typedef struct {
     float *teacher;         /* [nb][B*T*V] cached teacher logits, or one batch when online */
     int *tok, nb, nwin, nbatches, online;
     double *z, *u, *dzla, *dz, *gl, *cg, *m1, *m2, *q; /* q: the soft merge samples (straight-through) */
-    ac_model copy;                                     /* cotrain: the trained copy */
+    ac_model copy;                                     /* cotrain: the trained copy; a 16-bit hybrid: its fp32 copy */
     ac_adamw opt;                                      /* cotrain on the CPU; on CUDA its schedule */
     char er[512];
 } run_t;
@@ -1138,6 +1204,7 @@ static int teacher_plan(run_t *R, const ac_model *m, size_t n, const ac_dnas_opt
     double tr = o->cotrain ? (double)ac_trainer_bytes(a, B, T) + (R->online ? frz : 0) : frz;
     double need = 4.0 * per * R->nb + (R->cu ? 0 : tr) + 3 * R->kv_bytes, dev = 0;
     if (o->cotrain) need += (R->cu ? 4.0 : 12.0) * ac_arch_params(a); /* the copy (and AdamW's two moments) */
+    else if (R->copy.L) need += 4.0 * ac_arch_params(a); /* a 16-bit hybrid's fp32 copy (made already) */
     double have = ac_host_mem_available();
     if (have > 0 && need > 0.9 * have)
         return ac_errf(e,
@@ -1239,9 +1306,10 @@ static int task_step(run_t *R, const ac_dnas_gates *g, const ac_search_problem *
 /* The trainers: the gated one on tm, a teacher on m when online with
  * cotrain; on the CPU (train.c) or the CUDA plugin's (o->cuda). */
 static int trainers(run_t *R, ac_model *m, const ac_dnas_opts *o, ac_err *e) {
-    int B = o->batch, T = o->seq_len, two = R->tm != m && R->online;
+    int B = o->batch, T = o->seq_len, two = o->cotrain && R->online;
     if (!R->cu) { /* m frozen: read in its dtype, never written; the co-trained copy is fp32 */
-        if (R->tm == m ? ac_trainer_init_frozen(&R->t, m, B, T, e) : ac_trainer_init(&R->t, R->tm, B, T, e)) return -1;
+        if (!o->cotrain ? ac_trainer_init_frozen(&R->t, R->tm, B, T, e) : ac_trainer_init(&R->t, R->tm, B, T, e))
+            return -1;
         if (two && ac_trainer_init_frozen(&R->tt, m, B, T, e)) return -1;
         if (R->tm == m && R->merge) { /* the merge layers' K/V from the mixture, their gradients into kvg */
             R->t.ovr = R->kvd.L;
@@ -1282,7 +1350,7 @@ static int setup(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, ac_mode
             return ac_errf(e, "dnas: the CUDA plugin has no gate trainer (rebuild it)");
     }
     if (ac_dnas_gates_init(g, p->base, &p->opts, e)) return -1;
-    if (o->init_surrogate) {
+    if (o->init_surrogate && !g->hyb) {
         ac_search_problem q = *p;
         ac_search_result sr;
         q.emit = NULL;
@@ -1290,6 +1358,15 @@ static int setup(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, ac_mode
         init_from_arch(g, p->base, &sr.arch, p->imp, o->mc_init_off);
         ac_search_result_free(&sr);
     }
+    if (g->hyb && o->init_surrogate) { /* a hybrid has no loss curves: it starts from Minitron's structure */
+        ac_search_problem q = *p;
+        ac_search_result sr;
+        q.emit = NULL;
+        if (ac_search_minitron(&q, &sr, e)) return -1;
+        ac_dnas_hyb_init(g, p->base, &sr.arch, p->imp);
+        ac_search_result_free(&sr);
+    } else if (g->hyb)
+        ac_dnas_hyb_init(g, p->base, NULL, p->imp);
     int np = g->np + 1;
     double **bufs[] = {&R->z, &R->u, &R->dzla, &R->dz, &R->gl, &R->cg, &R->m1, &R->m2, &R->q};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
@@ -1306,6 +1383,16 @@ static int setup(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, ac_mode
     if (o->cotrain) { /* train a copy (prune to the same architecture copies every weight, fp32 from any dtype) */
         if (ac_prune(m, &m->a, p->imp, &R->copy, e)) return -1;
         R->tm = &R->copy;
+    } else if (g->hyb && ac_block_grad_supports(&m->a, ac_model_wdt(m), NULL)) {
+        /* Mamba and MoE layers train on fp32 weights only (block_grad.h): a frozen fp32 copy */
+        double need = 4.0 * ac_arch_params(&m->a), have = ac_host_mem_available();
+        if (have > 0 && need > 0.9 * have)
+            return ac_errf(e,
+                           "dnas: a 16-bit hybrid's gates train on an fp32 copy of the model (%.3g GiB) but %.3g GiB "
+                           "is available; use method minitron",
+                           need / 1073741824.0, have / 1073741824.0);
+        if (ac_model_to_f32(m, &R->copy, e)) return -1;
+        R->tm = R->src = &R->copy;
     }
     if (teacher_plan(R, m, n, o, e) || trainers(R, m, o, e)) return -1;
     return teacher_cache(R, ids, o->batch, o->seq_len, e);
@@ -1390,7 +1477,7 @@ int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size
 const char *ac_dnas_method(ac_search_method m) { return m == AC_SEARCH_SURROGATE ? "surrogate" : "dnas"; }
 
 int ac_dnas_gates_ok(const ac_search_problem *p, const ac_model *m) {
-    if (!ac_arch_has_moe(&m->a)) return 1;
+    if (!ac_arch_has_moe(&m->a) || ac_arch_is_hybrid(&m->a)) return 1;
     ac_err e;
     return !m->a.router_sigmoid && !p->cuda && !ac_block_grad_supports(&m->a, ac_model_wdt(m), &e);
 }
@@ -1418,7 +1505,7 @@ static int job_search_one(const ac_search_problem *p, ac_model *m, void *ud, ac_
     if (so->dnas_seq_len > 0) o.seq_len = so->dnas_seq_len;
     if (so->dnas_batch > 0) o.batch = so->dnas_batch;
     o.cotrain = so->cotrain;
-    o.cuda = p->cuda; /* a local cuda target: the gates train on its GPU */
+    o.cuda = p->cuda && !ac_arch_is_hybrid(&m->a); /* a local cuda target: the gates train on its GPU (not a hybrid's) */
     return ac_search_dnas(p, m, ids, n, &o, r, orders, e);
 }
 

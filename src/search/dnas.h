@@ -44,6 +44,10 @@
  *              train.h's expert channel gates; one width for the model
  *              (the targets hold one moe_intermediate_size), the mean over
  *              the MoE layers' expected widths on the group grid;
+ *   ssm[l][j]  nemotron_h: Mamba head slot j of layer l, the head at rank
+ *              j of EVERY group (imp->ssm_head_order), through train.h's
+ *              ssm gates: the gates keep the same number of heads in each
+ *              group, as the group-aware pruning does (ssm_prune.h);
  *   attn[l], mlp[l]  the attention / FFN sub-block (depth); on the
  *              uniform llama target one gate per layer serves both (the
  *              whole layer kept or dropped, as Minitron's depth axis; the
@@ -56,6 +60,25 @@
  *   E[m] = m(cbar) - sum_l (1 - pa_l) Da_l - sum_l (1 - pm_l) Dm_l
  * where cbar has every sub-block at its expected width given it is kept,
  * and Da_l = m(cbar) - m(cbar without layer l's attention) (Dm_l: FFN).
+ *
+ * Hybrid Mamba-Transformer models (nemotron_h, dnas_hybrid.c): every layer
+ * holds one mixer, so one depth gate per layer (attn_off + l) removes a
+ * Mamba, attention, MLP or MoE layer; the gates are the Mamba head slots
+ * above, attention KV groups, MLP channel groups, MoE experts (the sigmoid
+ * router: ac_moe_route_sigmoid's gates) and hidden channels. The cost
+ * model's carch holds Mamba heads per layer, so the expected cost is the
+ * formula above with every layer one block: E[m] = m(cbar) - sum_l (1 - p_l)
+ * D_l, width gradients p_l dm/dw_l by central differences on the cost
+ * model. A hybrid has no loss curves (importance.h), so the gates start
+ * all on (log_alpha 2) rather than from the surrogate search, and the
+ * discretisation is per layer type: the export holds one width per type
+ * (mamba_num_heads, num_key_value_heads, intermediate_size,
+ * n_routed_experts), so each type's mean expected width rounded, its
+ * layers with depth keep probability under 0.5 removed (never a type's
+ * last), then a greedy repair (cheapest gate mass per violation removed).
+ * A 16-bit hybrid's gates train on an fp32 copy of the model (frozen; 4
+ * bytes per parameter): block_grad.h trains Mamba and MoE layers on fp32
+ * weights only.
  *
  * Deterministic for a seed (LCG noise, fixed batch order). Trains on the CPU
  * (train.c's frozen-weight trainer: m is read in its dtype, resident BF16/F16
@@ -109,6 +132,9 @@ typedef struct {
     int *mkv;          /* [np] the KV count of a merge-choice logit, 0 for every other log_alpha */
     int *nex, *ex_off; /* [L] expert gates per layer (0: none), offset of their log_alphas */
     int *nxg, *xg_off, *xfm; /* [L] expert-width groups per layer (0: none), their offset, channels per group */
+    int hyb;                 /* nemotron_h (dnas_hybrid.c): one depth gate per layer (attn_off + l, whatever its
+                              * mixer), Mamba head slots, one width per layer type at discretisation */
+    int *nsg, *sg_off;       /* [L] Mamba head slots per layer (heads / groups; 0: none), their offset */
 } ac_dnas_gates;
 
 int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *base, const ac_search_opts *so, ac_err *e);
@@ -182,9 +208,12 @@ const char *ac_dnas_method(ac_search_method m);
 /* Whether the gate trainer runs the search on model m for the job's
  * problem p: a dense model always; a mixture-of-experts one (expert and
  * expert-channel gates) when its layers train on m's weights (fp32, not
- * resident 16-bit), its router is a softmax (not a hybrid's sigmoid one) and
- * the gates train on the CPU (p->cuda 0: the CUDA trainer has no expert
- * gates). Otherwise method dnas falls back to the surrogate search. */
+ * resident 16-bit), its router is a softmax and the gates train on the CPU
+ * (p->cuda 0: the CUDA trainer has no expert gates); a hybrid (nemotron_h)
+ * always: its gates train on the CPU whatever the target (the CUDA trainer
+ * has no Mamba layers; on an fp32 copy when m is 16-bit), as the surrogate
+ * search has no Mamba axis. Otherwise method dnas falls back to the
+ * surrogate search. */
 int ac_dnas_gates_ok(const ac_search_problem *p, const ac_model *m);
 /* The job's search stage for method autocompress: so->method AC_SEARCH_DNAS
  * (with so->dnas_steps, dnas_lr, dnas_batch, dnas_seq_len, cotrain) or

@@ -130,10 +130,11 @@ static int check_layer(const ac_arch *a, const ac_arch *t, int l, ac_err *e) {
                        l, d->ssm_heads, s->ssm_heads, a->ssm_groups);
     if (s->ffn && d->ffn > s->ffn)
         return ac_errf(e, "prune: layer %d MLP width %d is wider than the source's %d", l, d->ffn, s->ffn);
-    if (s->n_experts && (d->n_experts > s->n_experts || d->n_experts < a->top_k || d->expert_ffn != s->expert_ffn))
+    if (s->n_experts && (d->n_experts > s->n_experts || d->n_experts < a->top_k || d->expert_ffn > s->expert_ffn ||
+                         d->expert_ffn < 1))
         return ac_errf(e,
-                       "prune: layer %d keeps %d experts of width %d from %d of width %d: whole experts, at least "
-                       "top_k %d (expert width is not cut in nemotron_h yet)",
+                       "prune: layer %d keeps %d experts of width %d from %d of width %d: at least top_k %d experts, "
+                       "each at most the source's width",
                        l, d->n_experts, d->expert_ffn, s->n_experts, s->expert_ffn, a->top_k);
     return s->n_heads ? ac_slice_check_layer(a, t, l, e) : 0;
 }
@@ -197,30 +198,42 @@ static int cut_mlp(const ac_model *src, const ac_arch *t, const ac_importance *i
     return 0;
 }
 
-/* An MoE layer: whole experts with their router rows and correction bias;
- * the shared expert and the latent projections on the kept hidden channels. */
+/* An MoE layer: the kept experts with their router rows and correction
+ * bias, each on its best t->expert_ffn channels (imp->echan_order, its own
+ * ranking; NULL: the first); the shared expert and the latent projections
+ * on the kept hidden channels. */
 static int cut_moe(const ac_model *src, const ac_arch *t, const ac_importance *imp, int l, ac_layer_w *dw,
                    const int *hk, float *row, ac_err *e) {
     const ac_arch *a = &src->a;
     const ac_layer_w *sw = &src->L[l];
     int wdt = ac_model_wdt(src), H = a->hidden, Ht = t->hidden, E = a->layers[l].n_experts,
         Et = t->layers[l].n_experts, Fe = a->layers[l].expert_ffn, Lt = a->moe_latent, Fs = a->shared_ffn;
-    int *ek = malloc(sizeof(int) * (E + 1));
+    int Ft = t->layers[l].expert_ffn, *ek = malloc(sizeof(int) * (E + 1)), *fk = NULL;
     if (!ek) return ac_errf(e, "out of memory");
     for (int x = 0; x < Et; x++) ek[x] = imp->expert_order && imp->expert_order[l] ? imp->expert_order[l][x] : x;
     qsort(ek, Et, sizeof(int), cmp_int);
     ac_slice_gather(dw->post_norm, sw->post_norm, ST_F32, H, NULL, 1, hk, Ht, row);
     ac_slice_gather(dw->router, sw->router, wdt, H, ek, Et, hk, Ht, row);
     if (sw->router_bias) ac_slice_gather(dw->router_bias, sw->router_bias, ST_F32, E, NULL, 1, ek, Et, row);
-    for (int x = 0; x < Et; x++) {
-        if (Lt) { /* the experts live on the latent width: whole */
-            ac_slice_gather(dw->eu[x], sw->eu[ek[x]], wdt, Lt, NULL, Fe, NULL, Lt, row);
-            ac_slice_gather(dw->ed[x], sw->ed[ek[x]], wdt, Fe, NULL, Lt, NULL, Fe, row);
+    for (int x = 0; x < Et; x++) { /* expert ek[x]'s channels: its best Ft by its own ranking, ascending */
+        const int *co = imp->echan_order && imp->echan_order[l] ? imp->echan_order[l] + (size_t)ek[x] * Fe : NULL;
+        free(fk);
+        if (!(fk = malloc(sizeof(int) * (Fe + 1)))) break;
+        for (int r = 0; r < Ft; r++) fk[r] = co ? co[r] : r;
+        qsort(fk, Ft, sizeof(int), cmp_int);
+        if (Lt) { /* the experts live on the latent width: whole but for their channels */
+            ac_slice_gather(dw->eu[x], sw->eu[ek[x]], wdt, Lt, fk, Ft, NULL, Lt, row);
+            ac_slice_gather(dw->ed[x], sw->ed[ek[x]], wdt, Fe, NULL, Lt, fk, Ft, row);
         } else {
-            ac_slice_gather(dw->eu[x], sw->eu[ek[x]], wdt, H, NULL, Fe, hk, Ht, row);
-            ac_slice_gather(dw->ed[x], sw->ed[ek[x]], wdt, Fe, hk, Ht, NULL, Fe, row);
+            ac_slice_gather(dw->eu[x], sw->eu[ek[x]], wdt, H, fk, Ft, hk, Ht, row);
+            ac_slice_gather(dw->ed[x], sw->ed[ek[x]], wdt, Fe, hk, Ht, fk, Ft, row);
         }
     }
+    if (Et && !fk) {
+        free(ek);
+        return ac_errf(e, "out of memory");
+    }
+    free(fk);
     if (Lt) {
         ac_slice_gather(dw->lat_down, sw->lat_down, wdt, H, NULL, Lt, hk, Ht, row);
         ac_slice_gather(dw->lat_up, sw->lat_up, wdt, Lt, hk, Ht, NULL, Lt, row);

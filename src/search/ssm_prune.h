@@ -19,9 +19,11 @@
  * z, x and dt rows, conv channels, dt_bias, A_log, D, the gated norm's
  * weight, out_proj's columns), attention layers are cut as slice.c cuts
  * them (KV groups or heads within groups), MLP layers keep their best
- * channels (relu^2: up rows, down columns), MoE layers keep whole experts
- * (the router's rows and correction bias with them) and their shared
- * expert and latent projections; every matrix keeps the hidden channels
+ * channels (relu^2: up rows, down columns), MoE layers keep their best
+ * experts (the router's rows and correction bias with them), each on its
+ * own best expert_ffn channels (imp->echan_order: up rows, down columns),
+ * and their shared expert and latent projections whole; every matrix keeps
+ * the hidden channels
  * imp->hid_order ranks best. A BF16 student is sliced one layer at a time
  * in fp32 and rounded (as ac_model_to_bf16 rounds; the embedding and LM
  * head a row at a time): one layer in fp32 beside it at most.

@@ -1,0 +1,408 @@
+/*
+ * test_dnas_hybrid.c - the differentiable search on hybrid Mamba-Transformer
+ * models (nemotron_h; issue 31, item 3), on the random-init fixtures
+ * nemotronh_moe_bf16 (MEM*E: Mamba-2 with 2 groups of 3 heads, MoE of 6
+ * experts top-2 through the sigmoid router with its correction bias,
+ * renormalised and scaled by 2.5, attention) and nemotronh_moe_nonorm_f32
+ * (E*E: 5 experts, top-3, no renormalisation).
+ *
+ * 1. Expert gates in {0,1} through the sigmoid router are the pruned
+ *    model, bit for bit: the trainer with some expert gates at 0 gives the
+ *    logits of ac_prune's model without those experts (their router rows
+ *    and correction bias gone: the choice among the kept ones by s + bias,
+ *    the weights s renormalised over the chosen). Depth gates at 0 (a
+ *    Mamba, an MoE and the attention layer) are those layers removed.
+ * 2. The trainer's gate gradients as the search reads them (dnas.c's
+ *    layout: Mamba head slots summed over the groups, one depth gate per
+ *    layer, KV groups, experts) equal central differences of the KD loss in
+ *    the gate values, and every gate moves the loss.
+ * 3. The limits' gradient of the hybrid expected cost (dnas_hybrid.c)
+ *    equals central differences of the expected parameter count in every
+ *    log_alpha (hidden gates included).
+ * 4. ac_search_dnas (150 steps from Minitron's structure, as a job starts
+ *    it) under a parameter limit that three experts per MoE layer meet
+ *    reaches a feasible structure with one width per layer type (one
+ *    expert count below the base's, at least top_k; the same Mamba heads in
+ *    every group), its held-out KL to the unpruned model is no more than
+ *    its start's (Minitron's structure pruned by Minitron's importance),
+ *    and among every choice of that many experts in each MoE layer (on the
+ *    structure it picked) the gates' choice is in the best fifth. Mutation
+ *    check (as test_dnas_moe): with ac_dnas_opts.zero_task_grad the gates
+ *    see only the limit's cost gradient and the claim fails.
+ * 5. Minitron's expert width on the hybrid (moe_ffn_hidden_size): needed
+ *    to meet the limit, one width for every expert, each expert sliced to
+ *    its own best channels by the expert-width score.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "expert_search.h"
+#include "cost/device.h"
+#include "runtime/kernels_cpu.h"
+#include "runtime/train.h"
+#include "search/dnas.h"
+#include "search/minitron.h"
+#include "search/slice.h"
+
+static void gates_equal_pruned(const char *name) {
+    ac_model m, pm;
+    ac_err e;
+    if (es_load(name, &m)) SKIP("no fixture %s (make fixtures)", name);
+    int B = 2, T = 24, L = m.a.n_layers, *tok = es_rand_ids((size_t)B * T, m.a.vocab, 11);
+    float *gates[16] = {0};
+    orders_t o;
+    es_orders_init(&o, &m.a);
+    ac_arch ta;
+    ac_arch_copy(&ta, &m.a, &e);
+    for (int l = 0; l < L; l++) { /* each MoE layer loses one expert (a different one per layer), or two */
+        int E = m.a.layers[l].n_experts;
+        if (!E) continue;
+        unsigned mask = (1u << E) - 1;
+        mask &= ~(1u << ((l + 1) % E));
+        if (E - m.a.top_k >= 2) mask &= ~(1u << ((l + 3) % E));
+        gates[l] = malloc(sizeof(float) * E);
+        for (int x = 0; x < E; x++) gates[l][x] = (float)(mask >> x & 1);
+        es_order_from_mask(o.ex[l], E, mask);
+        ta.layers[l].n_experts = __builtin_popcount(mask);
+    }
+    float *full = es_logits(&m, tok, B, T, NULL), *gated = es_logits(&m, tok, B, T, (const float *const *)gates);
+    CHECK(ac_prune(&m, &ta, &o.imp, &pm, &e) == 0, "prune: %s", e.msg);
+    float *pruned = es_logits(&pm, tok, B, T, NULL);
+    double md = 0, mr = 0, moved = 0;
+    size_t n = (size_t)B * T * m.a.vocab, same = 0;
+    for (size_t i = 0; full && gated && pruned && i < n; i++) {
+        md = fmax(md, fabs(gated[i] - pruned[i]));
+        same += gated[i] == pruned[i];
+        mr = fmax(mr, fabs(pruned[i]));
+        moved = fmax(moved, fabs(full[i] - pruned[i]));
+    }
+    printf("   %s: gated vs pruned max|diff| %.3g of max|logit| %.3g, %zu of %zu bit-identical (removing the experts "
+           "moved them %.3g)\n",
+           name, md, mr, same, n, moved);
+    CHECK(md <= 2e-6 * mr, "%s: expert gates at 0 are not the pruned model (%.3g)", name, md);
+    CHECK(moved > 1e3 * md && moved > 1e-3 * mr, "%s: removing the experts changed nothing measurable (%.3g)", name,
+          moved);
+    free(full), free(gated), free(pruned), free(tok);
+    for (int l = 0; l < L; l++) free(gates[l]);
+    es_orders_free(&o);
+    ac_arch_free(&ta);
+    ac_model_free(&pm);
+    ac_model_free(&m);
+}
+
+/* Depth gates at 0 (one layer of each type but the first Mamba one) are the model with those layers removed. */
+static void test_depth_gates_equal_removed_layers(void) {
+    ac_model m, pm;
+    ac_err e;
+    if (es_load("nemotronh_moe_bf16", &m)) SKIP("no fixture nemotronh_moe_bf16 (make fixtures)");
+    int B = 2, T = 24, L = m.a.n_layers, *tok = es_rand_ids((size_t)B * T, m.a.vocab, 12), seen[4] = {0};
+    orders_t o;
+    es_orders_init(&o, &m.a);
+    ac_arch ta;
+    ac_arch_copy(&ta, &m.a, &e);
+    ac_trainer t;
+    CHECK(ac_trainer_init_frozen(&t, &m, B, T, &e) == 0, "%s", e.msg);
+    for (int l = 0; l < L; l++) { /* M E M * E: layers 1 (MoE), 2 (Mamba) and 3 (attention) go */
+        const ac_layer_arch *a = &m.a.layers[l];
+        int ty = a->ssm_heads ? 0 : a->n_heads ? 1 : a->n_experts ? 2 : 3;
+        if (l == 0 || seen[ty]++) continue;
+        t.gate.attn[l] = t.gate.mlp[l] = 0;
+        ta.layers[l] = (ac_layer_arch){0};
+    }
+    float *gated = NULL, *pruned = NULL;
+    if (ac_train_forward(&t, tok, B, T, &e) == 0 && (gated = malloc(sizeof(float) * B * T * m.a.vocab)))
+        memcpy(gated, t.logits, sizeof(float) * B * T * m.a.vocab);
+    CHECK(ac_prune(&m, &ta, &o.imp, &pm, &e) == 0, "prune: %s", e.msg);
+    pruned = es_logits(&pm, tok, B, T, NULL);
+    double md = 0, mr = 0;
+    for (size_t i = 0; gated && pruned && i < (size_t)B * T * m.a.vocab; i++)
+        md = fmax(md, fabs(gated[i] - pruned[i])), mr = fmax(mr, fabs(pruned[i]));
+    printf("   depth gates at 0 vs layers 1-3 removed: max|diff| %.3g of max|logit| %.3g\n", md, mr);
+    CHECK(gated && pruned && md <= 2e-6 * mr, "depth gates at 0 are not the layers removed (%.3g)", md);
+    free(gated), free(pruned), free(tok);
+    ac_trainer_free(&t);
+    es_orders_free(&o);
+    ac_arch_free(&ta);
+    ac_model_free(&pm);
+    ac_model_free(&m);
+}
+
+static void test_sigmoid_expert_gates_equal_pruned(void) { gates_equal_pruned("nemotronh_moe_bf16"); }
+static void test_sigmoid_expert_gates_equal_pruned_nonorm(void) { gates_equal_pruned("nemotronh_moe_nonorm_f32"); }
+
+/* ---- the search's problem on nemotronh_moe_bf16 ---- */
+
+static ac_model M;
+static ac_importance IMP;
+static int *IDS, *HIDS, HAVE;
+static size_t NIDS, NH;
+#define HB 8
+#define HT 32
+
+static int setup(void) {
+    if (HAVE) return HAVE > 0;
+    NH = HB * HT;
+    HAVE = es_setup("nemotronh_moe_bf16", &M, &IMP, &IDS, &NIDS, &HIDS, NH) ? 1 : -1;
+    return HAVE > 0;
+}
+
+static void make_problem(problem_t *P, int keep) { es_make_problem(P, &M, &IMP, IDS, NIDS, keep, 10, 8); }
+
+/* Random log_alphas in [-2, 3). */
+static void random_la(ac_dnas_gates *g, unsigned long long s) {
+    for (int i = 0; i < g->np; i++) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        g->la[i] = -2 + 5.0 * (s >> 11) / 9007199254740992.0;
+    }
+}
+
+/* KD loss of the gated model at gate values z against the teacher logits (the trainer's forward), and, with
+ * dz, d loss / d z in dnas.c's layout. */
+static double kd_loss(ac_trainer *t, const ac_dnas_gates *g, const double *z, const int *tok, int B, int T,
+                      const float *teacher, double *dz) {
+    ac_err e;
+    ac_dnas_set_gates(g, z, &t->gate, &M.a, &IMP);
+    ac_train_zero_grad(t);
+    if (ac_train_forward(t, tok, B, T, &e)) {
+        CHECK(0, "%s", e.msg);
+        return NAN;
+    }
+    double loss = ac_train_loss(t, NULL, teacher, 1.0f, 1.0f, 1.0f, NULL, NULL);
+    if (dz) {
+        ac_train_backward(t);
+        ac_dnas_gate_grads(g, t, &IMP, dz);
+    }
+    return loss;
+}
+
+static void test_gate_gradients_in_dnas_layout(void) {
+    if (!setup()) SKIP("no fixture nemotronh_moe_bf16 (make fixtures)");
+    problem_t P;
+    ac_err e;
+    make_problem(&P, 3);
+    ac_dnas_gates g;
+    CHECK(ac_dnas_gates_init(&g, &M.a, &P.p.opts, &e) == 0, "%s", e.msg);
+    int B = 2, T = 16, *tok = es_rand_ids((size_t)B * T, M.a.vocab, 21);
+    float *teacher = es_logits(&M, tok, B, T, NULL);
+    ac_trainer t;
+    CHECK(ac_trainer_init_frozen(&t, &M, B, T, &e) == 0, "%s", e.msg);
+    double *z = malloc(sizeof(double) * g.np), *dz = malloc(sizeof(double) * g.np);
+    unsigned long long s = 7;
+    for (int i = 0; i < g.np; i++) { /* gates in (0.3, 0.9): no expert's choice flips on a small step */
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        z[i] = 0.3 + 0.6 * (s >> 11) / 9007199254740992.0;
+    }
+    kd_loss(&t, &g, z, tok, B, T, teacher, dz);
+    const char *kind[] = {"Mamba head slot", "depth", "KV group", "expert"};
+    int nk[4] = {0}, nz[4] = {0};
+    double worst[4] = {0}, h = 1e-3;
+    for (int i = 0; i < g.np; i++) {
+        int k = -1;
+        for (int l = 0; l < g.L; l++) {
+            if (i >= g.sg_off[l] && i < g.sg_off[l] + g.nsg[l]) k = 0;
+            if (i == g.attn_off + l) k = 1;
+            if (i >= g.kv_off[l] && i < g.kv_off[l] + g.nkv[l]) k = 2;
+            if (i >= g.ex_off[l] && i < g.ex_off[l] + g.nex[l]) k = 3;
+        }
+        if (k < 0) continue;
+        double o = z[i];
+        z[i] = o + h;
+        double a = kd_loss(&t, &g, z, tok, B, T, teacher, NULL);
+        z[i] = o - h;
+        double b = kd_loss(&t, &g, z, tok, B, T, teacher, NULL);
+        z[i] = o;
+        double fd = (a - b) / (2 * h), err = fabs(fd - dz[i]) / fmax(1e-3, fabs(fd));
+        worst[k] = fmax(worst[k], err);
+        nk[k]++;
+        nz[k] += fabs(fd) > 1e-4; /* the gate moves the loss at all */
+    }
+    for (int k = 0; k < 4; k++) {
+        printf("   %d %s gates (%d moving the loss): worst |grad - fd| / |fd| %.2e\n", nk[k], kind[k], nz[k], worst[k]);
+        CHECK(nk[k] > 0 && nz[k] == nk[k], "%s gates: %d of %d move the loss", kind[k], nz[k], nk[k]);
+        CHECK(worst[k] <= 2e-2, "%s gates' gradient off by %.3g", kind[k], worst[k]);
+    }
+    ac_trainer_free(&t);
+    free(z), free(dz), free(tok), free(teacher);
+    ac_dnas_gates_free(&g);
+}
+
+static void test_hybrid_cost_gradient(void) {
+    if (!setup()) SKIP("no fixture nemotronh_moe_bf16 (make fixtures)");
+    problem_t P;
+    ac_err e;
+    make_problem(&P, 3);
+    P.p.opts.prune_hidden = 1;
+    ac_dnas_gates g;
+    CHECK(ac_dnas_gates_init(&g, &M.a, &P.p.opts, &e) == 0, "%s", e.msg);
+    CHECK(g.hyb && g.nhg > 0, "not the hybrid gates with hidden gates");
+    random_la(&g, 3);
+    double *an = malloc(sizeof(double) * g.np), h = 1e-4, num = 0, den = 0;
+    ac_dnas_expected_metric(&g, &P.p, AC_M_PARAMS, an);
+    for (int i = 0; i < g.np; i++) {
+        double o = g.la[i];
+        g.la[i] = o + h;
+        double a = ac_dnas_expected_metric(&g, &P.p, AC_M_PARAMS, NULL);
+        g.la[i] = o - h;
+        double b = ac_dnas_expected_metric(&g, &P.p, AC_M_PARAMS, NULL);
+        g.la[i] = o;
+        double fd = (a - b) / (2 * h);
+        num = fmax(num, fabs(fd - an[i]));
+        den = fmax(den, fabs(fd));
+    }
+    printf("   params: %d gates, max|grad - fd| / max|fd| %.2e (max|fd| %.3g)\n", g.np, num / den, den);
+    CHECK(den > 0 && num <= 1e-6 * den, "the expected parameter count's gradient is off by %.3g", num / den);
+    free(an);
+    ac_dnas_gates_free(&g);
+}
+
+/* Feasible, one width per layer type, experts below the base's and at least top_k in every kept MoE layer, the
+ * same Mamba heads in each group; 1 when so. */
+static int structure_ok(const ac_search_result *r) {
+    int ex = -1, ssm = -1, uniform = 1, fewer = 1, G = M.a.ssm_groups;
+    for (int l = 0; l < M.a.n_layers; l++) {
+        const ac_layer_arch *a = &r->arch.layers[l], *b = &M.a.layers[l];
+        if (b->n_experts && a->n_experts) {
+            uniform &= ex < 0 || a->n_experts == ex, ex = a->n_experts;
+            fewer &= a->n_experts < b->n_experts && a->n_experts >= M.a.top_k;
+        }
+        if (b->ssm_heads && a->ssm_heads) {
+            uniform &= (ssm < 0 || a->ssm_heads == ssm) && a->ssm_heads % G == 0, ssm = a->ssm_heads;
+        }
+        /* each layer its own mixer or removed */
+        uniform &= !(a->n_heads + a->ffn + a->ssm_heads + a->n_experts) ||
+                   (!!a->n_heads == !!b->n_heads && !!a->ssm_heads == !!b->ssm_heads && !!a->ffn == !!b->ffn &&
+                    !!a->n_experts == !!b->n_experts);
+    }
+    return r->feasible && uniform && fewer && ex > 0;
+}
+
+/* The search (from Minitron's structure, as a job starts it); *frac, *kl, *best from es_rank_experts (the held-out KL
+ * of the result and of the best expert choice), *start the held-out KL of its start (Minitron's structure pruned
+ * by Minitron's importance). */
+static int run_search(int zero_task, ac_search_result *r, ac_importance *ord, double *frac, double *kl, double *best,
+                      double *start) {
+    problem_t P;
+    ac_err e;
+    make_problem(&P, 3);
+    ac_dnas_opts o;
+    ac_dnas_defaults(&o);
+    o.steps = 150;
+    o.batch = 4;
+    o.seq_len = 32;
+    o.zero_task_grad = zero_task;
+    P.p.model = &M; /* Minitron's start scores its candidates */
+    double t0 = ac_now();
+    if (ac_search_dnas(&P.p, &M, IDS, NIDS, &o, r, ord, &e)) {
+        CHECK(0, "dnas: %s", e.msg);
+        return -1;
+    }
+    json_t *aj = ac_arch_to_json(&r->arch);
+    char *s = json_dumps(aj, JSON_COMPACT);
+    printf("   %s (%.1f s): params %.0f (limit %.0f), feasible %d: %s\n", zero_task ? "zero task gradients" : "dnas",
+           ac_now() - t0, r->cost.params, P.p.limits.max_params, r->feasible, s);
+    free(s);
+    json_decref(aj);
+    float *teacher = es_logits(&M, HIDS, HB, HT, NULL);
+    *frac = structure_ok(r) ? es_rank_experts(&M, &r->arch, ord, teacher, HIDS, HB, HT, kl, best) : 1;
+    ac_search_result mr;
+    if (ac_search_minitron(&P.p, &mr, &e) == 0) {
+        ac_importance view;
+        ac_minitron_importance_view(&IMP, &view);
+        *start = es_heldout_kl(&M, &mr.arch, &view, teacher, HIDS, HB, HT);
+        ac_search_result_free(&mr);
+    } else
+        CHECK(0, "minitron: %s", e.msg);
+    free(teacher);
+    return 0;
+}
+
+static void test_dnas_hybrid_removes_experts(void) {
+    if (!setup()) SKIP("no fixture nemotronh_moe_bf16 (make fixtures)");
+    for (int z = 0; z < 2; z++) {
+        ac_search_result r;
+        ac_importance ord;
+        double frac = 1, kl = NAN, best = NAN, start = NAN;
+        if (run_search(z, &r, &ord, &frac, &kl, &best, &start)) return;
+        int ok = structure_ok(&r), claim = ok && frac <= 0.2 && kl <= start;
+        printf("   %s: structure ok %d; held-out KL %.5f (its start, Minitron's: %.5f), best expert choice of its "
+               "count %.5f, %.0f%% of the choices better than the gates'\n",
+               z ? "zero task gradients" : "dnas", ok, kl, start, best, 100 * frac);
+        if (!z) {
+            CHECK(ok, "not a feasible structure, one width per type, fewer experts (>= top_k)");
+            CHECK(frac <= 0.2, "the gates' expert choice is not among the best fifth (%.0f%% better)", 100 * frac);
+            CHECK(kl <= start, "the search does not beat its start: KL %.5f vs %.5f", kl, start);
+        } else
+            CHECK(!claim, "without task gradients the claim still holds (it cannot fail)");
+        ac_search_result_free(&r);
+        ac_importance_free(&ord);
+    }
+}
+
+/* Minitron's expert width on the hybrid (Model-Optimizer's moe_ffn_hidden_size, search.prune_expert_ffn; experts
+ * not removed): under a parameter limit of 0.62 of the base (the grid reaches 0.646 at best without the axis: no point
+ * meets the limit without it), the arm cuts every expert to one searched width, and the student keeps each kept
+ * expert's best channels by the expert-width score (checked by sorting imp->echan_score here: the pruned up rows and
+ * down columns are the source's at those channels). */
+static void test_minitron_hybrid_expert_width(void) {
+    if (!setup()) SKIP("no fixture nemotronh_moe_bf16 (make fixtures)");
+    CHECK(IMP.echan_order && IMP.echan_score, "calibration gave no expert-channel ranking");
+    if (!IMP.echan_order) return;
+    problem_t P;
+    ac_err e;
+    make_problem(&P, 3);
+    P.p.model = &M;
+    P.p.opts.prune_experts = 0;
+    P.p.opts.prune_expert_ffn = 1;
+    P.p.limits.max_params = 0.62 * ac_arch_params(&M.a);
+    ac_search_result r;
+    CHECK(ac_search_minitron(&P.p, &r, &e) == 0, "minitron: %s", e.msg);
+    json_t *ax = json_object_get(json_object_get(r.detail, "axes"), "moe_ffn_hidden_size");
+    char *js = json_dumps(ax, JSON_COMPACT);
+    json_t *aj = ac_arch_to_json(&r.arch);
+    char *as = json_dumps(aj, JSON_COMPACT);
+    printf("   minitron: params %.0f (limit %.0f), feasible %d; moe_ffn_hidden_size axis %s\n   %s\n", r.cost.params,
+           P.p.limits.max_params, r.feasible, js ? js : "(none)", as);
+    free(js), free(as);
+    json_decref(aj);
+    int w = -1, uniform = 1;
+    for (int l = 0; l < M.a.n_layers; l++)
+        if (M.a.layers[l].n_experts && r.arch.layers[l].n_experts)
+            uniform &= w < 0 || r.arch.layers[l].expert_ffn == w, w = r.arch.layers[l].expert_ffn;
+    CHECK(ax && r.feasible && uniform && w > 0 && w < 24, "expert width %d: not one searched width under 24", w);
+    ac_search_result r0; /* without the axis, no point of the grid meets the limit */
+    P.p.opts.prune_expert_ffn = 0;
+    CHECK(ac_search_minitron(&P.p, &r0, &e) == 0, "minitron: %s", e.msg);
+    printf("   without moe_ffn_hidden_size: feasible %d (params %.0f)\n", r0.feasible, r0.cost.params);
+    CHECK(!r0.feasible, "the limit is met without cutting the expert width");
+    ac_search_result_free(&r0);
+    ac_importance view;
+    ac_minitron_importance_view(&IMP, &view);
+    ac_model pm;
+    CHECK(ac_prune(&M, &r.arch, &view, &pm, &e) == 0, "prune: %s", e.msg);
+    int checked, good = es_experts_hold_best_channels(&M, &pm, &r.arch, &IMP, w, &checked);
+    printf("   %d experts checked channel by channel\n", checked);
+    CHECK(good && checked > 0, "the student's experts are not the source's best-scored channels");
+    if (pm.L) ac_model_free(&pm);
+    ac_search_result_free(&r);
+}
+
+int main(void) {
+    ac_set_threads(2);
+    RUN(test_sigmoid_expert_gates_equal_pruned);
+    RUN(test_sigmoid_expert_gates_equal_pruned_nonorm);
+    RUN(test_depth_gates_equal_removed_layers);
+    RUN(test_gate_gradients_in_dnas_layout);
+    RUN(test_hybrid_cost_gradient);
+    RUN(test_dnas_hybrid_removes_experts);
+    RUN(test_minitron_hybrid_expert_width);
+    if (HAVE > 0) {
+        ac_importance_free(&IMP);
+        ac_model_free(&M);
+    }
+    free(IDS);
+    free(HIDS);
+    return DONE();
+}
