@@ -10,6 +10,7 @@ make the rule visible (docs/search.md, "The chosen arm"):
   would export Minitron, which this test asserts against.
 Both jobs are the smallest the search allows (5 surrogate steps, 10 gate steps, 2048 calibration tokens)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -52,8 +53,16 @@ def test_minitron_lower_loss_both_feasible():
         rep["chosen_reason"]
     assert f"{m['nll']:.6f} against {a['nll']:.6f}" in rep["chosen_reason"], rep["chosen_reason"]
     check_export_is_chosen(rep, out)  # the files are Minitron's model
-    # the timings name the arms as everywhere else
-    assert {"baseline", "minitron", "autocompress"} <= set(rep["measured_local"]), list(rep["measured_local"])
+    # the timings name the arms as everywhere else, and report.html's table of them says so row by row
+    ml = rep["measured_local"]
+    assert {"baseline", "minitron", "autocompress"} <= set(ml) and not {"base", "result"} & set(ml), list(ml)
+    assert set(ml.get("predicted", {"baseline": 0, "minitron": 0})) == {"baseline", "minitron"}, ml  # with a CPU table
+    st, page = D.req("GET", f"/v1/jobs/{job}/report.html")
+    t = re.search(r'<table id="measured">(.*?)</table>', page, re.S)
+    rows = re.findall(r'<tr><th>([a-z]+)</th><td[^>]*>([^<]*)</td><td class="n">([0-9.e+-]+)</td>', t.group(1) if t else "")
+    assert [r[0] for r in rows] == ["baseline", "minitron", "autocompress"], rows
+    for arm, _, measured in rows:  # TTFT measured, as the report's figure under the arm's name
+        assert abs(float(measured) - ml[arm]["ttft_ms"]) <= 5e-4 * ml[arm]["ttft_ms"] + 1e-3, (arm, measured, ml[arm])
     # the result event and the CLI's report say the same
     st, evs = D.req("GET", f"/v1/jobs/{job}/events?format=json")
     res = [e["data"] for e in evs["events"] if e["kind"] == "result"]
