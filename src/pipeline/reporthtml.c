@@ -367,7 +367,7 @@ static void put_structure(ac_text *o, const json_t *r, const int *idx, int n) {
         }
         ac_text_put(o, "</tr>\n");
     }
-    ac_text_put(o, "</table>\n<p class=\"muted\">base &rarr; arm<sub>m</sub> (minitron) &rarr; arm<sub>a</sub> "
+    ac_text_put(o, "</table>\n<p class=\"muted\">baseline &rarr; arm<sub>m</sub> (minitron) &rarr; arm<sub>a</sub> "
                    "(autocompress)%s; 0: the sub-block was removed.</p>\n",
                 json_is_object(obj(r, "puzzle")) ? " &rarr; arm<sub>p</sub> (puzzle)" : "");
 }
