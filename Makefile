@@ -30,7 +30,7 @@ LIB_SRC  = $(foreach d,$(SRC_DIRS),$(wildcard src/$(d)/*.c))
 LIB_HDR  = $(foreach d,$(SRC_DIRS),$(wildcard src/$(d)/*.h))
 LIB_OBJ  = $(LIB_SRC:src/%.c=$(B)/src/%.o)
 D_SRC    = $(filter-out daemon/main.c,$(wildcard daemon/*.c))
-D_OBJ    = $(D_SRC:daemon/%.c=$(B)/daemon/%.o) $(B)/daemon/migrations.o $(B)/daemon/openapi_doc.o
+D_OBJ    = $(D_SRC:daemon/%.c=$(B)/daemon/%.o) $(B)/daemon/migrations.o
 TEST_SRC = $(wildcard tests/test_*.c)
 TEST_BIN = $(TEST_SRC:tests/%.c=$(B)/tests/%)
 VIEWS    = $(B)/inc/.stamp
@@ -83,13 +83,6 @@ $(B)/daemon/migrations.c: $(wildcard migrations/*.sql) tools/embed_sql.sh
 $(B)/daemon/migrations.o: $(B)/daemon/migrations.c daemon/db.h | $(VIEWS)
 	$(CC) $(CFLAGS) $(PUB_INC) -c $< -o $@
 
-# proto/openapi.json, served at GET /openapi.json (daemon/openapi.c).
-$(B)/daemon/openapi_doc.c: proto/openapi.json tools/embed_text.sh
-	@mkdir -p $(dir $@)
-	sh tools/embed_text.sh $@ openapi_json_text proto/openapi.json
-
-$(B)/daemon/openapi_doc.o: $(B)/daemon/openapi_doc.c | $(VIEWS)
-	$(CC) $(CFLAGS) $(PUB_INC) -c $< -o $@
 
 $(B)/libautocompress.a: $(LIB_OBJ)
 	ar rcs $@ $^

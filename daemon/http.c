@@ -14,7 +14,7 @@
  * files, size caps), the same rules the worker applies again.
  *
  * Routes are one table (`http_routes`, routes.c): method, path pattern
- * ({id}, {rest}), handler and the rules this file checks before it
+ * ({id}, a last {NAME}), handler and the rules this file checks before it
  * (cross-site check, token, token in the query, JSON content type and
  * body). The JSON of jobs, events and cost tables comes from views.c, built
  * from the store's typed rows.
@@ -324,7 +324,7 @@ static int path_match(const char *pat, const char *url, req_ctx *rc) {
             if (id < 0) return 0;
             rc->id = id;
             pat += 4;
-        } else if (!strcmp(pat, "{rest}")) {
+        } else if (*pat == '{' && !strchr(pat, '/')) { /* a last {NAME}: the remainder */
             if (!*url) return 0;
             rc->rest = url;
             return 1;

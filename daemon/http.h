@@ -47,7 +47,7 @@ typedef struct req_ctx {
     char *idem_key;
     char url[512];
     const char *path; /* the request's path (valid during the MHD callback) */
-    const char *rest; /* a route's {rest} */
+    const char *rest; /* a route's last {NAME} */
     long id;          /* a route's {id} */
     int head;         /* a HEAD request (served by the GET route) */
     auth_ident who;   /* the caller (R_AUTH routes) */
@@ -86,11 +86,24 @@ enum {
 
 typedef enum MHD_Result (*route_fn)(req_ctx *rc, json_t *body);
 
+/* A route, and what GET /openapi.json says of it: openapi.c builds the
+ * document's paths from this table alone, so a route cannot be served
+ * undocumented nor documented unserved. */
 typedef struct {
-    const char *method; /* "*": any */
-    const char *path;   /* segments; {id} a positive integer, {rest} the remainder */
+    const char *method; /* "*": any (documented as GET) */
+    const char *path;   /* segments; {id} a positive integer, a last {NAME} the remainder (rc->rest) */
     route_fn fn;
     int rules;
+    const char *summary; /* one line (required: the document refuses a route without one) */
+    /* The answers beside those the rules imply (openapi.c: R_AUTH 401,
+     * R_BROWSER / R_SUBMIT / R_ADMIN 403, {id} 404, R_JSON 400 413 415,
+     * every route 503): space-separated STATUS[=WHAT[|WHAT]][+HEADER], WHAT a
+     * component schema (openapi_schemas.c), "object" (any JSON object) or
+     * a media type (text/html); a bare STATUS is an Error. */
+    const char *answers;
+    const char *params;  /* query and header parameters: names of openapi.c's parameter table, space-separated */
+    const char *body;    /* the request body's component schema (R_JSON routes), or NULL */
+    const char *desc;    /* the longer description, or NULL */
 } route;
 
 /* The route table (routes.c), and the static-file route for other GETs. */

@@ -3,6 +3,7 @@
  *   autocompressd [--config FILE] [--listen HOST:PORT] [--db PATH] [--data-dir DIR] [--web-dir DIR]
  *   autocompressd run-job ID ...                (the worker, its spec on stdin; see worker.c)
  *   autocompressd token add USER --role ROLE | list | revoke ID   (users' API tokens; see auth.h)
+ *   autocompressd --openapi                   (the OpenAPI document it serves; openapi.h)
  * Runs in the foreground, logs to stderr; SIGTERM/SIGINT stop it: running
  * jobs are stopped and re-queued, so a restart picks them up again.
  *
@@ -32,6 +33,7 @@
 #include "auth.h"
 #include "daemon.h"
 #include "autocompress.h"
+#include "openapi.h"
 
 void sched_stop(ac_daemon *d);
 int sched_busy(ac_daemon *d);
@@ -77,11 +79,26 @@ static void on_signal(uv_signal_t *s, int signum) {
     uv_timer_start(&drain_timer, on_drain, 0, 50);
 }
 
+/* --openapi: the document, as served, on stdout (proto/openapi.json is this output). */
+static int print_openapi(ac_err *e) {
+    json_t *doc = openapi_doc(e);
+    char *s = doc ? json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(doc);
+    if (!s) {
+        fprintf(stderr, "autocompressd: %s\n", doc ? "out of memory" : e->msg);
+        return 1;
+    }
+    printf("%s\n", s);
+    free(s);
+    return 0;
+}
+
 static int usage(void) {
     fprintf(stderr,
             "usage: autocompressd [--config FILE] [--listen HOST:PORT] [--db PATH] [--data-dir DIR] [--web-dir DIR]\n"
             "       autocompressd run-job ID [--device D] [--threads N] [--output DIR] < input.json\n"
-            "       autocompressd token add USER --role read|submit|admin | list | revoke ID [--config FILE] [--db PATH]\n");
+            "       autocompressd token add USER --role read|submit|admin | list | revoke ID [--config FILE] [--db PATH]\n"
+            "       autocompressd --openapi   (the OpenAPI document GET /openapi.json serves, on stdout)\n");
     return 2;
 }
 
@@ -184,6 +201,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "measure-table")) return measure_main(argc, argv);
     if (argc > 1 && !strcmp(argv[1], "token")) return token_main(argc, argv);
     ac_err e = {{0}};
+    if (argc == 2 && !strcmp(argv[1], "--openapi")) return print_openapi(&e);
     int rc = configure(argc, argv, &e);
     if (rc == 2) return usage();
     if (rc || start(&e)) {

@@ -126,6 +126,23 @@ def test_submit_follow_plain_lines():
     assert rc == 0 and json.loads(out) == res
 
 
+def test_worker_log_json():
+    # logs --worker: the worker's text log as served; with --json one {"job", "line", "text"} object a line, whose
+    # texts joined are that log line for line (the --json of every other command is JSON too)
+    job = DONE[0]
+    st, _ = D.req("GET", f"/v1/jobs/{job}/log")
+    rc, text, _ = cli("logs", str(job), "--worker")
+    assert rc == 0 and st == 200 and text.strip(), (rc, st, text)
+    rc, out, err = cli("logs", str(job), "--worker", "--json")
+    assert rc == 0, (rc, err)
+    rows = [json.loads(ln) for ln in out.splitlines()]  # every line is a JSON object
+    assert rows and all(set(r) == {"job", "line", "text"} and r["job"] == job for r in rows), rows[:3]
+    assert [r["line"] for r in rows] == list(range(1, len(rows) + 1))
+    assert [r["text"] for r in rows] == text.rstrip("\n").split("\n"), (rows[:3], text[:300])
+    rc, out, _ = cli("logs", "999999", "--worker", "--json")
+    assert rc != 0 and json.loads(out)["error"]["code"] == "not_found", out
+
+
 def test_list_pages():
     # three pages of one job: every job once, in id order
     st, jobs = D.req("GET", "/v1/jobs?limit=1000")
@@ -439,7 +456,8 @@ def main():
         print("SKIP all: build/autocompress not built")
         print("RESULT 0 0 1")
         sys.exit(0)
-    run_with_daemon([test_help_and_version, test_unreachable_server, test_submit_follow_plain_lines, test_list_pages,
+    run_with_daemon([test_help_and_version, test_unreachable_server, test_submit_follow_plain_lines, test_worker_log_json,
+                     test_list_pages,
                      test_report_html_served_written_and_opened, test_head_and_delete_without_content_type,
                      test_submit_errors_name_the_field, test_idempotency_key, test_follow_json_matches_the_store,
                      test_progress_bar_on_a_tty, test_failed_job_exit_status, test_cancel_and_wait_timeout,

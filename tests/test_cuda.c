@@ -509,7 +509,7 @@ static void test_gpu_job(void) {
         const char *engine = json_string_value(json_object_get(json_object_get(rep, "eval_protocol"), "engine"));
         json_t *ot = json_object_get(rep, "measured_on_target");
         double gpu_ppl = json_number_value(json_object_get(json_object_get(rep, "baseline"), "perplexity"));
-        double ttft = json_number_value(json_object_get(json_object_get(ot, "result"), "ttft_ms"));
+        double ttft = json_number_value(json_object_get(json_object_get(ot, json_string_value(json_object_get(rep, "chosen"))), "ttft_ms"));
         CHECK(engine && !strcmp(engine, "cuda"), "evaluated on %s", engine ? engine : "?");
         CHECK(ot && ttft > 0, "no measured_on_target latency");
         /* the CPU engine on the same held-out windows */

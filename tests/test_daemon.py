@@ -189,8 +189,9 @@ def test_job_lifecycle_and_cost_cache():
     held = ml["table_measured_again"][-1]["new_table_reference_probe_us"] if "table_measured_again" in ml else tj3["quiet"]["reference_probe_us"]
     assert q["reference_probe_us"] > 0 and q["table_reference_probe_us"] == held, (q, ml.get("table_measured_again"))
     # the drift-adjusted errors scale each prediction by its model's probe ratio
-    for arm, key, adj in (("result", "prediction_error", "prediction_error_speed_adjusted"),
-                          ("base", "prediction_error_base", "prediction_error_base_speed_adjusted")):
+    assert set(ml["predicted"]) == set(q["speed_ratio"]) == {"baseline", res3["chosen"]}, ml  # arms by their names
+    for arm, key, adj in ((res3["chosen"], "prediction_error", "prediction_error_speed_adjusted"),
+                          ("baseline", "prediction_error_baseline", "prediction_error_baseline_speed_adjusted")):
         for f in ("ttft", "tpot"):
             p, m, sr = ml["predicted"][arm][f + "_ms"], ml[arm][f + "_ms"], q["speed_ratio"][arm]
             assert abs(ml[key][f] - (p / m - 1)) < 1e-9 and abs(ml[adj][f] - (p * sr / m - 1)) < 1e-9, (arm, f, ml)

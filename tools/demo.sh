@@ -87,23 +87,23 @@ def arch(a):
     return f"per layer (heads, kv, ffn) {[(l['heads'], l['kv_heads'], l['ffn']) for l in a['layers']]}, hidden {a['hidden']}"
 for k in ("baseline", "minitron", "autocompress"):
     x = r[k]; p = x["predicted"]
-    meas = m["base"] if k == "baseline" else m["result"] if k == r["chosen"] else m.get(k)
+    meas = m.get(k)
     mt = f"{meas['tpot_ms']:10.4f} {meas['ttft_ms']:10.3f}" if meas else f"{'-':>10} {'-':>10}"
     a = arch(x["architecture"]) if "architecture" in x else arch(r["model"]["architecture"])
     acc = x.get("tasks", {}).get("fortunes", {}).get("acc")
     acc = f"{acc:6.3f}" if acc is not None else f"{'-':>6}"
     print(f"{k + (' *' if k == r['chosen'] else ''):14} {x['perplexity']:8.2f} {acc} {met(k):>7} {p['tpot_ms']:10.4f} {p['ttft_ms']:10.3f} {p['params']:9.0f} {mt}  {a}")
-pe, pb = m.get("prediction_error"), m.get("prediction_error_base")
+pe, pb = m.get("prediction_error"), m.get("prediction_error_baseline")
 if pe and pb:
     print(f"cost model vs this CPU at b{m['workload']['batch']} p{m['workload']['prompt_len']} "
           f"g{m['workload']['gen_len']} (measured_local.prediction_error): {r['chosen']} TTFT {pe['ttft']:+.1%}, "
           f"TPOT {pe['tpot']:+.1%}; baseline TTFT {pb['ttft']:+.1%}, TPOT {pb['tpot']:+.1%} "
           f"(load average {m.get('load_average', float('nan')):.2f})")
-    q, sa, sb = m.get("quiet", {}), m.get("prediction_error_speed_adjusted"), m.get("prediction_error_base_speed_adjusted")
+    q, sa, sb = m.get("quiet", {}), m.get("prediction_error_speed_adjusted"), m.get("prediction_error_baseline_speed_adjusted")
     if sa and sb:
         sr = q["speed_ratio"]
-        print(f"  this CPU ran {sr['base']:.2f}x / {sr['result']:.2f}x the table's reference probe time while base / "
-              f"result were timed ({q['remeasured_runs']} runs measured again, {q['disturbed_runs']} still disturbed); "
+        print(f"  this CPU ran {sr['baseline']:.2f}x / {sr[r['chosen']]:.2f}x the table's reference probe time while "
+              f"baseline / {r['chosen']} were timed ({q['remeasured_runs']} runs measured again, {q['disturbed_runs']} still disturbed); "
               f"with that drift taken out: {r['chosen']} TTFT {sa['ttft']:+.1%}, TPOT {sa['tpot']:+.1%}; "
               f"baseline TTFT {sb['ttft']:+.1%}, TPOT {sb['tpot']:+.1%}")
     for a in m.get("table_measured_again", []):

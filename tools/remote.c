@@ -407,7 +407,7 @@ static void print_outcome(const follow_st *f) {
     printf("job %ld succeeded: chosen %s", f->job, chosen[0] ? chosen : "?");
     double ppl = json_number_value(json_object_get(arm, "perplexity")),
            bppl = json_number_value(json_object_get(base, "perplexity"));
-    if (ppl > 0) printf(", perplexity %.3f (base %.3f)", ppl, bppl);
+    if (ppl > 0) printf(", perplexity %.3f (baseline %.3f)", ppl, bppl);
     double params = json_number_value(json_object_get(json_object_get(arm, "predicted"), "params"));
     if (params > 0) printf(", %.3g parameters", params);
     const char *dir = jstr(json_object_get(r, "export"), "dir");
@@ -574,7 +574,20 @@ static int cmd_logs(const ctx *c, long id, int follow, int worker) {
         snprintf(path, sizeof path, "/v1/jobs/%ld/log", id);
         hc_resp r;
         if (get_text(c, path, &r)) return RC_API;
-        fwrite(r.body, 1, r.len, stdout);
+        if (!c->json)
+            fwrite(r.body, 1, r.len, stdout);
+        else /* one {"job", "line", "text"} a line of the log (the last line's newline optional) */
+            for (size_t at = 0, n = 1; at < r.len; n++) {
+                const char *nl = memchr(r.body + at, '\n', r.len - at);
+                size_t end = nl ? (size_t)(nl - r.body) : r.len;
+                json_t *o = json_pack("{s:I,s:I,s:s%}", "job", (json_int_t)id, "line", (json_int_t)n, "text",
+                                      r.body + at, end - at);
+                if (o) print_json(o, 0);
+                else
+                    fprintf(stderr, "autocompress: line %zu of the worker's log is not UTF-8\n", n);
+                json_decref(o);
+                at = end + 1;
+            }
         hc_resp_free(&r);
         return RC_OK;
     }

@@ -272,12 +272,10 @@ function showResult(r) {
     rows.push([`${m} (pred., ${c.unit})`, f(r.baseline.predicted[m], d), ...pruned.map((a) => f((get(a).predicted || {})[m], d))]);
   }
   const ml = r.measured_local;
-  if (ml && ml.base && ml.result) {
-    const other = ml[r.chosen === "autocompress" ? "minitron" : "autocompress"];
-    for (const k of ["ttft_ms", "tpot_ms"]) {
-      const res = f(ml.result[k], 3), oth = other ? f(other[k], 3) : "—";
-      rows.push([`${k} measured on this CPU (${ml.weights_dtype})`, f(ml.base[k], 3), r.chosen === "minitron" ? res : oth, r.chosen === "autocompress" ? res : oth, ...(r.puzzle ? ["—"] : [])]);
-    }
+  if (ml && ml.baseline) { // measured_local names each arm it timed: baseline, minitron, autocompress
+    const t = (a, k) => (ml[a] ? f(ml[a][k], 3) : "—");
+    for (const k of ["ttft_ms", "tpot_ms"])
+      rows.push([`${k} measured on this CPU (${ml.weights_dtype})`, t("baseline", k), t("minitron", k), t("autocompress", k), ...(r.puzzle ? ["—"] : [])]);
   }
   $("#summary tbody").innerHTML = rows.map((row, i) => `<tr>${row.map((c) => {
     const t = typeof c === "object" && c ? c : { text: c, cls: "" };

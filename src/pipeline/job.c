@@ -533,7 +533,8 @@ static int stage_evaluate(job_state *s, ac_err *e) {
                            fresh.ref_us);
         ct = &fresh;
     }
-    if (!rc && !(s->measured_local = ac_measure_local_report(&lt, &s->m, s->result, ct)))
+    const char *arm = s->chosen == &s->ra ? "autocompress" : "minitron"; /* the exported arm's name */
+    if (!rc && !(s->measured_local = ac_measure_local_report(&lt, &s->m, s->result, arm, ct)))
         rc = ac_errf(e, "out of memory");
     if (!rc && again) json_object_set_new(s->measured_local, "table_measured_again", json_pack("[O]", again));
     json_decref(again);
@@ -544,7 +545,7 @@ static int stage_evaluate(job_state *s, ac_err *e) {
         json_object_set_new(s->measured_local, s->chosen == &s->ra ? "minitron" : "autocompress",
                             json_pack("{s:f,s:f}", "ttft_ms", mtt, "tpot_ms", mtp));
     if (t->dev.kind == AC_TARGET_CUDA && ac_cuda(NULL) &&
-        ac_measure_on_gpu(&s->m, s->result, s->hids, s->nh, &t->workload, &s->table, &s->engine, &s->measured_on_target,
+        ac_measure_on_gpu(&s->m, s->result, arm, s->hids, s->nh, &t->workload, &s->table, &s->engine, &s->measured_on_target,
                           e))
         emit(s, "log", json_pack("{s:s,s:s}", "message", "measuring on the target GPU failed", "error", e->msg));
     return 0;

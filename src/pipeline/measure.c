@@ -98,7 +98,7 @@ static int predict(const ac_cost_table *t, const ac_model *m, const ac_workload 
  * more than the tolerance slower than now (its figures are then high);
  * speed_ratio: each model's probe level over the table's (above 1: the
  * machine ran slower while that model was timed than when the table was). */
-static json_t *quiet_json(double table_ref, const ac_quiet_result *a, const ac_quiet_result *b) {
+static json_t *quiet_json(double table_ref, const ac_quiet_result *a, const ac_quiet_result *b, const char *arm) {
     double now = fmin(a->ref_us, b->ref_us);
     json_t *q =
         json_pack("{s:f,s:i,s:i,s:f}", "reference_probe_us", now, "remeasured_runs", a->remeasured + b->remeasured,
@@ -107,7 +107,7 @@ static json_t *quiet_json(double table_ref, const ac_quiet_result *a, const ac_q
         json_object_set_new(q, "table_reference_probe_us", json_real(table_ref));
         json_object_set_new(q, "table_measured_slow", json_boolean(table_ref > AC_QUIET_TOL * now));
         json_object_set_new(q, "speed_ratio",
-                            json_pack("{s:f,s:f}", "base", a->ref_us / table_ref, "result", b->ref_us / table_ref));
+                            json_pack("{s:f,s:f}", "baseline", a->ref_us / table_ref, arm, b->ref_us / table_ref));
     }
     return q;
 }
@@ -157,20 +157,20 @@ double ac_local_timing_off_table(const ac_local_timing *t, const ac_cost_table *
     return hi > AC_QUIET_TOL * r ? hi : lo * AC_QUIET_TOL < r ? lo : 0;
 }
 
-json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, const ac_model *res,
+json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, const ac_model *res, const char *arm,
                                 const ac_cost_table *cpu_table) {
     const ac_workload lw = t->w;
     double bt = t->base_ttft, bp = t->base_tpot, rt = t->res_ttft, rp = t->res_tpot;
     json_t *o = json_pack("{s:s,s:s,s:{s:i,s:i,s:i},s:{s:f,s:f},s:{s:f,s:f}}", "device", "cpu", "weights_dtype",
                           t->dtype, "workload", "batch", lw.batch, "prompt_len", lw.prompt_len, "gen_len", lw.gen_len,
-                          "base", "ttft_ms", bt, "tpot_ms", bp, "result", "ttft_ms", rt, "tpot_ms", rp);
+                          "baseline", "ttft_ms", bt, "tpot_ms", bp, arm, "ttft_ms", rt, "tpot_ms", rp);
     if (!o) return NULL;
     /* the 1-minute load average when measured: on a shared host the errors
      * below say as much about the neighbours as about the model */
     double load[1];
     if (getloadavg(load, 1) == 1) json_object_set_new(o, "load_average", json_real(load[0]));
     double ref = cpu_table ? cpu_table->ref_us : 0;
-    json_object_set_new(o, "quiet", quiet_json(ref, &t->qb, &t->qres));
+    json_object_set_new(o, "quiet", quiet_json(ref, &t->qb, &t->qres, arm));
     ac_engine_profile cp;
     ac_engine_profile_cpu(&cp, t->dtype);
     ac_cost k0, k1;
@@ -178,10 +178,10 @@ json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, 
     if (cpu_table && predict(cpu_table, res, &lw, &cp, &k1, &e2) == 0 &&
         predict(cpu_table, base, &lw, &cp, &k0, &e2) == 0) {
         json_object_set_new(o, "predicted",
-                            json_pack("{s:{s:f,s:f},s:{s:f,s:f}}", "base", "ttft_ms", k0.ttft_ms, "tpot_ms", k0.tpot_ms,
-                                      "result", "ttft_ms", k1.ttft_ms, "tpot_ms", k1.tpot_ms));
+                            json_pack("{s:{s:f,s:f},s:{s:f,s:f}}", "baseline", "ttft_ms", k0.ttft_ms, "tpot_ms",
+                                      k0.tpot_ms, arm, "ttft_ms", k1.ttft_ms, "tpot_ms", k1.tpot_ms));
         json_object_set_new(o, "prediction_error", errors(&k1, rt, rp, 1));
-        json_object_set_new(o, "prediction_error_base", errors(&k0, bt, bp, 1));
+        json_object_set_new(o, "prediction_error_baseline", errors(&k0, bt, bp, 1));
         /* the same with each prediction scaled by how much slower (or
          * quicker) the reference probe ran while that model was timed than
          * when the table was measured: the machine's drift taken out, the
@@ -189,14 +189,14 @@ json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, 
          * engine's prefill between this VM's two speeds) */
         if (ref > 0) {
             json_object_set_new(o, "prediction_error_speed_adjusted", errors(&k1, rt, rp, t->qres.ref_us / ref));
-            json_object_set_new(o, "prediction_error_base_speed_adjusted", errors(&k0, bt, bp, t->qb.ref_us / ref));
+            json_object_set_new(o, "prediction_error_baseline_speed_adjusted", errors(&k0, bt, bp, t->qb.ref_us / ref));
         }
     }
     return o;
 }
 
-int ac_measure_on_gpu(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,
-                      const ac_cost_table *table, const ac_engine_profile *p, json_t **out, ac_err *e) {
+int ac_measure_on_gpu(const ac_model *base, const ac_model *res, const char *arm, const int *ids, size_t n,
+                      const ac_workload *wl, const ac_cost_table *table, const ac_engine_profile *p, json_t **out, ac_err *e) {
     ac_workload gw = {
         .batch = cap(wl->batch, 32), .prompt_len = cap(wl->prompt_len, 2048), .gen_len = cap(wl->gen_len, 64)};
     double bt, bp, rt, rp;
@@ -208,9 +208,9 @@ int ac_measure_on_gpu(const ac_model *base, const ac_model *res, const int *ids,
     gp.overhead_ms = 0; /* our engine, not a serving framework */
     ac_cost k;
     if (predict(table, res, &gw, &gp, &k, e)) return -1;
-    *out = json_pack("{s:s,s:{s:i,s:i,s:i},s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f}}", "device", table->device,
-                     "workload", "batch", gw.batch, "prompt_len", gw.prompt_len, "gen_len", gw.gen_len, "base",
-                     "ttft_ms", bt, "tpot_ms", bp, "result", "ttft_ms", rt, "tpot_ms", rp, "predicted_result",
+    *out = json_pack("{s:s,s:{s:i,s:i,s:i},s:{s:f,s:f},s:{s:f,s:f},s:{s:{s:f,s:f}},s:{s:f,s:f}}", "device",
+                     table->device, "workload", "batch", gw.batch, "prompt_len", gw.prompt_len, "gen_len", gw.gen_len,
+                     "baseline", "ttft_ms", bt, "tpot_ms", bp, arm, "ttft_ms", rt, "tpot_ms", rp, "predicted", arm,
                      "ttft_ms", k.ttft_ms, "tpot_ms", k.tpot_ms, "prediction_error", "ttft", k.ttft_ms / rt - 1, "tpot",
                      rp > 0 ? k.tpot_ms / rp - 1 : 0);
     return *out ? 0 : ac_errf(e, "out of memory");

@@ -55,7 +55,9 @@ typedef struct {
 } ac_local_timing;
 int ac_measure_local_time(const ac_model *base, const ac_model *res, const char *dtype, const int *ids, size_t n,
                           const ac_workload *wl, double quiet_ref_us, ac_local_timing *t, ac_err *e);
-json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, const ac_model *res,
+/* The report's measured_local: the timings under "baseline" and arm (the
+ * exported arm's name, "minitron" or "autocompress"; res is that arm). */
+json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, const ac_model *res, const char *arm,
                                 const ac_cost_table *cpu_table);
 /* When either model's runs ran, by their reference probe level (quiet.h),
  * more than the tolerance slower or quicker than tb's reference (the CPU
@@ -67,8 +69,10 @@ double ac_local_timing_off_table(const ac_local_timing *t, const ac_cost_table *
 /* Base and result measured on the local GPU for wl capped to batch 32,
  * prompt 2048, 64 generated, against table's prediction for the result
  * with profile p (overhead_ms 0: our engine, not a serving framework):
- * the report's "measured_on_target". */
-int ac_measure_on_gpu(const ac_model *base, const ac_model *res, const int *ids, size_t n, const ac_workload *wl,
-                      const ac_cost_table *table, const ac_engine_profile *p, json_t **out, ac_err *e);
+ * the report's "measured_on_target" {device, workload, baseline, ARM,
+ * predicted {ARM}, prediction_error}, ARM being arm (res's arm name). */
+int ac_measure_on_gpu(const ac_model *base, const ac_model *res, const char *arm, const int *ids, size_t n,
+                      const ac_workload *wl, const ac_cost_table *table, const ac_engine_profile *p, json_t **out,
+                      ac_err *e);
 
 #endif

@@ -231,13 +231,13 @@ static void put_hybrid_structure(ac_text *o, const json_t *before, const json_t 
 static void put_measured(ac_text *o, const json_t *r) {
     const json_t *m = json_object_get(r, "measured_local");
     if (!json_is_object(m)) return;
-    const json_t *b = json_object_get(m, "base"), *t = json_object_get(m, "result"),
+    const json_t *b = json_object_get(m, "baseline"), *t = json_object_get(m, ac_jstr(r, "chosen")),
                  *w = json_object_get(m, "workload");
     ac_text_put(o, "## Measured on the job's CPU\n\n");
     ac_text_put(o, "AutoCompress's CPU engine, weights %s, batch %.0f, prompt %.0f, %.0f generated tokens:\n\n",
                 ac_jstr(m, "weights_dtype"), ac_jnum(w, "batch"), ac_jnum(w, "prompt_len"), ac_jnum(w, "gen_len"));
     ac_text_put(
-        o, "| model | TTFT ms | TPOT ms |\n|---|---|---|\n| base | %.3f | %.3f |\n| this model | %.3f | %.3f |\n\n",
+        o, "| model | TTFT ms | TPOT ms |\n|---|---|---|\n| baseline | %.3f | %.3f |\n| this model | %.3f | %.3f |\n\n",
         ac_jnum(b, "ttft_ms"), ac_jnum(b, "tpot_ms"), ac_jnum(t, "ttft_ms"), ac_jnum(t, "tpot_ms"));
 }
 

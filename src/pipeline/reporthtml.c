@@ -265,7 +265,7 @@ static void put_cost(ac_text *o, const json_t *r, const int *idx, int n) {
             ac_jstr(m, "weights_dtype"), ac_jnum(mw, "batch"), ac_jnum(mw, "prompt_len"), ac_jnum(mw, "gen_len"));
         const struct {
             const char *label, *meas, *pred;
-        } rows[] = {{"baseline", "base", "base"}, {chosen, "result", "result"}, {other, other, NULL}};
+        } rows[] = {{"baseline", "baseline", "baseline"}, {chosen, chosen, chosen}, {other, other, NULL}};
         for (int i = 0; i < 3; i++) {
             const json_t *mm = obj(m, rows[i].meas), *pp = rows[i].pred ? obj(p, rows[i].pred) : NULL;
             if (!json_is_object(mm)) continue;
@@ -289,8 +289,9 @@ static void put_cost(ac_text *o, const json_t *r, const int *idx, int n) {
         esc(o, ac_jstr(g, "device"));
         ac_text_put(o,
                     ", the exported arm): TTFT %.4g ms and TPOT %.4g ms measured, %.4g ms and %.4g ms predicted.</p>\n",
-                    ac_jnum(obj(g, "result"), "ttft_ms"), ac_jnum(obj(g, "result"), "tpot_ms"),
-                    ac_jnum(obj(g, "predicted_result"), "ttft_ms"), ac_jnum(obj(g, "predicted_result"), "tpot_ms"));
+                    ac_jnum(obj(g, ac_jstr(r, "chosen")), "ttft_ms"), ac_jnum(obj(g, ac_jstr(r, "chosen")), "tpot_ms"),
+                    ac_jnum(obj(obj(g, "predicted"), ac_jstr(r, "chosen")), "ttft_ms"),
+                    ac_jnum(obj(obj(g, "predicted"), ac_jstr(r, "chosen")), "tpot_ms"));
     } else if (!json_is_object(m))
         ac_text_put(o, "<p class=\"muted\">Nothing was measured: the target is a spec profile.</p>\n");
 }
@@ -366,7 +367,7 @@ static void put_structure(ac_text *o, const json_t *r, const int *idx, int n) {
         }
         ac_text_put(o, "</tr>\n");
     }
-    ac_text_put(o, "</table>\n<p class=\"muted\">base &rarr; arm<sub>m</sub> (minitron) &rarr; arm<sub>a</sub> "
+    ac_text_put(o, "</table>\n<p class=\"muted\">baseline &rarr; arm<sub>m</sub> (minitron) &rarr; arm<sub>a</sub> "
                    "(autocompress)%s; 0: the sub-block was removed.</p>\n",
                 json_is_object(obj(r, "puzzle")) ? " &rarr; arm<sub>p</sub> (puzzle)" : "");
 }
