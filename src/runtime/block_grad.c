@@ -165,20 +165,7 @@ static void route_bwd(ac_block_grad *c, int l, const float *p, const float *r, f
         }
     }
     /* softmax, with expert gates z (ac_moe_route_gated): q = z p the experts' probabilities; d z += p (dq - pd) */
-    const float *z = c->gate[AC_DIM_E];
-    float *dz = c->dgate[AC_DIM_E];
-    for (int i = 0; !a->router_sigmoid && i < N; i++) {
-        const float *pi = p + (size_t)i * E, *ri = r + (size_t)i * E;
-        float *d = dr + (size_t)i * E;
-        double S = 0, rd = 0, pd = 0;
-        for (int x = 0; x < E; x++)
-            if (ri[x] != 0) S += (z ? z[x] : 1.0f) * pi[x], rd += (double)d[x] * ri[x];
-        for (int x = 0; x < E; x++) /* d q over the routed experts (through the renormalisation) */
-            d[x] = ri[x] == 0 ? 0.0f : a->norm_topk ? (float)((d[x] - rd) / S) : d[x];
-        for (int x = 0; x < E; x++) pd += (double)d[x] * (z ? z[x] : 1.0f) * pi[x];
-        for (int x = 0; dz && x < E; x++) dz[x] += (float)(pi[x] * (d[x] - pd));
-        for (int x = 0; x < E; x++) d[x] = (float)((z ? z[x] : 1.0f) * pi[x] * (d[x] - pd)); /* softmax */
-    }
+    if (!a->router_sigmoid) ac_moe_route_gated_bwd(dr, p, r, c->gate[AC_DIM_E], c->dgate[AC_DIM_E], N, E, a->norm_topk);
     ac_linear_dx_w(dxn, dr, c->w->router, c->wdt, N, H, E, 1.0f, 1, c->wtile, c->wtile_rows);
     if (c->gw && c->gw->router) /* dWr[E][H] += dlogits^T xn */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, E, H, N, 1.0f, dr, E, xn, H, 1.0f, c->gw->router, H);

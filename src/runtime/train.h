@@ -60,7 +60,7 @@ typedef struct {
     float *hidden; /* [H] */
     float *attn;   /* [l] */
     float *mlp;    /* [l] */
-    float **expert; /* [l][n_experts] (NULL without experts; may be NULL as a whole, e.g. the CUDA trainer's) */
+    float **expert; /* [l][n_experts] (NULL without experts; may be NULL as a whole: acc_trainer_gates then leaves them) */
     float **echan;  /* [l][n_experts * expert_ffn]: expert e's channels at e * expert_ffn */
     float **ssm;   /* [l][ssm_heads]: nemotron_h Mamba heads (NULL when the layer has none) */
 } ac_gates;
