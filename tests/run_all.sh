@@ -45,6 +45,7 @@ if [ -f "$AC_BUILD/tests/libac_cuda_emu.so" ]; then
   run "test_block (each block op on the CUDA backend, CPU emulator)" env AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_block"
   run "test_train (CUDA trainer on the CPU emulator)" env AC_TRAIN_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_train"
   run "test_dnas (gate search on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas"
+  run "test_dnas_moe (expert gates on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas_moe"
 fi
 run fuzz_parsers bash -c '"$AC_BUILD"/tests/fuzz_parsers 30000 7 && echo "RESULT 1 0 0" || echo "RESULT 0 1 0"'
 run "fuzz_parsers --extremes" bash -c '"$AC_BUILD"/tests/fuzz_parsers --extremes && echo "RESULT 1 0 0" || echo "RESULT 0 1 0"'
