@@ -360,6 +360,51 @@ static void test_moe_layers(void) {
     }
 }
 
+/* STREAMED on a resident BF16 mixture-of-experts checkpoint (the Qwen3-MoE
+ * fixture, matrices left in the mapping: the router's and every expert's
+ * forward and backward through 16-bit weights) against STREAMED on its fp32
+ * load (the same values; exact GEMMs, AMX off): it runs as STREAMED (not
+ * the anchored fallback), and its curves (the MoE layers' expert curves
+ * among them), orders and base loss agree within test_resident's
+ * tolerances. */
+static void test_moe_resident(void) {
+    char dir[1200];
+    ck_build_path(dir, sizeof dir, "fixtures/models/qwen3moe_mixed_bf16");
+    ac_model r, f;
+    ac_err e = {{0}};
+    if (ac_model_load(dir, &f, &e)) SKIP("no MoE fixture (make fixtures): %s", e.msg);
+    CHECK(ac_model_load_resident(dir, &r, &e) == 0 && ac_model_wdt(&r) == ST_BF16, "resident: %s", e.msg);
+    enum { CTX = 16, NW = 6 };
+    int ids[CTX * NW];
+    unsigned rng = 29;
+    for (int i = 0; i < CTX * NW; i++) ids[i] = (int)((rng = rng * 1664525u + 1013904223u) >> 8) % f.a.vocab;
+    ac_importance a, b;
+    int rows = ac_bf16_gemm_rows();
+    ac_set_bf16_gemm_rows(0);
+    int ok = ac_importance_compute_mode(&r, ids, CTX * NW, CTX, NW, 0, AC_CALIB_STREAMED, NULL, NULL, &a, &e) == 0;
+    CHECK(ok, "streamed on the resident MoE checkpoint: %s", e.msg);
+    ok = ok && ac_importance_compute_mode(&f, ids, CTX * NW, CTX, NW, 0, AC_CALIB_STREAMED, NULL, NULL, &b, &e) == 0;
+    ac_set_bf16_gemm_rows(rows);
+    if (ok) {
+        int n = 0, bad = imp_differences(&a, &b, &f.a, 1e-5, 1e-3, &n);
+        for (int l = 0; l < f.a.n_layers; l++)
+            bad += f.a.layers[l].n_experts &&
+                   memcmp(a.expert_order[l], b.expert_order[l], sizeof(int) * f.a.layers[l].n_experts);
+        printf("   resident BF16 vs fp32 load, streamed: method %d / %d, base loss %.8f / %.8f, MoE layer 0 curve at "
+               "100 %% %.6f / %.6f, %d of %d values differ\n",
+               a.method, b.method, a.base_loss, b.base_loss, a.ffn_sens[0][AC_SENS_POINTS - 1],
+               b.ffn_sens[0][AC_SENS_POINTS - 1], bad, n);
+        CHECK(a.method == AC_CALIB_STREAMED && a.streamed, "the resident checkpoint fell back to method %d", a.method);
+        CHECK(bad == 0, "resident vs fp32: %d of %d values differ", bad, n);
+        CHECK(close_rel(a.base_loss, b.base_loss, 1e-5), "base loss %.8f vs %.8f", a.base_loss, b.base_loss);
+        CHECK(b.ffn_sens[0][AC_SENS_POINTS - 1] > 0, "the MoE layer's curve is not measured");
+        ac_importance_free(&a);
+        ac_importance_free(&b);
+    }
+    ac_model_free(&r);
+    ac_model_free(&f);
+}
+
 int main(void) {
     RUN(test_statistics_match);
     RUN(test_exact_is_engine);
@@ -368,6 +413,7 @@ int main(void) {
     RUN(test_proxy_ranking);
     RUN(test_resident);
     RUN(test_moe_layers);
+    RUN(test_moe_resident);
     ac_importance_free(&EX);
     ac_importance_free(&ST);
     ac_importance_free(&EN);

@@ -11,8 +11,7 @@
 #include "ssm_cpu_int.h"
 
 int ac_block_grad_supports(const ac_arch *a, int wdt, ac_err *e) {
-    if (ac_arch_has_moe(a) && wdt != ST_F32)
-        return ac_errf(e, "mixture-of-experts layers train on fp32 weights only so far (not in place on 16-bit ones)");
+    /* (softmax-routed MoE layers: every router and expert GEMM goes through ac_linear_w / ac_linear_dx_w) */
     if (a->hybrid && wdt != ST_F32)
         return ac_errf(e, "hybrid (nemotron_h) Mamba layers train on fp32 weights only so far (not in place on 16-bit "
                           "ones)");

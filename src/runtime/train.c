@@ -137,9 +137,7 @@ static int trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, int fr
     memset(t, 0, sizeof *t);
     const ac_arch *a = &m->a;
     if (max_B <= 0 || max_T <= 0) return ac_errf(e, "trainer: batch and context must be positive");
-    /* a frozen model's dense and (softmax-routed) MoE matrices reach the block executor in fp32 (layer_view);
-     * nemotron_h's Mamba and its experts' tensors would not */
-    if (ac_block_grad_supports(a, frozen && !a->hybrid ? ST_F32 : ac_model_wdt(m), e)) return ac_errctx(e, "trainer");
+    if (ac_block_grad_supports(a, ac_model_wdt(m), e)) return ac_errctx(e, "trainer");
     if (!frozen && ac_model_wdt(m) != ST_F32) /* the optimizer updates m in place: fp32 master weights */
         return ac_errf(e, "trainer: trained weights must be fp32 (a resident model needs ac_model_to_f32 first)");
     t->m = m;

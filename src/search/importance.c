@@ -805,10 +805,7 @@ int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, i
                    ? AC_CALIB_STREAMED
                    : AC_CALIB_EXACT;
     if (mode == AC_CALIB_EXACT && cuda) mode = AC_CALIB_ENGINE; /* the loss passes on the GPU */
-    if (ac_arch_has_moe(a)) { /* the expert curves are streamed (CPU); the backward needs fp32 weights */
-        if (mode == AC_CALIB_ENGINE) mode = AC_CALIB_EXACT;
-        if (mode == AC_CALIB_STREAMED && ac_model_wdt(m) != ST_F32) mode = AC_CALIB_ANCHORED;
-    }
+    if (ac_arch_has_moe(a) && mode == AC_CALIB_ENGINE) mode = AC_CALIB_EXACT; /* expert curves streamed (CPU) */
     int hybrid = ac_arch_is_hybrid(a);
     if (hybrid) mode = AC_CALIB_ENGINE; /* the statistics in one engine pass (CPU); no loss curves yet */
     imp->method = mode;
