@@ -304,6 +304,19 @@ static void test_resident(void) {
     CHECK(ck_rmtree(dir) == 0, "cleanup %s", dir);
 }
 
+/* MoE fixture `name` loaded in fp32 (dir gets its folder); 0 on success. */
+static int load_moe(const char *name, char *dir, size_t dn, ac_model *m, ac_err *e) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "fixtures/models/%s", name);
+    ck_build_path(dir, dn, rel);
+    return ac_model_load(dir, m, e);
+}
+
+/* n pseudo-random token ids of vocabulary V from seed. */
+static void lcg_ids(int *ids, int n, int V, unsigned rng) {
+    for (int i = 0; i < n; i++) ids[i] = (int)((rng = rng * 1664525u + 1013904223u) >> 8) % V;
+}
+
 /* Mixture-of-experts layers streamed (the fixtures: Mixtral, 3 experts;
  * Qwen3-MoE, 5 experts, a dense layer between): EXACT's base loss is the
  * engine's, experts are ranked, and each MoE layer's last curve point
@@ -313,17 +326,14 @@ static void test_resident(void) {
 static void test_moe_layers(void) {
     const char *names[] = {"mixtral_f32", "qwen3moe_mixed_bf16"};
     for (int f = 0; f < 2; f++) {
-        char dir[1200], rel[256];
-        snprintf(rel, sizeof rel, "fixtures/models/%s", names[f]);
-        ck_build_path(dir, sizeof dir, rel);
+        char dir[1200];
         ac_model m;
         ac_err e = {{0}};
-        if (ac_model_load(dir, &m, &e)) SKIP("no MoE fixture %s (make fixtures): %s", names[f], e.msg);
+        if (load_moe(names[f], dir, sizeof dir, &m, &e)) SKIP("no MoE fixture %s (make fixtures): %s", names[f], e.msg);
         const ac_arch *a = &m.a;
         enum { CTX = 11, NW = 4 };
         int ids[CTX * NW];
-        unsigned rng = 11 + f;
-        for (int i = 0; i < CTX * NW; i++) ids[i] = (int)((rng = rng * 1664525u + 1013904223u) >> 8) % a->vocab;
+        lcg_ids(ids, CTX * NW, a->vocab, 11 + f);
         ac_importance imp;
         CHECK(ac_importance_compute_mode(&m, ids, CTX * NW, CTX, NW, 0, AC_CALIB_EXACT, NULL, NULL, &imp, &e) == 0,
               "%s: %s", names[f], e.msg);
@@ -369,15 +379,13 @@ static void test_moe_layers(void) {
  * tolerances. */
 static void test_moe_resident(void) {
     char dir[1200];
-    ck_build_path(dir, sizeof dir, "fixtures/models/qwen3moe_mixed_bf16");
     ac_model r, f;
     ac_err e = {{0}};
-    if (ac_model_load(dir, &f, &e)) SKIP("no MoE fixture (make fixtures): %s", e.msg);
+    if (load_moe("qwen3moe_mixed_bf16", dir, sizeof dir, &f, &e)) SKIP("no MoE fixture (make fixtures): %s", e.msg);
     CHECK(ac_model_load_resident(dir, &r, &e) == 0 && ac_model_wdt(&r) == ST_BF16, "resident: %s", e.msg);
     enum { CTX = 16, NW = 6 };
     int ids[CTX * NW];
-    unsigned rng = 29;
-    for (int i = 0; i < CTX * NW; i++) ids[i] = (int)((rng = rng * 1664525u + 1013904223u) >> 8) % f.a.vocab;
+    lcg_ids(ids, CTX * NW, f.a.vocab, 29);
     ac_importance a, b;
     int rows = ac_bf16_gemm_rows();
     ac_set_bf16_gemm_rows(0);
@@ -405,6 +413,42 @@ static void test_moe_resident(void) {
     ac_model_free(&f);
 }
 
+/* The engine method (the one a CUDA target runs, here on the CPU engine) on
+ * the MoE fixtures against EXACT: each MoE layer's expert curve from pruned
+ * copies equals the streamed expert mask's, the attention curves and the
+ * KV-merge points the masked ones, within test_exact_is_engine's
+ * tolerances; the method is not replaced by EXACT. */
+static void test_moe_engine_is_exact(void) {
+    const char *names[] = {"mixtral_f32", "qwen3moe_mixed_bf16"};
+    for (int f = 0; f < 2; f++) {
+        char dir[1200];
+        ac_model m;
+        ac_err e = {{0}};
+        if (load_moe(names[f], dir, sizeof dir, &m, &e)) SKIP("no MoE fixture %s (make fixtures): %s", names[f], e.msg);
+        enum { CTX = 16, NW = 6 };
+        int ids[CTX * NW];
+        lcg_ids(ids, CTX * NW, m.a.vocab, 41 + f);
+        ac_importance ex, en;
+        int ok = ac_importance_compute_mode(&m, ids, CTX * NW, CTX, NW, 0, AC_CALIB_EXACT, NULL, NULL, &ex, &e) == 0 &&
+                 ac_importance_compute_mode(&m, ids, CTX * NW, CTX, NW, 0, AC_CALIB_ENGINE, NULL, NULL, &en, &e) == 0;
+        CHECK(ok, "%s: %s", names[f], e.msg);
+        if (ok) {
+            int n = 0, bad = imp_differences(&ex, &en, &m.a, 1e-4, 1e-3, &n);
+            double moe = 0;
+            for (int l = 0; l < m.a.n_layers; l++)
+                if (m.a.layers[l].n_experts) moe = fmax(moe, en.ffn_sens[l][AC_SENS_POINTS - 1]);
+            printf("   %s: engine vs exact, %d of %d values differ; largest expert-curve point %.5f nats\n", names[f],
+                   bad, n, moe);
+            CHECK(en.method == AC_CALIB_ENGINE, "%s: method %d", names[f], en.method);
+            CHECK(bad == 0 && moe > 0, "%s: %d of %d values differ (expert curves up to %g)", names[f], bad, n, moe);
+            CHECK(close_rel(ex.base_loss, en.base_loss, 1e-5), "base loss %.8f vs %.8f", ex.base_loss, en.base_loss);
+            ac_importance_free(&ex);
+            ac_importance_free(&en);
+        }
+        ac_model_free(&m);
+    }
+}
+
 int main(void) {
     RUN(test_statistics_match);
     RUN(test_exact_is_engine);
@@ -414,6 +458,7 @@ int main(void) {
     RUN(test_resident);
     RUN(test_moe_layers);
     RUN(test_moe_resident);
+    RUN(test_moe_engine_is_exact);
     ac_importance_free(&EX);
     ac_importance_free(&ST);
     ac_importance_free(&EN);
