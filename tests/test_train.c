@@ -1004,30 +1004,39 @@ static void test_cuda_trainer_moe(void) {
     }
 }
 
+/* The student's start: every FFN down projection (dense, and each expert's) halved. */
+static void halve_down(ac_model *m) {
+    for (int l = 0; l < m->a.n_layers; l++) {
+        size_t nd, nx = (size_t)m->a.hidden * m->a.layers[l].expert_ffn;
+        float *a = ac_layer_matrix(m, l, AC_W_D, &nd);
+        for (size_t i = 0; a && i < nd; i++) a[i] *= 0.5f;
+        for (int x = 0; x < m->a.layers[l].n_experts; x++)
+            for (size_t i = 0; i < nx; i++) m->L[l].ed[x][i] *= 0.5f;
+    }
+}
+
 /* ac_distill with cuda = 1 (teacher on the plugin's BF16 engine, student on
  * its trainer) against the same distillation on the CPU: the loss curves
  * agree and the student's weights come back changed from the start. (Too
  * few steps here, for the emulator's speed, to ask the loss to fall: that
  * is test_distill's job on the CPU path.) */
-static void test_cuda_distill(void) {
+static void cuda_distill(const char *name) {
     const char *why;
     const ac_cuda_api *cu = ac_cuda(&why);
     if (!cu) SKIP("no CUDA: %s", why);
     if (!cu->trainer_create) SKIP("the CUDA plugin has no trainer");
-    if (!fixtures_present("models/deci_hetero/config.json")) SKIP("no fixtures");
-    char dir[1200];
-    snprintf(dir, sizeof dir, "%s/models/deci_hetero", fx);
+    char dir[1200], rel[256];
+    snprintf(rel, sizeof rel, "models/%s/config.json", name);
+    if (!fixtures_present(rel)) SKIP("no fixtures");
+    snprintf(dir, sizeof dir, "%s/models/%s", fx, name);
     ac_model t, s1, s2;
     ac_err e = {{0}};
     if (ac_model_load(dir, &t, &e) || ac_model_load(dir, &s1, &e) || ac_model_load(dir, &s2, &e)) {
         CHECK(0, "%s", e.msg);
         return;
     }
-    for (int l = 0; l < t.a.n_layers; l++) {
-        size_t nd;
-        float *a = ac_layer_matrix(&s1, l, AC_W_D, &nd), *b = ac_layer_matrix(&s2, l, AC_W_D, &nd);
-        for (size_t i = 0; a && i < nd; i++) a[i] *= 0.5f, b[i] *= 0.5f;
-    }
+    halve_down(&s1);
+    halve_down(&s2);
     size_t n = 2000;
     int *ids = malloc(sizeof(int) * n);
     unsigned r = 3;
@@ -1040,24 +1049,20 @@ static void test_cuda_distill(void) {
     o.cuda = 1;
     CHECK(ac_distill(&t, &s2, ids, n, &o, NULL, NULL, &rg, &e) == 0, "cuda: %s", e.msg);
     double dw = model_rel_diff(&s2, &s1);
-    printf("   20 steps: CPU loss %.4f -> %.4f, CUDA loss %.4f -> %.4f; students differ by %.2e (max|diff|/max|w|)\n",
-           rc.loss_first, rc.loss_last, rg.loss_first, rg.loss_last, dw);
+    printf("   %s, 20 steps: CPU loss %.4f -> %.4f, CUDA loss %.4f -> %.4f; students differ by %.2e (max|diff|/max|w|)\n",
+           name, rc.loss_first, rc.loss_last, rg.loss_first, rg.loss_last, dw);
     ac_model s0;
     double moved = 1;
     if (!ac_model_load(dir, &s0, &e)) {
-        for (int l = 0; l < t.a.n_layers; l++) {
-            size_t nd;
-            float *a = ac_layer_matrix(&s0, l, AC_W_D, &nd);
-            for (size_t i = 0; a && i < nd; i++) a[i] *= 0.5f;
-        }
+        halve_down(&s0);
         moved = model_rel_diff(&s2, &s0);
         ac_model_free(&s0);
     }
     CHECK(rg.steps == 20 && moved > 1e-3 && dw < 0.5 * moved,
-          "CUDA student moved %.3g from its start, %.3g from the CPU student", moved, dw);
+          "%s: CUDA student moved %.3g from its start, %.3g from the CPU student", name, moved, dw);
     CHECK(fabs(rg.loss_first - rc.loss_first) <= 0.05 * rc.loss_first &&
               fabs(rg.loss_last - rc.loss_last) <= 0.1 * rc.loss_last,
-          "CUDA and CPU losses differ: %.4g/%.4g vs %.4g/%.4g", rg.loss_first, rg.loss_last, rc.loss_first,
+          "%s: CUDA and CPU losses differ: %.4g/%.4g vs %.4g/%.4g", name, rg.loss_first, rg.loss_last, rc.loss_first,
           rc.loss_last);
     free(ids);
     ac_model_free(&t);
@@ -1065,11 +1070,16 @@ static void test_cuda_distill(void) {
     ac_model_free(&s2);
 }
 
+static void test_cuda_distill(void) { cuda_distill("deci_hetero"); }
+/* The same on Mixtral: the student's router and experts train on the device. */
+static void test_cuda_distill_moe(void) { cuda_distill("mixtral_f32"); }
+
 int main(void) {
     if (getenv("AC_TRAIN_CUDA_ONLY")) { /* tests/run_all.sh: the CUDA trainer against the emulated plugin */
         RUN(test_cuda_trainer);
         RUN(test_cuda_trainer_moe);
         RUN(test_cuda_distill);
+        RUN(test_cuda_distill_moe);
         return DONE();
     }
     RUN(test_grad_llama_gqa_bf16);
@@ -1094,5 +1104,6 @@ int main(void) {
     RUN(test_cuda_trainer);
     RUN(test_cuda_trainer_moe);
     RUN(test_cuda_distill);
+    RUN(test_cuda_distill_moe);
     return DONE();
 }
