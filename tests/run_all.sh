@@ -33,6 +33,7 @@ emu_tests() {
   run "test_block (each block op on the CUDA backend, CPU emulator)" env AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_block"
   run "test_train (CUDA trainer on the CPU emulator)" env AC_TRAIN_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_train"
   run "test_dnas (gate search on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas"
+  run "test_dnas_moe (expert gates on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas_moe"
 }
 # The tests that mostly wait (on Slurm's scheduler and its node timeouts, on
 # sockets held open and their timeouts) run in a second lane beside the

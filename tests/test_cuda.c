@@ -210,6 +210,59 @@ static void test_gpu_calibration(void) {
     ac_model_free(&m);
 }
 
+/* Calibration of the MoE fixtures with a CUDA target: the engine method
+ * (the attention masks and each MoE layer's expert curve from pruned copies
+ * scored on the device) against the CPU's exact one: the same KV, FFN and
+ * expert orders, every curve within 10 % + 0.01 nats (test_gpu_calibration's
+ * rule), the expert curves (a few thousandths of a nat on these models)
+ * within 10 % + 0.001 and not flat on the device, and the method is the
+ * engine's (no CPU fallback). */
+static void test_gpu_calibration_moe(void) {
+    if (!cu) SKIP("%s", why);
+    const char *names[] = {"mixtral_f32", "qwen3moe_mixed_bf16"};
+    for (int f = 0; f < 2; f++) {
+        ac_model m;
+        ac_err e = {{0}};
+        if (load_fixture(names[f], &m)) SKIP("no fixture %s (make fixtures)", names[f]);
+        int ids[128];
+        for (int i = 0; i < 128; i++) ids[i] = (i * 31 + 7 + i / 5) % m.a.vocab;
+        ac_importance ic, ig;
+        int ok = ac_importance_compute(&m, ids, 128, 8, 16, 0, NULL, NULL, &ic, &e) == 0 &&
+                 ac_importance_compute(&m, ids, 128, 8, 16, 1, NULL, NULL, &ig, &e) == 0;
+        CHECK(ok, "%s: %s", names[f], e.msg);
+        if (!ok) {
+            ac_model_free(&m);
+            continue;
+        }
+        double worst = 0, largest = 0, worst_x = 0, largest_g = 0;
+        int orders = 0;
+        for (int l = 0; l < m.a.n_layers; l++) {
+            const ac_layer_arch *la = &m.a.layers[l];
+            orders += la->n_heads && memcmp(ic.kv_order[l], ig.kv_order[l], sizeof(int) * la->n_kv_heads);
+            orders += la->ffn && memcmp(ic.ffn_order[l], ig.ffn_order[l], sizeof(int) * la->ffn);
+            orders += la->n_experts && memcmp(ic.expert_order[l], ig.expert_order[l], sizeof(int) * la->n_experts);
+            for (int p = 0; p < AC_SENS_POINTS; p++) {
+                worst = fmax(worst, fabs(ic.attn_sens[l][p] - ig.attn_sens[l][p]) - 0.1 * fabs(ic.attn_sens[l][p]));
+                worst = fmax(worst, fabs(ic.ffn_sens[l][p] - ig.ffn_sens[l][p]) - 0.1 * fabs(ic.ffn_sens[l][p]));
+                if (!la->n_experts) continue;
+                largest = fmax(largest, ic.ffn_sens[l][p]), largest_g = fmax(largest_g, ig.ffn_sens[l][p]);
+                worst_x = fmax(worst_x, fabs(ic.ffn_sens[l][p] - ig.ffn_sens[l][p]) - 0.1 * fabs(ic.ffn_sens[l][p]));
+            }
+        }
+        printf("   %s: GPU method %d (CPU %d), orders differing %d, curves' worst excess over 10%% %.4f nats, "
+               "expert curves' %.5f (largest point %.4f CPU, %.4f GPU)\n",
+               names[f], ig.method, ic.method, orders, worst, worst_x, largest, largest_g);
+        CHECK(ig.method == AC_CALIB_ENGINE, "%s: the CUDA target's method is %d", names[f], ig.method);
+        CHECK(orders == 0, "%s: %d orders differ", names[f], orders);
+        CHECK(largest > 0 && largest_g > 0, "%s: expert curves are flat", names[f]);
+        CHECK(worst <= 0.01, "%s: curves differ by %g nats beyond 10%%", names[f], worst);
+        CHECK(worst_x <= 0.001, "%s: expert curves differ by %g nats beyond 10%%", names[f], worst_x);
+        ac_importance_free(&ic);
+        ac_importance_free(&ig);
+        ac_model_free(&m);
+    }
+}
+
 /* The same calibration on the GPU from a resident model (deci_hetero saved
  * as BF16, its matrices left in the read-only mapping): each masked matrix
  * is a private BF16 copy uploaded in its dtype, each pruned model gathered
@@ -629,6 +682,7 @@ int main(void) {
     RUN(test_gpu_resident_f16);
     RUN(test_gpu_calibration);
     RUN(test_gpu_calibration_resident);
+    RUN(test_gpu_calibration_moe);
     RUN(test_gpu_job);
     RUN(test_gemm_timings_within_roofline);
     RUN(test_table_from_timings);

@@ -23,6 +23,17 @@
  *    Mutation check (as test_dnas_gain): with ac_dnas_opts.zero_task_grad
  *    the gates see only the limit's cost gradient, the same for every expert
  *    of a layer, and the claim fails.
+ * 3. The gate training (expert and expert-width gates) on the BF16
+ *    checkpoint held resident (the frozen trainer converts each layer's
+ *    router and experts to fp32 as it reaches them) equals the training on
+ *    its fp32 load bit for bit: the last step's task gradient and the
+ *    log_alphas; ac_dnas_gates_ok then lets jobs run dnas there and on a
+ *    CUDA target.
+ * 4. The same training on the CUDA trainer (tests/run_all.sh runs it on the
+ *    CPU emulator with AC_DNAS_CUDA_ONLY) against the CPU's: the first
+ *    step's task gradient within 1e-3 (relative), the log_alphas after 5
+ *    steps within 1e-2 (test_dnas's tolerances for dense models), and the
+ *    resident BF16 model on CUDA equal to its fp32 load there bit for bit.
  */
 #include <math.h>
 #include <stdio.h>
@@ -32,6 +43,7 @@
 #include "check.h"
 #include "expert_search.h"
 #include "cost/device.h"
+#include "runtime/cuda_plugin.h"
 #include "runtime/kernels_cpu.h"
 #include "runtime/train.h"
 #include "search/dnas.h"
@@ -384,15 +396,109 @@ static void test_top_k_choice(void) {
     ac_importance_free(&ord);
 }
 
+/* Gate training on model m (fp32 or resident) for `steps` steps of P's
+ * problem with expert and expert-width gates; *np the gates, tg[4096] the
+ * last step's task gradient (NULL: not wanted). 0 on success. */
+static int train_gates(ac_model *m, int steps, int cuda, ac_dnas_gates *g, double *tg) {
+    problem_t P;
+    ac_err e = {{0}};
+    make_problem(&P, 3);
+    P.p.opts.prune_expert_ffn = 1;
+    ac_dnas_opts o;
+    ac_dnas_defaults(&o);
+    o.steps = steps;
+    o.batch = 2;
+    o.seq_len = 32;
+    o.cuda = cuda;
+    int rc = ac_dnas_train_gates(&P.p, m, IDS, NIDS, &o, g, tg, &e);
+    CHECK(rc == 0 && g->np <= 4096, "%s gate training: %s", cuda ? "CUDA" : "CPU", e.msg);
+    ac_cost_table_free(&P.t);
+    return rc;
+}
+
+/* The resident BF16 checkpoint of the fixture (ac_model_load_resident). */
+static int load_resident(ac_model *R) {
+    char dir[1200];
+    ac_err e = {{0}};
+    snprintf(dir, sizeof dir, "%s/models/qwen3moe_mixed_bf16", fx);
+    if (ac_model_load_resident(dir, R, &e)) {
+        CHECK(0, "resident: %s", e.msg);
+        return -1;
+    }
+    CHECK(ac_model_wdt(R) == ST_BF16, "the checkpoint is resident in BF16");
+    return 0;
+}
+
+static void test_resident_gates_equal_fp32(void) {
+    if (!setup()) SKIP("no fixture qwen3moe_mixed_bf16 (make fixtures)");
+    ac_model R;
+    if (load_resident(&R)) return;
+    ac_dnas_gates g[2];
+    double *tg[2] = {calloc(4096, sizeof(double)), calloc(4096, sizeof(double))}, gn = 0;
+    ac_model *ms[2] = {&R, &M};
+    int ok = tg[0] && tg[1] && !train_gates(ms[0], 8, 0, &g[0], tg[0]) && !train_gates(ms[1], 8, 0, &g[1], tg[1]);
+    int np = ok ? g[0].np : 0, same = ok && np == g[1].np && !memcmp(g[0].la, g[1].la, sizeof(double) * np) &&
+                                      !memcmp(tg[0], tg[1], sizeof(double) * np);
+    for (int i = 0; i < np; i++) gn += tg[0][i] * tg[0][i];
+    printf("   %d gates, 8 steps: resident BF16 vs fp32 log_alphas and task gradient (|g| %.3g) %s\n", np, sqrt(gn),
+           same ? "identical" : "DIFFER");
+    CHECK(same && gn > 0, "resident and fp32 gate training differ");
+    problem_t P;
+    make_problem(&P, 3);
+    CHECK(ac_dnas_gates_ok(&P.p, &R), "a job on the resident checkpoint runs dnas");
+    P.p.cuda = 1;
+    CHECK(ac_dnas_gates_ok(&P.p, &M), "a job on a CUDA target runs dnas");
+    ac_cost_table_free(&P.t);
+    for (int c = 0; ok && c < 2; c++) ac_dnas_gates_free(&g[c]);
+    free(tg[0]), free(tg[1]);
+    ac_model_free(&R);
+}
+
+static void test_cuda_gates_match_cpu(void) {
+    const char *why;
+    if (!ac_cuda(&why)) SKIP("no CUDA: %s", why);
+    if (!setup()) SKIP("no fixture qwen3moe_mixed_bf16 (make fixtures)");
+    ac_dnas_gates g[2];
+    double *tg[2] = {calloc(4096, sizeof(double)), calloc(4096, sizeof(double))}, num = 0, den = 0, dla = 0;
+    int ok = tg[0] && tg[1] && !train_gates(&M, 1, 0, &g[0], tg[0]) && !train_gates(&M, 1, 1, &g[1], tg[1]);
+    int np = ok ? g[0].np : 0;
+    for (int i = 0; i < np; i++) num += (tg[0][i] - tg[1][i]) * (tg[0][i] - tg[1][i]), den += tg[0][i] * tg[0][i];
+    for (int c = 0; ok && c < 2; c++) ac_dnas_gates_free(&g[c]);
+    ok = ok && !train_gates(&M, 5, 0, &g[0], NULL) && !train_gates(&M, 5, 1, &g[1], NULL);
+    for (int i = 0; ok && i < np; i++) dla = fmax(dla, fabs(g[0].la[i] - g[1].la[i]));
+    for (int c = 0; ok && c < 2; c++) ac_dnas_gates_free(&g[c]);
+    ac_model R; /* the resident checkpoint on CUDA: widened on the device, the same training */
+    int same = 0;
+    if (ok && !load_resident(&R)) {
+        ok = !train_gates(&R, 3, 1, &g[0], tg[0]) && !train_gates(&M, 3, 1, &g[1], tg[1]);
+        same = ok && !memcmp(g[0].la, g[1].la, sizeof(double) * np) && !memcmp(tg[0], tg[1], sizeof(double) * np);
+        for (int c = 0; ok && c < 2; c++) ac_dnas_gates_free(&g[c]);
+        ac_model_free(&R);
+    }
+    printf("   %d gates: first-step task gradient CUDA vs CPU relative diff %.2e (|grad| %.3g); log_alpha after 5 "
+           "steps max |diff| %.2e; resident BF16 vs fp32 on CUDA (3 steps) %s\n",
+           np, sqrt(num / (den + 1e-300)), sqrt(den), dla, same ? "identical" : "DIFFER");
+    CHECK(ok && den > 0 && sqrt(num / den) < 1e-3, "first-step gradients differ by %g", sqrt(num / (den + 1e-300)));
+    CHECK(ok && dla < 1e-2, "log_alphas after 5 steps differ by %g", dla);
+    CHECK(same, "resident and fp32 gate training on CUDA differ");
+    free(tg[0]), free(tg[1]);
+}
+
 int main(void) {
     ac_set_threads(2);
-    RUN(test_gates_equal_pruned_qwen3moe);
-    RUN(test_gates_equal_pruned_mixtral);
-    RUN(test_dnas_removes_experts);
-    RUN(test_expert_cost_gradient);
-    RUN(test_dnas_cuts_expert_width);
-    RUN(test_minitron_expert_width);
-    RUN(test_top_k_choice);
+    if (getenv("AC_DNAS_CUDA_ONLY")) { /* tests/run_all.sh: the gate training on the emulated plugin */
+        RUN(test_cuda_gates_match_cpu);
+    } else {
+        RUN(test_gates_equal_pruned_qwen3moe);
+        RUN(test_gates_equal_pruned_mixtral);
+        RUN(test_dnas_removes_experts);
+        RUN(test_expert_cost_gradient);
+        RUN(test_dnas_cuts_expert_width);
+        RUN(test_minitron_expert_width);
+        RUN(test_top_k_choice);
+        RUN(test_resident_gates_equal_fp32);
+        RUN(test_cuda_gates_match_cpu);
+    }
     if (HAVE > 0) {
         ac_importance_free(&IMP);
         ac_model_free(&M);

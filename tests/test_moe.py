@@ -5,7 +5,7 @@ test_engine (logits of the Qwen3-MoE and Mixtral fixtures) and test_block
 (routing ties), the streamed calibration in test_stream, the cost model in
 test_costmoe. Here: a Mixtral made from the trained tiny model (each layer's
 FFN copied into 4 experts with noise, a random router) is compressed by a
-whole job (calibration, Minitron's expert axis, the surrogate search,
+whole job (calibration, Minitron's expert axis, the gate search,
 pruning, distillation, export as Mixtral safetensors and a GGUF) whose
 export's float64 reference perplexity is what the engine reads; estimates
 on MoE checkpoints hold every expert; and the specs the pipeline cannot
@@ -110,8 +110,8 @@ def test_job_compresses_mixtral():
     out, rep = compress(m, "job", constraints={"max_params": 2.6e6},
                         search={"steps": 40, "seed": 1, "export_target": "llama", "gguf": True},
                         distill={"tokens": 8192, "seq_len": 64, "batch": 4})
-    # a BF16 checkpoint stays resident in BF16, where the gate trainer has no MoE layers: the surrogate search
-    assert rep["search"]["method"] == "surrogate", rep["search"]
+    # a BF16 checkpoint stays resident in BF16; the frozen gate trainer converts its experts layer by layer: dnas
+    assert rep["search"]["method"] == "dnas", rep["search"]
     for arm in ("minitron", "autocompress"):
         a = rep[arm]
         ex = {L.get("experts") for L in a["architecture"]["layers"] if L.get("experts")}

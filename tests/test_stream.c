@@ -304,26 +304,38 @@ static void test_resident(void) {
     CHECK(ck_rmtree(dir) == 0, "cleanup %s", dir);
 }
 
+/* MoE fixture `name` loaded in fp32 (dir gets its folder); 0 on success. */
+static int load_moe(const char *name, char *dir, size_t dn, ac_model *m, ac_err *e) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "fixtures/models/%s", name);
+    ck_build_path(dir, dn, rel);
+    return ac_model_load(dir, m, e);
+}
+
+/* n pseudo-random token ids of vocabulary V from seed. */
+static void lcg_ids(int *ids, int n, int V, unsigned rng) {
+    for (int i = 0; i < n; i++) ids[i] = (int)((rng = rng * 1664525u + 1013904223u) >> 8) % V;
+}
+
 /* Mixture-of-experts layers streamed (the fixtures: Mixtral, 3 experts;
  * Qwen3-MoE, 5 experts, a dense layer between): EXACT's base loss is the
  * engine's, experts are ranked, and each MoE layer's last curve point
  * (all experts but top_k removed from the routing by the stream's mask)
  * equals the engine's loss on the model ac_prune slices those experts out
- * of (renormalised routing over the kept ones). */
+ * of (renormalised routing over the kept ones). The engine method (what a
+ * CUDA target runs, here on the CPU engine: the expert curves from pruned
+ * copies) gives EXACT's curves within test_exact_is_engine's tolerances. */
 static void test_moe_layers(void) {
     const char *names[] = {"mixtral_f32", "qwen3moe_mixed_bf16"};
     for (int f = 0; f < 2; f++) {
-        char dir[1200], rel[256];
-        snprintf(rel, sizeof rel, "fixtures/models/%s", names[f]);
-        ck_build_path(dir, sizeof dir, rel);
+        char dir[1200];
         ac_model m;
         ac_err e = {{0}};
-        if (ac_model_load(dir, &m, &e)) SKIP("no MoE fixture %s (make fixtures): %s", names[f], e.msg);
+        if (load_moe(names[f], dir, sizeof dir, &m, &e)) SKIP("no MoE fixture %s (make fixtures): %s", names[f], e.msg);
         const ac_arch *a = &m.a;
         enum { CTX = 11, NW = 4 };
         int ids[CTX * NW];
-        unsigned rng = 11 + f;
-        for (int i = 0; i < CTX * NW; i++) ids[i] = (int)((rng = rng * 1664525u + 1013904223u) >> 8) % a->vocab;
+        lcg_ids(ids, CTX * NW, a->vocab, 11 + f);
         ac_importance imp;
         CHECK(ac_importance_compute_mode(&m, ids, CTX * NW, CTX, NW, 0, AC_CALIB_EXACT, NULL, NULL, &imp, &e) == 0,
               "%s: %s", names[f], e.msg);
@@ -332,6 +344,16 @@ static void test_moe_layers(void) {
         CHECK(ac_perplexity(&m, ids, CTX * NW, &o, NULL, NULL, NULL, &base, &e) == 0, "%s", e.msg);
         CHECK(close_rel(imp.base_loss, base.nll, 1e-5), "%s: base loss %.8f vs engine %.8f", names[f], imp.base_loss,
               base.nll);
+        /* the engine method (a CUDA target's; here on the CPU engine): each expert curve from pruned copies */
+        ac_importance en;
+        if (ac_importance_compute_mode(&m, ids, CTX * NW, CTX, NW, 0, AC_CALIB_ENGINE, NULL, NULL, &en, &e) == 0) {
+            int n = 0, bad = imp_differences(&imp, &en, a, 1e-4, 1e-3, &n);
+            printf("   %s: engine method vs exact, %d of %d values differ\n", names[f], bad, n);
+            CHECK(en.method == AC_CALIB_ENGINE && bad == 0, "%s: engine method %d, %d of %d values differ", names[f],
+                  en.method, bad, n);
+            ac_importance_free(&en);
+        } else
+            CHECK(0, "%s: engine method: %s", names[f], e.msg);
         for (int l = 0; l < a->n_layers; l++) {
             int E = a->layers[l].n_experts;
             if (!E) continue;
@@ -360,6 +382,49 @@ static void test_moe_layers(void) {
     }
 }
 
+/* STREAMED on a resident BF16 mixture-of-experts checkpoint (the Qwen3-MoE
+ * fixture, matrices left in the mapping: the router's and every expert's
+ * forward and backward through 16-bit weights) against STREAMED on its fp32
+ * load (the same values; exact GEMMs, AMX off): it runs as STREAMED (not
+ * the anchored fallback), and its curves (the MoE layers' expert curves
+ * among them), orders and base loss agree within test_resident's
+ * tolerances. */
+static void test_moe_resident(void) {
+    char dir[1200];
+    ac_model r, f;
+    ac_err e = {{0}};
+    if (load_moe("qwen3moe_mixed_bf16", dir, sizeof dir, &f, &e)) SKIP("no MoE fixture (make fixtures): %s", e.msg);
+    CHECK(ac_model_load_resident(dir, &r, &e) == 0 && ac_model_wdt(&r) == ST_BF16, "resident: %s", e.msg);
+    enum { CTX = 16, NW = 6 };
+    int ids[CTX * NW];
+    lcg_ids(ids, CTX * NW, f.a.vocab, 29);
+    ac_importance a, b;
+    int rows = ac_bf16_gemm_rows();
+    ac_set_bf16_gemm_rows(0);
+    int ok = ac_importance_compute_mode(&r, ids, CTX * NW, CTX, NW, 0, AC_CALIB_STREAMED, NULL, NULL, &a, &e) == 0;
+    CHECK(ok, "streamed on the resident MoE checkpoint: %s", e.msg);
+    ok = ok && ac_importance_compute_mode(&f, ids, CTX * NW, CTX, NW, 0, AC_CALIB_STREAMED, NULL, NULL, &b, &e) == 0;
+    ac_set_bf16_gemm_rows(rows);
+    if (ok) {
+        int n = 0, bad = imp_differences(&a, &b, &f.a, 1e-5, 1e-3, &n);
+        for (int l = 0; l < f.a.n_layers; l++)
+            bad += f.a.layers[l].n_experts &&
+                   memcmp(a.expert_order[l], b.expert_order[l], sizeof(int) * f.a.layers[l].n_experts);
+        printf("   resident BF16 vs fp32 load, streamed: method %d / %d, base loss %.8f / %.8f, MoE layer 0 curve at "
+               "100 %% %.6f / %.6f, %d of %d values differ\n",
+               a.method, b.method, a.base_loss, b.base_loss, a.ffn_sens[0][AC_SENS_POINTS - 1],
+               b.ffn_sens[0][AC_SENS_POINTS - 1], bad, n);
+        CHECK(a.method == AC_CALIB_STREAMED && a.streamed, "the resident checkpoint fell back to method %d", a.method);
+        CHECK(bad == 0, "resident vs fp32: %d of %d values differ", bad, n);
+        CHECK(close_rel(a.base_loss, b.base_loss, 1e-5), "base loss %.8f vs %.8f", a.base_loss, b.base_loss);
+        CHECK(b.ffn_sens[0][AC_SENS_POINTS - 1] > 0, "the MoE layer's curve is not measured");
+        ac_importance_free(&a);
+        ac_importance_free(&b);
+    }
+    ac_model_free(&r);
+    ac_model_free(&f);
+}
+
 int main(void) {
     RUN(test_statistics_match);
     RUN(test_exact_is_engine);
@@ -368,6 +433,7 @@ int main(void) {
     RUN(test_proxy_ranking);
     RUN(test_resident);
     RUN(test_moe_layers);
+    RUN(test_moe_resident);
     ac_importance_free(&EX);
     ac_importance_free(&ST);
     ac_importance_free(&EN);

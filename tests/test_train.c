@@ -154,6 +154,57 @@ static int *load_tokens(const char *dir, int *B, int *T) {
     return tok;
 }
 
+/* Every gradient of fixture f (weights and gates, float64 reference) against
+ * t's (t->g, t->dgate): each tensor's max|diff| / max|ref| within 1e-4.
+ * Returns the worst ratio; *n gets the tensors compared, *worst_name the
+ * worst one's name. */
+static double grads_vs_fixture(fixture *f, ac_trainer *t, const char *name, const char *cas, int *n,
+                               const char **worst_name) {
+    double worst = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach(json_object_get(f->meta, "grads"), k, v) {
+        size_t cnt;
+        const float *ref = fx_get(f, "grads", k, &cnt);
+        const float *got = train_ptr(t, k);
+        if (!cnt) continue;
+        CHECK(ref && got, "%s: gradient %s missing", name, k);
+        if (!ref || !got) continue;
+        double mr = 0, md = 0;
+        for (size_t i = 0; i < cnt; i++) {
+            if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
+            if (fabs(ref[i] - got[i]) > md) md = fabs(ref[i] - got[i]);
+        }
+        double rel = mr > 0 ? md / mr : md;
+        CHECK(rel <= 1e-4 && mr > 0, "%s/%s: %s max|diff| %.3g / max|ref| %.3g = %.3g", name, cas, k, md, mr, rel);
+        if (rel > worst) {
+            worst = rel;
+            *worst_name = k;
+        }
+        (*n)++;
+    }
+    return worst;
+}
+
+/* Fixture f's inputs: its gates into t's, and its teacher logits (returned; NULL without). */
+static const float *fixture_inputs(fixture *f, ac_trainer *t, const char *name) {
+    const float *teacher = NULL;
+    const char *k;
+    json_t *v;
+    json_object_foreach(json_object_get(f->meta, "inputs"), k, v) {
+        size_t cnt;
+        const float *src = fx_get(f, "inputs", k, &cnt);
+        if (!strcmp(k, "teacher")) {
+            teacher = src;
+            continue;
+        }
+        float *dst = train_ptr(t, k);
+        CHECK(src && (dst || !cnt), "%s: input %s", name, k);
+        if (src && dst) memcpy(dst, src, cnt * 4);
+    }
+    return teacher;
+}
+
 /* Gradient check of one model and case. */
 static void check_grads(const char *name, const char *cas) {
     char dir[1200], base[1300];
@@ -176,21 +227,7 @@ static void check_grads(const char *name, const char *cas) {
     int *tok = load_tokens(dir, &B, &T), *tgt = malloc(sizeof(int) * B * T);
     ac_trainer t;
     CHECK(ac_trainer_init(&t, &m, B, T, &e) == 0, "%s", e.msg);
-    /* inputs: gates and teacher logits */
-    const float *teacher = NULL;
-    const char *k;
-    json_t *v;
-    json_object_foreach(json_object_get(f.meta, "inputs"), k, v) {
-        size_t cnt;
-        const float *src = fx_get(&f, "inputs", k, &cnt);
-        if (!strcmp(k, "teacher")) {
-            teacher = src;
-            continue;
-        }
-        float *dst = train_ptr(&t, k);
-        CHECK(src && (dst || !cnt), "%s: input %s", name, k);
-        if (src && dst) memcpy(dst, src, cnt * 4);
-    }
+    const float *teacher = fixture_inputs(&f, &t, name);
     ac_next_token_targets(tgt, tok, B, T);
     float tau = (float)json_number_value(json_object_get(f.meta, "tau")),
           kdw = (float)json_number_value(json_object_get(f.meta, "kd_weight"));
@@ -199,29 +236,9 @@ static void check_grads(const char *name, const char *cas) {
     double rloss = json_number_value(json_object_get(f.meta, "loss"));
     CHECK(fabs(loss - rloss) <= 1e-5 * fabs(rloss), "%s/%s: loss %.8g vs reference %.8g", name, cas, loss, rloss);
     ac_train_backward(&t);
-    double worst = 0;
     const char *worst_name = "";
     int n = 0;
-    json_object_foreach(json_object_get(f.meta, "grads"), k, v) {
-        size_t cnt;
-        const float *ref = fx_get(&f, "grads", k, &cnt);
-        const float *got = train_ptr(&t, k);
-        if (!cnt) continue;
-        CHECK(ref && got, "%s: gradient %s missing", name, k);
-        if (!ref || !got) continue;
-        double mr = 0, md = 0;
-        for (size_t i = 0; i < cnt; i++) {
-            if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
-            if (fabs(ref[i] - got[i]) > md) md = fabs(ref[i] - got[i]);
-        }
-        double rel = mr > 0 ? md / mr : md;
-        CHECK(rel <= 1e-4 && mr > 0, "%s/%s: %s max|diff| %.3g / max|ref| %.3g = %.3g", name, cas, k, md, mr, rel);
-        if (rel > worst) {
-            worst = rel;
-            worst_name = k;
-        }
-        n++;
-    }
+    double worst = grads_vs_fixture(&f, &t, name, cas, &n, &worst_name);
     printf("   %s/%s: loss %.6f (ref %.6f), %d tensors, worst max|diff|/max|ref| %.2e (%s)\n", name, cas, loss, rloss,
            n, worst, worst_name);
     ac_trainer_free(&t);
@@ -768,6 +785,13 @@ static double model_rel_diff(const ac_model *a, const ac_model *b) {
         CMP(x->wg, y->wg, F * H);
         CMP(x->wu, y->wu, F * H);
         CMP(x->wd, y->wd, H * F);
+        size_t E = L->n_experts, Fe = L->expert_ffn; /* MoE: the router and every expert */
+        CMP(x->router, y->router, E * H);
+        for (size_t k = 0; E && k < E; k++) {
+            CMP(x->eg[k], y->eg[k], Fe * H);
+            CMP(x->eu[k], y->eu[k], Fe * H);
+            CMP(x->ed[k], y->ed[k], H * Fe);
+        }
     }
 #undef CMP
     return worst;
@@ -899,30 +923,120 @@ static void test_cuda_trainer(void) {
     }
 }
 
+/* The CUDA trainer's mixture-of-experts ops (ROUTE with expert gates and
+ * the top-k renormalisation, EXPERTS with expert channel gates) against
+ * the float64 PyTorch fixtures themselves, at the CPU trainer's
+ * tolerances: loss within 1e-5, every gradient (weights, router, experts,
+ * every gate) within 1e-4 of max|ref|, on Mixtral (norm_topk) and the mixed
+ * dense / MoE Qwen3-MoE (no renormalisation), CE with gates at 1 and KD with
+ * the fixture's random gates (an expert gate at exactly 0); then one AdamW
+ * step against the CPU optimizer on the same gradients (the router and the
+ * experts are trained parameters of the device). */
+static void test_cuda_trainer_moe(void) {
+    const char *why;
+    const ac_cuda_api *cu = ac_cuda(&why);
+    if (!cu) SKIP("no CUDA: %s", why);
+    if (!cu->trainer_create) SKIP("the CUDA plugin has no trainer");
+    if (!fixtures_present("grad/mixtral_f32_kd.json")) SKIP("no gradient fixtures (make fixtures)");
+    const char *names[] = {"mixtral_f32", "qwen3moe_mixed_bf16"}, *cases[] = {"ce", "kd"};
+    for (int mi = 0; mi < 4; mi++) {
+        const char *name = names[mi / 2], *cas = cases[mi % 2];
+        char dir[1200], base[1300], er[512] = "";
+        snprintf(dir, sizeof dir, "%s/models/%s", fx, name);
+        snprintf(base, sizeof base, "%s/grad/%s_%s", fx, name, cas);
+        fixture f;
+        ac_model m, mw;
+        ac_err e = {{0}};
+        if (fixture_load(&f, base) || ac_model_load(dir, &m, &e)) {
+            CHECK(0, "%s: %s", name, e.msg);
+            fixture_free(&f);
+            continue;
+        }
+        int B, T;
+        int *tok = load_tokens(dir, &B, &T), *tgt = malloc(sizeof(int) * B * T);
+        ac_next_token_targets(tgt, tok, B, T);
+        ac_trainer t; /* only its gate and gradient buffers (train_ptr's names): the device's land there */
+        CHECK(ac_trainer_init(&t, &m, B, T, &e) == 0, "%s", e.msg);
+        const float *teacher = fixture_inputs(&f, &t, name);
+        float tau = (float)json_number_value(json_object_get(f.meta, "tau")),
+              kdw = (float)json_number_value(json_object_get(f.meta, "kd_weight"));
+        double rloss = json_number_value(json_object_get(f.meta, "loss")), lg = 0;
+        acc_trainer *ct = NULL;
+        CHECK(cu_trainer(cu, &m, B, T, &ct, er, sizeof er) == 0, "%s: create: %s", name, er);
+        CHECK(ct && cu->trainer_gates(ct, &t.gate, NULL, 0, er, sizeof er) == 0, "%s: gates: %s", name, er);
+        CHECK(ct && cu->trainer_grad(ct, tok, tgt, teacher, B, T, tau, kdw, 1.0f, &lg, er, sizeof er) == 0,
+              "%s: grad: %s", name, er);
+        CHECK(fabs(lg - rloss) <= 1e-5 * fabs(rloss), "%s/%s: CUDA loss %.8g vs reference %.8g", name, cas, lg, rloss);
+        ac_train_zero_grad(&t);
+        CHECK(ct && cu->trainer_gates(ct, NULL, &t.dgate, 1, er, sizeof er) == 0, "%s: gates: %s", name, er);
+        CHECK(ct && cu->trainer_download(ct, NULL, &t.g, er, sizeof er) == 0, "%s: download: %s", name, er);
+        const char *worst_name = "";
+        int n = 0;
+        double worst = grads_vs_fixture(&f, &t, name, cas, &n, &worst_name);
+        CHECK(n > 0, "%s/%s: no gradient compared", name, cas);
+        /* one AdamW step: the CPU optimizer on the device's gradients against the device's own */
+        ac_adamw_opts o;
+        ac_adamw_defaults(&o);
+        o.lr = 0.01f;
+        ac_adamw opt;
+        ac_adamw_init(&opt, &o);
+        double n1 = 0, n2 = 0, dw = 1;
+        CHECK(ac_adamw_add_model(&opt, &m, &t.g, &e) == 0 && ac_adamw_step(&opt, &n1, &e) == 0, "%s", e.msg);
+        CHECK(ac_model_alloc(&mw, &m.a, &e) == 0, "%s", e.msg);
+        CHECK(ct && cu->trainer_step(ct, ac_lr_at(&o, 0), o.beta1, o.beta2, o.eps, o.weight_decay, o.clip, 0, &n2, er,
+                                     sizeof er) == 0 &&
+                  cu->trainer_download(ct, &mw, NULL, er, sizeof er) == 0,
+              "%s: step: %s", name, er);
+        dw = model_rel_diff(&mw, &m);
+        CHECK(fabs(n1 - n2) <= 1e-4 * n1 && dw <= 1e-5, "%s: gradient norm %.7g vs %.7g; weights after a step differ by %.3g",
+              name, n2, n1, dw);
+        printf("   %s/%s: CUDA loss %.6f (ref %.6f), %d tensors, worst max|diff|/max|ref| %.2e (%s), weights after "
+               "AdamW %.2e\n",
+               name, cas, lg, rloss, n, worst, worst_name, dw);
+        ac_adamw_free(&opt);
+        if (ct) cu->trainer_free(ct);
+        ac_model_free(&mw);
+        ac_trainer_free(&t);
+        ac_model_free(&m);
+        free(tok);
+        free(tgt);
+        fixture_free(&f);
+    }
+}
+
+/* The student's start: every FFN down projection (dense, and each expert's) halved. */
+static void halve_down(ac_model *m) {
+    for (int l = 0; l < m->a.n_layers; l++) {
+        size_t nd, nx = (size_t)m->a.hidden * m->a.layers[l].expert_ffn;
+        float *a = ac_layer_matrix(m, l, AC_W_D, &nd);
+        for (size_t i = 0; a && i < nd; i++) a[i] *= 0.5f;
+        for (int x = 0; x < m->a.layers[l].n_experts; x++)
+            for (size_t i = 0; i < nx; i++) m->L[l].ed[x][i] *= 0.5f;
+    }
+}
+
 /* ac_distill with cuda = 1 (teacher on the plugin's BF16 engine, student on
  * its trainer) against the same distillation on the CPU: the loss curves
  * agree and the student's weights come back changed from the start. (Too
  * few steps here, for the emulator's speed, to ask the loss to fall: that
  * is test_distill's job on the CPU path.) */
-static void test_cuda_distill(void) {
+static void cuda_distill(const char *name) {
     const char *why;
     const ac_cuda_api *cu = ac_cuda(&why);
     if (!cu) SKIP("no CUDA: %s", why);
     if (!cu->trainer_create) SKIP("the CUDA plugin has no trainer");
-    if (!fixtures_present("models/deci_hetero/config.json")) SKIP("no fixtures");
-    char dir[1200];
-    snprintf(dir, sizeof dir, "%s/models/deci_hetero", fx);
+    char dir[1200], rel[256];
+    snprintf(rel, sizeof rel, "models/%s/config.json", name);
+    if (!fixtures_present(rel)) SKIP("no fixtures");
+    snprintf(dir, sizeof dir, "%s/models/%s", fx, name);
     ac_model t, s1, s2;
     ac_err e = {{0}};
     if (ac_model_load(dir, &t, &e) || ac_model_load(dir, &s1, &e) || ac_model_load(dir, &s2, &e)) {
         CHECK(0, "%s", e.msg);
         return;
     }
-    for (int l = 0; l < t.a.n_layers; l++) {
-        size_t nd;
-        float *a = ac_layer_matrix(&s1, l, AC_W_D, &nd), *b = ac_layer_matrix(&s2, l, AC_W_D, &nd);
-        for (size_t i = 0; a && i < nd; i++) a[i] *= 0.5f, b[i] *= 0.5f;
-    }
+    halve_down(&s1);
+    halve_down(&s2);
     size_t n = 2000;
     int *ids = malloc(sizeof(int) * n);
     unsigned r = 3;
@@ -935,24 +1049,20 @@ static void test_cuda_distill(void) {
     o.cuda = 1;
     CHECK(ac_distill(&t, &s2, ids, n, &o, NULL, NULL, &rg, &e) == 0, "cuda: %s", e.msg);
     double dw = model_rel_diff(&s2, &s1);
-    printf("   20 steps: CPU loss %.4f -> %.4f, CUDA loss %.4f -> %.4f; students differ by %.2e (max|diff|/max|w|)\n",
-           rc.loss_first, rc.loss_last, rg.loss_first, rg.loss_last, dw);
+    printf("   %s, 20 steps: CPU loss %.4f -> %.4f, CUDA loss %.4f -> %.4f; students differ by %.2e (max|diff|/max|w|)\n",
+           name, rc.loss_first, rc.loss_last, rg.loss_first, rg.loss_last, dw);
     ac_model s0;
     double moved = 1;
     if (!ac_model_load(dir, &s0, &e)) {
-        for (int l = 0; l < t.a.n_layers; l++) {
-            size_t nd;
-            float *a = ac_layer_matrix(&s0, l, AC_W_D, &nd);
-            for (size_t i = 0; a && i < nd; i++) a[i] *= 0.5f;
-        }
+        halve_down(&s0);
         moved = model_rel_diff(&s2, &s0);
         ac_model_free(&s0);
     }
     CHECK(rg.steps == 20 && moved > 1e-3 && dw < 0.5 * moved,
-          "CUDA student moved %.3g from its start, %.3g from the CPU student", moved, dw);
+          "%s: CUDA student moved %.3g from its start, %.3g from the CPU student", name, moved, dw);
     CHECK(fabs(rg.loss_first - rc.loss_first) <= 0.05 * rc.loss_first &&
               fabs(rg.loss_last - rc.loss_last) <= 0.1 * rc.loss_last,
-          "CUDA and CPU losses differ: %.4g/%.4g vs %.4g/%.4g", rg.loss_first, rg.loss_last, rc.loss_first,
+          "%s: CUDA and CPU losses differ: %.4g/%.4g vs %.4g/%.4g", name, rg.loss_first, rg.loss_last, rc.loss_first,
           rc.loss_last);
     free(ids);
     ac_model_free(&t);
@@ -960,10 +1070,16 @@ static void test_cuda_distill(void) {
     ac_model_free(&s2);
 }
 
+static void test_cuda_distill(void) { cuda_distill("deci_hetero"); }
+/* The same on Mixtral: the student's router and experts train on the device. */
+static void test_cuda_distill_moe(void) { cuda_distill("mixtral_f32"); }
+
 int main(void) {
     if (getenv("AC_TRAIN_CUDA_ONLY")) { /* tests/run_all.sh: the CUDA trainer against the emulated plugin */
         RUN(test_cuda_trainer);
+        RUN(test_cuda_trainer_moe);
         RUN(test_cuda_distill);
+        RUN(test_cuda_distill_moe);
         return DONE();
     }
     RUN(test_grad_llama_gqa_bf16);
@@ -986,6 +1102,8 @@ int main(void) {
     RUN(test_distill_spec);
     RUN(test_distill_job);
     RUN(test_cuda_trainer);
+    RUN(test_cuda_trainer_moe);
     RUN(test_cuda_distill);
+    RUN(test_cuda_distill_moe);
     return DONE();
 }

@@ -332,6 +332,35 @@ __global__ void kt_silu_mul(float *h, const float *g, const float *u, size_t n) 
     if (i < n) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+// MoE: dst[j] = src[rows[j]] ([H] rows), one block per row.
+__global__ void kt_gather(float *dst, const float *src, const int *rows, int H) {
+    for (int c = threadIdx.x; c < H; c += blockDim.x) dst[(size_t)blockIdx.x * H + c] = src[(size_t)rows[blockIdx.x] * H + c];
+}
+
+// MoE: x[rows[j]] += alpha * w[j] * y[j] (w NULL: 1; rows distinct within a launch), one block per row.
+__global__ void kt_scatter_add(float *x, const float *y, const int *rows, const float *w, float alpha, int H) {
+    float f = alpha * (w ? w[blockIdx.x] : 1.0f);
+    for (int c = threadIdx.x; c < H; c += blockDim.x) x[(size_t)rows[blockIdx.x] * H + c] += f * y[(size_t)blockIdx.x * H + c];
+}
+
+// MoE backward of x[rows[j]] += alpha w[j] y[j] for expert e, one block per
+// row j: dr[rows[j]][e] = alpha <dx[rows[j]], y[j]>, dot[j] = w[j] <dx, y[j]>
+// (the sub-block gate's part), then y[j] becomes dy = alpha w[j] dx[rows[j]].
+__global__ void kt_moe_dy(float *y, float *dr, float *dot, const float *dx, const int *rows, const float *w,
+                          float alpha, int e, int E, int H) {
+    size_t row = (size_t)rows[blockIdx.x];
+    float *yj = y + (size_t)blockIdx.x * H;
+    const float *d = dx + row * H;
+    float s = 0;
+    for (int c = threadIdx.x; c < H; c += blockDim.x) s += d[c] * yj[c];
+    s = tr_sum(s);
+    if (threadIdx.x == 0) {
+        dr[row * E + e] = alpha * s;
+        dot[blockIdx.x] = w[blockIdx.x] * s;
+    }
+    for (int c = threadIdx.x; c < H; c += blockDim.x) yj[c] = alpha * w[blockIdx.x] * d[c];
+}
+
 // dg = dh u silu'(g) (in place over dh), du = dh silu(g)
 __global__ void kt_silu_mul_bwd(float *dh, float *du, const float *g, const float *u, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -422,12 +451,14 @@ __global__ void kt_adamw(float *p, float *g, float *m, float *v, size_t n, float
 // A layer's parameter tensors by name: ac_cuda.h's ACC_T_* (what the
 // library reads and writes through acc_trainer_tensor), then the Mamba
 // mixer's, which have no ACC_T_ name (the trainer refuses hybrid models).
-enum { T_SSM_IN = ACC_T_N, T_SSM_OUT, T_SSM_NORM, T_NAMES };
+// T_EXPERTS: the index of expert 0's gate matrix; expert e's gate, up and
+// down matrices follow at 3e, 3e+1, 3e+2 (host_tensors).
+enum { T_SSM_IN = ACC_T_N, T_SSM_OUT, T_SSM_NORM, T_ROUTER, T_EXPERTS, T_NAMES };
 
 // The arch fields the trainer needs (the plugin does not link the library,
 // so no ac_arch_copy / ac_arch_free here).
 struct tarch {
-    int n_layers, hidden, head_dim, vocab, sliding_window, tie_embeddings, qk_norm;
+    int n_layers, hidden, head_dim, vocab, sliding_window, tie_embeddings, qk_norm, top_k, norm_topk;
     float eps;
     std::vector<ac_layer_arch> layers;
 };
@@ -454,10 +485,19 @@ struct acc_trainer {
     int ntok_uniq;
     // gates (train.h's meaning) and their gradients, one device buffer each:
     // hidden [H], attn [L], mlp [L], then per layer head [n_heads], ffn [F]
+    // (MoE layers: then expert [E], expert channels [E * Fe])
     float *gates, *dgates, *csum, *prod2;
-    std::vector<size_t> off_head, off_ffn;
+    std::vector<size_t> off_head, off_ffn, off_exp, off_echan;
     size_t ngates;
     std::vector<float> s_attn, s_mlp; // host copies of the sub-block gates (GEMM alphas)
+    // MoE: the expert gates on the host too (the routing runs there, as the
+    // engine's: block.h's ac_moe_route_gated and its backward), host copies
+    // of one layer's logits / weights, softmax, gradient, and the rows
+    // routed to each expert (concatenated, with their weights) on the device
+    std::vector<float> hz, hr, hp, hd, hdz, hw;
+    std::vector<int> horder, hrows, hoff;
+    int *mrows;
+    float *mw, *mdot, *mdz;
 };
 
 static int wi(const acc_trainer *t, int l, int w) { return t->tix[(size_t)l * T_NAMES + w]; } // -1: none
@@ -524,6 +564,17 @@ static void host_tensors(const ac_model *m, std::vector<const void *> &hp, std::
                     name(tw_norm(op->w), ac_block_norm(w, op->w), H, 0, d32);
                 else if (op->kind == AC_OP_HEAD_NORM)
                     name(tw_norm(op->w), ac_block_norm(w, op->w), hd, 0, d32);
+                else if (op->kind == AC_OP_ROUTE)
+                    name(T_ROUTER, w->router, (size_t)a->layers[l].n_experts * H, 1, t);
+                else if (op->kind == AC_OP_EXPERTS && li[T_EXPERTS] < 0) { // gate, up, down of each expert
+                    size_t Fe = a->layers[l].expert_ffn;
+                    li[T_EXPERTS] = (int)hp.size();
+                    for (int e = 0; e < a->layers[l].n_experts; e++) {
+                        add(w->eg ? w->eg[e] : NULL, Fe * H, 1, t);
+                        add(w->eu ? w->eu[e] : NULL, Fe * H, 1, t);
+                        add(w->ed ? w->ed[e] : NULL, H * Fe, 1, t);
+                    }
+                }
             }
     }
     if (tix) *tix = ix;
@@ -561,6 +612,7 @@ extern "C" void acc_trainer_free(acc_trainer *t) {
     cudaFree(t->tok);
     cudaFree(t->tgt);
     cudaFree(t->csr);
+    cudaFree(t->mrows);
     if (t->blas) cublasDestroy(t->blas);
     delete t;
 }
@@ -573,7 +625,7 @@ static ac_arch tview(const tarch *a) {
     ac_arch v;
     memset(&v, 0, sizeof v);
     v.n_layers = a->n_layers, v.hidden = a->hidden, v.head_dim = a->head_dim, v.vocab = a->vocab;
-    v.qk_norm = a->qk_norm;
+    v.qk_norm = a->qk_norm, v.top_k = a->top_k, v.norm_topk = a->norm_topk;
     v.layers = const_cast<ac_layer_arch *>(a->layers.data());
     return v;
 }
@@ -632,7 +684,7 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
         size_t Q = L->n_heads * hd, F = L->ffn;
-        mq = std::max(mq, Q), mf = std::max(mf, F);
+        mq = std::max(mq, Q), mf = std::max(mf, std::max(F, (size_t)L->expert_ffn));
         if (hd > 4 * TB) {
             snprintf(err, errn, "head_dim %zu above %d", hd, 4 * TB);
             return -1;
@@ -651,10 +703,12 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
         return -1;
     {
         size_t L = a->n_layers, off = H + 2 * L;
-        t->off_head.assign(L, 0), t->off_ffn.assign(L, 0);
+        t->off_head.assign(L, 0), t->off_ffn.assign(L, 0), t->off_exp.assign(L, 0), t->off_echan.assign(L, 0);
         for (size_t l = 0; l < L; l++) {
             t->off_head[l] = off, off += a->layers[l].n_heads;
             t->off_ffn[l] = off, off += a->layers[l].ffn;
+            t->off_exp[l] = off, off += a->layers[l].n_experts;
+            t->off_echan[l] = off, off += (size_t)a->layers[l].n_experts * a->layers[l].expert_ffn;
         }
         t->ngates = off;
         std::vector<float> ones(off, 1.0f);
@@ -664,6 +718,15 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
         TCK(cudaMemcpy(t->gates, ones.data(), off * sizeof(float), cudaMemcpyHostToDevice));
         TCK(cudaMemset(t->dgates, 0, off * sizeof(float)));
         t->s_attn.assign(L, 1.0f), t->s_mlp.assign(L, 1.0f);
+        t->hz.assign(off, 1.0f); // (the expert gates' host copy, at the device offsets)
+    }
+    size_t E = (size_t)std::max(1, tdim_max(a, AC_DIM_E));
+    if (tdim_max(a, AC_DIM_E) > 0) {
+        t->hr.resize(N * E), t->hp.resize(N * E), t->hd.resize(N * E), t->hdz.resize(E), t->hw.resize(N * E);
+        t->horder.resize(E), t->hrows.resize(N * E), t->hoff.resize(E + 1);
+        TCK(cudaMalloc(&t->mrows, N * E * sizeof(int)));
+        if (dalloc(t, &t->mw, N * E, err, errn) || dalloc(t, &t->mdot, N, err, errn) || dalloc(t, &t->mdz, E, err, errn))
+            return -1;
     }
     TCK(cudaMalloc(&t->tok, N * sizeof(int)));
     TCK(cudaMalloc(&t->tgt, N * sizeof(int)));
@@ -690,17 +753,16 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
                             "CPU)");
         return -1;
     }
-    for (int l = 0; l < m->a.n_layers; l++)
-        if (m->a.layers[l].n_experts) {
-            snprintf(err, errn, "trainer: the CUDA trainer has no mixture-of-experts op yet (layer %d)", l);
-            return -1;
-        }
+    if (m->a.router_sigmoid) { // (nemotron_h only, refused above; the softmax router is the one here)
+        snprintf(err, errn, "trainer: the CUDA trainer has no sigmoid router");
+        return -1;
+    }
     TCK(cudaSetDevice(dev));
     acc_trainer *t = new acc_trainer();
     const ac_arch *a = &m->a;
     t->a.n_layers = a->n_layers, t->a.hidden = a->hidden, t->a.head_dim = a->head_dim, t->a.vocab = a->vocab;
     t->a.sliding_window = a->sliding_window, t->a.tie_embeddings = a->tie_embeddings, t->a.eps = a->eps;
-    t->a.qk_norm = a->qk_norm;
+    t->a.qk_norm = a->qk_norm, t->a.top_k = a->top_k, t->a.norm_topk = a->norm_topk;
     t->a.layers.assign(a->layers, a->layers + a->n_layers);
     t->max_B = max_B, t->max_T = max_T;
     if (create(t, m, rope_cos, rope_sin, err, errn)) {
@@ -715,17 +777,152 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
 // the walkers below, or by acc_op_test): the device kernels of each op kind.
 struct top {
     const ac_op *op;
-    int B, T, N, H, hd, nh, nkv, window, din, dout, heads; // heads: ROPE's head count
+    int l, B, T, N, H, hd, nh, nkv, window, din, dout, heads; // l: the layer; heads: ROPE's head count
     float eps;
     const float *in, *in2, *in3, *pre; // the inputs as the op saw them; pre: SwiGLU's gate projection
     float *out;                        // the output (a residual add: the residual, added to)
-    float *xhat, *r, *lse;             // the op's own tape (RMSNORM, ATTENTION)
+    float *xhat, *r, *lse;             // the op's own tape (RMSNORM, ATTENTION; ROUTE: softmax, weights)
     const float *w, *b, *gate, *gh;    // weight (LINEAR) or norm weight (RMSNORM), bias, MASK gates, hidden gates
     float alpha;                       // a residual add's scale (the sub-block gate)
     float *dO, *dI, *dI2, *dI3;        // gradients of the output, of the inputs (written, or added to: acc_dI)
     bool acc_dI;
     float *gw, *gb, *dgate, *dgh, *dalpha; // parameter gradients, accumulated (NULL: not wanted)
 };
+
+// ---------------------------------------------------------------- mixture of experts
+// block_grad.c's ROUTE and EXPERTS on the device: the router's logits and
+// every expert's GEMMs there, the routing rule and its backward (a few
+// floats per row) on the host, as the inference engine routes.
+
+// The EXPERTS op's work area: the end of the scratch (block.h), for max_B x max_T rows.
+static float *moe_work(acc_trainer *t) {
+    ac_arch v = tview(&t->a);
+    size_t N = (size_t)t->max_B * t->max_T;
+    return t->bscr + scratch_floats(t, N) - ac_block_moe_work_floats(&v, N);
+}
+
+// The rows routed to each expert (r [N][E] on the device, != 0): their
+// indices and weights concatenated, expert e's at t->hoff[e], on the host
+// and uploaded to t->mrows, t->mw.
+static int moe_rows(acc_trainer *t, const float *r, int N, int E, char *err, size_t errn) {
+    TCK(cudaMemcpy(t->hr.data(), r, (size_t)N * E * sizeof(float), cudaMemcpyDeviceToHost));
+    int n = 0;
+    for (int e = 0; e < E; e++) {
+        t->hoff[e] = n;
+        for (int i = 0; i < N; i++)
+            if (t->hr[(size_t)i * E + e] != 0) t->hrows[n] = i, t->hw[n] = t->hr[(size_t)i * E + e], n++;
+    }
+    t->hoff[E] = n;
+    if (!n) return 0;
+    TCK(cudaMemcpy(t->mrows, t->hrows.data(), n * sizeof(int), cudaMemcpyHostToDevice));
+    TCK(cudaMemcpy(t->mw, t->hw.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    return 0;
+}
+
+// r = route(xn Wr^T): the logits on the device, ac_moe_route_gated with the
+// layer's expert gates on the host; the tape gets the softmax (o->xhat) and
+// the weights (o->r).
+static int route_fwd(acc_trainer *t, const top *o, char *err, size_t errn) {
+    int N = o->N, E = o->dout, H = o->din;
+    size_t n = (size_t)N * E;
+    if (gemm(t, 0, 1, N, E, H, 1.0f, o->in, H, P(t, o->l, T_ROUTER), H, 0.0f, o->r, E, err, errn)) return -1;
+    TCK(cudaMemcpy(t->hr.data(), o->r, n * sizeof(float), cudaMemcpyDeviceToHost));
+    ac_moe_route_gated(t->hr.data(), t->hp.data(), t->hz.data() + t->off_exp[o->l], N, E, t->a.top_k, t->a.norm_topk,
+                       t->horder.data());
+    TCK(cudaMemcpy(o->r, t->hr.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    TCK(cudaMemcpy(o->xhat, t->hp.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    return 0;
+}
+
+// The router's backward from o->dO = dr [N][E] (overwritten with the
+// logits' gradient): the expert gates' gradient, dxn and dWr accumulated.
+static int route_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
+    int l = o->l, N = o->N, E = o->dout, H = o->din;
+    size_t n = (size_t)N * E;
+    TCK(cudaMemcpy(t->hd.data(), o->dO, n * sizeof(float), cudaMemcpyDeviceToHost));
+    TCK(cudaMemcpy(t->hp.data(), o->xhat, n * sizeof(float), cudaMemcpyDeviceToHost));
+    TCK(cudaMemcpy(t->hr.data(), o->r, n * sizeof(float), cudaMemcpyDeviceToHost));
+    std::fill(t->hdz.begin(), t->hdz.end(), 0.0f);
+    ac_moe_route_gated_bwd(t->hd.data(), t->hp.data(), t->hr.data(), t->hz.data() + t->off_exp[l], t->hdz.data(), N, E,
+                           t->a.norm_topk);
+    TCK(cudaMemcpy(o->dO, t->hd.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    TCK(cudaMemcpy(t->mdz, t->hdz.data(), E * sizeof(float), cudaMemcpyHostToDevice));
+    AC_LAUNCH(kt_colsum, blocks(E), 256, 0, 0, t->dgates + t->off_exp[l], t->mdz, 1, E);
+    float *gr = G(t, l, T_ROUTER);
+    if (gemm(t, 0, 0, N, H, E, 1.0f, o->dO, E, P(t, l, T_ROUTER), H, o->acc_dI ? 1.0f : 0.0f, o->dI, H, err, errn) ||
+        (gr && gemm(t, 1, 0, E, H, N, 1.0f, o->dO, E, o->in, H, 1.0f, gr, H, err, errn)))
+        return -1;
+    return 0;
+}
+
+// Expert e of layer o->l on its rows (moe_rows): xe the gathered rows of
+// o->in, g and u its gate and up projections, h = silu(g) * u, hg = h times
+// the expert's channel gates (may be h itself), y = hg Wd^T.
+static int expert_fwd(acc_trainer *t, const top *o, int e, float *xe, float *g, float *u, float *h, float *hg,
+                      float *y, char *err, size_t errn) {
+    int l = o->l, H = o->din, Fe = t->a.layers[l].expert_ffn, ne = t->hoff[e + 1] - t->hoff[e];
+    int x0 = wi(t, l, T_EXPERTS) + 3 * e;
+    size_t n = (size_t)ne * Fe;
+    AC_LAUNCH(kt_gather, ne, TB, 0, 0, xe, o->in, t->mrows + t->hoff[e], H);
+    if (gemm(t, 0, 1, ne, Fe, H, 1.0f, xe, H, t->p[x0], H, 0.0f, g, Fe, err, errn) ||
+        gemm(t, 0, 1, ne, Fe, H, 1.0f, xe, H, t->p[x0 + 1], H, 0.0f, u, Fe, err, errn))
+        return -1;
+    AC_LAUNCH(kt_silu_mul, blocks(n), 256, 0, 0, h, g, u, n);
+    AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, hg, h, t->gates + t->off_echan[l] + (size_t)e * Fe, Fe, 1, n);
+    return gemm(t, 0, 1, ne, H, Fe, 1.0f, hg, Fe, t->p[x0 + 2], Fe, 0.0f, y, H, err, errn);
+}
+
+// x += alpha * sum_e r[:,e] * expert_e(xn) (o->out the residual, o->in xn,
+// o->in2 r).
+static int experts_fwd(acc_trainer *t, const top *o, char *err, size_t errn) {
+    int N = o->N, E = t->a.layers[o->l].n_experts, H = o->din;
+    size_t HM = t->a.hidden, FeM = tdim_max(&t->a, AC_DIM_FE);
+    float *xe = moe_work(t), *y = xe + N * HM, *g = y + 2 * N * HM, *u = g + N * FeM, *h = u + N * FeM;
+    if (moe_rows(t, o->in2, N, E, err, errn)) return -1;
+    for (int e = 0; e < E; e++) {
+        int ne = t->hoff[e + 1] - t->hoff[e];
+        if (!ne) continue;
+        if (expert_fwd(t, o, e, xe, g, u, h, h, y, err, errn)) return -1;
+        AC_LAUNCH(kt_scatter_add, ne, TB, 0, 0, o->out, y, t->mrows + t->hoff[e], t->mw + t->hoff[e], o->alpha, H);
+    }
+    return 0;
+}
+
+// Its backward (block_grad.c's experts_bwd): o->dO = dx; dxn into o->dI
+// (added when acc_dI), dr into o->dI2 (written); every expert's weight
+// gradients, its channel gates' and the sub-block gate's accumulated.
+static int experts_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
+    int l = o->l, N = o->N, E = t->a.layers[l].n_experts, H = o->din, Fe = t->a.layers[l].expert_ffn;
+    size_t HM = t->a.hidden, FeM = tdim_max(&t->a, AC_DIM_FE);
+    float *xe = moe_work(t), *y = xe + N * HM, *dxe = y + N * HM, *g = dxe + N * HM, *u = g + N * FeM,
+          *h = u + N * FeM, *dh = h + N * FeM, *du = dh + N * FeM;
+    if (!o->acc_dI) TCK(cudaMemset(o->dI, 0, (size_t)N * H * sizeof(float)));
+    TCK(cudaMemset(o->dI2, 0, (size_t)N * E * sizeof(float)));
+    if (moe_rows(t, o->in2, N, E, err, errn)) return -1;
+    for (int e = 0; e < E; e++) {
+        int ne = t->hoff[e + 1] - t->hoff[e], x0 = wi(t, l, T_EXPERTS) + 3 * e;
+        if (!ne) continue;
+        const int *rows = t->mrows + t->hoff[e];
+        size_t n = (size_t)ne * Fe;
+        if (expert_fwd(t, o, e, xe, g, u, h, dh, y, err, errn)) return -1; // h: the activation; dh: it gated
+        AC_LAUNCH(kt_moe_dy, ne, TB, 0, 0, y, o->dI2, t->mdot, o->dO, rows, t->mw + t->hoff[e], o->alpha, e, E, H);
+        if (o->dalpha) AC_LAUNCH(kt_sum_acc, 1, TB, 0, 0, o->dalpha, t->mdot, ne);
+        if ((t->g[x0 + 2] && gemm(t, 1, 0, H, Fe, ne, 1.0f, y, H, dh, Fe, 1.0f, t->g[x0 + 2], Fe, err, errn)) ||
+            gemm(t, 0, 0, ne, Fe, H, 1.0f, y, H, t->p[x0 + 2], Fe, 0.0f, dh, Fe, err, errn)) // dWd; dh = dy Wd
+            return -1;
+        AC_LAUNCH(kt_mul, blocks(n), 256, 0, 0, t->prod, dh, h, n); // the channel gates: d gate += sum dh * act
+        AC_LAUNCH(kt_colsum, blocks(Fe), 256, 0, 0, t->dgates + t->off_echan[l] + (size_t)e * Fe, t->prod, ne, Fe);
+        AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, dh, dh, t->gates + t->off_echan[l] + (size_t)e * Fe, Fe, 1, n);
+        AC_LAUNCH(kt_silu_mul_bwd, blocks(n), 256, 0, 0, dh, du, g, u, n); // dh becomes dg
+        if (gemm(t, 0, 0, ne, H, Fe, 1.0f, dh, Fe, t->p[x0], H, 0.0f, dxe, H, err, errn) ||
+            gemm(t, 0, 0, ne, H, Fe, 1.0f, du, Fe, t->p[x0 + 1], H, 1.0f, dxe, H, err, errn) ||
+            (t->g[x0] && gemm(t, 1, 0, Fe, H, ne, 1.0f, dh, Fe, xe, H, 1.0f, t->g[x0], H, err, errn)) ||
+            (t->g[x0 + 1] && gemm(t, 1, 0, Fe, H, ne, 1.0f, du, Fe, xe, H, 1.0f, t->g[x0 + 1], H, err, errn)))
+            return -1;
+        AC_LAUNCH(kt_scatter_add, ne, TB, 0, 0, o->dI, dxe, rows, (const float *)NULL, 1.0f, H);
+    }
+    return 0;
+}
 
 // The forward of o->op; with recompute, only what a backward's replay needs:
 // the cheap outputs again from the tape (the costly ones are on it).
@@ -764,10 +961,8 @@ static int op_fwd(acc_trainer *t, const top *o, bool recompute, char *err, size_
         break;
     case AC_OP_KV_MERGE:
     case AC_OP_MASK_HIDDEN: break; // not differentiated (block_grad.h)
-    case AC_OP_ROUTE:
-    case AC_OP_EXPERTS: // MoE: refused at create and by op_test (no device op yet)
-        snprintf(err, errn, "the CUDA trainer has no mixture-of-experts op yet");
-        return -1;
+    case AC_OP_ROUTE: return recompute ? 0 : route_fwd(t, o, err, errn);
+    case AC_OP_EXPERTS: return recompute ? 0 : experts_fwd(t, o, err, errn);
     case AC_OP_RELU2:
     case AC_OP_SSM_CONV:
     case AC_OP_SSM_SCAN:
@@ -838,8 +1033,8 @@ static int op_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
         break;
     case AC_OP_KV_MERGE:
     case AC_OP_MASK_HIDDEN: break;
-    case AC_OP_ROUTE:
-    case AC_OP_EXPERTS: snprintf(err, errn, "the CUDA trainer has no mixture-of-experts op yet"); return -1;
+    case AC_OP_ROUTE: return route_bwd(t, o, err, errn);
+    case AC_OP_EXPERTS: return experts_bwd(t, o, err, errn);
     case AC_OP_RELU2:
     case AC_OP_SSM_CONV:
     case AC_OP_SSM_SCAN:
@@ -861,7 +1056,7 @@ static top layer_op(acc_trainer *t, int l, int sb, const ac_op *op, int B, int T
     const tarch *a = &t->a;
     const ac_layer_arch *L = &a->layers[l];
     top o = {};
-    o.op = op, o.B = B, o.T = T, o.N = B * T, o.H = a->hidden, o.hd = a->head_dim, o.nh = L->n_heads;
+    o.op = op, o.l = l, o.B = B, o.T = T, o.N = B * T, o.H = a->hidden, o.hd = a->head_dim, o.nh = L->n_heads;
     o.nkv = L->n_kv_heads, o.window = a->sliding_window, o.eps = a->eps;
     o.din = tdim(a, l, op->din), o.dout = tdim(a, l, op->dout), o.heads = tdim(a, l, op->heads) / a->head_dim;
     o.gh = GH(t), o.dgh = t->dgates;
@@ -915,14 +1110,23 @@ static float *sub_walk(acc_trainer *t, int l, int sb, int B, int T, float **tp, 
             break;
         case AC_OP_SWIGLU:
         case AC_OP_MASK: o.out = sc, sc += n; break;
+        case AC_OP_ROUTE: // taped: the softmax over the experts, then the routing weights
+            o.xhat = *tp, o.r = o.out = *tp + n;
+            *tp += 2 * n;
+            break;
+        case AC_OP_EXPERTS:
+            if (!op->acc) { // LatentMoE's own slot (nemotron_h: refused at create)
+                snprintf(err, errn, "the CUDA trainer has no LatentMoE op yet");
+                return NULL;
+            }
+            o.out = cur[op->out];
+            break;
         case AC_OP_KV_MERGE:
         case AC_OP_MASK_HIDDEN:
-        case AC_OP_ROUTE:
-        case AC_OP_EXPERTS:
         case AC_OP_RELU2:
         case AC_OP_SSM_CONV:
         case AC_OP_SSM_SCAN:
-        case AC_OP_GATED_NORM: o.out = cur[op->out]; break; // MoE, hybrid: op_fwd refuses them
+        case AC_OP_GATED_NORM: o.out = cur[op->out]; break; // hybrid: op_fwd refuses them
         }
         if (op_fwd(t, &o, !fwd, err, errn)) return NULL;
         cur[op->out] = o.out;
@@ -964,6 +1168,7 @@ static int layer_bwd(acc_trainer *t, int l, int B, int T, char *err, size_t errn
             if (op->kind != AC_OP_ROPE && op->kind != AC_OP_KV_MERGE && op->kind != AC_OP_MASK_HIDDEN)
                 has[op->in] = true;
             if (op->kind == AC_OP_ATTENTION) has[op->in2] = has[op->in3] = true;
+            if (op->kind == AC_OP_EXPERTS) has[op->in2] = true; // (the routing weights' gradient, written)
         }
     }
     return 0;
@@ -1166,10 +1371,19 @@ extern "C" int acc_trainer_gates(acc_trainer *t, const ac_gates *g, ac_gates *dg
                 src ? (void)(h[t->off_head[l] + k] = src->head[l][k]) : (void)(dst->head[l][k] = h[t->off_head[l] + k]);
             for (int k = 0; k < a->layers[l].ffn; k++)
                 src ? (void)(h[t->off_ffn[l] + k] = src->ffn[l][k]) : (void)(dst->ffn[l][k] = h[t->off_ffn[l] + k]);
+            const ac_gates *q = src ? src : dst; // expert gates: NULL arrays (the caller has none) are skipped
+            int E = a->layers[l].n_experts, nc = E * a->layers[l].expert_ffn;
+            for (int k = 0; q->expert && q->expert[l] && k < E; k++)
+                src ? (void)(h[t->off_exp[l] + k] = src->expert[l][k]) : (void)(dst->expert[l][k] = h[t->off_exp[l] + k]);
+            for (int k = 0; q->echan && q->echan[l] && k < nc; k++)
+                src ? (void)(h[t->off_echan[l] + k] = src->echan[l][k])
+                    : (void)(dst->echan[l][k] = h[t->off_echan[l] + k]);
         }
     };
     if (g) {
+        h = t->hz; // (expert gates the caller leaves out stay as they are)
         walk(g, NULL);
+        t->hz = h;
         TCK(cudaMemcpy(t->gates, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
         for (int l = 0; l < L; l++) t->s_attn[l] = g->attn[l], t->s_mlp[l] = g->mlp[l];
     }
@@ -1214,6 +1428,10 @@ extern "C" int acc_op_test(int dev, const ac_arch *a, const ac_op *op, int B, in
                            const float *rope_sin, acc_op_io *io, char *err, size_t errn) {
     if (a->head_dim > 4 * TB || (size_t)2 * T * sizeof(float) > 48 * 1024) { // the trainer's kernels' limits
         snprintf(err, errn, "op_test: head_dim %d or context %d above the CUDA trainer's", a->head_dim, T);
+        return -1;
+    }
+    if (op->kind == AC_OP_ROUTE || op->kind == AC_OP_EXPERTS) { // (tested through the trainer: test_train.c)
+        snprintf(err, errn, "op_test: the MoE ops run in the trainer only");
         return -1;
     }
     if (cu_ok(cudaSetDevice(dev), "cudaSetDevice", err, errn)) return -1;

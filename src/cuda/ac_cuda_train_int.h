@@ -14,8 +14,14 @@
  * row's log-sum-exp, the backward recomputes probabilities per query row for
  * dq and per key row for dk and dv, so there are no atomics and no T x T buffer.
  * Gates (train.h's ac_gates: per query head, FFN channel, hidden channel,
- * sub-block) are on the device too, all 1 after create; their gradients
- * accumulate with the weights' (acc_trainer_gates reads and clears them).
+ * sub-block, expert, expert channel) are on the device too, all 1 after
+ * create; their gradients accumulate with the weights' (acc_trainer_gates
+ * reads and clears them).
+ * Mixture-of-experts layers (softmax routers: Mixtral, Qwen3-MoE) run the
+ * router's and every expert's GEMMs on the device over the rows routed to
+ * it; the routing rule and its backward run on the host over the N x E
+ * logits (block.h's ac_moe_route_gated and ac_moe_route_gated_bwd), as the
+ * inference engine routes. nemotron_h models are refused at create.
  * Every function returns 0 or -1 with a message in err. They are reached
  * through the plugin's acc_api table (ac_cuda.h).
  */

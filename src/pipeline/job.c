@@ -374,9 +374,9 @@ static int stage_distill(job_state *s, ac_err *e) {
     o.temperature = (float)ds->temperature;
     o.ce_weight = (float)ds->ce_weight;
     o.seed = (unsigned long long)ds->seed;
-    /* a local CUDA target distils on its GPU, as it evaluates there; the CUDA
-     * trainer has no mixture-of-experts ops yet: those distil on the CPU */
-    o.cuda = po.cuda && !ac_arch_has_moe(&s->m.a);
+    /* a local CUDA target distils on its GPU, as it evaluates there (the CUDA
+     * trainer has the softmax routers' MoE ops; nemotron_h's distil on the CPU) */
+    o.cuda = po.cuda && !(ac_arch_has_moe(&s->m.a) && s->m.a.hybrid);
     /* the distill text; default: the whole calibration file (the job keeps
      * only its first calibration_tokens tokens for calibration) */
     const char *text = ds->text[0] ? ds->text : sp->calibration[0] ? sp->calibration : NULL;

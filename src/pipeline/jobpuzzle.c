@@ -58,7 +58,7 @@ static void distill_opts(const job_state *s, long tokens, ac_distill_opts *o) {
     o->lr = (float)ds->lr, o->min_lr = o->lr / 10;
     o->temperature = (float)ds->temperature, o->ce_weight = (float)ds->ce_weight;
     o->seed = (unsigned long long)ds->seed;
-    o->cuda = s->on_gpu && !ac_arch_has_moe(&s->m.a);
+    o->cuda = s->on_gpu && !(ac_arch_has_moe(&s->m.a) && s->m.a.hybrid); /* (as job.c's distill stage) */
 }
 
 /* eval.tasks of the arm into (*into)["puzzle"]. */

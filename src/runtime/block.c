@@ -343,6 +343,22 @@ void ac_moe_route_gated(float *r, float *p, const float *z, int N, int E, int k,
     }
 }
 
+void ac_moe_route_gated_bwd(float *d, const float *p, const float *r, const float *z, float *dz, int N, int E,
+                            int norm) {
+    for (int i = 0; i < N; i++) {
+        const float *pi = p + (size_t)i * E, *ri = r + (size_t)i * E;
+        float *di = d + (size_t)i * E;
+        double S = 0, rd = 0, pd = 0;
+        for (int x = 0; x < E; x++)
+            if (ri[x] != 0) S += (z ? z[x] : 1.0f) * pi[x], rd += (double)di[x] * ri[x];
+        for (int x = 0; x < E; x++) /* d q over the routed experts (through the renormalisation) */
+            di[x] = ri[x] == 0 ? 0.0f : norm ? (float)((di[x] - rd) / S) : di[x];
+        for (int x = 0; x < E; x++) pd += (double)di[x] * (z ? z[x] : 1.0f) * pi[x];
+        for (int x = 0; dz && x < E; x++) dz[x] += (float)(pi[x] * (di[x] - pd));
+        for (int x = 0; x < E; x++) di[x] = (float)((z ? z[x] : 1.0f) * pi[x] * (di[x] - pd)); /* softmax */
+    }
+}
+
 void ac_moe_route_sigmoid(float *r, const float *bias, const float *z, int N, int E, int k, int norm, float scale,
                           int *order) {
     for (int i = 0; i < N; i++) {

@@ -200,6 +200,14 @@ void ac_moe_route(float *r, float *p, int N, int E, int k, int norm, int *order)
  * receives exp(logit - max) / sum_e z[e] exp(logit_e - max), so the
  * expert's probability is z[e] p[e] (with z NULL: the softmax). */
 void ac_moe_route_gated(float *r, float *p, const float *z, int N, int E, int k, int norm, int *order);
+/* The backward of ac_moe_route_gated, for every backend (the CUDA trainer
+ * runs it on the host): d[N][E] holds the gradient at the routing weights r
+ * and becomes the gradient at the router logits; p, r, z: the forward's
+ * softmax, weights and expert gates (z NULL: all 1); dz[E] (NULL: not
+ * wanted) accumulates the expert gates' gradient. The selection is
+ * piecewise constant (no gradient); norm as in the forward. */
+void ac_moe_route_gated_bwd(float *d, const float *p, const float *r, const float *z, float *dz, int N, int E,
+                            int norm);
 /* The sigmoid router of nemotron_h's MoE layers (Hugging Face
  * NemotronHMoE.route_tokens_to_experts with one expert group), in place:
  * each row of r[N][E] holds router logits; s = sigmoid(logit) in double;

@@ -11,8 +11,7 @@
 #include "ssm_cpu_int.h"
 
 int ac_block_grad_supports(const ac_arch *a, int wdt, ac_err *e) {
-    if (ac_arch_has_moe(a) && wdt != ST_F32)
-        return ac_errf(e, "mixture-of-experts layers train on fp32 weights only so far (not in place on 16-bit ones)");
+    /* (softmax-routed MoE layers: every router and expert GEMM goes through ac_linear_w / ac_linear_dx_w) */
     if (a->hybrid && wdt != ST_F32)
         return ac_errf(e, "hybrid (nemotron_h) Mamba layers train on fp32 weights only so far (not in place on 16-bit "
                           "ones)");
@@ -170,18 +169,7 @@ static void route_bwd(ac_block_grad *c, int l, const float *p, const float *r, f
         }
     }
     /* softmax: d z += p (dq - pd) */
-    for (int i = 0; !a->router_sigmoid && i < N; i++) {
-        const float *pi = p + (size_t)i * E, *ri = r + (size_t)i * E;
-        float *d = dr + (size_t)i * E;
-        double S = 0, rd = 0, pd = 0;
-        for (int x = 0; x < E; x++)
-            if (ri[x] != 0) S += (z ? z[x] : 1.0f) * pi[x], rd += (double)d[x] * ri[x];
-        for (int x = 0; x < E; x++) /* d q over the routed experts (through the renormalisation) */
-            d[x] = ri[x] == 0 ? 0.0f : a->norm_topk ? (float)((d[x] - rd) / S) : d[x];
-        for (int x = 0; x < E; x++) pd += (double)d[x] * (z ? z[x] : 1.0f) * pi[x];
-        for (int x = 0; dz && x < E; x++) dz[x] += (float)(pi[x] * (d[x] - pd));
-        for (int x = 0; x < E; x++) d[x] = (float)((z ? z[x] : 1.0f) * pi[x] * (d[x] - pd)); /* softmax */
-    }
+    if (!a->router_sigmoid) ac_moe_route_gated_bwd(dr, p, r, z, dz, N, E, a->norm_topk);
     ac_linear_dx_w(dxn, dr, c->w->router, c->wdt, N, H, E, 1.0f, 1, c->wtile, c->wtile_rows);
     if (c->gw && c->gw->router) /* dWr[E][H] += dlogits^T xn */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, E, H, N, 1.0f, dr, E, xn, H, 1.0f, c->gw->router, H);

@@ -68,7 +68,8 @@ typedef struct {
 } ac_block_grad;
 
 /* 0 when every op of a's recipes has a backward here for matrices of
- * dtype wdt; else -1 with the reason (MoE layers: fp32 weights only). */
+ * dtype wdt; else -1 with the reason (nemotron_h's layers: fp32 weights
+ * only; softmax-routed MoE layers run on 16-bit ones too). */
 int ac_block_grad_supports(const ac_arch *a, int wdt, ac_err *e);
 
 /* The tape of layer l for N rows is ac_block_tape_floats(a, l, N, 0)

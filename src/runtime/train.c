@@ -25,11 +25,13 @@
 #include "runtime/kernels_cpu.h"
 #include "core/tensor.h"
 
-/* Floats of layer l's seven matrices. */
+/* Floats of layer l's seven matrices, and of a mixture-of-experts layer's
+ * router and experts (softmax routers: what layer_view converts). */
 static size_t layer_floats(const ac_arch *a, int l) {
     const ac_layer_arch *L = &a->layers[l];
     size_t H = a->hidden, Q = (size_t)L->n_heads * a->head_dim, KV = (size_t)L->n_kv_heads * a->head_dim;
-    return 2 * Q * H + 2 * KV * H + 3 * (size_t)L->ffn * H;
+    size_t moe = a->hybrid ? 0 : (size_t)L->n_experts * H * (1 + 3 * (size_t)L->expert_ffn);
+    return 2 * Q * H + 2 * KV * H + 3 * (size_t)L->ffn * H + moe;
 }
 
 static size_t max_layer_floats(const ac_arch *a) {
@@ -123,6 +125,7 @@ void ac_trainer_free(ac_trainer *t) {
     free(t->pos);
     free(t->moe_rows);
     free(t->wscr);
+    free(t->xw);
     if (t->frozen)
         free(t->g.L); /* its fields are the caller's */
     else if (t->g.L)
@@ -156,6 +159,8 @@ static int trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, int fr
     size_t nr = (size_t)ac_block_dim_max(a, AC_DIM_E) > N ? (size_t)ac_block_dim_max(a, AC_DIM_E) : N;
     ok = ok && (!ac_arch_has_moe(a) || (t->moe_rows = malloc(nr * sizeof(int))));
     if (ok && ac_model_wdt(m) != ST_F32) ok = (t->wscr = malloc(scratch_floats(a) * sizeof(float))) != NULL;
+    if (ok && ac_model_wdt(m) != ST_F32 && ac_arch_has_moe(a)) /* the experts' fp32 view: gate, up, down pointers */
+        ok = (t->xw = calloc(3 * (size_t)ac_block_dim_max(a, AC_DIM_E) + 1, sizeof(float *))) != NULL;
     if (ok && frozen) ok = (t->g.L = calloc(nl ? nl : 1, sizeof(ac_layer_w))) != NULL;
     if (ok && frozen) t->g.a = *a; /* the shapes, for readers of g (borrowed: g.a is never freed here) */
     if (!ok) {
@@ -234,6 +239,19 @@ static const ac_layer_w *layer_view(ac_trainer *t, int l) {
             *d[i] = t->wscr + off;
             off += n;
         }
+    }
+    int E = m->a.layers[l].n_experts;
+    if (E && wdt != ST_F32) { /* the router and every expert, converted after the dense matrices */
+        size_t H = m->a.hidden, Fe = m->a.layers[l].expert_ffn, Em = (size_t)ac_block_dim_max(&m->a, AC_DIM_E);
+        float **x = t->xw;
+        ac_to_f32(t->wscr + off, src->router, (st_dtype)wdt, E * H, NULL);
+        w->router = t->wscr + off, off += E * H;
+        for (int k = 0; k < 3 * E; k++) {
+            float *s = (k < E ? src->eg : k < 2 * E ? src->eu : src->ed)[k % E];
+            ac_to_f32(t->wscr + off, s, (st_dtype)wdt, Fe * H, NULL);
+            x[(size_t)(k / E) * Em + k % E] = t->wscr + off, off += Fe * H;
+        }
+        w->eg = x, w->eu = x + Em, w->ed = x + 2 * Em;
     }
     t->wl_at = l;
     return w;

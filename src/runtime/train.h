@@ -42,8 +42,9 @@
  * Frozen weights (ac_trainer_init_frozen: only the gates learn, e.g. the
  * DNAS gate search): no weight gradient is allocated or computed, and the
  * model may be resident in BF16/F16 (model.h): forward and backward convert
- * one layer's matrices at a time into a reusable fp32 scratch (the largest
- * layer's size), the LM head tile by tile into the same scratch, embedding
+ * one layer's matrices at a time (a mixture-of-experts layer's router and
+ * every expert included; not nemotron_h's) into a reusable fp32 scratch
+ * (the largest layer's size), the LM head tile by tile into the same scratch, embedding
  * rows as they are gathered. BF16/F16 to fp32 is exact and the GEMMs are the
  * same calls, so losses and gate gradients equal those on an fp32 copy of
  * the model bit for bit. The LM head's GEMMs run over tiles of
@@ -64,7 +65,7 @@ typedef struct {
     float *hidden; /* [H] */
     float *attn;   /* [l] */
     float *mlp;    /* [l] */
-    float **expert; /* [l][n_experts] (NULL without experts; may be NULL as a whole, e.g. the CUDA trainer's) */
+    float **expert; /* [l][n_experts] (NULL without experts; may be NULL as a whole: acc_trainer_gates then leaves them) */
     float **echan;  /* [l][n_experts * expert_ffn]: expert e's channels at e * expert_ffn */
     float **ssm;   /* [l][ssm_heads]: nemotron_h Mamba heads (NULL when the layer has none) */
 } ac_gates;
@@ -94,6 +95,7 @@ typedef struct {
      * KV-merge mixture of the gate search, so the model is never written. */
     ac_layer_w *ovr;
     float *wscr;   /* 16-bit models: one layer's matrices (or an LM-head tile) in fp32 */
+    float **xw;    /* 16-bit MoE models: the fp32 view's expert pointers (gate, up, down: 3 x max experts) */
     ac_layer_w wl; /* the fp32 view of layer wl_at (-1: none) */
     int wl_at, lm_rows;
 } ac_trainer;

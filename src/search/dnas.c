@@ -1048,25 +1048,37 @@ static void kv_shadow_free(ac_model *sh) {
     memset(sh, 0, sizeof *sh);
 }
 
-/* Host gate buffers of arch a (train.h's layout). */
+/* Host gate buffers of arch a (train.h's layout; MoE layers' expert and
+ * expert-channel gates too, set to 1: ac_dnas_set_gates writes only the
+ * searched ones). */
 static int hgates_alloc(run_t *R, const ac_arch *a) {
     int L = a->n_layers;
     size_t n = 2 * ((size_t)a->hidden + 2 * L);
-    for (int l = 0; l < L; l++) n += 2 * ((size_t)a->layers[l].n_heads + a->layers[l].ffn);
+    for (int l = 0; l < L; l++) {
+        const ac_layer_arch *la = &a->layers[l];
+        n += 2 * ((size_t)la->n_heads + la->ffn + la->n_experts + (size_t)la->n_experts * la->expert_ffn);
+    }
     ac_gates *gs[2] = {&R->hg, &R->hdg};
     float *p = R->hgmem = calloc(n + 1, sizeof(float));
     if (!p) return -1;
+    for (size_t i = 0; i < n; i++) p[i] = 1;
     for (int k = 0; k < 2; k++) {
         ac_gates *q = gs[k];
         q->head = calloc(L + 1, sizeof(float *));
         q->ffn = calloc(L + 1, sizeof(float *));
-        if (!q->head || !q->ffn) return -1;
+        q->expert = calloc(L + 1, sizeof(float *));
+        q->echan = calloc(L + 1, sizeof(float *));
+        if (!q->head || !q->ffn || !q->expert || !q->echan) return -1;
         q->hidden = p, p += a->hidden;
         q->attn = p, p += L;
         q->mlp = p, p += L;
         for (int l = 0; l < L; l++) {
-            q->head[l] = a->layers[l].n_heads ? p : NULL, p += a->layers[l].n_heads;
-            q->ffn[l] = a->layers[l].ffn ? p : NULL, p += a->layers[l].ffn;
+            const ac_layer_arch *la = &a->layers[l];
+            size_t nc = (size_t)la->n_experts * la->expert_ffn;
+            q->head[l] = la->n_heads ? p : NULL, p += la->n_heads;
+            q->ffn[l] = la->ffn ? p : NULL, p += la->ffn;
+            q->expert[l] = la->n_experts ? p : NULL, p += la->n_experts;
+            q->echan[l] = nc ? p : NULL, p += nc;
         }
     }
     return 0;
@@ -1078,6 +1090,7 @@ static void run_free(run_t *R) {
     if (R->ct) R->cu->trainer_free(R->ct);
     if (R->ctt) R->cu->trainer_free(R->ctt);
     free(R->hg.head), free(R->hg.ffn), free(R->hdg.head), free(R->hdg.ffn), free(R->hgmem);
+    free(R->hg.expert), free(R->hg.echan), free(R->hdg.expert), free(R->hdg.echan);
     kv_shadow_free(&R->kvm);
     kv_shadow_free(&R->kvd);
     kv_shadow_free(&R->kvg);
@@ -1477,9 +1490,10 @@ int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size
 const char *ac_dnas_method(ac_search_method m) { return m == AC_SEARCH_SURROGATE ? "surrogate" : "dnas"; }
 
 int ac_dnas_gates_ok(const ac_search_problem *p, const ac_model *m) {
+    (void)p; /* the CUDA trainer has the softmax routers' MoE ops too; the frozen CPU trainer converts a resident
+              * model's experts to fp32 layer by layer (train.h); a hybrid's gates train on the CPU */
     if (!ac_arch_has_moe(&m->a) || ac_arch_is_hybrid(&m->a)) return 1;
-    ac_err e;
-    return !m->a.router_sigmoid && !p->cuda && !ac_block_grad_supports(&m->a, ac_model_wdt(m), &e);
+    return !m->a.router_sigmoid;
 }
 
 typedef struct {

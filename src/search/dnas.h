@@ -207,13 +207,13 @@ int ac_dnas_train_gates(const ac_search_problem *p, ac_model *m, const int *ids,
 const char *ac_dnas_method(ac_search_method m);
 /* Whether the gate trainer runs the search on model m for the job's
  * problem p: a dense model always; a mixture-of-experts one (expert and
- * expert-channel gates) when its layers train on m's weights (fp32, not
- * resident 16-bit), its router is a softmax and the gates train on the CPU
- * (p->cuda 0: the CUDA trainer has no expert gates); a hybrid (nemotron_h)
- * always: its gates train on the CPU whatever the target (the CUDA trainer
- * has no Mamba layers; on an fp32 copy when m is 16-bit), as the surrogate
- * search has no Mamba axis. Otherwise method dnas falls back to the
- * surrogate search. */
+ * expert-channel gates) when its router is a softmax, on the CPU (fp32 or
+ * resident 16-bit weights: the frozen trainer converts each layer's
+ * experts) or on CUDA (p->cuda: the CUDA trainer's MoE ops); a hybrid
+ * (nemotron_h) always: its gates (the sigmoid router's experts among them)
+ * train on the CPU whatever the target (the CUDA trainer has no Mamba
+ * layers; on an fp32 copy when m is 16-bit), as the surrogate search has no
+ * Mamba axis. Otherwise method dnas falls back to the surrogate search. */
 int ac_dnas_gates_ok(const ac_search_problem *p, const ac_model *m);
 /* The job's search stage for method autocompress: so->method AC_SEARCH_DNAS
  * (with so->dnas_steps, dnas_lr, dnas_batch, dnas_seq_len, cotrain) or

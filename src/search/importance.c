@@ -349,6 +349,30 @@ static int pruned_increase(calib *c, const ac_arch *t, double *inc, ac_err *e) {
     return 0;
 }
 
+/* Mixture-of-experts layers in the engine method (on the device with a CUDA
+ * target): each MoE layer's curve (its ffn_sens) from pruned copies, point p
+ * the model without the lowest-ranked SENS_R[p] of the layer's experts that
+ * can go (all but top_k), routed over the kept ones by ac_prune: what the
+ * streamed pass's expert mask gives (test_stream's test_moe_layers). */
+static int expert_sensitivity(calib *c, ac_err *e) {
+    const ac_arch *a = &c->m->a;
+    for (int l = 0; l < a->n_layers; l++) {
+        int E = a->layers[l].n_experts, removable = E - a->top_k;
+        for (int p = 1; E && p < AC_SENS_POINTS; p++) {
+            ac_arch t;
+            double inc = 0;
+            if (ac_arch_copy(&t, a, e)) return -1;
+            t.layers[l].n_experts = E - (int)lround(SENS_R[p] * removable);
+            int rc = t.layers[l].n_experts < E && pruned_increase(c, &t, &inc, e);
+            ac_arch_free(&t);
+            if (rc) return -1;
+            c->imp->ffn_sens[l][p] = inc;
+        }
+        if (E) monotone(c->imp->ffn_sens[l]);
+    }
+    return 0;
+}
+
 /* Hidden width: real pruning (RMSNorm statistics change, so masking is
  * not equivalent). */
 static int hidden_sensitivity(calib *c, ac_err *e) {
@@ -805,10 +829,6 @@ int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, i
                    ? AC_CALIB_STREAMED
                    : AC_CALIB_EXACT;
     if (mode == AC_CALIB_EXACT && cuda) mode = AC_CALIB_ENGINE; /* the loss passes on the GPU */
-    if (ac_arch_has_moe(a)) { /* the expert curves are streamed (CPU); the backward needs fp32 weights */
-        if (mode == AC_CALIB_ENGINE) mode = AC_CALIB_EXACT;
-        if (mode == AC_CALIB_STREAMED && ac_model_wdt(m) != ST_F32) mode = AC_CALIB_ANCHORED;
-    }
     int hybrid = ac_arch_is_hybrid(a);
     if (hybrid) mode = AC_CALIB_ENGINE; /* the statistics in one engine pass (CPU); no loss curves yet */
     imp->method = mode;
@@ -836,7 +856,11 @@ int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, i
         if (!rc) rc = minitron_scores(&st, a, imp, e);
         if (!rc && hybrid) rc = ac_ssm_rank_heads((const double *const *)st.mt_ssm, a, imp, e);
         ac_stats_free(&st);
-        if (!rc && !hybrid) rc = masking_sensitivity(&c, e) || hidden_sensitivity(&c, e) || merge_sensitivity(&c, e) ? -1 : 0;
+        if (!rc && !hybrid)
+            rc = masking_sensitivity(&c, e) || expert_sensitivity(&c, e) || hidden_sensitivity(&c, e) ||
+                         merge_sensitivity(&c, e)
+                     ? -1
+                     : 0;
     } else
         ac_stats_free(&st);
     if (!rc && progress) progress(ud, "sensitivity", 1.0);

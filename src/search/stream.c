@@ -90,6 +90,7 @@ int ac_stream_want_grad(ac_stream *s, ac_err *e) {
     widths(a, &mq, &mkv, &mf);
     size_t maxin = H > mq ? H : mq;
     if (mf > maxin) maxin = mf;
+    if ((size_t)ac_block_dim_max(a, AC_DIM_FE) > maxin) maxin = ac_block_dim_max(a, AC_DIM_FE); /* experts' down */
     s->wtile_rows = 64;
     size_t tape = 0;
     for (int l = 0; l < a->n_layers; l++)
