@@ -418,8 +418,9 @@ static int train_gates(ac_model *m, int steps, int cuda, ac_dnas_gates *g, doubl
 
 /* The resident BF16 checkpoint of the fixture (ac_model_load_resident). */
 static int load_resident(ac_model *R) {
-    char dir[1200];
+    char fx[1024], dir[1200];
     ac_err e = {{0}};
+    ck_build_path(fx, sizeof fx, "fixtures");
     snprintf(dir, sizeof dir, "%s/models/qwen3moe_mixed_bf16", fx);
     if (ac_model_load_resident(dir, R, &e)) {
         CHECK(0, "resident: %s", e.msg);
