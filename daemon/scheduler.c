@@ -545,6 +545,14 @@ static int start_worker(scheduler *s, slot *sl, long job) {
         free(w);
         return -1;
     }
+    /* a job's first run: checkpoints already in its directory were left by
+     * another job (a data directory reused with a new database) */
+    char ckpt[1100];
+    sched_checkpoint_dir(d, job, ckpt, sizeof ckpt);
+    db_job row = {0};
+    int found = 0;
+    if (db_job_get(d->db, job, &row, &found, &e) == 0 && found && row.attempts == 1) ac_job_clear_checkpoints(ckpt);
+    db_job_clear(&row);
     char why[300];
     if (wlimit_prepare(&s->lim, job, &w->lim, why, sizeof why)) {
         close(logfd);
@@ -569,8 +577,6 @@ static int start_worker(scheduler *s, slot *sl, long job) {
     snprintf(hb, sizeof hb, "%d", beat > 5000 ? 5000 : (int)beat);
     /* a job run again (re-queued after a daemon restart or crash) resumes
      * after its last checkpointed stage, as a requeued Slurm job does */
-    char ckpt[1100];
-    sched_checkpoint_dir(d, job, ckpt, sizeof ckpt);
     char *args[20 + 2 * AC_MAX_ROOTS] = {d->exe,           "run-job", jobarg, "--device",       sl->id, "--threads",
                                          thr,              "--output", outp,  "--jobs-dir",     s->jobs_dir,
                                          "--quiet-budget", qb,        "--heartbeat-ms", hb, "--checkpoint", ckpt};

@@ -4,6 +4,7 @@ cycle, bad input, cancellation, SIGKILL recovery, SSE resume and keep-alive,
 auth, worker crash isolation, priorities, pagination."""
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import sys
@@ -489,6 +490,24 @@ def test_restart_resumes_from_checkpoints():
     st, res = D.req("GET", f"/v1/jobs/{jid}/result")
     assert st == 200 and res["resumed_stages"] == ["calibrate", "profile", "search"], res.get("resumed_stages")
     assert res["autocompress"]["architecture"] and res["chosen"], res.get("chosen")
+    # A data directory reused with a new database gives the next job an id whose directory may hold another job's
+    # checkpoints (here: valid ones, of the same spec): a job's first run clears them, it restores nothing.
+    nxt = os.path.join(D.data, "jobs", str(jid + 1), "checkpoint")
+    os.makedirs(nxt)
+    for f in ("calibrate.ckpt", "profile.ckpt", "search.ckpt"):
+        shutil.copy(os.path.join(ck, f), nxt)
+    st, j2 = D.req("POST", "/v1/jobs", body=spec(name="resumer"))
+    assert j2["id"] == jid + 1, j2
+
+    def past_calibrate(evs, _):
+        return any(e["event"] == "stage" and e["data"]["stage"] in ("profile", "search") for e in evs)
+
+    st, evs, _ = sse_read(D.port, f"/v1/jobs/{j2['id']}/events", until=past_calibrate, max_s=60)
+    D.req("DELETE", f"/v1/jobs/{j2['id']}")
+    D.wait_state(j2["id"], {"cancelled", "succeeded", "failed"})
+    stages = [e["data"] for e in evs if e["event"] == "stage"]
+    assert [x["stage"] for x in stages][:3] == ["load", "calibrate", "profile"], stages
+    assert not any(x.get("resumed") for x in stages), stages
 
 
 def test_fail_policy_and_sigterm():

@@ -63,5 +63,7 @@ int ac_ckpt_load_arm(const job_state *s, const char *dir, const char *key, const
                      json_t **report, char *why, size_t n);
 /* Remove DIR's distilled arms (their .ckpt first, then the students). */
 void ac_ckpt_release_arms(const char *dir);
+/* Remove every checkpoint in DIR: the stages' files, then the arms. */
+void ac_ckpt_clear(const char *dir);
 
 #endif
