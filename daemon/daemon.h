@@ -52,6 +52,12 @@ int sched_start(ac_daemon *d, ac_err *e);
 /* A job was queued / asked to cancel. */
 void sched_notify(ac_daemon *d);
 void sched_cancel(ac_daemon *d, long job);
+/* DATA_DIR/jobs/ID/checkpoint: the job's stage checkpoints, written by its
+ * worker (local or on a Slurm node) and read again when the job runs again. */
+void sched_checkpoint_dir(const ac_daemon *d, long job, char *out, size_t n);
+/* The job ended without its result (failed, cancelled): it never runs
+ * again, so its distilled students (a whole fp32 model per arm) go. */
+void sched_release_checkpoints(const ac_daemon *d, long job);
 /* Snapshot: {"device": {"slots":n,"running":[ids]}} */
 json_t *sched_status(ac_daemon *d);
 /* How workers' memory is limited ("cgroup", "rlimit", "none"), *mib each (wlimit.h). */

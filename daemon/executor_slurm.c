@@ -413,6 +413,9 @@ static int slurm_place(ac_daemon *d, long job, const char *device, char *why, si
     snprintf(dir, sizeof dir, "%s/%ld", S.jobs_dir, job);
     mkdir(S.jobs_dir, 0755);
     mkdir(dir, 0755);
+    char ckpt[1200]; /* submitted once: checkpoints there were left by another job (a reused data directory) */
+    sched_checkpoint_dir(d, job, ckpt, sizeof ckpt);
+    ac_job_clear_checkpoints(ckpt);
     ac_target tg;
     ac_err te;
     int gpu = ac_target_resolve(device, &tg, &te) == 0 && tg.kind == AC_TARGET_CUDA;

@@ -299,6 +299,7 @@ enum MHD_Result r_job_cancel(req_ctx *rc, json_t *body) {
         return http_reply(rc);
     }
     if (t == 0) {
+        sched_release_checkpoints(d, rc->id); /* a job re-queued after a restart may have some */
         daemon_event(d, rc->id, "state", json_pack("{s:s,s:s}", "state", "cancelled", "reason", "cancelled by user"));
         events_finish(d, rc->id);
     } else {

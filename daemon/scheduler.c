@@ -10,7 +10,9 @@
  *
  * Each job runs as `autocompressd run-job ID` (same binary) with its stdout
  * on a pipe (one JSON event per line, stored and fanned out to SSE) and its
- * stderr in data_dir/jobs/ID/worker.log. Cancel: SIGTERM, SIGKILL after
+ * stderr in data_dir/jobs/ID/worker.log, and its stage checkpoints in
+ * data_dir/jobs/ID/checkpoint (a job re-queued after the daemon's restart
+ * or crash resumes from them). Cancel: SIGTERM, SIGKILL after
  * cfg.cancel_grace_s. A worker that crashes fails only its job. A job
  * running longer than cfg.max_job_seconds is stopped the same way and fails
  * with that reason.
@@ -272,6 +274,7 @@ static void finish_worker(worker *w) {
         keep_pending(s, w->job, to, reason, result, e.msg);
     }
     log_line("job %ld %s: %s", w->job, name, reason);
+    if (to == JOB_FAILED || to == JOB_CANCELLED) sched_release_checkpoints(d, w->job); /* succeeded: the worker did */
     if (!s->stopping) {
         daemon_event(d, w->job, "state", json_pack("{s:s,s:s}", "state", name, "reason", reason));
         events_finish(d, w->job);
@@ -501,6 +504,16 @@ static int job_log(scheduler *s, long job, char *outp, size_t n) {
     return open(logp, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 }
 
+void sched_checkpoint_dir(const ac_daemon *d, long job, char *out, size_t n) {
+    snprintf(out, n, "%s/jobs/%ld/checkpoint", d->data_dir_abs, job);
+}
+
+void sched_release_checkpoints(const ac_daemon *d, long job) {
+    char dir[1100];
+    sched_checkpoint_dir(d, job, dir, sizeof dir);
+    ac_job_release_checkpoints(dir);
+}
+
 /* The job could not start: fail it and tell its subscribers. */
 static void fail_start(ac_daemon *d, long job, job_state from, const char *why) {
     ac_err e = {{0}};
@@ -532,6 +545,14 @@ static int start_worker(scheduler *s, slot *sl, long job) {
         free(w);
         return -1;
     }
+    /* a job's first run: checkpoints already in its directory were left by
+     * another job (a data directory reused with a new database) */
+    char ckpt[1100];
+    sched_checkpoint_dir(d, job, ckpt, sizeof ckpt);
+    db_job row = {0};
+    int found = 0;
+    if (db_job_get(d->db, job, &row, &found, &e) == 0 && found && row.attempts == 1) ac_job_clear_checkpoints(ckpt);
+    db_job_clear(&row);
     char why[300];
     if (wlimit_prepare(&s->lim, job, &w->lim, why, sizeof why)) {
         close(logfd);
@@ -554,10 +575,12 @@ static int start_worker(scheduler *s, slot *sl, long job) {
     char hb[32]; /* heartbeat: four within worker_silence_s, at most 5 s apart */
     double beat = d->cfg.worker_silence_s * 1000.0 / 4;
     snprintf(hb, sizeof hb, "%d", beat > 5000 ? 5000 : (int)beat);
-    char *args[18 + 2 * AC_MAX_ROOTS] = {d->exe,         "run-job",      jobarg, "--device", sl->id,     "--threads",
-                                         thr,            "--output",     outp,   "--jobs-dir", s->jobs_dir,
-                                         "--quiet-budget", qb,           "--heartbeat-ms", hb};
-    int na = 15;
+    /* a job run again (re-queued after a daemon restart or crash) resumes
+     * after its last checkpointed stage, as a requeued Slurm job does */
+    char *args[20 + 2 * AC_MAX_ROOTS] = {d->exe,           "run-job", jobarg, "--device",       sl->id, "--threads",
+                                         thr,              "--output", outp,  "--jobs-dir",     s->jobs_dir,
+                                         "--quiet-budget", qb,        "--heartbeat-ms", hb, "--checkpoint", ckpt};
+    int na = 17;
     char mem[32]; /* the resident limit it watches itself (wlimit.h) */
     snprintf(mem, sizeof mem, "%ld", wlimit_self_mib(&s->lim));
     if (wlimit_self_mib(&s->lim) > 0) {

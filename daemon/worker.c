@@ -283,8 +283,9 @@ static int run_job(worker_args *ap) {
     ac_cost_cache cache;
     costcache_json(&cache, tables); /* read-only: the daemon stores tables from the cost_table event */
     ac_job_ctx ctx = {.emit = emit_line, .ud = NULL, .cancelled = NULL, .cache = &cache, .threads = a.threads};
-    /* A job run again (a requeued batch job) resumes after its checkpointed
-     * stages; the key ties them to this spec (its SHA-256). */
+    /* A job run again (a requeued batch job, a local job re-queued after the
+     * daemon's restart or crash) resumes after its checkpointed stages; the
+     * key ties them to this spec (its SHA-256). */
     char key[DIGEST_HEX_LEN + 1] = "";
     char *spec_text = a.checkpoint ? json_dumps(spec, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     ac_err ke = {{0}};

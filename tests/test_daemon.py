@@ -4,6 +4,7 @@ cycle, bad input, cancellation, SIGKILL recovery, SSE resume and keep-alive,
 auth, worker crash isolation, priorities, pagination."""
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import sys
@@ -276,10 +277,23 @@ def long_spec(**kw):
     return spec(search={"steps": 100000, "seed": 1, "dnas_steps": 100000}, **kw)
 
 
+def plant_distilled_arm(job):
+    """A distilled arm's checkpoint (its .ckpt and its student's directory) in job's checkpoint directory, as an
+    interrupted earlier run would have left it: the paths that must go when the job ends without a result."""
+    ck = os.path.join(D.data, "jobs", str(job), "checkpoint")
+    os.makedirs(os.path.join(ck, "distill.minitron.model"), exist_ok=True)
+    paths = [os.path.join(ck, "distill.minitron.ckpt"), os.path.join(ck, "distill.minitron.model", "model.safetensors")]
+    for p in paths:
+        with open(p, "wb") as f:
+            f.write(b"x" * 64)
+    return paths
+
+
 def test_cancel_running_job():
     st, j = D.req("POST", "/v1/jobs", body=long_spec())
     D.wait_state(j["id"], {"running"})
     time.sleep(0.5)
+    planted = plant_distilled_arm(j["id"])
     pid = D.req("GET", f"/v1/jobs/{j['id']}")[1]
     t0 = time.time()
     st, r = D.req("DELETE", f"/v1/jobs/{j['id']}")
@@ -287,6 +301,8 @@ def test_cancel_running_job():
     j = D.wait_state(j["id"], {"cancelled", "failed", "succeeded"}, timeout=10)
     assert j["state"] == "cancelled" and time.time() - t0 < 2.0, (j, time.time() - t0)
     assert D.req("DELETE", f"/v1/jobs/{j['id']}")[0] == 409
+    # it never runs again: the distilled students its checkpoints kept are gone
+    assert not any(os.path.exists(p) for p in planted), planted
     del pid
 
 
@@ -301,8 +317,10 @@ def test_cancel_queued_job_and_priority():
     D.req("DELETE", f"/v1/jobs/{a['id']}")
     cj = D.wait_state(c["id"], {"running"})
     assert D.req("GET", f"/v1/jobs/{b['id']}")[1]["state"] == "queued"  # high priority went first
+    planted = plant_distilled_arm(b["id"])  # as if re-queued after a restart
     st, r = D.req("DELETE", f"/v1/jobs/{b['id']}")
     assert D.req("GET", f"/v1/jobs/{b['id']}")[1]["state"] == "cancelled"
+    assert not any(os.path.exists(p) for p in planted), planted
     D.req("DELETE", f"/v1/jobs/{cj['id']}")
     D.wait_state(c["id"], {"cancelled"})
 
@@ -437,6 +455,62 @@ def test_restart_after_sigkill_requeues():
     assert ids == list(range(1, len(ids) + 1))
 
 
+def test_restart_resumes_from_checkpoints():
+    """A local job SIGKILLed with its daemon after its search stage, the daemon started again on the same database:
+    the re-queued job resumes after its checkpointed stages (calibrate, profile, search restored, no search run
+    again) and ends succeeded."""
+    st, j = D.req("POST", "/v1/jobs", body=spec(name="resumer"))
+    jid = j["id"]
+    pid = []
+
+    def at_prune(evs, _):  # prune starts once search's checkpoint is on disk
+        pid.extend(e["data"]["pid"] for e in evs if e["event"] == "state" and "pid" in e["data"])
+        return any(e["event"] == "stage" and e["data"]["stage"] == "prune" for e in evs)
+
+    st, evs, _ = sse_read(D.port, f"/v1/jobs/{jid}/events", until=at_prune, max_s=120)
+    assert st == 200 and pid and any(e["event"] == "stage" and e["data"]["stage"] == "prune" for e in evs), evs[-3:]
+    os.kill(pid[0], signal.SIGSTOP)  # held there (SIGKILL still ends it) while its daemon dies
+    ck = os.path.join(D.data, "jobs", str(jid), "checkpoint")
+    assert sorted(os.listdir(ck)) == ["calibrate.ckpt", "profile.ckpt", "search.ckpt"], os.listdir(ck)
+    D.kill(signal.SIGKILL)
+    D.start()
+    jj = D.wait_state(jid, {"succeeded", "failed", "cancelled"}, timeout=120)
+    assert jj["state"] == "succeeded" and jj["attempts"] == 2, jj
+    assert any("interrupted" in (t["reason"] or "") for t in jj["transitions"]), jj["transitions"]
+    st, ev = D.req("GET", f"/v1/jobs/{jid}/events?format=json")
+    ev = ev["events"]
+    st_ = [(e["data"]["stage"], bool(e["data"].get("resumed"))) for e in ev if e["kind"] == "stage"]
+    k = st_.index(("load", False), 1)  # the second run starts over at load
+    assert [x[0] for x in st_[:k]] == ["load", "calibrate", "profile", "search", "prune"], st_
+    assert st_[k:] == [("load", False), ("calibrate", True), ("profile", True), ("search", True), ("prune", False),
+                       ("evaluate", False), ("export", False)], st_
+    second = [n for n, e in enumerate(ev) if e["kind"] == "stage" and e["data"]["stage"] == "load"][1]
+    assert any(e["kind"] == "search" for e in ev[:second]), "the first run searched"
+    assert not any(e["kind"] == "search" for e in ev[second:]), "the resumed run searched again"
+    assert [e["kind"] for e in ev].count("result") == 1
+    st, res = D.req("GET", f"/v1/jobs/{jid}/result")
+    assert st == 200 and res["resumed_stages"] == ["calibrate", "profile", "search"], res.get("resumed_stages")
+    assert res["autocompress"]["architecture"] and res["chosen"], res.get("chosen")
+    # A data directory reused with a new database gives the next job an id whose directory may hold another job's
+    # checkpoints (here: valid ones, of the same spec): a job's first run clears them, it restores nothing.
+    nxt = os.path.join(D.data, "jobs", str(jid + 1), "checkpoint")
+    os.makedirs(nxt)
+    for f in ("calibrate.ckpt", "profile.ckpt", "search.ckpt"):
+        shutil.copy(os.path.join(ck, f), nxt)
+    st, j2 = D.req("POST", "/v1/jobs", body=spec(name="resumer"))
+    assert j2["id"] == jid + 1, j2
+
+    def past_calibrate(evs, _):
+        return any(e["event"] == "stage" and e["data"]["stage"] in ("profile", "search") for e in evs)
+
+    st, evs, _ = sse_read(D.port, f"/v1/jobs/{j2['id']}/events", until=past_calibrate, max_s=60)
+    D.req("DELETE", f"/v1/jobs/{j2['id']}")
+    D.wait_state(j2["id"], {"cancelled", "succeeded", "failed"})
+    stages = [e["data"] for e in evs if e["event"] == "stage"]
+    assert [x["stage"] for x in stages][:3] == ["load", "calibrate", "profile"], stages
+    assert not any(x.get("resumed") for x in stages), stages
+
+
 def test_fail_policy_and_sigterm():
     d2 = Daemon(config={"interrupted_policy": "fail"}).start()
     try:
@@ -511,7 +585,8 @@ if __name__ == "__main__":
                   test_cancel_queued_job_and_priority, test_sse_resume_and_keepalive, test_worker_crash_fails_only_its_job,
                   test_bad_model_fails_cleanly, test_model_too_large_for_host_fails_cleanly, test_infeasible_constraint_reported,
                   test_measure_cost_table_in_background, test_job_lifecycle_and_cost_cache, test_log_endpoint,
-                  test_pagination, test_restart_after_sigkill_requeues, test_fail_policy_and_sigterm, test_auth,
+                  test_pagination, test_restart_after_sigkill_requeues, test_restart_resumes_from_checkpoints,
+                  test_fail_policy_and_sigterm, test_auth,
                   test_config_errors]:
             R.run(t)
     finally:

@@ -223,8 +223,12 @@ static void r_result(rd *r, ac_search_result *res, const ac_arch *base, ac_err *
 
 /* ------------------------------------------------------------- files */
 
+static const char *const CKPT_STAGES[] = {"calibrate", "profile", "search"};
+
 int ac_ckpt_stage(const char *stage) {
-    return !strcmp(stage, "calibrate") || !strcmp(stage, "profile") || !strcmp(stage, "search");
+    for (size_t i = 0; i < sizeof CKPT_STAGES / sizeof *CKPT_STAGES; i++)
+        if (!strcmp(stage, CKPT_STAGES[i])) return 1;
+    return 0;
 }
 
 int ac_ckpt_supported(const job_state *s) {
@@ -460,9 +464,22 @@ void ac_ckpt_release_arms(const char *dir) {
     for (int i = 0; i < 2; i++) {
         snprintf(p, sizeof p, "%s/distill.%s.ckpt", dir, arms[i]);
         unlink(p);
+        snprintf(p, sizeof p, "%s/distill.%s.ckpt.tmp", dir, arms[i]);
+        unlink(p);
         snprintf(p, sizeof p, "%s/distill.%s.model", dir, arms[i]);
         rm_flat(p);
         snprintf(p, sizeof p, "%s/distill.%s.model.tmp", dir, arms[i]);
         rm_flat(p);
     }
+}
+
+void ac_ckpt_clear(const char *dir) {
+    char p[4200];
+    for (size_t i = 0; i < sizeof CKPT_STAGES / sizeof *CKPT_STAGES; i++) {
+        snprintf(p, sizeof p, "%s/%s.ckpt", dir, CKPT_STAGES[i]);
+        unlink(p);
+        snprintf(p, sizeof p, "%s/%s.ckpt.tmp", dir, CKPT_STAGES[i]);
+        unlink(p);
+    }
+    ac_ckpt_release_arms(dir);
 }

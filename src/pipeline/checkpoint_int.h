@@ -1,7 +1,8 @@
 /*
  * checkpoint_int.h - a job's finished stages kept on disk, so that a job run
  * again from the start (a Slurm batch job requeued after a node was lost or
- * preempted) resumes after its last finished stage instead of computing it
+ * preempted, a local job re-queued after its daemon's restart or crash)
+ * resumes after its last finished stage instead of computing it
  * all again (job.c, ac_job_ctx.checkpoint_dir).
  *
  * What is kept, one file per stage in the directory (STAGE.ckpt, written
@@ -62,5 +63,7 @@ int ac_ckpt_load_arm(const job_state *s, const char *dir, const char *key, const
                      json_t **report, char *why, size_t n);
 /* Remove DIR's distilled arms (their .ckpt first, then the students). */
 void ac_ckpt_release_arms(const char *dir);
+/* Remove every checkpoint in DIR: the stages' files, then the arms. */
+void ac_ckpt_clear(const char *dir);
 
 #endif

@@ -687,6 +687,10 @@ void ac_job_release_checkpoints(const char *checkpoint_dir) {
     if (checkpoint_dir && checkpoint_dir[0]) ac_ckpt_release_arms(checkpoint_dir);
 }
 
+void ac_job_clear_checkpoints(const char *checkpoint_dir) {
+    if (checkpoint_dir && checkpoint_dir[0]) ac_ckpt_clear(checkpoint_dir);
+}
+
 static int run_stage(job_state *s, int i, int index, int of, int *resuming, ac_err *e) {
     const ac_job_ctx *ctx = s->ctx;
     const char *dir = ctx->checkpoint_dir, *key = ctx->checkpoint_key ? ctx->checkpoint_key : "";

@@ -31,7 +31,8 @@ typedef struct {
     int threads;                /* CPU threads; 0 = 2 */
     /* Stage checkpoints (checkpoint_int.h): a directory the job's finished
      * calibrate, profile and search stages and distilled arms are kept in,
-     * and restored from when the job runs again (a requeued batch job);
+     * and restored from when the job runs again (a requeued batch job, a
+     * local job re-queued after the daemon's restart);
      * NULL: none. key: the
      * caller's fingerprint of the job (its spec), which a checkpoint must
      * carry to be used. */
@@ -53,5 +54,9 @@ int ac_job_run(const ac_job_spec *spec, ac_job_ctx *ctx, json_t **result, ac_err
  * largest checkpoint files: a whole fp32 model per arm) once the job that
  * wrote them has its result; the small stage files stay. */
 void ac_job_release_checkpoints(const char *checkpoint_dir);
+/* Remove every checkpoint in the directory, stages and distilled arms: a
+ * job's first run, where whatever is there was left by another job (a data
+ * directory reused with a new database, whose job ids start again). */
+void ac_job_clear_checkpoints(const char *checkpoint_dir);
 
 #endif
