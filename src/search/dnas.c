@@ -822,6 +822,12 @@ static void discrete_arch(const ac_dnas_gates *g, const ac_search_problem *p, co
         a->layers[best].n_heads = g->gate_kv ? grp_of(bl) : bl->n_heads;
         if (uni && !a->layers[best].ffn) a->layers[best].ffn = bl->ffn < g->fm ? bl->ffn : g->fm; /* the whole layer */
     }
+    /* llama: a layer's one gate (tie_depth) removes the whole layer, a
+     * mixture-of-experts layer's experts with its attention (the expert
+     * count above is set on every MoE layer) */
+    for (int l = 0; uni && l < L; l++)
+        if (b->layers[l].n_experts && b->layers[l].n_heads && !a->layers[l].n_heads)
+            a->layers[l] = (ac_layer_arch){0, 0, 0, 0, 0, 0};
     /* and mis-runs a layer that keeps attention without its FFN, or a last layer without one (search.c) */
     for (int l = 0; gguf && l < L; l++)
         if ((a->layers[l].n_heads || l == L - 1) && !a->layers[l].ffn && b->layers[l].ffn)
@@ -886,12 +892,12 @@ static int drop_weakest_layer(const ac_dnas_gates *g, ac_arch *a) {
     int kept = 0, worst = -1;
     for (int l = 0; l < g->L; l++) {
         const ac_layer_arch *al = &a->layers[l];
-        if (!al->n_heads && !al->ffn) continue;
+        if (!al->n_heads && !al->ffn && !al->n_experts) continue;
         kept++;
         if (worst < 0 || g->la[g->attn_off + l] < g->la[g->attn_off + worst]) worst = l;
     }
     if (kept < 2) return 0;
-    a->layers[worst].n_heads = a->layers[worst].n_kv_heads = a->layers[worst].ffn = 0;
+    a->layers[worst] = (ac_layer_arch){0, 0, 0, 0, 0, 0}; /* an MoE layer's experts too */
     return 1;
 }
 
