@@ -175,7 +175,10 @@ def test_moe_axes_shown():
     m = make_mixtral()
     d = Daemon(config={"cpu_slots": 1, "model_roots": [BUILD, "/tmp"]}).start()
     try:
+        # a CPU target: its measured table also predicts measured_local's timings
         st, j = d.req("POST", "/v1/jobs", spec(model=m, constraints={"max_params": 2.6e6},
+                                               target={"device": "cpu", "workload": {"batch": 2, "prompt_len": 64,
+                                                                                     "gen_len": 16}},
                                                search={"steps": 40, "seed": 1, "export_target": "llama",
                                                        "min_top_k": 1}))
         assert st in (200, 201, 202), (st, j)
@@ -195,6 +198,20 @@ def test_moe_axes_shown():
         archs = {"baseline": r["model"]["architecture"], **{a: r[a]["architecture"] for a in arms}}
         assert archs["autocompress"]["top_k"] == tk["chosen"] and archs["minitron"]["top_k"] == K, archs
         print(f"   top-k choices {[(c['top_k'], round(c['score'], 4), c['feasible']) for c in ch]}, chosen {tk['chosen']}")
+        # measured_local: the experts a timed decode step reads, d = E (1 - (1 - k/E)^B), beside predicted and measured
+        ml = r["measured_local"]
+        B = ml["workload"]["batch"]
+        assert ml["moe"]["batch"] == B, ml.get("moe")
+        for who, a in (("base", archs["baseline"]), ("result", archs[r["chosen"]])):
+            Es = [L["experts"] for L in a["layers"] if L.get("experts")]
+            dd = sum(E * (1 - (1 - min(a["top_k"], E) / E) ** B) for E in Es) / len(Es)
+            mo = ml["moe"][who]
+            assert mo["top_k"] == a["top_k"] and mo["experts"] == max(Es), (who, mo, a["top_k"], Es)
+            assert abs(mo["distinct_experts_per_step"] - dd) < 1e-9, (who, mo, dd)
+        assert "predicted" in ml and ml["result"]["tpot_ms"] > 0, sorted(ml)
+        print(f"   measured_local at batch {B}: distinct experts {ml['moe']['base']['distinct_experts_per_step']:.2f} "
+              f"-> {ml['moe']['result']['distinct_experts_per_step']:.2f}; TPOT predicted "
+              f"{ml['predicted']['result']['tpot_ms']:.3f} ms, measured {ml['result']['tpot_ms']:.3f}")
         # report.html: the top-k line and the experts column per layer (base -> minitron -> autocompress)
         st, page = d.req("GET", f"/v1/jobs/{j['id']}/report.html")
         page = page if isinstance(page, str) else json.dumps(page)
