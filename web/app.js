@@ -256,7 +256,7 @@ function showResult(r) {
   }
   // a mixture-of-experts model: each arm's top-k and the experts (and their width) kept per layer, as the bars show
   // heads and FFN width; the top-k choices the search tried (report.search.top_k_choices) in the top-k row's title
-  const ma = r.model.architecture;
+  const ma = (r.model || {}).architecture || {};
   if (ma.top_k != null) {
     const archOf = (a) => (a === "baseline" ? ma : (get(a).architecture || null));
     const per = (a, k) => { const x = archOf(a); return x ? x.layers.map((L) => (L[k] == null ? "—" : L[k])).join(" ") : "—"; };
