@@ -12,6 +12,7 @@
  * Options: AC_BENCH_RUNS (runs per measurement, default 5), AC_BENCH_THREADS
  * (default 2), AC_BENCH_CASES (only the cases whose name contains it),
  * AC_BENCH_PROMPT / AC_BENCH_GEN (prompt and generated tokens, 32 / 12),
+ * AC_BENCH_BATCHES (the batches timed, e.g. "1,4,16"; default 1,2,4,...,64),
  * AC_BENCH_CLOCK=thread (1 thread; the table and the runs timed by the
  * thread's CPU time, as bench_costmodel's option: on a loaded machine the
  * wall clock measures the neighbours; such a table is not stored).
@@ -178,7 +179,21 @@ int main(int argc, char **argv) {
         {"moe-e32-k4", 256, 4, 2, 64, 2048, 4, 32, 128, 4},
         {"moe-e16-k2", 256, 4, 2, 64, 2048, 4, 16, 256, 2},
     };
-    const int batches[] = {1, 2, 4, 8, 16, 32, 64}, nb = (int)(sizeof batches / sizeof *batches);
+    int batches[16] = {1, 2, 4, 8, 16, 32, 64}, nb = 7;
+    const char *bl = getenv("AC_BENCH_BATCHES"); /* e.g. "1,4,16": the batches to time (up to 16, each 1..256) */
+    if (bl && *bl) {
+        nb = 0;
+        for (const char *q = bl; *q && nb < 16;) {
+            char *end;
+            long b = strtol(q, &end, 10);
+            if (end == q || b < 1 || b > 256) {
+                fprintf(stderr, "AC_BENCH_BATCHES: \"%s\" is not a list of batches 1..256\n", bl);
+                return 2;
+            }
+            batches[nb++] = (int)b;
+            q = *end == ',' ? end + 1 : end;
+        }
+    }
     double all_t[32], all_p[32];
     int n = 0;
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {

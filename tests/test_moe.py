@@ -162,6 +162,83 @@ def test_gate_search_job_on_fp32_moe():
     assert abs(pr / pe - 1) < 2e-4, (pr, pe)
 
 
+def test_moe_axes_shown():
+    """Item 9: a job searching top-k in [1, 2] through the daemon; its result
+    (the API's view of the report) names the top-k choices and the one
+    chosen, which is the feasible choice of least predicted loss increase
+    (recomputed here from the choices), and each arm's top-k and experts per
+    layer; report.html and the dashboard's job page (headless chromium,
+    when installed) state the same figures."""
+    if not (have() and os.path.exists(TEXT)):
+        return "skip"
+    import test_dashboard_truth as T
+    m = make_mixtral()
+    d = Daemon(config={"cpu_slots": 1, "model_roots": [BUILD, "/tmp"]}).start()
+    try:
+        # a CPU target: its measured table also predicts measured_local's timings
+        st, j = d.req("POST", "/v1/jobs", spec(model=m, constraints={"max_params": 2.6e6},
+                                               target={"device": "cpu", "workload": {"batch": 2, "prompt_len": 64,
+                                                                                     "gen_len": 16}},
+                                               search={"steps": 40, "seed": 1, "export_target": "llama",
+                                                       "min_top_k": 1}))
+        assert st in (200, 201, 202), (st, j)
+        job = d.wait_state(j["id"], {"succeeded", "failed"}, timeout=900)
+        assert job["state"] == "succeeded", job
+        st, r = d.req("GET", f"/v1/jobs/{j['id']}/result")
+        assert st == 200, (st, r)
+        K = json.load(open(os.path.join(m, "config.json")))["num_experts_per_tok"]
+        tk, ch = r["search"]["top_k"], r["search"]["top_k_choices"]
+        assert [c["top_k"] for c in ch] == list(range(K, 0, -1)), ch
+        feas = [c for c in ch if c["feasible"]]
+        best = min(feas, key=lambda c: c["score"]) if feas else ch[0]
+        for c in ch:
+            assert abs(c["score"] - c["search_pred_loss"] - c["loss_increase"]) < 1e-9, c
+        assert tk == {"model": K, "min_tried": 1, "chosen": best["top_k"]}, (tk, ch)
+        arms = ["minitron", "autocompress"]
+        archs = {"baseline": r["model"]["architecture"], **{a: r[a]["architecture"] for a in arms}}
+        assert archs["autocompress"]["top_k"] == tk["chosen"] and archs["minitron"]["top_k"] == K, archs
+        print(f"   top-k choices {[(c['top_k'], round(c['score'], 4), c['feasible']) for c in ch]}, chosen {tk['chosen']}")
+        # measured_local: the experts a timed decode step reads, d = E (1 - (1 - k/E)^B), beside predicted and measured
+        ml = r["measured_local"]
+        B = ml["workload"]["batch"]
+        assert ml["moe"]["batch"] == B, ml.get("moe")
+        for who, a in (("baseline", archs["baseline"]), (r["chosen"], archs[r["chosen"]])):
+            Es = [L["experts"] for L in a["layers"] if L.get("experts")]
+            dd = sum(E * (1 - (1 - min(a["top_k"], E) / E) ** B) for E in Es) / len(Es)
+            mo = ml["moe"][who]
+            assert mo["top_k"] == a["top_k"] and mo["experts"] == max(Es), (who, mo, a["top_k"], Es)
+            assert abs(mo["distinct_experts_per_step"] - dd) < 1e-9, (who, mo, dd)
+        ch_ = r["chosen"]
+        assert "predicted" in ml and ml[ch_]["tpot_ms"] > 0, sorted(ml)
+        print(f"   measured_local at batch {B}: distinct experts {ml['moe']['baseline']['distinct_experts_per_step']:.2f} "
+              f"-> {ml['moe'][ch_]['distinct_experts_per_step']:.2f}; TPOT predicted "
+              f"{ml['predicted'][ch_]['tpot_ms']:.3f} ms, measured {ml[ch_]['tpot_ms']:.3f}")
+        # report.html: the top-k line and the experts column per layer (base -> minitron -> autocompress)
+        st, page = d.req("GET", f"/v1/jobs/{j['id']}/report.html")
+        page = page if isinstance(page, str) else json.dumps(page)
+        assert st == 200 and '<p id="top-k">' in page, (st, page[:500])
+        assert f"before; minitron {K}; autocompress {tk['chosen']}." in page, page[page.find('id="top-k"'):][:400]
+        assert "<th>experts</th><th>expert FFN width</th>" in page, page[:500]
+        for l, L in enumerate(archs["baseline"]["layers"]):
+            cell = (f'<td class="n">{L["experts"]} &rarr; {archs["minitron"]["layers"][l].get("experts", 0)}<sub>m</sub>'
+                    f' &rarr; {archs["autocompress"]["layers"][l].get("experts", 0)}<sub>a</sub></td>')
+            assert cell in page, (l, cell)
+        # the dashboard's job page: the top-k row and the experts per layer, as the report says
+        if not T.CHROMIUM:
+            print("   dashboard not checked: chromium not installed")
+            return
+        T.D = d
+        rows = {cells[0][1]: [t for _, t in cells[1:]] for cells in T.summary_rows(T.page(j["id"]))}
+        key = [k for k in rows if k.startswith("top-k (experts per token")]
+        assert len(key) == 1 and all(f"k={c['top_k']}" in key[0] for c in ch), list(rows)
+        assert rows[key[0]] == [str(archs[a]["top_k"]) for a in ["baseline"] + arms], rows[key[0]]
+        per = lambda a, k: " ".join(str(L.get(k, "—")) for L in archs[a]["layers"])
+        assert rows["experts kept per layer"] == [per(a, "experts") for a in ["baseline"] + arms], rows
+        assert rows["expert FFN width per layer"] == [per(a, "expert_ffn") for a in ["baseline"] + arms], rows
+    finally:
+        d.cleanup()
+
+
 def test_specs_refused_estimates_answered():
     if not have():
         return "skip"
@@ -216,6 +293,7 @@ if __name__ == "__main__":
     try:
         r.run(test_job_compresses_mixtral)
         r.run(test_gate_search_job_on_fp32_moe)
+        r.run(test_moe_axes_shown)
         r.run(test_specs_refused_estimates_answered)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)

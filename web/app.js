@@ -231,7 +231,9 @@ function showResult(r) {
   const pick = r[r.chosen];
   if (pick && pick.architecture) {
     drawArch(pick.architecture.layers, r.model.architecture.layers);
-    $("#arch-caption").textContent = `Result (${r.chosen}): kept fraction of KV heads (blue) and FFN width (orange) per layer; hidden ${pick.architecture.hidden}/${r.model.architecture.hidden}.`;
+    const moe = pick.architecture.top_k != null;
+    $("#arch-caption").textContent = `Result (${r.chosen}): kept fraction of KV heads (blue) and ${moe ? "experts (orange, in a mixture-of-experts layer)" : "FFN width (orange)"} per layer; hidden ${pick.architecture.hidden}/${r.model.architecture.hidden}` +
+      (moe ? `; top-k ${pick.architecture.top_k}/${r.model.architecture.top_k}.` : ".");
   }
   // the puzzle arm (spec puzzle.enabled) is a third pruned arm, reported for comparison
   const arms = ["baseline", "minitron", "autocompress", ...(r.puzzle ? ["puzzle"] : [])], pruned = arms.slice(1);
@@ -264,6 +266,18 @@ function showResult(r) {
       return v == null ? "—" : { text: `${f(v, row.unit === "parameters" ? 0 : 3)} ${ok}`, cls: ok };
     });
     rows.push([`limit ${name} ${c.kind === "min" ? "≥" : "≤"} ${c.limit} (predicted)`, ...cells]);
+  }
+  // a mixture-of-experts model: each arm's top-k and the experts (and their width) kept per layer, as the bars show
+  // heads and FFN width; the top-k choices the search tried (report.search.top_k_choices) in the top-k row's title
+  const ma = (r.model || {}).architecture || {};
+  if (ma.top_k != null) {
+    const archOf = (a) => (a === "baseline" ? ma : (get(a).architecture || null));
+    const per = (a, k) => { const x = archOf(a); return x ? x.layers.map((L) => (L[k] == null ? "—" : L[k])).join(" ") : "—"; };
+    const tried = ((r.search || {}).top_k_choices || []).map((c) => `k=${c.top_k}${c.feasible ? "" : " (infeasible)"}`).join(", ");
+    rows.push([tried ? `top-k (experts per token; search tried ${tried})` : "top-k (experts per token)",
+      ...arms.map((a) => (archOf(a) ? String(archOf(a).top_k) : "—"))]);
+    rows.push(["experts kept per layer", ...arms.map((a) => per(a, "experts"))]);
+    rows.push(["expert FFN width per layer", ...arms.map((a) => per(a, "expert_ffn"))]);
   }
   rows.push(["all limits met", "", ...pruned.map((a) => (r[a] ? { text: r[a].feasible ? "yes" : "no", cls: r[a].feasible ? "met" : "missed" } : "—"))]);
   // one row per figure a limit can bound (the constraint table, constraints.js)

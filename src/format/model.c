@@ -1244,22 +1244,26 @@ int ac_model_save(const ac_model *m, const char *dir, int dtype, ac_err *e) {
     }
     int64_t H = a->hidden, hd = a->head_dim;
     st_dtype wdt = (st_dtype)ac_model_wdt(m); /* matrices (2-D) are in wdt (per layer), the rest fp32 */
+    /* A tensor already in dtype is written from the model's own memory (no copy: exporting a BF16
+     * student of a large model in BF16 would otherwise hold it twice); any other is converted into a
+     * buffer. */
 #define ADD(nm, ptr, d0, d1)                                                                                           \
     do {                                                                                                               \
         names[n] = strdup(nm);                                                                                         \
         size_t cnt = (size_t)(d0) * (size_t)((d1) ? (d1) : 1);                                                         \
-        bufs[n] = malloc(cnt * st_dtype_size((st_dtype)dtype));                                                        \
-        if (!names[n] || !bufs[n]) {                                                                                   \
+        st_dtype sdt = (d1) ? wdt : ST_F32;                                                                            \
+        bufs[n] = sdt == (st_dtype)dtype ? NULL : malloc(cnt * st_dtype_size((st_dtype)dtype));                        \
+        if (!names[n] || (sdt != (st_dtype)dtype && !bufs[n])) {                                                       \
             n++;                                                                                                       \
             rc = ac_errf(e, "out of memory");                                                                          \
             goto out;                                                                                                  \
         }                                                                                                              \
-        if (ac_convert(bufs[n], (st_dtype)dtype, ptr, (d1) ? wdt : ST_F32, cnt, e)) {                                  \
+        if (bufs[n] && ac_convert(bufs[n], (st_dtype)dtype, ptr, sdt, cnt, e)) {                                       \
             n++;                                                                                                       \
             rc = -1;                                                                                                   \
             goto out;                                                                                                  \
         }                                                                                                              \
-        t[n] = (st_wtensor){names[n], (st_dtype)dtype, (d1) ? 2 : 1, {(d0), (d1)}, bufs[n]};                           \
+        t[n] = (st_wtensor){names[n], (st_dtype)dtype, (d1) ? 2 : 1, {(d0), (d1)}, bufs[n] ? bufs[n] : (ptr)};         \
         n++;                                                                                                           \
     } while (0)
     /* an fp32 vector kept fp32 whatever dtype says (Hugging Face keeps nemotron_h's e_score_correction_bias fp32) */

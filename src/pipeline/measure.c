@@ -157,6 +157,22 @@ double ac_local_timing_off_table(const ac_local_timing *t, const ac_cost_table *
     return hi > AC_QUIET_TOL * r ? hi : lo * AC_QUIET_TOL < r ? lo : 0;
 }
 
+/* A mixture-of-experts model's routing at the timed batch: its top-k, the
+ * experts per MoE layer (the most of any layer) and the distinct experts a
+ * decode step reads, d = E (1 - (1 - k/E)^B) averaged over its MoE layers
+ * (the cost model's figure, docs/costmodel.md); NULL for a dense model. */
+static json_t *moe_routing(const ac_arch *a, int B) {
+    double d = 0, emax = 0;
+    int n = 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        double E = a->layers[l].n_experts;
+        if (E <= 0 || a->layers[l].expert_ffn <= 0) continue;
+        d += ac_moe_active_experts(E, fmin(a->top_k, E), B), emax = fmax(emax, E), n++;
+    }
+    return n ? json_pack("{s:i,s:f,s:f}", "top_k", a->top_k, "experts", emax, "distinct_experts_per_step", d / n)
+             : NULL;
+}
+
 json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, const ac_model *res, const char *arm,
                                 const ac_cost_table *cpu_table) {
     const ac_workload lw = t->w;
@@ -169,6 +185,10 @@ json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, 
      * below say as much about the neighbours as about the model */
     double load[1];
     if (getloadavg(load, 1) == 1) json_object_set_new(o, "load_average", json_real(load[0]));
+    json_t *mb = moe_routing(&base->a, lw.batch), *mr = moe_routing(&res->a, lw.batch);
+    if (mb || mr) /* the experts each timed decode step reads, beside the times predicted and measured */
+        json_object_set_new(o, "moe", json_pack("{s:i,s:o,s:o}", "batch", lw.batch, "baseline", mb ? mb : json_null(),
+                                                arm, mr ? mr : json_null()));
     double ref = cpu_table ? cpu_table->ref_us : 0;
     json_object_set_new(o, "quiet", quiet_json(ref, &t->qb, &t->qres, arm));
     ac_engine_profile cp;

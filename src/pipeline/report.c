@@ -57,6 +57,15 @@ json_t *ac_report_build(const job_state *s) {
                             json_pack("{s:i,s:i,s:f,s:s}", "steps", s->ra.steps_run, "seed", (int)s->P.opts.seed, "lr",
                                       s->P.opts.lr, "method",
                                       ac_dnas_method(ac_dnas_gates_ok(&s->P, &s->m) ? s->P.opts.method : AC_SEARCH_SURROGATE)));
+        json_t *sr = json_object_get(r, "search");
+        if (s->ra.detail) json_object_update(sr, s->ra.detail); /* gate_trainer; top_k_choices (topk.c) */
+        if (ac_arch_has_moe(&s->m.a)) /* the top-k choice: the model's, the lowest tried, the one chosen */
+            json_object_set_new(sr, "top_k",
+                                json_pack("{s:i,s:i,s:i}", "model", s->m.a.top_k, "min_tried",
+                                          sp->search.min_top_k >= 1 && sp->search.min_top_k < s->m.a.top_k
+                                              ? sp->search.min_top_k
+                                              : s->m.a.top_k,
+                                          "chosen", s->ra.arch.top_k));
     }
     if (s->puzzle_ran) { /* the third arm (jobpuzzle.c): its library, program and budget split */
         json_object_set_new(r, "puzzle", arm(s, &s->rz, &s->pzr, 0));

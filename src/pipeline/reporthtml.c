@@ -315,10 +315,29 @@ static void put_structure(ac_text *o, const json_t *r, const int *idx, int n) {
     ac_text_put(o, " Bars:");
     for (int i = 0; i < n; i++) ac_text_put(o, "<span class=\"key lk%d\"></span>%s", idx[i], ARMS[idx[i]]);
     ac_text_put(o, "</p>\n");
-    static const char *const AX[] = {"heads", "kv_heads", "ffn"};
-    static const char *const AXN[] = {"query heads", "KV heads", "FFN width"};
+    /* a mixture-of-experts model: the experts kept and their width per layer, and the top-k each arm routes to */
+    int moe = json_is_number(obj(base, "top_k")), nax = moe ? 5 : 3;
+    if (moe) {
+        ac_text_put(o, "<p id=\"top-k\">Experts per token (top-k): %.0f before;", ac_jnum(base, "top_k"));
+        for (int i = 1; i < n; i++)
+            ac_text_put(o, " %s %.0f%s", ARMS[idx[i]], ac_jnum(obj(obj(r, ARMS[idx[i]]), "architecture"), "top_k"),
+                        i + 1 < n ? ";" : ".");
+        const json_t *ch = obj(obj(r, "search"), "top_k_choices");
+        if (json_array_size(ch)) { /* topk.c: the search ran once per k */
+            ac_text_put(o, " The autocompress search tried");
+            for (size_t c = 0; c < json_array_size(ch); c++) {
+                const json_t *x = json_array_get(ch, c);
+                ac_text_put(o, "%s k=%.0f (predicted loss increase %.4g, %s)", c ? "," : "", ac_jnum(x, "top_k"),
+                            ac_jnum(x, "score"), json_is_true(obj(x, "feasible")) ? "feasible" : "infeasible");
+            }
+            ac_text_put(o, ".");
+        }
+        ac_text_put(o, "</p>\n");
+    }
+    static const char *const AX[] = {"heads", "kv_heads", "ffn", "experts", "expert_ffn"};
+    static const char *const AXN[] = {"query heads", "KV heads", "FFN width", "experts", "expert FFN width"};
     const double W = 1040, H = 150, left = 40, bottom = 18;
-    for (int x = 0; x < 3 && L; x++) {
+    for (int x = 0; x < nax && L; x++) {
         double mx = 0;
         for (size_t l = 0; l < L; l++) /* the tallest bar of any arm (an export grid may pad past the base) */
             for (int i = 0; i < n; i++)
@@ -348,16 +367,23 @@ static void put_structure(ac_text *o, const json_t *r, const int *idx, int n) {
         ac_text_put(o, "<text x=\"0\" y=\"12\" font-size=\"10\">%.0f</text></svg></figure>\n", mx);
     }
     ac_text_put(o, "<table id=\"structure\"><tr><th>layer</th>");
-    for (int x = 0; x < 3; x++) ac_text_put(o, "<th>%s</th>", AXN[x]);
+    for (int x = 0; x < nax; x++) ac_text_put(o, "<th>%s</th>", AXN[x]);
     ac_text_put(o, "</tr>\n");
     for (size_t l = 0; l < L; l++) {
         ac_text_put(o, "<tr><th>%zu</th>", l);
-        for (int x = 0; x < 3; x++) {
-            ac_text_put(o, "<td class=\"n\">%.0f", layer_fig(base, l, AX[x]));
+        for (int x = 0; x < nax; x++) {
+            double b = layer_fig(base, l, AX[x]);
+            if (x >= 3 && b < 0) { /* a dense layer of an MoE model has no experts */
+                ac_text_put(o, "<td class=\"n\">&mdash;</td>");
+                continue;
+            }
+            ac_text_put(o, "<td class=\"n\">%.0f", b);
             for (int i = 1; i < n; i++) {
                 double v = layer_fig(obj(obj(r, ARMS[idx[i]]), "architecture"), l, AX[x]);
                 ac_text_put(o, " &rarr; ");
-                if (v < 0)
+                if (v < 0 && x >= 3 && l < json_array_size(obj(obj(obj(r, ARMS[idx[i]]), "architecture"), "layers")))
+                    ac_text_put(o, "0"); /* the layer's experts were all removed */
+                else if (v < 0)
                     ac_text_put(o, "(dropped)");
                 else
                     ac_text_put(o, "%.0f", v);

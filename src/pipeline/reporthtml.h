@@ -14,7 +14,8 @@
  *    measured on the job's CPU (and on a local GPU target) against the cost
  *    table's prediction, with the relative error;
  *  - structure per layer before and after for both arms, as bars (SVG) and
- *    a table;
+ *    a table (a mixture-of-experts model: experts kept and expert FFN width
+ *    too, and each arm's top-k with the top-k choices the search tried);
  *  - task accuracy (eval.tasks): per task and arm, acc +- its standard
  *    error and acc_norm, before distillation beside it;
  *  - curves: the search loss and each arm's distillation loss per step,
