@@ -242,23 +242,25 @@ int ac_search_check_tp(const ac_search_problem *p, int check_grid, ac_err *e) {
     return 0;
 }
 
-/* One expert more or fewer (dir) in every mixture-of-experts layer: the
- * export targets (llama.cpp's GGUF, Hugging Face's configs) hold one
- * expert count for the whole model. Between top_k and the base's count. */
+/* A layer with nothing left (dnas's depth gate on the llama target drops whole layers). */
+static int dropped(const ac_layer_arch *al) { return !al->n_heads && !al->ffn && !al->n_experts; }
+
+/* One expert more or fewer (dir) in every mixture-of-experts layer kept
+ * (a dropped one stays dropped): the export targets (llama.cpp's GGUF,
+ * Hugging Face's configs) hold one expert count for the whole model.
+ * Between top_k and the base's count. */
 static int move_experts(const ac_search_problem *p, ac_arch *a, int dir) {
     const ac_arch *b = p->base;
     for (int i = 0; i < b->n_layers; i++) {
         int n = a->layers[i].n_experts + dir;
-        if (b->layers[i].n_experts && (!p->opts.prune_experts || n < b->top_k || n > b->layers[i].n_experts))
+        if (b->layers[i].n_experts && !dropped(&a->layers[i]) &&
+            (!p->opts.prune_experts || n < b->top_k || n > b->layers[i].n_experts))
             return 0;
     }
     for (int i = 0; i < b->n_layers; i++)
-        if (b->layers[i].n_experts) a->layers[i].n_experts += dir;
+        if (b->layers[i].n_experts && !dropped(&a->layers[i])) a->layers[i].n_experts += dir;
     return 1;
 }
-
-/* A layer with nothing left (dnas's depth gate on the llama target drops whole layers). */
-static int dropped(const ac_layer_arch *al) { return !al->n_heads && !al->ffn && !al->n_experts; }
 
 /* Apply a move of sign dir (-1 shrink, +1 grow) to a; returns 0 if not possible. */
 static int move(const ac_search_problem *p, ac_arch *a, mv_kind k, int l, int dir) {
