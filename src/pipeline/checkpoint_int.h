@@ -10,7 +10,8 @@
  *   profile    the cost table and whether it came from the cache;
  *   search     both arms' results (architecture, predicted cost, loss,
  *              feasibility, steps, the method's report fields) and the
- *              DNAS gate-score orders.
+ *              DNAS gate-score orders; not with search.keep_weights, whose
+ *              result holds the co-trained weights (job.c runs it again).
  * load is cheap and run again (the model is mapped, the texts read); the
  * stages after search (prune, distill, evaluate, export) are run again
  * from the restored state: their outputs are whole models.

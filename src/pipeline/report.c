@@ -54,9 +54,10 @@ json_t *ac_report_build(const job_state *s) {
     if (s->two_arms) {
         json_object_set_new(r, "autocompress", arm(s, &s->ra, &s->par, s->rep_a));
         json_object_set_new(r, "search",
-                            json_pack("{s:i,s:i,s:f,s:s}", "steps", s->ra.steps_run, "seed", (int)s->P.opts.seed, "lr",
-                                      s->P.opts.lr, "method",
-                                      ac_dnas_method(ac_dnas_gates_ok(&s->P, &s->m) ? s->P.opts.method : AC_SEARCH_SURROGATE)));
+                            json_pack("{s:i,s:i,s:f,s:s,s:b}", "steps", s->ra.steps_run, "seed", (int)s->P.opts.seed,
+                                      "lr", s->P.opts.lr, "method",
+                                      ac_dnas_method(ac_dnas_gates_ok(&s->P, &s->m) ? s->P.opts.method : AC_SEARCH_SURROGATE),
+                                      "weights_kept", s->pa_cotrained));
     }
     if (s->puzzle_ran) { /* the third arm (jobpuzzle.c): its library, program and budget split */
         json_object_set_new(r, "puzzle", arm(s, &s->rz, &s->pzr, 0));

@@ -1348,6 +1348,26 @@ static int train_loop(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, co
     return rc;
 }
 
+/* cotrain with keep: the trained copy into r->trained (from the device
+ * when it trained there), the deci merge layers' K/V back to the original
+ * ones (the copy held the last step's mixture of them). */
+static int keep_copy(run_t *R, const ac_dnas_gates *g, ac_search_result *r, ac_err *e) {
+    if (R->cu && R->cu->trainer_download(R->ct, &R->copy, NULL, R->er, sizeof R->er)) return cu_fail(R, e);
+    for (int l = 0; R->merge && l < g->L; l++) {
+        if (!g->nmc[l]) continue;
+        float *s[4], *d[4];
+        size_t per[4], KV = (size_t)R->copy.a.layers[l].n_kv_heads;
+        kv_tensors(&R->kvm, l, s, per);
+        kv_tensors(&R->copy, l, d, per);
+        for (int k = 0; k < 4; k++)
+            if (s[k] && d[k]) memcpy(d[k], s[k], sizeof(float) * KV * per[k]);
+    }
+    if (!(r->trained = malloc(sizeof *r->trained))) return ac_errf(e, "out of memory");
+    *r->trained = R->copy;
+    memset(&R->copy, 0, sizeof R->copy);
+    return 0;
+}
+
 static int check_args(const ac_search_problem *p, const ac_dnas_opts *o, ac_err *e) {
     dcons c[AC_NCONSTRAINTS];
     if (dcons_list(&p->limits, c) == 0) return ac_errf(e, "search: no constraints given");
@@ -1381,6 +1401,10 @@ int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size
     if (!rc) {
         r->steps_run = o->steps;
         r->detail = json_pack("{s:s}", "gate_trainer", R.cu ? "cuda" : "cpu");
+    }
+    if (!rc && o->cotrain && o->keep && (rc = keep_copy(&R, &g, r, e))) {
+        ac_search_result_free(r);
+        ac_importance_free(orders);
     }
     run_free(&R);
     ac_dnas_gates_free(&g);
@@ -1418,6 +1442,7 @@ static int job_search_one(const ac_search_problem *p, ac_model *m, void *ud, ac_
     if (so->dnas_seq_len > 0) o.seq_len = so->dnas_seq_len;
     if (so->dnas_batch > 0) o.batch = so->dnas_batch;
     o.cotrain = so->cotrain;
+    o.keep = so->cotrain && so->keep_weights;
     o.cuda = p->cuda; /* a local cuda target: the gates train on its GPU */
     return ac_search_dnas(p, m, ids, n, &o, r, orders, e);
 }
