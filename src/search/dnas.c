@@ -1205,6 +1205,26 @@ static double merge_tau(const ac_dnas_opts *o, int s) {
     return o->mc_tau0 * pow(o->mc_tau1 / o->mc_tau0, f);
 }
 
+/* keep: the weights' gradients at the structure the gates round to now
+ * (a unit whose keep probability is at least 0.5 whole, the rest 0; each
+ * merge layer its likeliest choice) rather than at the step's sample. A
+ * sampled gate between 0 and 1 scales its unit, and weights trained under
+ * such scaling are off when the export keeps the unit whole (on the tiny
+ * model the sampled-gate weights, kept, raised the held-out perplexity of
+ * the search's structure from 58.13 to 59.09: docs/benchmarks.md). Rounding
+ * the expected widths as the discretisation does instead did worse in the
+ * bench (docs/benchmarks.md). One more forward and backward of the step's
+ * batch. */
+static int hard_grads(run_t *R, const ac_dnas_gates *g, const ac_search_problem *p, const int *tk, int B, int T,
+                      const float *teacher, ac_err *e) {
+    for (int i = 0; i < g->np; i++) R->z[i] = g->mkv[i] ? 0 : ac_dnas_keep_prob(g->la[i]) >= 0.5;
+    for (int l = 0; l < g->L; l++)
+        if (g->nmc[l]) ac_dnas_merge_sample(g, l, NULL, 1, 1, R->q, R->z);
+    double task = 0;
+    if (zero_grads(R, e) || put_gates(R, g, p, R->z, e)) return -1;
+    return gate_grad(R, g, p, tk, B, T, teacher, &task, e);
+}
+
 /* One gate step: sample, forward, KD loss, backward; d loss/d log_alpha into R->gl. */
 static int task_step(run_t *R, const ac_dnas_gates *g, const ac_search_problem *p, const ac_dnas_opts *o,
                      const int *ids, int s, unsigned long long *rng, double *task, ac_err *e) {
@@ -1232,6 +1252,8 @@ static int task_step(run_t *R, const ac_dnas_gates *g, const ac_search_problem *
         for (int c = 0; c < g->nmc[l]; c++) R->gl[o0 + c] = R->q[o0 + c] * (R->dz[o0 + c] - zdz) / tau;
     }
     if (o->zero_task_grad) memset(R->gl, 0, sizeof(double) * g->np);
+    if (o->cotrain && o->keep && hard_grads(R, g, p, R->tok + (size_t)bi * B * T, B, T, R->teacher + per * bi, e))
+        return -1;
     if (o->cotrain && weight_step(R, s - 1, e)) return -1;
     return 0;
 }

@@ -80,7 +80,8 @@ typedef struct {
     double w_lr;             /* weight learning rate when cotrain */
     int keep;                /* with cotrain: ac_search_dnas hands the co-trained copy over (r->trained: fp32, the
                               * base architecture, every unit; K/V of deci merge layers are the original ones, as
-                              * ac_prune merges them), instead of discarding it */
+                              * ac_prune merges them), instead of discarding it; the weights then step from a
+                              * second pass at the gates' rounded structure (dnas.c, hard_grads) */
     int init_surrogate;      /* 1: log_alpha initialised from the surrogate search's result */
     int teacher_cache_mib;   /* teacher logits cached up to this size, else recomputed each step */
     double mc_tau0, mc_tau1; /* deci merge choices: Gumbel-softmax temperature, first and last step (geometric) */
