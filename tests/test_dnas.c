@@ -896,6 +896,30 @@ static void frozen_vs_full_first_step(const ac_search_problem *p, ac_model *R, c
  * copy trained, the teacher on the mapping). */
 /* cuda: the same through the CUDA plugin's trainer, which takes the
  * resident weights in their dtype and converts each tensor on the device. */
+/* search.keep_weights: the kept co-trained copies of the resident and the
+ * fp32 searches are the same weights (q projections compared), trained
+ * (not M's); on deci, whose every layer has merge choices, K and V are M's
+ * originals (the copy held the last mixture; keep puts them back). */
+static void kept_copies(const ac_search_result *a, const ac_search_result *b, int deci) {
+    CHECK(a->trained && b->trained, "keep: no co-trained copy handed over");
+    if (!a->trained || !b->trained) return;
+    size_t nq = (size_t)M.a.layers[0].n_heads * M.a.head_dim * M.a.hidden;
+    size_t nk = (size_t)M.a.layers[0].n_kv_heads * M.a.head_dim * M.a.hidden;
+    int same = 1, moved = 0, kv_orig = 1;
+    for (int l = 0; l < M.a.n_layers; l++) {
+        same &= !memcmp(a->trained->L[l].wq, b->trained->L[l].wq, nq * sizeof(float));
+        moved |= memcmp(b->trained->L[l].wq, M.L[l].wq, nq * sizeof(float)) != 0;
+        kv_orig &= !memcmp(b->trained->L[l].wk, M.L[l].wk, nk * sizeof(float)) &&
+                   !memcmp(b->trained->L[l].wv, M.L[l].wv, nk * sizeof(float)) &&
+                   !memcmp(a->trained->L[l].wk, M.L[l].wk, nk * sizeof(float));
+    }
+    printf("   kept copies: resident = fp32 %s, trained %s, K/V the originals %s\n", same ? "yes" : "no",
+           moved ? "yes" : "no", kv_orig ? "yes" : "no");
+    CHECK(same && moved, "keep: the resident and fp32 searches' kept weights differ, or are M's");
+    CHECK(!deci || kv_orig, "keep on deci: the merge layers' K/V are not the original ones");
+    CHECK(deci || !kv_orig, "keep on gguf: K/V were not trained");
+}
+
 static void resident_search_equals_fp32(int cuda) {
     const char *why;
     if (cuda && !ac_cuda(&why)) SKIP("no CUDA: %s", why);
@@ -925,7 +949,7 @@ static void resident_search_equals_fp32(int cuda) {
         o.batch = 2;
         o.seq_len = 32;
         o.steps = k < 2 && !cuda ? 12 : 3; /* the emulated plugin is slow: 3 steps there */
-        o.cotrain = k >= 2;
+        o.cotrain = o.keep = k >= 2; /* keep: ac_search_dnas hands the co-trained copy over */
         o.teacher_cache_mib = k == 3 ? 0 : o.teacher_cache_mib; /* deci cotrain: online teacher (a second trainer) */
         o.cuda = cuda;
         ac_dnas_gates g[2];
@@ -957,6 +981,7 @@ static void resident_search_equals_fp32(int cuda) {
         CHECK(same && gn > 0, "resident and fp32 gate training differ");
         if (k == 1 && !cuda) frozen_vs_full_first_step(&p, &R, &o, &g[0]);
         CHECK(arch, "resident and fp32 searches picked different architectures");
+        if (ok && k >= 2) kept_copies(&r[0], &r[1], k == 3);
         for (int c = 0; c < 2; c++) {
             ac_dnas_gates_free(&g[c]);
             free(tgr[c]);

@@ -18,6 +18,8 @@ def test_bad_search_fields():
         ({"method": "evolution"}, "search.method"),
         ({"method": "dnas", "dnas_steps": 0}, "search.dnas_steps"),
         ({"method": "dnas", "cotrain": "yes"}, "search.cotrain"),
+        ({"method": "dnas", "keep_weights": True}, "search.keep_weights"),  # without cotrain
+        ({"method": "surrogate", "cotrain": True, "keep_weights": True}, "search.keep_weights"),
         ({"method": "dnas", "dnas_seq_len": 1}, "search.dnas_seq_len"),
     ]
     for s, field in cases:

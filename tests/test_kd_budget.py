@@ -29,12 +29,13 @@ from harness import BUILD, DATA, TINY, Runner, cli_estimate  # noqa: E402
 WL = {"batch": 256, "prompt_len": 2048, "gen_len": 256}
 
 
-def job(tmp, name, distill, dnas_steps=300, windows=48):
+def job(tmp, name, distill, dnas_steps=300, windows=48, search=None):
     base = cli_estimate({"model": TINY, "target": {"device": "H100", "workload": WL}})["figures"]
     spec = {"model": TINY, "calibration": os.path.join(DATA, "calib.txt"), "heldout": os.path.join(DATA, "heldout.txt"),
             "output": os.path.join(tmp, name), "target": {"device": "H100", "workload": WL},
             "constraints": {"min_tokens_per_s": base["tokens_per_s"] * 1.08},
-            "search": {"steps": 300, "seed": 1, "export_target": "deci", "dnas_steps": dnas_steps},
+            "search": dict({"steps": 300, "seed": 1, "export_target": "deci", "dnas_steps": dnas_steps},
+                           **(search or {})),
             "calibration_tokens": 8192, "eval": {"ctx": 128, "windows": windows},
             "distill": dict({"text": os.path.join(DATA, "train.txt"), "seed": 2}, **distill)}
     p = os.path.join(tmp, name + ".json")
@@ -97,10 +98,29 @@ def test_no_room_for_ranking():
     assert a["distill"]["tokens"] == total, a["distill"]
 
 
+def test_kept_weights_budget():
+    """search.keep_weights: the co-trained gate search's tokens are the arm's "gates" (steps x dnas_batch x
+    dnas_seq_len), the final distillation gets the rest, and the report says the arm's weights are the kept ones
+    (tests/test_dnas_gain.c checks that they are the trained ones and lower the held-out loss)."""
+    tmp = tempfile.mkdtemp(prefix="ackd_")
+    total, steps = 8192, 20
+    r = job(tmp, "kept", {"tokens": total}, dnas_steps=steps, windows=4,
+            search={"cotrain": True, "keep_weights": True})
+    check_budget(r, total)
+    a = r["autocompress"]
+    assert a["budget"]["gates"] == steps * 4 * 64 and a["budget"]["ranking"] == 0, a["budget"]
+    assert a["budget"]["final"] == total - steps * 4 * 64 == a["distill"]["tokens"], (a["budget"], a["distill"])
+    assert r["search"]["weights_kept"] is True and r["search"]["steps"] == steps, r["search"]
+    assert a["feasible"] and a["perplexity_pruned"] > 1 and a["perplexity"] > 1, a
+
+
 if __name__ == "__main__":
     if not os.path.exists(os.path.join(TINY, "config.json")):
         sys.exit(print("SKIP all: tiny model not built (make tiny-model)\nRESULT 0 0 1"))
     t = Runner()
-    for fn in (test_ranked_choice, test_no_room_for_ranking):
+    only = sys.argv[1:]  # test names to run (default: all)
+    for fn in (test_ranked_choice, test_no_room_for_ranking, test_kept_weights_budget):
+        if only and fn.__name__ not in only:
+            continue
         t.run(fn)
     t.done()

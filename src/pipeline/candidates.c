@@ -13,6 +13,24 @@
 
 int ac_kd_rank_after = 1;
 
+void ac_job_distill_opts(const job_state *s, long tokens, ac_distill_opts *o) {
+    const ac_distill_spec *ds = &s->spec->distill;
+    ac_distill_defaults(o);
+    o->tokens = tokens;
+    o->seq_len = ds->seq_len, o->batch = ds->batch;
+    o->lr = (float)ds->lr, o->min_lr = o->lr / 10;
+    o->temperature = (float)ds->temperature, o->ce_weight = (float)ds->ce_weight;
+    o->seed = (unsigned long long)ds->seed;
+    /* a local CUDA target distils on its GPU, as it evaluates there (the CUDA
+     * trainer has the softmax routers' MoE ops; nemotron_h's distil on the CPU) */
+    o->cuda = s->on_gpu && !s->m.a.hybrid;
+}
+
+const char *ac_job_distill_text(const job_state *s) {
+    const ac_job_spec *sp = s->spec;
+    return sp->distill.text[0] ? sp->distill.text : sp->calibration[0] ? sp->calibration : NULL;
+}
+
 int ac_kd_pick(const double *before, const double *after, const int *ranked, int n, int by_after) {
     int best = -1;
     for (int i = 0; i < n; i++) {
@@ -31,6 +49,8 @@ typedef struct {
     ac_search_result r;     /* owned */
     ac_importance orders;   /* owned when own_orders */
     const ac_importance *imp; /* the unit orders it is pruned in */
+    const ac_model *src;      /* the weights it is pruned from: search.keep_weights' co-trained ones, or NULL: the
+                               * base model's */
     int own_orders;
     double before, after; /* ranking loss (nll) before and after the short distillation */
     long tokens;
@@ -42,10 +62,11 @@ static void log_msg(job_state *s, json_t *ev) {
     json_decref(ev);
 }
 
-static long gate_tokens(const job_state *s) {
+/* Tokens of a gate search whose weights trained (search.cotrain) and ran steps steps. */
+static long gate_tokens(const job_state *s, int steps) {
     const ac_search_opts *so = &s->spec->search;
     if (!s->two_arms || !so->cotrain || so->method != AC_SEARCH_DNAS || ac_arch_has_moe(&s->m.a)) return 0;
-    return (long)s->ra.steps_run * so->dnas_batch * so->dnas_seq_len;
+    return (long)steps * so->dnas_batch * so->dnas_seq_len;
 }
 
 static int same_arch(const ac_arch *a, const ac_arch *b) {
@@ -102,7 +123,8 @@ static int uniform_candidate(job_state *s, cand *c, ac_err *e) {
 /* The candidates in their order of preference, at most want of them. */
 static int build(job_state *s, int want, cand *list, int *n, ac_err *e) {
     *n = 0;
-    cand c = {.source = "dnas", .seed = s->P.opts.seed, .imp = s->imp_d.n_layers ? &s->imp_d : &s->imp};
+    cand c = {.source = "dnas", .seed = s->P.opts.seed, .imp = s->imp_d.n_layers ? &s->imp_d : &s->imp,
+              .src = s->ra.trained};
     if (ac_arch_copy(&c.r.arch, &s->ra.arch, e)) return -1;
     c.r.cost = s->ra.cost;
     c.r.feasible = s->ra.feasible;
@@ -133,20 +155,23 @@ static int build(job_state *s, int want, cand *list, int *n, ac_err *e) {
             return -1;
         }
         c.imp = c.orders.n_layers ? &c.orders : &s->imp;
+        c.src = c.r.trained;
         add(list, n, &c);
     }
     return 0;
 }
 
-/* c pruned from the base (repaired as the prune stage repairs) into *out (BF16). */
+/* c pruned from its weights (repaired as the prune stage repairs: to the
+ * outputs of the model it is pruned from) into *out (BF16). */
 static int prune(job_state *s, const cand *c, ac_model *out, int *rep, ac_err *e) {
-    if (ac_prune_bf16(&s->m, &c->r.arch, c->imp, out, e)) return -1;
+    const ac_model *src = c->src ? c->src : &s->m;
+    if (ac_prune_bf16(src, &c->r.arch, c->imp, out, e)) return -1;
     *rep = 0;
     if (s->spec->repair) {
         ac_model *dst[1] = {out};
         const ac_importance *imps[1] = {c->imp};
         int win = s->cwin < 16 ? s->cwin : 16;
-        if (ac_repair_ffn_many(&s->m, dst, imps, 1, s->cids, s->nc, s->spec->eval.ctx, win, rep, e)) return -1;
+        if (ac_repair_ffn_many(src, dst, imps, 1, s->cids, s->nc, s->spec->eval.ctx, win, rep, e)) return -1;
     }
     if (s->spec->search.target == AC_EXPORT_LLAMA || ac_arch_is_hybrid(&s->m.a)) ac_minitron_compact(out);
     return 0;
@@ -251,7 +276,7 @@ int ac_kd_choose(job_state *s, const ac_distill_opts *o, const char *text, ac_kd
     memset(kc, 0, sizeof *kc);
     const ac_distill_spec *ds = &s->spec->distill;
     kc->total = o->tokens;
-    kc->gates = gate_tokens(s);
+    kc->gates = gate_tokens(s, s->ra.steps_run);
     long step = (long)o->batch * o->seq_len;
     if (kc->gates + step > kc->total && s->two_arms)
         return ac_errf(e,
@@ -271,7 +296,16 @@ int ac_kd_choose(job_state *s, const ac_distill_opts *o, const char *text, ac_kd
         cand list[MAX_CAND];
         int n = 0, nf = 0, best = -1;
         rc = build(s, ds->candidates, list, &n, e);
-        for (int i = 0; i < n; i++) nf += list[i].r.feasible;
+        for (int i = 0; i < n; i++) { /* the further seeds' gate searches train weights too with search.cotrain */
+            nf += list[i].r.feasible;
+            if (!strcmp(list[i].source, "dnas_seed")) kc->gates += gate_tokens(s, list[i].r.steps_run);
+        }
+        if (!rc && kc->gates + step > kc->total)
+            rc = ac_errf(e,
+                         "distill.tokens %ld is below the co-trained gate searches' %ld tokens (search.cotrain, the "
+                         "further seeds' searches of distill.candidates too) plus one distillation step of %ld",
+                         kc->total, kc->gates, step);
+        if (cap > kc->total - kc->gates - step) cap = kc->total - kc->gates - step;
         long steps = nf > 0 ? cap / ((long)nf * step) : 0;
         if (steps > ds->candidate_steps) steps = ds->candidate_steps;
         if (!rc && nf >= 2 && steps >= min_steps) {
@@ -294,7 +328,8 @@ int ac_kd_choose(job_state *s, const ac_distill_opts *o, const char *text, ac_kd
             s->ra.feasible = w->r.feasible;
             s->ra.pred_loss = w->r.pred_loss;
             ac_model_free(&s->pa);
-            rc = prune(s, &(cand){.r = {.arch = s->ra.arch}, .imp = w->imp}, &s->pa, &s->rep_a, e);
+            rc = prune(s, &(cand){.r = {.arch = s->ra.arch}, .imp = w->imp, .src = w->src}, &s->pa, &s->rep_a, e);
+            s->pa_cotrained = w->src != NULL;
             if (s->result != &s->pm) s->result = &s->pa;
         }
         if (!rc && (kc->candidates = json_array()))

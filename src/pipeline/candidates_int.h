@@ -1,7 +1,7 @@
 /*
  * candidates_int.h - the distill stage's budget and the autocompress arm's
  * KD-aware choice of its structure (docs/search.md, "KD-aware choice").
- * Private to job.c.
+ * Private to job.c (jobpuzzle.c shares the distillation options).
  *
  * Budget: spec distill.tokens is each arm's TOTAL training-token budget.
  * The autocompress arm spends it on
@@ -42,6 +42,15 @@ typedef struct {
     json_t *protocol;                  /* how the ranking ran (owned; NULL: no ranking) */
     ac_model won;                      /* the winner after its short distillation (a.n_layers 0: none) */
 } ac_kd_choice;
+
+/* The job's distillation options (spec distill) with a budget of tokens;
+ * on a local CUDA target it distils on the GPU (a mixture-of-experts model
+ * on the CPU: the CUDA trainer has no MoE ops yet). Shared by every arm. */
+void ac_job_distill_opts(const job_state *s, long tokens, ac_distill_opts *o);
+/* The distill text: distill.text, default the whole calibration file (the
+ * job keeps only its first calibration_tokens for calibration); NULL: the
+ * calibration tokens. */
+const char *ac_job_distill_text(const job_state *s);
 
 /* Fewer steps per candidate than this (or than candidate_steps when it is
  * smaller) and there is no ranking: on the tiny model one step at the

@@ -11,7 +11,8 @@
  *   profile    the cost table and whether it came from the cache;
  *   search     both arms' results (architecture, predicted cost, loss,
  *              feasibility, steps, the method's report fields) and the
- *              DNAS gate-score orders.
+ *              DNAS gate-score orders; not with search.keep_weights, whose
+ *              result holds the co-trained weights (job.c runs it again).
  * and, within the distill stage, each arm once distilled (candidates.c):
  *   distill.ARM       its report fields and the student's structure, and
  *   distill.ARM.model/ the distilled student (ac_model_save, fp32 so that

@@ -302,6 +302,15 @@ static int stage_search(job_state *s, ac_err *e) {
 
 /* ---------------------------------------------------------------- 5 prune */
 
+/* search.keep_weights: the co-trained weights are freed once the arm is
+ * pruned from them (after the KD-aware choice, which prunes the search's
+ * candidate from them again). */
+static void drop_trained(job_state *s) {
+    if (s->ra.trained) ac_model_free(s->ra.trained);
+    free(s->ra.trained);
+    s->ra.trained = NULL;
+}
+
 /* Slice the base model to each arm's architecture (keeping the most
  * important channels by that arm's importance), then, when the spec asks,
  * refit the pruned FFN down projections of both arms in one layer-streamed
@@ -314,8 +323,11 @@ static int stage_prune(job_state *s, ac_err *e) {
     ac_minitron_importance_view(&s->imp, &mimp);
     const ac_importance *ia = s->imp_d.n_layers ? &s->imp_d : &s->imp; /* dnas: gate-score orders */
     int arms = s->two_arms ? 2 : 1;
+    /* search.keep_weights: the autocompress arm from the weights trained with the gates, not refit */
+    const ac_model *src_a = s->ra.trained ? s->ra.trained : &s->m;
+    s->pa_cotrained = arms == 2 && s->ra.trained;
     if (ac_prune_bf16(&s->m, &s->rm.arch, &mimp, &s->pm, e) ||
-        (arms == 2 && ac_prune_bf16(&s->m, &s->ra.arch, ia, &s->pa, e)))
+        (arms == 2 && ac_prune_bf16(src_a, &s->ra.arch, ia, &s->pa, e)))
         return -1;
     progress_cb(s, "pruned", 0.25);
     if (s->spec->repair && ac_arch_is_hybrid(&s->m.a)) /* the repair's layer stream has no Mamba layers yet */
@@ -323,8 +335,12 @@ static int stage_prune(job_state *s, ac_err *e) {
     else if (s->spec->repair) {
         ac_model *dst[2] = {&s->pm, &s->pa};
         const ac_importance *imps[2] = {&mimp, ia};
-        int rep[2] = {0, 0}, win = s->cwin < 16 ? s->cwin : 16;
-        if (ac_repair_ffn_many(&s->m, dst, imps, arms, s->cids, s->nc, s->spec->eval.ctx, win, rep, e)) return -1;
+        int rep[2] = {0, 0}, win = s->cwin < 16 ? s->cwin : 16, both = s->ra.trained ? 1 : arms;
+        if (ac_repair_ffn_many(&s->m, dst, imps, both, s->cids, s->nc, s->spec->eval.ctx, win, rep, e)) return -1;
+        /* kept weights: refit to the co-trained model's own unpruned layer outputs (the base's are not theirs) */
+        if (both < arms && ac_repair_ffn_many(s->ra.trained, dst + 1, imps + 1, 1, s->cids, s->nc,
+                                              s->spec->eval.ctx, win, rep + 1, e))
+            return -1;
         s->rep_m = rep[0];
         s->rep_a = rep[1];
         progress_cb(s, "repaired", 0.9);
@@ -334,6 +350,7 @@ static int stage_prune(job_state *s, ac_err *e) {
         ac_minitron_compact(&s->pa); /* dnas's whole-layer gates (a hybrid's per type): the same */
     progress_cb(s, "pruned", 1.0);
     s->result = s->chosen == &s->ra ? &s->pa : &s->pm;
+    if (!(s->spec->distill.tokens > 0 && s->spec->distill.candidates > 1)) drop_trained(s);
     return 0;
 }
 
@@ -363,27 +380,14 @@ static int score_tasks(job_state *s, int with_base, json_t **out, ac_err *e) {
 static int stage_distill(job_state *s, ac_err *e) {
     const ac_job_spec *sp = s->spec;
     ac_ppl_opts po = {.ctx = sp->eval.ctx, .stride = 0, .max_windows = sp->eval.windows, .batch = 4, .cuda = s->on_gpu};
-    const ac_distill_spec *ds = &sp->distill;
     ac_distill_opts o;
-    ac_distill_defaults(&o);
-    o.tokens = ds->tokens;
-    o.seq_len = ds->seq_len;
-    o.batch = ds->batch;
-    o.lr = (float)ds->lr;
-    o.min_lr = o.lr / 10;
-    o.temperature = (float)ds->temperature;
-    o.ce_weight = (float)ds->ce_weight;
-    o.seed = (unsigned long long)ds->seed;
-    /* a local CUDA target distils on its GPU, as it evaluates there (the CUDA
-     * trainer has the softmax routers' MoE ops; nemotron_h's distil on the CPU) */
-    o.cuda = po.cuda && !(ac_arch_has_moe(&s->m.a) && s->m.a.hybrid);
-    /* the distill text; default: the whole calibration file (the job keeps
-     * only its first calibration_tokens tokens for calibration) */
-    const char *text = ds->text[0] ? ds->text : sp->calibration[0] ? sp->calibration : NULL;
+    ac_job_distill_opts(s, sp->distill.tokens, &o);
+    const char *text = ac_job_distill_text(s);
     /* distill.tokens is each arm's total budget; the autocompress arm's
      * structure is chosen by its loss after a short distillation (candidates_int.h) */
     ac_kd_choice kc;
     int rc = ac_kd_choose(s, &o, text, &kc, e);
+    drop_trained(s);
     if (!rc && s->tasks.n) rc = score_tasks(s, 0, &s->tasks_pruned, e);
     if (!rc) rc = ac_kd_distill_arms(s, &o, text, &po, &kc, job_emit, e);
     ac_kd_choice_free(&kc);
@@ -700,6 +704,12 @@ static int run_stage(job_state *s, int i, int index, int of, int *resuming, ac_e
         if (!strcmp(s->stage, "calibrate"))
             emit(s, "log", json_pack("{s:s}", "message",
                                      "no stage checkpoints: mixture-of-experts and hybrid models are not checkpointed"));
+        ck = 0;
+    }
+    if (ck && !strcmp(s->stage, "search") && s->spec->search.keep_weights) { /* its result holds a whole model */
+        emit(s, "log", json_pack("{s:s}", "message",
+                                 "the search stage is not checkpointed: search.keep_weights keeps the co-trained "
+                                 "weights, a whole model"));
         ck = 0;
     }
     if (ck && *resuming) {

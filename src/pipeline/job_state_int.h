@@ -54,6 +54,7 @@ typedef struct job_state {
     ac_model pa, pm;
     const ac_model *result; /* &pa or &pm: the chosen arm's (set again by evaluate's choice) */
     int rep_a, rep_m;       /* layers refit by the least-squares repair */
+    int pa_cotrained;       /* pa pruned from the gate search's co-trained weights (search.keep_weights) */
     /* distill (only with spec distill): {arm: {perplexity_pruned, distill}} (owned) */
     json_t *distill;
     json_t *tasks_pruned; /* eval.tasks before distillation: {arm: {NAME: {...}}} (owned; NULL: none) */

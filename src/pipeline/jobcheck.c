@@ -187,6 +187,12 @@ int ac_model_check_compressible(const ac_job_spec *s, const json_t *j, const cha
         *field = "search.min_top_k";
         return ac_errf(e, "search.min_top_k %d is more than the model's top_k %d", s->search.min_top_k, top_k);
     }
+    if (s->search.keep_weights && (!s->search.cotrain || s->search.method != AC_SEARCH_DNAS ||
+                                   s->method != AC_METHOD_AUTOCOMPRESS || moe)) {
+        *field = "search.keep_weights";
+        return ac_errf(e, "search.keep_weights keeps the weights the gate search trains: it needs method "
+                          "autocompress, search.method dnas, search.cotrain true and a dense model");
+    }
     if (!moe && json_object_get(json_object_get(j, "search"), "prune_expert_ffn")) {
         *field = "search.prune_expert_ffn";
         return ac_errf(e, "search.prune_expert_ffn names a mixture-of-experts axis, and this model is dense");

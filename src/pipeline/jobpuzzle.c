@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "candidates_int.h"
 #include "compress/distill.h"
 #include "jobpuzzle_int.h"
 #include "jobtasks_int.h"
@@ -47,18 +48,6 @@ void ac_job_puzzle_free(job_state *s) {
     ac_model_free(&s->pz);
     json_decref(s->puzzle_extra);
     s->puzzle_extra = NULL;
-}
-
-/* The distillation options of the job's spec (as its distill stage's). */
-static void distill_opts(const job_state *s, long tokens, ac_distill_opts *o) {
-    const ac_distill_spec *ds = &s->spec->distill;
-    ac_distill_defaults(o);
-    o->tokens = tokens;
-    o->seq_len = ds->seq_len, o->batch = ds->batch;
-    o->lr = (float)ds->lr, o->min_lr = o->lr / 10;
-    o->temperature = (float)ds->temperature, o->ce_weight = (float)ds->ce_weight;
-    o->seed = (unsigned long long)ds->seed;
-    o->cuda = s->on_gpu && !(ac_arch_has_moe(&s->m.a) && s->m.a.hybrid); /* (as job.c's distill stage) */
 }
 
 /* eval.tasks of the arm into (*into)["puzzle"]. */
@@ -115,8 +104,8 @@ int ac_job_stage_puzzle(job_state *s, ac_err *e) {
     if (total > 0 && score_tasks(s, &s->tasks_pruned, e)) return -1;
     if (left > 0) {
         ac_distill_opts o;
-        distill_opts(s, left, &o);
-        const char *text = sp->distill.text[0] ? sp->distill.text : sp->calibration[0] ? sp->calibration : NULL;
+        ac_job_distill_opts(s, left, &o);
+        const char *text = ac_job_distill_text(s);
         ac_model *arms[1] = {&s->pz};
         const char *names[1] = {"puzzle"};
         json_t *out = NULL;

@@ -157,7 +157,12 @@ static const ac_field SEARCH[] = {
     INT("dnas_batch", ac_search_opts, dnas_batch, 1, 4096, 4, 0, NULL),
     INT("dnas_seq_len", ac_search_opts, dnas_seq_len, 2, 1 << 16, 64, 0, NULL),
     BOOL("cotrain", ac_search_opts, cotrain, 0,
-         "train the weights (a copy, AdamW) with the gates; the result is still sliced from the original weights"),
+         "train the weights (a copy, AdamW) with the gates; the result is sliced from the original weights unless "
+         "keep_weights"),
+    BOOL("keep_weights", ac_search_opts, keep_weights, 0,
+         "with cotrain: the autocompress arm is sliced from the weights trained with the gates (under the "
+         "distillation loss) instead of the original ones (the repair refits it to their own outputs); their tokens "
+         "count in distill.tokens as the arm's gates"),
     END,
 };
 static const ac_field TASK[] = {

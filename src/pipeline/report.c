@@ -54,9 +54,10 @@ json_t *ac_report_build(const job_state *s) {
     if (s->two_arms) {
         json_object_set_new(r, "autocompress", arm(s, &s->ra, &s->par, s->rep_a));
         json_object_set_new(r, "search",
-                            json_pack("{s:i,s:i,s:f,s:s}", "steps", s->ra.steps_run, "seed", (int)s->P.opts.seed, "lr",
-                                      s->P.opts.lr, "method",
-                                      ac_dnas_method(ac_dnas_gates_ok(&s->P, &s->m) ? s->P.opts.method : AC_SEARCH_SURROGATE)));
+                            json_pack("{s:i,s:i,s:f,s:s,s:b}", "steps", s->ra.steps_run, "seed", (int)s->P.opts.seed,
+                                      "lr", s->P.opts.lr, "method",
+                                      ac_dnas_method(ac_dnas_gates_ok(&s->P, &s->m) ? s->P.opts.method : AC_SEARCH_SURROGATE),
+                                      "weights_kept", s->pa_cotrained));
         json_t *sr = json_object_get(r, "search");
         if (s->ra.detail) json_object_update(sr, s->ra.detail); /* gate_trainer; top_k_choices (topk.c) */
         if (ac_arch_has_moe(&s->m.a)) /* the top-k choice: the model's, the lowest tried, the one chosen */

@@ -1291,6 +1291,26 @@ static double merge_tau(const ac_dnas_opts *o, int s) {
     return o->mc_tau0 * pow(o->mc_tau1 / o->mc_tau0, f);
 }
 
+/* keep: the weights' gradients at the structure the gates round to now
+ * (a unit whose keep probability is at least 0.5 whole, the rest 0; each
+ * merge layer its likeliest choice) rather than at the step's sample. A
+ * sampled gate between 0 and 1 scales its unit, and weights trained under
+ * such scaling are off when the export keeps the unit whole (on the tiny
+ * model the sampled-gate weights, kept, raised the held-out perplexity of
+ * the search's structure from 58.13 to 59.09: docs/benchmarks.md). Rounding
+ * the expected widths as the discretisation does instead did worse in the
+ * bench (docs/benchmarks.md). One more forward and backward of the step's
+ * batch. */
+static int hard_grads(run_t *R, const ac_dnas_gates *g, const ac_search_problem *p, const int *tk, int B, int T,
+                      const float *teacher, ac_err *e) {
+    for (int i = 0; i < g->np; i++) R->z[i] = g->mkv[i] ? 0 : ac_dnas_keep_prob(g->la[i]) >= 0.5;
+    for (int l = 0; l < g->L; l++)
+        if (g->nmc[l]) ac_dnas_merge_sample(g, l, NULL, 1, 1, R->q, R->z);
+    double task = 0;
+    if (zero_grads(R, e) || put_gates(R, g, p, R->z, e)) return -1;
+    return gate_grad(R, g, p, tk, B, T, teacher, &task, e);
+}
+
 /* One gate step: sample, forward, KD loss, backward; d loss/d log_alpha into R->gl. */
 static int task_step(run_t *R, const ac_dnas_gates *g, const ac_search_problem *p, const ac_dnas_opts *o,
                      const int *ids, int s, unsigned long long *rng, double *task, ac_err *e) {
@@ -1318,6 +1338,8 @@ static int task_step(run_t *R, const ac_dnas_gates *g, const ac_search_problem *
         for (int c = 0; c < g->nmc[l]; c++) R->gl[o0 + c] = R->q[o0 + c] * (R->dz[o0 + c] - zdz) / tau;
     }
     if (o->zero_task_grad) memset(R->gl, 0, sizeof(double) * g->np);
+    if (o->cotrain && o->keep && hard_grads(R, g, p, R->tok + (size_t)bi * B * T, B, T, R->teacher + per * bi, e))
+        return -1;
     if (o->cotrain && weight_step(R, s - 1, e)) return -1;
     return 0;
 }
@@ -1454,6 +1476,26 @@ static int train_loop(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, co
     return rc;
 }
 
+/* cotrain with keep: the trained copy into r->trained (from the device
+ * when it trained there), the deci merge layers' K/V back to the original
+ * ones (the copy held the last step's mixture of them). */
+static int keep_copy(run_t *R, const ac_dnas_gates *g, ac_search_result *r, ac_err *e) {
+    if (R->cu && R->cu->trainer_download(R->ct, &R->copy, NULL, R->er, sizeof R->er)) return cu_fail(R, e);
+    for (int l = 0; R->merge && l < g->L; l++) {
+        if (!g->nmc[l]) continue;
+        float *s[4], *d[4];
+        size_t per[4], KV = (size_t)R->copy.a.layers[l].n_kv_heads;
+        kv_tensors(&R->kvm, l, s, per);
+        kv_tensors(&R->copy, l, d, per);
+        for (int k = 0; k < 4; k++)
+            if (s[k] && d[k]) memcpy(d[k], s[k], sizeof(float) * KV * per[k]);
+    }
+    if (!(r->trained = malloc(sizeof *r->trained))) return ac_errf(e, "out of memory");
+    *r->trained = R->copy;
+    memset(&R->copy, 0, sizeof R->copy);
+    return 0;
+}
+
 static int check_args(const ac_search_problem *p, const ac_dnas_opts *o, ac_err *e) {
     dcons c[AC_NCONSTRAINTS];
     if (dcons_list(&p->limits, c) == 0) return ac_errf(e, "search: no constraints given");
@@ -1487,6 +1529,10 @@ int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size
     if (!rc) {
         r->steps_run = o->steps;
         r->detail = json_pack("{s:s}", "gate_trainer", R.cu ? "cuda" : "cpu");
+    }
+    if (!rc && o->cotrain && o->keep && (rc = keep_copy(&R, &g, r, e))) {
+        ac_search_result_free(r);
+        ac_importance_free(orders);
     }
     run_free(&R);
     ac_dnas_gates_free(&g);
@@ -1525,6 +1571,7 @@ static int job_search_one(const ac_search_problem *p, ac_model *m, void *ud, ac_
     if (so->dnas_seq_len > 0) o.seq_len = so->dnas_seq_len;
     if (so->dnas_batch > 0) o.batch = so->dnas_batch;
     o.cotrain = so->cotrain;
+    o.keep = so->cotrain && so->keep_weights;
     o.cuda = p->cuda && !ac_arch_is_hybrid(&m->a); /* a local cuda target: the gates train on its GPU (not a hybrid's) */
     return ac_search_dnas(p, m, ids, n, &o, r, orders, e);
 }

@@ -101,6 +101,10 @@ typedef struct {
     int cotrain;             /* 1: weights trained too (AdamW, on an fp32 copy of the model: 16 bytes per parameter
                               * with its gradients and two moments) */
     double w_lr;             /* weight learning rate when cotrain */
+    int keep;                /* with cotrain: ac_search_dnas hands the co-trained copy over (r->trained: fp32, the
+                              * base architecture, every unit; K/V of deci merge layers are the original ones, as
+                              * ac_prune merges them), instead of discarding it; the weights then step from a
+                              * second pass at the gates' rounded structure (dnas.c, hard_grads) */
     int init_surrogate;      /* 1: log_alpha initialised from the surrogate search's result */
     int teacher_cache_mib;   /* teacher logits cached up to this size, else recomputed each step */
     double mc_tau0, mc_tau1; /* deci merge choices: Gumbel-softmax temperature, first and last step (geometric) */
@@ -192,7 +196,8 @@ int ac_dnas_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_se
 /* The whole search: surrogate initialisation, gate training on ids[n]
  * (calibration tokens) through model m (left unchanged), discretisation.
  * orders: a copy of p->imp whose unit orders follow the gate scores
- * (free with ac_importance_free). */
+ * (free with ac_importance_free). With o->cotrain and o->keep, r->trained
+ * gets the weights trained with the gates (search.h). */
 int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size_t n, const ac_dnas_opts *o,
                    ac_search_result *r, ac_importance *orders, ac_err *e);
 
@@ -216,7 +221,8 @@ const char *ac_dnas_method(ac_search_method m);
  * Mamba axis. Otherwise method dnas falls back to the surrogate search. */
 int ac_dnas_gates_ok(const ac_search_problem *p, const ac_model *m);
 /* The job's search stage for method autocompress: so->method AC_SEARCH_DNAS
- * (with so->dnas_steps, dnas_lr, dnas_batch, dnas_seq_len, cotrain) or
+ * (with so->dnas_steps, dnas_lr, dnas_batch, dnas_seq_len, cotrain,
+ * keep_weights: r->trained) or
  * AC_SEARCH_SURROGATE (ac_search_autocompress; orders stays empty,
  * n_layers 0: prune with the importance orders); once per top-k choice
  * with so->min_top_k (topk.h). */

@@ -56,6 +56,9 @@ void ac_search_result_free(ac_search_result *r) {
     ac_arch_free(&r->arch);
     json_decref(r->detail);
     r->detail = NULL;
+    if (r->trained) ac_model_free(r->trained);
+    free(r->trained);
+    r->trained = NULL;
 }
 
 /* ---- the continuous problem ---- */

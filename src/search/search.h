@@ -44,6 +44,7 @@ typedef struct {
     int dnas_steps, dnas_batch, dnas_seq_len; /* dnas gate training (ac_dnas_opts) */
     double dnas_lr;
     int cotrain; /* dnas: weights (a copy) trained with the gates */
+    int keep_weights; /* dnas with cotrain: the result keeps the co-trained weights (ac_search_result.trained) */
 } ac_search_opts;
 
 /* The Minitron arm's options (minitron.h; the spec's "minitron" section).
@@ -88,6 +89,8 @@ typedef struct {
     int feasible;
     int steps_run;
     json_t *detail; /* method-specific report fields (owned), or NULL */
+    ac_model *trained; /* dnas with cotrain and keep_weights: the co-trained weights (fp32, the base architecture,
+                        * every unit; prune it to arch in the gate-score orders), owned; else NULL */
 } ac_search_result;
 
 int ac_search_autocompress(const ac_search_problem *p, ac_search_result *r, ac_err *e);
