@@ -41,9 +41,11 @@ emu_tests() {
 # emulator's tests run there first: the first lane's C tests, which they
 # overlap, time nothing, and the lane is done before the first lane reaches
 # the Python tests, whose cost-table measurements a busy neighbour makes
-# measure again. Their output follows the first lane's. AC_TEST_SERIAL=1
-# runs everything in one.
-LANE2="test_slurm.py"
+# measure again. test_moe_cost_measured.py times on its thread's CPU clock
+# and asserts no bound a neighbour moves (its bounds are a benchmark's).
+# Their output follows the first lane's. AC_TEST_SERIAL=1 runs everything
+# in one.
+LANE2="test_moe_cost_measured.py test_slurm.py"
 lane2_dir=""
 if [ "${AC_TEST_SERIAL:-0}" != 1 ]; then
   lane2_dir=$(mktemp -d)
