@@ -16,8 +16,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, TINY, check_report_page, job_curves, run_with_daemon, same_curve  # noqa: E402
-from harness import spec as full_spec  # noqa: E402
+from harness import BUILD, TINY, check_report_page, job_curves, run_with_daemon, same_curve, spec  # noqa: E402
 
 CLI = os.path.join(BUILD, "autocompress")
 D = None
@@ -26,15 +25,9 @@ CONFIG = {"sse_keepalive_s": 1, "cpu_slots": 1, "quiet_budget_s": 2,
 DONE = []  # a succeeded job (test_submit_follow_plain_lines)
 
 
-def spec(**kw):
-    s = full_spec(**kw)
-    s["search"] = dict({"dnas_steps": 40}, **s["search"])
-    return s
-
-
 def long_spec(**kw):
     """A job that runs until cancelled."""
-    return full_spec(search={"steps": 100000, "seed": 1, "dnas_steps": 100000}, **kw)
+    return spec(search={"steps": 100000, "seed": 1, "dnas_steps": 100000}, **kw)
 
 
 def write_spec(s, name):

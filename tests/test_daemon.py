@@ -11,21 +11,12 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import DATA, TINY, Daemon, Runner, sse_read  # noqa: E402
-from harness import spec as full_spec  # noqa: E402
+from harness import DATA, TINY, Daemon, Runner, sse_read, spec  # noqa: E402
 
 MISTRAL = os.path.join(os.path.dirname(os.path.dirname(TINY)), "fixtures", "models", "mistral_sharded")
 R = Runner()
 D = None
 LIFECYCLE = []  # the first job of test_job_lifecycle_and_cost_cache (cpu target: timed against the CPU table)
-
-
-def spec(**kw):
-    """harness.spec with a 40-step gate search (300 by default): these tests are about the daemon; test_dnas_api and
-    test_deci_export run the search itself."""
-    s = full_spec(**kw)
-    s["search"] = dict({"dnas_steps": 40}, **s["search"])
-    return s
 
 
 def setup():

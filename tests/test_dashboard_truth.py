@@ -11,18 +11,11 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import TINY, limit_verdict, run_with_daemon  # noqa: E402
-from harness import spec as full_spec  # noqa: E402
+from harness import TINY, limit_verdict, run_with_daemon, spec  # noqa: E402
 
 D = None
 JOBS = {}  # the jobs the tests ran: "ok" (succeeded), "failed"
 CHROMIUM = shutil.which("chromium")
-
-
-def spec(**kw):
-    s = full_spec(**kw)
-    s["search"] = dict({"dnas_steps": 40}, **s["search"])
-    return s
 
 
 def page(job, view="job"):
@@ -84,7 +77,7 @@ def test_failed_job_page_shows_its_error():
     shutil.copytree(TINY, mdir)
     try:
         # queued behind a running job, then its weights vanish: the worker fails it
-        st, hold = D.req("POST", "/v1/jobs", body=full_spec(search={"steps": 100000, "seed": 1, "dnas_steps": 100000}))
+        st, hold = D.req("POST", "/v1/jobs", body=spec(search={"steps": 100000, "seed": 1, "dnas_steps": 100000}))
         D.wait_state(hold["id"], {"running"}, timeout=60)
         st, j = D.req("POST", "/v1/jobs", body=spec(model=mdir))
         os.remove(os.path.join(mdir, "model.safetensors"))

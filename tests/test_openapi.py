@@ -12,8 +12,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, ROOT, TINY, run_with_daemon  # noqa: E402
-from harness import spec as full_spec  # noqa: E402
+from harness import BUILD, ROOT, TINY, run_with_daemon, spec  # noqa: E402
 
 try:
     import jsonschema
@@ -22,12 +21,6 @@ except ImportError:  # python3-jsonschema (make deps)
 
 D = None
 DOC = None
-
-
-def spec(**kw):
-    s = full_spec(**kw)
-    s["search"] = dict({"dnas_steps": 40}, **s["search"])
-    return s
 
 
 def get_doc():

@@ -15,21 +15,14 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, TINY, run_with_daemon  # noqa: E402
-from harness import spec as full_spec  # noqa: E402
+from harness import ROOT, TINY, run_with_daemon, spec  # noqa: E402
 
 D = None
 ac = None  # the installed autocompress_client module
 
 
-def spec(**kw):
-    s = full_spec(**kw)
-    s["search"] = dict({"dnas_steps": 40}, **s["search"])
-    return s
-
-
 def long_spec(**kw):
-    return full_spec(search={"steps": 100000, "seed": 1, "dnas_steps": 100000}, **kw)
+    return spec(search={"steps": 100000, "seed": 1, "dnas_steps": 100000}, **kw)
 
 
 def client(**kw):
