@@ -18,19 +18,12 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, ROOT, TINY, Daemon, Runner, sse_read  # noqa: E402
-from harness import spec as full_spec  # noqa: E402
+from harness import BUILD, ROOT, TINY, Daemon, Runner, sse_read, spec  # noqa: E402
 
 R = Runner()
 D = None
 CLUSTER = None
 SCRIPT = os.path.join(ROOT, "tests", "slurm_cluster.sh")
-
-
-def spec(**kw):
-    s = full_spec(**kw)
-    s["search"] = dict({"dnas_steps": 40}, **s["search"])
-    return s
 
 
 def long_spec():

@@ -23,7 +23,7 @@ void ac_job_distill_opts(const job_state *s, long tokens, ac_distill_opts *o) {
     o->seed = (unsigned long long)ds->seed;
     /* a local CUDA target distils on its GPU, as it evaluates there (the CUDA
      * trainer has the softmax routers' MoE ops; nemotron_h's distil on the CPU) */
-    o->cuda = s->on_gpu && !s->m.a.hybrid;
+    o->cuda = s->on_gpu && !ac_arch_is_hybrid(&s->m.a);
 }
 
 const char *ac_job_distill_text(const job_state *s) {
