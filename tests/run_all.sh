@@ -45,21 +45,30 @@ emu_tests() {
 # and asserts no bound a neighbour moves (its bounds are a benchmark's).
 # Their output follows the first lane's. AC_TEST_SERIAL=1 runs everything
 # in one.
+# test_dnas_gain (two minutes of gate searches that time nothing) follows
+# the emulator there. The first lane runs the Python tests that measure or
+# time CPU cost tables (LATE) last, once the second lane's CPU-bound part is
+# long done: beside it they would measure again.
+LANE2_C="test_dnas_gain"
 LANE2="test_moe_cost_measured.py test_slurm.py"
+LATE="test_daemon.py test_moe.py test_deci_export.py"
 lane2_dir=""
 if [ "${AC_TEST_SERIAL:-0}" != 1 ]; then
   lane2_dir=$(mktemp -d)
   (
     pass=0; fail=0; skip=0; cpu_f="$lane2_dir/cpu"
     emu_tests
+    for t in $LANE2_C; do [ -x "$AC_BUILD/tests/$t" ] && run "$t (second lane)" "$AC_BUILD/tests/$t"; done
     for t in $LANE2; do [ -f "tests/$t" ] && run "$t (second lane)" /usr/bin/python3 "tests/$t"; done
     echo "$pass $fail $skip" > "$lane2_dir/counts"
   ) > "$lane2_dir/out" 2>&1 &
   lane2_pid=$!
 fi
-in_lane2() { [ -n "$lane2_dir" ] && case " $LANE2 " in *" $1 "*) return 0;; esac; return 1; }
+in_lane2() { [ -n "$lane2_dir" ] && case " $LANE2 $LANE2_C " in *" $1 "*) return 0;; esac; return 1; }
+is_late() { case " $LATE " in *" $1 "*) return 0;; esac; return 1; }
 for t in "$AC_BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
+  in_lane2 "$(basename "$t")" && continue
   run "$(basename "$t")" "$t"
 done
 [ -z "$lane2_dir" ] && emu_tests
@@ -68,8 +77,10 @@ run "fuzz_parsers --extremes" bash -c '"$AC_BUILD"/tests/fuzz_parsers --extremes
 for t in tests/test_*.py; do
   [ -f "$t" ] || continue
   in_lane2 "$(basename "$t")" && continue
+  is_late "$(basename "$t")" && continue
   run "$(basename "$t")" /usr/bin/python3 "$t"
 done
+for t in $LATE; do [ -f "tests/$t" ] && ! in_lane2 "$t" && run "$t" /usr/bin/python3 "tests/$t"; done
 if [ -f tests/web/dashboard.test.mjs ] && [ -d tests/web/node_modules/playwright-core ] && command -v chromium >/dev/null; then
   run dashboard node tests/web/dashboard.test.mjs
 else
