@@ -5,7 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "check.h"
+#include "format/model.h"
 #include "format/safetensors.h"
 #include "core/tensor.h"
 
@@ -209,6 +212,63 @@ static void test_unaligned_half_conversion(void) {
     }
 }
 
+/* config.json's bounds as docs/formats.md states them: each count at its
+ * largest value is not refused for that count, one above is, naming the
+ * entry; each real value at the top of its range is not refused for it,
+ * just above or at the bottom (excluded) is. */
+static int config_refuses(const char *key, json_t *val, const char *rope_key) {
+    json_t *c = json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:f}", "model_type", "llama", "vocab_size", 16,
+                          "hidden_size", 8, "num_hidden_layers", 2, "num_attention_heads", 2, "num_key_value_heads", 1,
+                          "head_dim", 4, "intermediate_size", 12, "max_position_embeddings", 64, "rope_theta", 1e4,
+                          "rms_norm_eps", 1e-5);
+    if (rope_key) {
+        json_t *rs = json_pack("{s:s,s:f,s:f,s:f,s:i}", "rope_type", "llama3", "factor", 8.0, "low_freq_factor", 1.0,
+                               "high_freq_factor", 4.0, "original_max_position_embeddings", 32);
+        json_object_set_new(rs, rope_key, val);
+        json_object_set_new(c, "rope_scaling", rs);
+    } else
+        json_object_set_new(c, key, val);
+    ac_arch a;
+    ac_err e = {{0}};
+    int rc = ac_arch_from_config(c, &a, &e);
+    json_decref(c);
+    if (rc == 0) {
+        ac_arch_free(&a);
+        return 0;
+    }
+    char want[80];
+    snprintf(want, sizeof want, "%s=", rope_key ? rope_key : key);
+    /* refused for this entry's bound (not for another rule) */
+    return strstr(e.msg, want) && (strstr(e.msg, "out of range") || strstr(e.msg, "must be above"));
+}
+
+static void test_config_bounds(void) {
+    static const struct {
+        const char *key;
+        long long max;
+    } ints[] = {{"num_hidden_layers", 4096},  {"hidden_size", 1 << 20}, {"intermediate_size", 1 << 20},
+                {"num_attention_heads", 4096}, {"num_key_value_heads", 4096}, {"head_dim", 4096},
+                {"vocab_size", 1 << 22},       {"max_position_embeddings", 1 << 24}};
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
+        CHECK(!config_refuses(ints[i].key, json_integer(ints[i].max), NULL), "%s=%lld refused", ints[i].key,
+              ints[i].max);
+        CHECK(config_refuses(ints[i].key, json_integer(ints[i].max + 1), NULL), "%s=%lld not refused", ints[i].key,
+              ints[i].max + 1);
+    }
+    static const struct {
+        const char *key;
+        double hi;
+        int rope;
+    } nums[] = {{"rope_theta", 1e12, 0}, {"rms_norm_eps", 1, 0}, {"factor", 1e4, 1}, {"low_freq_factor", 1e4, 1}};
+    for (size_t i = 0; i < sizeof nums / sizeof *nums; i++) {
+        const char *rk = nums[i].rope ? nums[i].key : NULL;
+        CHECK(!config_refuses(nums[i].key, json_real(nums[i].hi), rk), "%s=%g refused", nums[i].key, nums[i].hi);
+        CHECK(config_refuses(nums[i].key, json_real(nums[i].hi * (1 + 1e-9)), rk), "%s just above %g not refused",
+              nums[i].key, nums[i].hi);
+        CHECK(config_refuses(nums[i].key, json_real(0), rk), "%s=0 not refused", nums[i].key);
+    }
+}
+
 int main(void) {
     RUN(test_valid_header);
     RUN(test_corrupt_headers);
@@ -216,5 +276,6 @@ int main(void) {
     RUN(test_write_roundtrip_and_shards);
     RUN(test_half_conversions);
     RUN(test_unaligned_half_conversion);
+    RUN(test_config_bounds);
     return DONE();
 }

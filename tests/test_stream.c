@@ -237,6 +237,22 @@ static void test_proxy_ranking(void) {
            rs, ms, ra, ma);
     CHECK(rs > 0.8, "streamed Spearman %.3f", rs);
     CHECK(ra > 0.7, "anchored Spearman %.3f", ra);
+    /* the largest exact point (layer 0's whole FFN), underestimated by the
+     * second-order term, still ranks first among the streamed ones */
+    int bl = 0, bp = 1, bf = 0;
+    double best_st = -1;
+    for (int l = 0; l < L; l++)
+        for (int p = 1; p < AC_SENS_POINTS; p++)
+            for (int f = 0; f < 2; f++) {
+                double ex = f ? EX.ffn_sens[l][p] : EX.attn_sens[l][p], st = f ? ST.ffn_sens[l][p] : ST.attn_sens[l][p];
+                if (ex > (bf ? EX.ffn_sens[bl][bp] : EX.attn_sens[bl][bp])) bl = l, bp = p, bf = f;
+                if (st > best_st) best_st = st;
+            }
+    double ex = bf ? EX.ffn_sens[bl][bp] : EX.attn_sens[bl][bp], st = bf ? ST.ffn_sens[bl][bp] : ST.attn_sens[bl][bp];
+    printf("  largest exact point: layer %d %s point %d, %.2f nats exact, %.2f streamed\n", bl, bf ? "FFN" : "attention",
+           bp, ex, st);
+    CHECK(st >= best_st, "the largest exact point (%.3f) is not the largest streamed one (%.3f < %.3f)", ex, st,
+          best_st);
 }
 
 /* The tiny model saved as BF16 and loaded resident (matrices left in the

@@ -181,6 +181,7 @@ def test_bad_lines_name_the_line():
     cases = [
         ('{"context": "a", "choices": ["b", "c"], "gold": 2}', "line 2: gold 2 is outside the 2 choices"),
         ('{"context": "a", "choices": [], "gold": 0}', "line 2: \"choices\" must be an array"),
+        (json.dumps({"context": "a", "choices": ["b"] * 65, "gold": 0}), "line 2: \"choices\" must be an array of 1 to 64"),
         ('{"context": "a", "choices": ["b"], "gold": 0, "label": 1}', "line 2: unknown field \"label\""),
         ('{"contexts": ["a", "b"], "gold": 0}', "line 2: \"continuation\" must be a string"),
         ('not json', "line 2: not JSON"),

@@ -133,6 +133,39 @@ static void test_malformed(void) {
     }
 }
 
+/* Chained Replace normalizers may grow the text to 32x its length (plus
+ * 4 KiB, docs/formats.md): five doublings of 4096 bytes (32x) encode, six
+ * (64x) are refused with the reason. */
+static void test_normalizer_growth_cap(void) {
+    for (int k = 5; k <= 6; k++) {
+        json_t *norms = json_array();
+        for (int i = 0; i < k; i++)
+            json_array_append_new(norms, json_pack("{s:s,s:{s:s},s:s}", "type", "Replace", "pattern", "String", "o",
+                                                   "content", "oo"));
+        json_t *tj = json_pack("{s:{s:s,s:b,s:s,s:{s:i,s:i},s:[]},s:{s:s,s:o}}", "model", "type", "BPE",
+                               "byte_fallback", 1, "unk_token", "<unk>", "vocab", "<unk>", 0, "o", 1, "merges",
+                               "normalizer", "type", "Sequence", "normalizers", norms);
+        char *js = json_dumps(tj, JSON_COMPACT);
+        json_decref(tj);
+        ac_tokenizer *t = NULL;
+        ac_err e = {{0}};
+        CHECK(js && ac_tok_parse(js, strlen(js), &t, &e) == 0, "%d Replace normalizers: %s", k, e.msg);
+        free(js);
+        if (!t) continue;
+        char text[4096];
+        memset(text, 'o', sizeof text);
+        int *ids = NULL;
+        size_t n = 0;
+        int rc = ac_tok_encode(t, text, sizeof text, &ids, &n, &e);
+        if (k == 5)
+            CHECK(rc == 0 && n == 32 * sizeof text, "32x: rc %d, %zu ids: %s", rc, n, e.msg);
+        else
+            CHECK(rc != 0 && strstr(e.msg, "more than 32x"), "64x not refused: rc %d (%s)", rc, e.msg);
+        free(ids);
+        ac_tok_free(t);
+    }
+}
+
 int main(void) {
     RUN(test_llama3_style);
     RUN(test_gpt2_style_pair_merges);
@@ -142,5 +175,6 @@ int main(void) {
     RUN(test_metaspace_split_fuse_unk);
     RUN(test_invalid_utf8);
     RUN(test_malformed);
+    RUN(test_normalizer_growth_cap);
     return DONE();
 }

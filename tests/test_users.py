@@ -155,6 +155,8 @@ def test_roles_owners_and_audit():
             err(*call(port, "GET", "/v1/audit", token=toks[u])[:2], 403, "forbidden")
         err(*call(port, "GET", "/v1/audit")[:2], 401, "unauthorized")
         err(*call(port, "GET", "/v1/audit?limit=0", token=toks["root"])[:2], 400, "bad_request")
+        err(*call(port, "GET", "/v1/audit?limit=1001", token=toks["root"])[:2], 400, "bad_request")  # 1 to 1000
+        assert call(port, "GET", "/v1/audit?limit=1000", token=toks["root"])[0] == 200
         with sqlite3.connect(d.db) as c:
             rows = c.execute("SELECT id, at, user, role, action, target, status FROM audit_log ORDER BY id").fetchall()
         assert ("bob", "submit", "GET /v1/audit", None, 403) in [r[2:] for r in rows], rows
