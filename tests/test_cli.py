@@ -6,6 +6,7 @@ daemon was killed and restarted, and a download checked byte for byte against th
 import hashlib
 import http.client
 import json
+import math
 import os
 import pty
 import re
@@ -247,7 +248,10 @@ def test_progress_bar_on_a_tty():
     stages = [b[2] for b in bars]
     assert "search" in stages, stages
     pct = [int(b[4]) for b in bars]
-    assert pct == sorted(pct) and 0 <= pct[0] and pct[-1] <= 100, pct
+    assert pct == sorted(pct), pct
+    # the stages count equally: stage i of 7 spans (i - 1)/7 .. i/7 of the job (rounded to a whole percent)
+    assert all(math.floor(100 * (int(b[1]) - 1) / 7) <= int(b[4]) <= math.ceil(100 * int(b[1]) / 7) for b in bars), \
+        [(b[1], b[4]) for b in bars]
     assert any(b[6] != "?" for b in bars), "no ETA ever"
     job = bars[0][0]
     assert re.search(rf"job {job} succeeded: chosen \w+", out), out
