@@ -267,6 +267,21 @@ static void test_config_bounds(void) {
               nums[i].key, nums[i].hi);
         CHECK(config_refuses(nums[i].key, json_real(0), rk), "%s=0 not refused", nums[i].key);
     }
+    /* a DeciLM block's ffn_mult: (0, 64] */
+    const double fm[3] = {64, 64 * (1 + 1e-9), 0};
+    for (int i = 0; i < 3; i++) {
+        json_t *c = json_pack("{s:s,s:i,s:i,s:i,s:i,s:f,s:f,s:i,s:[{s:{s:i},s:{s:f}}]}", "model_type", "nemotron-nas",
+                              "vocab_size", 16, "hidden_size", 8, "num_hidden_layers", 1, "num_attention_heads", 2,
+                              "rope_theta", 1e4, "rms_norm_eps", 1e-5, "max_position_embeddings", 64, "block_configs",
+                              "attention", "n_heads_in_group", 2, "ffn", "ffn_mult", fm[i]);
+        ac_arch a;
+        ac_err e = {{0}};
+        int rc = ac_arch_from_config(c, &a, &e);
+        json_decref(c);
+        if (rc == 0) ac_arch_free(&a);
+        int refused = rc != 0 && strstr(e.msg, "ffn_mult=") && strstr(e.msg, "must be above");
+        CHECK(refused == (i > 0), "ffn_mult=%.10g: %s", fm[i], rc ? e.msg : "accepted");
+    }
 }
 
 int main(void) {
