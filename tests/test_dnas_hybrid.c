@@ -253,7 +253,7 @@ static void test_hybrid_cost_gradient(void) {
         den = fmax(den, fabs(fd));
     }
     printf("   params: %d gates, max|grad - fd| / max|fd| %.2e (max|fd| %.3g)\n", g.np, num / den, den);
-    CHECK(den > 0 && num <= 1e-6 * den, "the expected parameter count's gradient is off by %.3g", num / den);
+    CHECK(den > 0 && num <= 1e-8 * den, "the expected parameter count's gradient is off by %.3g", num / den);
     free(an);
     ac_dnas_gates_free(&g);
 }

@@ -204,7 +204,7 @@ static int stage_profile(job_state *s, ac_err *e) {
 /* DNAS gate steps within a FLOP budget (docs/search.md, "Differentiable
  * search through the network"): a step is a forward and a backward, about
  * 6 FLOPs per parameter per token, over dnas_batch x dnas_seq_len tokens; at
- * most the steps asked, at least 50. The tiny model (300 steps = 0.65 TFLOP)
+ * most the steps asked, at least 50. The tiny model (300 steps = 0.63 TFLOP)
  * is unaffected. */
 #define AC_DNAS_FLOP_BUDGET 2e13
 static int dnas_steps_budgeted(const ac_search_opts *so, const ac_arch *a) {
