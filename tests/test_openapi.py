@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -172,6 +173,15 @@ def test_a_job_life_validates_against_the_document():
     call("GET", "/v1/jobs", "/v1/jobs?state=weird")  # 400
     st, evs = call("GET", "/v1/jobs/{id}/events", f"/v1/jobs/{j['id']}/events?format=json")
     assert st == 200 and evs["events"]
+    # the event stream of an ended job as sent: `retry: 2000` before the first event, and the stream ends
+    with socket.create_connection(("127.0.0.1", D.port), timeout=20) as sk:
+        sk.sendall(f"GET /v1/jobs/{j['id']}/events HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
+                   "\r\n".encode())
+        raw = b""
+        while chunk := sk.recv(65536):
+            raw += chunk
+    raw = raw.decode(errors="replace")
+    assert "retry: 2000\n" in raw and raw.index("retry: 2000\n") < raw.index("\nid: "), raw[:300]
     st, rep = call("GET", "/v1/jobs/{id}/result", f"/v1/jobs/{j['id']}/result")
     assert st == 200, rep
     st, files = call("GET", "/v1/jobs/{id}/files", f"/v1/jobs/{j['id']}/files")
