@@ -94,6 +94,9 @@ def test_submit_follow_plain_lines():
     DONE.append(job)
     assert re.search(rf"job {job}: stage 4/7 search \(43%\)", out), out
     assert "\r" not in out and "ETA" not in out, "a progress bar on a pipe"
+    # a progress line at most every 10 s (each line's stamp: seconds since the command started, to 0.1 s)
+    stamps = [float(t) for t in re.findall(rf"\[ *(\d+\.\d)s\] job {job}: \w+ \d+% of the stage", out)]
+    assert all(b - a >= 9.9 for a, b in zip(stamps, stamps[1:])), stamps
     st, res = D.req("GET", f"/v1/jobs/{job}/result")
     last = out.strip().splitlines()[-1]
     assert last.startswith(f"job {job} succeeded: chosen {res['chosen']}, perplexity "), last
