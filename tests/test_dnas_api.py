@@ -53,6 +53,10 @@ def test_dnas_job_events_and_report():
     assert res["search"]["method"] == "dnas", res["search"]
     a = res["autocompress"]
     assert a["feasible"] and a["predicted"]["params"] <= 1.0e6, a["predicted"]
+    # Minitron's divisors on the tiny model, min(Model-Optimizer's, max(1, round(base / 16))) (docs/search.md)
+    ax = res["minitron"]["axes"]
+    got = {k: ax[k]["divisor"] for k in ("hidden_size", "ffn_hidden_size", "num_layers")}
+    assert got == {"hidden_size": 8, "ffn_hidden_size": 24, "num_layers": 1}, got
 
 
 if __name__ == "__main__":
