@@ -195,10 +195,13 @@ def test_bad_lines_name_the_line():
 
 
 def test_fortune_task_above_chance():
-    """The demo's task (tools/make_fortune_task.py over held-out fortunes): the trained tiny model beats 1/4."""
+    """The demo's task (tools/make_fortune_task.py over held-out fortunes, its default 200 questions of 4 choices):
+    the trained tiny model beats 1/4."""
     path = os.path.join(WORK, "fortunes.jsonl")
     subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_fortune_task.py"), "--text",
-                    os.path.join(DATA, "heldout.txt"), "--out", path, "--n", "200"], check=True, capture_output=True)
+                    os.path.join(DATA, "heldout.txt"), "--out", path], check=True, capture_output=True)
+    with open(path) as f:
+        assert all(len(json.loads(ln)["choices"]) == 4 for ln in f), "not 4 choices a question"
     got = run_cli(path)
     assert got["n"] == 200, got
     # chance is 0.25 with a standard error of about 0.031 at n = 200
