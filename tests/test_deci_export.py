@@ -430,13 +430,15 @@ def test_submit_refuses_what_deci_cannot_express():
         st, j = d.req("POST", "/v1/jobs", spec(search={"ffn_multiple": 512}))
         assert st == 201, j
         d.req("DELETE", f"/v1/jobs/{j['id']}")
-        if os.path.exists(os.path.join(mistral, "config.json")):
-            st, j = d.req("POST", "/v1/jobs", spec(model=mistral))
-            assert st == 400 and j["error"]["field"] == "search.export_target", j
-            assert "sliding window" in j["error"]["message"]
-            st, j = d.req("POST", "/v1/jobs", spec(model=mistral, method="minitron"))
-            assert st == 201, j
-            d.req("DELETE", f"/v1/jobs/{j['id']}")
+        if not os.path.exists(os.path.join(mistral, "config.json")):
+            print("   skip: the sliding-window refusal was not checked: no fixture mistral_sharded (make fixtures)")
+            return "skip"
+        st, j = d.req("POST", "/v1/jobs", spec(model=mistral))
+        assert st == 400 and j["error"]["field"] == "search.export_target", j
+        assert "sliding window" in j["error"]["message"]
+        st, j = d.req("POST", "/v1/jobs", spec(model=mistral, method="minitron"))
+        assert st == 201, j
+        d.req("DELETE", f"/v1/jobs/{j['id']}")
     finally:
         d.cleanup()
 
