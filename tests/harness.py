@@ -209,9 +209,9 @@ class Runner:
         t0 = time.monotonic()
         try:
             r = fn()
-            if r == "skip":
+            if isinstance(r, str) and (r == "skip" or r.startswith("skip: ")):  # "skip: why" says why
                 self.skipped += 1
-                print(f"SKIP {fn.__name__}", flush=True)
+                print(f"SKIP {fn.__name__}{r[4:]}", flush=True)
             else:
                 self.passed += 1
                 print(f"ok   {fn.__name__} ({time.monotonic() - t0:.1f} s)", flush=True)

@@ -257,7 +257,7 @@ def test_measure_cost_table_in_background():
 
 def test_log_endpoint():
     if not LIFECYCLE or D.req("GET", f"/v1/jobs/{LIFECYCLE[0]}")[1]["state"] != "succeeded":
-        return "skip"
+        return "skip: the lifecycle job (test_job_lifecycle_and_cost_cache) did not succeed"
     st, log = D.req("GET", f"/v1/jobs/{LIFECYCLE[0]}/log")
     assert st == 200 and "worker for job" in log
     assert "quiet re-measurement capped at 2 s (quiet_budget_s)" in log, log

@@ -38,7 +38,7 @@ def summary_rows(dom, table="summary"):
 
 def test_succeeded_job_page_states_the_report():
     if not CHROMIUM:
-        return "skip"
+        return "skip: chromium not installed (make deps)"
     st, j = D.req("POST", "/v1/jobs", body=spec(constraints={"max_params": 1.0e6, "max_tpot_ms": 0.6}))
     job = D.wait_state(j["id"], {"succeeded", "failed"}, timeout=240)
     assert job["state"] == "succeeded", job
@@ -72,7 +72,7 @@ def test_succeeded_job_page_states_the_report():
 
 def test_failed_job_page_shows_its_error():
     if not CHROMIUM:
-        return "skip"
+        return "skip: chromium not installed (make deps)"
     mdir = os.path.join("/tmp", f"ac_dash_model_{os.getpid()}")
     shutil.copytree(TINY, mdir)
     try:
@@ -101,7 +101,7 @@ def test_compare_view_never_calls_a_missed_limit_a_win():
     a limit: marked so, never best; best is the lowest perplexity among the arms that met every limit; the failed job
     is a column with its reason."""
     if not CHROMIUM or "ok" not in JOBS or "failed" not in JOBS:
-        return "skip"
+        return "skip: chromium not installed, or the earlier tests' jobs are missing"
     ok, bad = JOBS["ok"], JOBS["failed"]
     st, r = D.req("GET", f"/v1/jobs/{ok}/result")
     dom = page(f"{ok},{bad}", "compare")

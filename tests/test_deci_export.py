@@ -273,7 +273,7 @@ def have_model():
 
 def test_exports_match_vllm_rules():
     if not have_model():
-        return "skip"
+        return "skip: no tiny model or fixtures/heldout_small.txt (make tiny-model fixtures)"
     ids = token_ids(TINY)
     assert len(ids) >= CTX * WINDOWS
     for name, arch in ARCHS.items():
@@ -293,7 +293,7 @@ def test_zero_padding_is_exact():
     """The padded export scores what the unpadded one (our own loader's
     form) does; the padding is zeros and the kept part is bit-identical."""
     if not have_model():
-        return "skip"
+        return "skip: no tiny model or fixtures/heldout_small.txt (make tiny-model fixtures)"
     for name in ("mixed", "narrow"):
         d, r = prune(name, ARCHS[name])
         assert r.returncode == 0, r.stderr
@@ -325,7 +325,7 @@ def test_ffn_mult_round_trips_through_json():
     the shapes); here also for every width of a wide range, as our C code
     prints them (%.17g): see test_costsearch's test_deci_ffn_mult for C."""
     if not have_model():
-        return "skip"
+        return "skip: no tiny model or fixtures/heldout_small.txt (make tiny-model fixtures)"
     d, r = prune("mixed", ARCHS["mixed"])
     assert r.returncode == 0, r.stderr
     raw = json.load(open(os.path.join(d, "config.json")))
@@ -339,7 +339,7 @@ def test_unexpressible_architecture_is_refused():
     """An FFN before any attention (vLLM cannot run it) or per-layer query
     heads: --deci refuses to write them, naming the rule."""
     if not have_model():
-        return "skip"
+        return "skip: no tiny model or fixtures/heldout_small.txt (make tiny-model fixtures)"
     bad = {"hidden": 128, "layers": [L(0, 0, 384)] + [L(8, 4, 384)] * 5}
     d, r = prune("ffn_first", bad)
     assert r.returncode != 0 and "first layer" in r.stderr and "attention" in r.stderr, r.stderr
@@ -356,7 +356,7 @@ def test_qwen2_biases_and_tied_head():
     an o_proj bias it does not have."""
     q = os.path.join(FIX, "models", "qwen2_tied_f16")
     if not os.path.exists(os.path.join(q, "config.json")):
-        return "skip"
+        return "skip: no fixture qwen2_tied_f16 (make fixtures)"
     a = os.path.join(WORK, "q.json")
     with open(a, "w") as f:
         json.dump({"layers": [L(4, 1, 160), L(0, 0, 100)]}, f)
@@ -380,7 +380,7 @@ def test_job_export_is_deci_on_the_grid():
     """A whole job with the deci target: the search's architecture (report),
     the checkpoint, and vLLM's reading of it agree, on the 256 grid."""
     if not have_model():
-        return "skip"
+        return "skip: no tiny model or fixtures/heldout_small.txt (make tiny-model fixtures)"
     out = os.path.join(WORK, "job_out")
     # the target names fp16 weights: the CPU engine has no F16 kernels, so the job plans with the fp32 CPU table
     # and times base and result on fp32 copies (test_daemon's CPU jobs take the BF16 checkpoint's BF16 table)
@@ -417,7 +417,7 @@ def test_job_export_is_deci_on_the_grid():
 
 def test_submit_refuses_what_deci_cannot_express():
     if not os.path.exists(os.path.join(BUILD, "autocompressd")) or not have_model():
-        return "skip"
+        return "skip: no build/autocompressd, tiny model or fixtures (make all tiny-model fixtures)"
     mistral = os.path.join(FIX, "models", "mistral_sharded")  # sliding window
     d = Daemon().start()
     try:

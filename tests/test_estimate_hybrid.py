@@ -73,7 +73,7 @@ def test_config_only_estimate_at_128k():
 
 def test_daemon_estimates_the_fixture():
     if not os.path.exists(os.path.join(FIX, "model.safetensors")):
-        return "skip"
+        return "skip: no fixture nemotronh_bf16 (make fixtures)"
     d = Daemon(config={"cpu_slots": 1, "model_roots": [BUILD, "/tmp"]}).start()
     try:
         st, j = d.req("POST", "/v1/estimate", {"model": FIX, "target": {"device": "H100"}})

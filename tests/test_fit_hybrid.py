@@ -89,7 +89,7 @@ def check_fits(d, tg, limits, metric):
 
 def test_nemotron_h_8b_fits_a_b200_at_128k():
     if not os.path.exists(CLI):
-        return "skip"
+        return "skip: build/autocompress missing (make all)"
     d = config_dir()
     check_fits(d, target(131071), {"max_params": 5.0e9}, "params")
     full = cli_estimate({"model": d, "target": target(131071, batch=8)})["figures"]["memory_gib"]
@@ -99,7 +99,7 @@ def test_nemotron_h_8b_fits_a_b200_at_128k():
 def test_daemon_answers_fits():
     fix = os.path.join(BUILD, "fixtures", "models", "nemotronh_bf16")
     if not (os.path.exists(os.path.join(fix, "config.json")) and os.path.exists(os.path.join(BUILD, "autocompressd"))):
-        return "skip"
+        return "skip: no fixture nemotronh_bf16 or build/autocompressd (make all fixtures)"
     req = {"model": fix, "target": target(512), "constraints": {"max_params": 0.85 * cli_estimate(
         {"model": fix, "target": target(512)})["figures"]["params"]}}
     d = Daemon(config={"cpu_slots": 1, "model_roots": [BUILD, "/tmp"]}).start()
@@ -114,7 +114,7 @@ def test_daemon_answers_fits():
 
 def test_dense_refused():
     if not os.path.exists(os.path.join(TINY, "config.json")):
-        return "skip"
+        return "skip: no tiny model (make tiny-model)"
     p = os.path.join(WORK, "req.json")
     with open(p, "w") as f:
         json.dump({"model": TINY, "target": target(512), "constraints": {"max_params": 1e6}}, f)

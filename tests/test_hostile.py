@@ -677,7 +677,7 @@ def test_job_caps():
         if j["state"] == "failed":
             assert "max_job_seconds=2" in j["reason"], j["reason"]
         else:  # finished under 2 s on a fast machine: then the cap cannot be shown with this job
-            return "skip"
+            return "skip: the job finished within 2 s here: the wall-clock cap cannot be shown with it"
     finally:
         d.cleanup()
 

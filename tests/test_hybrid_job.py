@@ -300,7 +300,7 @@ def base_limit(base):
 
 def test_group_aware_heads_as_model_optimizer_ranks_them():
     if not have():
-        return "skip"
+        return "skip: no tiny model or build/autocompress (make all tiny-model)"
     import torch
     import ref_mamba as M
     base = make_base()
@@ -333,7 +333,7 @@ def test_group_aware_heads_as_model_optimizer_ranks_them():
 
 def test_job_distils_and_exports_nemotron_h():
     if not have():
-        return "skip"
+        return "skip: no tiny model or build/autocompress (make all tiny-model)"
     base = make_base()
     rep, wall, rss = run_job(job_spec(base, os.path.join(WORK, "out_b"), 8192, base_limit(base)), "job_b")
     print(f"   job with distillation: {wall:.1f} s wall, peak RSS {rss:.0f} MiB, stages {rep['timings_s']}")
@@ -347,7 +347,7 @@ def test_moe_hybrid_job_exports_nemotron_h_moe():
     """Nemotron 3 Nano's layer kinds: the MoE layers keep whole experts (never below top_k) with their router rows
     and correction bias; the export is read alike by the reference, the engine and llama.cpp (nemotron_h_moe)."""
     if not have():
-        return "skip"
+        return "skip: no tiny model or build/autocompress (make all tiny-model)"
     base = make_base(CFG_MOE, "base_moe")
     spec = job_spec(base, os.path.join(WORK, "out_moe"), 4096, 0.8 * params_of(base))
     spec["search"]["prune_experts"] = True
@@ -367,7 +367,7 @@ def test_latent_moe_hybrid_job_with_hidden_pruning():
     the shared expert and every Mamba and attention matrix keep the same hidden channels; the export reads alike
     in the reference, the engine and llama.cpp."""
     if not have():
-        return "skip"
+        return "skip: no tiny model or build/autocompress (make all tiny-model)"
     base = make_base(CFG_LATENT, "base_latent")
     spec = job_spec(base, os.path.join(WORK, "out_latent"), 4096, 0.8 * params_of(base))
     spec["search"].update(prune_experts=True, prune_hidden=True)
@@ -385,7 +385,7 @@ def test_autocompress_arm_on_moe_hybrid():
     the feasible one with the lower perplexity, and its export reads alike in the reference, the engine and
     llama.cpp."""
     if not have():
-        return "skip"
+        return "skip: no tiny model or build/autocompress (make all tiny-model)"
     base = make_base(CFG_MOE, "base_moe")
     spec = job_spec(base, os.path.join(WORK, "out_ac"), 2048, 0.8 * params_of(base), method="autocompress")
     spec["search"].update(prune_experts=True, prune_expert_ffn=True, dnas_steps=60, dnas_batch=2, dnas_seq_len=32)
@@ -428,7 +428,7 @@ def test_autocompress_arm_on_moe_hybrid():
 
 def test_specs_refused_with_the_field():
     if not have():
-        return "skip"
+        return "skip: no tiny model or build/autocompress (make all tiny-model)"
     base = make_base()
     for kw, field in (({"method": "autocompress", "search": {"method": "surrogate", "export_target": "gguf"}},
                        "search.method"),

@@ -108,7 +108,7 @@ def test_bad_record_names_its_line():
 
 def test_converted_files_are_scored():
     if not os.path.exists(os.path.join(TINY, "config.json")):
-        return "skip"
+        return "skip: no tiny model (make tiny-model)"
     paths = []
     for layout, (records, _) in CASES.items():
         path = os.path.join(WORK, layout + ".jsonl")

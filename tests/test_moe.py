@@ -104,7 +104,7 @@ def test_job_compresses_mixtral():
     both arms meet it, the result keeps one expert count in every layer, and
     the export is a Mixtral whose reference perplexity the engine reads."""
     if not (have() and os.path.exists(TEXT)):
-        return "skip"
+        return "skip: no MoE fixtures, tiny model, build/autocompressd or heldout_small.txt (make all fixtures)"
     m = make_mixtral()
     base = json.load(open(os.path.join(m, "config.json")))
     out, rep = compress(m, "job", constraints={"max_params": 2.6e6},
@@ -143,7 +143,7 @@ def test_gate_search_job_on_fp32_moe():
     expert count in every MoE layer, never below top_k; the export is the
     family's layout, read alike by the float64 reference and the engine."""
     if not (have() and os.path.exists(TEXT)):
-        return "skip"
+        return "skip: no MoE fixtures, tiny model, build/autocompressd or heldout_small.txt (make all fixtures)"
     m = make_mixtral("f32")
     cfg0 = json.load(open(os.path.join(m, "config.json")))
     est = H.cli_estimate({"model": m, "target": {"device": "H100"}})
@@ -170,7 +170,7 @@ def test_moe_axes_shown():
     layer; report.html and the dashboard's job page (headless chromium,
     when installed) state the same figures."""
     if not (have() and os.path.exists(TEXT)):
-        return "skip"
+        return "skip: no MoE fixtures, tiny model, build/autocompressd or heldout_small.txt (make all fixtures)"
     import test_dashboard_truth as T
     m = make_mixtral()
     # quiet_budget_s 2: the cost table's and the timings' quiet re-measurement capped (as test_daemon's); the
@@ -243,7 +243,7 @@ def test_moe_axes_shown():
 
 def test_specs_refused_estimates_answered():
     if not have():
-        return "skip"
+        return "skip: no MoE fixtures, tiny model or build/autocompressd (make all fixtures)"
     d = Daemon(config={"cpu_slots": 1, "model_roots": [BUILD, "/tmp"]}).start()
     try:
         for name in ("mixtral_f32", "qwen3moe_mixed_bf16"):

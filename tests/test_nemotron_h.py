@@ -41,7 +41,7 @@ def have():
 
 def test_jobs_and_estimates_refused_with_the_reason():
     if not have():
-        return "skip"
+        return "skip: no nemotron_h fixtures, tiny model or build/autocompressd (make all fixtures)"
     d = Daemon(config={"cpu_slots": 1, "model_roots": [BUILD, "/tmp"]}).start()
     try:
         for fix in FIXTURES:  # the dense hybrid and the one with MoE layers

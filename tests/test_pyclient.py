@@ -41,7 +41,7 @@ def install(target):
     shutil.rmtree(work, ignore_errors=True)
     if p.returncode != 0 and "No module named pip" in p.stderr:
         sys.path.insert(0, src)
-        return "skip"
+        return "skip: pip missing: the offline install was not checked (the module from the source tree)"
     assert p.returncode == 0, p.stderr
     sys.path.insert(0, target)
     return None

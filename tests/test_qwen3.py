@@ -64,7 +64,7 @@ def ref_ppl(d):
 
 def test_engine_matches_reference():
     if not have_model():
-        return "skip"
+        return "skip: no tiny model or fixtures/heldout_small.txt (make tiny-model fixtures)"
     make_qwen3()
     pr, pe = ref_ppl(QWEN3), engine_ppl(QWEN3)
     print(f"   qwen3 checkpoint: reference ppl {pr:.5f}, our engine {pe:.5f}")
@@ -77,7 +77,7 @@ def test_job_exports_qwen3():
     """A job with the uniform (llama) target on a Qwen3 model: the result is a
     Qwen3ForCausalLM checkpoint (q_norm/k_norm kept) and a qwen3 GGUF."""
     if not have_model():
-        return "skip"
+        return "skip: no tiny model or fixtures/heldout_small.txt (make tiny-model fixtures)"
     make_qwen3()
     out = os.path.join(WORK, "job_out")
     s = spec(model=QWEN3, output=out, constraints={"max_params": 0.75e6},
@@ -119,7 +119,7 @@ def test_job_exports_qwen3():
 
 def test_refuses_targets_without_qk_norm():
     if not have_model() or not os.path.exists(os.path.join(BUILD, "autocompressd")):
-        return "skip"
+        return "skip: no tiny model, heldout_small.txt or build/autocompressd (make all tiny-model fixtures)"
     make_qwen3()
     d = Daemon(config={"cpu_slots": 1, "model_roots": [os.path.dirname(os.path.dirname(TINY)), "/tmp"]}).start()
     try:

@@ -561,7 +561,7 @@ def test_load():
     """AC_SLURM_LOAD jobs at once (0, the default in make test: skipped): none lost, none run twice."""
     n = int(os.environ.get("AC_SLURM_LOAD", "0"))
     if n <= 0:
-        return "skip"
+        return "skip: AC_SLURM_LOAD not set (the load test runs on request)"
     t0 = time.time()
     ids = [submit(spec(search={"steps": 5, "seed": s, "dnas_steps": 5}, eval={"ctx": 64, "windows": 1}))
            for s in range(n)]
