@@ -268,10 +268,11 @@ def long_spec(**kw):
     return spec(search={"steps": 100000, "seed": 1, "dnas_steps": 100000}, **kw)
 
 
-def plant_distilled_arm(job):
-    """A distilled arm's checkpoint (its .ckpt and its student's directory) in job's checkpoint directory, as an
-    interrupted earlier run would have left it: the paths that must go when the job ends without a result."""
-    ck = os.path.join(D.data, "jobs", str(job), "checkpoint")
+def plant_distilled_arm(job, d=None):
+    """A distilled arm's checkpoint (its .ckpt and its student's directory) in job's checkpoint directory (of daemon
+    d, D by default), as an interrupted earlier run would have left it: the paths that must go when the job ends
+    without a result."""
+    ck = os.path.join((d or D).data, "jobs", str(job), "checkpoint")
     os.makedirs(os.path.join(ck, "distill.minitron.model"), exist_ok=True)
     paths = [os.path.join(ck, "distill.minitron.ckpt"), os.path.join(ck, "distill.minitron.model", "model.safetensors")]
     for p in paths:
@@ -507,10 +508,14 @@ def test_fail_policy_and_sigterm():
     try:
         st, j = d2.req("POST", "/v1/jobs", body=long_spec())
         d2.wait_state(j["id"], {"running"})
+        time.sleep(0.5)  # past its first run's clearing of the checkpoint directory
+        planted = plant_distilled_arm(j["id"], d2)
         d2.kill(signal.SIGKILL)
         d2.start()
         jj = d2.wait_state(j["id"], {"failed"}, timeout=10)
         assert "interrupted" in jj["reason"]
+        # failed at the start (it never runs again): the distilled students its checkpoints kept are gone
+        assert not any(os.path.exists(p) for p in planted), planted
         # SIGTERM drains: the running job is stopped and re-queued
         st, k = d2.req("POST", "/v1/jobs", body=long_spec())
         d2.wait_state(k["id"], {"running"})
