@@ -774,7 +774,7 @@ long db_exec_event(db *d, long job, long seq, const char *kind, const char *data
     return rc == 1 ? 0 : rc < 0 ? -1 : id;
 }
 
-int db_recover(db *d, const char *policy, int max_attempts, ac_err *e) {
+int db_recover(db *d, const char *policy, int max_attempts, void (*ended)(void *ud, long job), void *ud, ac_err *e) {
     db_job *running;
     int nrun;
     job_state st = JOB_RUNNING;
@@ -800,6 +800,7 @@ int db_recover(db *d, const char *policy, int max_attempts, ac_err *e) {
             db_jobs_free(running, nrun);
             return -1;
         }
+        if (to != JOB_QUEUED && ended) ended(ud, j->id);
         n++;
     }
     db_jobs_free(running, nrun);

@@ -130,8 +130,11 @@ int db_job_set_reason(db *d, long id, const char *reason, ac_err *e);
 int db_job_set_pid(db *d, long id, long pid, ac_err *e);
 int db_job_set_cancel(db *d, long id, ac_err *e);
 /* Recovery after a crash: running jobs -> queued (policy "requeue", until
- * max_attempts) or failed ("fail"). Returns the number recovered. */
-int db_recover(db *d, const char *policy, int max_attempts, ac_err *e);
+ * max_attempts) or failed ("fail"), cancelled when a cancel was asked;
+ * ended (may be NULL) is called with each job that failed or was cancelled
+ * (the caller removes what it kept for a run again). Returns the number
+ * recovered. */
+int db_recover(db *d, const char *policy, int max_attempts, void (*ended)(void *ud, long job), void *ud, ac_err *e);
 int db_job_counts(db *d, long counts[JOB_NSTATES], ac_err *e);
 
 /* Executor columns (migration 003): how a job that an executor other than

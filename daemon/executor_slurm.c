@@ -200,6 +200,7 @@ static void finish(sjob *sj, job_state to, const char *reason) {
         return;
     }
     slog("job %ld (Slurm job %ld) %s: %s", sj->id, sj->slurm_id, job_state_name(to), reason);
+    if (r == 0 && to != JOB_SUCCEEDED) sched_release_checkpoints(d, sj->id); /* succeeded: the worker did */
     if (r == 0) {
         daemon_event(d, sj->id, "state", json_pack("{s:s,s:s}", "state", job_state_name(to), "reason", reason));
         events_finish(d, sj->id);

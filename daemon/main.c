@@ -145,6 +145,11 @@ static int configure(int argc, char **argv, ac_err *e) {
     return ac_fsafe_set_roots((const char *const *)D.cfg.model_roots, D.cfg.nroots, e) ? 1 : 0;
 }
 
+/* A job interrupted by the daemon's stop that will not run again (its
+ * attempts used up, policy fail, or cancelled): the distilled students its
+ * checkpoints kept go, as a failed or cancelled job's do. */
+static void recovered_ended(void *ud, long job) { sched_release_checkpoints(ud, job); }
+
 /* Open the store (recovering interrupted jobs), the hub, the scheduler and the HTTP front. */
 static int start(ac_err *e) {
     signal(SIGPIPE, SIG_IGN);
@@ -167,7 +172,7 @@ static int start(ac_err *e) {
                        "refusing to serve an unauthenticated API on %s: set \"tokens\" in the config (or "
                        "AUTOCOMPRESS_TOKEN), add one with `autocompressd token add`, or listen on 127.0.0.1",
                        D.cfg.listen_host);
-    int rec = db_recover(D.db, D.cfg.interrupted_policy, D.cfg.max_attempts, e);
+    int rec = db_recover(D.db, D.cfg.interrupted_policy, D.cfg.max_attempts, recovered_ended, &D, e);
     if (rec < 0) return -1;
     if (rec > 0)
         fprintf(stderr, "autocompressd: recovered %d interrupted job(s) (policy %s)\n", rec, D.cfg.interrupted_policy);

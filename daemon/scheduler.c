@@ -517,7 +517,8 @@ void sched_release_checkpoints(const ac_daemon *d, long job) {
 /* The job could not start: fail it and tell its subscribers. */
 static void fail_start(ac_daemon *d, long job, job_state from, const char *why) {
     ac_err e = {{0}};
-    db_job_transition(d->db, job, from, JOB_FAILED, why, NULL, NULL, &e);
+    if (db_job_transition(d->db, job, from, JOB_FAILED, why, NULL, NULL, &e) == 0)
+        sched_release_checkpoints(d, job); /* a job re-queued after a restart may have some */
     daemon_event(d, job, "state", json_pack("{s:s,s:s}", "state", "failed", "reason", why));
     events_finish(d, job);
 }

@@ -11,7 +11,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import DATA, TINY, Daemon, Runner, sse_read, spec  # noqa: E402
+from harness import BUILD, DATA, TINY, Daemon, Runner, sse_read, spec  # noqa: E402
 
 MISTRAL = os.path.join(os.path.dirname(os.path.dirname(TINY)), "fixtures", "models", "mistral_sharded")
 R = Runner()
@@ -268,10 +268,11 @@ def long_spec(**kw):
     return spec(search={"steps": 100000, "seed": 1, "dnas_steps": 100000}, **kw)
 
 
-def plant_distilled_arm(job):
-    """A distilled arm's checkpoint (its .ckpt and its student's directory) in job's checkpoint directory, as an
-    interrupted earlier run would have left it: the paths that must go when the job ends without a result."""
-    ck = os.path.join(D.data, "jobs", str(job), "checkpoint")
+def plant_distilled_arm(job, d=None):
+    """A distilled arm's checkpoint (its .ckpt and its student's directory) in job's checkpoint directory (of daemon
+    d, D by default), as an interrupted earlier run would have left it: the paths that must go when the job ends
+    without a result."""
+    ck = os.path.join((d or D).data, "jobs", str(job), "checkpoint")
     os.makedirs(os.path.join(ck, "distill.minitron.model"), exist_ok=True)
     paths = [os.path.join(ck, "distill.minitron.ckpt"), os.path.join(ck, "distill.minitron.model", "model.safetensors")]
     for p in paths:
@@ -446,11 +447,12 @@ def test_restart_after_sigkill_requeues():
     assert ids == list(range(1, len(ids) + 1))
 
 
-def test_restart_resumes_from_checkpoints():
-    """A local job SIGKILLed with its daemon after its search stage, the daemon started again on the same database:
-    the re-queued job resumes after its checkpointed stages (calibrate, profile, search restored, no search run
-    again) and ends succeeded."""
-    st, j = D.req("POST", "/v1/jobs", body=spec(name="resumer"))
+def resume_after_sigkill(body):
+    """Job body SIGKILLed with its daemon after its search stage, the daemon started again on the same database: the
+    re-queued job resumes after its checkpointed stages (calibrate, profile, search restored, no search run again)
+    and ends succeeded. Returns (job id, its checkpoint directory)."""
+    st, j = D.req("POST", "/v1/jobs", body=body)
+    assert st in (200, 201, 202), (st, j)
     jid = j["id"]
     pid = []
 
@@ -482,6 +484,46 @@ def test_restart_resumes_from_checkpoints():
     st, res = D.req("GET", f"/v1/jobs/{jid}/result")
     assert st == 200 and res["resumed_stages"] == ["calibrate", "profile", "search"], res.get("resumed_stages")
     assert res["autocompress"]["architecture"] and res["chosen"], res.get("chosen")
+    return jid, ck, res
+
+
+def fixture_model(name, dst):
+    """build/fixtures/models/NAME (tests/gen_fixtures.py) in dst with the tiny model's tokenizer cut to the fixture's
+    vocabulary: its byte tokens and the merges whose tokens stay, no added end-of-text token."""
+    os.makedirs(dst, exist_ok=True)
+    src = os.path.join(BUILD, "fixtures", "models", name)
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(os.path.join(src, f), dst)
+    vocab = json.load(open(os.path.join(src, "config.json")))["vocab_size"]
+    tok = json.load(open(os.path.join(TINY, "tokenizer.json")))
+    v = {t: i for t, i in tok["model"]["vocab"].items() if i < vocab}
+    merges = [m.split(" ", 1) for m in tok["model"]["merges"]]
+    tok["model"].update(vocab=v, merges=[f"{a} {b}" for a, b in merges if a in v and b in v and a + b in v])
+    tok["added_tokens"] = []
+    with open(os.path.join(dst, "tokenizer.json"), "w") as f:
+        json.dump(tok, f)
+    return dst
+
+
+def test_restart_resumes_moe_from_checkpoints():
+    """The same for a mixture-of-experts job (the Qwen3-MoE fixture; its experts and their widths pruned): its
+    importance's expert rows are checkpointed, so its resumed run searches nothing again."""
+    if not os.path.exists(os.path.join(BUILD, "fixtures", "models", "qwen3moe_mixed_bf16", "config.json")):
+        return "skip"
+    m = fixture_model("qwen3moe_mixed_bf16", os.path.join(D.dir, "qwen3moe"))
+    body = spec(model=m, target={"device": "H100", "workload": {"batch": 1, "prompt_len": 64, "gen_len": 16}},
+                constraints={"max_params": 1.6e5},  # 3/4 of its 217808
+                search={"steps": 50, "seed": 3, "prune_hidden": False, "prune_expert_ffn": True})
+    jid, ck, res = resume_after_sigkill(body)
+    ex = {L.get("experts") for L in res["minitron"]["architecture"]["layers"] if L.get("experts")}
+    assert ex and max(ex) < 5, res["minitron"]["architecture"]  # an order of experts was needed
+
+
+def test_restart_resumes_from_checkpoints():
+    """A local job SIGKILLed with its daemon after its search stage, the daemon started again on the same database:
+    the re-queued job resumes after its checkpointed stages (resume_after_sigkill); a job's first run clears what its
+    directory holds."""
+    jid, ck, _ = resume_after_sigkill(spec(name="resumer"))
     # A data directory reused with a new database gives the next job an id whose directory may hold another job's
     # checkpoints (here: valid ones, of the same spec): a job's first run clears them, it restores nothing.
     nxt = os.path.join(D.data, "jobs", str(jid + 1), "checkpoint")
@@ -507,10 +549,14 @@ def test_fail_policy_and_sigterm():
     try:
         st, j = d2.req("POST", "/v1/jobs", body=long_spec())
         d2.wait_state(j["id"], {"running"})
+        time.sleep(0.5)  # past its first run's clearing of the checkpoint directory
+        planted = plant_distilled_arm(j["id"], d2)
         d2.kill(signal.SIGKILL)
         d2.start()
         jj = d2.wait_state(j["id"], {"failed"}, timeout=10)
         assert "interrupted" in jj["reason"]
+        # failed at the start (it never runs again): the distilled students its checkpoints kept are gone
+        assert not any(os.path.exists(p) for p in planted), planted
         # SIGTERM drains: the running job is stopped and re-queued
         st, k = d2.req("POST", "/v1/jobs", body=long_spec())
         d2.wait_state(k["id"], {"running"})
@@ -577,6 +623,7 @@ if __name__ == "__main__":
                   test_bad_model_fails_cleanly, test_model_too_large_for_host_fails_cleanly, test_infeasible_constraint_reported,
                   test_measure_cost_table_in_background, test_job_lifecycle_and_cost_cache, test_log_endpoint,
                   test_pagination, test_restart_after_sigkill_requeues, test_restart_resumes_from_checkpoints,
+                  test_restart_resumes_moe_from_checkpoints,
                   test_fail_policy_and_sigterm, test_auth,
                   test_config_errors]:
             R.run(t)

@@ -362,7 +362,7 @@ static int arm_restore(job_state *s, const char *name, ac_model *m, json_t *all,
     size_t i;
     json_t *v;
     json_array_foreach(s->resumed, i, v) searched |= !strcmp(json_string_value(v), "search");
-    if (!c->checkpoint_dir || !c->checkpoint_dir[0] || !searched || !ac_ckpt_supported(s)) return 0;
+    if (!c->checkpoint_dir || !c->checkpoint_dir[0] || !searched) return 0;
     json_t *fields = NULL, *ev;
     char why[600];
     if (!ac_ckpt_load_arm(s, c->checkpoint_dir, c->checkpoint_key ? c->checkpoint_key : "", name, m, &fields, why,
@@ -389,7 +389,7 @@ static int arm_restore(job_state *s, const char *name, ac_model *m, json_t *all,
  * a failure is said and the job goes on. */
 static void arm_save(job_state *s, const char *name, const ac_model *m, const json_t *fields, emit_fn emit) {
     const ac_job_ctx *c = s->ctx;
-    if (!c->checkpoint_dir || !c->checkpoint_dir[0] || !fields || !ac_ckpt_supported(s)) return;
+    if (!c->checkpoint_dir || !c->checkpoint_dir[0] || !fields) return;
     ac_err e2 = {{0}};
     json_t *ev;
     if (ac_ckpt_save_arm(s, c->checkpoint_dir, c->checkpoint_key ? c->checkpoint_key : "", name, m, fields, &e2) &&

@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,12 @@
 
 #include "core/dtype.h"
 
-#define CKPT_MAGIC "ACCKPT01"
+/* The format's version is the magic's last two digits: 02 added the
+ * mixture-of-experts and Mamba rows of the importance and the base
+ * architecture to the header. A file of another version is not read (its
+ * stage runs again). */
+#define CKPT_MAGIC "ACCKPT02"
+#define CKPT_MAGIC_STEM "ACCKPT"
 
 /* ------------------------------------------------------------- writing */
 
@@ -44,6 +50,60 @@ typedef int (*row_len)(const ac_arch *a, int l);
 static int len_kv(const ac_arch *a, int l) { return a->layers[l].n_kv_heads; }
 static int len_ffn(const ac_arch *a, int l) { return a->layers[l].ffn; }
 static int len_heads(const ac_arch *a, int l) { return a->layers[l].n_heads; }
+static int len_experts(const ac_arch *a, int l) { return a->layers[l].n_experts; }
+static int len_echan(const ac_arch *a, int l) { return a->layers[l].n_experts * a->layers[l].expert_ffn; }
+static int len_ssm(const ac_arch *a, int l) { return a->layers[l].ssm_heads; }
+static int len_ssm_chan(const ac_arch *a, int l) { return a->layers[l].ssm_heads * a->ssm_head_dim; }
+
+/* The importance's fields, by offset: every per-layer rows field (each row
+ * as long as the base architecture says), then the flat arrays (of L
+ * layers or H hidden channels), in the order the file holds them. */
+#define IMP_ROWS(f, len, t)                                                                                            \
+    { offsetof(ac_importance, f), len, sizeof(t) }
+static const struct {
+    size_t off;
+    row_len len;
+    size_t sz;
+} IMP_ROW_FIELDS[] = {
+    IMP_ROWS(kv_order, len_kv, int),
+    IMP_ROWS(kv_score, len_kv, double),
+    IMP_ROWS(ffn_order, len_ffn, int),
+    IMP_ROWS(ffn_score, len_ffn, double),
+    IMP_ROWS(head_order, len_heads, int),
+    IMP_ROWS(head_score, len_heads, double),
+    IMP_ROWS(mt_ffn_order, len_ffn, int),
+    IMP_ROWS(mt_ffn_score, len_ffn, double),
+    IMP_ROWS(expert_order, len_experts, int),
+    IMP_ROWS(expert_score, len_experts, double),
+    IMP_ROWS(echan_order, len_echan, int),
+    IMP_ROWS(echan_score, len_echan, double),
+    IMP_ROWS(ssm_head_order, len_ssm, int),
+    IMP_ROWS(ssm_head_score, len_ssm, double),
+    IMP_ROWS(ssm_chan_score, len_ssm_chan, double),
+};
+#define IMP_FLAT(f, per_layer, t)                                                                                      \
+    { offsetof(ac_importance, f), per_layer, sizeof(t) }
+static const struct {
+    size_t off;
+    int per_layer; /* 1: L items, 0: H */
+    size_t sz;
+} IMP_FLAT_FIELDS[] = {
+    IMP_FLAT(hid_order, 0, int),
+    IMP_FLAT(hid_score, 0, double),
+    IMP_FLAT(layer_bi, 1, double),
+    IMP_FLAT(attn_sens, 1, double[AC_SENS_POINTS]),
+    IMP_FLAT(ffn_sens, 1, double[AC_SENS_POINTS]),
+    IMP_FLAT(merge_n, 1, int),
+    IMP_FLAT(merge_r, 1, double[8]),
+    IMP_FLAT(merge_sens, 1, double[8]),
+    IMP_FLAT(mt_hid_order, 0, int),
+    IMP_FLAT(mt_hid_score, 0, double),
+};
+enum {
+    N_ROWF = sizeof IMP_ROW_FIELDS / sizeof *IMP_ROW_FIELDS,
+    N_FLATF = sizeof IMP_FLAT_FIELDS / sizeof *IMP_FLAT_FIELDS
+};
+static void **field(const ac_importance *im, size_t off) { return (void **)((char *)im + off); }
 
 static void w_rows(wr *w, void *const *rows, const ac_arch *a, row_len len, size_t sz) {
     w_i64(w, rows ? a->n_layers : -1);
@@ -55,28 +115,15 @@ static void w_importance(wr *w, const ac_importance *im, const ac_arch *a) {
     w_i64(w, L);
     w_i64(w, H);
     if (!L) return; /* none (no DNAS orders) */
-    w_rows(w, (void *const *)im->kv_order, a, len_kv, sizeof(int));
-    w_rows(w, (void *const *)im->kv_score, a, len_kv, sizeof(double));
-    w_rows(w, (void *const *)im->ffn_order, a, len_ffn, sizeof(int));
-    w_rows(w, (void *const *)im->ffn_score, a, len_ffn, sizeof(double));
-    w_arr(w, im->hid_order, H, sizeof(int));
-    w_arr(w, im->hid_score, H, sizeof(double));
-    w_arr(w, im->layer_bi, L, sizeof(double));
+    for (int i = 0; i < N_ROWF; i++)
+        w_rows(w, *(void *const *const *)field(im, IMP_ROW_FIELDS[i].off), a, IMP_ROW_FIELDS[i].len,
+               IMP_ROW_FIELDS[i].sz);
+    for (int i = 0; i < N_FLATF; i++)
+        w_arr(w, *field(im, IMP_FLAT_FIELDS[i].off), IMP_FLAT_FIELDS[i].per_layer ? L : H, IMP_FLAT_FIELDS[i].sz);
     w_f64(w, im->base_loss);
-    w_arr(w, im->attn_sens, L, sizeof *im->attn_sens);
-    w_arr(w, im->ffn_sens, L, sizeof *im->ffn_sens);
     w_bytes(w, im->hid_frac, sizeof im->hid_frac);
     w_bytes(w, im->hid_sens, sizeof im->hid_sens);
-    w_arr(w, im->merge_n, L, sizeof(int));
-    w_arr(w, im->merge_r, L, sizeof *im->merge_r);
-    w_arr(w, im->merge_sens, L, sizeof *im->merge_sens);
     w_i64(w, im->tokens);
-    w_rows(w, (void *const *)im->head_order, a, len_heads, sizeof(int));
-    w_rows(w, (void *const *)im->head_score, a, len_heads, sizeof(double));
-    w_rows(w, (void *const *)im->mt_ffn_order, a, len_ffn, sizeof(int));
-    w_rows(w, (void *const *)im->mt_ffn_score, a, len_ffn, sizeof(double));
-    w_arr(w, im->mt_hid_order, H, sizeof(int));
-    w_arr(w, im->mt_hid_score, H, sizeof(double));
     w_i64(w, im->streamed);
     w_i64(w, im->method);
 }
@@ -172,6 +219,18 @@ static void **r_rows(rd *r, const ac_arch *a, row_len len, size_t sz) {
     return rows;
 }
 
+/* An importance read in part (a cut or bad file) freed: every field on its
+ * own, as its pairs may be half read (ac_importance_free frees pairs). */
+static void imp_discard(ac_importance *im) {
+    for (int i = 0; i < N_ROWF; i++) {
+        void **rows = *field(im, IMP_ROW_FIELDS[i].off);
+        for (int l = 0; rows && l < im->n_layers; l++) free(rows[l]);
+        free(rows);
+    }
+    for (int i = 0; i < N_FLATF; i++) free(*field(im, IMP_FLAT_FIELDS[i].off));
+    memset(im, 0, sizeof *im);
+}
+
 static void r_importance(rd *r, ac_importance *im, const ac_arch *a) {
     memset(im, 0, sizeof *im);
     long long L = r_i64(r), H = r_i64(r);
@@ -182,30 +241,18 @@ static void r_importance(rd *r, ac_importance *im, const ac_arch *a) {
     }
     im->n_layers = (int)L;
     im->hidden = (int)H;
-    im->kv_order = (int **)r_rows(r, a, len_kv, sizeof(int));
-    im->kv_score = (double **)r_rows(r, a, len_kv, sizeof(double));
-    im->ffn_order = (int **)r_rows(r, a, len_ffn, sizeof(int));
-    im->ffn_score = (double **)r_rows(r, a, len_ffn, sizeof(double));
-    im->hid_order = r_arr(r, (long)H, sizeof(int));
-    im->hid_score = r_arr(r, (long)H, sizeof(double));
-    im->layer_bi = r_arr(r, (long)L, sizeof(double));
+    for (int i = 0; i < N_ROWF; i++)
+        *field(im, IMP_ROW_FIELDS[i].off) = r_rows(r, a, IMP_ROW_FIELDS[i].len, IMP_ROW_FIELDS[i].sz);
+    for (int i = 0; i < N_FLATF; i++)
+        *field(im, IMP_FLAT_FIELDS[i].off) =
+            r_arr(r, IMP_FLAT_FIELDS[i].per_layer ? (long)L : (long)H, IMP_FLAT_FIELDS[i].sz);
     im->base_loss = r_f64(r);
-    im->attn_sens = r_arr(r, (long)L, sizeof *im->attn_sens);
-    im->ffn_sens = r_arr(r, (long)L, sizeof *im->ffn_sens);
     r_bytes(r, im->hid_frac, sizeof im->hid_frac);
     r_bytes(r, im->hid_sens, sizeof im->hid_sens);
-    im->merge_n = r_arr(r, (long)L, sizeof(int));
-    im->merge_r = r_arr(r, (long)L, sizeof *im->merge_r);
-    im->merge_sens = r_arr(r, (long)L, sizeof *im->merge_sens);
     im->tokens = (long)r_i64(r);
-    im->head_order = (int **)r_rows(r, a, len_heads, sizeof(int));
-    im->head_score = (double **)r_rows(r, a, len_heads, sizeof(double));
-    im->mt_ffn_order = (int **)r_rows(r, a, len_ffn, sizeof(int));
-    im->mt_ffn_score = (double **)r_rows(r, a, len_ffn, sizeof(double));
-    im->mt_hid_order = r_arr(r, (long)H, sizeof(int));
-    im->mt_hid_score = r_arr(r, (long)H, sizeof(double));
     im->streamed = (int)r_i64(r);
     im->method = (int)r_i64(r);
+    if (r->bad) imp_discard(im);
 }
 
 static void r_result(rd *r, ac_search_result *res, const ac_arch *base, ac_err *e) {
@@ -231,11 +278,11 @@ int ac_ckpt_stage(const char *stage) {
     return 0;
 }
 
-int ac_ckpt_supported(const job_state *s) {
-    if (ac_arch_has_moe(&s->m.a)) return 0;
-    for (int l = 0; l < s->m.a.n_layers; l++)
-        if (s->m.a.layers[l].ssm_heads > 0) return 0;
-    return 1;
+static int arch_json_equal(const ac_arch *a, const json_t *j) {
+    json_t *x = ac_arch_to_json(a);
+    int eq = x && j && json_equal(x, j);
+    json_decref(x);
+    return eq;
 }
 
 static void header(wr *w, const job_state *s, const char *key, const char *stage) {
@@ -246,7 +293,11 @@ static void header(wr *w, const job_state *s, const char *key, const char *stage
     w_i64(w, s->m.a.hidden);
     w_i64(w, s->m.a.vocab);
     w_i64(w, (long long)sizeof(ac_cost));
+    w_i64(w, (long long)sizeof(ac_importance));
     w_i64(w, AC_SENS_POINTS);
+    json_t *a = ac_arch_to_json(&s->m.a); /* every layer's shape: experts, expert widths, Mamba heads */
+    w_json(w, a);
+    json_decref(a);
 }
 
 /* Open DIR/STAGE.ckpt and check its header: 1 (r open, at the stage's
@@ -259,13 +310,21 @@ static int open_checked(rd *r, const job_state *s, const char *dir, const char *
     if (!r->f) return 0;
     char magic[8];
     r_bytes(r, magic, 8);
+    if (!r->bad && !memcmp(magic, CKPT_MAGIC_STEM, 6) && memcmp(magic, CKPT_MAGIC, 8)) {
+        fclose(r->f);
+        snprintf(why, n, "%s is of checkpoint format version %.2s, this build reads version %s", path, magic + 6,
+                 CKPT_MAGIC + 6);
+        return 0;
+    }
     char *st = r_str(r), *k = r_str(r);
-    long long L = r_i64(r), H = r_i64(r), V = r_i64(r), cs = r_i64(r), sp = r_i64(r);
+    long long L = r_i64(r), H = r_i64(r), V = r_i64(r), cs = r_i64(r), is = r_i64(r), sp = r_i64(r);
+    json_t *a = r_json(r);
     int same = !r->bad && !memcmp(magic, CKPT_MAGIC, 8) && st && !strcmp(st, stage) && k && !strcmp(k, key) &&
                L == s->m.a.n_layers && H == s->m.a.hidden && V == s->m.a.vocab && cs == (long long)sizeof(ac_cost) &&
-               sp == AC_SENS_POINTS;
+               is == (long long)sizeof(ac_importance) && sp == AC_SENS_POINTS && arch_json_equal(&s->m.a, a);
     free(st);
     free(k);
+    json_decref(a);
     if (!same) {
         fclose(r->f);
         snprintf(why, n, "%s is from another job, spec, model or build", path);
@@ -343,7 +402,7 @@ int ac_ckpt_load(job_state *s, const char *dir, const char *key, const char *sta
     int ok = !r.bad && !memcmp(magic, CKPT_MAGIC, 8) && fgetc(r.f) == EOF;
     fclose(r.f);
     if (!ok) {
-        ac_importance_free(&imp);
+        imp_discard(&imp);
         if (have_table) ac_cost_table_free(&table);
         ac_search_result_free(&rm);
         ac_search_result_free(&ra);
@@ -380,13 +439,6 @@ static void rm_flat(const char *d) {
         closedir(dp);
     }
     rmdir(d);
-}
-
-static int arch_json_equal(const ac_arch *a, const json_t *j) {
-    json_t *x = ac_arch_to_json(a);
-    int eq = x && j && json_equal(x, j);
-    json_decref(x);
-    return eq;
 }
 
 int ac_ckpt_save_arm(const job_state *s, const char *dir, const char *key, const char *arm, const ac_model *m,

@@ -6,13 +6,19 @@
  * all again (job.c, ac_job_ctx.checkpoint_dir).
  *
  * What is kept, one file per stage in the directory (STAGE.ckpt, written
- * to a temporary name, synced, then renamed):
- *   calibrate  the importance (every order, score and loss curve);
+ * to a temporary name, synced, then renamed), for every model family
+ * (dense, mixture-of-experts, hybrid Mamba-Transformer):
+ *   calibrate  the importance (every order, score and loss curve: KV
+ *              groups, FFN channels, hidden channels, Minitron's heads and
+ *              channels, each MoE layer's experts and each expert's
+ *              channels, each Mamba layer's heads by group and its x
+ *              channels' scores (which rank a narrower head dim));
  *   profile    the cost table and whether it came from the cache;
  *   search     both arms' results (architecture, predicted cost, loss,
  *              feasibility, steps, the method's report fields) and the
- *              DNAS gate-score orders; not with search.keep_weights, whose
- *              result holds the co-trained weights (job.c runs it again).
+ *              DNAS gate-score orders (the same fields as calibrate's);
+ *              not with search.keep_weights, whose result holds the
+ *              co-trained weights (job.c runs it again).
  * and, within the distill stage, each arm once distilled (candidates.c):
  *   distill.ARM       its report fields and the student's structure, and
  *   distill.ARM.model/ the distilled student (ac_model_save, fp32 so that
@@ -25,13 +31,16 @@
  * puzzle, evaluate and export run again.
  *
  * A file holds a header (format version, the stage, the caller's key, the
- * base model's shape, the sizes of the structs written as bytes) checked on
- * reading: a file from another job, another spec, another model or another
- * build of this program is not used (the stage runs). The files are for the
- * same program on the same kind of machine (doubles and structs as bytes).
- * Mixture-of-experts and hybrid (Mamba) models are not checkpointed
- * (ac_ckpt_supported): their importance holds per-expert orders this
- * format does not describe.
+ * base model's shape and architecture, the sizes of the structs written as
+ * bytes) checked on reading: a file from another job, another spec,
+ * another model or another build of this program is not used (the stage
+ * runs), nor one of another format version (an older build's files lack
+ * the expert and Mamba rows: version 01 is never read as 02). Each array
+ * holds its count, checked against the base architecture, and the file
+ * ends with the magic again: a cut file is not used either. The files are
+ * for the same program on the same kind of machine (doubles and structs
+ * as bytes). A field added to ac_importance must be added to
+ * checkpoint.c's IMP_ROW_FIELDS or IMP_FLAT_FIELDS.
  *
  * Private to the pipeline (job_state_int.h).
  */
@@ -43,8 +52,6 @@
 
 /* 1 when stage is one this module keeps. */
 int ac_ckpt_stage(const char *stage);
-/* 1 when the job's model can be checkpointed (a dense model). */
-int ac_ckpt_supported(const job_state *s);
 /* Write stage's outputs (from s) and its run time to DIR/STAGE.ckpt. */
 int ac_ckpt_save(const job_state *s, const char *dir, const char *key, const char *stage, double seconds, ac_err *e);
 /* Restore stage's outputs into s from DIR/STAGE.ckpt: 1 restored (*seconds:

@@ -700,12 +700,6 @@ static int run_stage(job_state *s, int i, int index, int of, int *resuming, ac_e
     const char *dir = ctx->checkpoint_dir, *key = ctx->checkpoint_key ? ctx->checkpoint_key : "";
     s->stage = STAGES[i].name;
     int ck = dir && dir[0] && ac_ckpt_stage(s->stage);
-    if (ck && !ac_ckpt_supported(s)) {
-        if (!strcmp(s->stage, "calibrate"))
-            emit(s, "log", json_pack("{s:s}", "message",
-                                     "no stage checkpoints: mixture-of-experts and hybrid models are not checkpointed"));
-        ck = 0;
-    }
     if (ck && !strcmp(s->stage, "search") && s->spec->search.keep_weights) { /* its result holds a whole model */
         emit(s, "log", json_pack("{s:s}", "message",
                                  "the search stage is not checkpointed: search.keep_weights keeps the co-trained "

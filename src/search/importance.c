@@ -119,7 +119,7 @@ double ac_sens_hidden(const ac_importance *imp, double r) {
         px = imp->hid_frac[i];
         py = imp->hid_sens[i];
     }
-    return py * r / px; /* beyond the last point: linear */
+    return px > 0 ? py * r / px : 0; /* beyond the last point: linear; no points (a hybrid's curves): none */
 }
 
 double ac_sens_merge(const ac_importance *imp, int l, double r) {

@@ -23,6 +23,8 @@
  * (src/search/minitron.c, ac_minitron_importance_view).
  *
  * Ownership: ac_importance owns all its arrays (ac_importance_free).
+ * A job keeps every field in its calibrate and search checkpoints
+ * (src/pipeline/checkpoint.c): a new field is added there too.
  */
 #ifndef AC_IMPORTANCE_H
 #define AC_IMPORTANCE_H
