@@ -176,7 +176,8 @@ int main(int argc, char **argv) {
     else if (db && cache.put(cache.ud, &t, &e))
         fprintf(stderr, "warning: %s\n", e.msg);
     printf("load average (1 min) before the table: %.2f; after it: %.2f\n", load_start, load1());
-    printf("cost table: %s (measured now in %.1f s)\n", t.key, t.measure_s);
+    printf("cost table: %s (measured now in %.1f s; effective cache %.1f MiB)\n", t.key, t.measure_s,
+           t.cache_bytes / 1048576.0);
     /* the same table without its expert grid: the experts on the GEMM grid (tables measured before it) */
     ac_cost_table tg = t; /* shares the grids; not freed */
     tg.nre = 0;

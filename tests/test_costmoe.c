@@ -14,6 +14,7 @@
 #include "cost/device.h"
 #include "cost/provenance.h"
 #include "synth.h"
+#include "synth_cost.h"
 
 /* A model of L MoE layers: E experts of Fe channels, top-k routing. */
 static ac_arch moe_arch(int L, int H, int hd, int heads, int kv, int E, int Fe, int k, int vocab) {
@@ -155,42 +156,19 @@ static void test_arch_json_moe_fields(void) {
     ac_arch_free(&moe);
 }
 
-/* A measured-looking CPU table whose GEMMs cost exactly 1e-5 m n k us
- * (a power law: log-log interpolation and the linear extrapolation beyond
- * the grid reproduce it exactly, so the test can state every lookup in
- * closed form), attention and elementwise passes as synth_cost.h's, no
- * decode bands (decode steps are the operator tables'), cache 0 (every
- * weight cold). xr > 0: also an expert grid of xr x 3e-5 m fe h us, which
- * is xr times the three GEMMs (gate, up, down) of the GEMM grid. */
+/* synth_cost.h's table with GEMMs of exactly 1e-5 m n k us (a power law:
+ * log-log interpolation and the linear extrapolation beyond the grid
+ * reproduce it exactly, so the test can state every lookup in closed
+ * form): a CPU table (no launch cost), no decode bands (decode steps are
+ * the operator tables'), cache 0 (every weight cold). xr > 0: also an
+ * expert grid of xr x 3e-5 m fe h us, which is xr times the three GEMMs
+ * (gate, up, down) of the GEMM grid. */
 static void power_table(ac_cost_table *t, double xr) {
-    memset(t, 0, sizeof *t);
-    snprintf(t->key, sizeof t->key, "power|fp32|autocompress-cpu|v%d", AC_CT_VERSION);
-    snprintf(t->device, sizeof t->device, "power-law CPU");
-    snprintf(t->dtype, sizeof t->dtype, "fp32");
-    snprintf(t->engine, sizeof t->engine, "autocompress-cpu");
-    snprintf(t->source, sizeof t->source, "measured");
-    t->version = AC_CT_VERSION;
-    t->mem_gib = 16;
-    double g[] = {1, 8, 64, 512};
-    t->nm = t->nn = t->nk = 4;
-    memcpy(t->gm, g, sizeof g);
-    memcpy(t->gn, g, sizeof g);
-    memcpy(t->gk, g, sizeof g);
-    t->gemm_us = malloc(sizeof(double) * 64);
-    for (int a = 0; a < 4; a++)
-        for (int b = 0; b < 4; b++)
-            for (int c = 0; c < 4; c++) t->gemm_us[(a * 4 + b) * 4 + c] = 1e-5 * g[a] * g[b] * g[c];
-    t->nhd = 2;
-    t->naq = t->nas = 3;
-    double hd[] = {32, 128}, q[] = {1, 16, 256}, s[] = {1, 64, 4096};
-    memcpy(t->ahd, hd, sizeof hd);
-    memcpy(t->aq, q, sizeof q);
-    memcpy(t->as, s, sizeof s);
-    t->attn_us = malloc(sizeof(double) * 18);
-    for (int h = 0; h < 2; h++)
-        for (int a = 0; a < 3; a++)
-            for (int b = 0; b < 3; b++) t->attn_us[(h * 3 + a) * 3 + b] = 0.5 + q[a] * (q[a] + s[b] - 1) * hd[h] * 1e-6;
-    t->elem_ns = 0.5;
+    synth_table(t);
+    for (int a = 0; a < t->nm; a++)
+        for (int b = 0; b < t->nn; b++)
+            for (int c = 0; c < t->nk; c++)
+                t->gemm_us[(a * t->nn + b) * t->nk + c] = 1e-5 * t->gm[a] * t->gn[b] * t->gk[c];
     if (xr <= 0) return;
     double r[] = {1, 4, 16}, f[] = {32, 256}, h[] = {64, 512};
     t->nre = 3;

@@ -55,6 +55,7 @@ def test_step_follows_distinct_experts():
     grid = [l for l in p.stdout.splitlines() if l.startswith("expert grid: ")]
     assert grid and not grid[0].startswith("expert grid: 0 "), p.stdout[:2000]
     print(f"   {grid[0]}")
+    print("   " + next(l for l in p.stdout.splitlines() if l.startswith("cost table: ")))
     rows = {}
     for line in p.stdout.splitlines():
         f = line.split()

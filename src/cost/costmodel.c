@@ -519,15 +519,6 @@ static double probe_ws4(const ac_carch *c, double ws) {
     return n > 0 ? ws * PROBE_LAYERS / n : ws;
 }
 
-/* One forward call. A measured CPU table with decode bands models a decode
- * step by what bounds it there: the warm tables (per-call fixed costs,
- * compute, attention over hot keys, elementwise) plus the weights streamed
- * at the rate measured for that working set, plus the KV cache the
- * attention reads at its own measured rate (the keys and values of B
- * sequences at context pos0 + 1: ~ ctx x kv_dim per layer; tables without
- * that rate charge it like the weights). Otherwise the share of the weights
- * that fits in the table's effective cache is read warm: the warm and cold
- * GEMM tables blended by it. */
 /* A decode step of B sequences on a table with the expert grid: the
  * experts it reaches cost, beyond their warm points (in forward_us's warm
  * part), their cold points' excess for the share 1 - fw of the weights
@@ -553,6 +544,17 @@ static double decode_experts_us(const ac_cost_table *t, const ac_carch *c, const
     return us;
 }
 
+/* One forward call. A measured CPU table with decode bands models a decode
+ * step by what bounds it there: the warm tables (per-call fixed costs,
+ * compute, attention over hot keys, elementwise) plus the weights streamed
+ * at the rate measured for that working set, plus the KV cache the
+ * attention reads at its own measured rate (the keys and values of B
+ * sequences at context pos0 + 1: ~ ctx x kv_dim per layer; tables without
+ * that rate charge it like the weights); with the expert grid, the reached
+ * experts' weights are priced by their cold points instead of the bands
+ * (decode_experts_us). Otherwise the share of the weights
+ * that fits in the table's effective cache is read warm: the warm and cold
+ * GEMM tables blended by it. */
 static double step_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, const ac_engine_rt *rt,
                       double B, double nq, double pos0, double fw) {
     if (nq == 1 && t->ndec > 0 && !t->roofline) {
