@@ -165,10 +165,9 @@ static void test_arch_json_moe_fields(void) {
  * (gate, up, down) of the GEMM grid. */
 static void power_table(ac_cost_table *t, double xr) {
     synth_table(t);
-    for (int a = 0; a < t->nm; a++)
-        for (int b = 0; b < t->nn; b++)
-            for (int c = 0; c < t->nk; c++)
-                t->gemm_us[(a * t->nn + b) * t->nk + c] = 1e-5 * t->gm[a] * t->gn[b] * t->gk[c];
+    int nnk = t->nn * t->nk;
+    for (int i = 0; i < t->nm * nnk; i++) /* point i: m = gm[i / nnk], n = gn[i / nk % nn], k = gk[i % nk] */
+        t->gemm_us[i] = 1e-5 * t->gm[i / nnk] * t->gn[i / t->nk % t->nn] * t->gk[i % t->nk];
     if (xr <= 0) return;
     double r[] = {1, 4, 16}, f[] = {32, 256}, h[] = {64, 512};
     t->nre = 3;
