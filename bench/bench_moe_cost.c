@@ -7,7 +7,9 @@
  * step reaches, d(B) = E (1 - (1 - k/E)^B). To show the step time following
  * d(B), each batch also prints the predictions of the two models that ignore
  * it: every step reading k experts (a dense FFN of k x Fe, the active width)
- * or all E (a dense FFN of E x Fe).
+ * or all E (a dense FFN of E x Fe); and the MoE model's prediction from
+ * the table's GEMM grid alone (its expert grid left out, as in tables
+ * measured before it), column "(gemm)".
  *   bench_moe_cost [COST_DB]
  * Options: AC_BENCH_RUNS (runs per measurement, default 5), AC_BENCH_THREADS
  * (default 2), AC_BENCH_CASES (only the cases whose name contains it),
@@ -174,7 +176,14 @@ int main(int argc, char **argv) {
     else if (db && cache.put(cache.ud, &t, &e))
         fprintf(stderr, "warning: %s\n", e.msg);
     printf("load average (1 min) before the table: %.2f; after it: %.2f\n", load_start, load1());
-    printf("cost table: %s (measured now in %.1f s)\n", t.key, t.measure_s);
+    printf("cost table: %s (measured now in %.1f s; effective cache %.1f MiB)\n", t.key, t.measure_s,
+           t.cache_bytes / 1048576.0);
+    /* the same table without its expert grid: the experts on the GEMM grid (tables measured before it) */
+    ac_cost_table tg = t; /* shares the grids; not freed */
+    tg.nre = 0;
+    printf("expert grid: %d x %d x %d points (rows %g-%g, expert width %g-%g, hidden %g-%g)\n", t.nre, t.nfe, t.nhe,
+           t.nre ? t.erows[0] : 0, t.nre ? t.erows[t.nre - 1] : 0, t.nfe ? t.effn[0] : 0,
+           t.nfe ? t.effn[t.nfe - 1] : 0, t.nhe ? t.ehid[0] : 0, t.nhe ? t.ehid[t.nhe - 1] : 0);
     moe_case cases[] = {
         {"moe-e32-k4", 256, 4, 2, 64, 2048, 4, 32, 128, 4},
         {"moe-e16-k2", 256, 4, 2, 64, 2048, 4, 16, 256, 2},
@@ -236,16 +245,18 @@ int main(int argc, char **argv) {
             fprintf(stderr, "%s\n", e.msg);
             return 1;
         }
-        printf("%5s %6s %8s %9s %9s %6s %9s %9s %6s %8s %6s %9s %6s %5s\n", "batch", "d(B)", "expMiB", "ttft_meas",
-               "ttft_pred", "ratio", "tpot_meas", "tpot_pred", "ratio", "(kFe)", "ratio", "(E Fe)", "ratio", "load");
+        printf("%5s %6s %8s %9s %9s %6s %9s %9s %6s %8s %6s %9s %6s %5s %9s\n", "batch", "d(B)", "expMiB", "ttft_meas",
+               "ttft_pred", "ratio", "tpot_meas", "tpot_pred", "ratio", "(kFe)", "ratio", "(E Fe)", "ratio", "load",
+               "(gemm)");
         double d[16], tm[16], tp[16], ek = 0, eE = 0, eM = 0;
         for (int i = 0; i < nb; i++) {
             int B = batches[i];
             ac_workload wl = {.batch = B, .prompt_len = P, .gen_len = G};
             double mt, mp;
             measure(&m, B, P, G, &mt, &mp);
-            ac_cost k, kk, kE;
+            ac_cost k, kk, kE, kg;
             ac_cost_predict(&t, &ca, &wl, &p, 0, &k);
+            ac_cost_predict(&tg, &ca, &wl, &p, 0, &kg);
             ac_cost_predict(&t, &ck, &wl, &p, 0, &kk);
             ac_cost_predict(&t, &cE, &wl, &p, 0, &kE);
             d[i] = ac_moe_active_experts(mc->E, mc->k, B);
@@ -255,9 +266,9 @@ int main(int argc, char **argv) {
             all_p[n] = k.tpot_ms / mp - 1;
             eM += fabs(all_p[n]) / nb, ek += fabs(kk.tpot_ms / mp - 1) / nb, eE += fabs(kE.tpot_ms / mp - 1) / nb;
             n++;
-            printf("%5d %6.2f %8.1f %9.3f %9.3f %6.3f %9.4f %9.4f %6.3f %8.4f %6.3f %9.4f %6.3f %5.2f\n", B, d[i],
+            printf("%5d %6.2f %8.1f %9.3f %9.3f %6.3f %9.4f %9.4f %6.3f %8.4f %6.3f %9.4f %6.3f %5.2f %9.4f\n", B, d[i],
                    d[i] * emib, mt, k.ttft_ms, k.ttft_ms / mt, mp, k.tpot_ms, k.tpot_ms / mp, kk.tpot_ms,
-                   kk.tpot_ms / mp, kE.tpot_ms, kE.tpot_ms / mp, load1());
+                   kk.tpot_ms / mp, kE.tpot_ms, kE.tpot_ms / mp, load1(), kg.tpot_ms);
         }
         printf("%s: TPOT(%d) / TPOT(1) measured %.2f, predicted %.2f (d(%d) / d(1) = %.2f); mean |TPOT error| of the "
                "MoE model %.1f%%, of a dense FFN of k x Fe %.1f%%, of one of E x Fe %.1f%%\n",

@@ -212,9 +212,18 @@ def test_moe_axes_shown():
             assert abs(mo["distinct_experts_per_step"] - dd) < 1e-9, (who, mo, dd)
         ch_ = r["chosen"]
         assert "predicted" in ml and ml[ch_]["tpot_ms"] > 0, sorted(ml)
+        # the CPU table measured for this job has the expert grid: it priced the experts of the predictions beside
+        # the timings, the GEMM grid's prediction stands beside them, and the target's cost_inputs say the same
+        mo = ml["moe"]
+        assert mo["experts_priced_by"] == "expert_grid", mo
+        pg = mo["predicted_gemm_grid"]
+        assert set(pg) == {"baseline", ch_} and all(pg[w]["tpot_ms"] > 0 for w in pg), pg
+        ex = r["target"]["cost_inputs"]["inputs"]["experts"]
+        assert ex["source"] == "expert_grid" and ex["figures"]["tpot_ms"]["ratio"] > 0, ex
         print(f"   measured_local at batch {B}: distinct experts {ml['moe']['baseline']['distinct_experts_per_step']:.2f} "
               f"-> {ml['moe'][ch_]['distinct_experts_per_step']:.2f}; TPOT predicted "
-              f"{ml['predicted'][ch_]['tpot_ms']:.3f} ms, measured {ml[ch_]['tpot_ms']:.3f}")
+              f"{ml['predicted'][ch_]['tpot_ms']:.3f} ms (expert grid; GEMM grid {pg[ch_]['tpot_ms']:.3f}), "
+              f"measured {ml[ch_]['tpot_ms']:.3f}")
         # report.html: the top-k line and the experts column per layer (base -> minitron -> autocompress)
         st, page = d.req("GET", f"/v1/jobs/{j['id']}/report.html")
         page = page if isinstance(page, str) else json.dumps(page)

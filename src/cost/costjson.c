@@ -47,6 +47,13 @@ json_t *ac_cost_table_to_json(const ac_cost_table *t) {
                                   darr(t->aq, t->naq), "extra_keys", darr(t->as, t->nas), "us",
                                   darr(t->attn_us, t->nhd * t->naq * t->nas)));
     json_object_set_new(j, "elementwise_ns", json_real(t->elem_ns));
+    if (t->nre > 0 && t->expert_us) {
+        int ne = t->nre * t->nfe * t->nhe;
+        json_t *x = json_pack("{s:o,s:o,s:o,s:o}", "rows", darr(t->erows, t->nre), "ffn", darr(t->effn, t->nfe),
+                              "hidden", darr(t->ehid, t->nhe), "us", darr(t->expert_us, ne));
+        if (x && t->expert_warm_us) json_object_set_new(x, "warm_us", darr(t->expert_warm_us, ne));
+        json_object_set_new(j, "experts", x);
+    }
     json_object_set_new(j, "launch_us", json_real(t->launch_us));
     if (t->ref_us > 0)
         json_object_set_new(j, "quiet",
@@ -119,6 +126,24 @@ static int decode_bands_parse(const json_t *d, ac_cost_table *t, const char **fi
     return 0;
 }
 
+/* The optional expert grid (rows routed, expert width, hidden width; cold
+ * and, optionally, warm microseconds): absent in older tables. */
+static int experts_parse(const json_t *x, ac_cost_table *t, const char **field, ac_err *e) {
+    t->nre = 0;
+    if (!x) return 0;
+    int nr, nf, nh;
+    if (get_grid(json_object_get(x, "rows"), t->erows, &nr, field, "experts.rows", e) ||
+        get_grid(json_object_get(x, "ffn"), t->effn, &nf, field, "experts.ffn", e) ||
+        get_grid(json_object_get(x, "hidden"), t->ehid, &nh, field, "experts.hidden", e) ||
+        get_vals(json_object_get(x, "us"), &t->expert_us, nr * nf * nh, field, "experts.us", e))
+        return -1;
+    if (json_object_get(x, "warm_us") &&
+        get_vals(json_object_get(x, "warm_us"), &t->expert_warm_us, nr * nf * nh, field, "experts.warm_us", e))
+        return -1;
+    t->nre = nr, t->nfe = nf, t->nhe = nh;
+    return 0;
+}
+
 static int table_parse(const json_t *j, ac_cost_table *t, const char **field, ac_err *e) {
     memset(t, 0, sizeof *t);
     const char *f2;
@@ -186,7 +211,8 @@ static int table_parse(const json_t *j, ac_cost_table *t, const char **field, ac
     t->launch_us = json_is_number(lu) ? json_number_value(lu) : 0;
     json_t *cb = json_object_get(j, "cache_bytes");
     t->cache_bytes = json_is_number(cb) && json_number_value(cb) > 0 ? json_number_value(cb) : 0;
-    if (decode_bands_parse(json_object_get(j, "decode_bands"), t, field, e)) {
+    if (decode_bands_parse(json_object_get(j, "decode_bands"), t, field, e) ||
+        experts_parse(json_object_get(j, "experts"), t, field, e)) {
         ac_cost_table_free(t);
         return -1;
     }

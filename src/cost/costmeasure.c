@@ -2,7 +2,9 @@
  * costmeasure.c - the local CPU's cost table, measured with the engine's
  * own kernels: GEMMs over an (M, N, K) grid with weights cold (rotating
  * through a pool larger than the cache) and warm, one attention head over
- * a (queries, keys, head_dim) grid, elementwise passes; then, end to end
+ * a (queries, keys, head_dim) grid, elementwise passes, one expert of a
+ * mixture of experts as the engine runs it (ac_block_cpu_expert) over a
+ * (rows routed to it, expert width, hidden) grid, cold and warm; then, end to end
  * against decode steps of the engine, the decode streaming cost per
  * working-set band (per MiB of weights, batch 1 and 4), the KV cache's own
  * cost per MiB (steps after a long prompt against a short one) and the
@@ -26,6 +28,7 @@
 #include "cost/costmodel.h"
 #include "costtimings_int.h"
 #include "core/dtype.h"
+#include "runtime/block_cpu.h"
 #include "runtime/engine.h"
 #include "runtime/kernels_cpu.h"
 #include "cost/quiet.h"
@@ -72,6 +75,35 @@ typedef struct {
 static void run_attn(void *p) {
     attn_arg *a = p;
     ac_attention_head(a->out, a->q, a->k, a->v, a->n, a->s - a->n, a->hd, a->hd, a->hd, 0, a->sc);
+}
+
+/* One expert of a mixture, the engine's own path (ac_block_cpu_expert):
+ * 2m rows of which the m even ones are routed to it (gathered as the
+ * engine gathers a decode step's or a prompt's rows), its three matrices
+ * (gate, up, down) rotating through the pool like run_gemm's weights
+ * (span 0) or held in cache (span: one expert's). */
+#define EXPERT_MAX_ROWS 64
+typedef struct {
+    float *x, *in, *r; /* x, in [2m][h]; r [2m][2] routing weights */
+    const float *pool;
+    const uint16_t *pool16; /* BF16 tables */
+    int m, fe, h;
+    size_t off, span;
+    int rows[2 * EXPERT_MAX_ROWS];
+    ac_expert_scratch s;
+} expert_arg;
+static void run_expert(void *p) {
+    expert_arg *a = p;
+    size_t one = (size_t)a->fe * a->h, nw = 3 * one,
+           span = a->span ? a->span : a->pool16 ? 2 * (size_t)POOL_FLOATS : POOL_FLOATS;
+    if (a->off + nw > span) a->off = 0;
+    int wdt = a->pool16 ? ST_BF16 : ST_F32;
+    const void *wg = a->pool16 ? (const void *)(a->pool16 + a->off) : (const void *)(a->pool + a->off),
+               *wu = a->pool16 ? (const void *)(a->pool16 + a->off + one) : (const void *)(a->pool + a->off + one),
+               *wd = a->pool16 ? (const void *)(a->pool16 + a->off + 2 * one)
+                               : (const void *)(a->pool + a->off + 2 * one);
+    ac_block_cpu_expert(a->x, a->in, a->r, 2 * a->m, a->h, 2, 0, wg, wu, wd, wdt, a->fe, &a->s, NULL, 0);
+    a->off += (nw + 1023) & ~(size_t)1023;
 }
 
 /* Per-call microseconds: warm up, then 7 batches of >= 1 ms each; the
@@ -121,9 +153,12 @@ void ac_cost_cpu_key(int threads, const char *dtype, char *key, size_t n, char *
      * probe's reference. BF16 tables add "-t24": measured since the BF16
      * GEMM kernels start a thread per 2^24 multiply-adds at most
      * (ac_kthreads_gemm), which made small prefill GEMMs about twice as
-     * quick; older BF16 tables are measured again. */
+     * quick; older BF16 tables are measured again. "-ex": tables with the
+     * expert grid (the engine's per-expert path timed); older ones are
+     * measured again once, so a cached table prices mixtures of experts
+     * from it. */
     int bf16 = dtype && !strcmp(dtype, "bf16");
-    snprintf(key, n, "%s|%s|autocompress-cpu|v%d-kvq2%s", kind, bf16 ? "bf16" : "fp32", AC_CT_VERSION,
+    snprintf(key, n, "%s|%s|autocompress-cpu|v%d-kvq2-ex%s", kind, bf16 ? "bf16" : "fp32", AC_CT_VERSION,
              bf16 ? "-t24" : "");
 }
 
@@ -411,6 +446,11 @@ static void calibrate(ac_cost_table *t, const band_raw *raw) {
 static const double GM[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024},
                     GNK[] = {16, 32, 64, 128, 256, 512, 1024, 2048};
 static const double AQ[] = {1, 4, 16, 64, 256, 1024}, AS[] = {1, 16, 64, 256, 1024, 2048}, AHD[] = {16, 64, 128};
+/* The expert grid: rows routed to one expert (a decode step gives each
+ * reached expert B k / d of its B rows: 1-3 up to batch 16 at top-4 of 32;
+ * a prompt tens), expert width, hidden width. 45 points, cold and warm:
+ * about a second on 2 cores. */
+static const double XR[] = {1, 2, 4, 16, EXPERT_MAX_ROWS}, XF[] = {32, 128, 512}, XH[] = {64, 256, 1024};
 
 /* The table's identity and grids, its arrays allocated. */
 static int table_init(ac_cost_table *t, int threads, const char *dtype, ac_err *e) {
@@ -419,6 +459,11 @@ static int table_init(ac_cost_table *t, int threads, const char *dtype, ac_err *
     t->naq = 6;
     t->nas = 6;
     t->nhd = 3;
+    t->nre = 5;
+    t->nfe = t->nhe = 3;
+    memcpy(t->erows, XR, sizeof XR);
+    memcpy(t->effn, XF, sizeof XF);
+    memcpy(t->ehid, XH, sizeof XH);
     memcpy(t->gm, GM, sizeof GM);
     memcpy(t->gn, GNK, sizeof GNK);
     memcpy(t->gk, GNK, sizeof GNK);
@@ -436,7 +481,11 @@ static int table_init(ac_cost_table *t, int threads, const char *dtype, ac_err *
     t->gemm_us = malloc(sizeof(double) * t->nm * t->nn * t->nk);
     t->gemm_warm_us = malloc(sizeof(double) * t->nm * t->nn * t->nk);
     t->attn_us = malloc(sizeof(double) * t->nhd * t->naq * t->nas);
-    return t->gemm_us && t->gemm_warm_us && t->attn_us ? 0 : ac_errf(e, "out of memory for cost measurement");
+    t->expert_us = malloc(sizeof(double) * t->nre * t->nfe * t->nhe);
+    t->expert_warm_us = malloc(sizeof(double) * t->nre * t->nfe * t->nhe);
+    return t->gemm_us && t->gemm_warm_us && t->attn_us && t->expert_us && t->expert_warm_us
+               ? 0
+               : ac_errf(e, "out of memory for cost measurement");
 }
 
 /* Scratch of the micro-benchmarks: activations a, c; the weight pool w;
@@ -477,6 +526,28 @@ static void measure_attn(ac_cost_table *t, const bench_bufs *bb, int ih) {
             size_t k = ((size_t)ih * t->naq + iq) * t->nas + is;
             int one = ac_blas_one_for_bf16(bb->w16 ? ST_BF16 : ST_F32, n);
             t->attn_us[k] = fmin(t->attn_us[k], time_us(run_attn, &at));
+            ac_blas_restore(one);
+        }
+}
+
+/* One row of the expert grid (erows[ir] rows routed), as measure_gemm_row:
+ * every point's minimum, cold and warm. Its activations in a and c, its
+ * scratch in sc (bench_bufs). */
+static void measure_expert_row(ac_cost_table *t, const bench_bufs *bb, int ir) {
+    int m = (int)XR[ir], wdt = bb->w16 ? ST_BF16 : ST_F32;
+    size_t big = 2 * EXPERT_MAX_ROWS * (size_t)XH[2]; /* floats of [2m][h] at most */
+    expert_arg a = {.x = bb->c, .in = bb->a, .r = bb->sc, .pool = bb->w, .pool16 = bb->w16, .m = m};
+    a.s = (ac_expert_scratch){bb->sc + 4 * EXPERT_MAX_ROWS, bb->sc + 4 * EXPERT_MAX_ROWS + big,
+                              bb->sc + 4 * EXPERT_MAX_ROWS + 2 * big, a.rows, (ac_wscratch *)&bb->ws};
+    for (int i = 0; i < 2 * m; i++) a.r[2 * i] = (i % 2 == 0) * 0.5f, a.r[2 * i + 1] = (i % 2 == 1) * 0.5f;
+    for (int jf = 0; jf < t->nfe; jf++)
+        for (int jh = 0; jh < t->nhe; jh++) {
+            a.fe = (int)XF[jf], a.h = (int)XH[jh], a.span = 0;
+            size_t at = ((size_t)ir * t->nfe + jf) * t->nhe + jh;
+            int one = ac_blas_one_for_bf16(wdt, m);
+            t->expert_us[at] = fmin(t->expert_us[at], time_us(run_expert, &a));
+            a.span = 3 * (size_t)a.fe * a.h;
+            t->expert_warm_us[at] = fmin(t->expert_warm_us[at], time_us(run_expert, &a));
             ac_blas_restore(one);
         }
 }
@@ -541,7 +612,7 @@ double ac_cost_ref_probe_cb(void *ud) {
 }
 
 /* The measurement as units for quiet.h: the GEMM rows, the attention head
- * dimensions, the elementwise pass, the decode probes. */
+ * dimensions, the expert rows, the elementwise pass, the decode probes. */
 typedef struct {
     ac_cost_table *t;
     const bench_bufs *bb;
@@ -554,11 +625,13 @@ typedef struct {
 static int measure_unit(void *p, int u) {
     measure_ctx *x = p;
     ac_cost_table *t = x->t;
-    int attn = u - t->nm, band = attn - t->nhd - 1;
+    int attn = u - t->nm, ex = attn - t->nhd, band = ex - t->nre - 1;
     if (u < t->nm)
         measure_gemm_row(t, x->bb, u);
     else if (attn < t->nhd)
         measure_attn(t, x->bb, attn);
+    else if (ex < t->nre)
+        measure_expert_row(t, x->bb, ex);
     else if (band < 0)
         t->elem_ns = fmin(t->elem_ns, measure_elementwise(x->bb));
     else
@@ -587,11 +660,13 @@ int ac_cost_measure_cpu(int threads, const char *dtype, void (*progress)(void *,
         for (size_t i = 0; i < POOL_FLOATS; i++) bb.w[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
         for (size_t i = 0; bb.w16 && i < 2 * (size_t)POOL_FLOATS; i++)
             bb.w16[i] = ac_f32_to_bf16((float)((i * 104729) % 1000) * 1e-3f - 0.5f);
-        int ng = t->nm * t->nn * t->nk, na = t->nhd * t->naq * t->nas;
+        int ng = t->nm * t->nn * t->nk, na = t->nhd * t->naq * t->nas, nx = t->nre * t->nfe * t->nhe;
         for (int i = 0; i < ng; i++) t->gemm_us[i] = t->gemm_warm_us[i] = INFINITY;
         for (int i = 0; i < na; i++) t->attn_us[i] = INFINITY;
+        for (int i = 0; i < nx; i++) t->expert_us[i] = t->expert_warm_us[i] = INFINITY;
         t->elem_ns = INFINITY;
-        measure_ctx x = {.t = t, .bb = &bb, .progress = progress, .ud = ud, .total = t->nm + t->nhd + 1 + NBANDS};
+        measure_ctx x = {
+            .t = t, .bb = &bb, .progress = progress, .ud = ud, .total = t->nm + t->nhd + t->nre + 1 + NBANDS};
         for (int i = 0; i < NBANDS; i++) x.raw[i] = (band_raw){INFINITY, INFINITY, INFINITY};
         /* the first pass takes ~16 s on 2 cores; disturbed units may take
          * as long again, in up to 3 rounds */

@@ -209,7 +209,9 @@ static int carch_shard(const ac_carch *c, int tp, ac_carch *out) {
 /* A mixture-of-experts layer over M tokens: the router's GEMM, then each
  * expert that receives rows (ac_moe_active_experts of them, d) runs its
  * SwiGLU on its share M k / d of the rows, as the engines run it: the CPU
- * engine one GEMM per expert on its gathered rows; a GPU engine's fused
+ * engine each expert's path on its gathered rows (ac_block_cpu_expert),
+ * priced from the table's measured expert grid where it has one, else as
+ * one GEMM per matrix from the GEMM grid; a GPU engine's fused
  * MoE kernel one grouped GEMM over the d experts (priced as one GEMM of
  * M k / d rows by d x Fe columns: the same weight bytes, one kernel's
  * fixed cost, its FLOPs at AC_MOE_GROUPED_FLOPS). Then the elementwise passes (norm, softmax over
@@ -220,6 +222,12 @@ static int carch_shard(const ac_carch *c, int tp, ac_carch *out) {
  * Mixtral-8x7B FP8 rows (H100/H200, tests/test_gpu_profiles.py): their
  * median error 14.6 % at 1.0, 8.3 % at 1.3 (docs/costmodel.md). */
 #define AC_MOE_GROUPED_FLOPS 1.3
+/* Whether t's measured expert grid prices c's experts: a CPU table (no
+ * launch cost) measured with one, and SwiGLU experts (the grid's kernel;
+ * squared-ReLU ones stay on the GEMM grid). */
+static int expert_grid(const ac_cost_table *t, const ac_carch *c) {
+    return t->nre > 0 && t->expert_us && !t->roofline && t->launch_us == 0 && ffn_mats(c) == 3;
+}
 static double moe_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, int l, double M, int warm) {
     /* H: the experts' input and output width (a LatentMoE layer's latent width; its projections
      * down and up are LINEARs of the recipe); the router reads the hidden width */
@@ -227,6 +235,8 @@ static double moe_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_
     if (E <= 0 || Fe <= 0 || k <= 0) return 0;
     double d = ac_moe_active_experts(E, k, M), m = M * k / d;
     double us = ac_cost_gemm_lookup(t, M, E, c->hidden, warm);
+    if (expert_grid(t, c)) /* the engine's whole per-expert path, measured: its activation and scatter-add in it */
+        return us + d * ac_cost_expert_us(t, m, Fe, H, warm) + ac_cost_elem_us(t, M * (2 * H + E), p->act_bytes);
     if (t->launch_us > 0) { /* a GPU's fused MoE kernel: one grouped GEMM over the d experts' weights */
         double mg = AC_MOE_GROUPED_FLOPS * m;
         us += (ffn_mats(c) - 1) * ac_cost_gemm_lookup(t, mg, d * Fe, H, warm) +
@@ -235,6 +245,12 @@ static double moe_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_
     else
         us += d * ((ffn_mats(c) - 1) * ac_cost_gemm_lookup(t, m, Fe, H, warm) + ac_cost_gemm_lookup(t, m, H, Fe, warm));
     return us + ac_cost_elem_us(t, M * (2 * H + E + k * (2 * Fe + H)), p->act_bytes);
+}
+
+const char *ac_cost_expert_source(const ac_cost_table *t, const ac_carch *c) {
+    int moe = 0;
+    for (int l = 0; l < c->n_layers; l++) moe |= experts_of(c, l) > 0;
+    return !moe ? NULL : expert_grid(t, c) ? "expert_grid" : t->launch_us > 0 ? "grouped_gemm" : "gemm_grid";
 }
 
 /* ---------------------------------------------------------------- a layer, from its recipe */
@@ -503,13 +519,40 @@ static double probe_ws4(const ac_carch *c, double ws) {
     return n > 0 ? ws * PROBE_LAYERS / n : ws;
 }
 
+/* A decode step of B sequences on a table with the expert grid: the
+ * experts it reaches cost, beyond their warm points (in forward_us's warm
+ * part), their cold points' excess for the share 1 - fw of the weights
+ * outside the effective cache; *xbytes: those experts' bytes, which the
+ * bands then leave out. The cold point is a distinct expert's weights read
+ * from memory by the engine's own path at its rows: small matrices, each
+ * step other ones, which stream slower per MiB than the dense probes'
+ * large ones (the bands); and consecutive steps reach other experts, so
+ * what stays in cache is the share of all the weights the cache holds
+ * (fw, as prefill's blend), not of one step's. 0 without the grid. */
+static double decode_experts_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, double B,
+                                double fw, double *xbytes) {
+    double us = 0;
+    *xbytes = 0;
+    if (!expert_grid(t, c)) return 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        double E = experts_of(c, l), k = fmin(c->top_k, E);
+        if (E <= 0 || k <= 0) continue; /* (a dense layer, or a dense model: no effn) */
+        double Fe = c->effn[l], H = expert_io(c), d = ac_moe_active_experts(E, k, B), m = B * k / d;
+        us += d * (1 - fw) * (ac_cost_expert_us(t, m, Fe, H, 0) - ac_cost_expert_us(t, m, Fe, H, 1));
+        *xbytes += d * ffn_mats(c) * H * Fe * p->w_bytes;
+    }
+    return us;
+}
+
 /* One forward call. A measured CPU table with decode bands models a decode
  * step by what bounds it there: the warm tables (per-call fixed costs,
  * compute, attention over hot keys, elementwise) plus the weights streamed
  * at the rate measured for that working set, plus the KV cache the
  * attention reads at its own measured rate (the keys and values of B
  * sequences at context pos0 + 1: ~ ctx x kv_dim per layer; tables without
- * that rate charge it like the weights). Otherwise the share of the weights
+ * that rate charge it like the weights); with the expert grid, the reached
+ * experts' weights are priced by their cold points instead of the bands
+ * (decode_experts_us). Otherwise the share of the weights
  * that fits in the table's effective cache is read warm: the warm and cold
  * GEMM tables blended by it. */
 static double step_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, const ac_engine_rt *rt,
@@ -517,9 +560,9 @@ static double step_us(const ac_cost_table *t, const ac_carch *c, const ac_engine
     if (nq == 1 && t->ndec > 0 && !t->roofline) {
         double bytes = ac_cost_decode_bytes(c, p, B, pos0 + 1), wbytes = ac_cost_decode_bytes(c, p, B, 0),
                rate = decode_us_mib(t, bytes, B, probe_ws4(c, bytes)),
-               kv_rate = t->dec_kv ? band_interp(t, t->dec_kv_us_mib, bytes) : rate;
-        double warm = forward_us(t, c, p, rt, B, 1, pos0, 1, 1),
-               us = warm + wbytes / 1048576.0 * rate + (bytes - wbytes) / 1048576.0 * kv_rate;
+               kv_rate = t->dec_kv ? band_interp(t, t->dec_kv_us_mib, bytes) : rate, xbytes;
+        double warm = forward_us(t, c, p, rt, B, 1, pos0, 1, 1), xus = decode_experts_us(t, c, p, B, fw, &xbytes),
+               us = warm + xus + (wbytes - xbytes) / 1048576.0 * rate + (bytes - wbytes) / 1048576.0 * kv_rate;
         /* a band's rate may be negative down to half its probe's warm
          * prediction (costmeasure.c); applied to more bytes than the
          * probe's, it could take more: a step is at least half its warm

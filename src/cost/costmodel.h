@@ -69,6 +69,18 @@ typedef struct {
     double *attn_us;  /* [nhd][naq][nas], one head, one sequence;
                                    * as[] is the grid of "extra keys" e = keys - queries + 1 */
     double elem_ns;   /* per element of elementwise passes */
+    /* CPU mixture-of-experts layers (costmeasure.c): one expert as the
+     * engine runs it (ac_block_cpu_expert: its rows gathered, the gate and
+     * up GEMMs, silu x up, the down GEMM, the rows added back scaled by
+     * their routing weight) over a grid of rows routed to it (erows),
+     * expert width (effn) and the width it reads and writes (ehid), weights
+     * cold (expert_us, rotating through the pool as distinct experts are
+     * read once a step) and warm (expert_warm_us). nre 0 (tables measured
+     * before them, GPU and roofline tables): the experts are priced on the
+     * GEMM grid. */
+    int nre, nfe, nhe;
+    double erows[AC_CT_MAXG], effn[AC_CT_MAXG], ehid[AC_CT_MAXG];
+    double *expert_us, *expert_warm_us; /* [nre][nfe][nhe] */
     double measure_s; /* seconds the measurement took */
     /* Measured CPU tables (quiet.h): the reference probe's time when the
      * machine was quiet (0: not recorded), units measured again because a
@@ -134,6 +146,11 @@ int ac_cost_cache_lookup(const ac_cost_cache *c, const char *key, ac_cost_table 
 
 /* Operator costs (microseconds). */
 double ac_cost_gemm_us(const ac_cost_table *t, double m, double n, double k);
+/* One SwiGLU expert of fe channels reading and writing width h on m rows
+ * routed to it, from the table's measured expert grid (the whole
+ * per-expert path: gather, three GEMMs, activation, scatter-add); warm:
+ * its weights in cache. 0 when the table has no expert grid. */
+double ac_cost_expert_us(const ac_cost_table *t, double m, double fe, double h, int warm);
 double ac_cost_attn_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s,
                        int head_dim);
 
@@ -183,6 +200,16 @@ double ac_carch_state_bytes(const ac_carch *c);
  * uniformly: E (1 - (1 - k/E)^T). A decode step of B sequences (T = B)
  * reads these experts' weights; a prefill of many tokens reads all E. */
 double ac_moe_active_experts(double E, double k, double T);
+
+/* Which prices the experts of c's mixture-of-experts layers on table t:
+ * "expert_grid" (the table's measured expert grid, ac_cost_expert_us: a
+ * CPU table measured with it, SwiGLU experts), "gemm_grid" (one GEMM of
+ * its gathered rows per expert, from the GEMM grid: CPU tables measured
+ * before the expert grid, nemotron_h's squared-ReLU experts, CPU spec
+ * profiles), "grouped_gemm" (a GPU engine's one grouped GEMM over the
+ * reached experts: GPU tables and profiles); NULL for a model without
+ * experts. */
+const char *ac_cost_expert_source(const ac_cost_table *t, const ac_carch *c);
 
 /* A workload: a static batch (batch sequences prefilled together, then
  * decoded together), or a served one (serve_int.h) when arrival_rate,

@@ -16,7 +16,10 @@ void ac_cost_table_free(ac_cost_table *t) {
     free(t->gemm_us);
     free(t->gemm_warm_us);
     free(t->attn_us);
-    t->gemm_us = t->gemm_warm_us = t->attn_us = NULL;
+    free(t->expert_us);
+    free(t->expert_warm_us);
+    t->gemm_us = t->gemm_warm_us = t->attn_us = t->expert_us = t->expert_warm_us = NULL;
+    t->nre = 0;
 }
 
 /* ---------------------------------------------------------------- lookup */
@@ -52,23 +55,37 @@ static void locate(const double *g, int n, double x, int *i, double *u, double *
 
 static double lerp(double a, double b, double u) { return a + (b - a) * u; }
 
+/* A grid of ni x nj x nk points (row-major) at (x, y, z): log-log
+ * trilinear between the points, linear in each size beyond the grid. */
+static double grid3(const double *gi, int ni, const double *gj, int nj, const double *gk, int nk, const double *grid,
+                    double x, double y, double z) {
+    int i, j, k;
+    double ui, uj, uk, si, sj, sk;
+    locate(gi, ni, x, &i, &ui, &si);
+    locate(gj, nj, y, &j, &uj, &sj);
+    locate(gk, nk, z, &k, &uk, &sk);
+    /* a grid of one point on an axis: that axis's second index is its first */
+    int i1 = ni > 1 ? i + 1 : i, j1 = nj > 1 ? j + 1 : j, k1 = nk > 1 ? k + 1 : k;
+#define G(a, b, c) log(grid[((size_t)(a)*nj + (b)) * nk + (c)])
+    double c00 = lerp(G(i, j, k), G(i, j, k1), uk), c01 = lerp(G(i, j1, k), G(i, j1, k1), uk);
+    double c10 = lerp(G(i1, j, k), G(i1, j, k1), uk), c11 = lerp(G(i1, j1, k), G(i1, j1, k1), uk);
+#undef G
+    double v = exp(lerp(lerp(c00, c01, uj), lerp(c10, c11, uj), ui));
+    return v * si * sj * sk;
+}
+
 double ac_cost_gemm_lookup(const ac_cost_table *t, double m, double n, double k, int warm) {
     if (m <= 0 || n <= 0 || k <= 0) return 0;
     if (t->roofline) return ac_roofline_gemm_us(t, m, n, k);
-    int im, in, ik;
-    double um, un, uk, sm, sn, sk;
-    locate(t->gm, t->nm, m, &im, &um, &sm);
-    locate(t->gn, t->nn, n, &in, &un, &sn);
-    locate(t->gk, t->nk, k, &ik, &uk, &sk);
     const double *grid = warm && t->gemm_warm_us ? t->gemm_warm_us : t->gemm_us;
     assert(grid); /* a measured table always has its cold grid */
-#define G(a, b, c) log(grid[((size_t)(a)*t->nn + (b)) * t->nk + (c)])
-    double c00 = lerp(G(im, in, ik), G(im, in, ik + 1), uk), c01 = lerp(G(im, in + 1, ik), G(im, in + 1, ik + 1), uk);
-    double c10 = lerp(G(im + 1, in, ik), G(im + 1, in, ik + 1), uk),
-           c11 = lerp(G(im + 1, in + 1, ik), G(im + 1, in + 1, ik + 1), uk);
-#undef G
-    double v = exp(lerp(lerp(c00, c01, un), lerp(c10, c11, un), um));
-    return v * sm * sn * sk;
+    return grid3(t->gm, t->nm, t->gn, t->nn, t->gk, t->nk, grid, m, n, k);
+}
+
+double ac_cost_expert_us(const ac_cost_table *t, double m, double fe, double h, int warm) {
+    if (m <= 0 || fe <= 0 || h <= 0 || t->nre <= 0 || !t->expert_us) return 0;
+    const double *grid = warm && t->expert_warm_us ? t->expert_warm_us : t->expert_us;
+    return grid3(t->erows, t->nre, t->effn, t->nfe, t->ehid, t->nhe, grid, m, fe, h);
 }
 
 double ac_cost_attn_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s,

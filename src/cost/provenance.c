@@ -45,11 +45,40 @@ static json_t *inputs(const ac_cost_table *t, const ac_engine_profile *p, const 
     return o;
 }
 
+/* What priced the experts of c's mixture-of-experts layers
+ * (ac_cost_expert_source); with the table's expert grid, the figures it
+ * gives beside those of the GEMM grid it replaces (the same table without
+ * its expert grid). NULL for a model without experts. */
+static json_t *experts_input(const ac_cost_table *t, const ac_carch *c, const ac_workload *w,
+                             const ac_engine_profile *p) {
+    const char *src = ac_cost_expert_source(t, c);
+    if (!src) return NULL;
+    const char *what =
+        !strcmp(src, "expert_grid")    ? "measured expert path of this CPU's engine (gather, SwiGLU, scatter-add "
+                                         "per expert), at the rows each reached expert gets"
+        : !strcmp(src, "grouped_gemm") ? "one grouped GEMM over the reached experts, on the GEMM grid"
+                                       : "one GEMM of its gathered rows per matrix of each reached expert, on the GEMM "
+                                         "grid";
+    json_t *o = json_pack("{s:s,s:s}", "source", src, "kernel", what);
+    if (o && !strcmp(src, "expert_grid")) {
+        ac_cost_table g = *t; /* shares the grids; not freed */
+        g.nre = 0;
+        ac_cost used, other;
+        ac_cost_predict(t, c, w, p, 0, &used);
+        ac_cost_predict(&g, c, w, p, 0, &other);
+        json_object_set_new(o, "compared_with", json_string("the GEMM grid (this table without its expert grid)"));
+        json_object_set_new(o, "figures", compare(&used, &other));
+    }
+    return o;
+}
+
 json_t *ac_cost_provenance(const ac_cost_table *t, const ac_carch *c, const ac_workload *w,
                            const ac_engine_profile *p) {
     const ac_device_spec *spec = t->roofline || is_cuda(t) ? ac_device_spec_for_gpu(t->device) : NULL;
     json_t *o = json_pack("{s:s,s:s,s:o}", "table", t->roofline ? "roofline" : "measured", "device", t->device,
                           "inputs", inputs(t, p, spec));
+    json_t *ex = o ? experts_input(t, c, w, p) : NULL;
+    if (ex) json_object_set_new(json_object_get(o, "inputs"), "experts", ex);
     if (!o || t->roofline) return o;
     ac_cost used, other;
     ac_cost_predict(t, c, w, p, 0, &used);

@@ -14,6 +14,9 @@
  *   itself): the same table's operator grids alone (bands off), the model
  *   a table without bands falls back to.
  * A roofline table has no second source (its constants are the profile's).
+ * For a mixture-of-experts model, inputs.experts says what priced the
+ * experts (ac_cost_expert_source) and, where a measured CPU table's expert
+ * grid did, compares the figures with those of its GEMM grid.
  */
 #ifndef AC_PROVENANCE_H
 #define AC_PROVENANCE_H

@@ -83,13 +83,21 @@ int ac_measure_latency(const ac_model *m, const int *ids, size_t n, const ac_wor
     return rc;
 }
 
-static int predict(const ac_cost_table *t, const ac_model *m, const ac_workload *w, const ac_engine_profile *p,
-                   ac_cost *k, ac_err *e) {
+/* k: m's prediction on t; *experts (when not NULL): what priced its
+ * experts (ac_cost_expert_source; NULL for a dense model). */
+static int predict_src(const ac_cost_table *t, const ac_model *m, const ac_workload *w, const ac_engine_profile *p,
+                       ac_cost *k, const char **experts, ac_err *e) {
     ac_carch c;
     if (ac_carch_from_arch(&m->a, &c, e)) return -1;
     ac_cost_predict(t, &c, w, p, 0, k);
+    if (experts) *experts = ac_cost_expert_source(t, &c);
     ac_carch_free(&c);
     return 0;
+}
+
+static int predict(const ac_cost_table *t, const ac_model *m, const ac_workload *w, const ac_engine_profile *p,
+                   ac_cost *k, ac_err *e) {
+    return predict_src(t, m, w, p, k, NULL, e);
 }
 
 /* How quiet the machine was (quiet.h): the reference probe when the table
@@ -173,6 +181,25 @@ static json_t *moe_routing(const ac_arch *a, int B) {
              : NULL;
 }
 
+/* The MoE block's pricing: what priced the experts of the predictions
+ * beside the timings (src: ac_cost_expert_source), and, where the table's
+ * measured expert grid did, what its GEMM grid alone predicts (the table
+ * without its expert grid): both beside the measured times. */
+static void moe_sources(json_t *moe, const ac_cost_table *t, const ac_model *base, const ac_model *res,
+                        const char *arm, const ac_workload *w, const ac_engine_profile *p, const char *src) {
+    if (!src) return;
+    json_object_set_new(moe, "experts_priced_by", json_string(src));
+    if (strcmp(src, "expert_grid")) return;
+    ac_cost_table g = *t; /* shares the grids; not freed */
+    g.nre = 0;
+    ac_cost k0, k1;
+    ac_err e;
+    if (predict(&g, base, w, p, &k0, &e) || predict(&g, res, w, p, &k1, &e)) return;
+    json_object_set_new(moe, "predicted_gemm_grid",
+                        json_pack("{s:{s:f,s:f},s:{s:f,s:f}}", "baseline", "ttft_ms", k0.ttft_ms, "tpot_ms",
+                                  k0.tpot_ms, arm, "ttft_ms", k1.ttft_ms, "tpot_ms", k1.tpot_ms));
+}
+
 json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, const ac_model *res, const char *arm,
                                 const ac_cost_table *cpu_table) {
     const ac_workload lw = t->w;
@@ -185,18 +212,22 @@ json_t *ac_measure_local_report(const ac_local_timing *t, const ac_model *base, 
      * below say as much about the neighbours as about the model */
     double load[1];
     if (getloadavg(load, 1) == 1) json_object_set_new(o, "load_average", json_real(load[0]));
-    json_t *mb = moe_routing(&base->a, lw.batch), *mr = moe_routing(&res->a, lw.batch);
-    if (mb || mr) /* the experts each timed decode step reads, beside the times predicted and measured */
-        json_object_set_new(o, "moe", json_pack("{s:i,s:o,s:o}", "batch", lw.batch, "baseline", mb ? mb : json_null(),
-                                                arm, mr ? mr : json_null()));
+    json_t *mb = moe_routing(&base->a, lw.batch), *mr = moe_routing(&res->a, lw.batch), *moe = NULL;
+    if (mb || mr) { /* the experts each timed decode step reads, beside the times predicted and measured */
+        moe = json_pack("{s:i,s:o,s:o}", "batch", lw.batch, "baseline", mb ? mb : json_null(), arm,
+                        mr ? mr : json_null());
+        json_object_set_new(o, "moe", moe);
+    }
     double ref = cpu_table ? cpu_table->ref_us : 0;
     json_object_set_new(o, "quiet", quiet_json(ref, &t->qb, &t->qres, arm));
     ac_engine_profile cp;
     ac_engine_profile_cpu(&cp, t->dtype);
     ac_cost k0, k1;
     ac_err e2;
-    if (cpu_table && predict(cpu_table, res, &lw, &cp, &k1, &e2) == 0 &&
-        predict(cpu_table, base, &lw, &cp, &k0, &e2) == 0) {
+    const char *src0 = NULL, *src1 = NULL;
+    if (cpu_table && predict_src(cpu_table, res, &lw, &cp, &k1, &src1, &e2) == 0 &&
+        predict_src(cpu_table, base, &lw, &cp, &k0, &src0, &e2) == 0) {
+        if (moe) moe_sources(moe, cpu_table, base, res, arm, &lw, &cp, src0 ? src0 : src1);
         json_object_set_new(o, "predicted",
                             json_pack("{s:{s:f,s:f},s:{s:f,s:f}}", "baseline", "ttft_ms", k0.ttft_ms, "tpot_ms",
                                       k0.tpot_ms, arm, "ttft_ms", k1.ttft_ms, "tpot_ms", k1.tpot_ms));

@@ -72,43 +72,49 @@ static void mask(float *t, const ac_block_cpu *c, const ac_op *op, int N, int wi
         for (int c = 0; c < width; c++) t[r * width + c] *= mk[c / unit];
 }
 
+int ac_block_cpu_expert(float *x, const float *in, const float *r, int N, int H, int E, int e, const void *wg,
+                        const void *wu, const void *wd, int wdt, int Fe, const ac_expert_scratch *s,
+                        const ac_engine_hooks *hk, int l) {
+    float *xe = s->xe, *g = s->g, *u = s->u;
+    int ne = 0;
+    for (int i = 0; i < N; i++)
+        if (r[(size_t)i * E + e] != 0) {
+            memcpy(xe + (size_t)ne * H, in + (size_t)i * H, sizeof(float) * H);
+            s->rows[ne++] = i;
+        }
+    if (!ne) return 0;
+    ac_linear_w(u, xe, wu, wdt, NULL, ne, H, Fe, 0, s->ws);
+    if (!wg)
+        ac_relu2_fwd(g, u, (size_t)ne * Fe);
+    else {
+        ac_linear_w(g, xe, wg, wdt, NULL, ne, H, Fe, 0, s->ws);
+        ac_silu_mul(g, u, (long)ne * Fe);
+    }
+    if (hk && hk->expert_act) hk->expert_act(hk->ud, l, e, g, ne, Fe);
+    ac_linear_w(xe, g, wd, wdt, NULL, ne, Fe, H, 0, s->ws);
+    if (hk && hk->expert_out) hk->expert_out(hk->ud, l, e, s->rows, ne, r, E, xe, H);
+    for (int j = 0; j < ne; j++) {
+        float w = r[(size_t)s->rows[j] * E + e], *xr = x + (size_t)s->rows[j] * H;
+        const float *y = xe + (size_t)j * H;
+        for (int ch = 0; ch < H; ch++) xr[ch] += w * y[ch];
+    }
+    return ne;
+}
+
 /* x[N][W] += the weighted experts of in[N][W] (routing weights r[N][E];
  * W the hidden width, or a LatentMoE layer's latent one; x zeroed first
- * unless acc):
- * each expert on the rows with a non-zero weight for it, gathered into the
- * XE slot, through its SwiGLU (EG, EU slots) or, in a hybrid (nemotron_h)
- * model, its relu(up)^2 (EU, then EG), its rows added back scaled. */
+ * unless acc): each expert through ac_block_cpu_expert, a hybrid
+ * (nemotron_h) model's without a gate. */
 static void experts(const ac_block_cpu *c, int l, float *x, const float *in, const float *r, int N, int H, int acc) {
     const ac_model *m = c->m;
     const ac_layer_arch *la = &m->a.layers[l];
     const ac_layer_w *lw = &m->L[l];
     int E = la->n_experts, Fe = la->expert_ffn, wdt = ac_model_wdt(m);
     if (!acc) memset(x, 0, sizeof(float) * (size_t)N * H);
-    float *xe = c->slot[AC_T_XE], *g = c->slot[AC_T_EG], *u = c->slot[AC_T_EU];
-    for (int e = 0; e < E; e++) {
-        int ne = 0;
-        for (int i = 0; i < N; i++)
-            if (r[(size_t)i * E + e] != 0) {
-                memcpy(xe + (size_t)ne * H, in + (size_t)i * H, sizeof(float) * H);
-                c->rows[ne++] = i;
-            }
-        if (!ne) continue;
-        ac_linear_w(u, xe, lw->eu[e], wdt, NULL, ne, H, Fe, 0, c->ws);
-        if (m->a.hybrid)
-            ac_relu2_fwd(g, u, (size_t)ne * Fe);
-        else {
-            ac_linear_w(g, xe, lw->eg[e], wdt, NULL, ne, H, Fe, 0, c->ws);
-            ac_silu_mul(g, u, (long)ne * Fe);
-        }
-        if (c->hooks && c->hooks->expert_act) c->hooks->expert_act(c->hooks->ud, l, e, g, ne, Fe);
-        ac_linear_w(xe, g, lw->ed[e], wdt, NULL, ne, Fe, H, 0, c->ws);
-        if (c->hooks && c->hooks->expert_out) c->hooks->expert_out(c->hooks->ud, l, e, c->rows, ne, r, E, xe, H);
-        for (int j = 0; j < ne; j++) {
-            float w = r[(size_t)c->rows[j] * E + e], *xr = x + (size_t)c->rows[j] * H;
-            const float *y = xe + (size_t)j * H;
-            for (int ch = 0; ch < H; ch++) xr[ch] += w * y[ch];
-        }
-    }
+    ac_expert_scratch s = {c->slot[AC_T_XE], c->slot[AC_T_EG], c->slot[AC_T_EU], c->rows, c->ws};
+    for (int e = 0; e < E; e++)
+        ac_block_cpu_expert(x, in, r, N, H, E, e, m->a.hybrid ? NULL : lw->eg[e], lw->eu[e], lw->ed[e], wdt, Fe, &s,
+                            c->hooks, l);
 }
 
 void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n, int pos0) {

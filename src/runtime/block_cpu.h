@@ -69,6 +69,27 @@ void ac_block_cpu_forward(const ac_block_cpu *c, int l, int B, int n, int pos0);
 /* Sub-block sb of layer l's recipe alone (nothing when absent in the layer). */
 void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n, int pos0);
 
+/* Scratch of one expert (ac_block_cpu_expert): xe [N][H], g and u [N][Fe],
+ * rows [N], and ac_linear_w's. */
+typedef struct {
+    float *xe, *g, *u;
+    int *rows;
+    ac_wscratch *ws;
+} ac_expert_scratch;
+
+/* One expert e of a mixture of experts as the CPU engine runs it (the
+ * EXPERTS op of ac_block_cpu_forward; the CPU cost tables time it too,
+ * costmeasure.c): the rows i of in[N][H] whose routing weight r[i*E + e]
+ * is non-zero gathered, through the expert's SwiGLU, silu(X wg^T) *
+ * (X wu^T) (wg NULL: nemotron_h's relu(X wu^T)^2), its down projection wd,
+ * and added into x[N][H] scaled by that weight. Weights stored in wdt
+ * (ac_linear_w): wg and wu [Fe][H], wd [H][Fe]. hk (may be NULL): its
+ * expert_act and expert_out hooks, called with layer l. Returns the rows
+ * routed to the expert. */
+int ac_block_cpu_expert(float *x, const float *in, const float *r, int N, int H, int E, int e, const void *wg,
+                        const void *wu, const void *wd, int wdt, int Fe, const ac_expert_scratch *s,
+                        const ac_engine_hooks *hk, int l);
+
 /* RMSNorm over the kept hidden channels of mod (plain ac_rmsnorm without a
  * hidden mask): the final norm before the head uses it too. */
 void ac_block_cpu_norm(float *out, const float *x, const float *w, int N, int H, float eps, const ac_block_mod *mod);
