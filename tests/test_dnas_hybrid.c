@@ -13,7 +13,7 @@
  *    the weights s renormalised over the chosen). Depth gates at 0 (a
  *    Mamba, an MoE and the attention layer) are those layers removed.
  *    Width gates in {0,1} (each expert's channels, the shared expert's
- *    channels, Mamba head dims inside the gated norm, LatentMoE's latent
+ *    channels, Mamba heads and head dims inside the gated norm, LatentMoE's latent
  *    channels) are the model with the narrower moe_intermediate_size,
  *    moe_shared_expert_intermediate_size, mamba_head_dim and
  *    moe_latent_size that ac_prune makes.
@@ -138,7 +138,9 @@ static void test_depth_gates_equal_removed_layers(void) {
     ac_model_free(&m);
 }
 
-/* Width gates in {0,1} are the narrower model ac_prune makes: expert-channel gates (each expert of an MoE layer a
+/* Width gates in {0,1} are the narrower model ac_prune makes: Mamba head gates (one head of each group off, a
+ * different one per layer; inside the gated norm, whose group statistic then runs over the kept heads alone),
+ * expert-channel gates (each expert of an MoE layer a
  * different set of channels off, the same count: one moe_intermediate_size), shared-expert channel gates (a
  * different set per MoE layer), LatentMoE's latent gates (a different set per layer) and Mamba head-dim gates (a different set of dims per Mamba layer, the same in every
  * head: one mamba_head_dim; inside the gated norm, whose group statistic then runs over the kept dims alone), with
@@ -150,10 +152,11 @@ static void width_gates_equal_pruned(const char *name) {
     if (es_load(name, &m)) SKIP("no fixture %s (make fixtures)", name);
     int B = 2, T = 24, L = m.a.n_layers, P = m.a.ssm_head_dim, Fs = m.a.shared_ffn, Lt = m.a.moe_latent, cut_e = 5,
         cut_s = 7, cut_p = 2, cut_l = Lt ? 5 : 0;
-    int *tok = es_rand_ids((size_t)B * T, m.a.vocab, 13), *sh[16] = {0}, *pd[16] = {0}, *lo[16] = {0};
+    int *tok = es_rand_ids((size_t)B * T, m.a.vocab, 13), *sh[16] = {0}, *pd[16] = {0}, *lo[16] = {0}, *ho[16] = {0};
+    int G = m.a.ssm_groups;
     orders_t o;
     es_orders_init(&o, &m.a);
-    o.imp.sh_order = sh, o.imp.ssm_dim_order = pd, o.imp.lat_order = lo;
+    o.imp.sh_order = sh, o.imp.ssm_dim_order = pd, o.imp.lat_order = lo, o.imp.ssm_head_order = ho;
     ac_arch ta;
     ac_arch_copy(&ta, &m.a, &e);
     ta.shared_ffn = Fs - cut_s, ta.ssm_head_dim = P - cut_p, ta.moe_latent = Lt - cut_l;
@@ -184,7 +187,16 @@ static void width_gates_equal_pruned(const char *name) {
                 lo[l][off ? r++ : k++] = c;
             }
         }
-        if (a->ssm_heads) {
+        if (a->ssm_heads) { /* one head of each group off (its last but l), and cut_p dims */
+            int nh = a->ssm_heads, hpg = nh / G;
+            ta.layers[l].ssm_heads = nh - G;
+            ho[l] = malloc(sizeof(int) * nh);
+            for (int gr = 0; gr < G; gr++)
+                for (int j = 0, k = 0; j < hpg; j++) {
+                    int h = gr * hpg + j, off = j == (hpg - 1 + l) % hpg;
+                    t.gate.ssm[l][h] = off ? 0.0f : 1.0f;
+                    ho[l][gr * hpg + (off ? hpg - 1 : k++)] = h;
+                }
             pd[l] = malloc(sizeof(int) * P);
             for (int d = 0, k = 0, r = P - cut_p; d < P; d++) {
                 int off = (d + l) % P < cut_p;
@@ -204,15 +216,15 @@ static void width_gates_equal_pruned(const char *name) {
         mr = fmax(mr, fabs(pruned[i]));
         moved = fmax(moved, fabs(full[i] - pruned[i]));
     }
-    printf("   %s: expert width %d -> %d, shared %d -> %d, Mamba head dim %d -> %d, latent %d -> %d: gated vs pruned "
-           "max|diff| %.3g of max|logit| %.3g (the cut moved them %.3g)\n",
-           name, m.a.layers[1].expert_ffn, ta.layers[1].expert_ffn, Fs, ta.shared_ffn, P, ta.ssm_head_dim, Lt,
-           ta.moe_latent, md, mr, moved);
+    printf("   %s: Mamba heads %d -> %d, head dim %d -> %d, expert width %d -> %d, shared %d -> %d, latent %d -> %d: "
+           "gated vs pruned max|diff| %.3g of max|logit| %.3g (the cut moved them %.3g)\n",
+           name, m.a.layers[0].ssm_heads, ta.layers[0].ssm_heads, P, ta.ssm_head_dim, m.a.layers[1].expert_ffn,
+           ta.layers[1].expert_ffn, Fs, ta.shared_ffn, Lt, ta.moe_latent, md, mr, moved);
     CHECK(gated && pruned && md <= 2e-6 * mr, "%s: width gates at 0 are not the pruned model (%.3g)", name, md);
     CHECK(moved > 1e3 * md && moved > 1e-3 * mr, "%s: the cut changed nothing measurable (%.3g)", name, moved);
     free(full), free(gated), free(pruned), free(tok);
-    for (int l = 0; l < 16; l++) free(sh[l]), free(pd[l]), free(lo[l]);
-    o.imp.sh_order = NULL, o.imp.ssm_dim_order = NULL, o.imp.lat_order = NULL;
+    for (int l = 0; l < 16; l++) free(sh[l]), free(pd[l]), free(lo[l]), free(ho[l]);
+    o.imp.sh_order = NULL, o.imp.ssm_dim_order = NULL, o.imp.lat_order = NULL, o.imp.ssm_head_order = NULL;
     ac_trainer_free(&t);
     es_orders_free(&o);
     ac_arch_free(&ta);

@@ -93,7 +93,7 @@ static const ac_block_recipe qwen3_moe = {"qwen3_moe", 2, qwen3_moe_sub};
  *   Mamba-2:   zx = xn Win^T                     [N][SI]: z, xBC, dt
  *              xbc = silu(causal_conv(xBC) + b)  [N][SC]: x, B, C
  *              y = scan(x, B, C, dt)             [N][SSM]
- *              yn = groupnorm(y * silu(z)) * w   [N][SSM]  (heads masked: gate per head)
+ *              yn = groupnorm(y * silu(z)) * w   [N][SSM]  (heads and head dims gated inside the norm)
  *              x += yn Wout^T */
 static const ac_op hybrid_attn[] = {
     ATTN_PROJECT,
@@ -116,7 +116,6 @@ static const ac_op hybrid_mamba[] = {
     OP(AC_OP_SSM_CONV, AC_T_XBC, AC_T_ZX, 0, 0, -1, AC_DIM_SI, AC_DIM_SC, 0, 0, AC_HOOK_NONE),
     OP(AC_OP_SSM_SCAN, AC_T_Y, AC_T_XBC, AC_T_ZX, 0, -1, AC_DIM_SC, AC_DIM_SSM, 0, 0, AC_HOOK_NONE),
     OP(AC_OP_GATED_NORM, AC_T_YN, AC_T_Y, AC_T_ZX, 0, AC_NORM_SSM, AC_DIM_SSM, AC_DIM_SSM, 0, 0, AC_HOOK_NONE),
-    OP(AC_OP_MASK, AC_T_YN, AC_T_YN, 0, 0, -1, AC_DIM_SSM, AC_DIM_SSM, 0, 0, AC_HOOK_NONE),
     OP(AC_OP_LINEAR, AC_T_X, AC_T_YN, 0, 0, AC_W_SSM_OUT, AC_DIM_SSM, AC_DIM_H, 0, 1, AC_HOOK_NONE),
     OP(AC_OP_MASK_HIDDEN, AC_T_X, AC_T_X, 0, 0, -1, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NONE),
 };

@@ -27,10 +27,9 @@
  *               pruned model's routing too);
  *   echan[l][e*Fe + c]  multiplies channel c of expert e (silu(gate) * up)
  *               before its down projection;
- *   ssm[l][h]   multiplies Mamba head h's gated-norm output (its
- *               ssm_head_dim channels) before out_proj (nemotron_h; the
- *               norm's group statistics still include the head: a gate of
- *               0 is the head's removal up to that normalisation);
+ *   ssm[l][h]   Mamba head h of layer l (nemotron_h), inside the gated
+ *               norm as ssm_dim below (a channel's weight is its head's
+ *               gate times its dim's): a gate of 0 is the head removed;
  *   ssm_dim[l][p] head dim p of every Mamba head of layer l, inside the
  *               gated norm: the channel weighs its gate in its group's
  *               statistic (sum m v^2 / sum m) and its output is multiplied
