@@ -130,7 +130,8 @@ def gated_rmsnorm(x, w, g, eps):
 
 def mamba(a, W, m, x, gate=None):
     """The Mamba-2 mixer on x [B,T,H] (HF torch_forward's order, the scan sequential); gate [nh] (the trainer's
-    Mamba head gates) multiplies each head's gated-norm output before out_proj."""
+    Mamba head gates) gates each head inside the grouped norm: its channels weigh the gate in the group's statistic
+    (sum g v^2 / sum g) and their output is multiplied by it, so a gate of 0 is the head removed."""
     B, T, _ = x.shape
     nh, Pd, Ns, G, K = a["mh"], a["P"], a["Ns"], a["G"], a["K"]
     di, C, _ = dims(a)
@@ -152,10 +153,9 @@ def mamba(a, W, m, x, gate=None):
         ys.append(y.reshape(B, di))
     y = torch.stack(ys, 1)
     v = (y * Fn.silu(z)).reshape(B, T, G, di // G)
-    v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + a["eps"])
+    g = (gate if gate is not None else torch.ones(nh, dtype=x.dtype)).repeat_interleave(Pd).reshape(G, di // G)
+    v = v * g * torch.rsqrt((v.pow(2) * g).sum(-1, keepdim=True) / g.sum(-1, keepdim=True) + a["eps"])
     y = v.reshape(B, T, di) * W[m + "norm.weight"]
-    if gate is not None:
-        y = y * gate.repeat_interleave(Pd)
     return Fn.linear(y, W[m + "out_proj.weight"])
 
 

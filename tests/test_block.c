@@ -513,7 +513,7 @@ static void test_ssm_ops_f64(void) {
     size_t N = (size_t)B * n;
     float *zx = rnd(N * SI, 1), *cw = rnd((size_t)C * K, 0.6f), *cb = rnd(C, 0.3f), *dtb = rnd(nh, 1),
           *alog = rnd(nh, 1), *dd = rnd(nh, 1), *nw = rnd(di, 1);
-    ac_ssm s = {nh, P, Ns, G, K, cw, cb, dtb, alog, dd, nw, 1e-5f};
+    ac_ssm s = {nh, P, Ns, G, K, cw, cb, dtb, alog, dd, nw, 1e-5f, NULL, NULL};
     float *xbc = malloc(N * C * 4), *y = malloc(N * di * 4), *yn = malloc(N * di * 4), *work = malloc(4096 * 4);
     ac_ssm_conv_fwd(&s, xbc, zx, B, n, NULL, 0);
     ac_ssm_scan_fwd(&s, y, xbc, zx, B, n, NULL, 0, work);
@@ -561,7 +561,7 @@ static void test_ssm_ops_f64(void) {
     double h = 1e-5, tol = 1e-4;
     /* gated norm: dy, dz, dw */
     r.op = 2;
-    ac_ssm_gated_norm_bwd(&s, dy, dzx, gnw, g_out, y, zx, (int)N);
+    ac_ssm_gated_norm_bwd(&s, dy, dzx, gnw, NULL, NULL, g_out, y, zx, (int)N);
     {
         float *dzc = calloc(N * SI, 4); /* the z columns only: the direction lives there */
         for (size_t i = 0; i < N; i++) memcpy(dzc + i * SI, dzx + i * SI, di * 4);

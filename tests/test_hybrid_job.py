@@ -25,6 +25,11 @@ does both.
   arm is the gate search (search.method dnas), one width per layer type
   within the limit, the chosen arm the feasible one of lower perplexity, its
   export read alike by the reference, the engine and llama.cpp.
+- The shared expert's width (Model-Optimizer's
+  moe_shared_expert_intermediate_size): the exported shared expert is the
+  base's at the channels a float64 computation of its statistic ranks best;
+  a structure with every width the gate search cuts (head dim, expert,
+  shared and latent widths) loads in llama.cpp as the engine reads it.
 - A hybrid spec with search.method surrogate or export_target deci is
   refused naming the field (`autocompress validate`).
 """
@@ -135,32 +140,47 @@ def load(d):
     return {k: v.double() for k, v in R.load_safetensors(os.path.join(d, "model.safetensors")).items()}
 
 
-def mamba_scores(d, ids):
-    """Model-Optimizer's Mamba statistic of checkpoint d over the windows of ids (float64): per x channel of
-    in_proj the sum over windows of (mean_t |x|)^2, its sqrt; {layer: [heads][head_dim]}."""
+def hooked_scores(d, ids, mixer, act):
+    """Model-Optimizer's hook statistic of checkpoint d over the windows of ids (float64): ref_mamba's `mixer`
+    function (mamba or moe) is wrapped so that act(W, m, x) gives the watched activation [B, T, C] of each such
+    layer; per channel the sum over windows of (mean_t |act|)^2, its sqrt: (arch, {layer: [C]})."""
     import torch
     import ref_mamba as M
-    cfg = json.load(open(os.path.join(d, "config.json")))
-    a, W = M.arch_from_config(cfg), load(d)
-    nh, P, G = a["mh"], a["P"], a["G"]
-    di = nh * P
-    acc = {}
-    orig = M.mamba
+    a, W = M.arch_from_config(json.load(open(os.path.join(d, "config.json")))), load(d)
+    acc, orig = {}, getattr(M, mixer)
 
     def hooked(a_, W_, m, x, gate=None):
-        zx = torch.nn.functional.linear(x, W_[m + "in_proj.weight"])
-        s = zx[..., di:2 * di].abs().mean(1).pow(2).sum(0)  # [di]
-        acc[m] = acc.get(m, 0) + s
+        acc[m] = acc.get(m, 0) + act(W_, m, x).abs().mean(1).pow(2).sum(0)
         return orig(a_, W_, m, x, gate)
 
-    M.mamba = hooked
+    setattr(M, mixer, hooked)
     try:
         x = torch.tensor([ids[w * CTX:(w + 1) * CTX] for w in range(len(ids) // CTX)])
         with torch.no_grad():
             M.forward(a, W, x)
     finally:
-        M.mamba = orig
-    return {int(m.split(".")[2]): v.sqrt().view(nh, P) for m, v in acc.items()}
+        setattr(M, mixer, orig)
+    return a, {int(m.split(".")[2]): v.sqrt() for m, v in acc.items()}
+
+
+def mamba_scores(d, ids):
+    """Model-Optimizer's Mamba statistic (hooked_scores) on in_proj's x channels: {layer: [heads][head_dim]}."""
+    import torch
+
+    def x_of(W, m, x):
+        di = W[m + "out_proj.weight"].shape[1]
+        return torch.nn.functional.linear(x, W[m + "in_proj.weight"])[..., di:2 * di]
+
+    a, sc = hooked_scores(d, ids, "mamba", x_of)
+    return {l: v.view(a["mh"], a["P"]) for l, v in sc.items()}
+
+
+def shared_scores(d, ids):
+    """Model-Optimizer's moe_shared_expert_intermediate_size statistic (hooked_scores): its MLP hook on the shared
+    expert's down_proj input relu(up x)^2; {layer: [shared_ffn]}."""
+    import torch
+    return hooked_scores(d, ids, "moe", lambda W, m, x: torch.relu(
+        torch.nn.functional.linear(x, W[m + "shared_experts.up_proj.weight"])).pow(2))[1]
 
 
 def margin_of(v):
@@ -287,7 +307,7 @@ def check_export(rep, label, tol=2e-3):
     if pl is None:
         print("   skip: the export was checked here but not in llama.cpp (node >= 20 or tests/llama/node_modules "
               "missing: make llama-test-deps)")
-        return "skip"
+        return "skip: no tiny model or build/autocompress (make all tiny-model)"
     print(f"   llama.cpp on model.gguf: ppl {pl:.4f} ({100 * (pl / rp - 1):+.3f} % of the report)")
     assert abs(pl / rp - 1) < 5e-3, (pl, rp)
 
@@ -343,23 +363,100 @@ def test_job_distils_and_exports_nemotron_h():
     return check_export(rep, f"Mamba heads {cfg['mamba_num_heads']}, before distillation {res.get('perplexity_pruned')}")
 
 
+def moe_job(name, distill_tokens, frac, **search):
+    """A minitron job on the MoE hybrid (CFG_MOE) at frac of its parameters with these search options: (base, report,
+    exported config), the structure checked (check_structure)."""
+    base = make_base(CFG_MOE, "base_moe")
+    spec = job_spec(base, os.path.join(WORK, "out_" + name), distill_tokens, frac * params_of(base))
+    spec["search"].update(search)
+    rep, wall, rss = run_job(spec, "job_" + name)
+    print(f"   {name} hybrid job: {wall:.1f} s wall, peak RSS {rss:.0f} MiB")
+    return base, rep, check_structure(rep, CFG_MOE["hybrid_override_pattern"], cut_heads=False)
+
+
 def test_moe_hybrid_job_exports_nemotron_h_moe():
     """Nemotron 3 Nano's layer kinds: the MoE layers keep whole experts (never below top_k) with their router rows
     and correction bias; the export is read alike by the reference, the engine and llama.cpp (nemotron_h_moe)."""
     if not have():
         return "skip: no tiny model or build/autocompress (make all tiny-model)"
-    base = make_base(CFG_MOE, "base_moe")
-    spec = job_spec(base, os.path.join(WORK, "out_moe"), 4096, 0.8 * params_of(base))
-    spec["search"]["prune_experts"] = True
-    rep, wall, rss = run_job(spec, "job_moe")
-    print(f"   MoE hybrid job: {wall:.1f} s wall, peak RSS {rss:.0f} MiB")
-    cfg = check_structure(rep, CFG_MOE["hybrid_override_pattern"], cut_heads=False)
+    base, rep, cfg = moe_job("moe", 4096, 0.8, prune_experts=True)
     res = rep[rep["chosen"]]
     ex = {L["experts"] for L in res["architecture"]["layers"] if L["type"] == "moe"}
     assert len(ex) == 1 and CFG_MOE["num_experts_per_tok"] <= min(ex) <= CFG_MOE["n_routed_experts"], ex
     assert cfg["n_routed_experts"] == min(ex) and cfg["num_experts_per_tok"] == CFG_MOE["num_experts_per_tok"], cfg
     assert rep["export"]["gguf"]["architecture"] == "nemotron_h_moe", rep["export"]
     return check_export(rep, f"{min(ex)} experts, Mamba heads {cfg['mamba_num_heads']}")
+
+
+def test_shared_expert_width_as_model_optimizer_ranks_it():
+    """Model-Optimizer's moe_shared_expert_intermediate_size on Nemotron 3 Nano's layer kinds (search.prune_expert_ffn,
+    no distillation): the Minitron arm narrows the shared expert to one width for every MoE layer, each layer keeping
+    the shared channels that a float64 computation here of Model-Optimizer's MLP statistic (at the shared expert's
+    down_proj input) ranks best: the exported up rows and down columns are the base's at exactly those channels, the
+    config key moe_shared_expert_intermediate_size (test_narrow_widths_export_loads_in_llama runs such an export in
+    llama.cpp)."""
+    if not have():
+        return "skip: no tiny model or build/autocompress (make all tiny-model)"
+    import torch
+    base, rep, cfg = moe_job("shared", 0, 0.74, prune_expert_ffn=True)
+    print(f"   minitron's moe_shared_expert_intermediate_size axis "
+          f"{rep['minitron']['axes'].get('moe_shared_expert_intermediate_size', {}).get('searched')}")
+    Fs, Fb = cfg["moe_shared_expert_intermediate_size"], CFG_MOE["moe_shared_expert_intermediate_size"]
+    assert 0 < Fs < Fb, (Fs, Fb)
+    ids = ids_of(base, os.path.join(DATA, "calib.txt"))[:CALIB]
+    scores = shared_scores(base, ids)
+    Wb, We = load(base), load(rep["export"]["dir"])
+    checked, margin = 0, 1.0
+    for j, l in enumerate(kept_layers(rep)):
+        if CFG_MOE["hybrid_override_pattern"][l] != "E":
+            continue
+        keep = torch.argsort(scores[l], descending=True)[:Fs].sort().values
+        margin = min(margin, margin_of(scores[l]))
+        m, me = f"{PX}layers.{l}.mixer.shared_experts.", f"{PX}layers.{j}.mixer.shared_experts."
+        for name, t in (("up_proj.weight", Wb[m + "up_proj.weight"][keep]),
+                        ("down_proj.weight", Wb[m + "down_proj.weight"][:, keep])):
+            assert torch.equal(We[me + name], t), (l, name, We[me + name].shape, t.shape)
+        checked += 1
+    assert checked >= 2 and margin > 1e-6, (checked, margin)
+    print(f"   {checked} MoE layers keep {Fs} of {Fb} shared-expert channels, Model-Optimizer's best (smallest score "
+          f"margin {margin:.2e})")
+
+
+def test_narrow_widths_export_loads_in_llama():
+    """A LatentMoE structure with every width the gate search cuts narrowed at once (Mamba head dim 6 of 8, expert
+    width 16 of 24, shared-expert width 32 of 40, latent width 40 of 48, 5 of 6 experts, a Mamba layer removed),
+    sliced by `autocompress prune` and exported by `autocompress export-gguf` (F32): its config holds the narrowed
+    widths, and llama.cpp (nemotron_h_moe) reads it as the engine does (within 0.5 %)."""
+    if not have():
+        return "skip: no tiny model or build/autocompress (make all tiny-model)"
+    base = make_base(CFG_LATENT, "base_latent")
+    layers = []
+    for l, ch in enumerate(CFG_LATENT["hybrid_override_pattern"]):
+        L = {"heads": 0, "kv_heads": 0, "ffn": 0}
+        if ch == "M" and l != 2:
+            L["ssm_heads"] = CFG_LATENT["mamba_num_heads"]
+        if ch == "*":
+            L.update(heads=CFG_LATENT["num_attention_heads"], kv_heads=CFG_LATENT["num_key_value_heads"])
+        if ch == "E":
+            L.update(experts=5, expert_ffn=16, shared_ffn=32)
+        layers.append(L)
+    arch = write(os.path.join(WORK, "narrow_arch.json"), {"hidden": CFG_LATENT["hidden_size"], "layers": layers,
+                                                          "ssm_head_dim": 6, "moe_latent": 40, "top_k": 2})
+    out = os.path.join(WORK, "narrow")
+    subprocess.run([CLI, "prune", base, arch, out], capture_output=True, text=True, check=True)
+    gg = os.path.join(out, "model.gguf")
+    subprocess.run([CLI, "export-gguf", out, gg, "--f32"], capture_output=True, text=True, check=True)
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    got = tuple(cfg[k] for k in ("hybrid_override_pattern", "mamba_head_dim", "moe_intermediate_size",
+                                 "moe_shared_expert_intermediate_size", "moe_latent_size", "n_routed_experts"))
+    assert got == ("MEEM*E", 6, 16, 32, 40, 5), cfg
+    ids = ids_of(out, os.path.join(DATA, "heldout.txt"))
+    pe, pl = engine_ppl(out), llama_ppl(gg, ids)
+    print(f"   {got}: engine ppl {pe:.4f}, llama.cpp {pl if pl is None else round(pl, 4)}")
+    if pl is None:
+        print("   SKIP llama.cpp check: node or tests/llama/node_modules missing")
+        return
+    assert abs(pl / pe - 1) < 5e-3, (pl, pe)
 
 
 def test_latent_moe_hybrid_job_with_hidden_pruning():
@@ -397,6 +494,11 @@ def test_autocompress_arm_on_moe_hybrid():
     layers = a["architecture"]["layers"]
     ew = {L["expert_ffn"] for k in rep["arms"] for L in rep[k]["architecture"]["layers"] if L["type"] == "moe"}
     assert all(0 < w <= CFG_MOE["moe_intermediate_size"] for w in ew), ew
+    for k in rep["arms"]:
+        ar = rep[k]["architecture"]
+        print(f"   {k}: expert width {sorted({L['expert_ffn'] for L in ar['layers'] if L['type'] == 'moe'})}, shared "
+              f"{sorted({L['shared_ffn'] for L in ar['layers'] if L['type'] == 'moe'})}, Mamba head dim "
+              f"{ar['ssm_head_dim']}")
     print(f"   expert widths of the arms: {sorted(ew)}; minitron's moe_ffn_hidden_size axis "
           f"{rep['minitron']['axes'].get('moe_ffn_hidden_size', {}).get('searched')}")
     print(f"   autocompress arm: params {a['predicted']['params']:.0f} (limit {lim:.0f}), perplexity "
@@ -419,7 +521,10 @@ def test_autocompress_arm_on_moe_hybrid():
     assert cfg["hybrid_override_pattern"] == want, (cfg["hybrid_override_pattern"], want)
     assert rep["export"]["gguf"]["architecture"] == "nemotron_h_moe", rep["export"]
     moe_w = {L["expert_ffn"] for L in res["architecture"]["layers"] if L["type"] == "moe"}
+    sh_w = {L["shared_ffn"] for L in res["architecture"]["layers"] if L["type"] == "moe"}
     assert cfg["moe_intermediate_size"] == min(moe_w), (cfg["moe_intermediate_size"], moe_w)
+    assert [cfg["moe_shared_expert_intermediate_size"]] == list(sh_w), (cfg, sh_w)
+    assert cfg["mamba_head_dim"] == res["architecture"]["ssm_head_dim"], cfg
     # the report's perplexity is the job's evaluation (its default GEMMs on the BF16 student), this test's engine
     # figure exact GEMMs on the export (equal to the float64 reference): 0.18 % apart on the Minitron MoE job above,
     # 0.21 % measured here
@@ -447,7 +552,9 @@ if __name__ == "__main__":
         r.run(test_group_aware_heads_as_model_optimizer_ranks_them)
         r.run(test_job_distils_and_exports_nemotron_h)
         r.run(test_moe_hybrid_job_exports_nemotron_h_moe)
+        r.run(test_shared_expert_width_as_model_optimizer_ranks_it)
         r.run(test_latent_moe_hybrid_job_with_hidden_pruning)
+        r.run(test_narrow_widths_export_loads_in_llama)
         r.run(test_autocompress_arm_on_moe_hybrid)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)

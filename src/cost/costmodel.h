@@ -179,7 +179,8 @@ typedef struct {
      * its conv window and its SSM state, in fp32 whatever the weights are
      * (ac_carch_state_bytes): memory that does not grow with the context. */
     double *ssm; /* n_layers, owned */
-    int ssm_head_dim, ssm_state, ssm_groups, ssm_conv, ssm_conv_bias;
+    double ssm_head_dim; /* real: the gate search's expected head dim (dnas_hybrid.c) */
+    int ssm_state, ssm_groups, ssm_conv, ssm_conv_bias;
     /* Each layer's block recipe (runtime/block.h): the layer's computation,
      * which the model walks (its LINEARs are its GEMMs); n_layers, the
      * array owned, the recipes static. NULL (a carch filled by hand): the

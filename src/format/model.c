@@ -498,6 +498,7 @@ json_t *ac_arch_to_json(const ac_arch *a) {
                           "layers", layers, "params", ac_arch_params(a));
     if (ac_arch_has_moe(a)) json_object_set_new(j, "top_k", json_integer(a->top_k));
     if (a->hybrid) json_object_set_new(j, "ssm_head_dim", json_integer(a->ssm_head_dim)); /* model-wide */
+    if (a->hybrid && a->moe_latent) json_object_set_new(j, "moe_latent", json_integer(a->moe_latent));
     return j;
 }
 
@@ -529,12 +530,18 @@ int ac_arch_from_json(const json_t *j, const ac_arch *base, ac_arch *out, ac_err
             goto bad;
         out->ssm_head_dim = (int)json_integer_value(sd);
     }
+    json_t *ml = json_object_get(j, "moe_latent"); /* LatentMoE: the experts' latent width, model-wide */
+    if (ml) {
+        if (!json_is_integer(ml) || !base->moe_latent || json_integer_value(ml) <= 0 || json_integer_value(ml) > 1 << 20)
+            goto bad;
+        out->moe_latent = (int)json_integer_value(ml);
+    }
     json_t *tk = json_object_get(j, "top_k"); /* experts each token is routed to (mixture-of-experts layers) */
     if (tk) {
         if (!json_is_integer(tk) || json_integer_value(tk) <= 0 || json_integer_value(tk) > 1 << 16) goto bad;
         out->top_k = (int)json_integer_value(tk);
     }
-    int moe_base = ac_arch_has_moe(base), any_moe = 0;
+    int moe_base = ac_arch_has_moe(base), any_moe = 0, sh_seen = 0;
     for (int l = 0; l < out->n_layers; l++) {
         json_t *L = json_array_get(layers, l);
         json_t *a = json_object_get(L, "heads"), *k = json_object_get(L, "kv_heads"), *f = json_object_get(L, "ffn");
@@ -549,6 +556,12 @@ int ac_arch_from_json(const json_t *j, const ac_arch *base, ac_arch *out, ac_err
         json_int_t si = json_is_integer(xs) ? json_integer_value(xs) : 0;
         if (si < 0 || si > 1 << 16 || (si && (!base->hybrid || si % base->ssm_groups))) goto bad;
         out->layers[l] = (ac_layer_arch){(int)ai, ai ? (int)ki : 0, (int)fi, (int)ei, ei ? (int)ef : 0, (int)si};
+        json_t *xsf = json_object_get(L, "shared_ffn"); /* nemotron_h: the shared expert's width, model-wide */
+        if (xsf && ei) {
+            json_int_t sf = json_is_integer(xsf) ? json_integer_value(xsf) : -1;
+            if (!base->hybrid || sf < 0 || sf > 1 << 20 || (sh_seen++ && sf != out->shared_ffn)) goto bad;
+            out->shared_ffn = (int)sf;
+        }
         any_moe |= ei > 0;
     }
     if (any_moe && base->n_layers > 0 && !moe_base) {
@@ -564,7 +577,9 @@ bad:
     out->layers = NULL;
     return ac_errf(e, "architecture: each layer needs integer heads, kv_heads, ffn >= 0 with heads divisible by "
                       "kv_heads (and, for a mixture of experts, top_k >= 1, experts >= top_k with expert_ffn > 0 and "
-                      "ffn 0); hidden/head_dim/vocab positive; ssm_head_dim (nemotron_h only) positive");
+                      "ffn 0); hidden/head_dim/vocab positive; ssm_head_dim (nemotron_h only) positive; "
+                      "shared_ffn (nemotron_h MoE layers) one value >= 0 for every MoE layer; moe_latent (LatentMoE "
+                      "only) positive");
 }
 
 /* nemotron_h's config: the pattern from each layer's mixer, one width per

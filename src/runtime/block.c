@@ -93,7 +93,7 @@ static const ac_block_recipe qwen3_moe = {"qwen3_moe", 2, qwen3_moe_sub};
  *   Mamba-2:   zx = xn Win^T                     [N][SI]: z, xBC, dt
  *              xbc = silu(causal_conv(xBC) + b)  [N][SC]: x, B, C
  *              y = scan(x, B, C, dt)             [N][SSM]
- *              yn = groupnorm(y * silu(z)) * w   [N][SSM]  (heads masked: gate per head)
+ *              yn = groupnorm(y * silu(z)) * w   [N][SSM]  (heads and head dims gated inside the norm)
  *              x += yn Wout^T */
 static const ac_op hybrid_attn[] = {
     ATTN_PROJECT,
@@ -116,7 +116,6 @@ static const ac_op hybrid_mamba[] = {
     OP(AC_OP_SSM_CONV, AC_T_XBC, AC_T_ZX, 0, 0, -1, AC_DIM_SI, AC_DIM_SC, 0, 0, AC_HOOK_NONE),
     OP(AC_OP_SSM_SCAN, AC_T_Y, AC_T_XBC, AC_T_ZX, 0, -1, AC_DIM_SC, AC_DIM_SSM, 0, 0, AC_HOOK_NONE),
     OP(AC_OP_GATED_NORM, AC_T_YN, AC_T_Y, AC_T_ZX, 0, AC_NORM_SSM, AC_DIM_SSM, AC_DIM_SSM, 0, 0, AC_HOOK_NONE),
-    OP(AC_OP_MASK, AC_T_YN, AC_T_YN, 0, 0, -1, AC_DIM_SSM, AC_DIM_SSM, 0, 0, AC_HOOK_NONE),
     OP(AC_OP_LINEAR, AC_T_X, AC_T_YN, 0, 0, AC_W_SSM_OUT, AC_DIM_SSM, AC_DIM_H, 0, 1, AC_HOOK_NONE),
     OP(AC_OP_MASK_HIDDEN, AC_T_X, AC_T_X, 0, 0, -1, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NONE),
 };
@@ -124,14 +123,15 @@ static const ac_op hybrid_mamba[] = {
  * shared expert on the same normed input:
  *   r = route_sigmoid(xn Wr^T)                         [N][E]
  *   x += sum_e r[:,e] * down_e(relu(up_e(xn))^2)
- *   su = xn Wsu^T;  sg = relu(su)^2;  x += sg Wsd^T     [N][FS]   (hidden masked) */
+ *   su = xn Wsu^T;  sg = relu(su)^2;  (channels masked)  x += sg Wsd^T     [N][FS]   (hidden masked) */
 /* the router, then the shared expert after the routed ones */
 #define HYBRID_ROUTE                                                                                                   \
     OP(AC_OP_RMSNORM, AC_T_XN, AC_T_X, 0, 0, AC_NORM_POST, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NORMED),                  \
         OP(AC_OP_ROUTE, AC_T_R, AC_T_XN, 0, 0, -1, AC_DIM_H, AC_DIM_E, 0, 0, AC_HOOK_NONE)
 #define HYBRID_SHARED                                                                                                  \
     OP(AC_OP_LINEAR, AC_T_SU, AC_T_XN, 0, 0, AC_W_SH_U, AC_DIM_H, AC_DIM_FS, 0, 0, AC_HOOK_NONE),                      \
-        OP(AC_OP_RELU2, AC_T_SG, AC_T_SU, 0, 0, -1, AC_DIM_FS, AC_DIM_FS, 0, 0, AC_HOOK_NONE),                         \
+        OP(AC_OP_RELU2, AC_T_SG, AC_T_SU, 0, 0, -1, AC_DIM_FS, AC_DIM_FS, 0, 0, AC_HOOK_SHARED_ACT),                   \
+        OP(AC_OP_MASK, AC_T_SG, AC_T_SG, 0, 0, -1, AC_DIM_FS, AC_DIM_FS, 0, 0, AC_HOOK_NONE),                          \
         OP(AC_OP_LINEAR, AC_T_X, AC_T_SG, 0, 0, AC_W_SH_D, AC_DIM_FS, AC_DIM_H, 0, 1, AC_HOOK_NONE),                   \
         OP(AC_OP_MASK_HIDDEN, AC_T_X, AC_T_X, 0, 0, -1, AC_DIM_H, AC_DIM_H, 0, 0, AC_HOOK_NONE)
 static const ac_op hybrid_moe[] = {
@@ -151,11 +151,14 @@ static const ac_subblock hybrid_sub[] = {HYBRID_SUB(hybrid_moe)};
 static const ac_block_recipe nemotron_h = {"nemotron_h", 4, hybrid_sub};
 /* LatentMoE (Nemotron 3 Super): the routed experts between a down and an
  * up projection; the router and the shared expert on the hidden width:
- *   xl = xn Wld^T;  yl = sum_e r[:,e] * down_e(relu(up_e(xl))^2);  x += yl Wlu^T   [N][LT] */
+ *   xl = xn Wld^T;  yl = sum_e r[:,e] * down_e(relu(up_e(xl))^2);  x += yl Wlu^T   [N][LT]
+ *   (latent channels masked twice, xl and yl, by the same gates: a gate of 0 is the channel removed) */
 static const ac_op hybrid_moe_latent[] = {
     HYBRID_ROUTE,
     OP(AC_OP_LINEAR, AC_T_XL, AC_T_XN, 0, 0, AC_W_LAT_DOWN, AC_DIM_H, AC_DIM_LT, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_MASK, AC_T_XL, AC_T_XL, 0, 0, -1, AC_DIM_LT, AC_DIM_LT, 0, 0, AC_HOOK_NONE),
     OP(AC_OP_EXPERTS, AC_T_YL, AC_T_XL, AC_T_R, 0, -1, AC_DIM_LT, AC_DIM_LT, 0, 0, AC_HOOK_NONE),
+    OP(AC_OP_MASK, AC_T_YL, AC_T_YL, 0, 0, -1, AC_DIM_LT, AC_DIM_LT, 0, 0, AC_HOOK_NONE),
     OP(AC_OP_LINEAR, AC_T_X, AC_T_YL, 0, 0, AC_W_LAT_UP, AC_DIM_LT, AC_DIM_H, 0, 1, AC_HOOK_NONE),
     HYBRID_SHARED,
 };

@@ -111,7 +111,14 @@ typedef enum {
 } ac_op_kind;
 
 /* Observation points after an op (engine hooks, engine.h). */
-typedef enum { AC_HOOK_NONE, AC_HOOK_NORMED, AC_HOOK_HEAD_OUT, AC_HOOK_FFN_ACT, AC_HOOK_SSM_IN } ac_hook_point;
+typedef enum {
+    AC_HOOK_NONE,
+    AC_HOOK_NORMED,
+    AC_HOOK_HEAD_OUT,
+    AC_HOOK_FFN_ACT,
+    AC_HOOK_SSM_IN,
+    AC_HOOK_SHARED_ACT /* nemotron_h: the shared expert's relu(up)^2, its down projection's input */
+} ac_hook_point;
 
 typedef struct {
     unsigned char kind;              /* ac_op_kind */

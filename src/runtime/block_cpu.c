@@ -62,10 +62,10 @@ static void attention(const ac_block_cpu *c, int l, float *att, const float *q, 
 
 static void mask(float *t, const ac_block_cpu *c, const ac_op *op, int N, int width) {
     const ac_block_mod *mod = c->mod;
-    const float *mk = !mod                      ? NULL
-                      : op->dout == AC_DIM_Q   ? mod->head_mask
-                      : op->dout == AC_DIM_SSM ? mod->ssm_mask
-                                               : mod->ffn_mask;
+    const float *mk = !mod                    ? NULL
+                      : op->dout == AC_DIM_Q ? mod->head_mask
+                      : op->dout == AC_DIM_F ? mod->ffn_mask
+                                             : NULL; /* (the shared expert's and latent channels: no engine mask) */
     if (!mk) return;
     int unit = ac_block_mask_unit(&c->m->a, (ac_dim)op->dout);
     for (size_t r = 0; r < (size_t)N; r++)
@@ -178,6 +178,7 @@ void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n
         }
         case AC_OP_GATED_NORM: {
             ac_ssm ss = ac_ssm_of(a, lw, l);
+            ss.head_gate = c->mod ? c->mod->ssm_mask : NULL;
             ac_ssm_gated_norm_fwd(&ss, s[op->out], s[op->in], s[op->in2], N);
             break;
         }
@@ -196,6 +197,8 @@ void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n
         if (op->hook == AC_HOOK_HEAD_OUT && hk->head_out)
             hk->head_out(hk->ud, l, s[op->out], N, dim[AC_DIM_Q] / hd, hd);
         if (op->hook == AC_HOOK_FFN_ACT && hk->ffn_act) hk->ffn_act(hk->ud, l, s[op->out], N, dim[AC_DIM_F]);
+        if (op->hook == AC_HOOK_SHARED_ACT && hk->shared_act)
+            hk->shared_act(hk->ud, l, s[op->out], N, dim[AC_DIM_FS]);
         if (op->hook == AC_HOOK_SSM_IN && hk->ssm_in)
             hk->ssm_in(hk->ud, l, s[op->out], N, dim[AC_DIM_SSM], dim[AC_DIM_SI]);
     }

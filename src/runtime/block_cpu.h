@@ -34,8 +34,8 @@ typedef struct {
      * logit -inf: the softmax and top-k run over the others), as ac_prune
      * removes it */
     const float *expert_mask;
-    /* nemotron_h Mamba layers: ssm_mask[ssm_heads] multiplies each head's
-     * gated-norm output (its ssm_head_dim channels) before out_proj */
+    /* nemotron_h Mamba layers: ssm_mask[ssm_heads] gates each head inside
+     * the gated norm (ssm_cpu_int.h's head_gate: 0 is the head removed) */
     const float *ssm_mask;
 } ac_block_mod;
 

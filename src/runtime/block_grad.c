@@ -322,6 +322,7 @@ static float *sub_walk(ac_block_grad *c, int l, int sb, float *x, float **tp, fl
             break;
         case AC_OP_GATED_NORM: {
             ac_ssm ss = ac_ssm_of(a, c->w, l);
+            ss.dim_gate = c->ssm_dim_gate, ss.head_gate = c->gate[AC_DIM_SSM];
             ac_ssm_gated_norm_fwd(&ss, sc, cur[op->in], cur[op->in2], N);
             cur[op->out] = sc;
             sc += (size_t)N * dout;
@@ -471,9 +472,10 @@ void ac_block_grad_backward(ac_block_grad *c, int l, float *dx) {
             case AC_OP_SSM_CONV: { /* xBC's columns of dzx written */
                 ac_ssm ss = ac_ssm_of(a, c->w, l);
                 ac_layer_w *g = c->gw;
+                ss.dim_gate = c->ssm_dim_gate, ss.head_gate = c->gate[AC_DIM_SSM];
                 if (op->kind == AC_OP_GATED_NORM)
-                    ac_ssm_gated_norm_bwd(&ss, dS[op->in], dS[op->in2], g ? g->ssm_norm : NULL, dO, w.in[i], w.in2[i],
-                                          N);
+                    ac_ssm_gated_norm_bwd(&ss, dS[op->in], dS[op->in2], g ? g->ssm_norm : NULL, c->dssm_dim_gate,
+                                          c->dgate[AC_DIM_SSM], dO, w.in[i], w.in2[i], N);
                 else if (op->kind == AC_OP_SSM_SCAN)
                     ac_ssm_scan_bwd(&ss, dS[op->in], dS[op->in2], g ? g->dt_bias : NULL, g ? g->a_log : NULL,
                                     g ? g->ssm_d : NULL, dO, w.in[i], w.in2[i], c->B, c->T, ssm_work(c));

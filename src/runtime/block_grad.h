@@ -65,6 +65,9 @@ typedef struct {
     float *wtile;    /* 16-bit weights: wtile_rows rows of the widest input, converted for dX */
     int wtile_rows;
     int *rows; /* MoE layers: max(B*T, experts) ints (routing order, the rows routed to one expert) */
+    const float *ssm_dim_gate; /* nemotron_h Mamba layers: head-dim gates [ssm_head_dim] in the gated norm (ac_ssm's
+                                * dim_gate), or NULL */
+    float *dssm_dim_gate;      /* their gradient, accumulated, or NULL */
 } ac_block_grad;
 
 /* 0 when every op of a's recipes has a backward here for matrices of

@@ -41,6 +41,8 @@ typedef struct {
     /* nemotron_h Mamba-2 layer: zx[N][width], in_proj's output (z, x, B, C,
      * dt; x is channels d_inner .. 2 d_inner), before the conv */
     void (*ssm_in)(void *ud, int layer, const float *zx, int N, int d_inner, int width);
+    /* nemotron_h MoE layer: act[N][Fs], the shared expert's relu(up)^2 before its down projection */
+    void (*shared_act)(void *ud, int layer, const float *act, int N, int Fs);
 } ac_engine_hooks;
 
 typedef struct {

@@ -9,7 +9,7 @@
 ac_ssm ac_ssm_of(const ac_arch *a, const ac_layer_w *w, int l) {
     ac_ssm s = {a->layers[l].ssm_heads, a->ssm_head_dim, a->ssm_state, a->ssm_groups, a->ssm_conv,
                 w->conv_w,              w->conv_b,       w->dt_bias,   w->a_log,      w->ssm_d,
-                w->ssm_norm,            a->eps};
+                w->ssm_norm,            a->eps,          NULL,         NULL};
     return s;
 }
 
@@ -89,19 +89,26 @@ void ac_ssm_scan_fwd(const ac_ssm *s, float *y, const float *xbc, const float *z
         }
 }
 
+/* Channel c's gate (of di): its head's times its head dim's (1 without gates). */
+static double dgate_of(const ac_ssm *s, int c) {
+    return (s->dim_gate ? s->dim_gate[c % s->P] : 1.0) * (s->head_gate ? s->head_gate[c / s->P] : 1.0);
+}
+
 void ac_ssm_gated_norm_fwd(const ac_ssm *s, float *out, const float *y, const float *zx, int N) {
     int di = ac_ssm_di(s), SI = ac_ssm_si(s), gs = di / s->G;
     for (size_t r = 0; r < (size_t)N; r++)
         for (int gi = 0; gi < s->G; gi++) {
             const float *yr = y + r * di + gi * gs, *z = zx + r * SI + gi * gs;
             float *o = out + r * di + gi * gs;
-            double ss = 0;
+            double ss = 0, M = 0;
             for (int c = 0; c < gs; c++) {
-                double v = yr[c] * z[c] * sigm(z[c]);
-                ss += v * v;
+                double v = yr[c] * z[c] * sigm(z[c]), m = dgate_of(s, gi * gs + c);
+                ss += m * v * v;
+                M += m;
             }
-            double rs = 1.0 / sqrt(ss / gs + s->eps);
-            for (int c = 0; c < gs; c++) o[c] = (float)(yr[c] * z[c] * sigm(z[c]) * rs * s->norm_w[gi * gs + c]);
+            double rs = M > 0 ? 1.0 / sqrt(ss / M + s->eps) : 0;
+            for (int c = 0; c < gs; c++)
+                o[c] = (float)(yr[c] * z[c] * sigm(z[c]) * rs * s->norm_w[gi * gs + c] * dgate_of(s, gi * gs + c));
         }
 }
 
@@ -198,31 +205,41 @@ void ac_ssm_scan_bwd(const ac_ssm *s, float *dxbc, float *dzx, float *ddt_bias, 
         }
 }
 
-void ac_ssm_gated_norm_bwd(const ac_ssm *s, float *dy, float *dzx, float *dnorm_w, const float *dout, const float *y,
-                           const float *zx, int N) {
+/* With m_c the head-dim gates, M = sum m, ms = sum m v^2 / M, rs = (ms + eps)^-1/2, vh = v rs and dot = sum_c d_c
+ * w_c m_c vh_c: dv_c = rs m_c (d_c w_c - vh_c dot / M), dm_c = d_c w_c vh_c - dot (vh_c^2 - rs^2 ms) / (2 M). */
+void ac_ssm_gated_norm_bwd(const ac_ssm *s, float *dy, float *dzx, float *dnorm_w, float *ddim_gate, float *dhead_gate,
+                           const float *dout, const float *y, const float *zx, int N) {
     int di = ac_ssm_di(s), SI = ac_ssm_si(s), gs = di / s->G;
     for (size_t r = 0; r < (size_t)N; r++)
         for (int gi = 0; gi < s->G; gi++) {
             const float *yr = y + r * di + gi * gs, *z = zx + r * SI + gi * gs, *d = dout + r * di + gi * gs,
                         *w = s->norm_w + gi * gs;
             float *dyr = dy + r * di + gi * gs, *dz = dzx + r * SI + gi * gs;
-            double ss = 0, dot = 0;
+            double ss = 0, dot = 0, M = 0;
             for (int c = 0; c < gs; c++) {
-                double v = yr[c] * z[c] * sigm(z[c]);
-                ss += v * v;
+                double v = yr[c] * z[c] * sigm(z[c]), m = dgate_of(s, gi * gs + c);
+                ss += m * v * v;
+                M += m;
             }
-            double rs = 1.0 / sqrt(ss / gs + s->eps);
-            for (int c = 0; c < gs; c++) {
-                double vh = yr[c] * z[c] * sigm(z[c]) * rs;
-                dot += (double)d[c] * w[c] * vh;
-                if (dnorm_w) dnorm_w[gi * gs + c] += (float)(d[c] * vh);
+            if (M <= 0) { /* every dim gated off: the output is 0 whatever the input */
+                for (int c = 0; c < gs; c++) dyr[c] = dz[c] = 0;
+                continue;
             }
-            dot /= gs;
+            double ms = ss / M, rs = 1.0 / sqrt(ms + s->eps);
             for (int c = 0; c < gs; c++) {
-                double sg = sigm(z[c]), sz = z[c] * sg, vh = yr[c] * sz * rs;
-                double dv = rs * ((double)d[c] * w[c] - vh * dot);
+                double vh = yr[c] * z[c] * sigm(z[c]) * rs, m = dgate_of(s, gi * gs + c);
+                dot += (double)d[c] * w[c] * m * vh;
+                if (dnorm_w) dnorm_w[gi * gs + c] += (float)(d[c] * vh * m);
+            }
+            for (int c = 0; c < gs; c++) {
+                int ch = gi * gs + c;
+                double sg = sigm(z[c]), sz = z[c] * sg, vh = yr[c] * sz * rs, m = dgate_of(s, ch);
+                double dv = rs * m * ((double)d[c] * w[c] - vh * dot / M);
+                double dm = d[c] * w[c] * vh - dot * (vh * vh - rs * rs * ms) / (2 * M); /* d loss / d m_c */
                 dyr[c] = (float)(dv * sz);
                 dz[c] = (float)(dv * yr[c] * sg * (1 + z[c] * (1 - sg)));
+                if (ddim_gate) ddim_gate[ch % s->P] += (float)(dm * (s->head_gate ? s->head_gate[ch / s->P] : 1.0));
+                if (dhead_gate) dhead_gate[ch / s->P] += (float)(dm * (s->dim_gate ? s->dim_gate[ch % s->P] : 1.0));
             }
         }
 }

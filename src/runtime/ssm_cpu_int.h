@@ -34,6 +34,11 @@ typedef struct {
     const float *dt_bias, *a_log, *d; /* [nh] */
     const float *norm_w;              /* [nh*P] */
     float eps;
+    /* Head gates [nh] and head-dim gates [P] (NULL: none, as 1): channel h*P + p of the gated norm weighs m =
+     * head_gate[h] * dim_gate[p] in its group's statistic, sum m v^2 / sum m, and its output is multiplied by m;
+     * gates in {0,1} are the norm of the model without the gated-off heads and dims (the differentiable search's
+     * Mamba head and mamba_head_dim gates) */
+    const float *dim_gate, *head_gate;
 } ac_ssm;
 
 /* Layer l's mixer (a layer with ssm_heads > 0). */
@@ -50,7 +55,7 @@ void ac_ssm_conv_fwd(const ac_ssm *s, float *out, const float *zx, int B, int n,
  * floats of work (zeros first). */
 void ac_ssm_scan_fwd(const ac_ssm *s, float *y, const float *xbc, const float *zx, int B, int n, float *ssm_state,
                      int cont, float *work);
-/* out[N][di] = groupnorm(y * silu(z)) * norm_w. */
+/* out[N][di] = groupnorm(y * silu(z)) * norm_w (with dim_gate, as above). */
 void ac_ssm_gated_norm_fwd(const ac_ssm *s, float *out, const float *y, const float *zx, int N);
 /* out[n] = relu(in)^2. */
 void ac_relu2_fwd(float *out, const float *in, size_t n);
@@ -67,8 +72,9 @@ void ac_ssm_conv_bwd(const ac_ssm *s, float *dzx, float *dconv_w, float *dconv_b
 size_t ac_ssm_scan_work(const ac_ssm *s, int n);
 void ac_ssm_scan_bwd(const ac_ssm *s, float *dxbc, float *dzx, float *ddt_bias, float *da_log, float *dd,
                      const float *dy, const float *xbc, const float *zx, int B, int n, float *work);
-void ac_ssm_gated_norm_bwd(const ac_ssm *s, float *dy, float *dzx, float *dnorm_w, const float *dout, const float *y,
-                           const float *zx, int N);
+/* ddim_gate [P] and dhead_gate [nh] (NULL: none) accumulate the gates' gradients. */
+void ac_ssm_gated_norm_bwd(const ac_ssm *s, float *dy, float *dzx, float *dnorm_w, float *ddim_gate, float *dhead_gate,
+                           const float *dout, const float *y, const float *zx, int N);
 void ac_relu2_bwd(float *din, const float *dout, const float *in, size_t n);
 
 #endif

@@ -83,6 +83,16 @@ static size_t layout(ac_trainer *t, const ac_arch *a, int B, int T, float *base)
         if (L->ssm_heads) {
             TAKE(t->gate.ssm[l], L->ssm_heads);
             TAKE(t->dgate.ssm[l], L->ssm_heads);
+            TAKE(t->gate.ssm_dim[l], a->ssm_head_dim);
+            TAKE(t->dgate.ssm_dim[l], a->ssm_head_dim);
+        }
+        if (a->hybrid && L->n_experts && a->shared_ffn) {
+            TAKE(t->gate.shared[l], a->shared_ffn);
+            TAKE(t->dgate.shared[l], a->shared_ffn);
+        }
+        if (a->hybrid && L->n_experts && a->moe_latent) {
+            TAKE(t->gate.latent[l], a->moe_latent);
+            TAKE(t->dgate.latent[l], a->moe_latent);
         }
     }
     TAKE(t->xhf, N * H);
@@ -118,7 +128,8 @@ size_t ac_trainer_bytes_frozen(const ac_arch *a, int B, int T) {
 void ac_trainer_free(ac_trainer *t) {
     float ***ptrs[] = {&t->tape,        &t->gate.head,  &t->gate.ffn,     &t->dgate.head, &t->dgate.ffn,
                        &t->gate.expert, &t->gate.echan, &t->dgate.expert, &t->dgate.echan, &t->gate.ssm,
-                       &t->dgate.ssm};
+                       &t->dgate.ssm,   &t->gate.ssm_dim, &t->dgate.ssm_dim, &t->gate.shared, &t->dgate.shared,
+                       &t->gate.latent, &t->dgate.latent};
     for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) free(*ptrs[i]);
     free(t->mem);
     free(t->tok);
@@ -149,7 +160,8 @@ static int trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, int fr
     int nl = a->n_layers;
     float ***ptrs[] = {&t->tape,        &t->gate.head,  &t->gate.ffn,     &t->dgate.head, &t->dgate.ffn,
                        &t->gate.expert, &t->gate.echan, &t->dgate.expert, &t->dgate.echan, &t->gate.ssm,
-                       &t->dgate.ssm};
+                       &t->dgate.ssm,   &t->gate.ssm_dim, &t->dgate.ssm_dim, &t->gate.shared, &t->dgate.shared,
+                       &t->gate.latent, &t->dgate.latent};
     int ok = 1;
     for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++)
         ok = ok && (*ptrs[i] = calloc(nl ? nl : 1, sizeof(float *)));
@@ -179,6 +191,9 @@ static int trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, int fr
         for (int x = 0; x < a->layers[l].n_experts; x++) t->gate.expert[l][x] = 1;
         for (int c = 0; c < a->layers[l].n_experts * a->layers[l].expert_ffn; c++) t->gate.echan[l][c] = 1;
         for (int h = 0; h < a->layers[l].ssm_heads; h++) t->gate.ssm[l][h] = 1;
+        for (int p = 0; t->gate.ssm_dim[l] && p < a->ssm_head_dim; p++) t->gate.ssm_dim[l][p] = 1;
+        for (int c = 0; t->gate.shared[l] && c < a->shared_ffn; c++) t->gate.shared[l][c] = 1;
+        for (int c = 0; t->gate.latent[l] && c < a->moe_latent; c++) t->gate.latent[l][c] = 1;
         t->gate.attn[l] = t->gate.mlp[l] = 1;
     }
     for (int c = 0; c < a->hidden; c++) t->gate.hidden[c] = 1;
@@ -323,6 +338,9 @@ void ac_train_zero_grad(ac_trainer *t) {
         zero(t->dgate.expert[l], L->n_experts);
         zero(t->dgate.echan[l], (size_t)L->n_experts * L->expert_ffn);
         zero(t->dgate.ssm[l], L->ssm_heads);
+        zero(t->dgate.ssm_dim[l], t->dgate.ssm_dim[l] ? (size_t)a->ssm_head_dim : 0);
+        zero(t->dgate.shared[l], t->dgate.shared[l] ? (size_t)a->shared_ffn : 0);
+        zero(t->dgate.latent[l], t->dgate.latent[l] ? (size_t)a->moe_latent : 0);
         t->dgate.attn[l] = t->dgate.mlp[l] = 0;
     }
 }
@@ -364,6 +382,12 @@ static ac_block_grad layer_exec(ac_trainer *t, int l, const ac_layer_w *w, float
     c.dgate[AC_DIM_FE] = t->dgate.echan[l];
     c.gate[AC_DIM_SSM] = t->gate.ssm[l];
     c.dgate[AC_DIM_SSM] = t->dgate.ssm[l];
+    c.gate[AC_DIM_FS] = t->gate.shared[l];
+    c.dgate[AC_DIM_FS] = t->dgate.shared[l];
+    c.gate[AC_DIM_LT] = t->gate.latent[l];
+    c.dgate[AC_DIM_LT] = t->dgate.latent[l];
+    c.ssm_dim_gate = t->gate.ssm_dim[l];
+    c.dssm_dim_gate = t->dgate.ssm_dim[l];
     for (int i = 0; i < AC_BLOCK_MAX_SUB; i++) /* nemotron_h: its Mamba (2) and MoE (3) mixers on the mlp gate */
         sub[i] = i == 0 ? t->gate.attn[l] : i == 1 || (t->m->a.hybrid && i <= 3) ? t->gate.mlp[l] : 1.0f;
     return c;

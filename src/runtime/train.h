@@ -27,10 +27,20 @@
  *               pruned model's routing too);
  *   echan[l][e*Fe + c]  multiplies channel c of expert e (silu(gate) * up)
  *               before its down projection;
- *   ssm[l][h]   multiplies Mamba head h's gated-norm output (its
- *               ssm_head_dim channels) before out_proj (nemotron_h; the
- *               norm's group statistics still include the head: a gate of
- *               0 is the head's removal up to that normalisation).
+ *   ssm[l][h]   Mamba head h of layer l (nemotron_h), inside the gated
+ *               norm as ssm_dim below (a channel's weight is its head's
+ *               gate times its dim's): a gate of 0 is the head removed;
+ *   ssm_dim[l][p] head dim p of every Mamba head of layer l, inside the
+ *               gated norm: the channel weighs its gate in its group's
+ *               statistic (sum m v^2 / sum m) and its output is multiplied
+ *               by it, so gates in {0,1} are exactly the model with a
+ *               narrower mamba_head_dim keeping those dims (ssm_cpu_int.h);
+ *   shared[l][c] multiplies shared-expert channel c (relu(up)^2) before its
+ *               down projection (nemotron_h MoE layers);
+ *   latent[l][c] multiplies LatentMoE latent channel c twice: of the
+ *               experts' input (the latent down projection's output) and of
+ *               their weighted sum (the latent up projection's input), so a
+ *               gate of 0 is the channel removed from both.
  *
  * Memory (llm.c's rule): ac_trainer_init makes one allocation for every
  * activation, scratch buffer and gate (ac_trainer_bytes says how much, see
@@ -68,6 +78,12 @@ typedef struct {
     float **expert; /* [l][n_experts] (NULL without experts; may be NULL as a whole: acc_trainer_gates then leaves them) */
     float **echan;  /* [l][n_experts * expert_ffn]: expert e's channels at e * expert_ffn */
     float **ssm;   /* [l][ssm_heads]: nemotron_h Mamba heads (NULL when the layer has none) */
+    float **ssm_dim; /* [l][ssm_head_dim]: nemotron_h Mamba head dims (NULL rows without a Mamba mixer; may be NULL
+                      * as a whole) */
+    float **shared;  /* [l][shared_ffn]: a nemotron_h MoE layer's shared-expert channels (NULL rows elsewhere; may be
+                      * NULL as a whole) */
+    float **latent;  /* [l][moe_latent]: a LatentMoE layer's latent channels (NULL rows elsewhere; may be NULL as a
+                      * whole) */
 } ac_gates;
 
 typedef struct {

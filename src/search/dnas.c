@@ -85,7 +85,14 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
     g->xfm = calloc(L, sizeof(int));
     g->nsg = calloc(L, sizeof(int));
     g->sg_off = calloc(L, sizeof(int));
-    if (!g->nsg || !g->sg_off || !g->nkv || !g->nfg || !g->kv_off || !g->ffn_off || !g->kv_on || !g->nmc || !g->mc_off || !g->nex ||
+    g->npd = calloc(L, sizeof(int));
+    g->pd_off = calloc(L, sizeof(int));
+    g->nshg = calloc(L, sizeof(int));
+    g->shg_off = calloc(L, sizeof(int));
+    g->nltg = calloc(L, sizeof(int));
+    g->ltg_off = calloc(L, sizeof(int));
+    if (!g->nltg || !g->ltg_off || !g->npd || !g->pd_off || !g->nshg || !g->shg_off ||
+        !g->nsg || !g->sg_off || !g->nkv || !g->nfg || !g->kv_off || !g->ffn_off || !g->kv_on || !g->nmc || !g->mc_off || !g->nex ||
         !g->ex_off || !g->nxg || !g->xg_off || !g->xfm) {
         ac_dnas_gates_free(g);
         return ac_errf(e, "out of memory");
@@ -124,8 +131,9 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
     for (int l = 0; l < L; l++) { /* expert width: about 16 groups of each expert's ranking */
         int Fe = b->layers[l].expert_ffn;
         g->xfm[l] = Fe >= 24 ? (Fe + 8) / 16 : 1;
-        g->nxg[l] =
-            so->prune_expert_ffn && !b->router_sigmoid && b->layers[l].n_experts ? (Fe + g->xfm[l] - 1) / g->xfm[l] : 0;
+        g->nxg[l] = so->prune_expert_ffn && (!b->router_sigmoid || g->hyb) && b->layers[l].n_experts
+                        ? (Fe + g->xfm[l] - 1) / g->xfm[l]
+                        : 0;
         g->xg_off[l] = n;
         n += g->nxg[l];
     }
@@ -134,6 +142,25 @@ int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *b, const ac_search_opts 
         g->nsg[l] = nh && nh % G == 0 ? nh / G : 0;
         g->sg_off[l] = n;
         n += g->nsg[l];
+    }
+    for (int l = 0; l < L; l++) { /* Mamba head dims: one gate per dim, the same dim in every head */
+        g->npd[l] = g->hyb && b->layers[l].ssm_heads && b->ssm_head_dim > 1 ? b->ssm_head_dim : 0;
+        g->pd_off[l] = n;
+        n += g->npd[l];
+    }
+    int Fs = g->hyb ? b->shared_ffn : 0; /* the shared expert's width: about 16 groups of each layer's ranking */
+    g->shm = Fs >= 24 ? (Fs + 8) / 16 : 1;
+    for (int l = 0; l < L; l++) {
+        g->nshg[l] = so->prune_expert_ffn && Fs && b->layers[l].n_experts ? (Fs + g->shm - 1) / g->shm : 0;
+        g->shg_off[l] = n;
+        n += g->nshg[l];
+    }
+    int Lt = g->hyb ? b->moe_latent : 0; /* LatentMoE's latent width: about 16 groups, in index order */
+    g->ltm = Lt >= 24 ? (Lt + 8) / 16 : 1;
+    for (int l = 0; l < L; l++) {
+        g->nltg[l] = so->prune_expert_ffn && Lt && b->layers[l].n_experts ? (Lt + g->ltm - 1) / g->ltm : 0;
+        g->ltg_off[l] = n;
+        n += g->nltg[l];
     }
     g->np = n;
     g->la = calloc(n + 1, sizeof(double));
@@ -170,8 +197,19 @@ void ac_dnas_gates_free(ac_dnas_gates *g) {
     free(g->xfm);
     free(g->nsg);
     free(g->sg_off);
+    free(g->npd);
+    free(g->pd_off);
+    free(g->nshg);
+    free(g->shg_off);
+    free(g->nltg);
+    free(g->ltg_off);
     free(g->la);
     memset(g, 0, sizeof *g);
+}
+
+/* The shared-expert channel of MoE layer l at rank r of its ranking (identity without one). */
+static int shared_at(const ac_importance *imp, int l, int r) {
+    return imp->sh_order && imp->sh_order[l] ? imp->sh_order[l][r] : r;
 }
 
 /* The channel of expert x (of Fe) at rank r of its ranking (identity without one). */
@@ -196,6 +234,12 @@ void ac_dnas_set_gates(const ac_dnas_gates *g, const double *z, ac_gates *tg, co
         for (int gr = 0; g->nsg[l] && tg->ssm && tg->ssm[l] && gr * g->nsg[l] < bl->ssm_heads; gr++)
             for (int j = 0; j < g->nsg[l]; j++)
                 tg->ssm[l][ac_dnas_ssm_head(imp, b, l, gr, j)] = (float)z[g->sg_off[l] + j];
+        for (int d = 0; g->npd[l] && tg->ssm_dim && tg->ssm_dim[l] && d < g->npd[l]; d++)
+            tg->ssm_dim[l][d] = (float)z[g->pd_off[l] + d];
+        for (int r = 0; g->nshg[l] && tg->shared && tg->shared[l] && r < b->shared_ffn; r++)
+            tg->shared[l][shared_at(imp, l, r)] = (float)z[g->shg_off[l] + r / g->shm];
+        for (int c = 0; g->nltg[l] && tg->latent && tg->latent[l] && c < b->moe_latent; c++)
+            tg->latent[l][c] = (float)z[g->ltg_off[l] + c / g->ltm];
         tg->attn[l] = g->gate_depth && (bl->n_heads || g->hyb) ? (float)z[g->attn_off + l] : 1.0f;
         tg->mlp[l] = g->gate_depth && (bl->ffn || g->hyb) ? (float)z[g->mlp_off + l] : 1.0f;
     }
@@ -217,6 +261,12 @@ void ac_dnas_gate_grads_of(const ac_dnas_gates *g, const ac_arch *b, const ac_ga
                 dz[g->xg_off[l] + r / g->xfm[l]] += dg->echan[l][x * Fe + echan_at(imp, l, x, Fe, r)];
         for (int gr = 0; g->nsg[l] && gr * g->nsg[l] < bl->ssm_heads; gr++) /* a slot: the sum over the groups */
             for (int j = 0; j < g->nsg[l]; j++) dz[g->sg_off[l] + j] += dg->ssm[l][ac_dnas_ssm_head(imp, b, l, gr, j)];
+        for (int d = 0; g->npd[l] && dg->ssm_dim && dg->ssm_dim[l] && d < g->npd[l]; d++)
+            dz[g->pd_off[l] + d] = dg->ssm_dim[l][d];
+        for (int r = 0; g->nshg[l] && dg->shared && dg->shared[l] && r < b->shared_ffn; r++)
+            dz[g->shg_off[l] + r / g->shm] += dg->shared[l][shared_at(imp, l, r)];
+        for (int c = 0; g->nltg[l] && dg->latent && dg->latent[l] && c < b->moe_latent; c++)
+            dz[g->ltg_off[l] + c / g->ltm] += dg->latent[l][c];
         if (g->gate_depth && (bl->n_heads || g->hyb)) dz[g->attn_off + l] = dg->attn[l];
         /* tied: the layer's gate gets both (a hybrid layer's one mixer is one of the two sub-block gates) */
         if (g->gate_depth && (bl->ffn || g->hyb)) dz[g->mlp_off + l] += dg->mlp[l];
@@ -659,6 +709,17 @@ static int experts_copy(ac_importance *d, const ac_importance *s, const ac_arch 
     return bad ? -1 : 0;
 }
 
+/* d's shared-expert channel orders and scores: copies of s's (NULL rows stay NULL). */
+static int shared_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) {
+    int L = b->n_layers, Fs = b->shared_ffn, bad = 0;
+    if (!s->sh_order) return 0;
+    if (!(d->sh_order = calloc(L, sizeof(int *))) || !(d->sh_score = calloc(L, sizeof(double *)))) return -1;
+    for (int l = 0; l < L && !bad; l++)
+        if (s->sh_order[l])
+            bad |= copy_ints(&d->sh_order[l], s->sh_order[l], Fs) || copy_dbls(&d->sh_score[l], s->sh_score[l], Fs);
+    return bad ? -1 : 0;
+}
+
 /* d's Mamba head orders and scores: copies of s's (NULL rows stay NULL). */
 static int ssm_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) {
     int L = b->n_layers, bad = 0;
@@ -703,7 +764,12 @@ static int imp_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) 
     d->echan_score = NULL;
     d->ssm_head_order = NULL; /* (deep-copied below) */
     d->ssm_head_score = d->ssm_chan_score = NULL;
-    int bad = ssm_copy(d, s, b) || !d->kv_order || !d->kv_score || !d->ffn_order || !d->ffn_score || mt_copy(d, s, b) ||
+    d->sh_order = NULL; /* (deep-copied below) */
+    d->sh_score = NULL;
+    d->ssm_dim_order = NULL; /* (ac_dnas_orders sets it and lat_order from the gates) */
+    d->lat_order = NULL;
+    int bad = ssm_copy(d, s, b) || shared_copy(d, s, b) ||
+              !d->kv_order || !d->kv_score || !d->ffn_order || !d->ffn_score || mt_copy(d, s, b) ||
               (s->expert_order && experts_copy(d, s, b));
     for (int l = 0; l < L && !bad; l++) {
         int nkv = b->layers[l].n_kv_heads, F = b->layers[l].ffn;
@@ -855,6 +921,32 @@ int ac_dnas_orders(const ac_dnas_gates *g, const ac_importance *imp, const ac_ar
             for (int j = 0; j < hpg; j++) base[j] = ac_dnas_ssm_head(imp, b, l, gr, j);
             rc = order_blocks(base, hpg, 1, g->la + g->sg_off[l], orders->ssm_head_order[l] + gr * hpg);
         }
+        rc |= !base;
+        free(base);
+    }
+    for (int l = 0; l < g->L && !rc; l++) { /* Mamba head dims by gate score */
+        if (!g->npd[l]) continue;
+        if (!orders->ssm_dim_order && !(orders->ssm_dim_order = calloc(g->L, sizeof(int *)))) rc = -1;
+        if (!rc && !(orders->ssm_dim_order[l] = malloc(sizeof(int) * g->npd[l]))) rc = -1;
+        if (!rc) rank_by(g->la + g->pd_off[l], g->npd[l], orders->ssm_dim_order[l]);
+    }
+    for (int l = 0; l < g->L && !rc; l++) { /* latent channels: blocks (in index order) by gate score */
+        int Lt = b->moe_latent, *base = g->nltg[l] ? malloc(sizeof(int) * Lt) : NULL;
+        if (!g->nltg[l]) continue;
+        if (!orders->lat_order && !(orders->lat_order = calloc(g->L, sizeof(int *)))) rc = -1;
+        if (!rc && !(orders->lat_order[l] = malloc(sizeof(int) * Lt))) rc = -1;
+        for (int c = 0; !rc && base && c < Lt; c++) base[c] = c;
+        if (!rc && base) rc = order_blocks(base, Lt, g->ltm, g->la + g->ltg_off[l], orders->lat_order[l]);
+        rc |= !base;
+        free(base);
+    }
+    for (int l = 0; l < g->L && !rc; l++) { /* shared-expert channels: rank blocks by gate score */
+        int Fs = b->shared_ffn, *base = g->nshg[l] ? malloc(sizeof(int) * Fs) : NULL;
+        if (!g->nshg[l]) continue;
+        if (!orders->sh_order && !(orders->sh_order = calloc(g->L, sizeof(int *)))) rc = -1;
+        if (!rc && !orders->sh_order[l] && !(orders->sh_order[l] = malloc(sizeof(int) * Fs))) rc = -1;
+        for (int r = 0; !rc && base && r < Fs; r++) base[r] = shared_at(imp, l, r);
+        if (!rc && base) rc = order_blocks(base, Fs, g->shm, g->la + g->shg_off[l], orders->sh_order[l]);
         rc |= !base;
         free(base);
     }

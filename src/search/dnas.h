@@ -38,7 +38,8 @@
  *              discrete count is the mean over the MoE layers (at least
  *              top_k), each layer keeping its highest-scored experts;
  *   xw[l][j]   a group of xfm[l] channels of every expert of an MoE layer
- *              (with ex; about 16 groups: xfm = round(expert_ffn / 16)):
+ *              (with prune_expert_ffn; about 16 groups: xfm = round(expert_ffn / 16);
+ *              softmax routers, and nemotron_h's sigmoid one):
  *              group j holds, in each expert e, the channels at ranks
  *              j*xfm .. of e's own ranking (imp->echan_order), through
  *              train.h's expert channel gates; one width for the model
@@ -48,6 +49,24 @@
  *              j of EVERY group (imp->ssm_head_order), through train.h's
  *              ssm gates: the gates keep the same number of heads in each
  *              group, as the group-aware pruning does (ssm_prune.h);
+ *   pd[l][p]   nemotron_h: head dim p of every Mamba head of layer l
+ *              (train.h's ssm_dim gates, inside the gated norm: gates in
+ *              {0,1} are the narrower mamba_head_dim exactly), so every
+ *              head keeps the same dims; one mamba_head_dim for the model
+ *              (the config holds one), the mean over the Mamba layers'
+ *              expected dims, each layer keeping its highest-scored dims
+ *              (imp->ssm_dim_order of ac_dnas_orders);
+ *   sh[l][j]   nemotron_h (with prune_expert_ffn): a group of shm
+ *              shared-expert channels of MoE layer l (about 16 groups),
+ *              group j the channels at ranks j*shm .. of imp->sh_order
+ *              (train.h's shared gates); one
+ *              moe_shared_expert_intermediate_size for the model, the mean
+ *              over the MoE layers, on the group grid;
+ *   lt[l][j]   LatentMoE (with prune_expert_ffn): a group of ltm latent
+ *              channels of MoE layer l (about 16 groups, in index order:
+ *              no statistic ranks them), train.h's latent gates on the
+ *              experts' input and their weighted sum; one moe_latent_size
+ *              for the model as above (imp->lat_order of ac_dnas_orders);
  *   attn[l], mlp[l]  the attention / FFN sub-block (depth); on the
  *              uniform llama target one gate per layer serves both (the
  *              whole layer kept or dropped, as Minitron's depth axis; the
@@ -64,8 +83,11 @@
  * Hybrid Mamba-Transformer models (nemotron_h, dnas_hybrid.c): every layer
  * holds one mixer, so one depth gate per layer (attn_off + l) removes a
  * Mamba, attention, MLP or MoE layer; the gates are the Mamba head slots
- * above, attention KV groups, MLP channel groups, MoE experts (the sigmoid
- * router: ac_moe_route_sigmoid's gates) and hidden channels. The cost
+ * and head dims above, attention KV groups, MLP channel groups, MoE experts
+ * (the sigmoid router: ac_moe_route_sigmoid's gates), expert-channel and
+ * shared-expert channel groups, and hidden channels; the widths the config
+ * holds once (expert, shared-expert, head dim) are the mean over their
+ * layers, in the expected cost and at discretisation. The cost
  * model's carch holds Mamba heads per layer, so the expected cost is the
  * formula above with every layer one block: E[m] = m(cbar) - sum_l (1 - p_l)
  * D_l, width gradients p_l dm/dw_l by central differences on the cost
@@ -139,6 +161,11 @@ typedef struct {
     int hyb;                 /* nemotron_h (dnas_hybrid.c): one depth gate per layer (attn_off + l, whatever its
                               * mixer), Mamba head slots, one width per layer type at discretisation */
     int *nsg, *sg_off;       /* [L] Mamba head slots per layer (heads / groups; 0: none), their offset */
+    int *npd, *pd_off;       /* [L] nemotron_h Mamba head dims per layer (ssm_head_dim; 0: none), their offset */
+    int *nshg, *shg_off, shm; /* [L] nemotron_h shared-expert channel groups per MoE layer (0: none), their offset;
+                               * channels per group */
+    int *nltg, *ltg_off, ltm; /* [L] LatentMoE latent channel groups per MoE layer (0: none), their offset; channels
+                               * per group */
 } ac_dnas_gates;
 
 int ac_dnas_gates_init(ac_dnas_gates *g, const ac_arch *base, const ac_search_opts *so, ac_err *e);

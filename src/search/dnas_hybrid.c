@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "search/constraints.h"
+#include "search/ssm_prune.h"
 #include "dnas_int.h"
 
 enum { T_MAMBA, T_ATTN, T_MLP, T_MOE, N_TYPES };
@@ -21,6 +22,60 @@ static int type_of(const ac_layer_arch *L) {
 static int groups_of(const ac_arch *b) { return b->ssm_groups > 0 ? b->ssm_groups : 1; }
 static int grp_of(const ac_layer_arch *L) { return L->n_heads ? L->n_heads / L->n_kv_heads : 1; }
 static double kp(const ac_dnas_gates *g, int i) { return ac_dnas_keep_prob(g->la[i]); }
+
+/* The greedy moves (move()): a width one grid step, or (K_DEPTH + t) a layer of type t. */
+enum { K_SSM, K_KV, K_FFN, K_EX, K_HID, K_EW, K_SH, K_PD, K_LT, K_DEPTH };
+
+/* Layer l's gates of the model-wide width kind k (K_EW, K_SH, K_PD, K_LT): their count (0: none), *off their first
+ * log_alpha, *step the channels of one gate, *max the base's width. */
+static int wide_gates(const ac_dnas_gates *g, const ac_arch *b, int k, int l, int *off, int *step, int *max) {
+    const ac_layer_arch *bl = &b->layers[l];
+    if (k == K_EW) return *off = g->xg_off[l], *step = g->xfm[l], *max = bl->expert_ffn, g->nxg[l];
+    if (k == K_SH) return *off = g->shg_off[l], *step = g->shm, *max = b->shared_ffn, g->nshg[l];
+    if (k == K_LT) return *off = g->ltg_off[l], *step = g->ltm, *max = b->moe_latent, g->nltg[l];
+    return *off = g->pd_off[l], *step = 1, *max = b->ssm_head_dim, g->npd[l];
+}
+
+/* Layer l's weight in the model-wide width of its kind: with keep (the discretisation's choice) 1 when kept, else
+ * its depth gate's keep probability (the expected cost: a layer the gates remove does not set the width). */
+static double wide_weight(const ac_dnas_gates *g, int l, const char *keep) {
+    return keep ? keep[l] : g->gate_depth ? kp(g, g->attn_off + l) : 1;
+}
+
+/* The model-wide width of kind k (K_EW, K_SH, K_PD, K_LT): the mean over the layers that have such gates of their
+ * expected widths, weighted by wide_weight; *n gets how many layers have such gates (0: base returned), *ws the
+ * weights' sum, *step and *max their grid. */
+static double wide_expect(const ac_dnas_gates *g, const ac_arch *b, int k, double base, const char *keep, int *n,
+                          double *ws, int *step, int *max) {
+    double sum = 0;
+    int off;
+    *n = 0, *ws = 0, *step = 1, *max = (int)base;
+    for (int l = 0; l < g->L; l++) {
+        int ng = wide_gates(g, b, k, l, &off, step, max);
+        double w = 0, wl = ng ? wide_weight(g, l, keep) : 0;
+        for (int j = 0; j < ng; j++) w += ac_dnas_gsize(*max, *step, j) * kp(g, off + j);
+        sum += wl * w, *ws += wl;
+        *n += ng > 0;
+    }
+    return *n && *ws > 0 ? sum / *ws : base;
+}
+
+/* grad += dW times d(wide_expect)/d log_alpha (W its value, ws its weights' sum): each gate of layer l through
+ * its width, each depth gate through its weight. */
+static void wide_grad(const ac_dnas_gates *g, const ac_arch *b, int k, double dW, double W, double ws, double *grad) {
+    int off, step, max;
+    for (int l = 0; ws > 0 && l < g->L; l++) {
+        int ng = wide_gates(g, b, k, l, &off, &step, &max);
+        if (!ng) continue;
+        double wl = wide_weight(g, l, NULL), w = 0;
+        for (int j = 0; j < ng; j++) {
+            double q = kp(g, off + j), sz = ac_dnas_gsize(max, step, j);
+            w += sz * q;
+            grad[off + j] += dW * wl / ws * sz * q * (1 - q);
+        }
+        if (g->gate_depth) grad[g->attn_off + l] += dW * (w - W) / ws * wl * (1 - wl);
+    }
+}
 
 int ac_dnas_ssm_head(const ac_importance *imp, const ac_arch *b, int l, int gr, int j) {
     int hpg = b->layers[l].ssm_heads / groups_of(b);
@@ -47,6 +102,11 @@ static double layer_expect(const ac_dnas_gates *g, const ac_arch *b, int l, ac_c
         for (int k = 0; k < g->nex[l]; k++) x += kp(g, g->ex_off[l] + k);
         c->experts[l] = x;
     }
+    if (c->effn && g->nxg[l]) { /* expert width: its channel groups */
+        double w = 0;
+        for (int j = 0; j < g->nxg[l]; j++) w += ac_dnas_gsize(bl->expert_ffn, g->xfm[l], j) * kp(g, g->xg_off[l] + j);
+        c->effn[l] = w;
+    }
     return g->gate_depth ? kp(g, g->attn_off + l) : 1;
 }
 
@@ -57,25 +117,25 @@ static double hidden_expect(const ac_dnas_gates *g) {
     return h;
 }
 
-/* Layer l's widths in c: save them into s[4] and zero them (the layer removed), or put them back. */
+/* Layer l's widths in c: save them into s[6] and zero them (the layer removed), or put them back. */
 static void layer_off(ac_carch *c, int l, double *s) {
     s[0] = c->kv[l], s[1] = c->heads[l], s[2] = c->ffn[l];
-    s[3] = c->ssm ? c->ssm[l] : 0, s[4] = c->experts ? c->experts[l] : 0;
+    s[3] = c->ssm ? c->ssm[l] : 0, s[4] = c->experts ? c->experts[l] : 0, s[5] = c->effn ? c->effn[l] : 0;
     c->kv[l] = c->heads[l] = c->ffn[l] = 0;
     if (c->ssm) c->ssm[l] = 0;
-    if (c->experts) c->experts[l] = 0;
+    if (c->experts) c->experts[l] = c->effn[l] = 0;
 }
 
 static void layer_on(ac_carch *c, int l, const double *s) {
     c->kv[l] = s[0], c->heads[l] = s[1], c->ffn[l] = s[2];
     if (c->ssm) c->ssm[l] = s[3];
-    if (c->experts) c->experts[l] = s[4];
+    if (c->experts) c->experts[l] = s[4], c->effn[l] = s[5];
 }
 
 /* E[m] = m(cbar) - sum_l (1 - p_l) D_l with D_l = m(cbar) - m(cbar without
  * layer l), every layer one block (one mixer); D[L] (may be NULL) gets D. */
 static double expected_at(const ac_search_problem *p, ac_carch *c, const double *pl, int L, ac_metric m, double *D) {
-    double m0 = ac_dnas_metric_at(p, c, m), v = m0, save[5];
+    double m0 = ac_dnas_metric_at(p, c, m), v = m0, save[6];
     for (int l = 0; l < L; l++) {
         layer_off(c, l, save);
         double d = m0 - ac_dnas_metric_at(p, c, m);
@@ -118,6 +178,11 @@ double ac_dnas_hyb_expected_metric(const ac_dnas_gates *g, const ac_search_probl
     }
     for (int l = 0; l < L; l++) pl[l] = layer_expect(g, b, l, &c);
     c.hidden = hidden_expect(g);
+    int nsh, npd, nlt, st, mx;
+    double wsh, wpd, wlt;
+    c.shared_ffn = wide_expect(g, b, K_SH, c.shared_ffn, NULL, &nsh, &wsh, &st, &mx);
+    c.ssm_head_dim = wide_expect(g, b, K_PD, c.ssm_head_dim, NULL, &npd, &wpd, &st, &mx);
+    c.moe_latent = wide_expect(g, b, K_LT, c.moe_latent, NULL, &nlt, &wlt, &st, &mx);
     double v = expected_at(p, &c, pl, L, m, D);
     if (grad) {
         memset(grad, 0, sizeof(double) * g->np);
@@ -152,7 +217,19 @@ double ac_dnas_hyb_expected_metric(const ac_dnas_gates *g, const ac_search_probl
                     grad[g->ex_off[l] + k] = d * q * (1 - q);
                 }
             }
+            if (g->nxg[l] && c.effn) {
+                double d = slope(p, &c, pl, L, m, &c.effn[l], NULL, 0, 0.5);
+                for (int j = 0; j < g->nxg[l]; j++) {
+                    double q = kp(g, g->xg_off[l] + j);
+                    grad[g->xg_off[l] + j] = d * ac_dnas_gsize(bl->expert_ffn, g->xfm[l], j) * q * (1 - q);
+                }
+            }
         }
+        /* the model-wide widths: their layers' widths weighted by the layers' keep probabilities */
+        if (nsh) wide_grad(g, b, K_SH, slope(p, &c, pl, L, m, &c.shared_ffn, NULL, 0, 0.5), c.shared_ffn, wsh, grad);
+        if (npd)
+            wide_grad(g, b, K_PD, slope(p, &c, pl, L, m, &c.ssm_head_dim, NULL, 0, 0.5), c.ssm_head_dim, wpd, grad);
+        if (nlt) wide_grad(g, b, K_LT, slope(p, &c, pl, L, m, &c.moe_latent, NULL, 0, 0.5), c.moe_latent, wlt, grad);
         if (g->gate_hid) {
             double d = slope(p, &c, pl, L, m, &c.hidden, NULL, 0, 4);
             for (int j = 0; j < g->nhg; j++) {
@@ -180,9 +257,17 @@ json_t *ac_dnas_hyb_expected_json(const ac_dnas_gates *g, const ac_arch *b) {
         if (bl->n_heads) json_object_set_new(o, "heads", json_real(p * c.heads[l]));
         if (bl->ffn) json_object_set_new(o, "ffn", json_real(p * c.ffn[l]));
         if (bl->n_experts && c.experts) json_object_set_new(o, "experts", json_real(p * c.experts[l]));
+        if (bl->n_experts && c.effn) json_object_set_new(o, "expert_ffn", json_real(p * c.effn[l]));
         json_array_append_new(layers, o);
     }
+    int n, st, mx;
+    double ws;
     json_t *o = json_pack("{s:f,s:o}", "hidden", hidden_expect(g), "layers", layers);
+    if (b->shared_ffn)
+        json_object_set_new(o, "shared_ffn", json_real(wide_expect(g, b, K_SH, b->shared_ffn, NULL, &n, &ws, &st, &mx)));
+    json_object_set_new(o, "ssm_head_dim", json_real(wide_expect(g, b, K_PD, b->ssm_head_dim, NULL, &n, &ws, &st, &mx)));
+    if (b->moe_latent)
+        json_object_set_new(o, "moe_latent", json_real(wide_expect(g, b, K_LT, b->moe_latent, NULL, &n, &ws, &st, &mx)));
     ac_carch_free(&c);
     return o;
 }
@@ -208,6 +293,21 @@ static double kth_prob(const ac_dnas_gates *g, int off, int n, int k) {
     return q;
 }
 
+/* Keep probability of the best k of n gates at off, summed. */
+static double top_mass(const ac_dnas_gates *g, int off, int n, int k) {
+    if (k > n) k = n;
+    if (k <= 0) return 0;
+    int *idx = malloc(sizeof(int) * n);
+    if (!idx) return 0;
+    for (int i = 0; i < n; i++) idx[i] = i;
+    g_key = g->la + off;
+    qsort(idx, n, sizeof(int), desc);
+    double q = 0;
+    for (int i = 0; i < k; i++) q += kp(g, off + idx[i]);
+    free(idx);
+    return q;
+}
+
 /* Sum of the positive relative violations of every limit by k (0: feasible). */
 static double violation(const ac_search_problem *p, const ac_cost *k) {
     double v = 0;
@@ -226,10 +326,12 @@ static void predict(const ac_search_problem *p, const ac_arch *a, ac_cost *k) {
     ac_carch_free(&c);
 }
 
-/* The per-type choice: layers kept, and each type's width (Mamba heads per group, KV groups, FFN, experts). */
+/* The per-type choice: layers kept, and each type's width (Mamba heads per group, KV groups, FFN, experts), the
+ * hidden size, and the widths the export holds once for the model (expert width, shared-expert width, Mamba head
+ * dim). */
 typedef struct {
     char *keep; /* [L] */
-    int ssm_pg, kv, ffn, experts, hidden;
+    int ssm_pg, kv, ffn, experts, hidden, effn, shared, pdim, latent;
 } hchoice;
 
 static void apply(const ac_dnas_gates *g, const ac_arch *b, const hchoice *h, ac_arch *a) {
@@ -245,26 +347,54 @@ static void apply(const ac_dnas_gates *g, const ac_arch *b, const hchoice *h, ac
         if (g->nkv[l]) al->n_kv_heads = h->kv, al->n_heads = h->kv * grp_of(bl);
         if (g->nfg[l]) al->ffn = h->ffn < bl->ffn ? h->ffn : bl->ffn;
         if (g->nex[l]) al->n_experts = h->experts;
+        if (g->nxg[l]) al->expert_ffn = h->effn < bl->expert_ffn ? h->effn : bl->expert_ffn;
     }
     a->hidden = h->hidden;
+    a->shared_ffn = h->shared;
+    a->ssm_head_dim = h->pdim;
+    a->moe_latent = h->latent;
 }
 
-/* A greedy move on h, shrinking (dir -1) or growing (+1) (kind k: 0 Mamba heads per group, 1 KV groups, 2 FFN,
- * 3 experts, 4 hidden, 5 + t: the weakest kept layer of type t removed, or its strongest removed one put back);
- * returns the keep probability of the gates it turns off (on), or -1 when not possible. */
+/* The gate mass a layer's removal turns off (its return turns on): its depth gate's keep probability p times 1 +
+ * the keep probabilities of the units h keeps in it (a layer holds many units, a width step one per layer: the
+ * repair must not take a whole layer for the price of one unit), so a layer the gates keep costs its units, one
+ * they removed (p near 0) almost nothing. */
+static double layer_mass(const ac_dnas_gates *g, const ac_arch *b, const hchoice *h, int l) {
+    double u = 1 + top_mass(g, g->sg_off[l], g->nsg[l], h->ssm_pg) + top_mass(g, g->kv_off[l], g->nkv[l], h->kv) +
+               top_mass(g, g->ffn_off[l], g->nfg[l], (h->ffn + g->fm - 1) / g->fm) +
+               top_mass(g, g->ex_off[l], g->nex[l], h->experts);
+    int wk[4] = {K_EW, K_SH, K_PD, K_LT}, wv[4] = {h->effn, h->shared, h->pdim, h->latent}, off, step, max;
+    for (int i = 0; i < 4; i++) {
+        int n = wide_gates(g, b, wk[i], l, &off, &step, &max);
+        u += top_mass(g, off, n, (wv[i] + step - 1) / step);
+    }
+    return kp(g, g->attn_off + l) * u;
+}
+
+/* v one grid step of `step` down (sh) or up (to at most max): the next multiple of step. */
+static int grid_step(int v, int step, int max, int sh) {
+    int kept = (v + step - 1) / step, nv = (kept + (sh ? -1 : 1)) * step;
+    return nv > max ? max : nv;
+}
+
+/* A greedy move on h, shrinking (dir -1) or growing (+1) (kind k: K_SSM Mamba heads per group, K_KV KV groups,
+ * K_FFN, K_EX experts, K_HID hidden, K_EW expert width, K_SH shared-expert width, K_PD Mamba head dim, K_LT latent
+ * width, K_DEPTH + t:
+ * the weakest kept layer of type t removed, or its strongest removed one put back); returns the keep probability of
+ * the gates it turns off (on), or -1 when not possible. */
 static double move(const ac_dnas_gates *g, const ac_search_problem *p, hchoice *h, int k, int dir) {
     const ac_arch *b = p->base;
     double mass = 0;
     int any = 0, sh = dir < 0;
-    if (k == 4) {
+    if (k == K_HID) {
         int v = h->hidden + dir * g->hm;
         if (!g->gate_hid || v < g->hm || v > b->hidden) return -1;
         mass = kth_prob(g, g->hid_off, g->nhg, (sh ? h->hidden : v) / g->hm - 1);
         h->hidden = v;
         return mass;
     }
-    if (k >= 5) {
-        int t = k - 5, kept = 0, pick = -1;
+    if (k >= K_DEPTH) {
+        int t = k - K_DEPTH, kept = 0, pick = -1;
         for (int l = 0; l < g->L; l++) {
             if (type_of(&b->layers[l]) != t) continue;
             kept += h->keep[l];
@@ -273,14 +403,29 @@ static double move(const ac_dnas_gates *g, const ac_search_problem *p, hchoice *
         }
         if (!g->gate_depth || pick < 0 || (sh && kept < 2)) return -1;
         h->keep[pick] = !sh;
-        return kp(g, g->attn_off + pick);
+        return layer_mass(g, b, h, pick);
+    }
+    if (k >= K_EW) { /* one width for the model, each layer on its own gates */
+        int *v = k == K_EW ? &h->effn : k == K_SH ? &h->shared : k == K_LT ? &h->latent : &h->pdim, nv = -1, off,
+            step, max;
+        for (int l = 0; l < g->L; l++) {
+            int n = h->keep[l] ? wide_gates(g, b, k, l, &off, &step, &max) : 0;
+            if (!n) continue;
+            mass += kth_prob(g, off, n, (*v + step - 1) / step - sh);
+            nv = grid_step(*v, step, max, sh);
+            if (nv < (step < max ? step : max) || nv == *v) return -1;
+        }
+        if (nv < 0) return -1;
+        *v = nv;
+        return mass;
     }
     for (int l = 0; l < g->L; l++) { /* the unit of each kept layer that goes (or comes back) */
         if (!h->keep[l]) continue;
-        if (k == 0 && g->nsg[l]) any = 1, mass += kth_prob(g, g->sg_off[l], g->nsg[l], h->ssm_pg - sh);
-        if (k == 1 && g->nkv[l]) any = 1, mass += kth_prob(g, g->kv_off[l], g->nkv[l], h->kv - sh);
-        if (k == 2 && g->nfg[l]) any = 1, mass += kth_prob(g, g->ffn_off[l], g->nfg[l], (h->ffn + g->fm - 1) / g->fm - sh);
-        if (k == 3 && g->nex[l]) any = 1, mass += kth_prob(g, g->ex_off[l], g->nex[l], h->experts - sh);
+        if (k == K_SSM && g->nsg[l]) any = 1, mass += kth_prob(g, g->sg_off[l], g->nsg[l], h->ssm_pg - sh);
+        if (k == K_KV && g->nkv[l]) any = 1, mass += kth_prob(g, g->kv_off[l], g->nkv[l], h->kv - sh);
+        if (k == K_FFN && g->nfg[l])
+            any = 1, mass += kth_prob(g, g->ffn_off[l], g->nfg[l], (h->ffn + g->fm - 1) / g->fm - sh);
+        if (k == K_EX && g->nex[l]) any = 1, mass += kth_prob(g, g->ex_off[l], g->nex[l], h->experts - sh);
     }
     int max[4] = {0}, lo[4] = {1, 1, g->fm, b->top_k}, *v[4] = {&h->ssm_pg, &h->kv, &h->ffn, &h->experts};
     for (int l = 0; l < g->L; l++) {
@@ -290,11 +435,20 @@ static double move(const ac_dnas_gates *g, const ac_search_problem *p, hchoice *
         if (g->nfg[l] && bl->ffn > max[2]) max[2] = bl->ffn;
         if (g->nex[l] && bl->n_experts > max[3]) max[3] = bl->n_experts;
     }
-    int step = k == 2 ? g->fm : 1, nv = *v[k] + dir * step;
-    if (k == 2 && !sh && nv > max[2]) nv = max[2]; /* the FFN's last group is the remainder */
+    int step = k == K_FFN ? g->fm : 1, nv = *v[k] + dir * step;
+    if (k == K_FFN && !sh && nv > max[2]) nv = max[2]; /* the FFN's last group is the remainder */
     if (!any || nv < lo[k] || nv > max[k] || nv == *v[k]) return -1;
     *v[k] = nv;
     return mass;
+}
+
+/* wide_expect over the layers keep holds, rounded to its grid (at least one step). */
+static int wide_mean(const ac_dnas_gates *g, const ac_arch *b, int k, int base, const char *keep) {
+    int n, step, max;
+    double ws, m = wide_expect(g, b, k, base, keep, &n, &ws, &step, &max);
+    if (!n) return base;
+    int v = (int)lround(m / step) * step, lo = step < max ? step : max;
+    return v < lo ? lo : v > max ? max : v;
 }
 
 void ac_dnas_hyb_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_search_result *r) {
@@ -313,21 +467,34 @@ void ac_dnas_hyb_discretise(const ac_dnas_gates *g, const ac_search_problem *p, 
     for (int l = 0; l < L; l++) { /* each type's mean expected width; its layers with keep probability >= 0.5 */
         int ty = type_of(&b->layers[l]);
         double pl = layer_expect(g, b, l, &c);
-        h.keep[l] = !g->gate_depth || pl >= 0.5;
+        /* kept: its depth gate at least even, and its own width not below half a unit (a layer whose heads, KV
+         * groups or channels the gates turned off is removed, not kept to narrow its type's other layers) */
+        double w = ty == T_MAMBA ? (c.ssm ? c.ssm[l] : 1) / groups_of(b)
+                   : ty == T_ATTN ? c.kv[l]
+                   : ty == T_MLP  ? c.ffn[l] / (b->layers[l].ffn < g->fm ? b->layers[l].ffn : g->fm)
+                                  : 1;
+        h.keep[l] = !g->gate_depth || (pl >= 0.5 && w >= 0.5);
         kept[ty] += h.keep[l];
         if (best[ty] < 0 || g->la[g->attn_off + l] > g->la[g->attn_off + best[ty]]) best[ty] = l;
         n[ty]++;
+    }
+    for (int k = 0; k < N_TYPES; k++)
+        if (n[k] && !kept[k]) h.keep[best[k]] = 1; /* never a type's last layer */
+    int nk[N_TYPES] = {0};
+    for (int l = 0; l < L; l++) { /* the mean over the layers kept (a removed layer does not set its type's width) */
+        int ty = type_of(&b->layers[l]);
+        if (!h.keep[l]) continue;
+        layer_expect(g, b, l, &c);
+        nk[ty]++;
         sum[ty] += ty == T_MAMBA ? (c.ssm ? c.ssm[l] : 0) / groups_of(b)
                    : ty == T_ATTN ? c.kv[l]
                    : ty == T_MLP  ? c.ffn[l]
                                   : (c.experts ? c.experts[l] : 0);
     }
-    for (int k = 0; k < N_TYPES; k++)
-        if (n[k] && !kept[k]) h.keep[best[k]] = 1; /* never a type's last layer */
     for (int l = 0; l < L; l++) { /* the widths, on each type's grid */
         const ac_layer_arch *bl = &b->layers[l];
         int ty = type_of(bl);
-        double mean = n[ty] ? sum[ty] / n[ty] : 0;
+        double mean = nk[ty] ? sum[ty] / nk[ty] : 0;
         if (ty == T_MAMBA) {
             int hpg = bl->ssm_heads / groups_of(b), v = (int)lround(mean);
             h.ssm_pg = g->nsg[l] ? (v < 1 ? 1 : v > hpg ? hpg : v) : hpg;
@@ -342,6 +509,12 @@ void ac_dnas_hyb_discretise(const ac_dnas_gates *g, const ac_search_problem *p, 
             h.experts = !g->nex[l] ? bl->n_experts : v < b->top_k ? b->top_k : v > bl->n_experts ? bl->n_experts : v;
         }
     }
+    int fe = 0; /* the base's expert width (uniform over the MoE layers of a hybrid) */
+    for (int l = 0; l < L; l++) fe = b->layers[l].n_experts ? b->layers[l].expert_ffn : fe;
+    h.effn = wide_mean(g, b, K_EW, fe, h.keep);
+    h.shared = wide_mean(g, b, K_SH, b->shared_ffn, h.keep);
+    h.pdim = wide_mean(g, b, K_PD, b->ssm_head_dim, h.keep);
+    h.latent = wide_mean(g, b, K_LT, b->moe_latent, h.keep);
     if (g->gate_hid) {
         int v = (int)lround(hidden_expect(g) / g->hm) * g->hm;
         h.hidden = v < g->hm ? g->hm : v > b->hidden ? b->hidden : v;
@@ -358,7 +531,7 @@ void ac_dnas_hyb_discretise(const ac_dnas_gates *g, const ac_search_problem *p, 
             if (pass == 0 && v0 <= 1e-12) break;
             if (pass == 1 && v0 > 1e-12) break;
             int bk = -1;
-            for (int k = 0; k < 5 + N_TYPES; k++) {
+            for (int k = 0; k < K_DEPTH + N_TYPES; k++) {
                 char *keep = t.keep;
                 t = h;
                 t.keep = keep;
@@ -368,7 +541,7 @@ void ac_dnas_hyb_discretise(const ac_dnas_gates *g, const ac_search_problem *p, 
                 apply(g, b, &t, &r->arch);
                 ac_cost ck;
                 predict(p, &r->arch, &ck);
-                double dv = v0 - violation(p, &ck);
+                double dv = fmin(v0 - violation(p, &ck), v0); /* (removing more than the violation earns nothing) */
                 if (pass == 0 && dv > 1e-12 && (mass + 1e-9) / dv < score) score = (mass + 1e-9) / dv, bk = k;
                 if (pass == 1 && violation(p, &ck) <= 1e-12 && (bk < 0 || -mass < score)) score = -mass, bk = k;
             }
@@ -408,6 +581,21 @@ void ac_dnas_hyb_init(ac_dnas_gates *g, const ac_arch *b, const ac_arch *start, 
         for (int r = 0; r < g->nex[l]; r++)
             g->la[g->ex_off[l] + (eo ? eo[r] : r)] =
                 (kept && r < sl->n_experts ? on : off) + 0.01 * (g->nex[l] - r) / g->nex[l];
+        for (int j = 0; j < g->nxg[l]; j++) /* expert width, shared width: groups of each ranking */
+            g->la[g->xg_off[l] + j] =
+                (kept && j * g->xfm[l] < sl->expert_ffn ? on : off) + 0.01 * (g->nxg[l] - j) / g->nxg[l];
+        int Fs = start ? start->shared_ffn : b->shared_ffn, P = start ? start->ssm_head_dim : b->ssm_head_dim;
+        int Lt = start ? start->moe_latent : b->moe_latent;
+        for (int j = 0; j < g->nshg[l]; j++)
+            g->la[g->shg_off[l] + j] = (kept && j * g->shm < Fs ? on : off) + 0.01 * (g->nshg[l] - j) / g->nshg[l];
+        for (int j = 0; j < g->nltg[l]; j++)
+            g->la[g->ltg_off[l] + j] = (kept && j * g->ltm < Lt ? on : off) + 0.01 * (g->nltg[l] - j) / g->nltg[l];
+        int *dord = g->npd[l] ? malloc(sizeof(int) * g->npd[l]) : NULL; /* head dims: their rank over the heads */
+        for (int r = 0; dord && r < g->npd[l]; r++) dord[r] = r;
+        if (dord) ac_ssm_dim_order(b, imp, l, dord);
+        for (int r = 0; dord && r < g->npd[l]; r++)
+            g->la[g->pd_off[l] + dord[r]] = (kept && r < P ? on : off) + 0.01 * (g->npd[l] - r) / g->npd[l];
+        free(dord);
     }
     int H = start ? start->hidden : b->hidden;
     for (int j = 0; j < g->nhg; j++) g->la[g->hid_off + j] = (j * g->hm < H ? on : off) + 0.01 * (g->nhg - j) / g->nhg;

@@ -63,6 +63,16 @@ void ac_importance_free(ac_importance *imp) {
         free(imp->ssm_head_score[l]);
         if (imp->ssm_chan_score) free(imp->ssm_chan_score[l]);
     }
+    for (int l = 0; imp->sh_order && l < imp->n_layers; l++) {
+        free(imp->sh_order[l]);
+        if (imp->sh_score) free(imp->sh_score[l]);
+    }
+    free(imp->sh_order);
+    free(imp->sh_score);
+    for (int l = 0; imp->ssm_dim_order && l < imp->n_layers; l++) free(imp->ssm_dim_order[l]);
+    free(imp->ssm_dim_order);
+    for (int l = 0; imp->lat_order && l < imp->n_layers; l++) free(imp->lat_order[l]);
+    free(imp->lat_order);
     free(imp->ssm_head_order);
     free(imp->ssm_head_score);
     free(imp->ssm_chan_score);
@@ -855,6 +865,7 @@ int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, i
         if (!rc) rc = rank_units(m, &st, imp, e);
         if (!rc) rc = minitron_scores(&st, a, imp, e);
         if (!rc && hybrid) rc = ac_ssm_rank_heads((const double *const *)st.mt_ssm, a, imp, e);
+        if (!rc && hybrid) rc = ac_rank_shared((const double *const *)st.mt_shared, a, imp, e);
         ac_stats_free(&st);
         if (!rc && !hybrid)
             rc = masking_sensitivity(&c, e) || expert_sensitivity(&c, e) || hidden_sensitivity(&c, e) ||

@@ -83,6 +83,18 @@ typedef struct {
     double **ssm_head_score;
     double **ssm_chan_score; /* [l][d_inner]: each x channel's score (the sqrt of its statistic), from which a
                               * narrower mamba_head_dim ranks the head dims and then the heads (ssm_prune.h) */
+    /* nemotron_h MoE layers (NULL rows elsewhere): the shared expert's channels by Minitron's statistic at its
+     * down_proj input (Model-Optimizer's moe_shared_expert_intermediate_size, scored as a dense MLP's width):
+     * sh_order[l][r] the channel at rank r, most important first; sh_score[l][c] channel c's (unsorted) */
+    int **sh_order;
+    double **sh_score;
+    /* nemotron_h Mamba layers, set only by the gate search's orders (dnas.h; NULL otherwise): the head dims best
+     * first [l][ssm_head_dim], which a narrower mamba_head_dim keeps instead of ranking them by ssm_chan_score, the
+     * heads then in ssm_head_order as is (ssm_prune.h) */
+    int **ssm_dim_order;
+    /* LatentMoE layers, set only by the gate search's orders (NULL otherwise): the latent channels best first
+     * [l][moe_latent], which a narrower moe_latent_size keeps (NULL: the first) */
+    int **lat_order;
 } ac_importance;
 
 typedef void (*ac_progress_fn)(void *ud, const char *what, double frac);

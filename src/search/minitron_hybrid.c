@@ -6,7 +6,10 @@
  * - hidden_size, ffn_hidden_size (the MLP layers), num_moe_experts (the MoE
  *   layers, with search.prune_experts), moe_ffn_hidden_size (every routed
  *   expert's width, with search.prune_expert_ffn; each expert keeps its own
- *   best channels by Model-Optimizer's expert-width score, moe_importance):
+ *   best channels by Model-Optimizer's expert-width score, moe_importance),
+ *   moe_shared_expert_intermediate_size (the shared expert's width, with
+ *   search.prune_expert_ffn too; its channels ranked by the MLP statistic at
+ *   its down_proj input, ssm_prune.h's ac_rank_shared):
  *   divisor grids capped at the top 40 % of their choices, as the dense arm;
  * - mamba_num_heads: multiples of n_groups (MambaNumHeadsHp's choices, the
  *   same number kept in every group), divisor n_groups x the dense rule's
@@ -46,9 +49,9 @@ static int type_of(const ac_layer_arch *L) {
     return L->ssm_heads ? T_MAMBA : L->n_heads ? T_ATTN : L->n_experts ? T_MOE : T_MLP;
 }
 
-/* axes: 0 hidden, 1 ffn, 2 attention pair, 3 mamba heads, 4 experts, 5 mamba head dim, 6 expert width (the NW width
- * axes), then the layers kept per type */
-#define NW 7
+/* axes: 0 hidden, 1 ffn, 2 attention pair, 3 mamba heads, 4 experts, 5 mamba head dim, 6 expert width, 7 shared
+ * expert width (the NW width axes), then the layers kept per type */
+#define NW 8
 #define AX_D NW
 #define NHX (NW + N_TYPES)
 typedef struct {
@@ -162,6 +165,7 @@ static int cand_arch(const ac_arch *base, const hbase *hb, const int *v, ac_arch
         if (t == T_MOE) L->n_experts = v[4];
         if (t == T_MOE && v[6] > 0) L->expert_ffn = v[6]; /* one width for every expert, as the config holds it */
     }
+    if (v[7] > 0) a->shared_ffn = v[7]; /* model-wide, as the config holds it */
     return 0;
 }
 
@@ -218,6 +222,8 @@ static json_t *cand_json(const ac_search_problem *p, const hbase *hb, const hcan
     if (hb->first[T_MAMBA]) json_object_set_new(o, "mamba_head_dim", json_integer(c->v[5]));
     if (hb->first[T_MOE]) json_object_set_new(o, "num_moe_experts", json_integer(c->v[4]));
     if (hb->first[T_MOE]) json_object_set_new(o, "moe_ffn_hidden_size", json_integer(c->v[6]));
+    if (hb->first[T_MOE] && p->base->shared_ffn)
+        json_object_set_new(o, "moe_shared_expert_intermediate_size", json_integer(c->v[7]));
     json_t *layers = json_object();
     for (int t = 0; t < N_TYPES; t++)
         if (hb->count[t]) json_object_set_new(layers, TYPE_NAME[t], json_integer(c->v[AX_D + t]));
@@ -230,10 +236,12 @@ static json_t *cand_json(const ac_search_problem *p, const hbase *hb, const hcan
                          hb->first[T_MAMBA] ? hb->first[T_MAMBA]->ssm_heads : 0,
                          hb->first[T_MOE] ? hb->first[T_MOE]->n_experts : 0,
                          hb->first[T_MAMBA] ? b->ssm_head_dim : 0,
-                         hb->first[T_MOE] ? hb->first[T_MOE]->expert_ffn : 0};
-    double kept_v[NW] = {c->v[0], c->v[1], hb->pairs_q[c->v[2]], c->v[3], c->v[4], c->v[5], c->v[6]};
+                         hb->first[T_MOE] ? hb->first[T_MOE]->expert_ffn : 0,
+                         hb->first[T_MOE] ? b->shared_ffn : 0};
+    double kept_v[NW] = {c->v[0], c->v[1], hb->pairs_q[c->v[2]], c->v[3], c->v[4], c->v[5], c->v[6], c->v[7]};
     static const char *CUT[NW] = {"hidden_size",     "ffn_hidden_size", "num_attention_heads", "mamba_num_heads",
-                                  "num_moe_experts", "mamba_head_dim",  "moe_ffn_hidden_size"};
+                                  "num_moe_experts", "mamba_head_dim",  "moe_ffn_hidden_size",
+                                  "moe_shared_expert_intermediate_size"};
     for (int k = 0; k < NW; k++)
         if (base_v[k] > 0) json_object_set_new(cut, CUT[k], json_real(1 - kept_v[k] / base_v[k]));
     for (int t = 0; t < N_TYPES; t++)
@@ -320,7 +328,10 @@ int ac_minitron_hybrid(const ac_search_problem *p, ac_search_result *r, ac_err *
         width_axis(&ax[5], "mamba_head_dim", M ? b->ssm_head_dim : 0, ac_minitron_divisor(b->ssm_head_dim), 1) ||
         /* Model-Optimizer's moe_ffn_hidden_size: one width for every expert, each on its own best channels */
         width_axis(&ax[6], "moe_ffn_hidden_size", X ? X->expert_ffn : 0, X ? ac_minitron_divisor(X->expert_ffn) : 1,
-                   p->opts.prune_expert_ffn)) {
+                   p->opts.prune_expert_ffn) ||
+        /* Model-Optimizer's moe_shared_expert_intermediate_size: the shared expert's channels, scored as an MLP's */
+        width_axis(&ax[7], "moe_shared_expert_intermediate_size", X ? b->shared_ffn : 0,
+                   ac_minitron_divisor(b->shared_ffn > 0 ? b->shared_ffn : 1), p->opts.prune_expert_ffn)) {
         rc = ac_errf(e, "out of memory");
         goto out;
     }
@@ -338,6 +349,7 @@ int ac_minitron_hybrid(const ac_search_problem *p, ac_search_result *r, ac_err *
     keep_multiples(&ax[1], tp);
     keep_multiples(&ax[3], tp);
     keep_multiples(&ax[6], tp);
+    keep_multiples(&ax[7], tp);
     if (tp > 1 && hb.first[T_ATTN]) { /* attention pairs the serving engine splits tp ways (engines.h) */
         int n = 0, lo = ax[2].v[ax[2].start];
         for (int i = 0; i < ax[2].n; i++)

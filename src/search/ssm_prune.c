@@ -58,20 +58,47 @@ static void rank_desc(const double *score, int n, int *idx) {
     }
 }
 
-int ac_ssm_kept_dims(const ac_arch *src, const ac_arch *t, const ac_importance *imp, int l, int *dims) {
-    int P = src->ssm_head_dim, Pt = t->ssm_head_dim, nh = src->layers[l].ssm_heads;
-    if (Pt > P || Pt < 1) return -1;
+int ac_rank_shared(const double *const *mt_shared, const ac_arch *a, ac_importance *imp, ac_err *e) {
+    int L = a->n_layers, Fs = a->shared_ffn;
+    if (!(imp->sh_order = calloc(L, sizeof(int *))) || !(imp->sh_score = calloc(L, sizeof(double *))))
+        return ac_errf(e, "out of memory");
+    for (int l = 0; l < L; l++) {
+        if (!Fs || !mt_shared[l]) continue;
+        int *o = imp->sh_order[l] = malloc(sizeof(int) * Fs);
+        double *sc = imp->sh_score[l] = malloc(sizeof(double) * Fs);
+        if (!o || !sc) return ac_errf(e, "out of memory");
+        for (int c = 0; c < Fs; c++) sc[c] = sqrt(mt_shared[l][c]);
+        rank_desc(sc, Fs, o);
+    }
+    return 0;
+}
+
+int ac_ssm_dim_order(const ac_arch *src, const ac_importance *imp, int l, int *order) {
+    int P = src->ssm_head_dim, nh = src->layers[l].ssm_heads;
     const double *cs = imp && imp->ssm_chan_score ? imp->ssm_chan_score[l] : NULL;
-    if (Pt == P || !cs) {
-        for (int d = 0; d < Pt; d++) dims[d] = d;
-        return Pt;
+    if (!cs) {
+        for (int d = 0; d < P; d++) order[d] = d;
+        return 0;
     }
     double *ds = calloc(P, sizeof(double));
     if (!ds) return -1;
     for (int h = 0; h < nh; h++) /* a dim's score: the L2 over the heads of its channels' scores */
         for (int d = 0; d < P; d++) ds[d] += cs[(size_t)h * P + d] * cs[(size_t)h * P + d];
-    rank_desc(ds, P, dims);
+    rank_desc(ds, P, order);
     free(ds);
+    return 0;
+}
+
+int ac_ssm_kept_dims(const ac_arch *src, const ac_arch *t, const ac_importance *imp, int l, int *dims) {
+    int P = src->ssm_head_dim, Pt = t->ssm_head_dim;
+    if (Pt > P || Pt < 1) return -1;
+    const int *go = imp && imp->ssm_dim_order ? imp->ssm_dim_order[l] : NULL;
+    if (go) /* the gate search's order */
+        memcpy(dims, go, sizeof(int) * Pt);
+    else if (Pt == P)
+        for (int d = 0; d < Pt; d++) dims[d] = d;
+    else if (ac_ssm_dim_order(src, imp, l, dims))
+        return -1;
     qsort(dims, Pt, sizeof(int), cmp_int);
     return Pt;
 }
@@ -81,7 +108,8 @@ int ac_ssm_kept_heads(const ac_arch *src, const ac_arch *t, const ac_importance 
     int P = src->ssm_head_dim, Pt = t->ssm_head_dim;
     if (d > nh || d < 0 || d % G || nh % G || Pt > P || Pt < 1) return -1;
     int hpg = nh / G, ht = d / G, n = 0;
-    const double *cs = imp && imp->ssm_chan_score ? imp->ssm_chan_score[l] : NULL;
+    /* (with the gate search's dim order the heads stay in its order) */
+    const double *cs = imp && imp->ssm_chan_score && !imp->ssm_dim_order ? imp->ssm_chan_score[l] : NULL;
     int *dims = Pt < P && cs ? malloc(sizeof(int) * P) : NULL, *o2 = dims ? malloc(sizeof(int) * hpg) : NULL;
     double *hs = o2 ? malloc(sizeof(double) * hpg) : NULL;
     if (Pt < P && cs && (!hs || ac_ssm_kept_dims(src, t, imp, l, dims) < 0)) {
@@ -130,6 +158,9 @@ static int check_layer(const ac_arch *a, const ac_arch *t, int l, ac_err *e) {
                        l, d->ssm_heads, s->ssm_heads, a->ssm_groups);
     if (s->ffn && d->ffn > s->ffn)
         return ac_errf(e, "prune: layer %d MLP width %d is wider than the source's %d", l, d->ffn, s->ffn);
+    if (s->n_experts && (t->shared_ffn > a->shared_ffn || (a->shared_ffn && t->shared_ffn < 1)))
+        return ac_errf(e, "prune: moe_shared_expert_intermediate_size %d: between 1 and the source's %d",
+                       t->shared_ffn, a->shared_ffn);
     if (s->n_experts && (d->n_experts > s->n_experts || d->n_experts < a->top_k || d->expert_ffn > s->expert_ffn ||
                          d->expert_ffn < 1))
         return ac_errf(e,
@@ -200,16 +231,23 @@ static int cut_mlp(const ac_model *src, const ac_arch *t, const ac_importance *i
 
 /* An MoE layer: the kept experts with their router rows and correction
  * bias, each on its best t->expert_ffn channels (imp->echan_order, its own
- * ranking; NULL: the first); the shared expert and the latent projections
- * on the kept hidden channels. */
+ * ranking; NULL: the first); the shared expert on its best
+ * t->shared_ffn channels (imp->sh_order), it and the latent projections on
+ * the kept hidden channels. */
 static int cut_moe(const ac_model *src, const ac_arch *t, const ac_importance *imp, int l, ac_layer_w *dw,
                    const int *hk, float *row, ac_err *e) {
     const ac_arch *a = &src->a;
     const ac_layer_w *sw = &src->L[l];
     int wdt = ac_model_wdt(src), H = a->hidden, Ht = t->hidden, E = a->layers[l].n_experts,
         Et = t->layers[l].n_experts, Fe = a->layers[l].expert_ffn, Lt = a->moe_latent, Fs = a->shared_ffn;
-    int Ft = t->layers[l].expert_ffn, *ek = malloc(sizeof(int) * (E + 1)), *fk = NULL;
-    if (!ek) return ac_errf(e, "out of memory");
+    int Ft = t->layers[l].expert_ffn, *ek = malloc(sizeof(int) * (E + 1)), *fk = NULL, Ltt = t->moe_latent;
+    int *lk = Lt ? malloc(sizeof(int) * Lt) : NULL; /* the kept latent channels (imp->lat_order; NULL: the first) */
+    if (!ek || (Lt && !lk)) {
+        free(ek), free(lk);
+        return ac_errf(e, "out of memory");
+    }
+    for (int r = 0; r < Ltt; r++) lk[r] = imp->lat_order && imp->lat_order[l] ? imp->lat_order[l][r] : r;
+    if (Lt) qsort(lk, Ltt, sizeof(int), cmp_int);
     for (int x = 0; x < Et; x++) ek[x] = imp->expert_order && imp->expert_order[l] ? imp->expert_order[l][x] : x;
     qsort(ek, Et, sizeof(int), cmp_int);
     ac_slice_gather(dw->post_norm, sw->post_norm, ST_F32, H, NULL, 1, hk, Ht, row);
@@ -221,28 +259,34 @@ static int cut_moe(const ac_model *src, const ac_arch *t, const ac_importance *i
         if (!(fk = malloc(sizeof(int) * (Fe + 1)))) break;
         for (int r = 0; r < Ft; r++) fk[r] = co ? co[r] : r;
         qsort(fk, Ft, sizeof(int), cmp_int);
-        if (Lt) { /* the experts live on the latent width: whole but for their channels */
-            ac_slice_gather(dw->eu[x], sw->eu[ek[x]], wdt, Lt, fk, Ft, NULL, Lt, row);
-            ac_slice_gather(dw->ed[x], sw->ed[ek[x]], wdt, Fe, NULL, Lt, fk, Ft, row);
+        if (Lt) { /* the experts live on the latent width: its kept channels */
+            ac_slice_gather(dw->eu[x], sw->eu[ek[x]], wdt, Lt, fk, Ft, lk, Ltt, row);
+            ac_slice_gather(dw->ed[x], sw->ed[ek[x]], wdt, Fe, lk, Ltt, fk, Ft, row);
         } else {
             ac_slice_gather(dw->eu[x], sw->eu[ek[x]], wdt, H, fk, Ft, hk, Ht, row);
             ac_slice_gather(dw->ed[x], sw->ed[ek[x]], wdt, Fe, hk, Ht, fk, Ft, row);
         }
     }
     if (Et && !fk) {
-        free(ek);
+        free(ek), free(lk);
         return ac_errf(e, "out of memory");
     }
     free(fk);
     if (Lt) {
-        ac_slice_gather(dw->lat_down, sw->lat_down, wdt, H, NULL, Lt, hk, Ht, row);
-        ac_slice_gather(dw->lat_up, sw->lat_up, wdt, Lt, hk, Ht, NULL, Lt, row);
+        ac_slice_gather(dw->lat_down, sw->lat_down, wdt, H, lk, Ltt, hk, Ht, row);
+        ac_slice_gather(dw->lat_up, sw->lat_up, wdt, Lt, hk, Ht, lk, Ltt, row);
     }
-    if (Fs && sw->sh_u) {
-        ac_slice_gather(dw->sh_u, sw->sh_u, wdt, H, NULL, Fs, hk, Ht, row);
-        ac_slice_gather(dw->sh_d, sw->sh_d, wdt, Fs, hk, Ht, NULL, Fs, row);
+    free(ek), free(lk);
+    int Fst = t->shared_ffn, *sk = Fs && sw->sh_u ? malloc(sizeof(int) * Fs) : NULL;
+    if (Fs && sw->sh_u && !sk) return ac_errf(e, "out of memory");
+    if (sk) { /* the shared expert: its best t->shared_ffn channels (imp->sh_order; NULL: the first), ascending */
+        const int *so = imp->sh_order ? imp->sh_order[l] : NULL;
+        for (int r = 0; r < Fst; r++) sk[r] = so ? so[r] : r;
+        qsort(sk, Fst, sizeof(int), cmp_int);
+        ac_slice_gather(dw->sh_u, sw->sh_u, wdt, H, sk, Fst, hk, Ht, row);
+        ac_slice_gather(dw->sh_d, sw->sh_d, wdt, Fs, hk, Ht, sk, Fst, row);
     }
-    free(ek);
+    free(sk);
     return 0;
 }
 
@@ -316,10 +360,10 @@ int ac_prune_hybrid(const ac_model *src, const ac_arch *t, const ac_importance *
                     ac_err *e) {
     const ac_arch *a = &src->a;
     if (!t->hybrid || t->ssm_head_dim > a->ssm_head_dim || t->ssm_head_dim < 1 || t->ssm_state != a->ssm_state ||
-        t->ssm_groups != a->ssm_groups || t->ssm_conv != a->ssm_conv || t->moe_latent != a->moe_latent ||
-        t->shared_ffn != a->shared_ffn)
-        return ac_errf(e, "prune: the target changes nemotron_h's model-wide Mamba or MoE shapes (only mamba_head_dim "
-                          "may narrow)");
+        t->ssm_groups != a->ssm_groups || t->ssm_conv != a->ssm_conv || t->moe_latent > a->moe_latent ||
+        (a->moe_latent && t->moe_latent < 1))
+        return ac_errf(e, "prune: the target changes nemotron_h's model-wide Mamba or MoE shapes (only mamba_head_dim, "
+                          "the shared expert's width and the latent width may narrow)");
     for (int l = 0; l < a->n_layers; l++)
         if (check_layer(a, t, l, e)) return -1;
     if (bf16 ? ac_model_alloc_bf16(dst, t, e) : ac_model_alloc(dst, t, e)) return -1;

@@ -22,7 +22,8 @@
  * channels (relu^2: up rows, down columns), MoE layers keep their best
  * experts (the router's rows and correction bias with them), each on its
  * own best expert_ffn channels (imp->echan_order: up rows, down columns),
- * and their shared expert and latent projections whole; every matrix keeps
+ * their shared expert on its best shared_ffn channels (imp->sh_order: up
+ * rows, down columns) and their latent projections whole; every matrix keeps
  * the hidden channels
  * imp->hid_order ranks best. A BF16 student is sliced one layer at a time
  * in fp32 and rounded (as ac_model_to_bf16 rounds; the embedding and LM
@@ -39,6 +40,9 @@
 /* imp->ssm_head_order / ssm_head_score (importance.h) from the statistics
  * mt_ssm[l][d_inner] (NULL rows for other layers). */
 int ac_ssm_rank_heads(const double *const *mt_ssm, const ac_arch *a, ac_importance *imp, ac_err *e);
+/* imp->sh_order / sh_score (importance.h) from the statistics mt_shared[l][shared_ffn] (NULL rows for other
+ * layers): a channel's score is the sqrt of its statistic, ranked best first (ties: the lower index). */
+int ac_rank_shared(const double *const *mt_shared, const ac_arch *a, ac_importance *imp, ac_err *e);
 /* The kept heads of Mamba layer l when t keeps t->layers[l].ssm_heads of
  * src's: per group its best (imp->ssm_head_order; NULL: the first), in
  * ascending order, into kept (room for src's heads). Returns the count, or
@@ -52,6 +56,10 @@ int ac_ssm_kept_heads(const ac_arch *src, const ac_arch *t, const ac_importance 
  * for src's head dim); the same dims in every head of the layer
  * (Model-Optimizer's mamba_head_dim ranking). Returns the count or -1. */
 int ac_ssm_kept_dims(const ac_arch *src, const ac_arch *t, const ac_importance *imp, int l, int *dims);
+/* Mamba layer l's head dims best first (the L2 over the heads of their channel scores; identity without scores)
+ * into order[ssm_head_dim]; imp->ssm_dim_order, where set, takes precedence in ac_ssm_kept_dims. 0, or -1 out of
+ * memory. */
+int ac_ssm_dim_order(const ac_arch *src, const ac_importance *imp, int l, int *order);
 /* src sliced to t (see above); bf16: the student's matrices BF16 (wown). */
 int ac_prune_hybrid(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, int bf16,
                     ac_err *e);

@@ -45,11 +45,15 @@ int ac_stats_want_minitron(ac_stats *s, const ac_arch *a, ac_err *e) {
     s->mt_ffn = calloc(L, sizeof *s->mt_ffn);
     s->mt_norm = calloc(2 * L, sizeof *s->mt_norm);
     s->mt_ssm = calloc(L, sizeof *s->mt_ssm);
-    if (!s->mt_attn || !s->mt_ffn || !s->mt_norm || !s->mt_ssm) return ac_errf(e, "out of memory");
+    s->mt_shared = calloc(L, sizeof *s->mt_shared);
+    if (!s->mt_attn || !s->mt_ffn || !s->mt_norm || !s->mt_ssm || !s->mt_shared) return ac_errf(e, "out of memory");
     for (int l = 0; l < L; l++) {
         int Q = a->layers[l].n_heads * a->head_dim, F = a->layers[l].ffn, D = ac_ssm_inner(a, l);
+        int Fs = a->hybrid && a->layers[l].n_experts ? a->shared_ffn : 0;
         wide = D > wide ? D : wide;
+        wide = Fs > wide ? Fs : wide;
         if (D && !(s->mt_ssm[l] = calloc(D, sizeof(double)))) return ac_errf(e, "out of memory");
+        if (Fs && !(s->mt_shared[l] = calloc(Fs, sizeof(double)))) return ac_errf(e, "out of memory");
         wide = Q > wide ? Q : wide;
         wide = F > wide ? F : wide;
         s->mt_attn[l] = calloc(Q + 1, sizeof(double));
@@ -71,6 +75,7 @@ void ac_stats_free(ac_stats *s) {
         if (s->mt_attn) free(s->mt_attn[l]);
         if (s->mt_ffn) free(s->mt_ffn[l]);
         if (s->mt_ssm) free(s->mt_ssm[l]);
+        if (s->mt_shared) free(s->mt_shared[l]);
         if (s->mt_norm) {
             free(s->mt_norm[2 * l]);
             free(s->mt_norm[2 * l + 1]);
@@ -80,6 +85,7 @@ void ac_stats_free(ac_stats *s) {
     free(s->mt_ffn);
     free(s->mt_norm);
     free(s->mt_ssm);
+    free(s->mt_shared);
     free(s->mt_tmp);
     free(s->ffn_gram);
     free(s->head);
@@ -136,6 +142,13 @@ static void on_ssm_in(void *ud, int l, const float *zx, int N, int d_inner, int 
         mt_acc_cols(st->mt_ssm[l], st->mt_tmp, zx, st->cur_B, st->cur_n, width, d_inner, d_inner);
 }
 
+/* The shared expert's width, as Model-Optimizer's MLP hook (on linear_fc2's input) scores a dense MLP's. */
+static void on_shared_act(void *ud, int l, const float *act, int N, int Fs) {
+    ac_stats *st = ud;
+    assert(st->cur_B * st->cur_n == N);
+    if (st->mt_shared && st->mt_shared[l]) mt_acc(st->mt_shared[l], st->mt_tmp, act, st->cur_B, st->cur_n, Fs);
+}
+
 static void on_head_out(void *ud, int l, const float *att, int N, int n_heads, int hd) {
     ac_stats *st = ud;
     int Q = n_heads * hd;
@@ -181,5 +194,6 @@ void ac_stats_hooks(ac_stats *s, ac_engine_hooks *h) {
                            .ffn_act = on_ffn_act,
                            .layer_io = on_layer_io,
                            .rows = on_rows,
-                           .ssm_in = on_ssm_in};
+                           .ssm_in = on_ssm_in,
+                           .shared_act = on_shared_act};
 }

@@ -28,6 +28,8 @@ typedef struct {
     double **mt_norm; /* [2l] input_layernorm, [2l+1] post_attention_layernorm outputs, [H] */
     double **mt_ssm;  /* [l][d_inner]: a Mamba layer's x (in_proj's output, channels d_inner .. 2 d_inner),
                        * NULL rows elsewhere */
+    double **mt_shared; /* [l][shared_ffn]: a nemotron_h MoE layer's shared-expert down_proj input, NULL rows
+                         * elsewhere (Model-Optimizer's moe_shared_expert_intermediate_size statistic) */
     double *mt_tmp;   /* scratch, widest of the above */
     int cur_B, cur_n; /* shape of the forward in progress */
     long tokens;
