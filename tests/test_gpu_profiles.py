@@ -141,11 +141,36 @@ def _v017_rows(table):
 
 
 PUBLISHED += _v017_rows(V017_MIXTRAL)
+# TRT_V017's dense FP16 rows on the A100 (the page's only non-FP8 Hopper-era
+# figures): Llama-3.1-8B at TP1 and Llama-3.1-70B at TP4 (NVLink).
+LLAMA31_70B = LLAMA33_70B
+REPORTED_A100 = []  # the TP4 rows: compared, not asserted (docs/costmodel.md)
+V017_A100 = [
+    ("Llama-3.1-8B", LLAMA31_8B, 1, [6627.27, 5255.99, 3453.79, 4276.58, 3786.83, 799.61, 2424.16, 825.13, 330.04]),
+    ("Llama-3.1-70B", LLAMA31_70B, 4, [2733.48, 2811.27, 1976.49, 2275.79, 1921.77, 325.15, 1393.64, 392.62, 212.08]),
+]
+for name, shape, tp, figs in V017_A100:
+    for (isl, osl), pub in zip(V017_LENGTHS, figs):
+        (PUBLISHED if tp == 1 else REPORTED_A100).append((f"{name} offline {isl}/{osl}", shape, "A100", tp, "fp16",
+                          {"offline": True, "requests": OVERVIEW_REQUESTS[(isl, osl)], "prompt_len": isl,
+                           "gen_len": osl}, {"cuda_graph_max_bs": 8192}, "tokens_per_s", pub, TRT_V017))
+# LLAMACPP_4090: llama-bench on one RTX 4090, CodeLlama-7B in F16 (Llama-2-7B
+# shape, vocab 32016), all layers on the GPU, a build of January 2024 (before
+# llama.cpp's CUDA graphs): pp512 (one 512-token prompt, tokens/s) and tg128
+# (128 tokens generated one at a time from an empty context, tokens/s).
+CODELLAMA_7B = (4096, 32, 32, 32, 11008, 32016)
+LLAMACPP_4090 = "ggml-org/llama.cpp pull 4766 (llama-bench, RTX 4090)"
+PUBLISHED += [
+    ("CodeLlama-7B llama-bench pp512", CODELLAMA_7B, "RTX4090", 1, "fp16", {"batch": 1, "prompt_len": 512, "gen_len": 1},
+     {"name": "llamacpp", "cuda_graph_max_bs": 0}, "prompt_tok_s", 11048.22, LLAMACPP_4090),
+    ("CodeLlama-7B llama-bench tg128", CODELLAMA_7B, "RTX4090", 1, "fp16", {"batch": 1, "prompt_len": 1, "gen_len": 128},
+     {"name": "llamacpp", "cuda_graph_max_bs": 0}, "decode_tok_s", 61.03, LLAMACPP_4090),
+]
 PUBLISHED.append(("Qwen3-235B-A22B concurrency 1, 1K/1K, TPOT", QWEN3_235B, "B200", 8, "bf16",
                   {"concurrency": 1, "requests": 16, "prompt_len": 1024, "gen_len": 1024}, {"name": "sglang"},
                   "tpot_ms", 6.70, SGL_B200))
 # compared in --table, not asserted (see the docstring)
-REPORTED = _v017_rows(V017_MIXTRAL_TP2)
+REPORTED = _v017_rows(V017_MIXTRAL_TP2) + REPORTED_A100
 for (isl, osl), pub in zip(LENGTHS, [30429, 42821, 26852, 28026, 23789, 22061, 3331, 16672, 3623, 1876]):
     REPORTED.append((f"Qwen3-235B-A22B offline {isl}/{osl}", QWEN3_235B, "H200", 8, "fp8",
                      {"offline": True, "requests": OVERVIEW_REQUESTS[(isl, osl)], "prompt_len": isl, "gen_len": osl},
@@ -167,6 +192,11 @@ PUBLISHED += [
 ]
 
 
+# metrics derived from estimate's figures: llama-bench's prompt and generation rates
+DERIVED = {"prompt_tok_s": lambda fig, wl: wl["prompt_len"] * 1e3 / fig["ttft_ms"],
+           "decode_tok_s": lambda fig, wl: 1e3 / fig["tpot_ms"]}
+
+
 def estimate(shape, device, tp, dtype, workload, engine):
     H, L, nh, kv, F, V = shape[:6]
     arch = {"hidden": H, "head_dim": 128, "vocab": V, "layers": [{"heads": nh, "kv_heads": kv, "ffn": F}] * L}
@@ -186,7 +216,8 @@ def rows(published=None):
     for row in PUBLISHED if published is None else published:
         _, shape, device, tp, dtype, workload, engine, metric, pub, _ = row
         fig = estimate(shape, device, tp, dtype, workload, engine)
-        out.append((row, fig, fig[metric], fig[metric] / pub - 1))
+        pred = DERIVED[metric](fig, workload) if metric in DERIVED else fig[metric]
+        out.append((row, fig, pred, pred / pub - 1))
     return out
 
 
@@ -201,12 +232,15 @@ def table():
             pub_s, pred_s = f"{'P99 ' if metric != 'ttft_ms' else ''}TTFT {pub} ms", f"{pred:.1f} ms"
         elif metric == "tpot_ms":
             pub_s, pred_s = f"TPOT {pub} ms", f"{pred:.2f} ms"
+        elif metric in DERIVED:
+            pub_s, pred_s = f"{pub:,.1f} tok/s", f"{pred:,.1f} tok/s"
         else:
             pub_s, pred_s = f"{pub:,} tok/s", f"{pred:,.0f} tok/s"
         wl = (f"offline, {workload['requests']} requests" if workload.get("offline")
               else f"concurrency {workload['concurrency']}, {workload['requests']} requests"
               if workload.get("concurrency") else f"batch {workload['batch']}")
-        ref = {TRT_OVERVIEW: "[1]", TRT_PERF_061: "[2]", VLLM_4090: "[3]", TRT_V017: "[4]", SGL_B200: "[5]"}[src]
+        ref = {TRT_OVERVIEW: "[1]", TRT_PERF_061: "[2]", VLLM_4090: "[3]", TRT_V017: "[4]", SGL_B200: "[5]",
+               LLAMACPP_4090: "[6]"}[src]
         mark = " (not asserted)" if row in REPORTED else ""
         lines.append(f"| {label}{mark} | {device} TP{tp} {dtype.upper()} | {wl} | {pub_s} | {pred_s} "
                      f"| {100 * err:+.0f}% | {ref} {engine.get('name', 'trtllm')} |")

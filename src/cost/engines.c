@@ -18,16 +18,21 @@ int ac_engine_find(const char *name) {
 }
 
 /* Static defaults per engine: KV block (tokens), preallocated fraction,
- * per-step overhead, memory outside weights/KV/activations. */
+ * per-step overhead, host work per sequence a step carries (SEQ_US),
+ * memory outside weights/KV/activations. */
+/* 0 for every engine: a per-sequence cost fitted on TensorRT-LLM's H200
+ * Llama-3.1-8B rows (4 us) did not improve the other published rows
+ * (docs/costmodel.md, "Validation"); target.engine.seq_overhead_us sets it. */
+#define SEQ_US 0.0
 static const struct {
     int block_size;
-    double mem_util, overhead_ms, overhead_gib;
+    double mem_util, overhead_ms, seq_us, overhead_gib;
 } DEF[] = {
-    [E_VLLM] = {16, 0.9, 0.3, 1.5},    /* block_size 16, gpu_memory_utilization 0.9 */
-    [E_TRTLLM] = {32, 0.9, 0.3, 1.5},  /* tokens_per_block 32, free_gpu_memory_fraction 0.9 */
-    [E_SGLANG] = {1, 0.88, 0.3, 1.5},  /* page_size 1, mem_fraction_static 0.88 at TP 1 */
-    [E_LLAMACPP] = {1, 1.0, 0.3, 0.5}, /* contiguous KV of n_ctx per slot */
-    [E_CPU] = {1, 0.8, 0.0, 0.0},
+    [E_VLLM] = {16, 0.9, 0.3, SEQ_US, 1.5},    /* block_size 16, gpu_memory_utilization 0.9 */
+    [E_TRTLLM] = {32, 0.9, 0.3, SEQ_US, 1.5},  /* tokens_per_block 32, free_gpu_memory_fraction 0.9 */
+    [E_SGLANG] = {1, 0.88, 0.3, SEQ_US, 1.5},  /* page_size 1, mem_fraction_static 0.88 at TP 1 */
+    [E_LLAMACPP] = {1, 1.0, 0.3, SEQ_US, 0.5}, /* contiguous KV of n_ctx per slot */
+    [E_CPU] = {1, 0.8, 0.0, 0.0, 0.0},
 };
 
 void ac_engine_profile_named(int index, int is_cpu, ac_engine_profile *p) {
@@ -38,6 +43,7 @@ void ac_engine_profile_named(int index, int is_cpu, ac_engine_profile *p) {
     p->block_size = DEF[index].block_size;
     p->mem_util = DEF[index].mem_util;
     p->overhead_ms = DEF[index].overhead_ms;
+    p->seq_overhead_us = DEF[index].seq_us;
     p->overhead_gib = DEF[index].overhead_gib;
     p->tp = 1;
 }
