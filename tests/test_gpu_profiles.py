@@ -49,8 +49,13 @@ config.json (mistralai/Mixtral-8x7B-v0.1: hidden 4096, 32 layers, 32 heads /
 Compared but not asserted (REPORTED, printed by --table): TRT_OVERVIEW's
 Qwen3-235B-A22B FP8 on H200 "TP8", which the page runs with attention data
 parallelism and expert parallelism (its MoE llm_options), neither modelled;
-and TRT_V017's Mixtral 8x7B FP8 at TP2, over-predicted up to 42 % (see
-docs/costmodel.md). TRT_OVERVIEW's B200 MoE rows (and those of the page's
+TRT_V017's Mixtral 8x7B FP8 at TP2 (up to +29 %), and TRT_V017's
+Llama-3.1-70B FP16 at TP4 on the A100, over-predicted up to 36 % on its
+decode-heavy rows (see docs/costmodel.md).
+Also asserted: TRT_V017's Llama-3.1-8B FP16 rows on the A100 (TP1), and two
+llama-bench figures of llama.cpp (LLAMACPP_4090: ggml-org/llama.cpp pull
+request 4766, a comment of 2024-01-10: CodeLlama-7B F16 on one RTX 4090,
+pp512 and tg128). TRT_OVERVIEW's B200 MoE rows (and those of the page's
 later release/1.2 version) are FP4 (NVFP4 or MXFP4), a dtype no profile
 models; the v0.17 page has no B200.
 """
@@ -62,12 +67,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import BUILD, Runner, cli_estimate  # noqa: E402
 
 CLI = os.path.join(BUILD, "autocompress")
-BOUND = 0.35  # |predicted / published - 1| of every row
-MEDIAN_BOUND = 0.10  # of the median dense row
-# The mixture-of-experts rows: the grouped GEMM's FLOPs are priced 1.3x a
-# dense GEMM's (src/cost/costmodel.c, AC_MOE_GROUPED_FLOPS, fitted on the
-# Mixtral rows below: median 14.6 % at 1.0); their median within the dense bound.
-MOE_MEDIAN_BOUND = MEDIAN_BOUND
+# The bounds hold what the model reaches today (docs/costmodel.md states the same figures):
+BOUND = 0.33  # |predicted / published - 1| of every row (worst: 32.5 %, a batch-1 FP8 TTFT of 7 ms)
+MEDIAN_BOUND = 0.05  # of the median dense row (4.0 %)
+# The mixture-of-experts rows: the grouped GEMM's FLOPs are priced 1.15x a
+# dense GEMM's (src/cost/costmodel.c, AC_MOE_GROUPED_FLOPS, chosen on the
+# Mixtral rows below, so they do not check it): median 9.4 %, worst 24.8 %.
+MOE_MEDIAN_BOUND = 0.10
+MOE_BOUND = 0.25
 B200_MOE_BOUND = 0.12  # |error| of each B200 mixture-of-experts row (SGL_B200: -9 % today)
 
 # hidden, layers, heads, kv_heads, ffn, vocab (head_dim 128)
@@ -264,9 +271,12 @@ def test_gpu_profiles_within_bound():
     moe = [abs(g[3]) for g in got if len(g[0][1]) > 6]
     med, moe_med = statistics.median(dense), statistics.median(moe)
     print(f"   {len(dense)} dense rows: median |error| {100 * med:.1f}% (bound {100 * MEDIAN_BOUND:.0f}%); "
-          f"{len(moe)} mixture-of-experts rows: median {100 * moe_med:.1f}% (bound {100 * MOE_MEDIAN_BOUND:.0f}%); "
+          f"{len(moe)} mixture-of-experts rows: median {100 * moe_med:.1f}% (bound {100 * MOE_MEDIAN_BOUND:.0f}%), worst "
+          f"{100 * max(moe):.1f}% (bound {100 * MOE_BOUND:.0f}%); "
           f"worst of all {100 * max(dense + moe):.1f}% (bound {100 * BOUND:.0f}%)", flush=True)
-    assert len(dense) >= 30 and len(moe) >= 19
+    assert len(dense) >= 67 and len(moe) >= 19
+    assert any(g[0][9] == LLAMACPP_4090 for g in got), "no llama.cpp row"
+    assert any(g[0][2] == "A100" and g[0][5].get("offline") for g in got), "no served A100 row"
     assert any(g[0][2] == "B200" for g in got if len(g[0][1]) > 6), "no B200 mixture-of-experts row"
     # the B200 profile on an MoE model (docs/costmodel.md states its error, -9 %, and this bound)
     for row, fig, pred, err in got:
@@ -278,6 +288,7 @@ def test_gpu_profiles_within_bound():
         assert abs(err) <= BOUND, (row[0], row[2], pred, row[8], err)
     assert med <= MEDIAN_BOUND, med
     assert moe_med <= MOE_MEDIAN_BOUND, moe_med
+    assert max(moe) <= MOE_BOUND, max(moe)
 
 
 if __name__ == "__main__":
