@@ -50,8 +50,9 @@ Compared but not asserted (REPORTED, printed by --table): TRT_OVERVIEW's
 Qwen3-235B-A22B FP8 on H200 "TP8", which the page runs with attention data
 parallelism and expert parallelism (its MoE llm_options), neither modelled;
 TRT_V017's Mixtral 8x7B FP8 at TP2 (up to +29 %), and TRT_V017's
-Llama-3.1-70B FP16 at TP4 on the A100, over-predicted up to 36 % on its
-decode-heavy rows (see docs/costmodel.md).
+Llama-3.1-70B FP16 at TP4 on the A100 and FP8 at TP1-TP4 on H200/H100,
+over-predicted up to 36 % and 48 % on their decode-heavy rows at TP4 (see
+docs/costmodel.md).
 Also asserted: TRT_V017's Llama-3.1-8B FP16 rows on the A100 (TP1), and two
 llama-bench figures of llama.cpp (LLAMACPP_4090: ggml-org/llama.cpp pull
 request 4766, a comment of 2024-01-10: CodeLlama-7B F16 on one RTX 4090,
@@ -178,6 +179,21 @@ PUBLISHED.append(("Qwen3-235B-A22B concurrency 1, 1K/1K, TPOT", QWEN3_235B, "B20
                   "tpot_ms", 6.70, SGL_B200))
 # compared in --table, not asserted (see the docstring)
 REPORTED = _v017_rows(V017_MIXTRAL_TP2) + REPORTED_A100
+# TRT_V017's Llama-3.1-70B FP8 rows (the C++ runtime of v0.17, a version no
+# constant was fitted on): compared, not asserted (decode-heavy rows at TP4
+# up to +48 %, docs/costmodel.md)
+V017_70B_FP8 = [
+    ("H200", 1, [4020.75, 4165.68, 2651.75, 3018.39, 2823.45, 465.99, 1913.8, 560.16, 279.52]),
+    ("H200", 2, [6823.01, 8290.35, 6526.67, 6848.02, 5164.76, 809, 4183.88, 1025.38, 640.62]),
+    ("H100", 2, [6645.12, 6169.58, 3897.06, 4972.57, 4390.53, 772.66, 2898.16, 919.73, 443.01]),
+    ("H200", 4, [11098.63, 14156, 10574.06, 12452.79, 8911.29, 1358.06, 7130.44, 1811.55, 1199.68]),
+    ("H100", 4, [11127.53, 11511.93, 7439.41, 9836.7, 7430.99, 1302.6, 5480.03, 1602.78, 920.19]),
+]
+for dev, tp, figs in V017_70B_FP8:
+    for (isl, osl), pub in zip(V017_LENGTHS, figs):
+        REPORTED.append((f"Llama-3.1-70B offline {isl}/{osl}", LLAMA31_70B, dev, tp, "fp8",
+                         {"offline": True, "requests": OVERVIEW_REQUESTS[(isl, osl)], "prompt_len": isl,
+                          "gen_len": osl}, {"cuda_graph_max_bs": 8192}, "tokens_per_s", pub, TRT_V017))
 for (isl, osl), pub in zip(LENGTHS, [30429, 42821, 26852, 28026, 23789, 22061, 3331, 16672, 3623, 1876]):
     REPORTED.append((f"Qwen3-235B-A22B offline {isl}/{osl}", QWEN3_235B, "H200", 8, "fp8",
                      {"offline": True, "requests": OVERVIEW_REQUESTS[(isl, osl)], "prompt_len": isl, "gen_len": osl},
