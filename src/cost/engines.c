@@ -122,10 +122,13 @@ void ac_engine_resolve(const ac_engine_profile *p, double mem_gib, const char *d
         rt->graph_max = 0;
     else if (p->graph_max > 0)
         rt->graph_max = p->graph_max;
-    /* all-reduce link: the profile's, else the device's NVLink, else PCIe */
+    /* all-reduce link: the profile's, else the device's NVLink, else PCIe.
+     * Its fixed cost a call: 12 us over NVLink (was 8: TensorRT-LLM v0.17's
+     * TP2 Llama-3.1-70B rows want more, SGLang's batch-1 TP8 B200 row, 188
+     * all-reduces a token, no more; docs/costmodel.md), 30 over PCIe. */
     const ac_device_spec *s = device ? ac_device_spec_for_gpu(device) : NULL;
     rt->link_gbs = p->link_gbs > 0 ? p->link_gbs : s ? (s->nvlink_gbs > 0 ? s->nvlink_gbs : s->pcie_gbs) : 20;
-    rt->link_us = p->link_us > 0 ? p->link_us : rt->link_gbs >= 100 ? 8 : 30;
+    rt->link_us = p->link_us > 0 ? p->link_us : rt->link_gbs >= 100 ? 12 : 30;
 }
 
 int ac_engine_graph_size(const ac_engine_rt *rt, int n) {
