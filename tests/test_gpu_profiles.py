@@ -51,8 +51,8 @@ Qwen3-235B-A22B FP8 on H200 "TP8", which the page runs with attention data
 parallelism and expert parallelism (its MoE llm_options), neither modelled;
 TRT_V017's Mixtral 8x7B FP8 at TP2 (up to +29 %), and TRT_V017's
 Llama-3.1-70B FP16 at TP4 on the A100 and FP8 at TP1-TP4 on H200/H100,
-over-predicted up to 36 % and 48 % on their decode-heavy rows at TP4 (see
-docs/costmodel.md).
+over-predicted up to 34 % and 44 % on their decode-heavy rows at TP4, and
+TRT_OVERVIEW's Llama-3.1-405B FP8 at TP8 (up to +35 %; see docs/costmodel.md).
 Also asserted: TRT_V017's Llama-3.1-8B FP16 rows on the A100 (TP1), and two
 llama-bench figures of llama.cpp (LLAMACPP_4090: ggml-org/llama.cpp pull
 request 4766, a comment of 2024-01-10: CodeLlama-7B F16 on one RTX 4090,
@@ -189,6 +189,15 @@ V017_70B_FP8 = [
     ("H200", 4, [11098.63, 14156, 10574.06, 12452.79, 8911.29, 1358.06, 7130.44, 1811.55, 1199.68]),
     ("H100", 4, [11127.53, 11511.93, 7439.41, 9836.7, 7430.99, 1302.6, 5480.03, 1602.78, 920.19]),
 ]
+# TRT_OVERVIEW's Llama-3.1-405B FP8 at TP8 (H200, H100): compared, not
+# asserted (its decode-heavy rows up to +35 %, as the TP4 rows)
+LLAMA31_405B = (16384, 126, 128, 8, 53248, 128256)
+for dev, figs in [("H200", [3814, 5348, 4741, 4724, 3330, 3722, 456, 2948, 650, 505]),
+                  ("H100", [3627, 4340, 3116, 3994, 2919, 2895, 453, 2296, 610, 345])]:
+    for (isl, osl), pub in zip(LENGTHS, figs):
+        REPORTED.append((f"Llama-3.1-405B offline {isl}/{osl}", LLAMA31_405B, dev, 8, "fp8",
+                         {"offline": True, "requests": OVERVIEW_REQUESTS[(isl, osl)], "prompt_len": isl,
+                          "gen_len": osl}, {"cuda_graph_max_bs": 8192}, "tokens_per_s", pub, TRT_OVERVIEW))
 for dev, tp, figs in V017_70B_FP8:
     for (isl, osl), pub in zip(V017_LENGTHS, figs):
         REPORTED.append((f"Llama-3.1-70B offline {isl}/{osl}", LLAMA31_70B, dev, tp, "fp8",
