@@ -21,7 +21,7 @@ int ac_engine_find(const char *name) {
  * per-step overhead, host work per sequence a step carries (SEQ_US),
  * memory outside weights/KV/activations. */
 /* 0 for every engine: a per-sequence cost fitted on TensorRT-LLM's H200
- * Llama-3.1-8B rows (4 us) did not improve the other published rows
+ * Llama-3.1-8B rows (4 us) made the other asserted rows worse
  * (docs/costmodel.md, "Validation"); target.engine.seq_overhead_us sets it. */
 #define SEQ_US 0.0
 static const struct {
