@@ -49,8 +49,14 @@ config.json (mistralai/Mixtral-8x7B-v0.1: hidden 4096, 32 layers, 32 heads /
 Compared but not asserted (REPORTED, printed by --table): TRT_OVERVIEW's
 Qwen3-235B-A22B FP8 on H200 "TP8", which the page runs with attention data
 parallelism and expert parallelism (its MoE llm_options), neither modelled;
-and TRT_V017's Mixtral 8x7B FP8 at TP2, over-predicted up to 42 % (see
-docs/costmodel.md). TRT_OVERVIEW's B200 MoE rows (and those of the page's
+TRT_V017's Mixtral 8x7B FP8 at TP2 (up to +29 %), and TRT_V017's
+Llama-3.1-70B FP16 at TP4 on the A100 and FP8 at TP1-TP4 on H200/H100,
+over-predicted up to 34 % and 44 % on their decode-heavy rows at TP4, and
+TRT_OVERVIEW's Llama-3.1-405B FP8 at TP8 (up to +35 %; see docs/costmodel.md).
+Also asserted: TRT_V017's Llama-3.1-8B FP16 rows on the A100 (TP1), and two
+llama-bench figures of llama.cpp (LLAMACPP_4090: ggml-org/llama.cpp pull
+request 4766, a comment of 2024-01-10: CodeLlama-7B F16 on one RTX 4090,
+pp512 and tg128). TRT_OVERVIEW's B200 MoE rows (and those of the page's
 later release/1.2 version) are FP4 (NVFP4 or MXFP4), a dtype no profile
 models; the v0.17 page has no B200.
 """
@@ -62,13 +68,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import BUILD, Runner, cli_estimate  # noqa: E402
 
 CLI = os.path.join(BUILD, "autocompress")
-BOUND = 0.35  # |predicted / published - 1| of every row
-MEDIAN_BOUND = 0.10  # of the median dense row
-# The mixture-of-experts rows: the grouped GEMM's FLOPs are priced 1.3x a
-# dense GEMM's (src/cost/costmodel.c, AC_MOE_GROUPED_FLOPS, fitted on the
-# Mixtral rows below: median 14.6 % at 1.0); their median within the dense bound.
-MOE_MEDIAN_BOUND = MEDIAN_BOUND
-B200_MOE_BOUND = 0.12  # |error| of each B200 mixture-of-experts row (SGL_B200: -9 % today)
+# The bounds hold what the model reaches today (docs/costmodel.md states the same figures):
+BOUND = 0.33  # |predicted / published - 1| of every row (worst: 32.5 %, a batch-1 FP8 TTFT of 7 ms)
+MEDIAN_BOUND = 0.05  # of the median dense row (3.9 %)
+# The mixture-of-experts rows: the grouped GEMM's FLOPs are priced 1.15x a
+# dense GEMM's (src/cost/costmodel.c, AC_MOE_GROUPED_FLOPS, chosen on the
+# Mixtral rows below, so they do not check it): median 8.3 %, worst 24.8 %.
+MOE_MEDIAN_BOUND = 0.09
+MOE_BOUND = 0.25
+B200_MOE_BOUND = 0.05  # |error| of each B200 mixture-of-experts row (SGL_B200: +1.8 % today)
 
 # hidden, layers, heads, kv_heads, ffn, vocab (head_dim 128)
 LLAMA31_8B = (4096, 32, 32, 8, 14336, 128256)
@@ -141,11 +149,60 @@ def _v017_rows(table):
 
 
 PUBLISHED += _v017_rows(V017_MIXTRAL)
+# TRT_V017's dense FP16 rows on the A100 (the page's only non-FP8 Hopper-era
+# figures): Llama-3.1-8B at TP1 and Llama-3.1-70B at TP4 (NVLink).
+LLAMA31_70B = LLAMA33_70B
+REPORTED_A100 = []  # the TP4 rows: compared, not asserted (docs/costmodel.md)
+V017_A100 = [
+    ("Llama-3.1-8B", LLAMA31_8B, 1, [6627.27, 5255.99, 3453.79, 4276.58, 3786.83, 799.61, 2424.16, 825.13, 330.04]),
+    ("Llama-3.1-70B", LLAMA31_70B, 4, [2733.48, 2811.27, 1976.49, 2275.79, 1921.77, 325.15, 1393.64, 392.62, 212.08]),
+]
+for name, shape, tp, figs in V017_A100:
+    for (isl, osl), pub in zip(V017_LENGTHS, figs):
+        (PUBLISHED if tp == 1 else REPORTED_A100).append((f"{name} offline {isl}/{osl}", shape, "A100", tp, "fp16",
+                          {"offline": True, "requests": OVERVIEW_REQUESTS[(isl, osl)], "prompt_len": isl,
+                           "gen_len": osl}, {"cuda_graph_max_bs": 8192}, "tokens_per_s", pub, TRT_V017))
+# LLAMACPP_4090: llama-bench on one RTX 4090, CodeLlama-7B in F16 (Llama-2-7B
+# shape, vocab 32016), all layers on the GPU, a build of January 2024 (before
+# llama.cpp's CUDA graphs): pp512 (one 512-token prompt, tokens/s) and tg128
+# (128 tokens generated one at a time from an empty context, tokens/s).
+CODELLAMA_7B = (4096, 32, 32, 32, 11008, 32016)
+LLAMACPP_4090 = "ggml-org/llama.cpp pull 4766 (llama-bench, RTX 4090)"
+PUBLISHED += [
+    ("CodeLlama-7B llama-bench pp512", CODELLAMA_7B, "RTX4090", 1, "fp16", {"batch": 1, "prompt_len": 512, "gen_len": 1},
+     {"name": "llamacpp", "cuda_graph_max_bs": 0}, "prompt_tok_s", 11048.22, LLAMACPP_4090),
+    ("CodeLlama-7B llama-bench tg128", CODELLAMA_7B, "RTX4090", 1, "fp16", {"batch": 1, "prompt_len": 1, "gen_len": 128},
+     {"name": "llamacpp", "cuda_graph_max_bs": 0}, "decode_tok_s", 61.03, LLAMACPP_4090),
+]
 PUBLISHED.append(("Qwen3-235B-A22B concurrency 1, 1K/1K, TPOT", QWEN3_235B, "B200", 8, "bf16",
                   {"concurrency": 1, "requests": 16, "prompt_len": 1024, "gen_len": 1024}, {"name": "sglang"},
                   "tpot_ms", 6.70, SGL_B200))
 # compared in --table, not asserted (see the docstring)
-REPORTED = _v017_rows(V017_MIXTRAL_TP2)
+REPORTED = _v017_rows(V017_MIXTRAL_TP2) + REPORTED_A100
+# TRT_V017's Llama-3.1-70B FP8 rows (the C++ runtime of v0.17, a version no
+# constant was fitted on): compared, not asserted (decode-heavy rows at TP4
+# up to +48 %, docs/costmodel.md)
+V017_70B_FP8 = [
+    ("H200", 1, [4020.75, 4165.68, 2651.75, 3018.39, 2823.45, 465.99, 1913.8, 560.16, 279.52]),
+    ("H200", 2, [6823.01, 8290.35, 6526.67, 6848.02, 5164.76, 809, 4183.88, 1025.38, 640.62]),
+    ("H100", 2, [6645.12, 6169.58, 3897.06, 4972.57, 4390.53, 772.66, 2898.16, 919.73, 443.01]),
+    ("H200", 4, [11098.63, 14156, 10574.06, 12452.79, 8911.29, 1358.06, 7130.44, 1811.55, 1199.68]),
+    ("H100", 4, [11127.53, 11511.93, 7439.41, 9836.7, 7430.99, 1302.6, 5480.03, 1602.78, 920.19]),
+]
+# TRT_OVERVIEW's Llama-3.1-405B FP8 at TP8 (H200, H100): compared, not
+# asserted (its decode-heavy rows up to +35 %, as the TP4 rows)
+LLAMA31_405B = (16384, 126, 128, 8, 53248, 128256)
+for dev, figs in [("H200", [3814, 5348, 4741, 4724, 3330, 3722, 456, 2948, 650, 505]),
+                  ("H100", [3627, 4340, 3116, 3994, 2919, 2895, 453, 2296, 610, 345])]:
+    for (isl, osl), pub in zip(LENGTHS, figs):
+        REPORTED.append((f"Llama-3.1-405B offline {isl}/{osl}", LLAMA31_405B, dev, 8, "fp8",
+                         {"offline": True, "requests": OVERVIEW_REQUESTS[(isl, osl)], "prompt_len": isl,
+                          "gen_len": osl}, {"cuda_graph_max_bs": 8192}, "tokens_per_s", pub, TRT_OVERVIEW))
+for dev, tp, figs in V017_70B_FP8:
+    for (isl, osl), pub in zip(V017_LENGTHS, figs):
+        REPORTED.append((f"Llama-3.1-70B offline {isl}/{osl}", LLAMA31_70B, dev, tp, "fp8",
+                         {"offline": True, "requests": OVERVIEW_REQUESTS[(isl, osl)], "prompt_len": isl,
+                          "gen_len": osl}, {"cuda_graph_max_bs": 8192}, "tokens_per_s", pub, TRT_V017))
 for (isl, osl), pub in zip(LENGTHS, [30429, 42821, 26852, 28026, 23789, 22061, 3331, 16672, 3623, 1876]):
     REPORTED.append((f"Qwen3-235B-A22B offline {isl}/{osl}", QWEN3_235B, "H200", 8, "fp8",
                      {"offline": True, "requests": OVERVIEW_REQUESTS[(isl, osl)], "prompt_len": isl, "gen_len": osl},
@@ -167,6 +224,11 @@ PUBLISHED += [
 ]
 
 
+# metrics derived from estimate's figures: llama-bench's prompt and generation rates
+DERIVED = {"prompt_tok_s": lambda fig, wl: wl["prompt_len"] * 1e3 / fig["ttft_ms"],
+           "decode_tok_s": lambda fig, wl: 1e3 / fig["tpot_ms"]}
+
+
 def estimate(shape, device, tp, dtype, workload, engine):
     H, L, nh, kv, F, V = shape[:6]
     arch = {"hidden": H, "head_dim": 128, "vocab": V, "layers": [{"heads": nh, "kv_heads": kv, "ffn": F}] * L}
@@ -186,7 +248,8 @@ def rows(published=None):
     for row in PUBLISHED if published is None else published:
         _, shape, device, tp, dtype, workload, engine, metric, pub, _ = row
         fig = estimate(shape, device, tp, dtype, workload, engine)
-        out.append((row, fig, fig[metric], fig[metric] / pub - 1))
+        pred = DERIVED[metric](fig, workload) if metric in DERIVED else fig[metric]
+        out.append((row, fig, pred, pred / pub - 1))
     return out
 
 
@@ -201,12 +264,15 @@ def table():
             pub_s, pred_s = f"{'P99 ' if metric != 'ttft_ms' else ''}TTFT {pub} ms", f"{pred:.1f} ms"
         elif metric == "tpot_ms":
             pub_s, pred_s = f"TPOT {pub} ms", f"{pred:.2f} ms"
+        elif metric in DERIVED:
+            pub_s, pred_s = f"{pub:,.1f} tok/s", f"{pred:,.1f} tok/s"
         else:
             pub_s, pred_s = f"{pub:,} tok/s", f"{pred:,.0f} tok/s"
         wl = (f"offline, {workload['requests']} requests" if workload.get("offline")
               else f"concurrency {workload['concurrency']}, {workload['requests']} requests"
               if workload.get("concurrency") else f"batch {workload['batch']}")
-        ref = {TRT_OVERVIEW: "[1]", TRT_PERF_061: "[2]", VLLM_4090: "[3]", TRT_V017: "[4]", SGL_B200: "[5]"}[src]
+        ref = {TRT_OVERVIEW: "[1]", TRT_PERF_061: "[2]", VLLM_4090: "[3]", TRT_V017: "[4]", SGL_B200: "[5]",
+               LLAMACPP_4090: "[6]"}[src]
         mark = " (not asserted)" if row in REPORTED else ""
         lines.append(f"| {label}{mark} | {device} TP{tp} {dtype.upper()} | {wl} | {pub_s} | {pred_s} "
                      f"| {100 * err:+.0f}% | {ref} {engine.get('name', 'trtllm')} |")
@@ -230,11 +296,14 @@ def test_gpu_profiles_within_bound():
     moe = [abs(g[3]) for g in got if len(g[0][1]) > 6]
     med, moe_med = statistics.median(dense), statistics.median(moe)
     print(f"   {len(dense)} dense rows: median |error| {100 * med:.1f}% (bound {100 * MEDIAN_BOUND:.0f}%); "
-          f"{len(moe)} mixture-of-experts rows: median {100 * moe_med:.1f}% (bound {100 * MOE_MEDIAN_BOUND:.0f}%); "
+          f"{len(moe)} mixture-of-experts rows: median {100 * moe_med:.1f}% (bound {100 * MOE_MEDIAN_BOUND:.0f}%), worst "
+          f"{100 * max(moe):.1f}% (bound {100 * MOE_BOUND:.0f}%); "
           f"worst of all {100 * max(dense + moe):.1f}% (bound {100 * BOUND:.0f}%)", flush=True)
-    assert len(dense) >= 30 and len(moe) >= 19
+    assert len(dense) >= 67 and len(moe) >= 19
+    assert any(g[0][9] == LLAMACPP_4090 for g in got), "no llama.cpp row"
+    assert any(g[0][2] == "A100" and g[0][5].get("offline") for g in got), "no served A100 row"
     assert any(g[0][2] == "B200" for g in got if len(g[0][1]) > 6), "no B200 mixture-of-experts row"
-    # the B200 profile on an MoE model (docs/costmodel.md states its error, -9 %, and this bound)
+    # the B200 profile on an MoE model (docs/costmodel.md states its error, +1.8 %, and this bound)
     for row, fig, pred, err in got:
         if row[2] == "B200" and len(row[1]) > 6:
             print(f"   B200 MoE check: {row[0]}: predicted {pred:.2f} against {row[8]} ({100 * err:+.1f}%, "
@@ -244,6 +313,7 @@ def test_gpu_profiles_within_bound():
         assert abs(err) <= BOUND, (row[0], row[2], pred, row[8], err)
     assert med <= MEDIAN_BOUND, med
     assert moe_med <= MOE_MEDIAN_BOUND, moe_med
+    assert max(moe) <= MOE_BOUND, max(moe)
 
 
 if __name__ == "__main__":

@@ -240,6 +240,7 @@ typedef struct {
     int block_size;
     double mem_util;        /* fraction of device memory the engine may use */
     double overhead_ms;     /* per forward call (scheduler, sampling, launch not in tables) */
+    double seq_overhead_us; /* host work per sequence a forward call carries (scheduling, sampling, detokenising) */
     double overhead_gib;    /* runtime memory outside weights/KV/activations */
     int max_batched_tokens; /* tokens one iteration may schedule (the chunked-prefill budget) */
     int max_seqs;           /* requests running at once */

@@ -18,16 +18,21 @@ int ac_engine_find(const char *name) {
 }
 
 /* Static defaults per engine: KV block (tokens), preallocated fraction,
- * per-step overhead, memory outside weights/KV/activations. */
+ * per-step overhead, host work per sequence a step carries (SEQ_US),
+ * memory outside weights/KV/activations. */
+/* 0 for every engine: a per-sequence cost fitted on TensorRT-LLM's H200
+ * Llama-3.1-8B rows (4 us) made the other asserted rows worse
+ * (docs/costmodel.md, "Validation"); target.engine.seq_overhead_us sets it. */
+#define SEQ_US 0.0
 static const struct {
     int block_size;
-    double mem_util, overhead_ms, overhead_gib;
+    double mem_util, overhead_ms, seq_us, overhead_gib;
 } DEF[] = {
-    [E_VLLM] = {16, 0.9, 0.3, 1.5},    /* block_size 16, gpu_memory_utilization 0.9 */
-    [E_TRTLLM] = {32, 0.9, 0.3, 1.5},  /* tokens_per_block 32, free_gpu_memory_fraction 0.9 */
-    [E_SGLANG] = {1, 0.88, 0.3, 1.5},  /* page_size 1, mem_fraction_static 0.88 at TP 1 */
-    [E_LLAMACPP] = {1, 1.0, 0.3, 0.5}, /* contiguous KV of n_ctx per slot */
-    [E_CPU] = {1, 0.8, 0.0, 0.0},
+    [E_VLLM] = {16, 0.9, 0.3, SEQ_US, 1.5},    /* block_size 16, gpu_memory_utilization 0.9 */
+    [E_TRTLLM] = {32, 0.9, 0.3, SEQ_US, 1.5},  /* tokens_per_block 32, free_gpu_memory_fraction 0.9 */
+    [E_SGLANG] = {1, 0.88, 0.3, SEQ_US, 1.5},  /* page_size 1, mem_fraction_static 0.88 at TP 1 */
+    [E_LLAMACPP] = {1, 1.0, 0.3, SEQ_US, 0.5}, /* contiguous KV of n_ctx per slot */
+    [E_CPU] = {1, 0.8, 0.0, 0.0, 0.0},
 };
 
 void ac_engine_profile_named(int index, int is_cpu, ac_engine_profile *p) {
@@ -38,6 +43,7 @@ void ac_engine_profile_named(int index, int is_cpu, ac_engine_profile *p) {
     p->block_size = DEF[index].block_size;
     p->mem_util = DEF[index].mem_util;
     p->overhead_ms = DEF[index].overhead_ms;
+    p->seq_overhead_us = DEF[index].seq_us;
     p->overhead_gib = DEF[index].overhead_gib;
     p->tp = 1;
 }
@@ -116,10 +122,13 @@ void ac_engine_resolve(const ac_engine_profile *p, double mem_gib, const char *d
         rt->graph_max = 0;
     else if (p->graph_max > 0)
         rt->graph_max = p->graph_max;
-    /* all-reduce link: the profile's, else the device's NVLink, else PCIe */
+    /* all-reduce link: the profile's, else the device's NVLink, else PCIe.
+     * Its fixed cost a call: 12 us over NVLink (was 8: TensorRT-LLM v0.17's
+     * TP2 Llama-3.1-70B rows want more, SGLang's batch-1 TP8 B200 row, 188
+     * all-reduces a token, no more; docs/costmodel.md), 30 over PCIe. */
     const ac_device_spec *s = device ? ac_device_spec_for_gpu(device) : NULL;
     rt->link_gbs = p->link_gbs > 0 ? p->link_gbs : s ? (s->nvlink_gbs > 0 ? s->nvlink_gbs : s->pcie_gbs) : 20;
-    rt->link_us = p->link_us > 0 ? p->link_us : rt->link_gbs >= 100 ? 8 : 30;
+    rt->link_us = p->link_us > 0 ? p->link_us : rt->link_gbs >= 100 ? 12 : 30;
 }
 
 int ac_engine_graph_size(const ac_engine_rt *rt, int n) {

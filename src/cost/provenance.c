@@ -26,16 +26,18 @@ static json_t *compare(const ac_cost *used, const ac_cost *other) {
 }
 
 static json_t *inputs(const ac_cost_table *t, const ac_engine_profile *p, const ac_device_spec *spec) {
-    const char *ops = t->roofline ? "roofline of the spec profile's datasheet figures (0.7 of the peak, 0.85 of the "
-                                    "bandwidth)"
+    const char *ops = t->roofline ? "roofline of the spec profile's datasheet figures (0.7 of the peak, FP8 GEMMs 0.6 "
+                                    "of theirs, 0.85 of the bandwidth)"
                                   : is_cuda(t) ? "measured on this GPU (GEMM and attention grids)"
                                                : "measured on this CPU (the engine's own kernels)";
     const char *dec = t->roofline || t->ndec <= 0 ? "the operator tables"
                                                   : "measured decode steps of the engine (decode bands per working set)";
-    json_t *o = json_pack("{s:s,s:s,s:{s:f,s:s},s:{s:f,s:s},s:{s:f,s:s}}", "operators", ops, "decode", dec,
+    json_t *o = json_pack("{s:s,s:s,s:{s:f,s:s},s:{s:f,s:s},s:{s:f,s:s},s:{s:f,s:s}}", "operators", ops, "decode", dec,
                           "launch_us", "value", t->launch_us, "source",
                           t->roofline ? "spec profile" : is_cuda(t) ? "measured" : "none (in the CPU tables)",
                           "step_overhead_ms", "value", p->overhead_ms, "source", "engine constant (assumed)",
+                          "sequence_overhead_us", "value", p->seq_overhead_us, "source",
+                          "engine constant (0 unless the spec sets it)",
                           "runtime_gib", "value", p->overhead_gib, "source", "engine constant (assumed)");
     if (o && p->tp > 1) {
         const char *src = p->link_gbs > 0 ? "the target's interconnect" : "assumed bus bandwidth of the spec profile";

@@ -98,13 +98,17 @@ int ac_serve_run(const ac_serve_req *req, int n, const ac_serve_policy *pol, ac_
     if (pol->budget < 1 || pol->max_seqs < 1 || pol->block_size < 1)
         return ac_errf(e, "scheduler needs a token budget, max_seqs and a block size of at least 1");
     rq *q = calloc((size_t)n, sizeof *q);
-    int *run = malloc((size_t)n * sizeof *run), *wait = malloc((size_t)n * sizeof *wait),
+    /* the waiting queue: a window of wbuf that pops at its front, takes
+     * arrivals at its back and preempted requests back at its front. Each
+     * request preempted was admitted (popped) before, so the front stays at
+     * or after wbuf + n and the back at or before wbuf + 2n. */
+    int *run = malloc((size_t)n * sizeof *run), *wbuf = malloc((size_t)(2 * n + 1) * sizeof *wbuf),
         *chunk = malloc((size_t)n * sizeof *chunk), *chunk_end = malloc((size_t)n * sizeof *chunk_end);
     int C = pol->concurrency > 0 && pol->concurrency < n ? pol->concurrency : 0;
     double *slot = calloc((size_t)(C > 0 ? C : 1), sizeof *slot); /* when each slot frees (HUGE_VAL: busy) */
     double *tmp = malloc((size_t)n * sizeof *tmp);
-    if (!q || !run || !wait || !chunk || !chunk_end || !slot || !tmp) {
-        free(q), free(run), free(wait), free(chunk), free(chunk_end), free(slot), free(tmp);
+    if (!q || !run || !wbuf || !chunk || !chunk_end || !slot || !tmp) {
+        free(q), free(run), free(wbuf), free(chunk), free(chunk_end), free(slot), free(tmp);
         return ac_errf(e, "out of memory");
     }
     for (int i = 0; i < n; i++) {
@@ -112,6 +116,7 @@ int ac_serve_run(const ac_serve_req *req, int n, const ac_serve_policy *pol, ac_
         q[i].gen = req[i].gen > 0 ? req[i].gen : 1;
         q[i].e2e = -1;
     }
+    int *wait = wbuf + n;
     int nrun = 0, nwait = 0, next = 0, done = 0, inflight = 0;
     long free_blocks = pol->kv_blocks;
     double t = 0, busy = 0;
@@ -180,8 +185,7 @@ int ac_serve_run(const ac_serve_req *req, int n, const ac_serve_policy *pol, ac_
                     v->k = 0;
                     v->target = v->prompt + v->g;
                     v->sched = 0;
-                    memmove(wait + 1, wait, (size_t)nwait * sizeof *wait);
-                    wait[0] = (int)(v - q);
+                    *--wait = (int)(v - q);
                     nwait++;
                     preempted = 1;
                     st->preemptions++;
@@ -192,8 +196,7 @@ int ac_serve_run(const ac_serve_req *req, int n, const ac_serve_policy *pol, ac_
                     r->k = 0;
                     r->target = r->prompt + r->g;
                     r->sched = 0;
-                    memmove(wait + 1, wait, (size_t)nwait * sizeof *wait);
-                    wait[0] = run[i];
+                    *--wait = run[i];
                     nwait++;
                     memmove(run + i, run + i + 1, (size_t)(nrun - i - 1) * sizeof *run);
                     nrun--;
@@ -230,19 +233,19 @@ int ac_serve_run(const ac_serve_req *req, int n, const ac_serve_policy *pol, ac_
                 budget -= c;
                 nsched++;
                 prompts++;
-                run[nrun++] = wait[0];
-                memmove(wait, wait + 1, (size_t)(--nwait) * sizeof *wait);
+                run[nrun++] = *wait++;
+                nwait--;
             }
         }
         if (!nsched) {
             if (nrun) { /* cannot happen: a running request always gets a token or is preempted */
-                free(q), free(run), free(wait), free(chunk), free(chunk_end), free(slot), free(tmp);
+                free(q), free(run), free(wbuf), free(chunk), free(chunk_end), free(slot), free(tmp);
                 return ac_errf(e, "scheduler stalled with %d running", nrun);
             }
             /* the head of the queue can never fit the pool: drop it */
             rq *h = &q[wait[0]];
             h->e2e = -1;
-            memmove(wait, wait + 1, (size_t)(--nwait) * sizeof *wait);
+            wait++, nwait--;
             st->dropped++;
             leave(&done, &inflight, slot, C, t);
             continue;
@@ -333,6 +336,6 @@ int ac_serve_run(const ac_serve_req *req, int n, const ac_serve_policy *pol, ac_
         st->tokens_per_s = toks / st->duration_s;
         st->requests_per_s = st->completed / st->duration_s;
     }
-    free(q), free(run), free(wait), free(chunk), free(chunk_end), free(slot), free(tmp);
+    free(q), free(run), free(wbuf), free(chunk), free(chunk_end), free(slot), free(tmp);
     return 0;
 }

@@ -78,6 +78,9 @@ static const ac_field ENGINE[] = {
         "0.9, trtllm 0.9, sglang 0.88 at tp 1, cpu 0.8)"),
     NUM("overhead_ms", ac_engine_in, overhead_ms, 0, 1e4, NAN, ND,
         "per forward call (scheduler, sampling); default: 0 on cpu, else 0.3"),
+    NUM("seq_overhead_us", ac_engine_in, seq_overhead_us, 0, 1e4, NAN, ND,
+        "host work per sequence a forward call carries (scheduling, sampling, detokenising), microseconds; default: "
+        "the engine's (docs/costmodel.md)"),
     NUM("overhead_gib", ac_engine_in, overhead_gib, 0, 1e4, NAN, ND,
         "runtime memory outside weights, KV cache, activations; default: 0 on cpu, llamacpp 0.5, else 1.5"),
     INT("max_num_batched_tokens", ac_engine_in, max_batched_tokens, 1, 1 << 20, -1, ND,
@@ -421,6 +424,7 @@ static int target_finish(ac_target_spec *t, const char *prefix, const char **fie
     if (in->block_size > 0) p->block_size = in->block_size;
     if (!isnan(in->mem_util)) p->mem_util = in->mem_util;
     if (!isnan(in->overhead_ms)) p->overhead_ms = in->overhead_ms;
+    if (!isnan(in->seq_overhead_us)) p->seq_overhead_us = in->seq_overhead_us;
     if (!isnan(in->overhead_gib)) p->overhead_gib = in->overhead_gib;
     if (in->max_batched_tokens > 0) p->max_batched_tokens = in->max_batched_tokens;
     if (in->max_seqs > 0) p->max_seqs = in->max_seqs;

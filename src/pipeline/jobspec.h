@@ -27,7 +27,7 @@ typedef struct {
     int engine;                  /* index into ac_engine_names (engines.h) */
     int weights_dtype, kv_dtype; /* index into bf16, fp16, fp32, fp8 */
     int block_size;
-    double mem_util, overhead_ms, overhead_gib;
+    double mem_util, overhead_ms, seq_overhead_us, overhead_gib;
     int max_batched_tokens, max_seqs, graph_max;
 } ac_engine_in;
 

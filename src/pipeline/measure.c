@@ -256,7 +256,7 @@ int ac_measure_on_gpu(const ac_model *base, const ac_model *res, const char *arm
         ac_measure_latency(res, ids, n, &gw, 1, 0, &rt, &rp, NULL, e))
         return -1;
     ac_engine_profile gp = *p;
-    gp.overhead_ms = 0; /* our engine, not a serving framework */
+    gp.overhead_ms = gp.seq_overhead_us = 0; /* our engine, not a serving framework */
     ac_cost k;
     if (predict(table, res, &gw, &gp, &k, e)) return -1;
     *out = json_pack("{s:s,s:{s:i,s:i,s:i},s:{s:f,s:f},s:{s:f,s:f},s:{s:{s:f,s:f}},s:{s:f,s:f}}", "device",

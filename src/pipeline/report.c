@@ -20,11 +20,11 @@ static json_t *target_json(const job_state *s) {
     const ac_target_spec *t = &s->spec->target;
     const ac_engine_profile *p = &s->engine;
     const ac_workload *w = &t->workload;
-    json_t *j = json_pack("{s:s,s:s,s:s,s:s,s:b,s:{s:s,s:i,s:i,s:i,s:f,s:f,s:f},s:o,s:i}", "device", t->device,
+    json_t *j = json_pack("{s:s,s:s,s:s,s:s,s:b,s:{s:s,s:i,s:i,s:i,s:f,s:f,s:f,s:f},s:o,s:i}", "device", t->device,
                      "device_name", s->table.device, "cost_table", s->table.key, "cost_source", s->table.source,
                      "cache_hit", s->cache_hit, "engine", "name", p->name, "weight_bytes", p->w_bytes, "kv_bytes",
                      p->kv_bytes, "block_size", p->block_size, "memory_utilization", p->mem_util, "overhead_ms",
-                     p->overhead_ms, "overhead_gib", p->overhead_gib, "workload", ac_workload_to_json(w), "tp",
+                     p->overhead_ms, "seq_overhead_us", p->seq_overhead_us, "overhead_gib", p->overhead_gib, "workload", ac_workload_to_json(w), "tp",
                      t->tp > 1 ? t->tp : 1);
     /* the weights the predictions are for (a CPU target's follow a BF16 checkpoint unless the spec names them) */
     if (j) json_object_set_new(json_object_get(j, "engine"), "weights_dtype", json_string(s->wdtype ? s->wdtype : "fp32"));
