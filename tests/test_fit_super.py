@@ -16,6 +16,8 @@ it), on one B200 in BF16 at 128K context, through `autocompress estimate`.
   the B200's memory at 128K returns structures that fit; each re-priced as
   an explicit architecture through the plain estimate gives the figures
   the search printed and meets both limits; the axes it cut are named.
+- Nemotron 3 Nano 30B-A3B's shapes (tests/configs/nemotron3-nano) sum to
+  its published 31.6B within 0.5 %.
 """
 import json
 import os
@@ -134,8 +136,19 @@ def test_search_under_the_74b_budget():
           f"memory_gib {b['memory_gib']:.1f} with the 128K prompt's activations {b['activations_gib']:.1f}", flush=True)
 
 
+def test_nano_cross_check():
+    """The same family's Nano 30B-A3B (plain MoE, no latent) sums to its published 31.6B."""
+    if not os.path.exists(CLI):
+        return "skip: build/autocompress missing (make all)"
+    nano = os.path.join(ROOT, "tests", "configs", "nemotron3-nano")
+    f = cli_estimate({"model": nano, "target": target()})["figures"]
+    assert abs(f["params"] / 31.6e9 - 1) < 0.005, f["params"]
+    print(f"   Nemotron 3 Nano: {f['params'] / 1e9:.2f}B parameters", flush=True)
+
+
 if __name__ == "__main__":
     r = Runner()
+    r.run(test_nano_cross_check)
     r.run(test_full_model_does_not_fit_one_b200)
     r.run(test_search_under_the_74b_budget)
     r.done()
