@@ -8,7 +8,8 @@ it), on one B200 in BF16 at 128K context, through `autocompress estimate`.
   within 2 % of the published 120B (and 0.5 % of the paper's 120.6B); the
   active count (22 of 512 experts) is within 2 % of the paper's 12.7B. The
   MTP layer is not counted: the loader drops it (docs/hybrid.md), and the
-  published total leaves it out too.
+  published total leaves it out too; the answer's "mtp" names it (one layer,
+  "*E") with its parameters, summed here by hand.
 - The KV cache is that of the 8 attention layers (2 KV heads x 128), the
   Mamba state that of the 40 Mamba layers in fp32, both summed here by hand;
   weights + state + KV alone exceed the B200's memory (180 GB).
@@ -57,6 +58,12 @@ def by_hand(c):
     return fixed + n["moe"] * (common + E * expert), fixed + n["moe"] * (common + k * expert)
 
 
+def attn_mamba_embed(c):
+    """by_hand's total without the MoE layers: the same config with no experts, shared expert or latent."""
+    z = dict(c, n_routed_experts=0, num_experts_per_tok=0, moe_shared_expert_intermediate_size=0, moe_latent_size=0)
+    return by_hand(z)[0] - 40 * z["hidden_size"]  # less the MoE layers' norms
+
+
 def architecture(c, s):
     """A structure of the search as an estimate's architecture: each type keeps its first layers_kept_per_type layers."""
     kept = dict(s["layers_kept_per_type"])
@@ -94,11 +101,20 @@ def test_full_model_does_not_fit_one_b200():
     state = 40 * ((128 * 64 + 2 * 8 * 128) * 3 + 128 * 64 * 128) * 4 / GIB  # 40 Mamba layers: conv window + state, fp32
     assert abs(f["kv_cache_gib"] - kv) < 1e-9 and abs(f["ssm_state_gib"] - state) < 1e-9, (f["kv_cache_gib"], f["ssm_state_gib"])
     assert abs(f["device_memory_gib"] - B200_GIB) < 1e-9, f["device_memory_gib"]
+    # the MTP layer ("*E": an attention and a LatentMoE block, the [embedding; hidden] projection and 3 norms)
+    # is named apart and left out of the figures
+    H = c["hidden_size"]
+    moe = (total - attn_mamba_embed(c)) / 40
+    mtp = (2 * H * 32 * 128 + 2 * H * 2 * 128 + H) + moe + 2 * H * H + 3 * H
+    m = ans["mtp"]
+    assert m["layers"] == 1 and m["pattern"] == "*E" and m["counted"] is False, m
+    assert abs(m["params"] - mtp) < 0.5 and abs(m["weights_gib"] - mtp * 2 / GIB) < 1e-9, (m, mtp)
     held = f["weights_gib"] + f["kv_cache_gib"] + f["ssm_state_gib"]
     assert held > B200_GIB and f["memory_gib"] > held and not f["served"], (held, f["memory_gib"], f["served"])
     print(f"   Nemotron 3 Super: {total / 1e9:.2f}B parameters ({active / 1e9:.2f}B active); at 128K on one B200: "
           f"weights {f['weights_gib']:.1f} + KV {f['kv_cache_gib']:.2f} + state {f['ssm_state_gib']:.3f} = "
-          f"{held:.1f} GiB ({f['memory_gib']:.1f} with activations) against {B200_GIB:.1f}", flush=True)
+          f"{held:.1f} GiB ({f['memory_gib']:.1f} with activations) against {B200_GIB:.1f}; the MTP layer, not "
+          f"counted: {m['params'] / 1e9:.2f}B, {m['weights_gib']:.2f} GiB", flush=True)
 
 
 def test_search_under_the_74b_budget():
