@@ -19,6 +19,9 @@ it), on one B200 in BF16 at 128K context, through `autocompress estimate`.
   the search printed and meets both limits; the axes it cut are named.
 - Nemotron 3 Nano 30B-A3B's shapes (tests/configs/nemotron3-nano) sum to
   its published 31.6B within 0.5 %.
+- The MTP blocks read from mtp_layers_block_type price as from the pattern,
+  two MTP layers twice one, an unknown block leaves the size out, and a
+  config without MTP layers gets no "mtp".
 """
 import json
 import os
@@ -152,6 +155,33 @@ def test_search_under_the_74b_budget():
           f"memory_gib {b['memory_gib']:.1f} with the 128K prompt's activations {b['activations_gib']:.1f}", flush=True)
 
 
+def test_mtp_block_types():
+    """mtp_layers_block_type names the MTP blocks as the pattern does; an unknown block leaves its size unknown;
+    a config without MTP layers gets no "mtp"."""
+    if not os.path.exists(CLI):
+        return "skip: build/autocompress missing (make all)"
+    c = json.load(open(os.path.join(SUPER, "config.json")))
+    d = tempfile.mkdtemp(prefix="ac-super-")
+    try:
+        ref = cli_estimate({"model": SUPER, "target": target(8192)})["mtp"]
+        answers = []
+        for mtp in ({"mtp_layers_block_type": ["attention", "moe"]}, {"mtp_hybrid_override_pattern": "*X"},
+                    {"num_nextn_predict_layers": 2, "mtp_hybrid_override_pattern": "*E"}):
+            cfg = {k: v for k, v in c.items() if not k.startswith("mtp_") and k != "num_nextn_predict_layers"}
+            cfg.update(mtp)
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump(cfg, f)
+            answers.append(cli_estimate({"model": d, "target": target(8192)})["mtp"])
+        a, b, two = answers
+        assert a == ref, (a, ref)
+        assert b["layers"] == 1 and "params" not in b and b["counted"] is False, b
+        assert two["layers"] == 2 and abs(two["params"] - 2 * ref["params"]) < 1, (two, ref)
+        nano = cli_estimate({"model": os.path.join(ROOT, "tests", "configs", "nemotron3-nano"), "target": target(8192)})
+        assert "mtp" not in nano, nano.keys()
+    finally:
+        shutil.rmtree(d)
+
+
 def test_nano_cross_check():
     """The same family's Nano 30B-A3B (plain MoE, no latent) sums to its published 31.6B."""
     if not os.path.exists(CLI):
@@ -165,6 +195,7 @@ def test_nano_cross_check():
 if __name__ == "__main__":
     r = Runner()
     r.run(test_nano_cross_check)
+    r.run(test_mtp_block_types)
     r.run(test_full_model_does_not_fit_one_b200)
     r.run(test_search_under_the_74b_budget)
     r.done()
