@@ -30,7 +30,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, ROOT, Runner, cli_estimate  # noqa: E402
+from harness import BUILD, ROOT, Runner, cli_estimate, fit_architecture  # noqa: E402
 
 CLI = os.path.join(BUILD, "autocompress")
 SUPER = os.path.join(ROOT, "tests", "configs", "nemotron3-super")
@@ -65,26 +65,6 @@ def attn_mamba_embed(c):
     """by_hand's total without the MoE layers: the same config with no experts, shared expert or latent."""
     z = dict(c, n_routed_experts=0, num_experts_per_tok=0, moe_shared_expert_intermediate_size=0, moe_latent_size=0)
     return by_hand(z)[0] - 40 * z["hidden_size"]  # less the MoE layers' norms
-
-
-def architecture(c, s):
-    """A structure of the search as an estimate's architecture: each type keeps its first layers_kept_per_type layers."""
-    kept = dict(s["layers_kept_per_type"])
-    layers = []
-    for ch in c["hybrid_override_pattern"]:
-        t = TYPES[ch]
-        if kept.get(t, 0) <= 0:
-            layers.append({"heads": 0, "kv_heads": 0, "ffn": 0})
-            continue
-        kept[t] -= 1
-        L = {"heads": s["num_attention_heads"] if t == "attention" else 0,
-             "kv_heads": s["num_query_groups"] if t == "attention" else 0, "ffn": 0}
-        if t == "mamba":
-            L["ssm_heads"] = s["mamba_num_heads"]
-        if t == "moe":
-            L["experts"], L["expert_ffn"] = s["num_moe_experts"], s["moe_ffn_hidden_size"]
-        layers.append(L)
-    return {"hidden": s["hidden_size"], "ssm_head_dim": s["mamba_head_dim"], "layers": layers}
 
 
 def test_full_model_does_not_fit_one_b200():
@@ -136,7 +116,7 @@ def test_search_under_the_74b_budget():
             assert abs(s["removed_fraction"][k] - (1 - s[k] / v)) < 1e-12, (k, s)
         cut = [k for k, v in s["removed_fraction"].items() if v > 0]
         assert cut, s  # 120.7B to under 74B cuts something
-        j = cli_estimate({"model": SUPER, "architecture": architecture(c, s), "target": target()})["figures"]
+        j = cli_estimate({"model": SUPER, "architecture": fit_architecture(c["hybrid_override_pattern"], s), "target": target()})["figures"]
         assert j["params"] <= 74e9 and j["memory_gib"] <= B200_GIB * (1 + 1e-12), (j["params"], j["memory_gib"])
         assert abs(j["params"] - s["params"]) < 0.5, (j["params"], s["params"])
         assert abs(j["memory_gib"] - s["predicted"]["memory_gib"]) <= 1e-9 * j["memory_gib"], \
