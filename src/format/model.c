@@ -240,7 +240,8 @@ static char block_char(const json_t *v) {
  * or mtp_layers_block_type (left "" when absent or longer than 15). Recorded
  * for ac_arch_mtp_params; never loaded. */
 static int config_hybrid_mtp(const json_t *cfg, ac_arch *a, ac_err *e) {
-    json_t *mp = json_object_get(cfg, "mtp_hybrid_override_pattern"), *mb = json_object_get(cfg, "mtp_layers_block_type");
+    json_t *mp = json_object_get(cfg, "mtp_hybrid_override_pattern"),
+           *mb = json_object_get(cfg, "mtp_layers_block_type");
     int named = json_is_string(mp) || json_is_array(mb);
     if (get_int(cfg, "num_nextn_predict_layers", named, &a->mtp_layers, e)) return -1;
     if (a->mtp_layers > 64) return ac_errf(e, "config.json: num_nextn_predict_layers %d is above 64", a->mtp_layers);
@@ -261,7 +262,7 @@ static int config_hybrid(const json_t *cfg, int nh, int nkv, int ffn, ac_arch *a
         if (strlen(p) > 4096) return ac_errf(e, "config.json: hybrid_override_pattern is longer than 4096 layers");
         for (; p[n]; n++) kinds[n] = p[n];
     } else if (json_is_array(lbt) && json_array_size(lbt) <= 4096) {
-            for (; n < (int)json_array_size(lbt); n++) kinds[n] = block_char(json_array_get(lbt, n));
+        for (; n < (int)json_array_size(lbt); n++) kinds[n] = block_char(json_array_get(lbt, n));
     } else
         return ac_errf(e, "config.json: nemotron_h needs hybrid_override_pattern (a string) or layers_block_type");
     if (n == 0) return ac_errf(e, "config.json: nemotron_h's layer pattern is empty");
