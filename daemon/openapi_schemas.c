@@ -173,6 +173,10 @@ static const oa_field ESTIMATE_ANSWER[] = {
     {"cost_inputs", "object", 0, "where each input of the prediction came from, as a report's target.cost_inputs",
      NULL},
     {"fits", "array", 0, "with constraints: the structures that meet them", NULL},
+    {"mtp", "object", 0,
+     "hybrid models whose config names multi-token-prediction layers: layers, pattern, params and weights_gib "
+     "(absent when a block type is unknown), counted false: the figures leave them out",
+     NULL},
     {0}};
 static const oa_field FIGURES[] = {
     {"ttft_ms", "number", 0, NULL, NULL},

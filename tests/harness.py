@@ -124,6 +124,27 @@ def cli_estimate(req, timeout=120):
     return json.loads(out.stdout)
 
 
+def fit_architecture(pattern, s):
+    """A structure of the config-only search ("fits") as an estimate's architecture on a nemotron_h layer pattern:
+    each layer type keeps its first layers_kept_per_type layers, at the structure's widths."""
+    kept = dict(s["layers_kept_per_type"])
+    layers = []
+    for c in pattern:
+        t = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}[c]
+        if kept.get(t, 0) <= 0:
+            layers.append({"heads": 0, "kv_heads": 0, "ffn": 0})
+            continue
+        kept[t] -= 1
+        L = {"heads": s["num_attention_heads"] if t == "attention" else 0,
+             "kv_heads": s["num_query_groups"] if t == "attention" else 0,
+             "ffn": s["ffn_hidden_size"] if t == "mlp" else 0,
+             "ssm_heads": s["mamba_num_heads"] if t == "mamba" else 0}
+        if t == "moe":
+            L["experts"], L["expert_ffn"] = s["num_moe_experts"], s["moe_ffn_hidden_size"]
+        layers.append(L)
+    return {"hidden": s["hidden_size"], "ssm_head_dim": s["mamba_head_dim"], "layers": layers}
+
+
 def spec(**kw):
     """A job on the tiny model. Its gate search takes 40 steps (the service's default is 300: about 4/5 of a test
     job's time), unless the test names dnas_steps or keeps a job running (search.steps >= 1000): the tests of the

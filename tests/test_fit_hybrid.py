@@ -21,12 +21,11 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, TINY, Daemon, Runner, cli_estimate  # noqa: E402
+from harness import BUILD, TINY, Daemon, Runner, cli_estimate, fit_architecture  # noqa: E402
 from test_estimate_hybrid import NH8  # noqa: E402
 
 CLI = os.path.join(BUILD, "autocompress")
 WORK = tempfile.mkdtemp(prefix="ac_fit_")
-TYPES = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
 
 def target(prompt, batch=1):
@@ -42,23 +41,6 @@ def config_dir():
     return d
 
 
-def architecture(s):
-    """The structure as an estimate's architecture: each type keeps its first layers_kept_per_type layers."""
-    kept = dict(s["layers_kept_per_type"])
-    layers = []
-    for c in NH8["hybrid_override_pattern"]:
-        t = TYPES[c]
-        if kept.get(t, 0) <= 0:
-            layers.append({"heads": 0, "kv_heads": 0, "ffn": 0})
-            continue
-        kept[t] -= 1
-        layers.append({"heads": s["num_attention_heads"] if t == "attention" else 0,
-                       "kv_heads": s["num_query_groups"] if t == "attention" else 0,
-                       "ffn": s["ffn_hidden_size"] if t == "mlp" else 0,
-                       "ssm_heads": s["mamba_num_heads"] if t == "mamba" else 0})
-    return {"hidden": s["hidden_size"], "ssm_head_dim": s["mamba_head_dim"], "layers": layers}
-
-
 def check_fits(d, tg, limits, metric):
     ans = cli_estimate({"model": d, "target": tg, "constraints": limits})
     f = ans["fits"]
@@ -72,7 +54,8 @@ def check_fits(d, tg, limits, metric):
         assert s["mamba_num_heads"] % NH8["n_groups"] == 0, s
         for k, v in base.items():
             assert abs(s["removed_fraction"][k] - (1 - s[k] / v)) < 1e-12, (k, s)
-        j = cli_estimate({"model": d, "architecture": architecture(s), "target": tg})["figures"]
+        arch = fit_architecture(NH8["hybrid_override_pattern"], s)
+        j = cli_estimate({"model": d, "architecture": arch, "target": tg})["figures"]
         assert j[metric] <= lim * (1 + 1e-12), (metric, j[metric], lim)
         assert abs(j[metric] - s["predicted"][metric]) <= 1e-9 * abs(j[metric]), (j[metric], s["predicted"][metric])
         assert abs(j["params"] - s["params"]) < 0.5, (j["params"], s["params"])

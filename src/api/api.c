@@ -149,6 +149,20 @@ static int estimate_fit(const json_t *req, const ac_arch *arch, const ac_cost_ta
     return fits ? 0 : ac_errf(e, "out of memory");
 }
 
+/* The multi-token-prediction layers a nemotron_h config names, which the
+ * figures leave out (never loaded; docs/hybrid.md): their blocks and what
+ * they would weigh at the figures' weight bytes, as "mtp" in the answer. */
+static void estimate_mtp(const ac_arch *arch, const ac_cost *r, json_t *out) {
+    if (arch->mtp_layers <= 0) return;
+    double p = ac_arch_mtp_params(arch);
+    json_t *m = json_pack("{s:i,s:s,s:b}", "layers", arch->mtp_layers, "pattern", arch->mtp_pattern, "counted", 0);
+    if (m && p > 0) {
+        json_object_set_new(m, "params", json_real(p));
+        json_object_set_new(m, "weights_gib", json_real(r->params > 0 ? p * r->weights_gib / r->params : 0));
+    }
+    if (m) json_object_set_new(out, "mtp", m);
+}
+
 int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, json_t **out, const char **field, ac_err *e) {
     *field = NULL;
     const char *k;
@@ -194,6 +208,7 @@ int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, json_t **out
                      ac_workload_to_json(w), "engine", "name", prof.name, "tp", prof.tp > 1 ? prof.tp : 1);
     if (*out) {
         json_object_set_new(json_object_get(*out, "figures"), "overhead_share", json_real(share));
+        estimate_mtp(&arch, &r, *out);
         /* where the inputs came from, as a job's report.target.cost_inputs */
         json_t *ci = ac_cost_provenance(&t, &c, w, &prof);
         if (!ci || json_object_set_new(*out, "cost_inputs", ci)) {

@@ -224,6 +224,35 @@ static int config_moe(const json_t *cfg, const char *mt, ac_arch *a, ac_err *e) 
  * shared expert and the sigmoid router (config_hybrid_moe). Newer configs
  * name Mamba and attention layers linear_attention / full_attention. */
 static int config_hybrid_moe(const json_t *cfg, ac_arch *a, int *E, int *fe, int *fs, ac_err *e);
+
+/* A layers_block_type entry as the pattern's character ('?' unknown). */
+static char block_char(const json_t *v) {
+    static const char *names[] = {"mamba", "attention", "mlp", "moe", "linear_attention", "full_attention"},
+                      ch[] = "M*-EM*";
+    const char *k = json_string_value(v);
+    for (int i = 0; k && i < 6; i++)
+        if (!strcmp(k, names[i])) return ch[i];
+    return '?';
+}
+
+/* The multi-token-prediction layers the config names: num_nextn_predict_layers
+ * (1 when only a pattern is given) and their blocks, mtp_hybrid_override_pattern
+ * or mtp_layers_block_type (left "" when absent or longer than 15). Recorded
+ * for ac_arch_mtp_params; never loaded. */
+static int config_hybrid_mtp(const json_t *cfg, ac_arch *a, ac_err *e) {
+    json_t *mp = json_object_get(cfg, "mtp_hybrid_override_pattern"),
+           *mb = json_object_get(cfg, "mtp_layers_block_type");
+    int named = json_is_string(mp) || json_is_array(mb);
+    if (get_int(cfg, "num_nextn_predict_layers", named, &a->mtp_layers, e)) return -1;
+    if (a->mtp_layers > 64) return ac_errf(e, "config.json: num_nextn_predict_layers %d is above 64", a->mtp_layers);
+    size_t cap = sizeof a->mtp_pattern - 1;
+    if (json_is_string(mp) && strlen(json_string_value(mp)) <= cap)
+        snprintf(a->mtp_pattern, sizeof a->mtp_pattern, "%s", json_string_value(mp));
+    else if (json_is_array(mb) && json_array_size(mb) <= cap)
+        for (size_t i = 0; i < json_array_size(mb); i++) a->mtp_pattern[i] = block_char(json_array_get(mb, i));
+    return 0;
+}
+
 static int config_hybrid(const json_t *cfg, int nh, int nkv, int ffn, ac_arch *a, ac_err *e) {
     json_t *pat = json_object_get(cfg, "hybrid_override_pattern"), *lbt = json_object_get(cfg, "layers_block_type");
     int n = 0;
@@ -233,14 +262,7 @@ static int config_hybrid(const json_t *cfg, int nh, int nkv, int ffn, ac_arch *a
         if (strlen(p) > 4096) return ac_errf(e, "config.json: hybrid_override_pattern is longer than 4096 layers");
         for (; p[n]; n++) kinds[n] = p[n];
     } else if (json_is_array(lbt) && json_array_size(lbt) <= 4096) {
-        static const char *names[] = {"mamba", "attention", "mlp", "moe", "linear_attention", "full_attention"},
-                          ch[] = "M*-EM*";
-        for (; n < (int)json_array_size(lbt); n++) {
-            const char *k = json_string_value(json_array_get(lbt, n));
-            kinds[n] = '?';
-            for (int i = 0; k && i < 6; i++)
-                if (!strcmp(k, names[i])) kinds[n] = ch[i];
-        }
+        for (; n < (int)json_array_size(lbt); n++) kinds[n] = block_char(json_array_get(lbt, n));
     } else
         return ac_errf(e, "config.json: nemotron_h needs hybrid_override_pattern (a string) or layers_block_type");
     if (n == 0) return ac_errf(e, "config.json: nemotron_h's layer pattern is empty");
@@ -264,6 +286,7 @@ static int config_hybrid(const json_t *cfg, int nh, int nkv, int ffn, ac_arch *a
         return ac_errf(e, "config.json: nemotron_h in_proj/out_proj biases (use_bias) are not supported");
     int E = 0, fe = 0, fs = 0;
     if (memchr(kinds, 'E', (size_t)n) && config_hybrid_moe(cfg, a, &E, &fe, &fs, e)) return -1;
+    if (config_hybrid_mtp(cfg, a, e)) return -1;
     a->layers = calloc(n, sizeof *a->layers);
     if (!a->layers) return ac_errf(e, "out of memory");
     for (int l = 0; l < n; l++) {
@@ -452,26 +475,48 @@ int ac_arch_has_moe(const ac_arch *a) {
     return 0;
 }
 
-double ac_arch_params(const ac_arch *a) {
-    double H = a->hidden, hd = a->head_dim, p = (double)a->vocab * H * (a->tie_embeddings ? 1 : 2) + H;
-    for (int l = 0; l < a->n_layers; l++) {
-        const ac_layer_arch *L = &a->layers[l];
-        if (L->n_heads)
-            p += H + 2 * H * L->n_heads * hd + 2 * H * L->n_kv_heads * hd +
-                 (a->qkv_bias ? (L->n_heads + 2 * L->n_kv_heads) * hd : 0) + (a->qk_norm ? 2 * hd : 0);
-        if (L->ffn) p += H + (a->hybrid ? 2 : 3) * H * L->ffn; /* nemotron_h's MLP: up, down */
-        if (L->ssm_heads) /* norm, in_proj, conv (+ bias), dt_bias, A_log, D, gated norm, out_proj */
-            p += H + (double)ac_ssm_in_dim(a, l) * H +
-                 (double)ac_ssm_conv_dim(a, l) * (a->ssm_conv + (a->ssm_conv_bias ? 1 : 0)) + 3.0 * L->ssm_heads +
-                 ac_ssm_inner(a, l) + H * (double)ac_ssm_inner(a, l);
-        if (L->n_experts) { /* norm, router, experts (nemotron_h: no gate, a correction bias, a shared expert, a
-                             * latent projection down and up) */
-            double Hin = a->hybrid && a->moe_latent ? a->moe_latent : H;
-            p += H + (double)L->n_experts * (H + (a->hybrid ? 2 : 3) * Hin * L->expert_ffn) +
-                 (a->hybrid ? L->n_experts + 2 * H * a->shared_ffn + (a->moe_latent ? 2 * H * Hin : 0) : 0);
-        }
+/* One layer's parameters (its norm included). */
+static double layer_params(const ac_arch *a, int l) {
+    double H = a->hidden, hd = a->head_dim, p = 0;
+    const ac_layer_arch *L = &a->layers[l];
+    if (L->n_heads)
+        p += H + 2 * H * L->n_heads * hd + 2 * H * L->n_kv_heads * hd +
+             (a->qkv_bias ? (L->n_heads + 2 * L->n_kv_heads) * hd : 0) + (a->qk_norm ? 2 * hd : 0);
+    if (L->ffn) p += H + (a->hybrid ? 2 : 3) * H * L->ffn; /* nemotron_h's MLP: up, down */
+    if (L->ssm_heads) /* norm, in_proj, conv (+ bias), dt_bias, A_log, D, gated norm, out_proj */
+        p += H + (double)ac_ssm_in_dim(a, l) * H +
+             (double)ac_ssm_conv_dim(a, l) * (a->ssm_conv + (a->ssm_conv_bias ? 1 : 0)) + 3.0 * L->ssm_heads +
+             ac_ssm_inner(a, l) + H * (double)ac_ssm_inner(a, l);
+    if (L->n_experts) { /* norm, router, experts (nemotron_h: no gate, a correction bias, a shared expert, a
+                         * latent projection down and up) */
+        double Hin = a->hybrid && a->moe_latent ? a->moe_latent : H;
+        p += H + (double)L->n_experts * (H + (a->hybrid ? 2 : 3) * Hin * L->expert_ffn) +
+             (a->hybrid ? L->n_experts + 2 * H * a->shared_ffn + (a->moe_latent ? 2 * H * Hin : 0) : 0);
     }
     return p;
+}
+
+double ac_arch_params(const ac_arch *a) {
+    double p = (double)a->vocab * a->hidden * (a->tie_embeddings ? 1 : 2) + a->hidden;
+    for (int l = 0; l < a->n_layers; l++) p += layer_params(a, l);
+    return p;
+}
+
+double ac_arch_mtp_params(const ac_arch *a) {
+    if (!a->hybrid || a->mtp_layers <= 0) return 0;
+    if (!a->mtp_pattern[0]) return -1;
+    double H = a->hidden, p = 2 * H * H + 3 * H; /* eh_proj [H, 2H]; enorm, hnorm, the final norm */
+    for (const char *c = a->mtp_pattern; *c; c++) {
+        int l = 0;
+        for (; l < a->n_layers; l++) {
+            const ac_layer_arch *L = &a->layers[l];
+            char t = L->ssm_heads ? 'M' : L->n_heads ? '*' : L->n_experts ? 'E' : L->ffn ? '-' : 0;
+            if (t == *c) break;
+        }
+        if (l == a->n_layers) return -1;
+        p += layer_params(a, l);
+    }
+    return p * a->mtp_layers;
 }
 
 json_t *ac_arch_to_json(const ac_arch *a) {

@@ -68,6 +68,13 @@ typedef struct {
     float routed_scale;
     int shared_ffn;
     int moe_latent; /* LatentMoE (Nemotron 3 Super): the experts' width in and out (moe_latent_size); 0 = hidden */
+    /* nemotron_h multi-token prediction (num_nextn_predict_layers): its
+     * layers' block types, one character each as the main pattern's
+     * (mtp_hybrid_override_pattern or mtp_layers_block_type; "" unnamed).
+     * Never loaded, priced or exported (docs/hybrid.md); ac_arch_mtp_params
+     * says what it would weigh. */
+    int mtp_layers;
+    char mtp_pattern[16];
     int bos_id, eos_id;    /* -1 when absent */
     ac_layer_arch *layers; /* n_layers entries, owned */
 } ac_arch;
@@ -107,6 +114,12 @@ typedef enum {
 
 /* Parameter count (embeddings and head included). */
 double ac_arch_params(const ac_arch *a);
+/* The multi-token-prediction layers' own parameters (each: its blocks, at
+ * the shape of the model's first layer of each type, plus the projection of
+ * [embedding; hidden] to hidden and three RMSNorms; the embedding and head
+ * are the model's): 0 without MTP layers, -1 when a block type is unknown
+ * or the model has no layer of that type to take its shape from. */
+double ac_arch_mtp_params(const ac_arch *a);
 /* {"hidden":..,"layers":[{"heads":..,"kv_heads":..,"ffn":..},..]} */
 json_t *ac_arch_to_json(const ac_arch *a);
 /* Apply a JSON of that shape (as produced above) on top of a base arch. */
