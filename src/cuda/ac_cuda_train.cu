@@ -7,6 +7,7 @@
 #include "runtime/block.h"
 
 #include "ac_cuda_conv_int.h"
+#include "ac_cuda_ssm_int.h"
 
 #ifdef AC_CUDA_EMU
 #include "cuda_emu.h"
@@ -449,16 +450,30 @@ __global__ void kt_adamw(float *p, float *g, float *m, float *v, size_t n, float
 // ---------------------------------------------------------------- trainer
 
 // A layer's parameter tensors by name: ac_cuda.h's ACC_T_* (what the
-// library reads and writes through acc_trainer_tensor), then the Mamba
-// mixer's, which have no ACC_T_ name (the trainer refuses hybrid models).
+// library reads and writes through acc_trainer_tensor), then the Mamba-2
+// mixer's (in_proj, out_proj, the gated norm's weight, the conv's weight and
+// bias, dt_bias, A_log, D), which have no ACC_T_ name, and the MoE ones.
 // T_EXPERTS: the index of expert 0's gate matrix; expert e's gate, up and
 // down matrices follow at 3e, 3e+1, 3e+2 (host_tensors).
-enum { T_SSM_IN = ACC_T_N, T_SSM_OUT, T_SSM_NORM, T_ROUTER, T_EXPERTS, T_NAMES };
+enum {
+    T_SSM_IN = ACC_T_N,
+    T_SSM_OUT,
+    T_SSM_NORM,
+    T_CONV_W,
+    T_CONV_B,
+    T_DT_BIAS,
+    T_A_LOG,
+    T_SSM_D,
+    T_ROUTER,
+    T_EXPERTS,
+    T_NAMES
+};
 
 // The arch fields the trainer needs (the plugin does not link the library,
 // so no ac_arch_copy / ac_arch_free here).
 struct tarch {
     int n_layers, hidden, head_dim, vocab, sliding_window, tie_embeddings, qk_norm, top_k, norm_topk;
+    int hybrid, ssm_head_dim, ssm_state, ssm_groups, ssm_conv; // nemotron_h's Mamba-2 shapes
     float eps;
     std::vector<ac_layer_arch> layers;
 };
@@ -487,7 +502,8 @@ struct acc_trainer {
     // hidden [H], attn [L], mlp [L], then per layer head [n_heads], ffn [F]
     // (MoE layers: then expert [E], expert channels [E * Fe])
     float *gates, *dgates, *csum, *prod2;
-    std::vector<size_t> off_head, off_ffn, off_exp, off_echan;
+    // (Mamba layers: then ssm [ssm_heads])
+    std::vector<size_t> off_head, off_ffn, off_exp, off_echan, off_ssm;
     size_t ngates;
     std::vector<float> s_attn, s_mlp; // host copies of the sub-block gates (GEMM alphas)
     // MoE: the expert gates on the host too (the routing runs there, as the
@@ -498,14 +514,21 @@ struct acc_trainer {
     std::vector<int> horder, hrows, hoff;
     int *mrows;
     float *mw, *mdot, *mdz;
+    float *ssm_work; // Mamba-2: the scan's state and backward work (acc_ssm_scan_work_floats, the largest layer's)
 };
 
 static int wi(const acc_trainer *t, int l, int w) { return t->tix[(size_t)l * T_NAMES + w]; } // -1: none
 static float *GH(const acc_trainer *t) { return t->gates; }
-static float *GHEAD(const acc_trainer *t, int l) { return t->gates + t->off_head[l]; }
-static float *GFFN(const acc_trainer *t, int l) { return t->gates + t->off_ffn[l]; }
 static float *P(const acc_trainer *t, int l, int w) { return wi(t, l, w) >= 0 ? t->p[wi(t, l, w)] : NULL; }
 static float *G(const acc_trainer *t, int l, int w) { return wi(t, l, w) >= 0 ? t->g[wi(t, l, w)] : NULL; }
+// Layer l's Mamba-2 mixer on the device weights.
+static acc_ssm tssm(const acc_trainer *t, int l) {
+    const tarch *a = &t->a;
+    acc_ssm s = {a->layers[l].ssm_heads, a->ssm_head_dim,  a->ssm_state,   a->ssm_groups,
+                 a->ssm_conv,            P(t, l, T_CONV_W), P(t, l, T_CONV_B), P(t, l, T_DT_BIAS),
+                 P(t, l, T_A_LOG),       P(t, l, T_SSM_D),  P(t, l, T_SSM_NORM), a->eps};
+    return s;
+}
 
 // The recipe's weight names (block.h) as the trainer's tensor names.
 static int tw_mat(int w) {
@@ -564,7 +587,17 @@ static void host_tensors(const ac_model *m, std::vector<const void *> &hp, std::
                     name(tw_norm(op->w), ac_block_norm(w, op->w), H, 0, d32);
                 else if (op->kind == AC_OP_HEAD_NORM)
                     name(tw_norm(op->w), ac_block_norm(w, op->w), hd, 0, d32);
-                else if (op->kind == AC_OP_ROUTE)
+                else if (op->kind == AC_OP_GATED_NORM)
+                    name(T_SSM_NORM, w->ssm_norm, dout, 0, d32);
+                else if (op->kind == AC_OP_SSM_CONV) { // the depthwise conv [C][K] (decayed, as optim.c) and its bias
+                    name(T_CONV_W, w->conv_w, dout * a->ssm_conv, 1, d32);
+                    name(T_CONV_B, w->conv_b, dout, 0, d32);
+                } else if (op->kind == AC_OP_SSM_SCAN) { // per head
+                    size_t nh = a->layers[l].ssm_heads;
+                    name(T_DT_BIAS, w->dt_bias, nh, 0, d32);
+                    name(T_A_LOG, w->a_log, nh, 0, d32);
+                    name(T_SSM_D, w->ssm_d, nh, 0, d32);
+                } else if (op->kind == AC_OP_ROUTE)
                     name(T_ROUTER, w->router, (size_t)a->layers[l].n_experts * H, 1, t);
                 else if (op->kind == AC_OP_EXPERTS && li[T_EXPERTS] < 0) { // gate, up, down of each expert
                     size_t Fe = a->layers[l].expert_ffn;
@@ -626,6 +659,8 @@ static ac_arch tview(const tarch *a) {
     memset(&v, 0, sizeof v);
     v.n_layers = a->n_layers, v.hidden = a->hidden, v.head_dim = a->head_dim, v.vocab = a->vocab;
     v.qk_norm = a->qk_norm, v.top_k = a->top_k, v.norm_topk = a->norm_topk;
+    v.hybrid = a->hybrid, v.ssm_head_dim = a->ssm_head_dim, v.ssm_state = a->ssm_state;
+    v.ssm_groups = a->ssm_groups, v.ssm_conv = a->ssm_conv;
     v.layers = const_cast<ac_layer_arch *>(a->layers.data());
     return v;
 }
@@ -691,7 +726,16 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
         }
         if (dalloc(t, &t->tape[l], tape_floats(t, l, N), err, errn)) return -1;
     }
-    size_t mw = std::max(std::max(H, mq), mf);
+    size_t mw = std::max(std::max(H, mq), mf), sw = 0;
+    if (a->hybrid) { // the gated norm's and the SSM mask's column sums; the scan's work
+        mw = std::max(mw, (size_t)tdim_max(a, AC_DIM_SI));
+        for (int l = 0; l < a->n_layers; l++)
+            if (a->layers[l].ssm_heads) {
+                acc_ssm s = {};
+                s.nh = a->layers[l].ssm_heads, s.P = a->ssm_head_dim, s.Ns = a->ssm_state, s.G = a->ssm_groups;
+                sw = std::max(sw, acc_ssm_scan_work_floats(&s, t->max_B, t->max_T));
+            }
+    }
     if (dalloc(t, &t->xhf, N * H, err, errn) || dalloc(t, &t->rf, N, err, errn) ||
         dalloc(t, &t->logits, N * V, err, errn) || dalloc(t, &t->dlogits, N * V, err, errn) ||
         dalloc(t, &t->teacher, N * V, err, errn) || dalloc(t, &t->rowloss, 2 * N, err, errn) ||
@@ -699,16 +743,19 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
         dalloc(t, &t->xn, N * H, err, errn) || dalloc(t, &t->dxn, N * H, err, errn) ||
         dalloc(t, &t->bscr, scratch_floats(t, N), err, errn) || dalloc(t, &t->delta, N * (mq / hd + 1), err, errn) ||
         dalloc(t, &t->prod, N * mw, err, errn) || dalloc(t, &t->part, 1024, err, errn) ||
-        dalloc(t, &t->cos_t, T * hd / 2, err, errn) || dalloc(t, &t->sin_t, T * hd / 2, err, errn))
+        dalloc(t, &t->cos_t, T * hd / 2, err, errn) || dalloc(t, &t->sin_t, T * hd / 2, err, errn) ||
+        dalloc(t, &t->ssm_work, sw, err, errn))
         return -1;
     {
         size_t L = a->n_layers, off = H + 2 * L;
         t->off_head.assign(L, 0), t->off_ffn.assign(L, 0), t->off_exp.assign(L, 0), t->off_echan.assign(L, 0);
+        t->off_ssm.assign(L, 0);
         for (size_t l = 0; l < L; l++) {
             t->off_head[l] = off, off += a->layers[l].n_heads;
             t->off_ffn[l] = off, off += a->layers[l].ffn;
             t->off_exp[l] = off, off += a->layers[l].n_experts;
             t->off_echan[l] = off, off += (size_t)a->layers[l].n_experts * a->layers[l].expert_ffn;
+            t->off_ssm[l] = off, off += a->layers[l].ssm_heads;
         }
         t->ngates = off;
         std::vector<float> ones(off, 1.0f);
@@ -748,13 +795,14 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
         snprintf(err, errn, "trainer: context %d above the CUDA trainer's 6144", max_T);
         return -1;
     }
-    if (m->a.hybrid) {
-        snprintf(err, errn, "trainer: the CUDA trainer has no Mamba-2 op yet (hybrid nemotron_h models train on the "
-                            "CPU)");
+    if (m->a.router_sigmoid || (m->a.hybrid && m->a.moe_latent)) { // nemotron_h's MoE layers
+        snprintf(err, errn, "trainer: the CUDA trainer has no nemotron_h MoE op yet (sigmoid router, squared-ReLU "
+                            "experts): hybrid MoE models train on the CPU");
         return -1;
     }
-    if (m->a.router_sigmoid) { // (nemotron_h only, refused above; the softmax router is the one here)
-        snprintf(err, errn, "trainer: the CUDA trainer has no sigmoid router");
+    if (m->a.hybrid && (m->a.ssm_conv < 1 || m->a.ssm_conv > ACC_SSM_MAX_K)) {
+        snprintf(err, errn, "trainer: conv kernel %d: the CUDA Mamba-2 conv takes 1 to %d", m->a.ssm_conv,
+                 ACC_SSM_MAX_K);
         return -1;
     }
     TCK(cudaSetDevice(dev));
@@ -763,6 +811,8 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
     t->a.n_layers = a->n_layers, t->a.hidden = a->hidden, t->a.head_dim = a->head_dim, t->a.vocab = a->vocab;
     t->a.sliding_window = a->sliding_window, t->a.tie_embeddings = a->tie_embeddings, t->a.eps = a->eps;
     t->a.qk_norm = a->qk_norm, t->a.top_k = a->top_k, t->a.norm_topk = a->norm_topk;
+    t->a.hybrid = a->hybrid, t->a.ssm_head_dim = a->ssm_head_dim, t->a.ssm_state = a->ssm_state;
+    t->a.ssm_groups = a->ssm_groups, t->a.ssm_conv = a->ssm_conv;
     t->a.layers.assign(a->layers, a->layers + a->n_layers);
     t->max_B = max_B, t->max_T = max_T;
     if (create(t, m, rope_cos, rope_sin, err, errn)) {
@@ -778,6 +828,7 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
 struct top {
     const ac_op *op;
     int l, B, T, N, H, hd, nh, nkv, window, din, dout, heads; // l: the layer; heads: ROPE's head count
+    int unit;                                                 // MASK: the channels per gate (block.h)
     float eps;
     const float *in, *in2, *in3, *pre; // the inputs as the op saw them; pre: SwiGLU's gate projection
     float *out;                        // the output (a residual add: the residual, added to)
@@ -956,19 +1007,28 @@ static int op_fwd(acc_trainer *t, const top *o, bool recompute, char *err, size_
         break;
     case AC_OP_SWIGLU: AC_LAUNCH(kt_silu_mul, blocks(n), 256, 0, 0, o->out, o->pre, o->in, n); break;
     case AC_OP_MASK:
-        AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, o->out, o->in, o->gate, o->dout, op->dout == AC_DIM_Q ? o->hd : 1,
-                  n);
+        AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, o->out, o->in, o->gate, o->dout, o->unit, n);
         break;
     case AC_OP_KV_MERGE:
     case AC_OP_MASK_HIDDEN: break; // not differentiated (block_grad.h)
     case AC_OP_ROUTE: return recompute ? 0 : route_fwd(t, o, err, errn);
     case AC_OP_EXPERTS: return recompute ? 0 : experts_fwd(t, o, err, errn);
-    case AC_OP_RELU2:
-    case AC_OP_SSM_CONV:
-    case AC_OP_SSM_SCAN:
-    case AC_OP_GATED_NORM: // hybrid models: refused at create and by op_test
-        snprintf(err, errn, "the CUDA trainer has no Mamba-2 / squared-ReLU op yet");
-        return -1;
+    case AC_OP_RELU2: acc_relu2_fwd(o->out, NULL, o->in, n, 0); break;
+    case AC_OP_GATED_NORM: { // recomputed (block.h), from the taped scan output
+        acc_ssm s = tssm(t, o->l);
+        acc_ssm_gated_norm_fwd(&s, o->out, NULL, o->in, o->in2, o->N, 0);
+        break;
+    }
+    case AC_OP_SSM_CONV: // taped (the backward recomputes the pre-activation)
+    case AC_OP_SSM_SCAN: // taped (the backward recomputes the states)
+        if (!recompute) {
+            acc_ssm s = tssm(t, o->l);
+            if (op->kind == AC_OP_SSM_CONV)
+                acc_ssm_conv_fwd(&s, o->out, o->in, o->B, o->T, NULL, 0, 0);
+            else
+                acc_ssm_scan_fwd(&s, o->out, o->in, o->in2, o->B, o->T, t->ssm_work, 0, 0);
+        }
+        break;
     }
     return 0;
 }
@@ -1002,7 +1062,7 @@ static int op_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
         }
         break;
     case AC_OP_MASK: { // dg += colsum(dout * in) per unit; din = dout * g, in place
-        int unit = op->dout == AC_DIM_Q ? hd : 1;
+        int unit = o->unit;
         if (o->dgate) {
             AC_LAUNCH(kt_mul, blocks(n), 256, 0, 0, t->prod, o->dO, o->in, n);
             (void)cudaMemset(t->csum, 0, dout * sizeof(float));
@@ -1035,19 +1095,36 @@ static int op_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
     case AC_OP_MASK_HIDDEN: break;
     case AC_OP_ROUTE: return route_bwd(t, o, err, errn);
     case AC_OP_EXPERTS: return experts_bwd(t, o, err, errn);
-    case AC_OP_RELU2:
-    case AC_OP_SSM_CONV:
-    case AC_OP_SSM_SCAN:
-    case AC_OP_GATED_NORM: snprintf(err, errn, "the CUDA trainer has no Mamba-2 / squared-ReLU op yet"); return -1;
+    case AC_OP_RELU2: acc_relu2_bwd(o->dI, o->dO, o->in, n, 0); break;
+    case AC_OP_GATED_NORM: // dy written, z's columns of dzx written
+    case AC_OP_SSM_SCAN:   // dxbc written, dt's columns of dzx written
+    case AC_OP_SSM_CONV: { // xBC's columns of dzx written
+        acc_ssm s = tssm(t, o->l);
+        int l = o->l;
+        if (op->kind == AC_OP_GATED_NORM)
+            acc_ssm_gated_norm_bwd(&s, o->dI, o->dI2, G(t, l, T_SSM_NORM), o->dO, o->in, o->in2, N, t->prod, 0);
+        else if (op->kind == AC_OP_SSM_SCAN)
+            acc_ssm_scan_bwd(&s, o->dI, o->dI2, G(t, l, T_DT_BIAS), G(t, l, T_A_LOG), G(t, l, T_SSM_D), o->dO, o->in,
+                             o->in2, o->B, o->T, t->ssm_work, 0);
+        else
+            acc_ssm_conv_bwd(&s, o->dI, G(t, l, T_CONV_W), G(t, l, T_CONV_B), o->dO, o->in, o->B, o->T, 0);
+        break;
+    }
     }
     return 0;
 }
 
-static float *gate_of(const acc_trainer *t, int l, int d) {
-    return d == AC_DIM_Q ? GHEAD(t, l) : d == AC_DIM_F ? GFFN(t, l) : GH(t);
+// A MASK's gates (and their gradients) by the width it masks: query heads,
+// FFN channels, Mamba heads; and the channels each gate covers (block.h's
+// ac_block_mask_unit).
+static size_t gate_off(const acc_trainer *t, int l, int d) {
+    return d == AC_DIM_Q ? t->off_head[l] : d == AC_DIM_F ? t->off_ffn[l] : d == AC_DIM_SSM ? t->off_ssm[l] : 0;
 }
-static float *dgate_of(const acc_trainer *t, int l, int d) {
-    return t->dgates + (d == AC_DIM_Q ? t->off_head[l] : d == AC_DIM_F ? t->off_ffn[l] : 0);
+static float *gate_of(const acc_trainer *t, int l, int d) { return t->gates + gate_off(t, l, d); }
+static float *dgate_of(const acc_trainer *t, int l, int d) { return t->dgates + gate_off(t, l, d); }
+static int mask_unit(const tarch *a, int d) {
+    ac_arch v = tview(a);
+    return ac_block_mask_unit(&v, (ac_dim)d);
 }
 
 // Op i of sub-block sb of layer l with the trainer's weights, gates and
@@ -1060,9 +1137,12 @@ static top layer_op(acc_trainer *t, int l, int sb, const ac_op *op, int B, int T
     o.nkv = L->n_kv_heads, o.window = a->sliding_window, o.eps = a->eps;
     o.din = tdim(a, l, op->din), o.dout = tdim(a, l, op->dout), o.heads = tdim(a, l, op->heads) / a->head_dim;
     o.gh = GH(t), o.dgh = t->dgates;
-    // the trainer's sub-block gates: attention's and the FFN's (a third sub-block would be unscaled)
-    o.alpha = sb == 0 ? t->s_attn[l] : sb == 1 ? t->s_mlp[l] : 1.0f;
-    o.dalpha = sb < 2 ? t->dgates + a->hidden + (size_t)sb * a->n_layers + l : NULL;
+    // the trainer's sub-block gates: attention's and the FFN's (on nemotron_h the Mamba and MoE mixers' too,
+    // as train.c's; another sub-block would be unscaled)
+    int mix = sb == 0 ? 0 : sb == 1 || (a->hybrid && sb <= 3) ? 1 : -1;
+    o.alpha = mix == 0 ? t->s_attn[l] : mix == 1 ? t->s_mlp[l] : 1.0f;
+    o.dalpha = mix >= 0 ? t->dgates + a->hidden + (size_t)mix * a->n_layers + l : NULL;
+    o.unit = mask_unit(a, op->dout);
     if (op->kind == AC_OP_LINEAR) {
         int bi = tw_bias(op->w);
         o.w = P(t, l, tw_mat(op->w)), o.gw = G(t, l, tw_mat(op->w));
@@ -1121,12 +1201,12 @@ static float *sub_walk(acc_trainer *t, int l, int sb, int B, int T, float **tp, 
             }
             o.out = cur[op->out];
             break;
-        case AC_OP_KV_MERGE:
-        case AC_OP_MASK_HIDDEN:
         case AC_OP_RELU2:
+        case AC_OP_GATED_NORM: o.out = sc, sc += n; break; // recomputed
         case AC_OP_SSM_CONV:
-        case AC_OP_SSM_SCAN:
-        case AC_OP_GATED_NORM: o.out = cur[op->out]; break; // hybrid: op_fwd refuses them
+        case AC_OP_SSM_SCAN: o.out = *tp, *tp += n; break; // taped
+        case AC_OP_KV_MERGE:
+        case AC_OP_MASK_HIDDEN: o.out = cur[op->out]; break;
         }
         if (op_fwd(t, &o, !fwd, err, errn)) return NULL;
         cur[op->out] = o.out;
@@ -1378,6 +1458,9 @@ extern "C" int acc_trainer_gates(acc_trainer *t, const ac_gates *g, ac_gates *dg
             for (int k = 0; q->echan && q->echan[l] && k < nc; k++)
                 src ? (void)(h[t->off_echan[l] + k] = src->echan[l][k])
                     : (void)(dst->echan[l][k] = h[t->off_echan[l] + k]);
+            int ns = a->layers[l].ssm_heads; // Mamba heads: likewise (only a hybrid's layers have any)
+            for (int k = 0; ns && q->ssm && q->ssm[l] && k < ns; k++)
+                src ? (void)(h[t->off_ssm[l] + k] = src->ssm[l][k]) : (void)(dst->ssm[l][k] = h[t->off_ssm[l] + k]);
         }
     };
     if (g) {
@@ -1434,6 +1517,10 @@ extern "C" int acc_op_test(int dev, const ac_arch *a, const ac_op *op, int B, in
         snprintf(err, errn, "op_test: the MoE ops run in the trainer only");
         return -1;
     }
+    if (op->kind == AC_OP_SSM_CONV || op->kind == AC_OP_SSM_SCAN || op->kind == AC_OP_GATED_NORM || a->hybrid) {
+        snprintf(err, errn, "op_test: the Mamba-2 ops run in the trainer only"); // (test_train.c, their parameters)
+        return -1;
+    }
     if (cu_ok(cudaSetDevice(dev), "cudaSetDevice", err, errn)) return -1;
     acc_trainer *t = new acc_trainer();
     t->a.n_layers = 1, t->a.hidden = a->hidden, t->a.head_dim = a->head_dim, t->a.vocab = a->vocab;
@@ -1445,6 +1532,7 @@ extern "C" int acc_op_test(int dev, const ac_arch *a, const ac_op *op, int B, in
     o.op = op, o.B = B, o.T = T, o.N = (int)N, o.H = (int)H, o.hd = (int)hd, o.nh = a->layers[0].n_heads;
     o.nkv = a->layers[0].n_kv_heads, o.window = a->sliding_window, o.eps = a->eps, o.alpha = io->alpha;
     o.din = tdim(&t->a, 0, op->din), o.dout = tdim(&t->a, 0, op->dout), o.heads = tdim(&t->a, 0, op->heads) / (int)hd;
+    o.unit = op->dout == AC_DIM_Q ? (int)hd : 1;
     size_t nout = N * o.dout, nin = N * w[op->in], nw = (size_t)o.dout * o.din;
     size_t units = op->dout == AC_DIM_Q ? (size_t)o.nh : (size_t)o.dout;
     bool lin = op->kind == AC_OP_LINEAR, att = op->kind == AC_OP_ATTENTION, norm = op->kind == AC_OP_RMSNORM;
