@@ -9,7 +9,9 @@
  * weights and KV cache, cuBLAS GEMMs with
  * FP32 accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F), FP32 residual
  * stream, Mamba state and logits. All device memory is allocated once at
- * create. nemotron_h MoE layers are refused at create.
+ * create. nemotron_h's MoE layers (the sigmoid router with its correction
+ * bias and routed scale on the host, as the softmax routers; squared-ReLU
+ * experts, the shared expert, LatentMoE's projections) run too.
  * Micro-benchmarks: GEMM and attention timed with CUDA events (cold weights
  * rotated through a pool larger than L2), returned as raw timings
  * (acc_timings, a plain struct): src/cost/costmeasure.c builds the
