@@ -11,6 +11,8 @@
 
 #include <cmath>
 
+#include "ac_cuda_reduce_int.h"
+
 typedef __nv_bfloat16 bf16;
 
 // Threads of the block kernels (a multiple of 32).
@@ -21,17 +23,6 @@ static unsigned nblk(size_t n) { return (unsigned)((n + 255) / 256); }
 static __device__ float ssm_sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 static __device__ float ssm_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-// Sum over the block; every thread gets it. blockDim.x a multiple of 32.
-static __device__ float ssm_bsum(float v) {
-    __shared__ float red[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float r = 0;
-    for (int i = 0; i < (int)(blockDim.x >> 5); i++) r += red[i];
-    __syncthreads();
-    return r;
-}
 
 // ---------------------------------------------------------------- conv
 
@@ -196,8 +187,8 @@ __global__ void ks_scan_bwd(float *dxbc, float *dzx, float *dbc, float *ddt_bias
                 }
                 dxbc[row * C + (size_t)h * P + p] = D[h] * dyt[p] + dt * dxp;
             }
-            da = ssm_bsum(da); // (its barriers also publish dS)
-            ddt = ssm_bsum(ddt);
+            da = acc_block_sum(da); // (its barriers also publish dS)
+            ddt = acc_block_sum(ddt);
             for (int k = threadIdx.x; k < Ns; k += blockDim.x) {
                 float dc = 0, db = 0;
                 for (int p = 0; p < P; p++) {
@@ -218,7 +209,7 @@ __global__ void ks_scan_bwd(float *dxbc, float *dzx, float *dbc, float *ddt_bias
             __syncthreads();
         }
     }
-    dD = ssm_bsum(dD);
+    dD = acc_block_sum(dD);
     if (threadIdx.x == 0) {
         if (dd) dd[h] += dD;
         if (ddt_bias) ddt_bias[h] += dbias;
@@ -261,7 +252,7 @@ __global__ void ks_gnorm_fwd(float *outf, bf16 *outb, const float *y, const floa
         float v = yr[c] * z[c] * ssm_sigm(z[c]);
         ss += v * v;
     }
-    float rs = rsqrtf(ssm_bsum(ss) / gs + eps);
+    float rs = rsqrtf(acc_block_sum(ss) / gs + eps);
     for (int c = threadIdx.x; c < gs; c += blockDim.x) {
         float o = yr[c] * z[c] * ssm_sigm(z[c]) * rs * w[(size_t)gi * gs + c];
         size_t at = (size_t)r * di + (size_t)gi * gs + c;
@@ -290,9 +281,9 @@ __global__ void ks_gnorm_bwd(float *dy, float *dzx, float *prod, const float *do
         float v = yr[c] * z[c] * ssm_sigm(z[c]);
         ss += v * v;
     }
-    float rs = rsqrtf(ssm_bsum(ss) / gs + eps), dot = 0;
+    float rs = rsqrtf(acc_block_sum(ss) / gs + eps), dot = 0;
     for (int c = threadIdx.x; c < gs; c += blockDim.x) dot += d[c] * wg[c] * yr[c] * z[c] * ssm_sigm(z[c]) * rs;
-    dot = ssm_bsum(dot) / gs;
+    dot = acc_block_sum(dot) / gs;
     for (int c = threadIdx.x; c < gs; c += blockDim.x) {
         float sg = ssm_sigm(z[c]), sz = z[c] * sg, vh = yr[c] * sz * rs, dv = rs * (d[c] * wg[c] - vh * dot);
         prod[o + c] = d[c] * vh;
@@ -301,22 +292,11 @@ __global__ void ks_gnorm_bwd(float *dy, float *dzx, float *prod, const float *do
     }
 }
 
-// out[c] += sum over rows of in[r*C + c]
-__global__ void ks_colsum(float *out, const float *in, int rows, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float s = 0;
-    for (int r = 0; r < rows; r++) s += in[(size_t)r * C + c];
-    out[c] += s;
-}
-
-void acc_ssm_gated_norm_bwd(const acc_ssm *s, float *dy, float *dzx, float *dnorm_w, const float *dout,
-                            const float *y, const float *zx, int N, float *prod, cudaStream_t st) {
+void acc_ssm_gated_norm_bwd(const acc_ssm *s, float *dy, float *dzx, float *prod, const float *dout, const float *y,
+                            const float *zx, int N, cudaStream_t st) {
     (void)st; // (the emulator runs every launch in order)
-    int di = acc_ssm_di(s);
-    AC_LAUNCH(ks_gnorm_bwd, (unsigned)N * s->G, SSM_TB, 0, st, dy, dzx, prod, dout, y, zx, s->norm_w, di,
+    AC_LAUNCH(ks_gnorm_bwd, (unsigned)N * s->G, SSM_TB, 0, st, dy, dzx, prod, dout, y, zx, s->norm_w, acc_ssm_di(s),
               acc_ssm_si(s), s->G, s->eps);
-    if (dnorm_w) AC_LAUNCH(ks_colsum, nblk(di), 256, 0, st, dnorm_w, prod, N, di);
 }
 
 // ---------------------------------------------------------------- squared ReLU

@@ -72,15 +72,16 @@ void acc_relu2_fwd(float *outf, __nv_bfloat16 *outb, const float *in, size_t n, 
  * gradients accumulate (NULL: not wanted), activation gradients are
  * written. conv: dzx's columns [di, di+C) from dout. scan: dxbc whole and
  * dzx's dt columns from dy; work: acc_ssm_scan_work_floats floats. gated
- * norm: dy whole and dzx's z columns from dout; prod: N*di floats of work.
+ * norm: dy whole and dzx's z columns from dout, and prod[N][di] = dout *
+ * the normed value (norm_w's gradient is its column sum: the caller's).
  * relu2: din from dout and the input. */
 void acc_ssm_conv_bwd(const acc_ssm *s, float *dzx, float *dconv_w, float *dconv_b, const float *dout,
                       const float *zx, int B, int n, cudaStream_t st);
 size_t acc_ssm_scan_work_floats(const acc_ssm *s, int B, int n);
 void acc_ssm_scan_bwd(const acc_ssm *s, float *dxbc, float *dzx, float *ddt_bias, float *da_log, float *dd,
                       const float *dy, const float *xbc, const float *zx, int B, int n, float *work, cudaStream_t st);
-void acc_ssm_gated_norm_bwd(const acc_ssm *s, float *dy, float *dzx, float *dnorm_w, const float *dout,
-                            const float *y, const float *zx, int N, float *prod, cudaStream_t st);
+void acc_ssm_gated_norm_bwd(const acc_ssm *s, float *dy, float *dzx, float *prod, const float *dout, const float *y,
+                            const float *zx, int N, cudaStream_t st);
 void acc_relu2_bwd(float *din, const float *dout, const float *in, size_t n, cudaStream_t st);
 
 #endif

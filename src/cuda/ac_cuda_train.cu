@@ -18,6 +18,8 @@
 #define AC_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
 #endif
 
+#include "ac_cuda_reduce_int.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -54,18 +56,6 @@
 
 // ---------------------------------------------------------------- kernels
 
-// Sum over the block; every thread gets it. blockDim.x a multiple of 32.
-static __device__ float tr_sum(float v) {
-    __shared__ float red[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float r = 0;
-    for (int i = 0; i < (int)(blockDim.x >> 5); i++) r += red[i];
-    __syncthreads();
-    return r;
-}
-
 static __device__ float tr_max(float v) {
     __shared__ float red[32];
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
@@ -93,8 +83,8 @@ __global__ void kt_rmsnorm(float *y, float *xhat, float *rr, const float *x, con
         ss += gh[i] * xr[i] * xr[i];
         gs += gh[i];
     }
-    ss = tr_sum(ss);
-    gs = tr_sum(gs);
+    ss = acc_block_sum(ss);
+    gs = acc_block_sum(gs);
     float s = rsqrtf((gs > 0 ? ss / gs : 0.0f) + eps);
     if (threadIdx.x == 0) rr[r] = s;
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
@@ -109,7 +99,7 @@ __global__ void kt_head_norm(float *y, const float *x, const float *w, int hd, f
     const float *xr = x + (size_t)blockIdx.x * hd;
     float ss = 0;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += xr[i] * xr[i];
-    float r = rsqrtf(tr_sum(ss) / hd + eps);
+    float r = rsqrtf(acc_block_sum(ss) / hd + eps);
     for (int i = threadIdx.x; i < hd; i += blockDim.x) y[(size_t)blockIdx.x * hd + i] = xr[i] * r * w[i];
 }
 
@@ -121,9 +111,9 @@ __global__ void kt_head_norm_bwd(float *dx, float *prod, const float *dy, const 
     size_t o = (size_t)blockIdx.x * hd;
     float ss = 0;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += x[o + i] * x[o + i];
-    float r = rsqrtf(tr_sum(ss) / hd + eps), dot = 0;
+    float r = rsqrtf(acc_block_sum(ss) / hd + eps), dot = 0;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) dot += dy[o + i] * w[i] * x[o + i] * r;
-    float mean = tr_sum(dot) / hd;
+    float mean = acc_block_sum(dot) / hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float xh = x[o + i] * r, d = dy[o + i];
         prod[o + i] = d * xh;
@@ -149,9 +139,9 @@ __global__ void kt_rmsnorm_bwd(float *dx, float *prod, float *prod2, const float
         ms += gh[i] * xh[i] * xh[i];
         gs += gh[i];
     }
-    dot = tr_sum(dot);
-    ms = tr_sum(ms);
-    gs = tr_sum(gs);
+    dot = acc_block_sum(dot);
+    ms = acc_block_sum(ms);
+    gs = acc_block_sum(gs);
     float ig = gs > 0 ? 1.0f / gs : 0.0f, mean = dot * ig, m = ms * ig, k = 0.5f * dot * ig;
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
         prod[(size_t)r * H + i] = d[i] * xh[i] * gh[i];
@@ -193,7 +183,7 @@ __global__ void kt_unit_reduce(float *dg, const float *csum, int C, int wpg) {
 __global__ void kt_sum_acc(float *out, const float *in, int n) {
     float part = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) part += in[i];
-    part = tr_sum(part);
+    part = acc_block_sum(part);
     if (threadIdx.x == 0) *out += part;
 }
 
@@ -244,7 +234,7 @@ __global__ void kt_attn_fwd(float *o, float *lse, const float *q, const float *k
         p[j] = expf(p[j] - mx);
         sum += p[j];
     }
-    sum = tr_sum(sum); // its barriers also publish p
+    sum = acc_block_sum(sum); // its barriers also publish p
     if (threadIdx.x == 0) lse[(size_t)r * nh + h] = mx + logf(sum);
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float acc = 0;
@@ -277,7 +267,7 @@ __global__ void kt_attn_bwd_q(float *dq, float *delta, const float *dout, const 
         ds[T + j] = dp;
         part += pj * dp;
     }
-    float dl = tr_sum(part);
+    float dl = acc_block_sum(part);
     if (threadIdx.x == 0) delta[(size_t)r * nh + h] = dl;
     for (int j = f + threadIdx.x; j <= t; j += blockDim.x) ds[j] = ds[j] * (ds[T + j] - dl);
     __syncthreads();
@@ -354,7 +344,7 @@ __global__ void kt_moe_dy(float *y, float *dr, float *dot, const float *dx, cons
     const float *d = dx + row * H;
     float s = 0;
     for (int c = threadIdx.x; c < H; c += blockDim.x) s += d[c] * yj[c];
-    s = tr_sum(s);
+    s = acc_block_sum(s);
     if (threadIdx.x == 0) {
         dr[row * E + e] = alpha * s;
         dot[blockIdx.x] = w[blockIdx.x] * s;
@@ -384,7 +374,7 @@ __global__ void kt_loss(float *dz, float *rl, const float *z, const int *tgt, co
     mx = tr_max(mx);
     float s = 0;
     for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(zr[v] - mx);
-    float ls = logf(tr_sum(s)) + mx;
+    float ls = logf(acc_block_sum(s)) + mx;
     for (int v = threadIdx.x; v < V; v += blockDim.x) d[v] = tg >= 0 ? fce * (expf(zr[v] - ls) - (v == tg)) : 0.0f;
     if (threadIdx.x == 0) {
         rl[2 * r] = tg >= 0 ? ls - zr[tg] : 0.0f;
@@ -404,13 +394,13 @@ __global__ void kt_loss(float *dz, float *rl, const float *z, const int *tgt, co
         ss += expf(zr[v] / tau - ms);
         st += expf(tr[v] / tau - mt);
     }
-    float lss = logf(tr_sum(ss)) + ms, lst = logf(tr_sum(st)) + mt, kl = 0;
+    float lss = logf(acc_block_sum(ss)) + ms, lst = logf(acc_block_sum(st)) + mt, kl = 0;
     for (int v = threadIdx.x; v < V; v += blockDim.x) {
         float lps = zr[v] / tau - lss, lpt = tr[v] / tau - lst, pt = expf(lpt);
         kl += pt * (lpt - lps);
         d[v] += fkd * (expf(lps) - pt);
     }
-    kl = tr_sum(kl);
+    kl = acc_block_sum(kl);
     if (threadIdx.x == 0) rl[2 * r + 1] = tau * tau * kl;
 }
 
@@ -430,7 +420,7 @@ __global__ void kt_sumsq(float *part, const float *g, size_t n) {
     float s = 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         s += g[i] * g[i];
-    s = tr_sum(s);
+    s = acc_block_sum(s);
     if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
@@ -1101,9 +1091,11 @@ static int op_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
     case AC_OP_SSM_CONV: { // xBC's columns of dzx written
         acc_ssm s = tssm(t, o->l);
         int l = o->l;
-        if (op->kind == AC_OP_GATED_NORM)
-            acc_ssm_gated_norm_bwd(&s, o->dI, o->dI2, G(t, l, T_SSM_NORM), o->dO, o->in, o->in2, N, t->prod, 0);
-        else if (op->kind == AC_OP_SSM_SCAN)
+        if (op->kind == AC_OP_GATED_NORM) {
+            float *gn = G(t, l, T_SSM_NORM);
+            acc_ssm_gated_norm_bwd(&s, o->dI, o->dI2, t->prod, o->dO, o->in, o->in2, N, 0);
+            if (gn) AC_LAUNCH(kt_colsum, blocks(dout), 256, 0, 0, gn, t->prod, N, dout);
+        } else if (op->kind == AC_OP_SSM_SCAN)
             acc_ssm_scan_bwd(&s, o->dI, o->dI2, G(t, l, T_DT_BIAS), G(t, l, T_A_LOG), G(t, l, T_SSM_D), o->dO, o->in,
                              o->in2, o->B, o->T, t->ssm_work, 0);
         else
