@@ -1105,6 +1105,10 @@ static void cuda_distill(const char *name) {
 static void test_cuda_distill(void) { cuda_distill("deci_hetero"); }
 /* The same on Mixtral: the student's router and experts train on the device. */
 static void test_cuda_distill_moe(void) { cuda_distill("mixtral_f32"); }
+/* And on the dense hybrid nemotronh_bf16: a Mamba-2 teacher on the CUDA
+ * engine, the student's Mamba-2 ops on the CUDA trainer (a job with a CUDA
+ * target distils a dense hybrid there: ac_job_distill_opts). */
+static void test_cuda_distill_hybrid(void) { cuda_distill("nemotronh_bf16"); }
 
 int main(void) {
     if (getenv("AC_TRAIN_CUDA_ONLY")) { /* tests/run_all.sh: the CUDA trainer against the emulated plugin */
@@ -1113,6 +1117,7 @@ int main(void) {
         RUN(test_cuda_trainer_hybrid);
         RUN(test_cuda_distill);
         RUN(test_cuda_distill_moe);
+        RUN(test_cuda_distill_hybrid);
         return DONE();
     }
     RUN(test_grad_llama_gqa_bf16);
@@ -1139,5 +1144,6 @@ int main(void) {
     RUN(test_cuda_trainer_hybrid);
     RUN(test_cuda_distill);
     RUN(test_cuda_distill_moe);
+    RUN(test_cuda_distill_hybrid);
     return DONE();
 }
