@@ -1016,23 +1016,26 @@ static void test_cuda_trainer_moe(void) {
  * loss within 1e-5, every gradient (in_proj, conv weight and bias, dt_bias,
  * A_log, D, the gated norm, out_proj, MLP, attention, norms, every gate
  * including the Mamba heads' and the mixers' sub-block gates) within 1e-4
- * of max|ref|, CE with gates at 1 and KD with random gates; one AdamW step.
- * A hybrid with MoE layers (sigmoid router) is refused with the reason. */
+ * of max|ref|, CE with gates at 1 and KD with random gates; one AdamW step;
+ * and nemotronh_moe_bf16 (MEM*E) likewise: the sigmoid router with its
+ * correction bias, renormalisation and routed scale, expert gates, the
+ * squared-ReLU experts and the shared expert. LatentMoE is refused with the
+ * reason. */
 static void test_cuda_trainer_hybrid(void) {
     const char *why;
     const ac_cuda_api *cu = ac_cuda(&why);
     if (!cu) SKIP("no CUDA: %s", why);
     if (!cu->trainer_create) SKIP("the CUDA plugin has no trainer");
     if (!fixtures_present("grad/nemotronh_bf16_kd.json")) SKIP("no gradient fixtures (make fixtures)");
-    const char *names[] = {"nemotronh_bf16"};
-    cuda_vs_fixtures(cu, names, 1);
+    const char *names[] = {"nemotronh_bf16", "nemotronh_moe_bf16"};
+    cuda_vs_fixtures(cu, names, 2);
     char dir[1200], er[512] = "";
-    snprintf(dir, sizeof dir, "%s/models/nemotronh_moe_bf16", fx);
+    snprintf(dir, sizeof dir, "%s/models/nemotronh_latent_bf16", fx);
     ac_model m;
     ac_err e = {{0}};
     acc_trainer *ct = NULL;
     if (ac_model_load(dir, &m, &e)) return;
-    CHECK(cu_trainer(cu, &m, 1, 4, &ct, er, sizeof er) != 0 && !ct && strstr(er, "MoE"), "hybrid MoE: %s", er);
+    CHECK(cu_trainer(cu, &m, 1, 4, &ct, er, sizeof er) != 0 && !ct && strstr(er, "LatentMoE"), "LatentMoE: %s", er);
     ac_model_free(&m);
 }
 

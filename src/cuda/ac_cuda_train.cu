@@ -454,6 +454,8 @@ enum {
     T_DT_BIAS,
     T_A_LOG,
     T_SSM_D,
+    T_SH_U, // nemotron_h MoE: the shared expert's up and down projections
+    T_SH_D,
     T_ROUTER,
     T_EXPERTS,
     T_NAMES
@@ -464,7 +466,8 @@ enum {
 struct tarch {
     int n_layers, hidden, head_dim, vocab, sliding_window, tie_embeddings, qk_norm, top_k, norm_topk;
     int hybrid, ssm_head_dim, ssm_state, ssm_groups, ssm_conv; // nemotron_h's Mamba-2 shapes
-    float eps;
+    int router_sigmoid, shared_ffn;                            // nemotron_h's MoE: the sigmoid router, shared expert
+    float eps, routed_scale;
     std::vector<ac_layer_arch> layers;
 };
 
@@ -505,6 +508,7 @@ struct acc_trainer {
     int *mrows;
     float *mw, *mdot, *mdz;
     float *ssm_work; // Mamba-2: the scan's state and backward work (acc_ssm_scan_work_floats, the largest layer's)
+    std::vector<std::vector<float>> rbias; // nemotron_h MoE: each layer's router correction bias (host; not trained)
 };
 
 static int wi(const acc_trainer *t, int l, int w) { return t->tix[(size_t)l * T_NAMES + w]; } // -1: none
@@ -522,7 +526,7 @@ static acc_ssm tssm(const acc_trainer *t, int l) {
 
 // The recipe's weight names (block.h) as the trainer's tensor names.
 static int tw_mat(int w) {
-    static const int m[] = {ACC_T_Q, ACC_T_K, ACC_T_V, ACC_T_O, ACC_T_G, ACC_T_U, ACC_T_D, T_SSM_IN, T_SSM_OUT};
+    static const int m[] = {ACC_T_Q, ACC_T_K, ACC_T_V, ACC_T_O, ACC_T_G, ACC_T_U, ACC_T_D, T_SSM_IN, T_SSM_OUT, T_SH_U, T_SH_D};
     return w >= 0 && w < (int)(sizeof m / sizeof *m) ? m[w] : -1;
 }
 static int tw_bias(int w) { return w == AC_W_Q ? ACC_T_BQ : w == AC_W_K ? ACC_T_BK : w == AC_W_V ? ACC_T_BV : -1; }
@@ -651,6 +655,7 @@ static ac_arch tview(const tarch *a) {
     v.qk_norm = a->qk_norm, v.top_k = a->top_k, v.norm_topk = a->norm_topk;
     v.hybrid = a->hybrid, v.ssm_head_dim = a->ssm_head_dim, v.ssm_state = a->ssm_state;
     v.ssm_groups = a->ssm_groups, v.ssm_conv = a->ssm_conv;
+    v.router_sigmoid = a->router_sigmoid, v.shared_ffn = a->shared_ffn, v.routed_scale = a->routed_scale;
     v.layers = const_cast<ac_layer_arch *>(a->layers.data());
     return v;
 }
@@ -705,6 +710,9 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
         TCK(cudaMemset(t->v[i], 0, b));
     }
     t->head_idx = a->tie_embeddings ? 0 : 1;
+    t->rbias.assign(a->n_layers, std::vector<float>());
+    for (int l = 0; l < a->n_layers; l++) // the sigmoid router's correction bias: only its choice reads it (host)
+        if (mdl->L[l].router_bias) t->rbias[l].assign(mdl->L[l].router_bias, mdl->L[l].router_bias + a->layers[l].n_experts);
     t->tape.assign(a->n_layers, NULL);
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
@@ -785,9 +793,8 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
         snprintf(err, errn, "trainer: context %d above the CUDA trainer's 6144", max_T);
         return -1;
     }
-    if (m->a.router_sigmoid || (m->a.hybrid && m->a.moe_latent)) { // nemotron_h's MoE layers
-        snprintf(err, errn, "trainer: the CUDA trainer has no nemotron_h MoE op yet (sigmoid router, squared-ReLU "
-                            "experts): hybrid MoE models train on the CPU");
+    if (m->a.hybrid && m->a.moe_latent) { // Nemotron 3 Super's experts in a latent width
+        snprintf(err, errn, "trainer: the CUDA trainer has no LatentMoE op yet: LatentMoE models train on the CPU");
         return -1;
     }
     if (m->a.hybrid && (m->a.ssm_conv < 1 || m->a.ssm_conv > ACC_SSM_MAX_K)) {
@@ -803,6 +810,7 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
     t->a.qk_norm = a->qk_norm, t->a.top_k = a->top_k, t->a.norm_topk = a->norm_topk;
     t->a.hybrid = a->hybrid, t->a.ssm_head_dim = a->ssm_head_dim, t->a.ssm_state = a->ssm_state;
     t->a.ssm_groups = a->ssm_groups, t->a.ssm_conv = a->ssm_conv;
+    t->a.router_sigmoid = a->router_sigmoid, t->a.shared_ffn = a->shared_ffn, t->a.routed_scale = a->routed_scale;
     t->a.layers.assign(a->layers, a->layers + a->n_layers);
     t->max_B = max_B, t->max_T = max_T;
     if (create(t, m, rope_cos, rope_sin, err, errn)) {
@@ -868,8 +876,14 @@ static int route_fwd(acc_trainer *t, const top *o, char *err, size_t errn) {
     size_t n = (size_t)N * E;
     if (gemm(t, 0, 1, N, E, H, 1.0f, o->in, H, P(t, o->l, T_ROUTER), H, 0.0f, o->r, E, err, errn)) return -1;
     TCK(cudaMemcpy(t->hr.data(), o->r, n * sizeof(float), cudaMemcpyDeviceToHost));
-    ac_moe_route_gated(t->hr.data(), t->hp.data(), t->hz.data() + t->off_exp[o->l], N, E, t->a.top_k, t->a.norm_topk,
-                       t->horder.data());
+    const float *z = t->hz.data() + t->off_exp[o->l];
+    if (t->a.router_sigmoid) { // nemotron_h: p keeps the sigmoid of every logit (block_grad.c's rule)
+        const std::vector<float> &bias = t->rbias[o->l];
+        for (size_t j = 0; j < n; j++) t->hp[j] = (float)(1.0 / (1.0 + exp(-(double)t->hr[j])));
+        ac_moe_route_sigmoid(t->hr.data(), bias.empty() ? NULL : bias.data(), z, N, E, t->a.top_k, t->a.norm_topk,
+                             t->a.routed_scale, t->horder.data());
+    } else
+        ac_moe_route_gated(t->hr.data(), t->hp.data(), z, N, E, t->a.top_k, t->a.norm_topk, t->horder.data());
     TCK(cudaMemcpy(o->r, t->hr.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     TCK(cudaMemcpy(o->xhat, t->hp.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     return 0;
@@ -884,8 +898,12 @@ static int route_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
     TCK(cudaMemcpy(t->hp.data(), o->xhat, n * sizeof(float), cudaMemcpyDeviceToHost));
     TCK(cudaMemcpy(t->hr.data(), o->r, n * sizeof(float), cudaMemcpyDeviceToHost));
     std::fill(t->hdz.begin(), t->hdz.end(), 0.0f);
-    ac_moe_route_gated_bwd(t->hd.data(), t->hp.data(), t->hr.data(), t->hz.data() + t->off_exp[l], t->hdz.data(), N, E,
-                           t->a.norm_topk);
+    if (t->a.router_sigmoid)
+        ac_moe_route_sigmoid_bwd(t->hd.data(), t->hp.data(), t->hr.data(), t->hz.data() + t->off_exp[l], t->hdz.data(),
+                                 N, E, t->a.norm_topk, t->a.routed_scale);
+    else
+        ac_moe_route_gated_bwd(t->hd.data(), t->hp.data(), t->hr.data(), t->hz.data() + t->off_exp[l], t->hdz.data(),
+                               N, E, t->a.norm_topk);
     TCK(cudaMemcpy(o->dO, t->hd.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     TCK(cudaMemcpy(t->mdz, t->hdz.data(), E * sizeof(float), cudaMemcpyHostToDevice));
     AC_LAUNCH(kt_colsum, blocks(E), 256, 0, 0, t->dgates + t->off_exp[l], t->mdz, 1, E);
@@ -905,10 +923,13 @@ static int expert_fwd(acc_trainer *t, const top *o, int e, float *xe, float *g, 
     int x0 = wi(t, l, T_EXPERTS) + 3 * e;
     size_t n = (size_t)ne * Fe;
     AC_LAUNCH(kt_gather, ne, TB, 0, 0, xe, o->in, t->mrows + t->hoff[e], H);
-    if (gemm(t, 0, 1, ne, Fe, H, 1.0f, xe, H, t->p[x0], H, 0.0f, g, Fe, err, errn) ||
-        gemm(t, 0, 1, ne, Fe, H, 1.0f, xe, H, t->p[x0 + 1], H, 0.0f, u, Fe, err, errn))
-        return -1;
-    AC_LAUNCH(kt_silu_mul, blocks(n), 256, 0, 0, h, g, u, n);
+    if (gemm(t, 0, 1, ne, Fe, H, 1.0f, xe, H, t->p[x0 + 1], H, 0.0f, u, Fe, err, errn)) return -1;
+    if (!t->p[x0]) // nemotron_h: no gate, relu(up)^2
+        acc_relu2_fwd(h, NULL, u, n, 0);
+    else {
+        if (gemm(t, 0, 1, ne, Fe, H, 1.0f, xe, H, t->p[x0], H, 0.0f, g, Fe, err, errn)) return -1;
+        AC_LAUNCH(kt_silu_mul, blocks(n), 256, 0, 0, h, g, u, n);
+    }
     AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, hg, h, t->gates + t->off_echan[l] + (size_t)e * Fe, Fe, 1, n);
     return gemm(t, 0, 1, ne, H, Fe, 1.0f, hg, Fe, t->p[x0 + 2], Fe, 0.0f, y, H, err, errn);
 }
@@ -954,9 +975,13 @@ static int experts_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
         AC_LAUNCH(kt_mul, blocks(n), 256, 0, 0, t->prod, dh, h, n); // the channel gates: d gate += sum dh * act
         AC_LAUNCH(kt_colsum, blocks(Fe), 256, 0, 0, t->dgates + t->off_echan[l] + (size_t)e * Fe, t->prod, ne, Fe);
         AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, dh, dh, t->gates + t->off_echan[l] + (size_t)e * Fe, Fe, 1, n);
-        AC_LAUNCH(kt_silu_mul_bwd, blocks(n), 256, 0, 0, dh, du, g, u, n); // dh becomes dg
-        if (gemm(t, 0, 0, ne, H, Fe, 1.0f, dh, Fe, t->p[x0], H, 0.0f, dxe, H, err, errn) ||
-            gemm(t, 0, 0, ne, H, Fe, 1.0f, du, Fe, t->p[x0 + 1], H, 1.0f, dxe, H, err, errn) ||
+        bool gated = t->p[x0] != NULL; // (nemotron_h's experts: relu(up)^2, no gate)
+        if (gated)
+            AC_LAUNCH(kt_silu_mul_bwd, blocks(n), 256, 0, 0, dh, du, g, u, n); // dh becomes dg
+        else
+            acc_relu2_bwd(du, dh, u, n, 0);
+        if ((gated && gemm(t, 0, 0, ne, H, Fe, 1.0f, dh, Fe, t->p[x0], H, 0.0f, dxe, H, err, errn)) ||
+            gemm(t, 0, 0, ne, H, Fe, 1.0f, du, Fe, t->p[x0 + 1], H, gated ? 1.0f : 0.0f, dxe, H, err, errn) ||
             (t->g[x0] && gemm(t, 1, 0, Fe, H, ne, 1.0f, dh, Fe, xe, H, 1.0f, t->g[x0], H, err, errn)) ||
             (t->g[x0 + 1] && gemm(t, 1, 0, Fe, H, ne, 1.0f, du, Fe, xe, H, 1.0f, t->g[x0 + 1], H, err, errn)))
             return -1;

@@ -26,7 +26,10 @@
  * states recomputed by its backward; gradients into in_proj, the conv's
  * weight and bias, dt_bias, A_log, D, the gated norm and out_proj; a gate
  * per Mamba head, its sub-block on the mlp gate as train.c's) and the
- * squared-ReLU MLP; its MoE layers (sigmoid router) are refused at create.
+ * squared-ReLU MLP, and its MoE layers (the sigmoid router's rule and
+ * backward on the host, block.h's ac_moe_route_sigmoid and
+ * ac_moe_route_sigmoid_bwd; squared-ReLU experts without a gate; the shared
+ * expert); LatentMoE is refused at create.
  * Every function returns 0 or -1 with a message in err. They are reached
  * through the plugin's acc_api table (ac_cuda.h).
  */

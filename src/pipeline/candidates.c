@@ -23,7 +23,9 @@ void ac_job_distill_opts(const job_state *s, long tokens, ac_distill_opts *o) {
     o->seed = (unsigned long long)ds->seed;
     /* a local CUDA target distils on its GPU, as it evaluates there (the CUDA
      * trainer has the softmax routers' MoE ops and nemotron_h's Mamba-2 ones;
-     * nemotron_h's MoE layers, the sigmoid router, distil on the CPU) */
+     * nemotron_h's MoE layers distil on the CPU: the CUDA trainer's sigmoid
+     * router matches the float64 gradients, but no distillation on it is
+     * checked against the CPU's yet) */
     o->cuda = s->on_gpu && !(ac_arch_is_hybrid(&s->m.a) && ac_arch_has_moe(&s->m.a));
 }
 
