@@ -999,12 +999,22 @@ static void cuda_vs_fixtures(const ac_cuda_api *cu, const char *const *names, in
     }
 }
 
+/* The plugin with a trainer when gradient fixture `grad` is present; else
+ * NULL and *why says what is missing. */
+static const ac_cuda_api *cuda_trainer_for(const char *grad, char *why, size_t n) {
+    const char *w;
+    const ac_cuda_api *cu = ac_cuda(&w);
+    if (!cu) snprintf(why, n, "no CUDA: %s", w);
+    else if (!cu->trainer_create) snprintf(why, n, "the CUDA plugin has no trainer");
+    else if (!fixtures_present(grad)) snprintf(why, n, "no gradient fixtures (make fixtures)");
+    else return cu;
+    return NULL;
+}
+
 static void test_cuda_trainer_moe(void) {
-    const char *why;
-    const ac_cuda_api *cu = ac_cuda(&why);
-    if (!cu) SKIP("no CUDA: %s", why);
-    if (!cu->trainer_create) SKIP("the CUDA plugin has no trainer");
-    if (!fixtures_present("grad/mixtral_f32_kd.json")) SKIP("no gradient fixtures (make fixtures)");
+    char why[512];
+    const ac_cuda_api *cu = cuda_trainer_for("grad/mixtral_f32_kd.json", why, sizeof why);
+    if (!cu) SKIP("%s", why);
     const char *names[] = {"mixtral_f32", "qwen3moe_mixed_bf16"};
     cuda_vs_fixtures(cu, names, 2);
 }
@@ -1022,11 +1032,9 @@ static void test_cuda_trainer_moe(void) {
  * squared-ReLU experts and the shared expert. LatentMoE is refused with the
  * reason. */
 static void test_cuda_trainer_hybrid(void) {
-    const char *why;
-    const ac_cuda_api *cu = ac_cuda(&why);
-    if (!cu) SKIP("no CUDA: %s", why);
-    if (!cu->trainer_create) SKIP("the CUDA plugin has no trainer");
-    if (!fixtures_present("grad/nemotronh_bf16_kd.json")) SKIP("no gradient fixtures (make fixtures)");
+    char why[512];
+    const ac_cuda_api *cu = cuda_trainer_for("grad/nemotronh_bf16_kd.json", why, sizeof why);
+    if (!cu) SKIP("%s", why);
     const char *names[] = {"nemotronh_bf16", "nemotronh_moe_bf16"};
     cuda_vs_fixtures(cu, names, 2);
     char dir[1200], er[512] = "";
