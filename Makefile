@@ -57,9 +57,9 @@ $(B)/libac_cuda.so: $(wildcard src/cuda/*.cu src/cuda/*.h) src/cost/costmodel.h 
 # A 5-key attention tile and 7-row logit chunks so the tests cover the online
 # softmax across tiles and the head in several chunks.
 EMU_CXXFLAGS = $(filter-out -std=c11,$(CFLAGS)) -std=c++17 -DAC_CUDA_EMU -DAC_ATTN_TILE=5 -DAC_LOGIT_ROWS=7 -DAC_TRAIN_TB=64 -Itests/cuda_emu
-$(B)/tests/libac_cuda_emu.so: src/cuda/ac_cuda.cu src/cuda/ac_cuda.h src/cuda/ac_cuda_conv_int.h src/cuda/ac_cuda_train.cu src/cuda/ac_cuda_train_int.h tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h src/cost/costmodel.h src/format/model.h src/runtime/train.h src/runtime/block.c src/runtime/block.h $(VIEWS)
+$(B)/tests/libac_cuda_emu.so: src/cuda/ac_cuda.cu src/cuda/ac_cuda.h src/cuda/ac_cuda_conv_int.h src/cuda/ac_cuda_train.cu src/cuda/ac_cuda_train_int.h src/cuda/ac_cuda_ssm.cu src/cuda/ac_cuda_ssm_int.h src/cuda/ac_cuda_reduce_int.h tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h src/cost/costmodel.h src/format/model.h src/runtime/train.h src/runtime/block.c src/runtime/block.h $(VIEWS)
 	@mkdir -p $(dir $@)
-	$(CXX) $(EMU_CXXFLAGS) -I$(B)/inc/cuda -shared -o $@ -x c++ src/cuda/ac_cuda.cu src/cuda/ac_cuda_train.cu src/runtime/block.c -x none tests/cuda_emu/cuda_emu.cc -lopenblas
+	$(CXX) $(EMU_CXXFLAGS) -I$(B)/inc/cuda -shared -o $@ -x c++ src/cuda/ac_cuda.cu src/cuda/ac_cuda_train.cu src/cuda/ac_cuda_ssm.cu src/runtime/block.c -x none tests/cuda_emu/cuda_emu.cc -lopenblas
 
 # The emulator's own test (threads, barriers, shuffles, faults).
 $(B)/tests/test_cuda_emu: tests/cuda_emu/test_cuda_emu.cc tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h tests/check.h

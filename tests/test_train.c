@@ -932,14 +932,9 @@ static void test_cuda_trainer(void) {
  * the fixture's random gates (an expert gate at exactly 0); then one AdamW
  * step against the CPU optimizer on the same gradients (the router and the
  * experts are trained parameters of the device). */
-static void test_cuda_trainer_moe(void) {
-    const char *why;
-    const ac_cuda_api *cu = ac_cuda(&why);
-    if (!cu) SKIP("no CUDA: %s", why);
-    if (!cu->trainer_create) SKIP("the CUDA plugin has no trainer");
-    if (!fixtures_present("grad/mixtral_f32_kd.json")) SKIP("no gradient fixtures (make fixtures)");
-    const char *names[] = {"mixtral_f32", "qwen3moe_mixed_bf16"}, *cases[] = {"ce", "kd"};
-    for (int mi = 0; mi < 4; mi++) {
+static void cuda_vs_fixtures(const ac_cuda_api *cu, const char *const *names, int nmodels) {
+    const char *cases[] = {"ce", "kd"};
+    for (int mi = 0; mi < 2 * nmodels; mi++) {
         const char *name = names[mi / 2], *cas = cases[mi % 2];
         char dir[1200], base[1300], er[512] = "";
         snprintf(dir, sizeof dir, "%s/models/%s", fx, name);
@@ -1002,6 +997,54 @@ static void test_cuda_trainer_moe(void) {
         free(tgt);
         fixture_free(&f);
     }
+}
+
+/* The plugin with a trainer when gradient fixture `grad` is present; else
+ * NULL and *why says what is missing. */
+static const ac_cuda_api *cuda_trainer_for(const char *grad, char *why, size_t n) {
+    const char *w;
+    const ac_cuda_api *cu = ac_cuda(&w);
+    if (!cu) snprintf(why, n, "no CUDA: %s", w);
+    else if (!cu->trainer_create) snprintf(why, n, "the CUDA plugin has no trainer");
+    else if (!fixtures_present(grad)) snprintf(why, n, "no gradient fixtures (make fixtures)");
+    else return cu;
+    return NULL;
+}
+
+static void test_cuda_trainer_moe(void) {
+    char why[512];
+    const ac_cuda_api *cu = cuda_trainer_for("grad/mixtral_f32_kd.json", why, sizeof why);
+    if (!cu) SKIP("%s", why);
+    const char *names[] = {"mixtral_f32", "qwen3moe_mixed_bf16"};
+    cuda_vs_fixtures(cu, names, 2);
+}
+
+/* The CUDA trainer's Mamba-2 ops (SSM_CONV, SSM_SCAN, GATED_NORM with a
+ * gate per Mamba head) and squared-ReLU MLP on the dense hybrid
+ * nemotronh_bf16 (M-M*-) against the float64 autograd fixtures of
+ * tests/ref_mamba.py (the sequential recurrence), as the MoE test above:
+ * loss within 1e-5, every gradient (in_proj, conv weight and bias, dt_bias,
+ * A_log, D, the gated norm, out_proj, MLP, attention, norms, every gate
+ * including the Mamba heads' and the mixers' sub-block gates) within 1e-4
+ * of max|ref|, CE with gates at 1 and KD with random gates; one AdamW step;
+ * and nemotronh_moe_bf16 (MEM*E) likewise: the sigmoid router with its
+ * correction bias, renormalisation and routed scale, expert gates, the
+ * squared-ReLU experts and the shared expert. LatentMoE is refused with the
+ * reason. */
+static void test_cuda_trainer_hybrid(void) {
+    char why[512];
+    const ac_cuda_api *cu = cuda_trainer_for("grad/nemotronh_bf16_kd.json", why, sizeof why);
+    if (!cu) SKIP("%s", why);
+    const char *names[] = {"nemotronh_bf16", "nemotronh_moe_bf16"};
+    cuda_vs_fixtures(cu, names, 2);
+    char dir[1200], er[512] = "";
+    snprintf(dir, sizeof dir, "%s/models/nemotronh_latent_bf16", fx);
+    ac_model m;
+    ac_err e = {{0}};
+    acc_trainer *ct = NULL;
+    if (ac_model_load(dir, &m, &e)) return;
+    CHECK(cu_trainer(cu, &m, 1, 4, &ct, er, sizeof er) != 0 && !ct && strstr(er, "LatentMoE"), "LatentMoE: %s", er);
+    ac_model_free(&m);
 }
 
 /* The student's start: every FFN down projection (dense, and each expert's) halved. */
@@ -1073,13 +1116,19 @@ static void cuda_distill(const char *name) {
 static void test_cuda_distill(void) { cuda_distill("deci_hetero"); }
 /* The same on Mixtral: the student's router and experts train on the device. */
 static void test_cuda_distill_moe(void) { cuda_distill("mixtral_f32"); }
+/* And on the dense hybrid nemotronh_bf16: a Mamba-2 teacher on the CUDA
+ * engine, the student's Mamba-2 ops on the CUDA trainer (a job with a CUDA
+ * target distils a dense hybrid there: ac_job_distill_opts). */
+static void test_cuda_distill_hybrid(void) { cuda_distill("nemotronh_bf16"); }
 
 int main(void) {
     if (getenv("AC_TRAIN_CUDA_ONLY")) { /* tests/run_all.sh: the CUDA trainer against the emulated plugin */
         RUN(test_cuda_trainer);
         RUN(test_cuda_trainer_moe);
+        RUN(test_cuda_trainer_hybrid);
         RUN(test_cuda_distill);
         RUN(test_cuda_distill_moe);
+        RUN(test_cuda_distill_hybrid);
         return DONE();
     }
     RUN(test_grad_llama_gqa_bf16);
@@ -1103,7 +1152,9 @@ int main(void) {
     RUN(test_distill_job);
     RUN(test_cuda_trainer);
     RUN(test_cuda_trainer_moe);
+    RUN(test_cuda_trainer_hybrid);
     RUN(test_cuda_distill);
     RUN(test_cuda_distill_moe);
+    RUN(test_cuda_distill_hybrid);
     return DONE();
 }

@@ -3,6 +3,7 @@
 // which dominate the cost.
 #include "cuda/ac_cuda.h"
 #include "ac_cuda_conv_int.h"
+#include "ac_cuda_ssm_int.h"
 #include "ac_cuda_train_int.h"
 #include "runtime/block.h"
 
@@ -178,6 +179,12 @@ __global__ void k_silu_mul(bf16 *h, const float *g, const float *u, size_t total
     }
 }
 
+// dst[i] = src[i] as BF16 (fp32 rows a GEMM reads)
+__global__ void k_f32_to_bf16(bf16 *dst, const float *src, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = __float2bfloat16(src[i]);
+}
+
 __global__ void k_gather_last(float *dst, const float *x, int H, int n) {
     int b = blockIdx.x;
     for (int i = threadIdx.x; i < H; i += blockDim.x) dst[(size_t)b * H + i] = x[((size_t)b * n + n - 1) * H + i];
@@ -309,6 +316,17 @@ struct layer_d {
     bf16 *kc, *vc;
     bf16 *router;                   // MoE [E][H]
     std::vector<bf16 *> eg, eu, ed; // MoE: each expert's [Fe][H] [Fe][H] [H][Fe]
+    // Mamba-2 (nemotron_h `M` layers): in_proj [SI][H], out_proj [H][di], the
+    // fp32 conv, per-head and norm parameters, and the decode state of each
+    // sequence (fp32, as the KV cache is for attention): conv [B][K-1][C],
+    // SSM [B][nh][P][Ns]
+    bf16 *ssm_in, *ssm_out;
+    float *conv_w, *conv_b, *dt_bias, *a_log, *ssm_d, *ssm_norm, *conv_st, *ssm_st;
+    // nemotron_h MoE (`E` layers): the shared expert's up [Fs][H] and down
+    // [H][Fs], LatentMoE's down [Lt][H] and up [H][Lt]; the router's
+    // score-correction bias on the host (the routing rule runs there)
+    bf16 *sh_u, *sh_d, *lat_down, *lat_up;
+    std::vector<float> rbias;
 };
 
 struct acc_engine {
@@ -316,8 +334,11 @@ struct acc_engine {
     ac_arch a;
     cublasHandle_t blas;
     cudaStream_t st;
-    bf16 *embed, *lm_head, *xn, *att, *h;
+    bf16 *embed, *lm_head, *xn, *att, *h, *yn; // yn: the gated norm's output (out_proj's input)
     float *final_norm, *x, *x2, *q, *k, *v, *g, *u, *logits, *cs, *sn, *nll;
+    float *zx, *xbc, *y; // Mamba-2: in_proj's output, the conv's, the scan's
+    float *su, *xl, *yl; // nemotron_h MoE: the shared expert's up projection; LatentMoE's latent rows in, out
+    bf16 *cvt;           // BF16 copies of fp32 rows a GEMM or a gather reads (LatentMoE's latent rows)
     int *tok, *target;
     float *stage; // F32 uploads pass through it (stage_n elements)
     size_t stage_n;
@@ -383,8 +404,10 @@ static void acc_engine_free(acc_engine *en) {
     if (!en) return;
     cudaSetDevice(en->dev);
     for (auto &l : en->L) {
-        void *ps[] = {l.wq, l.wk, l.wv, l.wo,     l.wg,     l.wu, l.wd, l.in_norm, l.post_norm,
-                      l.bq, l.bk, l.bv, l.q_norm, l.k_norm, l.kc, l.vc, l.router};
+        void *ps[] = {l.wq,      l.wk,     l.wv,     l.wo,     l.wg,      l.wu,       l.wd,     l.in_norm,
+                      l.post_norm, l.bq,     l.bk,     l.bv,     l.q_norm,  l.k_norm,   l.kc,     l.vc,
+                      l.router,    l.ssm_in, l.ssm_out, l.conv_w, l.conv_b, l.dt_bias, l.a_log, l.ssm_d,
+                      l.ssm_norm,  l.conv_st, l.ssm_st,  l.sh_u,    l.sh_d,    l.lat_down, l.lat_up};
         for (void *p : ps) cudaFree(p);
         for (auto *v : {&l.eg, &l.eu, &l.ed})
             for (bf16 *p : *v) cudaFree(p);
@@ -392,7 +415,9 @@ static void acc_engine_free(acc_engine *en) {
     void *ps[] = {en->embed, en->lm_head, en->xn,  en->att,    en->h,    en->final_norm, en->x,
                   en->x2,    en->q,       en->k,   en->v,      en->g,    en->u,          en->logits,
                   en->cs,    en->sn,      en->tok, en->target, en->nll,  en->stage,      en->mxe,
-                  en->mh,    en->mg,      en->mu,  en->my,     en->mlog, en->mw,         en->mrows};
+                  en->mh,    en->mg,      en->mu,  en->my,     en->mlog, en->mw,         en->mrows,
+                  en->yn,    en->zx,      en->xbc, en->y,      en->su,   en->xl,         en->yl,
+                  en->cvt};
     for (void *p : ps) cudaFree(p);
     if (en->blas) cublasDestroy(en->blas);
     if (en->st) cudaStreamDestroy(en->st);
@@ -422,21 +447,44 @@ static int upload_layer(acc_engine *en, const ac_model *m, int l, char *err, siz
         CK(cudaMalloc(&d.kc, N * KV * sizeof(bf16)));
         CK(cudaMalloc(&d.vc, N * KV * sizeof(bf16)));
     }
-    if (F &&
-        (upload_f32(&d.post_norm, w->post_norm, H, err, errn) || upload_bf16(en, &d.wg, w->wg, dt, F * H, err, errn) ||
-         upload_bf16(en, &d.wu, w->wu, dt, F * H, err, errn) || upload_bf16(en, &d.wd, w->wd, dt, H * F, err, errn)))
+    if (F && (upload_f32(&d.post_norm, w->post_norm, H, err, errn) ||
+              (w->wg && upload_bf16(en, &d.wg, w->wg, dt, F * H, err, errn)) || // (nemotron_h's MLP has no gate)
+              upload_bf16(en, &d.wu, w->wu, dt, F * H, err, errn) || upload_bf16(en, &d.wd, w->wd, dt, H * F, err, errn)))
         return -1;
+    if (la->ssm_heads) {
+        const ac_arch *a = &en->a;
+        size_t nh = la->ssm_heads, di = nh * a->ssm_head_dim, C = di + 2 * (size_t)a->ssm_groups * a->ssm_state,
+               SI = di + C + nh, K = a->ssm_conv, B = en->max_batch;
+        if (upload_f32(&d.in_norm, w->in_norm, H, err, errn) ||
+            upload_bf16(en, &d.ssm_in, w->ssm_in, dt, SI * H, err, errn) ||
+            upload_bf16(en, &d.ssm_out, w->ssm_out, dt, H * di, err, errn) ||
+            upload_f32(&d.conv_w, w->conv_w, C * K, err, errn) ||
+            (w->conv_b && upload_f32(&d.conv_b, w->conv_b, C, err, errn)) ||
+            upload_f32(&d.dt_bias, w->dt_bias, nh, err, errn) || upload_f32(&d.a_log, w->a_log, nh, err, errn) ||
+            upload_f32(&d.ssm_d, w->ssm_d, nh, err, errn) || upload_f32(&d.ssm_norm, w->ssm_norm, di, err, errn))
+            return -1;
+        CK(cudaMalloc(&d.conv_st, std::max<size_t>(1, B * (K - 1) * C) * sizeof(float)));
+        CK(cudaMalloc(&d.ssm_st, B * di * a->ssm_state * sizeof(float)));
+    }
     if (la->n_experts) {
-        size_t E = la->n_experts, Fe = la->expert_ffn;
+        const ac_arch *a = &en->a;
+        size_t E = la->n_experts, Fe = la->expert_ffn, Fs = ac_block_dim(a, l, AC_DIM_FS),
+               Lt = ac_block_dim(a, l, AC_DIM_LT), Hin = Lt ? Lt : H; // the experts' input width
         d.eg.assign(E, nullptr), d.eu.assign(E, nullptr), d.ed.assign(E, nullptr);
         if (upload_f32(&d.post_norm, w->post_norm, H, err, errn) ||
             upload_bf16(en, &d.router, w->router, dt, E * H, err, errn))
             return -1;
-        for (size_t x = 0; x < E; x++)
-            if (upload_bf16(en, &d.eg[x], w->eg[x], dt, Fe * H, err, errn) ||
-                upload_bf16(en, &d.eu[x], w->eu[x], dt, Fe * H, err, errn) ||
-                upload_bf16(en, &d.ed[x], w->ed[x], dt, H * Fe, err, errn))
+        for (size_t x = 0; x < E; x++) // (nemotron_h's experts have no gate)
+            if ((w->eg && w->eg[x] && upload_bf16(en, &d.eg[x], w->eg[x], dt, Fe * Hin, err, errn)) ||
+                upload_bf16(en, &d.eu[x], w->eu[x], dt, Fe * Hin, err, errn) ||
+                upload_bf16(en, &d.ed[x], w->ed[x], dt, Hin * Fe, err, errn))
                 return -1;
+        if ((Fs && (upload_bf16(en, &d.sh_u, w->sh_u, dt, Fs * H, err, errn) ||
+                    upload_bf16(en, &d.sh_d, w->sh_d, dt, H * Fs, err, errn))) ||
+            (Lt && (upload_bf16(en, &d.lat_down, w->lat_down, dt, Lt * H, err, errn) ||
+                    upload_bf16(en, &d.lat_up, w->lat_up, dt, H * Lt, err, errn))))
+            return -1;
+        if (w->router_bias) d.rbias.assign(w->router_bias, w->router_bias + E);
     }
     return 0;
 fail:
@@ -446,8 +494,8 @@ fail:
 static int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_ctx, const float *rope_cos,
                              const float *rope_sin, acc_engine **out, char *err, size_t errn) {
     const ac_arch *a = &m->a;
-    if (a->hybrid) {
-        snprintf(err, errn, "the CUDA engine has no Mamba-2 op yet (hybrid nemotron_h models run on the CPU engine)");
+    if (a->hybrid && (a->ssm_conv < 1 || a->ssm_conv > ACC_SSM_MAX_K)) {
+        snprintf(err, errn, "conv kernel %d: the CUDA Mamba-2 conv takes 1 to %d", a->ssm_conv, ACC_SSM_MAX_K);
         return -1;
     }
     acc_engine *en = new acc_engine();
@@ -503,6 +551,22 @@ static int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_
         CK(cudaMalloc(&en->mrows, N * sizeof(int)));
         en->hr.resize(N * E), en->hw.resize(N), en->hrows.resize(N), en->horder.resize(std::max(N, E));
     }
+    if (a->hybrid) { // Mamba-2 slots: in_proj's output, conv, scan, gated norm
+        size_t SI = ac_block_dim_max(a, AC_DIM_SI), C = ac_block_dim_max(a, AC_DIM_SC),
+               di = ac_block_dim_max(a, AC_DIM_SSM);
+        CK(cudaMalloc(&en->zx, N * SI * 4));
+        CK(cudaMalloc(&en->xbc, N * C * 4));
+        CK(cudaMalloc(&en->y, N * di * 4));
+        CK(cudaMalloc(&en->yn, N * di * 2));
+    }
+    if (a->hybrid && ac_block_dim_max(a, AC_DIM_FS) > 1) { // nemotron_h MoE: the shared expert, LatentMoE's rows
+        size_t Fs = ac_block_dim_max(a, AC_DIM_FS), Lt = ac_block_dim_max(a, AC_DIM_LT);
+        maxf = std::max(maxf, Fs); // (its relu^2 goes through h)
+        CK(cudaMalloc(&en->su, N * Fs * 4));
+        CK(cudaMalloc(&en->xl, N * Lt * 4));
+        CK(cudaMalloc(&en->yl, N * Lt * 4));
+        CK(cudaMalloc(&en->cvt, N * Lt * 2));
+    }
     CK(cudaMalloc(&en->g, N * maxf * 4));
     CK(cudaMalloc(&en->u, N * maxf * 4));
     CK(cudaMalloc(&en->h, N * maxf * 2));
@@ -522,8 +586,8 @@ fail:
 
 // Layer l's weights by the recipe's names (block.h).
 static const bf16 *dmat(const layer_d &d, int w) {
-    const bf16 *m[] = {d.wq, d.wk, d.wv, d.wo, d.wg, d.wu, d.wd};
-    return w >= 0 && w < 7 ? m[w] : nullptr;
+    const bf16 *m[] = {d.wq, d.wk, d.wv, d.wo, d.wg, d.wu, d.wd, d.ssm_in, d.ssm_out, d.sh_u, d.sh_d, d.lat_down, d.lat_up};
+    return w >= 0 && w < (int)(sizeof m / sizeof *m) ? m[w] : nullptr;
 }
 static const float *dbias(const layer_d &d, int w) {
     return w == AC_W_Q ? d.bq : w == AC_W_K ? d.bk : w == AC_W_V ? d.bv : nullptr;
@@ -542,6 +606,8 @@ static int layer_forward(acc_engine *en, int l, int B, int n, int pos0, char *er
     (void)s; // unused where the launches ignore streams (tests/cuda_emu)
     for (int i = 0; i < AC_DIM_COUNT; i++) dim[i] = ac_block_dim(a, l, (ac_dim)i);
     float *fbuf[AC_T_COUNT] = {en->x, nullptr, en->q, en->k, en->v, nullptr, en->g, en->u};
+    fbuf[AC_T_ZX] = en->zx, fbuf[AC_T_XBC] = en->xbc, fbuf[AC_T_Y] = en->y;
+    fbuf[AC_T_SU] = en->su, fbuf[AC_T_XL] = en->xl, fbuf[AC_T_YL] = en->yl;
     float *cf[AC_T_COUNT]; // a slot's current fp32 rows, or
     bf16 *ch[AC_T_COUNT];  // its current BF16 rows
     for (int i = 0; i < AC_T_COUNT; i++) cf[i] = fbuf[i], ch[i] = nullptr;
@@ -557,6 +623,11 @@ static int layer_forward(acc_engine *en, int l, int B, int n, int pos0, char *er
                 ch[op->out] = en->xn;
                 break;
             case AC_OP_LINEAR:
+                if (!ch[op->in]) { // fp32 rows (LatentMoE's experts' sum): a BF16 copy for the GEMM
+                    size_t c = (size_t)N * dim[op->din];
+                    AC_LAUNCH(k_f32_to_bf16, (unsigned)((c + 255) / 256), 256, 0, s, en->cvt, cf[op->in], c);
+                    ch[op->in] = en->cvt;
+                }
                 if (!op->acc) cf[op->out] = fbuf[op->out];
                 CB(gemm(en->blas, cf[op->out], ch[op->in], dmat(d, op->w), N, dim[op->din], dout, op->acc ? 1 : 0));
                 if (dbias(d, op->w))
@@ -588,11 +659,24 @@ static int layer_forward(acc_engine *en, int l, int B, int n, int pos0, char *er
                 int E = dim[AC_DIM_E];
                 CB(gemm(en->blas, en->mlog, ch[op->in], d.router, N, dim[AC_DIM_H], E, 0));
                 CK(cudaMemcpy(en->hr.data(), en->mlog, (size_t)N * E * 4, cudaMemcpyDeviceToHost));
-                ac_moe_route(en->hr.data(), nullptr, N, E, a->top_k, a->norm_topk, en->horder.data());
+                if (a->router_sigmoid) // nemotron_h: sigmoid, the correction bias to choose, the routed scale
+                    ac_moe_route_sigmoid(en->hr.data(), d.rbias.empty() ? nullptr : d.rbias.data(), nullptr, N, E,
+                                         a->top_k, a->norm_topk, a->routed_scale, en->horder.data());
+                else
+                    ac_moe_route(en->hr.data(), nullptr, N, E, a->top_k, a->norm_topk, en->horder.data());
                 break;
             }
-            case AC_OP_EXPERTS: { // each expert on its rows: gather, SwiGLU, down, weighted add into x
-                int E = dim[AC_DIM_E], Fe = dim[AC_DIM_FE], H = dim[AC_DIM_H];
+            case AC_OP_EXPERTS: { // each expert on its rows: gather, SwiGLU (nemotron_h: relu(up)^2), down, weighted add
+                int E = dim[AC_DIM_E], Fe = dim[AC_DIM_FE], H = dim[op->din];
+                if (!op->acc) { // LatentMoE: the experts' sum in its own slot
+                    cf[op->out] = fbuf[op->out];
+                    CK(cudaMemset(cf[op->out], 0, (size_t)N * H * 4));
+                }
+                if (!ch[op->in]) { // LatentMoE's latent rows (fp32): a BF16 copy to gather from
+                    AC_LAUNCH(k_f32_to_bf16, (unsigned)(((size_t)N * H + 255) / 256), 256, 0, s, en->cvt, cf[op->in],
+                              (size_t)N * H);
+                    ch[op->in] = en->cvt;
+                }
                 for (int e = 0; e < E; e++) {
                     int ne = 0;
                     for (int i2 = 0; i2 < N; i2++)
@@ -602,10 +686,14 @@ static int layer_forward(acc_engine *en, int l, int B, int n, int pos0, char *er
                     CK(cudaMemcpy(en->mrows, en->hrows.data(), ne * sizeof(int), cudaMemcpyHostToDevice));
                     CK(cudaMemcpy(en->mw, en->hw.data(), ne * sizeof(float), cudaMemcpyHostToDevice));
                     AC_LAUNCH(k_gather_rows, ne, 128, 0, s, en->mxe, ch[op->in], en->mrows, H);
-                    CB(gemm(en->blas, en->mg, en->mxe, d.eg[e], ne, H, Fe, 0));
                     CB(gemm(en->blas, en->mu, en->mxe, d.eu[e], ne, H, Fe, 0));
-                    AC_LAUNCH(k_silu_mul, (unsigned)(((size_t)ne * Fe + 255) / 256), 256, 0, s, en->mh, en->mg, en->mu,
-                              (size_t)ne * Fe);
+                    if (a->hybrid)
+                        acc_relu2_fwd(nullptr, en->mh, en->mu, (size_t)ne * Fe, s);
+                    else {
+                        CB(gemm(en->blas, en->mg, en->mxe, d.eg[e], ne, H, Fe, 0));
+                        AC_LAUNCH(k_silu_mul, (unsigned)(((size_t)ne * Fe + 255) / 256), 256, 0, s, en->mh, en->mg,
+                                  en->mu, (size_t)ne * Fe);
+                    }
                     CB(gemm(en->blas, en->my, en->mh, d.ed[e], ne, Fe, H, 0));
                     AC_LAUNCH(k_scatter_add, ne, 128, 0, s, cf[op->out], en->my, en->mrows, en->mw, H);
                 }
@@ -614,12 +702,25 @@ static int layer_forward(acc_engine *en, int l, int B, int n, int pos0, char *er
             case AC_OP_KV_MERGE:
             case AC_OP_MASK:
             case AC_OP_MASK_HIDDEN: break;
-            case AC_OP_RELU2:
-            case AC_OP_SSM_CONV:
+            case AC_OP_RELU2: // into BF16 rows: the down projection's input
+                acc_relu2_fwd(nullptr, en->h, cf[op->in], (size_t)N * dout, s);
+                ch[op->out] = en->h;
+                break;
+            case AC_OP_SSM_CONV: // the decode state continues from the previous call past position 0
             case AC_OP_SSM_SCAN:
-            case AC_OP_GATED_NORM: // hybrid models: refused at create
-                snprintf(err, errn, "the CUDA engine has no Mamba-2 / squared-ReLU op yet");
-                return -1;
+            case AC_OP_GATED_NORM: {
+                acc_ssm ss = {a->layers[l].ssm_heads, a->ssm_head_dim, a->ssm_state, a->ssm_groups, a->ssm_conv,
+                              d.conv_w, d.conv_b, d.dt_bias, d.a_log, d.ssm_d, d.ssm_norm, a->eps};
+                if (op->kind == AC_OP_SSM_CONV)
+                    acc_ssm_conv_fwd(&ss, cf[op->out], cf[op->in], B, n, d.conv_st, pos0 > 0, s);
+                else if (op->kind == AC_OP_SSM_SCAN)
+                    acc_ssm_scan_fwd(&ss, cf[op->out], cf[op->in], cf[op->in2], B, n, d.ssm_st, pos0 > 0, s);
+                else {
+                    acc_ssm_gated_norm_fwd(&ss, nullptr, en->yn, cf[op->in], cf[op->in2], N, s);
+                    ch[op->out] = en->yn;
+                }
+                break;
+            }
             }
         }
     }
@@ -720,6 +821,24 @@ static int acc_engine_update(acc_engine *en, int layer, int which, const void *w
     case AC_W_D:
         dst = d.wd;
         want = H * F;
+        break;
+    case AC_W_SSM_IN:
+        dst = d.ssm_in;
+        want = (size_t)ac_block_dim(&en->a, layer, AC_DIM_SI) * H;
+        break;
+    case AC_W_SSM_OUT:
+        dst = d.ssm_out;
+        want = H * ac_block_dim(&en->a, layer, AC_DIM_SSM);
+        break;
+    case AC_W_SH_U:
+    case AC_W_SH_D:
+        dst = which == AC_W_SH_U ? d.sh_u : d.sh_d;
+        want = H * ac_block_dim(&en->a, layer, AC_DIM_FS);
+        break;
+    case AC_W_LAT_DOWN:
+    case AC_W_LAT_UP:
+        dst = which == AC_W_LAT_DOWN ? d.lat_down : d.lat_up;
+        want = H * ac_block_dim(&en->a, layer, AC_DIM_LT);
         break;
     }
     if (!dst || n != want) {

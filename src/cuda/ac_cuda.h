@@ -4,9 +4,14 @@
  * src/runtime/cuda_plugin.c, so the CPU binaries never need CUDA libraries).
  *
  * Engine: the same forward as src/runtime/engine.c (RMSNorm, RoPE, GQA attention
- * with a KV cache, SwiGLU) with BF16 weights and KV cache, cuBLAS GEMMs with
+ * with a KV cache, SwiGLU; nemotron_h's Mamba-2 mixer with its conv and SSM
+ * state per sequence, and squared-ReLU MLP: ac_cuda_ssm_int.h) with BF16
+ * weights and KV cache, cuBLAS GEMMs with
  * FP32 accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F), FP32 residual
- * stream and logits. All device memory is allocated once at create.
+ * stream, Mamba state and logits. All device memory is allocated once at
+ * create. nemotron_h's MoE layers (the sigmoid router with its correction
+ * bias and routed scale on the host, as the softmax routers; squared-ReLU
+ * experts, the shared expert, LatentMoE's projections) run too.
  * Micro-benchmarks: GEMM and attention timed with CUDA events (cold weights
  * rotated through a pool larger than L2), returned as raw timings
  * (acc_timings, a plain struct): src/cost/costmeasure.c builds the

@@ -7,6 +7,7 @@
 #include "runtime/block.h"
 
 #include "ac_cuda_conv_int.h"
+#include "ac_cuda_ssm_int.h"
 
 #ifdef AC_CUDA_EMU
 #include "cuda_emu.h"
@@ -16,6 +17,8 @@
 #define AC_LAUNCH(k, grid, block, shm, stream, ...) k<<<(grid), (block), (shm), (stream)>>>(__VA_ARGS__)
 #define AC_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
 #endif
+
+#include "ac_cuda_reduce_int.h"
 
 #include <algorithm>
 #include <cmath>
@@ -53,18 +56,6 @@
 
 // ---------------------------------------------------------------- kernels
 
-// Sum over the block; every thread gets it. blockDim.x a multiple of 32.
-static __device__ float tr_sum(float v) {
-    __shared__ float red[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float r = 0;
-    for (int i = 0; i < (int)(blockDim.x >> 5); i++) r += red[i];
-    __syncthreads();
-    return r;
-}
-
 static __device__ float tr_max(float v) {
     __shared__ float red[32];
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
@@ -92,8 +83,8 @@ __global__ void kt_rmsnorm(float *y, float *xhat, float *rr, const float *x, con
         ss += gh[i] * xr[i] * xr[i];
         gs += gh[i];
     }
-    ss = tr_sum(ss);
-    gs = tr_sum(gs);
+    ss = acc_block_sum(ss);
+    gs = acc_block_sum(gs);
     float s = rsqrtf((gs > 0 ? ss / gs : 0.0f) + eps);
     if (threadIdx.x == 0) rr[r] = s;
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
@@ -108,7 +99,7 @@ __global__ void kt_head_norm(float *y, const float *x, const float *w, int hd, f
     const float *xr = x + (size_t)blockIdx.x * hd;
     float ss = 0;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += xr[i] * xr[i];
-    float r = rsqrtf(tr_sum(ss) / hd + eps);
+    float r = rsqrtf(acc_block_sum(ss) / hd + eps);
     for (int i = threadIdx.x; i < hd; i += blockDim.x) y[(size_t)blockIdx.x * hd + i] = xr[i] * r * w[i];
 }
 
@@ -120,9 +111,9 @@ __global__ void kt_head_norm_bwd(float *dx, float *prod, const float *dy, const 
     size_t o = (size_t)blockIdx.x * hd;
     float ss = 0;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += x[o + i] * x[o + i];
-    float r = rsqrtf(tr_sum(ss) / hd + eps), dot = 0;
+    float r = rsqrtf(acc_block_sum(ss) / hd + eps), dot = 0;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) dot += dy[o + i] * w[i] * x[o + i] * r;
-    float mean = tr_sum(dot) / hd;
+    float mean = acc_block_sum(dot) / hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float xh = x[o + i] * r, d = dy[o + i];
         prod[o + i] = d * xh;
@@ -148,9 +139,9 @@ __global__ void kt_rmsnorm_bwd(float *dx, float *prod, float *prod2, const float
         ms += gh[i] * xh[i] * xh[i];
         gs += gh[i];
     }
-    dot = tr_sum(dot);
-    ms = tr_sum(ms);
-    gs = tr_sum(gs);
+    dot = acc_block_sum(dot);
+    ms = acc_block_sum(ms);
+    gs = acc_block_sum(gs);
     float ig = gs > 0 ? 1.0f / gs : 0.0f, mean = dot * ig, m = ms * ig, k = 0.5f * dot * ig;
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
         prod[(size_t)r * H + i] = d[i] * xh[i] * gh[i];
@@ -192,7 +183,7 @@ __global__ void kt_unit_reduce(float *dg, const float *csum, int C, int wpg) {
 __global__ void kt_sum_acc(float *out, const float *in, int n) {
     float part = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) part += in[i];
-    part = tr_sum(part);
+    part = acc_block_sum(part);
     if (threadIdx.x == 0) *out += part;
 }
 
@@ -243,7 +234,7 @@ __global__ void kt_attn_fwd(float *o, float *lse, const float *q, const float *k
         p[j] = expf(p[j] - mx);
         sum += p[j];
     }
-    sum = tr_sum(sum); // its barriers also publish p
+    sum = acc_block_sum(sum); // its barriers also publish p
     if (threadIdx.x == 0) lse[(size_t)r * nh + h] = mx + logf(sum);
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float acc = 0;
@@ -276,7 +267,7 @@ __global__ void kt_attn_bwd_q(float *dq, float *delta, const float *dout, const 
         ds[T + j] = dp;
         part += pj * dp;
     }
-    float dl = tr_sum(part);
+    float dl = acc_block_sum(part);
     if (threadIdx.x == 0) delta[(size_t)r * nh + h] = dl;
     for (int j = f + threadIdx.x; j <= t; j += blockDim.x) ds[j] = ds[j] * (ds[T + j] - dl);
     __syncthreads();
@@ -353,7 +344,7 @@ __global__ void kt_moe_dy(float *y, float *dr, float *dot, const float *dx, cons
     const float *d = dx + row * H;
     float s = 0;
     for (int c = threadIdx.x; c < H; c += blockDim.x) s += d[c] * yj[c];
-    s = tr_sum(s);
+    s = acc_block_sum(s);
     if (threadIdx.x == 0) {
         dr[row * E + e] = alpha * s;
         dot[blockIdx.x] = w[blockIdx.x] * s;
@@ -383,7 +374,7 @@ __global__ void kt_loss(float *dz, float *rl, const float *z, const int *tgt, co
     mx = tr_max(mx);
     float s = 0;
     for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(zr[v] - mx);
-    float ls = logf(tr_sum(s)) + mx;
+    float ls = logf(acc_block_sum(s)) + mx;
     for (int v = threadIdx.x; v < V; v += blockDim.x) d[v] = tg >= 0 ? fce * (expf(zr[v] - ls) - (v == tg)) : 0.0f;
     if (threadIdx.x == 0) {
         rl[2 * r] = tg >= 0 ? ls - zr[tg] : 0.0f;
@@ -403,13 +394,13 @@ __global__ void kt_loss(float *dz, float *rl, const float *z, const int *tgt, co
         ss += expf(zr[v] / tau - ms);
         st += expf(tr[v] / tau - mt);
     }
-    float lss = logf(tr_sum(ss)) + ms, lst = logf(tr_sum(st)) + mt, kl = 0;
+    float lss = logf(acc_block_sum(ss)) + ms, lst = logf(acc_block_sum(st)) + mt, kl = 0;
     for (int v = threadIdx.x; v < V; v += blockDim.x) {
         float lps = zr[v] / tau - lss, lpt = tr[v] / tau - lst, pt = expf(lpt);
         kl += pt * (lpt - lps);
         d[v] += fkd * (expf(lps) - pt);
     }
-    kl = tr_sum(kl);
+    kl = acc_block_sum(kl);
     if (threadIdx.x == 0) rl[2 * r + 1] = tau * tau * kl;
 }
 
@@ -429,7 +420,7 @@ __global__ void kt_sumsq(float *part, const float *g, size_t n) {
     float s = 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         s += g[i] * g[i];
-    s = tr_sum(s);
+    s = acc_block_sum(s);
     if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
@@ -449,17 +440,34 @@ __global__ void kt_adamw(float *p, float *g, float *m, float *v, size_t n, float
 // ---------------------------------------------------------------- trainer
 
 // A layer's parameter tensors by name: ac_cuda.h's ACC_T_* (what the
-// library reads and writes through acc_trainer_tensor), then the Mamba
-// mixer's, which have no ACC_T_ name (the trainer refuses hybrid models).
+// library reads and writes through acc_trainer_tensor), then the Mamba-2
+// mixer's (in_proj, out_proj, the gated norm's weight, the conv's weight and
+// bias, dt_bias, A_log, D), which have no ACC_T_ name, and the MoE ones.
 // T_EXPERTS: the index of expert 0's gate matrix; expert e's gate, up and
 // down matrices follow at 3e, 3e+1, 3e+2 (host_tensors).
-enum { T_SSM_IN = ACC_T_N, T_SSM_OUT, T_SSM_NORM, T_ROUTER, T_EXPERTS, T_NAMES };
+enum {
+    T_SSM_IN = ACC_T_N,
+    T_SSM_OUT,
+    T_SSM_NORM,
+    T_CONV_W,
+    T_CONV_B,
+    T_DT_BIAS,
+    T_A_LOG,
+    T_SSM_D,
+    T_SH_U, // nemotron_h MoE: the shared expert's up and down projections
+    T_SH_D,
+    T_ROUTER,
+    T_EXPERTS,
+    T_NAMES
+};
 
 // The arch fields the trainer needs (the plugin does not link the library,
 // so no ac_arch_copy / ac_arch_free here).
 struct tarch {
     int n_layers, hidden, head_dim, vocab, sliding_window, tie_embeddings, qk_norm, top_k, norm_topk;
-    float eps;
+    int hybrid, ssm_head_dim, ssm_state, ssm_groups, ssm_conv; // nemotron_h's Mamba-2 shapes
+    int router_sigmoid, shared_ffn;                            // nemotron_h's MoE: the sigmoid router, shared expert
+    float eps, routed_scale;
     std::vector<ac_layer_arch> layers;
 };
 
@@ -487,7 +495,8 @@ struct acc_trainer {
     // hidden [H], attn [L], mlp [L], then per layer head [n_heads], ffn [F]
     // (MoE layers: then expert [E], expert channels [E * Fe])
     float *gates, *dgates, *csum, *prod2;
-    std::vector<size_t> off_head, off_ffn, off_exp, off_echan;
+    // (Mamba layers: then ssm [ssm_heads])
+    std::vector<size_t> off_head, off_ffn, off_exp, off_echan, off_ssm;
     size_t ngates;
     std::vector<float> s_attn, s_mlp; // host copies of the sub-block gates (GEMM alphas)
     // MoE: the expert gates on the host too (the routing runs there, as the
@@ -498,18 +507,26 @@ struct acc_trainer {
     std::vector<int> horder, hrows, hoff;
     int *mrows;
     float *mw, *mdot, *mdz;
+    float *ssm_work; // Mamba-2: the scan's state and backward work (acc_ssm_scan_work_floats, the largest layer's)
+    std::vector<std::vector<float>> rbias; // nemotron_h MoE: each layer's router correction bias (host; not trained)
 };
 
 static int wi(const acc_trainer *t, int l, int w) { return t->tix[(size_t)l * T_NAMES + w]; } // -1: none
 static float *GH(const acc_trainer *t) { return t->gates; }
-static float *GHEAD(const acc_trainer *t, int l) { return t->gates + t->off_head[l]; }
-static float *GFFN(const acc_trainer *t, int l) { return t->gates + t->off_ffn[l]; }
 static float *P(const acc_trainer *t, int l, int w) { return wi(t, l, w) >= 0 ? t->p[wi(t, l, w)] : NULL; }
 static float *G(const acc_trainer *t, int l, int w) { return wi(t, l, w) >= 0 ? t->g[wi(t, l, w)] : NULL; }
+// Layer l's Mamba-2 mixer on the device weights.
+static acc_ssm tssm(const acc_trainer *t, int l) {
+    const tarch *a = &t->a;
+    acc_ssm s = {a->layers[l].ssm_heads, a->ssm_head_dim,  a->ssm_state,   a->ssm_groups,
+                 a->ssm_conv,            P(t, l, T_CONV_W), P(t, l, T_CONV_B), P(t, l, T_DT_BIAS),
+                 P(t, l, T_A_LOG),       P(t, l, T_SSM_D),  P(t, l, T_SSM_NORM), a->eps};
+    return s;
+}
 
 // The recipe's weight names (block.h) as the trainer's tensor names.
 static int tw_mat(int w) {
-    static const int m[] = {ACC_T_Q, ACC_T_K, ACC_T_V, ACC_T_O, ACC_T_G, ACC_T_U, ACC_T_D, T_SSM_IN, T_SSM_OUT};
+    static const int m[] = {ACC_T_Q, ACC_T_K, ACC_T_V, ACC_T_O, ACC_T_G, ACC_T_U, ACC_T_D, T_SSM_IN, T_SSM_OUT, T_SH_U, T_SH_D};
     return w >= 0 && w < (int)(sizeof m / sizeof *m) ? m[w] : -1;
 }
 static int tw_bias(int w) { return w == AC_W_Q ? ACC_T_BQ : w == AC_W_K ? ACC_T_BK : w == AC_W_V ? ACC_T_BV : -1; }
@@ -564,7 +581,17 @@ static void host_tensors(const ac_model *m, std::vector<const void *> &hp, std::
                     name(tw_norm(op->w), ac_block_norm(w, op->w), H, 0, d32);
                 else if (op->kind == AC_OP_HEAD_NORM)
                     name(tw_norm(op->w), ac_block_norm(w, op->w), hd, 0, d32);
-                else if (op->kind == AC_OP_ROUTE)
+                else if (op->kind == AC_OP_GATED_NORM)
+                    name(T_SSM_NORM, w->ssm_norm, dout, 0, d32);
+                else if (op->kind == AC_OP_SSM_CONV) { // the depthwise conv [C][K] (decayed, as optim.c) and its bias
+                    name(T_CONV_W, w->conv_w, dout * a->ssm_conv, 1, d32);
+                    name(T_CONV_B, w->conv_b, dout, 0, d32);
+                } else if (op->kind == AC_OP_SSM_SCAN) { // per head
+                    size_t nh = a->layers[l].ssm_heads;
+                    name(T_DT_BIAS, w->dt_bias, nh, 0, d32);
+                    name(T_A_LOG, w->a_log, nh, 0, d32);
+                    name(T_SSM_D, w->ssm_d, nh, 0, d32);
+                } else if (op->kind == AC_OP_ROUTE)
                     name(T_ROUTER, w->router, (size_t)a->layers[l].n_experts * H, 1, t);
                 else if (op->kind == AC_OP_EXPERTS && li[T_EXPERTS] < 0) { // gate, up, down of each expert
                     size_t Fe = a->layers[l].expert_ffn;
@@ -626,6 +653,9 @@ static ac_arch tview(const tarch *a) {
     memset(&v, 0, sizeof v);
     v.n_layers = a->n_layers, v.hidden = a->hidden, v.head_dim = a->head_dim, v.vocab = a->vocab;
     v.qk_norm = a->qk_norm, v.top_k = a->top_k, v.norm_topk = a->norm_topk;
+    v.hybrid = a->hybrid, v.ssm_head_dim = a->ssm_head_dim, v.ssm_state = a->ssm_state;
+    v.ssm_groups = a->ssm_groups, v.ssm_conv = a->ssm_conv;
+    v.router_sigmoid = a->router_sigmoid, v.shared_ffn = a->shared_ffn, v.routed_scale = a->routed_scale;
     v.layers = const_cast<ac_layer_arch *>(a->layers.data());
     return v;
 }
@@ -680,6 +710,9 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
         TCK(cudaMemset(t->v[i], 0, b));
     }
     t->head_idx = a->tie_embeddings ? 0 : 1;
+    t->rbias.assign(a->n_layers, std::vector<float>());
+    for (int l = 0; l < a->n_layers; l++) // the sigmoid router's correction bias: only its choice reads it (host)
+        if (mdl->L[l].router_bias) t->rbias[l].assign(mdl->L[l].router_bias, mdl->L[l].router_bias + a->layers[l].n_experts);
     t->tape.assign(a->n_layers, NULL);
     for (int l = 0; l < a->n_layers; l++) {
         const ac_layer_arch *L = &a->layers[l];
@@ -691,7 +724,16 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
         }
         if (dalloc(t, &t->tape[l], tape_floats(t, l, N), err, errn)) return -1;
     }
-    size_t mw = std::max(std::max(H, mq), mf);
+    size_t mw = std::max(std::max(H, mq), mf), sw = 0;
+    if (a->hybrid) { // the gated norm's and the SSM mask's column sums; the scan's work
+        mw = std::max(mw, (size_t)tdim_max(a, AC_DIM_SI));
+        for (int l = 0; l < a->n_layers; l++)
+            if (a->layers[l].ssm_heads) {
+                acc_ssm s = {};
+                s.nh = a->layers[l].ssm_heads, s.P = a->ssm_head_dim, s.Ns = a->ssm_state, s.G = a->ssm_groups;
+                sw = std::max(sw, acc_ssm_scan_work_floats(&s, t->max_B, t->max_T));
+            }
+    }
     if (dalloc(t, &t->xhf, N * H, err, errn) || dalloc(t, &t->rf, N, err, errn) ||
         dalloc(t, &t->logits, N * V, err, errn) || dalloc(t, &t->dlogits, N * V, err, errn) ||
         dalloc(t, &t->teacher, N * V, err, errn) || dalloc(t, &t->rowloss, 2 * N, err, errn) ||
@@ -699,16 +741,19 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
         dalloc(t, &t->xn, N * H, err, errn) || dalloc(t, &t->dxn, N * H, err, errn) ||
         dalloc(t, &t->bscr, scratch_floats(t, N), err, errn) || dalloc(t, &t->delta, N * (mq / hd + 1), err, errn) ||
         dalloc(t, &t->prod, N * mw, err, errn) || dalloc(t, &t->part, 1024, err, errn) ||
-        dalloc(t, &t->cos_t, T * hd / 2, err, errn) || dalloc(t, &t->sin_t, T * hd / 2, err, errn))
+        dalloc(t, &t->cos_t, T * hd / 2, err, errn) || dalloc(t, &t->sin_t, T * hd / 2, err, errn) ||
+        dalloc(t, &t->ssm_work, sw, err, errn))
         return -1;
     {
         size_t L = a->n_layers, off = H + 2 * L;
         t->off_head.assign(L, 0), t->off_ffn.assign(L, 0), t->off_exp.assign(L, 0), t->off_echan.assign(L, 0);
+        t->off_ssm.assign(L, 0);
         for (size_t l = 0; l < L; l++) {
             t->off_head[l] = off, off += a->layers[l].n_heads;
             t->off_ffn[l] = off, off += a->layers[l].ffn;
             t->off_exp[l] = off, off += a->layers[l].n_experts;
             t->off_echan[l] = off, off += (size_t)a->layers[l].n_experts * a->layers[l].expert_ffn;
+            t->off_ssm[l] = off, off += a->layers[l].ssm_heads;
         }
         t->ngates = off;
         std::vector<float> ones(off, 1.0f);
@@ -748,13 +793,13 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
         snprintf(err, errn, "trainer: context %d above the CUDA trainer's 6144", max_T);
         return -1;
     }
-    if (m->a.hybrid) {
-        snprintf(err, errn, "trainer: the CUDA trainer has no Mamba-2 op yet (hybrid nemotron_h models train on the "
-                            "CPU)");
+    if (m->a.hybrid && m->a.moe_latent) { // Nemotron 3 Super's experts in a latent width
+        snprintf(err, errn, "trainer: the CUDA trainer has no LatentMoE op yet: LatentMoE models train on the CPU");
         return -1;
     }
-    if (m->a.router_sigmoid) { // (nemotron_h only, refused above; the softmax router is the one here)
-        snprintf(err, errn, "trainer: the CUDA trainer has no sigmoid router");
+    if (m->a.hybrid && (m->a.ssm_conv < 1 || m->a.ssm_conv > ACC_SSM_MAX_K)) {
+        snprintf(err, errn, "trainer: conv kernel %d: the CUDA Mamba-2 conv takes 1 to %d", m->a.ssm_conv,
+                 ACC_SSM_MAX_K);
         return -1;
     }
     TCK(cudaSetDevice(dev));
@@ -763,6 +808,9 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
     t->a.n_layers = a->n_layers, t->a.hidden = a->hidden, t->a.head_dim = a->head_dim, t->a.vocab = a->vocab;
     t->a.sliding_window = a->sliding_window, t->a.tie_embeddings = a->tie_embeddings, t->a.eps = a->eps;
     t->a.qk_norm = a->qk_norm, t->a.top_k = a->top_k, t->a.norm_topk = a->norm_topk;
+    t->a.hybrid = a->hybrid, t->a.ssm_head_dim = a->ssm_head_dim, t->a.ssm_state = a->ssm_state;
+    t->a.ssm_groups = a->ssm_groups, t->a.ssm_conv = a->ssm_conv;
+    t->a.router_sigmoid = a->router_sigmoid, t->a.shared_ffn = a->shared_ffn, t->a.routed_scale = a->routed_scale;
     t->a.layers.assign(a->layers, a->layers + a->n_layers);
     t->max_B = max_B, t->max_T = max_T;
     if (create(t, m, rope_cos, rope_sin, err, errn)) {
@@ -778,6 +826,7 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
 struct top {
     const ac_op *op;
     int l, B, T, N, H, hd, nh, nkv, window, din, dout, heads; // l: the layer; heads: ROPE's head count
+    int unit;                                                 // MASK: the channels per gate (block.h)
     float eps;
     const float *in, *in2, *in3, *pre; // the inputs as the op saw them; pre: SwiGLU's gate projection
     float *out;                        // the output (a residual add: the residual, added to)
@@ -827,8 +876,14 @@ static int route_fwd(acc_trainer *t, const top *o, char *err, size_t errn) {
     size_t n = (size_t)N * E;
     if (gemm(t, 0, 1, N, E, H, 1.0f, o->in, H, P(t, o->l, T_ROUTER), H, 0.0f, o->r, E, err, errn)) return -1;
     TCK(cudaMemcpy(t->hr.data(), o->r, n * sizeof(float), cudaMemcpyDeviceToHost));
-    ac_moe_route_gated(t->hr.data(), t->hp.data(), t->hz.data() + t->off_exp[o->l], N, E, t->a.top_k, t->a.norm_topk,
-                       t->horder.data());
+    const float *z = t->hz.data() + t->off_exp[o->l];
+    if (t->a.router_sigmoid) { // nemotron_h: p keeps the sigmoid of every logit (block_grad.c's rule)
+        const std::vector<float> &bias = t->rbias[o->l];
+        for (size_t j = 0; j < n; j++) t->hp[j] = (float)(1.0 / (1.0 + exp(-(double)t->hr[j])));
+        ac_moe_route_sigmoid(t->hr.data(), bias.empty() ? NULL : bias.data(), z, N, E, t->a.top_k, t->a.norm_topk,
+                             t->a.routed_scale, t->horder.data());
+    } else
+        ac_moe_route_gated(t->hr.data(), t->hp.data(), z, N, E, t->a.top_k, t->a.norm_topk, t->horder.data());
     TCK(cudaMemcpy(o->r, t->hr.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     TCK(cudaMemcpy(o->xhat, t->hp.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     return 0;
@@ -843,8 +898,12 @@ static int route_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
     TCK(cudaMemcpy(t->hp.data(), o->xhat, n * sizeof(float), cudaMemcpyDeviceToHost));
     TCK(cudaMemcpy(t->hr.data(), o->r, n * sizeof(float), cudaMemcpyDeviceToHost));
     std::fill(t->hdz.begin(), t->hdz.end(), 0.0f);
-    ac_moe_route_gated_bwd(t->hd.data(), t->hp.data(), t->hr.data(), t->hz.data() + t->off_exp[l], t->hdz.data(), N, E,
-                           t->a.norm_topk);
+    if (t->a.router_sigmoid)
+        ac_moe_route_sigmoid_bwd(t->hd.data(), t->hp.data(), t->hr.data(), t->hz.data() + t->off_exp[l], t->hdz.data(),
+                                 N, E, t->a.norm_topk, t->a.routed_scale);
+    else
+        ac_moe_route_gated_bwd(t->hd.data(), t->hp.data(), t->hr.data(), t->hz.data() + t->off_exp[l], t->hdz.data(),
+                               N, E, t->a.norm_topk);
     TCK(cudaMemcpy(o->dO, t->hd.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     TCK(cudaMemcpy(t->mdz, t->hdz.data(), E * sizeof(float), cudaMemcpyHostToDevice));
     AC_LAUNCH(kt_colsum, blocks(E), 256, 0, 0, t->dgates + t->off_exp[l], t->mdz, 1, E);
@@ -864,10 +923,13 @@ static int expert_fwd(acc_trainer *t, const top *o, int e, float *xe, float *g, 
     int x0 = wi(t, l, T_EXPERTS) + 3 * e;
     size_t n = (size_t)ne * Fe;
     AC_LAUNCH(kt_gather, ne, TB, 0, 0, xe, o->in, t->mrows + t->hoff[e], H);
-    if (gemm(t, 0, 1, ne, Fe, H, 1.0f, xe, H, t->p[x0], H, 0.0f, g, Fe, err, errn) ||
-        gemm(t, 0, 1, ne, Fe, H, 1.0f, xe, H, t->p[x0 + 1], H, 0.0f, u, Fe, err, errn))
-        return -1;
-    AC_LAUNCH(kt_silu_mul, blocks(n), 256, 0, 0, h, g, u, n);
+    if (gemm(t, 0, 1, ne, Fe, H, 1.0f, xe, H, t->p[x0 + 1], H, 0.0f, u, Fe, err, errn)) return -1;
+    if (!t->p[x0]) // nemotron_h: no gate, relu(up)^2
+        acc_relu2_fwd(h, NULL, u, n, 0);
+    else {
+        if (gemm(t, 0, 1, ne, Fe, H, 1.0f, xe, H, t->p[x0], H, 0.0f, g, Fe, err, errn)) return -1;
+        AC_LAUNCH(kt_silu_mul, blocks(n), 256, 0, 0, h, g, u, n);
+    }
     AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, hg, h, t->gates + t->off_echan[l] + (size_t)e * Fe, Fe, 1, n);
     return gemm(t, 0, 1, ne, H, Fe, 1.0f, hg, Fe, t->p[x0 + 2], Fe, 0.0f, y, H, err, errn);
 }
@@ -913,9 +975,13 @@ static int experts_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
         AC_LAUNCH(kt_mul, blocks(n), 256, 0, 0, t->prod, dh, h, n); // the channel gates: d gate += sum dh * act
         AC_LAUNCH(kt_colsum, blocks(Fe), 256, 0, 0, t->dgates + t->off_echan[l] + (size_t)e * Fe, t->prod, ne, Fe);
         AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, dh, dh, t->gates + t->off_echan[l] + (size_t)e * Fe, Fe, 1, n);
-        AC_LAUNCH(kt_silu_mul_bwd, blocks(n), 256, 0, 0, dh, du, g, u, n); // dh becomes dg
-        if (gemm(t, 0, 0, ne, H, Fe, 1.0f, dh, Fe, t->p[x0], H, 0.0f, dxe, H, err, errn) ||
-            gemm(t, 0, 0, ne, H, Fe, 1.0f, du, Fe, t->p[x0 + 1], H, 1.0f, dxe, H, err, errn) ||
+        bool gated = t->p[x0] != NULL; // (nemotron_h's experts: relu(up)^2, no gate)
+        if (gated)
+            AC_LAUNCH(kt_silu_mul_bwd, blocks(n), 256, 0, 0, dh, du, g, u, n); // dh becomes dg
+        else
+            acc_relu2_bwd(du, dh, u, n, 0);
+        if ((gated && gemm(t, 0, 0, ne, H, Fe, 1.0f, dh, Fe, t->p[x0], H, 0.0f, dxe, H, err, errn)) ||
+            gemm(t, 0, 0, ne, H, Fe, 1.0f, du, Fe, t->p[x0 + 1], H, gated ? 1.0f : 0.0f, dxe, H, err, errn) ||
             (t->g[x0] && gemm(t, 1, 0, Fe, H, ne, 1.0f, dh, Fe, xe, H, 1.0f, t->g[x0], H, err, errn)) ||
             (t->g[x0 + 1] && gemm(t, 1, 0, Fe, H, ne, 1.0f, du, Fe, xe, H, 1.0f, t->g[x0 + 1], H, err, errn)))
             return -1;
@@ -956,19 +1022,28 @@ static int op_fwd(acc_trainer *t, const top *o, bool recompute, char *err, size_
         break;
     case AC_OP_SWIGLU: AC_LAUNCH(kt_silu_mul, blocks(n), 256, 0, 0, o->out, o->pre, o->in, n); break;
     case AC_OP_MASK:
-        AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, o->out, o->in, o->gate, o->dout, op->dout == AC_DIM_Q ? o->hd : 1,
-                  n);
+        AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, o->out, o->in, o->gate, o->dout, o->unit, n);
         break;
     case AC_OP_KV_MERGE:
     case AC_OP_MASK_HIDDEN: break; // not differentiated (block_grad.h)
     case AC_OP_ROUTE: return recompute ? 0 : route_fwd(t, o, err, errn);
     case AC_OP_EXPERTS: return recompute ? 0 : experts_fwd(t, o, err, errn);
-    case AC_OP_RELU2:
-    case AC_OP_SSM_CONV:
-    case AC_OP_SSM_SCAN:
-    case AC_OP_GATED_NORM: // hybrid models: refused at create and by op_test
-        snprintf(err, errn, "the CUDA trainer has no Mamba-2 / squared-ReLU op yet");
-        return -1;
+    case AC_OP_RELU2: acc_relu2_fwd(o->out, NULL, o->in, n, 0); break;
+    case AC_OP_GATED_NORM: { // recomputed (block.h), from the taped scan output
+        acc_ssm s = tssm(t, o->l);
+        acc_ssm_gated_norm_fwd(&s, o->out, NULL, o->in, o->in2, o->N, 0);
+        break;
+    }
+    case AC_OP_SSM_CONV: // taped (the backward recomputes the pre-activation)
+    case AC_OP_SSM_SCAN: // taped (the backward recomputes the states)
+        if (!recompute) {
+            acc_ssm s = tssm(t, o->l);
+            if (op->kind == AC_OP_SSM_CONV)
+                acc_ssm_conv_fwd(&s, o->out, o->in, o->B, o->T, NULL, 0, 0);
+            else
+                acc_ssm_scan_fwd(&s, o->out, o->in, o->in2, o->B, o->T, t->ssm_work, 0, 0);
+        }
+        break;
     }
     return 0;
 }
@@ -1002,7 +1077,7 @@ static int op_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
         }
         break;
     case AC_OP_MASK: { // dg += colsum(dout * in) per unit; din = dout * g, in place
-        int unit = op->dout == AC_DIM_Q ? hd : 1;
+        int unit = o->unit;
         if (o->dgate) {
             AC_LAUNCH(kt_mul, blocks(n), 256, 0, 0, t->prod, o->dO, o->in, n);
             (void)cudaMemset(t->csum, 0, dout * sizeof(float));
@@ -1035,19 +1110,38 @@ static int op_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
     case AC_OP_MASK_HIDDEN: break;
     case AC_OP_ROUTE: return route_bwd(t, o, err, errn);
     case AC_OP_EXPERTS: return experts_bwd(t, o, err, errn);
-    case AC_OP_RELU2:
-    case AC_OP_SSM_CONV:
-    case AC_OP_SSM_SCAN:
-    case AC_OP_GATED_NORM: snprintf(err, errn, "the CUDA trainer has no Mamba-2 / squared-ReLU op yet"); return -1;
+    case AC_OP_RELU2: acc_relu2_bwd(o->dI, o->dO, o->in, n, 0); break;
+    case AC_OP_GATED_NORM: // dy written, z's columns of dzx written
+    case AC_OP_SSM_SCAN:   // dxbc written, dt's columns of dzx written
+    case AC_OP_SSM_CONV: { // xBC's columns of dzx written
+        acc_ssm s = tssm(t, o->l);
+        int l = o->l;
+        if (op->kind == AC_OP_GATED_NORM) {
+            float *gn = G(t, l, T_SSM_NORM);
+            acc_ssm_gated_norm_bwd(&s, o->dI, o->dI2, t->prod, o->dO, o->in, o->in2, N, 0);
+            if (gn) AC_LAUNCH(kt_colsum, blocks(dout), 256, 0, 0, gn, t->prod, N, dout);
+        } else if (op->kind == AC_OP_SSM_SCAN)
+            acc_ssm_scan_bwd(&s, o->dI, o->dI2, G(t, l, T_DT_BIAS), G(t, l, T_A_LOG), G(t, l, T_SSM_D), o->dO, o->in,
+                             o->in2, o->B, o->T, t->ssm_work, 0);
+        else
+            acc_ssm_conv_bwd(&s, o->dI, G(t, l, T_CONV_W), G(t, l, T_CONV_B), o->dO, o->in, o->B, o->T, 0);
+        break;
+    }
     }
     return 0;
 }
 
-static float *gate_of(const acc_trainer *t, int l, int d) {
-    return d == AC_DIM_Q ? GHEAD(t, l) : d == AC_DIM_F ? GFFN(t, l) : GH(t);
+// A MASK's gates (and their gradients) by the width it masks: query heads,
+// FFN channels, Mamba heads; and the channels each gate covers (block.h's
+// ac_block_mask_unit).
+static size_t gate_off(const acc_trainer *t, int l, int d) {
+    return d == AC_DIM_Q ? t->off_head[l] : d == AC_DIM_F ? t->off_ffn[l] : d == AC_DIM_SSM ? t->off_ssm[l] : 0;
 }
-static float *dgate_of(const acc_trainer *t, int l, int d) {
-    return t->dgates + (d == AC_DIM_Q ? t->off_head[l] : d == AC_DIM_F ? t->off_ffn[l] : 0);
+static float *gate_of(const acc_trainer *t, int l, int d) { return t->gates + gate_off(t, l, d); }
+static float *dgate_of(const acc_trainer *t, int l, int d) { return t->dgates + gate_off(t, l, d); }
+static int mask_unit(const tarch *a, int d) {
+    ac_arch v = tview(a);
+    return ac_block_mask_unit(&v, (ac_dim)d);
 }
 
 // Op i of sub-block sb of layer l with the trainer's weights, gates and
@@ -1060,9 +1154,12 @@ static top layer_op(acc_trainer *t, int l, int sb, const ac_op *op, int B, int T
     o.nkv = L->n_kv_heads, o.window = a->sliding_window, o.eps = a->eps;
     o.din = tdim(a, l, op->din), o.dout = tdim(a, l, op->dout), o.heads = tdim(a, l, op->heads) / a->head_dim;
     o.gh = GH(t), o.dgh = t->dgates;
-    // the trainer's sub-block gates: attention's and the FFN's (a third sub-block would be unscaled)
-    o.alpha = sb == 0 ? t->s_attn[l] : sb == 1 ? t->s_mlp[l] : 1.0f;
-    o.dalpha = sb < 2 ? t->dgates + a->hidden + (size_t)sb * a->n_layers + l : NULL;
+    // the trainer's sub-block gates: attention's and the FFN's (on nemotron_h the Mamba and MoE mixers' too,
+    // as train.c's; another sub-block would be unscaled)
+    int mix = sb == 0 ? 0 : sb == 1 || (a->hybrid && sb <= 3) ? 1 : -1;
+    o.alpha = mix == 0 ? t->s_attn[l] : mix == 1 ? t->s_mlp[l] : 1.0f;
+    o.dalpha = mix >= 0 ? t->dgates + a->hidden + (size_t)mix * a->n_layers + l : NULL;
+    o.unit = mask_unit(a, op->dout);
     if (op->kind == AC_OP_LINEAR) {
         int bi = tw_bias(op->w);
         o.w = P(t, l, tw_mat(op->w)), o.gw = G(t, l, tw_mat(op->w));
@@ -1121,12 +1218,12 @@ static float *sub_walk(acc_trainer *t, int l, int sb, int B, int T, float **tp, 
             }
             o.out = cur[op->out];
             break;
-        case AC_OP_KV_MERGE:
-        case AC_OP_MASK_HIDDEN:
         case AC_OP_RELU2:
+        case AC_OP_GATED_NORM: o.out = sc, sc += n; break; // recomputed
         case AC_OP_SSM_CONV:
-        case AC_OP_SSM_SCAN:
-        case AC_OP_GATED_NORM: o.out = cur[op->out]; break; // hybrid: op_fwd refuses them
+        case AC_OP_SSM_SCAN: o.out = *tp, *tp += n; break; // taped
+        case AC_OP_KV_MERGE:
+        case AC_OP_MASK_HIDDEN: o.out = cur[op->out]; break;
         }
         if (op_fwd(t, &o, !fwd, err, errn)) return NULL;
         cur[op->out] = o.out;
@@ -1378,6 +1475,9 @@ extern "C" int acc_trainer_gates(acc_trainer *t, const ac_gates *g, ac_gates *dg
             for (int k = 0; q->echan && q->echan[l] && k < nc; k++)
                 src ? (void)(h[t->off_echan[l] + k] = src->echan[l][k])
                     : (void)(dst->echan[l][k] = h[t->off_echan[l] + k]);
+            int ns = a->layers[l].ssm_heads; // Mamba heads: likewise (only a hybrid's layers have any)
+            for (int k = 0; ns && q->ssm && q->ssm[l] && k < ns; k++)
+                src ? (void)(h[t->off_ssm[l] + k] = src->ssm[l][k]) : (void)(dst->ssm[l][k] = h[t->off_ssm[l] + k]);
         }
     };
     if (g) {
@@ -1434,6 +1534,10 @@ extern "C" int acc_op_test(int dev, const ac_arch *a, const ac_op *op, int B, in
         snprintf(err, errn, "op_test: the MoE ops run in the trainer only");
         return -1;
     }
+    if (op->kind == AC_OP_SSM_CONV || op->kind == AC_OP_SSM_SCAN || op->kind == AC_OP_GATED_NORM || a->hybrid) {
+        snprintf(err, errn, "op_test: the Mamba-2 ops run in the trainer only"); // (test_train.c, their parameters)
+        return -1;
+    }
     if (cu_ok(cudaSetDevice(dev), "cudaSetDevice", err, errn)) return -1;
     acc_trainer *t = new acc_trainer();
     t->a.n_layers = 1, t->a.hidden = a->hidden, t->a.head_dim = a->head_dim, t->a.vocab = a->vocab;
@@ -1445,6 +1549,7 @@ extern "C" int acc_op_test(int dev, const ac_arch *a, const ac_op *op, int B, in
     o.op = op, o.B = B, o.T = T, o.N = (int)N, o.H = (int)H, o.hd = (int)hd, o.nh = a->layers[0].n_heads;
     o.nkv = a->layers[0].n_kv_heads, o.window = a->sliding_window, o.eps = a->eps, o.alpha = io->alpha;
     o.din = tdim(&t->a, 0, op->din), o.dout = tdim(&t->a, 0, op->dout), o.heads = tdim(&t->a, 0, op->heads) / (int)hd;
+    o.unit = op->dout == AC_DIM_Q ? (int)hd : 1;
     size_t nout = N * o.dout, nin = N * w[op->in], nw = (size_t)o.dout * o.din;
     size_t units = op->dout == AC_DIM_Q ? (size_t)o.nh : (size_t)o.dout;
     bool lin = op->kind == AC_OP_LINEAR, att = op->kind == AC_OP_ATTENTION, norm = op->kind == AC_OP_RMSNORM;

@@ -21,7 +21,15 @@
  * router's and every expert's GEMMs on the device over the rows routed to
  * it; the routing rule and its backward run on the host over the N x E
  * logits (block.h's ac_moe_route_gated and ac_moe_route_gated_bwd), as the
- * inference engine routes. nemotron_h models are refused at create.
+ * inference engine routes. nemotron_h's dense layers train here too: the
+ * Mamba-2 mixer (ac_cuda_ssm_int.h: the conv and the scan taped, the scan's
+ * states recomputed by its backward; gradients into in_proj, the conv's
+ * weight and bias, dt_bias, A_log, D, the gated norm and out_proj; a gate
+ * per Mamba head, its sub-block on the mlp gate as train.c's) and the
+ * squared-ReLU MLP, and its MoE layers (the sigmoid router's rule and
+ * backward on the host, block.h's ac_moe_route_sigmoid and
+ * ac_moe_route_sigmoid_bwd; squared-ReLU experts without a gate; the shared
+ * expert); LatentMoE is refused at create.
  * Every function returns 0 or -1 with a message in err. They are reached
  * through the plugin's acc_api table (ac_cuda.h).
  */

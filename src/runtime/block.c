@@ -392,3 +392,19 @@ void ac_moe_route_sigmoid(float *r, const float *bias, const float *z, int N, in
         for (int j = 0; j < k; j++) q[order[j]] = (float)((norm ? q[order[j]] / (kept + 1e-20) : q[order[j]]) * scale);
     }
 }
+
+void ac_moe_route_sigmoid_bwd(float *dr, const float *p, const float *r, const float *z, float *dz, int N, int E,
+                              int norm, float scale) {
+    for (int i = 0; i < N; i++) { /* p: the sigmoid s; r = scale q / (Q + 1e-20) or scale q, q = z s where chosen */
+        const float *pi = p + (size_t)i * E, *ri = r + (size_t)i * E;
+        float *d = dr + (size_t)i * E;
+        double S = 0, rd = 0, sc = scale;
+        for (int x = 0; x < E; x++)
+            if (ri[x] != 0) S += (z ? z[x] : 1.0f) * pi[x], rd += (double)d[x] * ri[x];
+        for (int x = 0; x < E; x++) {
+            double dq = ri[x] == 0 ? 0 : norm ? (sc * d[x] - rd) / (S + 1e-20) : sc * d[x];
+            if (dz) dz[x] += (float)(dq * pi[x]); /* d q / d z = s (only where chosen: the choice is discrete) */
+            d[x] = (float)(dq * (z ? z[x] : 1.0f) * pi[x] * (1 - pi[x])); /* sigmoid */
+        }
+    }
+}

@@ -231,6 +231,14 @@ void ac_moe_route_gated_bwd(float *d, const float *p, const float *r, const floa
  * rows and correction bias: the same choice among them, the same sum). */
 void ac_moe_route_sigmoid(float *r, const float *bias, const float *z, int N, int E, int k, int norm, float scale,
                           int *order);
+/* Its backward, for every backend (the CUDA trainer runs it on the host):
+ * dr[N][E] holds the gradient at the routing weights r and becomes the
+ * gradient at the router logits; p: the sigmoid of every logit (the
+ * forward's, before the choice); r, z, norm, scale: the forward's (z NULL:
+ * all 1); dz[E] (NULL: not wanted) accumulates the expert gates' gradient.
+ * The choice is piecewise constant (no gradient through the bias). */
+void ac_moe_route_sigmoid_bwd(float *dr, const float *p, const float *r, const float *z, float *dz, int N, int E,
+                              int norm, float scale);
 
 /* Layer weights by name: matrix `w` (ac_wmat), its bias (NULL when none),
  * norm weight `w` (ac_normw). */

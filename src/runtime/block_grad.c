@@ -156,20 +156,10 @@ static void route_bwd(ac_block_grad *c, int l, const float *p, const float *r, f
      * router's probabilities are q = z p (ac_moe_route_gated) */
     const float *z = c->gate[AC_DIM_E];
     float *dz = c->dgate[AC_DIM_E];
-    for (int i = 0; a->router_sigmoid && i < N; i++) { /* p: the sigmoid s; r = scale q / (Q + 1e-20) or scale q */
-        const float *pi = p + (size_t)i * E, *ri = r + (size_t)i * E;
-        float *d = dr + (size_t)i * E;
-        double S = 0, rd = 0, sc = a->routed_scale;
-        for (int x = 0; x < E; x++)
-            if (ri[x] != 0) S += (z ? z[x] : 1.0f) * pi[x], rd += (double)d[x] * ri[x];
-        for (int x = 0; x < E; x++) {
-            double dq = ri[x] == 0 ? 0 : a->norm_topk ? (sc * d[x] - rd) / (S + 1e-20) : sc * d[x];
-            if (dz) dz[x] += (float)(dq * pi[x]); /* d q / d z = s (only where chosen: the choice is discrete) */
-            d[x] = (float)(dq * (z ? z[x] : 1.0f) * pi[x] * (1 - pi[x])); /* sigmoid */
-        }
-    }
-    /* softmax: d z += p (dq - pd) */
-    if (!a->router_sigmoid) ac_moe_route_gated_bwd(dr, p, r, z, dz, N, E, a->norm_topk);
+    if (a->router_sigmoid) /* p: the sigmoid s */
+        ac_moe_route_sigmoid_bwd(dr, p, r, z, dz, N, E, a->norm_topk, a->routed_scale);
+    else /* softmax: d z += p (dq - pd) */
+        ac_moe_route_gated_bwd(dr, p, r, z, dz, N, E, a->norm_topk);
     ac_linear_dx_w(dxn, dr, c->w->router, c->wdt, N, H, E, 1.0f, 1, c->wtile, c->wtile_rows);
     if (c->gw && c->gw->router) /* dWr[E][H] += dlogits^T xn */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, E, H, N, 1.0f, dr, E, xn, H, 1.0f, c->gw->router, H);
