@@ -242,19 +242,23 @@ void acc_ssm_scan_bwd(const acc_ssm *s, float *dxbc, float *dzx, float *ddt_bias
 
 // ---------------------------------------------------------------- gated norm
 
-// One block per (row r, group gi) of gs = di/G channels.
-__global__ void ks_gnorm_fwd(float *outf, bf16 *outb, const float *y, const float *zx, const float *w, int di, int SI,
-                             int G, float eps) {
+// One block per (row r, group gi) of gs = di/G channels; channel c weighs
+// m_c (its head's gate, hg[c / P]; 1 without gates) in the group's
+// statistic: rs = (sum m v^2 / sum m + eps)^-1/2, out = v rs w m.
+__global__ void ks_gnorm_fwd(float *outf, bf16 *outb, const float *y, const float *zx, const float *w,
+                             const float *hg, int di, int SI, int G, int P, float eps) {
     int r = blockIdx.x / G, gi = blockIdx.x % G, gs = di / G;
     const float *yr = y + (size_t)r * di + (size_t)gi * gs, *z = zx + (size_t)r * SI + (size_t)gi * gs;
-    float ss = 0;
+    float ss = 0, M = 0;
     for (int c = threadIdx.x; c < gs; c += blockDim.x) {
-        float v = yr[c] * z[c] * ssm_sigm(z[c]);
-        ss += v * v;
+        float v = yr[c] * z[c] * ssm_sigm(z[c]), m = hg ? hg[(gi * gs + c) / P] : 1.0f;
+        ss += m * v * v, M += m;
     }
-    float rs = rsqrtf(acc_block_sum(ss) / gs + eps);
+    ss = acc_block_sum(ss), M = acc_block_sum(M);
+    float rs = M > 0 ? rsqrtf(ss / M + eps) : 0.0f;
     for (int c = threadIdx.x; c < gs; c += blockDim.x) {
-        float o = yr[c] * z[c] * ssm_sigm(z[c]) * rs * w[(size_t)gi * gs + c];
+        float m = hg ? hg[(gi * gs + c) / P] : 1.0f;
+        float o = yr[c] * z[c] * ssm_sigm(z[c]) * rs * w[(size_t)gi * gs + c] * m;
         size_t at = (size_t)r * di + (size_t)gi * gs + c;
         if (outf) outf[at] = o;
         if (outb) outb[at] = __float2bfloat16(o);
@@ -264,39 +268,55 @@ __global__ void ks_gnorm_fwd(float *outf, bf16 *outb, const float *y, const floa
 void acc_ssm_gated_norm_fwd(const acc_ssm *s, float *outf, bf16 *outb, const float *y, const float *zx, int N,
                             cudaStream_t st) {
     (void)st; // (the emulator runs every launch in order)
-    AC_LAUNCH(ks_gnorm_fwd, (unsigned)N * s->G, SSM_TB, 0, st, outf, outb, y, zx, s->norm_w, acc_ssm_di(s),
-              acc_ssm_si(s), s->G, s->eps);
+    AC_LAUNCH(ks_gnorm_fwd, (unsigned)N * s->G, SSM_TB, 0, st, outf, outb, y, zx, s->norm_w, s->head_gate,
+              acc_ssm_di(s), acc_ssm_si(s), s->G, s->P, s->eps);
 }
 
-// Its backward, one block per (row, group): v = y silu(z), vh = v rs,
-// dv = rs (dout w - vh mean(dout w vh)); dy = dv silu(z),
-// dz = dv y silu'(z); prod = dout vh (for dnorm_w).
-__global__ void ks_gnorm_bwd(float *dy, float *dzx, float *prod, const float *dout, const float *y, const float *zx,
-                             const float *w, int di, int SI, int G, float eps) {
+// Its backward, one block per (row, group), as ssm_cpu.c's: with M = sum m,
+// ms = sum m v^2 / M, vh = v rs and dot = sum d w m vh: dv = rs m (d w - vh
+// dot / M); dy = dv silu(z), dz = dv y silu'(z); prod = d vh m (for
+// dnorm_w); prodg = d w vh - dot (vh^2 - rs^2 ms) / (2 M) (the gate m's
+// gradient). A group whose gates are all 0 passes nothing back.
+__global__ void ks_gnorm_bwd(float *dy, float *dzx, float *prod, float *prodg, const float *dout, const float *y,
+                             const float *zx, const float *w, const float *hg, int di, int SI, int G, int P,
+                             float eps) {
     int r = blockIdx.x / G, gi = blockIdx.x % G, gs = di / G;
     size_t o = (size_t)r * di + (size_t)gi * gs;
     const float *yr = y + o, *z = zx + (size_t)r * SI + (size_t)gi * gs, *d = dout + o, *wg = w + (size_t)gi * gs;
-    float ss = 0;
+    float ss = 0, M = 0;
     for (int c = threadIdx.x; c < gs; c += blockDim.x) {
-        float v = yr[c] * z[c] * ssm_sigm(z[c]);
-        ss += v * v;
+        float v = yr[c] * z[c] * ssm_sigm(z[c]), m = hg ? hg[(gi * gs + c) / P] : 1.0f;
+        ss += m * v * v, M += m;
     }
-    float rs = rsqrtf(acc_block_sum(ss) / gs + eps), dot = 0;
-    for (int c = threadIdx.x; c < gs; c += blockDim.x) dot += d[c] * wg[c] * yr[c] * z[c] * ssm_sigm(z[c]) * rs;
-    dot = acc_block_sum(dot) / gs;
+    ss = acc_block_sum(ss), M = acc_block_sum(M);
+    if (M <= 0) {
+        for (int c = threadIdx.x; c < gs; c += blockDim.x) {
+            prod[o + c] = dy[o + c] = dzx[(size_t)r * SI + (size_t)gi * gs + c] = 0;
+            if (prodg) prodg[o + c] = 0;
+        }
+        return;
+    }
+    float ms = ss / M, rs = rsqrtf(ms + eps), dot = 0;
     for (int c = threadIdx.x; c < gs; c += blockDim.x) {
-        float sg = ssm_sigm(z[c]), sz = z[c] * sg, vh = yr[c] * sz * rs, dv = rs * (d[c] * wg[c] - vh * dot);
-        prod[o + c] = d[c] * vh;
+        float m = hg ? hg[(gi * gs + c) / P] : 1.0f;
+        dot += d[c] * wg[c] * m * yr[c] * z[c] * ssm_sigm(z[c]) * rs;
+    }
+    dot = acc_block_sum(dot);
+    for (int c = threadIdx.x; c < gs; c += blockDim.x) {
+        float m = hg ? hg[(gi * gs + c) / P] : 1.0f;
+        float sg = ssm_sigm(z[c]), sz = z[c] * sg, vh = yr[c] * sz * rs, dv = rs * m * (d[c] * wg[c] - vh * dot / M);
+        prod[o + c] = d[c] * vh * m;
+        if (prodg) prodg[o + c] = d[c] * wg[c] * vh - dot * (vh * vh - rs * rs * ms) / (2 * M);
         dy[o + c] = dv * sz;
         dzx[(size_t)r * SI + (size_t)gi * gs + c] = dv * yr[c] * sg * (1.0f + z[c] * (1.0f - sg));
     }
 }
 
-void acc_ssm_gated_norm_bwd(const acc_ssm *s, float *dy, float *dzx, float *prod, const float *dout, const float *y,
-                            const float *zx, int N, cudaStream_t st) {
+void acc_ssm_gated_norm_bwd(const acc_ssm *s, float *dy, float *dzx, float *prod, float *prodg, const float *dout,
+                            const float *y, const float *zx, int N, cudaStream_t st) {
     (void)st; // (the emulator runs every launch in order)
-    AC_LAUNCH(ks_gnorm_bwd, (unsigned)N * s->G, SSM_TB, 0, st, dy, dzx, prod, dout, y, zx, s->norm_w, acc_ssm_di(s),
-              acc_ssm_si(s), s->G, s->eps);
+    AC_LAUNCH(ks_gnorm_bwd, (unsigned)N * s->G, SSM_TB, 0, st, dy, dzx, prod, s->head_gate ? prodg : nullptr, dout, y,
+              zx, s->norm_w, s->head_gate, acc_ssm_di(s), acc_ssm_si(s), s->G, s->P, s->eps);
 }
 
 // ---------------------------------------------------------------- squared ReLU

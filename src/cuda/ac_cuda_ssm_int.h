@@ -42,6 +42,10 @@ typedef struct {
     const float *dt_bias, *a_log, *d; /* [nh] */
     const float *norm_w;              /* [nh*P] */
     float eps;
+    /* Head gates [nh] on the device (NULL: none, as 1), inside the gated norm as ssm_cpu_int.h's head_gate:
+     * channel h*P + p weighs head_gate[h] in its group's statistic, sum m v^2 / sum m, and its output is multiplied
+     * by it (the trainer's Mamba head gates; 0 is the head removed) */
+    const float *head_gate;
 } acc_ssm;
 
 /* The widest conv kernel the device conv takes (its window lives in registers). */
@@ -73,15 +77,18 @@ void acc_relu2_fwd(float *outf, __nv_bfloat16 *outb, const float *in, size_t n, 
  * written. conv: dzx's columns [di, di+C) from dout. scan: dxbc whole and
  * dzx's dt columns from dy; work: acc_ssm_scan_work_floats floats. gated
  * norm: dy whole and dzx's z columns from dout, and prod[N][di] = dout *
- * the normed value (norm_w's gradient is its column sum: the caller's).
+ * the normed value times its gate (norm_w's gradient is its column sum:
+ * the caller's); with head gates and prodg not NULL, prodg[N][di] = each
+ * channel's gate gradient (the head's is the sum of its P columns over the
+ * rows: the caller's).
  * relu2: din from dout and the input. */
 void acc_ssm_conv_bwd(const acc_ssm *s, float *dzx, float *dconv_w, float *dconv_b, const float *dout,
                       const float *zx, int B, int n, cudaStream_t st);
 size_t acc_ssm_scan_work_floats(const acc_ssm *s, int B, int n);
 void acc_ssm_scan_bwd(const acc_ssm *s, float *dxbc, float *dzx, float *ddt_bias, float *da_log, float *dd,
                       const float *dy, const float *xbc, const float *zx, int B, int n, float *work, cudaStream_t st);
-void acc_ssm_gated_norm_bwd(const acc_ssm *s, float *dy, float *dzx, float *prod, const float *dout, const float *y,
-                            const float *zx, int N, cudaStream_t st);
+void acc_ssm_gated_norm_bwd(const acc_ssm *s, float *dy, float *dzx, float *prod, float *prodg, const float *dout,
+                            const float *y, const float *zx, int N, cudaStream_t st);
 void acc_relu2_bwd(float *din, const float *dout, const float *in, size_t n, cudaStream_t st);
 
 #endif

@@ -495,6 +495,7 @@ struct acc_trainer {
     // hidden [H], attn [L], mlp [L], then per layer head [n_heads], ffn [F]
     // (MoE layers: then expert [E], expert channels [E * Fe])
     float *gates, *dgates, *csum, *prod2;
+    float *prodg; // (hybrids) the gated norm's per-channel gate gradients [N][di]
     // (Mamba layers: then ssm [ssm_heads])
     std::vector<size_t> off_head, off_ffn, off_exp, off_echan, off_ssm;
     size_t ngates;
@@ -520,9 +521,12 @@ static acc_ssm tssm(const acc_trainer *t, int l) {
     const tarch *a = &t->a;
     acc_ssm s = {a->layers[l].ssm_heads, a->ssm_head_dim,  a->ssm_state,   a->ssm_groups,
                  a->ssm_conv,            P(t, l, T_CONV_W), P(t, l, T_CONV_B), P(t, l, T_DT_BIAS),
-                 P(t, l, T_A_LOG),       P(t, l, T_SSM_D),  P(t, l, T_SSM_NORM), a->eps};
+                 P(t, l, T_A_LOG),       P(t, l, T_SSM_D),  P(t, l, T_SSM_NORM), a->eps, NULL};
     return s;
 }
+
+static float *gate_of(const acc_trainer *t, int l, int d);
+static float *dgate_of(const acc_trainer *t, int l, int d);
 
 // The recipe's weight names (block.h) as the trainer's tensor names.
 static int tw_mat(int w) {
@@ -742,7 +746,7 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
         dalloc(t, &t->bscr, scratch_floats(t, N), err, errn) || dalloc(t, &t->delta, N * (mq / hd + 1), err, errn) ||
         dalloc(t, &t->prod, N * mw, err, errn) || dalloc(t, &t->part, 1024, err, errn) ||
         dalloc(t, &t->cos_t, T * hd / 2, err, errn) || dalloc(t, &t->sin_t, T * hd / 2, err, errn) ||
-        dalloc(t, &t->ssm_work, sw, err, errn))
+        dalloc(t, &t->ssm_work, sw, err, errn) || (a->hybrid && dalloc(t, &t->prodg, N * mw, err, errn)))
         return -1;
     {
         size_t L = a->n_layers, off = H + 2 * L;
@@ -1021,16 +1025,18 @@ static int op_fwd(acc_trainer *t, const top *o, bool recompute, char *err, size_
                       o->in3, o->nh, o->nkv, o->hd, o->T, 1.0f / sqrtf((float)o->hd), o->window);
         break;
     case AC_OP_SWIGLU: AC_LAUNCH(kt_silu_mul, blocks(n), 256, 0, 0, o->out, o->pre, o->in, n); break;
-    case AC_OP_MASK:
-        AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, o->out, o->in, o->gate, o->dout, o->unit, n);
+    case AC_OP_MASK: // (a width the trainer has no gates for, the shared expert's or the latent: passed through)
+        if (!o->gate) TCK(cudaMemcpy(o->out, o->in, n * sizeof(float), cudaMemcpyDeviceToDevice));
+        else AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, o->out, o->in, o->gate, o->dout, o->unit, n);
         break;
     case AC_OP_KV_MERGE:
     case AC_OP_MASK_HIDDEN: break; // not differentiated (block_grad.h)
     case AC_OP_ROUTE: return recompute ? 0 : route_fwd(t, o, err, errn);
     case AC_OP_EXPERTS: return recompute ? 0 : experts_fwd(t, o, err, errn);
     case AC_OP_RELU2: acc_relu2_fwd(o->out, NULL, o->in, n, 0); break;
-    case AC_OP_GATED_NORM: { // recomputed (block.h), from the taped scan output
+    case AC_OP_GATED_NORM: { // recomputed (block.h), from the taped scan output; the Mamba head gates inside it
         acc_ssm s = tssm(t, o->l);
+        s.head_gate = gate_of(t, o->l, AC_DIM_SSM);
         acc_ssm_gated_norm_fwd(&s, o->out, NULL, o->in, o->in2, o->N, 0);
         break;
     }
@@ -1077,6 +1083,7 @@ static int op_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
         }
         break;
     case AC_OP_MASK: { // dg += colsum(dout * in) per unit; din = dout * g, in place
+        if (!o->gate) break; // passed through (above)
         int unit = o->unit;
         if (o->dgate) {
             AC_LAUNCH(kt_mul, blocks(n), 256, 0, 0, t->prod, o->dO, o->in, n);
@@ -1116,10 +1123,14 @@ static int op_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
     case AC_OP_SSM_CONV: { // xBC's columns of dzx written
         acc_ssm s = tssm(t, o->l);
         int l = o->l;
-        if (op->kind == AC_OP_GATED_NORM) {
+        if (op->kind == AC_OP_GATED_NORM) { // dnorm_w: prod's column sums; the head gates': prodg's, per head
             float *gn = G(t, l, T_SSM_NORM);
-            acc_ssm_gated_norm_bwd(&s, o->dI, o->dI2, t->prod, o->dO, o->in, o->in2, N, 0);
+            s.head_gate = gate_of(t, l, AC_DIM_SSM);
+            acc_ssm_gated_norm_bwd(&s, o->dI, o->dI2, t->prod, t->prodg, o->dO, o->in, o->in2, N, 0);
             if (gn) AC_LAUNCH(kt_colsum, blocks(dout), 256, 0, 0, gn, t->prod, N, dout);
+            (void)cudaMemset(t->csum, 0, dout * sizeof(float));
+            AC_LAUNCH(kt_colsum, blocks(dout), 256, 0, 0, t->csum, t->prodg, N, dout);
+            AC_LAUNCH(kt_unit_reduce, 1, TB, 0, 0, dgate_of(t, l, AC_DIM_SSM), t->csum, dout, s.P);
         } else if (op->kind == AC_OP_SSM_SCAN)
             acc_ssm_scan_bwd(&s, o->dI, o->dI2, G(t, l, T_DT_BIAS), G(t, l, T_A_LOG), G(t, l, T_SSM_D), o->dO, o->in,
                              o->in2, o->B, o->T, t->ssm_work, 0);
@@ -1137,8 +1148,12 @@ static int op_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
 static size_t gate_off(const acc_trainer *t, int l, int d) {
     return d == AC_DIM_Q ? t->off_head[l] : d == AC_DIM_F ? t->off_ffn[l] : d == AC_DIM_SSM ? t->off_ssm[l] : 0;
 }
-static float *gate_of(const acc_trainer *t, int l, int d) { return t->gates + gate_off(t, l, d); }
-static float *dgate_of(const acc_trainer *t, int l, int d) { return t->dgates + gate_off(t, l, d); }
+// (NULL for a width it has none for: the shared expert's, the latent.)
+static bool has_gates(int d) { return d == AC_DIM_Q || d == AC_DIM_F || d == AC_DIM_SSM; }
+static float *gate_of(const acc_trainer *t, int l, int d) { return has_gates(d) ? t->gates + gate_off(t, l, d) : NULL; }
+static float *dgate_of(const acc_trainer *t, int l, int d) {
+    return has_gates(d) ? t->dgates + gate_off(t, l, d) : NULL;
+}
 static int mask_unit(const tarch *a, int d) {
     ac_arch v = tview(a);
     return ac_block_mask_unit(&v, (ac_dim)d);
