@@ -40,16 +40,15 @@
 
 #define MIB (1024.0 * 1024.0)
 
-/* A /proc/self/status field in kB (VmRSS, VmHWM); -1 when absent. */
+/* A /proc/self/status field in kB (key with its colon: "VmRSS:", "VmHWM:"); -1 when absent. */
 static long status_kb(const char *key) {
+    char buf[8192];
     FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long v = -1;
-    size_t k = strlen(key);
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, key, k) && line[k] == ':') v = strtol(line + k + 1, NULL, 10);
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
     if (f) fclose(f);
-    return v;
+    buf[n] = 0;
+    const char *p = strstr(buf, key);
+    return p ? strtol(p + strlen(key), NULL, 10) : -1;
 }
 
 /* Reset VmHWM to the current RSS (Linux >= 4.0): 1 done. */
@@ -235,15 +234,15 @@ static void test_park_memory(void) {
     ac_ppl_result pr;
     CHECK(ac_perplexity(&m, ids, 64, &po, NULL, NULL, NULL, &pr, &e) == 0, "warm-up: %s", e.msg); /* buffers once */
     malloc_trim(0);
-    long r0 = status_kb("VmRSS");
+    long r0 = status_kb("VmRSS:");
     ok = ac_model_park(&m, path, &e) == 0;
     CHECK(ok, "park: %s", e.msg);
     malloc_trim(0);
-    long r1 = status_kb("VmRSS");
+    long r1 = status_kb("VmRSS:");
     CHECK(ok && ac_perplexity(&m, ids, 64, &po, NULL, NULL, NULL, &pr, &e) == 0, "perplexity: %s", e.msg);
-    long r2 = status_kb("VmRSS");
+    long r2 = status_kb("VmRSS:");
     ac_model_drop_pages(&m);
-    long r3 = status_kb("VmRSS");
+    long r3 = status_kb("VmRSS:");
     printf("  %.1f MiB of matrices: VmRSS %.1f owned, %.1f parked, %.1f after a forward, %.1f pages dropped (MiB)\n",
            bytes / MIB, r0 / 1024.0, r1 / 1024.0, r2 / 1024.0, r3 / 1024.0);
     double b = bytes / 1024 * 0.8; /* kB, a fifth for pages the forward does not touch and heap slack */
@@ -264,7 +263,7 @@ static stage_mem mem[16];
 static int nmem, peak_ok = 1;
 
 static void close_stage(void) {
-    if (nmem) mem[nmem - 1].peak_kb = status_kb("VmHWM");
+    if (nmem) mem[nmem - 1].peak_kb = status_kb("VmHWM:");
 }
 
 static void mem_emit(void *ud, const char *kind, json_t *data) {
@@ -273,7 +272,7 @@ static void mem_emit(void *ud, const char *kind, json_t *data) {
     close_stage();
     peak_ok &= reset_peak();
     snprintf(mem[nmem].stage, sizeof mem[nmem].stage, "%s", json_string_value(json_object_get(data, "stage")));
-    mem[nmem++].start_kb = status_kb("VmRSS");
+    mem[nmem++].start_kb = status_kb("VmRSS:");
 }
 
 static const stage_mem *stage_of(const char *name) {
