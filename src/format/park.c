@@ -51,23 +51,46 @@ static int point_fn(void *ud, float **p, size_t n) {
     return 0;
 }
 
+/* The file to write: where the directory's filesystem has them, an unnamed
+ * one beside path (O_TMPFILE: nothing is left if the process dies while it
+ * writes; the named temporary ac_fsafe_create made goes at once), else that
+ * temporary. *rfd: a descriptor to map it by (-1: open the temporary's
+ * name). */
+static FILE *park_file(ac_wfile *w, int *rfd) {
+    *rfd = -1;
+    int fd = openat(w->dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!f) {
+        if (fd >= 0) close(fd);
+        return w->f;
+    }
+    *rfd = fd;
+    ac_fsafe_discard(w);
+    return f;
+}
+
 int ac_model_park(ac_model *m, const char *path, ac_err *e) {
     if (ac_model_wdt(m) != ST_BF16 || !m->wown || m->wmap)
         return ac_errf(e, "parking %s: an owned BF16 model only", path);
     ac_wfile w;
     if (ac_fsafe_create(path, &w, e)) return -1;
-    park_writer pw = {w.f, 0};
+    int fd;
+    FILE *out = park_file(&w, &fd);
+    park_writer pw = {out, 0};
     int err = 0;
-    if (ac_model_each_matrix(m, write_fn, &pw) || fflush(w.f)) err = errno ? errno : EIO;
+    if (ac_model_each_matrix(m, write_fn, &pw) || fflush(out)) err = errno ? errno : EIO;
     void *map = MAP_FAILED;
     size_t len = (size_t)pw.off;
     if (!err && len) {
-        /* the temporary is write-only: mapped through a read-only descriptor of it */
-        int fd = openat(w.dirfd, w.tmp, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-        if (fd < 0 || (map = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED) err = errno;
-        if (fd >= 0) close(fd);
+        /* the named temporary is write-only: mapped through a read-only descriptor of it */
+        int rd = fd >= 0 ? fd : openat(w.dirfd, w.tmp, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (rd < 0 || (map = mmap(NULL, len, PROT_READ, MAP_SHARED, rd, 0)) == MAP_FAILED) err = errno;
+        if (rd >= 0 && rd != fd) close(rd);
     }
-    ac_fsafe_discard(&w); /* the name goes; the mapping keeps the data */
+    if (fd >= 0)
+        fclose(out);
+    else
+        ac_fsafe_discard(&w); /* the name goes; the mapping keeps the data */
     st_set *set = map != MAP_FAILED ? calloc(1, sizeof *set) : NULL;
     st_file *f = set ? calloc(1, sizeof *f) : NULL;
     if (!f) {

@@ -7,9 +7,11 @@
  * ac_model_park takes an owned BF16 model (wown: ac_prune_bf16's students,
  * a distilled student rounded back by ac_model_make_bf16), writes its
  * matrices into a new file beside path (ac_fsafe_create: confined as the
- * export is), maps the file read-only, points the matrices into the mapping
- * and frees their heap buffers, then removes the file's name: nothing stays
- * on disk once the model is freed or the process ends. The model then reads
+ * export is; an unnamed O_TMPFILE one in that directory where its
+ * filesystem has them, else the temporary, its name removed once mapped),
+ * maps the file read-only, points the matrices into the mapping and frees
+ * their heap buffers: nothing stays on disk once the model is freed or the
+ * process ends. The model then reads
  * as a resident one does (wdt BF16, not wown, wmap its mapping): the engine,
  * perplexity, latency timing, ac_model_to_f32 / ac_model_to_bf16 and the
  * exports read it in place, same values, same results; reading it brings
