@@ -22,6 +22,7 @@
 #include "format/deci.h"
 #include "format/gguf.h"
 #include "format/model.h"
+#include "format/park.h"
 #include "format/safetensors.h"
 #include "format/tokenizer.h"
 

@@ -23,6 +23,7 @@
 #include "format/gguf.h"
 #include "format/safetensors.h"
 #include "core/tensor.h"
+#include "model_int.h"
 
 /* The largest value each config.json count may take, checked before
  * anything is sized by it (a hostile config must not make the daemon
@@ -972,38 +973,54 @@ static int to_bf16_slot(float **p, size_t n) {
     return 1;
 }
 
-int ac_model_make_bf16(ac_model *m, ac_err *e) {
-    if (ac_model_wdt(m) == ST_BF16) return 0;
-    if (ac_model_wdt(m) != ST_F32 || m->wmap) return ac_errf(e, "ac_model_make_bf16: an owned fp32 model only");
+/* fn on one slot when it holds a matrix. */
+static int visit(ac_matrix_fn fn, void *ud, float **slot, size_t n) { return *slot && n ? fn(ud, slot, n) : 0; }
+
+int ac_model_each_matrix(ac_model *m, ac_matrix_fn fn, void *ud) {
     const ac_arch *a = &m->a;
     size_t H = a->hidden, V = a->vocab;
-    int ok = 1, tied = m->lm_head == m->embed;
-    /* every matrix in turn: a BF16 buffer, then the fp32 one freed; from the
-     * first, the model owns 16-bit matrices (freeing frees either kind) */
-    m->wdt = ST_BF16;
-    m->wown = 1;
-    ok = to_bf16_slot(&m->embed, V * H) && (tied || to_bf16_slot(&m->lm_head, V * H));
+    int tied = m->lm_head == m->embed, rc = visit(fn, ud, &m->embed, V * H);
     if (tied) m->lm_head = m->embed;
-    for (int l = 0; ok && l < a->n_layers; l++) {
+    if (rc || (!tied && (rc = visit(fn, ud, &m->lm_head, V * H)))) return rc;
+    for (int l = 0; l < a->n_layers; l++) {
         float **ps[7];
         ac_layer_w *w = &m->L[l];
         size_t Hin = a->hybrid && a->moe_latent ? (size_t)a->moe_latent : H, Fs = a->hybrid ? (size_t)a->shared_ffn : 0;
         size_t n[7], E = a->layers[l].n_experts, ne = (size_t)a->layers[l].expert_ffn * Hin;
         layer_slots(a, l, w, ps, n);
-        for (int i = 0; ok && i < 7; i++) ok = to_bf16_slot(ps[i], n[i]);
-        if (ok && E) ok = to_bf16_slot(&w->router, E * H); /* mixture of experts: router and experts */
-        for (size_t x = 0; ok && x < E; x++) /* (nemotron_h's have no gate: a NULL slot is left) */
-            ok = to_bf16_slot(&w->eg[x], ne) && to_bf16_slot(&w->eu[x], ne) && to_bf16_slot(&w->ed[x], ne);
+        for (int i = 0; i < 7; i++)
+            if ((rc = visit(fn, ud, ps[i], n[i]))) return rc;
+        if (E && (rc = visit(fn, ud, &w->router, E * H))) return rc; /* mixture of experts: router and experts */
+        for (size_t x = 0; x < E; x++) /* (nemotron_h's have no gate: a NULL slot, passed over) */
+            if ((rc = visit(fn, ud, &w->eg[x], ne)) || (rc = visit(fn, ud, &w->eu[x], ne)) ||
+                (rc = visit(fn, ud, &w->ed[x], ne)))
+                return rc;
         /* nemotron_h: the Mamba projections, the shared expert, LatentMoE's projections (the conv, the per-head
          * vectors and the correction bias stay fp32) */
-        if (ok && a->layers[l].ssm_heads)
-            ok = to_bf16_slot(&w->ssm_in, (size_t)ac_ssm_in_dim(a, l) * H) &&
-                 to_bf16_slot(&w->ssm_out, H * (size_t)ac_ssm_inner(a, l));
-        if (ok && E && a->hybrid)
-            ok = to_bf16_slot(&w->sh_u, Fs * H) && to_bf16_slot(&w->sh_d, H * Fs) &&
-                 to_bf16_slot(&w->lat_down, Hin * H) && to_bf16_slot(&w->lat_up, H * Hin);
+        if (a->layers[l].ssm_heads && ((rc = visit(fn, ud, &w->ssm_in, (size_t)ac_ssm_in_dim(a, l) * H)) ||
+                                       (rc = visit(fn, ud, &w->ssm_out, H * (size_t)ac_ssm_inner(a, l)))))
+            return rc;
+        if (E && a->hybrid &&
+            ((rc = visit(fn, ud, &w->sh_u, Fs * H)) || (rc = visit(fn, ud, &w->sh_d, H * Fs)) ||
+             (rc = visit(fn, ud, &w->lat_down, Hin * H)) || (rc = visit(fn, ud, &w->lat_up, H * Hin))))
+            return rc;
     }
-    if (ok) return 0;
+    return 0;
+}
+
+static int bf16_slot_fn(void *ud, float **p, size_t n) {
+    (void)ud;
+    return to_bf16_slot(p, n) ? 0 : -1;
+}
+
+int ac_model_make_bf16(ac_model *m, ac_err *e) {
+    if (ac_model_wdt(m) == ST_BF16) return 0;
+    if (ac_model_wdt(m) != ST_F32 || m->wmap) return ac_errf(e, "ac_model_make_bf16: an owned fp32 model only");
+    /* every matrix in turn: a BF16 buffer, then the fp32 one freed; from the
+     * first, the model owns 16-bit matrices (freeing frees either kind) */
+    m->wdt = ST_BF16;
+    m->wown = 1;
+    if (ac_model_each_matrix(m, bf16_slot_fn, NULL) == 0) return 0;
     ac_model_free(m); /* fp32 and BF16 matrices mixed: nothing may read it */
     return ac_errf(e, "out of memory converting the model to BF16 (the model is freed)");
 }

@@ -1,6 +1,7 @@
 /* candidates.c - see candidates_int.h. */
 #include "candidates_int.h"
 #include "checkpoint_int.h"
+#include "students_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,17 +168,7 @@ static int build(job_state *s, int want, cand *list, int *n, ac_err *e) {
 /* c pruned from its weights (repaired as the prune stage repairs: to the
  * outputs of the model it is pruned from) into *out (BF16). */
 static int prune(job_state *s, const cand *c, ac_model *out, int *rep, ac_err *e) {
-    const ac_model *src = c->src ? c->src : &s->m;
-    if (ac_prune_bf16(src, &c->r.arch, c->imp, out, e)) return -1;
-    *rep = 0;
-    if (s->spec->repair) {
-        ac_model *dst[1] = {out};
-        const ac_importance *imps[1] = {c->imp};
-        int win = s->cwin < 16 ? s->cwin : 16;
-        if (ac_repair_ffn_many(src, dst, imps, 1, s->cids, s->nc, s->spec->eval.ctx, win, rep, e)) return -1;
-    }
-    if (s->spec->search.target == AC_EXPORT_LLAMA || ac_arch_is_hybrid(&s->m.a)) ac_minitron_compact(out);
-    return 0;
+    return ac_job_prune_arm(s, c->src ? c->src : &s->m, &c->r.arch, c->imp, 0, out, rep, e);
 }
 
 static int cancelled_cb(void *ud, int step, int steps, double loss, double lr) {
@@ -318,6 +309,7 @@ int ac_kd_choose(job_state *s, const ac_distill_opts *o, const char *text, ac_kd
                 rc = ac_errctx(e, "distill.text");
             if (!rc) rc = rank(s, o, ids ? ids : s->cids, nt, list, n, steps * step, kc, &best, e);
             free(ids);
+            if (!rc && kc->won.a.n_layers) ac_job_park(s, &kc->won, "ranked");
         } else if (!rc)
             log_msg(s, json_pack("{s:s,s:i,s:I}", "message",
                                  "no candidate ranking: fewer than two feasible distinct candidates",
@@ -332,6 +324,7 @@ int ac_kd_choose(job_state *s, const ac_distill_opts *o, const char *text, ac_kd
             s->ra.pred_loss = w->r.pred_loss;
             ac_model_free(&s->pa);
             rc = prune(s, &(cand){.r = {.arch = s->ra.arch}, .imp = w->imp, .src = w->src}, &s->pa, &s->rep_a, e);
+            if (!rc) ac_job_park(s, &s->pa, "autocompress");
             s->pa_cotrained = w->src != NULL;
             if (s->result != &s->pm) s->result = &s->pa;
         }
@@ -421,6 +414,7 @@ int ac_kd_distill_arms(job_state *s, const ac_distill_opts *o, const char *text,
         json_decref(one);
         one = NULL;
     }
+    if (!rc) ac_job_park(s, pm, nm); /* distilled or restored: final; out of memory while the other trains */
     if (!rc && s->two_arms && !arm_restore(s, na, pa, all, emit)) {
         ac_ppl_result pp = {0};
         int won = kc->won.a.n_layers > 0;
@@ -449,6 +443,7 @@ int ac_kd_distill_arms(job_state *s, const ac_distill_opts *o, const char *text,
         }
         json_decref(one);
     }
+    if (!rc && s->two_arms) ac_job_park(s, pa, na);
     if (rc) {
         json_decref(all);
         return -1;

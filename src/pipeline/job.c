@@ -36,6 +36,7 @@
 #include "pipeline/modelcard.h"
 #include "pipeline/reporthtml.h"
 #include "compress/prune.h"
+#include "students_int.h"
 
 /* Every event of the job passes here (data borrowed): its loss points are
  * kept for report.html (ac_report_curves_add), then it goes to ctx->emit. */
@@ -69,10 +70,11 @@ static void search_emit(void *ud, json_t *ev) {
 /* ---------------------------------------------------------------- 1 load */
 
 /* Pre-flight: the CPU engine holds the weights resident in their file dtype
- * (ac_model_load_resident, 2 bytes per parameter when 16-bit) plus the two
- * pruned students (BF16, each at most the base's size) and at most one
- * fp32 copy (in evaluate a resident base's fp32 timing copy, or the
- * result's; Minitron is freed first): about 10 bytes per parameter.
+ * (ac_model_load_resident, 2 bytes per parameter when 16-bit) plus one
+ * pruned student at a time (BF16, at most the base's size; with two arms
+ * the other is parked in a file, students_int.h) and at most one fp32 copy
+ * (in evaluate a resident base's fp32 timing copy, or the result's; the
+ * other arm is freed first): about 8 bytes per parameter.
  * Distillation (one student's fp32 weights, gradients and AdamW moments)
  * checks its own memory (distill.c). The CPU DNAS gate search holds no
  * weights of its own (its trainer reads the
@@ -85,14 +87,14 @@ static void search_emit(void *ud, json_t *ev) {
 static int check_host_memory(const char *model_dir, ac_err *e) {
     ac_arch a0;
     if (ac_arch_load(model_dir, &a0, e)) return -1;
-    double need = ac_arch_params(&a0) * (2 + 4 * 2) / 1073741824.0;
+    double need = ac_arch_params(&a0) * (2 + 2 + 4) / 1073741824.0;
     ac_arch_free(&a0);
     ac_local_device host[1];
     ac_devices_local(host, 1);
     if (host[0].mem_gib > 0 && need > 0.9 * host[0].mem_gib)
         return ac_errf(e,
-                       "the model needs about %.1f GiB of host memory (10 bytes per parameter: its weights, two pruned "
-                       "students and an fp32 timing copy) but this host has %.1f GiB",
+                       "the model needs about %.1f GiB of host memory (8 bytes per parameter: its weights, one pruned "
+                       "student and an fp32 timing copy) but this host has %.1f GiB",
                        need, host[0].mem_gib);
     return 0;
 }
@@ -312,9 +314,15 @@ static void drop_trained(job_state *s) {
 }
 
 /* Slice the base model to each arm's architecture (keeping the most
- * important channels by that arm's importance), then, when the spec asks,
- * refit the pruned FFN down projections of both arms in one layer-streamed
- * pass (ac_repair_ffn_many: one layer's FFN Gram in memory at a time).
+ * important channels by that arm's importance) and, when the spec asks,
+ * refit the arm's pruned FFN down projections (ac_repair_ffn: one layer's
+ * FFN Gram in memory at a time), one arm after the other: the Minitron
+ * student is finished, and parked in a file when there are two arms
+ * (students_int.h), before the AutoCompress one is sliced, so the stage
+ * holds one student beside the mapped base. Each arm's repair walks the
+ * residual stream of the model it is pruned from on its own (a second pass
+ * over the calibration windows for the second arm), with the numbers one
+ * joint pass gave: an arm's refit reads only that model's activations.
  * The students are BF16 (ac_prune_bf16: half an fp32 student's memory),
  * rounded as the export writes them, so evaluate measures the weights the
  * job exports; the distill stage trains each on an fp32 copy. */
@@ -323,31 +331,18 @@ static int stage_prune(job_state *s, ac_err *e) {
     ac_minitron_importance_view(&s->imp, &mimp);
     const ac_importance *ia = s->imp_d.n_layers ? &s->imp_d : &s->imp; /* dnas: gate-score orders */
     int arms = s->two_arms ? 2 : 1;
-    /* search.keep_weights: the autocompress arm from the weights trained with the gates, not refit */
+    /* search.keep_weights: the autocompress arm from the weights trained with the gates, refit to their outputs */
     const ac_model *src_a = s->ra.trained ? s->ra.trained : &s->m;
     s->pa_cotrained = arms == 2 && s->ra.trained;
-    if (ac_prune_bf16(&s->m, &s->rm.arch, &mimp, &s->pm, e) ||
-        (arms == 2 && ac_prune_bf16(src_a, &s->ra.arch, ia, &s->pa, e)))
-        return -1;
-    progress_cb(s, "pruned", 0.25);
     if (s->spec->repair && ac_arch_is_hybrid(&s->m.a)) /* the repair's layer stream has no Mamba layers yet */
         emit(s, "log", json_pack("{s:s}", "message", "hybrid (nemotron_h) model: the least-squares FFN repair is skipped"));
-    else if (s->spec->repair) {
-        ac_model *dst[2] = {&s->pm, &s->pa};
-        const ac_importance *imps[2] = {&mimp, ia};
-        int rep[2] = {0, 0}, win = s->cwin < 16 ? s->cwin : 16, both = s->ra.trained ? 1 : arms;
-        if (ac_repair_ffn_many(&s->m, dst, imps, both, s->cids, s->nc, s->spec->eval.ctx, win, rep, e)) return -1;
-        /* kept weights: refit to the co-trained model's own unpruned layer outputs (the base's are not theirs) */
-        if (both < arms && ac_repair_ffn_many(s->ra.trained, dst + 1, imps + 1, 1, s->cids, s->nc,
-                                              s->spec->eval.ctx, win, rep + 1, e))
-            return -1;
-        s->rep_m = rep[0];
-        s->rep_a = rep[1];
-        progress_cb(s, "repaired", 0.9);
+    if (ac_job_prune_arm(s, &s->m, &s->rm.arch, &mimp, 1, &s->pm, &s->rep_m, e)) return -1;
+    if (arms == 2) {
+        progress_cb(s, "pruned", 0.5);
+        ac_job_park(s, &s->pm, "minitron");
+        if (ac_job_prune_arm(s, src_a, &s->ra.arch, ia, 0, &s->pa, &s->rep_a, e)) return -1;
+        ac_job_park(s, &s->pa, "autocompress");
     }
-    ac_minitron_compact(&s->pm); /* dropped layers out: a plain Llama */
-    if (arms == 2 && (s->spec->search.target == AC_EXPORT_LLAMA || ac_arch_is_hybrid(&s->m.a)))
-        ac_minitron_compact(&s->pa); /* dnas's whole-layer gates (a hybrid's per type): the same */
     progress_cb(s, "pruned", 1.0);
     s->result = s->chosen == &s->ra ? &s->pa : &s->pm;
     if (!(s->spec->distill.tokens > 0 && s->spec->distill.candidates > 1)) drop_trained(s);
@@ -367,6 +362,7 @@ static int score_tasks(job_state *s, int with_base, json_t **out, ac_err *e) {
     for (int i = 0; i < 3; i++) {
         if (!arms[i].on) continue;
         json_t *j = ac_job_tasks_score(&s->tasks, arms[i].m, e);
+        if (i) ac_job_student_done(arms[i].m);
         if (!j) return ac_errctx(e, "%s", arms[i].name);
         json_object_set_new(*out, arms[i].name, j);
     }
@@ -469,10 +465,13 @@ static void choose_arm(job_state *s) {
 static int stage_evaluate(job_state *s, ac_err *e) {
     const ac_job_spec *sp = s->spec;
     ac_ppl_opts po = {.ctx = sp->eval.ctx, .stride = 0, .max_windows = sp->eval.windows, .batch = 4, .cuda = s->on_gpu};
+    /* the students one at a time: a parked one's pages go once measured (students_int.h) */
     if (ac_perplexity(&s->m, s->hids, s->nh, &po, NULL, NULL, NULL, &s->pb, e) ||
-        ac_perplexity(&s->pm, s->hids, s->nh, &po, NULL, NULL, NULL, &s->pmr, e) ||
-        (s->two_arms && ac_perplexity(&s->pa, s->hids, s->nh, &po, NULL, NULL, NULL, &s->par, e)))
+        ac_perplexity(&s->pm, s->hids, s->nh, &po, NULL, NULL, NULL, &s->pmr, e))
         return -1;
+    ac_job_student_done(&s->pm);
+    if (s->two_arms && ac_perplexity(&s->pa, s->hids, s->nh, &po, NULL, NULL, NULL, &s->par, e)) return -1;
+    ac_job_student_done(&s->pa);
     progress_cb(s, "perplexity", 0.5);
     if (s->tasks.n && score_tasks(s, 1, &s->task_scores, e)) return -1;
     choose_arm(s);
