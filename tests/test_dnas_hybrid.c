@@ -44,6 +44,7 @@
  * 7. The gate search's training on the resident checkpoint (no fp32 copy of
  *    the model any more) equals the training on the fp32 load bit for bit:
  *    the log_alphas after 6 steps and the last step's task gradient.
+ * 8. Minitron's arm on the hybrid scores minitron.top_k candidates.
  */
 #include <math.h>
 #include <stdio.h>
@@ -402,6 +403,30 @@ static void test_minitron_hybrid_expert_width(void) {
     ac_search_result_free(&r);
 }
 
+/* minitron.top_k on a hybrid: that many candidates scored (the report's top_k and calib_nll entries). */
+static void test_minitron_hybrid_top_k(void) {
+    if (!setup()) SKIP("no fixture nemotronh_moe_bf16 (make fixtures)");
+    for (int k = 2; k <= 3; k++) {
+        problem_t P;
+        ac_err e;
+        make_problem(&P, 3);
+        P.p.model = &M;
+        P.p.minitron.top_k = k;
+        ac_search_result r;
+        CHECK(ac_search_minitron(&P.p, &r, &e) == 0, "minitron: %s", e.msg);
+        json_t *c = json_object_get(r.detail, "candidates");
+        int scored = 0, said = (int)json_integer_value(json_object_get(r.detail, "top_k"));
+        for (size_t i = 0; i < json_array_size(c); i++)
+            scored += json_object_get(json_array_get(c, i), "calib_nll") != NULL;
+        int nf = (int)json_integer_value(json_object_get(r.detail, "grid_feasible"));
+        printf("   minitron.top_k %d: %d of %d feasible points scored (report's top_k %d)\n", k, scored, nf, said);
+        CHECK(said == k && scored == (nf < k ? nf : k) && nf > k, "top_k %d: %d scored, report says %d", k, scored,
+              said);
+        ac_search_result_free(&r);
+        ac_cost_table_free(&P.t);
+    }
+}
+
 /* ---- the gates on a resident BF16 checkpoint equal those on its fp32 load ---- */
 
 static float next_gate(unsigned long long *s) { /* in (0.3, 0.9) */
@@ -541,6 +566,7 @@ int main(void) {
     RUN(test_hybrid_cost_gradient);
     RUN(test_dnas_hybrid_removes_experts);
     RUN(test_minitron_hybrid_expert_width);
+    RUN(test_minitron_hybrid_top_k);
     RUN(test_resident_trainer_mamba_mlp_attention);
     RUN(test_resident_trainer_moe);
     RUN(test_resident_trainer_latent_moe);

@@ -98,7 +98,7 @@ typedef struct {
     ac_layer_w *ovr;
     float *wscr;   /* 16-bit models: one layer's matrices (or an LM-head tile) in fp32 */
     float *escr;   /* 16-bit MoE models: one expert's matrices in fp32 (ac_block_grad_expert_floats) */
-    ac_layer_w wl; /* the fp32 view of layer wl_at (-1: none; its experts stay the model's, converted by the executor) */
+    ac_layer_w wl; /* the fp32 view of layer wl_at (-1: none; its experts stay the model's: the executor converts) */
     int wl_at, lm_rows;
 } ac_trainer;
 

@@ -24,7 +24,7 @@
  *   model sees what each removal buys (attention layers hold the KV cache,
  *   Mamba layers a fixed state).
  * The grid is filtered by the cost model and the limits, the
- * AC_MINITRON_TOP_K feasible points closest to the binding limit are each
+ * minitron.top_k (AC_MINITRON_TOP_K) feasible points closest to the binding limit are each
  * pruned for real (ac_prune; ac_prune_bf16 for a 16-bit base) and scored by
  * calibration perplexity.
  */
@@ -372,7 +372,8 @@ int ac_minitron_hybrid(const ac_search_problem *p, ac_search_result *r, ac_err *
     }
     if (rc) goto out;
     qsort(c, total, sizeof *c, cmp_cand);
-    int k = nf < AC_MINITRON_TOP_K ? nf : AC_MINITRON_TOP_K, best = 0;
+    int top_k = p->minitron.top_k > 0 ? p->minitron.top_k : AC_MINITRON_TOP_K; /* minitron.top_k */
+    int k = nf < top_k ? nf : top_k, best = 0;
     ac_importance view;
     int scoring = p->imp && p->model && p->calib_ids && k > 0;
     if (scoring) ac_minitron_importance_view(p->imp, &view);
@@ -402,7 +403,7 @@ int ac_minitron_hybrid(const ac_search_problem *p, ac_search_result *r, ac_err *
         "NVIDIA Model-Optimizer mcore_minitron on a hybrid (nemotron_h): uniform grid on divisor choices (width top "
         "40%; Mamba heads the same number in every group; depth per layer type, up to 20% of each), filtered by the "
         "cost model's limits, top-k closest to the binding limit pruned and scored",
-        "axes", axes_json(ax, &hb), "grid_size", total, "grid_feasible", nf, "top_k", AC_MINITRON_TOP_K,
+        "axes", axes_json(ax, &hb), "grid_size", total, "grid_feasible", nf, "top_k", top_k,
         "layer_scores_1_minus_cos", ls, "layers_dropped", dropped, "best_candidate", nf ? best : -1, "scored",
         scoring, "candidates", cands);
     ac_minitron_emit_result(p, r, total, nf);
