@@ -16,6 +16,7 @@
 #include "check.h"
 #include "cost/device.h"
 #include "runtime/train.h"
+#include "search/dnas.h"
 #include "search/importance.h"
 #include "search/search.h"
 #include "search/slice.h"
@@ -276,6 +277,18 @@ static inline int es_experts_hold_best_channels(const ac_model *m, const ac_mode
         free(ek);
     }
     return !bad;
+}
+
+/* Two gate trainings of `steps` steps (g[2], their last task gradients tg[2]; ok 0 when one failed), the resident
+ * checkpoint's first: a CHECK that their log_alphas and task gradients are the same bit for bit (and move). */
+static inline void es_check_same_training(const ac_dnas_gates *g, double *const *tg, int ok, int steps) {
+    int np = ok ? g[0].np : 0, same = ok && np == g[1].np && !memcmp(g[0].la, g[1].la, sizeof(double) * np) &&
+                                      !memcmp(tg[0], tg[1], sizeof(double) * np);
+    double gn = 0;
+    for (int i = 0; i < np; i++) gn += tg[0][i] * tg[0][i];
+    printf("   %d gates, %d steps: resident BF16 vs fp32 log_alphas and task gradient (|g| %.3g) %s\n", np, steps,
+           sqrt(gn), same ? "identical" : "DIFFER");
+    CHECK(same && gn > 0, "resident and fp32 gate training differ");
 }
 
 #endif

@@ -40,6 +40,19 @@
  * 5. Minitron's expert width on the hybrid (moe_ffn_hidden_size): needed
  *    to meet the limit, one width for every expert, each expert sliced to
  *    its own best channels by the expert-width score.
+ * 6. The frozen trainer on a BF16 checkpoint held resident (each layer's
+ *    matrices converted into the fp32 scratch as it is reached, the routed
+ *    experts one expert at a time; issue 31, item 7) equals the trainer on
+ *    its fp32 load bit for bit: logits, KD loss and every gate's gradient
+ *    (Mamba heads, attention heads, MLP channels, experts, expert channels,
+ *    hidden channels, depth gates) with every gate between 0.3 and 0.9, on
+ *    nemotronh_bf16 (Mamba, MLP and attention layers), nemotronh_moe_bf16
+ *    (Mamba, MoE with the sigmoid router and a shared expert, attention)
+ *    and nemotronh_latent_bf16 (LatentMoE's projections).
+ * 7. The gate search's training on the resident checkpoint (no fp32 copy of
+ *    the model any more) equals the training on the fp32 load bit for bit:
+ *    the log_alphas after 6 steps and the last step's task gradient.
+ * 8. Minitron's arm on the hybrid scores minitron.top_k candidates.
  */
 #include <math.h>
 #include <stdio.h>
@@ -48,6 +61,7 @@
 
 #include "check.h"
 #include "expert_search.h"
+#include "core/dtype.h"
 #include "cost/device.h"
 #include "runtime/kernels_cpu.h"
 #include "runtime/train.h"
@@ -531,6 +545,160 @@ static void test_minitron_hybrid_expert_width(void) {
     ac_search_result_free(&r);
 }
 
+/* minitron.top_k on a hybrid: that many candidates scored (the report's top_k and calib_nll entries). */
+static void test_minitron_hybrid_top_k(void) {
+    if (!setup()) SKIP("no fixture nemotronh_moe_bf16 (make fixtures)");
+    for (int k = 2; k <= 3; k++) {
+        problem_t P;
+        ac_err e;
+        make_problem(&P, 3);
+        P.p.model = &M;
+        P.p.minitron.top_k = k;
+        ac_search_result r;
+        CHECK(ac_search_minitron(&P.p, &r, &e) == 0, "minitron: %s", e.msg);
+        json_t *c = json_object_get(r.detail, "candidates");
+        int scored = 0, said = (int)json_integer_value(json_object_get(r.detail, "top_k"));
+        for (size_t i = 0; i < json_array_size(c); i++)
+            scored += json_object_get(json_array_get(c, i), "calib_nll") != NULL;
+        int nf = (int)json_integer_value(json_object_get(r.detail, "grid_feasible"));
+        printf("   minitron.top_k %d: %d of %d feasible points scored (report's top_k %d)\n", k, scored, nf, said);
+        CHECK(said == k && scored == (nf < k ? nf : k) && nf > k, "top_k %d: %d scored, report says %d", k, scored,
+              said);
+        ac_search_result_free(&r);
+        ac_cost_table_free(&P.t);
+    }
+}
+
+/* ---- the gates on a resident BF16 checkpoint equal those on its fp32 load ---- */
+
+static float next_gate(unsigned long long *s) { /* in (0.3, 0.9) */
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)(0.3 + 0.6 * (*s >> 11) / 9007199254740992.0);
+}
+
+/* Every gate of t from one pseudo-random sequence (the same for two trainers of one arch). */
+static void set_gates(ac_trainer *t, const ac_arch *a) {
+    unsigned long long s = 17;
+    for (int c = 0; c < a->hidden; c++) t->gate.hidden[c] = next_gate(&s);
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        t->gate.attn[l] = next_gate(&s), t->gate.mlp[l] = next_gate(&s);
+        for (int h = 0; h < L->n_heads; h++) t->gate.head[l][h] = next_gate(&s);
+        for (int c = 0; c < L->ffn; c++) t->gate.ffn[l][c] = next_gate(&s);
+        for (int x = 0; x < L->n_experts; x++) t->gate.expert[l][x] = next_gate(&s);
+        for (int c = 0; c < L->n_experts * L->expert_ffn; c++) t->gate.echan[l][c] = next_gate(&s);
+        for (int h = 0; h < L->ssm_heads; h++) t->gate.ssm[l][h] = next_gate(&s);
+    }
+}
+
+/* n floats of a and b: *diff gets the count that differ, *nz the nonzero ones of a. */
+static void cmp_floats(const float *a, const float *b, size_t n, size_t *diff, size_t *nz, size_t *tot) {
+    for (size_t i = 0; i < n; i++) *diff += memcmp(&a[i], &b[i], sizeof(float)) != 0, *nz += a[i] != 0;
+    *tot += n;
+}
+
+static void resident_trainer_equals_fp32(const char *name) {
+    ac_model m[2]; /* the fp32 load, the resident one */
+    ac_err e = {{0}};
+    char fx[1024], dir[1200];
+    if (es_load(name, &m[0])) SKIP("no fixture %s (make fixtures)", name);
+    ck_build_path(fx, sizeof fx, "fixtures");
+    snprintf(dir, sizeof dir, "%s/models/%s", fx, name);
+    if (ac_model_load_resident(dir, &m[1], &e)) {
+        CHECK(0, "%s resident: %s", name, e.msg);
+        ac_model_free(&m[0]);
+        return;
+    }
+    CHECK(ac_model_wdt(&m[1]) == ST_BF16, "%s is resident in BF16", name);
+    const ac_arch *a = &m[0].a;
+    int B = 2, T = 16, N = B * T, V = a->vocab, *tok = es_rand_ids((size_t)N, V, 31);
+    float *teacher = malloc(sizeof(float) * N * V);
+    unsigned long long s = 5;
+    for (int i = 0; teacher && i < N * V; i++) teacher[i] = 4 * next_gate(&s); /* any logits */
+    ac_trainer t[2];
+    double loss[2] = {0};
+    int ok = 1;
+    for (int k = 0; k < 2; k++) {
+        if (ac_trainer_init_frozen(&t[k], &m[k], B, T, &e)) {
+            CHECK(0, "%s trainer on the %s model: %s", name, k ? "resident" : "fp32", e.msg);
+            ok = 0;
+            continue;
+        }
+        set_gates(&t[k], a);
+        if (ac_train_forward(&t[k], tok, B, T, &e)) {
+            CHECK(0, "%s: %s", name, e.msg);
+            ok = 0;
+            continue;
+        }
+        loss[k] = ac_train_loss(&t[k], NULL, teacher, 1.0f, 1.0f, 1.0f, NULL, NULL);
+        ac_train_backward(&t[k]);
+    }
+    if (ok) {
+        size_t dl = 0, nl = 0, tl = 0, dg = 0, ng = 0, tg = 0;
+        int kinds[4] = {0}; /* Mamba, attention, MLP, MoE layers seen */
+        cmp_floats(t[0].logits, t[1].logits, (size_t)N * V, &dl, &nl, &tl);
+        cmp_floats(t[0].dgate.hidden, t[1].dgate.hidden, a->hidden, &dg, &ng, &tg);
+        cmp_floats(t[0].dgate.attn, t[1].dgate.attn, a->n_layers, &dg, &ng, &tg);
+        cmp_floats(t[0].dgate.mlp, t[1].dgate.mlp, a->n_layers, &dg, &ng, &tg);
+        for (int l = 0; l < a->n_layers; l++) {
+            const ac_layer_arch *L = &a->layers[l];
+            kinds[L->ssm_heads ? 0 : L->n_heads ? 1 : L->n_experts ? 3 : 2]++;
+            cmp_floats(t[0].dgate.head[l], t[1].dgate.head[l], L->n_heads, &dg, &ng, &tg);
+            cmp_floats(t[0].dgate.ffn[l], t[1].dgate.ffn[l], L->ffn, &dg, &ng, &tg);
+            cmp_floats(t[0].dgate.expert[l], t[1].dgate.expert[l], L->n_experts, &dg, &ng, &tg);
+            cmp_floats(t[0].dgate.echan[l], t[1].dgate.echan[l], (size_t)L->n_experts * L->expert_ffn, &dg, &ng,
+                       &tg);
+            cmp_floats(t[0].dgate.ssm[l], t[1].dgate.ssm[l], L->ssm_heads, &dg, &ng, &tg);
+        }
+        printf("   %s (%d Mamba, %d attention, %d MLP, %d MoE layers): resident vs fp32: loss %.9g vs %.9g, %zu of "
+               "%zu logits and %zu of %zu gate gradients (%zu nonzero) differ\n",
+               name, kinds[0], kinds[1], kinds[2], kinds[3], loss[0], loss[1], dl, tl, dg, tg, ng);
+        CHECK(loss[0] == loss[1] && dl == 0 && dg == 0, "%s: the resident trainer differs from the fp32 one", name);
+        CHECK(ng > tg / 2 && nl == tl, "%s: the gradients are mostly zero (%zu of %zu)", name, ng, tg);
+    }
+    for (int k = 0; k < 2; k++)
+        if (t[k].mem) ac_trainer_free(&t[k]);
+    free(tok), free(teacher);
+    ac_model_free(&m[0]), ac_model_free(&m[1]);
+}
+
+static void test_resident_trainer_mamba_mlp_attention(void) { resident_trainer_equals_fp32("nemotronh_bf16"); }
+static void test_resident_trainer_moe(void) { resident_trainer_equals_fp32("nemotronh_moe_bf16"); }
+static void test_resident_trainer_latent_moe(void) { resident_trainer_equals_fp32("nemotronh_latent_bf16"); }
+
+/* ac_dnas_train_gates on the resident checkpoint and on the fp32 load (setup's M): the same log_alphas and task
+ * gradient, bit for bit. */
+static void test_resident_gate_search_equals_fp32(void) {
+    if (!setup()) SKIP("no fixture nemotronh_moe_bf16 (make fixtures)");
+    char fx[1024], dir[1200];
+    ac_err e = {{0}};
+    ac_model R;
+    ck_build_path(fx, sizeof fx, "fixtures");
+    snprintf(dir, sizeof dir, "%s/models/nemotronh_moe_bf16", fx);
+    if (ac_model_load_resident(dir, &R, &e)) {
+        CHECK(0, "resident: %s", e.msg);
+        return;
+    }
+    ac_model *ms[2] = {&R, &M};
+    ac_dnas_gates g[2];
+    double *tg[2] = {calloc(4096, sizeof(double)), calloc(4096, sizeof(double))};
+    int ok = tg[0] && tg[1];
+    for (int k = 0; k < 2 && ok; k++) {
+        problem_t P;
+        make_problem(&P, 3);
+        ac_dnas_opts o;
+        ac_dnas_defaults(&o);
+        o.steps = 6, o.batch = 2, o.seq_len = 32, o.init_surrogate = 0;
+        ok = ac_dnas_train_gates(&P.p, ms[k], IDS, NIDS, &o, &g[k], tg[k], &e) == 0;
+        CHECK(ok && g[k].np <= 4096, "%s gate training: %s", k ? "fp32" : "resident", e.msg);
+        ac_cost_table_free(&P.t);
+    }
+    es_check_same_training(g, tg, ok, 6);
+    for (int k = 0; ok && k < 2; k++) ac_dnas_gates_free(&g[k]);
+    free(tg[0]), free(tg[1]);
+    ac_model_free(&R);
+}
+
 int main(void) {
     ac_set_threads(2);
     RUN(test_sigmoid_expert_gates_equal_pruned);
@@ -543,6 +711,11 @@ int main(void) {
     RUN(test_hybrid_cost_gradient);
     RUN(test_dnas_hybrid_removes_experts);
     RUN(test_minitron_hybrid_expert_width);
+    RUN(test_minitron_hybrid_top_k);
+    RUN(test_resident_trainer_mamba_mlp_attention);
+    RUN(test_resident_trainer_moe);
+    RUN(test_resident_trainer_latent_moe);
+    RUN(test_resident_gate_search_equals_fp32);
     if (HAVE > 0) {
         ac_importance_free(&IMP);
         ac_model_free(&M);

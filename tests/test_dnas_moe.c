@@ -435,15 +435,10 @@ static void test_resident_gates_equal_fp32(void) {
     ac_model R;
     if (load_resident(&R)) return;
     ac_dnas_gates g[2];
-    double *tg[2] = {calloc(4096, sizeof(double)), calloc(4096, sizeof(double))}, gn = 0;
+    double *tg[2] = {calloc(4096, sizeof(double)), calloc(4096, sizeof(double))};
     ac_model *ms[2] = {&R, &M};
     int ok = tg[0] && tg[1] && !train_gates(ms[0], 8, 0, &g[0], tg[0]) && !train_gates(ms[1], 8, 0, &g[1], tg[1]);
-    int np = ok ? g[0].np : 0, same = ok && np == g[1].np && !memcmp(g[0].la, g[1].la, sizeof(double) * np) &&
-                                      !memcmp(tg[0], tg[1], sizeof(double) * np);
-    for (int i = 0; i < np; i++) gn += tg[0][i] * tg[0][i];
-    printf("   %d gates, 8 steps: resident BF16 vs fp32 log_alphas and task gradient (|g| %.3g) %s\n", np, sqrt(gn),
-           same ? "identical" : "DIFFER");
-    CHECK(same && gn > 0, "resident and fp32 gate training differ");
+    es_check_same_training(g, tg, ok, 8);
     problem_t P;
     make_problem(&P, 3);
     CHECK(ac_dnas_gates_ok(&P.p, &R), "a job on the resident checkpoint runs dnas");

@@ -13,7 +13,12 @@ Shapes: smollm2-135m, qwen2.5-0.5b, llama-3.2-1b, llama-3.1-8b, llama-3.1-70b
 (the last two are meant for --config-only: 16 GB and 141 GB of weights), and
 qwen3-30b-a3b-2l: two layers of Qwen3-30B-A3B (mixture of experts: 128
 experts of width 768, top-8, 32 heads / 4 KV groups of 128, vocab 151936;
-3.6 GB).
+3.6 GB), and nemotron-3-nano-3l: Nemotron 3 Nano 30B-A3B's published shapes
+(nemotron_h, hidden 2688, vocab 131072 untied) with one layer of each of its
+kinds, `ME*`: Mamba-2 (64 heads of 64 in 8 groups, state 128, conv 4), MoE
+(128 squared-ReLU experts of 1856, top-6 through the sigmoid router with its
+correction bias, a shared expert of 3712), attention (32 heads / 2 KV groups
+of 128); Nano has no dense MLP layer (2.06 B parameters, 4.1 GB).
 Needs only numpy.
 """
 import argparse
@@ -35,9 +40,25 @@ SHAPES = {
 }
 # mixture-of-experts shapes: experts, experts per token, expert width
 MOE = {"qwen3-30b-a3b-2l": (128, 8, 768)}
+# hybrid Mamba-Transformer shapes: their config.json (Hugging Face's NemotronHConfig keys)
+HYBRID = {
+    "nemotron-3-nano-3l": {
+        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 131072,
+        "hidden_size": 2688, "num_hidden_layers": 3, "hybrid_override_pattern": "ME*", "tie_word_embeddings": False,
+        "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128, "intermediate_size": 1856,
+        "mlp_hidden_act": "relu2", "mamba_num_heads": 64, "mamba_head_dim": 64, "ssm_state_size": 128,
+        "n_groups": 8, "conv_kernel": 4, "chunk_size": 128, "use_conv_bias": True, "mamba_hidden_act": "silu",
+        "use_bias": False, "mlp_bias": False, "attention_bias": False, "n_routed_experts": 128,
+        "num_experts_per_tok": 6, "moe_intermediate_size": 1856, "moe_shared_expert_intermediate_size": 3712,
+        "n_shared_experts": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1,
+        "layer_norm_epsilon": 1e-5, "max_position_embeddings": 262144, "bos_token_id": 0, "eos_token_id": 0,
+        "torch_dtype": "bfloat16"},
+}
 
 
 def config(shape):
+    if shape in HYBRID:
+        return dict(HYBRID[shape])
     H, L, nh, kv, hd, F, V, tied, bias, theta, maxpos, family = SHAPES[shape]
     arch = {"qwen2": "Qwen2ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}.get(family, "LlamaForCausalLM")
     c = {
@@ -58,9 +79,43 @@ def config(shape):
     return c
 
 
+def hybrid_tensors(c):
+    """nemotron_h's tensors (backbone.*), one norm and one mixer per layer."""
+    H, V = c["hidden_size"], c["vocab_size"]
+    nh, P, G, N, K = c["mamba_num_heads"], c["mamba_head_dim"], c["n_groups"], c["ssm_state_size"], c["conv_kernel"]
+    di, E, fe, fs = nh * P, c["n_routed_experts"], c["moe_intermediate_size"], c["moe_shared_expert_intermediate_size"]
+    C, q, kv = di + 2 * G * N, c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    out = [("backbone.embeddings.weight", (V, H), "w")]
+    for i, kind in enumerate(c["hybrid_override_pattern"]):
+        p = f"backbone.layers.{i}."
+        out.append((p + "norm.weight", (H,), "n"))
+        m = p + "mixer."
+        if kind == "M":  # in_proj rows: z, xBC, dt
+            out += [(m + "in_proj.weight", (2 * di + 2 * G * N + nh, H), "w"), (m + "conv1d.weight", (C, 1, K), "w"),
+                    (m + "conv1d.bias", (C,), "b"), (m + "dt_bias", (nh,), "b"), (m + "A_log", (nh,), "b"),
+                    (m + "D", (nh,), "n"), (m + "norm.weight", (di,), "n"), (m + "out_proj.weight", (H, di), "w")]
+        elif kind == "E":
+            out += [(m + "gate.weight", (E, H), "w"), (m + "gate.e_score_correction_bias", (E,), "b")]
+            for e in range(E):
+                out += [(m + f"experts.{e}.up_proj.weight", (fe, H), "w"),
+                        (m + f"experts.{e}.down_proj.weight", (H, fe), "w")]
+            out += [(m + "shared_experts.up_proj.weight", (fs, H), "w"),
+                    (m + "shared_experts.down_proj.weight", (H, fs), "w")]
+        elif kind == "*":
+            out += [(m + "q_proj.weight", (q, H), "w"), (m + "k_proj.weight", (kv, H), "w"),
+                    (m + "v_proj.weight", (kv, H), "w"), (m + "o_proj.weight", (H, q), "w")]
+        else:  # '-': squared-ReLU MLP
+            F = c["intermediate_size"]
+            out += [(m + "up_proj.weight", (F, H), "w"), (m + "down_proj.weight", (H, F), "w")]
+    out += [("backbone.norm_f.weight", (H,), "n"), ("lm_head.weight", (V, H), "w")]
+    return out
+
+
 def tensors(shape):
     """(name, shape, kind) in the order Hugging Face checkpoints list them;
     kind: 'w' random weight, 'n' norm (ones), 'b' bias (small random)."""
+    if shape in HYBRID:
+        return hybrid_tensors(HYBRID[shape])
     H, L, nh, kv, hd, F, V, tied, bias, *_ = SHAPES[shape]
     out = [("model.embed_tokens.weight", (V, H), "w")]
     for i in range(L):
@@ -132,7 +187,7 @@ def write_safetensors(path, shape, seed):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    ap.add_argument("--shape", required=True, choices=sorted(list(SHAPES) + list(HYBRID)))
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokenizer", default="build/models/tiny/tokenizer.json")
     ap.add_argument("--seed", type=int, default=0)

@@ -8,13 +8,14 @@
 
 #include "runtime/backward_cpu.h"
 #include "core/dtype.h"
+#include "core/tensor.h"
 #include "ssm_cpu_int.h"
 
 int ac_block_grad_supports(const ac_arch *a, int wdt, ac_err *e) {
     /* (softmax-routed MoE layers: every router and expert GEMM goes through ac_linear_w / ac_linear_dx_w) */
     if (a->hybrid && wdt != ST_F32)
-        return ac_errf(e, "hybrid (nemotron_h) Mamba layers train on fp32 weights only so far (not in place on 16-bit "
-                          "ones)");
+        return ac_errf(e, "hybrid (nemotron_h) layers run backward on fp32 weights only (not in place on 16-bit ones; "
+                          "the frozen trainer converts them layer by layer)");
     return 0;
 }
 
@@ -29,13 +30,41 @@ static float *moe_work(const ac_block_grad *c) {
     return ssm_work(c) - ac_block_moe_work_floats(&c->m->a, (size_t)c->B * c->T);
 }
 
+size_t ac_block_grad_expert_floats(const ac_arch *a) {
+    size_t mx = 0, Hin = a->hybrid && a->moe_latent ? (size_t)a->moe_latent : (size_t)a->hidden;
+    for (int l = 0; l < a->n_layers; l++) {
+        size_t n = (a->hybrid ? 2 : 3) * (size_t)a->layers[l].expert_ffn * Hin * (a->layers[l].n_experts > 0);
+        if (n > mx) mx = n;
+    }
+    return mx;
+}
+
+/* Expert e's matrices as its GEMMs read them: mw[3] its gate (NULL without one), up and down matrices, in the
+ * returned dtype: the layer's own in c->wdt, or with c->escr each one converted from c->ewdt into it. */
+static int expert_mats(const ac_block_grad *c, int e, size_t n, const void *mw[3]) {
+    const void *s[3] = {c->w->eg ? c->w->eg[e] : NULL, c->w->eu[e], c->w->ed[e]};
+    if (!c->escr) {
+        memcpy(mw, s, sizeof s);
+        return c->wdt;
+    }
+    float *d = c->escr;
+    for (int i = 0; i < 3; i++) {
+        mw[i] = NULL;
+        if (!s[i]) continue;
+        ac_to_f32(d, s[i], (st_dtype)c->ewdt, n, NULL);
+        mw[i] = d, d += n;
+    }
+    return ST_F32;
+}
+
 /* Expert e of layer l on the rows of xn ([N][H], H the experts' input
  * width) routed to it (r[N][E] != 0): gathers them into xe (c->rows gets
  * their indices), computes g, u ([ne][Fe] gate and up projections), h =
  * silu(g) * u, or relu(u)^2 without a gate (nemotron_h), and y = h Wd^T
- * ([ne][H]). Returns ne. */
+ * ([ne][H]). Returns ne; mw[3] and *dt get the matrices it read (expert_mats;
+ * unset when ne is 0). */
 static int expert_fwd(const ac_block_grad *c, int l, int e, const float *xn, const float *r, int H, float *xe,
-                      float *g, float *u, float *h, float *y) {
+                      float *g, float *u, float *h, float *y, const void *mw[3], int *dt) {
     const ac_layer_arch *la = &c->m->a.layers[l];
     int E = la->n_experts, Fe = la->expert_ffn, N = c->B * c->T, ne = 0;
     for (int i = 0; i < N; i++)
@@ -44,9 +73,10 @@ static int expert_fwd(const ac_block_grad *c, int l, int e, const float *xn, con
             c->rows[ne++] = i;
         }
     if (!ne) return 0;
-    ac_linear_w(u, xe, c->w->eu[e], c->wdt, NULL, ne, H, Fe, 0, c->ws);
-    if (c->w->eg[e]) {
-        ac_linear_w(g, xe, c->w->eg[e], c->wdt, NULL, ne, H, Fe, 0, c->ws);
+    *dt = expert_mats(c, e, (size_t)Fe * H, mw);
+    ac_linear_w(u, xe, mw[1], *dt, NULL, ne, H, Fe, 0, c->ws);
+    if (mw[0]) {
+        ac_linear_w(g, xe, mw[0], *dt, NULL, ne, H, Fe, 0, c->ws);
         memcpy(h, g, sizeof(float) * ne * Fe);
         ac_silu_mul(h, u, (long)ne * Fe);
     } else
@@ -54,7 +84,7 @@ static int expert_fwd(const ac_block_grad *c, int l, int e, const float *xn, con
     const float *gc = c->gate[AC_DIM_FE] ? c->gate[AC_DIM_FE] + (size_t)e * Fe : NULL; /* the channel gates */
     for (size_t j = 0; gc && j < (size_t)ne; j++)
         for (int ch = 0; ch < Fe; ch++) h[j * Fe + ch] *= gc[ch];
-    ac_linear_w(y, h, c->w->ed[e], c->wdt, NULL, ne, Fe, H, 0, c->ws);
+    ac_linear_w(y, h, mw[2], *dt, NULL, ne, Fe, H, 0, c->ws);
     return ne;
 }
 
@@ -66,7 +96,8 @@ static void experts_fwd(const ac_block_grad *c, int l, float *x, const float *xn
     size_t N = (size_t)c->B * c->T, Fe = (size_t)ac_block_dim_max(&c->m->a, AC_DIM_FE), Hm = (size_t)c->m->a.hidden;
     float *xe = moe_work(c), *y = xe + N * Hm, *g = y + 2 * N * Hm, *u = g + N * Fe, *h = u + N * Fe;
     for (int e = 0; e < E; e++) {
-        int ne = expert_fwd(c, l, e, xn, r, H, xe, g, u, h, y);
+        const void *mw[3];
+        int dt, ne = expert_fwd(c, l, e, xn, r, H, xe, g, u, h, y, mw, &dt);
         for (int j = 0; j < ne; j++) {
             float w = alpha * r[(size_t)c->rows[j] * E + e], *xr = x + (size_t)c->rows[j] * H;
             for (int ch = 0; ch < H; ch++) xr[ch] += w * y[(size_t)j * H + ch];
@@ -76,16 +107,17 @@ static void experts_fwd(const ac_block_grad *c, int l, float *x, const float *xn
 
 /* Expert e's channel gates (gate[AC_DIM_FE] at e*Fe: h = act * gate
  * before the down projection) in the backward: d gate += sum over its ne
- * rows of dh * act (act recomputed from the projections g, u), then dh
- * becomes the gradient at act. */
-static void channel_gates_bwd(ac_block_grad *c, int e, int ne, int Fe, const float *g, const float *u, float *dh) {
+ * rows of dh * act (act recomputed from the projections g, u: silu(g) u,
+ * or relu(u)^2 without a gate, glu 0), then dh becomes the gradient at act. */
+static void channel_gates_bwd(ac_block_grad *c, int e, int ne, int Fe, int glu, const float *g, const float *u,
+                              float *dh) {
     const float *gc = c->gate[AC_DIM_FE] ? c->gate[AC_DIM_FE] + (size_t)e * Fe : NULL;
     float *dgc = c->dgate[AC_DIM_FE] ? c->dgate[AC_DIM_FE] + (size_t)e * Fe : NULL;
     for (size_t j = 0; (gc || dgc) && j < (size_t)ne; j++)
         for (int ch = 0; ch < Fe; ch++) {
             size_t o = j * Fe + ch;
             if (dgc) {
-                float act = c->w->eg[e] ? g[o] / (1.0f + expf(-g[o])) * u[o] : (u[o] > 0 ? u[o] * u[o] : 0.0f);
+                float act = glu ? g[o] / (1.0f + expf(-g[o])) * u[o] : (u[o] > 0 ? u[o] * u[o] : 0.0f);
                 dgc[ch] += dh[o] * act;
             }
             if (gc) dh[o] *= gc[ch];
@@ -109,7 +141,8 @@ static void experts_bwd(ac_block_grad *c, int l, int s, const float *dx, const f
     if (!acc_dxn) memset(dxn, 0, sizeof(float) * N * H);
     memset(dr, 0, sizeof(float) * N * E);
     for (int e = 0; e < E; e++) {
-        int ne = expert_fwd(c, l, e, xn, r, H, xe, g, u, h, y);
+        const void *mw[3];
+        int dt, ne = expert_fwd(c, l, e, xn, r, H, xe, g, u, h, y, mw, &dt);
         if (!ne) continue;
         for (int j = 0; j < ne; j++) { /* y becomes dy = alpha r dx on the expert's rows */
             size_t row = (size_t)c->rows[j];
@@ -121,17 +154,17 @@ static void experts_bwd(ac_block_grad *c, int l, int s, const float *dx, const f
             dalpha += rw * dot;
             for (int ch = 0; ch < H; ch++) yj[ch] = alpha * rw * d[ch];
         }
-        ac_linear_dx_w(dh, y, c->w->ed[e], c->wdt, ne, Fe, H, 1.0f, 0, c->wtile, c->wtile_rows); /* dh = dy Wd */
+        ac_linear_dx_w(dh, y, mw[2], dt, ne, Fe, H, 1.0f, 0, c->wtile, c->wtile_rows); /* dh = dy Wd */
         if (c->gw && c->gw->ed) /* dWd[H][Fe] += dy^T h */
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, Fe, ne, 1.0f, y, H, h, Fe, 1.0f, c->gw->ed[e], Fe);
-        channel_gates_bwd(c, e, ne, Fe, g, u, dh);
-        if (!c->w->eg[e]) { /* relu(u)^2 (nemotron_h): du = dh * 2 relu(u) */
+        channel_gates_bwd(c, e, ne, Fe, mw[0] != NULL, g, u, dh);
+        if (!mw[0]) { /* relu(u)^2 (nemotron_h): du = dh * 2 relu(u) */
             ac_relu2_bwd(du, dh, u, (size_t)ne * Fe);
-            ac_linear_dx_w(dxe, du, c->w->eu[e], c->wdt, ne, H, Fe, 1.0f, 0, c->wtile, c->wtile_rows);
+            ac_linear_dx_w(dxe, du, mw[1], dt, ne, H, Fe, 1.0f, 0, c->wtile, c->wtile_rows);
         } else {
             ac_silu_mul_backward(dh, du, dh, g, u, (long)ne * Fe); /* dh becomes dg */
-            ac_linear_dx_w(dxe, dh, c->w->eg[e], c->wdt, ne, H, Fe, 1.0f, 0, c->wtile, c->wtile_rows);
-            ac_linear_dx_w(dxe, du, c->w->eu[e], c->wdt, ne, H, Fe, 1.0f, 1, c->wtile, c->wtile_rows);
+            ac_linear_dx_w(dxe, dh, mw[0], dt, ne, H, Fe, 1.0f, 0, c->wtile, c->wtile_rows);
+            ac_linear_dx_w(dxe, du, mw[1], dt, ne, H, Fe, 1.0f, 1, c->wtile, c->wtile_rows);
         }
         if (c->gw && c->gw->eg && c->gw->eg[e]) /* dWg [Fe][H] += dg^T xe */
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Fe, H, ne, 1.0f, dh, Fe, xe, H, 1.0f, c->gw->eg[e], H);

@@ -68,12 +68,23 @@ typedef struct {
     const float *ssm_dim_gate; /* nemotron_h Mamba layers: head-dim gates [ssm_head_dim] in the gated norm (ac_ssm's
                                 * dim_gate), or NULL */
     float *dssm_dim_gate;      /* their gradient, accumulated, or NULL */
+    /* 16-bit experts under fp32 GEMMs (the frozen trainer, train.h): with escr non-NULL, w's expert matrices
+     * are stored in ewdt and each expert's are converted into escr (ac_block_grad_expert_floats) as its rows
+     * reach it, then multiplied as fp32 (exact: the GEMMs of an fp32 copy bit for bit); NULL: they are in wdt */
+    float *escr;
+    int ewdt;
 } ac_block_grad;
 
 /* 0 when every op of a's recipes has a backward here for matrices of
  * dtype wdt; else -1 with the reason (nemotron_h's layers: fp32 weights
- * only; softmax-routed MoE layers run on 16-bit ones too). */
+ * only, which the frozen trainer gives them by converting a 16-bit model
+ * one layer and one expert at a time; softmax-routed MoE layers run on
+ * 16-bit ones too). */
 int ac_block_grad_supports(const ac_arch *a, int wdt, ac_err *e);
+
+/* Floats of one expert's matrices (gate, up, down; nemotron_h's have no gate) in the widest MoE layer of a: the
+ * size of ac_block_grad.escr (0 without experts). */
+size_t ac_block_grad_expert_floats(const ac_arch *a);
 
 /* The tape of layer l for N rows is ac_block_tape_floats(a, l, N, 0)
  * (block.h); the scratch for B sequences of T tokens: */

@@ -25,13 +25,17 @@
 #include "runtime/kernels_cpu.h"
 #include "core/tensor.h"
 
-/* Floats of layer l's seven matrices, and of a mixture-of-experts layer's
- * router and experts (softmax routers: what layer_view converts). */
+/* Floats of layer l's matrices that layer_view converts: attention, MLP, a
+ * Mamba layer's in and out projections, an MoE layer's router (and on
+ * nemotron_h its shared expert and latent projections); not the routed
+ * experts (one at a time: ac_block_grad_expert_floats). */
 static size_t layer_floats(const ac_arch *a, int l) {
     const ac_layer_arch *L = &a->layers[l];
     size_t H = a->hidden, Q = (size_t)L->n_heads * a->head_dim, KV = (size_t)L->n_kv_heads * a->head_dim;
-    size_t moe = a->hybrid ? 0 : (size_t)L->n_experts * H * (1 + 3 * (size_t)L->expert_ffn);
-    return 2 * Q * H + 2 * KV * H + 3 * (size_t)L->ffn * H + moe;
+    size_t n = 2 * Q * H + 2 * KV * H + 3 * (size_t)L->ffn * H + (size_t)L->n_experts * H;
+    if (a->hybrid) n += ((size_t)ac_ssm_in_dim(a, l) + ac_ssm_inner(a, l)) * H;
+    if (a->hybrid && L->n_experts) n += 2 * H * ((size_t)a->shared_ffn + a->moe_latent);
+    return n;
 }
 
 static size_t max_layer_floats(const ac_arch *a) {
@@ -122,7 +126,8 @@ size_t ac_trainer_bytes(const ac_arch *a, int B, int T) {
 }
 
 size_t ac_trainer_bytes_frozen(const ac_arch *a, int B, int T) {
-    return (layout(NULL, a, B, T, NULL) + scratch_floats(a)) * sizeof(float) + (size_t)B * T * 2 * sizeof(int);
+    return (layout(NULL, a, B, T, NULL) + scratch_floats(a) + ac_block_grad_expert_floats(a)) * sizeof(float) +
+           (size_t)B * T * 2 * sizeof(int);
 }
 
 void ac_trainer_free(ac_trainer *t) {
@@ -136,7 +141,7 @@ void ac_trainer_free(ac_trainer *t) {
     free(t->pos);
     free(t->moe_rows);
     free(t->wscr);
-    free(t->xw);
+    free(t->escr);
     if (t->frozen)
         free(t->g.L); /* its fields are the caller's */
     else if (t->g.L)
@@ -148,7 +153,8 @@ static int trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, int fr
     memset(t, 0, sizeof *t);
     const ac_arch *a = &m->a;
     if (max_B <= 0 || max_T <= 0) return ac_errf(e, "trainer: batch and context must be positive");
-    if (ac_block_grad_supports(a, ac_model_wdt(m), e)) return ac_errctx(e, "trainer");
+    /* the executor reads fp32: the model's own, or layer_view's conversions of a 16-bit one */
+    if (ac_block_grad_supports(a, ST_F32, e)) return ac_errctx(e, "trainer");
     if (!frozen && ac_model_wdt(m) != ST_F32) /* the optimizer updates m in place: fp32 master weights */
         return ac_errf(e, "trainer: trained weights must be fp32 (a resident model needs ac_model_to_f32 first)");
     t->m = m;
@@ -171,8 +177,8 @@ static int trainer_init(ac_trainer *t, ac_model *m, int max_B, int max_T, int fr
     size_t nr = (size_t)ac_block_dim_max(a, AC_DIM_E) > N ? (size_t)ac_block_dim_max(a, AC_DIM_E) : N;
     ok = ok && (!ac_arch_has_moe(a) || (t->moe_rows = malloc(nr * sizeof(int))));
     if (ok && ac_model_wdt(m) != ST_F32) ok = (t->wscr = malloc(scratch_floats(a) * sizeof(float))) != NULL;
-    if (ok && ac_model_wdt(m) != ST_F32 && ac_arch_has_moe(a)) /* the experts' fp32 view: gate, up, down pointers */
-        ok = (t->xw = calloc(3 * (size_t)ac_block_dim_max(a, AC_DIM_E) + 1, sizeof(float *))) != NULL;
+    if (ok && ac_model_wdt(m) != ST_F32 && ac_arch_has_moe(a)) /* one expert's matrices in fp32 */
+        ok = (t->escr = malloc(ac_block_grad_expert_floats(a) * sizeof(float))) != NULL;
     if (ok && frozen) ok = (t->g.L = calloc(nl ? nl : 1, sizeof(ac_layer_w))) != NULL;
     if (ok && frozen) t->g.a = *a; /* the shapes, for readers of g (borrowed: g.a is never freed here) */
     if (!ok) {
@@ -224,8 +230,10 @@ int ac_trainer_init_frozen(ac_trainer *t, ac_model *m, int max_B, int max_T, ac_
 }
 
 /* The fp32 view of layer l: the model's own fields where they are fp32,
- * t->ovr's where set, else the matrix converted into t->wscr (exact). Kept
- * in t->wl until the scratch is reused (wl_at). */
+ * t->ovr's where set, else each matrix converted into t->wscr (exact); the
+ * routed experts stay the model's (the executor converts them one at a
+ * time into t->escr: layer_exec). Kept in t->wl until the scratch is
+ * reused (wl_at). */
 static const ac_layer_w *layer_view(ac_trainer *t, int l) {
     const ac_model *m = t->m;
     const ac_layer_w *src = &m->L[l], *ov = t->ovr ? &t->ovr[l] : NULL;
@@ -234,17 +242,19 @@ static const ac_layer_w *layer_view(ac_trainer *t, int l) {
     if (t->wl_at == l) return &t->wl;
     ac_layer_w *w = &t->wl;
     *w = *src;
-    float **d[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->wg, &w->wu, &w->wd};
-    float *o[7] = {0};
+    /* in ac_wmat order: AC_W_Q .. AC_W_D (the ones overrides may replace), then the hybrid's */
+    float **d[] = {&w->wq,     &w->wk,     &w->wv,   &w->wo,   &w->wg,       &w->wu,    &w->wd,
+                   &w->ssm_in, &w->ssm_out, &w->sh_u, &w->sh_d, &w->lat_down, &w->lat_up};
+    float *o[sizeof d / sizeof *d] = {0};
     if (ov) {
         float *oo[7] = {ov->wq, ov->wk, ov->wv, ov->wo, ov->wg, ov->wu, ov->wd};
-        memcpy(o, oo, sizeof o);
+        memcpy(o, oo, sizeof oo);
         w->bq = ov->bq ? ov->bq : w->bq;
         w->bk = ov->bk ? ov->bk : w->bk;
         w->bv = ov->bv ? ov->bv : w->bv;
     }
     size_t off = 0;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < (int)(sizeof d / sizeof *d); i++) {
         size_t n = 0;
         ac_layer_matrix(m, l, (ac_wmat)i, &n);
         if (o[i])
@@ -256,17 +266,9 @@ static const ac_layer_w *layer_view(ac_trainer *t, int l) {
         }
     }
     int E = m->a.layers[l].n_experts;
-    if (E && wdt != ST_F32) { /* the router and every expert, converted after the dense matrices */
-        size_t H = m->a.hidden, Fe = m->a.layers[l].expert_ffn, Em = (size_t)ac_block_dim_max(&m->a, AC_DIM_E);
-        float **x = t->xw;
-        ac_to_f32(t->wscr + off, src->router, (st_dtype)wdt, E * H, NULL);
-        w->router = t->wscr + off, off += E * H;
-        for (int k = 0; k < 3 * E; k++) {
-            float *s = (k < E ? src->eg : k < 2 * E ? src->eu : src->ed)[k % E];
-            ac_to_f32(t->wscr + off, s, (st_dtype)wdt, Fe * H, NULL);
-            x[(size_t)(k / E) * Em + k % E] = t->wscr + off, off += Fe * H;
-        }
-        w->eg = x, w->eu = x + Em, w->ed = x + 2 * Em;
+    if (E && wdt != ST_F32) { /* the router, after the other matrices */
+        ac_to_f32(t->wscr + off, src->router, (st_dtype)wdt, (size_t)E * m->a.hidden, NULL);
+        w->router = t->wscr + off;
     }
     t->wl_at = l;
     return w;
@@ -369,7 +371,9 @@ static ac_block_grad layer_exec(ac_trainer *t, int l, const ac_layer_w *w, float
                        .scratch = t->bscr,
                        .rows = t->moe_rows,
                        .sub_gate = sub,
-                       .dsub_gate = dsub};
+                       .dsub_gate = dsub,
+                       .escr = t->escr, /* 16-bit experts, converted one at a time */
+                       .ewdt = ac_model_wdt(t->m)};
     c.gate[AC_DIM_Q] = t->gate.head[l];
     c.gate[AC_DIM_F] = t->gate.ffn[l];
     c.gate[AC_DIM_H] = t->gate.hidden;

@@ -52,12 +52,14 @@
  * Frozen weights (ac_trainer_init_frozen: only the gates learn, e.g. the
  * DNAS gate search): no weight gradient is allocated or computed, and the
  * model may be resident in BF16/F16 (model.h): forward and backward convert
- * one layer's matrices at a time (a mixture-of-experts layer's router and
- * every expert included; not nemotron_h's) into a reusable fp32 scratch
- * (the largest layer's size), the LM head tile by tile into the same scratch, embedding
- * rows as they are gathered. BF16/F16 to fp32 is exact and the GEMMs are the
- * same calls, so losses and gate gradients equal those on an fp32 copy of
- * the model bit for bit. The LM head's GEMMs run over tiles of
+ * one layer's matrices at a time (attention, MLP, a nemotron_h Mamba
+ * layer's in and out projections, an MoE layer's router, shared expert and
+ * latent projections) into a reusable fp32 scratch (the largest layer's
+ * size), the routed experts one expert at a time into a second one (one
+ * expert's size: block_grad.h's escr) as its rows reach it, the LM head
+ * tile by tile into the first, embedding rows as they are gathered.
+ * BF16/F16 to fp32 is exact and the GEMMs are the same calls, so losses
+ * and gate gradients equal those on an fp32 copy of the model bit for bit. The LM head's GEMMs run over tiles of
  * ac_trainer_lm_rows rows whatever the dtype (one tile on small models).
  * Attention probabilities are recomputed in backward, not kept (no B*heads*T^2 buffer).
  */
@@ -111,8 +113,8 @@ typedef struct {
      * KV-merge mixture of the gate search, so the model is never written. */
     ac_layer_w *ovr;
     float *wscr;   /* 16-bit models: one layer's matrices (or an LM-head tile) in fp32 */
-    float **xw;    /* 16-bit MoE models: the fp32 view's expert pointers (gate, up, down: 3 x max experts) */
-    ac_layer_w wl; /* the fp32 view of layer wl_at (-1: none) */
+    float *escr;   /* 16-bit MoE models: one expert's matrices in fp32 (ac_block_grad_expert_floats) */
+    ac_layer_w wl; /* the fp32 view of layer wl_at (-1: none; its experts stay the model's: the executor converts) */
     int wl_at, lm_rows;
 } ac_trainer;
 

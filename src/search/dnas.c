@@ -8,7 +8,6 @@
 
 #include "core/tensor.h"
 #include "cost/device.h"
-#include "runtime/block_grad.h"
 #include "runtime/cuda_plugin.h"
 #include "runtime/optim.h"
 #include "runtime/rope.h"
@@ -1098,7 +1097,7 @@ typedef struct {
     float *teacher;         /* [nb][B*T*V] cached teacher logits, or one batch when online */
     int *tok, nb, nwin, nbatches, online;
     double *z, *u, *dzla, *dz, *gl, *cg, *m1, *m2, *q; /* q: the soft merge samples (straight-through) */
-    ac_model copy;                                     /* cotrain: the trained copy; a 16-bit hybrid: its fp32 copy */
+    ac_model copy;                                     /* cotrain: the trained copy */
     ac_adamw opt;                                      /* cotrain on the CPU; on CUDA its schedule */
     char er[512];
 } run_t;
@@ -1315,7 +1314,6 @@ static int teacher_plan(run_t *R, const ac_model *m, size_t n, const ac_dnas_opt
     double tr = o->cotrain ? (double)ac_trainer_bytes(a, B, T) + (R->online ? frz : 0) : frz;
     double need = 4.0 * per * R->nb + (R->cu ? 0 : tr) + 3 * R->kv_bytes, dev = 0;
     if (o->cotrain) need += (R->cu ? 4.0 : 12.0) * ac_arch_params(a); /* the copy (and AdamW's two moments) */
-    else if (R->copy.L) need += 4.0 * ac_arch_params(a); /* a 16-bit hybrid's fp32 copy (made already) */
     double have = ac_host_mem_available();
     if (have > 0 && need > 0.9 * have)
         return ac_errf(e,
@@ -1516,17 +1514,7 @@ static int setup(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, ac_mode
     if (o->cotrain) { /* train a copy (prune to the same architecture copies every weight, fp32 from any dtype) */
         if (ac_prune(m, &m->a, p->imp, &R->copy, e)) return -1;
         R->tm = &R->copy;
-    } else if (g->hyb && ac_block_grad_supports(&m->a, ac_model_wdt(m), NULL)) {
-        /* Mamba and MoE layers train on fp32 weights only (block_grad.h): a frozen fp32 copy */
-        double need = 4.0 * ac_arch_params(&m->a), have = ac_host_mem_available();
-        if (have > 0 && need > 0.9 * have)
-            return ac_errf(e,
-                           "dnas: a 16-bit hybrid's gates train on an fp32 copy of the model (%.3g GiB) but %.3g GiB "
-                           "is available; use method minitron",
-                           need / 1073741824.0, have / 1073741824.0);
-        if (ac_model_to_f32(m, &R->copy, e)) return -1;
-        R->tm = R->src = &R->copy;
-    }
+    } /* (a 16-bit hybrid too: the frozen trainer converts its layers and experts one at a time, train.h) */
     if (teacher_plan(R, m, n, o, e) || trainers(R, m, o, e)) return -1;
     return teacher_cache(R, ids, o->batch, o->seq_len, e);
 }
@@ -1635,7 +1623,7 @@ const char *ac_dnas_method(ac_search_method m) { return m == AC_SEARCH_SURROGATE
 
 int ac_dnas_gates_ok(const ac_search_problem *p, const ac_model *m) {
     (void)p; /* the CUDA trainer has the softmax routers' MoE ops too; the frozen CPU trainer converts a resident
-              * model's experts to fp32 layer by layer (train.h); a hybrid's gates train on the CPU */
+              * model's experts to fp32 one at a time (train.h); a hybrid's gates train on the CPU */
     if (!ac_arch_has_moe(&m->a) || ac_arch_is_hybrid(&m->a)) return 1;
     return !m->a.router_sigmoid;
 }

@@ -98,9 +98,9 @@
  * n_routed_experts), so each type's mean expected width rounded, its
  * layers with depth keep probability under 0.5 removed (never a type's
  * last), then a greedy repair (cheapest gate mass per violation removed).
- * A 16-bit hybrid's gates train on an fp32 copy of the model (frozen; 4
- * bytes per parameter): block_grad.h trains Mamba and MoE layers on fp32
- * weights only.
+ * A 16-bit hybrid's gates train on the model in place, as a dense one's
+ * (no fp32 copy): the frozen trainer converts one layer's matrices, and
+ * the routed experts one expert at a time, into fp32 scratch (train.h).
  *
  * Deterministic for a seed (LCG noise, fixed batch order). Trains on the CPU
  * (train.c's frozen-weight trainer: m is read in its dtype, resident BF16/F16
@@ -245,7 +245,7 @@ const char *ac_dnas_method(ac_search_method m);
  * (nemotron_h) always: its gates (the sigmoid router's experts among them)
  * train on the CPU whatever the target (the search's device path has no
  * Mamba tensor names or Mamba head gates, though the CUDA trainer runs the
- * layers; on an fp32 copy when m is 16-bit), as the surrogate search has no
+ * layers; on m in place when it is 16-bit), as the surrogate search has no
  * Mamba axis. Otherwise method dnas falls back to the surrogate search. */
 int ac_dnas_gates_ok(const ac_search_problem *p, const ac_model *m);
 /* The job's search stage for method autocompress: so->method AC_SEARCH_DNAS

@@ -27,8 +27,9 @@
  *   model sees what each removal buys (attention layers hold the KV cache,
  *   Mamba layers a fixed state).
  * The grid is filtered by the cost model and the limits, the
- * AC_MINITRON_TOP_K feasible points closest to the binding limit are each
- * pruned for real (ac_prune) and scored by calibration perplexity.
+ * minitron.top_k (AC_MINITRON_TOP_K) feasible points closest to the binding limit are each
+ * pruned for real (ac_prune; ac_prune_bf16 for a 16-bit base) and scored by
+ * calibration perplexity.
  */
 #include "search/minitron.h"
 
@@ -37,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dtype.h"
 #include "cost/engines.h"
 #include "runtime/eval.h"
 #include "search/slice.h"
@@ -193,14 +195,17 @@ static int cmp_cand(const void *x, const void *y) {
     return a->index - b->index;
 }
 
-/* Mean NLL of candidate a pruned for real, on the tail of the calibration tokens (up to 16 windows of ctx). */
+/* Mean NLL of candidate a pruned for real, on the tail of the calibration tokens (up to 16 windows of ctx); a 16-bit
+ * base's candidate as a BF16 student (ac_prune_bf16: the job's students, half an fp32 one's memory beside the
+ * mapping), an fp32 base's as an fp32 one. */
 static int score(const ac_search_problem *p, const ac_importance *view, const ac_arch *a, double *nll, ac_err *e) {
     int ctx = p->ctx > 1 ? p->ctx : 128;
     size_t nw = p->n_calib / ctx < 16 ? p->n_calib / ctx : 16;
     if (nw < 1)
         return ac_errf(e, "minitron: calibration text has %zu tokens, fewer than one window of %d", p->n_calib, ctx);
     ac_model pm;
-    if (ac_prune(p->model, a, view, &pm, e)) return -1;
+    int bf = ac_model_wdt(p->model) != ST_F32;
+    if (bf ? ac_prune_bf16(p->model, a, view, &pm, e) : ac_prune(p->model, a, view, &pm, e)) return -1;
     ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = (int)nw, .batch = 4, .cuda = 0};
     ac_ppl_result r;
     int rc = ac_perplexity(&pm, p->calib_ids + p->n_calib - nw * ctx, nw * ctx, &o, NULL, NULL, NULL, &r, e);
@@ -379,7 +384,8 @@ int ac_minitron_hybrid(const ac_search_problem *p, ac_search_result *r, ac_err *
     }
     if (rc) goto out;
     qsort(c, total, sizeof *c, cmp_cand);
-    int k = nf < AC_MINITRON_TOP_K ? nf : AC_MINITRON_TOP_K, best = 0;
+    int top_k = p->minitron.top_k > 0 ? p->minitron.top_k : AC_MINITRON_TOP_K; /* minitron.top_k */
+    int k = nf < top_k ? nf : top_k, best = 0;
     ac_importance view;
     int scoring = p->imp && p->model && p->calib_ids && k > 0;
     if (scoring) ac_minitron_importance_view(p->imp, &view);
@@ -409,7 +415,7 @@ int ac_minitron_hybrid(const ac_search_problem *p, ac_search_result *r, ac_err *
         "NVIDIA Model-Optimizer mcore_minitron on a hybrid (nemotron_h): uniform grid on divisor choices (width top "
         "40%; Mamba heads the same number in every group; depth per layer type, up to 20% of each), filtered by the "
         "cost model's limits, top-k closest to the binding limit pruned and scored",
-        "axes", axes_json(ax, &hb), "grid_size", total, "grid_feasible", nf, "top_k", AC_MINITRON_TOP_K,
+        "axes", axes_json(ax, &hb), "grid_size", total, "grid_feasible", nf, "top_k", top_k,
         "layer_scores_1_minus_cos", ls, "layers_dropped", dropped, "best_candidate", nf ? best : -1, "scored",
         scoring, "candidates", cands);
     ac_minitron_emit_result(p, r, total, nf);
