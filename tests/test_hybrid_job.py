@@ -525,10 +525,13 @@ def test_autocompress_arm_on_moe_hybrid():
     assert cfg["moe_intermediate_size"] == min(moe_w), (cfg["moe_intermediate_size"], moe_w)
     assert [cfg["moe_shared_expert_intermediate_size"]] == list(sh_w), (cfg, sh_w)
     assert cfg["mamba_head_dim"] == res["architecture"]["ssm_head_dim"], cfg
-    # the report's perplexity is the job's evaluation (its default GEMMs on the BF16 student), this test's engine
-    # figure exact GEMMs on the export (equal to the float64 reference): 0.18 % apart on the Minitron MoE job above,
-    # 0.21 % measured here
-    return check_export(rep, f"chosen {rep['chosen']}", tol=3e-3)
+    # the report's perplexity is the job's evaluation (its default GEMMs on the BF16 student, whose norms, conv and
+    # per-head vectors are still fp32), this test's engine figure exact GEMMs on the export (those vectors rounded to
+    # BF16 by the export; equal to the float64 reference). On this near-random MoE model both move expert choices
+    # near ties: measured 2026-12-07 on today's structure, report 924.93, the export under the job's GEMMs 921.92
+    # (the rounding: 0.33 %), under exact ones 919.88 (0.22 % more). The gap is the report's, not the export's
+    # (docs/hybrid.md); 0.3 % held until the search's structure changed
+    return check_export(rep, f"chosen {rep['chosen']}", tol=6e-3)
 
 
 def test_specs_refused_with_the_field():
