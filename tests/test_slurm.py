@@ -255,9 +255,10 @@ def test_job_runs_on_slurm():
     assert sorted(os.listdir(os.path.join(D.data, "jobs", str(i), "checkpoint"))) == \
         ["calibrate.ckpt", "profile.ckpt", "search.ckpt"]
     REF["result"] = res
-    t0 = time.time()  # the job ends on its result event; Slurm's batch job may still be COMPLETING a moment
-    while "JobState=COMPLETING" in (out := slurm("scontrol", "show", "job", "-o", str(sid)).stdout) and \
-            time.time() - t0 < 30:
+    t0 = time.time()  # the job ends on its result event; Slurm's batch job may still be RUNNING (the worker
+    # exiting after it posted the result) or COMPLETING a moment
+    while any(f"JobState={s}" in (out := slurm("scontrol", "show", "job", "-o", str(sid)).stdout)
+              for s in ("RUNNING", "COMPLETING")) and time.time() - t0 < 30:
         time.sleep(0.2)
     assert "JobState=COMPLETED" in out and f"Name={j['slurm']['name']}" in out, out
     # the worker's stderr is the job's log, as for a local job
