@@ -242,6 +242,9 @@ void acc_ssm_scan_bwd(const acc_ssm *s, float *dxbc, float *dzx, float *ddt_bias
 
 // ---------------------------------------------------------------- gated norm
 
+// Channel ch's gate: its head's (hg[ch / P]), 1 without gates.
+static __device__ float head_gate_at(const float *hg, int ch, int P) { return hg ? hg[ch / P] : 1.0f; }
+
 // One block per (row r, group gi) of gs = di/G channels; channel c weighs
 // m_c (its head's gate, hg[c / P]; 1 without gates) in the group's
 // statistic: rs = (sum m v^2 / sum m + eps)^-1/2, out = v rs w m.
@@ -251,13 +254,13 @@ __global__ void ks_gnorm_fwd(float *outf, bf16 *outb, const float *y, const floa
     const float *yr = y + (size_t)r * di + (size_t)gi * gs, *z = zx + (size_t)r * SI + (size_t)gi * gs;
     float ss = 0, M = 0;
     for (int c = threadIdx.x; c < gs; c += blockDim.x) {
-        float v = yr[c] * z[c] * ssm_sigm(z[c]), m = hg ? hg[(gi * gs + c) / P] : 1.0f;
+        float v = yr[c] * z[c] * ssm_sigm(z[c]), m = head_gate_at(hg, gi * gs + c, P);
         ss += m * v * v, M += m;
     }
     ss = acc_block_sum(ss), M = acc_block_sum(M);
     float rs = M > 0 ? rsqrtf(ss / M + eps) : 0.0f;
     for (int c = threadIdx.x; c < gs; c += blockDim.x) {
-        float m = hg ? hg[(gi * gs + c) / P] : 1.0f;
+        float m = head_gate_at(hg, gi * gs + c, P);
         float o = yr[c] * z[c] * ssm_sigm(z[c]) * rs * w[(size_t)gi * gs + c] * m;
         size_t at = (size_t)r * di + (size_t)gi * gs + c;
         if (outf) outf[at] = o;
@@ -285,7 +288,7 @@ __global__ void ks_gnorm_bwd(float *dy, float *dzx, float *prod, float *prodg, c
     const float *yr = y + o, *z = zx + (size_t)r * SI + (size_t)gi * gs, *d = dout + o, *wg = w + (size_t)gi * gs;
     float ss = 0, M = 0;
     for (int c = threadIdx.x; c < gs; c += blockDim.x) {
-        float v = yr[c] * z[c] * ssm_sigm(z[c]), m = hg ? hg[(gi * gs + c) / P] : 1.0f;
+        float v = yr[c] * z[c] * ssm_sigm(z[c]), m = head_gate_at(hg, gi * gs + c, P);
         ss += m * v * v, M += m;
     }
     ss = acc_block_sum(ss), M = acc_block_sum(M);
@@ -298,12 +301,12 @@ __global__ void ks_gnorm_bwd(float *dy, float *dzx, float *prod, float *prodg, c
     }
     float ms = ss / M, rs = rsqrtf(ms + eps), dot = 0;
     for (int c = threadIdx.x; c < gs; c += blockDim.x) {
-        float m = hg ? hg[(gi * gs + c) / P] : 1.0f;
+        float m = head_gate_at(hg, gi * gs + c, P);
         dot += d[c] * wg[c] * m * yr[c] * z[c] * ssm_sigm(z[c]) * rs;
     }
     dot = acc_block_sum(dot);
     for (int c = threadIdx.x; c < gs; c += blockDim.x) {
-        float m = hg ? hg[(gi * gs + c) / P] : 1.0f;
+        float m = head_gate_at(hg, gi * gs + c, P);
         float sg = ssm_sigm(z[c]), sz = z[c] * sg, vh = yr[c] * sz * rs, dv = rs * m * (d[c] * wg[c] - vh * dot / M);
         prod[o + c] = d[c] * vh * m;
         if (prodg) prodg[o + c] = d[c] * wg[c] * vh - dot * (vh * vh - rs * rs * ms) / (2 * M);
