@@ -38,10 +38,8 @@ emu_tests() {
 # The tests that mostly wait (on Slurm's scheduler and its node timeouts, on
 # sockets held open and their timeouts) run in a second lane beside the
 # others: on two cores the suite would otherwise sit idle for minutes. The
-# emulator's tests run there first: the first lane's C tests, which they
-# overlap, time nothing, and the lane is done before the first lane reaches
-# the Python tests, whose cost-table measurements a busy neighbour makes
-# measure again. test_moe_cost_measured.py times on its thread's CPU clock
+# emulator's tests run there first, beside the first lane's C tests, which
+# time nothing. test_moe_cost_measured.py times on its thread's CPU clock
 # and asserts no bound a neighbour moves (its bounds are a benchmark's).
 # Their output follows the first lane's. AC_TEST_SERIAL=1 runs everything
 # in one.
@@ -64,8 +62,9 @@ if [ "${AC_TEST_SERIAL:-0}" != 1 ]; then
   ) > "$lane2_dir/out" 2>&1 &
   lane2_pid=$!
 fi
-in_lane2() { [ -n "$lane2_dir" ] && case " $LANE2 $LANE2_C " in *" $1 "*) return 0;; esac; return 1; }
-is_late() { case " $LATE " in *" $1 "*) return 0;; esac; return 1; }
+listed() { case " $1 " in *" $2 "*) return 0;; esac; return 1; } # listed LIST NAME
+in_lane2() { [ -n "$lane2_dir" ] && listed "$LANE2 $LANE2_C" "$1"; }
+is_late() { listed "$LATE" "$1"; }
 for t in "$AC_BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
   in_lane2 "$(basename "$t")" && continue
