@@ -652,6 +652,15 @@ static void test_distill_job(void) {
     char p[1300];
     snprintf(p, sizeof p, "%s/config.json", tiny);
     if (!ck_exists(p)) SKIP("no tiny model (make tiny-model)");
+    { /* docs/architecture.md: by the formula the tiny model distils at 8 x 128 in about 90 MiB */
+        ac_model tm;
+        ac_err me;
+        CHECK(ac_model_load(tiny, &tm, &me) == 0, "%s", me.msg);
+        double mib = ac_distill_mem_bytes(&tm.a, &tm.a, 8, 128) / 1048576.0;
+        printf("   distillation memory estimate, tiny model at 8 x 128: %.1f MiB\n", mib);
+        CHECK(mib > 85 && mib < 95, "the tiny model's distillation estimate %.1f MiB is not about 90", mib);
+        ac_model_free(&tm);
+    }
     if (!mkdtemp(tmp)) {
         CHECK(0, "mkdtemp");
         return;
