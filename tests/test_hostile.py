@@ -1063,7 +1063,7 @@ def test_systemd_unit_exposure():
     assert line, out[-2000:]
     level = float(line[0].split("level for")[1].split(":")[1].split()[0])
     print(f"  exposure {level}")
-    assert level <= 3.0, line[0]
+    assert level <= 2.0, line[0]  # docs/operations.md: 1.6 with Debian 12's systemd
     with open(unit) as f:
         text = f.read()
     for want in ("Type=notify", "WatchdogSec=", "SystemCallFilter=@system-service", "CapabilityBoundingSet=\n", "PrivateDevices=yes",
