@@ -35,35 +35,42 @@ emu_tests() {
   run "test_dnas (gate search on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas"
   run "test_dnas_moe (expert gates on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas_moe"
 }
-# The tests that mostly wait (on Slurm's scheduler and its node timeouts, on
-# sockets held open and their timeouts) run in a second lane beside the
-# others: on two cores the suite would otherwise sit idle for minutes. The
-# emulator's tests run there first, beside the first lane's C tests, which
-# time nothing. test_moe_cost_measured.py times on its thread's CPU clock
-# and asserts no bound a neighbour moves (its bounds are a benchmark's).
-# Their output follows the first lane's. AC_TEST_SERIAL=1 runs everything
-# in one.
-# test_dnas_gain (two minutes of gate searches that time nothing) follows
-# the emulator there. The first lane runs the Python tests that measure or
-# time CPU cost tables (LATE) last, once the second lane's CPU-bound part is
-# long done: beside it they would measure again.
+# Three lanes. The third runs test_slurm.py alone: it mostly waits (on
+# Slurm's scheduler and its node timeouts) and uses a few CPU-seconds. The
+# second runs CPU-bound tests that time nothing beside the first lane's: the
+# emulator's tests, test_dnas_gain (two minutes of gate searches),
+# test_moe_cost_measured.py (it times on its thread's CPU clock and asserts
+# no bound a neighbour moves: its bounds are a benchmark's), then LANE2_MORE.
+# The first lane runs the rest and, last, the Python tests that measure or
+# time CPU cost tables (LATE), once the second lane's CPU-bound work is done:
+# beside it they would measure again. The other lanes' output follows the
+# first lane's. AC_TEST_SERIAL=1 runs everything in one.
 LANE2_C="test_dnas_gain"
-LANE2="test_moe_cost_measured.py test_slurm.py"
+LANE2="test_moe_cost_measured.py"
+LANE2_MORE_C="test_gguf test_checkpoint"
+LANE2_MORE="test_kd_budget.py"
+LANE3="test_slurm.py"
 LATE="test_daemon.py test_moe.py test_deci_export.py"
-lane2_dir=""
+lane2_dir=""; lane3_dir=""
 if [ "${AC_TEST_SERIAL:-0}" != 1 ]; then
-  lane2_dir=$(mktemp -d)
+  lane2_dir=$(mktemp -d); lane3_dir=$(mktemp -d)
   (
     pass=0; fail=0; skip=0; cpu_f="$lane2_dir/cpu"
     emu_tests
-    for t in $LANE2_C; do [ -x "$AC_BUILD/tests/$t" ] && run "$t (second lane)" "$AC_BUILD/tests/$t"; done
-    for t in $LANE2; do [ -f "tests/$t" ] && run "$t (second lane)" /usr/bin/python3 "tests/$t"; done
+    for t in $LANE2_C $LANE2_MORE_C; do [ -x "$AC_BUILD/tests/$t" ] && run "$t (second lane)" "$AC_BUILD/tests/$t"; done
+    for t in $LANE2 $LANE2_MORE; do [ -f "tests/$t" ] && run "$t (second lane)" /usr/bin/python3 "tests/$t"; done
     echo "$pass $fail $skip" > "$lane2_dir/counts"
   ) > "$lane2_dir/out" 2>&1 &
   lane2_pid=$!
+  (
+    pass=0; fail=0; skip=0; cpu_f="$lane3_dir/cpu"
+    for t in $LANE3; do [ -f "tests/$t" ] && run "$t (third lane)" /usr/bin/python3 "tests/$t"; done
+    echo "$pass $fail $skip" > "$lane3_dir/counts"
+  ) > "$lane3_dir/out" 2>&1 &
+  lane3_pid=$!
 fi
 listed() { case " $1 " in *" $2 "*) return 0;; esac; return 1; } # listed LIST NAME
-in_lane2() { [ -n "$lane2_dir" ] && listed "$LANE2 $LANE2_C" "$1"; }
+in_lane2() { [ -n "$lane2_dir" ] && listed "$LANE2 $LANE2_C $LANE2_MORE $LANE2_MORE_C $LANE3" "$1"; } # or the third
 is_late() { listed "$LATE" "$1"; }
 for t in "$AC_BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
@@ -85,15 +92,19 @@ if [ -f tests/web/dashboard.test.mjs ] && [ -d tests/web/node_modules/playwright
 else
   echo "== dashboard (skipped: needs chromium and tests/web/node_modules; 'make web-test-deps')"; skip=$((skip+1))
 fi
-if [ -n "$lane2_dir" ]; then
-  wait "$lane2_pid"
-  cat "$lane2_dir/out"
-  if read -r p2 f2 s2 < "$lane2_dir/counts"; then
+lane_end() { # lane_end PID DIR NAME: its output and counts after the first lane's
+  wait "$1"
+  cat "$2/out"
+  if read -r p2 f2 s2 < "$2/counts"; then
     pass=$((pass+p2)); fail=$((fail+f2)); skip=$((skip+s2))
   else
-    echo "   (second lane: no counts: counted as 1 failure)"; fail=$((fail+1))
+    echo "   ($3 lane: no counts: counted as 1 failure)"; fail=$((fail+1))
   fi
-  rm -rf "$lane2_dir"
+  rm -rf "$2"
+}
+if [ -n "$lane2_dir" ]; then
+  lane_end "$lane2_pid" "$lane2_dir" second
+  lane_end "$lane3_pid" "$lane3_dir" third
 fi
 cpu_now
 echo "suite: $SECONDS s, ${CPU%.*} CPU-s (both lanes)"
