@@ -106,9 +106,13 @@ static void run_expert(void *p) {
     a->off += (nw + 1023) & ~(size_t)1023;
 }
 
-/* Per-call microseconds: warm up, then 7 batches of >= 1 ms each; the
- * fastest batch. On a shared machine the minimum is the stable estimate of
- * what the hardware costs (neighbours only ever add time). */
+/* Per-call microseconds: warm up, size a batch, then 7 batches of >= 1 ms
+ * each; the fastest batch. On a shared machine the minimum is the stable estimate of
+ * what the hardware costs (neighbours only ever add time). A call of 10 ms
+ * or more (the largest GEMMs, a third of a table's time) is timed 3 times,
+ * the sizing call among them: a neighbour's slice of such a call is a small
+ * share of it, and the quiet re-measurement (quiet.h) catches a slowed row. */
+#define LONG_CALL_S 10e-3
 /* Calls of fn per batch so that a batch lasts at least secs: one call to
  * warm up, one timed. */
 static int calls_per_batch(void (*fn)(void *), void *arg, double secs) {
@@ -118,12 +122,14 @@ static int calls_per_batch(void (*fn)(void *), void *arg, double secs) {
     double one = clk() - t0;
     return one > secs ? 1 : (int)(secs / (one > 1e-7 ? one : 1e-7)) + 1;
 }
-
 static double time_us(void (*fn)(void *), void *arg) {
-    int reps = calls_per_batch(fn, arg, 1e-3);
-    double best = 1e30;
-    for (int b = 0; b < 7; b++) {
-        double t0 = clk();
+    fn(arg); /* warm up */
+    double t0 = clk();
+    fn(arg);
+    double one = clk() - t0, best = one >= LONG_CALL_S ? one * 1e6 : 1e30;
+    int reps = one > 1e-3 ? 1 : (int)(1e-3 / (one > 1e-7 ? one : 1e-7)) + 1;
+    for (int b = 0, nb = one >= LONG_CALL_S ? 2 : 7; b < nb; b++) {
+        t0 = clk();
         for (int r = 0; r < reps; r++) fn(arg);
         double us = (clk() - t0) / reps * 1e6;
         if (us < best) best = us;
