@@ -17,13 +17,23 @@ Steps:
      and write config.json + model.safetensors (BF16).
 The model code is tests/ref_llama.py, the same reference the C engine is
 checked against.
+
+--committed DIR (the tiny model's make rule, DIR = tests/models/tiny): after
+step 1, when DIR holds a model trained by this script on the same split text
+with the same settings (DIR/inputs.json: the SHA-256 of each split file and
+the arguments), its files are copied to --out instead of training again
+(training takes about 4.5 minutes on 2 cores); otherwise it trains, saying
+why. --write-inputs writes inputs.json beside a trained model (`make
+tiny-model-retrain` refreshes the committed one).
 """
 import argparse
 import glob
+import hashlib
 import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -101,6 +111,43 @@ def held_out_ppl(arch, W, data, ctx, windows=64):
     return float(torch.exp(torch.tensor(tot / max(n, 1))))
 
 
+MODEL_FILES = ("config.json", "tokenizer.json", "model.safetensors")
+INPUTS = "inputs.json"
+
+
+def training_inputs(a):
+    """What a trained model depends on: the split files' SHA-256 and every argument but the paths."""
+    digests = {}
+    for k in ("train", "calib", "heldout"):
+        with open(os.path.join(a.data, k + ".txt"), "rb") as f:
+            digests[k + ".txt"] = hashlib.sha256(f.read()).hexdigest()
+    args = {k: v for k, v in vars(a).items() if k not in ("out", "data", "committed", "write_inputs", "eval")}
+    return {"data_sha256": digests, "args": args}
+
+
+def use_committed(src, out, inputs):
+    """Copy the model in src to out when src/inputs.json equals inputs; else say why not (the caller trains)."""
+    try:
+        with open(os.path.join(src, INPUTS)) as f:
+            theirs = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"no committed model to use ({e}): training", flush=True)
+        return False
+    if theirs != inputs:
+        diff = sorted(k for k in set(theirs.get("data_sha256", {})) | set(inputs["data_sha256"])
+                      if theirs.get("data_sha256", {}).get(k) != inputs["data_sha256"].get(k))
+        diff += sorted(k for k in set(theirs.get("args", {})) | set(inputs["args"])
+                       if theirs.get("args", {}).get(k) != inputs["args"].get(k))
+        print(f"the committed model in {src} was trained on other inputs ({', '.join(diff)}): training", flush=True)
+        return False
+    os.makedirs(out, exist_ok=True)
+    for name in MODEL_FILES:
+        shutil.copyfile(os.path.join(src, name), os.path.join(out, name))
+    print(f"tiny model: {src}'s, trained by this script on the same split text and settings "
+          f"(make tiny-model-retrain trains it again)", flush=True)
+    return True
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -120,6 +167,8 @@ def main():
     ap.add_argument("--bpe-chars", type=int, default=400_000, help="training characters the BPE merges are learnt on")
     ap.add_argument("--eval", action="store_true", help="print held-out perplexity at the end (ctx --ctx)")
     ap.add_argument("--threads", type=int, default=2, help="torch and OpenBLAS threads (results depend on it)")
+    ap.add_argument("--committed", help="a directory with a model trained on the same inputs: copied instead of training")
+    ap.add_argument("--write-inputs", action="store_true", help="write inputs.json (what the model was trained on)")
     a = ap.parse_args()
     torch.manual_seed(1234)
     torch.set_num_threads(a.threads)
@@ -138,6 +187,9 @@ def main():
         with open(os.path.join(a.data, k + ".txt"), "w") as f:
             f.write("\n\n".join(v) + "\n")
     train_text = "\n\n".join(splits["train"])
+    inputs = training_inputs(a)
+    if a.committed and use_committed(a.committed, a.out, inputs):
+        return
 
     merges = R.train_bpe(train_text[:a.bpe_chars], a.merges)
     special = "<|endoftext|>"
@@ -185,6 +237,10 @@ def main():
         if step % 50 == 0 or step == a.steps - 1:
             print(f"step {step} loss {loss.item():.3f} ({time.time() - t0:.0f}s)", flush=True)
     R.write_model(a.out, cfg, {k: v.detach() for k, v in W.items()}, dtype=torch.bfloat16)
+    if a.write_inputs:
+        with open(os.path.join(a.out, INPUTS), "w") as f:
+            json.dump(inputs, f, indent=1, sort_keys=True)
+            f.write("\n")
     if a.eval:
         Wb = {k: v.detach().to(torch.bfloat16).float() for k, v in W.items()}  # as written (BF16)
         held = R.bpe_encode(special.join(splits["heldout"]), vocab, merges, specials=[special])
