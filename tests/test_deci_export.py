@@ -390,9 +390,13 @@ def test_job_export_is_deci_on_the_grid():
     sp = os.path.join(WORK, "job.json")
     with open(sp, "w") as f:
         json.dump(s, f)
-    env = dict(os.environ, AC_COST_DB=os.path.join(WORK, "cost.db"))
+    # AC_QUIET_BUDGET_S 2: the table's and the timings' quiet re-measurement capped, as test_daemon's daemon does
+    env = dict(os.environ, AC_COST_DB=os.path.join(WORK, "cost.db"), AC_QUIET_BUDGET_S="2")
     r = subprocess.run([CLI, "compress", sp], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
+    bad = subprocess.run([CLI, "compress", sp], capture_output=True, text=True, timeout=60,
+                         env=dict(env, AC_QUIET_BUDGET_S="forever"))
+    assert bad.returncode != 0 and "AC_QUIET_BUDGET_S must be a number" in bad.stderr, bad.stderr
     rep = json.load(open(os.path.join(out, "report.json")))
     eng, ml = rep["target"]["engine"], rep["measured_local"]
     assert eng["weights_dtype"] == "fp16" and eng["weight_bytes"] == 2, eng

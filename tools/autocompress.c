@@ -40,7 +40,7 @@ static const struct {
               "(multiple-choice accuracy as lm-evaluation-harness scores it, JSON by file name; --lls: each "
               "choice's log-likelihood)"},
     {"compress", "compress SPEC.json\n      (the job here, without a daemon; AC_COST_DB=FILE caches measured cost "
-                 "tables)"},
+                 "tables; AC_QUIET_BUDGET_S=S caps their quiet re-measurement, as the daemon's quiet_budget_s)"},
     {"estimate", "estimate REQUEST.json\n      ({\"model\"|\"architecture\", \"target\"}, as POST /v1/estimate; with "
                  "\"constraints\" on a\n       nemotron_h model: the structures that fit, config only)"},
     {"tokenize", "tokenize TOKENIZER_JSON TEXT_FILE\n      (token ids, one line)"},
@@ -364,6 +364,17 @@ static int cmd_compress(int argc, char **argv) {
     if (!spec) {
         fprintf(stderr, "autocompress: %s: %s (line %d)\n", argv[2], je.text, je.line);
         return 1;
+    }
+    const char *qb = getenv("AC_QUIET_BUDGET_S");
+    if (qb && *qb) {
+        char *end;
+        double b = strtod(qb, &end);
+        if (*end || !(b >= 0 && b <= 3600)) {
+            fprintf(stderr, "autocompress: AC_QUIET_BUDGET_S must be a number of seconds in [0, 3600], not '%s'\n", qb);
+            json_decref(spec);
+            return 1;
+        }
+        ac_quiet_set_budget_cap(b);
     }
     ac_cost_cache cache;
     costcache_file(&cache, getenv("AC_COST_DB"), 1);
