@@ -167,6 +167,17 @@ def engine_ppl(d, text, ctx, windows):
     return json.loads(out)["ppl"]
 
 
+def export_ppl(rep, out):
+    """`autocompress eval` of the export in out under the report's evaluation protocol (its text, ctx and windows)
+    with the job's own GEMMs (the default ones, as its evaluate stage runs them): what the report's perplexity of the
+    exported arm must be, the report describing the model the user gets."""
+    ep = rep["eval_protocol"]
+    r = subprocess.run([os.path.join(BUILD, "autocompress"), "eval", out, ep["text"], "--ctx", str(ep["ctx"]),
+                        "--windows", str(ep["windows"]), "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["ppl"]
+
+
 def ref_ppl(d, text, ctx, windows):
     """The float64 PyTorch reference's perplexity (tests/ref_llama.py: every family it knows) of the safetensors
     checkpoint d over the engine_ppl protocol (text tokenised by d's tokenizer.json with our tokenizer)."""

@@ -807,6 +807,92 @@ static void test_save_reload_roundtrip(void) {
     CHECK(system("rm -rf /tmp/ac_test_roundtrip") == 0, "cleanup");
 }
 
+/* v[0..n) scaled by 1 + 2^-11 (so that no element is a BF16 value, unless 0). */
+static void nudge(float *v, size_t n) {
+    for (size_t i = 0; v && i < n; i++) v[i] *= 1.0f + 1.0f / 2048;
+}
+
+/* Every fp32 vector of m nudged off the BF16 grid (the router correction bias too). */
+static void nudge_vectors(ac_model *m) {
+    const ac_arch *a = &m->a;
+    size_t H = a->hidden, hd = a->head_dim;
+    nudge(m->final_norm, H);
+    for (int l = 0; l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        ac_layer_w *w = &m->L[l];
+        nudge(w->in_norm, H), nudge(w->post_norm, H), nudge(w->q_norm, hd), nudge(w->k_norm, hd);
+        nudge(w->bq, (size_t)L->n_heads * hd), nudge(w->bk, (size_t)L->n_kv_heads * hd);
+        nudge(w->bv, (size_t)L->n_kv_heads * hd), nudge(w->router_bias, L->n_experts);
+        if (L->ssm_heads) {
+            size_t C = ac_ssm_conv_dim(a, l), nh = L->ssm_heads;
+            nudge(w->conv_w, C * a->ssm_conv), nudge(w->conv_b, C), nudge(w->dt_bias, nh), nudge(w->a_log, nh);
+            nudge(w->ssm_d, nh), nudge(w->ssm_norm, ac_ssm_inner(a, l));
+        }
+    }
+}
+
+/* Logits of m and of its BF16 export (ac_model_save, loaded back resident: the same BF16 kernels) on 7 tokens:
+ * 1 when bit-identical. */
+static int same_as_export(const ac_model *m, const char *tag) {
+    char dst[300];
+    ac_model b;
+    ac_err e = {{0}};
+    snprintf(dst, sizeof dst, "/tmp/ac_%s_rv_%d", tag, (int)getpid());
+    int toks[7] = {1, 5, 9, 33, 2, 7, 250}, same = 0;
+    if (ac_model_save(m, dst, ST_BF16, &e) || ac_model_load_resident(dst, &b, &e)) {
+        CHECK(0, "%s: %s", tag, e.msg);
+        return 0;
+    }
+    ac_engine e1, e2;
+    CHECK(ac_engine_init(&e1, m, 1, 7, &e) == 0 && ac_engine_init(&e2, &b, 1, 7, &e) == 0, "%s", e.msg);
+    CHECK(ac_engine_forward(&e1, toks, 1, 7, 0, 0, &e) == 0 && ac_engine_forward(&e2, toks, 1, 7, 0, 0, &e) == 0,
+          "%s", e.msg);
+    same = !memcmp(e1.logits, e2.logits, sizeof(float) * 7 * m->a.vocab);
+    ac_engine_free(&e1), ac_engine_free(&e2);
+    ac_model_free(&b);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dst);
+    CHECK(system(cmd) == 0, "rm");
+    return same;
+}
+
+/* A BF16 student whose vectors were rounded by ac_model_round_vectors (what a job does to its students when they
+ * are finished) computes bit for bit what its BF16 export computes, on a dense model with attention biases, one
+ * with QK norms, a hybrid (M-M*-), a hybrid MoE (E*E) and a LatentMoE one with Mamba layers (ME*E), every vector first moved off the BF16 grid; the correction bias stays
+ * fp32 as the export keeps it. The same student not rounded computes something else (the job's report then
+ * described another model than its export). */
+static void test_round_vectors_is_export(void) {
+    if (!fixtures_present()) SKIP("no fixtures");
+    static const char *names[] = {"qwen2_tied_f16", "qwen3_hd_bf16", "nemotronh_bf16", "nemotronh_moe_nonorm_f32",
+                                  "nemotronh_latent_bf16"};
+    for (int i = 0; i < 5; i++) {
+        char dir[1200];
+        snprintf(dir, sizeof dir, "%s/models/%s", fx, names[i]);
+        ac_model m, raw;
+        ac_err e = {{0}};
+        if (ac_model_load(dir, &m, &e) || ac_model_load(dir, &raw, &e)) {
+            CHECK(0, "%s: %s", names[i], e.msg);
+            continue;
+        }
+        nudge_vectors(&m), nudge_vectors(&raw);
+        int moe = 0;
+        float rb[64];
+        for (int l = 0; l < m.a.n_layers; l++)
+            if (m.L[l].router_bias && m.a.layers[l].n_experts <= 64) {
+                memcpy(rb, m.L[l].router_bias, sizeof(float) * m.a.layers[l].n_experts);
+                moe = l + 1;
+            }
+        ac_model_round_vectors(&m, ST_BF16);
+        CHECK(!moe || !memcmp(rb, m.L[moe - 1].router_bias, sizeof(float) * m.a.layers[moe - 1].n_experts),
+              "%s: the correction bias stays fp32", names[i]);
+        CHECK(ac_model_make_bf16(&m, &e) == 0 && ac_model_make_bf16(&raw, &e) == 0, "%s", e.msg);
+        CHECK(same_as_export(&m, names[i]), "%s: the rounded student computes what its export computes", names[i]);
+        CHECK(!same_as_export(&raw, names[i]), "%s: without the rounding the export computes the same (no test)",
+              names[i]);
+        ac_model_free(&m), ac_model_free(&raw);
+    }
+}
+
 static void test_config_errors(void) {
     const char *bad[] = {
         "{\"model_type\":\"gpt2\",\"vocab_size\":10}",
@@ -890,6 +976,7 @@ int main(void) {
     RUN(test_kthreads_gemm);
     RUN(test_bf16_gemv);
     RUN(test_save_reload_roundtrip);
+    RUN(test_round_vectors_is_export);
     RUN(test_config_errors);
     RUN(test_perplexity_matches_reference);
     RUN(test_nemotron_h);

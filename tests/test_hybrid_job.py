@@ -267,9 +267,10 @@ def ref_ppl(d, ids):
     return math.exp(nll / (WINDOWS * (CTX - 1)))
 
 
-def engine_ppl(d):
+def engine_ppl(d, gemm="exact"):
+    """`autocompress eval` of d: exact (fp32) GEMMs, or "bf16" (the job's own, as its evaluate stage runs them)."""
     out = subprocess.run([CLI, "eval", d, os.path.join(DATA, "heldout.txt"), "--ctx", str(CTX), "--windows",
-                          str(WINDOWS), "--gemm", "exact", "--json"], capture_output=True, text=True, check=True).stdout
+                          str(WINDOWS), "--gemm", gemm, "--json"], capture_output=True, text=True, check=True).stdout
     return json.loads(out)["ppl"]
 
 
@@ -291,18 +292,19 @@ def llama_ppl(gguf, ids):
     return math.exp(sum(out["nll"]) / sum(out["count"]))
 
 
-def check_export(rep, label, tol=2e-3):
-    """The export read alike by the float64 reference (within 2e-4), our engine (the report's perplexity within
-    tol, 0.2 % by default) and llama.cpp (its GGUF within 0.5 % of the report); "skip" (the caller's result)
-    when llama.cpp cannot run here, after the other checks."""
+def check_export(rep, label):
+    """The export read alike by the float64 reference and our engine with exact GEMMs (within 2e-4), the report's
+    perplexity the export's under the job's own GEMMs (within 0.2 %, as the dense jobs' reports are held to: the
+    report describes the model the user gets) and llama.cpp (its GGUF within 0.5 % of the report); "skip" (the
+    caller's result) when llama.cpp cannot run here, after the other checks."""
     out, rp = rep["export"]["dir"], rep[rep["chosen"]]["perplexity"]
     cfg = json.load(open(os.path.join(out, "config.json")))
     ids = ids_of(out, os.path.join(DATA, "heldout.txt"))
-    pr, pe = ref_ppl(out, ids), engine_ppl(out)
-    print(f"   export {cfg['hybrid_override_pattern']} ({label}): reference ppl {pr:.4f}, engine {pe:.4f}, report "
-          f"{rp:.4f}")
+    pr, pe, pj = ref_ppl(out, ids), engine_ppl(out), engine_ppl(out, "bf16")
+    print(f"   export {cfg['hybrid_override_pattern']} ({label}): reference ppl {pr:.4f}, engine {pe:.4f}, engine "
+          f"(job's GEMMs) {pj:.6f}, report {rp:.6f} ({100 * (pj / rp - 1):+.5f} %)")
     assert abs(pr / pe - 1) < 2e-4, (pr, pe)
-    assert abs(pe / rp - 1) < tol, (pe, rp)
+    assert abs(pj / rp - 1) < 2e-3, (pj, rp)
     pl = llama_ppl(os.path.join(out, "model.gguf"), ids)
     if pl is None:
         print("   skip: the export was checked here but not in llama.cpp (node >= 20 or tests/llama/node_modules "
@@ -527,13 +529,10 @@ def test_autocompress_arm_on_moe_hybrid():
     assert cfg["moe_intermediate_size"] == min(moe_w), (cfg["moe_intermediate_size"], moe_w)
     assert [cfg["moe_shared_expert_intermediate_size"]] == list(sh_w), (cfg, sh_w)
     assert cfg["mamba_head_dim"] == res["architecture"]["ssm_head_dim"], cfg
-    # the report's perplexity is the job's evaluation (its default GEMMs on the BF16 student, whose norms, conv and
-    # per-head vectors are still fp32), this test's engine figure exact GEMMs on the export (those vectors rounded to
-    # BF16 by the export; equal to the float64 reference). On this near-random MoE model both move expert choices
-    # near ties: measured 2026-12-07 on today's structure, report 924.93, the export under the job's GEMMs 921.92
-    # (the rounding: 0.33 %), under exact ones 919.88 (0.22 % more). The gap is the report's, not the export's
-    # (docs/hybrid.md); 0.3 % held until the search's structure changed
-    return check_export(rep, f"chosen {rep['chosen']}", tol=6e-3)
+    # the student's vectors are rounded as the export writes them (ac_model_round_vectors): the report reads 921.9216
+    # as the export does under the job's GEMMs; not rounded, the report read 924.93 (0.33 % off: expert choices near
+    # ties move on this near-random model). Exact GEMMs give 919.88, as the float64 reference does (docs/hybrid.md)
+    return check_export(rep, f"chosen {rep['chosen']}")
 
 
 def test_specs_refused_with_the_field():

@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, TINY, Runner  # noqa: E402
+from harness import BUILD, TINY, Runner, export_ppl  # noqa: E402
 from harness import spec as full_spec  # noqa: E402
 
 try:
@@ -68,12 +68,8 @@ def check_rule(rep):
 
 def check_export_is_chosen(rep, out):
     """The exported checkpoint's held-out perplexity, measured again from its files, is the chosen arm's."""
-    ep = rep["eval_protocol"]
-    r = subprocess.run([os.path.join(BUILD, "autocompress"), "eval", out, ep["text"], "--ctx", str(ep["ctx"]),
-                        "--windows", str(ep["windows"]), "--json"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    ppl = json.loads(r.stdout)["ppl"]
-    want = rep[rep["chosen"]]["perplexity"]
+    ppl, want = export_ppl(rep, out), rep[rep["chosen"]]["perplexity"]
+    print(f"   the export's perplexity {ppl:.6f}, the report's {want:.6f} ({100 * (ppl / want - 1):+.5f} %)")
     assert abs(ppl - want) <= 2e-3 * want, (ppl, want)
     other = "minitron" if rep["chosen"] == "autocompress" else "autocompress"
     if other in rep and abs(rep[other]["perplexity"] - want) > 1e-2 * want:

@@ -134,6 +134,10 @@ def test_job_compresses_mixtral():
     assert rep["export"]["gguf"]["architecture"] == "llama", rep["export"]
     pg = engine_ppl(os.path.join(out, "model.gguf"))  # llama.cpp runs Mixtral GGUFs in test_gguf
     assert abs(pg / pe - 1) < 5e-3, (pg, pe)
+    # the report describes the export: its perplexity is the exported files' under the job's protocol and GEMMs
+    px, rp = H.export_ppl(rep, out), res["perplexity"]
+    print(f"   the export's perplexity {px:.6f}, the report's {rp:.6f} ({100 * (px / rp - 1):+.5f} %)")
+    assert abs(px / rp - 1) <= 2e-3, (px, rp)
 
 
 def test_gate_search_job_on_fp32_moe():

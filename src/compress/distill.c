@@ -289,7 +289,8 @@ int ac_distill_job(const ac_distill_opts *opts, const char *model_dir, const cha
             break;
         }
         /* a BF16 student (ac_prune_bf16) trains on fp32 master weights,
-         * widened exactly, and is rounded back when trained */
+         * widened exactly, and is rounded back when trained: its matrices
+         * to BF16, its vectors to the values a BF16 export writes */
         int bf16 = ac_model_wdt(arms[i]) == ST_BF16;
         ac_model w32;
         if (bf16) {
@@ -305,6 +306,7 @@ int ac_distill_job(const ac_distill_opts *opts, const char *model_dir, const cha
             rc = ac_errctx(e, "%s", names[i]);
             break;
         }
+        if (bf16) ac_model_round_vectors(arms[i], ST_BF16);
         json_object_set_new(res, names[i],
                             json_pack("{s:f,s:{s:I,s:i,s:f,s:f,s:f,s:f,s:i,s:i,s:f}}", "perplexity_pruned", pp.ppl,
                                       "distill", "tokens", (json_int_t)dr.tokens, "steps", dr.steps, "seconds",

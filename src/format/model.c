@@ -1025,6 +1025,34 @@ int ac_model_make_bf16(ac_model *m, ac_err *e) {
     return ac_errf(e, "out of memory converting the model to BF16 (the model is freed)");
 }
 
+/* v[0..n) replaced by the values dtype (BF16 or F16) stores for them. */
+static void round_vector(float *v, size_t n, int dtype) {
+    for (size_t i = 0; v && i < n; i++)
+        v[i] = dtype == ST_F16 ? ac_f16_to_f32(ac_f32_to_f16(v[i])) : ac_bf16_to_f32(ac_f32_to_bf16(v[i]));
+}
+
+void ac_model_round_vectors(ac_model *m, int dtype) {
+    if (dtype != ST_BF16 && dtype != ST_F16) return;
+    const ac_arch *a = &m->a;
+    size_t H = a->hidden, hd = a->head_dim;
+    round_vector(m->final_norm, H, dtype);
+    for (int l = 0; m->L && l < a->n_layers; l++) {
+        const ac_layer_arch *L = &a->layers[l];
+        ac_layer_w *w = &m->L[l];
+        size_t Q = (size_t)L->n_heads * hd, KV = (size_t)L->n_kv_heads * hd;
+        /* the sizes model_copy copies (the correction bias, which the export keeps fp32, left out) */
+        float *v[7] = {w->in_norm, w->post_norm, w->bq, w->bk, w->bv, w->q_norm, w->k_norm};
+        size_t nv[7] = {L->n_heads || L->ssm_heads ? H : 0, L->ffn || L->n_experts ? H : 0, Q, KV, KV, hd, hd};
+        for (int i = 0; i < 7; i++) round_vector(v[i], nv[i], dtype);
+        if (L->ssm_heads) {
+            size_t di = ac_ssm_inner(a, l), C = ac_ssm_conv_dim(a, l), nh = L->ssm_heads;
+            float *s[6] = {w->conv_w, w->conv_b, w->dt_bias, w->a_log, w->ssm_d, w->ssm_norm};
+            size_t ns[6] = {C * a->ssm_conv, C, nh, nh, nh, di};
+            for (int i = 0; i < 6; i++) round_vector(s[i], ns[i], dtype);
+        }
+    }
+}
+
 int ac_model_to_f32(const ac_model *src, ac_model *dst, ac_err *e) { return model_copy(src, dst, 0, e); }
 
 int ac_model_to_bf16(const ac_model *src, ac_model *dst, ac_err *e) { return model_copy(src, dst, 1, e); }

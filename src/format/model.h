@@ -204,6 +204,16 @@ int ac_model_to_bf16(const ac_model *src, ac_model *dst, ac_err *e);
  * measure.c's caller). A BF16 model is left as it is; a resident one is
  * refused. Out of memory: m is freed (zeroed), and -1. */
 int ac_model_make_bf16(ac_model *m, ac_err *e);
+/* Every norm, bias, conv and per-head vector of m (fp32 in memory)
+ * replaced, in place, by the value ac_model_save writes for it in dtype
+ * (ST_BF16 or ST_F16: rounded to nearest even and widened back; any other
+ * dtype: nothing changes): the final and block norms, the attention biases
+ * and QK norms, a Mamba layer's conv weights and bias, dt_bias, A_log, D
+ * and gated-norm weight. nemotron_h's router correction bias is left as it
+ * is (the export keeps it fp32). Matrices are untouched. A job's students
+ * are rounded so when they are finished (pruned, distilled): what the job
+ * evaluates and reports is then the model its BF16 export holds. */
+void ac_model_round_vectors(ac_model *m, int dtype);
 /* A resident model: let the kernel drop the mapped pages from this
  * process's memory now (clean file pages: they are read back from the page
  * cache on the next access), e.g. while a stage works on an fp32 copy. */

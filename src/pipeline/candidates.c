@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "compress/prune.h"
+#include "core/dtype.h"
 #include "format/deci.h"
 #include "search/dnas.h"
 #include "search/minitron.h"
@@ -234,7 +235,9 @@ static int rank(job_state *s, const ac_distill_opts *o, const int *tids, size_t 
         if (!rc) {
             c->before = pr.nll;
             rc = ac_distill(&s->m, &w, tids, tn, &co, cancelled_cb, (void *)s->ctx->cancelled, &dr, e) ||
-                 ac_model_make_bf16(&w, e) || ac_perplexity(&w, rids, rn, &po, NULL, NULL, NULL, &pr, e);
+                 ac_model_make_bf16(&w, e);
+            if (!rc) ac_model_round_vectors(&w, ST_BF16); /* as the job's students (students_int.h): it may go on */
+            rc = rc || ac_perplexity(&w, rids, rn, &po, NULL, NULL, NULL, &pr, e);
         }
         if (rc) {
             ac_model_free(&w);

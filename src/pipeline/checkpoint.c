@@ -504,6 +504,7 @@ int ac_ckpt_load_arm(const job_state *s, const char *dir, const char *key, const
         json_decref(rep);
         return 0;
     }
+    if (wdt == ST_BF16) ac_model_round_vectors(&got, ST_BF16); /* as the distilled student was (distill.c) */
     ac_model_free(m);
     *m = got;
     *report = rep;

@@ -14,6 +14,7 @@
 
 #include "candidates_int.h"
 #include "compress/distill.h"
+#include "core/dtype.h"
 #include "jobpuzzle_int.h"
 #include "jobtasks_int.h"
 #include "runtime/eval.h"
@@ -97,6 +98,7 @@ int ac_job_stage_puzzle(job_state *s, ac_err *e) {
     free(choice);
     if (rc) return -1;
     if (sp->search.target == AC_EXPORT_LLAMA) ac_minitron_compact(&s->pz);
+    ac_model_round_vectors(&s->pz, ST_BF16); /* the trained blocks' vectors too, as the BF16 export writes them */
     long total = sp->distill.tokens, left = total > bld ? total - bld : 0;
     s->puzzle_extra = json_pack("{s:b,s:{s:I,s:I,s:I}}", "bld_weights_used", realized, "budget", "total_tokens",
                                 (json_int_t)total, "bld_tokens", (json_int_t)bld, "distill_tokens", (json_int_t)left);

@@ -23,6 +23,7 @@ int ac_job_prune_arm(job_state *s, const ac_model *src, const ac_arch *arch, con
     }
     if (minitron_arm || s->spec->search.target == AC_EXPORT_LLAMA || ac_arch_is_hybrid(&s->m.a))
         ac_minitron_compact(out); /* removed layers out (dnas's whole-layer gates, a hybrid's per type) */
+    ac_model_round_vectors(out, ST_BF16); /* the vectors as stage_export writes them (job.c) */
     return 0;
 }
 

@@ -29,7 +29,9 @@
  * spec asks for the repair (not on a hybrid model: the repair's layer
  * stream has no Mamba layers; *repaired: layers refit), and compacted
  * (removed layers out) when minitron_arm or when the export target is llama
- * or the model hybrid, as every arm of the job is. */
+ * or the model hybrid, as every arm of the job is; its norms, biases, conv
+ * and per-head vectors rounded to the values the job's BF16 export writes
+ * (ac_model_round_vectors), so what the job measures of it is the export. */
 int ac_job_prune_arm(job_state *s, const ac_model *src, const ac_arch *arch, const ac_importance *imp,
                      int minitron_arm, ac_model *out, int *repaired, ac_err *e);
 /* Park student m (arm: its name, for the file and messages) when the job
