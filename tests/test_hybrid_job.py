@@ -255,14 +255,17 @@ def check_structure(rep, base_pattern, cut_heads=True):
     return cfg
 
 
-def ref_ppl(d, ids):
-    """tests/ref_mamba.py's float64 perplexity of the exported checkpoint d over WINDOWS windows of CTX."""
+def ref_ppl(d, ids, dtype=None):
+    """tests/ref_mamba.py's float64 perplexity of the exported checkpoint d over WINDOWS windows of CTX (dtype
+    torch.float32: the reference run at the engine's precision, its log-softmax in float64)."""
     import torch
     import ref_mamba as M
     a, W = M.arch_from_config(json.load(open(os.path.join(d, "config.json")))), load(d)
+    if dtype is not None:
+        W = {k: v.to(dtype) for k, v in W.items()}
     x = torch.tensor([ids[w * CTX:(w + 1) * CTX] for w in range(WINDOWS)])
     with torch.no_grad():
-        lp = torch.log_softmax(M.forward(a, W, x), -1)
+        lp = torch.log_softmax(M.forward(a, W, x).double(), -1)
     nll = -lp[:, :-1].gather(-1, x[:, 1:, None]).sum().item()
     return math.exp(nll / (WINDOWS * (CTX - 1)))
 
@@ -292,18 +295,28 @@ def llama_ppl(gguf, ids):
     return math.exp(sum(out["nll"]) / sum(out["count"]))
 
 
-def check_export(rep, label):
+def check_export(rep, label, near_ties=False):
     """The export read alike by the float64 reference and our engine with exact GEMMs (within 2e-4), the report's
     perplexity the export's under the job's own GEMMs (within 0.2 %, as the dense jobs' reports are held to: the
     report describes the model the user gets) and llama.cpp (its GGUF within 0.5 % of the report); "skip" (the
-    caller's result) when llama.cpp cannot run here, after the other checks."""
+    caller's result) when llama.cpp cannot run here, after the other checks. near_ties: a distilled MoE student
+    whose router may sit on a near-tie (top-k margins of 1e-7 that float32 and float64 resolve apart, flipping an
+    expert for a token): the engine against the reference run in float32 within 2e-4, against the float64 one
+    within 2e-3."""
+    import torch
     out, rp = rep["export"]["dir"], rep[rep["chosen"]]["perplexity"]
     cfg = json.load(open(os.path.join(out, "config.json")))
     ids = ids_of(out, os.path.join(DATA, "heldout.txt"))
     pr, pe, pj = ref_ppl(out, ids), engine_ppl(out), engine_ppl(out, "bf16")
     print(f"   export {cfg['hybrid_override_pattern']} ({label}): reference ppl {pr:.4f}, engine {pe:.4f}, engine "
           f"(job's GEMMs) {pj:.6f}, report {rp:.6f} ({100 * (pj / rp - 1):+.5f} %)")
-    assert abs(pr / pe - 1) < 2e-4, (pr, pe)
+    if near_ties:
+        p32 = ref_ppl(out, ids, torch.float32)
+        print(f"   reference in float32 {p32:.4f} ({100 * (pe / p32 - 1):+.5f} % engine), float64 "
+              f"{100 * (pr / pe - 1):+.4f} %")
+        assert abs(p32 / pe - 1) < 2e-4 and abs(pr / pe - 1) < 2e-3, (p32, pr, pe)
+    else:
+        assert abs(pr / pe - 1) < 2e-4, (pr, pe)
     assert abs(pj / rp - 1) < 2e-3, (pj, rp)
     pl = llama_ppl(os.path.join(out, "model.gguf"), ids)
     if pl is None:
@@ -535,6 +548,62 @@ def test_autocompress_arm_on_moe_hybrid():
     return check_export(rep, f"chosen {rep['chosen']}")
 
 
+def super_config():
+    """Nemotron 3 Super's config (tests/configs/nemotron3-super) shrunk: the first 9 layers of its pattern (every
+    layer kind in its order), its LatentMoE with a shared expert, sigmoid router and routed scale 5.0, its 8 Mamba
+    groups, squared-ReLU experts and its MTP entries; every width small."""
+    with open(os.path.join(ROOT, "tests", "configs", "nemotron3-super", "config.json")) as f:
+        c = json.load(f)
+    pat = c["hybrid_override_pattern"][:9]
+    c.update(vocab_size=768, hidden_size=64, num_hidden_layers=len(pat), hybrid_override_pattern=pat,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96, n_routed_experts=8,
+             num_experts_per_tok=3, moe_intermediate_size=24, moe_shared_expert_intermediate_size=48,
+             moe_latent_size=32, mamba_num_heads=16, mamba_head_dim=4, ssm_state_size=16,
+             max_position_embeddings=1024, bos_token_id=767, eos_token_id=767)
+    return c
+
+
+def test_super_pattern_job():
+    """Item 5 in small: a random-init checkpoint with Nemotron 3 Super's layer pattern and layer kinds, shrunk,
+    through the gate search and the Minitron arm, distillation and export: the structure within the limit, the
+    pattern of the kept layers in config.json, the MTP layer reported apart and not exported (it is never loaded),
+    and the export read alike by the reference, the engine and llama.cpp."""
+    if not have():
+        return "skip: no tiny model or build/autocompress (make all tiny-model)"
+    cfg0 = super_config()
+    assert cfg0["moe_latent_size"] and cfg0["n_groups"] == 8 and cfg0["routed_scaling_factor"] == 5.0, cfg0
+    base = make_base(cfg0, "base_super")
+    est = json.loads(subprocess.run([CLI, "estimate", write(os.path.join(WORK, "est_super.json"), {
+        "model": base, "target": {"device": "H100"}})], capture_output=True, text=True, check=True).stdout)
+    assert est["mtp"]["layers"] == 1 and est["mtp"]["pattern"] == "*E" and est["mtp"]["counted"] is False, est["mtp"]
+    lim = 0.8 * est["figures"]["params"]
+    spec = job_spec(base, os.path.join(WORK, "out_super"), 2048, lim, method="autocompress")
+    spec["search"].update(prune_experts=True, prune_expert_ffn=True, dnas_steps=40, dnas_batch=2, dnas_seq_len=32)
+    rep, wall, rss = run_job(spec, "job_super")
+    print(f"   Super-pattern job ({cfg0['hybrid_override_pattern']}): {wall:.1f} s wall, peak RSS {rss:.0f} MiB")
+    assert rep["arms"] == ["minitron", "autocompress"] and rep["search"]["method"] == "dnas", (rep["arms"], rep["search"])
+    for k in rep["arms"]:
+        a = rep[k]
+        assert a["feasible"] and a["predicted"]["params"] <= lim + 0.5, (k, a["predicted"])
+        assert a.get("distill", {}).get("steps", 0) > 0 and a["perplexity_pruned"] > 0, (k, sorted(a))
+        kinds = {"M": "mamba", "*": "attention", "E": "moe"}
+        for l, L in enumerate(a["architecture"]["layers"]):
+            assert L["type"] in ("removed", kinds[cfg0["hybrid_override_pattern"][l]]), (k, l, L)
+    res = rep[rep["chosen"]]
+    cfg = json.load(open(os.path.join(rep["export"]["dir"], "config.json")))
+    want = "".join(cfg0["hybrid_override_pattern"][l] for l, L in enumerate(res["architecture"]["layers"])
+                   if L["type"] != "removed")
+    assert cfg["hybrid_override_pattern"] == want, (cfg["hybrid_override_pattern"], want)
+    assert cfg["moe_latent_size"] and cfg["routed_scaling_factor"] == 5.0 and cfg["n_groups"] == 8, cfg
+    assert not cfg.get("num_nextn_predict_layers"), cfg.get("num_nextn_predict_layers")
+    assert rep["export"]["gguf"]["architecture"] == "nemotron_h_moe", rep["export"]
+    print(f"   chosen {rep['chosen']}: pattern {want}, {cfg['n_routed_experts']} experts of width "
+          f"{cfg['moe_intermediate_size']}, latent {cfg['moe_latent_size']}, Mamba heads {cfg['mamba_num_heads']}; "
+          f"perplexity {res['perplexity_pruned']:.2f} pruned -> {res['perplexity']:.2f} distilled")
+    # near ties: this student's float64 and float32 routers pick another expert for 1 token of 252 (2026-12-07)
+    return check_export(rep, f"Super's pattern, chosen {rep['chosen']}", near_ties=True)
+
+
 def test_specs_refused_with_the_field():
     if not have():
         return "skip: no tiny model or build/autocompress (make all tiny-model)"
@@ -560,6 +629,7 @@ if __name__ == "__main__":
         r.run(test_latent_moe_hybrid_job_with_hidden_pruning)
         r.run(test_narrow_widths_export_loads_in_llama)
         r.run(test_autocompress_arm_on_moe_hybrid)
+        r.run(test_super_pattern_job)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
     r.done()
