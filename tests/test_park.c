@@ -11,6 +11,12 @@
  *    falls again after ac_model_drop_pages. A model it cannot park (a
  *    resident checkpoint, a directory that does not exist) is refused and
  *    left as it was.
+ *  - Slicing a student (ac_prune_bf16) of a one-layer mixture-of-experts
+ *    model, softmax and nemotron_h, many experts, kept whole: the peak
+ *    resident memory over the start stays within the student's bytes plus
+ *    4 MiB, and the student holds the source's bytes (the former slicing
+ *    gathered a layer's experts into fp32 buffers first: twice the
+ *    student's expert bytes over).
  *  - A whole two-arm job in this process on a random BF16 checkpoint whose
  *    matrices dwarf the job's buffers: the peak resident memory of the
  *    prune, evaluate and export stages (VmHWM, reset at each stage event
@@ -36,6 +42,7 @@
 #include "pipeline/job.h"
 #include "pipeline/jobspec.h"
 #include "runtime/eval.h"
+#include "search/slice.h"
 #include "synth.h"
 
 #define MIB (1024.0 * 1024.0)
@@ -107,13 +114,13 @@ static int random_bf16(const ac_arch *a, ac_model *m, ac_err *e) {
 /* Every matrix of a model: pointers and element counts (ac_model_each_matrix's order). */
 typedef struct {
     int n;
-    const void *p[64];
-    size_t len[64];
+    const void *p[512];
+    size_t len[512];
 } slots;
 
 static int slot_fn(void *ud, float **p, size_t n) {
     slots *s = ud;
-    if (s->n == 64) return -1;
+    if (s->n == 512) return -1;
     s->p[s->n] = *p, s->len[s->n++] = n;
     return 0;
 }
@@ -251,6 +258,75 @@ static void test_park_memory(void) {
     CHECK(r2 - r3 >= b, "dropping the pages freed %ld kB of %.0f", r2 - r3, bytes / 1024);
     ac_model_free(&m);
     rmdir(dir);
+}
+
+/* ---- slicing a student: one expert at a time ---- */
+
+static int all_matrix_bytes(void *ud, float **p, size_t n) {
+    (void)p;
+    *(double *)ud += 2.0 * (double)n;
+    return 0;
+}
+
+/* ac_prune_bf16 of a one-layer mixture-of-experts model (64 experts of
+ * 512 x 256: 48 MiB of BF16 experts) to its own shape: the peak resident
+ * memory over the start stays within the student's bytes plus a slack far
+ * below the experts' fp32 size (the former slicing filled fp32 buffers for
+ * a whole layer's experts, twice the student's expert bytes; the hybrid's a
+ * one-layer fp32 model and its BF16 copy) and the student is the source's
+ * matrices exactly. Softmax (Qwen3-MoE, with attention) and nemotron_h
+ * (shared expert, no gate) layers. */
+static void prune_peak(ac_arch *a, const char *what) {
+    ac_err e;
+    ac_model m, s;
+    if (random_bf16(a, &m, &e)) {
+        CHECK(0, "%s: setup: %s", what, e.msg);
+        return;
+    }
+    ac_importance imp;
+    memset(&imp, 0, sizeof imp);
+    int H = a->hidden, nkv = a->layers[0].n_kv_heads, *hid = malloc(sizeof(int) * H), kv[8];
+    for (int c = 0; hid && c < H; c++) hid[c] = c;
+    for (int g = 0; g < nkv && g < 8; g++) kv[g] = g;
+    int *kvo[1] = {kv};
+    imp.n_layers = 1, imp.hidden = H, imp.hid_order = hid, imp.kv_order = nkv ? kvo : NULL;
+    malloc_trim(0);
+    int reset = reset_peak();
+    long r0 = status_kb("VmRSS:");
+    int rc = hid ? ac_prune_bf16(&m, a, &imp, &s, &e) : -1;
+    long peak = status_kb("VmHWM:");
+    free(hid);
+    CHECK(rc == 0, "%s: ac_prune_bf16: %s", what, e.msg);
+    if (rc) {
+        ac_model_free(&m);
+        return;
+    }
+    double bytes = 0;
+    ac_model_each_matrix(&s, all_matrix_bytes, &bytes);
+    double over = (peak - r0) * 1024.0, slack = 4 * MIB;
+    printf("  %s: student %.1f MiB, peak over the start %.1f MiB (limit %.1f)\n", what, bytes / MIB, over / MIB,
+           (bytes + slack) / MIB);
+    CHECK(!reset || over <= bytes + slack, "%s: slicing peaked %.1f MiB over its start, over the student's %.1f MiB + %.1f",
+          what, over / MIB, bytes / MIB, slack / MIB);
+    CHECK(same_matrices(&s, &m), "%s: the student differs from the source it keeps whole", what);
+    ac_model_free(&s);
+    ac_model_free(&m);
+}
+
+static void test_prune_one_expert_at_a_time(void) {
+    if (!reset_peak()) SKIP("this kernel cannot reset the peak RSS (/proc/self/clear_refs)");
+    ac_arch a = mk_arch(1, 256, 64, 4, 2, 0, 256);
+    snprintf(a.model_type, sizeof a.model_type, "qwen3_moe");
+    a.qk_norm = 1, a.top_k = 2, a.norm_topk = 1;
+    a.layers[0] = (ac_layer_arch){4, 2, 0, 64, 512, 0};
+    prune_peak(&a, "qwen3_moe");
+    /* nemotron_h: one MoE layer (no attention), experts without a gate beside a shared expert */
+    snprintf(a.model_type, sizeof a.model_type, "nemotron_h");
+    a.qk_norm = 0, a.hybrid = 1, a.shared_ffn = 256, a.routed_scale = 1;
+    a.ssm_head_dim = 8, a.ssm_state = 16, a.ssm_groups = 1, a.ssm_conv = 4;
+    a.layers[0] = (ac_layer_arch){0, 0, 0, 96, 512, 0};
+    prune_peak(&a, "nemotron_h");
+    ac_arch_free(&a);
 }
 
 /* ---- a whole job's memory per stage ---- */
@@ -392,6 +468,7 @@ int main(void) {
     RUN(test_park_roundtrip);
     RUN(test_park_refused);
     RUN(test_park_memory);
+    RUN(test_prune_one_expert_at_a_time);
     RUN(test_job_one_student_at_a_time);
     return DONE();
 }

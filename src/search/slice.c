@@ -38,6 +38,31 @@ static void gather(float *dst, const void *src, int wdt, int src_cols, const int
     }
 }
 
+/* Element i of a matrix stored in dt (fp32 or 16-bit). */
+static void *elem(void *m, int dt, size_t i) { return (char *)m + i * (dt == ST_F32 ? 4 : 2); }
+
+/* Row r (nc floats, vals) of a destination matrix in b->ddt: copied, or
+ * rounded to nearest even (the elementwise rounding ac_model_to_bf16 does). */
+static void store_row(void *dst, const ac_slice_buf *b, size_t r, int nc, const float *vals) {
+    ac_from_f32(elem(dst, b->ddt, r * (size_t)nc), vals, (st_dtype)b->ddt, (size_t)nc, NULL);
+}
+
+/* gather into a destination matrix in b->ddt: an fp32 one directly, a
+ * 16-bit one a row at a time through b->out (so no fp32 copy of the matrix
+ * exists at any time, and each value is the one gather gives, rounded). */
+static void put(void *dst, const ac_slice_buf *b, const void *src, int wdt, int src_cols, const int *rows, int nr,
+                const int *cols, int nc) {
+    if (b->ddt == ST_F32) {
+        gather(dst, src, wdt, src_cols, rows, nr, cols, nc, b->row);
+        return;
+    }
+    for (int r = 0; r < nr; r++) {
+        int sr = rows ? rows[r] : r;
+        gather(b->out, src, wdt, src_cols, &sr, 1, cols, nc, b->row);
+        store_row(dst, b, (size_t)r, nc, b->out);
+    }
+}
+
 /* Whether layer l of t can be cut from the source's layer. */
 static int check_layer(const ac_arch *a, const ac_arch *t, int l, ac_err *e) {
     const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
@@ -70,19 +95,20 @@ static int check_layer(const ac_arch *a, const ac_arch *t, int l, ac_err *e) {
 /* KV merging (what DeciLM's per-layer n_heads_in_group expresses): every
  * query head stays; merged KV head j is the mean of the f adjacent source
  * heads j*f..j*f+f-1, so query head h still reads the merge of the head it
- * read. hk: the kept hidden channels (Ht of H). Source matrices in wdt;
- * sc: scratch of H floats and 2 H doubles. */
+ * read. hk: the kept hidden channels (Ht of H). Source matrices in wdt. */
 static void prune_attn_merge(const ac_arch *a, const ac_layer_arch *s, const ac_layer_arch *d, const ac_layer_w *sw,
-                             int wdt, ac_layer_w *dw, const int *hk, int Ht, float *row, double *acc) {
+                             int wdt, ac_layer_w *dw, const int *hk, int Ht, const ac_slice_buf *b) {
     int H = a->hidden, hd = a->head_dim, G = d->n_kv_heads, f = s->n_kv_heads / G, Q = s->n_heads * hd;
+    float *row = b->row, *out = b->out;
+    double *acc = b->acc;
     gather(dw->in_norm, sw->in_norm, ST_F32, H, NULL, 1, hk, Ht, row);
-    gather(dw->wq, sw->wq, wdt, H, NULL, Q, hk, Ht, row);
-    gather(dw->wo, sw->wo, wdt, Q, hk, Ht, NULL, Q, row);
+    put(dw->wq, b, sw->wq, wdt, H, NULL, Q, hk, Ht);
+    put(dw->wo, b, sw->wo, wdt, Q, hk, Ht, NULL, Q);
     if (a->qkv_bias) memcpy(dw->bq, sw->bq, sizeof(float) * Q);
     double *ak = acc, *av = acc + H;
     for (int j = 0; j < G; j++)
         for (int i = 0; i < hd; i++) {
-            float *dk = dw->wk + ((size_t)j * hd + i) * Ht, *dv = dw->wv + ((size_t)j * hd + i) * Ht;
+            size_t dr = (size_t)j * hd + i;
             memset(acc, 0, sizeof(double) * 2 * H);
             for (int m = 0; m < f; m++) { /* sums in double, over the source heads in order */
                 size_t r = (size_t)(j * f + m) * hd + i;
@@ -91,10 +117,10 @@ static void prune_attn_merge(const ac_arch *a, const ac_layer_arch *s, const ac_
                 ac_row_f32(row, sw->wv, wdt, r, H);
                 for (int c = 0; c < H; c++) av[c] += row[c];
             }
-            for (int c = 0; c < Ht; c++) {
-                dk[c] = (float)(ak[hk[c]] / f);
-                dv[c] = (float)(av[hk[c]] / f);
-            }
+            for (int c = 0; c < Ht; c++) out[c] = (float)(ak[hk[c]] / f);
+            store_row(dw->wk, b, dr, Ht, out);
+            for (int c = 0; c < Ht; c++) out[c] = (float)(av[hk[c]] / f);
+            store_row(dw->wv, b, dr, Ht, out);
             if (a->qkv_bias) {
                 double bk = 0, bv = 0;
                 for (int m = 0; m < f; m++) {
@@ -121,7 +147,7 @@ static const int *group_head_order(const ac_importance *imp, int l, int g, int g
  * their original order. */
 static int prune_attn_groups(const ac_arch *a, int l, const ac_layer_arch *s, const ac_layer_arch *d,
                              const ac_importance *imp, const ac_layer_w *sw, int wdt, ac_layer_w *dw, const int *hk,
-                             int Ht, float *row, ac_err *e) {
+                             int Ht, const ac_slice_buf *b, ac_err *e) {
     int H = a->hidden, hd = a->head_dim, rc = 0;
     int grp = s->n_heads / s->n_kv_heads, G = d->n_kv_heads, Qs = s->n_heads * hd, hg = d->n_heads / G;
     int *gk = ac_prune_kept(imp->kv_order[l], G);
@@ -141,11 +167,12 @@ static int prune_attn_groups(const ac_arch *a, int l, const ac_layer_arch *s, co
     }
     if (!rc) {
         int nq = G * hg * hd, nkv = G * hd;
+        float *row = b->row;
         gather(dw->in_norm, sw->in_norm, ST_F32, H, NULL, 1, hk, Ht, row);
-        gather(dw->wq, sw->wq, wdt, H, qrows, nq, hk, Ht, row);
-        gather(dw->wk, sw->wk, wdt, H, kvrows, nkv, hk, Ht, row);
-        gather(dw->wv, sw->wv, wdt, H, kvrows, nkv, hk, Ht, row);
-        gather(dw->wo, sw->wo, wdt, Qs, hk, Ht, qrows, nq, row);
+        put(dw->wq, b, sw->wq, wdt, H, qrows, nq, hk, Ht);
+        put(dw->wk, b, sw->wk, wdt, H, kvrows, nkv, hk, Ht);
+        put(dw->wv, b, sw->wv, wdt, H, kvrows, nkv, hk, Ht);
+        put(dw->wo, b, sw->wo, wdt, Qs, hk, Ht, qrows, nq);
         if (a->qkv_bias) {
             gather(dw->bq, sw->bq, ST_F32, Qs, NULL, 1, qrows, nq, row);
             gather(dw->bk, sw->bk, ST_F32, s->n_kv_heads * hd, NULL, 1, kvrows, nkv, row);
@@ -195,15 +222,17 @@ void ac_prune_hidden_mask(const ac_arch *a, const ac_arch *t, const ac_importanc
  * keeps every channel; the extra gate/up rows and down columns stay zero,
  * which adds exactly nothing (silu(0) * 0 = 0). */
 static int prune_ffn(const ac_arch *a, const ac_layer_arch *s, const ac_layer_arch *d, const int *order,
-                     const ac_layer_w *sw, int wdt, ac_layer_w *dw, const int *hk, int Ht, float *row, ac_err *e) {
+                     const ac_layer_w *sw, int wdt, ac_layer_w *dw, const int *hk, int Ht, const ac_slice_buf *b,
+                     ac_err *e) {
     int H = a->hidden, keep = d->ffn < s->ffn ? d->ffn : s->ffn;
     int *fk = ac_prune_kept(order, keep);
     if (!fk) return ac_errf(e, "out of memory");
-    gather(dw->post_norm, sw->post_norm, ST_F32, H, NULL, 1, hk, Ht, row);
-    gather(dw->wg, sw->wg, wdt, H, fk, keep, hk, Ht, row);
-    gather(dw->wu, sw->wu, wdt, H, fk, keep, hk, Ht, row);
+    gather(dw->post_norm, sw->post_norm, ST_F32, H, NULL, 1, hk, Ht, b->row);
+    put(dw->wg, b, sw->wg, wdt, H, fk, keep, hk, Ht);
+    put(dw->wu, b, sw->wu, wdt, H, fk, keep, hk, Ht);
     /* down_proj [Ht, d->ffn]: the first keep columns */
-    for (int r = 0; r < Ht; r++) gather(dw->wd + (size_t)r * d->ffn, sw->wd, wdt, s->ffn, hk + r, 1, fk, keep, row);
+    for (int r = 0; r < Ht; r++)
+        put(elem(dw->wd, b->ddt, (size_t)r * d->ffn), b, sw->wd, wdt, s->ffn, hk + r, 1, fk, keep);
     free(fk);
     return 0;
 }
@@ -227,10 +256,11 @@ static size_t widest(const ac_arch *a) {
  * kept experts alone (its renormalisation over what remains); each kept
  * expert's best d->expert_ffn channels (chan: imp->echan_order[l], expert
  * x's ranking at x*Fe; NULL: the first ones) in their original order;
- * hidden channels hk as everywhere. */
+ * hidden channels hk as everywhere. One expert's matrices at a time, each
+ * straight into the student's (put: no fp32 copy of the layer's experts). */
 static int prune_experts(const ac_arch *a, const ac_layer_arch *s, const ac_layer_arch *d, const int *order,
                          const int *chan, const ac_layer_w *sw, int wdt, ac_layer_w *dw, const int *hk, int Ht,
-                         float *row, ac_err *e) {
+                         const ac_slice_buf *b, ac_err *e) {
     int H = a->hidden, Fe = s->expert_ffn, Fd = d->expert_ffn, *ident = NULL;
     if (!order) {
         if (!(ident = malloc(sizeof(int) * s->n_experts))) return ac_errf(e, "out of memory");
@@ -239,8 +269,8 @@ static int prune_experts(const ac_arch *a, const ac_layer_arch *s, const ac_laye
     int *ek = ac_prune_kept(order ? order : ident, d->n_experts);
     free(ident);
     if (!ek) return ac_errf(e, "out of memory");
-    gather(dw->post_norm, sw->post_norm, ST_F32, H, NULL, 1, hk, Ht, row);
-    gather(dw->router, sw->router, wdt, H, ek, d->n_experts, hk, Ht, row);
+    gather(dw->post_norm, sw->post_norm, ST_F32, H, NULL, 1, hk, Ht, b->row);
+    put(dw->router, b, sw->router, wdt, H, ek, d->n_experts, hk, Ht);
     int rc = 0;
     for (int x = 0; x < d->n_experts && !rc; x++) {
         int *ck = Fd < Fe && chan ? ac_prune_kept(chan + (size_t)ek[x] * Fe, Fd) : NULL; /* NULL: the first Fd */
@@ -248,117 +278,51 @@ static int prune_experts(const ac_arch *a, const ac_layer_arch *s, const ac_laye
             rc = ac_errf(e, "out of memory");
             break;
         }
-        gather(dw->eg[x], sw->eg[ek[x]], wdt, H, ck, Fd, hk, Ht, row);
-        gather(dw->eu[x], sw->eu[ek[x]], wdt, H, ck, Fd, hk, Ht, row);
-        gather(dw->ed[x], sw->ed[ek[x]], wdt, Fe, hk, Ht, ck, Fd, row);
+        put(dw->eg[x], b, sw->eg[ek[x]], wdt, H, ck, Fd, hk, Ht);
+        put(dw->eu[x], b, sw->eu[ek[x]], wdt, H, ck, Fd, hk, Ht);
+        put(dw->ed[x], b, sw->ed[ek[x]], wdt, Fe, hk, Ht, ck, Fd);
         free(ck);
     }
     free(ek);
     return rc;
 }
 
-/* Layer l of t into dw: its attention (merged or cut KV groups) and FFN. */
+/* Layer l of t into dw (matrices in b->ddt): its attention (merged or cut
+ * KV groups) and FFN. */
 static int prune_layer(const ac_model *src, const ac_arch *t, const ac_importance *imp, int l, ac_layer_w *dw,
-                       const int *hk, float *row, double *acc, ac_err *e) {
+                       const int *hk, const ac_slice_buf *b, ac_err *e) {
     const ac_arch *a = &src->a;
     const ac_layer_arch *s = &a->layers[l], *d = &t->layers[l];
     int Ht = t->hidden, lw = ac_model_wdt(src), rc = 0;
     if (d->n_heads && d->n_heads == s->n_heads && d->n_kv_heads < s->n_kv_heads)
-        prune_attn_merge(a, s, d, &src->L[l], lw, dw, hk, Ht, row, acc);
+        prune_attn_merge(a, s, d, &src->L[l], lw, dw, hk, Ht, b);
     else if (d->n_heads)
-        rc = prune_attn_groups(a, l, s, d, imp, &src->L[l], lw, dw, hk, Ht, row, e);
+        rc = prune_attn_groups(a, l, s, d, imp, &src->L[l], lw, dw, hk, Ht, b, e);
     if (d->n_heads && a->qk_norm) { /* one weight per head_dim channel, shared by the heads: kept whole */
         memcpy(dw->q_norm, src->L[l].q_norm, sizeof(float) * a->head_dim);
         memcpy(dw->k_norm, src->L[l].k_norm, sizeof(float) * a->head_dim);
     }
-    if (d->ffn && !rc) rc = prune_ffn(a, s, d, imp->ffn_order[l], &src->L[l], lw, dw, hk, Ht, row, e);
+    if (d->ffn && !rc) rc = prune_ffn(a, s, d, imp->ffn_order[l], &src->L[l], lw, dw, hk, Ht, b, e);
     if (d->n_experts && !rc)
         rc = prune_experts(a, s, d, imp->expert_order ? imp->expert_order[l] : NULL,
-                           imp->echan_order ? imp->echan_order[l] : NULL, &src->L[l], lw, dw, hk, Ht, row, e);
+                           imp->echan_order ? imp->echan_order[l] : NULL, &src->L[l], lw, dw, hk, Ht, b, e);
     return rc;
 }
 
-/* A BF16 destination's mixture-of-experts matrices of layer l as fp32
- * buffers (tw's router and expert pointers, which are dst's until then):
- * make = 1 allocates them; 0 rounds them into dw's BF16 matrices and
- * frees them; -1 frees them only. */
-static int expert_buffers(const ac_arch *t, int l, const ac_layer_w *dw, ac_layer_w *tw, int make, ac_err *e) {
-    size_t E = t->layers[l].n_experts, H = t->hidden, nr = E * H, ne = (size_t)t->layers[l].expert_ffn * H;
-    float **mats[3] = {NULL, NULL, NULL};
-    if (make == 1) {
-        tw->router = calloc(nr, sizeof(float));
-        tw->eg = calloc(E, sizeof(float *)), tw->eu = calloc(E, sizeof(float *)), tw->ed = calloc(E, sizeof(float *));
-        int ok = tw->router && tw->eg && tw->eu && tw->ed;
-        for (size_t x = 0; ok && x < E; x++)
-            ok = (tw->eg[x] = calloc(ne, 4)) && (tw->eu[x] = calloc(ne, 4)) && (tw->ed[x] = calloc(ne, 4));
-        if (ok) return 0;
-        expert_buffers(t, l, dw, tw, -1, e);
-        return ac_errf(e, "out of memory pruning the experts of layer %d", l);
-    }
-    if (make == 0 && tw->router) ac_from_f32((uint16_t *)dw->router, tw->router, ST_BF16, nr, NULL);
-    free(tw->router);
-    mats[0] = tw->eg, mats[1] = tw->eu, mats[2] = tw->ed;
-    float **dst[3] = {dw->eg, dw->eu, dw->ed};
-    for (int k = 0; k < 3; k++) {
-        for (size_t x = 0; mats[k] && x < E; x++) {
-            if (make == 0 && mats[k][x]) ac_from_f32((uint16_t *)dst[k][x], mats[k][x], ST_BF16, ne, NULL);
-            free(mats[k][x]);
-        }
-        free(mats[k]);
-    }
-    tw->router = NULL, tw->eg = tw->eu = tw->ed = NULL;
-    return 0;
-}
-
-/* Embeddings, final norm and (untied) LM head, then every layer: into
- * dst's own fp32 matrices; or, for a BF16 dst, gathered in fp32 and rounded
- * into dst: the embedding and LM head a row at a time, each layer's
- * matrices in fp32 buffers of their own (one layer in fp32 at a time). */
+/* Embeddings, final norm and (untied) LM head, then every layer, into
+ * dst's matrices (b->ddt: fp32, or BF16 gathered a row at a time and
+ * rounded). */
 static int prune_layers(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, const int *hk,
-                        float *row, double *acc, ac_err *e) {
+                        const ac_slice_buf *b, ac_err *e) {
     const ac_arch *a = &src->a;
-    int H = a->hidden, Ht = t->hidden, V = a->vocab, wdt = ac_model_wdt(src), bf16 = ac_model_wdt(dst) == ST_BF16;
-    float *tmp = bf16 ? malloc(sizeof(float) * Ht) : NULL;
-    if (bf16 && !tmp) return ac_errf(e, "out of memory");
+    int H = a->hidden, Ht = t->hidden, V = a->vocab, wdt = ac_model_wdt(src);
     float *heads[2] = {dst->embed, t->tie_embeddings ? NULL : dst->lm_head};
     const float *srcs[2] = {src->embed, src->lm_head};
-    for (int i = 0; i < 2; i++) {
-        if (!heads[i]) continue;
-        if (!bf16) {
-            gather(heads[i], srcs[i], wdt, H, NULL, V, hk, Ht, row);
-            continue;
-        }
-        for (int r = 0; r < V; r++) {
-            gather(tmp, srcs[i], wdt, H, &r, 1, hk, Ht, row);
-            ac_from_f32((uint16_t *)heads[i] + (size_t)r * Ht, tmp, ST_BF16, Ht, NULL);
-        }
-    }
-    free(tmp);
-    gather(dst->final_norm, src->final_norm, ST_F32, H, NULL, 1, hk, Ht, row);
+    for (int i = 0; i < 2; i++)
+        if (heads[i]) put(heads[i], b, srcs[i], wdt, H, NULL, V, hk, Ht);
+    gather(dst->final_norm, src->final_norm, ST_F32, H, NULL, 1, hk, Ht, b->row);
     int rc = 0;
-    for (int l = 0; l < a->n_layers && !rc; l++) {
-        if (!bf16) {
-            rc = prune_layer(src, t, imp, l, &dst->L[l], hk, row, acc, e);
-            continue;
-        }
-        /* the layer's norms and biases are dst's (fp32); its matrices fp32
-         * buffers of their own, rounded into dst's BF16 ones */
-        ac_layer_w tw = dst->L[l];
-        float **slot[7] = {&tw.wq, &tw.wk, &tw.wv, &tw.wo, &tw.wg, &tw.wu, &tw.wd};
-        size_t n[7];
-        for (int k = 0; k < 7; k++) {
-            float *dm = ac_layer_matrix(dst, l, (ac_wmat)k, &n[k]);
-            *slot[k] = dm && n[k] ? calloc(n[k], sizeof(float)) : NULL;
-            if (dm && n[k] && !*slot[k]) rc = ac_errf(e, "out of memory pruning layer %d", l);
-        }
-        if (!rc && t->layers[l].n_experts) rc = expert_buffers(t, l, &dst->L[l], &tw, 1, e);
-        if (!rc) rc = prune_layer(src, t, imp, l, &tw, hk, row, acc, e);
-        for (int k = 0; k < 7; k++) {
-            if (!rc && *slot[k]) ac_from_f32(ac_layer_matrix(dst, l, (ac_wmat)k, &n[k]), *slot[k], ST_BF16, n[k], NULL);
-            free(*slot[k]);
-        }
-        if (t->layers[l].n_experts) expert_buffers(t, l, &dst->L[l], &tw, rc ? -1 : 0, e);
-    }
+    for (int l = 0; l < a->n_layers && !rc; l++) rc = prune_layer(src, t, imp, l, &dst->L[l], hk, b, e);
     return rc;
 }
 
@@ -374,12 +338,11 @@ static int prune_to(const ac_model *src, const ac_arch *t, const ac_importance *
     if (bf16 ? ac_model_alloc_bf16(dst, t, e) : ac_model_alloc(dst, t, e)) return -1;
     size_t wmax = widest(a);
     int *hk = ac_prune_kept(imp->hid_order, t->hidden);
-    float *row = malloc(sizeof(float) * wmax);
-    double *acc = malloc(sizeof(double) * 2 * a->hidden);
-    int rc = hk && row && acc ? prune_layers(src, t, imp, dst, hk, row, acc, e) : ac_errf(e, "out of memory");
+    ac_slice_buf b = {.ddt = ac_model_wdt(dst), .row = malloc(sizeof(float) * wmax), .out = malloc(sizeof(float) * wmax),
+                      .acc = malloc(sizeof(double) * 2 * a->hidden)};
+    int rc = hk && b.row && b.out && b.acc ? prune_layers(src, t, imp, dst, hk, &b, e) : ac_errf(e, "out of memory");
     free(hk);
-    free(row);
-    free(acc);
+    free(b.row), free(b.out), free(b.acc);
     if (rc) ac_model_free(dst);
     return rc;
 }
@@ -399,9 +362,14 @@ void ac_slice_gather(float *dst, const void *src, int wdt, int src_cols, const i
     gather(dst, src, wdt, src_cols, rows, nr, cols, nc, row);
 }
 
+void ac_slice_put(void *dst, const ac_slice_buf *b, const void *src, int wdt, int src_cols, const int *rows, int nr,
+                  const int *cols, int nc) {
+    put(dst, b, src, wdt, src_cols, rows, nr, cols, nc);
+}
+
 int ac_slice_check_layer(const ac_arch *src, const ac_arch *t, int l, ac_err *e) { return check_layer(src, t, l, e); }
 
 int ac_slice_layer(const ac_model *src, const ac_arch *t, const ac_importance *imp, int l, ac_layer_w *dw,
-                   const int *hk, float *row, double *acc, ac_err *e) {
-    return prune_layer(src, t, imp, l, dw, hk, row, acc, e);
+                   const int *hk, const ac_slice_buf *b, ac_err *e) {
+    return prune_layer(src, t, imp, l, dw, hk, b, e);
 }

@@ -17,9 +17,10 @@ int ac_prune(const ac_model *src, const ac_arch *target, const ac_importance *im
 /* The same student with BF16 matrices (wown; norms and biases fp32): each
  * matrix gathered in fp32 as ac_prune does, then rounded to nearest even,
  * so it is bit for bit ac_model_to_bf16 of ac_prune's student (and what
- * ac_model_save's BF16 export of that writes); never more than one layer's
- * matrices in fp32 beside it (the embedding and LM head go a row at a
- * time). A job's students
+ * ac_model_save's BF16 export of that writes). Every matrix is gathered a
+ * row at a time straight into the student (a mixture-of-experts layer one
+ * expert after another): beside the student only two rows of fp32 scratch,
+ * never a layer's matrices in fp32. A job's students
  * (pipeline/job.c): half the memory of fp32 ones, and the weights its
  * report measures are the ones it exports. */
 int ac_prune_bf16(const ac_model *src, const ac_arch *target, const ac_importance *imp, ac_model *dst, ac_err *e);

@@ -172,7 +172,7 @@ static int check_layer(const ac_arch *a, const ac_arch *t, int l, ac_err *e) {
 
 /* A Mamba layer: the kept heads' channels of z, x and dt (B and C whole). */
 static int cut_mamba(const ac_model *src, const ac_arch *t, const ac_importance *imp, int l, ac_layer_w *dw,
-                     const int *hk, float *row, ac_err *e) {
+                     const int *hk, const ac_slice_buf *b, ac_err *e) {
     const ac_arch *a = &src->a;
     const ac_layer_w *sw = &src->L[l];
     int wdt = ac_model_wdt(src), H = a->hidden, Ht = t->hidden, P = a->ssm_head_dim, K = a->ssm_conv;
@@ -201,9 +201,10 @@ static int cut_mamba(const ac_model *src, const ac_arch *t, const ac_importance 
         return ac_errf(e, "out of memory");
     }
     for (int c = 0; c < dt + GN; c++) cr[c] = crow[c] - di;
+    float *row = b->row;
     ac_slice_gather(dw->in_norm, sw->in_norm, ST_F32, H, NULL, 1, hk, Ht, row);
-    ac_slice_gather(dw->ssm_in, sw->ssm_in, wdt, H, rin, 2 * dt + GN + k, hk, Ht, row);
-    ac_slice_gather(dw->ssm_out, sw->ssm_out, wdt, di, hk, Ht, ch, dt, row);
+    ac_slice_put(dw->ssm_in, b, sw->ssm_in, wdt, H, rin, 2 * dt + GN + k, hk, Ht);
+    ac_slice_put(dw->ssm_out, b, sw->ssm_out, wdt, di, hk, Ht, ch, dt);
     ac_slice_gather(dw->conv_w, sw->conv_w, ST_F32, K, cr, dt + GN, NULL, K, row);
     if (sw->conv_b && dw->conv_b) ac_slice_gather(dw->conv_b, sw->conv_b, ST_F32, di + GN, NULL, 1, cr, dt + GN, row);
     ac_slice_gather(dw->dt_bias, sw->dt_bias, ST_F32, nh, NULL, 1, kh, k, row);
@@ -216,15 +217,15 @@ static int cut_mamba(const ac_model *src, const ac_arch *t, const ac_importance 
 
 /* An MLP layer (up, relu^2, down): its best channels. */
 static int cut_mlp(const ac_model *src, const ac_arch *t, const ac_importance *imp, int l, ac_layer_w *dw,
-                   const int *hk, float *row, ac_err *e) {
+                   const int *hk, const ac_slice_buf *b, ac_err *e) {
     const ac_arch *a = &src->a;
     const ac_layer_w *sw = &src->L[l];
     int wdt = ac_model_wdt(src), H = a->hidden, Ht = t->hidden, F = a->layers[l].ffn, Ft = t->layers[l].ffn;
     int *fk = ac_prune_kept(imp->ffn_order[l], Ft);
     if (!fk) return ac_errf(e, "out of memory");
-    ac_slice_gather(dw->post_norm, sw->post_norm, ST_F32, H, NULL, 1, hk, Ht, row);
-    ac_slice_gather(dw->wu, sw->wu, wdt, H, fk, Ft, hk, Ht, row);
-    ac_slice_gather(dw->wd, sw->wd, wdt, F, hk, Ht, fk, Ft, row);
+    ac_slice_gather(dw->post_norm, sw->post_norm, ST_F32, H, NULL, 1, hk, Ht, b->row);
+    ac_slice_put(dw->wu, b, sw->wu, wdt, H, fk, Ft, hk, Ht);
+    ac_slice_put(dw->wd, b, sw->wd, wdt, F, hk, Ht, fk, Ft);
     free(fk);
     return 0;
 }
@@ -233,9 +234,10 @@ static int cut_mlp(const ac_model *src, const ac_arch *t, const ac_importance *i
  * bias, each on its best t->expert_ffn channels (imp->echan_order, its own
  * ranking; NULL: the first); the shared expert on its best
  * t->shared_ffn channels (imp->sh_order), it and the latent projections on
- * the kept hidden channels. */
+ * the kept hidden channels. One expert at a time, straight into the
+ * student's matrices (ac_slice_put). */
 static int cut_moe(const ac_model *src, const ac_arch *t, const ac_importance *imp, int l, ac_layer_w *dw,
-                   const int *hk, float *row, ac_err *e) {
+                   const int *hk, const ac_slice_buf *b, ac_err *e) {
     const ac_arch *a = &src->a;
     const ac_layer_w *sw = &src->L[l];
     int wdt = ac_model_wdt(src), H = a->hidden, Ht = t->hidden, E = a->layers[l].n_experts,
@@ -250,8 +252,9 @@ static int cut_moe(const ac_model *src, const ac_arch *t, const ac_importance *i
     if (Lt) qsort(lk, Ltt, sizeof(int), cmp_int);
     for (int x = 0; x < Et; x++) ek[x] = imp->expert_order && imp->expert_order[l] ? imp->expert_order[l][x] : x;
     qsort(ek, Et, sizeof(int), cmp_int);
+    float *row = b->row;
     ac_slice_gather(dw->post_norm, sw->post_norm, ST_F32, H, NULL, 1, hk, Ht, row);
-    ac_slice_gather(dw->router, sw->router, wdt, H, ek, Et, hk, Ht, row);
+    ac_slice_put(dw->router, b, sw->router, wdt, H, ek, Et, hk, Ht);
     if (sw->router_bias) ac_slice_gather(dw->router_bias, sw->router_bias, ST_F32, E, NULL, 1, ek, Et, row);
     for (int x = 0; x < Et; x++) { /* expert ek[x]'s channels: its best Ft by its own ranking, ascending */
         const int *co = imp->echan_order && imp->echan_order[l] ? imp->echan_order[l] + (size_t)ek[x] * Fe : NULL;
@@ -260,11 +263,11 @@ static int cut_moe(const ac_model *src, const ac_arch *t, const ac_importance *i
         for (int r = 0; r < Ft; r++) fk[r] = co ? co[r] : r;
         qsort(fk, Ft, sizeof(int), cmp_int);
         if (Lt) { /* the experts live on the latent width: its kept channels */
-            ac_slice_gather(dw->eu[x], sw->eu[ek[x]], wdt, Lt, fk, Ft, lk, Ltt, row);
-            ac_slice_gather(dw->ed[x], sw->ed[ek[x]], wdt, Fe, lk, Ltt, fk, Ft, row);
+            ac_slice_put(dw->eu[x], b, sw->eu[ek[x]], wdt, Lt, fk, Ft, lk, Ltt);
+            ac_slice_put(dw->ed[x], b, sw->ed[ek[x]], wdt, Fe, lk, Ltt, fk, Ft);
         } else {
-            ac_slice_gather(dw->eu[x], sw->eu[ek[x]], wdt, H, fk, Ft, hk, Ht, row);
-            ac_slice_gather(dw->ed[x], sw->ed[ek[x]], wdt, Fe, hk, Ht, fk, Ft, row);
+            ac_slice_put(dw->eu[x], b, sw->eu[ek[x]], wdt, H, fk, Ft, hk, Ht);
+            ac_slice_put(dw->ed[x], b, sw->ed[ek[x]], wdt, Fe, hk, Ht, fk, Ft);
         }
     }
     if (Et && !fk) {
@@ -273,8 +276,8 @@ static int cut_moe(const ac_model *src, const ac_arch *t, const ac_importance *i
     }
     free(fk);
     if (Lt) {
-        ac_slice_gather(dw->lat_down, sw->lat_down, wdt, H, lk, Ltt, hk, Ht, row);
-        ac_slice_gather(dw->lat_up, sw->lat_up, wdt, Lt, hk, Ht, lk, Ltt, row);
+        ac_slice_put(dw->lat_down, b, sw->lat_down, wdt, H, lk, Ltt, hk, Ht);
+        ac_slice_put(dw->lat_up, b, sw->lat_up, wdt, Lt, hk, Ht, lk, Ltt);
     }
     free(ek), free(lk);
     int Fst = t->shared_ffn, *sk = Fs && sw->sh_u ? malloc(sizeof(int) * Fs) : NULL;
@@ -283,8 +286,8 @@ static int cut_moe(const ac_model *src, const ac_arch *t, const ac_importance *i
         const int *so = imp->sh_order ? imp->sh_order[l] : NULL;
         for (int r = 0; r < Fst; r++) sk[r] = so ? so[r] : r;
         qsort(sk, Fst, sizeof(int), cmp_int);
-        ac_slice_gather(dw->sh_u, sw->sh_u, wdt, H, sk, Fst, hk, Ht, row);
-        ac_slice_gather(dw->sh_d, sw->sh_d, wdt, Fs, hk, Ht, sk, Fst, row);
+        ac_slice_put(dw->sh_u, b, sw->sh_u, wdt, H, sk, Fst, hk, Ht);
+        ac_slice_put(dw->sh_d, b, sw->sh_d, wdt, Fs, hk, Ht, sk, Fst);
     }
     free(sk);
     return 0;
@@ -304,56 +307,26 @@ static size_t widest(const ac_arch *a) {
     return w;
 }
 
-/* Layer l of t into dw (fp32 buffers of t's layer l shapes). */
+/* Layer l of t into dw (matrices in b->ddt, norms and vectors fp32). */
 static int cut_layer(const ac_model *src, const ac_arch *t, const ac_importance *imp, int l, ac_layer_w *dw,
-                     const int *hk, float *row, double *acc, ac_err *e) {
+                     const int *hk, const ac_slice_buf *b, ac_err *e) {
     const ac_layer_arch *d = &t->layers[l];
-    return d->ssm_heads   ? cut_mamba(src, t, imp, l, dw, hk, row, e)
-           : d->n_heads   ? ac_slice_layer(src, t, imp, l, dw, hk, row, acc, e)
-           : d->ffn       ? cut_mlp(src, t, imp, l, dw, hk, row, e)
-           : d->n_experts ? cut_moe(src, t, imp, l, dw, hk, row, e)
+    return d->ssm_heads   ? cut_mamba(src, t, imp, l, dw, hk, b, e)
+           : d->n_heads   ? ac_slice_layer(src, t, imp, l, dw, hk, b, e)
+           : d->ffn       ? cut_mlp(src, t, imp, l, dw, hk, b, e)
+           : d->n_experts ? cut_moe(src, t, imp, l, dw, hk, b, e)
                           : 0;
 }
 
-/* The embedding and (untied) LM head of dst (fp32, or BF16 a row at a
- * time), and its final norm. */
-static void cut_ends(const ac_model *src, const ac_arch *t, ac_model *dst, const int *hk, float *row, float *tmp) {
+/* The embedding and (untied) LM head of dst, and its final norm. */
+static void cut_ends(const ac_model *src, const ac_arch *t, ac_model *dst, const int *hk, const ac_slice_buf *b) {
     const ac_arch *a = &src->a;
-    int H = a->hidden, Ht = t->hidden, V = a->vocab, wdt = ac_model_wdt(src), bf16 = ac_model_wdt(dst) == ST_BF16;
+    int H = a->hidden, Ht = t->hidden, V = a->vocab, wdt = ac_model_wdt(src);
     float *mats[2] = {dst->embed, t->tie_embeddings ? NULL : dst->lm_head};
     const float *srcs[2] = {src->embed, src->lm_head};
-    for (int i = 0; i < 2; i++) {
-        if (!mats[i]) continue;
-        if (!bf16) {
-            ac_slice_gather(mats[i], srcs[i], wdt, H, NULL, V, hk, Ht, row);
-            continue;
-        }
-        for (int r = 0; r < V; r++) {
-            ac_slice_gather(tmp, srcs[i], wdt, H, &r, 1, hk, Ht, row);
-            ac_from_f32((uint16_t *)mats[i] + (size_t)r * Ht, tmp, ST_BF16, Ht, NULL);
-        }
-    }
-    ac_slice_gather(dst->final_norm, src->final_norm, ST_F32, H, NULL, 1, hk, Ht, row);
-}
-
-/* A BF16 dst's layer l: cut into a one-layer fp32 model of its shapes,
- * rounded to BF16 (ac_model_to_bf16, as an fp32 student's export), and
- * swapped into dst (dst's zeroed buffers of that layer freed with the
- * scratch models). */
-static int cut_layer_bf16(const ac_model *src, const ac_arch *t, const ac_importance *imp, int l, ac_model *dst,
-                          const int *hk, float *row, double *acc, ac_err *e) {
-    ac_arch one = *t;
-    one.n_layers = 1, one.vocab = 1, one.layers = (ac_layer_arch *)&t->layers[l]; /* borrowed by the copies */
-    ac_model f, b;
-    if (ac_model_alloc(&f, &one, e)) return -1;
-    int rc = cut_layer(src, t, imp, l, &f.L[0], hk, row, acc, e) || ac_model_to_bf16(&f, &b, e) ? -1 : 0;
-    ac_model_free(&f);
-    if (rc) return -1;
-    ac_layer_w w = dst->L[l];
-    dst->L[l] = b.L[0];
-    b.L[0] = w;
-    ac_model_free(&b);
-    return 0;
+    for (int i = 0; i < 2; i++)
+        if (mats[i]) ac_slice_put(mats[i], b, srcs[i], wdt, H, NULL, V, hk, Ht);
+    ac_slice_gather(dst->final_norm, src->final_norm, ST_F32, H, NULL, 1, hk, Ht, b->row);
 }
 
 int ac_prune_hybrid(const ac_model *src, const ac_arch *t, const ac_importance *imp, ac_model *dst, int bf16,
@@ -368,14 +341,13 @@ int ac_prune_hybrid(const ac_model *src, const ac_arch *t, const ac_importance *
         if (check_layer(a, t, l, e)) return -1;
     if (bf16 ? ac_model_alloc_bf16(dst, t, e) : ac_model_alloc(dst, t, e)) return -1;
     int *hk = ac_prune_kept(imp->hid_order, t->hidden);
-    float *row = malloc(sizeof(float) * widest(a)), *tmp = malloc(sizeof(float) * (t->hidden + 1));
-    double *acc = malloc(sizeof(double) * 2 * a->hidden);
-    int rc = hk && row && tmp && acc ? 0 : ac_errf(e, "out of memory");
-    if (!rc) cut_ends(src, t, dst, hk, row, tmp);
-    for (int l = 0; !rc && l < a->n_layers; l++)
-        rc = bf16 ? cut_layer_bf16(src, t, imp, l, dst, hk, row, acc, e)
-                  : cut_layer(src, t, imp, l, &dst->L[l], hk, row, acc, e);
-    free(hk), free(row), free(tmp), free(acc);
+    size_t w = widest(a);
+    ac_slice_buf b = {.ddt = ac_model_wdt(dst), .row = malloc(sizeof(float) * w), .out = malloc(sizeof(float) * w),
+                      .acc = malloc(sizeof(double) * 2 * a->hidden)};
+    int rc = hk && b.row && b.out && b.acc ? 0 : ac_errf(e, "out of memory");
+    if (!rc) cut_ends(src, t, dst, hk, &b);
+    for (int l = 0; !rc && l < a->n_layers; l++) rc = cut_layer(src, t, imp, l, &dst->L[l], hk, &b, e);
+    free(hk), free(b.row), free(b.out), free(b.acc);
     if (rc) ac_model_free(dst);
     return rc;
 }

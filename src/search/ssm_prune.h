@@ -25,9 +25,10 @@
  * their shared expert on its best shared_ffn channels (imp->sh_order: up
  * rows, down columns) and their latent projections whole; every matrix keeps
  * the hidden channels
- * imp->hid_order ranks best. A BF16 student is sliced one layer at a time
- * in fp32 and rounded (as ac_model_to_bf16 rounds; the embedding and LM
- * head a row at a time): one layer in fp32 beside it at most.
+ * imp->hid_order ranks best. A BF16 student is sliced a row at a time
+ * straight into its matrices (each row gathered in fp32 and rounded as
+ * ac_model_to_bf16 rounds; an MoE layer one expert after another): no
+ * layer in fp32 beside it.
  *
  * Ownership: *dst is a new model the caller frees; imp is borrowed.
  */
