@@ -10,6 +10,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -516,6 +517,18 @@ def slurm_stepd_pids(sid):
     return out
 
 
+def node_back(timeout):
+    """Wait until the restarted slurmd has registered: the node neither DOWN nor NOT_RESPONDING."""
+    t0, st = time.time(), ""
+    while time.time() - t0 < timeout:
+        st = slurm("scontrol", "show", "node", "-o").stdout
+        m = re.search(r"State=(\S+)", st)
+        if m and not re.search(r"DOWN|NOT_RESPONDING|UNKNOWN|\*", m.group(1)):
+            return
+        time.sleep(0.2)
+    raise AssertionError("the node did not come back: " + st[-400:])
+
+
 def test_node_fault_requeues_or_fails():
     """The node dies (slurmd, the jobs' slurmstepd and workers SIGKILLed) under two running jobs. The one
     submitted as the daemon does by default (--requeue), frozen after its search, is requeued by Slurm: when the
@@ -550,7 +563,8 @@ def test_node_fault_requeues_or_fails():
         r = subprocess.run(["slurmd", "-f", os.path.join(CLUSTER, "slurm.conf"), "-N", node],
                            capture_output=True, text=True, timeout=30)
         assert r.returncode == 0, r.stderr
-    # the node returns (ReturnToService=2) and the requeued job runs again
+    # the node returns (ReturnToService=2) and the requeued job runs again, released once the node answers again
+    node_back(30)
     assert slurm("scontrol", "update", f"JobId={sid_b}", "StartTime=now").returncode == 0  # no requeue delay
     assert_resumed(b)
     assert "Restarts=1" in slurm("scontrol", "show", "job", "-o", str(sid_b)).stdout
@@ -643,6 +657,12 @@ def main():
         if D and R.failed:
             print("--- daemon log (tail)")
             print(open(os.path.join(D.dir, "daemon.log"), errors="replace").read()[-4000:])
+        if R.failed:  # Slurm's own words on what failed
+            for f in ("slurmctld.log", "slurmd.log"):
+                path = os.path.join(CLUSTER, "log", f)
+                if os.path.exists(path):
+                    print(f"--- {f} (tail)")
+                    print(open(path, errors="replace").read()[-3000:])
         if D:
             D.cleanup()
         subprocess.run(["scancel", "--user=" + str(os.getuid())], capture_output=True, timeout=30)  # this cluster's
