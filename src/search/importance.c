@@ -913,9 +913,12 @@ json_t *ac_importance_to_json(const ac_importance *imp) {
     }
     json_t *hs = json_array();
     for (int i = 0; i < 4; i++) json_array_append_new(hs, json_pack("[f,f]", imp->hid_frac[i], imp->hid_sens[i]));
+    const char *how = !imp->ssm_head_order ? method_name(imp->method)
+                      : imp->streamed ? "none (hybrid: activation statistics only, from the layer-streamed pass; the "
+                                        "curves are zero)"
+                                      : "none (hybrid: activation statistics only, from the engine pass; the curves "
+                                        "are zero)";
     return json_pack("{s:f,s:I,s:s,s:o,s:o,s:[f,f,f,f,f]}", "base_loss", imp->base_loss, "tokens",
-                     (json_int_t)imp->tokens, "sensitivity_method",
-                     imp->ssm_head_order ? "none (hybrid: activation statistics only, the curves are zero)"
-                                         : method_name(imp->method),
-                     "layers", layers, "hidden_loss_curve", hs, "removed_fractions", 0.0, 0.25, 0.5, 0.75, 1.0);
+                     (json_int_t)imp->tokens, "sensitivity_method", how, "layers", layers, "hidden_loss_curve", hs,
+                     "removed_fractions", 0.0, 0.25, 0.5, 0.75, 1.0);
 }
