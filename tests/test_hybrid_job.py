@@ -30,6 +30,7 @@ does both.
   base's at the channels a float64 computation of its statistic ranks best;
   a structure with every width the gate search cuts (head dim, expert,
   shared and latent widths) loads in llama.cpp as the engine reads it.
+- calibration_method streamed: the same export as the engine-calibrated job.
 - A hybrid spec with search.method surrogate or export_target deci is
   refused naming the field (`autocompress validate`).
 """
@@ -368,6 +369,31 @@ def test_group_aware_heads_as_model_optimizer_ranks_them():
           f"Model-Optimizer's best (smallest score margin {margin:.2e})")
 
 
+def test_streamed_calibration_job():
+    """calibration_method streamed on the hybrid: the layer-streamed pass (src/search/stream.c) gives the engine
+    pass's statistics (test_stream's test_hybrid_layers), so the job without distillation exports what the
+    engine-calibrated job (test_group_aware_heads_as_model_optimizer_ranks_them's) exports, tensor for tensor."""
+    if not have():
+        return "skip: no tiny model or build/autocompress (make all tiny-model)"
+    import torch
+    base = make_base()
+    out_a = os.path.join(WORK, "out_a")
+    if not os.path.exists(os.path.join(out_a, "report.json")):
+        run_job(job_spec(base, out_a, 0, base_limit(base)), "job_a")
+    ra = json.load(open(os.path.join(out_a, "report.json")))
+    rs, wall, rss = run_job(job_spec(base, os.path.join(WORK, "out_s"), 0, base_limit(base),
+                                     calibration_method="streamed"), "job_s")
+    ms, ma = rs["importance"]["sensitivity_method"], ra["importance"]["sensitivity_method"]
+    print(f"   streamed calibration job: {wall:.1f} s, peak RSS {rss:.0f} MiB; methods: {ms!r} / {ma!r}")
+    assert "layer-streamed" in ms and "engine pass" in ma, (ms, ma)
+    assert rs[rs["chosen"]]["architecture"] == ra[ra["chosen"]]["architecture"]
+    Ws, Wa = load(rs["export"]["dir"]), load(ra["export"]["dir"])
+    assert sorted(Ws) == sorted(Wa), sorted(set(Ws) ^ set(Wa))
+    for k, t in Wa.items():
+        assert torch.equal(Ws[k], t), k
+    print(f"   {len(Wa)} exported tensors equal to the engine-calibrated job's")
+
+
 def test_job_distils_and_exports_nemotron_h():
     if not have():
         return "skip: no tiny model or build/autocompress (make all tiny-model)"
@@ -623,6 +649,7 @@ if __name__ == "__main__":
     try:
         r.run(test_specs_refused_with_the_field)
         r.run(test_group_aware_heads_as_model_optimizer_ranks_them)
+        r.run(test_streamed_calibration_job)
         r.run(test_job_distils_and_exports_nemotron_h)
         r.run(test_moe_hybrid_job_exports_nemotron_h_moe)
         r.run(test_shared_expert_width_as_model_optimizer_ranks_it)

@@ -3,6 +3,7 @@
 #include "runtime/block_cpu.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ssm_cpu_int.h"
@@ -207,4 +208,30 @@ void ac_block_cpu_forward_sub(const ac_block_cpu *c, int l, int sb, int B, int n
 void ac_block_cpu_forward(const ac_block_cpu *c, int l, int B, int n, int pos0) {
     const ac_block_recipe *r = ac_block_recipe_of(&c->m->a, l);
     for (int sb = 0; sb < r->n_sub; sb++) ac_block_cpu_forward_sub(c, l, sb, B, n, pos0);
+}
+
+size_t ac_block_cpu_hybrid_alloc(const ac_arch *a, size_t N, float *hyb[AC_T_COUNT]) {
+    size_t w[AC_T_COUNT] = {0}, in = 1;
+    if (a->hybrid) {
+        w[AC_T_ZX] = ac_block_dim_max(a, AC_DIM_SI);
+        w[AC_T_XBC] = ac_block_dim_max(a, AC_DIM_SC);
+        w[AC_T_Y] = w[AC_T_YN] = ac_block_dim_max(a, AC_DIM_SSM);
+        if (ac_arch_has_moe(a)) w[AC_T_SU] = w[AC_T_SG] = ac_block_dim_max(a, AC_DIM_FS);
+    }
+    if (ac_arch_has_moe(a) && a->moe_latent) w[AC_T_XL] = w[AC_T_YL] = a->moe_latent;
+    for (int t = 0; t < AC_T_COUNT; t++) {
+        if (!w[t]) continue;
+        if (!(hyb[t] = malloc(N * w[t] * sizeof(float)))) return 0;
+        if (w[t] > in) in = w[t];
+    }
+    return in;
+}
+
+void ac_block_cpu_hybrid_free(float *hyb[AC_T_COUNT]) {
+    for (int t = 0; t < AC_T_COUNT; t++) free(hyb[t]), hyb[t] = NULL;
+}
+
+void ac_block_cpu_hybrid_slots(float *slot[AC_T_COUNT], float *const hyb[AC_T_COUNT]) {
+    for (int t = 0; t < AC_T_COUNT; t++)
+        if (hyb[t]) slot[t] = hyb[t];
 }

@@ -51,8 +51,9 @@ typedef struct {
     int max_ctx;
     /* Mamba-2 layers: per layer l the decode state ([B][K-1][SC] conv
      * inputs, [B][heads][P][Ns] SSM states, ssm_cpu_int.h), continued when
-     * pos0 > 0 and restarted at 0. Required for hybrid models (the
-     * engine's); callers without one refuse them. */
+     * pos0 > 0 and restarted at 0. Required for hybrid models: the
+     * engine's, one per layer; streamed calibration's windows always
+     * start at 0, so every layer's points at one shared buffer. */
     float **conv_s, **ssm_s;
     float *scores; /* n * (pos0 + n) floats */
     int *rows;     /* max(N, E) ints (models with MoE layers): the experts in routing order, then the rows
@@ -89,6 +90,18 @@ typedef struct {
 int ac_block_cpu_expert(float *x, const float *in, const float *r, int N, int H, int E, int e, const void *wg,
                         const void *wu, const void *wd, int wdt, int Fe, const ac_expert_scratch *s,
                         const ac_engine_hooks *hk, int l);
+
+/* The slots a hybrid (nemotron_h) model's recipes add (block.h), each for N
+ * rows of the widest layer, into hyb (all NULL on entry): ZX, XBC, Y, YN
+ * (Mamba-2 layers), SU, SG (the shared expert of MoE layers), XL, YL
+ * (LatentMoE); none in another model. Returns the widest GEMM input among
+ * them (at least 1: for ac_wscratch_alloc), 0 when out of memory. The
+ * owner frees them with ac_block_cpu_hybrid_free (NULL entries skipped)
+ * and puts them in an executor's slots with ac_block_cpu_hybrid_slots. */
+size_t ac_block_cpu_hybrid_alloc(const ac_arch *a, size_t N, float *hyb[AC_T_COUNT]);
+void ac_block_cpu_hybrid_free(float *hyb[AC_T_COUNT]);
+/* slot[t] = hyb[t] for every set hyb[t]. */
+void ac_block_cpu_hybrid_slots(float *slot[AC_T_COUNT], float *const hyb[AC_T_COUNT]);
 
 /* RMSNorm over the kept hidden channels of mod (plain ac_rmsnorm without a
  * hidden mask): the final norm before the head uses it too. */

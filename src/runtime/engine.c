@@ -17,9 +17,9 @@
 
 void ac_engine_free(ac_engine *en) {
     float *bufs[] = {en->x,      en->x0,     en->xn,    en->q,     en->att, en->g,  en->u,  en->kt, en->vt,
-                     en->scores, en->logits, en->cos_t, en->sin_t, en->r,   en->xe, en->eg, en->eu,
-                     en->zx,     en->xbc,    en->y,     en->yn,  en->su, en->sg, en->xl, en->yl};
+                     en->scores, en->logits, en->cos_t, en->sin_t, en->r,   en->xe, en->eg, en->eu};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+    ac_block_cpu_hybrid_free(en->hyb);
     free(en->rows);
     if (en->kc)
         for (int l = 0; l < en->m->a.n_layers; l++) {
@@ -77,29 +77,14 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
         en->rows = malloc((N > E ? N : E) * sizeof(int));
         moe_ok = en->r && en->xe && en->eg && en->eu && en->rows;
         if (Fe > maxin) maxin = Fe;
-        size_t Fs = ac_block_dim_max(a, AC_DIM_FS); /* a nemotron_h shared expert */
-        if (a->hybrid) {
-            en->su = malloc(N * Fs * 4);
-            en->sg = malloc(N * Fs * 4);
-            moe_ok = moe_ok && en->su && en->sg;
-        }
-        if (a->moe_latent) { /* LatentMoE: the experts' input and output in the latent width */
-            en->xl = malloc(N * a->moe_latent * 4);
-            en->yl = malloc(N * a->moe_latent * 4);
-            moe_ok = moe_ok && en->xl && en->yl;
-        }
-        if (Fs > maxin) maxin = Fs;
     }
-    if (a->hybrid) { /* the Mamba-2 slots and each Mamba layer's decode state */
-        size_t SI = ac_block_dim_max(a, AC_DIM_SI), SC = ac_block_dim_max(a, AC_DIM_SC),
-               di = ac_block_dim_max(a, AC_DIM_SSM);
-        en->zx = malloc(N * SI * 4);
-        en->xbc = malloc(N * SC * 4);
-        en->y = malloc(N * di * 4);
-        en->yn = malloc(N * di * 4);
+    size_t hin = ac_block_cpu_hybrid_alloc(a, N, en->hyb); /* a hybrid's Mamba-2, shared-expert, latent slots */
+    moe_ok = moe_ok && hin;
+    if (hin > maxin) maxin = hin;
+    if (a->hybrid) { /* each Mamba layer's decode state */
         en->conv_s = calloc(a->n_layers, sizeof *en->conv_s);
         en->ssm_s = calloc(a->n_layers, sizeof *en->ssm_s);
-        moe_ok = moe_ok && en->zx && en->xbc && en->y && en->yn && en->conv_s && en->ssm_s;
+        moe_ok = moe_ok && en->conv_s && en->ssm_s;
         for (int l = 0; moe_ok && l < a->n_layers; l++) {
             size_t nh = a->layers[l].ssm_heads, K = a->ssm_conv > 1 ? a->ssm_conv - 1 : 1;
             if (!nh) continue;
@@ -107,7 +92,6 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
             en->ssm_s[l] = malloc((size_t)max_batch * nh * a->ssm_head_dim * a->ssm_state * 4);
             moe_ok = en->conv_s[l] && en->ssm_s[l];
         }
-        if (SI > maxin) maxin = SI;
     }
     int ok = moe_ok && (ac_model_wdt(m) == ST_F32 || ac_wscratch_alloc(&en->ws, (int)N, (int)maxin) == 0);
     ok = ok && en->x && en->x0 && en->xn && en->q && en->att && en->g && en->u && en->kt && en->vt && en->scores &&
@@ -165,12 +149,11 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
                        .rows = en->rows,
                        .ws = ws,
                        .hooks = hk};
-    float *slots[AC_T_COUNT] = {[AC_T_X] = en->x,   [AC_T_XN] = en->xn,   [AC_T_Q] = en->q,   [AC_T_K] = en->kt,
-                                [AC_T_V] = en->vt,  [AC_T_ATT] = en->att, [AC_T_G] = en->g,   [AC_T_U] = en->u,
-                                [AC_T_R] = en->r,   [AC_T_XE] = en->xe,   [AC_T_EG] = en->eg, [AC_T_EU] = en->eu,
-                                [AC_T_ZX] = en->zx, [AC_T_XBC] = en->xbc, [AC_T_Y] = en->y,   [AC_T_YN] = en->yn,
-                                [AC_T_SU] = en->su, [AC_T_SG] = en->sg,   [AC_T_XL] = en->xl, [AC_T_YL] = en->yl};
+    float *slots[AC_T_COUNT] = {[AC_T_X] = en->x,  [AC_T_XN] = en->xn,   [AC_T_Q] = en->q,   [AC_T_K] = en->kt,
+                                [AC_T_V] = en->vt, [AC_T_ATT] = en->att, [AC_T_G] = en->g,   [AC_T_U] = en->u,
+                                [AC_T_R] = en->r,  [AC_T_XE] = en->xe,   [AC_T_EG] = en->eg, [AC_T_EU] = en->eu};
     memcpy(bc.slot, slots, sizeof slots);
+    ac_block_cpu_hybrid_slots(bc.slot, en->hyb);
     for (int l = 0; l < a->n_layers; l++) {
         if (hk && hk->layer_io) memcpy(en->x0, en->x, (size_t)N * H * 4);
         ac_block_cpu_forward(&bc, l, B, n, pos0);

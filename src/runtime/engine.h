@@ -13,6 +13,7 @@
 #define AC_ENGINE_H
 
 #include "core/err.h"
+#include "runtime/block.h"
 #include "runtime/kernels_cpu.h"
 #include "format/model.h"
 
@@ -51,12 +52,11 @@ typedef struct {
     float *x, *x0, *xn, *q, *att, *g, *u, *kt, *vt, *scores, *logits;
     float *r, *xe, *eg, *eu; /* MoE slots (block.h's R, XE, EG, EU); NULL for a dense model */
     int *rows;               /* MoE: max(N, experts) ints */
-    float **kc, **vc;     /* per layer [max_batch][max_ctx][kv_heads*head_dim] */
-    /* Hybrid (nemotron_h) models: the Mamba-2 slots (block.h's ZX, XBC, Y,
-     * YN) and per Mamba layer its decode state (block_cpu.h); NULL else */
-    float *zx, *xbc, *y, *yn;
-    float *su, *sg; /* nemotron_h MoE: the shared expert's slots (SU, SG); NULL without one */
-    float *xl, *yl; /* LatentMoE: the latent slots (XL, YL); NULL without */
+    float **kc, **vc;        /* per layer [max_batch][max_ctx][kv_heads*head_dim] */
+    /* Hybrid (nemotron_h) models: the slots their recipes add (block.h's
+     * ZX, XBC, Y, YN, SU, SG, XL, YL; ac_block_cpu_hybrid_alloc) and per
+     * Mamba layer its decode state (block_cpu.h); NULL else */
+    float *hyb[AC_T_COUNT];
     float **conv_s, **ssm_s;
     float *cos_t, *sin_t; /* [max_ctx][head_dim/2] */
     int *pos;

@@ -465,7 +465,8 @@ static int merge_sensitivity(calib *c, ac_err *e) {
 
 typedef struct {
     calib *c;
-    int how; /* AC_CALIB_EXACT, _ANCHORED or _STREAMED */
+    int how;    /* AC_CALIB_EXACT, _ANCHORED or _STREAMED */
+    int curves; /* 0 (a hybrid): the statistics, rankings and base loss alone, as the engine path's */
     ac_stream s;
     float *X;       /* [nwin*ctx][H] residual stream of all windows */
     float **Xin;    /* [L+1] -> [S][H] */
@@ -594,7 +595,7 @@ static int stream_layer(streamer *t, ac_stats *st, const ac_engine_hooks *hk, in
     run_layers(t, l, l + 1, t->X, t->nwin, NULL, hk);
     memcpy(t->Xin[l + 1], t->X, S * 4);
     if (rank_layer(c->m, st, l, c->imp, e)) return -1;
-    if (t->how != AC_CALIB_STREAMED) layer_points(t, l);
+    if (t->curves && t->how != AC_CALIB_STREAMED) layer_points(t, l);
     return 0;
 }
 
@@ -730,12 +731,14 @@ static int streamer_init(streamer *t, calib *c, int how, long nwin, ac_err *e) {
     memset(t, 0, sizeof *t);
     t->c = c;
     t->how = how;
+    t->curves = !ac_arch_is_hybrid(a);
     t->nwin = nwin;
     t->sw = c->sw > 0 ? c->sw : 8; /* windows 0 = all: the loss points still take 8 */
     if (t->sw > nwin) t->sw = nwin;
     size_t S = (size_t)t->sw * c->ctx * H;
     if (ac_stream_init(&t->s, c->m, 4, c->ctx, e)) return -1;
-    if (how == AC_CALIB_STREAMED && ac_stream_want_grad(&t->s, e)) {
+    int grad = how == AC_CALIB_STREAMED && t->curves;
+    if (grad && ac_stream_want_grad(&t->s, e)) {
         ac_stream_free(&t->s);
         return -1;
     }
@@ -743,8 +746,8 @@ static int streamer_init(streamer *t, calib *c, int how, long nwin, ac_err *e) {
     t->Xin = calloc(L + 1, sizeof *t->Xin);
     for (int l = 0; t->Xin && l <= L; l++) t->Xin[l] = malloc(S * 4);
     t->Y = malloc(S * 4);
-    t->D = how == AC_CALIB_STREAMED ? malloc(S * 4) : malloc(4);
-    t->D2 = how == AC_CALIB_STREAMED ? malloc(FISHER_SAMPLES * S * 4) : malloc(4);
+    t->D = grad ? malloc(S * 4) : malloc(4);
+    t->D2 = grad ? malloc(FISHER_SAMPLES * S * 4) : malloc(4);
     t->hm = malloc(mh * 4);
     t->fm = malloc(mf * 4);
     t->xm = malloc((ac_block_dim_max(a, AC_DIM_E) + 1) * 4);
@@ -757,8 +760,8 @@ static int streamer_init(streamer *t, calib *c, int how, long nwin, ac_err *e) {
     c->imp->merge_n = calloc(L, sizeof(int));
     c->imp->merge_r = calloc(L, sizeof *c->imp->merge_r);
     c->imp->merge_sens = calloc(L, sizeof *c->imp->merge_sens);
-    int ok = t->X && t->Xin && t->Y && t->D && t->D2 && t->hm && t->fm && t->xm && t->ea && t->ef && t->em && t->la && t->lf &&
-             t->lm && c->imp->merge_n && c->imp->merge_r && c->imp->merge_sens;
+    int ok = t->X && t->Xin && t->Y && t->D && t->D2 && t->hm && t->fm && t->xm && t->ea && t->ef && t->em && t->la &&
+             t->lf && t->lm && c->imp->merge_n && c->imp->merge_r && c->imp->merge_sens;
     for (int l = 0; ok && l <= L; l++) ok = t->Xin[l] != NULL;
     if (!ok) {
         streamer_free(t);
@@ -779,7 +782,7 @@ static int streamed_calibration(calib *c, ac_stats *st, int how, long nwin, ac_e
     hk.rows = NULL;
     st->tokens = nwin * c->ctx;
     if (!rc) memcpy(t.Xin[0], t.X, (size_t)t.sw * c->ctx * c->m->a.hidden * 4);
-    int steps = how == AC_CALIB_STREAMED ? 2 * L + 1 : L + 1;
+    int steps = how == AC_CALIB_STREAMED && t.curves ? 2 * L + 1 : L + 1;
     for (int l = 0; l < L && !rc; l++) {
         rc = stream_layer(&t, st, &hk, l, e);
         if (c->progress) c->progress(c->ud, "streamed calibration", (double)(l + 1) / steps);
@@ -787,9 +790,15 @@ static int streamed_calibration(calib *c, ac_stats *st, int how, long nwin, ac_e
     if (!rc) {
         double base_sum = head_loss(&t, t.X, 0, t.sw, NULL), rest = head_loss(&t, t.X, t.sw, nwin, NULL);
         c->imp->base_loss = (base_sum + rest) / (nwin * (c->ctx - 1));
-        if (how == AC_CALIB_STREAMED) backward_points(&t);
-        stream_curves(&t, base_sum);
-        rc = rank_hidden(st, c->imp, e) || hidden_points(&t, base_sum, e) ? -1 : 0;
+        if (how == AC_CALIB_STREAMED && t.curves) backward_points(&t);
+        if (t.curves) stream_curves(&t, base_sum);
+        rc = rank_hidden(st, c->imp, e) || (t.curves && hidden_points(&t, base_sum, e)) ? -1 : 0;
+    }
+    if (!t.curves) { /* no KV-merge curves, as the engine path's */
+        free(c->imp->merge_n);
+        free(c->imp->merge_r);
+        free(c->imp->merge_sens);
+        c->imp->merge_n = NULL, c->imp->merge_r = NULL, c->imp->merge_sens = NULL;
     }
     streamer_free(&t);
     return rc;
@@ -840,7 +849,9 @@ int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, i
                    : AC_CALIB_EXACT;
     if (mode == AC_CALIB_EXACT && cuda) mode = AC_CALIB_ENGINE; /* the loss passes on the GPU */
     int hybrid = ac_arch_is_hybrid(a);
-    if (hybrid) mode = AC_CALIB_ENGINE; /* the statistics in one engine pass (CPU); no loss curves yet */
+    /* a hybrid: the activation statistics alone (no loss curves yet), in one engine pass (CPU) or, STREAMED, one
+     * layer-streamed pass that gives the same statistics, rankings and base loss */
+    if (hybrid && mode != AC_CALIB_STREAMED) mode = AC_CALIB_ENGINE;
     imp->method = mode;
     imp->streamed = mode == AC_CALIB_STREAMED;
     ac_stats st;
@@ -852,6 +863,8 @@ int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, i
         rc = streamed_calibration(&c, &st, mode, nwin, e);
         imp->tokens = st.tokens;
         if (!rc) rc = minitron_scores(&st, a, imp, e);
+        if (!rc && hybrid) rc = ac_ssm_rank_heads((const double *const *)st.mt_ssm, a, imp, e);
+        if (!rc && hybrid) rc = ac_rank_shared((const double *const *)st.mt_shared, a, imp, e);
         ac_stats_free(&st);
     } else if (!rc) {
         ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = windows, .batch = 4};
@@ -900,10 +913,12 @@ json_t *ac_importance_to_json(const ac_importance *imp) {
     }
     json_t *hs = json_array();
     for (int i = 0; i < 4; i++) json_array_append_new(hs, json_pack("[f,f]", imp->hid_frac[i], imp->hid_sens[i]));
+    const char *how = !imp->ssm_head_order ? method_name(imp->method)
+                      : imp->streamed ? "none (hybrid: activation statistics only, from the layer-streamed pass; the "
+                                        "curves are zero)"
+                                      : "none (hybrid: activation statistics only, from the engine pass; the curves "
+                                        "are zero)";
     return json_pack("{s:f,s:I,s:s,s:o,s:o,s:[f,f,f,f,f]}", "base_loss", imp->base_loss, "tokens",
-                     (json_int_t)imp->tokens, "sensitivity_method",
-                     imp->ssm_head_order ? "none (hybrid: activation statistics only, the curves are zero)"
-                                         : method_name(imp->method),
-                     "layers", layers,
-                     "hidden_loss_curve", hs, "removed_fractions", 0.0, 0.25, 0.5, 0.75, 1.0);
+                     (json_int_t)imp->tokens, "sensitivity_method", how, "layers", layers, "hidden_loss_curve", hs,
+                     "removed_fractions", 0.0, 0.25, 0.5, 0.75, 1.0);
 }

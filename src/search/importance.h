@@ -135,7 +135,11 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
  *   models, one at a time, gathered from m by ac_prune).
  * AUTO (ac_importance_compute): EXACT (ENGINE with cuda) when the exact
  *   method's passes cost at most AC_CALIB_EXACT_FLOPS (every model of the
- *   tests), else STREAMED. */
+ *   tests), else STREAMED.
+ * A hybrid (nemotron_h) model gets the activation statistics, rankings and
+ *   base loss alone (no loss curves): STREAMED streams them layer by layer
+ *   (no backward), every other method is ENGINE's one pass; both give the
+ *   same values. */
 enum { AC_CALIB_AUTO, AC_CALIB_EXACT, AC_CALIB_STREAMED, AC_CALIB_ANCHORED, AC_CALIB_ENGINE };
 #define AC_CALIB_EXACT_FLOPS 2e12
 int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda, int mode,

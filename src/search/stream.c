@@ -14,12 +14,15 @@
 #include "runtime/rope.h"
 
 void ac_stream_free(ac_stream *s) {
-    float *bufs[] = {s->xn,    s->q,      s->kt,  s->vt, s->att, s->g,   s->u,    s->x0,   s->scores, s->cos_t,
-                     s->sin_t, s->logits, s->xh1, s->r1, s->x1,  s->dxn, s->tape, s->bscr, s->dw,     s->wtile,
-                     s->r,     s->xe,     s->eg,  s->eu};
+    float *bufs[] = {s->xn,    s->q,     s->kt,     s->vt,  s->att, s->g,  s->u,        s->x0,     s->scores,
+                     s->cos_t, s->sin_t, s->logits, s->xh1, s->r1,  s->x1, s->dxn,      s->tape,   s->bscr,
+                     s->dw,    s->wtile, s->r,      s->xe,  s->eg,  s->eu, s->conv_buf, s->ssm_buf};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(s->pos);
     free(s->rows);
+    free(s->conv_s);
+    free(s->ssm_s);
+    ac_block_cpu_hybrid_free(s->hyb);
     ac_wscratch_free(&s->ws);
     memset(s, 0, sizeof *s);
 }
@@ -35,8 +38,6 @@ int ac_stream_init(ac_stream *s, const ac_model *m, int B, int n, ac_err *e) {
     memset(s, 0, sizeof *s);
     const ac_arch *a = &m->a;
     if (B < 1 || n < 2) return ac_errf(e, "stream: batch must be >= 1 and window >= 2");
-    if (ac_arch_is_hybrid(a))
-        return ac_errf(e, "stream: layer-streamed calibration of hybrid (nemotron_h) Mamba layers is not written yet");
     s->m = m;
     s->B = B;
     s->n = n;
@@ -68,6 +69,20 @@ int ac_stream_init(ac_stream *s, const ac_model *m, int B, int n, ac_err *e) {
         s->rows = malloc((N > E ? N : E) * sizeof(int));
         moe_ok = s->r && s->xe && s->eg && s->eu && s->rows;
         if (Fe > maxin) maxin = Fe;
+    }
+    size_t hin = ac_block_cpu_hybrid_alloc(a, N, s->hyb); /* as the engine's */
+    moe_ok = moe_ok && hin;
+    if (hin > maxin) maxin = hin;
+    if (a->hybrid) { /* one conv and one SSM state for every layer (restarted at each call) */
+        size_t SC = ac_block_dim_max(a, AC_DIM_SC), K = a->ssm_conv > 1 ? a->ssm_conv - 1 : 1, nh = 0;
+        for (int l = 0; l < a->n_layers; l++)
+            if ((size_t)a->layers[l].ssm_heads > nh) nh = a->layers[l].ssm_heads;
+        s->conv_buf = malloc(((size_t)B * K * SC + 1) * 4);
+        s->ssm_buf = malloc(((size_t)B * nh * a->ssm_head_dim * a->ssm_state + 1) * 4);
+        s->conv_s = malloc(a->n_layers * sizeof *s->conv_s);
+        s->ssm_s = malloc(a->n_layers * sizeof *s->ssm_s);
+        moe_ok = moe_ok && s->conv_buf && s->ssm_buf && s->conv_s && s->ssm_s;
+        for (int l = 0; moe_ok && l < a->n_layers; l++) s->conv_s[l] = s->conv_buf, s->ssm_s[l] = s->ssm_buf;
     }
     int ws_ok = s->wdt == ST_F32 || ac_wscratch_alloc(&s->ws, (int)N, (int)maxin) == 0;
     if (!moe_ok || !ws_ok || !s->xn || !s->x0 || !s->q || !s->att || !s->kt || !s->vt || !s->g || !s->u || !s->scores ||
@@ -126,13 +141,16 @@ static ac_block_cpu executor(ac_stream *s, float *x, const ac_stream_mod *mod, c
                       .sin_t = s->sin_t,
                       .scores = s->scores,
                       .rows = s->rows,
+                      .conv_s = s->conv_s,
+                      .ssm_s = s->ssm_s,
                       .ws = &s->ws,
                       .mod = mod,
                       .hooks = hk};
-    float *slots[AC_T_COUNT] = {[AC_T_X] = x,     [AC_T_XN] = s->xn,   [AC_T_Q] = s->q,   [AC_T_K] = s->kt,
-                                [AC_T_V] = s->vt, [AC_T_ATT] = s->att, [AC_T_G] = s->g,   [AC_T_U] = s->u,
-                                [AC_T_R] = s->r,  [AC_T_XE] = s->xe,   [AC_T_EG] = s->eg, [AC_T_EU] = s->eu};
+    float *slots[AC_T_COUNT] = {
+        [AC_T_X] = x,    [AC_T_XN] = s->xn, [AC_T_Q] = s->q, [AC_T_K] = s->kt,  [AC_T_V] = s->vt,  [AC_T_ATT] = s->att,
+        [AC_T_G] = s->g, [AC_T_U] = s->u,   [AC_T_R] = s->r, [AC_T_XE] = s->xe, [AC_T_EG] = s->eg, [AC_T_EU] = s->eu};
     memcpy(c.slot, slots, sizeof slots);
+    ac_block_cpu_hybrid_slots(c.slot, s->hyb);
     return c;
 }
 

@@ -15,6 +15,14 @@
  * removes them). The backward of MoE layers needs fp32 weights
  * (block_grad.h).
  *
+ * Hybrid (nemotron_h) models run every layer kind through the same recipe
+ * executor as the engine (block_cpu.h): Mamba-2 layers (in_proj, causal
+ * conv, selective scan, gated norm, out_proj; each window's conv and SSM
+ * state from zero, so windows never leak into each other), squared-ReLU
+ * MLPs, attention, and MoE layers with the sigmoid router, the shared
+ * expert and LatentMoE's projections. Their backward, as block_grad.h's,
+ * needs fp32 weights.
+ *
  * Masks act on activations, never on weights: the model is only read, so
  * it may be resident (BF16/F16 matrices in the mapped checkpoint,
  * ac_model_load_resident); the GEMMs go through ac_linear_w as in the
@@ -42,6 +50,13 @@ typedef struct {
      * an expert's gathered rows and SwiGLU, the routing order's ints */
     float *r, *xe, *eg, *eu;
     int *rows;
+    /* hybrid (nemotron_h) models (NULL otherwise): the slots their recipes
+     * add (ac_block_cpu_hybrid_alloc: Mamba-2's, the shared expert's,
+     * LatentMoE's); the executor's per-layer conv and SSM state pointers,
+     * every layer's at one buffer (conv_buf, ssm_buf: windows start at
+     * position 0, so each call restarts the state and nothing reads it back) */
+    float *hyb[AC_T_COUNT], *conv_buf, *ssm_buf;
+    float **conv_s, **ssm_s;
     ac_wscratch ws; /* 16-bit weights: the GEMMs' scratch */
     /* backward (ac_stream_want_grad), NULL otherwise: the final norm's xhat
      * and 1/rms, a layer's input copy, the block executor's tape (one layer)
