@@ -1051,11 +1051,44 @@ static void hybrid_roundtrip(const ac_model *m, const char *tok, int dtype, cons
     free(buf);
 }
 
+/* A hybrid export (hybrid_roundtrip's F32 file of m) cut short at every
+ * 97th byte never loads; an A_log of -200 (ssm_a = -exp(-200) = -0 in
+ * float) is refused, naming ssm_a. */
+static void hybrid_bad_files(ac_model *m, const char *name) {
+    char path[200];
+    ac_err e;
+    size_t len;
+    snprintf(path, sizeof path, "%s/%s_f32.gguf", tmpdir, name);
+    char *buf = ac_read_file(path, 1u << 30, &len, &e);
+    if (!buf) {
+        CHECK(0, "%s: %s", name, e.msg);
+        return;
+    }
+    int loaded = 0, tried = 0;
+    ac_model r;
+    for (size_t cut = 0; cut < len; cut += 97, tried++)
+        if (ac_gguf_load_buf(buf, cut, &r, NULL, &e) == 0) loaded++, ac_model_free(&r);
+    CHECK(loaded == 0, "%s: %d of %d truncated copies loaded", name, loaded, tried);
+    printf("   %s: %d truncated copies refused\n", name, tried - loaded);
+    free(buf);
+    int l = 0;
+    while (l < m->a.n_layers && !m->a.layers[l].ssm_heads) l++;
+    if (l == m->a.n_layers) return;
+    float keep = m->L[l].a_log[1];
+    m->L[l].a_log[1] = -200;
+    snprintf(path, sizeof path, "%s/%s_a0.gguf", tmpdir, name);
+    CHECK(ac_gguf_write(m, NULL, path, ST_F32, &e) == 0, "%s", e.msg);
+    CHECK(ac_model_load(path, &r, &e) != 0 && strstr(e.msg, "ssm_a[1]") && strstr(e.msg, "not negative"),
+          "%s: an ssm_a of -0: %s", name, e.msg);
+    printf("   %s: an ssm_a of -0 refused: %s\n", name, e.msg);
+    m->L[l].a_log[1] = keep;
+}
+
 /* Our reader gets back what we export as nemotron_h and nemotron_h_moe:
  * the dense, MoE and LatentMoE hybrids made from the tiny model (trained
  * attention and MLP weights, random Mamba and MoE ones; F32 and BF16) and
  * the hybrid fixtures (config.json models: dense, MoE, MoE without
- * renormalisation, LatentMoE; F32). */
+ * renormalisation, LatentMoE; F32); truncated and -0 ssm_a files refused. */
 static void test_nemotron_h_gguf_read(void) {
     ac_err e;
     int ran = 0;
@@ -1089,6 +1122,7 @@ static void test_nemotron_h_gguf_read(void) {
             continue;
         }
         hybrid_roundtrip(&m, NULL, ST_F32, fx[i]);
+        if (i == 3) hybrid_bad_files(&m, fx[i]);
         ac_model_free(&m);
         ran++;
     }
