@@ -266,9 +266,10 @@ static const char *seeds[] = {
 #define NSEEDS (sizeof seeds / sizeof *seeds)
 #define GGUF_TARGET 10
 
-/* The GGUF seed (target 10): a one-layer model with the
+/* The GGUF seeds (target 10): a one-layer model, and (hybrid) a
+ * three-layer nemotron_h_moe (Mamba-2, attention, LatentMoE), with the
  * SentencePiece-style tokenizer of seeds[3], written by the exporter. */
-static unsigned char *gguf_seed(size_t *n) {
+static unsigned char *gguf_seed(size_t *n, int hybrid) {
     char dir[] = "/tmp/ac_fuzz_XXXXXX", tj[64], gp[64];
     if (!mkdtemp(dir)) return NULL;
     snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
@@ -277,7 +278,7 @@ static unsigned char *gguf_seed(size_t *n) {
     if (!f) return NULL;
     fputs(seeds[3] + 1, f);
     fclose(f);
-    ac_layer_arch L = {2, 1, 4, 0, 0, 0};
+    ac_layer_arch L[3] = {{2, 1, 4, 0, 0, 0}, {0, 0, 0, 0, 0, 2}, {0, 0, 0, 2, 2, 0}};
     ac_arch a = {.vocab = 8,
                  .hidden = 4,
                  .head_dim = 2,
@@ -287,7 +288,14 @@ static unsigned char *gguf_seed(size_t *n) {
                  .rope_theta = 1e4f,
                  .bos_id = -1,
                  .eos_id = -1,
-                 .layers = &L};
+                 .layers = L};
+    if (hybrid) { /* M * E: 2 Mamba heads of 2, state 2, kernel 2; 2 experts of 2 on a latent width of 2 */
+        L[0] = L[1], L[1] = (ac_layer_arch){2, 1, 0, 0, 0, 0};
+        snprintf(a.model_type, sizeof a.model_type, "nemotron_h");
+        a.n_layers = 3, a.hybrid = 1, a.ssm_head_dim = 2, a.ssm_state = 2, a.ssm_groups = 1, a.ssm_conv = 2;
+        a.ssm_conv_bias = 1, a.top_k = 1, a.norm_topk = 1, a.router_sigmoid = 1, a.routed_scale = 1;
+        a.shared_ffn = 2, a.moe_latent = 2;
+    }
     ac_model m;
     ac_err e;
     unsigned char *buf = NULL;
@@ -302,7 +310,7 @@ static unsigned char *gguf_seed(size_t *n) {
 }
 
 /* The seeds as files (a starting corpus for libFuzzer). */
-static int write_seeds(const char *dir, const unsigned char *gg, size_t gn) {
+static int write_seeds(const char *dir, unsigned char *const gg[2], const size_t gn[2]) {
     for (size_t s = 0; s < sizeof seeds / sizeof *seeds; s++) {
         char path[512];
         snprintf(path, sizeof path, "%s/seed-%02zu", dir, s);
@@ -322,14 +330,16 @@ static int write_seeds(const char *dir, const unsigned char *gg, size_t gn) {
             fwrite(seeds[s], 1, strlen(seeds[s] + 1) + 1, f);
         if (fclose(f)) return 1;
     }
-    char path[512];
-    snprintf(path, sizeof path, "%s/seed-%02zu", dir, NSEEDS);
-    FILE *f = fopen(path, "wb");
-    if (!f || fputc(GGUF_TARGET, f) == EOF || fwrite(gg, 1, gn, f) != gn || fclose(f)) {
-        perror(path);
-        return 1;
+    for (int g = 0; g < 2; g++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/seed-%02zu", dir, NSEEDS + (size_t)g);
+        FILE *f = fopen(path, "wb");
+        if (!f || fputc(GGUF_TARGET, f) == EOF || fwrite(gg[g], 1, gn[g], f) != gn[g] || fclose(f)) {
+            perror(path);
+            return 1;
+        }
     }
-    printf("wrote %zu seeds to %s\n", NSEEDS + 1, dir);
+    printf("wrote %zu seeds to %s\n", NSEEDS + 2, dir);
     return 0;
 }
 
@@ -380,20 +390,22 @@ static void remove_scratch(void) {
 }
 
 int main(int argc, char **argv) {
-    size_t gn = 0;
-    unsigned char *gg = gguf_seed(&gn);
-    ac_model gm;
-    ac_tokenizer *gt;
-    ac_err ge;
-    if (!gg || gn + 1 > 8192 || ac_gguf_load_buf(gg, gn, &gm, &gt, &ge)) {
-        fprintf(stderr, "fuzz_parsers: cannot build the GGUF seed\n");
-        return 1;
+    size_t gn[2] = {0, 0};
+    unsigned char *gg[2] = {gguf_seed(&gn[0], 0), gguf_seed(&gn[1], 1)}; /* llama, nemotron_h_moe */
+    for (int g = 0; g < 2; g++) {
+        ac_model gm;
+        ac_tokenizer *gt;
+        ac_err ge;
+        if (!gg[g] || gn[g] + 1 > 8192 || ac_gguf_load_buf(gg[g], gn[g], &gm, &gt, &ge)) {
+            fprintf(stderr, "fuzz_parsers: cannot build GGUF seed %d (%zu bytes)\n", g, gn[g]);
+            return 1;
+        }
+        ac_model_free(&gm);
+        ac_tok_free(gt);
     }
-    ac_model_free(&gm);
-    ac_tok_free(gt);
     if (argc > 2 && !strcmp(argv[1], "--seeds")) {
         int rc = write_seeds(argv[2], gg, gn);
-        free(gg);
+        free(gg[0]), free(gg[1]);
         return rc;
     }
     if (argc > 2 && !strcmp(argv[1], "--run")) { /* replay inputs (crashes, OOMs found by libFuzzer) */
@@ -409,14 +421,14 @@ int main(int argc, char **argv) {
             free(d);
         }
         printf("replayed %d inputs\n", argc - 2);
-        free(gg);
+        free(gg[0]), free(gg[1]);
         remove_scratch();
         return 0;
     }
     if (argc > 1 && !strcmp(argv[1], "--extremes")) {
         long n = run_extremes();
         printf("ran %ld inputs with extreme numbers without a crash\n", n);
-        free(gg);
+        free(gg[0]), free(gg[1]);
         remove_scratch();
         return 0;
     }
@@ -425,11 +437,13 @@ int main(int argc, char **argv) {
     srand(seed);
     unsigned char buf[8192];
     for (long i = 0; i < iters; i++) {
-        int s = (int)(i % (long)(NSEEDS + 1));
-        size_t n = s == 0 ? 8 + strlen(seeds[0] + 1) + 1 : s < (int)NSEEDS ? strlen(seeds[s] + 1) + 1 : gn + 1;
-        if (s == (int)NSEEDS) {
+        int s = (int)(i % (long)(NSEEDS + 2));
+        size_t n = s == 0               ? 8 + strlen(seeds[0] + 1) + 1
+                   : s < (int)NSEEDS ? strlen(seeds[s] + 1) + 1
+                                       : gn[s - NSEEDS] + 1;
+        if (s >= (int)NSEEDS) {
             buf[0] = GGUF_TARGET;
-            memcpy(buf + 1, gg, gn);
+            memcpy(buf + 1, gg[s - NSEEDS], gn[s - NSEEDS]);
         } else if (s == 0) { /* safetensors: length prefix + header + 8 data bytes */
             const char *h = seeds[0] + 1;
             size_t hl = strlen(h);
@@ -454,7 +468,7 @@ int main(int argc, char **argv) {
         }
         LLVMFuzzerTestOneInput(buf, n);
     }
-    free(gg);
+    free(gg[0]), free(gg[1]);
     printf("fuzzed %ld inputs without a crash\n", iters);
     remove_scratch();
     return 0;

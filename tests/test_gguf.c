@@ -2,6 +2,7 @@
  * test_gguf.c - GGUF export (src/format/gguf.c) and import (src/format/gguf_read.c):
  * round trips through our own loader (identical logits: BF16-exact weights
  * and F32 fixtures with llama3 RoPE scaling, Q/K/V biases, tied embeddings;
+ * the hybrid nemotron_h / nemotron_h_moe exports read back tensor by tensor;
  * identical tokenization for byte-level and SentencePiece-style
  * tokenizers, the latter against the sentencepiece library's ids), the
  * rules of what llama.cpp runs, the search keeping to them, malformed files,
@@ -11,6 +12,7 @@
  */
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -828,7 +830,8 @@ static void test_nemotron_h_moe_gguf_keys(void) {
  * the expert choice of rows near a tie, which moves the flat logits enough
  * to change greedy tokens; in F32 llama.cpp agrees to 2e-7 in perplexity,
  * where dropping the scale, the renormalisation or the correction bias
- * moves ours by 5.8%, 4.3% and 0.3%. */
+ * moves ours by 5.8%, 4.3% and 0.3%. A first layer that is MoE (E*EM*E)
+ * runs too (its MoE keys written once). */
 static void test_nemotron_h_moe_gguf(void) {
     if (!have_tiny()) SKIP("no tiny model (make tiny-model)");
     ac_model hy;
@@ -845,8 +848,289 @@ static void test_nemotron_h_moe_gguf(void) {
     ac_model_free(&t);
     if (tiny_hybrid_in_llama("M*EM*E", lt, "nemotron_h_moe", ST_F32, &hy)) return;
     ac_model_free(&hy);
+    /* layer 0 MoE: the MoE keys once (they were written twice, a file llama.cpp refuses) */
+    if (tiny_hybrid_in_llama("E*EM*E", 0, "nemotron_h_moe", ST_F32, &hy)) return;
+    ac_model_free(&hy);
     const char *why = llama_missing();
     if (why) SKIP("the nemotron_h_moe exports were checked here but not in llama.cpp: %s", why);
+}
+
+/* ---- nemotron_h / nemotron_h_moe read back ---- */
+
+/* The Mamba heads of every layer together. */
+static int hybrid_mamba_heads(const ac_arch *a) {
+    int n = 0;
+    for (int l = 0; l < a->n_layers; l++) n += a->layers[l].ssm_heads;
+    return n;
+}
+/* The architecture fields of a hybrid the GGUF file carries (arch_same and
+ * the Mamba, MoE-router and LatentMoE ones; the Mamba head width and conv
+ * bias only when some layer is Mamba, as the file says them then only). */
+static int hybrid_arch_same(const ac_arch *x, const ac_arch *y) {
+    int mamba = hybrid_mamba_heads(x) > 0;
+    return arch_same(x, y) && !strcmp(x->model_type, y->model_type) && x->hybrid == y->hybrid &&
+           (!mamba || (x->ssm_head_dim == y->ssm_head_dim && x->ssm_conv_bias == y->ssm_conv_bias)) &&
+           x->ssm_state == y->ssm_state && x->ssm_groups == y->ssm_groups && x->ssm_conv == y->ssm_conv &&
+           x->router_sigmoid == y->router_sigmoid && x->routed_scale == y->routed_scale &&
+           x->shared_ffn == y->shared_ffn && x->moe_latent == y->moe_latent && x->mtp_layers == y->mtp_layers;
+}
+
+/* One tensor of a hybrid layer: its values, count, whether a matrix (BF16 in
+ * a BF16 export; the conv, norms, biases and per-head vectors stay F32). */
+typedef struct {
+    const float *p;
+    size_t n;
+    int mat;
+    const char *what;
+} hy_tensor;
+
+/* Every tensor of layer l of m, listed from model.h's layout (not the writer's list). */
+static int hybrid_tensors(const ac_model *m, int l, hy_tensor *t, int cap) {
+    const ac_arch *a = &m->a;
+    const ac_layer_arch *L = &a->layers[l];
+    const ac_layer_w *w = &m->L[l];
+    size_t H = a->hidden, hd = a->head_dim, n = 0;
+#define HY(ptr, cnt, mt)                                                                                               \
+    if ((int)n < cap) t[n++] = (hy_tensor) {                                                                           \
+            ptr, cnt, mt, #ptr                                                                                         \
+        }
+    if (L->ssm_heads) {
+        size_t nh = L->ssm_heads, di = nh * a->ssm_head_dim, C = di + 2 * (size_t)a->ssm_groups * a->ssm_state;
+        HY(w->in_norm, H, 0);
+        HY(w->ssm_in, (di + C + nh) * H, 1);
+        HY(w->ssm_out, H * di, 1);
+        HY(w->conv_w, C * a->ssm_conv, 0);
+        if (a->ssm_conv_bias) HY(w->conv_b, C, 0);
+        HY(w->dt_bias, nh, 0);
+        HY(w->ssm_d, nh, 0);
+        HY(w->ssm_norm, di, 0); /* A_log: compared on its own (hybrid_a_log) */
+    }
+    if (L->n_heads) {
+        size_t q = L->n_heads * hd, kv = L->n_kv_heads * hd;
+        HY(w->in_norm, H, 0);
+        HY(w->wq, q * H, 1);
+        HY(w->wk, kv * H, 1);
+        HY(w->wv, kv * H, 1);
+        HY(w->wo, H * q, 1);
+    }
+    if (L->ffn) {
+        HY(w->post_norm, H, 0);
+        HY(w->wu, L->ffn * H, 1);
+        HY(w->wd, H * L->ffn, 1);
+    }
+    if (L->n_experts) {
+        size_t E = L->n_experts, Fe = L->expert_ffn, Fs = a->shared_ffn, Hin = a->moe_latent ? (size_t)a->moe_latent : H;
+        HY(w->post_norm, H, 0);
+        HY(w->router, E * H, 1);
+        HY(w->router_bias, E, 0);
+        HY(w->sh_u, Fs * H, 1);
+        HY(w->sh_d, H * Fs, 1);
+        if (a->moe_latent) {
+            HY(w->lat_down, Hin * H, 1);
+            HY(w->lat_up, H * Hin, 1);
+        }
+        for (size_t x = 0; x < E; x++) {
+            HY(w->eu[x], Fe * Hin, 1);
+            HY(w->ed[x], Hin * Fe, 1);
+        }
+    }
+#undef HY
+    return (int)n;
+}
+
+/* x rounded to BF16 (nearest, ties to even) and back: what a BF16 export holds. */
+static float bf16_of(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* Values of r (read back) that are not bit for bit m's, or with bf16 m's
+ * matrices rounded to BF16; A_log apart. */
+static size_t hybrid_mismatches(const ac_model *m, const ac_model *r, int bf16, const char **first) {
+    size_t bad = 0, V = (size_t)m->a.vocab * m->a.hidden;
+    *first = NULL;
+    hy_tensor tm[64], tr[64];
+    const float *gm[3] = {m->embed, m->lm_head, m->final_norm}, *gr[3] = {r->embed, r->lm_head, r->final_norm};
+    size_t gn[3] = {V, V, (size_t)m->a.hidden};
+    for (int i = 0; i < 3; i++)
+        for (size_t j = 0; j < gn[i]; j++) {
+            float want = bf16 && i < 2 ? bf16_of(gm[i][j]) : gm[i][j];
+            if (memcmp(&want, &gr[i][j], 4)) bad++, *first = *first ? *first : "embed/lm_head/final_norm";
+        }
+    for (int l = 0; l < m->a.n_layers; l++) {
+        int n = hybrid_tensors(m, l, tm, 64);
+        if (hybrid_tensors(r, l, tr, 64) != n) return (size_t)-1;
+        for (int i = 0; i < n; i++)
+            for (size_t j = 0; j < tm[i].n; j++) {
+                float want = bf16 && tm[i].mat ? bf16_of(tm[i].p[j]) : tm[i].p[j];
+                if (memcmp(&want, &tr[i].p[j], 4)) bad++, *first = *first ? *first : tm[i].what;
+            }
+    }
+    return bad;
+}
+
+/* Largest |A_log difference| of r against m; *same: how many heads' A =
+ * -exp(A_log) (in float, as the writer and llama.cpp hold it) agree bit for bit. */
+static double hybrid_a_log(const ac_model *m, const ac_model *r, int *heads, int *same) {
+    double worst = 0;
+    *heads = *same = 0;
+    for (int l = 0; l < m->a.n_layers; l++)
+        for (int h = 0; h < m->a.layers[l].ssm_heads; h++) {
+            float x = m->L[l].a_log[h], y = r->L[l].a_log[h];
+            worst = fmax(worst, fabs((double)x - y));
+            if (isnan(y)) worst = INFINITY;
+            (*heads)++;
+            *same += -expf(x) == -expf(y);
+        }
+    return worst;
+}
+
+/* Export hybrid m as GGUF (dtype), read it back with our reader: the same
+ * architecture; every tensor bit-identical (F32) or the BF16 values the
+ * writer wrote (matrices; the rest F32, exact); A_log exact (from the
+ * autocompress.ssm_a_log key); in F32 identical logits. Then the same file
+ * with that key renamed (as llama.cpp's converter would write it): A_log
+ * from log(-ssm_a), each head's A the file's, A_log within 2 ulp of 1
+ * (3e-7 * max(1, |A_log|)), the rest as before. */
+static void hybrid_roundtrip(const ac_model *m, const char *tok, int dtype, const char *name) {
+    char path[200];
+    ac_err e;
+    ac_model r;
+    int bf16 = dtype == ST_BF16, heads, same;
+    const char *first;
+    snprintf(path, sizeof path, "%s/%s_%s.gguf", tmpdir, name, bf16 ? "bf16" : "f32");
+    CHECK(ac_gguf_write(m, tok, path, dtype, &e) == 0, "%s: %s", name, e.msg);
+    if (ac_model_load(path, &r, &e)) {
+        CHECK(0, "%s: load: %s", name, e.msg);
+        return;
+    }
+    int as = hybrid_arch_same(&m->a, &r.a);
+    CHECK(as, "%s: architecture differs after the round trip", name);
+    if (!as) {
+        ac_model_free(&r);
+        return;
+    }
+    size_t bad = hybrid_mismatches(m, &r, bf16, &first);
+    double wa = hybrid_a_log(m, &r, &heads, &same);
+    CHECK(bad == 0, "%s: %zu values differ from what was written (first in %s)", name, bad, first ? first : "?");
+    CHECK(wa == 0 && same == heads, "%s: A_log differs by %g (%d of %d heads' A alike)", name, wa, same, heads);
+    int toks[24];
+    for (int i = 0; i < 24; i++) toks[i] = (i * 37 + 11) % m->a.vocab;
+    double mx = 0, d = bf16 ? 0 : logits_diff(m, &r, toks, 24, &mx);
+    CHECK(d == 0, "%s: logits differ by %g (max |logit| %g)", name, d, mx);
+    ac_model_free(&r);
+    if (!hybrid_mamba_heads(&m->a)) return; /* no A_log, no key */
+    /* the key renamed in place: the reader falls back to log(-A) */
+    size_t len;
+    char *buf = ac_read_file(path, 1u << 30, &len, &e), *k = NULL;
+    for (size_t i = 0; buf && !k && i + 22 <= len; i++)
+        if (!memcmp(buf + i, "autocompress.ssm_a_log", 22)) k = buf + i;
+    CHECK(k != NULL, "%s: no autocompress.ssm_a_log key in the file", name);
+    if (k) k[21] = 'X';
+    if (k && ac_gguf_load_buf(buf, len, &r, NULL, &e) == 0) {
+        bad = hybrid_mismatches(m, &r, bf16, &first);
+        double worst_rel = 0;
+        for (int l = 0; l < m->a.n_layers; l++)
+            for (int h = 0; h < m->a.layers[l].ssm_heads; h++) {
+                double x = m->L[l].a_log[h], y = r.L[l].a_log[h];
+                worst_rel = fmax(worst_rel, isnan(y) ? INFINITY : fabs(x - y) / fmax(1, fabs(x)));
+            }
+        wa = hybrid_a_log(m, &r, &heads, &same);
+        d = bf16 ? 0 : logits_diff(m, &r, toks, 24, &mx);
+        printf("   %s (%s): every tensor as written; without the A_log key A_log within %.3g (%d of %d heads' A "
+               "alike)",
+               name, bf16 ? "BF16" : "F32", wa, same, heads);
+        if (!bf16) printf(", logits within %.3g of max |logit| %.3g", d, mx);
+        printf("\n");
+        CHECK(bad == 0 && worst_rel <= 3e-7 && same == heads,
+              "%s: without the key: %zu other values differ, A_log by %g (%d of %d heads' A alike)", name, bad, wa,
+              same, heads);
+        CHECK(d <= 1e-4 * fmax(1, mx), "%s: without the key the logits differ by %g", name, d);
+        ac_model_free(&r);
+    } else if (k)
+        CHECK(0, "%s: without the key: %s", name, e.msg);
+    free(buf);
+}
+
+/* A hybrid export (hybrid_roundtrip's F32 file of m) cut short at every
+ * 97th byte never loads; an A_log of -200 (ssm_a = -exp(-200) = -0 in
+ * float) is refused, naming ssm_a. */
+static void hybrid_bad_files(ac_model *m, const char *name) {
+    char path[200];
+    ac_err e;
+    size_t len;
+    snprintf(path, sizeof path, "%s/%s_f32.gguf", tmpdir, name);
+    char *buf = ac_read_file(path, 1u << 30, &len, &e);
+    if (!buf) {
+        CHECK(0, "%s: %s", name, e.msg);
+        return;
+    }
+    int loaded = 0, tried = 0;
+    ac_model r;
+    for (size_t cut = 0; cut < len; cut += 97, tried++)
+        if (ac_gguf_load_buf(buf, cut, &r, NULL, &e) == 0) loaded++, ac_model_free(&r);
+    CHECK(loaded == 0, "%s: %d of %d truncated copies loaded", name, loaded, tried);
+    printf("   %s: %d truncated copies refused\n", name, tried - loaded);
+    free(buf);
+    int l = 0;
+    while (l < m->a.n_layers && !m->a.layers[l].ssm_heads) l++;
+    if (l == m->a.n_layers) return;
+    float keep = m->L[l].a_log[1];
+    m->L[l].a_log[1] = -200;
+    snprintf(path, sizeof path, "%s/%s_a0.gguf", tmpdir, name);
+    CHECK(ac_gguf_write(m, NULL, path, ST_F32, &e) == 0, "%s", e.msg);
+    CHECK(ac_model_load(path, &r, &e) != 0 && strstr(e.msg, "ssm_a[1]") && strstr(e.msg, "not negative"),
+          "%s: an ssm_a of -0: %s", name, e.msg);
+    printf("   %s: an ssm_a of -0 refused: %s\n", name, e.msg);
+    m->L[l].a_log[1] = keep;
+}
+
+/* Our reader gets back what we export as nemotron_h and nemotron_h_moe:
+ * the dense, MoE and LatentMoE hybrids made from the tiny model (trained
+ * attention and MLP weights, random Mamba and MoE ones; F32 and BF16) and
+ * the hybrid fixtures (config.json models: dense, MoE, MoE without
+ * renormalisation, LatentMoE; F32); truncated and -0 ssm_a files refused. */
+static void test_nemotron_h_gguf_read(void) {
+    ac_err e;
+    int ran = 0;
+    if (have_tiny()) {
+        ac_model t, hy;
+        CHECK(ac_model_load(tiny, &t, &e) == 0, "%s", e.msg);
+        const char *pats[3] = {"M*-M*-", "M*EM*E", "M*EM*E"}, *names[3] = {"nemotron_h", "nemotron_h_moe", "latent"};
+        for (int i = 0; i < 3; i++) {
+            if (tiny_hybrid_as(&t, pats[i], i == 2 ? t.a.hidden / 2 : 0, &hy, &e)) {
+                CHECK(0, "%s: %s", names[i], e.msg);
+                continue;
+            }
+            if (i == 0) /* what a config.json without MoE layers holds */
+                hy.a.top_k = 0, hy.a.norm_topk = 0, hy.a.router_sigmoid = 0, hy.a.routed_scale = 0;
+            for (int bf = 0; bf < 2; bf++) hybrid_roundtrip(&hy, tiny_tok, bf ? ST_BF16 : ST_F32, names[i]);
+            ac_model_free(&hy);
+            ran++;
+        }
+        ac_model_free(&t);
+    }
+    const char *fx[4] = {"nemotronh_bf16", "nemotronh_moe_bf16", "nemotronh_moe_nonorm_f32", "nemotronh_latent_bf16"};
+    for (int i = 0; i < 4; i++) {
+        char d[1100], c[1200];
+        ck_build_path(d, sizeof d, "fixtures/models/");
+        strcat(d, fx[i]);
+        snprintf(c, sizeof c, "%s/config.json", d);
+        if (!ck_exists(c)) continue;
+        ac_model m;
+        if (ac_model_load(d, &m, &e)) {
+            CHECK(0, "%s: %s", fx[i], e.msg);
+            continue;
+        }
+        hybrid_roundtrip(&m, NULL, ST_F32, fx[i]);
+        if (i == 3) hybrid_bad_files(&m, fx[i]);
+        ac_model_free(&m);
+        ran++;
+    }
+    if (!ran) SKIP("no tiny model nor hybrid fixtures (make tiny-model fixtures)");
 }
 
 /* ---- SentencePiece-style and GPT-2 tokenizers through GGUF metadata ---- */
@@ -1256,6 +1540,7 @@ int main(void) {
     RUN(test_nemotron_h_gguf);
     RUN(test_nemotron_h_moe_gguf_keys);
     RUN(test_nemotron_h_moe_gguf);
+    RUN(test_nemotron_h_gguf_read);
     RUN(test_spec_checks);
     RUN(test_jobs_write_gguf);
     char cmd[128];

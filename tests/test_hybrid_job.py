@@ -31,6 +31,10 @@ does both.
   a structure with every width the gate search cuts (head dim, expert,
   shared and latent widths) loads in llama.cpp as the engine reads it.
 - calibration_method streamed: the same export as the engine-calibrated job.
+- `autocompress eval` on model.gguf (our GGUF reader: nemotron_h /
+  nemotron_h_moe read back) gives the safetensors export's perplexity: to
+  1e-6, for an F32 export of BF16 weights and for a job's BF16 GGUF (whose
+  norms and per-head vectors stay F32: the BF16 student's values).
 - A hybrid spec with search.method surrogate or export_target deci is
   refused naming the field (`autocompress validate`).
 """
@@ -319,6 +323,12 @@ def check_export(rep, label, near_ties=False):
     else:
         assert abs(pr / pe - 1) < 2e-4, (pr, pe)
     assert abs(pj / rp - 1) < 2e-3, (pj, rp)
+    pg = engine_ppl(os.path.join(out, "model.gguf"))
+    print(f"   engine on model.gguf (our GGUF reader): ppl {pg:.6f}, the safetensors export's {pe:.6f} (relative "
+          f"difference {pg / pe - 1:+.1e})")
+    # the same BF16 matrices; norms, conv, biases and A = -exp(A_log) F32 in the GGUF where the safetensors export
+    # holds them in BF16 (the job's BF16 student's values either way: equal in every job here, 2026-12-07)
+    assert abs(pg / pe - 1) < 1e-6, (pg, pe)
     pl = llama_ppl(os.path.join(out, "model.gguf"), ids)
     if pl is None:
         print("   skip: the export was checked here but not in llama.cpp (node >= 20 or tests/llama/node_modules "
@@ -494,8 +504,11 @@ def test_narrow_widths_export_loads_in_llama():
                                  "moe_shared_expert_intermediate_size", "moe_latent_size", "n_routed_experts"))
     assert got == ("MEEM*E", 6, 16, 32, 40, 5), cfg
     ids = ids_of(out, os.path.join(DATA, "heldout.txt"))
-    pe, pl = engine_ppl(out), llama_ppl(gg, ids)
-    print(f"   {got}: engine ppl {pe:.4f}, llama.cpp {pl if pl is None else round(pl, 4)}")
+    pe, pg, pl = engine_ppl(out), engine_ppl(gg), llama_ppl(gg, ids)
+    print(f"   {got}: engine ppl {pe:.6f}, on model.gguf (our GGUF reader) {pg:.6f} ({pg / pe - 1:+.1e}), llama.cpp "
+          f"{pl if pl is None else round(pl, 4)}")
+    # an F32 export of these BF16 weights holds the same values: our reader gives the same model back
+    assert abs(pg / pe - 1) < 1e-6, (pg, pe)
     if pl is None:
         print("   SKIP llama.cpp check: node or tests/llama/node_modules missing")
         return

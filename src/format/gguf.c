@@ -238,7 +238,7 @@ static void write_hparams(gbuf *b, const ac_arch *a, const char *arch, int dtype
     kv_u32(b, ak(arch, "context_length"), (uint32_t)a->max_pos);
     kv_u32(b, ak(arch, "embedding_length"), (uint32_t)a->hidden);
     kv_u32(b, ak(arch, "block_count"), (uint32_t)a->n_layers);
-    if (a->layers[0].n_experts) { /* Mixtral (llama) and qwen3moe: one expert count and width for every layer */
+    if (a->layers[0].n_experts && !a->hybrid) { /* Mixtral (llama), qwen3moe: one expert count and width a layer */
         kv_u32(b, ak(arch, "expert_count"), (uint32_t)a->layers[0].n_experts);
         kv_u32(b, ak(arch, "expert_used_count"), (uint32_t)a->top_k);
         if (!strcmp(arch, "qwen3moe"))
@@ -306,6 +306,19 @@ static void write_hparams(gbuf *b, const ac_arch *a, const char *arch, int dtype
         kv_f32(b, "autocompress.rope_llama3.high_freq_factor", a->rs_high);
         kv_u32(b, "autocompress.rope_llama3.original_context_length", (uint32_t)a->rs_orig);
     }
+}
+
+/* nemotron_h: every Mamba layer's A_log in layer order, exactly. llama.cpp
+ * reads ssm_a = -exp(A_log), from which A_log comes back only to within
+ * an ulp or so (expf maps neighbouring floats to one); our reader takes
+ * these values where they give the file's ssm_a (gguf_read.c). */
+static void write_a_log(gbuf *b, const ac_model *m) {
+    uint64_t n = 0;
+    for (int l = 0; l < m->a.n_layers; l++) n += (uint64_t)m->a.layers[l].ssm_heads;
+    if (!n) return;
+    kv_arr(b, "autocompress.ssm_a_log", GG_F32, n);
+    for (int l = 0; l < m->a.n_layers; l++)
+        if (m->a.layers[l].ssm_heads) gput(b, m->L[l].a_log, sizeof(float) * (size_t)m->a.layers[l].ssm_heads);
 }
 
 /* ---- tokenizer ---- */
@@ -699,6 +712,7 @@ int ac_gguf_write(const ac_model *m, const char *tokenizer_json, const char *pat
         goto out;
     }
     write_hparams(&kv, a, arch, dtype);
+    if (a->hybrid) write_a_log(&kv, m);
     if (a->hybrid) { /* list_tensors fills it with each Mamba layer's -exp(A_log) */
         size_t na = 1;
         for (int l = 0; l < a->n_layers; l++) na += (size_t)a->layers[l].ssm_heads;

@@ -56,7 +56,10 @@ int ac_gguf_check_model_dir(const char *model_dir, ac_err *e);
 int ac_gguf_write(const ac_model *m, const char *tokenizer_json, const char *path, int dtype, ac_err *e);
 
 /* Read a GGUF file written as above (or by llama.cpp's converter for the
- * llama / deci architectures with F32/F16/BF16 tensors). */
+ * llama / deci architectures with F32/F16/BF16 tensors), the hybrid
+ * nemotron_h / nemotron_h_moe included: an F32 export reads back
+ * bit-identical (A_log from AutoCompress's autocompress.ssm_a_log key; a
+ * file without it gets log(-ssm_a), within an ulp or so). */
 int ac_gguf_load(const char *path, ac_model *m, ac_err *e);
 int ac_gguf_arch(const char *path, ac_arch *a, ac_err *e);
 int ac_gguf_tokenizer(const char *path, ac_tokenizer **t, ac_err *e);

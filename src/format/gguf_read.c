@@ -1,11 +1,14 @@
 /*
- * gguf_read.c - reading GGUF files (llama / deci architectures) into an
- * ac_model and an ac_tokenizer. See gguf.h.
+ * gguf_read.c - reading GGUF files (llama, deci, qwen3, qwen3moe and the
+ * hybrid nemotron_h / nemotron_h_moe architectures) into an ac_model and
+ * an ac_tokenizer. See gguf.h.
  *
  * The file is mapped read-only and parsed with every length and offset
  * checked against its size. Metadata values are found by key on demand;
  * tensors are converted to fp32 (F32, F16, BF16) and Q/K rows are put back
- * into Hugging Face's rotate-half order. The tokenizer is rebuilt as the
+ * into Hugging Face's rotate-half order. nemotron_h files are read as
+ * gguf.c writes them (per-layer KV heads and FFN widths say each layer's
+ * mixer; ssm_a = -exp(A_log) turned back into A_log). The tokenizer is rebuilt as the
  * tokenizer.json it stands for and parsed by the tokenizer module:
  * `gpt2` -> byte-level BPE with the pre type's split regex (ignore_merges
  * for llama-bpe, as llama.cpp does); `llama` -> SentencePiece-style BPE
@@ -14,6 +17,7 @@
  */
 #include <fcntl.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -437,6 +441,113 @@ static int read_arch_layers(const gfile *g, const char *arch, ac_arch *a, ac_err
     return rc;
 }
 
+/* A boolean key (def when absent). */
+static int kv_flag(const gfile *g, const char *k, int def, int *out, ac_err *e) {
+    const rkv *x = find_kv(g, k);
+    *out = def;
+    if (!x) return 0;
+    if (x->type != GG_BOOL) return ac_errf(e, "gguf: %s is not a bool", k);
+    *out = *x->v != 0;
+    return 0;
+}
+
+/* "<arch>.<rest>" as an integer in [lo, hi] (def when absent; def < lo: required). */
+static int hkey(const gfile *g, const char *arch, const char *rest, long long def, long long lo, long long hi,
+                long long *out, ac_err *e) {
+    char k[128];
+    snprintf(k, sizeof k, "%s.%s", arch, rest);
+    if (kv_int(g, k, def, out, e)) return -1;
+    if (*out < lo || *out > hi)
+        return ac_errf(e, "gguf: %s = %lld is missing or out of range [%lld, %lld]", k, *out, lo, hi);
+    return 0;
+}
+
+/* nemotron_h_moe's MoE keys (gguf.c's write_hparams): one expert count and
+ * width, the sigmoid router, one shared expert, no expert groups. */
+static int read_arch_hybrid_moe(const gfile *g, const char *arch, ac_arch *a, int *ne, int *fe, ac_err *e) {
+    long long E, k, F, Fs, ns, ng, lt;
+    double scale;
+    char key[128];
+    if (hkey(g, arch, "expert_count", -1, 1, 1 << 16, &E, e) || hkey(g, arch, "expert_used_count", -1, 1, E, &k, e) ||
+        hkey(g, arch, "expert_feed_forward_length", -1, 1, 1 << 20, &F, e) ||
+        hkey(g, arch, "expert_shared_feed_forward_length", -1, 1, 1 << 20, &Fs, e) ||
+        hkey(g, arch, "expert_shared_count", 1, 1, 1, &ns, e) || hkey(g, arch, "expert_group_count", 1, 1, 1, &ng, e) ||
+        hkey(g, arch, "moe_latent_size", 0, 0, a->hidden, &lt, e))
+        return -1;
+    snprintf(key, sizeof key, "%s.expert_weights_norm", arch);
+    if (kv_flag(g, key, 0, &a->norm_topk, e)) return -1;
+    snprintf(key, sizeof key, "%s.expert_weights_scale", arch);
+    if (kv_float(g, key, 1, &scale, e)) return -1;
+    if (!(scale > 0 && scale <= 1e6)) return ac_errf(e, "gguf: %s = %g must lie in (0, 1e6]", key, scale);
+    a->top_k = (int)k, a->router_sigmoid = 1, a->routed_scale = (float)scale;
+    a->shared_ffn = (int)Fs, a->moe_latent = (int)lt;
+    *ne = (int)E, *fe = (int)F;
+    return 0;
+}
+
+/* nemotron_h / nemotron_h_moe, gguf.c's write_hparams inverted: a layer
+ * with KV heads is attention (head_count query heads), one with an FFN
+ * width an MLP (nemotron_h) or a MoE layer (nemotron_h_moe, the width its
+ * experts'), one with neither Mamba-2 (ssm.time_step_rank heads of
+ * ssm.inner_size / heads channels). The conv bias is there when the first
+ * Mamba layer's ssm_conv1d.bias is (read_weights holds every layer to it). */
+static int read_arch_hybrid(const gfile *g, const char *arch, ac_arch *a, ac_err *e) {
+    char k[128];
+    int n = a->n_layers, moe = !strcmp(arch, "nemotron_h_moe"), ne = 0, fe = 0, rc = 0;
+    long long nh, K, N, G, di, mh;
+    a->layers = calloc(n, sizeof *a->layers);
+    int *tmp = calloc(2 * (size_t)n, sizeof *tmp);
+    if (!a->layers || !tmp) {
+        free(tmp);
+        return ac_errf(e, "out of memory");
+    }
+    snprintf(k, sizeof k, "%s.feed_forward_length", arch);
+    rc = kv_layers(g, k, n, 1u << 20, tmp, e);
+    snprintf(k, sizeof k, "%s.attention.head_count_kv", arch);
+    if (!rc) rc = kv_layers(g, k, n, 4096, tmp + n, e);
+    if (!rc)
+        rc = hkey(g, arch, "attention.head_count", 0, 0, 4096, &nh, e) ||
+             hkey(g, arch, "ssm.conv_kernel", 0, 0, 1024, &K, e) ||
+             hkey(g, arch, "ssm.state_size", 0, 0, 4096, &N, e) ||
+             hkey(g, arch, "ssm.group_count", 0, 0, 1 << 16, &G, e) ||
+             hkey(g, arch, "ssm.inner_size", 0, 0, 1 << 24, &di, e) ||
+             hkey(g, arch, "ssm.time_step_rank", 0, 0, 1 << 16, &mh, e) ||
+             (moe && read_arch_hybrid_moe(g, arch, a, &ne, &fe, e));
+    int mamba = 0;
+    for (int l = 0; l < n && !rc; l++) {
+        ac_layer_arch *L = &a->layers[l];
+        int ffn = tmp[l], kv = tmp[n + l];
+        if (ffn && kv)
+            rc = ac_errf(e, "gguf: layer %d has KV heads and an FFN width (nemotron_h holds one mixer a layer)", l);
+        else if (kv && (nh <= 0 || nh % kv))
+            rc = ac_errf(e, "gguf: layer %d has %lld heads and %d KV heads", l, nh, kv);
+        else if (moe && ffn && ffn != fe)
+            rc = ac_errf(e, "gguf: layer %d's FFN width %d is not expert_feed_forward_length %d", l, ffn, fe);
+        else if (kv)
+            L->n_heads = (int)nh, L->n_kv_heads = kv;
+        else if (ffn && moe)
+            L->n_experts = ne, L->expert_ffn = ffn;
+        else if (ffn)
+            L->ffn = ffn;
+        else
+            L->ssm_heads = (int)mh, mamba = 1;
+    }
+    if (!rc && mamba && (mh <= 0 || K <= 0 || N <= 0 || G <= 0 || mh % G || di % mh))
+        rc = ac_errf(e, "gguf: Mamba layers need ssm.time_step_rank (heads), conv_kernel, state_size and group_count "
+                        "> 0, the heads divisible by the groups and ssm.inner_size by the heads");
+    free(tmp);
+    if (rc) return -1;
+    a->hybrid = 1;
+    a->ssm_head_dim = mh > 0 ? (int)(di / mh) : 0, a->ssm_state = (int)N, a->ssm_groups = (int)G, a->ssm_conv = (int)K;
+    for (int l = 0; l < n && mamba; l++)
+        if (a->layers[l].ssm_heads) {
+            snprintf(k, sizeof k, "blk.%d.ssm_conv1d.bias", l);
+            a->ssm_conv_bias = find_t(g, k) != NULL;
+            break;
+        }
+    return 0;
+}
+
 /* llama3 RoPE scaling (AutoCompress's own keys) and the BOS/EOS ids. */
 static int read_arch_rope_tokens(const gfile *g, ac_arch *a, ac_err *e) {
     double rf, rl, rh;
@@ -510,18 +621,23 @@ static int read_arch(const gfile *g, ac_arch *a, ac_err *e) {
     if (!an || n >= sizeof arch) return ac_errf(e, "gguf: general.architecture is missing");
     memcpy(arch, an, n);
     arch[n] = 0;
-    if (strcmp(arch, "llama") && strcmp(arch, "deci") && strcmp(arch, "qwen3") && strcmp(arch, "qwen3moe"))
-        return ac_errf(e, "gguf: architecture %s is not supported (llama, deci, qwen3, qwen3moe)", arch);
+    int hyb = !strcmp(arch, "nemotron_h") || !strcmp(arch, "nemotron_h_moe");
+    if (strcmp(arch, "llama") && strcmp(arch, "deci") && strcmp(arch, "qwen3") && strcmp(arch, "qwen3moe") && !hyb)
+        return ac_errf(e,
+                       "gguf: architecture %s is not supported (llama, deci, qwen3, qwen3moe, nemotron_h, "
+                       "nemotron_h_moe)",
+                       arch);
     snprintf(a->model_type, sizeof a->model_type, "%s",
              !strcmp(arch, "deci")       ? "nemotron-nas"
              : !strcmp(arch, "qwen3moe") ? "qwen3_moe"
+             : hyb                       ? "nemotron_h"
                                          : arch);
     a->qk_norm = !strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe");
-    long long v[6], ne, nk, fe;
+    long long v[6], ne = 0, nk, fe;
     if (read_arch_globals(g, arch, a, v, e)) return -1;
-    if (read_arch_layers(g, arch, a, e)) goto fail;
+    if (hyb ? read_arch_hybrid(g, arch, a, e) : read_arch_layers(g, arch, a, e)) goto fail;
     snprintf(k, sizeof k, "%s.expert_count", arch);
-    if (kv_int(g, k, 0, &ne, e)) goto fail;
+    if (!hyb && kv_int(g, k, 0, &ne, e)) goto fail;
     if (ne > 0) { /* every layer MoE, renormalised top-k (llama.cpp's llama and qwen3moe) */
         snprintf(k, sizeof k, "%s.expert_used_count", arch);
         if (kv_int(g, k, 0, &nk, e)) goto fail;
@@ -540,7 +656,7 @@ static int read_arch(const gfile *g, ac_arch *a, ac_err *e) {
     int nh0 = 0;
     for (int l = 0; l < a->n_layers && !nh0; l++) nh0 = a->layers[l].n_heads;
     a->head_dim = v[4] > 0 ? (int)v[4] : nh0 ? a->hidden / nh0 : 0;
-    if (a->head_dim <= 0 || a->head_dim % 2 || (v[5] > 0 && v[5] != a->head_dim)) {
+    if (a->head_dim <= 0 || (!hyb && a->head_dim % 2) || (v[5] > 0 && v[5] != a->head_dim)) {
         ac_errf(e, "gguf: head size %d must be even and equal to rope.dimension_count (partial RoPE is not supported)",
                 a->head_dim);
         goto fail;
@@ -612,6 +728,77 @@ static int read_parts(const gfile *g, const char *name, int64_t np, int64_t rows
     return 0;
 }
 
+/* A_log from llama.cpp's ssm_a (x[], A = -exp(A_log), gguf.c): the value
+ * AutoCompress wrote in autocompress.ssm_a_log (key: this layer's nh
+ * floats, or NULL) where it gives this A as the writer computed it, else
+ * log(-A) rounded once, or a float next to it when that one gives A
+ * under expf (within an ulp or so of the A_log written: expf maps
+ * neighbouring floats to one). */
+static int a_log_from_a(float *x, int nh, const unsigned char *key, int l, ac_err *e) {
+    for (int h = 0; h < nh; h++) {
+        float A = x[h], k = 0;
+        if (!(A < 0) || !isfinite(A))
+            return ac_errf(e, "gguf: blk.%d.ssm_a[%d] = %g is not negative and finite (A = -exp(A_log))", l, h, A);
+        if (key) memcpy(&k, key + 4 * (size_t)h, 4);
+        if (key && -expf(k) == A) {
+            x[h] = k;
+            continue;
+        }
+        float y = (float)log(-(double)A), lo = y, hi = y; /* else the nearest float within 2 that gives A */
+        for (int s = 0; s < 2 && -expf(y) != A; s++) {
+            lo = nextafterf(lo, -INFINITY), hi = nextafterf(hi, INFINITY);
+            y = -expf(lo) == A ? lo : -expf(hi) == A ? hi : y;
+        }
+        x[h] = y;
+    }
+    return 0;
+}
+
+/* One nemotron_h layer's tensors, gguf.c's list_tensors inverted (w's
+ * pointers NULL: only checked); a Mamba layer's ssm_a becomes A_log
+ * (a_log_from_a, key as there). */
+static int read_hybrid_layer(const gfile *g, const ac_arch *a, int l, ac_layer_w *w, int chk, const unsigned char *key,
+                             ac_err *e) {
+    const ac_layer_arch *L = &a->layers[l];
+    int64_t H = a->hidden, hd = a->head_dim;
+    char nm[64];
+#define RT(sfx, dst, r, c) (snprintf(nm, sizeof nm, "blk.%d.%s", l, sfx), read_t(g, nm, r, c, 0, dst, e))
+    if (RT("attn_norm.weight", L->ffn || L->n_experts ? w->post_norm : w->in_norm, H, 0)) return -1;
+    if (L->n_experts) { /* router, correction bias, latent projections, experts (up, down), shared expert */
+        int64_t E = L->n_experts, Fe = L->expert_ffn, Fs = a->shared_ffn, Hin = a->moe_latent ? a->moe_latent : H;
+        if (RT("ffn_gate_inp.weight", w->router, E, H) || RT("exp_probs_b.bias", w->router_bias, E, 0) ||
+            (a->moe_latent &&
+             (RT("ffn_latent_down.weight", w->lat_down, Hin, H) || RT("ffn_latent_up.weight", w->lat_up, H, Hin))) ||
+            RT("ffn_up_shexp.weight", w->sh_u, Fs, H) || RT("ffn_down_shexp.weight", w->sh_d, H, Fs))
+            return -1;
+        snprintf(nm, sizeof nm, "blk.%d.%s", l, gg_moe_names[1]);
+        if (read_parts(g, nm, E, Fe, Hin, chk ? NULL : w->eu, e)) return -1;
+        snprintf(nm, sizeof nm, "blk.%d.%s", l, gg_moe_names[2]);
+        return read_parts(g, nm, E, Hin, Fe, chk ? NULL : w->ed, e);
+    }
+    if (L->ffn) return RT("ffn_up.weight", w->wu, L->ffn, H) || RT("ffn_down.weight", w->wd, H, L->ffn) ? -1 : 0;
+    if (L->n_heads) { /* no RoPE: no permutation */
+        int64_t q = L->n_heads * hd, kv = L->n_kv_heads * hd;
+        return RT("attn_q.weight", w->wq, q, H) || RT("attn_k.weight", w->wk, kv, H) ||
+                       RT("attn_v.weight", w->wv, kv, H) || RT("attn_output.weight", w->wo, H, q)
+                   ? -1
+                   : 0;
+    }
+    int64_t nh = L->ssm_heads, di = nh * a->ssm_head_dim, C = di + 2 * (int64_t)a->ssm_groups * a->ssm_state;
+    snprintf(nm, sizeof nm, "blk.%d.ssm_conv1d.bias", l);
+    if ((find_t(g, nm) != NULL) != (a->ssm_conv_bias != 0))
+        return ac_errf(e, "gguf: layer %d %s a conv bias, the first Mamba layer %s", l,
+                       a->ssm_conv_bias ? "lacks" : "has", a->ssm_conv_bias ? "has" : "does not");
+    if (RT("ssm_in.weight", w->ssm_in, di + C + nh, H) || RT("ssm_conv1d.weight", w->conv_w, C, a->ssm_conv) ||
+        (a->ssm_conv_bias && RT("ssm_conv1d.bias", w->conv_b, C, 0)) || RT("ssm_dt.bias", w->dt_bias, nh, 0) ||
+        RT("ssm_a", w->a_log, nh, 1) || RT("ssm_d", w->ssm_d, nh, 1) ||
+        RT("ssm_norm.weight", w->ssm_norm, a->ssm_groups, di / a->ssm_groups) ||
+        RT("ssm_out.weight", w->ssm_out, H, di))
+        return -1;
+#undef RT
+    return chk ? 0 : a_log_from_a(w->a_log, (int)nh, key, l, e);
+}
+
 /* m->L NULL: only check that every tensor is there with its shape and
  * inside the file (before the model is allocated). */
 static int read_weights(const gfile *g, ac_model *m, ac_err *e) {
@@ -623,8 +810,23 @@ static int read_weights(const gfile *g, ac_model *m, ac_err *e) {
         return -1;
     if (!a->tie_embeddings && read_t(g, "output.weight", a->vocab, H, 0, m->lm_head, e)) return -1;
     static ac_layer_w none;
+    const unsigned char *key = NULL; /* nemotron_h: autocompress.ssm_a_log, when it holds every Mamba head */
+    if (a->hybrid) {
+        uint32_t et;
+        uint64_t cnt, heads = 0;
+        cur c;
+        for (int l = 0; l < a->n_layers; l++) heads += (uint64_t)a->layers[l].ssm_heads;
+        if (kv_array(g, "autocompress.ssm_a_log", &et, &cnt, &c) && et == GG_F32 && cnt == heads &&
+            (uint64_t)(c.end - c.p) / 4 >= cnt)
+            key = c.p;
+    }
     for (int l = 0; l < a->n_layers; l++) {
         ac_layer_w *w = chk ? &none : &m->L[l];
+        if (a->hybrid) {
+            if (read_hybrid_layer(g, a, l, w, chk, key, e)) return -1;
+            if (key) key += 4 * (size_t)a->layers[l].ssm_heads;
+            continue;
+        }
         gg_layer_tensor lt[GG_LAYER_TENSORS];
         int k = gg_layer_tensors(a, l, w, lt);
         for (int i = 0; i < k; i++)
