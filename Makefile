@@ -62,7 +62,7 @@ $(B)/tests/libac_cuda_emu.so: src/cuda/ac_cuda.cu src/cuda/ac_cuda.h src/cuda/ac
 	$(CXX) $(EMU_CXXFLAGS) -I$(B)/inc/cuda -shared -o $@ -x c++ src/cuda/ac_cuda.cu src/cuda/ac_cuda_train.cu src/cuda/ac_cuda_ssm.cu src/runtime/block.c -x none tests/cuda_emu/cuda_emu.cc -lopenblas
 
 # The emulator's own test (threads, barriers, shuffles, faults).
-$(B)/tests/test_cuda_emu: tests/cuda_emu/test_cuda_emu.cc tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h tests/check.h
+$(B)/tests/test_cuda_emu: tests/cuda_emu/test_cuda_emu.cc tests/cuda_emu/cuda_emu.cc tests/cuda_emu/cuda_emu.h tests/check.h src/cuda/ac_cuda_reduce_int.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -Itests -o $@ tests/cuda_emu/test_cuda_emu.cc tests/cuda_emu/cuda_emu.cc -lopenblas
 

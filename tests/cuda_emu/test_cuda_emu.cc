@@ -20,23 +20,15 @@ __global__ void k_coords(int *out) {
     out[b * nt + t] += b * 10000 + t + 1;
 }
 
-// Sum over the block: lanes by xor shuffles, warps through shared memory.
-__device__ float block_sum(float v) {
-    __shared__ float red[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float r = 0;
-    for (int i = 0; i < (int)(blockDim.x >> 5); i++) r += red[i];
-    __syncthreads();
-    return r;
-}
+// The plugin's own block sum (lanes by xor shuffles, warps through shared
+// memory), run here on the emulator.
+#include "../../src/cuda/ac_cuda_reduce_int.h"
 
 // Each thread writes the sum of (its block's thread index + 1) and, after a
 // second reduction of a value that depends on the first, that too.
 __global__ void k_reduce(float *out) {
-    float s = block_sum((float)threadIdx.x + 1);
-    float s2 = block_sum(s * (threadIdx.x & 1));
+    float s = acc_block_sum((float)threadIdx.x + 1);
+    float s2 = acc_block_sum(s * (threadIdx.x & 1));
     out[(blockIdx.x * blockDim.x + threadIdx.x) * 2] = s;
     out[(blockIdx.x * blockDim.x + threadIdx.x) * 2 + 1] = s2;
 }
