@@ -114,22 +114,21 @@ static void run_expert(void *p) {
  * share of it, and the quiet re-measurement (quiet.h) catches a slowed row. */
 #define LONG_CALL_S 10e-3
 /* Calls of fn per batch so that a batch lasts at least secs: one call to
- * warm up, one timed. */
-static int calls_per_batch(void (*fn)(void *), void *arg, double secs) {
+ * warm up, one timed (its seconds in *one when one is not NULL). */
+static int calls_per_batch(void (*fn)(void *), void *arg, double secs, double *one) {
     fn(arg);
     double t0 = clk();
     fn(arg);
-    double one = clk() - t0;
-    return one > secs ? 1 : (int)(secs / (one > 1e-7 ? one : 1e-7)) + 1;
+    double s = clk() - t0;
+    if (one) *one = s;
+    return s > secs ? 1 : (int)(secs / (s > 1e-7 ? s : 1e-7)) + 1;
 }
 static double time_us(void (*fn)(void *), void *arg) {
-    fn(arg); /* warm up */
-    double t0 = clk();
-    fn(arg);
-    double one = clk() - t0, best = one >= LONG_CALL_S ? one * 1e6 : 1e30;
-    int reps = one > 1e-3 ? 1 : (int)(1e-3 / (one > 1e-7 ? one : 1e-7)) + 1;
-    for (int b = 0, nb = one >= LONG_CALL_S ? 2 : 7; b < nb; b++) {
-        t0 = clk();
+    double one;
+    int reps = calls_per_batch(fn, arg, 1e-3, &one), is_long = one >= LONG_CALL_S;
+    double best = is_long ? one * 1e6 : 1e30;
+    for (int b = 0; b < (is_long ? 2 : 7); b++) {
+        double t0 = clk();
         for (int r = 0; r < reps; r++) fn(arg);
         double us = (clk() - t0) / reps * 1e6;
         if (us < best) best = us;
@@ -597,7 +596,7 @@ double ac_cost_ref_probe_us(void) {
         for (size_t i = 0; i < (size_t)M * K; i++) a[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
         for (size_t i = 0; i < (size_t)N * K; i++) w[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
         gemm_arg g = {a, w, c, M, N, K, 0, (size_t)N * K, NULL, NULL};
-        int reps = calls_per_batch(run_gemm, &g, 5e-3);
+        int reps = calls_per_batch(run_gemm, &g, 5e-3, NULL);
         double b[3];
         for (int k = 0; k < 3; k++) {
             double t0 = clk();
