@@ -134,10 +134,10 @@ def use_committed(src, out, inputs):
         print(f"no committed model to use ({e}): training", flush=True)
         return False
     if theirs != inputs:
-        diff = sorted(k for k in set(theirs.get("data_sha256", {})) | set(inputs["data_sha256"])
-                      if theirs.get("data_sha256", {}).get(k) != inputs["data_sha256"].get(k))
-        diff += sorted(k for k in set(theirs.get("args", {})) | set(inputs["args"])
-                       if theirs.get("args", {}).get(k) != inputs["args"].get(k))
+        diff = []
+        for part in ("data_sha256", "args"):
+            mine, old = inputs[part], theirs.get(part) or {}
+            diff += sorted(k for k in set(old) | set(mine) if old.get(k) != mine.get(k))
         print(f"the committed model in {src} was trained on other inputs ({', '.join(diff)}): training", flush=True)
         return False
     os.makedirs(out, exist_ok=True)
