@@ -51,23 +51,26 @@ LANE2_MORE_C="test_gguf test_checkpoint"
 LANE2_MORE="test_kd_budget.py"
 LANE3="test_slurm.py"
 LATE="test_daemon.py test_moe.py test_deci_export.py"
+lane2_tests() {
+  emu_tests
+  for t in $LANE2_C $LANE2_MORE_C; do [ -x "$AC_BUILD/tests/$t" ] && run "$t (second lane)" "$AC_BUILD/tests/$t"; done
+  for t in $LANE2 $LANE2_MORE; do [ -f "tests/$t" ] && run "$t (second lane)" /usr/bin/python3 "tests/$t"; done
+}
+lane3_tests() {
+  for t in $LANE3; do [ -f "tests/$t" ] && run "$t (third lane)" /usr/bin/python3 "tests/$t"; done
+}
+lane_start() { # lane_start DIR FUNCTION: the function's tests in the background, output and counts into DIR
+  (
+    pass=0; fail=0; skip=0; cpu_f="$1/cpu"
+    "$2"
+    echo "$pass $fail $skip" > "$1/counts"
+  ) > "$1/out" 2>&1 &
+}
 lane2_dir=""; lane3_dir=""
 if [ "${AC_TEST_SERIAL:-0}" != 1 ]; then
   lane2_dir=$(mktemp -d); lane3_dir=$(mktemp -d)
-  (
-    pass=0; fail=0; skip=0; cpu_f="$lane2_dir/cpu"
-    emu_tests
-    for t in $LANE2_C $LANE2_MORE_C; do [ -x "$AC_BUILD/tests/$t" ] && run "$t (second lane)" "$AC_BUILD/tests/$t"; done
-    for t in $LANE2 $LANE2_MORE; do [ -f "tests/$t" ] && run "$t (second lane)" /usr/bin/python3 "tests/$t"; done
-    echo "$pass $fail $skip" > "$lane2_dir/counts"
-  ) > "$lane2_dir/out" 2>&1 &
-  lane2_pid=$!
-  (
-    pass=0; fail=0; skip=0; cpu_f="$lane3_dir/cpu"
-    for t in $LANE3; do [ -f "tests/$t" ] && run "$t (third lane)" /usr/bin/python3 "tests/$t"; done
-    echo "$pass $fail $skip" > "$lane3_dir/counts"
-  ) > "$lane3_dir/out" 2>&1 &
-  lane3_pid=$!
+  lane_start "$lane2_dir" lane2_tests; lane2_pid=$!
+  lane_start "$lane3_dir" lane3_tests; lane3_pid=$!
 fi
 listed() { case " $1 " in *" $2 "*) return 0;; esac; return 1; } # listed LIST NAME
 in_lane2() { [ -n "$lane2_dir" ] && listed "$LANE2 $LANE2_C $LANE2_MORE $LANE2_MORE_C $LANE3" "$1"; } # or the third
