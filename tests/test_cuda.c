@@ -216,6 +216,91 @@ static void test_gpu_hybrid(void) {
     hybrid_vs_reference("nemotronh_moe_nonorm_f32", 0);
     hybrid_vs_reference("nemotronh_latent_bf16", 1);
 }
+
+/* Whole-model perplexity of hybrid fixture `name` on the CUDA engine:
+ * ac_perplexity with the forward and the cross-entropy on the device over
+ * the windows of the fixture's ppl.json (3 of 32 tokens, each from position
+ * 0, 2 per forward then 1: every forward starts each sequence's conv and
+ * SSM state from zero) within 0.1 % of tests/ref_mamba.py's float64
+ * perplexity stored there, and the device's logits of those windows (one
+ * forward of all three) against the CPU engine's within 3e-2 of the largest
+ * logit, the dense models' BF16 tolerance (compare). Without vs_ref (an F32
+ * checkpoint, rounded to BF16 on the device, which routes some rows
+ * otherwise: hybrid_vs_reference) the logits against the CPU engine on the
+ * model's BF16 copy, and the perplexity within 0.1 % of that engine's too. */
+static void hybrid_ppl_gpu(const char *name, int vs_ref) {
+    ac_model m, mb;
+    ac_err e = {{0}};
+    char p[1024], rel[300];
+    if (load_fixture(name, &m)) SKIP("no fixture %s (make fixtures)", name);
+    snprintf(rel, sizeof rel, "fixtures/models/%s/ppl.json", name);
+    ck_build_path(p, sizeof p, rel);
+    json_t *pj = json_load_file(p, 0, NULL), *ja = json_object_get(pj, "ids");
+    size_t n = json_array_size(ja);
+    int ctx = (int)json_integer_value(json_object_get(pj, "ctx")),
+        nw = (int)json_integer_value(json_object_get(pj, "windows")), *ids = malloc(sizeof(int) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) ids[i] = (int)json_integer_value(json_array_get(ja, i));
+    double want = json_real_value(json_object_get(pj, "ppl"));
+    long scored = (long)json_integer_value(json_object_get(pj, "scored"));
+    json_decref(pj);
+    if (!n || ctx < 2 || nw < 1 || (size_t)ctx * nw > n) {
+        CHECK(0, "%s: ppl.json", name);
+        free(ids), ac_model_free(&m);
+        return;
+    }
+    const ac_model *cm = &m; /* the CPU engine's model: the device's weights where they differ */
+    if (!vs_ref) {
+        CHECK(ac_model_to_bf16(&m, &mb, &e) == 0, "%s: %s", name, e.msg);
+        cm = &mb;
+    }
+    ac_ppl_opts oc = {.ctx = ctx, .max_windows = nw, .batch = 2}, og = oc;
+    og.cuda = 1;
+    ac_ppl_result rc, rg;
+    CHECK(ac_perplexity(cm, ids, n, &oc, NULL, NULL, NULL, &rc, &e) == 0, "%s: %s", name, e.msg);
+    CHECK(ac_perplexity(&m, ids, n, &og, NULL, NULL, NULL, &rg, &e) == 0, "%s: %s", name, e.msg);
+    double rd = fabs(rg.ppl - want) / want, rdc = fabs(rg.ppl - rc.ppl) / rc.ppl;
+    CHECK(!strcmp(rg.engine, "cuda") && rg.scored == scored && rc.scored == scored, "%s: engine %s, scored %ld / %ld of %ld",
+          name, rg.engine, rg.scored, rc.scored, scored);
+    CHECK(rd <= 1e-3, "%s: ppl on the device %.6f vs the float64 reference's %.6f (%.2e relative)", name, rg.ppl, want, rd);
+    CHECK(vs_ref || rdc <= 1e-3, "%s: ppl on the device %.6f vs the CPU engine's on BF16 weights %.6f (%.2e relative)",
+          name, rg.ppl, rc.ppl, rdc);
+    /* the logits of the same windows, one forward of all of them */
+    ac_engine en;
+    acc_engine *g = NULL;
+    char err[512] = "";
+    size_t V = m.a.vocab, nl = (size_t)nw * ctx * V;
+    float *lg = malloc(sizeof(float) * nl);
+    CHECK(lg && ac_engine_init(&en, cm, nw, ctx, &e) == 0 && ac_engine_forward(&en, ids, nw, ctx, 0, 0, &e) == 0, "%s: %s",
+          name, e.msg);
+    CHECK(cu->engine_create(0, &m, nw, ctx, en.cos_t, en.sin_t, &g, err, sizeof err) == 0 && g &&
+              cu->engine_forward(g, ids, nw, ctx, 0, 0, lg, err, sizeof err) == 0,
+          "%s: %s", name, err);
+    double mx = 0, d = 0;
+    for (size_t i = 0; i < nl; i++) {
+        mx = fmax(mx, fabs(en.logits[i]));
+        d = max_nan(d, fabs(en.logits[i] - lg[i]));
+    }
+    CHECK(d <= 3e-2 * mx, "%s: GPU logits of the ppl windows differ from the CPU engine's by %g (max %g)", name, d, mx);
+    printf("   %s: ppl GPU %.5f, CPU %.5f%s, reference %.5f: GPU %.2e from the reference, %.2e from the CPU; "
+           "logits vs CPU %.2e\n",
+           name, rg.ppl, rc.ppl, vs_ref ? "" : " (BF16 copy)", want, rd, rdc, d / mx);
+    if (g) cu->engine_free(g);
+    ac_engine_free(&en);
+    free(lg), free(ids);
+    if (!vs_ref) ac_model_free(&mb);
+    ac_model_free(&m);
+}
+
+/* Whole-model perplexity of the four hybrid fixtures on the CUDA engine
+ * (hybrid_ppl_gpu): M-M*-, MEM*E, E*E (F32, against the CPU engine on its
+ * BF16 copy) and ME*E LatentMoE. */
+static void test_gpu_hybrid_perplexity(void) {
+    if (!cu) SKIP("%s", why);
+    hybrid_ppl_gpu("nemotronh_bf16", 1);
+    hybrid_ppl_gpu("nemotronh_moe_bf16", 1);
+    hybrid_ppl_gpu("nemotronh_moe_nonorm_f32", 0);
+    hybrid_ppl_gpu("nemotronh_latent_bf16", 1);
+}
 static void test_gpu_llama3_rope(void) { compare("llama3_rope_f32"); }
 static void test_gpu_heterogeneous(void) { compare("deci_hetero"); }
 static void test_gpu_mistral_sliding_window(void) { compare("mistral_sharded"); }
@@ -763,6 +848,7 @@ int main(void) {
     RUN(test_gpu_qwen3_qk_norm);
     RUN(test_gpu_moe);
     RUN(test_gpu_hybrid);
+    RUN(test_gpu_hybrid_perplexity);
     RUN(test_gpu_llama3_rope);
     RUN(test_gpu_heterogeneous);
     RUN(test_gpu_mistral_sliding_window);
