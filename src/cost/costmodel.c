@@ -750,14 +750,21 @@ static void predict_all(const ac_cost_table *t, const ac_carch *c0, const ac_wor
     double state_seq = ac_carch_state_bytes(c);
     double seq_tokens = P + G;
     if (!smooth && p->block_size > 1) seq_tokens = ceil(seq_tokens / p->block_size) * p->block_size;
-    double act_seq = P * (c->hidden + widest) * p->act_bytes + (double)c->vocab * 4;
+    /* activations: a sequence's logits (fp32) and the widest step's values
+     * per token: every prompt token of the batch at once (one prefill
+     * step), or, on a named engine that chunks prompts, at most its token
+     * budget (rt.act_step) */
+    double act_tok = (c->hidden + widest) * p->act_bytes;
+    double act_seq = (rt.act_step ? 0 : P * act_tok) + (double)c->vocab * 4,
+           act_fixed = rt.act_step ? fmin(B * P, rt.budget) * act_tok : 0;
     o->weights_gib = ac_carch_params(c) * p->w_bytes / gib;
     o->kv_gib = B * seq_tokens * kv_tok / gib;
     o->state_gib = B * state_seq / gib;
-    o->act_gib = B * act_seq / gib;
+    o->act_gib = (B * act_seq + act_fixed) / gib;
     o->mem_gib = o->weights_gib + o->kv_gib + o->state_gib + o->act_gib + p->overhead_gib;
     o->device_mem_gib = t->mem_gib;
-    double avail = t->mem_gib * p->mem_util - o->weights_gib - p->overhead_gib,
+    double avail = t->mem_gib * p->mem_util - o->weights_gib - p->overhead_gib -
+                   (rt.act_step ? rt.budget * act_tok / gib : 0),
            per_seq = (seq_tokens * kv_tok + state_seq + act_seq) / gib;
     o->max_batch = avail > 0 && per_seq > 0 ? (int)fmin(floor(avail / per_seq), 1e9) : 0;
     /* The engine's pool: what it preallocates at start-up, less weights,

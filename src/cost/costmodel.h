@@ -254,6 +254,7 @@ typedef struct {
     int tp;                 /* tensor-parallel GPUs (0 or 1: one) */
     double link_gbs;        /* all-reduce link bandwidth per direction, GB/s (0: the device's) */
     double link_us;         /* all-reduce fixed cost per call, us */
+    int named;              /* target.engine.name named this engine (0: the device's default engine) */
     int gemm_f16_acc;       /* llama.cpp with F16 weights: cuBLAS GEMMs in FP16 accumulate, F32 activations
                                converted to F16 before and after each (docs/costmodel.md) */
 } ac_engine_profile;
