@@ -19,6 +19,8 @@ Sources (stored copies read with the project's search tools):
   (FP8)" (v0.6.1, gptSessionBenchmark: static batches of the stated size)
   and "Low Latency" (v0.5, batch 1, first-token latency) for LLaMA 7B
   (Llama-2-7B shape); the A100 FP16 rows check the A100 profile the same way.
+  The page's other low-latency rows (LLaMA 7B at 128 tokens on the A100,
+  LLaMA 70B at TP4) are compared, not asserted (the 128-token ones -32..-37 %).
 
 How a published figure maps onto `estimate`:
 - offline runs (TRT_OVERVIEW): a served workload, `offline: true` with the
@@ -70,7 +72,7 @@ from harness import BUILD, Runner, cli_estimate  # noqa: E402
 CLI = os.path.join(BUILD, "autocompress")
 # The bounds hold what the model reaches today (docs/costmodel.md states the same figures):
 BOUND = 0.25  # |predicted / published - 1| of every row (worst: 24.1 %, Mixtral 128/2048 on the H200; 23.7 % a batch-1 FP8 TTFT of 7 ms)
-MEDIAN_BOUND = 0.05  # of the median dense row (4.0 %)
+MEDIAN_BOUND = 0.05  # of the median dense row (4.2 %)
 # The mixture-of-experts rows: the grouped GEMM's FLOPs are priced 1.15x a
 # dense GEMM's (src/cost/costmodel.c, AC_MOE_GROUPED_FLOPS, chosen on the
 # Mixtral rows below, so they do not check it): median 9.5 %, worst 24.1 %.
@@ -223,7 +225,25 @@ PUBLISHED += [
      EAGER, "tokens_per_s", 5586, TRT_PERF_061),
     ("Llama-2-7B batch 1 TTFT, 2048 prompt", LLAMA2_7B, "A100", 1, "fp16",
      {"batch": 1, "prompt_len": 2048, "gen_len": 1}, EAGER, "ttft_ms", 133, TRT_PERF_061),
+    # the page's other LLaMA 7B TP1 peak-throughput rows (no constant was chosen on them)
+    ("Llama-2-7B batch 112, 128/2048", LLAMA2_7B, "H100", 1, "fp8", {"batch": 112, "prompt_len": 128, "gen_len": 2048},
+     EAGER, "tokens_per_s", 6818, TRT_PERF_061),
+    ("Llama-2-7B batch 48, 2048/2048", LLAMA2_7B, "H100", 1, "fp8", {"batch": 48, "prompt_len": 2048, "gen_len": 2048},
+     EAGER, "tokens_per_s", 2740, TRT_PERF_061),
+    ("Llama-2-7B batch 60, 128/2048", LLAMA2_7B, "A100", 1, "fp16", {"batch": 60, "prompt_len": 128, "gen_len": 2048},
+     EAGER, "tokens_per_s", 1928, TRT_PERF_061),
+    ("Llama-2-7B batch 52, 2048/128", LLAMA2_7B, "A100", 1, "fp16", {"batch": 52, "prompt_len": 2048, "gen_len": 128},
+     EAGER, "tokens_per_s", 591, TRT_PERF_061),
 ]
+# The page's other v0.5 first-token latencies (batch 1): compared, not asserted. The 128-token ones are
+# under-predicted in FP16 on the A100 as in FP8 on the H100 (docs/costmodel.md: small-M GEMMs)
+LLAMA2_70B = (8192, 80, 64, 8, 28672, 32000)
+for label, shape, dev, tp, dtype, isl, pub in [
+        ("Llama-2-7B", LLAMA2_7B, "A100", 1, "fp16", 128, 16), ("Llama-2-70B", LLAMA2_70B, "H100", 4, "fp8", 128, 26),
+        ("Llama-2-70B", LLAMA2_70B, "H100", 4, "fp8", 2048, 109), ("Llama-2-70B", LLAMA2_70B, "A100", 4, "fp16", 128, 47),
+        ("Llama-2-70B", LLAMA2_70B, "A100", 4, "fp16", 2048, 377)]:
+    REPORTED.append((f"{label} batch 1 TTFT, {isl} prompt", shape, dev, tp, dtype,
+                     {"batch": 1, "prompt_len": isl, "gen_len": 1}, EAGER, "ttft_ms", pub, TRT_PERF_061))
 
 
 # metrics derived from estimate's figures: llama-bench's prompt and generation rates
@@ -301,7 +321,7 @@ def test_gpu_profiles_within_bound():
           f"{len(moe)} mixture-of-experts rows: median {100 * moe_med:.1f}% (bound {100 * MOE_MEDIAN_BOUND:.0f}%), worst "
           f"{100 * max(moe):.1f}% (bound {100 * MOE_BOUND:.0f}%); "
           f"worst of all {100 * max(dense + moe):.1f}% (bound {100 * BOUND:.0f}%)", flush=True)
-    assert len(dense) >= 67 and len(moe) >= 19
+    assert len(dense) >= 71 and len(moe) >= 19
     assert any(g[0][9] == LLAMACPP_4090 for g in got), "no llama.cpp row"
     assert any(g[0][2] == "A100" and g[0][5].get("offline") for g in got), "no served A100 row"
     assert any(g[0][2] == "B200" for g in got if len(g[0][1]) > 6), "no B200 mixture-of-experts row"
