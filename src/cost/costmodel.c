@@ -242,10 +242,10 @@ static double lin_us(const ac_cost_table *t, const ac_engine_profile *p, double 
  * each (TensorRT-LLM's static_quantize_e4m3_per_tensor, vLLM's
  * scaled_fp8_quant), once per input however many GEMMs read it; its
  * launch is counted with the layer's (layer_launches). */
-static double quant_us(const ac_cost_table *t, const ac_engine_profile *p, double M, double k) {
-    return t->fp8_act && p->w_bytes == 1 ? ac_cost_elem_us(t, 0.75 * M * k, 2) : 0;
-}
 static int quant_on(const ac_cost_table *t, const ac_engine_profile *p) { return t->fp8_act && p->w_bytes == 1; }
+static double quant_us(const ac_cost_table *t, const ac_engine_profile *p, double M, double k) {
+    return quant_on(t, p) ? ac_cost_elem_us(t, 0.75 * M * k, 2) : 0;
+}
 
 /* Whether t's measured expert grid prices c's experts: a CPU table (no
  * launch cost) measured with one, and SwiGLU experts (the grid's kernel;
