@@ -139,6 +139,49 @@ def test_search_under_the_74b_budget():
           f"memory_gib {b['memory_gib']:.1f} with the 128K prompt's activations {b['activations_gib']:.1f}", flush=True)
 
 
+def test_chunked_prefill_activations():
+    """memory_gib's activations: without an engine named, the whole 128K prompt's in one step; with one named
+    that chunks prompts (vLLM, SGLang, llama.cpp), one step of its token budget (vLLM 8192 here: 180 GB and
+    not an A100, a served budget); TensorRT-LLM (chunked prefill off) as without. The search under both
+    limits then predicts what the named engine holds, equal to the re-priced structure's memory_gib."""
+    if not os.path.exists(CLI):
+        return "skip: build/autocompress missing (make all)"
+    c = json.load(open(os.path.join(SUPER, "config.json")))
+    # per token: the hidden state and the widest step value, the MoE layer's router logits and its
+    # 22 experts' gate and up intermediates; bf16; plus one sequence's fp32 logits
+    per_tok = (c["hidden_size"] + c["n_routed_experts"] + 2 * c["num_experts_per_tok"] * c["moe_intermediate_size"]) * 2
+    logits = c["vocab_size"] * 4
+    P = 131071
+
+    def fig(engine):
+        t = target()
+        if engine:
+            t["engine"] = {"name": engine}
+        return cli_estimate({"model": SUPER, "target": t})["figures"]
+
+    base = fig(None)
+    assert abs(base["activations_gib"] - (P * per_tok + logits) / GIB) < 1e-9, base["activations_gib"]
+    named = {}
+    for engine, tokens in (("vllm", 8192), ("sglang", 8192), ("llamacpp", 2048), ("trtllm", P)):
+        f = named[engine] = fig(engine)
+        assert abs(f["activations_gib"] - (tokens * per_tok + logits) / GIB) < 1e-9, (engine, f["activations_gib"])
+        held = f["weights_gib"] + f["kv_cache_gib"] + f["ssm_state_gib"] + f["activations_gib"]
+        assert f["memory_gib"] > held, (engine, f["memory_gib"], held)  # plus the engine's runtime
+    t = dict(target(), engine={"name": "vllm"})
+    limits = {"max_params": 74e9, "max_memory_gib": B200_GIB}
+    fits = cli_estimate({"model": SUPER, "target": t, "constraints": limits})["fits"]
+    best = fits["structures"][0]
+    j = cli_estimate({"model": SUPER, "architecture": fit_architecture(c["hybrid_override_pattern"], best),
+                      "target": t})["figures"]
+    assert abs(j["memory_gib"] - best["predicted"]["memory_gib"]) <= 1e-9 * j["memory_gib"], \
+        (j["memory_gib"], best["predicted"]["memory_gib"])
+    # a step's activations (1.9 GiB) leave the 74e9 budget binding, not the memory
+    assert 73e9 < best["params"] <= 74e9 and j["memory_gib"] < B200_GIB, (best["params"], j["memory_gib"])
+    print(f"   activations at 128K: {base['activations_gib']:.2f} GiB in one step, "
+          f"{named['vllm']['activations_gib']:.2f} GiB in vLLM's 8192-token step; under both limits with vLLM named "
+          f"the closest is {best['params'] / 1e9:.2f}B at {j['memory_gib']:.1f} GiB", flush=True)
+
+
 def test_mtp_block_types():
     """mtp_layers_block_type names the MTP blocks as the pattern does; an unknown block leaves its size unknown;
     a config without MTP layers gets no "mtp"."""
@@ -182,4 +225,5 @@ if __name__ == "__main__":
     r.run(test_mtp_block_types)
     r.run(test_full_model_does_not_fit_one_b200)
     r.run(test_search_under_the_74b_budget)
+    r.run(test_chunked_prefill_activations)
     r.done()

@@ -19,6 +19,8 @@ Sources (stored copies read with the project's search tools):
   (FP8)" (v0.6.1, gptSessionBenchmark: static batches of the stated size)
   and "Low Latency" (v0.5, batch 1, first-token latency) for LLaMA 7B
   (Llama-2-7B shape); the A100 FP16 rows check the A100 profile the same way.
+  The page's other low-latency rows (LLaMA 7B at 128 tokens on the A100,
+  LLaMA 70B at TP4) are compared, not asserted (the 128-token ones -32..-37 %).
 
 How a published figure maps onto `estimate`:
 - offline runs (TRT_OVERVIEW): a served workload, `offline: true` with the
@@ -49,10 +51,10 @@ config.json (mistralai/Mixtral-8x7B-v0.1: hidden 4096, 32 layers, 32 heads /
 Compared but not asserted (REPORTED, printed by --table): TRT_OVERVIEW's
 Qwen3-235B-A22B FP8 on H200 "TP8", which the page runs with attention data
 parallelism and expert parallelism (its MoE llm_options), neither modelled;
-TRT_V017's Mixtral 8x7B FP8 at TP2 (up to +29 %), and TRT_V017's
+TRT_V017's Mixtral 8x7B FP8 at TP2 (up to +27 %), and TRT_V017's
 Llama-3.1-70B FP16 at TP4 on the A100 and FP8 at TP1-TP4 on H200/H100,
-over-predicted up to 34 % and 44 % on their decode-heavy rows at TP4, and
-TRT_OVERVIEW's Llama-3.1-405B FP8 at TP8 (up to +35 %; see docs/costmodel.md).
+over-predicted up to 34 % and 41 % on their decode-heavy rows at TP4, and
+TRT_OVERVIEW's Llama-3.1-405B FP8 at TP8 (up to +31 %; see docs/costmodel.md).
 Also asserted: TRT_V017's Llama-3.1-8B FP16 rows on the A100 (TP1), and two
 llama-bench figures of llama.cpp (LLAMACPP_4090: ggml-org/llama.cpp pull
 request 4766, a comment of 2024-01-10: CodeLlama-7B F16 on one RTX 4090,
@@ -69,13 +71,15 @@ from harness import BUILD, Runner, cli_estimate  # noqa: E402
 
 CLI = os.path.join(BUILD, "autocompress")
 # The bounds hold what the model reaches today (docs/costmodel.md states the same figures):
-BOUND = 0.33  # |predicted / published - 1| of every row (worst: 32.5 %, a batch-1 FP8 TTFT of 7 ms)
-MEDIAN_BOUND = 0.05  # of the median dense row (3.9 %)
+BOUND = 0.25  # |predicted / published - 1| of every row (worst: 24.1 %, Mixtral 128/2048 on the H200; 23.7 % a batch-1 FP8 TTFT of 7 ms)
+MEDIAN_BOUND = 0.05  # of the median dense row (4.2 %)
 # The mixture-of-experts rows: the grouped GEMM's FLOPs are priced 1.15x a
 # dense GEMM's (src/cost/costmodel.c, AC_MOE_GROUPED_FLOPS, chosen on the
-# Mixtral rows below, so they do not check it): median 8.3 %, worst 24.8 %.
-MOE_MEDIAN_BOUND = 0.09
+# Mixtral rows below, so they do not check it): median 9.5 %, worst 24.1 %.
+MOE_MEDIAN_BOUND = 0.10
 MOE_BOUND = 0.25
+# llama.cpp's rows (F16 weights: cuBLAS in FP16 accumulate with its conversions): pp512 +0.4 %, tg128 -8.3 %
+LLAMACPP_BOUND = 0.10
 B200_MOE_BOUND = 0.05  # |error| of each B200 mixture-of-experts row (SGL_B200: +1.8 % today)
 
 # hidden, layers, heads, kv_heads, ffn, vocab (head_dim 128)
@@ -181,7 +185,7 @@ PUBLISHED.append(("Qwen3-235B-A22B concurrency 1, 1K/1K, TPOT", QWEN3_235B, "B20
 REPORTED = _v017_rows(V017_MIXTRAL_TP2) + REPORTED_A100
 # TRT_V017's Llama-3.1-70B FP8 rows (the C++ runtime of v0.17, a version no
 # constant was fitted on): compared, not asserted (decode-heavy rows at TP4
-# up to +48 %, docs/costmodel.md)
+# up to +41 %, docs/costmodel.md)
 V017_70B_FP8 = [
     ("H200", 1, [4020.75, 4165.68, 2651.75, 3018.39, 2823.45, 465.99, 1913.8, 560.16, 279.52]),
     ("H200", 2, [6823.01, 8290.35, 6526.67, 6848.02, 5164.76, 809, 4183.88, 1025.38, 640.62]),
@@ -190,7 +194,7 @@ V017_70B_FP8 = [
     ("H100", 4, [11127.53, 11511.93, 7439.41, 9836.7, 7430.99, 1302.6, 5480.03, 1602.78, 920.19]),
 ]
 # TRT_OVERVIEW's Llama-3.1-405B FP8 at TP8 (H200, H100): compared, not
-# asserted (its decode-heavy rows up to +35 %, as the TP4 rows)
+# asserted (its decode-heavy rows up to +31 %, as the TP4 rows)
 LLAMA31_405B = (16384, 126, 128, 8, 53248, 128256)
 for dev, figs in [("H200", [3814, 5348, 4741, 4724, 3330, 3722, 456, 2948, 650, 505]),
                   ("H100", [3627, 4340, 3116, 3994, 2919, 2895, 453, 2296, 610, 345])]:
@@ -222,6 +226,20 @@ PUBLISHED += [
     ("Llama-2-7B batch 1 TTFT, 2048 prompt", LLAMA2_7B, "A100", 1, "fp16",
      {"batch": 1, "prompt_len": 2048, "gen_len": 1}, EAGER, "ttft_ms", 133, TRT_PERF_061),
 ]
+# the page's other LLaMA 7B TP1 peak-throughput rows (no constant was chosen on them)
+for dev, dtype, batch, isl, osl, pub in [("H100", "fp8", 112, 128, 2048, 6818), ("H100", "fp8", 48, 2048, 2048, 2740),
+                                         ("A100", "fp16", 60, 128, 2048, 1928), ("A100", "fp16", 52, 2048, 128, 591)]:
+    PUBLISHED.append((f"Llama-2-7B batch {batch}, {isl}/{osl}", LLAMA2_7B, dev, 1, dtype,
+                      {"batch": batch, "prompt_len": isl, "gen_len": osl}, EAGER, "tokens_per_s", pub, TRT_PERF_061))
+# The page's other v0.5 first-token latencies (batch 1): compared, not asserted. The 128-token ones are
+# under-predicted in FP16 on the A100 as in FP8 on the H100 (docs/costmodel.md: small-M GEMMs)
+LLAMA2_70B = (8192, 80, 64, 8, 28672, 32000)
+for label, shape, dev, tp, dtype, isl, pub in [
+        ("Llama-2-7B", LLAMA2_7B, "A100", 1, "fp16", 128, 16), ("Llama-2-70B", LLAMA2_70B, "H100", 4, "fp8", 128, 26),
+        ("Llama-2-70B", LLAMA2_70B, "H100", 4, "fp8", 2048, 109), ("Llama-2-70B", LLAMA2_70B, "A100", 4, "fp16", 128, 47),
+        ("Llama-2-70B", LLAMA2_70B, "A100", 4, "fp16", 2048, 377)]:
+    REPORTED.append((f"{label} batch 1 TTFT, {isl} prompt", shape, dev, tp, dtype,
+                     {"batch": 1, "prompt_len": isl, "gen_len": 1}, EAGER, "ttft_ms", pub, TRT_PERF_061))
 
 
 # metrics derived from estimate's figures: llama-bench's prompt and generation rates
@@ -299,7 +317,7 @@ def test_gpu_profiles_within_bound():
           f"{len(moe)} mixture-of-experts rows: median {100 * moe_med:.1f}% (bound {100 * MOE_MEDIAN_BOUND:.0f}%), worst "
           f"{100 * max(moe):.1f}% (bound {100 * MOE_BOUND:.0f}%); "
           f"worst of all {100 * max(dense + moe):.1f}% (bound {100 * BOUND:.0f}%)", flush=True)
-    assert len(dense) >= 67 and len(moe) >= 19
+    assert len(dense) >= 71 and len(moe) >= 19
     assert any(g[0][9] == LLAMACPP_4090 for g in got), "no llama.cpp row"
     assert any(g[0][2] == "A100" and g[0][5].get("offline") for g in got), "no served A100 row"
     assert any(g[0][2] == "B200" for g in got if len(g[0][1]) > 6), "no B200 mixture-of-experts row"
@@ -311,6 +329,8 @@ def test_gpu_profiles_within_bound():
             assert abs(err) <= B200_MOE_BOUND, (row[0], pred, row[8], err)
     for row, fig, pred, err in got:
         assert abs(err) <= BOUND, (row[0], row[2], pred, row[8], err)
+        if row[9] == LLAMACPP_4090:
+            assert abs(err) <= LLAMACPP_BOUND, (row[0], pred, row[8], err)
     assert med <= MEDIAN_BOUND, med
     assert moe_med <= MOE_MEDIAN_BOUND, moe_med
     assert max(moe) <= MOE_BOUND, max(moe)

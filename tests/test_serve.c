@@ -459,6 +459,64 @@ static void test_fp8_peaks(void) {
     ac_cost_table_free(&h8), ac_cost_table_free(&h16), ac_cost_table_free(&a8), ac_cost_table_free(&a16);
 }
 
+/* llama.cpp with F16 weights (gemm_f16_acc): every weight GEMM of more
+ * than one row at the profile's FP16-accumulate rate (RTX 4090: 330.3
+ * against 165 TFLOP/s) plus two conversions (F32 -> F16 input, F16 -> F32
+ * output, 6 bytes an element) and their launches; FP8 GEMMs on FP8 tensor
+ * cores quantise each distinct input once (3 bytes an element) with a
+ * launch. Both checked as the TTFT difference a hand sum over the
+ * Llama-3-8B layer's GEMMs gives (every GEMM here compute-bound). */
+static void test_gemm_paths(void) {
+    double buf[96];
+    ac_carch c;
+    arch8b(&c, buf, 32);
+    ac_cost_table t, h8;
+    ac_err e;
+    CHECK(!ac_cost_roofline(ac_device_spec_find("RTX4090"), "bf16", &t, &e) &&
+              !ac_cost_roofline(ac_device_spec_find("H100"), "fp8", &h8, &e),
+          "%s", e.msg);
+    CHECK(t.peak_acc16_tflops == 330.3 && h8.fp8_act == 1, "acc16 peak %g, fp8_act %d", t.peak_acc16_tflops,
+          h8.fp8_act);
+    ac_engine_profile p, q;
+    ac_engine_profile_named(ac_engine_find("llamacpp"), 0, &p);
+    p.graph_max = -1;
+    q = p;
+    q.gemm_f16_acc = 1;
+    double M = 512;
+    ac_workload w = {.batch = 1, .prompt_len = (int)M, .gen_len = 1};
+    ac_cost a, b;
+    ac_cost_predict(&t, &c, &w, &p, 0, &a);
+    ac_cost_predict(&t, &c, &w, &q, 0, &b);
+    /* the layer's GEMMs (n, k): q, k, v, o, gate, up, down */
+    double g[7][2] = {{4096, 4096}, {1024, 4096}, {1024, 4096}, {4096, 4096}, {14336, 4096}, {14336, 4096},
+                      {4096, 14336}};
+    double d = 0;
+    for (int i = 0; i < 7; i++) {
+        double fl = 2 * M * g[i][0] * g[i][1];
+        d += fl / (0.7 * 330.3e12) - fl / (0.7 * 165e12) + 6 * M * (g[i][0] + g[i][1]) / (0.85 * 1008e9) +
+             2 * 5e-6;
+    }
+    d *= 32 * 1e3; /* ms; the LM head runs one row (the matrix-vector kernel) */
+    CHECK(fabs((b.ttft_ms - a.ttft_ms) - d) < 1e-6 * a.ttft_ms, "F16-accumulate TTFT %g - %g ms, hand %g", b.ttft_ms,
+          a.ttft_ms, d);
+    /* FP8: the same arch on the H100 with and without the input quantisation */
+    ac_engine_profile f;
+    ac_engine_profile_named(ac_engine_find("trtllm"), 0, &f);
+    f.graph_max = -1;
+    f.w_bytes = 1;
+    ac_cost_table h8n = h8;
+    h8n.fp8_act = 0;
+    ac_cost_predict(&h8, &c, &w, &f, 0, &a);
+    ac_cost_predict(&h8n, &c, &w, &f, 0, &b);
+    double inputs[4] = {4096, 4096, 4096, 14336}; /* q/k/v, o, gate/up, down */
+    d = 0;
+    for (int i = 0; i < 4; i++) d += 3 * M * inputs[i] / (0.85 * 3350e9) + 4e-6;
+    d *= 32 * 1e3;
+    CHECK(fabs((a.ttft_ms - b.ttft_ms) - d) < 1e-6 * a.ttft_ms, "FP8 quantise TTFT %g - %g ms, hand %g", a.ttft_ms,
+          b.ttft_ms, d);
+    ac_cost_table_free(&t), ac_cost_table_free(&h8);
+}
+
 static void test_engine_names_in_the_spec(void) {
     ac_target_spec t;
     const char *field;
@@ -668,6 +726,7 @@ int main(void) {
     RUN(test_cuda_graph_launches);
     RUN(test_tensor_parallel);
     RUN(test_fp8_peaks);
+    RUN(test_gemm_paths);
     RUN(test_engine_names_in_the_spec);
     RUN(test_tp_divisibility);
     RUN(test_served_gradient);

@@ -14,6 +14,8 @@ double ac_cost_elem_us(const ac_cost_table *t, double elements, int act_bytes);
 
 /* The roofline answers of a table made by ac_cost_roofline (costroofline.c). */
 double ac_roofline_gemm_us(const ac_cost_table *t, double m, double n, double k);
+/* The same at a compute peak of peak_tflops (TFLOP/s) instead of the table's. */
+double ac_roofline_gemm_peak_us(const ac_cost_table *t, double m, double n, double k, double peak_tflops);
 double ac_roofline_attn_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s,
                            int head_dim);
 /* The same with the KV cache in kv_bytes per element (an FP8 KV cache under BF16 weights). */

@@ -224,6 +224,29 @@ static int carch_shard(const ac_carch *c, int tp, ac_carch *out) {
  * (costroofline.c) 1.15 keeps the H200 and TP2 rows where 1.3 had them and
  * brings the H100 rows closer (docs/costmodel.md). */
 #define AC_MOE_GROUPED_FLOPS 1.15
+/* A weight GEMM of M rows as the engine runs it. With gemm_f16_acc on a
+ * roofline table (llama.cpp, F16 weights: ggml_cuda_op_mul_mat_cublas
+ * calls cuBLAS with CUBLAS_COMPUTE_16F for more than one row): at the
+ * profile's FP16-accumulate rate, plus the two conversions it launches
+ * around the GEMM, its F32 input to F16 and its F16 output to F32 (4 + 2
+ * bytes an element each). A single row runs ggml's matrix-vector kernel:
+ * the table's GEMM. */
+static double lin_us(const ac_cost_table *t, const ac_engine_profile *p, double M, double n, double k, int warm) {
+    if (!p->gemm_f16_acc || !t->roofline || M <= 1 || n <= 0 || k <= 0) return ac_cost_gemm_lookup(t, M, n, k, warm);
+    double peak = t->peak_acc16_tflops > 0 ? t->peak_acc16_tflops : t->peak_tflops;
+    return ac_roofline_gemm_peak_us(t, M, n, k, peak) + ac_cost_elem_us(t, M * (k + n), 3) + 2 * t->launch_us;
+}
+
+/* FP8 GEMMs on FP8 tensor cores quantise their input first: one
+ * elementwise kernel over its M x k values, 2 bytes read and 1 written
+ * each (TensorRT-LLM's static_quantize_e4m3_per_tensor, vLLM's
+ * scaled_fp8_quant), once per input however many GEMMs read it; its
+ * launch is counted with the layer's (layer_launches). */
+static int quant_on(const ac_cost_table *t, const ac_engine_profile *p) { return t->fp8_act && p->w_bytes == 1; }
+static double quant_us(const ac_cost_table *t, const ac_engine_profile *p, double M, double k) {
+    return quant_on(t, p) ? ac_cost_elem_us(t, 0.75 * M * k, 2) : 0;
+}
+
 /* Whether t's measured expert grid prices c's experts: a CPU table (no
  * launch cost) measured with one, and SwiGLU experts (the grid's kernel;
  * squared-ReLU ones stay on the GEMM grid). */
@@ -236,13 +259,13 @@ static double moe_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_
     double E = experts_of(c, l), H = expert_io(c), Fe = c->effn ? c->effn[l] : 0, k = fmin(c->top_k, E);
     if (E <= 0 || Fe <= 0 || k <= 0) return 0;
     double d = ac_moe_active_experts(E, k, M), m = M * k / d;
-    double us = ac_cost_gemm_lookup(t, M, E, c->hidden, warm);
+    double us = lin_us(t, p, M, E, c->hidden, warm);
     if (expert_grid(t, c)) /* the engine's whole per-expert path, measured: its activation and scatter-add in it */
         return us + d * ac_cost_expert_us(t, m, Fe, H, warm) + ac_cost_elem_us(t, M * (2 * H + E), p->act_bytes);
     if (t->launch_us > 0) { /* a GPU's fused MoE kernel: one grouped GEMM over the d experts' weights */
         double mg = AC_MOE_GROUPED_FLOPS * m;
         us += (ffn_mats(c) - 1) * ac_cost_gemm_lookup(t, mg, d * Fe, H, warm) +
-              ac_cost_gemm_lookup(t, mg, H, d * Fe, warm);
+              ac_cost_gemm_lookup(t, mg, H, d * Fe, warm) + quant_us(t, p, M, H);
     }
     else
         us += d * ((ffn_mats(c) - 1) * ac_cost_gemm_lookup(t, m, Fe, H, warm) + ac_cost_gemm_lookup(t, m, H, Fe, warm));
@@ -311,7 +334,7 @@ static double op_elems(const ac_carch *c, int l, const ac_op *op) {
  * top-k) and the experts three (two grouped GEMMs, the weighted sum); norms
  * fuse with the residual add, RoPE with attention, activations with their
  * GEMM. */
-static int layer_launches(const ac_carch *c, int l) {
+static int layer_launches(const ac_carch *c, int l, int quant) {
     const ac_block_recipe *r = recipe_of(c, l);
     int n = 0;
     for (int s = 0; r && s < r->n_sub; s++) {
@@ -320,14 +343,14 @@ static int layer_launches(const ac_carch *c, int l) {
         for (int i = 0; i < r->sub[s].n_ops; i++) {
             const ac_op *op = &r->sub[s].ops[i];
             if (op->kind == AC_OP_LINEAR) {
-                n += op->in != prev_in;
+                n += (op->in != prev_in) * (1 + quant);
                 prev_in = op->in;
                 continue;
             }
             prev_in = -1;
             n += op->kind == AC_OP_ATTENTION || op->kind == AC_OP_SSM_CONV || op->kind == AC_OP_SSM_SCAN ||
                  op->kind == AC_OP_GATED_NORM;
-            n += op->kind == AC_OP_ROUTE ? 2 : op->kind == AC_OP_EXPERTS ? 3 : 0;
+            n += op->kind == AC_OP_ROUTE ? 2 : op->kind == AC_OP_EXPERTS ? 3 + quant : 0;
         }
     }
     return n;
@@ -385,14 +408,18 @@ static double layer_us(const ac_cost_table *t, const ac_carch *c, const ac_engin
         const ac_subblock *sb = &r->sub[s];
         if (!sub_present(c, l, sb)) continue;
         double elems = 0, pn = -1, pk = -1, pv = 0;
-        int moe = sb_has_moe(sb);
+        int moe = sb_has_moe(sb), pin = -1;
         for (int i = 0; i < sb->n_ops; i++) {
             const ac_op *op = &sb->ops[i];
             if (op->kind == AC_OP_LINEAR) {
                 double n = carch_dim(c, l, op->dout), k = carch_dim(c, l, op->din);
-                if (n != pn || k != pk) pv = ac_cost_gemm_lookup(t, M, n, k, warm), pn = n, pk = k;
-                us += pv;
-            } else if (op->kind != AC_OP_ROUTE && op->kind != AC_OP_EXPERTS && (op->kind != AC_OP_RMSNORM || !moe))
+                if (n != pn || k != pk) pv = lin_us(t, p, M, n, k, warm), pn = n, pk = k;
+                us += pv + (op->in != pin ? quant_us(t, p, M, k) : 0);
+                pin = op->in;
+                continue;
+            }
+            pin = -1;
+            if (op->kind != AC_OP_ROUTE && op->kind != AC_OP_EXPERTS && (op->kind != AC_OP_RMSNORM || !moe))
                 elems += op_elems(c, l, op);
         }
         /* a mixture of experts: its router, experts and their passes, its norm with them (a shared
@@ -437,14 +464,15 @@ static int attn_layers(const ac_carch *c) {
 /* Launch cost of a forward call (0 for CPU tables): every kernel's
  * launch, or, run as a CUDA graph, one graph launch plus (piecewise
  * graphs) the attention kernels left outside it. */
-static double launch_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_rt *rt, int graphed) {
+static double launch_us(const ac_cost_table *t, const ac_carch *c, const ac_engine_profile *p, const ac_engine_rt *rt,
+                        int graphed) {
     if (t->launch_us == 0) return 0; /* a CPU table */
     if (graphed) return (rt->graph_piecewise ? attn_layers(c) + 1 : 1) * t->launch_us;
     int launches = 2, last = 0;
     layer_key prev = {0};
     for (int l = 0; l < c->n_layers; l++) {
         layer_key k = key_of(c, l);
-        if (l == 0 || !same_key(&k, &prev)) last = layer_launches(c, l), prev = k;
+        if (l == 0 || !same_key(&k, &prev)) last = layer_launches(c, l, quant_on(t, p)), prev = k;
         launches += last;
     }
     return launches * t->launch_us;
@@ -466,8 +494,8 @@ static double forward_us(const ac_cost_table *t, const ac_carch *c, const ac_eng
     int g = graph_of(rt, B, nq);
     if (g) Mrun = g;
     double us = dense_us(t, c, p, rt, Mrun, warm) + attn_all_us(t, c, p, B, nq, S) + scan_all_us(t, c, B, nq, warm);
-    us += ac_cost_gemm_lookup(t, last_only ? B : M, c->vocab, H, warm) + ac_cost_elem_us(t, M * H, p->act_bytes);
-    us += launch_us(t, c, rt, g > 0);
+    us += lin_us(t, p, last_only ? B : M, c->vocab, H, warm) + ac_cost_elem_us(t, M * H, p->act_bytes);
+    us += launch_us(t, c, p, rt, g > 0);
     return us + p->overhead_ms * 1e3 + p->seq_overhead_us * B;
 }
 
@@ -628,14 +656,14 @@ static double served_step_us(void *ud, const ac_serve_step *s) {
     for (int warm = 0; warm <= 1; warm++) {
         double share = warm ? x->fw : 1 - x->fw;
         if (share > 0)
-            us += share * (dense_us(t, c, p, rt, M, warm) + ac_cost_gemm_lookup(t, s->logits, c->vocab, H, warm));
+            us += share * (dense_us(t, c, p, rt, M, warm) + lin_us(t, p, s->logits, c->vocab, H, warm));
     }
     int calls = 0;
     if (s->n_decode) us += attn_all_us(t, c, p, s->n_decode, 1, mean_ctx) + scan_all_us(t, c, s->n_decode, 1, 1), calls++;
     for (int i = 0; i < s->n_chunks; i++)
         us += attn_all_us(t, c, p, 1, s->chunk[i], s->chunk_end[i]) + scan_all_us(t, c, 1, s->chunk[i], 1), calls++;
     if (t->roofline && calls > 1) us -= (calls - 1) * attn_layers(c) * t->launch_us;
-    us += ac_cost_elem_us(t, (double)s->tokens * H, p->act_bytes) + launch_us(t, c, rt, g > 0);
+    us += ac_cost_elem_us(t, (double)s->tokens * H, p->act_bytes) + launch_us(t, c, p, rt, g > 0);
     return us + p->overhead_ms * 1e3 + p->seq_overhead_us * (s->n_decode + s->n_chunks);
 }
 
@@ -722,14 +750,21 @@ static void predict_all(const ac_cost_table *t, const ac_carch *c0, const ac_wor
     double state_seq = ac_carch_state_bytes(c);
     double seq_tokens = P + G;
     if (!smooth && p->block_size > 1) seq_tokens = ceil(seq_tokens / p->block_size) * p->block_size;
-    double act_seq = P * (c->hidden + widest) * p->act_bytes + (double)c->vocab * 4;
+    /* activations: a sequence's logits (fp32) and the widest step's values
+     * per token: every prompt token of the batch at once (one prefill
+     * step), or, on a named engine that chunks prompts, at most its token
+     * budget (rt.act_step) */
+    double act_tok = (c->hidden + widest) * p->act_bytes;
+    double act_seq = (rt.act_step ? 0 : P * act_tok) + (double)c->vocab * 4,
+           act_fixed = rt.act_step ? fmin(B * P, rt.budget) * act_tok : 0;
     o->weights_gib = ac_carch_params(c) * p->w_bytes / gib;
     o->kv_gib = B * seq_tokens * kv_tok / gib;
     o->state_gib = B * state_seq / gib;
-    o->act_gib = B * act_seq / gib;
+    o->act_gib = (B * act_seq + act_fixed) / gib;
     o->mem_gib = o->weights_gib + o->kv_gib + o->state_gib + o->act_gib + p->overhead_gib;
     o->device_mem_gib = t->mem_gib;
-    double avail = t->mem_gib * p->mem_util - o->weights_gib - p->overhead_gib,
+    double avail = t->mem_gib * p->mem_util - o->weights_gib - p->overhead_gib -
+                   (rt.act_step ? rt.budget * act_tok / gib : 0),
            per_seq = (seq_tokens * kv_tok + state_seq + act_seq) / gib;
     o->max_batch = avail > 0 && per_seq > 0 ? (int)fmin(floor(avail / per_seq), 1e9) : 0;
     /* The engine's pool: what it preallocates at start-up, less weights,

@@ -47,6 +47,12 @@ typedef struct {
     int version;
     int roofline; /* 1: computed from spec, no grids */
     double peak_tflops, bw_gbs, eta_c, eta_m, launch_us, mem_gib;
+    /* roofline tables: the GEMM rate with FP16 accumulate (the profile's
+     * fp16acc_tflops, else peak_tflops; 0 in a table read from JSON: the
+     * peak), for an engine whose GEMMs accumulate in FP16 (gemm_f16_acc);
+     * fp8_act: FP8 GEMMs on FP8 tensor cores, which quantise their input */
+    double peak_acc16_tflops;
+    int fp8_act;
     int nm, nn, nk;
     double gm[AC_CT_MAXG], gn[AC_CT_MAXG], gk[AC_CT_MAXG];
     double *gemm_us;      /* [nm][nn][nk], weights cold (read from memory) */
@@ -248,6 +254,9 @@ typedef struct {
     int tp;                 /* tensor-parallel GPUs (0 or 1: one) */
     double link_gbs;        /* all-reduce link bandwidth per direction, GB/s (0: the device's) */
     double link_us;         /* all-reduce fixed cost per call, us */
+    int named;              /* target.engine.name named this engine (0: the device's default engine) */
+    int gemm_f16_acc;       /* llama.cpp with F16 weights: cuBLAS GEMMs in FP16 accumulate, F32 activations
+                               converted to F16 before and after each (docs/costmodel.md) */
 } ac_engine_profile;
 
 /* Defaults for a device class (jobspec.c then applies a spec's target.engine). */

@@ -13,20 +13,30 @@
 /* Compute efficiency: 0.7 of the peak; FP8 GEMMs on FP8 tensor cores reach
  * 0.6 of their (doubled) peak: fitted on TensorRT-LLM 1.0's Llama-3.1-8B
  * FP8 rows on the H100 (mean |error| 4.7 % at 0.7, 2.3 % at 0.6) and
- * checked on every other FP8 row (docs/costmodel.md, "Validation"). */
+ * checked on every other FP8 row; kept when the input quantisation
+ * (costmodel.c) was counted, which the other rows prefer at 0.6
+ * (docs/costmodel.md, "Validation"). */
 #define AC_ETA_COMPUTE 0.7
 #define AC_ETA_FP8 0.6
 
 static double bytes_of(const char *dtype) { return !strcmp(dtype, "fp32") ? 4 : !strcmp(dtype, "fp8") ? 1 : 2; }
 
-static double roof_us(const ac_cost_table *t, double flops, double bytes) {
-    double tc = flops / (t->eta_c * t->peak_tflops * 1e12), tm = bytes / (t->eta_m * t->bw_gbs * 1e9);
+static double roof_peak_us(const ac_cost_table *t, double flops, double bytes, double peak) {
+    double tc = flops / (t->eta_c * peak * 1e12), tm = bytes / (t->eta_m * t->bw_gbs * 1e9);
     return (tc > tm ? tc : tm) * 1e6 + t->launch_us;
 }
 
-double ac_roofline_gemm_us(const ac_cost_table *t, double m, double n, double k) {
+static double roof_us(const ac_cost_table *t, double flops, double bytes) {
+    return roof_peak_us(t, flops, bytes, t->peak_tflops);
+}
+
+double ac_roofline_gemm_peak_us(const ac_cost_table *t, double m, double n, double k, double peak_tflops) {
     double w = bytes_of(t->dtype); /* bytes per element of weights and activations */
-    return roof_us(t, 2 * m * n * k, w * (m * k + n * k) + 2 * m * n);
+    return roof_peak_us(t, 2 * m * n * k, w * (m * k + n * k) + 2 * m * n, peak_tflops);
+}
+
+double ac_roofline_gemm_us(const ac_cost_table *t, double m, double n, double k) {
+    return ac_roofline_gemm_peak_us(t, m, n, k, t->peak_tflops);
 }
 
 double ac_roofline_attn_us(const ac_cost_table *t, double heads, double kv_heads, double batch, double nq, double s,
@@ -55,6 +65,10 @@ int ac_cost_roofline(const ac_device_spec *s, const char *dtype, ac_cost_table *
     t->peak_tflops = s->bf16_tflops * (!strcmp(dtype, "fp32") ? 0.5 : !strcmp(dtype, "fp8") && s->fp8 ? 2.0 : 1.0);
     t->bw_gbs = s->bw_gbs;
     t->eta_c = !strcmp(dtype, "fp8") && s->fp8 ? AC_ETA_FP8 : AC_ETA_COMPUTE;
+    t->fp8_act = !strcmp(dtype, "fp8") && s->fp8;
+    /* FP16 accumulate: the 16-bit tables only (an FP8 or FP32 GEMM has its own rate) */
+    t->peak_acc16_tflops =
+        strcmp(dtype, "fp8") && strcmp(dtype, "fp32") && s->fp16acc_tflops > 0 ? s->fp16acc_tflops : t->peak_tflops;
     t->eta_m = 0.85;
     t->launch_us = s->launch_us;
     t->mem_gib = s->mem_gib * 1e9 / 1073741824.0;

@@ -36,8 +36,10 @@ static const struct {
 };
 
 void ac_engine_profile_named(int index, int is_cpu, ac_engine_profile *p) {
-    if (index < 0 || index > E_CPU) index = is_cpu ? E_CPU : E_VLLM;
+    int named = index >= 0 && index <= E_CPU;
+    if (!named) index = is_cpu ? E_CPU : E_VLLM;
     memset(p, 0, sizeof *p);
+    p->named = named;
     snprintf(p->name, sizeof p->name, "%s", ac_engine_names[index]);
     p->w_bytes = p->kv_bytes = p->act_bytes = is_cpu ? 4 : 2;
     p->block_size = DEF[index].block_size;
@@ -117,6 +119,9 @@ void ac_engine_resolve(const ac_engine_profile *p, double mem_gib, const char *d
         break;
     }
     if (p->max_batched_tokens > 0) rt->budget = p->max_batched_tokens;
+    /* a GPU serving engine the target names that chunks prompts never holds
+     * more than a step's tokens of activations */
+    rt->act_step = p->named && rt->chunked && e != E_CPU;
     if (p->max_seqs > 0) rt->max_seqs = p->max_seqs;
     if (p->graph_max < 0)
         rt->graph_max = 0;

@@ -46,6 +46,8 @@ typedef struct {
     int block_size;
     int tp;
     double link_gbs, link_us;
+    int act_step; /* memory_gib holds the activations of one step of the budget (a named engine that chunks
+                     prompts), not every prompt of the batch at once (docs/costmodel.md) */
 } ac_engine_rt;
 
 /* Resolve p for a device of mem_gib named device (a cost table's device

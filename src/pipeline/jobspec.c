@@ -420,6 +420,8 @@ static int target_finish(ac_target_spec *t, const char *prefix, const char **fie
     ac_engine_profile_named(in->engine, cpu, p);
     if (in->weights_dtype >= 0)
         p->w_bytes = dtype_bytes(in->weights_dtype), p->act_bytes = p->w_bytes < 2 ? 2 : p->w_bytes;
+    /* llama.cpp's cuBLAS path for F16 weights computes in FP16 (docs/costmodel.md) */
+    p->gemm_f16_acc = !cpu && in->engine == ac_engine_find("llamacpp") && in->weights_dtype == 1;
     if (in->kv_dtype >= 0) p->kv_bytes = dtype_bytes(in->kv_dtype);
     if (in->block_size > 0) p->block_size = in->block_size;
     if (!isnan(in->mem_util)) p->mem_util = in->mem_util;
