@@ -442,7 +442,8 @@ __global__ void kt_adamw(float *p, float *g, float *m, float *v, size_t n, float
 // A layer's parameter tensors by name: ac_cuda.h's ACC_T_* (what the
 // library reads and writes through acc_trainer_tensor), then the Mamba-2
 // mixer's (in_proj, out_proj, the gated norm's weight, the conv's weight and
-// bias, dt_bias, A_log, D), which have no ACC_T_ name, and the MoE ones.
+// bias, dt_bias, A_log, D), which have no ACC_T_ name, and the MoE ones
+// (LatentMoE's down and up projections among them).
 // T_EXPERTS: the index of expert 0's gate matrix; expert e's gate, up and
 // down matrices follow at 3e, 3e+1, 3e+2 (host_tensors).
 enum {
@@ -456,6 +457,8 @@ enum {
     T_SSM_D,
     T_SH_U, // nemotron_h MoE: the shared expert's up and down projections
     T_SH_D,
+    T_LAT_D, // LatentMoE: fc1_latent_proj [LT][H] (into the latent) and fc2_latent_proj [H][LT] (back)
+    T_LAT_U,
     T_ROUTER,
     T_EXPERTS,
     T_NAMES
@@ -467,6 +470,7 @@ struct tarch {
     int n_layers, hidden, head_dim, vocab, sliding_window, tie_embeddings, qk_norm, top_k, norm_topk;
     int hybrid, ssm_head_dim, ssm_state, ssm_groups, ssm_conv; // nemotron_h's Mamba-2 shapes
     int router_sigmoid, shared_ffn;                            // nemotron_h's MoE: the sigmoid router, shared expert
+    int moe_latent;                                            // LatentMoE's latent width (0: plain MoE)
     float eps, routed_scale;
     std::vector<ac_layer_arch> layers;
 };
@@ -530,7 +534,8 @@ static float *dgate_of(const acc_trainer *t, int l, int d);
 
 // The recipe's weight names (block.h) as the trainer's tensor names.
 static int tw_mat(int w) {
-    static const int m[] = {ACC_T_Q, ACC_T_K, ACC_T_V, ACC_T_O, ACC_T_G, ACC_T_U, ACC_T_D, T_SSM_IN, T_SSM_OUT, T_SH_U, T_SH_D};
+    static const int m[] = {ACC_T_Q,   ACC_T_K,   ACC_T_V,   ACC_T_O, ACC_T_G, ACC_T_U,
+                            ACC_T_D,   T_SSM_IN,  T_SSM_OUT, T_SH_U,  T_SH_D,  T_LAT_D, T_LAT_U};
     return w >= 0 && w < (int)(sizeof m / sizeof *m) ? m[w] : -1;
 }
 static int tw_bias(int w) { return w == AC_W_Q ? ACC_T_BQ : w == AC_W_K ? ACC_T_BK : w == AC_W_V ? ACC_T_BV : -1; }
@@ -598,12 +603,12 @@ static void host_tensors(const ac_model *m, std::vector<const void *> &hp, std::
                 } else if (op->kind == AC_OP_ROUTE)
                     name(T_ROUTER, w->router, (size_t)a->layers[l].n_experts * H, 1, t);
                 else if (op->kind == AC_OP_EXPERTS && li[T_EXPERTS] < 0) { // gate, up, down of each expert
-                    size_t Fe = a->layers[l].expert_ffn;
+                    size_t Fe = a->layers[l].expert_ffn;                     // (on din: H, or LatentMoE's LT)
                     li[T_EXPERTS] = (int)hp.size();
                     for (int e = 0; e < a->layers[l].n_experts; e++) {
-                        add(w->eg ? w->eg[e] : NULL, Fe * H, 1, t);
-                        add(w->eu ? w->eu[e] : NULL, Fe * H, 1, t);
-                        add(w->ed ? w->ed[e] : NULL, H * Fe, 1, t);
+                        add(w->eg ? w->eg[e] : NULL, Fe * din, 1, t);
+                        add(w->eu ? w->eu[e] : NULL, Fe * din, 1, t);
+                        add(w->ed ? w->ed[e] : NULL, din * Fe, 1, t);
                     }
                 }
             }
@@ -660,6 +665,7 @@ static ac_arch tview(const tarch *a) {
     v.hybrid = a->hybrid, v.ssm_head_dim = a->ssm_head_dim, v.ssm_state = a->ssm_state;
     v.ssm_groups = a->ssm_groups, v.ssm_conv = a->ssm_conv;
     v.router_sigmoid = a->router_sigmoid, v.shared_ffn = a->shared_ffn, v.routed_scale = a->routed_scale;
+    v.moe_latent = a->moe_latent;
     v.layers = const_cast<ac_layer_arch *>(a->layers.data());
     return v;
 }
@@ -797,10 +803,6 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
         snprintf(err, errn, "trainer: context %d above the CUDA trainer's 6144", max_T);
         return -1;
     }
-    if (m->a.hybrid && m->a.moe_latent) { // Nemotron 3 Super's experts in a latent width
-        snprintf(err, errn, "trainer: the CUDA trainer has no LatentMoE op yet: LatentMoE models train on the CPU");
-        return -1;
-    }
     if (m->a.hybrid && (m->a.ssm_conv < 1 || m->a.ssm_conv > ACC_SSM_MAX_K)) {
         snprintf(err, errn, "trainer: conv kernel %d: the CUDA Mamba-2 conv takes 1 to %d", m->a.ssm_conv,
                  ACC_SSM_MAX_K);
@@ -815,6 +817,7 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
     t->a.hybrid = a->hybrid, t->a.ssm_head_dim = a->ssm_head_dim, t->a.ssm_state = a->ssm_state;
     t->a.ssm_groups = a->ssm_groups, t->a.ssm_conv = a->ssm_conv;
     t->a.router_sigmoid = a->router_sigmoid, t->a.shared_ffn = a->shared_ffn, t->a.routed_scale = a->routed_scale;
+    t->a.moe_latent = a->hybrid ? a->moe_latent : 0;
     t->a.layers.assign(a->layers, a->layers + a->n_layers);
     t->max_B = max_B, t->max_T = max_T;
     if (create(t, m, rope_cos, rope_sin, err, errn)) {
@@ -939,11 +942,14 @@ static int expert_fwd(acc_trainer *t, const top *o, int e, float *xe, float *g, 
 }
 
 // x += alpha * sum_e r[:,e] * expert_e(xn) (o->out the residual, o->in xn,
-// o->in2 r).
+// o->in2 r); LatentMoE (the op without acc): yl = sum_e r[:,e] *
+// expert_e(xl) into its own slot o->out (alpha 1: the sub-block gate scales
+// the up projection after it), H the latent width.
 static int experts_fwd(acc_trainer *t, const top *o, char *err, size_t errn) {
     int N = o->N, E = t->a.layers[o->l].n_experts, H = o->din;
     size_t HM = t->a.hidden, FeM = tdim_max(&t->a, AC_DIM_FE);
     float *xe = moe_work(t), *y = xe + N * HM, *g = y + 2 * N * HM, *u = g + N * FeM, *h = u + N * FeM;
+    if (!o->op->acc) TCK(cudaMemset(o->out, 0, (size_t)N * H * sizeof(float)));
     if (moe_rows(t, o->in2, N, E, err, errn)) return -1;
     for (int e = 0; e < E; e++) {
         int ne = t->hoff[e + 1] - t->hoff[e];
@@ -1227,11 +1233,12 @@ static float *sub_walk(acc_trainer *t, int l, int sb, int B, int T, float **tp, 
             *tp += 2 * n;
             break;
         case AC_OP_EXPERTS:
-            if (!op->acc) { // LatentMoE's own slot (nemotron_h: refused at create)
-                snprintf(err, errn, "the CUDA trainer has no LatentMoE op yet");
-                return NULL;
+            if (op->acc)
+                o.out = cur[op->out];
+            else { // LatentMoE: its own taped slot (yl, latent wide), unscaled and without a sub-block gate of its own
+                o.out = *tp, *tp += n;
+                o.alpha = 1.0f, o.dalpha = NULL;
             }
-            o.out = cur[op->out];
             break;
         case AC_OP_RELU2:
         case AC_OP_GATED_NORM: o.out = sc, sc += n; break; // recomputed
