@@ -291,4 +291,26 @@ static inline void es_check_same_training(const ac_dnas_gates *g, double *const 
     CHECK(same && gn > 0, "resident and fp32 gate training differ");
 }
 
+/* A gate training as a test runs it: `steps` steps on the CPU (cuda 0) or on the CUDA plugin's trainer (1), g
+ * and tg (the last step's task gradient, NULL: not wanted) as ac_dnas_train_gates'; 0 on success. */
+typedef int (*es_train_fn)(void *ud, int steps, int cuda, ac_dnas_gates *g, double *tg);
+
+/* The same gate training on CUDA and on the CPU: *rel the first step's task gradients' relative difference
+ * (|cpu - cuda| / |cpu|, *gn |cpu|), *dla the log_alphas' largest difference after `steps` steps, *np the gates
+ * (at most 4096). 0 when every run succeeded. */
+static inline int es_cuda_vs_cpu(es_train_fn f, void *ud, int steps, double *rel, double *gn, double *dla, int *np) {
+    ac_dnas_gates g[2];
+    double *tg[2] = {calloc(4096, sizeof(double)), calloc(4096, sizeof(double))}, num = 0, den = 0;
+    int ok = tg[0] && tg[1] && !f(ud, 1, 0, &g[0], tg[0]) && !f(ud, 1, 1, &g[1], tg[1]);
+    *np = ok ? g[0].np : 0, *dla = 0;
+    for (int i = 0; i < *np; i++) num += (tg[0][i] - tg[1][i]) * (tg[0][i] - tg[1][i]), den += tg[0][i] * tg[0][i];
+    for (int c = 0; ok && c < 2; c++) ac_dnas_gates_free(&g[c]);
+    ok = ok && !f(ud, steps, 0, &g[0], NULL) && !f(ud, steps, 1, &g[1], NULL);
+    for (int i = 0; ok && i < *np; i++) *dla = fmax(*dla, fabs(g[0].la[i] - g[1].la[i]));
+    for (int c = 0; ok && c < 2; c++) ac_dnas_gates_free(&g[c]);
+    *rel = sqrt(num / (den + 1e-300)), *gn = sqrt(den);
+    free(tg[0]), free(tg[1]);
+    return ok && den > 0 ? 0 : -1;
+}
+
 #endif

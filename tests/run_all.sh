@@ -34,6 +34,7 @@ emu_tests() {
   run "test_train (CUDA trainer on the CPU emulator)" env AC_TRAIN_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_train"
   run "test_dnas (gate search on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas"
   run "test_dnas_moe (expert gates on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas_moe"
+  run "test_dnas_hybrid (a hybrid's gates on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas_hybrid"
 }
 # Three lanes. The third runs test_slurm.py alone: it mostly waits (on
 # Slurm's scheduler and its node timeouts) and uses a few CPU-seconds. The

@@ -53,6 +53,14 @@
  *    the model any more) equals the training on the fp32 load bit for bit:
  *    the log_alphas after 6 steps and the last step's task gradient.
  * 8. Minitron's arm on the hybrid scores minitron.top_k candidates.
+ * 9. The gate training on the CUDA plugin's trainer (what a job with a
+ *    local cuda target runs; tests/run_all.sh runs it on the CPU emulator
+ *    with AC_DNAS_CUDA_ONLY) against the CPU's, on nemotronh_latent_bf16
+ *    with every hybrid axis gated (depth, KV groups, experts, expert,
+ *    shared-expert and latent channel groups, Mamba head slots and head
+ *    dims, hidden channels): the first step's task gradient within 1e-3
+ *    (relative) and the log_alphas after 3 steps within 1e-2, test_dnas_moe's
+ *    tolerances.
  */
 #include <math.h>
 #include <stdio.h>
@@ -63,6 +71,7 @@
 #include "expert_search.h"
 #include "core/dtype.h"
 #include "cost/device.h"
+#include "runtime/cuda_plugin.h"
 #include "runtime/kernels_cpu.h"
 #include "runtime/train.h"
 #include "search/dnas.h"
@@ -699,8 +708,56 @@ static void test_resident_gate_search_equals_fp32(void) {
     ac_model_free(&R);
 }
 
+/* The latent fixture's gate training for es_cuda_vs_cpu: every axis gated, identity orders. */
+typedef struct {
+    ac_model m;
+    orders_t o;
+    int *ids;
+    size_t n;
+} latent_run;
+
+static int latent_train(void *ud, int steps, int cuda, ac_dnas_gates *g, double *tg) {
+    latent_run *r = ud;
+    problem_t P;
+    ac_err e = {{0}};
+    es_make_problem(&P, &r->m, &r->o.imp, r->ids, r->n, 3, 8, 8);
+    P.p.opts.prune_expert_ffn = 1, P.p.opts.prune_hidden = 1;
+    P.p.opts.target = AC_EXPORT_GGUF; /* KV groups gated */
+    ac_dnas_opts o;
+    ac_dnas_defaults(&o);
+    o.steps = steps, o.batch = 2, o.seq_len = 16, o.init_surrogate = 0, o.cuda = cuda;
+    int rc = ac_dnas_train_gates(&P.p, &r->m, r->ids, r->n, &o, g, tg, &e);
+    CHECK(rc == 0 && g->np <= 4096, "%s gate training: %s", cuda ? "CUDA" : "CPU", e.msg);
+    ac_cost_table_free(&P.t);
+    return rc;
+}
+
+static void test_cuda_gate_training_matches_cpu(void) {
+    const char *why;
+    if (!ac_cuda(&why)) SKIP("no CUDA: %s", why);
+    latent_run r;
+    if (es_load("nemotronh_latent_bf16", &r.m)) SKIP("no fixture nemotronh_latent_bf16 (make fixtures)");
+    es_orders_init(&r.o, &r.m.a);
+    r.n = 8 * 16;
+    r.ids = es_rand_ids(r.n, r.m.a.vocab, 7);
+    double rel = 1, gn = 0, dla = 1;
+    int np = 0, ok = !es_cuda_vs_cpu(latent_train, &r, 3, &rel, &gn, &dla, &np);
+    printf("   nemotronh_latent_bf16, %d gates: first-step task gradient CUDA vs CPU relative diff %.2e (|grad| %.3g); "
+           "log_alpha after 3 steps max |diff| %.2e\n",
+           np, rel, gn, dla);
+    CHECK(ok && rel < 1e-3, "first-step gradients differ by %g", rel);
+    CHECK(ok && dla < 1e-2, "log_alphas after 3 steps differ by %g", dla);
+    free(r.ids);
+    es_orders_free(&r.o);
+    ac_model_free(&r.m);
+}
+
 int main(void) {
     ac_set_threads(2);
+    if (getenv("AC_DNAS_CUDA_ONLY")) { /* tests/run_all.sh: the gate training on the emulated plugin */
+        RUN(test_cuda_gate_training_matches_cpu);
+        return DONE();
+    }
     RUN(test_sigmoid_expert_gates_equal_pruned);
     RUN(test_sigmoid_expert_gates_equal_pruned_nonorm);
     RUN(test_depth_gates_equal_removed_layers);
@@ -716,6 +773,7 @@ int main(void) {
     RUN(test_resident_trainer_moe);
     RUN(test_resident_trainer_latent_moe);
     RUN(test_resident_gate_search_equals_fp32);
+    RUN(test_cuda_gate_training_matches_cpu);
     if (HAVE > 0) {
         ac_importance_free(&IMP);
         ac_model_free(&M);

@@ -794,12 +794,30 @@ static double model_rel_diff(const ac_model *a, const ac_model *b) {
         CMP(x->wg, y->wg, F * H);
         CMP(x->wu, y->wu, F * H);
         CMP(x->wd, y->wd, H * F);
-        size_t E = L->n_experts, Fe = L->expert_ffn; /* MoE: the router and every expert */
+        /* MoE: the router and every expert (on LatentMoE's latent width), nemotron_h's shared expert and latent
+         * projections */
+        size_t E = L->n_experts, Fe = L->expert_ffn, Fs = ar->hybrid && E ? (size_t)ar->shared_ffn : 0,
+               Hin = ar->hybrid && ar->moe_latent ? (size_t)ar->moe_latent : H;
         CMP(x->router, y->router, E * H);
         for (size_t k = 0; E && k < E; k++) {
             CMP(x->eg[k], y->eg[k], Fe * H);
-            CMP(x->eu[k], y->eu[k], Fe * H);
-            CMP(x->ed[k], y->ed[k], H * Fe);
+            CMP(x->eu[k], y->eu[k], Fe * Hin);
+            CMP(x->ed[k], y->ed[k], Hin * Fe);
+        }
+        CMP(x->sh_u, y->sh_u, Fs * H);
+        CMP(x->sh_d, y->sh_d, H * Fs);
+        CMP(x->lat_down, y->lat_down, E ? Hin * H : 0);
+        CMP(x->lat_up, y->lat_up, E ? H * Hin : 0);
+        if (L->ssm_heads) { /* nemotron_h's Mamba-2 mixer */
+            size_t di = ac_ssm_inner(ar, l), C = ac_ssm_conv_dim(ar, l), nh = L->ssm_heads;
+            CMP(x->ssm_in, y->ssm_in, (size_t)ac_ssm_in_dim(ar, l) * H);
+            CMP(x->ssm_out, y->ssm_out, H * di);
+            CMP(x->conv_w, y->conv_w, C * ar->ssm_conv);
+            CMP(x->conv_b, y->conv_b, C);
+            CMP(x->dt_bias, y->dt_bias, nh);
+            CMP(x->a_log, y->a_log, nh);
+            CMP(x->ssm_d, y->ssm_d, nh);
+            CMP(x->ssm_norm, y->ssm_norm, di);
         }
     }
 #undef CMP
@@ -1038,22 +1056,130 @@ static void test_cuda_trainer_moe(void) {
  * of max|ref|, CE with gates at 1 and KD with random gates; one AdamW step;
  * and nemotronh_moe_bf16 (MEM*E) likewise: the sigmoid router with its
  * correction bias, renormalisation and routed scale, expert gates, the
- * squared-ReLU experts and the shared expert. LatentMoE is refused with the
- * reason. */
+ * squared-ReLU experts and the shared expert; and nemotronh_latent_bf16
+ * (ME*E, LatentMoE: latent 24 beside hidden 40) likewise: the latent down
+ * projection, the experts in the latent width into their own slot, the up
+ * projection back under the MoE sub-block gate (fc1_latent_proj's and
+ * fc2_latent_proj's gradients among those checked). */
 static void test_cuda_trainer_hybrid(void) {
     char why[512];
-    const ac_cuda_api *cu = cuda_trainer_for("grad/nemotronh_bf16_kd.json", why, sizeof why);
+    const ac_cuda_api *cu = cuda_trainer_for("grad/nemotronh_latent_bf16_kd.json", why, sizeof why);
     if (!cu) SKIP("%s", why);
-    const char *names[] = {"nemotronh_bf16", "nemotronh_moe_bf16"};
-    cuda_vs_fixtures(cu, names, 2);
-    char dir[1200], er[512] = "";
-    snprintf(dir, sizeof dir, "%s/models/nemotronh_latent_bf16", fx);
-    ac_model m;
+    const char *names[] = {"nemotronh_bf16", "nemotronh_moe_bf16", "nemotronh_latent_bf16"};
+    cuda_vs_fixtures(cu, names, 3);
+}
+
+/* Every gate of the CUDA trainer on a hybrid against the CPU trainer's (the
+ * reference whose gate gradients test_dnas_hybrid checks against central
+ * differences): on nemotronh_latent_bf16 (ME*E: a Mamba layer, two
+ * LatentMoE layers with their shared experts, attention), every gate at a
+ * random value in [0.3, 0.9], the fixture's KD case; each gate family's
+ * gradient (hidden, sub-block, attention heads, experts, Mamba heads, Mamba
+ * head dims, shared-expert channels, latent channels) within 1e-4 of its
+ * largest, and every weight's gradient likewise. The gate search reads
+ * these on a CUDA target (dnas.c). */
+/* Gates of family k (test_cuda_trainer_hybrid_gates' fam[]) in layer l of a
+ * (the model-wide ones, k < 3, in layer 0). */
+static size_t gate_family_n(const ac_arch *a, int k, int l) {
+    const ac_layer_arch *la = &a->layers[l];
+    size_t E = (size_t)la->n_experts, moe = E > 0, mamba = la->ssm_heads > 0;
+    size_t n[10] = {(size_t)a->hidden,      (size_t)a->n_layers,         (size_t)a->n_layers,
+                    (size_t)la->n_heads,    E,                           E * (size_t)la->expert_ffn,
+                    (size_t)la->ssm_heads,  mamba * (size_t)a->ssm_head_dim, moe * (size_t)a->shared_ffn,
+                    moe * (size_t)a->moe_latent};
+    return n[k];
+}
+
+static void test_cuda_trainer_hybrid_gates(void) {
+    char why[512];
+    const ac_cuda_api *cu = cuda_trainer_for("grad/nemotronh_latent_bf16_kd.json", why, sizeof why);
+    if (!cu) SKIP("%s", why);
+    const char *name = "nemotronh_latent_bf16";
+    char dir[1200], base[1300], er[512] = "";
+    snprintf(dir, sizeof dir, "%s/models/%s", fx, name);
+    snprintf(base, sizeof base, "%s/grad/%s_kd", fx, name);
+    fixture f;
+    ac_model m, gg;
     ac_err e = {{0}};
+    if (fixture_load(&f, base) || ac_model_load(dir, &m, &e)) {
+        CHECK(0, "%s: %s", name, e.msg);
+        fixture_free(&f);
+        return;
+    }
+    size_t cnt;
+    const float *teacher = fx_get(&f, "inputs", "teacher", &cnt);
+    int B, T, L = m.a.n_layers;
+    int *tok = load_tokens(dir, &B, &T), *tgt = malloc(sizeof(int) * B * T);
+    ac_next_token_targets(tgt, tok, B, T);
+    ac_trainer t, t2; /* t2 only lends its gate buffers to the device's gate gradients */
+    CHECK(ac_trainer_init(&t, &m, B, T, &e) == 0 && ac_trainer_init(&t2, &m, 1, 2, &e) == 0, "%s", e.msg);
+    /* the gate families: per layer (rows of n[l]) or model-wide (one row) */
+    const char *fam[] = {"hidden", "attn", "mlp", "head", "expert", "echan", "ssm", "ssm_dim", "shared", "latent"};
+    float **rows[2][10] = {{NULL, NULL, NULL, t.gate.head, t.gate.expert, t.gate.echan, t.gate.ssm, t.gate.ssm_dim,
+                            t.gate.shared, t.gate.latent},
+                           {NULL, NULL, NULL, t.dgate.head, t.dgate.expert, t.dgate.echan, t.dgate.ssm,
+                            t.dgate.ssm_dim, t.dgate.shared, t.dgate.latent}};
+    float **got[10] = {NULL, NULL, NULL, t2.dgate.head, t2.dgate.expert, t2.dgate.echan, t2.dgate.ssm,
+                       t2.dgate.ssm_dim, t2.dgate.shared, t2.dgate.latent};
+    float *one[3][3] = {{t.gate.hidden, t.gate.attn, t.gate.mlp},
+                        {t.dgate.hidden, t.dgate.attn, t.dgate.mlp},
+                        {t2.dgate.hidden, t2.dgate.attn, t2.dgate.mlp}};
+    unsigned long long s = 12345;
+    for (int k = 0; k < 10; k++) /* every gate at a random value in [0.3, 0.9] */
+        for (int l = 0; l < (k < 3 ? 1 : L); l++) {
+            size_t n = gate_family_n(&m.a, k, l);
+            float *g = k < 3 ? one[0][k] : rows[0][k][l];
+            for (size_t i = 0; g && i < n; i++) {
+                s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+                g[i] = 0.3f + 0.6f * (float)((s >> 33) / 2147483648.0);
+            }
+        }
+    ac_train_forward(&t, tok, B, T, &e);
+    double lc = ac_train_loss(&t, tgt, teacher, 2.0f, 0.7f, 1.0f, NULL, NULL), lg = 0;
+    ac_train_backward(&t);
     acc_trainer *ct = NULL;
-    if (ac_model_load(dir, &m, &e)) return;
-    CHECK(cu_trainer(cu, &m, 1, 4, &ct, er, sizeof er) != 0 && !ct && strstr(er, "LatentMoE"), "LatentMoE: %s", er);
+    CHECK(cu_trainer(cu, &m, B, T, &ct, er, sizeof er) == 0, "%s: create: %s", name, er);
+    CHECK(ct && cu->trainer_gates(ct, &t.gate, NULL, 0, er, sizeof er) == 0, "%s: gates: %s", name, er);
+    CHECK(ct && cu->trainer_grad(ct, tok, tgt, teacher, B, T, 2.0f, 0.7f, 1.0f, &lg, er, sizeof er) == 0,
+          "%s: grad: %s", name, er);
+    CHECK(ct && cu->trainer_gates(ct, NULL, &t2.dgate, 1, er, sizeof er) == 0, "%s: gates: %s", name, er);
+    char line[600] = "";
+    for (int k = 0; k < 10; k++) {
+        double md = 0, mr = 0;
+        size_t tot = 0;
+        for (int l = 0; l < (k < 3 ? 1 : L); l++) {
+            size_t n = gate_family_n(&m.a, k, l);
+            const float *x = k < 3 ? one[1][k] : rows[1][k][l], *y = k < 3 ? one[2][k] : got[k][l];
+            if (!n) continue;
+            CHECK(x && y, "%s: gate %s of layer %d missing", name, fam[k], l);
+            for (size_t i = 0; x && y && i < n; i++) {
+                md = fmax(md, fabs((double)x[i] - y[i]));
+                mr = fmax(mr, fabs((double)x[i]));
+            }
+            tot += n;
+        }
+        if (!tot) continue; /* (no MLP layer, so no ffn gates; echan: the hybrid's experts have channel gates) */
+        CHECK(mr > 0 && md <= 1e-4 * mr, "%s: %s gate gradients: CUDA vs CPU max|diff| %.3g of %.3g", name, fam[k], md,
+              mr);
+        size_t ln = strlen(line);
+        snprintf(line + ln, sizeof line - ln, "%s %zu %.1e%s", fam[k], tot, mr > 0 ? md / mr : md, k < 9 ? ", " : "");
+    }
+    CHECK(ac_model_alloc(&gg, &m.a, &e) == 0, "%s", e.msg);
+    CHECK(ct && cu->trainer_download(ct, NULL, &gg, er, sizeof er) == 0, "%s: download: %s", name, er);
+    double dg = model_rel_diff(&gg, &t.g);
+    CHECK(fabs(lg - lc) <= 1e-5 * fabs(lc) && dg <= 1e-4, "%s: loss %.7g vs CPU %.7g, gradients differ by %.3g", name,
+          lg, lc, dg);
+    printf("   %s, gates in [0.3, 0.9]: CUDA loss %.6f (CPU %.6f), weights' gradients %.2e; gates (count, max|diff|/max) "
+           "%s\n",
+           name, lg, lc, dg, line);
+    if (ct) cu->trainer_free(ct);
+    ac_model_free(&gg);
+    ac_trainer_free(&t2);
+    ac_trainer_free(&t);
     ac_model_free(&m);
+    free(tok);
+    free(tgt);
+    fixture_free(&f);
 }
 
 /* The student's start: every FFN down projection (dense, and each expert's) halved. */
@@ -1135,6 +1261,7 @@ int main(void) {
         RUN(test_cuda_trainer);
         RUN(test_cuda_trainer_moe);
         RUN(test_cuda_trainer_hybrid);
+        RUN(test_cuda_trainer_hybrid_gates);
         RUN(test_cuda_distill);
         RUN(test_cuda_distill_moe);
         RUN(test_cuda_distill_hybrid);
@@ -1162,6 +1289,7 @@ int main(void) {
     RUN(test_cuda_trainer);
     RUN(test_cuda_trainer_moe);
     RUN(test_cuda_trainer_hybrid);
+    RUN(test_cuda_trainer_hybrid_gates);
     RUN(test_cuda_distill);
     RUN(test_cuda_distill_moe);
     RUN(test_cuda_distill_hybrid);

@@ -710,7 +710,7 @@ static int layer_forward(acc_engine *en, int l, int B, int n, int pos0, char *er
             case AC_OP_SSM_SCAN:
             case AC_OP_GATED_NORM: {
                 acc_ssm ss = {a->layers[l].ssm_heads, a->ssm_head_dim, a->ssm_state, a->ssm_groups, a->ssm_conv,
-                              d.conv_w, d.conv_b, d.dt_bias, d.a_log, d.ssm_d, d.ssm_norm, a->eps, NULL};
+                              d.conv_w, d.conv_b, d.dt_bias, d.a_log, d.ssm_d, d.ssm_norm, a->eps, NULL, NULL};
                 if (op->kind == AC_OP_SSM_CONV)
                     acc_ssm_conv_fwd(&ss, cf[op->out], cf[op->in], B, n, d.conv_st, pos0 > 0, s);
                 else if (op->kind == AC_OP_SSM_SCAN)

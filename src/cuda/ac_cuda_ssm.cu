@@ -242,25 +242,27 @@ void acc_ssm_scan_bwd(const acc_ssm *s, float *dxbc, float *dzx, float *ddt_bias
 
 // ---------------------------------------------------------------- gated norm
 
-// Channel ch's gate: its head's (hg[ch / P]), 1 without gates.
-static __device__ float head_gate_at(const float *hg, int ch, int P) { return hg ? hg[ch / P] : 1.0f; }
+// Channel ch's gate: its head's times its head dim's (hg[ch / P] * pg[ch % P]; a missing one 1).
+static __device__ float head_gate_at(const float *hg, const float *pg, int ch, int P) {
+    return (hg ? hg[ch / P] : 1.0f) * (pg ? pg[ch % P] : 1.0f);
+}
 
 // One block per (row r, group gi) of gs = di/G channels; channel c weighs
-// m_c (its head's gate, hg[c / P]; 1 without gates) in the group's
+// m_c (its head's gate times its dim's, hg[c / P] pg[c % P]; 1 without gates) in the group's
 // statistic: rs = (sum m v^2 / sum m + eps)^-1/2, out = v rs w m.
 __global__ void ks_gnorm_fwd(float *outf, bf16 *outb, const float *y, const float *zx, const float *w,
-                             const float *hg, int di, int SI, int G, int P, float eps) {
+                             const float *hg, const float *pg, int di, int SI, int G, int P, float eps) {
     int r = blockIdx.x / G, gi = blockIdx.x % G, gs = di / G;
     const float *yr = y + (size_t)r * di + (size_t)gi * gs, *z = zx + (size_t)r * SI + (size_t)gi * gs;
     float ss = 0, M = 0;
     for (int c = threadIdx.x; c < gs; c += blockDim.x) {
-        float v = yr[c] * z[c] * ssm_sigm(z[c]), m = head_gate_at(hg, gi * gs + c, P);
+        float v = yr[c] * z[c] * ssm_sigm(z[c]), m = head_gate_at(hg, pg, gi * gs + c, P);
         ss += m * v * v, M += m;
     }
     ss = acc_block_sum(ss), M = acc_block_sum(M);
     float rs = M > 0 ? rsqrtf(ss / M + eps) : 0.0f;
     for (int c = threadIdx.x; c < gs; c += blockDim.x) {
-        float m = head_gate_at(hg, gi * gs + c, P);
+        float m = head_gate_at(hg, pg, gi * gs + c, P);
         float o = yr[c] * z[c] * ssm_sigm(z[c]) * rs * w[(size_t)gi * gs + c] * m;
         size_t at = (size_t)r * di + (size_t)gi * gs + c;
         if (outf) outf[at] = o;
@@ -272,7 +274,7 @@ void acc_ssm_gated_norm_fwd(const acc_ssm *s, float *outf, bf16 *outb, const flo
                             cudaStream_t st) {
     (void)st; // (the emulator runs every launch in order)
     AC_LAUNCH(ks_gnorm_fwd, (unsigned)N * s->G, SSM_TB, 0, st, outf, outb, y, zx, s->norm_w, s->head_gate,
-              acc_ssm_di(s), acc_ssm_si(s), s->G, s->P, s->eps);
+              s->dim_gate, acc_ssm_di(s), acc_ssm_si(s), s->G, s->P, s->eps);
 }
 
 // Its backward, one block per (row, group), as ssm_cpu.c's: with M = sum m,
@@ -281,14 +283,14 @@ void acc_ssm_gated_norm_fwd(const acc_ssm *s, float *outf, bf16 *outb, const flo
 // dnorm_w); prodg = d w vh - dot (vh^2 - rs^2 ms) / (2 M) (the gate m's
 // gradient). A group whose gates are all 0 passes nothing back.
 __global__ void ks_gnorm_bwd(float *dy, float *dzx, float *prod, float *prodg, const float *dout, const float *y,
-                             const float *zx, const float *w, const float *hg, int di, int SI, int G, int P,
-                             float eps) {
+                             const float *zx, const float *w, const float *hg, const float *pg, int di, int SI,
+                             int G, int P, float eps) {
     int r = blockIdx.x / G, gi = blockIdx.x % G, gs = di / G;
     size_t o = (size_t)r * di + (size_t)gi * gs;
     const float *yr = y + o, *z = zx + (size_t)r * SI + (size_t)gi * gs, *d = dout + o, *wg = w + (size_t)gi * gs;
     float ss = 0, M = 0;
     for (int c = threadIdx.x; c < gs; c += blockDim.x) {
-        float v = yr[c] * z[c] * ssm_sigm(z[c]), m = head_gate_at(hg, gi * gs + c, P);
+        float v = yr[c] * z[c] * ssm_sigm(z[c]), m = head_gate_at(hg, pg, gi * gs + c, P);
         ss += m * v * v, M += m;
     }
     ss = acc_block_sum(ss), M = acc_block_sum(M);
@@ -301,12 +303,12 @@ __global__ void ks_gnorm_bwd(float *dy, float *dzx, float *prod, float *prodg, c
     }
     float ms = ss / M, rs = rsqrtf(ms + eps), dot = 0;
     for (int c = threadIdx.x; c < gs; c += blockDim.x) {
-        float m = head_gate_at(hg, gi * gs + c, P);
+        float m = head_gate_at(hg, pg, gi * gs + c, P);
         dot += d[c] * wg[c] * m * yr[c] * z[c] * ssm_sigm(z[c]) * rs;
     }
     dot = acc_block_sum(dot);
     for (int c = threadIdx.x; c < gs; c += blockDim.x) {
-        float m = head_gate_at(hg, gi * gs + c, P);
+        float m = head_gate_at(hg, pg, gi * gs + c, P);
         float sg = ssm_sigm(z[c]), sz = z[c] * sg, vh = yr[c] * sz * rs, dv = rs * m * (d[c] * wg[c] - vh * dot / M);
         prod[o + c] = d[c] * vh * m;
         if (prodg) prodg[o + c] = d[c] * wg[c] * vh - dot * (vh * vh - rs * rs * ms) / (2 * M);
@@ -318,8 +320,9 @@ __global__ void ks_gnorm_bwd(float *dy, float *dzx, float *prod, float *prodg, c
 void acc_ssm_gated_norm_bwd(const acc_ssm *s, float *dy, float *dzx, float *prod, float *prodg, const float *dout,
                             const float *y, const float *zx, int N, cudaStream_t st) {
     (void)st; // (the emulator runs every launch in order)
-    AC_LAUNCH(ks_gnorm_bwd, (unsigned)N * s->G, SSM_TB, 0, st, dy, dzx, prod, s->head_gate ? prodg : nullptr, dout, y,
-              zx, s->norm_w, s->head_gate, acc_ssm_di(s), acc_ssm_si(s), s->G, s->P, s->eps);
+    AC_LAUNCH(ks_gnorm_bwd, (unsigned)N * s->G, SSM_TB, 0, st, dy, dzx, prod,
+              s->head_gate || s->dim_gate ? prodg : nullptr, dout, y, zx, s->norm_w, s->head_gate, s->dim_gate,
+              acc_ssm_di(s), acc_ssm_si(s), s->G, s->P, s->eps);
 }
 
 // ---------------------------------------------------------------- squared ReLU

@@ -46,6 +46,9 @@ typedef struct {
      * channel h*P + p weighs head_gate[h] in its group's statistic, sum m v^2 / sum m, and its output is multiplied
      * by it (the trainer's Mamba head gates; 0 is the head removed) */
     const float *head_gate;
+    /* Head-dim gates [P] on the device (NULL: none, as 1): channel h*P + p's weight is head_gate[h] * dim_gate[p]
+     * (ssm_cpu_int.h's dim_gate; the trainer's Mamba head-dim gates, 0 is the dim removed from every head) */
+    const float *dim_gate;
 } acc_ssm;
 
 /* The widest conv kernel the device conv takes (its window lives in registers). */
@@ -78,9 +81,10 @@ void acc_relu2_fwd(float *outf, __nv_bfloat16 *outb, const float *in, size_t n, 
  * dzx's dt columns from dy; work: acc_ssm_scan_work_floats floats. gated
  * norm: dy whole and dzx's z columns from dout, and prod[N][di] = dout *
  * the normed value times its gate (norm_w's gradient is its column sum:
- * the caller's); with head gates and prodg not NULL, prodg[N][di] = each
- * channel's gate gradient (the head's is the sum of its P columns over the
- * rows: the caller's).
+ * the caller's); with head or dim gates and prodg not NULL, prodg[N][di] =
+ * each channel's gate gradient, d loss / d m (the head's is the sum of its
+ * P columns over the rows times their dim gates, a dim's the sum over the
+ * heads times their head gates: the caller's).
  * relu2: din from dout and the input. */
 void acc_ssm_conv_bwd(const acc_ssm *s, float *dzx, float *dconv_w, float *dconv_b, const float *dout,
                       const float *zx, int B, int n, cudaStream_t st);

@@ -179,6 +179,23 @@ __global__ void kt_unit_reduce(float *dg, const float *csum, int C, int wpg) {
     }
 }
 
+// The Mamba gates' gradients from csum [nh * P] (each channel's d loss / d m,
+// m = hg[h] pg[p]): dh[h] += sum_p csum[h P + p] pg[p], dp[p] += sum_h
+// csum[h P + p] hg[h]. One block.
+__global__ void kt_ssm_gate_reduce(float *dh, float *dp, const float *csum, const float *hg, const float *pg, int nh,
+                                   int P) {
+    for (int h = threadIdx.x; h < nh; h += blockDim.x) {
+        float q = 0;
+        for (int p = 0; p < P; p++) q += csum[h * P + p] * pg[p];
+        dh[h] += q;
+    }
+    for (int p = threadIdx.x; p < P; p += blockDim.x) {
+        float q = 0;
+        for (int h = 0; h < nh; h++) q += csum[h * P + p] * hg[h];
+        dp[p] += q;
+    }
+}
+
 // *out += sum of in[0..n). One block.
 __global__ void kt_sum_acc(float *out, const float *in, int n) {
     float part = 0;
@@ -442,7 +459,8 @@ __global__ void kt_adamw(float *p, float *g, float *m, float *v, size_t n, float
 // A layer's parameter tensors by name: ac_cuda.h's ACC_T_* (what the
 // library reads and writes through acc_trainer_tensor), then the Mamba-2
 // mixer's (in_proj, out_proj, the gated norm's weight, the conv's weight and
-// bias, dt_bias, A_log, D), which have no ACC_T_ name, and the MoE ones.
+// bias, dt_bias, A_log, D), which have no ACC_T_ name, and the MoE ones
+// (LatentMoE's down and up projections among them).
 // T_EXPERTS: the index of expert 0's gate matrix; expert e's gate, up and
 // down matrices follow at 3e, 3e+1, 3e+2 (host_tensors).
 enum {
@@ -456,6 +474,8 @@ enum {
     T_SSM_D,
     T_SH_U, // nemotron_h MoE: the shared expert's up and down projections
     T_SH_D,
+    T_LAT_D, // LatentMoE: fc1_latent_proj [LT][H] (into the latent) and fc2_latent_proj [H][LT] (back)
+    T_LAT_U,
     T_ROUTER,
     T_EXPERTS,
     T_NAMES
@@ -467,6 +487,7 @@ struct tarch {
     int n_layers, hidden, head_dim, vocab, sliding_window, tie_embeddings, qk_norm, top_k, norm_topk;
     int hybrid, ssm_head_dim, ssm_state, ssm_groups, ssm_conv; // nemotron_h's Mamba-2 shapes
     int router_sigmoid, shared_ffn;                            // nemotron_h's MoE: the sigmoid router, shared expert
+    int moe_latent;                                            // LatentMoE's latent width (0: plain MoE)
     float eps, routed_scale;
     std::vector<ac_layer_arch> layers;
 };
@@ -493,11 +514,12 @@ struct acc_trainer {
     int ntok_uniq;
     // gates (train.h's meaning) and their gradients, one device buffer each:
     // hidden [H], attn [L], mlp [L], then per layer head [n_heads], ffn [F]
-    // (MoE layers: then expert [E], expert channels [E * Fe])
+    // (MoE layers: then expert [E], expert channels [E * Fe]; Mamba layers:
+    // ssm [ssm_heads], ssm_dim [ssm_head_dim]; nemotron_h's MoE layers:
+    // shared [shared_ffn], LatentMoE's latent [moe_latent])
     float *gates, *dgates, *csum, *prod2;
     float *prodg; // (hybrids) the gated norm's per-channel gate gradients [N][di]
-    // (Mamba layers: then ssm [ssm_heads])
-    std::vector<size_t> off_head, off_ffn, off_exp, off_echan, off_ssm;
+    std::vector<size_t> off_head, off_ffn, off_exp, off_echan, off_ssm, off_pd, off_sh, off_lt;
     size_t ngates;
     std::vector<float> s_attn, s_mlp; // host copies of the sub-block gates (GEMM alphas)
     // MoE: the expert gates on the host too (the routing runs there, as the
@@ -521,7 +543,7 @@ static acc_ssm tssm(const acc_trainer *t, int l) {
     const tarch *a = &t->a;
     acc_ssm s = {a->layers[l].ssm_heads, a->ssm_head_dim,  a->ssm_state,   a->ssm_groups,
                  a->ssm_conv,            P(t, l, T_CONV_W), P(t, l, T_CONV_B), P(t, l, T_DT_BIAS),
-                 P(t, l, T_A_LOG),       P(t, l, T_SSM_D),  P(t, l, T_SSM_NORM), a->eps, NULL};
+                 P(t, l, T_A_LOG),       P(t, l, T_SSM_D),  P(t, l, T_SSM_NORM), a->eps, NULL, NULL};
     return s;
 }
 
@@ -530,7 +552,8 @@ static float *dgate_of(const acc_trainer *t, int l, int d);
 
 // The recipe's weight names (block.h) as the trainer's tensor names.
 static int tw_mat(int w) {
-    static const int m[] = {ACC_T_Q, ACC_T_K, ACC_T_V, ACC_T_O, ACC_T_G, ACC_T_U, ACC_T_D, T_SSM_IN, T_SSM_OUT, T_SH_U, T_SH_D};
+    static const int m[] = {ACC_T_Q,   ACC_T_K,   ACC_T_V,   ACC_T_O, ACC_T_G, ACC_T_U,
+                            ACC_T_D,   T_SSM_IN,  T_SSM_OUT, T_SH_U,  T_SH_D,  T_LAT_D, T_LAT_U};
     return w >= 0 && w < (int)(sizeof m / sizeof *m) ? m[w] : -1;
 }
 static int tw_bias(int w) { return w == AC_W_Q ? ACC_T_BQ : w == AC_W_K ? ACC_T_BK : w == AC_W_V ? ACC_T_BV : -1; }
@@ -598,12 +621,12 @@ static void host_tensors(const ac_model *m, std::vector<const void *> &hp, std::
                 } else if (op->kind == AC_OP_ROUTE)
                     name(T_ROUTER, w->router, (size_t)a->layers[l].n_experts * H, 1, t);
                 else if (op->kind == AC_OP_EXPERTS && li[T_EXPERTS] < 0) { // gate, up, down of each expert
-                    size_t Fe = a->layers[l].expert_ffn;
+                    size_t Fe = a->layers[l].expert_ffn;                     // (on din: H, or LatentMoE's LT)
                     li[T_EXPERTS] = (int)hp.size();
                     for (int e = 0; e < a->layers[l].n_experts; e++) {
-                        add(w->eg ? w->eg[e] : NULL, Fe * H, 1, t);
-                        add(w->eu ? w->eu[e] : NULL, Fe * H, 1, t);
-                        add(w->ed ? w->ed[e] : NULL, H * Fe, 1, t);
+                        add(w->eg ? w->eg[e] : NULL, Fe * din, 1, t);
+                        add(w->eu ? w->eu[e] : NULL, Fe * din, 1, t);
+                        add(w->ed ? w->ed[e] : NULL, din * Fe, 1, t);
                     }
                 }
             }
@@ -660,6 +683,7 @@ static ac_arch tview(const tarch *a) {
     v.hybrid = a->hybrid, v.ssm_head_dim = a->ssm_head_dim, v.ssm_state = a->ssm_state;
     v.ssm_groups = a->ssm_groups, v.ssm_conv = a->ssm_conv;
     v.router_sigmoid = a->router_sigmoid, v.shared_ffn = a->shared_ffn, v.routed_scale = a->routed_scale;
+    v.moe_latent = a->moe_latent;
     v.layers = const_cast<ac_layer_arch *>(a->layers.data());
     return v;
 }
@@ -729,8 +753,8 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
         if (dalloc(t, &t->tape[l], tape_floats(t, l, N), err, errn)) return -1;
     }
     size_t mw = std::max(std::max(H, mq), mf), sw = 0;
-    if (a->hybrid) { // the gated norm's and the SSM mask's column sums; the scan's work
-        mw = std::max(mw, (size_t)tdim_max(a, AC_DIM_SI));
+    if (a->hybrid) { // the gated norm's and the SSM mask's column sums (and the shared expert's); the scan's work
+        mw = std::max(mw, (size_t)std::max(tdim_max(a, AC_DIM_SI), tdim_max(a, AC_DIM_FS)));
         for (int l = 0; l < a->n_layers; l++)
             if (a->layers[l].ssm_heads) {
                 acc_ssm s = {};
@@ -751,13 +775,16 @@ static int create(acc_trainer *t, const ac_model *mdl, const float *rope_cos, co
     {
         size_t L = a->n_layers, off = H + 2 * L;
         t->off_head.assign(L, 0), t->off_ffn.assign(L, 0), t->off_exp.assign(L, 0), t->off_echan.assign(L, 0);
-        t->off_ssm.assign(L, 0);
+        t->off_ssm.assign(L, 0), t->off_pd.assign(L, 0), t->off_sh.assign(L, 0), t->off_lt.assign(L, 0);
         for (size_t l = 0; l < L; l++) {
             t->off_head[l] = off, off += a->layers[l].n_heads;
             t->off_ffn[l] = off, off += a->layers[l].ffn;
             t->off_exp[l] = off, off += a->layers[l].n_experts;
             t->off_echan[l] = off, off += (size_t)a->layers[l].n_experts * a->layers[l].expert_ffn;
             t->off_ssm[l] = off, off += a->layers[l].ssm_heads;
+            t->off_pd[l] = off, off += a->layers[l].ssm_heads ? a->ssm_head_dim : 0;
+            t->off_sh[l] = off, off += tdim(a, (int)l, AC_DIM_FS);
+            t->off_lt[l] = off, off += tdim(a, (int)l, AC_DIM_LT);
         }
         t->ngates = off;
         std::vector<float> ones(off, 1.0f);
@@ -797,10 +824,6 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
         snprintf(err, errn, "trainer: context %d above the CUDA trainer's 6144", max_T);
         return -1;
     }
-    if (m->a.hybrid && m->a.moe_latent) { // Nemotron 3 Super's experts in a latent width
-        snprintf(err, errn, "trainer: the CUDA trainer has no LatentMoE op yet: LatentMoE models train on the CPU");
-        return -1;
-    }
     if (m->a.hybrid && (m->a.ssm_conv < 1 || m->a.ssm_conv > ACC_SSM_MAX_K)) {
         snprintf(err, errn, "trainer: conv kernel %d: the CUDA Mamba-2 conv takes 1 to %d", m->a.ssm_conv,
                  ACC_SSM_MAX_K);
@@ -815,6 +838,7 @@ extern "C" int acc_trainer_create(int dev, const ac_model *m, int max_B, int max
     t->a.hybrid = a->hybrid, t->a.ssm_head_dim = a->ssm_head_dim, t->a.ssm_state = a->ssm_state;
     t->a.ssm_groups = a->ssm_groups, t->a.ssm_conv = a->ssm_conv;
     t->a.router_sigmoid = a->router_sigmoid, t->a.shared_ffn = a->shared_ffn, t->a.routed_scale = a->routed_scale;
+    t->a.moe_latent = a->hybrid ? a->moe_latent : 0;
     t->a.layers.assign(a->layers, a->layers + a->n_layers);
     t->max_B = max_B, t->max_T = max_T;
     if (create(t, m, rope_cos, rope_sin, err, errn)) {
@@ -939,11 +963,14 @@ static int expert_fwd(acc_trainer *t, const top *o, int e, float *xe, float *g, 
 }
 
 // x += alpha * sum_e r[:,e] * expert_e(xn) (o->out the residual, o->in xn,
-// o->in2 r).
+// o->in2 r); LatentMoE (the op without acc): yl = sum_e r[:,e] *
+// expert_e(xl) into its own slot o->out (alpha 1: the sub-block gate scales
+// the up projection after it), H the latent width.
 static int experts_fwd(acc_trainer *t, const top *o, char *err, size_t errn) {
     int N = o->N, E = t->a.layers[o->l].n_experts, H = o->din;
     size_t HM = t->a.hidden, FeM = tdim_max(&t->a, AC_DIM_FE);
     float *xe = moe_work(t), *y = xe + N * HM, *g = y + 2 * N * HM, *u = g + N * FeM, *h = u + N * FeM;
+    if (!o->op->acc) TCK(cudaMemset(o->out, 0, (size_t)N * H * sizeof(float)));
     if (moe_rows(t, o->in2, N, E, err, errn)) return -1;
     for (int e = 0; e < E; e++) {
         int ne = t->hoff[e + 1] - t->hoff[e];
@@ -1025,7 +1052,7 @@ static int op_fwd(acc_trainer *t, const top *o, bool recompute, char *err, size_
                       o->in3, o->nh, o->nkv, o->hd, o->T, 1.0f / sqrtf((float)o->hd), o->window);
         break;
     case AC_OP_SWIGLU: AC_LAUNCH(kt_silu_mul, blocks(n), 256, 0, 0, o->out, o->pre, o->in, n); break;
-    case AC_OP_MASK: // (a width the trainer has no gates for, the shared expert's or the latent: passed through)
+    case AC_OP_MASK: // (a width the trainer has no gates for: passed through)
         if (!o->gate) TCK(cudaMemcpy(o->out, o->in, n * sizeof(float), cudaMemcpyDeviceToDevice));
         else AC_LAUNCH(kt_gate_cols, blocks(n), 256, 0, 0, o->out, o->in, o->gate, o->dout, o->unit, n);
         break;
@@ -1036,7 +1063,7 @@ static int op_fwd(acc_trainer *t, const top *o, bool recompute, char *err, size_
     case AC_OP_RELU2: acc_relu2_fwd(o->out, NULL, o->in, n, 0); break;
     case AC_OP_GATED_NORM: { // recomputed (block.h), from the taped scan output; the Mamba head gates inside it
         acc_ssm s = tssm(t, o->l);
-        s.head_gate = gate_of(t, o->l, AC_DIM_SSM);
+        s.head_gate = gate_of(t, o->l, AC_DIM_SSM), s.dim_gate = t->gates + t->off_pd[o->l];
         acc_ssm_gated_norm_fwd(&s, o->out, NULL, o->in, o->in2, o->N, 0);
         break;
     }
@@ -1123,14 +1150,15 @@ static int op_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
     case AC_OP_SSM_CONV: { // xBC's columns of dzx written
         acc_ssm s = tssm(t, o->l);
         int l = o->l;
-        if (op->kind == AC_OP_GATED_NORM) { // dnorm_w: prod's column sums; the head gates': prodg's, per head
+        if (op->kind == AC_OP_GATED_NORM) { // dnorm_w: prod's column sums; the head and dim gates': prodg's
             float *gn = G(t, l, T_SSM_NORM);
-            s.head_gate = gate_of(t, l, AC_DIM_SSM);
+            s.head_gate = gate_of(t, l, AC_DIM_SSM), s.dim_gate = t->gates + t->off_pd[l];
             acc_ssm_gated_norm_bwd(&s, o->dI, o->dI2, t->prod, t->prodg, o->dO, o->in, o->in2, N, 0);
             if (gn) AC_LAUNCH(kt_colsum, blocks(dout), 256, 0, 0, gn, t->prod, N, dout);
             (void)cudaMemset(t->csum, 0, dout * sizeof(float));
             AC_LAUNCH(kt_colsum, blocks(dout), 256, 0, 0, t->csum, t->prodg, N, dout);
-            AC_LAUNCH(kt_unit_reduce, 1, TB, 0, 0, dgate_of(t, l, AC_DIM_SSM), t->csum, dout, s.P);
+            AC_LAUNCH(kt_ssm_gate_reduce, 1, TB, 0, 0, dgate_of(t, l, AC_DIM_SSM), t->dgates + t->off_pd[l], t->csum,
+                      s.head_gate, s.dim_gate, s.nh, s.P);
         } else if (op->kind == AC_OP_SSM_SCAN)
             acc_ssm_scan_bwd(&s, o->dI, o->dI2, G(t, l, T_DT_BIAS), G(t, l, T_A_LOG), G(t, l, T_SSM_D), o->dO, o->in,
                              o->in2, o->B, o->T, t->ssm_work, 0);
@@ -1143,13 +1171,21 @@ static int op_bwd(acc_trainer *t, const top *o, char *err, size_t errn) {
 }
 
 // A MASK's gates (and their gradients) by the width it masks: query heads,
-// FFN channels, Mamba heads; and the channels each gate covers (block.h's
-// ac_block_mask_unit).
+// FFN channels, Mamba heads, the shared expert's channels, LatentMoE's
+// latent channels (both of its MASKs, the same gates); and the channels each
+// gate covers (block.h's ac_block_mask_unit).
 static size_t gate_off(const acc_trainer *t, int l, int d) {
-    return d == AC_DIM_Q ? t->off_head[l] : d == AC_DIM_F ? t->off_ffn[l] : d == AC_DIM_SSM ? t->off_ssm[l] : 0;
+    return d == AC_DIM_Q     ? t->off_head[l]
+           : d == AC_DIM_F   ? t->off_ffn[l]
+           : d == AC_DIM_SSM ? t->off_ssm[l]
+           : d == AC_DIM_FS  ? t->off_sh[l]
+           : d == AC_DIM_LT  ? t->off_lt[l]
+                             : 0;
 }
-// (NULL for a width it has none for: the shared expert's, the latent.)
-static bool has_gates(int d) { return d == AC_DIM_Q || d == AC_DIM_F || d == AC_DIM_SSM; }
+// (NULL for a width it has none for.)
+static bool has_gates(int d) {
+    return d == AC_DIM_Q || d == AC_DIM_F || d == AC_DIM_SSM || d == AC_DIM_FS || d == AC_DIM_LT;
+}
 static float *gate_of(const acc_trainer *t, int l, int d) { return has_gates(d) ? t->gates + gate_off(t, l, d) : NULL; }
 static float *dgate_of(const acc_trainer *t, int l, int d) {
     return has_gates(d) ? t->dgates + gate_off(t, l, d) : NULL;
@@ -1227,11 +1263,12 @@ static float *sub_walk(acc_trainer *t, int l, int sb, int B, int T, float **tp, 
             *tp += 2 * n;
             break;
         case AC_OP_EXPERTS:
-            if (!op->acc) { // LatentMoE's own slot (nemotron_h: refused at create)
-                snprintf(err, errn, "the CUDA trainer has no LatentMoE op yet");
-                return NULL;
+            if (op->acc)
+                o.out = cur[op->out];
+            else { // LatentMoE: its own taped slot (yl, latent wide), unscaled and without a sub-block gate of its own
+                o.out = *tp, *tp += n;
+                o.alpha = 1.0f, o.dalpha = NULL;
             }
-            o.out = cur[op->out];
             break;
         case AC_OP_RELU2:
         case AC_OP_GATED_NORM: o.out = sc, sc += n; break; // recomputed
@@ -1490,9 +1527,16 @@ extern "C" int acc_trainer_gates(acc_trainer *t, const ac_gates *g, ac_gates *dg
             for (int k = 0; q->echan && q->echan[l] && k < nc; k++)
                 src ? (void)(h[t->off_echan[l] + k] = src->echan[l][k])
                     : (void)(dst->echan[l][k] = h[t->off_echan[l] + k]);
-            int ns = a->layers[l].ssm_heads; // Mamba heads: likewise (only a hybrid's layers have any)
+            int ns = a->layers[l].ssm_heads; // Mamba heads and head dims: likewise (only a hybrid's layers have any)
             for (int k = 0; ns && q->ssm && q->ssm[l] && k < ns; k++)
                 src ? (void)(h[t->off_ssm[l] + k] = src->ssm[l][k]) : (void)(dst->ssm[l][k] = h[t->off_ssm[l] + k]);
+            for (int k = 0; ns && q->ssm_dim && q->ssm_dim[l] && k < a->ssm_head_dim; k++)
+                src ? (void)(h[t->off_pd[l] + k] = src->ssm_dim[l][k]) : (void)(dst->ssm_dim[l][k] = h[t->off_pd[l] + k]);
+            int fs = tdim(a, l, AC_DIM_FS), lt = tdim(a, l, AC_DIM_LT); // nemotron_h's MoE: shared expert, latent
+            for (int k = 0; q->shared && q->shared[l] && k < fs; k++)
+                src ? (void)(h[t->off_sh[l] + k] = src->shared[l][k]) : (void)(dst->shared[l][k] = h[t->off_sh[l] + k]);
+            for (int k = 0; q->latent && q->latent[l] && k < lt; k++)
+                src ? (void)(h[t->off_lt[l] + k] = src->latent[l][k]) : (void)(dst->latent[l][k] = h[t->off_lt[l] + k]);
         }
     };
     if (g) {

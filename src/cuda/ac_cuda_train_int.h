@@ -14,7 +14,8 @@
  * row's log-sum-exp, the backward recomputes probabilities per query row for
  * dq and per key row for dk and dv, so there are no atomics and no T x T buffer.
  * Gates (train.h's ac_gates: per query head, FFN channel, hidden channel,
- * sub-block, expert, expert channel) are on the device too, all 1 after
+ * sub-block, expert, expert channel; nemotron_h's Mamba head and head dim,
+ * shared-expert channel, LatentMoE latent channel) are on the device too, all 1 after
  * create; their gradients accumulate with the weights' (acc_trainer_gates
  * reads and clears them).
  * Mixture-of-experts layers (softmax routers: Mixtral, Qwen3-MoE) run the
@@ -25,11 +26,15 @@
  * Mamba-2 mixer (ac_cuda_ssm_int.h: the conv and the scan taped, the scan's
  * states recomputed by its backward; gradients into in_proj, the conv's
  * weight and bias, dt_bias, A_log, D, the gated norm and out_proj; a gate
- * per Mamba head, its sub-block on the mlp gate as train.c's) and the
+ * per Mamba head and per head dim, its sub-block on the mlp gate as
+ * train.c's) and the
  * squared-ReLU MLP, and its MoE layers (the sigmoid router's rule and
  * backward on the host, block.h's ac_moe_route_sigmoid and
  * ac_moe_route_sigmoid_bwd; squared-ReLU experts without a gate; the shared
- * expert); LatentMoE is refused at create.
+ * expert, its channel gates); LatentMoE's layers too (the down projection
+ * into the latent, the experts in the latent width into their own taped
+ * slot, the up projection back under the sub-block gate; the latent
+ * channel gates on both latent slots, as train.c's).
  * Every function returns 0 or -1 with a message in err. They are reached
  * through the plugin's acc_api table (ac_cuda.h).
  */

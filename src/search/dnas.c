@@ -1145,15 +1145,25 @@ static void kv_shadow_free(ac_model *sh) {
     memset(sh, 0, sizeof *sh);
 }
 
+/* Layer l's gate row lengths: head, ffn, expert, echan, ssm, ssm_dim, shared, latent (train.h's ac_gates). */
+static void hg_rows(const ac_arch *a, int l, size_t per[8]) {
+    const ac_layer_arch *la = &a->layers[l];
+    size_t moe = a->hybrid && la->n_experts;
+    per[0] = la->n_heads, per[1] = la->ffn, per[2] = la->n_experts, per[3] = (size_t)la->n_experts * la->expert_ffn;
+    per[4] = la->ssm_heads, per[5] = la->ssm_heads ? (size_t)a->ssm_head_dim : 0;
+    per[6] = moe * a->shared_ffn, per[7] = moe * a->moe_latent;
+}
+
 /* Host gate buffers of arch a (train.h's layout; MoE layers' expert and
- * expert-channel gates too, set to 1: ac_dnas_set_gates writes only the
- * searched ones). */
+ * expert-channel gates too, and a hybrid's Mamba head, head-dim,
+ * shared-expert and latent gates, set to 1: ac_dnas_set_gates writes only
+ * the searched ones). */
 static int hgates_alloc(run_t *R, const ac_arch *a) {
     int L = a->n_layers;
-    size_t n = 2 * ((size_t)a->hidden + 2 * L);
+    size_t n = 2 * ((size_t)a->hidden + 2 * L), per[8];
     for (int l = 0; l < L; l++) {
-        const ac_layer_arch *la = &a->layers[l];
-        n += 2 * ((size_t)la->n_heads + la->ffn + la->n_experts + (size_t)la->n_experts * la->expert_ffn);
+        hg_rows(a, l, per);
+        for (int k = 0; k < 8; k++) n += 2 * per[k];
     }
     ac_gates *gs[2] = {&R->hg, &R->hdg};
     float *p = R->hgmem = calloc(n + 1, sizeof(float));
@@ -1161,24 +1171,24 @@ static int hgates_alloc(run_t *R, const ac_arch *a) {
     for (size_t i = 0; i < n; i++) p[i] = 1;
     for (int k = 0; k < 2; k++) {
         ac_gates *q = gs[k];
-        q->head = calloc(L + 1, sizeof(float *));
-        q->ffn = calloc(L + 1, sizeof(float *));
-        q->expert = calloc(L + 1, sizeof(float *));
-        q->echan = calloc(L + 1, sizeof(float *));
-        if (!q->head || !q->ffn || !q->expert || !q->echan) return -1;
+        float ***rows[8] = {&q->head, &q->ffn, &q->expert, &q->echan, &q->ssm, &q->ssm_dim, &q->shared, &q->latent};
+        for (int r = 0; r < 8; r++)
+            if (!(*rows[r] = calloc(L + 1, sizeof(float *)))) return -1;
         q->hidden = p, p += a->hidden;
         q->attn = p, p += L;
         q->mlp = p, p += L;
         for (int l = 0; l < L; l++) {
-            const ac_layer_arch *la = &a->layers[l];
-            size_t nc = (size_t)la->n_experts * la->expert_ffn;
-            q->head[l] = la->n_heads ? p : NULL, p += la->n_heads;
-            q->ffn[l] = la->ffn ? p : NULL, p += la->ffn;
-            q->expert[l] = la->n_experts ? p : NULL, p += la->n_experts;
-            q->echan[l] = nc ? p : NULL, p += nc;
+            hg_rows(a, l, per);
+            for (int r = 0; r < 8; r++) (*rows[r])[l] = per[r] ? p : NULL, p += per[r];
         }
     }
     return 0;
+}
+
+/* hgates_alloc's row arrays of q. */
+static void hgates_free(ac_gates *q) {
+    float **rows[8] = {q->head, q->ffn, q->expert, q->echan, q->ssm, q->ssm_dim, q->shared, q->latent};
+    for (int r = 0; r < 8; r++) free(rows[r]);
 }
 
 static void run_free(run_t *R) {
@@ -1186,8 +1196,7 @@ static void run_free(run_t *R) {
     if (R->tt.m) ac_trainer_free(&R->tt);
     if (R->ct) R->cu->trainer_free(R->ct);
     if (R->ctt) R->cu->trainer_free(R->ctt);
-    free(R->hg.head), free(R->hg.ffn), free(R->hdg.head), free(R->hdg.ffn), free(R->hgmem);
-    free(R->hg.expert), free(R->hg.echan), free(R->hdg.expert), free(R->hdg.echan);
+    hgates_free(&R->hg), hgates_free(&R->hdg), free(R->hgmem);
     kv_shadow_free(&R->kvm);
     kv_shadow_free(&R->kvd);
     kv_shadow_free(&R->kvg);
@@ -1622,8 +1631,8 @@ int ac_search_dnas(const ac_search_problem *p, ac_model *m, const int *ids, size
 const char *ac_dnas_method(ac_search_method m) { return m == AC_SEARCH_SURROGATE ? "surrogate" : "dnas"; }
 
 int ac_dnas_gates_ok(const ac_search_problem *p, const ac_model *m) {
-    (void)p; /* the CUDA trainer has the softmax routers' MoE ops too; the frozen CPU trainer converts a resident
-              * model's experts to fp32 one at a time (train.h); a hybrid's gates train on the CPU */
+    (void)p; /* the CUDA trainer has the softmax routers' MoE ops and every hybrid layer kind with its gates; the
+              * frozen CPU trainer converts a resident model's experts to fp32 one at a time (train.h) */
     if (!ac_arch_has_moe(&m->a) || ac_arch_is_hybrid(&m->a)) return 1;
     return !m->a.router_sigmoid;
 }
@@ -1652,7 +1661,7 @@ static int job_search_one(const ac_search_problem *p, ac_model *m, void *ud, ac_
     if (so->dnas_batch > 0) o.batch = so->dnas_batch;
     o.cotrain = so->cotrain;
     o.keep = so->cotrain && so->keep_weights;
-    o.cuda = p->cuda && !ac_arch_is_hybrid(&m->a); /* a local cuda target: the gates train on its GPU (not a hybrid's) */
+    o.cuda = p->cuda; /* a local cuda target: the gates train on its GPU (a hybrid's too) */
     return ac_search_dnas(p, m, ids, n, &o, r, orders, e);
 }
 

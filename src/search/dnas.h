@@ -243,10 +243,10 @@ const char *ac_dnas_method(ac_search_method m);
  * resident 16-bit weights: the frozen trainer converts each layer's
  * experts) or on CUDA (p->cuda: the CUDA trainer's MoE ops); a hybrid
  * (nemotron_h) always: its gates (the sigmoid router's experts among them)
- * train on the CPU whatever the target (the search's device path has no
- * Mamba tensor names or Mamba head gates, though the CUDA trainer runs the
- * layers; on m in place when it is 16-bit), as the surrogate search has no
- * Mamba axis. Otherwise method dnas falls back to the surrogate search. */
+ * train on the CUDA trainer with p->cuda (it has every hybrid layer kind
+ * and gate), else on the CPU (on m in place when it is 16-bit), as the
+ * surrogate search has no Mamba axis. Otherwise method dnas falls back to
+ * the surrogate search. */
 int ac_dnas_gates_ok(const ac_search_problem *p, const ac_model *m);
 /* The job's search stage for method autocompress: so->method AC_SEARCH_DNAS
  * (with so->dnas_steps, dnas_lr, dnas_batch, dnas_seq_len, cotrain,
