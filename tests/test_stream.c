@@ -708,8 +708,10 @@ static int model_ids(const ac_model *m, int *ids, int ctx, int nw, unsigned seed
 }
 
 /* Hybrid (nemotron_h) loss curves (EXACT through the layer streamer) on
- * M-M*- (Mamba-2, squared-ReLU MLP, attention) and MEM*E (MoE with the
- * sigmoid router and the shared expert): every point of every curve equals
+ * M-M*- (Mamba-2, squared-ReLU MLP, attention), MEM*E (MoE with the
+ * sigmoid router and the shared expert) and ME*E (LatentMoE, whose latent
+ * is wider than the narrowest hidden point: the engine's and the stream's
+ * expert rows are sized for it): every point of every curve equals
  * the calibration-loss increase of the model ac_prune cuts the same units
  * out of, run through the engine on the same windows: the Mamba-head curve
  * (each group's lowest-ranked heads; 100 %: the layer removed), attention
@@ -718,10 +720,10 @@ static int model_ids(const ac_model *m, int *ids, int ctx, int nw, unsigned seed
  * loss is the engine's, the Mamba curves are in the report's JSON, and AUTO
  * keeps the statistics-only engine pass. */
 static void test_hybrid_exact(void) {
-    const char *names[] = {"nemotronh_bf16", "nemotronh_moe_bf16"};
+    const char *names[] = {"nemotronh_bf16", "nemotronh_moe_bf16", "nemotronh_latent_bf16"};
     static const double SR[AC_SENS_POINTS] = {0, 0.25, 0.5, 0.75, 1}, HF[4] = {0.125, 0.25, 0.5, 0.75};
     int ran = 0;
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < 3; f++) {
         char dir[1200];
         int *ids, ctx, nw;
         size_t n;
