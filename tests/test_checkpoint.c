@@ -491,7 +491,7 @@ static void resume_family(const char *name, double frac, const char *search, int
           "%s: version 01: %s (%s)", name, sl, s.why);
     char magic[9] = "";
     f = fopen(pa, "rb");
-    CHECK(f && fread(magic, 1, 8, f) == 8 && !strcmp(magic, "ACCKPT02"), "%s: search.ckpt not rewritten: %s", name,
+    CHECK(f && fread(magic, 1, 8, f) == 8 && !strcmp(magic, "ACCKPT03"), "%s: search.ckpt not rewritten: %s", name,
           magic);
     if (f) fclose(f);
     json_decref(r);

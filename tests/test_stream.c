@@ -12,7 +12,8 @@
  * (Spearman); and STREAMED on the tiny model saved as BF16 and loaded
  * resident (mmap'd, read-only) equals STREAMED on the same weights in fp32.
  * Mixture-of-experts and hybrid (nemotron_h) fixtures: test_moe_layers,
- * test_moe_resident, test_hybrid_layers.
+ * test_moe_resident, test_hybrid_layers, test_hybrid_exact (a hybrid's
+ * EXACT curves, Mamba heads included, against pruned models).
  */
 #include <jansson.h>
 #include <math.h>
@@ -491,7 +492,7 @@ static void hyb_order(hyb_cmp *k, const int *a, const int *b, int n) {
     } while (0)
 
 /* Every statistic, score and order of calibration st against en's (a
- * hybrid's: no loss curves on either). */
+ * hybrid's STREAMED and ENGINE: no loss curves on either). */
 static hyb_cmp hyb_compare(const ac_importance *st, const ac_importance *en, const ac_arch *a, double tol) {
     hyb_cmp k = {.tol = tol};
     hyb_vals(&k, &st->base_loss, &en->base_loss, 1);
@@ -524,6 +525,32 @@ static hyb_cmp hyb_compare(const ac_importance *st, const ac_importance *en, con
     return k;
 }
 
+/* Hybrid fixture `name` loaded in fp32 (dir its folder) and its ppl.json:
+ * the window ids (*ids, malloc'd, *n of them), ctx, windows and the float64
+ * reference's perplexity. 0; -1 without the fixture (printed); -2 (ids
+ * NULL) without a usable ppl.json. */
+static int load_hybrid(const char *name, char *dir, size_t dn, ac_model *m, int **ids, size_t *n, int *ctx, int *nw,
+                       double *ppl) {
+    char p[1300];
+    ac_err e = {{0}};
+    *ids = NULL;
+    if (load_moe(name, dir, dn, m, &e)) {
+        printf("   no hybrid fixture %s (make fixtures): %s\n", name, e.msg);
+        return -1;
+    }
+    snprintf(p, sizeof p, "%s/ppl.json", dir);
+    json_t *pj = json_load_file(p, 0, NULL), *jids = json_object_get(pj, "ids");
+    *ctx = (int)json_integer_value(json_object_get(pj, "ctx"));
+    *nw = (int)json_integer_value(json_object_get(pj, "windows"));
+    *ppl = json_real_value(json_object_get(pj, "ppl"));
+    *n = json_array_size(jids);
+    int ok = pj && m->a.hybrid && *ctx >= 2 && *nw >= 1 && *n >= (size_t)*ctx * *nw;
+    if (ok && (*ids = malloc(sizeof(int) * (*n + 1))))
+        for (size_t i = 0; i < *n; i++) (*ids)[i] = (int)json_integer_value(json_array_get(jids, i));
+    json_decref(pj);
+    return *ids ? 0 : -2;
+}
+
 /* Hybrid (nemotron_h) models streamed: for each fixture (M-M*-: Mamba-2,
  * squared-ReLU MLP, attention; MEM*E: MoE with the sigmoid router and the
  * shared expert; ME*E: LatentMoE; E*E: top-3 not renormalised), the
@@ -544,23 +571,16 @@ static void test_hybrid_layers(void) {
     const char *names[] = {"nemotronh_bf16", "nemotronh_moe_bf16", "nemotronh_latent_bf16", "nemotronh_moe_nonorm_f32"};
     int ran = 0;
     for (int f = 0; f < 4; f++) {
-        char dir[1200], p[1300];
+        char dir[1200];
         ac_model m;
         ac_err e = {{0}};
-        if (load_moe(names[f], dir, sizeof dir, &m, &e)) {
-            printf("   no hybrid fixture %s (make fixtures): %s\n", names[f], e.msg);
-            continue;
-        }
+        int *ids, ctx, nw;
+        size_t n;
+        double want;
+        int ld = load_hybrid(names[f], dir, sizeof dir, &m, &ids, &n, &ctx, &nw, &want), ok = ld == 0;
+        if (ld == -1) continue;
         const ac_arch *a = &m.a;
-        snprintf(p, sizeof p, "%s/ppl.json", dir);
-        json_t *pj = json_load_file(p, 0, NULL), *jids = json_object_get(pj, "ids");
-        int ctx = (int)json_integer_value(json_object_get(pj, "ctx")),
-            nw = (int)json_integer_value(json_object_get(pj, "windows"));
-        size_t n = json_array_size(jids);
-        int ok = pj && a->hybrid && ctx >= 2 && nw >= 1 && n >= (size_t)ctx * nw;
         CHECK(ok, "%s: no ppl.json beside the fixture", names[f]);
-        int *ids = malloc(sizeof(int) * (n + 1));
-        for (size_t i = 0; i < n; i++) ids[i] = (int)json_integer_value(json_array_get(jids, i));
         ac_importance en, st;
         int oke = ok && ac_importance_compute_mode(&m, ids, n, ctx, nw, 0, AC_CALIB_ENGINE, NULL, NULL, &en, &e) == 0;
         CHECK(!ok || oke, "%s: engine: %s", names[f], e.msg);
@@ -570,7 +590,6 @@ static void test_hybrid_layers(void) {
         if (!oks) {
             if (oke) ac_importance_free(&en);
             free(ids);
-            json_decref(pj);
             ac_model_free(&m);
             continue;
         }
@@ -587,7 +606,7 @@ static void test_hybrid_layers(void) {
             CHECK(!la->n_experts || (st.sh_order && st.sh_order[l]), "%s layer %d: shared expert not ranked", names[f],
                   l);
         }
-        double want = json_real_value(json_object_get(pj, "ppl")), got = exp(st.base_loss);
+        double got = exp(st.base_loss);
         printf("   %s (%d Mamba, %d MLP, %d attention, %d MoE layers%s): streamed vs engine, %d values, largest "
                "relative difference %.2e; ppl %.5f vs the float64 reference %.5f (%.2e)\n",
                names[f], mamba, mlp, attn, moe, a->moe_latent ? ", LatentMoE" : "", k.n, k.worst, got, want,
@@ -626,8 +645,198 @@ static void test_hybrid_layers(void) {
         ac_importance_free(&en);
         ac_importance_free(&st);
         free(ids);
-        json_decref(pj);
         ac_model_free(&m);
+    }
+    if (!ran) SKIP("no hybrid fixture (make fixtures)");
+}
+
+/* A hybrid's EXACT calibration (every curve point carried through the rest
+ * of the network by the layer streamer) on the same windows: the loss
+ * increase of the model ac_prune cuts the same units out of, run through the
+ * engine. *base the engine's loss of the unpruned model; the increase of
+ * arch t into *inc; 0 on success. */
+static int hyb_pruned_inc(const ac_model *m, const ac_arch *t, const ac_importance *imp, const int *ids, size_t n,
+                          int ctx, int nw, double base, double *inc, ac_err *e) {
+    ac_model pm;
+    if (ac_prune(m, t, imp, &pm, e)) return -1;
+    ac_ppl_opts o = {.ctx = ctx, .max_windows = nw, .batch = 2};
+    ac_ppl_result r;
+    int rc = ac_perplexity(&pm, ids, n, &o, NULL, NULL, NULL, &r, e);
+    ac_model_free(&pm);
+    *inc = r.nll - base;
+    return rc;
+}
+
+/* One curve against the pruned models' increases (want, monotone as the
+ * calibration makes it): counts the points and the ones that differ. */
+static void hyb_curve(const char *what, const char *name, int l, const double *got, const double *inc, int np,
+                      int *n, int *bad, double *top) {
+    double want = 0;
+    for (int p = 0; p < np; p++) {
+        want = fmax(want, inc[p]);
+        int ok = fabs(got[p] - want) <= 1e-5 + 1e-4 * fabs(want);
+        if (!ok) printf("   %s layer %d %s point %d: %.7f (exact) vs %.7f (pruned)\n", name, l, what, p, got[p], want);
+        *bad += !ok, (*n)++;
+        if (inc[p] > *top) *top = inc[p];
+    }
+}
+
+/* ids[nw*ctx]: nw windows drawn from model m itself (each from its first
+ * token, every next one sampled from the engine's softmax, seed): on them
+ * the expected increase of a removal is a KL divergence (>= 0), so the
+ * curves are not all flattened to 0 as on random ids. 0 on success. */
+static int model_ids(const ac_model *m, int *ids, int ctx, int nw, unsigned seed, ac_err *e) {
+    ac_engine en;
+    if (ac_engine_init(&en, m, 1, ctx, e)) return -1;
+    int V = m->a.vocab, rc = 0;
+    for (int w = 0; w < nw && !rc; w++)
+        for (int t = 0; t < ctx - 1 && !rc; t++) {
+            if ((rc = ac_engine_forward(&en, ids + w * ctx + t, 1, 1, t, 1, e))) break;
+            const float *lg = en.logits;
+            float mx = lg[0];
+            for (int i = 1; i < V; i++) mx = fmaxf(mx, lg[i]);
+            double z = 0, c = 0;
+            for (int i = 0; i < V; i++) z += exp(lg[i] - mx);
+            seed = seed * 1664525u + 1013904223u;
+            double u = (seed >> 8) / 16777216.0 * z;
+            int y = 0;
+            for (; y < V - 1 && (c += exp(lg[y] - mx)) <= u; y++) {}
+            ids[w * ctx + t + 1] = y;
+        }
+    ac_engine_free(&en);
+    return rc;
+}
+
+/* Hybrid (nemotron_h) loss curves (EXACT through the layer streamer) on
+ * M-M*- (Mamba-2, squared-ReLU MLP, attention), MEM*E (MoE with the
+ * sigmoid router and the shared expert) and ME*E (LatentMoE, whose latent
+ * is wider than the narrowest hidden point: the engine's and the stream's
+ * expert rows are sized for it): every point of every curve equals
+ * the calibration-loss increase of the model ac_prune cuts the same units
+ * out of, run through the engine on the same windows: the Mamba-head curve
+ * (each group's lowest-ranked heads; 100 %: the layer removed), attention
+ * KV groups and KV merges, MLP channels, experts (all but top_k at 100 %)
+ * and hidden width, on windows drawn from the model (model_ids). The base
+ * loss is the engine's, the Mamba curves are in the report's JSON, and AUTO
+ * keeps the statistics-only engine pass. */
+static void test_hybrid_exact(void) {
+    const char *names[] = {"nemotronh_bf16", "nemotronh_moe_bf16", "nemotronh_latent_bf16"};
+    static const double SR[AC_SENS_POINTS] = {0, 0.25, 0.5, 0.75, 1}, HF[4] = {0.125, 0.25, 0.5, 0.75};
+    int ran = 0;
+    for (int f = 0; f < 3; f++) {
+        char dir[1200];
+        int *ids, ctx, nw;
+        size_t n;
+        double ppl;
+        ac_model m;
+        int ld = load_hybrid(names[f], dir, sizeof dir, &m, &ids, &n, &ctx, &nw, &ppl);
+        if (ld == -1) continue;
+        CHECK(ld == 0, "%s: no ppl.json beside the fixture", names[f]);
+        const ac_arch *a = &m.a;
+        ac_err e = {{0}};
+        n = (size_t)ctx * nw; /* the fixture's windows, their tokens drawn from the model below */
+        CHECK(model_ids(&m, ids, ctx, nw, 7 + f, &e) == 0, "%s: %s", names[f], e.msg);
+        ac_importance imp;
+        double t0 = ck_now();
+        CHECK(ac_importance_compute_mode(&m, ids, n, ctx, nw, 0, AC_CALIB_EXACT, NULL, NULL, &imp, &e) == 0, "%s: %s",
+              names[f], e.msg);
+        double dt = ck_now() - t0;
+        ac_ppl_opts o = {.ctx = ctx, .max_windows = nw, .batch = 2};
+        ac_ppl_result base;
+        CHECK(ac_perplexity(&m, ids, n, &o, NULL, NULL, NULL, &base, &e) == 0, "%s", e.msg);
+        CHECK(imp.method == AC_CALIB_EXACT && imp.ssm_sens, "%s: method %d, Mamba curves %p", names[f], imp.method,
+              (void *)imp.ssm_sens);
+        CHECK(close_rel(imp.base_loss, base.nll, 1e-5), "%s: base loss %.8f vs %.8f", names[f], imp.base_loss,
+              base.nll);
+        int np = 0, bad = 0, G = a->ssm_groups > 0 ? a->ssm_groups : 1, kinds = 0;
+        double top[5] = {0}; /* largest pruned increase: Mamba, attention, MLP, experts, hidden */
+        json_t *js = ac_importance_to_json(&imp), *jl = json_object_get(js, "layers");
+        for (int l = 0; l < a->n_layers; l++) {
+            const ac_layer_arch *la = &a->layers[l];
+            double inc[8] = {0};
+            ac_arch t;
+            CHECK(ac_arch_copy(&t, a, &e) == 0, "%s", e.msg);
+            if (la->ssm_heads) {
+                int hpg = la->ssm_heads / G;
+                for (int q = 1; q < AC_SENS_POINTS; q++) {
+                    t.layers[l].ssm_heads = G * (hpg - (int)lround(SR[q] * hpg));
+                    CHECK(hyb_pruned_inc(&m, &t, &imp, ids, n, ctx, nw, base.nll, &inc[q], &e) == 0, "%s: %s",
+                          names[f], e.msg);
+                }
+                hyb_curve("Mamba", names[f], l, imp.ssm_sens[l], inc, AC_SENS_POINTS, &np, &bad, &top[0]);
+                CHECK(fabs(ac_sens_ssm(&imp, l, 0.375) - 0.5 * (imp.ssm_sens[l][1] + imp.ssm_sens[l][2])) < 1e-12,
+                      "%s layer %d: ac_sens_ssm does not interpolate the curve", names[f], l);
+                json_t *jc = json_object_get(json_array_get(jl, l), "mamba_loss_curve");
+                for (int q = 0; q < AC_SENS_POINTS; q++)
+                    CHECK(json_real_value(json_array_get(jc, q)) == imp.ssm_sens[l][q], "%s layer %d: JSON point %d",
+                          names[f], l, q);
+            }
+            if (la->n_heads) {
+                int kv = la->n_kv_heads, grp = la->n_heads / kv;
+                for (int q = 1; q < AC_SENS_POINTS; q++) {
+                    t.layers[l].n_kv_heads = kv - (int)lround(SR[q] * kv);
+                    t.layers[l].n_heads = t.layers[l].n_kv_heads * grp;
+                    CHECK(hyb_pruned_inc(&m, &t, &imp, ids, n, ctx, nw, base.nll, &inc[q], &e) == 0, "%s: %s",
+                          names[f], e.msg);
+                }
+                hyb_curve("attention", names[f], l, imp.attn_sens[l], inc, AC_SENS_POINTS, &np, &bad, &top[1]);
+                t.layers[l].n_heads = la->n_heads;
+                int k = 0;
+                for (int d = kv - 1; d >= 1 && k < 8; d--) {
+                    if (kv % d) continue;
+                    t.layers[l].n_kv_heads = d;
+                    CHECK(hyb_pruned_inc(&m, &t, &imp, ids, n, ctx, nw, base.nll, &inc[k++], &e) == 0, "%s: %s",
+                          names[f], e.msg);
+                }
+                CHECK(imp.merge_n && imp.merge_n[l] == k, "%s layer %d: %d KV merges", names[f], l,
+                      imp.merge_n ? imp.merge_n[l] : -1);
+                hyb_curve("KV merge", names[f], l, imp.merge_sens[l], inc, k, &np, &bad, &top[1]);
+            }
+            if (la->ffn) {
+                for (int q = 1; q < AC_SENS_POINTS; q++) {
+                    t.layers[l].ffn = la->ffn - (int)lround(SR[q] * la->ffn);
+                    CHECK(hyb_pruned_inc(&m, &t, &imp, ids, n, ctx, nw, base.nll, &inc[q], &e) == 0, "%s: %s",
+                          names[f], e.msg);
+                }
+                hyb_curve("MLP", names[f], l, imp.ffn_sens[l], inc, AC_SENS_POINTS, &np, &bad, &top[2]);
+            }
+            if (la->n_experts) {
+                int E = la->n_experts, removable = E - a->top_k;
+                for (int q = 1; q < AC_SENS_POINTS; q++) {
+                    t.layers[l].n_experts = E - (int)lround(SR[q] * removable);
+                    CHECK(hyb_pruned_inc(&m, &t, &imp, ids, n, ctx, nw, base.nll, &inc[q], &e) == 0, "%s: %s",
+                          names[f], e.msg);
+                }
+                hyb_curve("experts", names[f], l, imp.ffn_sens[l], inc, AC_SENS_POINTS, &np, &bad, &top[3]);
+            }
+            ac_arch_free(&t);
+        }
+        double inc[4];
+        for (int i = 0; i < 4; i++) {
+            ac_arch t;
+            CHECK(ac_arch_copy(&t, a, &e) == 0, "%s", e.msg);
+            t.hidden = a->hidden - (int)lround(HF[i] * a->hidden);
+            CHECK(hyb_pruned_inc(&m, &t, &imp, ids, n, ctx, nw, base.nll, &inc[i], &e) == 0, "%s: %s", names[f],
+                  e.msg);
+            ac_arch_free(&t);
+        }
+        hyb_curve("hidden", names[f], -1, imp.hid_sens, inc, 4, &np, &bad, &top[4]);
+        for (int k = 0; k < 5; k++) kinds += top[k] > 1e-3;
+        printf("   %s: exact in %.2f s, %d points, %d differ from the pruned models; largest increases: Mamba %.4f, "
+               "attention %.4f, MLP %.4f, experts %.4f, hidden %.4f\n",
+               names[f], dt, np, bad, top[0], top[1], top[2], top[3], top[4]);
+        CHECK(bad == 0, "%s: %d of %d points differ from the pruned models", names[f], bad, np);
+        CHECK(top[0] > 1e-3 && kinds >= 3, "%s: the pruned increases are too small to tell a mutation", names[f]);
+        json_decref(js);
+        ac_importance_free(&imp);
+        /* AUTO keeps the statistics-only engine pass on a hybrid */
+        CHECK(ac_importance_compute_mode(&m, ids, n, ctx, nw, 0, AC_CALIB_AUTO, NULL, NULL, &imp, &e) == 0, "%s: %s",
+              names[f], e.msg);
+        CHECK(imp.method == AC_CALIB_ENGINE && !imp.ssm_sens, "%s: AUTO gave method %d", names[f], imp.method);
+        ac_importance_free(&imp);
+        free(ids);
+        ac_model_free(&m);
+        ran++;
     }
     if (!ran) SKIP("no hybrid fixture (make fixtures)");
 }
@@ -642,6 +851,7 @@ int main(void) {
     RUN(test_moe_layers);
     RUN(test_moe_resident);
     RUN(test_hybrid_layers);
+    RUN(test_hybrid_exact);
     ac_importance_free(&EX);
     ac_importance_free(&ST);
     ac_importance_free(&EN);

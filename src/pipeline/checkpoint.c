@@ -15,9 +15,9 @@
 
 /* The format's version is the magic's last two digits: 02 added the
  * mixture-of-experts and Mamba rows of the importance and the base
- * architecture to the header. A file of another version is not read (its
+ * architecture to the header, 03 the hybrid's Mamba-head loss curves. A file of another version is not read (its
  * stage runs again). */
-#define CKPT_MAGIC "ACCKPT02"
+#define CKPT_MAGIC "ACCKPT03"
 #define CKPT_MAGIC_STEM "ACCKPT"
 
 /* ------------------------------------------------------------- writing */
@@ -98,6 +98,7 @@ static const struct {
     IMP_FLAT(merge_sens, 1, double[8]),
     IMP_FLAT(mt_hid_order, 0, int),
     IMP_FLAT(mt_hid_score, 0, double),
+    IMP_FLAT(ssm_sens, 1, double[AC_SENS_POINTS]),
 };
 enum {
     N_ROWF = sizeof IMP_ROW_FIELDS / sizeof *IMP_ROW_FIELDS,

@@ -154,9 +154,9 @@ int ac_model_check_compressible(const ac_job_spec *s, const json_t *j, const cha
     ac_arch_free(&a);
     if (hybrid && s->method == AC_METHOD_AUTOCOMPRESS && s->search.method == AC_SEARCH_SURROGATE) {
         *field = "search.method";
-        return ac_errf(e, "search.method surrogate: a hybrid Mamba-Transformer model (nemotron_h) has no loss curves "
-                          "for the surrogate search (its calibration is activation statistics only); its autocompress "
-                          "arm is the gate search, search.method dnas");
+        return ac_errf(e, "search.method surrogate: the surrogate search does not take a hybrid Mamba-Transformer "
+                          "model (nemotron_h; only calibration_method exact measures its loss curves, and no search "
+                          "reads them yet); its autocompress arm is the gate search, search.method dnas");
     }
     if (hybrid && s->search.target == AC_EXPORT_DECI) {
         *field = "search.export_target";

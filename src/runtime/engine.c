@@ -71,7 +71,9 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
     if (ac_arch_has_moe(a)) { /* the routing weights, an expert's gathered rows and its SwiGLU */
         size_t E = ac_block_dim_max(a, AC_DIM_E), Fe = ac_block_dim_max(a, AC_DIM_FE);
         en->r = malloc(N * E * 4);
-        en->xe = malloc(N * H * 4);
+        /* an expert's gathered rows: hidden wide, or LatentMoE's latent (wider than a narrowed hidden) */
+        size_t W = H > (size_t)a->moe_latent ? H : (size_t)a->moe_latent;
+        en->xe = malloc(N * W * 4);
         en->eg = malloc(N * Fe * 4);
         en->eu = malloc(N * Fe * 4);
         en->rows = malloc((N > E ? N : E) * sizeof(int));

@@ -753,6 +753,7 @@ static int imp_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) 
     d->merge_n = NULL;
     d->merge_r = NULL;
     d->merge_sens = NULL;
+    d->ssm_sens = NULL; /* (copied below) */
     d->head_order = d->mt_ffn_order = NULL; /* Minitron's orders (when present): deep-copied below */
     d->head_score = d->mt_ffn_score = NULL;
     d->mt_hid_order = NULL;
@@ -787,6 +788,9 @@ static int imp_copy(ac_importance *d, const ac_importance *s, const ac_arch *b) 
             bad |= !d->merge_n || !d->merge_r || !d->merge_sens;
         }
         bad |= !d->attn_sens || !d->ffn_sens;
+        if (s->ssm_sens && (d->ssm_sens = malloc(sizeof *d->ssm_sens * L)))
+            memcpy(d->ssm_sens, s->ssm_sens, sizeof *d->ssm_sens * L);
+        bad |= s->ssm_sens && !d->ssm_sens;
     }
     if (bad) {
         ac_importance_free(d);

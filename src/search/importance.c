@@ -48,6 +48,7 @@ void ac_importance_free(ac_importance *imp) {
     free(imp->merge_n);
     free(imp->merge_r);
     free(imp->merge_sens);
+    free(imp->ssm_sens);
     for (int l = 0; l < imp->n_layers; l++) {
         if (imp->head_order) {
             free(imp->head_order[l]);
@@ -142,6 +143,8 @@ double ac_sens_merge(const ac_importance *imp, int l, double r) {
     }
     return py; /* merging can never go below one KV head */
 }
+
+double ac_sens_ssm(const ac_importance *imp, int l, double r) { return imp->ssm_sens ? curve(imp->ssm_sens[l], r) : 0; }
 
 /* Minitron's importance from the mt_* statistics (see importance.h). */
 static int minitron_scores(const ac_stats *st, const ac_arch *a, ac_importance *imp, ac_err *e) {
@@ -466,7 +469,7 @@ static int merge_sensitivity(calib *c, ac_err *e) {
 typedef struct {
     calib *c;
     int how;    /* AC_CALIB_EXACT, _ANCHORED or _STREAMED */
-    int curves; /* 0 (a hybrid): the statistics, rankings and base loss alone, as the engine path's */
+    int curves; /* 0 (a hybrid, not EXACT): the statistics, rankings and base loss alone, as the engine path's */
     ac_stream s;
     float *X;       /* [nwin*ctx][H] residual stream of all windows */
     float **Xin;    /* [L+1] -> [S][H] */
@@ -475,10 +478,11 @@ typedef struct {
     float *D2;      /* [FISHER_SAMPLES][S][H] the same for labels drawn from the model (STREAMED) */
     float *hm, *fm; /* head and FFN masks (widest layer) */
     float *xm;      /* an expert mask (most experts) */
+    float *sm;      /* a Mamba head mask (most heads) */
     long nwin, sw;
-    double (*ea)[AC_SENS_POINTS], (*ef)[AC_SENS_POINTS], (*em)[8]; /* [l][point] |delta|^2 */
+    double (*ea)[AC_SENS_POINTS], (*ef)[AC_SENS_POINTS], (*em)[8], (*es)[AC_SENS_POINTS]; /* [l][point] |delta|^2 */
     /* [l][point] propagated summed loss (EXACT, ANCHORED) or estimated summed increase (STREAMED) */
-    double (*la)[AC_SENS_POINTS], (*lf)[AC_SENS_POINTS], (*lm)[8];
+    double (*la)[AC_SENS_POINTS], (*lf)[AC_SENS_POINTS], (*lm)[8], (*ls)[AC_SENS_POINTS];
 } streamer;
 
 /* Layers l0..l1-1 over nw windows of x in place (mod applies to l0 only). */
@@ -568,6 +572,25 @@ static void expert_points(streamer *t, int l) {
     }
 }
 
+/* A Mamba layer's curve (its ssm_sens): point p removes the lowest-ranked
+ * lround(SENS_R[p] * heads per group) heads of every group (ssm_mask 0
+ * inside the gated norm, whose statistic then averages over the kept
+ * heads: the same count per group that ac_ssm_kept_heads keeps; 100 %: the
+ * layer's output 0, the layer removed). */
+static void ssm_points(streamer *t, int l) {
+    const ac_arch *a = &t->c->m->a;
+    int nh = a->layers[l].ssm_heads, G = a->ssm_groups > 0 ? a->ssm_groups : 1, hpg = nh / G;
+    const int *order = t->c->imp->ssm_head_order[l];
+    for (int p = 1; p < AC_SENS_POINTS; p++) {
+        int drop = (int)lround(SENS_R[p] * hpg);
+        for (int h = 0; h < nh; h++) t->sm[h] = 1;
+        for (int g = 0; g < G; g++)
+            for (int k = hpg - drop; k < hpg; k++) t->sm[order[g * hpg + k]] = 0;
+        ac_stream_mod mod = {.ssm_mask = t->sm};
+        t->es[l][p] = point(t, l, &mod, propagated(t, p), &t->ls[l][p]);
+    }
+}
+
 /* Every point of layer l (its units ranked). */
 static void layer_points(streamer *t, int l) {
     calib *c = t->c;
@@ -585,6 +608,7 @@ static void layer_points(streamer *t, int l) {
     }
     if (la->ffn) mask_points(t, l, 1, c->imp->ffn_order[l], la->ffn, 1, t->ef[l], t->lf[l]);
     if (la->n_experts) expert_points(t, l);
+    if (la->ssm_heads && c->imp->ssm_sens) ssm_points(t, l);
 }
 
 /* One layer of the forward pass: statistics, ranking, and (EXACT,
@@ -595,6 +619,8 @@ static int stream_layer(streamer *t, ac_stats *st, const ac_engine_hooks *hk, in
     run_layers(t, l, l + 1, t->X, t->nwin, NULL, hk);
     memcpy(t->Xin[l + 1], t->X, S * 4);
     if (rank_layer(c->m, st, l, c->imp, e)) return -1;
+    /* a Mamba layer's heads: ranked now (its statistics are complete), before its points */
+    if (c->imp->ssm_head_order && ac_ssm_rank_layer(st->mt_ssm[l], &c->m->a, l, c->imp, e)) return -1;
     if (t->curves && t->how != AC_CALIB_STREAMED) layer_points(t, l);
     return 0;
 }
@@ -650,6 +676,7 @@ static void stream_curves(streamer *t, double base_sum) {
     for (int l = 0; l < imp->n_layers; l++) {
         make_curve(t, t->ea[l], t->la[l], base_sum, imp->attn_sens[l]);
         make_curve(t, t->ef[l], t->lf[l], base_sum, imp->ffn_sens[l]);
+        if (imp->ssm_sens) make_curve(t, t->es[l], t->ls[l], base_sum, imp->ssm_sens[l]);
         double ka = t->ea[l][2] > 0 ? imp->attn_sens[l][2] / t->ea[l][2] : 0; /* ANCHORED: gain at 50 % */
         for (int k = 0; k < imp->merge_n[l]; k++) {
             double inc = t->how == AC_CALIB_EXACT      ? (t->lm[l][k] - base_sum) / cnt
@@ -712,6 +739,9 @@ static void streamer_free(streamer *t) {
     free(t->hm);
     free(t->fm);
     free(t->xm);
+    free(t->sm);
+    free(t->es);
+    free(t->ls);
     free(t->ea);
     free(t->ef);
     free(t->em);
@@ -723,15 +753,16 @@ static void streamer_free(streamer *t) {
 static int streamer_init(streamer *t, calib *c, int how, long nwin, ac_err *e) {
     const ac_arch *a = &c->m->a;
     int L = a->n_layers;
-    size_t H = a->hidden, mh = 1, mf = 1;
+    size_t H = a->hidden, mh = 1, mf = 1, ms = 1;
     for (int l = 0; l < L; l++) {
         if ((size_t)a->layers[l].n_heads > mh) mh = a->layers[l].n_heads;
         if ((size_t)a->layers[l].ffn > mf) mf = a->layers[l].ffn;
+        if ((size_t)a->layers[l].ssm_heads > ms) ms = a->layers[l].ssm_heads;
     }
     memset(t, 0, sizeof *t);
     t->c = c;
     t->how = how;
-    t->curves = !ac_arch_is_hybrid(a);
+    t->curves = !ac_arch_is_hybrid(a) || how == AC_CALIB_EXACT; /* a hybrid's curves: EXACT alone */
     t->nwin = nwin;
     t->sw = c->sw > 0 ? c->sw : 8; /* windows 0 = all: the loss points still take 8 */
     if (t->sw > nwin) t->sw = nwin;
@@ -751,6 +782,10 @@ static int streamer_init(streamer *t, calib *c, int how, long nwin, ac_err *e) {
     t->hm = malloc(mh * 4);
     t->fm = malloc(mf * 4);
     t->xm = malloc((ac_block_dim_max(a, AC_DIM_E) + 1) * 4);
+    t->sm = malloc(ms * 4);
+    t->es = calloc(L, sizeof *t->es);
+    t->ls = calloc(L, sizeof *t->ls);
+    if (ac_arch_is_hybrid(a) && t->curves) c->imp->ssm_sens = calloc(L, sizeof *c->imp->ssm_sens);
     t->ea = calloc(L, sizeof *t->ea);
     t->ef = calloc(L, sizeof *t->ef);
     t->em = calloc(L, sizeof *t->em);
@@ -761,7 +796,8 @@ static int streamer_init(streamer *t, calib *c, int how, long nwin, ac_err *e) {
     c->imp->merge_r = calloc(L, sizeof *c->imp->merge_r);
     c->imp->merge_sens = calloc(L, sizeof *c->imp->merge_sens);
     int ok = t->X && t->Xin && t->Y && t->D && t->D2 && t->hm && t->fm && t->xm && t->ea && t->ef && t->em && t->la &&
-             t->lf && t->lm && c->imp->merge_n && c->imp->merge_r && c->imp->merge_sens;
+             t->lf && t->lm && c->imp->merge_n && c->imp->merge_r && c->imp->merge_sens && t->sm && t->es && t->ls &&
+             (!ac_arch_is_hybrid(a) || !t->curves || c->imp->ssm_sens);
     for (int l = 0; ok && l <= L; l++) ok = t->Xin[l] != NULL;
     if (!ok) {
         streamer_free(t);
@@ -777,6 +813,7 @@ static int streamed_calibration(calib *c, ac_stats *st, int how, long nwin, ac_e
     streamer t;
     if (streamer_init(&t, c, how, nwin, e)) return -1;
     int L = c->m->a.n_layers, rc = ac_stream_embed(c->m, c->ids, nwin * c->ctx, t.X, e);
+    if (!rc && ac_arch_is_hybrid(&c->m->a)) rc = ac_ssm_rank_alloc(&c->m->a, c->imp, e); /* rows: stream_layer */
     ac_engine_hooks hk;
     ac_stats_hooks(st, &hk);
     hk.rows = NULL;
@@ -843,15 +880,17 @@ int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, i
     if (windows > 0 && nwin > windows) nwin = windows;
     if (nwin < 1) return ac_errf(e, "calibration: %zu tokens do not fill one window of %d", n, ctx);
     calib c = {m, ids, n, ctx, windows < 8 ? windows : 8, cuda, progress, ud, imp, 0};
+    int asked_exact = mode == AC_CALIB_EXACT && !cuda;
     if (mode == AC_CALIB_AUTO)
         mode = !cuda && exact_flops(a, nwin, ctx, c.sw < nwin ? c.sw : (int)nwin) > AC_CALIB_EXACT_FLOPS
                    ? AC_CALIB_STREAMED
                    : AC_CALIB_EXACT;
     if (mode == AC_CALIB_EXACT && cuda) mode = AC_CALIB_ENGINE; /* the loss passes on the GPU */
     int hybrid = ac_arch_is_hybrid(a);
-    /* a hybrid: the activation statistics alone (no loss curves yet), in one engine pass (CPU) or, STREAMED, one
-     * layer-streamed pass that gives the same statistics, rankings and base loss */
-    if (hybrid && mode != AC_CALIB_STREAMED) mode = AC_CALIB_ENGINE;
+    /* a hybrid: EXACT asked for (not AUTO's choice), the layer-streamed pass with its loss curves; otherwise the
+     * activation statistics alone, in one engine pass (CPU) or, STREAMED, one layer-streamed pass that gives the same
+     * statistics, rankings and base loss */
+    if (hybrid && mode != AC_CALIB_STREAMED && !asked_exact) mode = AC_CALIB_ENGINE;
     imp->method = mode;
     imp->streamed = mode == AC_CALIB_STREAMED;
     ac_stats st;
@@ -862,8 +901,7 @@ int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, i
     if (!rc && mode != AC_CALIB_ENGINE) {
         rc = streamed_calibration(&c, &st, mode, nwin, e);
         imp->tokens = st.tokens;
-        if (!rc) rc = minitron_scores(&st, a, imp, e);
-        if (!rc && hybrid) rc = ac_ssm_rank_heads((const double *const *)st.mt_ssm, a, imp, e);
+        if (!rc) rc = minitron_scores(&st, a, imp, e); /* (the Mamba heads: ranked layer by layer in the pass) */
         if (!rc && hybrid) rc = ac_rank_shared((const double *const *)st.mt_shared, a, imp, e);
         ac_stats_free(&st);
     } else if (!rc) {
@@ -907,13 +945,18 @@ json_t *ac_importance_to_json(const ac_importance *imp) {
         json_t *ms = json_array();
         for (int k = 0; imp->merge_n && k < imp->merge_n[l]; k++)
             json_array_append_new(ms, json_pack("[f,f]", imp->merge_r[l][k], imp->merge_sens[l][k]));
-        json_array_append_new(layers,
-                              json_pack("{s:f,s:o,s:o,s:o}", "block_influence", imp->layer_bi[l],
-                                        "attention_loss_curve", as, "ffn_loss_curve", fs, "kv_merge_loss_curve", ms));
+        json_t *lj = json_pack("{s:f,s:o,s:o,s:o}", "block_influence", imp->layer_bi[l], "attention_loss_curve", as,
+                               "ffn_loss_curve", fs, "kv_merge_loss_curve", ms);
+        if (lj && imp->ssm_sens && imp->ssm_head_order && imp->ssm_head_order[l]) { /* a hybrid's Mamba layer */
+            json_t *ss = json_array();
+            for (int p = 0; p < AC_SENS_POINTS; p++) json_array_append_new(ss, json_real(imp->ssm_sens[l][p]));
+            json_object_set_new(lj, "mamba_loss_curve", ss);
+        }
+        json_array_append_new(layers, lj);
     }
     json_t *hs = json_array();
     for (int i = 0; i < 4; i++) json_array_append_new(hs, json_pack("[f,f]", imp->hid_frac[i], imp->hid_sens[i]));
-    const char *how = !imp->ssm_head_order ? method_name(imp->method)
+    const char *how = !imp->ssm_head_order || imp->ssm_sens ? method_name(imp->method)
                       : imp->streamed ? "none (hybrid: activation statistics only, from the layer-streamed pass; the "
                                         "curves are zero)"
                                       : "none (hybrid: activation statistics only, from the engine pass; the curves "

@@ -77,8 +77,8 @@ typedef struct {
     /* nemotron_h Mamba layers (search/ssm_prune.h; NULL rows elsewhere):
      * for each of the ssm_groups groups g, entries g*hpg .. g*hpg+hpg-1 are
      * its heads (hpg = heads / groups), most important first; each head's
-     * score. A hybrid model's calibration is the activation statistics
-     * alone: its loss curves stay zero (docs/hybrid.md). */
+     * score. A hybrid model's loss curves are measured by the EXACT method
+     * alone (below); the others leave them zero (docs/hybrid.md). */
     int **ssm_head_order;
     double **ssm_head_score;
     double **ssm_chan_score; /* [l][d_inner]: each x channel's score (the sqrt of its statistic), from which a
@@ -95,6 +95,10 @@ typedef struct {
     /* LatentMoE layers, set only by the gate search's orders (NULL otherwise): the latent channels best first
      * [l][moe_latent], which a narrower moe_latent_size keeps (NULL: the first) */
     int **lat_order;
+    /* nemotron_h Mamba layers, EXACT only (NULL otherwise; zero rows for other layers): [l][point] the loss
+     * increase when the lowest-ranked SENS_R[p] of each group's heads are removed (the same count in every group,
+     * as ac_ssm_kept_heads keeps them; 100 %: the layer removed) */
+    double (*ssm_sens)[AC_SENS_POINTS];
 } ac_importance;
 
 typedef void (*ac_progress_fn)(void *ud, const char *what, double frac);
@@ -136,10 +140,15 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
  * AUTO (ac_importance_compute): EXACT (ENGINE with cuda) when the exact
  *   method's passes cost at most AC_CALIB_EXACT_FLOPS (every model of the
  *   tests), else STREAMED.
- * A hybrid (nemotron_h) model gets the activation statistics, rankings and
+ * A hybrid (nemotron_h) model: EXACT (without cuda) is the layer-streamed
+ *   pass above with every curve (attention, KV merges, MLP channels,
+ *   experts, hidden width) and a Mamba-head curve per Mamba layer
+ *   (ssm_sens: ssm_mask, each group's lowest-ranked heads; each layer's
+ *   heads ranked as soon as its statistics are complete). Every other
+ *   method (AUTO included) gets the activation statistics, rankings and
  *   base loss alone (no loss curves): STREAMED streams them layer by layer
- *   (no backward), every other method is ENGINE's one pass; both give the
- *   same values. */
+ *   (no backward), the rest is ENGINE's one pass; both give the same
+ *   values. */
 enum { AC_CALIB_AUTO, AC_CALIB_EXACT, AC_CALIB_STREAMED, AC_CALIB_ANCHORED, AC_CALIB_ENGINE };
 #define AC_CALIB_EXACT_FLOPS 2e12
 int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda, int mode,
@@ -154,6 +163,8 @@ double ac_sens_ffn(const ac_importance *imp, int l, double r);
 double ac_sens_experts(const ac_importance *imp, const ac_arch *base, int l, double kept);
 double ac_sens_hidden(const ac_importance *imp, double r);
 double ac_sens_merge(const ac_importance *imp, int l, double r);
+/* Mamba layer l: the loss increase for removing fraction r of its heads (0 without a Mamba curve). */
+double ac_sens_ssm(const ac_importance *imp, int l, double r);
 json_t *ac_importance_to_json(const ac_importance *imp);
 
 #endif

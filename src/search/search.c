@@ -113,6 +113,7 @@ double ac_search_pred_loss(const ac_search_problem *p, const ac_arch *a) {
             q += ac_sens_attn(p->imp, l, r);
         if (bl->ffn) q += ac_sens_ffn(p->imp, l, 1 - fmin(al->ffn, bl->ffn) / bl->ffn); /* padding keeps nothing more */
         if (bl->n_experts) q += ac_sens_experts(p->imp, b, l, al->n_experts ? al->n_experts : b->top_k);
+        if (bl->ssm_heads) q += ac_sens_ssm(p->imp, l, 1 - (double)al->ssm_heads / bl->ssm_heads); /* 0 without */
     }
     return q + ac_sens_hidden(p->imp, 1 - (double)a->hidden / b->hidden);
 }

@@ -108,7 +108,8 @@ int ac_search_repair(const ac_search_problem *p, ac_arch *a, ac_cost *cost);
  * splittable: KV counts (and with them query heads) only on the counts
  * ac_tp_attn_splits allows, FFN widths on the grid. */
 int ac_search_check_tp(const ac_search_problem *p, int check_grid, ac_err *e);
-/* Predicted loss increase of a discrete architecture. */
+/* Predicted loss increase of a discrete architecture: its layers' curves added up (a hybrid's Mamba heads too,
+ * where the EXACT calibration measured them). */
 double ac_search_pred_loss(const ac_search_problem *p, const ac_arch *a);
 
 #endif

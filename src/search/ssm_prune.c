@@ -10,37 +10,47 @@
 #include "search/slice.h"
 #include "slice_int.h"
 
-int ac_ssm_rank_heads(const double *const *mt_ssm, const ac_arch *a, ac_importance *imp, ac_err *e) {
-    int L = a->n_layers, P = a->ssm_head_dim, G = a->ssm_groups > 0 ? a->ssm_groups : 1;
+int ac_ssm_rank_alloc(const ac_arch *a, ac_importance *imp, ac_err *e) {
+    int L = a->n_layers;
     imp->ssm_head_order = calloc(L, sizeof(int *));
     imp->ssm_head_score = calloc(L, sizeof(double *));
     imp->ssm_chan_score = calloc(L, sizeof(double *));
     if (!imp->ssm_head_order || !imp->ssm_head_score || !imp->ssm_chan_score) return ac_errf(e, "out of memory");
-    for (int l = 0; l < L; l++) {
-        int nh = a->layers[l].ssm_heads, hpg = nh / G;
-        if (!nh || !mt_ssm[l]) continue;
-        int *o = imp->ssm_head_order[l] = malloc(sizeof(int) * nh);
-        double *s = imp->ssm_head_score[l] = malloc(sizeof(double) * nh);
-        double *cs = imp->ssm_chan_score[l] = malloc(sizeof(double) * nh * P);
-        if (!o || !s || !cs) return ac_errf(e, "out of memory");
-        for (int c = 0; c < nh * P; c++) cs[c] = sqrt(mt_ssm[l][c]);
-        for (int h = 0; h < nh; h++) { /* L2 over the head's channels of each channel's sqrt(sum) */
-            double q = 0;
-            for (int i = 0; i < P; i++) q += mt_ssm[l][(size_t)h * P + i];
-            s[h] = sqrt(q);
-        }
-        for (int g = 0; g < G; g++) { /* within the group: best first, ties by index (insertion sort) */
-            int *og = o + g * hpg;
-            for (int j = 0; j < hpg; j++) {
-                int h = g * hpg + j, k = j;
-                while (k > 0 && s[og[k - 1]] < s[h]) {
-                    og[k] = og[k - 1];
-                    k--;
-                }
-                og[k] = h;
+    return 0;
+}
+
+int ac_ssm_rank_layer(const double *mt_ssm_l, const ac_arch *a, int l, ac_importance *imp, ac_err *e) {
+    int P = a->ssm_head_dim, G = a->ssm_groups > 0 ? a->ssm_groups : 1;
+    int nh = a->layers[l].ssm_heads, hpg = nh / G;
+    if (!nh || !mt_ssm_l) return 0;
+    int *o = imp->ssm_head_order[l] = malloc(sizeof(int) * nh);
+    double *s = imp->ssm_head_score[l] = malloc(sizeof(double) * nh);
+    double *cs = imp->ssm_chan_score[l] = malloc(sizeof(double) * nh * P);
+    if (!o || !s || !cs) return ac_errf(e, "out of memory");
+    for (int c = 0; c < nh * P; c++) cs[c] = sqrt(mt_ssm_l[c]);
+    for (int h = 0; h < nh; h++) { /* L2 over the head's channels of each channel's sqrt(sum) */
+        double q = 0;
+        for (int i = 0; i < P; i++) q += mt_ssm_l[(size_t)h * P + i];
+        s[h] = sqrt(q);
+    }
+    for (int g = 0; g < G; g++) { /* within the group: best first, ties by index (insertion sort) */
+        int *og = o + g * hpg;
+        for (int j = 0; j < hpg; j++) {
+            int h = g * hpg + j, k = j;
+            while (k > 0 && s[og[k - 1]] < s[h]) {
+                og[k] = og[k - 1];
+                k--;
             }
+            og[k] = h;
         }
     }
+    return 0;
+}
+
+int ac_ssm_rank_heads(const double *const *mt_ssm, const ac_arch *a, ac_importance *imp, ac_err *e) {
+    if (ac_ssm_rank_alloc(a, imp, e)) return -1;
+    for (int l = 0; l < a->n_layers; l++)
+        if (ac_ssm_rank_layer(mt_ssm[l], a, l, imp, e)) return -1;
     return 0;
 }
 

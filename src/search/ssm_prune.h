@@ -41,6 +41,13 @@
 /* imp->ssm_head_order / ssm_head_score (importance.h) from the statistics
  * mt_ssm[l][d_inner] (NULL rows for other layers). */
 int ac_ssm_rank_heads(const double *const *mt_ssm, const ac_arch *a, ac_importance *imp, ac_err *e);
+/* The same one layer at a time (the layer-streamed calibration ranks each
+ * layer as soon as its statistics are complete): ac_ssm_rank_alloc sets
+ * the three row arrays (all rows NULL), ac_ssm_rank_layer fills layer l's
+ * rows from its statistic mt_ssm_l[d_inner] (nothing for a layer without
+ * Mamba heads or without a statistic). */
+int ac_ssm_rank_alloc(const ac_arch *a, ac_importance *imp, ac_err *e);
+int ac_ssm_rank_layer(const double *mt_ssm_l, const ac_arch *a, int l, ac_importance *imp, ac_err *e);
 /* imp->sh_order / sh_score (importance.h) from the statistics mt_shared[l][shared_ffn] (NULL rows for other
  * layers): a channel's score is the sqrt of its statistic, ranked best first (ties: the lower index). */
 int ac_rank_shared(const double *const *mt_shared, const ac_arch *a, ac_importance *imp, ac_err *e);

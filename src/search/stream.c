@@ -63,7 +63,9 @@ int ac_stream_init(ac_stream *s, const ac_model *m, int B, int n, ac_err *e) {
     if (ac_arch_has_moe(a)) { /* as the engine's (engine.c) */
         size_t E = ac_block_dim_max(a, AC_DIM_E), Fe = ac_block_dim_max(a, AC_DIM_FE);
         s->r = malloc(N * E * 4);
-        s->xe = malloc(N * H * 4);
+        /* an expert's gathered rows: hidden wide, or LatentMoE's latent (wider than a narrowed hidden) */
+        size_t W = H > (size_t)a->moe_latent ? H : (size_t)a->moe_latent;
+        s->xe = malloc(N * W * 4);
         s->eg = malloc(N * Fe * 4);
         s->eu = malloc(N * Fe * 4);
         s->rows = malloc((N > E ? N : E) * sizeof(int));
