@@ -214,7 +214,7 @@ static const oa_field COST_TABLE_REQUEST[] = {
     {0}};
 static const oa_field MEASURE[] = {
     {"device", "enum:cpu", 1, NULL, NULL},
-    {"threads", "integer", 0, "default 2", "{\"minimum\": 1, \"maximum\": 256}"},
+    {"threads", "integer", 0, "default: the daemon's worker_threads (the key its jobs plan with)", "{\"minimum\": 1, \"maximum\": 256}"},
     {"dtype", "enum:fp32|bf16", 0, "fp32 (default) or bf16 (the engine on BF16 weights)", NULL},
     {0}};
 static const oa_field WORKER_EVENTS[] = {{"events", "[{WorkerEvent}]", 1, NULL, NULL}, {0}};

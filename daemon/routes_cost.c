@@ -18,7 +18,7 @@ static void task_estimate(req_ctx *rc) {
     const char *field = NULL;
     ac_cost_cache cache;
     costcache_db(&cache, rc->d->db); /* cached tables only: an estimate measures nothing */
-    if (ac_estimate_json(rc->in, &cache, &out, &field, &e))
+    if (ac_estimate_json(rc->in, &cache, rc->d->cfg.worker_threads, &out, &field, &e))
         rep_error(rc->d, &rc->rep, 400, "invalid_request", e.msg, field);
     else
         rep_json(&rc->rep, 200, out);
@@ -72,6 +72,8 @@ static void cost_measure(req_ctx *rc, json_t *m) {
         rep_error(d, r, 400, "invalid_request", e.msg, field);
         return;
     }
+    /* no threads named: the daemon's worker_threads, the key its jobs plan with */
+    if (!json_object_get(m, "threads")) json_object_set_new(m, "threads", json_integer(d->cfg.worker_threads));
     char key[512], why[300];
     ac_cost_measure_key(m, key, sizeof key);
     long id;

@@ -125,7 +125,7 @@ static void fuzz_json_targets(int which, const uint8_t *p, size_t n) {
             ac_cost_table_free(&t);
     } else if (which == 6) {
         json_t *out = NULL;
-        if (json_is_object(j) && ac_estimate_json(j, NULL, &out, &field, &e) == 0) json_decref(out);
+        if (json_is_object(j) && ac_estimate_json(j, NULL, 2, &out, &field, &e) == 0) json_decref(out);
     } else if (which == 7) {
         ac_config c;
         config_defaults(&c);

@@ -40,7 +40,8 @@ static const struct {
               "(multiple-choice accuracy as lm-evaluation-harness scores it, JSON by file name; --lls: each "
               "choice's log-likelihood)"},
     {"compress", "compress SPEC.json\n      (the job here, without a daemon; AC_COST_DB=FILE caches measured cost "
-                 "tables; AC_QUIET_BUDGET_S=S caps their quiet re-measurement, as the daemon's quiet_budget_s)"},
+                 "tables; AC_QUIET_BUDGET_S=S caps their quiet re-measurement, as the daemon's quiet_budget_s; AC_THREADS=N: its "
+                 "CPU threads, as the daemon's worker_threads, default 2, as eval's and tasks')"},
     {"estimate", "estimate REQUEST.json\n      ({\"model\"|\"architecture\", \"target\"}, as POST /v1/estimate; with "
                  "\"constraints\" on a\n       nemotron_h model: the structures that fit, config only)"},
     {"tokenize", "tokenize TOKENIZER_JSON TEXT_FILE\n      (token ids, one line)"},
@@ -81,10 +82,27 @@ static int local_help(const char *cmd) {
     return usage();
 }
 
+/* $AC_THREADS: the CPU threads of compress, eval and tasks unless --threads
+ * says (as the daemon's worker_threads), and those of the CPU table
+ * estimate reads; 2 when unset, -1 (said on stderr) when it is no number in
+ * [1, 256]. */
+static int env_threads(void) {
+    const char *th = getenv("AC_THREADS");
+    if (!th || !*th) return 2;
+    char *end;
+    long n = strtol(th, &end, 10);
+    if (*end || n < 1 || n > 256) {
+        fprintf(stderr, "autocompress: AC_THREADS must be a number of threads in [1, 256], not '%s'\n", th);
+        return -1;
+    }
+    return (int)n;
+}
+
 static int cmd_eval(int argc, char **argv) {
     if (argc < 4) return usage();
     ac_ppl_opts o = {.ctx = 128, .stride = 0, .max_windows = 0, .batch = 4};
-    int json = 0, threads = 2;
+    int json = 0, threads = env_threads();
+    if (threads < 0) return 1;
     for (int i = 4; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
             json = 1;
@@ -148,7 +166,8 @@ static int cmd_eval(int argc, char **argv) {
  * {"NAME": {acc, acc_norm, n, stderr, ...}} with NAME the file's base name. */
 static int cmd_tasks(int argc, char **argv) {
     if (argc < 4) return usage();
-    int threads = 2, batch = 8, lls = 0, max_len = 0;
+    int threads = env_threads(), batch = 8, lls = 0, max_len = 0;
+    if (threads < 0) return 1;
     const char *files[64];
     int nf = 0;
     for (int i = 3; i < argc; i++) {
@@ -376,9 +395,14 @@ static int cmd_compress(int argc, char **argv) {
         }
         ac_quiet_set_budget_cap(b);
     }
+    int threads = env_threads();
+    if (threads < 0) {
+        json_decref(spec);
+        return 1;
+    }
     ac_cost_cache cache;
     costcache_file(&cache, getenv("AC_COST_DB"), 1);
-    ac_job_ctx ctx = {.emit = print_event, .ud = NULL, .cancelled = NULL, .cache = &cache};
+    ac_job_ctx ctx = {.emit = print_event, .ud = NULL, .cancelled = NULL, .cache = &cache, .threads = threads};
     json_t *result = NULL;
     static ac_job_spec js;
     const char *field = NULL;
@@ -405,9 +429,14 @@ static int cmd_estimate(int argc, char **argv) {
     ac_err e = {{0}};
     json_t *out = NULL;
     const char *field = NULL;
+    int threads = env_threads();
+    if (threads < 0) {
+        json_decref(req);
+        return 1;
+    }
     ac_cost_cache cache;
     costcache_file(&cache, getenv("AC_COST_DB"), 0);
-    int rc = ac_estimate_json(req, &cache, &out, &field, &e);
+    int rc = ac_estimate_json(req, &cache, threads, &out, &field, &e);
     if (rc)
         fprintf(stderr, "autocompress: %s%s%s\n", field ? field : "", field ? ": " : "", e.msg);
     else {

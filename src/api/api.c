@@ -163,7 +163,8 @@ static void estimate_mtp(const ac_arch *arch, const ac_cost *r, json_t *out) {
     if (m) json_object_set_new(out, "mtp", m);
 }
 
-int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, json_t **out, const char **field, ac_err *e) {
+int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, int threads, json_t **out, const char **field,
+                     ac_err *e) {
     *field = NULL;
     const char *k;
     json_t *v;
@@ -189,7 +190,7 @@ int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, json_t **out
     int cwdt = model ? ac_model_checkpoint_wdt(json_string_value(model)) : ST_F32;
     ac_target_engine_for(&tg, cwdt, &prof);
     *field = "target.device";
-    if (ac_cost_table_for(&tg.dev, ac_target_table_dtype(&tg, cwdt), cache, 2, 0, NULL, NULL, &t, &hit, e)) {
+    if (ac_cost_table_for(&tg.dev, ac_target_table_dtype(&tg, cwdt), cache, threads, 0, NULL, NULL, &t, &hit, e)) {
         ac_arch_free(&arch);
         return -1;
     }

@@ -14,9 +14,11 @@
 
 /* {"model": dir | "architecture": {...}, "target": {...}} -> predicted
  * figures. The target is parsed by jobspec.c's target table. Only cached or
- * roofline tables are used (nothing is measured here). *field names the
- * offending field on failure. */
-int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, json_t **out, const char **field, ac_err *e);
+ * roofline tables are used (nothing is measured here); a CPU target's is
+ * the table of `threads` threads (the key a job on that many plans with).
+ * *field names the offending field on failure. */
+int ac_estimate_json(const json_t *req, const ac_cost_cache *cache, int threads, json_t **out, const char **field,
+                     ac_err *e);
 
 /* {"device":"cpu","threads":N,"dtype":"fp32"|"bf16"} -> validate / the
  * threads (2 unless given) / the weights' dtype (fp32 unless given) /
