@@ -63,6 +63,15 @@ static inline double ck_now(void) {
         fflush(stdout);                                                                                                \
     } while (0)
 
+/* The CPU threads of a test's engine and jobs: $AC_TEST_THREADS, else 2.
+ * tests/run_all.sh sets 1 while its lanes run side by side (a lane, a
+ * core: two threads each would contend for the two cores). */
+static inline int ck_threads(void) {
+    const char *t = getenv("AC_TEST_THREADS");
+    int n = t && *t ? atoi(t) : 0;
+    return n > 0 ? n : 2;
+}
+
 /* buf = $AC_BUILD/rel (build/rel when unset): where fixtures and models are. */
 static inline void ck_build_path(char *buf, size_t n, const char *rel) {
     const char *b = getenv("AC_BUILD");

@@ -38,6 +38,14 @@ def raw_conn(port, src="127.0.0.1", timeout=10):
     return s
 
 
+# AC_TEST_THREADS: the threads of every job the tests run (a daemon's worker_threads unless its test names them,
+# `autocompress compress` through AC_THREADS); tests/run_all.sh sets 1 when its lanes run side by side (a lane, a
+# core). Unset: the service's own default (2).
+THREADS = int(os.environ.get("AC_TEST_THREADS") or 0)
+if THREADS:
+    os.environ["AC_THREADS"] = str(THREADS)
+
+
 class Daemon:
     def __init__(self, config=None, workdir=None):
         self.dir = workdir or tempfile.mkdtemp(prefix="acd_")
@@ -49,6 +57,8 @@ class Daemon:
         self.token = None
 
     def start(self):
+        if THREADS and (self.config is None or "worker_threads" not in self.config):
+            self.config = dict(self.config or {}, worker_threads=THREADS)
         args = [os.path.join(BUILD, "autocompressd"), "--listen", f"127.0.0.1:{self.port}", "--db", self.db, "--data-dir", self.data,
                 "--web-dir", os.path.join(ROOT, "web")]
         if self.config is not None:

@@ -36,8 +36,9 @@ emu_tests() {
   run "test_dnas_moe (expert gates on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas_moe"
   run "test_dnas_hybrid (a hybrid's gates on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas_hybrid"
 }
-# Three lanes. The third runs test_slurm.py alone: it mostly waits (on
-# Slurm's scheduler and its node timeouts) and uses a few CPU-seconds. The
+# Three lanes. The third runs test_slurm.py, then the dashboard's test: both
+# mostly wait (on Slurm's scheduler and its node timeouts, on the browser)
+# and use a few CPU-seconds. The
 # second runs CPU-bound tests that time nothing beside the first lane's: the
 # emulator's tests, test_dnas_gain (two minutes of gate searches),
 # test_moe_cost_measured.py (it times on its thread's CPU clock and asserts
@@ -57,8 +58,18 @@ lane2_tests() {
   for t in $LANE2_C $LANE2_MORE_C; do [ -x "$AC_BUILD/tests/$t" ] && run "$t (second lane)" "$AC_BUILD/tests/$t"; done
   for t in $LANE2 $LANE2_MORE; do [ -f "tests/$t" ] && run "$t (second lane)" /usr/bin/python3 "tests/$t"; done
 }
+# The dashboard in a headless browser: half a minute, mostly waiting on the
+# browser (a few CPU-seconds), so in the third lane after test_slurm.py.
+dashboard_test() {
+  if [ -f tests/web/dashboard.test.mjs ] && [ -d tests/web/node_modules/playwright-core ] && command -v chromium >/dev/null; then
+    run dashboard node tests/web/dashboard.test.mjs
+  else
+    echo "== dashboard (skipped: needs chromium and tests/web/node_modules; 'make web-test-deps')"; skip=$((skip+1))
+  fi
+}
 lane3_tests() {
   for t in $LANE3; do [ -f "tests/$t" ] && run "$t (third lane)" /usr/bin/python3 "tests/$t"; done
+  dashboard_test
 }
 lane_start() { # lane_start DIR FUNCTION: the function's tests in the background, output and counts into DIR
   (
@@ -69,6 +80,10 @@ lane_start() { # lane_start DIR FUNCTION: the function's tests in the background
 }
 lane2_dir=""; lane3_dir=""
 if [ "${AC_TEST_SERIAL:-0}" != 1 ]; then
+  # a lane, a core: every engine, job and cost table of the tests on one
+  # thread (tests/check.h, tests/harness.py), not two threads in each of two
+  # lanes on two cores
+  export AC_TEST_THREADS="${AC_TEST_THREADS:-1}"
   lane2_dir=$(mktemp -d); lane3_dir=$(mktemp -d)
   lane_start "$lane2_dir" lane2_tests; lane2_pid=$!
   lane_start "$lane3_dir" lane3_tests; lane3_pid=$!
@@ -91,11 +106,7 @@ for t in tests/test_*.py; do
   run "$(basename "$t")" /usr/bin/python3 "$t"
 done
 for t in $LATE; do [ -f "tests/$t" ] && ! in_lane2 "$t" && run "$t" /usr/bin/python3 "tests/$t"; done
-if [ -f tests/web/dashboard.test.mjs ] && [ -d tests/web/node_modules/playwright-core ] && command -v chromium >/dev/null; then
-  run dashboard node tests/web/dashboard.test.mjs
-else
-  echo "== dashboard (skipped: needs chromium and tests/web/node_modules; 'make web-test-deps')"; skip=$((skip+1))
-fi
+[ -z "$lane3_dir" ] && dashboard_test
 lane_end() { # lane_end PID DIR NAME: its output and counts after the first lane's
   wait "$1"
   cat "$2/out"

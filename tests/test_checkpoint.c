@@ -100,7 +100,7 @@ static int run_job(const job_opts *o, seen *s, json_t **res, ac_err *e) {
     static ac_job_spec sp;
     memset(s, 0, sizeof *s);
     s->stop = o->stop;
-    ac_job_ctx ctx = {.emit = on_event, .ud = s, .cancelled = &s->cancel, .threads = 2, .checkpoint_dir = o->ckdir,
+    ac_job_ctx ctx = {.emit = on_event, .ud = s, .cancelled = &s->cancel, .threads = ck_threads(), .checkpoint_dir = o->ckdir,
                       .checkpoint_key = o->key};
     int rc = ac_job_spec_parse(spec, &sp, NULL, e) || ac_job_run(&sp, &ctx, res, e);
     json_decref(spec);

@@ -901,7 +901,7 @@ static void test_band_monotone(void) {
 }
 
 int main(void) {
-    ac_set_threads(2);
+    ac_set_threads(ck_threads());
     RUN(test_cuda_pin);
     RUN(test_interpolation_hits_grid_points);
     RUN(test_gradients_match_finite_differences);

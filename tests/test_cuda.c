@@ -728,7 +728,7 @@ static void test_gpu_job(void) {
                   30, "dnas_steps", 20, "seed", 1, "calibration_tokens", 256, "eval", "ctx", 16, "windows", 2);
     ac_cost_cache cache;
     costcache_file(&cache, db, 0);
-    ac_job_ctx ctx = {.emit = no_emit, .cache = &cache, .threads = 2};
+    ac_job_ctx ctx = {.emit = no_emit, .cache = &cache, .threads = ck_threads()};
     json_t *rep = NULL;
     static ac_job_spec js;
     int rc = ac_job_spec_parse(spec, &js, NULL, &e) || ac_job_run(&js, &ctx, &rep, &e);
@@ -840,7 +840,7 @@ static void test_plugin_abi_check(void) {
 }
 
 int main(void) {
-    ac_set_threads(2);
+    ac_set_threads(ck_threads());
     cu = ac_cuda(&why);
     if (!cu) printf("   CUDA tests skip: %s\n", why);
     RUN(test_gpu_llama_gqa);

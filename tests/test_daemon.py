@@ -11,7 +11,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, DATA, TINY, Daemon, Runner, sse_read, spec  # noqa: E402
+from harness import BUILD, DATA, TINY, Daemon, Runner, sse_read, spec, THREADS  # noqa: E402
 
 MISTRAL = os.path.join(os.path.dirname(os.path.dirname(TINY)), "fixtures", "models", "mistral_sharded")
 R = Runner()
@@ -233,7 +233,7 @@ def test_measure_cost_table_in_background():
     # the key a job of this daemon plans with (worker_threads 2, the tiny model's BF16): the lifecycle test's
     # jobs then start from this table (a measurement is a minute of this machine: one fewer in the suite)
     st, r = D.req("POST", "/v1/cost-tables", body={"measure": {"device": "cpu", "dtype": "bf16"}})
-    assert st == 202 and r["status"] == "measuring" and "(2 threads)|bf16|" in r["key"], r
+    assert st == 202 and r["status"] == "measuring" and f"({THREADS or 2} threads)|bf16|" in r["key"], r
     MEASURED.append(r["key"])
     st, bad = D.req("POST", "/v1/cost-tables", body={"measure": {"device": "cpu", "dtype": "fp8"}})
     assert st == 400 and bad["error"]["field"] == "measure.dtype", bad
@@ -251,7 +251,7 @@ def test_measure_cost_table_in_background():
     assert st == 200 and tj["dtype"] == "bf16" and tj["gemm"]["us"], tj.get("dtype")
     st, ms = D.req("GET", "/v1/cost-tables/measurements")
     mine = [m for m in ms["measurements"] if m["key"] == r["key"]]
-    assert st == 200 and mine and mine[0]["dtype"] == "bf16" and mine[0]["threads"] == 2, ms
+    assert st == 200 and mine and mine[0]["dtype"] == "bf16" and mine[0]["threads"] == (THREADS or 2), ms
     assert D.req("GET", "/healthz")[0] == 200  # the API stayed responsive meanwhile
 
 
@@ -621,9 +621,9 @@ if __name__ == "__main__":
         for t in [test_health_devices_metrics, test_bad_inputs, test_cancel_running_job,
                   test_cancel_queued_job_and_priority, test_sse_resume_and_keepalive, test_worker_crash_fails_only_its_job,
                   test_bad_model_fails_cleanly, test_model_too_large_for_host_fails_cleanly, test_infeasible_constraint_reported,
+                  test_restart_resumes_from_checkpoints, test_restart_resumes_moe_from_checkpoints,
                   test_measure_cost_table_in_background, test_job_lifecycle_and_cost_cache, test_log_endpoint,
-                  test_pagination, test_restart_after_sigkill_requeues, test_restart_resumes_from_checkpoints,
-                  test_restart_resumes_moe_from_checkpoints,
+                  test_pagination, test_restart_after_sigkill_requeues,
                   test_fail_policy_and_sigterm, test_auth,
                   test_config_errors]:
             R.run(t)

@@ -723,7 +723,7 @@ static void test_llama_job_drops_layers(void) {
     ac_cost_table_free(&t);
     json_object_set_new(json_object_get(js, "constraints"), "max_tpot_ms", json_real(p.limits.max_tpot_ms));
     json_t *res = NULL;
-    ac_job_ctx ctx = {.emit = quiet};
+    ac_job_ctx ctx = {.emit = quiet, .threads = ck_threads()};
     int rc = ac_job_spec_parse(js, &spec, NULL, &e) || ac_job_run(&spec, &ctx, &res, &e);
     CHECK(rc == 0, "job: %s", e.msg);
     json_decref(js);
@@ -998,7 +998,7 @@ static void test_resident_search_equals_fp32(void) { resident_search_equals_fp32
 static void test_cuda_resident_search_equals_fp32(void) { resident_search_equals_fp32(1); }
 
 int main(void) {
-    ac_set_threads(2);
+    ac_set_threads(ck_threads());
     if (getenv("AC_DNAS_CUDA_ONLY")) { /* tests/run_all.sh: the gate search on the emulated plugin */
         RUN(test_cuda_gate_search_matches_cpu);
         RUN(test_cuda_resident_search_equals_fp32);

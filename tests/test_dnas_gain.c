@@ -280,7 +280,7 @@ static void test_kept_weights_are_trained(void) {
 }
 
 int main(int argc, char **argv) {
-    ac_set_threads(2);
+    ac_set_threads(ck_threads());
     if (!(argc > 1 && !strcmp(argv[1], "keep"))) RUN(test_dnas_beats_its_start); /* "keep": that test alone */
     RUN(test_kept_weights_are_trained);
     ac_importance_free(&IMP);

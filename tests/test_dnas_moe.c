@@ -479,7 +479,7 @@ static void test_cuda_gates_match_cpu(void) {
 }
 
 int main(void) {
-    ac_set_threads(2);
+    ac_set_threads(ck_threads());
     if (getenv("AC_DNAS_CUDA_ONLY")) { /* tests/run_all.sh: the gate training on the emulated plugin */
         RUN(test_cuda_gates_match_cpu);
     } else {

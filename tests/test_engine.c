@@ -961,7 +961,7 @@ static void test_perplexity_matches_reference(void) {
 }
 
 int main(void) {
-    ac_set_threads(2);
+    ac_set_threads(ck_threads());
     RUN(test_llama_gqa_bf16);
     RUN(test_qwen2_tied_f16);
     RUN(test_qwen3_hd_bf16);

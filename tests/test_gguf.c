@@ -1468,7 +1468,7 @@ static void test_jobs_write_gguf(void) {
         snprintf(out, sizeof out, "%s/job%d", tmpdir, k);
         snprintf(g, sizeof g, "%s/model.gguf", out);
         json_t *spec = tiny_spec(k ? "llama" : "gguf", k, out), *res = NULL;
-        ac_job_ctx ctx = {.emit = quiet};
+        ac_job_ctx ctx = {.emit = quiet, .threads = ck_threads()};
         ac_err e;
         ac_model m;
         if (ac_job_spec_parse(spec, &spec_buf, NULL, &e) || ac_job_run(&spec_buf, &ctx, &res, &e)) {

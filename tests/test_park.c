@@ -410,7 +410,7 @@ static void test_job_one_student_at_a_time(void) {
         "prompt_len", 64, "gen_len", 16, "constraints", "max_params", 0.6 * P, "calibration_tokens", 256, "eval",
         "ctx", 64, "windows", 2, "search", "method", "surrogate", "steps", 60);
     static ac_job_spec sp;
-    ac_job_ctx ctx = {.emit = mem_emit, .threads = 2};
+    ac_job_ctx ctx = {.emit = mem_emit, .threads = ck_threads()};
     json_t *res = NULL;
     nmem = 0;
     int rc = ac_job_spec_parse(spec, &sp, NULL, &e) || ac_job_run(&sp, &ctx, &res, &e);

@@ -425,7 +425,7 @@ static void test_job_three_arms(void) {
                            1, "steps", 10, "windows", 16);
     ac_err e;
     json_t *res = NULL;
-    ac_job_ctx ctx = {.emit = quiet};
+    ac_job_ctx ctx = {.emit = quiet, .threads = ck_threads()};
     int rc = ac_job_spec_parse(js, &spec, NULL, &e) || ac_job_run(&spec, &ctx, &res, &e);
     json_decref(js);
     CHECK(rc == 0, "job: %s", e.msg);

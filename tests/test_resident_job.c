@@ -674,7 +674,7 @@ static int run_job(const char *model, const char *out, json_t **res, ac_err *e) 
                              "max_params", 900000, "search", "steps", 60, "dnas_steps", 30, "calibration_tokens", 2048,
                              "eval", "ctx", 128, "windows", 4, "distill", "tokens", 2048);
     static ac_job_spec sp;
-    ac_job_ctx ctx = {.emit = quiet, .threads = 2};
+    ac_job_ctx ctx = {.emit = quiet, .threads = ck_threads()};
     int rc = ac_job_spec_parse(spec, &sp, NULL, e) || ac_job_run(&sp, &ctx, res, e);
     json_decref(spec);
     return rc ? -1 : 0;

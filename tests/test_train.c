@@ -682,7 +682,7 @@ static void test_distill_job(void) {
             tiny, data, data, tmp, bad ? ",\"text\":\"" : "", bad ? shortf : "", bad ? "\"" : "");
         json_t *spec = json_loads(spec_s, 0, NULL), *res = NULL;
         int events[2] = {0, 0};
-        ac_job_ctx ctx = {.emit = job_emit, .ud = events};
+        ac_job_ctx ctx = {.emit = job_emit, .ud = events, .threads = ck_threads()};
         ac_err e = {{0}};
         static ac_job_spec js;
         int rc = ac_job_spec_parse(spec, &js, NULL, &e) || ac_job_run(&js, &ctx, &res, &e) ? -1 : 0;
