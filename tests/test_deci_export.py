@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ref_llama as R  # noqa: E402
-from harness import BUILD, DATA, TINY, Daemon, Runner, spec  # noqa: E402
+from harness import BUILD, DATA, THREADS, TINY, Daemon, Runner, spec  # noqa: E402
 
 CLI = os.path.join(BUILD, "autocompress")
 FIX = os.path.join(BUILD, "fixtures")
@@ -397,10 +397,16 @@ def test_job_export_is_deci_on_the_grid():
     bad = subprocess.run([CLI, "compress", sp], capture_output=True, text=True, timeout=60,
                          env=dict(env, AC_QUIET_BUDGET_S="forever"))
     assert bad.returncode != 0 and "AC_QUIET_BUDGET_S must be a number" in bad.stderr, bad.stderr
+    for threads in ("0", "two", "257"):
+        bad = subprocess.run([CLI, "compress", sp], capture_output=True, text=True, timeout=60,
+                             env=dict(env, AC_THREADS=threads))
+        assert bad.returncode != 0 and "AC_THREADS must be a number of threads in [1, 256]" in bad.stderr, bad.stderr
     rep = json.load(open(os.path.join(out, "report.json")))
     eng, ml = rep["target"]["engine"], rep["measured_local"]
     assert eng["weights_dtype"] == "fp16" and eng["weight_bytes"] == 2, eng
     assert "|fp32|autocompress-cpu|" in rep["target"]["cost_table"], rep["target"]["cost_table"]
+    # the job ran on AC_THREADS threads (harness.py sets it in the suite's lanes; the CLI's default is 2)
+    assert f"({THREADS or 2} threads)|" in rep["target"]["cost_table"], rep["target"]["cost_table"]
     assert ml["weights_dtype"] == "fp32" and ml["baseline"]["ttft_ms"] > 0 and ml[rep["chosen"]]["tpot_ms"] > 0 and "prediction_error" in ml, ml
     res = rep[rep["chosen"]]
     layers = res["architecture"]["layers"]
