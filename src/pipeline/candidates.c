@@ -24,11 +24,11 @@ void ac_job_distill_opts(const job_state *s, long tokens, ac_distill_opts *o) {
     o->temperature = (float)ds->temperature, o->ce_weight = (float)ds->ce_weight;
     o->seed = (unsigned long long)ds->seed;
     /* a local CUDA target distils on its GPU, as it evaluates there (the CUDA
-     * trainer has the softmax routers' MoE ops and nemotron_h's Mamba-2 ones;
-     * nemotron_h's MoE layers distil on the CPU: the CUDA trainer's sigmoid
-     * router matches the float64 gradients, but no distillation on it is
-     * checked against the CPU's yet) */
-    o->cuda = s->on_gpu && !(ac_arch_is_hybrid(&s->m.a) && ac_arch_has_moe(&s->m.a));
+     * trainer has the softmax routers' MoE ops and every nemotron_h layer
+     * kind: Mamba-2, the sigmoid router, shared expert and LatentMoE;
+     * test_train's test_cuda_distill_hybrid* hold its distillation to the
+     * CPU's) */
+    o->cuda = s->on_gpu;
 }
 
 const char *ac_job_distill_text(const job_state *s) {
