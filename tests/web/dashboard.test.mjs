@@ -50,9 +50,11 @@ async function main() {
     const spec = {
       name: "from-the-dashboard", model: path.join(build, "models/tiny"), calibration: path.join(build, "data/calib.txt"),
       heldout: path.join(build, "data/heldout.txt"), target: { device: "H100", workload: { batch: 1, prompt_len: 512, gen_len: 64 } },
-      constraints: { max_params: 1.0e6 }, search: { steps: 120, seed: 2 }, calibration_tokens: 2048,
+      constraints: { max_params: 1.0e6 }, search: { steps: 120, seed: 2, dnas_steps: 40 }, calibration_tokens: 2048,
       eval: { ctx: 64, windows: 4, tasks: [{ name: "mc", path: path.join(dir, "mc.jsonl") }] },
     };
+    // dnas_steps 40: the suite's gate search length (tests/harness.py's spec), a few seconds of job, not the service's
+    // 300 (half a minute, minutes beside the other lanes)
     // a two-question task (docs/tasks.md): the result table gets a row of each arm's accuracy
     fs.writeFileSync(path.join(dir, "mc.jsonl"), '{"context": "A penny saved is a penny", "choices": ["earned.", "lost."], "gold": 0}\n' +
       '{"context": "Look before you", "choices": ["leap.", "sleep."], "gold": 0}\n');
