@@ -36,21 +36,23 @@ emu_tests() {
   run "test_dnas_moe (expert gates on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas_moe"
   run "test_dnas_hybrid (a hybrid's gates on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas_hybrid"
 }
-# Three lanes. The third runs test_slurm.py, then the dashboard's test: both
+# Three lanes, each on one thread (AC_TEST_THREADS=1 below: a lane, a
+# core). The third runs test_slurm.py, then the dashboard's test: both
 # mostly wait (on Slurm's scheduler and its node timeouts, on the browser)
-# and use a few CPU-seconds. The
-# second runs CPU-bound tests that time nothing beside the first lane's: the
-# emulator's tests, test_dnas_gain (two minutes of gate searches),
-# test_moe_cost_measured.py (it times on its thread's CPU clock and asserts
-# no bound a neighbour moves: its bounds are a benchmark's), then LANE2_MORE.
-# The first lane runs the rest and, last, the Python tests that measure or
-# time CPU cost tables (LATE), once the second lane's CPU-bound work is done:
-# beside it they would measure again. The other lanes' output follows the
-# first lane's. AC_TEST_SERIAL=1 runs everything in one.
+# and use a few CPU-seconds. The second runs the emulator's tests,
+# test_dnas_gain (gate searches), test_moe_cost_measured.py (it times on its
+# thread's CPU clock and asserts no bound a neighbour moves: its bounds are
+# a benchmark's), then LANE2_MORE_C and LANE2_MORE, whose last two measure
+# CPU cost tables. The first lane runs the rest and, last, test_daemon.py,
+# the third program that measures tables. The programs that measure tables
+# (LATE) run last in their lanes and no longer beside a lane of two-thread
+# work (that made them measure their tables again: a CPU of two threads
+# runs at two speeds, one thread at one). The other lanes' output follows
+# the first lane's. AC_TEST_SERIAL=1 runs everything in one lane, LATE last.
 LANE2_C="test_dnas_gain"
 LANE2="test_moe_cost_measured.py"
-LANE2_MORE_C="test_gguf test_checkpoint"
-LANE2_MORE="test_kd_budget.py"
+LANE2_MORE_C="test_gguf test_checkpoint test_resident_job"
+LANE2_MORE="test_kd_budget.py test_moe.py test_deci_export.py"
 LANE3="test_slurm.py"
 LATE="test_daemon.py test_moe.py test_deci_export.py"
 lane2_tests() {
