@@ -31,6 +31,10 @@
  * accumulate, 165.2 with FP32); the Blackwell GeForce entries' BF16 rate
  * is half the FP16-accumulate figure of their specs, so it is twice
  * theirs. The data-centre datasheets give one rate for both (0 here).
+ * sms: streaming multiprocessors, for the wave model of GEMM tiles
+ * (costroofline.c): H100 SXM5 and H200 132, B200 148, A100 108 (their
+ * datasheets / architecture whitepapers), L4 58, RTX 4090 128 (Ada
+ * whitepaper), RTX 5080 84, RTX 5070 48 (Blackwell GeForce specs).
  */
 const ac_device_spec ac_device_specs[] = {
     {"H100", "NVIDIA H100 SXM 80GB", 989, 80, 3350, 4.0, "NVIDIA H100 datasheet", 1, 360, 50, 0, 132},
@@ -74,11 +78,11 @@ const ac_device_spec *ac_device_spec_for_gpu(const char *gpu_name) {
 }
 
 json_t *ac_device_spec_json(const ac_device_spec *s) {
-    return json_pack("{s:s,s:s,s:f,s:f,s:f,s:f,s:f,s:s,s:b,s:f,s:f}", "name", s->name, "full_name", s->full_name,
+    return json_pack("{s:s,s:s,s:f,s:f,s:f,s:f,s:f,s:s,s:b,s:f,s:f,s:i}", "name", s->name, "full_name", s->full_name,
                      "bf16_tflops", s->bf16_tflops, "fp16acc_tflops",
                      s->fp16acc_tflops > 0 ? s->fp16acc_tflops : s->bf16_tflops, "memory_gib", s->mem_gib, "bandwidth_gbs", s->bw_gbs, "launch_us",
                      s->launch_us, "source", s->source, "fp8_tensor_cores", s->fp8, "nvlink_gbs", s->nvlink_gbs,
-                     "pcie_gbs", s->pcie_gbs);
+                     "pcie_gbs", s->pcie_gbs, "sms", s->sms);
 }
 
 typedef int (*cu_i)(unsigned);
