@@ -64,6 +64,7 @@ static double wave_gemm_us(const ac_cost_table *t, double m, double n, double k,
             double tb = (bytes + (s > 1 ? 8 * s * m * n : 0)) / bw;
             double us = fmax(tc, tb);
             if (us < best) best = us;
+            if (tb >= tc) break; /* more slices (all in one wave) only add bytes */
         }
     }
     return best * 1e6 + t->launch_us;
