@@ -14,8 +14,8 @@
 /* Compute efficiency of a GEMM's tiles on the SMs that run them (the wave
  * model below counts the SMs a partial wave leaves idle): 0.75 of the
  * peak, chosen with the wave model on TensorRT-LLM v0.17's nine
- * Llama-3.1-8B FP16 rows on the A100 (mean |error| 5.2 % at 0.7, 3.3 % at
- * 0.75, 3.6 % at 0.8; it was 0.7 of the whole GPU before the wave model).
+ * Llama-3.1-8B FP16 rows on the A100 (mean |error| 4.4 % at 0.7, 2.8 % at
+ * 0.75, 3.5 % at 0.8; it was 0.7 of the whole GPU before the wave model).
  * FP8 GEMMs on FP8 tensor cores reach 0.6 of their (doubled) peak: fitted
  * on TensorRT-LLM 1.0's Llama-3.1-8B FP8 rows on the H100 before the wave
  * model (mean |error| 4.7 % at 0.7, 2.3 % at 0.6) and checked on every
