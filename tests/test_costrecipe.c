@@ -46,7 +46,12 @@ static void test_qwen3_pays_its_head_norms(void) {
     ac_arch nof = mk_arch(L, H, hd, nh, kv, F, 32000);
     nof.layers[2].ffn = 0;
     double dn = ttft(&t, &nof, &p, P);
-    double ffn = 2 * ac_cost_gemm_lookup(&t, P, F, H, 1) + ac_cost_gemm_lookup(&t, P, H, F, 1) +
+    /* the smooth prediction (ttft above) prices GEMMs without wave
+     * quantisation: the table without its SM count (costroofline.c) */
+    ac_cost_table tu = t;
+    tu.sms = 0;
+    CHECK(t.sms == 132, "the H100 profile's SMs: %d", t.sms);
+    double ffn = 2 * ac_cost_gemm_lookup(&tu, P, F, H, 1) + ac_cost_gemm_lookup(&tu, P, H, F, 1) +
                  ac_cost_elem_us(&t, (double)P * (H + 2 * F), p.act_bytes) + 2 * t.launch_us;
     CHECK(t.launch_us > 0, "the H100 roofline has a launch cost");
     CHECK(fabs((dl - dn) - ffn) < 1e-9 * dl, "one FFN sub-block removed saves %.6f us, its GEMMs and passes %.6f",

@@ -21,9 +21,9 @@ json_t *ac_cost_table_to_json(const ac_cost_table *t) {
                           "measure_seconds", t->measure_s);
     if (t->roofline) {
         json_object_set_new(j, "roofline",
-                            json_pack("{s:f,s:f,s:f,s:f,s:f}", "peak_tflops", t->peak_tflops, "bandwidth_gbs",
+                            json_pack("{s:f,s:f,s:f,s:f,s:f,s:i}", "peak_tflops", t->peak_tflops, "bandwidth_gbs",
                                       t->bw_gbs, "eta_compute", t->eta_c, "eta_memory", t->eta_m, "launch_us",
-                                      t->launch_us));
+                                      t->launch_us, "sms", t->sms));
         return j;
     }
     json_object_set_new(j, "gemm",
@@ -187,6 +187,13 @@ static int table_parse(const json_t *j, ac_cost_table *t, const char **field, ac
                 return ac_errf(e, "table.roofline.%s must be a positive number", rk[i]);
             *rd[i] = json_number_value(v);
         }
+        /* the SM count of the wave model (costroofline.c): absent, 0 (none) */
+        json_t *sms = json_object_get(rl, "sms");
+        if (sms && (!json_is_integer(sms) || json_integer_value(sms) < 0 || json_integer_value(sms) > 100000)) {
+            *field = "sms";
+            return ac_errf(e, "table.roofline.sms must be a non-negative integer");
+        }
+        t->sms = sms ? (int)json_integer_value(sms) : 0;
         return 0;
     }
     json_t *g = json_object_get(j, "gemm"), *a = json_object_get(j, "attention");

@@ -728,6 +728,14 @@ void ac_cost_predict(const ac_cost_table *t, const ac_carch *c0, const ac_worklo
 static void predict_all(const ac_cost_table *t, const ac_carch *c0, const ac_workload *w, const ac_engine_profile *p,
                         int smooth, ac_cost *o, double *mean_batch) {
     memset(o, 0, sizeof *o);
+    /* smooth: GEMMs without wave quantisation (costroofline.c), whose
+     * steps in the widths a finite difference would see as zero or huge */
+    ac_cost_table ts;
+    if (smooth && t->roofline && t->sms > 0) {
+        ts = *t;
+        ts.sms = 0;
+        t = &ts;
+    }
     ac_engine_rt rt;
     ac_engine_resolve(p, t->mem_gib, t->device, w, &rt);
     ac_carch sc;

@@ -52,6 +52,7 @@ typedef struct {
      * peak), for an engine whose GEMMs accumulate in FP16 (gemm_f16_acc);
      * fp8_act: FP8 GEMMs on FP8 tensor cores, which quantise their input */
     double peak_acc16_tflops;
+    int sms; /* roofline tables: the profile's SM count (0: no wave model) */
     int fp8_act;
     int nm, nn, nk;
     double gm[AC_CT_MAXG], gn[AC_CT_MAXG], gk[AC_CT_MAXG];

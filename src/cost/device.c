@@ -31,20 +31,24 @@
  * accumulate, 165.2 with FP32); the Blackwell GeForce entries' BF16 rate
  * is half the FP16-accumulate figure of their specs, so it is twice
  * theirs. The data-centre datasheets give one rate for both (0 here).
+ * sms: streaming multiprocessors, for the wave model of GEMM tiles
+ * (costroofline.c): H100 SXM5 and H200 132, B200 148, A100 108 (their
+ * datasheets / architecture whitepapers), L4 58, RTX 4090 128 (Ada
+ * whitepaper), RTX 5080 84, RTX 5070 48 (Blackwell GeForce specs).
  */
 const ac_device_spec ac_device_specs[] = {
-    {"H100", "NVIDIA H100 SXM 80GB", 989, 80, 3350, 4.0, "NVIDIA H100 datasheet", 1, 360, 50, 0},
-    {"H200", "NVIDIA H200 SXM 141GB", 989, 141, 4800, 4.0, "NVIDIA H200 datasheet", 1, 360, 50, 0},
-    {"B200", "NVIDIA B200 180GB", 2250, 180, 7700, 4.0, "NVIDIA DGX B200 specification", 1, 720, 50, 0},
-    {"A100", "NVIDIA A100 SXM 80GB", 312, 80, 2039, 5.0, "NVIDIA A100 datasheet", 0, 230, 25, 0},
-    {"L4", "NVIDIA L4 24GB", 121, 24, 300, 5.0, "NVIDIA L4 datasheet", 1, 0, 20, 0},
+    {"H100", "NVIDIA H100 SXM 80GB", 989, 80, 3350, 4.0, "NVIDIA H100 datasheet", 1, 360, 50, 0, 132},
+    {"H200", "NVIDIA H200 SXM 141GB", 989, 141, 4800, 4.0, "NVIDIA H200 datasheet", 1, 360, 50, 0, 132},
+    {"B200", "NVIDIA B200 180GB", 2250, 180, 7700, 4.0, "NVIDIA DGX B200 specification", 1, 720, 50, 0, 148},
+    {"A100", "NVIDIA A100 SXM 80GB", 312, 80, 2039, 5.0, "NVIDIA A100 datasheet", 0, 230, 25, 0, 108},
+    {"L4", "NVIDIA L4 24GB", 121, 24, 300, 5.0, "NVIDIA L4 datasheet", 1, 0, 20, 0, 58},
     {"RTX4090", "NVIDIA GeForce RTX 4090", 165, 24, 1008, 5.0, "NVIDIA Ada Lovelace architecture whitepaper", 1, 0, 20,
-     330.3},
+     330.3, 128},
     {"RTX5080", "NVIDIA GeForce RTX 5080", 113, 16, 960, 5.0, "Blackwell GeForce specs; BF16/FP32-acc derived", 1, 0,
-     40, 226},
+     40, 226, 84},
     {"RTX5070", "NVIDIA GeForce RTX 5070", 62, 12, 672, 5.0, "Blackwell GeForce specs; BF16/FP32-acc derived", 1, 0,
-     40, 124},
-    {NULL, NULL, 0, 0, 0, 0, NULL, 0, 0, 0, 0},
+     40, 124, 48},
+    {NULL, NULL, 0, 0, 0, 0, NULL, 0, 0, 0, 0, 0},
 };
 
 const ac_device_spec *ac_device_spec_find(const char *name) {
@@ -74,11 +78,11 @@ const ac_device_spec *ac_device_spec_for_gpu(const char *gpu_name) {
 }
 
 json_t *ac_device_spec_json(const ac_device_spec *s) {
-    return json_pack("{s:s,s:s,s:f,s:f,s:f,s:f,s:f,s:s,s:b,s:f,s:f}", "name", s->name, "full_name", s->full_name,
+    return json_pack("{s:s,s:s,s:f,s:f,s:f,s:f,s:f,s:s,s:b,s:f,s:f,s:i}", "name", s->name, "full_name", s->full_name,
                      "bf16_tflops", s->bf16_tflops, "fp16acc_tflops",
                      s->fp16acc_tflops > 0 ? s->fp16acc_tflops : s->bf16_tflops, "memory_gib", s->mem_gib, "bandwidth_gbs", s->bw_gbs, "launch_us",
                      s->launch_us, "source", s->source, "fp8_tensor_cores", s->fp8, "nvlink_gbs", s->nvlink_gbs,
-                     "pcie_gbs", s->pcie_gbs);
+                     "pcie_gbs", s->pcie_gbs, "sms", s->sms);
 }
 
 typedef int (*cu_i)(unsigned);

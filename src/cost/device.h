@@ -59,6 +59,7 @@ typedef struct {
     double nvlink_gbs; /* all-reduce bus bandwidth over NVLink, GB/s (0: no NVLink) */
     double pcie_gbs;   /* the same over PCIe (through the host where there is no peer access) */
     double fp16acc_tflops; /* dense FP16 with FP16 accumulate (0: the BF16 rate; GeForce parts: twice it) */
+    int sms;               /* streaming multiprocessors (0: unknown; no wave model) */
 } ac_device_spec;
 
 extern const ac_device_spec ac_device_specs[];

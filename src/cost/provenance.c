@@ -26,8 +26,8 @@ static json_t *compare(const ac_cost *used, const ac_cost *other) {
 }
 
 static json_t *inputs(const ac_cost_table *t, const ac_engine_profile *p, const ac_device_spec *spec) {
-    const char *ops = t->roofline ? "roofline of the spec profile's datasheet figures (0.7 of the peak, FP8 GEMMs 0.6 "
-                                    "of theirs, 0.85 of the bandwidth)"
+    const char *ops = t->roofline ? "roofline of the spec profile's datasheet figures (0.75 of the peak, FP8 GEMMs 0.6 "
+                                    "of theirs, in waves of tiles over the SMs; 0.85 of the bandwidth)"
                                   : is_cuda(t) ? "measured on this GPU (GEMM and attention grids)"
                                                : "measured on this CPU (the engine's own kernels)";
     const char *dec = t->roofline || t->ndec <= 0 ? "the operator tables"
