@@ -51,7 +51,7 @@ emu_tests() {
 # the first lane's. AC_TEST_SERIAL=1 runs everything in one lane, LATE last.
 LANE2_C="test_dnas_gain"
 LANE2="test_moe_cost_measured.py"
-LANE2_MORE_C="test_gguf test_checkpoint test_resident_job"
+LANE2_MORE_C="test_gguf test_checkpoint test_resident_job test_puzzle"
 LANE2_MORE="test_kd_budget.py test_moe.py test_deci_export.py"
 LANE3="test_slurm.py"
 LATE="test_daemon.py test_moe.py test_deci_export.py"
