@@ -657,6 +657,16 @@ def main():
         if D and R.failed:
             print("--- daemon log (tail)")
             print(open(os.path.join(D.dir, "daemon.log"), errors="replace").read()[-4000:])
+        if D and R.failed:  # the workers' own words: each failed job's worker.log (the batch job's output)
+            for jd in sorted(glob.glob(os.path.join(D.data, "jobs", "*")), key=lambda p: int(os.path.basename(p))):
+                try:
+                    st, jj = D.req("GET", f"/v1/jobs/{os.path.basename(jd)}")
+                except OSError:
+                    break  # the daemon is down: its log above says why
+                wl = os.path.join(jd, "worker.log")
+                if st == 200 and jj.get("state") == "failed" and os.path.exists(wl):
+                    print(f"--- job {os.path.basename(jd)} ({jj.get('reason')}): worker.log (tail)")
+                    print(open(wl, errors="replace").read()[-1500:])
         if R.failed:  # Slurm's own words on what failed
             for f in ("slurmctld.log", "slurmd.log"):
                 path = os.path.join(CLUSTER, "log", f)
