@@ -45,6 +45,28 @@ static int tables_equal(const ac_cost_table *a, const ac_cost_table *b) {
     return eq;
 }
 
+/* A roofline table's JSON keeps every figure it prices with: the SM count
+ * of the wave model, the FP16-accumulate rate, the FP8 input quantisation
+ * (tables_equal compares JSON, which would not see one left out). */
+static void test_roofline_json_keeps_its_rates(void) {
+    const char *dev[] = {"RTX4090", "H100"}, *dt[] = {"bf16", "fp8"};
+    for (int i = 0; i < 2; i++) {
+        ac_err e;
+        ac_cost_table t, u;
+        CHECK(ac_cost_roofline(ac_device_spec_find(dev[i]), dt[i], &t, &e) == 0, "%s", e.msg);
+        json_t *j = ac_cost_table_to_json(&t);
+        CHECK(ac_cost_table_from_json(j, &u, &e) == 0, "%s: %s", dev[i], e.msg);
+        CHECK(u.sms == t.sms && u.peak_acc16_tflops == t.peak_acc16_tflops && u.fp8_act == t.fp8_act,
+              "%s %s: sms %d/%d, fp16-acc %g/%g, fp8 input %d/%d", dev[i], dt[i], u.sms, t.sms, u.peak_acc16_tflops,
+              t.peak_acc16_tflops, u.fp8_act, t.fp8_act);
+        CHECK(i || t.peak_acc16_tflops > t.peak_tflops, "the RTX 4090's FP16-accumulate rate");
+        CHECK(!i || t.fp8_act, "the H100's FP8 GEMMs quantise their input");
+        json_decref(j);
+        ac_cost_table_free(&t);
+        ac_cost_table_free(&u);
+    }
+}
+
 static void test_file_cache_round_trip(void) {
     fresh();
     ac_err e;
@@ -185,6 +207,7 @@ static void test_keys_by_node_kind(void) {
 }
 
 int main(void) {
+    RUN(test_roofline_json_keeps_its_rates);
     RUN(test_file_cache_round_trip);
     RUN(test_cpu_table_from_cache);
     RUN(test_keys_by_node_kind);

@@ -21,9 +21,10 @@ json_t *ac_cost_table_to_json(const ac_cost_table *t) {
                           "measure_seconds", t->measure_s);
     if (t->roofline) {
         json_object_set_new(j, "roofline",
-                            json_pack("{s:f,s:f,s:f,s:f,s:f,s:i}", "peak_tflops", t->peak_tflops, "bandwidth_gbs",
-                                      t->bw_gbs, "eta_compute", t->eta_c, "eta_memory", t->eta_m, "launch_us",
-                                      t->launch_us, "sms", t->sms));
+                            json_pack("{s:f,s:f,s:f,s:f,s:f,s:i,s:f,s:b}", "peak_tflops", t->peak_tflops,
+                                      "bandwidth_gbs", t->bw_gbs, "eta_compute", t->eta_c, "eta_memory", t->eta_m,
+                                      "launch_us", t->launch_us, "sms", t->sms, "peak_acc16_tflops",
+                                      t->peak_acc16_tflops, "fp8_act", t->fp8_act));
         return j;
     }
     json_object_set_new(j, "gemm",
@@ -194,6 +195,19 @@ static int table_parse(const json_t *j, ac_cost_table *t, const char **field, ac
             return ac_errf(e, "table.roofline.sms must be a non-negative integer");
         }
         t->sms = sms ? (int)json_integer_value(sms) : 0;
+        /* the FP16-accumulate rate and the FP8 input quantisation (costmodel.c's lin_us, quant_us): absent in
+         * older tables, which then price with peak_tflops and no quantisation */
+        json_t *acc = json_object_get(rl, "peak_acc16_tflops"), *q = json_object_get(rl, "fp8_act");
+        if (acc && (!json_is_number(acc) || json_number_value(acc) < 0)) {
+            *field = "peak_acc16_tflops";
+            return ac_errf(e, "table.roofline.peak_acc16_tflops must be a non-negative number");
+        }
+        if (q && !json_is_boolean(q)) {
+            *field = "fp8_act";
+            return ac_errf(e, "table.roofline.fp8_act must be true or false");
+        }
+        t->peak_acc16_tflops = acc ? json_number_value(acc) : 0;
+        t->fp8_act = q && json_is_true(q);
         return 0;
     }
     json_t *g = json_object_get(j, "gemm"), *a = json_object_get(j, "attention");

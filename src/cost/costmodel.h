@@ -48,9 +48,10 @@ typedef struct {
     int roofline; /* 1: computed from spec, no grids */
     double peak_tflops, bw_gbs, eta_c, eta_m, launch_us, mem_gib;
     /* roofline tables: the GEMM rate with FP16 accumulate (the profile's
-     * fp16acc_tflops, else peak_tflops; 0 in a table read from JSON: the
-     * peak), for an engine whose GEMMs accumulate in FP16 (gemm_f16_acc);
-     * fp8_act: FP8 GEMMs on FP8 tensor cores, which quantise their input */
+     * fp16acc_tflops, else peak_tflops; 0 in an older table read from JSON:
+     * the peak), for an engine whose GEMMs accumulate in FP16 (gemm_f16_acc);
+     * fp8_act: FP8 GEMMs on FP8 tensor cores, which quantise their input.
+     * Both kept in the table's JSON with sms (costjson.c). */
     double peak_acc16_tflops;
     int sms; /* roofline tables: the profile's SM count (0: no wave model) */
     int fp8_act;
