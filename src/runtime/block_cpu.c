@@ -210,8 +210,14 @@ void ac_block_cpu_forward(const ac_block_cpu *c, int l, int B, int n, int pos0) 
     for (int sb = 0; sb < r->n_sub; sb++) ac_block_cpu_forward_sub(c, l, sb, B, n, pos0);
 }
 
-size_t ac_block_cpu_hybrid_alloc(const ac_arch *a, size_t N, float *hyb[AC_T_COUNT]) {
+size_t ac_block_cpu_kind_alloc(const ac_arch *a, size_t N, float *ks[AC_T_COUNT]) {
     size_t w[AC_T_COUNT] = {0}, in = 1;
+    if (ac_arch_has_moe(a)) {
+        size_t H = a->hidden, lat = a->moe_latent > 0 ? (size_t)a->moe_latent : 0;
+        w[AC_T_R] = ac_block_dim_max(a, AC_DIM_E);
+        w[AC_T_XE] = H > lat ? H : lat;
+        w[AC_T_EG] = w[AC_T_EU] = ac_block_dim_max(a, AC_DIM_FE);
+    }
     if (a->hybrid) {
         w[AC_T_ZX] = ac_block_dim_max(a, AC_DIM_SI);
         w[AC_T_XBC] = ac_block_dim_max(a, AC_DIM_SC);
@@ -221,17 +227,17 @@ size_t ac_block_cpu_hybrid_alloc(const ac_arch *a, size_t N, float *hyb[AC_T_COU
     if (ac_arch_has_moe(a) && a->moe_latent) w[AC_T_XL] = w[AC_T_YL] = a->moe_latent;
     for (int t = 0; t < AC_T_COUNT; t++) {
         if (!w[t]) continue;
-        if (!(hyb[t] = malloc(N * w[t] * sizeof(float)))) return 0;
-        if (w[t] > in) in = w[t];
+        if (!(ks[t] = malloc(N * w[t] * sizeof(float)))) return 0;
+        if (t != AC_T_R && w[t] > in) in = w[t]; /* the routing weights are no GEMM's input */
     }
     return in;
 }
 
-void ac_block_cpu_hybrid_free(float *hyb[AC_T_COUNT]) {
-    for (int t = 0; t < AC_T_COUNT; t++) free(hyb[t]), hyb[t] = NULL;
+void ac_block_cpu_kind_free(float *ks[AC_T_COUNT]) {
+    for (int t = 0; t < AC_T_COUNT; t++) free(ks[t]), ks[t] = NULL;
 }
 
-void ac_block_cpu_hybrid_slots(float *slot[AC_T_COUNT], float *const hyb[AC_T_COUNT]) {
+void ac_block_cpu_kind_slots(float *slot[AC_T_COUNT], float *const ks[AC_T_COUNT]) {
     for (int t = 0; t < AC_T_COUNT; t++)
-        if (hyb[t]) slot[t] = hyb[t];
+        if (ks[t]) slot[t] = ks[t];
 }

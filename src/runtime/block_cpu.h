@@ -91,17 +91,20 @@ int ac_block_cpu_expert(float *x, const float *in, const float *r, int N, int H,
                         const void *wu, const void *wd, int wdt, int Fe, const ac_expert_scratch *s,
                         const ac_engine_hooks *hk, int l);
 
-/* The slots a hybrid (nemotron_h) model's recipes add (block.h), each for N
- * rows of the widest layer, into hyb (all NULL on entry): ZX, XBC, Y, YN
- * (Mamba-2 layers), SU, SG (the shared expert of MoE layers), XL, YL
- * (LatentMoE); none in another model. Returns the widest GEMM input among
- * them (at least 1: for ac_wscratch_alloc), 0 when out of memory. The
- * owner frees them with ac_block_cpu_hybrid_free (NULL entries skipped)
- * and puts them in an executor's slots with ac_block_cpu_hybrid_slots. */
-size_t ac_block_cpu_hybrid_alloc(const ac_arch *a, size_t N, float *hyb[AC_T_COUNT]);
-void ac_block_cpu_hybrid_free(float *hyb[AC_T_COUNT]);
-/* slot[t] = hyb[t] for every set hyb[t]. */
-void ac_block_cpu_hybrid_slots(float *slot[AC_T_COUNT], float *const hyb[AC_T_COUNT]);
+/* The slots a model's MoE and hybrid (nemotron_h) layer kinds add to the
+ * dense ones (block.h), each for N rows of the widest layer, into ks (all
+ * NULL on entry): R, XE, EG, EU (MoE layers: routing weights, an expert's
+ * gathered rows, hidden wide or LatentMoE's latent where wider, and its
+ * SwiGLU), ZX, XBC, Y, YN (Mamba-2 layers), SU, SG (the shared expert of a
+ * hybrid's MoE layers), XL, YL (LatentMoE); none in a dense model. Returns
+ * the widest GEMM input among them (at least 1: for ac_wscratch_alloc), 0
+ * when out of memory. The owner frees them with ac_block_cpu_kind_free
+ * (NULL entries skipped) and puts them in an executor's slots with
+ * ac_block_cpu_kind_slots. */
+size_t ac_block_cpu_kind_alloc(const ac_arch *a, size_t N, float *ks[AC_T_COUNT]);
+void ac_block_cpu_kind_free(float *ks[AC_T_COUNT]);
+/* slot[t] = ks[t] for every set ks[t]. */
+void ac_block_cpu_kind_slots(float *slot[AC_T_COUNT], float *const ks[AC_T_COUNT]);
 
 /* RMSNorm over the kept hidden channels of mod (plain ac_rmsnorm without a
  * hidden mask): the final norm before the head uses it too. */

@@ -16,10 +16,10 @@
 #include "runtime/rope.h"
 
 void ac_engine_free(ac_engine *en) {
-    float *bufs[] = {en->x,      en->x0,     en->xn,    en->q,     en->att, en->g,  en->u,  en->kt, en->vt,
-                     en->scores, en->logits, en->cos_t, en->sin_t, en->r,   en->xe, en->eg, en->eu};
+    float *bufs[] = {en->x,  en->x0, en->xn,     en->q,      en->att,   en->g,    en->u,
+                     en->kt, en->vt, en->scores, en->logits, en->cos_t, en->sin_t};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
-    ac_block_cpu_hybrid_free(en->hyb);
+    ac_block_cpu_kind_free(en->kind_slot);
     free(en->rows);
     if (en->kc)
         for (int l = 0; l < en->m->a.n_layers; l++) {
@@ -68,19 +68,11 @@ int ac_engine_init(ac_engine *en, const ac_model *m, int max_batch, int max_ctx,
     size_t maxin = H > maxq ? H : maxq;
     if (maxf > maxin) maxin = maxf;
     int moe_ok = 1;
-    if (ac_arch_has_moe(a)) { /* the routing weights, an expert's gathered rows and its SwiGLU */
-        size_t E = ac_block_dim_max(a, AC_DIM_E), Fe = ac_block_dim_max(a, AC_DIM_FE);
-        en->r = malloc(N * E * 4);
-        /* an expert's gathered rows: hidden wide, or LatentMoE's latent (wider than a narrowed hidden) */
-        size_t W = H > (size_t)a->moe_latent ? H : (size_t)a->moe_latent;
-        en->xe = malloc(N * W * 4);
-        en->eg = malloc(N * Fe * 4);
-        en->eu = malloc(N * Fe * 4);
-        en->rows = malloc((N > E ? N : E) * sizeof(int));
-        moe_ok = en->r && en->xe && en->eg && en->eu && en->rows;
-        if (Fe > maxin) maxin = Fe;
+    if (ac_arch_has_moe(a)) { /* the routing order */
+        size_t E = ac_block_dim_max(a, AC_DIM_E);
+        moe_ok = (en->rows = malloc((N > E ? N : E) * sizeof(int))) != NULL;
     }
-    size_t hin = ac_block_cpu_hybrid_alloc(a, N, en->hyb); /* a hybrid's Mamba-2, shared-expert, latent slots */
+    size_t hin = ac_block_cpu_kind_alloc(a, N, en->kind_slot); /* MoE, Mamba-2, shared-expert, latent slots */
     moe_ok = moe_ok && hin;
     if (hin > maxin) maxin = hin;
     if (a->hybrid) { /* each Mamba layer's decode state */
@@ -152,10 +144,9 @@ int ac_engine_forward(ac_engine *en, const int *tokens, int B, int n, int pos0, 
                        .ws = ws,
                        .hooks = hk};
     float *slots[AC_T_COUNT] = {[AC_T_X] = en->x,  [AC_T_XN] = en->xn,   [AC_T_Q] = en->q,   [AC_T_K] = en->kt,
-                                [AC_T_V] = en->vt, [AC_T_ATT] = en->att, [AC_T_G] = en->g,   [AC_T_U] = en->u,
-                                [AC_T_R] = en->r,  [AC_T_XE] = en->xe,   [AC_T_EG] = en->eg, [AC_T_EU] = en->eu};
+                                [AC_T_V] = en->vt, [AC_T_ATT] = en->att, [AC_T_G] = en->g,   [AC_T_U] = en->u};
     memcpy(bc.slot, slots, sizeof slots);
-    ac_block_cpu_hybrid_slots(bc.slot, en->hyb);
+    ac_block_cpu_kind_slots(bc.slot, en->kind_slot);
     for (int l = 0; l < a->n_layers; l++) {
         if (hk && hk->layer_io) memcpy(en->x0, en->x, (size_t)N * H * 4);
         ac_block_cpu_forward(&bc, l, B, n, pos0);

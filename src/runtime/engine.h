@@ -50,13 +50,12 @@ typedef struct {
     const ac_model *m;
     int max_batch, max_ctx;
     float *x, *x0, *xn, *q, *att, *g, *u, *kt, *vt, *scores, *logits;
-    float *r, *xe, *eg, *eu; /* MoE slots (block.h's R, XE, EG, EU); NULL for a dense model */
     int *rows;               /* MoE: max(N, experts) ints */
     float **kc, **vc;        /* per layer [max_batch][max_ctx][kv_heads*head_dim] */
-    /* Hybrid (nemotron_h) models: the slots their recipes add (block.h's
-     * ZX, XBC, Y, YN, SU, SG, XL, YL; ac_block_cpu_hybrid_alloc) and per
-     * Mamba layer its decode state (block_cpu.h); NULL else */
-    float *hyb[AC_T_COUNT];
+    /* The slots MoE and hybrid (nemotron_h) layers add (block.h's R, XE,
+     * EG, EU, ZX, XBC, Y, YN, SU, SG, XL, YL; ac_block_cpu_kind_alloc) and
+     * per Mamba layer its decode state (block_cpu.h); NULL else */
+    float *kind_slot[AC_T_COUNT];
     float **conv_s, **ssm_s;
     float *cos_t, *sin_t; /* [max_ctx][head_dim/2] */
     int *pos;

@@ -16,13 +16,13 @@
 void ac_stream_free(ac_stream *s) {
     float *bufs[] = {s->xn,    s->q,     s->kt,     s->vt,  s->att, s->g,  s->u,        s->x0,     s->scores,
                      s->cos_t, s->sin_t, s->logits, s->xh1, s->r1,  s->x1, s->dxn,      s->tape,   s->bscr,
-                     s->dw,    s->wtile, s->r,      s->xe,  s->eg,  s->eu, s->conv_buf, s->ssm_buf};
+                     s->dw,    s->wtile, s->conv_buf, s->ssm_buf};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(s->pos);
     free(s->rows);
     free(s->conv_s);
     free(s->ssm_s);
-    ac_block_cpu_hybrid_free(s->hyb);
+    ac_block_cpu_kind_free(s->kind_slot);
     ac_wscratch_free(&s->ws);
     memset(s, 0, sizeof *s);
 }
@@ -60,19 +60,11 @@ int ac_stream_init(ac_stream *s, const ac_model *m, int B, int n, ac_err *e) {
     s->logits = malloc((size_t)n * a->vocab * 4); /* one window at a time */
     s->pos = malloc(N * sizeof(int));
     int moe_ok = 1;
-    if (ac_arch_has_moe(a)) { /* as the engine's (engine.c) */
-        size_t E = ac_block_dim_max(a, AC_DIM_E), Fe = ac_block_dim_max(a, AC_DIM_FE);
-        s->r = malloc(N * E * 4);
-        /* an expert's gathered rows: hidden wide, or LatentMoE's latent (wider than a narrowed hidden) */
-        size_t W = H > (size_t)a->moe_latent ? H : (size_t)a->moe_latent;
-        s->xe = malloc(N * W * 4);
-        s->eg = malloc(N * Fe * 4);
-        s->eu = malloc(N * Fe * 4);
-        s->rows = malloc((N > E ? N : E) * sizeof(int));
-        moe_ok = s->r && s->xe && s->eg && s->eu && s->rows;
-        if (Fe > maxin) maxin = Fe;
+    if (ac_arch_has_moe(a)) { /* the routing order, as the engine's (engine.c) */
+        size_t E = ac_block_dim_max(a, AC_DIM_E);
+        moe_ok = (s->rows = malloc((N > E ? N : E) * sizeof(int))) != NULL;
     }
-    size_t hin = ac_block_cpu_hybrid_alloc(a, N, s->hyb); /* as the engine's */
+    size_t hin = ac_block_cpu_kind_alloc(a, N, s->kind_slot); /* as the engine's */
     moe_ok = moe_ok && hin;
     if (hin > maxin) maxin = hin;
     if (a->hybrid) { /* one conv and one SSM state for every layer (restarted at each call) */
@@ -149,10 +141,10 @@ static ac_block_cpu executor(ac_stream *s, float *x, const ac_stream_mod *mod, c
                       .mod = mod,
                       .hooks = hk};
     float *slots[AC_T_COUNT] = {
-        [AC_T_X] = x,    [AC_T_XN] = s->xn, [AC_T_Q] = s->q, [AC_T_K] = s->kt,  [AC_T_V] = s->vt,  [AC_T_ATT] = s->att,
-        [AC_T_G] = s->g, [AC_T_U] = s->u,   [AC_T_R] = s->r, [AC_T_XE] = s->xe, [AC_T_EG] = s->eg, [AC_T_EU] = s->eu};
+        [AC_T_X] = x,    [AC_T_XN] = s->xn, [AC_T_Q] = s->q, [AC_T_K] = s->kt, [AC_T_V] = s->vt, [AC_T_ATT] = s->att,
+        [AC_T_G] = s->g, [AC_T_U] = s->u};
     memcpy(c.slot, slots, sizeof slots);
-    ac_block_cpu_hybrid_slots(c.slot, s->hyb);
+    ac_block_cpu_kind_slots(c.slot, s->kind_slot);
     return c;
 }
 

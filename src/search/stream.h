@@ -46,16 +46,16 @@ typedef struct {
     int B, n, wdt; /* at most B windows of n tokens per call; the model's matrix dtype */
     float *xn, *q, *kt, *vt, *att, *g, *u, *x0, *scores, *cos_t, *sin_t, *logits;
     int *pos;
-    /* mixture-of-experts layers (NULL in a dense model): routing weights,
-     * an expert's gathered rows and SwiGLU, the routing order's ints */
-    float *r, *xe, *eg, *eu;
+    /* mixture-of-experts layers (NULL in a dense model): the routing
+     * order's ints */
     int *rows;
-    /* hybrid (nemotron_h) models (NULL otherwise): the slots their recipes
-     * add (ac_block_cpu_hybrid_alloc: Mamba-2's, the shared expert's,
-     * LatentMoE's); the executor's per-layer conv and SSM state pointers,
-     * every layer's at one buffer (conv_buf, ssm_buf: windows start at
-     * position 0, so each call restarts the state and nothing reads it back) */
-    float *hyb[AC_T_COUNT], *conv_buf, *ssm_buf;
+    /* the slots MoE and hybrid (nemotron_h) layers add (NULL otherwise;
+     * ac_block_cpu_kind_alloc: routing weights, an expert's rows and SwiGLU,
+     * Mamba-2's, the shared expert's, LatentMoE's); a hybrid's per-layer conv
+     * and SSM state pointers, every layer's at one buffer (conv_buf, ssm_buf:
+     * windows start at position 0, so each call restarts the state and
+     * nothing reads it back) */
+    float *kind_slot[AC_T_COUNT], *conv_buf, *ssm_buf;
     float **conv_s, **ssm_s;
     ac_wscratch ws; /* 16-bit weights: the GEMMs' scratch */
     /* backward (ac_stream_want_grad), NULL otherwise: the final norm's xhat
