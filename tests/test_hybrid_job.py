@@ -35,8 +35,10 @@ does both.
   nemotron_h_moe read back) gives the safetensors export's perplexity: to
   1e-6, for an F32 export of BF16 weights and for a job's BF16 GGUF (whose
   norms and per-head vectors stay F32: the BF16 student's values).
-- A hybrid spec with search.method surrogate or export_target deci is
-  refused naming the field (`autocompress validate`).
+- A hybrid spec with export_target deci, or search.method surrogate without
+  the loss curves it needs (calibration_method not exact, or a CUDA target,
+  whose exact calibration measures none), is refused naming the field
+  (`autocompress validate`); with calibration_method exact it is accepted.
 """
 import json
 import math
@@ -648,13 +650,20 @@ def test_specs_refused_with_the_field():
         return "skip: no tiny model or build/autocompress (make all tiny-model)"
     base = make_base()
     for kw, field in (({"method": "autocompress", "search": {"method": "surrogate", "export_target": "gguf"}},
-                       "search.method"),
+                       "calibration_method"),  # the surrogate needs the curves: calibration_method exact
+                      ({"method": "autocompress", "calibration_method": "exact",
+                        "search": {"method": "surrogate", "export_target": "gguf"},
+                        "target": {"device": "cuda"}}, "target.device"),
                       ({"search": {"export_target": "deci"}}, "search.export_target")):
         s = job_spec(base, os.path.join(WORK, "out_x"), 0, 2e5, **kw)
         r = subprocess.run([CLI, "validate", write(os.path.join(WORK, "v.json"), s)], capture_output=True, text=True)
         j = json.loads(r.stdout or r.stderr)
         assert r.returncode != 0 and j.get("field") == field, (kw, r.returncode, r.stdout, r.stderr)
         print(f"   {field}: {j.get('error', j)}"[:200])
+    s = job_spec(base, os.path.join(WORK, "out_x"), 0, 2e5, method="autocompress", calibration_method="exact",
+                 search={"method": "surrogate", "export_target": "gguf"})
+    r = subprocess.run([CLI, "validate", write(os.path.join(WORK, "v.json"), s)], capture_output=True, text=True)
+    assert r.returncode == 0, ("surrogate with calibration_method exact refused", r.stdout, r.stderr)
 
 
 if __name__ == "__main__":
