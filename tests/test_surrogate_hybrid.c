@@ -13,10 +13,12 @@
  *    (the curves added up) matches the calibration loss increase measured
  *    on the pruned model (ac_prune with the calibration's orders; the
  *    8 windows the curves were measured on) within TOL_ABS + TOL_REL x
- *    measured (TOL_ABS 0.005 nats, TOL_REL 0.45: the curves add up layer
- *    by layer, and an MoE layer's expert width and shared width, which no
- *    curve measures, are priced as that much expert capacity, which
- *    over-estimates a cut of the lowest-ranked channels). Each layer
+ *    measured (TOL_ABS 0.005 nats, TOL_REL 0.25: the curves add up layer
+ *    by layer, each measured alone; an MoE layer's expert width and
+ *    shared width, which no curve measures, are priced as that much expert
+ *    capacity, which over-estimates a cut of the lowest-ranked channels:
+ *    0.1225 predicted for 0.0877 measured on a structure that cut them).
+ *    Each layer
  *    removed alone: the price the search orders a type's layers by (the
  *    curves' last points; an MoE layer's extrapolated) within 0.005 +
  *    10 % of its measured loss. Mutation checks: with every curve zeroed
@@ -29,8 +31,13 @@
  *    pruned, so nothing could be checked).
  * 2. The gate search from the surrogate's structure (what ac_search_dnas
  *    does when the curves exist) against the same search from Minitron's
- *    structure (the curves withheld), at the same limit, the same steps
- *    and seed: held-out KL to the unpruned model of each result.
+ *    structure (the curves withheld), at the same limit (0.7 of the
+ *    parameters), steps (150) and seed, on nemotronh_moe_bf16: both
+ *    feasible, and the held-out KL to the unpruned model of the result
+ *    from the curves' structure at most that from Minitron's. (Measured
+ *    2026-12-08: 0.0987 vs 0.1029. Both starts are better than either
+ *    result here, 0.0661 and 0.0665: on this random-init fixture 150 gate
+ *    steps trade the starts' structure for a worse one; printed.)
  */
 #include <math.h>
 #include <stdio.h>
@@ -45,7 +52,7 @@
 #include "search/slice.h"
 
 #define TOL_ABS 0.005
-#define TOL_REL 0.45
+#define TOL_REL 0.25
 #define CTX 32
 #define NWIN 64
 
@@ -236,9 +243,84 @@ out:
 static void test_surrogate_mamba_mlp_attention(void) { surrogate_meets_limits("nemotronh_bf16", 0.6); }
 static void test_surrogate_moe(void) { surrogate_meets_limits("nemotronh_moe_bf16", 0.7); }
 
+/* The gate search (150 steps, 4 x 32 tokens a step, seed 1) from the curves' structure (f's importance as is) or
+ * from Minitron's (the curves withheld: the same importance without ssm_sens); *kl the held-out KL of its result
+ * pruned in its gate orders, *kl0 of its start. 0 on success. */
+static int gate_search(fx_t *f, double share, int curves, const float *teacher, double *kl, double *kl0,
+                       ac_search_result *r) {
+    ac_importance view = f->imp;
+    if (!curves) view.ssm_sens = NULL;
+    problem_t P;
+    make_problem(&P, f, &view, share);
+    P.p.model = &f->m; /* Minitron's start scores its candidates */
+    ac_dnas_opts o;
+    ac_dnas_defaults(&o);
+    o.steps = 150;
+    o.batch = 4;
+    o.seq_len = CTX;
+    ac_err e;
+    ac_search_result s0;
+    ac_importance ord, mview;
+    /* the start as the search takes it: the surrogate's structure with the calibration's orders, or Minitron's with
+     * Minitron's importance */
+    if (curves ? ac_search_autocompress(&P.p, &s0, &e) : ac_search_minitron(&P.p, &s0, &e)) {
+        CHECK(0, "start: %s", e.msg);
+        return -1;
+    }
+    if (!curves) ac_minitron_importance_view(&f->imp, &mview);
+    *kl0 = es_heldout_kl(&f->m, &s0.arch, curves ? &f->imp : &mview, teacher, f->hids, 8, CTX);
+    {
+        ac_search_problem q = P.p;
+        q.imp = &f->imp;
+        json_t *aj = ac_arch_to_json(&s0.arch);
+        char *js = json_dumps(aj, JSON_COMPACT);
+        printf("   start (%s): predicted loss increase %.4f, held-out KL %.5f\n     %s\n",
+               curves ? "the surrogate's structure" : "Minitron's", ac_search_pred_loss(&q, &s0.arch), *kl0, js);
+        free(js);
+        json_decref(aj);
+    }
+    ac_search_result_free(&s0);
+    double t0 = ac_now();
+    if (ac_search_dnas(&P.p, &f->m, f->ids, f->n, &o, r, &ord, &e)) {
+        CHECK(0, "dnas: %s", e.msg);
+        return -1;
+    }
+    *kl = es_heldout_kl(&f->m, &r->arch, &ord, teacher, f->hids, 8, CTX);
+    json_t *aj = ac_arch_to_json(&r->arch);
+    char *js = json_dumps(aj, JSON_COMPACT);
+    printf("   gate search from %s (%.1f s): params %.0f (limit %.0f), feasible %d; held-out KL %.5f (its start %.5f)\n"
+           "     %s\n",
+           curves ? "the curves' structure" : "Minitron's structure", ac_now() - t0, r->cost.params,
+           P.p.limits.max_params, r->feasible, *kl, *kl0, js);
+    free(js);
+    json_decref(aj);
+    ac_importance_free(&ord);
+    return 0;
+}
+
+static void test_gate_search_from_curves(void) {
+    fx_t f;
+    if (!fx_load("nemotronh_moe_bf16", &f)) SKIP("no fixture nemotronh_moe_bf16 (make fixtures)");
+    float *teacher = es_logits(&f.m, f.hids, 8, CTX, NULL);
+    double kl[2], kl0[2];
+    ac_search_result r[2];
+    int ok = teacher && !gate_search(&f, 0.7, 1, teacher, &kl[1], &kl0[1], &r[1]);
+    ok = ok && !gate_search(&f, 0.7, 0, teacher, &kl[0], &kl0[0], &r[0]);
+    if (ok) {
+        CHECK(r[0].feasible && r[1].feasible, "a gate search result is not feasible");
+        CHECK(kl[1] <= kl[0], "from the curves' structure: held-out KL %.5f, worse than from Minitron's %.5f", kl[1],
+              kl[0]);
+        ac_search_result_free(&r[0]);
+        ac_search_result_free(&r[1]);
+    }
+    free(teacher);
+    fx_free(&f);
+}
+
 int main(void) {
     ac_set_threads(ck_threads());
     RUN(test_surrogate_mamba_mlp_attention);
     RUN(test_surrogate_moe);
+    RUN(test_gate_search_from_curves);
     return DONE();
 }

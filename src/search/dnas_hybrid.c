@@ -454,8 +454,10 @@ static int wide_mean(const ac_dnas_gates *g, const ac_arch *b, int k, int base, 
 /* The greedy on h into r->arch (r->cost, r->feasible set): the shrinking move with the least price per violation
  * removed, until feasible or none helps; then the growing move with the highest price (what it gives back) that
  * stays feasible, while one does. The price: with curves, the move's change of the predicted loss increase
- * (ac_search_pred_loss: the calibration's loss curves), else the gate mass move() returns. */
-static void greedy(const ac_dnas_gates *g, const ac_search_problem *p, hchoice *hp, ac_search_result *r, int curves) {
+ * (ac_search_pred_loss: the calibration's loss curves), else the gate mass move() returns. depth 0: the widths
+ * alone (no layer removed or put back). *hp gets the result. */
+static void greedy(const ac_dnas_gates *g, const ac_search_problem *p, hchoice *hp, ac_search_result *r, int curves,
+                   int depth) {
     const ac_arch *b = p->base;
     int L = g->L;
     hchoice h = *hp, t;
@@ -468,7 +470,7 @@ static void greedy(const ac_dnas_gates *g, const ac_search_problem *p, hchoice *
             if (pass == 0 && v0 <= 1e-12) break;
             if (pass == 1 && v0 > 1e-12) break;
             int bk = -1;
-            for (int k = 0; k < K_DEPTH + N_TYPES; k++) {
+            for (int k = 0; k < (depth ? K_DEPTH + N_TYPES : K_DEPTH); k++) {
                 char *keep = t.keep;
                 t = h;
                 t.keep = keep;
@@ -493,6 +495,15 @@ static void greedy(const ac_dnas_gates *g, const ac_search_problem *p, hchoice *
     predict(p, &r->arch, &r->cost);
     r->feasible = violation(p, &r->cost) <= 1e-12;
     free(t.keep);
+    *hp = h; /* (the same keep array) */
+}
+
+/* dst = src, keep copied into dst's own array. */
+static void hcopy(hchoice *dst, const hchoice *src, int L) {
+    char *keep = dst->keep;
+    *dst = *src;
+    dst->keep = keep;
+    memcpy(keep, src->keep, L);
 }
 
 void ac_dnas_hyb_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_search_result *r) {
@@ -564,7 +575,7 @@ void ac_dnas_hyb_discretise(const ac_dnas_gates *g, const ac_search_problem *p, 
         h.hidden = v < g->hm ? g->hm : v > b->hidden ? b->hidden : v;
     }
     ac_carch_free(&c);
-    greedy(g, p, &h, r, 0);
+    greedy(g, p, &h, r, 0, 1);
     free(h.keep);
 }
 
@@ -585,7 +596,37 @@ void ac_dnas_hyb_greedy_curves(const ac_dnas_gates *g, const ac_search_problem *
         if (bl->ffn > h.ffn) h.ffn = bl->ffn;
         if (bl->n_experts) h.experts = bl->n_experts, h.effn = bl->expert_ffn;
     }
-    greedy(g, p, &h, r, 1);
+    greedy(g, p, &h, r, 1, 1);
+    /* local search: each single move (either way) and each pair of layer moves from the result, then the greedy again (shrink to feasible, grow
+     * while feasible; after a layer removed or put back, the widths alone); the best feasible result by predicted
+     * loss is kept, until no move improves it. It finds what one-step prices miss: a whole layer removed so that the
+     * widths grow back (a layer frees many parameters at once, which the shrink phase, pricing per unit of
+     * violation removed up to the violation, does not prefer). */
+    hchoice t = {.keep = malloc(g->L + 1)}, best = {.keep = malloc(g->L + 1)};
+    double q = r->feasible ? ac_search_pred_loss(p, &r->arch) : INFINITY;
+    for (int it = 0, better = 1; better && it < 64 && t.keep && best.keep; it++) {
+        better = 0;
+        hcopy(&best, &h, g->L);
+        /* the perturbations: one move of any kind either way (i < NM), or two layer moves (NM <= i: the pair
+         * (a, b) of the 2 N_TYPES layer moves, a <= b: two layers of types removed, or one removed and one put back) */
+        enum { NM = 2 * (K_DEPTH + N_TYPES), ND = 2 * N_TYPES };
+        for (int i = 0; i < NM + ND * ND; i++) {
+            int a = i < NM ? i : 2 * K_DEPTH + (i - NM) / ND, c = i < NM ? -1 : 2 * K_DEPTH + (i - NM) % ND;
+            if (c >= 0 && c < a) continue;
+            hcopy(&t, &h, g->L);
+            if (move(g, p, &t, a / 2, a % 2 ? 1 : -1) < 0 || (c >= 0 && move(g, p, &t, c / 2, c % 2 ? 1 : -1) < 0))
+                continue;
+            greedy(g, p, &t, r, 1, a / 2 < K_DEPTH); /* (after a layer's move the widths alone: not it undone) */
+            double qt = r->feasible ? ac_search_pred_loss(p, &r->arch) : INFINITY;
+            if (qt < q - 1e-12) q = qt, hcopy(&best, &t, g->L), better = 1;
+        }
+        hcopy(&h, &best, g->L);
+    }
+    apply(g, b, &h, &r->arch);
+    predict(p, &r->arch, &r->cost);
+    r->feasible = violation(p, &r->cost) <= 1e-12;
+    free(t.keep);
+    free(best.keep);
     free(h.keep);
 }
 

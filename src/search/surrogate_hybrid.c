@@ -75,7 +75,7 @@ int ac_search_hyb_surrogate(const ac_search_problem *p, ac_search_result *r, ac_
         t.layers[l] = (ac_layer_arch){0};
         double loss = ac_search_hyb_pred_loss(p, &t);
         t.layers[l] = keep;
-        g.la[g.attn_off + l] = -loss;
+        g.la[g.attn_off + l] = loss; /* (the gate search removes the lowest log_alpha first) */
         json_array_append_new(rl, json_real(loss));
     }
     ac_arch_free(&t);
