@@ -21,7 +21,13 @@
  * a model-wide width one step, a type's weakest layer removed) from the
  * full model, each priced by the cost model and by its change of the
  * predicted loss increase; shrink by least loss per violation removed
- * until feasible, then grow by most loss recovered while feasible. The
+ * until feasible, then grow by most loss recovered while feasible; then a
+ * local search: from the result each single move (either way) and each
+ * pair of layer moves (two layers removed, or one removed and one put
+ * back), the greedy again (after a layer move on the widths alone), the
+ * lowest predicted loss kept, until none improves (a whole layer frees
+ * many parameters at once, which the unit-priced shrink does not
+ * prefer). The
  * axes are those ac_dnas_gates_init gates (search.prune_hidden,
  * prune_experts, prune_expert_ffn as there). The predicted loss
  * (ac_search_pred_loss) adds per layer: a Mamba layer's head curve
