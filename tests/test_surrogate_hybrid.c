@@ -173,7 +173,8 @@ static int surrogate(problem_t *P, fx_t *f, ac_search_result *r, double *meas, d
     char *s = json_dumps(aj, JSON_COMPACT);
     printf("   %s (%.2f s): params %.0f (limit %.0f, pruned model %.0f), feasible %d; predicted loss increase %.4f, "
            "measured %.4f\n     %s\n",
-           what, dt, r->cost.params, P->p.limits.max_params, ac_arch_params(&pm.a), r->feasible, r->pred_loss, *meas, s);
+           what, dt, r->cost.params, P->p.limits.max_params, ac_arch_params(&pm.a), r->feasible, r->pred_loss, *meas,
+           s);
     free(s);
     json_decref(aj);
     ac_model_free(&pm);
@@ -200,7 +201,8 @@ static void surrogate_meets_limits(const char *name, double share) {
             ac_prune(&f.m, &t, &f.imp, &pm, &e);
             double pr = json_real_value(json_array_get(rl, l)), ms = calib_nll(&pm, &f) - base;
             printf("   layer %d removed: predicted %.4f, measured %.4f\n", l, pr, ms);
-            CHECK(fabs(pr - ms) <= TOL_ABS + 0.1 * fabs(ms), "layer %d removed: predicted %.4f, measured %.4f", l, pr, ms);
+            CHECK(fabs(pr - ms) <= TOL_ABS + 0.1 * fabs(ms), "layer %d removed: predicted %.4f, measured %.4f", l, pr,
+                  ms);
             ac_model_free(&pm);
             ac_arch_free(&t);
         }

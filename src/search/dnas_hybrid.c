@@ -597,11 +597,11 @@ void ac_dnas_hyb_greedy_curves(const ac_dnas_gates *g, const ac_search_problem *
         if (bl->n_experts) h.experts = bl->n_experts, h.effn = bl->expert_ffn;
     }
     greedy(g, p, &h, r, 1, 1);
-    /* local search: each single move (either way) and each pair of layer moves from the result, then the greedy again (shrink to feasible, grow
-     * while feasible; after a layer removed or put back, the widths alone); the best feasible result by predicted
-     * loss is kept, until no move improves it. It finds what one-step prices miss: a whole layer removed so that the
-     * widths grow back (a layer frees many parameters at once, which the shrink phase, pricing per unit of
-     * violation removed up to the violation, does not prefer). */
+    /* local search: each single move (either way) and each pair of layer moves from the result, then the greedy
+     * again (shrink to feasible, grow while feasible; after a layer move, the widths alone); the best feasible
+     * result by predicted loss is kept, until no move improves it. It finds what one-step prices miss: a whole
+     * layer removed so that the widths grow back (a layer frees many parameters at once, which the shrink phase,
+     * pricing per unit of violation removed up to the violation, does not prefer). */
     hchoice t = {.keep = malloc(g->L + 1)}, best = {.keep = malloc(g->L + 1)};
     double q = r->feasible ? ac_search_pred_loss(p, &r->arch) : INFINITY;
     for (int it = 0, better = 1; better && it < 64 && t.keep && best.keep; it++) {
