@@ -136,10 +136,11 @@ void ac_engine_resolve(const ac_engine_profile *p, double mem_gib, const char *d
     /* the engines' own all-reduce kernels over NVLink (peer-to-peer
      * buffers): vLLM's and SGLang's CustomAllreduce (custom_all_reduce.cuh:
      * up to 8 MiB; one stage at tp 2, below 512 KiB at tp <= 4 and 256 KiB
-     * at tp <= 8; two stages above). TensorRT-LLM's rows ran their
-     * all-reduces through NCCL (its v0.17 performance page names an NCCL
-     * all-reduce issue "multi-GPU cases could be affected" by), so it is
-     * priced as NCCL; llama.cpp has no tensor-parallel all-reduce of its own. */
+     * at tp <= 8; two stages above). TensorRT-LLM is priced as NCCL: its
+     * v0.17 performance page names an NCCL all-reduce issue "multi-GPU
+     * cases could be affected" by, and its 1.0 page's rows fit NCCL's model,
+     * not its AUTO kernels' (docs/costmodel.md). llama.cpp has no
+     * tensor-parallel all-reduce of its own. */
     if ((e == E_VLLM || e == E_SGLANG) && rt->tp > 1) {
         rt->custom_max = 8 * 1048576.0;
         rt->oneshot_max = rt->tp <= 2 ? rt->custom_max : rt->tp <= 4 ? 524288 : 262144;
