@@ -1,8 +1,10 @@
-/* test_cuda_job.c - whole compression jobs of MoE hybrids (nemotron_h with
- * MoE layers, plain and LatentMoE) on a local CUDA target, against the same
- * job on the CPU. Skips with the reason when the plugin or a device is
- * missing; tests/run_all.sh runs it on the CPU emulator
- * (AC_CUDA_PLUGIN=build/tests/libac_cuda_emu.so).
+/* test_cuda_job.c - hybrids (nemotron_h) on a local CUDA target against the
+ * CPU: the engine method's loss curves (calibration_method exact) against
+ * the CPU's exact ones, and whole compression jobs of MoE hybrids (plain
+ * and LatentMoE) against the same job on the CPU. Skips with the reason
+ * when the plugin or a device is missing; tests/run_all.sh runs it on the
+ * CPU emulator (AC_CUDA_PLUGIN=build/tests/libac_cuda_emu.so);
+ * AC_TEST_CURVES_ONLY=1 runs the curves alone.
  *
  * The CUDA job runs every loss pass on the device: calibration, Minitron's
  * top-k pruned-candidate losses, the gate search (the CUDA trainer),
