@@ -37,7 +37,8 @@ static const char *why;
 static void no_emit(void *ud, const char *kind, json_t *data) { (void)ud, (void)kind, (void)data; }
 
 static unsigned rng_next(unsigned *s) { return *s = *s * 1664525u + 1013904223u; }
-static float rnd(unsigned *s, float scale) { return ((rng_next(s) >> 9) / 8388608.0f - 1.0f) * scale; }
+/* uniform in [-scale, scale) */
+static float rnd(unsigned *s, float scale) { return ((rng_next(s) >> 8) / 8388608.0f - 1.0f) * scale; }
 
 static int fill_matrix(void *ud, float **p, size_t n) {
     for (size_t i = 0; i < n; i++) (*p)[i] = rnd(ud, 0.2f);
@@ -78,9 +79,9 @@ static int make_hybrid(const char *dir, const char *tokenizer, int latent, doubl
     if (rc) return -1;
     unsigned sd = latent ? 11 : 5;
     ac_model_each_matrix(&m, fill_matrix, &sd);
-    /* the embedding and head at 1: peaked next-token distributions (perplexity far under the vocabulary's 768),
-     * so pruning and distillation move the loss */
-    for (size_t i = 0; i < (size_t)m.a.vocab * m.a.hidden; i++) m.embed[i] = rnd(&sd, 1.0f), m.lm_head[i] = rnd(&sd, 1.0f);
+    /* the embedding and head wider: peaked next-token distributions, so that pruning and distillation move the
+     * loss */
+    for (size_t i = 0; i < (size_t)m.a.vocab * m.a.hidden; i++) m.embed[i] = rnd(&sd, 0.4f), m.lm_head[i] = rnd(&sd, 0.4f);
     ones(m.final_norm, m.a.hidden);
     for (int l = 0; l < m.a.n_layers; l++) {
         ac_layer_w *w = &m.L[l];
@@ -171,18 +172,23 @@ static void print_arch(const char *what, json_t *arch) {
  *    steps);
  *  - the baseline's and each arm's held-out perplexity before distillation
  *    (the same pruned student, on the CUDA engine in BF16 against the CPU's
- *    kernels) within 0.5 %, and after distillation within 0.5 % too: the
- *    8 distillation steps move perplexity by 1.5-3.7 % here (printed), so a
- *    student left alone or trained the wrong way on the device fails; the
- *    worst measured (2026-12-08, emulator) is 8.1e-5 before, 2.7e-5 after
- *    (routed hybrids' students can part by whole steps, test_train's
- *    cuda_distill; not on this text);
+ *    kernels) within 0.5 %; after distillation within 1 %: a routed
+ *    hybrid's students part by whole steps (a token whose experts nearly
+ *    tie goes one way on one backend and the other way on the other:
+ *    test_train's cuda_distill). Measured 2026-12-08 on the emulator: 1.5e-3
+ *    before (LatentMoE's baseline), 2.4e-3 after, where the 8 distillation
+ *    steps move perplexity by 1.0-3.4 % (printed);
  *  - the distillation's first-step loss (the same student, teacher and
- *    batch) within 1 % (measured equal to 5 digits; LatentMoE's router
- *    trained without its routed scale on the device: 8 % apart) and its
- *    last within 10 % (test_train's bound for a routed hybrid's late steps);
+ *    batch) within 1 % (measured 6e-4) and its last within 10 %
+ *    (test_train's bound for a routed hybrid's late steps); the plain-MoE
+ *    job fails both with the device trainer's routed scale dropped (first
+ *    step 4.8 % apart, distilled perplexity 2.8 %);
  *  - the export loads, and its CPU perplexity on the held-out windows is
- *    the report's (the CUDA engine's) within 0.5 %. */
+ *    the report's (the CUDA engine's) within 0.5 %.
+ * The model's weights are uniform in [-0.2, 0.2) (embedding and head
+ * [-0.4, 0.4)): weights of one sign, as a generator of [-s, 0) gives,
+ * leave every squared-ReLU MoE layer's output 0 (all its pre-activations
+ * negative), and that job then holds no expert numerics. */
 static void gpu_job_hybrid(int latent) {
     if (!cu) SKIP("%s", why);
     char tiny[1024], tok[1100], held[1024], dir[] = "/tmp/ac_gpu_hjob_XXXXXX", model[1200], db[1200], out[2][1200];
@@ -277,7 +283,7 @@ static void gpu_job_hybrid(int latent) {
                    "%.2e apart (distillation moved it %.1f %%)\n",
                    arms[a], pg, pc, fabs(pg - pc) / pc, dg, dc, fabs(dg - dc) / dc, 100 * fabs(dg - pg) / pg);
             CHECK(pg > 0 && fabs(pg - pc) <= 0.005 * pc, "%s: pruned perplexity %g on cuda vs %g", arms[a], pg, pc);
-            CHECK(dg > 0 && fabs(dg - dc) <= 0.005 * dc, "%s: distilled perplexity %g on cuda vs %g", arms[a], dg, dc);
+            CHECK(dg > 0 && fabs(dg - dc) <= 0.01 * dc, "%s: distilled perplexity %g on cuda vs %g", arms[a], dg, dc);
             json_t *dg_ = json_object_get(ag, "distill"), *dc_ = json_object_get(ac, "distill");
             double fg = num(dg_, "loss_first"), fc = num(dc_, "loss_first"), lg = num(dg_, "loss_last"),
                    lc = num(dc_, "loss_last");
