@@ -35,6 +35,7 @@ emu_tests() {
   run "test_dnas (gate search on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas"
   run "test_dnas_moe (expert gates on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas_moe"
   run "test_dnas_hybrid (a hybrid's gates on the CUDA trainer, CPU emulator)" env AC_DNAS_CUDA_ONLY=1 AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_dnas_hybrid"
+  run "test_cuda_job (MoE hybrid jobs on a CUDA target against the CPU's, CPU emulator)" env AC_CUDA_PLUGIN="$AC_BUILD/tests/libac_cuda_emu.so" "$AC_BUILD/tests/test_cuda_job"
 }
 # Three lanes, each on one thread (AC_TEST_THREADS=1 below: a lane, a
 # core). The third runs test_slurm.py, then the dashboard's test: both

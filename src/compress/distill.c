@@ -308,10 +308,11 @@ int ac_distill_job(const ac_distill_opts *opts, const char *model_dir, const cha
         }
         if (bf16) ac_model_round_vectors(arms[i], ST_BF16);
         json_object_set_new(res, names[i],
-                            json_pack("{s:f,s:{s:I,s:i,s:f,s:f,s:f,s:f,s:i,s:i,s:f}}", "perplexity_pruned", pp.ppl,
+                            json_pack("{s:f,s:{s:I,s:i,s:f,s:f,s:f,s:f,s:i,s:i,s:f,s:s}}", "perplexity_pruned", pp.ppl,
                                       "distill", "tokens", (json_int_t)dr.tokens, "steps", dr.steps, "seconds",
                                       dr.seconds, "loss_first", dr.loss_first, "loss_last", dr.loss_last, "lr", o.lr,
-                                      "seq_len", o.seq_len, "batch", o.batch, "temperature", o.temperature));
+                                      "seq_len", o.seq_len, "batch", o.batch, "temperature", o.temperature, "trainer",
+                                      o.cuda ? "cuda" : "cpu"));
     }
     free(ids);
     if (rc) {

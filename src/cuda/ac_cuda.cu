@@ -541,11 +541,14 @@ static int acc_engine_create(int dev, const ac_model *m, int max_batch, int max_
     CK(cudaMalloc(&en->v, N * maxkv * 4));
     if (ac_block_dim_max(a, AC_DIM_E) > 1 || a->layers[0].n_experts) { // MoE: an expert's rows, SwiGLU, output
         size_t E = ac_block_dim_max(a, AC_DIM_E), Fe = ac_block_dim_max(a, AC_DIM_FE);
-        CK(cudaMalloc(&en->mxe, N * H * 2));
+        // the experts' rows are hidden wide, or LatentMoE's latent wide: wider than hidden in a model pruned to a
+        // hidden size under its latent (the engine method's hidden-width curve)
+        size_t Hx = std::max(H, (size_t)ac_block_dim_max(a, AC_DIM_LT));
+        CK(cudaMalloc(&en->mxe, N * Hx * 2));
         CK(cudaMalloc(&en->mh, N * Fe * 2));
         CK(cudaMalloc(&en->mg, N * Fe * 4));
         CK(cudaMalloc(&en->mu, N * Fe * 4));
-        CK(cudaMalloc(&en->my, N * H * 4));
+        CK(cudaMalloc(&en->my, N * Hx * 4));
         CK(cudaMalloc(&en->mlog, N * E * 4));
         CK(cudaMalloc(&en->mw, N * 4));
         CK(cudaMalloc(&en->mrows, N * sizeof(int)));

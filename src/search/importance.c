@@ -10,6 +10,7 @@
 #include "runtime/eval.h"
 #include "runtime/kernels_cpu.h"
 #include "moe_importance_int.h"
+#include "ssm_curves_int.h"
 #include "search/slice.h"
 #include "search/stats.h"
 #include "search/ssm_prune.h"
@@ -361,6 +362,9 @@ static int pruned_increase(calib *c, const ac_arch *t, double *inc, ac_err *e) {
     *inc = lo - c->base;
     return 0;
 }
+
+/* pruned_increase for ac_ssm_engine_curves (ud: the calib). */
+static int pruned_increase_ud(void *ud, const ac_arch *t, double *inc, ac_err *e) { return pruned_increase(ud, t, inc, e); }
 
 /* Mixture-of-experts layers in the engine method (on the device with a CUDA
  * target): each MoE layer's curve (its ffn_sens) from pruned copies, point p
@@ -880,6 +884,7 @@ int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, i
     if (windows > 0 && nwin > windows) nwin = windows;
     if (nwin < 1) return ac_errf(e, "calibration: %zu tokens do not fill one window of %d", n, ctx);
     calib c = {m, ids, n, ctx, windows < 8 ? windows : 8, cuda, progress, ud, imp, 0};
+    int asked = mode; /* a hybrid on a CUDA target: the engine method's curves with exact asked for (below) */
     int asked_exact = mode == AC_CALIB_EXACT && !cuda;
     if (mode == AC_CALIB_AUTO)
         mode = !cuda && exact_flops(a, nwin, ctx, c.sw < nwin ? c.sw : (int)nwin) > AC_CALIB_EXACT_FLOPS
@@ -918,9 +923,13 @@ int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, i
         if (!rc && hybrid) rc = ac_ssm_rank_heads((const double *const *)st.mt_ssm, a, imp, e);
         if (!rc && hybrid) rc = ac_rank_shared((const double *const *)st.mt_shared, a, imp, e);
         ac_stats_free(&st);
-        if (!rc && !hybrid)
+        /* a hybrid's curves, as the CPU's exact ones, where a CUDA target was asked for exact: the dense passes
+         * (attention and MLP masks, expert, hidden and KV-merge pruned copies) and the Mamba heads' (ssm_curves.c) */
+        int hybrid_curves = hybrid && cuda && asked == AC_CALIB_EXACT;
+        if (!rc && (!hybrid || hybrid_curves))
             rc = masking_sensitivity(&c, e) || expert_sensitivity(&c, e) || hidden_sensitivity(&c, e) ||
-                         merge_sensitivity(&c, e)
+                         merge_sensitivity(&c, e) ||
+                         (hybrid_curves && ac_ssm_engine_curves(a, pruned_increase_ud, &c, imp, e))
                      ? -1
                      : 0;
     } else

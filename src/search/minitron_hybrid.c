@@ -197,7 +197,7 @@ static int cmp_cand(const void *x, const void *y) {
 
 /* Mean NLL of candidate a pruned for real, on the tail of the calibration tokens (up to 16 windows of ctx); a 16-bit
  * base's candidate as a BF16 student (ac_prune_bf16: the job's students, half an fp32 one's memory beside the
- * mapping), an fp32 base's as an fp32 one. */
+ * mapping), an fp32 base's as an fp32 one; on the GPU with a local CUDA target (p->cuda), as the job evaluates. */
 static int score(const ac_search_problem *p, const ac_importance *view, const ac_arch *a, double *nll, ac_err *e) {
     int ctx = p->ctx > 1 ? p->ctx : 128;
     size_t nw = p->n_calib / ctx < 16 ? p->n_calib / ctx : 16;
@@ -206,7 +206,7 @@ static int score(const ac_search_problem *p, const ac_importance *view, const ac
     ac_model pm;
     int bf = ac_model_wdt(p->model) != ST_F32;
     if (bf ? ac_prune_bf16(p->model, a, view, &pm, e) : ac_prune(p->model, a, view, &pm, e)) return -1;
-    ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = (int)nw, .batch = 4, .cuda = 0};
+    ac_ppl_opts o = {.ctx = ctx, .stride = 0, .max_windows = (int)nw, .batch = 4, .cuda = p->cuda};
     ac_ppl_result r;
     int rc = ac_perplexity(&pm, p->calib_ids + p->n_calib - nw * ctx, nw * ctx, &o, NULL, NULL, NULL, &r, e);
     ac_model_free(&pm);
@@ -411,13 +411,13 @@ int ac_minitron_hybrid(const ac_search_problem *p, ac_search_result *r, ac_err *
         if (!x->n_heads && !x->ffn && !x->ssm_heads && !x->n_experts) json_array_append_new(dropped, json_integer(l));
     }
     r->detail = json_pack(
-        "{s:s,s:o,s:i,s:i,s:i,s:o,s:o,s:i,s:b,s:o}", "algorithm",
+        "{s:s,s:o,s:i,s:i,s:i,s:o,s:o,s:i,s:b,s:s,s:o}", "algorithm",
         "NVIDIA Model-Optimizer mcore_minitron on a hybrid (nemotron_h): uniform grid on divisor choices (width top "
         "40%; Mamba heads the same number in every group; depth per layer type, up to 20% of each), filtered by the "
         "cost model's limits, top-k closest to the binding limit pruned and scored",
         "axes", axes_json(ax, &hb), "grid_size", total, "grid_feasible", nf, "top_k", top_k,
         "layer_scores_1_minus_cos", ls, "layers_dropped", dropped, "best_candidate", nf ? best : -1, "scored",
-        scoring, "candidates", cands);
+        scoring, "scored_on", p->cuda ? "cuda" : "cpu", "candidates", cands);
     ac_minitron_emit_result(p, r, total, nf);
 out:
     for (int i = 0; i < NHX; i++) free(ax[i].v);
