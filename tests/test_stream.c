@@ -981,6 +981,75 @@ static void test_hybrid_exact(void) {
     if (!ran) SKIP("no hybrid fixture (make fixtures)");
 }
 
+/* AUTO's rule on a hybrid, on the architecture alone: Nemotron 3 Nano
+ * 30B-A3B's published config (tests/configs/nemotron3-nano) cut to one
+ * layer of each kind (ME*, the scale job's shapes, docs/hybrid.md). The
+ * exact passes' FLOPs (ac_calib_exact_flops) equal a count by hand from the
+ * config's fields (an MoE layer's top_k routed experts, not its 128; the
+ * Mamba scan; attention's scores), each layer's points (4, attention's one
+ * KV merge too) from that layer through the rest and the head; AUTO on the
+ * CPU is STREAMED at the scale job's protocol (2 windows of 128 tokens) and
+ * EXACT on one window of 32 tokens, where 2 FLOPs per parameter of every
+ * expert (the dense count, 2 P a token, a full pass a point) is past the
+ * threshold; with cuda the statistics pass (ENGINE) unless STREAMED. */
+static void test_hybrid_auto_rule(void) {
+    char path[1200];
+    const char *root = getenv("AC_TEST_ROOT");
+    snprintf(path, sizeof path, "%s/tests/configs/nemotron3-nano/config.json", root ? root : ".");
+    json_t *cfg = json_load_file(path, 0, NULL);
+    if (!cfg) SKIP("no %s", path);
+    json_object_set_new(cfg, "num_hidden_layers", json_integer(3));
+    json_object_set_new(cfg, "hybrid_override_pattern", json_string("ME*"));
+    json_object_del(cfg, "num_nextn_predict_layers");
+    ac_arch a;
+    ac_err e = {{0}};
+    int ok = ac_arch_from_config(cfg, &a, &e) == 0;
+    CHECK(ok, "%s", e.msg);
+    if (!ok) {
+        json_decref(cfg);
+        return;
+    }
+#define CI(k) ((double)json_integer_value(json_object_get(cfg, k)))
+    double H = CI("hidden_size"), V = CI("vocab_size"), nh = CI("mamba_num_heads"), P = CI("mamba_head_dim"),
+           N = CI("ssm_state_size"), G = CI("n_groups"), K = CI("conv_kernel"), E = CI("n_routed_experts"),
+           k = CI("num_experts_per_tok"), Fe = CI("moe_intermediate_size"),
+           Fs = CI("moe_shared_expert_intermediate_size"), Q = CI("num_attention_heads") * CI("head_dim"),
+           KV = CI("num_key_value_heads") * CI("head_dim"), conv_b = json_is_true(json_object_get(cfg, "use_conv_bias"));
+    CHECK(CI("num_key_value_heads") == 2 && !json_is_true(json_object_get(cfg, "attention_bias")) &&
+              json_object_get(cfg, "moe_latent_size") == NULL,
+          "the config's shapes changed: the count below assumes 2 KV heads (one merge), no biases, no latent");
+    for (int w = 0; w < 2; w++) {
+        int ctx = w ? 32 : 128;
+        long nwin = w ? 1 : 2;
+        double S = (double)nwin * ctx, head = 2 * H * V;
+        double fm = 2 * (H + (2 * nh * P + 2 * G * N + nh) * H + (nh * P + 2 * G * N) * (K + conv_b) + 3 * nh +
+                         nh * P + nh * P * H) +
+                    6 * nh * P * N;
+        double fe = 2 * (H + E * H + E + k * 2 * Fe * H + 2 * Fs * H);
+        double fa = 2 * (H + 2 * H * Q + 2 * H * KV) + 2.0 * ctx * Q;
+        double r2 = head + fa, r1 = r2 + fe, r0 = r1 + fm; /* from each layer through the rest and the head */
+        double want = r0 * (S + 5 * S) + 5 * S * r2 + 4 * S * r1 + 4 * S * r0;
+        double got = ac_calib_exact_flops(&a, nwin, ctx, (int)nwin), dense = 2 * ac_arch_params(&a) * (S + 31 * S);
+        int m = ac_calib_method(&a, AC_CALIB_AUTO, nwin, ctx, (int)nwin, 0);
+        printf("   Nano shapes ME*, %ld x %d tokens: exact passes %.3g FLOPs (by hand %.3g; every expert counted, "
+               "a full pass a point: %.3g): AUTO %s\n",
+               nwin, ctx, got, want, dense, m == AC_CALIB_STREAMED ? "streamed" : m == AC_CALIB_EXACT ? "exact" : "?");
+        CHECK(fabs(got - want) <= 1e-9 * want, "%ld x %d: %.6g FLOPs, by hand %.6g", nwin, ctx, got, want);
+        CHECK(m == (w ? AC_CALIB_EXACT : AC_CALIB_STREAMED), "%ld x %d: AUTO gave %d", nwin, ctx, m);
+        CHECK(w == 0 || dense > AC_CALIB_EXACT_FLOPS, "the one-window case does not tell the counts apart (%.3g)",
+              dense);
+    }
+#undef CI
+    CHECK(ac_calib_method(&a, AC_CALIB_AUTO, 1, 32, 1, 1) == AC_CALIB_ENGINE &&
+              ac_calib_method(&a, AC_CALIB_ANCHORED, 1, 32, 1, 1) == AC_CALIB_ENGINE &&
+              ac_calib_method(&a, AC_CALIB_EXACT, 1, 32, 1, 1) == AC_CALIB_ENGINE &&
+              ac_calib_method(&a, AC_CALIB_STREAMED, 1, 32, 1, 1) == AC_CALIB_STREAMED &&
+              ac_calib_method(&a, AC_CALIB_ANCHORED, 1, 32, 1, 0) == AC_CALIB_ANCHORED,
+          "a hybrid's methods with and without cuda");
+    ac_arch_free(&a);
+    json_decref(cfg);
+}
+
 int main(void) {
     RUN(test_statistics_match);
     RUN(test_exact_is_engine);
@@ -992,6 +1061,7 @@ int main(void) {
     RUN(test_moe_resident);
     RUN(test_hybrid_layers);
     RUN(test_hybrid_exact);
+    RUN(test_hybrid_auto_rule);
     ac_importance_free(&EX);
     ac_importance_free(&ST);
     ac_importance_free(&EN);

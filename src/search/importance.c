@@ -837,7 +837,7 @@ static int streamed_calibration(calib *c, ac_stats *st, int how, long nwin, ac_e
  * token): statistics over every window, then per loss point sw windows. A
  * hybrid's (hybrid_flops) per layer. */
 static double hybrid_flops(const ac_arch *a, long nwin, int ctx, int sw);
-static double exact_flops(const ac_arch *a, long nwin, int ctx, int sw) {
+double ac_calib_exact_flops(const ac_arch *a, long nwin, int ctx, int sw) {
     if (ac_arch_is_hybrid(a)) return hybrid_flops(a, nwin, ctx, sw);
     double pts = 2 + 4 + 8.0 * a->n_layers;
     for (int l = 0; l < a->n_layers; l++)
@@ -878,6 +878,17 @@ static double hybrid_flops(const ac_arch *a, long nwin, int ctx, int sw) {
     return rest * ((double)nwin * ctx + 5 * S) + pts;
 }
 
+int ac_calib_method(const ac_arch *a, int mode, long nwin, int ctx, int sw, int cuda) {
+    if (mode == AC_CALIB_AUTO)
+        mode = !cuda && ac_calib_exact_flops(a, nwin, ctx, sw) > AC_CALIB_EXACT_FLOPS ? AC_CALIB_STREAMED
+                                                                                       : AC_CALIB_EXACT;
+    if (mode == AC_CALIB_EXACT && cuda) mode = AC_CALIB_ENGINE; /* the loss passes on the GPU */
+    /* a hybrid: on the CPU the layer-streamed pass of the method with its loss curves; with a CUDA target (not
+     * STREAMED) the activation statistics alone, in one engine pass */
+    if (ac_arch_is_hybrid(a) && cuda && mode != AC_CALIB_STREAMED) mode = AC_CALIB_ENGINE;
+    return mode;
+}
+
 static int alloc_importance(ac_importance *imp, int L, ac_err *e) {
     imp->kv_order = calloc(L, sizeof(int *));
     imp->kv_score = calloc(L, sizeof(double *));
@@ -908,15 +919,8 @@ int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, i
     if (windows > 0 && nwin > windows) nwin = windows;
     if (nwin < 1) return ac_errf(e, "calibration: %zu tokens do not fill one window of %d", n, ctx);
     calib c = {m, ids, n, ctx, windows < 8 ? windows : 8, cuda, progress, ud, imp, 0};
-    if (mode == AC_CALIB_AUTO)
-        mode = !cuda && exact_flops(a, nwin, ctx, c.sw < nwin ? c.sw : (int)nwin) > AC_CALIB_EXACT_FLOPS
-                   ? AC_CALIB_STREAMED
-                   : AC_CALIB_EXACT;
-    if (mode == AC_CALIB_EXACT && cuda) mode = AC_CALIB_ENGINE; /* the loss passes on the GPU */
+    mode = ac_calib_method(a, mode, nwin, ctx, c.sw < nwin ? c.sw : (int)nwin, cuda);
     int hybrid = ac_arch_is_hybrid(a);
-    /* a hybrid: on the CPU the layer-streamed pass of the method with its loss curves; with a CUDA target (not
-     * STREAMED) the activation statistics alone, in one engine pass */
-    if (hybrid && cuda && mode != AC_CALIB_STREAMED) mode = AC_CALIB_ENGINE;
     imp->method = mode;
     imp->streamed = mode == AC_CALIB_STREAMED;
     ac_stats st;

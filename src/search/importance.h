@@ -154,6 +154,17 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
  *   loss curves), the same values as the streamed pass's. */
 enum { AC_CALIB_AUTO, AC_CALIB_EXACT, AC_CALIB_STREAMED, AC_CALIB_ANCHORED, AC_CALIB_ENGINE };
 #define AC_CALIB_EXACT_FLOPS 2e12
+/* The EXACT method's passes over nwin windows of ctx tokens, sw of them the
+ * loss points' (min(windows, 8)), in FLOPs: a dense model's 2 per parameter
+ * per token, a full pass per point; a hybrid's per layer (2 per parameter
+ * a token reaches: an MoE layer's top_k routed experts, not all; 2 ctx Q
+ * for attention's scores; about 6 per head dim and state entry for the
+ * Mamba scan), each point from its layer through the rest and the head. */
+double ac_calib_exact_flops(const ac_arch *a, long nwin, int ctx, int sw);
+/* The method ac_importance_compute_mode runs for mode (AUTO resolved by
+ * the rule above, EXACT with cuda the ENGINE method, a hybrid with cuda the
+ * ENGINE statistics pass unless STREAMED). */
+int ac_calib_method(const ac_arch *a, int mode, long nwin, int ctx, int sw, int cuda);
 int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda, int mode,
                                ac_progress_fn progress, void *ud, ac_importance *imp, ac_err *e);
 void ac_importance_free(ac_importance *imp);
