@@ -35,8 +35,10 @@ does both.
   nemotron_h_moe read back) gives the safetensors export's perplexity: to
   1e-6, for an F32 export of BF16 weights and for a job's BF16 GGUF (whose
   norms and per-head vectors stay F32: the BF16 student's values).
-- A hybrid spec with search.method surrogate or export_target deci is
-  refused naming the field (`autocompress validate`).
+- A hybrid spec with export_target deci, or search.method surrogate without
+  the loss curves it needs (calibration_method not exact, or a CUDA target,
+  whose exact calibration measures none), is refused naming the field
+  (`autocompress validate`); with calibration_method exact it is accepted.
 """
 import json
 import math
@@ -599,6 +601,44 @@ def test_autocompress_arm_on_moe_hybrid():
     return check_export(rep, f"chosen {rep['chosen']}")
 
 
+def test_surrogate_arm_on_moe_hybrid():
+    """method autocompress with search.method surrogate and calibration_method exact on Nemotron 3 Nano's layer
+    kinds (no distillation): the job calibrates with the loss curves (the report's Mamba layers carry
+    mamba_loss_curve), the autocompress arm is the surrogate search (report.search.method surrogate), its structure
+    is within the limit with one width per layer type, and the export's hybrid_override_pattern is the chosen
+    arm's."""
+    if not have():
+        return "skip: no tiny model or build/autocompress (make all tiny-model)"
+    base = make_base(CFG_MOE, "base_moe")
+    spec = job_spec(base, os.path.join(WORK, "out_sur"), 0, 0.8 * params_of(base), method="autocompress",
+                    calibration_method="exact")
+    spec["search"].update(method="surrogate", prune_experts=True, prune_expert_ffn=True)
+    rep, wall, rss = run_job(spec, "job_sur")
+    a, lim = rep["autocompress"], rep["constraints"]["max_params"]
+    layers = a["architecture"]["layers"]
+    curves = [L.get("mamba_loss_curve") for L in rep["importance"]["layers"] if "mamba_loss_curve" in L]
+    print(f"   surrogate hybrid job: {wall:.1f} s wall, peak RSS {rss:.0f} MiB; autocompress arm params "
+          f"{a['predicted']['params']:.0f} (limit {lim:.0f}), predicted loss increase "
+          f"{a.get('predicted_loss_increase')}, perplexity {a['perplexity']:.4f} (minitron "
+          f"{rep['minitron']['perplexity']:.4f}); layers "
+          + " ".join(f"{L['type']}:{L.get('ssm_heads', L.get('experts', L.get('kv_heads', '')))}" for L in layers))
+    assert rep["search"]["method"] == "surrogate", rep["search"]
+    assert len(curves) == CFG_MOE["hybrid_override_pattern"].count("M") and all(c[-1] > 0 for c in curves), curves
+    assert a["feasible"] and a["predicted"]["params"] <= lim + 0.5, a["predicted"]
+    assert a["predicted_loss_increase"] >= 0, a  # (on this random-init model most curve points clamp to 0)
+    kinds = {"M": "mamba", "*": "attention", "E": "moe"}
+    for t, key in (("mamba", "ssm_heads"), ("moe", "experts"), ("attention", "kv_heads")):
+        w = {L[key] for L in layers if L["type"] == t}
+        assert len(w) <= 1, (t, w)
+    for l, L in enumerate(layers):
+        assert L["type"] in ("removed", kinds[CFG_MOE["hybrid_override_pattern"][l]]), (l, L)
+    res = rep[rep["chosen"]]
+    cfg = json.load(open(os.path.join(rep["export"]["dir"], "config.json")))
+    want = "".join(CFG_MOE["hybrid_override_pattern"][l] for l, L in enumerate(res["architecture"]["layers"])
+                   if L["type"] != "removed")
+    assert cfg["hybrid_override_pattern"] == want, (cfg["hybrid_override_pattern"], want)
+
+
 def super_config():
     """Nemotron 3 Super's config (tests/configs/nemotron3-super) shrunk: the first 9 layers of its pattern (every
     layer kind in its order), its LatentMoE with a shared expert, sigmoid router and routed scale 5.0, its 8 Mamba
@@ -660,13 +700,20 @@ def test_specs_refused_with_the_field():
         return "skip: no tiny model or build/autocompress (make all tiny-model)"
     base = make_base()
     for kw, field in (({"method": "autocompress", "search": {"method": "surrogate", "export_target": "gguf"}},
-                       "search.method"),
+                       "calibration_method"),  # the surrogate needs the curves: calibration_method exact
+                      ({"method": "autocompress", "calibration_method": "exact",
+                        "search": {"method": "surrogate", "export_target": "gguf"},
+                        "target": {"device": "cuda"}}, "target.device"),
                       ({"search": {"export_target": "deci"}}, "search.export_target")):
         s = job_spec(base, os.path.join(WORK, "out_x"), 0, 2e5, **kw)
         r = subprocess.run([CLI, "validate", write(os.path.join(WORK, "v.json"), s)], capture_output=True, text=True)
         j = json.loads(r.stdout or r.stderr)
         assert r.returncode != 0 and j.get("field") == field, (kw, r.returncode, r.stdout, r.stderr)
         print(f"   {field}: {j.get('error', j)}"[:200])
+    s = job_spec(base, os.path.join(WORK, "out_x"), 0, 2e5, method="autocompress", calibration_method="exact",
+                 search={"method": "surrogate", "export_target": "gguf"})
+    r = subprocess.run([CLI, "validate", write(os.path.join(WORK, "v.json"), s)], capture_output=True, text=True)
+    assert r.returncode == 0, ("surrogate with calibration_method exact refused", r.stdout, r.stderr)
 
 
 if __name__ == "__main__":
@@ -681,6 +728,7 @@ if __name__ == "__main__":
         r.run(test_latent_moe_hybrid_job_with_hidden_pruning)
         r.run(test_narrow_widths_export_loads_in_llama)
         r.run(test_autocompress_arm_on_moe_hybrid)
+        r.run(test_surrogate_arm_on_moe_hybrid)
         r.run(test_super_pattern_job)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)

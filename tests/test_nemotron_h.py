@@ -5,9 +5,10 @@ The engine's hybrid forward and the trainer's backward are checked against
 tests/ref_mamba.py in test_engine, test_train and test_block, and a whole
 minitron job and an autocompress one in test_hybrid_job.py; here a job or a
 validation on a Nemotron-H checkpoint with the autocompress method and the
-surrogate search (which has no loss curves for hybrids) must get a 400 that
-names the field `search.method` and says which search runs, over real HTTP
-with the daemon's SQLite file, and nothing is queued; the same spec with the
+surrogate search but without the loss curves it scores by (calibration_method
+not exact) must get a 400 that names the field `calibration_method` and says
+which search runs instead, over real HTTP with the daemon's SQLite file, and
+nothing is queued; the same spec with calibration_method exact, with the
 gate search (dnas, the default) or with method minitron validates; an
 estimate is answered (the cost model prices Mamba layers:
 test_estimate_hybrid.py checks its figures).
@@ -48,12 +49,13 @@ def test_jobs_and_estimates_refused_with_the_reason():
             m = model_dir(fix)
             surrogate = spec(model=m, search={"export_target": "gguf", "method": "surrogate"})
             st, j = d.req("POST", "/v1/jobs", surrogate)
-            assert st == 400 and j["error"]["field"] == "search.method", (fix, st, j)
+            assert st == 400 and j["error"]["field"] == "calibration_method", (fix, st, j)
             assert "nemotron_h" in j["error"]["message"] and "dnas" in j["error"]["message"], j
             st, j = d.req("POST", "/v1/validate", surrogate)  # the one spec check: the same answer
-            assert st == 400 and j["error"]["field"] == "search.method" and j["error"]["code"] == "invalid_spec", \
-                (st, j)
-            for ok in (spec(model=m, method="minitron", search={"export_target": "gguf"}),
+            assert st == 400 and j["error"]["field"] == "calibration_method" and \
+                j["error"]["code"] == "invalid_spec", (st, j)
+            for ok in (dict(surrogate, calibration_method="exact"),  # the curves the surrogate reads
+                       spec(model=m, method="minitron", search={"export_target": "gguf"}),
                        spec(model=m, search={"export_target": "gguf"})):  # autocompress with the gate search
                 st, j = d.req("POST", "/v1/validate", ok)
                 assert st == 200, (fix, st, j)

@@ -393,9 +393,22 @@ static void test_cuda_graph_launches(void) {
     ac_cost_table_free(&t);
 }
 
+/* NCCL's ring all-reduce as its tuning model prices it, written out here
+ * from src/graph/tuning.cc's tables: (base, per step) latencies of LL,
+ * LL128 and Simple over NVLink, and their bus bandwidths: LL half the link
+ * capped at Hopper's 141 GB/s, LL128 0.92 of it, Simple all of it. */
+static double nccl_nvlink_hopper_us(int n, double bytes, double link) {
+    double steps = 2.0 * (n - 1), algo = n / steps;
+    double ll = 6.6 + 0.6 * steps + bytes / (fmin(0.5 * link, 141) * 1e3 * algo);
+    double ll128 = 14.0 + 1.9 * steps + bytes / (0.92 * link * 1e3 * algo);
+    double simple = 8.4 + 3.4 * steps + bytes / (link * 1e3 * algo);
+    return fmin(ll, fmin(ll128, simple));
+}
+
 static void test_tensor_parallel(void) {
     /* tp 2 = one GPU's half-width model plus two all-reduces a layer of
-     * M x hidden x 2 bytes over NVLink (12 us + 2 (tp-1)/tp bytes / 360 GB/s) */
+     * M x hidden x 2 bytes; TensorRT-LLM's through NCCL over the H100's
+     * NVLink (360 GB/s): 1 and 16 tokens on LL, 256 on Simple */
     double buf[96], hb[96];
     ac_carch c, h;
     arch8b(&c, buf, 32);
@@ -411,7 +424,8 @@ static void test_tensor_parallel(void) {
     p2 = p1;
     p2.tp = 2;
     int ch[1] = {0};
-    for (int tokens = 1; tokens <= 256; tokens *= 16) {
+    double want[3] = {7.8 + 8192 / 141e3, 7.8 + 131072 / 141e3, 15.2 + 2097152 / 360e3};
+    for (int i = 0, tokens = 1; tokens <= 256; tokens *= 16, i++) {
         ac_serve_step s = {.n_decode = tokens,
                            .decode_ctx = 500.0 * tokens,
                            .chunk = ch,
@@ -419,9 +433,35 @@ static void test_tensor_parallel(void) {
                            .tokens = tokens,
                            .logits = tokens};
         double one = ac_cost_served_step_us(&t, &h, &p1, &s), two = ac_cost_served_step_us(&t, &c, &p2, &s);
-        double ar = 2 * 32 * (12 + 2 * 0.5 * tokens * 4096 * 2 / 360e9 * 1e6);
+        double each = nccl_nvlink_hopper_us(2, tokens * 4096 * 2, 360), ar = 2 * 32 * each;
+        CHECK(fabs(each - want[i]) < 1e-9, "%d tokens: NCCL %g us, by hand %g", tokens, each, want[i]);
         CHECK(fabs(two - one - ar) < 1e-6, "%d tokens: tp2 %g, half model %g + all-reduce %g", tokens, two, one, ar);
     }
+    /* vLLM's own kernels over NVLink at tp 4: one stage below 512 KiB (two
+     * 6 us barriers, each GPU reading the 3 others' buffers), two stages to
+     * 8 MiB (three barriers, 2 (tp - 1) / tp of the bytes), NCCL beyond; no
+     * custom kernels over PCIe (an L4: NCCL's LL or Simple, no LL128) */
+    ac_engine_profile pv;
+    ac_engine_profile_named(ac_engine_find("vllm"), 0, &pv);
+    pv.tp = 4;
+    ac_engine_rt rt;
+    ac_engine_resolve(&pv, 80, "H100", NULL, &rt);
+    double small = 256 * 1024, mid = 4 * 1048576.0, big = 16 * 1048576.0;
+    CHECK(fabs(ac_engine_allreduce_us(&rt, small) - (12 + 3 * small / 360e3)) < 1e-9, "one stage: %g",
+          ac_engine_allreduce_us(&rt, small));
+    CHECK(fabs(ac_engine_allreduce_us(&rt, mid) - (18 + 1.5 * mid / 360e3)) < 1e-9, "two stages: %g",
+          ac_engine_allreduce_us(&rt, mid));
+    CHECK(fabs(ac_engine_allreduce_us(&rt, big) - nccl_nvlink_hopper_us(4, big, 360)) < 1e-9, "NCCL: %g",
+          ac_engine_allreduce_us(&rt, big));
+    ac_engine_resolve(&pv, 24, "L4", NULL, &rt);
+    double pcie = fmin(6.6 + 6 * 1.0 + small / (10e3 * 4 / 6.0), 8.4 + 6 * 5.7 + small / (20e3 * 4 / 6.0));
+    CHECK(fabs(ac_engine_allreduce_us(&rt, small) - pcie) < 1e-9, "PCIe: %g vs %g", ac_engine_allreduce_us(&rt, small),
+          pcie);
+    ac_engine_profile_named(ac_engine_find("trtllm"), 0, &pv);
+    pv.tp = 8;
+    ac_engine_resolve(&pv, 80, "H200", NULL, &rt);
+    CHECK(fabs(ac_engine_allreduce_us(&rt, small) - nccl_nvlink_hopper_us(8, small, 360)) < 1e-9,
+          "TensorRT-LLM: NCCL at any size: %g", ac_engine_allreduce_us(&rt, small));
     ac_workload w = {.batch = 1, .prompt_len = 1000, .gen_len = 1000};
     ac_cost k1, k2;
     ac_cost_predict(&t, &c, &w, &p1, 0, &k1);

@@ -35,20 +35,23 @@
  * (costroofline.c): H100 SXM5 and H200 132, B200 148, A100 108 (their
  * datasheets / architecture whitepapers), L4 58, RTX 4090 128 (Ada
  * whitepaper), RTX 5080 84, RTX 5070 48 (Blackwell GeForce specs).
+ * ll_gbs: NCCL's ceiling on the bus bandwidth of its LL protocol within one
+ * node, by the GPU's generation (src/graph/tuning.cc, llMaxBws: Ampere and
+ * Ada 87.7 GB/s, Hopper 141, Blackwell 282); engines.c's all-reduce model.
  */
 const ac_device_spec ac_device_specs[] = {
-    {"H100", "NVIDIA H100 SXM 80GB", 989, 80, 3350, 4.0, "NVIDIA H100 datasheet", 1, 360, 50, 0, 132},
-    {"H200", "NVIDIA H200 SXM 141GB", 989, 141, 4800, 4.0, "NVIDIA H200 datasheet", 1, 360, 50, 0, 132},
-    {"B200", "NVIDIA B200 180GB", 2250, 180, 7700, 4.0, "NVIDIA DGX B200 specification", 1, 720, 50, 0, 148},
-    {"A100", "NVIDIA A100 SXM 80GB", 312, 80, 2039, 5.0, "NVIDIA A100 datasheet", 0, 230, 25, 0, 108},
-    {"L4", "NVIDIA L4 24GB", 121, 24, 300, 5.0, "NVIDIA L4 datasheet", 1, 0, 20, 0, 58},
+    {"H100", "NVIDIA H100 SXM 80GB", 989, 80, 3350, 4.0, "NVIDIA H100 datasheet", 1, 360, 50, 0, 132, 141},
+    {"H200", "NVIDIA H200 SXM 141GB", 989, 141, 4800, 4.0, "NVIDIA H200 datasheet", 1, 360, 50, 0, 132, 141},
+    {"B200", "NVIDIA B200 180GB", 2250, 180, 7700, 4.0, "NVIDIA DGX B200 specification", 1, 720, 50, 0, 148, 282},
+    {"A100", "NVIDIA A100 SXM 80GB", 312, 80, 2039, 5.0, "NVIDIA A100 datasheet", 0, 230, 25, 0, 108, 87.7},
+    {"L4", "NVIDIA L4 24GB", 121, 24, 300, 5.0, "NVIDIA L4 datasheet", 1, 0, 20, 0, 58, 87.7},
     {"RTX4090", "NVIDIA GeForce RTX 4090", 165, 24, 1008, 5.0, "NVIDIA Ada Lovelace architecture whitepaper", 1, 0, 20,
-     330.3, 128},
+     330.3, 128, 87.7},
     {"RTX5080", "NVIDIA GeForce RTX 5080", 113, 16, 960, 5.0, "Blackwell GeForce specs; BF16/FP32-acc derived", 1, 0,
-     40, 226, 84},
+     40, 226, 84, 282},
     {"RTX5070", "NVIDIA GeForce RTX 5070", 62, 12, 672, 5.0, "Blackwell GeForce specs; BF16/FP32-acc derived", 1, 0,
-     40, 124, 48},
-    {NULL, NULL, 0, 0, 0, 0, NULL, 0, 0, 0, 0, 0},
+     40, 124, 48, 282},
+    {NULL, NULL, 0, 0, 0, 0, NULL, 0, 0, 0, 0, 0, 0},
 };
 
 const ac_device_spec *ac_device_spec_find(const char *name) {

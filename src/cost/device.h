@@ -60,6 +60,7 @@ typedef struct {
     double pcie_gbs;   /* the same over PCIe (through the host where there is no peer access) */
     double fp16acc_tflops; /* dense FP16 with FP16 accumulate (0: the BF16 rate; GeForce parts: twice it) */
     int sms;               /* streaming multiprocessors (0: unknown; no wave model) */
+    double ll_gbs;         /* NCCL's cap on its LL protocol's bus bandwidth in one node (llMaxBws, by generation) */
 } ac_device_spec;
 
 extern const ac_device_spec ac_device_specs[];

@@ -127,13 +127,24 @@ void ac_engine_resolve(const ac_engine_profile *p, double mem_gib, const char *d
         rt->graph_max = 0;
     else if (p->graph_max > 0)
         rt->graph_max = p->graph_max;
-    /* all-reduce link: the profile's, else the device's NVLink, else PCIe.
-     * Its fixed cost a call: 12 us over NVLink (was 8: TensorRT-LLM v0.17's
-     * TP2 Llama-3.1-70B rows want more, SGLang's batch-1 TP8 B200 row, 188
-     * all-reduces a token, no more; docs/costmodel.md), 30 over PCIe. */
+    /* all-reduce link: the profile's, else the device's NVLink, else PCIe */
     const ac_device_spec *s = device ? ac_device_spec_for_gpu(device) : NULL;
     rt->link_gbs = p->link_gbs > 0 ? p->link_gbs : s ? (s->nvlink_gbs > 0 ? s->nvlink_gbs : s->pcie_gbs) : 20;
-    rt->link_us = p->link_us > 0 ? p->link_us : rt->link_gbs >= 100 ? 12 : 30;
+    rt->link_nvlink = s ? s->nvlink_gbs > 0 && rt->link_gbs == s->nvlink_gbs : rt->link_gbs >= 100;
+    rt->ll_gbs = s && s->ll_gbs > 0 ? s->ll_gbs : 87.7;
+    rt->link_us = p->link_us;
+    /* the engines' own all-reduce kernels over NVLink (peer-to-peer
+     * buffers): vLLM's and SGLang's CustomAllreduce (custom_all_reduce.cuh:
+     * up to 8 MiB; one stage at tp 2, below 512 KiB at tp <= 4 and 256 KiB
+     * at tp <= 8; two stages above). TensorRT-LLM is priced as NCCL: its
+     * v0.17 performance page names an NCCL all-reduce issue "multi-GPU
+     * cases could be affected" by, and its 1.0 page's rows fit NCCL's model,
+     * not its AUTO kernels' (docs/costmodel.md). llama.cpp has no
+     * tensor-parallel all-reduce of its own. */
+    if ((e == E_VLLM || e == E_SGLANG) && rt->tp > 1) {
+        rt->custom_max = 8 * 1048576.0;
+        rt->oneshot_max = rt->tp <= 2 ? rt->custom_max : rt->tp <= 4 ? 524288 : 262144;
+    }
 }
 
 int ac_engine_graph_size(const ac_engine_rt *rt, int n) {
@@ -144,9 +155,45 @@ int ac_engine_graph_size(const ac_engine_rt *rt, int n) {
     return g <= rt->graph_max ? g : rt->graph_max;
 }
 
+/* NCCL's cost model of a ring all-reduce in one node (src/graph/tuning.cc,
+ * ncclTopoTuneModel): per protocol LL, LL128, Simple a base latency
+ * (baseLatencies, Ring) and a latency per step (hwLatencies, NVLink or PCI,
+ * Ring), 2 (tp - 1) steps; bus bandwidth: LL half the link's, capped by the
+ * generation's llMaxBws; LL128 0.92 of it (enabled over NVLink only);
+ * Simple all of it; time = latency + bytes / (bus bandwidth x tp / (2 (tp - 1))),
+ * the least over the protocols, as NCCL picks. */
+static const double NCCL_BASE_US[3] = {6.6, 14.0, 8.4};
+static const double NCCL_HOP_US[2][3] = {{0.6, 1.9, 3.4} /* NVLink */, {1.0, 2.5, 5.7} /* PCIe */};
+
+static double nccl_ring_us(const ac_engine_rt *rt, double bytes) {
+    int n = rt->tp, steps = 2 * (n - 1), nv = rt->link_nvlink;
+    double bus[3] = {fmin(0.5 * rt->link_gbs, rt->ll_gbs), nv ? 0.92 * rt->link_gbs : 0, rt->link_gbs}, best = INFINITY;
+    for (int q = 0; q < 3; q++) {
+        if (bus[q] <= 0) continue;
+        double us = NCCL_BASE_US[q] + steps * NCCL_HOP_US[!nv][q] + bytes / (bus[q] * 1e3 * n / steps);
+        best = fmin(best, us);
+    }
+    return best;
+}
+
+/* One phase of an engine's own all-reduce kernel (its launch, a barrier:
+ * flags written to and polled from every peer over NVLink, and the
+ * reduction's wait on the slowest GPU): fitted, 6 us, on the one published
+ * row such a kernel runs in (SGLang's batch-1 decode over 8 B200s, whose
+ * 188 all-reduces a token want 12 us each, docs/costmodel.md). One stage
+ * pays two (the barriers before and after), two stages three. */
+#define AR_CUSTOM_SYNC_US 6.0
+
 double ac_engine_allreduce_us(const ac_engine_rt *rt, double bytes) {
     if (rt->tp <= 1) return 0;
-    return rt->link_us + 2.0 * (rt->tp - 1) / rt->tp * bytes / (rt->link_gbs * 1e9) * 1e6;
+    int n = rt->tp;
+    double ring = 2.0 * (n - 1) / n * bytes / (rt->link_gbs * 1e3);
+    if (rt->link_us > 0) return rt->link_us + ring; /* the spec's fixed cost a call */
+    if (rt->link_nvlink && rt->custom_max > 0 && bytes <= rt->custom_max) {
+        if (bytes < rt->oneshot_max) return 2 * AR_CUSTOM_SYNC_US + (n - 1) * bytes / (rt->link_gbs * 1e3);
+        return 3 * AR_CUSTOM_SYNC_US + ring;
+    }
+    return nccl_ring_us(rt, bytes);
 }
 
 int ac_tp_attn_splits(int tp, int heads, int kv) {

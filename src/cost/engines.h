@@ -46,6 +46,10 @@ typedef struct {
     int block_size;
     int tp;
     double link_gbs, link_us;
+    int link_nvlink;      /* the link is NVLink (else PCIe) */
+    double ll_gbs;        /* NCCL's LL bus-bandwidth cap of the GPU's generation (device.h) */
+    double custom_max;    /* bytes up to which the engine's own all-reduce kernels run (0: NCCL only) */
+    double oneshot_max;   /* ... in one stage below these bytes, two stages above */
     int act_step; /* memory_gib holds the activations of one step of the budget (a named engine that chunks
                      prompts), not every prompt of the batch at once (docs/costmodel.md) */
 } ac_engine_rt;
@@ -59,8 +63,14 @@ void ac_engine_resolve(const ac_engine_profile *p, double mem_gib, const char *d
  * 1, 2, 4, then multiples of 8), or 0 when n is beyond graph_max. */
 int ac_engine_graph_size(const ac_engine_rt *rt, int n);
 
-/* Microseconds of one all-reduce of bytes over tp GPUs (ring: 2 (tp - 1) / tp
- * of the bytes over the link, plus a fixed cost); 0 at tp <= 1. */
+/* Microseconds of one all-reduce of bytes over tp GPUs of one node; 0 at
+ * tp <= 1. Over NVLink, up to custom_max bytes, the engine's own kernels
+ * (one-shot: each GPU reads the tp - 1 others' whole buffers; two-shot: a
+ * reduce-scatter and an all-gather, 2 (tp - 1) / tp of the bytes), each
+ * phase behind a barrier; else NCCL's ring, the fastest of its LL, LL128
+ * (NVLink only) and Simple protocols by NCCL's own cost model (a base
+ * latency, a latency per ring step, the bus bandwidth the protocol gets).
+ * docs/costmodel.md, "Tensor parallelism", gives each constant's source. */
 double ac_engine_allreduce_us(const ac_engine_rt *rt, double bytes);
 
 /* Tensor parallelism over tp GPUs as vLLM shards a layer (QKVParallelLinear,

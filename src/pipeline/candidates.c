@@ -137,7 +137,7 @@ static int build(job_state *s, int want, cand *list, int *n, ac_err *e) {
     add(list, n, &c);
     ac_search_problem P = s->P;
     P.emit = NULL;
-    if (*n < want && s->spec->search.method == AC_SEARCH_DNAS) {
+    if (*n < want && s->spec->search.method == AC_SEARCH_DNAS && ac_search_has_curves(&P)) { /* (a hybrid: with curves) */
         c = (cand){.source = "surrogate", .seed = P.opts.seed, .imp = &s->imp};
         if (ac_search_autocompress(&P, &c.r, e)) return -1;
         add(list, n, &c);

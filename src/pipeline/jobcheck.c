@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "search/constraints.h"
+#include "search/importance.h"
 #include "cost/costmodel.h"
 #include "format/deci.h"
 #include "core/dtype.h"
@@ -152,11 +153,17 @@ int ac_model_check_compressible(const ac_job_spec *s, const json_t *j, const cha
     if (!s->model[0] || ac_arch_load(s->model, &a, &ignore)) return 0; /* fails later with its reason */
     int moe = ac_arch_has_moe(&a), hybrid = ac_arch_is_hybrid(&a), top_k = a.top_k;
     ac_arch_free(&a);
-    if (hybrid && s->method == AC_METHOD_AUTOCOMPRESS && s->search.method == AC_SEARCH_SURROGATE) {
-        *field = "search.method";
-        return ac_errf(e, "search.method surrogate: the surrogate search does not take a hybrid Mamba-Transformer "
-                          "model (nemotron_h; only calibration_method exact measures its loss curves, and no search "
-                          "reads them yet); its autocompress arm is the gate search, search.method dnas");
+    /* the surrogate search scores a hybrid by its loss curves, which calibration_method exact measures on the CPU
+     * alone (importance.h; with a CUDA target exact runs the engine method, which measures none) */
+    if (hybrid && s->method == AC_METHOD_AUTOCOMPRESS && s->search.method == AC_SEARCH_SURROGATE &&
+        (s->calibration_method != AC_CALIB_EXACT || s->target.dev.kind == AC_TARGET_CUDA)) {
+        *field = s->calibration_method != AC_CALIB_EXACT ? "calibration_method" : "target.device";
+        return ac_errf(e, "search.method surrogate on a hybrid Mamba-Transformer model (nemotron_h) scores the "
+                          "structure by its loss curves, which only calibration_method exact measures, and only on the "
+                          "CPU (%s); name calibration_method exact, or use search.method dnas (the gate search, which "
+                          "starts from Minitron's structure without curves)",
+                          s->calibration_method != AC_CALIB_EXACT ? "calibration_method is not exact"
+                                                                  : "a CUDA target's calibration measures none");
     }
     if (hybrid && s->search.target == AC_EXPORT_DECI) {
         *field = "search.export_target";

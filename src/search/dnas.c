@@ -1502,11 +1502,12 @@ static int setup(run_t *R, ac_dnas_gates *g, const ac_search_problem *p, ac_mode
         init_from_arch(g, p->base, &sr.arch, p->imp, o->mc_init_off);
         ac_search_result_free(&sr);
     }
-    if (g->hyb && o->init_surrogate) { /* a hybrid has no loss curves: it starts from Minitron's structure */
+    if (g->hyb && o->init_surrogate) { /* a hybrid: from the surrogate's structure where the curves were measured (its
+                                        * calibration exact), else from Minitron's */
         ac_search_problem q = *p;
         ac_search_result sr;
         q.emit = NULL;
-        if (ac_search_minitron(&q, &sr, e)) return -1;
+        if (ac_search_has_curves(p) ? ac_search_autocompress(&q, &sr, e) : ac_search_minitron(&q, &sr, e)) return -1;
         ac_dnas_hyb_init(g, p->base, &sr.arch, p->imp);
         ac_search_result_free(&sr);
     } else if (g->hyb)

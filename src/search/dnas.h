@@ -91,8 +91,11 @@
  * model's carch holds Mamba heads per layer, so the expected cost is the
  * formula above with every layer one block: E[m] = m(cbar) - sum_l (1 - p_l)
  * D_l, width gradients p_l dm/dw_l by central differences on the cost
- * model. A hybrid has no loss curves (importance.h), so the gates start
- * all on (log_alpha 2) rather than from the surrogate search, and the
+ * model. With init_surrogate the gates start from the surrogate search's
+ * structure (search.h, "Hybrid Mamba-Transformer models") where the
+ * calibration measured the loss curves (calibration_method exact on the
+ * CPU; ac_search_has_curves), else from Minitron's (ac_dnas_hyb_init: its
+ * units at log_alpha 2, the others -3); the
  * discretisation is per layer type: the export holds one width per type
  * (mamba_num_heads, num_key_value_heads, intermediate_size,
  * n_routed_experts), so each type's mean expected width rounded, its
@@ -127,7 +130,8 @@ typedef struct {
                               * base architecture, every unit; K/V of deci merge layers are the original ones, as
                               * ac_prune merges them), instead of discarding it; the weights then step from a
                               * second pass at the gates' rounded structure (dnas.c, hard_grads) */
-    int init_surrogate;      /* 1: log_alpha initialised from the surrogate search's result */
+    int init_surrogate;      /* 1: log_alpha initialised from the surrogate search's result (a hybrid without curves:
+                              * from Minitron's) */
     int teacher_cache_mib;   /* teacher logits cached up to this size, else recomputed each step */
     double mc_tau0, mc_tau1; /* deci merge choices: Gumbel-softmax temperature, first and last step (geometric) */
     double mc_hard_from;     /* straight-through from this fraction of the steps on (the network sees the one-hot
@@ -244,9 +248,8 @@ const char *ac_dnas_method(ac_search_method m);
  * experts) or on CUDA (p->cuda: the CUDA trainer's MoE ops); a hybrid
  * (nemotron_h) always: its gates (the sigmoid router's experts among them)
  * train on the CUDA trainer with p->cuda (it has every hybrid layer kind
- * and gate), else on the CPU (on m in place when it is 16-bit), as the
- * surrogate search has no Mamba axis. Otherwise method dnas falls back to
- * the surrogate search. */
+ * and gate), else on the CPU (on m in place when it is 16-bit). Otherwise
+ * method dnas falls back to the surrogate search. */
 int ac_dnas_gates_ok(const ac_search_problem *p, const ac_model *m);
 /* The job's search stage for method autocompress: so->method AC_SEARCH_DNAS
  * (with so->dnas_steps, dnas_lr, dnas_batch, dnas_seq_len, cotrain,

@@ -451,11 +451,66 @@ static int wide_mean(const ac_dnas_gates *g, const ac_arch *b, int k, int base, 
     return v < lo ? lo : v > max ? max : v;
 }
 
+/* The greedy on h into r->arch (r->cost, r->feasible set): the shrinking move with the least price per violation
+ * removed, until feasible or none helps; then the growing move with the highest price (what it gives back) that
+ * stays feasible, while one does. The price: with curves, the move's change of the predicted loss increase
+ * (ac_search_pred_loss: the calibration's loss curves), else the gate mass move() returns. depth 0: the widths
+ * alone (no layer removed or put back). *hp gets the result. */
+static void greedy(const ac_dnas_gates *g, const ac_search_problem *p, hchoice *hp, ac_search_result *r, int curves,
+                   int depth) {
+    const ac_arch *b = p->base;
+    int L = g->L;
+    hchoice h = *hp, t;
+    apply(g, b, &h, &r->arch);
+    predict(p, &r->arch, &r->cost);
+    t.keep = malloc(L + 1);
+    for (int pass = 0; pass < 2 && t.keep; pass++)
+        for (int it = 0; it < 100000; it++) {
+            double v0 = violation(p, &r->cost), score = 1e300, q0 = curves ? ac_search_pred_loss(p, &r->arch) : 0;
+            if (pass == 0 && v0 <= 1e-12) break;
+            if (pass == 1 && v0 > 1e-12) break;
+            int bk = -1;
+            for (int k = 0; k < (depth ? K_DEPTH + N_TYPES : K_DEPTH); k++) {
+                char *keep = t.keep;
+                t = h;
+                t.keep = keep;
+                memcpy(t.keep, h.keep, L);
+                double mass = move(g, p, &t, k, pass ? 1 : -1);
+                if (mass < 0) continue;
+                apply(g, b, &t, &r->arch);
+                if (curves) mass = (ac_search_pred_loss(p, &r->arch) - q0) * (pass ? -1 : 1);
+                ac_cost ck;
+                predict(p, &r->arch, &ck);
+                double dv = fmin(v0 - violation(p, &ck), v0); /* (removing more than the violation earns nothing) */
+                if (pass == 0 && dv > 1e-12 && (fmax(mass, 0) + 1e-9) / dv < score)
+                    score = (fmax(mass, 0) + 1e-9) / dv, bk = k;
+                if (pass == 1 && violation(p, &ck) <= 1e-12 && (bk < 0 || -mass < score)) score = -mass, bk = k;
+            }
+            if (bk < 0) break;
+            move(g, p, &h, bk, pass ? 1 : -1);
+            apply(g, b, &h, &r->arch);
+            predict(p, &r->arch, &r->cost);
+        }
+    apply(g, b, &h, &r->arch);
+    predict(p, &r->arch, &r->cost);
+    r->feasible = violation(p, &r->cost) <= 1e-12;
+    free(t.keep);
+    *hp = h; /* (the same keep array) */
+}
+
+/* dst = src, keep copied into dst's own array. */
+static void hcopy(hchoice *dst, const hchoice *src, int L) {
+    char *keep = dst->keep;
+    *dst = *src;
+    dst->keep = keep;
+    memcpy(keep, src->keep, L);
+}
+
 void ac_dnas_hyb_discretise(const ac_dnas_gates *g, const ac_search_problem *p, ac_search_result *r) {
     const ac_arch *b = p->base;
     int L = g->L, n[N_TYPES] = {0}, best[N_TYPES], kept[N_TYPES] = {0};
     double sum[N_TYPES] = {0};
-    hchoice h = {.keep = calloc(L + 1, 1), .hidden = b->hidden}, t;
+    hchoice h = {.keep = calloc(L + 1, 1), .hidden = b->hidden};
     ac_carch c;
     if (!h.keep || ac_carch_from_arch(b, &c, NULL)) {
         free(h.keep);
@@ -520,40 +575,58 @@ void ac_dnas_hyb_discretise(const ac_dnas_gates *g, const ac_search_problem *p, 
         h.hidden = v < g->hm ? g->hm : v > b->hidden ? b->hidden : v;
     }
     ac_carch_free(&c);
-    apply(g, b, &h, &r->arch);
-    predict(p, &r->arch, &r->cost);
-    /* repair: the move with the least gate mass per violation removed, until feasible or none helps; then the
-     * growing move with the most gate mass that stays feasible, while one does */
-    t.keep = malloc(L + 1);
-    for (int pass = 0; pass < 2 && t.keep; pass++)
-        for (int it = 0; it < 100000; it++) {
-            double v0 = violation(p, &r->cost), score = 1e300;
-            if (pass == 0 && v0 <= 1e-12) break;
-            if (pass == 1 && v0 > 1e-12) break;
-            int bk = -1;
-            for (int k = 0; k < K_DEPTH + N_TYPES; k++) {
-                char *keep = t.keep;
-                t = h;
-                t.keep = keep;
-                memcpy(t.keep, h.keep, L);
-                double mass = move(g, p, &t, k, pass ? 1 : -1);
-                if (mass < 0) continue;
-                apply(g, b, &t, &r->arch);
-                ac_cost ck;
-                predict(p, &r->arch, &ck);
-                double dv = fmin(v0 - violation(p, &ck), v0); /* (removing more than the violation earns nothing) */
-                if (pass == 0 && dv > 1e-12 && (mass + 1e-9) / dv < score) score = (mass + 1e-9) / dv, bk = k;
-                if (pass == 1 && violation(p, &ck) <= 1e-12 && (bk < 0 || -mass < score)) score = -mass, bk = k;
-            }
-            if (bk < 0) break;
-            move(g, p, &h, bk, pass ? 1 : -1);
-            apply(g, b, &h, &r->arch);
-            predict(p, &r->arch, &r->cost);
+    greedy(g, p, &h, r, 0, 1);
+    free(h.keep);
+}
+
+void ac_dnas_hyb_greedy_curves(const ac_dnas_gates *g, const ac_search_problem *p, ac_search_result *r) {
+    const ac_arch *b = p->base;
+    hchoice h = {.keep = malloc(g->L + 1), .hidden = b->hidden, .shared = b->shared_ffn, .pdim = b->ssm_head_dim,
+                 .latent = b->moe_latent, .experts = b->top_k};
+    if (!h.keep) {
+        predict(p, &r->arch, &r->cost);
+        r->feasible = violation(p, &r->cost) <= 1e-12;
+        return;
+    }
+    memset(h.keep, 1, g->L);
+    for (int l = 0; l < g->L; l++) { /* every unit kept: each type's base width (one per type in a hybrid) */
+        const ac_layer_arch *bl = &b->layers[l];
+        if (g->nsg[l]) h.ssm_pg = g->nsg[l];
+        if (bl->n_heads) h.kv = bl->n_kv_heads;
+        if (bl->ffn > h.ffn) h.ffn = bl->ffn;
+        if (bl->n_experts) h.experts = bl->n_experts, h.effn = bl->expert_ffn;
+    }
+    greedy(g, p, &h, r, 1, 1);
+    /* local search: each single move (either way) and each pair of layer moves from the result, then the greedy
+     * again (shrink to feasible, grow while feasible; after a layer move, the widths alone); the best feasible
+     * result by predicted loss is kept, until no move improves it. It finds what one-step prices miss: a whole
+     * layer removed so that the widths grow back (a layer frees many parameters at once, which the shrink phase,
+     * pricing per unit of violation removed up to the violation, does not prefer). */
+    hchoice t = {.keep = malloc(g->L + 1)}, best = {.keep = malloc(g->L + 1)};
+    double q = r->feasible ? ac_search_pred_loss(p, &r->arch) : INFINITY;
+    for (int it = 0, better = 1; better && it < 64 && t.keep && best.keep; it++) {
+        better = 0;
+        hcopy(&best, &h, g->L);
+        /* the perturbations: one move of any kind either way (i < NM), or two layer moves (NM <= i: the pair
+         * (a, b) of the 2 N_TYPES layer moves, a <= b: two layers of types removed, or one removed and one put back) */
+        enum { NM = 2 * (K_DEPTH + N_TYPES), ND = 2 * N_TYPES };
+        for (int i = 0; i < NM + ND * ND; i++) {
+            int a = i < NM ? i : 2 * K_DEPTH + (i - NM) / ND, c = i < NM ? -1 : 2 * K_DEPTH + (i - NM) % ND;
+            if (c >= 0 && c < a) continue;
+            hcopy(&t, &h, g->L);
+            if (move(g, p, &t, a / 2, a % 2 ? 1 : -1) < 0 || (c >= 0 && move(g, p, &t, c / 2, c % 2 ? 1 : -1) < 0))
+                continue;
+            greedy(g, p, &t, r, 1, a / 2 < K_DEPTH); /* (after a layer's move the widths alone: not it undone) */
+            double qt = r->feasible ? ac_search_pred_loss(p, &r->arch) : INFINITY;
+            if (qt < q - 1e-12) q = qt, hcopy(&best, &t, g->L), better = 1;
         }
+        hcopy(&h, &best, g->L);
+    }
     apply(g, b, &h, &r->arch);
     predict(p, &r->arch, &r->cost);
     r->feasible = violation(p, &r->cost) <= 1e-12;
     free(t.keep);
+    free(best.keep);
     free(h.keep);
 }
 

@@ -9,6 +9,7 @@
 #include "format/deci.h"
 #include "cost/engines.h"
 #include "format/gguf.h"
+#include "search_int.h"
 
 /* The limits a problem sets: rows of the constraint table (constraints.h). */
 typedef struct {
@@ -101,8 +102,13 @@ static double quality(const ac_search_problem *p, const double *v, int L) {
     return q + ac_sens_hidden(p->imp, 1 - v[2 * L]);
 }
 
+int ac_search_has_curves(const ac_search_problem *p) {
+    return !ac_arch_is_hybrid(p->base) || (p->imp && p->imp->ssm_sens);
+}
+
 double ac_search_pred_loss(const ac_search_problem *p, const ac_arch *a) {
     const ac_arch *b = p->base;
+    if (ac_arch_is_hybrid(b)) return ac_search_hyb_pred_loss(p, a); /* surrogate_hybrid.c */
     double q = 0;
     for (int l = 0; l < b->n_layers; l++) {
         const ac_layer_arch *bl = &b->layers[l], *al = &a->layers[l];
@@ -584,6 +590,7 @@ static void relax_discretise(const ac_search_problem *p, const double *v, ac_arc
 
 int ac_search_autocompress(const ac_search_problem *p, ac_search_result *r, ac_err *e) {
     memset(r, 0, sizeof *r);
+    if (ac_arch_is_hybrid(p->base)) return ac_search_hyb_surrogate(p, r, e); /* surrogate_hybrid.c */
     ctx_t x = {.p = p, .L = p->base->n_layers};
     x.nc = constraint_list(&p->limits, x.c);
     if (x.nc == 0) return ac_errf(e, "search: no constraints given");

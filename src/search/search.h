@@ -11,6 +11,42 @@
  * of violation first), then greedily refilled while it stays feasible.
  * The Minitron baseline is in minitron.h (Model-Optimizer's search).
  * Deterministic for a given seed.
+ *
+ * Hybrid Mamba-Transformer models (nemotron_h; surrogate_hybrid.c): the
+ * export holds one width per layer type (mamba_num_heads, num_key_value_
+ * heads, intermediate_size, n_routed_experts) and model-wide ones
+ * (mamba_head_dim, moe_intermediate_size, moe_shared_expert_intermediate_
+ * size, moe_latent_size, hidden_size), so the search is discrete: the gate
+ * search's per-type moves (dnas_hybrid.c: a type's width one grid step,
+ * a model-wide width one step, a type's weakest layer removed) from the
+ * full model, each priced by the cost model and by its change of the
+ * predicted loss increase; shrink by least loss per violation removed
+ * until feasible, then grow by most loss recovered while feasible; then a
+ * local search: from the result each single move (either way) and each
+ * pair of layer moves (two layers removed, or one removed and one put
+ * back), the greedy again (after a layer move on the widths alone), the
+ * lowest predicted loss kept, until none improves (a whole layer frees
+ * many parameters at once, which the unit-priced shrink does not
+ * prefer). The
+ * axes are those ac_dnas_gates_init gates (search.prune_hidden,
+ * prune_experts, prune_expert_ffn as there). The predicted loss
+ * (ac_search_pred_loss) adds per layer: a Mamba layer's head curve
+ * (ssm_sens) at the share of its x channels removed, 1 - (heads kept /
+ * heads) (head dim kept / head dim) (no curve measures the head dim: it
+ * is priced as the same share of heads); an attention layer's KV curve;
+ * an MLP layer's channel curve; an MoE layer's experts curve over its
+ * expert capacity in channels, C = experts x expert width (times the kept
+ * latent share) + the shared expert's width: the curve at the share
+ * (C_base - C) / ((E - top_k) Fe) of the removable capacity removed, and
+ * past the curve's end (below top_k experts' worth, down to the layer
+ * removed at C = 0) its last point times that share (expert width,
+ * latent, shared width and the layer's removal have no curve: each is
+ * priced as that much expert capacity; no calibration point removes
+ * more than E - top_k experts); the hidden curve. Which layer
+ * of a type goes first: the least loss with it removed (its curves' last
+ * points; result detail.layer_removal_loss). Needs the curves: an error
+ * without them (calibration_method exact on the CPU gives them;
+ * ac_search_has_curves).
  */
 #ifndef AC_SEARCH_H
 #define AC_SEARCH_H
@@ -108,8 +144,11 @@ int ac_search_repair(const ac_search_problem *p, ac_arch *a, ac_cost *cost);
  * splittable: KV counts (and with them query heads) only on the counts
  * ac_tp_attn_splits allows, FFN widths on the grid. */
 int ac_search_check_tp(const ac_search_problem *p, int check_grid, ac_err *e);
-/* Predicted loss increase of a discrete architecture: its layers' curves added up (a hybrid's Mamba heads too,
- * where the EXACT calibration measured them). */
+/* Predicted loss increase of a discrete architecture: its layers' curves added up (a hybrid's: see "Hybrid
+ * Mamba-Transformer models" below; 0 without curves). */
 double ac_search_pred_loss(const ac_search_problem *p, const ac_arch *a);
+/* Whether the surrogate search has the curves it scores by: a dense or MoE model always, a hybrid when its
+ * calibration measured them (importance.h: ssm_sens, calibration_method exact on the CPU). */
+int ac_search_has_curves(const ac_search_problem *p);
 
 #endif
