@@ -699,8 +699,8 @@ def test_specs_refused_with_the_field():
     if not have():
         return "skip: no tiny model or build/autocompress (make all tiny-model)"
     base = make_base()
-    for kw, field in (({"method": "autocompress", "search": {"method": "surrogate", "export_target": "gguf"}},
-                       "calibration_method"),  # the surrogate needs the curves: calibration_method exact
+    for kw, field in (({"method": "autocompress", "search": {"method": "surrogate", "export_target": "gguf"},
+                        "target": {"device": "cuda"}}, "target.device"),  # the surrogate needs the curves
                       ({"method": "autocompress", "calibration_method": "exact",
                         "search": {"method": "surrogate", "export_target": "gguf"},
                         "target": {"device": "cuda"}}, "target.device"),
@@ -710,10 +710,12 @@ def test_specs_refused_with_the_field():
         j = json.loads(r.stdout or r.stderr)
         assert r.returncode != 0 and j.get("field") == field, (kw, r.returncode, r.stdout, r.stderr)
         print(f"   {field}: {j.get('error', j)}"[:200])
-    s = job_spec(base, os.path.join(WORK, "out_x"), 0, 2e5, method="autocompress", calibration_method="exact",
-                 search={"method": "surrogate", "export_target": "gguf"})
-    r = subprocess.run([CLI, "validate", write(os.path.join(WORK, "v.json"), s)], capture_output=True, text=True)
-    assert r.returncode == 0, ("surrogate with calibration_method exact refused", r.stdout, r.stderr)
+    for kw in ({"calibration_method": "exact"}, {}, {"calibration_method": "anchored"},  # every CPU method: curves
+               {"calibration_method": "streamed", "target": {"device": "cuda"}}):  # the CPU pass on a CUDA target
+        s = job_spec(base, os.path.join(WORK, "out_x"), 0, 2e5, method="autocompress",
+                     search={"method": "surrogate", "export_target": "gguf"}, **kw)
+        r = subprocess.run([CLI, "validate", write(os.path.join(WORK, "v.json"), s)], capture_output=True, text=True)
+        assert r.returncode == 0, ("surrogate refused", kw, r.stdout, r.stderr)
 
 
 if __name__ == "__main__":
