@@ -161,9 +161,10 @@ static void print_arch(const char *what, json_t *arch) {
  *    "cuda" (the CPU job's is not), the gate search's trainer is "cuda",
  *    Minitron's candidates were scored on "cuda", each arm's distillation
  *    trainer is "cuda", and the on-target latency exists;
- *  - both jobs computed the same importance (a hybrid's activation
- *    statistics come from one CPU engine pass on either target: the same
- *    rankings, the base loss to 1e-9);
+ *  - both jobs computed the same importance (the same rankings, the base
+ *    loss to 1e-4 relative: the device job calibrates by the engine method,
+ *    its statistics from one CPU engine pass, the CPU job by the
+ *    layer-streamed exact pass);
  *  - each arm's structure is the same JSON in both, and so the chosen arm
  *    (Minitron: the same grid, its top-k scored by pruned BF16 students'
  *    losses on the device, each within 0.3 % of the CPU's, test_cuda's bound
@@ -265,7 +266,10 @@ static void gpu_job_hybrid(int latent) {
                worst);
         CHECK(scored > 0 && worst <= 3e-3, "Minitron's candidate losses differ by %g", worst);
         json_t *ig = json_object_get(g, "importance"), *ic = json_object_get(c, "importance");
-        CHECK(fabs(num(ig, "base_loss") - num(ic, "base_loss")) <= 1e-9 * num(ic, "base_loss"),
+        /* the device job's calibration is the engine method (its statistics from one CPU engine pass, the curves'
+         * loss passes on the GPU), the CPU job's the layer-streamed exact pass: the same sums in another order, where a routed
+         * token's near-tied experts may go either way (LatentMoE's measured 1.05e-5 apart, 2026-12-08) */
+        CHECK(fabs(num(ig, "base_loss") - num(ic, "base_loss")) <= 1e-4 * num(ic, "base_loss"),
               "calibration base loss %.9g on cuda vs %.9g", num(ig, "base_loss"), num(ic, "base_loss"));
         const char *arms[2] = {"minitron", "autocompress"};
         for (int a = 0; a < 2; a++) {

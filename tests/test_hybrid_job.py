@@ -30,15 +30,15 @@ does both.
   base's at the channels a float64 computation of its statistic ranks best;
   a structure with every width the gate search cuts (head dim, expert,
   shared and latent widths) loads in llama.cpp as the engine reads it.
-- calibration_method streamed: the same export as the engine-calibrated job.
+- calibration_method streamed: the same export as the job calibrated by auto (exact), both with curves.
 - `autocompress eval` on model.gguf (our GGUF reader: nemotron_h /
   nemotron_h_moe read back) gives the safetensors export's perplexity: to
   1e-6, for an F32 export of BF16 weights and for a job's BF16 GGUF (whose
   norms and per-head vectors stay F32: the BF16 student's values).
-- A hybrid spec with export_target deci, or search.method surrogate without
-  the loss curves it needs (calibration_method not exact, or a CUDA target,
-  whose exact calibration measures none), is refused naming the field
-  (`autocompress validate`); with calibration_method exact it is accepted.
+- A hybrid spec with export_target deci is refused naming the field
+  (`autocompress validate`); search.method surrogate is accepted with every
+  calibration method, on the CPU and on a CUDA target (each measures the
+  loss curves it reads).
 """
 import json
 import math
@@ -382,9 +382,11 @@ def test_group_aware_heads_as_model_optimizer_ranks_them():
 
 
 def test_streamed_calibration_job():
-    """calibration_method streamed on the hybrid: the layer-streamed pass (src/search/stream.c) gives the engine
-    pass's statistics (test_stream's test_hybrid_layers), so the job without distillation exports what the
-    engine-calibrated job (test_group_aware_heads_as_model_optimizer_ranks_them's) exports, tensor for tensor."""
+    """calibration_method streamed on the hybrid: the layer-streamed pass (src/search/stream.c) gives exact's
+    statistics (test_stream's test_hybrid_layers and test_hybrid_exact), so the job without distillation exports
+    what the job calibrated by auto (exact here: test_group_aware_heads_as_model_optimizer_ranks_them's) exports,
+    tensor for tensor; both reports carry a Mamba-head loss curve on every Mamba layer (non-decreasing from 0 to
+    the layer's removal; not all flat)."""
     if not have():
         return "skip: no tiny model or build/autocompress (make all tiny-model)"
     import torch
@@ -396,14 +398,24 @@ def test_streamed_calibration_job():
     rs, wall, rss = run_job(job_spec(base, os.path.join(WORK, "out_s"), 0, base_limit(base),
                                      calibration_method="streamed"), "job_s")
     ms, ma = rs["importance"]["sensitivity_method"], ra["importance"]["sensitivity_method"]
-    print(f"   streamed calibration job: {wall:.1f} s, peak RSS {rss:.0f} MiB; methods: {ms!r} / {ma!r}")
-    assert "layer-streamed" in ms and "engine pass" in ma, (ms, ma)
+    print(f"   streamed calibration job: {wall:.1f} s, peak RSS {rss:.0f} MiB, calibrate "
+          f"{rs['timings_s'].get('calibrate')} s; methods: {ms!r} / {ma!r}")
+    assert ms == "streamed" and ma == "exact", (ms, ma)
+    for r in (rs, ra):
+        curves = [L.get("mamba_loss_curve") for l, L in enumerate(r["importance"]["layers"])
+                  if CFG["hybrid_override_pattern"][l] == "M"]
+        assert len(curves) == CFG["hybrid_override_pattern"].count("M") and all(
+            c and len(c) == 5 and c[0] == 0 and c == sorted(c) for c in curves), curves
+        assert max(c[-1] for c in curves) > 1e-3, curves  # (a random-init layer's removal may cost nothing)
+    ends = [[round(L["mamba_loss_curve"][-1], 4) for L in r["importance"]["layers"] if "mamba_loss_curve" in L]
+            for r in (rs, ra)]
+    print(f"   Mamba-head curves at 100 %: streamed {ends[0]}, exact {ends[1]}")
     assert rs[rs["chosen"]]["architecture"] == ra[ra["chosen"]]["architecture"]
     Ws, Wa = load(rs["export"]["dir"]), load(ra["export"]["dir"])
     assert sorted(Ws) == sorted(Wa), sorted(set(Ws) ^ set(Wa))
     for k, t in Wa.items():
         assert torch.equal(Ws[k], t), k
-    print(f"   {len(Wa)} exported tensors equal to the engine-calibrated job's")
+    print(f"   {len(Wa)} exported tensors equal to the auto-calibrated (exact) job's")
 
 
 def test_job_distils_and_exports_nemotron_h():
@@ -687,21 +699,21 @@ def test_specs_refused_with_the_field():
     if not have():
         return "skip: no tiny model or build/autocompress (make all tiny-model)"
     base = make_base()
-    for kw, field in (({"method": "autocompress", "search": {"method": "surrogate", "export_target": "gguf"}},
-                       "calibration_method"),  # the surrogate needs the curves: calibration_method exact
-                      ({"method": "autocompress", "calibration_method": "exact",
-                        "search": {"method": "surrogate", "export_target": "gguf"},
-                        "target": {"device": "cuda"}}, "target.device"),
-                      ({"search": {"export_target": "deci"}}, "search.export_target")):
+    for kw, field in (({"search": {"export_target": "deci"}}, "search.export_target"),):
         s = job_spec(base, os.path.join(WORK, "out_x"), 0, 2e5, **kw)
         r = subprocess.run([CLI, "validate", write(os.path.join(WORK, "v.json"), s)], capture_output=True, text=True)
         j = json.loads(r.stdout or r.stderr)
         assert r.returncode != 0 and j.get("field") == field, (kw, r.returncode, r.stdout, r.stderr)
         print(f"   {field}: {j.get('error', j)}"[:200])
-    s = job_spec(base, os.path.join(WORK, "out_x"), 0, 2e5, method="autocompress", calibration_method="exact",
-                 search={"method": "surrogate", "export_target": "gguf"})
-    r = subprocess.run([CLI, "validate", write(os.path.join(WORK, "v.json"), s)], capture_output=True, text=True)
-    assert r.returncode == 0, ("surrogate with calibration_method exact refused", r.stdout, r.stderr)
+    # every calibration method measures the curves the surrogate reads, on the CPU and on a CUDA target (the
+    # engine method's, test_cuda_job's test_gpu_hybrid_curves)
+    for kw in ({"calibration_method": "exact"}, {}, {"calibration_method": "anchored"},
+               {"calibration_method": "streamed", "target": {"device": "cuda"}}, {"target": {"device": "cuda"}},
+               {"calibration_method": "exact", "target": {"device": "cuda"}}):
+        s = job_spec(base, os.path.join(WORK, "out_x"), 0, 2e5, method="autocompress",
+                     search={"method": "surrogate", "export_target": "gguf"}, **kw)
+        r = subprocess.run([CLI, "validate", write(os.path.join(WORK, "v.json"), s)], capture_output=True, text=True)
+        assert r.returncode == 0, ("surrogate refused", kw, r.stdout, r.stderr)
 
 
 if __name__ == "__main__":

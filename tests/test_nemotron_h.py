@@ -4,14 +4,13 @@ pipeline compresses is told apart from what it does not yet.
 The engine's hybrid forward and the trainer's backward are checked against
 tests/ref_mamba.py in test_engine, test_train and test_block, and a whole
 minitron job and an autocompress one in test_hybrid_job.py; here a job or a
-validation on a Nemotron-H checkpoint with the autocompress method and the
-surrogate search but without the loss curves it scores by (calibration_method
-not exact) must get a 400 that names the field `calibration_method` and says
-which search runs instead, over real HTTP with the daemon's SQLite file, and
-nothing is queued; the same spec with calibration_method exact, with the
-gate search (dnas, the default) or with method minitron validates; an
-estimate is answered (the cost model prices Mamba layers:
-test_estimate_hybrid.py checks its figures).
+validation on a Nemotron-H checkpoint, over real HTTP with the daemon's
+SQLite file: export_target deci is refused with a 400 naming the field and
+the layouts that load a hybrid; the autocompress method with the surrogate search under every
+calibration method (each measures the loss curves it scores by), with the
+gate search (dnas, the default) or with method minitron validates, and
+nothing is queued; an estimate is answered (the cost model prices Mamba
+layers: test_estimate_hybrid.py checks its figures).
 """
 import os
 import shutil
@@ -47,14 +46,13 @@ def test_jobs_and_estimates_refused_with_the_reason():
     try:
         for fix in FIXTURES:  # the dense hybrid and the one with MoE layers
             m = model_dir(fix)
-            surrogate = spec(model=m, search={"export_target": "gguf", "method": "surrogate"})
-            st, j = d.req("POST", "/v1/jobs", surrogate)
-            assert st == 400 and j["error"]["field"] == "calibration_method", (fix, st, j)
-            assert "nemotron_h" in j["error"]["message"] and "dnas" in j["error"]["message"], j
-            st, j = d.req("POST", "/v1/validate", surrogate)  # the one spec check: the same answer
-            assert st == 400 and j["error"]["field"] == "calibration_method" and \
-                j["error"]["code"] == "invalid_spec", (st, j)
-            for ok in (dict(surrogate, calibration_method="exact"),  # the curves the surrogate reads
+            deci = spec(model=m, search={"export_target": "deci"})  # the DeciLM layout has no Mamba layers
+            st, j = d.req("POST", "/v1/jobs", deci)
+            assert st == 400 and j["error"]["field"] == "search.export_target" and "nemotron_h" in \
+                j["error"]["message"], (fix, st, j)
+            cpu = spec(model=m, search={"export_target": "gguf", "method": "surrogate"})
+            for ok in (cpu, dict(cpu, calibration_method="exact"), dict(cpu, calibration_method="streamed"),
+                       dict(cpu, calibration_method="anchored"),  # each measures the curves the surrogate reads
                        spec(model=m, method="minitron", search={"export_target": "gguf"}),
                        spec(model=m, search={"export_target": "gguf"})):  # autocompress with the gate search
                 st, j = d.req("POST", "/v1/validate", ok)

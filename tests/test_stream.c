@@ -13,7 +13,8 @@
  * resident (mmap'd, read-only) equals STREAMED on the same weights in fp32.
  * Mixture-of-experts and hybrid (nemotron_h) fixtures: test_moe_layers,
  * test_moe_resident, test_hybrid_layers, test_hybrid_exact (a hybrid's
- * EXACT curves, Mamba heads included, against pruned models).
+ * EXACT curves, Mamba heads included, against pruned models; its STREAMED
+ * and ANCHORED curves against EXACT's, as test_proxy_ranking's).
  */
 #include <jansson.h>
 #include <math.h>
@@ -492,7 +493,7 @@ static void hyb_order(hyb_cmp *k, const int *a, const int *b, int n) {
     } while (0)
 
 /* Every statistic, score and order of calibration st against en's (a
- * hybrid's STREAMED and ENGINE: no loss curves on either). */
+ * hybrid's STREAMED and ENGINE; their loss curves: hyb_curves). */
 static hyb_cmp hyb_compare(const ac_importance *st, const ac_importance *en, const ac_arch *a, double tol) {
     hyb_cmp k = {.tol = tol};
     hyb_vals(&k, &st->base_loss, &en->base_loss, 1);
@@ -513,15 +514,37 @@ static hyb_cmp hyb_compare(const ac_importance *st, const ac_importance *en, con
         HYB_ROWS(&k, st, en, ssm_chan_score, l, nh * a->ssm_head_dim, hyb_vals);
         HYB_ROWS(&k, st, en, sh_score, l, fs, hyb_vals);
         HYB_ROWS(&k, st, en, sh_order, l, fs, hyb_order);
-        for (int q = 1; q < AC_SENS_POINTS; q++)
-            k.bad += st->attn_sens[l][q] != 0 || st->ffn_sens[l][q] != 0 || en->attn_sens[l][q] != 0 ||
-                     en->ffn_sens[l][q] != 0;
     }
     hyb_vals(&k, st->hid_score, en->hid_score, a->hidden);
     hyb_order(&k, st->hid_order, en->hid_order, a->hidden);
     hyb_vals(&k, st->mt_hid_score, en->mt_hid_score, a->hidden);
     hyb_order(&k, st->mt_hid_order, en->mt_hid_order, a->hidden);
-    k.bad += st->merge_n != NULL || en->merge_n != NULL;
+    return k;
+}
+
+/* Every loss curve of two hybrid calibrations with curves (Mamba heads,
+ * attention, KV merges, MLP or experts, hidden width): points that differ
+ * by more than tol relative and 1e-7 nats are bad; worst the largest
+ * difference in nats. */
+static void hyb_near(hyb_cmp *k, const double *a, const double *b, int n) {
+    for (int i = 0; i < n; i++, k->n++) {
+        double d = fabs(a[i] - b[i]);
+        if (!(d <= 1e-7 + k->tol * fmax(fabs(a[i]), fabs(b[i])))) k->bad++; /* NaN: bad */
+        if (d > k->worst) k->worst = d;
+    }
+}
+
+static hyb_cmp hyb_curves(const ac_importance *x, const ac_importance *y, const ac_arch *a, double tol) {
+    hyb_cmp k = {.tol = tol};
+    k.bad += !x->ssm_sens || !y->ssm_sens || !x->merge_n || !y->merge_n;
+    for (int l = 0; !k.bad && l < a->n_layers; l++) {
+        hyb_near(&k, x->attn_sens[l], y->attn_sens[l], AC_SENS_POINTS);
+        hyb_near(&k, x->ffn_sens[l], y->ffn_sens[l], AC_SENS_POINTS);
+        hyb_near(&k, x->ssm_sens[l], y->ssm_sens[l], AC_SENS_POINTS);
+        k.bad += x->merge_n[l] != y->merge_n[l];
+        if (x->merge_n[l] == y->merge_n[l]) hyb_near(&k, x->merge_sens[l], y->merge_sens[l], x->merge_n[l]);
+    }
+    hyb_near(&k, x->hid_sens, y->hid_sens, 4);
     return k;
 }
 
@@ -560,11 +583,12 @@ static int load_hybrid(const char *name, char *dir, size_t dn, ac_model *m, int 
  * block influence, attention KV-group and MLP channel scores and orders,
  * Minitron's head, MLP and hidden scores and orders, the Mamba heads' and
  * x channels' scores and orders (by group), the shared expert's channel
- * scores and orders, within test_statistics_match's tolerances; neither has
- * loss curves. The base loss is also tests/ref_mamba.py's float64
+ * scores and orders, within test_statistics_match's tolerances (the
+ * loss curves of both are compared by test_hybrid_exact and test_cuda_job). The base loss is also tests/ref_mamba.py's float64
  * perplexity on the same windows (ppl.json, within 0.1 %), so a change that
  * moves both paths alike (the scan's D term dropped) fails too. The BF16
- * fixtures loaded resident stream to the same values. On the dense
+ * fixtures loaded resident stream to the same values and the same curves
+ * (the backward through each layer converted to fp32). On the dense
  * hybrid, the streamed backward (Mamba-2, attention and squared-ReLU
  * layers) against finite differences, as test_gradient. */
 static void test_hybrid_layers(void) {
@@ -596,6 +620,7 @@ static void test_hybrid_layers(void) {
         CHECK(st.method == AC_CALIB_STREAMED && st.streamed && en.method == AC_CALIB_ENGINE && !en.streamed,
               "%s: methods %d %d", names[f], st.method, en.method);
         CHECK(st.tokens == en.tokens, "%s: tokens %ld vs %ld", names[f], st.tokens, en.tokens);
+        CHECK(st.ssm_sens && st.merge_n && en.ssm_sens && en.merge_n, "%s: a pass without curves", names[f]);
         hyb_cmp k = hyb_compare(&st, &en, a, 1e-4);
         int mamba = 0, moe = 0, mlp = 0, attn = 0;
         for (int l = 0; l < a->n_layers; l++) {
@@ -626,11 +651,15 @@ static void test_hybrid_layers(void) {
             ac_set_bf16_gemm_rows(rows);
             CHECK(okr, "%s: streamed on the resident checkpoint: %s", names[f], e.msg);
             if (okr) {
-                hyb_cmp kr = hyb_compare(&sr, &st, a, 1e-4);
-                printf("   %s resident BF16 vs fp32 load, streamed: %d values, largest relative difference %.2e\n",
-                       names[f], kr.n, kr.worst);
+                hyb_cmp kr = hyb_compare(&sr, &st, a, 1e-4), kc = hyb_curves(&sr, &st, a, 1e-4);
+                printf("   %s resident BF16 vs fp32 load, streamed: %d values, largest relative difference %.2e; "
+                       "%d curve points (backward through each layer converted to fp32), largest difference %.2e "
+                       "nats\n",
+                       names[f], kr.n, kr.worst, kc.n, kc.worst);
                 CHECK(kr.bad == 0, "%s resident: %d of %d values differ (largest %.2e)", names[f], kr.bad, kr.n,
                       kr.worst);
+                CHECK(kc.bad == 0, "%s resident: %d of %d curve points differ (largest %.2e)", names[f], kc.bad, kc.n,
+                      kc.worst);
                 ac_importance_free(&sr);
             }
             ac_model_free(&r);
@@ -707,6 +736,104 @@ static int model_ids(const ac_model *m, int *ids, int ctx, int nw, unsigned seed
     return rc;
 }
 
+/* Spearman correlation of every curve point of P (Mamba heads, attention,
+ * KV merges, MLP channels, experts: the points each method estimates; the
+ * hidden curve is exact in all) against X's; mean |diff| in *mad, and the
+ * Mamba points' own correlation in *rs_ssm. */
+static double hyb_spearman(const ac_importance *X, const ac_importance *P, const ac_arch *a, double *mad,
+                           double *rs_ssm) {
+    static double v[2][1024], r[2][1024];
+    int n = 0, ns = 0;
+    double corr[2];
+    for (int pass = 0; pass < 2; pass++) { /* 0: the Mamba points alone; 1: every point */
+        n = 0;
+        for (int l = 0; l < a->n_layers && n < 1000; l++) {
+            const ac_layer_arch *la = &a->layers[l];
+            for (int p = 1; p < AC_SENS_POINTS; p++) {
+                if (la->ssm_heads) v[0][n] = X->ssm_sens[l][p], v[1][n++] = P->ssm_sens[l][p];
+                if (pass && la->n_heads) v[0][n] = X->attn_sens[l][p], v[1][n++] = P->attn_sens[l][p];
+                if (pass && (la->ffn || la->n_experts)) v[0][n] = X->ffn_sens[l][p], v[1][n++] = P->ffn_sens[l][p];
+            }
+            for (int k = 0; pass && la->n_heads && k < X->merge_n[l] && k < P->merge_n[l]; k++)
+                v[0][n] = X->merge_sens[l][k], v[1][n++] = P->merge_sens[l][k];
+        }
+        if (!pass) ns = n;
+        ranks(v[0], n, r[0]);
+        ranks(v[1], n, r[1]);
+        double m0 = 0, m1 = 0, s01 = 0, s00 = 0, s11 = 0;
+        for (int i = 0; i < n; i++) m0 += r[0][i] / n, m1 += r[1][i] / n;
+        for (int i = 0; i < n; i++)
+            s01 += (r[0][i] - m0) * (r[1][i] - m1), s00 += (r[0][i] - m0) * (r[0][i] - m0),
+                s11 += (r[1][i] - m1) * (r[1][i] - m1);
+        corr[pass] = n > 1 && s00 > 0 && s11 > 0 ? s01 / sqrt(s00 * s11) : 0;
+    }
+    *mad = 0;
+    for (int i = 0; i < n; i++) *mad += fabs(v[1][i] - v[0][i]) / n;
+    *rs_ssm = ns > 1 ? corr[0] : 1;
+    return corr[1];
+}
+
+/* A hybrid's STREAMED (gradient) and ANCHORED curves on model m's windows
+ * against its EXACT ones (ex): each method gives every curve of a dense
+ * model plus the Mamba-head curves, the statistics and rankings EXACT's,
+ * the same hidden curve (exact in all), and the (layer, point) costs in
+ * EXACT's order within the dense model's bounds (test_proxy_ranking:
+ * Spearman above 0.8 streamed, 0.7 anchored; the Mamba points' own order
+ * printed: 4 to 8 points a fixture); and the point STREAMED ranks largest
+ * is EXACT's largest (ties allowed). */
+static void hyb_proxies(ac_model *m, const char *name, const int *ids, size_t n, int ctx, int nw,
+                        const ac_importance *ex) {
+    const ac_arch *a = &m->a;
+    const int mode[2] = {AC_CALIB_STREAMED, AC_CALIB_ANCHORED};
+    const char *what[2] = {"streamed", "anchored"};
+    const double bound[2] = {0.8, 0.7};
+    for (int i = 0; i < 2; i++) {
+        ac_importance p;
+        ac_err e = {{0}};
+        double t0 = ck_now();
+        int ok = ac_importance_compute_mode(m, ids, n, ctx, nw, 0, mode[i], NULL, NULL, &p, &e) == 0;
+        CHECK(ok, "%s %s: %s", name, what[i], e.msg);
+        CHECK(!ok || (p.method == mode[i] && p.ssm_sens && p.merge_n), "%s %s: method %d, curves %p", name, what[i],
+              p.method, (void *)p.ssm_sens);
+        if (!ok || !p.ssm_sens || !p.merge_n) {
+            if (ok) ac_importance_free(&p);
+            continue;
+        }
+        double dt = ck_now() - t0, mad, rss, rs = hyb_spearman(ex, &p, a, &mad, &rss);
+        for (int l = 0; getenv("AC_STREAM_DUMP") && l < a->n_layers; l++)
+            printf("    layer %d exact/%s: attn %.4f %.4f %.4f %.4f | %.4f %.4f %.4f %.4f  ffn %.4f %.4f %.4f %.4f | "
+                   "%.4f %.4f %.4f %.4f  mamba %.4f %.4f %.4f %.4f | %.4f %.4f %.4f %.4f\n",
+                   l, what[i], ex->attn_sens[l][1], ex->attn_sens[l][2], ex->attn_sens[l][3], ex->attn_sens[l][4],
+                   p.attn_sens[l][1], p.attn_sens[l][2], p.attn_sens[l][3], p.attn_sens[l][4], ex->ffn_sens[l][1],
+                   ex->ffn_sens[l][2], ex->ffn_sens[l][3], ex->ffn_sens[l][4], p.ffn_sens[l][1], p.ffn_sens[l][2],
+                   p.ffn_sens[l][3], p.ffn_sens[l][4], ex->ssm_sens[l][1], ex->ssm_sens[l][2], ex->ssm_sens[l][3],
+                   ex->ssm_sens[l][4], p.ssm_sens[l][1], p.ssm_sens[l][2], p.ssm_sens[l][3], p.ssm_sens[l][4]);
+        hyb_cmp ks = hyb_compare(&p, ex, a, 1e-9);
+        int hb = 0;
+        for (int k = 0; k < 4; k++) hb += fabs(p.hid_sens[k] - ex->hid_sens[k]) > 1e-9;
+        /* the largest point of each */
+        double bx = -1, bp = -1, px_at_bp = 0, pp_at_bx = 0;
+        for (int l = 0; l < a->n_layers; l++)
+            for (int q = 1; q < AC_SENS_POINTS; q++) {
+                double xv[3] = {ex->attn_sens[l][q], ex->ffn_sens[l][q], ex->ssm_sens[l][q]},
+                       pv[3] = {p.attn_sens[l][q], p.ffn_sens[l][q], p.ssm_sens ? p.ssm_sens[l][q] : 0};
+                for (int c = 0; c < 3; c++) {
+                    if (xv[c] > bx) bx = xv[c], pp_at_bx = pv[c];
+                    if (pv[c] > bp) bp = pv[c], px_at_bp = xv[c];
+                }
+            }
+        printf("   %s %s in %.2f s vs exact: Spearman %.3f over every point (Mamba points alone %.3f), mean |diff| "
+               "%.4f nats; largest exact point %.4f (%s %.4f)\n",
+               name, what[i], dt, rs, rss, mad, bx, what[i], pp_at_bx);
+        CHECK(ks.bad == 0 && hb == 0, "%s %s: %d of %d statistics, %d hidden points not EXACT's", name, what[i],
+              ks.bad, ks.n, hb);
+        CHECK(rs > bound[i], "%s %s: Spearman %.3f against exact", name, what[i], rs);
+        CHECK(i || px_at_bp >= bx * (1 - 1e-9), "%s streamed: its largest point (%.4f) is %.4f exact, below the "
+              "largest exact point %.4f (%.4f streamed)", name, bp, px_at_bp, bx, pp_at_bx);
+        ac_importance_free(&p);
+    }
+}
+
 /* Hybrid (nemotron_h) loss curves (EXACT through the layer streamer) on
  * M-M*- (Mamba-2, squared-ReLU MLP, attention), MEM*E (MoE with the
  * sigmoid router and the shared expert) and ME*E (LatentMoE, whose latent
@@ -717,8 +844,9 @@ static int model_ids(const ac_model *m, int *ids, int ctx, int nw, unsigned seed
  * (each group's lowest-ranked heads; 100 %: the layer removed), attention
  * KV groups and KV merges, MLP channels, experts (all but top_k at 100 %)
  * and hidden width, on windows drawn from the model (model_ids). The base
- * loss is the engine's, the Mamba curves are in the report's JSON, and AUTO
- * keeps the statistics-only engine pass. */
+ * loss is the engine's, the Mamba curves are in the report's JSON, AUTO on
+ * the CPU is EXACT (these models are far below AC_CALIB_EXACT_FLOPS); STREAMED and
+ * ANCHORED against EXACT: hyb_proxies. */
 static void test_hybrid_exact(void) {
     const char *names[] = {"nemotronh_bf16", "nemotronh_moe_bf16", "nemotronh_latent_bf16"};
     static const double SR[AC_SENS_POINTS] = {0, 0.25, 0.5, 0.75, 1}, HF[4] = {0.125, 0.25, 0.5, 0.75};
@@ -828,17 +956,92 @@ static void test_hybrid_exact(void) {
         CHECK(bad == 0, "%s: %d of %d points differ from the pruned models", names[f], bad, np);
         CHECK(top[0] > 1e-3 && kinds >= 3, "%s: the pruned increases are too small to tell a mutation", names[f]);
         json_decref(js);
-        ac_importance_free(&imp);
-        /* AUTO keeps the statistics-only engine pass on a hybrid */
-        CHECK(ac_importance_compute_mode(&m, ids, n, ctx, nw, 0, AC_CALIB_AUTO, NULL, NULL, &imp, &e) == 0, "%s: %s",
+        /* AUTO on the CPU: EXACT, as for a dense model under AC_CALIB_EXACT_FLOPS, the same curves */
+        ac_importance au;
+        CHECK(ac_importance_compute_mode(&m, ids, n, ctx, nw, 0, AC_CALIB_AUTO, NULL, NULL, &au, &e) == 0, "%s: %s",
               names[f], e.msg);
-        CHECK(imp.method == AC_CALIB_ENGINE && !imp.ssm_sens, "%s: AUTO gave method %d", names[f], imp.method);
+        hyb_cmp ka = hyb_curves(&au, &imp, a, 0);
+        CHECK(au.method == AC_CALIB_EXACT && ka.bad == 0, "%s: AUTO gave method %d, %d of %d points not EXACT's",
+              names[f], au.method, ka.bad, ka.n);
+        ac_importance_free(&au);
+        hyb_proxies(&m, names[f], ids, n, ctx, nw, &imp);
         ac_importance_free(&imp);
         free(ids);
         ac_model_free(&m);
         ran++;
     }
     if (!ran) SKIP("no hybrid fixture (make fixtures)");
+}
+
+/* AUTO's rule on a hybrid, on the architecture alone: Nemotron 3 Nano
+ * 30B-A3B's published config (tests/configs/nemotron3-nano) cut to one
+ * layer of each kind (ME*, the scale job's shapes, docs/hybrid.md). The
+ * exact passes' FLOPs (ac_calib_exact_flops) equal a count by hand from the
+ * config's fields (an MoE layer's top_k routed experts, not its 128; the
+ * Mamba scan; attention's scores), each layer's points (4, attention's one
+ * KV merge too) from that layer through the rest and the head; AUTO on the
+ * CPU is STREAMED at the scale job's protocol (2 windows of 128 tokens) and
+ * EXACT on one window of 32 tokens, where 2 FLOPs per parameter of every
+ * expert (the dense count, 2 P a token, a full pass a point) is past the
+ * threshold; with cuda, as a dense model, AUTO and EXACT the ENGINE method. */
+static void test_hybrid_auto_rule(void) {
+    char path[1200];
+    const char *root = getenv("AC_TEST_ROOT");
+    snprintf(path, sizeof path, "%s/tests/configs/nemotron3-nano/config.json", root ? root : ".");
+    json_t *cfg = json_load_file(path, 0, NULL);
+    if (!cfg) SKIP("no %s", path);
+    json_object_set_new(cfg, "num_hidden_layers", json_integer(3));
+    json_object_set_new(cfg, "hybrid_override_pattern", json_string("ME*"));
+    json_object_del(cfg, "num_nextn_predict_layers");
+    ac_arch a;
+    ac_err e = {{0}};
+    int ok = ac_arch_from_config(cfg, &a, &e) == 0;
+    CHECK(ok, "%s", e.msg);
+    if (!ok) {
+        json_decref(cfg);
+        return;
+    }
+#define CI(k) ((double)json_integer_value(json_object_get(cfg, k)))
+    double H = CI("hidden_size"), V = CI("vocab_size"), nh = CI("mamba_num_heads"), P = CI("mamba_head_dim"),
+           N = CI("ssm_state_size"), G = CI("n_groups"), K = CI("conv_kernel"), E = CI("n_routed_experts"),
+           k = CI("num_experts_per_tok"), Fe = CI("moe_intermediate_size"),
+           Fs = CI("moe_shared_expert_intermediate_size"), Q = CI("num_attention_heads") * CI("head_dim"),
+           KV = CI("num_key_value_heads") * CI("head_dim"), conv_b = json_is_true(json_object_get(cfg, "use_conv_bias"));
+    CHECK(CI("num_key_value_heads") == 2 && !json_is_true(json_object_get(cfg, "attention_bias")) &&
+              json_object_get(cfg, "moe_latent_size") == NULL,
+          "the config's shapes changed: the count below assumes 2 KV heads (one merge), no biases, no latent");
+    for (int w = 0; w < 2; w++) {
+        int ctx = w ? 32 : 128;
+        long nwin = w ? 1 : 2;
+        double S = (double)nwin * ctx, head = 2 * H * V;
+        double fm = 2 * (H + (2 * nh * P + 2 * G * N + nh) * H + (nh * P + 2 * G * N) * (K + conv_b) + 3 * nh +
+                         nh * P + nh * P * H) +
+                    6 * nh * P * N;
+        double fe = 2 * (H + E * H + E + k * 2 * Fe * H + 2 * Fs * H);
+        double fa = 2 * (H + 2 * H * Q + 2 * H * KV) + 2.0 * ctx * Q;
+        double r2 = head + fa, r1 = r2 + fe, r0 = r1 + fm; /* from each layer through the rest and the head */
+        double want = r0 * (S + 5 * S) + 5 * S * r2 + 4 * S * r1 + 4 * S * r0;
+        double got = ac_calib_exact_flops(&a, nwin, ctx, (int)nwin), dense = 2 * ac_arch_params(&a) * (S + 31 * S);
+        int m = ac_calib_method(&a, AC_CALIB_AUTO, nwin, ctx, (int)nwin, 0);
+        printf("   Nano shapes ME*, %ld x %d tokens: exact passes %.3g FLOPs (by hand %.3g; every expert counted, "
+               "a full pass a point: %.3g): AUTO %s\n",
+               nwin, ctx, got, want, dense, m == AC_CALIB_STREAMED ? "streamed" : m == AC_CALIB_EXACT ? "exact" : "?");
+        CHECK(fabs(got - want) <= 1e-9 * want, "%ld x %d: %.6g FLOPs, by hand %.6g", nwin, ctx, got, want);
+        CHECK(m == (w ? AC_CALIB_EXACT : AC_CALIB_STREAMED), "%ld x %d: AUTO gave %d", nwin, ctx, m);
+        CHECK(w == 0 || dense > AC_CALIB_EXACT_FLOPS, "the one-window case does not tell the counts apart (%.3g)",
+              dense);
+    }
+#undef CI
+    /* with a CUDA target as a dense model: AUTO and EXACT the engine method (its curves: test_cuda_job's
+     * test_gpu_hybrid_curves), STREAMED and ANCHORED the CPU passes */
+    CHECK(ac_calib_method(&a, AC_CALIB_AUTO, 1, 32, 1, 1) == AC_CALIB_ENGINE &&
+              ac_calib_method(&a, AC_CALIB_ANCHORED, 1, 32, 1, 1) == AC_CALIB_ANCHORED &&
+              ac_calib_method(&a, AC_CALIB_EXACT, 1, 32, 1, 1) == AC_CALIB_ENGINE &&
+              ac_calib_method(&a, AC_CALIB_STREAMED, 1, 32, 1, 1) == AC_CALIB_STREAMED &&
+              ac_calib_method(&a, AC_CALIB_ANCHORED, 1, 32, 1, 0) == AC_CALIB_ANCHORED,
+          "a hybrid's methods with and without cuda");
+    ac_arch_free(&a);
+    json_decref(cfg);
 }
 
 int main(void) {
@@ -852,6 +1055,7 @@ int main(void) {
     RUN(test_moe_resident);
     RUN(test_hybrid_layers);
     RUN(test_hybrid_exact);
+    RUN(test_hybrid_auto_rule);
     ac_importance_free(&EX);
     ac_importance_free(&ST);
     ac_importance_free(&EN);

@@ -477,7 +477,7 @@ int ac_arch_has_moe(const ac_arch *a) {
 }
 
 /* One layer's parameters (its norm included). */
-static double layer_params(const ac_arch *a, int l) {
+double ac_arch_layer_params(const ac_arch *a, int l) {
     double H = a->hidden, hd = a->head_dim, p = 0;
     const ac_layer_arch *L = &a->layers[l];
     if (L->n_heads)
@@ -499,7 +499,7 @@ static double layer_params(const ac_arch *a, int l) {
 
 double ac_arch_params(const ac_arch *a) {
     double p = (double)a->vocab * a->hidden * (a->tie_embeddings ? 1 : 2) + a->hidden;
-    for (int l = 0; l < a->n_layers; l++) p += layer_params(a, l);
+    for (int l = 0; l < a->n_layers; l++) p += ac_arch_layer_params(a, l);
     return p;
 }
 
@@ -515,7 +515,7 @@ double ac_arch_mtp_params(const ac_arch *a) {
             if (t == *c) break;
         }
         if (l == a->n_layers) return -1;
-        p += layer_params(a, l);
+        p += ac_arch_layer_params(a, l);
     }
     return p * a->mtp_layers;
 }

@@ -114,6 +114,8 @@ typedef enum {
 
 /* Parameter count (embeddings and head included). */
 double ac_arch_params(const ac_arch *a);
+/* Layer l's own parameters (every expert counted; embedding, head and final norm not). */
+double ac_arch_layer_params(const ac_arch *a, int l);
 /* The multi-token-prediction layers' own parameters (each: its blocks, at
  * the shape of the model's first layer of each type, plus the projection of
  * [embedding; hidden] to hidden and three RMSNorms; the embedding and head

@@ -153,18 +153,6 @@ int ac_model_check_compressible(const ac_job_spec *s, const json_t *j, const cha
     if (!s->model[0] || ac_arch_load(s->model, &a, &ignore)) return 0; /* fails later with its reason */
     int moe = ac_arch_has_moe(&a), hybrid = ac_arch_is_hybrid(&a), top_k = a.top_k;
     ac_arch_free(&a);
-    /* the surrogate search scores a hybrid by its loss curves, which calibration_method exact measures on the CPU
-     * alone (importance.h; with a CUDA target exact runs the engine method, which measures none) */
-    if (hybrid && s->method == AC_METHOD_AUTOCOMPRESS && s->search.method == AC_SEARCH_SURROGATE &&
-        (s->calibration_method != AC_CALIB_EXACT || s->target.dev.kind == AC_TARGET_CUDA)) {
-        *field = s->calibration_method != AC_CALIB_EXACT ? "calibration_method" : "target.device";
-        return ac_errf(e, "search.method surrogate on a hybrid Mamba-Transformer model (nemotron_h) scores the "
-                          "structure by its loss curves, which only calibration_method exact measures, and only on the "
-                          "CPU (%s); name calibration_method exact, or use search.method dnas (the gate search, which "
-                          "starts from Minitron's structure without curves)",
-                          s->calibration_method != AC_CALIB_EXACT ? "calibration_method is not exact"
-                                                                  : "a CUDA target's calibration measures none");
-    }
     if (hybrid && s->search.target == AC_EXPORT_DECI) {
         *field = "search.export_target";
         return ac_errf(e, "search.export_target deci: a hybrid (nemotron_h) model exports in its own layout: "

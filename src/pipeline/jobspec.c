@@ -261,7 +261,8 @@ static const ac_field SPEC[] = {
     ENUM("calibration_method", ac_job_spec, calibration_method, CMETHODS, 0, 0,
          "sensitivity curves: exact (every point through the rest of the network), streamed (gradient-scored, "
          "layer by layer; docs/search.md), anchored (50/100 % anchors), auto (exact up to 2e12 "
-         "FLOPs or on CUDA); a hybrid (nemotron_h) gets curves, Mamba heads included, from exact on the CPU alone"),
+         "FLOPs or on CUDA); a hybrid (nemotron_h) gets curves, Mamba heads included, from every method (its FLOPs "
+         "counted per layer)"),
     INT("priority", ac_job_spec, priority, -1000, 1000, 0, 0, NULL),
     OBJ("distill", ac_job_spec, distill, DISTILL, 0, NULL),
     OBJ("minitron", ac_job_spec, minitron, MINITRON, 0,

@@ -19,6 +19,60 @@ int ac_block_grad_supports(const ac_arch *a, int wdt, ac_err *e) {
     return 0;
 }
 
+/* Floats of layer l's matrices that ac_block_grad_layer_f32 converts:
+ * attention, MLP, a Mamba layer's in and out projections, an MoE layer's
+ * router (and on nemotron_h its shared expert and latent projections); not
+ * the routed experts (one at a time: ac_block_grad_expert_floats). */
+static size_t view_floats(const ac_arch *a, int l) {
+    const ac_layer_arch *L = &a->layers[l];
+    size_t H = a->hidden, Q = (size_t)L->n_heads * a->head_dim, KV = (size_t)L->n_kv_heads * a->head_dim;
+    size_t n = 2 * Q * H + 2 * KV * H + 3 * (size_t)L->ffn * H + (size_t)L->n_experts * H;
+    if (a->hybrid) n += ((size_t)ac_ssm_in_dim(a, l) + ac_ssm_inner(a, l)) * H;
+    if (a->hybrid && L->n_experts) n += 2 * H * ((size_t)a->shared_ffn + a->moe_latent);
+    return n;
+}
+
+size_t ac_block_grad_view_floats(const ac_arch *a) {
+    size_t mx = 0;
+    for (int l = 0; l < a->n_layers; l++)
+        if (view_floats(a, l) > mx) mx = view_floats(a, l);
+    return mx;
+}
+
+void ac_block_grad_layer_f32(const ac_model *m, int l, const ac_layer_w *ov, float *scr, ac_layer_w *w) {
+    const ac_layer_w *src = &m->L[l];
+    int wdt = ac_model_wdt(m);
+    *w = *src;
+    /* in ac_wmat order: AC_W_Q .. AC_W_D (the ones overrides may replace), then the hybrid's */
+    float **d[] = {&w->wq,     &w->wk,      &w->wv,   &w->wo,   &w->wg,       &w->wu,    &w->wd,
+                   &w->ssm_in, &w->ssm_out, &w->sh_u, &w->sh_d, &w->lat_down, &w->lat_up};
+    float *o[sizeof d / sizeof *d] = {0};
+    if (ov) {
+        float *oo[7] = {ov->wq, ov->wk, ov->wv, ov->wo, ov->wg, ov->wu, ov->wd};
+        memcpy(o, oo, sizeof oo);
+        w->bq = ov->bq ? ov->bq : w->bq;
+        w->bk = ov->bk ? ov->bk : w->bk;
+        w->bv = ov->bv ? ov->bv : w->bv;
+    }
+    size_t off = 0;
+    for (int i = 0; i < (int)(sizeof d / sizeof *d); i++) {
+        size_t n = 0;
+        ac_layer_matrix(m, l, (ac_wmat)i, &n);
+        if (o[i])
+            *d[i] = o[i];
+        else if (*d[i] && n && wdt != ST_F32) {
+            ac_to_f32(scr + off, *d[i], (st_dtype)wdt, n, NULL);
+            *d[i] = scr + off;
+            off += n;
+        }
+    }
+    int E = m->a.layers[l].n_experts;
+    if (E && wdt != ST_F32) { /* the router, after the other matrices */
+        ac_to_f32(scr + off, src->router, (st_dtype)wdt, (size_t)E * m->a.hidden, NULL);
+        w->router = scr + off;
+    }
+}
+
 /* The scan's work area: the end of the scratch (block.h). */
 static float *ssm_work(const ac_block_grad *c) {
     size_t N = (size_t)c->B * c->T;

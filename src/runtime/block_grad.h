@@ -86,6 +86,16 @@ int ac_block_grad_supports(const ac_arch *a, int wdt, ac_err *e);
  * size of ac_block_grad.escr (0 without experts). */
 size_t ac_block_grad_expert_floats(const ac_arch *a);
 
+/* An fp32 view of a 16-bit model's layer, for the executor with wdt ST_F32
+ * (the frozen trainer, streamed calibration's hybrid layers): *w = m's
+ * layer l with every matrix but the routed experts' (those: escr and ewdt,
+ * one expert at a time) converted into scr (exact; fp32 ones kept), and
+ * where ov (may be NULL) sets them, ov's attention and MLP matrices and
+ * q/k/v biases instead. scr holds ac_block_grad_view_floats(&m->a) floats
+ * (the widest layer's); w borrows m, ov and scr. */
+size_t ac_block_grad_view_floats(const ac_arch *a);
+void ac_block_grad_layer_f32(const ac_model *m, int l, const ac_layer_w *ov, float *scr, ac_layer_w *w);
+
 /* The tape of layer l for N rows is ac_block_tape_floats(a, l, N, 0)
  * (block.h); the scratch for B sequences of T tokens: */
 size_t ac_block_grad_scratch_floats(const ac_arch *a, int B, int T);

@@ -25,35 +25,15 @@
 #include "runtime/kernels_cpu.h"
 #include "core/tensor.h"
 
-/* Floats of layer l's matrices that layer_view converts: attention, MLP, a
- * Mamba layer's in and out projections, an MoE layer's router (and on
- * nemotron_h its shared expert and latent projections); not the routed
- * experts (one at a time: ac_block_grad_expert_floats). */
-static size_t layer_floats(const ac_arch *a, int l) {
-    const ac_layer_arch *L = &a->layers[l];
-    size_t H = a->hidden, Q = (size_t)L->n_heads * a->head_dim, KV = (size_t)L->n_kv_heads * a->head_dim;
-    size_t n = 2 * Q * H + 2 * KV * H + 3 * (size_t)L->ffn * H + (size_t)L->n_experts * H;
-    if (a->hybrid) n += ((size_t)ac_ssm_in_dim(a, l) + ac_ssm_inner(a, l)) * H;
-    if (a->hybrid && L->n_experts) n += 2 * H * ((size_t)a->shared_ffn + a->moe_latent);
-    return n;
-}
-
-static size_t max_layer_floats(const ac_arch *a) {
-    size_t mx = 0;
-    for (int l = 0; l < a->n_layers; l++)
-        if (layer_floats(a, l) > mx) mx = layer_floats(a, l);
-    return mx;
-}
-
 int ac_trainer_lm_rows(const ac_arch *a) {
-    size_t r = max_layer_floats(a) / (a->hidden > 0 ? a->hidden : 1);
+    size_t r = ac_block_grad_view_floats(a) / (a->hidden > 0 ? a->hidden : 1);
     if (r < 256) r = 256;
     return r > (size_t)a->vocab ? a->vocab : (int)r;
 }
 
 /* Floats of the conversion scratch: the largest layer, or an LM-head tile. */
 static size_t scratch_floats(const ac_arch *a) {
-    size_t lm = (size_t)ac_trainer_lm_rows(a) * a->hidden, ly = max_layer_floats(a);
+    size_t lm = (size_t)ac_trainer_lm_rows(a) * a->hidden, ly = ac_block_grad_view_floats(a);
     return lm > ly ? lm : ly;
 }
 
@@ -230,48 +210,17 @@ int ac_trainer_init_frozen(ac_trainer *t, ac_model *m, int max_B, int max_T, ac_
 }
 
 /* The fp32 view of layer l: the model's own fields where they are fp32,
- * t->ovr's where set, else each matrix converted into t->wscr (exact); the
- * routed experts stay the model's (the executor converts them one at a
- * time into t->escr: layer_exec). Kept in t->wl until the scratch is
- * reused (wl_at). */
+ * t->ovr's where set, else each matrix converted into t->wscr (exact,
+ * ac_block_grad_layer_f32); the routed experts stay the model's (the
+ * executor converts them one at a time into t->escr: layer_exec). Kept in
+ * t->wl until the scratch is reused (wl_at). */
 static const ac_layer_w *layer_view(ac_trainer *t, int l) {
-    const ac_model *m = t->m;
-    const ac_layer_w *src = &m->L[l], *ov = t->ovr ? &t->ovr[l] : NULL;
-    int wdt = ac_model_wdt(m);
-    if (wdt == ST_F32 && !ov) return src;
+    const ac_layer_w *ov = t->ovr ? &t->ovr[l] : NULL;
+    if (ac_model_wdt(t->m) == ST_F32 && !ov) return &t->m->L[l];
     if (t->wl_at == l) return &t->wl;
-    ac_layer_w *w = &t->wl;
-    *w = *src;
-    /* in ac_wmat order: AC_W_Q .. AC_W_D (the ones overrides may replace), then the hybrid's */
-    float **d[] = {&w->wq,     &w->wk,     &w->wv,   &w->wo,   &w->wg,       &w->wu,    &w->wd,
-                   &w->ssm_in, &w->ssm_out, &w->sh_u, &w->sh_d, &w->lat_down, &w->lat_up};
-    float *o[sizeof d / sizeof *d] = {0};
-    if (ov) {
-        float *oo[7] = {ov->wq, ov->wk, ov->wv, ov->wo, ov->wg, ov->wu, ov->wd};
-        memcpy(o, oo, sizeof oo);
-        w->bq = ov->bq ? ov->bq : w->bq;
-        w->bk = ov->bk ? ov->bk : w->bk;
-        w->bv = ov->bv ? ov->bv : w->bv;
-    }
-    size_t off = 0;
-    for (int i = 0; i < (int)(sizeof d / sizeof *d); i++) {
-        size_t n = 0;
-        ac_layer_matrix(m, l, (ac_wmat)i, &n);
-        if (o[i])
-            *d[i] = o[i];
-        else if (*d[i] && n && wdt != ST_F32) {
-            ac_to_f32(t->wscr + off, *d[i], (st_dtype)wdt, n, NULL);
-            *d[i] = t->wscr + off;
-            off += n;
-        }
-    }
-    int E = m->a.layers[l].n_experts;
-    if (E && wdt != ST_F32) { /* the router, after the other matrices */
-        ac_to_f32(t->wscr + off, src->router, (st_dtype)wdt, (size_t)E * m->a.hidden, NULL);
-        w->router = t->wscr + off;
-    }
+    ac_block_grad_layer_f32(t->m, l, ov, t->wscr, &t->wl);
     t->wl_at = l;
-    return w;
+    return &t->wl;
 }
 
 /* Rows [r0, r0+nr) of the LM head as fp32 (the model's own, or converted

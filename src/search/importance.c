@@ -131,7 +131,7 @@ double ac_sens_hidden(const ac_importance *imp, double r) {
         px = imp->hid_frac[i];
         py = imp->hid_sens[i];
     }
-    return px > 0 ? py * r / px : 0; /* beyond the last point: linear; no points (a hybrid's curves): none */
+    return px > 0 ? py * r / px : 0; /* beyond the last point: linear; no points (a hybrid's engine pass): none */
 }
 
 double ac_sens_merge(const ac_importance *imp, int l, double r) {
@@ -473,7 +473,6 @@ static int merge_sensitivity(calib *c, ac_err *e) {
 typedef struct {
     calib *c;
     int how;    /* AC_CALIB_EXACT, _ANCHORED or _STREAMED */
-    int curves; /* 0 (a hybrid, not EXACT): the statistics, rankings and base loss alone, as the engine path's */
     ac_stream s;
     float *X;       /* [nwin*ctx][H] residual stream of all windows */
     float **Xin;    /* [L+1] -> [S][H] */
@@ -625,7 +624,7 @@ static int stream_layer(streamer *t, ac_stats *st, const ac_engine_hooks *hk, in
     if (rank_layer(c->m, st, l, c->imp, e)) return -1;
     /* a Mamba layer's heads: ranked now (its statistics are complete), before its points */
     if (c->imp->ssm_head_order && ac_ssm_rank_layer(st->mt_ssm[l], &c->m->a, l, c->imp, e)) return -1;
-    if (t->curves && t->how != AC_CALIB_STREAMED) layer_points(t, l);
+    if (t->how != AC_CALIB_STREAMED) layer_points(t, l);
     return 0;
 }
 
@@ -766,13 +765,12 @@ static int streamer_init(streamer *t, calib *c, int how, long nwin, ac_err *e) {
     memset(t, 0, sizeof *t);
     t->c = c;
     t->how = how;
-    t->curves = !ac_arch_is_hybrid(a) || how == AC_CALIB_EXACT; /* a hybrid's curves: EXACT alone */
     t->nwin = nwin;
     t->sw = c->sw > 0 ? c->sw : 8; /* windows 0 = all: the loss points still take 8 */
     if (t->sw > nwin) t->sw = nwin;
     size_t S = (size_t)t->sw * c->ctx * H;
     if (ac_stream_init(&t->s, c->m, 4, c->ctx, e)) return -1;
-    int grad = how == AC_CALIB_STREAMED && t->curves;
+    int grad = how == AC_CALIB_STREAMED;
     if (grad && ac_stream_want_grad(&t->s, e)) {
         ac_stream_free(&t->s);
         return -1;
@@ -789,7 +787,7 @@ static int streamer_init(streamer *t, calib *c, int how, long nwin, ac_err *e) {
     t->sm = malloc(ms * 4);
     t->es = calloc(L, sizeof *t->es);
     t->ls = calloc(L, sizeof *t->ls);
-    if (ac_arch_is_hybrid(a) && t->curves) c->imp->ssm_sens = calloc(L, sizeof *c->imp->ssm_sens);
+    if (ac_arch_is_hybrid(a)) c->imp->ssm_sens = calloc(L, sizeof *c->imp->ssm_sens);
     t->ea = calloc(L, sizeof *t->ea);
     t->ef = calloc(L, sizeof *t->ef);
     t->em = calloc(L, sizeof *t->em);
@@ -801,7 +799,7 @@ static int streamer_init(streamer *t, calib *c, int how, long nwin, ac_err *e) {
     c->imp->merge_sens = calloc(L, sizeof *c->imp->merge_sens);
     int ok = t->X && t->Xin && t->Y && t->D && t->D2 && t->hm && t->fm && t->xm && t->ea && t->ef && t->em && t->la &&
              t->lf && t->lm && c->imp->merge_n && c->imp->merge_r && c->imp->merge_sens && t->sm && t->es && t->ls &&
-             (!ac_arch_is_hybrid(a) || !t->curves || c->imp->ssm_sens);
+             (!ac_arch_is_hybrid(a) || c->imp->ssm_sens);
     for (int l = 0; ok && l <= L; l++) ok = t->Xin[l] != NULL;
     if (!ok) {
         streamer_free(t);
@@ -823,7 +821,7 @@ static int streamed_calibration(calib *c, ac_stats *st, int how, long nwin, ac_e
     hk.rows = NULL;
     st->tokens = nwin * c->ctx;
     if (!rc) memcpy(t.Xin[0], t.X, (size_t)t.sw * c->ctx * c->m->a.hidden * 4);
-    int steps = how == AC_CALIB_STREAMED && t.curves ? 2 * L + 1 : L + 1;
+    int steps = how == AC_CALIB_STREAMED ? 2 * L + 1 : L + 1;
     for (int l = 0; l < L && !rc; l++) {
         rc = stream_layer(&t, st, &hk, l, e);
         if (c->progress) c->progress(c->ud, "streamed calibration", (double)(l + 1) / steps);
@@ -831,27 +829,66 @@ static int streamed_calibration(calib *c, ac_stats *st, int how, long nwin, ac_e
     if (!rc) {
         double base_sum = head_loss(&t, t.X, 0, t.sw, NULL), rest = head_loss(&t, t.X, t.sw, nwin, NULL);
         c->imp->base_loss = (base_sum + rest) / (nwin * (c->ctx - 1));
-        if (how == AC_CALIB_STREAMED && t.curves) backward_points(&t);
-        if (t.curves) stream_curves(&t, base_sum);
-        rc = rank_hidden(st, c->imp, e) || (t.curves && hidden_points(&t, base_sum, e)) ? -1 : 0;
-    }
-    if (!t.curves) { /* no KV-merge curves, as the engine path's */
-        free(c->imp->merge_n);
-        free(c->imp->merge_r);
-        free(c->imp->merge_sens);
-        c->imp->merge_n = NULL, c->imp->merge_r = NULL, c->imp->merge_sens = NULL;
+        if (how == AC_CALIB_STREAMED) backward_points(&t);
+        stream_curves(&t, base_sum);
+        rc = rank_hidden(st, c->imp, e) || hidden_points(&t, base_sum, e) ? -1 : 0;
     }
     streamer_free(&t);
     return rc;
 }
 
 /* Full-model passes of the exact method, in FLOPs (2 per parameter per
- * token): statistics over every window, then per loss point sw windows. */
-static double exact_flops(const ac_arch *a, long nwin, int ctx, int sw) {
+ * token): statistics over every window, then per loss point sw windows. A
+ * hybrid's (hybrid_flops) per layer. */
+static double hybrid_flops(const ac_arch *a, long nwin, int ctx, int sw);
+double ac_calib_exact_flops(const ac_arch *a, long nwin, int ctx, int sw) {
+    if (ac_arch_is_hybrid(a)) return hybrid_flops(a, nwin, ctx, sw);
     double pts = 2 + 4 + 8.0 * a->n_layers;
     for (int l = 0; l < a->n_layers; l++)
         for (int d = a->layers[l].n_kv_heads - 1; d >= 1; d--) pts += a->layers[l].n_kv_heads % d == 0;
     return 2 * ac_arch_params(a) * ((double)nwin * ctx + pts * sw * ctx);
+}
+
+/* A hybrid layer's work per token: 2 FLOPs per parameter a token reaches
+ * (an MoE layer's top_k experts, not all of them), attention's scores and
+ * weighted sum over the window (2 ctx Q), a Mamba layer's selective scan
+ * (per head dim and state: the state's decay and update, and C's readout,
+ * about 6 FLOPs). */
+static double hybrid_layer_flops(const ac_arch *a, int l, int ctx) {
+    const ac_layer_arch *la = &a->layers[l];
+    double f = 2 * ac_arch_layer_params(a, l);
+    if (la->n_experts > a->top_k) {
+        double Hin = a->moe_latent ? a->moe_latent : a->hidden;
+        f -= 2.0 * (la->n_experts - a->top_k) * 2 * Hin * la->expert_ffn; /* up and down of the experts not run */
+    }
+    if (la->n_heads) f += 2.0 * ctx * la->n_heads * a->head_dim;
+    if (la->ssm_heads) f += 6.0 * la->ssm_heads * a->ssm_head_dim * a->ssm_state;
+    return f;
+}
+
+/* A hybrid's exact passes: the statistics over every window, the base loss
+ * and the 4 hidden points over sw windows (every layer and the head), and
+ * each layer's points (4 per sub-block it has, attention's KV merges too)
+ * run from that layer through the rest and the head. */
+static double hybrid_flops(const ac_arch *a, long nwin, int ctx, int sw) {
+    double head = 2.0 * a->hidden * a->vocab, rest = head, pts = 0, S = (double)sw * ctx;
+    for (int l = a->n_layers - 1; l >= 0; l--) {
+        const ac_layer_arch *la = &a->layers[l];
+        rest += hybrid_layer_flops(a, l, ctx);
+        int p = 4 * ((la->n_heads > 0) + (la->ffn > 0) + (la->n_experts > 0) + (la->ssm_heads > 0));
+        for (int d = la->n_kv_heads - 1; la->n_heads && d >= 1; d--) p += la->n_kv_heads % d == 0;
+        pts += p * S * rest;
+    }
+    return rest * ((double)nwin * ctx + 5 * S) + pts;
+}
+
+int ac_calib_method(const ac_arch *a, int mode, long nwin, int ctx, int sw, int cuda) {
+    if (mode == AC_CALIB_AUTO)
+        mode = !cuda && ac_calib_exact_flops(a, nwin, ctx, sw) > AC_CALIB_EXACT_FLOPS ? AC_CALIB_STREAMED
+                                                                                       : AC_CALIB_EXACT;
+    if (mode == AC_CALIB_EXACT && cuda) mode = AC_CALIB_ENGINE; /* the loss passes on the GPU */
+    /* a hybrid as a dense model: every method measures its loss curves, the Mamba heads' included */
+    return mode;
 }
 
 static int alloc_importance(ac_importance *imp, int L, ac_err *e) {
@@ -884,18 +921,8 @@ int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, i
     if (windows > 0 && nwin > windows) nwin = windows;
     if (nwin < 1) return ac_errf(e, "calibration: %zu tokens do not fill one window of %d", n, ctx);
     calib c = {m, ids, n, ctx, windows < 8 ? windows : 8, cuda, progress, ud, imp, 0};
-    int asked = mode; /* a hybrid on a CUDA target: the engine method's curves with exact asked for (below) */
-    int asked_exact = mode == AC_CALIB_EXACT && !cuda;
-    if (mode == AC_CALIB_AUTO)
-        mode = !cuda && exact_flops(a, nwin, ctx, c.sw < nwin ? c.sw : (int)nwin) > AC_CALIB_EXACT_FLOPS
-                   ? AC_CALIB_STREAMED
-                   : AC_CALIB_EXACT;
-    if (mode == AC_CALIB_EXACT && cuda) mode = AC_CALIB_ENGINE; /* the loss passes on the GPU */
+    mode = ac_calib_method(a, mode, nwin, ctx, c.sw < nwin ? c.sw : (int)nwin, cuda);
     int hybrid = ac_arch_is_hybrid(a);
-    /* a hybrid: EXACT asked for (not AUTO's choice), the layer-streamed pass with its loss curves; otherwise the
-     * activation statistics alone, in one engine pass (CPU) or, STREAMED, one layer-streamed pass that gives the same
-     * statistics, rankings and base loss */
-    if (hybrid && mode != AC_CALIB_STREAMED && !asked_exact) mode = AC_CALIB_ENGINE;
     imp->method = mode;
     imp->streamed = mode == AC_CALIB_STREAMED;
     ac_stats st;
@@ -923,13 +950,12 @@ int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, i
         if (!rc && hybrid) rc = ac_ssm_rank_heads((const double *const *)st.mt_ssm, a, imp, e);
         if (!rc && hybrid) rc = ac_rank_shared((const double *const *)st.mt_shared, a, imp, e);
         ac_stats_free(&st);
-        /* a hybrid's curves, as the CPU's exact ones, where a CUDA target was asked for exact: the dense passes
+        /* the engine method's curves (a CUDA target), a hybrid's as the CPU's exact ones: the dense passes
          * (attention and MLP masks, expert, hidden and KV-merge pruned copies) and the Mamba heads' (ssm_curves.c) */
-        int hybrid_curves = hybrid && cuda && asked == AC_CALIB_EXACT;
-        if (!rc && (!hybrid || hybrid_curves))
+        if (!rc)
             rc = masking_sensitivity(&c, e) || expert_sensitivity(&c, e) || hidden_sensitivity(&c, e) ||
                          merge_sensitivity(&c, e) ||
-                         (hybrid_curves && ac_ssm_engine_curves(a, pruned_increase_ud, &c, imp, e))
+                         (hybrid && ac_ssm_engine_curves(a, pruned_increase_ud, &c, imp, e))
                      ? -1
                      : 0;
     } else
@@ -965,11 +991,9 @@ json_t *ac_importance_to_json(const ac_importance *imp) {
     }
     json_t *hs = json_array();
     for (int i = 0; i < 4; i++) json_array_append_new(hs, json_pack("[f,f]", imp->hid_frac[i], imp->hid_sens[i]));
-    const char *how = !imp->ssm_head_order || imp->ssm_sens ? method_name(imp->method)
-                      : imp->streamed ? "none (hybrid: activation statistics only, from the layer-streamed pass; the "
-                                        "curves are zero)"
-                                      : "none (hybrid: activation statistics only, from the engine pass; the curves "
-                                        "are zero)";
+    const char *how = !imp->ssm_head_order || imp->ssm_sens
+                          ? method_name(imp->method)
+                          : "none (hybrid: activation statistics only, from the engine pass; the curves are zero)";
     return json_pack("{s:f,s:I,s:s,s:o,s:o,s:[f,f,f,f,f]}", "base_loss", imp->base_loss, "tokens",
                      (json_int_t)imp->tokens, "sensitivity_method", how, "layers", layers, "hidden_loss_curve", hs,
                      "removed_fractions", 0.0, 0.25, 0.5, 0.75, 1.0);

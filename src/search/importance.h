@@ -77,8 +77,9 @@ typedef struct {
     /* nemotron_h Mamba layers (search/ssm_prune.h; NULL rows elsewhere):
      * for each of the ssm_groups groups g, entries g*hpg .. g*hpg+hpg-1 are
      * its heads (hpg = heads / groups), most important first; each head's
-     * score. A hybrid model's loss curves are measured by the EXACT method
-     * alone (below); the others leave them zero (docs/hybrid.md). */
+     * score. A hybrid model's loss curves are measured by every CPU method
+     * (below); the engine pass of a CUDA target leaves them zero
+     * (docs/hybrid.md). */
     int **ssm_head_order;
     double **ssm_head_score;
     double **ssm_chan_score; /* [l][d_inner]: each x channel's score (the sqrt of its statistic), from which a
@@ -95,7 +96,7 @@ typedef struct {
     /* LatentMoE layers, set only by the gate search's orders (NULL otherwise): the latent channels best first
      * [l][moe_latent], which a narrower moe_latent_size keeps (NULL: the first) */
     int **lat_order;
-    /* nemotron_h Mamba layers, EXACT only (NULL otherwise; zero rows for other layers): [l][point] the loss
+    /* nemotron_h Mamba layers, the CPU methods (NULL otherwise; zero rows for other layers): [l][point] the loss
      * increase when the lowest-ranked SENS_R[p] of each group's heads are removed (the same count in every group,
      * as ac_ssm_kept_heads keeps them; 100 %: the layer removed) */
     double (*ssm_sens)[AC_SENS_POINTS];
@@ -140,17 +141,30 @@ int ac_importance_compute(ac_model *m, const int *ids, size_t n, int ctx, int wi
  * AUTO (ac_importance_compute): EXACT (ENGINE with cuda) when the exact
  *   method's passes cost at most AC_CALIB_EXACT_FLOPS (every model of the
  *   tests), else STREAMED.
- * A hybrid (nemotron_h) model: EXACT (without cuda) is the layer-streamed
- *   pass above with every curve (attention, KV merges, MLP channels,
- *   experts, hidden width) and a Mamba-head curve per Mamba layer
- *   (ssm_sens: ssm_mask, each group's lowest-ranked heads; each layer's
- *   heads ranked as soon as its statistics are complete). Every other
- *   method (AUTO included) gets the activation statistics, rankings and
- *   base loss alone (no loss curves): STREAMED streams them layer by layer
- *   (no backward), the rest is ENGINE's one pass; both give the same
- *   values. */
+ * A hybrid (nemotron_h) model: each CPU method (EXACT, STREAMED,
+ *   ANCHORED; AUTO by the same rule, a hybrid's FLOPs counted per layer:
+ *   an MoE layer's top_k experts, attention's scores, the Mamba scan) is
+ *   the layer-streamed pass above with every curve (attention, KV merges,
+ *   MLP channels, experts, hidden width) and a Mamba-head curve per Mamba
+ *   layer (ssm_sens: ssm_mask, each group's lowest-ranked heads; each
+ *   layer's heads ranked as soon as its statistics are complete); STREAMED
+ *   runs the backward of every layer kind (16-bit weights converted to
+ *   fp32 a layer at a time). With cuda (not STREAMED) the activation
+ *   statistics, rankings and base loss alone, in ENGINE's one pass (no
+ *   loss curves), the same values as the streamed pass's. */
 enum { AC_CALIB_AUTO, AC_CALIB_EXACT, AC_CALIB_STREAMED, AC_CALIB_ANCHORED, AC_CALIB_ENGINE };
 #define AC_CALIB_EXACT_FLOPS 2e12
+/* The EXACT method's passes over nwin windows of ctx tokens, sw of them the
+ * loss points' (min(windows, 8)), in FLOPs: a dense model's 2 per parameter
+ * per token, a full pass per point; a hybrid's per layer (2 per parameter
+ * a token reaches: an MoE layer's top_k routed experts, not all; 2 ctx Q
+ * for attention's scores; about 6 per head dim and state entry for the
+ * Mamba scan), each point from its layer through the rest and the head. */
+double ac_calib_exact_flops(const ac_arch *a, long nwin, int ctx, int sw);
+/* The method ac_importance_compute_mode runs for mode (AUTO resolved by
+ * the rule above, EXACT with cuda the ENGINE method), a hybrid's as a dense
+ * model's: every method gives it loss curves. */
+int ac_calib_method(const ac_arch *a, int mode, long nwin, int ctx, int sw, int cuda);
 int ac_importance_compute_mode(ac_model *m, const int *ids, size_t n, int ctx, int windows, int cuda, int mode,
                                ac_progress_fn progress, void *ud, ac_importance *imp, ac_err *e);
 void ac_importance_free(ac_importance *imp);

@@ -45,8 +45,8 @@
  * more than E - top_k experts); the hidden curve. Which layer
  * of a type goes first: the least loss with it removed (its curves' last
  * points; result detail.layer_removal_loss). Needs the curves: an error
- * without them (calibration_method exact on the CPU gives them;
- * ac_search_has_curves).
+ * without them (every calibration method on the CPU gives them, with a
+ * CUDA target streamed; ac_search_has_curves).
  */
 #ifndef AC_SEARCH_H
 #define AC_SEARCH_H
@@ -148,7 +148,7 @@ int ac_search_check_tp(const ac_search_problem *p, int check_grid, ac_err *e);
  * Mamba-Transformer models" below; 0 without curves). */
 double ac_search_pred_loss(const ac_search_problem *p, const ac_arch *a);
 /* Whether the surrogate search has the curves it scores by: a dense or MoE model always, a hybrid when its
- * calibration measured them (importance.h: ssm_sens, calibration_method exact on the CPU). */
+ * calibration measured them (importance.h: ssm_sens; every method on the CPU, streamed with a CUDA target). */
 int ac_search_has_curves(const ac_search_problem *p);
 
 #endif

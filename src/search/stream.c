@@ -16,7 +16,7 @@
 void ac_stream_free(ac_stream *s) {
     float *bufs[] = {s->xn,    s->q,     s->kt,     s->vt,  s->att, s->g,  s->u,        s->x0,     s->scores,
                      s->cos_t, s->sin_t, s->logits, s->xh1, s->r1,  s->x1, s->dxn,      s->tape,   s->bscr,
-                     s->dw,    s->wtile, s->conv_buf, s->ssm_buf};
+                     s->dw,    s->wtile, s->conv_buf, s->ssm_buf, s->wscr, s->escr};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(s->pos);
     free(s->rows);
@@ -94,7 +94,9 @@ int ac_stream_init(ac_stream *s, const ac_model *m, int B, int n, ac_err *e) {
 
 int ac_stream_want_grad(ac_stream *s, ac_err *e) {
     const ac_arch *a = &s->m->a;
-    if (ac_block_grad_supports(a, s->wdt, e)) return ac_errctx(e, "stream backward");
+    /* a hybrid on 16-bit weights: each layer converted for the fp32 executor (layer_backward) */
+    int view = a->hybrid && s->wdt != ST_F32;
+    if (ac_block_grad_supports(a, view ? ST_F32 : s->wdt, e)) return ac_errctx(e, "stream backward");
     size_t N = (size_t)s->B * s->n, H = a->hidden, mq, mkv, mf;
     widths(a, &mq, &mkv, &mf);
     size_t maxin = H > mq ? H : mq;
@@ -112,7 +114,12 @@ int ac_stream_want_grad(ac_stream *s, ac_err *e) {
     s->r1 = malloc(N * 4);
     s->dw = malloc(H * 4);
     s->wtile = s->wdt == ST_F32 ? malloc(4) : malloc((size_t)s->wtile_rows * maxin * 4);
-    if (!s->tape || !s->bscr || !s->xh1 || !s->x1 || !s->dxn || !s->r1 || !s->dw || !s->wtile)
+    if (view) {
+        s->wscr = malloc((ac_block_grad_view_floats(a) + 1) * 4);
+        s->escr = malloc((ac_block_grad_expert_floats(a) + 1) * 4);
+    }
+    if (!s->tape || !s->bscr || !s->xh1 || !s->x1 || !s->dxn || !s->r1 || !s->dw || !s->wtile ||
+        (view && (!s->wscr || !s->escr)))
         return ac_errf(e, "stream: out of memory for the backward of %d windows of %d tokens", s->B, s->n);
     return 0;
 }
@@ -236,6 +243,11 @@ static void layer_backward(ac_stream *s, int l, const float *x_in, float *dx, in
                        .wtile = s->wtile,
                        .wtile_rows = s->wtile_rows,
                        .rows = s->rows};
+    if (s->wscr) { /* a hybrid's 16-bit layer, in fp32 (its experts converted as their rows reach them) */
+        if (s->wl_at != l + 1) ac_block_grad_layer_f32(s->m, l, NULL, s->wscr, &s->wl);
+        s->wl_at = l + 1;
+        c.w = &s->wl, c.wdt = ST_F32, c.escr = s->escr, c.ewdt = s->wdt;
+    }
     memcpy(s->x1, x_in, N * H * 4);
     ac_block_grad_forward(&c, l, s->x1);
     ac_block_grad_backward(&c, l, dx);

@@ -20,8 +20,10 @@
  * conv, selective scan, gated norm, out_proj; each window's conv and SSM
  * state from zero, so windows never leak into each other), squared-ReLU
  * MLPs, attention, and MoE layers with the sigmoid router, the shared
- * expert and LatentMoE's projections. Their backward, as block_grad.h's,
- * needs fp32 weights.
+ * expert and LatentMoE's projections. Their backward runs on the fp32
+ * executor of block_grad.h; on a 16-bit (resident) model each layer's
+ * matrices are converted for it as it is reached (the routed experts one
+ * at a time), as the frozen trainer converts them.
  *
  * Masks act on activations, never on weights: the model is only read, so
  * it may be resident (BF16/F16 matrices in the mapped checkpoint,
@@ -63,6 +65,12 @@ typedef struct {
      * and scratch (block_grad.h), a tile of converted weight rows */
     float *xh1, *r1, *x1, *dxn, *dw, *tape, *bscr, *wtile;
     int wtile_rows;
+    /* a hybrid's backward on 16-bit weights (NULL otherwise): layer l's
+     * matrices converted to fp32 for the fp32 executor (wscr, the view wl),
+     * the routed experts one at a time (escr; ac_block_grad_layer_f32) */
+    float *wscr, *escr;
+    ac_layer_w wl;
+    int wl_at; /* wl is layer wl_at - 1's (0: none yet) */
 } ac_stream;
 
 /* What differs from the model's layer in one call: the recipe's structure
