@@ -130,7 +130,7 @@ typedef struct {
                               * base architecture, every unit; K/V of deci merge layers are the original ones, as
                               * ac_prune merges them), instead of discarding it; the weights then step from a
                               * second pass at the gates' rounded structure (dnas.c, hard_grads) */
-    int init_surrogate;      /* 1: log_alpha initialised from the surrogate search's result (a hybrid without curves:
+    int init_surrogate;      /* 1: log_alpha initialised from the surrogate search's result (a calibration without curves:
                               * from Minitron's) */
     int teacher_cache_mib;   /* teacher logits cached up to this size, else recomputed each step */
     double mc_tau0, mc_tau1; /* deci merge choices: Gumbel-softmax temperature, first and last step (geometric) */
