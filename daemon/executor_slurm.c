@@ -541,9 +541,12 @@ static void slurm_cancel(ac_daemon *d, long job) {
 
 /* ------------------------------------------------------------- polling */
 
+/* squeue's state ends the batch job for good. Not SPECIAL_EXIT: a job requeued and held (scontrol requeuehold
+ * State=SpecialExit, or RequeueExitHold) is pending until someone releases it (Slurm's job_state_string shows
+ * the flag before the PENDING under it). */
 static int terminal_state(const char *st) {
-    static const char *t[] = {"COMPLETED", "FAILED",   "CANCELLED",     "TIMEOUT",   "NODE_FAIL", "PREEMPTED",
-                              "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REVOKED",   "SPECIAL_EXIT", NULL};
+    static const char *t[] = {"COMPLETED", "FAILED",   "CANCELLED",     "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                              "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REVOKED", NULL};
     for (int i = 0; t[i]; i++)
         if (!strncmp(st, t[i], strlen(t[i]))) return 1;
     return 0;
@@ -760,7 +763,8 @@ static void poll_done(cmd *c) {
             /* back to PENDING after it ran: requeued, until it runs again */
             int requeued = (sj->requeued || restarted || !strcmp(sj->state, "RUNNING") ||
                             !strcmp(sj->state, "COMPLETING")) &&
-                           (!strcmp(hit->state, "PENDING") || !strncmp(hit->state, "REQUEUE", 7));
+                           (!strcmp(hit->state, "PENDING") || !strncmp(hit->state, "REQUEUE", 7) ||
+                            !strcmp(hit->state, "SPECIAL_EXIT"));
             sj->requeued = requeued;
             snprintf(sj->state, sizeof sj->state, "%s", hit->state);
             snprintf(sj->reason, sizeof sj->reason, "%s", hit->reason);

@@ -310,8 +310,9 @@ def same_outcome(a, b):
 
 
 def test_requeue_resumes_after_its_last_stage():
-    """A running batch job requeued once its Minitron arm was distilled (scontrol requeue by an admin, as Slurm
-    does itself after a lost node or a preemption; the daemon submits with --requeue): the job stays running,
+    """A running batch job requeued once its Minitron arm was distilled (by an admin, as Slurm does itself after a
+    lost node or a preemption; the daemon submits with --requeue), here held in SPECIAL_EXIT (scontrol requeuehold
+    State=SpecialExit: pending and held until released, not an end) and then released: the job stays running,
     Slurm kills its worker and runs the same batch job again, and the new worker restores calibrate, profile,
     search and the distilled Minitron arm from their checkpoints instead of computing them again, then distils
     the autocompress arm, evaluates and exports. Slurm saw one batch job (one id, ended twice), not a second
@@ -326,10 +327,17 @@ def test_requeue_resumes_after_its_last_stage():
     # happen here nearly every time rather than once in a dozen runs
     while time.time() % 1 > 0.1:
         time.sleep(0.01)
-    r = slurm("scontrol", "requeue", str(sid))
+    r = slurm("scontrol", "requeuehold", "State=SpecialExit", str(sid))
     requeued = time.time()
     assert r.returncode == 0, r.stderr
-    wait(i, lambda j: (j.get("slurm") or {}).get("state") == "PENDING", 60, "PENDING after the requeue")
+    j = wait(i, lambda j: j["state"] != "running" or (j.get("slurm") or {}).get("state") == "SPECIAL_EXIT", 60,
+             "SPECIAL_EXIT after the requeue")
+    assert j["state"] == "running" and "requeued, SPECIAL_EXIT" in j["reason"], (j["state"], j["reason"])
+    time.sleep(1.5)  # three polls: still held, still running
+    j = job(i)
+    assert j["state"] == "running" and j["slurm"]["state"] == "SPECIAL_EXIT", (j["state"], j["reason"])
+    assert slurm("scontrol", "release", str(sid)).returncode == 0
+    wait(i, lambda j: (j.get("slurm") or {}).get("state") == "PENDING", 60, "PENDING once released")
     assert "requeued" in job(i)["reason"], job(i)["reason"]
     release_requeued(sid, requeued)
     j = wait_end(i)
