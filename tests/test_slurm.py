@@ -396,8 +396,10 @@ def test_requeue_released_in_its_second_fails_with_why():
         assert D.req("DELETE", f"/v1/jobs/{i}")[0] == 202
         assert wait_end(i, 60)["state"] == "cancelled"
         # slurmctld starts a released job at its next scheduler pass, about once a second at a phase of its own
-        # (controller.c _slurmctld_background): where that pass fell in the next second, Slurm ran the job again
-        started = re.findall(r"\[[0-9-]+T([0-9:.]+)\] sched: Allocate JobId=%d " % sid, text)
+        # (controller.c _slurmctld_background), or its backfill scheduler does: where that fell in the next second,
+        # Slurm ran the job again
+        started = re.findall(r"\[[0-9-]+T([0-9:.]+)\] sched[^\n]*(?:Allocate|Started) JobId=%d " % sid,
+                             text[text.rfind("Requeuing JobId=%d\n" % sid):])
         hms = lambda t: time.strftime("%H:%M:%S", time.localtime(t)) + f"{t % 1:.3f}"[1:]  # noqa: E731
         return (f"skip: requeued at {hms(requeued)}, released at {hms(released)}, and slurmctld's scheduler started "
                 f"the job again at {started[-1] if started else '?'}, past that second: its launch went through")
