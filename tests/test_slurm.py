@@ -125,9 +125,19 @@ def release_requeued(sid, requeued_by):
     NonZeroExitCode ("Killing non-startable batch JobId", agent.c _thread_per_group_rpc). Slurm's own delay
     (cred_expire + 1 s, 121 s by default: job_mgr.c batch_requeue_fini, "the time stamp on the new batch launch
     credential must be larger than the time stamp on the revoke request") keeps a requeued job out of that
-    second; a release by hand must too. (Slurm 22.05.)"""
-    while time.time() < int(requeued_by) + 1:
-        time.sleep(0.02)
+    second; a release by hand must too. That delay also lets slurmctld deliver the RPCs it still holds for the
+    node, such as the kill of the first run sent while the node was down (retried once it answers: slurmd would
+    kill the new run with it, "CANCELLED ... DUE TO NODE FAILURE", and the job end FAILED, JobLaunchFailure):
+    sdiag's agent queue (retry list) and agent count must be empty too. (Slurm 22.05.)"""
+    t0 = time.time()
+    while time.time() - t0 < 90:
+        out = slurm("sdiag").stdout
+        busy = re.findall(r"^Agent (?:queue size|count):\s*(\d+)", out, re.M)
+        if time.time() >= int(requeued_by) + 1 and len(busy) == 2 and busy == ["0", "0"]:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("slurmctld still holds RPCs after 90 s: " + out[:400])
     assert slurm("scontrol", "update", f"JobId={sid}", "StartTime=now").returncode == 0
 
 
