@@ -29,7 +29,9 @@
  * either (TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, CANCELLED by someone else, a
  * crash) ends it failed with Slurm's state and reason; one cancelled through
  * the API ends cancelled. Before deciding, events.jsonl is read for events
- * that never reached the daemon over HTTP.
+ * that never reached the daemon over HTTP. A requeue (Slurm's restart count
+ * went up) keeps the job running; one whose batch job then ends with no
+ * event from a later run says its worker never ran again.
  *
  * Restart. Jobs stay `running` in SQLite across a daemon restart (db_recover
  * leaves them); start() re-attaches them: reads the events they wrote
@@ -59,6 +61,8 @@ typedef struct sjob {
     char name[64], secret_sha256[80], state[32], reason[160];
     int cancelling, scancel_sent, submitting, sacct_running;
     int requeued; /* pending again after it ran (until it runs again) */
+    long restarts;       /* Slurm's restart count at the last poll (-1: not polled yet) */
+    long seq_at_requeue; /* the last event when Slurm last requeued it (every earlier run's event read); -1: never */
     double submitted_at;
     char *result;
     char error[512];
@@ -425,6 +429,7 @@ static int slurm_place(ac_daemon *d, long job, const char *device, char *why, si
     char secret[JOBSECRET_LEN + 1] = "";
     if (sj) {
         sj->id = job;
+        sj->seq_at_requeue = sj->restarts = -1;
         char r[17] = "";
         hex(r, 4);
         snprintf(sj->name, sizeof sj->name, "ac-%ld-%s", job, r);
@@ -536,9 +541,12 @@ static void slurm_cancel(ac_daemon *d, long job) {
 
 /* ------------------------------------------------------------- polling */
 
+/* squeue's state ends the batch job for good. Not SPECIAL_EXIT: a job requeued and held (scontrol requeuehold
+ * State=SpecialExit, or RequeueExitHold) is pending until someone releases it (Slurm's job_state_string shows
+ * the flag before the PENDING under it). */
 static int terminal_state(const char *st) {
-    static const char *t[] = {"COMPLETED", "FAILED",   "CANCELLED",     "TIMEOUT",   "NODE_FAIL", "PREEMPTED",
-                              "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REVOKED",   "SPECIAL_EXIT", NULL};
+    static const char *t[] = {"COMPLETED", "FAILED",   "CANCELLED",     "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                              "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REVOKED", NULL};
     for (int i = 0; t[i]; i++)
         if (!strncmp(st, t[i], strlen(t[i]))) return 1;
     return 0;
@@ -582,6 +590,14 @@ static void slurm_ended(sjob *sj, const char *state, const char *detail, const c
         return;
     }
     if (state) end_reason(sj->slurm_id, state, detail, r, sizeof r);
+    if (state && sj->seq_at_requeue >= 0 && sj->seq == sj->seq_at_requeue) {
+        /* no event since the requeue: the batch job ended before its worker ran again (Slurm's launch of the
+         * requeued job failed; e.g. one released within the second of its requeue: slurmd refuses the launch,
+         * "Job credential revoked", and slurmctld ends the job FAILED, exit code 1: operations.md) */
+        size_t l = strlen(r);
+        snprintf(r + l, sizeof r - l, "; Slurm had requeued it and it ended before its worker ran again (slurmctld's "
+                                      "log says why)");
+    }
     if (state && source)
         snprintf(why, sizeof why, "%s (from %s: squeue no longer lists it)", r, source);
     else if (state)
@@ -665,18 +681,18 @@ static void poll_done(cmd *c) {
     }
     S.health[0] = 0;
     char *save = NULL;
-    /* lines "id|name|state|reason" */
+    /* lines "id|name|state|reason|restarts" */
     typedef struct {
-        long id;
+        long id, restarts;
         char name[64], state[32], reason[160];
     } row;
     int nrows = 0, cap = 0;
     row *rows = NULL;
     for (char *ln = strtok_r(c->buf.data ? c->buf.data : "", "\n", &save); ln; ln = strtok_r(NULL, "\n", &save)) {
         row r = {0};
-        char *f[4] = {0};
+        char *f[5] = {0};
         int nf = 0;
-        for (char *q = ln; nf < 4; nf++) {
+        for (char *q = ln; nf < 5; nf++) {
             f[nf] = q;
             char *bar = strchr(q, '|');
             if (!bar) {
@@ -691,6 +707,7 @@ static void poll_done(cmd *c) {
         snprintf(r.name, sizeof r.name, "%s", f[1]);
         snprintf(r.state, sizeof r.state, "%s", f[2]);
         snprintf(r.reason, sizeof r.reason, "%s", nf > 3 && f[3] ? f[3] : "");
+        r.restarts = nf > 4 && f[4] && *f[4] >= '0' && *f[4] <= '9' ? atol(f[4]) : -1;
         if (nrows == cap) {
             cap = cap ? 2 * cap : 64;
             row *nr = realloc(rows, (size_t)cap * sizeof *rows);
@@ -731,12 +748,23 @@ static void poll_done(cmd *c) {
             sj->slurm_id = hit->id;
             slog("job %ld: re-attached to Slurm job %ld by its name %s", sj->id, hit->id, sj->name);
         }
+        /* Slurm requeued it (a lost node, a preemption, scontrol requeue): the same batch job runs again and its
+         * worker resumes from the stage checkpoints. Its restart count says so even where the polls missed it
+         * PENDING (a requeued job released at once is PENDING for less than a second). */
+        int restarted = sj->restarts >= 0 && hit->restarts > sj->restarts;
+        if (hit->restarts >= 0) sj->restarts = hit->restarts;
+        if (restarted) {
+            slog("job %ld: Slurm requeued job %ld (restart %ld)", sj->id, hit->id, hit->restarts);
+            /* the earlier run was killed; what it wrote is in its file: an event after these is a new run's */
+            if (ingest_file(sj)) continue; /* its result after all: ended (sj is freed) */
+            sj->seq_at_requeue = sj->seq;
+        }
         if (strcmp(sj->state, hit->state) || strcmp(sj->reason, hit->reason)) {
-            /* back to PENDING after it ran: Slurm requeued it (a lost node, a preemption, scontrol requeue); the
-             * same batch job runs again and its worker resumes from the stage checkpoints */
-            int requeued = (sj->requeued || !strcmp(sj->state, "RUNNING") || !strcmp(sj->state, "COMPLETING")) &&
-                           (!strcmp(hit->state, "PENDING") || !strncmp(hit->state, "REQUEUE", 7));
-            if (requeued && !sj->requeued) slog("job %ld: Slurm requeued job %ld", sj->id, hit->id);
+            /* back to PENDING after it ran: requeued, until it runs again */
+            int requeued = (sj->requeued || restarted || !strcmp(sj->state, "RUNNING") ||
+                            !strcmp(sj->state, "COMPLETING")) &&
+                           (!strcmp(hit->state, "PENDING") || !strncmp(hit->state, "REQUEUE", 7) ||
+                            !strcmp(hit->state, "SPECIAL_EXIT"));
             sj->requeued = requeued;
             snprintf(sj->state, sizeof sj->state, "%s", hit->state);
             snprintf(sj->reason, sizeof sj->reason, "%s", hit->reason);
@@ -771,7 +799,9 @@ static void poll_now(void) {
         return;
     }
     names.data[names.len] = 0;
-    char *argv[] = {"squeue", "--noheader", "--states=all", "--format=%i|%j|%T|%r", names.data, NULL};
+    /* the long format: only it has the restart count (a field with ":|" is unpadded and ends with "|") */
+    char *argv[] = {"squeue", "--noheader", "--states=all", "--Format=JobID:|,Name:|,State:|,Reason:|,RestartCnt:",
+                    names.data, NULL};
     S.last_poll = ac_now();
     if (run_cmd(argv, 0, poll_done) == 0) S.polling = 1;
     ac_buf_free(&names);
@@ -808,6 +838,7 @@ static int slurm_start(ac_daemon *d, ac_err *e) {
         sj->id = live[i].id;
         sj->slurm_id = live[i].slurm_job_id;
         sj->seq = live[i].seq;
+        sj->seq_at_requeue = sj->restarts = -1; /* a requeue before the restart is not known */
         sj->cancelling = live[i].cancel_requested;
         snprintf(sj->name, sizeof sj->name, "%s", live[i].name);
         snprintf(sj->secret_sha256, sizeof sj->secret_sha256, "%s", live[i].secret_sha256);

@@ -107,6 +107,8 @@ KillWait=2
 MinJobAge=600
 MaxJobCount=10000
 SchedulerParameters=sched_interval=1
+${AC_SLURM_DEBUG:+SlurmctldDebug=$AC_SLURM_DEBUG}
+${AC_SLURM_DEBUG:+SlurmdDebug=$AC_SLURM_DEBUG}
 NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
 EOF

@@ -116,6 +116,31 @@ def freeze_at(i, pred, what, timeout=240):
     assert not any(e["kind"] == "result" for e in file_events(i)), "the job ended before it could be requeued"
 
 
+def release_requeued(sid, requeued_by):
+    """Let requeued batch job sid start now instead of after Slurm's requeue delay, but never within the second
+    of its requeue (requeued_by: a time after the requeue killed the first run). Killing the first run revokes the
+    job's credentials on the node as of the kill request's time, in whole seconds (slurmd _rpc_terminate_job,
+    slurm_cred_revoke), and slurmd refuses a launch whose credential is not newer (slurm_cred_revoked: ctime <=
+    revoked, "Job credential revoked"); slurmctld then ends the batch job for good: FAILED, exit code 1, reason
+    NonZeroExitCode ("Killing non-startable batch JobId", agent.c _thread_per_group_rpc). Slurm's own delay
+    (cred_expire + 1 s, 121 s by default: job_mgr.c batch_requeue_fini, "the time stamp on the new batch launch
+    credential must be larger than the time stamp on the revoke request") keeps a requeued job out of that
+    second; a release by hand must too. That delay also lets slurmctld deliver the RPCs it still holds for the
+    node, such as the kill of the first run sent while the node was down (retried once it answers: slurmd would
+    kill the new run with it, "CANCELLED ... DUE TO NODE FAILURE", and the job end FAILED, JobLaunchFailure):
+    sdiag's agent queue (retry list) and agent count must be empty too. (Slurm 22.05.)"""
+    t0 = time.time()
+    while time.time() - t0 < 90:
+        out = slurm("sdiag").stdout
+        busy = re.findall(r"^Agent (?:queue size|count):\s*(\d+)", out, re.M)
+        if time.time() >= int(requeued_by) + 1 and len(busy) == 2 and busy == ["0", "0"]:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("slurmctld still holds RPCs after 90 s: " + out[:400])
+    assert slurm("scontrol", "update", f"JobId={sid}", "StartTime=now").returncode == 0
+
+
 def freeze_after_search(i):
     """Stop job i's worker at its first stage after search (prune): its search checkpoint is on disk."""
     freeze_at(i, lambda e: e["kind"] == "stage" and e["data"]["stage"] == "prune", "prune stage")
@@ -295,8 +320,9 @@ def same_outcome(a, b):
 
 
 def test_requeue_resumes_after_its_last_stage():
-    """A running batch job requeued once its Minitron arm was distilled (scontrol requeue by an admin, as Slurm
-    does itself after a lost node or a preemption; the daemon submits with --requeue): the job stays running,
+    """A running batch job requeued once its Minitron arm was distilled (by an admin, as Slurm does itself after a
+    lost node or a preemption; the daemon submits with --requeue), here held in SPECIAL_EXIT (scontrol requeuehold
+    State=SpecialExit: pending and held until released, not an end) and then released: the job stays running,
     Slurm kills its worker and runs the same batch job again, and the new worker restores calibrate, profile,
     search and the distilled Minitron arm from their checkpoints instead of computing them again, then distils
     the autocompress arm, evaluates and exports. Slurm saw one batch job (one id, ended twice), not a second
@@ -307,11 +333,19 @@ def test_requeue_resumes_after_its_last_stage():
               "distillation of the autocompress arm (the Minitron arm's is done and kept)")
     sid = job(i)["slurm"]["job_id"]
     assert "Requeue=1" in slurm("scontrol", "show", "job", "-o", str(sid)).stdout  # submitted --requeue
-    r = slurm("scontrol", "requeue", str(sid))
+    r = slurm("scontrol", "requeuehold", "State=SpecialExit", str(sid))
+    requeued = time.time()
     assert r.returncode == 0, r.stderr
-    wait(i, lambda j: (j.get("slurm") or {}).get("state") == "PENDING", 60, "PENDING after the requeue")
+    j = wait(i, lambda j: j["state"] != "running" or (j.get("slurm") or {}).get("state") == "SPECIAL_EXIT", 60,
+             "SPECIAL_EXIT after the requeue")
+    assert j["state"] == "running" and "requeued, SPECIAL_EXIT" in j["reason"], (j["state"], j["reason"])
+    time.sleep(1.5)  # three polls: still held, still running
+    j = job(i)
+    assert j["state"] == "running" and j["slurm"]["state"] == "SPECIAL_EXIT", (j["state"], j["reason"])
+    assert slurm("scontrol", "release", str(sid)).returncode == 0
+    wait(i, lambda j: (j.get("slurm") or {}).get("state") == "PENDING", 60, "PENDING once released")
     assert "requeued" in job(i)["reason"], job(i)["reason"]
-    assert slurm("scontrol", "update", f"JobId={sid}", "StartTime=now").returncode == 0  # no requeue delay
+    release_requeued(sid, requeued)
     j = wait_end(i)
     assert j["state"] == "succeeded", j["reason"]
     assert len([t for t in j["transitions"] if t["to"] == "running"]) == 1, j["transitions"]  # one job, requeued
@@ -333,6 +367,54 @@ def test_requeue_resumes_after_its_last_stage():
     # the worker removed the distilled students once it had the result; the stage files stay
     assert sorted(os.listdir(os.path.join(D.data, "jobs", str(i), "checkpoint"))) == \
         ["calibrate.ckpt", "profile.ckpt", "search.ckpt"]
+
+
+def test_requeue_released_in_its_second_fails_with_why():
+    """What release_requeued avoids, done on purpose: a running batch job requeued just after a second begins and
+    released (StartTime=now) the moment squeue shows it PENDING, within that second. slurmd refuses the launch
+    ("Job credential revoked": its credential is no newer than the requeue's kill) and slurmctld ends the batch job
+    FAILED (NonZeroExitCode) for good; the job fails with Slurm's state and says its worker never ran again. Where
+    slurmctld's next scheduler pass (about once a second, at a phase of its own) or the release itself falls in the
+    next second, Slurm runs the job again: it is cancelled and the test skips, saying so."""
+    i = submit(long_spec())
+    wait(i, lambda j: (j.get("slurm") or {}).get("state") == "RUNNING" and
+         any(e["kind"] == "stage" for e in file_events(i)), 120, "RUNNING with a stage event")
+    sid = job(i)["slurm"]["job_id"]
+    assert signal_worker(i, signal.SIGSTOP) == 1  # quiet until Slurm kills it
+    n_before = len(file_events(i))
+    while time.time() % 1 > 0.05:
+        time.sleep(0.005)
+    requeued = time.time()
+    assert slurm("scontrol", "requeue", str(sid)).returncode == 0
+    while time.time() - requeued < 30 and \
+            slurm("squeue", "--noheader", "--states=all", "--format=%T", f"--jobs={sid}").stdout.strip() != "PENDING":
+        time.sleep(0.005)
+    released = time.time()
+    assert slurm("scontrol", "update", f"JobId={sid}", "StartTime=now").returncode == 0
+    log = os.path.join(CLUSTER, "log", "slurmctld.log")
+    refused = f"Killing non-startable batch JobId={sid}: Job credential revoked"
+    t0 = time.time()
+    while time.time() - t0 < 30 and refused not in open(log, errors="replace").read() and \
+            len(file_events(i)) == n_before:  # a new run's first event: it was launched
+        time.sleep(0.1)
+    text = open(log, errors="replace").read()
+    if refused not in text:
+        assert D.req("DELETE", f"/v1/jobs/{i}")[0] == 202
+        assert wait_end(i, 60)["state"] == "cancelled"
+        # slurmctld starts a released job at its next scheduler pass, about once a second at a phase of its own
+        # (controller.c _slurmctld_background), or its backfill scheduler does: where that fell in the next second,
+        # Slurm ran the job again
+        started = re.findall(r"\[[0-9-]+T([0-9:.]+)\] sched[^\n]*(?:Allocate|Started) JobId=%d " % sid,
+                             text[text.rfind("Requeuing JobId=%d\n" % sid):])
+        hms = lambda t: time.strftime("%H:%M:%S", time.localtime(t)) + f"{t % 1:.3f}"[1:]  # noqa: E731
+        return (f"skip: requeued at {hms(requeued)}, released at {hms(released)}, and slurmctld's scheduler started "
+                f"the job again at {started[-1] if started else '?'}, past that second: its launch went through")
+    j = wait_end(i, 60)
+    assert j["state"] == "failed", j
+    assert f"Slurm job {sid} ended: FAILED (NonZeroExitCode), without a result" in j["reason"], j["reason"]
+    assert "it ended before its worker ran again" in j["reason"], j["reason"]
+    assert len(file_events(i)) == n_before  # no second run
+    assert "JobState=FAILED" in slurm("scontrol", "show", "job", "-o", str(sid)).stdout
 
 
 def test_worker_events_need_the_jobs_secret():
@@ -565,7 +647,7 @@ def test_node_fault_requeues_or_fails():
         assert r.returncode == 0, r.stderr
     # the node returns (ReturnToService=2) and the requeued job runs again, released once the node answers again
     node_back(30)
-    assert slurm("scontrol", "update", f"JobId={sid_b}", "StartTime=now").returncode == 0  # no requeue delay
+    release_requeued(sid_b, time.time())  # the node's registration may have killed the job's remains meanwhile
     assert_resumed(b)
     assert "Restarts=1" in slurm("scontrol", "show", "job", "-o", str(sid_b)).stdout
     one_batch_job(b, sid_b, 2)
@@ -648,7 +730,8 @@ def main():
         for t in [test_config_shown_and_checked, test_time_limit_start, test_job_runs_on_slurm,
                   test_worker_events_need_the_jobs_secret, test_cancel_is_scancel, test_slurm_failure_is_job_failure,
                   test_unreachable_daemon_reads_the_job_directory, test_sigkill_daemon_reattaches,
-                  test_requeue_resumes_after_its_last_stage, test_time_limit_fails_the_job,
+                  test_requeue_resumes_after_its_last_stage, test_requeue_released_in_its_second_fails_with_why,
+                  test_time_limit_fails_the_job,
                   test_jobs_slurm_forgot_end_from_their_files, test_node_fault_requeues_or_fails, test_load]:
             if only and t.__name__ not in only and t is not test_config_shown_and_checked:
                 continue
@@ -673,6 +756,14 @@ def main():
                 if os.path.exists(path):
                     print(f"--- {f} (tail)")
                     print(open(path, errors="replace").read()[-3000:])
+        keep = os.environ.get("AC_SLURM_KEEP")  # a folder: a failed run's cluster logs and daemon folder go there
+        if keep and R.failed:
+            import shutil
+            dst = tempfile.mkdtemp(prefix="fail_", dir=keep)
+            shutil.copytree(os.path.join(CLUSTER, "log"), os.path.join(dst, "cluster-log"), dirs_exist_ok=True)
+            if D:
+                shutil.copytree(D.dir, os.path.join(dst, "daemon"), dirs_exist_ok=True)
+            print(f"--- logs kept in {dst}")
         if D:
             D.cleanup()
         subprocess.run(["scancel", "--user=" + str(os.getuid())], capture_output=True, timeout=30)  # this cluster's
