@@ -29,6 +29,7 @@ else on the calibration text), each arm's report holding
 "perplexity_pruned" (before) and "perplexity" (after); without it they
 print "-". The budget may differ per model: AC_BENCH_DISTILL=N or
 AC_BENCH_DISTILL=tiny:N1,kjv:N2 (model-name prefix: tokens).
+AC_BENCH_DISTILL_LR=R sets both arms' distill.lr (default: the spec's, 1e-3).
 
 AC_BENCH_MINITRON_SCORE=task (with AC_BENCH_TASKS) scores Minitron's top-k
 candidates by the first task's accuracy (spec minitron.score) instead of
@@ -110,6 +111,12 @@ def distill_tokens(mname):
     return 0
 
 
+def distill_lr():
+    """AC_BENCH_DISTILL_LR as a float, None when unset (the spec's default rate)."""
+    v = os.environ.get("AC_BENCH_DISTILL_LR", "")
+    return float(v) if v else None
+
+
 def run(args):
     return subprocess.run(args, capture_output=True, text=True, env=ENV, check=True).stdout
 
@@ -140,6 +147,8 @@ def job(tmp, name, mname, mdir, ddir, dev, wl, cons):
         spec["distill"] = {"tokens": distill_tokens(mname)}
         if os.path.exists(os.path.join(ddir, "train.txt")):
             spec["distill"]["text"] = os.path.join(ddir, "train.txt")
+        if distill_lr() is not None:  # the same rate for both arms
+            spec["distill"]["lr"] = distill_lr()
     sp = os.path.join(tmp, name + ".json")
     json.dump(spec, open(sp, "w"))
     out = run([os.path.join(BUILD, "autocompress"), "compress", sp])
@@ -159,7 +168,9 @@ def main():
         for f in sys.argv[2:]:
             rows = json.load(open(f))
             print(f"== {f}: search.method {rows[0]['search_method'] if rows else '?'}, "
-                  f"distill {rows[0]['distill_tokens'] if rows else '?'} tokens, {len(rows)} jobs")
+                  f"distill {rows[0]['distill_tokens'] if rows else '?'} tokens"
+                  f"{' at lr ' + str(rows[0]['distill_lr']) if rows and rows[0].get('distill_lr') else ''}, "
+                  f"{len(rows)} jobs")
             print_table(rows)
         return 0
     tmp = tempfile.mkdtemp(prefix="acbench_")
@@ -203,6 +214,7 @@ def row_json(mn, sn, lim, c, r):
             "overhead_share": r.get("_overhead_share"),
             "timings_s": {k: round(v, 1) for k, v in r.get("timings_s", {}).items()},
             "search_method": os.environ.get("AC_SEARCH_METHOD", "dnas"), "distill_tokens": distill_tokens(mn),
+            "distill_lr": distill_lr() if distill_tokens(mn) else None,
             "minitron_score": os.environ.get("AC_BENCH_MINITRON_SCORE", "loss"),
             **{k: arm(r[k]) for k in ("baseline", "minitron", "autocompress")}}
 

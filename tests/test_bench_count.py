@@ -10,6 +10,7 @@ Minitron's capped grid while the tight ones are beyond it (`autocompress
 estimate` on architectures written here)."""
 import contextlib
 import io
+import json
 import os
 import sys
 
@@ -99,8 +100,38 @@ def test_scenarios_are_compute_bound():
     B.overhead_check("m", "s", 0.29)
 
 
+def test_equal_distillation_spec():
+    """AC_BENCH_DISTILL and AC_BENCH_DISTILL_LR go into each job's spec (one spec, so both arms get the same
+    budget and rate), per model-name prefix, with the data directory's train.txt; unset, no distillation."""
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="acbench_test_")
+    ddir = os.path.join(tmp, "data")
+    os.makedirs(ddir)
+    open(os.path.join(ddir, "train.txt"), "w").write("x\n")
+    specs, run, old = [], B.run, {k: os.environ.get(k) for k in ("AC_BENCH_DISTILL", "AC_BENCH_DISTILL_LR")}
+
+    def fake(args):
+        specs.append(json.load(open(args[2])))
+        return '{"data": {}}\n'
+    B.run = fake
+    try:
+        os.environ.update(AC_BENCH_DISTILL="tiny:100,kjv:50000", AC_BENCH_DISTILL_LR="0.0002")
+        B.job(tmp, "a", "kjv-11M", "/m", ddir, "H100", {}, {})
+        B.job(tmp, "b", "other", "/m", ddir, "H100", {}, {})
+        del os.environ["AC_BENCH_DISTILL_LR"]
+        B.job(tmp, "c", "tiny", "/m", ddir, "H100", {}, {})
+    finally:
+        B.run = run
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    assert specs[0]["distill"] == {"tokens": 50000, "text": os.path.join(ddir, "train.txt"), "lr": 0.0002}, specs[0]
+    assert "distill" not in specs[1], specs[1]
+    assert specs[2]["distill"] == {"tokens": 100, "text": os.path.join(ddir, "train.txt")}, specs[2]
+
+
 if __name__ == "__main__":
     r = Runner()
     r.run(test_wins_only_where_both_met)
     r.run(test_scenarios_are_compute_bound)
+    r.run(test_equal_distillation_spec)
     r.done()

@@ -6,7 +6,8 @@ tokenizer.json, and lm-evaluation-harness's rules written out here from its
 code (_encode_pair; acc = argmax of summed log-likelihoods, acc_norm =
 argmax of log-likelihood / len(choice) in characters; stderr = sample
 standard deviation / sqrt(n)). Plus the task file's errors naming the line,
-and the fortune task made from the training text scoring above chance."""
+and the fortune task made from the training text scoring above chance, and
+the generator's --items lines (one question a verse of the second model)."""
 import json
 import math
 import os
@@ -209,6 +210,31 @@ def test_fortune_task_above_chance():
     print(f"   fortunes: acc {got['acc']:.3f} +- {got['stderr']:.3f}, acc_norm {got['acc_norm']:.3f}")
 
 
+def test_line_items():
+    """--items lines (the King James verses of the second model): one question per line of at least 2 x words
+    words, none from a shorter line, each context the first half of its line and the gold choice the words after
+    it, each wrong choice words from the second half of another line; paragraphs (the default) give one question
+    per blank-line separated paragraph from the same text."""
+    verses = [" ".join(f"w{v}x{k}" for k in range(8 + v % 5)) for v in range(30)]
+    text = "\n".join(verses[:15]) + "\n\n" + "\n".join(verses[15:]) + "\n  \nshort line only\n"
+    rows = make_fortune_task.make_task(text, 100, 4, 4, 3, items="lines")
+    assert len(rows) == 30, len(rows)
+    seen = set()
+    for r in rows:
+        gold = r["choices"][r["gold"]]
+        line = next(v for v in verses if v.startswith(r["context"] + " "))
+        w = line.split()
+        assert r["context"] == " ".join(w[:len(w) // 2]) and gold == " ".join(w[len(w) // 2:len(w) // 2 + 4]), r
+        seen.add(line)
+        for i, c in enumerate(r["choices"]):
+            if i != r["gold"]:
+                src = [v.split() for v in verses if c in v and v != line]
+                assert len(c.split()) == 4 and src, (r, c)
+                assert any(" ".join(s[j:j + 4]) == c for s in src for j in range(len(s) // 2, len(s) - 3)), (r, c)
+    assert len(seen) == 30
+    assert len(make_fortune_task.make_task(text, 100, 2, 4, 3)) == 2  # the default: one per paragraph
+
+
 def main():
     if not os.path.exists(os.path.join(TINY, "config.json")):
         print("SKIP all: tiny model not built (make tiny-model)")
@@ -217,7 +243,8 @@ def main():
     r = Runner()
     try:
         for t in (test_exact_gemms_match_float64_reference, test_bf16_gemms_match_float64_reference,
-                  test_long_inputs_keep_their_last_tokens, test_bad_lines_name_the_line, test_fortune_task_above_chance):
+                  test_long_inputs_keep_their_last_tokens, test_bad_lines_name_the_line, test_fortune_task_above_chance,
+                  test_line_items):
             r.run(t)
     finally:
         subprocess.run(["rm", "-rf", WORK])

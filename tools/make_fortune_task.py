@@ -5,8 +5,12 @@ each question is the first half of a fortune as the context, its true next
 words as one choice and, as the others, the same number of words from the
 second halves of other fortunes. A model that has learnt the text's style
 and sense scores above chance (1 / choices). Standard library only.
+--items lines takes each non-empty line as an item instead of each
+paragraph: for text of one sentence a line, such as the second model's
+King James verses (build/data/second/heldout.txt, one chapter a paragraph).
 
   tools/make_fortune_task.py --text build/data/heldout.txt --out build/data/fortunes-mc.jsonl
+  tools/make_fortune_task.py --items lines --text build/data/second/heldout.txt --out build/data/kjv-mc.jsonl
 """
 import argparse
 import json
@@ -30,12 +34,17 @@ def fortunes(text):
     return out
 
 
-def make_task(text, n, choices, words, seed):
+def lines(text):
+    """Every non-empty line, whitespace folded (--items lines)."""
+    return [" ".join(ln.split()) for ln in text.splitlines() if ln.strip() and ln.strip() != "%"]
+
+
+def make_task(text, n, choices, words, seed, items="paragraphs"):
     rnd = random.Random(seed)
-    pool = [f.split() for f in fortunes(text)]
+    pool = [f.split() for f in (lines(text) if items == "lines" else fortunes(text))]
     pool = [w for w in pool if len(w) >= 2 * words and "--" not in w[: len(w) // 2]]
     if len(pool) < choices:
-        raise SystemExit(f"only {len(pool)} fortunes of at least {2 * words} words: need {choices}")
+        raise SystemExit(f"only {len(pool)} items of at least {2 * words} words: need {choices}")
     rnd.shuffle(pool)
     rows = []
     for i, w in enumerate(pool[:n]):
@@ -64,9 +73,11 @@ def main():
     ap.add_argument("--choices", type=int, default=4)
     ap.add_argument("--words", type=int, default=4, help="words in each choice")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--items", choices=("paragraphs", "lines"), default="paragraphs",
+                    help="what one question is made from: a blank-line separated paragraph (a fortune) or a line")
     a = ap.parse_args()
     with open(a.text, encoding="utf-8") as f:
-        rows = make_task(f.read(), a.n, a.choices, a.words, a.seed)
+        rows = make_task(f.read(), a.n, a.choices, a.words, a.seed, a.items)
     out = sys.stdout if a.out == "-" else open(a.out, "w", encoding="utf-8")
     for r in rows:
         out.write(json.dumps(r, ensure_ascii=False) + "\n")
