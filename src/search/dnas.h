@@ -93,8 +93,8 @@
  * D_l, width gradients p_l dm/dw_l by central differences on the cost
  * model. With init_surrogate the gates start from the surrogate search's
  * structure (search.h, "Hybrid Mamba-Transformer models") where the
- * calibration measured the loss curves (every method on the CPU; with a
- * CUDA target streamed; ac_search_has_curves), else from Minitron's (ac_dnas_hyb_init: its
+ * calibration measured the loss curves (every method does, on either
+ * target; ac_search_has_curves), else from Minitron's (ac_dnas_hyb_init: its
  * units at log_alpha 2, the others -3); the
  * discretisation is per layer type: the export holds one width per type
  * (mamba_num_heads, num_key_value_heads, intermediate_size,

@@ -131,7 +131,7 @@ double ac_sens_hidden(const ac_importance *imp, double r) {
         px = imp->hid_frac[i];
         py = imp->hid_sens[i];
     }
-    return px > 0 ? py * r / px : 0; /* beyond the last point: linear; no points (a hybrid's engine pass): none */
+    return px > 0 ? py * r / px : 0; /* beyond the last point: linear; no points: none */
 }
 
 double ac_sens_merge(const ac_importance *imp, int l, double r) {

@@ -45,8 +45,8 @@
  * more than E - top_k experts); the hidden curve. Which layer
  * of a type goes first: the least loss with it removed (its curves' last
  * points; result detail.layer_removal_loss). Needs the curves: an error
- * without them (every calibration method on the CPU gives them, with a
- * CUDA target streamed; ac_search_has_curves).
+ * without them (every calibration method gives them, on the CPU and on a
+ * CUDA target; ac_search_has_curves).
  */
 #ifndef AC_SEARCH_H
 #define AC_SEARCH_H

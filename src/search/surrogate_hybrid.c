@@ -56,8 +56,8 @@ int ac_search_hyb_surrogate(const ac_search_problem *p, ac_search_result *r, ac_
     const ac_arch *b = p->base;
     if (!p->imp || !p->imp->ssm_sens)
         return ac_errf(e, "search.method surrogate: the hybrid (nemotron_h) model's calibration measured no loss "
-                          "curves; every calibration method on the CPU measures them, with a CUDA target streamed "
-                          "(docs/hybrid.md)");
+                          "curves (every calibration method measures them, on the CPU and on a CUDA target; a calibration "
+                          "checkpoint of an older build may hold none: docs/hybrid.md)");
     int nc = 0;
     for (const ac_constraint *t = ac_constraint_table(); t < ac_constraint_table() + AC_NCONSTRAINTS; t++)
         nc += ac_constraint_limit(t, &p->limits) > 0;
